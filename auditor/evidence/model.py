@@ -1,0 +1,172 @@
+"""The typed evidence model: everything a run or a recording tells the rules.
+
+Capture produces it, rules read it, reports render it. It is plain data (msgspec Structs) so it can be
+saved next to a run and loaded again: `audit analyze DIR` is load -> rules -> reports, with no special
+path. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+EVIDENCE_VERSION = 1
+
+# Kinds of probe tallies recorded while steps run (see auditor.capture.probes).
+SYNC = "sync"  # a device->host synchronisation: .item(), .cpu(), bool(t), torch.cuda.synchronize() ...
+BACKWARD = "backward"  # Tensor.backward / autograd.backward / autograd.grad
+RETAINED_UNUSED = "retained-unused"  # a retain_graph=True graph never backpropagated again
+ANOMALY_ON = "anomaly-on"  # anomaly detection switched on (set_detect_anomaly / detect_anomaly)
+STAT_RESET = "stat-reset"  # torch.cuda.reset_peak_memory_stats and friends
+EMPTY_CACHE = "empty-cache"  # torch.cuda.empty_cache
+GC_COLLECT = "gc-collect"  # gc.collect
+DATA_WAIT = "data-wait"  # time inside DataLoader iteration (__next__)
+CUDA_STANDIN = "cuda-standin"  # a torch.cuda call answered as an idle device would (no CUDA here)
+
+
+class Frame(msgspec.Struct, frozen=True):
+    """A place in the user's code: the first frame outside torch and the auditor."""
+
+    file: str
+    line: int
+    function: str = ""
+    code: str = ""
+
+
+class Tally(msgspec.Struct):
+    """How often one probed thing happened at one place during one step, and the time it took."""
+
+    kind: str
+    what: str  # the API, e.g. "Tensor.item", "torch.cuda.empty_cache"
+    where: Frame | None
+    count: int = 0
+    ms: float = 0.0
+    data: dict[str, Any] = {}
+
+
+class StepRecord(msgspec.Struct):
+    """One call of the user's step: its wall time, memory at its end, and what the probes saw in it."""
+
+    index: int
+    start_s: float  # seconds since the first step started
+    ms: float
+    profiled: bool = False
+    rss_bytes: int | None = None
+    device_allocated: int | None = None  # CUDA allocator, when a real device is in use
+    device_reserved: int | None = None
+    anomaly_enabled: bool = False
+    tallies: list[Tally] = []
+
+
+class GraphScan(msgspec.Struct):
+    """Tensors carrying autograd history that outlived a step, seen at a step boundary."""
+
+    after_step: int
+    tensors: int  # live non-leaf tensors with a grad_fn
+    graph_nodes: int  # autograd nodes reachable from them
+    holders: list[dict[str, Any]] = []  # [{"name", "kind", "tensors", "nodes", "where": Frame|None}]
+
+
+class DataLoaderInfo(msgspec.Struct):
+    """A DataLoader the step iterates, with the settings that decide input-pipeline speed."""
+
+    id: int
+    where: Frame | None
+    settings: dict[str, Any] = {}
+
+
+class Environment(msgspec.Struct):
+    torch_version: str = ""
+    python_version: str = ""
+    platform: str = ""
+    hostname: str = ""
+    device: str = "cpu"  # the device the program computes on
+    cuda_available: bool = False
+    cuda_standins: bool = False  # torch.cuda memory-stat calls were answered as an idle device would
+    num_threads: int | None = None
+    env_vars: dict[str, str] = {}
+    backend_flags: dict[str, Any] = {}
+    notes: list[str] = []
+
+
+class ProfileWindow(msgspec.Struct):
+    """The steps run under torch.profiler and where their trace was written."""
+
+    steps: list[int]
+    trace_files: list[str] = []  # relative to the run directory
+    top_ops: list[dict[str, Any]] = []  # [{"name", "count", "self_ms", "total_ms"}] by self time
+
+
+class Ending(msgspec.Struct):
+    """How the run ended. status: completed | raised | interrupted | oom | crashed."""
+
+    status: str = "completed"
+    step: int | None = None  # the step it ended in, if inside one
+    exception: str | None = None  # e.g. "RuntimeError"
+    message: str | None = None
+    traceback: str | None = None
+    where: Frame | None = None
+    returncode: int | None = None
+    signal: str | None = None
+    stderr_tail: str | None = None
+
+
+class Evidence(msgspec.Struct, dict=True):
+    """Everything the rules may read. Fields are empty when the source did not provide them.
+
+    Recordings (profiler traces, memory snapshots) are referenced by path; their parsed form is
+    attached at load time as `trace_data` / `snapshot_data` (runtime attributes, never serialised).
+    """
+
+    version: int = EVIDENCE_VERSION
+    source: str = "run"  # run | trace | snapshot | checkpoint
+    target: str = ""
+    requested_steps: int = 0
+    environment: Environment = msgspec.field(default_factory=Environment)
+    setup: list[Tally] = []  # what probes saw at import time, before the first step
+    steps: list[StepRecord] = []
+    graph_scans: list[GraphScan] = []
+    dataloaders: list[DataLoaderInfo] = []
+    profile: ProfileWindow | None = None
+    ending: Ending = msgspec.field(default_factory=Ending)
+    traces: list[str] = []  # profiler traces (Chrome/Kineto JSON), relative to the run dir or absolute
+    snapshots: list[str] = []  # CUDA memory snapshot pickles
+    extra: dict[str, Any] = {}  # evidence added by later stages (e.g. numerics)
+
+    @property
+    def trace_data(self) -> list[Any]:
+        """Parsed traces (auditor.evidence.trace objects), attached by the loader."""
+        return self.__dict__.get("trace_data", [])
+
+    @property
+    def snapshot_data(self) -> list[Any]:
+        """Parsed memory snapshots, attached by the loader."""
+        return self.__dict__.get("snapshot_data", [])
+
+    # Helpers rules share. Derived, never stored.
+    def step_ms(self, include_profiled: bool = False) -> list[float]:
+        """Wall time of each step, leaving out the profiled ones (the profiler slows them)."""
+        return [s.ms for s in self.steps if include_profiled or not s.profiled]
+
+    def median_step_ms(self) -> float | None:
+        times = self.step_ms() or self.step_ms(include_profiled=True)
+        if not times:
+            return None
+        times = sorted(times)
+        mid = len(times) // 2
+        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+
+    def tallies(self, kind: str, include_setup: bool = False) -> list[tuple[int, Tally]]:
+        """(step index, tally) for every tally of a kind; step -1 is setup (import time)."""
+        out = [(-1, t) for t in self.setup if t.kind == kind] if include_setup else []
+        for s in self.steps:
+            out.extend((s.index, t) for t in s.tallies if t.kind == kind)
+        return out
+
+
+def encode(evidence: Evidence) -> bytes:
+    return msgspec.json.encode(evidence)
+
+
+def decode(data: bytes) -> Evidence:
+    return msgspec.json.decode(data, type=Evidence)

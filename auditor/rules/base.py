@@ -1,0 +1,113 @@
+"""What a rule is and what it returns.
+
+A rule is one small module holding one `Rule` subclass: an id, a title, a default severity, options
+with defaults, documentation with fixed headings, and `check(evidence, options)` returning findings.
+`audit explain ID`, `audit rules` and the SARIF rule table all read these same attributes, so the
+docs cannot drift from the code.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable
+
+import msgspec
+
+from auditor.evidence.model import Evidence, Frame
+
+SEVERITIES = ("info", "warning", "error")
+
+
+def severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity)
+
+
+class Location(msgspec.Struct, frozen=True):
+    file: str
+    line: int
+    code: str = ""
+
+    @classmethod
+    def of(cls, frame: Frame) -> "Location":
+        return cls(file=frame.file, line=frame.line, code=frame.code)
+
+
+class Cost(msgspec.Struct, frozen=True):
+    ms_per_step: float | None
+    share_of_step: float | None
+    measured: bool = True  # False: estimated, or counted only (e.g. syncs on a CPU-only run)
+    note: str | None = None
+
+
+class Edit(msgspec.Struct, frozen=True):
+    """Replace lines [start, end] (1-based, inclusive) of `file` with `lines` (without newlines)."""
+
+    file: str
+    start: int
+    end: int
+    lines: list[str]
+
+
+class Fix(msgspec.Struct, frozen=True):
+    summary: str
+    config: dict[str, Any] = {}  # env vars, DataLoader/optimizer keywords, flags to turn off
+    patch: str | None = None  # unified diff of `edits`, for `git apply`
+    edits: list[Edit] = []
+    changes_numerics: bool = False  # such edits stay out of fixes.patch unless asked for
+
+
+class Finding(msgspec.Struct, frozen=True):
+    rule: str
+    severity: str
+    title: str
+    message: str
+    locations: list[Location] = []
+    evidence: dict[str, Any] = {}
+    cost: Cost | None = None
+    fix: Fix | None = None
+
+
+@dataclass(frozen=True)
+class Option:
+    """A tunable threshold. Users set it in `[tool.auditor.rules.<rule-id>]` of pyproject.toml."""
+
+    name: str
+    default: Any
+    help: str
+
+
+class Rule:
+    """Base class of every rule. Subclasses set the class attributes and implement `check`.
+
+    The class docstring is the rule's documentation and uses the headings
+    What it detects / Why it costs / Example / Fix / Evidence needed.
+    """
+
+    id: ClassVar[str]
+    title: ClassVar[str]
+    severity: ClassVar[str] = "warning"
+    category: ClassVar[str] = "performance"
+    options: ClassVar[tuple[Option, ...]] = ()
+
+    def skip_reason(self, evidence: Evidence) -> str | None:
+        """Why the evidence cannot answer this rule (None: it can). The engine reports skips."""
+        return None
+
+    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        raise NotImplementedError
+
+    # Helpers for subclasses.
+    @classmethod
+    def docs(cls) -> str:
+        return inspect.cleandoc(cls.__doc__ or "")
+
+    @classmethod
+    def default_options(cls) -> dict[str, Any]:
+        return {o.name: o.default for o in cls.options}
+
+    def finding(self, message: str, *, severity: str | None = None, title: str | None = None,
+                locations: Iterable[Location] = (), evidence: dict[str, Any] | None = None,
+                cost: Cost | None = None, fix: Fix | None = None) -> Finding:
+        return Finding(rule=self.id, severity=severity or self.severity, title=title or self.title,
+                       message=message, locations=list(locations), evidence=evidence or {},
+                       cost=cost, fix=fix)

@@ -1,0 +1,77 @@
+"""Runs the enabled rules over the evidence, applies suppression comments, ranks findings."""
+from __future__ import annotations
+
+import linecache
+import re
+import traceback
+from dataclasses import dataclass, field
+
+from auditor.config import Config
+from auditor.evidence.model import Evidence
+from auditor.rules.base import Finding, severity_rank
+from auditor.rules.registry import all_rules
+
+SUPPRESS = re.compile(r"#\s*audit:\s*ignore(?:\[([a-z0-9,\s-]+)\])?")
+
+
+@dataclass
+class RuleResults:
+    findings: list[Finding] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)  # [{"rule", "reason"}]
+    errors: list[dict[str, str]] = field(default_factory=list)  # a rule that crashed: [{"rule", "error"}]
+    suppressed: int = 0
+
+
+def suppressed_at(file: str, line: int, rule_id: str) -> bool:
+    """True when the source line carries `# audit: ignore` or `# audit: ignore[rule-id, ...]`."""
+    m = SUPPRESS.search(linecache.getline(file, line))
+    if not m:
+        return False
+    return m.group(1) is None or rule_id in {r.strip() for r in m.group(1).split(",")}
+
+
+def _apply_suppression(f: Finding) -> Finding | None:
+    if not f.locations:
+        return f
+    kept = [loc for loc in f.locations if not suppressed_at(loc.file, loc.line, f.rule)]
+    if not kept:
+        return None
+    if len(kept) == len(f.locations):
+        return f
+    import msgspec
+
+    return msgspec.structs.replace(f, locations=kept)
+
+
+def rank_key(f: Finding) -> tuple:
+    """Most severe first, then most costly."""
+    cost = f.cost.ms_per_step if f.cost and f.cost.ms_per_step is not None else -1.0
+    share = f.cost.share_of_step if f.cost and f.cost.share_of_step is not None else -1.0
+    return (-severity_rank(f.severity), -cost, -share, f.rule)
+
+
+def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
+    config = config or Config()
+    out = RuleResults()
+    for rule_id, cls in all_rules().items():
+        if not config.enabled(rule_id):
+            continue
+        rule = cls()
+        reason = rule.skip_reason(evidence)
+        if reason:
+            out.skipped.append({"rule": rule_id, "reason": reason})
+            continue
+        try:
+            found = list(rule.check(evidence, config.options_for(cls)))
+        except Exception as e:  # one broken rule must not hide the others' findings
+            out.errors.append({"rule": rule_id, "error": f"{type(e).__name__}: {e}",
+                               "traceback": traceback.format_exc()})
+            continue
+        for f in found:
+            kept = _apply_suppression(f)
+            if kept is None:
+                out.suppressed += 1
+            else:
+                out.findings.append(kept)
+    out.findings.sort(key=rank_key)
+    return out
