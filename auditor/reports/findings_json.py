@@ -1,0 +1,45 @@
+"""`findings.json`: the contract other tools read. Its keys are documented in the README."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from auditor import __version__
+from auditor.evidence.model import Evidence
+from auditor.reports.base import Reporter
+from auditor.rules.engine import RuleResults
+
+
+def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
+    """The findings.json document as plain data (also what the HTML report embeds)."""
+    per_step = [round(s.ms, 3) for s in evidence.steps]
+    median = evidence.median_step_ms()
+    return {
+        "tool": {"name": "auditor", "version": __version__},
+        "target": evidence.target,
+        "source": evidence.source,
+        "environment": msgspec.to_builtins(evidence.environment),
+        "steps": {
+            "count": len(evidence.steps),
+            "requested": evidence.requested_steps,
+            "per_step_ms": per_step,
+            "median_ms": round(median, 3) if median is not None else None,
+            "total_ms": round(sum(per_step), 3),
+            "profiled_steps": [s.index for s in evidence.steps if s.profiled],
+        },
+        "ending": msgspec.to_builtins(evidence.ending),
+        "findings": msgspec.to_builtins(results.findings),
+        "skipped_rules": results.skipped,
+        "rule_errors": [{"rule": e["rule"], "error": e["error"]} for e in results.errors],
+        "suppressed": results.suppressed,
+    }
+
+
+class FindingsJson(Reporter):
+    name = "json"
+    filename = "findings.json"
+
+    def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> bytes:
+        return msgspec.json.format(msgspec.json.encode(document(evidence, results)), indent=2)
