@@ -1,0 +1,43 @@
+"""Reporters: one small class per output format, all rendering the same evidence and findings."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+from auditor.evidence.model import Evidence
+from auditor.reports.base import Reporter
+from auditor.rules.engine import RuleResults
+
+_REPORTERS = (
+    "auditor.reports.findings_json:FindingsJson",
+    "auditor.reports.html:HtmlReport",
+    "auditor.reports.sarif:SarifReport",
+    "auditor.reports.patch:PatchReport",
+)
+
+
+def all_reporters() -> list[Reporter]:
+    out = []
+    for spec in _REPORTERS:
+        module, _, attr = spec.partition(":")
+        try:
+            out.append(getattr(importlib.import_module(module), attr)())
+        except (ImportError, AttributeError):
+            continue
+    return out
+
+
+def write_reports(out_dir: Path, evidence: Evidence, results: RuleResults) -> dict[str, Path]:
+    """Write every format; one failing reporter must not cost the user the others."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for r in all_reporters():
+        try:
+            written[r.name] = r.write(evidence, results, out_dir)
+        except Exception as e:
+            if os.environ.get("AUDIT_DEBUG"):
+                raise
+            print(f"audit: warning: could not write {r.filename}: {type(e).__name__}: {e}", file=sys.stderr)
+    return written

@@ -1,0 +1,266 @@
+"""The child process: installs probes, imports the target, calls the step N times, streams evidence.
+
+Run by the parent as `python -m auditor.capture.child --target T --steps N --fd FD --out DIR`.
+Everything it learns goes to the parent at once over the pipe FD, so whatever ends this process
+(an exception, Ctrl-C, an OOM, a segfault, a kill) the parent still has every step seen so far.
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+
+# torch is imported before anything of the user's, and the probes go in before the target module runs.
+import torch
+
+from auditor.capture import cuda_standins, graphs, probes
+from auditor.capture.frames import is_library
+from auditor.capture.stream import Writer
+from auditor.capture.target import TargetError, import_target, parse_target, step_arity
+
+ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+_statm = "/proc/self/statm"
+_page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int | None:
+    """Resident memory of this process; /proc is ~10 us, cheap enough for every step boundary."""
+    try:
+        with open(_statm, "rb") as fh:
+            return int(fh.read().split()[1]) * _page
+    except OSError:
+        try:
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        except Exception:
+            return None
+
+
+def environment(standins: list[str]) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(ENV_PREFIXES) and not any(w in k for w in SECRET_WORDS)}
+    notes = []
+    if standins:
+        notes.append("No CUDA device here: calls to the torch.cuda memory-statistics family "
+                     f"({', '.join(sorted(standins))}) were recorded and answered as an idle device would "
+                     "(zeros, empty stats) instead of raising.")
+    return {
+        "torch_version": str(torch.__version__),
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_standins": bool(standins),
+        "num_threads": torch.get_num_threads(),
+        "env_vars": env,
+        "notes": notes,
+    }
+
+
+def backend_flags() -> dict:
+    flags = {
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "anomaly_enabled": torch.is_anomaly_enabled(),
+        "grad_enabled": torch.is_grad_enabled(),
+    }
+    try:
+        flags["default_device"] = str(torch.get_default_device())
+    except AttributeError:
+        pass
+    return flags
+
+
+def profile_plan(steps: int) -> tuple[int | None, list[int]]:
+    """(warm-up step, active steps) of the profiler window: a few steps after the first ones,
+    so compile/allocator warm-up stays out and the profiler's overhead stays off most steps."""
+    active_n = 3 if steps >= 10 else 2 if steps >= 5 else 1
+    first = min(4, steps // 4)
+    if first + active_n > steps:
+        first = max(0, steps - active_n)
+    warm = first - 1 if first >= 1 else None
+    return warm, list(range(first, first + active_n))
+
+
+def graph_scan_points(steps: int) -> set[int]:
+    """Step boundaries at which the graph-leak scan runs (each costs ~50 ms)."""
+    if steps <= 3:
+        return set(range(steps))
+    return {1, steps // 2, steps - 1}
+
+
+def _frame_of_exception(exc: BaseException) -> dict | None:
+    for fs in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not is_library(fs.filename):
+            return {"file": fs.filename, "line": fs.lineno, "function": fs.name}
+    return None
+
+
+def _ending(exc: BaseException, step: int | None) -> dict:
+    if isinstance(exc, KeyboardInterrupt):
+        status = "interrupted"
+    elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc):
+        status = "oom"
+    else:
+        status = "raised"
+    return {"status": status, "step": step, "exception": type(exc).__name__, "message": str(exc)[:2000],
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
+            "where": _frame_of_exception(exc)}
+
+
+class Profiler:
+    """torch.profiler over the planned window only; its trace goes to DIR/tb/<run>/ for TensorBoard."""
+
+    def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool) -> None:
+        self.warm, self.active = profile_plan(steps) if enabled and steps > 0 else (None, [])
+        self.start_at = self.warm if self.warm is not None else (self.active[0] if self.active else None)
+        self.logdir = os.path.join(out_dir, "tb", run_name)
+        self.prof = None
+        self.files: list[str] = []
+        self.top_ops: list[dict] = []
+
+    def window(self) -> list[int]:
+        return ([self.warm] if self.warm is not None else []) + self.active
+
+    def before(self, i: int) -> None:
+        if i != self.start_at:
+            return
+        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.prof = profile(
+            activities=acts, record_shapes=True, with_stack=True, profile_memory=True,
+            schedule=schedule(wait=0, warmup=1 if self.warm is not None else 0, active=len(self.active), repeat=1),
+            on_trace_ready=tensorboard_trace_handler(self.logdir, worker_name=f"{socket.gethostname()}_{os.getpid()}"),
+        )
+        self.prof.start()
+
+    def after(self, i: int) -> None:
+        if self.prof is None:
+            return
+        self.prof.step()
+        if self.active and i == self.active[-1]:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.prof is None:
+            return
+        prof, self.prof = self.prof, None
+        try:
+            prof.stop()
+            rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
+            self.top_ops = [{"name": e.key, "count": e.count, "self_ms": e.self_cpu_time_total / 1e3,
+                             "total_ms": e.cpu_time_total / 1e3} for e in rows]
+        except Exception as e:  # the profiler failing must not fail the audit
+            self.top_ops = [{"name": f"(profiler failed: {type(e).__name__}: {e})", "count": 0,
+                             "self_ms": 0.0, "total_ms": 0.0}]
+        if os.path.isdir(self.logdir):
+            self.files = sorted(os.path.relpath(os.path.join(self.logdir, f), os.path.dirname(os.path.dirname(self.logdir)))
+                                for f in os.listdir(self.logdir) if ".pt.trace.json" in f)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Writer(args.fd)
+    faulthandler.enable(file=sys.stderr, all_threads=False)
+    rec = probes.install()
+    standins = cuda_standins.install(lambda: probes.REC)
+    out.send("hello", environment=environment(standins), pid=os.getpid())
+
+    try:
+        target = parse_target(args.target)
+        module, fn, source = import_target(target)
+        arity = step_arity(fn)
+    except TargetError as e:
+        out.send("usage-error", message=str(e))
+        return 2
+    except BaseException as e:  # the user's module code failed during setup
+        out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec))
+        out.send("ended", **_ending(e, None))
+        return 3
+
+    out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec))
+    prof = Profiler(args.out, args.run_name, args.steps, args.profile)
+    scans = graph_scan_points(args.steps)
+    window = set(prof.window())
+    t_first = None
+    status = 0
+    for i in range(args.steps):
+        anomaly = torch.is_anomaly_enabled()
+        prof.before(i)
+        t0 = time.perf_counter()
+        if t_first is None:
+            t_first = t0
+        try:
+            fn(i) if arity else fn()
+        except BaseException as e:
+            t1 = time.perf_counter()
+            prof.stop()
+            out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, profiled=i in window,
+                     rss_bytes=rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(), failed=True,
+                     dataloaders=_new_loaders(rec), **_device_memory())
+            out.send("ended", **_ending(e, i))
+            status = 3
+            break
+        t1 = time.perf_counter()
+        prof.after(i)
+        out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, profiled=i in window,
+                 rss_bytes=rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
+                 dataloaders=_new_loaders(rec), **_device_memory())
+        if i in scans:
+            out.send("graph-scan", after_step=i, **graphs.scan(module, source))
+    prof.stop()
+    if prof.window():
+        out.send("profile", steps=[s for s in prof.window() if s < args.steps], trace_files=prof.files,
+                 top_ops=prof.top_ops)
+    if status == 0:
+        out.send("ended", status="completed", backend_flags=backend_flags())
+    return status
+
+
+def _device_memory() -> dict:
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"device_allocated": torch.cuda.memory_allocated(), "device_reserved": torch.cuda.memory_reserved()}
+
+
+def _new_loaders(rec: probes.Recorder) -> list[dict]:
+    new = []
+    for d in rec.dataloaders:
+        if not d["sent"]:
+            d["sent"] = True
+            w = d["where"]
+            new.append({"id": d["id"], "settings": d["settings"],
+                        "where": {"file": w[0], "line": w[1], "function": w[2]} if w else None})
+    return new
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="auditor.capture.child")
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--run-name", default="run")
+    ap.add_argument("--no-profile", dest="profile", action="store_false")
+    args = ap.parse_args(argv)
+    code = run(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown of the user's objects: the evidence is sent, and exit code matters.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Finding the user's line: the first stack frame outside torch, the auditor and installed packages.
+
+Called on every probed API call, so it caches per-file verdicts and walks raw frames only.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from types import FrameType
+
+import torch
+
+import auditor
+
+_LIBRARY_DIRS = tuple(
+    os.path.normcase(os.path.realpath(p)) + os.sep
+    for p in {
+        os.path.dirname(torch.__file__),
+        os.path.dirname(auditor.__file__),
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+    }
+)
+_TORCH_AND_AUDITOR = tuple(
+    os.path.normcase(os.path.realpath(os.path.dirname(m.__file__))) + os.sep for m in (torch, auditor)
+)
+_verdict: dict[str, bool] = {}
+_internal: dict[str, bool] = {}
+
+
+def is_library(filename: str) -> bool:
+    """True for frames that are not the user's own code (torch, the auditor, stdlib, site-packages)."""
+    v = _verdict.get(filename)
+    if v is None:
+        if filename.startswith("<"):
+            v = True
+        else:
+            path = os.path.normcase(os.path.realpath(filename))
+            v = path.startswith(_LIBRARY_DIRS) or "site-packages" in path
+        _verdict[filename] = v
+    return v
+
+
+def is_torch_internal(filename: str) -> bool:
+    """True for torch's and the auditor's own files: calls made there are not the user's calls."""
+    v = _internal.get(filename)
+    if v is None:
+        v = os.path.normcase(os.path.realpath(filename)).startswith(_TORCH_AND_AUDITOR)
+        _internal[filename] = v
+    return v
+
+
+def user_frame(frame: FrameType | None) -> tuple[str, int, str] | None:
+    """(file, line, function) of the first user frame at or above `frame`; falls back to the first
+    frame outside torch and the auditor when the whole stack is library code (e.g. a framework)."""
+    fallback = None
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if not is_library(code.co_filename):
+            return code.co_filename, f.f_lineno, code.co_name
+        if fallback is None and not is_torch_internal(code.co_filename):
+            fallback = (code.co_filename, f.f_lineno, code.co_name)
+        f = f.f_back
+    return fallback
+
+
+def caller(depth: int = 2) -> FrameType | None:
+    try:
+        return sys._getframe(depth)
+    except ValueError:
+        return None

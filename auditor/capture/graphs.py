@@ -1,0 +1,127 @@
+"""Graph-leak evidence: tensors that carry autograd history and outlive the step that made them.
+
+Right after a step returns, its locals are gone; any non-leaf tensor still alive is held by module
+state (a running loss kept as a tensor, outputs appended to a list). If the autograd graph reachable
+from those tensors keeps growing from one step boundary to the next, graphs are piling up.
+Scans walk every gc-tracked object (~50 ms), so they run at a few sampled boundaries only.
+"""
+from __future__ import annotations
+
+import ast
+import gc
+import types
+from collections import deque
+from typing import Any
+
+import torch
+
+_CONTAINERS = (list, tuple, dict, set, deque)
+
+
+def _graph_size(tensors: list[torch.Tensor]) -> int:
+    seen: set[int] = set()
+    keep: list[Any] = []  # keep wrappers alive during the walk so ids stay unique
+    stack = [t.grad_fn for t in tensors]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        keep.append(node)
+        stack.extend(n for n, _ in node.next_functions)
+    return len(seen)
+
+
+def _carries_graph(v: Any) -> bool:
+    return type(v) is torch.Tensor and v.grad_fn is not None
+
+
+def _count_in(value: Any) -> list[torch.Tensor]:
+    if _carries_graph(value):
+        return [value]
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, _CONTAINERS):
+        return []
+    return [v for v in value if _carries_graph(v)]
+
+
+def _holders(module: types.ModuleType | None) -> list[tuple[str, str, list[torch.Tensor]]]:
+    """(name, kind, tensors) for the target module's globals (and one level of their attributes)."""
+    if module is None:
+        return []
+    out = []
+    for name, value in list(vars(module).items()):
+        if name.startswith("__") or isinstance(value, (types.ModuleType, type, types.FunctionType)):
+            continue
+        found = _count_in(value)
+        if found:
+            out.append((name, type(value).__name__, found))
+            continue
+        attrs = getattr(value, "__dict__", None)
+        if isinstance(attrs, dict) and not isinstance(value, torch.nn.Module):
+            for attr, v in list(attrs.items()):
+                found = _count_in(v)
+                if found:
+                    out.append((f"{name}.{attr}", type(v).__name__, found))
+    return out
+
+
+class _Mutations(ast.NodeVisitor):
+    """Lines inside functions that grow a named holder: `x += ...`, `x = x + ...`, `x.append(...)`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.parts = name.split(".")
+        self.lines: list[int] = []
+        self.depth = 0
+
+    def _is_name(self, node: ast.AST) -> bool:
+        return ast.unparse(node) == self.name
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if self.depth and self._is_name(node.target):
+            self.lines.append(node.lineno)
+        self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        if self.depth and any(self._is_name(t) for t in node.targets) and any(
+                self._is_name(n) for n in ast.walk(node.value)):
+            self.lines.append(node.lineno)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        f = node.func
+        if (self.depth and isinstance(f, ast.Attribute) and f.attr in ("append", "extend", "insert", "add")
+                and self._is_name(f.value)):
+            self.lines.append(node.lineno)
+        self.generic_visit(node)
+
+
+def mutation_lines(source_file: str, name: str) -> list[int]:
+    try:
+        with open(source_file, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    v = _Mutations(name)
+    v.visit(tree)
+    return sorted(set(v.lines))
+
+
+def scan(module: types.ModuleType | None, source_file: str | None) -> dict[str, Any]:
+    """Count live graph-carrying tensors and the graph behind them; name the globals holding them."""
+    live = [o for o in gc.get_objects() if type(o) is torch.Tensor and o.grad_fn is not None]
+    holders = []
+    for name, kind, tensors in _holders(module):
+        lines = mutation_lines(source_file, name) if source_file else []
+        holders.append({"name": name, "kind": kind, "tensors": len(tensors), "nodes": _graph_size(tensors),
+                        "where": {"file": source_file, "line": lines[0], "function": ""} if lines else None})
+    return {"tensors": len(live), "graph_nodes": _graph_size(live), "holders": holders}

@@ -1,0 +1,390 @@
+"""Cheap runtime probes on the torch APIs that cause trouble.
+
+Each probe wraps one API, attributes the call to the user's line and adds it to a per-step tally
+(count and time). Probes never change arguments or results: audited and plain runs compute the
+same numbers. They are installed before the target module is imported, so module-level calls
+(e.g. `torch.autograd.set_detect_anomaly(True)`) are seen too.
+
+Calls made by torch itself (e.g. `Tensor.backward` calling `torch.autograd.backward`, or
+`Tensor.__format__` calling `.item()`) are not counted again: only calls whose immediate caller is
+outside torch and the auditor are.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+import torch.utils.data.dataloader as dl
+
+from auditor.capture.frames import is_torch_internal, user_frame
+from auditor.evidence import model as m
+
+perf = time.perf_counter
+FrameKey = tuple[str, int, str] | None
+
+
+class Recorder:
+    """Per-step tallies, shared by every probe. One per process; inert in forked children."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.active = True
+        self.in_data = 0  # > 0 while inside DataLoader iteration
+        self.tallies: dict[tuple, dict[str, Any]] = {}
+        self.dataloaders: list[dict[str, Any]] = []
+        self.retain_events: list[dict[str, Any]] = []  # retain_graph=True backwards of this step
+        self.retain_sampled: dict[FrameKey, int] = {}
+        self.cuda_real = torch.cuda.is_available()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self.active = False  # DataLoader workers: their calls are not the step's
+
+    def on(self) -> bool:
+        return self.active and os.getpid() == self.pid
+
+    def add(self, kind: str, what: str, where: FrameKey, ms: float = 0.0, **data: Any) -> None:
+        key = (kind, what, where, tuple(sorted(data.items())))
+        t = self.tallies.get(key)
+        if t is None:
+            self.tallies[key] = {"kind": kind, "what": what, "where": where, "count": 1, "ms": ms, "data": data}
+        else:
+            t["count"] += 1
+            t["ms"] += ms
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Tallies since the last drain, as plain dicts ready to send; finalises retain events."""
+        for ev in self.retain_events:
+            if not ev["used"][0]:
+                self.add(m.RETAINED_UNUSED, ev["what"], ev["where"], 0.0)
+                t = self.tallies[(m.RETAINED_UNUSED, ev["what"], ev["where"], ())]
+                t["data"] = {"graph_nodes": max(t["data"].get("graph_nodes", 0), ev["nodes"]),
+                             "saved_bytes": max(t["data"].get("saved_bytes", 0), ev["saved_bytes"])}
+        self.retain_events = []
+        out = []
+        for t in self.tallies.values():
+            w = t["where"]
+            out.append({**t, "where": {"file": w[0], "line": w[1], "function": w[2]} if w else None})
+        self.tallies = {}
+        return out
+
+
+REC: Recorder | None = None
+
+
+def _user_call(depth: int = 2):
+    """The calling frame if the call is the user's (not torch calling itself), else None."""
+    f = sys._getframe(depth)
+    return None if is_torch_internal(f.f_code.co_filename) else f
+
+
+def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    orig = getattr(owner, name)
+    if getattr(orig, "__audit_original__", None) is not None:
+        return  # already wrapped
+    new = make(orig)
+    functools.update_wrapper(new, orig)
+    new.__audit_original__ = orig
+    setattr(owner, name, new)
+
+
+# --- device->host synchronisations -------------------------------------------------------------
+
+def _sync_method(what: str, applies: Callable[..., bool] | None = None):
+    def make(orig):
+        def probe(self, *args, **kwargs):
+            rec = REC
+            if rec.on() and not rec.in_data:
+                f = _user_call()
+                if (f is not None and (applies is None or applies(self, *args, **kwargs))
+                        and not (rec.cuda_real and isinstance(self, torch.Tensor) and not self.is_cuda)):
+                    t0 = perf()
+                    try:
+                        return orig(self, *args, **kwargs)
+                    finally:
+                        dev = self.device.type if isinstance(self, torch.Tensor) else "cpu"
+                        rec.add(m.SYNC, what, user_frame(f), (perf() - t0) * 1e3, device=dev)
+            return orig(self, *args, **kwargs)
+        return probe
+    return make
+
+
+def _to_host(self, *args, **kwargs) -> bool:
+    """`t.to(...)` synchronises only when it copies a device tensor to the host."""
+    if self.device.type == "cpu":
+        return False
+    dest = kwargs.get("device", args[0] if args else None)
+    if isinstance(dest, torch.Tensor):
+        dest = dest.device
+    if isinstance(dest, (str, torch.device)):
+        return torch.device(dest).type == "cpu"
+    return False
+
+
+def _single_element(self, *args, **kwargs) -> bool:
+    return self.numel() == 1
+
+
+def _install_sync_probes() -> None:
+    T = torch.Tensor
+    for name in ("item", "tolist", "numpy", "cpu", "nonzero", "masked_select"):
+        _wrap(T, name, _sync_method(f"Tensor.{name}"))
+    _wrap(T, "__bool__", _sync_method("bool(Tensor)", _single_element))
+    _wrap(T, "__float__", _sync_method("float(Tensor)"))
+    _wrap(T, "__int__", _sync_method("int(Tensor)"))
+    _wrap(T, "__repr__", _sync_method("print/repr(Tensor)"))
+    _wrap(T, "__format__", _sync_method("format(Tensor)", _single_element))
+    _wrap(T, "to", _sync_method("Tensor.to(cpu)", _to_host))
+    for name in ("nonzero", "masked_select"):
+        _wrap(torch, name, _sync_function(f"torch.{name}"))
+    _wrap(torch.cuda, "synchronize", _sync_function("torch.cuda.synchronize"))
+
+
+def _sync_function(what: str):
+    def make(orig):
+        def probe(*args, **kwargs):
+            rec = REC
+            if rec.on() and not rec.in_data:
+                f = _user_call()
+                if f is not None:
+                    t0 = perf()
+                    try:
+                        return orig(*args, **kwargs)
+                    finally:
+                        first = args[0] if args else None
+                        dev = first.device.type if isinstance(first, torch.Tensor) else (
+                            "cuda" if what.startswith("torch.cuda") else "cpu")
+                        rec.add(m.SYNC, what, user_frame(f), (perf() - t0) * 1e3, device=dev)
+            return orig(*args, **kwargs)
+        return probe
+    return make
+
+
+# --- timed calls: cleanup, stat resets ---------------------------------------------------------
+
+def _timed_function(kind: str, what: str):
+    def make(orig):
+        def probe(*args, **kwargs):
+            rec = REC
+            if rec.on():
+                f = _user_call()
+                if f is not None:
+                    t0 = perf()
+                    try:
+                        return orig(*args, **kwargs)
+                    finally:
+                        rec.add(kind, what, user_frame(f), (perf() - t0) * 1e3)
+            return orig(*args, **kwargs)
+        return probe
+    return make
+
+
+def _install_timed_probes() -> None:
+    for name in ("reset_peak_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
+                 "reset_accumulated_memory_stats"):
+        if hasattr(torch.cuda, name):
+            _wrap(torch.cuda, name, _timed_function(m.STAT_RESET, f"torch.cuda.{name}"))
+    _wrap(torch.cuda, "empty_cache", _timed_function(m.EMPTY_CACHE, "torch.cuda.empty_cache"))
+    _wrap(gc, "collect", _timed_function(m.GC_COLLECT, "gc.collect"))
+
+
+# --- anomaly mode ------------------------------------------------------------------------------
+
+def _install_anomaly_probe() -> None:
+    def make(orig):
+        def probe(enabled, *args, **kwargs):
+            rec = REC
+            if enabled and rec.on():
+                rec.add(m.ANOMALY_ON, "anomaly detection", user_frame(sys._getframe(1)))
+            return orig(enabled, *args, **kwargs)
+        return probe
+    _wrap(torch, "set_anomaly_enabled", make)
+
+
+# --- backward, retain_graph --------------------------------------------------------------------
+
+def _graph_of(roots: list[Any], measure: bool) -> tuple[list[Any], int]:
+    """Autograd nodes reachable from `roots`, and the bytes their saved tensors hold (if measured)."""
+    seen: dict[int, Any] = {}
+    stack = [r for r in roots if r is not None]
+    saved: dict[int, int] = {}
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if measure:
+            for attr in dir(node):
+                if attr.startswith("_saved_"):
+                    try:
+                        v = getattr(node, attr)
+                    except Exception:
+                        continue
+                    if isinstance(v, torch.Tensor) and v.numel():
+                        saved[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    return list(seen.values()), sum(saved.values())
+
+
+def _watch_retained(rec: Recorder, roots: list[Any], what: str, where: FrameKey) -> None:
+    """Hook every node of a retained graph: if no later backward runs through it before the step
+    ends, the graph was kept alive for nothing."""
+    n = rec.retain_sampled.get(where, 0)
+    rec.retain_sampled[where] = n + 1
+    nodes, saved = _graph_of(roots, measure=n < 3)
+    used = [False]
+
+    def hook(*_: Any) -> None:
+        used[0] = True
+
+    for node in nodes:
+        try:
+            node.register_prehook(hook)
+        except (RuntimeError, AttributeError):
+            pass
+    rec.retain_events.append({"what": what, "where": where, "used": used, "nodes": len(nodes), "saved_bytes": saved})
+
+
+def _roots(tensors: Any) -> list[Any]:
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    return [t.grad_fn for t in tensors if isinstance(t, torch.Tensor)]
+
+
+def _backward_probe(what: str, tensors_of: Callable[..., Any]):
+    def make(orig):
+        def probe(*args, **kwargs):
+            rec = REC
+            if rec.on():
+                f = _user_call()
+                if f is not None:
+                    where = user_frame(f)
+                    retain = kwargs.get("retain_graph")
+                    if retain is None:
+                        retain = kwargs.get("create_graph", False)
+                    t0 = perf()
+                    result = orig(*args, **kwargs)
+                    rec.add(m.BACKWARD, what, where, (perf() - t0) * 1e3, retain_graph=bool(retain))
+                    if retain:
+                        _watch_retained(rec, _roots(tensors_of(*args, **kwargs)), what, where)
+                    return result
+            return orig(*args, **kwargs)
+        return probe
+    return make
+
+
+def _install_backward_probes() -> None:
+    first = lambda *a, **k: a[0] if a else next(iter(k.values()), None)  # noqa: E731
+    _wrap(torch.Tensor, "backward", _backward_probe("Tensor.backward", first))
+    _wrap(torch.autograd, "backward", _backward_probe(
+        "torch.autograd.backward", lambda *a, **k: a[0] if a else k.get("tensors")))
+    _wrap(torch.autograd, "grad", _backward_probe(
+        "torch.autograd.grad", lambda *a, **k: a[0] if a else k.get("outputs")))
+
+
+# --- forward and optimizer phases --------------------------------------------------------------
+
+def _install_phase_hooks() -> None:
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    state = {"depth": 0, "t0": 0.0, "opt_t0": 0.0}
+
+    def fwd_pre(module, args):
+        if state["depth"] == 0:
+            state["t0"] = perf()
+        state["depth"] += 1
+
+    def fwd_post(module, args, output):
+        state["depth"] -= 1
+        if state["depth"] == 0:
+            rec = REC
+            if rec.on() and not rec.in_data:
+                rec.add(m.FORWARD, type(module).__name__, user_frame(sys._getframe(1)),
+                        (perf() - state["t0"]) * 1e3)
+
+    def opt_pre(opt, args, kwargs):
+        state["opt_t0"] = perf()
+
+    def opt_post(opt, args, kwargs):
+        rec = REC
+        if rec.on():
+            rec.add(m.OPTIMIZER, type(opt).__name__, user_frame(sys._getframe(1)),
+                    (perf() - state["opt_t0"]) * 1e3)
+
+    register_module_forward_pre_hook(fwd_pre)
+    try:
+        register_module_forward_hook(fwd_post, always_call=True)
+    except TypeError:  # torch without always_call
+        register_module_forward_hook(fwd_post)
+    register_optimizer_step_pre_hook(opt_pre)
+    register_optimizer_step_post_hook(opt_post)
+
+
+# --- DataLoader --------------------------------------------------------------------------------
+
+DATALOADER_SETTINGS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
+                       "drop_last", "timeout")
+
+
+def _install_dataloader_probes() -> None:
+    def make_init(orig):
+        def probe(self, *args, **kwargs):
+            orig(self, *args, **kwargs)
+            rec = REC
+            if rec.on() and not any(d["id"] == id(self) for d in rec.dataloaders):
+                settings = {k: getattr(self, k, None) for k in DATALOADER_SETTINGS}
+                settings["dataset"] = type(self.dataset).__name__
+                settings["default_collate"] = self.collate_fn is dl.default_collate
+                try:
+                    settings["batches"] = len(self)
+                except TypeError:
+                    pass
+                where = user_frame(sys._getframe(1))
+                rec.dataloaders.append({"id": id(self), "where": where, "settings": settings, "sent": False})
+        return probe
+
+    def make_iter_init(orig):
+        def probe(self, loader, *args, **kwargs):
+            self._audit_loader_id = id(loader)
+            return orig(self, loader, *args, **kwargs)
+        return probe
+
+    def make_next(orig):
+        def probe(self):
+            rec = REC
+            if not rec.on():
+                return orig(self)
+            f = sys._getframe(1)
+            rec.in_data += 1
+            t0 = perf()
+            try:
+                return orig(self)
+            finally:
+                rec.in_data -= 1
+                rec.add(m.DATA_WAIT, "DataLoader.__next__", user_frame(f), (perf() - t0) * 1e3,
+                        loader=getattr(self, "_audit_loader_id", 0))
+        return probe
+
+    _wrap(dl.DataLoader, "__init__", make_init)
+    _wrap(dl._BaseDataLoaderIter, "__init__", make_iter_init)
+    _wrap(dl._BaseDataLoaderIter, "__next__", make_next)
+
+
+def install() -> Recorder:
+    """Install every probe (idempotent) and return the process's recorder."""
+    global REC
+    if REC is None:
+        REC = Recorder()
+        _install_sync_probes()
+        _install_timed_probes()
+        _install_anomaly_probe()
+        _install_backward_probes()
+        _install_phase_hooks()
+        _install_dataloader_probes()
+    return REC

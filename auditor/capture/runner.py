@@ -1,0 +1,195 @@
+"""The parent side of `audit run`: start the child, read its evidence stream, survive its death.
+
+The parent never imports the user's code. It ignores the first Ctrl-C (the child, in the same
+process group, gets it too and reports what it was doing), and kills the child on the second.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import msgspec
+
+from auditor.capture.stream import read_records
+from auditor.capture.target import Target, TargetError
+from auditor.evidence import model as m
+
+STDERR_TAIL_LINES = 40
+# Kineto prints stage markers on every profiler start/stop whatever its log level; they are ours,
+# not the user's, so they are kept out of the user's terminal (and the crash tail).
+PROFILER_NOISE = re.compile(rb"^(USDT|STAGE):\d{4}-\d\d-\d\d \S+ \d+:\d+ \w+\.cpp:\d+\]|"
+                            rb"^\[W\d+ [\d:.]+ \d+ CPUAllocator\.cpp:\d+\] Memory block of unknown size")
+GRACE_AFTER_INTERRUPT_S = 15.0
+
+
+@dataclass
+class RunRequest:
+    target: Target
+    steps: int
+    out_dir: Path
+    profile: bool = True
+    extra_args: tuple[str, ...] = ()
+
+
+def _frame(d: dict | None) -> m.Frame | None:
+    if not d or not d.get("file"):
+        return None
+    return m.Frame(file=d["file"], line=int(d["line"]), function=d.get("function") or "",
+                   code=linecache.getline(d["file"], int(d["line"])).strip())
+
+
+def _tally(d: dict) -> m.Tally:
+    return m.Tally(kind=d["kind"], what=d["what"], where=_frame(d.get("where")), count=d["count"],
+                   ms=float(d["ms"]), data=d.get("data") or {})
+
+
+class EvidenceBuilder:
+    """Turns stream records into Evidence as they arrive, so a dead child leaves complete state."""
+
+    def __init__(self, request: RunRequest) -> None:
+        self.ev = m.Evidence(source="run", target=request.target.spec, requested_steps=request.steps)
+        self.usage_error: str | None = None
+        self.ended = False
+
+    def feed(self, r: dict[str, Any]) -> None:
+        kind = r["kind"]
+        ev = self.ev
+        if kind == "hello":
+            ev.environment = msgspec.convert(r["environment"], m.Environment)
+        elif kind == "usage-error":
+            self.usage_error = r["message"]
+        elif kind == "setup":
+            ev.setup = [_tally(t) for t in r["tallies"]]
+            ev.environment.backend_flags = r.get("backend_flags", {})
+            self._loaders(r)
+        elif kind == "step":
+            ev.steps.append(m.StepRecord(
+                index=r["index"], start_s=r["start_s"], ms=r["ms"], profiled=r.get("profiled", False),
+                rss_bytes=r.get("rss_bytes"), device_allocated=r.get("device_allocated"),
+                device_reserved=r.get("device_reserved"), anomaly_enabled=r.get("anomaly_enabled", False),
+                tallies=[_tally(t) for t in r["tallies"]]))
+            self._loaders(r)
+        elif kind == "graph-scan":
+            ev.graph_scans.append(m.GraphScan(
+                after_step=r["after_step"], tensors=r["tensors"], graph_nodes=r["graph_nodes"],
+                holders=[{**h, "where": msgspec.to_builtins(_frame(h.get("where")))} for h in r["holders"]]))
+        elif kind == "profile":
+            ev.profile = m.ProfileWindow(steps=r["steps"], trace_files=r["trace_files"], top_ops=r["top_ops"])
+            ev.traces = list(r["trace_files"])
+        elif kind == "ended":
+            self.ended = True
+            if "backend_flags" in r:
+                ev.environment.backend_flags = r["backend_flags"]
+            fields = {k: v for k, v in r.items() if k in m.Ending.__struct_fields__ and k != "where"}
+            ev.ending = m.Ending(**fields, where=_frame(r.get("where")))
+
+    def _loaders(self, r: dict[str, Any]) -> None:
+        for d in r.get("dataloaders", []):
+            self.ev.dataloaders.append(m.DataLoaderInfo(id=d["id"], where=_frame(d.get("where")),
+                                                        settings=d["settings"]))
+
+    def finish(self, returncode: int, stderr_tail: str) -> m.Evidence:
+        ev = self.ev
+        if not self.ended:
+            sig = None
+            if returncode < 0:
+                try:
+                    sig = signal.Signals(-returncode).name
+                except ValueError:
+                    sig = str(-returncode)
+            last = ev.steps[-1].index + 1 if ev.steps else 0
+            in_step = last if last < ev.requested_steps else None
+            how = f"killed by {sig}" if sig else f"exited with code {returncode} without finishing"
+            ev.ending = m.Ending(status="crashed", step=in_step,
+                                 message=f"the audited process {how}"
+                                         + (f" during step {in_step}" if in_step is not None else ""),
+                                 returncode=returncode, signal=sig)
+        else:
+            ev.ending.returncode = returncode
+        if ev.ending.status != "completed":
+            ev.ending.stderr_tail = stderr_tail or None
+        return ev
+
+
+def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = None,
+              forward_stderr: bool = True) -> m.Evidence:
+    """Run the target in a child process and return the evidence it streamed, however it ended.
+
+    Raises TargetError when the child reports a problem with TARGET itself."""
+    request.out_dir.mkdir(parents=True, exist_ok=True)
+    read_fd, write_fd = os.pipe()
+    cmd = [sys.executable, "-m", "auditor.capture.child", "--target", request.target.spec,
+           "--steps", str(request.steps), "--fd", str(write_fd), "--out", str(request.out_dir),
+           "--run-name", request.target.name, *(() if request.profile else ("--no-profile",)),
+           *request.extra_args]
+    # Kineto's own log lines would drown the user's output; their errors still show.
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    env.setdefault("KINETO_LOG_LEVEL", "3")
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stderr=subprocess.PIPE, env=env)
+    os.close(write_fd)
+
+    tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+
+    def pump_stderr() -> None:
+        for line in iter(proc.stderr.readline, b""):
+            if PROFILER_NOISE.match(line):
+                continue
+            if forward_stderr:
+                sys.stderr.buffer.write(line)
+                sys.stderr.buffer.flush()
+            tail.append(line.decode("utf-8", "replace"))
+
+    pump = threading.Thread(target=pump_stderr, daemon=True)
+    pump.start()
+
+    interrupts = {"n": 0, "at": 0.0}
+
+    def on_sigint(signum, frame) -> None:
+        interrupts["n"] += 1
+        interrupts["at"] = time.monotonic()
+        if interrupts["n"] >= 2:
+            proc.kill()
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
+    builder = EvidenceBuilder(request)
+    watchdog_stop = threading.Event()
+
+    def watchdog() -> None:  # after one Ctrl-C, give the child a grace period, then stop it
+        while not watchdog_stop.wait(0.5):
+            if interrupts["n"] and time.monotonic() - interrupts["at"] > GRACE_AFTER_INTERRUPT_S:
+                proc.kill()
+                return
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        with open(request.out_dir / "records.jsonl", "wb") as raw, os.fdopen(read_fd, "rb") as stream:
+            for record, line in read_records(stream):
+                raw.write(line)
+                builder.feed(record)
+                if on_record is not None:
+                    on_record(record)
+        returncode = proc.wait()
+        pump.join(timeout=5)
+    finally:
+        watchdog_stop.set()
+        if main_thread:
+            signal.signal(signal.SIGINT, old)
+    if builder.usage_error is not None:
+        raise TargetError(builder.usage_error)
+    if interrupts["n"] and not builder.ended:
+        builder.ended = True
+        last = builder.ev.steps[-1].index + 1 if builder.ev.steps else None
+        builder.ev.ending = m.Ending(status="interrupted", step=last, message="interrupted (Ctrl-C)")
+    return builder.finish(returncode, "".join(tail))

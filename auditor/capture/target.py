@@ -1,0 +1,96 @@
+"""TARGET: `path/to/file.py:callable` or `package.module:callable`, and how to load it."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+class TargetError(Exception):
+    """A TARGET the user must fix (usage error, exit 2)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    spec: str
+    module: str  # dotted module name, or the file's stem
+    attr: str
+    file: str | None = None  # absolute path for file targets
+
+    @property
+    def name(self) -> str:
+        return f"{self.module.rsplit('.', 1)[-1]}-{self.attr}"
+
+
+def parse_target(spec: str) -> Target:
+    """Check the shape of TARGET without importing anything (the parent does this)."""
+    left, sep, attr = spec.rpartition(":")
+    if not sep or not left or not attr:
+        raise TargetError(f"bad TARGET {spec!r}: expected path/to/file.py:callable or package.module:callable")
+    if not attr.replace(".", "_").isidentifier():
+        raise TargetError(f"bad TARGET {spec!r}: {attr!r} is not a Python name")
+    if left.endswith(".py") or os.sep in left or "/" in left:
+        path = Path(left)
+        if not path.is_file():
+            raise TargetError(f"no such file: {left}")
+        return Target(spec, path.stem, attr, str(path.resolve()))
+    if not all(p.isidentifier() for p in left.split(".")):
+        raise TargetError(f"bad TARGET {spec!r}: {left!r} is neither a .py file nor a module path")
+    return Target(spec, left, attr)
+
+
+def import_target(target: Target) -> tuple[types.ModuleType, Callable, str | None]:
+    """Import the module (running the user's setup code) and find the step callable.
+
+    Raises TargetError for problems with TARGET itself; exceptions from the user's module code
+    propagate unchanged (the target failed)."""
+    if target.file is not None:
+        directory = os.path.dirname(target.file)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        spec = importlib.util.spec_from_file_location(target.module, target.file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[target.module] = module
+        spec.loader.exec_module(module)
+        source = target.file
+    else:
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(target.module)
+        except ModuleNotFoundError as e:
+            parts = target.module.split(".")
+            if e.name in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+                raise TargetError(f"no such module: {target.module}") from None
+            raise
+        source = getattr(module, "__file__", None)
+    fn: object = module
+    for part in target.attr.split("."):
+        if not hasattr(fn, part):
+            raise TargetError(f"no callable {target.attr!r} in {target.file or target.module}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise TargetError(f"{target.attr!r} in {target.file or target.module} is not callable")
+    return module, fn, source
+
+
+def step_arity(fn: Callable) -> int:
+    """0 or 1: whether the step takes the step index. Anything else is a usage error."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 0
+    required = [p for p in sig.parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    if len(required) > 1:
+        raise TargetError(f"the step callable must take no argument or one (the step index); "
+                          f"{fn.__name__} requires {len(required)}")
+    return 1 if positional else 0

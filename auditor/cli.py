@@ -1,0 +1,206 @@
+"""The `audit` command line: run, analyze, report, rules, explain.
+
+Exit codes (a contract, documented in the README):
+  0  audit done, no finding at or above --fail-on (or --fail-on not given)
+  1  a finding at or above --fail-on
+  2  usage error: bad TARGET, missing file, no such callable, bad option or input file
+  3  the target failed: its step or setup raised, was interrupted, ran out of memory or crashed
+  4  internal error of the auditor itself (one line; AUDIT_DEBUG=1 shows the traceback)
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from auditor import __version__
+from auditor.config import Config, ConfigError, load_config
+from auditor.evidence.errors import InputError
+from auditor.rules.base import SEVERITIES, severity_rank
+
+EXIT_OK, EXIT_FAIL_ON, EXIT_USAGE, EXIT_TARGET_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 4
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+class UsageFailure(Exception):
+    """Printed as one line on stderr; exit 2."""
+
+
+def _default_out(name: str) -> Path:
+    return Path("audit-out") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _exit_code(evidence, results, fail_on: str | None) -> int:
+    if evidence.source == "run" and evidence.ending.status != "completed":
+        return EXIT_TARGET_FAILED
+    if fail_on and any(severity_rank(f.severity) >= severity_rank(fail_on) for f in results.findings):
+        return EXIT_FAIL_ON
+    return EXIT_OK
+
+
+def _finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None) -> int:
+    from auditor.evidence.store import save
+    from auditor.reports import write_reports
+    from auditor.reports.terminal import print_summary
+    from auditor.rules.engine import run_rules
+
+    save(evidence, out)
+    results = run_rules(evidence, config)
+    write_reports(out, evidence, results)
+    if quiet:
+        click.echo(f"audit: {len(results.findings)} finding(s), run {evidence.ending.status}; report in {out}")
+    else:
+        print_summary(evidence, results, out)
+    return _exit_code(evidence, results, fail_on or config.fail_on)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="audit")
+def cli() -> None:
+    """auditor: find why a PyTorch training step is slow, runs out of memory or turns to NaN."""
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Call the step exactly this many times.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory [default: audit-out/<target>-<timestamp>/].")
+@click.option("--fail-on", type=click.Choice(SEVERITIES), default=None,
+              help="Exit 1 when a finding has at least this severity.")
+@click.option("--select", multiple=True, help="Only these rule ids (comma-separated or repeated).")
+@click.option("--ignore", multiple=True, help="Skip these rule ids (comma-separated or repeated).")
+@click.option("--profile/--no-profile", default=True, show_default=True,
+              help="Record a torch.profiler window of a few steps.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar; only the one-line summary.")
+def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
+        ignore: tuple[str, ...], profile: bool, quiet: bool) -> None:
+    """Audit TARGET (path/to/file.py:step or package.module:step) by calling the step N times."""
+    from auditor.capture.progress import StepProgress
+    from auditor.capture.runner import RunRequest, run_child
+    from auditor.capture.target import TargetError, parse_target
+
+    try:
+        t = parse_target(target)
+    except TargetError as e:
+        raise UsageFailure(str(e)) from None
+    config = _config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
+    out = out_dir or _default_out(t.name)
+    with StepProgress(steps, enabled=not quiet and sys.stderr.isatty()) as progress:
+        try:
+            evidence = run_child(RunRequest(t, steps, out, profile=profile), on_record=progress.on_record)
+        except TargetError as e:
+            raise UsageFailure(str(e)) from None
+    sys.exit(_finish(evidence, config, out, quiet, fail_on))
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory [default: audit-out/analyze-<timestamp>/].")
+@click.option("--fail-on", type=click.Choice(SEVERITIES), default=None)
+@click.option("--select", multiple=True)
+@click.option("--ignore", multiple=True)
+@click.option("--quiet", "-q", is_flag=True)
+def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
+            ignore: tuple[str, ...], quiet: bool) -> None:
+    """Run the rules on recordings: profiler traces, TensorBoard logdirs, memory snapshots, or
+    `audit run` output directories."""
+    from auditor.evidence.load import load_paths
+
+    for p in paths:
+        if not p.exists():
+            raise UsageFailure(f"no such file or directory: {p}")
+    config = _config(Path.cwd(), select, ignore)
+    try:
+        evidence = load_paths(list(paths))
+    except InputError as e:
+        raise UsageFailure(str(e)) from None
+    out = out_dir or _default_out("analyze")
+    sys.exit(_finish(evidence, config, out, quiet, fail_on))
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--select", multiple=True)
+@click.option("--ignore", multiple=True)
+def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
+    """Re-render the reports of a saved run directory (no code is re-run)."""
+    from auditor.evidence.load import load_paths
+    from auditor.evidence.store import is_run_dir
+
+    if not is_run_dir(run_dir):
+        raise UsageFailure(f"{run_dir}: not an audit output directory (no evidence.json)")
+    config = _config(Path.cwd(), select, ignore)
+    try:
+        evidence = load_paths([run_dir])
+    except InputError as e:
+        raise UsageFailure(str(e)) from None
+    _finish(evidence, config, run_dir, quiet=False, fail_on=None)
+
+
+@cli.command("rules")
+def rules_cmd() -> None:
+    """List every rule: id, default severity, category, title."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from auditor.rules.registry import all_rules
+
+    table = Table("id", "severity", "category", "title", box=None)
+    for rule_id, cls in all_rules().items():
+        table.add_row(rule_id, cls.severity, cls.category, cls.title)
+    Console(width=max(100, Console().width)).print(table)
+
+
+@cli.command()
+@click.argument("rule_id")
+def explain(rule_id: str) -> None:
+    """Print a rule's documentation and options."""
+    from auditor.rules.registry import get_rule
+
+    cls = get_rule(rule_id)
+    if cls is None:
+        raise UsageFailure(f"no rule {rule_id!r} (see `audit rules`)")
+    click.echo(f"{cls.id}: {cls.title}\nseverity: {cls.severity}    category: {cls.category}\n")
+    click.echo(cls.docs())
+    if cls.options:
+        click.echo(f"\nOptions ([tool.auditor.rules.{cls.id}] in pyproject.toml):")
+        for o in cls.options:
+            click.echo(f"    {o.name} = {o.default!r}    {o.help}")
+
+
+def _config(start: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> Config:
+    try:
+        return load_config(start, select, ignore)
+    except ConfigError as e:
+        raise UsageFailure(str(e)) from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: click in non-standalone mode so every usage error is one line and exit 2."""
+    try:
+        rv = cli.main(args=argv, prog_name="audit", standalone_mode=False)
+    except UsageFailure as e:
+        click.echo(f"audit: error: {e}", err=True)
+        sys.exit(EXIT_USAGE)
+    except _NO_ARGS_IS_HELP:  # `audit` alone: click raises after printing the help
+        sys.exit(EXIT_USAGE)
+    except click.UsageError as e:
+        click.echo(f"audit: error: {e.format_message()}", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort:
+        click.echo("audit: aborted", err=True)
+        sys.exit(EXIT_TARGET_FAILED)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as e:  # a bug of ours: one line, the traceback only on request
+        if os.environ.get("AUDIT_DEBUG"):
+            raise
+        click.echo(f"audit: internal error: {type(e).__name__}: {e} (set AUDIT_DEBUG=1 for the traceback)",
+                   err=True)
+        sys.exit(EXIT_INTERNAL)
+    sys.exit(rv if isinstance(rv, int) else EXIT_OK)

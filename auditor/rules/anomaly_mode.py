@@ -1,0 +1,63 @@
+"""anomaly-mode: autograd anomaly detection left on during training steps."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Cost, Finding, Fix, Rule
+from auditor.rules.common import by_place, locations
+from auditor.rules.fixes import replace_in_line
+
+
+class AnomalyMode(Rule):
+    """
+    What it detects:
+        Steps that ran with autograd anomaly detection on (`torch.autograd.set_detect_anomaly(True)`
+        or `with torch.autograd.detect_anomaly():`), and the line that switched it on.
+
+    Why it costs:
+        Anomaly mode records a Python traceback for every operation in the forward pass and checks
+        every backward result for NaN, which synchronises with the device. Steps typically run
+        several times slower. It is a debugging aid, not something to train with.
+
+    Example:
+        bad:   torch.autograd.set_detect_anomaly(True)      # at import, "just in case"
+        good:  enable it only while chasing a NaN, for a few steps, then remove it
+
+    Fix:
+        Remove the call or pass False. The code patch turns `set_detect_anomaly(True)` into
+        `set_detect_anomaly(False)`; a `detect_anomaly()` block must be removed by hand.
+
+    Evidence needed:
+        A run (`audit run`): the probe on torch.set_anomaly_enabled and the per-step anomaly flag.
+    """
+
+    id = "anomaly-mode"
+    title = "Autograd anomaly detection is on during training"
+    severity = "warning"
+    category = "performance"
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        on_steps = [s.index for s in ev.steps if s.anomaly_enabled]
+        places = by_place(ev.tallies(m.ANOMALY_ON, include_setup=True))
+        if not on_steps:
+            return
+        locs = locations(places)
+        edits = [e for loc in locs if (e := replace_in_line(loc.file, loc.line, "set_detect_anomaly(True)",
+                                                             "set_detect_anomaly(False)"))]
+        where = f" (switched on at {locs[0].file}:{locs[0].line})" if locs else ""
+        yield self.finding(
+            f"Anomaly detection was on in {len(on_steps)} of {len(ev.steps)} steps{where}; it records a "
+            "traceback per forward op and checks every backward result, slowing each step.",
+            locations=locs,
+            evidence={"steps_with_anomaly": len(on_steps), "steps": len(ev.steps),
+                      "switched_on": [{"file": p.where.file, "line": p.where.line, "count": p.count}
+                                      for p in places if p.where]},
+            cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
+                      note="not separable without re-running the step; anomaly mode commonly costs 2-10x"),
+            fix=Fix(summary="Turn anomaly detection off for training; enable it only to chase a NaN.",
+                    config={"torch.autograd.set_detect_anomaly": False}, edits=edits),
+        )

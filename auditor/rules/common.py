@@ -1,0 +1,99 @@
+"""Small helpers several rules share: grouping tallies by place, trends, costs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+
+from auditor.evidence.model import Evidence, Frame, Tally
+from auditor.rules.base import Cost, Location
+
+
+@dataclass
+class Place:
+    """All tallies of one kind at one source location, across steps."""
+
+    where: Frame | None
+    what: str
+    steps: set[int] = field(default_factory=set)
+    count: int = 0
+    ms: float = 0.0
+    data: dict = field(default_factory=dict)
+
+
+def by_place(pairs: list[tuple[int, Tally]]) -> list[Place]:
+    """Group (step, tally) pairs by (what, file, line); most frequent first."""
+    places: dict[tuple, Place] = {}
+    for step, t in pairs:
+        key = (t.what, t.where.file if t.where else None, t.where.line if t.where else None)
+        p = places.setdefault(key, Place(where=t.where, what=t.what))
+        p.steps.add(step)
+        p.count += t.count
+        p.ms += t.ms
+        for k, v in t.data.items():
+            p.data.setdefault(k, v)
+    return sorted(places.values(), key=lambda p: (-p.count, p.what))
+
+
+def locations(places: list[Place]) -> list[Location]:
+    seen, out = set(), []
+    for p in places:
+        if p.where and (p.where.file, p.where.line) not in seen:
+            seen.add((p.where.file, p.where.line))
+            out.append(Location.of(p.where))
+    return out
+
+
+def steps_run(ev: Evidence) -> int:
+    return max(1, len(ev.steps))
+
+
+def cost_of(ev: Evidence, total_ms: float, measured: bool = True, note: str | None = None) -> Cost:
+    """Cost per step of `total_ms` spread over the run, and its share of the median step."""
+    per_step = total_ms / steps_run(ev)
+    step = ev.median_step_ms()
+    return Cost(ms_per_step=round(per_step, 3),
+                share_of_step=round(per_step / step, 4) if step else None, measured=measured, note=note)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Rank correlation: a trend test that one outlier cannot fake."""
+    n = len(xs)
+    if n < 3:
+        return 0.0
+
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(n), key=lambda i: v[i])
+        r = [0.0] * n
+        i = 0
+        while i < n:
+            j = i
+            while j + 1 < n and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx = sum((a - mx) ** 2 for a in rx) ** 0.5
+    vy = sum((b - my) ** 2 for b in ry) ** 0.5
+    return cov / (vx * vy) if vx and vy else 0.0
+
+
+def theil_sen(xs: list[float], ys: list[float]) -> float:
+    """Median of pairwise slopes: a robust per-step trend."""
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs))
+              if xs[j] != xs[i]]
+    return median(slopes) if slopes else 0.0
+
+
+def quarter_medians(values: list[float]) -> tuple[float, float]:
+    q = max(1, len(values) // 4)
+    return median(values[:q]), median(values[-q:])
+
+
+def on_accelerator(ev: Evidence) -> bool:
+    """Whether the audited program really computed on a CUDA device."""
+    return ev.environment.cuda_available and ev.environment.device == "cuda"

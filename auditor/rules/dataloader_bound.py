@@ -1,0 +1,114 @@
+"""dataloader-bound: a large share of the step waits for the input pipeline."""
+from __future__ import annotations
+
+import importlib
+import os
+from statistics import median
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.fixes import edit_call_kwargs
+
+
+def recommended_settings(settings: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
+    """DataLoader keywords that overlap loading with compute, given the machine's cores."""
+    workers = max(2, min(8, (os.cpu_count() or 2)))
+    rec: dict[str, Any] = {}
+    if not settings.get("num_workers"):
+        rec["num_workers"] = workers
+    rec["persistent_workers"] = True
+    if (settings.get("prefetch_factor") or 2) < 2:
+        rec["prefetch_factor"] = 2
+    if on_gpu and not settings.get("pin_memory"):
+        rec["pin_memory"] = True
+    return rec
+
+
+class DataloaderBound(Rule):
+    """
+    What it detects:
+        Steps that spend a large share of their time waiting in DataLoader iteration (`__next__`):
+        loading in the main process (num_workers=0), too little prefetch, a heavy `__getitem__`.
+        On a recorded trace: the DataLoader `__next__` share of each ProfilerStep.
+
+    Why it costs:
+        With num_workers=0 the model waits while every batch is read, decoded and collated.
+        Worker processes prepare the next batches while the current one trains.
+
+    Example:
+        bad:   DataLoader(ds, batch_size=64)                               # loads in the step
+        good:  DataLoader(ds, batch_size=64, num_workers=4, persistent_workers=True, pin_memory=True)
+
+    Fix:
+        Add workers (num_workers ~ CPU cores available), persistent_workers=True, prefetch_factor,
+        pin_memory=True on GPU; move heavy per-sample work out of `__getitem__`. Random
+        augmentations in workers draw from per-worker RNG streams: batches differ from a
+        num_workers=0 run unless you seed workers.
+
+    Evidence needed:
+        A run (timed probe on DataLoader iteration, settings captured at DataLoader creation) or a
+        profiler trace with DataLoader annotations.
+    """
+
+    id = "dataloader-bound"
+    title = "The step waits for the input pipeline"
+    severity = "warning"
+    category = "performance"
+    options = (
+        Option("min-share", 0.25, "Median share of step time spent in DataLoader iteration to flag."),
+        Option("min-wait-ms", 2.0, "Median wait per step below which workers would not pay off (IPC costs ~1 ms)."),
+    )
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        yield from self._from_probes(ev, options)
+        if ev.trace_data:
+            try:
+                half = importlib.import_module("auditor.rules.trace_dataloader")
+            except ImportError:
+                return
+            yield from half.trace_dataloader_findings(self, ev, options)
+
+    def _from_probes(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        steps = [s for s in ev.steps if not s.profiled] or ev.steps
+        if not steps:
+            return
+        shares, waits, loader_ids = [], [], {}
+        for s in steps:
+            wait = sum(t.ms for t in s.tallies if t.kind == m.DATA_WAIT)
+            for t in s.tallies:
+                if t.kind == m.DATA_WAIT:
+                    loader_ids[t.data.get("loader")] = t.where
+            shares.append(wait / s.ms if s.ms else 0.0)
+            waits.append(wait)
+        share = median(shares)
+        if share < options["min-share"] or median(waits) < options["min-wait-ms"]:
+            return
+        loaders = [d for d in ev.dataloaders if d.id in loader_ids] or ev.dataloaders
+        loader = loaders[0] if loaders else None
+        settings = loader.settings if loader else {}
+        rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda")
+        locs = []
+        edits = []
+        if loader and loader.where:
+            locs.append(Location.of(loader.where))
+            edit = edit_call_kwargs(loader.where.file, loader.where.line, ("DataLoader",),
+                                    {k: repr(v) for k, v in rec.items()})
+            if edit:
+                edits.append(edit)
+        it_where = loader_ids.get(loader.id if loader else None)
+        if it_where:
+            locs.append(Location.of(it_where))
+        wait_ms = median(waits)
+        yield self.finding(
+            f"The step waits {wait_ms:.1f} ms for data ({share * 100:.0f}% of the median step) with "
+            f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.",
+            locations=locs,
+            evidence={"median_share": round(share, 4), "median_wait_ms": round(wait_ms, 3),
+                      "max_share": round(max(shares), 4), "settings": settings},
+            cost=Cost(ms_per_step=round(wait_ms, 3), share_of_step=round(share, 4), measured=True,
+                      note="most of this overlaps with compute once workers load ahead"),
+            fix=Fix(summary="Load batches in worker processes ahead of the step: "
+                            + ", ".join(f"{k}={v!r}" for k, v in rec.items()) + ".",
+                    config={f"DataLoader.{k}": v for k, v in rec.items()}, edits=edits),
+        )

@@ -1,0 +1,63 @@
+"""forced-cleanup: torch.cuda.empty_cache() / gc.collect() every step or every few steps."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Finding, Fix, Option, Rule
+from auditor.rules.common import by_place, cost_of, locations, steps_run
+from auditor.rules.fixes import remove_statement
+
+
+class ForcedCleanup(Rule):
+    """
+    What it detects:
+        `torch.cuda.empty_cache()` and/or `gc.collect()` called every step or every few steps,
+        with the share of step time they take.
+
+    Why it costs:
+        gc.collect() walks every Python object (tens of milliseconds in a process with torch
+        loaded); empty_cache() returns cached blocks to the driver, so the next step must
+        cudaMalloc them again (slow, and synchronising). Neither fixes a real leak.
+
+    Example:
+        bad:   loss.backward(); opt.step(); gc.collect(); torch.cuda.empty_cache()
+        good:  drop the calls; fix what holds memory (see graph-leak, memory-growth)
+
+    Fix:
+        Remove the calls from the step. The patch replaces each with `pass`.
+
+    Evidence needed:
+        A run: timed probes on gc.collect and torch.cuda.empty_cache.
+    """
+
+    id = "forced-cleanup"
+    title = "Memory cleanup forced every few steps"
+    severity = "warning"
+    category = "performance"
+    options = (Option("max-interval", 5, "Flag calls made at least once every this many steps."),)
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        n = steps_run(ev)
+        places = [p for p in by_place(ev.tallies(m.EMPTY_CACHE) + ev.tallies(m.GC_COLLECT))
+                  if len(p.steps) >= n / options["max-interval"]]
+        if not places:
+            return
+        total = sum(p.ms for p in places)
+        cost = cost_of(ev, total)
+        what = " and ".join(sorted({f"{p.what}()" for p in places}))
+        locs = locations(places)
+        edits = [e for loc in locs if (e := remove_statement(loc.file, loc.line, "audit: forced cleanup removed"))]
+        yield self.finding(
+            f"{what} ran {sum(p.count for p in places)} times in {n} steps, costing "
+            f"{cost.ms_per_step:.2f} ms per step ({(cost.share_of_step or 0) * 100:.1f}% of the median step).",
+            locations=locs,
+            evidence={"calls": [{"what": p.what, "count": p.count, "steps": len(p.steps), "ms": round(p.ms, 3),
+                                 "line": p.where.line if p.where else None} for p in places]},
+            cost=cost,
+            fix=Fix(summary="Remove per-step gc.collect()/empty_cache(); fix what holds the memory instead.",
+                    config={"gc.collect": "off", "torch.cuda.empty_cache": "off"}, edits=edits),
+        )

@@ -1,0 +1,114 @@
+"""graph-leak: tensors carrying autograd history survive from step to step, so graphs pile up."""
+from __future__ import annotations
+
+import ast
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
+from auditor.rules.fixes import read_lines
+
+
+def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
+    """(edit, changes_numerics): `x += e` -> `x += e.detach()`, `xs.append(e)` -> `xs.append(e.detach())`,
+    `h = f(h)` -> `h = f(h).detach()` (that last one truncates backprop through time: numerics change)."""
+    lines = read_lines(file)
+    if lines is None:
+        return None, False
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None, False
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) != line or getattr(node, "end_lineno", None) != line:
+            continue
+        text = lines[line - 1]
+        if isinstance(node, ast.AugAssign):
+            value, numerics = node.value, False
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and node.value.args \
+                and isinstance(node.value.func, ast.Attribute) and node.value.func.attr in ("append", "insert"):
+            value, numerics = node.value.args[-1], False
+        elif isinstance(node, ast.Assign):
+            value, numerics = node.value, True
+        else:
+            continue
+        b = text.encode()
+        seg = b[value.col_offset:value.end_col_offset].decode()
+        simple = isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
+        new = seg + ".detach()" if simple else f"({seg}).detach()"
+        return Edit(file=file, start=line, end=line,
+                    lines=[(b[:value.col_offset].decode() + new + b[value.end_col_offset:].decode())]), numerics
+    return None, False
+
+
+class GraphLeak(Rule):
+    """
+    What it detects:
+        Non-leaf tensors (tensors with a grad_fn) that are still alive after a step returns, and an
+        autograd graph behind them that grows from one step boundary to the next: a running loss
+        kept as a tensor (`total += loss`), outputs appended to a list without `.detach()`, a
+        recurrent state carried across steps without detaching.
+
+    Why it costs:
+        Each step's whole graph, with the activations it saved, stays reachable from the survivor.
+        Memory grows every step until the run dies of OOM, and any backward through the chain gets
+        slower every step.
+
+    Example:
+        bad:   running_loss += loss              # keeps every step's graph
+        good:  running_loss += loss.detach()     # or loss.item() when you log
+
+    Fix:
+        Detach what you keep: `.detach()` (stays on device, no sync) or `.item()` when logging.
+        The patch adds `.detach()` at the line that grows the holder.
+
+    Evidence needed:
+        A run: scans of live tensors with a grad_fn at a few step boundaries (graph size per scan)
+        and the module globals holding them.
+    """
+
+    id = "graph-leak"
+    title = "Autograd graphs survive across steps and pile up"
+    severity = "warning"
+    category = "memory"
+    options = (Option("min-nodes-per-step", 1.0, "Graph growth (autograd nodes per step) that counts as a leak."),)
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        if ev.source != "run":
+            return "needs a run (`audit run`), not a recording"
+        return None if len(ev.graph_scans) >= 2 else "needs graph scans at two or more step boundaries (run >= 2 steps)"
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        scans = sorted(ev.graph_scans, key=lambda s: s.after_step)
+        nodes = [s.graph_nodes for s in scans]
+        if not all(b > a for a, b in zip(nodes, nodes[1:])):
+            return
+        span = scans[-1].after_step - scans[0].after_step
+        rate = (nodes[-1] - nodes[0]) / span if span else 0.0
+        if rate < options["min-nodes-per-step"]:
+            return
+        first_holders = {h["name"]: h for h in scans[0].holders}
+        growing = [h for h in scans[-1].holders if h["nodes"] > first_holders.get(h["name"], {"nodes": 0})["nodes"]]
+        locs, edits, numerics = [], [], False
+        for h in growing:
+            w = h.get("where")
+            if w:
+                locs.append(Location(file=w["file"], line=w["line"], code=w.get("code", "")))
+                edit, changes = _detach_edit(w["file"], w["line"])
+                if edit:
+                    edits.append(edit)
+                    numerics |= changes
+        names = ", ".join(f"`{h['name']}`" for h in growing) or "tensors outside the target module's globals"
+        yield self.finding(
+            f"Autograd graphs kept alive across steps grew from {nodes[0]} to {nodes[-1]} nodes between steps "
+            f"{scans[0].after_step} and {scans[-1].after_step} ({rate:.1f} nodes per step), held by {names}.",
+            locations=locs,
+            evidence={"scans": [{"after_step": s.after_step, "tensors": s.tensors, "graph_nodes": s.graph_nodes}
+                                for s in scans],
+                      "nodes_per_step": round(rate, 2),
+                      "holders": [{"name": h["name"], "kind": h["kind"], "tensors": h["tensors"], "nodes": h["nodes"]}
+                                  for h in growing]},
+            cost=None,
+            fix=Fix(summary="Detach what you keep across steps (`.detach()`, or `.item()` when logging).",
+                    edits=edits, changes_numerics=numerics),
+        )

@@ -1,0 +1,103 @@
+"""host-sync: device->host synchronisations inside the step."""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Cost, Finding, Fix, Option, Rule
+from auditor.rules.common import by_place, cost_of, locations, on_accelerator, steps_run
+
+ADVICE = {
+    "Tensor.item": "log every N steps, or accumulate on the device (`total += loss.detach()`) and call .item() once",
+    "print/repr(Tensor)": "print every N steps, from values already fetched",
+    "format(Tensor)": "format values fetched every N steps",
+    "bool(Tensor)": "keep control flow on host values, or use torch.where / masking instead of `if tensor`",
+    "Tensor.nonzero": "use masking or torch.where with a fixed shape; pass as_tuple/size hints where possible",
+    "torch.nonzero": "use masking or torch.where with a fixed shape",
+    "Tensor.masked_select": "multiply by the mask or use torch.where to keep shapes static",
+    "torch.masked_select": "multiply by the mask or use torch.where to keep shapes static",
+    "torch.cuda.synchronize": "remove explicit synchronize() calls from the step (profilers sync for you)",
+}
+
+
+class HostSync(Rule):
+    """
+    What it detects:
+        Calls inside the step that make the host wait for the device: `.item()`, `.cpu()`,
+        `.tolist()`, `.numpy()`, `float(t)`, `int(t)`, `bool(t)` / `if t`, `print(t)`, `nonzero`,
+        `masked_select`, `.to("cpu")`, `torch.cuda.synchronize()`; counted per step with their line.
+        On a recorded GPU trace: cudaStreamSynchronize / cudaDeviceSynchronize / synchronous DtoH
+        copies attributed to the op that issued them.
+
+    Why it costs:
+        CUDA runs asynchronously: the host queues kernels ahead of the device. A sync drains that
+        queue, so the GPU idles while Python catches up. One `.item()` per step for logging can
+        cost a large share of a short step.
+
+    Example:
+        bad:   losses.append(loss.item())                 # every step
+        good:  if step % 50 == 0: print(loss.item())      # or accumulate on device
+
+    Fix:
+        Fetch values every N steps, keep accumulators on the device, avoid data-dependent shapes.
+
+    Evidence needed:
+        A run (probes on the sync APIs), or a profiler trace with CUDA runtime events.
+        On a CPU-only run the same calls are reported as what would synchronise on an accelerator
+        (severity info; cost counted, not measured).
+    """
+
+    id = "host-sync"
+    title = "The step waits for the device (host-device synchronisation)"
+    severity = "warning"
+    category = "performance"
+    options = (
+        Option("min-share-of-steps", 0.5, "Report a sync site only if it runs in at least this share of steps."),
+    )
+
+    def _trace_half(self):
+        try:
+            return importlib.import_module("auditor.rules.trace_host_sync")
+        except ImportError:
+            return None
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        yield from self._from_probes(ev, options)
+        half = self._trace_half()
+        if half is not None and ev.trace_data:
+            yield from half.trace_host_sync_findings(self, ev, options)
+
+    def _from_probes(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        if not ev.steps:
+            return
+        n = steps_run(ev)
+        real = on_accelerator(ev)
+        places = [p for p in by_place(ev.tallies(m.SYNC))
+                  if len(p.steps) >= options["min-share-of-steps"] * n
+                  and (not real or p.data.get("device") == "cuda")]
+        if not places:
+            return
+        per_step = sum(p.count for p in places) / n
+        total_ms = sum(p.ms for p in places)
+        sites = [{"what": p.what, "file": p.where.file if p.where else None, "line": p.where.line if p.where else None,
+                  "count": p.count, "per_step": round(p.count / n, 2), "steps": len(p.steps), "ms": round(p.ms, 3)}
+                 for p in places]
+        advice = sorted({ADVICE.get(p.what, "fetch values from the device every N steps, not every step")
+                         for p in places})
+        if real:
+            cost = cost_of(ev, total_ms)
+            sev, prefix = "warning", ""
+        else:
+            cost = Cost(ms_per_step=None, share_of_step=None, measured=False,
+                        note="not measured: on this CPU-only run nothing waits for a device; on an "
+                             "accelerator each call waits for every queued kernel")
+            sev, prefix = "info", "On an accelerator these would synchronise: "
+        yield self.finding(
+            f"{prefix}{per_step:.1f} device->host syncs per step at {len(places)} place(s): "
+            + "; ".join(f"{s['what']} x{s['per_step']:g}/step at line {s['line']}" for s in sites[:5]),
+            severity=sev, locations=locations(places),
+            evidence={"syncs_per_step": round(per_step, 2), "sites": sites, "measured_on_device": real},
+            cost=cost,
+            fix=Fix(summary="; ".join(advice) + ".", config={"log_every_n_steps": 50}),
+        )

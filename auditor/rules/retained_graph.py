@@ -1,0 +1,63 @@
+"""retained-graph: backward(retain_graph=True) whose graph is never backpropagated again."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Cost, Finding, Fix, Location, Rule
+from auditor.rules.common import by_place
+from auditor.rules.fixes import edit_call_kwargs
+
+
+class RetainedGraph(Rule):
+    """
+    What it detects:
+        `loss.backward(retain_graph=True)` or `torch.autograd.grad(..., retain_graph=True)` where no
+        later backward in the same step runs through the retained graph before it is dropped.
+
+    Why it costs:
+        retain_graph keeps every activation the graph saved alive until the graph itself dies. Used
+        "to make an error go away" in gradient accumulation, it multiplies activation memory by the
+        number of micro-batches and is a classic cause of "OOM on the second batch".
+
+    Example:
+        bad:   for x in micro_batches: model(x).loss.backward(retain_graph=True)
+        good:  for x in micro_batches: model(x).loss.backward()
+
+    Fix:
+        Drop `retain_graph=True`. If that raises "Trying to backward through the graph a second
+        time", a tensor from an earlier step is reused: detach it (e.g. an RNN hidden state).
+
+    Evidence needed:
+        A run: the backward probes hook each node of a retained graph and note whether any later
+        backward in the step ran through it.
+    """
+
+    id = "retained-graph"
+    title = "retain_graph=True keeps a graph nobody backpropagates again"
+    severity = "warning"
+    category = "memory"
+    options = ()
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        for p in by_place(ev.tallies(m.RETAINED_UNUSED)):
+            per_step = p.count / max(1, len(p.steps))
+            saved_mb = p.data.get("saved_bytes", 0) / 2**20
+            loc = [Location.of(p.where)] if p.where else []
+            edit = edit_call_kwargs(p.where.file, p.where.line, ("backward", "grad"), drop=("retain_graph",)) \
+                if p.where else None
+            yield self.finding(
+                f"{p.what}(retain_graph=True) kept {p.count} graphs alive that no later backward used "
+                f"({per_step:.1f} per step in {len(p.steps)} steps, ~{p.data.get('graph_nodes', 0)} autograd "
+                f"nodes and {saved_mb:.2f} MiB of saved tensors each).",
+                locations=loc,
+                evidence={"retained_unused": p.count, "steps": len(p.steps), "per_step": round(per_step, 2),
+                          "graph_nodes": p.data.get("graph_nodes", 0), "saved_bytes": p.data.get("saved_bytes", 0)},
+                cost=Cost(ms_per_step=None, share_of_step=None, measured=True,
+                          note=f"memory: {saved_mb * per_step:.2f} MiB of activations held per step"),
+                fix=Fix(summary="Remove retain_graph=True; detach state reused across steps instead.",
+                        config={"retain_graph": False}, edits=[edit] if edit else []),
+            )

@@ -1,0 +1,91 @@
+"""step-slowdown: step time grows over the run (a trend, not noise)."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.common import quarter_medians, spearman, theil_sen
+
+
+class StepSlowdown(Rule):
+    """
+    What it detects:
+        Step time that keeps rising over the run: the last quarter of steps is much slower than the
+        first, and the rise is a steady trend (rank correlation with the step index), not a few
+        outliers. Warm-up steps and the profiled window are left out. It names the probed call
+        (backward, a sync, data loading...) whose own time grew the most.
+
+    Why it costs:
+        Something accumulates per step: a graph kept alive and backpropagated again, a growing
+        Python list scanned every step, a cache that never hits. Left alone it gets worse with every
+        epoch ("training slows down after the first batch").
+
+    Example:
+        bad:   hidden = rnn(x, hidden); loss.backward(retain_graph=True)  # backprop through all history
+        good:  hidden = rnn(x, hidden.detach()); loss.backward()
+
+    Fix:
+        Follow the growing phase named in the finding; see graph-leak and memory-growth findings.
+
+    Evidence needed:
+        Per-step wall times from a run (at least `min-steps` unprofiled steps).
+    """
+
+    id = "step-slowdown"
+    title = "Steps get slower as the run goes on"
+    severity = "warning"
+    category = "performance"
+    options = (
+        Option("skip", 2, "Warm-up steps left out at the start."),
+        Option("min-steps", 8, "Unprofiled steps needed to judge a trend."),
+        Option("min-ratio", 1.3, "Last-quarter median over first-quarter median to flag."),
+        Option("min-correlation", 0.6, "Spearman correlation of step time with step index to flag."),
+    )
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        return None if ev.source == "run" else "needs per-step times from a run"
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        steps = [s for s in ev.steps if not s.profiled and s.index >= options["skip"]]
+        if len(steps) < options["min-steps"]:
+            return
+        xs = [float(s.index) for s in steps]
+        ys = [s.ms for s in steps]
+        first, last = quarter_medians(ys)
+        rho = spearman(xs, ys)
+        if first <= 0 or last / first < options["min-ratio"] or rho < options["min-correlation"]:
+            return
+        slope = theil_sen(xs, ys)
+        culprit = self._culprit(steps)
+        locs = [Location.of(culprit["where"])] if culprit and culprit["where"] else []
+        blame = (f"; {culprit['what']} grew the most (+{culprit['growth_ms']:.1f} ms)" if culprit else "")
+        yield self.finding(
+            f"Step time rose from {first:.1f} ms to {last:.1f} ms (x{last / first:.2f}, "
+            f"+{slope:.2f} ms per step, rank correlation {rho:.2f}) over {len(steps)} steps{blame}.",
+            locations=locs,
+            evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
+                      "ratio": round(last / first, 3), "slope_ms_per_step": round(slope, 4),
+                      "spearman": round(rho, 3), "steps_used": len(steps),
+                      "growing_phase": {k: v for k, v in (culprit or {}).items() if k != "where"} or None},
+            cost=Cost(ms_per_step=round(last - first, 3), share_of_step=round((last - first) / last, 4),
+                      measured=True, note="extra time per step at the end of the run vs its start"),
+            fix=Fix(summary="Find what accumulates per step (see the growing phase and graph-leak / "
+                            "memory-growth findings) and stop keeping it."),
+        )
+
+    def _culprit(self, steps: list[m.StepRecord]) -> dict[str, Any] | None:
+        """The probed call site whose own per-step time grew the most from first to last quarter."""
+        series: dict[tuple, list[float]] = {}
+        wheres: dict[tuple, tuple[str, m.Frame | None]] = {}
+        for i, s in enumerate(steps):
+            for t in s.tallies:
+                key = (t.kind, t.what, t.where.file if t.where else None, t.where.line if t.where else None)
+                series.setdefault(key, [0.0] * len(steps))[i] += t.ms
+                wheres[key] = (t.what, t.where)
+        best = None
+        for key, ys in series.items():
+            a, b = quarter_medians(ys)
+            if best is None or b - a > best["growth_ms"]:
+                best = {"what": wheres[key][0], "kind": key[0], "growth_ms": b - a, "where": wheres[key][1]}
+        return best if best and best["growth_ms"] > 0 else None
