@@ -25,6 +25,9 @@ from auditor.capture.target import TargetError, import_target, parse_target, ste
 
 ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+# CUDA's "CUDA out of memory", the CPU allocator's "DefaultCPUAllocator: can't allocate memory",
+# MPS/XPU's "out of memory" variants.
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "not enough memory")
 
 _statm = "/proc/self/statm"
 _page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -111,7 +114,8 @@ def _frame_of_exception(exc: BaseException) -> dict | None:
 def _ending(exc: BaseException, step: int | None) -> dict:
     if isinstance(exc, KeyboardInterrupt):
         status = "interrupted"
-    elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc):
+    elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or any(
+            s in str(exc) for s in OOM_MESSAGES):
         status = "oom"
     else:
         status = "raised"
@@ -174,8 +178,9 @@ class Profiler:
 def run(args: argparse.Namespace) -> int:
     out = Writer(args.fd)
     faulthandler.enable(file=sys.stderr, all_threads=False)
-    rec = probes.install()
+    # Stand-ins first, so the probes wrap them (a probe installed first would be replaced).
     standins = cuda_standins.install(lambda: probes.REC)
+    rec = probes.install()
     out.send("hello", environment=environment(standins), pid=os.getpid())
 
     try:
@@ -199,23 +204,26 @@ def run(args: argparse.Namespace) -> int:
     for i in range(args.steps):
         anomaly = torch.is_anomaly_enabled()
         prof.before(i)
+        c0 = time.process_time()
         t0 = time.perf_counter()
         if t_first is None:
             t_first = t0
         try:
             fn(i) if arity else fn()
         except BaseException as e:
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             prof.stop()
-            out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, profiled=i in window,
-                     rss_bytes=rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(), failed=True,
+            out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
+                     profiled=i in window, failed=True,
+                     rss_bytes=rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
                      dataloaders=_new_loaders(rec), **_device_memory())
             out.send("ended", **_ending(e, i))
             status = 3
             break
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         prof.after(i)
-        out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, profiled=i in window,
+        out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
+                 profiled=i in window,
                  rss_bytes=rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
                  dataloaders=_new_loaders(rec), **_device_memory())
         if i in scans:

@@ -32,36 +32,45 @@ def _graph_size(tensors: list[torch.Tensor]) -> int:
     return len(seen)
 
 
-def _carries_graph(v: Any) -> bool:
-    return type(v) is torch.Tensor and v.grad_fn is not None
-
-
-def _count_in(value: Any) -> list[torch.Tensor]:
-    if _carries_graph(value):
-        return [value]
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """Tensors held directly, or one container level down (list, dict, ...)."""
+    if isinstance(value, torch.Tensor):
+        return [] if isinstance(value, torch.nn.Parameter) else [value]
     if isinstance(value, dict):
         value = value.values()
     elif not isinstance(value, _CONTAINERS):
         return []
-    return [v for v in value if _carries_graph(v)]
+    return [v for v in value if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    storages = {}
+    for t in tensors:
+        try:
+            st = t.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+        except (RuntimeError, NotImplementedError):
+            continue
+    return sum(storages.values())
 
 
 def _holders(module: types.ModuleType | None) -> list[tuple[str, str, list[torch.Tensor]]]:
-    """(name, kind, tensors) for the target module's globals (and one level of their attributes)."""
+    """(name, kind, tensors) for the target module's globals (and one level of their attributes)
+    that hold tensors other than parameters."""
     if module is None:
         return []
     out = []
     for name, value in list(vars(module).items()):
         if name.startswith("__") or isinstance(value, (types.ModuleType, type, types.FunctionType)):
             continue
-        found = _count_in(value)
+        found = _tensors_in(value)
         if found:
             out.append((name, type(value).__name__, found))
             continue
         attrs = getattr(value, "__dict__", None)
         if isinstance(attrs, dict) and not isinstance(value, torch.nn.Module):
             for attr, v in list(attrs.items()):
-                found = _count_in(v)
+                found = _tensors_in(v)
                 if found:
                     out.append((f"{name}.{attr}", type(v).__name__, found))
     return out
@@ -117,11 +126,14 @@ def mutation_lines(source_file: str, name: str) -> list[int]:
 
 
 def scan(module: types.ModuleType | None, source_file: str | None) -> dict[str, Any]:
-    """Count live graph-carrying tensors and the graph behind them; name the globals holding them."""
+    """Count live graph-carrying tensors and the graph behind them; name the globals holding tensors
+    (with their bytes, for memory-growth) and the lines that grow them."""
     live = [o for o in gc.get_objects() if type(o) is torch.Tensor and o.grad_fn is not None]
     holders = []
     for name, kind, tensors in _holders(module):
         lines = mutation_lines(source_file, name) if source_file else []
-        holders.append({"name": name, "kind": kind, "tensors": len(tensors), "nodes": _graph_size(tensors),
+        with_graph = [t for t in tensors if t.grad_fn is not None]
+        holders.append({"name": name, "kind": kind, "tensors": len(tensors), "graph_tensors": len(with_graph),
+                        "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors),
                         "where": {"file": source_file, "line": lines[0], "function": ""} if lines else None})
     return {"tensors": len(live), "graph_nodes": _graph_size(live), "holders": holders}

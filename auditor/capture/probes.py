@@ -243,6 +243,8 @@ def _watch_retained(rec: Recorder, roots: list[Any], what: str, where: FrameKey)
         used[0] = True
 
     for node in nodes:
+        if type(node).__name__ == "AccumulateGrad":
+            continue  # shared by every graph over the same parameters: says nothing about reuse
         try:
             node.register_prehook(hook)
         except (RuntimeError, AttributeError):

@@ -74,7 +74,8 @@ class EvidenceBuilder:
             self._loaders(r)
         elif kind == "step":
             ev.steps.append(m.StepRecord(
-                index=r["index"], start_s=r["start_s"], ms=r["ms"], profiled=r.get("profiled", False),
+                index=r["index"], start_s=r["start_s"], ms=r["ms"], cpu_ms=r.get("cpu_ms"),
+                profiled=r.get("profiled", False), failed=r.get("failed", False),
                 rss_bytes=r.get("rss_bytes"), device_allocated=r.get("device_allocated"),
                 device_reserved=r.get("device_reserved"), anomaly_enabled=r.get("anomaly_enabled", False),
                 tallies=[_tally(t) for t in r["tallies"]]))

@@ -52,7 +52,9 @@ class StepRecord(msgspec.Struct):
     index: int
     start_s: float  # seconds since the first step started
     ms: float
+    cpu_ms: float | None = None  # process CPU time in the step: unaffected by other processes' load
     profiled: bool = False
+    failed: bool = False  # the step raised or was interrupted: its time is partial
     rss_bytes: int | None = None
     device_allocated: int | None = None  # CUDA allocator, when a real device is in use
     device_reserved: int | None = None
@@ -148,7 +150,7 @@ class Evidence(msgspec.Struct, dict=True):
     # Helpers rules share. Derived, never stored.
     def step_ms(self, include_profiled: bool = False) -> list[float]:
         """Wall time of each step, leaving out the profiled ones (the profiler slows them)."""
-        return [s.ms for s in self.steps if include_profiled or not s.profiled]
+        return [s.ms for s in self.steps if not s.failed and (include_profiled or not s.profiled)]
 
     def median_step_ms(self) -> float | None:
         times = self.step_ms() or self.step_ms(include_profiled=True)

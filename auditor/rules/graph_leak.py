@@ -88,7 +88,8 @@ class GraphLeak(Rule):
         if rate < options["min-nodes-per-step"]:
             return
         first_holders = {h["name"]: h for h in scans[0].holders}
-        growing = [h for h in scans[-1].holders if h["nodes"] > first_holders.get(h["name"], {"nodes": 0})["nodes"]]
+        growing = [h for h in scans[-1].holders
+                   if h.get("nodes", 0) > first_holders.get(h["name"], {}).get("nodes", 0)]
         locs, edits, numerics = [], [], False
         for h in growing:
             w = h.get("where")

@@ -14,7 +14,9 @@ class MemoryGrowth(Rule):
     """
     What it detects:
         Memory measured at step boundaries (CUDA allocated bytes on a GPU; process RSS on the CPU)
-        that rises steadily through the run, after warm-up and the profiled window.
+        that rises steadily through the run, after warm-up and the profiled window; or tensors held
+        by the target module's state (lists, dicts, globals) whose bytes keep growing, with the
+        line that grows them.
 
     Why it costs:
         Memory that grows every step ends in an out-of-memory error, often hours in ("OOM after
@@ -51,33 +53,53 @@ class MemoryGrowth(Rule):
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         device = any(s.device_allocated is not None for s in ev.steps)
         metric = "device_allocated" if device else "rss_bytes"
-        window_end = max(ev.profile.steps) if ev.profile and ev.profile.steps else -1
+        # The profiler's buffers come and go around its window: judge the steps after it settles.
+        settle = max(ev.profile.steps) + 2 if ev.profile and ev.profile.steps else -1
         steps = [s for s in ev.steps if s.index >= options["skip"] and getattr(s, metric) is not None]
-        after = [s for s in steps if s.index > window_end]
+        after = [s for s in steps if s.index > settle]
         steps = after if len(after) >= options["min-steps"] else [s for s in steps if not s.profiled]
-        if len(steps) < options["min-steps"]:
+        holders = self._growing_holders(ev)
+        held_growth = sum(h["growth_bytes"] for h in holders) / MiB
+        if len(steps) < options["min-steps"] and held_growth < options["min-growth-mib"]:
             return
         xs = [float(s.index) for s in steps]
         ys = [getattr(s, metric) / MiB for s in steps]
-        growth = ys[-1] - ys[0]
-        slope = theil_sen(xs, ys)
+        slope = theil_sen(xs, ys) if len(xs) >= 2 else 0.0
+        growth = slope * (xs[-1] - xs[0]) if len(xs) >= 2 else 0.0
         rho = spearman(xs, ys)
-        if growth < options["min-growth-mib"] or slope < options["min-mib-per-step"] or rho < options["min-correlation"]:
+        trend = (growth >= options["min-growth-mib"] and slope >= options["min-mib-per-step"]
+                 and rho >= options["min-correlation"])
+        if not trend and held_growth < options["min-growth-mib"]:
             return
-        holders = []
-        for scan in ev.graph_scans[-1:]:
-            holders = [h for h in scan.holders if h.get("where")]
         locs = [Location(file=h["where"]["file"], line=h["where"]["line"], code=h["where"].get("code", ""))
-                for h in holders]
+                for h in holders if h.get("where")]
+        held = "; ".join(f"`{h['name']}` grew by {h['growth_bytes'] / MiB:.0f} MiB" for h in holders)
         what = "CUDA allocated memory" if device else "Process memory (RSS)"
+        if not trend:  # the memory is plainly held by module state, even if RSS is too noisy to show it
+            scans = sorted(ev.graph_scans, key=lambda s: s.after_step)
+            span = max(1, scans[-1].after_step - scans[0].after_step)
+            slope, growth = held_growth / span, held_growth
         yield self.finding(
-            f"{what} grew by {growth:.0f} MiB over steps {steps[0].index}-{steps[-1].index} "
-            f"({slope:.2f} MiB per step, rank correlation {rho:.2f}); at this rate another 1,000 steps "
-            f"add {slope * 1000 / 1024:.1f} GiB.",
+            f"{what} grew by {growth:.0f} MiB ({slope:.2f} MiB per step, rank correlation {rho:.2f}); at this "
+            f"rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB."
+            + (f" Held by module state: {held}." if held else ""),
             locations=locs,
-            evidence={"metric": metric, "start_mib": round(ys[0], 1), "end_mib": round(ys[-1], 1),
+            evidence={"metric": metric, "start_mib": round(ys[0], 1) if ys else None,
+                      "end_mib": round(ys[-1], 1) if ys else None, "held_growth_mib": round(held_growth, 1),
                       "growth_mib": round(growth, 1), "mib_per_step": round(slope, 3), "spearman": round(rho, 3),
-                      "steps_used": len(steps)},
+                      "steps_used": len(steps),
+                      "holders": [{k: h[k] for k in ("name", "kind", "tensors", "bytes", "growth_bytes")}
+                                  for h in holders]},
             cost=None,
             fix=Fix(summary="Stop keeping per-step tensors: keep summaries, clear buffers, detach and move to CPU."),
         )
+
+    @staticmethod
+    def _growing_holders(ev: m.Evidence) -> list[dict[str, Any]]:
+        """Module globals whose tensor bytes grew between the first and last graph scans, biggest first."""
+        if len(ev.graph_scans) < 2:
+            return []
+        scans = sorted(ev.graph_scans, key=lambda s: s.after_step)
+        before = {h["name"]: h.get("bytes", 0) for h in scans[0].holders}
+        grown = [{**h, "growth_bytes": h.get("bytes", 0) - before.get(h["name"], 0)} for h in scans[-1].holders]
+        return sorted((h for h in grown if h["growth_bytes"] >= MiB), key=lambda h: -h["growth_bytes"])

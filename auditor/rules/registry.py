@@ -21,6 +21,8 @@ _BUILTIN_FALLBACK = (
     "auditor.rules.dataloader_bound:DataloaderBound",
     "auditor.rules.step_slowdown:StepSlowdown",
     "auditor.rules.memory_growth:MemoryGrowth",
+    "auditor.rules.allocator_fragmentation:AllocatorFragmentation",
+    "auditor.rules.oom_risk:OomRisk",
 )
 
 

@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
-from auditor.rules.common import quarter_medians, spearman, theil_sen
+from auditor.rules.common import on_accelerator, quarter_medians, spearman, theil_sen
 
 
 class StepSlowdown(Rule):
@@ -29,7 +29,9 @@ class StepSlowdown(Rule):
         Follow the growing phase named in the finding; see graph-leak and memory-growth findings.
 
     Evidence needed:
-        Per-step wall times from a run (at least `min-steps` unprofiled steps).
+        Per-step wall times from a run (at least `min-steps` unprofiled steps); on a CPU run the
+        step's CPU time must show the same trend, so load from other processes is not mistaken
+        for a slowdown.
     """
 
     id = "step-slowdown"
@@ -56,6 +58,13 @@ class StepSlowdown(Rule):
         rho = spearman(xs, ys)
         if first <= 0 or last / first < options["min-ratio"] or rho < options["min-correlation"]:
             return
+        if not on_accelerator(ev) and all(s.cpu_ms is not None for s in steps):
+            # On the CPU the work itself must grow too: wall time alone also rises when other
+            # processes load the machine.
+            cpu = [s.cpu_ms for s in steps]
+            c_first, c_last = quarter_medians(cpu)
+            if c_first <= 0 or c_last / c_first < options["min-ratio"] or spearman(xs, cpu) < options["min-correlation"]:
+                return
         slope = theil_sen(xs, ys)
         culprit = self._culprit(steps)
         locs = [Location.of(culprit["where"])] if culprit and culprit["where"] else []

@@ -1,0 +1,653 @@
+"""CUDA caching-allocator snapshots (`torch.cuda.memory._snapshot()` pickles), loaded safely and typed.
+
+A snapshot is the allocator's own account of device memory: every segment it obtained with cudaMalloc,
+the blocks carved out of each, and (when `_record_memory_history` was on) a trace of every alloc,
+free and cudaMalloc/cudaFree with the Python stack that caused it. That is the only evidence that
+explains GPU memory after the fact, so the memory rules read it, and we can test them without a GPU.
+
+Safety: a pickle can name any Python callable and call it while loading. A snapshot is plain dicts,
+lists, tuples, strings and numbers, so `_SafeUnpickler.find_class` refuses every global; a file that
+needs one is not a snapshot and is refused with one line, before anything it names is imported.
+
+Figures the rules need (reserved, allocated, free inside segments, largest free block, per pool,
+per stream, per device, and the replayed history's start and peak) are computed once here at load
+time, so rules only read and compare. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import msgspec
+
+from auditor.evidence.errors import InputError
+from auditor.evidence.trace import is_library_file
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+ALLOCATED = "active_allocated"
+# A freed block whose memory another stream may still use (record_stream): still occupied.
+# torch names it "active_pending_free" in the snapshot and "active_awaiting_free" in its docs.
+PENDING_FREE = frozenset({"active_pending_free", "active_awaiting_free"})
+INACTIVE = "inactive"
+
+# Trace actions, as the allocator writes them. Anything else (e.g. newer "annotate",
+# "user_metadata", "compile_context" records) is kept as-is and ignored by the replay.
+ALLOC, FREE_REQUESTED, FREE_COMPLETED = "alloc", "free_requested", "free_completed"
+SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP = "segment_alloc", "segment_free", "segment_map", "segment_unmap"
+SNAPSHOT, OOM = "snapshot", "oom"
+KNOWN_ACTIONS = frozenset({ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE,
+                           SEGMENT_MAP, SEGMENT_UNMAP, SNAPSHOT, OOM})
+_RESERVE = frozenset({SEGMENT_ALLOC, SEGMENT_MAP})
+_RELEASE = frozenset({SEGMENT_FREE, SEGMENT_UNMAP})
+
+
+class StackFrame(msgspec.Struct, frozen=True):
+    """One frame of a recorded stack, innermost first as torch writes them (C++ and Python mixed)."""
+
+    name: str
+    filename: str
+    line: int
+
+
+class Block(msgspec.Struct):
+    """A piece of a segment: handed to a tensor (`active_allocated`), freed but still in use by
+    another stream (`active_pending_free`), or free for reuse (`inactive`)."""
+
+    address: int
+    size: int  # bytes the block occupies (the request rounded up)
+    requested_size: int  # bytes the caller asked for
+    state: str
+    frames: tuple[StackFrame, ...] = ()
+    owner: StackFrame | None = None  # derived: the user's line that allocated it (see user_frame)
+
+    @property
+    def allocated(self) -> bool:
+        return self.state == ALLOCATED
+
+    @property
+    def live(self) -> bool:
+        """Occupied: allocated, or freed but waiting for another stream."""
+        return self.state == ALLOCATED or self.state in PENDING_FREE
+
+    @property
+    def free(self) -> bool:
+        return self.state == INACTIVE
+
+
+class Segment(msgspec.Struct):
+    """Memory the allocator got from one cudaMalloc (or, with expandable segments, a mapped range).
+    Reserved memory is the sum of segments; a segment is returned to CUDA only when all of it is free."""
+
+    device: int
+    address: int
+    total_size: int
+    allocated_size: int
+    active_size: int
+    requested_size: int
+    stream: int
+    segment_type: str  # "small" (blocks <= 1 MiB, 2 MiB segments) or "large"
+    pool_id: tuple[int, int] | None = None  # (0, 0): the default pool; others: CUDA graphs, MemPool
+    is_expandable: bool = False
+    frames: tuple[StackFrame, ...] = ()
+    blocks: list[Block] = []
+    # derived
+    free_size: int = 0  # bytes in inactive blocks
+    largest_free: int = 0  # the biggest inactive block: the biggest request this segment can serve
+
+
+class TraceEntry(msgspec.Struct):
+    """One allocator action from the recorded history (`device_traces[device][i]`)."""
+
+    action: str
+    addr: int | None = None  # absent for "oom"
+    size: int = 0  # requested bytes for alloc/free, segment bytes for segment_*
+    stream: int = 0
+    time_us: int | None = None
+    device_free: int | None = None  # "oom" only: what CUDA still reported free on the device
+    pool_id: tuple[int, int] | None = None
+    frames: tuple[StackFrame, ...] = ()
+    owner: StackFrame | None = None  # derived: the user's line behind the action
+    extra: dict[str, Any] = {}  # keys this loader does not model (compile_context, user_metadata ...)
+
+
+class AllocatorSettings(msgspec.Struct):
+    """The caching allocator's configuration when the snapshot was taken (torch >= 2.5 writes it)."""
+
+    alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF as the process saw it
+    expandable_segments: bool = False
+    max_split_size: int | None = None  # bytes; None: unlimited (the default)
+    garbage_collection_threshold: float = 0.0
+    raw: dict[str, Any] = {}
+
+
+class Usage(msgspec.Struct):
+    """Byte counts over a set of segments. free = reserved - active = bytes in inactive blocks."""
+
+    segments: int = 0
+    reserved: int = 0
+    allocated: int = 0  # bytes in active_allocated blocks (rounded sizes, as torch.cuda.memory_allocated)
+    active: int = 0  # allocated + pending free
+    requested: int = 0  # what callers asked for (allocated minus rounding)
+    free: int = 0
+    free_blocks: int = 0
+    largest_free: int = 0
+    empty_segments: int = 0  # segments with nothing active: cache that empty_cache/OOM-retry can release
+    free_in_empty_segments: int = 0
+    split_segments: int = 0  # segments holding both live and free blocks
+    free_in_split_segments: int = 0  # holes between live blocks: cannot be returned to CUDA at all
+
+
+class MemoryFigures(Usage):
+    """Usage of one device (or all), broken down by pool ("small"/"large") and by stream."""
+
+    by_pool: dict[str, Usage] = {}
+    by_stream: dict[int, Usage] = {}
+
+
+class History(msgspec.Struct):
+    """The recorded trace of one device, replayed once at load.
+
+    Bytes are requested sizes, as the trace records them (torch's memory_viz plots the same).
+    Indices point into `Snapshot.device_traces[device]`; -1 means "when recording began".
+    """
+
+    device: int
+    entries: int
+    actions: dict[str, int]
+    start_allocated: int  # live when recording began (allocated earlier: stacks unknown)
+    start_reserved: int
+    end_allocated: int
+    end_reserved: int
+    peak_allocated: int
+    peak_allocated_index: int
+    peak_reserved: int
+    peak_reserved_index: int
+    oom_indices: list[int] = []
+    first_time_us: int | None = None
+    last_time_us: int | None = None
+
+
+class LiveAllocation(msgspec.Struct, frozen=True):
+    """An allocation alive at some moment of a replayed history."""
+
+    addr: int
+    size: int
+    stream: int
+    since: int  # trace index of its alloc; -1: allocated before recording began
+    frames: tuple[StackFrame, ...] = ()
+    owner: StackFrame | None = None
+
+
+class Owner(msgspec.Struct, frozen=True):
+    """Live bytes grouped by the user line that allocated them (frame None: unknown)."""
+
+    frame: StackFrame | None
+    bytes: int
+    count: int
+
+
+class Snapshot(msgspec.Struct):
+    """A loaded snapshot. `segments`, `device_traces`, `allocator_settings` mirror the pickle;
+    `totals`, `devices` and `histories` are derived at load."""
+
+    path: str
+    segments: list[Segment]
+    device_traces: list[list[TraceEntry]]
+    allocator_settings: AllocatorSettings | None = None
+    external_annotations: list[dict[str, Any]] = []
+    notes: list[str] = []  # format quirks met while loading (older formats, unknown actions)
+    totals: MemoryFigures = msgspec.field(default_factory=MemoryFigures)
+    devices: dict[int, MemoryFigures] = {}
+    histories: dict[int, History] = {}
+
+    @property
+    def has_history(self) -> bool:
+        return bool(self.histories)
+
+    @property
+    def expandable(self) -> bool:
+        """Expandable segments were on (from the settings, or seen on a segment)."""
+        if self.allocator_settings is not None and self.allocator_settings.expandable_segments:
+            return True
+        return any(s.is_expandable for s in self.segments)
+
+    def device_segments(self, device: int) -> list[Segment]:
+        return [s for s in self.segments if s.device == device]
+
+
+# --------------------------------------------------------------------------------------------------
+# Safe unpickling
+
+
+class _Refused(Exception):
+    """The pickle named a global; carried out of the unpickler so it is never mistaken for damage."""
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Builds only plain containers and scalars. Every global (class or function) is refused, so no
+    code a pickle names can run: `find_class` is the only road to a callable for REDUCE, BUILD,
+    INST/OBJ/NEWOBJ and the copyreg extension opcodes."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise _Refused(f"the Python global {module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _Refused(f"an external object (persistent id {pid!r})")
+
+
+def _unpickle(path: Path) -> Any:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read memory snapshot ({e.strerror or e})") from None
+    if not data:
+        raise InputError(f"{path}: empty file, not a CUDA memory snapshot")
+    if data[0] != 0x80:  # PROTO opcode: every pickle written with protocol >= 2 starts with it
+        raise InputError(f"{path}: not a pickle (a CUDA memory snapshot is a pickle from "
+                         "torch.cuda.memory._dump_snapshot)")
+    try:
+        return _SafeUnpickler(io.BytesIO(data)).load()
+    except _Refused as e:
+        raise InputError(f"{path}: refused to load: the pickle asks for {e} "
+                         "(a memory snapshot needs none; loading it could run code)") from None
+    except RecursionError:
+        raise InputError(f"{path}: pickle nests too deeply to be a CUDA memory snapshot") from None
+    except Exception as e:  # truncated or corrupt: EOFError, UnpicklingError, ValueError, ...
+        raise InputError(f"{path}: truncated or corrupt pickle ({type(e).__name__}: {e})".replace("\n", " ")) from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Frames
+
+
+_NATIVE_SUFFIXES = (".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".cu", ".cuh", ".so")
+# An installed package other than torch: a trainer framework, the fallback owner when all else is library.
+_OTHER_PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\](?!torch[/\\])")
+
+
+def is_python_frame(frame: StackFrame) -> bool:
+    """Python source frames; C++ frames have line 0 or a native file name."""
+    fn = frame.filename
+    return frame.line > 0 and fn not in ("", "??") and not fn.endswith(_NATIVE_SUFFIXES)
+
+
+_AUTOGRAD_NODE = re.compile(r"torch::autograd::(?:generated::)?(\w+)::apply\(")
+AUTOGRAD_FILE = "<autograd>"  # marks a synthetic owner: memory the backward pass allocated
+
+
+def _native_owner(frames: tuple[StackFrame, ...]) -> StackFrame | None:
+    """An owner for stacks with no Python frame. The backward pass runs on autograd's C++ threads,
+    so its allocations (gradients, saved buffers) carry no Python stack; naming the autograd node
+    (e.g. BmmBackward0) still says which computation holds the memory."""
+    in_engine = False
+    for f in frames:
+        m = _AUTOGRAD_NODE.search(f.name)
+        if m:
+            return StackFrame(name=f"{m.group(1)} (backward)", filename=AUTOGRAD_FILE, line=0)
+        in_engine = in_engine or "torch::autograd::Engine::" in f.name
+    return StackFrame(name="backward", filename=AUTOGRAD_FILE, line=0) if in_engine else None
+
+
+def user_frame(frames: Iterable[StackFrame]) -> StackFrame | None:
+    """The line that owns an allocation: the innermost Python frame outside torch, the standard
+    library and installed packages (the same test profiler traces get); failing that (a trainer
+    framework calling torch), the innermost frame of an installed package other than torch.
+    None when the stack has no Python frames."""
+    fallback = None
+    for f in frames:
+        if not is_python_frame(f):
+            continue
+        if not is_library_file(f.filename):
+            return f
+        if fallback is None and _OTHER_PACKAGE.search(f.filename):
+            fallback = f
+    return fallback
+
+
+class _Frames:
+    """Converts raw frame lists, sharing one tuple per distinct list: pickle memoizes repeated frame
+    dicts, so a 20k-entry trace of ~60-frame stacks holds only hundreds of distinct frames."""
+
+    def __init__(self) -> None:
+        self._frame: dict[int, StackFrame] = {}
+        self._list: dict[int, tuple[tuple[StackFrame, ...], StackFrame | None]] = {}
+        self._stack: dict[tuple[int, ...], tuple[tuple[StackFrame, ...], StackFrame | None]] = {}
+        self._keep: list[Any] = []  # keeps raw objects alive so their ids stay unique during the load
+
+    def __call__(self, raw: Any) -> tuple[tuple[StackFrame, ...], StackFrame | None]:
+        if not isinstance(raw, list) or not raw:
+            return (), None
+        hit = self._list.get(id(raw))  # the very same list object (pickle memoized it)
+        if hit is None:
+            key = tuple(map(id, raw))  # an equal list: same frame objects in the same order
+            hit = self._stack.get(key)
+            if hit is None:
+                frames = tuple(self._one(f) for f in raw)
+                hit = self._stack[key] = (frames, user_frame(frames) or _native_owner(frames))
+            self._keep.append(raw)
+            self._list[id(raw)] = hit
+        return hit
+
+    def _one(self, f: Any) -> StackFrame:
+        sf = self._frame.get(id(f))
+        if sf is None:
+            self._keep.append(f)
+            if isinstance(f, dict):
+                sf = StackFrame(name=str(f.get("name", "")), filename=str(f.get("filename", "")),
+                                line=_int(f.get("line"), 0))
+            else:
+                sf = StackFrame(name=str(f), filename="", line=0)
+            self._frame[id(f)] = sf
+        return sf
+
+
+# --------------------------------------------------------------------------------------------------
+# Conversion
+
+
+def _int(v: Any, default: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def _pool(v: Any) -> tuple[int, int] | None:
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(x, int) for x in v):
+        return (v[0], v[1])
+    return None
+
+
+def _block(raw: dict, addr: int, frames_of: _Frames, notes: set[str]) -> Block:
+    size = _int(raw.get("size"), 0)
+    frames_raw = raw.get("frames")
+    requested = raw.get("requested_size")
+    if frames_raw is None and isinstance(raw.get("history"), list) and raw["history"]:
+        # torch 2.0 kept the stack and the requested size in the block's history
+        notes.add("legacy block history")
+        first = raw["history"][0] if isinstance(raw["history"][0], dict) else {}
+        frames_raw = first.get("frames")
+        requested = requested if requested is not None else first.get("real_size")
+    state = raw.get("state")
+    if not isinstance(state, str):
+        notes.add("blocks without state")
+        state = ALLOCATED if raw.get("allocated") else INACTIVE
+    frames, owner = frames_of(frames_raw)
+    return Block(address=_int(raw.get("address"), addr), size=size,
+                 requested_size=_int(requested, size), state=state, frames=frames, owner=owner)
+
+
+def _segment(raw: Any, frames_of: _Frames, notes: set[str]) -> Segment:
+    if not isinstance(raw, dict):
+        raise InputError("segment is not a dict")
+    address = _int(raw.get("address"), 0)
+    blocks: list[Block] = []
+    offset = address
+    for b in raw.get("blocks") or []:
+        if isinstance(b, dict):
+            blk = _block(b, offset, frames_of, notes)
+            blocks.append(blk)
+            offset = blk.address + blk.size
+    from_blocks_total = sum(b.size for b in blocks)
+    allocated = sum(b.size for b in blocks if b.allocated)
+    active = sum(b.size for b in blocks if b.live)
+    requested = sum(b.requested_size for b in blocks if b.allocated)
+    free_sizes = [b.size for b in blocks if b.free]
+    total = _int(raw.get("total_size"), from_blocks_total)
+    for key in ("allocated_size", "active_size", "requested_size", "segment_type", "stream"):
+        if key not in raw:
+            notes.add(f"segments without {key}")
+    seg_type = raw.get("segment_type")
+    if seg_type not in ("small", "large"):
+        seg_type = "small" if total <= 2 * MiB else "large"
+    seg = Segment(device=_int(raw.get("device"), 0), address=address, total_size=total,
+                  allocated_size=_int(raw.get("allocated_size"), allocated) if not blocks else allocated,
+                  active_size=_int(raw.get("active_size"), active) if not blocks else active,
+                  requested_size=_int(raw.get("requested_size"), requested) if not blocks else requested,
+                  stream=_int(raw.get("stream"), 0), segment_type=seg_type,
+                  pool_id=_pool(raw.get("segment_pool_id")), is_expandable=bool(raw.get("is_expandable", False)),
+                  blocks=blocks)
+    seg.frames, _ = frames_of(raw.get("frames"))
+    seg.free_size = sum(free_sizes) if blocks else max(0, total - seg.active_size)
+    seg.largest_free = max(free_sizes, default=0) if blocks else seg.free_size
+    return seg
+
+
+_ENTRY_KEYS = frozenset({"action", "addr", "size", "stream", "time_us", "device_free", "pool_id", "frames"})
+
+
+def _entry(raw: Any, frames_of: _Frames, notes: set[str]) -> TraceEntry | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("action"), str):
+        notes.add("trace entries without an action")
+        return None
+    action = raw["action"]
+    if action not in KNOWN_ACTIONS:
+        notes.add(f"trace action {action!r}")
+    frames, owner = frames_of(raw.get("frames"))
+    extra = {k: v for k, v in raw.items() if k not in _ENTRY_KEYS}
+    addr = raw.get("addr")
+    return TraceEntry(action=action, addr=addr if isinstance(addr, int) else None,
+                      size=_int(raw.get("size"), 0), stream=_int(raw.get("stream"), 0),
+                      time_us=raw.get("time_us") if isinstance(raw.get("time_us"), int) else None,
+                      device_free=raw.get("device_free") if isinstance(raw.get("device_free"), int) else None,
+                      pool_id=_pool(raw.get("pool_id")), frames=frames, owner=owner, extra=extra)
+
+
+def _settings(raw: Any) -> AllocatorSettings | None:
+    if not isinstance(raw, dict):
+        return None
+    mss = raw.get("max_split_size")
+    # torch reports "unlimited" as -1 (SIZE_MAX through a signed int) or as SIZE_MAX itself
+    mss = mss if isinstance(mss, int) and 0 < mss < (1 << 62) else None
+    gc = raw.get("garbage_collection_threshold")
+    return AllocatorSettings(alloc_conf=str(raw.get("PYTORCH_CUDA_ALLOC_CONF") or ""),
+                             expandable_segments=bool(raw.get("expandable_segments", False)),
+                             max_split_size=mss, garbage_collection_threshold=float(gc) if isinstance(gc, (int, float)) else 0.0,
+                             raw=dict(raw))
+
+
+# --------------------------------------------------------------------------------------------------
+# Derived figures
+
+
+def _usage(segments: Iterable[Segment], u: Usage) -> Usage:
+    for s in segments:
+        u.segments += 1
+        u.reserved += s.total_size
+        u.allocated += s.allocated_size
+        u.active += s.active_size
+        u.requested += s.requested_size
+        u.free += s.free_size
+        u.free_blocks += sum(1 for b in s.blocks if b.free) if s.blocks else int(s.free_size > 0)
+        u.largest_free = max(u.largest_free, s.largest_free)
+        if s.active_size == 0:
+            u.empty_segments += 1
+            u.free_in_empty_segments += s.free_size
+        elif s.free_size > 0:
+            u.split_segments += 1
+            u.free_in_split_segments += s.free_size
+    return u
+
+
+def figures(segments: list[Segment]) -> MemoryFigures:
+    """Usage of these segments, with the per-pool and per-stream breakdown."""
+    total = MemoryFigures()
+    _usage(segments, total)
+    pools: dict[str, list[Segment]] = {}
+    streams: dict[int, list[Segment]] = {}
+    for s in segments:
+        pools.setdefault(s.segment_type, []).append(s)
+        streams.setdefault(s.stream, []).append(s)
+    total.by_pool = {k: _usage(v, Usage()) for k, v in sorted(pools.items())}
+    total.by_stream = {k: _usage(v, Usage()) for k, v in sorted(streams.items())}
+    return total
+
+
+def _initial_live(trace: list[TraceEntry], segments: list[Segment]) -> tuple[list[LiveAllocation], dict[int, int]]:
+    """Allocations alive when recording began, worked out from the final state: a free with no
+    alloc before it, or a block live at the end that the trace never allocated (torch's memory_viz
+    reasons the same way). Also returns addr -> index of allocs still open at the end."""
+    opened: dict[int, int] = {}
+    initial: list[LiveAllocation] = []
+    for i, e in enumerate(trace):
+        if e.action == ALLOC and e.addr is not None:
+            opened[e.addr] = i
+        elif e.action == FREE_COMPLETED and e.addr is not None:
+            if opened.pop(e.addr, None) is None:
+                initial.append(LiveAllocation(addr=e.addr, size=e.size, stream=e.stream, since=-1))
+    for s in segments:
+        for b in s.blocks:
+            if b.live and b.address not in opened:
+                initial.append(LiveAllocation(addr=b.address, size=b.requested_size, stream=s.stream,
+                                              since=-1, frames=b.frames, owner=b.owner))
+    return initial, opened
+
+
+def replay(trace: list[TraceEntry], segments: list[Segment], device: int) -> History:
+    """Walk one device's trace forward from the reconstructed start, tracking allocated bytes
+    (alloc adds, free_completed removes: memory is reusable only then) and reserved bytes
+    (segment_alloc/map add, segment_free/unmap remove), and note where each peaks."""
+    initial, _ = _initial_live(trace, segments)
+    live = {a.addr: a.size for a in initial}
+    cur = sum(live.values())
+    end_reserved = sum(s.total_size for s in segments)
+    reserved = end_reserved  # undo the trace's segment changes to get the reserve at its start
+    for e in trace:
+        if e.action in _RESERVE:
+            reserved -= e.size
+        elif e.action in _RELEASE:
+            reserved += e.size
+    h = History(device=device, entries=len(trace), actions={}, start_allocated=cur, start_reserved=reserved,
+                end_allocated=0, end_reserved=end_reserved, peak_allocated=cur, peak_allocated_index=-1,
+                peak_reserved=reserved, peak_reserved_index=-1)
+    actions: dict[str, int] = {}
+    times = [e.time_us for e in trace if e.time_us is not None]
+    for i, e in enumerate(trace):
+        a = e.action
+        actions[a] = actions.get(a, 0) + 1
+        if a == ALLOC and e.addr is not None:
+            cur += e.size - live.get(e.addr, 0)
+            live[e.addr] = e.size
+            if cur > h.peak_allocated:
+                h.peak_allocated, h.peak_allocated_index = cur, i
+        elif a == FREE_COMPLETED and e.addr is not None:
+            cur -= live.pop(e.addr, 0)
+        elif a in _RESERVE:
+            reserved += e.size
+            if reserved > h.peak_reserved:
+                h.peak_reserved, h.peak_reserved_index = reserved, i
+        elif a in _RELEASE:
+            reserved -= e.size
+        elif a == OOM:
+            h.oom_indices.append(i)
+    h.actions = dict(sorted(actions.items()))
+    h.end_allocated = cur
+    h.first_time_us = min(times, default=None)
+    h.last_time_us = max(times, default=None)
+    return h
+
+
+def live_at(snapshot: Snapshot, device: int, index: int) -> list[LiveAllocation]:
+    """Allocations alive just after trace entry `index` of `device` (-1: when recording began).
+    Replays on demand: only the moments a rule asks about (the peak, an OOM) are materialised."""
+    trace = snapshot.device_traces[device] if device < len(snapshot.device_traces) else []
+    initial, _ = _initial_live(trace, snapshot.device_segments(device))
+    live = {a.addr: a for a in initial}
+    for i in range(min(index + 1, len(trace))):
+        e = trace[i]
+        if e.addr is None:
+            continue
+        if e.action == ALLOC:
+            live[e.addr] = LiveAllocation(addr=e.addr, size=e.size, stream=e.stream, since=i,
+                                          frames=e.frames, owner=e.owner)
+        elif e.action == FREE_COMPLETED:
+            live.pop(e.addr, None)
+    return list(live.values())
+
+
+def reserved_at(snapshot: Snapshot, device: int, index: int) -> int:
+    """Bytes reserved just after trace entry `index` of `device` (-1: when recording began)."""
+    h = snapshot.histories.get(device)
+    if h is None:
+        return sum(s.total_size for s in snapshot.device_segments(device))
+    reserved = h.start_reserved
+    for e in snapshot.device_traces[device][:index + 1]:
+        if e.action in _RESERVE:
+            reserved += e.size
+        elif e.action in _RELEASE:
+            reserved -= e.size
+    return reserved
+
+
+def owners(allocations: Iterable[LiveAllocation | Block]) -> list[Owner]:
+    """Live bytes grouped by owning user line, largest first (frame None: no stack recorded)."""
+    groups: dict[StackFrame | None, list[int]] = {}
+    for a in allocations:
+        size = a.size if isinstance(a, LiveAllocation) else a.requested_size
+        g = groups.setdefault(a.owner, [0, 0])
+        g[0] += size
+        g[1] += 1
+    out = [Owner(frame=f, bytes=b, count=c) for f, (b, c) in groups.items()]
+    out.sort(key=lambda o: (-o.bytes, o.frame is None))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
+    """Load a `torch.cuda.memory._dump_snapshot()` pickle (any protocol >= 2, torch 1.13 onwards).
+
+    Raises InputError (one line) for a missing, empty, truncated or corrupt file, a pickle that
+    names any Python global (it could run code), or a pickle that is not a memory snapshot.
+    """
+    p = Path(path)
+    raw = _unpickle(p)
+    notes: set[str] = set()
+    if isinstance(raw, list):  # torch 1.13: memory_snapshot() returned the segment list alone
+        notes.add("segment list without a snapshot dict")
+        raw = {"segments": raw, "device_traces": []}
+    if not isinstance(raw, dict) or not isinstance(raw.get("segments"), list):
+        raise InputError(f"{p}: not a CUDA memory snapshot (expected a dict with 'segments', "
+                         f"got {type(raw).__name__})")
+    frames_of = _Frames()
+    try:
+        segments = [_segment(s, frames_of, notes) for s in raw["segments"]]
+    except InputError as e:
+        raise InputError(f"{p}: not a CUDA memory snapshot ({e})") from None
+    traces_raw = raw.get("device_traces")
+    if traces_raw is None:
+        notes.add("no device_traces")
+        traces_raw = []
+    if not isinstance(traces_raw, list):
+        raise InputError(f"{p}: not a CUDA memory snapshot (device_traces is a {type(traces_raw).__name__})")
+    traces: list[list[TraceEntry]] = []
+    for t in traces_raw:
+        entries = [_entry(e, frames_of, notes) for e in (t if isinstance(t, list) else [])]
+        traces.append([e for e in entries if e is not None])
+    settings = _settings(raw.get("allocator_settings"))
+    if settings is None:
+        notes.add("no allocator_settings")
+    annotations = [a for a in raw.get("external_annotations") or [] if isinstance(a, dict)]
+
+    snap = Snapshot(path=str(p), segments=segments, device_traces=traces, allocator_settings=settings,
+                    external_annotations=annotations, notes=sorted(notes))
+    snap.totals = figures(segments)
+    device_ids = sorted({s.device for s in segments} | {i for i, t in enumerate(traces) if t})
+    snap.devices = {d: figures(snap.device_segments(d)) for d in device_ids}
+    snap.histories = {d: replay(traces[d], snap.device_segments(d), d)
+                      for d in device_ids if d < len(traces) and traces[d]}
+    return snap
+
+
+def format_bytes(n: float) -> str:
+    """Human figure in binary units (GiB/MiB/KiB), as torch's own memory tools print them."""
+    n = float(n)
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"

@@ -1,0 +1,220 @@
+"""oom-risk: GPU memory at or near the device's capacity, and which lines own it."""
+from __future__ import annotations
+
+import linecache
+import os
+from typing import Any, Iterable
+
+from auditor.evidence.model import Evidence
+from auditor.evidence.snapshot import (GiB, LiveAllocation, Owner, Snapshot, StackFrame, format_bytes, live_at,
+                                       owners, reserved_at)
+from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
+from auditor.rules.base import Finding, Fix, Location, Option, Rule
+
+# Memory sizes of common CUDA devices, in GiB (16: V100/T4, 24: A10/L4/4090, 40/80: A100, 80/94: H100,
+# 141: H200, 192: B200). Used only when neither the user nor the snapshot says how big the device was.
+COMMON_CAPACITIES_GIB = [16, 24, 32, 40, 48, 80, 94, 141, 192]
+
+
+def source_line(file: str, line: int) -> str:
+    """The source text at file:line when that file exists here (snapshots often come from elsewhere)."""
+    if line <= 0 or not os.path.isfile(file):
+        return ""
+    return linecache.getline(file, line).strip()
+
+
+def has_source(frame: StackFrame | None) -> bool:
+    """A frame that names a real source line (synthetic owners like "<autograd>" do not)."""
+    return frame is not None and frame.line > 0 and not frame.filename.startswith("<")
+
+
+def _label(frame: StackFrame | None) -> str:
+    if frame is None:
+        return "allocated before recording began (no stack)"
+    if not has_source(frame):
+        return frame.name
+    return f"{os.path.basename(frame.filename)}:{frame.line} {frame.name}".rstrip()
+
+
+def _owner_rows(top: list[Owner]) -> list[dict[str, Any]]:
+    return [{"file": o.frame.filename if o.frame else None, "line": o.frame.line if o.frame else None,
+             "function": o.frame.name if o.frame else None, "label": _label(o.frame), "bytes": o.bytes,
+             "count": o.count} for o in top]
+
+
+def _owners_text(top: list[Owner]) -> str:
+    return ", ".join(f"{_label(o.frame)} {format_bytes(o.bytes)} ({o.count} allocation{'s' if o.count != 1 else ''})"
+                     for o in top)
+
+
+def _locations(frames: Iterable[StackFrame | None]) -> list[Location]:
+    seen: set[tuple[str, int]] = set()
+    out: list[Location] = []
+    for f in frames:
+        if has_source(f) and (f.filename, f.line) not in seen:
+            assert f is not None
+            seen.add((f.filename, f.line))
+            out.append(Location(file=f.filename, line=f.line, code=source_line(f.filename, f.line)))
+    return out
+
+
+def _config_fix(snap: Snapshot, cached: int, what: str, owners_known: bool) -> Fix:
+    """expandable_segments recovers memory the cache holds but cannot hand out; the rest must shrink."""
+    reduce = (("reduce what the owning lines hold" if owners_known else "reduce the peak")
+              + ": activation checkpointing, a smaller batch or sequence, bf16 autocast, or sharding "
+                "optimizer state (FSDP/ZeRO)")
+    if snap.expandable or cached <= 0:
+        return Fix(summary=f"The allocator cache is not the problem here; {reduce}.")
+    existing = snap.allocator_settings.alloc_conf if snap.allocator_settings else ""
+    value = merge_conf(existing, expandable_segments="True")
+    return Fix(summary=(f"Set {ALLOC_CONF}={value} so the {format_bytes(cached)} reserved but not allocated {what} "
+                        f"can serve requests of any size; beyond that, {reduce}."),
+               config={ALLOC_CONF: value})
+
+
+class OomRisk(Rule):
+    """
+    What it detects:
+        GPU memory that reached, or came close to, the device's capacity in a CUDA memory snapshot:
+        the peak reserved bytes against the capacity, and the lines owning the memory at the peak.
+        With a recorded history the trace is replayed to find the peak moment, and the live
+        allocations then are grouped by the first Python frame outside torch and installed
+        packages (backward-pass allocations, which have no Python stack, by autograd node). When
+        the history holds an out-of-memory record, it gives a post-mortem instead: the request that
+        failed, what CUDA still had free, and what was live at that moment, by owning line.
+
+    Why it costs:
+        A step that hits the limit dies with "CUDA out of memory", often hours into a run, or is
+        slowed by the allocator flushing its cache and retrying cudaMalloc (a device-wide sync)
+        just below it. Input sizes vary, so a run that peaks within a few percent of the capacity
+        fails on the first longer batch.
+
+    Example:
+        bad:   peak 56.9 GiB reserved on a 60 GiB device; the optimizer state allocated at
+               optimizers.py:82 and :84 (exp_avg, exp_avg_sq) holds 25.4 GiB, gradients 12.6 GiB
+        good:  keep the peak below ~90% of the device, e.g. with activation checkpointing, bf16,
+               or optimizer state sharded across ranks
+
+    Fix:
+        Reduce what the owning lines hold. `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` is
+        offered when the cache held reserved-but-unallocated memory at the peak or the OOM, as
+        torch's own OOM message advises.
+
+    Evidence needed:
+        A CUDA memory snapshot. The owners and the post-mortem need a history
+        (`torch.cuda.memory._record_memory_history()` before the step). The capacity comes from the
+        `device-capacity-gib` option, else from an OOM record (reserved + what CUDA reported free,
+        a lower bound), else it is assumed to be the smallest common device size that holds the
+        peak; findings on an assumed capacity are reported as info.
+    """
+
+    id = "oom-risk"
+    title = "GPU memory at or near the device's capacity"
+    severity = "warning"
+    category = "memory"
+    options = (
+        Option("device-capacity-gib", 0.0,
+               "memory of the device the snapshot was taken on, in GiB; 0: unknown (see Evidence needed)"),
+        Option("near-share", 0.9, "flag when the peak reserved bytes reach this share of the capacity"),
+        Option("common-capacities-gib", COMMON_CAPACITIES_GIB,
+               "device sizes to assume from (the smallest that holds the peak) when the capacity is unknown"),
+        Option("top-owners", 5, "how many owning lines to report"),
+    )
+
+    def skip_reason(self, ev: Evidence) -> str | None:
+        if not ev.snapshot_data:
+            return "needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot pickle)"
+        return None
+
+    def check(self, ev: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        for snap in ev.snapshot_data:
+            for device in snap.devices:
+                yield from self._device(snap, device, options)
+
+    # ------------------------------------------------------------------------------------------
+    def _device(self, snap: Snapshot, device: int, o: dict[str, Any]) -> Iterable[Finding]:
+        history = snap.histories.get(device)
+        top_n = int(o["top-owners"])
+        if history is not None and history.oom_indices:
+            for index in history.oom_indices:
+                yield self._post_mortem(snap, device, index, top_n)
+            return  # the OOM says more than "near capacity" could
+
+        fig = snap.devices[device]
+        if history is not None:
+            peak_reserved, peak_allocated = max(history.peak_reserved, fig.reserved), history.peak_allocated
+            index = history.peak_allocated_index
+            live: list[LiveAllocation] = live_at(snap, device, index)
+            top = owners(live)
+            moment = f"event {index + 1:,} of {history.entries:,} in the recorded history"
+        else:
+            peak_reserved, peak_allocated, index = fig.reserved, fig.allocated, None
+            top = owners(b for s in snap.device_segments(device) for b in s.blocks if b.live)
+            moment = "the snapshot (state only: no history, so this is the peak as far as it shows)"
+
+        capacity, source = self._capacity(peak_reserved, o)
+        if capacity is None or capacity <= 0:
+            return
+        share = peak_reserved / capacity
+        if share < o["near-share"]:
+            return
+        shown = top[:top_n]
+        known = any(x.frame is not None for x in shown)
+        assumed = source == "assumed"
+        cap_text = (f"an assumed {format_bytes(capacity)} device (the smallest common size that holds it; set "
+                    f"device-capacity-gib)" if assumed else f"the {format_bytes(capacity)} device ({source})")
+        caveat = (" That is more than the stated capacity: check device-capacity-gib." if share > 1 else "")
+        owners_text = f" Owners at that moment: {_owners_text(shown)}." if known else (
+            " No allocation stacks were recorded, so the owning lines are unknown "
+            "(record a history with torch.cuda.memory._record_memory_history()).")
+        cached = peak_reserved - fig.allocated if history is None else reserved_at(snap, device, index) - peak_allocated
+        yield self.finding(
+            f"Peak reserved GPU memory on cuda:{device} was {format_bytes(peak_reserved)}, {share:.0%} of "
+            f"{cap_text}; allocated memory peaked at {format_bytes(peak_allocated)} at {moment}.{caveat}{owners_text}",
+            severity="info" if assumed else None,
+            locations=_locations(x.frame for x in shown),
+            evidence={"snapshot": snap.path, "device": device, "capacity": capacity, "capacity_source": source,
+                      "peak_reserved": peak_reserved, "peak_allocated": peak_allocated, "share": round(share, 4),
+                      "peak_index": index, "history_entries": history.entries if history else 0,
+                      "peak_time_us": (snap.device_traces[device][index].time_us
+                                       if history is not None and index is not None and index >= 0 else None),
+                      "owners": _owner_rows(shown)},
+            fix=_config_fix(snap, cached, "at the peak", known))
+
+    def _capacity(self, peak_reserved: int, o: dict[str, Any]) -> tuple[int | None, str]:
+        if o["device-capacity-gib"] and o["device-capacity-gib"] > 0:
+            return int(o["device-capacity-gib"] * GiB), "device-capacity-gib"
+        fits = [c for c in sorted(o["common-capacities-gib"]) if c * GiB >= peak_reserved]
+        return (int(fits[0] * GiB), "assumed") if fits else (None, "unknown")
+
+    def _post_mortem(self, snap: Snapshot, device: int, index: int, top_n: int) -> Finding:
+        """What was live when the allocator raised OOM, and what had been asked for."""
+        oom = snap.device_traces[device][index]
+        live = live_at(snap, device, index)
+        allocated = sum(a.size for a in live)
+        reserved = reserved_at(snap, device, index)
+        device_free = oom.device_free or 0
+        at_least = reserved + device_free
+        top = owners(live)[:top_n]
+        known = any(x.frame is not None for x in top)
+        asked_at = f" at {_label(oom.owner)}" if oom.owner is not None else ""
+        cached = max(0, reserved - allocated)
+        cause = (f"The cache held {format_bytes(cached)} reserved but unallocated, more than the request: "
+                 "fragmentation, not a full device, failed it." if cached >= oom.size else
+                 "The device was really full: the live tensors alone left no room.")
+        message = (
+            f"CUDA out of memory on cuda:{device}: a request for {format_bytes(oom.size)}{asked_at} failed with "
+            f"{format_bytes(device_free)} free on the device. At that moment {format_bytes(allocated)} was allocated "
+            f"in {len(live):,} live allocations and {format_bytes(reserved)} reserved, so the device holds at least "
+            f"{format_bytes(at_least)}. {cause}"
+            + (f" Largest owners: {_owners_text(top)}." if known else ""))
+        return self.finding(
+            message, severity="error", title="CUDA out of memory (post-mortem from the snapshot's history)",
+            locations=_locations([oom.owner, *(x.frame for x in top)]),
+            evidence={"snapshot": snap.path, "device": device, "oom_index": index, "requested": oom.size,
+                      "device_free": device_free, "allocated": allocated, "reserved": reserved,
+                      "reserved_unallocated": cached, "live_allocations": len(live), "capacity_at_least": at_least,
+                      "time_us": oom.time_us, "stream": oom.stream,
+                      "requested_at": _owner_rows([Owner(frame=oom.owner, bytes=oom.size, count=1)])[0],
+                      "owners": _owner_rows(top)},
+            fix=_config_fix(snap, cached, "when it failed", known))

@@ -1,0 +1,71 @@
+"""Shared helpers: run the real `audit` CLI in a subprocess and read what it wrote."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+FIXTURES = ROOT.parent / "shared" / "fixtures"
+MARKER = re.compile(r"#\s*expect:\s*([a-z0-9-]+)")
+
+
+@dataclass
+class Audit:
+    returncode: int
+    stdout: str
+    stderr: str
+    out: Path
+
+    @property
+    def findings_doc(self) -> dict:
+        return json.loads((self.out / "findings.json").read_text())
+
+    @property
+    def findings(self) -> list[dict]:
+        return self.findings_doc["findings"]
+
+    def rule(self, rule_id: str) -> list[dict]:
+        return [f for f in self.findings if f["rule"] == rule_id]
+
+    @property
+    def evidence(self) -> dict:
+        return json.loads((self.out / "evidence.json").read_text())
+
+
+def audit(*args: str, out: Path, cwd: Path | None = None, env: dict | None = None, timeout: float = 240) -> Audit:
+    """`python -m auditor ARGS --out OUT` for real, as a user would run it."""
+    cmd = [sys.executable, "-m", "auditor", *args]
+    if args and args[0] in ("run", "analyze") and "--out" not in args:
+        cmd += ["--out", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout,
+                       env={**os.environ, **(env or {})})
+    return Audit(p.returncode, p.stdout, p.stderr, out)
+
+
+def expected_lines(path: Path, rule_id: str) -> list[int]:
+    """Lines of an example marked `# expect: rule-id`."""
+    return [i for i, line in enumerate(path.read_text().splitlines(), 1)
+            if (m := MARKER.search(line)) and m.group(1) == rule_id]
+
+
+@pytest.fixture(scope="session")
+def example_audit(tmp_path_factory):
+    """Audit each example once per test session (30 steps) and share the result."""
+    cache: dict[tuple[str, int], Audit] = {}
+
+    def get(name: str, steps: int = 30) -> Audit:
+        key = (name, steps)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"audit-{name}")
+            cache[key] = audit("run", f"examples/{name}.py:step", "--steps", str(steps), "--quiet", out=out)
+        return cache[key]
+
+    return get

@@ -1,0 +1,125 @@
+"""Every example trainer, audited for real: its rule fires at the marked lines with the right numbers,
+and the clean trainer stays silent at warning level."""
+from __future__ import annotations
+
+from statistics import median
+
+import pytest
+
+from conftest import EXAMPLES, expected_lines
+
+STEPS = 30
+
+
+def the_finding(a, rule_id):
+    found = a.rule(rule_id)
+    assert a.returncode == 0, a.stderr
+    assert len(found) == 1, [f["rule"] for f in a.findings]
+    f = found[0]
+    lines = expected_lines(EXAMPLES / f"{rule_id.replace('-', '_')}.py", rule_id)
+    assert lines, "example has no # expect marker"
+    example = str(EXAMPLES / f"{rule_id.replace('-', '_')}.py")
+    assert {(loc["file"], loc["line"]) for loc in f["locations"]} >= {(example, n) for n in lines}
+    return f
+
+
+def tallies(a, kind):
+    return [(s["index"], t) for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == kind]
+
+
+def test_clean_trainer_is_silent(example_audit):
+    a = example_audit("clean")
+    assert a.returncode == 0, a.stderr
+    assert [f for f in a.findings if f["severity"] != "info"] == []
+    doc = a.findings_doc
+    assert doc["steps"]["count"] == STEPS and len(doc["steps"]["per_step_ms"]) == STEPS
+    assert doc["ending"]["status"] == "completed"
+
+
+def test_anomaly_mode(example_audit):
+    a = example_audit("anomaly_mode")
+    f = the_finding(a, "anomaly-mode")
+    assert f["evidence"]["steps_with_anomaly"] == STEPS
+    assert "set_detect_anomaly(False)" in "".join(e["lines"][0] for e in f["fix"]["edits"])
+
+
+def test_retained_graph(example_audit):
+    a = example_audit("retained_graph")
+    f = the_finding(a, "retained-graph")
+    assert f["evidence"]["retained_unused"] == 4 * STEPS  # ACCUM micro-batches per step
+    assert f["evidence"]["per_step"] == 4.0
+    # the saved activations of one micro-batch: at least its 64x512 hidden activations (float32)
+    assert f["evidence"]["saved_bytes"] >= 64 * 512 * 4
+    assert "retain_graph" not in f["fix"]["edits"][0]["lines"][0]
+
+
+def test_graph_leak(example_audit):
+    a = example_audit("graph_leak")
+    f = the_finding(a, "graph-leak")
+    scans = f["evidence"]["scans"]
+    nodes = [s["graph_nodes"] for s in scans]
+    assert nodes == sorted(set(nodes)) and len(nodes) == 3
+    per_step = (nodes[-1] - nodes[0]) / (scans[-1]["after_step"] - scans[0]["after_step"])
+    assert f["evidence"]["nodes_per_step"] == pytest.approx(per_step, abs=0.01)
+    assert f["evidence"]["holders"][0]["name"] == "running_loss"
+    assert f["fix"]["edits"][0]["lines"][0].strip().startswith("running_loss += loss.detach()")
+
+
+def test_host_sync_counts_each_site_on_cpu_as_info(example_audit):
+    a = example_audit("host_sync")
+    f = the_finding(a, "host-sync")
+    assert f["severity"] == "info"  # CPU-only run: what would sync on an accelerator
+    assert f["cost"]["measured"] is False and f["cost"]["ms_per_step"] is None
+    sites = {s["what"]: s for s in f["evidence"]["sites"]}
+    assert sites["Tensor.item"]["count"] == STEPS and sites["int(Tensor)"]["count"] == STEPS
+    assert f["evidence"]["syncs_per_step"] == 2.0
+    assert a.rule("host-sync") and not example_audit("clean").rule("host-sync")
+
+
+def test_peak_stats_reset_on_a_cpu_machine(example_audit):
+    a = example_audit("peak_stats_reset")
+    f = the_finding(a, "peak-stats-reset")
+    assert f["evidence"]["calls"] == STEPS and f["evidence"]["steps_with_reset"] == STEPS
+    env = a.findings_doc["environment"]
+    assert env["cuda_standins"] is True and any("idle device" in n for n in env["notes"])
+    standin_calls = [t for _, t in tallies(a, "cuda-standin") if t["what"] == "torch.cuda.reset_peak_memory_stats"]
+    assert sum(t["count"] for t in standin_calls) == STEPS
+
+
+def test_forced_cleanup_cost_is_the_measured_time(example_audit):
+    a = example_audit("forced_cleanup")
+    f = the_finding(a, "forced-cleanup")
+    calls = {c["what"]: c for c in f["evidence"]["calls"]}
+    assert calls["gc.collect"]["count"] == STEPS and calls["torch.cuda.empty_cache"]["count"] == STEPS
+    total = sum(t["ms"] for kind in ("gc-collect", "empty-cache") for _, t in tallies(a, kind))
+    assert f["cost"]["ms_per_step"] == pytest.approx(total / STEPS, rel=1e-3)
+    assert f["cost"]["share_of_step"] == pytest.approx(total / STEPS / a.findings_doc["steps"]["median_ms"], rel=1e-2)
+
+
+def test_dataloader_bound_share_and_fix(example_audit):
+    a = example_audit("dataloader_bound")
+    f = the_finding(a, "dataloader-bound")
+    steps = [s for s in a.evidence["steps"] if not s["profiled"]]
+    shares = [sum(t["ms"] for t in s["tallies"] if t["kind"] == "data-wait") / s["ms"] for s in steps]
+    assert f["evidence"]["median_share"] == pytest.approx(median(shares), abs=1e-3)
+    assert f["evidence"]["median_share"] >= 0.25
+    assert f["evidence"]["settings"]["num_workers"] == 0
+    assert f["fix"]["config"]["DataLoader.num_workers"] >= 2
+    assert "num_workers=" in "\n".join(f["fix"]["edits"][0]["lines"])
+
+
+def test_step_slowdown(example_audit):
+    a = example_audit("step_slowdown")
+    f = the_finding(a, "step-slowdown")
+    assert f["evidence"]["ratio"] >= 1.3 and f["evidence"]["spearman"] >= 0.6
+    assert f["evidence"]["growing_phase"]["kind"] == "forward"
+
+
+def test_memory_growth_names_the_holder(example_audit):
+    a = example_audit("memory_growth")
+    f = the_finding(a, "memory-growth")
+    holder = f["evidence"]["holders"][0]
+    assert holder["name"] == "all_logits"
+    scans = sorted(a.evidence["graph_scans"], key=lambda s: s["after_step"])
+    per_step = 256 * 2560 * 4  # one detached (batch, width) float32 activation per step
+    assert holder["growth_bytes"] == per_step * (scans[-1]["after_step"] - scans[0]["after_step"])
