@@ -19,6 +19,7 @@ import traceback
 import torch
 
 from auditor.capture import cuda_standins, graphs, probes
+from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.stream import Writer
 from auditor.capture.target import TargetError, import_target, parse_target, step_arity
@@ -181,6 +182,9 @@ def run(args: argparse.Namespace) -> int:
     # Stand-ins first, so the probes wrap them (a probe installed first would be replaced).
     standins = cuda_standins.install(lambda: probes.REC)
     rec = probes.install()
+    collectors = load_collectors()
+    for c in collectors:
+        c.install()
     out.send("hello", environment=environment(standins), pid=os.getpid())
 
     try:
@@ -204,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
     for i in range(args.steps):
         anomaly = torch.is_anomaly_enabled()
         prof.before(i)
+        for c in collectors:
+            c.step_begin(i)
         c0 = time.process_time()
         t0 = time.perf_counter()
         if t_first is None:
@@ -213,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         except BaseException as e:
             t1, c1 = time.perf_counter(), time.process_time()
             prof.stop()
-            out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
+            out.send("step", extra=_extras(collectors, i), index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
                      profiled=i in window, failed=True,
                      rss_bytes=rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
                      dataloaders=_new_loaders(rec), **_device_memory())
@@ -222,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
             break
         t1, c1 = time.perf_counter(), time.process_time()
         prof.after(i)
-        out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
+        out.send("step", extra=_extras(collectors, i), index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
                  profiled=i in window,
                  rss_bytes=rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
                  dataloaders=_new_loaders(rec), **_device_memory())
@@ -232,9 +238,22 @@ def run(args: argparse.Namespace) -> int:
     if prof.window():
         out.send("profile", steps=[s for s in prof.window() if s < args.steps], trace_files=prof.files,
                  top_ops=prof.top_ops)
+    for c in collectors:
+        data = c.finish()
+        if data is not None:
+            out.send("extra", name=c.name, data=data)
     if status == 0:
         out.send("ended", status="completed", backend_flags=backend_flags())
     return status
+
+
+def _extras(collectors: list, index: int) -> dict:
+    out = {}
+    for c in collectors:
+        data = c.step_end(index)
+        if data is not None:
+            out[c.name] = data
+    return out
 
 
 def _device_memory() -> dict:

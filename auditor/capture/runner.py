@@ -78,7 +78,7 @@ class EvidenceBuilder:
                 profiled=r.get("profiled", False), failed=r.get("failed", False),
                 rss_bytes=r.get("rss_bytes"), device_allocated=r.get("device_allocated"),
                 device_reserved=r.get("device_reserved"), anomaly_enabled=r.get("anomaly_enabled", False),
-                tallies=[_tally(t) for t in r["tallies"]]))
+                tallies=[_tally(t) for t in r["tallies"]], extra=r.get("extra") or {}))
             self._loaders(r)
         elif kind == "graph-scan":
             ev.graph_scans.append(m.GraphScan(
@@ -87,6 +87,8 @@ class EvidenceBuilder:
         elif kind == "profile":
             ev.profile = m.ProfileWindow(steps=r["steps"], trace_files=r["trace_files"], top_ops=r["top_ops"])
             ev.traces = list(r["trace_files"])
+        elif kind == "extra":
+            ev.extra[r["name"]] = r["data"]
         elif kind == "ended":
             self.ended = True
             if "backend_flags" in r:

@@ -60,6 +60,7 @@ class StepRecord(msgspec.Struct):
     device_reserved: int | None = None
     anomaly_enabled: bool = False
     tallies: list[Tally] = []
+    extra: dict[str, Any] = {}  # per-step data from collectors (auditor.capture.collectors), by name
 
 
 class GraphScan(msgspec.Struct):

@@ -1,0 +1,33 @@
+"""Collectors: optional evidence gatherers that ride along with every step in the child process.
+
+A collector is installed before the target is imported, is told when each step begins and ends,
+and returns plain data that the parent stores as `StepRecord.extra[name]` (per step) and
+`Evidence.extra[name]` (at the end). Add one by listing it in COLLECTORS.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol
+
+
+class Collector(Protocol):
+    name: str
+
+    def install(self) -> None: ...
+
+    def step_begin(self, index: int) -> None: ...
+
+    def step_end(self, index: int) -> dict[str, Any] | None: ...
+
+    def finish(self) -> dict[str, Any] | None: ...
+
+
+COLLECTORS: tuple[str, ...] = ()
+
+
+def load_collectors() -> list[Collector]:
+    out = []
+    for spec in COLLECTORS:
+        module, _, attr = spec.partition(":")
+        out.append(getattr(importlib.import_module(module), attr)())
+    return out
