@@ -1,0 +1,119 @@
+"""However the target ends (raise, Ctrl-C, OOM, segfault, os._exit, SIGKILL), a report of every step
+seen is written, with what ended it, and `audit run` exits 3."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, audit
+
+TRAINER = '''
+import os, signal, ctypes
+import torch
+torch.manual_seed(0)
+w = torch.randn(64, 64, requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.01)
+{setup}
+
+def step(i):
+    opt.zero_grad()
+    loss = (torch.randn(32, 64) @ w).pow(2).mean()
+    loss.backward()
+    opt.step()
+    if i == 3:
+        {ending}
+'''
+
+
+def write_trainer(tmp_path: Path, ending: str, setup: str = "") -> Path:
+    path = tmp_path / "trainer.py"
+    path.write_text(TRAINER.format(ending=ending, setup=setup))
+    return path
+
+
+def line_of(tmp_path: Path, text: str) -> int:
+    lines = (tmp_path / "trainer.py").read_text().splitlines()
+    return next(i for i, ln in enumerate(lines, 1) if text in ln)
+
+
+def run_ending(tmp_path, ending, setup=""):
+    path = write_trainer(tmp_path, ending, setup)
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 3, a.stderr
+    assert "Traceback" not in a.stdout
+    doc = a.findings_doc
+    return a, doc
+
+
+def test_step_that_raises(tmp_path):
+    a, doc = run_ending(tmp_path, 'raise ValueError("bad batch")')
+    end = doc["ending"]
+    assert end["status"] == "raised" and end["exception"] == "ValueError" and end["message"] == "bad batch"
+    assert end["step"] == 3
+    assert end["where"]["file"].endswith("trainer.py") and end["where"]["line"] == line_of(tmp_path, "bad batch")
+    assert doc["steps"]["count"] == 4  # steps 0-2 complete, step 3 partial
+    assert (tmp_path / "out" / "report.html").is_file()
+
+
+def test_keyboard_interrupt(tmp_path):
+    a, doc = run_ending(tmp_path, "os.kill(os.getpid(), signal.SIGINT)")
+    assert doc["ending"]["status"] == "interrupted" and doc["ending"]["step"] == 3
+
+
+def test_out_of_memory(tmp_path):
+    a, doc = run_ending(tmp_path, "torch.empty(2**50)")  # a real failed allocation: 4 PiB
+    assert doc["ending"]["status"] == "oom" and doc["ending"]["step"] == 3
+    assert "allocate" in doc["ending"]["message"]
+
+
+@pytest.mark.parametrize("ending,status,signal_name,code", [
+    ("ctypes.string_at(0)", "crashed", "SIGSEGV", -11),
+    ("os._exit(7)", "crashed", None, 7),
+    ("os.kill(os.getpid(), signal.SIGKILL)", "crashed", "SIGKILL", -9),
+])
+def test_hard_crash_still_reports(tmp_path, ending, status, signal_name, code):
+    a, doc = run_ending(tmp_path, ending)
+    end = doc["ending"]
+    assert end["status"] == status and end["signal"] == signal_name and end["returncode"] == code
+    assert end["step"] == 3
+    assert doc["steps"]["count"] == 3  # every step completed before the crash
+    if signal_name == "SIGSEGV":
+        assert "Segmentation fault" in end["stderr_tail"]  # faulthandler's dump, kept for the report
+
+
+def test_setup_code_that_raises(tmp_path):
+    path = write_trainer(tmp_path, "pass", setup='raise RuntimeError("no data at /data/train")')
+    a = audit("run", f"{path}:step", "--steps", "4", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 3
+    doc = a.findings_doc
+    assert doc["ending"]["status"] == "raised" and doc["ending"]["step"] is None
+    assert doc["ending"]["where"]["line"] == line_of(tmp_path, "no data at") and doc["steps"]["count"] == 0
+
+
+def test_ctrl_c_on_the_process_group(tmp_path):
+    """A real Ctrl-C: SIGINT to the whole process group while steps run."""
+    path = tmp_path / "slow.py"
+    path.write_text("import time\n\ndef step(i):\n    time.sleep(0.2)\n")
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "auditor", "run", f"{path}:step", "--steps", "200", "--quiet",
+                          "--no-profile", "--out", str(out)], cwd=ROOT, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    records = out / "records.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if records.exists() and records.read_text().count('"kind":"step"') >= 3:
+            break
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGINT)
+    p.communicate(timeout=60)
+    assert p.returncode == 3
+    doc = json.loads((out / "findings.json").read_text())
+    assert doc["ending"]["status"] == "interrupted"
+    assert 3 <= doc["steps"]["count"] < 200

@@ -1,0 +1,55 @@
+"""Bad input: one clear line on stderr, exit 2, no traceback."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import audit
+
+
+def one_line_error(a, contains: str):
+    assert a.returncode == 2, (a.stdout, a.stderr)
+    lines = [ln for ln in a.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, a.stderr
+    assert lines[0].startswith("audit: error:") and contains in lines[0]
+    assert "Traceback" not in a.stderr + a.stdout
+
+
+@pytest.mark.parametrize("target,contains", [
+    ("examples/clean.py", "bad TARGET"),
+    ("examples/nope.py:step", "no such file"),
+    ("examples/clean.py:nope", "no callable 'nope'"),
+    ("examples/clean.py:batches", "not callable"),
+    ("no_such_pkg.train:step", "no such module"),
+    ("examples/clean.py:", "bad TARGET"),
+])
+def test_bad_targets(tmp_path, target, contains):
+    one_line_error(audit("run", target, "--steps", "2", out=tmp_path / "o"), contains)
+
+
+def test_step_with_two_required_arguments(tmp_path):
+    path = tmp_path / "t.py"
+    path.write_text("def step(a, b):\n    pass\n")
+    one_line_error(audit("run", f"{path}:step", out=tmp_path / "o"), "no argument or one")
+
+
+@pytest.mark.parametrize("args,contains", [
+    (("run", "examples/clean.py:step", "--steps", "0"), "--steps"),
+    (("run", "examples/clean.py:step", "--select", "no-such-rule"), "unknown rule id 'no-such-rule'"),
+    (("run", "examples/clean.py:step", "--fail-on", "fatal"), "--fail-on"),
+    (("explain", "no-such-rule"), "no rule 'no-such-rule'"),
+    (("analyze", "does/not/exist.json"), "no such file"),
+    (("frobnicate",), "No such command"),
+])
+def test_bad_options(tmp_path, args, contains):
+    one_line_error(audit(*args, out=tmp_path / "o"), contains)
+
+
+def test_module_target_and_python_dash_m(tmp_path):
+    """`package.module:callable` works, through `python -m auditor` (as torchrun needs)."""
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("import torch\nw = torch.zeros(3)\n\ndef step():\n    w.add_(1)\n")
+    a = audit("run", "mypkg.train:step", "--steps", "3", "--quiet", "--no-profile", out=tmp_path / "o", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr
+    assert a.findings_doc["steps"]["count"] == 3
