@@ -85,6 +85,8 @@ def load_config(start: Path | None, select: tuple[str, ...] = (), ignore: tuple[
         if name not in known:
             where = cfg.source or "command line"
             raise ConfigError(f"{where}: unknown rule id {name!r} (see `audit rules`)")
+    for rule_id in cfg.rule_options:
+        cfg.options_for(all_rules()[rule_id])  # unknown option names fail now, before any run
     if cfg.fail_on is not None and cfg.fail_on not in ("info", "warning", "error"):
         raise ConfigError(f"{cfg.source}: fail-on must be info, warning or error, not {cfg.fail_on!r}")
     return cfg

@@ -1,0 +1,64 @@
+"""The CLI's own contract: rules, explain, fail-on, quiet, analyze/report of a saved run."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT, audit
+
+RULES = ["anomaly-mode", "retained-graph", "graph-leak", "host-sync", "peak-stats-reset", "forced-cleanup",
+         "dataloader-bound", "step-slowdown", "memory-growth"]
+
+
+def test_rules_lists_every_rule(tmp_path):
+    a = audit("rules", out=tmp_path)
+    assert a.returncode == 0
+    for r in RULES:
+        assert r in a.stdout
+
+
+def test_explain_prints_the_rule_docs(tmp_path):
+    a = audit("explain", "host-sync", out=tmp_path)
+    assert a.returncode == 0
+    for heading in ("What it detects:", "Why it costs:", "Example:", "Fix:", "Evidence needed:", "min-share-of-steps"):
+        assert heading in a.stdout
+
+
+def test_every_rule_documents_itself():
+    from auditor.rules.registry import all_rules
+
+    for rule_id, cls in all_rules().items():
+        docs = cls.docs()
+        for heading in ("What it detects", "Why it costs", "Example", "Fix", "Evidence needed"):
+            assert heading in docs, (rule_id, heading)
+
+
+def test_fail_on_quiet_and_no_progress_when_not_a_tty(tmp_path):
+    a = audit("run", "examples/forced_cleanup.py:step", "--steps", "5", "--fail-on", "warning", "--quiet",
+              "--no-profile", out=tmp_path / "o")
+    assert a.returncode == 1
+    assert a.stdout.strip().splitlines() == [
+        f"audit: {len(a.findings)} finding(s), run completed; report in {tmp_path / 'o'}"]
+    assert "steps" not in a.stderr  # no progress bar off a TTY
+    a = audit("run", "examples/forced_cleanup.py:step", "--steps", "5", "--fail-on", "error", "--no-profile",
+              out=tmp_path / "o2")
+    assert a.returncode == 0
+    assert "forced-cleanup" in a.stdout and "forced_cleanup.py:" in a.stdout
+
+
+def test_analyze_and_report_rerun_rules_on_a_saved_run(tmp_path, example_audit):
+    run = example_audit("graph_leak")
+    again = audit("analyze", str(run.out), "--quiet", out=tmp_path / "again")
+    assert again.returncode == 0, again.stderr
+    assert [f["rule"] for f in again.findings] == [f["rule"] for f in run.findings]
+    assert again.findings_doc["steps"] == run.findings_doc["steps"]
+    (run.out / "findings.json").unlink()
+    rep = audit("report", str(run.out), out=run.out)
+    assert rep.returncode == 0, rep.stderr
+    assert json.loads((run.out / "findings.json").read_text())["findings"][0]["rule"] == "graph-leak"
+
+
+def test_python_dash_m_is_the_same_cli():
+    p = subprocess.run([sys.executable, "-m", "auditor", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0 and p.stdout.startswith("audit, version")

@@ -1,0 +1,67 @@
+"""[tool.auditor] in pyproject.toml, --select/--ignore, and `# audit: ignore[...]` comments."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from conftest import EXAMPLES, audit
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A user project holding a copy of the forced-cleanup trainer."""
+    for name in ("forced_cleanup.py", "_common.py", "host_sync.py"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+    return tmp_path
+
+
+def run(project, *args, name="forced_cleanup"):
+    return audit("run", f"{project / name}.py:step", "--steps", "6", "--quiet", "--no-profile", *args,
+                 out=project / "out", cwd=project)
+
+
+def test_pyproject_ignore_and_fail_on(project):
+    (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\n')
+    a = run(project)
+    assert a.returncode == 1 and a.rule("forced-cleanup")
+    (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\nignore = ["forced-cleanup"]\n')
+    a = run(project)
+    assert a.returncode == 0 and not a.rule("forced-cleanup")
+
+
+def test_rule_options_from_pyproject(project):
+    a = run(project, name="host_sync")
+    assert a.rule("host-sync")
+    (project / "pyproject.toml").write_text('[tool.auditor.rules.host-sync]\nmin-share-of-steps = 1.01\n')
+    assert not run(project, name="host_sync").rule("host-sync")
+
+
+def test_unknown_option_is_a_usage_error(project):
+    (project / "pyproject.toml").write_text('[tool.auditor.rules.host-sync]\nmin-share = 1\n')
+    a = run(project, name="host_sync")
+    assert a.returncode == 2 and "unknown option(s) for rule host-sync: min-share" in a.stderr
+    assert len(a.stderr.strip().splitlines()) == 1
+
+
+def test_select_and_ignore_flags(project):
+    a = run(project, "--select", "host-sync")
+    assert a.findings == []
+    a = run(project, "--ignore", "forced-cleanup,host-sync")
+    assert not a.rule("forced-cleanup")
+
+
+def test_suppression_comments(project):
+    src = project / "forced_cleanup.py"
+    lines = src.read_text().splitlines()
+    gc_line = next(i for i, ln in enumerate(lines) if ln.strip().startswith("gc.collect()"))
+    lines[gc_line] += "  # audit: ignore[forced-cleanup]"
+    src.write_text("\n".join(lines) + "\n")
+    a = run(project)
+    f = a.rule("forced-cleanup")[0]  # the empty_cache line still reports
+    assert [loc["line"] for loc in f["locations"]] == [gc_line + 2]
+    empty = gc_line + 1
+    lines[empty] += "  # audit: ignore"
+    src.write_text("\n".join(lines) + "\n")
+    a = run(project)
+    assert not a.rule("forced-cleanup") and a.findings_doc["suppressed"] == 1
