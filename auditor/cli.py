@@ -75,9 +75,12 @@ def cli() -> None:
 @click.option("--ignore", multiple=True, help="Skip these rule ids (comma-separated or repeated).")
 @click.option("--profile/--no-profile", default=True, show_default=True,
               help="Record a torch.profiler window of a few steps.")
+@click.option("--rehearse/--no-rehearse", default=None,
+              help="Run CUDA code on the CPU, judging it as GPU code [default: when the target asks for "
+                   "CUDA and none is present].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar; only the one-line summary.")
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-        ignore: tuple[str, ...], profile: bool, quiet: bool) -> None:
+        ignore: tuple[str, ...], profile: bool, rehearse: bool | None, quiet: bool) -> None:
     """Audit TARGET (path/to/file.py:step or package.module:step) by calling the step N times."""
     from auditor.capture.progress import StepProgress
     from auditor.capture.runner import RunRequest, run_child
@@ -91,7 +94,9 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     out = out_dir or _default_out(t.name)
     with StepProgress(steps, enabled=not quiet and sys.stderr.isatty()) as progress:
         try:
-            evidence = run_child(RunRequest(t, steps, out, profile=profile), on_record=progress.on_record)
+            mode = "auto" if rehearse is None else "on" if rehearse else "off"
+            evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=("--rehearse", mode)),
+                                 on_record=progress.on_record)
         except TargetError as e:
             raise UsageFailure(str(e)) from None
     sys.exit(_finish(evidence, config, out, quiet, fail_on))

@@ -18,7 +18,7 @@ import traceback
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
 
-from auditor.capture import cuda_standins, graphs, probes
+from auditor.capture import cuda_standins, graphs, probes, rehearsal
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.stream import Writer
@@ -179,13 +179,19 @@ class Profiler:
 def run(args: argparse.Namespace) -> int:
     out = Writer(args.fd)
     faulthandler.enable(file=sys.stderr, all_threads=False)
-    # Stand-ins first, so the probes wrap them (a probe installed first would be replaced).
-    standins = cuda_standins.install(lambda: probes.REC)
+    # Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
+    # layer wraps the one before (a probe installed first would be replaced).
+    rehearsal_info = rehearsal.install(args.rehearse, _target_file(args.target))
+    standins = [] if rehearsal_info else cuda_standins.install(lambda: probes.REC)
     rec = probes.install()
     collectors = load_collectors()
     for c in collectors:
         c.install()
-    out.send("hello", environment=environment(standins), pid=os.getpid())
+    env = environment(standins)
+    if rehearsal_info:
+        env["rehearsal"] = True
+        env["notes"].append(rehearsal_info.get("note", "CUDA rehearsal on the CPU"))
+    out.send("hello", environment=env, pid=os.getpid())
 
     try:
         target = parse_target(args.target)
@@ -219,18 +225,18 @@ def run(args: argparse.Namespace) -> int:
         except BaseException as e:
             t1, c1 = time.perf_counter(), time.process_time()
             prof.stop()
-            out.send("step", extra=_extras(collectors, i), index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
-                     profiled=i in window, failed=True,
-                     rss_bytes=rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
+            out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
+                     profiled=i in window, failed=True, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
+                     tallies=rec.drain(), extra=_extras(collectors, i),
                      dataloaders=_new_loaders(rec), **_device_memory())
             out.send("ended", **_ending(e, i))
             status = 3
             break
         t1, c1 = time.perf_counter(), time.process_time()
         prof.after(i)
-        out.send("step", extra=_extras(collectors, i), index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
-                 profiled=i in window,
-                 rss_bytes=rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
+        out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
+                 profiled=i in window, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
+                 tallies=rec.drain(), extra=_extras(collectors, i),
                  dataloaders=_new_loaders(rec), **_device_memory())
         if i in scans:
             out.send("graph-scan", after_step=i, **graphs.scan(module, source))
@@ -254,6 +260,13 @@ def _extras(collectors: list, index: int) -> dict:
         if data is not None:
             out[c.name] = data
     return out
+
+
+def _target_file(spec: str) -> str | None:
+    try:
+        return parse_target(spec).file
+    except TargetError:
+        return None
 
 
 def _device_memory() -> dict:
@@ -281,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--run-name", default="run")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--rehearse", choices=("auto", "on", "off"), default="auto")
     args = ap.parse_args(argv)
     code = run(args)
     sys.stdout.flush()

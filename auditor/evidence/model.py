@@ -88,6 +88,7 @@ class Environment(msgspec.Struct):
     device: str = "cpu"  # the device the program computes on
     cuda_available: bool = False
     cuda_standins: bool = False  # torch.cuda memory-stat calls were answered as an idle device would
+    rehearsal: bool = False  # CUDA code rehearsed on the CPU (auditor.capture.rehearsal)
     num_threads: int | None = None
     env_vars: dict[str, str] = {}
     backend_flags: dict[str, Any] = {}
