@@ -78,9 +78,17 @@ def cli() -> None:
 @click.option("--rehearse/--no-rehearse", default=None,
               help="Run CUDA code on the CPU, judging it as GPU code [default: when the target asks for "
                    "CUDA and none is present].")
+@click.option("--open", "open_report", is_flag=True, help="Open report.html in the browser when done.")
+@click.option("--tensorboard", is_flag=True,
+              help="Start TensorBoard (torch-tb-profiler) on the run's traces, print its URL, serve until Ctrl-C.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar; only the one-line summary.")
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="Launch this many ranks with torch.distributed.run (the target calls init_process_group).")
+@click.option("--rank-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              help="Under a launcher: how long rank 0 waits for the other ranks' evidence, in seconds.")
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-        ignore: tuple[str, ...], profile: bool, rehearse: bool | None, quiet: bool) -> None:
+        ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
+        quiet: bool, nproc_per_node: int | None = None, rank_timeout: float = 120.0) -> None:
     """Audit TARGET (path/to/file.py:step or package.module:step) by calling the step N times."""
     from auditor.capture.progress import StepProgress
     from auditor.capture.runner import RunRequest, run_child
@@ -91,15 +99,31 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     except TargetError as e:
         raise UsageFailure(str(e)) from None
     config = _config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
-    out = out_dir or _default_out(t.name)
-    with StepProgress(steps, enabled=not quiet and sys.stderr.isatty()) as progress:
+    # -- distributed (auditor.capture.distributed): launch N ranks, or be one rank of a launch --
+    from auditor.capture import distributed
+
+    session = distributed.RankSession.from_env(out_dir, t.name)
+    if nproc_per_node is not None:
+        if session is not None:
+            raise UsageFailure("--nproc-per-node: already running under a launcher (RANK is set)")
+        out = out_dir or _default_out(t.name)
+        sys.exit(distributed.launch(target, nproc_per_node, out, distributed.rank_argv(steps, profile, rehearse),
+                                    lambda ev: _finish(ev, config, out, quiet, fail_on)))
+    out = session.run_dir if session is not None else out_dir or _default_out(t.name)
+    # -- end distributed --
+    with StepProgress(steps, enabled=not quiet and sys.stderr.isatty() and distributed.shows_progress(session)) \
+            as progress, distributed.stoppable(session):
         try:
             mode = "auto" if rehearse is None else "on" if rehearse else "off"
             evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=("--rehearse", mode)),
                                  on_record=progress.on_record)
         except TargetError as e:
             raise UsageFailure(str(e)) from None
-    sys.exit(_finish(evidence, config, out, quiet, fail_on))
+    if session is not None:  # distributed: save this rank; the merging rank reports on every rank
+        sys.exit(session.finish(evidence, rank_timeout, lambda ev, root: _finish(ev, config, root, quiet, fail_on)))
+    code = _finish(evidence, config, out, quiet, fail_on)
+    _afterwards(out, open_report, tensorboard)
+    sys.exit(code)
 
 
 @cli.command()
@@ -176,6 +200,34 @@ def explain(rule_id: str) -> None:
         click.echo(f"\nOptions ([tool.auditor.rules.{cls.id}] in pyproject.toml):")
         for o in cls.options:
             click.echo(f"    {o.name} = {o.default!r}    {o.help}")
+
+
+def _afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
+    """--open and --tensorboard: show the user what was written."""
+    if open_report:
+        import webbrowser
+
+        webbrowser.open((out / "report.html").resolve().as_uri())
+    if tensorboard:
+        from auditor.reports.tensorboard import (TensorBoardError, start_tensorboard, stop_tensorboard,
+                                                 tensorboard_available)
+
+        why_not = tensorboard_available()
+        if why_not:
+            click.echo(f"audit: cannot start TensorBoard: {why_not}", err=True)
+            return
+        try:
+            url, proc = start_tensorboard(out / "tb")
+        except TensorBoardError as e:
+            click.echo(f"audit: TensorBoard did not start: {str(e).splitlines()[0]}", err=True)
+            return
+        click.echo(f"TensorBoard: {url}#pytorch_profiler  (Ctrl-C to stop)")
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stop_tensorboard(proc)
 
 
 def _config(start: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> Config:

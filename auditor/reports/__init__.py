@@ -1,32 +1,22 @@
 """Reporters: one small class per output format, all rendering the same evidence and findings."""
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from pathlib import Path
 
 from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
+from auditor.reports.findings_json import FindingsJson
+from auditor.reports.html import HtmlReport
+from auditor.reports.patch import PatchReport
+from auditor.reports.sarif import SarifReport
+from auditor.reports.terminal import TerminalSummary
 from auditor.rules.engine import RuleResults
-
-_REPORTERS = (
-    "auditor.reports.findings_json:FindingsJson",
-    "auditor.reports.html:HtmlReport",
-    "auditor.reports.sarif:SarifReport",
-    "auditor.reports.patch:PatchReport",
-)
 
 
 def all_reporters() -> list[Reporter]:
-    out = []
-    for spec in _REPORTERS:
-        module, _, attr = spec.partition(":")
-        try:
-            out.append(getattr(importlib.import_module(module), attr)())
-        except (ImportError, AttributeError):
-            continue
-    return out
+    return [FindingsJson(), HtmlReport(), SarifReport(), PatchReport(), TerminalSummary()]
 
 
 def write_reports(out_dir: Path, evidence: Evidence, results: RuleResults) -> dict[str, Path]:

@@ -6,9 +6,12 @@ import re
 import traceback
 from dataclasses import dataclass, field
 
+import msgspec
+
 from auditor.config import Config
 from auditor.evidence.model import Evidence
 from auditor.rules.base import Finding, severity_rank
+from auditor.rules.fixes import make_patch
 from auditor.rules.registry import all_rules
 
 SUPPRESS = re.compile(r"#\s*audit:\s*ignore(?:\[([a-z0-9,\s-]+)\])?")
@@ -38,9 +41,15 @@ def _apply_suppression(f: Finding) -> Finding | None:
         return None
     if len(kept) == len(f.locations):
         return f
-    import msgspec
-
     return msgspec.structs.replace(f, locations=kept)
+
+
+def _with_patch(f: Finding) -> Finding:
+    """Render a finding's code edits into `fix.patch`, so each finding carries its own diff."""
+    if f.fix is None or not f.fix.edits or f.fix.patch:
+        return f
+    patch = make_patch(f.fix.edits) or None
+    return msgspec.structs.replace(f, fix=msgspec.structs.replace(f.fix, patch=patch))
 
 
 def rank_key(f: Finding) -> tuple:
@@ -72,6 +81,6 @@ def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
             if kept is None:
                 out.suppressed += 1
             else:
-                out.findings.append(kept)
+                out.findings.append(_with_patch(kept))
     out.findings.sort(key=rank_key)
     return out

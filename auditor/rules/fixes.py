@@ -1,6 +1,8 @@
 """Code fixes: small source edits derived from the user's file, rendered as a `git apply`-able diff.
 
-Rules build `Edit`s with these helpers; the patch reporter joins every finding's edits per file.
+Rules build `Edit`s with these helpers; the engine renders each finding's edits into `Fix.patch`
+and the patch reporter joins every finding's edits per file. An edit with `end == start - 1`
+inserts before `start`.
 All edits are computed from the file as it is on disk at analysis time; when the file is gone or
 the line no longer matches what the run saw, no edit is offered.
 """
@@ -8,11 +10,12 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import os
 import subprocess
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from auditor.rules.base import Edit
 
@@ -125,50 +128,141 @@ def replace_in_line(file: str, line: int, old: str, new: str) -> Edit | None:
     return Edit(file=file, start=line, end=line, lines=[lines[line - 1].replace(old, new, 1)])
 
 
-@lru_cache(maxsize=256)
-def _git_root(directory: str) -> str | None:
+# --- the diff core: edits -> a `git apply`-able unified diff ------------------------------
+
+NO_NEWLINE = "\\ No newline at end of file\n"
+
+
+@functools.lru_cache(maxsize=256)
+def _git_toplevel(directory: str) -> str | None:
     try:
         out = subprocess.run(["git", "-C", directory, "rev-parse", "--show-toplevel"],
-                             capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
-def patch_path(file: str) -> str:
-    """The path a patch names: relative to the file's git work tree, else to the current dir."""
-    absolute = os.path.realpath(file)
-    root = _git_root(os.path.dirname(absolute))
-    base = os.path.realpath(root) if root else os.getcwd()
-    rel = os.path.relpath(absolute, base)
-    return rel if not rel.startswith("..") else absolute.lstrip("/")
+def repo_root(path: str | Path) -> Path:
+    """The git toplevel holding `path`, else the current directory: where the user applies the patch."""
+    p = Path(path).resolve()
+    top = _git_toplevel(str(p.parent if not p.is_dir() else p))
+    return Path(top).resolve() if top else Path.cwd().resolve()
 
 
-def apply_edits(lines: list[str], edits: list[Edit]) -> list[str]:
-    """Apply non-overlapping edits bottom-up; an edit overlapping one already applied is skipped."""
+def patch_path(path: str | Path, root: Path | None = None) -> str:
+    """`path` as a patch names it: POSIX, relative to `root` (default: its repo_root).
+
+    A file outside that root is named by its absolute path without the leading slash (git apply
+    refuses `..`), so such a patch applies from `/`.
+    """
+    p = Path(path).resolve()
+    rel = Path(os.path.relpath(p, root or repo_root(p))).as_posix()
+    return rel if not rel.startswith("../") and rel != ".." else p.as_posix().lstrip("/")
+
+
+@dataclass
+class EditPlan:
+    """The edits of one file that can be applied together, and those left out with the reason."""
+
+    taken: list[Edit] = field(default_factory=list)
+    skipped: list[tuple[Edit, str]] = field(default_factory=list)
+
+
+def _span(e: Edit) -> tuple[int, int]:
+    """Half-open [start, stop) of the replaced lines (an insertion is empty: stop == start)."""
+    return e.start, e.end + 1
+
+
+def _conflict(a: Edit, b: Edit) -> bool:
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    if a0 == a1 and b0 == b1:  # two insertions at one point: their order would be a guess
+        return a0 == b0
+    if a0 == a1:  # an insertion strictly inside a replaced range is ambiguous
+        return b0 < a0 < b1
+    if b0 == b1:
+        return a0 < b0 < a1
+    return max(a0, b0) < min(a1, b1)
+
+
+def plan_edits(edits: Iterable[Edit], line_count: int) -> EditPlan:
+    """Keep edits in the order given (findings arrive ranked, so the more important wins)."""
+    plan = EditPlan()
+    for e in edits:
+        if e.start < 1 or e.end < e.start - 1 or e.end > line_count:
+            plan.skipped.append((e, f"lines {e.start}-{e.end} are outside the file ({line_count} lines)"))
+        elif e in plan.taken:
+            continue  # the same edit proposed by two findings
+        elif any(_conflict(e, t) for t in plan.taken):
+            plan.skipped.append((e, f"lines {e.start}-{e.end} overlap another edit"))
+        else:
+            plan.taken.append(e)
+    return plan
+
+
+def apply_edits(lines: list[str], edits: Sequence[Edit]) -> list[str]:
+    """The file's lines (with their endings) after non-overlapping `edits`, applied bottom-up."""
+    newline = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
     out = list(lines)
-    taken: list[tuple[int, int]] = []
     for e in sorted(edits, key=lambda e: (e.start, e.end), reverse=True):
-        if any(not (e.end < s or e.start > t) for s, t in taken):
-            continue
-        out[e.start - 1:e.end] = e.lines
-        taken.append((e.start, e.end))
+        new = [ln + newline for ln in e.lines]
+        # Lines up to e.end are untouched so far, so e reaches the current end iff e.end == len(out).
+        if new and e.end == len(out) and out and not out[-1].endswith(("\n", "\r")):
+            if e.end < e.start:
+                out[-1] += newline  # appending after an unterminated last line ends that line first
+            new[-1] = new[-1][: -len(newline)]  # the file still ends without a newline
+        out[e.start - 1:e.end] = new
     return out
 
 
-def unified_diff(edits: Iterable[Edit]) -> str:
-    """One diff for all edits, grouped per file, with a/ b/ prefixes for `git apply`."""
+def unified_diff(old: list[str], new: list[str], name: str, context: int = 3) -> str:
+    """A git-style unified diff of one file (`diff --git a/name b/name`), '' when nothing changed."""
+    body = list(difflib.unified_diff(old, new, fromfile=f"a/{name}", tofile=f"b/{name}", n=context))
+    if not body:
+        return ""
+    out = [f"diff --git a/{name} b/{name}\n"]
+    for ln in body:
+        if ln.endswith("\n"):
+            out.append(ln)
+        else:  # the file's last line has no newline: say so, as diff and git do
+            out.append(ln + "\n" + NO_NEWLINE)
+    return "".join(out)
+
+
+def _read_lines(path: str) -> list[str] | None:
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+@dataclass
+class PatchResult:
+    diff: str
+    skipped: list[tuple[Edit, str]] = field(default_factory=list)
+
+
+def diff_edits(edits: Iterable[Edit], root: Path | None = None) -> PatchResult:
+    """Join edits (in priority order) into one diff, file by file; also say which were left out."""
     by_file: dict[str, list[Edit]] = {}
     for e in edits:
-        by_file.setdefault(e.file, []).append(e)
-    chunks = []
-    for file in sorted(by_file):
-        lines = read_lines(file)
+        by_file.setdefault(str(Path(e.file).resolve()), []).append(e)
+    parts: list[str] = []
+    skipped: list[tuple[Edit, str]] = []
+    for file in sorted(by_file, key=lambda f: patch_path(f, root)):
+        lines = _read_lines(file)
         if lines is None:
+            skipped.extend((e, "the file cannot be read") for e in by_file[file])
             continue
-        new = apply_edits(lines, by_file[file])
-        name = patch_path(file)
-        diff = difflib.unified_diff([ln + "\n" for ln in lines], [ln + "\n" for ln in new],
-                                    fromfile=f"a/{name}", tofile=f"b/{name}", n=3)
-        chunks.append("".join(diff))
-    return "".join(chunks)
+        plan = plan_edits(by_file[file], len(lines))
+        skipped.extend(plan.skipped)
+        parts.append(unified_diff(lines, apply_edits(lines, plan.taken), patch_path(file, root)))
+    return PatchResult("".join(parts), skipped)
+
+
+def make_patch(edits: Sequence[Edit], root: Path | None = None) -> str:
+    """The unified diff of `edits` ('' if none apply): what a rule puts in `Fix.patch`."""
+    return diff_edits(edits, root).diff
+
+

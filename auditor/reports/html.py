@@ -1,0 +1,428 @@
+"""`report.html`: one self-contained page a person reads first, and can attach to a bug report.
+
+The page is one jinja2 template (autoescape on) with plotly.js inlined once from the installed plotly
+package, the findings.json document embedded as JSON, and no other request: it works offline from
+a file:// URL. Python prepares plain view dicts; the template only lays them out, so the HTML has no
+logic to test separately. Everything that comes from the user's run (paths, code, op names,
+messages, tracebacks) goes through jinja escaping, and the embedded JSON through `script_json`.
+
+Extension point: `EXTRA_PLOT_BUILDERS` is a list of `(evidence) -> plotly Figure | None` functions
+drawn after the built-in plots (memory timeline of the profiled window, allocator segment map,
+loss/grad-norm series ...). A builder returns None when its data is absent; one that raises is
+reported on the page instead of breaking the report.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import linecache
+import os
+import re
+import shlex
+import textwrap
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import jinja2
+import msgspec
+from markupsafe import Markup
+
+from auditor import __version__
+from auditor.evidence.model import Evidence
+from auditor.evidence.phases import PHASES, phase_table
+from auditor.reports.base import Reporter
+from auditor.reports.findings_json import document
+from auditor.reports.patch import make_patch
+from auditor.reports.terminal import recoverable
+from auditor.rules.base import Finding
+from auditor.rules.engine import RuleResults
+from auditor.rules.registry import get_rule
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+TEMPLATES = Path(__file__).parent / "templates"
+CONTEXT_LINES = 3  # source lines shown above and below a finding's line
+
+PlotBuilder = Callable[[Evidence], "go.Figure | None"]
+
+
+# ---------------------------------------------------------------- escaping
+
+_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def script_json(data: Any) -> Markup:
+    """JSON safe inside <script>: no `</script>`, `<!--` or line separators can end or bend it."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    return Markup(re.sub("[<>&\u2028\u2029]", lambda m: _SCRIPT_ESCAPES[m.group(0)], text))
+
+
+# ---------------------------------------------------------------- plots
+
+_PHASE_COLORS = {"data": "#8c6bb1", "forward": "#4c78a8", "backward": "#f58518", "optimizer": "#54a24b",
+                 "sync": "#e45756", "cleanup": "#72b7b2", "other": "#bab0ac"}
+
+
+def _layout(title: str, y_title: str) -> dict[str, Any]:
+    return dict(title=dict(text=title), xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text=y_title)),
+                margin=dict(l=60, r=20, t=50, b=50), height=360, template="plotly_white",
+                legend=dict(orientation="h", y=-0.2, traceorder="normal"))
+
+
+def phase_plot(ev: Evidence) -> go.Figure | None:
+    """Where each step's time went: stacked phases, from the probes' timed tallies."""
+    rows = phase_table(ev)
+    if not rows:
+        return None
+    import plotly.graph_objects as go
+
+    fig = go.Figure(layout=_layout("Step time by phase (ms)", "ms"))
+    steps = [r["step"] for r in rows]
+    for phase in PHASES:
+        ys = [round(r[phase], 3) for r in rows]
+        if phase == "other" or any(ys):
+            fig.add_bar(name=phase, x=steps, y=ys, marker_color=_PHASE_COLORS[phase])
+    fig.update_layout(barmode="stack")
+    return fig
+
+
+def step_time_plot(ev: Evidence) -> go.Figure | None:
+    """Step wall time over the run; profiled steps are marked (the profiler slows them)."""
+    if not ev.steps:
+        return None
+    import plotly.graph_objects as go
+
+    fig = go.Figure(layout=_layout("Step time over the run (ms)", "ms"))
+    fig.add_scatter(name="step", x=[s.index for s in ev.steps], y=[round(s.ms, 3) for s in ev.steps],
+                    mode="lines+markers", line=dict(color="#4c78a8"))
+    prof = [s for s in ev.steps if s.profiled]
+    if prof:
+        fig.add_scatter(name="profiled step", x=[s.index for s in prof], y=[round(s.ms, 3) for s in prof],
+                        mode="markers", marker=dict(symbol="diamond-open", size=12, color="#e45756"))
+    median = ev.median_step_ms()
+    if median is not None:
+        fig.add_hline(y=median, line_dash="dash", line_color="#888",
+                      annotation_text=f"median {median:.1f} ms", annotation_position="top left")
+    return fig
+
+
+def memory_plot(ev: Evidence) -> go.Figure | None:
+    """Memory at each step boundary: process RSS and, on a real device, the CUDA allocator."""
+    series = {"process RSS": [s.rss_bytes for s in ev.steps],
+              "device allocated": [s.device_allocated for s in ev.steps],
+              "device reserved": [s.device_reserved for s in ev.steps]}
+    series = {k: v for k, v in series.items() if any(x is not None for x in v)}
+    if not series:
+        return None
+    import plotly.graph_objects as go
+
+    fig = go.Figure(layout=_layout("Memory at step end (MiB)", "MiB"))
+    x = [s.index for s in ev.steps]
+    for name, values in series.items():
+        fig.add_scatter(name=name, x=x, y=[round(v / 2**20, 2) if v is not None else None for v in values],
+                        mode="lines+markers")
+    return fig
+
+
+BUILTIN_PLOT_BUILDERS: list[PlotBuilder] = [phase_plot, step_time_plot, memory_plot]
+EXTRA_PLOT_BUILDERS: list[PlotBuilder] = []  # appended to by later stages; see the module docstring
+
+
+def build_plots(ev: Evidence, builders: list[PlotBuilder] | None = None) -> tuple[list[dict], list[str]]:
+    """(plots as {"id", "figure"} with plain-JSON figures, errors of builders that raised)."""
+    import plotly.io as pio
+
+    plots, errors = [], []
+    for i, builder in enumerate(builders if builders is not None else BUILTIN_PLOT_BUILDERS + EXTRA_PLOT_BUILDERS):
+        name = getattr(builder, "__name__", repr(builder))
+        try:
+            fig = builder(ev)
+        except Exception as e:  # a broken extra plot must not cost the user the whole report
+            errors.append(f"plot {name} failed: {type(e).__name__}: {e}")
+            continue
+        if fig is not None:
+            plots.append({"id": f"plot-{i}-{re.sub(r'[^a-z0-9]+', '-', name.lower())}",
+                          "figure": json.loads(pio.to_json(fig, validate=False, engine="json"))})
+    return plots, errors
+
+
+# ---------------------------------------------------------------- view data
+
+
+def fmt_ms(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms / 1000:.2f} s" if ms >= 10_000 else f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def cost_text(f: Finding) -> str:
+    """One phrase: how much a finding costs per step and how sure that number is."""
+    c = f.cost
+    if c is None:
+        return "cost not measured"
+    parts = []
+    if c.ms_per_step is not None:
+        parts.append(f"{fmt_ms(c.ms_per_step)}/step")
+    if c.share_of_step is not None:
+        parts.append(f"{c.share_of_step:.0%} of a step")
+    if not parts:
+        return f"counted only: {c.note}" if c.note else "counted only"
+    text = ", ".join(parts) + ("" if c.measured else " (estimated)")
+    return f"{text}; {c.note}" if c.note else text
+
+
+def source_context(file: str, line: int, context: int = CONTEXT_LINES) -> list[dict[str, Any]]:
+    """The lines around `line` in the user's file ([] when it is gone): what the finding points at."""
+    linecache.checkcache(file)
+    lines = linecache.getlines(file)
+    if not lines or not 1 <= line <= len(lines):
+        return []
+    lo, hi = max(1, line - context), min(len(lines), line + context)
+    return [{"n": n, "text": lines[n - 1].rstrip("\r\n"), "hit": n == line} for n in range(lo, hi + 1)]
+
+
+def doc_sections(docs: str) -> list[dict[str, str]]:
+    """A rule docstring split at its unindented `Heading:` lines into {"heading", "body"}."""
+    sections: list[dict[str, str]] = []
+    current: dict[str, Any] = {"heading": "", "lines": []}
+    for ln in docs.splitlines():
+        m = re.fullmatch(r"([A-Z][\w ]{1,40}):\s*", ln)
+        if m:
+            if current["heading"] or any(x.strip() for x in current["lines"]):
+                sections.append(current)
+            current = {"heading": m.group(1), "lines": []}
+        else:
+            current["lines"].append(ln)
+    sections.append(current)
+    out = []
+    for s in sections:
+        body = textwrap.dedent("\n".join(s["lines"])).strip("\n")
+        if s["heading"] or body.strip():
+            out.append({"heading": s["heading"], "body": body})
+    return out
+
+
+def _value_text(v: Any) -> str:
+    """Strings as they are, scalars as Python writes them (True, None, 4), containers as JSON."""
+    if isinstance(v, str):
+        return v
+    if v is None or isinstance(v, (bool, int, float)):
+        return repr(v)
+    return json.dumps(msgspec.to_builtins(v), default=str)
+
+
+def _evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for k, v in evidence.items():
+        text = _value_text(v)
+        rows.append((k, text if len(text) <= 2000 else text[:2000] + " ..."))
+    return rows
+
+
+def finding_view(i: int, f: Finding) -> dict[str, Any]:
+    """What the template shows for one finding."""
+    rule = get_rule(f.rule)
+    patch = f.fix.patch if f.fix and f.fix.patch else (make_patch(f.fix.edits) if f.fix and f.fix.edits else "")
+    return {
+        "anchor": f"finding-{i + 1}",
+        "n": i + 1,
+        "f": f,
+        "cost": cost_text(f),
+        "docs": doc_sections(rule.docs()) if rule else [],
+        "evidence": _evidence_rows(f.evidence),
+        "locations": [{"loc": loc, "context": source_context(loc.file, loc.line)} for loc in f.locations],
+        "patch": [{"text": ln, "kind": _diff_kind(ln)} for ln in patch.splitlines()],
+        "config": [(k, _value_text(v)) for k, v in (f.fix.config.items() if f.fix else [])],
+    }
+
+
+def _diff_kind(ln: str) -> str:
+    if ln.startswith(("+++", "---", "diff ")):
+        return "head"
+    return {"+": "add", "-": "del", "@": "hunk"}.get(ln[:1], "ctx")
+
+
+# Patched config: every fix.config key, grouped by what it configures.
+_ENV = re.compile(r"^(?:env[:.])?([A-Z][A-Z0-9_]*)$")
+_KWARGS = re.compile(r"^(DataLoader|dataloader|Optimizer|optimizer)[.:](\w+)$")
+
+
+@dataclass
+class ConfigGroup:
+    title: str
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def patched_config(findings: list[Finding]) -> list[ConfigGroup]:
+    """Every `fix.config` change across findings, as copyable text per kind.
+
+    Key conventions: `NAME` in capitals (or `env:NAME`) is an environment variable; `DataLoader.kw`
+    and `optimizer.kw` are keyword arguments of that call; anything else is a setting shown as
+    `key = value` with the rules that asked for it. Two rules asking different values for one key
+    are both shown, marked as a conflict.
+    """
+    wanted: dict[str, dict[str, tuple[Any, list[str]]]] = {}  # key -> value text -> (value, rules)
+    for f in findings:
+        for k, v in (f.fix.config.items() if f.fix else []):
+            wanted.setdefault(k, {}).setdefault(_value_text(v), (v, []))[1].append(f.rule)
+    env, kwargs, other = ConfigGroup("Environment variables (shell)"), {}, ConfigGroup("Settings")
+    for key, values in wanted.items():
+        conflict = len(values) > 1
+        for text, (value, rules) in values.items():
+            note = f"  # {', '.join(dict.fromkeys(rules))}" + (" (conflicting values)" if conflict else "")
+            if m := _ENV.match(key):
+                env.lines.append(f"export {m.group(1)}={shlex.quote(text)}{note}")
+            elif m := _KWARGS.match(key):
+                call = "DataLoader" if m.group(1).lower() == "dataloader" else "optimizer"
+                kwargs.setdefault(call, ConfigGroup(f"{call} keyword arguments")).lines.append(
+                    f"{m.group(2)}={value!r},{note}")
+            else:
+                other.lines.append(f"{key} = {text}{note}")
+    return [g for g in (env, *kwargs.values(), other) if g.lines]
+
+
+def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
+    """The answer at the top of the page: how long a step takes and how much the findings cost."""
+    rec = recoverable(ev, results)
+    rss = [s.rss_bytes for s in ev.steps if s.rss_bytes is not None]
+    dev = [s.device_allocated for s in ev.steps if s.device_allocated is not None]
+    return {
+        "median_ms": fmt_ms(ev.median_step_ms()),
+        "steps": len(ev.steps),
+        "requested": ev.requested_steps,
+        "profiled": [s.index for s in ev.steps if s.profiled],
+        "recoverable_ms": fmt_ms(rec.ms) if rec.ms is not None else None,
+        "recoverable_share": f"{rec.share:.0%}" if rec.share is not None else None,
+        "capped": rec.capped,
+        "estimated": rec.estimated,
+        "counted_only": rec.counted_only,
+        "peak_rss": fmt_bytes(max(rss)) if rss else None,
+        "peak_device": fmt_bytes(max(dev)) if dev else None,
+        "device": ev.environment.device,
+        "severities": {s: sum(f.severity == s for f in results.findings) for s in ("error", "warning", "info")},
+    }
+
+
+def _href(path: str, out_dir: Path) -> str:
+    """A relative, percent-encoded link from the report to `path` (never a scheme: cannot run code)."""
+    p = Path(path)
+    if not p.is_absolute():
+        p = out_dir / p
+    rel = os.path.relpath(p.resolve(), out_dir.resolve())
+    return urllib.parse.quote(Path(rel).as_posix())
+
+
+def trace_views(ev: Evidence, out_dir: Path) -> dict[str, Any]:
+    """Links to the raw traces, and how to open them in TensorBoard and Perfetto.
+
+    Relative trace paths are relative to the run directory, which is where the report is written;
+    the same file named relatively (profile.trace_files) and absolutely (traces, after loading) is
+    listed once.
+    """
+    resolved: dict[Path, None] = {}
+    for f in [*(ev.profile.trace_files if ev.profile else []), *ev.traces]:
+        resolved.setdefault((Path(f) if Path(f).is_absolute() else out_dir / f).resolve(), None)
+    links = [{"name": p.name, "href": _href(str(p), out_dir), "path": str(p), "exists": p.exists()}
+             for p in resolved]
+    tb = out_dir / "tb"
+    first = next(iter(resolved), None)
+    logdir = tb if tb.is_dir() else (first.parent.parent if first else None)
+    return {"links": links,
+            "tensorboard": f"tensorboard --logdir {shlex.quote(str(logdir))}" if logdir else None,
+            "top_ops": ev.profile.top_ops[:20] if ev.profile else []}
+
+
+def environment_rows(ev: Evidence) -> list[tuple[str, str]]:
+    e = ev.environment
+    rows = [("torch", e.torch_version), ("python", e.python_version), ("platform", e.platform),
+            ("host", e.hostname), ("device", e.device), ("CUDA available", "yes" if e.cuda_available else "no"),
+            ("threads", str(e.num_threads) if e.num_threads is not None else "")]
+    if e.cuda_standins:
+        rows.append(("CUDA stand-ins", "yes: torch.cuda memory calls were answered as an idle device would "
+                                       "(no CUDA here), so device numbers are not measurements"))
+    return [(k, v) for k, v in rows if v]
+
+
+# ---------------------------------------------------------------- rendering
+
+
+@functools.lru_cache(maxsize=1)
+def _jinja() -> jinja2.Environment:
+    """Autoescape on for every template, whatever its name; StrictUndefined so a typo fails loudly."""
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["basename"] = lambda p: os.path.basename(str(p))
+    env.globals["version"] = __version__
+    return env
+
+
+def _inline_script(js: str, what: str) -> Markup:
+    if re.search(r"</script|<!--", js, re.I):  # would end our <script> early
+        raise RuntimeError(f"{what} cannot be inlined in a <script> element")
+    return Markup(js)
+
+
+@functools.lru_cache(maxsize=1)
+def plotly_js() -> Markup:
+    """plotly.js from the installed plotly package, inlined so the page needs no network."""
+    from plotly.offline import get_plotlyjs
+
+    return _inline_script(get_plotlyjs(), "the installed plotly.js")
+
+
+@functools.lru_cache(maxsize=1)
+def report_js() -> Markup:
+    return _inline_script((TEMPLATES / "report.js").read_text(encoding="utf-8"), "report.js")
+
+
+def csp_hash(script: str) -> str:
+    """A CSP source for one inline script: only scripts we wrote can run, whatever slips into the page."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode() + "'"
+
+
+class HtmlReport(Reporter):
+    name = "html"
+    filename = "report.html"
+
+    def __init__(self, plot_builders: list[PlotBuilder] | None = None) -> None:
+        self.plot_builders = plot_builders  # None: the built-ins plus EXTRA_PLOT_BUILDERS
+
+    def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
+        plots, plot_errors = build_plots(evidence, self.plot_builders)
+        scripts = [plotly_js(), report_js()] if plots else [report_js()]
+        findings = [finding_view(i, f) for i, f in enumerate(results.findings)]
+        payload = {"findings": document(evidence, results), "plots": plots}
+        return _jinja().get_template("report.html.j2").render(
+            ev=evidence,
+            results=results,
+            verdict=verdict(evidence, results),
+            findings=findings,
+            config=patched_config(results.findings),
+            plots=[p["id"] for p in plots],
+            plot_errors=plot_errors,
+            env_rows=environment_rows(evidence),
+            traces=trace_views(evidence, out_dir),
+            data_json=script_json(payload),
+            plotly_js=plotly_js() if plots else Markup(""),
+            report_js=report_js(),
+            script_hashes=" ".join(csp_hash(js) for js in scripts),
+            fmt_ms=fmt_ms,
+        )

@@ -1,0 +1,159 @@
+"""The few lines `audit` prints when it finishes: what costs most, and where the full report is.
+
+One line per finding, most costly first (`severity rule file:line message (cost)`), so a person
+can act on the top line without opening anything. User text is added as rich `Text`, never as
+markup, so a message holding `[red]` or `[/]` prints as written. Colour comes only on a TTY (rich
+decides; NO_COLOR is honoured), and lines are not wrapped, so the output greps well in CI logs.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from auditor.evidence.model import Evidence
+from auditor.reports.base import Reporter
+from auditor.rules.base import Finding
+from auditor.rules.engine import RuleResults
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+OUTPUTS = ("report.html", "findings.json", "findings.sarif", "fixes.patch")
+
+
+@dataclass(frozen=True)
+class Recoverable:
+    """Time the findings say could be saved per step: their costs summed, capped at the median step."""
+
+    ms: float | None  # None: no finding has a time cost
+    share: float | None  # of the median step
+    capped: bool  # the sum exceeded the step (findings overlap), so it was capped
+    estimated: bool  # some summed costs are estimates, not measurements
+    counted_only: int  # findings with no time cost (counted, or not measurable on this run)
+
+
+def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
+    timed = [f.cost for f in results.findings if f.cost is not None and f.cost.ms_per_step is not None]
+    counted_only = len(results.findings) - len(timed)
+    if not timed:
+        return Recoverable(None, None, False, False, counted_only)
+    total = sum(c.ms_per_step for c in timed)  # type: ignore[misc]
+    median = evidence.median_step_ms()
+    capped = median is not None and total > median
+    ms = min(total, median) if median is not None else total
+    return Recoverable(ms, ms / median if median else None, capped, any(not c.measured for c in timed), counted_only)
+
+
+def by_cost(findings: list[Finding]) -> list[Finding]:
+    """Most costly first; findings without a time cost keep their ranked order after them."""
+    def key(item: tuple[int, Finding]) -> tuple:
+        i, f = item
+        ms = f.cost.ms_per_step if f.cost and f.cost.ms_per_step is not None else None
+        share = f.cost.share_of_step if f.cost and f.cost.share_of_step is not None else None
+        return (ms is None, -(ms or 0.0), -(share or 0.0), i)
+    return [f for _, f in sorted(enumerate(findings), key=key)]
+
+
+def _short_path(file: str) -> str:
+    try:
+        rel = os.path.relpath(file)
+    except ValueError:  # another drive on Windows
+        return file
+    return rel if not rel.startswith("..") else file
+
+
+def _cost(f: Finding) -> str:
+    c = f.cost
+    if c is None:
+        return ""
+    if c.ms_per_step is not None:
+        text = f"{c.ms_per_step:.2f} ms/step"
+        if c.share_of_step is not None:
+            text += f", {c.share_of_step:.0%}"
+        return text + ("" if c.measured else ", estimated")
+    return "counted only"
+
+
+def finding_line(f: Finding) -> Text:
+    line = Text()
+    line.append(f"{f.severity:<7}", style=SEVERITY_STYLE.get(f.severity, ""))
+    line.append(" ")
+    line.append(f.rule, style="bold")
+    if f.locations:
+        loc = f.locations[0]
+        line.append(f" {_short_path(loc.file)}:{loc.line}", style="dim")
+    line.append(" ")
+    line.append(f.message)
+    cost = _cost(f)
+    if cost:
+        line.append(f" ({cost})", style="dim")
+    return line
+
+
+def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
+    """Everything print_summary shows, as Text lines (also the plain summary.txt)."""
+    lines: list[Text] = []
+    median = evidence.median_step_ms()
+    head = Text(f"audit of {evidence.target or 'run'}: {len(evidence.steps)} step(s)")
+    if median is not None:
+        head.append(f", median {median:.2f} ms/step")
+    rec = recoverable(evidence, results)
+    if rec.ms is not None:
+        head.append(f", up to {rec.ms:.2f} ms/step recoverable")
+        if rec.share is not None:
+            head.append(f" ({rec.share:.0%})")
+        if rec.estimated:
+            head.append(", partly estimated")
+    lines.append(head)
+    e = evidence.ending
+    if e.status != "completed":
+        end = Text("run ended: ", style="bold red")
+        end.append(e.status + (f" in step {e.step}" if e.step is not None else ""))
+        if e.exception or e.message:
+            end.append(f": {e.exception or ''}{': ' if e.exception and e.message else ''}{e.message or ''}")
+        lines.append(end)
+    if results.findings:
+        lines.extend(finding_line(f) for f in by_cost(results.findings))
+    else:
+        lines.append(Text("no findings", style="green"))
+    for err in results.errors:
+        lines.append(Text(f"rule {err['rule']} failed: {err['error']}", style="red"))
+    extras = []
+    if results.skipped:
+        extras.append(f"{len(results.skipped)} rule(s) skipped")
+    if results.suppressed:
+        extras.append(f"{results.suppressed} finding(s) suppressed")
+    if extras:
+        lines.append(Text(", ".join(extras) + " (see the report)", style="dim"))
+    if out_dir is not None:
+        written = [out_dir / n for n in OUTPUTS if (out_dir / n).is_file() and (out_dir / n).stat().st_size]
+        report = out_dir / "report.html"
+        lines.append(Text(f"report: {report if report in written else out_dir}"))
+        others = [str(p) for p in written if p != report]
+        if others:
+            lines.append(Text("also: " + ", ".join(others), style="dim"))
+    return lines
+
+
+def default_console() -> Console:
+    """Plain when not a TTY (rich's own detection), no wrapping, no guessing highlights."""
+    return Console(highlight=False, soft_wrap=True, emoji=False)
+
+
+def print_summary(evidence: Evidence, results: RuleResults, out_dir: Path | None,
+                  console: Console | None = None) -> None:
+    console = console or default_console()
+    for line in summary_lines(evidence, results, out_dir):
+        console.print(line)
+
+
+class TerminalSummary(Reporter):
+    """summary.txt: the terminal lines as plain text, kept next to the other outputs."""
+
+    name = "terminal"
+    filename = "summary.txt"
+
+    def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
+        return "".join(line.plain + "\n" for line in summary_lines(evidence, results, out_dir))

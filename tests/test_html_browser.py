@@ -1,0 +1,179 @@
+"""report.html opened in a real headless Chromium, the way a person opens it: from a file, offline.
+
+One report comes from a real `audit run` of an example trainer, one from the shared reporter
+fixture (50 steps, every kind of finding), one from the same fixture with hostile strings in every
+user-supplied field. Each page must load with no console error, no page error and no request other
+than file:// (every other URL is aborted and fails the test); every plot must draw SVG or canvas;
+findings and the patched-config block must be visible. The hostile page must fire no dialog, create
+no element from the input, and show the strings literally.
+
+Chromium is Debian's (`apt-get install chromium`), driven by Python Playwright; Playwright's own
+browser download is never used.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from auditor.reports.html import HtmlReport
+from test_reporters import HOSTILE, make_case
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+CHROMIUM = os.environ.get("AUDITOR_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set AUDITOR_CHROMIUM)",
+                allow_module_level=True)
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = "examples/host_sync.py:step"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Page:
+    """A page with everything that must not happen recorded: errors, dialogs, network requests."""
+
+    def __init__(self, browser: object, report: Path) -> None:
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.requests: list[str] = []
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+        self.page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}")
+                     if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        self.page.on("dialog", self._dialog)
+        self.page.route("**/*", self._route)
+        self.page.goto(report.as_uri(), wait_until="load")
+        try:
+            self.page.wait_for_function("() => [...document.querySelectorAll('.plot')]"
+                                        ".every(d => d.querySelector('.main-svg, canvas'))", timeout=10000)
+        except playwright_api.TimeoutError:
+            self.errors.append("plots were not drawn within 10 s")
+
+    def _dialog(self, dialog: object) -> None:
+        self.dialogs.append(dialog.message)  # type: ignore[attr-defined]
+        dialog.dismiss()  # type: ignore[attr-defined]
+
+    def _route(self, route: object) -> None:
+        url = route.request.url  # type: ignore[attr-defined]
+        if url.startswith(("file:", "data:", "blob:")):
+            route.continue_()  # type: ignore[attr-defined]
+        else:
+            self.requests.append(url)
+            route.abort()  # type: ignore[attr-defined]
+
+    def assert_clean(self) -> None:
+        assert not self.errors, self.errors
+        assert not self.requests, f"the report made network requests: {self.requests}"
+        assert not self.dialogs, f"dialogs fired: {self.dialogs}"
+
+    def assert_plots_drawn(self, at_least: int) -> None:
+        ids = self.page.eval_on_selector_all(".plot", "els => els.map(e => e.id)")
+        assert len(ids) >= at_least, ids
+        for plot_id in ids:
+            drawn = self.page.eval_on_selector(
+                f"#{plot_id}", "e => e.querySelectorAll('svg.main-svg, canvas').length > 0 && "
+                               "e.querySelectorAll('.trace, .bars, .scatterlayer .trace').length > 0")
+            assert drawn, f"plot {plot_id} has no drawn traces"
+
+    def close(self) -> None:
+        self.page.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def audit_in_background(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """A real 10-step audit of an example trainer, started first so it runs while the other pages load."""
+    out = tmp_path_factory.mktemp("audit") / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "auditor", "run", EXAMPLE, "--steps", "10", "--out", str(out), "-q"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield proc, out
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+
+
+@pytest.fixture
+def audited_report(audit_in_background: tuple[subprocess.Popen, Path]) -> Path:
+    proc, out = audit_in_background
+    _, stderr = proc.communicate(timeout=180)
+    assert (out / "report.html").is_file(), f"audit run wrote no report (exit {proc.returncode}):\n{stderr}"
+    return out / "report.html"
+
+
+def test_fixture_report_shows_findings_and_config(browser: object, tmp_path: Path) -> None:
+    case = make_case(tmp_path)
+    report = HtmlReport().write(case.evidence, case.results, case.out_dir)
+    page = Page(browser, report)
+    try:
+        page.assert_clean()
+        page.assert_plots_drawn(at_least=3)
+        p = page.page
+        for i, f in enumerate(case.results.findings, start=1):
+            card = p.locator(f"#finding-{i}")
+            assert card.is_visible() and f.rule in card.inner_text()
+        config = p.locator("#config pre.config")
+        assert config.count() == 3 and config.first.is_visible()
+        text = p.locator("#config").inner_text()
+        assert "export OMP_NUM_THREADS=4" in text and "num_workers=4," in text
+        assert "torch.autograd.set_detect_anomaly = False" in text
+        # the source context of a finding is the user's real line, highlighted
+        n = [f.rule for f in case.results.findings].index("host-sync") + 1
+        assert "loss.item()" in p.locator(f"#finding-{n} .source .hit").first.inner_text()
+        assert p.locator(f"#finding-{n} .source pre span.ln").count() >= 4  # with lines around it
+        # a trace link resolves to the file next to the report
+        href = p.locator("#traces a[href$='.json']").first.get_attribute("href")
+        assert href and (report.parent / href).is_file()
+        p.screenshot(path=str(tmp_path / "fixture.png"))
+    finally:
+        page.close()
+
+
+def test_hostile_strings_stay_text(browser: object, tmp_path: Path) -> None:
+    hostile = "".join(HOSTILE)
+    case = make_case(tmp_path, hostile=hostile)
+    report = HtmlReport().write(case.evidence, case.results, case.out_dir)
+    page = Page(browser, report)
+    try:
+        page.assert_clean()
+        p = page.page
+        assert p.locator("img").count() == 0, "an <img> was created from user data"
+        assert p.locator("script").count() == 3, "a <script> was created from user data"
+        body = p.locator("body").inner_text()
+        for s in ("<script>alert(1)</script>", "\"'><img src=x onerror=alert(1)>", "[red]x[/]"):
+            assert s in body, f"{s!r} is not shown literally"
+        # the embedded findings.json survives intact, U+2028 included
+        message = p.evaluate("() => window.auditorReport.findings.findings.find(f => f.rule === 'host-sync').message")
+        assert message.endswith(hostile)
+        page.assert_plots_drawn(at_least=3)  # op names and paths in plot data do not break plotting
+    finally:
+        page.close()
+
+
+def test_audited_report_renders_offline(browser: object, audited_report: Path, tmp_path: Path) -> None:
+    page = Page(browser, audited_report)
+    try:
+        page.assert_clean()
+        page.assert_plots_drawn(at_least=3)  # phases, step time, memory: a real run has all three
+        assert page.page.locator("#finding-1").is_visible()
+        assert page.page.locator("#verdict .card").count() >= 4
+        assert page.page.locator("#traces a[href$='.json']").count() >= 1, "no link to the profiler trace"
+        page.page.screenshot(path=str(tmp_path / "audited.png"), full_page=True)
+        assert (tmp_path / "audited.png").stat().st_size > 10_000
+    finally:
+        page.close()

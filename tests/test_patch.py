@@ -1,0 +1,131 @@
+"""fixes.patch is checked the way a user uses it: `git apply` in a real repository.
+
+Each case writes files into a fresh git repo, asks for edits, and compares the tree after
+`git apply` with the expected text, so a diff that git rejects or applies wrongly fails here.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from auditor.evidence.model import Evidence
+from auditor.reports.patch import PatchReport, apply_edits, make_patch, patch_path, plan_edits
+from auditor.rules.base import Edit, Finding, Fix
+from auditor.rules.engine import RuleResults
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+TRAIN = """\
+import torch
+
+def step(model, batch, opt):
+    loss = model(batch).sum()
+    print(loss.item())
+    loss.backward()
+    opt.step()
+    torch.cuda.empty_cache()
+    return loss
+"""
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "proj"
+    (root / "src").mkdir(parents=True)
+    assert _git(root, "init", "-q").returncode == 0
+    (root / "src" / "train.py").write_text(TRAIN)
+    (root / "util.py").write_text("a = 1\nb = 2\nc = 3")  # no final newline
+    return root
+
+
+def _apply(repo: Path, patch: str) -> None:
+    (repo.parent / "fixes.patch").write_text(patch)
+    check = _git(repo, "apply", "--check", "-v", str(repo.parent / "fixes.patch"))
+    assert check.returncode == 0, check.stderr + "\n" + patch
+    assert _git(repo, "apply", str(repo.parent / "fixes.patch")).returncode == 0
+
+
+def _finding(rule: str, edits: list[Edit], numerics: bool = False) -> Finding:
+    return Finding(rule=rule, severity="warning", title=rule, message=f"{rule} message",
+                   fix=Fix(summary=f"fix {rule}", edits=edits, changes_numerics=numerics))
+
+
+def test_report_joins_findings_into_one_patch_git_accepts(repo: Path) -> None:
+    train = repo / "src" / "train.py"
+    util = repo / "util.py"
+    results = RuleResults(findings=[
+        _finding("host-sync", [Edit(str(train), 5, 5, ["    # print(loss.item())  # syncs every step"])]),
+        _finding("forced-cleanup", [Edit(str(train), 8, 8, [])]),  # delete the empty_cache line
+        _finding("overlapping", [Edit(str(train), 4, 5, ["    pass"])]),  # overlaps host-sync's edit
+        _finding("numerics", [Edit(str(train), 1, 1, ["import numpy"])], numerics=True),
+        _finding("tail", [Edit(str(util), 3, 3, ["c = 4"]), Edit(str(util), 4, 3, ["d = 5"])]),
+    ])
+    patch = PatchReport().render(Evidence(), results, repo)
+    assert "diff --git a/src/train.py b/src/train.py" in patch
+    assert "diff --git a/util.py b/util.py" in patch
+    assert "# Left out: " in patch and "overlap another edit" in patch
+    assert "# Left out (numerics): may change numerics" in patch
+    _apply(repo, patch)
+    assert train.read_text() == TRAIN.replace("    print(loss.item())", "    # print(loss.item())  # syncs every step") \
+        .replace("    torch.cuda.empty_cache()\n", "")
+    assert util.read_text() == "a = 1\nb = 2\nc = 4\nd = 5"
+
+
+def test_paths_are_relative_to_git_toplevel_from_anywhere(repo: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # outside the repository
+    assert patch_path(repo / "src" / "train.py") == "src/train.py"
+    outside = tmp_path / "loose.py"
+    outside.write_text("x = 1\n")
+    assert patch_path(outside) == "loose.py"  # not in a repo: relative to the current directory
+
+
+def test_make_patch_for_one_fix_applies(repo: Path) -> None:
+    train = repo / "src" / "train.py"
+    patch = make_patch([Edit(str(train), 3, 2, ["@torch.no_grad()"])])  # insert before line 3
+    assert patch.startswith("diff --git a/src/train.py b/src/train.py\n--- a/src/train.py\n+++ b/src/train.py\n")
+    _apply(repo, patch)
+    assert train.read_text().splitlines()[2:4] == ["@torch.no_grad()", "def step(model, batch, opt):"]
+
+
+def test_no_patchable_edits_renders_empty(repo: Path) -> None:
+    results = RuleResults(findings=[
+        _finding("numerics", [Edit(str(repo / "util.py"), 1, 1, ["a = 0"])], numerics=True),
+        Finding(rule="x", severity="info", title="x", message="no fix"),
+    ])
+    assert PatchReport().render(Evidence(), results, repo) == ""
+
+
+def test_crlf_file_keeps_its_line_endings(repo: Path) -> None:
+    win = repo / "win.py"
+    win.write_bytes(b"a = 1\r\nb = 2\r\n")
+    _git(repo, "config", "core.autocrlf", "false")
+    _apply(repo, make_patch([Edit(str(win), 2, 2, ["b = 3"])]))
+    assert win.read_bytes() == b"a = 1\r\nb = 3\r\n"
+
+
+@pytest.mark.parametrize("edits, taken, skipped", [
+    ([Edit("f", 2, 3, ["x"]), Edit("f", 3, 4, ["y"])], 1, 1),  # overlapping replacements
+    ([Edit("f", 2, 3, ["x"]), Edit("f", 4, 4, ["y"])], 2, 0),  # adjacent: both fine
+    ([Edit("f", 2, 1, ["x"]), Edit("f", 2, 1, ["y"])], 1, 1),  # two insertions at one point
+    ([Edit("f", 2, 1, ["x"]), Edit("f", 2, 1, ["x"])], 1, 0),  # the same edit twice: once
+    ([Edit("f", 2, 4, ["x"]), Edit("f", 3, 2, ["y"])], 1, 1),  # insertion inside a replacement
+    ([Edit("f", 2, 4, ["x"]), Edit("f", 2, 1, ["y"])], 2, 0),  # insertion just before it
+    ([Edit("f", 9, 9, ["x"])], 0, 1),  # past the end of a 5-line file
+])
+def test_plan_edits(edits: list[Edit], taken: int, skipped: int) -> None:
+    plan = plan_edits(edits, line_count=5)
+    assert (len(plan.taken), len(plan.skipped)) == (taken, skipped)
+
+
+def test_apply_edits_bottom_up_keeps_line_numbers_valid() -> None:
+    lines = [f"{i}\n" for i in range(1, 7)]
+    out = apply_edits(lines, [Edit("f", 2, 2, ["two", "two-b"]), Edit("f", 5, 6, [])])
+    assert out == ["1\n", "two\n", "two-b\n", "3\n", "4\n"]
