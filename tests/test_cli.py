@@ -62,3 +62,33 @@ def test_analyze_and_report_rerun_rules_on_a_saved_run(tmp_path, example_audit):
 def test_python_dash_m_is_the_same_cli():
     p = subprocess.run([sys.executable, "-m", "auditor", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0 and p.stdout.startswith("audit, version")
+
+
+def test_progress_bar_on_a_tty_and_not_with_quiet(tmp_path):
+    """On a terminal, stderr shows the progress bar while steps run; --quiet suppresses it."""
+    import os
+    import pty
+
+    def stderr_on_tty(*extra: str) -> str:
+        master, slave = pty.openpty()
+        p = subprocess.Popen([sys.executable, "-m", "auditor", "run", "examples/clean.py:step", "--steps", "6",
+                              "--no-profile", "--out", str(tmp_path / f"o{len(extra)}"), *extra],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        p.wait(timeout=120)
+        os.close(master)
+        assert p.returncode == 0
+        return b"".join(chunks).decode(errors="replace")
+
+    shown = stderr_on_tty()
+    assert "audit" in shown and "6/6" in shown
+    assert stderr_on_tty("--quiet").strip() == ""
