@@ -202,6 +202,15 @@ def explain(rule_id: str) -> None:
             click.echo(f"    {o.name} = {o.default!r}    {o.help}")
 
 
+def _prewarm_rules() -> None:
+    """Import the rules (pandas, numpy...) while the child runs the steps, not after."""
+    import threading
+
+    from auditor.rules.registry import all_rules
+
+    threading.Thread(target=all_rules, daemon=True).start()
+
+
 def _afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
     """--open and --tensorboard: show the user what was written."""
     if open_report:
@@ -228,6 +237,37 @@ def _afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
             pass
         finally:
             stop_tensorboard(proc)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--against", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A YAML/JSON/TOML config (lr, weight_decay, betas, a scheduler section) to compare with.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output directory [default: audit-out/checkpoint-<name>-<timestamp>/].")
+@click.option("--fail-on", type=click.Choice(SEVERITIES), default=None,
+              help="Exit 1 when a finding has at least this severity.")
+@click.option("--select", multiple=True, help="Only these rule ids (comma-separated or repeated).")
+@click.option("--ignore", multiple=True, help="Skip these rule ids (comma-separated or repeated).")
+@click.option("--quiet", "-q", is_flag=True, help="Only the one-line summary.")
+def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_on: str | None,
+               select: tuple[str, ...], ignore: tuple[str, ...], quiet: bool) -> None:
+    """Audit a saved checkpoint: non-finite or extreme tensors, optimizer state health, and the
+    stored learning rate against CONFIG. Loads with torch.load(weights_only=True) only: a file that
+    needs more (it pickles its own classes) is refused, since unpickling it could run code."""
+    from auditor.evidence.checkpoint import checkpoint_evidence
+
+    if not file.is_file():
+        raise UsageFailure(f"no such file: {file}")
+    if config_file is not None and not config_file.is_file():
+        raise UsageFailure(f"no such config file: {config_file}")
+    config = _config(Path.cwd(), select, ignore)
+    try:
+        evidence = checkpoint_evidence(file, config_file)
+    except InputError as e:
+        raise UsageFailure(str(e)) from None
+    out = out_dir or _default_out(f"checkpoint-{file.stem}")
+    sys.exit(_finish(evidence, config, out, quiet, fail_on))
 
 
 def _config(start: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> Config:

@@ -64,7 +64,7 @@ def find_pyproject(start: Path) -> Path | None:
 
 def load_config(start: Path | None, select: tuple[str, ...] = (), ignore: tuple[str, ...] = ()) -> Config:
     """Config from the nearest pyproject.toml above `start`, overridden by command-line lists."""
-    from auditor.rules.registry import all_rules
+    from auditor.rules.registry import get_rule, rule_ids
 
     cfg = Config()
     path = find_pyproject(start) if start is not None else None
@@ -80,13 +80,13 @@ def load_config(start: Path | None, select: tuple[str, ...] = (), ignore: tuple[
         cfg.select = {r for item in select for r in item.split(",") if r}
     if ignore:
         cfg.ignore |= {r for item in ignore for r in item.split(",") if r}
-    known = set(all_rules())
+    known = rule_ids()
     for name in (cfg.select or set()) | cfg.ignore | set(cfg.rule_options):
         if name not in known:
             where = cfg.source or "command line"
             raise ConfigError(f"{where}: unknown rule id {name!r} (see `audit rules`)")
     for rule_id in cfg.rule_options:
-        cfg.options_for(all_rules()[rule_id])  # unknown option names fail now, before any run
+        cfg.options_for(get_rule(rule_id))  # unknown option names fail now, before any run
     if cfg.fail_on is not None and cfg.fail_on not in ("info", "warning", "error"):
         raise ConfigError(f"{cfg.source}: fail-on must be info, warning or error, not {cfg.fail_on!r}")
     return cfg

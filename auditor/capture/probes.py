@@ -39,7 +39,6 @@ class Recorder:
         self.dataloaders: list[dict[str, Any]] = []
         self.retain_events: list[dict[str, Any]] = []  # retain_graph=True backwards of this step
         self.retain_sampled: dict[FrameKey, int] = {}
-        self.cuda_real = torch.cuda.is_available()
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
@@ -77,6 +76,17 @@ class Recorder:
 REC: Recorder | None = None
 
 
+def _device_type(t: Any) -> str:
+    return t.device.type if isinstance(t, torch.Tensor) else "cpu"
+
+
+# Where a tensor lives, as the rules should judge it. CUDA rehearsal (auditor.capture.rehearsal)
+# replaces this before install() so tensors the program meant for the GPU count as "cuda".
+DEVICE_OF: Callable[[Any], str] = _device_type
+# True when only syncs on "cuda" tensors count (a real GPU, or a rehearsal of one).
+JUDGE_AS_CUDA: bool = torch.cuda.is_available()
+
+
 def _user_call(depth: int = 2):
     """The calling frame if the call is the user's (not torch calling itself), else None."""
     f = sys._getframe(depth)
@@ -101,13 +111,14 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None):
             rec = REC
             if rec.on() and not rec.in_data:
                 f = _user_call()
-                if (f is not None and (applies is None or applies(self, *args, **kwargs))
-                        and not (rec.cuda_real and isinstance(self, torch.Tensor) and not self.is_cuda)):
+                if f is not None and (applies is None or applies(self, *args, **kwargs)):
+                    dev = DEVICE_OF(self)
+                    if JUDGE_AS_CUDA and dev != "cuda":
+                        return orig(self, *args, **kwargs)  # a host tensor: nothing to wait for
                     t0 = perf()
                     try:
                         return orig(self, *args, **kwargs)
                     finally:
-                        dev = self.device.type if isinstance(self, torch.Tensor) else "cpu"
                         rec.add(m.SYNC, what, user_frame(f), (perf() - t0) * 1e3, device=dev)
             return orig(self, *args, **kwargs)
         return probe
@@ -116,7 +127,7 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None):
 
 def _to_host(self, *args, **kwargs) -> bool:
     """`t.to(...)` synchronises only when it copies a device tensor to the host."""
-    if self.device.type == "cpu":
+    if DEVICE_OF(self) == "cpu":
         return False
     dest = kwargs.get("device", args[0] if args else None)
     if isinstance(dest, torch.Tensor):
@@ -152,13 +163,14 @@ def _sync_function(what: str):
             if rec.on() and not rec.in_data:
                 f = _user_call()
                 if f is not None:
+                    first = args[0] if args else None
+                    dev = "cuda" if what.startswith("torch.cuda") else DEVICE_OF(first)
+                    if JUDGE_AS_CUDA and dev != "cuda":
+                        return orig(*args, **kwargs)
                     t0 = perf()
                     try:
                         return orig(*args, **kwargs)
                     finally:
-                        first = args[0] if args else None
-                        dev = first.device.type if isinstance(first, torch.Tensor) else (
-                            "cuda" if what.startswith("torch.cuda") else "cpu")
                         rec.add(m.SYNC, what, user_frame(f), (perf() - t0) * 1e3, device=dev)
             return orig(*args, **kwargs)
         return probe

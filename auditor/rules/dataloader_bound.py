@@ -1,7 +1,6 @@
 """dataloader-bound: a large share of the step waits for the input pipeline."""
 from __future__ import annotations
 
-import importlib
 import os
 from statistics import median
 from typing import Any, Iterable
@@ -9,6 +8,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
 from auditor.rules.fixes import edit_call_kwargs
+from auditor.rules.trace_dataloader import TRACE_OPTIONS, trace_dataloader_findings
 
 
 def recommended_settings(settings: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
@@ -58,16 +58,13 @@ class DataloaderBound(Rule):
     options = (
         Option("min-share", 0.25, "Median share of step time spent in DataLoader iteration to flag."),
         Option("min-wait-ms", 2.0, "Median wait per step below which workers would not pay off (IPC costs ~1 ms)."),
+        *TRACE_OPTIONS,
     )
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         yield from self._from_probes(ev, options)
         if ev.trace_data:
-            try:
-                half = importlib.import_module("auditor.rules.trace_dataloader")
-            except ImportError:
-                return
-            yield from half.trace_dataloader_findings(self, ev, options)
+            yield from trace_dataloader_findings(self, ev, options)
 
     def _from_probes(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         steps = [s for s in ev.steps if not s.profiled] or ev.steps

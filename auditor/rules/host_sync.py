@@ -1,12 +1,12 @@
 """host-sync: device->host synchronisations inside the step."""
 from __future__ import annotations
 
-import importlib
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Option, Rule
 from auditor.rules.common import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
 
 ADVICE = {
     "Tensor.item": "log every N steps, or accumulate on the device (`total += loss.detach()`) and call .item() once",
@@ -45,7 +45,9 @@ class HostSync(Rule):
     Evidence needed:
         A run (probes on the sync APIs), or a profiler trace with CUDA runtime events.
         On a CPU-only run the same calls are reported as what would synchronise on an accelerator
-        (severity info; cost counted, not measured).
+        (severity info; cost counted, not measured). In CUDA rehearsal (`--rehearse`), calls on
+        tensors the program meant for the GPU are judged at full severity (counted, not timed)
+        and calls on host tensors are not reported.
     """
 
     id = "host-sync"
@@ -54,28 +56,23 @@ class HostSync(Rule):
     category = "performance"
     options = (
         Option("min-share-of-steps", 0.5, "Report a sync site only if it runs in at least this share of steps."),
+        *TRACE_OPTIONS,
     )
-
-    def _trace_half(self):
-        try:
-            return importlib.import_module("auditor.rules.trace_host_sync")
-        except ImportError:
-            return None
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         yield from self._from_probes(ev, options)
-        half = self._trace_half()
-        if half is not None and ev.trace_data:
-            yield from half.trace_host_sync_findings(self, ev, options)
+        if ev.trace_data:
+            yield from trace_host_sync_findings(self, ev, options)
 
     def _from_probes(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         if not ev.steps:
             return
         n = steps_run(ev)
         real = on_accelerator(ev)
+        as_gpu = real or ev.environment.rehearsal  # judged as GPU code: only syncs on device tensors
         places = [p for p in by_place(ev.tallies(m.SYNC))
                   if len(p.steps) >= options["min-share-of-steps"] * n
-                  and (not real or p.data.get("device") == "cuda")]
+                  and (not as_gpu or p.data.get("device") == "cuda")]
         if not places:
             return
         per_step = sum(p.count for p in places) / n
@@ -88,6 +85,10 @@ class HostSync(Rule):
         if real:
             cost = cost_of(ev, total_ms)
             sev, prefix = "warning", ""
+        elif as_gpu:
+            cost = Cost(ms_per_step=None, share_of_step=None, measured=False,
+                        note="counted, not timed: rehearsed on the CPU, where nothing waits for a device")
+            sev, prefix = "warning", "On the GPU these synchronise: "
         else:
             cost = Cost(ms_per_step=None, share_of_step=None, measured=False,
                         note="not measured: on this CPU-only run nothing waits for a device; on an "
@@ -97,7 +98,8 @@ class HostSync(Rule):
             f"{prefix}{per_step:.1f} device->host syncs per step at {len(places)} place(s): "
             + "; ".join(f"{s['what']} x{s['per_step']:g}/step at line {s['line']}" for s in sites[:5]),
             severity=sev, locations=locations(places),
-            evidence={"syncs_per_step": round(per_step, 2), "sites": sites, "measured_on_device": real},
+            evidence={"syncs_per_step": round(per_step, 2), "sites": sites, "measured_on_device": real,
+                      "judged_as_gpu_code": as_gpu},
             cost=cost,
             fix=Fix(summary="; ".join(advice) + ".", config={"log_every_n_steps": 50}),
         )

@@ -23,6 +23,11 @@ _BUILTIN_FALLBACK = (
     "auditor.rules.memory_growth:MemoryGrowth",
     "auditor.rules.allocator_fragmentation:AllocatorFragmentation",
     "auditor.rules.oom_risk:OomRisk",
+    "auditor.rules.pageable_copy:PageableCopy",
+    "auditor.rules.gpu_idle:GpuIdle",
+    "auditor.rules.launch_bound:LaunchBound",
+    "auditor.rules.dataloader_on_device:DataloaderOnDevice",
+    "auditor.rules.amp_opportunity:AmpOpportunity",
 )
 
 
@@ -46,6 +51,15 @@ def all_rules() -> dict[str, type[Rule]]:
             raise TypeError(f"entry point {ep.name!r} in {GROUP} is not an auditor Rule: {cls!r}")
         found[cls.id] = cls
     return dict(sorted(found.items()))
+
+
+@lru_cache(maxsize=1)
+def rule_ids() -> frozenset[str]:
+    """Every rule id, without importing the rules (config validation needs no more)."""
+    eps = entry_points(group=GROUP)
+    if not any(ep.value.startswith("auditor.") for ep in eps):
+        return frozenset(all_rules())
+    return frozenset(ep.name for ep in eps)
 
 
 def get_rule(rule_id: str) -> type[Rule] | None:

@@ -1,0 +1,108 @@
+"""Turn the paths given to `audit analyze` into one Evidence.
+
+Accepted: an `audit run` output directory (its evidence.json, then the traces it lists), a
+profiler trace file (`.json` / `.json.gz`), a TensorBoard profiler logdir (any directory holding
+`*.pt.trace.json[.gz]`, e.g. `tb/<run>/<worker>.<ts>.pt.trace.json`), and a CUDA memory snapshot
+pickle. Several paths merge into one Evidence, so a run and an extra trace are audited together.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from auditor.evidence import store
+from auditor.evidence.errors import InputError
+from auditor.evidence.model import Evidence
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+SNAPSHOT_SUFFIXES = (".pickle", ".pkl")
+
+
+def _is_trace_file(path: Path) -> bool:
+    return path.name.endswith(TRACE_SUFFIXES)
+
+
+def _is_snapshot_file(path: Path) -> bool:
+    return path.suffix in SNAPSHOT_SUFFIXES
+
+
+def find_traces(directory: Path) -> list[Path]:
+    """Profiler traces under a TensorBoard logdir, in a stable order."""
+    found = [p for p in directory.rglob("*") if p.is_file()
+             and (p.name.endswith(".pt.trace.json") or p.name.endswith(".pt.trace.json.gz"))]
+    return sorted(found)
+
+
+def _load_snapshot(path: Path) -> Any:
+    from auditor.evidence.snapshot import (
+        load_snapshot,  # written alongside; imported only when needed
+    )
+
+    return load_snapshot(path)
+
+
+def load_paths(paths: list[Path]) -> Evidence:
+    """One Evidence from every input path, with parsed traces and snapshots attached.
+
+    Parsed traces go to `evidence.trace_data`, parsed snapshots to `evidence.snapshot_data`
+    (runtime attributes; `traces` / `snapshots` keep the paths). Raises InputError for a path that
+    does not exist or that is none of the accepted kinds.
+    """
+    from auditor.evidence.trace import load_trace
+
+    if not paths:
+        raise InputError("nothing to analyze: give a run directory, a trace or a snapshot")
+    evidence: Evidence | None = None
+    listed: set[Path] = set()  # traces a run directory lists: a crashed run may not have written them
+    trace_paths: list[Path] = []
+    snapshot_paths: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise InputError(f"{path}: no such file or directory")
+        if store.is_run_dir(path):
+            run = store.load_run_dir(path)
+            if evidence is None:
+                evidence = run
+            else:
+                raise InputError(f"{path}: only one `audit run` directory can be analyzed at a time")
+            trace_paths.extend(Path(t) for t in run.traces)
+            listed.update(Path(t) for t in run.traces)
+            snapshot_paths.extend(Path(s) for s in run.snapshots)
+        elif path.is_dir():
+            traces = find_traces(path)
+            if not traces:
+                raise InputError(f"{path}: not an audit run directory and holds no *.pt.trace.json[.gz] "
+                                 f"profiler traces")
+            trace_paths.extend(traces)
+        elif _is_trace_file(path):
+            trace_paths.append(path)
+        elif _is_snapshot_file(path):
+            snapshot_paths.append(path)
+        else:
+            raise InputError(f"{path}: unsupported input (expected an audit run directory, a profiler "
+                             f"trace .json/.json.gz, a TensorBoard logdir or a memory snapshot .pickle)")
+    if evidence is None:
+        evidence = Evidence(source="trace" if trace_paths else "snapshot")
+        evidence.traces = [str(p) for p in trace_paths]
+        evidence.snapshots = [str(p) for p in snapshot_paths]
+    else:
+        known_t = set(evidence.traces)
+        evidence.traces = evidence.traces + [str(p) for p in trace_paths if str(p) not in known_t]
+        known_s = set(evidence.snapshots)
+        evidence.snapshots = evidence.snapshots + [str(p) for p in snapshot_paths if str(p) not in known_s]
+    seen: set[Path] = set()
+    parsed = []
+    for p in trace_paths:
+        key = p.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        if not p.exists() and p in listed:
+            evidence.environment.notes.append(f"profiler trace {p} listed by the run is missing")
+            continue
+        parsed.append(load_trace(p))
+    snapshots = [_load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
+    evidence.__dict__["trace_data"] = parsed
+    evidence.__dict__["snapshot_data"] = snapshots
+    return evidence

@@ -1,0 +1,139 @@
+"""amp-opportunity: fp32 matmul/convolution kernels on a GPU with tensor cores."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from auditor.evidence.model import Evidence
+from auditor.evidence.trace import CAT, Trace, frame_location_parts, issuing_op, sites
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+
+# Kernels that do matrix multiplies or convolutions (where tensor cores pay off).
+MATMUL_CONV = re.compile(r"gemm|gemv|matmul|conv|scudnn|hcudnn|dgrad|wgrad|fprop|cutlass.*tensorop|xmma|"
+                         r"implicit_gemm|implicitgemm|winograd|fft2d|_nn_v1|_nt_v1|_tn_v1", re.IGNORECASE)
+# Signs of reduced precision or tensor cores: mma shapes, half/bfloat16/tf32/int8/fp8 names.
+REDUCED = re.compile(r"884|1688|16816|161616|hmma|wmma|imma|bf16|bfloat16|f16|fp16|half|__half|tf32|"
+                     r"h\d{3,4}gemm|_h\d*gemm|hcudnn|_hgemm|int8|i8i8|e4m3|e5m2|fp8|tensorop", re.IGNORECASE)
+# Signs of plain fp32 arithmetic on CUDA cores.
+FP32 = re.compile(r"sgemm|scudnn|sgemv|<float|\bfloat\b|f32f32|_s\d*gemm|convolve_sgemm|fp32", re.IGNORECASE)
+NOT_MATMUL = re.compile(r"bn_fw|bn_bw|batch_norm|nchwToNhwc|nhwcToNchw|elementwise|reduce_kernel|softmax",
+                        re.IGNORECASE)
+
+
+def kernel_precision(name: str) -> str | None:
+    """"fp32" for an fp32 matmul/conv kernel, "reduced" for a tensor-core one, None otherwise."""
+    if not MATMUL_CONV.search(name) or NOT_MATMUL.search(name):
+        return None
+    if REDUCED.search(name):
+        return "reduced"
+    if FP32.search(name):
+        return "fp32"
+    return None
+
+
+class AmpOpportunity(Rule):
+    """
+    What it detects:
+        Kernel time spent in fp32 GEMM and convolution kernels (`sgemm`, `scudnn`, `<float>` cuDNN
+        engines) in a profiler trace recorded on a GPU of compute capability 7.0 or newer, when no
+        reduced-precision tensor-core kernel (`*884*`, `*1688*`, `*16816*`, `bf16`, `f16`, `tf32`) did
+        that work. It reports the share of GPU kernel time that mixed precision could speed up.
+
+    Why it costs:
+        Tensor cores multiply fp16/bf16 (and tf32) matrices several times faster than fp32 CUDA cores,
+        and halve the memory traffic of activations. Running fp32 leaves most of the GPU's arithmetic
+        throughput unused.
+
+    Example:
+        loss = loss_fn(model(x), y)       # fp32 convolutions: volta_scudnn_128x64_relu_...
+        loss.backward()
+
+    Fix:
+        Run forward and loss under `torch.autocast("cuda", dtype=torch.bfloat16)` (fp16 with a
+        `torch.amp.GradScaler` on GPUs without bf16, compute capability < 8); on Ampere or newer, at
+        least allow TF32 (`torch.backends.cuda.matmul.allow_tf32 = True`). This changes numerics.
+
+    Evidence needed:
+        A profiler trace with CUDA kernels and `deviceProperties` (recorded by Kineto).
+    """
+
+    id = "amp-opportunity"
+    title = "fp32 matmul/conv on tensor-core GPU"
+    severity = "info"
+    category = "performance"
+    options = (
+        Option("min-share", 0.2, "Report when fp32 matmul/conv kernels take at least this share of GPU kernel time."),
+        Option("min-ms-per-step", 1.0, "... and at least this many ms of kernel time per step."),
+    )
+
+    def skip_reason(self, evidence: Evidence) -> str | None:
+        return None if evidence.trace_data else "needs a profiler trace with CUDA activity"
+
+    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterator[Finding]:
+        for trace in evidence.trace_data:
+            finding = self._check_trace(trace, options)
+            if finding is not None:
+                yield finding
+
+    def _check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+        ev = trace.events
+        kernels = ev[ev["cat"] == CAT["kernel"]]
+        if not len(kernels):
+            return None
+        devices = kernels["device"].to_numpy()
+        device_id = int(np.bincount(devices[devices >= 0]).argmax()) if (devices >= 0).any() else 0
+        props = trace.device(device_id)
+        if not props or not isinstance(props.get("computeMajor"), int) or props["computeMajor"] < 7:
+            return None
+        major, minor = int(props["computeMajor"]), int(props.get("computeMinor") or 0)
+        codes = np.unique(kernels["name"].to_numpy())
+        fp32_codes = [int(c) for c in codes if kernel_precision(trace.symbols[int(c)]) == "fp32"]
+        reduced_codes = [int(c) for c in codes if kernel_precision(trace.symbols[int(c)]) == "reduced"]
+        fp32 = kernels[kernels["name"].isin(fp32_codes)]
+        total_ms = float(kernels["dur"].sum()) / 1000.0
+        fp32_ms = float(fp32["dur"].sum()) / 1000.0
+        reduced_ms = float(kernels[kernels["name"].isin(reduced_codes)]["dur"].sum()) / 1000.0
+        steps = trace.step_count()
+        share = fp32_ms / total_ms if total_ms else 0.0
+        if share < float(options.get("min-share", 0.2)) or fp32_ms / steps < float(options.get("min-ms-per-step", 1.0)):
+            return None
+        top = Counter()
+        for code, dur in zip(fp32["name"].to_numpy(), fp32["dur"].to_numpy()):
+            top[trace.symbols[int(code)]] += float(dur)
+        rows = fp32.index.to_numpy()
+        ops = Counter()
+        for r, d in zip(rows, fp32["dur"].to_numpy()):
+            ops[issuing_op(trace, int(r)) or "(no operator)"] += float(d) / 1000.0
+        where = sites(trace, rows, weights=fp32["dur"].to_numpy())
+        bf16 = major >= 8
+        step_ms = trace.step_ms()
+        saving = fp32_ms / steps / 2.0  # tensor cores run these at least ~2x faster; a floor, not a promise
+        message = (f"fp32 matmul/convolution kernels took {fp32_ms / steps:.1f} ms per step ({share:.0%} of GPU "
+                   f"kernel time) in {trace.path.name} on a {props.get('name', 'GPU')} (compute capability "
+                   f"{major}.{minor}) that has tensor cores; mixed precision could run them several times faster.")
+        config: dict[str, Any] = {"torch.autocast": {"device_type": "cuda", "dtype": "bfloat16" if bf16 else "float16"}}
+        if not bf16:
+            config["torch.amp.GradScaler"] = True
+        else:
+            config["torch.backends.cuda.matmul.allow_tf32"] = True
+            config["torch.backends.cudnn.allow_tf32"] = True
+        return self.finding(
+            message,
+            locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
+            evidence={"trace": str(trace.path), "device": props.get("name"), "compute_capability": f"{major}.{minor}",
+                      "steps": steps, "fp32_kernels": len(fp32), "fp32_ms_per_step": round(fp32_ms / steps, 3),
+                      "reduced_ms_per_step": round(reduced_ms / steps, 3),
+                      "kernel_ms_per_step": round(total_ms / steps, 3), "eligible_share": round(share, 4),
+                      "top_kernels": {n[:120]: round(d / 1000.0, 3) for n, d in top.most_common(5)},
+                      "ops_ms": {k: round(v, 3) for k, v in ops.most_common(5)}},
+            cost=Cost(ms_per_step=round(saving, 3), share_of_step=round(saving / step_ms, 4) if step_ms else None,
+                      measured=False, note="estimate: half of the fp32 matmul/conv kernel time"),
+            fix=Fix(summary=("Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16)" if bf16 else
+                             "Run forward and loss under torch.autocast('cuda', dtype=torch.float16) with a GradScaler")
+                    + "; this changes numerics, so check the loss curve.",
+                    config=config, changes_numerics=True),
+        )

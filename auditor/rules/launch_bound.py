@@ -1,0 +1,105 @@
+"""launch-bound: kernels that run shorter than the host call that launches them."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from auditor.evidence.model import Evidence
+from auditor.evidence.trace import CAT, Trace, frame_location_parts, issuing_op, sites
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+
+_GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"
+
+
+class LaunchBound(Rule):
+    """
+    What it detects:
+        Kernels in a profiler trace whose GPU duration is shorter than the `cudaLaunchKernel` (or
+        driver) call that launched them, matched through CUPTI correlation ids, with their count per
+        step, their share of all kernels, and the operators and source lines that launch the most.
+        Kernels replayed from a CUDA graph are left out: one graph launch pays for all of them.
+
+    Why it costs:
+        When each kernel takes less time than its launch, the GPU finishes it and waits for the next:
+        throughput is set by the host's launch rate, not by the GPU, and a faster GPU does not help.
+
+    Example:
+        for p in model.parameters():          # hundreds of tiny elementwise kernels per step
+            p.data.mul_(0.999).add_(p.grad, alpha=-lr)
+
+    Fix:
+        Give each kernel more work (a larger batch), use fused implementations (`foreach=True` /
+        `fused=True` optimizers, fused attention), `torch.compile` to fuse elementwise chains, or
+        capture the step in CUDA graphs (`torch.compile(mode="reduce-overhead")`).
+
+    Evidence needed:
+        A profiler trace with CUDA activity (kernels and the runtime calls that launched them).
+    """
+
+    id = "launch-bound"
+    title = "Kernels shorter than their launch"
+    severity = "warning"
+    options = (
+        Option("min-kernels-per-step", 100,
+               "Report when at least this many kernels per step run shorter than their launch."),
+        Option("min-share", 0.5, "... and they are at least this share of all launched kernels."),
+    )
+
+    def skip_reason(self, evidence: Evidence) -> str | None:
+        return None if evidence.trace_data else "needs a profiler trace with CUDA activity"
+
+    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterator[Finding]:
+        for trace in evidence.trace_data:
+            finding = self._check_trace(trace, options)
+            if finding is not None:
+                yield finding
+
+    def _check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+        ev = trace.events
+        kernels = ev[(ev["cat"] == CAT["kernel"]) & (ev["link"] >= 0)]
+        if not len(kernels):
+            return None
+        launch = kernels["link"].to_numpy()
+        launch_names = ev["name"].to_numpy()[launch]
+        graph = np.isin(launch_names, trace.symbols.matching(_GRAPH_LAUNCH))
+        kdur = kernels["dur"].to_numpy()[~graph]
+        launch = launch[~graph]
+        if not len(launch):
+            return None
+        ldur = ev["dur"].to_numpy()[launch]
+        short = kdur < ldur
+        n_short = int(short.sum())
+        steps = trace.step_count()
+        share = n_short / len(kdur)
+        if (n_short / steps < float(options.get("min-kernels-per-step", 100))
+                or share < float(options.get("min-share", 0.5))):
+            return None
+        short_launch = launch[short]
+        ops = Counter(issuing_op(trace, int(r)) or "(no operator)" for r in short_launch)  # memoised per call path
+        where = sites(trace, short_launch)
+        excess_ms = float(np.clip(ldur[short] - kdur[short], 0, None).sum()) / 1000.0 / steps
+        step_ms = trace.step_ms()
+        message = (f"{n_short / steps:.0f} kernels per step ({share:.0%} of launched kernels) in "
+                   f"{trace.path.name} run shorter than the host call that launches them (median kernel "
+                   f"{np.median(kdur[short]):.1f} us vs launch {np.median(ldur[short]):.1f} us); "
+                   f"most come from {', '.join(n for n, _ in ops.most_common(3))}.")
+        return self.finding(
+            message,
+            locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
+            evidence={"trace": str(trace.path), "steps": steps, "kernels": len(kdur),
+                      "short_kernels": n_short, "short_per_step": round(n_short / steps, 1),
+                      "short_share": round(share, 4), "graph_kernels": int(graph.sum()),
+                      "kernels_under_5us": int((kernels["dur"].to_numpy() < 5.0).sum()),
+                      "median_short_kernel_us": float(np.median(kdur[short])),
+                      "median_launch_us": float(np.median(ldur[short])),
+                      "ops": dict(ops.most_common(8)),
+                      "sites": [{"file": f.file, "line": f.line, "kernels": n} for f, n, _ in where]},
+            cost=Cost(ms_per_step=round(excess_ms, 3), share_of_step=round(excess_ms / step_ms, 4) if step_ms else None,
+                      measured=False, note="estimate: launch time the short kernels cannot hide"),
+            fix=Fix(summary="Give kernels more work or fewer launches: larger batches, fused ops "
+                            "(foreach/fused optimizers), torch.compile, CUDA graphs.",
+                    config={"torch.compile": {"mode": "reduce-overhead"}, "optimizer": {"foreach": True}}),
+        )

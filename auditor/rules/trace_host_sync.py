@@ -1,0 +1,108 @@
+"""The trace half of host-sync: synchronisations a profiler trace recorded, per issuing operator.
+
+The HostSync rule (owned elsewhere) calls `trace_host_sync_findings(self, evidence, options)` and
+adds `TRACE_OPTIONS` to its options. Starting from the sync calls themselves (not from `item()`
+calls) is what keeps an `aten::item` on a CPU tensor, which never waits for a GPU, out of it.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+import numpy as np
+
+from auditor.evidence.model import Evidence
+from auditor.evidence.trace import (
+    SYNC_CALLS,
+    Trace,
+    frame_location_parts,
+    issuing_op,
+    sites,
+)
+from auditor.rules.base import Cost, Finding, Fix, Location, Option
+
+TRACE_OPTIONS: tuple[Option, ...] = (
+    Option("trace-min-syncs", 1,
+           "Trace: report an operator once it synchronised at least this many times in the trace."),
+    Option("trace-warning-share", 0.05,
+           "Trace: a finding is a warning when its syncs block this share of the step or more, else info."),
+)
+
+_ADVICE = {
+    "aten::item": "Keep the value on the GPU (accumulate tensors) and call .item() once every N steps.",
+    "aten::_local_scalar_dense": "Keep the value on the GPU (accumulate tensors) and call .item() once every N steps.",
+    "aten::is_nonzero": "A Python `if`/`bool()` on a GPU tensor waits for it: use torch.where or keep "
+                        "control flow on the host.",
+    "aten::to": "Copy with .to(device, non_blocking=True) from pinned memory, and avoid .cpu()/.numpy() "
+                "inside the step.",
+    "aten::copy_": "Copy with non_blocking=True from pinned memory, and avoid .cpu()/.numpy() inside the step.",
+    "aten::nonzero": "nonzero/masked_select/boolean indexing have data-dependent shapes and must sync: "
+                     "use torch.where or a fixed-size mask.",
+    "aten::masked_select": "Data-dependent output shape forces a sync: use torch.where with a fixed-size mask.",
+    "aten::unique": "Data-dependent output shape forces a sync: avoid unique inside the step.",
+}
+
+
+def _advice(op: str) -> str:
+    if op in _ADVICE:
+        return _ADVICE[op]
+    if op in ("cudaDeviceSynchronize", "cudaStreamSynchronize"):
+        return "Remove torch.cuda.synchronize() from the training step (keep it only around timing code)."
+    if op == "cudaEventSynchronize":
+        return "An event wait blocks the host: use stream.wait_event() to order GPU work instead."
+    return "Avoid reading GPU results on the host inside the step."
+
+
+def trace_host_sync_findings(rule: Any, evidence: Evidence, options: dict[str, Any]) -> list[Finding]:
+    """One finding per (trace, issuing operator) for every recorded host<->GPU synchronisation."""
+    out: list[Finding] = []
+    for trace in evidence.trace_data:
+        out.extend(_trace_findings(rule, trace, options))
+    return out
+
+
+def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Finding]:
+    ev = trace.events
+    calls = trace.named(SYNC_CALLS, trace.of("runtime", "driver"))
+    if not len(calls):
+        return []
+    steps = trace.step_count()
+    step_ms = trace.step_ms()
+    groups: dict[str, list[int]] = defaultdict(list)
+    for r in calls.index.to_numpy():
+        groups[issuing_op(trace, int(r)) or trace.name(int(r))].append(int(r))
+    dur = ev["dur"].to_numpy()
+    min_syncs = int(options.get("trace-min-syncs", 1))
+    warn_share = float(options.get("trace-warning-share", 0.05))
+    findings = []
+    for op, rows in groups.items():
+        if len(rows) < min_syncs:
+            continue
+        blocked_ms = float(dur[rows].sum()) / 1000.0
+        per_step = blocked_ms / steps
+        share = per_step / step_ms if step_ms > 0 else None
+        apis = Counter(trace.name(r) for r in rows)
+        chains = Counter(" > ".join(reversed(trace.op_chain(r)[:4])) for r in rows)
+        where = sites(trace, rows, weights=dur[rows])
+        times = "once" if len(rows) == 1 else f"{len(rows)} times"
+        message = (f"{op} blocked the host on the GPU {times} in {trace.path.name} "
+                   f"({len(rows) / steps:.1f} per step), {per_step:.2f} ms per step"
+                   + (f" ({share:.1%} of the step)" if share is not None else "")
+                   + f" spent waiting in {', '.join(apis)}.")
+        findings.append(rule.finding(
+            message,
+            severity="warning" if share is not None and share >= warn_share else "info",
+            locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
+            evidence={"trace": str(trace.path), "source": "trace", "op": op, "syncs": len(rows),
+                      "syncs_per_step": round(len(rows) / steps, 2), "blocked_ms": round(blocked_ms, 3),
+                      "blocked_ms_per_step": round(per_step, 3), "steps": steps, "step_ms": round(step_ms, 3),
+                      "apis": dict(apis), "op_chains": dict(chains.most_common(3)),
+                      "longest_ms": round(float(np.max(dur[rows])) / 1000.0, 3),
+                      "sites": [{"file": f.file, "line": f.line, "syncs": n, "ms": round(w / 1000.0, 3)}
+                                for f, n, w in where]},
+            cost=Cost(ms_per_step=round(per_step, 3), share_of_step=round(share, 4) if share is not None else None,
+                      measured=True, note="host time blocked inside the sync calls"),
+            fix=Fix(summary=_advice(op),
+                    config={"non_blocking": True} if op in ("aten::to", "aten::copy_") else {}),
+        ))
+    return findings

@@ -1,0 +1,191 @@
+"""Benchmark the trace parser + trace rules on a large tiled trace, against a bare msgspec decode and
+HolisticTraceAnalysis.
+
+    python bench/bench_trace.py --mb 500            # writes bench/out/bench_trace.json
+
+Each measurement runs in its own Python process, so its peak RSS (ru_maxrss) is its own:
+  bare  - read the file and decode it with a typed msgspec Struct (args left raw): the floor any
+          Python-side parser of this file pays;
+  ours  - auditor.evidence.load.load_paths + every trace rule (the five trace rules and the trace
+          halves of host-sync and dataloader-bound);
+  hta   - HolisticTraceAnalysis' TraceAnalysis(trace_dir=...) in its own venv (bench/out/hta-venv),
+          when `pip install holistictraceanalysis` works here.
+Times are wall seconds measured inside the child after its imports; RSS is the child's peak.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+TILE = ROOT.parent / "shared" / "tools" / "tile_trace.py"
+SOURCE = ROOT.parent / "shared" / "fixtures" / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
+
+_PRELUDE = """
+import json, resource, sys, time
+def report(**kw):
+    kw["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(kw))
+"""
+
+BARE = _PRELUDE + """
+import msgspec
+class Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    pid: int | str = -1
+    tid: int | str = -1
+    ts: float = 0.0
+    dur: float = 0.0
+    id: int | str | None = None
+    args: msgspec.Raw = msgspec.Raw(b"{}")
+class TraceFile(msgspec.Struct):
+    traceEvents: list[Event]
+path = sys.argv[1]
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+t = time.perf_counter()
+with open(path, "rb") as f:
+    data = f.read()
+doc = msgspec.json.decode(data, type=TraceFile)
+report(seconds=time.perf_counter() - t, events=len(doc.traceEvents), base_rss_mb=base)
+"""
+
+OURS = _PRELUDE + """
+from pathlib import Path
+from auditor.evidence.load import load_paths
+from auditor.rules.base import Rule
+from auditor.rules.pageable_copy import PageableCopy
+from auditor.rules.gpu_idle import GpuIdle
+from auditor.rules.launch_bound import LaunchBound
+from auditor.rules.dataloader_on_device import DataloaderOnDevice
+from auditor.rules.amp_opportunity import AmpOpportunity
+from auditor.rules import trace_host_sync, trace_dataloader
+class HostSync(Rule):
+    id = "host-sync"; title = "host-sync"
+class DataloaderBound(Rule):
+    id = "dataloader-bound"; title = "dataloader-bound"
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+t = time.perf_counter()
+ev = load_paths([Path(sys.argv[1])])
+t_load = time.perf_counter() - t
+found = {}
+for cls in (PageableCopy, GpuIdle, LaunchBound, DataloaderOnDevice, AmpOpportunity):
+    rule = cls()
+    found[cls.id] = len(list(rule.check(ev, rule.default_options())))
+found["host-sync"] = len(trace_host_sync.trace_host_sync_findings(HostSync(), ev, {}))
+found["dataloader-bound"] = len(trace_dataloader.trace_dataloader_findings(DataloaderBound(), ev, {}))
+trace = ev.trace_data[0]
+report(seconds=time.perf_counter() - t, load_seconds=t_load, events=int(len(trace.events) + len(trace.flows)),
+       findings=found, base_rss_mb=base)
+"""
+
+HTA = _PRELUDE + """
+from hta.trace_analysis import TraceAnalysis
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+t = time.perf_counter()
+analysis = TraceAnalysis(trace_dir=sys.argv[1])
+trace = analysis.t.get_trace(next(iter(analysis.t.traces)))
+report(seconds=time.perf_counter() - t, events=int(len(trace)), base_rss_mb=base)
+"""
+
+
+def run_child(python: str, code: str, arg: str, timeout: float, env: dict | None = None) -> dict:
+    started = time.perf_counter()
+    proc = subprocess.run([python, "-c", textwrap.dedent(code), arg], capture_output=True, text=True, check=False,
+                          timeout=timeout, env=env)
+    wall = time.perf_counter() - started
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            out = json.loads(line[7:])
+            out["process_seconds"] = wall
+            return out
+    raise RuntimeError(f"child failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+
+
+def ensure_tiled(mb: float, source: Path) -> Path:
+    path = OUT / f"tiled_{int(mb)}mb.pt.trace.json"
+    if path.exists() and abs(path.stat().st_size / 1e6 - mb) < mb * 0.2:
+        return path
+    OUT.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, str(TILE), str(source), str(path), "--mb", str(mb)], check=True)
+    return path
+
+
+def ensure_hta() -> str | None:
+    venv = OUT / "hta-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    check = subprocess.run([str(python), "-c", "import hta"], capture_output=True, check=False)
+    if check.returncode != 0:
+        got = subprocess.run([str(python), "-m", "pip", "install", "-q", "holistictraceanalysis"],
+                             capture_output=True, text=True, check=False)
+        if got.returncode != 0:
+            print(f"HTA install failed: {got.stderr.strip()[-500:]}", file=sys.stderr)
+            return None
+    return str(python)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=float, default=500.0, help="size of the tiled trace in MB")
+    ap.add_argument("--source", type=Path, default=SOURCE, help="recorded trace to tile")
+    ap.add_argument("--no-hta", action="store_true", help="skip HolisticTraceAnalysis")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per measurement")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of bare and ours (the fastest is kept: the machine may be shared)")
+    a = ap.parse_args()
+    path = ensure_tiled(a.mb, a.source)
+    size_mb = path.stat().st_size / 1e6
+    results: dict = {"file": str(path.relative_to(ROOT)), "file_mb": round(size_mb, 1), "source": a.source.name,
+                     "cpu_count": os.cpu_count()}
+    print(f"{path.name}: {size_mb:.0f} MB", flush=True)
+    # bare and ours alternate, so both see the same background load; each round gives a paired ratio
+    runs: dict[str, list[dict]] = {"bare": [], "ours": []}
+    for _ in range(max(1, a.repeat)):
+        for key, code, label in (("bare", BARE, "bare msgspec decode"), ("ours", OURS, "auditor load + rules")):
+            got = run_child(sys.executable, code, str(path), a.timeout)
+            got["load_average"] = round(os.getloadavg()[0], 2)
+            runs[key].append(got)
+            print(f"{label}:", got, flush=True)
+    for key, measured in runs.items():
+        results[key] = dict(min(measured, key=lambda r: r["seconds"]))
+        results[key]["all_seconds"] = [round(r["seconds"], 2) for r in measured]
+    paired = sorted(o["seconds"] / b["seconds"] for b, o in zip(runs["bare"], runs["ours"]))
+    results["paired_ours_over_bare"] = [round(x, 2) for x in paired]
+    if not a.no_hta:
+        python = ensure_hta()
+        if python:
+            hta_dir = OUT / f"hta_{int(a.mb)}mb"
+            hta_dir.mkdir(exist_ok=True)
+            link = hta_dir / path.name
+            if not link.exists():
+                link.symlink_to(path)
+            try:
+                results["hta"] = run_child(python, HTA, str(hta_dir), a.timeout)
+                results["hta"]["load_average"] = round(os.getloadavg()[0], 2)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                results["hta"] = {"error": str(e)[-500:]}
+            print("HolisticTraceAnalysis:", results["hta"], flush=True)
+    bare, ours = results["bare"], results["ours"]
+    results["ratios"] = {
+        "ours_over_bare_time": round(ours["seconds"] / bare["seconds"], 2),
+        "ours_over_bare_paired_median": round(paired[len(paired) // 2], 2),
+        "ours_peak_minus_file_mb": round(ours["peak_rss_mb"] - size_mb, 1),
+    }
+    if "seconds" in results.get("hta", {}):
+        results["ratios"]["hta_over_ours_time"] = round(results["hta"]["seconds"] / ours["seconds"], 1)
+    (OUT / "bench_trace.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results["ratios"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
