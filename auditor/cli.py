@@ -42,12 +42,19 @@ def _exit_code(evidence, results, fail_on: str | None) -> int:
 
 
 def _finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None) -> int:
-    from auditor.evidence.store import save
+    """Save the evidence, then load -> rules -> reports: the same path `audit analyze DIR` takes."""
+    from auditor.evidence.load import load_paths
+    from auditor.evidence.store import is_run_dir, save
     from auditor.reports import write_reports
     from auditor.reports.terminal import print_summary
     from auditor.rules.engine import run_rules
 
     save(evidence, out)
+    if evidence.source == "run" and is_run_dir(out):
+        try:
+            evidence = load_paths([out])  # attaches the profiled window's parsed trace
+        except InputError as e:
+            evidence.environment.notes.append(f"profiler trace not analysed: {e}")
     results = run_rules(evidence, config)
     write_reports(out, evidence, results)
     if quiet:

@@ -274,12 +274,12 @@ def test_patched_config_groups_and_flags_conflicts() -> None:
     assert groups["Settings"].splitlines() == ["torch.backends.cudnn.benchmark = True  # a", "note = it's quoted  # b"]
 
 
-def test_extra_plot_builders_extend_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The extension point: a builder appended to EXTRA_PLOT_BUILDERS is drawn; one that raises is
+def test_plot_builders_extend_the_page(tmp_path: Path) -> None:
+    """Plot builders are plain functions: one added to the list is drawn; one that raises is
     reported on the page and the rest of the report still renders; one returning None adds nothing."""
     import plotly.graph_objects as go
 
-    from auditor.reports import html as html_mod
+    from auditor.reports.plots import PLOT_BUILDERS
 
     def loss_curve(ev: m.Evidence) -> go.Figure:
         return go.Figure(go.Scatter(x=[s.index for s in ev.steps], y=[1 / (1 + s.index) for s in ev.steps]))
@@ -287,10 +287,10 @@ def test_extra_plot_builders_extend_the_page(tmp_path: Path, monkeypatch: pytest
     def broken(ev: m.Evidence) -> go.Figure:
         raise ValueError("no snapshot")
 
-    monkeypatch.setattr(html_mod, "EXTRA_PLOT_BUILDERS", [loss_curve, broken, lambda ev: None])
     case = make_case(tmp_path, steps=5)
-    html = HtmlReport().render(case.evidence, case.results, case.out_dir)
-    assert 'id="plot-3-loss-curve"' in html
+    builders = [*PLOT_BUILDERS, loss_curve, broken, lambda ev: None]
+    html = HtmlReport(plot_builders=builders).render(case.evidence, case.results, case.out_dir)
+    assert f'id="plot-{len(PLOT_BUILDERS)}-loss-curve"' in html
     assert "plot broken failed: ValueError: no snapshot" in html
     assert html.count('class="plot"') == 4
 

@@ -6,10 +6,9 @@ a file:// URL. Python prepares plain view dicts; the template only lays them out
 logic to test separately. Everything that comes from the user's run (paths, code, op names,
 messages, tracebacks) goes through jinja escaping, and the embedded JSON through `script_json`.
 
-Extension point: `EXTRA_PLOT_BUILDERS` is a list of `(evidence) -> plotly Figure | None` functions
-drawn after the built-in plots (memory timeline of the profiled window, allocator segment map,
-loss/grad-norm series ...). A builder returns None when its data is absent; one that raises is
-reported on the page instead of breaking the report.
+Plots come from `auditor.reports.plots.PLOT_BUILDERS`, a list of `(evidence) -> plotly Figure | None`
+functions. A builder returns None when its data is absent; one that raises is reported on the page
+instead of breaking the report.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ import textwrap
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 import jinja2
 import msgspec
@@ -33,23 +32,17 @@ from markupsafe import Markup
 
 from auditor import __version__
 from auditor.evidence.model import Evidence
-from auditor.evidence.phases import PHASES, phase_table
 from auditor.reports.base import Reporter
 from auditor.reports.findings_json import document
 from auditor.reports.patch import make_patch
+from auditor.reports.plots import PLOT_BUILDERS, PlotBuilder
 from auditor.reports.terminal import recoverable
 from auditor.rules.base import Finding
 from auditor.rules.engine import RuleResults
 from auditor.rules.registry import get_rule
 
-if TYPE_CHECKING:
-    import plotly.graph_objects as go
-
 TEMPLATES = Path(__file__).parent / "templates"
 CONTEXT_LINES = 3  # source lines shown above and below a finding's line
-
-PlotBuilder = Callable[[Evidence], "go.Figure | None"]
-
 
 # ---------------------------------------------------------------- escaping
 
@@ -64,81 +57,12 @@ def script_json(data: Any) -> Markup:
 
 # ---------------------------------------------------------------- plots
 
-_PHASE_COLORS = {"data": "#8c6bb1", "forward": "#4c78a8", "backward": "#f58518", "optimizer": "#54a24b",
-                 "sync": "#e45756", "cleanup": "#72b7b2", "other": "#bab0ac"}
-
-
-def _layout(title: str, y_title: str) -> dict[str, Any]:
-    return dict(title=dict(text=title), xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text=y_title)),
-                margin=dict(l=60, r=20, t=50, b=50), height=360, template="plotly_white",
-                legend=dict(orientation="h", y=-0.2, traceorder="normal"))
-
-
-def phase_plot(ev: Evidence) -> go.Figure | None:
-    """Where each step's time went: stacked phases, from the probes' timed tallies."""
-    rows = phase_table(ev)
-    if not rows:
-        return None
-    import plotly.graph_objects as go
-
-    fig = go.Figure(layout=_layout("Step time by phase (ms)", "ms"))
-    steps = [r["step"] for r in rows]
-    for phase in PHASES:
-        ys = [round(r[phase], 3) for r in rows]
-        if phase == "other" or any(ys):
-            fig.add_bar(name=phase, x=steps, y=ys, marker_color=_PHASE_COLORS[phase])
-    fig.update_layout(barmode="stack")
-    return fig
-
-
-def step_time_plot(ev: Evidence) -> go.Figure | None:
-    """Step wall time over the run; profiled steps are marked (the profiler slows them)."""
-    if not ev.steps:
-        return None
-    import plotly.graph_objects as go
-
-    fig = go.Figure(layout=_layout("Step time over the run (ms)", "ms"))
-    fig.add_scatter(name="step", x=[s.index for s in ev.steps], y=[round(s.ms, 3) for s in ev.steps],
-                    mode="lines+markers", line=dict(color="#4c78a8"))
-    prof = [s for s in ev.steps if s.profiled]
-    if prof:
-        fig.add_scatter(name="profiled step", x=[s.index for s in prof], y=[round(s.ms, 3) for s in prof],
-                        mode="markers", marker=dict(symbol="diamond-open", size=12, color="#e45756"))
-    median = ev.median_step_ms()
-    if median is not None:
-        fig.add_hline(y=median, line_dash="dash", line_color="#888",
-                      annotation_text=f"median {median:.1f} ms", annotation_position="top left")
-    return fig
-
-
-def memory_plot(ev: Evidence) -> go.Figure | None:
-    """Memory at each step boundary: process RSS and, on a real device, the CUDA allocator."""
-    series = {"process RSS": [s.rss_bytes for s in ev.steps],
-              "device allocated": [s.device_allocated for s in ev.steps],
-              "device reserved": [s.device_reserved for s in ev.steps]}
-    series = {k: v for k, v in series.items() if any(x is not None for x in v)}
-    if not series:
-        return None
-    import plotly.graph_objects as go
-
-    fig = go.Figure(layout=_layout("Memory at step end (MiB)", "MiB"))
-    x = [s.index for s in ev.steps]
-    for name, values in series.items():
-        fig.add_scatter(name=name, x=x, y=[round(v / 2**20, 2) if v is not None else None for v in values],
-                        mode="lines+markers")
-    return fig
-
-
-BUILTIN_PLOT_BUILDERS: list[PlotBuilder] = [phase_plot, step_time_plot, memory_plot]
-EXTRA_PLOT_BUILDERS: list[PlotBuilder] = []  # appended to by later stages; see the module docstring
-
-
 def build_plots(ev: Evidence, builders: list[PlotBuilder] | None = None) -> tuple[list[dict], list[str]]:
     """(plots as {"id", "figure"} with plain-JSON figures, errors of builders that raised)."""
     import plotly.io as pio
 
     plots, errors = [], []
-    for i, builder in enumerate(builders if builders is not None else BUILTIN_PLOT_BUILDERS + EXTRA_PLOT_BUILDERS):
+    for i, builder in enumerate(builders if builders is not None else PLOT_BUILDERS):
         name = getattr(builder, "__name__", repr(builder))
         try:
             fig = builder(ev)
@@ -403,7 +327,7 @@ class HtmlReport(Reporter):
     filename = "report.html"
 
     def __init__(self, plot_builders: list[PlotBuilder] | None = None) -> None:
-        self.plot_builders = plot_builders  # None: the built-ins plus EXTRA_PLOT_BUILDERS
+        self.plot_builders = plot_builders  # None: auditor.reports.plots.PLOT_BUILDERS
 
     def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
         plots, plot_errors = build_plots(evidence, self.plot_builders)

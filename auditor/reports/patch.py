@@ -19,8 +19,11 @@ from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
 from auditor.rules.base import Edit, Finding
 from auditor.rules.engine import RuleResults
-from auditor.rules.fixes import (  # noqa: F401  (re-exported: the patch API)
-    PatchResult, apply_edits, diff_edits, make_patch, patch_path, plan_edits, repo_root, unified_diff)
+from auditor.rules.fixes import (PatchResult, apply_edits, diff_edits, make_patch, patch_path, plan_edits,
+                                 repo_root, unified_diff)
+
+__all__ = ["PatchReport", "patchable", "PatchResult", "apply_edits", "diff_edits", "make_patch", "patch_path",
+           "plan_edits", "repo_root", "unified_diff"]
 
 
 def patchable(findings: Iterable[Finding]) -> list[Finding]:

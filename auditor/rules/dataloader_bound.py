@@ -63,7 +63,7 @@ class DataloaderBound(Rule):
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         yield from self._from_probes(ev, options)
-        if ev.trace_data:
+        if ev.trace_data and not ev.steps:  # a recording; a run's probes time every step's data wait
             yield from trace_dataloader_findings(self, ev, options)
 
     def _from_probes(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:

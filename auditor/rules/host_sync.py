@@ -61,7 +61,7 @@ class HostSync(Rule):
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         yield from self._from_probes(ev, options)
-        if ev.trace_data:
+        if ev.trace_data and not ev.steps:  # a recording; a run's own probes already saw every sync
             yield from trace_host_sync_findings(self, ev, options)
 
     def _from_probes(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:

@@ -1,0 +1,129 @@
+"""The report's plots: each a function of the evidence returning a plotly Figure, or None when the
+evidence it needs is absent. `PLOT_BUILDERS` is the order they appear in."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from auditor.evidence.model import Evidence
+from auditor.evidence.phases import PHASES, phase_table
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+PlotBuilder = Callable[[Evidence], "go.Figure | None"]
+MiB = 2**20
+
+_PHASE_COLORS = {"data": "#8c6bb1", "forward": "#4c78a8", "backward": "#f58518", "optimizer": "#54a24b",
+                 "sync": "#e45756", "cleanup": "#72b7b2", "other": "#bab0ac"}
+
+
+def _layout(title: str, y_title: str) -> dict[str, Any]:
+    return dict(title=dict(text=title), xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text=y_title)),
+                margin=dict(l=60, r=20, t=50, b=50), height=360, template="plotly_white",
+                legend=dict(orientation="h", y=-0.2, traceorder="normal"))
+
+
+def phase_plot(ev: Evidence) -> go.Figure | None:
+    """Where each step's time went: stacked phases, from the probes' timed tallies."""
+    rows = phase_table(ev)
+    if not rows:
+        return None
+    import plotly.graph_objects as go
+
+    fig = go.Figure(layout=_layout("Step time by phase (ms)", "ms"))
+    steps = [r["step"] for r in rows]
+    for phase in PHASES:
+        ys = [round(r[phase], 3) for r in rows]
+        if phase == "other" or any(ys):
+            fig.add_bar(name=phase, x=steps, y=ys, marker_color=_PHASE_COLORS[phase])
+    fig.update_layout(barmode="stack")
+    return fig
+
+
+def step_time_plot(ev: Evidence) -> go.Figure | None:
+    """Step wall time over the run; profiled steps are marked (the profiler slows them)."""
+    if not ev.steps:
+        return None
+    import plotly.graph_objects as go
+
+    fig = go.Figure(layout=_layout("Step time over the run (ms)", "ms"))
+    fig.add_scatter(name="step", x=[s.index for s in ev.steps], y=[round(s.ms, 3) for s in ev.steps],
+                    mode="lines+markers", line=dict(color="#4c78a8"))
+    prof = [s for s in ev.steps if s.profiled]
+    if prof:
+        fig.add_scatter(name="profiled step", x=[s.index for s in prof], y=[round(s.ms, 3) for s in prof],
+                        mode="markers", marker=dict(symbol="diamond-open", size=12, color="#e45756"))
+    median = ev.median_step_ms()
+    if median is not None:
+        fig.add_hline(y=median, line_dash="dash", line_color="#888",
+                      annotation_text=f"median {median:.1f} ms", annotation_position="top left")
+    return fig
+
+
+def memory_plot(ev: Evidence) -> go.Figure | None:
+    """Memory at each step boundary: process RSS and, on a real device, the CUDA allocator."""
+    series = {"process RSS": [s.rss_bytes for s in ev.steps],
+              "device allocated": [s.device_allocated for s in ev.steps],
+              "device reserved": [s.device_reserved for s in ev.steps]}
+    series = {k: v for k, v in series.items() if any(x is not None for x in v)}
+    if not series:
+        return None
+    import plotly.graph_objects as go
+
+    fig = go.Figure(layout=_layout("Memory at step end (MiB)", "MiB"))
+    x = [s.index for s in ev.steps]
+    for name, values in series.items():
+        fig.add_scatter(name=name, x=x, y=[round(v / 2**20, 2) if v is not None else None for v in values],
+                        mode="lines+markers")
+    return fig
+
+
+
+
+
+
+def memory_timeline_plot(ev: Evidence) -> go.Figure | None:
+    """Allocated memory through the profiled window, from the trace's `[memory]` events, peak marked."""
+    import plotly.graph_objects as go
+
+    fig = None
+    for trace in ev.trace_data:
+        mem = trace.of("memory")
+        if mem.empty:
+            continue
+        if fig is None:
+            fig = go.Figure(layout=_layout("Memory in the profiled window (MiB)", "MiB"))
+            fig.update_xaxes(title_text="ms since the window opened")
+        t0 = float(mem["ts"].min())
+        for dev, part in mem.groupby("device_type"):
+            x = ((part["ts"] - t0) / 1e3).round(3).tolist()
+            y = (part["total_allocated"] / MiB).round(3).tolist()
+            label = "CPU allocated" if int(dev) == 0 else f"device {int(dev)} allocated"
+            fig.add_scatter(name=label, x=x, y=y, mode="lines", line_shape="hv")
+            peak = int(part["total_allocated"].to_numpy().argmax())
+            fig.add_scatter(name=f"peak {y[peak]:.1f} MiB", x=[x[peak]], y=[y[peak]], mode="markers",
+                            marker=dict(symbol="star", size=12, color="#e45756"))
+    return fig
+
+
+def segment_map_plot(ev: Evidence) -> go.Figure | None:
+    """A CUDA memory snapshot's segments by address: allocated vs free bytes in each (fragmentation)."""
+    import plotly.graph_objects as go
+
+    fig = None
+    for snap in ev.snapshot_data:
+        segs = sorted(snap.segments, key=lambda s: (s.device, s.address))
+        if not segs:
+            continue
+        if fig is None:
+            fig = go.Figure(layout=_layout("Allocator segments by address (MiB)", "MiB"))
+            fig.update_xaxes(title_text="segment (by address)")
+            fig.update_layout(barmode="stack")
+        x = list(range(len(segs)))
+        fig.add_bar(name="allocated", x=x, y=[round(s.allocated_size / MiB, 2) for s in segs], marker_color="#4c78a8")
+        fig.add_bar(name="free inside segment", x=x, y=[round((s.total_size - s.allocated_size) / MiB, 2) for s in segs],
+                    marker_color="#e45756")
+    return fig
+
+
+PLOT_BUILDERS: list[PlotBuilder] = [phase_plot, step_time_plot, memory_plot, memory_timeline_plot, segment_map_plot]
