@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from auditor.evidence.model import Evidence
 from auditor.evidence.trace import CAT, Trace, frame_location_parts, issuing_op, sites
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, TraceRule
 
 # Kernels that do matrix multiplies or convolutions (where tensor cores pay off).
 MATMUL_CONV = re.compile(r"gemm|gemv|matmul|conv|scudnn|hcudnn|dgrad|wgrad|fprop|cutlass.*tensorop|xmma|"
@@ -35,7 +33,7 @@ def kernel_precision(name: str) -> str | None:
     return None
 
 
-class AmpOpportunity(Rule):
+class AmpOpportunity(TraceRule):
     """
     What it detects:
         Kernel time spent in fp32 GEMM and convolution kernels (`sgemm`, `scudnn`, `<float>` cuDNN
@@ -70,16 +68,7 @@ class AmpOpportunity(Rule):
         Option("min-ms-per-step", 1.0, "... and at least this many ms of kernel time per step."),
     )
 
-    def skip_reason(self, evidence: Evidence) -> str | None:
-        return None if evidence.trace_data else "needs a profiler trace with CUDA activity"
-
-    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterator[Finding]:
-        for trace in evidence.trace_data:
-            finding = self._check_trace(trace, options)
-            if finding is not None:
-                yield finding
-
-    def _check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+    def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
         ev = trace.events
         kernels = ev[ev["cat"] == CAT["kernel"]]
         if not len(kernels):

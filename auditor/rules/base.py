@@ -111,3 +111,21 @@ class Rule:
         return Finding(rule=self.id, severity=severity or self.severity, title=title or self.title,
                        message=message, locations=list(locations), evidence=evidence or {},
                        cost=cost, fix=fix)
+
+
+class TraceRule(Rule):
+    """A rule judged on each recorded profiler trace in turn (`evidence.trace_data`).
+
+    Subclasses implement `check_trace(trace, options)`, returning one finding or None."""
+
+    def skip_reason(self, evidence: Evidence) -> str | None:
+        return None if evidence.trace_data else "needs a profiler trace with CUDA activity"
+
+    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        for trace in evidence.trace_data:
+            finding = self.check_trace(trace, options)
+            if finding is not None:
+                yield finding
+
+    def check_trace(self, trace: Any, options: dict[str, Any]) -> Finding | None:
+        raise NotImplementedError

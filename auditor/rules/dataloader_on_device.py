@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from auditor.evidence.model import Evidence
 from auditor.evidence.trace import (
     CAT,
     DATALOADER_NEXT,
@@ -18,13 +16,13 @@ from auditor.evidence.trace import (
     merge_intervals,
     sites,
 )
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, TraceRule
 
 _COLLATE = r"(^|[/(])\S*collate\S*\.py\(|\): \S*collate\S*$"
 _ALLOC = r"^(cudaMalloc|cudaMallocAsync|cudaHostAlloc|cuMemAlloc)"
 
 
-class DataloaderOnDevice(Rule):
+class DataloaderOnDevice(TraceRule):
     """
     What it detects:
         CUDA launches, copies and allocations issued while the main process is inside DataLoader
@@ -57,16 +55,7 @@ class DataloaderOnDevice(Rule):
         Option("min-launches-per-step", 1, "Report when the loader issues at least this many GPU calls per step."),
     )
 
-    def skip_reason(self, evidence: Evidence) -> str | None:
-        return None if evidence.trace_data else "needs a profiler trace with CUDA activity"
-
-    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterator[Finding]:
-        for trace in evidence.trace_data:
-            finding = self._check_trace(trace, options)
-            if finding is not None:
-                yield finding
-
-    def _check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+    def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
         ev = trace.events
         cat, names, ts, end = trace.col("cat"), trace.col("name"), trace.col("ts"), trace.col("end")
         pid, tid = trace.col("pid"), trace.col("tid")

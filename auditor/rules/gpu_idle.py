@@ -1,12 +1,10 @@
 """gpu-idle: the share of each step the GPU runs nothing, and what the host did meanwhile."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from auditor.evidence.model import Evidence
 from auditor.evidence.trace import (
     CAT,
     CPU_NESTING,
@@ -21,7 +19,7 @@ from auditor.evidence.trace import (
     subtract,
     total_length,
 )
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, TraceRule
 
 _CAUSES = {
     "data loading": Fix(summary="Load data in parallel and ahead of the GPU: DataLoader(num_workers>0, "
@@ -38,7 +36,7 @@ _CAUSES = {
 }
 
 
-class GpuIdle(Rule):
+class GpuIdle(TraceRule):
     """
     What it detects:
         From a profiler trace: the union of kernel, copy and memset time on every stream, against the
@@ -71,16 +69,7 @@ class GpuIdle(Rule):
         Option("gaps", 5, "How many of the largest idle gaps to describe."),
     )
 
-    def skip_reason(self, evidence: Evidence) -> str | None:
-        return None if evidence.trace_data else "needs a profiler trace with CUDA activity"
-
-    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterator[Finding]:
-        for trace in evidence.trace_data:
-            finding = self._check_trace(trace, options)
-            if finding is not None:
-                yield finding
-
-    def _check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+    def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
         if not np.isin(trace.col("cat"), GPU_WORK).any():
             return None  # a CPU-only trace says nothing about GPU idleness
         lo, hi = trace.window()

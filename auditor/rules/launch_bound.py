@@ -2,19 +2,17 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from auditor.evidence.model import Evidence
 from auditor.evidence.trace import CAT, Trace, frame_location_parts, issuing_op, sites
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, TraceRule
 
 _GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"
 
 
-class LaunchBound(Rule):
+class LaunchBound(TraceRule):
     """
     What it detects:
         Kernels in a profiler trace whose GPU duration is shorter than the `cudaLaunchKernel` (or
@@ -48,16 +46,7 @@ class LaunchBound(Rule):
         Option("min-share", 0.5, "... and they are at least this share of all launched kernels."),
     )
 
-    def skip_reason(self, evidence: Evidence) -> str | None:
-        return None if evidence.trace_data else "needs a profiler trace with CUDA activity"
-
-    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterator[Finding]:
-        for trace in evidence.trace_data:
-            finding = self._check_trace(trace, options)
-            if finding is not None:
-                yield finding
-
-    def _check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+    def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
         ev = trace.events
         kernels = ev[(ev["cat"] == CAT["kernel"]) & (ev["link"] >= 0)]
         if not len(kernels):
