@@ -8,7 +8,9 @@ import sys
 from conftest import ROOT, audit
 
 RULES = ["anomaly-mode", "retained-graph", "graph-leak", "host-sync", "peak-stats-reset", "forced-cleanup",
-         "dataloader-bound", "step-slowdown", "memory-growth"]
+         "dataloader-bound", "step-slowdown", "memory-growth", "allocator-fragmentation", "oom-risk",
+         "pageable-copy", "gpu-idle", "launch-bound", "dataloader-on-device", "amp-opportunity",
+         "rank-straggler", "collective-wait", "ddp-config", "data-parallel"]
 
 
 def test_rules_lists_every_rule(tmp_path):

@@ -22,7 +22,7 @@ class Collector(Protocol):
     def finish(self) -> dict[str, Any] | None: ...
 
 
-COLLECTORS: tuple[str, ...] = ()
+COLLECTORS: tuple[str, ...] = ("auditor.capture.numerics:Numerics", "auditor.capture.dist_probes:DistProbes")
 
 
 def load_collectors() -> list[Collector]:

@@ -52,6 +52,11 @@ def load_paths(paths: list[Path]) -> Evidence:
 
     if not paths:
         raise InputError("nothing to analyze: give a run directory, a trace or a snapshot")
+    from auditor.evidence.ranks import merge_inputs
+
+    merged = merge_inputs([Path(p) for p in paths])  # several ranks of one distributed run
+    if merged is not None:
+        return merged  # trace_data / snapshot_data already attached
     evidence: Evidence | None = None
     listed: set[Path] = set()  # traces a run directory lists: a crashed run may not have written them
     trace_paths: list[Path] = []

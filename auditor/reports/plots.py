@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.phases import PHASES, phase_table
+from auditor.evidence.rank_view import rank_figure
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -126,4 +127,5 @@ def segment_map_plot(ev: Evidence) -> go.Figure | None:
     return fig
 
 
-PLOT_BUILDERS: list[PlotBuilder] = [phase_plot, step_time_plot, memory_plot, memory_timeline_plot, segment_map_plot]
+PLOT_BUILDERS: list[PlotBuilder] = [phase_plot, step_time_plot, memory_plot, rank_figure, memory_timeline_plot,
+                                    segment_map_plot]

@@ -28,6 +28,10 @@ _BUILTIN_FALLBACK = (
     "auditor.rules.launch_bound:LaunchBound",
     "auditor.rules.dataloader_on_device:DataloaderOnDevice",
     "auditor.rules.amp_opportunity:AmpOpportunity",
+    "auditor.rules.rank_straggler:RankStraggler",
+    "auditor.rules.collective_wait:CollectiveWait",
+    "auditor.rules.ddp_config:DdpConfig",
+    "auditor.rules.data_parallel:DataParallel",
 )
 
 

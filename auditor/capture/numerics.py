@@ -1,0 +1,1081 @@
+"""The numerics collector: where values stop being finite, gradient norms, learning rates, AMP.
+
+Why it exists: a NaN is found long after it was made. Re-running a step to look for it is not an
+option (steps have side effects, and after the first NaN the weights are poisoned), so everything
+the rules need is recorded while the steps run, cheaply enough to stay on for the whole audit:
+
+* A TorchFunctionMode, pushed only while the user's step runs, sees every torch call made from
+  Python (the outermost one: `F.linear` inside `nn.Linear`, not the kernels below it). For each
+  call with a floating-point result it records `aminmax` of the result (and of inputs no earlier
+  call produced: parameters, data) as device tensors, plus the op, the user's line (frames.py) and
+  the innermost module running. Nothing is read on the host per op: all values are stacked and read
+  back once, at the end of the step (one device sync per step on CUDA).
+* Global module pre/post forward hooks keep the stack of running modules, by qualified name.
+* Global optimizer step hooks record, per optimizer step, the gradient norms (one `_foreach_norm`),
+  parameter norms after the update and the learning rate of each param group.
+* Probes on Optimizer/LRScheduler construction and `load_state_dict`, GradScaler and autocast
+  record the configuration the rules compare with what the run really did.
+
+Every check runs under `torch.no_grad()` on tensors the user already made, and only reads them:
+the user's computation, its RNG and its autograd graph are untouched. Checking code that fails is
+switched off (counted in `errors`), never allowed to fail the step.
+
+Per step, `StepRecord.extra["numerics"]` holds (non-finite floats are the strings "nan", "inf",
+"-inf", since JSON has no NaN):
+    ops, nonfinite_ops, dropped, check_ms, loss, losses, backward, opt_steps[], hazards[[site, v]],
+    autocast[[site, n]], scaler_updates[], scaler_scale_calls, events[], sites{}, modules{},
+    origin (only in the first few steps where the loss, a gradient or a parameter is non-finite).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import time
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from auditor.capture import probes
+from auditor.capture.frames import user_frame
+
+perf = time.perf_counter
+
+MAX_OPS_PER_STEP = 20000  # records kept per step; later calls are counted as dropped
+MAX_ORIGINS = 3  # steps for which the origin of non-finite values is worked out and sent
+MAX_HAZARD_SITES = 64
+MAX_ERRORS = 20  # after this many failures of our own checking code, op checking switches off
+FP16_MAX = 65504.0
+
+# What kind of call an op is. Hazard kinds get one extra statistic per call (see _hazard_stat).
+SKIP, PLAIN, BACKWARD, LOG, LOG1P, DIV, RDIV, EXP, SQRT, POW, NORM = range(11)
+HAZARD_NAMES = {LOG: "log", LOG1P: "log1p", DIV: "div", RDIV: "div", EXP: "exp", SQRT: "sqrt",
+                POW: "pow", NORM: "norm"}
+
+# Calls that cannot create a non-finite value or that only read metadata: passed straight through.
+# empty* are skipped because uninitialised memory may hold NaN bit patterns the user overwrites.
+_SKIP_NAMES = frozenset("""
+__get__ __set__ __delete__ size dim ndimension numel nelement stride storage_offset data_ptr
+is_contiguous is_floating_point is_complex element_size __len__ __iter__ __hash__ __repr__ __str__
+__format__ __bool__ __int__ __float__ __index__ __contains__ __reduce_ex__ __deepcopy__ __setstate__
+__getstate__ item tolist numpy view view_as reshape reshape_as flatten unflatten squeeze unsqueeze
+permute transpose t expand expand_as contiguous detach detach_ requires_grad_ retain_grad
+register_hook __getitem__ __setitem__ narrow select split split_with_sizes chunk unbind movedim
+moveaxis swapaxes swapdims clone empty empty_like new_empty empty_strided new_empty_strided
+pin_memory share_memory_ untyped_storage storage type_as_ as_strided unfold _make_subclass
+get_device is_pinned is_shared is_set_to data dtype device shape
+""".split())
+_KIND_BY_NAME = {
+    "backward": BACKWARD, "grad": BACKWARD,
+    "log": LOG, "log_": LOG, "log2": LOG, "log2_": LOG, "log10": LOG, "log10_": LOG,
+    "log1p": LOG1P, "log1p_": LOG1P,
+    "div": DIV, "div_": DIV, "divide": DIV, "true_divide": DIV, "__truediv__": DIV, "__itruediv__": DIV,
+    "__div__": DIV, "__idiv__": DIV,
+    "__rdiv__": RDIV, "__rtruediv__": RDIV, "reciprocal": RDIV, "reciprocal_": RDIV, "rsqrt": RDIV,
+    "rsqrt_": RDIV,
+    "exp": EXP, "exp_": EXP, "exp2": EXP, "exp2_": EXP, "expm1": EXP, "expm1_": EXP, "cosh": EXP,
+    "sinh": EXP,
+    "sqrt": SQRT, "sqrt_": SQRT,
+    "pow": POW, "pow_": POW, "__pow__": POW, "__ipow__": POW, "float_power": POW,
+    "norm": NORM, "linalg_vector_norm": NORM, "linalg_norm": NORM, "vector_norm": NORM,
+}
+_MODULE_DISPLAY = {"torch._C._nn": "torch.nn.functional", "torch._C._linalg": "torch.linalg",
+                   "torch._C._special": "torch.special", "torch._C._fft": "torch.fft"}
+_kinds: dict[Any, int] = {}
+
+
+def _classify(func: Callable) -> int:
+    name = getattr(func, "__name__", "")
+    kind = SKIP if name in _SKIP_NAMES else _KIND_BY_NAME.get(name, PLAIN)
+    try:
+        _kinds[func] = kind
+    except TypeError:  # an unhashable callable: classify it again next time
+        pass
+    return kind
+
+
+@functools.lru_cache(maxsize=4096)
+def _op_name(func: Callable) -> str:
+    """A readable name: torch.log, Tensor.div, torch.nn.functional.linear."""
+    name = getattr(func, "__name__", repr(func))
+    qual = getattr(func, "__qualname__", name)
+    owner = qual.rpartition(".")[0]
+    if owner in ("TensorBase", "Tensor"):
+        return f"Tensor.{name}"
+    if owner == "_VariableFunctionsClass":
+        return f"torch.{name}"
+    module = getattr(func, "__module__", None) or "torch"
+    module = _MODULE_DISPLAY.get(module, module)
+    if module == "torch.linalg" and name.startswith("linalg_"):
+        name = name[len("linalg_"):]
+    return f"{module}.{name}"
+
+
+def num(x: float | None) -> float | str | None:
+    """A float for JSON: non-finite values as "nan", "inf", "-inf" (JSON has no NaN)."""
+    if x is None or math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def _finite(lo: float, hi: float) -> bool:
+    return math.isfinite(lo) and math.isfinite(hi)
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _checkable(t: Any) -> bool:
+    """A plain (or Parameter) floating tensor with data: subclasses (DTensor, fake/functorch
+    tensors) are left alone, since reducing them could run collectives or escape a transform."""
+    return (type(t) in _PLAIN_TYPES and t.dtype.is_floating_point and not t.is_meta and t.numel() > 0
+            and not _is_wrapped(t))
+
+
+try:
+    _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+except AttributeError:  # pragma: no cover - older torch
+    def _is_wrapped(t: Any) -> bool:
+        return False
+
+
+def _tensors_in(obj: Any) -> list[torch.Tensor]:
+    """Floating tensors in a call's result or arguments (one level of tuples/lists)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj] if _checkable(obj) else []
+    if isinstance(obj, (tuple, list)):
+        return [t for t in obj if isinstance(t, torch.Tensor) and _checkable(t)]
+    return []
+
+
+class Values:
+    """Device tensors recorded during a step, read back to the host together at its end.
+
+    `add` returns a reference; `read` returns the host values by reference. One transfer per
+    (device, dtype) group, so checks cost no host sync while the step runs. `derive` adds a value
+    computed on the host from an earlier one (the range of relu(x) from the range of x), which
+    costs no device work at all."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple, list] = {}
+        self.refs: list[tuple] = []  # (key, offset, n) or (None, source ref, fn)
+
+    def add(self, t: torch.Tensor) -> int:
+        vector = t.dim() > 0
+        key = (t.device, t.dtype, vector)
+        g = self.groups.get(key)
+        if g is None:
+            g = self.groups[key] = [[], 0]
+        n = t.numel() if vector else 1
+        self.refs.append((key, g[1], n))
+        g[0].append(t)
+        g[1] += n
+        return len(self.refs) - 1
+
+    def derive(self, source: int, fn: Callable[[float], float]) -> int:
+        """A value computed at read time as fn(value of `source`)."""
+        self.refs.append((None, source, fn))
+        return len(self.refs) - 1
+
+    def read(self) -> list[Any]:
+        flat = {}
+        for key, (tensors, _) in self.groups.items():
+            device, _, vector = key
+            joined = torch.cat([t.reshape(-1) for t in tensors]) if vector else torch.stack(tensors)
+            wide = torch.float32 if device.type == "mps" else torch.float64
+            # TensorBase's own methods: the probes' sync wrappers on Tensor are for the user's calls
+            flat[key] = _TB.tolist(_TB.to(joined, wide))
+        out: list[Any] = [None] * len(self.refs)
+        derived = []
+        for i, (key, off, n) in enumerate(self.refs):
+            if key is None:
+                derived.append(i)
+            else:
+                vals = flat[key]
+                out[i] = vals[off:off + n] if key[2] else vals[off]
+        for i in derived:  # in order: a derived value may build on an earlier derived one
+            _, source, fn = self.refs[i]
+            out[i] = fn(out[source])
+        return out
+
+
+_TB = torch._C.TensorBase
+
+
+def _neg(x: float) -> float:
+    return -x
+
+
+def _relu(x: float) -> float:
+    return x if math.isnan(x) else max(x, 0.0)
+
+
+def _sigmoid(x: float) -> float:
+    if math.isnan(x):
+        return x
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def _tanh(x: float) -> float:
+    return math.tanh(x)
+
+
+# Elementwise monotone ops of one tensor: the output's range is f(input's range), derived on the
+# host instead of reduced again on the device.
+_MONOTONE = {"relu": _relu, "relu_": _relu, "sigmoid": _sigmoid, "sigmoid_": _sigmoid, "tanh": _tanh,
+             "tanh_": _tanh}
+
+
+class _Mode(TorchFunctionMode):
+    """Sees each torch call made from Python while a step runs; hands it to the collector."""
+
+    def __init__(self, col: "Numerics") -> None:
+        super().__init__()
+        self.col = col
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        col = self.col
+        try:
+            kind = _kinds[func]
+        except (KeyError, TypeError):
+            kind = _classify(func)
+        if kind == SKIP or col.paused or not col.checking:
+            return func(*args, **kwargs)
+        if kind == BACKWARD:
+            col.on_backward(args, kwargs)
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        t0 = perf()
+        try:
+            col.on_op(func, kind, args, kwargs, out)
+        except Exception as e:  # our bug must never become the user's failure
+            col.failed(e)
+        col.check_s += perf() - t0
+        return out
+
+
+class Numerics:
+    """Collector (see auditor.capture.collectors): one per child process."""
+
+    name = "numerics"
+
+    def __init__(self) -> None:
+        self.mode = _Mode(self)
+        self.step: int = -1  # -1: setup (module import), before the first step
+        self.in_step = False
+        self.checking = True
+        self.paused = 0  # > 0 inside optimizer steps and our own hooks
+        self.mode_popped = 0  # > 0 while an optimizer step has taken the mode off the stack
+        self.errors = 0
+        self.error_text: str | None = None
+        self.check_s = 0.0
+        # tables, sent incrementally
+        self.sites: dict[tuple, int] = {}
+        self.site_info: list[dict] = []
+        self.modules: dict[int, tuple[weakref.ref, int]] = {}
+        self.module_info: list[dict] = []
+        self.param_names: dict[int, tuple[weakref.ref, str, str]] = {}  # id -> (ref, name, its module)
+        self.opt_index: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self.sched_index: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self.scheds: list[tuple[weakref.ref, int]] = []
+        self.scaler_index: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self.autocast_sites: dict[tuple, int] = {}
+        self.sent_sites = 0
+        self.sent_modules = 0
+        self.events: list[dict] = []
+        self.benign_sites: set[int] = set()  # sites that made non-finite values in healthy steps
+        # id(parameter) -> (ref, version, min tensor or None for symmetric, max tensor): carried
+        # across steps, refreshed by the optimizer post-hook
+        self.param_stats: dict[int, tuple] = {}
+        self.origins = 0
+        self.mstack: list[int] = []
+        self._reset_step()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        register_module_forward_pre_hook(self._module_pre)
+        try:
+            register_module_forward_hook(self._module_post, always_call=True)
+        except TypeError:  # torch without always_call
+            register_module_forward_hook(self._module_post)
+        register_optimizer_step_pre_hook(self._opt_pre)
+        register_optimizer_step_post_hook(self._opt_post)
+        _install_config_probes(self)
+
+    def step_begin(self, index: int) -> None:
+        self.step = index
+        self._reset_step()
+        self.in_step = True
+        self.paused = 0
+        self.mode_popped = 0
+        self.mode.__enter__()
+
+    def step_end(self, index: int) -> dict[str, Any] | None:
+        try:
+            if torch.overrides._get_current_function_mode() is self.mode:
+                self.mode.__exit__(None, None, None)
+            elif not self.mode_popped:  # someone else's mode is on top: the user's to unwind
+                self.failed(RuntimeError("torch function mode stack changed during the step"))
+        except Exception as e:
+            self.failed(e)
+        self.mode_popped = 0
+        self.in_step = False
+        self.paused = 0
+        t0 = perf()
+        try:
+            data = self._materialise(index)
+        except Exception as e:
+            self.failed(e)
+            data = {"error": f"{type(e).__name__}: {e}"}
+        self.check_s += perf() - t0
+        data["check_ms"] = round(self.check_s * 1e3, 3)
+        data["events"], self.events = self.events, []
+        data.update(self._new_tables())
+        if self.error_text:
+            data["collector_errors"] = self.errors
+            data["collector_error"] = self.error_text
+        self._reset_step()
+        return data
+
+    def finish(self) -> dict[str, Any] | None:
+        return {"errors": self.errors, "error": self.error_text, "checking": self.checking,
+                "events": self.events, **self._new_tables()}
+
+    def failed(self, e: BaseException) -> None:
+        self.errors += 1
+        self.error_text = f"{type(e).__name__}: {e}"[:300]
+        if self.errors >= MAX_ERRORS:
+            self.checking = False
+
+    def _reset_step(self) -> None:
+        self.values = Values()
+        self.ops: list[tuple] = []  # (site, module, in_refs, out_refs, hazard, half, kind)
+        self.cache: dict[int, tuple[weakref.ref, int, int]] = {}  # id -> (ref, version, stat ref)
+        self.sym_refs: set[int] = set()  # ranges that are ±max|w| rather than min..max
+        self.dropped = 0
+        self.losses: list[int] = []
+        self.backward = 0
+        self.scaled_ids: set[int] = set()
+        self.opt_steps: list[dict] = []
+        self.autocast_used: dict[int, int] = {}
+        self.scaler_updates: list[tuple[int, int | None, int]] = []
+        self.scale_calls = 0
+        self.check_s = 0.0
+
+    # --- tables ---------------------------------------------------------------------------------
+
+    def _new_tables(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.sent_sites < len(self.site_info):
+            out["sites"] = {str(s["id"]): s for s in self.site_info[self.sent_sites:]}
+            self.sent_sites = len(self.site_info)
+        if self.sent_modules < len(self.module_info):
+            out["modules"] = {str(m["id"]): m for m in self.module_info[self.sent_modules:]}
+            self.sent_modules = len(self.module_info)
+        return out
+
+    def _site(self, op: str, depth: int, hazard: str | None = None) -> int:
+        """Intern (op, the user's line): sites are sent once, steps refer to them by id."""
+        where = user_frame(sys._getframe(depth))
+        key = (op, where)
+        sid = self.sites.get(key)
+        if sid is None:
+            sid = self.sites[key] = len(self.site_info)
+            info = {"id": sid, "op": op, "where": _where(where)}
+            if hazard:
+                info["hazard"] = hazard
+            self.site_info.append(info)
+        return sid
+
+    def _module_id(self, module: torch.nn.Module) -> int:
+        entry = self.modules.get(id(module))
+        if entry is not None and entry[0]() is module:
+            return entry[1]
+        if not self.mstack:  # a root call: name every submodule and parameter from here
+            root = type(module).__name__
+            for qual, sub in module.named_modules(remove_duplicate=False):
+                e = self.modules.get(id(sub))
+                if e is None or e[0]() is not sub:
+                    self._add_module(sub, qual, root)
+            for qual, p in module.named_parameters(remove_duplicate=False):
+                owner = qual.rpartition(".")[0]
+                self.param_names[id(p)] = (weakref.ref(p), qual, owner or root)
+            entry = self.modules.get(id(module))
+            if entry is not None:
+                return entry[1]
+        parent = self.module_info[self.mstack[-1]] if self.mstack else None
+        qual = f"{parent['name']}.{type(module).__name__}".lstrip(".") if parent else ""
+        return self._add_module(module, qual, parent["root"] if parent else type(module).__name__)
+
+    def _add_module(self, module: torch.nn.Module, qual: str, root: str) -> int:
+        mid = len(self.module_info)
+        self.modules[id(module)] = (weakref.ref(module), mid)
+        self.module_info.append({"id": mid, "name": qual, "type": type(module).__name__, "root": root})
+        return mid
+
+    def param_name(self, p: torch.Tensor) -> str | None:
+        e = self.param_names.get(id(p))
+        return e[1] if e is not None and e[0]() is p else None
+
+    def param_layer(self, p: torch.Tensor) -> str | None:
+        """The qualified name of the module owning `p` (the root's class name for its own)."""
+        e = self.param_names.get(id(p))
+        return e[2] if e is not None and e[0]() is p else None
+
+    # --- module hooks ---------------------------------------------------------------------------
+
+    def _module_pre(self, module, args) -> None:
+        try:
+            self.mstack.append(self._module_id(module))
+        except Exception as e:
+            self.mstack.append(-1)
+            self.failed(e)
+
+    def _module_post(self, module, args, output) -> None:
+        if self.mstack:
+            self.mstack.pop()
+
+    # --- ops ------------------------------------------------------------------------------------
+
+    def _stat(self, t: torch.Tensor) -> int:
+        """Reference of the range of t (min at ref, max at ref + 1), cached per tensor version
+        within the step. A parameter's range carries over between steps while its version stays:
+        the optimizer post-hook records ±max|w| after each update (one `_foreach_norm` for all),
+        so weights are not reduced again in the forward pass."""
+        key = id(t)
+        hit = self.cache.get(key)
+        if hit is not None and hit[0]() is t and hit[1] == t._version:
+            return hit[2]
+        carried = self.param_stats.get(key) if type(t) is torch.nn.Parameter else None
+        if carried is not None and carried[0]() is t and carried[1] == t._version:
+            lo, hi = carried[2], carried[3]
+            if lo is None:  # symmetric: -max|w| .. max|w|
+                ref = self.values.derive(len(self.values.refs) + 1, _neg)
+                self.values.add(hi)
+                self.sym_refs.add(ref)
+            else:
+                ref = self.values.add(lo)
+                self.values.add(hi)
+        else:
+            lo, hi = torch.aminmax(t.detach())
+            ref = self.values.add(lo)
+            self.values.add(hi)
+            if type(t) is torch.nn.Parameter:
+                self.param_stats[key] = (weakref.ref(t), t._version, lo, hi)
+        self.cache[key] = (weakref.ref(t), t._version, ref)
+        return ref
+
+    def _stat_in(self, t: torch.Tensor, outs: list[torch.Tensor]) -> int | None:
+        """Stats of an input. An input the call modified in place (it is also an output) can only
+        use the stats taken before the call; without them it has none."""
+        if any(t is o for o in outs):
+            hit = self.cache.get(id(t))
+            return hit[2] if hit is not None and hit[0]() is t else None
+        return self._stat(t)
+
+    def on_op(self, func: Callable, kind: int, args: tuple, kwargs: dict, out: Any) -> None:
+        rec = probes.REC
+        if rec is not None and rec.in_data:
+            return  # batch collation: data is judged where the step consumes it
+        outs = _tensors_in(out)
+        if not outs:
+            return
+        if len(self.ops) >= MAX_OPS_PER_STEP:
+            self.dropped += 1
+            return
+        # Every reduction below runs on t.detach(): no autograd graph, no grad mode switch needed.
+        ins = [t for a in (*args, *kwargs.values()) for t in _tensors_in(a)]
+        in_refs = tuple(self._stat_in(t, outs) for t in ins)
+        for t in outs:  # in-place ops: forget the stats of the value before the call
+            self.cache.pop(id(t), None)
+        fn = _MONOTONE.get(getattr(func, "__name__", "")) if len(ins) == 1 and len(outs) == 1 else None
+        if fn is not None and in_refs[0] is not None and in_refs[0] not in self.sym_refs:
+            ref = self.values.derive(in_refs[0], fn)
+            self.values.derive(in_refs[0] + 1, fn)
+            self.cache[id(outs[0])] = (weakref.ref(outs[0]), outs[0]._version, ref)
+            out_refs = (ref,)
+        else:
+            out_refs = tuple(self._stat(t) for t in outs)
+        hazard = self._hazard_stat(kind, args, in_refs, out_refs) if kind != PLAIN else None
+        half = any(t.dtype == torch.float16 for t in outs)
+        site = self._site(_op_name(func), 3, HAZARD_NAMES.get(kind) or ("fp16" if half else None))
+        module = self.mstack[-1] if self.mstack else -1
+        # ids of the parameters among the inputs (named only if this call turns out to be the origin)
+        params = tuple(id(t._base if t._base is not None else t) for t in ins) \
+            if any(type(t) is torch.nn.Parameter or t._base is not None for t in ins) else None
+        self.ops.append((site, module, in_refs, out_refs, hazard, half, kind, params))
+
+    def _hazard_stat(self, kind: int, args: tuple, in_refs: tuple, out_refs: tuple) -> tuple | None:
+        """(what, ref or constant): the one number that says how close this call is to its hazard."""
+        if kind in (DIV, RDIV):
+            den = args[1] if kind == DIV and len(args) > 1 else args[0] if args else None
+            if isinstance(den, torch.Tensor) and _checkable(den):
+                return ("min_abs_den", self.values.add(den.detach().abs().amin()))
+            if isinstance(den, (int, float)) and den == 0:
+                return ("min_abs_den_const", 0.0)
+            return None
+        if (not in_refs or in_refs[0] is None) and kind != NORM:
+            return None
+        if kind in (LOG, LOG1P, SQRT, POW):
+            return ("min_in", in_refs[0])
+        if kind == EXP:
+            return ("max_in", in_refs[0] + 1)
+        if kind == NORM and out_refs:
+            return ("min_out", out_refs[0])
+        return None
+
+    def on_backward(self, args: tuple, kwargs: dict) -> None:
+        self.backward += 1
+        root = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
+        roots = [root] if isinstance(root, torch.Tensor) else list(root or ())
+        try:
+            with torch.no_grad():
+                for t in roots:
+                    if isinstance(t, torch.Tensor) and _checkable(t) and id(t) not in self.scaled_ids:
+                        self.losses.append(self._stat(t))
+        except Exception as e:
+            self.failed(e)
+
+    # --- optimizer hooks ------------------------------------------------------------------------
+
+    def _opt_pre(self, opt, args, kwargs) -> None:
+        # The update's own ops (hundreds per step) are judged through the parameters afterwards:
+        # take the mode off the stack for the step rather than pass each of them through.
+        self.paused += 1
+        if self.in_step and torch.overrides._get_current_function_mode() is self.mode:
+            torch.overrides._pop_mode()
+            self.mode_popped += 1
+        if not self.in_step or not self.checking:
+            return
+        try:
+            with torch.no_grad():
+                self.opt_steps.append(self._grads(opt))
+        except Exception as e:
+            self.failed(e)
+
+    def _opt_post(self, opt, args, kwargs) -> None:
+        try:
+            if self.in_step and self.checking and self.opt_steps and self.opt_steps[-1]["opt"] == self.opt_index.get(opt):
+                with torch.no_grad():
+                    params = [p for g in opt.param_groups for p in g["params"] if _checkable(p)]
+                    if params:
+                        rec = self.opt_steps[-1]
+                        rec["param_maxabs"] = self._param_maxabs(params)
+                        rec["param_list"] = params_names(self, params)
+        except Exception as e:
+            self.failed(e)
+        finally:
+            self.paused = max(0, self.paused - 1)
+            if self.mode_popped:
+                self.mode_popped -= 1
+                torch.overrides._push_mode(self.mode)
+
+    def _param_maxabs(self, params: list[torch.Tensor]) -> list[tuple[int, int | None]]:
+        """The range of every parameter after the update: tells which weights stopped being
+        finite, and serves the next forward pass as their input range (no second reduction).
+        On CUDA one fused `_foreach_norm(inf)` (±max|w|); on the CPU, where that norm is ~20x slower
+        than a reduction, one `aminmax` per parameter (exact min..max)."""
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for p in params:
+            by_device.setdefault(p.device, []).append(p)
+        refs = []
+        for device, ps in by_device.items():
+            if device.type == "cuda":
+                ms = torch._foreach_norm(ps, math.inf)
+                for p, mx in zip(ps, ms):
+                    self.param_stats[id(p)] = (weakref.ref(p), p._version, None, mx)
+                    refs.append((self.values.add(mx), None))
+                continue
+            for p in ps:
+                lo, hi = torch.aminmax(p.detach())
+                self.param_stats[id(p)] = (weakref.ref(p), p._version, lo, hi)
+                refs.append((self.values.add(lo), self.values.add(hi)))
+        return refs
+
+    def _norms(self, tensors: list[torch.Tensor]) -> int:
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_device.setdefault(t.device, []).append(t)
+        parts = [torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float32)) for ts in by_device.values()]
+        joined = parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts])
+        return self.values.add(joined)
+
+    def _grads(self, opt) -> dict[str, Any]:
+        idx = self.opt_index.get(opt)
+        if idx is None:
+            idx = self._register_optimizer(opt, None)
+        lrs = []
+        for g in opt.param_groups:
+            lr = g.get("lr")
+            lrs.append(("ref", self.values.add(lr.detach().reshape(()))) if isinstance(lr, torch.Tensor) else lr)
+        grads, owners = [], []
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if p.grad is not None and not p.grad.is_sparse and _checkable(p.grad):
+                    grads.append(p.grad)
+                    owners.append(p)
+        rec: dict[str, Any] = {"opt": idx, "site": self._site("optimizer.step", 3), "lrs": lrs,
+                               "sched_epochs": {str(i): s.last_epoch for s, i in self._scheds_of(opt)}}
+        if grads:
+            rec["grad_norms"] = self._norms(grads)
+            rec["grad_list"] = params_names(self, owners)
+            rec["grad_layers"] = [self.param_layer(p) or n.rpartition(".")[0] or n
+                                  for p, n in zip(owners, rec["grad_list"])]
+        return rec
+
+    def _scheds_of(self, opt) -> list[tuple[Any, int]]:
+        out = []
+        for ref, i in self.scheds:
+            s = ref()
+            if s is not None and getattr(s, "optimizer", None) is opt:
+                out.append((s, i))
+        return out
+
+    # --- configuration probes (called from _install_config_probes) --------------------------------
+
+    def event(self, kind: str, where: Any, **data: Any) -> None:
+        self.events.append({"event": kind, "step": self.step if self.in_step else -1,
+                            "where": _where(where), **data})
+
+    def _register_optimizer(self, opt, where) -> int:
+        idx = len(self.opt_index)
+        self.opt_index[opt] = idx
+        defaults = getattr(opt, "defaults", {}) or {}
+        self.event("optimizer", where, opt=idx, type=type(opt).__name__,
+                   lr=_scalar(defaults.get("lr")), defaults=_plain(defaults),
+                   group_lrs=[_scalar(g.get("lr")) for g in opt.param_groups],
+                   params=sum(len(g["params"]) for g in opt.param_groups))
+        return idx
+
+    # --- step end -------------------------------------------------------------------------------
+
+    def _materialise(self, index: int) -> dict[str, Any]:
+        vals = self.values.read() if self.values.refs else []
+        data: dict[str, Any] = {"ops": len(self.ops), "dropped": self.dropped, "backward": self.backward}
+        bad_ops = []
+        hazards: dict[int, float] = {}
+        for k, (site, _, _, out_refs, hazard, half, kind, _) in enumerate(self.ops):
+            if not all(_finite(vals[r], vals[r + 1]) for r in out_refs):
+                bad_ops.append(k)
+            if hazard is not None or half:
+                v = _hazard_value(hazard, vals) if hazard is not None else None
+                if half:
+                    r = out_refs[0]
+                    v = max(abs(vals[r]), abs(vals[r + 1])) if v is None else v
+                if v is None or (len(hazards) >= MAX_HAZARD_SITES and site not in hazards):
+                    continue
+                prev = hazards.get(site)
+                low = hazard is not None and hazard[0] != "max_in"
+                hazards[site] = v if prev is None or math.isnan(v) else (min(prev, v) if low else max(prev, v))
+        data["nonfinite_ops"] = len(bad_ops)
+        data["nonfinite_sites"] = sorted({self.ops[k][0] for k in bad_ops})
+        data["hazards"] = [[s, num(v)] for s, v in hazards.items()]
+        loss_vals = [(vals[r], vals[r + 1]) for r in self.losses]
+        if loss_vals:
+            lo, hi = loss_vals[-1]
+            data["loss"] = num(hi if lo == hi or math.isnan(hi) else (lo + hi) / 2)
+        data["losses"] = len(loss_vals)
+        loss_bad = any(not _finite(lo, hi) for lo, hi in loss_vals)
+        data["loss_finite"] = not loss_bad if loss_vals else None
+        data["opt_steps"] = [self._opt_record(r, vals) for r in self.opt_steps]
+        grads_bad = any(r.get("grad_nonfinite") for r in data["opt_steps"])
+        params_bad = any(r.get("param_nonfinite") for r in data["opt_steps"])
+        data["autocast"] = [[s, n] for s, n in self.autocast_used.items()]
+        data["scaler_scale_calls"] = self.scale_calls
+        data["scaler_updates"] = [{"scaler": i, "before": num(vals[b]) if b is not None else None,
+                                   "after": num(vals[a])} for i, b, a in self.scaler_updates]
+        if loss_bad or grads_bad or params_bad:
+            if self.origins < MAX_ORIGINS:
+                self.origins += 1
+                data["origin"] = self._origin(index, vals, bad_ops, hazards, loss_bad, data["opt_steps"])
+        else:
+            self.benign_sites.update(self.ops[k][0] for k in bad_ops)
+        return data
+
+    def _opt_record(self, r: dict, vals: list) -> dict[str, Any]:
+        out = {"opt": r["opt"], "site": r["site"], "sched_epochs": r["sched_epochs"],
+               "lrs": [num(vals[v[1]]) if isinstance(v, tuple) else _scalar(v) for v in r["lrs"]]}
+        if "grad_norms" in r:
+            norms = vals[r["grad_norms"]]
+            names = r["grad_list"]
+            total = math.sqrt(sum(n * n for n in norms)) if all(math.isfinite(n) for n in norms) else float("nan")
+            out["grad_norm"] = num(total)
+            bad = [names[i] for i, n in enumerate(norms) if not math.isfinite(n)]
+            out["grad_nonfinite"] = len(bad)
+            out["grad_nonfinite_params"] = bad[:20]
+            out["top_params"] = _top(names, norms)
+            out["top_layers"] = _top_layers(r["grad_layers"], norms)
+        if "param_maxabs" in r:
+            # (min, max) per parameter on the CPU, max|w| (one value) on CUDA
+            maxabs = [_max_abs(vals[a], vals[b] if b is not None else vals[a]) for a, b in r["param_maxabs"]]
+            names = r["param_list"]
+            bad = [names[i] for i, n in enumerate(maxabs) if not math.isfinite(n)]
+            out["param_max_abs"] = num(max(maxabs) if not bad else float("nan"))
+            out["param_nonfinite"] = len(bad)
+            out["param_nonfinite_params"] = bad[:20]
+        return out
+
+    def _origin(self, index: int, vals: list, bad_ops: list[int], hazards: dict[int, float],
+                loss_bad: bool, opt_steps: list[dict]) -> dict[str, Any]:
+        """Where the step's non-finite values came from, in execution order: the first call at a
+        site that has not made non-finite values in healthy steps (an attention mask's -inf is
+        by design), else the backward pass, else the optimizer's update."""
+        what = [w for w, bad in (("loss", loss_bad), ("gradient", any(r.get("grad_nonfinite") for r in opt_steps)),
+                                 ("parameter", any(r.get("param_nonfinite") for r in opt_steps))) if bad]
+        base = {"step": index, "nonfinite": what, "ops_checked": len(self.ops),
+                "hazards": [[s, num(v)] for s, v in hazards.items()]}
+        for k in bad_ops:
+            site, module, in_refs, out_refs, hazard, half, kind, params = self.ops[k]
+            if site in self.benign_sites:
+                continue
+            ins = [_range(vals, r, r in self.sym_refs) if r is not None else {"min": None, "max": None, "finite": True}
+                   for r in in_refs]
+            for i, rng in enumerate(ins):
+                name = self.param_names.get(params[i]) if params and i < len(params) else None
+                if name is not None and name[0]() is not None:
+                    rng["param"] = name[1]
+            out = [_range(vals, r) for r in out_refs]
+            cause = _cause(kind, hazard, vals, ins, out, half)
+            return {**base, "phase": "input" if cause["kind"] == "nonfinite-input" else "forward",
+                    "op_index": k, "site": site, "module": module, "inputs": ins[:8], "outputs": out[:4],
+                    "hazard": cause}
+        for r in opt_steps:
+            if r.get("grad_nonfinite"):
+                hints = [[s, num(v)] for s, v in hazards.items() if v == 0.0]
+                return {**base, "phase": "backward", "params": r["grad_nonfinite_params"], "opt": r["opt"],
+                        "hazard": {"kind": "backward", "singular_sites": hints}}
+            if r.get("param_nonfinite"):
+                return {**base, "phase": "optimizer", "params": r["param_nonfinite_params"], "opt": r["opt"],
+                        "site": r["site"], "hazard": {"kind": "update"}}
+        return {**base, "phase": "unknown", "hazard": {"kind": "unknown"}}
+
+
+def params_names(col: Numerics, params: list[torch.Tensor]) -> list[str]:
+    return [col.param_name(p) or f"param{i}{list(p.shape)}" for i, p in enumerate(params)]
+
+
+def _max_abs(lo: float, hi: float) -> float:
+    return max(abs(lo), abs(hi)) if _finite(lo, hi) else float("nan")
+
+
+def _range(vals: list, ref: int, symmetric: bool = False) -> dict[str, Any]:
+    lo, hi = vals[ref], vals[ref + 1]
+    out = {"min": num(lo), "max": num(hi), "finite": _finite(lo, hi)}
+    if symmetric:
+        out["abs"] = True  # a weight's range after an update: ±max|w|
+    return out
+
+
+def _hazard_value(hazard: tuple, vals: list) -> float | None:
+    what, ref = hazard
+    if what == "min_abs_den_const":
+        return ref
+    return vals[ref]
+
+
+def _cause(kind: int, hazard: tuple | None, vals: list, ins: list[dict], out: list[dict], half: bool) -> dict:
+    """Name the hazard that turned finite inputs into a non-finite result."""
+    if any(not r["finite"] for r in ins):
+        bad = next(i for i, r in enumerate(ins) if not r["finite"])
+        return {"kind": "nonfinite-input", "input": bad, "param": ins[bad].get("param")}
+    v = _hazard_value(hazard, vals) if hazard is not None else None
+    has_nan = any(o["min"] == "nan" or o["max"] == "nan" for o in out)
+    has_inf = any(o["max"] == "inf" or o["min"] == "-inf" for o in out)
+    if kind in (LOG, LOG1P) and v is not None and v <= (-1.0 if kind == LOG1P else 0.0):
+        return {"kind": "log-of-zero" if v == (-1.0 if kind == LOG1P else 0.0) else "log-of-negative",
+                "min_input": num(v)}
+    if kind in (DIV, RDIV) and v is not None and v == 0.0:
+        return {"kind": "division-by-zero", "min_abs_denominator": 0.0}
+    if kind == SQRT and v is not None and v < 0:
+        return {"kind": "sqrt-of-negative", "min_input": num(v)}
+    if kind == EXP and v is not None and has_inf:
+        return {"kind": "exp-overflow", "max_input": num(v)}
+    if half and has_inf:
+        return {"kind": "fp16-overflow", "limit": FP16_MAX}
+    if has_inf and not has_nan:
+        return {"kind": "overflow"}
+    return {"kind": "invalid"}  # NaN from finite inputs: inf - inf, 0 * inf, 0 / 0 inside the call
+
+
+def _top(names: list[str], norms: list[float], k: int = 5) -> list[list]:
+    order = sorted(range(len(norms)), key=lambda i: (math.isfinite(norms[i]), -abs(norms[i]) if math.isfinite(norms[i]) else 0))
+    return [[names[i], num(norms[i])] for i in order[:k]]
+
+
+def _top_layers(layers: list[str], norms: list[float], k: int = 5) -> list[list]:
+    """Modules by share of the squared gradient norm: [name, norm, share]."""
+    sq: dict[str, float] = {}
+    for layer, v in zip(layers, norms):
+        sq[layer] = sq.get(layer, 0.0) + (v * v if math.isfinite(v) else float("inf"))
+    total = sum(sq.values())
+    order = sorted(sq.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else float("-inf"))
+    return [[layer, num(math.sqrt(s)), round(s / total, 4) if total and math.isfinite(total) else None]
+            for layer, s in order[:k]]
+
+
+def _where(w: Any) -> dict | None:
+    if not w:
+        return None
+    return {"file": w[0], "line": w[1], "function": w[2]}
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.detach().cpu().item() if v.device.type == "cpu" else None  # never sync a device here
+    if isinstance(v, float):
+        return num(v)
+    return v if isinstance(v, (int, bool, str)) or v is None else None
+
+
+def _plain(d: dict) -> dict[str, Any]:
+    """The scalar (and tuple-of-scalar) entries of a settings dict, JSON-ready."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, (list, tuple)) and len(v) <= 64 and all(isinstance(x, (int, float, bool)) for x in v):
+            out[str(k)] = [_scalar(x) for x in v]
+        elif not isinstance(v, (list, tuple, dict)):
+            s = _scalar(v)
+            if s is not None:
+                out[str(k)] = s
+    return out
+
+
+# --- configuration probes ------------------------------------------------------------------------
+
+def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    orig = owner.__dict__.get(name)
+    if orig is None or getattr(orig, "__audit_numerics__", False):
+        return
+    new = make(orig)
+    functools.update_wrapper(new, orig)
+    new.__audit_numerics__ = True
+    setattr(owner, name, new)
+
+
+def _caller() -> Any:
+    return user_frame(sys._getframe(2))
+
+
+def _install_config_probes(col: Numerics) -> None:
+    """Record what the configuration says: optimizer and scheduler construction, state loads,
+    GradScaler use and autocast regions. Each probe calls the original first and only reads."""
+    from torch.optim import Optimizer, lr_scheduler
+
+    def guard(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def safe(*a: Any, **k: Any) -> None:
+            try:
+                col.paused += 1
+                fn(*a, **k)
+            except Exception as e:
+                col.failed(e)
+            finally:
+                col.paused -= 1
+        return safe
+
+    @guard
+    def after_opt_init(self, where) -> None:
+        if self not in col.opt_index:
+            col._register_optimizer(self, where)
+
+    def make_opt_init(orig):
+        def probe(self, *args, **kwargs):
+            where = _caller()
+            orig(self, *args, **kwargs)
+            after_opt_init(self, where)
+        return probe
+
+    @guard
+    def after_opt_load(self, before, where) -> None:
+        idx = col.opt_index.get(self)
+        if idx is None:
+            idx = col._register_optimizer(self, None)
+        col.event("optimizer.load_state_dict", where, opt=idx, lr_before=before,
+                  lr_after=[_scalar(g.get("lr")) for g in self.param_groups],
+                  initial_lr_after=[_scalar(g.get("initial_lr")) for g in self.param_groups])
+
+    def make_opt_load(orig):
+        def probe(self, state_dict, *args, **kwargs):
+            where = _caller()
+            before = [_scalar(g.get("lr")) for g in self.param_groups]
+            result = orig(self, state_dict, *args, **kwargs)
+            after_opt_load(self, before, where)
+            return result
+        return probe
+
+    @guard
+    def after_sched_init(self, where) -> None:
+        if self in col.sched_index:
+            return
+        idx = len(col.sched_index)
+        col.sched_index[self] = idx
+        col.scheds.append((weakref.ref(self), idx))
+        opt = getattr(self, "optimizer", None)
+        attrs = _plain({k: v for k, v in vars(self).items() if not k.startswith("_") and k not in
+                        ("optimizer", "base_lrs", "last_epoch", "verbose")})
+        milestones = getattr(self, "milestones", None)
+        if isinstance(milestones, dict):  # MultiStepLR keeps a Counter
+            attrs["milestones"] = sorted(int(k) for k, n in milestones.items() for _ in range(int(n)))
+        groups = opt.param_groups if opt is not None else []
+        if any("max_lr" in g for g in groups):  # OneCycleLR keeps its peak in the param groups
+            attrs["group_max_lrs"] = [_scalar(g.get("max_lr")) for g in groups]
+        col.event("scheduler", where, sched=idx, type=type(self).__name__,
+                  opt=col.opt_index.get(opt) if opt is not None else None, attrs=attrs,
+                  base_lrs=[_scalar(x) for x in getattr(self, "base_lrs", [])],
+                  last_epoch=getattr(self, "last_epoch", None),
+                  group_lrs=[_scalar(g.get("lr")) for g in opt.param_groups] if opt is not None else [])
+
+    def make_sched_init(orig):
+        def probe(self, *args, **kwargs):
+            where = _caller()
+            orig(self, *args, **kwargs)
+            after_sched_init(self, where)
+        return probe
+
+    @guard
+    def after_sched_load(self, before, where) -> None:
+        col.event("scheduler.load_state_dict", where, sched=col.sched_index.get(self), type=type(self).__name__,
+                  base_lrs_before=before[0], last_epoch_before=before[1],
+                  base_lrs_after=[_scalar(x) for x in getattr(self, "base_lrs", [])],
+                  last_epoch_after=getattr(self, "last_epoch", None))
+
+    def make_sched_load(orig):
+        def probe(self, state_dict, *args, **kwargs):
+            where = _caller()
+            before = ([_scalar(x) for x in getattr(self, "base_lrs", [])], getattr(self, "last_epoch", None))
+            result = orig(self, state_dict, *args, **kwargs)
+            after_sched_load(self, before, where)
+            return result
+        return probe
+
+    def make_next(orig):
+        def probe(self, *args, **kwargs):  # batch loading: thousands of indexing calls, none the model's
+            if col.in_step and torch.overrides._get_current_function_mode() is col.mode:
+                with torch.overrides._pop_mode_temporarily():
+                    return orig(self, *args, **kwargs)
+            return orig(self, *args, **kwargs)
+        return probe
+
+    import torch.utils.data.dataloader as dl
+
+    _wrap(dl._BaseDataLoaderIter, "__next__", make_next)
+    _wrap(Optimizer, "__init__", make_opt_init)
+    _wrap(Optimizer, "load_state_dict", make_opt_load)
+    _wrap(lr_scheduler.LRScheduler, "__init__", make_sched_init)
+    for wrapper in ("SequentialLR", "ChainedScheduler", "ReduceLROnPlateau"):  # no LRScheduler.__init__
+        cls = getattr(lr_scheduler, wrapper, None)
+        if cls is not None:
+            _wrap(cls, "__init__", make_sched_init)
+    _wrap(lr_scheduler.LRScheduler, "load_state_dict", make_sched_load)
+    _install_amp_probes(col, guard)
+
+
+def _install_amp_probes(col: Numerics, guard: Callable) -> None:
+    from torch.amp import autocast_mode, grad_scaler
+
+    @guard
+    def after_enter(self, where) -> None:
+        dtype = getattr(self, "fast_dtype", None)
+        key = (where, str(dtype), str(getattr(self, "device", "")))
+        sid = col.autocast_sites.get(key)
+        if sid is None:
+            sid = col.autocast_sites[key] = len(col.autocast_sites)
+            col.event("autocast", where, site=sid, dtype=str(dtype).replace("torch.", ""),
+                      device=str(getattr(self, "device", "")), enabled=bool(getattr(self, "_enabled", True)))
+        if col.in_step and getattr(self, "_enabled", True):
+            col.autocast_used[sid] = col.autocast_used.get(sid, 0) + 1
+
+    def make_enter(orig):
+        def probe(self, *args, **kwargs):
+            where = _caller()
+            result = orig(self, *args, **kwargs)
+            after_enter(self, where)
+            return result
+        return probe
+
+    @guard
+    def after_scaler_init(self, where) -> None:
+        idx = len(col.scaler_index)
+        col.scaler_index[self] = idx
+        col.event("grad_scaler", where, scaler=idx, enabled=bool(getattr(self, "_enabled", True)),
+                  device=str(getattr(self, "_device", "")), init_scale=_scalar(getattr(self, "_init_scale", None)),
+                  growth_interval=_scalar(getattr(self, "_growth_interval", None)),
+                  backoff_factor=_scalar(getattr(self, "_backoff_factor", None)))
+
+    def make_scaler_init(orig):
+        def probe(self, *args, **kwargs):
+            where = _caller()
+            orig(self, *args, **kwargs)
+            after_scaler_init(self, where)
+        return probe
+
+    @guard
+    def after_scale(self, outputs, result) -> None:
+        if not col.in_step or not getattr(self, "_enabled", True):
+            return
+        col.scale_calls += 1
+        if isinstance(outputs, torch.Tensor) and _checkable(outputs) and isinstance(result, torch.Tensor):
+            with torch.no_grad():
+                col.losses.append(col._stat(outputs))  # the unscaled loss
+            col.scaled_ids.add(id(result))
+
+    def make_scale(orig):
+        def probe(self, outputs, *args, **kwargs):
+            result = orig(self, outputs, *args, **kwargs)
+            after_scale(self, outputs, result)
+            return result
+        return probe
+
+    def read_scale(self) -> int | None:
+        s = getattr(self, "_scale", None)
+        return col.values.add(s.detach().reshape(()).clone()) if isinstance(s, torch.Tensor) else None
+
+    def make_update(orig):
+        def probe(self, *args, **kwargs):
+            if not (col.in_step and getattr(self, "_enabled", True) and col.checking):
+                return orig(self, *args, **kwargs)
+            before = None
+            try:
+                with torch.no_grad():
+                    before = read_scale(self)
+            except Exception as e:
+                col.failed(e)
+            col.paused += 1
+            try:
+                result = orig(self, *args, **kwargs)
+            finally:
+                col.paused -= 1
+            try:
+                with torch.no_grad():
+                    after = read_scale(self)
+                if after is not None:
+                    idx = col.scaler_index.get(self)
+                    col.scaler_updates.append((idx if idx is not None else -1, before, after))
+            except Exception as e:
+                col.failed(e)
+            return result
+        return probe
+
+    def make_paused(orig):
+        def probe(self, *args, **kwargs):  # the scaler's own inf checks are not the model's
+            col.paused += 1
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                col.paused -= 1
+        return probe
+
+    _wrap(autocast_mode.autocast, "__enter__", make_enter)
+    _wrap(grad_scaler.GradScaler, "unscale_", make_paused)
+    _wrap(grad_scaler.GradScaler, "step", make_paused)
+    _wrap(grad_scaler.GradScaler, "__init__", make_scaler_init)
+    _wrap(grad_scaler.GradScaler, "scale", make_scale)
+    _wrap(grad_scaler.GradScaler, "update", make_update)

@@ -1,0 +1,145 @@
+"""One rank's view from profiler traces, for `audit analyze` of per-rank traces.
+
+Why traces too: on GPU clusters the profiler trace is often all there is, one per rank, and each
+names its rank in `distributedInfo`. A ProfilerStep gives the step's wall time; NCCL kernels (or,
+on CPU, the gloo/nccl record_function ranges) are the sync points, matched across ranks as the k-th
+communication of the same ProfilerStep; DataLoader, DDP forward and optimizer ranges give the
+host-side phases that can be named. Backward is not separated (on GPU it runs on autograd threads):
+it stays in "other". Communication on the GPU overlaps compute, so a trace rank's `comm_ms` is
+device time set against a host step: consistent between ranks, which is what the comparison needs.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from auditor.evidence import model as m
+from auditor.evidence.ranks import (COMM, RANK_PHASES, RANKS_KEY, RankInfo, RankSet, RankStep, SyncMap, combine,
+                                    rank_ranges)
+
+# Names a trace gives communication: NCCL kernels on the GPU, gloo/nccl record_function ranges on the host.
+_COMM_KERNEL = re.compile(r"nccl|rccl|c10d", re.I)
+_COMM_HOST = re.compile(r"^(gloo|nccl|mpi|ucc):[a-z_]+$", re.I)
+_TRACE_PHASES = {"data": re.compile(r"DataLoader.*__next__"),
+                 "forward": re.compile(r"^DistributedDataParallel\.forward$"),
+                 "optimizer": re.compile(r"^Optimizer\.step#")}
+
+
+def _union_ms(starts: list[float], ends: list[float]) -> float:
+    """Length in ms of the union of [start, end] ranges in us: nested ranges (a DataLoader call
+    inside another) count once."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(zip(starts, ends)):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total / 1e3
+
+
+def trace_rank(trace: Any) -> int | None:
+    """The rank a trace's `distributedInfo` names, or None."""
+    rank = trace.distributed_info.get("rank")
+    return int(rank) if isinstance(rank, int) or (isinstance(rank, str) and rank.isdigit()) else None
+
+
+def info_from_traces(traces: list[Any], rank: int) -> tuple[RankInfo, SyncMap]:
+    """A rank's ProfilerSteps: wall time, data / forward / optimizer ranges on the host, and the
+    communication the trace records (NCCL kernels on the GPU, else gloo/nccl host ranges)."""
+    steps: list[RankStep] = []
+    syncs: SyncMap = {}
+    backend = None
+    for trace in traces:
+        backend = backend or trace.distributed_info.get("backend")
+        events = trace.events
+        kernels = trace.of("kernel")
+        comm = trace.matching(_COMM_KERNEL, kernels)
+        on_gpu = len(comm) > 0
+        if not on_gpu:
+            comm = trace.matching(_COMM_HOST, trace.of("cpu_op", "annotation"))
+        for _, st in trace.steps.iterrows():
+            n = int(st["step"])
+            lo, hi = float(st["ts"]), float(st["end"])
+            in_step = comm[comm["step"] == n] if on_gpu else comm[(comm["ts"] >= lo) & (comm["ts"] < hi)]
+            in_step = in_step.sort_values("ts")
+            points = {f"comm:{k}:{trace.symbols[int(c)]}": float(d) / 1e3
+                      for k, (c, d) in enumerate(zip(in_step["name"], in_step["dur"]))}
+            phases = dict.fromkeys(RANK_PHASES, 0.0)
+            host = events[(events["ts"] >= lo) & (events["ts"] < hi)]
+            for phase, pattern in _TRACE_PHASES.items():
+                sel = trace.matching(pattern, host)
+                phases[phase] = _union_ms(list(sel["ts"]), list(sel["end"]))
+            comm_ms = _union_ms(list(in_step["ts"]), list(in_step["end"]))
+            phases[COMM] = comm_ms
+            ms = (hi - lo) / 1e3
+            phases["other"] = max(0.0, ms - sum(phases[p] for p in _TRACE_PHASES) - (0.0 if on_gpu else comm_ms))
+            steps.append(RankStep(index=n, ms=ms, phases={k: round(v, 4) for k, v in phases.items()},
+                                  comm_ms=round(comm_ms, 4), profiled=True))
+            syncs[n] = points
+    steps.sort(key=lambda s: s.index)
+    info = RankInfo(rank=rank, source="trace", path=str(traces[0].path) if traces else "", backend=backend,
+                    steps=steps, traces=[str(t.path) for t in traces])
+    return info, syncs
+
+
+def ranks_from_traces(traces: list[Any]) -> RankSet | None:
+    """Group parsed traces by the rank their `distributedInfo` names; None when none names one."""
+    by_rank: dict[int, list[Any]] = defaultdict(list)
+    world = None
+    for t in traces:
+        r = trace_rank(t)
+        if r is not None:
+            by_rank[r].append(t)
+            world = world or t.distributed_info.get("world_size")
+    if not by_rank:
+        return None
+    return combine([info_from_traces(ts, r) for r, ts in sorted(by_rank.items())],
+                   world if isinstance(world, int) else None, "trace")
+
+
+def merge_trace_files(files: list[Path]) -> m.Evidence | None:
+    """Parse the traces one at a time (they can be large), keeping parsed only the primary rank's."""
+    from auditor.evidence.trace import load_trace
+
+    parts: dict[int, list[tuple[RankInfo, SyncMap]]] = defaultdict(list)
+    kept: dict[int, list[Any]] = defaultdict(list)
+    world = None
+    for f in files:
+        trace = load_trace(f)
+        rank = trace_rank(trace)
+        if rank is None:
+            return None  # a trace that names no rank: not a set of per-rank traces
+        world = world or trace.distributed_info.get("world_size")
+        parts[rank].append(info_from_traces([trace], rank))
+        if rank == min(parts):
+            kept = defaultdict(list, {rank: [*kept.get(rank, []), trace]})
+    if len(parts) < 2:
+        return None
+    infos = []
+    for rank, pieces in sorted(parts.items()):
+        info = msgspec.structs.replace(pieces[0][0], steps=sorted((s for i, _ in pieces for s in i.steps),
+                                                                   key=lambda s: s.index),
+                                       traces=[t for i, _ in pieces for t in i.traces])
+        syncs: SyncMap = {}
+        for _, sm in pieces:
+            syncs.update(sm)
+        infos.append((info, syncs))
+    rs = combine(infos, world if isinstance(world, int) else None, "trace")
+    primary = rs.ranks[0]
+    ev = m.Evidence(source="trace", traces=primary.traces)
+    ev.environment.notes.append(f"Merged profiler traces of {len(rs.ranks)} rank(s) "
+                                f"({rank_ranges([r.rank for r in rs.ranks])}"
+                                + (f" of {rs.world_size}" if rs.world_size else "")
+                                + f"); trace rules read rank {primary.rank}'s traces, the distributed rules all ranks.")
+    ev.extra[RANKS_KEY] = msgspec.to_builtins(rs)
+    ev.__dict__["trace_data"] = kept[primary.rank]
+    ev.__dict__["snapshot_data"] = []
+    return ev

@@ -1,0 +1,88 @@
+"""The per-rank view of a distributed run, for reports: a table row per rank and a plotly figure.
+
+Both read `ranks.rank_set(evidence)`, so a merged run, per-rank traces and a single rank render the
+same way; the figure is None below two ranks (there is nothing to compare).
+"""
+from __future__ import annotations
+
+from statistics import median
+from typing import Any
+
+from auditor.evidence import model as m
+from auditor.evidence.phases import PHASES
+from auditor.evidence.ranks import COMM, PHASE_LABELS, RANK_PHASES, compared_steps, rank_set
+
+
+def rank_rows(ev: m.Evidence) -> list[dict[str, Any]]:
+    """One row per rank for tables: median step, busy and waiting time, phases (median ms)."""
+    rs = rank_set(ev)
+    if rs is None:
+        return []
+    cmp = compared_steps(rs)
+    out = []
+    for info in rs.ranks:
+        steps = [r[info.rank] for r in cmp.values() if info.rank in r] or [s for s in info.steps if not s.failed]
+        if not steps:
+            out.append({"rank": info.rank, "host": info.hostname, "status": info.status, "steps": 0})
+            continue
+        step_ms = median(s.ms for s in steps)
+        wait = median(s.wait_ms or 0.0 for s in steps)
+        out.append({"rank": info.rank, "host": info.hostname, "status": info.status, "steps": len(info.steps),
+                    "median_step_ms": round(step_ms, 3), "median_busy_ms": round(median(s.busy_ms for s in steps), 3),
+                    "median_wait_ms": round(wait, 3), "wait_share": round(wait / step_ms, 4) if step_ms else None,
+                    "phases_ms": {p: round(median(s.phases.get(p, 0.0) for s in steps), 3) for p in RANK_PHASES}})
+    return out
+
+
+def rank_phase_table(ev: m.Evidence) -> list[dict[str, Any]]:
+    """phases.phase_table per rank: {"rank", "step", "total", <phase>: ms ..., "comm", "wait"}."""
+    rs = rank_set(ev)
+    return [] if rs is None else [
+        {"rank": info.rank, "step": s.index, "total": s.ms, **s.phases, "wait": s.wait_ms}
+        for info in rs.ranks for s in info.steps]
+
+_BAR_LABELS = {**PHASE_LABELS, "transfer": "transfer (in collectives)", "waiting": "waiting for other ranks"}
+_PHASE_COLORS = {"data": "#4c78a8", "forward": "#72b7b2", "backward": "#54a24b", "optimizer": "#eeca3b",
+                 "sync": "#e45756", "cleanup": "#b279a2", "other": "#bab0ac", "transfer": "#9d755d",
+                 "waiting": "#ff9da6"}
+
+
+def rank_figure(ev: m.Evidence) -> Any | None:
+    """(evidence) -> plotly Figure | None: step time per rank and step, where each rank spent its
+    step (median ms per phase, communication split into transfer and waiting), and the time each
+    rank waited for the others in each step. None when the evidence holds fewer than two ranks."""
+    rs = rank_set(ev)
+    if rs is None or len(rs.ranks) < 2:
+        return None
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    palette = qualitative.Dark24
+    fig = make_subplots(rows=3, cols=1, vertical_spacing=0.13,
+                        subplot_titles=("Step time per rank (ms)", "Where each rank spent its step (median ms)",
+                                        "Waiting for other ranks in collectives (ms)"))
+    for info in rs.ranks:
+        ok = [s for s in info.steps if not s.failed]
+        line = {"color": palette[info.rank % len(palette)]}
+        fig.add_trace(go.Scatter(x=[s.index for s in ok], y=[round(s.ms, 2) for s in ok], mode="lines+markers",
+                                 name=f"rank {info.rank}", legendgroup=f"rank {info.rank}", line=line), row=1, col=1)
+        fig.add_trace(go.Scatter(x=[s.index for s in ok], y=[round(s.wait_ms or 0.0, 2) for s in ok],
+                                 mode="lines+markers", name=f"rank {info.rank}", legendgroup=f"rank {info.rank}",
+                                 line=line, showlegend=False), row=3, col=1)
+    rows = [r for r in rank_rows(ev) if r.get("phases_ms")]
+    labels = [f"rank {r['rank']}" for r in rows]
+    for phase in (*PHASES, "transfer", "waiting"):
+        if phase == "transfer":
+            values = [max(0.0, r["phases_ms"][COMM] - r["median_wait_ms"]) for r in rows]
+        elif phase == "waiting":
+            values = [r["median_wait_ms"] for r in rows]
+        else:
+            values = [r["phases_ms"].get(phase, 0.0) for r in rows]
+        if any(values):
+            fig.add_trace(go.Bar(y=labels, x=values, orientation="h", name=_BAR_LABELS.get(phase, phase),
+                                 marker_color=_PHASE_COLORS[phase]), row=2, col=1)
+    fig.update_layout(barmode="stack", height=760, margin={"l": 60, "r": 20, "t": 40, "b": 30},
+                      legend={"orientation": "h"})
+    fig.update_xaxes(title_text="step", row=3, col=1)
+    return fig

@@ -1,0 +1,82 @@
+"""data-parallel: nn.DataParallel where DistributedDataParallel applies."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.evidence.ranks import frame_of
+from auditor.rules.base import Cost, Finding, Fix, Location, Rule
+
+DIST_KEY = "distributed"
+
+
+class DataParallel(Rule):
+    """
+    What it detects:
+        A model wrapped in `torch.nn.DataParallel` in a training step (one that runs backward).
+
+    Why it costs:
+        DataParallel is one process driving every GPU from Python threads: it copies the whole
+        model to each GPU on every forward, scatters inputs and gathers outputs through GPU 0, and
+        its threads contend for the GIL. PyTorch's documentation recommends DistributedDataParallel
+        even on a single machine: one process per GPU, gradients all-reduced while backward runs,
+        no per-step replication; it is faster and balances memory across GPUs.
+
+    Example:
+        bad:   model = nn.DataParallel(model)
+        good:  dist.init_process_group("nccl"); model = DDP(model.to(local_rank), device_ids=[local_rank])
+               and launch with `torchrun --nproc-per-node N` (or `audit run --nproc-per-node N`)
+
+    Fix:
+        Initialise a process group from the launcher's environment, wrap the model in
+        DistributedDataParallel on this rank's device, give the DataLoader a DistributedSampler,
+        and launch one process per GPU with torchrun.
+
+    Evidence needed:
+        A run: the probe on DataParallel's constructor gives the line and device ids; the backward
+        probes tell a training step from inference.
+    """
+
+    id = "data-parallel"
+    title = "nn.DataParallel where DistributedDataParallel applies"
+    severity = "warning"
+    category = "performance"
+    options = ()
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        if ev.source != "run":
+            return "needs a run (`audit run`), not a recording"
+        return None
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        dps = (ev.extra.get(DIST_KEY) or {}).get("data_parallel") or []
+        training = bool(ev.tallies(m.BACKWARD))
+        for dp in dps:
+            where = frame_of(dp.get("where"))
+            calls = [f for s in ev.steps for f in (s.extra.get(DIST_KEY) or {}).get("dp_forwards", [])
+                     if f.get("dp") == dp["index"]]
+            n_calls = sum(f["calls"] for f in calls)
+            if not n_calls:
+                continue  # wrapped but never called in the step
+            ms = sum(f["ms"] for f in calls) / max(1, len(ev.steps))
+            devices = len(dp.get("device_ids") or [])
+            here = (f"over {devices} GPUs" if devices > 1 else
+                    "on one device here (on a multi-GPU machine it replicates the model every forward)")
+            yield self.finding(
+                f"nn.DataParallel wraps the {dp.get('module') or 'model'} {here}, called {n_calls} times in "
+                f"{len(ev.steps)} steps{' of training' if training else ''}: a single process driving the GPUs from "
+                f"threads. DistributedDataParallel (one process per GPU) is faster"
+                + (", and the step trains, so it applies." if training else "."),
+                severity=None if training else "info",
+                locations=[Location.of(where)] if where else [],
+                evidence={"device_ids": dp.get("device_ids") or [], "cuda_devices": dp.get("cuda_devices", 0),
+                          "forward_calls": n_calls, "training": training, "forward_ms_per_step": round(ms, 3)},
+                cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
+                          note="not measurable on this machine: depends on the number of GPUs"
+                          if devices <= 1 else "DataParallel's replication, scatter and gather, per forward"),
+                fix=Fix(summary="Launch one process per GPU (torchrun --nproc-per-node N) and wrap the model in "
+                                "DistributedDataParallel(model.to(local_rank), device_ids=[local_rank]) after "
+                                "dist.init_process_group(); use a DistributedSampler.",
+                        config={"launcher": "torchrun --nproc-per-node N",
+                                "wrapper": "torch.nn.parallel.DistributedDataParallel"}),
+            )

@@ -1,0 +1,159 @@
+"""rank-straggler: one or a few ranks are consistently slower, and every other rank waits for them."""
+from __future__ import annotations
+
+from statistics import median
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.evidence.ranks import COMM, PHASE_LABELS, RANK_PHASES, RankSet, compared_steps, rank_set
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+
+_FIXES = {
+    "data": "Give the slow rank's input pipeline more DataLoader workers or prefetching, move its shard to storage "
+            "as fast as the others', or rebalance the shards.",
+    "forward": "Give every rank the same amount of work per step (equal local batch sizes and sequence lengths, "
+               "e.g. bucket by length), and check the slow rank's device/CPU for throttling or contention.",
+    "backward": "Give every rank the same amount of work per step (equal local batch sizes and sequence lengths), "
+                "and check the slow rank's device/CPU for throttling or contention.",
+    "optimizer": "Make the optimizer step equal across ranks (no rank-0-only work inside the step).",
+    "sync": "Remove the extra host syncs the slow rank makes (`.item()`, prints, logging only on that rank).",
+    "cleanup": "Stop calling gc.collect()/empty_cache() on the slow rank inside the step.",
+    "other": "Move rank-specific work (logging, checkpointing, evaluation on rank 0) out of the step, or onto a "
+             "background thread, or give it to every rank in turn.",
+}
+
+
+class RankStraggler(Rule):
+    """
+    What it detects:
+        One or a few ranks of a data-parallel job that need more time per step than the others in
+        most steps. It names them, the phase where they lose the time (data loading, forward,
+        backward, optimizer step, host syncs, other step code) and how long the other ranks wait
+        for them in the collectives that follow.
+
+    Why it costs:
+        Every collective (DDP's gradient all-reduce, a barrier, a metric all-reduce) finishes only
+        when the last rank arrives, so the whole job runs at the pace of its slowest rank: each
+        other rank idles for the difference, every step. With N ranks, one straggler wastes up to
+        N-1 times its own excess.
+
+    Example:
+        bad:   rank 1 reads its shard from a slower disk; its batches arrive 30 ms later each step
+        good:  shards on equally fast storage, or enough DataLoader workers on every rank
+
+    Fix:
+        Remove the imbalance in the phase named: equal local batches and sequence lengths, an
+        input pipeline fast enough on every rank, no rank-specific work (logging, evaluation,
+        checkpointing) inside the step.
+
+    Evidence needed:
+        Two or more ranks: `audit run --nproc-per-node N`, `torchrun ... -m auditor run`, or
+        per-rank profiler traces (`distributedInfo` names the rank). Each rank's time in its sync
+        points is compared call by call; the rank that arrives last waits least.
+    """
+
+    id = "rank-straggler"
+    title = "A slow rank makes every other rank wait"
+    severity = "warning"
+    category = "performance"
+    options = (
+        Option("min-excess-share", 0.25, "Flag a rank whose own work per step (outside communication) exceeds "
+                                         "the others' by this share of the median step."),
+        Option("min-excess-ms", 1.0, "... and by at least this many milliseconds."),
+        Option("min-share-of-steps", 0.6, "... in at least this share of the steps all ranks completed."),
+        Option("noise-factor", 3.0, "... and by this many times the step-to-step jitter (median absolute "
+                                    "deviation) of the other ranks' own work, so a noisy machine is not a straggler."),
+    )
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        rs = rank_set(ev)
+        if rs is None or len(rs.ranks) < 2:
+            return "needs the evidence of two or more ranks (a distributed run or per-rank traces)"
+        if len(compared_steps(rs)) < 2:
+            return "fewer than two steps that two or more ranks completed"
+        return None
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        rs = rank_set(ev)
+        assert rs is not None
+        steps = compared_steps(rs)
+        step_ms = median(s.ms for row in steps.values() for s in row.values())
+        base = max(options["min-excess-ms"], options["min-excess-share"] * step_ms)
+        excess: dict[int, list[float]] = {}
+        for row in steps.values():
+            for r, s in row.items():
+                others = [o.work_ms for k, o in row.items() if k != r]
+                excess.setdefault(r, []).append(s.work_ms - median(others))
+        slow = []
+        for r, xs in excess.items():
+            threshold = max(base, options["noise-factor"] * _jitter(steps, r))
+            if median(xs) >= threshold and \
+                    sum(x >= threshold / 2 for x in xs) >= options["min-share-of-steps"] * len(xs):
+                slow.append(r)
+        world = len({r for row in steps.values() for r in row})
+        if not slow or len(slow) > world / 2:
+            return
+        slow.sort(key=lambda r: -median(excess[r]))
+        yield self._finding(rs, steps, slow, excess, step_ms)
+
+    def _finding(self, rs: RankSet, steps: dict, slow: list[int], excess: dict[int, list[float]],
+                 step_ms: float) -> Finding:
+        fast_rows = [[s for r, s in row.items() if r not in slow] for row in steps.values()]
+        others_wait = median(median(s.wait_ms or 0.0 for s in row) for row in fast_rows if row)
+        deltas = _phase_deltas(steps, slow)
+        lead = slow[0]
+        phase, phase_ms = max(((p, d) for p, d in deltas[lead].items() if p != COMM), key=lambda t: t[1])
+        info = rs.get(lead)
+        where = info.phase_sites.get(phase) if info else None
+        names = ", ".join(str(r) for r in slow)
+        fast = sorted({r for row in steps.values() for r in row} - set(slow))
+        waiters = (f"rank {fast[0]} waits" if len(fast) == 1 else
+                   f"ranks {', '.join(map(str, fast))} wait" if len(fast) <= 4 else f"the other {len(fast)} ranks wait")
+        message = (f"Rank{'s' if len(slow) > 1 else ''} {names} {'are' if len(slow) > 1 else 'is'} slower than the "
+                   f"others in most steps (+{median(excess[lead]):.1f} ms of its own work per step, median over "
+                   f"{len(steps)} steps); the time is lost in {PHASE_LABELS[phase]} (+{phase_ms:.1f} ms per step vs "
+                   f"the other ranks), and {waiters} {others_wait:.1f} ms per step for "
+                   f"{'them' if len(slow) > 1 else 'it'} in collectives ({others_wait / step_ms:.0%} of a "
+                   f"{step_ms:.1f} ms step).")
+        return self.finding(
+            message,
+            locations=[Location.of(where)] if where else [],
+            evidence={"stragglers": slow, "phase": phase, "phase_label": PHASE_LABELS[phase],
+                      "excess_ms": {str(r): round(median(excess[r]), 3) for r in slow},
+                      "phase_excess_ms": {str(r): {p: round(d, 3) for p, d in deltas[r].items()} for r in slow},
+                      "others_wait_ms": round(others_wait, 3), "median_step_ms": round(step_ms, 3),
+                      "steps_compared": sorted(steps), "source": rs.source,
+                      "per_rank_work_ms": {str(r): round(median(row[r].work_ms for row in steps.values()
+                                                                if r in row), 3)
+                                           for r in sorted({r for row in steps.values() for r in row})}},
+            cost=Cost(ms_per_step=round(others_wait, 3), share_of_step=round(others_wait / step_ms, 4),
+                      measured=True, note="time each other rank waits per step"),
+            fix=Fix(summary=_FIXES.get(phase, _FIXES["other"])),
+        )
+
+
+def _jitter(steps: dict, rank: int) -> float:
+    """Median absolute deviation, over steps, of the own work of the ranks other than `rank`: how much
+    a rank's step varies by itself on this machine."""
+    devs = []
+    for r in {k for row in steps.values() for k in row} - {rank}:
+        xs = [row[r].work_ms for row in steps.values() if r in row]
+        if len(xs) >= 2:
+            mid = median(xs)
+            devs.append(median(abs(x - mid) for x in xs))
+    return median(devs) if devs else 0.0
+
+
+def _phase_deltas(steps: dict, slow: list[int]) -> dict[int, dict[str, float]]:
+    """Per slow rank and phase: median over steps of (its phase time - the other ranks' median)."""
+    out: dict[int, dict[str, float]] = {}
+    for r in slow:
+        per_phase: dict[str, list[float]] = {p: [] for p in RANK_PHASES}
+        for row in steps.values():
+            if r not in row:
+                continue
+            others = [s for k, s in row.items() if k not in slow] or [s for k, s in row.items() if k != r]
+            for p in RANK_PHASES:
+                per_phase[p].append(row[r].phases.get(p, 0.0) - median(o.phases.get(p, 0.0) for o in others))
+        out[r] = {p: median(v) for p, v in per_phase.items() if v}
+    return out
