@@ -20,11 +20,23 @@ Every check runs under `torch.no_grad()` on tensors the user already made, and o
 the user's computation, its RNG and its autograd graph are untouched. Checking code that fails is
 switched off (counted in `errors`), never allowed to fail the step.
 
+Cost (bench/bench_numerics.py): per checked call one `aminmax` of its result (none for relu,
+sigmoid and tanh, whose range follows from their input's) plus ~30 us of Python; per optimizer
+step one `_foreach_norm` of the gradients and one range per parameter after the update. On the
+CPU, where reading a value costs no device sync, the weights are not re-measured after an update
+that cannot have made them non-finite (built-in optimizer, finite lr, eps > 0, finite moderate
+gradients); they are re-measured at least every PARAM_REFRESH steps. Calls traced by
+torch.compile, batch loading and the optimizer's own update are not checked one by one.
+
 Per step, `StepRecord.extra["numerics"]` holds (non-finite floats are the strings "nan", "inf",
 "-inf", since JSON has no NaN):
-    ops, nonfinite_ops, dropped, check_ms, loss, losses, backward, opt_steps[], hazards[[site, v]],
-    autocast[[site, n]], scaler_updates[], scaler_scale_calls, events[], sites{}, modules{},
+    ops, nonfinite_ops, nonfinite_sites, dropped, check_ms, loss, loss_finite, losses, backward,
+    opt_steps[{opt, site, lrs, sched_epochs, grad_norm, grad_nonfinite, top_params, top_layers,
+    params_checked, param_max_abs, param_nonfinite}], hazards[[site, value]], autocast[[site, n]],
+    scaler_updates[{scaler, before, after}], scaler_scale_calls, events[], sites{}, modules{},
     origin (only in the first few steps where the loss, a gradient or a parameter is non-finite).
+A hazard value is per site kind: log/sqrt/pow the smallest input, div the smallest |denominator|,
+exp the largest input, norm the smallest norm, fp16 the largest |value|.
 """
 from __future__ import annotations
 
@@ -49,6 +61,9 @@ MAX_HAZARD_SITES = 64
 MAX_ERRORS = 20  # after this many failures of our own checking code, op checking switches off
 FP16_MAX = 65504.0
 
+PARAM_REFRESH = 8  # on the CPU, weights are re-measured at least this often after safe updates
+TRUSTED_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
+                                "Adadelta", "ASGD"})
 # What kind of call an op is. Hazard kinds get one extra statistic per call (see _hazard_stat).
 SKIP, PLAIN, BACKWARD, LOG, LOG1P, DIV, RDIV, EXP, SQRT, POW, NORM = range(11)
 HAZARD_NAMES = {LOG: "log", LOG1P: "log1p", DIV: "div", RDIV: "div", EXP: "exp", SQRT: "sqrt",
@@ -125,6 +140,7 @@ def _finite(lo: float, hi: float) -> bool:
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_compiling = torch.compiler.is_compiling  # code traced by torch.compile is not checked (or changed)
 
 
 def _checkable(t: Any) -> bool:
@@ -181,12 +197,21 @@ class Values:
 
     def read(self) -> list[Any]:
         flat = {}
+        by_device: dict[torch.device, list[tuple]] = {}
         for key, (tensors, _) in self.groups.items():
-            device, _, vector = key
-            joined = torch.cat([t.reshape(-1) for t in tensors]) if vector else torch.stack(tensors)
+            by_device.setdefault(key[0], []).append((key, tensors))
+        for device, groups in by_device.items():
             wide = torch.float32 if device.type == "mps" else torch.float64
-            # TensorBase's own methods: the probes' sync wrappers on Tensor are for the user's calls
-            flat[key] = _TB.tolist(_TB.to(joined, wide))
+            parts = [_TB.to(torch.cat([t.reshape(-1) for t in ts]) if key[2] else torch.stack(ts), wide)
+                     for key, ts in groups]
+            # one transfer per device; TensorBase's own tolist: the probes' sync wrappers on Tensor
+            # are for the user's calls
+            values = _TB.tolist(torch.cat(parts) if len(parts) > 1 else parts[0])
+            off = 0
+            for (key, _), part in zip(groups, parts):
+                n = part.numel()
+                flat[key] = values[off:off + n]
+                off += n
         out: list[Any] = [None] * len(self.refs)
         derived = []
         for i, (key, off, n) in enumerate(self.refs):
@@ -239,6 +264,8 @@ class _Mode(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         col = self.col
+        if _compiling():  # inside torch.compile's tracing: stay out of the user's graph
+            return func(*args, **kwargs)
         try:
             kind = _kinds[func]
         except (KeyError, TypeError):
@@ -288,9 +315,12 @@ class Numerics:
         self.sent_modules = 0
         self.events: list[dict] = []
         self.benign_sites: set[int] = set()  # sites that made non-finite values in healthy steps
-        # id(parameter) -> (ref, version, min tensor or None for symmetric, max tensor): carried
-        # across steps, refreshed by the optimizer post-hook
+        # id(parameter) -> (ref, version, min tensor or None for ±max, max tensor, measured at step,
+        # exact for this version): carried across steps, refreshed by the optimizer post-hook
         self.param_stats: dict[int, tuple] = {}
+        self.untrusted_opts: set[int] = set()  # optimizers that have seen a non-finite gradient
+        self.names_cache: dict[tuple, tuple[list[str], list[str]]] = {}
+        self.last_norms: torch.Tensor | None = None
         self.origins = 0
         self.mstack: list[int] = []
         self._reset_step()
@@ -316,13 +346,14 @@ class Numerics:
         self.in_step = True
         self.paused = 0
         self.mode_popped = 0
-        self.mode.__enter__()
+        if self.checking:
+            self.mode.__enter__()
 
     def step_end(self, index: int) -> dict[str, Any] | None:
         try:
             if torch.overrides._get_current_function_mode() is self.mode:
                 self.mode.__exit__(None, None, None)
-            elif not self.mode_popped:  # someone else's mode is on top: the user's to unwind
+            elif self.checking and not self.mode_popped:  # someone else's mode is on top: the user's
                 self.failed(RuntimeError("torch function mode stack changed during the step"))
         except Exception as e:
             self.failed(e)
@@ -357,9 +388,10 @@ class Numerics:
 
     def _reset_step(self) -> None:
         self.values = Values()
-        self.ops: list[tuple] = []  # (site, module, in_refs, out_refs, hazard, half, kind)
+        self.ops: list[tuple] = []  # (site, module, in_refs, out_refs, hazard, half, kind, param ids)
         self.cache: dict[int, tuple[weakref.ref, int, int]] = {}  # id -> (ref, version, stat ref)
         self.sym_refs: set[int] = set()  # ranges that are ±max|w| rather than min..max
+        self.stale_refs: dict[int, int] = {}  # weight ranges measured at an earlier step: ref -> step
         self.dropped = 0
         self.losses: list[int] = []
         self.backward = 0
@@ -433,6 +465,8 @@ class Numerics:
     # --- module hooks ---------------------------------------------------------------------------
 
     def _module_pre(self, module, args) -> None:
+        if _compiling():
+            return
         try:
             self.mstack.append(self._module_id(module))
         except Exception as e:
@@ -440,7 +474,7 @@ class Numerics:
             self.failed(e)
 
     def _module_post(self, module, args, output) -> None:
-        if self.mstack:
+        if self.mstack and not _compiling():
             self.mstack.pop()
 
     # --- ops ------------------------------------------------------------------------------------
@@ -457,6 +491,8 @@ class Numerics:
         carried = self.param_stats.get(key) if type(t) is torch.nn.Parameter else None
         if carried is not None and carried[0]() is t and carried[1] == t._version:
             lo, hi = carried[2], carried[3]
+            if not carried[5]:  # carried over a trusted update: the range of an earlier version
+                self.stale_refs[len(self.values.refs)] = carried[4]
             if lo is None:  # symmetric: -max|w| .. max|w|
                 ref = self.values.derive(len(self.values.refs) + 1, _neg)
                 self.values.add(hi)
@@ -469,7 +505,7 @@ class Numerics:
             ref = self.values.add(lo)
             self.values.add(hi)
             if type(t) is torch.nn.Parameter:
-                self.param_stats[key] = (weakref.ref(t), t._version, lo, hi)
+                self.param_stats[key] = (weakref.ref(t), t._version, lo, hi, self.step, True)
         self.cache[key] = (weakref.ref(t), t._version, ref)
         return ref
 
@@ -547,6 +583,8 @@ class Numerics:
     # --- optimizer hooks ------------------------------------------------------------------------
 
     def _opt_pre(self, opt, args, kwargs) -> None:
+        if _compiling():
+            return
         # The update's own ops (hundreds per step) are judged through the parameters afterwards:
         # take the mode off the stack for the step rather than pass each of them through.
         self.paused += 1
@@ -555,21 +593,31 @@ class Numerics:
             self.mode_popped += 1
         if not self.in_step or not self.checking:
             return
+        t0 = perf()
         try:
             with torch.no_grad():
                 self.opt_steps.append(self._grads(opt))
         except Exception as e:
             self.failed(e)
+        self.check_s += perf() - t0
 
     def _opt_post(self, opt, args, kwargs) -> None:
+        if _compiling():
+            return
+        t0 = perf()
         try:
             if self.in_step and self.checking and self.opt_steps and self.opt_steps[-1]["opt"] == self.opt_index.get(opt):
                 with torch.no_grad():
                     params = [p for g in opt.param_groups for p in g["params"] if _checkable(p)]
-                    if params:
-                        rec = self.opt_steps[-1]
+                    rec = self.opt_steps[-1]
+                    if params and self._update_keeps_finite(opt, rec, params):
+                        for p in params:  # same ranges, now valid for the updated version
+                            e = self.param_stats[id(p)]
+                            self.param_stats[id(p)] = (e[0], p._version, e[2], e[3], e[4], False)
+                        rec["param_trusted"] = True
+                    elif params:
                         rec["param_maxabs"] = self._param_maxabs(params)
-                        rec["param_list"] = params_names(self, params)
+                        rec["param_list"] = self._names_of(params)[0]
         except Exception as e:
             self.failed(e)
         finally:
@@ -577,6 +625,7 @@ class Numerics:
             if self.mode_popped:
                 self.mode_popped -= 1
                 torch.overrides._push_mode(self.mode)
+            self.check_s += perf() - t0
 
     def _param_maxabs(self, params: list[torch.Tensor]) -> list[tuple[int, int | None]]:
         """The range of every parameter after the update: tells which weights stopped being
@@ -591,14 +640,42 @@ class Numerics:
             if device.type == "cuda":
                 ms = torch._foreach_norm(ps, math.inf)
                 for p, mx in zip(ps, ms):
-                    self.param_stats[id(p)] = (weakref.ref(p), p._version, None, mx)
+                    self.param_stats[id(p)] = (weakref.ref(p), p._version, None, mx, self.step, True)
                     refs.append((self.values.add(mx), None))
                 continue
             for p in ps:
                 lo, hi = torch.aminmax(p.detach())
-                self.param_stats[id(p)] = (weakref.ref(p), p._version, lo, hi)
+                self.param_stats[id(p)] = (weakref.ref(p), p._version, lo, hi, self.step, True)
                 refs.append((self.values.add(lo), self.values.add(hi)))
         return refs
+
+    def _update_keeps_finite(self, opt, rec: dict, params: list[torch.Tensor]) -> bool:
+        """On the CPU (where reading a value is no device sync) skip re-measuring the weights
+        after an update that cannot have made them non-finite: a built-in optimizer, finite
+        learning rates, eps > 0, finite and moderate gradients, never a non-finite gradient
+        before, and ranges measured within PARAM_REFRESH steps (the ranges then stay those of
+        that step; an origin report says so)."""
+        cls = type(opt)
+        if (cls.__name__ not in TRUSTED_OPTIMIZERS or not cls.__module__.startswith("torch.optim")
+                or rec["opt"] in self.untrusted_opts or "grad_norms_t" not in rec):
+            return False
+        lrs = []
+        for g in opt.param_groups:
+            lr, eps = g.get("lr"), g.get("eps", 1.0)
+            if not isinstance(lr, (int, float)) or not isinstance(eps, (int, float)) or not eps > 0:
+                return False
+            lrs.append(lr)
+        if not all(math.isfinite(x) and x >= 0 for x in lrs):
+            return False
+        for p in params:
+            e = self.param_stats.get(id(p))
+            if p.device.type != "cpu" or e is None or e[0]() is not p or self.step - e[4] >= PARAM_REFRESH:
+                return False
+        norms = _TB.tolist(rec["grad_norms_t"])
+        if not all(math.isfinite(n) for n in norms):
+            self.untrusted_opts.add(rec["opt"])
+            return False
+        return max(norms, default=0.0) * max(lrs, default=0.0) < 1e30
 
     def _norms(self, tensors: list[torch.Tensor]) -> int:
         by_device: dict[torch.device, list[torch.Tensor]] = {}
@@ -606,6 +683,7 @@ class Numerics:
             by_device.setdefault(t.device, []).append(t)
         parts = [torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float32)) for ts in by_device.values()]
         joined = parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts])
+        self.last_norms = joined
         return self.values.add(joined)
 
     def _grads(self, opt) -> dict[str, Any]:
@@ -626,10 +704,22 @@ class Numerics:
                                "sched_epochs": {str(i): s.last_epoch for s, i in self._scheds_of(opt)}}
         if grads:
             rec["grad_norms"] = self._norms(grads)
-            rec["grad_list"] = params_names(self, owners)
-            rec["grad_layers"] = [self.param_layer(p) or n.rpartition(".")[0] or n
-                                  for p, n in zip(owners, rec["grad_list"])]
+            if self.last_norms.device.type == "cpu":
+                rec["grad_norms_t"] = self.last_norms
+            rec["grad_list"], rec["grad_layers"] = self._names_of(owners)
         return rec
+
+    def _names_of(self, params: list[torch.Tensor]) -> tuple[list[str], list[str]]:
+        """Names and owning modules of a list of parameters, cached while the list is the same."""
+        key = tuple(map(id, params))
+        hit = self.names_cache.get(key)
+        if hit is None:
+            names = params_names(self, params)
+            layers = [self.param_layer(p) or n.rpartition(".")[0] or n for p, n in zip(params, names)]
+            if len(self.names_cache) > 64:
+                self.names_cache.clear()
+            hit = self.names_cache[key] = (names, layers)
+        return hit
 
     def _scheds_of(self, opt) -> list[tuple[Any, int]]:
         out = []
@@ -713,7 +803,10 @@ class Numerics:
             out["grad_nonfinite_params"] = bad[:20]
             out["top_params"] = _top(names, norms)
             out["top_layers"] = _top_layers(r["grad_layers"], norms)
+        if r.get("param_trusted"):
+            out["params_checked"] = "trusted"  # a safe update of finite weights (see _update_keeps_finite)
         if "param_maxabs" in r:
+            out["params_checked"] = "measured"
             # (min, max) per parameter on the CPU, max|w| (one value) on CUDA
             maxabs = [_max_abs(vals[a], vals[b] if b is not None else vals[a]) for a, b in r["param_maxabs"]]
             names = r["param_list"]
@@ -738,6 +831,9 @@ class Numerics:
                 continue
             ins = [_range(vals, r, r in self.sym_refs) if r is not None else {"min": None, "max": None, "finite": True}
                    for r in in_refs]
+            for r, rng in zip(in_refs, ins):
+                if r in self.stale_refs:
+                    rng["measured_at_step"] = self.stale_refs[r]
             for i, rng in enumerate(ins):
                 name = self.param_names.get(params[i]) if params and i < len(params) else None
                 if name is not None and name[0]() is not None:

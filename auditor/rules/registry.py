@@ -32,6 +32,11 @@ _BUILTIN_FALLBACK = (
     "auditor.rules.collective_wait:CollectiveWait",
     "auditor.rules.ddp_config:DdpConfig",
     "auditor.rules.data_parallel:DataParallel",
+    "auditor.rules.nonfinite:Nonfinite",
+    "auditor.rules.grad_explosion:GradExplosion",
+    "auditor.rules.lr_schedule:LrSchedule",
+    "auditor.rules.amp_unscaled:AmpUnscaled",
+    "auditor.rules.checkpoint_health:CheckpointHealth",
 )
 
 

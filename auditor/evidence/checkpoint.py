@@ -1,0 +1,362 @@
+"""`audit checkpoint FILE [--against CONFIG]`: safe checkpoint loading and the evidence it gives.
+
+Safety: the file is read with `torch.load(..., weights_only=True)` only. A checkpoint that needs
+more (it pickles a class of its own, a lambda, an argparse Namespace...) is refused with one line
+naming the global it asks for: unpickling it could run arbitrary code, and auditing a file must
+never do that. Nothing here calls `add_safe_globals`.
+
+Layouts understood (others are walked generically, every tensor still checked):
+  * a plain `model.state_dict()`: {name: tensor};
+  * a bundle: {"model"|"model_state_dict"|"state_dict"|"net": ..., "optimizer"|"optimizer_state_dict"|
+    "optim": ..., "scheduler"|"lr_scheduler"|"scheduler_state_dict": ..., other scalars (epoch, step)};
+  * Lightning: {"state_dict", "optimizer_states": [...], "lr_schedulers": [...], "global_step", "epoch"};
+  * an optimizer state_dict alone ({"state", "param_groups"}).
+
+Evidence: `Evidence(source="checkpoint", extra={"checkpoint": {...}})` with, per tensor, its section
+(model | optimizer | other), dtype, numel, NaN/+inf/-inf counts, largest finite |value| and count
+of negative values; the optimizers' param groups (lr, initial_lr, betas, ...) and state coverage;
+the schedulers' scalar state (base_lrs, last_epoch, step_size, ...); and, with --against, the
+config's values under the accepted keys below. Which rule reads what:
+  * nonfinite — tensors holding NaN/inf (weights and optimizer state such as exp_avg, exp_avg_sq);
+  * lr-schedule — stored lr / initial_lr / scheduler base_lrs and settings against CONFIG, and
+    whether resuming reproduces it;
+  * checkpoint-health — extreme magnitudes, float16 tensors near their limit, impossible optimizer
+    state (negative exp_avg_sq) and parameters with no optimizer state.
+
+CONFIG (JSON, TOML, or YAML: PyYAML when installed, else a built-in reader for plain nested
+mappings, scalars and [inline, lists]). Accepted keys, at the top level or under one of the
+sections optimizer / optim / training / train / trainer / hparams / hyperparameters / model:
+  lr (or learning_rate), weight_decay, momentum, eps, betas;
+and a scheduler section (scheduler / lr_scheduler) whose keys are compared with the stored
+scheduler state of the same name (step_size, gamma, milestones, T_max, eta_min, total_iters,
+start_factor, end_factor, factor, power, ...); `type` / `name` there are informational.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from auditor.evidence.errors import InputError
+from auditor.evidence.model import Environment, Evidence
+
+MODEL_KEYS = ("model", "model_state_dict", "state_dict", "net", "network", "module", "model_state")
+OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "opt", "optimizer_state")
+SCHEDULER_KEYS = ("scheduler", "lr_scheduler", "scheduler_state_dict", "sched", "scheduler_state")
+CONFIG_SECTIONS = ("optimizer", "optim", "training", "train", "trainer", "hparams", "hyperparameters", "model")
+CONFIG_KEYS = {"lr": "lr", "learning_rate": "lr", "weight_decay": "weight_decay", "momentum": "momentum",
+               "eps": "eps", "betas": "betas"}
+SCHEDULER_SECTIONS = ("scheduler", "lr_scheduler")
+_UNSAFE = re.compile(r"Unsupported (?:global|class)[:\s]+(?:GLOBAL\s+)?([\w.<>]+)")
+
+
+class CheckpointRefused(InputError):
+    """The checkpoint needs unsafe (code-running) unpickling; we do not do that."""
+
+
+def load_checkpoint(path: Path) -> Any:
+    """torch.load with weights_only=True on the CPU; one-line errors for refused or broken files."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        m = _UNSAFE.search(text)
+        if m:
+            raise CheckpointRefused(
+                f"{path}: refused: loading it needs full unpickling (it pickles `{m.group(1)}`), which can run "
+                "code from the file; auditor only loads checkpoints with torch.load(weights_only=True)") from None
+        detail = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+        why = detail.group(1).strip() if detail else (text.splitlines() or ["unpickling failed"])[0]
+        raise InputError(f"{path}: not a readable torch checkpoint ({why[:200]})") from None
+    except (RuntimeError, EOFError, ValueError, OSError, AttributeError) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        raise InputError(f"{path}: not a readable torch checkpoint ({first})") from None
+
+
+# --- what is in it ------------------------------------------------------------------------------
+
+def _is_tensor(x: Any) -> bool:
+    import torch
+
+    return isinstance(x, torch.Tensor)
+
+
+def tensor_stats(name: str, section: str, t: Any) -> dict[str, Any]:
+    """Counts of NaN/+inf/-inf, the largest finite |value| and the negatives of one tensor."""
+    import torch
+
+    out: dict[str, Any] = {"name": name, "section": section, "dtype": str(t.dtype).replace("torch.", ""),
+                           "numel": int(t.numel()), "shape": list(t.shape)}
+    if t.numel() == 0 or t.is_complex() or t.is_sparse:
+        return out
+    if not t.is_floating_point():
+        return out
+    with torch.no_grad():
+        x = t.detach()
+        nan = int(torch.isnan(x).sum())
+        pos = int(torch.isposinf(x).sum())
+        neg = int(torch.isneginf(x).sum())
+        fin = torch.isfinite(x)
+        mag = torch.where(fin, x.abs(), torch.zeros((), dtype=x.dtype))
+        out.update(nan=nan, posinf=pos, neginf=neg, max_abs=float(mag.max()),
+                   negative=int((x < 0).sum()), zeros=int((x == 0).sum()))
+    return out
+
+
+def _walk(obj: Any, prefix: str, section: str, out: list[dict], depth: int = 0) -> None:
+    if _is_tensor(obj):
+        out.append(tensor_stats(prefix or "(tensor)", section, obj))
+    elif isinstance(obj, dict) and depth < 12:
+        for k, v in obj.items():
+            _walk(v, f"{prefix}.{k}" if prefix else str(k), section, out, depth + 1)
+    elif isinstance(obj, (list, tuple)) and depth < 12:
+        for i, v in enumerate(obj):
+            _walk(v, f"{prefix}.{i}" if prefix else str(i), section, out, depth + 1)
+
+
+def _scalar(v: Any) -> Any:
+    if _is_tensor(v) and v.numel() == 1:
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, (int, float, bool, str)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)) and len(v) <= 256 and all(
+            isinstance(x, (int, float, bool, str)) or (_is_tensor(x) and x.numel() == 1) for x in v):
+        return [_scalar(x) for x in v]
+    if isinstance(v, dict) and len(v) <= 256 and all(isinstance(n, int) for n in v.values()):
+        return sorted(k for k, n in v.items() for _ in range(n)) if all(isinstance(k, int) for k in v) else None
+    return None
+
+
+def _scalars(d: dict, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if k in skip:
+            continue
+        s = _scalar(v)
+        if s is not None:
+            out[str(k)] = s
+    return out
+
+
+def is_optimizer_state(d: Any) -> bool:
+    return isinstance(d, dict) and "param_groups" in d and "state" in d
+
+
+def optimizer_summary(d: dict, name: str, tensors: list[dict]) -> dict[str, Any]:
+    groups = [_scalars(g, skip=("params",)) for g in d.get("param_groups", [])]
+    listed = [p for g in d.get("param_groups", []) for p in g.get("params", [])]
+    state = d.get("state", {})
+    steps = [_scalar(s.get("step")) for s in state.values() if isinstance(s, dict) and "step" in s]
+    steps = [s for s in steps if isinstance(s, (int, float))]
+    for pid, s in state.items():
+        if isinstance(s, dict):
+            for k, v in s.items():
+                if _is_tensor(v) and not (k == "step" and v.numel() == 1):
+                    tensors.append(tensor_stats(f"{name}.state.{pid}.{k}", "optimizer", v))
+    kinds = sorted({k for s in state.values() if isinstance(s, dict) for k in s})
+    return {"name": name, "param_groups": groups, "params": len(listed), "params_with_state": len(state),
+            "state_keys": kinds, "step_min": min(steps) if steps else None, "step_max": max(steps) if steps else None}
+
+
+def scheduler_summary(d: Any, name: str) -> dict[str, Any] | None:
+    if not isinstance(d, dict):
+        return None
+    out = _scalars(d)
+    out["name"] = name
+    return out
+
+
+def summarize(obj: Any, path: Path) -> dict[str, Any]:
+    """The checkpoint's contents as plain data for the rules (see the module docstring)."""
+    tensors: list[dict] = []
+    optimizers: list[dict] = []
+    schedulers: list[dict] = []
+    meta: dict[str, Any] = {}
+    layout = "other"
+    if isinstance(obj, dict) and "state_dict" in obj and ("optimizer_states" in obj or "lr_schedulers" in obj
+                                                          or "pytorch-lightning_version" in obj):
+        layout = "lightning"
+        _walk(obj["state_dict"], "", "model", tensors)
+        for i, o in enumerate(obj.get("optimizer_states") or []):
+            if is_optimizer_state(o):
+                optimizers.append(optimizer_summary(o, f"optimizer_states.{i}", tensors))
+        for i, s in enumerate(obj.get("lr_schedulers") or []):
+            if (sm := scheduler_summary(s, f"lr_schedulers.{i}")) is not None:
+                schedulers.append(sm)
+        rest = {k: v for k, v in obj.items() if k not in ("state_dict", "optimizer_states", "lr_schedulers")}
+    elif is_optimizer_state(obj):
+        layout = "optimizer"
+        optimizers.append(optimizer_summary(obj, "optimizer", tensors))
+        rest = {}
+    elif isinstance(obj, dict) and obj and all(_is_tensor(v) for v in obj.values()):
+        layout = "state_dict"
+        _walk(obj, "", "model", tensors)
+        rest = {}
+    elif isinstance(obj, dict):
+        used = set()
+        for k in MODEL_KEYS:
+            if isinstance(obj.get(k), dict):
+                layout = "bundle"
+                _walk(obj[k], k, "model", tensors)
+                used.add(k)
+        for k in OPTIMIZER_KEYS:
+            if is_optimizer_state(obj.get(k)):
+                layout = "bundle"
+                optimizers.append(optimizer_summary(obj[k], k, tensors))
+                used.add(k)
+        for k in SCHEDULER_KEYS:
+            if (sm := scheduler_summary(obj.get(k), k)) is not None:
+                schedulers.append(sm)
+                used.add(k)
+        rest = {k: v for k, v in obj.items() if k not in used}
+    else:
+        rest = {"(root)": obj}
+    for k, v in rest.items():
+        if _is_tensor(v) or isinstance(v, (dict, list, tuple)):
+            _walk(v, str(k), "other", tensors)
+        elif (s := _scalar(v)) is not None:
+            meta[str(k)] = s
+    return {"file": str(path), "bytes": path.stat().st_size, "layout": layout, "tensors": tensors,
+            "optimizers": optimizers, "schedulers": schedulers, "meta": meta,
+            "totals": {"tensors": len(tensors), "values": sum(t["numel"] for t in tensors)}}
+
+
+# --- the config to compare with ------------------------------------------------------------------
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The config file as a dict (JSON, TOML or YAML by extension; JSON/YAML tried otherwise)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read config ({e})") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".json":
+            data = json.loads(text)
+        elif suffix == ".toml":
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover
+                import tomli as tomllib
+            data = tomllib.loads(text)
+        else:
+            data = _yaml(text)
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"{path}: not valid {suffix.lstrip('.') or 'config'}: {str(e).splitlines()[0][:200]}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: the config must be a mapping of keys to values")
+    return data
+
+
+def _yaml(text: str) -> Any:
+    try:
+        import yaml  # type: ignore[import-not-found]
+    except ImportError:
+        return _mini_yaml(text)
+    return yaml.safe_load(text)
+
+
+def _yaml_scalar(s: str) -> Any:
+    s = s.strip()
+    if not s or s in ("~", "null", "None"):
+        return None
+    if s[0] in "\"'" and s[-1] == s[0]:
+        return s[1:-1]
+    if s[0] == "[" and s[-1] == "]":
+        inner = s[1:-1].strip()
+        return [_yaml_scalar(x) for x in inner.split(",")] if inner else []
+    low = s.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for conv in (int, float):
+        try:
+            return conv(s)
+        except ValueError:
+            pass
+    return s
+
+
+def _mini_yaml(text: str) -> dict[str, Any]:
+    """Nested `key: value` mappings by indentation, scalars and [inline, lists]: enough for the
+    lr / optimizer / scheduler keys compared here when PyYAML is not installed."""
+    root: dict[str, Any] = {}
+    stack: list[tuple[int, dict]] = [(-1, root)]
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = re.sub(r"\s+#.*$", "", raw) if not raw.lstrip().startswith("#") else ""
+        if not line.strip() or line.strip() in ("---", "..."):
+            continue
+        indent = len(line) - len(line.lstrip())
+        key, sep, value = line.strip().partition(":")
+        if not sep or key.startswith("- "):
+            raise InputError(f"line {n}: only `key: value` mappings are understood without PyYAML")
+        while stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1]
+        if value.strip():
+            parent[key.strip()] = _yaml_scalar(value)
+        else:
+            child: dict[str, Any] = {}
+            parent[key.strip()] = child
+            stack.append((indent, child))
+    return root
+
+
+def normalise_config(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The accepted keys (see the module docstring) pulled out of a config, numbers as numbers."""
+    out: dict[str, Any] = {}
+
+    def take(d: dict) -> None:
+        for k, v in d.items():
+            key = CONFIG_KEYS.get(str(k).lower())
+            if key and key not in out and v is not None and not isinstance(v, dict):
+                out[key] = _number(v)
+
+    take(data)
+    for section in CONFIG_SECTIONS:
+        if isinstance(data.get(section), dict):
+            take(data[section])
+    for section in SCHEDULER_SECTIONS:
+        for holder in (data, *(data[s] for s in CONFIG_SECTIONS if isinstance(data.get(s), dict))):
+            if isinstance(holder.get(section), dict) and "scheduler" not in out:
+                out["scheduler"] = {str(k): _number(v) for k, v in holder[section].items() if not isinstance(v, dict)}
+    if not out:
+        raise InputError(f"{path}: none of the accepted keys (lr / learning_rate, weight_decay, momentum, eps, betas, "
+                         "a scheduler section) at the top level or under optimizer/training/hparams")
+    return out
+
+
+def _number(v: Any) -> Any:
+    if isinstance(v, str):  # YAML 1.1 reads 1e-3 as a string
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    if isinstance(v, list):
+        return [_number(x) for x in v]
+    return v
+
+
+def checkpoint_evidence(path: Path, against: Path | None = None) -> Evidence:
+    """Evidence of a checkpoint file (and the config it is compared with)."""
+    config = normalise_config(read_config(against), against) if against is not None else None
+    import torch  # after the config: a bad config fails fast
+
+    summary = summarize(load_checkpoint(path), path)
+    if config is not None:
+        summary["config"] = config
+        summary["config_file"] = str(against)
+    env = Environment(torch_version=str(torch.__version__), device="cpu")
+    return Evidence(source="checkpoint", target=str(path), environment=env, extra={"checkpoint": summary})

@@ -1,0 +1,140 @@
+"""amp-unscaled: float16 autocast training without loss scaling, or a GradScaler that keeps
+skipping steps."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Finding, Fix, Option, Rule
+from auditor.rules.fixes import replace_in_line
+from auditor.rules.nonfinite import NumericsView, location, needs_numerics, short, val
+
+
+class AmpUnscaled(Rule):
+    """
+    What it detects:
+        (1) Steps that run a backward pass after a float16 `torch.autocast` region, with no
+        GradScaler scaling the loss (none created, created with enabled=False, or never called).
+        (2) A GradScaler whose scale keeps falling: after its first run of falls from init_scale
+        (calibration), at least `min-skipped` updates and `skipped-share` of them lowered the scale
+        because the gradients held inf/NaN, so those optimizer steps were skipped; or it fell in
+        every update, more than `max-calibration` times.
+
+    Why it costs:
+        float16 has 10 bits of mantissa and flushes values below ~6e-8 to zero: small gradients
+        vanish without a loss scale, and training stalls or drifts without any error. A scaler that
+        halves its scale every step means most steps are thrown away.
+
+    Example:
+        bad:   with torch.autocast("cuda", dtype=torch.float16): loss = model(x)
+               loss.backward(); opt.step()
+        good:  scaler = torch.amp.GradScaler("cuda")
+               scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+
+    Fix:
+        Use a GradScaler with float16, or autocast to bfloat16 (same range as float32, no scaler
+        needed). For a collapsing scale, find the op that overflows (see nonfinite) and keep it in
+        float32, or lower the learning rate. The bfloat16 edit changes results.
+
+    Evidence needed:
+        A run with the numerics collector (autocast regions, GradScaler calls and scale values).
+    """
+
+    id = "amp-unscaled"
+    title = "float16 mixed precision without working loss scaling"
+    severity = "warning"
+    category = "numerics"
+    options = (
+        Option("min-skipped", 3, "Scaler updates that lowered the scale before a collapse is reported."),
+        Option("skipped-share", 0.25, "Share of scaler updates that lowered the scale to report a collapse."),
+        Option("max-calibration", 12, "Falls in a row from init_scale that are still calibration, not collapse."),
+    )
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        return needs_numerics(ev)
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        view = NumericsView.of(ev)
+        yield from self._unscaled(view)
+        yield from self._collapse(view, options)
+
+    def _unscaled(self, view: NumericsView) -> Iterable[Finding]:
+        fp16 = {e["site"]: e for e in view.events_of("autocast") if e.get("dtype") == "float16" and e.get("enabled")}
+        if not fp16:
+            return
+        used: dict[int, int] = {}
+        steps, backward = [], 0
+        for i, d in view.steps:
+            sites = [s for s, n in d.get("autocast") or [] if s in fp16]
+            if not sites or not d.get("backward"):
+                continue
+            if d.get("scaler_scale_calls"):
+                return  # a scaler is in use
+            steps.append(i)
+            backward += d["backward"]
+            for s in sites:
+                used[s] = used.get(s, 0) + 1
+        if not steps:
+            return
+        scalers = view.events_of("grad_scaler")
+        disabled = [s for s in scalers if not s.get("enabled")]
+        why = ("a GradScaler was created with enabled=False" if disabled else
+               "a GradScaler was created but never scaled the loss" if scalers else "no GradScaler was created")
+        locs = [x for x in (location(fp16[s].get("where")) for s in sorted(used)) if x]
+        locs += [x for x in (location(s.get("where")) for s in disabled) if x]
+        device = next(iter(fp16[s].get("device") for s in used), "cuda")
+        edits = [e for e in (self._bf16_edit(fp16[s].get("where")) for s in sorted(used)) if e]
+        yield self.finding(
+            f"float16 autocast ran in {len(steps)} of {len(view.steps)} steps with a backward pass "
+            f"({backward} backward calls) and {why}: gradients below ~6e-8 flush to zero in float16.",
+            locations=locs,
+            evidence={"steps": len(steps), "steps_run": len(view.steps), "backward_calls": backward,
+                      "autocast_sites": [{"site": s, "uses": n, "device": fp16[s].get("device")} for s, n in used.items()],
+                      "scaler_scale_calls": 0, "grad_scalers": len(scalers), "disabled_scalers": len(disabled)},
+            fix=Fix(summary=f"Scale the loss: scaler = torch.amp.GradScaler(\"{device}\"); "
+                            "scaler.scale(loss).backward(); scaler.step(opt); scaler.update() — or autocast to "
+                            "torch.bfloat16, which needs no scaler.",
+                    config={"GradScaler": f"torch.amp.GradScaler(\"{device}\")", "autocast.dtype": "bfloat16"},
+                    edits=edits, changes_numerics=True))
+
+    @staticmethod
+    def _bf16_edit(where: dict | None):
+        if not where:
+            return None
+        for old in ("torch.float16", "torch.half"):
+            e = replace_in_line(where["file"], int(where["line"]), old, "torch.bfloat16")
+            if e:
+                return e
+        return None
+
+    def _collapse(self, view: NumericsView, options: dict) -> Iterable[Finding]:
+        per: dict[int, list[tuple[int, float | None, float | None]]] = {}
+        for i, d in view.steps:
+            for u in d.get("scaler_updates") or []:
+                per.setdefault(u["scaler"], []).append((i, val(u.get("before")), val(u.get("after"))))
+        for idx, ups in sorted(per.items()):
+            fell = [b is not None and a is not None and a < b for _, b, a in ups]
+            lead = next((k for k, f in enumerate(fell) if not f), len(fell))  # calibration from init_scale
+            skipped = [u for u, f in zip(ups, fell) if f]
+            later = fell[lead:]
+            share = sum(later) / len(later) if later else 1.0
+            never_settled = lead == len(fell) and lead >= options["max-calibration"]
+            if not never_settled and (sum(later) < options["min-skipped"] or share < options["skipped-share"]):
+                continue
+            made = next((e for e in view.events_of("grad_scaler") if e.get("scaler") == idx), None)
+            loc = location(made.get("where")) if made else None
+            first = next((b for _, b, _ in ups if b is not None), None)
+            last = ups[-1][2]
+            how = ("in every update, never settling" if never_settled else
+                   f"in {sum(later)} of the {len(later)} updates after its first {lead} calibration steps")
+            yield self.finding(
+                f"The GradScaler lowered its scale {how} (from {short(first)} to {short(last)}): the scaled gradients "
+                f"held inf/NaN and {len(skipped)} of {len(ups)} optimizer steps were skipped.",
+                locations=[loc] if loc else [],
+                evidence={"updates": len(ups), "skipped": len(skipped), "calibration_updates": lead,
+                          "skipped_after_calibration": sum(later), "skipped_share": round(share, 3),
+                          "first_scale": first, "last_scale": last,
+                          "series": [[i, a] for i, _, a in ups][:200], "skipped_steps": [i for i, _, _ in skipped][:200]},
+                fix=Fix(summary="Find the op that overflows float16 (nonfinite names it) and run it in float32, lower the "
+                                "learning rate, or autocast to bfloat16.",
+                        config={"autocast.dtype": "bfloat16"}, changes_numerics=True))

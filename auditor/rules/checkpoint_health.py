@@ -1,0 +1,92 @@
+"""checkpoint-health: a checkpoint's weights and optimizer state are finite but not healthy."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Finding, Fix, Option, Rule
+
+FP16_MAX = 65504.0
+
+
+class CheckpointHealth(Rule):
+    """
+    What it detects:
+        In a checkpoint read by `audit checkpoint` (non-finite values are nonfinite's, the lr
+        against a config is lr-schedule's):
+        (1) weights whose largest |value| exceeds `extreme-abs`, and float16 tensors above
+        `fp16-margin` of float16's range (65504): one more step of growth overflows;
+        (2) optimizer state that no optimizer can produce: negative `exp_avg_sq` (Adam's second
+        moment is a running mean of squares), a sign of a corrupted or wrongly-mapped state;
+        (3) parameters listed in the optimizer with no state, while others have it: they never
+        received a gradient (frozen, unused, or the state belongs to a different model).
+
+    Why it costs:
+        Resuming from such a checkpoint diverges or silently trains the wrong thing: weights that
+        have already exploded, moments that do not match their parameters.
+
+    Example:
+        bad:   opt.load_state_dict(torch.load("ckpt.pt")["optimizer"])  # state of another model
+        good:  resume only from checkpoints whose model and optimizer state were saved together
+
+    Fix:
+        Resume from an earlier checkpoint; check what kept growing (see grad-explosion with
+        `audit run`); save model and optimizer state from the same objects.
+
+    Evidence needed:
+        A checkpoint (`audit checkpoint FILE`).
+    """
+
+    id = "checkpoint-health"
+    title = "Checkpoint weights or optimizer state are out of range"
+    severity = "warning"
+    category = "numerics"
+    options = (
+        Option("extreme-abs", 1e4, "Weights with a larger |value| are reported as extreme."),
+        Option("fp16-margin", 0.5, "float16 tensors above this share of 65504 are reported."),
+    )
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        if ev.source != "checkpoint" or not isinstance(ev.extra.get("checkpoint"), dict):
+            return "needs a checkpoint (`audit checkpoint FILE`)"
+        return None
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        ck = ev.extra["checkpoint"]
+        tensors = [t for t in ck.get("tensors", []) if "max_abs" in t]
+        extreme = [t for t in tensors if t["section"] == "model" and t["max_abs"] > options["extreme-abs"]]
+        near16 = [t for t in tensors if t["dtype"] == "float16" and t["max_abs"] > options["fp16-margin"] * FP16_MAX]
+        if extreme or near16:
+            worst = sorted(extreme + [t for t in near16 if t not in extreme], key=lambda t: -t["max_abs"])
+            shown = ", ".join(f"{t['name']} (max |w| {t['max_abs']:.3g})" for t in worst[:5])
+            yield self.finding(
+                f"{len(worst)} tensors in {ck.get('file')} hold extreme values: {shown}"
+                f"{' …' if len(worst) > 5 else ''}"
+                + (f"; {len(near16)} float16 tensors are above {options['fp16-margin']:.0%} of float16's range" if near16 else "")
+                + ".",
+                evidence={"extreme": worst[:50], "threshold": options["extreme-abs"], "fp16_near_limit": len(near16),
+                          "largest_abs": worst[0]["max_abs"]},
+                fix=Fix(summary="Resume from an earlier checkpoint, before the weights grew; clip gradients and lower "
+                                "the learning rate (audit run shows which layers' gradients dominate).", config={}))
+        bad_moments = [t for t in tensors if t["section"] == "optimizer" and t["name"].endswith("exp_avg_sq")
+                       and t.get("negative")]
+        if bad_moments:
+            yield self.finding(
+                f"{len(bad_moments)} exp_avg_sq tensors in {ck.get('file')} hold negative values "
+                f"({', '.join(t['name'] + ': ' + str(t['negative']) for t in bad_moments[:4])}): Adam's second moment "
+                "cannot be negative, so this state is corrupted or belongs to other parameters.",
+                severity="error", title="Optimizer state is impossible",
+                evidence={"tensors": bad_moments[:50]},
+                fix=Fix(summary="Do not load this optimizer state; save model and optimizer state from the same objects.",
+                        config={}))
+        for o in ck.get("optimizers", []):
+            missing = o.get("params", 0) - o.get("params_with_state", 0)
+            if o.get("params_with_state") and missing > 0:
+                yield self.finding(
+                    f"{missing} of {o['params']} parameters in {o['name']} have no optimizer state in {ck.get('file')}: "
+                    "they never received a gradient (frozen or unused), or the state is another model's.",
+                    severity="info", title="Parameters without optimizer state",
+                    evidence={"optimizer": o["name"], "params": o["params"], "params_with_state": o["params_with_state"],
+                              "step_min": o.get("step_min"), "step_max": o.get("step_max")},
+                    fix=Fix(summary="Check that every trainable parameter is used in the loss; pass frozen ones to no "
+                                    "optimizer.", config={}))

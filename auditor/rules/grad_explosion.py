@@ -1,0 +1,193 @@
+"""grad-explosion: the global gradient norm spikes by orders of magnitude or grows steadily."""
+from __future__ import annotations
+
+import ast
+import math
+from statistics import median
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Edit, Finding, Fix, Option, Rule
+from auditor.rules.common import quarter_medians, spearman
+from auditor.rules.fixes import read_lines
+from auditor.rules.nonfinite import NumericsView, finite, needs_numerics, short, val
+
+
+class GradExplosion(Rule):
+    """
+    What it detects:
+        The global gradient norm (all parameters of an optimizer, measured just before each
+        `optimizer.step()`, after any clipping) jumping to `spike-ratio` times the median of the
+        preceding steps, or rising steadily: a rank correlation of log-norm with the step of at
+        least `min-correlation` and a last-quarter median `growth-ratio` times the first quarter's.
+        It names the step, the norm series and the layers whose gradients dominate the norm.
+
+    Why it costs:
+        One exploding step throws the weights far from where training had brought them; steady
+        growth ends in overflow and NaN a few steps later (see nonfinite). Either way the steps
+        after it are wasted.
+
+    Example:
+        bad:   loss.backward(); opt.step()                 # lr too high, no clipping
+        good:  loss.backward()
+               torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+               opt.step()
+
+    Fix:
+        Clip the gradient norm, with `max_norm` taken from the observed norms (the
+        `clip-percentile` of the healthy steps); lower the learning rate; make a warm-up stop
+        rising. The clipping edit changes results and stays out of fixes.patch unless asked for.
+
+    Evidence needed:
+        A run with the numerics collector (gradient norms per optimizer step).
+    """
+
+    id = "grad-explosion"
+    title = "Gradient norm explodes"
+    severity = "warning"
+    category = "numerics"
+    options = (
+        Option("spike-ratio", 10.0, "A norm this many times the median of the preceding steps is a spike."),
+        Option("window", 5, "Preceding optimizer steps whose median a spike is measured against."),
+        Option("min-history", 3, "Optimizer steps needed before a spike can be judged."),
+        Option("growth-ratio", 10.0, "Last-quarter over first-quarter median norm that counts as growth."),
+        Option("min-correlation", 0.8, "Rank correlation of log-norm with step needed for steady growth."),
+        Option("min-steps", 8, "Optimizer steps needed to judge steady growth."),
+        Option("clip-percentile", 90, "Percentile of the healthy steps' norms suggested as max_norm."),
+        Option("healthy-factor", 3.0, "Norms up to this many times the first step's count as healthy."),
+    )
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        return needs_numerics(ev)
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        view = NumericsView.of(ev)
+        by_opt: dict[int, list[tuple[int, dict]]] = {}
+        for step, r in view.opt_steps():
+            if "grad_norm" in r:
+                by_opt.setdefault(r["opt"], []).append((step, r))
+        for opt, recs in sorted(by_opt.items()):
+            f = self._one(view, opt, recs, options)
+            if f is not None:
+                yield f
+
+    def _one(self, view: NumericsView, opt: int, recs: list[tuple[int, dict]], options: dict) -> Finding | None:
+        series = [(s, val(r["grad_norm"])) for s, r in recs]
+        healthy_end = next((k for k, (_, v) in enumerate(series) if v is None or not math.isfinite(v)), len(series))
+        fin = series[:healthy_end]  # the norms before any non-finite one
+        growth = _growth(fin, options)  # a steady climb first: in it every step looks like a spike
+        spike = _spike(fin, options) if growth is None else None
+        if spike is None and growth is None:
+            return None
+        k = spike["index"] if spike else len(fin) - 1
+        step, rec = recs[k]
+        # Healthy: before the spike, and not yet far above where the run started.
+        before = [v for _, v in fin[:spike["index"] if spike else len(fin)]]
+        healthy = [v for v in before if v <= options["healthy-factor"] * before[0]] or before[:1]
+        max_norm = _round2(_percentile(healthy, options["clip-percentile"]))
+        went_nonfinite = healthy_end < len(series)
+        if spike:
+            what = (f"The gradient norm jumped to {short(spike['norm'])} at step {step}, "
+                    f"{spike['ratio']:.0f}x the median {short(spike['reference'])} of the {spike['window']} steps before")
+        else:
+            what = (f"The gradient norm grew steadily from {short(growth['first'])} to {short(growth['last'])} "
+                    f"(x{growth['ratio']:.3g}, about x{growth['per_step']:.2f} per step, rank correlation "
+                    f"{growth['spearman']:.2f}) over {len(fin)} optimizer steps")
+        if went_nonfinite:
+            what += f", then turned non-finite at step {series[healthy_end][0]}"
+        layers = rec.get("top_layers") or []
+        dom = ", ".join(f"`{name}` ({share:.0%})" for name, _, share in layers[:3] if share is not None)
+        msg = what + (f"; {dom} of it." if dom else ".")
+        loc = view.site_location(rec.get("site"))
+        lr = val((rec.get("lrs") or [None])[0])
+        edit = clip_edit(loc.file, loc.line, max_norm) if loc and max_norm else None
+        opt_event = next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
+        return self.finding(
+            msg, locations=[loc] if loc else [],
+            evidence={"optimizer": opt_event.get("type") if opt_event else None, "step": step,
+                      "series": [[s, r["grad_norm"]] for s, r in recs][:200],
+                      "spike": spike, "growth": growth, "went_nonfinite": went_nonfinite,
+                      "top_layers": layers, "top_params": rec.get("top_params"),
+                      "healthy_steps": len(healthy), "suggested_max_norm": max_norm, "lr": lr},
+            fix=Fix(summary=(f"Clip gradients: torch.nn.utils.clip_grad_norm_(params, max_norm={max_norm:g}) "
+                             + (f"(the {options['clip-percentile']}th percentile of {len(healthy)} healthy steps' norms) "
+                                if len(healthy) > 1 else "(the first step's norm, before the growth) ")
+                             if max_norm else "Clip gradients ")
+                            + "before optimizer.step(); lower the learning rate"
+                            + (f" (now {lr:g})" if lr else "") + "; make any warm-up stop rising.",
+                    config={k: v for k, v in (("clip_grad_norm_.max_norm", max_norm),
+                                              ("lr", _round2(lr / 10) if lr else None)) if v is not None},
+                    edits=[edit] if edit else [], changes_numerics=True))
+
+
+def _spike(fin: list[tuple[int, float]], options: dict) -> dict | None:
+    for k in range(options["min-history"], len(fin)):
+        window = [v for _, v in fin[max(0, k - options["window"]):k]]
+        ref = median(window)
+        v = fin[k][1]
+        if ref > 0 and v / ref >= options["spike-ratio"]:
+            return {"index": k, "step": fin[k][0], "norm": v, "reference": ref, "ratio": round(v / ref, 2),
+                    "window": len(window)}
+    return None
+
+
+def _growth(fin: list[tuple[int, float]], options: dict) -> dict | None:
+    if len(fin) < options["min-steps"] or any(v <= 0 for _, v in fin):
+        return None
+    logs = [math.log(v) for _, v in fin]
+    rho = spearman(list(range(len(fin))), logs)
+    first, last = quarter_medians([v for _, v in fin])
+    if first <= 0 or last / first < options["growth-ratio"] or rho < options["min-correlation"]:
+        return None
+    per_step = math.exp((logs[-1] - logs[0]) / (len(fin) - 1))
+    return {"first": first, "last": last, "ratio": round(last / first, 3), "spearman": round(rho, 3),
+            "per_step": round(per_step, 3)}
+
+
+def _percentile(xs: list[float], p: float) -> float | None:
+    xs = sorted(x for x in xs if finite(x))
+    if not xs:
+        return None
+    k = (len(xs) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _round2(x: float | None) -> float | None:
+    if x is None or x <= 0 or not math.isfinite(x):
+        return None
+    return float(f"{x:.2g}")
+
+
+def clip_edit(file: str, line: int, max_norm: float) -> Edit | None:
+    """Insert gradient clipping before the `opt.step()` / `scaler.step(opt)` statement on `line`
+    (unscaling first under a GradScaler). Offered only when the file imports torch."""
+    lines = read_lines(file)
+    if lines is None or line > len(lines):
+        return None
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+    if not any(isinstance(n, ast.Import) and any(a.name == "torch" and a.asname is None for a in n.names)
+               for n in tree.body):
+        return None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Expr) and node.lineno == line and node.end_lineno == line
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
+                and node.value.func.attr == "step"):
+            continue
+        call = node.value
+        receiver = ast.get_source_segment("\n".join(lines), call.func.value)
+        opt = ast.get_source_segment("\n".join(lines), call.args[0]) if call.args else receiver
+        if not receiver or not opt:
+            return None
+        indent = lines[line - 1][:len(lines[line - 1]) - len(lines[line - 1].lstrip())]
+        new = []
+        if call.args and "unscale_(" not in "\n".join(lines):
+            new.append(f"{indent}{receiver}.unscale_({opt})")
+        new.append(f'{indent}torch.nn.utils.clip_grad_norm_([p for g in {opt}.param_groups for p in g["params"]], '
+                   f"max_norm={max_norm:g})")
+        new.append(lines[line - 1])
+        return Edit(file=file, start=line, end=line, lines=new)
+    return None

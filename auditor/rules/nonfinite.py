@@ -1,0 +1,471 @@
+"""nonfinite: the first step where the loss, a gradient or a weight stops being finite, and where
+the first non-finite value was made. Also reads checkpoints (`audit checkpoint`).
+
+This module also holds `NumericsView`, the reader of the numerics collector's evidence that the
+other numerics rules (grad-explosion, lr-schedule, amp-unscaled) share.
+"""
+from __future__ import annotations
+
+import ast
+import linecache
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from auditor.evidence import model as m
+from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
+from auditor.rules.fixes import read_lines
+
+FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this
+FP16_EXP_LIMIT = 11.09
+FP16_MAX = 65504.0
+
+
+def val(x: Any) -> float | None:
+    """A number from the evidence: the collector writes non-finite floats as "nan"/"inf"/"-inf"."""
+    if isinstance(x, str):
+        try:
+            return float(x)
+        except ValueError:
+            return None
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def finite(x: Any) -> bool:
+    v = val(x)
+    return v is not None and math.isfinite(v)
+
+
+def location(where: dict | None) -> Location | None:
+    if not where or not where.get("file"):
+        return None
+    return Location(file=where["file"], line=int(where["line"]),
+                    code=linecache.getline(where["file"], int(where["line"])).strip())
+
+
+def short(x: Any) -> str:
+    v = val(x)
+    if v is None:
+        return "?"
+    if not math.isfinite(v):
+        return str(x)
+    return f"{v:.3g}"
+
+
+@dataclass
+class NumericsView:
+    """The numerics collector's per-step records joined into tables (sites, modules, events)."""
+
+    steps: list[tuple[int, dict]] = field(default_factory=list)  # (step index, extra["numerics"])
+    sites: dict[int, dict] = field(default_factory=dict)
+    modules: dict[int, dict] = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, ev: m.Evidence) -> "NumericsView":
+        cached = ev.__dict__.get("_numerics_view")
+        if cached is not None:
+            return cached
+        view = cls()
+        for s in ev.steps:
+            d = s.extra.get("numerics")
+            if not isinstance(d, dict):
+                continue
+            view._tables(d)
+            view.steps.append((s.index, d))
+        final = ev.extra.get("numerics")
+        if isinstance(final, dict):
+            view._tables(final)
+        ev.__dict__["_numerics_view"] = view
+        return view
+
+    def _tables(self, d: dict) -> None:
+        self.sites.update({int(k): v for k, v in (d.get("sites") or {}).items()})
+        self.modules.update({int(k): v for k, v in (d.get("modules") or {}).items()})
+        self.events.extend(d.get("events") or [])
+
+    def site_location(self, site: int | None) -> Location | None:
+        return location(self.sites.get(site, {}).get("where")) if site is not None else None
+
+    def module_name(self, module: int | None) -> tuple[str, str, str] | None:
+        """(qualified name, type, root type) of a module id."""
+        info = self.modules.get(module) if module is not None else None
+        if not info:
+            return None
+        return info["name"], info["type"], info["root"]
+
+    def opt_steps(self) -> list[tuple[int, dict]]:
+        return [(i, r) for i, d in self.steps for r in d.get("opt_steps") or []]
+
+    def hazard_series(self, site: int) -> list[list]:
+        return [[i, v] for i, d in self.steps for s, v, *_ in d.get("hazards") or [] if s == site]
+
+    def loss_series(self) -> list[list]:
+        return [[i, d["loss"]] for i, d in self.steps if d.get("loss") is not None]
+
+    def grad_norm_series(self, opt: int | None = None) -> list[list]:
+        return [[i, r["grad_norm"]] for i, r in self.opt_steps()
+                if "grad_norm" in r and (opt is None or r["opt"] == opt)]
+
+    def events_of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e.get("event") == kind]
+
+
+def needs_numerics(ev: m.Evidence) -> str | None:
+    if ev.source != "run":
+        return "needs a run (`audit run`) with the numerics collector"
+    if not any(isinstance(s.extra.get("numerics"), dict) for s in ev.steps):
+        return "the run has no numerics evidence (collector not installed or no step ran)"
+    return None
+
+
+# --- source edits -------------------------------------------------------------------------------
+
+def _tree(file: str) -> tuple[ast.AST, list[str]] | None:
+    lines = read_lines(file)
+    if lines is None:
+        return None
+    try:
+        return ast.parse("\n".join(lines)), lines
+    except SyntaxError:
+        return None
+
+
+def _segment(lines: list[str], node: ast.AST) -> str | None:
+    if node.lineno != node.end_lineno:
+        return None
+    raw = lines[node.lineno - 1].encode()
+    return raw[node.col_offset:node.end_col_offset].decode()
+
+
+def _replace_node(file: str, line: int, lines: list[str], node: ast.AST, new: str) -> Edit | None:
+    if node.lineno != line or node.end_lineno != line:
+        return None
+    raw = lines[line - 1].encode()
+    text = (raw[:node.col_offset] + new.encode() + raw[node.end_col_offset:]).decode()
+    return Edit(file=file, start=line, end=line, lines=[text])
+
+
+def _method_on(seg: str, node: ast.AST, method: str) -> str:
+    simple = isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
+    return f"{seg}.{method}" if simple else f"({seg}).{method}"
+
+
+def clamp_edit(file: str, line: int, kind: str, bound: str) -> Edit | None:
+    """Guard the operand of the hazard on `line`: the denominator of a division, the argument of a
+    log or exp. `kind` is div | log | exp; `bound` the clamp call, e.g. "clamp_min(1e-12)"."""
+    parsed = _tree(file)
+    if parsed is None:
+        return None
+    tree, lines = parsed
+    names = {"div": ("div", "true_divide", "divide"), "log": ("log", "log2", "log10"),
+             "exp": ("exp", "exp2", "expm1")}[kind]
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) != line:
+            continue
+        target = None
+        if kind == "div" and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            target = node.right
+        elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            if name not in names:
+                continue
+            on_module = isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id in ("torch", "F", "math")
+            if isinstance(node.func, ast.Attribute) and not on_module:  # x.log() / a.div(b)
+                target = node.args[0] if kind == "div" and node.args else node.func.value
+            elif node.args:  # torch.log(x) / torch.div(a, b)
+                target = node.args[1] if kind == "div" and len(node.args) > 1 else node.args[0]
+        if target is None or isinstance(target, ast.Constant):
+            continue
+        seg = _segment(lines, target)
+        if seg is None:
+            continue
+        return _replace_node(file, line, lines, target, _method_on(seg, target, bound))
+    return None
+
+
+# --- the rule -----------------------------------------------------------------------------------
+
+HAZARD_TEXT = {
+    "division-by-zero": "divided by a value that reached 0",
+    "log-of-zero": "took the log of a value that reached 0",
+    "log-of-negative": "took the log of a negative value",
+    "sqrt-of-negative": "took the square root of a negative value",
+    "exp-overflow": "overflowed in exp (input too large)",
+    "fp16-overflow": "overflowed float16 (values past 65504)",
+    "overflow": "overflowed: finite inputs gave ±inf",
+    "invalid": "made NaN from finite inputs (inf - inf, 0 * inf or 0 / 0 inside the call)",
+    "nonfinite-input": "received an input that was already non-finite",
+}
+
+
+class Nonfinite(Rule):
+    """
+    What it detects:
+        The first step in which the loss, a gradient or a weight is NaN or infinite, and where that
+        started: the first torch call (in execution order) whose inputs were finite and whose result
+        was not, with the user's source line, the module (qualified name) it ran in, the input ranges
+        that led there and the hazard (log of 0, division by 0, exp overflow, float16 past 65504).
+        If the forward pass stayed finite it names the parameters whose gradients (backward) or
+        values (optimizer update) went first. Calls that made non-finite values in healthy steps
+        (an attention mask's -inf) are not taken for the origin. Also reported: hazards that came
+        close without tipping over (a log input below `near-zero`, exp near overflow, float16 values
+        above `fp16-margin` of its range). On a checkpoint (`audit checkpoint`): every tensor holding
+        NaN/inf, by name and count, model weights and optimizer state (exp_avg, exp_avg_sq) alike.
+
+    Why it costs:
+        After the first NaN every later step is wasted: the weights are poisoned and the run only
+        looks alive. The line that made it is usually far from where it is noticed.
+
+    Example:
+        bad:   x / x.norm(dim=-1, keepdim=True)          # a zero row gives 0/0
+        good:  x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)   # or F.normalize(x, dim=-1)
+
+    Fix:
+        Guard the operand at the named line (clamp a denominator or a log input away from 0,
+        subtract the max before exp, keep float16 values in range or use bfloat16); when values
+        overflow after steady growth, see grad-explosion (clipping, a lower learning rate).
+        Edits that add a clamp change results and stay out of fixes.patch unless asked for.
+
+    Evidence needed:
+        A run with the numerics collector (the default), or a checkpoint file.
+    """
+
+    id = "nonfinite"
+    title = "Loss, gradients or weights become NaN/inf"
+    severity = "error"
+    category = "numerics"
+    options = (
+        Option("near-zero", 1e-30, "A log input or |denominator| at or below this (but not 0) is a near miss."),
+        Option("exp-margin", 2.0, "An exp input within this of overflow (88.7 in float32) is a near miss."),
+        Option("fp16-margin", 0.5, "float16 values above this share of 65504 are a near miss."),
+        Option("eps", 1e-12, "The clamp bound suggested for denominators and log inputs."),
+    )
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        if ev.source == "checkpoint":
+            return None if isinstance(ev.extra.get("checkpoint"), dict) else "the checkpoint evidence is missing"
+        return needs_numerics(ev)
+
+    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        if ev.source == "checkpoint":
+            yield from self._checkpoint(ev.extra["checkpoint"])
+            return
+        view = NumericsView.of(ev)
+        origin_site = None
+        for i, d in view.steps:
+            if d.get("origin"):
+                f = self._origin(ev, view, i, d["origin"], options)
+                origin_site = d["origin"].get("site")
+                yield f
+                break
+        yield from self._near_misses(view, options, origin_site)
+
+    # --- a run ----------------------------------------------------------------------------------
+
+    def _origin(self, ev: m.Evidence, view: NumericsView, step: int, o: dict, options: dict) -> Finding:
+        what = o.get("nonfinite") or []
+        first = what[0] if what else "a value"
+        followed = f" ({' and '.join(w + 's' for w in what[1:])} followed)" if len(what) > 1 else ""
+        loss = next((v for i, v in view.loss_series() if i == step), None)
+        head = f"Step {step} of {len(ev.steps)}: the {first} became {short(loss) if first == 'loss' and loss is not None else 'non-finite'}{followed}."
+        hazard = o.get("hazard") or {}
+        kind = hazard.get("kind", "unknown")
+        site = view.sites.get(o.get("site"), {})
+        loc = view.site_location(o.get("site"))
+        mod = view.module_name(o.get("module"))
+        locs = [loc] if loc else []
+        evidence: dict[str, Any] = {
+            "first_step": step, "nonfinite": what, "phase": o.get("phase"), "hazard": hazard,
+            "steps_nonfinite": sum(1 for _, d in view.steps if d.get("loss_finite") is False
+                                   or any(r.get("grad_nonfinite") or r.get("param_nonfinite")
+                                          for r in d.get("opt_steps") or [])),
+            "loss_series": [x for x in view.loss_series() if step - 10 <= x[0] <= step + 1],
+            "grad_norm_series": [x for x in view.grad_norm_series() if x[0] <= step + 1][-12:],
+            "ops_checked_in_step": o.get("ops_checked"),
+        }
+        if o.get("phase") in ("forward", "input"):
+            where_mod = f" in module `{mod[0] or mod[2]}` ({mod[1]})" if mod else ""
+            ranges = ", ".join(f"[{short(r['min'])}, {short(r['max'])}]" for r in o.get("inputs", [])[:3]
+                               if r.get("min") is not None)
+            text = HAZARD_TEXT.get(kind, kind)
+            series = view.hazard_series(o["site"])
+            msg = f"{head} It started{where_mod} at {_at(loc)}: {site.get('op', 'a torch call')} {text}"
+            if kind == "nonfinite-input":
+                msg += (f" (parameter `{hazard['param']}` was already non-finite)" if hazard.get("param")
+                        else " (not made by any torch call in the step: the input data, or a tensor kept from an earlier step)")
+            elif ranges:
+                msg += f"; input ranges {ranges}"
+            msg += "."
+            if series and site.get("hazard"):
+                msg += f" {_series_text(site['hazard'], series, step)}"
+            if kind in ("overflow", "invalid", "fp16-overflow"):
+                msg += _growth_text(view.loss_series(), step)
+            evidence.update({"op": site.get("op"), "module": mod[0] if mod else None,
+                             "module_type": mod[1] if mod else None, "root": mod[2] if mod else None,
+                             "inputs": o.get("inputs"), "outputs": o.get("outputs"),
+                             "hazard_series": [x for x in series if x[0] <= step][-12:]})
+        elif o.get("phase") == "backward":
+            params = o.get("params") or []
+            singular = [(view.sites.get(s, {}), v) for s, v in hazard.get("singular_sites") or []]
+            locs += [x for x in (location(s.get("where")) for s, _ in singular) if x]
+            hint = "; ".join(f"{s.get('op')} at {_at(location(s.get('where')))} saw {_HZ_STAT.get(s.get('hazard'), 'a value')} 0"
+                             for s, _ in singular[:3])
+            msg = (f"{head} The forward pass stayed finite; the backward pass made the gradients of "
+                   f"{', '.join('`' + p + '`' for p in params[:4])}{' …' if len(params) > 4 else ''} non-finite"
+                   + (f" (derivative infinite where {hint})" if hint else "") + ".")
+            evidence["params"] = params
+        elif o.get("phase") == "optimizer":
+            params = o.get("params") or []
+            opt = _optimizer_event(view, o.get("opt"))
+            locs = [x for x in [view.site_location(o.get("site")), location(opt.get("where") if opt else None)] if x]
+            msg = (f"{head} The gradients were finite; the {opt.get('type', 'optimizer') if opt else 'optimizer'} "
+                   f"update made {', '.join('`' + p + '`' for p in params[:4])} non-finite (check its eps and lr).")
+            evidence["params"] = params
+        else:
+            msg = f"{head} No checked torch call made it (it came from code the collector cannot see)."
+        return self.finding(msg, locations=locs, evidence=evidence, fix=self._fix(kind, loc, o, options, view))
+
+    def _fix(self, kind: str, loc: Location | None, o: dict, options: dict, view: NumericsView) -> Fix:
+        eps = options["eps"]
+        edit = None
+        if kind == "division-by-zero":
+            den = (o.get("inputs") or [{}, {}])[1:2]
+            nonneg = bool(den) and finite(den[0].get("min")) and val(den[0]["min"]) >= 0
+            if loc and nonneg:
+                edit = clamp_edit(loc.file, loc.line, "div", f"clamp_min({eps:g})")
+            return Fix(summary=f"Keep the denominator away from 0: d.clamp_min({eps:g}), or F.normalize(x, dim=..., eps=...) for a norm.",
+                       config={"denominator.clamp_min": eps}, edits=[edit] if edit else [], changes_numerics=True)
+        if kind in ("log-of-zero", "log-of-negative"):
+            if loc:
+                edit = clamp_edit(loc.file, loc.line, "log", f"clamp_min({eps:g})")
+            return Fix(summary=f"Keep the log's input above 0: log(p.clamp_min({eps:g})), or compute it in log space "
+                               "(F.log_softmax, F.logsigmoid, F.binary_cross_entropy_with_logits).",
+                       config={"log_input.clamp_min": eps}, edits=[edit] if edit else [], changes_numerics=True)
+        if kind == "exp-overflow":
+            if loc:
+                edit = clamp_edit(loc.file, loc.line, "exp", "clamp_max(80.0)")
+            return Fix(summary="Subtract the maximum before exp (torch.logsumexp, softmax), or clamp the input (x.clamp_max(80)).",
+                       config={"exp_input.clamp_max": 80.0}, edits=[edit] if edit else [], changes_numerics=True)
+        if kind == "fp16-overflow":
+            return Fix(summary="Keep values within float16's range (±65504): run this op in float32 "
+                               "(autocast(enabled=False) and .float()), or autocast to bfloat16.",
+                       config={"autocast.dtype": "bfloat16"}, changes_numerics=True)
+        if kind == "nonfinite-input":
+            return Fix(summary="Reject or repair non-finite inputs before the step (torch.isfinite(x).all(), "
+                               "torch.nan_to_num), and do not resume from weights that are already non-finite.",
+                       config={})
+        if kind == "backward":
+            return Fix(summary="A function whose derivative is infinite at 0 (sqrt, norm, pow < 1) saw 0: add an eps "
+                               "inside it (sqrt(x + eps), norm.clamp_min(eps)).", config={}, changes_numerics=True)
+        if kind == "update":
+            return Fix(summary="The optimizer update itself overflowed: use a positive eps (Adam eps >= 1e-8) and a "
+                               "lower learning rate.", config={"eps": 1e-8}, changes_numerics=True)
+        lr = _first_lr(view)
+        return Fix(summary="Values grew until they overflowed: lower the learning rate, clip gradients "
+                           "(see grad-explosion), or normalise the inputs.",
+                   config={"lr": lr / 10} if lr else {}, changes_numerics=True)
+
+    def _near_misses(self, view: NumericsView, options: dict, skip_site: int | None) -> Iterable[Finding]:
+        worst: dict[int, tuple[int, float]] = {}
+        for i, d in view.steps:
+            for s, v, *_ in d.get("hazards") or []:
+                x = val(v)
+                kind = view.sites.get(s, {}).get("hazard")
+                if x is None or s == skip_site or not _near(kind, x, options):
+                    continue
+                prev = worst.get(s)
+                if prev is None or _worse(kind, x, prev[1]):
+                    worst[s] = (i, x)
+        for s, (step, x) in sorted(worst.items()):
+            site = view.sites.get(s, {})
+            kind = site.get("hazard")
+            loc = view.site_location(s)
+            steps_near = sum(1 for i, d in view.steps for t, v, *_ in d.get("hazards") or []
+                             if t == s and val(v) is not None and _near(kind, val(v), options))
+            yield self.finding(
+                f"{site.get('op')} at {_at(loc)} came close to a non-finite value: {_HZ_STAT.get(kind, 'value')} "
+                f"{short(x)} at step {step} ({steps_near} of {len(view.steps)} steps near the limit).",
+                severity="warning", title="Values come close to NaN/inf",
+                locations=[loc] if loc else [],
+                evidence={"op": site.get("op"), "hazard": kind, "worst": x, "worst_step": step,
+                          "steps_near": steps_near, "series": view.hazard_series(s)[-30:]},
+                fix=self._fix({"log": "log-of-zero", "div": "division-by-zero", "exp": "exp-overflow",
+                               "fp16": "fp16-overflow"}.get(kind or "", "overflow"), loc,
+                              {"inputs": []}, options, view))
+
+    # --- a checkpoint ---------------------------------------------------------------------------
+
+    def _checkpoint(self, ck: dict) -> Iterable[Finding]:
+        bad = [t for t in ck.get("tensors", []) if t.get("nan") or t.get("posinf") or t.get("neginf")]
+        if not bad:
+            return
+        sections = sorted({t["section"] for t in bad})
+        names = ", ".join(f"{t['name']} ({_counts(t)})" for t in bad[:5])
+        yield self.finding(
+            f"{len(bad)} of {len(ck.get('tensors', []))} tensors in {ck.get('file')} hold non-finite values "
+            f"({', '.join(sections)}): {names}{' …' if len(bad) > 5 else ''}.",
+            evidence={"file": ck.get("file"), "tensors": bad[:50], "nonfinite_tensors": len(bad),
+                      "nonfinite_values": sum(t.get("nan", 0) + t.get("posinf", 0) + t.get("neginf", 0) for t in bad),
+                      "sections": sections},
+            fix=Fix(summary="Do not resume from this checkpoint: its weights or optimizer state are poisoned. "
+                            "Resume from the last checkpoint without NaN/inf and find the origin with `audit run`.",
+                    config={}))
+
+
+_HZ_STAT = {"log": "smallest input", "log1p": "smallest input", "sqrt": "smallest input", "pow": "smallest input",
+            "div": "smallest |denominator|", "exp": "largest input", "norm": "smallest norm", "fp16": "largest |value|"}
+
+
+def _near(kind: str | None, x: float, options: dict) -> bool:
+    if kind in ("log", "div"):
+        return 0.0 < abs(x) <= options["near-zero"]
+    if kind == "exp":
+        return math.isfinite(x) and FP32_EXP_LIMIT - options["exp-margin"] <= x <= FP32_EXP_LIMIT
+    if kind == "fp16":
+        return math.isfinite(x) and options["fp16-margin"] * FP16_MAX <= x <= FP16_MAX
+    return False
+
+
+def _worse(kind: str | None, a: float, b: float) -> bool:
+    return a > b if kind in ("exp", "fp16") else abs(a) < abs(b)
+
+
+def _series_text(kind: str, series: list[list], step: int) -> str:
+    pts = [x for x in series if x[0] <= step]
+    if len(pts) < 2:
+        return ""
+    show = pts if len(pts) <= 5 else [pts[0], pts[len(pts) // 2], *pts[-3:]]
+    return (f"Its {_HZ_STAT.get(kind, 'value')} per step went "
+            + " → ".join(f"{short(v)} (step {i})" for i, v in show) + ".")
+
+
+def _growth_text(losses: list[list], step: int) -> str:
+    """' The loss had grown from A (step i) to B (step j) before.' when it grew over 100x."""
+    pts = [(i, val(v)) for i, v in losses if i < step and finite(v)]
+    if len(pts) < 3 or pts[0][1] <= 0 or pts[-1][1] / pts[0][1] < 100:
+        return ""
+    return (f" The loss had grown from {short(pts[0][1])} (step {pts[0][0]}) to {short(pts[-1][1])} "
+            f"(step {pts[-1][0]}) before.")
+
+
+def _at(loc: Location | None) -> str:
+    return f"{loc.file.rsplit('/', 1)[-1]}:{loc.line}" if loc else "an unknown line"
+
+
+def _counts(t: dict) -> str:
+    parts = [f"{t[k]} {label}" for k, label in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf")) if t.get(k)]
+    return ", ".join(parts) + f" of {t.get('numel')}"
+
+
+def _optimizer_event(view: NumericsView, opt: int | None) -> dict | None:
+    return next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
+
+
+def _first_lr(view: NumericsView) -> float | None:
+    for _, r in view.opt_steps():
+        lrs = r.get("lrs") or []
+        if lrs and finite(lrs[0]):
+            return val(lrs[0])
+    return None

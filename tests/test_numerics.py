@@ -1,0 +1,274 @@
+"""The numerics collector and rules (nonfinite, grad-explosion, lr-schedule, amp-unscaled): example
+trainers audited for real through the CLI, clean twins that stay silent, weight parity with the
+collector installed, and table tests of the rules' thresholds on small evidence."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import EXAMPLES, ROOT, audit, expected_lines
+
+from auditor.evidence.model import Evidence, StepRecord
+from auditor.rules.amp_unscaled import AmpUnscaled
+from auditor.rules.grad_explosion import GradExplosion
+from auditor.rules.lr_schedule import LrSchedule
+from auditor.rules.nonfinite import Nonfinite
+
+NUMERICS_RULES = ("nonfinite", "grad-explosion", "lr-schedule", "amp-unscaled")
+# One thread per audited process: two test workers on two busy cores, and torch's default of one
+# thread per core would make them fight (10x slower steps), without changing what is checked.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# Steps per example: enough to pass the step where it goes wrong, few enough to stay fast.
+STEPS = {"numerics_nan_submodule": 18, "numerics_log_zero": 14, "numerics_lr_blowup": 22,
+         "numerics_amp_unscaled": 5, "numerics_lr_warmup": 24, "numerics_lr_resume": 5,
+         "numerics_clean": 6, "clean": 8}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            out = tmp_path_factory.mktemp(name)
+            cache[name] = audit("run", f"examples/{name}.py:step", "--steps", str(STEPS[name]), "--no-profile",
+                                "--quiet", out=out, env=ONE_THREAD)
+        return cache[name]
+
+    return get
+
+
+def one(a, rule_id: str, example: str) -> dict:
+    """The single finding of `rule_id`, located at the example's `# expect: rule-id` lines."""
+    assert a.returncode == 0, a.stderr
+    found = a.rule(rule_id)
+    assert len(found) == 1, [(f["rule"], f["message"]) for f in a.findings]
+    lines = expected_lines(EXAMPLES / f"{example}.py", rule_id)
+    assert lines, "example has no # expect marker"
+    path = str(EXAMPLES / f"{example}.py")
+    assert {(loc["file"], loc["line"]) for loc in found[0]["locations"]} >= {(path, n) for n in lines}
+    return found[0]
+
+
+def numerics(a) -> list[dict]:
+    return [s["extra"]["numerics"] for s in a.evidence["steps"]]
+
+
+def first_bad_loss_step(a) -> int:
+    return next(i for i, d in enumerate(numerics(a)) if d["loss_finite"] is False)
+
+
+# --- nonfinite ----------------------------------------------------------------------------------
+
+def test_nan_starts_in_named_submodule(run):
+    a = run("numerics_nan_submodule")
+    f = one(a, "nonfinite", "numerics_nan_submodule")
+    ev = f["evidence"]
+    # the padding row sits in batch 14 (shuffle=False): the first non-finite step, not step 0
+    assert ev["first_step"] == first_bad_loss_step(a) == 14
+    assert ev["module"] == "encoder.norm" and ev["module_type"] == "RowNorm" and ev["root"] == "Classifier"
+    assert ev["op"] == "Tensor.div" and ev["hazard"]["kind"] == "division-by-zero"
+    assert ev["inputs"][1]["min"] == 0.0 and ev["inputs"][1]["finite"]  # the norm reached 0, finitely
+    # the denominator's smallest value per step, recorded while the steps ran: healthy, then 0
+    series = dict((s, v) for s, v in ev["hazard_series"])
+    assert series[14] == 0.0 and all(v > 1 for s, v in series.items() if s < 14)
+    assert f["severity"] == "error" and "encoder.norm" in f["message"]
+    edit = f["fix"]["edits"][0]
+    assert ".clamp_min(1e-12)" in edit["lines"][0] and f["fix"]["changes_numerics"] is True
+
+
+def test_log_of_a_value_that_reaches_zero_mid_run(run):
+    a = run("numerics_log_zero")
+    f = one(a, "nonfinite", "numerics_log_zero")
+    ev = f["evidence"]
+    assert 5 <= ev["first_step"] == first_bad_loss_step(a)
+    assert ev["op"] == "torch.log" and ev["hazard"]["kind"] == "log-of-zero"
+    assert ev["inputs"][0]["min"] == 0.0
+    losses = [v for _, v in ev["loss_series"]]
+    assert all(isinstance(v, float) for v in losses[:-2]) and "nan" in losses
+    assert "torch.log((1 - p).clamp_min(1e-12))" in f["fix"]["edits"][0]["lines"][0]
+
+
+def test_lr_blowup_overflows_and_the_norm_explodes(run):
+    a = run("numerics_lr_blowup")
+    f = one(a, "nonfinite", "numerics_lr_blowup")
+    ev = f["evidence"]
+    assert ev["first_step"] >= 10 and ev["hazard"]["kind"] == "overflow" and ev["nonfinite"][0] == "loss"
+    assert all(r["finite"] for r in ev["inputs"]) and ev["outputs"][0]["max"] == "inf"
+    g = one(a, "grad-explosion", "numerics_lr_blowup")
+    recorded = [r["grad_norm"] for d in numerics(a) for r in d["opt_steps"]]
+    assert [v for _, v in g["evidence"]["series"]] == recorded
+    assert g["evidence"]["growth"]["per_step"] > 3 and g["evidence"]["went_nonfinite"]
+    # clipping at the first step's norm: derived from the run, not a constant
+    assert g["evidence"]["suggested_max_norm"] == pytest.approx(recorded[0], rel=0.05)
+    lines = g["fix"]["edits"][0]["lines"]
+    assert "clip_grad_norm_" in lines[0] and lines[-1].strip().startswith("opt.step()")
+    assert g["fix"]["changes_numerics"] is True
+    assert g["evidence"]["top_layers"][0][0] == "Linear"  # the root module owns both parameters
+
+
+# --- amp-unscaled, lr-schedule ------------------------------------------------------------------
+
+def test_fp16_autocast_without_a_scaler(run):
+    a = run("numerics_amp_unscaled")
+    f = one(a, "amp-unscaled", "numerics_amp_unscaled")
+    assert f["evidence"]["steps"] == STEPS["numerics_amp_unscaled"] == f["evidence"]["backward_calls"]
+    assert f["evidence"]["grad_scalers"] == 0
+    assert "torch.bfloat16" in f["fix"]["edits"][0]["lines"][0]
+
+
+def test_runaway_warmup(run):
+    a = run("numerics_lr_warmup")
+    f = one(a, "lr-schedule", "numerics_lr_warmup")
+    recorded = [r["lrs"][0] for d in numerics(a) for r in d["opt_steps"]]
+    assert [v for _, v in f["evidence"]["series"]] == recorded
+    assert f["evidence"]["ratio"] == pytest.approx(max(recorded) / 1e-3, rel=1e-3) and f["evidence"]["ratio"] >= 4
+    assert "min(1.0, (s + 1) / WARMUP)" in f["fix"]["edits"][0]["lines"][0]
+
+
+def test_resumed_optimizer_state_overrides_the_configured_lr(run):
+    a = run("numerics_lr_resume")
+    f = one(a, "lr-schedule", "numerics_lr_resume")
+    assert f["evidence"]["configured_lr"] == 1e-3 and f["evidence"]["lr_after"] == [3e-2]
+    assert {v for _, v in f["evidence"]["observed"]} == {3e-2}
+    assert any(loc["file"].endswith("_common.py") for loc in f["locations"])  # where lr=1e-3 was set
+
+
+@pytest.mark.parametrize("example", ["clean", "numerics_clean"])
+def test_clean_controls_stay_silent(run, example):
+    a = run(example)
+    assert a.returncode == 0, a.stderr
+    assert [f for f in a.findings if f["rule"] in NUMERICS_RULES] == []
+    steps = numerics(a)
+    assert all(d["loss_finite"] and d["ops"] > 0 for d in steps)  # checked, and found healthy
+    if example == "numerics_clean":
+        assert all(d["scaler_scale_calls"] == 1 for d in steps)
+
+
+# --- the collector never changes the training ---------------------------------------------------
+
+PARITY = textwrap.dedent("""
+    import hashlib, importlib.util, sys
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    from auditor.capture import probes
+    from auditor.capture.numerics import Numerics
+
+    def train(path, steps, col):
+        spec = importlib.util.spec_from_file_location("ex", path)  # a fresh module: it seeds itself
+        mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+        for i in range(steps):
+            if col: col.step_begin(i)
+            mod.step(i)
+            if col: col.step_end(i)
+        h = hashlib.sha256()
+        for m in [v for v in vars(mod).values() if isinstance(v, torch.nn.Module)]:
+            for k, v in m.state_dict().items():
+                h.update(k.encode()); h.update(v.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    runs = [(p, int(n)) for p, n in (a.split("=") for a in sys.argv[2:])]
+    plain = [train(p, n, None) for p, n in runs]
+    probes.install(); col = Numerics(); col.install()  # as the audit's child process does
+    audited = [train(p, n, col) for p, n in runs]
+    assert col.errors == 0, col.error_text
+    for (p, _), a, b in zip(runs, plain, audited):
+        print(p, a, b)
+""")
+
+
+def test_weights_match_a_plain_run():
+    """Same weights, bit for bit, with and without the collector: through a NaN (submodule) and
+    through float16 autocast with a GradScaler, clipping and a scheduler (clean twin)."""
+    examples = ("numerics_nan_submodule", "numerics_clean")
+    p = subprocess.run([sys.executable, "-c", PARITY, str(EXAMPLES),
+                        *(f"{EXAMPLES / e}.py={STEPS[e]}" for e in examples)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=180, env={**os.environ, **ONE_THREAD})
+    assert p.returncode == 0, p.stderr
+    rows = [line.split() for line in p.stdout.splitlines()]
+    assert len(rows) == len(examples)
+    for path, plain, audited in rows:
+        assert plain == audited, path
+
+
+# --- rule thresholds on small evidence ----------------------------------------------------------
+
+def evidence_of(per_step: list[dict], events: list[dict] | None = None) -> Evidence:
+    steps = [StepRecord(index=i, start_s=float(i), ms=10.0, extra={"numerics": d}) for i, d in enumerate(per_step)]
+    if steps and events:
+        steps[0].extra["numerics"]["events"] = events
+    return Evidence(source="run", steps=steps)
+
+
+def norms_evidence(norms: list[float]) -> Evidence:
+    return evidence_of([{"opt_steps": [{"opt": 0, "site": 0, "lrs": [0.1], "grad_norm": n,
+                                        "top_layers": [["fc", n, 1.0]]}]} for n in norms])
+
+
+@pytest.mark.parametrize("norms, expect", [
+    ([1.0] * 20, None),
+    ([1.0, 1.1, 0.9, 1.2, 1.0, 9.0, 1.0, 1.1], None),  # 9x: under spike-ratio 10
+    ([1.0, 1.1, 0.9, 1.2, 1.0, 50.0, 1.0, 1.1], "spike"),
+    ([5.0, 3.0, 2.0, 1.5, 1.2, 1.0, 0.9, 0.8, 0.8, 0.7], None),  # falling: healthy
+    ([1.5 ** k for k in range(12)], "growth"),
+    ([1.0, 2.0, 4.0, "inf", "nan"], None),  # too short to judge; nonfinite's to report
+])
+def test_grad_explosion_thresholds(norms, expect):
+    found = list(GradExplosion().check(norms_evidence(norms), GradExplosion.default_options()))
+    assert len(found) == (0 if expect is None else 1)
+    if expect:
+        ev = found[0].evidence
+        assert (ev["spike"] is not None) == (expect == "spike") and (ev["growth"] is not None) == (expect == "growth")
+        if expect == "spike":
+            assert ev["spike"]["step"] == 5 and ev["spike"]["ratio"] == pytest.approx(50.0 / 1.0)
+            assert ev["suggested_max_norm"] == pytest.approx(1.2, rel=0.1)
+
+
+def scaler_evidence(scales: list[float]) -> Evidence:
+    pairs = list(zip(scales, scales[1:]))
+    return evidence_of([{"scaler_updates": [{"scaler": 0, "before": b, "after": a}]} for b, a in pairs],
+                       events=[{"event": "grad_scaler", "scaler": 0, "enabled": True, "where": None}])
+
+
+@pytest.mark.parametrize("scales, collapsed", [
+    ([65536.0 / 2 ** k for k in range(6)] + [2048.0] * 20, False),  # calibration, then stable
+    ([65536.0 / 2 ** k for k in range(20)], True),  # falls every update, never settles
+    ([1024.0, 1024.0, 512.0, 512.0, 256.0, 256.0, 128.0, 128.0, 64.0, 64.0], True),  # every other step
+    ([1024.0] * 5 + [512.0] + [512.0] * 10, False),  # one overflow
+])
+def test_scaler_collapse(scales, collapsed):
+    found = list(AmpUnscaled().check(scaler_evidence(scales), AmpUnscaled.default_options()))
+    assert len(found) == int(collapsed)
+    if collapsed:
+        assert found[0].evidence["last_scale"] == scales[-1]
+
+
+def test_lr_that_a_scheduler_does_not_explain():
+    """StepLR(step_size=2, gamma=0.5) from 0.1, but the observed lr stays 0.1: someone else writes it."""
+    events = [{"event": "optimizer", "opt": 0, "type": "SGD", "lr": 0.1, "where": None},
+              {"event": "scheduler", "sched": 0, "opt": 0, "type": "StepLR", "where": None,
+               "attrs": {"step_size": 2, "gamma": 0.5}, "base_lrs": [0.1]}]
+    ok = evidence_of([{"opt_steps": [{"opt": 0, "lrs": [0.1 * 0.5 ** (e // 2)], "sched_epochs": {"0": e}}]}
+                      for e in range(8)], events)
+    bad = evidence_of([{"opt_steps": [{"opt": 0, "lrs": [0.1], "sched_epochs": {"0": e}}]} for e in range(8)],
+                      [dict(e) for e in events])
+    assert list(LrSchedule().check(ok, LrSchedule.default_options())) == []
+    found = list(LrSchedule().check(bad, LrSchedule.default_options()))
+    assert len(found) == 1 and found[0].evidence["step"] == 2 and found[0].evidence["expected"] == pytest.approx(0.05)
+
+
+def test_near_miss_hazards_without_a_nan():
+    sites = {"0": {"id": 0, "op": "torch.exp", "where": None, "hazard": "exp"},
+             "1": {"id": 1, "op": "torch.log", "where": None, "hazard": "log"}}
+    steps = [{"loss_finite": True, "hazards": [[0, 80.0 + k], [1, 1e-3]]} for k in range(8)]
+    steps[0]["sites"] = sites
+    found = list(Nonfinite().check(evidence_of(steps), Nonfinite.default_options()))
+    assert [f.evidence["op"] for f in found] == ["torch.exp"]  # 87 is within 2 of exp's limit; 1e-3 is fine
+    assert found[0].severity == "warning" and found[0].evidence["worst"] == 87.0
+    assert found[0].evidence["steps_near"] == sum(1 for k in range(8) if 80.0 + k >= 88.72 - 2.0)
+    assert math.isfinite(found[0].evidence["worst"])
