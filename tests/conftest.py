@@ -45,8 +45,11 @@ def audit(*args: str, out: Path, cwd: Path | None = None, env: dict | None = Non
     cmd = [sys.executable, "-m", "auditor", *args]
     if args and args[0] in ("run", "analyze") and "--out" not in args:
         cmd += ["--out", str(out)]
+    # One intra-op thread per audited process: the suite runs two workers on two cores, and
+    # oversubscribed threads would make step timings (and so the timing rules) swing with load.
+    base = {"OMP_NUM_THREADS": "1", **os.environ}
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout,
-                       env={**os.environ, **(env or {})})
+                       env={**base, **(env or {})})
     return Audit(p.returncode, p.stdout, p.stderr, out)
 
 
