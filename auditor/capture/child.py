@@ -18,7 +18,7 @@ import traceback
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
 
-from auditor.capture import cuda_standins, graphs, probes, rehearsal
+from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.stream import Writer
@@ -134,6 +134,7 @@ class Profiler:
         self.logdir = os.path.join(out_dir, "tb", run_name)
         self.prof = None
         self.files: list[str] = []
+        self.snapshots: list[str] = []  # CUDA memory snapshots of the window, relative to the run dir
         self.top_ops: list[dict] = []
 
     def window(self) -> list[int]:
@@ -142,6 +143,7 @@ class Profiler:
     def before(self, i: int) -> None:
         if i != self.start_at:
             return
+        self.history = cuda_memory.start_history()  # CUDA only: allocator history for the window
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -171,6 +173,11 @@ class Profiler:
         except Exception as e:  # the profiler failing must not fail the audit
             self.top_ops = [{"name": f"(profiler failed: {type(e).__name__}: {e})", "count": 0,
                              "self_ms": 0.0, "total_ms": 0.0}]
+        if getattr(self, "history", False):
+            snapshot = os.path.join(os.path.dirname(os.path.dirname(self.logdir)), "memory_snapshot.pickle")
+            if cuda_memory.dump_snapshot(snapshot):
+                self.snapshots.append(os.path.basename(snapshot))
+            cuda_memory.stop_history()
         if os.path.isdir(self.logdir):
             self.files = sorted(os.path.relpath(os.path.join(self.logdir, f), os.path.dirname(os.path.dirname(self.logdir)))
                                 for f in os.listdir(self.logdir) if ".pt.trace.json" in f)
@@ -206,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
         return 3
 
     out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec))
+    # CUDA only: an out-of-memory error dumps the allocator's state before the report is written.
+    if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
+        out.send("snapshot", path="oom_snapshot.pickle", when="oom")
     prof = Profiler(args.out, args.run_name, args.steps, args.profile)
     scans = graph_scan_points(args.steps)
     window = set(prof.window())
@@ -243,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     prof.stop()
     if prof.window():
         out.send("profile", steps=[s for s in prof.window() if s < args.steps], trace_files=prof.files,
-                 top_ops=prof.top_ops)
+                 top_ops=prof.top_ops, snapshots=prof.snapshots)
     for c in collectors:
         data = c.finish()
         if data is not None:

@@ -60,6 +60,8 @@ class EvidenceBuilder:
         self.ev = m.Evidence(source="run", target=request.target.spec, requested_steps=request.steps)
         self.usage_error: str | None = None
         self.ended = False
+        self.pending_snapshots: list[str] = []
+        self.out_dir = request.out_dir
 
     def feed(self, r: dict[str, Any]) -> None:
         kind = r["kind"]
@@ -87,6 +89,9 @@ class EvidenceBuilder:
         elif kind == "profile":
             ev.profile = m.ProfileWindow(steps=r["steps"], trace_files=r["trace_files"], top_ops=r["top_ops"])
             ev.traces = list(r["trace_files"])
+            ev.snapshots.extend(r.get("snapshots", []))
+        elif kind == "snapshot":  # the OOM observer's snapshot: listed only once it exists on disk
+            self.pending_snapshots.append(r["path"])
         elif kind == "extra":
             ev.extra[r["name"]] = r["data"]
         elif kind == "ended":
@@ -103,6 +108,7 @@ class EvidenceBuilder:
 
     def finish(self, returncode: int, stderr_tail: str) -> m.Evidence:
         ev = self.ev
+        ev.snapshots.extend(p for p in self.pending_snapshots if (self.out_dir / p).is_file())
         if not self.ended:
             sig = None
             if returncode < 0:
