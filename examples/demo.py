@@ -2,7 +2,7 @@
 
     audit run examples/demo.py:step --steps 30
 
-It runs on a CPU-only machine too: the torch.cuda calls are answered as an idle device would.
+It runs on a CPU-only machine too: the auditor rehearses it there, judging it as the GPU code it is.
 """
 import torch
 import torch.nn.functional as F

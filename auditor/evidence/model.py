@@ -24,6 +24,10 @@ DATA_WAIT = "data-wait"  # time inside DataLoader iteration (__next__)
 FORWARD = "forward"  # outermost nn.Module call (timed by global module hooks)
 OPTIMIZER = "optimizer"  # Optimizer.step
 CUDA_STANDIN = "cuda-standin"  # a torch.cuda call answered as an idle device would (no CUDA here)
+# Recorded only in CUDA rehearsal (auditor.capture.rehearsal), where no trace shows what a GPU would do:
+H2D_COPY = "h2d-copy"  # a host->device copy the program asked for; data: bytes, pinned, non_blocking, loader
+DEVICE_BATCH = "device-batch"  # a DataLoader batch that came out already on the GPU; data: loader, tensors, bytes
+DATA_DEVICE_OP = "data-device-op"  # a GPU tensor created inside DataLoader iteration (.cuda() in __getitem__ ...)
 
 
 class Frame(msgspec.Struct, frozen=True):

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from auditor.evidence.model import Evidence
 from auditor.evidence.trace import (
     CAT,
     DATALOADER_NEXT,
@@ -17,6 +19,7 @@ from auditor.evidence.trace import (
     sites,
 )
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, TraceRule
+from auditor.rules.probe_dataloader_on_device import PROBE_OPTIONS, probe_dataloader_on_device_findings
 
 _COLLATE = r"(^|[/(])\S*collate\S*\.py\(|\): \S*collate\S*$"
 _ALLOC = r"^(cudaMalloc|cudaMallocAsync|cudaHostAlloc|cuMemAlloc)"
@@ -53,7 +56,15 @@ class DataloaderOnDevice(TraceRule):
     severity = "warning"
     options = (
         Option("min-launches-per-step", 1, "Report when the loader issues at least this many GPU calls per step."),
+        *PROBE_OPTIONS,
     )
+
+    def skip_reason(self, evidence: Evidence) -> str | None:
+        return None if evidence.environment.rehearsal else super().skip_reason(evidence)
+
+    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        yield from super().check(evidence, options)
+        yield from probe_dataloader_on_device_findings(self, evidence, options)
 
     def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
         ev = trace.events

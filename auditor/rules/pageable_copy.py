@@ -10,6 +10,7 @@ import numpy as np
 from auditor.evidence.model import Evidence
 from auditor.evidence.trace import Trace, frame_location_parts, issuing_op, sites
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.probe_pageable_copy import PROBE_OPTIONS, probe_pageable_copy_findings
 
 _DIRECTIONS = {"HtoD": "host-to-device", "DtoH": "device-to-host"}
 
@@ -46,14 +47,18 @@ class PageableCopy(Rule):
         Option("min-mb-per-step", 1.0,
                "Report a copy direction when it moves at least this many MB (1e6 bytes) per step "
                "through pageable memory; below it the staging cost is noise."),
+        *PROBE_OPTIONS,
     )
 
     def skip_reason(self, evidence: Evidence) -> str | None:
-        return None if evidence.trace_data else "needs a profiler trace with CUDA activity"
+        if evidence.trace_data or evidence.environment.rehearsal:
+            return None
+        return "needs a profiler trace with CUDA activity, or a CUDA rehearsal (`audit run --rehearse`)"
 
     def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterator[Finding]:
         for trace in evidence.trace_data:
             yield from self._check_trace(trace, options)
+        yield from probe_pageable_copy_findings(self, evidence, options)
 
     def _check_trace(self, trace: Trace, options: dict[str, Any]) -> Iterator[Finding]:
         copies = trace.matching(r"Pageable", trace.of("memcpy"))

@@ -1,0 +1,331 @@
+"""CUDA rehearsal, the `torch.cuda` side: the CUDA API answered as a one-GPU machine would, on the CPU.
+
+Program code asks `torch.cuda` about the device (`is_available()`, `device_count()`,
+`get_device_properties()`), seeds it, makes streams and events, times with events, and switches
+on mixed precision with `autocast("cuda")` and `GradScaler("cuda")`. On a CPU-only torch most of
+these raise. Here each has a stand-in that behaves plausibly and is recorded (`cuda-standin`
+tallies at the user's line), so the program runs through and the rules see what it did:
+
+* device queries answer as a single device (`is_available()` is True, `device_count()` 1) -- but
+  only to the user's code (and third-party libraries): torch's own callers get the true answer, so
+  torch keeps its CPU code paths (foreach choices, pinning, autocast checks) and computes exactly
+  what the CPU version of the program computes;
+* `synchronize()` (torch.cuda, Stream, Event) is recorded as a device sync by the probes;
+* the memory-statistics family is answered as an idle device would (auditor.capture.cuda_standins),
+  so the probes still see `reset_peak_memory_stats()` and `empty_cache()`;
+* `autocast("cuda", dtype)` becomes CPU autocast with the same dtype (float16 by default, as on a
+  GPU), `GradScaler("cuda")` a CPU GradScaler: the same scaling arithmetic, on the CPU;
+* `manual_seed` and the RNG-state calls are recorded but do not touch the CPU generator: random
+  numbers the program draws "on the GPU" come from the CPU generator, as in its CPU version.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from auditor.capture import cuda_standins, probes
+from auditor.capture.frames import user_frame
+from auditor.capture.rehearsal_device import REHEARSED_DEVICE, caller_is_user
+from auditor.evidence import model as m
+
+DEVICE_NAME = "CUDA device rehearsed on the CPU"
+CAPABILITY = (8, 0)
+
+
+def _record(what: str, frame: Any) -> None:
+    rec = probes.REC
+    if rec is not None and rec.on():
+        rec.add(m.CUDA_STANDIN, what, user_frame(frame), 0.0)
+
+
+def _sync(what: str, frame: Any) -> None:
+    """A wait for the device the program asked for (Stream/Event.synchronize): a sync to the rules."""
+    rec = probes.REC
+    if rec is not None and rec.on() and not rec.in_data:
+        rec.add(m.SYNC, what, user_frame(frame), 0.0, device="cuda")
+
+
+def _standin(what: str, impl: Callable[..., Any], real: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Wrap `impl` so the user's calls are recorded; with `real`, torch's own calls get `real`."""
+    def standin(*args: Any, **kwargs: Any) -> Any:
+        frame = sys._getframe(1)
+        if caller_is_user(frame):
+            _record(what, frame)
+            return impl(*args, **kwargs)
+        return (real or impl)(*args, **kwargs)
+    standin.__name__ = standin.__qualname__ = what.rsplit(".", 1)[-1]
+    standin.__doc__ = f"Rehearsal stand-in for {what} (auditor.capture.rehearsal_cuda)."
+    return standin
+
+
+# --- device queries ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What `torch.cuda.get_device_properties()` reports for the rehearsed device."""
+
+    name: str = DEVICE_NAME
+    major: int = CAPABILITY[0]
+    minor: int = CAPABILITY[1]
+    total_memory: int = 0
+    multi_processor_count: int = os.cpu_count() or 1
+    is_integrated: bool = False
+    is_multi_gpu_board: bool = False
+    L2_cache_size: int = 0
+    warp_size: int = 32
+
+
+def _host_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 16 << 30
+
+
+class _DeviceContext(contextlib.AbstractContextManager):
+    """`torch.cuda.device(i)` / `device_of(t)`: one device, nothing to switch."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.idx = 0
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+# --- streams and events --------------------------------------------------------------------------
+
+class Stream:
+    """The rehearsed device's stream: the CPU runs everything in order, so waits are no-ops."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        if caller_is_user(sys._getframe(1)):
+            _record("torch.cuda.Stream", sys._getframe(1))
+        self.device = REHEARSED_DEVICE
+        self.priority = priority
+        self.cuda_stream = 0
+
+    def wait_event(self, event: "Event") -> None:
+        return None
+
+    def wait_stream(self, stream: "Stream") -> None:
+        return None
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = event if event is not None else Event()
+        event._stamp()
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        _sync("torch.cuda.Stream.synchronize", sys._getframe(1))
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class Event:
+    """A CUDA event: `elapsed_time` gives the CPU time between two records, in ms."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 **kwargs: Any) -> None:
+        if caller_is_user(sys._getframe(1)):
+            _record("torch.cuda.Event", sys._getframe(1))
+        self.enable_timing = enable_timing
+        self._t: float | None = None
+
+    def _stamp(self) -> None:
+        self._t = time.perf_counter()
+
+    def record(self, stream: Stream | None = None) -> None:
+        self._stamp()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        _sync("torch.cuda.Event.synchronize", sys._getframe(1))
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self._t is None or end_event._t is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._t - self._t) * 1e3
+
+
+_STREAM = Stream()
+
+
+@contextlib.contextmanager
+def _stream_context(stream: Stream | None = None):
+    yield stream
+
+
+# --- RNG -----------------------------------------------------------------------------------------
+
+class _Rng:
+    """The rehearsed device's seed: kept for `initial_seed()`; no generator draws from it."""
+
+    seed = 0
+
+    def manual_seed(self, seed: int) -> None:
+        self.seed = int(seed)
+
+    def new_seed(self) -> None:
+        self.seed = int.from_bytes(os.urandom(8), "little") >> 1
+
+    def state(self, device: Any = "cuda") -> torch.Tensor:
+        return torch.tensor(list(self.seed.to_bytes(8, "little")) + [0] * 8, dtype=torch.uint8)
+
+
+_RNG = _Rng()
+
+
+# --- mixed precision -----------------------------------------------------------------------------
+
+class RehearsalAutocast(torch.amp.autocast):
+    """`torch.autocast("cuda", dtype)`: CPU autocast with the dtype the GPU would use."""
+
+    def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
+                 cache_enabled: bool | None = None) -> None:
+        if device_type == "cuda":
+            if caller_is_user(sys._getframe(1)):
+                _record("torch.autocast(cuda)", sys._getframe(1))
+            device_type, dtype = "cpu", dtype or torch.get_autocast_dtype("cuda")
+        super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+class RehearsalCudaAmpAutocast(RehearsalAutocast):
+    """The deprecated `torch.cuda.amp.autocast(enabled, dtype, cache_enabled)`."""
+
+    def __init__(self, enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> None:
+        super().__init__("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+class RehearsalGradScaler(torch.amp.GradScaler):
+    """`torch.amp.GradScaler("cuda")`: the CPU GradScaler, which does the same arithmetic."""
+
+    def __init__(self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True) -> None:
+        if device == "cuda":
+            if caller_is_user(sys._getframe(1)):
+                _record("torch.amp.GradScaler(cuda)", sys._getframe(1))
+            device = "cpu"
+        super().__init__(device, init_scale=init_scale, growth_factor=growth_factor,
+                         backoff_factor=backoff_factor, growth_interval=growth_interval, enabled=enabled)
+
+
+class RehearsalCudaAmpGradScaler(RehearsalGradScaler):
+    """The deprecated `torch.cuda.amp.GradScaler(init_scale, ...)`."""
+
+    def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000, enabled: bool = True) -> None:
+        super().__init__("cuda", init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+
+
+def _install_amp() -> None:
+    torch.autocast = torch.amp.autocast = RehearsalAutocast  # type: ignore[misc]
+    torch.amp.GradScaler = RehearsalGradScaler  # type: ignore[misc]
+    import torch.cuda.amp as cuda_amp
+
+    cuda_amp.autocast = RehearsalCudaAmpAutocast  # type: ignore[misc]
+    cuda_amp.GradScaler = RehearsalCudaAmpGradScaler  # type: ignore[misc]
+
+
+# --- installation --------------------------------------------------------------------------------
+
+class _NvtxStub:
+    """NVTX ranges mark a profiler timeline; with no GPU there is none to mark."""
+
+    rangePushA = staticmethod(lambda msg: 0)
+    rangePop = staticmethod(lambda: 0)
+    rangeStartA = staticmethod(lambda msg: 0)
+    rangeEnd = staticmethod(lambda rid: None)
+    markA = staticmethod(lambda msg: None)
+    deviceRangeStart = staticmethod(lambda msg, stream: 0)
+    deviceRangeEnd = staticmethod(lambda rid, stream: None)
+
+
+def _cuda_table(real: Any) -> dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]]:
+    """name -> (answer to the user's code, answer to torch's own calls or None for the same)."""
+    props = DeviceProperties(total_memory=_host_memory())
+    one = lambda *a, **k: 1  # noqa: E731
+    zero = lambda *a, **k: 0  # noqa: E731
+    none = lambda *a, **k: None  # noqa: E731
+    return {
+        "is_available": (lambda: True, real.is_available),
+        "device_count": (one, real.device_count),
+        "is_initialized": (lambda: True, real.is_initialized),
+        "current_device": (zero, None),
+        "set_device": (none, None),
+        "init": (none, None),
+        "get_device_name": (lambda *a, **k: DEVICE_NAME, None),
+        "get_device_properties": (lambda *a, **k: props, None),
+        "get_device_capability": (lambda *a, **k: CAPABILITY, None),
+        "get_arch_list": (lambda: [f"sm_{CAPABILITY[0]}{CAPABILITY[1]}"], None),
+        "is_bf16_supported": (lambda *a, **k: True, None),
+        "mem_get_info": (lambda *a, **k: (props.total_memory, props.total_memory), None),
+        "set_per_process_memory_fraction": (none, None),
+        "set_sync_debug_mode": (none, None),
+        "get_sync_debug_mode": (zero, None),
+        "utilization": (zero, None),
+        "manual_seed": (_RNG.manual_seed, None),
+        "manual_seed_all": (_RNG.manual_seed, None),
+        "seed": (_RNG.new_seed, None),
+        "seed_all": (_RNG.new_seed, None),
+        "initial_seed": (lambda: _RNG.seed, None),
+        "get_rng_state": (_RNG.state, None),
+        "get_rng_state_all": (lambda: [_RNG.state()], None),
+        "set_rng_state": (none, None),
+        "set_rng_state_all": (none, None),
+        "current_stream": (lambda *a, **k: _STREAM, None),
+        "default_stream": (lambda *a, **k: _STREAM, None),
+        "set_stream": (none, None),
+        "stream": (_stream_context, None),
+    }
+
+
+def _accelerator_table(real: Any) -> dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]]:
+    return {
+        "is_available": (lambda: True, real.is_available),
+        "device_count": (lambda: 1, real.device_count),
+        "current_accelerator": (lambda *a, **k: torch.device("cuda"), real.current_accelerator),
+        "current_device_index": (lambda: 0, None),
+        "current_device_idx": (lambda: 0, None),
+    }
+
+
+def install() -> list[str]:
+    """Replace the torch.cuda API with the stand-ins; returns the names replaced. Runs before the
+    probes, which then wrap the replaced `synchronize` and memory-statistics functions."""
+    replaced = cuda_standins.install(lambda: probes.REC)  # the memory family, as an idle device
+    cuda = torch.cuda
+    for name, (impl, real) in _cuda_table(cuda).items():
+        if hasattr(cuda, name):
+            setattr(cuda, name, _standin(f"torch.cuda.{name}", impl, real))
+            replaced.append(name)
+    cuda.Stream, cuda.Event, cuda.device, cuda.device_of = Stream, Event, _DeviceContext, _DeviceContext
+    cuda.StreamContext = _stream_context
+    replaced += ["Stream", "Event", "device", "device_of", "StreamContext"]
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None:
+        for name, (impl, real) in _accelerator_table(acc).items():
+            if hasattr(acc, name):
+                setattr(acc, name, _standin(f"torch.accelerator.{name}", impl, real))
+    cuda.nvtx._nvtx = _NvtxStub()
+    _install_amp()
+    return sorted(set(replaced))

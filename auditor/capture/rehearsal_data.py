@@ -1,0 +1,85 @@
+"""CUDA rehearsal, the DataLoader side: which batches come out pinned, and which already on the GPU.
+
+A CPU-only torch cannot pin memory, so `DataLoader(pin_memory=True)` hands out ordinary batches (and
+warns that it cannot pin). The rehearsal remembers that the program asked for pinned batches, so
+`pageable-copy` does not blame their copies, and it records a `device-batch` tally when a batch
+comes out holding tensors meant for the GPU, for `dataloader-on-device`. Each batch tensor also
+remembers its loader, so a later copy can name the DataLoader that should pin it.
+
+These wrappers go in before the probes', which then wrap them: the probes' `in_data` count is up
+while they run.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import warnings
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.utils.data.dataloader as dl
+
+from auditor.capture import probes
+from auditor.capture.frames import user_frame
+from auditor.capture.rehearsal_device import CUDA_MARK, LOADER_MARK, PINNED_MARK
+from auditor.evidence import model as m
+
+
+def batch_tensors(batch: Any, depth: int = 4) -> Iterator[torch.Tensor]:
+    """The tensors of a batch as default_collate builds them: nested tuples, lists, dicts."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif depth and isinstance(batch, Mapping):
+        for v in batch.values():
+            yield from batch_tensors(v, depth - 1)
+    elif depth and isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from batch_tensors(v, depth - 1)
+
+
+def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    orig = getattr(owner, name)
+    if getattr(orig, "__rehearsal_original__", None) is not None:
+        return
+    new = make(orig)
+    functools.update_wrapper(new, orig)
+    new.__rehearsal_original__ = orig  # not probes' __audit_original__: the probes must still wrap
+    setattr(owner, name, new)
+
+
+def _make_iter_init(orig: Callable) -> Callable:
+    def rehearsal_iter_init(self: Any, loader: Any, *args: Any, **kwargs: Any) -> Any:
+        self._auditor_pin = bool(getattr(loader, "pin_memory", False))
+        self._auditor_loader_id = id(loader)
+        return orig(self, loader, *args, **kwargs)
+    return rehearsal_iter_init
+
+
+def _make_next(orig: Callable) -> Callable:
+    def rehearsal_next(self: Any) -> Any:
+        batch = orig(self)
+        pin = getattr(self, "_auditor_pin", False)
+        loader = getattr(self, "_auditor_loader_id", 0)
+        on_device, nbytes = 0, 0
+        for t in batch_tensors(batch):
+            if getattr(t, CUDA_MARK, False):
+                on_device += 1
+                nbytes += t.numel() * t.element_size()
+                continue
+            setattr(t, LOADER_MARK, loader)
+            if pin:
+                setattr(t, PINNED_MARK, True)
+        rec = probes.REC
+        if on_device and rec is not None and rec.on():
+            rec.add(m.DEVICE_BATCH, "DataLoader batch on the GPU", user_frame(sys._getframe(1)), 0.0,
+                    loader=loader, tensors=on_device, bytes=nbytes)
+        return batch
+    return rehearsal_next
+
+
+def install() -> None:
+    _wrap(dl._BaseDataLoaderIter, "__init__", _make_iter_init)
+    _wrap(dl._BaseDataLoaderIter, "__next__", _make_next)
+    # Said once per iterator by torch; in rehearsal pinning is remembered instead, so it is noise.
+    warnings.filterwarnings("ignore", message=r"'pin_memory' argument is set as true but no accelerator is found")

@@ -1,0 +1,497 @@
+"""CUDA rehearsal, the tensor side: run every device request on the CPU, remember what was meant for the GPU.
+
+A `TorchFunctionMode` sees each torch call made from Python before it runs. It rewrites device
+requests for `cuda` (a `device=` argument, `.to(...)`, `.cuda()`, a factory under a default device of
+`cuda`) to the CPU, so the program computes exactly what its CPU version computes; and it marks
+the tensors the program meant for the GPU with a Python attribute, passing the mark on to the
+results of every call that has a marked input. The rules then judge the program as GPU code:
+`device_of(t)` answers "cuda" for a marked tensor (installed as `probes.DEVICE_OF`).
+
+Why marks instead of fake device tensors: a tensor subclass or a fake "cuda" tensor would change
+what kernels run and what the program computes; an attribute changes nothing. The attribute is
+kept out of pickles (`torch.save` of a state dict stays byte-for-byte what the CPU run writes).
+
+Along the way it records what only a GPU would pay for, as probe tallies:
+* `h2d-copy`: a host->device copy the program asked for (bytes, pinned or not, non_blocking);
+* `data-device-op`: a GPU tensor created while DataLoader iteration runs (e.g. `.cuda()` in
+  `__getitem__`, or a factory under `torch.set_default_device("cuda")`);
+* `device-batch` (recorded by `auditor.capture.rehearsal_data`): a batch came out of a DataLoader
+  already on the GPU.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from types import FrameType
+from typing import Any, Callable
+
+import torch
+import torch.utils._device as _device_ctx
+from torch.overrides import TorchFunctionMode
+
+import auditor
+from auditor.capture import probes
+from auditor.capture.frames import is_torch_internal, user_frame
+from auditor.evidence import model as m
+
+CUDA_MARK = "_auditor_cuda"  # the program meant this tensor for the GPU
+PINNED_MARK = "_auditor_pinned"  # the program pinned it (pin_memory() / DataLoader(pin_memory=True))
+LOADER_MARK = "_auditor_loader"  # id of the DataLoader whose batch held this tensor
+MARKS = (CUDA_MARK, PINNED_MARK, LOADER_MARK)
+
+CPU = torch.device("cpu")
+REHEARSED_DEVICE = torch.device("cuda", 0)  # what user code is told a marked tensor's device is
+_T = torch._C.TensorBase
+
+_AUDITOR_DIR = os.path.normcase(os.path.realpath(os.path.dirname(auditor.__file__))) + os.sep
+_auditor_files: dict[str, bool] = {}
+# Frames of the auditor that only pass a call through (other modes, probe wrappers): skipped when
+# deciding whether the user's code made a call.
+_PASS_THROUGH = frozenset({"__torch_function__", "probe", "standin"})
+
+
+# --- marks ---------------------------------------------------------------------------------------
+
+def is_marked(t: Any) -> bool:
+    """Whether `t` is a tensor the program meant for the GPU."""
+    return isinstance(t, torch.Tensor) and getattr(t, CUDA_MARK, False)
+
+
+def mark(t: torch.Tensor) -> None:
+    if not getattr(t, CUDA_MARK, False):
+        setattr(t, CUDA_MARK, True)
+
+
+def unmark(t: torch.Tensor) -> None:
+    t.__dict__.pop(CUDA_MARK, None)
+
+
+def is_pinned(t: torch.Tensor) -> bool:
+    return getattr(t, PINNED_MARK, False)
+
+
+def device_of(x: Any) -> str:
+    """Device type as the rules should judge it: "cuda" for tensors meant for the GPU."""
+    if not isinstance(x, torch.Tensor):
+        return "cpu"
+    return "cuda" if getattr(x, CUDA_MARK, False) else x.device.type
+
+
+def is_cuda_request(dev: Any) -> bool:
+    """A device argument naming CUDA: "cuda", "cuda:1", torch.device("cuda"), or an int (= cuda:N)."""
+    if isinstance(dev, torch.device):
+        return dev.type == "cuda"
+    if isinstance(dev, str):
+        return dev.strip().split(":", 1)[0] == "cuda"
+    return isinstance(dev, int) and not isinstance(dev, bool)
+
+
+def default_is_cuda() -> bool:
+    """Whether `torch.set_default_device("cuda")` or `with torch.device("cuda"):` is in force."""
+    d = _device_ctx.CURRENT_DEVICE
+    return d is not None and d.type == "cuda"
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _is_auditor(filename: str) -> bool:
+    v = _auditor_files.get(filename)
+    if v is None:
+        v = _auditor_files[filename] = os.path.normcase(os.path.realpath(filename)).startswith(_AUDITOR_DIR)
+    return v
+
+
+def caller_is_user(frame: FrameType | None) -> bool:
+    """Whether the call was made by the user's code (or a third-party library), not by torch or
+    the auditor: only those are told the rehearsed answers (`.device` is cuda, `is_available()`),
+    so torch itself keeps taking its CPU code paths and computes what the CPU run computes."""
+    f = frame
+    while f is not None and f.f_code.co_name in _PASS_THROUGH and _is_auditor(f.f_code.co_filename):
+        f = f.f_back
+    return f is not None and not is_torch_internal(f.f_code.co_filename)
+
+
+def _tensors(x: Any, depth: int = 2):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif depth and isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v, depth - 1)
+
+
+def _args_marked(args: tuple) -> bool:
+    """Whether any tensor argument is meant for the GPU. Of a list (torch.stack, torch.cat) only
+    the ends are looked at: a GPU op's list lives on one device, and scanning a 512-sample stack
+    per batch would cost more than the rest of the rehearsal."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if getattr(a, CUDA_MARK, False):
+                return True
+        elif isinstance(a, (list, tuple)) and a:
+            if getattr(a[0], CUDA_MARK, False) is True or getattr(a[-1], CUDA_MARK, False) is True:
+                return True
+    return False
+
+
+_NO_KWARGS: dict = {}
+
+
+def _mark_results(out: Any, args: tuple, kwargs: dict) -> None:
+    """Mark the tensors a call produced; tensors it only returned back (in-place ops, `out=`) keep
+    the device they had."""
+    for t in _tensors(out):
+        if not getattr(t, CUDA_MARK, False) and not any(t is a for a in args) and t is not kwargs.get("out"):
+            setattr(t, CUDA_MARK, True)
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor object sharing `t`'s memory: what `.cuda()`/`.cpu()` hand back as "the copy"
+    when the rehearsal stays on the CPU, so marking the result leaves the source as it was.
+    A tensor that requires grad is returned itself for `.cuda()` (see `_moved`), so leaves stay
+    leaves exactly as in the CPU run."""
+    return t.detach() if not t.requires_grad else t.view_as(t)
+
+
+# --- recording -----------------------------------------------------------------------------------
+
+def _record(kind: str, what: str, frame: FrameType | None, **data: Any) -> None:
+    rec = probes.REC
+    if rec is not None and rec.on():
+        rec.add(kind, what, user_frame(frame), 0.0, **data)
+
+
+def _copy_to_device(src: torch.Tensor, non_blocking: bool, what: str, frame: FrameType | None) -> None:
+    """A host->device copy the program asked for: recorded for pageable-copy, or for
+    dataloader-on-device when it happens while a batch is being made."""
+    rec = probes.REC
+    if rec is None or not rec.on():
+        return
+    if rec.in_data:
+        rec.add(m.DATA_DEVICE_OP, what, user_frame(frame), 0.0)
+        return
+    rec.add(m.H2D_COPY, what, user_frame(frame), 0.0, bytes=_bytes(src), pinned=bool(is_pinned(src)),
+            non_blocking=bool(non_blocking), loader=getattr(src, LOADER_MARK, None))
+
+
+# --- calls with their own handling ---------------------------------------------------------------
+
+Handler = Callable[[Callable, tuple, dict, FrameType | None], Any]
+
+
+def _moved(src: torch.Tensor, out: Any, target: str | None, non_blocking: bool, what: str,
+           frame: FrameType | None) -> Any:
+    """The result of a device move (`.to`, `.cuda`, `.cpu`), marked as the GPU would place it."""
+    if not isinstance(out, torch.Tensor):
+        return out
+    src_marked = getattr(src, CUDA_MARK, False)
+    if target == "cuda":
+        if src_marked:
+            if out is not src:  # a dtype conversion on the device
+                mark(out)
+            return out
+        _copy_to_device(src, non_blocking, what, frame)
+        if out is src and not src.requires_grad:
+            out = _alias(src)
+        mark(out)
+        return out
+    if target == "cpu":
+        if src_marked:  # device -> host: the result lives on the host
+            if out is src:
+                out = _alias(src)
+            unmark(out)
+        return out
+    if src_marked and out is not src:  # no device change (dtype, memory format)
+        mark(out)
+    return out
+
+
+def _to(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """Tensor.to(device, dtype, non_blocking, copy) / to(dtype, ...) / to(other, ...)."""
+    src, rest, kw = args[0], list(args[1:]), dict(kwargs)
+    target: str | None = None
+    nb_pos = None
+    dev = kw.get("device")
+    if dev is not None:
+        target = _target(dev)
+        if target == "cuda":
+            kw["device"] = CPU
+        nb_pos = 1 if rest and isinstance(rest[0], torch.dtype) else None
+    elif rest:
+        first = rest[0]
+        if isinstance(first, torch.Tensor):
+            target, nb_pos = ("cuda" if getattr(first, CUDA_MARK, False) else first.device.type), 1
+        elif isinstance(first, torch.dtype):
+            nb_pos = 1
+        else:  # a device (or None) first: to(device, dtype, non_blocking, copy)
+            nb_pos = 2
+            if first is not None:
+                target = _target(first)
+                if target == "cuda":
+                    rest[0] = CPU
+    non_blocking = kw.get("non_blocking", rest[nb_pos] if nb_pos is not None and len(rest) > nb_pos else False)
+    out = func(src, *rest, **kw)
+    return _moved(src, out, target, bool(non_blocking), "Tensor.to(cuda)", frame)
+
+
+def _target(dev: Any) -> str | None:
+    """"cuda", "cpu", or None for other devices (meta, ...), which the rehearsal leaves alone."""
+    if is_cuda_request(dev):
+        return "cuda"
+    try:
+        return "cpu" if torch.device(dev).type == "cpu" else None
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _cuda(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """Tensor.cuda(device=None, non_blocking=False, memory_format=...): stays on the CPU."""
+    src = args[0]
+    non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+    fmt = kwargs.get("memory_format")
+    out = _T.to(src, CPU, memory_format=fmt) if fmt is not None else src
+    return _moved(src, out, "cuda", bool(non_blocking), "Tensor.cuda", frame)
+
+
+def _cpu(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    return _moved(args[0], func(*args, **kwargs), "cpu", False, "Tensor.cpu", frame)
+
+
+def _copy_(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """dst.copy_(src): a host->device copy when dst is on the GPU and src is not."""
+    dst, src = args[0], args[1] if len(args) > 1 else kwargs.get("src")
+    if getattr(dst, CUDA_MARK, False) and isinstance(src, torch.Tensor) and not getattr(src, CUDA_MARK, False):
+        nb = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)
+        _copy_to_device(src, bool(nb), "Tensor.copy_(host->cuda)", frame)
+    return func(*args, **kwargs)
+
+
+def _pin_memory(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """Tensor.pin_memory(): a CPU-only torch cannot pin, so the copy is an ordinary one, remembered
+    as pinned. Pinning a GPU tensor fails as it does on a GPU."""
+    src = args[0]
+    if getattr(src, CUDA_MARK, False):
+        raise RuntimeError(f"cannot pin '{src.type().replace('torch.', 'torch.cuda.')}' only dense CPU "
+                           "tensors can be pinned")
+    if is_pinned(src):
+        return src
+    out = src.clone()
+    setattr(out, PINNED_MARK, True)
+    return out
+
+
+def _is_pinned(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> bool:
+    return bool(is_pinned(args[0]))
+
+
+def _no_op(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> None:
+    return None  # Tensor.record_stream: one stream here
+
+
+def _device_get(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame):
+        return REHEARSED_DEVICE
+    return func(*args, **kwargs)
+
+
+def _is_cuda_get(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame):
+        return True
+    return func(*args, **kwargs)
+
+
+def _get_device(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame):
+        return REHEARSED_DEVICE.index
+    return func(*args, **kwargs)
+
+
+def _data_set(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """`p.data = t`: p now lives where t lives."""
+    out = func(*args, **kwargs)
+    dst, value = args[0], args[1]
+    (mark if is_marked(value) else unmark)(dst)
+    return out
+
+
+SPECIAL: dict[Any, Handler] = {
+    _T.to: _to,
+    _T.cuda: _cuda,
+    _T.cpu: _cpu,
+    _T.copy_: _copy_,
+    _T.pin_memory: _pin_memory,
+    _T.is_pinned: _is_pinned,
+    _T.record_stream: _no_op,
+    _T.get_device: _get_device,
+    _T.device.__get__: _device_get,
+    _T.is_cuda.__get__: _is_cuda_get,
+    _T.data.__set__: _data_set,
+}
+_resolved: dict[Any, Handler | None] = {}
+
+
+def _special(func: Callable) -> Handler | None:
+    """The handler of `func`, also when it reaches the mode wrapped (torch passes the public
+    attribute, e.g. the probes' wrapper of Tensor.to): unwrapped once, then cached."""
+    try:
+        return _resolved[func]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable
+        return None
+    f, handler = func, None
+    for _ in range(8):
+        handler = SPECIAL.get(f)
+        if handler is not None or not hasattr(f, "__wrapped__"):
+            break
+        f = f.__wrapped__
+    _resolved[func] = handler
+    return handler
+
+
+# Factories that copy host data to the device when asked for `device="cuda"`.
+FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+
+
+class RehearsalMode(TorchFunctionMode):
+    """Rewrites device requests for CUDA to the CPU and passes GPU marks from inputs to results."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        # Every torch call made from Python comes through here (one DataLoader batch of 512 samples
+        # is ~1000 calls), so the common case -- no keywords, no CUDA default device -- is kept short.
+        try:
+            special = _resolved[func]
+        except (KeyError, TypeError):
+            special = _special(func)
+        if special is not None:
+            return special(func, args, kwargs or {}, sys._getframe(1))
+        cur = _device_ctx.CURRENT_DEVICE
+        if kwargs or (cur is not None and cur.type == "cuda"):
+            return self._with_device(func, args, kwargs or {}, cur is not None and cur.type == "cuda")
+        out = func(*args)
+        if _args_marked(args):
+            _mark_results(out, args, _NO_KWARGS)
+        return out
+
+    def _with_device(self, func: Callable, args: tuple, kwargs: dict, default_cuda: bool) -> Any:
+        """Calls with keywords or under a CUDA default device: rewrite `device=` / `pin_memory=`."""
+        requested = False
+        if kwargs.get("device") is not None:
+            if is_cuda_request(kwargs["device"]):
+                kwargs = {**kwargs, "device": CPU}
+                requested = True
+            propagate = False  # an explicit device other than CUDA: the result is not on the GPU
+        else:
+            if default_cuda and func in _device_ctx._device_constructors():
+                kwargs = {**kwargs, "device": CPU}
+                requested = True
+            propagate = not requested
+        pinned = bool(kwargs.get("pin_memory"))
+        if pinned:
+            kwargs = {**kwargs, "pin_memory": False}
+        out = func(*args, **kwargs)
+        if requested:
+            _mark_results(out, args, kwargs)
+            self._requested(func, out, args, sys._getframe(2))
+        elif propagate and (_args_marked(args) or _args_marked(tuple(kwargs.values()))):
+            _mark_results(out, args, kwargs)
+        if pinned:
+            for t in _tensors(out):
+                setattr(t, PINNED_MARK, True)
+        return out
+
+    @staticmethod
+    def _requested(func: Callable, out: Any, args: tuple, frame: FrameType | None) -> None:
+        name = f"torch.{getattr(func, '__name__', 'op')}(device=cuda)"
+        rec = probes.REC
+        if rec is None or not rec.on():
+            return
+        if rec.in_data:
+            rec.add(m.DATA_DEVICE_OP, name, user_frame(frame), 0.0)
+        elif func in FROM_HOST_DATA and isinstance(out, torch.Tensor) and caller_is_user(frame):
+            src = args[0] if args and isinstance(args[0], torch.Tensor) else out
+            rec.add(m.H2D_COPY, name, user_frame(frame), 0.0, bytes=_bytes(out), pinned=bool(is_pinned(src)),
+                    non_blocking=False, loader=getattr(src, LOADER_MARK, None))
+
+
+# --- keeping the marks out of pickles ------------------------------------------------------------
+
+def _install_pickle_filter() -> None:
+    """`torch.save(model.state_dict())` must write what the CPU run writes: tensors pickle their
+    Python attributes, so ours are left out of the state torch collects."""
+    import torch._utils as tu
+
+    orig = tu._get_obj_state
+    if getattr(orig, "__rehearsal_original__", None) is not None:
+        return
+
+    def get_obj_state(obj: Any) -> Any:
+        state = orig(obj)
+        if isinstance(state, dict) and any(k in state for k in MARKS):
+            return {k: v for k, v in state.items() if k not in MARKS}
+        if isinstance(state, tuple) and state and isinstance(state[0], dict) and any(k in state[0] for k in MARKS):
+            return ({k: v for k, v in state[0].items() if k not in MARKS}, *state[1:])
+        return state
+
+    get_obj_state.__rehearsal_original__ = orig  # type: ignore[attr-defined]
+    tu._get_obj_state = get_obj_state
+
+
+def _install_parameter_marks() -> None:
+    """`nn.Parameter(t)` makes a new tensor object outside any torch function: it inherits the mark."""
+    for cls in (torch.nn.Parameter, getattr(torch.nn, "Buffer", None)):
+        if cls is None or "__new__" not in cls.__dict__:
+            continue
+        orig = cls.__new__
+
+        def new(c: type, data: Any = None, *args: Any, __orig: Callable = orig, **kwargs: Any) -> Any:
+            p = __orig(c, data, *args, **kwargs)
+            if is_marked(data):
+                mark(p)
+            return p
+
+        cls.__new__ = staticmethod(new)  # type: ignore[method-assign]
+
+
+def _install_default_device() -> None:
+    """`torch.get_default_device()` answers cuda to the user's code while the default is CUDA;
+    torch's own callers get the CPU, where their tensors really are."""
+    orig = torch.get_default_device
+
+    def get_default_device() -> torch.device:
+        if default_is_cuda():
+            return REHEARSED_DEVICE if caller_is_user(sys._getframe(1)) else CPU
+        return orig()
+
+    get_default_device.__wrapped__ = orig  # type: ignore[attr-defined]
+    torch.get_default_device = get_default_device
+
+    orig_set = torch.set_default_device
+
+    def set_default_device(device: Any) -> None:
+        """Recorded (the rules name this line when batches are born on the GPU), then done for real:
+        torch's DeviceContext only fills in `device=` arguments, which the mode then rewrites."""
+        frame = sys._getframe(1)
+        if caller_is_user(frame):
+            _record(m.CUDA_STANDIN, "torch.set_default_device", frame,
+                    device="cuda" if is_cuda_request(device) else str(device))
+        orig_set(device)
+
+    set_default_device.__wrapped__ = orig_set  # type: ignore[attr-defined]
+    torch.set_default_device = set_default_device
+
+
+_MODE: RehearsalMode | None = None
+
+
+def install() -> RehearsalMode:
+    """Push the mode for the rest of the process (it is never popped) and the helpers around it."""
+    global _MODE
+    if _MODE is None:
+        _install_pickle_filter()
+        _install_parameter_marks()
+        _install_default_device()
+        _MODE = RehearsalMode()
+        _MODE.__enter__()
+    return _MODE

@@ -1,0 +1,375 @@
+"""CUDA rehearsal (issue 4): GPU trainers audited on a machine without a GPU, for real, through the CLI.
+
+Each examples/gpu_*.py is written the way GPU users write trainers and marks its offending lines
+with `# expect: rule-id`; rehearsal must find exactly those, judged as GPU code (syncs at full
+severity, costs counted not timed), compute the same numbers as the program's CPU version, and
+stay out of the way of programs that never asked for CUDA.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from filelock import FileLock  # a dependency of torch
+
+from auditor.capture.rehearsal import cuda_reasons
+from auditor.evidence import model as m
+from auditor.rules.probe_pageable_copy import probe_pageable_copy_findings
+from auditor.rules.registry import all_rules
+from conftest import EXAMPLES, Audit, audit, expected_lines
+
+if torch.cuda.is_available():  # pragma: no cover - rehearsal is for machines without a GPU
+    pytest.skip("a CUDA device is present: nothing to rehearse", allow_module_level=True)
+
+STEPS = 10
+ANNOUNCE = re.compile(r"^audit: no CUDA device here: rehearsing", re.M)
+# Fewer threads, steadier step times on a busy machine; both runs of a parity check use the same.
+QUIET_ENV = {"OMP_NUM_THREADS": "1"}
+# Examples whose weights are also compared with their CPU version: audited through a wrapper that
+# saves the trained state (with --rehearse, since the wrapper itself does not ask for CUDA).
+PARITY = ("gpu_cuda_everywhere", "gpu_amp", "gpu_default_device")
+WRAPPER = '''
+import os, sys
+sys.path.insert(0, {examples!r})
+import torch
+import {name} as trainer
+
+def step(i):
+    trainer.step(i)
+    if i == {last}:
+        state = {{"model": trainer.model.state_dict(), "opt": trainer.opt.state_dict()}}
+        torch.save(state, os.environ["PARITY_OUT"])
+
+if __name__ == "__main__":
+    for i in range({steps}):
+        step(i)
+'''
+
+
+def _once(tmp_path_factory, worker_id: str, key: str, make):
+    """`make(directory)` run once per test session, also across xdist workers (the audits are the
+    slow part of this file): the first worker to get here makes it, the others read its result."""
+    if worker_id == "master":
+        return make(tmp_path_factory.mktemp(key))
+    root = tmp_path_factory.getbasetemp().parent  # one per session, shared by its workers
+    done = root / f"{key}.json"
+    with FileLock(str(root / f"{key}.lock")):
+        if done.exists():
+            saved = json.loads(done.read_text())
+            return Audit(**{**saved, "out": Path(saved["out"])})
+        result = make(root / key)
+        done.write_text(json.dumps({**result.__dict__, "out": str(result.out)}))
+        return result
+
+
+@pytest.fixture(scope="session")
+def rehearsed(tmp_path_factory, worker_id):
+    """Audit each GPU example once. Those in PARITY go through a wrapper with --rehearse and leave
+    their trained state in `state.pt` next to the run; the others are audited as they are, in auto mode."""
+    def make(name: str, out: Path) -> Audit:
+        out.mkdir(parents=True, exist_ok=True)
+        profile = ("--no-profile",)  # the profiler sees nothing rehearsal-specific, and costs ~10 s a run
+        if name in PARITY:
+            wrapper = out / f"wrap_{name}.py"
+            wrapper.write_text(WRAPPER.format(examples=str(EXAMPLES), name=name, last=STEPS - 1, steps=STEPS))
+            return audit("run", f"{wrapper}:step", "--steps", str(STEPS), "--rehearse", "--quiet", *profile,
+                         out=out / "run", env={**QUIET_ENV, "PARITY_OUT": str(out / "state.pt")})
+        return audit("run", f"examples/{name}.py:step", "--steps", str(STEPS), "--quiet", *profile,
+                     out=out / "run", env=QUIET_ENV)
+
+    return lambda name: _once(tmp_path_factory, worker_id, f"rehearse-{name}", lambda d: make(name, d))
+
+
+def located(a, name: str, rule_id: str) -> dict:
+    """The one finding of `rule_id`, located at least at every line marked for it."""
+    assert a.returncode == 0, a.stderr
+    found = a.rule(rule_id)
+    assert len(found) == 1, [(f["rule"], f["message"]) for f in a.findings]
+    f = found[0]
+    path = EXAMPLES / f"{name}.py"
+    lines = expected_lines(path, rule_id)
+    assert lines, "example has no # expect marker"
+    assert {(loc["file"], loc["line"]) for loc in f["locations"]} >= {(str(path), n) for n in lines}
+    return f
+
+
+def tallies(a, kind: str, setup: bool = False) -> list[dict]:
+    out = [t for t in a.evidence["setup"] if t["kind"] == kind] if setup else []
+    return out + [t for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == kind]
+
+
+# The rules rehearsal feeds; other rules (e.g. timing trends) judge CPU timings as on any CPU run.
+JUDGED_AS_GPU = {"host-sync", "pageable-copy", "dataloader-on-device", "peak-stats-reset"}
+
+
+def gpu_warnings(a) -> set[str]:
+    return {f["rule"] for f in a.findings if f["severity"] != "info" and f["rule"] in JUDGED_AS_GPU}
+
+
+# --- when to rehearse ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source,asks", [
+    ("x = x.cuda()", ".cuda()"),
+    ("model.to('cuda:1')", '"cuda:1"'),
+    ("dev = torch.device('cuda')", '"cuda"'),
+    ("ok = torch.cuda.is_available()", "torch.cuda.is_available"),
+    ("torch.set_default_device(dev)", "set_default_device"),
+    ("from torch.cuda.amp import autocast", "from torch.cuda.amp import ..."),
+    ("torch.cuda.reset_peak_memory_stats()\ntorch.cuda.empty_cache()", None),  # runs on a CPU anyway
+    ("torch.set_default_device('cpu')", None),
+    ("# put it on cuda later\nprint('cuda is fast')", None),
+    ("x = torch.randn(3)", None),
+])
+def test_auto_mode_reads_whether_the_file_asks_for_cuda(tmp_path, source, asks):
+    f = tmp_path / "t.py"
+    f.write_text(source + "\n")
+    reasons = cuda_reasons(f)
+    assert (reasons[0][1] if reasons else None) == asks
+
+
+@pytest.mark.parametrize("name", ["clean", "peak_stats_reset", "forced_cleanup", "host_sync"])
+def test_cpu_examples_are_not_rehearsed_in_auto_mode(name):
+    assert cuda_reasons(EXAMPLES / f"{name}.py") == []
+
+
+def test_auto_mode_leaves_a_cpu_program_alone(tmp_path):
+    a = audit("run", "examples/clean.py:step", "--steps", "2", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    env = a.findings_doc["environment"]
+    assert env["rehearsal"] is False and not any("rehearsal" in n for n in env["notes"])
+    assert not ANNOUNCE.search(a.stderr)
+
+
+def test_no_rehearse_fails_as_on_a_cpu_box(tmp_path):
+    a = audit("run", "examples/gpu_cuda_everywhere.py:step", "--steps", "1", "--no-rehearse", "--no-profile",
+              "--quiet", out=tmp_path / "out")
+    assert a.returncode == 3, a.stderr
+    ending = a.evidence["ending"]
+    assert ending["status"] == "raised" and "not compiled with CUDA" in ending["message"]
+    source = (EXAMPLES / "gpu_cuda_everywhere.py").read_text().splitlines()
+    assert source[ending["where"]["line"] - 1].startswith("model = ")  # its module-level `.cuda()`
+    assert not ANNOUNCE.search(a.stderr)
+
+
+# --- how tensors and torch.cuda behave in a rehearsal ----------------------------------------------
+
+SEMANTICS = r'''
+import io, json, pickle, sys
+import torch
+from torch import nn
+from auditor.capture import probes, rehearsal
+from auditor.capture.rehearsal_device import device_of
+assert rehearsal.install("on", None)
+probes.install()
+out = {}
+x = torch.randn(4, 3)
+xc = x.cuda()
+out["cuda() leaves the source on the host"] = [device_of(x), device_of(xc), xc is x, xc.data_ptr() == x.data_ptr()]
+out["user code sees the GPU"] = [str(xc.device), xc.is_cuda, xc.get_device(), str(x.device)]
+out["marks follow ops"] = device_of((xc * 2).sum())
+out["cpu() comes back to the host"] = [device_of(xc.cpu()), device_of(xc)]
+out["factory device="] = [device_of(torch.zeros(2, device=d)) for d in ("cuda", 0, torch.device("cuda", 1), "cpu")]
+out["to() forms"] = [device_of(t) for t in (x.to("cuda"), x.to(xc), xc.to(torch.float64), xc.to("cpu"),
+                                            x.to(torch.float16))]
+with torch.device("cuda"):
+    inside = torch.ones(2)
+out["with torch.device"] = [device_of(inside), device_of(torch.ones(2))]
+m = nn.Linear(3, 2).cuda()
+m(xc).sum().backward()
+out["module params and grads"] = [device_of(t) for p in m.parameters() for t in (p, p.grad)]
+out["nn.Parameter"] = device_of(nn.Parameter(torch.zeros(2, device="cuda")))
+buf = io.BytesIO()
+torch.save(m.state_dict(), buf)
+out["marks stay out of pickles"] = b"_auditor" in buf.getvalue() + pickle.dumps(xc)
+pinned = x.pin_memory()
+out["pin_memory"] = [pinned.is_pinned(), x.is_pinned(), torch.equal(pinned, x)]
+try:
+    xc.pin_memory()
+    out["pinning a GPU tensor"] = "no error"
+except RuntimeError as e:
+    out["pinning a GPU tensor"] = str(e)
+out["torch.cuda to the user"] = [torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.current_device(),
+                                 torch.cuda.get_device_capability()]
+from torch.cuda.amp.common import amp_definitely_not_available
+out["torch.cuda to torch itself"] = amp_definitely_not_available()
+e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+e0.record(); sum(range(100000)); e1.record()
+out["Event.elapsed_time"] = e0.elapsed_time(e1) > 0
+with torch.autocast("cuda"):
+    out["autocast(cuda)"] = str(m(xc).dtype)
+out["GradScaler(cuda)"] = torch.amp.GradScaler("cuda")._device
+torch.set_default_device("cuda")
+out["set_default_device(cuda)"] = [str(torch.get_default_device()), device_of(torch.empty(1)),
+                                   str(torch.empty(1).device)]
+torch.set_default_device(None)
+print(json.dumps(out))
+'''
+EXPECTED = {
+    "cuda() leaves the source on the host": ["cpu", "cuda", False, True],
+    "user code sees the GPU": ["cuda:0", True, 0, "cpu"],
+    "marks follow ops": "cuda",
+    "cpu() comes back to the host": ["cpu", "cuda"],
+    "factory device=": ["cuda", "cuda", "cuda", "cpu"],
+    "to() forms": ["cuda", "cuda", "cuda", "cpu", "cpu"],
+    "with torch.device": ["cuda", "cpu"],
+    "module params and grads": ["cuda"] * 4,
+    "nn.Parameter": "cuda",
+    "marks stay out of pickles": False,
+    "pin_memory": [True, False, True],
+    "pinning a GPU tensor": "cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned",
+    "torch.cuda to the user": [True, 1, 0, [8, 0]],
+    "torch.cuda to torch itself": True,  # "definitely not available": torch keeps its CPU paths
+    "Event.elapsed_time": True,
+    "autocast(cuda)": "torch.float16",  # the GPU's default autocast dtype, on CPU autocast
+    "GradScaler(cuda)": "cpu",
+    "set_default_device(cuda)": ["cuda:0", "cuda", "cuda:0"],
+}
+
+
+@pytest.fixture(scope="session")
+def semantics(tmp_path_factory, worker_id):
+    def make(d: Path) -> Audit:
+        p = subprocess.run([sys.executable, "-c", SEMANTICS], capture_output=True, text=True, cwd=EXAMPLES.parent)
+        return Audit(p.returncode, p.stdout, p.stderr, d)
+
+    p = _once(tmp_path_factory, worker_id, "rehearsal-semantics", make)
+    assert p.returncode == 0, p.stderr
+    assert len(ANNOUNCE.findall(p.stderr)) == 1
+    return json.loads(p.stdout)
+
+
+@pytest.mark.parametrize("case", EXPECTED)
+def test_rehearsal_semantics(semantics, case):
+    assert semantics[case] == EXPECTED[case]
+
+
+# --- what rehearsal finds ------------------------------------------------------------------------
+
+def test_cuda_everywhere_syncs_and_pageable_copies(rehearsed):
+    a = rehearsed("gpu_cuda_everywhere")
+    env = a.findings_doc["environment"]
+    assert env["rehearsal"] is True and env["device"] == "cpu" and env["cuda_available"] is False
+    assert any(n.startswith("CUDA rehearsal") and "counted, not timed" in n for n in env["notes"])
+    assert len(ANNOUNCE.findall(a.stderr)) == 1
+
+    sync = located(a, "gpu_cuda_everywhere", "host-sync")
+    assert sync["severity"] == "warning"  # judged as GPU code, not "would sync on an accelerator"
+    assert sync["cost"]["measured"] is False and sync["cost"]["ms_per_step"] is None
+    sites = {s["what"]: s for s in sync["evidence"]["sites"]}
+    assert set(sites) == {"Tensor.item", "bool(Tensor)", "Tensor.cpu"}  # float(lr_scale) reads a host tensor
+    assert all(s["count"] == STEPS for s in sites.values())
+
+    copy = located(a, "gpu_cuda_everywhere", "pageable-copy")
+    batch_bytes = 512 * 512 * 4 + 512 * 8  # float32 inputs and int64 labels of one batch
+    assert copy["evidence"]["bytes_per_step"] == batch_bytes
+    assert copy["evidence"]["copies_per_step"] == 2
+    assert copy["cost"]["measured"] is False and copy["cost"]["ms_per_step"] is None
+    assert copy["fix"]["config"]["DataLoader.pin_memory"] is True
+    assert [d["pin_memory"] for d in copy["evidence"]["dataloaders"]] == [False]
+
+
+def test_pageable_copy_threshold_on_real_evidence(rehearsed):
+    """The probe half keeps to `min-mb-per-step`: the example moves 1.05 MB per step."""
+    ev = m.decode((rehearsed("gpu_cuda_everywhere").out / "evidence.json").read_bytes())
+    rule = all_rules()["pageable-copy"]()
+    options = rule.default_options()
+    assert len(probe_pageable_copy_findings(rule, ev, {**options, "min-mb-per-step": 1.0})) == 1
+    assert probe_pageable_copy_findings(rule, ev, {**options, "min-mb-per-step": 1.1}) == []
+
+
+def test_default_device_cuda_makes_batches_on_the_gpu(rehearsed):
+    a = rehearsed("gpu_default_device")
+    f = located(a, "gpu_default_device", "dataloader-on-device")
+    assert f["evidence"]["device_batches"] == STEPS
+    assert f["evidence"]["default_device_lines"] == expected_lines(EXAMPLES / "gpu_default_device.py",
+                                                                   "dataloader-on-device")[:1]
+    assert f["evidence"]["batch_bytes_per_step"] == 256 * 128 * 4 + 256 * 8
+    assert "pin_memory=True" in f["fix"]["summary"] and "non_blocking=True" in f["fix"]["summary"]
+    assert gpu_warnings(a) == {"dataloader-on-device"}
+
+
+def test_cuda_in_getitem_is_found_at_its_line(rehearsed):
+    a = rehearsed("gpu_dataset_cuda")
+    f = located(a, "gpu_dataset_cuda", "dataloader-on-device")
+    ops = {(o["what"], o["line"]): o["count"] for o in f["evidence"]["ops"]}
+    assert ops == {("Tensor.cuda", 20): 2 * 128 * STEPS}  # inputs and labels of every sample
+    assert f["evidence"]["device_batches"] == STEPS
+    assert not tallies(a, m.H2D_COPY)  # copies made while loading are the loader's, not pageable-copy's
+
+
+def test_per_step_peak_stats_reset(rehearsed):
+    a = rehearsed("gpu_peak_stats")
+    f = located(a, "gpu_peak_stats", "peak-stats-reset")
+    assert f["evidence"]["calls"] == STEPS and f["evidence"]["steps_with_reset"] == STEPS
+    standins = {}
+    for t in tallies(a, m.CUDA_STANDIN):
+        standins[t["what"]] = standins.get(t["what"], 0) + t["count"]
+    assert standins["torch.cuda.reset_peak_memory_stats"] == STEPS
+    assert standins["torch.cuda.max_memory_allocated"] == STEPS
+    copies = tallies(a, m.H2D_COPY)  # pin_memory=True: remembered although a CPU cannot pin
+    assert copies and all(t["data"]["pinned"] and t["data"]["non_blocking"] for t in copies)
+    assert gpu_warnings(a) == {"peak-stats-reset"}
+
+
+def test_fp16_autocast_and_grad_scaler(rehearsed):
+    a = rehearsed("gpu_amp")
+    f = located(a, "gpu_amp", "host-sync")
+    assert [s["what"] for s in f["evidence"]["sites"]] == ["Tensor.item"]
+    setup = {t["what"] for t in tallies(a, m.CUDA_STANDIN, setup=True)}
+    assert {"torch.amp.GradScaler(cuda)", "torch.autocast(cuda)"} <= setup
+    assert gpu_warnings(a) == {"host-sync"}
+
+
+def test_clean_gpu_trainer_is_silent(rehearsed):
+    a = rehearsed("gpu_clean")
+    assert a.returncode == 0, a.stderr
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    assert [f for f in a.findings if f["severity"] != "info"] == []
+    # it did copy every batch to the "GPU", pinned and non-blocking, and read the loss every 10 steps
+    assert sum(t["count"] for t in tallies(a, m.H2D_COPY)) == 2 * STEPS
+    assert sum(t["count"] for t in tallies(a, m.SYNC)) == STEPS // 10
+
+
+# --- what rehearsal computes ---------------------------------------------------------------------
+
+def _flat(state: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in state.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        elif isinstance(v, list):
+            out.update(_flat(dict(enumerate(v)), f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+@pytest.mark.parametrize("name", PARITY)
+def test_rehearsal_computes_what_the_cpu_version_computes(rehearsed, tmp_path, name):
+    """The same trainer with every "cuda" replaced by "cpu", run plainly, ends with equal weights
+    and optimizer state."""
+    a = rehearsed(name)
+    assert a.returncode == 0, a.stderr
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    assert "(--rehearse)" in a.stderr  # forced: the wrapper itself does not ask for CUDA
+    src = (EXAMPLES / f"{name}.py").read_text()
+    (tmp_path / f"{name}.py").write_text(src.replace("cuda", "cpu"))
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(WRAPPER.format(examples=str(tmp_path), name=name, last=STEPS - 1, steps=STEPS))
+    plain = tmp_path / "plain.pt"
+    subprocess.run([sys.executable, str(wrapper)], check=True, capture_output=True, cwd=tmp_path,
+                   env={**QUIET_ENV, "PARITY_OUT": str(plain), "PATH": ""})
+    want = _flat(torch.load(plain, weights_only=True))
+    got = _flat(torch.load(a.out.parent / "state.pt", weights_only=True))  # and no rehearsal marks pickled
+    assert want.keys() == got.keys()
+    assert any(k.startswith("opt.state.") for k in want)  # the optimizer stepped: there is state to compare
+    for k in want:
+        if isinstance(want[k], torch.Tensor):
+            assert torch.equal(want[k], got[k]), k
+        else:
+            assert want[k] == got[k], k
