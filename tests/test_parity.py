@@ -2,6 +2,7 @@
 those of N plain calls of the step."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -34,8 +35,10 @@ def test_audited_weights_equal_plain_weights(tmp_path, name):
     wrapper = tmp_path / f"parity_{name}.py"
     wrapper.write_text(WRAPPER.format(examples=str(EXAMPLES), name=name, last=STEPS - 1, steps=STEPS))
     plain, audited = tmp_path / "plain.pt", tmp_path / "audited.pt"
-    subprocess.run([sys.executable, str(wrapper)], check=True, env={"PARITY_OUT": str(plain), "PATH": ""},
-                   cwd=tmp_path, capture_output=True)
+    # the same environment as the audited run (conftest.audit runs it with one intra-op thread):
+    # a different thread count changes the order of float reductions, so the bits
+    subprocess.run([sys.executable, str(wrapper)], check=True, cwd=tmp_path, capture_output=True,
+                   env={"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(plain)})
     a = audit("run", f"{wrapper}:step", "--steps", str(STEPS), "--quiet", out=tmp_path / "out",
               env={"PARITY_OUT": str(audited)})
     assert a.returncode in (0, 1), a.stderr
