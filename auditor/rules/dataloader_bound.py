@@ -84,7 +84,7 @@ class DataloaderBound(Rule):
         loaders = [d for d in ev.dataloaders if d.id in loader_ids] or ev.dataloaders
         loader = loaders[0] if loaders else None
         settings = loader.settings if loader else {}
-        rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda")
+        rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda" or ev.environment.rehearsal)
         locs = []
         edits = []
         if loader and loader.where:
