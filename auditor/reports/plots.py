@@ -127,5 +127,34 @@ def segment_map_plot(ev: Evidence) -> go.Figure | None:
     return fig
 
 
-PLOT_BUILDERS: list[PlotBuilder] = [phase_plot, step_time_plot, memory_plot, rank_figure, memory_timeline_plot,
-                                    segment_map_plot]
+def numerics_plot(ev: Evidence) -> go.Figure | None:
+    """Loss and global gradient norm per step (log scale), the first non-finite step marked."""
+    from auditor.rules.nonfinite import NumericsView
+
+    view = NumericsView.of(ev)
+    loss, norms = view.loss_series(), view.grad_norm_series()
+    if not loss and not norms:
+        return None
+    import math
+
+    import plotly.graph_objects as go
+
+    def finite(series: list[list]) -> tuple[list, list]:
+        pts = [(i, v) for i, v in series if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+        return [i for i, _ in pts], [v for _, v in pts]
+
+    fig = go.Figure(layout=_layout("Loss and gradient norm (log scale)", "value"))
+    fig.update_yaxes(type="log")
+    for name, series in (("loss", loss), ("gradient norm", norms)):
+        x, y = finite(series)
+        if x:
+            fig.add_scatter(name=name, x=x, y=y, mode="lines+markers")
+    bad = [i for i, d in view.steps if d.get("loss_finite") is False or d.get("nonfinite_ops")]
+    if bad:
+        fig.add_vline(x=bad[0], line_dash="dash", line_color="#e45756",
+                      annotation_text=f"first non-finite: step {bad[0]}", annotation_position="top left")
+    return fig
+
+
+PLOT_BUILDERS: list[PlotBuilder] = [phase_plot, step_time_plot, memory_plot, numerics_plot, rank_figure,
+                                    memory_timeline_plot, segment_map_plot]
