@@ -99,7 +99,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     """Audit TARGET (path/to/file.py:step or package.module:step) by calling the step N times."""
     from auditor.capture.progress import StepProgress
     from auditor.capture.runner import RunRequest, run_child
-    from auditor.capture.target import TargetError, parse_target
+    from auditor.capture.target import TargetError, check_statically, parse_target
 
     try:
         t = parse_target(target)
@@ -113,6 +113,10 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     if nproc_per_node is not None:
         if session is not None:
             raise UsageFailure("--nproc-per-node: already running under a launcher (RANK is set)")
+        try:
+            check_statically(t)  # a rank's usage error would reach us only as the launcher's failure
+        except TargetError as e:
+            raise UsageFailure(str(e)) from None
         out = out_dir or _default_out(t.name)
         sys.exit(distributed.launch(target, nproc_per_node, out, distributed.rank_argv(steps, profile, rehearse),
                                     lambda ev: _finish(ev, config, out, quiet, fail_on)))

@@ -53,3 +53,11 @@ def test_module_target_and_python_dash_m(tmp_path):
     a = audit("run", "mypkg.train:step", "--steps", "3", "--quiet", "--no-profile", out=tmp_path / "o", cwd=tmp_path)
     assert a.returncode == 0, a.stderr
     assert a.findings_doc["steps"]["count"] == 3
+
+
+def test_launcher_mode_reports_a_missing_callable_as_a_usage_error(tmp_path):
+    """Under --nproc-per-node the ranks' own exit 2 would be lost in the launcher's failure: the
+    callable is checked first, without running the module."""
+    a = audit("run", "examples/clean.py:nope", "--nproc-per-node", "2", "--steps", "2", out=tmp_path / "o")
+    one_line_error(a, "no callable 'nope'")
+    assert not (tmp_path / "o").exists()

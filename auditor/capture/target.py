@@ -94,3 +94,33 @@ def step_arity(fn: Callable) -> int:
         raise TargetError(f"the step callable must take no argument or one (the step index); "
                           f"{fn.__name__} requires {len(required)}")
     return 1 if positional else 0
+
+
+def check_statically(target: Target) -> None:
+    """For launchers, which cannot see a rank's usage error: a file target whose callable is not
+    bound at the module's top level (def, class, assignment, import) is refused without running it.
+    Modules that bind names dynamically (`from x import *`, `globals()`) are given the benefit of the doubt."""
+    if target.file is None:
+        return
+    import ast
+
+    try:
+        tree = ast.parse(Path(target.file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return  # the rank will report it with the full error
+    name = target.attr.split(".")[0]
+    bound: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                bound.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif not isinstance(node, ast.Expr):
+            return  # if/try/with/for at top level may bind it: let the rank decide
+    if name not in bound:
+        raise TargetError(f"no callable {target.attr!r} in {target.file}")
