@@ -59,11 +59,16 @@ class Recorder:
     def drain(self) -> list[dict[str, Any]]:
         """Tallies since the last drain, as plain dicts ready to send; finalises retain events."""
         for ev in self.retain_events:
-            if not ev["used"][0]:
-                self.add(m.RETAINED_UNUSED, ev["what"], ev["where"], 0.0)
-                t = self.tallies[(m.RETAINED_UNUSED, ev["what"], ev["where"], ())]
-                t["data"] = {"graph_nodes": max(t["data"].get("graph_nodes", 0), ev["nodes"]),
-                             "saved_bytes": max(t["data"].get("saved_bytes", 0), ev["saved_bytes"])}
+            if ev["used"][0]:
+                continue
+            # one tally per place; its data keeps the largest graph seen there (only the first
+            # few retained graphs per place have their saved bytes measured)
+            t = self.tallies.setdefault((m.RETAINED_UNUSED, ev["what"], ev["where"], ()), {
+                "kind": m.RETAINED_UNUSED, "what": ev["what"], "where": ev["where"], "count": 0, "ms": 0.0,
+                "data": {"graph_nodes": 0, "saved_bytes": 0}})
+            t["count"] += 1
+            t["data"]["graph_nodes"] = max(t["data"]["graph_nodes"], ev["nodes"])
+            t["data"]["saved_bytes"] = max(t["data"]["saved_bytes"], ev["saved_bytes"])
         self.retain_events = []
         out = []
         for t in self.tallies.values():
