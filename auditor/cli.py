@@ -118,10 +118,13 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         except TargetError as e:
             raise UsageFailure(str(e)) from None
         out = out_dir or _default_out(t.name)
+        _prewarm_report()
         sys.exit(distributed.launch(target, nproc_per_node, out, distributed.rank_argv(steps, profile, rehearse),
                                     lambda ev: _finish(ev, config, out, quiet, fail_on)))
     out = session.run_dir if session is not None else out_dir or _default_out(t.name)
     # -- end distributed --
+    if session is None or session.env.merges():  # (only the merging process writes the report)
+        _prewarm_report()
     with StepProgress(steps, enabled=not quiet and sys.stderr.isatty() and distributed.shows_progress(session)) \
             as progress, distributed.stoppable(session):
         try:
@@ -213,13 +216,21 @@ def explain(rule_id: str) -> None:
             click.echo(f"    {o.name} = {o.default!r}    {o.help}")
 
 
-def _prewarm_rules() -> None:
-    """Import the rules (pandas, numpy...) while the child runs the steps, not after."""
+def _prewarm_report() -> None:
+    """Import what the report path needs (rules, the trace loader and pandas, plotly and its
+    template, the compiled page template) while the child imports torch and runs the steps, so
+    the user waits for none of it after the last step."""
     import threading
 
-    from auditor.rules.registry import all_rules
+    def prewarm() -> None:
+        from auditor.evidence import load  # noqa: F401  (pandas, numpy)
+        from auditor.reports import html
+        from auditor.rules.registry import all_rules
 
-    threading.Thread(target=all_rules, daemon=True).start()
+        all_rules()
+        html.prewarm()
+
+    threading.Thread(target=prewarm, daemon=True).start()
 
 
 def _afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:

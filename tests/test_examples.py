@@ -115,6 +115,43 @@ def test_step_slowdown(example_audit):
     assert f["evidence"]["growing_phase"]["kind"] == "forward"
 
 
+SPIKE_AT_THE_END = """
+import sys, time
+sys.path.insert(0, {examples!r})
+from _common import Batches, make
+
+loader, model, opt, loss_fn = make()
+batches = Batches(loader)
+
+
+def step(i):
+    x, y = batches.next()
+    opt.zero_grad(set_to_none=True)
+    loss_fn(model(x), y).backward()
+    opt.step()
+    if i == {last}:  # one slow step at the end (a garbage collection, say): CPU work, no trend
+        t = time.process_time()
+        while time.process_time() - t < 0.25:
+            pass
+"""
+
+
+def test_step_slowdown_ignores_one_slow_step_at_the_end(tmp_path):
+    from conftest import audit
+
+    steps = 16
+    trainer = tmp_path / "spike.py"
+    trainer.write_text(SPIKE_AT_THE_END.format(examples=str(EXAMPLES), last=steps - 1))
+    a = audit("run", f"{trainer}:step", "--steps", str(steps), "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    from auditor.rules.common import quarter_medians
+
+    used = [s for s in a.evidence["steps"] if not s["profiled"] and s["index"] >= 2]
+    first, last = quarter_medians([s["ms"] for s in used])
+    assert last / first >= 1.3  # the case is exercised: the ratio gate alone would not stop it
+    assert a.rule("step-slowdown") == []
+
+
 def test_memory_growth_names_the_holder(example_audit):
     a = example_audit("memory_growth")
     f = the_finding(a, "memory-growth")

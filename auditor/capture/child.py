@@ -166,10 +166,9 @@ class Profiler:
             return
         prof, self.prof = self.prof, None
         try:
+            # (no key_averages() table here: with stacks and shapes it costs over a second; the
+            # parent computes the same table from the trace file, see Trace.top_ops)
             prof.stop()
-            rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
-            self.top_ops = [{"name": e.key, "count": e.count, "self_ms": e.self_cpu_time_total / 1e3,
-                             "total_ms": e.cpu_time_total / 1e3} for e in rows]
         except Exception as e:  # the profiler failing must not fail the audit
             self.top_ops = [{"name": f"(profiler failed: {type(e).__name__}: {e})", "count": 0,
                              "self_ms": 0.0, "total_ms": 0.0}]

@@ -52,16 +52,38 @@ def is_torch_internal(filename: str) -> bool:
     return v
 
 
+_code_kind: dict = {}  # code object -> 0 user, 1 library, 2 torch or auditor (library too)
+
+
+def _kind_of(code) -> int:
+    k = _code_kind.get(code)
+    if k is None:
+        name = code.co_filename
+        k = 0 if not is_library(name) else 2 if is_torch_internal(name) else 1
+        _code_kind[code] = k
+    return k
+
+
+def library_code(code) -> bool:
+    """is_library for a code object, cached per code object (cheaper than by file name)."""
+    k = _code_kind.get(code)
+    return (k if k is not None else _kind_of(code)) != 0
+
+
 def user_frame(frame: FrameType | None) -> tuple[str, int, str] | None:
     """(file, line, function) of the first user frame at or above `frame`; falls back to the first
     frame outside torch and the auditor when the whole stack is library code (e.g. a framework)."""
     fallback = None
     f = frame
+    kinds = _code_kind
     while f is not None:
         code = f.f_code
-        if not is_library(code.co_filename):
+        k = kinds.get(code)
+        if k is None:
+            k = _kind_of(code)
+        if k == 0:
             return code.co_filename, f.f_lineno, code.co_name
-        if fallback is None and not is_torch_internal(code.co_filename):
+        if k == 1 and fallback is None:
             fallback = (code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
     return fallback

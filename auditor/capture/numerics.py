@@ -41,6 +41,7 @@ exp the largest input, norm the smallest norm, fp16 the largest |value|.
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 import sys
 import time
@@ -51,7 +52,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from auditor.capture import probes
-from auditor.capture.frames import user_frame
+from auditor.capture.frames import is_library, library_code, user_frame
 
 perf = time.perf_counter
 
@@ -99,6 +100,16 @@ _KIND_BY_NAME = {
 _MODULE_DISPLAY = {"torch._C._nn": "torch.nn.functional", "torch._C._linalg": "torch.linalg",
                    "torch._C._special": "torch.special", "torch._C._fft": "torch.fft"}
 _kinds: dict[Any, int] = {}
+_library_types: dict[type, bool] = {}
+
+
+def _library_module(cls: type) -> bool:
+    """A module class defined in torch or another installed package (nn.Linear), not the user's."""
+    v = _library_types.get(cls)
+    if v is None:
+        file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        v = _library_types[cls] = bool(file) and is_library(file)
+    return v
 
 
 def _classify(func: Callable) -> int:
@@ -167,63 +178,89 @@ def _tensors_in(obj: Any) -> list[torch.Tensor]:
 
 
 class Values:
-    """Device tensors recorded during a step, read back to the host together at its end.
+    """Values recorded during a step, by reference, for the host to read at its end.
 
-    `add` returns a reference; `read` returns the host values by reference. One transfer per
-    (device, dtype) group, so checks cost no host sync while the step runs. `derive` adds a value
-    computed on the host from an earlier one (the range of relu(x) from the range of x), which
-    costs no device work at all."""
+    `add` returns a reference (an index into `vals`). A CPU tensor is read at once (reading costs
+    no device sync there, and one `item` is cheaper than batching); a device tensor is kept and
+    read back with the others of its device at the end of the step: one transfer per device, so
+    checks cost no host sync while the step runs. `derive` adds a value computed on the host from
+    an earlier one (the range of relu(x) from the range of x), which costs no device work at all."""
 
     def __init__(self) -> None:
-        self.groups: dict[tuple, list] = {}
-        self.refs: list[tuple] = []  # (key, offset, n) or (None, source ref, fn)
+        self.vals: list[Any] = []  # host values by reference; None until read for device tensors
+        self.pending: dict[tuple, tuple[list, list]] = {}  # (device, dtype, vector) -> (tensors, refs)
+        self.derived: list[tuple[int, int, Callable[[float], float]]] = []
+
+    def __len__(self) -> int:
+        return len(self.vals)
 
     def add(self, t: torch.Tensor) -> int:
-        vector = t.dim() > 0
-        key = (t.device, t.dtype, vector)
-        g = self.groups.get(key)
+        vals = self.vals
+        ref = len(vals)
+        if t.is_cpu:
+            vals.append(_TB.item(t) if t.dim() == 0 else _TB.tolist(t.double()))
+            return ref
+        vals.append(None)
+        key = (t.device, t.dtype, t.dim() > 0)
+        g = self.pending.get(key)
         if g is None:
-            g = self.groups[key] = [[], 0]
-        n = t.numel() if vector else 1
-        self.refs.append((key, g[1], n))
+            g = self.pending[key] = ([], [])
         g[0].append(t)
-        g[1] += n
-        return len(self.refs) - 1
+        g[1].append(ref)
+        return ref
+
+    def add_range(self, lo: torch.Tensor, hi: torch.Tensor) -> int:
+        """min at the returned reference, max at the next."""
+        if lo.is_cpu:
+            vals = self.vals
+            ref = len(vals)
+            vals.append(_TB.item(lo))
+            vals.append(_TB.item(hi))
+            return ref
+        ref = self.add(lo)
+        self.add(hi)
+        return ref
+
+    def add_host(self, value: Any) -> int:
+        """A value already on the host."""
+        self.vals.append(value)
+        return len(self.vals) - 1
 
     def derive(self, source: int, fn: Callable[[float], float]) -> int:
         """A value computed at read time as fn(value of `source`)."""
-        self.refs.append((None, source, fn))
-        return len(self.refs) - 1
+        ref = len(self.vals)
+        self.vals.append(None)
+        self.derived.append((ref, source, fn))
+        return ref
 
     def read(self) -> list[Any]:
-        flat = {}
+        vals = self.vals
         by_device: dict[torch.device, list[tuple]] = {}
-        for key, (tensors, _) in self.groups.items():
-            by_device.setdefault(key[0], []).append((key, tensors))
+        for key, (tensors, refs) in self.pending.items():
+            by_device.setdefault(key[0], []).append((key, tensors, refs))
         for device, groups in by_device.items():
             wide = torch.float32 if device.type == "mps" else torch.float64
             parts = [_TB.to(torch.cat([t.reshape(-1) for t in ts]) if key[2] else torch.stack(ts), wide)
-                     for key, ts in groups]
+                     for key, ts, _ in groups]
             # one transfer per device; TensorBase's own tolist: the probes' sync wrappers on Tensor
             # are for the user's calls
-            values = _TB.tolist(torch.cat(parts) if len(parts) > 1 else parts[0])
+            flat = _TB.tolist(torch.cat(parts) if len(parts) > 1 else parts[0])
             off = 0
-            for (key, _), part in zip(groups, parts):
-                n = part.numel()
-                flat[key] = values[off:off + n]
-                off += n
-        out: list[Any] = [None] * len(self.refs)
-        derived = []
-        for i, (key, off, n) in enumerate(self.refs):
-            if key is None:
-                derived.append(i)
-            else:
-                vals = flat[key]
-                out[i] = vals[off:off + n] if key[2] else vals[off]
-        for i in derived:  # in order: a derived value may build on an earlier derived one
-            _, source, fn = self.refs[i]
-            out[i] = fn(out[source])
-        return out
+            for (key, ts, refs), part in zip(groups, parts):
+                if key[2]:
+                    for t, ref in zip(ts, refs):
+                        n = t.numel()
+                        vals[ref] = flat[off:off + n]
+                        off += n
+                else:
+                    for ref in refs:
+                        vals[ref] = flat[off]
+                        off += 1
+        self.pending = {}
+        for ref, source, fn in self.derived:  # in order: a derived value may build on an earlier one
+            vals[ref] = fn(vals[source])
+        self.derived = []
+        return vals
 
 
 _TB = torch._C.TensorBase
@@ -261,17 +298,17 @@ class _Mode(TorchFunctionMode):
         self.col = col
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
-        col = self.col
-        if _compiling():  # inside torch.compile's tracing: stay out of the user's graph
-            return func(*args, **kwargs)
+        # Most calls are metadata or views: decided by one dict lookup, before anything else.
         try:
             kind = _kinds[func]
         except (KeyError, TypeError):
             kind = _classify(func)
-        if kind == SKIP or col.paused or not col.checking:
-            return func(*args, **kwargs)
+        col = self.col
+        if kind == SKIP or col.paused or not col.checking or _compiling():
+            # (inside torch.compile's tracing: stay out of the user's graph)
+            return func(*args, **kwargs) if kwargs else func(*args)
+        if kwargs is None:
+            kwargs = {}
         if kind == BACKWARD:
             col.on_backward(args, kwargs)
             return func(*args, **kwargs)
@@ -322,7 +359,8 @@ class Numerics:
         self.names_cache: dict[tuple, tuple[list[str], list[str]]] = {}
         self.last_norms: torch.Tensor | None = None
         self.origins = 0
-        self.mstack: list[int] = []
+        self.mstack: list[int] = []  # running modules, innermost last
+        self.wstack: list[Any] = []  # for each: the user's line of its call if it is a library module
         self._reset_step()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -415,8 +453,12 @@ class Numerics:
         return out
 
     def _site(self, op: str, depth: int, hazard: str | None = None) -> int:
-        """Intern (op, the user's line): sites are sent once, steps refer to them by id."""
-        where = user_frame(sys._getframe(depth))
+        """Intern (op, the user's line): sites are sent once, steps refer to them by id.
+        A call made by library code inside a library module (Linear inside Sequential) has the
+        user's line of that module's call, found once by the module pre-hook, not per call."""
+        f = sys._getframe(depth)
+        w = self.wstack[-1] if self.wstack else None
+        where = w if w is not None and library_code(f.f_code) else user_frame(f)
         key = (op, where)
         sid = self.sites.get(key)
         if sid is None:
@@ -467,15 +509,22 @@ class Numerics:
     def _module_pre(self, module, args) -> None:
         if _compiling():
             return
+        where = None
         try:
+            if self.in_step and self.checking and _library_module(type(module)):
+                where = self.wstack[-1] if self.wstack else None
+                if where is None:
+                    where = user_frame(sys._getframe(1))
             self.mstack.append(self._module_id(module))
         except Exception as e:
             self.mstack.append(-1)
             self.failed(e)
+        self.wstack.append(where)
 
     def _module_post(self, module, args, output) -> None:
         if self.mstack and not _compiling():
             self.mstack.pop()
+            self.wstack.pop()
 
     # --- ops ------------------------------------------------------------------------------------
 
@@ -485,28 +534,28 @@ class Numerics:
         the optimizer post-hook records ±max|w| after each update (one `_foreach_norm` for all),
         so weights are not reduced again in the forward pass."""
         key = id(t)
+        version = t._version
         hit = self.cache.get(key)
-        if hit is not None and hit[0]() is t and hit[1] == t._version:
+        if hit is not None and hit[1] == version and hit[0]() is t:
             return hit[2]
+        values = self.values
         carried = self.param_stats.get(key) if type(t) is torch.nn.Parameter else None
-        if carried is not None and carried[0]() is t and carried[1] == t._version:
+        if carried is not None and carried[1] == version and carried[0]() is t:
             lo, hi = carried[2], carried[3]
             if not carried[5]:  # carried over a trusted update: the range of an earlier version
-                self.stale_refs[len(self.values.refs)] = carried[4]
+                self.stale_refs[len(values)] = carried[4]
             if lo is None:  # symmetric: -max|w| .. max|w|
-                ref = self.values.derive(len(self.values.refs) + 1, _neg)
-                self.values.add(hi)
+                ref = values.derive(len(values) + 1, _neg)
+                values.add(hi)
                 self.sym_refs.add(ref)
             else:
-                ref = self.values.add(lo)
-                self.values.add(hi)
+                ref = values.add_range(lo, hi)
         else:
             lo, hi = torch.aminmax(t.detach())
-            ref = self.values.add(lo)
-            self.values.add(hi)
+            ref = values.add_range(lo, hi)
             if type(t) is torch.nn.Parameter:
-                self.param_stats[key] = (weakref.ref(t), t._version, lo, hi, self.step, True)
-        self.cache[key] = (weakref.ref(t), t._version, ref)
+                self.param_stats[key] = (weakref.ref(t), version, lo, hi, self.step, True)
+        self.cache[key] = (weakref.ref(t), version, ref)
         return ref
 
     def _stat_in(self, t: torch.Tensor, outs: list[torch.Tensor]) -> int | None:
@@ -521,32 +570,47 @@ class Numerics:
         rec = probes.REC
         if rec is not None and rec.in_data:
             return  # batch collation: data is judged where the step consumes it
-        outs = _tensors_in(out)
+        outs = ([out] if _checkable(out) else None) if type(out) in _PLAIN_TYPES else _tensors_in(out)
         if not outs:
             return
         if len(self.ops) >= MAX_OPS_PER_STEP:
             self.dropped += 1
             return
         # Every reduction below runs on t.detach(): no autograd graph, no grad mode switch needed.
-        ins = [t for a in (*args, *kwargs.values()) for t in _tensors_in(a)]
-        in_refs = tuple(self._stat_in(t, outs) for t in ins)
-        for t in outs:  # in-place ops: forget the stats of the value before the call
-            self.cache.pop(id(t), None)
-        fn = _MONOTONE.get(getattr(func, "__name__", "")) if len(ins) == 1 and len(outs) == 1 else None
+        ins: list[torch.Tensor] = []
+        named = False  # a parameter (or a view of one) among the inputs
+        for a in (args if not kwargs else (*args, *kwargs.values())):
+            if isinstance(a, torch.Tensor):
+                if _checkable(a):
+                    ins.append(a)
+                    named = named or type(a) is torch.nn.Parameter or a._base is not None
+            elif isinstance(a, (tuple, list)) and a and isinstance(a[0], torch.Tensor):
+                for t in _tensors_in(a):
+                    ins.append(t)
+                    named = named or type(t) is torch.nn.Parameter or t._base is not None
+        stat = self._stat
+        if len(outs) == 1:
+            o = outs[0]
+            in_refs = tuple([(self._stat_in(t, outs) if t is o else stat(t)) for t in ins])
+            self.cache.pop(id(o), None)  # an in-place op: forget the stats of the value before the call
+        else:
+            in_refs = tuple([self._stat_in(t, outs) for t in ins])
+            for t in outs:
+                self.cache.pop(id(t), None)
+        fn = _MONOTONE.get(getattr(func, "__name__", "")) if len(ins) == 1 and len(outs) == 1 and kind == PLAIN else None
         if fn is not None and in_refs[0] is not None and in_refs[0] not in self.sym_refs:
             ref = self.values.derive(in_refs[0], fn)
             self.values.derive(in_refs[0] + 1, fn)
             self.cache[id(outs[0])] = (weakref.ref(outs[0]), outs[0]._version, ref)
-            out_refs = (ref,)
+            out_refs: tuple = (ref,)
         else:
-            out_refs = tuple(self._stat(t) for t in outs)
+            out_refs = tuple([stat(t) for t in outs])
         hazard = self._hazard_stat(kind, args, in_refs, out_refs) if kind != PLAIN else None
-        half = any(t.dtype == torch.float16 for t in outs)
+        half = outs[0].dtype == torch.float16 if len(outs) == 1 else any(t.dtype == torch.float16 for t in outs)
         site = self._site(_op_name(func), 3, HAZARD_NAMES.get(kind) or ("fp16" if half else None))
         module = self.mstack[-1] if self.mstack else -1
         # ids of the parameters among the inputs (named only if this call turns out to be the origin)
-        params = tuple(id(t._base if t._base is not None else t) for t in ins) \
-            if any(type(t) is torch.nn.Parameter or t._base is not None for t in ins) else None
+        params = tuple([id(t._base if t._base is not None else t) for t in ins]) if named else None
         self.ops.append((site, module, in_refs, out_refs, hazard, half, kind, params))
 
     def _hazard_stat(self, kind: int, args: tuple, in_refs: tuple, out_refs: tuple) -> tuple | None:
@@ -594,33 +658,39 @@ class Numerics:
         if not self.in_step or not self.checking:
             return
         t0 = perf()
+        grad_mode = torch.is_grad_enabled()
         try:
-            with torch.no_grad():
-                self.opt_steps.append(self._grads(opt))
+            torch._C._set_grad_enabled(False)  # (cheaper than torch.no_grad(), on every step)
+            self.opt_steps.append(self._grads(opt))
         except Exception as e:
             self.failed(e)
+        finally:
+            torch._C._set_grad_enabled(grad_mode)
         self.check_s += perf() - t0
 
     def _opt_post(self, opt, args, kwargs) -> None:
         if _compiling():
             return
         t0 = perf()
+        grad_mode = torch.is_grad_enabled()
         try:
             if self.in_step and self.checking and self.opt_steps and self.opt_steps[-1]["opt"] == self.opt_index.get(opt):
-                with torch.no_grad():
-                    params = [p for g in opt.param_groups for p in g["params"] if _checkable(p)]
-                    rec = self.opt_steps[-1]
-                    if params and self._update_keeps_finite(opt, rec, params):
-                        for p in params:  # same ranges, now valid for the updated version
-                            e = self.param_stats[id(p)]
-                            self.param_stats[id(p)] = (e[0], p._version, e[2], e[3], e[4], False)
-                        rec["param_trusted"] = True
-                    elif params:
-                        rec["param_maxabs"] = self._param_maxabs(params)
-                        rec["param_list"] = self._names_of(params)[0]
+                torch._C._set_grad_enabled(False)
+                params = [p for g in opt.param_groups for p in g["params"] if _checkable(p)]
+                rec = self.opt_steps[-1]
+                if params and self._update_keeps_finite(opt, rec, params):
+                    stats = self.param_stats
+                    for p in params:  # same ranges, now valid for the updated version
+                        e = stats[id(p)]
+                        stats[id(p)] = (e[0], p._version, e[2], e[3], e[4], False)
+                    rec["param_trusted"] = True
+                elif params:
+                    rec["param_maxabs"] = self._param_maxabs(params)
+                    rec["param_list"] = self._names_of(params)[0]
         except Exception as e:
             self.failed(e)
         finally:
+            torch._C._set_grad_enabled(grad_mode)
             self.paused = max(0, self.paused - 1)
             if self.mode_popped:
                 self.mode_popped -= 1
@@ -657,7 +727,7 @@ class Numerics:
         that step; an origin report says so)."""
         cls = type(opt)
         if (cls.__name__ not in TRUSTED_OPTIMIZERS or not cls.__module__.startswith("torch.optim")
-                or rec["opt"] in self.untrusted_opts or "grad_norms_t" not in rec):
+                or rec["opt"] in self.untrusted_opts or "grad_norms_host" not in rec):
             return False
         lrs = []
         for g in opt.param_groups:
@@ -669,9 +739,9 @@ class Numerics:
             return False
         for p in params:
             e = self.param_stats.get(id(p))
-            if p.device.type != "cpu" or e is None or e[0]() is not p or self.step - e[4] >= PARAM_REFRESH:
+            if not p.is_cpu or e is None or e[0]() is not p or self.step - e[4] >= PARAM_REFRESH:
                 return False
-        norms = _TB.tolist(rec["grad_norms_t"])
+        norms = rec["grad_norms_host"]
         if not all(math.isfinite(n) for n in norms):
             self.untrusted_opts.add(rec["opt"])
             return False
@@ -681,6 +751,9 @@ class Numerics:
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         for t in tensors:
             by_device.setdefault(t.device, []).append(t)
+        if len(by_device) == 1 and tensors[0].is_cpu:  # read at once: no stack, no transfer
+            self.last_norms = None
+            return self.values.add_host([_TB.item(n) for n in torch._foreach_norm(tensors, 2, dtype=torch.float32)])
         parts = [torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float32)) for ts in by_device.values()]
         joined = parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts])
         self.last_norms = joined
@@ -693,19 +766,23 @@ class Numerics:
         lrs = []
         for g in opt.param_groups:
             lr = g.get("lr")
-            lrs.append(("ref", self.values.add(lr.detach().reshape(()))) if isinstance(lr, torch.Tensor) else lr)
+            # (a tensor lr is cloned: a scheduler may update it in place before the step's end)
+            lrs.append(("ref", self.values.add(lr.detach().reshape(()).clone())) if isinstance(lr, torch.Tensor)
+                       else lr)
         grads, owners = [], []
         for g in opt.param_groups:
             for p in g["params"]:
-                if p.grad is not None and not p.grad.is_sparse and _checkable(p.grad):
-                    grads.append(p.grad)
+                grad = p.grad
+                if grad is not None and not grad.is_sparse and _checkable(grad):
+                    grads.append(grad)
                     owners.append(p)
         rec: dict[str, Any] = {"opt": idx, "site": self._site("optimizer.step", 3), "lrs": lrs,
                                "sched_epochs": {str(i): s.last_epoch for s, i in self._scheds_of(opt)}}
         if grads:
             rec["grad_norms"] = self._norms(grads)
-            if self.last_norms.device.type == "cpu":
-                rec["grad_norms_t"] = self.last_norms
+            host = self.values.vals[rec["grad_norms"]]
+            if host is not None:  # already read (CPU): the post-hook may use it
+                rec["grad_norms_host"] = host
             rec["grad_list"], rec["grad_layers"] = self._names_of(owners)
         return rec
 
@@ -748,7 +825,7 @@ class Numerics:
     # --- step end -------------------------------------------------------------------------------
 
     def _materialise(self, index: int) -> dict[str, Any]:
-        vals = self.values.read() if self.values.refs else []
+        vals = self.values.read()
         data: dict[str, Any] = {"ops": len(self.ops), "dropped": self.dropped, "backward": self.backward}
         bad_ops = []
         hazards: dict[int, float] = {}
@@ -902,8 +979,14 @@ def _cause(kind: int, hazard: tuple | None, vals: list, ins: list[dict], out: li
 
 
 def _top(names: list[str], norms: list[float], k: int = 5) -> list[list]:
-    order = sorted(range(len(norms)), key=lambda i: (math.isfinite(norms[i]), -abs(norms[i]) if math.isfinite(norms[i]) else 0))
-    return [[names[i], num(norms[i])] for i in order[:k]]
+    """The k largest norms, non-finite ones first (O(n log k): this runs every step)."""
+    bad = [i for i, v in enumerate(norms) if not math.isfinite(v)][:k]
+    if bad:
+        good = [i for i, v in enumerate(norms) if math.isfinite(v)]
+        order = bad + heapq.nlargest(k - len(bad), good, key=lambda i: abs(norms[i]))
+    else:
+        order = heapq.nlargest(k, range(len(norms)), key=lambda i: abs(norms[i]))
+    return [[names[i], num(norms[i])] for i in order]
 
 
 def _top_layers(layers: list[str], norms: list[float], k: int = 5) -> list[list]:
@@ -1052,8 +1135,10 @@ def _install_config_probes(col: Numerics) -> None:
             return result
         return probe
 
-    def make_next(orig):
-        def probe(self, *args, **kwargs):  # batch loading: thousands of indexing calls, none the model's
+    def make_outside_mode(orig):
+        # Batch loading (thousands of indexing calls, none the model's) and zero_grad (two
+        # attribute calls per parameter, which cannot make a non-finite value) run with the mode off.
+        def probe(self, *args, **kwargs):
             if col.in_step and torch.overrides._get_current_function_mode() is col.mode:
                 with torch.overrides._pop_mode_temporarily():
                     return orig(self, *args, **kwargs)
@@ -1062,7 +1147,9 @@ def _install_config_probes(col: Numerics) -> None:
 
     import torch.utils.data.dataloader as dl
 
-    _wrap(dl._BaseDataLoaderIter, "__next__", make_next)
+    _wrap(dl._BaseDataLoaderIter, "__next__", make_outside_mode)
+    _wrap(Optimizer, "zero_grad", make_outside_mode)
+    _wrap(torch.nn.Module, "zero_grad", make_outside_mode)
     _wrap(Optimizer, "__init__", make_opt_init)
     _wrap(Optimizer, "load_state_dict", make_opt_load)
     _wrap(lr_scheduler.LRScheduler, "__init__", make_sched_init)

@@ -819,6 +819,26 @@ class Trace:
     def names(self, frame: pd.DataFrame) -> list[str]:
         return [self.symbols[int(c)] for c in frame["name"].to_numpy()]
 
+    # -- operator table --------------------------------------------------------------------------
+    def top_ops(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Operators by self time (their time minus the operators and runtime calls nested in
+        them), as the profiler's `key_averages()` table has them: [{"name", "count", "self_ms",
+        "total_ms"}]. Computed from the columns in milliseconds; the profiler's own table of a
+        window recorded with stacks and shapes costs seconds in the audited process."""
+        cat, dur, parent, name = self.col("cat"), self.col("dur"), self.col("parent"), self.col("name")
+        ops = np.flatnonzero((cat == CAT["cpu_op"]) & ~self.col("instant"))
+        if not len(ops):
+            return []
+        nested = np.flatnonzero(np.isin(cat, (CAT["cpu_op"], CAT["runtime"], CAT["driver"])) & (parent >= 0))
+        inner = np.bincount(parent[nested], weights=dur[nested], minlength=len(cat))
+        codes, which = np.unique(name[ops], return_inverse=True)
+        count = np.bincount(which)
+        self_us = np.bincount(which, weights=np.maximum(dur[ops] - inner[ops], 0.0))
+        total_us = np.bincount(which, weights=dur[ops])
+        order = np.argsort(-self_us, kind="stable")[:limit]
+        return [{"name": self.symbols[int(codes[i])], "count": int(count[i]), "self_ms": float(self_us[i]) / 1e3,
+                 "total_ms": float(total_us[i]) / 1e3} for i in order]
+
     # -- steps and windows ---------------------------------------------------------------------
     @property
     def steps(self) -> pd.DataFrame:

@@ -35,7 +35,7 @@ from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
 from auditor.reports.findings_json import document
 from auditor.reports.patch import make_patch
-from auditor.reports.plots import PLOT_BUILDERS, PlotBuilder
+from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.terminal import recoverable
 from auditor.rules.base import Finding
 from auditor.rules.engine import RuleResults
@@ -70,9 +70,20 @@ def build_plots(ev: Evidence, builders: list[PlotBuilder] | None = None) -> tupl
             errors.append(f"plot {name} failed: {type(e).__name__}: {e}")
             continue
         if fig is not None:
-            plots.append({"id": f"plot-{i}-{re.sub(r'[^a-z0-9]+', '-', name.lower())}",
-                          "figure": json.loads(pio.to_json(fig, validate=False, engine="json"))})
+            figure = json.loads(pio.to_json(fig, validate=False, engine="json"))
+            layout = figure.setdefault("layout", {})
+            if "layout" not in (layout.get("template") or {}):  # no template of its own: the page's
+                layout.pop("template", None)
+            plots.append({"id": f"plot-{i}-{re.sub(r'[^a-z0-9]+', '-', name.lower())}", "figure": figure})
     return plots, errors
+
+
+@functools.lru_cache(maxsize=1)
+def plot_template() -> dict:
+    """PLOT_TEMPLATE as plain JSON: in the page once, applied to each plot without one."""
+    import plotly.io as pio
+
+    return pio.templates[PLOT_TEMPLATE].to_plotly_json()
 
 
 # ---------------------------------------------------------------- view data
@@ -271,7 +282,18 @@ def trace_views(ev: Evidence, out_dir: Path) -> dict[str, Any]:
     logdir = tb if tb.is_dir() else (first.parent.parent if first else None)
     return {"links": links,
             "tensorboard": f"tensorboard --logdir {shlex.quote(str(logdir))}" if logdir else None,
-            "top_ops": ev.profile.top_ops[:20] if ev.profile else []}
+            "top_ops": top_ops(ev)}
+
+
+def top_ops(ev: Evidence, limit: int = 20) -> list[dict]:
+    """The operator table: the one the run recorded, else the first loaded trace's."""
+    if ev.profile and ev.profile.top_ops:
+        return ev.profile.top_ops[:limit]
+    for trace in getattr(ev, "trace_data", None) or []:
+        rows = trace.top_ops(limit)
+        if rows:
+            return rows
+    return []
 
 
 def environment_rows(ev: Evidence) -> list[tuple[str, str]]:
@@ -286,6 +308,18 @@ def environment_rows(ev: Evidence) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------- rendering
+
+
+def prewarm() -> None:
+    """Load what rendering needs (plotly, its template, the compiled page) ahead of time: `audit
+    run` calls this in a thread while the audited steps run."""
+    import plotly.graph_objects as go
+
+    go.Figure(layout=dict(template={}))
+    plot_template()
+    _jinja().get_template("report.html.j2")
+    plotly_js()
+    report_js()
 
 
 @functools.lru_cache(maxsize=1)
@@ -333,7 +367,8 @@ class HtmlReport(Reporter):
         plots, plot_errors = build_plots(evidence, self.plot_builders)
         scripts = [plotly_js(), report_js()] if plots else [report_js()]
         findings = [finding_view(i, f) for i, f in enumerate(results.findings)]
-        payload = {"findings": document(evidence, results), "plots": plots}
+        payload = {"findings": document(evidence, results), "plots": plots,
+                   "plot_template": plot_template() if plots else None}
         return _jinja().get_template("report.html.j2").render(
             ev=evidence,
             results=results,

@@ -89,6 +89,17 @@ def theil_sen(xs: list[float], ys: list[float]) -> float:
     return median(slopes) if slopes else 0.0
 
 
+def trend_ratio(xs: list[float], ys: list[float]) -> float:
+    """End over start of the Theil-Sen line through (xs, ys): how much the trend itself grew,
+    which one slow step at either end (a garbage collection, an epoch boundary) cannot fake."""
+    if len(xs) < 2:
+        return 1.0
+    slope = theil_sen(xs, ys)
+    intercept = median([y - slope * x for x, y in zip(xs, ys)])
+    start, end = intercept + slope * xs[0], intercept + slope * xs[-1]
+    return end / start if start > 0 else 1.0
+
+
 def quarter_medians(values: list[float]) -> tuple[float, float]:
     q = max(1, len(values) // 4)
     return median(values[:q]), median(values[-q:])

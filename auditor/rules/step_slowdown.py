@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
-from auditor.rules.common import on_accelerator, quarter_medians, spearman, theil_sen
+from auditor.rules.common import on_accelerator, quarter_medians, spearman, theil_sen, trend_ratio
 
 
 class StepSlowdown(Rule):
@@ -13,7 +13,9 @@ class StepSlowdown(Rule):
     What it detects:
         Step time that keeps rising over the run: the last quarter of steps is much slower than the
         first, and the rise is a steady trend (rank correlation with the step index), not a few
-        outliers. Warm-up steps and the profiled window are left out. It names the probed call
+        outliers (the robust Theil-Sen line through the step times must rise by the same ratio,
+        so one slow step at the end, such as a garbage collection, is not a trend). Warm-up steps
+        and the profiled window are left out. It names the probed call
         (backward, a sync, data loading...) whose own time grew the most.
 
     Why it costs:
@@ -56,14 +58,16 @@ class StepSlowdown(Rule):
         ys = [s.ms for s in steps]
         first, last = quarter_medians(ys)
         rho = spearman(xs, ys)
-        if first <= 0 or last / first < options["min-ratio"] or rho < options["min-correlation"]:
+        if (first <= 0 or last / first < options["min-ratio"] or rho < options["min-correlation"]
+                or trend_ratio(xs, ys) < options["min-ratio"]):
             return
         if not on_accelerator(ev) and all(s.cpu_ms is not None for s in steps):
             # On the CPU the work itself must grow too: wall time alone also rises when other
             # processes load the machine.
             cpu = [s.cpu_ms for s in steps]
             c_first, c_last = quarter_medians(cpu)
-            if c_first <= 0 or c_last / c_first < options["min-ratio"] or spearman(xs, cpu) < options["min-correlation"]:
+            if (c_first <= 0 or c_last / c_first < options["min-ratio"]
+                    or spearman(xs, cpu) < options["min-correlation"] or trend_ratio(xs, cpu) < options["min-ratio"]):
                 return
         slope = theil_sen(xs, ys)
         culprit = self._culprit(steps)

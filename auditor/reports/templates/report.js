@@ -10,6 +10,7 @@
       var div = document.getElementById(p.id);
       if (!div) { return; }
       var layout = p.figure.layout || {};
+      if (!layout.template && data.plot_template) { layout.template = data.plot_template; }
       layout.autosize = true;
       Plotly.newPlot(div, p.figure.data || [], layout,
                      {responsive: true, displaylogo: false, showLink: false, showSendToCloud: false});
