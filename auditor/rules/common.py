@@ -89,6 +89,17 @@ def theil_sen(xs: list[float], ys: list[float]) -> float:
     return median(slopes) if slopes else 0.0
 
 
+def without_spikes(values: list[float], k: float = 6.0) -> list[int]:
+    """Indexes of the values that are not isolated spikes: above median + k * MAD (the median
+    absolute deviation, at least 2% of the median). A steady trend spreads the values, so its late
+    steps stay in; a flat run's garbage-collection pauses and epoch boundaries drop out."""
+    if len(values) < 4:
+        return list(range(len(values)))
+    mid = median(values)
+    mad = max(median([abs(v - mid) for v in values]), 0.02 * abs(mid))
+    return [i for i, v in enumerate(values) if v <= mid + k * mad]
+
+
 def trend_ratio(xs: list[float], ys: list[float]) -> float:
     """End over start of the Theil-Sen line through (xs, ys): how much the trend itself grew,
     which one slow step at either end (a garbage collection, an epoch boundary) cannot fake."""

@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
-from auditor.rules.common import on_accelerator, quarter_medians, spearman, theil_sen, trend_ratio
+from auditor.rules.common import on_accelerator, quarter_medians, spearman, theil_sen, trend_ratio, without_spikes
 
 
 class StepSlowdown(Rule):
@@ -13,9 +13,9 @@ class StepSlowdown(Rule):
     What it detects:
         Step time that keeps rising over the run: the last quarter of steps is much slower than the
         first, and the rise is a steady trend (rank correlation with the step index), not a few
-        outliers (the robust Theil-Sen line through the step times must rise by the same ratio,
-        so one slow step at the end, such as a garbage collection, is not a trend). Warm-up steps
-        and the profiled window are left out. It names the probed call
+        outliers: isolated spikes (a step above median + 6 MADs: a garbage collection, an epoch
+        boundary) are left out, and the robust Theil-Sen line through the rest must rise by the
+        same ratio. Warm-up steps and the profiled window are left out too. It names the probed call
         (backward, a sync, data loading...) whose own time grew the most.
 
     Why it costs:
@@ -54,6 +54,7 @@ class StepSlowdown(Rule):
         steps = [s for s in ev.steps if not s.profiled and s.index >= options["skip"]]
         if len(steps) < options["min-steps"]:
             return
+        steps = [steps[i] for i in without_spikes([s.ms for s in steps])]
         xs = [float(s.index) for s in steps]
         ys = [s.ms for s in steps]
         first, last = quarter_medians(ys)
