@@ -129,17 +129,17 @@ def step(i):
     opt.zero_grad(set_to_none=True)
     loss_fn(model(x), y).backward()
     opt.step()
-    if i == {last}:  # one slow step at the end (a garbage collection, say): CPU work, no trend
+    if i >= {last} - 1:  # two slow steps at the end (a collection, a checkpoint): CPU work, no trend
         t = time.process_time()
         while time.process_time() - t < 0.25:
             pass
 """
 
 
-def test_step_slowdown_ignores_one_slow_step_at_the_end(tmp_path):
+def test_step_slowdown_ignores_slow_steps_at_the_end(tmp_path):
     from conftest import audit
 
-    steps = 16
+    steps = 20
     trainer = tmp_path / "spike.py"
     trainer.write_text(SPIKE_AT_THE_END.format(examples=str(EXAMPLES), last=steps - 1))
     a = audit("run", f"{trainer}:step", "--steps", str(steps), "--quiet", out=tmp_path / "out")
@@ -147,6 +147,7 @@ def test_step_slowdown_ignores_one_slow_step_at_the_end(tmp_path):
     from auditor.rules.common import quarter_medians
 
     used = [s for s in a.evidence["steps"] if not s["profiled"] and s["index"] >= 2]
+    assert len(used) >= 12  # enough steps for the rule to judge (its min-steps)
     first, last = quarter_medians([s["ms"] for s in used])
     assert last / first >= 1.3  # the case is exercised: the ratio gate alone would not stop it
     assert a.rule("step-slowdown") == []

@@ -42,7 +42,7 @@ class StepSlowdown(Rule):
     category = "performance"
     options = (
         Option("skip", 2, "Warm-up steps left out at the start."),
-        Option("min-steps", 8, "Unprofiled steps needed to judge a trend."),
+        Option("min-steps", 12, "Unprofiled steps needed to judge a trend (quarters of 3 or more)."),
         Option("min-ratio", 1.3, "Last-quarter median over first-quarter median to flag."),
         Option("min-correlation", 0.6, "Spearman correlation of step time with step index to flag."),
     )

@@ -1,0 +1,26 @@
+"""The trend statistics the timing rules share (auditor.rules.common): one slow step is not a trend."""
+from __future__ import annotations
+
+from auditor.rules.common import quarter_medians, spearman, trend_ratio, without_spikes
+
+# Step times (ms) shaped like those of a flat 20-step trainer's audit (steps 3-6 profiled): a
+# garbage collection at step 12, two slow steps at the end, a slight upward drift in between.
+STEPS = [2, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+FLAT_WITH_SPIKES = [12.9, 11.0, 11.3, 11.2, 11.4, 11.9, 33.0, 11.6, 12.0, 12.2, 12.1, 12.4, 34.0, 260.0]
+RISING = [10.0, 11.0, 11.6, 12.1, 12.9, 13.4, 14.2, 14.8, 15.5, 16.1, 16.9, 17.3, 18.2, 18.8]
+
+
+def test_spikes_pass_the_old_gates_but_not_the_robust_ones():
+    first, last = quarter_medians(FLAT_WITH_SPIKES)
+    assert last / first > 1.3 and spearman([float(x) for x in STEPS], FLAT_WITH_SPIKES) > 0.6
+    keep = without_spikes(FLAT_WITH_SPIKES)
+    assert [FLAT_WITH_SPIKES[i] for i in range(len(STEPS)) if i not in keep] == [33.0, 34.0, 260.0]
+    xs = [float(STEPS[i]) for i in keep]
+    ys = [FLAT_WITH_SPIKES[i] for i in keep]
+    assert trend_ratio(xs, ys) < 1.3  # step-slowdown's min-ratio
+
+
+def test_a_steady_rise_keeps_every_step_and_its_ratio():
+    assert without_spikes(RISING) == list(range(len(RISING)))
+    xs = [float(x) for x in STEPS]
+    assert 2.2 < trend_ratio(xs, RISING) < 2.7  # 10 ms at step 2 to ~19 ms at step 19 on the line
