@@ -5,8 +5,9 @@
 Two measurements of the same seeded MLP step (AdamW, cross-entropy):
 
 * paired, in one process (the robust number on a loaded machine): the collector installed, and
-  each step run twice in a row, once with the collector checking (mode pushed, hooks active) and
-  once switched off; the median of the per-pair differences in thread CPU time is its cost.
+  two identical models stepped in turn, one always checked (mode pushed, hooks active), its twin
+  never (checking off); the median of the per-pair differences in thread CPU time is its cost. The
+  twins' weights are compared at the end: the checks must not change what is computed.
 * separate processes (what an audit adds, noisier): `plain` (the step alone), `probes` (the probes
   every audit installs) and `numerics` (probes plus the collector), one fresh process each,
   in alternating rounds, median step times in wall and thread CPU time.
@@ -42,22 +43,32 @@ def worker(config: str, steps: int, threads: int, width: int, batch: int) -> dic
 
         col = Numerics()
         col.install()
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                          nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
-    data = [(torch.randn(batch, 256), torch.randint(0, 10, (batch,))) for _ in range(8)]
+    def make_step():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                              nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loss_fn = nn.CrossEntropyLoss()
+        data = [(torch.randn(batch, 256), torch.randint(0, 10, (batch,))) for _ in range(8)]
 
-    def step(i: int) -> None:
-        x, y = data[i % len(data)]
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+        def step(i: int) -> None:
+            x, y = data[i % len(data)]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+        step.model = model
+        return step
 
+    step = make_step()
     if config == "paired":
-        return paired(col, step, steps)
+        # a twin that is never checked: stepping one model with checks on and off would make every
+        # checked step re-measure weights the unchecked step changed, which no audit ever does
+        twin = make_step()
+        out = paired(col, step, twin, steps)
+        assert all(torch.equal(p, q) for p, q in zip(step.model.parameters(), twin.model.parameters())), \
+            "checked and unchecked twins diverged: the collector changed the computation"
+        return out
     times, cpu, checks, ops = [], [], [], []
     for i in range(steps + 5):
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -76,8 +87,9 @@ def worker(config: str, steps: int, threads: int, width: int, batch: int) -> dic
             "ops": statistics.median(ops) if ops else None}
 
 
-def paired(col, step, steps: int) -> dict:
-    """Each step twice: checked, then with the collector off. Median of the CPU differences."""
+def paired(col, step, twin, steps: int) -> dict:
+    """Each step of the checked model, then the same step of its unchecked twin. Median of the CPU
+    differences."""
     on, off, diffs, checks = [], [], [], []
     for i in range(steps + 5):
         c0 = time.thread_time()
@@ -86,7 +98,7 @@ def paired(col, step, steps: int) -> dict:
         d = col.step_end(i)
         c1 = time.thread_time()
         col.checking = False  # hooks return at once; the mode is not pushed
-        step(i)
+        twin(i)
         c2 = time.thread_time()
         col.checking = True
         if i >= 5:

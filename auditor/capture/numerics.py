@@ -82,6 +82,7 @@ register_hook __getitem__ __setitem__ narrow select split split_with_sizes chunk
 moveaxis swapaxes swapdims clone empty empty_like new_empty empty_strided new_empty_strided
 pin_memory share_memory_ untyped_storage storage type_as_ as_strided unfold _make_subclass
 get_device is_pinned is_shared is_set_to data dtype device shape
+_record_function_enter _record_function_enter_new _record_function_exit
 """.split())
 _KIND_BY_NAME = {
     "backward": BACKWARD, "grad": BACKWARD,
