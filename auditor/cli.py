@@ -223,8 +223,11 @@ def _prewarm_report() -> None:
     import threading
 
     def prewarm() -> None:
-        from auditor.evidence import load  # noqa: F401  (pandas, numpy)
+        import importlib
+
         from auditor.reports import html
+
+        importlib.import_module("auditor.evidence.load")  # pandas, numpy
         from auditor.rules.registry import all_rules
 
         all_rules()

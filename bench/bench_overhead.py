@@ -82,7 +82,7 @@ def main() -> None:
     med = statistics.median
     print(f"step interval, plain loop     : {med(p_ints):8.2f} ms (median of {a.repeats} runs)")
     print(f"step interval, under audit    : {med(a_ints):8.2f} ms")
-    print(f"  paired overhead per run     : " + " ".join(f"{100 * (r - 1):+.1f}%" for r in ratios))
+    print("  paired overhead per run     : " + " ".join(f"{100 * (r - 1):+.1f}%" for r in ratios))
     print(f"  median paired overhead      : {100 * (med(ratios) - 1):+.1f}% (target < 10%)")
     print(f"{a.steps} plain steps             : {med(p['steps_s'] for p in plain):8.2f} s")
     print(f"plain process (import+steps)  : {med(p['process_s'] for p in plain):8.2f} s")

@@ -31,7 +31,7 @@ SOURCE = ROOT.parent / "shared" / "fixtures" / "traces" / "h100_owlv2_syncs_data
 _PRELUDE = """
 import json, resource, sys, time
 def report(**kw):
-    kw["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kw["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # MB, like file_mb
     print("RESULT " + json.dumps(kw))
 """
 
@@ -50,7 +50,7 @@ class Event(msgspec.Struct, gc=False):
 class TraceFile(msgspec.Struct):
     traceEvents: list[Event]
 path = sys.argv[1]
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 t = time.perf_counter()
 with open(path, "rb") as f:
     data = f.read()
@@ -72,7 +72,7 @@ class HostSync(Rule):
     id = "host-sync"; title = "host-sync"
 class DataloaderBound(Rule):
     id = "dataloader-bound"; title = "dataloader-bound"
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 t = time.perf_counter()
 ev = load_paths([Path(sys.argv[1])])
 t_load = time.perf_counter() - t
@@ -89,7 +89,7 @@ report(seconds=time.perf_counter() - t, load_seconds=t_load, events=int(len(trac
 
 HTA = _PRELUDE + """
 from hta.trace_analysis import TraceAnalysis
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 t = time.perf_counter()
 analysis = TraceAnalysis(trace_dir=sys.argv[1])
 trace = analysis.t.get_trace(next(iter(analysis.t.traces)))

@@ -373,3 +373,36 @@ def test_rehearsal_computes_what_the_cpu_version_computes(rehearsed, tmp_path, n
             assert torch.equal(want[k], got[k]), k
         else:
             assert want[k] == got[k], k
+
+
+CUDA_FP16_NO_SCALER = '''
+import torch
+from torch import nn
+
+device = "cuda"
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(32, 64, device=device), torch.randint(0, 10, (32,), device=device)
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(device, dtype=torch.float16):
+        loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_amp_unscaled_fix_names_the_programs_device_in_rehearsal(tmp_path):
+    """Rehearsed CUDA float16 autocast runs as CPU autocast, but the fix is for the program: CUDA."""
+    trainer = tmp_path / "fp16_cuda.py"
+    trainer.write_text(CUDA_FP16_NO_SCALER)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--rehearse", "--no-profile", "--quiet",
+              out=tmp_path / "out", env=QUIET_ENV)
+    assert a.returncode == 0, a.stderr
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    (f,) = a.rule("amp-unscaled")
+    assert f["fix"]["config"]["GradScaler"] == 'torch.amp.GradScaler("cuda")'
+    assert f["locations"][0]["file"] == str(trainer) and f["locations"][0]["line"] == 14

@@ -16,5 +16,31 @@ def test_numerics_plot_marks_the_first_nonfinite_step(tmp_path):
     assert f"first non-finite: step {step}" in html
     # a clean run still plots its series, with nothing marked
     clean = audit("run", "examples/clean.py:step", "--steps", "5", "--quiet", "--no-profile", out=tmp_path / "c")
+    assert clean.returncode == 0, clean.stderr
     assert "numerics-plot" in (tmp_path / "c" / "report.html").read_text()  # loss/grad norms still drawn
     assert "first non-finite" not in (tmp_path / "c" / "report.html").read_text()
+
+
+def test_memory_timeline_is_capped_and_keeps_the_peak():
+    """A real H100 trace with 12,270 device `[memory]` events: the plotted line keeps at most
+    MAX_LINE_POINTS (+2) of them, the same peak and both ends, so the report stays small."""
+    import numpy as np
+
+    from auditor.evidence.load import load_paths
+    from auditor.reports.plots import MAX_LINE_POINTS, memory_timeline_plot
+    from conftest import ROOT
+
+    path = ROOT.parent / "shared" / "fixtures" / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
+    ev = load_paths([path])
+    mem = ev.trace_data[0].of("memory")
+    device = mem[mem["device_type"] == 1]
+    assert len(device) > MAX_LINE_POINTS
+    fig = memory_timeline_plot(ev)
+    line = next(t for t in fig.data if t.name == "GPU allocated")
+    assert len(line.y) <= MAX_LINE_POINTS + 2
+    mib = device["total_allocated"].to_numpy() / 2**20
+    assert max(line.y) == round(float(mib.max()), 3) and min(line.y) == round(float(mib.min()), 3)
+    assert line.y[0] == round(float(mib[0]), 3) and line.y[-1] == round(float(mib[-1]), 3)
+    assert list(line.x) == sorted(line.x)  # still in time order
+    star = next(t for t in fig.data if t.name.startswith("peak") and t.y[0] == max(line.y))
+    assert star.x[0] in line.x and np.isclose(star.y[0], mib.max(), atol=1e-3)

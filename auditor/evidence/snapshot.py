@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import msgspec
 
 from auditor.evidence.errors import InputError
-from auditor.evidence.trace import is_library_file
+from auditor.evidence.recorded_frames import is_library_file
 
 MiB = 1 << 20
 GiB = 1 << 30

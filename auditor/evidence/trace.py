@@ -19,7 +19,6 @@ import gzip
 import math
 import operator
 import re
-import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,7 +30,8 @@ import numpy as np
 import pandas as pd
 
 from auditor.evidence.errors import InputError
-from auditor.evidence.model import Frame
+from auditor.evidence.model import Frame  # noqa: F401  (re-exported for rules)
+from auditor.evidence.recorded_frames import is_library_file, parse_frame  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------
 # The one category vocabulary rules use (the `cat` column holds the index into this tuple).
@@ -65,7 +65,6 @@ LAUNCH_SIDE = (CAT["runtime"], CAT["driver"])
 
 FLOW_CATEGORIES = ("ac2g", "async", "fwdbwd")
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
-_PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
 
 DEFAULT_CHUNK_BYTES = 16 << 20
 
@@ -716,36 +715,6 @@ def _links(events: pd.DataFrame) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-_LIBRARY_ROOTS = frozenset({"torch", "torchvision", "torchaudio", "torchtext", "torchdata", "functorch",
-                            "triton", "numpy", "tqdm", "typing_extensions", "_pytest", "pytest",
-                            "pluggy", "auditor", "lightning", "pytorch_lightning", "lightning_fabric",
-                            "accelerate", "deepspeed", "apex"}) | frozenset(sys.stdlib_module_names)
-
-
-def parse_frame(text: str) -> Frame | None:
-    """A Python frame from a profiler name like `train.py(42): step` (None for built-ins)."""
-    m = _PY_FRAME.match(text.strip())
-    if not m:
-        return None
-    return Frame(file=m.group("file"), line=int(m.group("line")), function=m.group("func"))
-
-
-def is_library_file(file: str) -> bool:
-    """True for frames the user cannot edit: torch, the standard library, site-packages.
-
-    Kineto strips sys.path prefixes, so `torch/nn/modules/module.py` and `threading.py` arrive
-    relative; absolute paths under site-packages are libraries as well.
-    """
-    f = file.replace("\\", "/")
-    if f.startswith("<") or "site-packages/" in f or "dist-packages/" in f or "/lib/python" in f:
-        return True
-    if f.startswith("/"):
-        return False
-    root = f.split("/", 1)[0]
-    root = root.removesuffix(".py")
-    return root in _LIBRARY_ROOTS
-
-
 @dataclass
 class Trace:
     """One parsed profiler trace: metadata, an events frame, flows, and the symbol table.

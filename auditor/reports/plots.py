@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 from auditor.evidence.model import Evidence
 from auditor.evidence.phases import PHASES, phase_table
 from auditor.evidence.rank_view import rank_figure
@@ -13,6 +15,7 @@ if TYPE_CHECKING:
 
 PlotBuilder = Callable[[Evidence], "go.Figure | None"]
 MiB = 2**20
+MAX_LINE_POINTS = 4000  # per line in a plot: the report stays a few MB whatever the input size
 PLOT_TEMPLATE = "plotly_white"  # the page applies it once to every plot (see html.build_plots)
 
 _PHASE_COLORS = {"data": "#8c6bb1", "forward": "#4c78a8", "backward": "#f58518", "optimizer": "#54a24b",
@@ -100,14 +103,34 @@ def memory_timeline_plot(ev: Evidence) -> go.Figure | None:
             fig.update_xaxes(title_text="ms since the window opened")
         t0 = float(mem["ts"].min())
         for dev, part in mem.groupby("device_type"):
-            x = ((part["ts"] - t0) / 1e3).round(3).tolist()
-            y = (part["total_allocated"] / MiB).round(3).tolist()
-            label = "CPU allocated" if int(dev) == 0 else f"device {int(dev)} allocated"
-            fig.add_scatter(name=label, x=x, y=y, mode="lines", line_shape="hv")
-            peak = int(part["total_allocated"].to_numpy().argmax())
-            fig.add_scatter(name=f"peak {y[peak]:.1f} MiB", x=[x[peak]], y=[y[peak]], mode="markers",
+            ms = (part["ts"].to_numpy() - t0) / 1e3
+            mib = part["total_allocated"].to_numpy() / MiB
+            peak = int(mib.argmax())
+            keep = decimate(mib, MAX_LINE_POINTS)
+            label = {0: "CPU allocated", 1: "GPU allocated"}.get(int(dev), f"device type {int(dev)} allocated")
+            fig.add_scatter(name=label, x=ms[keep].round(3).tolist(), y=mib[keep].round(3).tolist(), mode="lines",
+                            line_shape="hv")
+            fig.add_scatter(name=f"peak {mib[peak]:.1f} MiB", x=[round(float(ms[peak]), 3)],
+                            y=[round(float(mib[peak]), 3)], mode="markers",
                             marker=dict(symbol="star", size=12, color="#e45756"))
     return fig
+
+
+def decimate(y: np.ndarray, max_points: int) -> np.ndarray:
+    """Indexes of at most ~max_points samples of y that keep its shape: the first and last, and the
+    minimum and maximum of each of max_points / 2 equal slices (so every peak survives). A trace's
+    `[memory]` series runs to millions of points, which would make the report tens of MB."""
+    n = len(y)
+    if n <= max_points:
+        return np.arange(n)
+    edges = np.linspace(0, n, max_points // 2 + 1).astype(np.int64)
+    starts = edges[:-1]
+    bucket = np.repeat(np.arange(len(starts)), np.diff(edges))
+    picks = [np.array([0, n - 1])]
+    for extreme in (np.maximum, np.minimum):
+        hit = np.flatnonzero(y == extreme.reduceat(y, starts)[bucket])
+        picks.append(hit[np.unique(bucket[hit], return_index=True)[1]])
+    return np.unique(np.concatenate(picks))
 
 
 def segment_map_plot(ev: Evidence) -> go.Figure | None:

@@ -6,9 +6,8 @@ import re
 from statistics import quantiles
 from typing import Any, Iterable
 
-from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import GiB, MiB, MemoryFigures, Segment, Snapshot, Usage, format_bytes
-from auditor.rules.base import Finding, Fix, Option, Rule
+from auditor.rules.base import Finding, Fix, Option, SnapshotRule
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
@@ -57,7 +56,7 @@ def _usage_dict(u: Usage) -> dict[str, int]:
             "free_in_empty_segments": u.free_in_empty_segments, "free_in_split_segments": u.free_in_split_segments}
 
 
-class AllocatorFragmentation(Rule):
+class AllocatorFragmentation(SnapshotRule):
     """
     What it detects:
         A CUDA memory snapshot in which much reserved memory is free inside the caching allocator's
@@ -105,17 +104,10 @@ class AllocatorFragmentation(Rule):
         Option("gc-threshold", 0.8, "the garbage_collection_threshold value to suggest"),
     )
 
-    def skip_reason(self, ev: Evidence) -> str | None:
-        if not ev.snapshot_data:
-            return "needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot pickle)"
-        return None
-
-    def check(self, ev: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        for snap in ev.snapshot_data:
-            for device, fig in snap.devices.items():
-                finding = self._device(snap, device, fig, options)
-                if finding is not None:
-                    yield finding
+    def check_device(self, snap: Snapshot, device: int, o: dict[str, Any]) -> Iterable[Finding]:
+        finding = self._device(snap, device, snap.devices[device], o)
+        if finding is not None:
+            yield finding
 
     def _device(self, snap: Snapshot, device: int, fig: MemoryFigures, o: dict[str, Any]) -> Finding | None:
         if fig.reserved == 0 or fig.free == 0:

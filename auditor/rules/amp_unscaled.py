@@ -55,10 +55,10 @@ class AmpUnscaled(Rule):
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         view = NumericsView.of(ev)
-        yield from self._unscaled(view)
+        yield from self._unscaled(view, ev.environment.rehearsal)
         yield from self._collapse(view, options)
 
-    def _unscaled(self, view: NumericsView) -> Iterable[Finding]:
+    def _unscaled(self, view: NumericsView, rehearsal: bool = False) -> Iterable[Finding]:
         fp16 = {e["site"]: e for e in view.events_of("autocast") if e.get("dtype") == "float16" and e.get("enabled")}
         if not fp16:
             return
@@ -82,7 +82,8 @@ class AmpUnscaled(Rule):
                "a GradScaler was created but never scaled the loss" if scalers else "no GradScaler was created")
         locs = [x for x in (location(fp16[s].get("where")) for s in sorted(used)) if x]
         locs += [x for x in (location(s.get("where")) for s in disabled) if x]
-        device = next(iter(fp16[s].get("device") for s in used), "cuda")
+        # (a rehearsal ran the CUDA autocast on the CPU: the program's own device is "cuda")
+        device = "cuda" if rehearsal else next(iter(fp16[s].get("device") for s in used), "cuda")
         edits = [e for e in (self._bf16_edit(fp16[s].get("where")) for s in sorted(used)) if e]
         yield self.finding(
             f"float16 autocast ran in {len(steps)} of {len(view.steps)} steps with a backward pass "

@@ -129,3 +129,22 @@ class TraceRule(Rule):
 
     def check_trace(self, trace: Any, options: dict[str, Any]) -> Finding | None:
         raise NotImplementedError
+
+
+class SnapshotRule(Rule):
+    """A rule judged on each device of each CUDA memory snapshot (`evidence.snapshot_data`).
+
+    Subclasses implement `check_device(snapshot, device, options)`, yielding findings."""
+
+    def skip_reason(self, evidence: Evidence) -> str | None:
+        if not evidence.snapshot_data:
+            return "needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot pickle)"
+        return None
+
+    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        for snap in evidence.snapshot_data:
+            for device in snap.devices:
+                yield from self.check_device(snap, device, options)
+
+    def check_device(self, snap: Any, device: int, options: dict[str, Any]) -> Iterable[Finding]:
+        raise NotImplementedError

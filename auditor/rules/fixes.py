@@ -20,11 +20,15 @@ from typing import Iterable, Sequence
 from auditor.rules.base import Edit
 
 
-def read_lines(file: str) -> list[str] | None:
+def read_lines(file: str, keepends: bool = False) -> list[str] | None:
+    """The file's lines (None if unreadable). keepends=True keeps each line's own ending, as the
+    diff needs to reproduce the file byte for byte; without, lines feed the AST-level edits."""
     try:
-        return Path(file).read_text(encoding="utf-8").splitlines()
+        with open(file, encoding="utf-8", newline="") as f:
+            text = f.read()
     except (OSError, UnicodeDecodeError):
         return None
+    return text.splitlines(keepends=keepends)
 
 
 def _indent(line: str) -> str:
@@ -229,14 +233,6 @@ def unified_diff(old: list[str], new: list[str], name: str, context: int = 3) ->
     return "".join(out)
 
 
-def _read_lines(path: str) -> list[str] | None:
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            return f.read().splitlines(keepends=True)
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 @dataclass
 class PatchResult:
     diff: str
@@ -251,7 +247,7 @@ def diff_edits(edits: Iterable[Edit], root: Path | None = None) -> PatchResult:
     parts: list[str] = []
     skipped: list[tuple[Edit, str]] = []
     for file in sorted(by_file, key=lambda f: patch_path(f, root)):
-        lines = _read_lines(file)
+        lines = read_lines(file, keepends=True)
         if lines is None:
             skipped.extend((e, "the file cannot be read") for e in by_file[file])
             continue

@@ -5,11 +5,10 @@ import linecache
 import os
 from typing import Any, Iterable
 
-from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import (GiB, LiveAllocation, Owner, Snapshot, StackFrame, format_bytes, live_at,
                                        owners, reserved_at)
 from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
-from auditor.rules.base import Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Finding, Fix, Location, Option, SnapshotRule
 
 # Memory sizes of common CUDA devices, in GiB (16: V100/T4, 24: A10/L4/4090, 40/80: A100, 80/94: H100,
 # 141: H200, 192: B200). Used only when neither the user nor the snapshot says how big the device was.
@@ -72,7 +71,7 @@ def _config_fix(snap: Snapshot, cached: int, what: str, owners_known: bool) -> F
                config={ALLOC_CONF: value})
 
 
-class OomRisk(Rule):
+class OomRisk(SnapshotRule):
     """
     What it detects:
         GPU memory that reached, or came close to, the device's capacity in a CUDA memory snapshot:
@@ -121,18 +120,8 @@ class OomRisk(Rule):
         Option("top-owners", 5, "how many owning lines to report"),
     )
 
-    def skip_reason(self, ev: Evidence) -> str | None:
-        if not ev.snapshot_data:
-            return "needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot pickle)"
-        return None
-
-    def check(self, ev: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        for snap in ev.snapshot_data:
-            for device in snap.devices:
-                yield from self._device(snap, device, options)
-
     # ------------------------------------------------------------------------------------------
-    def _device(self, snap: Snapshot, device: int, o: dict[str, Any]) -> Iterable[Finding]:
+    def check_device(self, snap: Snapshot, device: int, o: dict[str, Any]) -> Iterable[Finding]:
         history = snap.histories.get(device)
         top_n = int(o["top-owners"])
         if history is not None and history.oom_indices:
