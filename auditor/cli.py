@@ -119,8 +119,10 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
             raise UsageFailure(str(e)) from None
         out = out_dir or _default_out(t.name)
         _prewarm_report()
-        sys.exit(distributed.launch(target, nproc_per_node, out, distributed.rank_argv(steps, profile, rehearse),
-                                    lambda ev: _finish(ev, config, out, quiet, fail_on)))
+        code = distributed.launch(target, nproc_per_node, out, distributed.rank_argv(steps, profile, rehearse),
+                                  lambda ev: _finish(ev, config, out, quiet, fail_on))
+        _afterwards(out, open_report, tensorboard)
+        sys.exit(code)
     out = session.run_dir if session is not None else out_dir or _default_out(t.name)
     # -- end distributed --
     if session is None or session.env.merges():  # (only the merging process writes the report)
@@ -238,7 +240,7 @@ def _prewarm_report() -> None:
 
 def _afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
     """--open and --tensorboard: show the user what was written."""
-    if open_report:
+    if open_report and (out / "report.html").is_file():
         import webbrowser
 
         webbrowser.open((out / "report.html").resolve().as_uri())
@@ -251,7 +253,8 @@ def _afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
             click.echo(f"audit: cannot start TensorBoard: {why_not}", err=True)
             return
         try:
-            url, proc = start_tensorboard(out / "tb")
+            # a launch keeps each rank's logdir under rank-K/tb: TensorBoard finds them all from `out`
+            url, proc = start_tensorboard(out / "tb" if (out / "tb").is_dir() else out)
         except TensorBoardError as e:
             click.echo(f"audit: TensorBoard did not start: {str(e).splitlines()[0]}", err=True)
             return

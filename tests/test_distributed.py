@@ -514,3 +514,16 @@ def test_bucket_size_thresholds(grad_mb, cap_mb, buckets, sync_ms, expected):
     else:
         [f] = found
         assert {k: f.evidence[k] for k in expected} == expected
+
+
+def test_launch_opens_the_merged_report(tmp_path):
+    """`--open` under `--nproc-per-node`: the merged report, once written, goes to the browser."""
+    opened = tmp_path / "opened.txt"
+    browser = tmp_path / "browser.sh"
+    browser.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
+    browser.chmod(0o755)
+    out = tmp_path / "out"
+    a = audit("run", "examples/ddp_balanced.py:step", "--nproc-per-node", "2", "--steps", "3", "--no-profile",
+              "--quiet", "--open", out=out, timeout=RUN_TIMEOUT, env={"BROWSER": f"{browser} %s"})
+    assert a.returncode == 0, a.stderr
+    assert opened.read_text().strip() == (out / "report.html").resolve().as_uri()
