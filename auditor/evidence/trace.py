@@ -935,8 +935,28 @@ class Trace:
         return found
 
 
+def _release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc only; elsewhere a no-op). The per-chunk column
+    arrays are small enough to live on the malloc heap, which keeps their pages after they are
+    concatenated and freed: on a 5 GB trace that is ~1.7 GB of RSS held through the analysis."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
+
+
 def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -> Trace:
     events, flows = cols.frames()
+    _release_freed_memory()
     events["end"] = events["ts"] + events["dur"]
     events["parent"] = _nest(events)
     events["link"] = _links(events)
