@@ -6,8 +6,8 @@ HolisticTraceAnalysis.
 Each measurement runs in its own Python process, so its peak RSS (ru_maxrss) is its own:
   bare  - read the file and decode it with a typed msgspec Struct (args left raw): the floor any
           Python-side parser of this file pays;
-  ours  - auditor.evidence.load.load_paths + every trace rule (the five trace rules and the trace
-          halves of host-sync and dataloader-bound);
+  ours  - what `audit analyze FILE` does, end to end: auditor.evidence.load.load_paths, every rule
+          (run_rules) and every report (write_reports: findings.json, report.html, SARIF, patch);
   hta   - HolisticTraceAnalysis' TraceAnalysis(trace_dir=...) in its own venv (bench/out/hta-venv),
           when `pip install holistictraceanalysis` works here.
 Times are wall seconds measured inside the child after its imports; RSS is the child's peak.
@@ -59,32 +59,32 @@ report(seconds=time.perf_counter() - t, events=len(doc.traceEvents), base_rss_mb
 """
 
 OURS = _PRELUDE + """
+import tempfile
 from pathlib import Path
 from auditor.evidence.load import load_paths
-from auditor.rules.base import Rule
-from auditor.rules.pageable_copy import PageableCopy
-from auditor.rules.gpu_idle import GpuIdle
-from auditor.rules.launch_bound import LaunchBound
-from auditor.rules.dataloader_on_device import DataloaderOnDevice
-from auditor.rules.amp_opportunity import AmpOpportunity
-from auditor.rules import trace_host_sync, trace_dataloader
-class HostSync(Rule):
-    id = "host-sync"; title = "host-sync"
-class DataloaderBound(Rule):
-    id = "dataloader-bound"; title = "dataloader-bound"
+from auditor.reports import write_reports
+from auditor.reports.html import prewarm
+from auditor.rules.engine import run_rules
+from auditor.rules.registry import all_rules
+all_rules()
+prewarm()  # imports and the page template: what `audit` loads before it reads anything
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 t = time.perf_counter()
 ev = load_paths([Path(sys.argv[1])])
 t_load = time.perf_counter() - t
+results = run_rules(ev)
+t_rules = time.perf_counter() - t - t_load
+with tempfile.TemporaryDirectory() as out:
+    write_reports(Path(out), ev, results)
+    report_mb = (Path(out) / "report.html").stat().st_size / 1e6
+t_report = time.perf_counter() - t - t_load - t_rules
 found = {}
-for cls in (PageableCopy, GpuIdle, LaunchBound, DataloaderOnDevice, AmpOpportunity):
-    rule = cls()
-    found[cls.id] = len(list(rule.check(ev, rule.default_options())))
-found["host-sync"] = len(trace_host_sync.trace_host_sync_findings(HostSync(), ev, {}))
-found["dataloader-bound"] = len(trace_dataloader.trace_dataloader_findings(DataloaderBound(), ev, {}))
+for f in results.findings:
+    found[f.rule] = found.get(f.rule, 0) + 1
 trace = ev.trace_data[0]
-report(seconds=time.perf_counter() - t, load_seconds=t_load, events=int(len(trace.events) + len(trace.flows)),
-       findings=found, base_rss_mb=base)
+report(seconds=time.perf_counter() - t, load_seconds=t_load, rules_seconds=t_rules, report_seconds=t_report,
+       report_mb=round(report_mb, 2), events=int(len(trace.events) + len(trace.flows)), findings=found,
+       base_rss_mb=base)
 """
 
 HTA = _PRELUDE + """

@@ -15,6 +15,7 @@ tids like "stream 7", lower-case `external id`, a `Call stack` argument instead 
 """
 from __future__ import annotations
 
+import gc
 import gzip
 import math
 import operator
@@ -410,24 +411,30 @@ class SymbolTable:
     def __init__(self) -> None:
         self.names: list[str] = []
         self.ids: dict[str, int] = {}
+        self._codes: dict[Any, int] = {None: -1}  # ids, plus None and non-str spellings seen
 
     def intern_many(self, values: list[Any]) -> np.ndarray:
-        """Codes for a list of strings (None -> -1), interning new ones."""
+        """Codes for a list of strings (None -> -1), interning new ones. One dict lookup per value
+        in C (map); the Python loop runs only over values not seen before (a trace has a few
+        thousand distinct names among millions of events)."""
         if not values:
             return np.empty(0, dtype=np.int32)
-        arr = np.empty(len(values), dtype=object)
-        arr[:] = values
-        codes, uniques = pd.factorize(arr, use_na_sentinel=True)
-        mapping = np.empty(len(uniques) + 1, dtype=np.int32)
-        mapping[-1] = -1
-        for k, u in enumerate(uniques):
-            s = u if isinstance(u, str) else str(u)
-            code = self.ids.get(s)
-            if code is None:
-                code = self.ids[s] = len(self.names)
-                self.names.append(s)
-            mapping[k] = code
-        return mapping[codes]
+        codes = list(map(self._codes.get, values))
+        if None in codes:
+            for i, c in enumerate(codes):
+                if c is None:
+                    v = values[i]
+                    s = v if isinstance(v, str) else str(v)
+                    c = self.ids.get(s)
+                    if c is None:
+                        c = self.ids[s] = len(self.names)
+                        self.names.append(s)
+                    try:
+                        self._codes[v] = c
+                    except TypeError:  # unhashable: looked up through its str each time
+                        pass
+                    codes[i] = c
+        return np.fromiter(codes, dtype=np.int32, count=len(codes))
 
     def id(self, name: str) -> int:
         """The code of a name, or -1 when the trace never uses it."""
@@ -1011,10 +1018,19 @@ def load_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Trac
     symbols = SymbolTable()
     cols = _Columns(symbols)
     stream = _Stream(path, chunk_bytes)
-    stream.start()
-    for events, has_stacks in stream.chunks():
-        cols.add(events, has_stacks)
-    return _finish(path, stream, cols, symbols)
+    # No cyclic garbage collection while parsing: millions of short-lived lists and arrays would
+    # trigger full collections that walk every object of the process (plotly, pandas...) again and
+    # again, for cycles the parser never makes.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        stream.start()
+        for events, has_stacks in stream.chunks():
+            cols.add(events, has_stacks)
+        return _finish(path, stream, cols, symbols)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 # ---------------------------------------------------------------------------------------------
