@@ -99,7 +99,7 @@ def profile_plan(steps: int) -> tuple[int | None, list[int]]:
 
 
 def graph_scan_points(steps: int) -> set[int]:
-    """Step boundaries at which the graph-leak scan runs (each costs ~50 ms)."""
+    """Step boundaries at which the graph-leak scan runs (each costs 50-100 ms)."""
     if steps <= 3:
         return set(range(steps))
     return {1, steps // 2, steps - 1}
