@@ -107,7 +107,9 @@ def trend_ratio(xs: list[float], ys: list[float]) -> float:
         return 1.0
     slope = theil_sen(xs, ys)
     intercept = median([y - slope * x for x, y in zip(xs, ys)])
-    start, end = intercept + slope * xs[0], intercept + slope * xs[-1]
+    # a steep line may start below zero: it cannot start below the fastest step actually seen
+    start = max(intercept + slope * xs[0], min(ys))
+    end = intercept + slope * xs[-1]
     return end / start if start > 0 else 1.0
 
 
