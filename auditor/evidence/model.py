@@ -104,7 +104,9 @@ class ProfileWindow(msgspec.Struct):
 
     steps: list[int]
     trace_files: list[str] = []  # relative to the run directory
-    top_ops: list[dict[str, Any]] = []  # [{"name", "count", "self_ms", "total_ms"}] by self time
+    # [{"name", "count", "self_ms", "total_ms"}] by self time: only a failed profiler's note now (and
+    # runs saved by older versions); the report computes the table from the trace (Trace.top_ops)
+    top_ops: list[dict[str, Any]] = []
 
 
 class Ending(msgspec.Struct):
