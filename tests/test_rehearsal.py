@@ -176,6 +176,9 @@ out["cpu() comes back to the host"] = [device_of(xc.cpu()), device_of(xc)]
 out["factory device="] = [device_of(torch.zeros(2, device=d)) for d in ("cuda", 0, torch.device("cuda", 1), "cpu")]
 out["to() forms"] = [device_of(t) for t in (x.to("cuda"), x.to(xc), xc.to(torch.float64), xc.to("cpu"),
                                             x.to(torch.float16))]
+xt = x.type("torch.cuda.FloatTensor")
+out["Tensor.type forms"] = [device_of(t) for t in (xt, x.type(torch.cuda.DoubleTensor), xt.type("torch.FloatTensor"),
+                                                   xt.type(torch.float64))] + [xt.type(), x.type(), torch.equal(xt, x)]
 with torch.device("cuda"):
     inside = torch.ones(2)
 out["with torch.device"] = [device_of(inside), device_of(torch.ones(2))]
@@ -216,6 +219,7 @@ EXPECTED = {
     "cpu() comes back to the host": ["cpu", "cuda"],
     "factory device=": ["cuda", "cuda", "cuda", "cpu"],
     "to() forms": ["cuda", "cuda", "cuda", "cpu", "cpu"],
+    "Tensor.type forms": ["cuda", "cuda", "cpu", "cuda", "torch.cuda.FloatTensor", "torch.FloatTensor", True],
     "with torch.device": ["cuda", "cpu"],
     "module params and grads": ["cuda"] * 4,
     "nn.Parameter": "cuda",

@@ -258,6 +258,33 @@ def _cpu(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> 
     return _moved(args[0], func(*args, **kwargs), "cpu", False, "Tensor.cpu", frame)
 
 
+def _type(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """Tensor.type(dtype=None, non_blocking=False): the legacy spelling of a move. A CUDA type
+    ("torch.cuda.FloatTensor", or the class itself) moves to the device; a CPU type moves a GPU
+    tensor back; with no type, a GPU tensor names its CUDA type, as it would on the GPU."""
+    src = args[0]
+    rest, kw = list(args[1:]), dict(kwargs)
+    dtype = kw.get("dtype", rest[0] if rest else None)
+    if dtype is None:
+        name = func(*args, **kwargs)
+        if isinstance(name, str) and getattr(src, CUDA_MARK, False) and name.startswith("torch."):
+            return "torch.cuda." + name[len("torch."):]
+        return name
+    spelled = dtype if isinstance(dtype, str) else (
+        f"{dtype.__module__}.{dtype.__name__}" if isinstance(dtype, type) else "")
+    if not spelled.startswith("torch."):  # a torch.dtype (no move), or what torch rejects itself
+        return _moved(src, func(*args, **kwargs), None, False, "Tensor.type", frame)
+    cuda = spelled.startswith("torch.cuda.")
+    host = "torch." + spelled[len("torch.cuda."):] if cuda else spelled
+    if "dtype" in kw:
+        kw["dtype"] = host
+    else:
+        rest[0] = host
+    non_blocking = kw.get("non_blocking", rest[1] if len(rest) > 1 else False)
+    out = func(src, *rest, **kw)
+    return _moved(src, out, "cuda" if cuda else "cpu", bool(non_blocking), "Tensor.type(cuda)", frame)
+
+
 def _copy_(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
     """dst.copy_(src): a host->device copy when dst is on the GPU and src is not."""
     dst, src = args[0], args[1] if len(args) > 1 else kwargs.get("src")
@@ -319,6 +346,7 @@ SPECIAL: dict[Any, Handler] = {
     _T.to: _to,
     _T.cuda: _cuda,
     _T.cpu: _cpu,
+    _T.type: _type,
     _T.copy_: _copy_,
     _T.pin_memory: _pin_memory,
     _T.is_pinned: _is_pinned,
