@@ -361,7 +361,6 @@ class Numerics:
         self.param_stats: dict[int, tuple] = {}
         self.untrusted_opts: set[int] = set()  # optimizers that have seen a non-finite gradient
         self.names_cache: dict[tuple, tuple[list[str], list[str]]] = {}
-        self.last_norms: torch.Tensor | None = None
         self.origins = 0
         self.mstack: list[int] = []  # running modules, innermost last
         self.wstack: list[Any] = []  # for each: the user's line of its call if it is a library module
@@ -756,12 +755,9 @@ class Numerics:
         for t in tensors:
             by_device.setdefault(t.device, []).append(t)
         if len(by_device) == 1 and tensors[0].is_cpu:  # read at once: no stack, no transfer
-            self.last_norms = None
             return self.values.add_host([_TB.item(n) for n in torch._foreach_norm(tensors, 2, dtype=torch.float32)])
         parts = [torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float32)) for ts in by_device.values()]
-        joined = parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts])
-        self.last_norms = joined
-        return self.values.add(joined)
+        return self.values.add(parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts]))
 
     def _grads(self, opt) -> dict[str, Any]:
         idx = self.opt_index.get(opt)
