@@ -3,7 +3,7 @@ with the run, so each step is slower than the last."""
 import torch
 from _common import Batches, make
 
-loader, model, opt, loss_fn = make(batch=128)
+loader, model, opt, loss_fn = make()
 batches = Batches(loader)
 seen_x = torch.empty(0, 128)
 seen_y = torch.empty(0, dtype=torch.long)
