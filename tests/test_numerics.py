@@ -272,3 +272,51 @@ def test_near_miss_hazards_without_a_nan():
     assert found[0].severity == "warning" and found[0].evidence["worst"] == 87.0
     assert found[0].evidence["steps_near"] == sum(1 for k in range(8) if 80.0 + k >= 88.72 - 2.0)
     assert math.isfinite(found[0].evidence["worst"])
+
+
+LEAF_OVERFLOW = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 1)
+        for p, v in ((self.body.weight, 0.0), (self.body.bias, 1.0), (self.head.weight, 1.0), (self.head.bias, 0.0)):
+            nn.init.constant_(p, v)
+
+    def forward(self, x, boost):
+        h = torch.relu(self.body(x)) * boost
+        return self.head(h)  # LEAF LINE
+
+
+net = Net()
+x = torch.randn(16, 8)
+
+
+def step(i):
+    boost = 3e38 if i >= 3 else 1.0  # finite (float32 max 3.4e38), but eight of them sum past it
+    net.zero_grad()
+    net(x, boost).mean().backward()
+'''
+
+
+def test_origin_inside_a_library_leaf_module(tmp_path):
+    """nn.Linear is checked once, by the module hooks with the mode off inside it: its overflow is
+    still the origin, named by module, op and the user's line of the module call."""
+    trainer = tmp_path / "leaf.py"
+    trainer.write_text(LEAF_OVERFLOW)
+    a = audit("run", f"{trainer}:step", "--steps", "5", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert ev["first_step"] == 3
+    assert ev["op"] == "torch.nn.Linear" and ev["module"] == "head" and ev["hazard"]["kind"] == "overflow"
+    assert ev["inputs"][0]["max"] == pytest.approx(3e38, rel=1e-6) and ev["inputs"][0]["finite"]
+    assert ev["outputs"][0]["max"] == "inf"
+    line = LEAF_OVERFLOW.splitlines().index("        return self.head(h)  # LEAF LINE") + 1
+    assert (str(trainer), line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
+    # body, the user's torch.relu, mul, head, mean: each leaf module is one op
+    assert numerics(a)[0]["ops"] == 5

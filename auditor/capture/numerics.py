@@ -213,8 +213,15 @@ class Values:
         g[1].append(ref)
         return ref
 
-    def add_range(self, lo: torch.Tensor, hi: torch.Tensor) -> int:
-        """min at the returned reference, max at the next."""
+    def add_range(self, lo: torch.Tensor | float, hi: torch.Tensor | float) -> int:
+        """min at the returned reference, max at the next. Host floats (a CPU weight's range kept
+        from an earlier step) are stored as they are."""
+        if type(lo) is float:
+            vals = self.vals
+            ref = len(vals)
+            vals.append(lo)
+            vals.append(hi)
+            return ref
         if lo.is_cpu:
             vals = self.vals
             ref = len(vals)
@@ -292,6 +299,17 @@ def _tanh(x: float) -> float:
 # host instead of reduced again on the device.
 _MONOTONE = {"relu": _relu, "relu_": _relu, "sigmoid": _sigmoid, "sigmoid_": _sigmoid, "tanh": _tanh,
              "tanh_": _tanh}
+_FIND = object()  # _record: find the user's line from the stack
+_LEAF_MONOTONE = {torch.nn.ReLU: _relu, torch.nn.Sigmoid: _sigmoid, torch.nn.Tanh: _tanh}
+
+
+@functools.lru_cache(maxsize=1024)
+def _module_op_name(cls: type) -> str:
+    """A leaf module's op name: torch.nn.Linear, timm.layers.mlp.Mlp."""
+    module = cls.__module__
+    if module.startswith("torch.nn.modules."):
+        module = "torch.nn"
+    return f"{module}.{cls.__qualname__}"
 
 
 class _Mode(TorchFunctionMode):
@@ -364,6 +382,7 @@ class Numerics:
         self.origins = 0
         self.mstack: list[int] = []  # running modules, innermost last
         self.wstack: list[Any] = []  # for each: the user's line of its call if it is a library module
+        self.lstack: list[bool] = []  # for each: whether its pre-hook took the mode off (a leaf)
         self._reset_step()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -455,21 +474,49 @@ class Numerics:
             self.sent_modules = len(self.module_info)
         return out
 
-    def _site(self, op: str, depth: int, hazard: str | None = None) -> int:
-        """Intern (op, the user's line): sites are sent once, steps refer to them by id.
+    def _site(self, op: Any, depth: int, hazard: str | None = None) -> int:
+        """Intern (op, the user's line): sites are sent once, steps refer to them by id. `op` is
+        a name or the called function (named once, when its site is new).
         A call made by library code inside a library module (Linear inside Sequential) has the
         user's line of that module's call, found once by the module pre-hook, not per call."""
         f = sys._getframe(depth)
         w = self.wstack[-1] if self.wstack else None
         where = w if w is not None and library_code(f.f_code) else user_frame(f)
         key = (op, where)
-        sid = self.sites.get(key)
+        try:
+            sid = self.sites.get(key)
+        except TypeError:  # an unhashable callable
+            op = _op_name.__wrapped__(op)
+            key = (op, where)
+            sid = self.sites.get(key)
         if sid is None:
-            sid = self.sites[key] = len(self.site_info)
-            info = {"id": sid, "op": op, "where": _where(where)}
+            name = op if isinstance(op, str) else _op_name(op)
+            sid = self.sites.get((name, where))  # the same op reached through another callable
+            if sid is not None:
+                self.sites[key] = sid
+                return sid
+            sid = self.sites[key] = self.sites[(name, where)] = len(self.site_info)
+            info = {"id": sid, "op": name, "where": _where(where)}
             if hazard:
                 info["hazard"] = hazard
             self.site_info.append(info)
+        return sid
+
+    def _site_at(self, op: Any, where: Any, hazard: str | None = None) -> int:
+        """The site of `op` (a name, function or module class) at a known user's line."""
+        key = (op, where)
+        sid = self.sites.get(key)
+        if sid is None:
+            name = op if isinstance(op, str) else _module_op_name(op) if isinstance(op, type) else _op_name(op)
+            sid = self.sites.get((name, where))
+            if sid is None:
+                sid = len(self.site_info)
+                self.sites[(name, where)] = sid
+                info = {"id": sid, "op": name, "where": _where(where)}
+                if hazard:
+                    info["hazard"] = hazard
+                self.site_info.append(info)
+            self.sites[key] = sid
         return sid
 
     def _module_id(self, module: torch.nn.Module) -> int:
@@ -513,21 +560,60 @@ class Numerics:
         if _compiling():
             return
         where = None
+        popped = False
         try:
             if self.in_step and self.checking and _library_module(type(module)):
                 where = self.wstack[-1] if self.wstack else None
                 if where is None:
                     where = user_frame(sys._getframe(1))
+                # A library leaf module (Linear, ReLU, a loss: no submodules) makes one known call:
+                # its output is checked once, here, in the post-hook, with the mode off inside it.
+                # That saves the mode's dispatch (~10-20 us a call) for most of a model's calls.
+                if (where is not None and not module._modules and not self.paused
+                        and torch.overrides._get_current_function_mode() is self.mode):
+                    torch.overrides._pop_mode()
+                    popped = True
             self.mstack.append(self._module_id(module))
         except Exception as e:
             self.mstack.append(-1)
             self.failed(e)
         self.wstack.append(where)
+        self.lstack.append(popped)
 
     def _module_post(self, module, args, output) -> None:
         if self.mstack and not _compiling():
+            if self.lstack.pop():
+                t0 = perf()
+                try:  # (before the mode is back: our own reductions are not the user's calls)
+                    self._on_leaf(module, args, output)
+                except Exception as e:  # our bug must never become the user's failure
+                    self.failed(e)
+                torch.overrides._push_mode(self.mode)
+                self.check_s += perf() - t0
             self.mstack.pop()
             self.wstack.pop()
+
+    def _on_leaf(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        """Record a library leaf module's call as one op: its arguments and own parameters in,
+        its output out, at the user's line of the module call."""
+        rec = probes.REC
+        if rec is not None and rec.in_data:
+            return
+        outs = _tensors_in(output)
+        if not outs:
+            return
+        ins = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if _checkable(a):
+                    ins.append(a)
+            elif isinstance(a, (tuple, list)) and a and isinstance(a[0], torch.Tensor):
+                ins.extend(_tensors_in(a))
+        for p in module._parameters.values():
+            if p is not None and _checkable(p):
+                ins.append(p)
+        cls = type(module)
+        self._record(cls, PLAIN, (), ins, outs, _LEAF_MONOTONE.get(cls), self.wstack[-1])
 
     # --- ops ------------------------------------------------------------------------------------
 
@@ -557,6 +643,8 @@ class Numerics:
             lo, hi = torch.aminmax(t.detach())
             ref = values.add_range(lo, hi)
             if type(t) is torch.nn.Parameter:
+                if lo.is_cpu:  # keep the host values: later steps reuse them without an `item`
+                    lo, hi = values.vals[ref], values.vals[ref + 1]
                 self.param_stats[key] = (weakref.ref(t), version, lo, hi, self.step, True)
         self.cache[key] = (weakref.ref(t), version, ref)
         return ref
@@ -573,48 +661,61 @@ class Numerics:
         rec = probes.REC
         if rec is not None and rec.in_data:
             return  # batch collation: data is judged where the step consumes it
-        outs = ([out] if _checkable(out) else None) if type(out) in _PLAIN_TYPES else _tensors_in(out)
-        if not outs:
-            return
-        if len(self.ops) >= MAX_OPS_PER_STEP:
-            self.dropped += 1
-            return
+        if type(out) in _PLAIN_TYPES:
+            if not _checkable(out):
+                return
+            outs: list[torch.Tensor] = [out]
+        else:
+            outs = _tensors_in(out)
+            if not outs:
+                return
         # Every reduction below runs on t.detach(): no autograd graph, no grad mode switch needed.
         ins: list[torch.Tensor] = []
-        named = False  # a parameter (or a view of one) among the inputs
         for a in (args if not kwargs else (*args, *kwargs.values())):
             if isinstance(a, torch.Tensor):
                 if _checkable(a):
                     ins.append(a)
-                    named = named or type(a) is torch.nn.Parameter or a._base is not None
             elif isinstance(a, (tuple, list)) and a and isinstance(a[0], torch.Tensor):
-                for t in _tensors_in(a):
-                    ins.append(t)
-                    named = named or type(t) is torch.nn.Parameter or t._base is not None
+                ins.extend(_tensors_in(a))
+        fn = _MONOTONE.get(getattr(func, "__name__", "")) if kind == PLAIN and len(ins) == 1 else None
+        self._record(func, kind, args, ins, outs, fn)
+
+    def _record(self, op: Any, kind: int, args: tuple, ins: list[torch.Tensor], outs: list[torch.Tensor],
+                monotone: Callable[[float], float] | None, where: Any = _FIND) -> None:
+        """Ranges of a call's inputs and outputs (and its hazard statistic), as one op record,
+        at `where` (the user's line) if known, else found from the stack."""
+        if len(self.ops) >= MAX_OPS_PER_STEP:
+            self.dropped += 1
+            return
         stat = self._stat
+        cache = self.cache
         if len(outs) == 1:
             o = outs[0]
-            in_refs = tuple([(self._stat_in(t, outs) if t is o else stat(t)) for t in ins])
-            self.cache.pop(id(o), None)  # an in-place op: forget the stats of the value before the call
+            in_refs = tuple([stat(t) if t is not o else self._stat_in(t, outs) for t in ins])
+            cache.pop(id(o), None)  # an in-place op: forget the stats of the value before the call
+            if (monotone is not None and len(ins) == 1 and in_refs[0] is not None
+                    and in_refs[0] not in self.sym_refs):
+                values = self.values
+                ref = values.derive(in_refs[0], monotone)
+                values.derive(in_refs[0] + 1, monotone)
+                cache[id(o)] = (weakref.ref(o), o._version, ref)
+                out_refs: tuple = (ref,)
+            else:
+                out_refs = (stat(o),)
+            half = o.dtype == torch.float16
         else:
             in_refs = tuple([self._stat_in(t, outs) for t in ins])
             for t in outs:
-                self.cache.pop(id(t), None)
-        fn = _MONOTONE.get(getattr(func, "__name__", "")) if len(ins) == 1 and len(outs) == 1 and kind == PLAIN else None
-        if fn is not None and in_refs[0] is not None and in_refs[0] not in self.sym_refs:
-            ref = self.values.derive(in_refs[0], fn)
-            self.values.derive(in_refs[0] + 1, fn)
-            self.cache[id(outs[0])] = (weakref.ref(outs[0]), outs[0]._version, ref)
-            out_refs: tuple = (ref,)
-        else:
+                cache.pop(id(t), None)
             out_refs = tuple([stat(t) for t in outs])
+            half = any(t.dtype == torch.float16 for t in outs)
         hazard = self._hazard_stat(kind, args, in_refs, out_refs) if kind != PLAIN else None
-        half = outs[0].dtype == torch.float16 if len(outs) == 1 else any(t.dtype == torch.float16 for t in outs)
-        site = self._site(_op_name(func), 3, HAZARD_NAMES.get(kind) or ("fp16" if half else None))
-        module = self.mstack[-1] if self.mstack else -1
-        # ids of the parameters among the inputs (named only if this call turns out to be the origin)
-        params = tuple([id(t._base if t._base is not None else t) for t in ins]) if named else None
-        self.ops.append((site, module, in_refs, out_refs, hazard, half, kind, params))
+        label = HAZARD_NAMES.get(kind) or ("fp16" if half else None)
+        site = self._site(op, 4, label) if where is _FIND else self._site_at(op, where, label)
+        # ids of the inputs (their base for views): a parameter among them is named if this call
+        # turns out to be the origin (param_names holds weak references, so a reused id is no match)
+        params = tuple([id(t._base if t._base is not None else t) for t in ins])
+        self.ops.append((site, self.mstack[-1] if self.mstack else -1, in_refs, out_refs, hazard, half, kind, params))
 
     def _hazard_stat(self, kind: int, args: tuple, in_refs: tuple, out_refs: tuple) -> tuple | None:
         """(what, ref or constant): the one number that says how close this call is to its hazard."""
@@ -718,8 +819,11 @@ class Numerics:
                 continue
             for p in ps:
                 lo, hi = torch.aminmax(p.detach())
+                ref = self.values.add_range(lo, hi)
+                if lo.is_cpu:  # host values: later steps reuse them without an `item`
+                    lo, hi = self.values.vals[ref], self.values.vals[ref + 1]
                 self.param_stats[id(p)] = (weakref.ref(p), p._version, lo, hi, self.step, True)
-                refs.append((self.values.add(lo), self.values.add(hi)))
+                refs.append((ref, ref + 1))
         return refs
 
     def _update_keeps_finite(self, opt, rec: dict, params: list[torch.Tensor]) -> bool:

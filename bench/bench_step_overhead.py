@@ -1,0 +1,178 @@
+"""Steady-state per-step overhead of an audit, measured in one process so machine drift cancels.
+
+Why in one process: this VM's speed drifts by 20-40% between identical runs minutes apart, far
+more than the 10% this measures, so two separate runs (bench_overhead.py) cannot resolve it. Here
+two copies of examples/clean.py (same seed: same weights, same batches) step in turns:
+
+  * copy A is audited exactly as the child process does it outside the profiled window: probes
+    and collectors (numerics) on, step_begin / step_end, the step record with its tallies and
+    extras sent over a pipe to another process;
+  * copy B runs plain, with every probe wrapper, global module/optimizer hook and collector hook
+    taken out for its step (they are put back for A's).
+
+Each pair of steps is timed back to back; the overhead is the median over pairs of
+(A's interval - B's step time) / B's step time. At the end both copies' weights must be equal:
+the audit did not change what the training computed.
+
+    python bench/bench_step_overhead.py [--steps 600] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def load_copy(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / "clean.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Swap:
+    """Everything the audit installs, as (owner, attribute) -> (plain value, audited value), plus
+    the global hook dicts: `plain()` takes it all out, `audited()` puts it back."""
+
+    HOOK_DICTS = (("torch.nn.modules.module", ("_global_forward_pre_hooks", "_global_forward_hooks",
+                                                "_global_forward_hooks_always_called", "_global_backward_hooks",
+                                                "_global_backward_pre_hooks")),
+                  ("torch.optim.optimizer", ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")))
+
+    def __init__(self, install) -> None:
+        before = self._attrs()
+        install()
+        after = self._attrs()
+        self.attrs = {k: (before.get(k), v) for k, v in after.items() if before.get(k) is not v}
+        self.hooks = []
+        for mod, names in self.HOOK_DICTS:
+            m = sys.modules[mod]
+            for n in names:
+                d = getattr(m, n, None)
+                if d is not None:
+                    self.hooks.append((d, dict(d)))
+
+    @staticmethod
+    def _attrs() -> dict:
+        import gc
+        import warnings
+
+        warnings.filterwarnings("ignore", category=FutureWarning)  # deprecated torch attributes
+
+        out = {}
+        owners = [gc]
+        for name, mod in list(sys.modules.items()):
+            if not (name == "torch" or name.startswith("torch.")) or mod is None:
+                continue
+            owners.append(mod)
+            for v in list(vars(mod).values()):
+                if isinstance(v, type) and v.__module__ == name:
+                    owners.append(v)
+        for o in owners:
+            for k, v in list(vars(o).items()):
+                out[(id(o), o, k)] = v
+        return out
+
+    def plain(self) -> None:
+        for (_, owner, name), (orig, _) in self.attrs.items():
+            if orig is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, orig)
+        for d, _ in self.hooks:
+            d.clear()
+
+    def audited(self) -> None:
+        for (_, owner, name), (_, new) in self.attrs.items():
+            setattr(owner, name, new)
+        for d, saved in self.hooks:
+            d.update(saved)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--no-numerics", action="store_true", help="audit without the numerics checks (to split the cost)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(EXAMPLES))
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from auditor.capture import child, probes
+    from auditor.capture.collectors import load_collectors
+    from auditor.capture.stream import Writer
+
+    collectors = []
+
+    def install():
+        probes.install()
+        collectors.extend(load_collectors())
+        for c in collectors:
+            c.install()
+
+    # the copies are made with everything installed, as the child makes the user's objects
+    swap = Swap(install)
+    rec = probes.REC
+    if args.no_numerics:
+        for c in collectors:
+            if c.name == "numerics":
+                c.checking = False
+    a, b = load_copy("clean_a"), load_copy("clean_b")
+    reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    out = Writer(reader.stdin.fileno())
+    ratios, a_ms, b_ms, parts = [], [], [], []
+    warm = 20
+    for i in range(args.steps + warm):
+        # A: the child's steady-state step (child.run), up to the next step's start
+        t0 = time.perf_counter()
+        anomaly = torch.is_anomaly_enabled()
+        for c in collectors:
+            c.step_begin(i)
+        c0, s0 = time.process_time(), time.perf_counter()
+        a.step(i)
+        s1, c1 = time.perf_counter(), time.process_time()
+        out.send("step", index=i, start_s=s0, ms=(s1 - s0) * 1e3, cpu_ms=(c1 - c0) * 1e3, profiled=False,
+                 rss_bytes=child.rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
+                 extra=child._extras(collectors, i), dataloaders=child._new_loaders(rec), **child._device_memory())
+        t1 = time.perf_counter()
+        # B: the same step, plain
+        swap.plain()
+        t2 = time.perf_counter()
+        b.step(i)
+        t3 = time.perf_counter()
+        swap.audited()
+        if i >= warm:
+            a_ms.append((t1 - t0) * 1e3)
+            b_ms.append((t3 - t2) * 1e3)
+            ratios.append((t1 - t0) / (t3 - t2) - 1)
+            parts.append(((s0 - t0) * 1e3, (s1 - s0) * 1e3, (t1 - s1) * 1e3))
+    reader.stdin.close()
+    reader.wait()
+    same = all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    q = statistics.quantiles(ratios, n=4)
+    print(f"threads {torch.get_num_threads()}, {args.steps} step pairs of examples/clean.py")
+    print(f"plain step    median {statistics.median(b_ms):.2f} ms")
+    print(f"audited step  median {statistics.median(a_ms):.2f} ms (interval between step starts)")
+    print(f"overhead      median {100 * statistics.median(ratios):+.1f}% per step "
+          f"(quartiles {100 * q[0]:+.1f}% .. {100 * q[2]:+.1f}%), "
+          f"{statistics.median(x - y for x, y in zip(a_ms, b_ms)):+.2f} ms")
+    print("audited step's parts, medians: before %.3f ms, step %.3f ms, record %.3f ms"
+          % tuple(statistics.median(p[k] for p in parts) for k in range(3)))
+    print(f"weights equal after {args.steps + warm} steps: {same}")
+    if not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    main()
