@@ -320,3 +320,15 @@ def test_origin_inside_a_library_leaf_module(tmp_path):
     assert (str(trainer), line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
     # body, the user's torch.relu, mul, head, mean: each leaf module is one op
     assert numerics(a)[0]["ops"] == 5
+
+
+def test_no_numerics_turns_the_checks_off(tmp_path):
+    """`--no-numerics`: the collector is not even imported, steps carry no numerics evidence, and
+    the numerics rules say why they were skipped instead of reporting nothing silently."""
+    a = audit("run", "examples/numerics_log_zero.py:step", "--steps", str(STEPS["numerics_log_zero"]),
+              "--no-profile", "--no-numerics", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr
+    assert a.rule("nonfinite") == []
+    assert all("numerics" not in s["extra"] for s in a.evidence["steps"])
+    skipped = {s["rule"]: s["reason"] for s in a.findings_doc["skipped_rules"]}
+    assert "--no-numerics" in skipped["nonfinite"] and "--no-numerics" in skipped["grad-explosion"]

@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     rehearsal_info = rehearsal.install(args.rehearse, _target_file(args.target))
     standins = [] if rehearsal_info else cuda_standins.install(lambda: probes.REC)
     rec = probes.install()
-    collectors = load_collectors()
+    collectors = load_collectors(skip=() if args.numerics else ("numerics",))
     for c in collectors:
         c.install()
     env = environment(standins)
@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--run-name", default="run")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--rehearse", choices=("auto", "on", "off"), default="auto")
+    ap.add_argument("--no-numerics", dest="numerics", action="store_false")
     args = ap.parse_args(argv)
     code = run(args)
     sys.stdout.flush()

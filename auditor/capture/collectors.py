@@ -25,9 +25,12 @@ class Collector(Protocol):
 COLLECTORS: tuple[str, ...] = ("auditor.capture.numerics:Numerics", "auditor.capture.dist_probes:DistProbes")
 
 
-def load_collectors() -> list[Collector]:
+def load_collectors(skip: tuple[str, ...] = ()) -> list[Collector]:
+    """The collectors, but those named in `skip` (not even imported: they cost nothing)."""
     out = []
     for spec in COLLECTORS:
         module, _, attr = spec.partition(":")
+        if module.rpartition(".")[2] in skip:
+            continue
         out.append(getattr(importlib.import_module(module), attr)())
     return out

@@ -115,7 +115,7 @@ def needs_numerics(ev: m.Evidence) -> str | None:
     if ev.source != "run":
         return "needs a run (`audit run`) with the numerics collector"
     if not any(isinstance(s.extra.get("numerics"), dict) for s in ev.steps):
-        return "the run has no numerics evidence (collector not installed or no step ran)"
+        return "the run has no numerics evidence (`--no-numerics`, or no step ran)"
     return None
 
 
