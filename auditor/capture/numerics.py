@@ -604,12 +604,17 @@ class Numerics:
         rec = probes.REC
         if rec is not None and rec.in_data:
             return
-        outs = _tensors_in(output)
-        if not outs:
-            return
+        if type(output) in _PLAIN_TYPES:
+            if not _checkable(output):
+                return
+            outs = [output]
+        else:
+            outs = _tensors_in(output)
+            if not outs:
+                return
         ins = []
         for a in args:
-            if isinstance(a, torch.Tensor):
+            if type(a) in _PLAIN_TYPES:
                 if _checkable(a):
                     ins.append(a)
             elif isinstance(a, (tuple, list)) and a and isinstance(a[0], torch.Tensor):
@@ -629,29 +634,37 @@ class Numerics:
         so weights are not reduced again in the forward pass."""
         key = id(t)
         version = t._version
-        hit = self.cache.get(key)
+        cache = self.cache
+        hit = cache.get(key)
         if hit is not None and hit[1] == version and hit[0]() is t:
             return hit[2]
         values = self.values
         carried = self.param_stats.get(key) if type(t) is torch.nn.Parameter else None
         if carried is not None and carried[1] == version and carried[0]() is t:
             lo, hi = carried[2], carried[3]
+            vals = values.vals
+            ref = len(vals)
             if not carried[5]:  # carried over a trusted update: the range of an earlier version
-                self.stale_refs[len(values)] = carried[4]
-            if lo is None:  # symmetric: -max|w| .. max|w|
-                ref = values.derive(len(values) + 1, _neg)
+                self.stale_refs[ref] = carried[4]
+            if type(lo) is float:  # a CPU weight: its host range (the common case, inlined)
+                vals.append(lo)
+                vals.append(hi)
+            elif lo is None:  # symmetric: -max|w| .. max|w|
+                ref = values.derive(ref + 1, _neg)
                 values.add(hi)
                 self.sym_refs.add(ref)
             else:
                 ref = values.add_range(lo, hi)
-        else:
-            lo, hi = torch.aminmax(t.detach())
-            ref = values.add_range(lo, hi)
-            if type(t) is torch.nn.Parameter:
-                if lo.is_cpu:  # keep the host values: later steps reuse them without an `item`
-                    lo, hi = values.vals[ref], values.vals[ref + 1]
-                self.param_stats[key] = (weakref.ref(t), version, lo, hi, self.step, True)
-        self.cache[key] = (weakref.ref(t), version, ref)
+            cache[key] = (carried[0], version, ref)  # (the weak reference is the parameter's own)
+            return ref
+        lo, hi = torch.aminmax(t.detach())
+        ref = values.add_range(lo, hi)
+        wr = weakref.ref(t)
+        if type(t) is torch.nn.Parameter:
+            if lo.is_cpu:  # keep the host values: later steps reuse them without an `item`
+                lo, hi = values.vals[ref], values.vals[ref + 1]
+            self.param_stats[key] = (wr, version, lo, hi, self.step, True)
+        cache[key] = (wr, version, ref)
         return ref
 
     def _stat_in(self, t: torch.Tensor, outs: list[torch.Tensor]) -> int | None:
