@@ -10,6 +10,7 @@ Exit codes (a contract, documented in the README):
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -264,7 +265,13 @@ def _afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
             return
         click.echo(f"TensorBoard: {url}#pytorch_profiler  (Ctrl-C to stop)")
         try:
-            proc.wait()
+            # in short waits, not one: a Ctrl-C that lands on another thread of this process must
+            # still reach the main thread, which only checks for it when it runs Python code
+            while proc.poll() is None:
+                try:
+                    proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
         except KeyboardInterrupt:
             pass
         finally:

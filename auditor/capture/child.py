@@ -10,6 +10,7 @@ import argparse
 import faulthandler
 import os
 import platform
+import signal
 import socket
 import sys
 import time
@@ -226,35 +227,53 @@ def run(args: argparse.Namespace) -> int:
     window = set(prof.window())
     t_first = None
     status = 0
-    for i in range(args.steps):
-        anomaly = torch.is_anomaly_enabled()
-        prof.before(i)
-        for c in collectors:
-            c.step_begin(i)
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        if t_first is None:
-            t_first = t0
-        try:
-            fn(i) if arity else fn()
-        except BaseException as e:
+    # A Ctrl-C is never lost: torch code running when it lands (the profiler's trace export) can
+    # swallow the KeyboardInterrupt, so the handler also counts it, and a step boundary that finds
+    # an interrupt nobody saw ends the run as interrupted. (A handler the user installed stays.)
+    sigint = {"n": 0, "seen": 0}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        def on_sigint(signum, frame):
+            sigint["n"] += 1
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, on_sigint)
+    i = 0
+    try:
+        for i in range(args.steps):
+            anomaly = torch.is_anomaly_enabled()
+            prof.before(i)
+            for c in collectors:
+                c.step_begin(i)
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            if t_first is None:
+                t_first = t0
+            try:
+                fn(i) if arity else fn()
+            except BaseException as e:
+                t1, c1 = time.perf_counter(), time.process_time()
+                prof.stop()
+                out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
+                         profiled=i in window, failed=True, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
+                         tallies=rec.drain(), extra=_extras(collectors, i),
+                         dataloaders=_new_loaders(rec), **_device_memory())
+                sigint["seen"] = sigint["n"]
+                out.send("ended", **_ending(e, i))
+                status = 3
+                break
             t1, c1 = time.perf_counter(), time.process_time()
-            prof.stop()
+            prof.after(i)
             out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
-                     profiled=i in window, failed=True, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
+                     profiled=i in window, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
                      tallies=rec.drain(), extra=_extras(collectors, i),
                      dataloaders=_new_loaders(rec), **_device_memory())
-            out.send("ended", **_ending(e, i))
-            status = 3
-            break
-        t1, c1 = time.perf_counter(), time.process_time()
-        prof.after(i)
-        out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
-                 profiled=i in window, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
-                 tallies=rec.drain(), extra=_extras(collectors, i),
-                 dataloaders=_new_loaders(rec), **_device_memory())
-        if i in scans:
-            out.send("graph-scan", after_step=i, **graphs.scan(module, source))
+            if i in scans:
+                out.send("graph-scan", after_step=i, **graphs.scan(module, source))
+            if sigint["n"] > sigint["seen"]:
+                raise KeyboardInterrupt  # delivered during this step, then swallowed on the way
+    except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
+        prof.stop()
+        out.send("ended", **_ending(e, i))
+        status = 3
     prof.stop()
     if prof.window():
         out.send("profile", steps=[s for s in prof.window() if s < args.steps], trace_files=prof.files,
