@@ -6,7 +6,8 @@ Measures, on this machine:
   2. end to end: wall time of `audit run --steps 50` vs the 50 plain steps themselves; target
      within 5 s more; also vs a plain process that imports torch and the trainer and runs 50 steps.
 Each side runs REPEATS times, interleaved; each audit is compared with the plain run just before
-it (the machine's speed drifts) and the median of those paired ratios is reported.
+it (the machine's speed drifts) and the median of those paired ratios is reported. On a VM whose
+speed drifts by more than the effect, use bench_step_overhead.py (one process, twin copies) for (1).
 
     python bench/bench_overhead.py [--steps 50] [--repeats 5]
 """
