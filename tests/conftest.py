@@ -4,12 +4,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# A suite started in the background by a script (`cmd &`) inherits SIGINT ignored, and so would
+# every audit it runs: the Ctrl-C tests would then test nothing (and hang). Give it back its
+# default, which children get too (a caught signal is reset to the default across exec).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
