@@ -587,7 +587,7 @@ class Numerics:
 
     def _module_post(self, module, args, output) -> None:
         if self.mstack and not _compiling():
-            if self.lstack.pop():
+            if self.lstack and self.lstack.pop():
                 t0 = perf()
                 try:  # (before the mode is back: our own reductions are not the user's calls)
                     self._on_leaf(module, args, output)
