@@ -177,6 +177,18 @@ except AttributeError:  # pragma: no cover - older torch
         return False
 
 
+def _tensor_args(args: Any) -> list[torch.Tensor]:
+    """The checkable tensors among a call's arguments, and in its tuple/list arguments (torch.cat)."""
+    ins: list[torch.Tensor] = []
+    for a in args:
+        if type(a) in _PLAIN_TYPES:
+            if _checkable(a):
+                ins.append(a)
+        elif isinstance(a, (tuple, list)) and a and isinstance(a[0], torch.Tensor):
+            ins.extend(_tensors_in(a))
+    return ins
+
+
 def _tensors_in(obj: Any) -> list[torch.Tensor]:
     """Floating tensors in a call's result or arguments (one level of tuples/lists)."""
     if isinstance(obj, torch.Tensor):
@@ -480,13 +492,17 @@ class Numerics:
         return out
 
     def _site(self, op: Any, depth: int, hazard: str | None = None) -> int:
-        """Intern (op, the user's line): sites are sent once, steps refer to them by id. `op` is
-        a name or the called function (named once, when its site is new).
-        A call made by library code inside a library module (Linear inside Sequential) has the
-        user's line of that module's call, found once by the module pre-hook, not per call."""
+        """The site of a call `depth` frames up: the op at the user's line. A call made by library
+        code inside a library module (Linear inside Sequential) has the user's line of that
+        module's call, found once by the module pre-hook, not per call."""
         f = sys._getframe(depth)
         w = self.wstack[-1] if self.wstack else None
-        where = w if w is not None and library_code(f.f_code) else user_frame(f)
+        return self._site_at(op, w if w is not None and library_code(f.f_code) else user_frame(f), hazard)
+
+    def _site_at(self, op: Any, where: Any, hazard: str | None = None) -> int:
+        """Intern (op, the user's line): sites are sent once, steps refer to them by id. `op` is a
+        name, a called function or a module class, named once, when its site is new; the same op
+        reached through another callable shares the site."""
         key = (op, where)
         try:
             sid = self.sites.get(key)
@@ -494,23 +510,6 @@ class Numerics:
             op = _op_name.__wrapped__(op)
             key = (op, where)
             sid = self.sites.get(key)
-        if sid is None:
-            name = op if isinstance(op, str) else _op_name(op)
-            sid = self.sites.get((name, where))  # the same op reached through another callable
-            if sid is not None:
-                self.sites[key] = sid
-                return sid
-            sid = self.sites[key] = self.sites[(name, where)] = len(self.site_info)
-            info = {"id": sid, "op": name, "where": _where(where)}
-            if hazard:
-                info["hazard"] = hazard
-            self.site_info.append(info)
-        return sid
-
-    def _site_at(self, op: Any, where: Any, hazard: str | None = None) -> int:
-        """The site of `op` (a name, function or module class) at a known user's line."""
-        key = (op, where)
-        sid = self.sites.get(key)
         if sid is None:
             name = op if isinstance(op, str) else _module_op_name(op) if isinstance(op, type) else _op_name(op)
             sid = self.sites.get((name, where))
@@ -612,13 +611,7 @@ class Numerics:
             outs = _tensors_in(output)
             if not outs:
                 return
-        ins = []
-        for a in args:
-            if type(a) in _PLAIN_TYPES:
-                if _checkable(a):
-                    ins.append(a)
-            elif isinstance(a, (tuple, list)) and a and isinstance(a[0], torch.Tensor):
-                ins.extend(_tensors_in(a))
+        ins = _tensor_args(args)
         for p in module._parameters.values():
             if p is not None and _checkable(p):
                 ins.append(p)
@@ -688,13 +681,7 @@ class Numerics:
             if not outs:
                 return
         # Every reduction below runs on t.detach(): no autograd graph, no grad mode switch needed.
-        ins: list[torch.Tensor] = []
-        for a in (args if not kwargs else (*args, *kwargs.values())):
-            if isinstance(a, torch.Tensor):
-                if _checkable(a):
-                    ins.append(a)
-            elif isinstance(a, (tuple, list)) and a and isinstance(a[0], torch.Tensor):
-                ins.extend(_tensors_in(a))
+        ins = _tensor_args(args if not kwargs else (*args, *kwargs.values()))
         fn = _MONOTONE.get(getattr(func, "__name__", "")) if kind == PLAIN and len(ins) == 1 else None
         self._record(func, kind, args, ins, outs, fn)
 
