@@ -120,8 +120,8 @@ def test_ctrl_c_on_the_process_group(tmp_path):
 
 
 def test_an_interrupt_swallowed_on_the_way_still_ends_the_run(tmp_path):
-    """A Ctrl-C that lands in code that swallows the KeyboardInterrupt (the profiler's trace export
-    did, once, in CI) still ends the run at that step, as interrupted."""
+    """A Ctrl-C that lands in code that swallows the KeyboardInterrupt (a library catching it)
+    still ends the run at that step, as interrupted."""
     swallow = "try:\n            signal.raise_signal(signal.SIGINT)\n        except KeyboardInterrupt:\n            pass"
     a, doc = run_ending(tmp_path, swallow)
     assert doc["ending"]["status"] == "interrupted" and doc["ending"]["step"] == 3

@@ -227,9 +227,9 @@ def run(args: argparse.Namespace) -> int:
     window = set(prof.window())
     t_first = None
     status = 0
-    # A Ctrl-C is never lost: torch code running when it lands (the profiler's trace export) can
-    # swallow the KeyboardInterrupt, so the handler also counts it, and a step boundary that finds
-    # an interrupt nobody saw ends the run as interrupted. (A handler the user installed stays.)
+    # A Ctrl-C is never lost: code running when it lands (a library that catches KeyboardInterrupt)
+    # can swallow the exception, so the handler also counts it, and a step boundary that finds an
+    # interrupt nobody saw ends the run as interrupted. (A handler the user installed stays.)
     sigint = {"n": 0, "seen": 0}
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         def on_sigint(signum, frame):
@@ -247,25 +247,26 @@ def run(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             if t_first is None:
                 t_first = t0
+            def send_step(**failed) -> None:  # (its times are taken first, before anything else runs)
+                t1, c1 = time.perf_counter(), time.process_time()
+                if failed:
+                    prof.stop()
+                else:
+                    prof.after(i)
+                out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
+                         profiled=i in window, **failed, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
+                         tallies=rec.drain(), extra=_extras(collectors, i),
+                         dataloaders=_new_loaders(rec), **_device_memory())
+
             try:
                 fn(i) if arity else fn()
             except BaseException as e:
-                t1, c1 = time.perf_counter(), time.process_time()
-                prof.stop()
-                out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
-                         profiled=i in window, failed=True, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
-                         tallies=rec.drain(), extra=_extras(collectors, i),
-                         dataloaders=_new_loaders(rec), **_device_memory())
+                send_step(failed=True)
                 sigint["seen"] = sigint["n"]
                 out.send("ended", **_ending(e, i))
                 status = 3
                 break
-            t1, c1 = time.perf_counter(), time.process_time()
-            prof.after(i)
-            out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
-                     profiled=i in window, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
-                     tallies=rec.drain(), extra=_extras(collectors, i),
-                     dataloaders=_new_loaders(rec), **_device_memory())
+            send_step()
             if i in scans:
                 out.send("graph-scan", after_step=i, **graphs.scan(module, source))
             if sigint["n"] > sigint["seen"]:
