@@ -210,6 +210,32 @@ torch.set_default_device("cuda")
 out["set_default_device(cuda)"] = [str(torch.get_default_device()), device_of(torch.empty(1)),
                                    str(torch.empty(1).device)]
 torch.set_default_device(None)
+from torch.utils.data import DataLoader
+def refused(f):
+    try:
+        f()
+        return "no error"
+    except RuntimeError as e:
+        return str(e).split(" (")[0]
+g = torch.Generator(device="cuda")
+g.manual_seed(5)
+g_host = torch.Generator()
+g_host.manual_seed(5)
+out["Generator(device=cuda)"] = [str(g.device), isinstance(g, torch.Generator),
+                                 isinstance(torch.default_generator, torch.Generator),
+                                 device_of(torch.randn(4, device=g.device, generator=g)),
+                                 device_of(xc.clone().normal_(generator=g))]
+g.manual_seed(5)
+out["a CUDA generator draws the CPU's numbers"] = torch.equal(torch.randn(4, device="cuda", generator=g),
+                                                              torch.randn(4, generator=g_host))
+out["a generator of the other device"] = [refused(lambda: torch.randn(3, generator=g)),
+                                          refused(lambda: torch.randn(3, device="cuda", generator=g_host)),
+                                          refused(lambda: next(iter(DataLoader(range(8), shuffle=True, generator=g))))]
+torch.set_default_device("cuda")
+out["shuffling under set_default_device(cuda)"] = [refused(lambda: next(iter(DataLoader(range(8), shuffle=True)))),
+                                                   refused(lambda: next(iter(DataLoader(range(8), shuffle=True,
+                                                                                        generator=g))))]
+torch.set_default_device(None)
 print(json.dumps(out))
 '''
 EXPECTED = {
@@ -232,6 +258,14 @@ EXPECTED = {
     "autocast(cuda)": "torch.float16",  # the GPU's default autocast dtype, on CPU autocast
     "GradScaler(cuda)": "cpu",
     "set_default_device(cuda)": ["cuda:0", "cuda", "cuda:0"],
+    "Generator(device=cuda)": ["cuda:0", True, True, "cuda", "cuda"],
+    "a CUDA generator draws the CPU's numbers": True,
+    # what a GPU raises (pytorch's check_generator), and so what the rehearsal raises
+    "a generator of the other device": ["Expected a 'cpu' device type for generator but found 'cuda'",
+                                        "Expected a 'cuda' device type for generator but found 'cpu'",
+                                        "Expected a 'cpu' device type for generator but found 'cuda'"],
+    "shuffling under set_default_device(cuda)": ["Expected a 'cuda' device type for generator but found 'cpu'",
+                                                 "no error"],
 }
 
 
@@ -250,6 +284,37 @@ def semantics(tmp_path_factory, worker_id):
 @pytest.mark.parametrize("case", EXPECTED)
 def test_rehearsal_semantics(semantics, case):
     assert semantics[case] == EXPECTED[case]
+
+
+SHUFFLE_ON_DEFAULT_CUDA = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_default_device("cuda")
+loader = DataLoader(TensorDataset(torch.randn(512, 16)), batch_size=64, shuffle=True)
+model = nn.Linear(16, 1)
+batches = iter(loader)
+
+
+def step(i):
+    (xb,) = next(batches)
+    model(xb).sum().backward()
+"""
+
+
+def test_a_crash_only_a_gpu_has_happens_in_rehearsal_at_its_line(tmp_path):
+    """Shuffling under set_default_device("cuda") with the sampler's CPU generator: a GPU refuses the
+    CUDA randperm (a well-known crash at the first batch); the rehearsal must not let it pass."""
+    (tmp_path / "shuffle.py").write_text(SHUFFLE_ON_DEFAULT_CUDA)
+    a = audit("run", f"{tmp_path / 'shuffle.py'}:step", "--steps", "3", "--no-profile", "--quiet",
+              out=tmp_path / "out", env=QUIET_ENV)
+    assert a.returncode == 3, a.stderr
+    ending = a.evidence["ending"]
+    assert (ending["status"], ending["step"], ending["exception"]) == ("raised", 0, "RuntimeError")
+    assert ending["message"].startswith("Expected a 'cuda' device type for generator but found 'cpu'")
+    assert "torch.Generator(device='cuda')" in ending["message"]
+    assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("shuffle.py", 13)
 
 
 # --- what rehearsal finds ------------------------------------------------------------------------

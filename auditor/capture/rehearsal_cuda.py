@@ -16,7 +16,11 @@ tallies at the user's line), so the program runs through and the rules see what 
 * `autocast("cuda", dtype)` becomes CPU autocast with the same dtype (float16 by default, as on a
   GPU), `GradScaler("cuda")` a CPU GradScaler: the same scaling arithmetic, on the CPU;
 * `manual_seed` and the RNG-state calls are recorded but do not touch the CPU generator: random
-  numbers the program draws "on the GPU" come from the CPU generator, as in its CPU version.
+  numbers the program draws "on the GPU" come from the CPU generator, as in its CPU version;
+* `torch.Generator(device="cuda")` is a CPU generator marked as the GPU's (its `.device` says
+  cuda), and a generator used with a tensor of the other device fails as it does on a GPU
+  (auditor.capture.rehearsal_device checks each call): a DataLoader that shuffles under
+  `torch.set_default_device("cuda")` without a CUDA generator crashes on a GPU, so it does here.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import torch
 
 from auditor.capture import cuda_standins, probes
 from auditor.capture.frames import user_frame
-from auditor.capture.rehearsal_device import REHEARSED_DEVICE, caller_is_user
+from auditor.capture.rehearsal_device import CUDA_MARK, REHEARSED_DEVICE, caller_is_user, is_cuda_request
 from auditor.evidence import model as m
 
 DEVICE_NAME = "CUDA device rehearsed on the CPU"
@@ -193,6 +197,36 @@ class _Rng:
 
 
 _RNG = _Rng()
+_RealGenerator = torch.Generator
+
+
+class _GeneratorMeta(type(_RealGenerator)):  # type: ignore[misc]
+    """`isinstance(g, torch.Generator)` stays true of every generator, rehearsed or made before."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _RealGenerator)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, _RealGenerator)
+
+
+class RehearsalGenerator(_RealGenerator, metaclass=_GeneratorMeta):
+    """`torch.Generator(device="cuda")`: a CPU generator (the CPU draws the numbers) marked as the
+    GPU's, so calls that pair it with a host tensor fail as they would on a GPU."""
+
+    def __new__(cls, device: Any = "cpu") -> "RehearsalGenerator":
+        if not is_cuda_request(device):
+            return super().__new__(cls, device)
+        frame = sys._getframe(1)
+        if caller_is_user(frame):
+            _record("torch.Generator(cuda)", frame)
+        g = super().__new__(cls, "cpu")
+        setattr(g, CUDA_MARK, True)
+        return g
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return REHEARSED_DEVICE if getattr(self, CUDA_MARK, False) else super().device
 
 
 # --- mixed precision -----------------------------------------------------------------------------
@@ -327,5 +361,7 @@ def install() -> list[str]:
             if hasattr(acc, name):
                 setattr(acc, name, _standin(f"torch.accelerator.{name}", impl, real))
     cuda.nvtx._nvtx = _NvtxStub()
+    torch.Generator = RehearsalGenerator  # type: ignore[misc]
+    replaced.append("torch.Generator")
     _install_amp()
     return sorted(set(replaced))

@@ -415,6 +415,9 @@ class RehearsalMode(TorchFunctionMode):
                 kwargs = {**kwargs, "device": CPU}
                 requested = True
             propagate = not requested
+        gen = kwargs.get("generator")
+        if gen is not None:
+            _check_generator(gen, requested or (propagate and _args_marked(args)))
         pinned = bool(kwargs.get("pin_memory"))
         if pinned:
             kwargs = {**kwargs, "pin_memory": False}
@@ -441,6 +444,18 @@ class RehearsalMode(TorchFunctionMode):
             src = args[0] if args and isinstance(args[0], torch.Tensor) else out
             rec.add(m.H2D_COPY, name, user_frame(frame), 0.0, bytes=_bytes(out), pinned=bool(is_pinned(src)),
                     non_blocking=False, loader=getattr(src, LOADER_MARK, None))
+
+
+def _check_generator(gen: Any, cuda: bool) -> None:
+    """A generator drawing for a tensor of the other device: on a GPU the kernel refuses it (a
+    DataLoader shuffling under `set_default_device("cuda")` with a CPU generator, a CUDA generator
+    for a host tensor), so the rehearsal refuses it the same way rather than pass what will crash."""
+    gen_cuda = bool(getattr(gen, CUDA_MARK, False))
+    if isinstance(gen, torch._C.Generator) and gen_cuda != cuda:
+        want, found = ("cuda", "cpu") if cuda else ("cpu", "cuda")
+        raise RuntimeError(f"Expected a '{want}' device type for generator but found '{found}' "
+                           "(CUDA rehearsal: a GPU refuses this call the same way; give it a generator of "
+                           f"the tensor's device, torch.Generator(device='{want}'))")
 
 
 # --- keeping the marks out of pickles ------------------------------------------------------------
