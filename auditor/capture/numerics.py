@@ -39,17 +39,18 @@ optimizer's own update are not checked one by one.
 Per step, `StepRecord.extra["numerics"]` holds (non-finite floats are the strings "nan", "inf",
 "-inf", since JSON has no NaN):
     ops, nonfinite_ops, nonfinite_sites, dropped, check_ms, loss, loss_finite, losses, backward,
-    opt_steps[{opt, site, lrs, sched_epochs, grad_norm, grad_nonfinite, top_params, top_layers,
-    params_checked, param_max_abs, param_nonfinite}], hazards[[site, value]], autocast[[site, n]],
-    scaler_updates[{scaler, before, after}], scaler_scale_calls, events[], sites{}, modules{},
+    opt_steps[{opt, site, lrs, sched_epochs, grad_norm, grad_norms (one per parameter), grads (their
+    names: an id in param_lists), grad_nonfinite, params_checked, param_max_abs, param_nonfinite}],
+    hazards[[site, value]], autocast[[site, n]], scaler_updates[{scaler, before, after}],
+    scaler_scale_calls, events[], sites{}, modules{}, param_lists{} (tables: new entries only),
     origin (only in the first few steps where the loss, a gradient or a parameter is non-finite).
+The reader (auditor.rules.nonfinite.NumericsView) adds top_params and top_layers to opt_steps.
 A hazard value is per site kind: log/sqrt/pow the smallest input, div the smallest |denominator|,
 exp the largest input, norm the smallest norm, fp16 the largest |value|.
 """
 from __future__ import annotations
 
 import functools
-import heapq
 import math
 import sys
 import time
@@ -395,7 +396,10 @@ class Numerics:
         # exact for this version): carried across steps, refreshed by the optimizer post-hook
         self.param_stats: dict[int, tuple] = {}
         self.untrusted_opts: set[int] = set()  # optimizers that have seen a non-finite gradient
-        self.names_cache: dict[tuple, tuple[list[str], list[str]]] = {}
+        self.names_cache: dict[tuple, tuple[list[str], list[str], int]] = {}
+        self.list_ids: dict[tuple, int] = {}  # (names, layers) -> id in param_lists
+        self.param_lists: list[dict] = []  # lists of parameters named in step records, sent once
+        self.sent_lists = 0
         self.origins = 0
         self.mstack: list[int] = []  # running modules, innermost last
         self.wstack: list[Any] = []  # for each: the user's line of its call if it is a library module
@@ -486,6 +490,9 @@ class Numerics:
         if self.sent_sites < len(self.site_info):
             out["sites"] = {str(s["id"]): s for s in self.site_info[self.sent_sites:]}
             self.sent_sites = len(self.site_info)
+        if self.sent_lists < len(self.param_lists):
+            out["param_lists"] = {str(i): self.param_lists[i] for i in range(self.sent_lists, len(self.param_lists))}
+            self.sent_lists = len(self.param_lists)
         if self.sent_modules < len(self.module_info):
             out["modules"] = {str(m["id"]): m for m in self.module_info[self.sent_modules:]}
             self.sent_modules = len(self.module_info)
@@ -650,6 +657,14 @@ class Numerics:
                 ref = values.add_range(lo, hi)
             cache[key] = (carried[0], version, ref)  # (the weak reference is the parameter's own)
             return ref
+        if t.is_cpu and t.dim() == 0 and type(t) is torch.Tensor:  # a loss: its value is its range
+            v = _TB.item(t)
+            vals = values.vals
+            ref = len(vals)
+            vals.append(v)
+            vals.append(v)
+            cache[key] = (weakref.ref(t), version, ref)
+            return ref
         lo, hi = torch.aminmax(t.detach())
         ref = values.add_range(lo, hi)
         wr = weakref.ref(t)
@@ -795,7 +810,7 @@ class Numerics:
                     rec["param_trusted"] = True
                 elif params:
                     rec["param_maxabs"] = self._param_maxabs(params)
-                    rec["param_list"] = self._names_of(params)[0]
+                    rec["param_list"] = self._names_of(params)
         except Exception as e:
             self.failed(e)
         finally:
@@ -892,11 +907,13 @@ class Numerics:
             host = self.values.vals[rec["grad_norms"]]
             if host is not None:  # already read (CPU): the post-hook may use it
                 rec["grad_norms_host"] = host
-            rec["grad_list"], rec["grad_layers"] = self._names_of(owners)
+            rec["grad_list"] = self._names_of(owners)
         return rec
 
-    def _names_of(self, params: list[torch.Tensor]) -> tuple[list[str], list[str]]:
-        """Names and owning modules of a list of parameters, cached while the list is the same."""
+    def _names_of(self, params: list[torch.Tensor]) -> tuple[list[str], list[str], int]:
+        """Names and owning modules of a list of parameters, and the id of that list in the
+        `param_lists` table (sent once: a step's record refers to it), cached while the list is
+        the same."""
         key = tuple(map(id, params))
         hit = self.names_cache.get(key)
         if hit is None:
@@ -904,7 +921,11 @@ class Numerics:
             layers = [self.param_layer(p) or n.rpartition(".")[0] or n for p, n in zip(params, names)]
             if len(self.names_cache) > 64:
                 self.names_cache.clear()
-            hit = self.names_cache[key] = (names, layers)
+            lid = self.list_ids.get((tuple(names), tuple(layers)))
+            if lid is None:
+                lid = self.list_ids[(tuple(names), tuple(layers))] = len(self.param_lists)
+                self.param_lists.append({"names": names, "layers": layers})
+            hit = self.names_cache[key] = (names, layers, lid)
         return hit
 
     def _scheds_of(self, opt) -> list[tuple[Any, int]]:
@@ -977,25 +998,32 @@ class Numerics:
         return data
 
     def _opt_record(self, r: dict, vals: list) -> dict[str, Any]:
+        """One optimizer step's record. The per-parameter values go out as they are, with the id
+        of their names in `param_lists`; which parameters and layers dominate is worked out by the
+        reader (auditor.rules.nonfinite.NumericsView), not here, in every training step."""
         out = {"opt": r["opt"], "site": r["site"], "sched_epochs": r["sched_epochs"],
                "lrs": [num(vals[v[1]]) if isinstance(v, tuple) else _scalar(v) for v in r["lrs"]]}
         if "grad_norms" in r:
             norms = vals[r["grad_norms"]]
-            names = r["grad_list"]
-            total = math.sqrt(sum(n * n for n in norms)) if all(math.isfinite(n) for n in norms) else float("nan")
-            out["grad_norm"] = num(total)
-            bad = [names[i] for i, n in enumerate(norms) if not math.isfinite(n)]
-            out["grad_nonfinite"] = len(bad)
-            out["grad_nonfinite_params"] = bad[:20]
-            out["top_params"] = _top(names, norms)
-            out["top_layers"] = _top_layers(r["grad_layers"], norms)
+            names, _, lid = r["grad_list"]
+            out["grads"] = lid
+            if all(map(math.isfinite, norms)):
+                out["grad_norm"] = num(math.sqrt(sum(n * n for n in norms)))
+                out["grad_norms"] = norms
+                out["grad_nonfinite"] = 0
+            else:
+                out["grad_norm"] = "nan"
+                out["grad_norms"] = [num(n) for n in norms]
+                bad = [names[i] for i, n in enumerate(norms) if not math.isfinite(n)]
+                out["grad_nonfinite"] = len(bad)
+                out["grad_nonfinite_params"] = bad[:20]
         if r.get("param_trusted"):
             out["params_checked"] = "trusted"  # a safe update of finite weights (see _update_keeps_finite)
         if "param_maxabs" in r:
             out["params_checked"] = "measured"
             # (min, max) per parameter on the CPU, max|w| (one value) on CUDA
             maxabs = [_max_abs(vals[a], vals[b] if b is not None else vals[a]) for a, b in r["param_maxabs"]]
-            names = r["param_list"]
+            names = r["param_list"][0]
             bad = [names[i] for i, n in enumerate(maxabs) if not math.isfinite(n)]
             out["param_max_abs"] = num(max(maxabs) if not bad else float("nan"))
             out["param_nonfinite"] = len(bad)
@@ -1085,28 +1113,6 @@ def _cause(kind: int, hazard: tuple | None, vals: list, ins: list[dict], out: li
     if has_inf and not has_nan:
         return {"kind": "overflow"}
     return {"kind": "invalid"}  # NaN from finite inputs: inf - inf, 0 * inf, 0 / 0 inside the call
-
-
-def _top(names: list[str], norms: list[float], k: int = 5) -> list[list]:
-    """The k largest norms, non-finite ones first (O(n log k): this runs every step)."""
-    bad = [i for i, v in enumerate(norms) if not math.isfinite(v)][:k]
-    if bad:
-        good = [i for i, v in enumerate(norms) if math.isfinite(v)]
-        order = bad + heapq.nlargest(k - len(bad), good, key=lambda i: abs(norms[i]))
-    else:
-        order = heapq.nlargest(k, range(len(norms)), key=lambda i: abs(norms[i]))
-    return [[names[i], num(norms[i])] for i in order]
-
-
-def _top_layers(layers: list[str], norms: list[float], k: int = 5) -> list[list]:
-    """Modules by share of the squared gradient norm: [name, norm, share]."""
-    sq: dict[str, float] = {}
-    for layer, v in zip(layers, norms):
-        sq[layer] = sq.get(layer, 0.0) + (v * v if math.isfinite(v) else float("inf"))
-    total = sum(sq.values())
-    order = sorted(sq.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else float("-inf"))
-    return [[layer, num(math.sqrt(s)), round(s / total, 4) if total and math.isfinite(total) else None]
-            for layer, s in order[:k]]
 
 
 def _where(w: Any) -> dict | None:

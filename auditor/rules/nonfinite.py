@@ -7,6 +7,7 @@ other numerics rules (grad-explosion, lr-schedule, amp-unscaled) share.
 from __future__ import annotations
 
 import ast
+import heapq
 import linecache
 import math
 from dataclasses import dataclass, field
@@ -31,6 +32,13 @@ def val(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
+def num(x: float) -> float | str:
+    """The inverse of `val`: non-finite floats as the collector writes them (JSON has no NaN)."""
+    if math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
 def finite(x: Any) -> bool:
     v = val(x)
     return v is not None and math.isfinite(v)
@@ -52,6 +60,25 @@ def short(x: Any) -> str:
     return f"{v:.3g}"
 
 
+def _top(names: list[str], norms: list[float], k: int = 5) -> list[list]:
+    """The k largest norms, non-finite ones first."""
+    bad = [i for i, v in enumerate(norms) if not math.isfinite(v)][:k]
+    good = [i for i, v in enumerate(norms) if math.isfinite(v)]
+    order = bad + heapq.nlargest(k - len(bad), good, key=lambda i: abs(norms[i]))
+    return [[names[i], num(norms[i])] for i in order]
+
+
+def _top_layers(layers: list[str], norms: list[float], k: int = 5) -> list[list]:
+    """Modules by share of the squared gradient norm: [name, norm, share]."""
+    sq: dict[str, float] = {}
+    for layer, v in zip(layers, norms):
+        sq[layer] = sq.get(layer, 0.0) + (v * v if math.isfinite(v) else float("inf"))
+    total = sum(sq.values())
+    order = sorted(sq.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else float("-inf"))
+    return [[layer, num(math.sqrt(s)), round(s / total, 4) if total and math.isfinite(total) else None]
+            for layer, s in order[:k]]
+
+
 @dataclass
 class NumericsView:
     """The numerics collector's per-step records joined into tables (sites, modules, events)."""
@@ -59,6 +86,7 @@ class NumericsView:
     steps: list[tuple[int, dict]] = field(default_factory=list)  # (step index, extra["numerics"])
     sites: dict[int, dict] = field(default_factory=dict)
     modules: dict[int, dict] = field(default_factory=dict)
+    param_lists: dict[int, dict] = field(default_factory=dict)  # id -> {"names": [...], "layers": [...]}
     events: list[dict] = field(default_factory=list)
 
     @classmethod
@@ -72,6 +100,8 @@ class NumericsView:
             if not isinstance(d, dict):
                 continue
             view._tables(d)
+            for r in d.get("opt_steps") or ():
+                view._rank_params(r)
             view.steps.append((s.index, d))
         final = ev.extra.get("numerics")
         if isinstance(final, dict):
@@ -82,7 +112,19 @@ class NumericsView:
     def _tables(self, d: dict) -> None:
         self.sites.update({int(k): v for k, v in (d.get("sites") or {}).items()})
         self.modules.update({int(k): v for k, v in (d.get("modules") or {}).items()})
+        self.param_lists.update({int(k): v for k, v in (d.get("param_lists") or {}).items()})
         self.events.extend(d.get("events") or [])
+
+    def _rank_params(self, r: dict) -> None:
+        """An optimizer step's gradient norms per parameter (named by the `param_lists` table) ->
+        the parameters and layers that dominate them (`top_params`, `top_layers`)."""
+        lists = self.param_lists.get(r.get("grads")) if "top_layers" not in r else None
+        norms = r.get("grad_norms")
+        if not lists or not isinstance(norms, list) or len(norms) != len(lists["names"]):
+            return
+        values = [v if v is not None else math.nan for v in map(val, norms)]
+        r["top_params"] = _top(lists["names"], values)
+        r["top_layers"] = _top_layers(lists["layers"], values)
 
     def site_location(self, site: int | None) -> Location | None:
         return location(self.sites.get(site, {}).get("where")) if site is not None else None
