@@ -330,5 +330,6 @@ def test_no_numerics_turns_the_checks_off(tmp_path):
     assert a.returncode == 0, a.stderr
     assert a.rule("nonfinite") == []
     assert all("numerics" not in s["extra"] for s in a.evidence["steps"])
+    assert a.findings_doc["steps"]["numerics_check_median_ms"] is None
     skipped = {s["rule"]: s["reason"] for s in a.findings_doc["skipped_rules"]}
     assert "--no-numerics" in skipped["nonfinite"] and "--no-numerics" in skipped["grad-explosion"]

@@ -38,7 +38,8 @@ optimizer's own update are not checked one by one.
 
 Per step, `StepRecord.extra["numerics"]` holds (non-finite floats are the strings "nan", "inf",
 "-inf", since JSON has no NaN):
-    ops, nonfinite_ops, nonfinite_sites, dropped, check_ms, loss, loss_finite, losses, backward,
+    ops, nonfinite_ops, nonfinite_sites, dropped, check_ms (the checks' own time: in the step and
+    in this record), check_in_step_ms (the part inside the step's wall time), loss, loss_finite, losses, backward,
     opt_steps[{opt, site, lrs, sched_epochs, grad_norm, grad_norms (one per parameter), grads (their
     names: an id in param_lists), grad_nonfinite, params_checked, param_max_abs, param_nonfinite}],
     hazards[[site, value]], autocast[[site, n]], scaler_updates[{scaler, before, after}],
@@ -441,6 +442,7 @@ class Numerics:
         self.mode_popped = 0
         self.in_step = False
         self.paused = 0
+        in_step_s = self.check_s
         t0 = perf()
         try:
             data = self._materialise(index)
@@ -449,6 +451,7 @@ class Numerics:
             data = {"error": f"{type(e).__name__}: {e}"}
         self.check_s += perf() - t0
         data["check_ms"] = round(self.check_s * 1e3, 3)
+        data["check_in_step_ms"] = round(in_step_s * 1e3, 3)  # (part of the step's wall time)
         data["events"], self.events = self.events, []
         data.update(self._new_tables())
         if self.error_text:

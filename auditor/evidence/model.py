@@ -168,6 +168,17 @@ class Evidence(msgspec.Struct, dict=True):
         mid = len(times) // 2
         return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
 
+    def median_check_ms(self) -> float | None:
+        """Median time per step the numerics checks took inside the step (its wall time includes
+        it): how much of a step's time is the audit's own. None when no step was checked."""
+        times = sorted(d["check_in_step_ms"] for s in self.steps
+                       if not s.failed and not s.profiled
+                       and isinstance(d := s.extra.get("numerics"), dict) and isinstance(d.get("check_in_step_ms"), (int, float)))
+        if not times:
+            return None
+        mid = len(times) // 2
+        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+
     def tallies(self, kind: str, include_setup: bool = False) -> list[tuple[int, Tally]]:
         """(step index, tally) for every tally of a kind; step -1 is setup (import time)."""
         out = [(-1, t) for t in self.setup if t.kind == kind] if include_setup else []

@@ -16,6 +16,7 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
     """The findings.json document as plain data (also what the HTML report embeds)."""
     per_step = [round(s.ms, 3) for s in evidence.steps]
     median = evidence.median_step_ms()
+    check = evidence.median_check_ms()
     return {
         "tool": {"name": "auditor", "version": __version__},
         "target": evidence.target,
@@ -26,6 +27,7 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
             "requested": evidence.requested_steps,
             "per_step_ms": per_step,
             "median_ms": round(median, 3) if median is not None else None,
+            "numerics_check_median_ms": round(check, 3) if check is not None else None,
             "total_ms": round(sum(per_step), 3),
             "profiled_steps": [s.index for s in evidence.steps if s.profiled],
         },

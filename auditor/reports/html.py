@@ -241,6 +241,7 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
     dev = [s.device_allocated for s in ev.steps if s.device_allocated is not None]
     return {
         "median_ms": fmt_ms(ev.median_step_ms()),
+        "check_ms": fmt_ms(check) if (check := ev.median_check_ms()) is not None else None,
         "steps": len(ev.steps),
         "requested": ev.requested_steps,
         "profiled": [s.index for s in ev.steps if s.profiled],

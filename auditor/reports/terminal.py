@@ -99,6 +99,9 @@ def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None
     head = Text(f"audit of {evidence.target or 'run'}: {len(evidence.steps)} step(s)")
     if median is not None:
         head.append(f", median {median:.2f} ms/step")
+        check = evidence.median_check_ms()
+        if check is not None:
+            head.append(f" ({check:.2f} ms of it inside the auditor's numerics checks)")
     rec = recoverable(evidence, results)
     if rec.ms is not None:
         head.append(f", up to {rec.ms:.2f} ms/step recoverable")
