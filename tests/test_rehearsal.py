@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -315,6 +316,39 @@ def test_a_crash_only_a_gpu_has_happens_in_rehearsal_at_its_line(tmp_path):
     assert ending["message"].startswith("Expected a 'cuda' device type for generator but found 'cpu'")
     assert "torch.Generator(device='cuda')" in ending["message"]
     assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("shuffle.py", 13)
+
+
+COMPILED = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to("cuda")
+compiled = torch.compile(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x = torch.randn(32, 64, device="cuda")
+y = torch.randint(0, 10, (32,), device="cuda")
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    nn.functional.cross_entropy(compiled(x), y).backward()
+    opt.step()
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="inductor needs a C++ compiler")
+def test_torch_compile_runs_in_rehearsal(tmp_path):
+    """torch.compile tests values against torch.cuda's classes (StreamContext must stay a class) and
+    asks torch.cuda about the device for its cache key (it must hear the truth: there is no CUDA,
+    the tensors it compiles for are on the CPU)."""
+    (tmp_path / "compiled.py").write_text(COMPILED)
+    a = audit("run", f"{tmp_path / 'compiled.py'}:step", "--steps", "3", "--no-profile", "--quiet",
+              out=tmp_path / "out", env={**QUIET_ENV, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
+              timeout=600)
+    assert a.returncode == 0, a.evidence["ending"]
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    assert a.evidence["ending"]["status"] == "completed" and len(a.evidence["steps"]) == 3
+    assert "global hooks" not in a.stderr  # torch.compile's warning about the auditor's own hooks
 
 
 # --- what rehearsal finds ------------------------------------------------------------------------

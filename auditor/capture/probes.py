@@ -15,6 +15,7 @@ import functools
 import gc
 import os
 import sys
+import warnings
 import time
 from typing import Any, Callable
 
@@ -336,6 +337,9 @@ def _install_phase_hooks() -> None:
             rec.add(m.OPTIMIZER, type(opt).__name__, user_frame(sys._getframe(1)),
                     (perf() - state["opt_t0"]) * 1e3)
 
+    # torch.compile warns that global hooks fire once more for its wrapper module: these are ours,
+    # the user did nothing to act on (and both hooks count nested calls once)
+    warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
     register_module_forward_pre_hook(fwd_pre)
     try:
         register_module_forward_hook(fwd_post, always_call=True)

@@ -55,13 +55,21 @@ def _sync(what: str, frame: Any) -> None:
         rec.add(m.SYNC, what, user_frame(frame), 0.0, device="cuda")
 
 
-def _standin(what: str, impl: Callable[..., Any], real: Callable[..., Any] | None = None) -> Callable[..., Any]:
-    """Wrap `impl` so the user's calls are recorded; with `real`, torch's own calls get `real`."""
+_COMPILER_DIRS = tuple(os.path.join(os.path.dirname(torch.__file__), d) + os.sep for d in ("_dynamo", "_inductor"))
+
+
+def _standin(what: str, impl: Callable[..., Any], real: Callable[..., Any] | None = None,
+             orig: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Wrap `impl` so the user's calls are recorded; with `real`, torch's own calls get `real`.
+    torch.compile's own calls get `orig` (the CPU build's function, which says there is no CUDA):
+    the tensors it compiles for are on the CPU, so it must generate CPU code."""
     def standin(*args: Any, **kwargs: Any) -> Any:
         frame = sys._getframe(1)
         if caller_is_user(frame):
             _record(what, frame)
             return impl(*args, **kwargs)
+        if orig is not None and frame.f_code.co_filename.startswith(_COMPILER_DIRS):
+            return orig(*args, **kwargs)
         return (real or impl)(*args, **kwargs)
     standin.__name__ = standin.__qualname__ = what.rsplit(".", 1)[-1]
     standin.__doc__ = f"Rehearsal stand-in for {what} (auditor.capture.rehearsal_cuda)."
@@ -174,9 +182,22 @@ class Event:
 _STREAM = Stream()
 
 
-@contextlib.contextmanager
-def _stream_context(stream: Stream | None = None):
-    yield stream
+class StreamContext:
+    """`torch.cuda.stream(s)` / `torch.cuda.StreamContext(s)`: with one stream there is nothing to
+    switch. A class, as torch's is: torch.compile tests values with isinstance against it."""
+
+    def __init__(self, stream: Stream | None = None) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> Stream | None:
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _stream_context(stream: Stream | None = None) -> StreamContext:
+    return StreamContext(stream)
 
 
 # --- RNG -----------------------------------------------------------------------------------------
@@ -350,10 +371,10 @@ def install() -> list[str]:
     cuda = torch.cuda
     for name, (impl, real) in _cuda_table(cuda).items():
         if hasattr(cuda, name):
-            setattr(cuda, name, _standin(f"torch.cuda.{name}", impl, real))
+            setattr(cuda, name, _standin(f"torch.cuda.{name}", impl, real, getattr(cuda, name)))
             replaced.append(name)
     cuda.Stream, cuda.Event, cuda.device, cuda.device_of = Stream, Event, _DeviceContext, _DeviceContext
-    cuda.StreamContext = _stream_context
+    cuda.StreamContext = StreamContext
     replaced += ["Stream", "Event", "device", "device_of", "StreamContext"]
     acc = getattr(torch, "accelerator", None)
     if acc is not None:
