@@ -322,6 +322,40 @@ def test_origin_inside_a_library_leaf_module(tmp_path):
     assert numerics(a)[0]["ops"] == 5
 
 
+INFERENCE_VALIDATION = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+x, x_val = torch.randn(16, 8), torch.randn(16, 8)
+
+
+def step(i):
+    with torch.inference_mode():  # validation: inference tensors have no version counter
+        net(x_val).abs().mean()
+    gain = 0.0 if i >= 6 else 1.0
+    net.zero_grad()
+    loss = torch.log(net(x).abs() * gain).mean()  # LOG LINE
+    loss.backward()
+"""
+
+
+def test_inference_mode_inside_the_step_keeps_the_checks_on(tmp_path):
+    """Tensors made under torch.inference_mode have no version counter: reading it raised in every
+    step, and after a few steps' errors the collector turned itself off, before the NaN at step 6."""
+    trainer = tmp_path / "validate.py"
+    trainer.write_text(INFERENCE_VALIDATION)
+    a = audit("run", f"{trainer}:step", "--steps", "8", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr
+    assert [d.get("collector_error") for d in numerics(a)] == [None] * 8
+    [f] = a.rule("nonfinite")
+    assert f["evidence"]["first_step"] == 6 and f["evidence"]["op"] == "torch.log"
+    line = INFERENCE_VALIDATION.splitlines().index(
+        "    loss = torch.log(net(x).abs() * gain).mean()  # LOG LINE") + 1
+    assert (str(trainer), line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
+
+
 def test_no_numerics_turns_the_checks_off(tmp_path):
     """`--no-numerics`: the collector is not even imported, steps carry no numerics evidence, and
     the numerics rules say why they were skipped instead of reporting nothing silently."""

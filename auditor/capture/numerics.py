@@ -179,6 +179,14 @@ except AttributeError:  # pragma: no cover - older torch
         return False
 
 
+def _version_of(t: torch.Tensor) -> int:
+    """The tensor's version counter; -1 for inference tensors, which have none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 def _tensor_args(args: Any) -> list[torch.Tensor]:
     """The checkable tensors among a call's arguments, and in its tuple/list arguments (torch.cat)."""
     ins: list[torch.Tensor] = []
@@ -636,7 +644,10 @@ class Numerics:
         the optimizer post-hook records ±max|w| after each update (one `_foreach_norm` for all),
         so weights are not reduced again in the forward pass."""
         key = id(t)
-        version = t._version
+        try:
+            version = t._version
+        except RuntimeError:  # an inference tensor (torch.inference_mode): it has no version counter
+            version = -1
         cache = self.cache
         hit = cache.get(key)
         if hit is not None and hit[1] == version and hit[0]() is t:
@@ -721,7 +732,7 @@ class Numerics:
                 values = self.values
                 ref = values.derive(in_refs[0], monotone)
                 values.derive(in_refs[0] + 1, monotone)
-                cache[id(o)] = (weakref.ref(o), o._version, ref)
+                cache[id(o)] = (weakref.ref(o), _version_of(o), ref)
                 out_refs: tuple = (ref,)
             else:
                 out_refs = (stat(o),)
