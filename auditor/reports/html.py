@@ -115,7 +115,10 @@ def cost_text(f: Finding) -> str:
     if c.share_of_step is not None:
         parts.append(f"{c.share_of_step:.0%} of a step")
     if not parts:
-        return f"counted only: {c.note}" if c.note else "counted only"
+        if not c.note:
+            return "counted only"
+        # (a note that already says so, "counted, not timed: ...", stands alone)
+        return c.note if c.note.startswith(("counted", "not measured")) else f"counted only: {c.note}"
     text = ", ".join(parts) + ("" if c.measured else " (estimated)")
     return f"{text}; {c.note}" if c.note else text
 
