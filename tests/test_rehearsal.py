@@ -179,7 +179,7 @@ out["to() forms"] = [device_of(t) for t in (x.to("cuda"), x.to(xc), xc.to(torch.
                                             x.to(torch.float16))]
 xt = x.type("torch.cuda.FloatTensor")
 out["Tensor.type forms"] = [device_of(t) for t in (xt, x.type(torch.cuda.DoubleTensor), xt.type("torch.FloatTensor"),
-                                                   xt.type(torch.float64))] + [xt.type(), x.type(), torch.equal(xt, x)]
+                                                   xt.type(torch.float64))] + [xt.type(), x.type(), torch.equal(xt.cpu(), x)]
 with torch.device("cuda"):
     inside = torch.ones(2)
 out["with torch.device"] = [device_of(inside), device_of(torch.ones(2))]
@@ -216,7 +216,7 @@ def refused(f):
     try:
         f()
         return "no error"
-    except RuntimeError as e:
+    except (RuntimeError, TypeError) as e:
         return str(e).split(" (")[0]
 g = torch.Generator(device="cuda")
 g.manual_seed(5)
@@ -227,7 +227,7 @@ out["Generator(device=cuda)"] = [str(g.device), isinstance(g, torch.Generator),
                                  device_of(torch.randn(4, device=g.device, generator=g)),
                                  device_of(xc.clone().normal_(generator=g))]
 g.manual_seed(5)
-out["a CUDA generator draws the CPU's numbers"] = torch.equal(torch.randn(4, device="cuda", generator=g),
+out["a CUDA generator draws the CPU's numbers"] = torch.equal(torch.randn(4, device="cuda", generator=g).cpu(),
                                                               torch.randn(4, generator=g_host))
 out["a generator of the other device"] = [refused(lambda: torch.randn(3, generator=g)),
                                           refused(lambda: torch.randn(3, device="cuda", generator=g_host)),
@@ -237,8 +237,19 @@ out["shuffling under set_default_device(cuda)"] = [refused(lambda: next(iter(Dat
                                                    refused(lambda: next(iter(DataLoader(range(8), shuffle=True,
                                                                                         generator=g))))]
 torch.set_default_device(None)
+out["mixing GPU and host tensors"] = [refused(lambda: xc + x), refused(lambda: xc @ torch.ones(3, 2)),
+                                      refused(lambda: torch.cat([xc, x])), refused(lambda: m(x)),
+                                      refused(lambda: nn.functional.cross_entropy(m(xc), torch.tensor([0, 1, 0, 1]))),
+                                      refused(lambda: nn.CrossEntropyLoss()(m(xc), torch.tensor([0, 1, 0, 1]))),
+                                      refused(lambda: nn.Linear(3, 2)(xc)),  # the model left on the host
+                                      refused(lambda: xc.numpy())]
+out["what a GPU allows across devices"] = [refused(lambda: xc * torch.tensor(2.0)),  # a 0-dim host tensor
+                                           refused(lambda: xc[torch.tensor([0, 2])]),  # host indices
+                                           refused(lambda: xc.cpu().numpy()), refused(lambda: xc.copy_(x)),
+                                           refused(lambda: nn.Sequential(nn.Linear(3, 2))(x))]  # all on the host
 print(json.dumps(out))
 '''
+MIXED = "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
 EXPECTED = {
     "cuda() leaves the source on the host": ["cpu", "cuda", False, True],
     "user code sees the GPU": ["cuda:0", True, 0, "cpu"],
@@ -267,6 +278,10 @@ EXPECTED = {
                                         "Expected a 'cpu' device type for generator but found 'cuda'"],
     "shuffling under set_default_device(cuda)": ["Expected a 'cuda' device type for generator but found 'cpu'",
                                                  "no error"],
+    # the commonest GPU crash (a model on the GPU, its labels left on the host) fails here as there
+    "mixing GPU and host tensors": [MIXED] * 7 + ["can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() "
+                                                  "to copy the tensor to host memory first."],
+    "what a GPU allows across devices": ["no error"] * 5,
 }
 
 
@@ -316,6 +331,39 @@ def test_a_crash_only_a_gpu_has_happens_in_rehearsal_at_its_line(tmp_path):
     assert ending["message"].startswith("Expected a 'cuda' device type for generator but found 'cpu'")
     assert "torch.Generator(device='cuda')" in ending["message"]
     assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("shuffle.py", 13)
+
+
+LABELS_ON_HOST = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+device = torch.device("cuda")
+loader = DataLoader(TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,))), batch_size=32)
+model = nn.Linear(16, 4).to(device)
+batches = iter(loader)
+
+
+def step(i):
+    x, y = next(batches)
+    loss = nn.functional.cross_entropy(model(x.to(device)), y)  # y stays on the host
+    loss.backward()
+"""
+
+
+def test_labels_left_on_the_host_fail_in_rehearsal_as_on_a_gpu(tmp_path):
+    """The commonest GPU crash: the model and inputs on the GPU, the labels not. On the CPU both are
+    host tensors and the step runs; the rehearsal refuses the mix at the user's line, as a GPU does."""
+    (tmp_path / "labels.py").write_text(LABELS_ON_HOST)
+    a = audit("run", f"{tmp_path / 'labels.py'}:step", "--steps", "3", "--no-profile", "--quiet",
+              out=tmp_path / "out", env=QUIET_ENV)
+    assert a.returncode == 3, a.stderr
+    ending = a.evidence["ending"]
+    assert (ending["status"], ending["step"], ending["exception"]) == ("raised", 0, "RuntimeError")
+    assert ending["message"].startswith(MIXED) and "torch.cross_entropy" in ending["message"]
+    line = LABELS_ON_HOST.splitlines().index("    loss = nn.functional.cross_entropy(model(x.to(device)), y)"
+                                             "  # y stays on the host") + 1
+    assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("labels.py", line)
 
 
 COMPILED = """

@@ -137,6 +137,82 @@ def _args_marked(args: tuple) -> bool:
 
 _NO_KWARGS: dict = {}
 
+# Calls that take a host tensor next to a GPU one by design: indexing with host indices, uses of a
+# tensor's shape or type only, copies and pickling.
+_CROSS_DEVICE_OK = frozenset({
+    "__getitem__", "__setitem__", "index_put_", "index_put", "_index_put_impl_", "expand_as", "view_as",
+    "reshape_as", "type_as", "new_tensor", "is_set_to", "set_", "__deepcopy__", "__reduce_ex__", "__setstate__",
+    "__format__", "__repr__", "__str__", "copy_", "to", "cuda", "cpu",
+})
+
+
+def _host_operand(args: Any) -> torch.Tensor | None:
+    """A host tensor with dimensions among the arguments (of a list, its ends, as `_args_marked`).
+    A 0-dim host tensor is not one: a GPU kernel takes it as a scalar."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if not getattr(a, CUDA_MARK, False) and a.dim() > 0:
+                return a
+        elif isinstance(a, (list, tuple)) and a:
+            for v in (a[0], a[-1]):
+                if isinstance(v, torch.Tensor) and not getattr(v, CUDA_MARK, False) and v.dim() > 0:
+                    return v
+    return None
+
+
+def refuse_mixed_devices(what: str) -> None:
+    raise RuntimeError(
+        "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! "
+        f"(CUDA rehearsal: {what} got a GPU tensor and a CPU tensor, which a GPU refuses; "
+        "move the CPU one with .to(device))")
+
+
+def _check_devices(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> None:
+    """A call from the user's code that mixes GPU tensors with host tensors fails on a GPU (a model
+    on the GPU fed labels left on the CPU): refuse it as the GPU would. torch's own calls are
+    left alone: inside torch, `.device` reads the CPU, so its helper tensors carry no mark."""
+    host = _host_operand(args) if args else None
+    if host is None and kwargs:
+        host = _host_operand(tuple(kwargs.values()))
+    if host is None or getattr(func, "__name__", "") in _CROSS_DEVICE_OK:
+        return
+    while frame is not None:  # up to the call's caller, past what only passes the call on:
+        if frame.f_code is _HANDLE_TORCH_FUNCTION:  # a Python-level torch function (F.cross_entropy)
+            frame = frame.f_back.f_back if frame.f_back is not None else None
+        elif frame.f_code.co_name in _PASS_THROUGH and _is_auditor(frame.f_code.co_filename):
+            frame = frame.f_back  # another mode above this one
+        else:
+            break
+    if not caller_is_user(frame):
+        return
+    refuse_mixed_devices(_op_label(func))
+
+
+_HANDLE_TORCH_FUNCTION = torch.overrides.handle_torch_function.__code__
+
+
+def _leaf_inputs_on_host(module: torch.nn.Module, args: tuple) -> None:
+    """Forward pre-hook: a torch.nn layer whose weights and inputs are on different devices (the
+    model moved to the GPU and its input not, or the other way round; a loss given GPU logits and
+    host labels) fails at its first op on a GPU, whoever calls it (the user, or nn.Sequential).
+    torch's own calls are not checked one by one (see `_check_devices`), so the layer is checked
+    at its call."""
+    if module._modules or not type(module).__module__.startswith("torch.nn."):
+        return
+    tensors = [p for p in module._parameters.values() if p is not None]
+    n_params = len(tensors)
+    tensors += [a for a in args if isinstance(a, torch.Tensor)]
+    marked = [bool(getattr(t, CUDA_MARK, False)) for t in tensors]
+    if any(marked) and any(not m and t.dim() > 0 for t, m in zip(tensors, marked)):
+        where = "its weights are on the GPU" if any(marked[:n_params]) else "its inputs are on the GPU"
+        refuse_mixed_devices(f"{type(module).__name__} ({where})")
+
+
+def _op_label(func: Callable) -> str:
+    name = getattr(func, "__name__", "a call")
+    qual = getattr(func, "__qualname__", name)
+    return f"Tensor.{name}" if qual.split(".")[0] in ("TensorBase", "Tensor") else f"torch.{name}"
+
 
 def _mark_results(out: Any, args: tuple, kwargs: dict) -> None:
     """Mark the tensors a call produced; tensors it only returned back (in-place ops, `out=`) keep
@@ -334,6 +410,13 @@ def _get_device(func: Callable, args: tuple, kwargs: dict, frame: FrameType | No
     return func(*args, **kwargs)
 
 
+def _numpy(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                        "to host memory first. (CUDA rehearsal: a GPU tensor fails here on a GPU)")
+    return func(*args, **kwargs)
+
+
 def _data_set(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
     """`p.data = t`: p now lives where t lives."""
     out = func(*args, **kwargs)
@@ -355,6 +438,7 @@ SPECIAL: dict[Any, Handler] = {
     _T.device.__get__: _device_get,
     _T.is_cuda.__get__: _is_cuda_get,
     _T.data.__set__: _data_set,
+    _T.numpy: _numpy,
 }
 _resolved: dict[Any, Handler | None] = {}
 
@@ -397,10 +481,12 @@ class RehearsalMode(TorchFunctionMode):
         cur = _device_ctx.CURRENT_DEVICE
         if kwargs or (cur is not None and cur.type == "cuda"):
             return self._with_device(func, args, kwargs or {}, cur is not None and cur.type == "cuda")
-        out = func(*args)
         if _args_marked(args):
+            _check_devices(func, args, _NO_KWARGS, sys._getframe(1))
+            out = func(*args)
             _mark_results(out, args, _NO_KWARGS)
-        return out
+            return out
+        return func(*args)
 
     def _with_device(self, func: Callable, args: tuple, kwargs: dict, default_cuda: bool) -> Any:
         """Calls with keywords or under a CUDA default device: rewrite `device=` / `pin_memory=`."""
@@ -421,6 +507,8 @@ class RehearsalMode(TorchFunctionMode):
         pinned = bool(kwargs.get("pin_memory"))
         if pinned:
             kwargs = {**kwargs, "pin_memory": False}
+        if propagate and (_args_marked(args) or _args_marked(tuple(kwargs.values()))):
+            _check_devices(func, args, kwargs, sys._getframe(2))
         out = func(*args, **kwargs)
         if requested:
             _mark_results(out, args, kwargs)
@@ -537,4 +625,5 @@ def install() -> RehearsalMode:
         _install_default_device()
         _MODE = RehearsalMode()
         _MODE.__enter__()
+        torch.nn.modules.module.register_module_forward_pre_hook(_leaf_inputs_on_host)
     return _MODE
