@@ -243,10 +243,14 @@ out["mixing GPU and host tensors"] = [refused(lambda: xc + x), refused(lambda: x
                                       refused(lambda: nn.CrossEntropyLoss()(m(xc), torch.tensor([0, 1, 0, 1]))),
                                       refused(lambda: nn.Linear(3, 2)(xc)),  # the model left on the host
                                       refused(lambda: xc.numpy())]
+CTC = (torch.randn(10, 4, 6, device="cuda").log_softmax(2), torch.randint(1, 6, (4, 3), device="cuda"),
+       torch.full((4,), 10), torch.full((4,), 3))  # the lengths on the host, as cuDNN wants them
+ctc = nn.functional.ctc_loss
 out["what a GPU allows across devices"] = [refused(lambda: xc * torch.tensor(2.0)),  # a 0-dim host tensor
                                            refused(lambda: xc[torch.tensor([0, 2])]),  # host indices
                                            refused(lambda: xc.cpu().numpy()), refused(lambda: xc.copy_(x)),
-                                           refused(lambda: nn.Sequential(nn.Linear(3, 2))(x))]  # all on the host
+                                           refused(lambda: nn.Sequential(nn.Linear(3, 2))(x)),  # all on the host
+                                           refused(lambda: ctc(*CTC)), refused(lambda: nn.CTCLoss()(*CTC))]
 print(json.dumps(out))
 '''
 MIXED = "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
@@ -281,7 +285,7 @@ EXPECTED = {
     # the commonest GPU crash (a model on the GPU, its labels left on the host) fails here as there
     "mixing GPU and host tensors": [MIXED] * 7 + ["can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() "
                                                   "to copy the tensor to host memory first."],
-    "what a GPU allows across devices": ["no error"] * 5,
+    "what a GPU allows across devices": ["no error"] * 7,
 }
 
 

@@ -143,6 +143,7 @@ _CROSS_DEVICE_OK = frozenset({
     "__getitem__", "__setitem__", "index_put_", "index_put", "_index_put_impl_", "expand_as", "view_as",
     "reshape_as", "type_as", "new_tensor", "is_set_to", "set_", "__deepcopy__", "__reduce_ex__", "__setstate__",
     "__format__", "__repr__", "__str__", "copy_", "to", "cuda", "cpu",
+    "ctc_loss",  # its input and target lengths may stay on the host (cuDNN's CTC even wants them there)
 })
 
 
@@ -201,7 +202,8 @@ def _leaf_inputs_on_host(module: torch.nn.Module, args: tuple) -> None:
         return
     tensors = [p for p in module._parameters.values() if p is not None]
     n_params = len(tensors)
-    tensors += [a for a in args if isinstance(a, torch.Tensor)]
+    # the input (and a loss's target): later arguments may be host data by design (CTCLoss's lengths)
+    tensors += [a for a in args[:2] if isinstance(a, torch.Tensor)]
     marked = [bool(getattr(t, CUDA_MARK, False)) for t in tensors]
     if any(marked) and any(not m and t.dim() > 0 for t, m in zip(tensors, marked)):
         where = "its weights are on the GPU" if any(marked[:n_params]) else "its inputs are on the GPU"
