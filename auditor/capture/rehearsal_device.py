@@ -144,6 +144,7 @@ _CROSS_DEVICE_OK = frozenset({
     "reshape_as", "type_as", "new_tensor", "is_set_to", "set_", "__deepcopy__", "__reduce_ex__", "__setstate__",
     "__format__", "__repr__", "__str__", "copy_", "to", "cuda", "cpu",
     "ctc_loss",  # its input and target lengths may stay on the host (cuDNN's CTC even wants them there)
+    "tensor_split",  # its indices tensor must be on the host
 })
 
 
