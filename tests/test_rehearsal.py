@@ -324,15 +324,21 @@ def step(i):
 """
 
 
-def test_a_crash_only_a_gpu_has_happens_in_rehearsal_at_its_line(tmp_path):
-    """Shuffling under set_default_device("cuda") with the sampler's CPU generator: a GPU refuses the
-    CUDA randperm (a well-known crash at the first batch); the rehearsal must not let it pass."""
-    (tmp_path / "shuffle.py").write_text(SHUFFLE_ON_DEFAULT_CUDA)
-    a = audit("run", f"{tmp_path / 'shuffle.py'}:step", "--steps", "3", "--no-profile", "--quiet",
+def gpu_crash(tmp_path, name: str, source: str) -> dict:
+    """Audit a trainer that a GPU refuses in its first step: the run's ending, checked to be that."""
+    (tmp_path / name).write_text(source)
+    a = audit("run", f"{tmp_path / name}:step", "--steps", "3", "--no-profile", "--quiet",
               out=tmp_path / "out", env=QUIET_ENV)
     assert a.returncode == 3, a.stderr
     ending = a.evidence["ending"]
     assert (ending["status"], ending["step"], ending["exception"]) == ("raised", 0, "RuntimeError")
+    return ending
+
+
+def test_a_crash_only_a_gpu_has_happens_in_rehearsal_at_its_line(tmp_path):
+    """Shuffling under set_default_device("cuda") with the sampler's CPU generator: a GPU refuses the
+    CUDA randperm (a well-known crash at the first batch); the rehearsal must not let it pass."""
+    ending = gpu_crash(tmp_path, "shuffle.py", SHUFFLE_ON_DEFAULT_CUDA)
     assert ending["message"].startswith("Expected a 'cuda' device type for generator but found 'cpu'")
     assert "torch.Generator(device='cuda')" in ending["message"]
     assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("shuffle.py", 13)
@@ -359,12 +365,7 @@ def step(i):
 def test_labels_left_on_the_host_fail_in_rehearsal_as_on_a_gpu(tmp_path):
     """The commonest GPU crash: the model and inputs on the GPU, the labels not. On the CPU both are
     host tensors and the step runs; the rehearsal refuses the mix at the user's line, as a GPU does."""
-    (tmp_path / "labels.py").write_text(LABELS_ON_HOST)
-    a = audit("run", f"{tmp_path / 'labels.py'}:step", "--steps", "3", "--no-profile", "--quiet",
-              out=tmp_path / "out", env=QUIET_ENV)
-    assert a.returncode == 3, a.stderr
-    ending = a.evidence["ending"]
-    assert (ending["status"], ending["step"], ending["exception"]) == ("raised", 0, "RuntimeError")
+    ending = gpu_crash(tmp_path, "labels.py", LABELS_ON_HOST)
     assert ending["message"].startswith(MIXED) and "torch.cross_entropy" in ending["message"]
     line = LABELS_ON_HOST.splitlines().index("    loss = nn.functional.cross_entropy(model(x.to(device)), y)"
                                              "  # y stays on the host") + 1

@@ -180,7 +180,7 @@ except AttributeError:  # pragma: no cover - older torch
 
 
 def _version_of(t: torch.Tensor) -> int:
-    """The tensor's version counter; -1 for inference tensors, which have none."""
+    """The tensor's version counter; -1 for inference tensors (torch.inference_mode), which have none."""
     try:
         return t._version
     except RuntimeError:
@@ -644,10 +644,7 @@ class Numerics:
         the optimizer post-hook records ±max|w| after each update (one `_foreach_norm` for all),
         so weights are not reduced again in the forward pass."""
         key = id(t)
-        try:
-            version = t._version
-        except RuntimeError:  # an inference tensor (torch.inference_mode): it has no version counter
-            version = -1
+        version = _version_of(t)
         cache = self.cache
         hit = cache.get(key)
         if hit is not None and hit[1] == version and hit[0]() is t:

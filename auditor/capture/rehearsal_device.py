@@ -103,13 +103,21 @@ def _is_auditor(filename: str) -> bool:
     return v
 
 
+_HANDLE_TORCH_FUNCTION = torch.overrides.handle_torch_function.__code__
+
+
 def caller_is_user(frame: FrameType | None) -> bool:
     """Whether the call was made by the user's code (or a third-party library), not by torch or
     the auditor: only those are told the rehearsed answers (`.device` is cuda, `is_available()`),
     so torch itself keeps taking its CPU code paths and computes what the CPU run computes."""
     f = frame
-    while f is not None and f.f_code.co_name in _PASS_THROUGH and _is_auditor(f.f_code.co_filename):
-        f = f.f_back
+    while f is not None:  # up to the call's caller, past what only passes the call on:
+        if f.f_code is _HANDLE_TORCH_FUNCTION:  # a Python-level torch function (F.cross_entropy)
+            f = f.f_back.f_back if f.f_back is not None else None
+        elif f.f_code.co_name in _PASS_THROUGH and _is_auditor(f.f_code.co_filename):
+            f = f.f_back  # another mode above this one, a probe's wrapper
+        else:
+            break
     return f is not None and not is_torch_internal(f.f_code.co_filename)
 
 
@@ -176,21 +184,9 @@ def _check_devices(func: Callable, args: tuple, kwargs: dict, frame: FrameType |
     host = _host_operand(args) if args else None
     if host is None and kwargs:
         host = _host_operand(tuple(kwargs.values()))
-    if host is None or getattr(func, "__name__", "") in _CROSS_DEVICE_OK:
-        return
-    while frame is not None:  # up to the call's caller, past what only passes the call on:
-        if frame.f_code is _HANDLE_TORCH_FUNCTION:  # a Python-level torch function (F.cross_entropy)
-            frame = frame.f_back.f_back if frame.f_back is not None else None
-        elif frame.f_code.co_name in _PASS_THROUGH and _is_auditor(frame.f_code.co_filename):
-            frame = frame.f_back  # another mode above this one
-        else:
-            break
-    if not caller_is_user(frame):
+    if host is None or getattr(func, "__name__", "") in _CROSS_DEVICE_OK or not caller_is_user(frame):
         return
     refuse_mixed_devices(_op_label(func))
-
-
-_HANDLE_TORCH_FUNCTION = torch.overrides.handle_torch_function.__code__
 
 
 def _leaf_inputs_on_host(module: torch.nn.Module, args: tuple) -> None:
