@@ -17,6 +17,11 @@ Along the way it records what only a GPU would pay for, as probe tallies:
   `__getitem__`, or a factory under `torch.set_default_device("cuda")`);
 * `device-batch` (recorded by `auditor.capture.rehearsal_data`): a batch came out of a DataLoader
   already on the GPU.
+
+And it refuses, with the GPU's own error, what a GPU refuses though the CPU would run it: GPU and
+host tensors mixed in one of the user's calls or at a torch.nn layer (`_check_devices`,
+`_leaf_inputs_on_host`), `.numpy()` of a GPU tensor, a generator of the other device
+(`_check_generator`). The program then ends where it would end on the GPU.
 """
 from __future__ import annotations
 
