@@ -225,7 +225,8 @@ g_host.manual_seed(5)
 out["Generator(device=cuda)"] = [str(g.device), isinstance(g, torch.Generator),
                                  isinstance(torch.default_generator, torch.Generator),
                                  device_of(torch.randn(4, device=g.device, generator=g)),
-                                 device_of(xc.clone().normal_(generator=g))]
+                                 device_of(xc.clone().normal_(generator=g)),
+                                 device_of(torch.normal(mean=xc, std=1.0, generator=g))]  # a GPU tensor by keyword
 g.manual_seed(5)
 out["a CUDA generator draws the CPU's numbers"] = torch.equal(torch.randn(4, device="cuda", generator=g).cpu(),
                                                               torch.randn(4, generator=g_host))
@@ -275,7 +276,7 @@ EXPECTED = {
     "autocast(cuda)": "torch.float16",  # the GPU's default autocast dtype, on CPU autocast
     "GradScaler(cuda)": "cpu",
     "set_default_device(cuda)": ["cuda:0", "cuda", "cuda:0"],
-    "Generator(device=cuda)": ["cuda:0", True, True, "cuda", "cuda"],
+    "Generator(device=cuda)": ["cuda:0", True, True, "cuda", "cuda", "cuda"],
     "a CUDA generator draws the CPU's numbers": True,
     # what a GPU raises (pytorch's check_generator), and so what the rehearsal raises
     "a generator of the other device": ["Expected a 'cpu' device type for generator but found 'cuda'",

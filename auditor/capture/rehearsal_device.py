@@ -505,19 +505,20 @@ class RehearsalMode(TorchFunctionMode):
                 kwargs = {**kwargs, "device": CPU}
                 requested = True
             propagate = not requested
+        on_gpu_inputs = propagate and (_args_marked(args) or _args_marked(tuple(kwargs.values())))
         gen = kwargs.get("generator")
         if gen is not None:
-            _check_generator(gen, requested or (propagate and _args_marked(args)))
+            _check_generator(gen, requested or on_gpu_inputs)
         pinned = bool(kwargs.get("pin_memory"))
         if pinned:
             kwargs = {**kwargs, "pin_memory": False}
-        if propagate and (_args_marked(args) or _args_marked(tuple(kwargs.values()))):
+        if on_gpu_inputs:
             _check_devices(func, args, kwargs, sys._getframe(2))
         out = func(*args, **kwargs)
         if requested:
             _mark_results(out, args, kwargs)
             self._requested(func, out, args, sys._getframe(2))
-        elif propagate and (_args_marked(args) or _args_marked(tuple(kwargs.values()))):
+        elif on_gpu_inputs:
             _mark_results(out, args, kwargs)
         if pinned:
             for t in _tensors(out):
