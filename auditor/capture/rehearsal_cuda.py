@@ -196,10 +196,6 @@ class StreamContext:
         return None
 
 
-def _stream_context(stream: Stream | None = None) -> StreamContext:
-    return StreamContext(stream)
-
-
 # --- RNG -----------------------------------------------------------------------------------------
 
 class _Rng:
@@ -350,7 +346,7 @@ def _cuda_table(real: Any) -> dict[str, tuple[Callable[..., Any], Callable[..., 
         "current_stream": (lambda *a, **k: _STREAM, None),
         "default_stream": (lambda *a, **k: _STREAM, None),
         "set_stream": (none, None),
-        "stream": (_stream_context, None),
+        "stream": (StreamContext, None),
     }
 
 
