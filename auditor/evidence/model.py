@@ -6,6 +6,7 @@ path. Nothing here imports torch.
 """
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import msgspec
@@ -162,22 +163,15 @@ class Evidence(msgspec.Struct, dict=True):
 
     def median_step_ms(self) -> float | None:
         times = self.step_ms() or self.step_ms(include_profiled=True)
-        if not times:
-            return None
-        times = sorted(times)
-        mid = len(times) // 2
-        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+        return statistics.median(times) if times else None
 
     def median_check_ms(self) -> float | None:
         """Median time per step the numerics checks took inside the step (its wall time includes
         it): how much of a step's time is the audit's own. None when no step was checked."""
-        times = sorted(d["check_in_step_ms"] for s in self.steps
-                       if not s.failed and not s.profiled
-                       and isinstance(d := s.extra.get("numerics"), dict) and isinstance(d.get("check_in_step_ms"), (int, float)))
-        if not times:
-            return None
-        mid = len(times) // 2
-        return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+        times = [d["check_in_step_ms"] for s in self.steps
+                 if not s.failed and not s.profiled and isinstance(d := s.extra.get("numerics"), dict)
+                 and isinstance(d.get("check_in_step_ms"), (int, float))]
+        return statistics.median(times) if times else None
 
     def tallies(self, kind: str, include_setup: bool = False) -> list[tuple[int, Tally]]:
         """(step index, tally) for every tally of a kind; step -1 is setup (import time)."""
