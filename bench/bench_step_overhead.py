@@ -116,17 +116,14 @@ def main() -> None:
 
     def install():
         probes.install()
-        collectors.extend(load_collectors())
+        # as the child does: --no-numerics loads no numerics collector (no hooks at all)
+        collectors.extend(load_collectors(skip=("numerics",) if args.no_numerics else ()))
         for c in collectors:
             c.install()
 
     # the copies are made with everything installed, as the child makes the user's objects
     swap = Swap(install)
     rec = probes.REC
-    if args.no_numerics:
-        for c in collectors:
-            if c.name == "numerics":
-                c.checking = False
     a, b = load_copy("clean_a"), load_copy("clean_b")
     reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     out = Writer(reader.stdin.fileno())

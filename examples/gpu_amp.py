@@ -1,5 +1,6 @@
 """A mixed-precision GPU trainer: float16 autocast with a GradScaler, pinned batches copied with
-non_blocking=True -- and the loss logged with `.item()` every step, which waits for the GPU. On a
+non_blocking=True -- and the loss logged with `.item()` every step, which waits for the GPU, as
+does `scaler.step` with an optimizer that is not fused (it reads found_inf with `.item()`). On a
 machine without a GPU, `audit run` rehearses it on the CPU: CPU autocast in float16 and a CPU
 GradScaler do the same arithmetic."""
 import torch
@@ -35,6 +36,6 @@ def step(i):
     with torch.autocast(DEVICE, dtype=torch.float16):
         loss = F.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
-    scaler.step(opt)
+    scaler.step(opt)  # expect: host-sync
     scaler.update()
     losses.append(loss.item())  # expect: host-sync

@@ -6,7 +6,7 @@ from statistics import median
 
 import pytest
 
-from conftest import EXAMPLES, expected_lines
+from conftest import EXAMPLES, audit, expected_lines
 
 STEPS = 30
 
@@ -79,6 +79,46 @@ def test_host_sync_counts_each_site_on_cpu_as_info(example_audit):
     assert sites["Tensor.item"]["count"] == STEPS and sites["int(Tensor)"]["count"] == STEPS
     assert f["evidence"]["syncs_per_step"] == 2.0
     assert a.rule("host-sync") and not example_audit("clean").rule("host-sync")
+
+
+AMP_TRAINER = """import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused={fused})
+scaler = torch.amp.GradScaler("cpu")
+x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+
+
+def step():
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+@pytest.mark.parametrize("fused", [None, True])
+def test_grad_scaler_step_sync_is_the_users_unless_the_optimizer_is_fused(tmp_path, fused):
+    """GradScaler.step reads found_inf with .item() inside torch: the user's own line pays for it,
+    every step, and a fused optimizer (the fix) takes the check on the device instead."""
+    trainer = tmp_path / "amp_trainer.py"
+    trainer.write_text(AMP_TRAINER.format(fused=fused))
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    found = a.rule("host-sync")
+    if fused:
+        assert found == []
+        return
+    (f,) = found
+    (site,) = f["evidence"]["sites"]
+    assert (site["what"], site["line"], site["count"]) == ("GradScaler.step", 17, 6)
+    assert f["locations"][0]["file"] == str(trainer)
+    assert f["fix"]["config"] == {"optimizer": {"fused": True}} and "fused=True" in f["fix"]["summary"]
 
 
 def test_peak_stats_reset_on_a_cpu_machine(example_audit):

@@ -46,7 +46,9 @@ class Recorder:
         self.active = False  # DataLoader workers: their calls are not the step's
 
     def on(self) -> bool:
-        return self.active and os.getpid() == self.pid
+        # (no getpid here: it runs in every probe, and the fork hook already switches forked
+        # children off)
+        return self.active
 
     def add(self, kind: str, what: str, where: FrameKey, ms: float = 0.0, **data: Any) -> None:
         key = (kind, what, where, tuple(sorted(data.items())))
@@ -111,21 +113,56 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
 
 # --- device->host synchronisations -------------------------------------------------------------
 
+# torch's own code that syncs on every call of a public API the user makes: that wait is the
+# user's cost, at the line of their call. GradScaler.step reads each device's found_inf with
+# `.item()` before it lets the optimizer step, unless the optimizer is fused (Adam, AdamW, SGD with
+# fused=True), which takes the inf check on the device itself. Code object -> what it is called.
+_INTERNAL_SYNCS: dict[Any, str] = {}
+
+
+def _register_internal_syncs() -> None:
+    try:
+        from torch.amp.grad_scaler import GradScaler
+
+        code = GradScaler._maybe_opt_step.__code__
+    except (ImportError, AttributeError):
+        return
+    _INTERNAL_SYNCS[code] = "GradScaler.step"
+    for c in code.co_consts:  # the generator expression that calls .item()
+        if hasattr(c, "co_code"):
+            _INTERNAL_SYNCS[c] = "GradScaler.step"
+
+
+def _internal_sync_device(f: Any, t: Any) -> str:
+    """The device a sync made on the user's behalf waits for: the tensor's, or the device the
+    owning GradScaler was created for (in CUDA rehearsal a "cuda" scaler does its arithmetic on
+    host tensors, and says so in `_audit_device`)."""
+    while f is not None and f.f_code in _INTERNAL_SYNCS:
+        owner = f.f_locals.get("self")
+        if owner is not None:
+            return getattr(owner, "_audit_device", None) or DEVICE_OF(t)
+        f = f.f_back
+    return DEVICE_OF(t)
+
+
 def _sync_method(what: str, applies: Callable[..., bool] | None = None):
     def make(orig):
         def probe(self, *args, **kwargs):
             rec = REC
             if rec.on() and not rec.in_data:
-                f = _user_call()
-                if f is not None and (applies is None or applies(self, *args, **kwargs)):
-                    dev = DEVICE_OF(self)
+                f = sys._getframe(1)
+                label: str | None = what
+                if is_torch_internal(f.f_code.co_filename):  # torch calling itself: not the user's
+                    label = _INTERNAL_SYNCS.get(f.f_code)  # ...unless on the user's behalf
+                if label is not None and (applies is None or applies(self, *args, **kwargs)):
+                    dev = DEVICE_OF(self) if label is what else _internal_sync_device(f, self)
                     if JUDGE_AS_CUDA and dev != "cuda":
                         return orig(self, *args, **kwargs)  # a host tensor: nothing to wait for
                     t0 = perf()
                     try:
                         return orig(self, *args, **kwargs)
                     finally:
-                        rec.add(m.SYNC, what, user_frame(f), (perf() - t0) * 1e3, device=dev)
+                        rec.add(m.SYNC, label, user_frame(f), (perf() - t0) * 1e3, device=dev)
             return orig(self, *args, **kwargs)
         return probe
     return make
@@ -148,6 +185,7 @@ def _single_element(self, *args, **kwargs) -> bool:
 
 
 def _install_sync_probes() -> None:
+    _register_internal_syncs()
     T = torch.Tensor
     for name in ("item", "tolist", "numpy", "cpu", "nonzero", "masked_select"):
         _wrap(T, name, _sync_method(f"Tensor.{name}"))

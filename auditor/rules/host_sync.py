@@ -18,6 +18,8 @@ ADVICE = {
     "Tensor.masked_select": "multiply by the mask or use torch.where to keep shapes static",
     "torch.masked_select": "multiply by the mask or use torch.where to keep shapes static",
     "torch.cuda.synchronize": "remove explicit synchronize() calls from the step (profilers sync for you)",
+    "GradScaler.step": "create the optimizer with fused=True (Adam, AdamW, SGD): GradScaler.step then hands it "
+                       "the inf check on the device instead of reading found_inf with .item() every step",
 }
 
 
@@ -27,6 +29,8 @@ class HostSync(Rule):
         Calls inside the step that make the host wait for the device: `.item()`, `.cpu()`,
         `.tolist()`, `.numpy()`, `float(t)`, `int(t)`, `bool(t)` / `if t`, `print(t)`, `nonzero`,
         `masked_select`, `.to("cpu")`, `torch.cuda.synchronize()`; counted per step with their line.
+        Also the sync torch makes on the user's behalf: `GradScaler.step(opt)` reads found_inf
+        with `.item()` every step unless the optimizer is fused.
         On a recorded GPU trace: cudaStreamSynchronize / cudaDeviceSynchronize / synchronous DtoH
         copies attributed to the op that issued them.
 
@@ -41,6 +45,7 @@ class HostSync(Rule):
 
     Fix:
         Fetch values every N steps, keep accumulators on the device, avoid data-dependent shapes.
+        With a GradScaler: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD).
 
     Evidence needed:
         A run (probes on the sync APIs), or a profiler trace with CUDA runtime events.
@@ -101,5 +106,14 @@ class HostSync(Rule):
             evidence={"syncs_per_step": round(per_step, 2), "sites": sites, "measured_on_device": real,
                       "judged_as_gpu_code": as_gpu},
             cost=cost,
-            fix=Fix(summary="; ".join(advice) + ".", config={"log_every_n_steps": 50}),
+            fix=Fix(summary="; ".join(advice) + ".", config=_config(places)),
         )
+
+
+def _config(places: list) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if any(p.what != "GradScaler.step" for p in places):
+        config["log_every_n_steps"] = 50
+    if any(p.what == "GradScaler.step" for p in places):
+        config["optimizer"] = {"fused": True}
+    return config
