@@ -367,3 +367,82 @@ def test_no_numerics_turns_the_checks_off(tmp_path):
     assert a.findings_doc["steps"]["numerics_check_median_ms"] is None
     skipped = {s["rule"]: s["reason"] for s in a.findings_doc["skipped_rules"]}
     assert "--no-numerics" in skipped["nonfinite"] and "--no-numerics" in skipped["grad-explosion"]
+
+
+LBFGS_NAN = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+x = torch.randn(64, 8)
+scale = torch.ones(64, 1)
+
+
+def closure():
+    opt.zero_grad()
+    z = model(x)
+    loss = (torch.log(scale) * z).pow(2).mean() + z.pow(2).mean()  # LOG LINE
+    loss.backward()
+    return loss
+
+
+def step(i):
+    if i == 3:
+        scale[5] = 0.0  # a zero reaches the log: -inf, then nan
+    opt.step(closure)
+"""
+
+
+def test_an_optimizer_closure_is_checked_like_the_step(tmp_path):
+    """LBFGS runs the model inside opt.step(closure), where the update's own ops are not checked:
+    the closure is the step's forward and backward, and is checked (it was not: no loss, no op,
+    no gradient was seen, so a NaN had no origin). It trains exactly as it does plainly."""
+    trainer = tmp_path / "lbfgs_nan.py"
+    trainer.write_text(LBFGS_NAN)
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("nonfinite")
+    assert f["evidence"]["first_step"] == 3 and f["evidence"]["op"] == "torch.log"
+    line = LBFGS_NAN.splitlines().index(
+        "    loss = (torch.log(scale) * z).pow(2).mean() + z.pow(2).mean()  # LOG LINE") + 1
+    assert (str(trainer), line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
+    healthy = numerics(a)[:3]
+    assert all(d["losses"] > 1 for d in healthy)  # every evaluation of the closure in the step
+    assert all(d["opt_steps"][0]["grad_norm"] > 0 for d in healthy)  # as the first update saw them
+    p = subprocess.run([sys.executable, "-c", PARITY, str(EXAMPLES), f"{trainer}=3"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, **ONE_THREAD})
+    assert p.returncode == 0, p.stderr
+    [[_, plain, audited]] = [line.split() for line in p.stdout.splitlines()]
+    assert plain == audited
+
+
+FLOAT64 = """
+import torch
+from torch import nn
+
+torch.set_default_dtype(torch.float64)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x, y = torch.randn(64, 16), torch.randn(64, 1)
+
+
+def step(i):
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_a_float64_model_keeps_the_checks_on(tmp_path):
+    """Gradient norms were taken in float32, which torch refuses for float64 gradients: every step
+    raised inside the collector until it turned itself off."""
+    trainer = tmp_path / "f64.py"
+    trainer.write_text(FLOAT64)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr
+    steps = numerics(a)
+    assert [d.get("collector_error") for d in steps] == [None] * 4
+    assert all(d["opt_steps"][0]["grad_norm"] > 0 and d["loss"] > 0 for d in steps)

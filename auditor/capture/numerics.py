@@ -781,9 +781,9 @@ class Numerics:
 
     # --- optimizer hooks ------------------------------------------------------------------------
 
-    def _opt_pre(self, opt, args, kwargs) -> None:
+    def _opt_pre(self, opt, args, kwargs) -> tuple | None:
         if _compiling():
-            return
+            return None
         # The update's own ops (hundreds per step) are judged through the parameters afterwards:
         # take the mode off the stack for the step rather than pass each of them through.
         self.paused += 1
@@ -791,7 +791,22 @@ class Numerics:
             torch.overrides._pop_mode()
             self.mode_popped += 1
         if not self.in_step or not self.checking:
-            return
+            return None
+        # (args are step()'s own: the optimizer first)
+        closure = kwargs["closure"] if "closure" in kwargs else args[1] if len(args) > 1 else None
+        if callable(closure):
+            # LBFGS (or any optimizer given a closure) runs the model inside step(): the closure
+            # is checked like the rest of the step, and the gradients are read after its first
+            # evaluation, as the update sees them. (An optimizer pre-hook may hand step() new
+            # arguments; the closure computes what it did.)
+            wrapped = self._checked_closure(opt, closure)
+            if "closure" in kwargs:
+                return args, {**kwargs, "closure": wrapped}
+            return (args[0], wrapped, *args[2:]), kwargs
+        self._record_grads(opt)
+        return None
+
+    def _record_grads(self, opt) -> None:
         t0 = perf()
         grad_mode = torch.is_grad_enabled()
         try:
@@ -802,6 +817,27 @@ class Numerics:
         finally:
             torch._C._set_grad_enabled(grad_mode)
         self.check_s += perf() - t0
+
+    def _checked_closure(self, opt, closure: Callable) -> Callable:
+        first = [True]
+
+        def closure_checked():
+            self.paused -= 1
+            pushed = False
+            if self.mode_popped and self.checking and torch.overrides._get_current_function_mode() is not self.mode:
+                torch.overrides._push_mode(self.mode)
+                pushed = True
+            try:
+                return closure()
+            finally:
+                if pushed and torch.overrides._get_current_function_mode() is self.mode:
+                    torch.overrides._pop_mode()
+                self.paused += 1
+                if first[0] and self.in_step and self.checking:
+                    first[0] = False
+                    self._record_grads(opt)
+
+        return closure_checked
 
     def _opt_post(self, opt, args, kwargs) -> None:
         if _compiling():
@@ -889,9 +925,12 @@ class Numerics:
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         for t in tensors:
             by_device.setdefault(t.device, []).append(t)
+        # accumulated in float32 at least (a float16 norm overflows at 65504), float64 if any
+        # gradient is float64 (the norm refuses to narrow it)
+        dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
         if len(by_device) == 1 and tensors[0].is_cpu:  # read at once: no stack, no transfer
-            return self.values.add_host([_TB.item(n) for n in torch._foreach_norm(tensors, 2, dtype=torch.float32)])
-        parts = [torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float32)) for ts in by_device.values()]
+            return self.values.add_host([_TB.item(n) for n in torch._foreach_norm(tensors, 2, dtype=dtype)])
+        parts = [torch.stack(torch._foreach_norm(ts, 2, dtype=dtype)) for ts in by_device.values()]
         return self.values.add(parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts]))
 
     def _grads(self, opt) -> dict[str, Any]:
