@@ -121,6 +121,47 @@ def test_grad_scaler_step_sync_is_the_users_unless_the_optimizer_is_fused(tmp_pa
     assert f["fix"]["config"] == {"optimizer": {"fused": True}} and "fused=True" in f["fix"]["summary"]
 
 
+NEW_ITERATOR_EACH_STEP = """import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(2048, 32), torch.randn(2048, 1))
+loader = DataLoader(data, batch_size=128, shuffle=True, num_workers=2)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+
+
+def step():
+    x, y = next(iter(loader))  # a new iterator: its two workers start every step
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_a_new_dataloader_iterator_every_step(tmp_path):
+    """`next(iter(loader))` in the step starts the loader's workers every step (and stops the last
+    ones): that time is the step's data wait too, and the finding says where the iterator is made
+    and that making it once is the fix."""
+    trainer = tmp_path / "reiter.py"
+    trainer.write_text(NEW_ITERATOR_EACH_STEP)
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("dataloader-bound")
+    ev = f["evidence"]
+    assert ev["iterator_per_step"] is True and ev["steps_making_an_iterator"] == 6
+    made = sorted(sum(t["ms"] for t in s["tallies"] if t["kind"] == "data-iter") for s in a.evidence["steps"])
+    assert ev["median_iterator_ms"] == pytest.approx((made[2] + made[3]) / 2, abs=1e-3) and made[0] > 0
+    iter_line = NEW_ITERATOR_EACH_STEP.splitlines().index(
+        "    x, y = next(iter(loader))  # a new iterator: its two workers start every step") + 1
+    assert (str(trainer), iter_line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
+    assert f"made in 6 of 6 steps at line {iter_line}" in f["message"] and "2 worker processes" in f["message"]
+    assert f["fix"]["summary"].startswith("Make the iterator once, outside the step")
+    # the wait now holds most of the step: starting workers, then waiting for their first batch
+    assert ev["median_share"] > 0.5
+
+
 def test_peak_stats_reset_on_a_cpu_machine(example_audit):
     a = example_audit("peak_stats_reset")
     f = the_finding(a, "peak-stats-reset")

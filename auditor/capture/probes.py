@@ -432,9 +432,45 @@ def _install_dataloader_probes() -> None:
                         loader=getattr(self, "_audit_loader_id", 0))
         return probe
 
+    def make_loader_iter(orig):
+        # iter(loader) starts a multiprocessing iterator's workers (a process each): in a step
+        # (`next(iter(loader))`) that is paid every step
+        def probe(self):
+            rec = REC
+            if not rec.on() or rec.in_data:
+                return orig(self)
+            f = sys._getframe(1)
+            rec.in_data += 1
+            t0 = perf()
+            try:
+                return orig(self)
+            finally:
+                rec.in_data -= 1
+                rec.add(m.DATA_ITER, "DataLoader.__iter__", user_frame(f), (perf() - t0) * 1e3,
+                        loader=id(self), workers=getattr(self, "num_workers", 0) or 0)
+        return probe
+
+    def make_shutdown(orig):
+        # an iterator dropped before its end joins its workers (in __del__, at the user's line that
+        # dropped it); at an epoch's end this runs inside __next__, already timed there
+        def probe(self, *args, **kwargs):
+            rec = REC
+            if not rec.on() or rec.in_data or getattr(self, "_shutdown", True):
+                return orig(self, *args, **kwargs)
+            t0 = perf()
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                rec.add(m.DATA_ITER, "DataLoader worker shutdown", user_frame(sys._getframe(1)),
+                        (perf() - t0) * 1e3, loader=getattr(self, "_audit_loader_id", 0),
+                        workers=getattr(self, "_num_workers", 0) or 0)
+        return probe
+
     _wrap(dl.DataLoader, "__init__", make_init)
+    _wrap(dl.DataLoader, "__iter__", make_loader_iter)
     _wrap(dl._BaseDataLoaderIter, "__init__", make_iter_init)
     _wrap(dl._BaseDataLoaderIter, "__next__", make_next)
+    _wrap(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", make_shutdown)
 
 
 def install() -> Recorder:

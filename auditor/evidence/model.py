@@ -22,6 +22,9 @@ STAT_RESET = "stat-reset"  # torch.cuda.reset_peak_memory_stats and friends
 EMPTY_CACHE = "empty-cache"  # torch.cuda.empty_cache
 GC_COLLECT = "gc-collect"  # gc.collect
 DATA_WAIT = "data-wait"  # time inside DataLoader iteration (__next__)
+# a DataLoader iterator made (iter(loader), a `for` over it: starts its worker processes) or its
+# workers shut down (an iterator dropped) in the step; data: loader, workers
+DATA_ITER = "data-iter"
 FORWARD = "forward"  # outermost nn.Module call (timed by global module hooks)
 OPTIMIZER = "optimizer"  # Optimizer.step
 CUDA_STANDIN = "cuda-standin"  # a torch.cuda call answered as an idle device would (no CUDA here)

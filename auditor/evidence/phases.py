@@ -11,6 +11,7 @@ from auditor.evidence import model as m
 PHASES = ("data", "forward", "backward", "optimizer", "sync", "cleanup", "other")
 _KIND_TO_PHASE = {
     m.DATA_WAIT: "data",
+    m.DATA_ITER: "data",
     m.FORWARD: "forward",
     m.BACKWARD: "backward",
     m.OPTIMIZER: "optimizer",

@@ -29,7 +29,9 @@ class DataloaderBound(Rule):
     """
     What it detects:
         Steps that spend a large share of their time waiting in DataLoader iteration (`__next__`):
-        loading in the main process (num_workers=0), too little prefetch, a heavy `__getitem__`.
+        loading in the main process (num_workers=0), too little prefetch, a heavy `__getitem__`,
+        or a new iterator made every step (`next(iter(loader))`), which starts the workers anew
+        each time (the time to make iterators and stop their workers counts as waiting).
         On a recorded trace: the DataLoader `__next__` share of each ProfilerStep.
 
     Why it costs:
@@ -70,17 +72,28 @@ class DataloaderBound(Rule):
         steps = [s for s in ev.steps if not s.profiled] or ev.steps
         if not steps:
             return
-        shares, waits, loader_ids = [], [], {}
+        shares, waits, loader_ids, iter_ms, iter_steps, iter_where = [], [], {}, [], 0, None
         for s in steps:
-            wait = sum(t.ms for t in s.tallies if t.kind == m.DATA_WAIT)
+            wait = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER))
+            made = 0.0
             for t in s.tallies:
                 if t.kind == m.DATA_WAIT:
                     loader_ids[t.data.get("loader")] = t.where
+                elif t.kind == m.DATA_ITER:
+                    made += t.ms
+                    if t.what == "DataLoader.__iter__":
+                        iter_where = iter_where or t.where
+                        loader_ids.setdefault(t.data.get("loader"), t.where)
+            iter_steps += any(t.kind == m.DATA_ITER and t.what == "DataLoader.__iter__" for t in s.tallies)
+            iter_ms.append(made)
             shares.append(wait / s.ms if s.ms else 0.0)
             waits.append(wait)
         share = median(shares)
         if share < options["min-share"] or median(waits) < options["min-wait-ms"]:
             return
+        # a new iterator in most steps (`next(iter(loader))`): its workers start (and the last
+        # one's stop) every step; the fix is to make the iterator once, outside the step
+        per_step_iter = iter_steps >= 0.5 * len(steps) and median(iter_ms) > 0.0
         loaders = [d for d in ev.dataloaders if d.id in loader_ids] or ev.dataloaders
         loader = loaders[0] if loaders else None
         settings = loader.settings if loader else {}
@@ -94,18 +107,30 @@ class DataloaderBound(Rule):
             if edit:
                 edits.append(edit)
         it_where = loader_ids.get(loader.id if loader else None)
+        if per_step_iter and iter_where:
+            it_where = iter_where
         if it_where:
             locs.append(Location.of(it_where))
         wait_ms = median(waits)
+        message = (f"The step waits {wait_ms:.1f} ms for data ({share * 100:.0f}% of the median step) with "
+                   f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
+        summary = "Load batches in worker processes ahead of the step: " + ", ".join(f"{k}={v!r}" for k, v in rec.items()) + "."
+        if per_step_iter:
+            workers = settings.get("num_workers") or 0
+            message += (f" A new DataLoader iterator is made in {iter_steps} of {len(steps)} steps"
+                        + (f" at line {iter_where.line}" if iter_where else "")
+                        + f" ({median(iter_ms):.1f} ms a step"
+                        + (f", starting its {workers} worker processes each time" if workers else "") + ").")
+            summary = ("Make the iterator once, outside the step (`it = iter(loader)` at module level, then "
+                       "`next(it)` in the step, re-made at StopIteration), so its workers start once. " + summary)
         yield self.finding(
-            f"The step waits {wait_ms:.1f} ms for data ({share * 100:.0f}% of the median step) with "
-            f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.",
+            message,
             locations=locs,
             evidence={"median_share": round(share, 4), "median_wait_ms": round(wait_ms, 3),
-                      "max_share": round(max(shares), 4), "settings": settings},
+                      "max_share": round(max(shares), 4), "settings": settings,
+                      "iterator_per_step": per_step_iter, "steps_making_an_iterator": iter_steps,
+                      "median_iterator_ms": round(median(iter_ms), 3)},
             cost=Cost(ms_per_step=round(wait_ms, 3), share_of_step=round(share, 4), measured=True,
                       note="most of this overlaps with compute once workers load ahead"),
-            fix=Fix(summary="Load batches in worker processes ahead of the step: "
-                            + ", ".join(f"{k}={v!r}" for k, v in rec.items()) + ".",
-                    config={f"DataLoader.{k}": v for k, v in rec.items()}, edits=edits),
+            fix=Fix(summary=summary, config={f"DataLoader.{k}": v for k, v in rec.items()}, edits=edits),
         )
