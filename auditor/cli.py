@@ -35,7 +35,9 @@ def _default_out(name: str) -> Path:
 
 
 def _exit_code(evidence, results, fail_on: str | None) -> int:
-    if evidence.source == "run" and evidence.ending.status != "completed":
+    from auditor.evidence.model import ended_well
+
+    if evidence.source == "run" and not ended_well(evidence.ending):
         return EXIT_TARGET_FAILED
     if fail_on and any(severity_rank(f.severity) >= severity_rank(fail_on) for f in results.findings):
         return EXIT_FAIL_ON

@@ -62,6 +62,22 @@ def test_step_that_raises(tmp_path):
     assert (tmp_path / "out" / "report.html").is_file()
 
 
+@pytest.mark.parametrize("code,status,exit_code", [("0", "exited", 0), ("", "exited", 0), ("2", "raised", 3)])
+def test_sys_exit_in_a_step(tmp_path, code, status, exit_code):
+    """A program that stops itself on purpose (`sys.exit(0)` on convergence) has not failed: the
+    run ends `exited` at that step, the steps before it are reported, and `audit run` exits 0.
+    A non-zero exit code is a failure (exit 3)."""
+    path = write_trainer(tmp_path, f"raise SystemExit({code})")
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
+    assert a.returncode == exit_code, a.stderr
+    end = a.findings_doc["ending"]
+    assert (end["status"], end["step"], end["exception"]) == (status, 3, "SystemExit")
+    assert a.findings_doc["steps"]["count"] == 4
+    if status == "exited":
+        assert "stopped itself" in end["message"]
+        assert "The run ended: <strong>exited</strong> in step 3" in (a.out / "report.html").read_text()
+
+
 def test_keyboard_interrupt(tmp_path):
     a, doc = run_ending(tmp_path, "os.kill(os.getpid(), signal.SIGINT)")
     assert doc["ending"]["status"] == "interrupted" and doc["ending"]["step"] == 3

@@ -32,6 +32,18 @@ def test_step_with_two_required_arguments(tmp_path):
     one_line_error(audit("run", f"{path}:step", out=tmp_path / "o"), "no argument or one")
 
 
+@pytest.mark.parametrize("source,contains", [
+    ("def step(i):\n    yield i\n", "step is a generator function"),
+    ("async def step(i):\n    return i\n", "step is an async function"),
+])
+def test_a_step_whose_call_runs_nothing(tmp_path, source, contains):
+    """Calling a generator or async function returns at once and runs none of its body: auditing
+    it would report a clean, instant run of nothing."""
+    path = tmp_path / "t.py"
+    path.write_text(source)
+    one_line_error(audit("run", f"{path}:step", "--steps", "2", out=tmp_path / "o"), contains)
+
+
 @pytest.mark.parametrize("args,contains", [
     (("run", "examples/clean.py:step", "--steps", "0"), "--steps"),
     (("run", "examples/clean.py:step", "--select", "no-such-rule"), "unknown rule id 'no-such-rule'"),

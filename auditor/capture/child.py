@@ -122,12 +122,17 @@ def _frame_of_exception(exc: BaseException) -> dict | None:
 def _ending(exc: BaseException, step: int | None) -> dict:
     if isinstance(exc, KeyboardInterrupt):
         status = "interrupted"
+    elif isinstance(exc, SystemExit) and exc.code in (0, None):
+        status = "exited"  # sys.exit(0) / exit(): the program stopped itself, not a failure
     elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or any(
             s in str(exc) for s in OOM_MESSAGES):
         status = "oom"
     else:
         status = "raised"
-    return {"status": status, "step": step, "exception": type(exc).__name__, "message": str(exc)[:2000],
+    message = str(exc)[:2000]
+    if status == "exited":
+        message = f"the program stopped itself (sys.exit({exc.code!r})), as it would without the audit"
+    return {"status": status, "step": step, "exception": type(exc).__name__, "message": message,
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
             "where": _frame_of_exception(exc)}
 

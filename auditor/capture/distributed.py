@@ -183,7 +183,7 @@ class RankSession:
             click.echo(f"audit: rank {env.rank}: {len(evidence.steps)} step(s), run {status}; "
                        f"evidence in {self.run_dir}")
             if not env.merges():
-                return 0 if status == "completed" else 3
+                return 0 if m.ended_well(evidence.ending) else 3
             dirs = wait_for_ranks(self.root, env.world_size, env.run_id, timeout_s, lambda: self.stopped)
             merged = merge_runs([(_load(d), d) for d in dirs], world_size=env.world_size, out=self.root)
             return report(merged, self.root)

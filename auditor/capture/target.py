@@ -82,6 +82,15 @@ def import_target(target: Target) -> tuple[types.ModuleType, Callable, str | Non
 
 def step_arity(fn: Callable) -> int:
     """0 or 1: whether the step takes the step index. Anything else is a usage error."""
+    # calling these returns a generator or coroutine and runs none of the body: every "step"
+    # would do nothing, and the audit would report a clean, instant run
+    name = getattr(fn, "__name__", "the step")
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TargetError(f"{name} is a generator function: calling it runs none of its body; "
+                          f"audit a plain function that does one step")
+    if inspect.iscoroutinefunction(fn):
+        raise TargetError(f"{name} is an async function: calling it runs none of its body; "
+                          f"audit a plain function that runs one step (e.g. with asyncio.run)")
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):

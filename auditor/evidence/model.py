@@ -114,7 +114,8 @@ class ProfileWindow(msgspec.Struct):
 
 
 class Ending(msgspec.Struct):
-    """How the run ended. status: completed | raised | interrupted | oom | crashed."""
+    """How the run ended. status: completed | exited (the program stopped itself with sys.exit(0),
+    as it does without the audit) | raised | interrupted | oom | crashed."""
 
     status: str = "completed"
     step: int | None = None  # the step it ended in, if inside one
@@ -125,6 +126,12 @@ class Ending(msgspec.Struct):
     returncode: int | None = None
     signal: str | None = None
     stderr_tail: str | None = None
+
+
+def ended_well(ending: Ending) -> bool:
+    """Whether the target did not fail: it ran every step, or stopped itself with a zero exit
+    code after at least one step (an early stop on convergence)."""
+    return ending.status == "completed" or (ending.status == "exited" and ending.step is not None)
 
 
 class Evidence(msgspec.Struct, dict=True):

@@ -353,7 +353,7 @@ def _launcher_stopped(ev: m.Evidence) -> bool:
 def _root_failure(runs: list[tuple[int, m.Evidence]]) -> tuple[int, m.Evidence] | None:
     """The rank whose failure started it: a rank that failed on its own before one a launcher stopped,
     then the earliest to end."""
-    failed = [(r, ev) for r, ev in runs if ev.ending.status != "completed"]
+    failed = [(r, ev) for r, ev in runs if not m.ended_well(ev.ending)]
     if not failed:
         return None
     return min(failed, key=lambda p: (_launcher_stopped(p[1]),
