@@ -121,6 +121,42 @@ def test_grad_scaler_step_sync_is_the_users_unless_the_optimizer_is_fused(tmp_pa
     assert f["fix"]["config"] == {"optimizer": {"fused": True}} and "fused=True" in f["fix"]["summary"]
 
 
+SUMMARY_WRITER = """import torch
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+x, y = torch.randn(256, 32), torch.randn(256, 1)
+writer = SummaryWriter({logdir!r})
+
+
+def step(i):
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    writer.add_scalar("loss", loss, i)  # a tensor: fetched from the device at every call
+"""
+
+
+def test_summary_writer_fetching_a_tensor_is_the_users_sync(tmp_path):
+    """torch.utils.tensorboard ships inside torch, but it is a logger the user calls: its
+    `.cpu()` of the logged tensor is a sync at the user's add_scalar line (counted once, not
+    again for the `.numpy()` of the host copy)."""
+    trainer = tmp_path / "tb_logging.py"
+    trainer.write_text(SUMMARY_WRITER.format(logdir=str(tmp_path / "logs")))
+    a = audit("run", f"{trainer}:step", "--steps", "5", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("host-sync")
+    [site] = f["evidence"]["sites"]
+    line = SUMMARY_WRITER.splitlines().index(
+        '    writer.add_scalar("loss", loss, i)  # a tensor: fetched from the device at every call') + 1
+    assert (site["what"], site["line"], site["count"]) == ("SummaryWriter: Tensor.cpu", line, 5)
+    assert f["evidence"]["syncs_per_step"] == 1.0 and "SummaryWriter.add_* every N steps" in f["fix"]["summary"]
+
+
 NEW_ITERATOR_EACH_STEP = """import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset

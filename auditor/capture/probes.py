@@ -118,6 +118,21 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
 # `.item()` before it lets the optimizer step, unless the optimizer is fused (Adam, AdamW, SGD with
 # fused=True), which takes the inf check on the device itself. Code object -> what it is called.
 _INTERNAL_SYNCS: dict[Any, str] = {}
+_INTERNAL_SYNCS_LABELS = ("GradScaler.step",)
+
+
+# torch.utils.tensorboard is a logging library that ships inside torch: SummaryWriter.add_scalar
+# of a device tensor fetches it (`.cpu()`) at the user's call, like any logger
+_TB_DIR = os.path.normcase(os.path.join(os.path.realpath(os.path.dirname(torch.__file__)), "utils", "tensorboard"))
+_in_tb: dict[str, bool] = {}
+
+
+def _logging_sync(filename: str, what: str) -> str | None:
+    v = _in_tb.get(filename)
+    if v is None:
+        v = _in_tb[filename] = os.path.normcase(os.path.realpath(filename)).startswith(_TB_DIR)
+    # (its .numpy() is of the host copy .cpu() just made: one sync, counted once)
+    return f"SummaryWriter: {what}" if v and what != "Tensor.numpy" else None
 
 
 def _register_internal_syncs() -> None:
@@ -153,9 +168,10 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None):
                 f = sys._getframe(1)
                 label: str | None = what
                 if is_torch_internal(f.f_code.co_filename):  # torch calling itself: not the user's
-                    label = _INTERNAL_SYNCS.get(f.f_code)  # ...unless on the user's behalf
+                    # ...unless on the user's behalf
+                    label = _INTERNAL_SYNCS.get(f.f_code) or _logging_sync(f.f_code.co_filename, what)
                 if label is not None and (applies is None or applies(self, *args, **kwargs)):
-                    dev = DEVICE_OF(self) if label is what else _internal_sync_device(f, self)
+                    dev = _internal_sync_device(f, self) if label in _INTERNAL_SYNCS_LABELS else DEVICE_OF(self)
                     if JUDGE_AS_CUDA and dev != "cuda":
                         return orig(self, *args, **kwargs)  # a host tensor: nothing to wait for
                     t0 = perf()

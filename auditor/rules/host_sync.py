@@ -18,6 +18,10 @@ ADVICE = {
     "Tensor.masked_select": "multiply by the mask or use torch.where to keep shapes static",
     "torch.masked_select": "multiply by the mask or use torch.where to keep shapes static",
     "torch.cuda.synchronize": "remove explicit synchronize() calls from the step (profilers sync for you)",
+    "SummaryWriter: Tensor.cpu": "call SummaryWriter.add_* every N steps (each call fetches the tensor from the device), "
+                                 "accumulating on the device in between",
+    "SummaryWriter: Tensor.item": "call SummaryWriter.add_* every N steps (each call fetches the tensor from the device), "
+                                  "accumulating on the device in between",
     "GradScaler.step": "create the optimizer with fused=True (Adam, AdamW, SGD): GradScaler.step then hands it "
                        "the inf check on the device instead of reading found_inf with .item() every step",
 }
@@ -29,8 +33,9 @@ class HostSync(Rule):
         Calls inside the step that make the host wait for the device: `.item()`, `.cpu()`,
         `.tolist()`, `.numpy()`, `float(t)`, `int(t)`, `bool(t)` / `if t`, `print(t)`, `nonzero`,
         `masked_select`, `.to("cpu")`, `torch.cuda.synchronize()`; counted per step with their line.
-        Also the sync torch makes on the user's behalf: `GradScaler.step(opt)` reads found_inf
-        with `.item()` every step unless the optimizer is fused.
+        Also the syncs torch makes on the user's behalf: `GradScaler.step(opt)` reads found_inf
+        with `.item()` every step unless the optimizer is fused, and torch.utils.tensorboard's
+        `SummaryWriter.add_scalar(tag, tensor)` fetches the tensor at each call.
         On a recorded GPU trace: cudaStreamSynchronize / cudaDeviceSynchronize / synchronous DtoH
         copies attributed to the op that issued them.
 
