@@ -275,6 +275,48 @@ def test_step_slowdown_ignores_slow_steps_at_the_end(tmp_path):
     assert a.rule("step-slowdown") == []
 
 
+CACHED_OUTPUTS = """import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(512, 256)
+outputs = {{}}
+recent = []
+
+
+def step(i):
+    opt.zero_grad()
+    out = model(x)
+    out.pow(2).mean().backward()
+    opt.step()
+    outputs[i] = out.detach()  # kept forever: 512 KiB a step
+    recent.append(out.detach())
+    if len(recent) > {cap}:  # a bounded buffer: full after {cap} steps, then it stops growing
+        recent.pop(0)
+"""
+
+
+def test_a_small_steady_leak_in_module_state_is_flagged(tmp_path):
+    """0.5 MiB a step into a dict: too little for the process memory to prove over a short audit
+    (the RSS thresholds want 32 MiB), but the tensors one module-level name holds are counted
+    exactly, and they grew at every scan: the finding names the dict and the line that fills it.
+    A buffer that fills to its cap and stays there is not named."""
+    trainer = tmp_path / "cache.py"
+    trainer.write_text(CACHED_OUTPUTS.format(cap=4))
+    a = audit("run", f"{trainer}:step", "--steps", "30", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("memory-growth")
+    [holder] = f["evidence"]["holders"]
+    scans = sorted(a.evidence["graph_scans"], key=lambda s: s["after_step"])
+    assert holder["name"] == "outputs"
+    assert holder["growth_bytes"] == 512 * 256 * 4 * (scans[-1]["after_step"] - scans[0]["after_step"])
+    line = CACHED_OUTPUTS.splitlines().index("    outputs[i] = out.detach()  # kept forever: 512 KiB a step") + 1
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(trainer), line)]
+    assert "`outputs` grew by" in f["message"] and "`recent`" not in f["message"]
+
+
 def test_memory_growth_names_the_holder(example_audit):
     a = example_audit("memory_growth")
     f = the_finding(a, "memory-growth")

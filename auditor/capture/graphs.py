@@ -78,7 +78,8 @@ def _holders(module: types.ModuleType | None) -> list[tuple[str, str, list[torch
 
 
 class _Mutations(ast.NodeVisitor):
-    """Lines inside functions that grow a named holder: `x += ...`, `x = x + ...`, `x.append(...)`."""
+    """Lines inside functions that grow a named holder: `x += ...`, `x = x + ...`, `x.append(...)`,
+    `x[key] = ...`, `x.update(...)`."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -102,14 +103,15 @@ class _Mutations(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
-        if self.depth and any(self._is_name(t) for t in node.targets) and any(
-                self._is_name(n) for n in ast.walk(node.value)):
+        if self.depth and (
+                (any(self._is_name(t) for t in node.targets) and any(self._is_name(n) for n in ast.walk(node.value)))
+                or any(isinstance(t, ast.Subscript) and self._is_name(t.value) for t in node.targets)):
             self.lines.append(node.lineno)
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
-        if (self.depth and isinstance(f, ast.Attribute) and f.attr in ("append", "extend", "insert", "add")
+        if (self.depth and isinstance(f, ast.Attribute) and f.attr in ("append", "extend", "insert", "add", "update", "setdefault")
                 and self._is_name(f.value)):
             self.lines.append(node.lineno)
         self.generic_visit(node)

@@ -15,8 +15,10 @@ class MemoryGrowth(Rule):
     What it detects:
         Memory measured at step boundaries (CUDA allocated bytes on a GPU; process RSS on the CPU)
         that rises steadily through the run, after warm-up and the profiled window; or tensors held
-        by the target module's state (lists, dicts, globals) whose bytes keep growing, with the
-        line that grows them.
+        by the target module's state (lists, dicts, globals) whose bytes grew at every scan, with
+        the line that grows them (`.append`, `x[key] = ...`, `+=`). Those are counted exactly, so a
+        few MiB of such growth is flagged where process memory would need far more to prove it; a
+        buffer that fills to a cap and stays there is not.
 
     Why it costs:
         Memory that grows every step ends in an out-of-memory error, often hours in ("OOM after
@@ -45,6 +47,9 @@ class MemoryGrowth(Rule):
         Option("min-growth-mib", 32.0, "Total growth over the steps used, in MiB, to flag."),
         Option("min-mib-per-step", 0.25, "Robust growth rate, MiB per step, to flag."),
         Option("min-correlation", 0.8, "Spearman correlation of memory with step index to flag."),
+        Option("min-held-growth-mib", 4.0, "Growth, in MiB, of the tensors one module-level name holds (a list, "
+                                           "dict or global) that grew at every scan, to flag: counted exactly, "
+                                           "so less growth than RSS needs is proof enough."),
     )
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
@@ -60,7 +65,8 @@ class MemoryGrowth(Rule):
         steps = after if len(after) >= options["min-steps"] else [s for s in steps if not s.profiled]
         holders = self._growing_holders(ev)
         held_growth = sum(h["growth_bytes"] for h in holders) / MiB
-        if len(steps) < options["min-steps"] and held_growth < options["min-growth-mib"]:
+        held_enough = held_growth >= options["min-held-growth-mib"]
+        if len(steps) < options["min-steps"] and not held_enough:
             return
         xs = [float(s.index) for s in steps]
         ys = [getattr(s, metric) / MiB for s in steps]
@@ -69,7 +75,7 @@ class MemoryGrowth(Rule):
         rho = spearman(xs, ys)
         trend = (growth >= options["min-growth-mib"] and slope >= options["min-mib-per-step"]
                  and rho >= options["min-correlation"])
-        if not trend and held_growth < options["min-growth-mib"]:
+        if not trend and not held_enough:
             return
         locs = [Location(file=h["where"]["file"], line=h["where"]["line"], code=h["where"].get("code", ""))
                 for h in holders if h.get("where")]
@@ -79,9 +85,12 @@ class MemoryGrowth(Rule):
             scans = sorted(ev.graph_scans, key=lambda s: s.after_step)
             span = max(1, scans[-1].after_step - scans[0].after_step)
             slope, growth = held_growth / span, held_growth
+        if trend:
+            head = f"{what} grew by {growth:.0f} MiB ({slope:.2f} MiB per step, rank correlation {rho:.2f})"
+        else:
+            head = f"Tensors kept by module state grew by {growth:.0f} MiB ({slope:.2f} MiB per step, at every scan)"
         yield self.finding(
-            f"{what} grew by {growth:.0f} MiB ({slope:.2f} MiB per step, rank correlation {rho:.2f}); at this "
-            f"rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB."
+            f"{head}; at this rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB."
             + (f" Held by module state: {held}." if held else ""),
             locations=locs,
             evidence={"metric": metric, "start_mib": round(ys[0], 1) if ys else None,
@@ -96,10 +105,18 @@ class MemoryGrowth(Rule):
 
     @staticmethod
     def _growing_holders(ev: m.Evidence) -> list[dict[str, Any]]:
-        """Module globals whose tensor bytes grew between the first and last graph scans, biggest first."""
+        """Module globals whose tensor bytes grew at every graph scan (a buffer that fills, then
+        stays, is not growing without bound), biggest growth first."""
         if len(ev.graph_scans) < 2:
             return []
         scans = sorted(ev.graph_scans, key=lambda s: s.after_step)
-        before = {h["name"]: h.get("bytes", 0) for h in scans[0].holders}
-        grown = [{**h, "growth_bytes": h.get("bytes", 0) - before.get(h["name"], 0)} for h in scans[-1].holders]
-        return sorted((h for h in grown if h["growth_bytes"] >= MiB), key=lambda h: -h["growth_bytes"])
+        series: dict[str, list[int]] = {}
+        for k, scan in enumerate(scans):
+            for h in scan.holders:
+                series.setdefault(h["name"], [0] * len(scans))[k] = h.get("bytes", 0)
+        grown = []
+        for h in scans[-1].holders:
+            b = series[h["name"]]
+            if all(later > earlier for earlier, later in zip(b, b[1:])) and b[-1] - b[0] >= MiB:
+                grown.append({**h, "growth_bytes": b[-1] - b[0]})
+        return sorted(grown, key=lambda h: -h["growth_bytes"])
