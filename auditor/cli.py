@@ -281,7 +281,7 @@ def _afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
 
 
 @cli.command()
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(path_type=Path))
 @click.option("--against", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A YAML/JSON/TOML config (lr, weight_decay, betas, a scheduler section) to compare with.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -294,11 +294,13 @@ def _afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
 def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_on: str | None,
                select: tuple[str, ...], ignore: tuple[str, ...], quiet: bool) -> None:
     """Audit a saved checkpoint: non-finite or extreme tensors, optimizer state health, and the
-    stored learning rate against CONFIG. Loads with torch.load(weights_only=True) only: a file that
-    needs more (it pickles its own classes) is refused, since unpickling it could run code."""
+    stored learning rate against CONFIG. FILE is a torch.save file, a .safetensors file, or a
+    Hugging Face Trainer checkpoint directory (weights, optimizer.pt, scheduler.pt,
+    trainer_state.json). Loads with torch.load(weights_only=True) only: a file that needs more
+    (it pickles its own classes) is refused, since unpickling it could run code."""
     from auditor.evidence.checkpoint import checkpoint_evidence
 
-    if not file.is_file():
+    if not file.exists():
         raise UsageFailure(f"no such file: {file}")
     if config_file is not None and not config_file.is_file():
         raise UsageFailure(f"no such config file: {config_file}")

@@ -185,3 +185,120 @@ def test_config_reader_without_pyyaml():
     assert data == {"optimizer": {"name": "adamw", "lr": 3e-4, "betas": [0.9, 0.95]}, "lr_scheduler": {"T_max": 100}}
     assert normalise_config(data, pathlib.Path("c.yaml")) == {"lr": 3e-4, "betas": [0.9, 0.95],
                                                               "scheduler": {"T_max": 100}}
+
+
+# --- safetensors files and Hugging Face Trainer checkpoint directories ---------------------------
+
+ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
+
+
+def save_safetensors(tensors: dict, path: pathlib.Path, meta: dict | None = None) -> None:
+    """The safetensors layout, written here from its spec (8-byte little-endian header length, a
+    JSON header of dtype/shape/data_offsets, the raw bytes), independently of the reader."""
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        raw = t.contiguous().view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    if meta:
+        header["__metadata__"] = meta
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+def test_a_safetensors_file_is_read_without_unpickling(tmp_path, check):
+    model, _, _ = trained()
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    sd["0.weight"][1, 2:4] = float("nan")
+    sd["emb.half"] = torch.full((4, 4), 70000.0).to(torch.bfloat16)  # bfloat16 holds what float16 cannot
+    sd["emb.half"][0, 0] = float("inf")
+    sd["pos.ids"] = torch.arange(6)
+    save_safetensors(sd, tmp_path / "model.safetensors", {"format": "pt"})
+    a = check(tmp_path / "model.safetensors")
+    assert a.returncode == 0, a.stderr
+    ck = a.evidence["extra"]["checkpoint"]
+    assert ck["layout"] == "state_dict" and ck["meta"]["__metadata__.format"] == "pt"
+    stats = {t["name"]: t for t in ck["tensors"]}
+    assert stats["0.weight"]["shape"] == [16, 8] and stats["pos.ids"]["dtype"] == "int64"
+    assert stats["2.bias"]["max_abs"] == pytest.approx(float(sd["2.bias"].abs().max()))
+    bad = {t["name"]: t for t in a.rule("nonfinite")[0]["evidence"]["tensors"]}
+    assert set(bad) == {"0.weight", "emb.half"}
+    assert bad["0.weight"]["nan"] == 2 and bad["emb.half"]["posinf"] == 1 and bad["emb.half"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b[:-10], "truncated"),
+    (lambda b: (4 << 40).to_bytes(8, "little") + b[8:], "no valid header"),
+    (lambda b: b[:8] + b"!" + b[9:], "header is not JSON"),
+])
+def test_a_damaged_safetensors_file_is_one_line_exit_2(tmp_path, check, damage, message):
+    save_safetensors({"w": torch.ones(4, 4)}, tmp_path / "ok.safetensors")
+    (tmp_path / "bad.safetensors").write_bytes(damage((tmp_path / "ok.safetensors").read_bytes()))
+    a = check(tmp_path / "bad.safetensors")
+    assert a.returncode == 2 and len(a.stderr.strip().splitlines()) == 1 and message in a.stderr, a.stderr
+
+
+def hf_checkpoint(root: pathlib.Path, *, nan_weight: bool, nan_log: bool, sharded: bool = False) -> pathlib.Path:
+    """A Hugging Face Trainer checkpoint directory, as transformers writes one: weights in
+    safetensors (one file, or shards and an index), optimizer.pt, scheduler.pt, trainer_state.json,
+    and a training_args.bin that pickles a class (here: one that runs code when unpickled)."""
+    d = root / "checkpoint-500"
+    d.mkdir()
+    model, opt, sched = trained()
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    if nan_weight:
+        sd["2.weight"][0, 0] = float("nan")
+    if sharded:
+        first = {k: v for k, v in sd.items() if k.startswith("0.")}
+        save_safetensors(first, d / "model-00001-of-00002.safetensors")
+        save_safetensors({k: v for k, v in sd.items() if k not in first}, d / "model-00002-of-00002.safetensors")
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+            k: f"model-0000{1 if k in first else 2}-of-00002.safetensors" for k in sd}}))
+    else:
+        save_safetensors(sd, d / "model.safetensors")
+    torch.save(opt.state_dict(), d / "optimizer.pt")
+    torch.save(sched.state_dict(), d / "scheduler.pt")
+    history = [{"loss": 2.0 - 0.1 * i, "grad_norm": 1.0 + i, "learning_rate": 0.1, "epoch": i / 10, "step": 50 * (i + 1)}
+               for i in range(8)]
+    if nan_log:
+        history.append({"loss": float("nan"), "grad_norm": float("inf"), "learning_rate": 0.1, "epoch": 0.9, "step": 450})
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": 500, "epoch": 1.0, "log_history": history}))
+    torch.save(RunsCodeWhenLoaded(root / "code-ran"), d / "training_args.bin")
+    return d
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_hugging_face_trainer_checkpoint_directory(tmp_path, check, sharded):
+    d = hf_checkpoint(tmp_path, nan_weight=True, nan_log=True, sharded=sharded)
+    a = check(d)
+    assert a.returncode == 0, a.stderr
+    assert not (tmp_path / "code-ran").exists()  # training_args.bin is never unpickled
+    ck = a.evidence["extra"]["checkpoint"]
+    assert ck["layout"] == "hf-trainer"
+    assert {t["name"] for t in ck["tensors"] if t["section"] == "model"} == {
+        "model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias"}
+    assert ck["optimizers"][0]["params_with_state"] == 4 and ck["schedulers"][0]["step_size"] == 10
+    assert ck["training_log"]["global_step"] == 500 and ck["training_log"]["entries"] == 9
+    [f] = a.rule("nonfinite")
+    assert f["severity"] == "error" and [t["name"] for t in f["evidence"]["tensors"]] == ["model.2.weight"]
+    assert ("loss=nan first at step 450" in f["message"]
+            and "the last finite values were loss 1.3, grad_norm 8 at step 400" in f["message"])
+
+
+def test_finite_weights_after_a_logged_nan_are_still_reported(tmp_path, check):
+    """The weights were saved finite (a skipped step, a reload), but trainer_state.json logged a
+    NaN loss before the save: training had diverged, and resuming from here repeats it."""
+    a = check(hf_checkpoint(tmp_path, nan_weight=False, nan_log=True))
+    [f] = a.rule("nonfinite")
+    assert f["severity"] == "warning" and "Every tensor" in f["message"] and "step 450" in f["message"]
+    (tmp_path / "healthy").mkdir()
+    a = check(hf_checkpoint(tmp_path / "healthy", nan_weight=False, nan_log=False))
+    assert a.returncode == 0 and a.findings == []
+
+
+def test_a_directory_that_is_not_a_checkpoint(tmp_path, check):
+    (tmp_path / "empty").mkdir()
+    a = check(tmp_path / "empty")
+    assert a.returncode == 2 and "not a checkpoint directory" in a.stderr

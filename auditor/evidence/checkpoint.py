@@ -5,6 +5,14 @@ more (it pickles a class of its own, a lambda, an argparse Namespace...) is refu
 naming the global it asks for: unpickling it could run arbitrary code, and auditing a file must
 never do that. Nothing here calls `add_safe_globals`.
 
+Formats: torch.save files, and `.safetensors` files, read by a reader of that format's own (a JSON
+header, then raw tensor bytes, mapped from disk): it holds no code, so nothing is unpickled. A
+directory is read as a Hugging Face Trainer checkpoint (`checkpoint-500/`): its weights
+(`model.safetensors`, `pytorch_model.bin`, their sharded `*.index.json` forms, or a PEFT
+`adapter_model.*`), `optimizer.pt`, `scheduler.pt`, and `trainer_state.json`, whose logged
+history (loss, grad_norm, learning_rate per logging step) says when the numbers went bad;
+`training_args.bin` and `rng_state*.pth` are not read (the former pickles a class).
+
 Layouts understood (others are walked generically, every tensor still checked):
   * a plain `model.state_dict()`: {name: tensor};
   * a bundle: {"model"|"model_state_dict"|"state_dict"|"net": ..., "optimizer"|"optimizer_state_dict"|
@@ -78,6 +86,139 @@ def load_checkpoint(path: Path) -> Any:
     except (RuntimeError, EOFError, ValueError, OSError, AttributeError) as e:
         first = (str(e).splitlines() or [type(e).__name__])[0][:200]
         raise InputError(f"{path}: not a readable torch checkpoint ({first})") from None
+
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32",
+                       "U64": "uint64"}
+
+
+def load_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensors of a .safetensors file (and its `__metadata__`), mapped from disk: an 8-byte
+    little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, the bytes.
+    Every entry is checked against the file before a tensor is made over it."""
+    import mmap
+    import warnings
+
+    import torch
+
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n <= 1 or 8 + n > size or n > 256 * 2**20:
+            raise InputError(f"{path}: not a safetensors file (no valid header)")
+        try:
+            header = json.loads(fh.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise InputError(f"{path}: not a safetensors file (its header is not JSON)") from None
+        if not isinstance(header, dict):
+            raise InputError(f"{path}: not a safetensors file (its header is not a JSON object)")
+        meta = header.pop("__metadata__", None) or {}
+        data_len = size - 8 - n
+        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    tensors: dict[str, Any] = {}
+    for name, e in header.items():
+        dtype = getattr(torch, _SAFETENSORS_DTYPES.get(e.get("dtype") if isinstance(e, dict) else None, ""), None)
+        shape = e.get("shape") if isinstance(e, dict) else None
+        offs = e.get("data_offsets") if isinstance(e, dict) else None
+        if (dtype is None or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
+                or not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs))):
+            raise InputError(f"{path}: not a readable safetensors file (entry {name!r}: {str(e)[:120]})")
+        numel = math.prod(shape)
+        begin, end = offs
+        if not 0 <= begin <= end <= data_len or end - begin != numel * dtype.itemsize:
+            raise InputError(f"{path}: not a readable safetensors file (entry {name!r} lies outside the data "
+                             "or has the wrong size: the file may be truncated)")
+        with warnings.catch_warnings():  # (a read-only map: nothing here writes to the tensors)
+            warnings.simplefilter("ignore")
+            t = torch.frombuffer(buf, dtype=dtype, count=numel, offset=8 + n + begin) if numel else \
+                torch.empty(0, dtype=dtype)
+        tensors[str(name)] = t.reshape(shape)
+    return tensors, {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else {}
+
+
+def load_weights(path: Path) -> tuple[Any, dict[str, str]]:
+    """A weights file by its format: safetensors, or torch.save (weights_only)."""
+    if path.suffix == ".safetensors":
+        return load_safetensors(path)
+    return load_checkpoint(path), {}
+
+
+HF_WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
+HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def load_hf_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """A Hugging Face Trainer checkpoint directory as a bundle {"model", "optimizer", "scheduler"},
+    what trainer_state.json says, and the bytes read."""
+    bundle: dict[str, Any] = {}
+    read: list[Path] = []
+    weights: dict[str, Any] = {}
+    for index in HF_INDEXES:
+        if (path / index).is_file():
+            try:
+                shards = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
+            except (ValueError, KeyError, TypeError, OSError):
+                raise InputError(f"{path / index}: not a readable weights index (no weight_map)") from None
+            for shard in shards:
+                if not (path / shard).is_file():
+                    raise InputError(f"{path}: the index names {shard}, which is missing")
+                weights.update(load_weights(path / shard)[0])
+                read.append(path / shard)
+            break
+    else:
+        for name in HF_WEIGHTS:
+            if (path / name).is_file():
+                loaded = load_weights(path / name)[0]
+                if not isinstance(loaded, dict):
+                    raise InputError(f"{path / name}: not a state_dict")
+                weights.update(loaded)
+                read.append(path / name)
+                break
+    if weights:
+        bundle["model"] = weights
+    for key, name in (("optimizer", "optimizer.pt"), ("scheduler", "scheduler.pt")):
+        if (path / name).is_file():
+            bundle[key] = load_checkpoint(path / name)
+            read.append(path / name)
+    state: dict[str, Any] = {}
+    if (path / "trainer_state.json").is_file():
+        try:
+            state = json.loads((path / "trainer_state.json").read_text())
+        except (ValueError, OSError) as e:
+            raise InputError(f"{path / 'trainer_state.json'}: not valid JSON ({str(e)[:120]})") from None
+        read.append(path / "trainer_state.json")
+    if not bundle:
+        raise InputError(f"{path}: not a checkpoint directory (no {', '.join(HF_WEIGHTS[:3])} or optimizer.pt)")
+    return bundle, training_log(state if isinstance(state, dict) else {}), sum(p.stat().st_size for p in read)
+
+
+def training_log(state: dict[str, Any]) -> dict[str, Any]:
+    """trainer_state.json in brief: where it stopped, and the first logged loss or grad_norm that
+    was not finite (with the last finite values before it)."""
+    history = [h for h in state.get("log_history") or [] if isinstance(h, dict)]
+    out: dict[str, Any] = {"global_step": state.get("global_step"), "epoch": state.get("epoch"),
+                           "entries": len(history)}
+    last_ok: dict[str, Any] = {}
+    for h in history:
+        for key in ("loss", "grad_norm", "eval_loss"):
+            v = h.get(key)
+            if isinstance(v, (int, float)) and not math.isfinite(v):
+                out["first_nonfinite"] = {"step": h.get("step"), "epoch": h.get("epoch"), "key": key,
+                                          "value": "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"),
+                                          "learning_rate": _scalar(h.get("learning_rate")),
+                                          "last_finite": dict(last_ok)}
+                return out
+        for key in ("loss", "grad_norm", "learning_rate"):
+            if isinstance(h.get(key), (int, float)):
+                last_ok[key] = h[key]
+                last_ok["step"] = h.get("step")
+    if history:
+        out["last"] = {k: _scalar(history[-1].get(k)) for k in ("step", "loss", "grad_norm", "learning_rate")
+                       if k in history[-1]}
+    return out
 
 
 # --- what is in it ------------------------------------------------------------------------------
@@ -175,7 +316,7 @@ def scheduler_summary(d: Any, name: str) -> dict[str, Any] | None:
     return out
 
 
-def summarize(obj: Any, path: Path) -> dict[str, Any]:
+def summarize(obj: Any, path: Path, size: int | None = None) -> dict[str, Any]:
     """The checkpoint's contents as plain data for the rules (see the module docstring)."""
     tensors: list[dict] = []
     optimizers: list[dict] = []
@@ -225,7 +366,8 @@ def summarize(obj: Any, path: Path) -> dict[str, Any]:
             _walk(v, str(k), "other", tensors)
         elif (s := _scalar(v)) is not None:
             meta[str(k)] = s
-    return {"file": str(path), "bytes": path.stat().st_size, "layout": layout, "tensors": tensors,
+    return {"file": str(path), "bytes": path.stat().st_size if size is None else size, "layout": layout,
+            "tensors": tensors,
             "optimizers": optimizers, "schedulers": schedulers, "meta": meta,
             "totals": {"tensors": len(tensors), "values": sum(t["numel"] for t in tensors)}}
 
@@ -354,7 +496,16 @@ def checkpoint_evidence(path: Path, against: Path | None = None) -> Evidence:
     config = normalise_config(read_config(against), against) if against is not None else None
     import torch  # after the config: a bad config fails fast
 
-    summary = summarize(load_checkpoint(path), path)
+    if path.is_dir():
+        bundle, log, size = load_hf_checkpoint(path)
+        summary = summarize(bundle, path, size)
+        summary["layout"] = "hf-trainer"
+        summary["training_log"] = log
+    else:
+        obj, st_meta = load_weights(path)
+        summary = summarize(obj, path)
+        if st_meta:
+            summary["meta"].update({f"__metadata__.{k}": v for k, v in list(st_meta.items())[:32]})
     if config is not None:
         summary["config"] = config
         summary["config_file"] = str(against)

@@ -441,16 +441,34 @@ class Nonfinite(Rule):
 
     def _checkpoint(self, ck: dict) -> Iterable[Finding]:
         bad = [t for t in ck.get("tensors", []) if t.get("nan") or t.get("posinf") or t.get("neginf")]
+        logged = (ck.get("training_log") or {}).get("first_nonfinite")
+        history = ""
+        if logged:  # a Hugging Face Trainer checkpoint: its trainer_state.json says when it went bad
+            before = logged.get("last_finite") or {}
+            history = (f" The training log (trainer_state.json) has {logged['key']}={logged['value']} first at step "
+                       f"{logged.get('step')}"
+                       + (f", learning rate {logged['learning_rate']:.3g}" if isinstance(logged.get("learning_rate"), float) else "")
+                       + (f"; the last finite values were loss {before['loss']:.4g}" if isinstance(before.get("loss"), (int, float)) else "")
+                       + (f", grad_norm {before['grad_norm']:.4g}" if isinstance(before.get("grad_norm"), (int, float)) else "")
+                       + (f" at step {before.get('step')}" if before else "") + ".")
+        if not bad and not logged:
+            return
         if not bad:
+            yield self.finding(
+                f"Every tensor in {ck.get('file')} is finite, but training had gone non-finite before it was saved."
+                + history,
+                severity="warning", evidence={"file": ck.get("file"), "training_log": ck.get("training_log")},
+                fix=Fix(summary="Resume from a checkpoint saved before that step, and find the origin with `audit run` "
+                                "(lower the learning rate or clip gradients if grad_norm grew first).", config={}))
             return
         sections = sorted({t["section"] for t in bad})
         names = ", ".join(f"{t['name']} ({_counts(t)})" for t in bad[:5])
         yield self.finding(
             f"{len(bad)} of {len(ck.get('tensors', []))} tensors in {ck.get('file')} hold non-finite values "
-            f"({', '.join(sections)}): {names}{' …' if len(bad) > 5 else ''}.",
+            f"({', '.join(sections)}): {names}{' …' if len(bad) > 5 else ''}." + history,
             evidence={"file": ck.get("file"), "tensors": bad[:50], "nonfinite_tensors": len(bad),
                       "nonfinite_values": sum(t.get("nan", 0) + t.get("posinf", 0) + t.get("neginf", 0) for t in bad),
-                      "sections": sections},
+                      "sections": sections, "training_log": ck.get("training_log")},
             fix=Fix(summary="Do not resume from this checkpoint: its weights or optimizer state are poisoned. "
                             "Resume from the last checkpoint without NaN/inf and find the origin with `audit run`.",
                     config={}))
