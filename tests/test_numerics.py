@@ -446,3 +446,40 @@ def test_a_float64_model_keeps_the_checks_on(tmp_path):
     steps = numerics(a)
     assert [d.get("collector_error") for d in steps] == [None] * 4
     assert all(d["opt_steps"][0]["grad_norm"] > 0 and d["loss"] > 0 for d in steps)
+
+
+HALF_WEIGHTS = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).half()
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # OPT LINE
+x, y = torch.randn(256, 32).half(), torch.randn(256, 1).half()
+
+
+def step(i):
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_float16_weights_without_master_weights(tmp_path):
+    """`model.half()` and Adam: eps=1e-8 is 0 in float16, so the first update divides 0 by 0 where
+    a ReLU left a gradient at exactly zero. The weights' ranges are re-measured after every update
+    of float16 weights (an update with eps > 0 used to be trusted to keep them finite, and the NaN
+    was then blamed on the next forward pass), and amp-unscaled says why."""
+    trainer = tmp_path / "half.py"
+    trainer.write_text(HALF_WEIGHTS)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("nonfinite")
+    assert f["evidence"]["first_step"] == 0 and f["evidence"]["phase"] == "optimizer"
+    assert "the Adam update made `0.weight`" in f["message"]
+    [h] = a.rule("amp-unscaled")
+    assert h["title"] == "float16 weights trained without master weights or loss scaling"
+    assert h["evidence"]["fp16_params"] == 4 and h["evidence"]["steps"] == 4 and h["evidence"]["optimizers"] == ["Adam"]
+    line = HALF_WEIGHTS.splitlines().index("opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # OPT LINE") + 1
+    assert [(loc["file"], loc["line"]) for loc in h["locations"]] == [(str(trainer), line)]
+    assert "eps (1e-8) is 0 in float16" in h["message"]

@@ -897,8 +897,8 @@ class Numerics:
         """On the CPU (where reading a value is no device sync) skip re-measuring the weights
         after an update that cannot have made them non-finite: a built-in optimizer, finite
         learning rates, eps > 0, finite and moderate gradients, never a non-finite gradient
-        before, and ranges measured within PARAM_REFRESH steps (the ranges then stay those of
-        that step; an origin report says so)."""
+        before, no float16 weights, and ranges measured within PARAM_REFRESH steps (the ranges
+        then stay those of that step; an origin report says so)."""
         cls = type(opt)
         if (cls.__name__ not in TRUSTED_OPTIMIZERS or not cls.__module__.startswith("torch.optim")
                 or rec["opt"] in self.untrusted_opts or "grad_norms_host" not in rec):
@@ -913,7 +913,9 @@ class Numerics:
             return False
         for p in params:
             e = self.param_stats.get(id(p))
-            if not p.is_cpu or e is None or e[0]() is not p or self.step - e[4] >= PARAM_REFRESH:
+            # (float16 weights: eps=1e-8 is 0 in float16, and a zero second moment gives 0/0)
+            if (not p.is_cpu or p.dtype == torch.float16 or e is None or e[0]() is not p
+                    or self.step - e[4] >= PARAM_REFRESH):
                 return False
         norms = rec["grad_norms_host"]
         if not all(math.isfinite(n) for n in norms):
@@ -953,6 +955,9 @@ class Numerics:
         rec: dict[str, Any] = {"opt": idx, "site": self._site("optimizer.step", 3), "lrs": lrs,
                                "sched_epochs": {str(i): s.last_epoch for s, i in self._scheds_of(opt)}}
         if grads:
+            half = sum(1 for t in grads if t.dtype == torch.float16)
+            if half:  # float16 weights updated from float16 gradients (amp-unscaled)
+                rec["fp16_grads"] = half
             rec["grad_norms"] = self._norms(grads)
             host = self.values.vals[rec["grad_norms"]]
             if host is not None:  # already read (CPU): the post-hook may use it
@@ -1067,6 +1072,8 @@ class Numerics:
                 bad = [names[i] for i, n in enumerate(norms) if not math.isfinite(n)]
                 out["grad_nonfinite"] = len(bad)
                 out["grad_nonfinite_params"] = bad[:20]
+        if r.get("fp16_grads"):
+            out["fp16_grads"] = r["fp16_grads"]
         if r.get("param_trusted"):
             out["params_checked"] = "trusted"  # a safe update of finite weights (see _update_keeps_finite)
         if "param_maxabs" in r:

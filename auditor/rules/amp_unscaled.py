@@ -15,7 +15,9 @@ class AmpUnscaled(Rule):
     What it detects:
         (1) Steps that run a backward pass after a float16 `torch.autocast` region, with no
         GradScaler scaling the loss (none created, created with enabled=False, or never called).
-        (2) A GradScaler whose scale keeps falling: after its first run of falls from init_scale
+        (2) float16 weights (`model.half()`) updated by the optimizer from float16 gradients: no
+        float32 master weights and no loss scale.
+        (3) A GradScaler whose scale keeps falling: after its first run of falls from init_scale
         (calibration), at least `min-skipped` updates and `skipped-share` of them lowered the scale
         because the gradients held inf/NaN, so those optimizer steps were skipped; or it fell in
         every update, more than `max-calibration` times.
@@ -56,7 +58,39 @@ class AmpUnscaled(Rule):
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         view = NumericsView.of(ev)
         yield from self._unscaled(view, ev.environment.rehearsal)
+        yield from self._half_weights(view)
         yield from self._collapse(view, options)
+
+    def _half_weights(self, view: NumericsView) -> Iterable[Finding]:
+        """float16 weights (`model.half()`) updated from float16 gradients: no float32 master
+        weights and no loss scale (a GradScaler refuses float16 gradients)."""
+        steps, per_opt = [], {}
+        for i, d in view.steps:
+            half = [(r["opt"], r["fp16_grads"], r.get("site")) for r in d.get("opt_steps") or [] if r.get("fp16_grads")]
+            if half:
+                steps.append(i)
+                for opt, n, site in half:
+                    per_opt.setdefault(opt, (n, site))
+        if not steps:
+            return
+        made = {e.get("opt"): e for e in view.events_of("optimizer")}
+        locs = [x for x in (location((made.get(o) or {}).get("where")) for o in sorted(per_opt)) if x]
+        kinds = sorted({(made.get(o) or {}).get("type") or "optimizer" for o in per_opt})
+        adam = any(k.startswith("Adam") for k in kinds)
+        n = sum(v[0] for v in per_opt.values())
+        yield self.finding(
+            f"{n} parameters are float16 and {', '.join(kinds)} updated them from float16 gradients in "
+            f"{len(steps)} of {len(view.steps)} steps, with no float32 master weights and no loss scale: gradients "
+            "below ~6e-8 flush to zero, updates smaller than a weight's float16 resolution are lost"
+            + (", and Adam's eps (1e-8) is 0 in float16, so a zero second moment divides by zero" if adam else "")
+            + ".",
+            title="float16 weights trained without master weights or loss scaling",
+            locations=locs,
+            evidence={"fp16_params": n, "steps": len(steps), "steps_run": len(view.steps), "optimizers": kinds},
+            fix=Fix(summary="Keep the weights in float32 (do not call model.half()) and run the forward pass under "
+                            "torch.autocast(dtype=torch.float16) with a GradScaler, or use torch.bfloat16.",
+                    config={"weights.dtype": "float32", "autocast.dtype": "float16", "GradScaler": True},
+                    changes_numerics=True))
 
     def _unscaled(self, view: NumericsView, rehearsal: bool = False) -> Iterable[Finding]:
         fp16 = {e["site"]: e for e in view.events_of("autocast") if e.get("dtype") == "float16" and e.get("enabled")}
