@@ -33,7 +33,6 @@ class Recorder:
     """Per-step tallies, shared by every probe. One per process; inert in forked children."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.active = True
         self.in_data = 0  # > 0 while inside DataLoader iteration
         self.tallies: dict[tuple, dict[str, Any]] = {}
