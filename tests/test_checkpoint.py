@@ -189,7 +189,8 @@ def test_config_reader_without_pyyaml():
 
 # --- safetensors files and Hugging Face Trainer checkpoint directories ---------------------------
 
-ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
+ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+             torch.float8_e4m3fn: "F8_E4M3"}
 
 
 def save_safetensors(tensors: dict, path: pathlib.Path, meta: dict | None = None) -> None:
@@ -215,6 +216,7 @@ def test_a_safetensors_file_is_read_without_unpickling(tmp_path, check):
     sd["emb.half"] = torch.full((4, 4), 70000.0).to(torch.bfloat16)  # bfloat16 holds what float16 cannot
     sd["emb.half"][0, 0] = float("inf")
     sd["pos.ids"] = torch.arange(6)
+    sd["fp8.w"] = torch.tensor([[1.0, -2.0], [float("nan"), 0.5]]).to(torch.float8_e4m3fn)  # an FP8 release
     save_safetensors(sd, tmp_path / "model.safetensors", {"format": "pt"})
     a = check(tmp_path / "model.safetensors")
     assert a.returncode == 0, a.stderr
@@ -224,8 +226,9 @@ def test_a_safetensors_file_is_read_without_unpickling(tmp_path, check):
     assert stats["0.weight"]["shape"] == [16, 8] and stats["pos.ids"]["dtype"] == "int64"
     assert stats["2.bias"]["max_abs"] == pytest.approx(float(sd["2.bias"].abs().max()))
     bad = {t["name"]: t for t in a.rule("nonfinite")[0]["evidence"]["tensors"]}
-    assert set(bad) == {"0.weight", "emb.half"}
+    assert set(bad) == {"0.weight", "emb.half", "fp8.w"}
     assert bad["0.weight"]["nan"] == 2 and bad["emb.half"]["posinf"] == 1 and bad["emb.half"]["dtype"] == "bfloat16"
+    assert (bad["fp8.w"]["nan"], bad["fp8.w"]["max_abs"], bad["fp8.w"]["negative"]) == (1, 2.0, 1)
 
 
 @pytest.mark.parametrize("damage, message", [

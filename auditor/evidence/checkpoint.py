@@ -58,6 +58,7 @@ CONFIG_SECTIONS = ("optimizer", "optim", "training", "train", "trainer", "hparam
 CONFIG_KEYS = {"lr": "lr", "learning_rate": "lr", "weight_decay": "weight_decay", "momentum": "momentum",
                "eps": "eps", "betas": "betas"}
 SCHEDULER_SECTIONS = ("scheduler", "lr_scheduler")
+STATS_CHUNK = 1 << 24  # elements per pass of tensor_stats
 _UNSAFE = re.compile(r"Unsupported (?:global|class)[:\s]+(?:GLOBAL\s+)?([\w.<>]+)")
 
 
@@ -239,15 +240,24 @@ def tensor_stats(name: str, section: str, t: Any) -> dict[str, Any]:
         return out
     if not t.is_floating_point():
         return out
+    nan = pos = neg = negative = zeros = 0
+    max_abs = 0.0
     with torch.no_grad():
-        x = t.detach()
-        nan = int(torch.isnan(x).sum())
-        pos = int(torch.isposinf(x).sum())
-        neg = int(torch.isneginf(x).sum())
-        fin = torch.isfinite(x)
-        mag = torch.where(fin, x.abs(), torch.zeros((), dtype=x.dtype))
-        out.update(nan=nan, posinf=pos, neginf=neg, max_abs=float(mag.max()),
-                   negative=int((x < 0).sum()), zeros=int((x == 0).sum()))
+        flat = t.detach().reshape(-1)
+        # in chunks, so the temporaries stay small for a multi-GB tensor; float8 is widened
+        # first (its CPU kernels have no isinf)
+        for start in range(0, flat.numel(), STATS_CHUNK):
+            x = flat[start:start + STATS_CHUNK]
+            if x.element_size() == 1:
+                x = x.float()
+            nan += int(torch.isnan(x).sum())
+            pos += int(torch.isposinf(x).sum())
+            neg += int(torch.isneginf(x).sum())
+            mag = torch.where(torch.isfinite(x), x.abs(), torch.zeros((), dtype=x.dtype))
+            max_abs = max(max_abs, float(mag.max()))
+            negative += int((x < 0).sum())
+            zeros += int((x == 0).sum())
+    out.update(nan=nan, posinf=pos, neginf=neg, max_abs=max_abs, negative=negative, zeros=zeros)
     return out
 
 
