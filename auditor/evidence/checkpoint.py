@@ -73,7 +73,12 @@ def load_checkpoint(path: Path) -> Any:
     import torch
 
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        try:  # mapped from disk: a multi-GB checkpoint is read chunk by chunk, not held in memory
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):  # (the legacy, non-zip format cannot be mapped)
+                raise
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         text = str(e)
         m = _UNSAFE.search(text)
