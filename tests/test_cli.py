@@ -49,6 +49,14 @@ def test_fail_on_quiet_and_no_progress_when_not_a_tty(tmp_path):
     assert "forced-cleanup" in a.stdout and "forced_cleanup.py:" in a.stdout
 
 
+def test_a_short_profiled_run_says_nothing_of_its_own_on_stderr(tmp_path):
+    """Two steps, both profiled (no step to spare for warm-up): torch's warning about the
+    auditor's own profiler schedule is not the user's business, and stderr stays empty."""
+    a = audit("run", "examples/clean.py:step", "--steps", "2", "--quiet", out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr
+    assert a.stderr.strip() == "" and a.findings_doc["steps"]["profiled_steps"]
+
+
 def test_analyze_and_report_rerun_rules_on_a_saved_run(tmp_path, example_audit):
     run = example_audit("graph_leak")
     again = audit("analyze", str(run.out), "--quiet", out=tmp_path / "again")

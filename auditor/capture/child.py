@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 import traceback
+import warnings
 
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
@@ -159,9 +160,13 @@ class Profiler:
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        with warnings.catch_warnings():
+            # a run of 1-3 steps has no step to spare for warm-up, by the plan: torch's warning
+            # about it is the auditor's, not something the user can act on
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            plan = schedule(wait=0, warmup=1 if self.warm is not None else 0, active=len(self.active), repeat=1)
         self.prof = profile(
-            activities=acts, record_shapes=True, with_stack=True, profile_memory=True,
-            schedule=schedule(wait=0, warmup=1 if self.warm is not None else 0, active=len(self.active), repeat=1),
+            activities=acts, record_shapes=True, with_stack=True, profile_memory=True, schedule=plan,
             on_trace_ready=tensorboard_trace_handler(self.logdir, worker_name=f"{socket.gethostname()}_{os.getpid()}"),
         )
         self.prof.start()
