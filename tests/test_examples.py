@@ -317,6 +317,28 @@ def test_a_small_steady_leak_in_module_state_is_flagged(tmp_path):
     assert "`outputs` grew by" in f["message"] and "`recent`" not in f["message"]
 
 
+def test_the_lines_that_grow_a_holder(tmp_path):
+    """The line memory-growth names: appends, keyed stores, updates, `+=`, and an object's own
+    methods growing `self.attr` for a holder `name.attr`."""
+    from auditor.capture.graphs import mutation_lines
+
+    src = tmp_path / "t.py"
+    src.write_text("class Replay:\n"
+                   "    def push(self, o):\n"
+                   "        self.obs.append(o)\n"          # 3
+                   "buffer = Replay()\n"
+                   "cache, seen = {}, []\n"
+                   "def step(i, out):\n"
+                   "    cache[i] = out\n"                  # 7
+                   "    cache.update({-i: out})\n"         # 8
+                   "    seen.append(out)\n"                # 9
+                   "    obs = [out]\n")                    # not a holder's growth
+    assert mutation_lines(str(src), "buffer.obs") == [3]
+    assert mutation_lines(str(src), "cache") == [7, 8]
+    assert mutation_lines(str(src), "seen") == [9]
+    assert mutation_lines(str(src), "obs") == []
+
+
 def test_memory_growth_names_the_holder(example_audit):
     a = example_audit("memory_growth")
     f = the_finding(a, "memory-growth")

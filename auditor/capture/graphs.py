@@ -86,9 +86,17 @@ class _Mutations(ast.NodeVisitor):
         self.parts = name.split(".")
         self.lines: list[int] = []
         self.depth = 0
+        self.in_class = 0
 
     def _is_name(self, node: ast.AST) -> bool:
-        return ast.unparse(node) == self.name
+        text = ast.unparse(node)
+        # `buffer.obs` is grown by its class's own methods as `self.obs`
+        return text == self.name or (self.in_class > 0 and len(self.parts) == 2 and text == f"self.{self.parts[1]}")
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.in_class += 1
+        self.generic_visit(node)
+        self.in_class -= 1
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         self.depth += 1
