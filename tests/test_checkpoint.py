@@ -263,10 +263,11 @@ def hf_checkpoint(root: pathlib.Path, *, nan_weight: bool, nan_log: bool, sharde
         save_safetensors(sd, d / "model.safetensors")
     torch.save(opt.state_dict(), d / "optimizer.pt")
     torch.save(sched.state_dict(), d / "scheduler.pt")
-    history = [{"loss": 2.0 - 0.1 * i, "grad_norm": 1.0 + i, "learning_rate": 0.1, "epoch": i / 10, "step": 50 * (i + 1)}
-               for i in range(8)]
+    history = [{"loss": 2.0 - 0.1 * i, "grad_norm": 1.0 + i, "learning_rate": 0.1, "epoch": i / 10,
+                "step": 50 * (i + 1)} for i in range(8)]
     if nan_log:
-        history.append({"loss": float("nan"), "grad_norm": float("inf"), "learning_rate": 0.1, "epoch": 0.9, "step": 450})
+        history.append({"loss": float("nan"), "grad_norm": float("inf"), "learning_rate": 0.1, "epoch": 0.9,
+                        "step": 450})
     (d / "trainer_state.json").write_text(json.dumps({"global_step": 500, "epoch": 1.0, "log_history": history}))
     torch.save(RunsCodeWhenLoaded(root / "code-ran"), d / "training_args.bin")
     return d

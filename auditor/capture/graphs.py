@@ -77,6 +77,9 @@ def _holders(module: types.ModuleType | None) -> list[tuple[str, str, list[torch
     return out
 
 
+_GROWERS = ("append", "extend", "insert", "add", "update", "setdefault")  # methods that grow a holder
+
+
 class _Mutations(ast.NodeVisitor):
     """Lines inside functions that grow a named holder: `x += ...`, `x = x + ...`, `x.append(...)`,
     `x[key] = ...`, `x.update(...)`."""
@@ -119,8 +122,7 @@ class _Mutations(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
-        if (self.depth and isinstance(f, ast.Attribute) and f.attr in ("append", "extend", "insert", "add", "update", "setdefault")
-                and self._is_name(f.value)):
+        if self.depth and isinstance(f, ast.Attribute) and f.attr in _GROWERS and self._is_name(f.value):
             self.lines.append(node.lineno)
         self.generic_visit(node)
 

@@ -44,7 +44,8 @@ RANK_PHASES = (*PHASES, COMM)
 PHASE_LABELS = {"data": "data loading", "forward": "forward", "backward": "backward", "optimizer": "optimizer step",
                 "sync": "host syncs", "cleanup": "gc / empty_cache", "other": "other step code",
                 COMM: "communication"}
-_PHASE_KINDS = {m.DATA_WAIT: "data", m.DATA_ITER: "data", m.FORWARD: "forward", m.BACKWARD: "backward", m.OPTIMIZER: "optimizer",
+_PHASE_KINDS = {m.DATA_WAIT: "data", m.DATA_ITER: "data", m.FORWARD: "forward", m.BACKWARD: "backward",
+                m.OPTIMIZER: "optimizer",
                 m.SYNC: "sync"}
 
 SyncMap = dict[int, dict[str, float]]  # step index -> sync-point key -> ms this rank spent in it

@@ -114,7 +114,8 @@ class DataloaderBound(Rule):
         wait_ms = median(waits)
         message = (f"The step waits {wait_ms:.1f} ms for data ({share * 100:.0f}% of the median step) with "
                    f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
-        summary = "Load batches in worker processes ahead of the step: " + ", ".join(f"{k}={v!r}" for k, v in rec.items()) + "."
+        summary = ("Load batches in worker processes ahead of the step: "
+                   + ", ".join(f"{k}={v!r}" for k, v in rec.items()) + ".")
         if per_step_iter:
             workers = settings.get("num_workers") or 0
             message += (f" A new DataLoader iterator is made in {iter_steps} of {len(steps)} steps"

@@ -8,6 +8,8 @@ from auditor.rules.base import Cost, Finding, Fix, Option, Rule
 from auditor.rules.common import by_place, cost_of, locations, on_accelerator, steps_run
 from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
 
+_SUMMARY_WRITER = ("call SummaryWriter.add_* every N steps (each call fetches the tensor from the device), "
+                   "accumulating on the device in between")
 ADVICE = {
     "Tensor.item": "log every N steps, or accumulate on the device (`total += loss.detach()`) and call .item() once",
     "print/repr(Tensor)": "print every N steps, from values already fetched",
@@ -18,10 +20,8 @@ ADVICE = {
     "Tensor.masked_select": "multiply by the mask or use torch.where to keep shapes static",
     "torch.masked_select": "multiply by the mask or use torch.where to keep shapes static",
     "torch.cuda.synchronize": "remove explicit synchronize() calls from the step (profilers sync for you)",
-    "SummaryWriter: Tensor.cpu": "call SummaryWriter.add_* every N steps (each call fetches the tensor from the device), "
-                                 "accumulating on the device in between",
-    "SummaryWriter: Tensor.item": "call SummaryWriter.add_* every N steps (each call fetches the tensor from the device), "
-                                  "accumulating on the device in between",
+    "SummaryWriter: Tensor.cpu": _SUMMARY_WRITER,
+    "SummaryWriter: Tensor.item": _SUMMARY_WRITER,
     "GradScaler.step": "create the optimizer with fused=True (Adam, AdamW, SGD): GradScaler.step then hands it "
                        "the inf check on the device instead of reading found_inf with .item() every step",
 }

@@ -442,15 +442,7 @@ class Nonfinite(Rule):
     def _checkpoint(self, ck: dict) -> Iterable[Finding]:
         bad = [t for t in ck.get("tensors", []) if t.get("nan") or t.get("posinf") or t.get("neginf")]
         logged = (ck.get("training_log") or {}).get("first_nonfinite")
-        history = ""
-        if logged:  # a Hugging Face Trainer checkpoint: its trainer_state.json says when it went bad
-            before = logged.get("last_finite") or {}
-            history = (f" The training log (trainer_state.json) has {logged['key']}={logged['value']} first at step "
-                       f"{logged.get('step')}"
-                       + (f", learning rate {logged['learning_rate']:.3g}" if isinstance(logged.get("learning_rate"), float) else "")
-                       + (f"; the last finite values were loss {before['loss']:.4g}" if isinstance(before.get("loss"), (int, float)) else "")
-                       + (f", grad_norm {before['grad_norm']:.4g}" if isinstance(before.get("grad_norm"), (int, float)) else "")
-                       + (f" at step {before.get('step')}" if before else "") + ".")
+        history = _logged_history(logged) if logged else ""
         if not bad and not logged:
             return
         if not bad:
@@ -472,6 +464,23 @@ class Nonfinite(Rule):
             fix=Fix(summary="Do not resume from this checkpoint: its weights or optimizer state are poisoned. "
                             "Resume from the last checkpoint without NaN/inf and find the origin with `audit run`.",
                     config={}))
+
+
+def _logged_history(logged: dict) -> str:
+    """What a Hugging Face Trainer's trainer_state.json says about when the numbers went bad."""
+    before = logged.get("last_finite") or {}
+    lr = logged.get("learning_rate")
+    parts = [f" The training log (trainer_state.json) has {logged['key']}={logged['value']} first at step "
+             f"{logged.get('step')}"]
+    if isinstance(lr, float):
+        parts.append(f", learning rate {lr:.3g}")
+    if isinstance(before.get("loss"), (int, float)):
+        parts.append(f"; the last finite values were loss {before['loss']:.4g}")
+    if isinstance(before.get("grad_norm"), (int, float)):
+        parts.append(f", grad_norm {before['grad_norm']:.4g}")
+    if before:
+        parts.append(f" at step {before.get('step')}")
+    return "".join(parts) + "."
 
 
 _HZ_STAT = {"log": "smallest input", "log1p": "smallest input", "sqrt": "smallest input", "pow": "smallest input",
