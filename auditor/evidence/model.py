@@ -181,7 +181,9 @@ class Evidence(msgspec.Struct, dict=True):
         times = [d["check_in_step_ms"] for s in self.steps
                  if not s.failed and not s.profiled and isinstance(d := s.extra.get("numerics"), dict)
                  and isinstance(d.get("check_in_step_ms"), (int, float))]
-        return statistics.median(times) if times else None
+        # (rounded once, here: findings.json, the summary and the report then show one number; a
+        # median of two values rounded again in each printed 0.64 beside 0.65)
+        return round(statistics.median(times), 3) if times else None
 
     def tallies(self, kind: str, include_setup: bool = False) -> list[tuple[int, Tally]]:
         """(step index, tally) for every tally of a kind; step -1 is setup (import time)."""
