@@ -60,21 +60,24 @@ class StepSlowdown(Rule):
         ys = [s.ms for s in steps]
         first, last = quarter_medians(ys)
         rho = spearman(xs, ys)
-        if first <= 0 or last / first < options["min-ratio"] or trend_ratio(xs, ys) < options["min-ratio"]:
+        w_trend = trend_ratio(xs, ys)
+        if first <= 0 or w_trend < options["min-ratio"]:  # the robust line of wall time must rise
             return
         if not on_accelerator(ev) and all(s.cpu_ms is not None for s in steps):
             # On the CPU the work itself must grow too: wall time alone also rises when other
-            # processes load the machine. The trend's steadiness is judged on this process's own
-            # CPU time, which that load does not scatter (a burst of it mid-run broke the wall
-            # time's rank correlation of a plainly growing step).
+            # processes load the machine. That load inflates whole stretches of wall time (a
+            # first quarter, a burst mid-run), so the ratio and steadiness are judged on this
+            # process's own CPU time; of wall time only its Theil-Sen line, robust to such
+            # stretches, must rise.
             cpu = [s.cpu_ms for s in steps]
             c_first, c_last = quarter_medians(cpu)
             c_rho = spearman(xs, cpu)
             if (c_first <= 0 or c_last / c_first < options["min-ratio"]
                     or c_rho < options["min-correlation"] or trend_ratio(xs, cpu) < options["min-ratio"]):
                 return
-            judged = {"cpu_ratio": round(c_last / c_first, 3), "cpu_spearman": round(c_rho, 3)}
-        elif rho < options["min-correlation"]:
+            judged = {"cpu_first_quarter_median_ms": round(c_first, 3), "cpu_last_quarter_median_ms": round(c_last, 3),
+                      "cpu_ratio": round(c_last / c_first, 3), "cpu_spearman": round(c_rho, 3)}
+        elif last / first < options["min-ratio"] or rho < options["min-correlation"]:
             return
         else:
             judged = {}
@@ -82,16 +85,24 @@ class StepSlowdown(Rule):
         culprit = self._culprit(steps)
         locs = [Location.of(culprit["where"])] if culprit and culprit["where"] else []
         blame = (f"; {culprit['what']} grew the most (+{culprit['growth_ms']:.1f} ms)" if culprit else "")
+        if judged:
+            head = (f"Step time rose x{w_trend:.2f} along its trend line (+{slope:.2f} ms per step); the step's own "
+                    f"CPU time rose from {judged['cpu_first_quarter_median_ms']:.1f} ms to "
+                    f"{judged['cpu_last_quarter_median_ms']:.1f} ms (x{judged['cpu_ratio']:.2f}, rank correlation "
+                    f"{judged['cpu_spearman']:.2f})")
+        else:
+            head = (f"Step time rose from {first:.1f} ms to {last:.1f} ms (x{last / first:.2f}, "
+                    f"+{slope:.2f} ms per step, rank correlation {rho:.2f})")
+        rise = max(last - first, slope * (xs[-1] - xs[0]))
         yield self.finding(
-            f"Step time rose from {first:.1f} ms to {last:.1f} ms (x{last / first:.2f}, "
-            f"+{slope:.2f} ms per step, rank correlation {judged.get('cpu_spearman', rho):.2f}"
-            f"{' in CPU time' if judged else ''}) over {len(steps)} steps{blame}.",
+            f"{head} over {len(steps)} steps{blame}.",
             locations=locs,
             evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
-                      "ratio": round(last / first, 3), "slope_ms_per_step": round(slope, 4),
+                      "ratio": round(last / first, 3), "trend_ratio": round(w_trend, 3),
+                      "slope_ms_per_step": round(slope, 4),
                       "spearman": round(rho, 3), **judged, "steps_used": len(steps),
                       "growing_phase": {k: v for k, v in (culprit or {}).items() if k != "where"} or None},
-            cost=Cost(ms_per_step=round(last - first, 3), share_of_step=round((last - first) / last, 4),
+            cost=Cost(ms_per_step=round(rise, 3), share_of_step=round(min(1.0, rise / max(last, rise)), 4),
                       measured=True, note="extra time per step at the end of the run vs its start"),
             fix=Fix(summary="Find what accumulates per step (see the growing phase and graph-leak / "
                             "memory-growth findings) and stop keeping it."),
