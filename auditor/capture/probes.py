@@ -431,39 +431,32 @@ def _install_dataloader_probes() -> None:
             return orig(self, loader, *args, **kwargs)
         return probe
 
-    def make_next(orig):
-        def probe(self):
-            rec = REC
-            if not rec.on():
-                return orig(self)
-            f = sys._getframe(1)
-            rec.in_data += 1
-            t0 = perf()
-            try:
-                return orig(self)
-            finally:
-                rec.in_data -= 1
-                rec.add(m.DATA_WAIT, "DataLoader.__next__", user_frame(f), (perf() - t0) * 1e3,
-                        loader=getattr(self, "_audit_loader_id", 0))
-        return probe
+    def timed_in_data(kind: str, what: str, data_of: Callable[[Any], dict], outermost_only: bool):
+        # DataLoader work the step waits for, timed at the user's line; calls made inside it are
+        # the loader's own (in_data), not the step's
+        def make(orig):
+            def probe(self):
+                rec = REC
+                if not rec.on() or (outermost_only and rec.in_data):
+                    return orig(self)
+                f = sys._getframe(1)
+                rec.in_data += 1
+                t0 = perf()
+                try:
+                    return orig(self)
+                finally:
+                    rec.in_data -= 1
+                    rec.add(kind, what, user_frame(f), (perf() - t0) * 1e3, **data_of(self))
+            return probe
+        return make
 
-    def make_loader_iter(orig):
-        # iter(loader) starts a multiprocessing iterator's workers (a process each): in a step
-        # (`next(iter(loader))`) that is paid every step
-        def probe(self):
-            rec = REC
-            if not rec.on() or rec.in_data:
-                return orig(self)
-            f = sys._getframe(1)
-            rec.in_data += 1
-            t0 = perf()
-            try:
-                return orig(self)
-            finally:
-                rec.in_data -= 1
-                rec.add(m.DATA_ITER, "DataLoader.__iter__", user_frame(f), (perf() - t0) * 1e3,
-                        loader=id(self), workers=getattr(self, "num_workers", 0) or 0)
-        return probe
+    make_next = timed_in_data(m.DATA_WAIT, "DataLoader.__next__",
+                              lambda it: {"loader": getattr(it, "_audit_loader_id", 0)}, outermost_only=False)
+    # iter(loader) starts a multiprocessing iterator's workers (a process each): in a step
+    # (`next(iter(loader))`) that is paid every step
+    make_loader_iter = timed_in_data(
+        m.DATA_ITER, "DataLoader.__iter__",
+        lambda loader: {"loader": id(loader), "workers": getattr(loader, "num_workers", 0) or 0}, outermost_only=True)
 
     def make_shutdown(orig):
         # an iterator dropped before its end joins its workers (in __del__, at the user's line that
