@@ -3,6 +3,7 @@ trainers audited for real through the CLI, clean twins that stay silent, weight 
 collector installed, and table tests of the rules' thresholds on small evidence."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -320,6 +321,130 @@ def test_origin_inside_a_library_leaf_module(tmp_path):
     assert (str(trainer), line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
     # body, the user's torch.relu, mul, head, mean: each leaf module is one op
     assert numerics(a)[0]["ops"] == 5
+
+
+INPLACE_AFTER_LEAF = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+body = nn.Linear(8, 8)
+head = nn.Linear(8, 1)
+x = torch.randn(16, 8)
+
+
+def step(i):
+    body.zero_grad()
+    head.zero_grad()
+    h = body(x)
+    h.mul_(float("inf") if i >= 3 else 1.0)  # SCALE LINE
+    head(h).mean().backward()
+"""
+
+
+INPLACE_LEAF_AFTER_LEAF = INPLACE_AFTER_LEAF.replace(
+    "x = torch.randn(16, 8)\n", "x = torch.randn(16, 8)\ncut = nn.Threshold(-1e9, float('inf'), inplace=True)\n").replace(
+    '    h.mul_(float("inf") if i >= 3 else 1.0)  # SCALE LINE',
+    "    cut.threshold = 1e9 if i >= 3 else -1e9\n    h = cut(h)  # SCALE LINE")
+
+
+@pytest.mark.parametrize("source,op", [(INPLACE_AFTER_LEAF, "Tensor.mul_"), (INPLACE_LEAF_AFTER_LEAF, "torch.nn.Threshold")],
+                         ids=["op", "leaf-module"])
+def test_an_in_place_write_into_a_leaf_output_is_the_origin(tmp_path, source, op):
+    """A CPU leaf call's output is checked late (when the loss shows the step went wrong), so a
+    later in-place op or in-place leaf module that overwrites it must have it checked first:
+    otherwise the Linear would be blamed for the inf written into its output."""
+    trainer = tmp_path / "inplace.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "5", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert ev["first_step"] == 3 and ev["op"] == op
+    assert ev["inputs"][0]["finite"] and ev["outputs"][0]["max"] == "inf"
+    line = next(n for n, text in enumerate(source.splitlines(), 1) if "# SCALE LINE" in text)
+    assert (str(trainer), line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
+    assert [d["ops"] for d in numerics(a)] == [4] * 5  # body, mul_ or cut, head, mean
+
+
+DEFERRED_VS_EAGER = r"""
+import json, sys
+import torch
+from torch import nn
+from auditor.capture import numerics, probes
+
+probes.install()
+col = numerics.Numerics()
+col.install()
+col.defer_cpu = sys.argv[1] == "defer"
+if sys.argv[2] == "tiny":
+    numerics.DEFER_MAX_BYTES = 1  # every deferred call is reduced at once
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+nn.init.constant_(net[0].weight, 0.5)
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+x = torch.rand(32, 8)
+out, sites = [], {}
+
+
+def name(sid):  # site ids are interned in the order sites are first recorded: compare what they name
+    site = sites[str(sid)]
+    return [site["op"], site["where"]["line"] if site["where"] else None]
+
+
+def named(d):
+    d = dict(d)
+    d["nonfinite_sites"] = sorted(map(name, d["nonfinite_sites"]))
+    d["hazards"] = sorted([name(s), v] for s, v in d["hazards"])
+    if "origin" in d:
+        o = d["origin"] = dict(d["origin"])
+        o["hazards"] = sorted([name(s), v] for s, v in o["hazards"])
+        # (a weight's range is carried from where it was last measured: in the forward pass when
+        # checked eagerly, after the update when the forward's checks were deferred)
+        o["inputs"] = [{k: v for k, v in r.items() if "param" not in r or k not in ("min", "max")}
+                       for r in o.get("inputs", [])]
+        if "site" in o:
+            o["site"] = name(o["site"])
+    return d
+
+
+for i in range(6):
+    col.step_begin(i)
+    opt.zero_grad()
+    for half in x.chunk(2):  # two micro-batches: two backward passes a step
+        h = net[0](half * (3e38 if i >= 4 else 1.0))  # finite; the first Linear's output is not
+        h = net[1:](h)
+        (h.mean() + torch.log(h.abs() + 1).mean()).backward()
+    opt.step()
+    with torch.no_grad():
+        net(x).sum()  # after the last backward pass: settled at the step's end
+    d = col.step_end(i)
+    sites.update(d.get("sites", {}))
+    out.append(named({k: d[k] for k in ("ops", "nonfinite_ops", "nonfinite_sites", "loss", "hazards", "origin")
+                      if k in d}))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("mode", ["defer", "tiny"])
+def test_deferred_leaf_checks_record_what_eager_checks_do(tmp_path, mode):
+    """The same steps, checked with CPU leaf calls deferred (settled by the loss, with two backward
+    passes a step, an in-place ReLU, and calls after the last backward pass) or with the deferral
+    bound forcing each to be reduced at once, give the very records of eager checks, origin included."""
+    script = tmp_path / "compare.py"
+    script.write_text(DEFERRED_VS_EAGER)
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
+
+    def records(*args: str) -> list:
+        p = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    eager = records("eager", "-")
+    assert eager[3].get("origin") is None
+    line = next(n for n, text in enumerate(DEFERRED_VS_EAGER.splitlines(), 1) if "h = net[0](" in text)
+    assert eager[4]["origin"]["step"] == 4 and eager[4]["origin"]["site"] == ["torch.nn.Linear", line]
+    assert records("defer", "tiny" if mode == "tiny" else "-") == eager
 
 
 INFERENCE_VALIDATION = """
