@@ -14,11 +14,16 @@ Each pair of steps is timed back to back; the overhead is the median over pairs 
 (A's interval - B's step time) / B's step time. At the end both copies' weights must be equal:
 the audit did not change what the training computed.
 
-    python bench/bench_step_overhead.py [--steps 600] [--threads N]
+    python bench/bench_step_overhead.py [--steps 600] [--threads N] [--batch B]
+
+The step is examples/clean.py's with `--batch` rows a batch: 384 (the default) makes it the
+~10 ms step issue #2 states its target for, on this project's machine; 256 is the example as
+it is (~6-8 ms).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import statistics
@@ -102,9 +107,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--no-numerics", action="store_true", help="audit without the numerics checks (to split the cost)")
+    ap.add_argument("--batch", type=int, default=384, help="rows a batch (examples/clean.py uses 256)")
     args = ap.parse_args()
     sys.path.insert(0, str(EXAMPLES))
     import torch
+
+    import _common
+
+    _common.make = functools.partial(_common.make, batch=args.batch)  # (what clean.py imports)
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -157,7 +167,7 @@ def main() -> None:
     reader.wait()
     same = all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
     q = statistics.quantiles(ratios, n=4)
-    print(f"threads {torch.get_num_threads()}, {args.steps} step pairs of examples/clean.py")
+    print(f"threads {torch.get_num_threads()}, {args.steps} step pairs of examples/clean.py, batch {args.batch}")
     print(f"plain step    median {statistics.median(b_ms):.2f} ms")
     print(f"audited step  median {statistics.median(a_ms):.2f} ms (interval between step starts)")
     print(f"overhead      median {100 * statistics.median(ratios):+.1f}% per step "

@@ -315,7 +315,7 @@ def _target_file(spec: str) -> str | None:
 
 
 def _device_memory() -> dict:
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if not torch.cuda.is_initialized() or not torch.cuda.is_available():  # (the cheap test first)
         return {}
     return {"device_allocated": torch.cuda.memory_allocated(), "device_reserved": torch.cuda.memory_reserved()}
 

@@ -395,6 +395,34 @@ class _Mode(TorchFunctionMode):
         return out
 
 
+class _OptPlan:
+    """An optimizer's checkable parameters and what follows from them (see Numerics._plan_of)."""
+
+    __slots__ = ("ref", "key", "params", "half", "cpu_plain_dtype", "trustable", "_names")
+
+    def __init__(self, opt: Any, key: tuple, params: list[torch.Tensor]) -> None:
+        self.ref = weakref.ref(opt)
+        self.key = key
+        self.params = params
+        dtypes = {p.dtype for p in params}
+        cpu = all(p.is_cpu for p in params)
+        self.half = torch.float16 in dtypes
+        # one CPU dtype the norm accumulates in as it is (float32 or float64): no dtype argument
+        self.cpu_plain_dtype = cpu and len(dtypes) == 1 and dtypes <= {torch.float32, torch.float64}
+        cls = type(opt)
+        # an update that cannot make finite weights non-finite, given finite moderate gradients
+        # and learning rates (see Numerics._update_keeps_finite); float16 weights never qualify:
+        # eps=1e-8 is 0 in float16, and a zero second moment gives 0/0
+        self.trustable = (cls.__name__ in TRUSTED_OPTIMIZERS and cls.__module__.startswith("torch.optim")
+                          and cpu and not self.half)
+        self._names: tuple | None = None
+
+    def names(self, col: "Numerics") -> tuple[list[str], list[str], int]:
+        if self._names is None:
+            self._names = col._names_of(self.params)
+        return self._names
+
+
 class Numerics:
     """Collector (see auditor.capture.collectors): one per child process."""
 
@@ -430,7 +458,7 @@ class Numerics:
         self.param_stats: dict[int, tuple] = {}
         self.untrusted_opts: set[int] = set()  # optimizers that have seen a non-finite gradient
         self.names_cache: dict[tuple, tuple[list[str], list[str], int]] = {}
-        self.opt_params: dict[int, tuple[weakref.ref, tuple, list[torch.Tensor]]] = {}  # see _params_of
+        self.opt_plans: dict[int, _OptPlan] = {}  # id(optimizer) -> its plan (see _plan_of)
         self.list_ids: dict[tuple, int] = {}  # (names, layers) -> id in param_lists
         self.param_lists: list[dict] = []  # lists of parameters named in step records, sent once
         self.sent_lists = 0
@@ -987,7 +1015,7 @@ class Numerics:
             if self.in_step and self.checking and self.opt_steps and self.opt_steps[-1]["opt"] == self.opt_index.get(opt):
                 torch._C._set_grad_enabled(False)
                 rec = self.opt_steps[-1]
-                params = rec["params"]
+                params = rec["plan"].params
                 if params and self._update_keeps_finite(opt, rec, params):
                     stats = self.param_stats
                     for p in params:  # same ranges, now valid for the updated version
@@ -1038,9 +1066,7 @@ class Numerics:
         learning rates, eps > 0, finite and moderate gradients, never a non-finite gradient
         before, no float16 weights, and ranges measured within PARAM_REFRESH steps (the ranges
         then stay those of that step; an origin report says so)."""
-        cls = type(opt)
-        if (cls.__name__ not in TRUSTED_OPTIMIZERS or not cls.__module__.startswith("torch.optim")
-                or rec["opt"] in self.untrusted_opts or "grad_norms_host" not in rec):
+        if not rec["plan"].trustable or rec["opt"] in self.untrusted_opts or "grad_norms_host" not in rec:
             return False
         lrs = []
         for g in opt.param_groups:
@@ -1050,11 +1076,11 @@ class Numerics:
             lrs.append(lr)
         if not all(math.isfinite(x) and x >= 0 for x in lrs):
             return False
+        stats = self.param_stats
+        oldest = self.step - PARAM_REFRESH
         for p in params:
-            e = self.param_stats.get(id(p))
-            # (float16 weights: eps=1e-8 is 0 in float16, and a zero second moment gives 0/0)
-            if (not p.is_cpu or p.dtype == torch.float16 or e is None or e[0]() is not p
-                    or self.step - e[4] >= PARAM_REFRESH):
+            e = stats.get(id(p))
+            if e is None or e[4] <= oldest or e[0]() is not p:
                 return False
         norms = rec["grad_norms_host"]
         if not all(math.isfinite(n) for n in norms):
@@ -1070,8 +1096,6 @@ class Numerics:
         # gradient is float64 (the norm refuses to narrow it)
         dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
         if len(by_device) == 1 and tensors[0].is_cpu:  # read at once: no stack, no transfer
-            if all(t.dtype is dtype for t in tensors):  # (the dtype argument costs ~5%)
-                return self.values.add_host([_TB.item(n) for n in torch._foreach_norm(tensors, 2)])
             return self.values.add_host([_TB.item(n) for n in torch._foreach_norm(tensors, 2, dtype=dtype)])
         parts = [torch.stack(torch._foreach_norm(ts, 2, dtype=dtype)) for ts in by_device.values()]
         return self.values.add(parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts]))
@@ -1086,38 +1110,42 @@ class Numerics:
             # (a tensor lr is cloned: a scheduler may update it in place before the step's end)
             lrs.append(("ref", self.values.add(lr.detach().reshape(()).clone())) if isinstance(lr, torch.Tensor)
                        else lr)
-        params = self._params_of(opt)
+        plan = self._plan_of(opt)
+        params = plan.params
         grads, owners = [], []
         for p in params:
             grad = p.grad
-            # (the parameter is checkable, so its gradient is a floating tensor with data)
+            # (the parameter is checkable, so its gradient is a floating tensor with data, and
+            # torch keeps a gradient's dtype and device those of its parameter)
             if grad is not None and type(grad) is torch.Tensor and not grad.is_sparse and not _is_wrapped(grad):
                 grads.append(grad)
                 owners.append(p)
-        rec: dict[str, Any] = {"opt": idx, "site": self._site("optimizer.step", 3), "lrs": lrs, "params": params,
-                               "sched_epochs": {str(i): s.last_epoch for s, i in self._scheds_of(opt)}}
+        rec: dict[str, Any] = {"opt": idx, "site": self._site("optimizer.step", 3), "lrs": lrs, "plan": plan,
+                               "sched_epochs": {str(i): s.last_epoch for s, i in self._scheds_of(opt)} if self.scheds else {}}
         if grads:
-            half = sum(1 for t in grads if t.dtype == torch.float16)
-            if half:  # float16 weights updated from float16 gradients (amp-unscaled)
-                rec["fp16_grads"] = half
-            rec["grad_norms"] = self._norms(grads)
+            if plan.half:  # float16 weights updated from float16 gradients (amp-unscaled)
+                rec["fp16_grads"] = sum(1 for t in grads if t.dtype == torch.float16)
+            if plan.cpu_plain_dtype:  # the common case: read at once, no dtype argument (it costs ~5%)
+                rec["grad_norms"] = self.values.add_host([_TB.item(n) for n in torch._foreach_norm(grads, 2)])
+            else:
+                rec["grad_norms"] = self._norms(grads)
             host = self.values.vals[rec["grad_norms"]]
             if host is not None:  # already read (CPU): the post-hook may use it
                 rec["grad_norms_host"] = host
-            rec["grad_list"] = self._names_of(owners)
+            rec["grad_list"] = plan.names(self) if len(owners) == len(params) else self._names_of(owners)
         return rec
 
-    def _params_of(self, opt) -> list[torch.Tensor]:
-        """The optimizer's checkable parameters, kept while its param groups stay the same lists
-        with the same lengths (built again in each of the step's two hooks, they cost ~30 us)."""
+    def _plan_of(self, opt) -> "_OptPlan":
+        """What the optimizer hooks need to know of an optimizer, kept while its param groups
+        stay the same lists with the same lengths (worked out in each hook of every step, it cost
+        ~0.1 ms of Python a step)."""
         groups = opt.param_groups
         key = tuple([(id(g["params"]), len(g["params"])) for g in groups])
-        hit = self.opt_params.get(id(opt))
-        if hit is not None and hit[1] == key and hit[0]() is opt:
-            return hit[2]
-        params = [p for g in groups for p in g["params"] if _checkable(p)]
-        self.opt_params[id(opt)] = (weakref.ref(opt), key, params)
-        return params
+        plan = self.opt_plans.get(id(opt))
+        if plan is not None and plan.key == key and plan.ref() is opt:
+            return plan
+        plan = self.opt_plans[id(opt)] = _OptPlan(opt, key, [p for g in groups for p in g["params"] if _checkable(p)])
+        return plan
 
     def _names_of(self, params: list[torch.Tensor]) -> tuple[list[str], list[str], int]:
         """Names and owning modules of a list of parameters, and the id of that list in the
