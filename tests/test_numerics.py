@@ -348,8 +348,12 @@ INPLACE_LEAF_AFTER_LEAF = INPLACE_AFTER_LEAF.replace(
     "    cut.threshold = 1e9 if i >= 3 else -1e9\n    h = cut(h)  # SCALE LINE")
 
 
-@pytest.mark.parametrize("source,op", [(INPLACE_AFTER_LEAF, "Tensor.mul_"), (INPLACE_LEAF_AFTER_LEAF, "torch.nn.Threshold")],
-                         ids=["op", "leaf-module"])
+INPLACE_VIEW_AFTER_LEAF = INPLACE_AFTER_LEAF.replace("    h.mul_(", "    h[:, :4].mul_(")
+
+
+@pytest.mark.parametrize("source,op", [(INPLACE_AFTER_LEAF, "Tensor.mul_"), (INPLACE_VIEW_AFTER_LEAF, "Tensor.mul_"),
+                                       (INPLACE_LEAF_AFTER_LEAF, "torch.nn.Threshold")],
+                         ids=["op", "op-on-a-view", "leaf-module"])
 def test_an_in_place_write_into_a_leaf_output_is_the_origin(tmp_path, source, op):
     """A CPU leaf call's output is checked late (when the loss shows the step went wrong), so a
     later in-place op or in-place leaf module that overwrites it must have it checked first:

@@ -16,6 +16,21 @@ the rules need is recorded while the steps run, cheaply enough to stay on for th
   arguments and own parameters in and its output out, at the user's line of the module call. Most
   of a model's calls happen inside such modules, and the mode's dispatch (~10-20 us a call on a
   busy step) is the largest fixed cost of checking one.
+* A CPU leaf call (one output tensor, not float16) is deferred: its arguments and output are kept,
+  not reduced, and its place in the step's op order is held. When a backward pass starts, the
+  loss it starts from settles them: finite, and every deferred call is taken as checked and let go
+  (a non-finite value made on the way would have reached the loss, NaN and Inf propagate; one
+  masked off before it did is what eager checks call benign); not finite, and each is reduced
+  then, before the backward pass or the update changes anything, so the origin is found as if
+  they had been checked at once. (The one case this misjudges: a value made before a backward
+  pass, used only by a later loss of the same step; a NaN in it is then traced to the first call
+  that used it after that backward pass.) A call about to
+  write into a deferred output (`out += x`, `x[i] = v`, an in-place leaf) has that output reduced
+  first; the optimizer pre-hook and the step's end reduce whatever is still deferred (steps with
+  no backward pass, calls after the last one); and past DEFER_MAX_BYTES of kept outputs they are
+  reduced at once, so the memory they hold stays bounded. On a healthy step most reductions,
+  and nearly all of their Python, never happen. (Only on the CPU: on a GPU the kept outputs would
+  be device memory, and there the checks are asynchronous kernels anyway.)
 * Global optimizer step hooks record, per optimizer step, the gradient norms (one `_foreach_norm`),
   parameter norms after the update and the learning rate of each param group.
 * Probes on Optimizer/LRScheduler construction and `load_state_dict`, GradScaler and autocast
@@ -25,9 +40,9 @@ Every check runs under `torch.no_grad()` on tensors the user already made, and o
 the user's computation, its RNG and its autograd graph are untouched. Checking code that fails is
 switched off (counted in `errors`), never allowed to fail the step.
 
-Cost (bench/bench_numerics.py): per checked call one `aminmax` of its result (none for relu,
-sigmoid and tanh, whose range follows from their input's) plus ~10-20 us of Python and the mode's
-own dispatch; per optimizer step one `_foreach_norm` of the gradients and one range per parameter
+Cost (bench/bench_numerics.py, bench/bench_leaves.py): per checked call one `aminmax` of its result
+(none for relu, sigmoid and tanh, whose range follows from their input's) plus ~10-20 us of Python
+and the mode's own dispatch, ~20 us per deferred CPU leaf call; per optimizer step one `_foreach_norm` of the gradients and one range per parameter
 after the update. On the CPU, where reading a value costs no device sync, values are read as they
 are made (one `item` each) instead of batched, and the weights are not re-measured after an update
 that cannot have made them non-finite (built-in optimizer, finite lr, eps > 0, finite moderate
@@ -747,16 +762,19 @@ class Numerics:
     def resolve_written(self, args: tuple, kwargs: dict) -> None:
         """A call is about to write into a tensor a deferred call made (`out += x`, `x[i] = v`,
         `relu_`): reduce that call first, while its output is still what it made."""
+        pending = self.pending
         for t in (*args, *kwargs.values()):
-            idx = self.pending.pop(id(t), None) if isinstance(t, torch.Tensor) else None
-            if idx is not None:
-                for i in idx:
-                    self._resolve(i)
+            if isinstance(t, torch.Tensor):
+                for u in (t, t._base):  # (a view writes into its base: `h[:, 0] += x`)
+                    idx = pending.pop(id(u), None) if u is not None else None
+                    if idx is not None:
+                        for i in idx:
+                            self._resolve(i)
 
     def _settle(self, finite: bool) -> None:
         """The loss a backward pass starts from was computed from the deferred calls' outputs.
         Finite: they are taken as checked (a non-finite value made on the way would have reached
-        the loss; one that did not cannot have touched it) and let go without a reduction.
+        the loss) and let go without a reduction.
         Not finite: each is reduced now, before the backward pass and the update change
         anything, and the step's origin is found among them as usual."""
         if finite:
