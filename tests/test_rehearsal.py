@@ -230,6 +230,12 @@ out["Generator(device=cuda)"] = [str(g.device), isinstance(g, torch.Generator),
 g.manual_seed(5)
 out["a CUDA generator draws the CPU's numbers"] = torch.equal(torch.randn(4, device="cuda", generator=g).cpu(),
                                                               torch.randn(4, generator=g_host))
+d0 = torch.cuda.default_generators[0]
+d0.manual_seed(3)
+torch.cuda.manual_seed(11)
+out["torch.cuda.default_generators"] = [len(torch.cuda.default_generators), str(d0.device), d0.initial_seed(),
+                                        torch.cuda.initial_seed(),
+                                        device_of(torch.randn(2, device="cuda", generator=d0))]
 out["a generator of the other device"] = [refused(lambda: torch.randn(3, generator=g)),
                                           refused(lambda: torch.randn(3, device="cuda", generator=g_host)),
                                           refused(lambda: next(iter(DataLoader(range(8), shuffle=True, generator=g))))]
@@ -278,6 +284,8 @@ EXPECTED = {
     "set_default_device(cuda)": ["cuda:0", "cuda", "cuda:0"],
     "Generator(device=cuda)": ["cuda:0", True, True, "cuda", "cuda", "cuda"],
     "a CUDA generator draws the CPU's numbers": True,
+    # seeding helpers index the device's default generator; torch.cuda.manual_seed seeds it too
+    "torch.cuda.default_generators": [1, "cuda:0", 11, 11, "cuda"],
     # what a GPU raises (pytorch's check_generator), and so what the rehearsal raises
     "a generator of the other device": ["Expected a 'cpu' device type for generator but found 'cuda'",
                                         "Expected a 'cuda' device type for generator but found 'cpu'",

@@ -199,15 +199,19 @@ class StreamContext:
 # --- RNG -----------------------------------------------------------------------------------------
 
 class _Rng:
-    """The rehearsed device's seed: kept for `initial_seed()`; no generator draws from it."""
+    """The rehearsed device's seed: kept for `initial_seed()` and given to the device's default
+    generator; the random numbers the program draws on the device come from the CPU's generator."""
 
     seed = 0
+    generator: Any = None  # torch.cuda.default_generators[0], once installed
 
     def manual_seed(self, seed: int) -> None:
         self.seed = int(seed)
+        if self.generator is not None:
+            self.generator.manual_seed(self.seed)
 
     def new_seed(self) -> None:
-        self.seed = int.from_bytes(os.urandom(8), "little") >> 1
+        self.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
 
     def state(self, device: Any = "cuda") -> torch.Tensor:
         return torch.tensor(list(self.seed.to_bytes(8, "little")) + [0] * 8, dtype=torch.uint8)
@@ -383,5 +387,10 @@ def install() -> list[str]:
     cuda.nvtx._nvtx = _NvtxStub()
     torch.Generator = RehearsalGenerator  # type: ignore[misc]
     replaced.append("torch.Generator")
+    # the device's default generator (`torch.cuda.default_generators[0].manual_seed(s)` in seeding
+    # helpers): a generator of the rehearsed device's own, which `torch.cuda.manual_seed` seeds too
+    _RNG.generator = RehearsalGenerator("cuda")
+    cuda.default_generators = (_RNG.generator,)
+    replaced.append("default_generators")
     _install_amp()
     return sorted(set(replaced))
