@@ -478,7 +478,7 @@ class Numerics:
         self.param_lists: list[dict] = []  # lists of parameters named in step records, sent once
         self.sent_lists = 0
         self.origins = 0
-        self.defer_cpu = not __import__("os").environ.get("NODEFER")  # CPU leaf calls are settled by the loss (see _defer)
+        self.defer_cpu = True  # CPU leaf calls are settled by the loss (see _defer)
         self.mstack: list[int] = []  # running modules, innermost last
         self.wstack: list[Any] = []  # for each: the user's line of its call if it is a library module
         self.lstack: list[bool] = []  # for each: whether its pre-hook took the mode off (a leaf)
