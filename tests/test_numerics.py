@@ -371,6 +371,45 @@ def test_an_in_place_write_into_a_leaf_output_is_the_origin(tmp_path, source, op
     assert [d["ops"] for d in numerics(a)] == [4] * 5  # body, mul_ or cut, head, mean
 
 
+MASK_BY_DESIGN = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+q, k, head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 1)
+x = torch.randn(4, 6, 8)
+causal = torch.ones(6, 6, dtype=torch.bool).triu(1)
+
+
+def step(i):
+    for m in (q, k, head):
+        m.zero_grad()
+    scores = q(x) @ k(x).transpose(1, 2)
+    scores = scores.masked_fill(causal, float("-inf"))  # MASK LINE: by design, every step
+    temperature = 0.0 if i >= 20 else 1.0  # annealed to nothing: -inf * 0 is NaN
+    attn = (scores * temperature).softmax(-1)  # TEMPERATURE LINE
+    head(attn @ x).mean().backward()
+"""
+
+
+def test_a_masks_minus_inf_is_learned_as_benign_with_deferred_checks(tmp_path):
+    """An attention mask's -inf is made in every healthy step. Deferred checks still reduce the
+    calls of a few healthy steps, so that site is known to be by design, and the NaN of step 20 is
+    traced to the temperature line (the multiply makes -inf in healthy steps too, so the first call
+    there that makes a NaN out of by-design values is the softmax), not to the mask that came first."""
+    trainer = tmp_path / "mask.py"
+    trainer.write_text(MASK_BY_DESIGN)
+    a = audit("run", f"{trainer}:step", "--steps", "21", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert ev["first_step"] == 20 and ev["op"] == "Tensor.softmax", ev
+    line = next(n for n, text in enumerate(MASK_BY_DESIGN.splitlines(), 1) if "# TEMPERATURE LINE" in text)
+    assert {(loc["file"], loc["line"]) for loc in f["locations"]} == {(str(trainer), line)}
+    # steps 0-2 and 16 were reduced in full: the mask's -inf counted there; the others were settled by the loss
+    assert [k for k, d in enumerate(numerics(a)[:20]) if d["nonfinite_ops"]] == [0, 1, 2, 16]
+
+
 DEFERRED_VS_EAGER = r"""
 import json, sys
 import torch

@@ -16,8 +16,10 @@ the rules need is recorded while the steps run, cheaply enough to stay on for th
   arguments and own parameters in and its output out, at the user's line of the module call. Most
   of a model's calls happen inside such modules, and the mode's dispatch (~10-20 us a call on a
   busy step) is the largest fixed cost of checking one.
-* A CPU leaf call (one output tensor, not float16) is deferred: its arguments and output are kept,
-  not reduced, and its place in the step's op order is held. When a backward pass starts, the
+* A CPU leaf call (one output tensor, not float16), and a plain call the mode sees (not one of the
+  hazard kinds, whose statistic is wanted in healthy steps too, and not one that writes into its
+  arguments), is deferred: its tensors are kept, not reduced, and its place in the step's op order
+  is held (a call's site is found at once, while its frames exist). When a backward pass starts, the
   loss it starts from settles them: finite, and every deferred call is taken as checked and let go
   (a non-finite value made on the way would have reached the loss, NaN and Inf propagate; one
   masked off before it did is what eager checks call benign); not finite, and each is reduced
@@ -28,7 +30,9 @@ the rules need is recorded while the steps run, cheaply enough to stay on for th
   write into a deferred output (`out += x`, `x[i] = v`, an in-place leaf) has that output reduced
   first; the optimizer pre-hook and the step's end reduce whatever is still deferred (steps with
   no backward pass, calls after the last one); and past DEFER_MAX_BYTES of kept outputs they are
-  reduced at once, so the memory they hold stays bounded. On a healthy step most reductions,
+  reduced at once, so the memory they hold stays bounded. The first LEARN_STEPS healthy steps
+  and every LEARN_EVERY-th are reduced in full anyway: a site that makes non-finite values by
+  design (an attention mask's -inf) is learned as benign there, as eager checks learn it. On a healthy step most reductions,
   and nearly all of their Python, never happen. (Only on the CPU: on a GPU the kept outputs would
   be device memory, and there the checks are asynchronous kernels anyway.)
 * Global optimizer step hooks record, per optimizer step, the gradient norms (one `_foreach_norm`),
@@ -87,6 +91,7 @@ MAX_HAZARD_SITES = 64
 MAX_ERRORS = 20  # after this many failures of our own checking code, op checking switches off
 FP16_MAX = 65504.0
 
+LEARN_STEPS, LEARN_EVERY = 3, 16  # healthy steps whose deferred calls are reduced anyway (see _settle)
 DEFER_MAX_BYTES = 64 << 20  # deferred leaf outputs kept at most (beyond it they are reduced at once)
 PARAM_REFRESH = 8  # on the CPU, weights are re-measured at least this often after safe updates
 TRUSTED_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
@@ -564,7 +569,7 @@ class Numerics:
         self.scaler_updates: list[tuple[int, int | None, int]] = []
         self.scale_calls = 0
         self.check_s = 0.0
-        # deferred leaf calls: (ops slot, module, args, output, where, module id), None once settled
+        # deferred calls: (ops slot, resolve, its arguments), None once settled (see _defer)
         self.deferred: list[tuple | None] = []
         self.pending: dict[int, list[int]] = {}  # id of a deferred output -> its calls in `deferred`
         self.deferred_bytes = 0
@@ -700,12 +705,15 @@ class Numerics:
         if rec is not None and rec.in_data:
             return
         if self.defer_cpu and type(output) is torch.Tensor and output.is_cpu and output.dtype is not _HALF:
-            self._defer(module, args, output)
+            if len(self.ops) >= MAX_OPS_PER_STEP:
+                self.dropped += 1
+                return
+            self._defer(self._leaf_record, (module, args, output, self.wstack[-1], self.mstack[-1]), (output,))
         else:
-            self._leaf_record(module, args, output, self.wstack[-1], None, None)
+            self._leaf_record(None, module, args, output, self.wstack[-1], None)
 
-    def _leaf_record(self, module: torch.nn.Module, args: tuple, output: Any, where: Any,
-                     mid: int | None, slot: int | None) -> None:
+    def _leaf_record(self, slot: int | None, module: torch.nn.Module, args: tuple, output: Any, where: Any,
+                     mid: int | None) -> None:
         if type(output) in _PLAIN_TYPES:
             if not _checkable(output):
                 return
@@ -723,25 +731,24 @@ class Numerics:
 
     # --- deferred leaf checks (CPU) ---------------------------------------------------------------
 
-    def _defer(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
-        """Keep a CPU leaf call's arguments and output instead of reducing them now: most of a
-        step's checks, and all of their Python, are then never needed. The call's slot in `ops`
-        keeps its place in execution order; `on_backward` settles it from the loss (`_settle`),
-        a call about to overwrite its output reduces it first (`resolve_written`), and anything
-        still pending at the optimizer step or the step's end is reduced then."""
+    def _defer(self, resolve: Callable, payload: tuple, outs: Any) -> None:
+        """Keep a CPU call's tensors instead of reducing them now: most of a step's checks, and
+        all of their Python, are then never needed. The call's slot in `ops` keeps its place in
+        execution order; `on_backward` settles it from the loss (`_settle`), a call about to
+        overwrite its output reduces it first (`resolve_written`), and anything still pending at
+        the optimizer step or the step's end is reduced then. `resolve(slot, *payload)` records it."""
         ops = self.ops
-        if len(ops) >= MAX_OPS_PER_STEP:
-            self.dropped += 1
-            return
         i = len(self.deferred)
-        self.deferred.append((len(ops), module, args, output, self.wstack[-1], self.mstack[-1]))
+        self.deferred.append((len(ops), resolve, payload))
         ops.append(_PENDING)
-        hit = self.pending.get(id(output))
-        if hit is None:
-            self.pending[id(output)] = [i]
-        else:  # an in-place leaf (ReLU(inplace=True)) wrote into a deferred output
-            hit.append(i)
-        self.deferred_bytes += output.nbytes
+        pending = self.pending
+        for o in outs:
+            hit = pending.get(id(o))
+            if hit is None:
+                pending[id(o)] = [i]
+            else:  # an in-place leaf (ReLU(inplace=True)) wrote into a deferred output
+                hit.append(i)
+            self.deferred_bytes += o.nbytes
         if self.deferred_bytes > DEFER_MAX_BYTES:  # bounded: the kept tensors may outlive their use
             self.resolve_deferred()
 
@@ -750,8 +757,7 @@ class Numerics:
         if d is None:
             return
         self.deferred[i] = None
-        slot, module, args, output, where, mid = d
-        self._leaf_record(module, args, output, where, mid, slot)
+        d[1](d[0], *d[2])
 
     def resolve_deferred(self) -> None:
         """Reduce every deferred call now, in execution order: as an eager check would have."""
@@ -776,8 +782,11 @@ class Numerics:
         Finite: they are taken as checked (a non-finite value made on the way would have reached
         the loss) and let go without a reduction.
         Not finite: each is reduced now, before the backward pass and the update change
-        anything, and the step's origin is found among them as usual."""
-        if finite:
+        anything, and the step's origin is found among them as usual. They are reduced in a
+        healthy step too, in the first LEARN_STEPS steps and every LEARN_EVERY-th: what makes
+        non-finite values there by design (an attention mask's -inf) is learned as benign, so
+        that a later step's origin is not blamed on it."""
+        if finite and not (self.step < LEARN_STEPS or self.step % LEARN_EVERY == 0):
             for d in self.deferred:
                 if d is not None:
                     self.ops[d[0]] = _VERIFIED
@@ -868,11 +877,24 @@ class Numerics:
         # Every reduction below runs on t.detach(): no autograd graph, no grad mode switch needed.
         ins = _tensor_args(args if not kwargs else (*args, *kwargs.values()))
         fn = _MONOTONE.get(getattr(func, "__name__", "")) if kind == PLAIN and len(ins) == 1 else None
+        if (kind == PLAIN and self.defer_cpu and not _mutates.get(func) and "out" not in kwargs
+                and all(o.is_cpu and o.dtype is not _HALF for o in outs)):
+            # a plain call (not a hazard: their statistic is wanted in healthy steps too), deferred
+            # like a leaf module's; its site is found now, while its frames exist
+            if len(self.ops) >= MAX_OPS_PER_STEP:
+                self.dropped += 1
+                return
+            site = self._site(func, 3, None)
+            self._defer(self._resolve_op, (func, ins, outs, fn, site, self.mstack[-1] if self.mstack else -1), outs)
+            return
         self._record(func, kind, args, ins, outs, fn)
+
+    def _resolve_op(self, slot: int, func: Callable, ins: list, outs: list, fn: Any, site: int, mid: int) -> None:
+        self._record(func, PLAIN, (), ins, outs, fn, None, mid, slot, site)
 
     def _record(self, op: Any, kind: int, args: tuple, ins: list[torch.Tensor], outs: list[torch.Tensor],
                 monotone: Callable[[float], float] | None, where: Any = _FIND, module: int | None = None,
-                slot: int | None = None) -> None:
+                slot: int | None = None, site: int | None = None) -> None:
         """Ranges of a call's inputs and outputs (and its hazard statistic), as one op record,
         at `where` (the user's line) if known, else found from the stack; a deferred call's
         record goes to its `slot` with the module that was running when it was made."""
@@ -903,7 +925,8 @@ class Numerics:
             half = any(t.dtype == torch.float16 for t in outs)
         hazard = self._hazard_stat(kind, args, in_refs, out_refs) if kind != PLAIN else None
         label = HAZARD_NAMES.get(kind) or ("fp16" if half else None)
-        site = self._site(op, 4, label) if where is _FIND else self._site_at(op, where, label)
+        if site is None:
+            site = self._site(op, 4, label) if where is _FIND else self._site_at(op, where, label)
         # ids of the inputs (their base for views): a parameter among them is named if this call
         # turns out to be the origin (param_names holds weak references, so a reused id is no match)
         params = tuple([id(t._base if t._base is not None else t) for t in ins])
