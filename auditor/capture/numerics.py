@@ -743,11 +743,13 @@ class Numerics:
         ops.append(_PENDING)
         pending = self.pending
         for o in outs:
-            hit = pending.get(id(o))
-            if hit is None:
-                pending[id(o)] = [i]
-            else:  # an in-place leaf (ReLU(inplace=True)) wrote into a deferred output
-                hit.append(i)
+            # (a view is also written through its base: `h.mul_(...)` after `v = h.flatten()`)
+            for key in (id(o),) if o._base is None else (id(o), id(o._base)):
+                hit = pending.get(key)
+                if hit is None:
+                    pending[key] = [i]
+                else:  # an in-place leaf (ReLU(inplace=True)) wrote into a deferred output
+                    hit.append(i)
             self.deferred_bytes += o.nbytes
         if self.deferred_bytes > DEFER_MAX_BYTES:  # bounded: the kept tensors may outlive their use
             self.resolve_deferred()
