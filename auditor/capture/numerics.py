@@ -19,22 +19,23 @@ the rules need is recorded while the steps run, cheaply enough to stay on for th
 * A CPU leaf call (one output tensor, not float16), and a plain call the mode sees (not one of the
   hazard kinds, whose statistic is wanted in healthy steps too, and not one that writes into its
   arguments), is deferred: its tensors are kept, not reduced, and its place in the step's op order
-  is held (a call's site is found at once, while its frames exist). When a backward pass starts, the
-  loss it starts from settles them: finite, and every deferred call is taken as checked and let go
-  (a non-finite value made on the way would have reached the loss, NaN and Inf propagate; one
-  masked off before it did is what eager checks call benign); not finite, and each is reduced
+  is held (a call's site is found at once, while its frames exist). When a backward pass starts,
+  the loss it starts from settles them: finite, and every deferred call is taken as checked and
+  let go (a non-finite value made on the way would have reached the loss, NaN and Inf propagate;
+  one masked off before it did is what eager checks call benign); not finite, and each is reduced
   then, before the backward pass or the update changes anything, so the origin is found as if
   they had been checked at once. (The one case this misjudges: a value made before a backward
   pass, used only by a later loss of the same step; a NaN in it is then traced to the first call
-  that used it after that backward pass.) A call about to
-  write into a deferred output (`out += x`, `x[i] = v`, an in-place leaf) has that output reduced
-  first; the optimizer pre-hook and the step's end reduce whatever is still deferred (steps with
-  no backward pass, calls after the last one); and past DEFER_MAX_BYTES of kept outputs they are
-  reduced at once, so the memory they hold stays bounded. The first LEARN_STEPS healthy steps
-  and every LEARN_EVERY-th are reduced in full anyway: a site that makes non-finite values by
-  design (an attention mask's -inf) is learned as benign there, as eager checks learn it. On a healthy step most reductions,
-  and nearly all of their Python, never happen. (Only on the CPU: on a GPU the kept outputs would
-  be device memory, and there the checks are asynchronous kernels anyway.)
+  that used it after that backward pass.) A call about to write into a deferred output
+  (`out += x`, `x[i] = v`, an in-place leaf, a write into a deferred view's base) has that output
+  reduced first; the optimizer pre-hook and the step's end reduce whatever is still deferred
+  (steps with no backward pass, calls after the last one); and past DEFER_MAX_BYTES of kept
+  outputs they are reduced at once, so the memory they hold stays bounded. The first LEARN_STEPS
+  healthy steps and every LEARN_EVERY-th are reduced in full anyway: a site that makes non-finite
+  values by design (an attention mask's -inf) is learned as benign there, as eager checks learn
+  it. On a healthy step most reductions, and nearly all of their Python, never happen. (Only on
+  the CPU: on a GPU the kept outputs would be device memory, and there the checks are
+  asynchronous kernels anyway.)
 * Global optimizer step hooks record, per optimizer step, the gradient norms (one `_foreach_norm`),
   parameter norms after the update and the learning rate of each param group.
 * Probes on Optimizer/LRScheduler construction and `load_state_dict`, GradScaler and autocast
@@ -46,13 +47,14 @@ switched off (counted in `errors`), never allowed to fail the step.
 
 Cost (bench/bench_numerics.py, bench/bench_leaves.py): per checked call one `aminmax` of its result
 (none for relu, sigmoid and tanh, whose range follows from their input's) plus ~10-20 us of Python
-and the mode's own dispatch, ~20 us per deferred CPU leaf call; per optimizer step one `_foreach_norm` of the gradients and one range per parameter
-after the update. On the CPU, where reading a value costs no device sync, values are read as they
-are made (one `item` each) instead of batched, and the weights are not re-measured after an update
-that cannot have made them non-finite (built-in optimizer, finite lr, eps > 0, finite moderate
-gradients); they are re-measured at least every PARAM_REFRESH steps. Calls inside a library
-module (Linear inside Sequential) take the user's line found once by the module pre-hook instead
-of walking the stack per call. Calls traced by torch.compile, batch loading, `zero_grad` and the
+and the mode's own dispatch, ~20 us per deferred CPU leaf call; per optimizer step one
+`_foreach_norm` of the gradients and one range per parameter after the update. On the CPU, where
+reading a value costs no device sync, values are read as they are made (one `item` each) instead
+of batched, and the weights are not re-measured after an update that cannot have made them
+non-finite (built-in optimizer, finite lr, eps > 0, finite moderate gradients); they are
+re-measured at least every PARAM_REFRESH steps. Calls inside a library module (Linear inside
+Sequential) take the user's line found once by the module pre-hook instead of walking the stack
+per call. Calls traced by torch.compile, batch loading, `zero_grad` and the
 optimizer's own update are not checked one by one.
 
 Per step, `StepRecord.extra["numerics"]` holds (non-finite floats are the strings "nan", "inf",
@@ -92,7 +94,7 @@ MAX_ERRORS = 20  # after this many failures of our own checking code, op checkin
 FP16_MAX = 65504.0
 
 LEARN_STEPS, LEARN_EVERY = 3, 16  # healthy steps whose deferred calls are reduced anyway (see _settle)
-DEFER_MAX_BYTES = 64 << 20  # deferred leaf outputs kept at most (beyond it they are reduced at once)
+DEFER_MAX_BYTES = 64 << 20  # deferred outputs kept at most (beyond it they are reduced at once)
 PARAM_REFRESH = 8  # on the CPU, weights are re-measured at least this often after safe updates
 TRUSTED_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
                                 "Adadelta", "ASGD"})
@@ -362,7 +364,7 @@ def _tanh(x: float) -> float:
 _MONOTONE = {"relu": _relu, "relu_": _relu, "sigmoid": _sigmoid, "sigmoid_": _sigmoid, "tanh": _tanh,
              "tanh_": _tanh}
 _FIND = object()  # _record: find the user's line from the stack
-_PENDING = None  # an `ops` slot held for a deferred leaf call (see Numerics._defer)
+_PENDING = None  # an `ops` slot held for a deferred call (see Numerics._defer)
 _VERIFIED = ()  # ... that the loss showed finite, without a reduction of its own
 _HALF = torch.float16
 _LEAF_MONOTONE = {torch.nn.ReLU: _relu, torch.nn.Sigmoid: _sigmoid, torch.nn.Tanh: _tanh}
@@ -483,7 +485,7 @@ class Numerics:
         self.param_lists: list[dict] = []  # lists of parameters named in step records, sent once
         self.sent_lists = 0
         self.origins = 0
-        self.defer_cpu = True  # CPU leaf calls are settled by the loss (see _defer)
+        self.defer_cpu = True  # CPU calls are settled by the loss (see _defer)
         self.mstack: list[int] = []  # running modules, innermost last
         self.wstack: list[Any] = []  # for each: the user's line of its call if it is a library module
         self.lstack: list[bool] = []  # for each: whether its pre-hook took the mode off (a leaf)
@@ -705,9 +707,6 @@ class Numerics:
         if rec is not None and rec.in_data:
             return
         if self.defer_cpu and type(output) is torch.Tensor and output.is_cpu and output.dtype is not _HALF:
-            if len(self.ops) >= MAX_OPS_PER_STEP:
-                self.dropped += 1
-                return
             self._defer(self._leaf_record, (module, args, output, self.wstack[-1], self.mstack[-1]), (output,))
         else:
             self._leaf_record(None, module, args, output, self.wstack[-1], None)
@@ -729,7 +728,7 @@ class Numerics:
         cls = type(module)
         self._record(cls, PLAIN, (), ins, outs, _LEAF_MONOTONE.get(cls), where, mid, slot)
 
-    # --- deferred leaf checks (CPU) ---------------------------------------------------------------
+    # --- deferred checks (CPU) ------------------------------------------------------------------
 
     def _defer(self, resolve: Callable, payload: tuple, outs: Any) -> None:
         """Keep a CPU call's tensors instead of reducing them now: most of a step's checks, and
@@ -738,6 +737,9 @@ class Numerics:
         overwrite its output reduces it first (`resolve_written`), and anything still pending at
         the optimizer step or the step's end is reduced then. `resolve(slot, *payload)` records it."""
         ops = self.ops
+        if len(ops) >= MAX_OPS_PER_STEP:
+            self.dropped += 1
+            return
         i = len(self.deferred)
         self.deferred.append((len(ops), resolve, payload))
         ops.append(_PENDING)
@@ -883,9 +885,6 @@ class Numerics:
                 and all(o.is_cpu and o.dtype is not _HALF for o in outs)):
             # a plain call (not a hazard: their statistic is wanted in healthy steps too), deferred
             # like a leaf module's; its site is found now, while its frames exist
-            if len(self.ops) >= MAX_OPS_PER_STEP:
-                self.dropped += 1
-                return
             site = self._site(func, 3, None)
             self._defer(self._resolve_op, (func, ins, outs, fn, site, self.mstack[-1] if self.mstack else -1), outs)
             return
@@ -1163,8 +1162,9 @@ class Numerics:
             if grad is not None and type(grad) is torch.Tensor and not grad.is_sparse and not _is_wrapped(grad):
                 grads.append(grad)
                 owners.append(p)
+        scheds = {str(i): s.last_epoch for s, i in self._scheds_of(opt)} if self.scheds else {}
         rec: dict[str, Any] = {"opt": idx, "site": self._site("optimizer.step", 3), "lrs": lrs, "plan": plan,
-                               "sched_epochs": {str(i): s.last_epoch for s, i in self._scheds_of(opt)} if self.scheds else {}}
+                               "sched_epochs": scheds}
         if grads:
             if plan.half:  # float16 weights updated from float16 gradients (amp-unscaled)
                 rec["fp16_grads"] = sum(1 for t in grads if t.dtype == torch.float16)
