@@ -56,6 +56,25 @@ def one(a, rule_id: str, example: str) -> dict:
     return found[0]
 
 
+def audit_trainer(tmp_path, name: str, source: str, steps: int):
+    """Write `source` as a trainer and audit it for real (no profiler, one thread): it must end well."""
+    trainer = tmp_path / name
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", str(steps), "--no-profile", "--quiet", out=tmp_path / "out",
+              env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr
+    return trainer, a
+
+
+def line_of(source: str, marker: str) -> int:
+    """The line of `source` that holds `marker` (a trainer's `# ... LINE` comment), from 1."""
+    return next(n for n, text in enumerate(source.splitlines(), 1) if marker in text)
+
+
+def places(finding: dict) -> set[tuple[str, int]]:
+    return {(loc["file"], loc["line"]) for loc in finding["locations"]}
+
+
 def numerics(a) -> list[dict]:
     return [s["extra"]["numerics"] for s in a.evidence["steps"]]
 
@@ -307,18 +326,14 @@ def step(i):
 def test_origin_inside_a_library_leaf_module(tmp_path):
     """nn.Linear is checked once, by the module hooks with the mode off inside it: its overflow is
     still the origin, named by module, op and the user's line of the module call."""
-    trainer = tmp_path / "leaf.py"
-    trainer.write_text(LEAF_OVERFLOW)
-    a = audit("run", f"{trainer}:step", "--steps", "5", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
-    assert a.returncode == 0, a.stderr
+    trainer, a = audit_trainer(tmp_path, "leaf.py", LEAF_OVERFLOW, 5)
     [f] = a.rule("nonfinite")
     ev = f["evidence"]
     assert ev["first_step"] == 3
     assert ev["op"] == "torch.nn.Linear" and ev["module"] == "head" and ev["hazard"]["kind"] == "overflow"
     assert ev["inputs"][0]["max"] == pytest.approx(3e38, rel=1e-6) and ev["inputs"][0]["finite"]
     assert ev["outputs"][0]["max"] == "inf"
-    line = LEAF_OVERFLOW.splitlines().index("        return self.head(h)  # LEAF LINE") + 1
-    assert (str(trainer), line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
+    assert (str(trainer), line_of(LEAF_OVERFLOW, "# LEAF LINE")) in places(f)
     # body, the user's torch.relu, mul, head, mean: each leaf module is one op
     assert numerics(a)[0]["ops"] == 5
 
@@ -364,16 +379,12 @@ def test_an_in_place_write_into_a_leaf_output_is_the_origin(tmp_path, source, op
     """A CPU leaf call's output is checked late (when the loss shows the step went wrong), so a
     later in-place op or in-place leaf module that overwrites it must have it checked first:
     otherwise the Linear would be blamed for the inf written into its output."""
-    trainer = tmp_path / "inplace.py"
-    trainer.write_text(source)
-    a = audit("run", f"{trainer}:step", "--steps", "5", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
-    assert a.returncode == 0, a.stderr
+    trainer, a = audit_trainer(tmp_path, "inplace.py", source, 5)
     [f] = a.rule("nonfinite")
     ev = f["evidence"]
     assert ev["first_step"] == 3 and ev["op"] == op
     assert ev["inputs"][0]["finite"] and ev["outputs"][0]["max"] == "inf"
-    line = next(n for n, text in enumerate(source.splitlines(), 1) if "# SCALE LINE" in text)
-    assert (str(trainer), line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
+    assert (str(trainer), line_of(source, "# SCALE LINE")) in places(f)
     assert [d["ops"] for d in numerics(a)] == [ops] * 5  # body, (flat,) mul_ or cut, head, mean
 
 
@@ -403,15 +414,11 @@ def test_a_masks_minus_inf_is_learned_as_benign_with_deferred_checks(tmp_path):
     calls of a few healthy steps, so that site is known to be by design, and the NaN of step 20 is
     traced to the temperature line (the multiply makes -inf in healthy steps too, so the first call
     there that makes a NaN out of by-design values is the softmax), not to the mask that came first."""
-    trainer = tmp_path / "mask.py"
-    trainer.write_text(MASK_BY_DESIGN)
-    a = audit("run", f"{trainer}:step", "--steps", "21", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
-    assert a.returncode == 0, a.stderr
+    trainer, a = audit_trainer(tmp_path, "mask.py", MASK_BY_DESIGN, 21)
     [f] = a.rule("nonfinite")
     ev = f["evidence"]
     assert ev["first_step"] == 20 and ev["op"] == "Tensor.softmax", ev
-    line = next(n for n, text in enumerate(MASK_BY_DESIGN.splitlines(), 1) if "# TEMPERATURE LINE" in text)
-    assert {(loc["file"], loc["line"]) for loc in f["locations"]} == {(str(trainer), line)}
+    assert places(f) == {(str(trainer), line_of(MASK_BY_DESIGN, "# TEMPERATURE LINE"))}
     # steps 0-2 and 16 were reduced in full: the mask's -inf counted there; the others were settled by the loss
     assert [k for k, d in enumerate(numerics(a)[:20]) if d["nonfinite_ops"]] == [0, 1, 2, 16]
 
@@ -491,7 +498,7 @@ def test_deferred_leaf_checks_record_what_eager_checks_do(tmp_path, mode):
 
     eager = records("eager", "-")
     assert eager[3].get("origin") is None
-    line = next(n for n, text in enumerate(DEFERRED_VS_EAGER.splitlines(), 1) if "h = net[0](" in text)
+    line = line_of(DEFERRED_VS_EAGER, "h = net[0](")
     assert eager[4]["origin"]["step"] == 4 and eager[4]["origin"]["site"] == ["torch.nn.Linear", line]
     assert records("defer", "tiny" if mode == "tiny" else "-") == eager
 
@@ -518,16 +525,11 @@ def step(i):
 def test_inference_mode_inside_the_step_keeps_the_checks_on(tmp_path):
     """Tensors made under torch.inference_mode have no version counter: reading it raised in every
     step, and after a few steps' errors the collector turned itself off, before the NaN at step 6."""
-    trainer = tmp_path / "validate.py"
-    trainer.write_text(INFERENCE_VALIDATION)
-    a = audit("run", f"{trainer}:step", "--steps", "8", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
-    assert a.returncode == 0, a.stderr
+    trainer, a = audit_trainer(tmp_path, "validate.py", INFERENCE_VALIDATION, 8)
     assert [d.get("collector_error") for d in numerics(a)] == [None] * 8
     [f] = a.rule("nonfinite")
     assert f["evidence"]["first_step"] == 6 and f["evidence"]["op"] == "torch.log"
-    line = INFERENCE_VALIDATION.splitlines().index(
-        "    loss = torch.log(net(x).abs() * gain).mean()  # LOG LINE") + 1
-    assert (str(trainer), line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
+    assert (str(trainer), line_of(INFERENCE_VALIDATION, "# LOG LINE")) in places(f)
 
 
 def test_no_numerics_turns_the_checks_off(tmp_path):
@@ -573,15 +575,10 @@ def test_an_optimizer_closure_is_checked_like_the_step(tmp_path):
     """LBFGS runs the model inside opt.step(closure), where the update's own ops are not checked:
     the closure is the step's forward and backward, and is checked (it was not: no loss, no op,
     no gradient was seen, so a NaN had no origin). It trains exactly as it does plainly."""
-    trainer = tmp_path / "lbfgs_nan.py"
-    trainer.write_text(LBFGS_NAN)
-    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
-    assert a.returncode == 0, a.stderr
+    trainer, a = audit_trainer(tmp_path, "lbfgs_nan.py", LBFGS_NAN, 6)
     [f] = a.rule("nonfinite")
     assert f["evidence"]["first_step"] == 3 and f["evidence"]["op"] == "torch.log"
-    line = LBFGS_NAN.splitlines().index(
-        "    loss = (torch.log(scale) * z).pow(2).mean() + z.pow(2).mean()  # LOG LINE") + 1
-    assert (str(trainer), line) in {(loc["file"], loc["line"]) for loc in f["locations"]}
+    assert (str(trainer), line_of(LBFGS_NAN, "# LOG LINE")) in places(f)
     healthy = numerics(a)[:3]
     assert all(d["losses"] > 1 for d in healthy)  # every evaluation of the closure in the step
     assert all(d["opt_steps"][0]["grad_norm"] > 0 for d in healthy)  # as the first update saw them
@@ -613,10 +610,7 @@ def step(i):
 def test_a_float64_model_keeps_the_checks_on(tmp_path):
     """Gradient norms were taken in float32, which torch refuses for float64 gradients: every step
     raised inside the collector until it turned itself off."""
-    trainer = tmp_path / "f64.py"
-    trainer.write_text(FLOAT64)
-    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
-    assert a.returncode == 0, a.stderr
+    _, a = audit_trainer(tmp_path, "f64.py", FLOAT64, 4)
     steps = numerics(a)
     assert [d.get("collector_error") for d in steps] == [None] * 4
     assert all(d["opt_steps"][0]["grad_norm"] > 0 and d["loss"] > 0 for d in steps)
@@ -644,16 +638,13 @@ def test_float16_weights_without_master_weights(tmp_path):
     a ReLU left a gradient at exactly zero. The weights' ranges are re-measured after every update
     of float16 weights (an update with eps > 0 used to be trusted to keep them finite, and the NaN
     was then blamed on the next forward pass), and amp-unscaled says why."""
-    trainer = tmp_path / "half.py"
-    trainer.write_text(HALF_WEIGHTS)
-    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
-    assert a.returncode == 0, a.stderr
+    trainer, a = audit_trainer(tmp_path, "half.py", HALF_WEIGHTS, 4)
     [f] = a.rule("nonfinite")
     assert f["evidence"]["first_step"] == 0 and f["evidence"]["phase"] == "optimizer"
     assert "the Adam update made `0.weight`" in f["message"]
     [h] = a.rule("amp-unscaled")
     assert h["title"] == "float16 weights trained without master weights or loss scaling"
     assert h["evidence"]["fp16_params"] == 4 and h["evidence"]["steps"] == 4 and h["evidence"]["optimizers"] == ["Adam"]
-    line = HALF_WEIGHTS.splitlines().index("opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # OPT LINE") + 1
+    line = line_of(HALF_WEIGHTS, "# OPT LINE")
     assert [(loc["file"], loc["line"]) for loc in h["locations"]] == [(str(trainer), line)]
     assert "eps (1e-8) is 0 in float16" in h["message"]

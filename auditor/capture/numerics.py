@@ -190,7 +190,7 @@ def _finite(lo: float, hi: float) -> bool:
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _compiling = torch.compiler.is_compiling  # code traced by torch.compile is not checked (or changed)
-# torch.overrides' mode-stack helpers, without their Python frame (called twice per module call)
+# torch.overrides' mode-stack helpers without their Python frame (the module hooks call two per module call)
 _pop_mode = torch._C._pop_torch_function_stack
 _push_mode = torch._C._push_on_torch_function_stack
 _stack_len = torch._C._len_torch_function_stack
@@ -517,7 +517,7 @@ class Numerics:
 
     def step_end(self, index: int) -> dict[str, Any] | None:
         try:
-            if torch.overrides._get_current_function_mode() is self.mode:
+            if _top_mode() is self.mode:
                 self.mode.__exit__(None, None, None)
             elif self.checking and not self.mode_popped:  # someone else's mode is on top: the user's
                 self.failed(RuntimeError("torch function mode stack changed during the step"))
@@ -994,8 +994,8 @@ class Numerics:
         # The update's own ops (hundreds per step) are judged through the parameters afterwards:
         # take the mode off the stack for the step rather than pass each of them through.
         self.paused += 1
-        if self.in_step and torch.overrides._get_current_function_mode() is self.mode:
-            torch.overrides._pop_mode()
+        if self.in_step and _top_mode() is self.mode:
+            _pop_mode()
             self.mode_popped += 1
         if not self.in_step or not self.checking:
             return None
@@ -1033,14 +1033,14 @@ class Numerics:
         def closure_checked():
             self.paused -= 1
             pushed = False
-            if self.mode_popped and self.checking and torch.overrides._get_current_function_mode() is not self.mode:
-                torch.overrides._push_mode(self.mode)
+            if self.mode_popped and self.checking and _top_mode() is not self.mode:
+                _push_mode(self.mode)
                 pushed = True
             try:
                 return closure()
             finally:
-                if pushed and torch.overrides._get_current_function_mode() is self.mode:
-                    torch.overrides._pop_mode()
+                if pushed and _top_mode() is self.mode:
+                    _pop_mode()
                 self.paused += 1
                 if first[0] and self.in_step and self.checking:
                     first[0] = False
@@ -1074,7 +1074,7 @@ class Numerics:
             self.paused = max(0, self.paused - 1)
             if self.mode_popped:
                 self.mode_popped -= 1
-                torch.overrides._push_mode(self.mode)
+                _push_mode(self.mode)
             self.check_s += perf() - t0
 
     def _param_maxabs(self, params: list[torch.Tensor]) -> list[tuple[int, int | None]]:
@@ -1539,7 +1539,7 @@ def _install_config_probes(col: Numerics) -> None:
         # Batch loading (thousands of indexing calls, none the model's) and zero_grad (two
         # attribute calls per parameter, which cannot make a non-finite value) run with the mode off.
         def probe(self, *args, **kwargs):
-            if col.in_step and torch.overrides._get_current_function_mode() is col.mode:
+            if col.in_step and _top_mode() is col.mode:
                 with torch.overrides._pop_mode_temporarily():
                     return orig(self, *args, **kwargs)
             return orig(self, *args, **kwargs)
