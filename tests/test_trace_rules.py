@@ -289,10 +289,25 @@ def test_host_sync_a100_rank0_ignores_cpu_items() -> None:
     assert not any("item" in op or "_local_scalar_dense" in op for op in found)
     stream = [e for e in raw(RANK0) if e.get("name") == "cudaStreamSynchronize"]
     assert found["aten::to"].evidence["syncs"] == len(stream) == 75
-    device = [e for e in raw(RANK0) if e.get("name") == "cudaDeviceSynchronize"]
-    assert found["cudaDeviceSynchronize"].evidence["blocked_ms"] == pytest.approx(device[0]["dur"] / 1000, abs=1e-3)
-    assert found["cudaDeviceSynchronize"].evidence["blocked_ms"] > 150
-    assert sum(f.evidence["syncs"] for f in found.values()) == len(stream) + len(device)
+    blocked = sum(e["dur"] for e in stream) / 1000
+    assert found["aten::to"].evidence["blocked_ms"] == pytest.approx(blocked, abs=1e-3)
+    steps = raw_steps(RANK0)
+    step_ms = (steps[-1][1] - steps[0][0]) / 1000 / len(steps)
+    assert found["aten::to"].cost.share_of_step == pytest.approx(blocked / len(steps) / step_ms, abs=1e-4)
+    # The 158 ms cudaDeviceSynchronize starts after the last ProfilerStep: the profiler's own sync
+    # when it stops, not the step's.
+    assert sum(f.evidence["syncs"] for f in found.values()) == len(stream)
+
+
+@pytest.mark.parametrize("name", [RANK0, W0, W4, DDP, OWL])
+def test_host_sync_leaves_out_the_profilers_stop_sync(name: str) -> None:
+    last_end = max(end for _, end in raw_steps(name))
+    after = [e for e in raw(name) if e.get("name") == "cudaDeviceSynchronize" and e["ts"] >= last_end]
+    assert len(after) == 1 and after[0]["ts"] - last_end < 200  # us: the profiler stopping
+    reported = sum(f.evidence["apis"].get("cudaDeviceSynchronize", 0) for f in sync_findings(name).values())
+    inside = [e for e in raw(name) if e.get("name") == "cudaDeviceSynchronize"
+              and any(lo <= e["ts"] < hi for lo, hi in raw_steps(name))]
+    assert reported == len(inside)
 
 
 @pytest.mark.parametrize("name", [BERT, SMALL])
