@@ -246,6 +246,90 @@ def test_dataloader_on_device_flags_kernels_inside_next(tmp_path: Path) -> None:
     assert list(rule.check(ev, {"min-launches-per-step": 2})) == []
 
 
+def loader_trace(tmp_path: Path, inside_next: list[dict]) -> Evidence:
+    """Two ProfilerSteps of a loader with num_workers=0: `inside_next` (events with ts relative to
+    the step, 20..300 us) happen inside `__next__`; the step proper then copies the batch from
+    pinned memory and runs a kernel (outside the loader: never counted)."""
+    events = []
+    for step in range(2):
+        t0 = step * 1000
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": t0,
+             "dur": 900},
+            {"ph": "X", "cat": "user_annotation", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+             "pid": 1, "tid": 1, "ts": t0 + 10, "dur": 300},
+            *({**e, "ts": t0 + e["ts"], "args": {k: (v + 1000 * step if k == "correlation" else v)
+                                                   for k, v in e.get("args", {}).items()}} for e in inside_next),
+            {"ph": "X", "cat": "cpu_op", "name": "aten::to", "pid": 1, "tid": 1, "ts": t0 + 400, "dur": 30},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1, "ts": t0 + 405,
+             "dur": 10, "args": {"correlation": 500 + step}},
+            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "pid": 0, "tid": 7,
+             "ts": t0 + 410, "dur": 5, "args": {"correlation": 500 + step, "bytes": 4096}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t0 + 500,
+             "dur": 10, "args": {"correlation": 600 + step}},
+            {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": t0 + 520, "dur": 50,
+             "args": {"correlation": 600 + step}},
+        ]
+    path = tmp_path / "loader.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    ev = Evidence(source="trace")
+    ev.__dict__["trace_data"] = [load_trace(path)]
+    return ev
+
+
+def runtime_call(name: str, ts: int, correlation: int, dur: int = 15) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            "args": {"correlation": correlation}}
+
+
+def pin_memory_op(*calls: dict) -> list[dict]:
+    """What `pin_memory=True` records inside `__next__` with num_workers=0: the batch copied into a
+    page-locked host buffer (a host-to-host copy on the CPU), the buffer from the pinned allocator."""
+    return [{"ph": "X", "cat": "cpu_op", "name": "aten::pin_memory", "pid": 1, "tid": 1, "ts": 150, "dur": 140},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::_pin_memory", "pid": 1, "tid": 1, "ts": 152, "dur": 135},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 155, "dur": 60},
+            *calls,
+            {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "pid": 1, "tid": 1, "ts": 220, "dur": 60}]
+
+
+@pytest.mark.parametrize("api", ["cudaHostAlloc", "cudaMallocHost", "cuMemHostAlloc", "cuMemAllocHost_v2",
+                                 "cudaHostRegister"])
+def test_dataloader_on_device_quiet_when_pin_memory_only_pins_host_memory(tmp_path: Path, api: str) -> None:
+    """pin_memory=True with num_workers=0 pins each batch inside `__next__`: a page-locked host
+    buffer, no GPU tensor. Flagging it would tell a correct loader to set pin_memory=True."""
+    ev = loader_trace(tmp_path, pin_memory_op(runtime_call(api, 160, 20)))
+    rule = DataloaderOnDevice()
+    assert list(rule.check(ev, rule.default_options())) == []
+
+
+def test_dataloader_on_device_quiet_on_the_pinned_allocators_event_queries(tmp_path: Path) -> None:
+    """Before reusing a pinned block the allocator polls the events recorded by earlier
+    non_blocking copies (cudaEventQuery); recent profilers pair such a call with a GPU-side
+    `cuda_sync` "Event Sync" row, as the A100 fixture shows. A poll is not GPU work."""
+    small = raw(SMALL)
+    queries = {e["args"]["correlation"] for e in small if e.get("name") == "cudaEventQuery"}
+    assert any(e.get("cat") == "cuda_sync" and e["args"].get("correlation") in queries for e in small)
+    sync_row = {"ph": "X", "cat": "cuda_sync", "name": "Event Sync", "pid": 0, "tid": -1, "ts": 201, "dur": 2,
+                "args": {"correlation": 21, "wait_on_stream": 7, "stream": -1}}
+    ev = loader_trace(tmp_path, pin_memory_op(runtime_call("cudaHostAlloc", 160, 20),
+                                              runtime_call("cudaEventQuery", 200, 21, dur=3), sync_row))
+    rule = DataloaderOnDevice()
+    assert list(rule.check(ev, rule.default_options())) == []
+
+
+@pytest.mark.parametrize("api", ["cudaMalloc", "cudaMallocAsync", "cuMemAlloc_v2"])
+def test_dataloader_on_device_still_flags_device_allocations_inside_next(tmp_path: Path, api: str) -> None:
+    """The control for the two tests above: the same pinning loader whose dataset also grows the
+    device cache (a `.to("cuda")` in `__getitem__`) is flagged, for that allocation only."""
+    to_device = [{"ph": "X", "cat": "cpu_op", "name": "aten::to", "pid": 1, "tid": 1, "ts": 40, "dur": 60},
+                 runtime_call(api, 50, 22)]
+    ev = loader_trace(tmp_path, to_device + pin_memory_op(runtime_call("cudaHostAlloc", 160, 20)))
+    rule = DataloaderOnDevice()
+    (f,) = rule.check(ev, rule.default_options())
+    assert f.evidence["calls"] == 2 and f.evidence["kernels"] == 0 and f.evidence["copies"] == 0
+    assert f.evidence["ops"] == {"aten::to": 2}
+
+
 # ---------------------------------------- amp-opportunity
 def test_amp_opportunity_v100_fp32_convs() -> None:
     (f,) = run(AmpOpportunity, W0)
@@ -256,6 +340,33 @@ def test_amp_opportunity_v100_fp32_convs() -> None:
     assert surely_fp32 <= f.evidence["fp32_ms_per_step"] <= total_ms
     assert f.evidence["compute_capability"] == "7.0"
     assert f.fix.changes_numerics and f.fix.config["torch.autocast"]["dtype"] == "float16"  # no bf16 on Volta
+
+
+def fp32_matmul_or_conv(name: str) -> bool:
+    """The test's own reading of a V100 (cuDNN 8 / cuBLAS) kernel name: fp32 GEMMs (`sgemm`,
+    `scudnn`: s = single precision) and cuDNN's float convolution engines (dgrad, wgrad, winograd,
+    im2col); not batch norm, pooling, elementwise or layout kernels."""
+    if "sgemm" in name or "scudnn" in name:
+        return True
+    return ("cudnn::" in name and "<float" in name
+            and any(part in name for part in ("dgrad", "wgrad", "winograd", "im2col")))
+
+
+def test_amp_opportunity_v100_fp32_ms_and_share_recomputed() -> None:
+    (f,) = run(AmpOpportunity, W0)
+    kernels = [e for e in raw(W0) if e.get("cat") == "Kernel"]
+    steps = len(raw_steps(W0))
+    total = sum(e["dur"] for e in kernels)
+    fp32 = [e for e in kernels if fp32_matmul_or_conv(e["name"])]
+    fp32_us = sum(e["dur"] for e in fp32)
+    assert steps == 6 and 0.5 < fp32_us / total < 0.8  # most of ResNet-50's GPU time is convolution
+    assert not any(re.search(r"884|1688|16816|hmma|f16|bf16|tf32", e["name"]) for e in kernels)  # all fp32
+    assert f.evidence["fp32_kernels"] == len(fp32)
+    assert f.evidence["fp32_ms_per_step"] == pytest.approx(fp32_us / 1000 / steps, abs=1e-3)
+    assert f.evidence["kernel_ms_per_step"] == pytest.approx(total / 1000 / steps, abs=1e-3)
+    assert f.evidence["eligible_share"] == pytest.approx(fp32_us / total, abs=1e-4)
+    assert f.evidence["reduced_ms_per_step"] == 0
+    assert f.cost.ms_per_step == pytest.approx(fp32_us / 1000 / steps / 2, abs=1e-3)  # the stated floor: half
 
 
 @pytest.mark.parametrize("name", [OWL, BERT, RANK0, DDP])
@@ -317,6 +428,22 @@ def test_host_sync_item_chain(name: str) -> None:
     chain = next(iter(f.evidence["op_chains"]))
     assert "aten::item" in chain and "aten::_local_scalar_dense" in chain
     assert f.severity == "info"  # microseconds: reported, not alarming
+
+
+def test_host_sync_small_a100_event_synchronize() -> None:
+    """cudaEventSynchronize is a sync of its own (no operator issues it): reported under its API
+    name, with its count and the time the host was blocked in it."""
+    (lo, hi), = raw_steps(SMALL)
+    calls = [e for e in raw(SMALL) if e.get("name") == "cudaEventSynchronize" and lo <= e["ts"] < hi]
+    assert len(calls) == 1 and calls[0]["dur"] > 10
+    assert any(e.get("cat") == "cuda_sync" and e["name"] == "Event Sync"
+               and e["args"]["correlation"] == calls[0]["args"]["correlation"] for e in raw(SMALL))
+    f = sync_findings(SMALL)["cudaEventSynchronize"]
+    assert f.evidence["syncs"] == len(calls)
+    assert f.evidence["apis"] == {"cudaEventSynchronize": len(calls)}
+    assert f.evidence["blocked_ms"] == pytest.approx(sum(e["dur"] for e in calls) / 1000, abs=1e-3)
+    assert f.cost.ms_per_step == pytest.approx(sum(e["dur"] for e in calls) / 1000, abs=1e-3)  # one step
+    assert f.cost.share_of_step == pytest.approx(sum(e["dur"] for e in calls) / (hi - lo), abs=1e-4)
 
 
 def test_host_sync_min_syncs_option() -> None:

@@ -88,7 +88,8 @@ def load_paths(paths: list[Path]) -> Evidence:
             raise InputError(f"{path}: unsupported input (expected an audit run directory, a profiler "
                              f"trace .json/.json.gz, a TensorBoard logdir or a memory snapshot .pickle)")
     if evidence is None:
-        evidence = Evidence(source="trace" if trace_paths else "snapshot")
+        evidence = Evidence(source="trace" if trace_paths else "snapshot",
+                            target=" ".join(str(p) for p in paths))
         evidence.traces = [str(p) for p in trace_paths]
         evidence.snapshots = [str(p) for p in snapshot_paths]
     else:

@@ -175,6 +175,24 @@ class Evidence(msgspec.Struct, dict=True):
         times = self.step_ms() or self.step_ms(include_profiled=True)
         return statistics.median(times) if times else None
 
+    def shown_step_ms(self) -> list[float]:
+        """Per-step wall times the reports show: the run's own steps, or, for recordings analysed
+        on their own, the ProfilerSteps of the first trace that has any. Rules keep reading
+        `steps`, which stays empty for recordings: a trace's rules measure against its own steps."""
+        if self.steps:
+            return [s.ms for s in self.steps]
+        for trace in self.trace_data:
+            if len(trace.steps):
+                return [float(d) / 1000.0 for d in trace.steps["dur"]]
+        return []
+
+    def shown_median_ms(self) -> float | None:
+        """The median step the reports state (see shown_step_ms)."""
+        median = self.median_step_ms()
+        if median is None and (times := self.shown_step_ms()):
+            median = statistics.median(times)
+        return median
+
     def median_check_ms(self) -> float | None:
         """Median time per step the numerics checks took inside the step (its wall time includes
         it): how much of a step's time is the audit's own. None when no step was checked."""

@@ -14,8 +14,8 @@ from auditor.rules.engine import RuleResults
 
 def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
     """The findings.json document as plain data (also what the HTML report embeds)."""
-    per_step = [round(s.ms, 3) for s in evidence.steps]
-    median = evidence.median_step_ms()
+    per_step = [round(ms, 3) for ms in evidence.shown_step_ms()]
+    median = evidence.shown_median_ms()
     check = evidence.median_check_ms()
     return {
         "tool": {"name": "auditor", "version": __version__},
@@ -23,7 +23,7 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
         "source": evidence.source,
         "environment": msgspec.to_builtins(evidence.environment),
         "steps": {
-            "count": len(evidence.steps),
+            "count": len(per_step),
             "requested": evidence.requested_steps,
             "per_step_ms": per_step,
             "median_ms": round(median, 3) if median is not None else None,

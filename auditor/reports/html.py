@@ -243,9 +243,9 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
     rss = [s.rss_bytes for s in ev.steps if s.rss_bytes is not None]
     dev = [s.device_allocated for s in ev.steps if s.device_allocated is not None]
     return {
-        "median_ms": fmt_ms(ev.median_step_ms()),
+        "median_ms": fmt_ms(ev.shown_median_ms()),
         "check_ms": fmt_ms(check) if (check := ev.median_check_ms()) is not None else None,
-        "steps": len(ev.steps),
+        "steps": len(ev.shown_step_ms()),
         "requested": ev.requested_steps,
         "profiled": [s.index for s in ev.steps if s.profiled],
         "recoverable_ms": fmt_ms(rec.ms) if rec.ms is not None else None,

@@ -40,7 +40,7 @@ def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     if not timed:
         return Recoverable(None, None, False, False, counted_only)
     total = sum(c.ms_per_step for c in timed)  # type: ignore[misc]
-    median = evidence.median_step_ms()
+    median = evidence.shown_median_ms()
     capped = median is not None and total > median
     ms = min(total, median) if median is not None else total
     return Recoverable(ms, ms / median if median else None, capped, any(not c.measured for c in timed), counted_only)
@@ -95,8 +95,8 @@ def finding_line(f: Finding) -> Text:
 def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
     """Everything print_summary shows, as Text lines (also the plain summary.txt)."""
     lines: list[Text] = []
-    median = evidence.median_step_ms()
-    head = Text(f"audit of {evidence.target or 'run'}: {len(evidence.steps)} step(s)")
+    median = evidence.shown_median_ms()
+    head = Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s)")
     if median is not None:
         head.append(f", median {median:.2f} ms/step")
         check = evidence.median_check_ms()

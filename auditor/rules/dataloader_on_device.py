@@ -11,6 +11,7 @@ from auditor.evidence.model import Evidence
 from auditor.evidence.trace import (
     CAT,
     DATALOADER_NEXT,
+    GPU_WORK,
     LAUNCH_SIDE,
     Trace,
     frame_location_parts,
@@ -22,7 +23,10 @@ from auditor.rules.base import Cost, Finding, Fix, Location, Option, TraceRule
 from auditor.rules.probe_dataloader_on_device import PROBE_OPTIONS, probe_dataloader_on_device_findings
 
 _COLLATE = r"(^|[/(])\S*collate\S*\.py\(|\): \S*collate\S*$"
-_ALLOC = r"^(cudaMalloc|cudaMallocAsync|cudaHostAlloc|cuMemAlloc)"
+# Device allocations (cudaMalloc, cudaMallocAsync, cudaMallocManaged, cuMemAlloc_v2 ...), never the
+# page-locked *host* allocations pin_memory=True makes (cudaHostAlloc, cudaMallocHost, cuMemHostAlloc,
+# cuMemAllocHost, cudaHostRegister): those are what the fix asks for, not GPU tensors.
+_ALLOC = r"^(cudaMalloc(?!Host)|cuMemAlloc(?!Host))"
 
 
 class DataloaderOnDevice(TraceRule):
@@ -30,7 +34,12 @@ class DataloaderOnDevice(TraceRule):
     What it detects:
         CUDA launches, copies and allocations issued while the main process is inside DataLoader
         iteration (`enumerate(DataLoader)#..._next__`) or a collate function, from a profiler trace:
-        how many per step, the GPU time they caused, the operators and the source lines.
+        how many per step, the GPU time they caused, the operators and the source lines. What counts:
+        runtime/driver calls that put a kernel, copy or memset on the GPU, and device allocations
+        (`cudaMalloc*`, `cuMemAlloc*`). What does not: pinning host memory, which `pin_memory=True`
+        does inside `__next__` when num_workers=0 (`cudaHostAlloc`, `cudaMallocHost`, `cuMemHostAlloc`,
+        `cudaHostRegister`, and the pinned allocator's `cudaEventQuery` polls of earlier copies), and
+        other calls whose only GPU-side record is a sync.
 
     Why it costs:
         GPU work issued from the loader runs on the training stream between steps, so it cannot overlap
@@ -76,7 +85,14 @@ class DataloaderOnDevice(TraceRule):
         ranges = np.flatnonzero(pipeline)
         if not len(ranges):
             return None
-        launches_work = (trace.col("link") >= 0) | np.isin(names, trace.symbols.matching(_ALLOC))
+        # A call counts when the GPU row it maps to is work (kernel, copy, memset), not a sync record:
+        # recent profilers pair event polls and waits (the pinned allocator's cudaEventQuery) with
+        # a `cuda_sync` row too.
+        link = trace.col("link")
+        launches_work = np.zeros(len(link), dtype=bool)
+        linked = np.flatnonzero(link >= 0)
+        launches_work[linked] = np.isin(cat[link[linked]], GPU_WORK)
+        launches_work |= np.isin(names, trace.symbols.matching(_ALLOC))
         call_mask = np.isin(cat, LAUNCH_SIDE) & launches_work
         calls = np.flatnonzero(call_mask)
         inside = np.zeros(len(calls), dtype=bool)
