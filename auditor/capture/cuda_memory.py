@@ -2,15 +2,19 @@
 
 The memory rules read `torch.cuda.memory._snapshot()` pickles. These helpers switch the allocator's
 history on, write a snapshot, and register an out-of-memory observer so a run that dies of OOM still
-leaves the snapshot that explains it. Each is a no-op returning False without a CUDA device, so the
-runner can call them unconditionally; they return True when they did their job.
+leaves the snapshot that explains it, with what the allocator told the observer beside it (see
+attach_oom_observer). Each is a no-op returning False without a CUDA device, so the runner can call
+them unconditionally; they return True when they did their job.
 
 torch is imported inside the functions: importing this module must stay cheap and safe everywhere.
 """
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,13 +55,53 @@ def stop_history() -> bool:
     return True
 
 
-def _write(torch: Any, path: Path) -> None:
-    """Write the snapshot atomically: a half-written pickle after a crash would be unreadable."""
+def _atomic(path: Path, write: Callable[[Any], Any]) -> None:
+    """Write atomically: a half-written file after a crash would be unreadable."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        pickle.dump(torch.cuda.memory._snapshot(), f, protocol=4)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write(torch: Any, path: Path) -> None:
+    """The snapshot, streamed to the file (a history can be large: no second copy in memory)."""
+    snapshot = torch.cuda.memory._snapshot()
+    _atomic(path, lambda f: pickle.dump(snapshot, f, protocol=4))
+
+
+OOM_RECORD_KIND = "auditor-cuda-oom-observer"  # marks the JSON as ours: a stray foo.json is ignored
+
+
+def oom_record_path(snapshot_path: str | os.PathLike[str]) -> Path:
+    """Where the OOM observer's record of a snapshot is: the same name with `.json`."""
+    return Path(snapshot_path).with_suffix(".json")
+
+
+# How many Python frames of the failing allocation the OOM record keeps (innermost first).
+MAX_OOM_FRAMES = 64
+
+
+def _caller_stack() -> list[dict[str, Any]]:
+    """The Python stack of whoever called the caller, innermost first, as torch records stacks in a
+    snapshot: for the observer, the Python frame that called into the allocator, and outwards. Empty
+    when there is none (an allocation on a thread that runs no Python, e.g. autograd's backward)."""
+    try:
+        frame = sys._getframe(2)
+    except ValueError:
+        return []
+    out: list[dict[str, Any]] = []
+    while frame is not None and len(out) < MAX_OOM_FRAMES:
+        out.append({"name": frame.f_code.co_name, "filename": frame.f_code.co_filename, "line": frame.f_lineno})
+        frame = frame.f_back
+    return out
 
 
 def dump_snapshot(path: str | os.PathLike[str]) -> bool:
@@ -70,11 +114,15 @@ def dump_snapshot(path: str | os.PathLike[str]) -> bool:
 
 
 def attach_oom_observer(path: str | os.PathLike[str]) -> bool:
-    """Dump a snapshot to `path` whenever the allocator raises out-of-memory.
+    """Dump a snapshot to `path` whenever the allocator raises out-of-memory, and beside it (same
+    name, `.json`: auditor.evidence.snapshot.oom_record_path) what the allocator told the observer.
 
     The observer runs inside the failing allocation, before the OutOfMemoryError reaches Python, so
-    the snapshot shows exactly what was live and the history ends with the "oom" record. A later
-    OOM overwrites an earlier one: the last is the one that ended the run.
+    the snapshot shows exactly what was live. Its history ends with the "oom" record only while a
+    history is being recorded (the profiled steps); the JSON record keeps the request, what CUDA
+    had free and the Python stack of the failing allocation whenever the OOM happens, so the
+    post-mortem can be given for an OOM before or after the profiled window too. A later OOM
+    overwrites an earlier one: the last is the one that ended the run.
     """
     torch = _cuda()
     if torch is None:
@@ -84,11 +132,29 @@ def attach_oom_observer(path: str | os.PathLike[str]) -> bool:
     if attach is None:
         return False
     target = Path(path)
+    record = oom_record_path(target)
+    seen = {"ooms": 0}
 
-    def observer(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+    # torch's binding names the third argument `device_allocated`, but the caching allocator passes
+    # the device's total memory, or the per-process limit when set_per_process_memory_fraction is in
+    # force (CUDACachingAllocator.cpp: obs(device, alloc_size, set_fraction ?
+    # allowed_memory_maximum : device_total, device_free)); `alloc` is the size it asked cudaMalloc
+    # for, the "Tried to allocate" of the error message.
+    def observer(device: int, alloc: int, device_total: int, device_free: int) -> None:
+        seen["ooms"] += 1
+        try:  # first, and cheap: the numbers survive even if the snapshot cannot be written
+            data = json.dumps({
+                "kind": OOM_RECORD_KIND, "device": device, "requested": alloc, "device_total": device_total,
+                "device_free": device_free, "time_us": time.time_ns() // 1000, "ooms": seen["ooms"],
+                "snapshot": target.name, "observer_args": [device, alloc, device_total, device_free],
+                "frames": _caller_stack(),
+            }).encode()
+            _atomic(record, lambda f: f.write(data))
+        except Exception:  # never turn an OOM into a different crash
+            pass
         try:
             _write(torch, target)
-        except Exception:  # never turn an OOM into a different crash
+        except Exception:
             pass
 
     attach(observer)

@@ -12,10 +12,16 @@ needs one is not a snapshot and is refused with one line, before anything it nam
 Figures the rules need (reserved, allocated, free inside segments, largest free block, per pool,
 per stream, per device, and the replayed history's start and peak) are computed once here at load
 time, so rules only read and compare. Nothing here imports torch.
+
+An OOM snapshot written by `audit run` has a small JSON record beside it (`oom_snapshot.json` next to
+`oom_snapshot.pickle`, see oom_record_path): what the allocator told the out-of-memory observer.
+It is loaded as `Snapshot.oom`, because the snapshot's own history holds an "oom" entry only when
+the OOM happened while a history was being recorded.
 """
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 import re
@@ -24,6 +30,7 @@ from typing import Any, Iterable
 
 import msgspec
 
+from auditor.capture.cuda_memory import OOM_RECORD_KIND, oom_record_path
 from auditor.evidence.errors import InputError
 from auditor.evidence.recorded_frames import is_library_file
 
@@ -192,9 +199,26 @@ class Owner(msgspec.Struct, frozen=True):
     count: int
 
 
+class OomRecord(msgspec.Struct):
+    """What the allocator told the out-of-memory observer (auditor.capture.cuda_memory) when it gave
+    up: the request, the device's total (or per-process limit) and what CUDA still had free, with
+    the Python stack of the failing allocation. Read from the JSON record beside an OOM snapshot."""
+
+    device: int
+    requested: int  # bytes the allocator asked cudaMalloc for: torch's "Tried to allocate"
+    device_free: int  # what CUDA reported free on the device
+    device_total: int | None = None  # the device's memory, or the set_per_process_memory_fraction limit
+    time_us: int | None = None  # wall clock, microseconds since the epoch
+    ooms: int = 1  # how many OOMs the observer had seen in the run, this one included
+    frames: tuple[StackFrame, ...] = ()  # Python stack of the failing allocation, innermost first
+    owner: StackFrame | None = None  # derived: the user's line that asked (see user_frame)
+    path: str = ""
+
+
 class Snapshot(msgspec.Struct):
     """A loaded snapshot. `segments`, `device_traces`, `allocator_settings` mirror the pickle;
-    `totals`, `devices` and `histories` are derived at load."""
+    `totals`, `devices` and `histories` are derived at load; `oom` comes from the OOM observer's
+    record beside the file, when there is one."""
 
     path: str
     segments: list[Segment]
@@ -202,6 +226,7 @@ class Snapshot(msgspec.Struct):
     allocator_settings: AllocatorSettings | None = None
     external_annotations: list[dict[str, Any]] = []
     notes: list[str] = []  # format quirks met while loading (older formats, unknown actions)
+    oom: OomRecord | None = None
     totals: MemoryFigures = msgspec.field(default_factory=MemoryFigures)
     devices: dict[int, MemoryFigures] = {}
     histories: dict[int, History] = {}
@@ -596,6 +621,40 @@ def owners(allocations: Iterable[LiveAllocation | Block]) -> list[Owner]:
 
 
 # --------------------------------------------------------------------------------------------------
+# The OOM observer's record
+
+_OOM_RECORD_MAX_BYTES = 1 << 20
+
+
+def _oom_record(snapshot_path: Path, frames_of: _Frames, notes: set[str]) -> OomRecord | None:
+    """The observer's record beside the snapshot; None (with a note when it is damaged) without one.
+    A bad record never fails the load: the snapshot stands on its own."""
+    path = oom_record_path(snapshot_path)
+    try:
+        if not path.is_file():
+            return None
+        if path.stat().st_size > _OOM_RECORD_MAX_BYTES:
+            notes.add(f"OOM observer record {path.name} too large, not read")
+            return None
+        raw = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        notes.add(f"unreadable OOM observer record {path.name}")
+        return None
+    if not isinstance(raw, dict) or raw.get("kind") != OOM_RECORD_KIND:
+        return None  # some other JSON that happens to share the name
+    device, requested, free = (_int(raw.get(k), -1) for k in ("device", "requested", "device_free"))
+    if min(device, requested, free) < 0:
+        notes.add(f"incomplete OOM observer record {path.name}")
+        return None
+    total = _int(raw.get("device_total"), -1)
+    frames, owner = frames_of(raw.get("frames"))
+    return OomRecord(device=device, requested=requested, device_free=free,
+                     device_total=total if total > 0 else None,
+                     time_us=raw.get("time_us") if isinstance(raw.get("time_us"), int) else None,
+                     ooms=max(1, _int(raw.get("ooms"), 1)), frames=frames, owner=owner, path=str(path))
+
+
+# --------------------------------------------------------------------------------------------------
 # Loading
 
 
@@ -634,8 +693,10 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
         notes.add("no allocator_settings")
     annotations = [a for a in raw.get("external_annotations") or [] if isinstance(a, dict)]
 
+    oom = _oom_record(p, frames_of, notes)
+
     snap = Snapshot(path=str(p), segments=segments, device_traces=traces, allocator_settings=settings,
-                    external_annotations=annotations, notes=sorted(notes))
+                    external_annotations=annotations, notes=sorted(notes), oom=oom)
     snap.totals = figures(segments)
     device_ids = sorted({s.device for s in segments} | {i for i, t in enumerate(traces) if t})
     snap.devices = {d: figures(snap.device_segments(d)) for d in device_ids}

@@ -5,8 +5,9 @@ import linecache
 import os
 from typing import Any, Iterable
 
-from auditor.evidence.snapshot import (GiB, LiveAllocation, Owner, Snapshot, StackFrame, format_bytes, live_at,
-                                       owners, reserved_at)
+from auditor.evidence.model import Evidence
+from auditor.evidence.snapshot import (GiB, LiveAllocation, MemoryFigures, OomRecord, Owner, Snapshot, StackFrame,
+                                       format_bytes, live_at, owners, reserved_at)
 from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
 from auditor.rules.base import Finding, Fix, Location, Option, SnapshotRule
 
@@ -57,6 +58,16 @@ def _locations(frames: Iterable[StackFrame | None]) -> list[Location]:
     return out
 
 
+def _cause(requested: int, cached: int, total: int | None) -> str:
+    if total and requested > total:
+        return (f"The request alone is larger than the whole device ({format_bytes(total)}): "
+                "no allocator setting can serve it.")
+    if cached >= requested:
+        return (f"The cache held {format_bytes(cached)} reserved but unallocated, more than the request: "
+                "fragmentation, not a full device, failed it.")
+    return "The device was really full: the live tensors alone left no room."
+
+
 def _config_fix(snap: Snapshot, cached: int, what: str, owners_known: bool) -> Fix:
     """expandable_segments recovers memory the cache holds but cannot hand out; the rest must shrink."""
     reduce = (("reduce what the owning lines hold" if owners_known else "reduce the peak")
@@ -79,8 +90,11 @@ class OomRisk(SnapshotRule):
         With a recorded history the trace is replayed to find the peak moment, and the live
         allocations then are grouped by the first Python frame outside torch and installed
         packages (backward-pass allocations, which have no Python stack, by autograd node). When
-        the history holds an out-of-memory record, it gives a post-mortem instead: the request that
-        failed, what CUDA still had free, and what was live at that moment, by owning line.
+        the run ran out of memory, it gives a post-mortem instead: the request that failed, what
+        CUDA still had free, and what was live at that moment, by owning line. That comes from the
+        history's out-of-memory record, or, for an OOM outside the recorded steps, from what the
+        allocator told `audit run`'s OOM observer (saved beside the OOM snapshot) and the
+        snapshot's state at that moment. One OOM is reported once, however many snapshots hold it.
 
     Why it costs:
         A step that hits the limit dies with "CUDA out of memory", often hours into a run, or is
@@ -101,10 +115,13 @@ class OomRisk(SnapshotRule):
 
     Evidence needed:
         A CUDA memory snapshot. The owners and the post-mortem need a history
-        (`torch.cuda.memory._record_memory_history()` before the step). The capacity comes from the
-        `device-capacity-gib` option, else from an OOM record (reserved + what CUDA reported free,
-        a lower bound), else it is assumed to be the smallest common device size that holds the
-        peak; findings on an assumed capacity are reported as info.
+        (`torch.cuda.memory._record_memory_history()` before the step), or, for the post-mortem,
+        the OOM snapshot `audit run` writes with the observer's record beside it
+        (`oom_snapshot.pickle` and `oom_snapshot.json`). The capacity comes from the
+        `device-capacity-gib` option, else from an OOM record (the device total the observer was
+        told; else reserved + what CUDA reported free, a lower bound), else it is assumed to be the
+        smallest common device size that holds the peak; findings on an assumed capacity are
+        reported as info.
     """
 
     id = "oom-risk"
@@ -121,13 +138,39 @@ class OomRisk(SnapshotRule):
     )
 
     # ------------------------------------------------------------------------------------------
+    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        # A snapshot with the observer's record first: it is the OOM's own, and a history snapshot
+        # dumped after the same OOM (the profiled window's, when the OOM ends the window) repeats
+        # its "oom" entry. One OOM is one finding.
+        seen: set[tuple[Any, ...]] = set()
+        for snap in sorted(evidence.snapshot_data, key=lambda s: s.oom is None):
+            devices = list(snap.devices)
+            if snap.oom is not None and snap.oom.device not in snap.devices:
+                devices.append(snap.oom.device)  # the very first allocation on that device failed
+            for device in devices:
+                for f in self.check_device(snap, device, options):
+                    e = f.evidence
+                    if "requested" in e:
+                        key = (e["device"], e["requested"], e["device_free"], e["time_us"])
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                    yield f
+
     def check_device(self, snap: Snapshot, device: int, o: dict[str, Any]) -> Iterable[Finding]:
         history = snap.histories.get(device)
         top_n = int(o["top-owners"])
+        record = snap.oom if snap.oom is not None and snap.oom.device == device else None
         if history is not None and history.oom_indices:
             for index in history.oom_indices:
-                yield self._post_mortem(snap, device, index, top_n)
+                oom = snap.device_traces[device][index]
+                # the observer's record is of the last OOM; its free bytes are the same figure
+                same = record if record is not None and record.device_free == oom.device_free else None
+                yield self._post_mortem(snap, device, index, top_n, same)
             return  # the OOM says more than "near capacity" could
+        if record is not None:  # an OOM outside the recorded history (or with none recorded)
+            yield self._observer_post_mortem(snap, device, record, top_n)
+            return
 
         fig = snap.devices[device]
         if history is not None:
@@ -176,7 +219,8 @@ class OomRisk(SnapshotRule):
         fits = [c for c in sorted(o["common-capacities-gib"]) if c * GiB >= peak_reserved]
         return (int(fits[0] * GiB), "assumed") if fits else (None, "unknown")
 
-    def _post_mortem(self, snap: Snapshot, device: int, index: int, top_n: int) -> Finding:
+    def _post_mortem(self, snap: Snapshot, device: int, index: int, top_n: int,
+                     record: OomRecord | None = None) -> Finding:
         """What was live when the allocator raised OOM, and what had been asked for."""
         oom = snap.device_traces[device][index]
         live = live_at(snap, device, index)
@@ -186,24 +230,61 @@ class OomRisk(SnapshotRule):
         at_least = reserved + device_free
         top = owners(live)[:top_n]
         known = any(x.frame is not None for x in top)
-        asked_at = f" at {_label(oom.owner)}" if oom.owner is not None else ""
+        asked = oom.owner if oom.owner is not None else record.owner if record is not None else None
+        asked_at = f" at {_label(asked)}" if asked is not None else ""
+        total = record.device_total if record is not None else None
         cached = max(0, reserved - allocated)
-        cause = (f"The cache held {format_bytes(cached)} reserved but unallocated, more than the request: "
-                 "fragmentation, not a full device, failed it." if cached >= oom.size else
-                 "The device was really full: the live tensors alone left no room.")
+        holds = (f"of the device's {format_bytes(total)}" if total else
+                 f"so the device holds at least {format_bytes(at_least)}")
         message = (
             f"CUDA out of memory on cuda:{device}: a request for {format_bytes(oom.size)}{asked_at} failed with "
             f"{format_bytes(device_free)} free on the device. At that moment {format_bytes(allocated)} was allocated "
-            f"in {len(live):,} live allocations and {format_bytes(reserved)} reserved, so the device holds at least "
-            f"{format_bytes(at_least)}. {cause}"
+            f"in {len(live):,} live allocations and {format_bytes(reserved)} reserved, {holds}. "
+            f"{_cause(oom.size, cached, total)}"
             + (f" Largest owners: {_owners_text(top)}." if known else ""))
         return self.finding(
             message, severity="error", title="CUDA out of memory (post-mortem from the snapshot's history)",
-            locations=_locations([oom.owner, *(x.frame for x in top)]),
-            evidence={"snapshot": snap.path, "device": device, "oom_index": index, "requested": oom.size,
-                      "device_free": device_free, "allocated": allocated, "reserved": reserved,
+            locations=_locations([asked, *(x.frame for x in top)]),
+            evidence={"snapshot": snap.path, "device": device, "source": "history", "oom_index": index,
+                      "requested": oom.size, "device_free": device_free, "device_total": total,
+                      "allocated": allocated, "reserved": reserved,
                       "reserved_unallocated": cached, "live_allocations": len(live), "capacity_at_least": at_least,
                       "time_us": oom.time_us, "stream": oom.stream,
-                      "requested_at": _owner_rows([Owner(frame=oom.owner, bytes=oom.size, count=1)])[0],
+                      "oom_record": record.path if record is not None else None,
+                      "requested_at": _owner_rows([Owner(frame=asked, bytes=oom.size, count=1)])[0],
+                      "owners": _owner_rows(top)},
+            fix=_config_fix(snap, cached, "when it failed", known))
+
+    def _observer_post_mortem(self, snap: Snapshot, device: int, rec: OomRecord, top_n: int) -> Finding:
+        """The post-mortem of an OOM the history did not record (it happened before or after the
+        recorded steps): the request and the free memory are what the allocator told the observer,
+        what was live is the snapshot's state, taken by the observer at that moment."""
+        fig = snap.devices.get(device) or MemoryFigures()
+        live = [b for s in snap.device_segments(device) for b in s.blocks if b.live]
+        top = owners(live)[:top_n]
+        known = any(x.frame is not None for x in top)
+        allocated, reserved, total = fig.allocated, fig.reserved, rec.device_total
+        cached = max(0, reserved - allocated)
+        at_least = reserved + rec.device_free
+        asked_at = f" at {_label(rec.owner)}" if rec.owner is not None else ""
+        holds = (f"of the device's {format_bytes(total)}" if total else
+                 f"so the device holds at least {format_bytes(at_least)}")
+        message = (
+            f"CUDA out of memory on cuda:{device}: a request for {format_bytes(rec.requested)}{asked_at} failed "
+            f"with {format_bytes(rec.device_free)} free on the device. At that moment {format_bytes(allocated)} was "
+            f"allocated in {len(live):,} live blocks and {format_bytes(reserved)} reserved, {holds}. "
+            f"{_cause(rec.requested, cached, total)}"
+            + (f" Largest owners: {_owners_text(top)}." if known else "")
+            + " (No allocator history covers that moment, so the request and the free memory are what the "
+              "allocator told the OOM observer, and what was live is the snapshot taken then.)")
+        return self.finding(
+            message, severity="error", title="CUDA out of memory (post-mortem from the OOM observer)",
+            locations=_locations([rec.owner, *(x.frame for x in top)]),
+            evidence={"snapshot": snap.path, "device": device, "source": "oom-observer", "oom_index": None,
+                      "requested": rec.requested, "device_free": rec.device_free, "device_total": total,
+                      "allocated": allocated, "reserved": reserved, "reserved_unallocated": cached,
+                      "live_allocations": len(live), "capacity_at_least": at_least, "time_us": rec.time_us,
+                      "ooms": rec.ooms, "oom_record": rec.path,
+                      "requested_at": _owner_rows([Owner(frame=rec.owner, bytes=rec.requested, count=1)])[0],
                       "owners": _owner_rows(top)},
             fix=_config_fix(snap, cached, "when it failed", known))
