@@ -8,6 +8,9 @@ Each measurement runs in its own Python process, so its peak RSS (ru_maxrss) is 
           Python-side parser of this file pays;
   ours  - what `audit analyze FILE` does, end to end: auditor.evidence.load.load_paths, every rule
           (run_rules) and every report (write_reports: findings.json, report.html, SARIF, patch);
+          on a multi-core Linux machine the trace is decoded by worker processes (trace_parallel),
+          whose largest peak RSS is reported too (children_peak_rss_mb);
+  ours_1 - the same in one process, as on a single core or for a gzip trace;
   hta   - HolisticTraceAnalysis' TraceAnalysis(trace_dir=...) in its own venv (bench/out/hta-venv),
           when `pip install holistictraceanalysis` works here.
 Times are wall seconds measured inside the child after its imports; RSS is the child's peak.
@@ -32,6 +35,8 @@ _PRELUDE = """
 import json, resource, sys, time
 def report(**kw):
     kw["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # MB, like file_mb
+    # the largest worker process, if it used any (auditor's trace_parallel)
+    kw["children_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e6
     print("RESULT " + json.dumps(kw))
 """
 
@@ -66,6 +71,9 @@ from auditor.reports import write_reports
 from auditor.reports.html import prewarm
 from auditor.rules.engine import run_rules
 from auditor.rules.registry import all_rules
+from auditor.evidence import trace_parallel
+if sys.argv[2] == "1":  # one process: what a 1-core machine (or a gzip trace) gets
+    trace_parallel.worker_count = lambda path: 0
 all_rules()
 prewarm()  # imports and the page template: what `audit` loads before it reads anything
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
@@ -84,7 +92,7 @@ for f in results.findings:
 trace = ev.trace_data[0]
 report(seconds=time.perf_counter() - t, load_seconds=t_load, rules_seconds=t_rules, report_seconds=t_report,
        report_mb=round(report_mb, 2), events=int(len(trace.events) + len(trace.flows)), findings=found,
-       base_rss_mb=base)
+       base_rss_mb=base, workers=trace.workers)
 """
 
 HTA = _PRELUDE + """
@@ -97,9 +105,9 @@ report(seconds=time.perf_counter() - t, events=int(len(trace)), base_rss_mb=base
 """
 
 
-def run_child(python: str, code: str, arg: str, timeout: float, env: dict | None = None) -> dict:
+def run_child(python: str, code: str, arg: str, timeout: float, env: dict | None = None, *more: str) -> dict:
     started = time.perf_counter()
-    proc = subprocess.run([python, "-c", textwrap.dedent(code), arg], capture_output=True, text=True, check=False,
+    proc = subprocess.run([python, "-c", textwrap.dedent(code), arg, *more], capture_output=True, text=True, check=False,
                           timeout=timeout, env=env)
     wall = time.perf_counter() - started
     for line in proc.stdout.splitlines():
@@ -149,10 +157,14 @@ def main() -> None:
                      "cpu_count": os.cpu_count()}
     print(f"{path.name}: {size_mb:.0f} MB", flush=True)
     # bare and ours alternate, so both see the same background load; each round gives a paired ratio
-    runs: dict[str, list[dict]] = {"bare": [], "ours": []}
+    # ours: as `audit analyze` runs here (worker processes on a multi-core machine); ours_1: in one
+    # process, as on a single core or for a gzip trace
+    runs: dict[str, list[dict]] = {"bare": [], "ours": [], "ours_1": []}
+    kinds = (("bare", BARE, "bare msgspec decode", "-"), ("ours", OURS, "auditor load + rules", "default"),
+             ("ours_1", OURS, "auditor load + rules, one process", "1"))
     for _ in range(max(1, a.repeat)):
-        for key, code, label in (("bare", BARE, "bare msgspec decode"), ("ours", OURS, "auditor load + rules")):
-            got = run_child(sys.executable, code, str(path), a.timeout)
+        for key, code, label, mode in kinds:
+            got = run_child(sys.executable, code, str(path), a.timeout, None, mode)
             got["load_average"] = round(os.getloadavg()[0], 2)
             runs[key].append(got)
             print(f"{label}:", got, flush=True)
@@ -160,7 +172,9 @@ def main() -> None:
         results[key] = dict(min(measured, key=lambda r: r["seconds"]))
         results[key]["all_seconds"] = [round(r["seconds"], 2) for r in measured]
     paired = sorted(o["seconds"] / b["seconds"] for b, o in zip(runs["bare"], runs["ours"]))
+    paired_1 = sorted(o["seconds"] / b["seconds"] for b, o in zip(runs["bare"], runs["ours_1"]))
     results["paired_ours_over_bare"] = [round(x, 2) for x in paired]
+    results["paired_ours_1_over_bare"] = [round(x, 2) for x in paired_1]
     if not a.no_hta:
         python = ensure_hta()
         if python:
@@ -180,6 +194,11 @@ def main() -> None:
         "ours_over_bare_time": round(ours["seconds"] / bare["seconds"], 2),
         "ours_over_bare_paired_median": round(paired[len(paired) // 2], 2),
         "ours_peak_minus_file_mb": round(ours["peak_rss_mb"] - size_mb, 1),
+        "ours_workers": ours.get("workers"),
+        "ours_worker_peak_mb": round(ours["children_peak_rss_mb"], 1),
+        "ours_1_over_bare_time": round(results["ours_1"]["seconds"] / bare["seconds"], 2),
+        "ours_1_over_bare_paired_median": round(paired_1[len(paired_1) // 2], 2),
+        "ours_1_peak_minus_file_mb": round(results["ours_1"]["peak_rss_mb"] - size_mb, 1),
     }
     if "seconds" in results.get("hta", {}):
         results["ratios"]["hta_over_ours_time"] = round(results["hta"]["seconds"] / ours["seconds"], 1)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import sys
+import threading
 from collections import Counter
 from functools import cache
 from pathlib import Path
@@ -12,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from auditor.evidence import trace_parallel
 from auditor.evidence.errors import InputError
 from auditor.evidence.trace import CAT, CATEGORIES, load_trace
 
@@ -285,3 +289,92 @@ def test_nesting_matches_a_stack_sweep_over_the_raw_events() -> None:
     got = Counter((trace.name(r), float(ev["ts"].iat[r]), trace.name(int(parent[r])) if parent[r] >= 0 else None)
                   for r in rows.index)
     assert got == Counter({(n, float(t), p): c for (n, t, p), c in want.items()})
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding in worker processes (trace_parallel): same Trace as one process, or a fallback to it.
+
+SYMBOLIC = ("name", "raw_cat", "stack", "sync_kind")
+
+
+def _decoded_frames(trace) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Events and flows with symbol codes turned back into strings (codes depend on the order
+    names were first met, which differs with where the file was cut; the strings must not)."""
+    names = np.array([*trace.symbols.names, ""], dtype=object)  # code -1 reads the last: ""
+    events, flows = trace.events.copy(), trace.flows.copy()
+    for c in SYMBOLIC:
+        events[c] = names[events[c].to_numpy()]
+    flows["cat"] = names[flows["cat"].to_numpy()]
+    return events, flows
+
+
+def _assert_same_trace(one, other) -> None:
+    for a, b in zip(_decoded_frames(one), _decoded_frames(other)):
+        pd.testing.assert_frame_equal(a, b)
+    assert set(one.symbols.names) == set(other.symbols.names)
+    assert (one.metadata, one.processes, one.schema) == (other.metadata, other.processes, other.schema)
+
+
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of 64 KiB, so that even a small fixture is cut into many."""
+    monkeypatch.setattr(trace_parallel, "PIECE_BYTES", 64 << 10)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_workers_give_the_same_trace(tmp_path: Path, name: str, small_pieces: None) -> None:
+    plain = tmp_path / name.removesuffix(".gz")
+    plain.write_bytes(gzip.decompress((TRACES / name).read_bytes()))
+    text = plain.read_bytes()
+    pieces = trace_parallel.cuts(plain, text.index(b"[", text.index(b'"traceEvents"')) + 1)
+    assert len(pieces) > 1 or len(text) < 3 * (64 << 10)  # cut into several pieces, unless tiny
+    par = load_trace(plain, workers=2)
+    assert par.workers == 2  # decoded by the workers, not by the fallback
+    _assert_same_trace(load_trace(plain, workers=0), par)
+
+
+def test_a_cut_inside_a_string_falls_back_to_one_process(tmp_path: Path, small_pieces: None) -> None:
+    # Every name ends with `}, {`: a cut searched from an arbitrary offset nearly always lands in one.
+    events = [{"ph": "X", "cat": "cpu_op", "name": "n" * 400 + str(i) + "}, {", "pid": 1, "tid": 1,
+               "ts": i * 10, "dur": 5} for i in range(1500)]
+    path = tmp_path / "cuts.json"
+    path.write_text(json.dumps({"traceEvents": events, "traceName": "t"}))
+    par = load_trace(path, workers=2)
+    assert par.workers == 0  # a worker met half an event and the file was parsed again in one process
+    _assert_same_trace(load_trace(path, workers=0), par)
+    assert par.name(1499) == "n" * 400 + "1499}, {"
+
+
+@pytest.mark.parametrize("damage", ["malformed", "truncated"])
+def test_workers_report_damage_as_one_process_does(tmp_path: Path, plain_copy: Path, small_pieces: None,
+                                                   damage: str) -> None:
+    data = bytearray(plain_copy.read_bytes())
+    if damage == "malformed":
+        at = data.index(b'"ph"', len(data) // 2)
+        data[at:at + 4] = b'"ph '
+    else:
+        data = data[: len(data) * 2 // 3]
+    p = tmp_path / "damaged.json"
+    p.write_bytes(bytes(data))
+    with pytest.raises(InputError) as one:
+        load_trace(p, workers=0)
+    with pytest.raises(InputError) as par:
+        load_trace(p, workers=2)
+    assert _one_line(par) == _one_line(one)
+
+
+def test_worker_count(tmp_path: Path, plain_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    assert trace_parallel.worker_count(plain_copy) == 0  # small: one process
+    monkeypatch.setattr(trace_parallel, "PARALLEL_MIN_BYTES", 0)
+    expected = min(cores, trace_parallel.MAX_WORKERS) if cores > 1 and sys.platform == "linux" else 0
+    assert trace_parallel.worker_count(plain_copy) == expected
+    assert trace_parallel.worker_count(TRACES / ALL[0]) == 0  # gzip: no random access
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:  # forking a process that runs another thread is unsafe
+        assert trace_parallel.worker_count(plain_copy) == 0
+    finally:
+        stop.set()
+        other.join()

@@ -1,4 +1,5 @@
-"""Parse a PyTorch profiler (Kineto) Chrome trace into columnar evidence the trace rules query.
+"""Parse a PyTorch profiler (Kineto) Chrome trace into columnar evidence the trace rules query
+(streaming and decoding: auditor.evidence.trace_decode; in worker processes: trace_parallel).
 
 Why this shape: traces run to gigabytes, and loading them as a list of Python dicts is what makes
 other analysers run out of memory. So the file is streamed: the `traceEvents` array is cut into
@@ -16,653 +17,50 @@ tids like "stream 7", lower-case `external id`, a `Call stack` argument instead 
 from __future__ import annotations
 
 import gc
-import gzip
-import math
-import operator
 import re
-import zlib
-from collections.abc import Iterator
-from itertools import compress, repeat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 import pandas as pd
 
+from auditor.evidence import trace_parallel
 from auditor.evidence.errors import InputError
 from auditor.evidence.model import Frame  # noqa: F401  (re-exported for rules)
 from auditor.evidence.recorded_frames import is_library_file, parse_frame  # noqa: F401
-
-# ---------------------------------------------------------------------------------------------
-# The one category vocabulary rules use (the `cat` column holds the index into this tuple).
-CATEGORIES: tuple[str, ...] = (
-    "other", "cpu_op", "annotation", "python", "runtime", "driver", "kernel", "memcpy", "memset",
-    "gpu_annotation", "sync", "memory", "trace", "overhead", "instant",
+from auditor.evidence.trace_decode import (  # noqa: F401  (the vocabulary is re-exported for rules)
+    CAT,
+    CATEGORIES,  # noqa: F401
+    CPU_NESTING,
+    DEFAULT_CHUNK_BYTES,
+    FLOW_CATEGORIES,  # noqa: F401
+    GPU_SIDE,
+    GPU_WORK,
+    LAUNCH_SIDE,
+    STEP_NAME,
+    SymbolTable,
+    _Columns,
+    _decode_args,
+    _Stream,
 )
-CAT = {name: i for i, name in enumerate(CATEGORIES)}
-
-_RAW_CATEGORY = {
-    "cpu_op": "cpu_op", "operator": "cpu_op",
-    "user_annotation": "annotation",
-    "python_function": "python",
-    "cuda_runtime": "runtime", "runtime": "runtime",
-    "cuda_driver": "driver",
-    "kernel": "kernel",
-    "gpu_memcpy": "memcpy", "memcpy": "memcpy",
-    "gpu_memset": "memset", "memset": "memset",
-    "gpu_user_annotation": "gpu_annotation",
-    "cuda_sync": "sync",
-    "trace": "trace",
-    "overhead": "overhead",
-    "cpu_instant_event": "instant",
-}
-# Categories that run on the host thread and nest into one another.
-CPU_NESTING = (CAT["cpu_op"], CAT["annotation"], CAT["python"], CAT["runtime"], CAT["driver"])
-# Work the GPU does (device busy time), and the GPU-side records a launch can map to.
-GPU_WORK = (CAT["kernel"], CAT["memcpy"], CAT["memset"])
-GPU_SIDE = GPU_WORK + (CAT["sync"],)
-LAUNCH_SIDE = (CAT["runtime"], CAT["driver"])
-
-FLOW_CATEGORIES = ("ac2g", "async", "fwdbwd")
-STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
-
-DEFAULT_CHUNK_BYTES = 2 << 20
 
 
 # ---------------------------------------------------------------------------------------------
-# Typed decode: only the fields rules read. msgspec skips every other key without building it.
-class _Args(msgspec.Struct, frozen=True, gc=False):
-    # -1 for "absent" keeps the columns pure ints, so they convert to numpy without a Python pass;
-    # an explicit JSON null still decodes (as None) and takes the slower path.
-    external_id: int | None = msgspec.field(default=-1, name="External id")
-    external_id_old: int | None = msgspec.field(default=-1, name="external id")
-    correlation: int | None = -1
-    bytes: int | None = -1
-    mem_bytes: int | None = msgspec.field(default=-1, name="Bytes")
-    total_allocated: int | None = msgspec.field(default=-1, name="Total Allocated")
-    device_type: int | None = msgspec.field(default=-1, name="Device Type")
-    stream: int | None = -1
-    device: int | None = -1
-    call_stack: str | None = msgspec.field(default=None, name="Call stack")
-    sync_kind: str | None = msgspec.field(default=None, name="cuda_sync_kind")
-    meta_name: Any = msgspec.field(default=None, name="name")  # ph "M": process / thread names
-    labels: Any = None
-
-
-_NO_ARGS = _Args()
-_EMPTY_RAW = msgspec.Raw(b"{}")
-
-
-class _Event(msgspec.Struct, gc=False):
-    """One event. `args` stays raw JSON: most events' args (Python frames, operator shapes) are
-    never read, so they are skipped at C speed and only the rows whose args a column needs are
-    decoded, in one batch per chunk (see _Columns.add)."""
-
-    ph: str = ""
-    name: str = ""
-    cat: str = ""
-    pid: int | str = -1
-    tid: int | str = -1
-    ts: float = math.nan
-    dur: float = 0.0
-    id: int | str | None = None
-    args: msgspec.Raw = _EMPTY_RAW
-
-
-class _LooseEvent(msgspec.Struct):
-    """Fallback for a chunk whose values do not fit the typed schema (a string where a number was
-    expected, a null name): decoded loosely, then coerced field by field in Python."""
-
-    ph: Any = ""
-    name: Any = ""
-    cat: Any = ""
-    pid: Any = -1
-    tid: Any = -1
-    ts: Any = math.nan
-    dur: Any = 0.0
-    id: Any = None
-    args: Any = None
-
-
-_DECODER = msgspec.json.Decoder(list[_Event])
-# phase -> 1 complete event row (X), 4 other event row (instants, B/E, counters...), 2 flow,
-# 3 metadata, 0 ignored
-_PHASE_KIND = {"X": 1, "i": 4, "I": 4, "B": 4, "E": 4, "b": 4, "e": 4, "n": 4, "C": 4,
-               "s": 2, "f": 2, "t": 2, "M": 3}
-_ARGS_DECODER = msgspec.json.Decoder(list[_Args])
-_LOOSE_DECODER = msgspec.json.Decoder(list[_LooseEvent])
-_ARG_FIELDS = {f.encode_name: f.name for f in msgspec.structs.fields(_Args)}
-
-
-def _to_int(v: Any) -> int | None:
-    if v is None or isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float):
-        return int(v) if math.isfinite(v) else None
-    if isinstance(v, str):
-        s = v.strip()
-        try:
-            return int(s, 0)
-        except ValueError:
-            try:
-                return int(float(s))
-            except ValueError:
-                return None
-    return None
-
-
-def _to_float(v: Any, default: float) -> float:
-    if isinstance(v, bool) or v is None:
-        return default
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return default
-    return default
-
-
-def _args_from_dict(d: Any) -> _Args:
-    """Typed args from a loosely decoded value, coercing field by field."""
-    if not isinstance(d, dict):
-        return _NO_ARGS
-    kw: dict[str, Any] = {}
-    for key, attr in _ARG_FIELDS.items():
-        if key in d:
-            v = d[key]
-            if attr in ("call_stack", "sync_kind"):
-                kw[attr] = v if isinstance(v, str) else None
-            elif attr in ("meta_name", "labels"):
-                kw[attr] = v
-            else:
-                got = _to_int(v)
-                kw[attr] = -1 if got is None else got
-    return _Args(**kw)
-
-
-def _decode_args(raws: list[msgspec.Raw]) -> list[_Args]:
-    """Decode many raw args objects in one call; values of unexpected types are coerced."""
-    if not raws:
-        return []
-    blob = b"[" + b",".join(raws) + b"]"
-    try:
-        return _ARGS_DECODER.decode(blob)
-    except msgspec.ValidationError:
-        return [_args_from_dict(d) for d in msgspec.json.decode(blob)]
-
-
-def _coerce(loose: _LooseEvent) -> _Event:
-    args = msgspec.Raw(msgspec.json.encode(loose.args)) if isinstance(loose.args, dict) else _EMPTY_RAW
-    ident = loose.id if isinstance(loose.id, (int, str)) and not isinstance(loose.id, bool) else None
-    return _Event(
-        ph=loose.ph if isinstance(loose.ph, str) else "",
-        name=loose.name if isinstance(loose.name, str) else ("" if loose.name is None else str(loose.name)),
-        cat=loose.cat if isinstance(loose.cat, str) else "",
-        pid=loose.pid if isinstance(loose.pid, (int, str)) and not isinstance(loose.pid, bool) else -1,
-        tid=loose.tid if isinstance(loose.tid, (int, str)) and not isinstance(loose.tid, bool) else -1,
-        ts=_to_float(loose.ts, math.nan), dur=_to_float(loose.dur, 0.0), id=ident, args=args)
-
-
-# ---------------------------------------------------------------------------------------------
-# Streaming the file: blocks of bytes -> header dict, chunks of complete events, trailer dict.
-_TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_BOUNDARY = re.compile(rb"\}\s*(?:,\s*\{|\])")
-_WS = b" \t\r\n"
-_NON_WS = re.compile(rb"[^ \t\r\n]")
-
-
-class _Reader:
-    """The file's bytes, gunzipped on the fly when it is gzip (detected by magic), read straight
-    into the caller's buffer; read errors become one-line InputErrors."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        try:
-            self.raw = open(path, "rb")
-            magic = self.raw.read(2)
-            self.raw.seek(0)
-        except OSError as e:
-            raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
-        self.stream = gzip.GzipFile(fileobj=self.raw) if magic == b"\x1f\x8b" else self.raw
-
-    def readinto(self, target: memoryview) -> int:
-        """Fill `target` (fewer bytes only at the end of the file); the count read."""
-        got = 0
-        if self.raw.closed:
-            return 0
-        try:
-            while got < len(target):
-                n = self.stream.readinto(target[got:])
-                if not n:
-                    break
-                got += n
-        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-            raise InputError(f"{self.path}: not a readable gzip trace ({e or 'compressed file ended early'})") from None
-        except OSError as e:
-            raise InputError(f"{self.path}: cannot read ({e.strerror or e})") from None
-        return got
-
-    def rest(self) -> bytes:
-        out = bytearray()
-        block = bytearray(1 << 20)
-        with memoryview(block) as view:
-            while n := self.readinto(view):
-                out += view[:n]
-        return bytes(out)
-
-    def close(self) -> None:
-        if not self.raw.closed:
-            self.stream.close()
-            self.raw.close()
-
-
-def _error_offset(err: Exception) -> int | None:
-    m = re.search(r"byte (\d+)", str(err))
-    return int(m.group(1)) if m else None
-
-
-class _Stream:
-    """Cuts the traceEvents array into decodable chunks without ever holding the whole file.
-
-    The buffer is a bytearray whose first byte is padding, never file data: a chunk of events is
-    decoded in place by writing `[` just before it and `]` just after it (see _decode_prefix),
-    without copying it. The file is read straight into each new buffer, after the few unread
-    bytes carried over from the last one. A buffer is never written again once events were
-    decoded from it: their raw `args` point into it."""
-
-    def __init__(self, path: Path, chunk_bytes: int):
-        self.path = path
-        self.chunk = max(1 << 16, chunk_bytes)
-        self.reader = _Reader(path)
-        self.buf = bytearray(b" ")
-        self.eof = False
-        self.header: dict[str, Any] = {}
-        self.trailer: dict[str, Any] = {}
-        self.pos = 1  # where unread data starts in buf
-        self.base = -1  # buf[j] is byte base + j of the (decompressed) stream
-
-    def _more(self) -> bool:
-        """Read the next block into a new buffer, after the unread rest of the current one."""
-        if self.eof:
-            return False
-        left = len(self.buf) - self.pos
-        buf = bytearray(1 + left + self.chunk)
-        buf[1:1 + left] = memoryview(self.buf)[self.pos:]
-        with memoryview(buf) as view:
-            got = self.reader.readinto(view[1 + left:])
-        if not got:
-            self.eof = True
-            self.reader.close()
-            return False
-        if got < self.chunk:
-            del buf[1 + left + got:]
-        self.base += self.pos - 1
-        self.buf = buf
-        self.pos = 1
-        return True
-
-    def _fail(self, what: str) -> InputError:
-        return InputError(f"{self.path}: {what}")
-
-    def _next_token(self) -> int:
-        """Position of the next non-whitespace byte at or after pos, reading more when needed."""
-        while True:
-            m = _NON_WS.search(self.buf, self.pos)
-            if m:
-                return m.start()
-            self.pos = len(self.buf)
-            if not self._more():
-                return -1
-
-    def start(self) -> None:
-        """Read up to the opening `[` of traceEvents and decode what came before it."""
-        while True:
-            p = self._next_token()
-            if p < 0:
-                raise self._fail("not a profiler trace: the file is empty")
-            first = self.buf[p:p + 1]
-            if first == b"[":  # Chrome's bare-array form: no metadata at all
-                self.pos = p + 1
-                self.bare = True
-                return
-            if first != b"{":
-                raise self._fail("not a JSON profiler trace (does not start with '{' or '[')")
-            m = _TRACE_EVENTS_KEY.search(self.buf, p)
-            if m:
-                prefix = self.buf[p:m.start()].rstrip(_WS)
-                if prefix.endswith(b","):
-                    prefix = prefix[:-1]
-                try:
-                    self.header = msgspec.json.decode(prefix + b"}") if prefix.strip(_WS) != b"{" else {}
-                except msgspec.DecodeError:
-                    raise self._fail("not a profiler trace: malformed JSON before traceEvents") from None
-                if not isinstance(self.header, dict):
-                    raise self._fail("not a profiler trace")
-                self.pos = m.end()
-                return
-            if len(self.buf) > 256 << 20 or not self._more():
-                raise self._fail("not a profiler trace: no traceEvents array found")
-
-    def chunks(self) -> Iterator[tuple[list[_Event], bool]]:
-        """Decoded lists of events, chunk by chunk, until the closing `]` of the array, each with
-        whether its text holds an old-schema `Call stack` argument (then operator args are read).
-
-        The buffer is only ever sliced once per block read; chunks are addressed by offsets."""
-        while True:
-            while len(self.buf) - self.pos < self.chunk and self._more():
-                pass
-            p = self._next_token()
-            if p < 0:
-                raise self._fail("truncated trace: the traceEvents array never closes")
-            first = self.buf[p:p + 1]
-            if first == b"]":
-                self._finish(self.buf[p + 1:])
-                return
-            if first == b",":  # the separator left before the next chunk
-                self.pos = p + 1
-                p = self._next_token()
-                if p < 0:
-                    raise self._fail("truncated trace: the traceEvents array never closes")
-            self.pos = p
-            events, cut = self._decode_prefix(p)
-            if events is None:  # no complete event in the buffer: an event larger than a block
-                if not self._more():
-                    raise self._fail("truncated trace: the traceEvents array never closes")
-                self.chunk = max(self.chunk, len(self.buf))
-                continue
-            has_stacks = self.buf.find(b'"Call stack"', p, cut) >= 0
-            self.pos = cut
-            yield events, has_stacks
-
-    def _decode_prefix(self, p: int) -> tuple[list[_Event] | None, int]:
-        """Decode the longest run of complete events in the buffer from `p`; return them and the
-        offset just past the last one.
-
-        A candidate cut is a `}` followed by `,{` or `]`. A cut inside a string or a nested object
-        makes the wrapped chunk fail at its very end, and a cut past the end of the array leaves
-        trailing characters, so we step back to an earlier cut; an error earlier in the chunk is
-        real malformation.
-        """
-        buf = self.buf
-        end = len(buf)
-        tries = 0
-        while True:
-            i = buf.rfind(b"}", p, end)
-            while i >= 0 and not _BOUNDARY.match(buf, i):
-                i = buf.rfind(b"}", p, i)
-            if i < 0:
-                return None, p
-            # buf[p - 1] (padding, whitespace, `,` or `[`) and buf[i + 1] (whitespace, `,` or `]`)
-            # lie outside every event: they become the brackets of the array decoded in place.
-            before, after = buf[p - 1], buf[i + 1]
-            buf[p - 1], buf[i + 1] = 0x5B, 0x5D
-            piece = memoryview(buf)[p - 1:i + 2]
-            try:
-                events = _DECODER.decode(piece)
-            except msgspec.ValidationError:
-                try:
-                    events = [_coerce(e) for e in _LOOSE_DECODER.decode(piece)]
-                except msgspec.ValidationError as e:
-                    raise self._fail(f"not a profiler trace: traceEvents holds a non-object ({e})") from None
-                except msgspec.DecodeError:
-                    events = None
-            except msgspec.DecodeError as e:
-                off = _error_offset(e)
-                wrong_cut = "truncated" in str(e) or "trailing characters" in str(e)
-                if off is not None and off < len(piece) - 2 and not wrong_cut:
-                    detail = re.sub(r"\s*\(byte \d+\)", "", str(e))
-                    raise self._fail(f"malformed JSON in traceEvents near byte "
-                                     f"{self.base + p + off - 1}: {detail}") from None
-                events = None
-            finally:
-                buf[p - 1], buf[i + 1] = before, after
-            if events is not None:
-                return events, i + 1
-            tries += 1
-            end = i
-            if tries > 256:  # cuts inside strings are rare: this many in a row is malformed input
-                raise self._fail(f"malformed JSON in traceEvents near byte {self.base + i}")
-
-    def _finish(self, after: bytes) -> None:
-        """Decode what follows the array: the rest of the top-level object (traceName, ...)."""
-        tail = (bytes(after) + self.reader.rest()).strip(_WS)
-        if self.bare:
-            if tail:
-                raise self._fail("malformed JSON after the event array")
-            return
-        if not tail:
-            raise self._fail("truncated trace: the file ends right after traceEvents")
-        if tail == b"}":
-            return
-        if tail.startswith(b","):
-            tail = tail[1:]
-        try:
-            trailer = msgspec.json.decode(b"{" + tail)
-        except msgspec.DecodeError:
-            raise self._fail("truncated or malformed JSON after traceEvents") from None
-        self.trailer = trailer if isinstance(trailer, dict) else {}
-
-    bare = False  # Chrome's bare-array form
-
-
-# ---------------------------------------------------------------------------------------------
-class SymbolTable:
-    """Names stored once; events hold their index. Rules compare ints, not strings."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.ids: dict[str, int] = {}
-        self._codes: dict[Any, int] = {None: -1}  # ids, plus None and non-str spellings seen
-
-    def intern_many(self, values: list[Any]) -> np.ndarray:
-        """Codes for a list of strings (None -> -1), interning new ones. One dict lookup per value
-        in C (map); the Python loop runs only over values not seen before (a trace has a few
-        thousand distinct names among millions of events)."""
-        if not values:
-            return np.empty(0, dtype=np.int32)
-        codes = np.fromiter(map(self._codes.get, values, repeat(-2)), dtype=np.int32, count=len(values))
-        miss = np.flatnonzero(codes == -2).tolist()
-        if miss:
-            unseen = list(map(values.__getitem__, miss))
-            for v in dict.fromkeys(unseen):  # distinct, in order of first appearance
-                s = v if isinstance(v, str) else str(v)
-                c = self.ids.get(s)
-                if c is None:
-                    c = self.ids[s] = len(self.names)
-                    self.names.append(s)
-                self._codes[v] = c
-            codes[miss] = np.fromiter(map(self._codes.__getitem__, unseen), dtype=np.int32, count=len(miss))
-        return codes
-
-    def id(self, name: str) -> int:
-        """The code of a name, or -1 when the trace never uses it."""
-        return self.ids.get(name, -1)
-
-    def matching(self, pattern: str | re.Pattern[str]) -> np.ndarray:
-        """Codes of every name the regex finds (re.search)."""
-        rx = re.compile(pattern) if isinstance(pattern, str) else pattern
-        return np.array([i for i, n in enumerate(self.names) if rx.search(n)], dtype=np.int32)
-
-    def __getitem__(self, code: int) -> str:
-        return self.names[code] if code >= 0 else ""
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-
-def _int_column(values: list[Any]) -> np.ndarray:
-    try:
-        return np.fromiter(values, dtype=np.int64, count=len(values))
-    except (TypeError, OverflowError):
-        out = np.array([v if isinstance(v, int) and -(1 << 62) < v < (1 << 62) else -1 for v in values],
-                       dtype=np.int64)
-        return out
-
-
-def _nullable_int(values: list[Any]) -> np.ndarray:
-    """Ints with None -> -1."""
-    return _int_column([-1 if v is None else v for v in values])
-
-
-def _arg_column(args: Any, attr: str) -> np.ndarray:
-    """One numeric args field as int64 (-1 when absent), straight from the Structs."""
-    getter = operator.attrgetter(attr)
-    try:
-        return np.fromiter(map(getter, args), dtype=np.int64, count=len(args))
-    except (TypeError, OverflowError):  # an explicit null, or a value beyond int64
-        return _nullable_int(list(map(getter, args)))
-
-
-class _Columns:
-    """Accumulates per-chunk numpy columns, concatenated once at the end."""
-
-
-    def __init__(self, symbols: SymbolTable):
-        self.symbols = symbols
-        self.parts: dict[str, list[np.ndarray]] = {}
-        self.flow_parts: dict[str, list[np.ndarray]] = {}
-        self.meta: list[_Event] = []
-        self._ids: dict[str, int] = {}  # non-numeric pid/tid strings -> negative ids
-        self._cat_table = np.empty(0, dtype=np.int8)
-
-    def _norm_id(self, v: int | str) -> int:
-        if type(v) is int:
-            return v
-        got = self._ids.get(v)  # type: ignore[arg-type]
-        if got is None:
-            s = str(v).strip()
-            if s.isdigit() or (s[:1] == "-" and s[1:].isdigit()):
-                got = int(s)
-            elif s.startswith("stream ") and s[7:].strip().isdigit():
-                got = int(s[7:])
-            else:  # a label like "Spans": a stable negative id, the same however the file was chunked
-                got = -1000 - (zlib.crc32(s.encode()) & 0x3FFFFFFF)
-            self._ids[v] = got  # type: ignore[index]
-        return got
-
-    def _id_column(self, values: list[int | str]) -> np.ndarray:
-        """pid/tid as int64: straight from ints; strings ("stream 7", "25738", "Spans") normalised."""
-        # ids.get(v, v): a string seen before -> its number, an int -> itself; one pass in C.
-        ids = self._ids
-        try:
-            return np.fromiter(map(ids.get, values, values), dtype=np.int64, count=len(values))
-        except (TypeError, ValueError, OverflowError):  # a string not seen before, or a huge int
-            for v in {v for v in values if type(v) is not int} - ids.keys():
-                self._norm_id(v)  # each distinct string normalised once
-            return _int_column([v if type(v) is int else ids[v] for v in values])
-
-    def _cat_codes(self, raw_codes: np.ndarray) -> np.ndarray:
-        """Normalised category per event from the raw category's symbol code (a table lookup)."""
-        table = self._cat_table
-        if len(table) < len(self.symbols):
-            extra = [CAT.get(_RAW_CATEGORY.get(self.symbols[i].lower(), "other"), 0)
-                     for i in range(len(table), len(self.symbols))]
-            table = self._cat_table = np.concatenate([table, np.asarray(extra, dtype=np.int8)])
-        return table[raw_codes].astype(np.int8)  # -1 (no cat) reads the last entry: fixed below
-
-    def add(self, events: list[_Event], has_stacks: bool = True) -> None:
-        # Fields are read with list comprehensions (the interpreter's specialised attribute loads
-        # beat map(attrgetter)) and rows are picked with itertools.compress, never through numpy
-        # object arrays, whose element-wise fill costs ~150 ns an event.
-        kind = np.fromiter(map(_PHASE_KIND.get, [e.ph for e in events], repeat(0)), dtype=np.int8,
-                           count=len(events))
-        is_body = (kind == 1) | (kind == 4)
-        body: list[_Event] = events if is_body.all() else list(compress(events, is_body.tolist()))
-        if (kind == 3).any():
-            self.meta.extend(compress(events, (kind == 3).tolist()))
-        if (kind == 2).any():
-            flows = list(compress(events, (kind == 2).tolist()))
-            norm = self._norm_id
-            ids = [-1 if e.id is None else (e.id if type(e.id) is int else norm(e.id)) for e in flows]
-            self._put(self.flow_parts, "id", _int_column(ids))
-            self._put(self.flow_parts, "start", np.fromiter([e.ph == "s" for e in flows], dtype=bool, count=len(flows)))
-            self._put(self.flow_parts, "pid", self._id_column([e.pid for e in flows]))
-            self._put(self.flow_parts, "tid", self._id_column([e.tid for e in flows]))
-            self._put(self.flow_parts, "ts", np.fromiter([e.ts for e in flows], dtype=np.float64, count=len(flows)))
-            self._put(self.flow_parts, "cat", self.symbols.intern_many([e.cat for e in flows]))
-        if not body:
-            return
-        n = len(body)
-        raw_cat = self.symbols.intern_many([e.cat for e in body])
-        cats = self._cat_codes(np.maximum(raw_cat, 0)) if len(self.symbols) else np.zeros(n, np.int8)
-        cats[raw_cat < 0] = 0
-        name_codes = self.symbols.intern_many([e.name for e in body])
-        instant = kind[is_body] == 4
-        memory = name_codes == self.symbols.id("[memory]")
-        cats[instant & memory] = CAT["memory"]
-        cats[instant & ~memory & (cats == 0)] = CAT["instant"]
-        put = self.parts
-        self._put(put, "cat", cats)
-        self._put(put, "raw_cat", raw_cat)
-        self._put(put, "name", name_codes)
-        self._put(put, "instant", instant)
-        self._put(put, "pid", self._id_column([e.pid for e in body]))
-        self._put(put, "tid", self._id_column([e.tid for e in body]))
-        self._put(put, "ts", np.fromiter([e.ts for e in body], dtype=np.float64, count=n))
-        self._put(put, "dur", np.fromiter([e.dur for e in body], dtype=np.float64, count=n))
-        # Args are decoded only for the rows some column reads (launches, GPU work, memory events,
-        # and operators when the chunk carries old-schema call stacks), in one batch.
-        launch_gpu = np.isin(cats, LAUNCH_SIDE + GPU_SIDE + (CAT["gpu_annotation"],))
-        memory = cats == CAT["memory"]
-        ops = np.isin(cats, (CAT["cpu_op"], CAT["annotation"])) if has_stacks else np.zeros(n, dtype=bool)
-        need = np.flatnonzero(launch_gpu | memory | ops)
-        decoded = np.fromiter(_decode_args([body[i].args for i in need.tolist()]), dtype=object, count=len(need))
-        pos = np.full(n, -1, dtype=np.int64)
-        pos[need] = np.arange(len(need))
-
-        def column(mask: np.ndarray, attr: str) -> np.ndarray:
-            out = np.full(n, -1, dtype=np.int64)
-            rows = np.flatnonzero(mask)
-            if len(rows):
-                out[rows] = _arg_column(decoded[pos[rows]], attr)
-            return out
-
-        gpu = np.isin(cats, GPU_SIDE + (CAT["gpu_annotation"],))
-        self._put(put, "external_id", np.maximum(column(launch_gpu, "external_id"),
-                                                 column(launch_gpu, "external_id_old")))
-        self._put(put, "correlation", column(launch_gpu, "correlation"))
-        self._put(put, "bytes", np.maximum(column(gpu, "bytes"), column(memory, "mem_bytes")))
-        self._put(put, "stream", column(gpu, "stream"))
-        self._put(put, "device", column(gpu, "device"))
-        self._put(put, "total_allocated", column(memory, "total_allocated"))
-        self._put(put, "device_type", column(memory, "device_type"))
-        self._put(put, "stack", self._subset_symbols(decoded, pos[np.flatnonzero(ops)], np.flatnonzero(ops),
-                                                     "call_stack", n))
-        sync = np.flatnonzero(cats == CAT["sync"])
-        self._put(put, "sync_kind", self._subset_symbols(decoded, pos[sync], sync, "sync_kind", n))
-
-    def _subset_symbols(self, decoded: np.ndarray, at: np.ndarray, rows: np.ndarray, attr: str, n: int) -> np.ndarray:
-        """A string args field as symbol codes for `rows` (decoded args at positions `at`)."""
-        out = np.full(n, -1, dtype=np.int32)
-        if len(rows):
-            values = list(map(operator.attrgetter(attr), decoded[at]))
-            if any(v is not None for v in values):
-                out[rows] = self.symbols.intern_many(values)
-        return out
-
-    @staticmethod
-    def _put(store: dict[str, list[np.ndarray]], key: str, arr: np.ndarray) -> None:
-        store.setdefault(key, []).append(arr)
-
-    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        def build(parts: dict[str, list[np.ndarray]]) -> pd.DataFrame:
-            cols = {}
-            for k in list(parts):
-                chunks = parts.pop(k)
-                cols[k] = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
-            return pd.DataFrame(cols, copy=False)
-
-        events = build(self.parts) if self.parts else _empty_events()
-        flows = build(self.flow_parts) if self.flow_parts else pd.DataFrame(
-            {"id": np.empty(0, np.int64), "start": np.empty(0, bool), "pid": np.empty(0, np.int64),
-             "tid": np.empty(0, np.int64), "ts": np.empty(0, np.float64), "cat": np.empty(0, np.int32)})
-        return events, flows
+def _frames(cols: _Columns) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The events and flows frames from the accumulated columns (each concatenated once)."""
+    def build(parts: dict[str, list[np.ndarray]]) -> pd.DataFrame:
+        columns = {}
+        for k in list(parts):
+            chunks = parts.pop(k)
+            columns[k] = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+        return pd.DataFrame(columns, copy=False)
+
+    events = build(cols.parts) if cols.parts else _empty_events()
+    flows = build(cols.flow_parts) if cols.flow_parts else pd.DataFrame(
+        {"id": np.empty(0, np.int64), "start": np.empty(0, bool), "pid": np.empty(0, np.int64),
+         "tid": np.empty(0, np.int64), "ts": np.empty(0, np.float64), "cat": np.empty(0, np.int32)})
+    return events, flows
 
 
 _EVENT_DTYPES = {"cat": np.int8, "raw_cat": np.int32, "name": np.int32, "instant": bool, "pid": np.int64,
@@ -786,6 +184,7 @@ class Trace:
     symbols: SymbolTable
     processes: dict[int, dict[str, Any]] = field(default_factory=dict)
     schema: str = "new"  # "old" for torch<=1.9 Kineto categories (Operator, Runtime, Kernel)
+    workers: int = 0  # processes that decoded it (trace_parallel), 0 when this one did
 
     def col(self, name: str) -> np.ndarray:
         """A column of `events` as a numpy array, cached: pandas column access costs microseconds,
@@ -1004,7 +403,7 @@ _malloc_trim: Any = None
 
 
 def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -> Trace:
-    events, flows = cols.frames()
+    events, flows = _frames(cols)
     _release_freed_memory()
     events["end"] = events["ts"] + events["dur"]
     events["parent"] = _nest(events)
@@ -1048,32 +447,52 @@ def _assign_steps(trace: Trace) -> np.ndarray:
     return out
 
 
-def load_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Trace:
+def load_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, workers: int | None = None) -> Trace:
     """Parse a Kineto/Chrome trace (`.json` or `.json.gz`) with bounded memory.
 
-    Raises InputError, with one line naming the file, for missing, truncated, malformed or
+    A large file is decoded by `workers` processes (default: trace_parallel.worker_count, one per
+    core for files of 48 MB and more); 0 or 1 parses in this process. Either way gives the same
+    Trace. Raises InputError, with one line naming the file, for missing, truncated, malformed or
     non-trace inputs.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such trace file")
-    symbols = SymbolTable()
-    cols = _Columns(symbols)
-    stream = _Stream(path, chunk_bytes)
+    if workers is None:
+        workers = trace_parallel.worker_count(path)
     # No cyclic garbage collection while parsing: millions of short-lived lists and arrays would
     # trigger full collections that walk every object of the process (plotly, pandas...) again and
     # again, for cycles the parser never makes.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        stream.start()
-        for events, has_stacks in stream.chunks():
-            cols.add(events, has_stacks)
-        return _finish(path, stream, cols, symbols)
+        if workers > 1:
+            try:
+                return _parse(path, chunk_bytes, workers)
+            except Exception:  # a worker failed: the one-process parse gives the exact error, or succeeds
+                pass
+        return _parse(path, chunk_bytes, 0)
     finally:
-        stream.reader.close()
         if collecting:
             gc.enable()
+
+
+def _parse(path: Path, chunk_bytes: int, workers: int) -> Trace:
+    symbols = SymbolTable()
+    cols = _Columns(symbols)
+    stream = _Stream(path, chunk_bytes)
+    try:
+        stream.start()
+        if workers > 1:
+            trace_parallel.parse(stream, cols, workers)
+        else:
+            for events, has_stacks in stream.chunks():
+                cols.add(events, has_stacks)
+        trace = _finish(path, stream, cols, symbols)
+        trace.workers = workers if workers > 1 else 0
+        return trace
+    finally:
+        stream.reader.close()
 
 
 # ---------------------------------------------------------------------------------------------

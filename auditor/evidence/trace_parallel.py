@@ -1,0 +1,167 @@
+"""Decode one large trace in worker processes, so that parsing uses every core.
+
+Why: decoding JSON into objects and turning them into columns is CPU-bound Python (msgspec holds
+the GIL), and a multi-GB trace takes over a minute on one core. Here the main process reads only
+the header and a small window around every PIECE_BYTES of the file, where it cuts the event array
+on an event boundary; each worker reads its own byte range and decodes it into numpy columns with
+the code the single-process path runs (trace_decode), and the main process appends the columns in
+file order, mapping each worker's symbol codes onto its own table. Everything after (frames,
+derived columns) is as in the single-process path, and the Trace is the same.
+
+When it is used: uncompressed files of at least PARALLEL_MIN_BYTES, on Linux, with more than one
+usable core and no other thread running in the process (gzip has no random access, and it is the
+decompression that bounds those). Workers are forked, so they start in milliseconds with nothing to
+import; forking a process that runs other threads is unsafe, hence that condition. Any failure in
+a worker (a malformed file, a cut that fell inside a string, a worker killed) makes the caller
+parse the file again in one process, which then gives the exact one-line error or the right result:
+malformed input is rare, and its error must not depend on where the file was cut.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import sys
+import threading
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from auditor.evidence.errors import InputError
+from auditor.evidence.trace_decode import DEFAULT_CHUNK_BYTES, SymbolTable, _Columns, _Event, _Stream
+
+# Smaller files parse in a few seconds in one process: not worth the workers.
+PARALLEL_MIN_BYTES = 48 << 20
+# The byte range a worker decodes at a time (in DEFAULT_CHUNK_BYTES chunks): large enough that its
+# result's pickling costs little, small enough to keep every worker busy to the end.
+PIECE_BYTES = 16 << 20
+MAX_WORKERS = 8
+SYMBOL_COLUMNS = ("name", "raw_cat", "stack", "sync_kind")
+# Where a piece may start: the `{` of an event that follows another one.
+_CUT = re.compile(rb"\}\s*,\s*\{")
+_WINDOW = 1 << 20
+
+
+def worker_count(path: Path) -> int:
+    """How many workers to parse `path` with; 0: parse in this process."""
+    if sys.platform != "linux" or threading.active_count() > 1:
+        return 0
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) == b"\x1f\x8b":
+                return 0
+        if path.stat().st_size < PARALLEL_MIN_BYTES:
+            return 0
+        cores = len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        return 0
+    return min(cores, MAX_WORKERS) if cores > 1 else 0
+
+
+def cuts(path: Path, start: int) -> list[int]:
+    """Offsets where pieces start: `start` (the first event), then the first event boundary at or
+    after every further PIECE_BYTES. Only a window of the file around each is read."""
+    size = path.stat().st_size
+    out = [start]
+    with open(path, "rb") as f:
+        target = start + PIECE_BYTES
+        while target < size - PIECE_BYTES // 4:  # (no sliver of a last piece)
+            m = _CUT.search(os.pread(f.fileno(), _WINDOW, target))
+            if m is None:  # an event larger than the window: cut further on
+                target += _WINDOW
+                continue
+            out.append(target + m.end() - 1)
+            target = out[-1] + PIECE_BYTES
+    return out
+
+
+def parse(stream: _Stream, cols: _Columns, workers: int) -> None:
+    """Fill `cols` with every event after stream.start() (and stream.trailer with what follows the
+    array), decoded by `workers` processes. At most two pieces per worker are in flight, so memory
+    stays bounded whatever the file's size. Raises whatever a worker raised."""
+    starts = cuts(stream.path, stream.base + stream.pos)
+    ends = [*starts[1:], None]
+    luts: dict[int, list[int]] = {}  # worker pid -> the main table's code of each of its symbols
+    pending: deque[Future] = deque()
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        try:
+            for a, b in zip(starts, ends):
+                pending.append(pool.submit(_decode_range, stream.path, a, b))
+                if len(pending) >= 2 * workers:
+                    _merge(pending.popleft().result(), cols, luts, stream)
+            while pending:
+                _merge(pending.popleft().result(), cols, luts, stream)
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
+
+
+def _merge(res: dict[str, Any], cols: _Columns, luts: dict[int, list[int]], stream: _Stream) -> None:
+    """Append one piece's columns, its symbol codes mapped onto the main table."""
+    if res["trailer"] is not None:
+        stream.trailer = res["trailer"]
+    codes = luts.setdefault(res["pid"], [])
+    if res["names"]:
+        codes.extend(cols.symbols.intern_many(res["names"]).tolist())
+    lut = np.asarray([*codes, -1], dtype=np.int32)  # -1 ("none") stays -1
+    for key, arr in res["parts"].items():
+        cols.parts.setdefault(key, []).append(lut[arr] if key in SYMBOL_COLUMNS else arr)
+    for key, arr in res["flows"].items():
+        cols.flow_parts.setdefault(key, []).append(lut[arr] if key == "cat" else arr)
+    cols.meta.extend(_Event(ph=ph, name=name, pid=pid, tid=tid, args=msgspec.Raw(args))
+                     for ph, name, pid, tid, args in res["meta"])
+
+
+# -------------------------------------------------------------------------------------------------
+# In the worker
+
+_worker_cols: _Columns | None = None
+
+
+def _decode_range(path: Path, start: int, end: int | None) -> dict[str, Any]:
+    """Columns of the events in bytes [start, end) of the file (to its end, with the trailer after
+    the array, when `end` is None). Symbol codes are this worker's; `names` are the symbols it
+    learnt since its previous piece (the main process keeps the others)."""
+    global _worker_cols
+    if _worker_cols is None:
+        _worker_cols = _Columns(SymbolTable())
+    cols = _worker_cols
+    known = len(cols.symbols)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        n = (size if end is None else end) - start
+        buf = bytearray(n + 3)  # padding, `[` (for a piece before the last), the text, `]`
+        f.seek(start)
+        with memoryview(buf) as view:
+            got = f.readinto(view[2:2 + n])
+    if got != n:
+        raise InputError(f"{path}: changed while it was read")
+    if end is None:  # the last piece: inside the array, to its `]` and the trailer after it
+        buf[1] = 0x20
+        del buf[2 + n:]
+        stream = _Stream(path, DEFAULT_CHUNK_BYTES, data=buf)
+    else:  # whole events and the comma after the last: a bare array of its own
+        k = buf.rfind(b"}", 2, 2 + n)
+        if k < 0 or buf[k + 1:2 + n].strip(b" \t\r\n,") or buf[k + 1:2 + n].count(b",") != 1:
+            raise InputError(f"{path}: a piece does not end after an event")
+        buf[1] = 0x5B
+        buf[k + 1] = 0x5D
+        del buf[k + 2:]
+        stream = _Stream(path, DEFAULT_CHUNK_BYTES, data=buf)
+        stream.start()
+    for events, has_stacks in stream.chunks():
+        cols.add(events, has_stacks)
+    parts = {k: np.concatenate(v) for k, v in cols.parts.items()}
+    flows = {k: np.concatenate(v) for k, v in cols.flow_parts.items()}
+    meta = [(e.ph, e.name, e.pid, e.tid, bytes(e.args)) for e in cols.meta]
+    cols.parts.clear()
+    cols.flow_parts.clear()
+    cols.meta.clear()
+    return {"pid": os.getpid(), "names": cols.symbols.names[known:], "parts": parts, "flows": flows,
+            "meta": meta, "trailer": stream.trailer if end is None else None}
