@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
@@ -88,7 +89,12 @@ def parse(stream: _Stream, cols: _Columns, workers: int) -> None:
     luts: dict[int, list[int]] = {}  # worker pid -> the main table's code of each of its symbols
     pending: deque[Future] = deque()
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with warnings.catch_warnings(), ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        # Python 3.12+ warns at every fork of a process with more than one OS thread. The only other
+        # threads here are native pools (OpenBLAS's, idle) that the workers never call into; Python
+        # threads rule the workers out altogether (worker_count).
+        warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks",
+                                category=DeprecationWarning)
         try:
             for a, b in zip(starts, ends):
                 pending.append(pool.submit(_decode_range, stream.path, a, b))
