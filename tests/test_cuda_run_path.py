@@ -32,6 +32,7 @@ from auditor.rules.oom_risk import OomRisk
 TRANSFORMER = FIXTURES / "snapshots" / "transformer_fullstep_with_history.pickle"
 pytestmark = pytest.mark.skipif(not TRANSFORMER.is_file(), reason=f"recorded snapshot not found at {TRANSFORMER}")
 
+NAME = "NVIDIA Fake 2GB"  # what get_device_properties says the device is
 REQUEST = 1 * GiB  # what the trainer's third step asks for
 FREE = 600 * MiB  # what CUDA has free then
 CONTEXT = 224 * MiB  # the device memory neither free nor the allocator's (CUDA context, other processes)
@@ -41,9 +42,10 @@ FAKE_GPU = r'''"""A stand-in CUDA device for tests/test_cuda_run_path.py (writte
 
 Loaded as `sitecustomize` by every Python process of the test, it acts only in the audited child
 (`python -m auditor.capture.child`), where torch.cuda answers as one GPU would for the calls the child
-makes on its CUDA path: is_available, is_initialized, device_count, current_device, memory_allocated,
-memory_reserved, mem_get_info, torch.cuda.memory._record_memory_history and _snapshot (the allocator's
-state: device_state.pickle, trimmed from a real recording), and torch._C._cuda_attach_out_of_memory_observer
+makes on its CUDA path: is_available, is_initialized, device_count, current_device,
+get_device_properties (NAME and TOTAL), memory_allocated, memory_reserved, mem_get_info,
+torch.cuda.memory._record_memory_history and _snapshot (the allocator's state: device_state.pickle,
+trimmed from a real recording), and torch._C._cuda_attach_out_of_memory_observer
 (the observers are kept in OBSERVERS). torch.profiler leaves CUDA activity out: a CPU build's profiler
 has none to record. Anything else that would initialise real CUDA is logged to real_cuda.log and then
 fails as it would.
@@ -87,7 +89,8 @@ if "auditor.capture.child" in getattr(sys, "orig_argv", ()):
 
     with open(os.path.join(HERE, "device.json")) as f:
         _config = json.load(f)
-    TOTAL, FREE, REQUEST, OOM_AT_STEP = (_config[k] for k in ("total", "free", "request", "oom_at_step"))
+    TOTAL, FREE, REQUEST, OOM_AT_STEP, NAME = (_config[k] for k in ("total", "free", "request", "oom_at_step",
+                                                                    "name"))
     with open(os.path.join(HERE, "device_state.pickle"), "rb") as f:
         STATE = _SafeUnpickler(f).load()  # segments, the steps' trace, allocator_settings
     ALLOCATED = sum(s["allocated_size"] for s in STATE["segments"])
@@ -116,6 +119,17 @@ if "auditor.capture.child" in getattr(sys, "orig_argv", ()):
         return {"segments": STATE["segments"], "device_traces": [trace],
                 "allocator_settings": STATE["allocator_settings"], "external_annotations": []}
 
+    class _Properties:
+        """What torch.cuda.get_device_properties returns, as far as the auditor reads it."""
+        name = NAME
+        total_memory = TOTAL
+
+    @_same_call(torch.cuda.get_device_properties)
+    def _get_device_properties(device=None):
+        _log("properties_calls.jsonl", {"device": device})
+        assert device in (None, 0), device  # one device
+        return _Properties()
+
     def _attach(observer):
         assert callable(observer)
         OBSERVERS.append(observer)
@@ -127,6 +141,7 @@ if "auditor.capture.child" in getattr(sys, "orig_argv", ()):
     torch.cuda.memory_allocated = lambda device=None: ALLOCATED
     torch.cuda.memory_reserved = lambda device=None: RESERVED
     torch.cuda.mem_get_info = lambda device=None: (FREE, TOTAL)
+    torch.cuda.get_device_properties = _get_device_properties
     torch.cuda.memory._record_memory_history = _record_memory_history
     torch.cuda.memory._snapshot = _snapshot
     torch._C._cuda_attach_out_of_memory_observer = _attach
@@ -209,13 +224,14 @@ def gpu_run(tmp_path: Path):
     fake.mkdir()
     (fake / "sitecustomize.py").write_text(FAKE_GPU)
     (fake / "device_state.pickle").write_bytes(pickle.dumps(device_state(), protocol=4))
-    (fake / "device.json").write_text(json.dumps({"total": total(), "free": FREE, "request": REQUEST,
-                                                  "oom_at_step": OOM_AT_STEP}))
     project = tmp_path / "project"
     project.mkdir()
     (project / "train.py").write_text(TRAINER)
 
-    def run(steps: int) -> Audit:
+    def run(steps: int, device_total: int | None = None, oom_at_step: int = OOM_AT_STEP) -> Audit:
+        (fake / "device.json").write_text(json.dumps({"total": device_total or total(), "free": FREE,
+                                                      "request": REQUEST, "oom_at_step": oom_at_step,
+                                                      "name": NAME}))
         path = os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH")) if p)
         a = audit("run", f"{project / 'train.py'}:step", "--steps", str(steps), "--quiet", "--no-numerics",
                   out=tmp_path / "out", env={"PYTHONPATH": path})
@@ -297,6 +313,34 @@ def test_an_oom_after_the_profiled_steps_gets_a_post_mortem_from_the_observer(gp
     assert f"a request for 1.0 GiB at train.py:{ASKED_LINE} allocate failed with 600.0 MiB free" in f["message"]
     assert f"of the device's {total() / GiB:.1f} GiB" in f["message"]
     assert e["owners"] and e["owners"][0]["file"].endswith(".py")  # the recorded blocks' owning lines
+
+
+def test_the_run_records_the_devices_memory_and_oom_risk_judges_against_it(gpu_run) -> None:
+    """No OOM this time (2 steps; the profiled window, step 0, records the history), on a device
+    with only 128 MiB more than the allocator reserves: the child records the device's properties
+    in the environment, and oom-risk judges the peak against that total, as a warning, where an
+    unknown capacity would be an assumed 16 GiB and no finding at all."""
+    device_total = reserved() + 128 * MiB
+    a = gpu_run(2, device_total=device_total, oom_at_step=-1)
+    assert a.returncode == 0, a.stderr
+    assert a.evidence["ending"]["status"] == "completed"
+    env = a.evidence["environment"]
+    assert env["cuda_available"] is True
+    assert env["cuda_devices"] == [{"index": 0, "name": NAME, "total_memory": device_total}]
+    assert a.findings_doc["environment"]["cuda_devices"] == env["cuda_devices"]
+    assert [json.loads(line) for line in (a.fake / "properties_calls.jsonl").read_text().splitlines()] == [
+        {"device": 0}]  # read once, for the one device (at the end: the program had initialised CUDA)
+    assert f"{NAME}, {device_total / (1 << 30):.1f} GiB" in (a.out / "report.html").read_text()
+
+    assert a.evidence["snapshots"] == ["memory_snapshot.pickle"]  # no OOM: no OOM snapshot
+    [f] = a.rule("oom-risk")
+    e = f["evidence"]
+    assert f["severity"] == "warning" and Path(e["snapshot"]).name == "memory_snapshot.pickle"
+    assert (e["capacity"], e["capacity_source"], e["capacity_from"]) == (device_total, "device-properties",
+                                                                         "environment")
+    # every segment of the trimmed state is allocated during the recorded steps: the peak is the end state
+    assert e["peak_reserved"] == reserved() and e["share"] == round(reserved() / device_total, 4)
+    assert f"({NAME}, as torch.cuda.get_device_properties reported it in the run)" in f["message"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -7,13 +7,17 @@ bytes each user line holds at it, and what was live when an appended OOM record 
 from __future__ import annotations
 
 import functools
+import gzip
 import io
+import json
 import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from auditor.capture.cuda_memory import OOM_RECORD_KIND, oom_record_path
+from auditor.evidence.load import load_paths
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import GiB, MiB, Snapshot, _SafeUnpickler, load_snapshot
 from auditor.rules.allocator_fragmentation import AllocatorFragmentation, merge_conf, split_conf
@@ -24,6 +28,7 @@ SNAPSHOTS = Path(__file__).resolve().parent.parent / ".." / "shared" / "fixtures
 FRAGMENTED = SNAPSHOTS / "fragmented_72gb_state_only.pickle"
 TRANSFORMER = SNAPSHOTS / "transformer_fullstep_with_history.pickle"
 LLAMA = SNAPSHOTS / "llama_mostly_free_segments.pickle"
+H100_TRACE = SNAPSHOTS.parent / "traces" / "h100_bert_small_item_sync.pt.trace.json.gz"
 
 pytestmark = pytest.mark.skipif(not SNAPSHOTS.is_dir(), reason=f"recorded snapshots not found at {SNAPSHOTS}")
 CONF = "PYTORCH_CUDA_ALLOC_CONF"
@@ -357,6 +362,99 @@ def test_oom_on_an_expandable_allocator_offers_no_allocator_setting(tmp_path: Pa
     _with_oom(d, len(d["device_traces"][0]), size=2 * GiB, device_free=10 * MiB, frames=[])
     [f] = run(OomRisk, from_dict(d, tmp_path))
     assert f.fix.config == {}
+
+
+# ------------------------------------------------------------------------------------------------
+# oom-risk: where the capacity comes from (option > OOM record > device properties > assumed)
+
+
+def _options(**options: Any) -> dict[str, Any]:
+    opts = OomRisk.default_options()
+    opts.update({k.replace("_", "-"): v for k, v in options.items()})
+    return opts
+
+
+def _analyze(paths: list[Path], **options: Any) -> list[Finding]:
+    """`audit analyze PATHS`'s loading, then oom-risk alone."""
+    return list(OomRisk().check(load_paths(paths), _options(**options)))
+
+
+def _near_capacity(findings: list[Finding], snapshot: Path) -> list[Finding]:
+    return [f for f in findings if f.evidence["snapshot"] == str(snapshot) and "capacity_source" in f.evidence]
+
+
+def _device_trace(tmp_path: Path, devices: list[dict]) -> Path:
+    """A profiler trace as Kineto writes one, reduced to its device table and one step."""
+    path = tmp_path / "run.pt.trace.json"
+    path.write_text(json.dumps({"deviceProperties": devices, "traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 100}]}))
+    return path
+
+
+def test_capacity_from_a_recorded_traces_device_properties() -> None:
+    """The fragmented snapshot (70.7 GiB reserved) with the H100 trace: judged against the H100's
+    totalGlobalMem (79.2 GiB, 89%), not an assumed 80 GiB, so a 0.85 threshold makes it a warning
+    where the snapshot alone gives info. At the default 0.9 neither flags it: on a real 80 GB
+    device this peak is not near-full by the rule's measure."""
+    with gzip.open(H100_TRACE, "rt") as f:
+        [props] = json.load(f)["deviceProperties"]
+    total, name = props["totalGlobalMem"], props["name"]
+    reserved = sum(s["total_size"] for s in raw(FRAGMENTED)["segments"])
+    assert props["id"] == 0 and 0.85 < reserved / total < 0.9 and total != 80 * GiB
+
+    [alone] = run(OomRisk, fixture(FRAGMENTED), near_share=0.85)
+    assert alone.severity == "info" and alone.evidence["capacity_source"] == "assumed"
+    [f] = _analyze([FRAGMENTED, H100_TRACE], near_share=0.85)
+    e = f.evidence
+    assert f.severity == "warning"
+    assert (e["capacity"], e["capacity_source"], e["capacity_from"]) == (total, "device-properties", str(H100_TRACE))
+    assert (e["peak_reserved"], e["share"]) == (reserved, round(reserved / total, 4))
+    assert f"{reserved / total:.0%} of the {total / GiB:.1f} GiB device ({name}, from the profiler trace's " \
+           "deviceProperties)" in f.message
+    assert _analyze([FRAGMENTED, H100_TRACE]) == []
+
+
+def test_a_device_just_above_the_peak_is_near_full_and_the_precedence_holds(tmp_path: Path) -> None:
+    """A trace from the snapshot's run stating device 0 at 2 GiB above the peak reserved (device 1,
+    larger, is not the snapshot's): flagged at the default threshold, where the assumed 80 GiB is
+    silent. The option beats it; an OOM observer's record among the inputs beats it too."""
+    reserved = sum(s["total_size"] for s in raw(FRAGMENTED)["segments"])
+    total = reserved + 2 * GiB
+    trace = _device_trace(tmp_path, [{"id": 1, "name": "other", "totalGlobalMem": 80 * GiB},
+                                     {"id": 0, "name": "test device", "totalGlobalMem": total}])
+    assert run(OomRisk, fixture(FRAGMENTED)) == []  # alone: 88% of an assumed 80 GiB
+    [f] = _analyze([FRAGMENTED, trace])
+    assert f.severity == "warning" and f.evidence["capacity_source"] == "device-properties"
+    assert (f.evidence["capacity"], f.evidence["share"]) == (total, round(reserved / total, 4))
+    assert "(test device, from the profiler trace's deviceProperties)" in f.message
+
+    # the option first
+    assert _analyze([FRAGMENTED, trace], device_capacity_gib=80.0) == []
+    [g] = _analyze([FRAGMENTED, trace], device_capacity_gib=72.0)
+    assert (g.evidence["capacity"], g.evidence["capacity_source"]) == (72 * GiB, "device-capacity-gib")
+
+    # then an OOM record from the same run (another snapshot: the OOM snapshot), over the trace
+    oom = tmp_path / "oom_snapshot.pickle"
+    oom.write_bytes(pickle.dumps({"segments": layout([[(100 * MiB, A)]]), "device_traces": [[]],
+                                  "allocator_settings": settings()}, protocol=4))
+    limit = reserved + 1 * GiB
+    oom_record_path(oom).write_text(json.dumps({"kind": OOM_RECORD_KIND, "device": 0, "requested": 2 * GiB,
+                                                "device_total": limit, "device_free": 10 * MiB, "frames": []}))
+    findings = _analyze([FRAGMENTED, trace, oom])
+    assert {f.evidence.get("source") for f in findings if f.evidence["snapshot"] == str(oom)} == {"oom-observer"}
+    [h] = _near_capacity(findings, FRAGMENTED)
+    assert (h.evidence["capacity"], h.evidence["capacity_source"]) == (limit, "oom-record")
+    assert h.evidence["capacity_from"] == str(oom_record_path(oom)) and h.severity == "warning"
+    assert h.evidence["share"] == round(reserved / limit, 4)
+
+
+def test_a_trace_from_a_smaller_device_is_called_out(tmp_path: Path) -> None:
+    """A peak larger than the stated device: the inputs do not belong together."""
+    reserved = sum(s["total_size"] for s in raw(FRAGMENTED)["segments"])
+    trace = _device_trace(tmp_path, [{"id": 0, "name": "small", "totalGlobalMem": 32 * GiB}])
+    [f] = _analyze([FRAGMENTED, trace])
+    assert f.evidence["share"] == round(reserved / (32 * GiB), 4) > 1
+    assert "was the snapshot taken on another device?" in f.message
 
 
 # ------------------------------------------------------------------------------------------------

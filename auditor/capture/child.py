@@ -64,18 +64,34 @@ def environment(standins: list[str]) -> dict:
         notes.append("No CUDA device here: calls to the torch.cuda memory-statistics family "
                      f"({', '.join(sorted(standins))}) were recorded and answered as an idle device would "
                      "(zeros, empty stats) instead of raising.")
+    cuda = torch.cuda.is_available()  # (in a rehearsal the auditor's own calls get the true answer: False)
     return {
         "torch_version": str(torch.__version__),
         "python_version": platform.python_version(),
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
-        "cuda_available": torch.cuda.is_available(),
+        "device": "cuda" if cuda else "cpu",
+        "cuda_available": cuda,
         "cuda_standins": bool(standins),
         "num_threads": torch.get_num_threads(),
         "env_vars": env,
         "notes": notes,
     }
+
+
+def cuda_devices() -> list[dict]:
+    """Each visible device's memory, for oom-risk's capacity (else it must assume one): read when
+    the run ends, and only if the program itself initialised CUDA. Reading device properties
+    initialises CUDA, and doing that before the program runs would change it: a
+    CUDA_VISIBLE_DEVICES it sets at import would be ignored, and forked DataLoader workers could
+    no longer use CUDA. A failure here is never the run's."""
+    try:
+        if not torch.cuda.is_initialized():
+            return []
+        return [{"index": i, "name": str(p.name), "total_memory": int(p.total_memory)}
+                for i in range(torch.cuda.device_count()) for p in (torch.cuda.get_device_properties(i),)]
+    except Exception:
+        return []
 
 
 def backend_flags() -> dict:
@@ -225,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except BaseException as e:  # the user's module code failed during setup
         out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec))
-        out.send("ended", **_ending(e, None))
+        out.send("ended", **_ending(e, None), cuda_devices=cuda_devices())
         return 3
 
     out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec))
@@ -273,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
             except BaseException as e:
                 send_step(failed=True)
                 sigint["seen"] = sigint["n"]
-                out.send("ended", **_ending(e, i))
+                out.send("ended", **_ending(e, i), cuda_devices=cuda_devices())
                 status = 3
                 break
             send_step()
@@ -283,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
                 raise KeyboardInterrupt  # delivered during this step, then swallowed on the way
     except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
         prof.stop()
-        out.send("ended", **_ending(e, i))
+        out.send("ended", **_ending(e, i), cuda_devices=cuda_devices())
         status = 3
     prof.stop()
     if prof.window():
@@ -294,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
         if data is not None:
             out.send("extra", name=c.name, data=data)
     if status == 0:
-        out.send("ended", status="completed", backend_flags=backend_flags())
+        out.send("ended", status="completed", backend_flags=backend_flags(), cuda_devices=cuda_devices())
     return status
 
 

@@ -98,6 +98,8 @@ class EvidenceBuilder:
             self.ended = True
             if "backend_flags" in r:
                 ev.environment.backend_flags = r["backend_flags"]
+            if r.get("cuda_devices"):
+                ev.environment.cuda_devices = r["cuda_devices"]
             fields = {k: v for k, v in r.items() if k in m.Ending.__struct_fields__ and k != "where"}
             ev.ending = m.Ending(**fields, where=_frame(r.get("where")))
 

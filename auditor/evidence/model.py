@@ -100,6 +100,10 @@ class Environment(msgspec.Struct):
     num_threads: int | None = None
     env_vars: dict[str, str] = {}
     backend_flags: dict[str, Any] = {}
+    # Every visible CUDA device as torch.cuda.get_device_properties reported it at the end of a run
+    # whose program used CUDA: [{"index", "name", "total_memory" (bytes)}]; empty on the CPU or
+    # when the program never initialised CUDA (oom-risk reads the capacity here)
+    cuda_devices: list[dict[str, Any]] = []
     notes: list[str] = []
 
 

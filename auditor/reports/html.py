@@ -305,6 +305,9 @@ def environment_rows(ev: Evidence) -> list[tuple[str, str]]:
     rows = [("torch", e.torch_version), ("python", e.python_version), ("platform", e.platform),
             ("host", e.hostname), ("device", e.device), ("CUDA available", "yes" if e.cuda_available else "no"),
             ("threads", str(e.num_threads) if e.num_threads is not None else "")]
+    for d in e.cuda_devices:  # (the page escapes every value)
+        gib = d.get("total_memory", 0) / (1 << 30)
+        rows.append((f"GPU {d.get('index', '?')}", f"{d.get('name', '?')}, {gib:.1f} GiB"))
     if e.cuda_standins:
         rows.append(("CUDA stand-ins", "yes: torch.cuda memory calls were answered as an idle device would "
                                        "(no CUDA here), so device numbers are not measurements"))

@@ -43,6 +43,13 @@ class GpuIdle(TraceRule):
         wall time of the profiled steps. It reports the idle share, the largest gaps and what the host
         was doing during the idle time: data loading (`DataLoader.__next__`), synchronising with the
         GPU, other host work (Python, operator dispatch), or nothing the profiler recorded.
+        Idle time goes to the first of these that covers it, in that order. "Synchronising" is
+        idle time while a sync call is still running: the sync waited on something the trace
+        shows no GPU work for (the device busy with another process's work, say). The idle time
+        a sync usually causes comes after it returns, while the host issues the next work, and
+        counts as host work: in the recorded traces syncs wait on a busy GPU (the small A100
+        item/event/device-sync trace: under 1% of its idle time is inside a sync), and
+        host-sync is the rule that names them.
 
     Why it costs:
         An idle GPU is paid for and does nothing. Any idle share is time a faster input pipeline,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import linecache
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import (GiB, LiveAllocation, MemoryFigures, OomRecord, Owner, Snapshot, StackFrame,
@@ -82,6 +82,46 @@ def _config_fix(snap: Snapshot, cached: int, what: str, owners_known: bool) -> F
                config={ALLOC_CONF: value})
 
 
+class Capacity(NamedTuple):
+    """A device's memory as oom-risk judges against it, and where that figure came from."""
+
+    total: int  # bytes
+    source: str  # "device-capacity-gib" (the option), "oom-record", "device-properties" or "assumed"
+    said: str  # how the message names the source
+    origin: str | None = None  # the file it was read from, or "environment" (the run's own)
+
+
+def known_capacities(evidence: Evidence) -> dict[int, Capacity]:
+    """Device index -> the capacity the evidence states, best source first: an OOM observer's record
+    (the device total the allocator itself reported, which is the per-process limit when
+    set_per_process_memory_fraction lowered it), then the run's environment (torch.cuda.
+    get_device_properties in `audit run` on CUDA), then a profiler trace's deviceProperties
+    (totalGlobalMem; the first trace that lists the device). Every input given together is taken
+    to come from the same machine."""
+    known: dict[int, Capacity] = {}
+    for trace in evidence.trace_data:
+        for p in getattr(trace, "device_properties", []):
+            index, total = p.get("id"), p.get("totalGlobalMem")
+            if isinstance(index, int) and isinstance(total, int) and total > 0 and index not in known:
+                name = f"{p['name']}, " if isinstance(p.get("name"), str) and p["name"] else ""
+                known[index] = Capacity(total, "device-properties",
+                                        f"{name}from the profiler trace's deviceProperties", str(trace.path))
+    for d in evidence.environment.cuda_devices:
+        index, total = d.get("index"), d.get("total_memory")
+        if isinstance(index, int) and isinstance(total, int) and total > 0:
+            name = f"{d['name']}, " if isinstance(d.get("name"), str) and d["name"] else ""
+            known[index] = Capacity(total, "device-properties",
+                                    f"{name}as torch.cuda.get_device_properties reported it in the run",
+                                    "environment")
+    for snap in evidence.snapshot_data:
+        rec = snap.oom
+        if rec is not None and rec.device_total:
+            known[rec.device] = Capacity(rec.device_total, "oom-record",
+                                         "the device total the allocator reported when it ran out of memory",
+                                         rec.path)
+    return known
+
+
 class OomRisk(SnapshotRule):
     """
     What it detects:
@@ -117,11 +157,17 @@ class OomRisk(SnapshotRule):
         A CUDA memory snapshot. The owners and the post-mortem need a history
         (`torch.cuda.memory._record_memory_history()` before the step), or, for the post-mortem,
         the OOM snapshot `audit run` writes with the observer's record beside it
-        (`oom_snapshot.pickle` and `oom_snapshot.json`). The capacity comes from the
-        `device-capacity-gib` option, else from an OOM record (the device total the observer was
-        told; else reserved + what CUDA reported free, a lower bound), else it is assumed to be the
-        smallest common device size that holds the peak; findings on an assumed capacity are
-        reported as info.
+        (`oom_snapshot.pickle` and `oom_snapshot.json`). The capacity a peak is judged against
+        comes from, in order: the `device-capacity-gib` option; an OOM observer's record among the
+        inputs (the device total the allocator reported, or its per-process limit); the device's
+        properties, from `audit run`'s environment on CUDA (torch.cuda.get_device_properties) or
+        from a profiler trace given with the snapshot (`deviceProperties`, `totalGlobalMem`, by
+        device id); else it is assumed to be the smallest common device size that holds the peak,
+        and such findings are reported as info. The finding's `capacity_source` says which
+        ("device-capacity-gib", "oom-record", "device-properties", "assumed"), `capacity_from`
+        the file it was read from ("environment": the run's own). An OOM post-mortem states the
+        device total the observer was told, or, without one, reserved + what CUDA reported free
+        (a lower bound).
     """
 
     id = "oom-risk"
@@ -143,12 +189,13 @@ class OomRisk(SnapshotRule):
         # dumped after the same OOM (the profiled window's, when the OOM ends the window) repeats
         # its "oom" entry. One OOM is one finding.
         seen: set[tuple[Any, ...]] = set()
+        known = known_capacities(evidence)
         for snap in sorted(evidence.snapshot_data, key=lambda s: s.oom is None):
             devices = list(snap.devices)
             if snap.oom is not None and snap.oom.device not in snap.devices:
                 devices.append(snap.oom.device)  # the very first allocation on that device failed
             for device in devices:
-                for f in self.check_device(snap, device, options):
+                for f in self.check_device(snap, device, options, known):
                     e = f.evidence
                     if "requested" in e:
                         key = (e["device"], e["requested"], e["device_free"], e["time_us"])
@@ -157,7 +204,8 @@ class OomRisk(SnapshotRule):
                         seen.add(key)
                     yield f
 
-    def check_device(self, snap: Snapshot, device: int, o: dict[str, Any]) -> Iterable[Finding]:
+    def check_device(self, snap: Snapshot, device: int, o: dict[str, Any],
+                     known: dict[int, Capacity] | None = None) -> Iterable[Finding]:
         history = snap.histories.get(device)
         top_n = int(o["top-owners"])
         record = snap.oom if snap.oom is not None and snap.oom.device == device else None
@@ -184,19 +232,24 @@ class OomRisk(SnapshotRule):
             top = owners(b for s in snap.device_segments(device) for b in s.blocks if b.live)
             moment = "the snapshot (state only: no history, so this is the peak as far as it shows)"
 
-        capacity, source = self._capacity(peak_reserved, o)
-        if capacity is None or capacity <= 0:
+        cap = self._capacity(peak_reserved, o, (known or {}).get(device))
+        if cap is None:
             return
+        capacity, source = cap.total, cap.source
         share = peak_reserved / capacity
         if share < o["near-share"]:
             return
         shown = top[:top_n]
-        known = any(x.frame is not None for x in shown)
+        owners_known = any(x.frame is not None for x in shown)
         assumed = source == "assumed"
         cap_text = (f"an assumed {format_bytes(capacity)} device (the smallest common size that holds it; set "
-                    f"device-capacity-gib)" if assumed else f"the {format_bytes(capacity)} device ({source})")
-        caveat = (" That is more than the stated capacity: check device-capacity-gib." if share > 1 else "")
-        owners_text = f" Owners at that moment: {_owners_text(shown)}." if known else (
+                    f"device-capacity-gib)" if assumed else f"the {format_bytes(capacity)} device ({cap.said})")
+        caveat = ""
+        if share > 1:
+            caveat = (" That is more than the device's memory as the evidence states it: was the snapshot taken "
+                      "on another device? Set device-capacity-gib." if source == "device-properties" else
+                      " That is more than the stated capacity: check device-capacity-gib.")
+        owners_text = f" Owners at that moment: {_owners_text(shown)}." if owners_known else (
             " No allocation stacks were recorded, so the owning lines are unknown "
             "(record a history with torch.cuda.memory._record_memory_history()).")
         cached = peak_reserved - fig.allocated if history is None else reserved_at(snap, device, index) - peak_allocated
@@ -206,18 +259,23 @@ class OomRisk(SnapshotRule):
             severity="info" if assumed else None,
             locations=_locations(x.frame for x in shown),
             evidence={"snapshot": snap.path, "device": device, "capacity": capacity, "capacity_source": source,
-                      "peak_reserved": peak_reserved, "peak_allocated": peak_allocated, "share": round(share, 4),
+                      "capacity_from": cap.origin, "peak_reserved": peak_reserved,
+                      "peak_allocated": peak_allocated, "share": round(share, 4),
                       "peak_index": index, "history_entries": history.entries if history else 0,
                       "peak_time_us": (snap.device_traces[device][index].time_us
                                        if history is not None and index is not None and index >= 0 else None),
                       "owners": _owner_rows(shown)},
-            fix=_config_fix(snap, cached, "at the peak", known))
+            fix=_config_fix(snap, cached, "at the peak", owners_known))
 
-    def _capacity(self, peak_reserved: int, o: dict[str, Any]) -> tuple[int | None, str]:
+    @staticmethod
+    def _capacity(peak_reserved: int, o: dict[str, Any], known: Capacity | None) -> Capacity | None:
+        """The option, else what the evidence says (see known_capacities), else assumed."""
         if o["device-capacity-gib"] and o["device-capacity-gib"] > 0:
-            return int(o["device-capacity-gib"] * GiB), "device-capacity-gib"
+            return Capacity(int(o["device-capacity-gib"] * GiB), "device-capacity-gib", "device-capacity-gib")
+        if known is not None:
+            return known
         fits = [c for c in sorted(o["common-capacities-gib"]) if c * GiB >= peak_reserved]
-        return (int(fits[0] * GiB), "assumed") if fits else (None, "unknown")
+        return Capacity(int(fits[0] * GiB), "assumed", "assumed") if fits else None
 
     def _post_mortem(self, snap: Snapshot, device: int, index: int, top_n: int,
                      record: OomRecord | None = None) -> Finding:
