@@ -378,3 +378,14 @@ def test_worker_count(tmp_path: Path, plain_copy: Path, monkeypatch: pytest.Monk
     finally:
         stop.set()
         other.join()
+
+
+def test_an_event_larger_than_the_cut_window(tmp_path: Path, small_pieces: None) -> None:
+    # A 3 MB argument (a long stack) where a cut is searched: the cut moves past it.
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5,
+               "args": {"Call stack": "f.py(1): g;" * (300_000 if i == 300 else 1)}} for i in range(2000)]
+    path = tmp_path / "big_event.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    par = load_trace(path, workers=2)
+    assert par.workers == 2 and len(par.events) == 2000
+    _assert_same_trace(load_trace(path, workers=0), par)
