@@ -370,6 +370,7 @@ def test_worker_count(tmp_path: Path, plain_copy: Path, monkeypatch: pytest.Monk
     expected = min(cores, trace_parallel.MAX_WORKERS) if cores > 1 and sys.platform == "linux" else 0
     assert trace_parallel.worker_count(plain_copy) == expected
     assert trace_parallel.worker_count(TRACES / ALL[0]) == 0  # gzip: no random access
+    assert load_trace(TRACES / ALL[0], workers=2).workers == 0  # (asked anyway: parsed in one process)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()

@@ -84,6 +84,8 @@ def parse(stream: _Stream, cols: _Columns, workers: int) -> None:
     """Fill `cols` with every event after stream.start() (and stream.trailer with what follows the
     array), decoded by `workers` processes. At most two pieces per worker are in flight, so memory
     stays bounded whatever the file's size. Raises whatever a worker raised."""
+    if stream.reader is None or stream.reader.stream is not stream.reader.raw:
+        raise ValueError(f"{stream.path}: compressed, so it cannot be cut by offset")
     starts = cuts(stream.path, stream.base + stream.pos)
     ends = [*starts[1:], None]
     luts: dict[int, list[int]] = {}  # worker pid -> the main table's code of each of its symbols
