@@ -336,41 +336,6 @@ def test_dataloader_on_device_quiet_on_cpu_pipelines(name: str) -> None:
     assert run(DataloaderOnDevice, name) == []
 
 
-def test_dataloader_on_device_flags_kernels_inside_next(tmp_path: Path) -> None:
-    """A synthetic trace (no fixture has this pattern): a dataset that builds tensors on the GPU."""
-    events = []
-    for step in range(2):
-        t0 = step * 1000
-        events += [
-            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1, "ts": t0,
-             "dur": 900},
-            {"ph": "X", "cat": "user_annotation", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
-             "pid": 1, "tid": 1, "ts": t0 + 10, "dur": 300},
-            {"ph": "X", "cat": "python_function", "name": "my_dataset.py(17): __getitem__", "pid": 1, "tid": 1,
-             "ts": t0 + 20, "dur": 100},
-            {"ph": "X", "cat": "cpu_op", "name": "aten::to", "pid": 1, "tid": 1, "ts": t0 + 30, "dur": 60},
-            {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1, "ts": t0 + 40, "dur": 20,
-             "args": {"correlation": 10 + step}},
-            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7,
-             "ts": t0 + 45, "dur": 5, "args": {"correlation": 10 + step, "bytes": 4096}},
-            # the training step proper: not counted
-            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t0 + 500,
-             "dur": 10, "args": {"correlation": 100 + step}},
-            {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": t0 + 520, "dur": 50,
-             "args": {"correlation": 100 + step}},
-        ]
-    path = tmp_path / "loader_on_gpu.json"
-    path.write_text(json.dumps({"traceEvents": events}))
-    ev = Evidence(source="trace")
-    ev.__dict__["trace_data"] = [load_trace(path)]
-    rule = DataloaderOnDevice()
-    (f,) = rule.check(ev, rule.default_options())
-    assert f.evidence["calls"] == 2 and f.evidence["copies"] == 2 and f.evidence["copy_bytes"] == 8192
-    assert f.evidence["ops"] == {"aten::to": 2}
-    assert (f.locations[0].file, f.locations[0].line) == ("my_dataset.py", 17)
-    assert list(rule.check(ev, {"min-launches-per-step": 2})) == []
-
-
 def loader_trace(tmp_path: Path, inside_next: list[dict]) -> Evidence:
     """Two ProfilerSteps of a loader with num_workers=0: `inside_next` (events with ts relative to
     the step, 20..300 us) happen inside `__next__`; the step proper then copies the batch from
@@ -405,6 +370,23 @@ def loader_trace(tmp_path: Path, inside_next: list[dict]) -> Evidence:
 def runtime_call(name: str, ts: int, correlation: int, dur: int = 15) -> dict:
     return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
             "args": {"correlation": correlation}}
+
+
+def test_dataloader_on_device_flags_kernels_inside_next(tmp_path: Path) -> None:
+    """A synthetic trace (no fixture has this pattern): a dataset that builds tensors on the GPU."""
+    ev = loader_trace(tmp_path, [
+        {"ph": "X", "cat": "python_function", "name": "my_dataset.py(17): __getitem__", "pid": 1, "tid": 1,
+         "ts": 20, "dur": 100},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::to", "pid": 1, "tid": 1, "ts": 30, "dur": 60},
+        runtime_call("cudaMemcpyAsync", 40, 10, dur=20),
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0, "tid": 7,
+         "ts": 45, "dur": 5, "args": {"correlation": 10, "bytes": 4096}}])
+    rule = DataloaderOnDevice()
+    (f,) = rule.check(ev, rule.default_options())
+    assert f.evidence["calls"] == 2 and f.evidence["copies"] == 2 and f.evidence["copy_bytes"] == 8192
+    assert f.evidence["ops"] == {"aten::to": 2}
+    assert (f.locations[0].file, f.locations[0].line) == ("my_dataset.py", 17)
+    assert list(rule.check(ev, {"min-launches-per-step": 2})) == []
 
 
 def pin_memory_op(*calls: dict) -> list[dict]:
