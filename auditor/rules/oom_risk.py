@@ -282,67 +282,55 @@ class OomRisk(SnapshotRule):
         """What was live when the allocator raised OOM, and what had been asked for."""
         oom = snap.device_traces[device][index]
         live = live_at(snap, device, index)
-        allocated = sum(a.size for a in live)
-        reserved = reserved_at(snap, device, index)
-        device_free = oom.device_free or 0
-        at_least = reserved + device_free
-        top = owners(live)[:top_n]
-        known = any(x.frame is not None for x in top)
-        asked = oom.owner if oom.owner is not None else record.owner if record is not None else None
-        asked_at = f" at {_label(asked)}" if asked is not None else ""
-        total = record.device_total if record is not None else None
-        cached = max(0, reserved - allocated)
-        holds = (f"of the device's {format_bytes(total)}" if total else
-                 f"so the device holds at least {format_bytes(at_least)}")
-        message = (
-            f"CUDA out of memory on cuda:{device}: a request for {format_bytes(oom.size)}{asked_at} failed with "
-            f"{format_bytes(device_free)} free on the device. At that moment {format_bytes(allocated)} was allocated "
-            f"in {len(live):,} live allocations and {format_bytes(reserved)} reserved, {holds}. "
-            f"{_cause(oom.size, cached, total)}"
-            + (f" Largest owners: {_owners_text(top)}." if known else ""))
-        return self.finding(
-            message, severity="error", title="CUDA out of memory (post-mortem from the snapshot's history)",
-            locations=_locations([asked, *(x.frame for x in top)]),
-            evidence={"snapshot": snap.path, "device": device, "source": "history", "oom_index": index,
-                      "requested": oom.size, "device_free": device_free, "device_total": total,
-                      "allocated": allocated, "reserved": reserved,
-                      "reserved_unallocated": cached, "live_allocations": len(live), "capacity_at_least": at_least,
-                      "time_us": oom.time_us, "stream": oom.stream,
-                      "oom_record": record.path if record is not None else None,
-                      "requested_at": _owner_rows([Owner(frame=asked, bytes=oom.size, count=1)])[0],
-                      "owners": _owner_rows(top)},
-            fix=_config_fix(snap, cached, "when it failed", known))
+        return self._oom_finding(
+            snap, device, top_n, live, requested=oom.size, device_free=oom.device_free or 0,
+            total=record.device_total if record is not None else None,
+            asked=oom.owner if oom.owner is not None else record.owner if record is not None else None,
+            allocated=sum(a.size for a in live), reserved=reserved_at(snap, device, index), counted="live allocations",
+            title="CUDA out of memory (post-mortem from the snapshot's history)", note="",
+            head={"source": "history", "oom_index": index},
+            tail={"time_us": oom.time_us, "stream": oom.stream,
+                  "oom_record": record.path if record is not None else None})
 
     def _observer_post_mortem(self, snap: Snapshot, device: int, rec: OomRecord, top_n: int) -> Finding:
         """The post-mortem of an OOM the history did not record (it happened before or after the
         recorded steps): the request and the free memory are what the allocator told the observer,
         what was live is the snapshot's state, taken by the observer at that moment."""
         fig = snap.devices.get(device) or MemoryFigures()
-        live = [b for s in snap.device_segments(device) for b in s.blocks if b.live]
+        return self._oom_finding(
+            snap, device, top_n, [b for s in snap.device_segments(device) for b in s.blocks if b.live],
+            requested=rec.requested, device_free=rec.device_free, total=rec.device_total, asked=rec.owner,
+            allocated=fig.allocated, reserved=fig.reserved, counted="live blocks",
+            title="CUDA out of memory (post-mortem from the OOM observer)",
+            note=" (No allocator history covers that moment, so the request and the free memory are what the "
+                 "allocator told the OOM observer, and what was live is the snapshot taken then.)",
+            head={"source": "oom-observer", "oom_index": None},
+            tail={"time_us": rec.time_us, "ooms": rec.ooms, "oom_record": rec.path})
+
+    def _oom_finding(self, snap: Snapshot, device: int, top_n: int, live: list, *, requested: int,
+                     device_free: int, total: int | None, asked: StackFrame | None, allocated: int, reserved: int,
+                     counted: str, title: str, note: str, head: dict[str, Any], tail: dict[str, Any]) -> Finding:
+        """The post-mortem finding, whichever evidence told of the OOM (history or observer)."""
         top = owners(live)[:top_n]
         known = any(x.frame is not None for x in top)
-        allocated, reserved, total = fig.allocated, fig.reserved, rec.device_total
         cached = max(0, reserved - allocated)
-        at_least = reserved + rec.device_free
-        asked_at = f" at {_label(rec.owner)}" if rec.owner is not None else ""
+        at_least = reserved + device_free
+        asked_at = f" at {_label(asked)}" if asked is not None else ""
         holds = (f"of the device's {format_bytes(total)}" if total else
                  f"so the device holds at least {format_bytes(at_least)}")
         message = (
-            f"CUDA out of memory on cuda:{device}: a request for {format_bytes(rec.requested)}{asked_at} failed "
-            f"with {format_bytes(rec.device_free)} free on the device. At that moment {format_bytes(allocated)} was "
-            f"allocated in {len(live):,} live blocks and {format_bytes(reserved)} reserved, {holds}. "
-            f"{_cause(rec.requested, cached, total)}"
-            + (f" Largest owners: {_owners_text(top)}." if known else "")
-            + " (No allocator history covers that moment, so the request and the free memory are what the "
-              "allocator told the OOM observer, and what was live is the snapshot taken then.)")
+            f"CUDA out of memory on cuda:{device}: a request for {format_bytes(requested)}{asked_at} failed "
+            f"with {format_bytes(device_free)} free on the device. At that moment {format_bytes(allocated)} was "
+            f"allocated in {len(live):,} {counted} and {format_bytes(reserved)} reserved, {holds}. "
+            f"{_cause(requested, cached, total)}"
+            + (f" Largest owners: {_owners_text(top)}." if known else "") + note)
         return self.finding(
-            message, severity="error", title="CUDA out of memory (post-mortem from the OOM observer)",
-            locations=_locations([rec.owner, *(x.frame for x in top)]),
-            evidence={"snapshot": snap.path, "device": device, "source": "oom-observer", "oom_index": None,
-                      "requested": rec.requested, "device_free": rec.device_free, "device_total": total,
+            message, severity="error", title=title,
+            locations=_locations([asked, *(x.frame for x in top)]),
+            evidence={"snapshot": snap.path, "device": device, **head,
+                      "requested": requested, "device_free": device_free, "device_total": total,
                       "allocated": allocated, "reserved": reserved, "reserved_unallocated": cached,
-                      "live_allocations": len(live), "capacity_at_least": at_least, "time_us": rec.time_us,
-                      "ooms": rec.ooms, "oom_record": rec.path,
-                      "requested_at": _owner_rows([Owner(frame=rec.owner, bytes=rec.requested, count=1)])[0],
+                      "live_allocations": len(live), "capacity_at_least": at_least, **tail,
+                      "requested_at": _owner_rows([Owner(frame=asked, bytes=requested, count=1)])[0],
                       "owners": _owner_rows(top)},
             fix=_config_fix(snap, cached, "when it failed", known))
