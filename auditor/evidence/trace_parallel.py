@@ -33,7 +33,7 @@ import msgspec
 import numpy as np
 
 from auditor.evidence.errors import InputError
-from auditor.evidence.trace_decode import DEFAULT_CHUNK_BYTES, SymbolTable, _Columns, _Event, _Stream
+from auditor.evidence.trace_decode import _WS, DEFAULT_CHUNK_BYTES, SymbolTable, _Columns, _Event, _Stream
 
 # Smaller files parse in a few seconds in one process: not worth the workers.
 PARALLEL_MIN_BYTES = 48 << 20
@@ -156,7 +156,7 @@ def _decode_range(path: Path, start: int, end: int | None) -> dict[str, Any]:
         stream = _Stream(path, DEFAULT_CHUNK_BYTES, data=buf)
     else:  # whole events and the comma after the last: a bare array of its own
         k = buf.rfind(b"}", 2, 2 + n)
-        if k < 0 or buf[k + 1:2 + n].strip(b" \t\r\n,") or buf[k + 1:2 + n].count(b",") != 1:
+        if k < 0 or buf[k + 1:2 + n].strip(_WS + b",") or buf[k + 1:2 + n].count(b",") != 1:
             raise InputError(f"{path}: a piece does not end after an event")
         buf[1] = 0x5B
         buf[k + 1] = 0x5D
