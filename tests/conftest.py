@@ -79,3 +79,17 @@ def example_audit(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+def assert_phases(a, file, forward: dict[str, int], optimizer: dict[str, int]) -> None:
+    """Every step has one forward tally per outermost module call and one optimizer tally per
+    optimizer step, at the user's lines, each timed within the step."""
+    for s in a.evidence["steps"]:
+        got = {(t["kind"], t["what"]): t for t in s["tallies"] if t["kind"] in ("forward", "optimizer")}
+        want = {**{("forward", k): v for k, v in forward.items()}, **{("optimizer", k): v for k, v in optimizer.items()}}
+        assert set(got) == set(want), (s["index"], sorted(got))
+        for key, line in want.items():
+            t = got[key]
+            assert t["count"] == 1 and t["where"]["file"] == str(file) and t["where"]["line"] == line, t
+            assert 0 < t["ms"] < s["ms"], t
+        assert sum(t["ms"] for t in got.values()) < s["ms"]

@@ -6,7 +6,7 @@ from statistics import median
 
 import pytest
 
-from conftest import EXAMPLES, audit, expected_lines
+from conftest import EXAMPLES, assert_phases, audit, expected_lines
 
 STEPS = 30
 
@@ -39,6 +39,10 @@ def test_clean_trainer_is_silent(example_audit):
     check = doc["steps"]["numerics_check_median_ms"]
     assert check == round(median(checked), 3) and 0 < check < doc["steps"]["median_ms"]
     assert f"({check:.2f} ms of it inside the auditor's numerics checks)" in (a.out / "summary.txt").read_text()
+    # with the numerics collector on, its hooks time the forward and optimizer phases (the probes'
+    # own hooks are taken out): one tally per outermost module call and per optimizer step
+    assert_phases(a, EXAMPLES / "clean.py", {"Sequential": 12, "CrossEntropyLoss": 12}, {"AdamW": 14})
+
 
 
 def test_anomaly_mode(example_audit):

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, audit, expected_lines
+from conftest import EXAMPLES, ROOT, assert_phases, audit, expected_lines
 
 from auditor.evidence.model import Evidence, StepRecord
 from auditor.rules.amp_unscaled import AmpUnscaled
@@ -543,6 +543,8 @@ def test_no_numerics_turns_the_checks_off(tmp_path):
     assert a.findings_doc["steps"]["numerics_check_median_ms"] is None
     skipped = {s["rule"]: s["reason"] for s in a.findings_doc["skipped_rules"]}
     assert "--no-numerics" in skipped["nonfinite"] and "--no-numerics" in skipped["grad-explosion"]
+    # the probes' own hooks time the phases when the collector is off
+    assert_phases(a, EXAMPLES / "numerics_log_zero.py", {"Sequential": 25}, {"SGD": 30})
 
 
 LBFGS_NAN = """

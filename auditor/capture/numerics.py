@@ -420,10 +420,11 @@ class _Mode(TorchFunctionMode):
 class _OptPlan:
     """An optimizer's checkable parameters and what follows from them (see Numerics._plan_of)."""
 
-    __slots__ = ("ref", "key", "params", "half", "cpu_plain_dtype", "trustable", "_names")
+    __slots__ = ("ref", "index", "key", "params", "half", "cpu_plain_dtype", "trustable", "_names")
 
-    def __init__(self, opt: Any, key: tuple, params: list[torch.Tensor]) -> None:
+    def __init__(self, opt: Any, index: int, key: tuple, params: list[torch.Tensor]) -> None:
         self.ref = weakref.ref(opt)
+        self.index = index  # the optimizer's id in the records
         self.key = key
         self.params = params
         dtypes = {p.dtype for p in params}
@@ -489,6 +490,8 @@ class Numerics:
         self.mstack: list[int] = []  # running modules, innermost last
         self.wstack: list[Any] = []  # for each: the user's line of its call if it is a library module
         self.lstack: list[bool] = []  # for each: whether its pre-hook took the mode off (a leaf)
+        self.times_phases = False  # whether these hooks time the forward and optimizer phases
+        self.fwd_t0 = self.opt_t0 = 0.0
         self._reset_step()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -504,6 +507,8 @@ class Numerics:
             register_module_forward_hook(self._module_post)
         register_optimizer_step_pre_hook(self._opt_pre)
         register_optimizer_step_post_hook(self._opt_post)
+        # these hooks run where the probes' phase hooks do: time the phases here, one hook less
+        self.times_phases = probes.take_over_phase_timing()
         _install_config_probes(self)
 
     def step_begin(self, index: int) -> None:
@@ -663,6 +668,8 @@ class Numerics:
     def _module_pre(self, module, args) -> None:
         if _compiling():
             return
+        if not self.mstack:  # an outermost call: the forward phase starts
+            self.fwd_t0 = perf()
         where = None
         popped = False
         try:
@@ -688,6 +695,8 @@ class Numerics:
 
     def _module_post(self, module, args, output) -> None:
         if self.mstack and not _compiling():
+            if len(self.mstack) == 1 and self.times_phases:  # (timed before our own work, as before)
+                probes.forward_done(module, self.fwd_t0, sys._getframe(1))
             if self.lstack and self.lstack.pop():
                 t0 = perf()
                 try:  # (before the mode is back: our own reductions are not the user's calls)
@@ -989,6 +998,7 @@ class Numerics:
     # --- optimizer hooks ------------------------------------------------------------------------
 
     def _opt_pre(self, opt, args, kwargs) -> tuple | None:
+        self.opt_t0 = perf()
         if _compiling():
             return None
         # The update's own ops (hundreds per step) are judged through the parameters afterwards:
@@ -1049,12 +1059,14 @@ class Numerics:
         return closure_checked
 
     def _opt_post(self, opt, args, kwargs) -> None:
+        if self.times_phases:
+            probes.optimizer_done(opt, self.opt_t0, sys._getframe(1))
         if _compiling():
             return
         t0 = perf()
         grad_mode = torch.is_grad_enabled()
         try:
-            if self.in_step and self.checking and self.opt_steps and self.opt_steps[-1]["opt"] == self.opt_index.get(opt):
+            if self.in_step and self.checking and self.opt_steps and self.opt_steps[-1]["plan"].ref() is opt:
                 torch._C._set_grad_enabled(False)
                 rec = self.opt_steps[-1]
                 params = rec["plan"].params
@@ -1143,16 +1155,14 @@ class Numerics:
         return self.values.add(parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts]))
 
     def _grads(self, opt) -> dict[str, Any]:
-        idx = self.opt_index.get(opt)
-        if idx is None:
-            idx = self._register_optimizer(opt, None)
+        plan = self._plan_of(opt)
+        idx = plan.index
         lrs = []
         for g in opt.param_groups:
             lr = g.get("lr")
             # (a tensor lr is cloned: a scheduler may update it in place before the step's end)
             lrs.append(("ref", self.values.add(lr.detach().reshape(()).clone())) if isinstance(lr, torch.Tensor)
                        else lr)
-        plan = self._plan_of(opt)
         params = plan.params
         grads, owners = [], []
         for p in params:
@@ -1187,7 +1197,10 @@ class Numerics:
         plan = self.opt_plans.get(id(opt))
         if plan is not None and plan.key == key and plan.ref() is opt:
             return plan
-        plan = self.opt_plans[id(opt)] = _OptPlan(opt, key, [p for g in groups for p in g["params"] if _checkable(p)])
+        idx = self.opt_index.get(opt)
+        if idx is None:
+            idx = self._register_optimizer(opt, None)
+        plan = self.opt_plans[id(opt)] = _OptPlan(opt, idx, key, [p for g in groups for p in g["params"] if _checkable(p)])
         return plan
 
     def _names_of(self, params: list[torch.Tensor]) -> tuple[list[str], list[str], int]:
