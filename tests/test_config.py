@@ -21,12 +21,18 @@ def run(project, *args, name="forced_cleanup"):
                  out=project / "out", cwd=project)
 
 
+def reanalyze(project, *args):
+    """The rules again on the saved run, with the project's config as it is now: `audit analyze`
+    reads the same pyproject.toml, flags and comments as `audit run` (and costs no new run)."""
+    return audit("analyze", str(project / "out"), "--quiet", *args, out=project / "again", cwd=project)
+
+
 def test_pyproject_ignore_and_fail_on(project):
     (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\n')
     a = run(project)
     assert a.returncode == 1 and a.rule("forced-cleanup")
     (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\nignore = ["forced-cleanup"]\n')
-    a = run(project)
+    a = reanalyze(project)
     assert a.returncode == 0 and not a.rule("forced-cleanup")
 
 
@@ -34,7 +40,7 @@ def test_rule_options_from_pyproject(project):
     a = run(project, name="host_sync")
     assert a.rule("host-sync")
     (project / "pyproject.toml").write_text('[tool.auditor.rules.host-sync]\nmin-share-of-steps = 1.01\n')
-    assert not run(project, name="host_sync").rule("host-sync")
+    assert not reanalyze(project).rule("host-sync")
 
 
 def test_unknown_option_is_a_usage_error(project):
@@ -46,9 +52,10 @@ def test_unknown_option_is_a_usage_error(project):
 
 def test_select_and_ignore_flags(project):
     a = run(project, "--select", "host-sync")
-    assert a.findings == []
-    a = run(project, "--ignore", "forced-cleanup,host-sync")
-    assert not a.rule("forced-cleanup")
+    assert a.returncode == 0 and a.findings == []
+    assert reanalyze(project).rule("forced-cleanup")  # the run's evidence holds it: --select kept it out
+    a = reanalyze(project, "--ignore", "forced-cleanup,host-sync")
+    assert a.returncode == 0 and a.findings == []
 
 
 def test_suppression_comments(project):
@@ -63,5 +70,5 @@ def test_suppression_comments(project):
     empty = gc_line + 1
     lines[empty] += "  # audit: ignore"
     src.write_text("\n".join(lines) + "\n")
-    a = run(project)
+    a = reanalyze(project)
     assert not a.rule("forced-cleanup") and a.findings_doc["suppressed"] == 1
