@@ -31,6 +31,8 @@ def test_pyproject_ignore_and_fail_on(project):
     (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\n')
     a = run(project)
     assert a.returncode == 1 and a.rule("forced-cleanup")
+    # --quiet: the one closing line on stdout, nothing else
+    assert a.stdout.splitlines() == [f"audit: 1 finding(s), run completed; report in {project / 'out'}"]
     (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\nignore = ["forced-cleanup"]\n')
     a = reanalyze(project)
     assert a.returncode == 0 and not a.rule("forced-cleanup")
