@@ -492,6 +492,8 @@ class Numerics:
         self.lstack: list[bool] = []  # for each: whether its pre-hook took the mode off (a leaf)
         self.times_phases = False  # whether these hooks time the forward and optimizer phases
         self.fwd_t0 = self.opt_t0 = 0.0
+        self.opt_frame: Any = None  # the frame that called the optimizer pre-hook, during the step
+        self.opt_where: Any = None  # the user's line of that call, once found
         self._reset_step()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -531,6 +533,7 @@ class Numerics:
         self.mode_popped = 0
         self.in_step = False
         self.paused = 0
+        self.opt_frame = None  # (an optimizer step that raised never reached the post-hook)
         in_step_s = self.check_s
         t0 = perf()
         try:
@@ -696,7 +699,8 @@ class Numerics:
     def _module_post(self, module, args, output) -> None:
         if self.mstack and not _compiling():
             if len(self.mstack) == 1 and self.times_phases:  # (timed before our own work, as before)
-                probes.forward_done(module, self.fwd_t0, sys._getframe(1))
+                where = self.wstack[-1]  # (a library module's line, found by the pre-hook)
+                probes.forward_done(module, self.fwd_t0, where if where is not None else user_frame(sys._getframe(1)))
             if self.lstack and self.lstack.pop():
                 t0 = perf()
                 try:  # (before the mode is back: our own reductions are not the user's calls)
@@ -999,6 +1003,7 @@ class Numerics:
 
     def _opt_pre(self, opt, args, kwargs) -> tuple | None:
         self.opt_t0 = perf()
+        self.opt_frame, self.opt_where = sys._getframe(1), None  # (see _opt_user_line)
         if _compiling():
             return None
         # The update's own ops (hundreds per step) are judged through the parameters afterwards:
@@ -1037,6 +1042,19 @@ class Numerics:
             torch._C._set_grad_enabled(grad_mode)
         self.check_s += perf() - t0
 
+    def _opt_site_line(self) -> Any:
+        """Where an optimizer step's checks are reported: inside a library module's forward, that
+        module's line (as `_site` does); otherwise the user's line of the call."""
+        w = self.wstack[-1] if self.wstack else None
+        return w if w is not None else self._opt_user_line()
+
+    def _opt_user_line(self) -> Any:
+        """The user's line of the running optimizer step, found once per step for its site and its
+        phase tally (the walk up the stack starts from the frame that called the pre-hook)."""
+        if self.opt_where is None and self.opt_frame is not None:
+            self.opt_where = user_frame(self.opt_frame)
+        return self.opt_where
+
     def _checked_closure(self, opt, closure: Callable) -> Callable:
         first = [True]
 
@@ -1060,7 +1078,8 @@ class Numerics:
 
     def _opt_post(self, opt, args, kwargs) -> None:
         if self.times_phases:
-            probes.optimizer_done(opt, self.opt_t0, sys._getframe(1))
+            probes.optimizer_done(opt, self.opt_t0, self._opt_user_line())
+        self.opt_frame = None  # (a frame keeps its locals alive)
         if _compiling():
             return
         t0 = perf()
@@ -1122,25 +1141,26 @@ class Numerics:
         then stay those of that step; an origin report says so)."""
         if not rec["plan"].trustable or rec["opt"] in self.untrusted_opts or "grad_norms_host" not in rec:
             return False
-        lrs = []
+        max_lr = 0.0
         for g in opt.param_groups:
             lr, eps = g.get("lr"), g.get("eps", 1.0)
-            if not isinstance(lr, (int, float)) or not isinstance(eps, (int, float)) or not eps > 0:
+            if (not isinstance(lr, (int, float)) or not isinstance(eps, (int, float)) or not eps > 0
+                    or not (math.isfinite(lr) and lr >= 0)):
                 return False
-            lrs.append(lr)
-        if not all(math.isfinite(x) and x >= 0 for x in lrs):
-            return False
+            if lr > max_lr:
+                max_lr = lr
         stats = self.param_stats
         oldest = self.step - PARAM_REFRESH
         for p in params:
             e = stats.get(id(p))
             if e is None or e[4] <= oldest or e[0]() is not p:
                 return False
-        norms = rec["grad_norms_host"]
-        if not all(math.isfinite(n) for n in norms):
-            self.untrusted_opts.add(rec["opt"])
+        total = sum(rec["grad_norms_host"])  # (norms are >= 0: NaN or inf if any of them is)
+        if not math.isfinite(total):
+            if not all(map(math.isfinite, rec["grad_norms_host"])):
+                self.untrusted_opts.add(rec["opt"])
             return False
-        return max(norms, default=0.0) * max(lrs, default=0.0) < 1e30
+        return total * max_lr < 1e30  # (the sum bounds the largest norm)
 
     def _norms(self, tensors: list[torch.Tensor]) -> int:
         by_device: dict[torch.device, list[torch.Tensor]] = {}
@@ -1173,7 +1193,7 @@ class Numerics:
                 grads.append(grad)
                 owners.append(p)
         scheds = {str(i): s.last_epoch for s, i in self._scheds_of(opt)} if self.scheds else {}
-        rec: dict[str, Any] = {"opt": idx, "site": self._site("optimizer.step", 3), "lrs": lrs, "plan": plan,
+        rec: dict[str, Any] = {"opt": idx, "site": self._site_at("optimizer.step", self._opt_site_line()), "lrs": lrs, "plan": plan,
                                "sched_epochs": scheds}
         if grads:
             if plan.half:  # float16 weights updated from float16 gradients (amp-unscaled)

@@ -365,18 +365,19 @@ def _install_backward_probes() -> None:
 _PHASE_HOOKS: list[Any] = []  # handles of the hooks below, while they are the ones timing the phases
 
 
-def forward_done(module: Any, t0: float, frame: Any) -> None:
-    """An outermost module call (the forward phase) that started at `t0` has returned."""
+def forward_done(module: Any, t0: float, where: FrameKey) -> None:
+    """An outermost module call (the forward phase), made at the user's line `where`, that started
+    at `t0` has returned."""
     rec = REC
     if rec is not None and rec.on() and not rec.in_data:
-        rec.add(m.FORWARD, type(module).__name__, user_frame(frame), (perf() - t0) * 1e3)
+        rec.add(m.FORWARD, type(module).__name__, where, (perf() - t0) * 1e3)
 
 
-def optimizer_done(opt: Any, t0: float, frame: Any) -> None:
-    """An optimizer step that started at `t0` has returned."""
+def optimizer_done(opt: Any, t0: float, where: FrameKey) -> None:
+    """An optimizer step, called at the user's line `where`, that started at `t0` has returned."""
     rec = REC
     if rec is not None and rec.on():
-        rec.add(m.OPTIMIZER, type(opt).__name__, user_frame(frame), (perf() - t0) * 1e3)
+        rec.add(m.OPTIMIZER, type(opt).__name__, where, (perf() - t0) * 1e3)
 
 
 def take_over_phase_timing() -> bool:
@@ -405,13 +406,13 @@ def _install_phase_hooks() -> None:
     def fwd_post(module, args, output):
         state["depth"] -= 1
         if state["depth"] == 0:
-            forward_done(module, state["t0"], sys._getframe(1))
+            forward_done(module, state["t0"], user_frame(sys._getframe(1)))
 
     def opt_pre(opt, args, kwargs):
         state["opt_t0"] = perf()
 
     def opt_post(opt, args, kwargs):
-        optimizer_done(opt, state["opt_t0"], sys._getframe(1))
+        optimizer_done(opt, state["opt_t0"], user_frame(sys._getframe(1)))
 
     # torch.compile warns that global hooks fire once more for its wrapper module: these are ours,
     # the user did nothing to act on (and both hooks count nested calls once)
