@@ -98,6 +98,8 @@ def test_nan_starts_in_named_submodule(run):
     series = dict((s, v) for s, v in ev["hazard_series"])
     assert series[14] == 0.0 and all(v > 1 for s, v in series.items() if s < 14)
     assert f["severity"] == "error" and "encoder.norm" in f["message"]
+    # a user-defined root module: its forward phase is found at its line by walking the stack
+    assert_phases(a, EXAMPLES / "numerics_nan_submodule.py", {"Classifier": 56, "CrossEntropyLoss": 56}, {"AdamW": 58})
     edit = f["fix"]["edits"][0]
     assert ".clamp_min(1e-12)" in edit["lines"][0] and f["fix"]["changes_numerics"] is True
 

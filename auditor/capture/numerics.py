@@ -38,6 +38,9 @@ the rules need is recorded while the steps run, cheaply enough to stay on for th
   asynchronous kernels anyway.)
 * Global optimizer step hooks record, per optimizer step, the gradient norms (one `_foreach_norm`),
   parameter norms after the update and the learning rate of each param group.
+* The module and optimizer hooks also time the forward and optimizer phases for the probes, whose
+  own hooks at the same points are taken out (`probes.take_over_phase_timing`): each global hook
+  costs a Python call and torch's hook loop at every module call.
 * Probes on Optimizer/LRScheduler construction and `load_state_dict`, GradScaler and autocast
   record the configuration the rules compare with what the run really did.
 
