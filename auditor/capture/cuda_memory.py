@@ -115,7 +115,7 @@ def dump_snapshot(path: str | os.PathLike[str]) -> bool:
 
 def attach_oom_observer(path: str | os.PathLike[str]) -> bool:
     """Dump a snapshot to `path` whenever the allocator raises out-of-memory, and beside it (same
-    name, `.json`: auditor.evidence.snapshot.oom_record_path) what the allocator told the observer.
+    name, `.json`: oom_record_path) what the allocator told the observer.
 
     The observer runs inside the failing allocation, before the OutOfMemoryError reaches Python, so
     the snapshot shows exactly what was live. Its history ends with the "oom" record only while a
