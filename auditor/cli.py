@@ -34,6 +34,20 @@ def _default_out(name: str) -> Path:
     return Path("audit-out") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _out(out_dir: Path | None, name: str) -> Path:
+    """The output directory (--out, or the default for `name`), created now: a path that cannot
+    be written is the user's to fix (exit 2), found before anything runs."""
+    out = out_dir or _default_out(name)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".audit-write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise UsageFailure(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    return out
+
+
 def _exit_code(evidence, results, fail_on: str | None) -> int:
     from auditor.evidence.model import ended_well
 
@@ -75,6 +89,7 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("target")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 @click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True,
               help="Call the step exactly this many times.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -101,8 +116,11 @@ def cli() -> None:
               help="Under a launcher: how long rank 0 waits for the other ranks' evidence, in seconds.")
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
-        quiet: bool, nproc_per_node: int | None = None, rank_timeout: float = 120.0, numerics: bool = True) -> None:
-    """Audit TARGET (path/to/file.py:step or package.module:step) by calling the step N times."""
+        quiet: bool, nproc_per_node: int | None = None, rank_timeout: float = 120.0, numerics: bool = True,
+        script_args: tuple[str, ...] = ()) -> None:
+    """Audit TARGET (path/to/file.py:step or package.module:step) by calling the step N times.
+
+    ARGS after `--` are the script's own command line: its code finds them in sys.argv[1:]."""
     from auditor.capture.progress import StepProgress
     from auditor.capture.runner import RunRequest, run_child
     from auditor.capture.target import TargetError, check_statically, parse_target
@@ -123,13 +141,14 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
             check_statically(t)  # a rank's usage error would reach us only as the launcher's failure
         except TargetError as e:
             raise UsageFailure(str(e)) from None
-        out = out_dir or _default_out(t.name)
+        out = _out(out_dir, t.name)
         _prewarm_report()
-        code = distributed.launch(target, nproc_per_node, out, distributed.rank_argv(steps, profile, rehearse, numerics),
+        code = distributed.launch(target, nproc_per_node, out,
+                                  distributed.rank_argv(steps, profile, rehearse, numerics, script_args),
                                   lambda ev: _finish(ev, config, out, quiet, fail_on))
         _afterwards(out, open_report, tensorboard)
         sys.exit(code)
-    out = session.run_dir if session is not None else out_dir or _default_out(t.name)
+    out = session.run_dir if session is not None else _out(out_dir, t.name)
     # -- end distributed --
     if session is None or session.env.merges():  # (only the merging process writes the report)
         _prewarm_report()
@@ -138,7 +157,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         try:
             mode = "auto" if rehearse is None else "on" if rehearse else "off"
             extra = ("--rehearse", mode, *(() if numerics else ("--no-numerics",)))
-            evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=extra),
+            evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=extra, script_args=script_args,
+                                            catch_sigterm=session is None),
                                  on_record=progress.on_record)
         except TargetError as e:
             raise UsageFailure(str(e)) from None
@@ -171,7 +191,7 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
         evidence = load_paths(list(paths))
     except InputError as e:
         raise UsageFailure(str(e)) from None
-    out = out_dir or _default_out("analyze")
+    out = _out(out_dir, "analyze")
     sys.exit(_finish(evidence, config, out, quiet, fail_on))
 
 
@@ -309,7 +329,7 @@ def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_
         evidence = checkpoint_evidence(file, config_file)
     except InputError as e:
         raise UsageFailure(str(e)) from None
-    out = out_dir or _default_out(f"checkpoint-{file.stem}")
+    out = _out(out_dir, f"checkpoint-{file.stem}")
     sys.exit(_finish(evidence, config, out, quiet, fail_on))
 
 

@@ -43,8 +43,46 @@ class Config:
         if unknown:
             raise ConfigError(f"{self.source}: unknown option(s) for rule {rule_cls.id}: "
                               f"{', '.join(sorted(unknown))} (known: {', '.join(sorted(opts)) or 'none'})")
+        for name, value in given.items():
+            if not _same_kind(value, opts[name]):
+                raise ConfigError(f"{self.source}: option {name} of rule {rule_cls.id} must be "
+                                  f"{_kind(opts[name])}, not {value!r}")
         opts.update(given)
         return opts
+
+
+def _kind(default: Any) -> str:
+    return ("true or false" if isinstance(default, bool) else "a number" if isinstance(default, (int, float))
+            else "a string" if isinstance(default, str) else "a list" if isinstance(default, list)
+            else type(default).__name__)
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    """Whether an option's value has the type of its default (an int where a float is expected is
+    fine; a bool is not a number). A default of None takes anything."""
+    if default is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, (int, float)):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
+
+
+def _names(value: Any, key: str, where: str) -> set[str]:
+    """A list of rule ids from the file (a list of strings, or one comma-separated string)."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: {key} must be a list of rule ids, not {value!r}")
+    return {r.strip() for v in value for r in v.split(",") if r.strip()}
+
+
+def _cli_names(items: tuple[str, ...], flag: str) -> set[str]:
+    names = {r.strip() for item in items for r in item.split(",") if r.strip()}
+    if not names:  # `--select ""` (an empty $RULES in a CI script) must not turn every rule off
+        raise ConfigError(f"{flag}: no rule id given")
+    return names
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -57,7 +95,10 @@ def find_pyproject(start: Path) -> Path | None:
                 data = tomllib.loads(candidate.read_text())
             except (tomllib.TOMLDecodeError, OSError) as e:
                 raise ConfigError(f"{candidate}: not valid TOML: {e}") from None
-            if "auditor" in data.get("tool", {}):
+            tool = data.get("tool", {})
+            if isinstance(tool, dict) and "auditor" in tool:
+                if not isinstance(tool["auditor"], dict):
+                    raise ConfigError(f"{candidate}: [tool.auditor] must be a table")
                 return candidate
     return None
 
@@ -70,16 +111,19 @@ def load_config(start: Path | None, select: tuple[str, ...] = (), ignore: tuple[
     path = find_pyproject(start) if start is not None else None
     if path is not None:
         table = tomllib.loads(path.read_text())["tool"]["auditor"]
-        cfg.source = str(path)
+        cfg.source = where = str(path)
         if "select" in table:
-            cfg.select = set(table["select"])
-        cfg.ignore = set(table.get("ignore", []))
+            cfg.select = _names(table["select"], "select", where)
+        cfg.ignore = _names(table.get("ignore", []), "ignore", where)
         cfg.fail_on = table.get("fail-on")
-        cfg.rule_options = {k: dict(v) for k, v in table.get("rules", {}).items()}
+        rules = table.get("rules", {})
+        if not isinstance(rules, dict) or not all(isinstance(v, dict) for v in rules.values()):
+            raise ConfigError(f"{where}: rules must be tables, as [tool.auditor.rules.RULE-ID]")
+        cfg.rule_options = {k: dict(v) for k, v in rules.items()}
     if select:
-        cfg.select = {r for item in select for r in item.split(",") if r}
+        cfg.select = _cli_names(select, "--select")
     if ignore:
-        cfg.ignore |= {r for item in ignore for r in item.split(",") if r}
+        cfg.ignore |= _cli_names(ignore, "--ignore")
     known = rule_ids()
     for name in (cfg.select or set()) | cfg.ignore | set(cfg.rule_options):
         if name not in known:

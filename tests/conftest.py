@@ -51,7 +51,8 @@ def audit(*args: str, out: Path, cwd: Path | None = None, env: dict | None = Non
     """`python -m auditor ARGS --out OUT` for real, as a user would run it."""
     cmd = [sys.executable, "-m", "auditor", *args]
     if args and args[0] in ("run", "analyze") and "--out" not in args:
-        cmd += ["--out", str(out)]
+        at = cmd.index("--") if "--" in cmd else len(cmd)  # (after "--": the script's own arguments)
+        cmd[at:at] = ["--out", str(out)]
     # One intra-op thread per audited process: the suite runs two workers on two cores, and
     # oversubscribed threads would make step timings (and so the timing rules) swing with load.
     base = {"OMP_NUM_THREADS": "1", **os.environ}

@@ -306,3 +306,38 @@ def test_a_directory_that_is_not_a_checkpoint(tmp_path, check):
     (tmp_path / "empty").mkdir()
     a = check(tmp_path / "empty")
     assert a.returncode == 2 and "not a checkpoint directory" in a.stderr
+
+
+class _System:
+    """Pickles as a call of os.system: what a malicious checkpoint does."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_a_checkpoint_calling_os_system_is_refused_by_name(tmp_path, check, protocol):
+    import pickle
+
+    marker = tmp_path / "code-ran"
+    torch.save({"w": torch.ones(2), "x": _System(marker)}, tmp_path / "evil.pt")
+    with open(tmp_path / "evil.pkl", "wb") as fh:  # a plain pickle, not a torch.save file
+        pickle.dump({"x": _System(marker)}, fh, protocol=protocol)
+    a = check(tmp_path / "evil.pt")
+    assert a.returncode == 2 and not marker.exists()
+    lines = a.stderr.strip().splitlines()
+    # torch's own message would advise weights_only=False and cut off its warning: ours says why not
+    assert len(lines) == 1 and "refused" in lines[0] and "`posix.system`" in lines[0] and "can run code" in lines[0]
+    a = check(tmp_path / "evil.pkl")
+    assert a.returncode == 2 and not marker.exists() and len(a.stderr.strip().splitlines()) == 1
+
+
+def test_a_text_file_is_not_a_checkpoint(tmp_path, check):
+    (tmp_path / "notes.pt").write_text("hello world\n")
+    a = check(tmp_path / "notes.pt")
+    assert a.returncode == 2 and len(a.stderr.strip().splitlines()) == 1
+    assert "not a readable torch checkpoint" in a.stderr

@@ -74,3 +74,32 @@ def test_suppression_comments(project):
     src.write_text("\n".join(lines) + "\n")
     a = reanalyze(project)
     assert not a.rule("forced-cleanup") and a.findings_doc["suppressed"] == 1
+
+
+@pytest.mark.parametrize("toml, message", [
+    ('[tool.auditor]\nselect = 5\n', "select must be a list of rule ids, not 5"),
+    ('[tool.auditor]\nignore = [1, 2]\n', "ignore must be a list of rule ids"),
+    ('[tool.auditor]\nrules = "x"\n', "rules must be tables"),
+    ('[tool.auditor.rules]\nhost-sync = 5\n', "rules must be tables"),
+    ('[tool]\nauditor = 5\n', "[tool.auditor] must be a table"),
+    ('[tool.auditor.rules.dataloader-bound]\nmin-share = "abc"\n',
+     "option min-share of rule dataloader-bound must be a number, not 'abc'"),
+    ('[tool.auditor.rules.host-sync]\nmin-share-of-steps = true\n', "must be a number, not True"),
+])
+def test_a_config_value_of_the_wrong_type_is_a_usage_error(project, toml, message):
+    """Caught before anything runs, as one line (it was an internal error, or a rule failing later)."""
+    (project / "pyproject.toml").write_text(toml)
+    a = run(project)
+    assert a.returncode == 2 and message in a.stderr, a.stderr
+    assert len(a.stderr.strip().splitlines()) == 1 and not (project / "out").exists()
+
+
+def test_select_as_one_string_and_an_empty_select_flag(project):
+    (project / "pyproject.toml").write_text('[tool.auditor]\nselect = "forced-cleanup"\n')
+    a = run(project)
+    assert a.returncode == 0 and [f["rule"] for f in a.findings] == ["forced-cleanup"]
+    (project / "pyproject.toml").unlink()
+    # `--select "$RULES"` with RULES unset must not silently turn every rule off
+    for empty in ("", ","):
+        a = reanalyze(project, "--select", empty, "--fail-on", "info")
+        assert a.returncode == 2 and "--select: no rule id given" in a.stderr

@@ -142,3 +142,57 @@ def test_an_interrupt_swallowed_on_the_way_still_ends_the_run(tmp_path):
     a, doc = run_ending(tmp_path, swallow)
     assert doc["ending"]["status"] == "interrupted" and doc["ending"]["step"] == 3
     assert doc["steps"]["count"] == 4  # step 3 itself completed and was recorded
+
+
+def _start_slow_audit(tmp_path, steps_before: int = 3):
+    """`audit run` of a slow step, in its own session; returns once `steps_before` steps are recorded."""
+    path = tmp_path / "slow.py"
+    path.write_text("import time\n\ndef step(i):\n    time.sleep(0.2)\n")
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "auditor", "run", f"{path}:step", "--steps", "200", "--quiet",
+                          "--no-profile", "--out", str(out)], cwd=ROOT, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    records = out / "records.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if records.exists() and records.read_text().count('"kind":"step"') >= steps_before:
+            break
+        time.sleep(0.1)
+    child = json.loads(records.read_text().splitlines()[0])["pid"]  # (the "hello" record)
+    return p, out, child
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_sigterm_stops_the_run_with_a_report(tmp_path, group):
+    """A job scheduler's or `kill`'s SIGTERM, to `audit` alone or to its whole process group, ends
+    the run as Ctrl-C does: the child stops at once, the report holds every step seen, exit 3."""
+    p, out, child = _start_slow_audit(tmp_path)
+    (os.killpg if group else os.kill)(p.pid, signal.SIGTERM)
+    p.communicate(timeout=60)
+    assert p.returncode == 3
+    doc = json.loads((out / "findings.json").read_text())
+    end = doc["ending"]
+    assert end["status"] == "interrupted" and end["exception"] == "Terminated"
+    assert end["message"] == "stopped by SIGTERM" and end["where"]["file"].endswith("slow.py")
+    assert 3 <= doc["steps"]["count"] < 200
+    assert _gone(child, within=1)
+
+
+def test_a_killed_audit_takes_its_child_with_it(tmp_path):
+    """`audit` killed outright (SIGKILL: no report is possible) must not leave the user's training
+    running on, orphaned and unseen."""
+    p, out, child = _start_slow_audit(tmp_path, steps_before=1)
+    p.kill()
+    p.communicate(timeout=60)
+    assert _gone(child), "the child outlived its parent"

@@ -3,6 +3,7 @@ those of N plain calls of the step."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -71,3 +72,59 @@ def test_audited_weights_equal_plain_weights(tmp_path, plain_weights, name):
         assert torch.equal(w_plain[k], w_audit[k]), k
     # and training moved the weights, so the comparison means something
     assert any(not torch.equal(w_plain[k], torch.zeros_like(w_plain[k])) for k in w_plain)
+
+
+COMPILED = '''
+import os, sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+compiled = torch.compile(model)
+
+
+@torch.compile
+def loss_fn(logits, y):
+    return nn.functional.cross_entropy(logits, y) + 1e-3 * logits.pow(2).mean()
+
+
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+
+
+def step(i):
+    loss = loss_fn(compiled(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i == 5:
+        torch.save(model.state_dict(), os.environ["PARITY_OUT"])
+
+if __name__ == "__main__":
+    for i in range(6):
+        step(i)
+'''
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="inductor needs a C++ compiler")
+def test_torch_compile_is_left_to_compile_what_it_would(tmp_path):
+    """Under torch.compile the numerics checks step aside: nothing of the auditor's enters the
+    compiled graphs (a graph break there made the audited model run eagerly, with other bits),
+    and the checks themselves do not fail on the tracer's fake tensors."""
+    path = tmp_path / "compiled.py"
+    path.write_text(COMPILED)
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    subprocess.run([sys.executable, str(path)], check=True, cwd=tmp_path, capture_output=True,
+                   env={**env, "PARITY_OUT": str(tmp_path / "plain.pt")}, timeout=600)
+    a = audit("run", f"{path}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out",
+              env={**env, "PARITY_OUT": str(tmp_path / "audited.pt")}, timeout=600)
+    assert a.returncode == 0, a.stderr[-2000:]
+    numerics = [s["extra"]["numerics"] for s in a.evidence["steps"]]
+    assert len(numerics) == 6 and not any("collector_error" in n for n in numerics), numerics[0]
+    assert all(n["loss_finite"] for n in numerics)  # (the checks ran: the eager loss is seen)
+    assert [f["rule"] for f in a.findings if f["severity"] != "info"] == []
+    plain, audited = (torch.load(tmp_path / f, weights_only=True) for f in ("plain.pt", "audited.pt"))
+    for k in plain:
+        assert torch.equal(plain[k], audited[k]), k
+    assert "Graph break" not in a.stderr and "does not know how to trace" not in a.stderr

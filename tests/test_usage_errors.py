@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import audit
+from conftest import FIXTURES, audit
 
 
 def one_line_error(a, contains: str):
@@ -73,3 +73,22 @@ def test_launcher_mode_reports_a_missing_callable_as_a_usage_error(tmp_path):
     a = audit("run", "examples/clean.py:nope", "--nproc-per-node", "2", "--steps", "2", out=tmp_path / "o")
     one_line_error(a, "no callable 'nope'")
     assert not (tmp_path / "o").exists()
+
+
+def test_an_output_directory_that_cannot_be_written(tmp_path):
+    import torch
+
+    (tmp_path / "afile").write_text("")
+    torch.save({"w": torch.ones(2)}, tmp_path / "ok.pt")
+    trace = min((FIXTURES / "traces").glob("*.json*"), key=lambda f: f.stat().st_size)
+    for args in (("run", "examples/clean.py:step"), ("analyze", str(trace)), ("checkpoint", str(tmp_path / "ok.pt"))):
+        a = audit(*args, "--out", str(tmp_path / "afile" / "sub"), out=tmp_path / "o")
+        one_line_error(a, f"--out {tmp_path / 'afile' / 'sub'}: cannot write there")
+
+
+def test_a_target_path_that_is_not_utf8(tmp_path):
+    """Every report names the file: a path no report can be written with is refused up front."""
+    d = tmp_path / "bad\udcffdir"  # (the byte 0xff, as Python holds an undecodable file name)
+    d.mkdir()
+    (d / "t.py").write_text("def step():\n    pass\n")
+    one_line_error(audit("run", f"{d / 't.py'}:step", out=tmp_path / "o"), "is not valid UTF-8")

@@ -129,6 +129,36 @@ def graph_scan_points(steps: int) -> set[int]:
     return {1, steps // 2, steps - 1}
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler's stop, `kill`): ends the run as an interrupt does, with a report.
+    A KeyboardInterrupt, so that it takes the same path as Ctrl-C through the user's code and ours."""
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """An `audit` killed outright (SIGKILL, a closed terminal) must not leave its child running the
+    user's training unseen, with nobody to report to: ask Linux to kill the child with its parent."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # (the parent died before that took effect)
+        os._exit(3)
+
+
+def _script_argv(args: argparse.Namespace) -> list[str]:
+    """What the user's code finds in sys.argv: its own file (or module) and the arguments given
+    after `--`, as `python train.py ARGS` would give it; never the auditor's own options, which
+    would make the user's argparse fail."""
+    try:
+        t = parse_target(args.target)
+    except TargetError:
+        return [args.target, *args.script_args]
+    return [os.path.abspath(t.file) if t.file else t.module, *args.script_args]
+
+
 def _frame_of_exception(exc: BaseException) -> dict | None:
     for fs in reversed(traceback.extract_tb(exc.__traceback__)):
         if not is_library(fs.filename):
@@ -232,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
         env["notes"].append(rehearsal_info.get("note", "CUDA rehearsal on the CPU"))
     out.send("hello", environment=env, pid=os.getpid())
 
+    sys.argv = _script_argv(args)
     try:
         target = parse_target(args.target)
         module, fn, source = import_target(target)
@@ -262,6 +293,15 @@ def run(args: argparse.Namespace) -> int:
             sigint["n"] += 1
             raise KeyboardInterrupt
         signal.signal(signal.SIGINT, on_sigint)
+    # SIGTERM likewise, unless the user's code handles it (a checkpoint on preemption). Under a
+    # launcher the parent asks for nothing: there SIGTERM stops the ranks as it always has.
+    if args.catch_sigterm and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        def on_sigterm(signum, frame):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (sent to the group: the parent forwards one too)
+            sigint["n"] += 1
+            sigint["term"] = True
+            raise Terminated("stopped by SIGTERM")
+        signal.signal(signal.SIGTERM, on_sigterm)
     i = 0
     try:
         for i in range(args.steps):
@@ -295,8 +335,8 @@ def run(args: argparse.Namespace) -> int:
             send_step()
             if i in scans:
                 out.send("graph-scan", after_step=i, **graphs.scan(module, source))
-            if sigint["n"] > sigint["seen"]:
-                raise KeyboardInterrupt  # delivered during this step, then swallowed on the way
+            if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
+                raise Terminated("stopped by SIGTERM") if sigint.get("term") else KeyboardInterrupt
     except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
         prof.stop()
         out.send("ended", **_ending(e, i), cuda_devices=cuda_devices())
@@ -348,6 +388,10 @@ def _new_loaders(rec: probes.Recorder) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    # everything after "--" is the user's script's own command line (see `_script_argv`)
+    script_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(prog="auditor.capture.child")
     ap.add_argument("--target", required=True)
     ap.add_argument("--steps", type=int, required=True)
@@ -357,7 +401,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--rehearse", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--no-numerics", dest="numerics", action="store_false")
+    ap.add_argument("--parent-pid", type=int, default=None)
+    ap.add_argument("--catch-sigterm", action="store_true")
     args = ap.parse_args(argv)
+    args.script_args = script_args
+    if args.parent_pid is not None:
+        die_with_parent(args.parent_pid)
     code = run(args)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -128,13 +128,15 @@ def launch(target: str, nproc: int, out: Path, rank_args: list[str],
     return finish(evidence)
 
 
-def rank_argv(steps: int, profile: bool, rehearse: bool | None, numerics: bool = True) -> list[str]:
-    """The `audit run` options each rank gets (rules and reports run once, after the merge)."""
+def rank_argv(steps: int, profile: bool, rehearse: bool | None, numerics: bool = True,
+              script_args: tuple[str, ...] = ()) -> list[str]:
+    """The `audit run` options each rank gets (rules and reports run once, after the merge), then
+    the script's own arguments after `--`."""
     argv = ["--steps", str(steps), "--quiet", "--profile" if profile else "--no-profile",
             "--numerics" if numerics else "--no-numerics"]
     if rehearse is not None:
         argv.append("--rehearse" if rehearse else "--no-rehearse")
-    return argv
+    return [*argv, "--", *script_args] if script_args else argv
 
 
 # ---------------------------------------------------------------------------------------------

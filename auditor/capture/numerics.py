@@ -390,14 +390,15 @@ class _Mode(TorchFunctionMode):
         self.col = col
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _compiling():  # torch.compile traces this mode too: nothing of ours may enter the user's graph
+            return func(*args, **kwargs) if kwargs else func(*args)
         # Most calls are metadata or views: decided by one dict lookup, before anything else.
         try:
             kind = _kinds[func]
         except (KeyError, TypeError):
             kind = _classify(func)
         col = self.col
-        if kind == SKIP or col.paused or not col.checking or _compiling():
-            # (inside torch.compile's tracing: stay out of the user's graph)
+        if kind == SKIP or col.paused or not col.checking:
             return func(*args, **kwargs) if kwargs else func(*args)
         if kwargs is None:
             kwargs = {}

@@ -16,15 +16,16 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import msgspec
 
-from auditor.capture.stream import read_records
+from auditor.capture.stream import read_chunks, read_records, widen_pipe
 from auditor.capture.target import Target, TargetError
 from auditor.evidence import model as m
 
 STDERR_TAIL_LINES = 40
+STDERR_TAIL_LINE_BYTES = 4000  # the end of each (see pump_stderr)
 # Kineto prints stage markers on every profiler start/stop whatever its log level; they are ours,
 # not the user's, so they are kept out of the user's terminal (and the crash tail).
 PROFILER_NOISE = re.compile(rb"^(USDT|STAGE):\d{4}-\d\d-\d\d \S+ \d+:\d+ \w+\.cpp:\d+\]|"
@@ -39,6 +40,8 @@ class RunRequest:
     out_dir: Path
     profile: bool = True
     extra_args: tuple[str, ...] = ()
+    script_args: tuple[str, ...] = ()  # the user's script's own arguments (its sys.argv[1:])
+    catch_sigterm: bool = True  # False under a launcher, whose SIGTERM stops the ranks (distributed.py)
 
 
 def _frame(d: dict | None) -> m.Frame | None:
@@ -132,6 +135,22 @@ class EvidenceBuilder:
         return ev
 
 
+def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Lines of a byte stream as they complete, and a progress bar's redraws (text ending in \r)
+    as they come, so that they show live and an endless bar is never held whole."""
+    rest = b""
+    for chunk in chunks:
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            yield line + b"\n"
+        cut = rest.rfind(b"\r") + 1
+        if cut:
+            yield rest[:cut]
+            rest = rest[cut:]
+    if rest:
+        yield rest
+
+
 def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = None,
               forward_stderr: bool = True) -> m.Evidence:
     """Run the target in a child process and return the evidence it streamed, however it ended.
@@ -139,10 +158,13 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
     Raises TargetError when the child reports a problem with TARGET itself."""
     request.out_dir.mkdir(parents=True, exist_ok=True)
     read_fd, write_fd = os.pipe()
+    widen_pipe(write_fd)
+    # (--out absolute: the user's code may change directory before the profiler writes there)
     cmd = [sys.executable, "-m", "auditor.capture.child", "--target", request.target.spec,
-           "--steps", str(request.steps), "--fd", str(write_fd), "--out", str(request.out_dir),
-           "--run-name", request.target.name, *(() if request.profile else ("--no-profile",)),
-           *request.extra_args]
+           "--steps", str(request.steps), "--fd", str(write_fd), "--out", str(request.out_dir.absolute()),
+           "--run-name", request.target.name, "--parent-pid", str(os.getpid()),
+           *(() if request.profile else ("--no-profile",)), *(("--catch-sigterm",) if request.catch_sigterm else ()),
+           *request.extra_args, "--", *request.script_args]
     # Kineto's own log lines would drown the user's output; their errors still show.
     env = dict(os.environ, PYTHONFAULTHANDLER="1")
     env.setdefault("KINETO_LOG_LEVEL", "3")
@@ -153,18 +175,22 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
     tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
 
     def pump_stderr() -> None:
-        for line in iter(proc.stderr.readline, b""):
+        redraw = False  # whether the tail's last entry is a progress bar's redraw (see _lines)
+        for line in _lines(read_chunks(proc.stderr.fileno(), lambda: proc.poll() is not None, pause_s=0)):
             if PROFILER_NOISE.match(line):
                 continue
             if forward_stderr:
                 sys.stderr.buffer.write(line)
                 sys.stderr.buffer.flush()
-            tail.append(line.decode("utf-8", "replace"))
+            if redraw:
+                tail.pop()
+            redraw = not line.endswith(b"\n")
+            tail.append(line[-STDERR_TAIL_LINE_BYTES:].decode("utf-8", "replace"))
 
     pump = threading.Thread(target=pump_stderr, daemon=True)
     pump.start()
 
-    interrupts = {"n": 0, "at": 0.0}
+    interrupts = {"n": 0, "at": 0.0, "by": "Ctrl-C"}
 
     def on_sigint(signum, frame) -> None:
         interrupts["n"] += 1
@@ -172,8 +198,15 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
         if interrupts["n"] >= 2:
             proc.kill()
 
+    def on_sigterm(signum, frame) -> None:  # stop the child as Ctrl-C does; the report is still written
+        interrupts["by"] = "SIGTERM"
+        if interrupts["n"] == 0 and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        on_sigint(signum, frame)
+
     main_thread = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
+    old_term = signal.signal(signal.SIGTERM, on_sigterm) if main_thread and request.catch_sigterm else None
     builder = EvidenceBuilder(request)
     watchdog_stop = threading.Event()
 
@@ -185,8 +218,8 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
 
     threading.Thread(target=watchdog, daemon=True).start()
     try:
-        with open(request.out_dir / "records.jsonl", "wb") as raw, os.fdopen(read_fd, "rb") as stream:
-            for record, line in read_records(stream):
+        with open(request.out_dir / "records.jsonl", "wb") as raw:
+            for record, line in read_records(read_chunks(read_fd, lambda: proc.poll() is not None)):
                 raw.write(line)
                 builder.feed(record)
                 if on_record is not None:
@@ -194,13 +227,16 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
         returncode = proc.wait()
         pump.join(timeout=5)
     finally:
+        os.close(read_fd)
         watchdog_stop.set()
         if main_thread:
             signal.signal(signal.SIGINT, old)
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
     if builder.usage_error is not None:
         raise TargetError(builder.usage_error)
     if interrupts["n"] and not builder.ended:
         builder.ended = True
         last = builder.ev.steps[-1].index + 1 if builder.ev.steps else None
-        builder.ev.ending = m.Ending(status="interrupted", step=last, message="interrupted (Ctrl-C)")
+        builder.ev.ending = m.Ending(status="interrupted", step=last, message=f"interrupted ({interrupts['by']})")
     return builder.finish(returncode, "".join(tail))

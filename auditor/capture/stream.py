@@ -6,12 +6,15 @@ child dies hard the parent still holds every record written before.
 from __future__ import annotations
 
 import os
+import selectors
 import threading
-from typing import Any, Iterator
+import time
+from typing import Any, Callable, Iterable, Iterator
 
 import msgspec
 
 _encoder = msgspec.json.Encoder()
+READ_PAUSE_S = 0.05  # the reader's pause between reads (see read_chunks)
 
 
 class Writer:
@@ -23,20 +26,84 @@ class Writer:
     def send(self, kind: str, **payload: Any) -> None:
         if os.getpid() != self.pid:  # a forked DataLoader worker inherited the pipe: stay silent
             return
-        data = _encoder.encode({"kind": kind, **payload}) + b"\n"
+        record = {"kind": kind, **payload}
+        try:
+            data = _encoder.encode(record) + b"\n"
+        except UnicodeEncodeError:  # a path that is not UTF-8 (undecodable bytes kept as surrogates)
+            data = _encoder.encode(_utf8(record)) + b"\n"
         with self.lock:
             view = memoryview(data)
-            while view:
-                n = os.write(self.fd, view)
-                view = view[n:]
+            try:
+                while view:
+                    n = os.write(self.fd, view)
+                    view = view[n:]
+            except BrokenPipeError:  # the parent is gone: nobody is left to report to
+                os._exit(3)
 
 
-def read_records(stream) -> Iterator[tuple[dict[str, Any], bytes]]:
-    """(record, raw line) for each complete line; a torn last line (the child died mid-write) is dropped."""
-    for line in stream:
-        if not line.endswith(b"\n"):
-            return
+def _utf8(obj: Any) -> Any:
+    """obj with every string made valid UTF-8 (undecodable bytes become U+FFFD)."""
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if isinstance(obj, dict):
+        return {_utf8(k): _utf8(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_utf8(v) for v in obj]
+    return obj
+
+
+def read_records(chunks: Iterable[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
+    """(record, raw line) for each complete line in a stream of chunks; a torn last line (the
+    child died mid-write) is dropped."""
+    rest = b""
+    for chunk in chunks:
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            try:
+                yield msgspec.json.decode(line), line + b"\n"
+            except msgspec.DecodeError:
+                continue
+
+
+def read_chunks(fd: int, exited: Callable[[], bool], pause_s: float = READ_PAUSE_S) -> Iterator[bytes]:
+    """What the child writes to the pipe `fd`, until the child has exited and the pipe is drained.
+
+    Not until end-of-file: a process the user's code forked (a data server, a metrics daemon)
+    inherits the pipe's write end and may hold it open long after the child is gone. After each
+    read it pauses `pause_s`, so that several records come in one read: the child's per-step
+    write then seldom has to wake this process, whose CPU the training needs on a small machine."""
+    os.set_blocking(fd, False)
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            gone = exited()  # (before the read: all the child wrote is in the pipe by then)
+            sel.select(timeout=0.25)
+            data, eof = _read_available(fd)
+            if data:
+                yield data
+            if eof or gone:
+                return
+            if data:
+                time.sleep(pause_s)
+
+
+def _read_available(fd: int) -> tuple[bytes, bool]:
+    parts = []
+    while True:
         try:
-            yield msgspec.json.decode(line), line
-        except msgspec.DecodeError:
-            continue
+            b = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            return b"".join(parts), False
+        if not b:
+            return b"".join(parts), True
+        parts.append(b)
+
+
+def widen_pipe(fd: int, size: int = 1 << 20) -> None:
+    """Room for many records in the pipe (Linux), so the child's writes do not wait for reads."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (ImportError, AttributeError, OSError):
+        pass

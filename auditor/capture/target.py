@@ -39,7 +39,12 @@ def parse_target(spec: str) -> Target:
         path = Path(left)
         if not path.is_file():
             raise TargetError(f"no such file: {left}")
-        return Target(spec, path.stem, attr, str(path.resolve()))
+        resolved = str(path.resolve())
+        try:  # (every report names this file; undecodable bytes could be written in none of them)
+            resolved.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TargetError(f"the path of {ascii(left)} is not valid UTF-8: rename it or move it to a UTF-8 path") from None
+        return Target(spec, path.stem, attr, resolved)
     if not all(p.isidentifier() for p in left.split(".")):
         raise TargetError(f"bad TARGET {spec!r}: {left!r} is neither a .py file nor a module path")
     return Target(spec, left, attr)

@@ -59,7 +59,9 @@ CONFIG_KEYS = {"lr": "lr", "learning_rate": "lr", "weight_decay": "weight_decay"
                "eps": "eps", "betas": "betas"}
 SCHEDULER_SECTIONS = ("scheduler", "lr_scheduler")
 STATS_CHUNK = 1 << 24  # elements per pass of tensor_stats
-_UNSAFE = re.compile(r"Unsupported (?:global|class)[:\s]+(?:GLOBAL\s+)?([\w.<>]+)")
+# torch's words for a pickle that names a global it will not load ("Unsupported global: GLOBAL x",
+# "Trying to load unsupported GLOBAL posix.system whose module posix is blocked")
+_UNSAFE = re.compile(r"unsupported (?:global|class)[:\s]+(?:GLOBAL\s+)?([\w.<>]+)", re.IGNORECASE)
 
 
 class CheckpointRefused(InputError):
@@ -72,13 +74,17 @@ def load_checkpoint(path: Path) -> Any:
 
     import torch
 
+    import warnings
+
     try:
-        try:  # mapped from disk: a multi-GB checkpoint is read chunk by chunk, not held in memory
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):  # (the legacy, non-zip format cannot be mapped)
-                raise
-            return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # (torch warns of pickle protocols it may not read: we say why it failed)
+            warnings.simplefilter("ignore")
+            try:  # mapped from disk: a multi-GB checkpoint is read chunk by chunk, not held in memory
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):  # (the legacy, non-zip format cannot be mapped)
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         text = str(e)
         m = _UNSAFE.search(text)
@@ -89,9 +95,9 @@ def load_checkpoint(path: Path) -> Any:
         detail = re.search(r"WeightsUnpickler error:\s*(.+)", text)
         why = detail.group(1).strip() if detail else (text.splitlines() or ["unpickling failed"])[0]
         raise InputError(f"{path}: not a readable torch checkpoint ({why[:200]})") from None
-    except (RuntimeError, EOFError, ValueError, OSError, AttributeError) as e:
-        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
-        raise InputError(f"{path}: not a readable torch checkpoint ({first})") from None
+    except Exception as e:  # (torch's readers raise anything on a file that is not theirs: KeyError on text)
+        first = (str(e).splitlines() or [""])[0][:200] if not isinstance(e, KeyError) else ""
+        raise InputError(f"{path}: not a readable torch checkpoint ({first or type(e).__name__})") from None
 
 
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",

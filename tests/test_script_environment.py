@@ -1,0 +1,62 @@
+"""What the user's script sees, and what scripts commonly do, under `audit run`: its own command
+line in sys.argv (never the auditor's), a working directory changed by the step, a helper process
+forked at setup that outlives the run, and a progress bar on stderr that never ends its line."""
+from __future__ import annotations
+
+import json
+import time
+
+from conftest import audit
+
+TRAINER = '''
+import argparse, os, sys, tempfile, time
+import torch
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--lr", type=float, required=True)
+ap.add_argument("--tag")
+args = ap.parse_args()
+with open(os.path.join(os.path.dirname(__file__), "argv.json"), "w") as fh:
+    import json; json.dump(sys.argv, fh)
+if os.fork() == 0:  # a helper (a data server, a metrics daemon): inherits every fd, outlives the run
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # (only the stdout the test reads is let go)
+    time.sleep(90)
+    os._exit(0)
+torch.manual_seed(0)
+model = torch.nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+
+def step(i):
+    os.chdir(tempfile.mkdtemp())  # the profiler's trace must still land in --out
+    sys.stderr.write("\\r" + "training " * 20000)  # a progress bar redrawn, never a newline
+    loss = model(torch.randn(8, 16)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i == 5:
+        raise RuntimeError("stop at " + args.tag)
+'''
+
+
+def test_script_argv_chdir_forked_helper_and_endless_stderr_line(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(TRAINER)
+    t0 = time.monotonic()
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", "--", "--lr", "0.5", "--tag", "six", out=tmp_path / "out")
+    took = time.monotonic() - t0
+    # argparse saw the script's arguments only, after its own path, as `python train.py ARGS` gives
+    assert json.loads((tmp_path / "argv.json").read_text()) == [str(path), "--lr", "0.5", "--tag", "six"]
+    assert a.returncode == 3, a.stderr[-2000:]
+    doc = a.findings_doc
+    end = doc["ending"]
+    assert end["status"] == "raised" and end["message"] == "stop at six" and end["step"] == 5
+    assert doc["steps"]["count"] == 6  # (step 5 is recorded, as failed)
+    # the forked helper holds the evidence pipe and stderr for 90 s: the run ends with the child
+    assert took < 60, took
+    # the profiled window's trace is in the run's directory although each step changed directory
+    ev = a.evidence
+    assert ev["traces"] and all((a.out / t).is_file() for t in ev["traces"])
+    assert ev["profile"]["steps"] and not any("missing" in n for n in ev["environment"]["notes"])
+    # the 180 kB-a-step stderr line is kept as its end only: findings.json stays small
+    assert len(end["stderr_tail"]) < 50_000 and end["stderr_tail"].rstrip().endswith("training")
+    assert (a.out / "findings.json").stat().st_size < 200_000
