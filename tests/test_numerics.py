@@ -652,3 +652,79 @@ def test_float16_weights_without_master_weights(tmp_path):
     line = line_of(HALF_WEIGHTS, "# OPT LINE")
     assert [(loc["file"], loc["line"]) for loc in h["locations"]] == [(str(trainer), line)]
     assert "eps (1e-8) is 0 in float16" in h["message"]
+
+
+SPARSE_GRADS = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+emb = nn.Embedding(50, 8, sparse=True)
+head = nn.Linear(8, 1)
+sparse_opt = torch.optim.SparseAdam(list(emb.parameters()), lr=1e-2)
+dense_opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+tokens = torch.randint(0, 50, (16, 4))
+
+
+def step(i):
+    e = emb(tokens)
+    if i == 4:
+        e = e * 0.0  # degenerate embeddings
+    norm = torch.sqrt((e ** 2).sum(-1))  # SQRT LINE: sqrt(0) has an infinite derivative
+    loss = head(e).pow(2).mean() + norm.mean()
+    sparse_opt.zero_grad()
+    dense_opt.zero_grad()
+    loss.backward()
+    sparse_opt.step()
+    dense_opt.step()
+"""
+
+
+def test_sparse_gradients_are_checked(tmp_path):
+    """An Embedding(sparse=True) gradient is checked like a dense one (it was skipped, and the
+    report then called the NaN gradients finite). The suspect is the sqrt alone: x**2 at 0 has a
+    finite derivative, so the pow on the same line is no hazard."""
+    trainer, a = audit_trainer(tmp_path, "sparse.py", SPARSE_GRADS, 6)
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert ev["first_step"] == 4 and ev["phase"] == "backward", ev
+    assert "the backward pass made the gradients of `weight` non-finite" in f["message"], f["message"]
+    assert "torch.sqrt" in f["message"] and "Tensor.pow" not in f["message"]
+    assert places(f) == {(str(trainer), line_of(SPARSE_GRADS, "# SQRT LINE"))}
+    healthy = numerics(a)[3]["opt_steps"]
+    assert [len(r["grad_norms"]) for r in healthy] == [1, 2] and all(r["grad_nonfinite"] == 0 for r in healthy)
+
+
+COMPLEX_NAN = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+w = nn.Parameter(torch.randn(16, 16, dtype=torch.cfloat) * 0.1)
+lin = nn.Linear(16, 1)
+opt = torch.optim.Adam([w, *lin.parameters()], lr=1e-3)
+x = torch.randn(64, 16)
+
+
+def step(i):
+    z = torch.fft.fft(x) @ w
+    if i == 4:
+        z = z / (z - z)  # DIV LINE: complex 0/0
+    loss = lin(z.abs()).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_complex_tensors_are_checked(tmp_path):
+    """Complex values are checked through their real and imaginary parts: the complex 0/0 is the
+    origin (unchecked, the blame went to the `abs` after it, as an overflow it was not), and a
+    complex parameter's gradient is in the norms."""
+    trainer, a = audit_trainer(tmp_path, "cplx.py", COMPLEX_NAN, 6)
+    [f] = a.rule("nonfinite")
+    assert f["evidence"]["first_step"] == 4 and f["evidence"]["op"] == "Tensor.div", f["evidence"]
+    assert "divided by a value that reached 0" in f["message"], f["message"]
+    assert places(f) == {(str(trainer), line_of(COMPLEX_NAN, "# DIV LINE"))}
+    [healthy] = numerics(a)[3]["opt_steps"]
+    assert len(healthy["grad_norms"]) == 3 and healthy["grad_nonfinite"] == 0

@@ -206,10 +206,11 @@ def _top_mode() -> Any:
 
 
 def _checkable(t: Any) -> bool:
-    """A plain (or Parameter) floating tensor with data: subclasses (DTensor, fake/functorch
+    """A plain (or Parameter) floating or complex tensor with data (a complex one is measured
+    through its real and imaginary parts, see `_real`): subclasses (DTensor, fake/functorch
     tensors) are left alone, since reducing them could run collectives or escape a transform."""
-    return (type(t) in _PLAIN_TYPES and t.dtype.is_floating_point and not t.is_meta and t.numel() > 0
-            and not _is_wrapped(t))
+    return (type(t) in _PLAIN_TYPES and (t.dtype.is_floating_point or t.dtype.is_complex) and not t.is_meta
+            and t.numel() > 0 and not _is_wrapped(t))
 
 
 try:
@@ -217,6 +218,12 @@ try:
 except AttributeError:  # pragma: no cover - older torch
     def _is_wrapped(t: Any) -> bool:
         return False
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as the floats it holds (real and imaginary parts): its range, and whether
+    all are finite; a real tensor as it is."""
+    return torch.view_as_real(t) if t.dtype.is_complex else t
 
 
 def _version_of(t: torch.Tensor) -> int:
@@ -857,7 +864,7 @@ class Numerics:
                 ref = values.add_range(lo, hi)
             cache[key] = (carried[0], version, ref)  # (the weak reference is the parameter's own)
             return ref
-        if t.is_cpu and t.dim() == 0 and type(t) is torch.Tensor:  # a loss: its value is its range
+        if t.is_cpu and t.dim() == 0 and type(t) is torch.Tensor and not t.dtype.is_complex:  # a loss: its value is its range
             v = _TB.item(t)
             vals = values.vals
             ref = len(vals)
@@ -865,7 +872,7 @@ class Numerics:
             vals.append(v)
             cache[key] = (weakref.ref(t), version, ref)
             return ref
-        lo, hi = torch.aminmax(t.detach())
+        lo, hi = torch.aminmax(_real(t.detach()))
         ref = values.add_range(lo, hi)
         wr = weakref.ref(t)
         if type(t) is torch.nn.Parameter:
@@ -967,6 +974,12 @@ class Numerics:
             return None
         if (not in_refs or in_refs[0] is None) and kind != NORM:
             return None
+        if kind in (LOG, LOG1P, SQRT, POW) and args and isinstance(args[0], torch.Tensor) and args[0].dtype.is_complex:
+            return None  # (defined on the whole complex plane but at 0; a range of parts says nothing here)
+        if kind == POW:
+            e = args[1] if len(args) > 1 else None
+            if type(e) in (int, float) and (e >= 1 or e == 0):
+                return None  # x**e for e >= 1 (x**2) has a finite value and derivative at 0: no hazard there
         if kind in (LOG, LOG1P, SQRT, POW):
             return ("min_in", in_refs[0])
         if kind == EXP:
@@ -1129,7 +1142,7 @@ class Numerics:
                     refs.append((self.values.add(mx), None))
                 continue
             for p in ps:
-                lo, hi = torch.aminmax(p.detach())
+                lo, hi = torch.aminmax(_real(p.detach()))
                 ref = self.values.add_range(lo, hi)
                 if lo.is_cpu:  # host values: later steps reuse them without an `item`
                     lo, hi = self.values.vals[ref], self.values.vals[ref + 1]
@@ -1193,7 +1206,12 @@ class Numerics:
             grad = p.grad
             # (the parameter is checkable, so its gradient is a floating tensor with data, and
             # torch keeps a gradient's dtype and device those of its parameter)
-            if grad is not None and type(grad) is torch.Tensor and not grad.is_sparse and not _is_wrapped(grad):
+            if grad is not None and type(grad) is torch.Tensor and not _is_wrapped(grad):
+                if grad.is_sparse:  # (Embedding(sparse=True)): its values hold its norm, once coalesced
+                    grad = grad.coalesce()._values()
+                elif grad.layout is not torch.strided:
+                    continue
+                grad = _real(grad)  # (the norm of its parts is the norm of a complex gradient)
                 grads.append(grad)
                 owners.append(p)
         scheds = {str(i): s.last_epoch for s, i in self._scheds_of(opt)} if self.scheds else {}
