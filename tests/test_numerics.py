@@ -728,3 +728,41 @@ def test_complex_tensors_are_checked(tmp_path):
     assert places(f) == {(str(trainer), line_of(COMPLEX_NAN, "# DIV LINE"))}
     [healthy] = numerics(a)[3]["opt_steps"]
     assert len(healthy["grad_norms"]) == 3 and healthy["grad_nonfinite"] == 0
+
+
+LATE_MASK = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+head = nn.Linear(16, 1)
+opt = torch.optim.Adam(head.parameters(), lr=1e-3)
+x = torch.randn(8, 6, 16)
+
+
+def step(i):
+    pad = torch.zeros(8, 6)
+    if i >= 5:
+        pad[:, 4:] = float("-inf")  # padding appears late (past the healthy steps that learn)
+    scores = (x @ x.transpose(1, 2)) / 4 + pad[:, None, :]  # MASK LINE: -inf by design
+    y = head(scores.softmax(-1) @ x)
+    scale = y.detach().abs().amax() * {zero}
+    y = y / scale  # DIV LINE
+    opt.zero_grad()
+    y.pow(2).mean().backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("cols, zero, blamed", [("4:", "(0.0 if i == 6 else 1.0)", "# DIV LINE"),
+                                                (":", "1.0", "# MASK LINE")])
+def test_a_mask_that_appears_late_is_not_blamed_for_a_later_division(tmp_path, cols, zero, blamed):
+    """A -inf mask written into a tensor (no checked call made it) first in step 5, past the
+    healthy steps that learn what is by design: the division by zero of step 6 is the origin.
+    When the mask itself is what breaks the step (every position masked: softmax of all -inf is
+    NaN in step 5), the mask's line is named."""
+    source = LATE_MASK.replace("{zero}", zero).replace("pad[:, 4:]", f"pad[:, {cols}]")
+    trainer, a = audit_trainer(tmp_path, "late_mask.py", source, 8)
+    [f] = a.rule("nonfinite")
+    assert f["evidence"]["first_step"] == (6 if "DIV" in blamed else 5), f["evidence"]
+    assert places(f) == {(str(trainer), line_of(source, blamed))}, f["message"]

@@ -1374,11 +1374,20 @@ class Numerics:
                 loss_bad: bool, opt_steps: list[dict]) -> dict[str, Any]:
         """Where the step's non-finite values came from, in execution order: the first call at a
         site that has not made non-finite values in healthy steps (an attention mask's -inf is
-        by design), else the backward pass, else the optimizer's update."""
+        by design), else the backward pass, else the optimizer's update.
+
+        A call that only received ±inf (no NaN) from a tensor no checked call of the step made
+        (a mask written with `pad[:, 4:] = -inf`, first in a step too late for the healthy steps
+        that teach what is by design) is blamed only if nothing else explains the step: a later
+        call that made non-finite values from finite ones (a division by zero), or, when the loss
+        stayed finite, the backward pass or the update. A later call that merely received
+        non-finite values leaves the blame with it (a row masked whole: softmax of all -inf)."""
         what = [w for w, bad in (("loss", loss_bad), ("gradient", any(r.get("grad_nonfinite") for r in opt_steps)),
                                  ("parameter", any(r.get("param_nonfinite") for r in opt_steps))) if bad]
         base = {"step": index, "nonfinite": what, "ops_checked": len(self.ops),
                 "hazards": [[s, num(v)] for s, v in hazards.items()]}
+        made = {r for op in self.ops if op for r in op[3]}  # values the step's checked calls made
+        fallback = None
         for k in bad_ops:
             site, module, in_refs, out_refs, hazard, half, kind, params = self.ops[k]
             if site in self.benign_sites:
@@ -1394,9 +1403,19 @@ class Numerics:
                     rng["param"] = name[1]
             out = [_range(vals, r) for r in out_refs]
             cause = _cause(kind, hazard, vals, ins, out, half)
-            return {**base, "phase": "input" if cause["kind"] == "nonfinite-input" else "forward",
-                    "op_index": k, "site": site, "module": module, "inputs": ins[:8], "outputs": out[:4],
-                    "hazard": cause}
+            found = {**base, "phase": "input" if cause["kind"] == "nonfinite-input" else "forward",
+                     "op_index": k, "site": site, "module": module, "inputs": ins[:8], "outputs": out[:4],
+                     "hazard": cause}
+            if cause["kind"] == "nonfinite-input":
+                if all(r is not None and r not in made and "nan" not in (rng["min"], rng["max"])
+                       for r, rng in zip(in_refs, ins) if not rng["finite"]):
+                    fallback = fallback or found  # (an infinity from outside: a mask, by design, most likely)
+                    continue
+                if fallback is not None:  # passing on what came from outside: that was the start after all
+                    return fallback
+            return found
+        if fallback is not None and loss_bad:
+            return fallback
         for r in opt_steps:
             if r.get("grad_nonfinite"):
                 hints = [[s, num(v)] for s, v in hazards.items() if v == 0.0]
@@ -1405,7 +1424,7 @@ class Numerics:
             if r.get("param_nonfinite"):
                 return {**base, "phase": "optimizer", "params": r["param_nonfinite_params"], "opt": r["opt"],
                         "site": r["site"], "hazard": {"kind": "update"}}
-        return {**base, "phase": "unknown", "hazard": {"kind": "unknown"}}
+        return fallback or {**base, "phase": "unknown", "hazard": {"kind": "unknown"}}
 
 
 def params_names(col: Numerics, params: list[torch.Tensor]) -> list[str]:
