@@ -766,3 +766,53 @@ def test_a_mask_that_appears_late_is_not_blamed_for_a_later_division(tmp_path, c
     [f] = a.rule("nonfinite")
     assert f["evidence"]["first_step"] == (6 if "DIV" in blamed else 5), f["evidence"]
     assert places(f) == {(str(trainer), line_of(source, blamed))}, f["message"]
+
+
+def test_series_text_shows_each_step_once():
+    from auditor.rules.nonfinite import _series_text
+
+    text = _series_text("max_in", [[i, float(i)] for i in range(6)], 5)
+    steps = [int(s) for s in __import__("re").findall(r"\(step (\d+)\)", text)]
+    assert steps == [0, 1, 3, 4, 5], text
+
+
+TWO_BLOCKS = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+STATE = {"i": 0}
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.l1(x) + (1e6 if STATE["i"] == 5 else 0.0)
+        h = torch.exp(h)  # EXP LINE: overflows in the first block at step 5; the second gets NaN
+        return x + self.l2(h / (1 + h))
+
+
+model = nn.Sequential(Block(), Block(), nn.Linear(16, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x = torch.randn(32, 16)
+
+
+def step(i):
+    STATE["i"] = i
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_the_origin_steps_value_is_the_origin_calls(tmp_path):
+    """The series of the origin's hazard ends with what the origin call saw (1e6 into exp), not
+    the NaN a later call at the same line received."""
+    trainer, a = audit_trainer(tmp_path, "blocks.py", TWO_BLOCKS, 7)
+    [f] = a.rule("nonfinite")
+    assert f["evidence"]["first_step"] == 5 and places(f) == {(str(trainer), line_of(TWO_BLOCKS, "# EXP LINE"))}
+    assert f["message"].rstrip(".").endswith("→ 1e+06 (step 5)"), f["message"]

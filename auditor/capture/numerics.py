@@ -1309,7 +1309,12 @@ class Numerics:
                     continue
                 prev = hazards.get(site)
                 low = hazard is not None and hazard[0] != "max_in"
-                hazards[site] = v if prev is None or math.isnan(v) else (min(prev, v) if low else max(prev, v))
+                # (a later call at the same line that received a NaN does not hide how close the
+                # first came to its hazard: NaN only when no call there measured a number)
+                if prev is None or math.isnan(prev):
+                    hazards[site] = v
+                elif not math.isnan(v):
+                    hazards[site] = min(prev, v) if low else max(prev, v)
         data["nonfinite_ops"] = len(bad_ops)
         data["nonfinite_sites"] = sorted({self.ops[k][0] for k in bad_ops})
         data["hazards"] = [[s, num(v)] for s, v in hazards.items()]

@@ -505,7 +505,9 @@ def _series_text(kind: str, series: list[list], step: int) -> str:
     pts = [x for x in series if x[0] <= step]
     if len(pts) < 2:
         return ""
-    show = pts if len(pts) <= 5 else [pts[0], pts[len(pts) // 2], *pts[-3:]]
+    # first, middle, last three: the middle one is before the last three (with 6 points, len // 2
+    # is the first of them, and the text showed one step twice)
+    show = pts if len(pts) <= 5 else [pts[0], pts[(len(pts) - 3) // 2], *pts[-3:]]
     return (f"Its {_HZ_STAT.get(kind, 'value')} per step went "
             + " → ".join(f"{short(v)} (step {i})" for i, v in show) + ".")
 
