@@ -41,6 +41,9 @@ def step(i):
 def test_script_argv_chdir_forked_helper_and_endless_stderr_line(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(TRAINER)
+    stale = tmp_path / "out" / "tb" / "train-step" / "host_1.111.pt.trace.json"  # an earlier run's, same DIR
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
     t0 = time.monotonic()
     a = audit("run", f"{path}:step", "--steps", "8", "--quiet", "--", "--lr", "0.5", "--tag", "six", out=tmp_path / "out")
     took = time.monotonic() - t0
@@ -56,6 +59,7 @@ def test_script_argv_chdir_forked_helper_and_endless_stderr_line(tmp_path):
     # the profiled window's trace is in the run's directory although each step changed directory
     ev = a.evidence
     assert ev["traces"] and all((a.out / t).is_file() for t in ev["traces"])
+    assert not stale.exists() and len(list(stale.parent.iterdir())) == len(ev["traces"])
     assert ev["profile"]["steps"] and not any("missing" in n for n in ev["environment"]["notes"])
     # the 180 kB-a-step stderr line is kept as its end only: findings.json stays small
     assert len(end["stderr_tail"]) < 50_000 and end["stderr_tail"].rstrip().endswith("training")

@@ -92,3 +92,18 @@ def test_a_target_path_that_is_not_utf8(tmp_path):
     d.mkdir()
     (d / "t.py").write_text("def step():\n    pass\n")
     one_line_error(audit("run", f"{d / 't.py'}:step", out=tmp_path / "o"), "is not valid UTF-8")
+
+
+def test_a_package_file_with_relative_imports_gets_the_module_form_as_a_hint(tmp_path):
+    """`python mypkg/train.py` fails the same way; the report says how to name it instead."""
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "util.py").write_text("X = 1\n")
+    (pkg / "train.py").write_text("from .util import X\n\ndef step():\n    pass\n")
+    a = audit("run", "mypkg/train.py:step", "--steps", "2", "--quiet", out=tmp_path / "o", cwd=tmp_path)
+    assert a.returncode == 3
+    message = a.findings_doc["ending"]["message"]
+    assert message.startswith("attempted relative import") and f"from {tmp_path}: audit run mypkg.train:step" in message
+    a = audit("run", "mypkg.train:step", "--steps", "2", "--quiet", out=tmp_path / "o2", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr

@@ -159,6 +159,25 @@ def _script_argv(args: argparse.Namespace) -> list[str]:
     return [os.path.abspath(t.file) if t.file else t.module, *args.script_args]
 
 
+def _package_hint(spec: str) -> str:
+    """A file that uses relative imports is a module of its package, as with `python -m`: name it so."""
+    try:
+        t = parse_target(spec)
+    except TargetError:
+        return ""
+    if t.file is None:
+        return ""
+    parts = [t.module]
+    d = os.path.dirname(t.file)
+    while os.path.isfile(os.path.join(d, "__init__.py")):
+        parts.insert(0, os.path.basename(d))
+        d = os.path.dirname(d)
+    if len(parts) == 1:
+        return ""
+    return (f" (it uses relative imports, so it is part of package {parts[0]!r}: audit it as a module, "
+            f"from {d}: audit run {'.'.join(parts)}:{t.attr})")
+
+
 def _frame_of_exception(exc: BaseException) -> dict | None:
     for fs in reversed(traceback.extract_tb(exc.__traceback__)):
         if not is_library(fs.filename):
@@ -272,7 +291,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except BaseException as e:  # the user's module code failed during setup
         out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec))
-        out.send("ended", **_ending(e, None), cuda_devices=cuda_devices())
+        ending = _ending(e, None)
+        if isinstance(e, ImportError) and "no known parent package" in str(e):
+            ending["message"] += _package_hint(args.target)
+        out.send("ended", **ending, cuda_devices=cuda_devices())
         return 3
 
     out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec))

@@ -157,6 +157,9 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
 
     Raises TargetError when the child reports a problem with TARGET itself."""
     request.out_dir.mkdir(parents=True, exist_ok=True)
+    # an earlier run into this DIR left its traces where this run's go: TensorBoard would show both
+    for stale in (request.out_dir / "tb" / request.target.name).glob("*.pt.trace.json*"):
+        stale.unlink(missing_ok=True)
     read_fd, write_fd = os.pipe()
     widen_pipe(write_fd)
     # (--out absolute: the user's code may change directory before the profiler writes there)
