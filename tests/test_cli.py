@@ -102,3 +102,22 @@ def test_progress_bar_on_a_tty_and_not_with_quiet(tmp_path):
     shown = stderr_on_tty()
     assert "audit" in shown and "6/6" in shown
     assert stderr_on_tty("--quiet").strip() == ""
+
+
+def test_a_runs_damaged_trace_is_a_note_not_a_failure(tmp_path, example_audit):
+    """`audit report` / `analyze` of a run whose trace was cut short (a full disk, a kill while it was
+    written) keep the run's other evidence, as `audit run` does: only that trace is left out."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(example_audit("graph_leak").out, run)
+    [trace] = json.loads((run / "evidence.json").read_text())["traces"]
+    data = (run / trace).read_bytes()
+    (run / trace).write_bytes(data[: len(data) // 2])
+    for args in (("report", str(run)), ("analyze", str(run), "--quiet")):
+        a = audit(*args, out=tmp_path / "again" if args[0] == "analyze" else run)
+        assert a.returncode == 0, a.stderr
+        doc = a.findings_doc
+        assert [f["rule"] for f in doc["findings"]] == ["graph-leak"]
+        assert any(n.startswith("profiler trace not analysed:") and "truncated" in n
+                   for n in doc["environment"]["notes"]), doc["environment"]["notes"]

@@ -107,7 +107,14 @@ def load_paths(paths: list[Path]) -> Evidence:
         if not p.exists() and p in listed:
             evidence.environment.notes.append(f"profiler trace {p} listed by the run is missing")
             continue
-        parsed.append(load_trace(p))
+        try:
+            parsed.append(load_trace(p))
+        except InputError as e:
+            if p not in listed:  # a trace given to analyze: that input is unusable
+                raise
+            # a run's own trace, damaged (the disk filled, the run was killed while it was written):
+            # the run's other evidence still holds, as it does when the trace is missing
+            evidence.environment.notes.append(f"profiler trace not analysed: {e}")
     snapshots = [_load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
     evidence.__dict__["trace_data"] = parsed
     evidence.__dict__["snapshot_data"] = snapshots
