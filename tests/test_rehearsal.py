@@ -381,6 +381,104 @@ def test_labels_left_on_the_host_fail_in_rehearsal_as_on_a_gpu(tmp_path):
     assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("labels.py", line)
 
 
+CHECKPOINTED = """
+import os
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+device = "cuda"
+torch.manual_seed(0)
+stem = nn.Linear(16, 32).to(device)
+blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 32), nn.GELU(), nn.Dropout(0.1))
+                       for _ in range(3)).to(device)
+head = nn.Linear(32, 4).to(device)
+params = [*stem.parameters(), *blocks.parameters(), *head.parameters()]
+opt = torch.optim.AdamW(params, lr=1e-2)
+x, y = torch.randn(8, 16, device=device), torch.randint(0, 4, (8,), device=device)
+
+
+def block(k, h):
+    h = blocks[k](h)
+    return h + torch.arange(h.shape[-1], device=device) / h.shape[-1]  # made on the GPU again in the recompute
+
+
+def two_blocks(h):  # a checkpoint within a checkpoint
+    return checkpoint(block, 1, block(0, h), use_reentrant=False)
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    h = checkpoint(two_blocks, stem(x), use_reentrant=False)
+    h = checkpoint(block, 2, h, use_reentrant=True)
+    nn.functional.cross_entropy(head(h), y).backward()
+    opt.step()
+    if i == 2:
+        torch.save({"model": [p.detach() for p in params], "opt": opt.state_dict()}, os.environ["PARITY_OUT"])
+
+
+if __name__ == "__main__":
+    for i in range(3):
+        step(i)
+"""
+
+
+def test_activation_checkpointing_runs_in_rehearsal_as_on_the_cpu(tmp_path):
+    """checkpoint() re-runs the block in backward, where the rehearsal mode is off torch's stack
+    (backward starts inside a torch call): the recompute must be rehearsed as its forward was, in
+    both variants and nested, with no false device mix, and compute what the CPU version computes
+    (dropout included: the recompute replays the forward's RNG state)."""
+    trainer = tmp_path / "ckpt.py"
+    trainer.write_text(CHECKPOINTED)
+    (tmp_path / "ckpt_cpu.py").write_text(CHECKPOINTED.replace("cuda", "cpu"))
+    plain = subprocess.Popen([sys.executable, str(tmp_path / "ckpt_cpu.py")], cwd=tmp_path,  # meanwhile
+                             env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "plain.pt"), "PATH": ""})
+    a = audit("run", f"{trainer}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
+              env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "rehearsed.pt")})
+    assert plain.wait(timeout=120) == 0
+    assert a.returncode == 0, a.evidence["ending"]
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    want = _flat(torch.load(tmp_path / "plain.pt", weights_only=True))
+    got = _flat(torch.load(tmp_path / "rehearsed.pt", weights_only=True))
+    assert want.keys() == got.keys() and any(k.startswith("opt.state.") for k in want)
+    for k in want:
+        if isinstance(want[k], torch.Tensor):
+            assert torch.equal(want[k], got[k]), k
+        else:
+            assert want[k] == got[k], k
+
+
+HOST_INTO_CHECKPOINT = """
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+model = nn.Linear(16, 16).to("cuda")
+head = nn.Linear(16, 16).to("cuda")
+x = torch.randn(4, 16, device="cuda", requires_grad=True)
+extra = torch.randn(4, 16)  # left on the host
+
+
+def block(h, e):
+    return model(h) + head(e)
+
+
+def step(i):
+    checkpoint(block, x, extra, use_reentrant=REENTRANT).sum().backward()
+"""
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_host_tensor_in_a_checkpointed_block_still_fails(tmp_path, reentrant):
+    """Rehearsing the recompute must not excuse real mixes: a GPU layer given a host tensor inside
+    a checkpointed block fails at the user's line, as on a GPU."""
+    source = HOST_INTO_CHECKPOINT.replace("REENTRANT", str(reentrant))
+    ending = gpu_crash(tmp_path, "host_ckpt.py", source)
+    assert ending["message"].startswith(MIXED) and "Linear (its weights are on the GPU)" in ending["message"]
+    line = source.splitlines().index("    return model(h) + head(e)") + 1
+    assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("host_ckpt.py", line)
+
+
 COMPILED = """
 import torch
 from torch import nn

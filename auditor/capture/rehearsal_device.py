@@ -618,6 +618,57 @@ def _install_default_device() -> None:
     torch.set_default_device = set_default_device
 
 
+def _under_rehearsal(fn: Callable) -> Callable:
+    """`fn` run with the rehearsal mode on torch's function-mode stack (pushed only when absent)."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        mode = _MODE
+        if mode is None or any(m is mode for m in torch.overrides._get_current_function_mode_stack()):
+            return fn(*args, **kwargs)
+        with mode:
+            return fn(*args, **kwargs)
+
+    run.__wrapped__ = fn  # type: ignore[attr-defined]
+    return run
+
+
+def _install_checkpoint_recompute() -> None:
+    """Activation checkpointing re-runs the user's forward during backward. Backward starts inside a
+    torch function (`loss.backward()`, `torch.autograd.grad`), and a mode is off the stack while it
+    handles a call, so without this the recompute would run with no rehearsal at all: its results
+    unmarked (a GPU layer then "gets a CPU tensor" -- a false device-mix error), `device="cuda"`
+    not rewritten, and the reentrant variant's detached inputs unmarked. torch re-enters the
+    forward's DeviceContext for the recompute the same way; here the rehearsal mode is re-entered,
+    so the recompute is judged exactly as its forward was (real mixes in the block still fail).
+    The non-reentrant variant keeps its inputs as saved tensors; under saved-tensor hooks (an
+    enclosing checkpoint, `save_on_cpu`) they come back as new tensor objects, without the mark,
+    so the marks they had when saved are put back."""
+    import torch.utils.checkpoint as cp
+
+    frame_cls = getattr(cp, "_CheckpointFrame", None)  # use_reentrant=False
+    if frame_cls is not None and not hasattr(frame_cls.__init__, "__wrapped__"):
+        orig_init, orig_save, orig_get = frame_cls.__init__, frame_cls.save_inputs, frame_cls.get_inputs
+
+        def __init__(self: Any, recompute_fn: Callable, *args: Any, **kwargs: Any) -> None:
+            orig_init(self, _under_rehearsal(recompute_fn), *args, **kwargs)
+
+        def save_inputs(self: Any, *args: Any) -> None:
+            self._auditor_marked = [is_marked(a) for a in args]
+            orig_save(self, *args)
+
+        def get_inputs(self: Any) -> list:
+            args = orig_get(self)
+            for a, marked in zip(args, getattr(self, "_auditor_marked", ())):
+                if marked:
+                    mark(a)
+            return args
+
+        __init__.__wrapped__ = orig_init  # type: ignore[attr-defined]
+        frame_cls.__init__, frame_cls.save_inputs, frame_cls.get_inputs = __init__, save_inputs, get_inputs
+    fn_cls = getattr(cp, "CheckpointFunction", None)  # use_reentrant=True: its backward recomputes
+    if fn_cls is not None and not hasattr(fn_cls.backward, "__wrapped__"):
+        fn_cls.backward = staticmethod(_under_rehearsal(fn_cls.backward))
+
+
 _MODE: RehearsalMode | None = None
 
 
@@ -628,6 +679,7 @@ def install() -> RehearsalMode:
         _install_pickle_filter()
         _install_parameter_marks()
         _install_default_device()
+        _install_checkpoint_recompute()
         _MODE = RehearsalMode()
         _MODE.__enter__()
         torch.nn.modules.module.register_module_forward_pre_hook(_leaf_inputs_on_host)
