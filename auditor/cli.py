@@ -75,7 +75,8 @@ def _finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | Non
     results = run_rules(evidence, config)
     write_reports(out, evidence, results)
     if quiet:
-        click.echo(f"audit: {len(results.findings)} finding(s), run {evidence.ending.status}; report in {out}")
+        ran = f", run {evidence.ending.status}" if evidence.source == "run" else ""  # (recordings: nothing ran)
+        click.echo(f"audit: {len(results.findings)} finding(s){ran}; report in {out}")
     else:
         print_summary(evidence, results, out)
     return _exit_code(evidence, results, fail_on or config.fail_on)
