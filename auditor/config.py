@@ -69,17 +69,22 @@ def _same_kind(value: Any, default: Any) -> bool:
     return isinstance(value, type(default))
 
 
+def _ids(items: Any) -> set[str]:
+    """Rule ids from strings that may each hold several, comma-separated."""
+    return {r.strip() for item in items for r in item.split(",") if r.strip()}
+
+
 def _names(value: Any, key: str, where: str) -> set[str]:
     """A list of rule ids from the file (a list of strings, or one comma-separated string)."""
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}: {key} must be a list of rule ids, not {value!r}")
-    return {r.strip() for v in value for r in v.split(",") if r.strip()}
+    return _ids(value)
 
 
 def _cli_names(items: tuple[str, ...], flag: str) -> set[str]:
-    names = {r.strip() for item in items for r in item.split(",") if r.strip()}
+    names = _ids(items)
     if not names:  # `--select ""` (an empty $RULES in a CI script) must not turn every rule off
         raise ConfigError(f"{flag}: no rule id given")
     return names

@@ -144,8 +144,13 @@ def die_with_parent(parent_pid: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent_pid:  # (the parent died before that took effect)
-        os._exit(3)
+    if os.getppid() != parent_pid:  # the parent died before that took effect, or a wrapper runs python
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(3)
+        except OSError:
+            pass
 
 
 def _script_argv(args: argparse.Namespace) -> list[str]:
@@ -156,7 +161,7 @@ def _script_argv(args: argparse.Namespace) -> list[str]:
         t = parse_target(args.target)
     except TargetError:
         return [args.target, *args.script_args]
-    return [os.path.abspath(t.file) if t.file else t.module, *args.script_args]
+    return [t.file or t.module, *args.script_args]  # (t.file is absolute)
 
 
 def _package_hint(spec: str) -> str:
