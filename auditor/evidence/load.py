@@ -55,8 +55,11 @@ def load_paths(paths: list[Path]) -> Evidence:
     from auditor.evidence.ranks import merge_inputs
 
     merged = merge_inputs([Path(p) for p in paths])  # several ranks of one distributed run
-    if merged is not None:
-        return merged  # trace_data / snapshot_data already attached
+    if merged is not None:  # (trace_data / snapshot_data already attached)
+        merged.target = merged.target or " ".join(str(p) for p in paths)
+        if merged.source != "run":
+            _device_from_traces(merged)
+        return merged
     evidence: Evidence | None = None
     listed: set[Path] = set()  # traces a run directory lists: a crashed run may not have written them
     trace_paths: list[Path] = []
@@ -118,4 +121,22 @@ def load_paths(paths: list[Path]) -> Evidence:
     snapshots = [_load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
     evidence.__dict__["trace_data"] = parsed
     evidence.__dict__["snapshot_data"] = snapshots
+    if evidence.source != "run":
+        _device_from_traces(evidence)
     return evidence
+
+
+def _device_from_traces(evidence: Evidence) -> None:
+    """Recordings say where they ran (Kineto's deviceProperties), and this machine, which only
+    analyses them, has nothing to say about it: the device comes from the first trace that names
+    its GPUs. (`cuda_devices` stays a run's own report: oom-risk reads trace capacities itself,
+    and says where each came from.)"""
+    for trace in evidence.__dict__.get("trace_data") or ():
+        props = trace.metadata.get("deviceProperties")
+        names = sorted({str(p.get("name", "")) for p in props if isinstance(p, dict)}) if isinstance(props, list) else []
+        if not names:
+            continue
+        env = evidence.environment
+        env.device, env.cuda_available = "cuda", True
+        env.notes.append(f"device as recorded in {trace.path.name}: {', '.join(names)}")
+        return

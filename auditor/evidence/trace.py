@@ -560,6 +560,48 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
               "cuMemcpyDtoH", "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
               "hipMemcpy")
+# asynchronous copies that still block the host: to pageable memory, the call returns only once
+# the copy is done, after all the work queued before it (`.cpu()`, `.to("cpu")`, `.numpy()`)
+ASYNC_COPY_CALLS = ("cudaMemcpyAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync", "hipMemcpyAsync")
+PAGEABLE_DTOH = re.compile(r"DtoH.*Pageable")
+
+
+def blocking_calls(trace: "Trace") -> np.ndarray:
+    """Rows of the runtime/driver calls during which the host waited for the GPU: the sync calls,
+    and the asynchronous copies that are not (device-to-pageable, by the copy they launched)."""
+    calls = trace.named(SYNC_CALLS, trace.of("runtime", "driver")).index.to_numpy()
+    copies = trace.named(ASYNC_COPY_CALLS, trace.of("runtime", "driver")).index.to_numpy()
+    if len(copies):
+        link = trace.col("link")[copies]
+        linked = copies[link >= 0]
+        dtoh = set(trace.symbols.matching(PAGEABLE_DTOH))
+        names = trace.col("name")[trace.col("link")[linked]]
+        copies = linked[np.isin(names, list(dtoh))]
+    return np.sort(np.concatenate([calls, copies])).astype(np.int64)
+
+
+def gpu_idle_behind(trace: "Trace", rows: np.ndarray) -> float:
+    """Microseconds of GPU idle time that blocking calls (`rows`) account for: while the host
+    waits in a call, and after it returns until the GPU next starts work, whatever no GPU work
+    covers (a union over the calls). A sync that waits on a busy GPU costs little of it: the
+    work it waits for runs anyway; what a sync takes away is the queue the host would have kept
+    filling, so the GPU runs dry behind it. Time the host then spends loading data is left out:
+    the GPU would wait for that batch with or without the sync (gpu-idle and dataloader-bound
+    name it)."""
+    if not len(rows):
+        return 0.0
+    busy = gpu_busy(trace)
+    starts = busy[0]
+    end = trace.col("end")[rows].astype(np.float64)
+    nxt = np.searchsorted(starts, end, side="left")
+    resume = starts[np.minimum(nxt, len(starts) - 1)] if len(starts) else end
+    resume = np.where(nxt < len(starts), resume, end)
+    spans = merge_intervals(trace.col("ts")[rows].astype(np.float64), np.maximum(resume, end))
+    loader = trace.matching(DATALOADER_NEXT)
+    loading = merge_intervals(loader["ts"].to_numpy(), loader["end"].to_numpy())
+    return total_length(subtract(subtract(spans, busy), loading))
+
+
 DATALOADER_NEXT = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
 _NOT_AN_OP = re.compile(r"^(ProfilerStep#\d+|enumerate\(DataLoader\)#.*|## .* ##|Optimizer\..*|"
                         r"autograd::engine::evaluate_function: .*)$")
@@ -598,6 +640,9 @@ def frame_location_parts(frame: Frame) -> tuple[str, int, str]:
     import linecache
 
     code = linecache.getline(frame.file, frame.line).strip() if frame.file else ""
+    if code.startswith(("def ", "async def ")):
+        # torch >= 2 traces name Python functions by their first line: the call is somewhere in it
+        code += "  # (the trace records this function, not the line within it)"
     return frame.file, frame.line, code
 
 

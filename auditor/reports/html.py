@@ -251,6 +251,7 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "recoverable_ms": fmt_ms(rec.ms) if rec.ms is not None else None,
         "recoverable_share": f"{rec.share:.0%}" if rec.share is not None else None,
         "capped": rec.capped,
+        "largest_ms": fmt_ms(rec.largest) if rec.largest is not None else None,
         "estimated": rec.estimated,
         "counted_only": rec.counted_only,
         "peak_rss": fmt_bytes(max(rss)) if rss else None,

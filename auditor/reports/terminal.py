@@ -32,6 +32,7 @@ class Recoverable:
     capped: bool  # the sum exceeded the step (findings overlap), so it was capped
     estimated: bool  # some summed costs are estimates, not measurements
     counted_only: int  # findings with no time cost (counted, or not measurable on this run)
+    largest: float | None = None  # ms/step of the costliest finding alone (what a capped sum still says)
 
 
 def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
@@ -43,7 +44,8 @@ def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     median = evidence.shown_median_ms()
     capped = median is not None and total > median
     ms = min(total, median) if median is not None else total
-    return Recoverable(ms, ms / median if median else None, capped, any(not c.measured for c in timed), counted_only)
+    return Recoverable(ms, ms / median if median else None, capped, any(not c.measured for c in timed), counted_only,
+                       max(c.ms_per_step for c in timed))  # type: ignore[type-var]
 
 
 def by_cost(findings: list[Finding]) -> list[Finding]:
@@ -103,7 +105,10 @@ def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None
         if check is not None:
             head.append(f" ({check:.2f} ms of it inside the auditor's numerics checks)")
     rec = recoverable(evidence, results)
-    if rec.ms is not None:
+    if rec.ms is not None and rec.capped:  # (idle time that data loading and syncs both explain)
+        head.append(f", findings' costs overlap (their sum exceeds the step); the largest alone is "
+                    f"{rec.largest:.2f} ms/step" + (f" ({rec.largest / median:.0%})" if median else ""))
+    elif rec.ms is not None:
         head.append(f", up to {rec.ms:.2f} ms/step recoverable")
         if rec.share is not None:
             head.append(f" ({rec.share:.0%})")

@@ -10,8 +10,8 @@ from auditor.evidence.trace import (
     CPU_NESTING,
     DATALOADER_NEXT,
     GPU_WORK,
-    SYNC_CALLS,
     Trace,
+    blocking_calls,
     frame_location_parts,
     gpu_busy,
     intersect,
@@ -96,7 +96,8 @@ class GpuIdle(TraceRule):
         cat, names, ts, end = trace.col("cat"), trace.col("name"), trace.col("ts"), trace.col("end")
         cpu = np.isin(cat, CPU_NESTING) & ~trace.col("instant")
         loader = cpu & np.isin(names, trace.symbols.matching(DATALOADER_NEXT))
-        syncs = cpu & np.isin(names, [c for c in map(trace.symbols.id, SYNC_CALLS) if c >= 0])
+        syncs = np.zeros(len(cat), dtype=bool)
+        syncs[blocking_calls(trace)] = True
         top = cpu & (trace.col("parent") < 0)  # children lie inside their parents: same union, fewer rows
         loader_iv = merge_intervals(ts[loader], end[loader])
         sync_iv = merge_intervals(ts[syncs], end[syncs])

@@ -86,7 +86,8 @@ class PageableCopy(Rule):
             where = sites(trace, rows, weights=np.clip(sel["bytes"].to_numpy(), 0, None))
             per_step_ms = gpu_ms / steps
             share = per_step_ms / step_ms if step_ms > 0 else None
-            message = (f"{len(sel)} {label} copies from pageable memory moved {nbytes / 1e6:.1f} MB "
+            side = "to" if label.startswith("device-to-host") else "from"  # (pageable is the host end)
+            message = (f"{len(sel)} {label} copies {side} pageable memory moved {nbytes / 1e6:.1f} MB "
                        f"({nbytes / steps / 1e6:.1f} MB per step) in {trace.path.name}, taking "
                        f"{per_step_ms:.2f} ms of GPU copy time per step; the host waited "
                        f"{host_ms / steps:.2f} ms per step in the copy calls.")

@@ -2,7 +2,7 @@
 
 The HostSync rule (owned elsewhere) calls `trace_host_sync_findings(self, evidence, options)` and
 adds `TRACE_OPTIONS` to its options. Starting from the sync calls themselves (not from `item()`
-calls) is what keeps an `aten::item` on a CPU tensor, which never waits for a GPU, out of it.
+calls), and from the copies to pageable memory that wait as a sync does, is what keeps an `aten::item` on a CPU tensor, which never waits for a GPU, out of it.
 
 When the trace has ProfilerSteps, only syncs inside a step count. torch.profiler synchronizes the
 device itself when it stops, right after the last step: that `cudaDeviceSynchronize` is in every
@@ -18,9 +18,11 @@ import numpy as np
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.trace import (
-    SYNC_CALLS,
+    ASYNC_COPY_CALLS,
     Trace,
+    blocking_calls,
     frame_location_parts,
+    gpu_idle_behind,
     issuing_op,
     sites,
 )
@@ -58,6 +60,11 @@ def _advice(op: str) -> str:
     return "Avoid reading GPU results on the host inside the step."
 
 
+def _api(trace: Trace, row: int) -> str:
+    name = trace.name(row)
+    return f"{name} to pageable memory" if name in ASYNC_COPY_CALLS else name
+
+
 def trace_host_sync_findings(rule: Any, evidence: Evidence, options: dict[str, Any]) -> list[Finding]:
     """One finding per (trace, issuing operator) for every recorded host<->GPU synchronisation."""
     out: list[Finding] = []
@@ -68,15 +75,15 @@ def trace_host_sync_findings(rule: Any, evidence: Evidence, options: dict[str, A
 
 def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Finding]:
     ev = trace.events
-    calls = trace.named(SYNC_CALLS, trace.of("runtime", "driver"))
+    calls = blocking_calls(trace)
     if len(trace.steps):
-        calls = calls[calls["step"].to_numpy() >= 0]
+        calls = calls[trace.col("step")[calls] >= 0]
     if not len(calls):
         return []
     steps = trace.step_count()
     step_ms = trace.step_ms()
     groups: dict[str, list[int]] = defaultdict(list)
-    for r in calls.index.to_numpy():
+    for r in calls:
         groups[issuing_op(trace, int(r)) or trace.name(int(r))].append(int(r))
     dur = ev["dur"].to_numpy()
     min_syncs = int(options.get("trace-min-syncs", 1))
@@ -88,27 +95,33 @@ def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Fi
         blocked_ms = float(dur[rows].sum()) / 1000.0
         per_step = blocked_ms / steps
         share = per_step / step_ms if step_ms > 0 else None
-        apis = Counter(trace.name(r) for r in rows)
+        idle_ms = gpu_idle_behind(trace, np.asarray(rows)) / 1000.0 / steps
+        idle_share = idle_ms / step_ms if step_ms > 0 else None
+        apis = Counter(_api(trace, r) for r in rows)
         chains = Counter(" > ".join(reversed(trace.op_chain(r)[:4])) for r in rows)
         where = sites(trace, rows, weights=dur[rows])
         times = "once" if len(rows) == 1 else f"{len(rows)} times"
         message = (f"{op} blocked the host on the GPU {times} in {trace.path.name} "
                    f"({len(rows) / steps:.1f} per step), {per_step:.2f} ms per step"
                    + (f" ({share:.1%} of the step)" if share is not None else "")
-                   + f" spent waiting in {', '.join(apis)}.")
+                   + f" spent waiting in {', '.join(apis)}; the GPU sat idle {idle_ms:.2f} ms per step "
+                   "while the host waited there and before it queued new work (what removing them can give back).")
         findings.append(rule.finding(
             message,
-            severity="warning" if share is not None and share >= warn_share else "info",
+            severity="warning" if share is not None and share >= warn_share else "info",  # (the host's time)
             locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
             evidence={"trace": str(trace.path), "source": "trace", "op": op, "syncs": len(rows),
                       "syncs_per_step": round(len(rows) / steps, 2), "blocked_ms": round(blocked_ms, 3),
                       "blocked_ms_per_step": round(per_step, 3), "steps": steps, "step_ms": round(step_ms, 3),
                       "apis": dict(apis), "op_chains": dict(chains.most_common(3)),
                       "longest_ms": round(float(np.max(dur[rows])) / 1000.0, 3),
+                      "gpu_idle_ms_per_step": round(idle_ms, 3),
                       "sites": [{"file": f.file, "line": f.line, "syncs": n, "ms": round(w / 1000.0, 3)}
                                 for f, n, w in where]},
-            cost=Cost(ms_per_step=round(per_step, 3), share_of_step=round(share, 4) if share is not None else None,
-                      measured=True, note="host time blocked inside the sync calls"),
+            cost=Cost(ms_per_step=round(idle_ms, 3),
+                      share_of_step=round(idle_share, 4) if idle_share is not None else None, measured=True,
+                      note="GPU idle time while the host waited in these calls and until the GPU's next "
+                           "work (the host's own blocked time is in the evidence)"),
             fix=Fix(summary=_advice(op),
                     config={"non_blocking": True} if op in ("aten::to", "aten::copy_") else {}),
         ))
