@@ -816,3 +816,44 @@ def test_the_origin_steps_value_is_the_origin_calls(tmp_path):
     [f] = a.rule("nonfinite")
     assert f["evidence"]["first_step"] == 5 and places(f) == {(str(trainer), line_of(TWO_BLOCKS, "# EXP LINE"))}
     assert f["message"].rstrip(".").endswith("→ 1e+06 (step 5)"), f["message"]
+
+
+FP16_HIDDEN_OVERFLOW = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+fc1, fc2 = nn.Linear(64, 32), nn.Linear(32, 4)
+with torch.no_grad():
+    fc1.weight.fill_(-1.0)
+    fc1.bias.zero_()
+fc1.requires_grad_(False)  # a frozen layer: no weight gradient of 0 * inf to give it away early
+opt = torch.optim.SGD(fc2.parameters(), lr=1e-3)
+
+
+def step(i):
+    x = torch.ones(8, 64) * (1.0 if i == 0 else 7e4)  # past float16's 65504 from step 1
+    if i == 5:
+        x[:, ::2] *= -1  # +inf and -inf in one dot product: NaN
+    with torch.autocast("cpu", dtype=torch.float16):
+        h = F.relu(fc1(x))  # FC1 LINE: -inf from step 1, which the ReLU hides
+        loss = fc2(h).float().pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_float16_overflow_a_relu_hid_is_not_learned_as_by_design(tmp_path):
+    """A Linear under float16 autocast overflows to -inf in healthy steps (the ReLU after it hides
+    it) and to NaN in step 5. Its site is not learned as non-finite by design (as a mask would be):
+    a call with weights that overflows is never that. The origin is the Linear, as a float16
+    overflow (its float32 input is finite, past 65504), with the bfloat16 fix; not the ReLU, and
+    not "non-finite input data"."""
+    trainer, a = audit_trainer(tmp_path, "fp16.py", FP16_HIDDEN_OVERFLOW, 6)
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert ev["first_step"] == 5 and ev["op"] == "torch.nn.Linear" and ev["hazard"]["kind"] == "fp16-overflow", ev
+    assert places(f) == {(str(trainer), line_of(FP16_HIDDEN_OVERFLOW, "# FC1 LINE"))}
+    assert f["fix"]["config"] == {"autocast.dtype": "bfloat16"}

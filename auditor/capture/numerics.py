@@ -1337,7 +1337,9 @@ class Numerics:
                 self.origins += 1
                 data["origin"] = self._origin(index, vals, bad_ops, hazards, loss_bad, data["opt_steps"])
         else:
-            self.benign_sites.update(self.ops[k][0] for k in bad_ops)
+            # (a call with weights among its inputs that overflows is never by design: a float16
+            # Linear at ±inf that a ReLU hides is the NaN of a later step, not an attention mask)
+            self.benign_sites.update(self.ops[k][0] for k in bad_ops if not self._weighted(self.ops[k]))
         return data
 
     def _opt_record(self, r: dict, vals: list) -> dict[str, Any]:
@@ -1374,6 +1376,11 @@ class Numerics:
             out["param_nonfinite"] = len(bad)
             out["param_nonfinite_params"] = bad[:20]
         return out
+
+    def _weighted(self, op: tuple) -> bool:
+        """Whether a recorded call had one of the model's parameters among its inputs."""
+        names = self.param_names
+        return any((e := names.get(i)) is not None and e[0]() is not None for i in op[7])
 
     def _origin(self, index: int, vals: list, bad_ops: list[int], hazards: dict[int, float],
                 loss_bad: bool, opt_steps: list[dict]) -> dict[str, Any]:
@@ -1472,7 +1479,9 @@ def _cause(kind: int, hazard: tuple | None, vals: list, ins: list[dict], out: li
         return {"kind": "sqrt-of-negative", "min_input": num(v)}
     if kind == EXP and v is not None and has_inf:
         return {"kind": "exp-overflow", "max_input": num(v)}
-    if half and has_inf:
+    if half and (has_inf or any(isinstance(r.get(k), (int, float)) and abs(r[k]) > FP16_MAX
+                                for r in ins for k in ("min", "max"))):
+        # (a float32 input past 65504 that autocast casts to float16 inside the call: inf, then NaN)
         return {"kind": "fp16-overflow", "limit": FP16_MAX}
     if has_inf and not has_nan:
         return {"kind": "overflow"}
