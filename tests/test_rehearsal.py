@@ -381,6 +381,62 @@ def test_labels_left_on_the_host_fail_in_rehearsal_as_on_a_gpu(tmp_path):
     assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("labels.py", line)
 
 
+PIN_ON_DEFAULT_CUDA = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_default_device("cuda")
+loader = DataLoader(TensorDataset(torch.randn(512, 16), torch.randn(512, 1)), batch_size=64, pin_memory=True)
+model = nn.Linear(16, 1)
+batches = iter(loader)
+
+
+def step(i):
+    x, y = next(batches)
+    (model(x) - y).pow(2).mean().backward()
+"""
+
+
+def test_pinning_a_dataset_made_on_the_gpu_fails_in_rehearsal_as_on_a_gpu(tmp_path):
+    """pin_memory=True over a dataset made under set_default_device("cuda"): the DataLoader's pinning
+    step calls `pin_memory()` on GPU tensors and a GPU refuses it at the first batch. A CPU-only torch
+    skips that step (no accelerator); the rehearsal must run it and refuse, at the user's line."""
+    ending = gpu_crash(tmp_path, "pin.py", PIN_ON_DEFAULT_CUDA)
+    assert ending["message"] == "cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned"
+    line = PIN_ON_DEFAULT_CUDA.splitlines().index("    x, y = next(batches)") + 1
+    assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("pin.py", line)
+
+
+PIN_HOST_DATASET = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+device = torch.device("cuda")
+loader = DataLoader(TensorDataset(torch.randn(512, 16), torch.randn(512, 1)), batch_size=64, pin_memory=True)
+model = nn.Linear(16, 1).to(device)
+
+
+def step(i):
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        (model(x) - y).pow(2).mean().backward()
+"""
+
+
+def test_pinning_a_host_dataset_still_runs_in_rehearsal(tmp_path):
+    """The correct use of pin_memory=True (host dataset, copies to the GPU) is not refused, and its
+    batches still count as pinned."""
+    (tmp_path / "pin_host.py").write_text(PIN_HOST_DATASET)
+    a = audit("run", f"{tmp_path / 'pin_host.py'}:step", "--steps", "3", "--no-profile", "--quiet",
+              out=tmp_path / "out", env=QUIET_ENV)
+    assert a.returncode == 0, a.stderr
+    assert a.evidence["ending"]["status"] != "raised"
+    copies = tallies(a, m.H2D_COPY)
+    assert copies and all(t["data"]["pinned"] and t["data"]["non_blocking"] for t in copies)
+
+
 CHECKPOINTED = """
 import os
 import torch

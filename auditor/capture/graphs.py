@@ -33,15 +33,39 @@ def _graph_size(tensors: list[torch.Tensor]) -> int:
     return len(seen)
 
 
+_DEPTH = 3  # a list of tuples of tensors is two levels down; one more for a list inside a row
+_BUDGET = 2_000_000  # items looked at per holder: a scan stays well under a second
+
+
 def _tensors_in(value: Any) -> list[torch.Tensor]:
-    """Tensors held directly, or one container level down (list, dict, ...)."""
-    if isinstance(value, torch.Tensor):
-        return [] if isinstance(value, torch.nn.Parameter) else [value]
-    if isinstance(value, dict):
-        value = value.values()
-    elif not isinstance(value, _CONTAINERS):
-        return []
-    return [v for v in value if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]
+    """Tensors held directly or inside containers a few levels down: a replay buffer is a list (or
+    deque) of (obs, action, log_prob) tuples, of dicts, or of small objects, not of bare tensors."""
+    out: list[torch.Tensor] = []
+    stack = [(value, 0)]
+    seen: set[int] = set()
+    budget = _BUDGET
+    while stack and budget > 0:
+        v, depth = stack.pop()
+        if isinstance(v, torch.Tensor):
+            if not isinstance(v, torch.nn.Parameter):
+                out.append(v)
+            continue
+        if depth >= _DEPTH or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if isinstance(v, dict):
+            items: Any = v.values()
+        elif isinstance(v, _CONTAINERS):
+            items = v
+        elif depth and not isinstance(v, (torch.nn.Module, type, types.ModuleType, types.FunctionType)) \
+                and isinstance(getattr(v, "__dict__", None), dict):
+            items = vars(v).values()  # a row that is an object (a dataclass Transition)
+        else:
+            continue
+        for x in items:
+            stack.append((x, depth + 1))
+            budget -= 1
+    return out
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:

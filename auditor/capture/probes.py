@@ -266,6 +266,9 @@ def _install_timed_probes() -> None:
 
 # --- anomaly mode ------------------------------------------------------------------------------
 
+_anomaly_enabled = torch.is_anomaly_enabled
+
+
 def _install_anomaly_probe() -> None:
     def make(orig):
         def probe(enabled, *args, **kwargs):
@@ -340,9 +343,12 @@ def _backward_probe(what: str, tensors_of: Callable[..., Any]):
                     retain = kwargs.get("retain_graph")
                     if retain is None:
                         retain = kwargs.get("create_graph", False)
+                    anomaly = _anomaly_enabled()  # (a flag read: the only cost on this path)
                     t0 = perf()
                     result = orig(*args, **kwargs)
                     rec.add(m.BACKWARD, what, where, (perf() - t0) * 1e3, retain_graph=bool(retain))
+                    if anomaly:
+                        rec.add(m.ANOMALY_ON, m.ANOMALY_BACKWARD, where)
                     if retain:
                         _watch_retained(rec, _roots(tensors_of(*args, **kwargs)), what, where)
                     return result

@@ -1,10 +1,15 @@
 """CUDA rehearsal, the DataLoader side: which batches come out pinned, and which already on the GPU.
 
-A CPU-only torch cannot pin memory, so `DataLoader(pin_memory=True)` hands out ordinary batches (and
-warns that it cannot pin). The rehearsal remembers that the program asked for pinned batches, so
-`pageable-copy` does not blame their copies, and it records a `device-batch` tally when a batch
-comes out holding tensors meant for the GPU, for `dataloader-on-device`. Each batch tensor also
-remembers its loader, so a later copy can name the DataLoader that should pin it.
+A CPU-only torch cannot pin memory, so `DataLoader(pin_memory=True)` skips its pinning step (torch
+asks `torch.accelerator.is_available()`, which tells torch's own callers the truth) and would hand
+out ordinary batches. The rehearsal runs that step itself, as torch's pin-memory step does on a GPU:
+each batch goes through `torch.utils.data._utils.pin_memory.pin_memory`, whose `Tensor.pin_memory()`
+calls the rehearsal answers -- host tensors come back remembered as pinned, so `pageable-copy` does
+not blame their copies, and a tensor meant for the GPU is refused as a GPU refuses it ("cannot pin
+'torch.cuda.FloatTensor' ..."), e.g. a dataset made under `set_default_device("cuda")`. It also
+records a `device-batch` tally when a batch comes out holding tensors meant for the GPU, for
+`dataloader-on-device`. Each batch tensor also remembers its loader, so a later copy can name the
+DataLoader that should pin it.
 
 These wrappers go in before the probes', which then wrap them: the probes' `in_data` count is up
 while they run.
@@ -19,6 +24,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.utils.data.dataloader as dl
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_batch
 
 from auditor.capture import probes
 from auditor.capture.frames import user_frame
@@ -56,10 +63,25 @@ def _make_iter_init(orig: Callable) -> Callable:
     return rehearsal_iter_init
 
 
+def _pin(self: Any, batch: Any) -> Any:
+    """The DataLoader's pinning step that torch skipped on a CPU-only machine, as it runs on a GPU:
+    in the main process with num_workers=0, in the pin-memory thread (whose error the main process
+    re-raises, wrapped) otherwise."""
+    if not isinstance(self, dl._MultiProcessingDataLoaderIter):
+        return _pin_batch(batch)
+    try:
+        return _pin_batch(batch)
+    except Exception:
+        ExceptionWrapper(where="in pin memory thread for device 0").reraise()
+        raise  # (reraise always raises)
+
+
 def _make_next(orig: Callable) -> Callable:
     def rehearsal_next(self: Any) -> Any:
         batch = orig(self)
         pin = getattr(self, "_auditor_pin", False)
+        if pin and not getattr(self, "_pin_memory", False):  # torch did not pin: no accelerator
+            batch = _pin(self, batch)
         loader = getattr(self, "_auditor_loader_id", 0)
         on_device, nbytes = 0, 0
         for t in batch_tensors(batch):

@@ -18,6 +18,10 @@ SYNC = "sync"  # a device->host synchronisation: .item(), .cpu(), bool(t), torch
 BACKWARD = "backward"  # Tensor.backward / autograd.backward / autograd.grad
 RETAINED_UNUSED = "retained-unused"  # a retain_graph=True graph never backpropagated again
 ANOMALY_ON = "anomaly-on"  # anomaly detection switched on (set_detect_anomaly / detect_anomaly)
+# `what` of the ANOMALY_ON tally a backward adds when it ran with anomaly detection on: a step can
+# switch it on and off inside itself (`with torch.autograd.detect_anomaly():`), which the flag
+# read at each step's start misses
+ANOMALY_BACKWARD = "backward under anomaly detection"
 STAT_RESET = "stat-reset"  # torch.cuda.reset_peak_memory_stats and friends
 EMPTY_CACHE = "empty-cache"  # torch.cuda.empty_cache
 GC_COLLECT = "gc-collect"  # gc.collect

@@ -29,7 +29,9 @@ class AnomalyMode(Rule):
         `set_detect_anomaly(False)`; a `detect_anomaly()` block must be removed by hand.
 
     Evidence needed:
-        A run (`audit run`): the probe on torch.set_anomaly_enabled and the per-step anomaly flag.
+        A run (`audit run`): the probe on torch.set_anomaly_enabled (the line that switched it on),
+        the per-step anomaly flag read at each step's start, and the backward probe's mark of a
+        backward that ran with anomaly detection on (a `with` block inside the step).
     """
 
     id = "anomaly-mode"
@@ -41,11 +43,16 @@ class AnomalyMode(Rule):
         return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        on_steps = [s.index for s in ev.steps if s.anomaly_enabled]
-        places = by_place(ev.tallies(m.ANOMALY_ON, include_setup=True))
+        tallies = ev.tallies(m.ANOMALY_ON, include_setup=True)
+        # on at the step's start (switched on at import or by an earlier step), or on while one of
+        # the step's backward passes ran (switched on and off inside the step, e.g. in a `with`)
+        under = {i for i, t in tallies if t.what == m.ANOMALY_BACKWARD and i >= 0}
+        on_steps = [s.index for s in ev.steps if s.anomaly_enabled or s.index in under]
+        places = by_place([(i, t) for i, t in tallies if t.what != m.ANOMALY_BACKWARD])
         if not on_steps:
             return
-        locs = locations(places)
+        # the line that switched it on; failing that (switched on where no probe saw it), the backward
+        locs = locations(places) or locations(by_place([(i, t) for i, t in tallies if t.what == m.ANOMALY_BACKWARD]))
         edits = [e for loc in locs if (e := replace_in_line(loc.file, loc.line, "set_detect_anomaly(True)",
                                                              "set_detect_anomaly(False)"))]
         where = f" (switched on at {locs[0].file}:{locs[0].line})" if locs else ""

@@ -9,6 +9,15 @@ from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
 from auditor.rules.fixes import read_lines
 
 
+def _constructs(node: ast.AST) -> bool:
+    """`Transition(obs, logp, r)`: a call of a capitalised name makes an object (a row), not a tensor."""
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    return name[:1].isupper()
+
+
 def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
     """(edit, changes_numerics): `x += e` -> `x += e.detach()`, `xs.append(e)` -> `xs.append(e.detach())`,
     `h = f(h)` -> `h = f(h).detach()` (that last one truncates backprop through time: numerics change)."""
@@ -32,6 +41,8 @@ def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
             value, numerics = node.value, True
         else:
             continue
+        if isinstance(value, (ast.Tuple, ast.List, ast.Dict, ast.Set)) or _constructs(value):
+            return None, False  # a row of a buffer: its items may be numbers, which have no .detach()
         b = text.encode()
         seg = b[value.col_offset:value.end_col_offset].decode()
         simple = isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
