@@ -179,7 +179,7 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
 
     def pump_stderr() -> None:
         redraw = False  # whether the tail's last entry is a progress bar's redraw (see _lines)
-        for line in _lines(read_chunks(proc.stderr.fileno(), lambda: proc.poll() is not None, pause_s=0)):
+        for line in _lines(read_chunks(proc.stderr.fileno(), lambda: proc.poll() is not None, pause_s=0, pid=proc.pid)):
             if PROFILER_NOISE.match(line):
                 continue
             if forward_stderr:
@@ -222,7 +222,7 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
     threading.Thread(target=watchdog, daemon=True).start()
     try:
         with open(request.out_dir / "records.jsonl", "wb") as raw:
-            for record, line in read_records(read_chunks(read_fd, lambda: proc.poll() is not None)):
+            for record, line in read_records(read_chunks(read_fd, lambda: proc.poll() is not None, pid=proc.pid)):
                 raw.write(line)
                 builder.feed(record)
                 if on_record is not None:
