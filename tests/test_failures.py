@@ -115,18 +115,7 @@ def test_setup_code_that_raises(tmp_path):
 
 def test_ctrl_c_on_the_process_group(tmp_path):
     """A real Ctrl-C: SIGINT to the whole process group while steps run."""
-    path = tmp_path / "slow.py"
-    path.write_text("import time\n\ndef step(i):\n    time.sleep(0.2)\n")
-    out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "auditor", "run", f"{path}:step", "--steps", "200", "--quiet",
-                          "--no-profile", "--out", str(out)], cwd=ROOT, start_new_session=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    records = out / "records.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if records.exists() and records.read_text().count('"kind":"step"') >= 3:
-            break
-        time.sleep(0.1)
+    p, out, _ = _start_slow_audit(tmp_path)
     os.killpg(p.pid, signal.SIGINT)
     p.communicate(timeout=60)
     assert p.returncode == 3

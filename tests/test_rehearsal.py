@@ -497,11 +497,7 @@ def test_activation_checkpointing_runs_in_rehearsal_as_on_the_cpu(tmp_path):
     want = _flat(torch.load(tmp_path / "plain.pt", weights_only=True))
     got = _flat(torch.load(tmp_path / "rehearsed.pt", weights_only=True))
     assert want.keys() == got.keys() and any(k.startswith("opt.state.") for k in want)
-    for k in want:
-        if isinstance(want[k], torch.Tensor):
-            assert torch.equal(want[k], got[k]), k
-        else:
-            assert want[k] == got[k], k
+    assert_same_state(want, got)
 
 
 HOST_INTO_CHECKPOINT = """
@@ -659,6 +655,15 @@ def test_clean_gpu_trainer_is_silent(rehearsed):
 
 # --- what rehearsal computes ---------------------------------------------------------------------
 
+def assert_same_state(want: dict, got: dict) -> None:
+    """Two flattened states (see _flat) equal entry by entry: tensors bit for bit."""
+    for k in want:
+        if isinstance(want[k], torch.Tensor):
+            assert torch.equal(want[k], got[k]), k
+        else:
+            assert want[k] == got[k], k
+
+
 def _flat(state: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in state.items():
@@ -690,11 +695,7 @@ def test_rehearsal_computes_what_the_cpu_version_computes(rehearsed, tmp_path, n
     got = _flat(torch.load(a.out.parent / "state.pt", weights_only=True))  # and no rehearsal marks pickled
     assert want.keys() == got.keys()
     assert any(k.startswith("opt.state.") for k in want)  # the optimizer stepped: there is state to compare
-    for k in want:
-        if isinstance(want[k], torch.Tensor):
-            assert torch.equal(want[k], got[k]), k
-        else:
-            assert want[k] == got[k], k
+    assert_same_state(want, got)
 
 
 CUDA_FP16_NO_SCALER = '''
