@@ -24,7 +24,7 @@ from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsa
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.stream import Writer
-from auditor.capture.target import TargetError, import_target, parse_target, step_arity
+from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
 
 ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -153,23 +153,8 @@ def die_with_parent(parent_pid: int) -> None:
             pass
 
 
-def _script_argv(args: argparse.Namespace) -> list[str]:
-    """What the user's code finds in sys.argv: its own file (or module) and the arguments given
-    after `--`, as `python train.py ARGS` would give it; never the auditor's own options, which
-    would make the user's argparse fail."""
-    try:
-        t = parse_target(args.target)
-    except TargetError:
-        return [args.target, *args.script_args]
-    return [t.file or t.module, *args.script_args]  # (t.file is absolute)
-
-
-def _package_hint(spec: str) -> str:
+def _package_hint(t: Target) -> str:
     """A file that uses relative imports is a module of its package, as with `python -m`: name it so."""
-    try:
-        t = parse_target(spec)
-    except TargetError:
-        return ""
     if t.file is None:
         return ""
     parts = [t.module]
@@ -286,9 +271,11 @@ def run(args: argparse.Namespace) -> int:
         env["notes"].append(rehearsal_info.get("note", "CUDA rehearsal on the CPU"))
     out.send("hello", environment=env, pid=os.getpid())
 
-    sys.argv = _script_argv(args)
     try:
         target = parse_target(args.target)
+        # what the user's code finds in sys.argv: its own file (or module) and the arguments after
+        # `--`, as `python train.py ARGS` gives them; never the auditor's options (argparse fails)
+        sys.argv = [target.file or target.module, *args.script_args]
         module, fn, source = import_target(target)
         arity = step_arity(fn)
     except TargetError as e:
@@ -298,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec))
         ending = _ending(e, None)
         if isinstance(e, ImportError) and "no known parent package" in str(e):
-            ending["message"] += _package_hint(args.target)
+            ending["message"] += _package_hint(target)
         out.send("ended", **ending, cuda_devices=cuda_devices())
         return 3
 
@@ -416,7 +403,7 @@ def _new_loaders(rec: probes.Recorder) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    # everything after "--" is the user's script's own command line (see `_script_argv`)
+    # everything after "--" is the user's script's own command line (its sys.argv[1:])
     script_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(prog="auditor.capture.child")

@@ -16,11 +16,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable
 
 import msgspec
 
-from auditor.capture.stream import read_chunks, read_records, widen_pipe
+from auditor.capture.stream import read_chunks, read_records, split_lines, widen_pipe
 from auditor.capture.target import Target, TargetError
 from auditor.evidence import model as m
 
@@ -135,22 +135,6 @@ class EvidenceBuilder:
         return ev
 
 
-def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Lines of a byte stream as they complete, and a progress bar's redraws (text ending in \r)
-    as they come, so that they show live and an endless bar is never held whole."""
-    rest = b""
-    for chunk in chunks:
-        *lines, rest = (rest + chunk).split(b"\n")
-        for line in lines:
-            yield line + b"\n"
-        cut = rest.rfind(b"\r") + 1
-        if cut:
-            yield rest[:cut]
-            rest = rest[cut:]
-    if rest:
-        yield rest
-
-
 def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = None,
               forward_stderr: bool = True) -> m.Evidence:
     """Run the target in a child process and return the evidence it streamed, however it ended.
@@ -178,8 +162,9 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
     tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
 
     def pump_stderr() -> None:
-        redraw = False  # whether the tail's last entry is a progress bar's redraw (see _lines)
-        for line in _lines(read_chunks(proc.stderr.fileno(), lambda: proc.poll() is not None, pause_s=0, pid=proc.pid)):
+        redraw = False  # whether the tail's last entry is a progress bar's redraw (see split_lines)
+        # (redraws as they come: a bar shows live, and an endless one is never held whole)
+        for line in split_lines(read_chunks(proc.stderr.fileno(), proc, pause_s=0), redraws=True):
             if PROFILER_NOISE.match(line):
                 continue
             if forward_stderr:
@@ -222,7 +207,7 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
     threading.Thread(target=watchdog, daemon=True).start()
     try:
         with open(request.out_dir / "records.jsonl", "wb") as raw:
-            for record, line in read_records(read_chunks(read_fd, lambda: proc.poll() is not None, pid=proc.pid)):
+            for record, line in read_records(read_chunks(read_fd, proc)):
                 raw.write(line)
                 builder.feed(record)
                 if on_record is not None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import selectors
+import subprocess
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import msgspec
 
@@ -52,31 +53,43 @@ def _utf8(obj: Any) -> Any:
     return obj
 
 
-def read_records(chunks: Iterable[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
-    """(record, raw line) for each complete line in a stream of chunks; a torn last line (the
-    child died mid-write) is dropped."""
+def split_lines(chunks: Iterable[bytes], redraws: bool = False) -> Iterator[bytes]:
+    """Complete lines (with their newline) of a stream of chunks, as they complete. A torn last
+    line (the writer died mid-write) is dropped, unless `redraws`: then text ending in \r (a
+    progress bar redrawn in place) comes out as it arrives, and so does what is left at the end."""
     rest = b""
     for chunk in chunks:
         *lines, rest = (rest + chunk).split(b"\n")
         for line in lines:
-            try:
-                yield msgspec.json.decode(line), line + b"\n"
-            except msgspec.DecodeError:
-                continue
+            yield line + b"\n"
+        cut = rest.rfind(b"\r") + 1 if redraws else 0
+        if cut:
+            yield rest[:cut]
+            rest = rest[cut:]
+    if redraws and rest:
+        yield rest
 
 
-def read_chunks(fd: int, exited: Callable[[], bool], pause_s: float = READ_PAUSE_S,
-                pid: int | None = None) -> Iterator[bytes]:
+def read_records(chunks: Iterable[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
+    """(record, raw line) for each complete line in a stream of chunks (see split_lines)."""
+    for line in split_lines(chunks):
+        try:
+            yield msgspec.json.decode(line), line
+        except msgspec.DecodeError:
+            continue
+
+
+def read_chunks(fd: int, proc: subprocess.Popen, pause_s: float = READ_PAUSE_S) -> Iterator[bytes]:
     """What the child writes to the pipe `fd`, until the child has exited and the pipe is drained.
 
     Not until end-of-file: a process the user's code forked (a data server, a metrics daemon)
     inherits the pipe's write end and may hold it open long after the child is gone. After each
     read it pauses `pause_s`, so that several records come in one read: the child's per-step
     write then seldom has to wake this process, whose CPU the training needs on a small machine.
-    The pause ends at once when the child (`pid`) exits (Linux: a pidfd), so its end is seen
+    The pause ends at once when the child (`proc`) exits (Linux: a pidfd), so its end is seen
     when it happens (the ranks of a failed job are ordered by when each ended)."""
     os.set_blocking(fd, False)
-    exit_fd = _pidfd(pid)
+    exit_fd = _pidfd(proc.pid)
     with selectors.DefaultSelector() as sel, selectors.DefaultSelector() as pause:
         sel.register(fd, selectors.EVENT_READ)
         if exit_fd is not None:
@@ -84,23 +97,25 @@ def read_chunks(fd: int, exited: Callable[[], bool], pause_s: float = READ_PAUSE
             pause.register(exit_fd, selectors.EVENT_READ)
         try:
             while True:
-                gone = exited()  # (before the read: all the child wrote is in the pipe by then)
+                gone = proc.poll() is not None  # (before the read: all the child wrote is in the pipe by then)
                 sel.select(timeout=0.25)
                 data, eof = _read_available(fd)
                 if data:
                     yield data
                 if eof or gone:
                     return
-                if data:
-                    pause.select(timeout=pause_s) if exit_fd is not None else time.sleep(pause_s)
+                if data and exit_fd is not None:
+                    pause.select(timeout=pause_s)
+                elif data:
+                    time.sleep(pause_s)
         finally:
             if exit_fd is not None:
                 os.close(exit_fd)
 
 
-def _pidfd(pid: int | None) -> int | None:
+def _pidfd(pid: int) -> int | None:
     try:
-        return os.pidfd_open(pid) if pid is not None else None
+        return os.pidfd_open(pid)
     except (AttributeError, OSError):  # (not Linux >= 5.3: the pause runs its course)
         return None
 

@@ -568,7 +568,11 @@ PAGEABLE_DTOH = re.compile(r"DtoH.*Pageable")
 
 def blocking_calls(trace: "Trace") -> np.ndarray:
     """Rows of the runtime/driver calls during which the host waited for the GPU: the sync calls,
-    and the asynchronous copies that are not (device-to-pageable, by the copy they launched)."""
+    and the asynchronous copies that are not (device-to-pageable, by the copy they launched).
+    Found once per trace (host-sync and gpu-idle both ask)."""
+    cached = trace.__dict__.get("_blocking_calls")
+    if cached is not None:
+        return cached
     calls = trace.named(SYNC_CALLS, trace.of("runtime", "driver")).index.to_numpy()
     copies = trace.named(ASYNC_COPY_CALLS, trace.of("runtime", "driver")).index.to_numpy()
     if len(copies):
@@ -577,7 +581,8 @@ def blocking_calls(trace: "Trace") -> np.ndarray:
         dtoh = set(trace.symbols.matching(PAGEABLE_DTOH))
         names = trace.col("name")[trace.col("link")[linked]]
         copies = linked[np.isin(names, list(dtoh))]
-    return np.sort(np.concatenate([calls, copies])).astype(np.int64)
+    rows = trace.__dict__["_blocking_calls"] = np.sort(np.concatenate([calls, copies])).astype(np.int64)
+    return rows
 
 
 def gpu_idle_behind(trace: "Trace", rows: np.ndarray) -> float:
@@ -626,10 +631,13 @@ def issuing_op(trace: Trace, row: int) -> str | None:
 
 
 def gpu_busy(trace: Trace, lo: float | None = None, hi: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Merged intervals when any GPU stream runs a kernel, copy or memset (clipped to [lo, hi])."""
-    ev = trace.events
-    g = ev[ev["cat"].isin(GPU_WORK)]
-    iv = merge_intervals(g["ts"].to_numpy(), g["end"].to_numpy())
+    """Merged intervals when any GPU stream runs a kernel, copy or memset (clipped to [lo, hi]).
+    The union is made once per trace: several rules and findings ask for it."""
+    iv = trace.__dict__.get("_gpu_busy")
+    if iv is None:
+        ev = trace.events
+        g = ev[ev["cat"].isin(GPU_WORK)]
+        iv = trace.__dict__["_gpu_busy"] = merge_intervals(g["ts"].to_numpy(), g["end"].to_numpy())
     if lo is not None and hi is not None:
         iv = clip(iv, lo, hi)
     return iv
