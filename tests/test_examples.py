@@ -60,6 +60,45 @@ def test_retained_graph(example_audit):
     # the saved activations of one micro-batch: at least its 64x512 hidden activations (float32)
     assert f["evidence"]["saved_bytes"] >= 64 * 512 * 4
     assert "retain_graph" not in f["fix"]["edits"][0]["lines"][0]
+    # `loss` is reassigned per micro-batch: each graph dies at the next one, so one graph's saved
+    # activations are held past its backward at a time, not four
+    assert f["evidence"]["alive_at_once"] == 1
+    held = f["evidence"]["saved_bytes"] / 2**20
+    assert f["cost"]["note"] == f"memory: {held:.2f} MiB of saved activations held past their backward (1 graph alive at once)"
+    assert f["cost"]["measured"] is True
+
+
+KEPT_LOSSES = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def step(i):
+    opt.zero_grad()
+    losses = []
+    for _ in range(3):
+        losses.append(model(torch.randn(64, 32)).pow(2).mean())
+        losses[-1].backward(retain_graph=True)  # RETAIN LINE
+    opt.step()
+    return float(sum(l.detach() for l in losses))
+"""
+
+
+def test_retained_graphs_kept_together_are_counted_together(tmp_path):
+    """Losses kept in a list hold every micro-batch's graph to the step's end: three at once."""
+    (tmp_path / "kept.py").write_text(KEPT_LOSSES)
+    a = audit("run", f"{tmp_path / 'kept.py'}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out")
+    [f] = a.rule("retained-graph")
+    line = KEPT_LOSSES.splitlines().index("        losses[-1].backward(retain_graph=True)  # RETAIN LINE") + 1
+    assert [loc["line"] for loc in f["locations"]] == [line]
+    ev = f["evidence"]
+    assert ev["alive_at_once"] == 3 and ev["per_step"] == 3.0
+    assert ev["saved_bytes"] >= 64 * 256 * 4  # at least the hidden activations of one micro-batch
+    assert f["cost"]["note"].startswith(f"memory: {3 * ev['saved_bytes'] / 2**20:.2f} MiB of saved activations")
 
 
 def test_graph_leak(example_audit):

@@ -857,3 +857,45 @@ def test_a_float16_overflow_a_relu_hid_is_not_learned_as_by_design(tmp_path):
     assert ev["first_step"] == 5 and ev["op"] == "torch.nn.Linear" and ev["hazard"]["kind"] == "fp16-overflow", ev
     assert places(f) == {(str(trainer), line_of(FP16_HIDDEN_OVERFLOW, "# FC1 LINE"))}
     assert f["fix"]["config"] == {"autocast.dtype": "bfloat16"}
+
+
+HAND_BCE = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class HandBCE(nn.Module):
+    def forward(self, p, y):
+        return -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()  # BCE LINE
+
+
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+crit = HandBCE()
+x, y = torch.randn(16, 4), (torch.arange(16) % 2).float()
+
+
+def step(i):
+    p = torch.sigmoid(model(x).squeeze(1).abs() * (1.0 if i < 3 else 1e4))  # from step 3 p reaches 1.0
+    loss = crit(p, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_of_two_logs_on_a_line_the_one_that_hit_zero_is_named_and_patched(tmp_path):
+    """`torch.log(1 - p)` hit 0, not `torch.log(p)` on the same line: the message shows that call
+    and the patch clamps its operand only. The loss module is a root module: its name is said once."""
+    trainer, a = audit_trainer(tmp_path, "hand_bce.py", HAND_BCE, 5)
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert ev["first_step"] == 3 and ev["hazard"]["kind"] == "log-of-zero", ev
+    assert places(f) == {(str(trainer), line_of(HAND_BCE, "# BCE LINE"))}
+    assert "in `HandBCE.forward`" in f["message"] and "(HandBCE)" not in f["message"], f["message"]
+    assert "torch.log (`torch.log(1 - p)`) took the log of a value that reached 0" in f["message"], f["message"]
+    [edit] = f["fix"]["edits"]
+    assert edit["lines"] == ["        return -(y * torch.log(p) + (1 - y) * torch.log((1 - p).clamp_min(1e-12))).mean()"
+                             "  # BCE LINE"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from auditor.evidence.model import Evidence
-from auditor.reports.patch import PatchReport, apply_edits, make_patch, patch_path, plan_edits
+from auditor.reports.patch import NumericsPatchReport, PatchReport, apply_edits, make_patch, patch_path, plan_edits
 from auditor.rules.base import Edit, Finding, Fix
 from auditor.rules.engine import RuleResults
 
@@ -71,7 +71,7 @@ def test_report_joins_findings_into_one_patch_git_accepts(repo: Path) -> None:
     assert "diff --git a/src/train.py b/src/train.py" in patch
     assert "diff --git a/util.py b/util.py" in patch
     assert "# Left out: " in patch and "overlap another edit" in patch
-    assert "# Left out (numerics): may change numerics" in patch
+    assert "# Left out (numerics): changes numerics, see numerics-fixes.patch" in patch
     _apply(repo, patch)
     assert train.read_text() == TRAIN.replace("    print(loss.item())", "    # print(loss.item())  # syncs every step") \
         .replace("    torch.cuda.empty_cache()\n", "")
@@ -101,6 +101,23 @@ def test_no_patchable_edits_renders_empty(repo: Path) -> None:
         Finding(rule="x", severity="info", title="x", message="no fix"),
     ])
     assert PatchReport().render(Evidence(), results, repo) == ""
+
+
+def test_numerics_edits_get_their_own_patch(repo: Path) -> None:
+    """Edits that change results are kept out of fixes.patch but not lost: numerics-fixes.patch
+    holds them, and git applies it."""
+    util = repo / "util.py"
+    results = RuleResults(findings=[
+        _finding("nonfinite", [Edit(str(util), 1, 1, ["a = 0"])], numerics=True),
+        _finding("host-sync", [Edit(str(util), 3, 3, ["c = 4"])]),
+    ])
+    patch = NumericsPatchReport().render(Evidence(), results, repo)
+    assert "change what the training computes" in patch and "Fixes from: nonfinite\n" in patch
+    assert "c = 4" not in patch and "+a = 0" in patch
+    _apply(repo, patch)
+    assert util.read_text() == "a = 0\nb = 2\nc = 3"
+    only_plain = RuleResults(findings=[results.findings[1]])
+    assert NumericsPatchReport().render(Evidence(), only_plain, repo) == ""
 
 
 def test_crlf_file_keeps_its_line_endings(repo: Path) -> None:

@@ -437,6 +437,46 @@ def test_pinning_a_host_dataset_still_runs_in_rehearsal(tmp_path):
     assert copies and all(t["data"]["pinned"] and t["data"]["non_blocking"] for t in copies)
 
 
+MULTI_LINE_MOVES = """
+import torch
+from torch import nn
+
+model = nn.Sequential(
+    nn.Linear(600, 1),
+).cuda()  # the first request for CUDA
+data = [torch.randn(512, 600) for _ in range(2)]
+copy_kwargs = {"device": "cuda", "non_blocking": False}
+
+
+def step(i):
+    batch = (data[i % 2]
+             .to(**copy_kwargs))  # the copy
+    model(batch).sum().backward()
+"""
+
+
+def test_rehearsal_names_the_line_of_the_cuda_call_in_a_multi_line_statement(tmp_path):
+    """A `.cuda()` / `.to(...)` call whose statement spans lines is named at the line holding the
+    call, not the statement's first line: in the rehearsal note (the receiver's first line was the
+    AST call's line) and in the copy's finding (for `.to(**kwargs)` Python's own line for the
+    running call is where the whole call expression starts)."""
+    trainer = tmp_path / "moves.py"
+    trainer.write_text(MULTI_LINE_MOVES)
+    lines = MULTI_LINE_MOVES.splitlines()
+    cuda_line = lines.index(").cuda()  # the first request for CUDA") + 1
+    copy_line = lines.index("             .to(**copy_kwargs))  # the copy") + 1
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
+              env=QUIET_ENV)
+    assert a.returncode == 0, a.stderr
+    reason = f".cuda() at line {cuda_line} of moves.py"
+    assert f"({reason})" in a.stderr
+    assert any(f"({reason})" in n for n in a.findings_doc["environment"]["notes"])
+    (f,) = a.rule("pageable-copy")
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(trainer), copy_line)]
+    assert {t["where"]["line"] for t in tallies(a, m.H2D_COPY)} == {copy_line}
+    assert {t["where"]["line"] for t in tallies(a, m.H2D_COPY, setup=True)} == {cuda_line, copy_line}
+
+
 CHECKPOINTED = """
 import os
 import torch
@@ -479,14 +519,13 @@ if __name__ == "__main__":
 """
 
 
-def test_activation_checkpointing_runs_in_rehearsal_as_on_the_cpu(tmp_path):
-    """checkpoint() re-runs the block in backward, where the rehearsal mode is off torch's stack
-    (backward starts inside a torch call): the recompute must be rehearsed as its forward was, in
-    both variants and nested, with no false device mix, and compute what the CPU version computes
-    (dropout included: the recompute replays the forward's RNG state)."""
+def assert_rehearsal_computes_as_the_cpu_version(tmp_path: Path, source: str) -> None:
+    """`source` (a trainer that saves its state at step 2 to $PARITY_OUT) audited for 3 steps runs
+    to the end in rehearsal, and leaves the weights and optimizer state of its CPU version (every
+    "cuda" replaced by "cpu") run plainly."""
     trainer = tmp_path / "ckpt.py"
-    trainer.write_text(CHECKPOINTED)
-    (tmp_path / "ckpt_cpu.py").write_text(CHECKPOINTED.replace("cuda", "cpu"))
+    trainer.write_text(source)
+    (tmp_path / "ckpt_cpu.py").write_text(source.replace("cuda", "cpu"))
     plain = subprocess.Popen([sys.executable, str(tmp_path / "ckpt_cpu.py")], cwd=tmp_path,  # meanwhile
                              env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "plain.pt"), "PATH": ""})
     a = audit("run", f"{trainer}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
@@ -498,6 +537,68 @@ def test_activation_checkpointing_runs_in_rehearsal_as_on_the_cpu(tmp_path):
     got = _flat(torch.load(tmp_path / "rehearsed.pt", weights_only=True))
     assert want.keys() == got.keys() and any(k.startswith("opt.state.") for k in want)
     assert_same_state(want, got)
+
+
+def test_activation_checkpointing_runs_in_rehearsal_as_on_the_cpu(tmp_path):
+    """checkpoint() re-runs the block in backward, where the rehearsal mode is off torch's stack
+    (backward starts inside a torch call): the recompute must be rehearsed as its forward was, in
+    both variants and nested, with no false device mix, and compute what the CPU version computes
+    (dropout included: the recompute replays the forward's RNG state)."""
+    assert_rehearsal_computes_as_the_cpu_version(tmp_path, CHECKPOINTED)
+
+
+CHECKPOINTED_UNDER_HOOKS = """
+import os
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+device = "cuda"
+torch.manual_seed(0)
+stem = nn.Linear(16, 32).to(device)
+blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 32), nn.GELU(), nn.Dropout(0.1))
+                       for _ in range(2)).to(device)
+head = nn.Linear(32, 4).to(device)
+params = [*stem.parameters(), *blocks.parameters(), *head.parameters()]
+opt = torch.optim.AdamW(params, lr=1e-2)
+x, y = torch.randn(8, 16, device=device), torch.randint(0, 4, (8,), device=device)
+
+
+def offload(t):  # the program's own saved-tensor hooks: activations wait in host memory
+    return t.device, t.cpu()
+
+
+def reload(packed):
+    where, t = packed
+    return t.to(where)
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    with torch.autograd.graph.save_on_cpu():
+        h = checkpoint(blocks[0], stem(x), use_reentrant=True)
+    with torch.autograd.graph.saved_tensors_hooks(offload, reload):
+        h = checkpoint(blocks[1], h, use_reentrant=True)
+        loss = nn.functional.cross_entropy(head(h), y)
+    loss.backward()
+    opt.step()
+    if i == 2:
+        torch.save({"model": [p.detach() for p in params], "opt": opt.state_dict()}, os.environ["PARITY_OUT"])
+
+
+if __name__ == "__main__":
+    for i in range(3):
+        step(i)
+"""
+
+
+def test_reentrant_checkpointing_under_saved_tensor_hooks_runs_in_rehearsal(tmp_path):
+    """The reentrant checkpoint keeps its inputs as saved tensors: under saved-tensor hooks
+    (save_on_cpu, the program's own pack/unpack) autograd hands them back to its backward as new
+    tensor objects, without the rehearsal's mark, and the recompute's first GPU layer then "got a
+    CPU tensor" (a false device mix, exit 3). Valid on a GPU: it must run, and compute what the CPU
+    version computes."""
+    assert_rehearsal_computes_as_the_cpu_version(tmp_path, CHECKPOINTED_UNDER_HOOKS)
 
 
 HOST_INTO_CHECKPOINT = """

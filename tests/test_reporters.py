@@ -21,7 +21,7 @@ from auditor.evidence import model as m
 from auditor.reports.base import Reporter
 from auditor.reports.findings_json import FindingsJson
 from auditor.reports.html import HtmlReport
-from auditor.reports.patch import PatchReport
+from auditor.reports.patch import NumericsPatchReport, PatchReport
 from auditor.reports.sarif import SarifReport
 from auditor.reports.terminal import TerminalSummary
 from auditor.rules.base import Cost, Edit, Finding, Fix, Location
@@ -162,7 +162,8 @@ def make_case(tmp_path: Path, steps: int = 50, hostile: str = "") -> Case:
     return Case(evidence, results, out_dir, train)
 
 
-REPORTERS: list[type[Reporter]] = [FindingsJson, HtmlReport, SarifReport, PatchReport, TerminalSummary]
+REPORTERS: list[type[Reporter]] = [FindingsJson, HtmlReport, SarifReport, PatchReport, NumericsPatchReport,
+                                   TerminalSummary]
 
 
 def _text(data: str | bytes) -> str:
@@ -182,6 +183,8 @@ def test_every_reporter_renders_the_shared_findings(reporter_cls: type[Reporter]
     if reporter_cls is PatchReport:
         expected = {f.rule for f in case.results.findings if f.fix and f.fix.edits and not f.fix.changes_numerics}
         assert "anomaly-mode" in text  # named in the preamble as left out (changes numerics)
+    if reporter_cls is NumericsPatchReport:  # and only those go in numerics-fixes.patch
+        expected = {f.rule for f in case.results.findings if f.fix and f.fix.edits and f.fix.changes_numerics}
     for rule in expected:
         assert rule in text, f"{reporter.name} output does not mention {rule}"
 
@@ -192,7 +195,7 @@ def test_every_reporter_handles_an_empty_audit(reporter_cls: type[Reporter], tmp
     ev = m.Evidence(target="t.py:step", ending=m.Ending(status="crashed", message="Segmentation fault",
                                                         returncode=-11, signal="SIGSEGV"))
     out = _text(reporter_cls().render(ev, RuleResults(), tmp_path))
-    if reporter_cls is PatchReport:
+    if reporter_cls in (PatchReport, NumericsPatchReport):
         assert out == ""
     else:
         assert out.strip()

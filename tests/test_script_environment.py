@@ -64,3 +64,32 @@ def test_script_argv_chdir_forked_helper_and_endless_stderr_line(tmp_path):
     # the 180 kB-a-step stderr line is kept as its end only: findings.json stays small
     assert len(end["stderr_tail"]) < 50_000 and end["stderr_tail"].rstrip().endswith("training")
     assert (a.out / "findings.json").stat().st_size < 200_000
+
+
+FLOAT_LOSS = '''
+import torch
+
+w = torch.randn(3, requires_grad=True)
+
+
+def step(i):
+    loss = (w * 2).sum()
+    logged = float(loss)  # FLOAT LINE
+    loss.backward()
+'''
+
+
+def test_torch_warnings_from_a_probed_call_name_the_users_line(tmp_path):
+    """torch warns once about `float(loss)` on a tensor that requires grad; under audit the warning
+    names the script's line (not the probe that wraps `Tensor.__float__`), and the call is still
+    counted as a sync there."""
+    path = tmp_path / "float_loss.py"
+    path.write_text(FLOAT_LOSS)
+    a = audit("run", f"{path}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr[-2000:]
+    line = FLOAT_LOSS.splitlines().index("    logged = float(loss)  # FLOAT LINE") + 1
+    assert f"{path}:{line}: UserWarning: Converting a tensor with requires_grad=True" in a.stderr, a.stderr
+    assert a.stderr.count("UserWarning") == 1 and "probes.py" not in a.stderr
+    syncs = [(t["what"], t["where"]["line"], t["count"]) for s in a.evidence["steps"] for t in s["tallies"]
+             if t["kind"] == "sync"]
+    assert syncs == [("float(Tensor)", line, 1)] * 3, syncs

@@ -239,6 +239,25 @@ def test_non_traces_raise_input_error(tmp_path: Path, content: bytes) -> None:
     assert str(p) in _one_line(err)
 
 
+@pytest.mark.parametrize("content, says", [
+    (b"[1, 2, 3]", "traceEvents holds a non-object"),
+    (b'[{"ph": "X"}, 2]', "traceEvents holds a non-object"),
+    (b'{"traceEvents": [{"ph": "X"}, 2], "traceName": "x"}', "traceEvents holds a non-object"),
+    (b'{"traceEvents": [{"ph": "X"}, {"ph": "X"', "truncated"),
+    (b"[]", "holds no timed events"),
+    (b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]}',
+     "holds no timed events"),
+])
+def test_valid_json_that_is_not_a_trace_is_named_so(tmp_path: Path, content: bytes, says: str) -> None:
+    """JSON that parses but holds no trace is not "truncated", and an empty one does not become a
+    report that says "no findings"."""
+    p = tmp_path / "x.json"
+    p.write_bytes(content)
+    with pytest.raises(InputError) as err:
+        load_trace(p)
+    assert says in _one_line(err)
+
+
 def test_malformed_middle_is_reported(tmp_path: Path, plain_copy: Path) -> None:
     data = bytearray(plain_copy.read_bytes())
     at = data.index(b'"ph"', len(data) // 2)

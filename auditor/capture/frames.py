@@ -4,10 +4,11 @@ Called on every probed API call, so it caches per-file verdicts and walks raw fr
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import sysconfig
-from types import FrameType
+from types import CodeType, FrameType
 
 import torch
 
@@ -87,6 +88,51 @@ def user_frame(frame: FrameType | None) -> tuple[str, int, str] | None:
             fallback = (code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
     return fallback
+
+
+def user_call(frame: FrameType | None) -> tuple | None:
+    """user_frame, plus the offset of the instruction running in the user's frame (f_lasti):
+    two calls on one line (`torch.log(p)` and `torch.log(1 - p)`) are two places, and only the
+    one that made a NaN should be blamed and patched. A library fallback has no offset."""
+    fallback = None
+    f = frame
+    kinds = _code_kind
+    while f is not None:
+        code = f.f_code
+        k = kinds.get(code)
+        if k is None:
+            k = _kind_of(code)
+        if k == 0:
+            return code.co_filename, f.f_lineno, code.co_name, f.f_lasti
+        if k == 1 and fallback is None:
+            fallback = (code.co_filename, f.f_lineno, code.co_name)
+        f = f.f_back
+    return fallback
+
+
+def call_span(frame: FrameType | None, where: tuple) -> tuple[int, int, int, int] | None:
+    """(line, end line, column, end column) of the call `where` (from user_call) names, found in
+    the stack above `frame`; None on Python 3.10 (no co_positions) or when it is not there."""
+    if len(where) < 4:
+        return None
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if f.f_lasti == where[3] and code.co_filename == where[0] and code.co_name == where[2]:
+            return call_position(code, f.f_lasti)
+        f = f.f_back
+    return None
+
+
+def call_position(code: CodeType, lasti: int) -> tuple[int, int, int, int] | None:
+    """(line, end line, column, end column) of the source of the instruction at byte offset
+    `lasti` of `code` (a frame's f_lasti: the call it is running); None on Python 3.10 (no
+    co_positions) or when Python recorded no position."""
+    positions = getattr(code, "co_positions", None)
+    if positions is None or lasti < 0:
+        return None
+    pos = next(itertools.islice(positions(), lasti // 2, None), None)  # one entry per 2-byte code unit
+    return pos if pos is not None and None not in pos else None
 
 
 def caller(depth: int = 2) -> FrameType | None:

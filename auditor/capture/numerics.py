@@ -86,7 +86,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from auditor.capture import probes
-from auditor.capture.frames import is_library, library_code, user_frame
+from auditor.capture.frames import call_span, is_library, library_code, user_call, user_frame
 
 perf = time.perf_counter
 
@@ -616,12 +616,15 @@ class Numerics:
         module's call, found once by the module pre-hook, not per call."""
         f = sys._getframe(depth)
         w = self.wstack[-1] if self.wstack else None
-        return self._site_at(op, w if w is not None and library_code(f.f_code) else user_frame(f), hazard)
+        if w is not None and library_code(f.f_code):
+            return self._site_at(op, w, hazard)
+        return self._site_at(op, user_call(f), hazard, f)
 
-    def _site_at(self, op: Any, where: Any, hazard: str | None = None) -> int:
-        """Intern (op, the user's line): sites are sent once, steps refer to them by id. `op` is a
+    def _site_at(self, op: Any, where: Any, hazard: str | None = None, frame: Any = None) -> int:
+        """Intern (op, the user's call): sites are sent once, steps refer to them by id. `op` is a
         name, a called function or a module class, named once, when its site is new; the same op
-        reached through another callable shares the site."""
+        reached through another callable shares the site. A `where` from user_call also holds the
+        call's instruction: its columns are found in `frame`'s stack when the site is new."""
         key = (op, where)
         try:
             sid = self.sites.get(key)
@@ -635,7 +638,7 @@ class Numerics:
             if sid is None:
                 sid = len(self.site_info)
                 self.sites[(name, where)] = sid
-                info = {"id": sid, "op": name, "where": _where(where)}
+                info = {"id": sid, "op": name, "where": _where(where, call_span(frame, where) if frame else None)}
                 if hazard:
                     info["hazard"] = hazard
                 self.site_info.append(info)
@@ -1488,10 +1491,13 @@ def _cause(kind: int, hazard: tuple | None, vals: list, ins: list[dict], out: li
     return {"kind": "invalid"}  # NaN from finite inputs: inf - inf, 0 * inf, 0 / 0 inside the call
 
 
-def _where(w: Any) -> dict | None:
+def _where(w: Any, span: tuple[int, int, int, int] | None = None) -> dict | None:
     if not w:
         return None
-    return {"file": w[0], "line": w[1], "function": w[2]}
+    out = {"file": w[0], "line": w[1], "function": w[2]}
+    if span is not None:  # where on the line the call is: (line, end line, column, end column)
+        out["span"] = list(span)
+    return out
 
 
 def _scalar(v: Any) -> Any:

@@ -16,6 +16,7 @@ import gc
 import os
 import sys
 import warnings
+import weakref
 import time
 from typing import Any, Callable
 
@@ -39,6 +40,7 @@ class Recorder:
         self.dataloaders: list[dict[str, Any]] = []
         self.retain_events: list[dict[str, Any]] = []  # retain_graph=True backwards of this step
         self.retain_sampled: dict[FrameKey, int] = {}
+        self.retain_alive: dict[FrameKey, int] = {}  # retained graphs alive now, per place
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
@@ -67,10 +69,14 @@ class Recorder:
             # few retained graphs per place have their saved bytes measured)
             t = self.tallies.setdefault((m.RETAINED_UNUSED, ev["what"], ev["where"], ()), {
                 "kind": m.RETAINED_UNUSED, "what": ev["what"], "where": ev["where"], "count": 0, "ms": 0.0,
-                "data": {"graph_nodes": 0, "saved_bytes": 0}})
+                "data": {"graph_nodes": 0, "saved_bytes": 0, "alive_at_once": 0}})
             t["count"] += 1
             t["data"]["graph_nodes"] = max(t["data"]["graph_nodes"], ev["nodes"])
             t["data"]["saved_bytes"] = max(t["data"]["saved_bytes"], ev["saved_bytes"])
+            if ev["alive"] is None or t["data"]["alive_at_once"] is None:
+                t["data"]["alive_at_once"] = None  # (unknown: every graph counts)
+            else:
+                t["data"]["alive_at_once"] = max(t["data"]["alive_at_once"], ev["alive"])
         self.retain_events = []
         out = []
         for t in self.tallies.values():
@@ -159,8 +165,33 @@ def _internal_sync_device(f: Any, t: Any) -> str:
     return DEVICE_OF(t)
 
 
-def _sync_method(what: str, applies: Callable[..., bool] | None = None):
+_WARNED: dict = {}  # the warnings registry of relocated warnings: each shown once per line, as Python does
+
+
+def _warnings_at_caller(orig: Callable) -> Callable:
+    """`orig`, but the warnings it raises on a tensor that requires grad (torch's "Converting a
+    tensor with requires_grad=True to a scalar" for `float(loss)`) name the user's line, not the
+    probe that called it. Only such tensors pay for catching warnings."""
+    def call(self, *args, **kwargs):
+        if not self.requires_grad:
+            return orig(self, *args, **kwargs)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                return orig(self, *args, **kwargs)
+        finally:  # (outside the catching block: re-raised there, they would be caught again)
+            where = user_frame(sys._getframe(1))  # (the probe's caller)
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, where[0] if where else w.filename,
+                                       where[1] if where else w.lineno, registry=_WARNED)
+    return call
+
+
+def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_warning: bool = False):
     def make(orig):
+        if grad_warning:
+            orig = _warnings_at_caller(orig)
+
         def probe(self, *args, **kwargs):
             rec = REC
             if rec.on() and not rec.in_data:
@@ -205,8 +236,8 @@ def _install_sync_probes() -> None:
     for name in ("item", "tolist", "numpy", "cpu", "nonzero", "masked_select"):
         _wrap(T, name, _sync_method(f"Tensor.{name}"))
     _wrap(T, "__bool__", _sync_method("bool(Tensor)", _single_element))
-    _wrap(T, "__float__", _sync_method("float(Tensor)"))
-    _wrap(T, "__int__", _sync_method("int(Tensor)"))
+    _wrap(T, "__float__", _sync_method("float(Tensor)", grad_warning=True))
+    _wrap(T, "__int__", _sync_method("int(Tensor)", grad_warning=True))
     _wrap(T, "__repr__", _sync_method("print/repr(Tensor)"))
     _wrap(T, "__format__", _sync_method("format(Tensor)", _single_element))
     _wrap(T, "to", _sync_method("Tensor.to(cpu)", _to_host))
@@ -312,6 +343,7 @@ def _watch_retained(rec: Recorder, roots: list[Any], what: str, where: FrameKey)
     rec.retain_sampled[where] = n + 1
     nodes, saved = _graph_of(roots, measure=n < 3)
     used = [False]
+    alive = _watch_lifetime(rec, roots, where)
 
     def hook(*_: Any) -> None:
         used[0] = True
@@ -323,7 +355,37 @@ def _watch_retained(rec: Recorder, roots: list[Any], what: str, where: FrameKey)
             node.register_prehook(hook)
         except (RuntimeError, AttributeError):
             pass
-    rec.retain_events.append({"what": what, "where": where, "used": used, "nodes": len(nodes), "saved_bytes": saved})
+    rec.retain_events.append({"what": what, "where": where, "used": used, "nodes": len(nodes), "saved_bytes": saved,
+                              "alive": alive})
+
+
+class _Lifetime:
+    """Kept in a graph's root node (its `metadata` dict): freed with the graph, when the loss that
+    held it is dropped or reassigned. Counting these tells how many retained graphs, and so how
+    many copies of their saved activations, were alive at once."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _watch_lifetime(rec: Recorder, roots: list[Any], where: FrameKey) -> int | None:
+    """Count this retained graph alive at `where` until its root node is freed; return how many
+    graphs retained there are alive now (None when the node takes no metadata)."""
+    root = next((r for r in roots if r is not None), None)
+    if root is None:
+        return None
+    token = _Lifetime()
+    try:
+        root.metadata["auditor.retained"] = token
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    live = rec.retain_alive
+    live[where] = live.get(where, 0) + 1
+    weakref.finalize(token, _graph_freed, live, where)
+    return live[where]
+
+
+def _graph_freed(live: dict, where: FrameKey) -> None:
+    live[where] = live.get(where, 1) - 1
 
 
 def _roots(tensors: Any) -> list[Any]:

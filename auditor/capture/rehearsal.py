@@ -46,7 +46,10 @@ NOTE = ("CUDA rehearsal: no CUDA device here, so this program, written for a GPU
 
 
 def cuda_reasons(path: str | Path) -> list[tuple[int, str]]:
-    """(line, what) for each place in the file that asks for CUDA, in line order (see module doc)."""
+    """(line, what) for each place in the file that asks for CUDA, in line order (see module doc).
+    A method call is placed at the line of its name: a call's own `lineno` is where its receiver
+    starts: the first line of an `nn.Sequential(...).cuda()` spread over lines, not the line
+    holding `.cuda()`."""
     try:
         tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
@@ -56,18 +59,18 @@ def cuda_reasons(path: str | Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.fullmatch(node.value):
             found.append((node.lineno, f'"{node.value}"'))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            name = node.func.attr
+            name, line = node.func.attr, node.func.end_lineno or node.lineno
             if name == "cuda":
-                found.append((node.lineno, ".cuda()"))
+                found.append((line, ".cuda()"))
             elif name == "set_default_device" and not _non_cuda_string(node):
-                found.append((node.lineno, "set_default_device"))
+                found.append((line, "set_default_device"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "set_default_device":
             if not _non_cuda_string(node):
                 found.append((node.lineno, "set_default_device"))
         elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "cuda"
               and isinstance(node.value.value, ast.Name) and node.value.value.id == "torch"
               and node.attr not in MEMORY_FAMILY):
-            found.append((node.lineno, f"torch.cuda.{node.attr}"))
+            found.append((node.end_lineno or node.lineno, f"torch.cuda.{node.attr}"))
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch.cuda"):
             if node.module != "torch.cuda" or any(a.name not in MEMORY_FAMILY for a in node.names):
                 found.append((node.lineno, f"from {node.module} import ..."))

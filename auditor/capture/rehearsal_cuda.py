@@ -34,8 +34,7 @@ from typing import Any, Callable
 import torch
 
 from auditor.capture import cuda_standins, probes
-from auditor.capture.frames import user_frame
-from auditor.capture.rehearsal_device import CUDA_MARK, REHEARSED_DEVICE, caller_is_user, is_cuda_request
+from auditor.capture.rehearsal_device import CUDA_MARK, REHEARSED_DEVICE, call_site, caller_is_user, is_cuda_request
 from auditor.evidence import model as m
 
 DEVICE_NAME = "CUDA device rehearsed on the CPU"
@@ -45,14 +44,14 @@ CAPABILITY = (8, 0)
 def _record(what: str, frame: Any) -> None:
     rec = probes.REC
     if rec is not None and rec.on():
-        rec.add(m.CUDA_STANDIN, what, user_frame(frame), 0.0)
+        rec.add(m.CUDA_STANDIN, what, call_site(frame), 0.0)
 
 
 def _sync(what: str, frame: Any) -> None:
     """A wait for the device the program asked for (Stream/Event.synchronize): a sync to the rules."""
     rec = probes.REC
     if rec is not None and rec.on() and not rec.in_data:
-        rec.add(m.SYNC, what, user_frame(frame), 0.0, device="cuda")
+        rec.add(m.SYNC, what, call_site(frame), 0.0, device="cuda")
 
 
 _COMPILER_DIRS = tuple(os.path.join(os.path.dirname(torch.__file__), d) + os.sep for d in ("_dynamo", "_inductor"))

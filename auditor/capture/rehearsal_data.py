@@ -28,8 +28,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_batch
 
 from auditor.capture import probes
-from auditor.capture.frames import user_frame
-from auditor.capture.rehearsal_device import CUDA_MARK, LOADER_MARK, PINNED_MARK
+from auditor.capture.rehearsal_device import CUDA_MARK, LOADER_MARK, PINNED_MARK, call_site
 from auditor.evidence import model as m
 
 
@@ -94,7 +93,7 @@ def _make_next(orig: Callable) -> Callable:
                 setattr(t, PINNED_MARK, True)
         rec = probes.REC
         if on_device and rec is not None and rec.on():
-            rec.add(m.DEVICE_BATCH, "DataLoader batch on the GPU", user_frame(sys._getframe(1)), 0.0,
+            rec.add(m.DEVICE_BATCH, "DataLoader batch on the GPU", call_site(sys._getframe(1)), 0.0,
                     loader=loader, tensors=on_device, bytes=nbytes)
         return batch
     return rehearsal_next

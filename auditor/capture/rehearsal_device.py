@@ -25,9 +25,11 @@ host tensors mixed in one of the user's calls or at a torch.nn layer (`_check_de
 """
 from __future__ import annotations
 
+import ast
+import linecache
 import os
 import sys
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, Callable
 
 import torch
@@ -36,7 +38,7 @@ from torch.overrides import TorchFunctionMode
 
 import auditor
 from auditor.capture import probes
-from auditor.capture.frames import is_torch_internal, user_frame
+from auditor.capture.frames import call_position, is_torch_internal, library_code
 from auditor.evidence import model as m
 
 CUDA_MARK = "_auditor_cuda"  # the program meant this tensor for the GPU
@@ -236,10 +238,71 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
 
 # --- recording -----------------------------------------------------------------------------------
 
+_call_lines: dict[tuple[CodeType, int], int] = {}  # (code, f_lasti) -> line of the call running there
+_method_names: dict[str, dict[tuple[int, int, int, int], int]] = {}  # file -> call's span -> its name's line
+
+
+def call_site(frame: FrameType | None) -> tuple[str, int, str] | None:
+    """`frames.user_frame(frame)` (the first user frame at or above `frame`, else the first frame
+    outside torch and the auditor), named at the line of the call that frame is running. Python
+    places a frame's current line (`f_lineno`) at the start of the running instruction's source
+    span; for a method call compiled as a plain call -- `.to(**kwargs)`, `.to(*args)` on a
+    receiver that starts a line above -- that span is the whole call expression, which starts
+    with its receiver, so f_lineno names the statement's first line, not the line of `.to(...)`."""
+    f, fallback = frame, None
+    while f is not None:
+        code = f.f_code
+        if not library_code(code):
+            return code.co_filename, _call_line(f), code.co_name
+        if fallback is None and not is_torch_internal(code.co_filename):
+            fallback = f
+        f = f.f_back
+    if fallback is None:
+        return None
+    return fallback.f_code.co_filename, _call_line(fallback), fallback.f_code.co_name
+
+
+def _call_line(f: FrameType) -> int:
+    key = (f.f_code, f.f_lasti)
+    line = _call_lines.get(key)
+    if line is None:
+        line = _call_lines[key] = _method_name_line(f.f_code, f.f_lasti) or f.f_lineno
+    return line
+
+
+def _method_name_line(code: CodeType, lasti: int) -> int | None:
+    """The line of the method's name when the instruction at `lasti` (a byte offset) is a method
+    call spanning lines: its exact source span (`co_positions`, Python 3.11+) is matched with the
+    call in the file's syntax tree. None when f_lineno is already right (one-line spans, calls
+    Python compiled as method calls: their span starts at the method's name) or cannot be known."""
+    span = call_position(code, lasti)
+    if span is None or span[0] == span[1]:
+        return None
+    start, end, col, end_col = span
+    return _method_calls(code.co_filename).get((start, col, end, end_col))
+
+
+def _method_calls(filename: str) -> dict[tuple[int, int, int, int], int]:
+    """Method calls of a file that span lines: (line, col, end line, end col) -> the name's line."""
+    calls = _method_names.get(filename)
+    if calls is None:
+        calls = _method_names[filename] = {}
+        try:
+            tree = ast.parse("".join(linecache.getlines(filename)))
+        except (SyntaxError, ValueError):
+            return calls
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.end_lineno is not None and node.lineno != node.end_lineno):
+                key = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset or 0)
+                calls[key] = node.func.end_lineno or node.lineno
+    return calls
+
+
 def _record(kind: str, what: str, frame: FrameType | None, **data: Any) -> None:
     rec = probes.REC
     if rec is not None and rec.on():
-        rec.add(kind, what, user_frame(frame), 0.0, **data)
+        rec.add(kind, what, call_site(frame), 0.0, **data)
 
 
 def _copy_to_device(src: torch.Tensor, non_blocking: bool, what: str, frame: FrameType | None) -> None:
@@ -249,9 +312,9 @@ def _copy_to_device(src: torch.Tensor, non_blocking: bool, what: str, frame: Fra
     if rec is None or not rec.on():
         return
     if rec.in_data:
-        rec.add(m.DATA_DEVICE_OP, what, user_frame(frame), 0.0)
+        rec.add(m.DATA_DEVICE_OP, what, call_site(frame), 0.0)
         return
-    rec.add(m.H2D_COPY, what, user_frame(frame), 0.0, bytes=_bytes(src), pinned=bool(is_pinned(src)),
+    rec.add(m.H2D_COPY, what, call_site(frame), 0.0, bytes=_bytes(src), pinned=bool(is_pinned(src)),
             non_blocking=bool(non_blocking), loader=getattr(src, LOADER_MARK, None))
 
 
@@ -532,10 +595,10 @@ class RehearsalMode(TorchFunctionMode):
         if rec is None or not rec.on():
             return
         if rec.in_data:
-            rec.add(m.DATA_DEVICE_OP, name, user_frame(frame), 0.0)
+            rec.add(m.DATA_DEVICE_OP, name, call_site(frame), 0.0)
         elif func in FROM_HOST_DATA and isinstance(out, torch.Tensor) and caller_is_user(frame):
             src = args[0] if args and isinstance(args[0], torch.Tensor) else out
-            rec.add(m.H2D_COPY, name, user_frame(frame), 0.0, bytes=_bytes(out), pinned=bool(is_pinned(src)),
+            rec.add(m.H2D_COPY, name, call_site(frame), 0.0, bytes=_bytes(out), pinned=bool(is_pinned(src)),
                     non_blocking=False, loader=getattr(src, LOADER_MARK, None))
 
 
@@ -639,9 +702,12 @@ def _install_checkpoint_recompute() -> None:
     not rewritten, and the reentrant variant's detached inputs unmarked. torch re-enters the
     forward's DeviceContext for the recompute the same way; here the rehearsal mode is re-entered,
     so the recompute is judged exactly as its forward was (real mixes in the block still fail).
-    The non-reentrant variant keeps its inputs as saved tensors; under saved-tensor hooks (an
-    enclosing checkpoint, `save_on_cpu`) they come back as new tensor objects, without the mark,
-    so the marks they had when saved are put back."""
+    Both variants keep their inputs as saved tensors. Under saved-tensor hooks (an enclosing
+    checkpoint, `save_on_cpu`, the program's own pack/unpack) they come back as new tensor objects,
+    without the mark (autograd wraps what the unpack hook returns in a new tensor even when the
+    hook returns a marked one), so the marks they had when saved are put back before the recompute
+    sees them: the non-reentrant variant at `get_inputs`, the reentrant one by the `run_function`
+    its backward calls with the detached inputs."""
     import torch.utils.checkpoint as cp
 
     frame_cls = getattr(cp, "_CheckpointFrame", None)  # use_reentrant=False
@@ -666,7 +732,33 @@ def _install_checkpoint_recompute() -> None:
         frame_cls.__init__, frame_cls.save_inputs, frame_cls.get_inputs = __init__, save_inputs, get_inputs
     fn_cls = getattr(cp, "CheckpointFunction", None)  # use_reentrant=True: its backward recomputes
     if fn_cls is not None and not hasattr(fn_cls.backward, "__wrapped__"):
+        orig_forward = fn_cls.forward
+
+        def forward(ctx: Any, run_function: Callable, preserve_rng_state: bool, *args: Any) -> Any:
+            """The forward as torch's; then the recompute's `run_function` marks its inputs again
+            (the forward itself ran the user's function unwrapped, on the marked originals)."""
+            out = orig_forward(ctx, run_function, preserve_rng_state, *args)
+            marked = [is_marked(a) for a in args]
+            if any(marked):
+                ctx.run_function = _remarking(ctx.run_function, marked)
+            return out
+
+        forward.__wrapped__ = orig_forward  # type: ignore[attr-defined]
+        fn_cls.forward = staticmethod(forward)
         fn_cls.backward = staticmethod(_under_rehearsal(fn_cls.backward))
+
+
+def _remarking(fn: Callable, marked: list[bool]) -> Callable:
+    """`fn` called with the marks put back on its tensor arguments, by position: the reentrant
+    checkpoint's backward passes the saved inputs (detached) in the order the forward got them."""
+    def rerun(*args: Any, **kwargs: Any) -> Any:
+        for a, was_marked in zip(args, marked):
+            if was_marked and isinstance(a, torch.Tensor):
+                mark(a)
+        return fn(*args, **kwargs)
+
+    rerun.__wrapped__ = fn  # type: ignore[attr-defined]
+    return rerun
 
 
 _MODE: RehearsalMode | None = None

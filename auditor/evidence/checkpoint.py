@@ -21,10 +21,11 @@ Layouts understood (others are walked generically, every tensor still checked):
   * an optimizer state_dict alone ({"state", "param_groups"}).
 
 Evidence: `Evidence(source="checkpoint", extra={"checkpoint": {...}})` with, per tensor, its section
-(model | optimizer | other), dtype, numel, NaN/+inf/-inf counts, largest finite |value| and count
-of negative values; the optimizers' param groups (lr, initial_lr, betas, ...) and state coverage;
-the schedulers' scalar state (base_lrs, last_epoch, step_size, ...); and, with --against, the
-config's values under the accepted keys below. Which rule reads what:
+(model | optimizer | other), dtype, numel, NaN/+inf/-inf counts, largest finite |value| (None when
+it holds no finite value) and count of negative values; the optimizers' param groups (lr,
+initial_lr, betas, ...) and state coverage; the schedulers' scalar state (base_lrs, last_epoch,
+step_size, ...); and, with --against, the config's values under the accepted keys below. Which
+rule reads what:
   * nonfinite — tensors holding NaN/inf (weights and optimizer state such as exp_avg, exp_avg_sq);
   * lr-schedule — stored lr / initial_lr / scheduler base_lrs and settings against CONFIG, and
     whether resuming reproduces it;
@@ -242,7 +243,10 @@ def _is_tensor(x: Any) -> bool:
 
 
 def tensor_stats(name: str, section: str, t: Any) -> dict[str, Any]:
-    """Counts of NaN/+inf/-inf, the largest finite |value| and the negatives of one tensor."""
+    """Counts of NaN/+inf/-inf, the largest finite |value| and the negatives of one tensor.
+
+    `max_abs` is None when the tensor holds no finite value at all (every element NaN or inf):
+    0.0 there would read as a tensor of zeros."""
     import torch
 
     out: dict[str, Any] = {"name": name, "section": section, "dtype": str(t.dtype).replace("torch.", ""),
@@ -268,7 +272,8 @@ def tensor_stats(name: str, section: str, t: Any) -> dict[str, Any]:
             max_abs = max(max_abs, float(mag.max()))
             negative += int((x < 0).sum())
             zeros += int((x == 0).sum())
-    out.update(nan=nan, posinf=pos, neginf=neg, max_abs=max_abs, negative=negative, zeros=zeros)
+    finite = nan + pos + neg < out["numel"]
+    out.update(nan=nan, posinf=pos, neginf=neg, max_abs=max_abs if finite else None, negative=negative, zeros=zeros)
     return out
 
 

@@ -33,6 +33,27 @@ def find_traces(directory: Path) -> list[Path]:
     return sorted(found)
 
 
+def name_by_logdir(traces: list[Any], logdirs: list[Path]) -> None:
+    """Label each parsed trace found in a run of one of `logdirs` by its path there
+    (`run-a/host.pt.trace.json`): a logdir's runs often share file names, and messages about two
+    runs must tell them apart. Traces at a logdir's top keep their file name."""
+    for trace in traces:
+        for logdir in logdirs:
+            try:
+                rel = Path(trace.path).relative_to(logdir)
+            except ValueError:
+                continue
+            if len(rel.parts) >= 2:
+                trace.label = rel.as_posix()
+                break
+
+
+def _logdirs(paths: list[Path]) -> list[Path]:
+    """The inputs that are TensorBoard logdirs: directories other than `audit run` output (whose
+    traces are its own, one run)."""
+    return [p for p in paths if p.is_dir() and not store.is_run_dir(p)]
+
+
 def _load_snapshot(path: Path) -> Any:
     from auditor.evidence.snapshot import (
         load_snapshot,  # written alongside; imported only when needed
@@ -57,6 +78,7 @@ def load_paths(paths: list[Path]) -> Evidence:
     merged = merge_inputs([Path(p) for p in paths])  # several ranks of one distributed run
     if merged is not None:  # (trace_data / snapshot_data already attached)
         merged.target = merged.target or " ".join(str(p) for p in paths)
+        name_by_logdir(merged.trace_data, _logdirs([Path(p) for p in paths]))
         if merged.source != "run":
             _device_from_traces(merged)
         return merged
@@ -118,6 +140,7 @@ def load_paths(paths: list[Path]) -> Evidence:
             # a run's own trace, damaged (the disk filled, the run was killed while it was written):
             # the run's other evidence still holds, as it does when the trace is missing
             evidence.environment.notes.append(f"profiler trace not analysed: {e}")
+    name_by_logdir(parsed, _logdirs([Path(p) for p in paths]))
     snapshots = [_load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
     evidence.__dict__["trace_data"] = parsed
     evidence.__dict__["snapshot_data"] = snapshots
@@ -138,5 +161,5 @@ def _device_from_traces(evidence: Evidence) -> None:
             continue
         env = evidence.environment
         env.device, env.cuda_available = "cuda", True
-        env.notes.append(f"device as recorded in {trace.path.name}: {', '.join(names)}")
+        env.notes.append(f"device as recorded in {trace.label}: {', '.join(names)}")
         return

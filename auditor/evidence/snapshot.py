@@ -607,6 +607,16 @@ def reserved_at(snapshot: Snapshot, device: int, index: int) -> int:
     return reserved
 
 
+def live_requested(snapshot: Snapshot, device: int) -> int:
+    """Bytes the callers asked for in the blocks occupied at the snapshot (allocated, or freed but
+    awaiting another stream): the basis of the replayed history (see History) and of `owners`, so
+    the snapshot's own moment can be set against the history's peak. `Usage.allocated` counts the
+    blocks' rounded sizes instead, as torch.cuda.memory_allocated does; set against a replayed
+    peak, that figure can read above it."""
+    return sum(sum(b.requested_size for b in s.blocks if b.live) if s.blocks else s.requested_size
+               for s in snapshot.device_segments(device))
+
+
 def owners(allocations: Iterable[LiveAllocation | Block]) -> list[Owner]:
     """Live bytes grouped by owning user line, largest first (frame None: no stack recorded)."""
     groups: dict[StackFrame | None, list[int]] = {}

@@ -185,6 +185,12 @@ class Trace:
     processes: dict[int, dict[str, Any]] = field(default_factory=dict)
     schema: str = "new"  # "old" for torch<=1.9 Kineto categories (Operator, Runtime, Kernel)
     workers: int = 0  # processes that decoded it (trace_parallel), 0 when this one did
+    # How messages name it: its file name, or its path in the TensorBoard logdir it was found in
+    # (`run-a/host.pt.trace.json`: a logdir's runs often share file names; set by evidence.load).
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        self.label = self.label or Path(self.path).name
 
     def col(self, name: str) -> np.ndarray:
         """A column of `events` as a numpy array, cached: pandas column access costs microseconds,
@@ -404,6 +410,8 @@ _malloc_trim: Any = None
 
 def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -> Trace:
     events, flows = _frames(cols)
+    if not len(events):  # `[]`, or only metadata: a report of it would read "no findings"
+        raise InputError(f"{path}: not a profiler trace: it holds no timed events")
     _release_freed_memory()
     events["end"] = events["ts"] + events["dur"]
     events["parent"] = _nest(events)

@@ -360,16 +360,36 @@ class _Stream:
                 p = self._next_token()
                 if p < 0:
                     raise self._fail("truncated trace: the traceEvents array never closes")
+            if self.buf[p:p + 1] != b"{":  # every event is an object: `[1, 2]` is JSON, not a trace
+                raise self._fail("not a profiler trace: traceEvents holds a non-object")
             self.pos = p
             events, cut = self._decode_prefix(p)
             if events is None:  # no complete event in the buffer: an event larger than a block
                 if not self._more():
-                    raise self._fail("truncated trace: the traceEvents array never closes")
+                    raise self._unfinished(p)
                 self.chunk = max(self.chunk, len(self.buf))
                 continue
             has_stacks = self.buf.find(b'"Call stack"', p, cut) >= 0
             self.pos = cut
             yield events, has_stacks
+
+    def _unfinished(self, p: int) -> InputError:
+        """The error for events that never complete: the file is cut short, or the array holds
+        something that is not an event (`[{...}, 2]`). Only the error path reads the rest again."""
+        text = b"[" + bytes(self.buf[p:])
+        try:
+            rest = msgspec.json.decode(text)
+        except msgspec.DecodeError as e:
+            if "truncated" in str(e):
+                return self._fail("truncated trace: the traceEvents array never closes")
+            off = _error_offset(e)
+            try:  # the array closed and the object goes on: `{"traceEvents": [...], "x": 1}`
+                rest = msgspec.json.decode(text[:text.rfind(b"]", 0, off + 1) + 1]) if "trailing" in str(e) and off else None
+            except msgspec.DecodeError:
+                rest = None
+        if isinstance(rest, list) and not all(isinstance(x, dict) for x in rest):
+            return self._fail("not a profiler trace: traceEvents holds a non-object")
+        return self._fail("malformed JSON in traceEvents")
 
     def _decode_prefix(self, p: int) -> tuple[list[_Event] | None, int]:
         """Decode the longest run of complete events in the buffer from `p`; return them and the

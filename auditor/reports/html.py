@@ -36,7 +36,7 @@ from auditor.reports.base import Reporter
 from auditor.reports.findings_json import document
 from auditor.reports.patch import make_patch
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
-from auditor.reports.terminal import recoverable
+from auditor.reports.terminal import checkpoint_overview, recoverable
 from auditor.rules.base import Finding
 from auditor.rules.engine import RuleResults
 from auditor.rules.registry import get_rule
@@ -117,6 +117,8 @@ def cost_text(f: Finding) -> str:
     if not parts:
         if not c.note:
             return "counted only"
+        if c.measured:  # a measured cost that is not time (memory held): the note says it
+            return c.note
         # (a note that already says so, "counted, not timed: ...", stands alone)
         return c.note if c.note.startswith(("counted", "not measured")) else f"counted only: {c.note}"
     text = ", ".join(parts) + ("" if c.measured else " (estimated)")
@@ -261,6 +263,27 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
     }
 
 
+def checkpoint_verdict(ev: Evidence) -> dict[str, Any] | None:
+    """The top of the page for `audit checkpoint` (None otherwise): what the file holds and whether
+    any of it is non-finite, in place of a run's step time, recoverable time and peak memory."""
+    ck = checkpoint_overview(ev)
+    if ck is None:
+        return None
+    split = " + ".join(f"{n} {s}" for s, n in ck["sections"].items())
+    details = [fmt_bytes(ck["bytes"])] if isinstance(ck["bytes"], int) else []
+    details.append(f"{ck['optimizers']} optimizer(s), {ck['schedulers']} scheduler(s)")
+    details += [f"{k} {v}" for k in ("epoch", "global_step", "step") if isinstance(v := ck["meta"].get(k), (int, float))]
+    bad = ck["nonfinite"]
+    return {
+        "tensors": f"{ck['tensors']:,}",
+        "tensors_sub": (f"{split} tensors, " if split else "") + f"{ck['values']:,} values",
+        "nonfinite": f"{bad:,} tensor{'s' if bad > 1 else ''}" if bad else "none",
+        "nonfinite_sub": f"{'hold' if bad > 1 else 'holds'} NaN/inf" if bad else "every value is finite",
+        "layout": ck["layout"],
+        "layout_sub": "; ".join(details),
+    }
+
+
 def _href(path: str, out_dir: Path) -> str:
     """A relative, percent-encoded link from the report to `path` (never a scheme: cannot run code)."""
     p = Path(path)
@@ -381,6 +404,7 @@ class HtmlReport(Reporter):
             ev=evidence,
             results=results,
             verdict=verdict(evidence, results),
+            ckpt=checkpoint_verdict(evidence),
             findings=findings,
             config=patched_config(results.findings),
             plots=[p["id"] for p in plots],

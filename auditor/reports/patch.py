@@ -3,8 +3,9 @@
 A fix's edits replace whole source lines captured during the run (`Edit(file, start, end, lines)`;
 `end == start - 1` inserts before `start`). Edits are grouped per file and applied bottom-up so
 earlier line numbers stay valid; an edit that overlaps one already taken is left out and listed in
-the patch's preamble, as are fixes marked `changes_numerics` (they may change results, so the user
-applies them by hand). Paths are relative to the file's git toplevel, or to the current directory
+the patch's preamble. Fixes marked `changes_numerics` (a clamp, gradient clipping, a warmup: they
+change what the training computes) go in `numerics-fixes.patch` instead, so that applying
+fixes.patch never changes results and the user reviews those one by one. Paths are relative to the file's git toplevel, or to the current directory
 outside a repository, with `a/` and `b/` prefixes: run `git apply fixes.patch` at that root.
 
 The diff core (`make_patch`, `diff_edits`, ...) lives in `auditor/rules/fixes.py`, where the rule
@@ -22,7 +23,7 @@ from auditor.rules.engine import RuleResults
 from auditor.rules.fixes import (PatchResult, apply_edits, diff_edits, make_patch, patch_path, plan_edits,
                                  repo_root, unified_diff)
 
-__all__ = ["PatchReport", "patchable", "PatchResult", "apply_edits", "diff_edits", "make_patch", "patch_path",
+__all__ = ["NumericsPatchReport", "PatchReport", "patchable", "numerics_patchable", "PatchResult", "apply_edits", "diff_edits", "make_patch", "patch_path",
            "plan_edits", "repo_root", "unified_diff"]
 
 
@@ -31,13 +32,17 @@ def patchable(findings: Iterable[Finding]) -> list[Finding]:
     return [f for f in findings if f.fix is not None and f.fix.edits and not f.fix.changes_numerics]
 
 
-def _preamble(findings: list[Finding], left_out: list[Finding], skipped: list[tuple[Edit, str]]) -> str:
+def numerics_patchable(findings: Iterable[Finding]) -> list[Finding]:
+    """Findings whose code edits change what the training computes: numerics-fixes.patch."""
+    return [f for f in findings if f.fix is not None and f.fix.edits and f.fix.changes_numerics]
+
+
+def _preamble(head: list[str], findings: list[Finding], left_out: list[Finding],
+              skipped: list[tuple[Edit, str]]) -> str:
     """Comment lines before the first `diff --git`; git apply and patch ignore them."""
-    lines = ["auditor fixes.patch: code edits proposed by the audit.",
-             "Apply at the repository root (or where the audit ran): git apply fixes.patch",
-             "Fixes from: " + ", ".join(sorted({f.rule for f in findings}))]
+    lines = [*head, "Fixes from: " + ", ".join(sorted({f.rule for f in findings}))]
     for f in left_out:
-        lines.append(f"Left out ({f.rule}): may change numerics, apply by hand: {f.fix.summary if f.fix else ''}")
+        lines.append(f"Left out ({f.rule}): changes numerics, see numerics-fixes.patch: {f.fix.summary if f.fix else ''}")
     for e, why in skipped:
         lines.append(f"Left out: {e.file}:{e.start}-{e.end}: {why}")
     return "".join("# " + ln.replace("\n", " ") + "\n" for ln in lines) + "\n"
@@ -54,8 +59,28 @@ class PatchReport(Reporter):
 
     def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
         findings = patchable(results.findings)
-        left_out = [f for f in results.findings if f.fix is not None and f.fix.edits and f.fix.changes_numerics]
+        left_out = numerics_patchable(results.findings)
         result = diff_edits([e for f in findings for e in f.fix.edits], self.root)  # type: ignore[union-attr]
         if not result.diff:
             return ""
-        return _preamble(findings, left_out, result.skipped) + result.diff
+        head = ["auditor fixes.patch: code edits proposed by the audit; none changes what the training computes.",
+                "Apply at the repository root (or where the audit ran): git apply fixes.patch"]
+        return _preamble(head, findings, left_out, result.skipped) + result.diff
+
+
+class NumericsPatchReport(PatchReport):
+    """numerics-fixes.patch: the edits that change results (clamps, clipping, warmup), kept apart
+    from fixes.patch so each is reviewed before it is applied; empty when there are none."""
+
+    name = "numerics-patch"
+    filename = "numerics-fixes.patch"
+
+    def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
+        findings = numerics_patchable(results.findings)
+        result = diff_edits([e for f in findings for e in f.fix.edits], self.root)  # type: ignore[union-attr]
+        if not result.diff:
+            return ""
+        head = ["auditor numerics-fixes.patch: code edits that change what the training computes",
+                "(clamps, gradient clipping, learning-rate warmup). Review each one before applying:",
+                "git apply numerics-fixes.patch (at the repository root, after or instead of fixes.patch)"]
+        return _preamble(head, findings, [], result.skipped) + result.diff

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -20,7 +21,7 @@ from auditor.rules.base import Finding
 from auditor.rules.engine import RuleResults
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-OUTPUTS = ("report.html", "findings.json", "findings.sarif", "fixes.patch")
+OUTPUTS = ("report.html", "findings.json", "findings.sarif", "fixes.patch", "numerics-fixes.patch")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,33 @@ def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     ms = min(total, median) if median is not None else total
     return Recoverable(ms, ms / median if median else None, capped, any(not c.measured for c in timed), counted_only,
                        max(c.ms_per_step for c in timed))  # type: ignore[type-var]
+
+
+def checkpoint_overview(evidence: Evidence) -> dict[str, Any] | None:
+    """What `audit checkpoint` read, as both reports state it (None for anything else): a checkpoint
+    has tensors, not steps, so a run's step-time summary would only say "0 step(s)" about it."""
+    ck = evidence.extra.get("checkpoint") if evidence.source == "checkpoint" else None
+    if not isinstance(ck, dict):
+        return None
+    tensors = [t for t in ck.get("tensors") or [] if isinstance(t, dict)]
+    sections = {s: n for s in ("model", "optimizer", "other") if (n := sum(t.get("section") == s for t in tensors))}
+    return {"layout": ck.get("layout") or "other", "bytes": ck.get("bytes"), "tensors": len(tensors),
+            "values": sum(int(t.get("numel") or 0) for t in tensors), "sections": sections,
+            "nonfinite": sum(bool(t.get("nan") or t.get("posinf") or t.get("neginf")) for t in tensors),
+            "optimizers": len(ck.get("optimizers") or []), "schedulers": len(ck.get("schedulers") or []),
+            "meta": ck.get("meta") or {}}
+
+
+def nonfinite_phrase(n: int) -> str:
+    """How many of a checkpoint's tensors hold NaN/inf, as a clause."""
+    return "none holds NaN/inf" if n == 0 else f"{n} tensor{'s hold' if n > 1 else ' holds'} NaN/inf"
+
+
+def _checkpoint_head(evidence: Evidence, ck: dict[str, Any]) -> Text:
+    split = ", ".join(f"{n} {s}" for s, n in ck["sections"].items())
+    n = ck["tensors"]
+    return Text(f"audit of checkpoint {evidence.target} ({ck['layout']}): {n:,} tensor{'s' if n != 1 else ''} checked"
+                + (f" ({split})" if split else "") + f", {ck['values']:,} values; {nonfinite_phrase(ck['nonfinite'])}")
 
 
 def by_cost(findings: list[Finding]) -> list[Finding]:
@@ -75,7 +103,7 @@ def _cost(f: Finding) -> str:
         if c.share_of_step is not None:
             text += f", {c.share_of_step:.0%}"
         return text + ("" if c.measured else ", estimated")
-    return "counted only"
+    return c.note if c.measured and c.note else "counted only"
 
 
 def finding_line(f: Finding) -> Text:
@@ -98,7 +126,9 @@ def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None
     """Everything print_summary shows, as Text lines (also the plain summary.txt)."""
     lines: list[Text] = []
     median = evidence.shown_median_ms()
-    head = Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s)")
+    ck = checkpoint_overview(evidence)
+    head = _checkpoint_head(evidence, ck) if ck is not None else \
+        Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s)")
     if median is not None:
         head.append(f", median {median:.2f} ms/step")
         check = evidence.median_check_ms()

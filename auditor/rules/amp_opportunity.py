@@ -102,7 +102,7 @@ class AmpOpportunity(TraceRule):
         step_ms = trace.step_ms()
         saving = fp32_ms / steps / 2.0  # tensor cores run these at least ~2x faster; a floor, not a promise
         message = (f"fp32 matmul/convolution kernels took {fp32_ms / steps:.1f} ms per step ({share:.0%} of GPU "
-                   f"kernel time) in {trace.path.name} on a {props.get('name', 'GPU')} (compute capability "
+                   f"kernel time) in {trace.label} on a {props.get('name', 'GPU')} (compute capability "
                    f"{major}.{minor}) that has tensor cores; mixed precision could run them several times faster.")
         config: dict[str, Any] = {"torch.autocast": {"device_type": "cuda", "dtype": "bfloat16" if bf16 else "float16"}}
         if not bf16:

@@ -54,8 +54,10 @@ class CheckpointHealth(Rule):
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         ck = ev.extra["checkpoint"]
         tensors = [t for t in ck.get("tensors", []) if "max_abs" in t]
-        extreme = [t for t in tensors if t["section"] == "model" and t["max_abs"] > options["extreme-abs"]]
-        near16 = [t for t in tensors if t["dtype"] == "float16" and t["max_abs"] > options["fp16-margin"] * FP16_MAX]
+        # (max_abs is None when a tensor has no finite value: no magnitude to judge, and nonfinite reports it)
+        sized = [t for t in tensors if t["max_abs"] is not None]
+        extreme = [t for t in sized if t["section"] == "model" and t["max_abs"] > options["extreme-abs"]]
+        near16 = [t for t in sized if t["dtype"] == "float16" and t["max_abs"] > options["fp16-margin"] * FP16_MAX]
         if extreme or near16:
             worst = sorted(extreme + [t for t in near16 if t not in extreme], key=lambda t: -t["max_abs"])
             shown = ", ".join(f"{t['name']} (max |w| {t['max_abs']:.3g})" for t in worst[:5])

@@ -119,7 +119,7 @@ class DataloaderOnDevice(TraceRule):
         step_ms = trace.step_ms()
         message = (f"The input pipeline issued {len(found)} GPU calls ({len(found) / steps:.1f} per step: "
                    f"{int((cats == CAT['kernel']).sum())} kernels, {int((cats == CAT['memcpy']).sum())} copies) "
-                   f"inside DataLoader iteration in {trace.path.name}, mostly from "
+                   f"inside DataLoader iteration in {trace.label}, mostly from "
                    f"{', '.join(n for n, _ in ops.most_common(3))}.")
         return self.finding(
             message,

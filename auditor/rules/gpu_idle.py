@@ -120,7 +120,7 @@ class GpuIdle(TraceRule):
             g.pop("code", None)
         per_step_ms = idle_us / 1000.0 / steps
         biggest = gaps[0]["ms"] if gaps else 0.0
-        message = (f"The GPU was idle {share:.0%} of the profiled steps in {trace.path.name} "
+        message = (f"The GPU was idle {share:.0%} of the profiled steps in {trace.label} "
                    f"({per_step_ms:.1f} ms of {span / 1000.0 / steps:.1f} ms per step); the largest gap "
                    f"is {biggest:.1f} ms and most idle time overlaps {cause} "
                    f"({breakdown[cause] / idle_us:.0%} of it).")

@@ -79,7 +79,7 @@ class LaunchBound(TraceRule):
         excess_ms = float(np.clip(ldur[short] - kdur[short], 0, None).sum()) / 1000.0 / steps
         step_ms = trace.step_ms()
         message = (f"{n_short / steps:.0f} kernels per step ({share:.0%} of launched kernels) in "
-                   f"{trace.path.name} run shorter than the host call that launches them (median kernel "
+                   f"{trace.label} run shorter than the host call that launches them (median kernel "
                    f"{np.median(kdur[short]):.1f} us vs launch {np.median(ldur[short]):.1f} us); "
                    f"most come from {', '.join(n for n, _ in ops.most_common(3))}.")
         return self.finding(

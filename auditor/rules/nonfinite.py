@@ -11,7 +11,7 @@ import heapq
 import linecache
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from auditor.evidence import model as m
 from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
@@ -193,18 +193,33 @@ def _method_on(seg: str, node: ast.AST, method: str) -> str:
     return f"{seg}.{method}" if simple else f"({seg}).{method}"
 
 
-def clamp_edit(file: str, line: int, kind: str, bound: str) -> Edit | None:
+def clamp_edit(file: str, line: int, kind: str, bound: str, span: list[int] | None = None) -> Edit | None:
     """Guard the operand of the hazard on `line`: the denominator of a division, the argument of a
-    log or exp. `kind` is div | log | exp; `bound` the clamp call, e.g. "clamp_min(1e-12)"."""
+    log or exp. `kind` is div | log | exp; `bound` the clamp call, e.g. "clamp_min(1e-12)".
+    `span` (line, end line, column, end column of the call that made the NaN, when the run
+    recorded it) picks that call among several on the line: `y * log(p) + (1 - y) * log(1 - p)`."""
     parsed = _tree(file)
     if parsed is None:
         return None
     tree, lines = parsed
+    candidates = list(_clamp_candidates(tree, lines, line, kind))
+    if span:
+        exact = [(n, t, seg) for n, t, seg in candidates
+                 if [n.lineno, n.end_lineno, n.col_offset, n.end_col_offset] == list(span)]
+        candidates = exact or candidates
+    for _node, target, seg in candidates:
+        return _replace_node(file, line, lines, target, _method_on(seg, target, bound))
+    return None
+
+
+def _clamp_candidates(tree: ast.AST, lines: list[str], line: int, kind: str) -> Iterator[tuple[ast.AST, ast.AST, str]]:
+    """(the hazard's node, its operand to guard, the operand's source) for each hazard on `line`,
+    in source order."""
     names = {"div": ("div", "true_divide", "divide"), "log": ("log", "log2", "log10"),
              "exp": ("exp", "exp2", "expm1")}[kind]
-    for node in ast.walk(tree):
-        if getattr(node, "lineno", None) != line:
-            continue
+    nodes = sorted((n for n in ast.walk(tree) if getattr(n, "lineno", None) == line),
+                   key=lambda n: (n.col_offset, -n.end_col_offset))
+    for node in nodes:
         target = None
         if kind == "div" and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             target = node.right
@@ -223,8 +238,19 @@ def clamp_edit(file: str, line: int, kind: str, bound: str) -> Edit | None:
         seg = _segment(lines, target)
         if seg is None:
             continue
-        return _replace_node(file, line, lines, target, _method_on(seg, target, bound))
-    return None
+        yield node, target, seg
+
+
+def _call_text(site: dict, loc: Location | None) -> str:
+    """The op, with its source when the run recorded where on the line the call is: a line can
+    hold two logs, and the reader must see which one hit 0."""
+    op = site.get("op", "a torch call")
+    span = (site.get("where") or {}).get("span")
+    lines = read_lines(loc.file) if loc and span else None
+    if not lines or span[0] != span[1] or not 0 < span[0] <= len(lines):
+        return op
+    seg = lines[span[0] - 1].encode()[span[2]:span[3]].decode(errors="replace")
+    return f"{op} (`{seg}`)" if 0 < len(seg) <= 80 else op
 
 
 # --- the rule -----------------------------------------------------------------------------------
@@ -328,12 +354,13 @@ class Nonfinite(Rule):
             "ops_checked_in_step": o.get("ops_checked"),
         }
         if o.get("phase") in ("forward", "input"):
-            where_mod = f" in module `{mod[0] or mod[2]}` ({mod[1]})" if mod else ""
+            where_mod = ("" if not mod else f" in module `{mod[0]}` ({mod[1]})" if mod[0]
+                         else f" in `{mod[1]}.forward`")
             ranges = ", ".join(f"[{short(r['min'])}, {short(r['max'])}]" for r in o.get("inputs", [])[:3]
                                if r.get("min") is not None)
             text = HAZARD_TEXT.get(kind, kind)
             series = view.hazard_series(o["site"])
-            msg = f"{head} It started{where_mod} at {_at(loc)}: {site.get('op', 'a torch call')} {text}"
+            msg = f"{head} It started{where_mod} at {_at(loc)}: {_call_text(site, loc)} {text}"
             if kind == "nonfinite-input":
                 msg += (f" (parameter `{hazard['param']}` was already non-finite)" if hazard.get("param")
                         else " (not made by any torch call in the step: the input data, or a tensor kept from an earlier step)")
@@ -371,23 +398,24 @@ class Nonfinite(Rule):
 
     def _fix(self, kind: str, loc: Location | None, o: dict, options: dict, view: NumericsView) -> Fix:
         eps = options["eps"]
+        span = (view.sites.get(o.get("site"), {}).get("where") or {}).get("span")
         edit = None
         if kind == "division-by-zero":
             den = (o.get("inputs") or [{}, {}])[1:2]
             nonneg = bool(den) and finite(den[0].get("min")) and val(den[0]["min"]) >= 0
             if loc and nonneg:
-                edit = clamp_edit(loc.file, loc.line, "div", f"clamp_min({eps:g})")
+                edit = clamp_edit(loc.file, loc.line, "div", f"clamp_min({eps:g})", span)
             return Fix(summary=f"Keep the denominator away from 0: d.clamp_min({eps:g}), or F.normalize(x, dim=..., eps=...) for a norm.",
                        config={"denominator.clamp_min": eps}, edits=[edit] if edit else [], changes_numerics=True)
         if kind in ("log-of-zero", "log-of-negative"):
             if loc:
-                edit = clamp_edit(loc.file, loc.line, "log", f"clamp_min({eps:g})")
+                edit = clamp_edit(loc.file, loc.line, "log", f"clamp_min({eps:g})", span)
             return Fix(summary=f"Keep the log's input above 0: log(p.clamp_min({eps:g})), or compute it in log space "
                                "(F.log_softmax, F.logsigmoid, F.binary_cross_entropy_with_logits).",
                        config={"log_input.clamp_min": eps}, edits=[edit] if edit else [], changes_numerics=True)
         if kind == "exp-overflow":
             if loc:
-                edit = clamp_edit(loc.file, loc.line, "exp", "clamp_max(80.0)")
+                edit = clamp_edit(loc.file, loc.line, "exp", "clamp_max(80.0)", span)
             return Fix(summary="Subtract the maximum before exp (torch.logsumexp, softmax), or clamp the input (x.clamp_max(80)).",
                        config={"exp_input.clamp_max": 80.0}, edits=[edit] if edit else [], changes_numerics=True)
         if kind == "fp16-overflow":

@@ -6,8 +6,8 @@ import os
 from typing import Any, Iterable, NamedTuple
 
 from auditor.evidence.model import Evidence
-from auditor.evidence.snapshot import (GiB, LiveAllocation, MemoryFigures, OomRecord, Owner, Snapshot, StackFrame,
-                                       format_bytes, live_at, owners, reserved_at)
+from auditor.evidence.snapshot import (GiB, MemoryFigures, OomRecord, Owner, Snapshot, StackFrame,
+                                       format_bytes, live_at, live_requested, owners, reserved_at)
 from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
 from auditor.rules.base import Finding, Fix, Location, Option, SnapshotRule
 
@@ -80,6 +80,45 @@ def _config_fix(snap: Snapshot, cached: int, what: str, owners_known: bool) -> F
     return Fix(summary=(f"Set {ALLOC_CONF}={value} so the {format_bytes(cached)} reserved but not allocated {what} "
                         f"can serve requests of any size; beyond that, {reduce}."),
                config={ALLOC_CONF: value})
+
+
+class Peak(NamedTuple):
+    """Where a device's live allocations peaked, in requested bytes throughout (see peak_of)."""
+
+    reserved: int  # the most bytes reserved (segments), whenever that was
+    allocated: int  # requested bytes live at the peak
+    now: int  # requested bytes live when the snapshot was taken: never above `allocated`
+    index: int | None  # trace index of the peak (-1: when recording began); None: the snapshot's state
+    reserved_then: int  # bytes reserved at the peak
+    owners: list[Owner]  # the live bytes at the peak, by owning line
+    text: str  # the message's account of it
+
+
+_BASIS = "requested bytes, before the allocator rounds them up to its blocks"
+
+
+def peak_of(snap: Snapshot, device: int) -> Peak:
+    """The peak of live allocations and the snapshot's own moment, in one basis. The history
+    records what callers requested, not the blocks it was rounded up to, so the state is read in
+    requested bytes too (live_requested): a peak in one basis set against the state in the other
+    could read below the present. A history that never reaches the state's figure (cut short, or
+    inconsistent) yields the state as the peak, so the peak is never below the snapshot."""
+    fig = snap.devices[device]
+    history = snap.histories.get(device)
+    now = live_requested(snap, device)
+    if history is not None and history.peak_allocated >= now:
+        index = history.peak_allocated_index
+        when = (f"event {index + 1:,} of {history.entries:,} in the recorded history" if index >= 0
+                else "the start of the recorded history")
+        return Peak(max(history.peak_reserved, fig.reserved), history.peak_allocated, now, index,
+                    reserved_at(snap, device, index), owners(live_at(snap, device, index)),
+                    f"allocations peaked at {format_bytes(history.peak_allocated)} at {when} and held "
+                    f"{format_bytes(now)} when the snapshot was taken ({_BASIS})")
+    live = owners(b for s in snap.device_segments(device) for b in s.blocks if b.live)
+    why = ("state only: no history, so this is the peak as far as it shows" if history is None
+           else "the recorded history never held more")
+    return Peak(max(history.peak_reserved, fig.reserved) if history else fig.reserved, now, now, None,
+                fig.reserved, live, f"allocations held {format_bytes(now)} at the snapshot ({_BASIS}; {why})")
 
 
 class Capacity(NamedTuple):
@@ -167,7 +206,10 @@ class OomRisk(SnapshotRule):
         ("device-capacity-gib", "oom-record", "device-properties", "assumed"), `capacity_from`
         the file it was read from ("environment": the run's own). An OOM post-mortem states the
         device total the observer was told, or, without one, reserved + what CUDA reported free
-        (a lower bound).
+        (a lower bound). Near capacity, reserved bytes are segment bytes, and allocated ones
+        (`peak_allocated`, `allocated_now` at the snapshot, the owners) are the bytes callers
+        requested (`allocated_basis`), the only basis a history records: the allocator's blocks,
+        rounded up, hold a little more (allocator-fragmentation's `allocated`).
     """
 
     id = "oom-risk"
@@ -220,18 +262,8 @@ class OomRisk(SnapshotRule):
             yield self._observer_post_mortem(snap, device, record, top_n)
             return
 
-        fig = snap.devices[device]
-        if history is not None:
-            peak_reserved, peak_allocated = max(history.peak_reserved, fig.reserved), history.peak_allocated
-            index = history.peak_allocated_index
-            live: list[LiveAllocation] = live_at(snap, device, index)
-            top = owners(live)
-            moment = f"event {index + 1:,} of {history.entries:,} in the recorded history"
-        else:
-            peak_reserved, peak_allocated, index = fig.reserved, fig.allocated, None
-            top = owners(b for s in snap.device_segments(device) for b in s.blocks if b.live)
-            moment = "the snapshot (state only: no history, so this is the peak as far as it shows)"
-
+        peak = peak_of(snap, device)
+        peak_reserved, index = peak.reserved, peak.index
         cap = self._capacity(peak_reserved, o, (known or {}).get(device))
         if cap is None:
             return
@@ -239,7 +271,7 @@ class OomRisk(SnapshotRule):
         share = peak_reserved / capacity
         if share < o["near-share"]:
             return
-        shown = top[:top_n]
+        shown = peak.owners[:top_n]
         owners_known = any(x.frame is not None for x in shown)
         assumed = source == "assumed"
         cap_text = (f"an assumed {format_bytes(capacity)} device (the smallest common size that holds it; set "
@@ -252,18 +284,19 @@ class OomRisk(SnapshotRule):
         owners_text = f" Owners at that moment: {_owners_text(shown)}." if owners_known else (
             " No allocation stacks were recorded, so the owning lines are unknown "
             "(record a history with torch.cuda.memory._record_memory_history()).")
-        cached = peak_reserved - fig.allocated if history is None else reserved_at(snap, device, index) - peak_allocated
+        cached = peak.reserved_then - peak.allocated
         yield self.finding(
             f"Peak reserved GPU memory on cuda:{device} was {format_bytes(peak_reserved)}, {share:.0%} of "
-            f"{cap_text}; allocated memory peaked at {format_bytes(peak_allocated)} at {moment}.{caveat}{owners_text}",
+            f"{cap_text}; {peak.text}.{caveat}{owners_text}",
             severity="info" if assumed else None,
             locations=_locations(x.frame for x in shown),
             evidence={"snapshot": snap.path, "device": device, "capacity": capacity, "capacity_source": source,
                       "capacity_from": cap.origin, "peak_reserved": peak_reserved,
-                      "peak_allocated": peak_allocated, "share": round(share, 4),
+                      "peak_allocated": peak.allocated, "allocated_now": peak.now, "allocated_basis": "requested",
+                      "reserved_unallocated": cached, "share": round(share, 4),
                       "peak_index": index, "history_entries": history.entries if history else 0,
                       "peak_time_us": (snap.device_traces[device][index].time_us
-                                       if history is not None and index is not None and index >= 0 else None),
+                                       if index is not None and index >= 0 else None),
                       "owners": _owner_rows(shown)},
             fix=_config_fix(snap, cached, "at the peak", owners_known))
 

@@ -88,7 +88,7 @@ class PageableCopy(Rule):
             share = per_step_ms / step_ms if step_ms > 0 else None
             side = "to" if label.startswith("device-to-host") else "from"  # (pageable is the host end)
             message = (f"{len(sel)} {label} copies {side} pageable memory moved {nbytes / 1e6:.1f} MB "
-                       f"({nbytes / steps / 1e6:.1f} MB per step) in {trace.path.name}, taking "
+                       f"({nbytes / steps / 1e6:.1f} MB per step) in {trace.label}, taking "
                        f"{per_step_ms:.2f} ms of GPU copy time per step; the host waited "
                        f"{host_ms / steps:.2f} ms per step in the copy calls.")
             yield self.finding(

@@ -43,21 +43,34 @@ class RetainedGraph(Rule):
         return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        for p in by_place(ev.tallies(m.RETAINED_UNUSED)):
+        pairs = ev.tallies(m.RETAINED_UNUSED)
+        at_once: dict[tuple, int | None] = {}  # per place: most graphs alive together (None: unknown)
+        for _, t in pairs:
+            key = (t.what, t.where.file if t.where else None, t.where.line if t.where else None)
+            n = t.data.get("alive_at_once")
+            at_once[key] = None if n is None or at_once.get(key, 0) is None else max(n, at_once.get(key, 0))
+        for p in by_place(pairs):
             per_step = p.count / max(1, len(p.steps))
             saved_mb = p.data.get("saved_bytes", 0) / 2**20
+            alive = at_once.get((p.what, p.where.file if p.where else None, p.where.line if p.where else None))
+            if alive:
+                held = (f"memory: {saved_mb * alive:.2f} MiB of saved activations held past their backward "
+                        f"({alive} graph{'s' if alive > 1 else ''} alive at once)")
+            else:  # (the graphs' lifetimes were not seen: at most every graph of a step at once)
+                held = f"memory: up to {saved_mb * per_step:.2f} MiB of saved activations held past their backward"
             loc = [Location.of(p.where)] if p.where else []
             edit = edit_call_kwargs(p.where.file, p.where.line, ("backward", "grad"), drop=("retain_graph",)) \
                 if p.where else None
             yield self.finding(
                 f"{p.what}(retain_graph=True) kept {p.count} graphs alive that no later backward used "
                 f"({per_step:.1f} per step in {len(p.steps)} steps, ~{p.data.get('graph_nodes', 0)} autograd "
-                f"nodes and {saved_mb:.2f} MiB of saved tensors each).",
+                f"nodes and {saved_mb:.2f} MiB of saved tensors each"
+                + (f"; at most {alive} alive at once" if alive else "") + ").",
                 locations=loc,
                 evidence={"retained_unused": p.count, "steps": len(p.steps), "per_step": round(per_step, 2),
-                          "graph_nodes": p.data.get("graph_nodes", 0), "saved_bytes": p.data.get("saved_bytes", 0)},
-                cost=Cost(ms_per_step=None, share_of_step=None, measured=True,
-                          note=f"memory: {saved_mb * per_step:.2f} MiB of activations held per step"),
+                          "graph_nodes": p.data.get("graph_nodes", 0), "saved_bytes": p.data.get("saved_bytes", 0),
+                          "alive_at_once": alive},
+                cost=Cost(ms_per_step=None, share_of_step=None, measured=alive is not None, note=held),
                 fix=Fix(summary="Remove retain_graph=True; detach state reused across steps instead.",
                         config={"retain_graph": False}, edits=[edit] if edit else []),
             )

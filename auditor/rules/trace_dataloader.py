@@ -67,7 +67,7 @@ def trace_dataloader_findings(rule: Any, evidence: Evidence, options: dict[str, 
         single = any("_SingleProcessDataLoaderIter" in n for n in names)
         where = sites(trace, loader.index.to_numpy(), weights=loader["dur"].to_numpy())
         n = len(per_step)
-        message = (f"DataLoader __next__ took {share:.0%} of the profiled steps in {trace.path.name} "
+        message = (f"DataLoader __next__ took {share:.0%} of the profiled steps in {trace.label} "
                    f"({loader_ms / n:.1f} ms of {total_ms / n:.1f} ms per step, {min(shares):.0%}-{max(shares):.0%} "
                    f"across {n} steps)" + ("; batches are loaded in the training process (num_workers=0)."
                                           if single else "; the worker processes cannot keep up."))

@@ -101,7 +101,7 @@ def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Fi
         chains = Counter(" > ".join(reversed(trace.op_chain(r)[:4])) for r in rows)
         where = sites(trace, rows, weights=dur[rows])
         times = "once" if len(rows) == 1 else f"{len(rows)} times"
-        message = (f"{op} blocked the host on the GPU {times} in {trace.path.name} "
+        message = (f"{op} blocked the host on the GPU {times} in {trace.label} "
                    f"({len(rows) / steps:.1f} per step), {per_step:.2f} ms per step"
                    + (f" ({share:.1%} of the step)" if share is not None else "")
                    + f" spent waiting in {', '.join(apis)}; the GPU sat idle {idle_ms:.2f} ms per step "

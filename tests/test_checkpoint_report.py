@@ -1,0 +1,120 @@
+"""`audit checkpoint`'s reports say what was audited: a checkpoint's tensors, not a training run's
+steps (no "0 step(s)", no median-step tile or step plots), and a tensor with no finite value has no
+largest |value| (null), not 0.0, which would read as a zero tensor. Checkpoints are written here
+with torch.save and audited through the real CLI entry point (`auditor.cli.main`), as in
+test_checkpoint.py; runs keep their step summary (checked on test_reporters' shared case)."""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from html import unescape
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import Audit
+
+from auditor.cli import main
+
+
+@pytest.fixture
+def check(tmp_path, capsys):
+    """`audit checkpoint CKPT --out DIR ARGS` (not quiet: the summary is what is checked)."""
+    def run(ckpt: pathlib.Path, *extra: str) -> Audit:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            main(["checkpoint", str(ckpt), "--out", str(tmp_path / "out"), *extra])
+        out = capsys.readouterr()
+        return Audit(int(done.value.code or 0), out.out, out.err, tmp_path / "out")
+
+    return run
+
+
+def adam_bundle() -> dict:
+    """A model (Linear(8, 16) -> Linear(16, 2): 4 tensors, 178 values) after 2 AdamW steps
+    (exp_avg and exp_avg_sq per parameter: 8 optimizer tensors, 356 values), with an epoch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+    return {"model": {k: v.clone() for k, v in model.state_dict().items()}, "optimizer": opt.state_dict(),
+            "epoch": 2}
+
+
+def page_text(html: str) -> str:
+    """The report's visible text: no scripts or styles, tags as spaces, whitespace collapsed."""
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html)))
+
+
+def test_checkpoint_summary_counts_tensors_not_steps(tmp_path, check):
+    b = adam_bundle()
+    b["model"]["2.weight"][0, 0] = float("nan")
+    torch.save(b, tmp_path / "ckpt.pt")
+    a = check(tmp_path / "ckpt.pt")
+    assert a.returncode == 0, a.stderr
+    head = a.stdout.splitlines()[0]
+    assert head == (f"audit of checkpoint {tmp_path / 'ckpt.pt'} (bundle): 12 tensors checked (4 model, "
+                    "8 optimizer), 534 values; 1 tensor holds NaN/inf")
+    assert (a.out / "summary.txt").read_text().splitlines()[0] == head
+    assert "step(s)" not in a.stdout and "ms/step" not in a.stdout
+
+    torch.save({k: v for k, v in adam_bundle()["model"].items()}, tmp_path / "ok.pt")
+    head = check(tmp_path / "ok.pt").stdout.splitlines()[0]
+    assert head == f"audit of checkpoint {tmp_path / 'ok.pt'} (state_dict): 4 tensors checked (4 model), " \
+                   "178 values; none holds NaN/inf"
+
+
+def test_checkpoint_html_has_no_step_tiles_or_run_sections(tmp_path, check):
+    b = adam_bundle()
+    b["optimizer"]["state"][1]["exp_avg_sq"][:] = float("inf")
+    torch.save(b, tmp_path / "ckpt.pt")
+    a = check(tmp_path / "ckpt.pt")
+    html = (a.out / "report.html").read_text()
+    text = page_text(html)
+    assert "Checkpoint audit" in text and "Training-step audit" not in text
+    for run_only in ("Median step", "steps run", "Recoverable per step", "Peak memory", "No step data to plot",
+                     "How the run ended", "No profiler trace", "cost not measured"):
+        assert run_only not in text, run_only
+    assert not re.search(r'id="(plots|traces|ending)"|href="#(plots|traces|ending)"', html)
+    assert "Tensors checked 12 4 model + 8 optimizer tensors, 534 values" in text
+    assert "Non-finite 1 tensor holds NaN/inf" in text
+    assert "Checkpoint bundle" in text and "1 optimizer(s), 0 scheduler(s); epoch 2" in text
+
+
+def test_run_reports_keep_their_step_summary(tmp_path):
+    from test_reporters import make_case
+
+    from auditor.reports.html import HtmlReport
+    from auditor.reports.terminal import summary_lines
+
+    case = make_case(tmp_path)
+    assert re.match(r"audit of .+: \d+ step\(s\), median ", summary_lines(case.evidence, case.results, None)[0].plain)
+    text = page_text(HtmlReport().render(case.evidence, case.results, case.out_dir))
+    assert "Training-step audit" in text and "Median step" in text and "How the run ended" in text
+
+
+def test_an_all_nan_tensor_has_no_largest_value(tmp_path, check):
+    b = adam_bundle()
+    b["model"]["0.bias"][:] = float("nan")  # no finite value at all
+    b["model"]["2.bias"][:] = float("nan")
+    b["model"]["2.bias"][1] = 0.0  # one finite value, and it is 0: max |value| is 0 here
+    b["model"]["0.weight"][0, 0] = 3e5  # extreme, so checkpoint-health reads every max_abs too
+    torch.save(b, tmp_path / "nan.pt")
+    a = check(tmp_path / "nan.pt")
+    assert a.returncode == 0, a.stderr
+    assert "rule checkpoint-health failed" not in a.stdout
+    stats = {t["name"]: t for t in a.evidence["extra"]["checkpoint"]["tensors"]}
+    assert stats["model.0.bias"]["max_abs"] is None  # null in evidence.json
+    assert stats["model.2.bias"]["max_abs"] == 0.0
+    bad = {t["name"]: t for t in a.rule("nonfinite")[0]["evidence"]["tensors"]}
+    assert bad["model.0.bias"]["max_abs"] is None and bad["model.0.bias"]["nan"] == 16
+    assert json.loads((a.out / "findings.json").read_text()) == a.findings_doc  # (valid JSON: null, not NaN)
+    assert '"max_abs": null' in page_text((a.out / "report.html").read_text())
+    health = a.rule("checkpoint-health")[0]
+    assert [t["name"] for t in health["evidence"]["extreme"]] == ["model.0.weight"]
