@@ -899,3 +899,48 @@ def test_of_two_logs_on_a_line_the_one_that_hit_zero_is_named_and_patched(tmp_pa
     [edit] = f["fix"]["edits"]
     assert edit["lines"] == ["        return -(y * torch.log(p) + (1 - y) * torch.log((1 - p).clamp_min(1e-12))).mean()"
                              "  # BCE LINE"]
+
+
+DATA_WRITE = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 1)
+
+    def forward(self, x, poison):
+        h = self.fc1(x)
+        if poison:
+            h.{alias}[0, 3] = float("nan")  # DATA LINE: written behind autograd's back
+        return self.fc2(h)  # FC2 LINE
+
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(32, 8)
+
+
+def step(i):
+    loss = model(x, poison=(i == 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("alias", ["data", "detach()"])
+def test_a_write_through_data_is_not_blamed_on_the_layer_that_made_the_tensor(tmp_path, alias):
+    """`h.data[...] = nan` writes into fc1's output after fc1 ran, and `.data` does not even move
+    h's version: fc1 made finite values, and fc2 received the NaN; neither "made" it."""
+    source = DATA_WRITE.replace("{alias}", alias)
+    trainer, a = audit_trainer(tmp_path, "data_write.py", source, 6)
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert ev["first_step"] == 4 and ev["hazard"]["kind"] == "nonfinite-input", ev
+    assert ev["module"] == "fc2" and places(f) == {(str(trainer), line_of(source, "# FC2 LINE"))}
+    assert "a write through `.data`" in f["message"]

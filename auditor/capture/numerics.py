@@ -102,7 +102,7 @@ PARAM_REFRESH = 8  # on the CPU, weights are re-measured at least this often aft
 TRUSTED_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
                                 "Adadelta", "ASGD"})
 # What kind of call an op is. Hazard kinds get one extra statistic per call (see _hazard_stat).
-SKIP, PLAIN, BACKWARD, LOG, LOG1P, DIV, RDIV, EXP, SQRT, POW, NORM, SETITEM = range(12)
+SKIP, PLAIN, BACKWARD, LOG, LOG1P, DIV, RDIV, EXP, SQRT, POW, NORM, SETITEM, ALIAS = range(13)
 HAZARD_NAMES = {LOG: "log", LOG1P: "log1p", DIV: "div", RDIV: "div", EXP: "exp", SQRT: "sqrt",
                 POW: "pow", NORM: "norm"}
 
@@ -138,7 +138,9 @@ _MODULE_DISPLAY = {"torch._C._nn": "torch.nn.functional", "torch._C._linalg": "t
                    "torch._C._special": "torch.special", "torch._C._fft": "torch.fft"}
 _INPLACE_DUNDERS = frozenset("""__iadd__ __isub__ __imul__ __itruediv__ __idiv__ __ifloordiv__ __imod__
 __ipow__ __imatmul__ __iand__ __ior__ __ixor__ __ilshift__ __irshift__""".split())
-_kinds: dict[Any, int] = {}
+# A new tensor object over the same memory, neither a view (`_base`) nor always sharing the version
+# counter (`.data` does not): a write through it must still reduce a deferred output first.
+_kinds: dict[Any, int] = {torch.Tensor.data.__get__: ALIAS, torch.Tensor.detach: ALIAS, torch.detach: ALIAS}
 _mutates: dict[Any, bool] = {}  # calls that write into their first argument (add_, __iadd__)
 _library_types: dict[type, bool] = {}
 
@@ -407,9 +409,13 @@ class _Mode(TorchFunctionMode):
         col = self.col
         if kind == SKIP or col.paused or not col.checking:
             return func(*args, **kwargs) if kwargs else func(*args)
+        if kind == ALIAS:
+            out = func(*args, **kwargs) if kwargs else func(*args)
+            col.alias(args[0], out)
+            return out
         if kwargs is None:
             kwargs = {}
-        if col.pending and (kind == SETITEM or _mutates.get(func) or "out" in kwargs):
+        if (col.pending or col.aliases) and (kind == SETITEM or _mutates.get(func) or "out" in kwargs):
             col.resolve_written(args, kwargs)  # a deferred output is about to be overwritten
         if kind == SETITEM:
             return func(*args, **kwargs)
@@ -594,6 +600,7 @@ class Numerics:
         self.deferred: list[tuple | None] = []
         self.pending: dict[int, list[int]] = {}  # id of a deferred output -> its calls in `deferred`
         self.deferred_bytes = 0
+        self.aliases: dict[int, tuple[int, ...]] = {}  # id of `t.data` / `t.detach()` -> ids of t (and its base)
 
     # --- tables ---------------------------------------------------------------------------------
 
@@ -796,17 +803,34 @@ class Numerics:
             self._resolve(i)
         self._clear_deferred()
 
+    def alias(self, src: Any, out: Any) -> None:
+        """`out = src.data` / `src.detach()`: the same memory as `src`, but not a view of it, and
+        `.data` does not even share its version counter. A write through `out` is a write into
+        `src` (see resolve_written)."""
+        if isinstance(out, torch.Tensor) and isinstance(src, torch.Tensor) and out is not src:
+            self.aliases[id(out)] = (id(src),) if src._base is None else (id(src), id(src._base))
+
     def resolve_written(self, args: tuple, kwargs: dict) -> None:
         """A call is about to write into a tensor a deferred call made (`out += x`, `x[i] = v`,
-        `relu_`): reduce that call first, while its output is still what it made."""
+        `relu_`): reduce that call first, while its output is still what it made. A write through
+        an alias (`h.data[i] = v`) also forgets the statistics of `h`: its version did not move."""
         pending = self.pending
+        aliases = self.aliases
         for t in (*args, *kwargs.values()):
             if isinstance(t, torch.Tensor):
                 for u in (t, t._base):  # (a view writes into its base: `h[:, 0] += x`)
-                    idx = pending.pop(id(u), None) if u is not None else None
-                    if idx is not None:
-                        for i in idx:
-                            self._resolve(i)
+                    if u is None:
+                        continue
+                    ids = (id(u),)
+                    if aliases:
+                        ids += aliases.get(id(u), ())
+                    for key in ids:
+                        idx = pending.pop(key, None)
+                        if idx is not None:
+                            for i in idx:
+                                self._resolve(i)
+                        if key != ids[0]:  # (after the call that made it is reduced: it caches them)
+                            self.cache.pop(key, None)
 
     def _settle(self, finite: bool) -> None:
         """The loss a backward pass starts from was computed from the deferred calls' outputs.

@@ -363,7 +363,7 @@ class Nonfinite(Rule):
             msg = f"{head} It started{where_mod} at {_at(loc)}: {_call_text(site, loc)} {text}"
             if kind == "nonfinite-input":
                 msg += (f" (parameter `{hazard['param']}` was already non-finite)" if hazard.get("param")
-                        else " (not made by any torch call in the step: the input data, or a tensor kept from an earlier step)")
+                        else " (not made by any torch call in the step: the input data, a tensor kept from an earlier step, or a write through `.data`)")
             elif ranges:
                 msg += f"; input ranges {ranges}"
             msg += "."
