@@ -250,7 +250,11 @@ def _call_text(site: dict, loc: Location | None) -> str:
     if not lines or span[0] != span[1] or not 0 < span[0] <= len(lines):
         return op
     seg = lines[span[0] - 1].encode()[span[2]:span[3]].decode(errors="replace")
-    return f"{op} (`{seg}`)" if 0 < len(seg) <= 80 else op
+    if not 0 < len(seg) <= 80:
+        return op
+    short = op.rsplit(".", 1)[-1]
+    named = seg.startswith((op + "(", short + "(")) or f".{short}(" in seg  # the source says the op
+    return f"`{seg}`" if named else f"{op} (`{seg}`)"
 
 
 # --- the rule -----------------------------------------------------------------------------------
