@@ -84,3 +84,24 @@ def test_default_base_is_the_git_toplevel(tmp_path: Path) -> None:
     run = sarif_log(case.evidence, case.results)["runs"][0]
     uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"]}
     assert "train.py" in uris
+
+
+def test_every_result_has_a_location_for_code_scanning(tmp_path: Path) -> None:
+    """GitHub code scanning rejects a whole SARIF file when one result has no location. A
+    checkpoint's findings name no source line: they are placed at the checkpoint itself."""
+    import torch
+
+    from conftest import audit
+
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save({"w": torch.full((4,), float("nan")), "b": torch.zeros(2)}, ckpt)
+    a = audit("checkpoint", str(ckpt), "--out", str(tmp_path / "out"), out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    assert [f["locations"] for f in a.findings] and all(f["locations"] == [] for f in a.findings)
+    doc = json.loads((a.out / "findings.sarif").read_text())
+    _validate(doc)
+    results = doc["runs"][0]["results"]
+    assert results and all(len(r["locations"]) == 1 for r in results)
+    for r in results:
+        phys = r["locations"][0]["physicalLocation"]
+        assert phys["artifactLocation"]["uri"].endswith("ckpt.pt") and phys["region"] == {"startLine": 1}

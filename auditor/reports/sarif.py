@@ -114,8 +114,22 @@ def _message(f: Finding) -> str:
     return text
 
 
-def result(f: Finding, rule_index: int, uris: _Uris) -> dict[str, Any]:
-    """One SARIF result; extra locations beyond the first become relatedLocations."""
+def input_file(f: Finding, evidence: Evidence) -> str | None:
+    """The file a finding without a source line is about: its trace or snapshot, else the audited
+    input (a checkpoint, the target's file). GitHub code scanning rejects a whole SARIF file when
+    one of its results has no location."""
+    named = [f.evidence.get(k) for k in ("trace", "snapshot", "file", "checkpoint")]
+    target = (evidence.target or "").rsplit(":", 1)[0] if evidence.source == "run" else evidence.target
+    run_file = [target] if evidence.source == "run" else []  # (a run's own finding: the trainer, not its trace)
+    for c in [*named, *run_file, *evidence.snapshots, *evidence.traces, evidence.target]:
+        if isinstance(c, str) and c and os.path.isfile(c):
+            return c
+    return None
+
+
+def result(f: Finding, rule_index: int, uris: _Uris, fallback: str | None = None) -> dict[str, Any]:
+    """One SARIF result; extra locations beyond the first become relatedLocations. A finding with
+    no source line is placed at line 1 of `fallback` (see input_file)."""
     out: dict[str, Any] = {
         "ruleId": f.rule,
         "ruleIndex": rule_index,
@@ -125,6 +139,9 @@ def result(f: Finding, rule_index: int, uris: _Uris) -> dict[str, Any]:
     }
     locs = [{"physicalLocation": {"artifactLocation": uris.location(loc.file), "region": _region(loc.line, loc.code)}}
             for loc in f.locations]
+    if not locs and fallback:
+        locs = [{"physicalLocation": {"artifactLocation": uris.location(fallback), "region": _region(1)},
+                 "message": {"text": "the audited file (no source line to point at)"}}]
     if locs:
         out["locations"] = locs[:1]
         if len(locs) > 1:
@@ -178,7 +195,7 @@ def sarif_log(evidence: Evidence, results: RuleResults, base: Path | None = None
                                 "rules": descriptors}},
             "originalUriBaseIds": uris.original_uri_base_ids(),
             "invocations": [invocation],
-            "results": [result(f, index[f.rule], uris) for f in results.findings],
+            "results": [result(f, index[f.rule], uris, input_file(f, evidence)) for f in results.findings],
         }],
     }
 

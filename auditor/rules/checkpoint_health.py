@@ -62,7 +62,7 @@ class CheckpointHealth(Rule):
             worst = sorted(extreme + [t for t in near16 if t not in extreme], key=lambda t: -t["max_abs"])
             shown = ", ".join(f"{t['name']} (max |w| {t['max_abs']:.3g})" for t in worst[:5])
             yield self.finding(
-                f"{len(worst)} tensors in {ck.get('file')} hold extreme values: {shown}"
+                f"{len(worst)} tensor{'s' if len(worst) > 1 else ''} in {ck.get('file')} hold{'' if len(worst) > 1 else 's'} extreme values: {shown}"
                 f"{' …' if len(worst) > 5 else ''}"
                 + (f"; {len(near16)} float16 tensors are above {options['fp16-margin']:.0%} of float16's range" if near16 else "")
                 + ".",

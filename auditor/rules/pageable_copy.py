@@ -101,7 +101,8 @@ class PageableCopy(Rule):
                           "ops": dict(ops.most_common(5)),
                           "sites": [{"file": f.file, "line": f.line, "copies": n, "bytes": int(b)}
                                     for f, n, b in where]},
-                cost=Cost(ms_per_step=round(per_step_ms, 3), share_of_step=share, measured=True,
+                cost=Cost(ms_per_step=round(per_step_ms, 3), measured=True,
+                          share_of_step=round(share, 4) if share is not None else None,
                           note="GPU time of the staged copies; the host also blocks in them"),
                 fix=Fix(summary="Pin the host side: DataLoader(pin_memory=True) and "
                                 ".to(device, non_blocking=True); copy results back into a pinned buffer.",
