@@ -61,6 +61,7 @@ def _exit_code(evidence, results, fail_on: str | None) -> int:
 def _finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None) -> int:
     """Save the evidence, then load -> rules -> reports: the same path `audit analyze DIR` takes."""
     from auditor.evidence.load import load_paths
+    from auditor.evidence.model import add_load_note
     from auditor.evidence.store import is_run_dir, save
     from auditor.reports import write_reports
     from auditor.reports.terminal import print_summary
@@ -71,15 +72,41 @@ def _finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | Non
         try:
             evidence = load_paths([out])  # attaches the profiled window's parsed trace
         except InputError as e:
-            evidence.environment.notes.append(f"profiler trace not analysed: {e}")
+            add_load_note(evidence, f"profiler trace not analysed: {e}")
     results = run_rules(evidence, config)
-    write_reports(out, evidence, results)
+    written = write_reports(out, evidence, results)
+    unwritten = _unwritten(written)
     if quiet:
         ran = f", run {evidence.ending.status}" if evidence.source == "run" else ""  # (recordings: nothing ran)
-        click.echo(f"audit: {len(results.findings)} finding(s){ran}; report in {out}")
-    else:
+        where = f"report in {out}" if "report.html" not in unwritten else f"report not written, outputs in {out}"
+        click.echo(f"audit: {len(results.findings)} finding(s){ran}; {where}")
+    elif not unwritten:
         print_summary(evidence, results, out)
+    else:  # the summary names the outputs found in `out`: an older one there is not this run's
+        print_summary(evidence, results, None)
+        _echo_written(out, written, unwritten)
     return _exit_code(evidence, results, fail_on or config.fail_on)
+
+
+def _unwritten(written: dict[str, Path]) -> list[str]:
+    """The output files a reporter failed to write (write_reports warned about each)."""
+    from auditor.reports import all_reporters
+
+    return [r.filename for r in all_reporters() if r.name not in written]
+
+
+def _echo_written(out: Path, written: dict[str, Path], unwritten: list[str]) -> None:
+    """The summary's closing lines when some outputs could not be written: which were, which
+    were not."""
+    from auditor.reports.terminal import OUTPUTS
+
+    report = written.get("html")
+    click.echo(f"report: {report if report else 'not written'}")
+    others = [str(out / n) for n in OUTPUTS  # (as the summary names them: empty patches left out)
+              if n != "report.html" and n not in unwritten and (out / n).is_file() and (out / n).stat().st_size]
+    if others:
+        click.echo("also: " + ", ".join(others))
+    click.echo(f"not written (see the warnings above): {', '.join(unwritten)}")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

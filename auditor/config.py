@@ -7,9 +7,13 @@
 
     [tool.auditor.rules.dataloader-bound]
     min-share = 0.25                              # a rule's option (see `audit explain RULE`)
+
+Anything else (an unknown key, rule id or option name) is a usage error, not skipped: a misspelled
+setting must not look set.
 """
 from __future__ import annotations
 
+import difflib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +94,25 @@ def _cli_names(items: tuple[str, ...], flag: str) -> set[str]:
     return names
 
 
+KEYS = ("select", "ignore", "fail-on", "rules")  # of [tool.auditor]; rule options go in [tool.auditor.rules.ID]
+
+
+def _check_keys(table: dict[str, Any], where: str, known_rules: frozenset[str]) -> None:
+    """Refuse keys of [tool.auditor] that mean nothing: a misspelled `fail_on` or `ignored` would
+    otherwise be skipped without a word, turning a CI gate or an exclusion off while looking set."""
+    for key in table:
+        if key in KEYS:
+            continue
+        if key in known_rules:  # [tool.auditor.host-sync] for [tool.auditor.rules.host-sync]
+            hint = f" (did you mean [tool.auditor.rules.{key}]?)"
+        elif close := ([k for k in KEYS if k == key.replace("_", "-")]
+                       or difflib.get_close_matches(key, KEYS, n=1, cutoff=0.6)):
+            hint = f" (did you mean {close[0]!r}?)"
+        else:
+            hint = f" (known: {', '.join(sorted(KEYS))})"
+        raise ConfigError(f"{where}: unknown key {key!r} in [tool.auditor]{hint}")
+
+
 def find_pyproject(start: Path) -> Path | None:
     """The nearest pyproject.toml with a [tool.auditor] table, from `start` upwards."""
     start = start.resolve()
@@ -117,6 +140,7 @@ def load_config(start: Path | None, select: tuple[str, ...] = (), ignore: tuple[
     if path is not None:
         table = tomllib.loads(path.read_text())["tool"]["auditor"]
         cfg.source = where = str(path)
+        _check_keys(table, where, rule_ids())
         if "select" in table:
             cfg.select = _names(table["select"], "select", where)
         cfg.ignore = _names(table.get("ignore", []), "ignore", where)

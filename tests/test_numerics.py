@@ -944,3 +944,87 @@ def test_a_write_through_data_is_not_blamed_on_the_layer_that_made_the_tensor(tm
     assert ev["first_step"] == 4 and ev["hazard"]["kind"] == "nonfinite-input", ev
     assert ev["module"] == "fc2" and places(f) == {(str(trainer), line_of(source, "# FC2 LINE"))}
     assert "a write through `.data`" in f["message"]
+
+
+def test_a_norm_swinging_back_to_where_it_was_is_no_spike():
+    """SGD with momentum swings the norm by 100x over tens of steps (a MoCo trainer, seen for
+    real): climbing out of a trough to below the run's earlier peak is not an explosion."""
+    swing = [0.003, 0.37, 0.67, 0.86, 0.82, 0.62, 0.35, 0.15, 0.06, 0.03, 0.014, 0.011, 0.035, 0.094,
+             0.205, 0.382, 0.59, 0.81, 0.96, 1.08]
+    assert list(GradExplosion().check(norms_evidence(swing), GradExplosion.default_options())) == []
+
+
+def test_a_spike_after_a_tiny_first_norm_clips_at_the_typical_norm():
+    """The first step's norm can be 100x below the rest: max_norm comes from the typical healthy
+    norms (their median's range), not from that first one."""
+    norms = [0.003, 0.5, 0.7, 0.55, 0.65, 0.5, 0.6, 0.45, 0.62, 0.5, 40.0]
+    [f] = GradExplosion().check(norms_evidence(norms), GradExplosion.default_options())
+    assert f.evidence["spike"]["step"] == 10
+    assert 0.5 <= f.evidence["suggested_max_norm"] <= 0.7
+
+
+ONE_LINE_STEP = """
+import torch
+from torch import nn
+
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def step(i):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()  # STEP LINE
+"""
+
+
+def test_clipping_goes_between_backward_and_step_on_a_one_line_step(tmp_path):
+    """`opt.zero_grad(); loss.backward(); opt.step()` on one line: clipping inserted before the
+    line would clip the gradients about to be zeroed. The line is split around the step."""
+    from auditor.rules.grad_explosion import clip_edit
+
+    path = tmp_path / "one_line.py"
+    path.write_text(ONE_LINE_STEP)
+    line = ONE_LINE_STEP.splitlines().index("    opt.zero_grad(); loss.backward(); opt.step()  # STEP LINE") + 1
+    edit = clip_edit(str(path), line, 1.0)
+    assert edit.lines == ["    opt.zero_grad(); loss.backward()",
+                          '    torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], max_norm=1)',
+                          "    opt.step()  # STEP LINE"]
+
+
+EMPTY_SEQUENCE = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+T, D = 12, 32
+emb = nn.Embedding(100, D)
+attn = nn.MultiheadAttention(D, 4, batch_first=True)
+head = nn.Linear(D, 2)
+opt = torch.optim.AdamW([*emb.parameters(), *attn.parameters(), *head.parameters()], lr=1e-3)
+g = torch.Generator().manual_seed(0)
+
+
+def step(i):
+    ids = torch.randint(1, 100, (8, T), generator=g)
+    lens = torch.randint(1, T + 1, (8,), generator=g)
+    if i == 6:
+        lens[3] = 0  # an empty sequence: every key of row 3 is padding
+    pad = torch.arange(T)[None] >= lens[:, None]
+    x = emb(ids)
+    h, _ = attn(x, x, x, key_padding_mask=pad)  # ATTN LINE
+    loss = nn.functional.cross_entropy(head(h[:, 0]), torch.randint(0, 2, (8,), generator=g))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_row_masked_entirely_is_named_as_such_not_as_bad_input(tmp_path):
+    """The -inf of a padding mask is by design; an empty sequence masks a whole row and the
+    attention's softmax gives NaN. That is the origin, and repairing the inputs is not the fix."""
+    trainer, a = audit_trainer(tmp_path, "empty_seq.py", EMPTY_SEQUENCE, 8)
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert ev["first_step"] == 6 and ev["hazard"]["kind"] == "masked-row", ev["hazard"]
+    assert places(f) == {(str(trainer), line_of(EMPTY_SEQUENCE, "# ATTN LINE"))}
+    assert "a row masked entirely" in f["message"] and "nan_to_num" not in f["fix"]["summary"]

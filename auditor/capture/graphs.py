@@ -5,16 +5,26 @@ state (a running loss kept as a tensor, outputs appended to a list). If the auto
 from those tensors keeps growing from one step boundary to the next, graphs are piling up.
 Scans walk every gc-tracked object (50-100 ms with torch imported), so they run at a few sampled
 boundaries only.
+
+State kept inside an nn.Module is module state too: a buffer updated in `forward` without
+`torch.no_grad()` (`self.running_mean = 0.9 * self.running_mean + 0.1 * m`) holds a graph per step,
+and a queue kept as a buffer (`self.queue = torch.cat([self.queue, k])`) grows without bound. So
+modules reachable from the globals are walked too, and their holders are named by module path
+(`model.1.running_mean`), with the line of the module's own class that grows them.
 """
 from __future__ import annotations
 
 import ast
 import gc
+import inspect
+import os
 import types
 from collections import deque
-from typing import Any
+from typing import Any, Optional
 
 import torch
+
+from auditor.capture.frames import is_library
 
 _CONTAINERS = (list, tuple, dict, set, deque)
 
@@ -79,25 +89,89 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(storages.values())
 
 
-def _holders(module: types.ModuleType | None) -> list[tuple[str, str, list[torch.Tensor]]]:
-    """(name, kind, tensors) for the target module's globals (and one level of their attributes)
-    that hold tensors other than parameters."""
+# nn.Module's own bookkeeping (hook dicts, the parameter/buffer/submodule tables): not user state,
+# and the hook dicts hold the auditor's own hooks, whose objects must not be mistaken for holders.
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+_PLAIN = frozenset((int, float, bool, str, bytes, type(None)))  # exact types: a set lookup, not isinstance
+
+Holder = tuple[str, str, list[torch.Tensor], Optional[tuple[type, str]]]  # name, kind, tensors, owner
+
+
+def _may_hold_tensors(v: Any) -> bool:
+    """Whether a module attribute is worth `_tensors_in`: a tensor, or a container with anything but
+    numbers and strings in it. Most attributes are settings (a conv's `kernel_size`, `stride` and
+    `padding` tuples), and `_tensors_in` costs ~5 us each: 1.5 ms for a ResNet-sized model, where
+    these type checks cost a tenth of that. (An object at this level is not walked by
+    `_tensors_in` either.)"""
+    t = type(v)
+    if t in _PLAIN:
+        return False
+    if t is tuple or t is list:
+        for x in v:
+            if type(x) not in _PLAIN:
+                return True
+        return False
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, dict):
+        v = v.values()
+    elif not isinstance(v, _CONTAINERS):
+        return False
+    return not all(type(x) in _PLAIN for x in v)
+
+
+def _module_holders(name: str, root: torch.nn.Module, claimed: set[int]) -> list[Holder]:
+    """Buffers and plain (non-parameter) tensor attributes of `root` and its submodules, and
+    containers in those attributes, named by module path: `model.1.running_mean`. Parameters are
+    leaves, so never hold a graph, and are not holders. A submodule reachable twice (shared, or
+    from two globals) is reported once, under the first name that reaches it. The last item of each
+    holder is (class, attribute): where to look for the line that grows it."""
+    out: list[Holder] = []
+    for path, mod in root.named_modules():
+        if id(mod) in claimed:
+            continue
+        claimed.add(id(mod))
+        prefix = f"{name}.{path}" if path else name
+        cls = type(mod)
+        for attr, buf in mod._buffers.items():
+            if isinstance(buf, torch.Tensor) and not isinstance(buf, torch.nn.Parameter):
+                out.append((f"{prefix}.{attr}", type(buf).__name__, [buf], (cls, attr)))
+        for attr, v in vars(mod).items():
+            if attr in _MODULE_INTERNALS or not _may_hold_tensors(v):
+                continue
+            found = _tensors_in(v)
+            if found:
+                out.append((f"{prefix}.{attr}", type(v).__name__, found, (cls, attr)))
+    return out
+
+
+def _holders(module: types.ModuleType | None) -> list[Holder]:
+    """(name, kind, tensors, (class, attribute) or None) for the target module's globals (and one
+    level of their attributes) that hold tensors other than parameters, and for the state inside
+    the nn.Modules among them."""
     if module is None:
         return []
-    out = []
+    out: list[Holder] = []
+    claimed: set[int] = set()  # modules already walked
     for name, value in list(vars(module).items()):
         if name.startswith("__") or isinstance(value, (types.ModuleType, type, types.FunctionType)):
             continue
+        if isinstance(value, torch.nn.Module):
+            out.extend(_module_holders(name, value, claimed))
+            continue
         found = _tensors_in(value)
         if found:
-            out.append((name, type(value).__name__, found))
+            out.append((name, type(value).__name__, found, None))
             continue
         attrs = getattr(value, "__dict__", None)
-        if isinstance(attrs, dict) and not isinstance(value, torch.nn.Module):
+        if isinstance(attrs, dict):
             for attr, v in list(attrs.items()):
+                if isinstance(v, torch.nn.Module):  # `trainer.model`
+                    out.extend(_module_holders(f"{name}.{attr}", v, claimed))
+                    continue
                 found = _tensors_in(v)
                 if found:
-                    out.append((f"{name}.{attr}", type(v).__name__, found))
+                    out.append((f"{name}.{attr}", type(v).__name__, found, None))
     return out
 
 
@@ -151,15 +225,91 @@ class _Mutations(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def mutation_lines(source_file: str, name: str) -> list[int]:
+_sources: dict[tuple[str, int, int], tuple[str, ast.Module] | None] = {}
+
+
+def _source(source_file: str) -> tuple[str, ast.Module] | None:
+    """(text, tree) of a file, kept per (path, mtime, size): every holder of every scan looks into
+    the same few files, and a module walk can bring dozens of holders."""
     try:
-        with open(source_file, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read())
-    except (OSError, SyntaxError, ValueError):
+        st = os.stat(source_file)
+    except OSError:
+        return None
+    key = (source_file, st.st_mtime_ns, st.st_size)
+    if key not in _sources:
+        try:
+            with open(source_file, encoding="utf-8") as fh:
+                text = fh.read()
+            _sources[key] = (text, ast.parse(text))
+        except (OSError, SyntaxError, ValueError):
+            _sources[key] = None
+    return _sources[key]
+
+
+def mutation_lines(source_file: str, name: str) -> list[int]:
+    src = _source(source_file)
+    # a line that grows `a.b.rm` spells `rm`: a file without it needs no walk (most of a module's
+    # holders, `model.3.running_mean`, appear nowhere in the training script)
+    if src is None or name.rsplit(".", 1)[-1] not in src[0]:
         return []
+    tree = src[1]
     v = _Mutations(name)
     v.visit(tree)
     return sorted(set(v.lines))
+
+
+def _class_defs(tree: ast.Module) -> dict[str, ast.ClassDef]:
+    """ClassDef nodes by qualified name as Python spells `__qualname__` (`Outer.Inner`,
+    `make.<locals>.Net`)."""
+    out: dict[str, ast.ClassDef] = {}
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                out.setdefault(prefix + child.name, child)
+                walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                walk(child, f"{prefix}{child.name}.<locals>.")
+            else:
+                walk(child, prefix)
+
+    walk(tree, "")
+    return out
+
+
+_attr_lines: dict[tuple[type, str], tuple[str, int] | None] = {}
+
+
+def attribute_line(cls: type, attr: str) -> tuple[str, int] | None:
+    """(file, line) of the first line in the user's own classes (`cls` and the bases it inherits
+    from, up to nn.Module) whose methods grow `self.<attr>`: `self.rm = 0.9 * self.rm + ...`,
+    `self.queue = torch.cat([self.queue, k])`, `self.cache.append(...)`. Library classes (torch's
+    BatchNorm) are not the user's to patch, and name no line. Cached per (class, attribute):
+    classes do not change between scans."""
+    key = (cls, attr)
+    if key in _attr_lines:
+        return _attr_lines[key]
+    found = None
+    for klass in cls.__mro__:
+        if klass is torch.nn.Module or klass is object:
+            break
+        try:
+            file = inspect.getsourcefile(klass)
+        except (TypeError, OSError):
+            continue
+        if not file or is_library(file):
+            continue
+        src = _source(file)
+        node = _class_defs(src[1]).get(klass.__qualname__) if src is not None else None
+        if node is None:
+            continue
+        v = _Mutations(f"self.{attr}")
+        v.visit(node)
+        if v.lines:
+            found = (file, min(v.lines))
+            break
+    _attr_lines[key] = found
+    return found
 
 
 def scan(module: types.ModuleType | None, source_file: str | None) -> dict[str, Any]:
@@ -168,10 +318,18 @@ def scan(module: types.ModuleType | None, source_file: str | None) -> dict[str, 
     tensor = torch.Tensor  # (a local: this test runs once per gc-tracked object, ~300k of them)
     live = [t for t in [o for o in gc.get_objects() if type(o) is tensor] if t.grad_fn is not None]
     holders = []
-    for name, kind, tensors in _holders(module):
-        lines = mutation_lines(source_file, name) if source_file else []
+    for name, kind, tensors, owner in _holders(module):
+        where = None
+        # a module's attribute is grown by its class's own methods, as `self.<attr>`; failing that
+        # (or for a global), by the script, as `name` (`model.cache.append(out)` in the step)
+        at = attribute_line(*owner) if owner is not None else None
+        if at:
+            where = {"file": at[0], "line": at[1], "function": ""}
+        elif source_file:
+            lines = mutation_lines(source_file, name)
+            if lines:
+                where = {"file": source_file, "line": lines[0], "function": ""}
         with_graph = [t for t in tensors if t.grad_fn is not None]
         holders.append({"name": name, "kind": kind, "tensors": len(tensors), "graph_tensors": len(with_graph),
-                        "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors),
-                        "where": {"file": source_file, "line": lines[0], "function": ""} if lines else None})
+                        "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors), "where": where})
     return {"tensors": len(live), "graph_nodes": _graph_size(live), "holders": holders}

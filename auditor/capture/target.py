@@ -44,6 +44,11 @@ def parse_target(spec: str) -> Target:
             resolved.encode("utf-8")
         except UnicodeEncodeError:
             raise TargetError(f"the path of {ascii(left)} is not valid UTF-8: rename it or move it to a UTF-8 path") from None
+        # importlib loads only what its file name says is Python (.py, or compiled): anything else
+        # (a checkpoint.pt, notes.txt) would fail in the child as a crash of the user's target
+        if importlib.util.spec_from_file_location(path.stem, resolved) is None:
+            raise TargetError(f"{left}: not a Python file (TARGET is path/to/file.py:callable or "
+                              f"package.module:callable)")
         return Target(spec, path.stem, attr, resolved)
     if not all(p.isidentifier() for p in left.split(".")):
         raise TargetError(f"bad TARGET {spec!r}: {left!r} is neither a .py file nor a module path")
@@ -60,6 +65,9 @@ def import_target(target: Target) -> tuple[types.ModuleType, Callable, str | Non
         if directory not in sys.path:
             sys.path.insert(0, directory)
         spec = importlib.util.spec_from_file_location(target.module, target.file)
+        if spec is None or spec.loader is None:  # (parse_target refuses these first; a Target built by hand)
+            raise TargetError(f"{target.file}: not a Python file (TARGET is path/to/file.py:callable or "
+                              f"package.module:callable)")
         module = importlib.util.module_from_spec(spec)
         sys.modules[target.module] = module
         spec.loader.exec_module(module)

@@ -12,7 +12,7 @@ from typing import Any
 
 from auditor.evidence import store
 from auditor.evidence.errors import InputError
-from auditor.evidence.model import Evidence
+from auditor.evidence.model import Evidence, add_load_note
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl")
@@ -78,6 +78,7 @@ def load_paths(paths: list[Path]) -> Evidence:
     merged = merge_inputs([Path(p) for p in paths])  # several ranks of one distributed run
     if merged is not None:  # (trace_data / snapshot_data already attached)
         merged.target = merged.target or " ".join(str(p) for p in paths)
+        merged.traces, merged.snapshots = _absolute(merged.traces), _absolute(merged.snapshots)
         name_by_logdir(merged.trace_data, _logdirs([Path(p) for p in paths]))
         if merged.source != "run":
             _device_from_traces(merged)
@@ -115,13 +116,13 @@ def load_paths(paths: list[Path]) -> Evidence:
     if evidence is None:
         evidence = Evidence(source="trace" if trace_paths else "snapshot",
                             target=" ".join(str(p) for p in paths))
-        evidence.traces = [str(p) for p in trace_paths]
-        evidence.snapshots = [str(p) for p in snapshot_paths]
+        evidence.traces = _absolute(trace_paths)
+        evidence.snapshots = _absolute(snapshot_paths)
     else:
         known_t = set(evidence.traces)
-        evidence.traces = evidence.traces + [str(p) for p in trace_paths if str(p) not in known_t]
+        evidence.traces = evidence.traces + [p for p in _absolute(trace_paths) if p not in known_t]
         known_s = set(evidence.snapshots)
-        evidence.snapshots = evidence.snapshots + [str(p) for p in snapshot_paths if str(p) not in known_s]
+        evidence.snapshots = evidence.snapshots + [p for p in _absolute(snapshot_paths) if p not in known_s]
     seen: set[Path] = set()
     parsed = []
     for p in trace_paths:
@@ -130,7 +131,7 @@ def load_paths(paths: list[Path]) -> Evidence:
             continue
         seen.add(key)
         if not p.exists() and p in listed:
-            evidence.environment.notes.append(f"profiler trace {p} listed by the run is missing")
+            add_load_note(evidence, f"profiler trace {p} listed by the run is missing")
             continue
         try:
             parsed.append(load_trace(p))
@@ -139,7 +140,7 @@ def load_paths(paths: list[Path]) -> Evidence:
                 raise
             # a run's own trace, damaged (the disk filled, the run was killed while it was written):
             # the run's other evidence still holds, as it does when the trace is missing
-            evidence.environment.notes.append(f"profiler trace not analysed: {e}")
+            add_load_note(evidence, f"profiler trace not analysed: {e}")
     name_by_logdir(parsed, _logdirs([Path(p) for p in paths]))
     snapshots = [_load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
     evidence.__dict__["trace_data"] = parsed
@@ -147,6 +148,13 @@ def load_paths(paths: list[Path]) -> Evidence:
     if evidence.source != "run":
         _device_from_traces(evidence)
     return evidence
+
+
+def _absolute(paths: list[Path] | list[str]) -> list[str]:
+    """Recording paths as the evidence keeps them: absolute, since an input named relative to the
+    current directory is read back (`audit report`) from the output directory, against which the
+    saved evidence's relative paths are resolved."""
+    return [str(Path(p).resolve()) for p in paths]
 
 
 def _device_from_traces(evidence: Evidence) -> None:
@@ -161,5 +169,5 @@ def _device_from_traces(evidence: Evidence) -> None:
             continue
         env = evidence.environment
         env.device, env.cuda_available = "cuda", True
-        env.notes.append(f"device as recorded in {trace.label}: {', '.join(names)}")
+        add_load_note(evidence, f"device as recorded in {trace.label}: {', '.join(names)}")
         return

@@ -219,6 +219,19 @@ class Evidence(msgspec.Struct, dict=True):
         return out
 
 
+LOAD_NOTES = "load_notes"  # Evidence.__dict__ key: the notes add_load_note added
+
+
+def add_load_note(evidence: Evidence, note: str) -> None:
+    """Note what loading found (a trace missing or damaged, the device a recording names): shown by
+    this render's reports, never saved (auditor.evidence.store.save leaves it out), since every
+    load finds it again from the files as they are then. Saved, it would pile up over re-renders
+    and outlive its cause (a trace put back); added twice, it would be said twice."""
+    if note not in evidence.environment.notes:
+        evidence.environment.notes.append(note)
+    evidence.__dict__.setdefault(LOAD_NOTES, []).append(note)
+
+
 def encode(evidence: Evidence) -> bytes:
     return msgspec.json.encode(evidence)
 

@@ -19,7 +19,9 @@ Data model (stored in `Evidence.extra["ranks"]` as plain data, see RankSet):
 Inputs: `audit run` rank directories (`DIR/rank-K/evidence.json`, written by
 auditor.capture.distributed), or profiler traces whose `distributedInfo` names the rank
 (auditor.evidence.rank_traces). `merge_inputs(paths)` is the entry point `load_paths` calls for
-`audit analyze`; auditor.evidence.rank_view renders the per-rank table and figure.
+`audit analyze`; auditor.evidence.rank_view renders the per-rank table and figure. Run
+directories merge only when they are distinct ranks of one job (check_one_job): anything else is
+the usage error of giving `audit analyze` two runs.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from typing import Any
 import msgspec
 
 from auditor.evidence import model as m
+from auditor.evidence.errors import InputError
 from auditor.evidence.phases import PHASES, step_phases
 
 RANKS_KEY = "ranks"
@@ -424,9 +427,65 @@ def find_rank_dirs(path: Path) -> list[Path]:
 
 
 def load_rank_dirs(dirs: list[Path], out: Path | None = None) -> m.Evidence:
+    """The merged Evidence of rank run directories, after checking they are the ranks of one job."""
     from auditor.evidence.store import load_run_dir
 
-    return merge_runs([(load_run_dir(d), d) for d in dirs], out=out)
+    runs = [(load_run_dir(d), d) for d in dirs]
+    if len(runs) > 1:  # (one rank-K/ found under a directory: a job's one surviving rank)
+        check_one_job(runs)
+    return merge_runs(runs, out=out)
+
+
+ONE_RUN = "only one `audit run` directory can be analyzed at a time"
+
+
+def _target_key(target: str) -> str:
+    """A TARGET as every rank of one job names it: nodes may spell the path to the same file
+    differently (relative, absolute), so a file target compares by file name and callable."""
+    left, sep, attr = target.rpartition(":")
+    if sep and (left.endswith(".py") or "/" in left):
+        return f"{Path(left).name}:{attr}"
+    return target
+
+
+def check_one_job(runs: list[tuple[m.Evidence, Path]]) -> None:
+    """Raise InputError unless `runs` are distinct ranks of one distributed job.
+
+    Why: merging compares the ranks step by step and calls the slowest one a straggler, so two
+    unrelated runs (or one directory given twice) merged as "2 ranks" would yield a made-up
+    finding. A rank's `audit run` records who it is (`extra["rank"]`: rank, world size, the
+    launcher's run id) and its TARGET; ranks of one job agree on all but the rank, which differs.
+    A merged report (`DIR/evidence.json` of a job) is not one more rank either."""
+    seen: dict[Path, Path] = {}
+    for _, path in runs:
+        key = path.resolve()
+        if key in seen:
+            raise InputError(f"{ONE_RUN}: {path} is given twice")
+        seen[key] = path
+    first: tuple[m.Evidence, Path, int, int] | None = None
+    by_rank: dict[int, Path] = {}
+    for ev, path in runs:
+        if ev.extra.get(RANKS_KEY):
+            raise InputError(f"{ONE_RUN}: {path} holds the merged report of a distributed run, not one of its "
+                             f"ranks (give it alone, or only its rank-K/ directories)")
+        rank, world = rank_of(ev), world_size_of(ev)
+        if rank is None or world is None or not 0 <= rank < world:
+            raise InputError(f"{ONE_RUN}: {path} is not a rank of a distributed run")
+        if rank in by_rank:
+            raise InputError(f"{ONE_RUN}: {by_rank[rank]} and {path} are both rank {rank}")
+        by_rank[rank] = path
+        if first is None:
+            first = (ev, path, rank, world)
+            continue
+        ev0, path0, rank0, world0 = first
+        run0, run = ((e.extra.get(RANK_KEY) or {}).get("run_id") for e in (ev0, ev))
+        if world != world0:
+            raise InputError(f"{ONE_RUN}: {path} is rank {rank} of {world}, {path0} rank {rank0} of {world0}")
+        if run0 is not None and run is not None and run != run0:
+            raise InputError(f"{ONE_RUN}: {path} is rank {rank} of another run than {path0} "
+                             f"(run id {run}, not {run0})")
+        if _target_key(ev.target) != _target_key(ev0.target):
+            raise InputError(f"{ONE_RUN}: {path} audited {ev.target}, {path0} audited {ev0.target}")
 
 
 def merge_inputs(paths: list[Path]) -> m.Evidence | None:
@@ -436,6 +495,8 @@ def merge_inputs(paths: list[Path]) -> m.Evidence | None:
     rank run directories, and profiler traces (files or directories of them) naming at least two
     different ranks in `distributedInfo`. The result carries parsed traces of the primary rank in
     `trace_data`, as load_paths would attach them.
+
+    Raises InputError when several run directories are not the ranks of one job (check_one_job).
     """
     from auditor.evidence.load import find_traces
     from auditor.evidence.store import is_run_dir

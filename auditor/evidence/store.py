@@ -2,6 +2,11 @@
 
 A run directory holds `evidence.json` (the typed Evidence), `records.jsonl` (the raw stream the
 child process sent, kept for debugging) and `tb/` (profiler traces as a TensorBoard logdir).
+
+Recording paths in evidence.json are relative to the run directory for files inside it (its own
+traces: the directory can be moved or copied and still finds them) and absolute for files outside
+it. In memory, after load_run_dir, they are absolute; a relative one is relative to the run
+directory (as `audit run` records them), never to the current directory.
 """
 from __future__ import annotations
 
@@ -10,16 +15,50 @@ from pathlib import Path
 import msgspec
 
 from auditor.evidence.errors import InputError
-from auditor.evidence.model import Evidence, decode, encode
+from auditor.evidence.model import LOAD_NOTES, Evidence, decode, encode
 
 EVIDENCE_FILE = "evidence.json"
 
 
 def save(evidence: Evidence, run_dir: Path) -> Path:
+    """Write `evidence` as `run_dir` will be read back: see _as_stored (the object is not changed,
+    since reports rendered after saving show its absolute paths and this render's notes)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / EVIDENCE_FILE
-    path.write_bytes(encode(evidence))
+    path.write_bytes(encode(_as_stored(evidence, run_dir)))
     return path
+
+
+def _as_stored(evidence: Evidence, run_dir: Path) -> Evidence:
+    """A copy with recording paths as evidence.json keeps them (the module docstring), and without
+    the notes loading added (model.add_load_note): the next load adds them again, so saved they
+    would pile up on every re-render."""
+    derived = set(evidence.__dict__.get(LOAD_NOTES, ()))
+    notes = [n for n in dict.fromkeys(evidence.environment.notes) if n not in derived]
+    profile = evidence.profile
+    if profile is not None:
+        profile = msgspec.structs.replace(profile, trace_files=_stored_paths(profile.trace_files, run_dir))
+    return msgspec.structs.replace(
+        evidence, environment=msgspec.structs.replace(evidence.environment, notes=notes), profile=profile,
+        traces=_stored_paths(evidence.traces, run_dir), snapshots=_stored_paths(evidence.snapshots, run_dir))
+
+
+def _stored_paths(paths: list[str], run_dir: Path) -> list[str]:
+    """Absolute paths to files under `run_dir` made relative to it; the rest kept as they are."""
+    base = run_dir.resolve()
+    out = []
+    for p in paths:
+        try:
+            out.append(Path(p).resolve().relative_to(base).as_posix() if Path(p).is_absolute() else p)
+        except ValueError:  # outside the run directory
+            out.append(p)
+    return out
+
+
+def _loaded_paths(paths: list[str], run_dir: Path) -> list[str]:
+    """Paths relative to `run_dir` made absolute, so they still name the file wherever the
+    evidence goes next (another --out directory, the reports)."""
+    return [p if Path(p).is_absolute() else str((run_dir / p).resolve()) for p in paths]
 
 
 def is_run_dir(path: Path) -> bool:
@@ -27,13 +66,16 @@ def is_run_dir(path: Path) -> bool:
 
 
 def load_run_dir(run_dir: Path) -> Evidence:
-    """The evidence of a saved run; trace paths in it are made absolute against `run_dir`."""
+    """The evidence of a saved run, its recording paths absolute (the module docstring). Notes
+    said twice (evidence saved by older versions piled them up) are said once."""
     path = run_dir / EVIDENCE_FILE
     try:
         evidence = decode(path.read_bytes())
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
         raise InputError(f"{path}: not a readable auditor evidence file ({e})") from None
-    evidence.traces = [str((run_dir / t).resolve()) if not Path(t).is_absolute() else t for t in evidence.traces]
-    evidence.snapshots = [str((run_dir / s).resolve()) if not Path(s).is_absolute() else s
-                          for s in evidence.snapshots]
+    evidence.traces = _loaded_paths(evidence.traces, run_dir)
+    evidence.snapshots = _loaded_paths(evidence.snapshots, run_dir)
+    if evidence.profile is not None:
+        evidence.profile.trace_files = _loaded_paths(evidence.profile.trace_files, run_dir)
+    evidence.environment.notes = list(dict.fromkeys(evidence.environment.notes))
     return evidence

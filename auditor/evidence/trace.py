@@ -593,6 +593,35 @@ def blocking_calls(trace: "Trace") -> np.ndarray:
     return rows
 
 
+def blocking_op_calls(trace: "Trace", rows: np.ndarray) -> np.ndarray:
+    """For each blocking row (of `blocking_calls`), the row of the operator call the user made
+    that issued it: the outermost `ns::op` around it, the one `issuing_op` names (`aten::to`,
+    `aten::is_nonzero`), or the row itself when no operator encloses it (a bare
+    `cudaEventSynchronize`).
+
+    Why: one call can block in several runtime rows. `.cpu()` / `.item()` copy to pageable memory
+    (cudaMemcpyAsync, which returns only once the copy is done) and then sync the stream in the
+    same `_local_scalar_dense` / `_to_copy`; a driver sync can be recorded inside the runtime sync
+    that made it. Counted per row, each such call waits "twice"; rules count the calls (rows
+    grouped by this answer) and the union of their rows' time. Interval unions (gpu-idle's
+    "host synchronisation", the idle time behind the waits) stay on the rows themselves."""
+    cat, parent, names = trace.col("cat"), trace.col("parent"), trace.col("name")
+    cpu_op = CAT["cpu_op"]
+    # the answer depends only on the enclosing chain: memoised per parent, as issuing_op is
+    cache: dict[int, int] = trace.__dict__.setdefault("_blocking_op_calls", {})
+    out = np.empty(len(rows), dtype=np.int64)
+    for i, row in enumerate(np.asarray(rows, dtype=np.int64)):
+        key = int(parent[row])
+        found = cache.get(key)
+        if found is None:
+            ops = [r for r in trace.ancestors(int(row))
+                   if cat[r] == cpu_op and not _NOT_AN_OP.match(trace.symbols[int(names[r])])]
+            scoped = [r for r in ops if "::" in trace.symbols[int(names[r])]]
+            found = cache[key] = scoped[-1] if scoped else (ops[-1] if ops else -1)
+        out[i] = found if found >= 0 else row
+    return out
+
+
 def gpu_idle_behind(trace: "Trace", rows: np.ndarray) -> float:
     """Microseconds of GPU idle time that blocking calls (`rows`) account for: while the host
     waits in a call, and after it returns until the GPU next starts work, whatever no GPU work

@@ -26,7 +26,8 @@ OUTPUTS = ("report.html", "findings.json", "findings.sarif", "fixes.patch", "num
 
 @dataclass(frozen=True)
 class Recoverable:
-    """Time the findings say could be saved per step: their costs summed, capped at the median step."""
+    """Time the findings say could be saved per step: their costs summed, each stretch of time once
+    (a cost another finding's cost holds is left out), capped at the median step."""
 
     ms: float | None  # None: no finding has a time cost
     share: float | None  # of the median step
@@ -36,17 +37,30 @@ class Recoverable:
     largest: float | None = None  # ms/step of the costliest finding alone (what a capped sum still says)
 
 
+def _held_elsewhere(f: Finding, timed: list[Finding]) -> bool:
+    """True when another timed finding's cost already holds this one's (Cost.within): the rule it
+    names reported on the same recording (evidence "trace"; both absent counts as the same). Its
+    container absent (below its threshold, ignored), the cost is a saving of its own."""
+    container = f.cost.within if f.cost is not None else None
+    if not container:
+        return False
+    scope = f.evidence.get("trace")
+    return any(g is not f and g.rule == container and g.evidence.get("trace") == scope for g in timed)
+
+
 def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
-    timed = [f.cost for f in results.findings if f.cost is not None and f.cost.ms_per_step is not None]
+    timed = [f for f in results.findings if f.cost is not None and f.cost.ms_per_step is not None]
     counted_only = len(results.findings) - len(timed)
     if not timed:
         return Recoverable(None, None, False, False, counted_only)
-    total = sum(c.ms_per_step for c in timed)  # type: ignore[misc]
+    # e.g. host-sync's idle time behind its waits is part of gpu-idle's idle total on that trace
+    summed = [f.cost for f in timed if not _held_elsewhere(f, timed)]
+    total = sum(c.ms_per_step for c in summed)  # type: ignore[union-attr, misc]
     median = evidence.shown_median_ms()
     capped = median is not None and total > median
     ms = min(total, median) if median is not None else total
-    return Recoverable(ms, ms / median if median else None, capped, any(not c.measured for c in timed), counted_only,
-                       max(c.ms_per_step for c in timed))  # type: ignore[type-var]
+    return Recoverable(ms, ms / median if median else None, capped, any(not c.measured for c in summed),  # type: ignore[union-attr]
+                       counted_only, max(f.cost.ms_per_step for f in timed))  # type: ignore[union-attr, type-var]
 
 
 def checkpoint_overview(evidence: Evidence) -> dict[str, Any] | None:

@@ -37,6 +37,11 @@ class Cost(msgspec.Struct, frozen=True):
     share_of_step: float | None
     measured: bool = True  # False: estimated, or counted only (e.g. syncs on a CPU-only run)
     note: str | None = None
+    # The id of the rule whose finding on the same recording (same evidence "trace") counts this
+    # time in its own cost: host-sync's idle time behind the waits is part of gpu-idle's idle
+    # total. The headline's recoverable sum then counts it once (reports.terminal.recoverable);
+    # the cost itself stays what it measures.
+    within: str | None = None
 
 
 class Edit(msgspec.Struct, frozen=True):

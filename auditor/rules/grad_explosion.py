@@ -54,7 +54,9 @@ class GradExplosion(Rule):
         Option("min-correlation", 0.8, "Rank correlation of log-norm with step needed for steady growth."),
         Option("min-steps", 8, "Optimizer steps needed to judge steady growth."),
         Option("clip-percentile", 90, "Percentile of the healthy steps' norms suggested as max_norm."),
-        Option("healthy-factor", 3.0, "Norms up to this many times the first step's count as healthy."),
+        Option("healthy-factor", 3.0, "Norms up to this many times the typical norm before the explosion "
+                                      "(the median before a spike, the first step's before steady growth) "
+                                      "count as healthy."),
     )
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
@@ -81,9 +83,12 @@ class GradExplosion(Rule):
             return None
         k = spike["index"] if spike else len(fin) - 1
         step, rec = recs[k]
-        # Healthy: before the spike, and not yet far above where the run started.
+        # Healthy: before the spike, and not far above the norms typical before it: their median
+        # (the first step's alone can be 100x below the rest, and a max_norm from it would all but
+        # stop training). A steady climb grows from its first step: that is where it was healthy.
         before = [v for _, v in fin[:spike["index"] if spike else len(fin)]]
-        healthy = [v for v in before if v <= options["healthy-factor"] * before[0]] or before[:1]
+        typical = median(before) if spike else before[0]
+        healthy = [v for v in before if v <= options["healthy-factor"] * typical] or before[:1]
         max_norm = _round2(_percentile(healthy, options["clip-percentile"]))
         went_nonfinite = healthy_end < len(series)
         if spike:
@@ -121,11 +126,14 @@ class GradExplosion(Rule):
 
 
 def _spike(fin: list[tuple[int, float]], options: dict) -> dict | None:
+    """The first norm `spike-ratio` times the median of the steps just before it that is also
+    above every norm seen before: a norm climbing back to where it has already been (momentum
+    makes norms swing by 100x over tens of steps) is not an explosion."""
     for k in range(options["min-history"], len(fin)):
         window = [v for _, v in fin[max(0, k - options["window"]):k]]
         ref = median(window)
         v = fin[k][1]
-        if ref > 0 and v / ref >= options["spike-ratio"]:
+        if ref > 0 and v / ref >= options["spike-ratio"] and v > max(u for _, u in fin[:k]):
             return {"index": k, "step": fin[k][0], "norm": v, "reference": ref, "ratio": round(v / ref, 2),
                     "window": len(window)}
     return None
@@ -182,12 +190,22 @@ def clip_edit(file: str, line: int, max_norm: float) -> Edit | None:
         opt = ast.get_source_segment("\n".join(lines), call.args[0]) if call.args else receiver
         if not receiver or not opt:
             return None
-        indent = lines[line - 1][:len(lines[line - 1]) - len(lines[line - 1].lstrip())]
-        new = []
+        text = lines[line - 1]
+        indent = text[:len(text) - len(text.lstrip())]
+        # Statements before the step on its line (`opt.zero_grad(); loss.backward(); opt.step()`)
+        # stay before the clipping: clipping ahead of the backward would clip the gradients it
+        # is about to zero. ast columns count UTF-8 bytes.
+        raw = text.encode()
+        before = raw[:node.col_offset].decode().rstrip()
+        if before.strip():
+            if not before.endswith(";"):
+                return None
+            before = before[:-1].rstrip()
+        new = [before] if before.strip() else []
         if call.args and "unscale_(" not in "\n".join(lines):
             new.append(f"{indent}{receiver}.unscale_({opt})")
         new.append(f'{indent}torch.nn.utils.clip_grad_norm_([p for g in {opt}.param_groups for p in g["params"]], '
                    f"max_norm={max_norm:g})")
-        new.append(lines[line - 1])
+        new.append(indent + raw[node.col_offset:].decode())
         return Edit(file=file, start=line, end=line, lines=new)
     return None

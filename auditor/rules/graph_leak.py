@@ -58,7 +58,8 @@ class GraphLeak(Rule):
         Non-leaf tensors (tensors with a grad_fn) that are still alive after a step returns, and an
         autograd graph behind them that grows from one step boundary to the next: a running loss
         kept as a tensor (`total += loss`), outputs appended to a list without `.detach()`, a
-        recurrent state carried across steps without detaching.
+        recurrent state carried across steps without detaching, a module buffer updated in
+        `forward` outside `torch.no_grad()` (`self.running_mean = 0.9 * self.running_mean + 0.1 * m`).
 
     Why it costs:
         Each step's whole graph, with the activations it saved, stays reachable from the survivor.
@@ -70,12 +71,15 @@ class GraphLeak(Rule):
         good:  running_loss += loss.detach()     # or loss.item() when you log
 
     Fix:
-        Detach what you keep: `.detach()` (stays on device, no sync) or `.item()` when logging.
-        The patch adds `.detach()` at the line that grows the holder.
+        Detach what you keep: `.detach()` (stays on device, no sync) or `.item()` when logging;
+        update a module's running statistics under `torch.no_grad()`.
+        The patch adds `.detach()` at the line that grows the holder (for a module's attribute,
+        the line of its class that assigns `self.<attr>`).
 
     Evidence needed:
         A run: scans of live tensors with a grad_fn at a few step boundaries (graph size per scan)
-        and the module globals holding them.
+        and the module globals holding them, including buffers and tensor attributes of the
+        nn.Modules among them (named by module path: `model.1.running_mean`).
     """
 
     id = "graph-leak"
@@ -110,7 +114,8 @@ class GraphLeak(Rule):
                 if edit:
                     edits.append(edit)
                     numerics |= changes
-        names = ", ".join(f"`{h['name']}`" for h in growing) or "tensors outside the target module's globals"
+        names = (", ".join(f"`{h['name']}`" for h in growing)
+                 or "tensors outside the target module's globals (and the modules they reach)")
         yield self.finding(
             f"Autograd graphs kept alive across steps grew from {nodes[0]} to {nodes[-1]} nodes between steps "
             f"{scans[0].after_step} and {scans[-1].after_step} ({rate:.1f} nodes per step), held by {names}.",

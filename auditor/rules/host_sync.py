@@ -37,9 +37,10 @@ class HostSync(Rule):
         with `.item()` every step unless the optimizer is fused, and torch.utils.tensorboard's
         `SummaryWriter.add_scalar(tag, tensor)` fetches the tensor at each call.
         On a recorded GPU trace: cudaStreamSynchronize / cudaDeviceSynchronize / synchronous DtoH
-        copies attributed to the op that issued them. Only syncs inside a ProfilerStep count:
-        the profiler's own `cudaDeviceSynchronize` when it stops, after the last step, is not
-        the step's.
+        copies attributed to the op that issued them, counted once per call of it (a `.cpu()`
+        that copies to pageable memory, then syncs its stream, waited once). Only syncs inside a
+        ProfilerStep count: the profiler's own `cudaDeviceSynchronize` when it stops, after the
+        last step, is not the step's.
 
     Why it costs:
         CUDA runs asynchronously: the host queues kernels ahead of the device. A sync drains that

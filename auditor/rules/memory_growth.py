@@ -15,15 +15,18 @@ class MemoryGrowth(Rule):
     What it detects:
         Memory measured at step boundaries (CUDA allocated bytes on a GPU; process RSS on the CPU)
         that rises steadily through the run, after warm-up and the profiled window; or tensors held
-        by the target module's state (lists, dicts, globals) whose bytes grew at every scan, with
-        the line that grows them (`.append`, `x[key] = ...`, `+=`). Those are counted exactly, so a
-        few MiB of such growth is flagged where process memory would need far more to prove it; a
-        buffer that fills to a cap and stays there is not.
+        by the target module's state (lists, dicts, globals, and the buffers and tensor attributes
+        of its nn.Modules, named by module path: `model.1.queue`) whose bytes grew at every scan,
+        with the line that grows them (`.append`, `x[key] = ...`, `+=`,
+        `self.queue = torch.cat([self.queue, k])`). Those are counted exactly, so a few MiB of such
+        growth is flagged where process memory would need far more to prove it; a buffer that
+        fills to a cap and stays there is not.
 
     Why it costs:
         Memory that grows every step ends in an out-of-memory error, often hours in ("OOM after
         several episodes, all progress lost"). Typical causes: per-step outputs kept in a list,
-        tensors cached in a dict that never evicts, graphs kept alive (see graph-leak).
+        tensors cached in a dict that never evicts, a queue kept as a module buffer and never
+        trimmed, graphs kept alive (see graph-leak).
 
     Example:
         bad:   all_logits.append(logits.detach())        # every step, never cleared
@@ -105,8 +108,9 @@ class MemoryGrowth(Rule):
 
     @staticmethod
     def _growing_holders(ev: m.Evidence) -> list[dict[str, Any]]:
-        """Module globals whose tensor bytes grew at every graph scan (a buffer that fills, then
-        stays, is not growing without bound), biggest growth first."""
+        """Module globals (and module buffers and attributes) whose tensor bytes grew at every
+        graph scan (a buffer that fills, then stays, is not growing without bound), biggest growth
+        first."""
         if len(ev.graph_scans) < 2:
             return []
         scans = sorted(ev.graph_scans, key=lambda s: s.after_step)

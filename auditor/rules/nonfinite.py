@@ -269,7 +269,20 @@ HAZARD_TEXT = {
     "overflow": "overflowed: finite inputs gave ±inf",
     "invalid": "made NaN from finite inputs (inf - inf, 0 * inf or 0 / 0 inside the call)",
     "nonfinite-input": "received an input that was already non-finite",
+    "masked-row": ("made NaN from a mask: its only non-finite input is -inf where masked (an attention or "
+                   "padding mask, by design), and a row masked entirely gives a softmax of all -inf, 0 / 0"),
 }
+
+
+def _masked_whole(o: dict, hazard: dict) -> bool:
+    """A call whose only non-finite input holds -inf and finite values (an additive mask, e.g. the
+    one MultiheadAttention makes from a bool key_padding_mask) and whose output is NaN: a row
+    masked entirely (an empty sequence), not bad input data. Repairing the inputs (nan_to_num)
+    would break the masking."""
+    ins, outs = o.get("inputs") or [], o.get("outputs") or []
+    bad = [r for r in ins if not r.get("finite", True)]
+    return (not hazard.get("param") and len(bad) == 1 and bad[0].get("min") == "-inf"
+            and finite(bad[0].get("max")) and any(r.get("min") == "nan" or r.get("max") == "nan" for r in outs))
 
 
 class Nonfinite(Rule):
@@ -344,6 +357,9 @@ class Nonfinite(Rule):
         head = f"Step {step} of {len(ev.steps)}: the {first} became {short(loss) if first == 'loss' and loss is not None else 'non-finite'}{followed}."
         hazard = o.get("hazard") or {}
         kind = hazard.get("kind", "unknown")
+        if kind == "nonfinite-input" and _masked_whole(o, hazard):
+            kind = "masked-row"
+            hazard = {**hazard, "kind": kind}
         site = view.sites.get(o.get("site"), {})
         loc = view.site_location(o.get("site"))
         mod = view.module_name(o.get("module"))
@@ -426,6 +442,11 @@ class Nonfinite(Rule):
             return Fix(summary="Keep values within float16's range (±65504): run this op in float32 "
                                "(autocast(enabled=False) and .float()), or autocast to bfloat16.",
                        config={"autocast.dtype": "bfloat16"}, changes_numerics=True)
+        if kind == "masked-row":
+            return Fix(summary="Keep at least one position unmasked in every row: drop empty sequences from the batch "
+                               "(a length-0 sequence masks all its keys), or use a large finite negative value "
+                               "(torch.finfo(dtype).min) instead of -inf and zero the fully masked rows' outputs.",
+                       config={}, changes_numerics=True)
         if kind == "nonfinite-input":
             return Fix(summary="Reject or repair non-finite inputs before the step (torch.isfinite(x).all(), "
                                "torch.nan_to_num), and do not resume from weights that are already non-finite.",

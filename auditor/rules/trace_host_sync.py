@@ -3,6 +3,8 @@
 The HostSync rule (owned elsewhere) calls `trace_host_sync_findings(self, evidence, options)` and
 adds `TRACE_OPTIONS` to its options. Starting from the sync calls themselves (not from `item()`
 calls), and from the copies to pageable memory that wait as a sync does, is what keeps an `aten::item` on a CPU tensor, which never waits for a GPU, out of it.
+What is counted is the operator calls that waited, not the runtime rows they waited in: `.cpu()` of
+a GPU tensor copies to pageable memory (a wait) and then syncs its stream (another) in one call.
 
 When the trace has ProfilerSteps, only syncs inside a step count. torch.profiler synchronizes the
 device itself when it stops, right after the last step: that `cudaDeviceSynchronize` is in every
@@ -21,10 +23,12 @@ from auditor.evidence.trace import (
     ASYNC_COPY_CALLS,
     Trace,
     blocking_calls,
+    blocking_op_calls,
     frame_location_parts,
     gpu_idle_behind,
-    issuing_op,
+    merge_intervals,
     sites,
+    total_length,
 )
 from auditor.rules.base import Cost, Finding, Fix, Location, Option
 
@@ -74,35 +78,42 @@ def trace_host_sync_findings(rule: Any, evidence: Evidence, options: dict[str, A
 
 
 def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Finding]:
-    ev = trace.events
-    calls = blocking_calls(trace)
+    rows = blocking_calls(trace)
     if len(trace.steps):
-        calls = calls[trace.col("step")[calls] >= 0]
-    if not len(calls):
+        rows = rows[trace.col("step")[rows] >= 0]
+    if not len(rows):
         return []
     steps = trace.step_count()
     step_ms = trace.step_ms()
-    groups: dict[str, list[int]] = defaultdict(list)
-    for r in calls:
-        groups[issuing_op(trace, int(r)) or trace.name(int(r))].append(int(r))
-    dur = ev["dur"].to_numpy()
+    # One operator call can block in several rows (a copy to pageable memory, then the stream sync
+    # after it, in one `.to()`): what is counted is the call, and what it blocked is its rows' union.
+    calls: dict[int, list[int]] = defaultdict(list)
+    for r, call in zip(rows, blocking_op_calls(trace, rows)):
+        calls[int(call)].append(int(r))
+    groups: dict[str, list[list[int]]] = defaultdict(list)
+    for call, members in calls.items():
+        groups[trace.name(call)].append(members)  # the issuing op; a bare sync call is named by its API
+    ts, end = trace.col("ts"), trace.col("end")
     min_syncs = int(options.get("trace-min-syncs", 1))
     warn_share = float(options.get("trace-warning-share", 0.05))
     findings = []
-    for op, rows in groups.items():
-        if len(rows) < min_syncs:
+    for op, members in groups.items():
+        if len(members) < min_syncs:
             continue
-        blocked_ms = float(dur[rows].sum()) / 1000.0
+        rows_of_op = [r for m in members for r in m]
+        waited = np.array([total_length(merge_intervals(ts[m], end[m])) for m in members])  # us per call
+        blocked_ms = float(waited.sum()) / 1000.0
         per_step = blocked_ms / steps
         share = per_step / step_ms if step_ms > 0 else None
-        idle_ms = gpu_idle_behind(trace, np.asarray(rows)) / 1000.0 / steps
+        idle_ms = gpu_idle_behind(trace, np.asarray(rows_of_op)) / 1000.0 / steps
         idle_share = idle_ms / step_ms if step_ms > 0 else None
-        apis = Counter(_api(trace, r) for r in rows)
-        chains = Counter(" > ".join(reversed(trace.op_chain(r)[:4])) for r in rows)
-        where = sites(trace, rows, weights=dur[rows])
-        times = "once" if len(rows) == 1 else f"{len(rows)} times"
+        apis = Counter(_api(trace, r) for r in rows_of_op)  # (runtime rows by API: a call may hold two)
+        chains = Counter(" > ".join(reversed(trace.op_chain(m[0])[:4])) for m in members)
+        where = sites(trace, [m[0] for m in members], weights=waited)
+        n = len(members)
+        times = "once" if n == 1 else f"{n} times"
         message = (f"{op} blocked the host on the GPU {times} in {trace.label} "
-                   f"({len(rows) / steps:.1f} per step), {per_step:.2f} ms per step"
+                   f"({n / steps:.1f} per step), {per_step:.2f} ms per step"
                    + (f" ({share:.1%} of the step)" if share is not None else "")
                    + f" spent waiting in {', '.join(apis)}; the GPU sat idle {idle_ms:.2f} ms per step "
                    "while the host waited there and before it queued new work (what removing them can give back).")
@@ -110,18 +121,21 @@ def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Fi
             message,
             severity="warning" if share is not None and share >= warn_share else "info",  # (the host's time)
             locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
-            evidence={"trace": str(trace.path), "source": "trace", "op": op, "syncs": len(rows),
-                      "syncs_per_step": round(len(rows) / steps, 2), "blocked_ms": round(blocked_ms, 3),
+            evidence={"trace": str(trace.path), "source": "trace", "op": op, "syncs": n,
+                      "syncs_per_step": round(n / steps, 2), "blocked_ms": round(blocked_ms, 3),
                       "blocked_ms_per_step": round(per_step, 3), "steps": steps, "step_ms": round(step_ms, 3),
                       "apis": dict(apis), "op_chains": dict(chains.most_common(3)),
-                      "longest_ms": round(float(np.max(dur[rows])) / 1000.0, 3),
+                      "longest_ms": round(float(waited.max()) / 1000.0, 3),
                       "gpu_idle_ms_per_step": round(idle_ms, 3),
-                      "sites": [{"file": f.file, "line": f.line, "syncs": n, "ms": round(w / 1000.0, 3)}
-                                for f, n, w in where]},
+                      "sites": [{"file": f.file, "line": f.line, "syncs": k, "ms": round(w / 1000.0, 3)}
+                                for f, k, w in where]},
+            # This idle time lies inside gpu-idle's idle total of the same trace: the headline's
+            # recoverable sum counts it once (reports.terminal.recoverable).
             cost=Cost(ms_per_step=round(idle_ms, 3),
                       share_of_step=round(idle_share, 4) if idle_share is not None else None, measured=True,
                       note="GPU idle time while the host waited in these calls and until the GPU's next "
-                           "work (the host's own blocked time is in the evidence)"),
+                           "work (the host's own blocked time is in the evidence)",
+                      within="gpu-idle"),
             fix=Fix(summary=_advice(op),
                     config={"non_blocking": True} if op in ("aten::to", "aten::copy_") else {}),
         ))
