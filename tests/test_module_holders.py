@@ -1,0 +1,194 @@
+"""State kept inside an nn.Module is module state: a buffer updated in `forward` outside
+`torch.no_grad()` keeps a graph per step, and a queue kept as a buffer and never trimmed grows
+without bound. graph-leak and memory-growth walk the modules reachable from the target's globals,
+name the holder by its module path (`model.1.rm`) and point at the line of its class that grows it.
+Parameters are leaves, never holders."""
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+
+from conftest import audit
+
+BN = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class MyBN(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.register_buffer("rm", torch.zeros(c))
+        self.w = nn.Parameter(torch.ones(c))
+
+    def forward(self, x):
+        if self.training:
+            m = x.mean(0)
+{update}
+        else:
+            m = self.rm
+        return (x - m) * self.w
+
+
+model = nn.Sequential(nn.Linear(16, 64), MyBN(64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(0)
+
+
+def step(i):
+    x = torch.randn(32, 16, generator=g)
+    loss = nn.functional.mse_loss(model(x), x[:, :1])
+    opt.zero_grad(); loss.backward(); opt.step()
+'''
+LEAKY = "            self.rm = 0.9 * self.rm + 0.1 * m  # UPDATE LINE: no torch.no_grad, no detach"
+CLEAN = ("            with torch.no_grad():\n"
+         "                self.rm = 0.9 * self.rm + 0.1 * m  # UPDATE LINE")
+
+QUEUE = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class Queue(nn.Module):
+    """MoCo-style: this step's keys join a queue of negatives kept as a buffer."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+        self.register_buffer("queue", torch.zeros(0, d))
+        self.seen = []  # a plain attribute: a list of tensors
+
+    def forward(self, x):
+        k = self.lin(x)
+        with torch.no_grad():
+            self.queue = torch.cat([self.queue, k.detach()]){trim}  # QUEUE LINE
+            self.seen.append(k.detach()[:1]){pop}  # SEEN LINE
+        return k
+
+
+model = nn.Sequential(nn.Linear(16, 256), Queue(256), nn.Linear(256, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(0)
+
+
+def step(i):
+    x = torch.randn(256, 16, generator=g)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+'''
+
+
+def _line(source: str, marker: str) -> int:
+    return next(n for n, text in enumerate(source.splitlines(), 1) if marker in text)
+
+
+def _run(tmp_path, source: str, name: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    a = audit("run", f"{path}:step", "--steps", "30", "--quiet", "--no-profile", "--no-numerics",
+              out=tmp_path / f"out-{name}", env={"OMP_NUM_THREADS": "1"})
+    assert a.returncode == 0, a.stderr[-2000:]
+    return path, a
+
+
+def _holder_names(a) -> set[str]:
+    return {h["name"] for s in a.evidence["graph_scans"] for h in s["holders"]}
+
+
+def test_a_buffer_updated_with_grad_is_named_at_its_line(tmp_path):
+    """The running mean assigned from the batch mean without no_grad: every step's graph hangs off
+    `model.1.rm`. Named by module path, located at the assignment in MyBN.forward, and patched
+    there with `.detach()` (in numerics-fixes.patch: an assignment's detach can cut backprop)."""
+    source = BN.format(update=LEAKY)
+    path, a = _run(tmp_path, source, "bn")
+    [leak] = a.rule("graph-leak")
+    assert [h["name"] for h in leak["evidence"]["holders"]] == ["model.1.rm"], leak["message"]
+    assert "held by `model.1.rm`" in leak["message"]
+    line = _line(source, "UPDATE LINE")
+    assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), line)]
+    [edit] = leak["fix"]["edits"]
+    assert edit["start"] == edit["end"] == line
+    assert edit["lines"][0].strip().startswith("self.rm = (0.9 * self.rm + 0.1 * m).detach()")
+    assert leak["fix"]["changes_numerics"] is True
+    assert "self.rm = (0.9 * self.rm + 0.1 * m).detach()" in (a.out / "numerics-fixes.patch").read_text()
+    # the parameter `w` and the Linear weights are leaves: never holders
+    assert not any(n.endswith((".w", ".weight", ".bias")) for n in _holder_names(a))
+
+
+def test_a_buffer_updated_under_no_grad_is_clean(tmp_path):
+    """The same module with its update under torch.no_grad(): the walk sees `model.1.rm` (no graph,
+    no growth), and nothing is reported."""
+    path, a = _run(tmp_path, BN.format(update=CLEAN), "bn_clean")
+    assert not a.rule("graph-leak") and not a.rule("memory-growth"), [f["message"] for f in a.findings]
+    scans = a.evidence["graph_scans"]
+    rm = [h for s in scans for h in s["holders"] if h["name"] == "model.1.rm"]
+    assert len(rm) == len(scans) and all(h["nodes"] == 0 and h["bytes"] == 64 * 4 for h in rm)
+
+
+def test_a_queue_kept_as_a_buffer_is_named_at_its_line(tmp_path):
+    """A queue buffer grown by `torch.cat` every step and never trimmed: 256 KiB a step, too little
+    for RSS to prove in 30 steps, counted exactly as `model.1.queue`, at the line that grows it.
+    A plain list attribute of the module growing beside it is named too (`model.1.seen`): its
+    one-row slices keep each step's whole 256 KiB key alive, and are counted so."""
+    source = QUEUE.format(trim="", pop="")
+    path, a = _run(tmp_path, source, "queue")
+    [growth] = a.rule("memory-growth")
+    held = {h["name"]: h for h in growth["evidence"]["holders"]}
+    assert set(held) == {"model.1.queue", "model.1.seen"}, growth["message"]
+    assert "`model.1.queue` grew by" in growth["message"] and "`model.1.seen` grew by" in growth["message"]
+    scans = sorted(a.evidence["graph_scans"], key=lambda s: s["after_step"])
+    per_step = 256 * 256 * 4  # one (batch, d) float32 key
+    for h in held.values():
+        assert h["growth_bytes"] == per_step * (scans[-1]["after_step"] - scans[0]["after_step"]), h
+    assert held["model.1.queue"]["kind"] == "Tensor" and held["model.1.seen"]["kind"] == "list"
+    assert held["model.1.seen"]["tensors"] == 30
+    assert {(loc["file"], loc["line"]) for loc in growth["locations"]} == {
+        (str(path), _line(source, "QUEUE LINE")), (str(path), _line(source, "SEEN LINE"))}
+    assert not a.rule("graph-leak")
+
+
+def test_a_trimmed_queue_is_clean(tmp_path):
+    """The same queue capped at 1,024 rows (full after four steps) and a list that keeps its last
+    eight: no growth to report."""
+    source = QUEUE.format(trim="[-1024:]", pop="; self.seen[:-8] = []")
+    path, a = _run(tmp_path, source, "queue_clean")
+    assert not a.rule("memory-growth") and not a.rule("graph-leak"), [f["message"] for f in a.findings]
+    # seen, and steady once full: two steps' keys after step 1; then the last 1,024 rows, a view
+    # of the concatenation that keeps its 1,280 rows of storage
+    scans = sorted(a.evidence["graph_scans"], key=lambda s: s["after_step"])
+    queue = [h["bytes"] for s in scans for h in s["holders"] if h["name"] == "model.1.queue"]
+    assert [s["after_step"] for s in scans] == [1, 15, 29]
+    assert queue == [512 * 256 * 4, 1280 * 256 * 4, 1280 * 256 * 4]
+
+
+class _Stats(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("count", torch.zeros(()))
+        self.register_buffer("unset", None)
+        self.history = [torch.ones(2)]
+        self.settings = (3, "x", None)
+
+
+def test_module_walk_names_and_limits():
+    """Names by module path, through a global object's attribute (`trainer.net`); a submodule
+    reached twice is named once, under the first name; parameters, None buffers and settings
+    are not holders."""
+    from auditor.capture.graphs import _holders
+
+    shared = _Stats()
+    net = nn.Sequential(nn.Linear(4, 4), shared)
+    mod = types.ModuleType("target")
+    mod.net = net
+    mod.trainer = types.SimpleNamespace(net=nn.ModuleDict({"head": shared, "extra": _Stats()}))
+    names = [h[0] for h in _holders(mod)]
+    assert names == ["net.1.count", "net.1.history", "trainer.net.extra.count", "trainer.net.extra.history"]
+    owners = {h[0]: h[3] for h in _holders(mod)}
+    assert owners["net.1.count"] == (_Stats, "count")
