@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
-def load_copy(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / "clean.py")
+def load_copy(name: str, trainer: Path = EXAMPLES / "clean.py"):
+    spec = importlib.util.spec_from_file_location(name, trainer)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -108,6 +108,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--no-numerics", action="store_true", help="audit without the numerics checks (to split the cost)")
     ap.add_argument("--batch", type=int, default=384, help="rows a batch (examples/clean.py uses 256)")
+    ap.add_argument("--trainer", type=Path, default=EXAMPLES / "clean.py",
+                    help="another trainer (a module with step(i) and a `model`), e.g. bench/many_calls.py")
     args = ap.parse_args()
     sys.path.insert(0, str(EXAMPLES))
     import torch
@@ -134,7 +136,8 @@ def main() -> None:
     # the copies are made with everything installed, as the child makes the user's objects
     swap = Swap(install)
     rec = probes.REC
-    a, b = load_copy("clean_a"), load_copy("clean_b")
+    trainer = args.trainer.resolve()
+    a, b = load_copy("clean_a", trainer), load_copy("clean_b", trainer)
     reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     out = Writer(reader.stdin.fileno())
     ratios, a_ms, b_ms, parts = [], [], [], []
@@ -167,7 +170,7 @@ def main() -> None:
     reader.wait()
     same = all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
     q = statistics.quantiles(ratios, n=4)
-    print(f"threads {torch.get_num_threads()}, {args.steps} step pairs of examples/clean.py, batch {args.batch}")
+    print(f"threads {torch.get_num_threads()}, {args.steps} step pairs of {trainer.name}, batch {args.batch}")
     print(f"plain step    median {statistics.median(b_ms):.2f} ms")
     print(f"audited step  median {statistics.median(a_ms):.2f} ms (interval between step starts)")
     print(f"overhead      median {100 * statistics.median(ratios):+.1f}% per step "

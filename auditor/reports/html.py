@@ -24,22 +24,27 @@ import textwrap
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import msgspec
 from markupsafe import Markup
 
 from auditor import __version__
-from auditor.evidence.model import Evidence
+from auditor.evidence.model import CUDA_STANDIN, Evidence
 from auditor.reports.base import Reporter
 from auditor.reports.findings_json import document
-from auditor.reports.patch import make_patch
+from auditor.reports.patch import make_patch, numerics_patchable, patchable
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.terminal import checkpoint_overview, recoverable
 from auditor.rules.base import Finding
 from auditor.rules.engine import RuleResults
 from auditor.rules.registry import get_rule
+
+if TYPE_CHECKING:  # (numpy and the trace parser load only when a trace is rendered)
+    import numpy as np
+
+    from auditor.evidence.trace import Trace
 
 TEMPLATES = Path(__file__).parent / "templates"
 CONTEXT_LINES = 3  # source lines shown above and below a finding's line
@@ -239,6 +244,19 @@ def patched_config(findings: list[Finding]) -> list[ConfigGroup]:
     return [g for g in (env, *kwargs.values(), other) if g.lines]
 
 
+def patch_files(findings: list[Finding]) -> list[dict[str, str]]:
+    """The patch files that hold code edits, split as the patch reporters split them: the Patched
+    config section names these, not a fixes.patch that may be empty while every edit went to
+    numerics-fixes.patch."""
+    files = []
+    if patchable(findings):
+        files.append({"name": "fixes.patch", "what": "edits that leave results unchanged", "how": ""})
+    if numerics_patchable(findings):
+        files.append({"name": "numerics-fixes.patch", "what": "edits that change what the training computes",
+                      "how": "review each, then "})
+    return files
+
+
 def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
     """The answer at the top of the page: how long a step takes and how much the findings cost."""
     rec = recoverable(ev, results)
@@ -314,14 +332,102 @@ def trace_views(ev: Evidence, out_dir: Path) -> dict[str, Any]:
 
 
 def top_ops(ev: Evidence, limit: int = 20) -> list[dict]:
-    """The operator table: the one the run recorded, else the first loaded trace's."""
+    """The operator table: the one the run recorded, else the first loaded trace's, without the
+    operators the audit itself ran (see users_top_ops)."""
     if ev.profile and ev.profile.top_ops:
         return ev.profile.top_ops[:limit]
     for trace in getattr(ev, "trace_data", None) or []:
-        rows = trace.top_ops(limit)
+        rows = users_top_ops(trace, limit)
         if rows:
             return rows
     return []
+
+
+# record_function ranges the auditor runs its own work in (e.g. `auditor::numerics` around the
+# numerics collector's checks): every operator inside one was the audit's, not the program's
+AUDITOR_RANGE = re.compile(r"^auditor::")
+
+
+def auditor_ranges(trace: Trace) -> np.ndarray:
+    """Rows of the auditor's own `auditor::` ranges (record_function annotations) in a trace."""
+    import numpy as np
+
+    from auditor.evidence.trace import CAT
+
+    codes = trace.symbols.matching(AUDITOR_RANGE)
+    if not len(codes):
+        return np.empty(0, dtype=np.int64)
+    return np.flatnonzero((trace.col("cat") == CAT["annotation"]) & np.isin(trace.col("name"), codes)
+                          & ~trace.col("instant"))
+
+
+def auditor_ops(trace: Trace, ranges: np.ndarray) -> np.ndarray:
+    """A boolean per trace row: it started inside one of the auditor's `ranges` on its thread.
+
+    Why by range and not by name or stack: the audit runs the same operators as the program
+    (aminmax, item, norms), and the program's own calls pass through the auditor's wrappers
+    (its TorchFunctionMode, its probes), so neither an op's name nor an auditor frame above it
+    says whose call it was; the range says it exactly. Containment is judged on time per thread,
+    not through the trace's parent links, which Python-tracer events that outlive their call bend.
+    """
+    import numpy as np
+
+    from auditor.evidence.trace import merge_intervals
+
+    pid, tid, ts, end = trace.col("pid"), trace.col("tid"), trace.col("ts"), trace.col("end")
+    inside = np.zeros(len(ts), dtype=bool)
+    for p, t in set(zip(pid[ranges].tolist(), tid[ranges].tolist())):
+        mine = ranges[(pid[ranges] == p) & (tid[ranges] == t)]
+        lo, hi = merge_intervals(ts[mine], end[mine])
+        rows = np.flatnonzero((pid == p) & (tid == t))
+        k = np.searchsorted(lo, ts[rows], side="right") - 1
+        hit = k >= 0
+        inside[rows[hit]] = ts[rows[hit]] < hi[k[hit]]
+    return inside
+
+
+def users_top_ops(trace: Trace, limit: int = 20) -> list[dict]:
+    """Trace.top_ops without the operators run inside the auditor's own ranges (auditor_ops): the
+    table says where the program's time goes, and the audit's checks are not the program's. A
+    range's time also comes out of the self time of an operator it ran inside (a check in a hook)."""
+    import numpy as np
+
+    from auditor.evidence.trace import CAT
+
+    ranges = auditor_ranges(trace)
+    if not len(ranges):
+        return trace.top_ops(limit)
+    ours = auditor_ops(trace, ranges)
+    cat, dur, parent, name = trace.col("cat"), trace.col("dur"), trace.col("parent"), trace.col("name")
+    ops = np.flatnonzero((cat == CAT["cpu_op"]) & ~trace.col("instant") & ~ours)
+    if not len(ops):
+        return []
+    timed = np.isin(cat, (CAT["cpu_op"], CAT["runtime"], CAT["driver"])) & ~ours
+    timed[ranges] = True
+    nested = np.flatnonzero(timed & (parent >= 0))
+    inner = np.bincount(parent[nested], weights=dur[nested], minlength=len(cat))
+    codes, which = np.unique(name[ops], return_inverse=True)
+    count = np.bincount(which)
+    self_us = np.bincount(which, weights=np.maximum(dur[ops] - inner[ops], 0.0))
+    total_us = np.bincount(which, weights=dur[ops])
+    order = np.argsort(-self_us, kind="stable")[:limit]
+    return [{"name": trace.symbols[int(codes[i])], "count": int(count[i]),
+             "self_ms": float(self_us[i]) / 1e3, "total_ms": float(total_us[i]) / 1e3} for i in order]
+
+
+def standin_calls(ev: Evidence) -> list[str]:
+    """The torch.cuda calls the CUDA stand-ins answered (most often first), at import or in a step.
+
+    `environment.cuda_standins` says the stand-ins were installed, which every run on a machine
+    without CUDA does, whether or not the program ever calls torch.cuda: the report claims that
+    stand-ins answered (so device numbers are not measurements) only for calls they did answer.
+    """
+    if not ev.environment.cuda_standins:
+        return []
+    counts: dict[str, int] = {}
+    for _, t in ev.tallies(CUDA_STANDIN, include_setup=True):
+        counts[t.what] = counts.get(t.what, 0) + max(t.count, 1)
+    return sorted(counts, key=lambda what: (-counts[what], what))
 
 
 def environment_rows(ev: Evidence) -> list[tuple[str, str]]:
@@ -332,9 +438,9 @@ def environment_rows(ev: Evidence) -> list[tuple[str, str]]:
     for d in e.cuda_devices:  # (the page escapes every value)
         gib = d.get("total_memory", 0) / (1 << 30)
         rows.append((f"GPU {d.get('index', '?')}", f"{d.get('name', '?')}, {gib:.1f} GiB"))
-    if e.cuda_standins:
-        rows.append(("CUDA stand-ins", "yes: torch.cuda memory calls were answered as an idle device would "
-                                       "(no CUDA here), so device numbers are not measurements"))
+    if calls := standin_calls(ev):
+        rows.append(("CUDA stand-ins", f"yes: {', '.join(calls)} answered as an idle device would (no CUDA "
+                                       "here), so device numbers are not measurements"))
     return [(k, v) for k, v in rows if v]
 
 
@@ -407,6 +513,8 @@ class HtmlReport(Reporter):
             ckpt=checkpoint_verdict(evidence),
             findings=findings,
             config=patched_config(results.findings),
+            patches=patch_files(results.findings),
+            standins=standin_calls(evidence),
             plots=[p["id"] for p in plots],
             plot_errors=plot_errors,
             env_rows=environment_rows(evidence),

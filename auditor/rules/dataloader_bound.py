@@ -11,13 +11,33 @@ from auditor.rules.fixes import edit_call_kwargs
 from auditor.rules.trace_dataloader import TRACE_OPTIONS, trace_dataloader_findings
 
 
-def recommended_settings(settings: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
-    """DataLoader keywords that overlap loading with compute, given the machine's cores."""
-    workers = max(2, min(8, (os.cpu_count() or 2)))
+def available_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (a container's or a job's share of the
+    machine), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def recommended_settings(settings: dict[str, Any], on_gpu: bool, cores: int | None = None,
+                         threads: int | None = None) -> dict[str, Any]:
+    """DataLoader keywords that load batches ahead of the step and differ from the loader's current
+    ones: advice to set what is already set is noise, and hides what is really wrong.
+
+    Without workers: as many as the cores allow (2 to 8). With workers that still leave the step
+    waiting: more only where the `cores` leave room beside the training process's own `threads`
+    (at most twice as many: past the cores, workers only take turns on them).
+    """
+    cores = cores or available_cores()
+    workers = settings.get("num_workers") or 0
     rec: dict[str, Any] = {}
-    if not settings.get("num_workers"):
-        rec["num_workers"] = workers
-    rec["persistent_workers"] = True
+    if not workers:
+        rec["num_workers"] = max(2, min(8, cores))
+    elif (more := min(2 * workers, cores - (threads or 1))) > workers:
+        rec["num_workers"] = more
+    if settings.get("persistent_workers") is not True:
+        rec["persistent_workers"] = True
     if (settings.get("prefetch_factor") or 2) < 2:
         rec["prefetch_factor"] = 2
     if on_gpu and not settings.get("pin_memory"):
@@ -44,7 +64,11 @@ class DataloaderBound(Rule):
 
     Fix:
         Add workers (num_workers ~ CPU cores available), persistent_workers=True, prefetch_factor,
-        pin_memory=True on GPU; move heavy per-sample work out of `__getitem__`. Random
+        pin_memory=True on GPU; only settings the loader does not have yet are suggested. When
+        workers already load ahead and the step still waits, they cannot keep up: the dataset's
+        `__getitem__`/`__iter__` makes samples more slowly than the step uses them, or the CPU is
+        saturated. Then more workers help only where cores are free; otherwise move per-sample work
+        to batched transforms on whole batches, and cache or pre-compute samples. Random
         augmentations in workers draw from per-worker RNG streams: batches differ from a
         num_workers=0 run unless you seed workers.
 
@@ -97,7 +121,10 @@ class DataloaderBound(Rule):
         loaders = [d for d in ev.dataloaders if d.id in loader_ids] or ev.dataloaders
         loader = loaders[0] if loaders else None
         settings = loader.settings if loader else {}
-        rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda" or ev.environment.rehearsal)
+        workers = settings.get("num_workers") or 0
+        cores, threads = available_cores(), ev.environment.num_threads
+        rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda" or ev.environment.rehearsal,
+                                   cores=cores, threads=threads)
         locs = []
         edits = []
         if loader and loader.where:
@@ -112,26 +139,56 @@ class DataloaderBound(Rule):
         if it_where:
             locs.append(Location.of(it_where))
         wait_ms = median(waits)
-        message = (f"The step waits {wait_ms:.1f} ms for data ({share * 100:.0f}% of the median step) with "
-                   f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
-        summary = ("Load batches in worker processes ahead of the step: "
-                   + ", ".join(f"{k}={v!r}" for k, v in rec.items()) + ".")
+        rec_text = ", ".join(f"{k}={v!r}" for k, v in rec.items())
+        # the training process's threads and the workers share the cores: past them, more workers take turns
+        spare = max(0, cores - workers - (threads or 1))
+        saturated = workers > 0 and not spare
+        note = "most of this overlaps with compute once workers load ahead"
+        if workers and not per_step_iter:
+            # Workers exist, are kept and load ahead, and the step still waits: they cannot keep
+            # up. Repeating their settings back ("persistent_workers=True") would say nothing.
+            dataset = settings.get("dataset") or "the dataset"
+            message = (f"The step waits {wait_ms:.1f} ms for data ({share * 100:.0f}% of the median step) although "
+                       f"{workers} worker processes load ahead (prefetch_factor={settings.get('prefetch_factor')}, "
+                       f"persistent_workers={settings.get('persistent_workers')}): the workers cannot keep up. "
+                       f"Each makes its samples one at a time in `{dataset}`'s `__getitem__`/`__iter__`, more slowly "
+                       f"than the step uses them"
+                       + (f", and the CPU has no core to spare: {cores} core(s) for {workers} workers and the "
+                          f"training process's {threads or 1} thread(s)." if saturated else "."))
+            summary = (f"The workers cannot keep up: make each sample cheaper. Move per-sample work out of "
+                       f"`{dataset}.__getitem__`/`__iter__` into batched transforms on whole batches (after "
+                       f"collation, or on the device), and cache or pre-compute what does not change between "
+                       f"epochs (decoded, resized samples).")
+            if "num_workers" in rec:
+                summary += f" With {cores} cores here, num_workers={rec['num_workers']} also helps."
+            elif saturated:
+                summary += (f" More workers would only take turns on the {cores} core(s) here, which the "
+                            f"workers and the training process already fill.")
+            others = {k: v for k, v in rec.items() if k != "num_workers"}
+            if others:
+                summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
+            note = "the step's wait for batches its workers have not finished yet"
+        else:
+            message = (f"The step waits {wait_ms:.1f} ms for data ({share * 100:.0f}% of the median step) with "
+                       f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
+            summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
+                       if not workers else f"Set {rec_text}." if rec else "")
         if per_step_iter:
-            workers = settings.get("num_workers") or 0
             message += (f" A new DataLoader iterator is made in {iter_steps} of {len(steps)} steps"
                         + (f" at line {iter_where.line}" if iter_where else "")
                         + f" ({median(iter_ms):.1f} ms a step"
                         + (f", starting its {workers} worker processes each time" if workers else "") + ").")
             summary = ("Make the iterator once, outside the step (`it = iter(loader)` at module level, then "
-                       "`next(it)` in the step, re-made at StopIteration), so its workers start once. " + summary)
+                       "`next(it)` in the step, re-made at StopIteration), so its workers start once. "
+                       + summary).rstrip()
         yield self.finding(
             message,
             locations=locs,
             evidence={"median_share": round(share, 4), "median_wait_ms": round(wait_ms, 3),
                       "max_share": round(max(shares), 4), "settings": settings,
                       "iterator_per_step": per_step_iter, "steps_making_an_iterator": iter_steps,
-                      "median_iterator_ms": round(median(iter_ms), 3)},
-            cost=Cost(ms_per_step=round(wait_ms, 3), share_of_step=round(share, 4), measured=True,
-                      note="most of this overlaps with compute once workers load ahead"),
+                      "median_iterator_ms": round(median(iter_ms), 3),
+                      "cpu_cores": cores, "torch_threads": threads, "spare_cores": spare},
+            cost=Cost(ms_per_step=round(wait_ms, 3), share_of_step=round(share, 4), measured=True, note=note),
             fix=Fix(summary=summary, config={f"DataLoader.{k}": v for k, v in rec.items()}, edits=edits),
         )
