@@ -7,6 +7,8 @@ pickle. Several paths merge into one Evidence, so a run and an extra trace are a
 """
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +155,9 @@ def load_paths(paths: list[Path]) -> Evidence:
 def _absolute(paths: list[Path] | list[str]) -> list[str]:
     """Recording paths as the evidence keeps them: absolute, since an input named relative to the
     current directory is read back (`audit report`) from the output directory, against which the
-    saved evidence's relative paths are resolved."""
-    return [str(Path(p).resolve()) for p in paths]
+    saved evidence's relative paths are resolved. Symbolic links are kept as the user named them
+    (os.path.abspath, not resolve): the path the user gave is the one they recognise."""
+    return [os.path.abspath(p) for p in paths]
 
 
 def _device_from_traces(evidence: Evidence) -> None:
