@@ -74,24 +74,13 @@ def library_code(code) -> bool:
 def user_frame(frame: FrameType | None) -> tuple[str, int, str] | None:
     """(file, line, function) of the first user frame at or above `frame`; falls back to the first
     frame outside torch and the auditor when the whole stack is library code (e.g. a framework)."""
-    fallback = None
-    f = frame
-    kinds = _code_kind
-    while f is not None:
-        code = f.f_code
-        k = kinds.get(code)
-        if k is None:
-            k = _kind_of(code)
-        if k == 0:
-            return code.co_filename, f.f_lineno, code.co_name
-        if k == 1 and fallback is None:
-            fallback = (code.co_filename, f.f_lineno, code.co_name)
-        f = f.f_back
-    return fallback
+    w = user_call(frame)
+    return w[:3] if w is not None and len(w) > 3 else w
 
 
 def user_call(frame: FrameType | None) -> tuple | None:
-    """user_frame, plus the offset of the instruction running in the user's frame (f_lasti):
+    """(file, line, function, f_lasti) of the first user frame at or above `frame` (user_frame,
+    plus the offset of the instruction running in the user's frame (f_lasti):
     two calls on one line (`torch.log(p)` and `torch.log(1 - p)`) are two places, and only the
     one that made a NaN should be blamed and patched. A library fallback has no offset."""
     fallback = None

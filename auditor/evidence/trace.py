@@ -243,16 +243,23 @@ class Trace:
         return [self.symbols[int(c)] for c in frame["name"].to_numpy()]
 
     # -- operator table --------------------------------------------------------------------------
-    def top_ops(self, limit: int = 20) -> list[dict[str, Any]]:
+    def top_ops(self, limit: int = 20, exclude: np.ndarray | None = None,
+                also_nested: np.ndarray | None = None) -> list[dict[str, Any]]:
         """Operators by self time (their time minus the operators and runtime calls nested in
         them), as the profiler's `key_averages()` table has them: [{"name", "count", "self_ms",
         "total_ms"}]. Computed from the columns in milliseconds; the profiler's own table of a
-        window recorded with stacks and shapes costs seconds in the audited process."""
+        window recorded with stacks and shapes costs seconds in the audited process. `exclude`
+        (a row mask) leaves rows out, as operators and as nested time; `also_nested` (rows) are
+        taken out of their parents' self time too (the auditor's own annotated ranges)."""
         cat, dur, parent, name = self.col("cat"), self.col("dur"), self.col("parent"), self.col("name")
-        ops = np.flatnonzero((cat == CAT["cpu_op"]) & ~self.col("instant"))
+        keep = ~exclude if exclude is not None else True
+        ops = np.flatnonzero((cat == CAT["cpu_op"]) & ~self.col("instant") & keep)
         if not len(ops):
             return []
-        nested = np.flatnonzero(np.isin(cat, (CAT["cpu_op"], CAT["runtime"], CAT["driver"])) & (parent >= 0))
+        timed = np.isin(cat, (CAT["cpu_op"], CAT["runtime"], CAT["driver"])) & keep
+        if also_nested is not None:
+            timed[also_nested] = True
+        nested = np.flatnonzero(timed & (parent >= 0))
         inner = np.bincount(parent[nested], weights=dur[nested], minlength=len(cat))
         codes, which = np.unique(name[ops], return_inverse=True)
         count = np.bincount(which)

@@ -390,29 +390,10 @@ def users_top_ops(trace: Trace, limit: int = 20) -> list[dict]:
     """Trace.top_ops without the operators run inside the auditor's own ranges (auditor_ops): the
     table says where the program's time goes, and the audit's checks are not the program's. A
     range's time also comes out of the self time of an operator it ran inside (a check in a hook)."""
-    import numpy as np
-
-    from auditor.evidence.trace import CAT
-
     ranges = auditor_ranges(trace)
     if not len(ranges):
         return trace.top_ops(limit)
-    ours = auditor_ops(trace, ranges)
-    cat, dur, parent, name = trace.col("cat"), trace.col("dur"), trace.col("parent"), trace.col("name")
-    ops = np.flatnonzero((cat == CAT["cpu_op"]) & ~trace.col("instant") & ~ours)
-    if not len(ops):
-        return []
-    timed = np.isin(cat, (CAT["cpu_op"], CAT["runtime"], CAT["driver"])) & ~ours
-    timed[ranges] = True
-    nested = np.flatnonzero(timed & (parent >= 0))
-    inner = np.bincount(parent[nested], weights=dur[nested], minlength=len(cat))
-    codes, which = np.unique(name[ops], return_inverse=True)
-    count = np.bincount(which)
-    self_us = np.bincount(which, weights=np.maximum(dur[ops] - inner[ops], 0.0))
-    total_us = np.bincount(which, weights=dur[ops])
-    order = np.argsort(-self_us, kind="stable")[:limit]
-    return [{"name": trace.symbols[int(codes[i])], "count": int(count[i]),
-             "self_ms": float(self_us[i]) / 1e3, "total_ms": float(total_us[i]) / 1e3} for i in order]
+    return trace.top_ops(limit, exclude=auditor_ops(trace, ranges), also_nested=ranges)
 
 
 def standin_calls(ev: Evidence) -> list[str]:
