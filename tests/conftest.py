@@ -1,6 +1,7 @@
 """Shared helpers: run the real `audit` CLI in a subprocess and read what it wrote."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -94,3 +96,34 @@ def assert_phases(a, file, forward: dict[str, int], optimizer: dict[str, int]) -
             assert t["count"] == 1 and t["where"]["file"] == str(file) and t["where"]["line"] == line, t
             assert 0 < t["ms"] < s["ms"], t
         assert sum(t["ms"] for t in got.values()) < s["ms"]
+
+
+def shared_run(tmp_path_factory, name: str, run: Callable[[Path], tuple[int, str, str]]) -> tuple[Path, str]:
+    """Run an audit (a 2-rank job, say) once per test session, even across xdist workers (each has
+    its own module scope): the first worker runs it under a file lock, the others read what it left."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, done = root / f"dist-{name}", root / f"dist-{name}.json"
+    with open(root / f"dist-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            code, stdout, stderr = run(out)
+            done.write_text(json.dumps({"code": code, "stdout": stdout, "stderr": stderr}))
+    result = json.loads(done.read_text())
+    assert result["code"] == 0, result["stderr"][-4000:]
+    return out, result["stdout"]
+
+
+def launch(example: str, out: Path, steps: int, *extra: str) -> Audit:
+    """`audit run EXAMPLE --nproc-per-node 2`: the auditor starts torch.distributed.run itself."""
+    return audit("run", f"examples/{example}.py:step", "--nproc-per-node", "2", "--steps", str(steps), "--quiet",
+                 *extra, out=out, timeout=150)
+
+
+def balanced_ddp_run(tmp_path_factory) -> Path:
+    """examples/ddp_balanced.py as a 2-rank job of 10 steps, unprofiled: DIR/rank-0/, DIR/rank-1/ and
+    the merged report in DIR/; one run serves every test file that asks."""
+    def run(out: Path) -> tuple[int, str, str]:
+        a = launch("ddp_balanced", out, 10, "--no-profile")
+        return a.returncode, a.stdout, a.stderr
+    return shared_run(tmp_path_factory, "balanced", run)[0]

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, audit
 
 RULES = ["anomaly-mode", "retained-graph", "graph-leak", "host-sync", "peak-stats-reset", "forced-cleanup",
@@ -55,6 +57,38 @@ def test_a_short_profiled_run_says_nothing_of_its_own_on_stderr(tmp_path):
     a = audit("run", "examples/clean.py:step", "--steps", "2", "--quiet", out=tmp_path / "o")
     assert a.returncode == 0, a.stderr
     assert a.stderr.strip() == "" and a.findings_doc["steps"]["profiled_steps"]
+
+
+PROBE_IMPORTS = """
+import json, os, sys
+import torch
+IMPORT_INDUCTOR
+
+x = torch.randn(64, 64, requires_grad=True)
+
+
+def step(i):
+    (x @ x).sum().backward()
+    if i == 3:
+        with open(os.environ["IMPORTS_OUT"], "w") as f:
+            json.dump({"inductor": "torch._inductor" in sys.modules,
+                       "getattr_is_torchs": torch.__getattr__.__module__ == "torch"}, f)
+"""
+
+
+@pytest.mark.parametrize("user_imports_inductor", [False, True])
+def test_profiling_does_not_import_inductor_for_the_user(tmp_path, user_imports_inductor):
+    """torch.profiler's start imports torch._inductor (and dynamo) to read one flag: 1.6 s of a
+    short audit, spent on a module the trainer never used. The auditor starts it without that
+    import; a trainer that uses inductor keeps it, and torch's module is left as it was."""
+    (tmp_path / "t.py").write_text(PROBE_IMPORTS.replace(
+        "IMPORT_INDUCTOR", "import torch._inductor.config" if user_imports_inductor else ""))
+    a = audit("run", f"{tmp_path / 't.py'}:step", "--steps", "4", "--quiet", out=tmp_path / "o",
+              env={"IMPORTS_OUT": str(tmp_path / "imports.json")})
+    assert a.returncode == 0, a.stderr
+    assert a.findings_doc["steps"]["profiled_steps"] and a.evidence["traces"]
+    seen = json.loads((tmp_path / "imports.json").read_text())
+    assert seen == {"inductor": user_imports_inductor, "getattr_is_torchs": True}
 
 
 def test_analyze_and_report_rerun_rules_on_a_saved_run(tmp_path, example_audit):

@@ -8,10 +8,8 @@ registration and the `audit analyze` wiring have their own tests, marked xfail u
 """
 from __future__ import annotations
 
-import fcntl
 import gzip
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,7 +19,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import EXAMPLES, FIXTURES, ROOT, Audit, audit, expected_lines
+from conftest import EXAMPLES, FIXTURES, ROOT, audit, balanced_ddp_run, expected_lines, launch, shared_run
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.rank_view import rank_figure, rank_rows
@@ -50,12 +48,6 @@ def raw_rank(out: Path, rank: int) -> dict:
     return json.loads((out / f"rank-{rank}" / "evidence.json").read_text())
 
 
-def launch(example: str, out: Path, steps: int, *extra: str) -> Audit:
-    """`audit run EXAMPLE --nproc-per-node 2`: the auditor starts torch.distributed.run itself."""
-    return audit("run", f"examples/{example}.py:step", "--nproc-per-node", "2", "--steps", str(steps), "--quiet",
-                 *extra, out=out, timeout=RUN_TIMEOUT)
-
-
 def user_torchrun(example: str, out: Path, steps: int) -> subprocess.CompletedProcess:
     """What a user types on one node: torchrun starts the auditor on every rank."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "auditor",
@@ -77,22 +69,6 @@ def marked(example: str, rule_id: str) -> set[tuple[str, int]]:
 # ---------------------------------------------------------------------------------------------
 # Runs shared by several tests (each a real 2-rank job).
 
-def shared_run(tmp_path_factory, name: str, run: Callable[[Path], tuple[int, str, str]]) -> tuple[Path, str]:
-    """Run a 2-rank job once per test session, even across xdist workers (each has its own module
-    scope): the first worker runs it under a file lock, the others read what it left."""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out, done = root / f"dist-{name}", root / f"dist-{name}.json"
-    with open(root / f"dist-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            code, stdout, stderr = run(out)
-            done.write_text(json.dumps({"code": code, "stdout": stdout, "stderr": stderr}))
-    result = json.loads(done.read_text())
-    assert result["code"] == 0, result["stderr"][-4000:]
-    return out, result["stdout"]
-
-
 def _launched(example: str, steps: int, *extra: str) -> Callable[[Path], tuple[int, str, str]]:
     def run(out: Path) -> tuple[int, str, str]:
         a = launch(example, out, steps, *extra)
@@ -108,7 +84,7 @@ def straggler(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def balanced(tmp_path_factory) -> Path:
-    return shared_run(tmp_path_factory, "balanced", _launched("ddp_balanced", 10, "--no-profile"))[0]
+    return balanced_ddp_run(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ def test_patch_applies_and_the_patched_trainer_audits_clean(tmp_path, name, rule
     git(repo, "init", "-q")
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "trainer")
-    before = audit("run", f"{name}.py:step", "--steps", "20", "--quiet", out=tmp_path / "before", cwd=repo)
+    before = audit("run", f"{name}.py:step", "--steps", "10", "--quiet", out=tmp_path / "before", cwd=repo)
     assert before.returncode == 0, before.stderr
     assert {f["rule"] for f in before.findings} >= rules
     for f in before.findings:
@@ -39,6 +39,6 @@ def test_patch_applies_and_the_patched_trainer_audits_clean(tmp_path, name, rule
     subprocess.run(["git", "apply", str(patch)], cwd=repo, check=True)
     changed = subprocess.run(["git", "diff", "--name-only"], cwd=repo, capture_output=True, text=True).stdout
     assert changed.split() == [f"{name}.py"]
-    after = audit("run", f"{name}.py:step", "--steps", "20", "--quiet", out=tmp_path / "after", cwd=repo)
+    after = audit("run", f"{name}.py:step", "--steps", "10", "--quiet", out=tmp_path / "after", cwd=repo)
     assert after.returncode == 0, after.stderr
     assert not rules & {f["rule"] for f in after.findings}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import audit
+from conftest import audit, balanced_ddp_run, shared_run
 
 ONE_LINE = "only one `audit run` directory can be analyzed at a time"
 
@@ -29,22 +29,18 @@ def one_line_error(a, contains: str) -> str:
 @pytest.fixture(scope="module")
 def plain_runs(tmp_path_factory) -> dict[str, Path]:
     """Two unrelated single-process runs."""
-    root = tmp_path_factory.mktemp("plain")
-    runs = {}
-    for name in ("demo", "clean"):
-        a = audit("run", f"examples/{name}.py:step", "--steps", "5", "--no-profile", "--quiet", out=root / name)
-        assert a.returncode == 0, a.stderr
-        runs[name] = root / name
-    return runs
+    def run(name: str) -> Path:
+        def go(out: Path) -> tuple[int, str, str]:
+            a = audit("run", f"examples/{name}.py:step", "--steps", "5", "--no-profile", "--quiet", out=out)
+            return a.returncode, a.stdout, a.stderr
+        return shared_run(tmp_path_factory, f"plain-{name}", go)[0]
+    return {name: run(name) for name in ("demo", "clean")}
 
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory) -> Path:
     """A real 2-rank job: DIR/rank-0/, DIR/rank-1/ and the merged report in DIR/."""
-    out = tmp_path_factory.mktemp("ddp") / "run"
-    a = audit("run", "examples/ddp_balanced.py:step", "--nproc-per-node", "2", "--steps", "4", "--no-profile",
-              "--quiet", out=out, env={"OMP_NUM_THREADS": "1"}, timeout=150)
-    assert a.returncode == 0, a.stderr
+    out = balanced_ddp_run(tmp_path_factory)
     assert (out / "rank-0" / "evidence.json").is_file() and (out / "rank-1" / "evidence.json").is_file()
     return out
 

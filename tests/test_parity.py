@@ -3,7 +3,6 @@ those of N plain calls of the step."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -81,10 +80,10 @@ from torch import nn
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-compiled = torch.compile(model)
+compiled = torch.compile(model, backend="aot_eager")
 
 
-@torch.compile
+@torch.compile(backend="aot_eager")
 def loss_fn(logits, y):
     return nn.functional.cross_entropy(logits, y) + 1e-3 * logits.pow(2).mean()
 
@@ -107,14 +106,17 @@ if __name__ == "__main__":
 '''
 
 
-@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="inductor needs a C++ compiler")
 def test_torch_compile_is_left_to_compile_what_it_would(tmp_path):
     """Under torch.compile the numerics checks step aside: nothing of the auditor's enters the
     compiled graphs (a graph break there made the audited model run eagerly, with other bits),
-    and the checks themselves do not fail on the tracer's fake tensors."""
+    and the checks themselves do not fail on the tracer's fake tensors.
+
+    The `aot_eager` backend runs what meets the auditor (dynamo's tracing and AOT autograd's fake
+    tensors) without inductor's C++ builds, which took 23 of this test's 42 s; the old failure shows
+    under it as well. Inductor itself is run by test_rehearsal's torch.compile test."""
     path = tmp_path / "compiled.py"
     path.write_text(COMPILED)
-    env = {"OMP_NUM_THREADS": "1", **os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env = {"OMP_NUM_THREADS": "1", **os.environ}
     subprocess.run([sys.executable, str(path)], check=True, cwd=tmp_path, capture_output=True,
                    env={**env, "PARITY_OUT": str(tmp_path / "plain.pt")}, timeout=600)
     a = audit("run", f"{path}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out",

@@ -67,6 +67,7 @@ class DataloaderStandIn(Rule):
     title = "dataloader bound"
 
 
+@cache
 def raw_steps(name: str) -> list[tuple[float, float]]:
     return sorted((e["ts"], e["ts"] + e["dur"]) for e in raw(name) if e.get("ph") == "X"
                   and str(e.get("name", "")).startswith("ProfilerStep#")
@@ -501,7 +502,8 @@ def sync_findings(name: str, **options: Any) -> dict[str, Finding]:
 
 
 def in_steps(name: str, events: list[dict]) -> list[dict]:
-    return [e for e in events if any(lo <= e["ts"] < hi for lo, hi in raw_steps(name))]
+    steps = raw_steps(name)
+    return [e for e in events if any(lo <= e["ts"] < hi for lo, hi in steps)]
 
 
 def raw_idle_behind(name: str, calls: list[dict]) -> float:
@@ -625,6 +627,7 @@ RAW_NOT_AN_OP = re.compile(r"^(ProfilerStep#\d+|enumerate\(DataLoader\)#.*|## .*
                            r"autograd::engine::evaluate_function: .*)$")
 
 
+@cache
 def raw_op_calls(name: str) -> dict[str, list[list[dict]]]:
     """The blocking runtime calls inside the ProfilerSteps, grouped into the operator calls that
     issued them, from the raw events: {op name: [[rows of one call], ...]}. A row's call is the
