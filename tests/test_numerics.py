@@ -1028,3 +1028,37 @@ def test_a_row_masked_entirely_is_named_as_such_not_as_bad_input(tmp_path):
     assert ev["first_step"] == 6 and ev["hazard"]["kind"] == "masked-row", ev["hazard"]
     assert places(f) == {(str(trainer), line_of(EMPTY_SEQUENCE, "# ATTN LINE"))}
     assert "a row masked entirely" in f["message"] and "nan_to_num" not in f["fix"]["summary"]
+
+
+CAT_OF_A_LIST_EMPTIED = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+head = nn.Linear(16, 1)
+clean = torch.randn(4, 8)
+dirty = clean.clone()
+dirty[0, 0] = float("nan")
+
+
+def step(i):
+    head.zero_grad()
+    parts = [clean, dirty if i >= 3 else clean]
+    h = torch.cat(parts, dim=1)  # CAT LINE
+    parts.clear()
+    head(h).mean().backward()
+"""
+
+
+def test_a_deferred_call_keeps_the_inputs_of_a_list_the_user_empties(tmp_path):
+    """A deferred call's tensor arguments are taken as they are and tested only if it is ever
+    reduced; the tensors of a list argument are taken out of the list at the call, so that
+    `parts.clear()` after `torch.cat(parts)` leaves the check its inputs: the NaN came in with
+    the data, torch.cat did not make it."""
+    trainer, a = audit_trainer(tmp_path, "cat.py", CAT_OF_A_LIST_EMPTIED, 5)
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert ev["first_step"] == 3 and ev["op"] == "torch.cat"
+    assert [i["finite"] for i in ev["inputs"]] == [True, False]
+    assert "received an input that was already non-finite" in f["message"]
+    assert (str(trainer), line_of(CAT_OF_A_LIST_EMPTIED, "# CAT LINE")) in places(f)

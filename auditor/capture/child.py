@@ -196,8 +196,9 @@ def _ending(exc: BaseException, step: int | None) -> dict:
 def _start_without_inductor(prof) -> None:
     """Start torch.profiler without importing torch._inductor. Its prepare_trace reads one inductor
     flag (cudagraphs) behind `hasattr(torch, "_inductor")`, and that imports inductor and dynamo:
-    1.6 s here, a third of a short audit. The flag only matters where inductor runs, and there it
-    is imported already; elsewhere it is read as absent for the duration of the start only."""
+    1.6 s here, a third of a short audit of a step without a torch optimizer (creating one imports
+    both anyway). The flag only matters where inductor runs, and there it is imported already;
+    elsewhere it is read as absent for the duration of the start only."""
     if "torch._inductor" in sys.modules:
         prof.start()
         return

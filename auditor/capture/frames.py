@@ -53,21 +53,21 @@ def is_torch_internal(filename: str) -> bool:
     return v
 
 
-_code_kind: dict = {}  # code object -> 0 user, 1 library, 2 torch or auditor (library too)
+code_kinds: dict = {}  # code object -> 0 user, 1 library, 2 torch or auditor (library too)
 
 
 def _kind_of(code) -> int:
-    k = _code_kind.get(code)
+    k = code_kinds.get(code)
     if k is None:
         name = code.co_filename
         k = 0 if not is_library(name) else 2 if is_torch_internal(name) else 1
-        _code_kind[code] = k
+        code_kinds[code] = k
     return k
 
 
 def library_code(code) -> bool:
     """is_library for a code object, cached per code object (cheaper than by file name)."""
-    k = _code_kind.get(code)
+    k = code_kinds.get(code)
     return (k if k is not None else _kind_of(code)) != 0
 
 
@@ -85,7 +85,7 @@ def user_call(frame: FrameType | None) -> tuple | None:
     one that made a NaN should be blamed and patched. A library fallback has no offset."""
     fallback = None
     f = frame
-    kinds = _code_kind
+    kinds = code_kinds
     while f is not None:
         code = f.f_code
         k = kinds.get(code)

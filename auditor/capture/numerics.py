@@ -86,7 +86,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from auditor.capture import probes
-from auditor.capture.frames import call_span, is_library, library_code, user_call, user_frame
+from auditor.capture.frames import call_span, code_kinds, is_library, library_code, user_call, user_frame
 
 perf = time.perf_counter
 
@@ -246,6 +246,25 @@ def _tensor_args(args: Any) -> list[torch.Tensor]:
         elif isinstance(a, (tuple, list)) and a and isinstance(a[0], torch.Tensor):
             ins.extend(_tensors_in(a))
     return ins
+
+
+def _tensor_refs(args: Any) -> list[torch.Tensor]:
+    """The plain tensors among a call's arguments (and in its tuple/list arguments), checkable or
+    not: `_tensor_args` without the per-tensor test, for a deferred call that may never need it
+    (the lists are copied: the user may empty them after the call)."""
+    refs: list[torch.Tensor] = []
+    for a in args:
+        if type(a) in _PLAIN_TYPES:
+            refs.append(a)
+        elif isinstance(a, (tuple, list)) and a and isinstance(a[0], torch.Tensor):
+            refs.extend([t for t in a if type(t) in _PLAIN_TYPES])
+    return refs
+
+
+def _monotone(func: Callable, kind: int, ins: list[torch.Tensor]) -> Callable[[float], float] | None:
+    """The scalar function a one-input monotone call (relu, exp, ...) applies, else None: its
+    output range is then derived from its input's, without a reduction."""
+    return _MONOTONE.get(getattr(func, "__name__", "")) if kind == PLAIN and len(ins) == 1 else None
 
 
 def _tensors_in(obj: Any) -> list[torch.Tensor]:
@@ -480,6 +499,7 @@ class Numerics:
         self.check_s = 0.0
         # tables, sent incrementally
         self.sites: dict[tuple, int] = {}
+        self.instr_sites: dict[tuple, int] = {}  # (op, user's code object, instruction offset) -> site
         self.site_info: list[dict] = []
         self.modules: dict[int, tuple[weakref.ref, int]] = {}
         self.module_info: list[dict] = []
@@ -620,10 +640,23 @@ class Numerics:
     def _site(self, op: Any, depth: int, hazard: str | None = None) -> int:
         """The site of a call `depth` frames up: the op at the user's line. A call made by library
         code inside a library module (Linear inside Sequential) has the user's line of that
-        module's call, found once by the module pre-hook, not per call."""
+        module's call, found once by the module pre-hook, not per call. A call made straight from
+        the user's code is looked up by its instruction (code object and offset), which names the
+        same site every time: no walk, no line number worked out, on the path every call takes."""
         f = sys._getframe(depth)
+        code = f.f_code
+        kind = code_kinds.get(code)
+        if kind == 0:
+            key = (op, code, f.f_lasti)
+            try:
+                sid = self.instr_sites.get(key)
+            except TypeError:  # an unhashable callable
+                return self._site_at(op, user_call(f), hazard, f)
+            if sid is None:
+                sid = self.instr_sites[key] = self._site_at(op, user_call(f), hazard, f)
+            return sid
         w = self.wstack[-1] if self.wstack else None
-        if w is not None and library_code(f.f_code):
+        if w is not None and library_code(code):
             return self._site_at(op, w, hazard)
         return self._site_at(op, user_call(f), hazard, f)
 
@@ -925,24 +958,29 @@ class Numerics:
             if not _checkable(out):
                 return
             outs: list[torch.Tensor] = [out]
+            host = out.is_cpu and out.dtype is not _HALF
         else:
             outs = _tensors_in(out)
             if not outs:
                 return
+            host = all(o.is_cpu and o.dtype is not _HALF for o in outs)
         # Every reduction below runs on t.detach(): no autograd graph, no grad mode switch needed.
-        ins = _tensor_args(args if not kwargs else (*args, *kwargs.values()))
-        fn = _MONOTONE.get(getattr(func, "__name__", "")) if kind == PLAIN and len(ins) == 1 else None
-        if (kind == PLAIN and self.defer_cpu and not _mutates.get(func) and "out" not in kwargs
-                and all(o.is_cpu and o.dtype is not _HALF for o in outs)):
+        call_args = args if not kwargs else (*args, *kwargs.values())
+        if host and kind == PLAIN and self.defer_cpu and not _mutates.get(func) and "out" not in kwargs:
             # a plain call (not a hazard: their statistic is wanted in healthy steps too), deferred
-            # like a leaf module's; its site is found now, while its frames exist
+            # like a leaf module's; its site is found now, while its frames exist, and its tensor
+            # arguments are taken as they are (which of them are checkable is asked only if the
+            # call is ever reduced)
             site = self._site(func, 3, None)
-            self._defer(self._resolve_op, (func, ins, outs, fn, site, self.mstack[-1] if self.mstack else -1), outs)
+            self._defer(self._resolve_op, (func, _tensor_refs(call_args), outs, site,
+                                           self.mstack[-1] if self.mstack else -1), outs)
             return
-        self._record(func, kind, args, ins, outs, fn)
+        ins = _tensor_args(call_args)
+        self._record(func, kind, args, ins, outs, _monotone(func, kind, ins))
 
-    def _resolve_op(self, slot: int, func: Callable, ins: list, outs: list, fn: Any, site: int, mid: int) -> None:
-        self._record(func, PLAIN, (), ins, outs, fn, None, mid, slot, site)
+    def _resolve_op(self, slot: int, func: Callable, refs: list, outs: list, site: int, mid: int) -> None:
+        ins = [t for t in refs if _checkable(t)]
+        self._record(func, PLAIN, (), ins, outs, _monotone(func, PLAIN, ins), None, mid, slot, site)
 
     def _record(self, op: Any, kind: int, args: tuple, ins: list[torch.Tensor], outs: list[torch.Tensor],
                 monotone: Callable[[float], float] | None, where: Any = _FIND, module: int | None = None,
