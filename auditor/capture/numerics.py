@@ -75,6 +75,7 @@ exp the largest input, norm the smallest norm, fp16 the largest |value|.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
@@ -194,6 +195,17 @@ def _finite(lo: float, hi: float) -> bool:
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+CHECKS_RANGE = "auditor::numerics"  # the profiler range the checks' own ops run in
+_profiling = torch._C._autograd._profiler_enabled
+_NO_RANGE = contextlib.nullcontext()
+
+
+def _checks_range() -> Any:
+    """While the profiler records, the checks run inside an `auditor::numerics` range: their ops
+    (aminmax, the gradient norms, item) are the audit's cost, not the user's, and the report's
+    operator table leaves out what runs inside `auditor::*` ranges. Otherwise nothing (a `with`
+    adds no frame: the checks' fixed stack depths hold either way)."""
+    return torch.autograd.profiler.record_function(CHECKS_RANGE) if _profiling() else _NO_RANGE
 _compiling = torch.compiler.is_compiling  # code traced by torch.compile is not checked (or changed)
 # torch.overrides' mode-stack helpers without their Python frame (the module hooks call two per module call)
 _pop_mode = torch._C._pop_torch_function_stack
@@ -435,18 +447,24 @@ class _Mode(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         if (col.pending or col.aliases) and (kind == SETITEM or _mutates.get(func) or "out" in kwargs):
-            col.resolve_written(args, kwargs)  # a deferred output is about to be overwritten
+            with _checks_range():
+                col.resolve_written(args, kwargs)  # a deferred output is about to be overwritten
         if kind == SETITEM:
             return func(*args, **kwargs)
         if kind == BACKWARD:
             t0 = perf()
-            col.on_backward(args, kwargs)
+            with _checks_range():
+                col.on_backward(args, kwargs)
             col.check_s += perf() - t0
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         t0 = perf()
         try:
-            col.on_op(func, kind, args, kwargs, out)
+            if _profiling():  # (tested inline: this is the path every call takes)
+                with torch.autograd.profiler.record_function(CHECKS_RANGE):
+                    col.on_op(func, kind, args, kwargs, out)
+            else:
+                col.on_op(func, kind, args, kwargs, out)
         except Exception as e:  # our bug must never become the user's failure
             col.failed(e)
         col.check_s += perf() - t0
@@ -574,9 +592,10 @@ class Numerics:
         in_step_s = self.check_s
         t0 = perf()
         try:
-            if self.deferred:  # calls after the last backward pass (or a step without one)
-                self.resolve_deferred()
-            data = self._materialise(index)
+            with _checks_range():
+                if self.deferred:  # calls after the last backward pass (or a step without one)
+                    self.resolve_deferred()
+                data = self._materialise(index)
         except Exception as e:
             self.failed(e)
             data = {"error": f"{type(e).__name__}: {e}"}
@@ -758,7 +777,8 @@ class Numerics:
             if self.lstack and self.lstack.pop():
                 t0 = perf()
                 try:  # (before the mode is back: our own reductions are not the user's calls)
-                    self._on_leaf(module, args, output)
+                    with _checks_range():
+                        self._on_leaf(module, args, output)
                 except Exception as e:  # our bug must never become the user's failure
                     self.failed(e)
                 _push_mode(self.mode)
@@ -884,7 +904,8 @@ class Numerics:
 
     def _timed(self, fn: Callable, *args: Any) -> None:
         t0 = perf()
-        fn(*args)
+        with _checks_range():
+            fn(*args)
         self.check_s += perf() - t0
 
     def _clear_deferred(self) -> None:
@@ -1117,7 +1138,8 @@ class Numerics:
         grad_mode = torch.is_grad_enabled()
         try:
             torch._C._set_grad_enabled(False)  # (cheaper than torch.no_grad(), on every step)
-            self.opt_steps.append(self._grads(opt))
+            with _checks_range():
+                self.opt_steps.append(self._grads(opt))
         except Exception as e:
             self.failed(e)
         finally:
@@ -1171,15 +1193,16 @@ class Numerics:
                 torch._C._set_grad_enabled(False)
                 rec = self.opt_steps[-1]
                 params = rec["plan"].params
-                if params and self._update_keeps_finite(opt, rec, params):
-                    stats = self.param_stats
-                    for p in params:  # same ranges, now valid for the updated version
-                        e = stats[id(p)]
-                        stats[id(p)] = (e[0], p._version, e[2], e[3], e[4], False)
-                    rec["param_trusted"] = True
-                elif params:
-                    rec["param_maxabs"] = self._param_maxabs(params)
-                    rec["param_list"] = self._names_of(params)
+                with _checks_range():
+                    if params and self._update_keeps_finite(opt, rec, params):
+                        stats = self.param_stats
+                        for p in params:  # same ranges, now valid for the updated version
+                            e = stats[id(p)]
+                            stats[id(p)] = (e[0], p._version, e[2], e[3], e[4], False)
+                        rec["param_trusted"] = True
+                    elif params:
+                        rec["param_maxabs"] = self._param_maxabs(params)
+                        rec["param_list"] = self._names_of(params)
         except Exception as e:
             self.failed(e)
         finally:
