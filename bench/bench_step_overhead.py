@@ -148,7 +148,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     trainer = args.trainer.resolve()
-    calibrated = args.batch is None and trainer == (EXAMPLES / "clean.py").resolve()
+    calibrated = args.batch is None and trainer == (EXAMPLES / "clean.py").resolve()  # (see calibrated_batch)
     if calibrated:
         args.batch = calibrated_batch(args.step_ms)
     elif args.batch is None:  # (another trainer: _common.make is not what it calls)
@@ -203,7 +203,9 @@ def main() -> None:
     reader.wait()
     same = all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
     q = statistics.quantiles(ratios, n=4)
-    print(f"threads {torch.get_num_threads()}, {args.steps} step pairs of {trainer.name}, batch {args.batch}"
+    on_clean = trainer == (EXAMPLES / "clean.py").resolve()
+    print(f"threads {torch.get_num_threads()}, {args.steps} step pairs of {trainer.name}"
+          + (f", batch {args.batch}" if on_clean else "")
           + (f" (chosen for a {args.step_ms:g} ms plain step)" if calibrated else ""))
     print(f"plain step    median {statistics.median(b_ms):.2f} ms")
     print(f"audited step  median {statistics.median(a_ms):.2f} ms (interval between step starts)")

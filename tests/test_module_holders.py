@@ -192,3 +192,52 @@ def test_module_walk_names_and_limits():
     assert names == ["net.1.count", "net.1.history", "trainer.net.extra.count", "trainer.net.extra.history"]
     owners = {h[0]: h[3] for h in _holders(mod)}
     assert owners["net.1.count"] == (_Stats, "count")
+
+
+
+LISTED = BN.replace(
+    "model = nn.Sequential(nn.Linear(16, 64), MyBN(64), nn.ReLU(), nn.Linear(64, 1))\n"
+    "opt = torch.optim.Adam(model.parameters(), lr=1e-3)\n",
+    "NETS\n"
+    "opt = torch.optim.Adam([p for n in NAMED for p in n.parameters()], lr=1e-3)\n").replace(
+    "nn.functional.mse_loss(model(x), x[:, :1])", "nn.functional.mse_loss(D(x), x[:, :1])")
+
+
+def test_modules_inside_a_list_global_are_walked(tmp_path):
+    """A trainer that keeps its networks in a list (`nets = [G, D]`, as GAN code does) or a dict
+    holds their state all the same: the leaking buffer is named `nets[1].1.rm` (`nets['d'].1.rm`)
+    at its line; before, modules inside containers were not walked and the leak had no holder."""
+    body = "nn.Sequential(nn.Linear(16, 64), MyBN(64), nn.ReLU(), nn.Linear(64, 1))"
+    for kind, nets, named, d, name in (
+            ("list", f"nets = [nn.Linear(16, 16), {body}]", "nets", "nets[1]", "nets[1].1.rm"),
+            ("dict", f"nets = {{'g': nn.Linear(16, 16), 'd': {body}}}", "nets.values()", "nets['d']", "nets['d'].1.rm")):
+        source = LISTED.format(update=LEAKY).replace("NETS", nets).replace("NAMED", named).replace("D(x)", f"{d}(x)")
+        path, a = _run(tmp_path, source, f"in_a_{kind}")
+        [leak] = a.rule("graph-leak")
+        assert [h["name"] for h in leak["evidence"]["holders"]] == [name], leak["message"]
+        line = _line(source, "UPDATE LINE")
+        assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), line)]
+
+
+IN_PLACE = "            self.rm.mul_(0.9).add_(0.1 * m)  # UPDATE LINE: in place, no torch.no_grad"
+
+
+def test_a_buffer_updated_in_place_with_grad_is_located_and_patched(tmp_path):
+    """`self.rm.mul_(0.9).add_(0.1 * m)` outside no_grad: the buffer takes the batch mean's history
+    and each step's in-place update adds to it. Named `model.1.rm`, located at the update (before,
+    named with no line and no patch), and patched by putting the line under `torch.no_grad()`; the
+    patched trainer audits clean."""
+    source = BN.format(update=IN_PLACE)
+    path, a = _run(tmp_path, source, "bn_in_place")
+    [leak] = a.rule("graph-leak")
+    assert [h["name"] for h in leak["evidence"]["holders"]] == ["model.1.rm"], leak["message"]
+    line = _line(source, "UPDATE LINE")
+    assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), line)]
+    [edit] = leak["fix"]["edits"]
+    assert edit["lines"] == ["            with torch.no_grad(): self.rm.mul_(0.9).add_(0.1 * m)"
+                             "  # UPDATE LINE: in place, no torch.no_grad"]
+    assert leak["fix"]["changes_numerics"] is True
+    patched = source.splitlines()
+    patched[line - 1] = edit["lines"][0]
+    _, after = _run(tmp_path, "\n".join(patched) + "\n", "bn_in_place_patched")
+    assert not after.rule("graph-leak") and not after.rule("memory-growth"), [f["message"] for f in after.findings]

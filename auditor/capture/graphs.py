@@ -145,6 +145,16 @@ def _module_holders(name: str, root: torch.nn.Module, claimed: set[int]) -> list
     return out
 
 
+def _modules_in(value: Any) -> list[tuple[Any, torch.nn.Module]]:
+    """(index or key, module) of the nn.Modules directly inside a list, tuple or dict global: a GAN's
+    `nets = [G, D]` holds its state as `model` would (the tensor walk does not enter modules)."""
+    if type(value) in (list, tuple):
+        return [(i, v) for i, v in enumerate(value) if isinstance(v, torch.nn.Module)]
+    if type(value) is dict:
+        return [(k, v) for k, v in value.items() if isinstance(v, torch.nn.Module)]
+    return []
+
+
 def _holders(module: types.ModuleType | None) -> list[Holder]:
     """(name, kind, tensors, (class, attribute) or None) for the target module's globals (and one
     level of their attributes) that hold tensors other than parameters, and for the state inside
@@ -159,6 +169,8 @@ def _holders(module: types.ModuleType | None) -> list[Holder]:
         if isinstance(value, torch.nn.Module):
             out.extend(_module_holders(name, value, claimed))
             continue
+        for key, mod in _modules_in(value):  # `nets = [G, D]`, `models = {"g": G}`
+            out.extend(_module_holders(f"{name}[{key!r}]", mod, claimed))
         found = _tensors_in(value)
         if found:
             out.append((name, type(value).__name__, found, None))
@@ -180,7 +192,7 @@ _GROWERS = ("append", "extend", "insert", "add", "update", "setdefault")  # meth
 
 class _Mutations(ast.NodeVisitor):
     """Lines inside functions that grow a named holder: `x += ...`, `x = x + ...`, `x.append(...)`,
-    `x[key] = ...`, `x.update(...)`."""
+    `x[key] = ...`, `x.update(...)`, `x.add_(...)`."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -220,9 +232,16 @@ class _Mutations(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
-        if self.depth and isinstance(f, ast.Attribute) and f.attr in _GROWERS and self._is_name(f.value):
-            self.lines.append(node.lineno)
+        if self.depth and isinstance(f, ast.Attribute) and (f.attr in _GROWERS or _in_place(f.attr)) \
+                and self._is_name(f.value):
+            self.lines.append(node.lineno)  # (`self.rm.mul_(0.9).add_(0.1 * m)`: in place, a graph per step)
         self.generic_visit(node)
+
+
+def _in_place(method: str) -> bool:
+    """A tensor method that writes into its tensor (`mul_`, `add_`, `copy_`): given a tensor that
+    carries a graph, it extends the holder's history as an assignment would."""
+    return method.endswith("_") and not method.startswith("_")
 
 
 _sources: dict[tuple[str, int, int], tuple[str, ast.Module] | None] = {}

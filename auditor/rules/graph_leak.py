@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
@@ -20,7 +21,9 @@ def _constructs(node: ast.AST) -> bool:
 
 def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
     """(edit, changes_numerics): `x += e` -> `x += e.detach()`, `xs.append(e)` -> `xs.append(e.detach())`,
-    `h = f(h)` -> `h = f(h).detach()` (that last one truncates backprop through time: numerics change)."""
+    `h = f(h)` -> `h = f(h).detach()` (that last one truncates backprop through time: numerics change);
+    an in-place update (`self.rm.mul_(0.9).add_(0.1 * m)`) goes under `torch.no_grad()` on its line,
+    as running statistics are updated (numerics change: its history is cut)."""
     lines = read_lines(file)
     if lines is None:
         return None, False
@@ -39,6 +42,13 @@ def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
             value, numerics = node.value.args[-1], False
         elif isinstance(node, ast.Assign):
             value, numerics = node.value, True
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and isinstance(node.value.func, ast.Attribute) and node.value.func.attr.endswith("_"):
+            if not any(re.match(r"\s*(import torch\b|from torch\b)", t) for t in lines):
+                return None, False  # (`torch.no_grad` would not be defined in this file)
+            indent = text[:len(text) - len(text.lstrip())]
+            return Edit(file=file, start=line, end=line,
+                        lines=[f"{indent}with torch.no_grad(): {text.lstrip()}"]), True
         else:
             continue
         if isinstance(value, (ast.Tuple, ast.List, ast.Dict, ast.Set)) or _constructs(value):
@@ -59,7 +69,9 @@ class GraphLeak(Rule):
         autograd graph behind them that grows from one step boundary to the next: a running loss
         kept as a tensor (`total += loss`), outputs appended to a list without `.detach()`, a
         recurrent state carried across steps without detaching, a module buffer updated in
-        `forward` outside `torch.no_grad()` (`self.running_mean = 0.9 * self.running_mean + 0.1 * m`).
+        `forward` outside `torch.no_grad()` (`self.running_mean = 0.9 * self.running_mean + 0.1 * m`,
+        or in place: `self.running_mean.mul_(0.9).add_(0.1 * m)`). Modules are found in the target's
+        globals, their attributes, and lists, tuples and dicts of them (`nets = [G, D]`).
 
     Why it costs:
         Each step's whole graph, with the activations it saved, stays reachable from the survivor.
@@ -74,7 +86,8 @@ class GraphLeak(Rule):
         Detach what you keep: `.detach()` (stays on device, no sync) or `.item()` when logging;
         update a module's running statistics under `torch.no_grad()`.
         The patch adds `.detach()` at the line that grows the holder (for a module's attribute,
-        the line of its class that assigns `self.<attr>`).
+        the line of its class that assigns `self.<attr>`); an in-place update of a module's
+        attribute is put under `torch.no_grad()` on its line.
 
     Evidence needed:
         A run: scans of live tensors with a grad_fn at a few step boundaries (graph size per scan)
