@@ -1,4 +1,4 @@
-"""A step that makes its own torch calls (no nn layers): 100 of them in the forward, as a hand-written
+"""A step that makes its own torch calls (no nn layers): about 150 of them in the forward, as a hand-written
 attention, a gradient penalty or a custom loss does. Each goes through the numerics' torch-function
 mode, unlike the calls inside library layers: `bench_step_overhead.py --trainer bench/many_calls.py`
 measures what that costs."""
