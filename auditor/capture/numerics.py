@@ -250,14 +250,7 @@ def _version_of(t: torch.Tensor) -> int:
 
 def _tensor_args(args: Any) -> list[torch.Tensor]:
     """The checkable tensors among a call's arguments, and in its tuple/list arguments (torch.cat)."""
-    ins: list[torch.Tensor] = []
-    for a in args:
-        if type(a) in _PLAIN_TYPES:
-            if _checkable(a):
-                ins.append(a)
-        elif isinstance(a, (tuple, list)) and a and isinstance(a[0], torch.Tensor):
-            ins.extend(_tensors_in(a))
-    return ins
+    return [t for t in _tensor_refs(args) if _checkable(t)]
 
 
 def _tensor_refs(args: Any) -> list[torch.Tensor]:
@@ -1000,7 +993,7 @@ class Numerics:
         self._record(func, kind, args, ins, outs, _monotone(func, kind, ins))
 
     def _resolve_op(self, slot: int, func: Callable, refs: list, outs: list, site: int, mid: int) -> None:
-        ins = [t for t in refs if _checkable(t)]
+        ins = [t for t in refs if _checkable(t)]  # (the test _tensor_args makes at once)
         self._record(func, PLAIN, (), ins, outs, _monotone(func, PLAIN, ins), None, mid, slot, site)
 
     def _record(self, op: Any, kind: int, args: tuple, ins: list[torch.Tensor], outs: list[torch.Tensor],
