@@ -287,3 +287,65 @@ def test_stand_ins_named_when_they_answered_calls(tmp_path):
     verdict = section(page, "verdict")
     assert "CUDA stand-ins answered" in verdict and "torch.cuda.reset_peak_memory_stats" in verdict
     assert "CUDA stand-ins" in section(page, "environment")
+
+
+LINES = """import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+torch.manual_seed(0)
+
+
+class Lines(IterableDataset):
+    # a stream read sample by sample in the main process (num_workers=0): the step waits
+
+    def __iter__(self):
+        START
+        for i in range(start, 10 ** 9, every):
+            time.sleep(0.0002)
+            x = torch.full((32,), float(i % 7))
+            yield x, x.sum().unsqueeze(0)
+
+
+loader = DataLoader(Lines(), batch_size=64)  # LOADER LINE
+it = iter(loader)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+
+
+def step():
+    x, y = next(it)
+    opt.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+"""
+UNSHARDED = "start, every = 0, 1"
+SHARDED = ("info = get_worker_info()  # each worker takes every num_workers-th sample\n"
+           "        start, every = (info.id, info.num_workers) if info else (0, 1)")
+
+
+@pytest.mark.parametrize("shard", [UNSHARDED, SHARDED], ids=["unsharded", "sharded"])
+def test_workers_for_an_iterable_dataset_only_where_it_shards_its_stream(tmp_path, shard):
+    """An IterableDataset's stream is yielded whole by every worker unless its `__iter__` splits it
+    (get_worker_info): adding workers to one that does not would repeat each sample num_workers
+    times. The advice then says so and the patch (which must leave results unchanged) leaves the
+    workers out; a stream that shards itself gets them in the patch as a map-style dataset does."""
+    trainer = tmp_path / "lines.py"
+    trainer.write_text(LINES.replace("START", shard))
+    a = audit("run", f"{trainer}:step", "--steps", "12", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("dataloader-bound")
+    settings = f["evidence"]["settings"]
+    assert settings["iterable"] is True and settings["shards_by_worker"] is (shard == SHARDED)
+    workers = f["fix"]["config"]["DataLoader.num_workers"]
+    assert workers >= 2
+    patch = f["fix"]["patch"] or ""
+    if shard == UNSHARDED:
+        assert f"every sample {workers} times" in f["fix"]["summary"] and "get_worker_info" in f["fix"]["summary"]
+        assert "num_workers" not in patch
+    else:
+        assert "every sample" not in f["fix"]["summary"]
+        assert f"num_workers={workers}" in patch

@@ -500,6 +500,21 @@ DATALOADER_SETTINGS = ("batch_size", "num_workers", "pin_memory", "persistent_wo
                        "drop_last", "timeout")
 
 
+def _shards_by_worker(dataset: Any, worker_init_fn: Any) -> bool:
+    """Whether an IterableDataset splits its stream between workers: its `__iter__` asks
+    `get_worker_info()`, or a `worker_init_fn` is given (where sharding is commonly set up).
+    Without either, every worker yields the whole stream: num_workers=4 repeats each sample 4x,
+    so workers are no fix to recommend blindly."""
+    if worker_init_fn is not None:
+        return True
+    import inspect
+
+    try:
+        return "get_worker_info" in inspect.getsource(type(dataset).__iter__)
+    except (OSError, TypeError):
+        return True  # (no source to read: not claimed unsharded)
+
+
 def _install_dataloader_probes() -> None:
     def make_init(orig):
         def probe(self, *args, **kwargs):
@@ -509,6 +524,9 @@ def _install_dataloader_probes() -> None:
                 settings = {k: getattr(self, k, None) for k in DATALOADER_SETTINGS}
                 settings["dataset"] = type(self.dataset).__name__
                 settings["default_collate"] = self.collate_fn is dl.default_collate
+                if isinstance(self.dataset, torch.utils.data.IterableDataset):
+                    settings["iterable"] = True
+                    settings["shards_by_worker"] = _shards_by_worker(self.dataset, self.worker_init_fn)
                 try:
                     settings["batches"] = len(self)
                 except TypeError:

@@ -70,7 +70,10 @@ class DataloaderBound(Rule):
         saturated. Then more workers help only where cores are free; otherwise move per-sample work
         to batched transforms on whole batches, and cache or pre-compute samples. Random
         augmentations in workers draw from per-worker RNG streams: batches differ from a
-        num_workers=0 run unless you seed workers.
+        num_workers=0 run unless you seed workers. An IterableDataset is yielded whole by every
+        worker unless its `__iter__` splits the stream (`get_worker_info()`): for one that does not
+        (and has no worker_init_fn), the advice says to shard it first, and the patch leaves the
+        worker settings out.
 
     Evidence needed:
         A run (timed probe on DataLoader iteration, settings captured at DataLoader creation) or a
@@ -125,12 +128,18 @@ class DataloaderBound(Rule):
         cores, threads = available_cores(), ev.environment.num_threads
         rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda" or ev.environment.rehearsal,
                                    cores=cores, threads=threads)
+        # An IterableDataset that does not split its stream between workers: each worker would
+        # yield all of it (every sample num_workers times), so workers are advice with a condition,
+        # and the patch, which must leave results unchanged, does not add them.
+        unsharded = settings.get("iterable") and not settings.get("shards_by_worker") and "num_workers" in rec
+        patched = {k: v for k, v in rec.items() if not (unsharded and k in ("num_workers", "persistent_workers",
+                                                                          "prefetch_factor"))}
         locs = []
         edits = []
         if loader and loader.where:
             locs.append(Location.of(loader.where))
             edit = edit_call_kwargs(loader.where.file, loader.where.line, ("DataLoader",),
-                                    {k: repr(v) for k, v in rec.items()})
+                                    {k: repr(v) for k, v in patched.items()}) if patched else None
             if edit:
                 edits.append(edit)
         it_where = loader_ids.get(loader.id if loader else None)
@@ -173,6 +182,13 @@ class DataloaderBound(Rule):
                        f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
             summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
                        if not workers else f"Set {rec_text}." if rec else "")
+        if unsharded:
+            dataset = settings.get("dataset") or "the dataset"
+            summary += (f" But `{dataset}` is an IterableDataset whose `__iter__` does not split the stream "
+                        f"between workers: with num_workers={rec['num_workers']} each worker would yield all of "
+                        f"it, every sample {rec['num_workers']} times. Shard it first (in `__iter__`, by "
+                        f"`torch.utils.data.get_worker_info()`: id and num_workers); the patch leaves the "
+                        f"worker settings out.")
         if per_step_iter:
             message += (f" A new DataLoader iterator is made in {iter_steps} of {len(steps)} steps"
                         + (f" at line {iter_where.line}" if iter_where else "")
