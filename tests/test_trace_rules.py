@@ -785,3 +785,24 @@ def test_host_sync_in_a_function_of_a_torch2_trace_names_the_function(tmp_path: 
     assert (loc.file, loc.line) == (str(tmp_path / "helper.py"), 4)
     assert loc.code == "def helper(x):  # (the trace records this function, not the line within it)"
     assert f.evidence["blocked_ms"] == 0.04 and f.cost.ms_per_step == 0.04
+
+
+def test_host_sync_leaves_out_the_auditors_own_reads(tmp_path: Path) -> None:
+    """On an audited CUDA run the numerics checks read their flags once a step, inside an
+    `auditor::numerics` range: that sync is the audit's, not the program's, and must not be
+    reported as the user's. The small A100 recording with its `is_nonzero` call put inside such a
+    range (as the collector's own reads are) keeps the program's other syncs only."""
+    events = raw(SMALL)
+    call = next(e for e in events if e.get("name") == "aten::is_nonzero")
+    doc = {"traceEvents": [*events, {"ph": "X", "cat": "user_annotation", "name": "auditor::numerics",
+                                     "pid": call["pid"], "tid": call["tid"], "ts": call["ts"] - 1,
+                                     "dur": call["dur"] + 2, "args": {}}]}
+    with gzip.open(tmp_path / "audited.pt.trace.json.gz", "wt") as f:
+        json.dump(doc, f)
+    ev = Evidence(source="trace", traces=[str(tmp_path / "audited.pt.trace.json.gz")])
+    ev.__dict__["trace_data"] = [load_trace(tmp_path / "audited.pt.trace.json.gz")]
+    opts = {o.name: o.default for o in SYNC_OPTIONS}
+    audited = {f.evidence["op"] for f in trace_host_sync_findings(HostSyncStandIn(), ev, opts)}
+    recorded = set(sync_findings(SMALL))  # the recording as made
+    assert "aten::is_nonzero" in recorded and "cudaDeviceSynchronize" in recorded
+    assert audited == recorded - {"aten::is_nonzero"}

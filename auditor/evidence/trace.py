@@ -45,6 +45,10 @@ from auditor.evidence.trace_decode import (  # noqa: F401  (the vocabulary is re
     _Stream,
 )
 
+# record_function ranges the auditor runs its own work in (e.g. `auditor::numerics` around the
+# numerics collector's checks): every operator inside one was the audit's, not the program's
+AUDITOR_RANGE = re.compile(r"^auditor::")
+
 
 # ---------------------------------------------------------------------------------------------
 def _frames(cols: _Columns) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -243,6 +247,43 @@ class Trace:
         return [self.symbols[int(c)] for c in frame["name"].to_numpy()]
 
     # -- operator table --------------------------------------------------------------------------
+    def auditor_ranges(self) -> np.ndarray:
+        """Rows of the auditor's own `auditor::` ranges (record_function annotations, e.g.
+        `auditor::numerics` around the numerics checks) in a trace of an audited run."""
+        cached = self.__dict__.get("_auditor_ranges")
+        if cached is None:
+            codes = self.symbols.matching(AUDITOR_RANGE)
+            cached = self.__dict__["_auditor_ranges"] = (
+                np.flatnonzero((self.col("cat") == CAT["annotation"]) & np.isin(self.col("name"), codes)
+                               & ~self.col("instant")) if len(codes) else np.empty(0, dtype=np.int64))
+        return cached
+
+    def auditor_rows(self) -> np.ndarray:
+        """A boolean per row: it started inside one of the auditor's ranges on its thread (an
+        operator, a runtime call), so it was the audit's work, not the program's.
+
+        Why by range and not by name or stack: the audit runs the same operators as the program
+        (aminmax, item, norms), and the program's own calls pass through the auditor's wrappers
+        (its TorchFunctionMode, its probes), so neither an op's name nor an auditor frame above it
+        says whose call it was; the range says it exactly. Containment is judged on time per
+        thread, not through the trace's parent links, which Python-tracer events that outlive
+        their call bend."""
+        cached = self.__dict__.get("_auditor_rows")
+        if cached is not None:
+            return cached
+        ranges = self.auditor_ranges()
+        pid, tid, ts, end = self.col("pid"), self.col("tid"), self.col("ts"), self.col("end")
+        inside = np.zeros(len(ts), dtype=bool)
+        for p, t in set(zip(pid[ranges].tolist(), tid[ranges].tolist())):
+            mine = ranges[(pid[ranges] == p) & (tid[ranges] == t)]
+            lo, hi = merge_intervals(ts[mine], end[mine])
+            rows = np.flatnonzero((pid == p) & (tid == t))
+            k = np.searchsorted(lo, ts[rows], side="right") - 1
+            hit = k >= 0
+            inside[rows[hit]] = ts[rows[hit]] < hi[k[hit]]
+        self.__dict__["_auditor_rows"] = inside
+        return inside
+
     def top_ops(self, limit: int = 20, exclude: np.ndarray | None = None,
                 also_nested: np.ndarray | None = None) -> list[dict[str, Any]]:
         """Operators by self time (their time minus the operators and runtime calls nested in
@@ -584,7 +625,8 @@ PAGEABLE_DTOH = re.compile(r"DtoH.*Pageable")
 def blocking_calls(trace: "Trace") -> np.ndarray:
     """Rows of the runtime/driver calls during which the host waited for the GPU: the sync calls,
     and the asynchronous copies that are not (device-to-pageable, by the copy they launched).
-    Found once per trace (host-sync and gpu-idle both ask)."""
+    Found once per trace (host-sync and gpu-idle both ask). The auditor's own (the numerics
+    checks' one read a step, inside `auditor::numerics`) are left out: they are not the program's."""
     cached = trace.__dict__.get("_blocking_calls")
     if cached is not None:
         return cached
@@ -596,7 +638,10 @@ def blocking_calls(trace: "Trace") -> np.ndarray:
         dtoh = set(trace.symbols.matching(PAGEABLE_DTOH))
         names = trace.col("name")[trace.col("link")[linked]]
         copies = linked[np.isin(names, list(dtoh))]
-    rows = trace.__dict__["_blocking_calls"] = np.sort(np.concatenate([calls, copies])).astype(np.int64)
+    rows = np.sort(np.concatenate([calls, copies])).astype(np.int64)
+    if len(trace.auditor_ranges()):
+        rows = rows[~trace.auditor_rows()[rows]]
+    trace.__dict__["_blocking_calls"] = rows
     return rows
 
 

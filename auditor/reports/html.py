@@ -41,9 +41,7 @@ from auditor.rules.base import Finding
 from auditor.rules.engine import RuleResults
 from auditor.rules.registry import get_rule
 
-if TYPE_CHECKING:  # (numpy and the trace parser load only when a trace is rendered)
-    import numpy as np
-
+if TYPE_CHECKING:  # (the trace parser loads only when a trace is rendered)
     from auditor.evidence.trace import Trace
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -343,57 +341,14 @@ def top_ops(ev: Evidence, limit: int = 20) -> list[dict]:
     return []
 
 
-# record_function ranges the auditor runs its own work in (e.g. `auditor::numerics` around the
-# numerics collector's checks): every operator inside one was the audit's, not the program's
-AUDITOR_RANGE = re.compile(r"^auditor::")
-
-
-def auditor_ranges(trace: Trace) -> np.ndarray:
-    """Rows of the auditor's own `auditor::` ranges (record_function annotations) in a trace."""
-    import numpy as np
-
-    from auditor.evidence.trace import CAT
-
-    codes = trace.symbols.matching(AUDITOR_RANGE)
-    if not len(codes):
-        return np.empty(0, dtype=np.int64)
-    return np.flatnonzero((trace.col("cat") == CAT["annotation"]) & np.isin(trace.col("name"), codes)
-                          & ~trace.col("instant"))
-
-
-def auditor_ops(trace: Trace, ranges: np.ndarray) -> np.ndarray:
-    """A boolean per trace row: it started inside one of the auditor's `ranges` on its thread.
-
-    Why by range and not by name or stack: the audit runs the same operators as the program
-    (aminmax, item, norms), and the program's own calls pass through the auditor's wrappers
-    (its TorchFunctionMode, its probes), so neither an op's name nor an auditor frame above it
-    says whose call it was; the range says it exactly. Containment is judged on time per thread,
-    not through the trace's parent links, which Python-tracer events that outlive their call bend.
-    """
-    import numpy as np
-
-    from auditor.evidence.trace import merge_intervals
-
-    pid, tid, ts, end = trace.col("pid"), trace.col("tid"), trace.col("ts"), trace.col("end")
-    inside = np.zeros(len(ts), dtype=bool)
-    for p, t in set(zip(pid[ranges].tolist(), tid[ranges].tolist())):
-        mine = ranges[(pid[ranges] == p) & (tid[ranges] == t)]
-        lo, hi = merge_intervals(ts[mine], end[mine])
-        rows = np.flatnonzero((pid == p) & (tid == t))
-        k = np.searchsorted(lo, ts[rows], side="right") - 1
-        hit = k >= 0
-        inside[rows[hit]] = ts[rows[hit]] < hi[k[hit]]
-    return inside
-
-
 def users_top_ops(trace: Trace, limit: int = 20) -> list[dict]:
     """Trace.top_ops without the operators run inside the auditor's own ranges (auditor_ops): the
     table says where the program's time goes, and the audit's checks are not the program's. A
     range's time also comes out of the self time of an operator it ran inside (a check in a hook)."""
-    ranges = auditor_ranges(trace)
+    ranges = trace.auditor_ranges()
     if not len(ranges):
         return trace.top_ops(limit)
-    return trace.top_ops(limit, exclude=auditor_ops(trace, ranges), also_nested=ranges)
+    return trace.top_ops(limit, exclude=trace.auditor_rows(), also_nested=ranges)
 
 
 def standin_calls(ev: Evidence) -> list[str]:
