@@ -349,3 +349,19 @@ def test_workers_for_an_iterable_dataset_only_where_it_shards_its_stream(tmp_pat
     else:
         assert "every sample" not in f["fix"]["summary"]
         assert f"num_workers={workers}" in patch
+
+
+def test_only_the_users_own_streams_are_judged_unsharded():
+    """A library's IterableDataset (torch's ChainDataset here; webdataset, datasets) shards in code
+    the probe cannot read, so it is not claimed to repeat samples; the user's own class is read."""
+    from torch.utils.data import ChainDataset, IterableDataset
+
+    from auditor.capture.probes import _shards_by_worker
+
+    class Mine(IterableDataset):
+        def __iter__(self):
+            yield from range(3)
+
+    assert _shards_by_worker(ChainDataset([]), None) is True
+    assert _shards_by_worker(Mine(), None) is False
+    assert _shards_by_worker(Mine(), lambda worker_id: None) is True

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.utils.data.dataloader as dl
 
-from auditor.capture.frames import is_torch_internal, user_frame
+from auditor.capture.frames import is_library, is_torch_internal, user_frame
 from auditor.evidence import model as m
 
 perf = time.perf_counter
@@ -504,12 +504,16 @@ def _shards_by_worker(dataset: Any, worker_init_fn: Any) -> bool:
     """Whether an IterableDataset splits its stream between workers: its `__iter__` asks
     `get_worker_info()`, or a `worker_init_fn` is given (where sharding is commonly set up).
     Without either, every worker yields the whole stream: num_workers=4 repeats each sample 4x,
-    so workers are no fix to recommend blindly."""
+    so workers are no fix to recommend blindly. Only the user's own classes are judged: a
+    library's stream (webdataset, datasets) shards in code this cannot read, and is taken to."""
     if worker_init_fn is not None:
         return True
     import inspect
 
     try:
+        file = inspect.getsourcefile(type(dataset))
+        if not file or is_library(file):
+            return True
         return "get_worker_info" in inspect.getsource(type(dataset).__iter__)
     except (OSError, TypeError):
         return True  # (no source to read: not claimed unsharded)
