@@ -241,3 +241,19 @@ def test_a_buffer_updated_in_place_with_grad_is_located_and_patched(tmp_path):
     patched[line - 1] = edit["lines"][0]
     _, after = _run(tmp_path, "\n".join(patched) + "\n", "bn_in_place_patched")
     assert not after.rule("graph-leak") and not after.rule("memory-growth"), [f["message"] for f in after.findings]
+
+
+def test_the_no_grad_patch_needs_the_name_torch(tmp_path):
+    """`with torch.no_grad():` is only offered where the file binds `torch` (`import torch`), not
+    where it only has `from torch import nn`: the patch must not break the file."""
+    from auditor.rules.graph_leak import _detach_edit
+
+    body = "\n\nclass M(nn.Module):\n    def forward(self, x):\n        self.rm.mul_(0.9).add_(x)\n        return x\n"
+    for header, patched in (("import torch\nfrom torch import nn", True), ("from torch import nn", False)):
+        path = tmp_path / "m.py"
+        path.write_text(header + body)
+        line = (header + body).splitlines().index("        self.rm.mul_(0.9).add_(x)") + 1
+        edit, numerics = _detach_edit(str(path), line)
+        assert (edit is not None) is patched and numerics is patched
+        if patched:
+            assert edit.lines == ["        with torch.no_grad(): self.rm.mul_(0.9).add_(x)"]

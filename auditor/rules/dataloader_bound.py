@@ -132,8 +132,8 @@ class DataloaderBound(Rule):
         # yield all of it (every sample num_workers times), so workers are advice with a condition,
         # and the patch, which must leave results unchanged, does not add them.
         unsharded = settings.get("iterable") and not settings.get("shards_by_worker") and "num_workers" in rec
-        patched = {k: v for k, v in rec.items() if not (unsharded and k in ("num_workers", "persistent_workers",
-                                                                          "prefetch_factor"))}
+        held_back = ("num_workers", "persistent_workers", "prefetch_factor") if unsharded else ()
+        patched = {k: v for k, v in rec.items() if k not in held_back}
         locs = []
         edits = []
         if loader and loader.where:

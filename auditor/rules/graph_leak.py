@@ -19,6 +19,11 @@ def _constructs(node: ast.AST) -> bool:
     return name[:1].isupper()
 
 
+# `import torch` / `import torch.nn` bind the name `torch`; `from torch import nn` and
+# `import torch.nn as nn` do not
+_BINDS_TORCH = re.compile(r"\s*import\s+torch(\.\w+)*\s*(#.*)?$")
+
+
 def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
     """(edit, changes_numerics): `x += e` -> `x += e.detach()`, `xs.append(e)` -> `xs.append(e.detach())`,
     `h = f(h)` -> `h = f(h).detach()` (that last one truncates backprop through time: numerics change);
@@ -44,7 +49,7 @@ def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
             value, numerics = node.value, True
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
                 and isinstance(node.value.func, ast.Attribute) and node.value.func.attr.endswith("_"):
-            if not any(re.match(r"\s*(import torch\b|from torch\b)", t) for t in lines):
+            if not any(_BINDS_TORCH.match(t) for t in lines):
                 return None, False  # (`torch.no_grad` would not be defined in this file)
             indent = text[:len(text) - len(text.lstrip())]
             return Edit(file=file, start=line, end=line,
