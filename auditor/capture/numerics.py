@@ -206,6 +206,8 @@ def _checks_range() -> Any:
     operator table leaves out what runs inside `auditor::*` ranges. Otherwise nothing (a `with`
     adds no frame: the checks' fixed stack depths hold either way)."""
     return torch.autograd.profiler.record_function(CHECKS_RANGE) if _profiling() else _NO_RANGE
+
+
 _compiling = torch.compiler.is_compiling  # code traced by torch.compile is not checked (or changed)
 # torch.overrides' mode-stack helpers without their Python frame (the module hooks call two per module call)
 _pop_mode = torch._C._pop_torch_function_stack

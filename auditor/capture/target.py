@@ -28,6 +28,10 @@ class Target:
         return f"{self.module.rsplit('.', 1)[-1]}-{self.attr}"
 
 
+def _not_python(path: str) -> TargetError:
+    return TargetError(f"{path}: not a Python file (TARGET is path/to/file.py:callable or package.module:callable)")
+
+
 def parse_target(spec: str) -> Target:
     """Check the shape of TARGET without importing anything (the parent does this)."""
     left, sep, attr = spec.rpartition(":")
@@ -47,8 +51,7 @@ def parse_target(spec: str) -> Target:
         # importlib loads only what its file name says is Python (.py, or compiled): anything else
         # (a checkpoint.pt, notes.txt) would fail in the child as a crash of the user's target
         if importlib.util.spec_from_file_location(path.stem, resolved) is None:
-            raise TargetError(f"{left}: not a Python file (TARGET is path/to/file.py:callable or "
-                              f"package.module:callable)")
+            raise _not_python(left)
         return Target(spec, path.stem, attr, resolved)
     if not all(p.isidentifier() for p in left.split(".")):
         raise TargetError(f"bad TARGET {spec!r}: {left!r} is neither a .py file nor a module path")
@@ -66,8 +69,7 @@ def import_target(target: Target) -> tuple[types.ModuleType, Callable, str | Non
             sys.path.insert(0, directory)
         spec = importlib.util.spec_from_file_location(target.module, target.file)
         if spec is None or spec.loader is None:  # (parse_target refuses these first; a Target built by hand)
-            raise TargetError(f"{target.file}: not a Python file (TARGET is path/to/file.py:callable or "
-                              f"package.module:callable)")
+            raise _not_python(target.file)
         module = importlib.util.module_from_spec(spec)
         sys.modules[target.module] = module
         spec.loader.exec_module(module)

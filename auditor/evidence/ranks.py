@@ -540,7 +540,7 @@ def _attach_traces(ev: m.Evidence, paths: list[Path]) -> m.Evidence:
         if p.is_file():
             parsed.append(load_trace(p))
         else:
-            ev.environment.notes.append(f"profiler trace {p} listed by the run is missing")
+            m.add_load_note(ev, f"profiler trace {p} listed by the run is missing")  # (as load_paths says it)
     ev.__dict__["trace_data"] = parsed
     ev.__dict__["snapshot_data"] = []
     return ev
