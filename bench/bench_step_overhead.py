@@ -6,7 +6,7 @@ two copies of examples/clean.py (same seed: same weights, same batches) step in 
 
   * copy A is audited exactly as the child process does it outside the profiled window: probes
     and collectors (numerics) on, step_begin / step_end, the step record with its tallies and
-    extras sent over a pipe to another process;
+    extras sent over a pipe to another process, which reads it as `audit` does;
   * copy B runs plain, with every probe wrapper, global module/optimizer hook and collector hook
     taken out for its step (they are put back for A's).
 
@@ -36,6 +36,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+
+
+READER = """\
+import os
+from auditor.capture.stream import read_chunks
+
+class Bench:  # read_chunks watches the writing process for its exit: the bench, our parent
+    pid = os.getppid()
+
+    def poll(self):
+        return None
+
+for _ in read_chunks(0, Bench()):
+    pass
+"""
 
 
 def load_copy(name: str, trainer: Path = EXAMPLES / "clean.py"):
@@ -156,7 +171,7 @@ def main() -> None:
     _common.make = functools.partial(_common.make, batch=args.batch)  # (what clean.py imports)
     from auditor.capture import child, probes
     from auditor.capture.collectors import load_collectors
-    from auditor.capture.stream import Writer
+    from auditor.capture.stream import Writer, widen_pipe
 
     collectors = []
 
@@ -171,7 +186,11 @@ def main() -> None:
     swap = Swap(install)
     rec = probes.REC
     a, b = load_copy("clean_a", trainer), load_copy("clean_b", trainer)
-    reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    # the records go to a process that reads them as `audit` does (auditor.capture.stream.read_chunks:
+    # a read, then a pause, so that the writer seldom wakes it); a reader blocked in read() (`cat`)
+    # would be woken by every record, on a core the step's second thread wants
+    reader = subprocess.Popen([sys.executable, "-c", READER], stdin=subprocess.PIPE, cwd=ROOT)
+    widen_pipe(reader.stdin.fileno())  # (as runner.run does)
     out = Writer(reader.stdin.fileno())
     ratios, a_ms, b_ms, parts = [], [], [], []
     warm = 20

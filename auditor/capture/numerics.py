@@ -195,6 +195,7 @@ def _finite(lo: float, hi: float) -> bool:
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
 CHECKS_RANGE = "auditor::numerics"  # the profiler range the checks' own ops run in
 _profiling = torch._C._autograd._profiler_enabled
 _NO_RANGE = contextlib.nullcontext()
@@ -469,7 +470,7 @@ class _Mode(TorchFunctionMode):
 class _OptPlan:
     """An optimizer's checkable parameters and what follows from them (see Numerics._plan_of)."""
 
-    __slots__ = ("ref", "index", "key", "params", "half", "cpu_plain_dtype", "trustable", "_names")
+    __slots__ = ("ref", "index", "key", "params", "half", "real", "cpu_plain_dtype", "trustable", "_names")
 
     def __init__(self, opt: Any, index: int, key: tuple, params: list[torch.Tensor]) -> None:
         self.ref = weakref.ref(opt)
@@ -479,6 +480,7 @@ class _OptPlan:
         dtypes = {p.dtype for p in params}
         cpu = all(p.is_cpu for p in params)
         self.half = torch.float16 in dtypes
+        self.real = not any(d.is_complex for d in dtypes)
         # one CPU dtype the norm accumulates in as it is (float32 or float64): no dtype argument
         self.cpu_plain_dtype = cpu and len(dtypes) == 1 and dtypes <= {torch.float32, torch.float64}
         cls = type(opt)
@@ -772,7 +774,10 @@ class Numerics:
             if self.lstack and self.lstack.pop():
                 t0 = perf()
                 try:  # (before the mode is back: our own reductions are not the user's calls)
-                    with _checks_range():
+                    if _profiling():  # (tested inline, as in _Mode: every library layer call)
+                        with torch.autograd.profiler.record_function(CHECKS_RANGE):
+                            self._on_leaf(module, args, output)
+                    else:
                         self._on_leaf(module, args, output)
                 except Exception as e:  # our bug must never become the user's failure
                     self.failed(e)
@@ -1284,19 +1289,24 @@ class Numerics:
             lrs.append(("ref", self.values.add(lr.detach().reshape(()).clone())) if isinstance(lr, torch.Tensor)
                        else lr)
         params = plan.params
-        grads, owners = [], []
-        for p in params:
-            grad = p.grad
-            # (the parameter is checkable, so its gradient is a floating tensor with data, and
-            # torch keeps a gradient's dtype and device those of its parameter)
-            if grad is not None and type(grad) is torch.Tensor and not _is_wrapped(grad):
-                if grad.is_sparse:  # (Embedding(sparse=True)): its values hold its norm, once coalesced
-                    grad = grad.coalesce()._values()
-                elif grad.layout is not torch.strided:
-                    continue
-                grad = _real(grad)  # (the norm of its parts is the norm of a complex gradient)
-                grads.append(grad)
-                owners.append(p)
+        grads = [p.grad for p in params]
+        owners = params
+        # (the parameters are checkable, so their gradients are floating tensors with data, and
+        # torch keeps a gradient's dtype and device those of its parameter). The common case,
+        # every gradient a plain dense real tensor, is tested in one pass.
+        if not (plan.real and all(type(g) is torch.Tensor and g.layout is _STRIDED and not _is_wrapped(g)
+                                  for g in grads)):
+            grads, owners = [], []
+            for p in params:
+                grad = p.grad
+                if grad is not None and type(grad) is torch.Tensor and not _is_wrapped(grad):
+                    if grad.is_sparse:  # (Embedding(sparse=True)): its values hold its norm, once coalesced
+                        grad = grad.coalesce()._values()
+                    elif grad.layout is not _STRIDED:
+                        continue
+                    grad = _real(grad)  # (the norm of its parts is the norm of a complex gradient)
+                    grads.append(grad)
+                    owners.append(p)
         scheds = {str(i): s.last_epoch for s, i in self._scheds_of(opt)} if self.scheds else {}
         rec: dict[str, Any] = {"opt": idx, "site": self._site_at("optimizer.step", self._opt_site_line()), "lrs": lrs, "plan": plan,
                                "sched_epochs": scheds}
@@ -1714,8 +1724,11 @@ def _install_config_probes(col: Numerics) -> None:
         # attribute calls per parameter, which cannot make a non-finite value) run with the mode off.
         def probe(self, *args, **kwargs):
             if col.in_step and _top_mode() is col.mode:
-                with torch.overrides._pop_mode_temporarily():
+                _pop_mode()  # (torch.overrides._pop_mode_temporarily, without its generator: every step)
+                try:
                     return orig(self, *args, **kwargs)
+                finally:
+                    _push_mode(col.mode)
             return orig(self, *args, **kwargs)
         return probe
 

@@ -192,14 +192,21 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
         if grad_warning:
             orig = _warnings_at_caller(orig)
 
+        torch_own: set = set()  # torch's code that calls this itself, not on the user's behalf
+
         def probe(self, *args, **kwargs):
             rec = REC
             if rec.on() and not rec.in_data:
                 f = sys._getframe(1)
+                code = f.f_code
+                if code in torch_own:  # (one lookup: an optimizer's `step.item()` per parameter, every step)
+                    return orig(self, *args, **kwargs)
                 label: str | None = what
-                if is_torch_internal(f.f_code.co_filename):  # torch calling itself: not the user's
+                if is_torch_internal(code.co_filename):  # torch calling itself: not the user's
                     # ...unless on the user's behalf
-                    label = _INTERNAL_SYNCS.get(f.f_code) or _logging_sync(f.f_code.co_filename, what)
+                    label = _INTERNAL_SYNCS.get(code) or _logging_sync(code.co_filename, what)
+                    if label is None:
+                        torch_own.add(code)
                 if label is not None and (applies is None or applies(self, *args, **kwargs)):
                     dev = _internal_sync_device(f, self) if label in _INTERNAL_SYNCS_LABELS else DEVICE_OF(self)
                     if JUDGE_AS_CUDA and dev != "cuda":
