@@ -194,6 +194,18 @@ def test_module_walk_names_and_limits():
     assert owners["net.1.count"] == (_Stats, "count")
 
 
+def test_modules_in_a_list_attribute_of_a_global_are_walked():
+    """`trainer.nets = [G, D]` (a GAN trainer object): the networks in the list are walked as
+    `nets = [G, D]` is, and named `trainer.nets[1].count`; a dict attribute likewise. Before, only a
+    module held directly by the attribute (`trainer.net`) was walked, and these had no holder."""
+    from auditor.capture.graphs import _holders
+
+    mod = types.ModuleType("target")
+    mod.trainer = types.SimpleNamespace(nets=[nn.Linear(4, 4), _Stats()], by_name={"d": _Stats()}, steps=3)
+    assert [h[0] for h in _holders(mod)] == ["trainer.nets[1].count", "trainer.nets[1].history",
+                                             "trainer.by_name['d'].count", "trainer.by_name['d'].history"]
+
+
 
 LISTED = BN.replace(
     "model = nn.Sequential(nn.Linear(16, 64), MyBN(64), nn.ReLU(), nn.Linear(64, 1))\n"

@@ -146,8 +146,9 @@ def _module_holders(name: str, root: torch.nn.Module, claimed: set[int]) -> list
 
 
 def _modules_in(value: Any) -> list[tuple[Any, torch.nn.Module]]:
-    """(index or key, module) of the nn.Modules directly inside a list, tuple or dict global: a GAN's
-    `nets = [G, D]` holds its state as `model` would (the tensor walk does not enter modules)."""
+    """(index or key, module) of the nn.Modules directly inside a list, tuple or dict (a global, or
+    an attribute of one): a GAN's `nets = [G, D]` holds its state as `model` would (the tensor walk
+    does not enter modules)."""
     if type(value) in (list, tuple):
         return [(i, v) for i, v in enumerate(value) if isinstance(v, torch.nn.Module)]
     if type(value) is dict:
@@ -181,6 +182,8 @@ def _holders(module: types.ModuleType | None) -> list[Holder]:
                 if isinstance(v, torch.nn.Module):  # `trainer.model`
                     out.extend(_module_holders(f"{name}.{attr}", v, claimed))
                     continue
+                for key, mod in _modules_in(v):  # `trainer.nets = [G, D]`
+                    out.extend(_module_holders(f"{name}.{attr}[{key!r}]", mod, claimed))
                 found = _tensors_in(v)
                 if found:
                     out.append((f"{name}.{attr}", type(v).__name__, found, None))
