@@ -50,7 +50,7 @@ def install(recorder_getter: Callable[[], Any]) -> list[str]:
 
         def standin(*args: Any, __name: str = name, __answer: Callable[..., Any] = answer, **kwargs: Any) -> Any:
             rec = recorder_getter()
-            if rec is not None and rec.on():
+            if rec is not None and rec.active:
                 rec.add(m.CUDA_STANDIN, f"torch.cuda.{__name}", user_frame(sys._getframe(1)))
             return __answer(*args, **kwargs)
 

@@ -53,21 +53,26 @@ def is_torch_internal(filename: str) -> bool:
     return v
 
 
-code_kinds: dict = {}  # code object -> 0 user, 1 library, 2 torch or auditor (library too)
+# id(code object) -> 0 user, 1 library, 2 torch or auditor (library too). Keyed by id: hashing a
+# code object hashes its contents (~0.5 us for Module._call_impl), on every frame of every walk.
+# The code objects are kept in _KEPT, so an id is never reused for another one.
+code_kinds: dict[int, int] = {}
+_KEPT: list[CodeType] = []
 
 
 def _kind_of(code) -> int:
-    k = code_kinds.get(code)
+    k = code_kinds.get(id(code))
     if k is None:
         name = code.co_filename
         k = 0 if not is_library(name) else 2 if is_torch_internal(name) else 1
-        code_kinds[code] = k
+        _KEPT.append(code)
+        code_kinds[id(code)] = k
     return k
 
 
 def library_code(code) -> bool:
     """is_library for a code object, cached per code object (cheaper than by file name)."""
-    k = code_kinds.get(code)
+    k = code_kinds.get(id(code))
     return (k if k is not None else _kind_of(code)) != 0
 
 
@@ -88,7 +93,7 @@ def user_call(frame: FrameType | None) -> tuple | None:
     kinds = code_kinds
     while f is not None:
         code = f.f_code
-        k = kinds.get(code)
+        k = kinds.get(id(code))
         if k is None:
             k = _kind_of(code)
         if k == 0:

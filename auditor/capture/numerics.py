@@ -514,7 +514,7 @@ class Numerics:
         self.check_s = 0.0
         # tables, sent incrementally
         self.sites: dict[tuple, int] = {}
-        self.instr_sites: dict[tuple, int] = {}  # (op, user's code object, instruction offset) -> site
+        self.instr_sites: dict[tuple, int] = {}  # (op, id of the user's code object, instruction offset) -> site
         self.site_info: list[dict] = []
         self.modules: dict[int, tuple[weakref.ref, int]] = {}
         self.module_info: list[dict] = []
@@ -661,9 +661,9 @@ class Numerics:
         same site every time: no walk, no line number worked out, on the path every call takes."""
         f = sys._getframe(depth)
         code = f.f_code
-        kind = code_kinds.get(code)
-        if kind == 0:
-            key = (op, code, f.f_lasti)
+        kind = code_kinds.get(id(code))
+        if kind == 0:  # (a user's code object: code_kinds keeps it, so its id names it)
+            key = (op, id(code), f.f_lasti)
             try:
                 sid = self.instr_sites.get(key)
             except TypeError:  # an unhashable callable
@@ -746,7 +746,10 @@ class Numerics:
         where = None
         popped = False
         try:
-            if self.in_step and self.checking and _library_module(type(module)):
+            lib = _library_types.get(type(module))  # (the cache of _library_module, read inline: every module call)
+            if lib is None:
+                lib = _library_module(type(module))
+            if lib and self.in_step and self.checking:
                 where = self.wstack[-1] if self.wstack else None
                 if where is None:
                     where = user_frame(sys._getframe(1))
@@ -759,7 +762,8 @@ class Numerics:
                     popped = True
                     if self.pending and module.__dict__.get("inplace") and type(module) not in _LEAF_MONOTONE:
                         self._timed(self.resolve_written, args, {})  # (ReLU keeps non-finite values non-finite)
-            self.mstack.append(self._module_id(module))
+            entry = self.modules.get(id(module))  # (_module_id's first test, inline: every module call)
+            self.mstack.append(entry[1] if entry is not None and entry[0]() is module else self._module_id(module))
         except Exception as e:
             self.mstack.append(-1)
             self.failed(e)
@@ -1294,8 +1298,13 @@ class Numerics:
         # (the parameters are checkable, so their gradients are floating tensors with data, and
         # torch keeps a gradient's dtype and device those of its parameter). The common case,
         # every gradient a plain dense real tensor, is tested in one pass.
-        if not (plan.real and all(type(g) is torch.Tensor and g.layout is _STRIDED and not _is_wrapped(g)
-                                  for g in grads)):
+        dense = plan.real
+        if dense:
+            for g in grads:
+                if type(g) is not torch.Tensor or g.layout is not _STRIDED or _is_wrapped(g):
+                    dense = False
+                    break
+        if not dense:
             grads, owners = [], []
             for p in params:
                 grad = p.grad
@@ -1446,7 +1455,7 @@ class Numerics:
             names, _, lid = r["grad_list"]
             out["grads"] = lid
             if all(map(math.isfinite, norms)):
-                out["grad_norm"] = num(math.sqrt(sum(n * n for n in norms)))
+                out["grad_norm"] = num(math.hypot(*norms))
                 out["grad_norms"] = norms
                 out["grad_nonfinite"] = 0
             else:

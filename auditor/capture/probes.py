@@ -34,6 +34,8 @@ class Recorder:
     """Per-step tallies, shared by every probe. One per process; inert in forked children."""
 
     def __init__(self) -> None:
+        # False in a forked child (DataLoader workers: their calls are not the step's); every probe
+        # reads it first, as an attribute (no getpid, no method call)
         self.active = True
         self.in_data = 0  # > 0 while inside DataLoader iteration
         self.tallies: dict[tuple, dict[str, Any]] = {}
@@ -44,12 +46,7 @@ class Recorder:
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
-        self.active = False  # DataLoader workers: their calls are not the step's
-
-    def on(self) -> bool:
-        # (no getpid here: it runs in every probe, and the fork hook already switches forked
-        # children off)
-        return self.active
+        self.active = False
 
     def add(self, kind: str, what: str, where: FrameKey, ms: float = 0.0, **data: Any) -> None:
         key = (kind, what, where, tuple(sorted(data.items())))
@@ -192,21 +189,23 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
         if grad_warning:
             orig = _warnings_at_caller(orig)
 
-        torch_own: set = set()  # torch's code that calls this itself, not on the user's behalf
+        # torch's code that calls this itself, not on the user's behalf: id -> code object (kept, so
+        # that its id is not reused; an id, since hashing a code object hashes its contents)
+        torch_own: dict[int, Any] = {}
 
         def probe(self, *args, **kwargs):
             rec = REC
-            if rec.on() and not rec.in_data:
+            if rec.active and not rec.in_data:
                 f = sys._getframe(1)
                 code = f.f_code
-                if code in torch_own:  # (one lookup: an optimizer's `step.item()` per parameter, every step)
+                if id(code) in torch_own:  # (one lookup: an optimizer's `step.item()` per parameter, every step)
                     return orig(self, *args, **kwargs)
                 label: str | None = what
                 if is_torch_internal(code.co_filename):  # torch calling itself: not the user's
                     # ...unless on the user's behalf
                     label = _INTERNAL_SYNCS.get(code) or _logging_sync(code.co_filename, what)
                     if label is None:
-                        torch_own.add(code)
+                        torch_own[id(code)] = code
                 if label is not None and (applies is None or applies(self, *args, **kwargs)):
                     dev = _internal_sync_device(f, self) if label in _INTERNAL_SYNCS_LABELS else DEVICE_OF(self)
                     if JUDGE_AS_CUDA and dev != "cuda":
@@ -257,7 +256,7 @@ def _sync_function(what: str):
     def make(orig):
         def probe(*args, **kwargs):
             rec = REC
-            if rec.on() and not rec.in_data:
+            if rec.active and not rec.in_data:
                 f = _user_call()
                 if f is not None:
                     first = args[0] if args else None
@@ -280,7 +279,7 @@ def _timed_function(kind: str, what: str):
     def make(orig):
         def probe(*args, **kwargs):
             rec = REC
-            if rec.on():
+            if rec.active:
                 f = _user_call()
                 if f is not None:
                     t0 = perf()
@@ -311,7 +310,7 @@ def _install_anomaly_probe() -> None:
     def make(orig):
         def probe(enabled, *args, **kwargs):
             rec = REC
-            if enabled and rec.on():
+            if enabled and rec.active:
                 rec.add(m.ANOMALY_ON, "anomaly detection", user_frame(sys._getframe(1)))
             return orig(enabled, *args, **kwargs)
         return probe
@@ -405,7 +404,7 @@ def _backward_probe(what: str, tensors_of: Callable[..., Any]):
     def make(orig):
         def probe(*args, **kwargs):
             rec = REC
-            if rec.on():
+            if rec.active:
                 f = _user_call()
                 if f is not None:
                     where = user_frame(f)
@@ -444,14 +443,14 @@ def forward_done(module: Any, t0: float, where: FrameKey) -> None:
     """An outermost module call (the forward phase), made at the user's line `where`, that started
     at `t0` has returned."""
     rec = REC
-    if rec is not None and rec.on() and not rec.in_data:
+    if rec is not None and rec.active and not rec.in_data:
         rec.add(m.FORWARD, type(module).__name__, where, (perf() - t0) * 1e3)
 
 
 def optimizer_done(opt: Any, t0: float, where: FrameKey) -> None:
     """An optimizer step, called at the user's line `where`, that started at `t0` has returned."""
     rec = REC
-    if rec is not None and rec.on():
+    if rec is not None and rec.active:
         rec.add(m.OPTIMIZER, type(opt).__name__, where, (perf() - t0) * 1e3)
 
 
@@ -531,7 +530,7 @@ def _install_dataloader_probes() -> None:
         def probe(self, *args, **kwargs):
             orig(self, *args, **kwargs)
             rec = REC
-            if rec.on() and not any(d["id"] == id(self) for d in rec.dataloaders):
+            if rec.active and not any(d["id"] == id(self) for d in rec.dataloaders):
                 settings = {k: getattr(self, k, None) for k in DATALOADER_SETTINGS}
                 settings["dataset"] = type(self.dataset).__name__
                 settings["default_collate"] = self.collate_fn is dl.default_collate
@@ -558,7 +557,7 @@ def _install_dataloader_probes() -> None:
         def make(orig):
             def probe(self):
                 rec = REC
-                if not rec.on() or (outermost_only and rec.in_data):
+                if not rec.active or (outermost_only and rec.in_data):
                     return orig(self)
                 f = sys._getframe(1)
                 rec.in_data += 1
@@ -584,7 +583,7 @@ def _install_dataloader_probes() -> None:
         # dropped it); at an epoch's end this runs inside __next__, already timed there
         def probe(self, *args, **kwargs):
             rec = REC
-            if not rec.on() or rec.in_data or getattr(self, "_shutdown", True):
+            if not rec.active or rec.in_data or getattr(self, "_shutdown", True):
                 return orig(self, *args, **kwargs)
             t0 = perf()
             try:

@@ -43,14 +43,14 @@ CAPABILITY = (8, 0)
 
 def _record(what: str, frame: Any) -> None:
     rec = probes.REC
-    if rec is not None and rec.on():
+    if rec is not None and rec.active:
         rec.add(m.CUDA_STANDIN, what, call_site(frame), 0.0)
 
 
 def _sync(what: str, frame: Any) -> None:
     """A wait for the device the program asked for (Stream/Event.synchronize): a sync to the rules."""
     rec = probes.REC
-    if rec is not None and rec.on() and not rec.in_data:
+    if rec is not None and rec.active and not rec.in_data:
         rec.add(m.SYNC, what, call_site(frame), 0.0, device="cuda")
 
 

@@ -92,7 +92,7 @@ def _make_next(orig: Callable) -> Callable:
             if pin:
                 setattr(t, PINNED_MARK, True)
         rec = probes.REC
-        if on_device and rec is not None and rec.on():
+        if on_device and rec is not None and rec.active:
             rec.add(m.DEVICE_BATCH, "DataLoader batch on the GPU", call_site(sys._getframe(1)), 0.0,
                     loader=loader, tensors=on_device, bytes=nbytes)
         return batch

@@ -301,7 +301,7 @@ def _method_calls(filename: str) -> dict[tuple[int, int, int, int], int]:
 
 def _record(kind: str, what: str, frame: FrameType | None, **data: Any) -> None:
     rec = probes.REC
-    if rec is not None and rec.on():
+    if rec is not None and rec.active:
         rec.add(kind, what, call_site(frame), 0.0, **data)
 
 
@@ -309,7 +309,7 @@ def _copy_to_device(src: torch.Tensor, non_blocking: bool, what: str, frame: Fra
     """A host->device copy the program asked for: recorded for pageable-copy, or for
     dataloader-on-device when it happens while a batch is being made."""
     rec = probes.REC
-    if rec is None or not rec.on():
+    if rec is None or not rec.active:
         return
     if rec.in_data:
         rec.add(m.DATA_DEVICE_OP, what, call_site(frame), 0.0)
@@ -592,7 +592,7 @@ class RehearsalMode(TorchFunctionMode):
     def _requested(func: Callable, out: Any, args: tuple, frame: FrameType | None) -> None:
         name = f"torch.{getattr(func, '__name__', 'op')}(device=cuda)"
         rec = probes.REC
-        if rec is None or not rec.on():
+        if rec is None or not rec.active:
             return
         if rec.in_data:
             rec.add(m.DATA_DEVICE_OP, name, call_site(frame), 0.0)
