@@ -567,7 +567,11 @@ class Numerics:
 
     def step_begin(self, index: int) -> None:
         self.step = index
-        self._reset_step()
+        # (step_end left the state fresh: nothing writes it between steps, every writer asks
+        # in_step first; after a step_end that failed before its reset, reset here)
+        if not self.fresh:
+            self._reset_step()
+        self.fresh = False
         self.in_step = True
         self.paused = 0
         self.mode_popped = 0
@@ -637,6 +641,7 @@ class Numerics:
         self.pending: dict[int, list[int]] = {}  # id of a deferred output -> its calls in `deferred`
         self.deferred_bytes = 0
         self.aliases: dict[int, tuple[int, ...]] = {}  # id of `t.data` / `t.detach()` -> ids of t (and its base)
+        self.fresh = True  # (see step_begin)
 
     # --- tables ---------------------------------------------------------------------------------
 
@@ -756,8 +761,9 @@ class Numerics:
                 # A library leaf module (Linear, ReLU, a loss: no submodules) makes one known call:
                 # its output is checked once, here, in the post-hook, with the mode off inside it.
                 # That saves the mode's dispatch (~10-20 us a call) for most of a model's calls.
+                n = _stack_len()  # (_top_mode, inline: every module call)
                 if (where is not None and not module._modules and not self.paused
-                        and _top_mode() is self.mode):
+                        and n and _stack_at(n - 1) is self.mode):
                     _pop_mode()
                     popped = True
                     if self.pending and module.__dict__.get("inplace") and type(module) not in _LEAF_MONOTONE:
