@@ -1299,29 +1299,22 @@ class Numerics:
             lrs.append(("ref", self.values.add(lr.detach().reshape(()).clone())) if isinstance(lr, torch.Tensor)
                        else lr)
         params = plan.params
-        grads = [p.grad for p in params]
-        owners = params
-        # (the parameters are checkable, so their gradients are floating tensors with data, and
-        # torch keeps a gradient's dtype and device those of its parameter). The common case,
-        # every gradient a plain dense real tensor, is tested in one pass.
-        dense = plan.real
-        if dense:
-            for g in grads:
-                if type(g) is not torch.Tensor or g.layout is not _STRIDED or _is_wrapped(g):
-                    dense = False
-                    break
-        if not dense:
-            grads, owners = [], []
-            for p in params:
-                grad = p.grad
-                if grad is not None and type(grad) is torch.Tensor and not _is_wrapped(grad):
-                    if grad.is_sparse:  # (Embedding(sparse=True)): its values hold its norm, once coalesced
-                        grad = grad.coalesce()._values()
-                    elif grad.layout is not _STRIDED:
+        real = plan.real
+        grads, owners = [], []
+        for p in params:
+            grad = p.grad
+            # (the parameter is checkable, so its gradient is a floating tensor with data, and
+            # torch keeps a gradient's dtype and device those of its parameter; the common case,
+            # a dense real gradient, is settled by the first two tests)
+            if grad is not None and type(grad) is torch.Tensor and not _is_wrapped(grad):
+                if grad.layout is not _STRIDED:
+                    if not grad.is_sparse:
                         continue
+                    grad = grad.coalesce()._values()  # (Embedding(sparse=True)): its values hold its norm
+                if not real:
                     grad = _real(grad)  # (the norm of its parts is the norm of a complex gradient)
-                    grads.append(grad)
-                    owners.append(p)
+                grads.append(grad)
+                owners.append(p)
         scheds = {str(i): s.last_epoch for s, i in self._scheds_of(opt)} if self.scheds else {}
         rec: dict[str, Any] = {"opt": idx, "site": self._site_at("optimizer.step", self._opt_site_line()), "lrs": lrs, "plan": plan,
                                "sched_epochs": scheds}
