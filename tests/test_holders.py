@@ -54,3 +54,92 @@ def test_replay_buffers_of_rows_are_seen(tmp_path):
     frame = 80 * 64 * 64 * 4
     for h in held.values():  # a frame a step each, between the scans at steps 1 and 19
         assert h["tensors"] == 40 and 18 * frame <= h["growth_bytes"] < 18 * frame + 2**16, h
+
+
+TOTALS = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+stats = {"loss": 0.0}
+
+
+class Trainer:
+    def __init__(self):
+        self.stats = {"loss": 0.0}
+
+
+t = Trainer()
+
+
+def reset():
+    stats["loss"] = 0.0  # a store, not the leak
+
+
+def loss_of_batch():
+    x = torch.randn(32, 16)
+    return nn.functional.mse_loss(model(x), x[:, :1])
+
+
+def step(i):
+    loss = loss_of_batch()
+    stats["loss"] += loss  # DICT LINE: kept as a tensor, graph and all
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def step_summed(i):
+    loss = loss_of_batch()
+    t.stats["loss"] = t.stats["loss"] + loss  # SUM LINE
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def step_attr(i):
+    loss = loss_of_batch()
+    t.stats["loss"] += loss  # ATTR LINE
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+history = {"loss": []}
+
+
+def step_listed(i):
+    loss = loss_of_batch()
+    history["loss"].append(loss)  # LIST LINE
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_running_totals_in_a_dict_are_located_and_patched(tmp_path):
+    """`stats["loss"] += loss` (a dict entry, global or an object's attribute) is the holder's
+    growing line, and `x = x + loss` or `history["loss"].append(loss)` on such an entry too; each is patched `loss.detach()` in
+    fixes.patch (a running total: its value is unchanged). Before, the `+=` on an entry was not seen
+    (no line, no patch, or another function's line), and `x = x + loss` went to numerics-fixes.patch
+    as if it cut a recurrent state. Where the file holds several such lines, the step's own comes
+    first, and a plain store (a reset) last."""
+    path = tmp_path / "totals.py"
+    path.write_text(TOTALS)
+    source = TOTALS.splitlines()
+    for fn, marker, holder in (("step", "DICT LINE", "stats"), ("step_summed", "SUM LINE", "t.stats"),
+                               ("step_attr", "ATTR LINE", "t.stats"), ("step_listed", "LIST LINE", "history")):
+        a = audit("run", f"{path}:{fn}", "--steps", "8", "--quiet", "--no-profile", "--no-numerics",
+                  out=tmp_path / f"out-{fn}")
+        assert a.returncode == 0, a.stderr[-2000:]
+        [leak] = a.rule("graph-leak")
+        assert [h["name"] for h in leak["evidence"]["holders"]] == [holder], leak["message"]
+        line = next(n for n, text in enumerate(source, 1) if marker in text)
+        assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), line)], fn
+        [edit] = leak["fix"]["edits"]
+        assert edit["lines"] == [source[line - 1].replace("+ loss", "+ loss.detach()")
+                                 .replace("+= loss", "+= loss.detach()").replace("(loss)", "(loss.detach())")]
+        assert leak["fix"]["changes_numerics"] is False
+        assert f"+{edit['lines'][0]}" in (tmp_path / f"out-{fn}" / "fixes.patch").read_text()

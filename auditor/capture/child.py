@@ -320,6 +320,10 @@ def run(args: argparse.Namespace) -> int:
         out.send("snapshot", path="oom_snapshot.pickle", when="oom")
     prof = Profiler(args.out, args.run_name, args.steps, args.profile)
     scans = graph_scan_points(args.steps)
+    # (the step's lines, where it is defined in the file the scans read: a holder's growing line there comes first)
+    step_code = getattr(fn, "__code__", None)
+    in_source = step_code is not None and source and os.path.realpath(step_code.co_filename) == os.path.realpath(source)
+    step_span = graphs.step_lines(fn) if in_source else None
     window = set(prof.window())
     t_first = None
     status = 0
@@ -373,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             send_step()
             if i in scans:
-                out.send("graph-scan", after_step=i, **graphs.scan(module, source))
+                out.send("graph-scan", after_step=i, **graphs.scan(module, source, step_span))
             if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
                 raise Terminated("stopped by SIGTERM") if sigint.get("term") else KeyboardInterrupt
     except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted

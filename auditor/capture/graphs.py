@@ -201,6 +201,7 @@ class _Mutations(ast.NodeVisitor):
         self.name = name
         self.parts = name.split(".")
         self.lines: list[int] = []
+        self.weak: set[int] = set()  # `x[key] = value` without x in the value: a store, perhaps a reset
         self.depth = 0
         self.in_class = 0
 
@@ -222,21 +223,27 @@ class _Mutations(ast.NodeVisitor):
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        if self.depth and self._is_name(node.target):
+        t = node.target  # `total += loss`, `stats["loss"] += loss`
+        if self.depth and (self._is_name(t) or (isinstance(t, ast.Subscript) and self._is_name(t.value))):
             self.lines.append(node.lineno)
         self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
-        if self.depth and (
-                (any(self._is_name(t) for t in node.targets) and any(self._is_name(n) for n in ast.walk(node.value)))
-                or any(isinstance(t, ast.Subscript) and self._is_name(t.value) for t in node.targets)):
-            self.lines.append(node.lineno)
+        if self.depth:
+            uses = any(self._is_name(n) for n in ast.walk(node.value))
+            if any(self._is_name(t) for t in node.targets) and uses:
+                self.lines.append(node.lineno)
+            elif any(isinstance(t, ast.Subscript) and self._is_name(t.value) for t in node.targets):
+                self.lines.append(node.lineno)
+                if not uses:
+                    self.weak.add(node.lineno)
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
+        # (`losses.append(loss)`, or into an entry: `stats["loss"].append(loss)`)
         if self.depth and isinstance(f, ast.Attribute) and (f.attr in _GROWERS or _in_place(f.attr)) \
-                and self._is_name(f.value):
+                and (self._is_name(f.value) or (isinstance(f.value, ast.Subscript) and self._is_name(f.value.value))):
             self.lines.append(node.lineno)  # (`self.rm.mul_(0.9).add_(0.1 * m)`: in place, a graph per step)
         self.generic_visit(node)
 
@@ -268,7 +275,11 @@ def _source(source_file: str) -> tuple[str, ast.Module] | None:
     return _sources[key]
 
 
-def mutation_lines(source_file: str, name: str) -> list[int]:
+def mutation_lines(source_file: str, name: str, step_lines: tuple[int, int] | None = None) -> list[int]:
+    """Lines that grow the holder `name`, the likeliest first: those inside the step function
+    (`step_lines`, its first and last line), then those that grow it from itself (`x += e`,
+    `x.append(e)`, `x[k] = x[k] + e`) before plain stores (`x[k] = 0.0`, perhaps a reset), then
+    in file order."""
     src = _source(source_file)
     # a line that grows `a.b.rm` spells `rm`: a file without it needs no walk (most of a module's
     # holders, `model.3.running_mean`, appear nowhere in the training script)
@@ -277,7 +288,8 @@ def mutation_lines(source_file: str, name: str) -> list[int]:
     tree = src[1]
     v = _Mutations(name)
     v.visit(tree)
-    return sorted(set(v.lines))
+    lo, hi = step_lines or (0, -1)
+    return sorted(set(v.lines), key=lambda n: (not lo <= n <= hi, n in v.weak, n))
 
 
 def _class_defs(tree: ast.Module) -> dict[str, ast.ClassDef]:
@@ -334,7 +346,17 @@ def attribute_line(cls: type, attr: str) -> tuple[str, int] | None:
     return found
 
 
-def scan(module: types.ModuleType | None, source_file: str | None) -> dict[str, Any]:
+def step_lines(fn: Any) -> tuple[int, int] | None:
+    """First and last line of the step function's code (None for a callable object, a builtin)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    lines = [n for _, _, n in code.co_lines() if n is not None]
+    return (code.co_firstlineno, max(lines)) if lines else None
+
+
+def scan(module: types.ModuleType | None, source_file: str | None,
+         step: tuple[int, int] | None = None) -> dict[str, Any]:
     """Count live graph-carrying tensors and the graph behind them; name the globals holding tensors
     (with their bytes, for memory-growth) and the lines that grow them."""
     tensor = torch.Tensor  # (a local: this test runs once per gc-tracked object, ~300k of them)
@@ -348,7 +370,7 @@ def scan(module: types.ModuleType | None, source_file: str | None) -> dict[str, 
         if at:
             where = {"file": at[0], "line": at[1], "function": ""}
         elif source_file:
-            lines = mutation_lines(source_file, name)
+            lines = mutation_lines(source_file, name, step)
             if lines:
                 where = {"file": source_file, "line": lines[0], "function": ""}
         with_graph = [t for t in tensors if t.grad_fn is not None]

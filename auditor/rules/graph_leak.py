@@ -19,6 +19,14 @@ def _constructs(node: ast.AST) -> bool:
     return name[:1].isupper()
 
 
+def _accumulates(node: ast.Assign) -> bool:
+    """`x = x + e` (or `- e`), `stats["loss"] = stats["loss"] + loss`: a running total, patched as
+    `x += e` is (`e.detach()`: its value is unchanged), not as a recurrent state `h = f(h)`."""
+    v = node.value
+    return (len(node.targets) == 1 and isinstance(v, ast.BinOp) and isinstance(v.op, (ast.Add, ast.Sub))
+            and ast.unparse(v.left) == ast.unparse(node.targets[0]))
+
+
 # `import torch` / `import torch.nn` bind the name `torch`; `from torch import nn` and
 # `import torch.nn as nn` do not
 _BINDS_TORCH = re.compile(r"\s*import\s+torch(\.\w+)*\s*(#.*)?$")
@@ -45,6 +53,8 @@ def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and node.value.args \
                 and isinstance(node.value.func, ast.Attribute) and node.value.func.attr in ("append", "insert"):
             value, numerics = node.value.args[-1], False
+        elif isinstance(node, ast.Assign) and _accumulates(node):
+            value, numerics = node.value.right, False  # `x = x + e` is `x += e`
         elif isinstance(node, ast.Assign):
             value, numerics = node.value, True
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
