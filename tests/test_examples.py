@@ -101,6 +101,46 @@ def test_retained_graphs_kept_together_are_counted_together(tmp_path):
     assert f["cost"]["note"].startswith(f"memory: {3 * ev['saved_bytes'] / 2**20:.2f} MiB of saved activations")
 
 
+CARRIED = """import torch
+from torch import nn
+
+torch.manual_seed(0)
+rnn = nn.GRU(8, 16, batch_first=True)
+head = nn.Linear(16, 1)
+opt = torch.optim.SGD([*rnn.parameters(), *head.parameters()], lr=1e-2)
+ACCUM = 3
+
+
+def step(i):
+    opt.zero_grad()
+    h = None
+    for micro in range(ACCUM):  # the state runs on through the micro-batches, undetached
+        y, h = rnn(torch.randn(4, 5, 8), h)
+        loss = head(y).pow(2).mean() / ACCUM
+        loss.backward(retain_graph=True)  # RETAIN LINE: the next micro-batch's backward needs it
+    opt.step()
+"""
+
+
+def test_retained_graphs_some_reused_get_no_patch_that_breaks_them(tmp_path):
+    """Micro-batches carry a state, so each backward but the last one's graph is backpropagated
+    again by the next: only the last graph of a step is retained for nothing. The finding stands
+    (one unused graph a step), but dropping retain_graph from the line would make the second
+    micro-batch's backward fail: no edit, and the fix says to keep it for the reused calls.
+    Before, fixes.patch (said to change no result) dropped it, and the patched trainer raised."""
+    (tmp_path / "carried.py").write_text(CARRIED)
+    a = audit("run", f"{tmp_path / 'carried.py'}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet",
+              out=tmp_path / "out")
+    [f] = a.rule("retained-graph")
+    line = next(n for n, t in enumerate(CARRIED.splitlines(), 1) if "RETAIN LINE" in t)
+    assert [loc["line"] for loc in f["locations"]] == [line]
+    ev = f["evidence"]
+    assert (ev["retained_unused"], ev["retaining_calls"], ev["reused"]) == (4, 12, 8)
+    assert f["fix"]["edits"] == [] and f["fix"]["patch"] is None
+    assert "8 of 12 calls" in f["fix"]["summary"]
+    assert (tmp_path / "out" / "fixes.patch").read_text() == ""
+
+
 def test_graph_leak(example_audit):
     a = example_audit("graph_leak")
     f = the_finding(a, "graph-leak")

@@ -27,6 +27,9 @@ class RetainedGraph(Rule):
     Fix:
         Drop `retain_graph=True`. If that raises "Trying to backward through the graph a second
         time", a tensor from an earlier step is reused: detach it (e.g. an RNN hidden state).
+        Where some of the line's graphs are backpropagated again (a state carried from one
+        micro-batch to the next), no patch is offered: dropping the flag would break those calls;
+        keep it for them only (`retain_graph=(micro < accum_steps - 1)`) or detach the state.
 
     Evidence needed:
         A run: the backward probes hook each node of a retained graph and note whether any later
@@ -49,8 +52,14 @@ class RetainedGraph(Rule):
             key = (t.what, t.where.file if t.where else None, t.where.line if t.where else None)
             n = t.data.get("alive_at_once")
             at_once[key] = None if n is None or at_once.get(key, 0) is None else max(n, at_once.get(key, 0))
+        retaining: dict[tuple, int] = {}  # per place: backward calls made with retain_graph=True
+        for _, t in ev.tallies(m.BACKWARD):
+            if t.data.get("retain_graph"):
+                key = (t.what, t.where.file if t.where else None, t.where.line if t.where else None)
+                retaining[key] = retaining.get(key, 0) + t.count
         for p in by_place(pairs):
             per_step = p.count / max(1, len(p.steps))
+            calls = retaining.get((p.what, p.where.file if p.where else None, p.where.line if p.where else None), 0)
             saved_mb = p.data.get("saved_bytes", 0) / 2**20
             alive = at_once.get((p.what, p.where.file if p.where else None, p.where.line if p.where else None))
             if alive:
@@ -59,8 +68,16 @@ class RetainedGraph(Rule):
             else:  # (the graphs' lifetimes were not seen: at most every graph of a step at once)
                 held = f"memory: up to {saved_mb * per_step:.2f} MiB of saved activations held past their backward"
             loc = [Location.of(p.where)] if p.where else []
+            # Some of this line's graphs were backpropagated again (gradient accumulation through a
+            # state carried from one micro-batch to the next): dropping retain_graph there raises
+            # "Trying to backward through the graph a second time". No patch then; the summary says how.
+            reused = calls - p.count if calls > p.count else 0
             edit = edit_call_kwargs(p.where.file, p.where.line, ("backward", "grad"), drop=("retain_graph",)) \
-                if p.where else None
+                if p.where and not reused else None
+            summary = ("Remove retain_graph=True; detach state reused across steps instead." if not reused else
+                       f"Keep retain_graph=True only for the calls whose graph a later backward uses ({reused} of "
+                       f"{calls} calls here), e.g. retain_graph=(micro < accum_steps - 1), or detach the state "
+                       "carried between them; removing it outright would make those later backwards fail.")
             yield self.finding(
                 f"{p.what}(retain_graph=True) kept {p.count} graphs alive that no later backward used "
                 f"({per_step:.1f} per step in {len(p.steps)} steps, ~{p.data.get('graph_nodes', 0)} autograd "
@@ -69,8 +86,8 @@ class RetainedGraph(Rule):
                 locations=loc,
                 evidence={"retained_unused": p.count, "steps": len(p.steps), "per_step": round(per_step, 2),
                           "graph_nodes": p.data.get("graph_nodes", 0), "saved_bytes": p.data.get("saved_bytes", 0),
-                          "alive_at_once": alive},
+                          "alive_at_once": alive, "retaining_calls": calls, "reused": reused},
                 cost=Cost(ms_per_step=None, share_of_step=None, measured=alive is not None, note=held),
-                fix=Fix(summary="Remove retain_graph=True; detach state reused across steps instead.",
-                        config={"retain_graph": False}, edits=[edit] if edit else []),
+                fix=Fix(summary=summary, config={"retain_graph": False} if not reused else {},
+                        edits=[edit] if edit else []),
             )
