@@ -308,6 +308,8 @@ def test_dataloader_bound_share_and_fix(example_audit):
     shares = [sum(t["ms"] for t in s["tallies"] if t["kind"] == "data-wait") / s["ms"] for s in steps]
     assert f["evidence"]["median_share"] == pytest.approx(median(shares), abs=1e-3)
     assert f["evidence"]["median_share"] >= 0.25
+    # (the median of each step's share, said as such: not the median wait over the median step)
+    assert f"(a median {f['evidence']['median_share'] * 100:.0f}% of each step)" in f["message"]
     assert f["evidence"]["settings"]["num_workers"] == 0
     assert f["fix"]["config"]["DataLoader.num_workers"] >= 2
     assert "num_workers=" in "\n".join(f["fix"]["edits"][0]["lines"])

@@ -93,3 +93,15 @@ def test_torch_warnings_from_a_probed_call_name_the_users_line(tmp_path):
     syncs = [(t["what"], t["where"]["line"], t["count"]) for s in a.evidence["steps"] for t in s["tallies"]
              if t["kind"] == "sync"]
     assert syncs == [("float(Tensor)", line, 1)] * 3, syncs
+
+
+def test_thread_count_is_the_one_the_setup_leaves(tmp_path):
+    """`torch.set_num_threads(3)` at import: the environment says 3 threads (what the steps ran
+    with, and what dataloader-bound weighs workers against), not the count at the auditor's start
+    (1 here, from OMP_NUM_THREADS)."""
+    path = tmp_path / "threads.py"
+    path.write_text("import torch\ntorch.set_num_threads(3)\n\ndef step():\n    torch.ones(4).sum()\n")
+    a = audit("run", f"{path}:step", "--steps", "2", "--no-profile", "--quiet", out=tmp_path / "out",
+              env={"OMP_NUM_THREADS": "1"})
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert a.findings_doc["environment"]["num_threads"] == 3

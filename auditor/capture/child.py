@@ -307,14 +307,16 @@ def run(args: argparse.Namespace) -> int:
         out.send("usage-error", message=str(e))
         return 2
     except BaseException as e:  # the user's module code failed during setup
-        out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec))
+        out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec),
+                 num_threads=torch.get_num_threads())
         ending = _ending(e, None)
         if isinstance(e, ImportError) and "no known parent package" in str(e):
             ending["message"] += _package_hint(target)
         out.send("ended", **ending, cuda_devices=cuda_devices())
         return 3
 
-    out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec))
+    out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec),
+                 num_threads=torch.get_num_threads())
     # CUDA only: an out-of-memory error dumps the allocator's state before the report is written.
     if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
         out.send("snapshot", path="oom_snapshot.pickle", when="oom")

@@ -76,6 +76,8 @@ class EvidenceBuilder:
         elif kind == "setup":
             ev.setup = [_tally(t) for t in r["tallies"]]
             ev.environment.backend_flags = r.get("backend_flags", {})
+            if r.get("num_threads"):  # (as the user's setup left it: torch.set_num_threads(1) at import)
+                ev.environment.num_threads = r["num_threads"]
             self._loaders(r)
         elif kind == "step":
             ev.steps.append(m.StepRecord(

@@ -157,7 +157,7 @@ class DataloaderBound(Rule):
             # Workers exist, are kept and load ahead, and the step still waits: they cannot keep
             # up. Repeating their settings back ("persistent_workers=True") would say nothing.
             dataset = settings.get("dataset") or "the dataset"
-            message = (f"The step waits {wait_ms:.1f} ms for data ({share * 100:.0f}% of the median step) although "
+            message = (f"The step waits {wait_ms:.1f} ms for data (a median {share * 100:.0f}% of each step) although "
                        f"{workers} worker processes load ahead (prefetch_factor={settings.get('prefetch_factor')}, "
                        f"persistent_workers={settings.get('persistent_workers')}): the workers cannot keep up. "
                        f"Each makes its samples one at a time in `{dataset}`'s `__getitem__`/`__iter__`, more slowly "
@@ -178,7 +178,7 @@ class DataloaderBound(Rule):
                 summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
             note = "the step's wait for batches its workers have not finished yet"
         else:
-            message = (f"The step waits {wait_ms:.1f} ms for data ({share * 100:.0f}% of the median step) with "
+            message = (f"The step waits {wait_ms:.1f} ms for data (a median {share * 100:.0f}% of each step) with "
                        f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
             summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
                        if not workers else f"Set {rec_text}." if rec else "")
