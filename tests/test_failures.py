@@ -113,6 +113,17 @@ def test_setup_code_that_raises(tmp_path):
     assert doc["ending"]["where"]["line"] == line_of(tmp_path, "no data at") and doc["steps"]["count"] == 0
 
 
+def test_a_syntax_error_names_its_line(tmp_path):
+    """A trainer that does not parse: the ending names the bad line of the user's file (it is in no
+    frame of the traceback, which ends in the auditor's import of the target)."""
+    path = tmp_path / "broken.py"
+    path.write_text("import torch\n\n\ndef step():\n    x = (1,\n")
+    a = audit("run", f"{path}:step", "--steps", "2", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 3
+    end = a.findings_doc["ending"]
+    assert end["exception"] == "SyntaxError" and end["where"]["file"] == str(path) and end["where"]["line"] == 5
+
+
 def test_ctrl_c_on_the_process_group(tmp_path):
     """A real Ctrl-C: SIGINT to the whole process group while steps run."""
     p, out, _ = _start_slow_audit(tmp_path)

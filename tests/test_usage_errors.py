@@ -32,6 +32,14 @@ def test_step_with_two_required_arguments(tmp_path):
     one_line_error(audit("run", f"{path}:step", out=tmp_path / "o"), "no argument or one")
 
 
+def test_step_with_a_required_keyword_only_argument(tmp_path):
+    """`def step(*, i)` cannot be called as `step()` or `step(i)`: refused up front (it ran, and
+    failed at step 0 with exit 3)."""
+    path = tmp_path / "t.py"
+    path.write_text("def step(*, i):\n    pass\n")
+    one_line_error(audit("run", f"{path}:step", "--steps", "2", out=tmp_path / "o"), "keyword-only argument 'i'")
+
+
 @pytest.mark.parametrize("source,contains", [
     ("def step(i):\n    yield i\n", "step is a generator function"),
     ("async def step(i):\n    return i\n", "step is an async function"),

@@ -169,6 +169,8 @@ def _package_hint(t: Target) -> str:
 
 
 def _frame_of_exception(exc: BaseException) -> dict | None:
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno and not is_library(exc.filename):
+        return {"file": exc.filename, "line": exc.lineno, "function": ""}  # (the bad line: in no frame)
     for fs in reversed(traceback.extract_tb(exc.__traceback__)):
         if not is_library(fs.filename):
             return {"file": fs.filename, "line": fs.lineno, "function": fs.name}

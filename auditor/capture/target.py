@@ -117,6 +117,10 @@ def step_arity(fn: Callable) -> int:
     if len(required) > 1:
         raise TargetError(f"the step callable must take no argument or one (the step index); "
                           f"{fn.__name__} requires {len(required)}")
+    keyword_only = [p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if keyword_only:  # (the step is called with the index, if any, by position: this would fail at step 0)
+        raise TargetError(f"the step callable must take no argument or one (the step index); "
+                          f"{name} requires the keyword-only argument {keyword_only[0]!r}")
     return 1 if positional else 0
 
 
