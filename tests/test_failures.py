@@ -78,6 +78,21 @@ def test_sys_exit_in_a_step(tmp_path, code, status, exit_code):
         assert "The run ended: <strong>exited</strong> in step 3" in (a.out / "report.html").read_text()
 
 
+def test_os_exit_0_in_a_step_is_a_stop_not_a_crash(tmp_path):
+    """`os._exit(0)` in a step: the program ended its process with success, as sys.exit(0) but
+    without the clean-up; `exited` at that step, exit 0 (it was reported as a crash, exit 3). The
+    same call in the setup, before any step, still fails the run."""
+    path = write_trainer(tmp_path, "os._exit(0)")
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    end = a.findings_doc["ending"]
+    assert (end["status"], end["step"], end["returncode"]) == ("exited", 3, 0) and "os._exit(0)" in end["message"]
+    assert a.findings_doc["steps"]["count"] == 3
+    path = write_trainer(tmp_path, "pass", setup="os._exit(0)")
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out-setup")
+    assert a.returncode == 3 and a.findings_doc["ending"]["status"] == "crashed"
+
+
 def test_keyboard_interrupt(tmp_path):
     a, doc = run_ending(tmp_path, "os.kill(os.getpid(), signal.SIGINT)")
     assert doc["ending"]["status"] == "interrupted" and doc["ending"]["step"] == 3

@@ -65,6 +65,7 @@ class EvidenceBuilder:
         self.ended = False
         self.pending_snapshots: list[str] = []
         self.out_dir = request.out_dir
+        self.set_up = False  # the module's setup code ran to its end (the steps began)
 
     def feed(self, r: dict[str, Any]) -> None:
         kind = r["kind"]
@@ -74,6 +75,7 @@ class EvidenceBuilder:
         elif kind == "usage-error":
             self.usage_error = r["message"]
         elif kind == "setup":
+            self.set_up = True
             ev.setup = [_tally(t) for t in r["tallies"]]
             ev.environment.backend_flags = r.get("backend_flags", {})
             if r.get("num_threads"):  # (as the user's setup left it: torch.set_num_threads(1) at import)
@@ -125,11 +127,18 @@ class EvidenceBuilder:
                     sig = str(-returncode)
             last = ev.steps[-1].index + 1 if ev.steps else 0
             in_step = last if last < ev.requested_steps else None
-            how = f"killed by {sig}" if sig else f"exited with code {returncode} without finishing"
-            ev.ending = m.Ending(status="crashed", step=in_step,
-                                 message=f"the audited process {how}"
-                                         + (f" during step {in_step}" if in_step is not None else ""),
-                                 returncode=returncode, signal=sig)
+            if returncode == 0 and self.set_up and in_step is not None:
+                # `os._exit(0)` in a step: the program stopped itself with success, without the
+                # clean-up sys.exit(0) does; as sys.exit(0), not a failure
+                ev.ending = m.Ending(status="exited", step=in_step, returncode=0,
+                                     message=f"the program ended its process with exit code 0 during step "
+                                             f"{in_step} (os._exit(0)), as it would without the audit")
+            else:
+                how = f"killed by {sig}" if sig else f"exited with code {returncode} without finishing"
+                ev.ending = m.Ending(status="crashed", step=in_step,
+                                     message=f"the audited process {how}"
+                                             + (f" during step {in_step}" if in_step is not None else ""),
+                                     returncode=returncode, signal=sig)
         else:
             ev.ending.returncode = returncode
         if ev.ending.status != "completed":
