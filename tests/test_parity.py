@@ -130,3 +130,59 @@ def test_torch_compile_is_left_to_compile_what_it_would(tmp_path):
     for k in plain:
         assert torch.equal(plain[k], audited[k]), k
     assert "Graph break" not in a.stderr and "does not know how to trace" not in a.stderr
+
+
+ANNEALED = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class Quant(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, levels):
+        return torch.round(x * levels) / levels
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.head, self.levels = nn.Linear(8, 16), nn.Linear(16, 2), 8.0
+
+    def forward(self, x):
+        return self.head(Quant.apply(self.lin(x), self.levels))
+
+
+net = Net()
+compiled = torch.compile(net, backend="aot_eager")
+opt = torch.optim.SGD(net.parameters(), lr=1e-2)
+x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
+
+
+def step(i):
+    net.levels = 8.0 if i < 3 else float(i)  # a float that changes each step: dynamo recompiles once
+    loss = nn.functional.cross_entropy(compiled(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_torch_compile_does_not_compile_the_auditors_own_frames(tmp_path):
+    """Python that torch.compile runs eagerly (after a graph break) calls the numerics mode for each
+    torch call: dynamo compiled the mode's own frames too, and recompiled them for every new float
+    until its recompile limit (the user's stderr filled with recompiles of auditor/capture/numerics.py,
+    steps up to 30x slower). Only the user's function is recompiled now, as without the audit."""
+    path = tmp_path / "annealed.py"
+    path.write_text(ANNEALED)
+    a = audit("run", f"{path}:step", "--steps", "14", "--no-profile", "--quiet", out=tmp_path / "out",
+              env={"TORCH_LOGS": "recompiles"}, timeout=600)
+    assert a.returncode == 0, a.stderr[-2000:]
+    recompiled = [ln for ln in a.stderr.splitlines() if "Recompiling function" in ln]
+    assert recompiled and not [ln for ln in recompiled if "auditor" in ln], recompiled
+    assert "recompile_limit" not in a.stderr
