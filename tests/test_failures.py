@@ -60,6 +60,9 @@ def test_step_that_raises(tmp_path):
     assert end["where"]["file"].endswith("trainer.py") and end["where"]["line"] == line_of(tmp_path, "bad batch")
     assert doc["steps"]["count"] == 4  # steps 0-2 complete, step 3 partial
     assert (tmp_path / "out" / "report.html").is_file()
+    # graph-leak had one scan (after step 1): why it is skipped says the run ended early
+    [why] = [s["reason"] for s in doc["skipped_rules"] if s["rule"] == "graph-leak"]
+    assert "the run ended in step 3 of 8, before its second scan (scanned after step: 1)" in why
 
 
 @pytest.mark.parametrize("code,status,exit_code", [("0", "exited", 0), ("", "exited", 0), ("2", "raised", 3)])

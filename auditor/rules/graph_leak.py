@@ -119,7 +119,13 @@ class GraphLeak(Rule):
     def skip_reason(self, ev: m.Evidence) -> str | None:
         if ev.source != "run":
             return "needs a run (`audit run`), not a recording"
-        return None if len(ev.graph_scans) >= 2 else "needs graph scans at two or more step boundaries (run >= 2 steps)"
+        if len(ev.graph_scans) >= 2:
+            return None
+        if ev.steps and ev.steps[-1].index + 1 < ev.requested_steps:  # (the run ended early)
+            scanned = ", ".join(str(s.after_step) for s in ev.graph_scans) or "none"
+            return (f"needs graph scans at two or more step boundaries; the run ended in step {ev.steps[-1].index} "
+                    f"of {ev.requested_steps}, before its second scan (scanned after step: {scanned})")
+        return "needs graph scans at two or more step boundaries (run >= 2 steps)"
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         scans = sorted(ev.graph_scans, key=lambda s: s.after_step)
