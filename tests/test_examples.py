@@ -424,6 +424,16 @@ def test_the_lines_that_grow_a_holder(tmp_path):
     assert mutation_lines(str(src), "cache") == [7, 8]
     assert mutation_lines(str(src), "seen") == [9]
     assert mutation_lines(str(src), "obs") == []
+    # the step function's own lines first; a store of a literal (a reset) after the others
+    src.write_text("stats = {}\n"
+                   "def reset():\n"
+                   "    stats['loss'] = 0.0\n"            # 3
+                   "def other(loss):\n"
+                   "    stats['loss'] = stats['loss'] + loss\n"  # 5
+                   "def step(loss):\n"
+                   "    stats['loss'] += loss\n")          # 7
+    assert mutation_lines(str(src), "stats") == [5, 7, 3]
+    assert mutation_lines(str(src), "stats", (6, 7)) == [7, 5, 3]
 
 
 def test_memory_growth_names_the_holder(example_audit):

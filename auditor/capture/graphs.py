@@ -201,7 +201,7 @@ class _Mutations(ast.NodeVisitor):
         self.name = name
         self.parts = name.split(".")
         self.lines: list[int] = []
-        self.weak: set[int] = set()  # `x[key] = value` without x in the value: a store, perhaps a reset
+        self.weak: set[int] = set()  # `x[key] = 0.0` (a literal: a reset, not the growth)
         self.depth = 0
         self.in_class = 0
 
@@ -235,7 +235,7 @@ class _Mutations(ast.NodeVisitor):
                 self.lines.append(node.lineno)
             elif any(isinstance(t, ast.Subscript) and self._is_name(t.value) for t in node.targets):
                 self.lines.append(node.lineno)
-                if not uses:
+                if not any(isinstance(n, (ast.Name, ast.Attribute, ast.Call)) for n in ast.walk(node.value)):
                     self.weak.add(node.lineno)
         self.generic_visit(node)
 
@@ -277,9 +277,8 @@ def _source(source_file: str) -> tuple[str, ast.Module] | None:
 
 def mutation_lines(source_file: str, name: str, step_lines: tuple[int, int] | None = None) -> list[int]:
     """Lines that grow the holder `name`, the likeliest first: those inside the step function
-    (`step_lines`, its first and last line), then those that grow it from itself (`x += e`,
-    `x.append(e)`, `x[k] = x[k] + e`) before plain stores (`x[k] = 0.0`, perhaps a reset), then
-    in file order."""
+    (`step_lines`, its first and last line), then any but the stores of a literal (`x[k] = 0.0`, a
+    reset), then in file order."""
     src = _source(source_file)
     # a line that grows `a.b.rm` spells `rm`: a file without it needs no walk (most of a module's
     # holders, `model.3.running_mean`, appear nowhere in the training script)
