@@ -34,11 +34,16 @@ def _default_out(name: str) -> Path:
     return Path("audit-out") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+_MADE: set[Path] = set()  # output directories this command created (see _out, _drop_if_unused)
+
+
 def _out(out_dir: Path | None, name: str) -> Path:
     """The output directory (--out, or the default for `name`), created now: a path that cannot
     be written is the user's to fix (exit 2), found before anything runs."""
     out = out_dir or _default_out(name)
     try:
+        if not out.exists():
+            _MADE.add(out)
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".audit-write-test-{os.getpid()}"
         probe.touch()
@@ -46,6 +51,15 @@ def _out(out_dir: Path | None, name: str) -> Path:
     except OSError as e:
         raise UsageFailure(f"--out {out}: cannot write there ({e.strerror or e})") from None
     return out
+
+
+def _drop_if_unused(out: Path) -> None:
+    """A run that never started (a usage error) leaves no output directory it made itself."""
+    if out in _MADE:
+        try:
+            out.rmdir()  # (only if empty)
+        except OSError:
+            pass
 
 
 def _exit_code(evidence, results, fail_on: str | None) -> int:
@@ -189,6 +203,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
                                             catch_sigterm=session is None),
                                  on_record=progress.on_record)
         except TargetError as e:
+            _drop_if_unused(out)
             raise UsageFailure(str(e)) from None
     if session is not None:  # distributed: save this rank; the merging rank reports on every rank
         sys.exit(session.finish(evidence, rank_timeout, lambda ev, root: _finish(ev, config, root, quiet, fail_on)))

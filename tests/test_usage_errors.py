@@ -30,6 +30,13 @@ def test_step_with_two_required_arguments(tmp_path):
     path = tmp_path / "t.py"
     path.write_text("def step(a, b):\n    pass\n")
     one_line_error(audit("run", f"{path}:step", out=tmp_path / "o"), "no argument or one")
+    # nothing ran: no --out directory is left behind (it held only records.jsonl, which `audit
+    # analyze` then refused as "not an audit run directory")
+    assert not (tmp_path / "o").exists()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    one_line_error(audit("run", f"{path}:step", out=tmp_path / "kept"), "no argument or one")
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
 
 
 def test_step_with_a_required_keyword_only_argument(tmp_path):

@@ -233,6 +233,9 @@ def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = No
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
     if builder.usage_error is not None:
+        # nothing ran: the stream (a usage error, its only record) would make the directory look
+        # like a run's to `audit analyze`
+        (request.out_dir / "records.jsonl").unlink(missing_ok=True)
         raise TargetError(builder.usage_error)
     if interrupts["n"] and not builder.ended:
         builder.ended = True
