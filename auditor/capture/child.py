@@ -324,10 +324,7 @@ def run(args: argparse.Namespace) -> int:
         out.send("snapshot", path="oom_snapshot.pickle", when="oom")
     prof = Profiler(args.out, args.run_name, args.steps, args.profile)
     scans = graph_scan_points(args.steps)
-    # (the step's lines, where it is defined in the file the scans read: a holder's growing line there comes first)
-    step_code = getattr(fn, "__code__", None)
-    in_source = step_code is not None and source and os.path.realpath(step_code.co_filename) == os.path.realpath(source)
-    step_span = graphs.step_lines(fn) if in_source else None
+    step_span = graphs.step_lines(fn, source)  # (a holder's growing line inside the step comes first)
     window = set(prof.window())
     t_first = None
     status = 0

@@ -345,10 +345,11 @@ def attribute_line(cls: type, attr: str) -> tuple[str, int] | None:
     return found
 
 
-def step_lines(fn: Any) -> tuple[int, int] | None:
-    """First and last line of the step function's code (None for a callable object, a builtin)."""
+def step_lines(fn: Any, source_file: str | None) -> tuple[int, int] | None:
+    """First and last line of the step function's code, where it is defined in `source_file` (the
+    file the scans read); None otherwise (another file, a callable object, a builtin)."""
     code = getattr(fn, "__code__", None)
-    if code is None:
+    if code is None or not source_file or os.path.realpath(code.co_filename) != os.path.realpath(source_file):
         return None
     lines = [n for _, _, n in code.co_lines() if n is not None]
     return (code.co_firstlineno, max(lines)) if lines else None

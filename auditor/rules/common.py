@@ -20,11 +20,16 @@ class Place:
     data: dict = field(default_factory=dict)
 
 
+def place_key(t: Tally | Place) -> tuple:
+    """(what, file, line): the place a tally (or a Place of them) is counted at."""
+    return t.what, t.where.file if t.where else None, t.where.line if t.where else None
+
+
 def by_place(pairs: list[tuple[int, Tally]]) -> list[Place]:
     """Group (step, tally) pairs by (what, file, line); most frequent first."""
     places: dict[tuple, Place] = {}
     for step, t in pairs:
-        key = (t.what, t.where.file if t.where else None, t.where.line if t.where else None)
+        key = place_key(t)
         p = places.setdefault(key, Place(where=t.where, what=t.what))
         p.steps.add(step)
         p.count += t.count

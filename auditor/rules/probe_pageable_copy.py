@@ -14,7 +14,7 @@ from typing import Any
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option
-from auditor.rules.common import steps_run
+from auditor.rules.common import place_key, steps_run
 
 PROBE_OPTIONS: tuple[Option, ...] = (
     Option("min-share-of-steps", 0.5,
@@ -39,7 +39,7 @@ def _sites(ev: m.Evidence) -> list[_Site]:
     for step, t in ev.tallies(m.H2D_COPY):
         if t.data.get("pinned"):
             continue
-        key = (t.what, t.where.file if t.where else None, t.where.line if t.where else None)
+        key = place_key(t)
         s = sites.setdefault(key, _Site(where=t.where, what=t.what))
         s.steps.add(step)
         s.copies += t.count

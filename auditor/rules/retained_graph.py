@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Rule
-from auditor.rules.common import by_place
+from auditor.rules.common import by_place, place_key
 from auditor.rules.fixes import edit_call_kwargs
 
 
@@ -49,19 +49,19 @@ class RetainedGraph(Rule):
         pairs = ev.tallies(m.RETAINED_UNUSED)
         at_once: dict[tuple, int | None] = {}  # per place: most graphs alive together (None: unknown)
         for _, t in pairs:
-            key = (t.what, t.where.file if t.where else None, t.where.line if t.where else None)
+            key = place_key(t)
             n = t.data.get("alive_at_once")
             at_once[key] = None if n is None or at_once.get(key, 0) is None else max(n, at_once.get(key, 0))
         retaining: dict[tuple, int] = {}  # per place: backward calls made with retain_graph=True
         for _, t in ev.tallies(m.BACKWARD):
             if t.data.get("retain_graph"):
-                key = (t.what, t.where.file if t.where else None, t.where.line if t.where else None)
+                key = place_key(t)
                 retaining[key] = retaining.get(key, 0) + t.count
         for p in by_place(pairs):
             per_step = p.count / max(1, len(p.steps))
-            calls = retaining.get((p.what, p.where.file if p.where else None, p.where.line if p.where else None), 0)
+            calls = retaining.get(place_key(p), 0)
             saved_mb = p.data.get("saved_bytes", 0) / 2**20
-            alive = at_once.get((p.what, p.where.file if p.where else None, p.where.line if p.where else None))
+            alive = at_once.get(place_key(p))
             if alive:
                 held = (f"memory: {saved_mb * alive:.2f} MiB of saved activations held past their backward "
                         f"({alive} graph{'s' if alive > 1 else ''} alive at once)")
