@@ -695,6 +695,52 @@ def test_sparse_gradients_are_checked(tmp_path):
     assert [len(r["grad_norms"]) for r in healthy] == [1, 2] and all(r["grad_nonfinite"] == 0 for r in healthy)
 
 
+UNDERFLOWED_LOG = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+
+
+def cross_entropy(z, y):
+    p = F.softmax(z, dim=-1)
+    return -torch.log(p.gather(1, y[:, None])).mean()  # LOG LINE: a hand-rolled cross-entropy
+
+
+def step(i):
+    z = model(x)
+    if i == 3:
+        z = z - 95.0 * F.one_hot(y, 3)  # the target's probability underflows to ~1e-42, not to 0
+    loss = cross_entropy(z, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_backward_nan_is_traced_to_the_log_whose_derivative_overflowed(tmp_path):
+    """-log(softmax) with the probability at ~1e-42: the forward pass is finite (log = -96), but the
+    log's derivative 1/p (~1e42) overflows float32 and the backward pass makes NaN. The error names
+    the log's line with the clamp for its input (it had no location, a fix about sqrt, and the log
+    only as a separate near-miss warning)."""
+    trainer, a = audit_trainer(tmp_path, "underflow.py", UNDERFLOWED_LOG, 5)
+    [f] = a.rule("nonfinite")
+    ev, line = f["evidence"], line_of(UNDERFLOWED_LOG, "# LOG LINE")
+    assert f["severity"] == "error" and ev["first_step"] == 3 and ev["phase"] == "backward", ev
+    assert places(f) == {(str(trainer), line)}
+    [s] = ev["singular_sites"]
+    assert s["op"] == "torch.log" and 0 < s["value"] < 1e-38, s
+    assert f"torch.log at underflow.py:{line}, whose smallest input was" in f["message"], f["message"]
+    assert "overflows float32" in f["message"] and "sqrt" not in f["fix"]["summary"], f
+    patch = (tmp_path / "out" / "numerics-fixes.patch").read_text()
+    assert "+    return -torch.log(p.gather(1, y[:, None]).clamp_min(1e-12)).mean()" in patch, patch
+    assert not (tmp_path / "out" / "fixes.patch").exists() or "clamp" not in (tmp_path / "out" / "fixes.patch").read_text()
+
+
 COMPLEX_NAN = """
 import torch
 from torch import nn

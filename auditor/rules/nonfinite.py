@@ -293,7 +293,9 @@ class Nonfinite(Rule):
         was not, with the user's source line, the module (qualified name) it ran in, the input ranges
         that led there and the hazard (log of 0, division by 0, exp overflow, float16 past 65504).
         If the forward pass stayed finite it names the parameters whose gradients (backward) or
-        values (optimizer update) went first. Calls that made non-finite values in healthy steps
+        values (optimizer update) went first, and for the backward pass the call whose derivative
+        was infinite or overflowed float32 (a sqrt of 0, a log of 1e-42: 1/x = 1e42), with the fix
+        for that call. Calls that made non-finite values in healthy steps
         (an attention mask's -inf) are not taken for the origin. Also reported: hazards that came
         close without tipping over (a log input below `near-zero`, exp near overflow, float16 values
         above `fp16-margin` of its range). On a checkpoint (`audit checkpoint`): every tensor holding
@@ -338,14 +340,15 @@ class Nonfinite(Rule):
             yield from self._checkpoint(ev.extra["checkpoint"])
             return
         view = NumericsView.of(ev)
-        origin_site = None
+        named: set[int] = set()  # sites the error names: their near misses are part of it
         for i, d in view.steps:
             if d.get("origin"):
-                f = self._origin(ev, view, i, d["origin"], options)
-                origin_site = d["origin"].get("site")
-                yield f
+                o = d["origin"]
+                yield self._origin(ev, view, i, o, options)
+                named = {o.get("site")} | ({s for s, _ in singular_sites(view, o, options)}
+                                           if o.get("phase") == "backward" else set())
                 break
-        yield from self._near_misses(view, options, origin_site)
+        yield from self._near_misses(view, options, named)
 
     # --- a run ----------------------------------------------------------------------------------
 
@@ -397,14 +400,22 @@ class Nonfinite(Rule):
                              "hazard_series": [x for x in series if x[0] <= step][-12:]})
         elif o.get("phase") == "backward":
             params = o.get("params") or []
-            singular = [(view.sites.get(s, {}), v) for s, v in hazard.get("singular_sites") or []]
-            locs += [x for x in (location(s.get("where")) for s, _ in singular) if x]
-            hint = "; ".join(f"{s.get('op')} at {_at(location(s.get('where')))} saw {_HZ_STAT.get(s.get('hazard'), 'a value')} 0"
-                             for s, _ in singular[:3])
+            singular = singular_sites(view, o, options)
+            locs += [x for x in (view.site_location(s) for s, _ in singular) if x]
+            hint = "; ".join(_singular_text(view.sites.get(s, {}), v) for s, v in singular[:3])
             msg = (f"{head} The forward pass stayed finite; the backward pass made the gradients of "
                    f"{', '.join('`' + p + '`' for p in params[:4])}{' …' if len(params) > 4 else ''} non-finite"
-                   + (f" (derivative infinite where {hint})" if hint else "") + ".")
+                   + "." + (f" The infinite derivative came from {hint}." if hint else ""))
             evidence["params"] = params
+            evidence["singular_sites"] = [{"op": view.sites.get(s, {}).get("op"),
+                                           "hazard": view.sites.get(s, {}).get("hazard"), "value": v}
+                                          for s, v in singular]
+            if singular:  # the fix is the first singular call's: a log's input, a denominator
+                first_site = singular[0][0]
+                loc = view.site_location(first_site)
+                kind = {"log": "log-of-zero", "div": "division-by-zero"}.get(
+                    view.sites.get(first_site, {}).get("hazard"), kind)
+                o = {**o, "site": first_site, "inputs": []}
         elif o.get("phase") == "optimizer":
             params = o.get("params") or []
             opt = _optimizer_event(view, o.get("opt"))
@@ -452,8 +463,14 @@ class Nonfinite(Rule):
                                "torch.nan_to_num), and do not resume from weights that are already non-finite.",
                        config={})
         if kind == "backward":
-            return Fix(summary="A function whose derivative is infinite at 0 (sqrt, norm, pow < 1) saw 0: add an eps "
-                               "inside it (sqrt(x + eps), norm.clamp_min(eps)).", config={}, changes_numerics=True)
+            site = view.sites.get(o.get("site"), {}) if o.get("site") is not None else {}
+            if site.get("hazard") in ("sqrt", "pow", "norm"):
+                return Fix(summary="A function whose derivative is infinite at 0 (sqrt, norm, pow < 1) saw 0: add an eps "
+                                   "inside it (sqrt(x + eps), norm.clamp_min(eps)).", config={}, changes_numerics=True)
+            return Fix(summary="No checked call reached a point where its derivative is infinite (sqrt, norm or pow < 1 "
+                               "at 0, a log input or denominator near 0), so a gradient overflowed on its way back: "
+                               "clip gradients, lower the learning rate, or find the call with "
+                               "torch.autograd.set_detect_anomaly(True) for one step.", config={}, changes_numerics=True)
         if kind == "update":
             return Fix(summary="The optimizer update itself overflowed: use a positive eps (Adam eps >= 1e-8) and a "
                                "lower learning rate.", config={"eps": 1e-8}, changes_numerics=True)
@@ -462,13 +479,13 @@ class Nonfinite(Rule):
                            "(see grad-explosion), or normalise the inputs.",
                    config={"lr": lr / 10} if lr else {}, changes_numerics=True)
 
-    def _near_misses(self, view: NumericsView, options: dict, skip_site: int | None) -> Iterable[Finding]:
+    def _near_misses(self, view: NumericsView, options: dict, skip: set) -> Iterable[Finding]:
         worst: dict[int, tuple[int, float]] = {}
         for i, d in view.steps:
             for s, v, *_ in d.get("hazards") or []:
                 x = val(v)
                 kind = view.sites.get(s, {}).get("hazard")
-                if x is None or s == skip_site or not _near(kind, x, options):
+                if x is None or s in skip or not _near(kind, x, options):
                     continue
                 prev = worst.get(s)
                 if prev is None or _worse(kind, x, prev[1]):
@@ -534,6 +551,53 @@ def _logged_history(logged: dict) -> str:
     if before:
         parts.append(f" at step {before.get('step')}")
     return "".join(parts) + "."
+
+
+FP32_MAX = 3.4028234663852886e38
+
+
+def _derivative(kind: str | None, x: float) -> float | None:
+    """How large the call's derivative gets at its hazard statistic `x` (the smallest log input or
+    |denominator|, ...): infinite at 0 for all, 1/x for a log, 1/x**2 for a denominator (d(a/d)/dd
+    = -a/d**2 with |a| ~ 1), 1/(2 sqrt x) for a sqrt. None for calls without such a point."""
+    if kind not in ("log", "div", "sqrt", "pow", "norm") or not math.isfinite(x) or x < 0:
+        return None
+    if x == 0:
+        return math.inf
+    if kind == "log":
+        return 1 / x
+    if kind == "div":
+        return 1 / x / x
+    if kind == "sqrt":
+        return 0.5 / math.sqrt(x)
+    return None
+
+
+def singular_sites(view: NumericsView, o: dict, options: dict) -> list[tuple[int, float]]:
+    """The calls of the origin's step that reached a point where their derivative is infinite or
+    overflows float32 (a log input of 3e-44: 1/x = 3e43), or a near-zero log input or denominator:
+    when only the backward pass went non-finite, these are where its infinities came from. Most
+    singular first."""
+    pairs = o.get("hazards")
+    if pairs is None:  # (a run recorded before the origin carried its step's hazards)
+        pairs = (o.get("hazard") or {}).get("singular_sites") or []
+    found = []
+    for s, v in pairs:
+        x, kind = val(v), view.sites.get(s, {}).get("hazard")
+        d = _derivative(kind, x) if x is not None else None
+        if d is not None and (d >= FP32_MAX or (kind in ("log", "div") and x <= options["near-zero"])):
+            found.append((s, x, d))
+    found.sort(key=lambda t: -t[2])
+    return [(s, x) for s, x, _ in found]
+
+
+def _singular_text(site: dict, x: float) -> str:
+    kind = site.get("hazard")
+    d = _derivative(kind, x)
+    text = f"{site.get('op')} at {_at(location(site.get('where')))}, whose {_HZ_STAT.get(kind, 'value')} was {short(x)}"
+    if x != 0 and d is not None and d >= FP32_MAX:
+        text += f": its derivative {'1/x' if kind == 'log' else '1/x²' if kind == 'div' else '1/(2√x)'} = {d:.3g} overflows float32"
+    return text
 
 
 _HZ_STAT = {"log": "smallest input", "log1p": "smallest input", "sqrt": "smallest input", "pow": "smallest input",
