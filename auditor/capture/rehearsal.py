@@ -38,9 +38,10 @@ _CUDA_STRING = re.compile(r"cuda(:\d+)?")
 # torch.cuda functions that run on a CPU-only machine anyway (answered by cuda_standins).
 MEMORY_FAMILY = frozenset(cuda_standins._answers()) | {"synchronize"}
 
-NOTE = ("CUDA rehearsal: no CUDA device here, so this program, written for a GPU ({reason}), ran on the "
-        "CPU. Tensors it put on the GPU were tracked and judged as GPU tensors; torch.cuda answered as "
-        "one idle GPU would. Timings are CPU timings: costs only a GPU can show (syncs, host-device "
+NOTE = ("CUDA rehearsal: this program asks for CUDA ({reason}) and there is no CUDA device here, so it ran "
+        "on the CPU with torch.cuda answering as one idle GPU would (is_available() is True). Tensors it "
+        "put on the GPU were tracked and judged as GPU tensors. Timings are CPU timings: costs only a GPU "
+        "can show (syncs, host-device "
         "copies, device work in the DataLoader) are counted, not timed. Numbers computed equal those of "
         "the program's CPU version.")
 
