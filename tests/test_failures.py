@@ -60,9 +60,9 @@ def test_step_that_raises(tmp_path):
     assert end["where"]["file"].endswith("trainer.py") and end["where"]["line"] == line_of(tmp_path, "bad batch")
     assert doc["steps"]["count"] == 4  # steps 0-2 complete, step 3 partial
     assert (tmp_path / "out" / "report.html").is_file()
-    # graph-leak had one scan (after step 1): why it is skipped says the run ended early
-    [why] = [s["reason"] for s in doc["skipped_rules"] if s["rule"] == "graph-leak"]
-    assert "the run ended in step 3 of 8, before its second scan (scanned after step: 1)" in why
+    # the step that raised is scanned too: graph-leak compares it with step 1 (and finds no leak)
+    assert [(g["after_step"], g["failed"]) for g in a.evidence["graph_scans"]] == [(1, False), (3, True)]
+    assert not [s for s in doc["skipped_rules"] if s["rule"] == "graph-leak"] and not a.rule("graph-leak")
 
 
 @pytest.mark.parametrize("code,status,exit_code", [("0", "exited", 0), ("", "exited", 0), ("2", "raised", 3)])
@@ -120,6 +120,9 @@ def test_hard_crash_still_reports(tmp_path, ending, status, signal_name, code):
     assert doc["steps"]["count"] == 3  # every step completed before the crash
     if signal_name == "SIGSEGV":
         assert "Segmentation fault" in end["stderr_tail"]  # faulthandler's dump, kept for the report
+    # graph-leak had one scan (after step 1): why it is skipped says the run ended early
+    [why] = [s["reason"] for s in doc["skipped_rules"] if s["rule"] == "graph-leak"]
+    assert "the run ended in step 2 of 8, before its second scan (scanned after step: 1)" in why
 
 
 def test_setup_code_that_raises(tmp_path):
@@ -214,3 +217,41 @@ def test_a_killed_audit_takes_its_child_with_it(tmp_path):
     p.kill()
     p.communicate(timeout=60)
     assert _gone(child), "the child outlived its parent"
+
+
+LEAK_TO_OOM = '''
+import torch
+torch.manual_seed(0)
+w = torch.randn(64, 64, requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.01)
+history = []
+
+
+def step(i):
+    opt.zero_grad()
+    loss = (torch.randn(32, 64) @ w).pow(2).mean()
+    loss.backward()
+    opt.step()
+    history.append(loss * 1.0)  # LEAK LINE: each step's graph kept
+    if i == 6:
+        torch.empty(2**50)  # the allocation a leak ends in
+'''
+
+
+def test_a_leak_that_ends_in_oom_early_is_still_found(tmp_path):
+    """"OOM after several episodes, all progress lost": the run dies in step 6 of 50, long before
+    the middle and last steps' graph scans. It is scanned after steps 1 and 4 (powers of 4) and
+    after the step that raised, and graph-leak names the holder at its line; before, it had the
+    step-1 scan only, and graph-leak was skipped."""
+    path = tmp_path / "trainer.py"
+    path.write_text(LEAK_TO_OOM)
+    a = audit("run", f"{path}:step", "--steps", "50", "--quiet", "--no-profile", out=tmp_path / "out")
+    assert a.returncode == 3, a.stderr
+    assert a.findings_doc["ending"]["status"] == "oom" and a.findings_doc["ending"]["step"] == 6
+    scans = a.evidence["graph_scans"]
+    assert [(s["after_step"], s["failed"]) for s in scans] == [(1, False), (4, False), (6, True)]
+    [leak] = a.rule("graph-leak")
+    assert [h["name"] for h in leak["evidence"]["holders"]] == ["history"]
+    line = next(n for n, text in enumerate(LEAK_TO_OOM.splitlines(), 1) if "LEAK LINE" in text)
+    assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), line)]
+    assert leak["evidence"]["compared_steps"][0] == 1 and leak["evidence"]["compared_steps"][-1] == 6

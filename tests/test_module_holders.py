@@ -163,8 +163,8 @@ def test_a_trimmed_queue_is_clean(tmp_path):
     # of the concatenation that keeps its 1,280 rows of storage
     scans = sorted(a.evidence["graph_scans"], key=lambda s: s["after_step"])
     queue = [h["bytes"] for s in scans for h in s["holders"] if h["name"] == "model.1.queue"]
-    assert [s["after_step"] for s in scans] == [1, 15, 29]
-    assert queue == [512 * 256 * 4, 1280 * 256 * 4, 1280 * 256 * 4]
+    assert [s["after_step"] for s in scans] == [1, 4, 15, 16, 29]
+    assert queue == [512 * 256 * 4] + [1280 * 256 * 4] * 4
 
 
 class _Stats(nn.Module):
@@ -269,3 +269,55 @@ def test_the_no_grad_patch_needs_the_name_torch(tmp_path):
         assert (edit is not None) is patched and numerics is patched
         if patched:
             assert edit.lines == ["        with torch.no_grad(): self.rm.mul_(0.9).add_(x)"]
+
+
+BUFFER = '''from collections import deque
+
+
+class ReplayBuffer:
+    def __init__(self):
+        self.items = deque()
+
+    def push(self, *row):
+        self.items.append(row)  # GROW LINE
+'''
+AGENT = '''
+import torch
+from torch import nn
+
+from rb import ReplayBuffer
+
+torch.manual_seed(0)
+
+
+class Agent:
+    def __init__(self):
+        self.net = nn.Linear(4, 2)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=1e-2)
+        self.memory = ReplayBuffer()
+
+
+agent = Agent()
+x = torch.randn(8, 4)
+
+
+def step():
+    value = agent.net(x).sum()
+    agent.memory.push(x, 1, value)  # the value keeps its graph
+    agent.opt.zero_grad()
+    value.backward()
+    agent.opt.step()
+'''
+
+
+def test_a_buffer_object_inside_a_global_object_is_walked(tmp_path):
+    """`agent.memory.items`: a replay buffer object (the user's class, in another module) held by
+    a global object, whose deque keeps each step's value with its graph. Named by attribute path and
+    located at the buffer class's line that grows it; before, objects below a global's attributes
+    were not walked, and the leak was "held by tensors outside the target module's globals"."""
+    (tmp_path / "rb.py").write_text(BUFFER)
+    path, a = _run(tmp_path, AGENT, "agent")
+    [leak] = a.rule("graph-leak")
+    assert [h["name"] for h in leak["evidence"]["holders"]] == ["agent.memory.items"], leak["message"]
+    assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(tmp_path / "rb.py"), _line(BUFFER, "GROW LINE"))]
+    assert "agent.opt.state" not in _holder_names(a)  # a library object (the optimizer) is not walked

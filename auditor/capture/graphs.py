@@ -18,6 +18,7 @@ import ast
 import gc
 import inspect
 import os
+import sys
 import types
 from collections import deque
 from typing import Any, Optional
@@ -176,18 +177,47 @@ def _holders(module: types.ModuleType | None) -> list[Holder]:
         if found:
             out.append((name, type(value).__name__, found, None))
             continue
-        attrs = getattr(value, "__dict__", None)
-        if isinstance(attrs, dict):
-            for attr, v in list(attrs.items()):
-                if isinstance(v, torch.nn.Module):  # `trainer.model`
-                    out.extend(_module_holders(f"{name}.{attr}", v, claimed))
-                    continue
-                for key, mod in _modules_in(v):  # `trainer.nets = [G, D]`
-                    out.extend(_module_holders(f"{name}.{attr}[{key!r}]", mod, claimed))
-                found = _tensors_in(v)
-                if found:
-                    out.append((f"{name}.{attr}", type(v).__name__, found, None))
+        out.extend(_attribute_holders(name, value, claimed, 0))
     return out
+
+
+_OBJECT_DEPTH = 3  # `agent.buffer.items`: a global's object's object's attribute
+
+
+def _attribute_holders(name: str, obj: Any, claimed: set[int], depth: int) -> list[Holder]:
+    """Holders among the attributes of `obj` (a global, or an object of the user's own class inside
+    one), named by attribute path: `trainer.stats`, `agent.buffer.items` (a replay buffer object
+    whose deque keeps every transition's value with its graph). A deeper attribute's owner is
+    (its object's class, attribute): the class's own methods grow it (`self.items.append(...)`)."""
+    attrs = getattr(obj, "__dict__", None)
+    if not isinstance(attrs, dict) or id(obj) in claimed:
+        return []
+    claimed.add(id(obj))
+    out: list[Holder] = []
+    for attr, v in list(attrs.items()):
+        path = f"{name}.{attr}"
+        if isinstance(v, torch.nn.Module):  # `trainer.model`
+            out.extend(_module_holders(path, v, claimed))
+            continue
+        for key, mod in _modules_in(v):  # `trainer.nets = [G, D]`
+            out.extend(_module_holders(f"{path}[{key!r}]", mod, claimed))
+        found = _tensors_in(v)
+        if found:
+            out.append((path, type(v).__name__, found, (type(obj), attr) if depth else None))
+        elif depth + 1 < _OBJECT_DEPTH and _users_object(v):
+            out.extend(_attribute_holders(path, v, claimed, depth + 1))
+    return out
+
+
+def _users_object(v: Any) -> bool:
+    """An instance of a class defined in the user's code (a ReplayBuffer), not a library's (an
+    optimizer, whose state is not the user's to detach) nor a class, function or module."""
+    if isinstance(v, (type, types.ModuleType, types.FunctionType, types.MethodType)) or type(v) in _PLAIN:
+        return False
+    if not isinstance(getattr(v, "__dict__", None), dict):
+        return False
+    file = getattr(sys.modules.get(type(v).__module__), "__file__", None)
+    return bool(file) and not is_library(file)
 
 
 _GROWERS = ("append", "extend", "insert", "add", "update", "setdefault")  # methods that grow a holder

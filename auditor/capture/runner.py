@@ -92,6 +92,7 @@ class EvidenceBuilder:
         elif kind == "graph-scan":
             ev.graph_scans.append(m.GraphScan(
                 after_step=r["after_step"], tensors=r["tensors"], graph_nodes=r["graph_nodes"],
+                failed=r.get("failed", False),
                 holders=[{**h, "where": msgspec.to_builtins(_frame(h.get("where")))} for h in r["holders"]]))
         elif kind == "profile":
             ev.profile = m.ProfileWindow(steps=r["steps"], trace_files=r["trace_files"], top_ops=r["top_ops"])

@@ -82,6 +82,7 @@ class GraphScan(msgspec.Struct):
     tensors: int  # live non-leaf tensors with a grad_fn
     graph_nodes: int  # autograd nodes reachable from them
     holders: list[dict[str, Any]] = []  # [{"name", "kind", "tensors", "nodes", "where": Frame|None}]
+    failed: bool = False  # after a step that raised (an out-of-memory error): what held memory then
 
 
 class DataLoaderInfo(msgspec.Struct):

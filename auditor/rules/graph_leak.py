@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
+from auditor.rules.common import spread_scans
 from auditor.rules.fixes import read_lines
 
 
@@ -128,7 +129,7 @@ class GraphLeak(Rule):
         return "needs graph scans at two or more step boundaries (run >= 2 steps)"
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        scans = sorted(ev.graph_scans, key=lambda s: s.after_step)
+        scans = spread_scans(ev.graph_scans)
         nodes = [s.graph_nodes for s in scans]
         if not all(b > a for a, b in zip(nodes, nodes[1:])):
             return
@@ -155,7 +156,8 @@ class GraphLeak(Rule):
             f"{scans[0].after_step} and {scans[-1].after_step} ({rate:.1f} nodes per step), held by {names}.",
             locations=locs,
             evidence={"scans": [{"after_step": s.after_step, "tensors": s.tensors, "graph_nodes": s.graph_nodes}
-                                for s in scans],
+                                for s in sorted(ev.graph_scans, key=lambda s: s.after_step)],
+                      "compared_steps": [s.after_step for s in scans],
                       "nodes_per_step": round(rate, 2),
                       "holders": [{"name": h["name"], "kind": h["kind"], "tensors": h["tensors"], "nodes": h["nodes"]}
                                   for h in growing]},

@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Finding, Fix, Location, Option, Rule
-from auditor.rules.common import spearman, theil_sen
+from auditor.rules.common import spearman, spread_scans, theil_sen
 
 MiB = 2**20
 
@@ -85,7 +85,7 @@ class MemoryGrowth(Rule):
         held = "; ".join(f"`{h['name']}` grew by {h['growth_bytes'] / MiB:.0f} MiB" for h in holders)
         what = "CUDA allocated memory" if device else "Process memory (RSS)"
         if not trend:  # the memory is plainly held by module state, even if RSS is too noisy to show it
-            scans = sorted(ev.graph_scans, key=lambda s: s.after_step)
+            scans = spread_scans(ev.graph_scans)
             span = max(1, scans[-1].after_step - scans[0].after_step)
             slope, growth = held_growth / span, held_growth
         if trend:
@@ -113,7 +113,7 @@ class MemoryGrowth(Rule):
         first."""
         if len(ev.graph_scans) < 2:
             return []
-        scans = sorted(ev.graph_scans, key=lambda s: s.after_step)
+        scans = spread_scans(ev.graph_scans)
         series: dict[str, list[int]] = {}
         for k, scan in enumerate(scans):
             for h in scan.holders:
