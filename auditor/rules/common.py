@@ -123,6 +123,14 @@ def quarter_medians(values: list[float]) -> tuple[float, float]:
     return median(values[:q]), median(values[-q:])
 
 
+def quarter_floors(values: list[float]) -> tuple[float, float]:
+    """The fastest value of the first and of the last quarter. Load from other processes only
+    adds time to a step, in bursts that come and go: it lifts a quarter's median, but a quarter's
+    fastest step stays near the work itself. Work that really grows lifts the floor too."""
+    q = max(1, len(values) // 4)
+    return min(values[:q]), min(values[-q:])
+
+
 def on_accelerator(ev: Evidence) -> bool:
     """Whether the audited program really computed on a CUDA device."""
     return ev.environment.cuda_available and ev.environment.device == "cuda"
