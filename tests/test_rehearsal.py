@@ -703,6 +703,10 @@ def test_default_device_cuda_makes_batches_on_the_gpu(rehearsed):
     a = rehearsed("gpu_default_device")
     f = located(a, "gpu_default_device", "dataloader-on-device")
     assert f["evidence"]["device_batches"] == STEPS
+    # 8 batches an epoch: step 8's first next() ends the epoch (StopIteration, no batch) and the
+    # trainer starts another; the batches drawn are the STEPS returned, not the 11 calls
+    assert f["evidence"]["batches"] == STEPS
+    assert f"{STEPS} of {STEPS} batches came out of the DataLoader" in f["message"]
     assert f["evidence"]["default_device_lines"] == expected_lines(EXAMPLES / "gpu_default_device.py",
                                                                    "dataloader-on-device")[:1]
     assert f["evidence"]["batch_bytes_per_step"] == 256 * 128 * 4 + 256 * 8

@@ -47,7 +47,8 @@ def probe_dataloader_on_device_findings(rule: Any, evidence: m.Evidence, options
         return []
     device_batches = sum(t.count for _, t in batches)
     batch_bytes = sum(t.count * int(t.data.get("bytes") or 0) for _, t in batches)
-    drawn = sum(t.count for _, t in evidence.tallies(m.DATA_WAIT))
+    # batches returned: a __next__ that ended the epoch (StopIteration) is tallied apart
+    drawn = sum(t.count for _, t in evidence.tallies(m.DATA_WAIT) if not t.data.get("exhausted"))
     loader_ids = {t.data.get("loader") for _, t in batches}
     loaders = [d for d in evidence.dataloaders if d.id in loader_ids] or (
         evidence.dataloaders if ops and len(evidence.dataloaders) == 1 else [])
