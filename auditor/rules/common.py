@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from statistics import median
 
+import numpy as np
+
 from auditor.evidence.model import Evidence, Frame, Tally
 from auditor.rules.base import Cost, Location
 
@@ -46,6 +48,14 @@ def locations(places: list[Place]) -> list[Location]:
             seen.add((p.where.file, p.where.line))
             out.append(Location.of(p.where))
     return out
+
+
+def per_step(x: float) -> str:
+    """A count per step for a message, to 3 significant digits and never in exponent form: 8.23,
+    0.233, 4, 120. Counts over a few dozen steps support no more (`:g` printed 8.23333)."""
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    return np.format_float_positional(x, precision=3, fractional=False, trim="-")
 
 
 def steps_run(ev: Evidence) -> int:
