@@ -703,11 +703,67 @@ def test_default_device_cuda_makes_batches_on_the_gpu(rehearsed):
     a = rehearsed("gpu_default_device")
     f = located(a, "gpu_default_device", "dataloader-on-device")
     assert f["evidence"]["device_batches"] == STEPS
+    # 8 batches an epoch: step 8's first next() ends the epoch (StopIteration, no batch) and the
+    # trainer starts another; the batches drawn are the STEPS returned, not the 11 calls
+    assert f["evidence"]["batches"] == STEPS
+    assert f"{STEPS} of {STEPS} batches came out of the DataLoader" in f["message"]
     assert f["evidence"]["default_device_lines"] == expected_lines(EXAMPLES / "gpu_default_device.py",
                                                                    "dataloader-on-device")[:1]
     assert f["evidence"]["batch_bytes_per_step"] == 256 * 128 * 4 + 256 * 8
     assert "pin_memory=True" in f["fix"]["summary"] and "non_blocking=True" in f["fix"]["summary"]
     assert gpu_warnings(a) == {"dataloader-on-device"}
+
+
+FRACTIONAL_RATES = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_default_device("cuda")
+loader = DataLoader(TensorDataset(torch.randn(48, 8), torch.randint(0, 2, (48,))), batch_size=16)
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+extra = torch.randn(2048, 256, device="cpu")  # 2.1 MB, unpinned
+batches = iter(loader)
+
+
+def next_batch():
+    global batches
+    try:
+        return next(batches)
+    except StopIteration:
+        batches = iter(loader)  # a new epoch: its iterator draws a seed, a tensor on the default device
+        return next(batches)
+
+
+def step(i):
+    x, y = next_batch()
+    if i % 3:
+        extra.to("cuda", non_blocking=True)  # 4 of 7 steps
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_rates_per_step_are_said_to_three_significant_digits(tmp_path):
+    """7 steps: 2 new epochs (2/7 GPU tensors per step made while batching) and 4 pageable copies
+    (4/7 per step): said as 0.286 and 0.571, not 0.285714 and 0.571429."""
+    trainer = tmp_path / "rates.py"
+    trainer.write_text(FRACTIONAL_RATES)
+    a = audit("run", f"{trainer}:step", "--steps", "7", "--no-profile", "--no-numerics", "--quiet",
+              out=tmp_path / "out", env=QUIET_ENV)
+    assert a.returncode == 0, a.stderr
+    [loader] = a.rule("dataloader-on-device")
+    assert "7 of 7 batches" in loader["message"]
+    assert "0.286 GPU tensors per step were created while making batches" in loader["message"]
+    assert "x0.286/step at line 20" in loader["message"]
+    [copy] = a.rule("pageable-copy")
+    assert "0.571 host-to-device copies per step" in copy["message"]
+    assert "x0.571/step (1.20 MB) at line 27" in copy["message"]
+    assert "; 0.571 per step ask for non_blocking=True" in copy["message"]
+    assert not re.search(r"\d\.\d{4}", loader["message"] + copy["message"])
 
 
 def test_cuda_in_getitem_is_found_at_its_line(rehearsed):

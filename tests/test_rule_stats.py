@@ -1,7 +1,7 @@
 """The trend statistics the timing rules share (auditor.rules.common): one slow step is not a trend."""
 from __future__ import annotations
 
-from auditor.rules.common import quarter_medians, spearman, trend_ratio, without_spikes
+from auditor.rules.common import quarter_floors, quarter_medians, spearman, trend_ratio, without_spikes
 
 # Step times (ms) shaped like those of a flat 20-step trainer's audit (steps 3-6 profiled): a
 # garbage collection at step 12, two slow steps at the end, a slight upward drift in between.
@@ -33,3 +33,7 @@ def test_a_steep_noisy_rise_whose_line_starts_below_zero_is_still_a_rise():
     xs = [2.0] + [float(i) for i in range(7, 30)]
     assert without_spikes(ms) == list(range(len(ms)))
     assert trend_ratio(xs, ms) > 3
+    # its last quarter's fastest step is still far slower than the first quarter's: growing work,
+    # not load, which comes and goes and leaves some late steps as fast as the early ones
+    first, last = quarter_floors(ms)
+    assert last / first > 3

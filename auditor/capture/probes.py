@@ -553,7 +553,9 @@ def _install_dataloader_probes() -> None:
 
     def timed_in_data(kind: str, what: str, data_of: Callable[[Any], dict], outermost_only: bool):
         # DataLoader work the step waits for, timed at the user's line; calls made inside it are
-        # the loader's own (in_data), not the step's
+        # the loader's own (in_data), not the step's. A call that ends in StopIteration (the epoch
+        # is over) returned no batch: its time is waited all the same, but it is tallied apart
+        # (exhausted=True), so a tally's count is of batches returned.
         def make(orig):
             def probe(self):
                 rec = REC
@@ -562,11 +564,15 @@ def _install_dataloader_probes() -> None:
                 f = sys._getframe(1)
                 rec.in_data += 1
                 t0 = perf()
+                ended = {}
                 try:
                     return orig(self)
+                except StopIteration:
+                    ended = {"exhausted": True}
+                    raise
                 finally:
                     rec.in_data -= 1
-                    rec.add(kind, what, user_frame(f), (perf() - t0) * 1e3, **data_of(self))
+                    rec.add(kind, what, user_frame(f), (perf() - t0) * 1e3, **data_of(self), **ended)
             return probe
         return make
 

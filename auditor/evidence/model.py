@@ -25,7 +25,9 @@ ANOMALY_BACKWARD = "backward under anomaly detection"
 STAT_RESET = "stat-reset"  # torch.cuda.reset_peak_memory_stats and friends
 EMPTY_CACHE = "empty-cache"  # torch.cuda.empty_cache
 GC_COLLECT = "gc-collect"  # gc.collect
-DATA_WAIT = "data-wait"  # time inside DataLoader iteration (__next__)
+# time inside DataLoader iteration (__next__); data: loader, and exhausted=True on the calls that
+# ended an epoch (StopIteration: no batch), so the other tallies' counts are of batches returned
+DATA_WAIT = "data-wait"
 # a DataLoader iterator made (iter(loader), a `for` over it: starts its worker processes) or its
 # workers shut down (an iterator dropped) in the step; data: loader, workers
 DATA_ITER = "data-iter"

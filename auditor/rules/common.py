@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from statistics import median
 
+import numpy as np
+
 from auditor.evidence.model import Evidence, Frame, GraphScan, Tally
 from auditor.rules.base import Cost, Location
 
@@ -46,6 +48,14 @@ def locations(places: list[Place]) -> list[Location]:
             seen.add((p.where.file, p.where.line))
             out.append(Location.of(p.where))
     return out
+
+
+def per_step(x: float) -> str:
+    """A count per step for a message, to 3 significant digits and never in exponent form: 8.23,
+    0.233, 4, 120. Counts over a few dozen steps support no more (`:g` printed 8.23333)."""
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    return np.format_float_positional(x, precision=3, fractional=False, trim="-")
 
 
 def steps_run(ev: Evidence) -> int:
@@ -121,6 +131,14 @@ def trend_ratio(xs: list[float], ys: list[float]) -> float:
 def quarter_medians(values: list[float]) -> tuple[float, float]:
     q = max(1, len(values) // 4)
     return median(values[:q]), median(values[-q:])
+
+
+def quarter_floors(values: list[float]) -> tuple[float, float]:
+    """The fastest value of the first and of the last quarter. Load from other processes only
+    adds time to a step, in bursts that come and go: it lifts a quarter's median, but a quarter's
+    fastest step stays near the work itself. Work that really grows lifts the floor too."""
+    q = max(1, len(values) // 4)
+    return min(values[:q]), min(values[-q:])
 
 
 def on_accelerator(ev: Evidence) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option
-from auditor.rules.common import by_place, steps_run
+from auditor.rules.common import by_place, per_step, steps_run
 
 PROBE_OPTIONS: tuple[Option, ...] = (
     Option("min-share-of-steps", 0.5,
@@ -47,7 +47,8 @@ def probe_dataloader_on_device_findings(rule: Any, evidence: m.Evidence, options
         return []
     device_batches = sum(t.count for _, t in batches)
     batch_bytes = sum(t.count * int(t.data.get("bytes") or 0) for _, t in batches)
-    drawn = sum(t.count for _, t in evidence.tallies(m.DATA_WAIT))
+    # batches returned: a __next__ that ended the epoch (StopIteration) is tallied apart
+    drawn = sum(t.count for _, t in evidence.tallies(m.DATA_WAIT) if not t.data.get("exhausted"))
     loader_ids = {t.data.get("loader") for _, t in batches}
     loaders = [d for d in evidence.dataloaders if d.id in loader_ids] or (
         evidence.dataloaders if ops and len(evidence.dataloaders) == 1 else [])
@@ -63,8 +64,8 @@ def probe_dataloader_on_device_findings(rule: Any, evidence: m.Evidence, options
         parts.append(f"{device_batches} of {drawn or device_batches} batches came out of the DataLoader at "
                      f"{where} already on the GPU ({batch_bytes / n / 1e6:.2f} MB per step)")
     if ops:
-        parts.append(f"{sum(p.count for p in ops) / n:g} GPU tensors per step were created while making "
-                     "batches: " + "; ".join(f"{p.what} x{p.count / n:g}/step at line "
+        parts.append(f"{per_step(sum(p.count for p in ops) / n)} GPU tensors per step were created while making "
+                     "batches: " + "; ".join(f"{p.what} x{per_step(p.count / n)}/step at line "
                                               f"{p.where.line if p.where else '?'}" for p in ops[:4]))
     if defaults:
         parts.append(f"the default device is CUDA (set at line {defaults[0].line}), so the data is "

@@ -14,7 +14,7 @@ from typing import Any
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option
-from auditor.rules.common import place_key, steps_run
+from auditor.rules.common import per_step, place_key, steps_run
 
 PROBE_OPTIONS: tuple[Option, ...] = (
     Option("min-share-of-steps", 0.5,
@@ -64,11 +64,11 @@ def probe_pageable_copy_findings(rule: Any, evidence: m.Evidence, options: dict[
     locs = [Location.of(s.where) for s in sites if s.where]
     locs += [Location.of(d.where) for d in loaders if d.where]
     ignored_nb = sum(s.non_blocking for s in sites)
-    message = (f"On the GPU these copies are staged through pageable memory: {copies / n:g} host-to-device "
+    message = (f"On the GPU these copies are staged through pageable memory: {per_step(copies / n)} host-to-device "
                f"copies per step of unpinned tensors move {total / n / 1e6:.2f} MB per step, at "
-               + "; ".join(f"{s.what} x{s.copies / n:g}/step ({s.bytes / n / 1e6:.2f} MB) at line "
+               + "; ".join(f"{s.what} x{per_step(s.copies / n)}/step ({s.bytes / n / 1e6:.2f} MB) at line "
                            f"{s.where.line if s.where else '?'}" for s in sites[:5])
-               + (f"; {ignored_nb / n:g} per step ask for non_blocking=True, which pageable memory turns "
+               + (f"; {per_step(ignored_nb / n)} per step ask for non_blocking=True, which pageable memory turns "
                   "into a blocking copy" if ignored_nb else "")
                + ".")
     unpinned_loaders = [d for d in loaders if not d.settings.get("pin_memory")]

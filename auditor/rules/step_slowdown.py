@@ -5,7 +5,15 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
-from auditor.rules.common import on_accelerator, quarter_medians, spearman, theil_sen, trend_ratio, without_spikes
+from auditor.rules.common import (
+    on_accelerator,
+    quarter_floors,
+    quarter_medians,
+    spearman,
+    theil_sen,
+    trend_ratio,
+    without_spikes,
+)
 
 
 class StepSlowdown(Rule):
@@ -13,11 +21,16 @@ class StepSlowdown(Rule):
     What it detects:
         Step time that keeps rising over the run: the last quarter of steps is much slower than the
         first, and the rise is a steady trend (rank correlation with the step index; on a CPU run,
-        of the process's own CPU time, which other processes' load does not scatter), not a few
+        of the process's own CPU time, which other processes' load scatters less), not a few
         outliers: isolated spikes (a step above median + 6 MADs: a garbage collection, an epoch
         boundary) are left out, and the robust Theil-Sen line through the rest must rise by the
-        same ratio. Warm-up steps and the profiled window are left out too. It names the probed call
-        (backward, a sync, data loading...) whose own time grew the most.
+        same ratio. Warm-up steps and the profiled window are left out too. Load from other processes
+        comes in bursts that lift whole stretches of the run and then leave; it adds time to steps but
+        never makes the fastest step of a stretch slow, so the fastest step of the last quarter must
+        also be slower than the fastest of the first by the same ratio (of wall time and, on a CPU run,
+        of CPU time: with more than one intra-op thread, threads that wait for a descheduled peer
+        spin and bill CPU time, so under load CPU time wanders with wall time). It names the probed
+        call (backward, a sync, data loading...) whose own time grew the most.
 
     Why it costs:
         Something accumulates per step: a graph kept alive and backpropagated again, a growing
@@ -32,9 +45,9 @@ class StepSlowdown(Rule):
         Follow the growing phase named in the finding; see graph-leak and memory-growth findings.
 
     Evidence needed:
-        Per-step wall times from a run (at least `min-steps` unprofiled steps); on a CPU run the
-        step's CPU time must show the same trend, so load from other processes is not mistaken
-        for a slowdown.
+        Per-step wall times from a run (at least `min-steps` unprofiled steps once isolated spikes
+        are left out); on a CPU run the step's CPU time must show the same trend, so load from other
+        processes is not mistaken for a slowdown.
     """
 
     id = "step-slowdown"
@@ -53,30 +66,39 @@ class StepSlowdown(Rule):
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         steps = [s for s in ev.steps if not s.profiled and s.index >= options["skip"]]
+        steps = [steps[i] for i in without_spikes([s.ms for s in steps])]
+        # counted after the spikes are out: the quarters the trend is judged on are of these steps
         if len(steps) < options["min-steps"]:
             return
-        steps = [steps[i] for i in without_spikes([s.ms for s in steps])]
         xs = [float(s.index) for s in steps]
         ys = [s.ms for s in steps]
         first, last = quarter_medians(ys)
+        floor_first, floor_last = quarter_floors(ys)
         rho = spearman(xs, ys)
         w_trend = trend_ratio(xs, ys)
         if first <= 0 or w_trend < options["min-ratio"]:  # the robust line of wall time must rise
             return
+        if floor_first <= 0 or floor_last / floor_first < options["min-ratio"]:
+            return  # the fastest late steps are as fast as the early ones: load came and went
         if not on_accelerator(ev) and all(s.cpu_ms is not None for s in steps):
             # On the CPU the work itself must grow too: wall time alone also rises when other
             # processes load the machine. That load inflates whole stretches of wall time (a
             # first quarter, a burst mid-run), so the ratio and steadiness are judged on this
-            # process's own CPU time; of wall time only its Theil-Sen line, robust to such
-            # stretches, must rise.
+            # process's own CPU time; of wall time only its Theil-Sen line and its fastest steps,
+            # robust to such stretches, must rise. CPU time is no proof against load on its own: with two or more
+            # intra-op threads, one waiting at a barrier for a descheduled peer spins, and that
+            # spin is billed as CPU time, so its fastest steps must rise too.
             cpu = [s.cpu_ms for s in steps]
             c_first, c_last = quarter_medians(cpu)
+            c_floor_first, c_floor_last = quarter_floors(cpu)
             c_rho = spearman(xs, cpu)
             if (c_first <= 0 or c_last / c_first < options["min-ratio"]
+                    or c_floor_first <= 0 or c_floor_last / c_floor_first < options["min-ratio"]
                     or c_rho < options["min-correlation"] or trend_ratio(xs, cpu) < options["min-ratio"]):
                 return
             judged = {"cpu_first_quarter_median_ms": round(c_first, 3), "cpu_last_quarter_median_ms": round(c_last, 3),
-                      "cpu_ratio": round(c_last / c_first, 3), "cpu_spearman": round(c_rho, 3)}
+                      "cpu_ratio": round(c_last / c_first, 3), "cpu_spearman": round(c_rho, 3),
+                      "cpu_fastest_ratio": round(c_floor_last / c_floor_first, 3)}
         elif last / first < options["min-ratio"] or rho < options["min-correlation"]:
             return
         else:
@@ -93,7 +115,11 @@ class StepSlowdown(Rule):
         else:
             head = (f"Step time rose from {first:.1f} ms to {last:.1f} ms (x{last / first:.2f}, "
                     f"+{slope:.2f} ms per step, rank correlation {rho:.2f})")
-        rise = max(last - first, slope * (xs[-1] - xs[0]))
+        # What the data shows, never more: the rise of the quarters' medians (or, when load lifted
+        # the first quarter's above the last's, of their fastest steps), at most what the trend line
+        # spans. A line through a series that wandered up and back spans more than any step rose.
+        shown = last - first if last > first else floor_last - floor_first
+        rise = max(0.0, min(slope * (xs[-1] - xs[0]), shown))
         # The share is of the run's median step, the basis of every other rule's share and of the
         # headline's: a share of the (slower) last quarter read beside them as a different number
         # for the same time. That comparison stays in the evidence, named as such.
@@ -103,6 +129,8 @@ class StepSlowdown(Rule):
             locations=locs,
             evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
                       "ratio": round(last / first, 3), "trend_ratio": round(w_trend, 3),
+                      "first_quarter_fastest_ms": round(floor_first, 3),
+                      "last_quarter_fastest_ms": round(floor_last, 3),
                       "slope_ms_per_step": round(slope, 4),
                       "spearman": round(rho, 3), **judged, "steps_used": len(steps),
                       "median_step_ms": round(median_ms, 3) if median_ms else None,
