@@ -7,6 +7,7 @@ from auditor.evidence import model as m
 from auditor.rules.base import Finding, Fix, Option, Rule
 from auditor.rules.common import by_place, cost_of, locations, steps_run
 from auditor.rules.fixes import remove_statement
+from auditor.rules.suppression import unsuppressed
 
 
 class ForcedCleanup(Rule):
@@ -44,6 +45,7 @@ class ForcedCleanup(Rule):
         n = steps_run(ev)
         places = [p for p in by_place(ev.tallies(m.EMPTY_CACHE) + ev.tallies(m.GC_COLLECT))
                   if len(p.steps) >= n / options["max-interval"]]
+        places = unsuppressed(self.id, places, lambda p: p.where)  # out of the count, message and evidence
         if not places:
             return
         total = sum(p.ms for p in places)
