@@ -9,7 +9,8 @@
     min-share = 0.25                              # a rule's option (see `audit explain RULE`)
 
 Anything else (an unknown key, rule id or option name) is a usage error, not skipped: a misspelled
-setting must not look set.
+setting must not look set. The command line wins: --select replaces the file's select and runs the
+rules it names even if the file's ignore lists them; --ignore adds to the file's ignore.
 """
 from __future__ import annotations
 
@@ -151,6 +152,9 @@ def load_config(start: Path | None, select: tuple[str, ...] = (), ignore: tuple[
         cfg.rule_options = {k: dict(v) for k, v in rules.items()}
     if select:
         cfg.select = _cli_names(select, "--select")
+        # a rule named on the command line runs even if the file ignores it: the flag is the
+        # nearer, later wish (the file's select it replaces outright)
+        cfg.ignore -= cfg.select
     if ignore:
         cfg.ignore |= _cli_names(ignore, "--ignore")
     known = rule_ids()

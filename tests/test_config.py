@@ -60,6 +60,17 @@ def test_select_and_ignore_flags(project):
     assert a.returncode == 0 and a.findings == []
 
 
+def test_select_flag_runs_a_rule_the_file_ignores(project):
+    """README: `--select` overrides the file. A rule named on the command line runs although the
+    file's `ignore` lists it (it was left out without a word); `--ignore` still adds to the file's."""
+    (project / "pyproject.toml").write_text('[tool.auditor]\nignore = ["forced-cleanup"]\n')
+    a = run(project, "--select", "forced-cleanup,host-sync")
+    assert a.returncode == 0 and [f["rule"] for f in a.findings] == ["forced-cleanup"]
+    assert not reanalyze(project).rule("forced-cleanup")  # without the flag the file's ignore holds
+    a = reanalyze(project, "--select", "forced-cleanup", "--ignore", "forced-cleanup")
+    assert a.returncode == 0 and a.findings == []
+
+
 def test_suppression_comments(project):
     src = project / "forced_cleanup.py"
     lines = src.read_text().splitlines()
