@@ -36,7 +36,7 @@ class ForcedCleanup(Rule):
     title = "Memory cleanup forced every few steps"
     severity = "warning"
     category = "performance"
-    options = (Option("max-interval", 5, "Flag calls made at least once every this many steps."),)
+    options = (Option("max-interval", 5, "Flag calls made at least once every this many steps.", low=1),)
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
         return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
