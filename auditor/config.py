@@ -8,8 +8,10 @@
     [tool.auditor.rules.dataloader-bound]
     min-share = 0.25                              # a rule's option (see `audit explain RULE`)
 
-Anything else (an unknown key, rule id or option name) is a usage error, not skipped: a misspelled
-setting must not look set.
+Anything else (an unknown key, rule id or option name; an option value of the wrong type or out of
+its range: see Option.bounds) is a usage error, not skipped: a misspelled
+setting must not look set. The command line wins: --select replaces the file's select and runs the
+rules it names even if the file's ignore lists them; --ignore adds to the file's ignore.
 """
 from __future__ import annotations
 
@@ -51,8 +53,24 @@ class Config:
             if not _same_kind(value, opts[name]):
                 raise ConfigError(f"{self.source}: option {name} of rule {rule_cls.id} must be "
                                   f"{_kind(opts[name])}, not {value!r}")
+        for option in rule_cls.options:
+            if option.name in given and (where := _out_of_range(given[option.name], *option.bounds())):
+                raise ConfigError(f"{self.source}: option {option.name} of rule {rule_cls.id} must be "
+                                  f"{where}, not {given[option.name]!r}")
         opts.update(given)
         return opts
+
+
+def _out_of_range(value: Any, low: float | None, high: float | None) -> str | None:
+    """What a number outside [low, high] must be instead ("between 0 and 1", ">= 1"); None when
+    it is inside (or not a number: those options have no bounds)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if (low is not None and value < low) or (high is not None and value > high) or value != value:
+        if low is not None and high is not None:
+            return f"between {low:g} and {high:g}"
+        return f">= {low:g}" if low is not None else f"<= {high:g}"
+    return None
 
 
 def _kind(default: Any) -> str:
@@ -151,6 +169,9 @@ def load_config(start: Path | None, select: tuple[str, ...] = (), ignore: tuple[
         cfg.rule_options = {k: dict(v) for k, v in rules.items()}
     if select:
         cfg.select = _cli_names(select, "--select")
+        # a rule named on the command line runs even if the file ignores it: the flag is the
+        # nearer, later wish (the file's select it replaces outright)
+        cfg.ignore -= cfg.select
     if ignore:
         cfg.ignore |= _cli_names(ignore, "--ignore")
     known = rule_ids()

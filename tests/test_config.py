@@ -11,7 +11,7 @@ from conftest import EXAMPLES, audit
 @pytest.fixture
 def project(tmp_path):
     """A user project holding a copy of the forced-cleanup trainer."""
-    for name in ("forced_cleanup.py", "_common.py", "host_sync.py"):
+    for name in ("forced_cleanup.py", "_common.py", "host_sync.py", "dataloader_bound.py"):
         shutil.copy(EXAMPLES / name, tmp_path / name)
     return tmp_path
 
@@ -39,10 +39,11 @@ def test_pyproject_ignore_and_fail_on(project):
 
 
 def test_rule_options_from_pyproject(project):
-    a = run(project, name="host_sync")
-    assert a.rule("host-sync")
-    (project / "pyproject.toml").write_text('[tool.auditor.rules.host-sync]\nmin-share-of-steps = 1.01\n')
-    assert not reanalyze(project).rule("host-sync")
+    a = run(project, name="dataloader_bound")
+    assert a.rule("dataloader-bound")
+    # (a share can be at most 1: a value past it, once the way to turn a rule off, is refused)
+    (project / "pyproject.toml").write_text('[tool.auditor.rules.dataloader-bound]\nmin-share = 0.99\n')
+    assert not reanalyze(project).rule("dataloader-bound")
 
 
 def test_unknown_option_is_a_usage_error(project):
@@ -57,6 +58,17 @@ def test_select_and_ignore_flags(project):
     assert a.returncode == 0 and a.findings == []
     assert reanalyze(project).rule("forced-cleanup")  # the run's evidence holds it: --select kept it out
     a = reanalyze(project, "--ignore", "forced-cleanup,host-sync")
+    assert a.returncode == 0 and a.findings == []
+
+
+def test_select_flag_runs_a_rule_the_file_ignores(project):
+    """README: `--select` overrides the file. A rule named on the command line runs although the
+    file's `ignore` lists it (it was left out without a word); `--ignore` still adds to the file's."""
+    (project / "pyproject.toml").write_text('[tool.auditor]\nignore = ["forced-cleanup"]\n')
+    a = run(project, "--select", "forced-cleanup,host-sync")
+    assert a.returncode == 0 and [f["rule"] for f in a.findings] == ["forced-cleanup"]
+    assert not reanalyze(project).rule("forced-cleanup")  # without the flag the file's ignore holds
+    a = reanalyze(project, "--select", "forced-cleanup", "--ignore", "forced-cleanup")
     assert a.returncode == 0 and a.findings == []
 
 
@@ -85,6 +97,15 @@ def test_suppression_comments(project):
     ('[tool.auditor.rules.dataloader-bound]\nmin-share = "abc"\n',
      "option min-share of rule dataloader-bound must be a number, not 'abc'"),
     ('[tool.auditor.rules.host-sync]\nmin-share-of-steps = true\n', "must be a number, not True"),
+    # out of range: a share over 1 (or a negative threshold) would turn the rule off unseen
+    ('[tool.auditor.rules.host-sync]\nmin-share-of-steps = 1.5\n',
+     "option min-share-of-steps of rule host-sync must be between 0 and 1, not 1.5"),
+    ('[tool.auditor.rules.step-slowdown]\nmin-correlation = -0.5\n', "must be between 0 and 1, not -0.5"),
+    ('[tool.auditor.rules.dataloader-bound]\nmin-wait-ms = -1\n',
+     "option min-wait-ms of rule dataloader-bound must be >= 0, not -1"),
+    ('[tool.auditor.rules.forced-cleanup]\nmax-interval = 0\n',
+     "option max-interval of rule forced-cleanup must be >= 1, not 0"),
+    ('[tool.auditor.rules.grad-explosion]\nclip-percentile = 101\n', "must be between 0 and 100, not 101"),
 ])
 def test_a_config_value_of_the_wrong_type_is_a_usage_error(project, toml, message):
     """Caught before anything runs, as one line (it was an internal error, or a rule failing later)."""

@@ -101,7 +101,7 @@ class AllocatorFragmentation(SnapshotRule):
                "flag only when the largest free block is at most this share of the free bytes (scattered)"),
         Option("split-share", 0.5,
                "suggest max_split_size_mb when holes in split large-pool segments hold this share of the free bytes"),
-        Option("gc-threshold", 0.8, "the garbage_collection_threshold value to suggest"),
+        Option("gc-threshold", 0.8, "the garbage_collection_threshold value to suggest", high=1),
     )
 
     def check_device(self, snap: Snapshot, device: int, o: dict[str, Any]) -> Iterable[Finding]:

@@ -7,6 +7,7 @@ from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Rule
 from auditor.rules.common import by_place, locations
 from auditor.rules.fixes import replace_in_line
+from auditor.rules.suppression import unsuppressed
 
 
 class AnomalyMode(Rule):
@@ -48,7 +49,8 @@ class AnomalyMode(Rule):
         # the step's backward passes ran (switched on and off inside the step, e.g. in a `with`)
         under = {i for i, t in tallies if t.what == m.ANOMALY_BACKWARD and i >= 0}
         on_steps = [s.index for s in ev.steps if s.anomaly_enabled or s.index in under]
-        places = by_place([(i, t) for i, t in tallies if t.what != m.ANOMALY_BACKWARD])
+        places = unsuppressed(self.id, by_place([(i, t) for i, t in tallies if t.what != m.ANOMALY_BACKWARD]),
+                              lambda p: p.where)
         if not on_steps:
             return
         # the line that switched it on; failing that (switched on where no probe saw it), the backward

@@ -74,11 +74,32 @@ class Finding(msgspec.Struct, frozen=True):
 
 @dataclass(frozen=True)
 class Option:
-    """A tunable threshold. Users set it in `[tool.auditor.rules.<rule-id>]` of pyproject.toml."""
+    """A tunable threshold. Users set it in `[tool.auditor.rules.<rule-id>]` of pyproject.toml.
+
+    A number outside `bounds()` is refused when the config loads: `min-share-of-steps = 1.5` or a
+    negative count would otherwise turn a rule off (or crash it) without a word."""
 
     name: str
     default: Any
     help: str
+    low: float | None = None  # None: the default bounds (see bounds()); high=inf: no upper bound
+    high: float | None = None
+
+    def bounds(self) -> tuple[float | None, float | None]:
+        """(low, high) a numeric value must lie within (None: open). Unless the option sets its
+        own: a share or correlation lies in [0, 1], any other number (a count, a threshold in ms,
+        MiB or a ratio) is >= 0. Options that are not numbers have none."""
+        if isinstance(self.default, bool) or not isinstance(self.default, (int, float)):
+            return None, None
+        if "share" in self.name or "correlation" in self.name:
+            low, high = 0.0, 1.0
+        else:
+            low, high = 0.0, None
+        if self.low is not None:
+            low = self.low
+        if self.high is not None:
+            high = None if self.high == float("inf") else self.high
+        return low, high
 
 
 class Rule:

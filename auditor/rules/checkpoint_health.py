@@ -43,7 +43,7 @@ class CheckpointHealth(Rule):
     category = "numerics"
     options = (
         Option("extreme-abs", 1e4, "Weights with a larger |value| are reported as extreme."),
-        Option("fp16-margin", 0.5, "float16 tensors above this share of 65504 are reported."),
+        Option("fp16-margin", 0.5, "float16 tensors above this share of 65504 are reported.", high=1),
     )
 
     def skip_reason(self, ev: m.Evidence) -> str | None:

@@ -1,8 +1,6 @@
 """Runs the enabled rules over the evidence, applies suppression comments, ranks findings."""
 from __future__ import annotations
 
-import linecache
-import re
 import traceback
 from dataclasses import dataclass, field
 
@@ -13,8 +11,7 @@ from auditor.evidence.model import Evidence
 from auditor.rules.base import Finding, severity_rank
 from auditor.rules.fixes import make_patch
 from auditor.rules.registry import all_rules
-
-SUPPRESS = re.compile(r"#\s*audit:\s*ignore(?:\[([a-z0-9,\s-]+)\])?")
+from auditor.rules.suppression import safe_edits, suppressed_at
 
 
 @dataclass
@@ -25,23 +22,21 @@ class RuleResults:
     suppressed: int = 0
 
 
-def suppressed_at(file: str, line: int, rule_id: str) -> bool:
-    """True when the source line carries `# audit: ignore` or `# audit: ignore[rule-id, ...]`."""
-    m = SUPPRESS.search(linecache.getline(file, line))
-    if not m:
-        return False
-    return m.group(1) is None or rule_id in {r.strip() for r in m.group(1).split(",")}
-
-
 def _apply_suppression(f: Finding) -> Finding | None:
-    if not f.locations:
-        return f
-    kept = [loc for loc in f.locations if not suppressed_at(loc.file, loc.line, f.rule)]
-    if not kept:
+    """None when a comment silences the finding: one on its primary location (the first, which the
+    terminal names). A comment on another location takes out only that location. The fix keeps
+    only edits that leave suppressed statements and their comments alone (see rules.suppression)."""
+    if f.locations and suppressed_at(f.locations[0].file, f.locations[0].line, f.rule):
         return None
-    if len(kept) == len(f.locations):
+    kept = [loc for loc in f.locations if not suppressed_at(loc.file, loc.line, f.rule)]
+    fix = f.fix
+    if fix is not None and fix.edits:
+        edits = safe_edits(fix.edits, f.rule)
+        if len(edits) != len(fix.edits):
+            fix = msgspec.structs.replace(fix, edits=edits, patch=None)
+    if len(kept) == len(f.locations) and fix is f.fix:
         return f
-    return msgspec.structs.replace(f, locations=kept)
+    return msgspec.structs.replace(f, locations=kept, fix=fix)
 
 
 def _with_patch(f: Finding) -> Finding:

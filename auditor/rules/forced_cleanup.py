@@ -7,6 +7,7 @@ from auditor.evidence import model as m
 from auditor.rules.base import Finding, Fix, Option, Rule
 from auditor.rules.common import by_place, cost_of, locations, steps_run
 from auditor.rules.fixes import remove_statement
+from auditor.rules.suppression import unsuppressed
 
 
 class ForcedCleanup(Rule):
@@ -35,7 +36,7 @@ class ForcedCleanup(Rule):
     title = "Memory cleanup forced every few steps"
     severity = "warning"
     category = "performance"
-    options = (Option("max-interval", 5, "Flag calls made at least once every this many steps."),)
+    options = (Option("max-interval", 5, "Flag calls made at least once every this many steps.", low=1),)
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
         return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
@@ -44,6 +45,7 @@ class ForcedCleanup(Rule):
         n = steps_run(ev)
         places = [p for p in by_place(ev.tallies(m.EMPTY_CACHE) + ev.tallies(m.GC_COLLECT))
                   if len(p.steps) >= n / options["max-interval"]]
+        places = unsuppressed(self.id, places, lambda p: p.where)  # out of the count, message and evidence
         if not places:
             return
         total = sum(p.ms for p in places)

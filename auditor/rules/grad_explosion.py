@@ -48,12 +48,12 @@ class GradExplosion(Rule):
     category = "numerics"
     options = (
         Option("spike-ratio", 10.0, "A norm this many times the median of the preceding steps is a spike."),
-        Option("window", 5, "Preceding optimizer steps whose median a spike is measured against."),
+        Option("window", 5, "Preceding optimizer steps whose median a spike is measured against.", low=1),
         Option("min-history", 3, "Optimizer steps needed before a spike can be judged."),
         Option("growth-ratio", 10.0, "Last-quarter over first-quarter median norm that counts as growth."),
         Option("min-correlation", 0.8, "Rank correlation of log-norm with step needed for steady growth."),
         Option("min-steps", 8, "Optimizer steps needed to judge steady growth."),
-        Option("clip-percentile", 90, "Percentile of the healthy steps' norms suggested as max_norm."),
+        Option("clip-percentile", 90, "Percentile of the healthy steps' norms suggested as max_norm.", high=100),
         Option("healthy-factor", 3.0, "Norms up to this many times the typical norm before the explosion "
                                       "(the median before a spike, the first step's before steady growth) "
                                       "count as healthy."),

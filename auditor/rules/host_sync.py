@@ -6,6 +6,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Option, Rule
 from auditor.rules.common import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules.suppression import unsuppressed
 from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
 
 _SUMMARY_WRITER = ("call SummaryWriter.add_* every N steps (each call fetches the tensor from the device), "
@@ -86,6 +87,7 @@ class HostSync(Rule):
         places = [p for p in by_place(ev.tallies(m.SYNC))
                   if len(p.steps) >= options["min-share-of-steps"] * n
                   and (not as_gpu or p.data.get("device") == "cuda")]
+        places = unsuppressed(self.id, places, lambda p: p.where)  # out of the count, message and evidence
         if not places:
             return
         per_step = sum(p.count for p in places) / n

@@ -326,7 +326,7 @@ class Nonfinite(Rule):
     options = (
         Option("near-zero", 1e-30, "A log input or |denominator| at or below this (but not 0) is a near miss."),
         Option("exp-margin", 2.0, "An exp input within this of overflow (88.7 in float32) is a near miss."),
-        Option("fp16-margin", 0.5, "float16 values above this share of 65504 are a near miss."),
+        Option("fp16-margin", 0.5, "float16 values above this share of 65504 are a near miss.", high=1),
         Option("eps", 1e-12, "The clamp bound suggested for denominators and log inputs."),
     )
 

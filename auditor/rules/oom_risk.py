@@ -222,7 +222,7 @@ class OomRisk(SnapshotRule):
         Option("near-share", 0.9, "flag when the peak reserved bytes reach this share of the capacity"),
         Option("common-capacities-gib", COMMON_CAPACITIES_GIB,
                "device sizes to assume from (the smallest that holds the peak) when the capacity is unknown"),
-        Option("top-owners", 5, "how many owning lines to report"),
+        Option("top-owners", 5, "how many owning lines to report", low=1),
     )
 
     # ------------------------------------------------------------------------------------------

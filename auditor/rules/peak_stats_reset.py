@@ -7,6 +7,7 @@ from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Option, Rule
 from auditor.rules.common import by_place, cost_of, locations, on_accelerator, steps_run
 from auditor.rules.fixes import remove_statement
+from auditor.rules.suppression import unsuppressed
 
 
 class PeakStatsReset(Rule):
@@ -43,7 +44,8 @@ class PeakStatsReset(Rule):
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         n = steps_run(ev)
-        places = by_place(ev.tallies(m.STAT_RESET))
+        # a suppressed call neither counts nor helps reach the threshold
+        places = unsuppressed(self.id, by_place(ev.tallies(m.STAT_RESET)), lambda p: p.where)
         steps_with = set().union(*(p.steps for p in places)) if places else set()
         if not places or len(steps_with) < options["min-share-of-steps"] * n:
             return

@@ -15,6 +15,7 @@ from typing import Any
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option
 from auditor.rules.common import per_step, place_key, steps_run
+from auditor.rules.suppression import unsuppressed
 
 PROBE_OPTIONS: tuple[Option, ...] = (
     Option("min-share-of-steps", 0.5,
@@ -56,6 +57,7 @@ def probe_pageable_copy_findings(rule: Any, evidence: m.Evidence, options: dict[
         return []
     n = steps_run(evidence)
     sites = [s for s in _sites(evidence) if len(s.steps) >= options.get("min-share-of-steps", 0.5) * n]
+    sites = unsuppressed(rule.id, sites, lambda s: s.where)  # out of the count, message and evidence
     total = sum(s.bytes for s in sites)
     if not sites or total / n < float(options.get("min-mb-per-step", 1.0)) * 1e6:
         return []

@@ -58,7 +58,8 @@ class RankStraggler(Rule):
     category = "performance"
     options = (
         Option("min-excess-share", 0.25, "Flag a rank whose own work per step (outside communication) exceeds "
-                                         "the others' by this share of the median step."),
+                                         "the others' by this share of the median step.",
+               high=float("inf")),  # (a rank may take twice the step: a share past 1)
         Option("min-excess-ms", 1.0, "... and by at least this many milliseconds."),
         Option("min-share-of-steps", 0.6, "... in at least this share of the steps all ranks completed."),
         Option("noise-factor", 3.0, "... and by this many times the step-to-step jitter (median absolute "
