@@ -446,3 +446,45 @@ def test_memory_growth_names_the_holder(example_audit):
     scans = sorted(a.evidence["graph_scans"], key=lambda s: s["after_step"])
     per_step = 256 * 2560 * 4  # one detached (batch, width) float32 activation per step
     assert holder["growth_bytes"] == per_step * (scans[-1]["after_step"] - scans[0]["after_step"])
+
+
+USER_MODE = '''
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+torch.manual_seed(0)
+
+
+class Counting(TorchFunctionMode):  # the user's own op counter, around the whole step
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))  # MODE LINE
+
+
+model = nn.Linear(16, 1)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x = torch.randn(64, 16)
+
+
+def step():
+    with Counting():
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(loss.item())  # ITEM LINE
+'''
+
+
+def test_host_sync_under_the_users_torch_function_mode(tmp_path):
+    """A user's TorchFunctionMode passes every call on (`return func(...)`): the step's own
+    `.item()` is counted once, at the step's line. Before, each `.item()` was counted again at the
+    mode's line, and so were the auditor's own and Adam's (8.8 a step, at the mode's line)."""
+    trainer = tmp_path / "mode.py"
+    trainer.write_text(USER_MODE)
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("host-sync")
+    item_line = next(n for n, t in enumerate(USER_MODE.splitlines(), 1) if "ITEM LINE" in t)
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(trainer), item_line)], f["message"]
+    assert f["evidence"]["syncs_per_step"] == 1.0, f["evidence"]

@@ -97,10 +97,17 @@ DEVICE_OF: Callable[[Any], str] = _device_type
 JUDGE_AS_CUDA: bool = torch.cuda.is_available()
 
 
+# A call made from these is a torch-function mode's or a tensor subclass's handler passing on a
+# call it intercepted (`return func(*args, **kwargs)`): the probe already saw that call where it was
+# made (the user's line, or the auditor's own check), and must not count it again at the handler.
+_DISPATCHERS = frozenset(("__torch_function__", "__torch_dispatch__"))
+
+
 def _user_call(depth: int = 2):
     """The calling frame if the call is the user's (not torch calling itself), else None."""
     f = sys._getframe(depth)
-    return None if is_torch_internal(f.f_code.co_filename) else f
+    code = f.f_code
+    return None if is_torch_internal(code.co_filename) or code.co_name in _DISPATCHERS else f
 
 
 def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
@@ -201,6 +208,8 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
                 if id(code) in torch_own:  # (one lookup: an optimizer's `step.item()` per parameter, every step)
                     return orig(self, *args, **kwargs)
                 label: str | None = what
+                if code.co_name in _DISPATCHERS:  # a mode passing on a call already seen (see _DISPATCHERS)
+                    return orig(self, *args, **kwargs)
                 if is_torch_internal(code.co_filename):  # torch calling itself: not the user's
                     # ...unless on the user's behalf
                     label = _INTERNAL_SYNCS.get(code) or _logging_sync(code.co_filename, what)
