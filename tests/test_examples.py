@@ -315,6 +315,10 @@ def test_dataloader_bound_share_and_fix(example_audit):
     assert f["evidence"]["settings"]["num_workers"] == 0
     assert f["fix"]["config"]["DataLoader.num_workers"] >= 2
     assert "num_workers=" in "\n".join(f["fix"]["edits"][0]["lines"])
+    # workers draw random augmentations from their own seeds: not a fix that leaves results alone
+    assert f["fix"]["changes_numerics"] is True
+    assert "num_workers=" in (a.out / "numerics-fixes.patch").read_text()
+    assert "num_workers=" not in (a.out / "fixes.patch").read_text()
 
 
 def test_step_slowdown(example_audit):

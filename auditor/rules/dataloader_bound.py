@@ -206,5 +206,9 @@ class DataloaderBound(Rule):
                       "median_iterator_ms": round(median(iter_ms), 3),
                       "cpu_cores": cores, "torch_threads": threads, "spare_cores": spare},
             cost=Cost(ms_per_step=round(wait_ms, 3), share_of_step=round(share, 4), measured=True, note=note),
-            fix=Fix(summary=summary, config={f"DataLoader.{k}": v for k, v in rec.items()}, edits=edits),
+            # Workers change what a Dataset computes: each draws its random augmentations from its
+            # own seed (and persistent workers keep theirs across epochs), and state a Dataset builds
+            # in __getitem__ is per worker. So such an edit goes to numerics-fixes.patch.
+            fix=Fix(summary=summary, config={f"DataLoader.{k}": v for k, v in rec.items()}, edits=edits,
+                    changes_numerics=bool(edits) and bool({"num_workers", "persistent_workers"} & set(patched))),
         )
