@@ -327,7 +327,10 @@ class Nonfinite(Rule):
         Option("near-zero", 1e-30, "A log input or |denominator| at or below this (but not 0) is a near miss."),
         Option("exp-margin", 2.0, "An exp input within this of overflow (88.7 in float32) is a near miss."),
         Option("fp16-margin", 0.5, "float16 values above this share of 65504 are a near miss.", high=1),
-        Option("eps", 1e-12, "The clamp bound suggested for denominators and log inputs."),
+        Option("eps", 1e-12, "The clamp bound suggested for log inputs."),
+        Option("den-eps", 1e-5, "The clamp bound suggested for denominators: a std or norm of constant data "
+               "is rounding noise (~1e-7) over rounding noise, and 1e-12 would blow it up to 1e5 "
+               "(BatchNorm and LayerNorm add 1e-5 to the variance)."),
     )
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
@@ -432,6 +435,7 @@ class Nonfinite(Rule):
         span = (view.sites.get(o.get("site"), {}).get("where") or {}).get("span")
         edit = None
         if kind == "division-by-zero":
+            eps = options["den-eps"]
             den = (o.get("inputs") or [{}, {}])[1:2]
             nonneg = bool(den) and finite(den[0].get("min")) and val(den[0]["min"]) >= 0
             if loc and nonneg:
