@@ -492,3 +492,21 @@ def test_host_sync_under_the_users_torch_function_mode(tmp_path):
     item_line = next(n for n, t in enumerate(USER_MODE.splitlines(), 1) if "ITEM LINE" in t)
     assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(trainer), item_line)], f["message"]
     assert f["evidence"]["syncs_per_step"] == 1.0, f["evidence"]
+
+
+def test_sites_in_another_file_are_named_with_their_file(tmp_path):
+    """host-sync lists its sites after the headline's location: a site in another file of the
+    user's package is said as `metrics.py:3`, not as a bare `line 3` that reads as the headline
+    file's line."""
+    (tmp_path / "metrics.py").write_text("def log(loss):\n    return float(loss)  # SYNC\n")
+    trainer = tmp_path / "train.py"
+    trainer.write_text("import torch\nfrom metrics import log\nw = torch.ones(4, requires_grad=True)\n\n\n"
+                       "def step():\n    loss = (w * 2).sum()\n    loss.backward()\n    log(loss)\n"
+                       "    return loss.item()\n")
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("host-sync")
+    first = f["locations"][0]["file"]
+    said = {str(tmp_path / "metrics.py"): "metrics.py:2", str(trainer): "train.py:10"}
+    other = next(file for file in said if file != first)
+    assert f"at {said[other]}" in f["message"] and f"at line {said[first].split(':')[1]}" in f["message"], f["message"]

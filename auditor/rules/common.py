@@ -159,3 +159,13 @@ def spread_scans(scans: list[GraphScan]) -> list[GraphScan]:
     mid = (first.after_step + last.after_step) / 2
     middle = min(scans[1:-1], key=lambda s: (abs(s.after_step - mid), s.after_step))
     return [first, middle, last]
+
+
+def line_ref(file: str | None, line: int | None, headline_file: str | None) -> str:
+    """`line 14` for a site in the file the finding's headline names, `agent.py:39` for one in
+    another file: a message listing sites across a package must say which file each is in."""
+    if line is None:
+        return "line ?"
+    if file and headline_file and file != headline_file:
+        return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"
+    return f"line {line}"

@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Option, Rule
-from auditor.rules.common import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules.common import by_place, cost_of, line_ref, locations, on_accelerator, steps_run
 from auditor.rules.suppression import unsuppressed
 from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
 
@@ -111,7 +111,8 @@ class HostSync(Rule):
             sev, prefix = "info", "On an accelerator these would synchronise: "
         yield self.finding(
             f"{prefix}{per_step:.1f} device->host syncs per step at {len(places)} place(s): "
-            + "; ".join(f"{s['what']} x{s['per_step']:g}/step at line {s['line']}" for s in sites[:5]),
+            + "; ".join(f"{s['what']} x{s['per_step']:g}/step at {line_ref(s['file'], s['line'], sites[0]['file'])}"
+                        for s in sites[:5]),
             severity=sev, locations=locations(places),
             evidence={"syncs_per_step": round(per_step, 2), "sites": sites, "measured_on_device": real,
                       "judged_as_gpu_code": as_gpu},

@@ -18,7 +18,7 @@ from typing import Any
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option
-from auditor.rules.common import by_place, per_step, steps_run
+from auditor.rules.common import by_place, line_ref, per_step, steps_run
 
 PROBE_OPTIONS: tuple[Option, ...] = (
     Option("min-share-of-steps", 0.5,
@@ -65,8 +65,10 @@ def probe_dataloader_on_device_findings(rule: Any, evidence: m.Evidence, options
                      f"{where} already on the GPU ({batch_bytes / n / 1e6:.2f} MB per step)")
     if ops:
         parts.append(f"{per_step(sum(p.count for p in ops) / n)} GPU tensors per step were created while making "
-                     "batches: " + "; ".join(f"{p.what} x{per_step(p.count / n)}/step at line "
-                                              f"{p.where.line if p.where else '?'}" for p in ops[:4]))
+                     "batches: " + "; ".join(f"{p.what} x{per_step(p.count / n)}/step at "
+                                              + line_ref(p.where.file if p.where else None,
+                                                         p.where.line if p.where else None,
+                                                         locs[0].file if locs else None) for p in ops[:4]))
     if defaults:
         parts.append(f"the default device is CUDA (set at line {defaults[0].line}), so the data is "
                      "allocated on the GPU")

@@ -14,7 +14,7 @@ from typing import Any
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option
-from auditor.rules.common import per_step, place_key, steps_run
+from auditor.rules.common import line_ref, per_step, place_key, steps_run
 from auditor.rules.suppression import unsuppressed
 
 PROBE_OPTIONS: tuple[Option, ...] = (
@@ -68,8 +68,9 @@ def probe_pageable_copy_findings(rule: Any, evidence: m.Evidence, options: dict[
     ignored_nb = sum(s.non_blocking for s in sites)
     message = (f"On the GPU these copies are staged through pageable memory: {per_step(copies / n)} host-to-device "
                f"copies per step of unpinned tensors move {total / n / 1e6:.2f} MB per step, at "
-               + "; ".join(f"{s.what} x{per_step(s.copies / n)}/step ({s.bytes / n / 1e6:.2f} MB) at line "
-                           f"{s.where.line if s.where else '?'}" for s in sites[:5])
+               + "; ".join(f"{s.what} x{per_step(s.copies / n)}/step ({s.bytes / n / 1e6:.2f} MB) at "
+                           + line_ref(s.where.file if s.where else None, s.where.line if s.where else None,
+                                      locs[0].file if locs else None) for s in sites[:5])
                + (f"; {per_step(ignored_nb / n)} per step ask for non_blocking=True, which pageable memory turns "
                   "into a blocking copy" if ignored_nb else "")
                + ".")
