@@ -1109,3 +1109,48 @@ def test_a_deferred_call_keeps_the_inputs_of_a_list_the_user_empties(tmp_path):
     assert [i["finite"] for i in ev["inputs"]] == [True, False]
     assert "received an input that was already non-finite" in f["message"]
     assert (str(trainer), line_of(CAT_OF_A_LIST_EMPTIED, "# CAT LINE")) in places(f)
+
+
+CHECKPOINTED = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(16, 8)
+
+
+def step(i):
+    scale = torch.zeros(()) if i == 5 else torch.ones(())
+    loss = (model(x) / scale).pow(2).mean()  # DIV LINE: 0/0 at step 5
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i % 2 == 1:
+        torch.save(model.state_dict(), f"{CKPT}/step{i}.pt")
+"""
+
+
+def test_checkpoints_saved_after_the_weights_went_bad_are_named(tmp_path):
+    """"loss=nan at epoch 29, and the checkpoint is poisoned": the run's torch.save calls are
+    set against the step its weights went non-finite (5): step7.pt came after (poisoned), step5.pt
+    in that step itself (maybe), and step3.pt is where to resume."""
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    trainer, a = audit_trainer(tmp_path, "ckpt.py", CHECKPOINTED.replace("{CKPT}", str(ckpt)), 9)
+    [f] = a.rule("nonfinite")
+    ck = f["evidence"]["checkpoints"]
+    assert ck["weights_nonfinite_from_step"] == 5
+    assert ck["poisoned"] == [{"step": 7, "path": str(ckpt / "step7.pt")}]
+    assert ck["maybe_poisoned"] == [{"step": 5, "path": str(ckpt / "step5.pt")}]
+    assert ck["clean"] == {"step": 3, "path": str(ckpt / "step3.pt")}
+    assert "after the weights went non-finite (step 5): step7.pt; do not resume from them" in f["message"]
+    assert f"Resume from {ckpt / 'step3.pt'} (saved in step 3)." in f["fix"]["summary"]
+    assert torch_load_is_nan(ckpt / "step7.pt") and not torch_load_is_nan(ckpt / "step3.pt")
+
+
+def torch_load_is_nan(path) -> bool:
+    import torch
+
+    return any(t.isnan().any().item() for t in torch.load(path, weights_only=True).values())

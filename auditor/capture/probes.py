@@ -308,6 +308,26 @@ def _install_timed_probes() -> None:
             _wrap(torch.cuda, name, _timed_function(m.STAT_RESET, f"torch.cuda.{name}"))
     _wrap(torch.cuda, "empty_cache", _timed_function(m.EMPTY_CACHE, "torch.cuda.empty_cache"))
     _wrap(gc, "collect", _timed_function(m.GC_COLLECT, "gc.collect"))
+    _wrap(torch, "save", _save_probe)
+
+
+def _save_probe(orig):
+    """torch.save in a step, with the file it wrote: a checkpoint saved once the weights are NaN
+    is poisoned, and nonfinite names it and the last one saved before."""
+    def probe(obj, f, *args, **kwargs):
+        rec = REC
+        if rec.active:
+            caller = _user_call()
+            if caller is not None:
+                t0 = perf()
+                try:
+                    return orig(obj, f, *args, **kwargs)
+                finally:
+                    path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+                    rec.add(m.SAVE, "torch.save", user_frame(caller), (perf() - t0) * 1e3,
+                            path=os.path.abspath(path) if isinstance(path, str) else None)
+        return orig(obj, f, *args, **kwargs)
+    return probe
 
 
 # --- anomaly mode ------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+import msgspec
+
 from auditor.evidence import model as m
 from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
 from auditor.rules.fixes import read_lines
@@ -295,7 +297,8 @@ class Nonfinite(Rule):
         If the forward pass stayed finite it names the parameters whose gradients (backward) or
         values (optimizer update) went first, and for the backward pass the call whose derivative
         was infinite or overflowed float32 (a sqrt of 0, a log of 1e-42: 1/x = 1e42), with the fix
-        for that call. Calls that made non-finite values in healthy steps
+        for that call. Checkpoints the step wrote with torch.save after the weights went
+        non-finite are named as poisoned, with the last one written before (where to resume). Calls that made non-finite values in healthy steps
         (an attention mask's -inf) are not taken for the origin. Also reported: hazards that came
         close without tipping over (a log input below `near-zero`, exp near overflow, float16 values
         above `fp16-margin` of its range). On a checkpoint (`audit checkpoint`): every tensor holding
@@ -428,7 +431,15 @@ class Nonfinite(Rule):
             evidence["params"] = params
         else:
             msg = f"{head} No checked torch call made it (it came from code the collector cannot see)."
-        return self.finding(msg, locations=locs, evidence=evidence, fix=self._fix(kind, loc, o, options, view))
+        fix = self._fix(kind, loc, o, options, view)
+        saved = _checkpoints(ev, view, step)
+        if saved:
+            msg += saved["text"]
+            evidence["checkpoints"] = {k: v for k, v in saved.items() if k != "text"}
+            if saved["clean"]:
+                fix = msgspec.structs.replace(fix, summary=fix.summary + f" Resume from {saved['clean']['path']} "
+                                                                         f"(saved in step {saved['clean']['step']}).")
+        return self.finding(msg, locations=locs, evidence=evidence, fix=fix)
 
     def _fix(self, kind: str, loc: Location | None, o: dict, options: dict, view: NumericsView) -> Fix:
         eps = options["eps"]
@@ -538,6 +549,41 @@ class Nonfinite(Rule):
             fix=Fix(summary="Do not resume from this checkpoint: its weights or optimizer state are poisoned. "
                             "Resume from the last checkpoint without NaN/inf and find the origin with `audit run`.",
                     config={}))
+
+
+def _file_name(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _checkpoints(ev: m.Evidence, view: NumericsView, origin_step: int) -> dict[str, Any] | None:
+    """The run's torch.save calls against the step its numbers went bad: files written after the
+    weights were non-finite are poisoned ("loss=nan at epoch 29, and the checkpoint is poisoned"),
+    one written in that step itself may be (before or after the update), and the last one written
+    before it is where to resume."""
+    saves = [(i, t.data.get("path"), t.where) for i, t in ev.tallies(m.SAVE)]
+    if not saves:
+        return None
+    weights_bad = next((i for i, d in view.steps
+                        if any(r.get("param_nonfinite") for r in d.get("opt_steps") or [])), origin_step)
+    named = [(i, p) for i, p, _ in saves if p]
+    poisoned = [{"step": i, "path": p} for i, p in named if i > weights_bad]
+    maybe = [{"step": i, "path": p} for i, p in named if i == weights_bad]
+    before = [(i, p) for i, p in named if i < origin_step]
+    clean = {"step": before[-1][0], "path": before[-1][1]} if before else None
+    if not poisoned and not maybe:
+        return None
+    text = ""
+    if poisoned:
+        text += (f" torch.save wrote {len(poisoned)} checkpoint(s) after the weights went non-finite (step "
+                 f"{weights_bad}): {', '.join(_file_name(c['path']) for c in poisoned[:4])}"
+                 f"{' …' if len(poisoned) > 4 else ''}; do not resume from them.")
+    if maybe:
+        text += (f" {', '.join(_file_name(c['path']) for c in maybe[:2])} was written in step {weights_bad} itself, "
+                 "before or after its update: check it with `audit checkpoint`.")
+    text += (f" The last checkpoint written before step {origin_step}: {_file_name(clean['path'])} (step {clean['step']})."
+             if clean else f" No checkpoint was written in this run before step {origin_step}.")
+    return {"text": text, "weights_nonfinite_from_step": weights_bad, "poisoned": poisoned[:50],
+            "maybe_poisoned": maybe, "clean": clean}
 
 
 def _logged_history(logged: dict) -> str:
