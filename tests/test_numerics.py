@@ -239,6 +239,9 @@ def norms_evidence(norms: list[float]) -> Evidence:
     ([1.0, 1.1, 0.9, 1.2, 1.0, 50.0, 1.0, 1.1], "spike"),
     ([5.0, 3.0, 2.0, 1.5, 1.2, 1.0, 0.9, 0.8, 0.8, 0.7], None),  # falling: healthy
     ([1.5 ** k for k in range(12)], "growth"),
+    # one jump, then level (a recorded run's norms: a std clamped at 1e-12 blew up at step 18): ranked,
+    # they climb (rank correlation 0.89), but the jump is all of it; it was "grew steadily, x2.10 per step"
+    ([1.2517, 0.9544, 1.6414, 1.3962, 1.312, 1.7771, 1.5882, 1.7158, 1.382, 1.7833, 1.5934, 2.2363, 2.3144, 2.1618, 2.016, 2.7786, 2.462, 2.5428, 10690000000.0, 7881000000.0, 5270000000.0, 2537000000.0, 26920000.0, 2067000000.0, 3517000000.0, 4375000000.0, 4511000000.0, 4057000000.0, 3558000000.0, 2834000000.0], "jump"),
     ([1.0, 2.0, 4.0, "inf", "nan"], None),  # too short to judge; nonfinite's to report
 ])
 def test_grad_explosion_thresholds(norms, expect):
@@ -246,8 +249,11 @@ def test_grad_explosion_thresholds(norms, expect):
     assert len(found) == (0 if expect is None else 1)
     if expect:
         ev = found[0].evidence
-        assert (ev["spike"] is not None) == (expect == "spike") and (ev["growth"] is not None) == (expect == "growth")
-        if expect == "spike":
+        assert (ev["spike"] is not None) == (expect in ("spike", "jump")) and (ev["growth"] is not None) == (expect == "growth")
+        if expect == "jump":
+            assert ev["spike"]["step"] == 18 and ev["growth"] is None, ev
+            assert "jumped to 1.07e+10 at step 18, 4.34e+09x the median 2.46" in found[0].message
+        elif expect == "spike":
             assert ev["spike"]["step"] == 5 and ev["spike"]["ratio"] == pytest.approx(50.0 / 1.0)
             assert ev["suggested_max_norm"] == pytest.approx(1.2, rel=0.1)
 
