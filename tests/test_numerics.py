@@ -1160,3 +1160,36 @@ def torch_load_is_nan(path) -> bool:
     import torch
 
     return any(t.isnan().any().item() for t in torch.load(path, weights_only=True).values())
+
+
+HOT_LR = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+X = torch.randn(4096, 12) * 30.0  # raw, unscaled readings
+Y = X[:, :4].sum(1, keepdim=True)
+net = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 1))
+sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+
+
+def step(i):
+    idx = slice(i * 64, i * 64 + 64)
+    loss = ((net(X[idx]) - Y[idx]) ** 2).mean()
+    sgd.zero_grad()
+    loss.backward()
+    sgd.step()
+"""
+
+
+def test_a_learning_rate_that_overflows_the_backward_pass(tmp_path):
+    """Too high a learning rate: the loss climbs 4e3 -> 2e31 in three steps and the gradients
+    overflow on the way back (no call with an infinite derivative). The error says how the loss
+    climbed, and the fix names the learning rate and offers a tenth of it (it had neither)."""
+    trainer, a = audit_trainer(tmp_path, "hot.py", HOT_LR, 5)
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert ev["phase"] == "backward" and not ev["singular_sites"], ev
+    assert "The loss had grown from " in f["message"] and f"(step {ev['first_step']})." in f["message"], f["message"]
+    assert "lower the learning rate (it is 0.05)" in f["fix"]["summary"]
+    assert f["fix"]["config"] == {"lr": pytest.approx(0.005)}

@@ -416,6 +416,8 @@ class Nonfinite(Rule):
             evidence["singular_sites"] = [{"op": view.sites.get(s, {}).get("op"),
                                            "hazard": view.sites.get(s, {}).get("hazard"), "value": v}
                                           for s, v in singular]
+            if not singular:  # an overflow on the way back: how the numbers climbed before it
+                msg += _growth_text(view.loss_series(), step)
             if singular:  # the fix is the first singular call's: a log's input, a denominator
                 first_site = singular[0][0]
                 loc = view.site_location(first_site)
@@ -482,10 +484,13 @@ class Nonfinite(Rule):
             if site.get("hazard") in ("sqrt", "pow", "norm"):
                 return Fix(summary="A function whose derivative is infinite at 0 (sqrt, norm, pow < 1) saw 0: add an eps "
                                    "inside it (sqrt(x + eps), norm.clamp_min(eps)).", config={}, changes_numerics=True)
+            lr = _first_lr(view)
             return Fix(summary="No checked call reached a point where its derivative is infinite (sqrt, norm or pow < 1 "
                                "at 0, a log input or denominator near 0), so a gradient overflowed on its way back: "
-                               "clip gradients, lower the learning rate, or find the call with "
-                               "torch.autograd.set_detect_anomaly(True) for one step.", config={}, changes_numerics=True)
+                               "clip gradients, lower the learning rate"
+                               + (f" (it is {lr:.3g})" if lr else "")
+                               + ", or find the call with torch.autograd.set_detect_anomaly(True) for one step.",
+                       config={"lr": lr / 10} if lr else {}, changes_numerics=True)
         if kind == "update":
             return Fix(summary="The optimizer update itself overflowed: use a positive eps (Adam eps >= 1e-8) and a "
                                "lower learning rate.", config={"eps": 1e-8}, changes_numerics=True)
@@ -680,12 +685,12 @@ def _series_text(kind: str, series: list[list], step: int) -> str:
 
 
 def _growth_text(losses: list[list], step: int) -> str:
-    """' The loss had grown from A (step i) to B (step j) before.' when it grew over 100x."""
-    pts = [(i, val(v)) for i, v in losses if i < step and finite(v)]
-    if len(pts) < 3 or pts[0][1] <= 0 or pts[-1][1] / pts[0][1] < 100:
+    """' The loss had grown from A (step i) to B (step j).' when it grew over 100x."""
+    pts = [(i, val(v)) for i, v in losses if i <= step and finite(v)]  # (a backward overflow's own loss is finite)
+    if len(pts) < 2 or pts[0][1] <= 0 or pts[-1][1] / pts[0][1] < 100:
         return ""
     return (f" The loss had grown from {short(pts[0][1])} (step {pts[0][0]}) to {short(pts[-1][1])} "
-            f"(step {pts[-1][0]}) before.")
+            f"(step {pts[-1][0]}).")
 
 
 def _at(loc: Location | None) -> str:
