@@ -120,6 +120,8 @@ def test_hard_crash_still_reports(tmp_path, ending, status, signal_name, code):
     assert doc["steps"]["count"] == 3  # every step completed before the crash
     if signal_name == "SIGSEGV":
         assert "Segmentation fault" in end["stderr_tail"]  # faulthandler's dump, kept for the report
+        # ...and its most recent frame of the user's names the line (it had no location)
+        assert end["where"]["file"].endswith("trainer.py") and end["where"]["line"] == line_of(tmp_path, ending)
     # graph-leak had one scan (after step 1): why it is skipped says the run ended early
     [why] = [s["reason"] for s in doc["skipped_rules"] if s["rule"] == "graph-leak"]
     assert "the run ended in step 2 of 8, before its second scan (scanned after step: 1)" in why

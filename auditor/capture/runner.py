@@ -139,12 +139,27 @@ class EvidenceBuilder:
                 ev.ending = m.Ending(status="crashed", step=in_step,
                                      message=f"the audited process {how}"
                                              + (f" during step {in_step}" if in_step is not None else ""),
-                                     returncode=returncode, signal=sig)
+                                     returncode=returncode, signal=sig, where=crash_frame(stderr_tail))
         else:
             ev.ending.returncode = returncode
         if ev.ending.status != "completed":
             ev.ending.stderr_tail = stderr_tail or None
         return ev
+
+
+_FAULT_FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)', re.M)
+
+
+def crash_frame(stderr_tail: str) -> m.Frame | None:
+    """The user's line in faulthandler's dump of a crash (a segfault in an extension called from
+    the step): its most recent frame outside torch, the auditor and installed packages."""
+    from auditor.capture.frames import is_library
+
+    for file, line, function in _FAULT_FRAME.findall(stderr_tail or ""):
+        if not is_library(file):
+            return m.Frame(file=file, line=int(line), function=function,
+                           code=linecache.getline(file, int(line)).strip())
+    return None
 
 
 def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = None,
