@@ -2,6 +2,7 @@
 and the clean trainer stays silent at warning level."""
 from __future__ import annotations
 
+import shutil
 from statistics import median
 
 import pytest
@@ -510,3 +511,23 @@ def test_sites_in_another_file_are_named_with_their_file(tmp_path):
     said = {str(tmp_path / "metrics.py"): "metrics.py:2", str(trainer): "train.py:10"}
     other = next(file for file in said if file != first)
     assert f"at {said[other]}" in f["message"] and f"at line {said[first].split(':')[1]}" in f["message"], f["message"]
+
+
+def test_a_dataloader_setting_read_from_config_is_not_hard_coded(tmp_path):
+    """`num_workers=cfg["num_workers"]`: the patch leaves that expression alone (hard-coding 2
+    would leave the config entry dead) and the fix says to set it where the config is; the
+    settings the call does not pass are still added."""
+    src = (EXAMPLES / "dataloader_bound.py").read_text().replace(
+        "loader = DataLoader(SyntheticImages(), batch_size=64, shuffle=True,",
+        'cfg = {"num_workers": 0}\nloader = DataLoader(SyntheticImages(), batch_size=64, shuffle=True, num_workers=cfg["num_workers"],')
+    trainer = tmp_path / "cfg_loader.py"
+    trainer.write_text(src)
+    shutil.copy(EXAMPLES / "_common.py", tmp_path / "_common.py")
+    a = audit("run", f"{trainer}:step", "--steps", "12", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("dataloader-bound")
+    n = f["fix"]["config"]["DataLoader.num_workers"]
+    assert f'The call takes num_workers from `cfg["num_workers"]`: set num_workers={n} there' in f["fix"]["summary"]
+    [edit] = f["fix"]["edits"]
+    text = "\n".join(edit["lines"])
+    assert 'num_workers=cfg["num_workers"]' in text and "persistent_workers=True" in text, text

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
-from auditor.rules.fixes import edit_call_kwargs
+from auditor.rules.fixes import computed_kwargs, edit_call_kwargs
 from auditor.rules.trace_dataloader import TRACE_OPTIONS, trace_dataloader_findings
 
 
@@ -136,10 +136,13 @@ class DataloaderBound(Rule):
         patched = {k: v for k, v in rec.items() if k not in held_back}
         locs = []
         edits = []
+        computed: dict[str, str] = {}  # settings the call takes from an expression (`cfg["num_workers"]`)
         if loader and loader.where:
             locs.append(Location.of(loader.where))
+            computed = computed_kwargs(loader.where.file, loader.where.line, ("DataLoader",), patched)
+            literal = {k: v for k, v in patched.items() if k not in computed}
             edit = edit_call_kwargs(loader.where.file, loader.where.line, ("DataLoader",),
-                                    {k: repr(v) for k, v in patched.items()}) if patched else None
+                                    {k: repr(v) for k, v in literal.items()}) if literal else None
             if edit:
                 edits.append(edit)
         it_where = loader_ids.get(loader.id if loader else None)
@@ -189,6 +192,10 @@ class DataloaderBound(Rule):
                         f"it, every sample {rec['num_workers']} times. Shard it first (in `__iter__`, by "
                         f"`torch.utils.data.get_worker_info()`: id and num_workers); the patch leaves the "
                         f"worker settings out.")
+        if computed:  # a patch hard-coding them would leave the config entry dead
+            summary += (" The call takes " + ", ".join(f"{k} from `{src}`" for k, src in computed.items())
+                        + ": set " + ", ".join(f"{k}={rec[k]!r}" for k in computed) + " there; the patch leaves "
+                        + ("it" if len(computed) == 1 else "them") + " alone.")
         if per_step_iter:
             message += (f" A new DataLoader iterator is made in {iter_steps} of {len(steps)} steps"
                         + (f" at line {iter_where.line}" if iter_where else "")

@@ -79,6 +79,20 @@ def _call_on_line(file: str, line: int, names: Iterable[str]) -> ast.Call | None
     return None
 
 
+def computed_kwargs(file: str, line: int, names: Iterable[str], keys: Iterable[str]) -> dict[str, str]:
+    """{keyword: its source} for the `keys` the call on `line` passes as an expression rather than a
+    literal (`num_workers=cfg["num_workers"]`): the value is set where that expression reads it, so
+    a patch replacing it with a literal would leave the user's config entry dead."""
+    call = _call_on_line(file, line, names)
+    lines = read_lines(file)
+    if call is None or lines is None:
+        return {}
+    keys = set(keys)
+    src = "\n".join(lines)
+    return {kw.arg: (ast.get_source_segment(src, kw.value) or "...") for kw in call.keywords
+            if kw.arg in keys and not isinstance(kw.value, ast.Constant)}
+
+
 def edit_call_kwargs(file: str, line: int, names: Iterable[str], set_kwargs: dict[str, str] | None = None,
                      drop: Iterable[str] = ()) -> Edit | None:
     """Rewrite the call to one of `names` spanning `line`: set keyword arguments (values are source
