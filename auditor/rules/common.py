@@ -161,11 +161,16 @@ def spread_scans(scans: list[GraphScan]) -> list[GraphScan]:
     return [first, middle, last]
 
 
+def file_name(path: str) -> str:
+    """The last part of a path, with either separator: what a message calls a file by."""
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
 def line_ref(file: str | None, line: int | None, headline_file: str | None) -> str:
     """`line 14` for a site in the file the finding's headline names, `agent.py:39` for one in
     another file: a message listing sites across a package must say which file each is in."""
     if line is None:
         return "line ?"
     if file and headline_file and file != headline_file:
-        return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"
+        return f"{file_name(file)}:{line}"
     return f"line {line}"

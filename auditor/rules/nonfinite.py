@@ -17,6 +17,7 @@ import msgspec
 
 from auditor.evidence import model as m
 from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
+from auditor.rules.common import file_name
 from auditor.rules.fixes import read_lines
 
 FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this
@@ -556,10 +557,6 @@ class Nonfinite(Rule):
                     config={}))
 
 
-def _file_name(path: str) -> str:
-    return path.replace("\\", "/").rsplit("/", 1)[-1]
-
-
 def _checkpoints(ev: m.Evidence, view: NumericsView, origin_step: int) -> dict[str, Any] | None:
     """The run's torch.save calls against the step its numbers went bad: files written after the
     weights were non-finite are poisoned ("loss=nan at epoch 29, and the checkpoint is poisoned"),
@@ -580,12 +577,12 @@ def _checkpoints(ev: m.Evidence, view: NumericsView, origin_step: int) -> dict[s
     text = ""
     if poisoned:
         text += (f" torch.save wrote {len(poisoned)} checkpoint(s) after the weights went non-finite (step "
-                 f"{weights_bad}): {', '.join(_file_name(c['path']) for c in poisoned[:4])}"
+                 f"{weights_bad}): {', '.join(file_name(c['path']) for c in poisoned[:4])}"
                  f"{' …' if len(poisoned) > 4 else ''}; do not resume from them.")
     if maybe:
-        text += (f" {', '.join(_file_name(c['path']) for c in maybe[:2])} was written in step {weights_bad} itself, "
+        text += (f" {', '.join(file_name(c['path']) for c in maybe[:2])} was written in step {weights_bad} itself, "
                  "before or after its update: check it with `audit checkpoint`.")
-    text += (f" The last checkpoint written before step {origin_step}: {_file_name(clean['path'])} (step {clean['step']})."
+    text += (f" The last checkpoint written before step {origin_step}: {file_name(clean['path'])} (step {clean['step']})."
              if clean else f" No checkpoint was written in this run before step {origin_step}.")
     return {"text": text, "weights_nonfinite_from_step": weights_bad, "poisoned": poisoned[:50],
             "maybe_poisoned": maybe, "clean": clean}
