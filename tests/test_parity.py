@@ -186,3 +186,65 @@ def test_torch_compile_does_not_compile_the_auditors_own_frames(tmp_path):
     recompiled = [ln for ln in a.stderr.splitlines() if "Recompiling function" in ln]
     assert recompiled and not [ln for ln in recompiled if "auditor" in ln], recompiled
     assert "recompile_limit" not in a.stderr
+
+
+COUNTED = '''
+import json, os
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+torch.manual_seed(0)
+
+
+class Counting(TorchFunctionMode):  # the user's own op counter
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+GLOBAL = Counting().__enter__() if os.environ.get("GLOBAL_MODE") else None  # entered once, at import
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+x = torch.randn(64, 16)
+counts = []
+
+
+def step(i):
+    mode = GLOBAL or Counting()
+    before = mode.n
+    if GLOBAL:
+        loss = model(x).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+    else:
+        with mode:
+            loss = model(x).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()
+    counts.append(mode.n - before)
+    if i == 5:
+        with open(os.environ["COUNTS_OUT"], "w") as f:
+            json.dump(counts, f)
+'''
+
+
+@pytest.mark.parametrize("global_mode", [""])  # ("1", a mode entered at import, below the auditor's: not yet)
+def test_the_users_torch_function_mode_does_not_see_the_auditors_calls(tmp_path, global_mode):
+    """A TorchFunctionMode of the user's (an op counter, a tracer) entered in the step counts the
+    same calls audited as in a plain run: the auditor's own checks (the gradient norms, their
+    item(), grad mode switches) run with torch-function dispatch off. It counted 4 more a step
+    before. (A mode entered once at import sits below the auditor's numerics mode and still sees
+    that mode's own bookkeeping: 48 calls a step here.)"""
+    trainer = tmp_path / "counted.py"
+    trainer.write_text(COUNTED)
+    env = {**os.environ, "COUNTS_OUT": str(tmp_path / "plain.json"), "GLOBAL_MODE": global_mode}
+    subprocess.run([sys.executable, "-c", "import counted\nfor i in range(6): counted.step(i)"],
+                   cwd=tmp_path, env=env, check=True)
+    # (--no-profile: in a profiled step torch's optimizer opens record_function ranges of its own,
+    # which the mode sees as in any profiled run)
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--quiet", "--no-profile", out=tmp_path / "out",
+              env={"COUNTS_OUT": str(tmp_path / "audited.json"), "GLOBAL_MODE": global_mode})
+    assert a.returncode == 0, a.stderr
+    plain = (tmp_path / "plain.json").read_text()
+    assert (tmp_path / "audited.json").read_text() == plain, plain

@@ -201,12 +201,42 @@ _profiling = torch._C._autograd._profiler_enabled
 _NO_RANGE = contextlib.nullcontext()
 
 
+class _Unseen:
+    """The checks' own torch calls (aminmax, the gradient norms, item) run with torch-function
+    dispatch off: a TorchFunctionMode of the user's (an op counter, a tracer) or a tensor subclass's
+    `__torch_function__` must not see them (a counting mode saw 184 calls a step for the plain
+    run's 180), and a mode passing them on made them look like the user's syncs. While the profiler
+    records, they also run inside an `auditor::numerics` range: the report's operator table leaves
+    them out as the audit's cost. (A `with` adds no frame: the checks' fixed stack depths hold.)"""
+
+    __slots__ = ("off", "range")
+
+    def __enter__(self) -> None:
+        self.off = _no_torch_function()
+        self.off.__enter__()
+        self.range = torch.autograd.profiler.record_function(CHECKS_RANGE) if _profiling() else _NO_RANGE
+        self.range.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.range.__exit__(*exc)
+        finally:
+            self.off.__exit__(*exc)
+
+
+_no_torch_function = torch._C.DisableTorchFunction
+
+
 def _checks_range() -> Any:
-    """While the profiler records, the checks run inside an `auditor::numerics` range: their ops
-    (aminmax, the gradient norms, item) are the audit's cost, not the user's, and the report's
-    operator table leaves out what runs inside `auditor::*` ranges. Otherwise nothing (a `with`
-    adds no frame: the checks' fixed stack depths hold either way)."""
-    return torch.autograd.profiler.record_function(CHECKS_RANGE) if _profiling() else _NO_RANGE
+    """The context the checks run in (see _Unseen)."""
+    return _Unseen()
+
+
+def _set_grad(enabled: bool) -> None:
+    """Grad mode on or off for the checks (cheaper than torch.no_grad(), on every step), unseen by
+    the user's torch-function modes, like the checks themselves."""
+    with _no_torch_function():
+        torch._C._set_grad_enabled(enabled)
 
 
 _compiling = torch.compiler.is_compiling  # code traced by torch.compile is not checked (or changed)
@@ -1132,7 +1162,7 @@ class Numerics:
         roots = [root] if isinstance(root, torch.Tensor) else list(root or ())
         grad_mode = torch.is_grad_enabled()
         try:
-            torch._C._set_grad_enabled(False)  # (cheaper than torch.no_grad(), on every step)
+            _set_grad(False)  # (cheaper than torch.no_grad(), on every step)
             finite = seen = False
             vals = self.values.vals
             for t in roots:
@@ -1152,7 +1182,7 @@ class Numerics:
         except Exception as e:
             self.failed(e)
         finally:
-            torch._C._set_grad_enabled(grad_mode)
+            _set_grad(grad_mode)
 
     # --- optimizer hooks ------------------------------------------------------------------------
 
@@ -1189,13 +1219,13 @@ class Numerics:
         t0 = perf()
         grad_mode = torch.is_grad_enabled()
         try:
-            torch._C._set_grad_enabled(False)  # (cheaper than torch.no_grad(), on every step)
+            _set_grad(False)  # (cheaper than torch.no_grad(), on every step)
             with _checks_range():
                 self.opt_steps.append(self._grads(opt))
         except Exception as e:
             self.failed(e)
         finally:
-            torch._C._set_grad_enabled(grad_mode)
+            _set_grad(grad_mode)
         self.check_s += perf() - t0
 
     def _opt_site_line(self) -> Any:
@@ -1242,7 +1272,7 @@ class Numerics:
         grad_mode = torch.is_grad_enabled()
         try:
             if self.in_step and self.checking and self.opt_steps and self.opt_steps[-1]["plan"].ref() is opt:
-                torch._C._set_grad_enabled(False)
+                _set_grad(False)
                 rec = self.opt_steps[-1]
                 params = rec["plan"].params
                 with _checks_range():
@@ -1258,7 +1288,7 @@ class Numerics:
         except Exception as e:
             self.failed(e)
         finally:
-            torch._C._set_grad_enabled(grad_mode)
+            _set_grad(grad_mode)
             self.paused = max(0, self.paused - 1)
             if self.mode_popped:
                 self.mode_popped -= 1
