@@ -326,7 +326,7 @@ def test_a_crashed_rank_still_leaves_a_report_of_every_rank(tmp_path, rank0_in_s
     assert doc["ending"]["message"].startswith("rank 1:") and doc["ending"]["returncode"] == 7
     r1, r0 = raw_rank(out, 1), raw_rank(out, 0)
     assert len(r1["steps"]) == 3 and r1["ending"]["status"] == "crashed"
-    assert r0["ending"]["status"] in rank0_status and r0["ending"]["step"] == 3
+    assert r0["ending"]["status"] in rank0_status and r0["ending"]["step"] == 3, r0["ending"]
     if rank0_in_step3 != "pass":
         assert r0["ending"]["signal"] == "SIGTERM"
     rs = rank_set(load_run_dir(out))

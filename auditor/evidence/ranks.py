@@ -354,13 +354,24 @@ def _launcher_stopped(ev: m.Evidence) -> bool:
     return e.status == "interrupted" or (e.status == "crashed" and e.signal in ("SIGTERM", "SIGKILL", "SIGINT"))
 
 
+_PEER_GONE = ("DistBackendError", "DistNetworkError")
+_PEER_GONE_TEXT = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "gloo/", "NCCL")
+
+
+def _peer_gone(ev: m.Evidence) -> bool:
+    """Raised by a collective because another rank went away (gloo's "Connection closed by peer"):
+    a consequence of that rank's failure, whichever process ended first."""
+    e = ev.ending
+    return e.status == "raised" and (e.exception in _PEER_GONE or any(t in (e.message or "") for t in _PEER_GONE_TEXT))
+
+
 def _root_failure(runs: list[tuple[int, m.Evidence]]) -> tuple[int, m.Evidence] | None:
-    """The rank whose failure started it: a rank that failed on its own before one a launcher stopped,
-    then the earliest to end."""
+    """The rank whose failure started it: a rank that failed on its own before one a launcher stopped
+    or one whose collective lost its peer, then the earliest to end."""
     failed = [(r, ev) for r, ev in runs if not m.ended_well(ev.ending)]
     if not failed:
         return None
-    return min(failed, key=lambda p: (_launcher_stopped(p[1]),
+    return min(failed, key=lambda p: (_launcher_stopped(p[1]), _peer_gone(p[1]),
                                       (p[1].extra.get(RANK_KEY) or {}).get("ended_at") or math.inf, p[0]))
 
 
