@@ -127,3 +127,23 @@ def balanced_ddp_run(tmp_path_factory) -> Path:
         a = launch("ddp_balanced", out, 10, "--no-profile")
         return a.returncode, a.stdout, a.stderr
     return shared_run(tmp_path_factory, "balanced", run)[0]
+
+
+# A trainer whose every step is slower than the last (step-slowdown's tests).
+GROWING = """import torch
+
+model = torch.nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.randn(8, 16), torch.randn(8, 1)
+seen = []
+
+
+def step(i):
+    seen.append(i)
+    total = 0
+    for v in range(30000 * len(seen)):  # rescans everything seen so far: each step slower than the last
+        total += v
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+"""

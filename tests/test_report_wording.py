@@ -10,7 +10,7 @@ import re
 import msgspec
 import pytest
 
-from conftest import EXAMPLES, audit
+from conftest import EXAMPLES, GROWING, audit
 
 
 def section(page: str, sid: str) -> str:
@@ -120,25 +120,6 @@ def test_dataloader_bound_still_adds_workers_to_a_loader_without_them():
 
 
 # ---------------------------------------------------------------- step-slowdown
-
-
-GROWING = """import torch
-
-model = torch.nn.Linear(16, 1)
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-x, y = torch.randn(8, 16), torch.randn(8, 1)
-seen = []
-
-
-def step(i):
-    seen.append(i)
-    total = 0
-    for v in range(30000 * len(seen)):  # rescans everything seen so far: each step slower than the last
-        total += v
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-"""
 
 
 def test_step_slowdown_share_is_of_the_median_step(tmp_path):

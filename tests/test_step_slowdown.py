@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import audit
+from conftest import GROWING, audit
 
 from auditor.rules.common import quarter_floors, quarter_medians, spearman, trend_ratio, without_spikes
 
@@ -51,25 +51,6 @@ def test_min_steps_counts_the_steps_left_after_the_spikes(tmp_path):
     a = audit("analyze", str(run), "--select", "step-slowdown", out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     assert a.rule("step-slowdown") == []
-
-
-GROWING = """import torch
-
-model = torch.nn.Linear(16, 1)
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-x, y = torch.randn(8, 16), torch.randn(8, 1)
-seen = []
-
-
-def step(i):
-    seen.append(i)
-    total = 0
-    for v in range(30000 * len(seen)):  # rescans everything seen so far: each step slower than the last
-        total += v
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-"""
 
 
 def test_the_cost_of_a_slowdown_is_no_more_than_the_steps_show(tmp_path):

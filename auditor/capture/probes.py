@@ -284,7 +284,9 @@ def _sync_function(what: str):
 
 # --- timed calls: cleanup, stat resets ---------------------------------------------------------
 
-def _timed_function(kind: str, what: str):
+def _timed_function(kind: str, what: str, data: Callable[..., dict] | None = None):
+    """A probe that times the user's calls of a function and tallies them at their line; `data`,
+    given the call's arguments, adds what the tally keeps of them (torch.save: the file)."""
     def make(orig):
         def probe(*args, **kwargs):
             rec = REC
@@ -295,7 +297,8 @@ def _timed_function(kind: str, what: str):
                     try:
                         return orig(*args, **kwargs)
                     finally:
-                        rec.add(kind, what, user_frame(f), (perf() - t0) * 1e3)
+                        rec.add(kind, what, user_frame(f), (perf() - t0) * 1e3,
+                                **(data(*args, **kwargs) if data else {}))
             return orig(*args, **kwargs)
         return probe
     return make
@@ -308,26 +311,14 @@ def _install_timed_probes() -> None:
             _wrap(torch.cuda, name, _timed_function(m.STAT_RESET, f"torch.cuda.{name}"))
     _wrap(torch.cuda, "empty_cache", _timed_function(m.EMPTY_CACHE, "torch.cuda.empty_cache"))
     _wrap(gc, "collect", _timed_function(m.GC_COLLECT, "gc.collect"))
-    _wrap(torch, "save", _save_probe)
+    _wrap(torch, "save", _timed_function(m.SAVE, "torch.save", _saved_file))
 
 
-def _save_probe(orig):
-    """torch.save in a step, with the file it wrote: a checkpoint saved once the weights are NaN
-    is poisoned, and nonfinite names it and the last one saved before."""
-    def probe(obj, f, *args, **kwargs):
-        rec = REC
-        if rec.active:
-            caller = _user_call()
-            if caller is not None:
-                t0 = perf()
-                try:
-                    return orig(obj, f, *args, **kwargs)
-                finally:
-                    path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
-                    rec.add(m.SAVE, "torch.save", user_frame(caller), (perf() - t0) * 1e3,
-                            path=os.path.abspath(path) if isinstance(path, str) else None)
-        return orig(obj, f, *args, **kwargs)
-    return probe
+def _saved_file(obj: Any = None, f: Any = None, *args: Any, **kwargs: Any) -> dict:
+    """torch.save's file: a checkpoint saved once the weights are NaN is poisoned, and nonfinite
+    names it and the last one saved before (None for a buffer or an open file object)."""
+    path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+    return {"path": os.path.abspath(path) if isinstance(path, str) else None}
 
 
 # --- anomaly mode ------------------------------------------------------------------------------

@@ -351,15 +351,18 @@ class Nonfinite(Rule):
         for i, d in view.steps:
             if d.get("origin"):
                 o = d["origin"]
-                yield self._origin(ev, view, i, o, options)
-                named = {o.get("site")} | ({s for s, _ in singular_sites(view, o, options)}
-                                           if o.get("phase") == "backward" else set())
+                singular = singular_sites(view, o, options) if o.get("phase") == "backward" else []
+                yield self._origin(ev, view, i, o, options, singular)
+                named = {o.get("site")} | {s for s, _ in singular}
                 break
         yield from self._near_misses(view, options, named)
 
     # --- a run ----------------------------------------------------------------------------------
 
-    def _origin(self, ev: m.Evidence, view: NumericsView, step: int, o: dict, options: dict) -> Finding:
+    def _origin(self, ev: m.Evidence, view: NumericsView, step: int, o: dict, options: dict,
+                singular: list[tuple[int, float]]) -> Finding:
+        """The error for the origin `o` of the first non-finite step; `singular`: the calls whose
+        derivative was infinite or overflowed there (singular_sites), for a backward-pass origin."""
         what = o.get("nonfinite") or []
         first = what[0] if what else "a value"
         followed = f" ({' and '.join(w + 's' for w in what[1:])} followed)" if len(what) > 1 else ""
@@ -407,7 +410,6 @@ class Nonfinite(Rule):
                              "hazard_series": [x for x in series if x[0] <= step][-12:]})
         elif o.get("phase") == "backward":
             params = o.get("params") or []
-            singular = singular_sites(view, o, options)
             locs += [x for x in (view.site_location(s) for s, _ in singular) if x]
             hint = "; ".join(_singular_text(view.sites.get(s, {}), v) for s, v in singular[:3])
             msg = (f"{head} The forward pass stayed finite; the backward pass made the gradients of "
