@@ -2,6 +2,8 @@
 dicts or small objects, not of bare tensors. graph-leak and memory-growth see through the rows."""
 from __future__ import annotations
 
+import subprocess
+
 from conftest import audit
 
 REPLAY = '''
@@ -46,8 +48,12 @@ def test_replay_buffers_of_rows_are_seen(tmp_path):
     [leak] = a.rule("graph-leak")
     assert {h["name"] for h in leak["evidence"]["holders"]} == {"tuples", "dicts", "objects"}, leak["message"]
     assert {(loc["file"], loc["line"]) for loc in leak["locations"]} == {(str(path), n) for n in lines}
-    # no patch: `.detach()` on a row would fail (a tuple has none; its float neither)
-    assert leak["fix"]["patch"] is None
+    # each row's graph is its log-prob: that item alone is detached (a tuple has no `.detach()`, nor its float)
+    source = REPLAY.splitlines()
+    assert sorted(e["lines"][0] for e in leak["fix"]["edits"]) == sorted(
+        source[n - 1].replace(" logp,", " logp.detach(),") for n in lines)
+    rows = {h["name"]: h["rows"] for h in leak["evidence"]["holders"]}
+    assert rows["tuples"]["graph"] == [1] and rows["dicts"]["graph"] == ["logp"] and rows["objects"]["graph"] == ["logp"]
     [growth] = a.rule("memory-growth")
     held = {h["name"]: h for h in growth["evidence"]["holders"]}
     assert set(held) == {"tuples", "dicts", "objects"}
@@ -143,3 +149,175 @@ def test_running_totals_in_a_dict_are_located_and_patched(tmp_path):
                                  .replace("+= loss", "+= loss.detach()").replace("(loss)", "(loss.detach())")]
         assert leak["fix"]["changes_numerics"] is False
         assert f"+{edit['lines'][0]}" in (tmp_path / f"out-{fn}" / "fixes.patch").read_text()
+
+
+PUSHED = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(8, 4)
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+
+
+class Buffer:
+    def __init__(self):
+        self.items = []
+
+    def push(self, s, a, r, value):
+        self.items.append((s, a, r, value))  # TUPLE LINE: value carries a graph
+
+
+class Log:
+    def __init__(self):
+        self.items = []
+
+    def push_dict(self, s, value):
+        self.items.append({"s": s,
+                           "v": value, "r": 1.0})  # (DICT LINE, one above)
+
+
+buf, log = Buffer(), Log()
+
+
+def step(i):
+    s = torch.randn(16, 8)
+    value = model(s).max()
+    buf.push(s, i % 4, 1.0, value)
+    log.push_dict(s, value * 2)
+    loss = (value - 1.0) ** 2
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_a_row_pushed_into_a_buffer_has_its_graph_item_detached(tmp_path):
+    """`self.items.append((s, a, r, value))` in a buffer's `push`: the scan records which item of
+    the rows carries the graph (position 3; key "v" of a dict row), and the patch detaches that item
+    alone at the growing line, in fixes.patch (a detached copy stores the same values). Before, the
+    holder and line were named with no patch. The patch applies with `git apply`, and the patched
+    trainer audits silent for graph-leak."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    path = repo / "buffer.py"
+    path.write_text(PUSHED)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "trainer"]):
+        subprocess.run([*git, *args], cwd=repo, check=True, capture_output=True)
+    a = audit("run", "buffer.py:step", "--steps", "12", "--quiet", "--no-profile", "--no-numerics",
+              out=tmp_path / "before", cwd=repo)
+    assert a.returncode == 0, a.stderr[-2000:]
+    [leak] = a.rule("graph-leak")
+    held = {h["name"]: h for h in leak["evidence"]["holders"]}
+    assert set(held) == {"buf.items", "log.items"}, leak["message"]
+    source = PUSHED.splitlines()
+    tuple_line = next(n for n, text in enumerate(source, 1) if "TUPLE LINE" in text)
+    dict_line = next(n for n, text in enumerate(source, 1) if "DICT LINE" in text) - 1
+    assert sorted((loc["file"], loc["line"]) for loc in leak["locations"]) == [(str(path), tuple_line),
+                                                                               (str(path), dict_line)]
+    edits = sorted((e["start"], e["end"], e["lines"]) for e in leak["fix"]["edits"])
+    assert edits == [(tuple_line, tuple_line, [source[tuple_line - 1].replace("value)", "value.detach())")]),
+                     (dict_line, dict_line + 1, [source[dict_line - 1],
+                                                 source[dict_line].replace('"v": value', '"v": value.detach()')])]
+    assert leak["fix"]["changes_numerics"] is False
+    assert held["buf.items"]["rows"]["graph"] == [3] and held["log.items"]["rows"]["graph"] == ["v"]
+    patch = tmp_path / "before" / "fixes.patch"
+    assert "value.detach()" in patch.read_text() and "detach" not in (tmp_path / "before" / "numerics-fixes.patch").read_text()
+    subprocess.run(["git", "apply", "--check", str(patch)], cwd=repo, check=True)
+    subprocess.run(["git", "apply", str(patch)], cwd=repo, check=True)
+    after = audit("run", "buffer.py:step", "--steps", "12", "--quiet", "--no-profile", "--no-numerics",
+                  out=tmp_path / "after", cwd=repo)
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert not after.rule("graph-leak"), [f["message"] for f in after.findings]
+
+
+EPISODES = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+policy = nn.Linear(8, 4)
+opt = torch.optim.SGD(policy.parameters(), lr=1e-2)
+
+
+class Buffer:
+    def __init__(self):
+        self.items = []
+
+    def push(self, obs, reward, logp):
+        self.items.append((obs, reward, logp))  # ROW LINE
+
+
+buf = Buffer()
+logps = []
+
+
+def step(i):
+    obs = torch.randn(8)
+    logp = policy(obs).log_softmax(-1)[i % 4]
+    buf.push(obs, float(i % 3), logp)
+    logps.append(logp)  # LIST LINE
+    if (i + 1) % 4 == 0:  # an episode ends: REINFORCE over its rows, kept afterwards as history
+        loss = -sum(r * lp for _, r, lp in buf.items[-4:]) - 0.1 * torch.stack(logps[-4:]).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_stored_graphs_a_later_backward_uses_get_no_patch(tmp_path):
+    """Rows (and a list of log-probs) kept for the whole run, whose last episode a backward runs
+    through at the episode's end: the graphs pile up, but they are kept to be used, and a
+    `.detach()` where they are stored would leave that loss with no graph. So graph-leak names both
+    holders at their lines and offers no patch, and says why. Before, the list was patched with
+    `logps.append(logp.detach())` in fixes.patch, which breaks the training."""
+    path = tmp_path / "episodes.py"
+    path.write_text(EPISODES)
+    a = audit("run", f"{path}:step", "--steps", "12", "--quiet", "--no-profile", "--no-numerics",
+              out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr[-2000:]
+    [leak] = a.rule("graph-leak")
+    held = {h["name"]: h for h in leak["evidence"]["holders"]}
+    assert set(held) == {"buf.items", "logps"}, leak["message"]
+    lines = {n for n, text in enumerate(EPISODES.splitlines(), 1) if "ROW LINE" in text or "LIST LINE" in text}
+    assert {(loc["file"], loc["line"]) for loc in leak["locations"]} == {(str(path), n) for n in lines}
+    assert (tmp_path / "out" / "fixes.patch").read_text() == ""
+    assert leak["fix"]["edits"] == [] and leak["fix"]["patch"] is None
+    assert "a later backward ran through what `buf.items`, `logps` keep" in leak["fix"]["summary"]
+    assert all(h["backpropagated"] for h in held.values()) and held["buf.items"]["rows"]["graph"] == [2]
+
+
+def test_how_a_pushed_row_is_matched_to_its_graph_items(tmp_path):
+    """The row as spelled at the growing line is matched to where the scan saw its graphs; where
+    the spelling cannot be matched (a `*rest`, another length, a key only `**extra` may hold, a
+    graph nested in an item, a row pushed by name), no patch rather than a wrong one."""
+    from auditor.rules.graph_leak import _detach_edit
+
+    tup = {"kind": "tuple", "class": None, "size": 3, "fields": None, "graph": [2], "nested": False}
+    named = {"kind": "tuple", "class": "T", "size": 3, "fields": ["s", "r", "v"], "graph": [2], "nested": False}
+    dc = {"kind": "object", "class": "Row", "size": None, "fields": ["s", "v"], "graph": ["v"], "nested": False}
+    dct = {"kind": "dict", "class": None, "size": None, "fields": None, "graph": ["v"], "nested": False}
+    cases = [
+        ("xs.append((s, r, v))", tup, ["xs.append((s, r, v.detach()))"]),
+        ("xs.append([s, r, a + b])", tup, ["xs.append([s, r, (a + b).detach()])"]),
+        ("xs.insert(0, (s, r, v))", tup, ["xs.insert(0, (s, r, v.detach()))"]),
+        ("cache[i] = (s, r, v)", tup, ["cache[i] = (s, r, v.detach())"]),
+        ("xs.append((s, *rest))", tup, None),
+        ("xs.append((s, v))", tup, None),
+        ("xs.append(row)", tup, None),
+        ("xs.append((s, r, v))", {**tup, "nested": True}, None),
+        ("xs.append(T(s, r, v))", named, ["xs.append(T(s, r, v.detach()))"]),
+        ("xs.append(T(s, r=r, v=v))", named, ["xs.append(T(s, r=r, v=v.detach()))"]),
+        ("xs.append(U(s, r, v))", named, None),
+        ("xs.append(Row(s, v))", dc, ["xs.append(Row(s, v.detach()))"]),
+        ("xs.append({'s': s, 'v': v})", dct, ["xs.append({'s': s, 'v': v.detach()})"]),
+        ("xs.append({'s': s, **extra})", dct, None),
+        ("xs.append({'s': s,\n               'v': v})", dct, ["xs.append({'s': s,", "           'v': v.detach()})"]),
+    ]
+    for i, (code, rows, want) in enumerate(cases):
+        path = tmp_path / f"m{i}.py"
+        path.write_text(f"def step():\n    {code}\n")
+        edit, numerics = _detach_edit(str(path), 2, rows)
+        got = [ln[4:] for ln in edit.lines] if edit else None
+        assert got == want and numerics is False, (code, got)

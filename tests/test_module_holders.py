@@ -321,3 +321,8 @@ def test_a_buffer_object_inside_a_global_object_is_walked(tmp_path):
     assert [h["name"] for h in leak["evidence"]["holders"]] == ["agent.memory.items"], leak["message"]
     assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(tmp_path / "rb.py"), _line(BUFFER, "GROW LINE"))]
     assert "agent.opt.state" not in _holder_names(a)  # a library object (the optimizer) is not walked
+    # the row is pushed whole (`push(self, *row)`: `self.items.append(row)`): a tuple has no
+    # `.detach()`, so that line has no patch (it was `self.items.append(row.detach())`, which raises)
+    assert leak["fix"]["edits"] == [] and leak["fix"]["patch"] is None
+    [holder] = leak["evidence"]["holders"]
+    assert holder["rows"]["kind"] == "tuple" and holder["rows"]["graph"] == [2]

@@ -10,6 +10,7 @@ import re
 import msgspec
 import pytest
 
+from auditor.reports.html import fmt_ms
 from conftest import EXAMPLES, GROWING, audit
 
 
@@ -142,6 +143,39 @@ def test_step_slowdown_share_is_of_the_median_step(tmp_path):
 
 
 # ---------------------------------------------------------------- patched config
+
+
+def test_one_cost_shows_one_percentage_everywhere(tmp_path):
+    """A real run of examples/dataloader_bound.py: the data wait's share is its ms per step over
+    the median step (findings.json's `share_of_step` == `ms_per_step / steps.median_ms`), and the
+    terminal's headline and finding line, the finding's message, and report.html's verdict, cost
+    column and message all print that one percentage. Before, the message and cost held the median
+    of each step's share (67%) while the headline divided the median wait by the median step (55%)."""
+    out = tmp_path / "out"
+    a = audit("run", "examples/dataloader_bound.py:step", "--steps", "12", out=out)
+    assert a.returncode == 0, a.stderr[-2000:]
+    doc = a.findings_doc
+    [f] = [g for g in doc["findings"] if g["cost"] and g["cost"]["ms_per_step"] is not None]  # the one timed cost
+    assert f["rule"] == "dataloader-bound"
+    ms, share, median_ms = f["cost"]["ms_per_step"], f["cost"]["share_of_step"], doc["steps"]["median_ms"]
+    assert share == round(ms / median_ms, 4) and share >= 0.25
+    pct = f"{share:.0%}"
+    # the terminal: the headline's recoverable share, the finding's line and its message
+    head = a.stdout.splitlines()[0]
+    m = re.search(r"median ([\d.]+) ms/step .*up to ([\d.]+) ms/step recoverable \((\d+%)\)$", head)
+    assert m, head
+    assert (float(m[1]), float(m[2]), m[3]) == (round(median_ms, 2), round(ms, 2), pct)
+    [line] = [ln for ln in a.stdout.splitlines() if ln.startswith("warning dataloader-bound ")]
+    assert line.endswith(f"({ms:.2f} ms/step, {pct})"), line
+    assert f"({pct} of the median step)" in f["message"] and f["message"] in line
+    assert re.findall(r"\d+%", line) == [pct, pct], line  # no second percentage for this cost
+    # report.html: the verdict, the findings table's message and cost column
+    page = (out / "report.html").read_text()
+    assert re.search(r'<div class="value">up to [\d.]+ ms <small>\((\d+%)\)</small>', page)[1] == pct
+    [row] = [r for r in re.findall(r"<tr>(.*?)</tr>", page, re.S) if "dataloader-bound" in r and 'class="cost"' in r]
+    cost_cell = re.search(r'<td class="cost">([^<]*)', row)[1]
+    assert cost_cell.startswith(f"{fmt_ms(ms)}/step, {pct} of the median step"), cost_cell
+    assert html.escape(f["message"], quote=False) in row and set(re.findall(r"\d+%", row)) == {pct}
 
 
 def test_patched_config_names_the_patch_that_holds_the_edits(tmp_path):

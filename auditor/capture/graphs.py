@@ -15,8 +15,11 @@ modules reachable from the globals are walked too, and their holders are named b
 from __future__ import annotations
 
 import ast
+import dataclasses
+import functools
 import gc
 import inspect
+import itertools
 import os
 import sys
 import types
@@ -95,7 +98,8 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 _PLAIN = frozenset((int, float, bool, str, bytes, type(None)))  # exact types: a set lookup, not isinstance
 
-Holder = tuple[str, str, list[torch.Tensor], Optional[tuple[type, str]]]  # name, kind, tensors, owner
+# name, kind, tensors, owner (class, attribute) or None, and the value itself (for its rows)
+Holder = tuple[str, str, list[torch.Tensor], Optional[tuple[type, str]], Any]
 
 
 def _may_hold_tensors(v: Any) -> bool:
@@ -136,13 +140,13 @@ def _module_holders(name: str, root: torch.nn.Module, claimed: set[int]) -> list
         cls = type(mod)
         for attr, buf in mod._buffers.items():
             if isinstance(buf, torch.Tensor) and not isinstance(buf, torch.nn.Parameter):
-                out.append((f"{prefix}.{attr}", type(buf).__name__, [buf], (cls, attr)))
+                out.append((f"{prefix}.{attr}", type(buf).__name__, [buf], (cls, attr), buf))
         for attr, v in vars(mod).items():
             if attr in _MODULE_INTERNALS or not _may_hold_tensors(v):
                 continue
             found = _tensors_in(v)
             if found:
-                out.append((f"{prefix}.{attr}", type(v).__name__, found, (cls, attr)))
+                out.append((f"{prefix}.{attr}", type(v).__name__, found, (cls, attr), v))
     return out
 
 
@@ -158,7 +162,7 @@ def _modules_in(value: Any) -> list[tuple[Any, torch.nn.Module]]:
 
 
 def _holders(module: types.ModuleType | None) -> list[Holder]:
-    """(name, kind, tensors, (class, attribute) or None) for the target module's globals (and one
+    """(name, kind, tensors, (class, attribute) or None, value) for the target module's globals (and one
     level of their attributes) that hold tensors other than parameters, and for the state inside
     the nn.Modules among them."""
     if module is None:
@@ -175,7 +179,7 @@ def _holders(module: types.ModuleType | None) -> list[Holder]:
             out.extend(_module_holders(f"{name}[{key!r}]", mod, claimed))
         found = _tensors_in(value)
         if found:
-            out.append((name, type(value).__name__, found, None))
+            out.append((name, type(value).__name__, found, None, value))
             continue
         out.extend(_attribute_holders(name, value, claimed, 0))
     return out
@@ -187,8 +191,10 @@ _OBJECT_DEPTH = 3  # `agent.buffer.items`: a global's object's object's attribut
 def _attribute_holders(name: str, obj: Any, claimed: set[int], depth: int) -> list[Holder]:
     """Holders among the attributes of `obj` (a global, or an object of the user's own class inside
     one), named by attribute path: `trainer.stats`, `agent.buffer.items` (a replay buffer object
-    whose deque keeps every transition's value with its graph). A deeper attribute's owner is
-    (its object's class, attribute): the class's own methods grow it (`self.items.append(...)`)."""
+    whose deque keeps every transition's value with its graph). The owner of an attribute of the
+    user's own object is (its class, attribute): the class's own methods grow it
+    (`self.items.append(...)`), and two buffers of two classes that both say `self.items` are each
+    located in their own class."""
     attrs = getattr(obj, "__dict__", None)
     if not isinstance(attrs, dict) or id(obj) in claimed:
         return []
@@ -203,7 +209,7 @@ def _attribute_holders(name: str, obj: Any, claimed: set[int], depth: int) -> li
             out.extend(_module_holders(f"{path}[{key!r}]", mod, claimed))
         found = _tensors_in(v)
         if found:
-            out.append((path, type(v).__name__, found, (type(obj), attr) if depth else None))
+            out.append((path, type(v).__name__, found, (type(obj), attr) if depth or _users_object(obj) else None, v))
         elif depth + 1 < _OBJECT_DEPTH and _users_object(v):
             out.extend(_attribute_holders(path, v, claimed, depth + 1))
     return out
@@ -385,14 +391,122 @@ def step_lines(fn: Any, source_file: str | None) -> tuple[int, int] | None:
     return (code.co_firstlineno, max(lines)) if lines else None
 
 
+_ROW_SAMPLE = 256  # rows looked at per holder: the newest, where a leak adds its rows
+
+
+def _has_graph(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.grad_fn is not None
+
+
+def _rows_of(value: Any) -> list[Any] | None:
+    """The newest rows of a buffer: items of a list, deque or set, values of a dict (the items of
+    its values, when these are lists it appends to)."""
+    if isinstance(value, (list, tuple)):
+        return list(value[-_ROW_SAMPLE:])
+    if isinstance(value, deque):
+        return list(itertools.islice(reversed(value), _ROW_SAMPLE))
+    if isinstance(value, dict):
+        entries = list(itertools.islice(reversed(value.values()), _ROW_SAMPLE))
+        if entries and all(isinstance(e, (list, deque)) for e in entries):
+            # a dict of buffers (`history["loss"].append(loss)`): their items are the rows
+            return [r for e in entries for r in _rows_of(e) or []][:_ROW_SAMPLE]
+        return entries
+    if isinstance(value, (set, frozenset)):
+        return list(itertools.islice(value, _ROW_SAMPLE))
+    return None
+
+
+def _row_kind(row: Any) -> str:
+    if isinstance(row, torch.Tensor):
+        return "tensor"
+    if isinstance(row, (tuple, list)):
+        return "tuple"
+    if isinstance(row, dict):
+        return "dict"
+    if _users_object(row) or dataclasses.is_dataclass(row):
+        return "object"
+    return "other"
+
+
+def row_parts(value: Any) -> dict[str, Any] | None:
+    """Where the graphs sit in a buffer's rows (a list, deque or dict of tuples, dicts or small
+    objects): the tuple positions, dict keys or attributes that hold a tensor with a grad_fn. The
+    fix detaches just those where a row is pushed (`(s, a, r, value.detach())`): the row's other
+    items may be numbers, which have no `.detach()`. None when the items are tensors (or the holder
+    is no container); kind "mixed" when rows differ, "nested" true when a graph sits deeper than
+    a row's own items: no patch can be derived then."""
+    rows = _rows_of(value)
+    if not rows:
+        return None
+    kinds = {_row_kind(r) for r in rows}
+    if kinds == {"tensor"}:
+        return None
+    if len(kinds) > 1 or kinds & {"other"}:
+        return {"kind": "mixed", "graph": [], "nested": False}
+    kind = kinds.pop()
+    graph: set[Any] = set()
+    nested, sizes, classes, fields = False, set(), set(), None
+    for row in rows:
+        items = (enumerate(row) if kind == "tuple" else row.items() if kind == "dict" else vars(row).items())
+        for key, x in items:
+            if _has_graph(x):
+                graph.add(key)
+            elif not isinstance(x, torch.Tensor) and type(x) not in _PLAIN \
+                    and any(t.grad_fn is not None for t in _tensors_in((x,))):
+                nested = True
+        if kind == "tuple":
+            sizes.add(len(row))
+        classes.add(type(row))
+    cls = classes.pop() if len(classes) == 1 else None
+    if cls is not None and kind == "tuple" and hasattr(cls, "_fields"):  # a namedtuple
+        fields = list(cls._fields)
+    elif cls is not None and kind == "object" and dataclasses.is_dataclass(cls):
+        fields = [f.name for f in dataclasses.fields(cls) if f.init]  # (the constructor's order)
+    spelled = {k for k in graph if type(k) in (str, int)}
+    nested |= spelled != graph  # (a key a patch cannot spell: a tuple, an object)
+    graph = spelled
+    named = cls is not None and cls not in (tuple, list, dict)
+    return {"kind": kind, "class": cls.__name__ if named else None, "size": sizes.pop() if len(sizes) == 1 else None,
+            "fields": fields, "graph": sorted(graph, key=lambda k: (isinstance(k, str), k)), "nested": nested}
+
+
+_WATCH_KEY = "auditor.graph-leak"
+_backpropagated: set[str] = set()  # holders a backward ran through after a scan saw them keep a graph
+
+
+def _ran_backward(names: set[str], *_: Any) -> None:
+    _backpropagated.update(names)
+
+
+def _watch_backward(name: str, tensors: list[torch.Tensor]) -> None:
+    """Hook the node behind each graph-carrying tensor a holder keeps, once: a backward that later
+    runs through it (a loss over the log-probs stored in an episode, at its end) means the graph is
+    kept to be used, so `.detach()` where it is stored would change the gradients, not only free
+    memory. The hook only records; it holds the holder's name, no tensor. (A hook costs ~12 us to
+    place, so each scan hooks a holder's newest tensors only, which an episode's loss would use.)"""
+    for t in tensors:
+        node = t.grad_fn
+        try:
+            meta = node.metadata
+            names = meta.get(_WATCH_KEY)
+            if names is None:
+                names = meta[_WATCH_KEY] = set()
+                node.register_prehook(functools.partial(_ran_backward, names))
+        except (AttributeError, RuntimeError, TypeError):
+            continue
+        names.add(name)
+
+
 def scan(module: types.ModuleType | None, source_file: str | None,
          step: tuple[int, int] | None = None) -> dict[str, Any]:
     """Count live graph-carrying tensors and the graph behind them; name the globals holding tensors
-    (with their bytes, for memory-growth) and the lines that grow them."""
+    (with their bytes, for memory-growth) and the lines that grow them; for a buffer of rows, where
+    in a row the graph sits; and whether a backward ran through what a holder kept since an earlier
+    scan saw it."""
     tensor = torch.Tensor  # (a local: this test runs once per gc-tracked object, ~300k of them)
     live = [t for t in [o for o in gc.get_objects() if type(o) is tensor] if t.grad_fn is not None]
     holders = []
-    for name, kind, tensors, owner in _holders(module):
+    for name, kind, tensors, owner, value in _holders(module):
         where = None
         # a module's attribute is grown by its class's own methods, as `self.<attr>`; failing that
         # (or for a global), by the script, as `name` (`model.cache.append(out)` in the step)
@@ -404,6 +518,12 @@ def scan(module: types.ModuleType | None, source_file: str | None,
             if lines:
                 where = {"file": source_file, "line": lines[0], "function": ""}
         with_graph = [t for t in tensors if t.grad_fn is not None]
-        holders.append({"name": name, "kind": kind, "tensors": len(tensors), "graph_tensors": len(with_graph),
-                        "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors), "where": where})
+        entry = {"name": name, "kind": kind, "tensors": len(tensors), "graph_tensors": len(with_graph),
+                 "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors), "where": where}
+        if with_graph:
+            _watch_backward(name, with_graph[:_ROW_SAMPLE])  # (the newest: the walk meets them first)
+            entry["rows"] = row_parts(value)
+        if name in _backpropagated:
+            entry["backpropagated"] = True
+        holders.append(entry)
     return {"tensors": len(live), "graph_nodes": _graph_size(live), "holders": holders}

@@ -199,10 +199,11 @@ class Evidence(msgspec.Struct, dict=True):
         return []
 
     def shown_median_ms(self) -> float | None:
-        """The median step the reports state (see shown_step_ms)."""
+        """The median step the reports state (see shown_step_ms), and every cost's share is of."""
         median = self.median_step_ms()
-        if median is None and (times := self.shown_step_ms()):
-            median = statistics.median(times)
+        if median is None:
+            trace = next((t for t in self.trace_data if len(t.steps)), None)
+            median = trace.median_step_ms() if trace is not None else None
         return median
 
     def median_check_ms(self) -> float | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -345,6 +346,14 @@ class Trace:
         """Mean wall time of one step in ms (the whole window when there are no ProfilerSteps)."""
         lo, hi = self.window()
         return (hi - lo) / 1000.0 / self.step_count()
+
+    def median_step_ms(self) -> float:
+        """Median ProfilerStep in ms (the whole window when there are none): what a cost found in
+        this trace is a share of, as the report's median step is for a run."""
+        steps = self.steps
+        if not len(steps):
+            return self.step_ms()
+        return statistics.median(float(d) / 1000.0 for d in steps["dur"])
 
     # -- attribution ---------------------------------------------------------------------------
     def ancestors(self, row: int) -> list[int]:

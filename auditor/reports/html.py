@@ -116,7 +116,7 @@ def cost_text(f: Finding) -> str:
     if c.ms_per_step is not None:
         parts.append(f"{fmt_ms(c.ms_per_step)}/step")
     if c.share_of_step is not None:
-        parts.append(f"{c.share_of_step:.0%} of a step")
+        parts.append(f"{c.share_of_step:.0%} of the median step")
     if not parts:
         if not c.note:
             return "counted only"

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
-from auditor.rules.base import Finding
+from auditor.rules.base import Finding, share_of_step
 from auditor.rules.engine import RuleResults
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -30,7 +30,7 @@ class Recoverable:
     (a cost another finding's cost holds is left out), capped at the median step."""
 
     ms: float | None  # None: no finding has a time cost
-    share: float | None  # of the median step
+    share: float | None  # of the median step, as a finding's share_of_step is (rules.base.share_of_step)
     capped: bool  # the sum exceeded the step (findings overlap), so it was capped
     estimated: bool  # some summed costs are estimates, not measurements
     counted_only: int  # findings with no time cost (counted, or not measurable on this run)
@@ -59,7 +59,8 @@ def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     median = evidence.shown_median_ms()
     capped = median is not None and total > median
     ms = min(total, median) if median is not None else total
-    return Recoverable(ms, ms / median if median else None, capped, any(not c.measured for c in summed),  # type: ignore[union-attr]
+    # (the share as each finding's is taken: one finding alone prints the same percentage here)
+    return Recoverable(ms, share_of_step(ms, median), capped, any(not c.measured for c in summed),  # type: ignore[union-attr]
                        counted_only, max(f.cost.ms_per_step for f in timed))  # type: ignore[union-attr, type-var]
 
 
@@ -151,7 +152,8 @@ def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None
     rec = recoverable(evidence, results)
     if rec.ms is not None and rec.capped:  # (idle time that data loading and syncs both explain)
         head.append(f", findings' costs overlap (their sum exceeds the step); the largest alone is "
-                    f"{rec.largest:.2f} ms/step" + (f" ({rec.largest / median:.0%})" if median else ""))
+                    f"{rec.largest:.2f} ms/step" + (f" ({share:.0%})" if (share := share_of_step(rec.largest, median))
+                                                    is not None else ""))
     elif rec.ms is not None:
         head.append(f", up to {rec.ms:.2f} ms/step recoverable")
         if rec.share is not None:

@@ -99,7 +99,6 @@ class AmpOpportunity(TraceRule):
             ops[issuing_op(trace, int(r)) or "(no operator)"] += float(d) / 1000.0
         where = sites(trace, rows, weights=fp32["dur"].to_numpy())
         bf16 = major >= 8
-        step_ms = trace.step_ms()
         saving = fp32_ms / steps / 2.0  # tensor cores run these at least ~2x faster; a floor, not a promise
         message = (f"fp32 matmul/convolution kernels took {fp32_ms / steps:.1f} ms per step ({share:.0%} of GPU "
                    f"kernel time) in {trace.label} on a {props.get('name', 'GPU')} (compute capability "
@@ -119,7 +118,7 @@ class AmpOpportunity(TraceRule):
                       "kernel_ms_per_step": round(total_ms / steps, 3), "eligible_share": round(share, 4),
                       "top_kernels": {n[:120]: round(d / 1000.0, 3) for n, d in top.most_common(5)},
                       "ops_ms": {k: round(v, 3) for k, v in ops.most_common(5)}},
-            cost=Cost(ms_per_step=round(saving, 3), share_of_step=round(saving / step_ms, 4) if step_ms else None,
+            cost=Cost(ms_per_step=round(saving, 3), share_of_step=None,  # (TraceRule.check sets it)
                       measured=False, note="estimate: half of the fp32 matmul/conv kernel time"),
             fix=Fix(summary=("Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16)" if bf16 else
                              "Run forward and loss under torch.autocast('cuda', dtype=torch.float16) with a GradScaler")

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks import RankSet, SiteStat, compared_steps, rank_set
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
 
 _KIND_LABELS = {"gradients": "DDP's gradient all-reduce", "buffers": "DDP's buffer broadcast",
                 "collectives": "explicit collectives", "kernels": "communication kernels"}
@@ -67,13 +67,13 @@ class CollectiveWait(Rule):
         rs = rank_set(ev)
         assert rs is not None
         if len(rs.ranks) >= 2:
-            f = self._share(rs, options)
+            f = self._share(rs, options, step_basis_ms(ev))
             if f is not None:
                 yield f
         yield from self._sites(rs, ev, options)
 
     # -- (1) waiting beyond transfer, all sync points ------------------------------------------
-    def _share(self, rs: RankSet, options: dict[str, Any]) -> Finding | None:
+    def _share(self, rs: RankSet, options: dict[str, Any], basis_ms: float | None) -> Finding | None:
         steps = compared_steps(rs)
         if len(steps) < 2:
             return None
@@ -93,16 +93,19 @@ class CollectiveWait(Rule):
                         for k in {k for s in worst_steps for k in s.wait_by}), key=lambda t: -t[1])
         kind_text = ", ".join(f"{_KIND_LABELS.get(k, k)} {ms:.1f} ms" for k, ms in kinds if ms >= 0.05)
         locs = _wait_locations(rs, worst, kinds)
+        ms = round(mean_share * step_ms, 3)
+        share = share_of_step(ms, basis_ms)  # (the cost's: of the step the report states, as every cost's)
         return self.finding(
             f"Rank {worst} spends {shares[worst]:.0%} of each step waiting in collectives beyond the transfer "
-            f"itself, the {len(shares)} ranks {mean_share:.0%} on average (median over {len(steps)} steps)"
+            f"itself (median over {len(steps)} steps); the {len(shares)} ranks wait {ms:.1f} ms per step on "
+            f"average" + (f" ({share:.0%} of the median step)" if share is not None else "")
             + (f"; on rank {worst} per step: {kind_text}." if kind_text else "."),
             severity="warning" if mean_share >= options["warn-share"] else "info",
             locations=locs,
             evidence={"share_by_rank": {str(r): round(v, 4) for r, v in sorted(shares.items())},
                       "mean_share": round(mean_share, 4), "wait_ms_by_kind": {k: round(v, 3) for k, v in kinds},
                       "median_step_ms": round(step_ms, 3), "steps_compared": sorted(steps), "source": rs.source},
-            cost=Cost(ms_per_step=round(mean_share * step_ms, 3), share_of_step=round(mean_share, 4), measured=True,
+            cost=Cost(ms_per_step=ms, share_of_step=share, measured=True,
                       note="waiting beyond the fastest rank's time, per rank"),
             fix=Fix(summary="Find what makes ranks arrive at different times (see rank-straggler) and remove "
                             "lockstep points from the step: per-step barriers and metric all-reduces."),
@@ -112,7 +115,7 @@ class CollectiveWait(Rule):
     def _sites(self, rs: RankSet, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         primary = rs.ranks[0]
         n_steps = max(1, len([s for s in primary.steps if not s.failed]))
-        step_ms = median([s.ms for s in primary.steps if not s.failed] or [0.0])
+        step_ms = step_basis_ms(ev)
         backend = primary.backend or ""
         for st in primary.sites:
             per_call = st.bytes / max(1, st.calls)
@@ -139,8 +142,7 @@ class CollectiveWait(Rule):
                 evidence={"op": st.op, "calls": st.calls, "steps": st.steps, "bytes_per_call": round(per_call),
                           "ms_per_step": round(ms_per_step, 4), "barrier": is_barrier,
                           "wait_ms_total": [round(w, 4) for w in waits], "backend": backend or None},
-                cost=Cost(ms_per_step=round(ms_per_step, 4),
-                          share_of_step=round(ms_per_step / step_ms, 4) if step_ms else None,
+                cost=Cost(ms_per_step=round(ms_per_step, 4), share_of_step=share_of_step(round(ms_per_step, 4), step_ms),
                           measured=not host_only,
                           note="host time of the call" + (" (NCCL enqueues: the wait shows on the GPU)"
                                                           if host_only else "")),

@@ -7,7 +7,7 @@ from statistics import median
 import numpy as np
 
 from auditor.evidence.model import Evidence, Frame, GraphScan, Tally
-from auditor.rules.base import Cost, Location
+from auditor.rules.base import Cost, Location, share_of_step, step_basis_ms
 
 
 @dataclass
@@ -64,10 +64,9 @@ def steps_run(ev: Evidence) -> int:
 
 def cost_of(ev: Evidence, total_ms: float, measured: bool = True, note: str | None = None) -> Cost:
     """Cost per step of `total_ms` spread over the run, and its share of the median step."""
-    per_step = total_ms / steps_run(ev)
-    step = ev.median_step_ms()
-    return Cost(ms_per_step=round(per_step, 3),
-                share_of_step=round(per_step / step, 4) if step else None, measured=measured, note=note)
+    per_step = round(total_ms / steps_run(ev), 3)
+    return Cost(ms_per_step=per_step, share_of_step=share_of_step(per_step, step_basis_ms(ev)),
+                measured=measured, note=note)
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:

@@ -6,7 +6,7 @@ from statistics import median
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
 from auditor.rules.fixes import computed_kwargs, edit_call_kwargs
 from auditor.rules.trace_dataloader import TRACE_OPTIONS, trace_dataloader_findings
 
@@ -51,8 +51,9 @@ class DataloaderBound(Rule):
         Steps that spend a large share of their time waiting in DataLoader iteration (`__next__`):
         loading in the main process (num_workers=0), too little prefetch, a heavy `__getitem__`,
         or a new iterator made every step (`next(iter(loader))`), which starts the workers anew
-        each time (the time to make iterators and stop their workers counts as waiting).
-        On a recorded trace: the DataLoader `__next__` share of each ProfilerStep.
+        each time (the time to make iterators and stop their workers counts as waiting). The
+        share is the median wait over the median step. On a recorded trace: the time in
+        DataLoader `__next__` per ProfilerStep, over the median ProfilerStep.
 
     Why it costs:
         With num_workers=0 the model waits while every batch is read, decoded and collated.
@@ -85,7 +86,8 @@ class DataloaderBound(Rule):
     severity = "warning"
     category = "performance"
     options = (
-        Option("min-share", 0.25, "Median share of step time spent in DataLoader iteration to flag."),
+        Option("min-share", 0.25, "Share of the median step spent waiting in DataLoader iteration (the median "
+                                  "wait) to flag."),
         Option("min-wait-ms", 2.0, "Median wait per step below which workers would not pay off (IPC costs ~1 ms)."),
         *TRACE_OPTIONS,
     )
@@ -99,7 +101,7 @@ class DataloaderBound(Rule):
         steps = [s for s in ev.steps if not s.profiled] or ev.steps
         if not steps:
             return
-        shares, waits, loader_ids, iter_ms, iter_steps, iter_where = [], [], {}, [], 0, None
+        most, waits, loader_ids, iter_ms, iter_steps, iter_where = 0.0, [], {}, [], 0, None
         for s in steps:
             wait = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER))
             made = 0.0
@@ -113,10 +115,13 @@ class DataloaderBound(Rule):
                         loader_ids.setdefault(t.data.get("loader"), t.where)
             iter_steps += any(t.kind == m.DATA_ITER and t.what == "DataLoader.__iter__" for t in s.tallies)
             iter_ms.append(made)
-            shares.append(wait / s.ms if s.ms else 0.0)
+            most = max(most, wait / s.ms if s.ms else 0.0)
             waits.append(wait)
-        share = median(shares)
-        if share < options["min-share"] or median(waits) < options["min-wait-ms"]:
+        # the median wait over the median step: the share every report prints for this cost (a
+        # median of each step's share is another number, and read as a second one beside it)
+        wait_ms, step_ms = round(median(waits), 3), step_basis_ms(ev)
+        share = share_of_step(wait_ms, step_ms) or 0.0
+        if share < options["min-share"] or wait_ms < options["min-wait-ms"]:
             return
         # a new iterator in most steps (`next(iter(loader))`): its workers start (and the last
         # one's stop) every step; the fix is to make the iterator once, outside the step
@@ -150,7 +155,6 @@ class DataloaderBound(Rule):
             it_where = iter_where
         if it_where:
             locs.append(Location.of(it_where))
-        wait_ms = median(waits)
         rec_text = ", ".join(f"{k}={v!r}" for k, v in rec.items())
         # the training process's threads and the workers share the cores: past them, more workers take turns
         spare = max(0, cores - workers - (threads or 1))
@@ -160,7 +164,7 @@ class DataloaderBound(Rule):
             # Workers exist, are kept and load ahead, and the step still waits: they cannot keep
             # up. Repeating their settings back ("persistent_workers=True") would say nothing.
             dataset = settings.get("dataset") or "the dataset"
-            message = (f"The step waits {wait_ms:.1f} ms for data (a median {share * 100:.0f}% of each step) although "
+            message = (f"The step waits {wait_ms:.1f} ms for data ({share:.0%} of the median step) although "
                        f"{workers} worker processes load ahead (prefetch_factor={settings.get('prefetch_factor')}, "
                        f"persistent_workers={settings.get('persistent_workers')}): the workers cannot keep up. "
                        f"Each makes its samples one at a time in `{dataset}`'s `__getitem__`/`__iter__`, more slowly "
@@ -181,7 +185,7 @@ class DataloaderBound(Rule):
                 summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
             note = "the step's wait for batches its workers have not finished yet"
         else:
-            message = (f"The step waits {wait_ms:.1f} ms for data (a median {share * 100:.0f}% of each step) with "
+            message = (f"The step waits {wait_ms:.1f} ms for data ({share:.0%} of the median step) with "
                        f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
             summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
                        if not workers else f"Set {rec_text}." if rec else "")
@@ -207,12 +211,12 @@ class DataloaderBound(Rule):
         yield self.finding(
             message,
             locations=locs,
-            evidence={"median_share": round(share, 4), "median_wait_ms": round(wait_ms, 3),
-                      "max_share": round(max(shares), 4), "settings": settings,
+            evidence={"median_wait_ms": round(wait_ms, 3), "median_step_ms": round(step_ms, 3) if step_ms else None,
+                      "max_share": round(most, 4), "settings": settings,
                       "iterator_per_step": per_step_iter, "steps_making_an_iterator": iter_steps,
                       "median_iterator_ms": round(median(iter_ms), 3),
                       "cpu_cores": cores, "torch_threads": threads, "spare_cores": spare},
-            cost=Cost(ms_per_step=round(wait_ms, 3), share_of_step=round(share, 4), measured=True, note=note),
+            cost=Cost(ms_per_step=round(wait_ms, 3), share_of_step=share, measured=True, note=note),
             # Workers change what a Dataset computes: each draws its random augmentations from its
             # own seed (and persistent workers keep theirs across epochs), and state a Dataset builds
             # in __getitem__ is per worker. So such an edit goes to numerics-fixes.patch.

@@ -116,7 +116,6 @@ class DataloaderOnDevice(TraceRule):
         rows = found.index.to_numpy()
         ops = Counter(issuing_op(trace, int(r)) or trace.name(int(r)) for r in rows)
         where = sites(trace, rows)
-        step_ms = trace.step_ms()
         message = (f"The input pipeline issued {len(found)} GPU calls ({len(found) / steps:.1f} per step: "
                    f"{int((cats == CAT['kernel']).sum())} kernels, {int((cats == CAT['memcpy']).sum())} copies) "
                    f"inside DataLoader iteration in {trace.label}, mostly from "
@@ -129,8 +128,7 @@ class DataloaderOnDevice(TraceRule):
                       "copy_bytes": copy_bytes, "gpu_ms": round(gpu_ms, 3), "host_ms": round(host_ms, 3),
                       "ops": dict(ops.most_common(8)),
                       "sites": [{"file": f.file, "line": f.line, "calls": n} for f, n, _ in where]},
-            cost=Cost(ms_per_step=round(host_ms / steps, 3),
-                      share_of_step=round(host_ms / steps / step_ms, 4) if step_ms else None,
+            cost=Cost(ms_per_step=round(host_ms / steps, 3), share_of_step=None,  # (TraceRule.check sets it)
                       measured=True, note="host time of the GPU calls made inside the loader"),
             fix=Fix(summary="Build CPU tensors in the Dataset/collate_fn and move the whole batch in the "
                             "training loop: pin_memory=True, .to(device, non_blocking=True), then num_workers>0.",

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks import frame_of
-from auditor.rules.base import Cost, Edit, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Cost, Edit, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
 from auditor.rules.fixes import edit_call_kwargs
 
 DIST_KEY = "distributed"
@@ -103,7 +103,7 @@ class DdpConfig(Rule):
         if not sizes or not grad:
             return None
         sync = _median_sync(rows, ddp["index"])
-        step = ev.median_step_ms() or 0.0
+        step = step_basis_ms(ev) or 0.0
         if len(sizes) == 1 and grad >= options["one-bucket-min-mb"] * MB and step \
                 and sync / step >= options["one-bucket-min-sync-share"]:
             suggest = max(1, round(grad / MB / 4))
@@ -111,7 +111,7 @@ class DdpConfig(Rule):
                 ev, where,
                 f"All {grad / MB:.0f} MiB of gradients fit in one DDP bucket (cap {cap / MB:.0f} MiB), so the "
                 f"all-reduce starts only after the whole backward: {sync:.1f} ms per step after the last gradient "
-                f"({sync / step:.0%} of the step) instead of overlapping it.",
+                f"({share_of_step(round(sync, 4), step):.0%} of the median step) instead of overlapping it.",
                 {"check": "bucket_size", "buckets": len(sizes), "grad_bytes": grad, "bucket_cap_bytes": cap,
                  "sync_after_backward_ms": round(sync, 3), "suggested_bucket_cap_mb": suggest},
                 sync, f"Set bucket_cap_mb={suggest} so about four buckets overlap the backward.",
@@ -203,11 +203,10 @@ class DdpConfig(Rule):
                  drop: tuple[str, ...] = (), severity: str | None = None, note: str | None = None,
                  no_edit: bool = False) -> Finding:
         edit = None if no_edit or where is None else _edit(where, set_kwargs, drop)
-        step = ev.median_step_ms()
+        ms = round(ms, 4) if ms is not None else None
         return self.finding(
             message, severity=severity, locations=[Location.of(where)] if where else [], evidence=evidence,
-            cost=Cost(ms_per_step=round(ms, 4) if ms is not None else None,
-                      share_of_step=round(ms / step, 4) if ms is not None and step else None,
+            cost=Cost(ms_per_step=ms, share_of_step=share_of_step(ms, step_basis_ms(ev)),
                       measured=ms is not None, note=note),
             fix=Fix(summary=summary, config=config, edits=[edit] if edit else []))
 

@@ -33,11 +33,68 @@ def _accumulates(node: ast.Assign) -> bool:
 _BINDS_TORCH = re.compile(r"\s*import\s+torch(\.\w+)*\s*(#.*)?$")
 
 
-def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
+def _callee(node: ast.Call) -> str:
+    f = node.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def _row_items(value: ast.expr, rows: dict[str, Any]) -> list[ast.expr] | None:
+    """The expressions of a pushed row that hold its graphs, as the scan saw the rows (`rows`: the
+    tuple positions, dict keys or dataclass fields with a grad_fn): `value` in `(s, a, r, value)`,
+    `{"v": value}`, `Transition(obs, logp, 1.0)`. None when the row as spelled here cannot be
+    matched to that (a `*rest`, another length, a key from `**extra`, a graph nested deeper)."""
+    graph, kind, fields = rows.get("graph") or [], rows.get("kind"), rows.get("fields")
+    if not graph or rows.get("nested"):
+        return None
+    if kind == "tuple" and isinstance(value, (ast.Tuple, ast.List)):
+        elts = value.elts
+        if any(isinstance(e, ast.Starred) for e in elts) or rows.get("size") not in (None, len(elts)) \
+                or not all(isinstance(i, int) and i < len(elts) for i in graph):
+            return None
+        return [elts[i] for i in graph]
+    if kind == "dict" and isinstance(value, ast.Dict):
+        by_key = {k.value: v for k, v in zip(value.keys, value.values) if isinstance(k, ast.Constant)}
+        return [by_key[k] for k in graph] if all(k in by_key for k in graph) else None
+    if isinstance(value, ast.Call) and _constructs(value) and fields and rows.get("class") == _callee(value):
+        # a namedtuple or a dataclass: its fields are the constructor's parameters, in order
+        if any(isinstance(a, ast.Starred) for a in value.args) or any(k.arg is None for k in value.keywords):
+            return None
+        keywords = {k.arg: k.value for k in value.keywords}
+        out = []
+        for part in graph:
+            name = fields[part] if isinstance(part, int) and part < len(fields) else part
+            if name not in fields:
+                return None
+            i = fields.index(name)
+            arg = value.args[i] if i < len(value.args) else keywords.get(name)
+            if arg is None:
+                return None
+            out.append(arg)
+        return out
+    return None
+
+
+def _with_detach(file: str, lines: list[str], start: int, end: int, exprs: list[ast.expr]) -> Edit:
+    """Lines start..end with `.detach()` after each of `exprs` (parenthesised first unless a single
+    term: `(a + b).detach()`). Columns are UTF-8 byte offsets, as ast gives them."""
+    text = [ln.encode() for ln in lines[start - 1:end]]
+    for e in sorted(exprs, key=lambda e: (e.lineno, e.col_offset), reverse=True):
+        simple = isinstance(e, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
+        i, j = e.end_lineno - start, e.lineno - start  # type: ignore[operator]
+        text[i] = text[i][:e.end_col_offset] + (b".detach()" if simple else b").detach()") + text[i][e.end_col_offset:]
+        if not simple:
+            text[j] = text[j][:e.col_offset] + b"(" + text[j][e.col_offset:]
+    return Edit(file=file, start=start, end=end, lines=[t.decode() for t in text])
+
+
+def _detach_edit(file: str, line: int, rows: dict[str, Any] | None = None) -> tuple[Edit | None, bool]:
     """(edit, changes_numerics): `x += e` -> `x += e.detach()`, `xs.append(e)` -> `xs.append(e.detach())`,
     `h = f(h)` -> `h = f(h).detach()` (that last one truncates backprop through time: numerics change);
     an in-place update (`self.rm.mul_(0.9).add_(0.1 * m)`) goes under `torch.no_grad()` on its line,
-    as running statistics are updated (numerics change: its history is cut)."""
+    as running statistics are updated (numerics change: its history is cut). A row pushed into a
+    buffer (`rows`: where the scan saw its graphs) has just those items detached:
+    `xs.append((s, a, r, value.detach()))`, `{"v": value.detach()}`; a row pushed whole by name
+    (`self.items.append(row)`) has nothing to detach at that line."""
     lines = read_lines(file)
     if lines is None:
         return None, False
@@ -46,14 +103,23 @@ def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
     except SyntaxError:
         return None, False
     for node in ast.walk(tree):
-        if getattr(node, "lineno", None) != line or getattr(node, "end_lineno", None) != line:
+        if getattr(node, "lineno", None) != line or not isinstance(node, ast.stmt):
             continue
         text = lines[line - 1]
-        if isinstance(node, ast.AugAssign):
-            value, numerics = node.value, False
-        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and node.value.args \
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and node.value.args \
                 and isinstance(node.value.func, ast.Attribute) and node.value.func.attr in ("append", "insert"):
-            value, numerics = node.value.args[-1], False
+            value = node.value.args[-1]
+            if rows is not None:  # the buffer's items are rows, not tensors
+                items = _row_items(value, rows)
+                return (_with_detach(file, lines, line, node.end_lineno or line, items) if items else None), False
+            numerics = False
+        elif isinstance(node, ast.Assign) and rows is not None and all(isinstance(t, ast.Subscript) for t in node.targets):
+            items = _row_items(node.value, rows)  # `cache[i] = (x, out)`: a row stored by key
+            return (_with_detach(file, lines, line, node.end_lineno or line, items) if items else None), False
+        elif getattr(node, "end_lineno", None) != line:
+            continue
+        elif isinstance(node, ast.AugAssign):
+            value, numerics = node.value, False
         elif isinstance(node, ast.Assign) and _accumulates(node):
             value, numerics = node.value.right, False  # `x = x + e` is `x += e`
         elif isinstance(node, ast.Assign):
@@ -69,12 +135,9 @@ def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
             continue
         if isinstance(value, (ast.Tuple, ast.List, ast.Dict, ast.Set)) or _constructs(value):
             return None, False  # a row of a buffer: its items may be numbers, which have no .detach()
-        b = text.encode()
-        seg = b[value.col_offset:value.end_col_offset].decode()
-        simple = isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
-        new = seg + ".detach()" if simple else f"({seg}).detach()"
-        return Edit(file=file, start=line, end=line,
-                    lines=[(b[:value.col_offset].decode() + new + b[value.end_col_offset:].decode())]), numerics
+        if value.end_lineno != line:
+            return None, False
+        return _with_detach(file, lines, line, line, [value]), numerics
     return None, False
 
 
@@ -103,12 +166,18 @@ class GraphLeak(Rule):
         update a module's running statistics under `torch.no_grad()`.
         The patch adds `.detach()` at the line that grows the holder (for a module's attribute,
         the line of its class that assigns `self.<attr>`); an in-place update of a module's
-        attribute is put under `torch.no_grad()` on its line.
+        attribute is put under `torch.no_grad()` on its line. A row pushed into a buffer has only
+        the items that carry a graph detached: `buf.append((s, a, r, value.detach()))`,
+        `{"v": value.detach()}`, `Transition(obs, logp.detach(), r)` (a namedtuple or dataclass).
+        No patch where a later backward runs through what the holder keeps (an episode's loss over
+        its stored log-probs): those graphs are used, and detaching them would change the gradients.
 
     Evidence needed:
         A run: scans of live tensors with a grad_fn at a few step boundaries (graph size per scan)
         and the module globals holding them, including buffers and tensor attributes of the
-        nn.Modules among them (named by module path: `model.1.running_mean`).
+        nn.Modules among them (named by module path: `model.1.running_mean`); for a buffer of rows,
+        which tuple positions, keys or fields hold the graphs; whether a backward ran through a
+        holder's tensors after a scan saw them.
     """
 
     id = "graph-leak"
@@ -140,17 +209,29 @@ class GraphLeak(Rule):
         first_holders = {h["name"]: h for h in scans[0].holders}
         growing = [h for h in scans[-1].holders
                    if h.get("nodes", 0) > first_holders.get(h["name"], {}).get("nodes", 0)]
-        locs, edits, numerics = [], [], False
+        locs, edits, numerics, used = [], [], False, []
         for h in growing:
             w = h.get("where")
+            edit, changes = _detach_edit(w["file"], w["line"], h.get("rows")) if w else (None, False)
             if w:
                 locs.append(Location(file=w["file"], line=w["line"], code=w.get("code", "")))
-                edit, changes = _detach_edit(w["file"], w["line"])
-                if edit:
-                    edits.append(edit)
-                    numerics |= changes
+            if h.get("backpropagated") and not (edit and changes):
+                # its graphs are used later: a `.detach()` where they are stored is no fix that
+                # leaves results alone (cutting a recurrent state's history, which does change
+                # them, still goes to numerics-fixes.patch)
+                used.append(h["name"])
+            elif edit:
+                edits.append(edit)
+                numerics |= changes
         names = (", ".join(f"`{h['name']}`" for h in growing)
                  or "tensors outside the target module's globals (and the modules they reach)")
+        summary = "Detach what you keep across steps (`.detach()`, or `.item()` when logging)."
+        if used:
+            summary += (f" But a later backward ran through what {', '.join(f'`{n}`' for n in used)} "
+                        f"{'keeps' if len(used) == 1 else 'keep'}: those graphs are used, and `.detach()` where "
+                        f"they are stored would change the gradients, so no patch is offered there. Let go of "
+                        f"each once the backward that uses it has run (clear the buffer after it), or keep a "
+                        f"bounded window.")
         yield self.finding(
             f"Autograd graphs kept alive across steps grew from {nodes[0]} to {nodes[-1]} nodes between steps "
             f"{scans[0].after_step} and {scans[-1].after_step} ({rate:.1f} nodes per step), held by {names}.",
@@ -159,9 +240,10 @@ class GraphLeak(Rule):
                                 for s in sorted(ev.graph_scans, key=lambda s: s.after_step)],
                       "compared_steps": [s.after_step for s in scans],
                       "nodes_per_step": round(rate, 2),
-                      "holders": [{"name": h["name"], "kind": h["kind"], "tensors": h["tensors"], "nodes": h["nodes"]}
+                      "holders": [{"name": h["name"], "kind": h["kind"], "tensors": h["tensors"], "nodes": h["nodes"],
+                                   **({"rows": h["rows"]} if h.get("rows") else {}),
+                                   "backpropagated": bool(h.get("backpropagated"))}
                                   for h in growing]},
             cost=None,
-            fix=Fix(summary="Detach what you keep across steps (`.detach()`, or `.item()` when logging).",
-                    edits=edits, changes_numerics=numerics),
+            fix=Fix(summary=summary, edits=edits, changes_numerics=numerics),
         )

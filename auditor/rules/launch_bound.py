@@ -77,7 +77,6 @@ class LaunchBound(TraceRule):
         ops = Counter(issuing_op(trace, int(r)) or "(no operator)" for r in short_launch)  # memoised per call path
         where = sites(trace, short_launch)
         excess_ms = float(np.clip(ldur[short] - kdur[short], 0, None).sum()) / 1000.0 / steps
-        step_ms = trace.step_ms()
         message = (f"{n_short / steps:.0f} kernels per step ({share:.0%} of launched kernels) in "
                    f"{trace.label} run shorter than the host call that launches them (median kernel "
                    f"{np.median(kdur[short]):.1f} us vs launch {np.median(ldur[short]):.1f} us); "
@@ -93,7 +92,7 @@ class LaunchBound(TraceRule):
                       "median_launch_us": float(np.median(ldur[short])),
                       "ops": dict(ops.most_common(8)),
                       "sites": [{"file": f.file, "line": f.line, "kernels": n} for f, n, _ in where]},
-            cost=Cost(ms_per_step=round(excess_ms, 3), share_of_step=round(excess_ms / step_ms, 4) if step_ms else None,
+            cost=Cost(ms_per_step=round(excess_ms, 3), share_of_step=None,  # (TraceRule.check sets it)
                       measured=False, note="estimate: launch time the short kernels cannot hide"),
             fix=Fix(summary="Give kernels more work or fewer launches: larger batches, fused ops "
                             "(foreach/fused optimizers), torch.compile, CUDA graphs.",

@@ -9,7 +9,7 @@ import numpy as np
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.trace import Trace, frame_location_parts, issuing_op, sites
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
 from auditor.rules.probe_pageable_copy import PROBE_OPTIONS, probe_pageable_copy_findings
 
 _DIRECTIONS = {"HtoD": "host-to-device", "DtoH": "device-to-host"}
@@ -57,16 +57,15 @@ class PageableCopy(Rule):
 
     def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterator[Finding]:
         for trace in evidence.trace_data:
-            yield from self._check_trace(trace, options)
+            yield from self._check_trace(trace, options, step_basis_ms(evidence, trace))
         yield from probe_pageable_copy_findings(self, evidence, options)
 
-    def _check_trace(self, trace: Trace, options: dict[str, Any]) -> Iterator[Finding]:
+    def _check_trace(self, trace: Trace, options: dict[str, Any], step_ms: float | None) -> Iterator[Finding]:
         copies = trace.matching(r"Pageable", trace.of("memcpy"))
         if not len(copies):
             return
         names = trace.names(copies)
         steps = trace.step_count()
-        step_ms = trace.step_ms()
         min_bytes = float(options.get("min-mb-per-step", 1.0)) * 1e6
         link = trace.events["link"].to_numpy()
         host_dur = trace.events["dur"].to_numpy()
@@ -84,8 +83,7 @@ class PageableCopy(Rule):
             rows = sel.index.to_numpy()
             ops = Counter(issuing_op(trace, int(r)) or "(no operator)" for r in rows)
             where = sites(trace, rows, weights=np.clip(sel["bytes"].to_numpy(), 0, None))
-            per_step_ms = gpu_ms / steps
-            share = per_step_ms / step_ms if step_ms > 0 else None
+            per_step_ms = round(gpu_ms / steps, 3)
             side = "to" if label.startswith("device-to-host") else "from"  # (pageable is the host end)
             message = (f"{len(sel)} {label} copies {side} pageable memory moved {nbytes / 1e6:.1f} MB "
                        f"({nbytes / steps / 1e6:.1f} MB per step) in {trace.label}, taking "
@@ -97,12 +95,12 @@ class PageableCopy(Rule):
                 evidence={"trace": str(trace.path), "direction": short, "copies": len(sel),
                           "copies_per_step": len(sel) / steps, "bytes": nbytes, "bytes_per_step": nbytes / steps,
                           "largest_copy_bytes": int(sel["bytes"].max()), "gpu_ms": round(gpu_ms, 3),
-                          "host_ms": round(host_ms, 3), "steps": steps, "step_ms": round(step_ms, 3),
+                          "host_ms": round(host_ms, 3), "steps": steps,
+                          "median_step_ms": round(step_ms, 3) if step_ms else None,
                           "ops": dict(ops.most_common(5)),
                           "sites": [{"file": f.file, "line": f.line, "copies": n, "bytes": int(b)}
                                     for f, n, b in where]},
-                cost=Cost(ms_per_step=round(per_step_ms, 3), measured=True,
-                          share_of_step=round(share, 4) if share is not None else None,
+                cost=Cost(ms_per_step=round(per_step_ms, 3), measured=True, share_of_step=share_of_step(per_step_ms, step_ms),
                           note="GPU time of the staged copies; the host also blocks in them"),
                 fix=Fix(summary="Pin the host side: DataLoader(pin_memory=True) and "
                                 ".to(device, non_blocking=True); copy results back into a pinned buffer.",

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks import COMM, PHASE_LABELS, RANK_PHASES, RankSet, compared_steps, rank_set
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
 
 _FIXES = {
     "data": "Give the slow rank's input pipeline more DataLoader workers or prefetching, move its shard to storage "
@@ -95,12 +95,13 @@ class RankStraggler(Rule):
         if not slow or len(slow) > world / 2:
             return
         slow.sort(key=lambda r: -median(excess[r]))
-        yield self._finding(rs, steps, slow, excess, step_ms)
+        yield self._finding(rs, steps, slow, excess, step_ms, step_basis_ms(ev))
 
     def _finding(self, rs: RankSet, steps: dict, slow: list[int], excess: dict[int, list[float]],
-                 step_ms: float) -> Finding:
+                 step_ms: float, basis_ms: float | None) -> Finding:
         fast_rows = [[s for r, s in row.items() if r not in slow] for row in steps.values()]
-        others_wait = median(median(s.wait_ms or 0.0 for s in row) for row in fast_rows if row)
+        others_wait = round(median(median(s.wait_ms or 0.0 for s in row) for row in fast_rows if row), 3)
+        share = share_of_step(others_wait, basis_ms)  # (of the step the report states, as every cost's)
         deltas = _phase_deltas(steps, slow)
         lead = slow[0]
         phase, phase_ms = max(((p, d) for p, d in deltas[lead].items() if p != COMM), key=lambda t: t[1])
@@ -114,8 +115,8 @@ class RankStraggler(Rule):
                    f"others in most steps (+{median(excess[lead]):.1f} ms of its own work per step, median over "
                    f"{len(steps)} steps); the time is lost in {PHASE_LABELS[phase]} (+{phase_ms:.1f} ms per step vs "
                    f"the other ranks), and {waiters} {others_wait:.1f} ms per step for "
-                   f"{'them' if len(slow) > 1 else 'it'} in collectives ({others_wait / step_ms:.0%} of a "
-                   f"{step_ms:.1f} ms step).")
+                   f"{'them' if len(slow) > 1 else 'it'} in collectives"
+                   + (f" ({share:.0%} of the median step)." if share is not None else "."))
         return self.finding(
             message,
             locations=[Location.of(where)] if where else [],
@@ -127,7 +128,7 @@ class RankStraggler(Rule):
                       "per_rank_work_ms": {str(r): round(median(row[r].work_ms for row in steps.values()
                                                                 if r in row), 3)
                                            for r in sorted({r for row in steps.values() for r in row})}},
-            cost=Cost(ms_per_step=round(others_wait, 3), share_of_step=round(others_wait / step_ms, 4),
+            cost=Cost(ms_per_step=others_wait, share_of_step=share,
                       measured=True, note="time each other rank waits per step"),
             fix=Fix(summary=_FIXES.get(phase, _FIXES["other"])),
         )

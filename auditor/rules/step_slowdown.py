@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
 from auditor.rules.common import (
     on_accelerator,
     quarter_floors,
@@ -123,7 +123,8 @@ class StepSlowdown(Rule):
         # The share is of the run's median step, the basis of every other rule's share and of the
         # headline's: a share of the (slower) last quarter read beside them as a different number
         # for the same time. That comparison stays in the evidence, named as such.
-        median_ms = ev.median_step_ms()
+        median_ms = step_basis_ms(ev)
+        rise = round(rise, 3)
         yield self.finding(
             f"{head} over {len(steps)} steps{blame}.",
             locations=locs,
@@ -136,7 +137,7 @@ class StepSlowdown(Rule):
                       "median_step_ms": round(median_ms, 3) if median_ms else None,
                       "rise_share_of_last_quarter_step": round(min(1.0, rise / max(last, rise)), 4),
                       "growing_phase": {k: v for k, v in (culprit or {}).items() if k != "where"} or None},
-            cost=Cost(ms_per_step=round(rise, 3), share_of_step=round(rise / median_ms, 4) if median_ms else None,
+            cost=Cost(ms_per_step=rise, share_of_step=share_of_step(rise, median_ms),
                       measured=True, note="extra time per step at the end of the run vs its start, "
                                           "as a share of the run's median step"),
             fix=Fix(summary="Find what accumulates per step (see the growing phase and graph-leak / "

@@ -1,4 +1,4 @@
-"""The trace half of dataloader-bound: DataLoader `__next__` time as a share of each ProfilerStep.
+"""The trace half of dataloader-bound: DataLoader `__next__` time per ProfilerStep, as a share of the median one.
 
 The DataloaderBound rule (owned elsewhere) calls `trace_dataloader_findings(self, evidence,
 options)` and adds `TRACE_OPTIONS` to its options.
@@ -20,11 +20,12 @@ from auditor.evidence.trace import (
     sites,
     total_length,
 )
-from auditor.rules.base import Cost, Finding, Fix, Location, Option
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, share_of_step, step_basis_ms
 
 TRACE_OPTIONS: tuple[Option, ...] = (
     Option("trace-min-share", 0.25,
-           "Trace: report when DataLoader __next__ takes at least this share of a ProfilerStep (median over steps)."),
+           "Trace: report when DataLoader __next__ takes at least this share of the median ProfilerStep "
+           "(its time per step over the median step)."),
 )
 
 
@@ -55,20 +56,18 @@ def trace_dataloader_findings(rule: Any, evidence: Evidence, options: dict[str, 
         if not len(loader):
             continue
         per_step = step_loader_shares(trace)
-        total_ms = sum(s["ms"] for s in per_step)
+        n = len(per_step)
         loader_ms = sum(s["loader_ms"] for s in per_step)
-        share = loader_ms / total_ms if total_ms else 0.0
-        shares = sorted(s["share"] for s in per_step)
-        mid = len(shares) // 2
-        median = shares[mid] if len(shares) % 2 else (shares[mid - 1] + shares[mid]) / 2
-        if median < threshold:
+        step_ms = step_basis_ms(evidence, trace)
+        share = share_of_step(round(loader_ms / n, 3), step_ms) or 0.0  # (the share every report prints for the cost)
+        if share < threshold:
             continue
+        shares = [s["share"] for s in per_step]
         names = sorted(set(trace.names(loader)))
         single = any("_SingleProcessDataLoaderIter" in n for n in names)
         where = sites(trace, loader.index.to_numpy(), weights=loader["dur"].to_numpy())
-        n = len(per_step)
-        message = (f"DataLoader __next__ took {share:.0%} of the profiled steps in {trace.label} "
-                   f"({loader_ms / n:.1f} ms of {total_ms / n:.1f} ms per step, {min(shares):.0%}-{max(shares):.0%} "
+        message = (f"DataLoader __next__ took {loader_ms / n:.1f} ms per step in {trace.label} ({share:.0%} of the "
+                   f"median {step_ms:.1f} ms step; each step's share {min(shares):.0%}-{max(shares):.0%} "
                    f"across {n} steps)" + ("; batches are loaded in the training process (num_workers=0)."
                                           if single else "; the worker processes cannot keep up."))
         fix = (Fix(summary="Load batches in worker processes: DataLoader(num_workers=4 or more, pin_memory=True, "
@@ -81,11 +80,10 @@ def trace_dataloader_findings(rule: Any, evidence: Evidence, options: dict[str, 
         findings.append(rule.finding(
             message,
             locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
-            evidence={"trace": str(trace.path), "source": "trace", "loader_share": round(share, 4),
-                      "median_step_share": round(median, 4),
-                      "loader_ms_per_step": round(loader_ms / n, 3), "step_ms": round(total_ms / n, 3),
+            evidence={"trace": str(trace.path), "source": "trace",
+                      "loader_ms_per_step": round(loader_ms / n, 3), "median_step_ms": round(step_ms, 3),
                       "iterator": names, "steps": per_step},
-            cost=Cost(ms_per_step=round(loader_ms / n, 3), share_of_step=round(share, 4), measured=True,
+            cost=Cost(ms_per_step=round(loader_ms / n, 3), share_of_step=share, measured=True,
                       note="time the training thread spent inside DataLoader __next__"),
             fix=fix,
         ))

@@ -30,7 +30,7 @@ from auditor.evidence.trace import (
     sites,
     total_length,
 )
-from auditor.rules.base import Cost, Finding, Fix, Location, Option
+from auditor.rules.base import Cost, Finding, Fix, Location, Option, share_of_step, step_basis_ms
 
 TRACE_OPTIONS: tuple[Option, ...] = (
     Option("trace-min-syncs", 1,
@@ -73,18 +73,17 @@ def trace_host_sync_findings(rule: Any, evidence: Evidence, options: dict[str, A
     """One finding per (trace, issuing operator) for every recorded host<->GPU synchronisation."""
     out: list[Finding] = []
     for trace in evidence.trace_data:
-        out.extend(_trace_findings(rule, trace, options))
+        out.extend(_trace_findings(rule, trace, options, step_basis_ms(evidence, trace)))
     return out
 
 
-def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Finding]:
+def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any], step_ms: float | None) -> list[Finding]:
     rows = blocking_calls(trace)
     if len(trace.steps):
         rows = rows[trace.col("step")[rows] >= 0]
     if not len(rows):
         return []
     steps = trace.step_count()
-    step_ms = trace.step_ms()
     # One operator call can block in several rows (a copy to pageable memory, then the stream sync
     # after it, in one `.to()`): what is counted is the call, and what it blocked is its rows' union.
     calls: dict[int, list[int]] = defaultdict(list)
@@ -103,10 +102,9 @@ def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Fi
         rows_of_op = [r for m in members for r in m]
         waited = np.array([total_length(merge_intervals(ts[m], end[m])) for m in members])  # us per call
         blocked_ms = float(waited.sum()) / 1000.0
-        per_step = blocked_ms / steps
-        share = per_step / step_ms if step_ms > 0 else None
-        idle_ms = gpu_idle_behind(trace, np.asarray(rows_of_op)) / 1000.0 / steps
-        idle_share = idle_ms / step_ms if step_ms > 0 else None
+        per_step = round(blocked_ms / steps, 3)
+        share = share_of_step(per_step, step_ms)  # (the host's blocked time: not the cost, said apart)
+        idle_ms = round(gpu_idle_behind(trace, np.asarray(rows_of_op)) / 1000.0 / steps, 3)
         apis = Counter(_api(trace, r) for r in rows_of_op)  # (runtime rows by API: a call may hold two)
         chains = Counter(" > ".join(reversed(trace.op_chain(m[0])[:4])) for m in members)
         where = sites(trace, [m[0] for m in members], weights=waited)
@@ -114,7 +112,7 @@ def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Fi
         times = "once" if n == 1 else f"{n} times"
         message = (f"{op} blocked the host on the GPU {times} in {trace.label} "
                    f"({n / steps:.1f} per step), {per_step:.2f} ms per step"
-                   + (f" ({share:.1%} of the step)" if share is not None else "")
+                   + (f" ({share:.1%} of the median step)" if share is not None else "")
                    + f" spent waiting in {', '.join(apis)}; the GPU sat idle {idle_ms:.2f} ms per step "
                    "while the host waited there and before it queued new work (what removing them can give back).")
         findings.append(rule.finding(
@@ -123,7 +121,8 @@ def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Fi
             locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
             evidence={"trace": str(trace.path), "source": "trace", "op": op, "syncs": n,
                       "syncs_per_step": round(n / steps, 2), "blocked_ms": round(blocked_ms, 3),
-                      "blocked_ms_per_step": round(per_step, 3), "steps": steps, "step_ms": round(step_ms, 3),
+                      "blocked_ms_per_step": round(per_step, 3), "steps": steps,
+                      "median_step_ms": round(step_ms, 3) if step_ms else None,
                       "apis": dict(apis), "op_chains": dict(chains.most_common(3)),
                       "longest_ms": round(float(waited.max()) / 1000.0, 3),
                       "gpu_idle_ms_per_step": round(idle_ms, 3),
@@ -131,8 +130,7 @@ def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any]) -> list[Fi
                                 for f, k, w in where]},
             # This idle time lies inside gpu-idle's idle total of the same trace: the headline's
             # recoverable sum counts it once (reports.terminal.recoverable).
-            cost=Cost(ms_per_step=round(idle_ms, 3),
-                      share_of_step=round(idle_share, 4) if idle_share is not None else None, measured=True,
+            cost=Cost(ms_per_step=round(idle_ms, 3), share_of_step=share_of_step(idle_ms, step_ms), measured=True,
                       note="GPU idle time while the host waited in these calls and until the GPU's next "
                            "work (the host's own blocked time is in the evidence)",
                       within="gpu-idle"),
