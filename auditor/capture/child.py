@@ -15,8 +15,7 @@ import socket
 import sys
 import time
 import traceback
-import warnings
-from typing import Any
+from typing import Any, Callable
 
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
@@ -227,6 +226,24 @@ def _start_without_inductor(prof) -> None:
             torch.__getattr__ = lazy
 
 
+def window_schedule(warmup: int, active: int) -> Callable[[int], Any]:
+    """The profiler's schedule for one window: `torch.profiler.schedule(wait=0, warmup=warmup,
+    active=active, repeat=1)`, without its warning for a window with no warm-up step (a run of 1-3
+    steps has none to spare, by the plan: not something the user can act on). Silencing that
+    warning changed the warnings filters, and Python then forgot every warning it had shown: a
+    warning in the user's step printed once more when the window started."""
+    from torch.profiler import ProfilerAction
+
+    def action(step: int) -> Any:
+        if step < warmup:
+            return ProfilerAction.WARMUP
+        if step < warmup + active - 1:
+            return ProfilerAction.RECORD
+        return ProfilerAction.RECORD_AND_SAVE if step == warmup + active - 1 else ProfilerAction.NONE
+
+    return action
+
+
 class Profiler:
     """torch.profiler over the planned window only; its trace goes to DIR/tb/<run>/ for TensorBoard."""
 
@@ -246,14 +263,10 @@ class Profiler:
         if i != self.start_at:
             return
         self.history = cuda_memory.start_history()  # CUDA only: allocator history for the window
-        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        with warnings.catch_warnings():
-            # a run of 1-3 steps has no step to spare for warm-up, by the plan: torch's warning
-            # about it is the auditor's, not something the user can act on
-            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-            plan = schedule(wait=0, warmup=1 if self.warm is not None else 0, active=len(self.active), repeat=1)
+        plan = window_schedule(1 if self.warm is not None else 0, len(self.active))
         self.prof = profile(
             activities=acts, record_shapes=True, with_stack=True, profile_memory=True, schedule=plan,
             on_trace_ready=tensorboard_trace_handler(self.logdir, worker_name=f"{socket.gethostname()}_{os.getpid()}"),

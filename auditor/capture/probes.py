@@ -24,6 +24,7 @@ import torch
 import torch.utils.data.dataloader as dl
 
 from auditor.capture.frames import is_library, is_torch_internal, user_frame
+from auditor.capture.unseen import recorded_warnings
 from auditor.evidence import model as m
 
 perf = time.perf_counter
@@ -180,8 +181,7 @@ def _warnings_at_caller(orig: Callable) -> Callable:
         if not self.requires_grad:
             return orig(self, *args, **kwargs)
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+            with recorded_warnings() as caught:  # (not catch_warnings: see unseen.recorded_warnings)
                 return orig(self, *args, **kwargs)
         finally:  # (outside the catching block: re-raised there, they would be caught again)
             where = user_frame(sys._getframe(1))  # (the probe's caller)

@@ -1,0 +1,47 @@
+"""The auditor's own work in the user's process, kept out of what the user's program can observe.
+
+An audited program must behave as it does without the audit. Where it would otherwise see the
+auditor at work:
+
+* the warnings registry. Python shows a warning once per place by remembering where it has shown
+  it, and forgets all of that whenever the warnings filters change (`catch_warnings`,
+  `filterwarnings`): the user's own warnings would print again. Nothing the auditor does while the
+  program runs changes the filters; `recorded_warnings` catches a call's warnings without doing so.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def recorded_warnings() -> Iterator[list[warnings.WarningMessage]]:
+    """Every warning raised in the block, recorded instead of shown: `catch_warnings(record=True)`
+    with `simplefilter("always")`, without telling the warnings module that its filters changed
+    (which made Python forget every warning it had shown: a warning in the user's loop, shown once
+    in a plain run, was shown again after each of the auditor's catches). The filters list is
+    swapped in place and put back; with "always" nothing is remembered in the meantime.
+
+    Under Python 3.14's context-aware warnings the filters live in a context variable: there
+    `catch_warnings` is used as it is."""
+    if getattr(sys.flags, "context_aware_warnings", False):  # pragma: no cover - Python >= 3.14
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield caught
+        return
+    caught: list[warnings.WarningMessage] = []
+
+    def record(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        caught.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+
+    filters, show = warnings.filters[:], warnings.showwarning
+    warnings.filters[:] = [("always", None, Warning, None, 0)]
+    warnings.showwarning = record
+    try:
+        yield caught
+    finally:
+        warnings.filters[:] = filters
+        warnings.showwarning = show
+
