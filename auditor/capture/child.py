@@ -25,6 +25,7 @@ from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
+from auditor.capture.unseen import no_torch_function
 
 ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -94,20 +95,40 @@ def cuda_devices() -> list[dict]:
         return []
 
 
+def _default_device() -> str:
+    """What `torch.set_default_device` (or a `with torch.device(...)`) set, as the device-context
+    mode on the stack holds it: `torch.get_default_device()` learns an index by making a tensor
+    through every mode on the stack, the user's too."""
+    from torch.utils import _device
+
+    device = getattr(_device, "CURRENT_DEVICE", None)
+    return str(device) if device is not None else "cpu"
+
+
+_FLAGS: dict[str, Callable[[], Any]] = {
+    "cudnn.benchmark": lambda: torch.backends.cudnn.benchmark,
+    "cudnn.deterministic": lambda: torch.backends.cudnn.deterministic,
+    "cuda.matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+    "float32_matmul_precision": torch.get_float32_matmul_precision,
+    "deterministic_algorithms": torch.are_deterministic_algorithms_enabled,
+    "anomaly_enabled": torch.is_anomaly_enabled,
+    "grad_enabled": torch.is_grad_enabled,
+    "default_device": _default_device,
+}
+
+
 def backend_flags() -> dict:
-    flags = {
-        "cudnn.benchmark": torch.backends.cudnn.benchmark,
-        "cudnn.deterministic": torch.backends.cudnn.deterministic,
-        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "anomaly_enabled": torch.is_anomaly_enabled(),
-        "grad_enabled": torch.is_grad_enabled(),
-    }
-    try:
-        flags["default_device"] = str(torch.get_default_device())
-    except AttributeError:
-        pass
+    """The program's backend settings, read after its setup and at its end. The reads run with
+    torch-function dispatch off: a mode the program entered at import is still on the stack, and
+    must neither see them nor fail them (a mode that refused the call ended a failed setup in a
+    traceback of the auditor's, not with the setup's own error). A read that fails is left out."""
+    flags = {}
+    with no_torch_function():
+        for name, read in _FLAGS.items():
+            try:
+                flags[name] = read()
+            except Exception:
+                pass
     return flags
 
 

@@ -3,6 +3,11 @@
 An audited program must behave as it does without the audit. Where it would otherwise see the
 auditor at work:
 
+* torch-function modes. A mode on torch's mode stack sees every torch call made from Python while
+  it is there, a tensor attribute read included: a `TorchFunctionMode` the user entered at import
+  (an op counter, a tracer, a mode that refuses ops it does not know) and the one
+  `torch.set_default_device` pushes would see, pay for, or refuse the auditor's reads of the
+  user's tensors. Those run with torch-function dispatch off (`no_torch_function`).
 * the warnings registry. Python shows a warning once per place by remembering where it has shown
   it, and forgets all of that whenever the warnings filters change (`catch_warnings`,
   `filterwarnings`): the user's own warnings would print again. Nothing the auditor does while the
@@ -14,6 +19,12 @@ import contextlib
 import sys
 import warnings
 from typing import Any, Iterator
+
+import torch
+
+# Torch-function dispatch off, for modes and tensor subclasses alike: a C context manager, cheap
+# enough for the paths every checked call takes.
+no_torch_function = torch._C.DisableTorchFunction
 
 
 @contextlib.contextmanager
