@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,6 +189,86 @@ def test_torch_compile_does_not_compile_the_auditors_own_frames(tmp_path):
     recompiled = [ln for ln in a.stderr.splitlines() if "Recompiling function" in ln]
     assert recompiled and not [ln for ln in recompiled if "auditor" in ln], recompiled
     assert "recompile_limit" not in a.stderr
+
+
+COMPILED_STEP = '''
+import json, os
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model, head = nn.Linear(8, 4), nn.Linear(4, 2)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+opt_head = torch.optim.SGD(head.parameters(), lr=1e-2, momentum=0.9)
+opt_head.step = torch.compile(opt_head.step, backend="eager")  # the optimizer's step compiled
+x, y = torch.randn(16, 8), torch.randn(16, 2)
+
+
+@torch.compile(backend="eager")  # a compiled function that calls one
+def update():
+    opt.step()
+
+
+def step(i):
+    loss = nn.functional.mse_loss(head(model(x)), y)
+    opt.zero_grad()
+    opt_head.zero_grad()
+    loss.backward()
+    update()
+    opt_head.step()
+    if i == 3:
+        from torch._dynamo.utils import counters
+        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
+            json.dump(dict(counters["stats"]), f)
+        torch.save({"model": model.state_dict(), "head": head.state_dict()}, os.environ["PARITY_OUT"])
+'''
+
+
+def user_stderr(text: str) -> list[str]:
+    """stderr lines without torch's log prefix (time and process id differ between runs)."""
+    return [re.sub(r"^[IWEF]\d{4} [\d:.]+ +\d+ ", "", ln) for ln in text.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def compiled_step_plain(tmp_path_factory):
+    d = tmp_path_factory.mktemp("compiled_step")
+    (d / "compiled_step.py").write_text(COMPILED_STEP)
+    p = subprocess.run([sys.executable, "-c", "import compiled_step\nfor i in range(4): compiled_step.step(i)"],
+                       cwd=d, capture_output=True, text=True, timeout=600,
+                       env={"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(d / "plain.pt")})
+    assert p.returncode == 0, p.stderr[-2000:]
+    return d, p.stderr
+
+
+@pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
+def test_a_compiled_optimizer_step_shows_what_it_shows_without_the_audit(compiled_step_plain, numerics):
+    """torch.compile of an optimizer's step (`opt.step = torch.compile(opt.step)`, or a compiled
+    function that calls it) traced the auditor's optimizer hooks, which torch calls inside the
+    step: the user's stderr got dynamo's warning that it 'does not know how to trace the builtin
+    time.perf_counter' (the hooks' timer), about code that is not theirs. The hooks are declared
+    to dynamo as functions it calls as they are: the stderr is the plain run's, dynamo makes the
+    same graphs of the same calls, the weights are the plain run's, and the checks still read
+    each step's gradients (and the probes still time the optimizer phase)."""
+    d, plain_stderr = compiled_step_plain
+    out = d / f"out{numerics}"
+    a = audit("run", f"{d / 'compiled_step.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
+              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert user_stderr(a.stderr) == user_stderr(plain_stderr), a.stderr[-3000:]
+    plain_stats, audited_stats = (json.loads(Path(f"{p}.json").read_text())
+                                  for p in (d / "plain.pt", out / "audited.pt"))
+    assert plain_stats["unique_graphs"] >= 2  # (both steps were compiled)
+    assert {k: audited_stats[k] for k in ("unique_graphs", "calls_captured")} == \
+        {k: plain_stats[k] for k in ("unique_graphs", "calls_captured")}, (plain_stats, audited_stats)
+    plain, audited = (torch.load(p, weights_only=True) for p in (d / "plain.pt", out / "audited.pt"))
+    for part in plain:
+        for k in plain[part]:
+            assert torch.equal(plain[part][k], audited[part][k]), (part, k)
+    steps = a.evidence["steps"]
+    assert [sorted(t["what"] for t in s["tallies"] if t["kind"] == "optimizer") for s in steps] == [["Adam", "SGD"]] * 4
+    if numerics == "--numerics":
+        norms = [[o["grad_norm"] for o in s["extra"]["numerics"]["opt_steps"]] for s in steps]
+        assert all(len(n) == 2 and all(v > 0 for v in n) for n in norms), norms
 
 
 COUNTED = '''

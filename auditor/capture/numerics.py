@@ -88,7 +88,7 @@ from torch.overrides import TorchFunctionMode
 
 from auditor.capture import probes
 from auditor.capture.frames import call_span, code_kinds, is_library, library_code, user_call, user_frame
-from auditor.capture.unseen import no_torch_function as _no_torch_function
+from auditor.capture.unseen import no_torch_function as _no_torch_function, not_traced
 
 perf = time.perf_counter
 
@@ -1191,6 +1191,7 @@ class Numerics:
 
     # --- optimizer hooks ------------------------------------------------------------------------
 
+    @not_traced  # (torch.compile of the optimizer's step: run as it is, see unseen.not_traced)
     def _opt_pre(self, opt, args, kwargs) -> tuple | None:
         self.opt_t0 = perf()
         self.opt_frame, self.opt_where = sys._getframe(1), None  # (see _opt_user_line)
@@ -1267,6 +1268,7 @@ class Numerics:
 
         return closure_checked
 
+    @not_traced
     def _opt_post(self, opt, args, kwargs) -> None:
         if self.times_phases:
             probes.optimizer_done(opt, self.opt_t0, self._opt_user_line())

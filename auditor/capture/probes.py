@@ -24,7 +24,7 @@ import torch
 import torch.utils.data.dataloader as dl
 
 from auditor.capture.frames import is_library, is_torch_internal, user_frame
-from auditor.capture.unseen import no_torch_function, recorded_warnings
+from auditor.capture.unseen import no_torch_function, not_traced, recorded_warnings
 from auditor.evidence import model as m
 
 perf = time.perf_counter
@@ -508,9 +508,12 @@ def _install_phase_hooks() -> None:
         if state["depth"] == 0:
             forward_done(module, state["t0"], user_frame(sys._getframe(1)))
 
+    # (torch.compile of the optimizer's step would trace these: see unseen.not_traced)
+    @not_traced
     def opt_pre(opt, args, kwargs):
         state["opt_t0"] = perf()
 
+    @not_traced
     def opt_post(opt, args, kwargs):
         optimizer_done(opt, state["opt_t0"], user_frame(sys._getframe(1)))
 

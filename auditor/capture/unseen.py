@@ -12,15 +12,20 @@ auditor at work:
   it, and forgets all of that whenever the warnings filters change (`catch_warnings`,
   `filterwarnings`): the user's own warnings would print again. Nothing the auditor does while the
   program runs changes the filters; `recorded_warnings` catches a call's warnings without doing so.
+* torch.compile. Dynamo traces the hooks torch calls inside a compiled function (the optimizer's
+  step hooks) and names what it cannot trace in warnings to the user. `not_traced` declares such a
+  hook one it calls as it is.
 """
 from __future__ import annotations
 
 import contextlib
 import sys
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # Torch-function dispatch off, for modes and tensor subclasses alike: a C context manager, cheap
 # enough for the paths every checked call takes.
@@ -56,3 +61,15 @@ def recorded_warnings() -> Iterator[list[warnings.WarningMessage]]:
         warnings.filters[:] = filters
         warnings.showwarning = show
 
+
+def not_traced(fn: F) -> F:
+    """`fn` declared to torch.compile as a function it calls as it is rather than trace: the mark
+    `torch._dynamo.skip` sets, put on the function without importing dynamo (~2 s; the frames
+    themselves are skipped once it is imported, see numerics._dynamo_skips_our_frames). A compiled
+    function that reaches a call of `fn` breaks its graph there and runs `fn` eagerly, with no
+    warning; traced, `fn` would have been inlined into the user's graph, and what dynamo cannot
+    trace in it (`time.perf_counter`) named in a warning to the user."""
+    fn._torchdynamo_disable = True  # type: ignore[attr-defined]
+    # (what TORCH_LOGS=graph_breaks says of the break, instead of "reason: None")
+    fn._torchdynamo_disable_msg = "a hook of the auditor (audit run): it runs as it is, outside the compiled graph"  # type: ignore[attr-defined]
+    return fn
