@@ -136,6 +136,47 @@ def test_setup_code_that_raises(tmp_path):
     assert doc["ending"]["where"]["line"] == line_of(tmp_path, "no data at") and doc["steps"]["count"] == 0
 
 
+REFUSING_MODE = '''
+import torch
+from torch.overrides import TorchFunctionMode
+
+torch.set_default_device("cpu")
+
+
+class Strict(TorchFunctionMode):  # a tracer that refuses the ops it does not know: here, all of them
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        raise RuntimeError(f"Strict: {func.__name__} is not supported")
+
+
+Strict().__enter__()
+x = torch.ones(3)  # REFUSED
+
+
+def step():
+    pass
+'''
+
+
+def test_a_mode_entered_at_import_that_refuses_a_call_ends_the_setup_in_one_line(tmp_path):
+    """The user's mode, entered at import, refuses a call in the setup: the run ends there, raised,
+    with the mode's own error, as any setup failure does. It stayed on the stack, and the auditor's
+    read of the backend settings (`torch.get_default_device()`, which makes a tensor to learn the
+    device) went through it: refused again, that ended the run as 'crashed', in a traceback of the
+    auditor's dumped to the user's terminal. The auditor's reads run with torch-function dispatch
+    off now."""
+    path = tmp_path / "strict.py"
+    path.write_text(REFUSING_MODE)
+    a = audit("run", f"{path}:step", "--steps", "2", out=tmp_path / "out")
+    assert a.returncode == 3, a.stderr[-2000:]
+    assert "Traceback" not in a.stderr and "Traceback" not in a.stdout, a.stderr[-2000:]
+    assert "run ended: raised: RuntimeError: Strict: ones is not supported" in a.stdout + a.stderr
+    end = a.findings_doc["ending"]
+    assert (end["status"], end["step"], end["exception"]) == ("raised", None, "RuntimeError")
+    assert end["where"]["file"] == str(path)
+    assert "REFUSED" in end["traceback"]  # (the setup's line, in the report's traceback)
+    assert a.findings_doc["environment"]["backend_flags"]["default_device"] == "cpu"
+
+
 def test_a_syntax_error_names_its_line(tmp_path):
     """A trainer that does not parse: the ending names the bad line of the user's file (it is in no
     frame of the traceback, which ends in the auditor's import of the target)."""

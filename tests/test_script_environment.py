@@ -1,10 +1,16 @@
 """What the user's script sees, and what scripts commonly do, under `audit run`: its own command
 line in sys.argv (never the auditor's), a working directory changed by the step, a helper process
-forked at setup that outlives the run, and a progress bar on stderr that never ends its line."""
+forked at setup that outlives the run, a progress bar on stderr that never ends its line, and
+its warnings, shown as often as in a plain run."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+
+import pytest
 
 from conftest import audit
 
@@ -93,6 +99,56 @@ def test_torch_warnings_from_a_probed_call_name_the_users_line(tmp_path):
     syncs = [(t["what"], t["where"]["line"], t["count"]) for s in a.evidence["steps"] for t in s["tallies"]
              if t["kind"] == "sync"]
     assert syncs == [("float(Tensor)", line, 1)] * 3, syncs
+
+
+WARNS = '''
+import warnings
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(8, 4)
+
+
+def step(i):
+    loss = model(x).pow(2).mean()
+    warnings.warn("the trainer's own warning")  # shown once, by Python's default filter
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    logged = float(loss)  # torch warns too (requires_grad), through the auditor's probe
+'''
+
+
+def warning_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "Warning: " in ln]
+
+
+@pytest.mark.parametrize("steps", [8, 3])
+def test_the_users_warnings_are_shown_as_often_as_in_a_plain_run(tmp_path, steps):
+    """A warning in the step is shown once, as Python's default filter does in a plain run. It was
+    shown again when the profiler window started (the auditor silenced a warning of torch's
+    profiler with `catch_warnings`, and any change of the warnings filters makes Python forget
+    which warnings it has shown), and after every `float(loss)` (the probe that moves torch's
+    warning about it to the user's line caught it the same way): here in every step, 8 times in 8
+    (3 in 3). A run of 3 steps has no profiler warm-up step; torch's warning about that is still
+    not shown."""
+    path = tmp_path / "warns.py"
+    path.write_text(WARNS)
+    plain = subprocess.run([sys.executable, "-c", f"import warns\nfor i in range({steps}): warns.step(i)"],
+                           cwd=tmp_path, capture_output=True, text=True, check=True,
+                           env={"OMP_NUM_THREADS": "1", **os.environ})
+    expected = warning_lines(plain.stderr)
+    assert [ln.split(": ", 2)[1:] for ln in expected] == [
+        ["UserWarning", "the trainer's own warning"],
+        ["UserWarning", "Converting a tensor with requires_grad=True to a scalar may lead to unexpected behavior."],
+    ], plain.stderr
+    a = audit("run", f"{path}:step", "--steps", str(steps), "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert a.evidence["profile"]["steps"]  # (the profiler window ran)
+    assert warning_lines(a.stderr) == expected, a.stderr
+    assert "Profiler won't be using warmup" not in a.stderr
 
 
 def test_thread_count_is_the_one_the_setup_leaves(tmp_path):

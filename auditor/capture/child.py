@@ -15,8 +15,7 @@ import socket
 import sys
 import time
 import traceback
-import warnings
-from typing import Any
+from typing import Any, Callable
 
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
@@ -26,6 +25,7 @@ from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
+from auditor.capture.unseen import no_torch_function
 
 ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -95,20 +95,40 @@ def cuda_devices() -> list[dict]:
         return []
 
 
+def _default_device() -> str:
+    """What `torch.set_default_device` (or a `with torch.device(...)`) set, as the device-context
+    mode on the stack holds it: `torch.get_default_device()` learns an index by making a tensor
+    through every mode on the stack, the user's too."""
+    from torch.utils import _device
+
+    device = getattr(_device, "CURRENT_DEVICE", None)
+    return str(device) if device is not None else "cpu"
+
+
+_FLAGS: dict[str, Callable[[], Any]] = {
+    "cudnn.benchmark": lambda: torch.backends.cudnn.benchmark,
+    "cudnn.deterministic": lambda: torch.backends.cudnn.deterministic,
+    "cuda.matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+    "float32_matmul_precision": torch.get_float32_matmul_precision,
+    "deterministic_algorithms": torch.are_deterministic_algorithms_enabled,
+    "anomaly_enabled": torch.is_anomaly_enabled,
+    "grad_enabled": torch.is_grad_enabled,
+    "default_device": _default_device,
+}
+
+
 def backend_flags() -> dict:
-    flags = {
-        "cudnn.benchmark": torch.backends.cudnn.benchmark,
-        "cudnn.deterministic": torch.backends.cudnn.deterministic,
-        "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "anomaly_enabled": torch.is_anomaly_enabled(),
-        "grad_enabled": torch.is_grad_enabled(),
-    }
-    try:
-        flags["default_device"] = str(torch.get_default_device())
-    except AttributeError:
-        pass
+    """The program's backend settings, read after its setup and at its end. The reads run with
+    torch-function dispatch off: a mode the program entered at import is still on the stack, and
+    must neither see them nor fail them (a mode that refused the call ended a failed setup in a
+    traceback of the auditor's, not with the setup's own error). A read that fails is left out."""
+    flags = {}
+    with no_torch_function():
+        for name, read in _FLAGS.items():
+            try:
+                flags[name] = read()
+            except Exception:
+                pass
     return flags
 
 
@@ -227,6 +247,24 @@ def _start_without_inductor(prof) -> None:
             torch.__getattr__ = lazy
 
 
+def window_schedule(warmup: int, active: int) -> Callable[[int], Any]:
+    """The profiler's schedule for one window: `torch.profiler.schedule(wait=0, warmup=warmup,
+    active=active, repeat=1)`, without its warning for a window with no warm-up step (a run of 1-3
+    steps has none to spare, by the plan: not something the user can act on). Silencing that
+    warning changed the warnings filters, and Python then forgot every warning it had shown: a
+    warning in the user's step printed once more when the window started."""
+    from torch.profiler import ProfilerAction
+
+    def action(step: int) -> Any:
+        if step < warmup:
+            return ProfilerAction.WARMUP
+        if step < warmup + active - 1:
+            return ProfilerAction.RECORD
+        return ProfilerAction.RECORD_AND_SAVE if step == warmup + active - 1 else ProfilerAction.NONE
+
+    return action
+
+
 class Profiler:
     """torch.profiler over the planned window only; its trace goes to DIR/tb/<run>/ for TensorBoard."""
 
@@ -246,14 +284,10 @@ class Profiler:
         if i != self.start_at:
             return
         self.history = cuda_memory.start_history()  # CUDA only: allocator history for the window
-        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        with warnings.catch_warnings():
-            # a run of 1-3 steps has no step to spare for warm-up, by the plan: torch's warning
-            # about it is the auditor's, not something the user can act on
-            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-            plan = schedule(wait=0, warmup=1 if self.warm is not None else 0, active=len(self.active), repeat=1)
+        plan = window_schedule(1 if self.warm is not None else 0, len(self.active))
         self.prof = profile(
             activities=acts, record_shapes=True, with_stack=True, profile_memory=True, schedule=plan,
             on_trace_ready=tensorboard_trace_handler(self.logdir, worker_name=f"{socket.gethostname()}_{os.getpid()}"),

@@ -29,6 +29,7 @@ from typing import Any, Optional
 import torch
 
 from auditor.capture.frames import is_library
+from auditor.capture.unseen import no_torch_function
 
 _CONTAINERS = (list, tuple, dict, set, deque)
 
@@ -502,7 +503,13 @@ def scan(module: types.ModuleType | None, source_file: str | None,
     """Count live graph-carrying tensors and the graph behind them; name the globals holding tensors
     (with their bytes, for memory-growth) and the lines that grow them; for a buffer of rows, where
     in a row the graph sits; and whether a backward ran through what a holder kept since an earlier
-    scan saw it."""
+    scan saw it. Run with torch-function dispatch off: a mode on the stack (the user's, the default
+    device's) would see every read of every live tensor."""
+    with no_torch_function():
+        return _scan(module, source_file, step)
+
+
+def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[int, int] | None) -> dict[str, Any]:
     tensor = torch.Tensor  # (a local: this test runs once per gc-tracked object, ~300k of them)
     live = [t for t in [o for o in gc.get_objects() if type(o) is tensor] if t.grad_fn is not None]
     holders = []

@@ -88,6 +88,7 @@ from torch.overrides import TorchFunctionMode
 
 from auditor.capture import probes
 from auditor.capture.frames import call_span, code_kinds, is_library, library_code, user_call, user_frame
+from auditor.capture.unseen import no_torch_function as _no_torch_function, not_traced
 
 perf = time.perf_counter
 
@@ -222,9 +223,6 @@ class _Unseen:
             self.range.__exit__(*exc)
         finally:
             self.off.__exit__(*exc)
-
-
-_no_torch_function = torch._C.DisableTorchFunction
 
 
 def _checks_range() -> Any:
@@ -507,7 +505,8 @@ class _Mode(TorchFunctionMode):
             return func(*args, **kwargs) if kwargs else func(*args)
         if kind == ALIAS:
             out = func(*args, **kwargs) if kwargs else func(*args)
-            col.alias(args[0], out)
+            with _no_torch_function():
+                col.alias(args[0], out)
             return out
         if kwargs is None:
             kwargs = {}
@@ -524,14 +523,17 @@ class _Mode(TorchFunctionMode):
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         t0 = perf()
-        try:
-            if _profiling():  # (tested inline: this is the path every call takes)
-                with torch.autograd.profiler.record_function(CHECKS_RANGE):
+        # (_checks_range, inline: this is the path every call takes. The modes below this one, the
+        # user's and torch's default-device mode, see the call above, never the checks' reads)
+        with _no_torch_function():
+            try:
+                if _profiling():
+                    with torch.autograd.profiler.record_function(CHECKS_RANGE):
+                        col.on_op(func, kind, args, kwargs, out)
+                else:
                     col.on_op(func, kind, args, kwargs, out)
-            else:
-                col.on_op(func, kind, args, kwargs, out)
-        except Exception as e:  # our bug must never become the user's failure
-            col.failed(e)
+            except Exception as e:  # our bug must never become the user's failure
+                col.failed(e)
         col.check_s += perf() - t0
         return out
 
@@ -855,14 +857,17 @@ class Numerics:
                 probes.forward_done(module, self.fwd_t0, where if where is not None else user_frame(sys._getframe(1)))
             if self.lstack and self.lstack.pop():
                 t0 = perf()
-                try:  # (before the mode is back: our own reductions are not the user's calls)
-                    if _profiling():  # (tested inline, as in _Mode: every library layer call)
-                        with torch.autograd.profiler.record_function(CHECKS_RANGE):
+                # (before the mode is back, and unseen by the modes below it, as in _Mode: our own
+                # reductions are not the user's calls)
+                with _no_torch_function():
+                    try:
+                        if _profiling():  # (tested inline, as in _Mode: every library layer call)
+                            with torch.autograd.profiler.record_function(CHECKS_RANGE):
+                                self._on_leaf(module, args, output)
+                        else:
                             self._on_leaf(module, args, output)
-                    else:
-                        self._on_leaf(module, args, output)
-                except Exception as e:  # our bug must never become the user's failure
-                    self.failed(e)
+                    except Exception as e:  # our bug must never become the user's failure
+                        self.failed(e)
                 _push_mode(self.mode)
                 self.check_s += perf() - t0
             self.mstack.pop()
@@ -1186,6 +1191,7 @@ class Numerics:
 
     # --- optimizer hooks ------------------------------------------------------------------------
 
+    @not_traced  # (torch.compile of the optimizer's step: run as it is, see unseen.not_traced)
     def _opt_pre(self, opt, args, kwargs) -> tuple | None:
         self.opt_t0 = perf()
         self.opt_frame, self.opt_where = sys._getframe(1), None  # (see _opt_user_line)
@@ -1262,6 +1268,7 @@ class Numerics:
 
         return closure_checked
 
+    @not_traced
     def _opt_post(self, opt, args, kwargs) -> None:
         if self.times_phases:
             probes.optimizer_done(opt, self.opt_t0, self._opt_user_line())
@@ -1717,7 +1724,8 @@ def _install_config_probes(col: Numerics) -> None:
         def safe(*a: Any, **k: Any) -> None:
             try:
                 col.paused += 1
-                fn(*a, **k)
+                with _no_torch_function():  # (reads of the user's objects: unseen by the user's modes)
+                    fn(*a, **k)
             except Exception as e:
                 col.failed(e)
             finally:
@@ -1748,7 +1756,8 @@ def _install_config_probes(col: Numerics) -> None:
     def make_opt_load(orig):
         def probe(self, state_dict, *args, **kwargs):
             where = _caller()
-            before = [_scalar(g.get("lr")) for g in self.param_groups]
+            with _no_torch_function():
+                before = [_scalar(g.get("lr")) for g in self.param_groups]
             result = orig(self, state_dict, *args, **kwargs)
             after_opt_load(self, before, where)
             return result
@@ -1793,7 +1802,8 @@ def _install_config_probes(col: Numerics) -> None:
     def make_sched_load(orig):
         def probe(self, state_dict, *args, **kwargs):
             where = _caller()
-            before = ([_scalar(x) for x in getattr(self, "base_lrs", [])], getattr(self, "last_epoch", None))
+            with _no_torch_function():
+                before = ([_scalar(x) for x in getattr(self, "base_lrs", [])], getattr(self, "last_epoch", None))
             result = orig(self, state_dict, *args, **kwargs)
             after_sched_load(self, before, where)
             return result
@@ -1894,7 +1904,7 @@ def _install_amp_probes(col: Numerics, guard: Callable) -> None:
                 return orig(self, *args, **kwargs)
             before = None
             try:
-                with torch.no_grad():
+                with torch.no_grad(), _no_torch_function():
                     before = read_scale(self)
             except Exception as e:
                 col.failed(e)
@@ -1904,7 +1914,7 @@ def _install_amp_probes(col: Numerics, guard: Callable) -> None:
             finally:
                 col.paused -= 1
             try:
-                with torch.no_grad():
+                with torch.no_grad(), _no_torch_function():
                     after = read_scale(self)
                 if after is not None:
                     idx = col.scaler_index.get(self)

@@ -24,6 +24,7 @@ import torch
 import torch.utils.data.dataloader as dl
 
 from auditor.capture.frames import is_library, is_torch_internal, user_frame
+from auditor.capture.unseen import no_torch_function, not_traced, recorded_warnings
 from auditor.evidence import model as m
 
 perf = time.perf_counter
@@ -177,11 +178,12 @@ def _warnings_at_caller(orig: Callable) -> Callable:
     tensor with requires_grad=True to a scalar" for `float(loss)`) name the user's line, not the
     probe that called it. Only such tensors pay for catching warnings."""
     def call(self, *args, **kwargs):
-        if not self.requires_grad:
+        with no_torch_function():  # (the auditor's read: the user's torch-function modes see the call only)
+            requires_grad = self.requires_grad
+        if not requires_grad:
             return orig(self, *args, **kwargs)
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+            with recorded_warnings() as caught:  # (not catch_warnings: see unseen.recorded_warnings)
                 return orig(self, *args, **kwargs)
         finally:  # (outside the catching block: re-raised there, they would be caught again)
             where = user_frame(sys._getframe(1))  # (the probe's caller)
@@ -215,10 +217,13 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
                     label = _INTERNAL_SYNCS.get(code) or _logging_sync(code.co_filename, what)
                     if label is None:
                         torch_own[id(code)] = code
-                if label is not None and (applies is None or applies(self, *args, **kwargs)):
-                    dev = _internal_sync_device(f, self) if label in _INTERNAL_SYNCS_LABELS else DEVICE_OF(self)
-                    if JUDGE_AS_CUDA and dev != "cuda":
-                        return orig(self, *args, **kwargs)  # a host tensor: nothing to wait for
+                if label is not None:
+                    with no_torch_function():  # (the auditor's reads: the user's modes see the call only)
+                        dev = (None if applies is not None and not applies(self, *args, **kwargs)
+                               else _internal_sync_device(f, self) if label in _INTERNAL_SYNCS_LABELS
+                               else DEVICE_OF(self))
+                    if dev is None or (JUDGE_AS_CUDA and dev != "cuda"):
+                        return orig(self, *args, **kwargs)  # no sync here, or a host tensor: nothing to wait for
                     t0 = perf()
                     try:
                         return orig(self, *args, **kwargs)
@@ -269,7 +274,8 @@ def _sync_function(what: str):
                 f = _user_call()
                 if f is not None:
                     first = args[0] if args else None
-                    dev = "cuda" if what.startswith("torch.cuda") else DEVICE_OF(first)
+                    with no_torch_function():  # (the auditor's read: the user's modes see the call only)
+                        dev = "cuda" if what.startswith("torch.cuda") else DEVICE_OF(first)
                     if JUDGE_AS_CUDA and dev != "cuda":
                         return orig(*args, **kwargs)
                     t0 = perf()
@@ -502,9 +508,12 @@ def _install_phase_hooks() -> None:
         if state["depth"] == 0:
             forward_done(module, state["t0"], user_frame(sys._getframe(1)))
 
+    # (torch.compile of the optimizer's step would trace these: see unseen.not_traced)
+    @not_traced
     def opt_pre(opt, args, kwargs):
         state["opt_t0"] = perf()
 
+    @not_traced
     def opt_post(opt, args, kwargs):
         optimizer_done(opt, state["opt_t0"], user_frame(sys._getframe(1)))
 
