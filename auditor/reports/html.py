@@ -36,7 +36,7 @@ from auditor.reports.base import Reporter
 from auditor.reports.findings_json import document
 from auditor.reports.patch import make_patch, numerics_patchable, patchable
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
-from auditor.reports.terminal import checkpoint_overview, recoverable
+from auditor.reports.terminal import checkpoint_overview, elsewhere_phrase, recoverable, steps_of
 from auditor.rules.base import Finding
 from auditor.rules.engine import RuleResults
 from auditor.rules.registry import get_rule
@@ -272,6 +272,8 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "largest_ms": fmt_ms(rec.largest) if rec.largest is not None else None,
         "estimated": rec.estimated,
         "counted_only": rec.counted_only,
+        "elsewhere": elsewhere_phrase(rec.elsewhere) if rec.elsewhere else None,
+        "steps_of": steps_of(ev),
         "peak_rss": fmt_bytes(max(rss)) if rss else None,
         "peak_device": fmt_bytes(max(dev)) if dev else None,
         "device": ev.environment.device,
