@@ -160,3 +160,27 @@ def test_a_trace_given_beside_a_run_is_not_added_to_the_run(example_audit, tmp_p
     assert any(f["rule"] == "gpu-idle" for f in both.findings) and not any(f["rule"] == "gpu-idle" for f in alone["findings"])
     head = both.stdout.splitlines()[0]
     assert f"up to {rec.ms:.2f} ms/step recoverable" in head and "findings on 1 other trace not added in" in head
+
+
+def test_a_capped_sum_shows_the_largest_cost_on_the_page_as_in_the_terminal(tmp_path) -> None:
+    """ResNet with num_workers=0: gpu-idle, dataloader-bound, launch-bound ... add up past the
+    176 ms step. The terminal said 'the largest alone is 76.89 ms/step (44%)'; the page's card said
+    'up to 176.3 ms (100%)', the whole step recoverable."""
+    import re
+
+    from auditor.reports.html import HtmlReport
+    from test_trace_rules import W0
+
+    ev, results = analysed(W0)
+    rec = recoverable(ev, results)
+    median = statistics.median(b - a for a, b in raw_steps(W0)) / 1000
+    idle = next(f for f in results.findings if f.rule == "gpu-idle")
+    assert rec.capped and rec.largest == idle.cost.ms_per_step  # (its number: test_trace_rules)
+    assert ev.shown_median_ms() == pytest.approx(median, abs=1e-3)
+    head = summary_lines(ev, results, None)[0].plain
+    assert f"the largest alone is {rec.largest:.2f} ms/step ({rec.largest / median:.0%})" in head
+    page = HtmlReport().render(ev, results, tmp_path)
+    card = re.search(r'<div class="label">Recoverable per step</div>(.*?)</div>\s*</div>', page, re.S).group(1)
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", card)).strip()
+    assert text.startswith(f"{rec.largest:.1f} ms ({rec.largest / median:.0%}) the largest finding's cost alone"), text
+    assert "100%" not in text and f"{median:.1f} ms" not in text

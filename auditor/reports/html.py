@@ -270,6 +270,7 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "recoverable_share": f"{rec.share:.0%}" if rec.share is not None else None,
         "capped": rec.capped,
         "largest_ms": fmt_ms(rec.largest) if rec.largest is not None else None,
+        "largest_share": f"{rec.largest / median:.0%}" if rec.largest is not None and (median := ev.shown_median_ms()) else None,
         "estimated": rec.estimated,
         "counted_only": rec.counted_only,
         "elsewhere": elsewhere_phrase(rec.elsewhere) if rec.elsewhere else None,
