@@ -9,6 +9,7 @@ Exit codes (a contract, documented in the README):
 """
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -400,10 +401,28 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_TARGET_FAILED)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG or os.environ.get("AUDIT_DEBUG"):
+            _internal_error(e)
+        # a path the user gave (or an output named after it) that the system cannot even look up
+        click.echo(f"audit: error: {_clipped(e.filename)}: {e.strerror.lower() if e.strerror else e}", err=True)
+        sys.exit(EXIT_USAGE)
     except Exception as e:  # a bug of ours: one line, the traceback only on request
-        if os.environ.get("AUDIT_DEBUG"):
-            raise
-        click.echo(f"audit: internal error: {type(e).__name__}: {e} (set AUDIT_DEBUG=1 for the traceback)",
-                   err=True)
-        sys.exit(EXIT_INTERNAL)
+        _internal_error(e)
     sys.exit(rv if isinstance(rv, int) else EXIT_OK)
+
+
+def _clipped(name: object, keep: int = 80) -> str:
+    """A path for the one-line error: its start and end, when it is a few thousand characters."""
+    if not isinstance(name, (str, bytes)):
+        return "a path"
+    text = os.fsdecode(name)
+    return text if len(text) <= keep else f"{text[:keep // 2]}...{text[-keep // 2:]} ({len(text):,} characters)"
+
+
+def _internal_error(e: Exception) -> None:
+    if os.environ.get("AUDIT_DEBUG"):
+        raise e
+    click.echo(f"audit: internal error: {type(e).__name__}: {e} (set AUDIT_DEBUG=1 for the traceback)",
+               err=True)
+    sys.exit(EXIT_INTERNAL)

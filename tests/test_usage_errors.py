@@ -122,3 +122,20 @@ def test_a_package_file_with_relative_imports_gets_the_module_form_as_a_hint(tmp
     assert message.startswith("attempted relative import") and f"from {tmp_path}: audit run mypkg.train:step" in message
     a = audit("run", "mypkg.train:step", "--steps", "2", "--quiet", out=tmp_path / "o2", cwd=tmp_path)
     assert a.returncode == 0, a.stderr
+
+
+def test_a_path_too_long_to_look_up(tmp_path):
+    """A path the system refuses to look up (a name past 255 bytes, a path past 4096): looking it
+    up raised OSError(ENAMETOOLONG), which ended every command as an internal error (exit 4)."""
+    import torch
+
+    torch.save({"w": torch.ones(2)}, tmp_path / "ok.pt")
+    name = "n" * 300
+    deep = "d/" * 2100 + "x.json"
+    cases = [("analyze", f"{name}.json"), ("analyze", deep), ("checkpoint", f"{name}.pt"), ("report", name),
+             ("run", f"{name}.py:step"), ("checkpoint", str(tmp_path / "ok.pt"), "--against", f"{name}.yaml")]
+    for args in cases:
+        a = audit(*args, out=tmp_path / "o", cwd=tmp_path)
+        one_line_error(a, "file name too long")
+        assert len(a.stderr) < 300 and f"({len(args[-1] if args[0] != 'run' else name + '.py'):,} characters)" in a.stderr
+    assert not (tmp_path / "o").exists()
