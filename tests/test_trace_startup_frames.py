@@ -19,6 +19,7 @@ from conftest import audit
 TRAINER = textwrap.dedent('''\
     import sys, time
     import torch
+    torch.set_num_threads(1)  # (two cores shared with other jobs: spinning threads make 2x2 ops take 15 ms)
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
     model = torch.nn.Linear(4, 2)
