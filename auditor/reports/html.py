@@ -36,7 +36,8 @@ from auditor.reports.base import Reporter
 from auditor.reports.findings_json import document
 from auditor.reports.patch import make_patch, numerics_patchable, patchable
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
-from auditor.reports.terminal import checkpoint_overview, elsewhere_phrase, recoverable, steps_of
+from auditor.reports.terminal import (checkpoint_overview, elsewhere_phrase, recoverable, snapshot_overview,
+                                      steps_of)
 from auditor.rules.base import Finding
 from auditor.rules.engine import RuleResults
 from auditor.rules.registry import get_rule
@@ -282,6 +283,30 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
     }
 
 
+def snapshot_verdict(ev: Evidence) -> dict[str, Any] | None:
+    """The top of the page for memory snapshots analysed on their own (None otherwise): what the
+    allocator held (the first snapshot's, the others named), in place of a run's step time,
+    recoverable time and peak memory, which a snapshot does not have."""
+    from auditor.evidence.snapshot import format_bytes
+
+    snaps = snapshot_overview(ev)
+    if not snaps:
+        return None
+    s = snaps[0]
+    where = ", ".join(f"cuda:{d}" for d in s["devices"]) or "no device"
+    of = f" ({s['name']}; {len(snaps) - 1} more snapshot(s) in the findings)" if len(snaps) > 1 else ""
+    return {
+        "reserved": format_bytes(s["reserved"]),
+        "reserved_sub": f"in {s['segments']:,} segment{'s' if s['segments'] != 1 else ''} on {where}{of}",
+        "allocated": format_bytes(s["allocated"]),
+        "allocated_sub": (f"{s['allocated'] / s['reserved']:.0%} of reserved" if s["reserved"] else "nothing reserved")
+                         + ("; allocation history recorded" if s["history"] else "; no allocation history"),
+        "free": format_bytes(s["free"]),
+        "free_sub": f"largest free block {format_bytes(s['largest_free'])}; "
+                    f"{format_bytes(s['free_in_empty'])} in wholly empty segments",
+    }
+
+
 def checkpoint_verdict(ev: Evidence) -> dict[str, Any] | None:
     """The top of the page for `audit checkpoint` (None otherwise): what the file holds and whether
     any of it is non-finite, in place of a run's step time, recoverable time and peak memory."""
@@ -450,6 +475,8 @@ class HtmlReport(Reporter):
             results=results,
             verdict=verdict(evidence, results),
             ckpt=checkpoint_verdict(evidence),
+            snap=snapshot_verdict(evidence),
+            ran=evidence.source == "run",
             findings=findings,
             config=patched_config(results.findings),
             patches=patch_files(results.findings),

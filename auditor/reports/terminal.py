@@ -119,6 +119,33 @@ def checkpoint_overview(evidence: Evidence) -> dict[str, Any] | None:
             "meta": ck.get("meta") or {}}
 
 
+def snapshot_overview(evidence: Evidence) -> list[dict[str, Any]] | None:
+    """What `audit analyze` read from CUDA memory snapshots given on their own (None otherwise),
+    one entry per snapshot: a snapshot is the allocator's state, not steps, so a run's step-time
+    summary would only say "0 step(s)" and "no device allocator numbers" about it."""
+    snaps = evidence.snapshot_data if evidence.source == "snapshot" else []
+    if not snaps:
+        return None
+    out = []
+    for snap in snaps:
+        t = snap.totals
+        out.append({"name": Path(snap.path).name, "devices": sorted({s.device for s in snap.segments}),
+                    "segments": t.segments, "reserved": t.reserved, "allocated": t.allocated, "free": t.free,
+                    "largest_free": t.largest_free, "free_in_empty": t.free_in_empty_segments,
+                    "history": len(snap.histories) > 0})
+    return out
+
+
+def snapshot_phrase(s: dict[str, Any]) -> str:
+    """One snapshot's state, as the head line and the page say it."""
+    from auditor.evidence.snapshot import format_bytes
+
+    where = ", ".join(f"cuda:{d}" for d in s["devices"]) or "no device"
+    return (f"{format_bytes(s['reserved'])} reserved in {s['segments']:,} segment{'s' if s['segments'] != 1 else ''} "
+            f"on {where}, {format_bytes(s['allocated'])} allocated, {format_bytes(s['free'])} free inside them "
+            f"(largest free block {format_bytes(s['largest_free'])})")
+
+
 def nonfinite_phrase(n: int) -> str:
     """How many of a checkpoint's tensors hold NaN/inf, as a clause."""
     return "none holds NaN/inf" if n == 0 else f"{n} tensor{'s hold' if n > 1 else ' holds'} NaN/inf"
@@ -182,8 +209,14 @@ def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None
     lines: list[Text] = []
     median = evidence.shown_median_ms()
     ck = checkpoint_overview(evidence)
-    head = _checkpoint_head(evidence, ck) if ck is not None else \
-        Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s){steps_of(evidence)}")
+    snaps = snapshot_overview(evidence)
+    if ck is not None:
+        head = _checkpoint_head(evidence, ck)
+    elif snaps:
+        head = Text(f"audit of memory snapshot{'s' if len(snaps) > 1 else ''} {evidence.target}: "
+                    + "; ".join((f"{s['name']}: " if len(snaps) > 1 else "") + snapshot_phrase(s) for s in snaps))
+    else:
+        head = Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s){steps_of(evidence)}")
     if median is not None:
         head.append(f", median {median:.2f} ms/step")
         check = evidence.median_check_ms()
