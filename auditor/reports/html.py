@@ -349,12 +349,29 @@ def trace_views(ev: Evidence, out_dir: Path) -> dict[str, Any]:
         resolved.setdefault((Path(f) if Path(f).is_absolute() else out_dir / f).resolve(), None)
     links = [{"name": p.name, "href": _href(str(p), out_dir), "path": str(p), "exists": p.exists()}
              for p in resolved]
-    tb = out_dir / "tb"
-    first = next(iter(resolved), None)
-    logdir = tb if tb.is_dir() else (first.parent.parent if first else None)
-    return {"links": links,
-            "tensorboard": f"tensorboard --logdir {shlex.quote(str(logdir))}" if logdir else None,
-            "top_ops": top_ops(ev)}
+    return {"links": links, "tensorboard": tensorboard_command(out_dir / "tb", list(resolved)), "top_ops": top_ops(ev)}
+
+
+TB_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")  # the only files torch-tb-profiler reads
+
+
+def tensorboard_command(tb: Path, traces: list[Path]) -> str | None:
+    """How to open the traces in TensorBoard's profiler plugin, which reads `<logdir>/<run>/
+    *.pt.trace.json[.gz]` only: the run's own logdir; else the logdir above the first trace's run
+    folder; else, for a file named otherwise (`prof.export_chrome_trace("trace.json")`), a copy of
+    it under that name in a logdir of its own. (The parent's parent of `/tmp/trace.json` was `/`:
+    TensorBoard scanned the whole disk and found no trace in it.)"""
+    if tb.is_dir():
+        return f"tensorboard --logdir {shlex.quote(str(tb))}"
+    if not traces:
+        return None
+    first = traces[0]
+    if first.name.endswith(TB_SUFFIXES):
+        return f"tensorboard --logdir {shlex.quote(str(first.parent.parent))}"
+    name = first.name.removesuffix(".gz").removesuffix(".json")
+    suffix = ".pt.trace.json.gz" if first.name.endswith(".gz") else ".pt.trace.json"
+    return (f"mkdir -p tb/run && cp {shlex.quote(str(first))} tb/run/{shlex.quote(name + suffix)} && "
+            f"tensorboard --logdir tb")
 
 
 def top_ops(ev: Evidence, limit: int = 20) -> list[dict]:
