@@ -46,12 +46,17 @@ def _out(out_dir: Path | None, name: str) -> Path:
         if not out.exists():
             _MADE.add(out)
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".audit-write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
+        _write_probe(out)
     except OSError as e:
         raise UsageFailure(f"--out {out}: cannot write there ({e.strerror or e})") from None
     return out
+
+
+def _write_probe(directory: Path) -> None:
+    """Raises OSError when a file cannot be created in `directory`."""
+    probe = directory / f".audit-write-test-{os.getpid()}"
+    probe.touch()
+    probe.unlink()
 
 
 def _drop_if_unused(out: Path) -> None:
@@ -250,6 +255,11 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> N
 
     if not is_run_dir(run_dir):
         raise UsageFailure(f"{run_dir}: not an audit output directory (no evidence.json)")
+    try:  # the reports are written back into it (a copy from a cluster may be read-only)
+        _write_probe(run_dir)
+    except OSError as e:
+        raise UsageFailure(f"{run_dir}: cannot write the reports there ({e.strerror or e}); "
+                           f"`audit analyze {run_dir} --out DIR` writes them elsewhere") from None
     config = _config(Path.cwd(), select, ignore)
     try:
         evidence = load_paths([run_dir])

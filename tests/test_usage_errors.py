@@ -1,6 +1,8 @@
 """Bad input: one clear line on stderr, exit 2, no traceback."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import FIXTURES, audit
@@ -139,3 +141,37 @@ def test_a_path_too_long_to_look_up(tmp_path):
         one_line_error(a, "file name too long")
         assert len(a.stderr) < 300 and f"({len(args[-1] if args[0] != 'run' else name + '.py'):,} characters)" in a.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_report_into_a_run_directory_that_cannot_be_written(tmp_path, example_audit):
+    """`audit report DIR` writes the reports back into DIR: a run copied read-only from a cluster
+    ended as an internal error (PermissionError on evidence.json, exit 4). It is a usage error
+    that says where the reports can go instead; `audit analyze DIR --out` then writes them."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    run = example_audit("clean", 5)
+    assert run.returncode == 0, run.stderr
+    ro = tmp_path / "ro"
+    shutil.copytree(run.out, ro)
+    for p in [*ro.rglob("*"), ro]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    # root ignores file modes: drop the capabilities that let it (as a user account is)
+    prefix = (["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if os.geteuid() == 0 else [])
+    if prefix and not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: a read-only directory cannot be made")
+    try:
+        p = subprocess.run([*prefix, sys.executable, "-m", "auditor", "report", str(ro)], capture_output=True,
+                           text=True, timeout=120)
+        a = type(run)(p.returncode, p.stdout, p.stderr, ro)
+        one_line_error(a, f"{ro}: cannot write the reports there (Permission denied); "
+                          f"`audit analyze {ro} --out DIR` writes them elsewhere")
+        p = subprocess.run([*prefix, sys.executable, "-m", "auditor", "analyze", str(ro), "--out", str(tmp_path / "o"),
+                            "--quiet"], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert json.loads((tmp_path / "o" / "findings.json").read_text())["steps"]["count"] == 5
+    finally:
+        for q in [ro, *ro.rglob("*")]:
+            q.chmod(0o755 if q.is_dir() else 0o644)
