@@ -32,7 +32,9 @@ class UsageFailure(Exception):
 
 
 def _default_out(name: str) -> Path:
-    return Path("audit-out") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """audit-out/<name>-<timestamp>, the name cut to 100 characters: a file name may be 255 bytes
+    long, and `checkpoint-<a 240-character file name>-<timestamp>` could not be made."""
+    return Path("audit-out") / f"{name[:100]}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 _MADE: set[Path] = set()  # output directories this command created (see _out, _drop_if_unused)

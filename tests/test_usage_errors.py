@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -175,3 +177,19 @@ def test_report_into_a_run_directory_that_cannot_be_written(tmp_path, example_au
     finally:
         for q in [ro, *ro.rglob("*")]:
             q.chmod(0o755 if q.is_dir() else 0o644)
+
+
+def test_a_long_file_name_still_gets_a_default_output_directory(tmp_path):
+    """`audit checkpoint <a 240-character name>.pt` named its default output directory
+    checkpoint-<name>-<timestamp>, past the 255 bytes a file name may have: it failed with
+    '--out ...: cannot write there', an option the user never gave."""
+    import torch
+
+    ckpt = tmp_path / f"{'c' * 240}.pt"
+    torch.save({"w": torch.ones(2)}, ckpt)
+    cmd = [sys.executable, "-m", "auditor", "checkpoint", str(ckpt), "--quiet"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    [out] = (tmp_path / "audit-out").iterdir()
+    assert out.name.startswith(f"checkpoint-{'c' * 89}-") and len(out.name) <= 100 + 16
+    assert json.loads((out / "findings.json").read_text())["target"] == str(ckpt)
