@@ -9,6 +9,7 @@ Exit codes (a contract, documented in the README):
 """
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -31,7 +32,9 @@ class UsageFailure(Exception):
 
 
 def _default_out(name: str) -> Path:
-    return Path("audit-out") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """audit-out/<name>-<timestamp>, the name cut to 100 characters: a file name may be 255 bytes
+    long, and `checkpoint-<a 240-character file name>-<timestamp>` could not be made."""
+    return Path("audit-out") / f"{name[:100]}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 _MADE: set[Path] = set()  # output directories this command created (see _out, _drop_if_unused)
@@ -45,12 +48,17 @@ def _out(out_dir: Path | None, name: str) -> Path:
         if not out.exists():
             _MADE.add(out)
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".audit-write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
+        _write_probe(out)
     except OSError as e:
         raise UsageFailure(f"--out {out}: cannot write there ({e.strerror or e})") from None
     return out
+
+
+def _write_probe(directory: Path) -> None:
+    """Raises OSError when a file cannot be created in `directory`."""
+    probe = directory / f".audit-write-test-{os.getpid()}"
+    probe.touch()
+    probe.unlink()
 
 
 def _drop_if_unused(out: Path) -> None:
@@ -249,6 +257,11 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> N
 
     if not is_run_dir(run_dir):
         raise UsageFailure(f"{run_dir}: not an audit output directory (no evidence.json)")
+    try:  # the reports are written back into it (a copy from a cluster may be read-only)
+        _write_probe(run_dir)
+    except OSError as e:
+        raise UsageFailure(f"{run_dir}: cannot write the reports there ({e.strerror or e}); "
+                           f"`audit analyze {run_dir} --out DIR` writes them elsewhere") from None
     config = _config(Path.cwd(), select, ignore)
     try:
         evidence = load_paths([run_dir])
@@ -400,10 +413,28 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_TARGET_FAILED)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG or os.environ.get("AUDIT_DEBUG"):
+            _internal_error(e)
+        # a path the user gave (or an output named after it) that the system cannot even look up
+        click.echo(f"audit: error: {_clipped(e.filename)}: {e.strerror.lower() if e.strerror else e}", err=True)
+        sys.exit(EXIT_USAGE)
     except Exception as e:  # a bug of ours: one line, the traceback only on request
-        if os.environ.get("AUDIT_DEBUG"):
-            raise
-        click.echo(f"audit: internal error: {type(e).__name__}: {e} (set AUDIT_DEBUG=1 for the traceback)",
-                   err=True)
-        sys.exit(EXIT_INTERNAL)
+        _internal_error(e)
     sys.exit(rv if isinstance(rv, int) else EXIT_OK)
+
+
+def _clipped(name: object, keep: int = 80) -> str:
+    """A path for the one-line error: its start and end, when it is a few thousand characters."""
+    if not isinstance(name, (str, bytes)):
+        return "a path"
+    text = os.fsdecode(name)
+    return text if len(text) <= keep else f"{text[:keep // 2]}...{text[-keep // 2:]} ({len(text):,} characters)"
+
+
+def _internal_error(e: Exception) -> None:
+    if os.environ.get("AUDIT_DEBUG"):
+        raise e
+    click.echo(f"audit: internal error: {type(e).__name__}: {e} (set AUDIT_DEBUG=1 for the traceback)",
+               err=True)
+    sys.exit(EXIT_INTERNAL)

@@ -341,3 +341,23 @@ def test_a_text_file_is_not_a_checkpoint(tmp_path, check):
     a = check(tmp_path / "notes.pt")
     assert a.returncode == 2 and len(a.stderr.strip().splitlines()) == 1
     assert "not a readable torch checkpoint" in a.stderr
+
+
+@pytest.mark.parametrize("nan_weight", [True, False])
+def test_a_checkpoint_directory_finding_is_placed_at_a_file_for_code_scanning(tmp_path, check, nan_weight):
+    """A directory is not a SARIF artifact: a checkpoint directory's finding had no location, and
+    GitHub code scanning rejects the whole file for one such result. Non-finite weights are placed
+    at the weights file; a NaN only in the training log, at trainer_state.json."""
+    from test_sarif import _validate
+
+    d = hf_checkpoint(tmp_path, nan_weight=nan_weight, nan_log=True, sharded=True)
+    a = check(d)
+    held = "model-00002-of-00002.safetensors" if nan_weight else "trainer_state.json"  # (2.weight: 2nd shard)
+    doc = json.loads((a.out / "findings.sarif").read_text())
+    _validate(doc)
+    [r] = doc["runs"][0]["results"]
+    assert [loc["physicalLocation"]["artifactLocation"]["uri"].split("/")[-2:] for loc in r.get("locations", [])] \
+        == [["checkpoint-500", held]]
+    assert r["locations"][0]["physicalLocation"]["region"] == {"startLine": 1}
+    [f] = a.rule("nonfinite")
+    assert [pathlib.Path(p).name for p in f["evidence"]["files"]] == [held]

@@ -15,7 +15,7 @@ from auditor.reports.findings_json import document
 from auditor.reports.html import verdict
 from auditor.reports.terminal import recoverable, summary_lines
 from auditor.rules.engine import RuleResults, run_rules
-from test_trace_rules import DDP, RANK0, TRACES, in_steps, raw, raw_blocking, raw_idle, raw_idle_behind, raw_steps
+from test_trace_rules import BERT, DDP, RANK0, TRACES, in_steps, raw, raw_blocking, raw_idle, raw_idle_behind, raw_steps
 
 pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"recorded fixtures not found at {TRACES}")
 
@@ -73,7 +73,8 @@ def test_a_contained_cost_counts_when_its_container_is_absent_or_elsewhere() -> 
     assert alone.ms == pytest.approx(sync.cost.ms_per_step)
     other = msgspec.structs.replace(idle, evidence={**idle.evidence, "trace": str(TRACES / RANK0)})
     both = recoverable(ev, RuleResults(findings=[other, sync]))
-    assert both.ms == pytest.approx(idle.cost.ms_per_step + sync.cost.ms_per_step)
+    # (the other trace's idle time is per step of that trace: not in this headline's sum)
+    assert both.ms == pytest.approx(sync.cost.ms_per_step) and both.elsewhere == 1
 
 
 def test_findings_json_keeps_the_costs_and_names_the_container() -> None:
@@ -86,3 +87,100 @@ def test_findings_json_keeps_the_costs_and_names_the_container() -> None:
     waits = in_steps(DDP, raw_blocking(raw(DDP)))
     assert costs["host-sync"]["ms_per_step"] == pytest.approx(
         raw_idle_behind(DDP, waits) / 1000 / len(raw_steps(DDP)), abs=1e-3)
+
+
+def two_run_logdir(root, a: str, b: str):
+    """A TensorBoard logdir of two runs, each holding one of the recorded traces (byte copies)."""
+    import shutil
+
+    for run, name in (("run-a", a), ("run-b", b)):
+        (root / "tb" / run).mkdir(parents=True)
+        shutil.copyfile(TRACES / name, root / "tb" / run / name)
+    return root / "tb"
+
+
+def test_the_headline_adds_up_only_the_trace_whose_steps_it_shows(tmp_path) -> None:
+    """Two traces in one logdir: their costs are each per step of its own recording. The headline
+    (DDP's 3 steps, median 222 ms) used to add BERT's 4.1 ms gpu-idle to DDP's 169.9 ms; a
+    directory of all the recordings said 'the largest alone is 644 ms/step (290%)', OWL's idle time
+    against DDP's step."""
+    ev = load_paths([two_run_logdir(tmp_path, DDP, BERT)])
+    results = run_rules(ev)
+    idle = {f.evidence["trace"].split("/")[-2]: f for f in results.findings if f.rule == "gpu-idle"}
+    assert set(idle) == {"run-a", "run-b"} and idle["run-b"].cost.ms_per_step > 1.0
+    median = statistics.median(b - a for a, b in raw_steps(DDP)) / 1000
+    rec = recoverable(ev, results)
+    assert rec.ms == pytest.approx(raw_idle_per_step_ms(DDP), abs=1e-3) and not rec.capped
+    assert rec.share == pytest.approx(raw_idle_per_step_ms(DDP) / median, abs=1e-4)
+    assert rec.elsewhere == 1 and rec.largest == pytest.approx(idle["run-a"].cost.ms_per_step)
+    head = summary_lines(ev, results, None)[0].plain
+    assert head.startswith(f"audit of {tmp_path / 'tb'}: 3 step(s) in run-a/{DDP}, median {median:.2f} ms/step")
+    assert (f", up to {rec.ms:.2f} ms/step recoverable ({rec.share:.0%}); findings on 1 other trace not added in "
+            f"(their costs are per step of their own trace)") in head
+    page = verdict(ev, results)
+    assert page["recoverable_ms"] == verdict(ev, RuleResults(findings=[idle["run-a"]]))["recoverable_ms"]
+    assert page["steps_of"] == f" in run-a/{DDP}" and page["elsewhere"].startswith("findings on 1 other trace")
+
+    one = load_paths([TRACES / DDP])  # the clean case: one trace, nothing left out, nothing said
+    rec_one = recoverable(one, run_rules(one))
+    assert rec_one.ms == pytest.approx(rec.ms) and rec_one.elsewhere == 0
+    assert " in " not in summary_lines(one, run_rules(one), None)[0].plain.split(": ", 1)[1].split(",")[0]
+
+
+def test_a_directory_of_unrelated_traces_keeps_its_headline_within_its_step() -> None:
+    ev = load_paths([TRACES])
+    results = run_rules(ev)
+    shown = next(t for t in ev.trace_data if len(t.steps))  # (the trace whose steps the headline shows)
+    rec = recoverable(ev, results)
+    assert shown.label == DDP and ev.shown_median_ms() == pytest.approx(
+        statistics.median(b - a for a, b in raw_steps(DDP)) / 1000, abs=1e-3)
+    mine = [f for f in results.findings if f.evidence.get("trace") == str(shown.path) and f.cost.within is None]
+    assert rec.ms == pytest.approx(sum(f.cost.ms_per_step for f in mine)) and rec.share < 1
+    others = {f.evidence["trace"] for f in results.findings if f.cost and f.cost.ms_per_step
+              and f.evidence.get("trace") != str(shown.path)}
+    assert rec.elsewhere == len(others) >= 4
+
+
+def test_a_trace_given_beside_a_run_is_not_added_to_the_run(example_audit, tmp_path) -> None:
+    """`audit analyze RUN_DIR trace.json`: the run's headline is the run's; the GPU trace's 170 ms
+    of idle time was added to (and capped at) a CPU run's 40 ms step."""
+    from conftest import audit
+
+    run = example_audit("dataloader_bound", 12)
+    assert run.returncode == 0, run.stderr
+    alone = run.findings_doc
+    both = audit("analyze", str(run.out), str(TRACES / DDP), out=tmp_path / "both")
+    assert both.returncode == 0, both.stderr
+    ev = load_paths([run.out, TRACES / DDP])
+    results = run_rules(ev)
+    rec = recoverable(ev, results)
+    own = [f for f in results.findings if "trace" not in f.evidence and f.cost and f.cost.ms_per_step]
+    assert own and rec.ms == pytest.approx(min(sum(f.cost.ms_per_step for f in own), ev.shown_median_ms()))
+    assert rec.elsewhere == 1
+    assert any(f["rule"] == "gpu-idle" for f in both.findings) and not any(f["rule"] == "gpu-idle" for f in alone["findings"])
+    head = both.stdout.splitlines()[0]
+    assert f"up to {rec.ms:.2f} ms/step recoverable" in head and "findings on 1 other trace not added in" in head
+
+
+def test_a_capped_sum_shows_the_largest_cost_on_the_page_as_in_the_terminal(tmp_path) -> None:
+    """ResNet with num_workers=0: gpu-idle, dataloader-bound, launch-bound ... add up past the
+    176 ms step. The terminal said 'the largest alone is 76.89 ms/step (44%)'; the page's card said
+    'up to 176.3 ms (100%)', the whole step recoverable."""
+    import re
+
+    from auditor.reports.html import HtmlReport
+    from test_trace_rules import W0
+
+    ev, results = analysed(W0)
+    rec = recoverable(ev, results)
+    median = statistics.median(b - a for a, b in raw_steps(W0)) / 1000
+    idle = next(f for f in results.findings if f.rule == "gpu-idle")
+    assert rec.capped and rec.largest == idle.cost.ms_per_step  # (its number: test_trace_rules)
+    assert ev.shown_median_ms() == pytest.approx(median, abs=1e-3)
+    head = summary_lines(ev, results, None)[0].plain
+    assert f"the largest alone is {rec.largest:.2f} ms/step ({rec.largest / median:.0%})" in head
+    page = HtmlReport().render(ev, results, tmp_path)
+    card = re.search(r'<div class="label">Recoverable per step</div>(.*?)</div>\s*</div>', page, re.S).group(1)
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", card)).strip()
+    assert text.startswith(f"{rec.largest:.1f} ms ({rec.largest / median:.0%}) the largest finding's cost alone"), text
+    assert "100%" not in text and f"{median:.1f} ms" not in text

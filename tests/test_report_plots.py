@@ -44,3 +44,29 @@ def test_memory_timeline_is_capped_and_keeps_the_peak():
     assert list(line.x) == sorted(line.x)  # still in time order
     star = next(t for t in fig.data if t.name.startswith("peak") and t.y[0] == max(line.y))
     assert star.x[0] in line.x and np.isclose(star.y[0], mib.max(), atol=1e-3)
+
+
+def test_memory_timeline_of_an_old_trace_adds_up_the_allocations():
+    """Kineto of torch 1.9 (the V100 ResNet trace) records each `[memory]` event's size, negative
+    for a free, and no running total: the plot drew the absent total, a flat line at 0 with
+    'peak -0.0 MiB', and the parser had turned every free's size into -1. The line is now the
+    running sum of the sizes, named as a change since the window opened."""
+    import gzip
+    import json
+
+    from auditor.evidence.load import load_paths
+    from auditor.reports.plots import memory_timeline_plot
+    from conftest import ROOT
+
+    path = ROOT.parent / "shared" / "fixtures" / "traces" / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
+    with gzip.open(path, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
+    fig = memory_timeline_plot(load_paths([path]))
+    for device, label in ((0, "CPU"), (1, "GPU")):
+        sizes = [e["args"]["Bytes"] for e in events if e["args"]["Device Type"] == device]
+        assert "Total Allocated" not in events[0]["args"] and min(sizes) < 0  # frees are negative
+        running = [sum(sizes[:i + 1]) / 2**20 for i in range(len(sizes))]
+        line = next(t for t in fig.data if t.name == f"{label} allocated (change since the window opened)")
+        assert max(line.y) == round(max(running), 3) and line.y[-1] == round(running[-1], 3)
+        assert any(t.name == f"peak {max(running):+.1f} MiB" for t in fig.data)
+    assert max(next(t for t in fig.data if t.name.startswith("GPU")).y) > 2000  # 2.6 GiB of activations

@@ -402,3 +402,63 @@ def test_cuda_helpers_write_snapshots_our_loader_reads(tmp_path: Path, monkeypat
     assert load_snapshot(tmp_path / "d.pickle").totals.reserved == snapshot(LLAMA).totals.reserved
     assert cuda_memory.stop_history() is True and calls[-1] == {"enabled": None}
     assert not list(tmp_path.rglob("*.tmp*"))
+
+
+# ------------------------------------------------------------------------------------------------
+# What the reports say about snapshots analysed on their own
+
+
+def _raw_figures(path: Path) -> dict[str, int]:
+    segs = raw(path)["segments"]
+    free = [b["size"] for s in segs for b in s["blocks"] if b["state"] == "inactive"]
+    return {"segments": len(segs), "reserved": sum(s["total_size"] for s in segs),
+            "allocated": sum(s["allocated_size"] for s in segs), "free": sum(free), "largest": max(free),
+            "empty": sum(s["total_size"] for s in segs if not any(b["state"] != "inactive" for b in s["blocks"]))}
+
+
+def test_a_snapshot_report_leads_with_what_the_allocator_held(tmp_path: Path) -> None:
+    """`audit analyze snapshot.pickle` headed its terminal summary and page as a run: '0 step(s)',
+    median '-', 'no device allocator numbers' and 'How the run ended: completed', about a 70.7 GiB
+    allocator state. Both now state the snapshot's reserved, allocated and free bytes."""
+    import re
+
+    from conftest import audit
+
+    a = audit("analyze", str(FRAGMENTED), out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    r = _raw_figures(FRAGMENTED)
+    gib = lambda n: f"{n / GiB:.1f} GiB"  # noqa: E731
+    head = a.stdout.splitlines()[0]
+    assert head == (f"audit of memory snapshot {FRAGMENTED}: {gib(r['reserved'])} reserved in {r['segments']:,} "
+                    f"segments on cuda:0, {gib(r['allocated'])} allocated, {gib(r['free'])} free inside them "
+                    f"(largest free block {r['largest'] / MiB:.1f} MiB)")
+    assert "step(s)" not in head and head.startswith("audit of memory snapshot") and "70.7 GiB reserved" in head
+    page = (tmp_path / "out" / "report.html").read_text()
+    cards = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.search(r'<section id="verdict".*?</section>', page, re.S)[0]))
+    assert f"Reserved {gib(r['reserved'])} in {r['segments']:,} segments on cuda:0" in cards
+    assert f"Allocated {gib(r['allocated'])} {r['allocated'] / r['reserved']:.0%} of reserved" in cards
+    assert f"Free inside segments {gib(r['free'])} largest free block {r['largest'] / MiB:.1f} MiB; {gib(r['empty'])} in wholly empty segments" in cards
+    assert "Median step" not in cards and "no device allocator numbers" not in cards
+    assert 'id="ending"' not in page and "How the run ended" not in page and 'id="traces"' not in page
+    assert "Memory snapshot audit" in page
+    # the finding says the same figures
+    [f] = a.rule("allocator-fragmentation")
+    assert f"{gib(r['free'])} of the {gib(r['reserved'])} reserved" in f["message"]
+
+
+def test_a_run_report_still_tells_how_the_run_ended(tmp_path: Path) -> None:
+    """The clean case: a run's page keeps its step cards and its ending; a trace's keeps its step
+    cards but has no ending to tell (nothing ran)."""
+    from auditor.reports.html import HtmlReport
+    from test_reporters import make_case
+
+    case = make_case(tmp_path)
+    page = HtmlReport().render(case.evidence, case.results, case.out_dir)
+    assert case.evidence.source == "run" and 'id="ending"' in page and "Median step" in page
+    assert "Training-step audit" in page and "Reserved" not in page
+    from auditor.evidence.load import load_paths
+    from auditor.rules.engine import run_rules
+
+    trace = load_paths([SNAPSHOTS.parent / "traces" / "a100_item_sync_small.pt.trace.json.gz"])
+    page = HtmlReport().render(trace, run_rules(trace), tmp_path)
+    assert "Median step" in page and 'id="traces"' in page and 'id="ending"' not in page

@@ -125,3 +125,35 @@ def test_audit_run_tensorboard_serves_the_audited_run(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+def test_the_report_says_how_to_open_a_trace_named_otherwise(tmp_path: Path) -> None:
+    """`prof.export_chrome_trace("trace.json")` writes a file the plugin does not read (it reads
+    `<logdir>/<run>/*.pt.trace.json[.gz]`): the report said `tensorboard --logdir` the file's
+    parent's parent, where TensorBoard found nothing. It now gives the copy that makes it a run, and
+    TensorBoard serves it."""
+    import html
+    import re
+    import subprocess
+
+    from conftest import audit
+
+    logdir_trace = _write_trace(tmp_path / "elsewhere")
+    trace = tmp_path / "work" / "trace.json"
+    trace.parent.mkdir()
+    trace.write_bytes(logdir_trace.read_bytes())
+    a = audit("analyze", str(trace), out=tmp_path / "out", cwd=trace.parent)
+    assert a.returncode == 0, a.stderr
+    page = (tmp_path / "out" / "report.html").read_text()
+    command = html.unescape(re.search(r"then\s+<code>(.*?)</code>", page, re.S).group(1))
+    assert command == f"mkdir -p tb/run && cp {trace} tb/run/trace.pt.trace.json && tensorboard --logdir tb"
+    subprocess.run(command.split(" && tensorboard")[0], shell=True, check=True, cwd=trace.parent)
+    url, proc = start_tensorboard(trace.parent / "tb")
+    try:
+        _wait_for_run(url, "run")
+    finally:
+        stop_tensorboard(proc)
+    # the clean case: a trace in a run folder is opened from the logdir above it
+    a = audit("analyze", str(logdir_trace), out=tmp_path / "out2")
+    page = (tmp_path / "out2" / "report.html").read_text()
+    assert f"<code>tensorboard --logdir {tmp_path / 'elsewhere'}</code>" in page

@@ -1,6 +1,10 @@
 """Bad input: one clear line on stderr, exit 2, no traceback."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from conftest import FIXTURES, audit
@@ -122,3 +126,70 @@ def test_a_package_file_with_relative_imports_gets_the_module_form_as_a_hint(tmp
     assert message.startswith("attempted relative import") and f"from {tmp_path}: audit run mypkg.train:step" in message
     a = audit("run", "mypkg.train:step", "--steps", "2", "--quiet", out=tmp_path / "o2", cwd=tmp_path)
     assert a.returncode == 0, a.stderr
+
+
+def test_a_path_too_long_to_look_up(tmp_path):
+    """A path the system refuses to look up (a name past 255 bytes, a path past 4096): looking it
+    up raised OSError(ENAMETOOLONG), which ended every command as an internal error (exit 4)."""
+    import torch
+
+    torch.save({"w": torch.ones(2)}, tmp_path / "ok.pt")
+    name = "n" * 300
+    deep = "d/" * 2100 + "x.json"
+    cases = [("analyze", f"{name}.json"), ("analyze", deep), ("checkpoint", f"{name}.pt"), ("report", name),
+             ("run", f"{name}.py:step"), ("checkpoint", str(tmp_path / "ok.pt"), "--against", f"{name}.yaml")]
+    for args in cases:
+        a = audit(*args, out=tmp_path / "o", cwd=tmp_path)
+        one_line_error(a, "file name too long")
+        assert len(a.stderr) < 300 and f"({len(args[-1] if args[0] != 'run' else name + '.py'):,} characters)" in a.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_report_into_a_run_directory_that_cannot_be_written(tmp_path, example_audit):
+    """`audit report DIR` writes the reports back into DIR: a run copied read-only from a cluster
+    ended as an internal error (PermissionError on evidence.json, exit 4). It is a usage error
+    that says where the reports can go instead; `audit analyze DIR --out` then writes them."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    run = example_audit("clean", 5)
+    assert run.returncode == 0, run.stderr
+    ro = tmp_path / "ro"
+    shutil.copytree(run.out, ro)
+    for p in [*ro.rglob("*"), ro]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    # root ignores file modes: drop the capabilities that let it (as a user account is)
+    prefix = (["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if os.geteuid() == 0 else [])
+    if prefix and not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: a read-only directory cannot be made")
+    try:
+        p = subprocess.run([*prefix, sys.executable, "-m", "auditor", "report", str(ro)], capture_output=True,
+                           text=True, timeout=120)
+        a = type(run)(p.returncode, p.stdout, p.stderr, ro)
+        one_line_error(a, f"{ro}: cannot write the reports there (Permission denied); "
+                          f"`audit analyze {ro} --out DIR` writes them elsewhere")
+        p = subprocess.run([*prefix, sys.executable, "-m", "auditor", "analyze", str(ro), "--out", str(tmp_path / "o"),
+                            "--quiet"], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert json.loads((tmp_path / "o" / "findings.json").read_text())["steps"]["count"] == 5
+    finally:
+        for q in [ro, *ro.rglob("*")]:
+            q.chmod(0o755 if q.is_dir() else 0o644)
+
+
+def test_a_long_file_name_still_gets_a_default_output_directory(tmp_path):
+    """`audit checkpoint <a 240-character name>.pt` named its default output directory
+    checkpoint-<name>-<timestamp>, past the 255 bytes a file name may have: it failed with
+    '--out ...: cannot write there', an option the user never gave."""
+    import torch
+
+    ckpt = tmp_path / f"{'c' * 240}.pt"
+    torch.save({"w": torch.ones(2)}, ckpt)
+    cmd = [sys.executable, "-m", "auditor", "checkpoint", str(ckpt), "--quiet"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    [out] = (tmp_path / "audit-out").iterdir()
+    assert out.name.startswith(f"checkpoint-{'c' * 89}-") and len(out.name) <= 100 + 16
+    assert json.loads((out / "findings.json").read_text())["target"] == str(ckpt)

@@ -163,17 +163,24 @@ HF_WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.b
 HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-def load_hf_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
+def load_hf_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], int, dict[str, list[str]], dict[str, str]]:
     """A Hugging Face Trainer checkpoint directory as a bundle {"model", "optimizer", "scheduler"},
-    what trainer_state.json says, and the bytes read."""
+    what trainer_state.json says, the bytes read, the files each part came from ({"model":
+    [weights files], "optimizer", "scheduler", "training_log"}) and, when sharded, the shard of
+    each weight (`model.<name>`): a finding about the directory is placed at the file that holds
+    what it is about (code scanning needs a file, not a directory)."""
     bundle: dict[str, Any] = {}
     read: list[Path] = []
+    files: dict[str, list[str]] = {}
+    shard_of: dict[str, str] = {}  # a sharded checkpoint's index: tensor name -> its shard file
     weights: dict[str, Any] = {}
     for index in HF_INDEXES:
         if (path / index).is_file():
             try:
-                shards = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
-            except (ValueError, KeyError, TypeError, OSError):
+                weight_map = json.loads((path / index).read_text())["weight_map"]
+                shards = sorted(set(weight_map.values()))
+                shard_of = {f"model.{k}": str(path / v) for k, v in weight_map.items()}
+            except (ValueError, KeyError, TypeError, AttributeError, OSError):
                 raise InputError(f"{path / index}: not a readable weights index (no weight_map)") from None
             for shard in shards:
                 if not (path / shard).is_file():
@@ -192,10 +199,12 @@ def load_hf_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], int]
                 break
     if weights:
         bundle["model"] = weights
+        files["model"] = [str(p) for p in read]
     for key, name in (("optimizer", "optimizer.pt"), ("scheduler", "scheduler.pt")):
         if (path / name).is_file():
             bundle[key] = load_checkpoint(path / name)
             read.append(path / name)
+            files[key] = [str(path / name)]
     state: dict[str, Any] = {}
     if (path / "trainer_state.json").is_file():
         try:
@@ -203,9 +212,11 @@ def load_hf_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], int]
         except (ValueError, OSError) as e:
             raise InputError(f"{path / 'trainer_state.json'}: not valid JSON ({str(e)[:120]})") from None
         read.append(path / "trainer_state.json")
+        files["training_log"] = [str(path / "trainer_state.json")]
     if not bundle:
         raise InputError(f"{path}: not a checkpoint directory (no {', '.join(HF_WEIGHTS[:3])} or optimizer.pt)")
-    return bundle, training_log(state if isinstance(state, dict) else {}), sum(p.stat().st_size for p in read)
+    return (bundle, training_log(state if isinstance(state, dict) else {}), sum(p.stat().st_size for p in read),
+            files, shard_of)
 
 
 def training_log(state: dict[str, Any]) -> dict[str, Any]:
@@ -523,10 +534,13 @@ def checkpoint_evidence(path: Path, against: Path | None = None) -> Evidence:
     import torch  # after the config: a bad config fails fast
 
     if path.is_dir():
-        bundle, log, size = load_hf_checkpoint(path)
+        bundle, log, size, files, shards = load_hf_checkpoint(path)
         summary = summarize(bundle, path, size)
         summary["layout"] = "hf-trainer"
         summary["training_log"] = log
+        summary["files"] = files
+        if shards:
+            summary["shards"] = shards
     else:
         obj, st_meta = load_weights(path)
         summary = summarize(obj, path)

@@ -144,6 +144,11 @@ def load_paths(paths: list[Path]) -> Evidence:
             # the run's other evidence still holds, as it does when the trace is missing
             add_load_note(evidence, f"profiler trace not analysed: {e}")
     name_by_logdir(parsed, _logdirs([Path(p) for p in paths]))
+    for trace in parsed:
+        if trace.steps_from:
+            add_load_note(evidence, f"{trace.label} has no ProfilerStep ranges (recorded without a schedule): its "
+                                    f"{len(trace.steps)} steps are taken from the end of one {trace.steps_from} to the end of "
+                                    f"the next (what came before the first is left out)")
     snapshots = [_load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
     evidence.__dict__["trace_data"] = parsed
     evidence.__dict__["snapshot_data"] = snapshots

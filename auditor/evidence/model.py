@@ -198,6 +198,13 @@ class Evidence(msgspec.Struct, dict=True):
                 return [float(d) / 1000.0 for d in trace.steps["dur"]]
         return []
 
+    def shown_trace(self) -> Any | None:
+        """The parsed trace whose ProfilerSteps the reports show (shown_step_ms), for recordings
+        analysed on their own; None for a run (its own steps) or when no trace has steps."""
+        if self.steps:
+            return None
+        return next((t for t in self.trace_data if len(t.steps)), None)
+
     def shown_median_ms(self) -> float | None:
         """The median step the reports state (see shown_step_ms), and every cost's share is of."""
         median = self.median_step_ms()

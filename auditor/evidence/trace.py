@@ -49,6 +49,11 @@ from auditor.evidence.trace_decode import (  # noqa: F401  (the vocabulary is re
 # record_function ranges the auditor runs its own work in (e.g. `auditor::numerics` around the
 # numerics collector's checks): every operator inside one was the audit's, not the program's
 AUDITOR_RANGE = re.compile(r"^auditor::")
+# The profiler's Python tracer records the frames already running when it starts within
+# microseconds of its first event (Trace.startup_frames); later calls come after its own start-up.
+STARTUP_WINDOW_US = 1000.0
+# torch.optim's range around every optimizer step (Trace._optimizer_steps)
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#.+\.step$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,7 +319,8 @@ class Trace:
     # -- steps and windows ---------------------------------------------------------------------
     @property
     def steps(self) -> pd.DataFrame:
-        """The CPU-side ProfilerStep ranges: step number, ts, end, dur (us), in time order."""
+        """The CPU-side ProfilerStep ranges: step number, ts, end, dur (us), in time order; for a
+        trace without them, the steps its optimizer's steps delimit (steps_from)."""
         cached = self.__dict__.get("_steps")
         if cached is not None:
             return cached
@@ -326,8 +332,44 @@ class Trace:
         steps = pd.DataFrame({"step": np.asarray(numbers, dtype=np.int64), "row": sel.index.to_numpy(),
                               "ts": sel["ts"].to_numpy(), "end": sel["end"].to_numpy(),
                               "dur": sel["dur"].to_numpy()}).sort_values("ts").reset_index(drop=True)
+        if not len(steps):
+            steps = self._optimizer_steps(steps)
         self.__dict__["_steps"] = steps
         return steps
+
+    @property
+    def steps_from(self) -> str | None:
+        """The optimizer range whose ends delimit the steps (`Optimizer.step#SGD.step`), when the
+        trace has no ProfilerSteps; None otherwise."""
+        self.steps  # noqa: B018  (found with them)
+        return self.__dict__.get("_steps_from")
+
+    def _optimizer_steps(self, empty: pd.DataFrame) -> pd.DataFrame:
+        """Steps of a trace recorded without a schedule (`with profile(): ...`, which writes no
+        ProfilerStep ranges): from the end of one optimizer step to the end of the next. Why: the
+        whole recording judged as one step read '0 step(s)' and 'per step' of a window of many,
+        and its first iteration (the profiler's start, every first call, a new DataLoader
+        iterator: 100 ms of a 5 ms step here) outweighed the rest. The optimizer's own range
+        (torch.optim records `Optimizer.step#<class>.step`) is the one boundary every training
+        step has; what comes before the first one is left out, as a schedule's warm-up would be.
+        The most frequent such name is taken, so two optimizers of different classes give one step
+        per iteration (two of one class give two: shares hold, per-step times halve). Fewer than
+        three optimizer steps: no steps (the whole recording is judged, as before)."""
+        ev = self.events
+        codes = self.symbols.matching(OPTIMIZER_STEP)
+        if not len(codes):
+            return empty
+        opt = ev[ev["name"].isin(codes) & (ev["cat"] == CAT["annotation"]) & ~ev["instant"]]
+        if not len(opt):
+            return empty
+        name_code = int(opt["name"].value_counts().idxmax())
+        ends = np.sort(opt.loc[opt["name"] == name_code, "end"].to_numpy(dtype=np.float64))
+        if len(ends) < 3:
+            return empty
+        self.__dict__["_steps_from"] = self.symbols[name_code]
+        return pd.DataFrame({"step": np.arange(1, len(ends), dtype=np.int64),
+                             "row": np.full(len(ends) - 1, -1, dtype=np.int64), "ts": ends[:-1], "end": ends[1:],
+                             "dur": np.diff(ends)})
 
     def window(self) -> tuple[float, float]:
         """The span rules measure shares against: the ProfilerSteps, or the whole trace."""
@@ -404,13 +446,65 @@ class Trace:
                 return out
         return out
 
+    def startup_frames(self) -> dict[int, int]:
+        """Python frames that were already running when the profiler started, each mapped to the
+        row of the call it was making then.
+
+        Why: the profiler's Python tracer names a call it sees begin by the function's first line,
+        but a frame already on the stack when it starts (the function holding `with profile():` or
+        calling `prof.step()`, and the callers above it) by the line that frame was on at that
+        moment, and keeps that name for the frame's whole life. Work the frame does later (the
+        next batch, the next step) is recorded under the same name, so that line, the profiler's
+        own, is not where it was done. The tracer records those frames first, all within
+        microseconds of its start, on every thread: each thread's outermost early frame, then the
+        earliest call inside each, down to the first library frame below the user's code (the
+        profiler's own start on the thread that started it)."""
+        cached = self.__dict__.get("_startup_frames")
+        if cached is not None:
+            return cached
+        out: dict[int, int] = {}
+        cat, ts, parent, names = self.col("cat"), self.col("ts"), self.col("parent"), self.col("name")
+        py = np.flatnonzero((cat == CAT["python"]) & ~self.col("instant"))
+        if len(py):
+            early = py[ts[py] <= ts[py].min() + STARTUP_WINDOW_US]
+            early = early[np.argsort(ts[early], kind="stable")]
+            first_child: dict[int, int] = {}
+            for r in early.tolist():
+                first_child.setdefault(int(parent[r]), r)
+            known = set(early.tolist())
+            threads: set[tuple[int, int]] = set()
+            pid, tid = self.col("pid"), self.col("tid")
+            for root in early.tolist():
+                thread = (int(pid[root]), int(tid[root]))
+                if int(parent[root]) in known or thread in threads:
+                    continue
+                threads.add(thread)
+                r, seen_user = root, False
+                while r in first_child or r == root:
+                    f = parse_frame(self.symbols[int(names[r])])
+                    user = f is not None and not is_library_file(f.file)
+                    if seen_user and not user:
+                        break
+                    seen_user = seen_user or user
+                    child = first_child.get(r)
+                    if child is None:
+                        break
+                    out[r] = child
+                    r = child
+        self.__dict__["_startup_frames"] = out
+        return out
+
     def user_frame(self, row: int) -> Frame | None:
         """The innermost frame outside torch, the standard library and site-packages.
 
         Memoised per row: every row on a walked chain gets the answer, so attributing thousands
-        of kernels costs one walk per distinct call site.
+        of kernels costs one walk per distinct call site. A frame that was running when the
+        profiler started names the line it was on then, which holds only for rows that began
+        before the call it was making returned; later rows get started_frame's answer. That is
+        judged on time, not on the chain: a ProfilerStep range opens inside `prof.step()` and
+        outlives it, so the rows of every step hang below the call that started the profiler.
         """
-        cache: dict[int, Frame | None] = self.__dict__.setdefault("_user_frames", {})
+        cache: dict[int, tuple[Frame | None, int]] = self.__dict__.setdefault("_user_frames", {})
         cat = self.col("cat")
         link = self.col("link")
         if cat[row] in GPU_SIDE and link[row] >= 0:
@@ -418,8 +512,9 @@ class Trace:
         parent = self.col("parent")
         stack = self.col("stack")
         names = self.col("name")
+        startup = self.startup_frames()
         path: list[int] = []
-        found: Frame | None = None
+        found: tuple[Frame | None, int] = (None, -1)  # (the frame, its row when it ran before the profiler)
         r = row
         while r >= 0:
             if r in cache:
@@ -429,13 +524,13 @@ class Trace:
             if cat[r] == CAT["python"]:
                 f = parse_frame(self.symbols[int(names[r])])
                 if f is not None and not is_library_file(f.file):
-                    found = f
+                    found = (f, r if r in startup else -1)
                     break
             elif stack[r] >= 0:
                 for part in self.symbols[int(stack[r])].split(";"):
                     f = parse_frame(part)
                     if f is not None and not is_library_file(f.file):
-                        found = f
+                        found = (f, -1)
                         break
                 break
             r = int(parent[r])
@@ -443,7 +538,13 @@ class Trace:
                 break
         for p in path:
             cache[p] = found
-        return found
+        frame, early = found
+        if frame is None or early < 0 or self.col("ts")[row] < self.col("end")[startup[early]]:
+            return frame
+        moved: dict[Frame, Frame] = self.__dict__.setdefault("_started_frames", {})
+        if frame not in moved:
+            moved[frame] = started_frame(frame)
+        return moved[frame]
 
 
 def _release_freed_memory() -> None:
@@ -741,12 +842,51 @@ def gpu_busy(trace: Trace, lo: float | None = None, hi: float | None = None) -> 
     return iv
 
 
+class StartedFrame(Frame, frozen=True):
+    """A frame named by the line it was on when the profiler started (Trace.startup_frames), for
+    work it did later: where that work was done is somewhere else in the function, and the
+    function's own first line could not be found (its file is not on this disk)."""
+
+
+def started_frame(frame: Frame) -> Frame:
+    """`frame`, seen running when the profiler started, as the place of work it did later: its
+    function's `def` line when the source is here (a Location then says the trace records the
+    function, not the line), else the recorded line marked as the profiler's (StartedFrame)."""
+    start = _def_line(frame.file, frame.line, frame.function)
+    if start is not None:
+        return Frame(file=frame.file, line=start, function=frame.function)
+    return StartedFrame(file=frame.file, line=frame.line, function=frame.function)
+
+
+_DEF = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)\s*[(\[]")
+
+
+def _def_line(file: str, line: int, function: str) -> int | None:
+    """The line of `def function` that encloses `line` in `file` (None for module code, or when
+    the file cannot be read here)."""
+    import linecache
+
+    lines = linecache.getlines(file) if file else []
+    if not (0 < line <= len(lines)) or not function.isidentifier():
+        return None
+    indent = len(lines[line - 1]) - len(lines[line - 1].lstrip())
+    for n in range(line - 1, 0, -1):
+        m = _DEF.match(lines[n - 1])
+        if m and len(m.group(1)) < indent:  # the def whose body holds the line
+            return n if m.group(2) == function else None
+    return None
+
+
 def frame_location_parts(frame: Frame) -> tuple[str, int, str]:
     """(file, line, source line) for a Location; the source only when the file is on this disk."""
     import linecache
 
     code = linecache.getline(frame.file, frame.line).strip() if frame.file else ""
-    if code.startswith(("def ", "async def ")):
+    if isinstance(frame, StartedFrame):
+        note = (f"(the line {frame.function or 'this code'} was on when the profiler started: the trace does "
+                f"not record the line within it)")
+        code = f"{code}  # {note}" if code else f"# {note}"
+    elif code.startswith(("def ", "async def ")):
         # torch >= 2 traces name Python functions by their first line: the call is somewhere in it
         code += "  # (the trace records this function, not the line within it)"
     return frame.file, frame.line, code
@@ -755,13 +895,13 @@ def frame_location_parts(frame: Frame) -> tuple[str, int, str]:
 def sites(trace: Trace, rows: list[int] | np.ndarray, weights: list[float] | np.ndarray | None = None,
           limit: int = 5) -> list[tuple[Frame, int, float]]:
     """User frames behind rows, grouped: [(frame, count, summed weight)], heaviest first."""
-    acc: dict[tuple[str, int], list[Any]] = {}
+    acc: dict[tuple[str, int, bool], list[Any]] = {}
     w = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)
     for r, x in zip(rows, w):
         f = trace.user_frame(int(r))
         if f is None:
             continue
-        key = (f.file, f.line)
+        key = (f.file, f.line, isinstance(f, StartedFrame))
         slot = acc.setdefault(key, [f, 0, 0.0])
         slot[1] += 1
         slot[2] += float(x)

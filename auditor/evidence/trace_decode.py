@@ -642,7 +642,8 @@ class _Columns:
         self._put(put, "external_id", np.maximum(column(launch_gpu, "external_id"),
                                                  column(launch_gpu, "external_id_old")))
         self._put(put, "correlation", column(launch_gpu, "correlation"))
-        self._put(put, "bytes", np.maximum(column(gpu, "bytes"), column(memory, "mem_bytes")))
+        # (a `[memory]` event's Bytes is negative for a free: not a maximum with the absent -1)
+        self._put(put, "bytes", np.where(memory, column(memory, "mem_bytes"), column(gpu, "bytes")))
         self._put(put, "stream", column(gpu, "stream"))
         self._put(put, "device", column(gpu, "device"))
         self._put(put, "total_allocated", column(memory, "total_allocated"))

@@ -36,8 +36,9 @@ from auditor.reports.base import Reporter
 from auditor.reports.findings_json import document
 from auditor.reports.patch import make_patch, numerics_patchable, patchable
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
-from auditor.reports.terminal import checkpoint_overview, recoverable
-from auditor.rules.base import Finding
+from auditor.reports.terminal import (checkpoint_overview, elsewhere_phrase, recoverable, snapshot_overview,
+                                      steps_of)
+from auditor.rules.base import Finding, share_of_step
 from auditor.rules.engine import RuleResults
 from auditor.rules.registry import get_rule
 
@@ -270,12 +271,39 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "recoverable_share": f"{rec.share:.0%}" if rec.share is not None else None,
         "capped": rec.capped,
         "largest_ms": fmt_ms(rec.largest) if rec.largest is not None else None,
+        "largest_share": f"{share:.0%}" if (share := share_of_step(rec.largest, ev.shown_median_ms())) is not None else None,
         "estimated": rec.estimated,
         "counted_only": rec.counted_only,
+        "elsewhere": elsewhere_phrase(rec.elsewhere) if rec.elsewhere else None,
+        "steps_of": steps_of(ev),
         "peak_rss": fmt_bytes(max(rss)) if rss else None,
         "peak_device": fmt_bytes(max(dev)) if dev else None,
         "device": ev.environment.device,
         "severities": {s: sum(f.severity == s for f in results.findings) for s in ("error", "warning", "info")},
+    }
+
+
+def snapshot_verdict(ev: Evidence) -> dict[str, Any] | None:
+    """The top of the page for memory snapshots analysed on their own (None otherwise): what the
+    allocator held (the first snapshot's, the others named), in place of a run's step time,
+    recoverable time and peak memory, which a snapshot does not have."""
+    from auditor.evidence.snapshot import format_bytes
+
+    snaps = snapshot_overview(ev)
+    if not snaps:
+        return None
+    s = snaps[0]
+    where = ", ".join(f"cuda:{d}" for d in s["devices"]) or "no device"
+    of = f" ({s['name']}; {len(snaps) - 1} more snapshot(s) in the findings)" if len(snaps) > 1 else ""
+    return {
+        "reserved": format_bytes(s["reserved"]),
+        "reserved_sub": f"in {s['segments']:,} segment{'s' if s['segments'] != 1 else ''} on {where}{of}",
+        "allocated": format_bytes(s["allocated"]),
+        "allocated_sub": (f"{s['allocated'] / s['reserved']:.0%} of reserved" if s["reserved"] else "nothing reserved")
+                         + ("; allocation history recorded" if s["history"] else "; no allocation history"),
+        "free": format_bytes(s["free"]),
+        "free_sub": f"largest free block {format_bytes(s['largest_free'])}; "
+                    f"{format_bytes(s['free_in_empty'])} in wholly empty segments",
     }
 
 
@@ -321,12 +349,29 @@ def trace_views(ev: Evidence, out_dir: Path) -> dict[str, Any]:
         resolved.setdefault((Path(f) if Path(f).is_absolute() else out_dir / f).resolve(), None)
     links = [{"name": p.name, "href": _href(str(p), out_dir), "path": str(p), "exists": p.exists()}
              for p in resolved]
-    tb = out_dir / "tb"
-    first = next(iter(resolved), None)
-    logdir = tb if tb.is_dir() else (first.parent.parent if first else None)
-    return {"links": links,
-            "tensorboard": f"tensorboard --logdir {shlex.quote(str(logdir))}" if logdir else None,
-            "top_ops": top_ops(ev)}
+    return {"links": links, "tensorboard": tensorboard_command(out_dir / "tb", list(resolved)), "top_ops": top_ops(ev)}
+
+
+TB_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")  # the only files torch-tb-profiler reads
+
+
+def tensorboard_command(tb: Path, traces: list[Path]) -> str | None:
+    """How to open the traces in TensorBoard's profiler plugin, which reads `<logdir>/<run>/
+    *.pt.trace.json[.gz]` only: the run's own logdir; else the logdir above the first trace's run
+    folder; else, for a file named otherwise (`prof.export_chrome_trace("trace.json")`), a copy of
+    it under that name in a logdir of its own. (The parent's parent of `/tmp/trace.json` was `/`:
+    TensorBoard scanned the whole disk and found no trace in it.)"""
+    if tb.is_dir():
+        return f"tensorboard --logdir {shlex.quote(str(tb))}"
+    if not traces:
+        return None
+    first = traces[0]
+    if first.name.endswith(TB_SUFFIXES):
+        return f"tensorboard --logdir {shlex.quote(str(first.parent.parent))}"
+    name = first.name.removesuffix(".gz").removesuffix(".json")
+    suffix = ".pt.trace.json.gz" if first.name.endswith(".gz") else ".pt.trace.json"
+    return (f"mkdir -p tb/run && cp {shlex.quote(str(first))} tb/run/{shlex.quote(name + suffix)} && "
+            f"tensorboard --logdir tb")
 
 
 def top_ops(ev: Evidence, limit: int = 20) -> list[dict]:
@@ -447,6 +492,8 @@ class HtmlReport(Reporter):
             results=results,
             verdict=verdict(evidence, results),
             ckpt=checkpoint_verdict(evidence),
+            snap=snapshot_verdict(evidence),
+            ran=evidence.source == "run",
             findings=findings,
             config=patched_config(results.findings),
             patches=patch_files(results.findings),

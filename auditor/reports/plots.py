@@ -104,13 +104,20 @@ def memory_timeline_plot(ev: Evidence) -> go.Figure | None:
         t0 = float(mem["ts"].min())
         for dev, part in mem.groupby("device_type"):
             ms = (part["ts"].to_numpy() - t0) / 1e3
-            mib = part["total_allocated"].to_numpy() / MiB
+            label = {0: "CPU allocated", 1: "GPU allocated"}.get(int(dev), f"device type {int(dev)} allocated")
+            total = part["total_allocated"].to_numpy()
+            if (total >= 0).any():
+                mib = np.where(total >= 0, total, 0) / MiB
+                peak_text = "peak {:.1f} MiB"
+            else:  # older Kineto records only each allocation's size (Bytes, negative when freed)
+                mib = np.cumsum(part["bytes"].to_numpy()) / MiB
+                label += " (change since the window opened)"
+                peak_text = "peak {:+.1f} MiB"
             peak = int(mib.argmax())
             keep = decimate(mib, MAX_LINE_POINTS)
-            label = {0: "CPU allocated", 1: "GPU allocated"}.get(int(dev), f"device type {int(dev)} allocated")
             fig.add_scatter(name=label, x=ms[keep].round(3).tolist(), y=mib[keep].round(3).tolist(), mode="lines",
                             line_shape="hv")
-            fig.add_scatter(name=f"peak {mib[peak]:.1f} MiB", x=[round(float(ms[peak]), 3)],
+            fig.add_scatter(name=peak_text.format(mib[peak]), x=[round(float(ms[peak]), 3)],
                             y=[round(float(mib[peak]), 3)], mode="markers",
                             marker=dict(symbol="star", size=12, color="#e45756"))
     return fig

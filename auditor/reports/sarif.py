@@ -119,9 +119,13 @@ def input_file(f: Finding, evidence: Evidence) -> str | None:
     input (a checkpoint, the target's file). GitHub code scanning rejects a whole SARIF file when
     one of its results has no location."""
     named = [f.evidence.get(k) for k in ("trace", "snapshot", "file", "checkpoint")]
+    held = f.evidence.get("files")  # the files of a checkpoint directory that hold what it is about
+    named = [*(held if isinstance(held, list) else []), *named]
     target = (evidence.target or "").rsplit(":", 1)[0] if evidence.source == "run" else evidence.target
     run_file = [target] if evidence.source == "run" else []  # (a run's own finding: the trainer, not its trace)
-    for c in [*named, *run_file, *evidence.snapshots, *evidence.traces, evidence.target]:
+    ck = evidence.extra.get("checkpoint") if evidence.source == "checkpoint" else None
+    read = [p for ps in ((ck.get("files") or {}) if isinstance(ck, dict) else {}).values() for p in ps]
+    for c in [*named, *run_file, *evidence.snapshots, *evidence.traces, evidence.target, *read]:
         if isinstance(c, str) and c and os.path.isfile(c):
             return c
     return None

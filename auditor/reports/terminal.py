@@ -27,7 +27,9 @@ OUTPUTS = ("report.html", "findings.json", "findings.sarif", "fixes.patch", "num
 @dataclass(frozen=True)
 class Recoverable:
     """Time the findings say could be saved per step: their costs summed, each stretch of time once
-    (a cost another finding's cost holds is left out), capped at the median step."""
+    (a cost another finding's cost holds is left out), capped at the median step. Only the findings
+    on the recording whose steps the headline shows are summed (headline_scope): a cost is per step
+    of its own recording, and two recordings' steps are not one step."""
 
     ms: float | None  # None: no finding has a time cost
     share: float | None  # of the median step, as a finding's share_of_step is (rules.base.share_of_step)
@@ -35,6 +37,30 @@ class Recoverable:
     estimated: bool  # some summed costs are estimates, not measurements
     counted_only: int  # findings with no time cost (counted, or not measurable on this run)
     largest: float | None = None  # ms/step of the costliest finding alone (what a capped sum still says)
+    elsewhere: int = 0  # other recordings (traces) whose timed findings are not in the sum
+
+
+def _trace_key(path: Any) -> str:
+    return os.path.realpath(str(path))
+
+
+def headline_scope(evidence: Evidence) -> set[str] | None:
+    """The traces whose findings the headline adds to its step (real paths), or None when every
+    finding counts (no trace was read). A run: its own profiled window; recordings: the trace whose
+    steps are shown, else the first one. Findings on other traces (another run's window, another
+    rank, a trace given beside a run) are per step of their own recording."""
+    traces = evidence.trace_data
+    if not traces:
+        return None
+    if evidence.source == "run":
+        return {_trace_key(p) for p in (evidence.profile.trace_files if evidence.profile else [])}
+    shown = evidence.shown_trace() or traces[0]
+    return {_trace_key(shown.path)}
+
+
+def in_scope(f: Finding, scope: set[str] | None) -> bool:
+    trace = f.evidence.get("trace") if isinstance(f.evidence, dict) else None
+    return scope is None or not isinstance(trace, str) or _trace_key(trace) in scope
 
 
 def _held_elsewhere(f: Finding, timed: list[Finding]) -> bool:
@@ -51,8 +77,11 @@ def _held_elsewhere(f: Finding, timed: list[Finding]) -> bool:
 def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     timed = [f for f in results.findings if f.cost is not None and f.cost.ms_per_step is not None]
     counted_only = len(results.findings) - len(timed)
+    scope = headline_scope(evidence)
+    elsewhere = len({_trace_key(f.evidence["trace"]) for f in timed if not in_scope(f, scope)})
+    timed = [f for f in timed if in_scope(f, scope)]
     if not timed:
-        return Recoverable(None, None, False, False, counted_only)
+        return Recoverable(None, None, False, False, counted_only, elsewhere=elsewhere)
     # e.g. host-sync's idle time behind its waits is part of gpu-idle's idle total on that trace
     summed = [f.cost for f in timed if not _held_elsewhere(f, timed)]
     total = sum(c.ms_per_step for c in summed)  # type: ignore[union-attr, misc]
@@ -61,7 +90,19 @@ def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     ms = min(total, median) if median is not None else total
     # (the share as each finding's is taken: one finding alone prints the same percentage here)
     return Recoverable(ms, share_of_step(ms, median), capped, any(not c.measured for c in summed),  # type: ignore[union-attr]
-                       counted_only, max(f.cost.ms_per_step for f in timed))  # type: ignore[union-attr, type-var]
+                       counted_only, max(f.cost.ms_per_step for f in timed),  # type: ignore[union-attr, type-var]
+                       elsewhere)
+
+
+def steps_of(evidence: Evidence) -> str:
+    """Where the headline's steps come from, when that is not plain: several traces were read and
+    the steps are one trace's (` in <label>`); else empty."""
+    shown = evidence.shown_trace()
+    return f" in {shown.label}" if shown is not None and len(evidence.trace_data) > 1 else ""
+
+
+def elsewhere_phrase(n: int) -> str:
+    return f"findings on {n} other trace{'s' if n > 1 else ''} not added in (their costs are per step of their own trace)"
 
 
 def checkpoint_overview(evidence: Evidence) -> dict[str, Any] | None:
@@ -77,6 +118,33 @@ def checkpoint_overview(evidence: Evidence) -> dict[str, Any] | None:
             "nonfinite": sum(bool(t.get("nan") or t.get("posinf") or t.get("neginf")) for t in tensors),
             "optimizers": len(ck.get("optimizers") or []), "schedulers": len(ck.get("schedulers") or []),
             "meta": ck.get("meta") or {}}
+
+
+def snapshot_overview(evidence: Evidence) -> list[dict[str, Any]] | None:
+    """What `audit analyze` read from CUDA memory snapshots given on their own (None otherwise),
+    one entry per snapshot: a snapshot is the allocator's state, not steps, so a run's step-time
+    summary would only say "0 step(s)" and "no device allocator numbers" about it."""
+    snaps = evidence.snapshot_data if evidence.source == "snapshot" else []
+    if not snaps:
+        return None
+    out = []
+    for snap in snaps:
+        t = snap.totals
+        out.append({"name": Path(snap.path).name, "devices": sorted({s.device for s in snap.segments}),
+                    "segments": t.segments, "reserved": t.reserved, "allocated": t.allocated, "free": t.free,
+                    "largest_free": t.largest_free, "free_in_empty": t.free_in_empty_segments,
+                    "history": len(snap.histories) > 0})
+    return out
+
+
+def snapshot_phrase(s: dict[str, Any]) -> str:
+    """One snapshot's state, as the head line and the page say it."""
+    from auditor.evidence.snapshot import format_bytes
+
+    where = ", ".join(f"cuda:{d}" for d in s["devices"]) or "no device"
+    return (f"{format_bytes(s['reserved'])} reserved in {s['segments']:,} segment{'s' if s['segments'] != 1 else ''} "
+            f"on {where}, {format_bytes(s['allocated'])} allocated, {format_bytes(s['free'])} free inside them "
+            f"(largest free block {format_bytes(s['largest_free'])})")
 
 
 def nonfinite_phrase(n: int) -> str:
@@ -142,8 +210,14 @@ def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None
     lines: list[Text] = []
     median = evidence.shown_median_ms()
     ck = checkpoint_overview(evidence)
-    head = _checkpoint_head(evidence, ck) if ck is not None else \
-        Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s)")
+    snaps = snapshot_overview(evidence)
+    if ck is not None:
+        head = _checkpoint_head(evidence, ck)
+    elif snaps:
+        head = Text(f"audit of memory snapshot{'s' if len(snaps) > 1 else ''} {evidence.target}: "
+                    + "; ".join((f"{s['name']}: " if len(snaps) > 1 else "") + snapshot_phrase(s) for s in snaps))
+    else:
+        head = Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s){steps_of(evidence)}")
     if median is not None:
         head.append(f", median {median:.2f} ms/step")
         check = evidence.median_check_ms()
@@ -160,6 +234,8 @@ def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None
             head.append(f" ({rec.share:.0%})")
         if rec.estimated:
             head.append(", partly estimated")
+    if rec.elsewhere:
+        head.append(f"; {elsewhere_phrase(rec.elsewhere)}")
     lines.append(head)
     e = evidence.ending
     if e.status != "completed":

@@ -538,11 +538,13 @@ class Nonfinite(Rule):
         history = _logged_history(logged) if logged else ""
         if not bad and not logged:
             return
+        parts = ck.get("files") or {}  # (a checkpoint directory: the files each part came from)
         if not bad:
             yield self.finding(
                 f"Every tensor in {ck.get('file')} is finite, but training had gone non-finite before it was saved."
                 + history,
-                severity="warning", evidence={"file": ck.get("file"), "training_log": ck.get("training_log")},
+                severity="warning", evidence={"file": ck.get("file"), "training_log": ck.get("training_log"),
+                                              **({"files": parts["training_log"]} if parts.get("training_log") else {})},
                 fix=Fix(summary="Resume from a checkpoint saved before that step, and find the origin with `audit run` "
                                 "(lower the learning rate or clip gradients if grad_norm grew first).", config={}))
             return
@@ -553,10 +555,21 @@ class Nonfinite(Rule):
             f"({', '.join(sections)}): {names}{' …' if len(bad) > 5 else ''}." + history,
             evidence={"file": ck.get("file"), "tensors": bad[:50], "nonfinite_tensors": len(bad),
                       "nonfinite_values": sum(t.get("nan", 0) + t.get("posinf", 0) + t.get("neginf", 0) for t in bad),
-                      "sections": sections, "training_log": ck.get("training_log")},
+                      "sections": sections, "training_log": ck.get("training_log"),
+                      **({"files": held} if (held := _files_holding(bad, ck)) else {})},
             fix=Fix(summary="Do not resume from this checkpoint: its weights or optimizer state are poisoned. "
                             "Resume from the last checkpoint without NaN/inf and find the origin with `audit run`.",
                     config={}))
+
+
+def _files_holding(tensors: list[dict], ck: dict) -> list[str]:
+    """The files of a checkpoint directory that hold `tensors`: a weight's own shard when the index
+    names it, else the files of its section (weights, optimizer.pt). Empty for a single file."""
+    shards, parts = ck.get("shards") or {}, ck.get("files") or {}
+    held: list[str] = []
+    for t in tensors:
+        held += [shards[t["name"]]] if t["name"] in shards else parts.get(t["section"], [])
+    return list(dict.fromkeys(held))
 
 
 def _checkpoints(ev: m.Evidence, view: NumericsView, origin_step: int) -> dict[str, Any] | None:

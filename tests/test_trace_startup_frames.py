@@ -1,0 +1,166 @@
+"""Which line a trace finding names when the training loop runs in the frame that started the
+profiler. Kineto's Python tracer names a frame already running when it starts by the line it was
+on at that moment (`with profile(...)`, `prof.step()`), and keeps that name for the frame's whole
+life: a DataLoader wait in the next steps was named at the profiler's own line. The traces are
+recorded here with torch.profiler (with_stack=True), in the ways users write it.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import audit
+
+TRAINER = textwrap.dedent('''\
+    import sys, time
+    import torch
+    torch.set_num_threads(1)  # (two cores shared with other jobs: spinning threads make 2x2 ops take 15 ms)
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    model = torch.nn.Linear(4, 2)
+
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            time.sleep(0.003)
+            return torch.ones(4), i % 2
+
+
+    loader = torch.utils.data.DataLoader(Slow(), batch_size=2)
+
+
+    def main():
+        with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+            for i, (x, y) in enumerate(loader):
+                model(x).sum().backward()
+                if i == 3:
+                    break
+        prof.export_chrome_trace("in_function.json")
+
+
+    def scheduled():
+        sched = schedule(wait=0, warmup=1, active=3, repeat=1)
+        with profile(activities=[ProfilerActivity.CPU], with_stack=True, schedule=sched,
+                     on_trace_ready=tensorboard_trace_handler("tb", worker_name="w")) as prof:
+            for i, (x, y) in enumerate(loader):
+                model(x).sum().backward()
+                prof.step()
+                if i == 5:
+                    break
+
+
+    def train(n):
+        for i, (x, y) in enumerate(loader):
+            model(x).sum().backward()
+            if i == n:
+                break
+
+
+    def clean():
+        with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+            train(3)
+        prof.export_chrome_trace("called.json")
+
+
+    main()
+    scheduled()
+    clean()
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        for i, (x, y) in enumerate(loader):
+            model(x).sum().backward()
+            if i == 3:
+                break
+    prof.export_chrome_trace("module.json")
+    ''')
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("startup")
+    (root / "train.py").write_text(TRAINER)
+    p = subprocess.run([sys.executable, "train.py"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return root
+
+
+def line_of(text: str) -> int:
+    return next(i for i, line in enumerate(TRAINER.splitlines(), 1) if line.strip().startswith(text))
+
+
+def loader_finding(root: Path, trace: Path, name: str) -> dict:
+    a = audit("analyze", str(trace), out=root / f"out-{name}", cwd=root)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("dataloader-bound")
+    return f
+
+
+def raw_loader_ms_per_step(trace: Path) -> float:
+    """DataLoader __next__ ms per ProfilerStep (or in the span of its events, the profiler's own
+    `Trace` span left out, as one step), from the JSON."""
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "Trace"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
+    if not steps:
+        steps = [(min(e["ts"] for e in events), max(e["ts"] + e["dur"] for e in events))]
+    loads = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e["name"].startswith("enumerate(DataLoader)") and e["name"].endswith("__next__")]
+    inside = sum(max(0.0, min(b, hi) - max(a, lo)) for lo, hi in steps for a, b in loads)
+    return inside / len(steps) / 1e3
+
+
+def test_a_loop_inside_with_profile_is_placed_in_its_function(recorded: Path) -> None:
+    """main() holds the `with profile()`: its frame was recorded at that line, and the batches it
+    loads afterwards were placed there. The finding names main() (its def line), as for any
+    function the trace records."""
+    trace = recorded / "in_function.json"
+    f = loader_finding(recorded, trace, "in_function")
+    [loc] = f["locations"]
+    assert (loc["file"], loc["line"]) == ("train.py", line_of("def main():"))
+    assert loc["code"] == "def main():  # (the trace records this function, not the line within it)"
+    assert f["evidence"]["loader_ms_per_step"] == pytest.approx(raw_loader_ms_per_step(trace), rel=1e-3)
+
+
+def test_a_scheduled_profiler_is_not_placed_at_prof_step(recorded: Path) -> None:
+    """With a schedule, the profiler starts inside `prof.step()`: every later step was placed at that line."""
+    [trace] = (recorded / "tb").glob("*.pt.trace.json")
+    f = loader_finding(recorded, trace, "scheduled")
+    [loc] = f["locations"]
+    assert (loc["file"], loc["line"]) == ("train.py", line_of("def scheduled():"))
+    assert f["evidence"]["loader_ms_per_step"] == pytest.approx(raw_loader_ms_per_step(trace), rel=1e-3)
+    assert len(f["evidence"]["steps"]) == 3
+
+
+def test_module_code_keeps_the_with_line_and_says_what_it_is(recorded: Path) -> None:
+    """Module-level code has no def line: the `with` line stays, marked as the profiler's start."""
+    f = loader_finding(recorded, recorded / "module.json", "module")
+    [loc] = f["locations"]
+    assert (loc["file"], loc["line"]) == ("train.py", TRAINER.splitlines().index(
+        "with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:") + 1)
+    assert loc["code"].endswith("# (the line <module> was on when the profiler started: the trace does not "
+                                "record the line within it)")
+
+
+def test_without_the_source_the_recorded_line_is_marked(recorded: Path, tmp_path: Path) -> None:
+    """Analysed where the trainer's file is not (another machine): main()'s def line cannot be
+    found, so the recorded line stays, marked as where the profiler started."""
+    f = loader_finding(tmp_path, recorded / "in_function.json", "elsewhere")
+    [loc] = f["locations"]
+    with_line = next(i for i, line in enumerate(TRAINER.splitlines(), 1) if "with profile(" in line)
+    assert (loc["file"], loc["line"]) == ("train.py", with_line)
+    assert loc["code"] == ("# (the line main was on when the profiler started: the trace does not record the "
+                           "line within it)")
+
+
+def test_a_function_called_under_the_profiler_keeps_its_own_line(recorded: Path) -> None:
+    """The clean case: train() is called after the profiler started, so its frame is named by its
+    def line, as before; clean(), which holds the `with`, is not named."""
+    f = loader_finding(recorded, recorded / "called.json", "called")
+    [loc] = f["locations"]
+    assert (loc["file"], loc["line"]) == ("train.py", line_of("def train(n):"))
