@@ -632,6 +632,73 @@ def test_a_host_tensor_in_a_checkpointed_block_still_fails(tmp_path, reentrant):
     assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("host_ckpt.py", line)
 
 
+PER_SAMPLE_GRADS = """
+import os
+import torch
+from torch import nn
+from torch.func import functional_call, grad, jacrev, vmap
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x, y = torch.randn(32, 8, device=device), torch.randint(0, 2, (32,), device=device)
+
+
+def loss_one(p, xi, yi):
+    return nn.functional.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+
+
+def step(i):
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x, y)
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in per_sample.values()]).norm(dim=0)
+    factor = (1.0 / (norms + 1e-6)).clamp(max=1.0)  # DP-SGD: each sample's gradient clipped to norm 1
+    slope = jacrev(lambda t: model(t).sum(-1))(x[0])  # the input gradient of one sample
+    for k, p in model.named_parameters():
+        p.grad = (per_sample[k] * factor.view(-1, *[1] * (p.dim()))).mean(0) + 1e-3 * slope.mean()
+    opt.step()
+    if i == 2:
+        torch.save({"model": [p.detach() for p in model.parameters()], "opt": opt.state_dict()},
+                   os.environ["PARITY_OUT"])
+
+
+if __name__ == "__main__":
+    for i in range(3):
+        step(i)
+"""
+
+
+def test_torch_func_transforms_run_in_rehearsal_as_on_the_cpu(tmp_path):
+    """vmap, grad and jacrev wrap their inputs in new tensors and unwrap their results in C++,
+    where no torch function sees them: the per-sample gradients of GPU weights came back as host
+    tensors and the first op mixing them with the GPU batch was refused as a device mix, at step 0
+    (exit 3). A GPU runs this DP-SGD step; the rehearsal must too, and compute what the CPU
+    version computes."""
+    assert_rehearsal_computes_as_the_cpu_version(tmp_path, PER_SAMPLE_GRADS)
+
+
+HOST_INTO_VMAP = """
+import torch
+from torch.func import vmap
+
+w = torch.randn(16, device="cuda")
+x = torch.randn(8, 16)  # left on the host
+
+
+def step(i):
+    vmap(lambda xi: (xi * w).sum())(x)
+"""
+
+
+def test_a_host_tensor_inside_vmap_still_fails(tmp_path):
+    """Marks passed through torch.func must not excuse real mixes: a host batch multiplied with a
+    GPU tensor inside vmap fails at the user's line, as on a GPU."""
+    ending = gpu_crash(tmp_path, "host_vmap.py", HOST_INTO_VMAP)
+    assert ending["message"].startswith(MIXED) and "Tensor.mul" in ending["message"]
+    assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("host_vmap.py", 10)
+
+
 COMPILED = """
 import torch
 from torch import nn
