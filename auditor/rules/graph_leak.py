@@ -78,6 +78,22 @@ def _detach_edit(file: str, line: int) -> tuple[Edit | None, bool]:
     return None, False
 
 
+def _holder_names(holders: list[dict]) -> str:
+    """`total`, `model.1.running_mean`; parameters given a history are counted per global, as
+    "`ema`'s parameters (161)": an EMA of a ResNet would otherwise list every one."""
+    params: dict[str, int] = {}
+    names = []
+    for h in holders:
+        if h.get("kind") == "Parameter" and "." in h["name"]:
+            root = h["name"].split(".", 1)[0]
+            if root not in params:
+                names.append(root)
+            params[root] = params.get(root, 0) + 1
+        else:
+            names.append(h["name"])
+    return ", ".join(f"`{n}`'s parameters ({params[n]})" if n in params else f"`{n}`" for n in names)
+
+
 class GraphLeak(Rule):
     """
     What it detects:
@@ -86,8 +102,10 @@ class GraphLeak(Rule):
         kept as a tensor (`total += loss`), outputs appended to a list without `.detach()`, a
         recurrent state carried across steps without detaching, a module buffer updated in
         `forward` outside `torch.no_grad()` (`self.running_mean = 0.9 * self.running_mean + 0.1 * m`,
-        or in place: `self.running_mean.mul_(0.9).add_(0.1 * m)`). Modules are found in the target's
-        globals, their attributes, and lists, tuples and dicts of them (`nets = [G, D]`).
+        or in place: `self.running_mean.mul_(0.9).add_(0.1 * m)`), the parameters of a hand-written
+        EMA updated in place outside `torch.no_grad()` (`e.mul_(d).add_(p, alpha=1 - d)`: each
+        update chains onto the last). Modules are found in the target's globals, their attributes,
+        and lists, tuples and dicts of them (`nets = [G, D]`).
 
     Why it costs:
         Each step's whole graph, with the activations it saved, stays reachable from the survivor.
@@ -140,17 +158,17 @@ class GraphLeak(Rule):
         first_holders = {h["name"]: h for h in scans[0].holders}
         growing = [h for h in scans[-1].holders
                    if h.get("nodes", 0) > first_holders.get(h["name"], {}).get("nodes", 0)]
-        locs, edits, numerics = [], [], False
+        locs, edits, numerics, placed = [], [], False, set()
         for h in growing:
             w = h.get("where")
-            if w:
+            if w and (w["file"], w["line"]) not in placed:  # (an EMA's parameters share their update's line)
+                placed.add((w["file"], w["line"]))
                 locs.append(Location(file=w["file"], line=w["line"], code=w.get("code", "")))
                 edit, changes = _detach_edit(w["file"], w["line"])
                 if edit:
                     edits.append(edit)
                     numerics |= changes
-        names = (", ".join(f"`{h['name']}`" for h in growing)
-                 or "tensors outside the target module's globals (and the modules they reach)")
+        names = _holder_names(growing) or "tensors outside the target module's globals (and the modules they reach)"
         yield self.finding(
             f"Autograd graphs kept alive across steps grew from {nodes[0]} to {nodes[-1]} nodes between steps "
             f"{scans[0].after_step} and {scans[-1].after_step} ({rate:.1f} nodes per step), held by {names}.",
