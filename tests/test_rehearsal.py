@@ -833,6 +833,51 @@ def test_rates_per_step_are_said_to_three_significant_digits(tmp_path):
     assert not re.search(r"\d\.\d{4}", loader["message"] + copy["message"])
 
 
+PLATEAU = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(16, 1).to("cuda")
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=2)
+x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+
+
+def step(i):
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i % EVERY == 0:
+        plateau.step(loss.detach())  # PLATEAU LINE
+"""
+
+
+@pytest.mark.parametrize("every,syncs", [(1, 1.0), (4, None)], ids=["every-step", "per-epoch"])
+def test_reduce_lr_on_plateau_of_a_gpu_tensor_is_a_sync(tmp_path, every, syncs):
+    """ReduceLROnPlateau.step(metric) reads its metric with float(): given the GPU loss each step,
+    torch fetches it from the device at every call, at the user's line (it was not counted: the
+    float() is torch's own code). Stepped once per "epoch" (1 step in 4), it stays below
+    host-sync's min-share-of-steps and is not reported."""
+    source = PLATEAU.replace("EVERY", str(every))
+    trainer = tmp_path / "plateau.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "8", "--no-profile", "--no-numerics", "--quiet",
+              out=tmp_path / "out", env=QUIET_ENV)
+    assert a.returncode == 0, a.stderr
+    if syncs is None:
+        assert not a.rule("host-sync"), [f["message"] for f in a.findings]
+        return
+    [f] = a.rule("host-sync")
+    assert f["severity"] == "warning" and f["evidence"]["syncs_per_step"] == syncs
+    [site] = f["evidence"]["sites"]
+    line = next(n for n, t in enumerate(source.splitlines(), 1) if "PLATEAU LINE" in t)
+    assert (site["what"], site["file"], site["line"], site["per_step"]) == ("ReduceLROnPlateau.step", str(trainer),
+                                                                             line, syncs)
+    assert "once per epoch" in f["fix"]["summary"] and "log_every_n_steps" not in f["fix"]["config"]
+
+
 def test_cuda_in_getitem_is_found_at_its_line(rehearsed):
     a = rehearsed("gpu_dataset_cuda")
     f = located(a, "gpu_dataset_cuda", "dataloader-on-device")

@@ -136,7 +136,9 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
 # torch's own code that syncs on every call of a public API the user makes: that wait is the
 # user's cost, at the line of their call. GradScaler.step reads each device's found_inf with
 # `.item()` before it lets the optimizer step, unless the optimizer is fused (Adam, AdamW, SGD with
-# fused=True), which takes the inf check on the device itself. Code object -> what it is called.
+# fused=True), which takes the inf check on the device itself. ReduceLROnPlateau.step(metric) reads
+# its metric with `float()`: a device tensor (the loss) is fetched at each call. Code object -> what
+# it is called.
 _INTERNAL_SYNCS: dict[Any, str] = {}
 _INTERNAL_SYNCS_LABELS = ("GradScaler.step",)
 
@@ -156,6 +158,12 @@ def _logging_sync(filename: str, what: str) -> str | None:
 
 
 def _register_internal_syncs() -> None:
+    try:
+        from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+        _INTERNAL_SYNCS[ReduceLROnPlateau.step.__code__] = "ReduceLROnPlateau.step"
+    except (ImportError, AttributeError):
+        pass
     try:
         from torch.amp.grad_scaler import GradScaler
 
