@@ -272,7 +272,9 @@ class _Mutations(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:
         if self.depth:
             uses = any(self._is_name(n) for n in ast.walk(node.value))
-            if any(self._is_name(t) for t in node.targets) and uses:
+            # (`out, h = rnn(x, h)`: a state fed back, unpacked with the output)
+            if uses and any(self._is_name(t) or (isinstance(t, ast.Tuple) and any(map(self._is_name, t.elts)))
+                            for t in node.targets):
                 self.lines.append(node.lineno)
             elif any(isinstance(t, ast.Subscript) and self._is_name(t.value) for t in node.targets):
                 self.lines.append(node.lineno)
