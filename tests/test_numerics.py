@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -355,6 +356,68 @@ def test_lr_that_a_scheduler_does_not_explain():
     assert list(LrSchedule().check(ok, LrSchedule.default_options())) == []
     found = list(LrSchedule().check(bad, LrSchedule.default_options()))
     assert len(found) == 1 and found[0].evidence["step"] == 2 and found[0].evidence["expected"] == pytest.approx(0.05)
+
+
+TWIN_SCHEDULERS = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+encoder, decoder = nn.Linear(8, 4), nn.Linear(4, 8)
+enc_opt = torch.optim.AdamW(encoder.parameters(), lr=1e-3)
+dec_opt = torch.optim.AdamW(decoder.parameters(), lr=2e-3)
+enc_sched = torch.optim.lr_scheduler.StepLR(enc_opt, step_size=4, gamma=0.5)  # ENC LINE
+dec_sched = torch.optim.lr_scheduler.StepLR(DEC_OPT, step_size=4, gamma=0.5)  # DEC LINE
+{chained}
+x = torch.randn(32, 8)
+
+
+def step(i):
+    loss = nn.functional.mse_loss(decoder(encoder(x)), x)
+    enc_opt.zero_grad(); dec_opt.zero_grad()
+    loss.backward()
+    enc_opt.step(); dec_opt.step()
+    enc_sched.step(); dec_sched.step()
+"""
+# the chaining torch documents: a warm-up and a decay stepped together on one optimizer
+CHAINED = "warm = torch.optim.lr_scheduler.LinearLR(dec_opt, start_factor=0.5, total_iters=3)"
+
+
+def test_a_scheduler_copied_onto_the_wrong_optimizer(tmp_path):
+    """The decoder's StepLR was copied from the encoder's and still names enc_opt: the encoder's lr
+    is halved twice at each boundary, the decoder's never. Each scheduler alone explains nothing
+    (the closed-form check needs one scheduler per optimizer), and two schedulers may be chained
+    on purpose, so this went unreported. Two of one type with the same arguments are named, with
+    the lr they make and the optimizer left without; a StepLR each, or a warm-up chained with a
+    decay, stays silent."""
+    import torch
+
+    source = TWIN_SCHEDULERS.replace("DEC_OPT", "enc_opt").replace("{chained}", "")
+    trainer, a = audit_trainer(tmp_path, "twins.py", source, 6)
+    [f] = a.rule("lr-schedule")
+    ev = f["evidence"]
+    # the truth, from torch itself: the optimizer stepped by both schedulers, and by one
+    p = torch.nn.Parameter(torch.zeros(1))
+    both, one = torch.optim.AdamW([p], lr=1e-3), torch.optim.AdamW([p], lr=1e-3)
+    scheds = [torch.optim.lr_scheduler.StepLR(both, step_size=4, gamma=0.5) for _ in range(2)]
+    single = torch.optim.lr_scheduler.StepLR(one, step_size=4, gamma=0.5)
+    with warnings.catch_warnings():  # (no optimizer.step() before: only the lr is wanted)
+        warnings.simplefilter("ignore")
+        for _ in range(ev["step"]):
+            for sc in (*scheds, single):
+                sc.step()
+    assert ev["step"] == 4 and ev["schedulers"] == 2
+    assert ev["observed"] == pytest.approx(both.param_groups[0]["lr"]) and ev["one_scheduler"] == pytest.approx(
+        one.param_groups[0]["lr"])
+    lines = [line_of(source, "DEC LINE"), line_of(source, "ENC LINE")]
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(trainer), n) for n in lines]
+    assert f"The AdamW at twins.py:{line_of(source, 'dec_opt = ')} has no StepLR" in f["message"], f["message"]
+    # each optimizer its own StepLR; and the decoder's chained with a warm-up: silent
+    clean = TWIN_SCHEDULERS.replace("DEC_OPT", "dec_opt").replace("{chained}", CHAINED)
+    clean = clean.replace("enc_sched.step(); dec_sched.step()", "enc_sched.step(); dec_sched.step(); warm.step()")
+    (tmp_path / "clean").mkdir()
+    _, b = audit_trainer(tmp_path / "clean", "twins_ok.py", clean, 6)
+    assert not b.rule("lr-schedule"), [x["message"] for x in b.findings]
 
 
 def test_near_miss_hazards_without_a_nan():
