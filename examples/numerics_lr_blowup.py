@@ -1,7 +1,7 @@
 """Linear regression with plain SGD at a learning rate far above its stability limit (lr=4.0;
 this problem is stable below about 0.3): each step overshoots the minimum by more than the last,
 the gradient norm grows about tenfold per step, and around step 19 the squared error overflows
-float32 to inf, after which every weight is inf or NaN."""
+float32 to inf (the gradients and weights stay finite, and grow, for steps after that)."""
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset

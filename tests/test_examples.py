@@ -142,6 +142,57 @@ def test_retained_graphs_some_reused_get_no_patch_that_breaks_them(tmp_path):
     assert (tmp_path / "out" / "fixes.patch").read_text() == ""
 
 
+TBPTT = """import torch
+from torch import nn
+
+torch.manual_seed(0)
+lstm = nn.LSTM(8, 16, batch_first=True)
+head = nn.Linear(16, 1)
+opt = torch.optim.SGD([*lstm.parameters(), *head.parameters()], lr=1e-2)
+state = None
+
+
+def step(i):
+    global state
+    if state is not None:
+        state = (state[0].detach(), state[1]{detach_c})
+    y, state = lstm(torch.randn(4, 5, 8), state)
+    loss = head(y).pow(2).mean()
+    opt.zero_grad()
+    loss.backward(retain_graph=True)  # RETAIN LINE
+    opt.step()
+"""
+
+
+def test_a_graph_the_next_steps_backward_runs_into_is_carried_not_unused(tmp_path):
+    """Truncated BPTT that detaches h but not the LSTM's cell state c, with retain_graph=True added
+    to silence "Trying to backward through the graph a second time": step 1's backward runs into
+    step 0's graph and fails (the optimizer changed weights it saved). The graph was judged at the
+    end of its own step only: "kept 1 graphs alive that no later backward used", and fixes.patch
+    (said to change no result) dropped the flag, which brings the other error back. Now it is
+    named as carried into the next step, with no patch; with c detached the flag is only unused."""
+    line = next(n for n, t in enumerate(TBPTT.splitlines(), 1) if "RETAIN LINE" in t)
+    (tmp_path / "tbptt.py").write_text(TBPTT.format(detach_c=""))
+    a = audit("run", f"{tmp_path / 'tbptt.py'}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet",
+              out=tmp_path / "out")
+    assert a.returncode == 3 and a.evidence["ending"]["step"] == 1, a.stderr
+    [f] = a.rule("retained-graph")
+    assert [loc["line"] for loc in f["locations"]] == [line]
+    ev = f["evidence"]
+    assert (ev["carried"], ev["retaining_calls"], ev["retained_unused"]) == (1, 1, 0)
+    assert "the next step's backward ran into" in f["message"] and "detach both h and c" in f["fix"]["summary"]
+    assert f["fix"]["edits"] == [] and f["fix"]["patch"] is None
+    assert (tmp_path / "out" / "fixes.patch").read_text() == ""
+    # the state detached whole: each step's graph is its own, retained for nothing, and patched
+    (tmp_path / "tbptt_ok.py").write_text(TBPTT.format(detach_c=".detach()"))
+    b = audit("run", f"{tmp_path / 'tbptt_ok.py'}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet",
+              out=tmp_path / "out_ok")
+    assert b.returncode == 0, b.stderr
+    [g] = b.rule("retained-graph")
+    assert "carried" not in g["evidence"] and g["evidence"]["retained_unused"] == 4
+    assert [e["start"] for e in g["fix"]["edits"]] == [line]
+
+
 def test_graph_leak(example_audit):
     a = example_audit("graph_leak")
     f = the_finding(a, "graph-leak")

@@ -321,3 +321,51 @@ def test_how_a_pushed_row_is_matched_to_its_graph_items(tmp_path):
         edit, numerics = _detach_edit(str(path), 2, rows)
         got = [ln[4:] for ln in edit.lines] if edit else None
         assert got == want and numerics is False, (code, got)
+
+
+CELL_NOT_DETACHED = '''
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+lstm = nn.LSTM(8, 16, batch_first=True)
+head = nn.Linear(16, 1)
+opt = torch.optim.SGD([*lstm.parameters(), *head.parameters()], lr=1e-2)
+state = None
+
+
+def step(i):
+    global state
+    if state is not None:
+        state = (state[0].detach(), state[1]{detach_c})  # STATE LINE: c is carried on
+    y, state = lstm(torch.randn(4, 5, 8), state)
+    loss = head(y).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+
+def test_a_state_carried_into_a_freed_graph_is_named_when_backward_fails(tmp_path):
+    """Truncated BPTT that detaches h but not the LSTM's cell state c: step 1's backward reaches
+    step 0's graph, already freed, and raises "Trying to backward through the graph a second
+    time". The run had no finding (one graph scan, after the failure, where two are needed to see
+    growth). The error is proof enough: the state holding a graph is named at the first line of
+    the step that assigns it from itself, with no patch (a tuple has no .detach()). Detached
+    whole, the run is clean."""
+    path = tmp_path / "tbptt.py"
+    path.write_text(CELL_NOT_DETACHED.format(detach_c=""))
+    a = audit("run", f"{path}:step", "--steps", "6", "--quiet", "--no-profile", "--no-numerics", out=tmp_path / "out")
+    assert a.returncode == 3 and a.evidence["ending"]["step"] == 1, a.stderr
+    [leak] = a.rule("graph-leak")
+    line = next(n for n, t in enumerate(CELL_NOT_DETACHED.splitlines(), 1) if "STATE LINE" in t)
+    assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), line)]
+    assert "Step 1's backward ran into a graph" in leak["message"] and "`state` carries" in leak["message"]
+    [held] = leak["evidence"]["holders"]
+    assert held["name"] == "state" and held["graph_tensors"] == 2  # step 1's (h, c): c's history reaches step 0
+    assert leak["fix"]["edits"] == [] and "detach both h and c" in leak["fix"]["summary"]
+    path.write_text(CELL_NOT_DETACHED.format(detach_c=".detach()"))
+    b = audit("run", f"{path}:step", "--steps", "6", "--quiet", "--no-profile", "--no-numerics", out=tmp_path / "ok")
+    assert b.returncode == 0 and not b.rule("graph-leak"), [f["message"] for f in b.findings]
+

@@ -2,11 +2,14 @@
 `torch.no_grad()` keeps a graph per step, and a queue kept as a buffer and never trimmed grows
 without bound. graph-leak and memory-growth walk the modules reachable from the target's globals,
 name the holder by its module path (`model.1.rm`) and point at the line of its class that grows it.
-Parameters are leaves, never holders."""
+Parameters are leaves, and no holders, until an in-place update outside `torch.no_grad()` gives
+them a history (a hand-written EMA)."""
 from __future__ import annotations
 
+import copy
 import types
 
+import pytest
 import torch
 from torch import nn
 
@@ -326,3 +329,80 @@ def test_a_buffer_object_inside_a_global_object_is_walked(tmp_path):
     assert leak["fix"]["edits"] == [] and leak["fix"]["patch"] is None
     [holder] = leak["evidence"]["holders"]
     assert holder["rows"]["kind"] == "tuple" and holder["rows"]["graph"] == [2]
+
+
+EMA = '''
+import copy
+
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+g = torch.Generator().manual_seed(0)
+DECAY = 0.99
+{ema}
+
+def step(i):
+    x = torch.randn(32, 16, generator=g)
+    loss = nn.functional.mse_loss(model(x), x[:, :1])
+    opt.zero_grad(); loss.backward(); opt.step()
+    {update}
+'''
+
+
+
+EMA_FUNCTION = ('''
+ema_model = copy.deepcopy(model)
+for p in ema_model.parameters():
+    p.requires_grad_(False)
+
+
+def update_ema():
+    for e, p in zip(ema_model.parameters(), model.parameters()):
+        e.mul_(DECAY).add_(p, alpha=1 - DECAY)  # UPDATE LINE
+''', "update_ema()", "ema_model", 2)  # per parameter and step: mul_, add_
+
+
+
+EMA_CLASS = ('''
+class EMA:
+    def __init__(self, net):
+        self.net = copy.deepcopy(net).requires_grad_(False)
+
+    def update(self, net):
+        for (_, e), p in zip(self.net.named_parameters(), net.parameters()):
+            e.copy_(e * DECAY + p * (1 - DECAY))  # UPDATE LINE
+
+
+ema = EMA(model)
+''', "ema.update(model)", "ema", 4)  # e * DECAY, p * (1 - DECAY), +, copy_
+
+
+
+@pytest.mark.parametrize("ema", [EMA_FUNCTION, EMA_CLASS], ids=["function", "class"])
+def test_ema_parameters_updated_in_place_with_grad_are_a_leak(tmp_path, ema):
+    """A hand-written EMA updated outside torch.no_grad(): its parameters (leaves that do not
+    require grad) take the trained model's history and chain every step's update onto the last.
+    The scan only counted plain tensors and never parameters, so nothing was found. Named per
+    global, located at the update in the loop over the EMA's parameters, patched by putting it
+    under torch.no_grad(); the patched trainer audits clean."""
+    code, call, name, per_param = ema
+    source = EMA.format(ema=code, update=call)
+    path, a = _run(tmp_path, source, "ema")
+    [leak] = a.rule("graph-leak")
+    n_params = 4  # two Linear layers, weight and bias each
+    assert leak["evidence"]["nodes_per_step"] == per_param * n_params
+    assert f"held by `{name}`'s parameters ({n_params})" in leak["message"], leak["message"]
+    line = _line(source, "UPDATE LINE")
+    assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), line)]
+    [edit] = leak["fix"]["edits"]
+    update = source.splitlines()[line - 1]
+    indent = update[:len(update) - len(update.lstrip())]
+    assert edit["lines"] == [f"{indent}with torch.no_grad(): {update.lstrip()}"]
+    patched = source.splitlines()
+    patched[line - 1] = edit["lines"][0]
+    _, after = _run(tmp_path, "\n".join(patched) + "\n", "ema_patched")
+    assert not after.rule("graph-leak") and not after.rule("memory-growth"), [f["message"] for f in after.findings]
+

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -126,13 +127,79 @@ def test_lr_blowup_overflows_and_the_norm_explodes(run):
     g = one(a, "grad-explosion", "numerics_lr_blowup")
     recorded = [r["grad_norm"] for d in numerics(a) for r in d["opt_steps"]]
     assert [v for _, v in g["evidence"]["series"]] == recorded
-    assert g["evidence"]["growth"]["per_step"] > 3 and g["evidence"]["went_nonfinite"]
+    # the loss overflows, but no gradient element does in these steps: only their float32 norm
+    # would (from step 20), and the norm is taken again in float64 then
+    assert g["evidence"]["growth"]["per_step"] > 3 and not g["evidence"]["went_nonfinite"]
+    assert all(math.isfinite(v) for v in recorded)
     # clipping at the first step's norm: derived from the run, not a constant
     assert g["evidence"]["suggested_max_norm"] == pytest.approx(recorded[0], rel=0.05)
     lines = g["fix"]["edits"][0]["lines"]
     assert "clip_grad_norm_" in lines[0] and lines[-1].strip().startswith("opt.step()")
     assert g["fix"]["changes_numerics"] is True
     assert g["evidence"]["top_layers"][0][0] == "Linear"  # the root module owns both parameters
+
+
+DIVERGING = """
+import torch
+from torch import nn
+
+torch.manual_seed(1)
+model = nn.Sequential(nn.Linear(20, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.8, momentum=0.9)
+X = torch.randn(512, 20) * 3
+Y = (X ** 2).sum(1, keepdim=True)
+
+
+def step(i):
+    idx = torch.arange(i * 64, (i + 1) * 64) % 512
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(model(X[idx]), Y[idx])
+    loss.backward()
+    opt.step()
+"""
+
+PLAIN_DIVERGING = """
+import json, math, runpy, sys
+import torch
+losses = []
+backward = torch.Tensor.backward
+torch.Tensor.backward = lambda t, *a, **k: (losses.append(t.item()), backward(t, *a, **k))
+g = runpy.run_path(sys.argv[1])
+out = []
+for i in range(int(sys.argv[2])):
+    g["step"](i)
+    grads = [p.grad for p in g["model"].parameters()]
+    out.append({"loss_finite": math.isfinite(losses[-1]),
+                "grads_finite": all(bool(torch.isfinite(t).all()) for t in grads),
+                "params_finite": all(bool(torch.isfinite(p).all()) for p in g["model"].parameters()),
+                "norm32_finite": math.isfinite(sum(float(n) for n in torch._foreach_norm(grads, 2))),
+                "norm64": math.hypot(*[float(torch.linalg.vector_norm(t, dtype=torch.float64)) for t in grads])})
+print(json.dumps(out))
+"""
+
+
+def test_a_gradient_whose_float32_norm_overflows_is_still_finite(tmp_path):
+    """Diverging SGD: from some step the gradients' float32 norm is inf (its sum of squares passes
+    3.4e38) while every gradient element is still finite; values turn inf only steps later. The
+    gradient was reported non-finite at the first of those steps, and its norm was lost. The first
+    non-finite step is the plain run's, and the norm there is the float64 one."""
+    trainer, a = audit_trainer(tmp_path, "diverging.py", DIVERGING, 20)
+    (tmp_path / "plain.py").write_text(PLAIN_DIVERGING)
+    p = subprocess.run([sys.executable, str(tmp_path / "plain.py"), str(trainer), "20"], capture_output=True,
+                       text=True, check=True, env={**os.environ, **ONE_THREAD})
+    plain = json.loads(p.stdout)
+    overflowed = [i for i, s in enumerate(plain) if not s["norm32_finite"] and s["grads_finite"]]
+    assert overflowed, "the trainer no longer overflows the float32 norm before its values: the test is void"
+    first_bad = next(i for i, s in enumerate(plain) if not (s["loss_finite"] and s["grads_finite"] and s["params_finite"]))
+    assert overflowed[0] < first_bad
+    (f,) = a.rule("nonfinite")
+    assert f["evidence"]["first_step"] == first_bad
+    recorded = [r["grad_norm"] for d in numerics(a) for r in d["opt_steps"]]
+    for i in overflowed:
+        assert recorded[i] == pytest.approx(plain[i]["norm64"], rel=1e-6)
+    (g,) = a.rule("grad-explosion")
+    went = next(i for i, s in enumerate(plain) if not s["grads_finite"])
+    assert f"non-finite at step {went}" in g["message"]
 
 
 # --- amp-unscaled, lr-schedule ------------------------------------------------------------------
@@ -289,6 +356,68 @@ def test_lr_that_a_scheduler_does_not_explain():
     assert list(LrSchedule().check(ok, LrSchedule.default_options())) == []
     found = list(LrSchedule().check(bad, LrSchedule.default_options()))
     assert len(found) == 1 and found[0].evidence["step"] == 2 and found[0].evidence["expected"] == pytest.approx(0.05)
+
+
+TWIN_SCHEDULERS = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+encoder, decoder = nn.Linear(8, 4), nn.Linear(4, 8)
+enc_opt = torch.optim.AdamW(encoder.parameters(), lr=1e-3)
+dec_opt = torch.optim.AdamW(decoder.parameters(), lr=2e-3)
+enc_sched = torch.optim.lr_scheduler.StepLR(enc_opt, step_size=4, gamma=0.5)  # ENC LINE
+dec_sched = torch.optim.lr_scheduler.StepLR(DEC_OPT, step_size=4, gamma=0.5)  # DEC LINE
+{chained}
+x = torch.randn(32, 8)
+
+
+def step(i):
+    loss = nn.functional.mse_loss(decoder(encoder(x)), x)
+    enc_opt.zero_grad(); dec_opt.zero_grad()
+    loss.backward()
+    enc_opt.step(); dec_opt.step()
+    enc_sched.step(); dec_sched.step()
+"""
+# the chaining torch documents: a warm-up and a decay stepped together on one optimizer
+CHAINED = "warm = torch.optim.lr_scheduler.LinearLR(dec_opt, start_factor=0.5, total_iters=3)"
+
+
+def test_a_scheduler_copied_onto_the_wrong_optimizer(tmp_path):
+    """The decoder's StepLR was copied from the encoder's and still names enc_opt: the encoder's lr
+    is halved twice at each boundary, the decoder's never. Each scheduler alone explains nothing
+    (the closed-form check needs one scheduler per optimizer), and two schedulers may be chained
+    on purpose, so this went unreported. Two of one type with the same arguments are named, with
+    the lr they make and the optimizer left without; a StepLR each, or a warm-up chained with a
+    decay, stays silent."""
+    import torch
+
+    source = TWIN_SCHEDULERS.replace("DEC_OPT", "enc_opt").replace("{chained}", "")
+    trainer, a = audit_trainer(tmp_path, "twins.py", source, 6)
+    [f] = a.rule("lr-schedule")
+    ev = f["evidence"]
+    # the truth, from torch itself: the optimizer stepped by both schedulers, and by one
+    p = torch.nn.Parameter(torch.zeros(1))
+    both, one = torch.optim.AdamW([p], lr=1e-3), torch.optim.AdamW([p], lr=1e-3)
+    scheds = [torch.optim.lr_scheduler.StepLR(both, step_size=4, gamma=0.5) for _ in range(2)]
+    single = torch.optim.lr_scheduler.StepLR(one, step_size=4, gamma=0.5)
+    with warnings.catch_warnings():  # (no optimizer.step() before: only the lr is wanted)
+        warnings.simplefilter("ignore")
+        for _ in range(ev["step"]):
+            for sc in (*scheds, single):
+                sc.step()
+    assert ev["step"] == 4 and ev["schedulers"] == 2
+    assert ev["observed"] == pytest.approx(both.param_groups[0]["lr"]) and ev["one_scheduler"] == pytest.approx(
+        one.param_groups[0]["lr"])
+    lines = [line_of(source, "DEC LINE"), line_of(source, "ENC LINE")]
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(trainer), n) for n in lines]
+    assert f"The AdamW at twins.py:{line_of(source, 'dec_opt = ')} has no StepLR" in f["message"], f["message"]
+    # each optimizer its own StepLR; and the decoder's chained with a warm-up: silent
+    clean = TWIN_SCHEDULERS.replace("DEC_OPT", "dec_opt").replace("{chained}", CHAINED)
+    clean = clean.replace("enc_sched.step(); dec_sched.step()", "enc_sched.step(); dec_sched.step(); warm.step()")
+    (tmp_path / "clean").mkdir()
+    _, b = audit_trainer(tmp_path / "clean", "twins_ok.py", clean, 6)
+    assert not b.rule("lr-schedule"), [x["message"] for x in b.findings]
 
 
 def test_near_miss_hazards_without_a_nan():
@@ -1182,14 +1311,44 @@ def step(i):
 """
 
 
-def test_a_learning_rate_that_overflows_the_backward_pass(tmp_path):
-    """Too high a learning rate: the loss climbs 4e3 -> 2e31 in three steps and the gradients
-    overflow on the way back (no call with an infinite derivative). The error says how the loss
-    climbed, and the fix names the learning rate and offers a tenth of it (it had neither)."""
+PLAIN_HOT = """
+import json, math, runpy, sys
+import torch
+losses, ranges = [], []
+backward = torch.Tensor.backward
+def record(t, *a, **k):
+    losses.append(t.item())
+    return backward(t, *a, **k)
+torch.Tensor.backward = record
+g = runpy.run_path(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    w = g["net"][2].weight  # as the step's forward sees it
+    ranges.append([w.min().item(), w.max().item()])
+    g["step"](i)
+print(json.dumps({"losses": losses, "ranges": ranges}))
+"""
+
+
+def test_a_learning_rate_that_overflows_names_it_and_the_weights_as_they_are(tmp_path):
+    """Too high a learning rate: the loss climbs 4e3 -> 2e31 in three steps, and at the fourth the
+    last Linear overflows in the forward pass. The gradients stay finite until then (only their
+    float32 norm overflowed, at step 2, which was taken for a gradient overflow in the backward
+    pass). The error names the Linear with the weights it really had at that step (a safe-looking
+    update kept the weights' ranges of step 0, 1e23 times too small), says how the loss climbed,
+    and the fix names the learning rate and offers a tenth of it."""
     trainer, a = audit_trainer(tmp_path, "hot.py", HOT_LR, 5)
+    (tmp_path / "plain.py").write_text(PLAIN_HOT)
+    p = subprocess.run([sys.executable, str(tmp_path / "plain.py"), str(trainer), "5"], capture_output=True,
+                       text=True, check=True, env={**os.environ, **ONE_THREAD})
+    plain = json.loads(p.stdout)
+    first = next(i for i, v in enumerate(plain["losses"]) if not math.isfinite(v))
     [f] = a.rule("nonfinite")
     ev = f["evidence"]
-    assert ev["phase"] == "backward" and not ev["singular_sites"], ev
-    assert "The loss had grown from " in f["message"] and f"(step {ev['first_step']})." in f["message"], f["message"]
+    assert (ev["first_step"], ev["phase"], ev["module"], ev["hazard"]["kind"]) == (first, "forward", "2", "overflow"), ev
+    assert places(f) == {(str(trainer), line_of(HOT_LR, "loss = "))}
+    weight = next(r for r in ev["inputs"] if r.get("param") == "2.weight")
+    assert [weight["min"], weight["max"]] == pytest.approx(plain["ranges"][first], rel=1e-6)
+    assert "measured_at_step" not in weight
+    assert f"The loss had grown from " in f["message"] and f"(step {first - 1})." in f["message"], f["message"]
     assert "lower the learning rate (it is 0.05)" in f["fix"]["summary"]
     assert f["fix"]["config"] == {"lr": pytest.approx(0.005)}

@@ -632,6 +632,73 @@ def test_a_host_tensor_in_a_checkpointed_block_still_fails(tmp_path, reentrant):
     assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("host_ckpt.py", line)
 
 
+PER_SAMPLE_GRADS = """
+import os
+import torch
+from torch import nn
+from torch.func import functional_call, grad, jacrev, vmap
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x, y = torch.randn(32, 8, device=device), torch.randint(0, 2, (32,), device=device)
+
+
+def loss_one(p, xi, yi):
+    return nn.functional.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+
+
+def step(i):
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0))(params, x, y)
+    norms = torch.stack([g.flatten(1).norm(dim=1) for g in per_sample.values()]).norm(dim=0)
+    factor = (1.0 / (norms + 1e-6)).clamp(max=1.0)  # DP-SGD: each sample's gradient clipped to norm 1
+    slope = jacrev(lambda t: model(t).sum(-1))(x[0])  # the input gradient of one sample
+    for k, p in model.named_parameters():
+        p.grad = (per_sample[k] * factor.view(-1, *[1] * (p.dim()))).mean(0) + 1e-3 * slope.mean()
+    opt.step()
+    if i == 2:
+        torch.save({"model": [p.detach() for p in model.parameters()], "opt": opt.state_dict()},
+                   os.environ["PARITY_OUT"])
+
+
+if __name__ == "__main__":
+    for i in range(3):
+        step(i)
+"""
+
+
+def test_torch_func_transforms_run_in_rehearsal_as_on_the_cpu(tmp_path):
+    """vmap, grad and jacrev wrap their inputs in new tensors and unwrap their results in C++,
+    where no torch function sees them: the per-sample gradients of GPU weights came back as host
+    tensors and the first op mixing them with the GPU batch was refused as a device mix, at step 0
+    (exit 3). A GPU runs this DP-SGD step; the rehearsal must too, and compute what the CPU
+    version computes."""
+    assert_rehearsal_computes_as_the_cpu_version(tmp_path, PER_SAMPLE_GRADS)
+
+
+HOST_INTO_VMAP = """
+import torch
+from torch.func import vmap
+
+w = torch.randn(16, device="cuda")
+x = torch.randn(8, 16)  # left on the host
+
+
+def step(i):
+    vmap(lambda xi: (xi * w).sum())(x)
+"""
+
+
+def test_a_host_tensor_inside_vmap_still_fails(tmp_path):
+    """Marks passed through torch.func must not excuse real mixes: a host batch multiplied with a
+    GPU tensor inside vmap fails at the user's line, as on a GPU."""
+    ending = gpu_crash(tmp_path, "host_vmap.py", HOST_INTO_VMAP)
+    assert ending["message"].startswith(MIXED) and "Tensor.mul" in ending["message"]
+    assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("host_vmap.py", 10)
+
+
 COMPILED = """
 import torch
 from torch import nn
@@ -764,6 +831,51 @@ def test_rates_per_step_are_said_to_three_significant_digits(tmp_path):
     assert "x0.571/step (1.20 MB) at line 27" in copy["message"]
     assert "; 0.571 per step ask for non_blocking=True" in copy["message"]
     assert not re.search(r"\d\.\d{4}", loader["message"] + copy["message"])
+
+
+PLATEAU = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(16, 1).to("cuda")
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=2)
+x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+
+
+def step(i):
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i % EVERY == 0:
+        plateau.step(loss.detach())  # PLATEAU LINE
+"""
+
+
+@pytest.mark.parametrize("every,syncs", [(1, 1.0), (4, None)], ids=["every-step", "per-epoch"])
+def test_reduce_lr_on_plateau_of_a_gpu_tensor_is_a_sync(tmp_path, every, syncs):
+    """ReduceLROnPlateau.step(metric) reads its metric with float(): given the GPU loss each step,
+    torch fetches it from the device at every call, at the user's line (it was not counted: the
+    float() is torch's own code). Stepped once per "epoch" (1 step in 4), it stays below
+    host-sync's min-share-of-steps and is not reported."""
+    source = PLATEAU.replace("EVERY", str(every))
+    trainer = tmp_path / "plateau.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "8", "--no-profile", "--no-numerics", "--quiet",
+              out=tmp_path / "out", env=QUIET_ENV)
+    assert a.returncode == 0, a.stderr
+    if syncs is None:
+        assert not a.rule("host-sync"), [f["message"] for f in a.findings]
+        return
+    [f] = a.rule("host-sync")
+    assert f["severity"] == "warning" and f["evidence"]["syncs_per_step"] == syncs
+    [site] = f["evidence"]["sites"]
+    line = next(n for n, t in enumerate(source.splitlines(), 1) if "PLATEAU LINE" in t)
+    assert (site["what"], site["file"], site["line"], site["per_step"]) == ("ReduceLROnPlateau.step", str(trainer),
+                                                                             line, syncs)
+    assert "once per epoch" in f["fix"]["summary"] and "log_every_n_steps" not in f["fix"]["config"]
 
 
 def test_cuda_in_getitem_is_found_at_its_line(rehearsed):

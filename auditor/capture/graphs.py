@@ -54,7 +54,9 @@ _BUDGET = 2_000_000  # items looked at per holder: a scan stays well under a sec
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
     """Tensors held directly or inside containers a few levels down: a replay buffer is a list (or
-    deque) of (obs, action, log_prob) tuples, of dicts, or of small objects, not of bare tensors."""
+    deque) of (obs, action, log_prob) tuples, of dicts, or of small objects, not of bare tensors.
+    Parameters are left out unless they carry a history (a list of EMA weights updated in place
+    outside `torch.no_grad()`)."""
     out: list[torch.Tensor] = []
     stack = [(value, 0)]
     seen: set[int] = set()
@@ -62,7 +64,7 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     while stack and budget > 0:
         v, depth = stack.pop()
         if isinstance(v, torch.Tensor):
-            if not isinstance(v, torch.nn.Parameter):
+            if not isinstance(v, torch.nn.Parameter) or v.grad_fn is not None:
                 out.append(v)
             continue
         if depth >= _DEPTH or id(v) in seen:
@@ -128,10 +130,12 @@ def _may_hold_tensors(v: Any) -> bool:
 
 def _module_holders(name: str, root: torch.nn.Module, claimed: set[int]) -> list[Holder]:
     """Buffers and plain (non-parameter) tensor attributes of `root` and its submodules, and
-    containers in those attributes, named by module path: `model.1.running_mean`. Parameters are
-    leaves, so never hold a graph, and are not holders. A submodule reachable twice (shared, or
-    from two globals) is reported once, under the first name that reaches it. The last item of each
-    holder is (class, attribute): where to look for the line that grows it."""
+    containers in those attributes, named by module path: `model.1.running_mean`. A parameter is a
+    leaf, and no holder, until an in-place update outside `torch.no_grad()` gives it a history: a
+    hand-written EMA's `e.mul_(d).add_(p, alpha=1 - d)` on parameters that do not require grad
+    chains every step's update onto the last; those are holders too. A submodule reachable twice
+    (shared, or from two globals) is reported once, under the first name that reaches it. The last
+    item of each holder is (class, attribute): where to look for the line that grows it."""
     out: list[Holder] = []
     for path, mod in root.named_modules():
         if id(mod) in claimed:
@@ -139,6 +143,9 @@ def _module_holders(name: str, root: torch.nn.Module, claimed: set[int]) -> list
         claimed.add(id(mod))
         prefix = f"{name}.{path}" if path else name
         cls = type(mod)
+        for attr, p in mod._parameters.items():
+            if p is not None and p.grad_fn is not None:
+                out.append((f"{prefix}.{attr}", "Parameter", [p], (cls, attr), p))
         for attr, buf in mod._buffers.items():
             if isinstance(buf, torch.Tensor) and not isinstance(buf, torch.nn.Parameter):
                 out.append((f"{prefix}.{attr}", type(buf).__name__, [buf], (cls, attr), buf))
@@ -183,7 +190,11 @@ def _holders(module: types.ModuleType | None) -> list[Holder]:
             out.append((name, type(value).__name__, found, None, value))
             continue
         out.extend(_attribute_holders(name, value, claimed, 0))
-    return out
+    # a global that is only another name for a module's parameter (the `p` a module-level
+    # `for p in ema.parameters():` leaves behind) is that parameter's holder already
+    owned = {id(h[2][0]) for h in out if h[1] == "Parameter" and h[3] is not None}
+    return [h for h in out if h[3] is not None or not h[2]
+            or not all(isinstance(t, torch.nn.Parameter) and id(t) in owned for t in h[2])]
 
 
 _OBJECT_DEPTH = 3  # `agent.buffer.items`: a global's object's object's attribute
@@ -268,7 +279,9 @@ class _Mutations(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:
         if self.depth:
             uses = any(self._is_name(n) for n in ast.walk(node.value))
-            if any(self._is_name(t) for t in node.targets) and uses:
+            # (`out, h = rnn(x, h)`: a state fed back, unpacked with the output)
+            if uses and any(self._is_name(t) or (isinstance(t, ast.Tuple) and any(map(self._is_name, t.elts)))
+                            for t in node.targets):
                 self.lines.append(node.lineno)
             elif any(isinstance(t, ast.Subscript) and self._is_name(t.value) for t in node.targets):
                 self.lines.append(node.lineno)
@@ -289,6 +302,64 @@ def _in_place(method: str) -> bool:
     """A tensor method that writes into its tensor (`mul_`, `add_`, `copy_`): given a tensor that
     carries a graph, it extends the holder's history as an assignment would."""
     return method.endswith("_") and not method.startswith("_")
+
+
+_NOT_VALUES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in place, but no value written
+
+
+def _receiver(node: ast.AST) -> ast.AST:
+    """The object a chain of calls and attributes starts from: `e` of `e.mul_(d).add_(p)`."""
+    while isinstance(node, (ast.Call, ast.Attribute)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node
+
+
+def _loop_names(target: ast.AST, it: ast.AST, module: str) -> list[str]:
+    """Names a `for` binds to the parameters of the module spelled `module`: `e` in `for e in
+    ema.parameters()`, `for _, e in ema.named_parameters()`, `for e, p in zip(ema.parameters(),
+    model.parameters())`."""
+    def of(t: ast.AST, source: ast.AST) -> list[str]:
+        if not (isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute)
+                and source.func.attr in ("parameters", "named_parameters")
+                and ast.unparse(source.func.value) == module):
+            return []
+        if source.func.attr == "named_parameters":
+            t = t.elts[-1] if isinstance(t, ast.Tuple) and t.elts else None
+        return [t.id] if isinstance(t, ast.Name) else []
+
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "zip" \
+            and isinstance(target, ast.Tuple) and len(target.elts) == len(it.args):
+        return [n for t, a in zip(target.elts, it.args) for n in of(t, a)]
+    return of(target, it)
+
+
+def parameter_update_lines(source_file: str, name: str) -> list[int]:
+    """Lines that update the parameter holder `name` (`ema.0.weight`) in place, in a loop over its
+    module's parameters: `e.mul_(d).add_(p, alpha=1 - d)`, `e.copy_(...)`, `e.lerp_(p, w)` (not
+    through `.data`, which keeps no history). The module is spelled by a prefix of the name, or
+    as `self.<attr>` in a class's method for an attribute of a global (`trainer.ema`)."""
+    src = _source(source_file)
+    if src is None:
+        return []
+    parts = name.split(".")
+    spellings = {".".join(parts[:k]) for k in range(1, len(parts))}
+    if len(parts) > 2:
+        spellings.add(f"self.{parts[1]}")
+    found: set[int] = set()
+    functions = (n for n in ast.walk(src[1]) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    for loop in {n for f in functions for n in ast.walk(f)}:  # (a setup loop at module level runs once)
+        if not isinstance(loop, ast.For):
+            continue
+        names = {n for spelled in spellings for n in _loop_names(loop.target, loop.iter, spelled)}
+        if not names:
+            continue
+        for node in (n for stmt in loop.body for n in ast.walk(stmt)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _in_place(node.func.attr) \
+                    and node.func.attr not in _NOT_VALUES:
+                base = _receiver(node.func)
+                if isinstance(base, ast.Name) and base.id in names and ".data." not in ast.unparse(node.func) + ".":
+                    found.add(node.lineno)
+    return sorted(found)
 
 
 _sources: dict[tuple[str, int, int], tuple[str, ast.Module] | None] = {}
@@ -510,8 +581,9 @@ def scan(module: types.ModuleType | None, source_file: str | None,
 
 
 def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[int, int] | None) -> dict[str, Any]:
-    tensor = torch.Tensor  # (a local: this test runs once per gc-tracked object, ~300k of them)
-    live = [t for t in [o for o in gc.get_objects() if type(o) is tensor] if t.grad_fn is not None]
+    tensor, param = torch.Tensor, torch.nn.Parameter  # (locals: tested once per gc-tracked object, ~300k)
+    live = [t for t in [o for o in gc.get_objects() if type(o) is tensor or type(o) is param]
+            if t.grad_fn is not None]
     holders = []
     for name, kind, tensors, owner, value in _holders(module):
         where = None
@@ -522,6 +594,8 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
             where = {"file": at[0], "line": at[1], "function": ""}
         elif source_file:
             lines = mutation_lines(source_file, name, step)
+            if not lines and kind == "Parameter":
+                lines = parameter_update_lines(source_file, name)
             if lines:
                 where = {"file": source_file, "line": lines[0], "function": ""}
         with_graph = [t for t in tensors if t.grad_fn is not None]

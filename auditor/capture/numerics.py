@@ -1332,7 +1332,9 @@ class Numerics:
         after an update that cannot have made them non-finite: a built-in optimizer, finite
         learning rates, eps > 0, finite and moderate gradients, never a non-finite gradient
         before, no float16 weights, and ranges measured within PARAM_REFRESH steps (the ranges
-        then stay those of that step; an origin report says so)."""
+        then stay those of that step; an origin report says so). A step as large as the largest
+        weight measured (or 1) is re-measured all the same: a diverging run's next origin report
+        would show its weights as they were steps and orders of magnitude ago."""
         if not rec["plan"].trustable or rec["opt"] in self.untrusted_opts or "grad_norms_host" not in rec:
             return False
         max_lr = 0.0
@@ -1345,16 +1347,19 @@ class Numerics:
                 max_lr = lr
         stats = self.param_stats
         oldest = self.step - PARAM_REFRESH
+        scale = 1.0
         for p in params:
             e = stats.get(id(p))
             if e is None or e[4] <= oldest or e[0]() is not p:
                 return False
+            if -e[2] > scale or e[3] > scale:  # (host floats here: the CPU path)
+                scale = max(-e[2], e[3])
         total = sum(rec["grad_norms_host"])  # (norms are >= 0: NaN or inf if any of them is)
         if not math.isfinite(total):
             if not all(map(math.isfinite, rec["grad_norms_host"])):
                 self.untrusted_opts.add(rec["opt"])
             return False
-        return total * max_lr < 1e30  # (the sum bounds the largest norm)
+        return total * max_lr <= scale  # (the sum bounds the largest norm, and an SGD step's size)
 
     def _norms(self, tensors: list[torch.Tensor]) -> int:
         by_device: dict[torch.device, list[torch.Tensor]] = {}
@@ -1364,7 +1369,8 @@ class Numerics:
         # gradient is float64 (the norm refuses to narrow it)
         dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
         if len(by_device) == 1 and tensors[0].is_cpu:  # read at once: no stack, no transfer
-            return self.values.add_host([_TB.item(n) for n in torch._foreach_norm(tensors, 2, dtype=dtype)])
+            norms = [_TB.item(n) for n in torch._foreach_norm(tensors, 2, dtype=dtype)]
+            return self.values.add_host(_finite_norms(tensors, norms))
         parts = [torch.stack(torch._foreach_norm(ts, 2, dtype=dtype)) for ts in by_device.values()]
         return self.values.add(parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts]))
 
@@ -1401,7 +1407,8 @@ class Numerics:
             if plan.half:  # float16 weights updated from float16 gradients (amp-unscaled)
                 rec["fp16_grads"] = sum(1 for t in grads if t.dtype == torch.float16)
             if plan.cpu_plain_dtype:  # the common case: read at once, no dtype argument (it costs ~5%)
-                rec["grad_norms"] = self.values.add_host([_TB.item(n) for n in torch._foreach_norm(grads, 2)])
+                norms = [_TB.item(n) for n in torch._foreach_norm(grads, 2)]
+                rec["grad_norms"] = self.values.add_host(_finite_norms(grads, norms))
             else:
                 rec["grad_norms"] = self._norms(grads)
             host = self.values.vals[rec["grad_norms"]]
@@ -1617,6 +1624,18 @@ class Numerics:
                 return {**base, "phase": "optimizer", "params": r["param_nonfinite_params"], "opt": r["opt"],
                         "site": r["site"], "hazard": {"kind": "update"}}
         return fallback or {**base, "phase": "unknown", "hazard": {"kind": "unknown"}}
+
+
+def _finite_norms(tensors: list[torch.Tensor], norms: list[float]) -> list[float]:
+    """The norms, with each that is not finite taken again in float64. A float32 norm is inf as
+    soon as the sum of squares passes 3.4e38 (a norm of 1.8e19), though every element is finite:
+    a diverging run's gradient gets there steps before any value in it does, and was reported as
+    non-finite at that step. A NaN or inf element keeps the norm non-finite in float64 too. (The
+    CPU path only: on CUDA the norms are read at the step's end, without a sync before.)"""
+    if math.isfinite(sum(norms)):  # (the common case: one sum in C; float32 norms cannot overflow it)
+        return norms
+    return [n if math.isfinite(n) else _TB.item(torch.linalg.vector_norm(t, dtype=torch.float64))
+            for t, n in zip(tensors, norms)]
 
 
 def params_names(col: Numerics, params: list[torch.Tensor]) -> list[str]:

@@ -42,6 +42,7 @@ class Recorder:
         self.tallies: dict[tuple, dict[str, Any]] = {}
         self.dataloaders: list[dict[str, Any]] = []
         self.retain_events: list[dict[str, Any]] = []  # retain_graph=True backwards of this step
+        self.retain_watched: list[dict[str, Any]] = []  # the last step's, unused in it
         self.retain_sampled: dict[FrameKey, int] = {}
         self.retain_alive: dict[FrameKey, int] = {}  # retained graphs alive now, per place
         os.register_at_fork(after_in_child=self._forked)
@@ -59,7 +60,17 @@ class Recorder:
             t["ms"] += ms
 
     def drain(self) -> list[dict[str, Any]]:
-        """Tallies since the last drain, as plain dicts ready to send; finalises retain events."""
+        """Tallies since the last drain, as plain dicts ready to send; finalises retain events.
+        A graph unused in its own step is counted unused and watched one step more: if that step's
+        backward runs into it, a tensor carried across steps holds it, and it is counted again as
+        carried (the rule tells the two apart: dropping retain_graph there breaks the next step)."""
+        for ev in self.retain_watched:
+            if ev["used"][0]:
+                t = self.tallies.setdefault((m.RETAINED_CARRIED, ev["what"], ev["where"], ()), {
+                    "kind": m.RETAINED_CARRIED, "what": ev["what"], "where": ev["where"], "count": 0, "ms": 0.0,
+                    "data": {}})
+                t["count"] += 1
+        self.retain_watched = [ev for ev in self.retain_events if not ev["used"][0]]
         for ev in self.retain_events:
             if ev["used"][0]:
                 continue
@@ -126,7 +137,9 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
 # torch's own code that syncs on every call of a public API the user makes: that wait is the
 # user's cost, at the line of their call. GradScaler.step reads each device's found_inf with
 # `.item()` before it lets the optimizer step, unless the optimizer is fused (Adam, AdamW, SGD with
-# fused=True), which takes the inf check on the device itself. Code object -> what it is called.
+# fused=True), which takes the inf check on the device itself. ReduceLROnPlateau.step(metric) reads
+# its metric with `float()`: a device tensor (the loss) is fetched at each call. Code object -> what
+# it is called.
 _INTERNAL_SYNCS: dict[Any, str] = {}
 _INTERNAL_SYNCS_LABELS = ("GradScaler.step",)
 
@@ -146,6 +159,12 @@ def _logging_sync(filename: str, what: str) -> str | None:
 
 
 def _register_internal_syncs() -> None:
+    try:
+        from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+        _INTERNAL_SYNCS[ReduceLROnPlateau.step.__code__] = "ReduceLROnPlateau.step"
+    except (ImportError, AttributeError):
+        pass
     try:
         from torch.amp.grad_scaler import GradScaler
 

@@ -748,6 +748,40 @@ def _install_checkpoint_recompute() -> None:
         fn_cls.backward = staticmethod(_under_rehearsal(fn_cls.backward))
 
 
+# torch.func's transforms (vmap, grad, vjp, jacrev, functionalize) wrap each input in a new tensor
+# object for the transform's level and unwrap each result into another, in C++: no torch function
+# sees either, so the mark stayed behind on the caller's tensor.
+_FUNCTORCH_WRAPPERS = {
+    "torch._functorch.vmap": ("_add_batch_dim", "_remove_batch_dim"),
+    "torch._functorch.eager_transforms": ("_wrap_for_grad", "_unwrap_for_grad", "_wrap_functional_tensor",
+                                          "_unwrap_functional_tensor"),
+    "torch._functorch.autograd_function": ("_add_batch_dim", "_wrap_for_grad", "_unwrap_for_grad"),
+}
+
+
+def _install_functorch_marks() -> None:
+    """A tensor that torch.func wraps or unwraps keeps its mark: per-sample gradients made with
+    `vmap(grad(f))` from GPU weights and a GPU batch are GPU tensors, as on a GPU. Without this
+    the function saw unmarked (host) copies of its GPU inputs and its results came back unmarked:
+    the first op mixing them with the program's GPU tensors was refused as a device mix that a
+    GPU runs (exit 3 at step 0)."""
+    for module_name, names in _FUNCTORCH_WRAPPERS.items():
+        module = sys.modules.get(module_name)
+        for name in names:
+            orig = getattr(module, name, None)
+            if orig is None or hasattr(orig, "__rehearsal_original__"):
+                continue
+
+            def keep_mark(t: Any, *args: Any, __orig: Callable = orig, **kwargs: Any) -> Any:
+                out = __orig(t, *args, **kwargs)
+                if out is not t and isinstance(out, torch.Tensor) and getattr(t, CUDA_MARK, False):
+                    setattr(out, CUDA_MARK, True)
+                return out
+
+            keep_mark.__rehearsal_original__ = orig  # type: ignore[attr-defined]
+            setattr(module, name, keep_mark)
+
+
 def _remarking(fn: Callable, marked: list[bool]) -> Callable:
     """`fn` called with the marks put back on its tensor arguments, by position: the reentrant
     checkpoint's backward passes the saved inputs (detached) in the order the forward got them."""
@@ -772,6 +806,7 @@ def install() -> RehearsalMode:
         _install_parameter_marks()
         _install_default_device()
         _install_checkpoint_recompute()
+        _install_functorch_marks()
         _MODE = RehearsalMode()
         _MODE.__enter__()
         torch.nn.modules.module.register_module_forward_pre_hook(_leaf_inputs_on_host)

@@ -17,6 +17,9 @@ EVIDENCE_VERSION = 1
 SYNC = "sync"  # a device->host synchronisation: .item(), .cpu(), bool(t), torch.cuda.synchronize() ...
 BACKWARD = "backward"  # Tensor.backward / autograd.backward / autograd.grad
 RETAINED_UNUSED = "retained-unused"  # a retain_graph=True graph never backpropagated again
+# a retained graph counted unused in its step that the next step's backward then ran into: a tensor
+# carried across steps holds it (an RNN state not detached); counted again, at its own place
+RETAINED_CARRIED = "retained-carried"
 ANOMALY_ON = "anomaly-on"  # anomaly detection switched on (set_detect_anomaly / detect_anomaly)
 # `what` of the ANOMALY_ON tally a backward adds when it ran with anomaly detection on: a step can
 # switch it on and off inside itself (`with torch.autograd.detect_anomaly():`), which the flag

@@ -123,6 +123,8 @@ def _detach_edit(file: str, line: int, rows: dict[str, Any] | None = None) -> tu
         elif isinstance(node, ast.Assign) and _accumulates(node):
             value, numerics = node.value.right, False  # `x = x + e` is `x += e`
         elif isinstance(node, ast.Assign):
+            if any(isinstance(t, (ast.Tuple, ast.List)) for t in node.targets):
+                return None, False  # (`out, h = rnn(x, h)`: the call returns a tuple, which has no .detach())
             value, numerics = node.value, True
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
                 and isinstance(node.value.func, ast.Attribute) and node.value.func.attr.endswith("_"):
@@ -141,6 +143,22 @@ def _detach_edit(file: str, line: int, rows: dict[str, Any] | None = None) -> tu
     return None, False
 
 
+def _holder_names(holders: list[dict]) -> str:
+    """`total`, `model.1.running_mean`; parameters given a history are counted per global, as
+    "`ema`'s parameters (161)": an EMA of a ResNet would otherwise list every one."""
+    params: dict[str, int] = {}
+    names = []
+    for h in holders:
+        if h.get("kind") == "Parameter" and "." in h["name"]:
+            root = h["name"].split(".", 1)[0]
+            if root not in params:
+                names.append(root)
+            params[root] = params.get(root, 0) + 1
+        else:
+            names.append(h["name"])
+    return ", ".join(f"`{n}`'s parameters ({params[n]})" if n in params else f"`{n}`" for n in names)
+
+
 class GraphLeak(Rule):
     """
     What it detects:
@@ -149,8 +167,12 @@ class GraphLeak(Rule):
         kept as a tensor (`total += loss`), outputs appended to a list without `.detach()`, a
         recurrent state carried across steps without detaching, a module buffer updated in
         `forward` outside `torch.no_grad()` (`self.running_mean = 0.9 * self.running_mean + 0.1 * m`,
-        or in place: `self.running_mean.mul_(0.9).add_(0.1 * m)`). Modules are found in the target's
-        globals, their attributes, and lists, tuples and dicts of them (`nets = [G, D]`).
+        or in place: `self.running_mean.mul_(0.9).add_(0.1 * m)`), the parameters of a hand-written
+        EMA updated in place outside `torch.no_grad()` (`e.mul_(d).add_(p, alpha=1 - d)`: each
+        update chains onto the last). Modules are found in the target's globals, their attributes,
+        and lists, tuples and dicts of them (`nets = [G, D]`). And a step that dies of "Trying to
+        backward through the graph a second time" while such state holds a tensor with history:
+        the state carried an earlier step's graph into this step's backward.
 
     Why it costs:
         Each step's whole graph, with the activations it saved, stays reachable from the survivor.
@@ -189,7 +211,7 @@ class GraphLeak(Rule):
     def skip_reason(self, ev: m.Evidence) -> str | None:
         if ev.source != "run":
             return "needs a run (`audit run`), not a recording"
-        if len(ev.graph_scans) >= 2:
+        if len(ev.graph_scans) >= 2 or _freed_graph_scan(ev):
             return None
         if ev.steps and ev.steps[-1].index + 1 < ev.requested_steps:  # (the run ended early)
             scanned = ", ".join(str(s.after_step) for s in ev.graph_scans) or "none"
@@ -198,6 +220,11 @@ class GraphLeak(Rule):
         return "needs graph scans at two or more step boundaries (run >= 2 steps)"
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+        failed = _freed_graph_scan(ev)
+        if failed is not None:
+            yield self._freed(ev, failed)
+        if len(ev.graph_scans) < 2:
+            return
         scans = spread_scans(ev.graph_scans)
         nodes = [s.graph_nodes for s in scans]
         if not all(b > a for a, b in zip(nodes, nodes[1:])):
@@ -209,12 +236,16 @@ class GraphLeak(Rule):
         first_holders = {h["name"]: h for h in scans[0].holders}
         growing = [h for h in scans[-1].holders
                    if h.get("nodes", 0) > first_holders.get(h["name"], {}).get("nodes", 0)]
-        locs, edits, numerics, used = [], [], False, []
+        locs, edits, numerics, used, placed = [], [], False, [], set()
         for h in growing:
             w = h.get("where")
-            edit, changes = _detach_edit(w["file"], w["line"], h.get("rows")) if w else (None, False)
-            if w:
-                locs.append(Location(file=w["file"], line=w["line"], code=w.get("code", "")))
+            if not w or (w["file"], w["line"]) in placed:  # (an EMA's parameters share their update's line)
+                if h.get("backpropagated") and w is None:
+                    used.append(h["name"])
+                continue
+            placed.add((w["file"], w["line"]))
+            locs.append(Location(file=w["file"], line=w["line"], code=w.get("code", "")))
+            edit, changes = _detach_edit(w["file"], w["line"], h.get("rows"))
             if h.get("backpropagated") and not (edit and changes):
                 # its graphs are used later: a `.detach()` where they are stored is no fix that
                 # leaves results alone (cutting a recurrent state's history, which does change
@@ -223,8 +254,7 @@ class GraphLeak(Rule):
             elif edit:
                 edits.append(edit)
                 numerics |= changes
-        names = (", ".join(f"`{h['name']}`" for h in growing)
-                 or "tensors outside the target module's globals (and the modules they reach)")
+        names = _holder_names(growing) or "tensors outside the target module's globals (and the modules they reach)"
         summary = "Detach what you keep across steps (`.detach()`, or `.item()` when logging)."
         if used:
             summary += (f" But a later backward ran through what {', '.join(f'`{n}`' for n in used)} "
@@ -247,3 +277,43 @@ class GraphLeak(Rule):
             cost=None,
             fix=Fix(summary=summary, edits=edits, changes_numerics=numerics),
         )
+
+    def _freed(self, ev: m.Evidence, scan: m.GraphScan) -> Finding:
+        """A step that died of "Trying to backward through the graph a second time" while module
+        state held tensors with autograd history: the state carried one step's graph into the next
+        step's backward, which met it freed. One scan is proof enough: the error says what a
+        growing graph would only have suggested."""
+        holders = [h for h in scan.holders if h.get("graph_tensors")]
+        locs, placed = [], set()
+        for h in holders:
+            w = h.get("where")
+            if w and (w["file"], w["line"]) not in placed:
+                placed.add((w["file"], w["line"]))
+                locs.append(Location(file=w["file"], line=w["line"], code=w.get("code", "")))
+        names = _holder_names(holders)
+        return self.finding(
+            f"Step {scan.after_step}'s backward ran into a graph an earlier backward had already freed (\"Trying to "
+            f"backward through the graph a second time\"): {names} carr{'ies' if len(holders) == 1 else 'y'} a "
+            "tensor with autograd history from one step into the next.",
+            locations=locs,
+            evidence={"step": scan.after_step, "exception": ev.ending.exception,
+                      "holders": [{"name": h["name"], "kind": h["kind"], "tensors": h["tensors"],
+                                   "graph_tensors": h["graph_tensors"], "nodes": h["nodes"]} for h in holders]},
+            cost=None,
+            fix=Fix(summary="Detach what the step carries over to the next at the step boundary (`h = h.detach()`; "
+                            "an LSTM's state is a pair: detach both h and c). retain_graph=True would silence the "
+                            "error but backpropagate through every earlier step, and fail once the optimizer has "
+                            "changed weights those steps saved."))
+
+
+SECOND_TIME = "backward through the graph a second time"
+
+
+def _freed_graph_scan(ev: m.Evidence) -> m.GraphScan | None:
+    """The scan after a step that died backpropagating into a freed graph, when module state held
+    tensors with autograd history then."""
+    e = ev.ending
+    if e.status != "raised" or SECOND_TIME not in (e.message or ""):
+        return None
+    return next((s for s in ev.graph_scans if s.failed and s.after_step == e.step
+                 and any(h.get("graph_tensors") for h in s.holders)), None)

@@ -25,6 +25,8 @@ ADVICE = {
     "SummaryWriter: Tensor.item": _SUMMARY_WRITER,
     "GradScaler.step": "create the optimizer with fused=True (Adam, AdamW, SGD): GradScaler.step then hands it "
                        "the inf check on the device instead of reading found_inf with .item() every step",
+    "ReduceLROnPlateau.step": "step ReduceLROnPlateau once per epoch (or per validation) on a value already "
+                              "fetched: it reads the metric with float(), so a device tensor is fetched at each call",
 }
 
 
@@ -35,7 +37,8 @@ class HostSync(Rule):
         `.tolist()`, `.numpy()`, `float(t)`, `int(t)`, `bool(t)` / `if t`, `print(t)`, `nonzero`,
         `masked_select`, `.to("cpu")`, `torch.cuda.synchronize()`; counted per step with their line.
         Also the syncs torch makes on the user's behalf: `GradScaler.step(opt)` reads found_inf
-        with `.item()` every step unless the optimizer is fused, and torch.utils.tensorboard's
+        with `.item()` every step unless the optimizer is fused, `ReduceLROnPlateau.step(loss)`
+        reads a tensor metric with `float()`, and torch.utils.tensorboard's
         `SummaryWriter.add_scalar(tag, tensor)` fetches the tensor at each call.
         On a recorded GPU trace: cudaStreamSynchronize / cudaDeviceSynchronize / synchronous DtoH
         copies attributed to the op that issued them, counted once per call of it (a `.cpu()`
@@ -123,7 +126,7 @@ class HostSync(Rule):
 
 def _config(places: list) -> dict[str, Any]:
     config: dict[str, Any] = {}
-    if any(p.what != "GradScaler.step" for p in places):
+    if any(p.what not in ("GradScaler.step", "ReduceLROnPlateau.step") for p in places):
         config["log_every_n_steps"] = 50
     if any(p.what == "GradScaler.step" for p in places):
         config["optimizer"] = {"fused": True}

@@ -31,6 +31,11 @@ PEAK: dict[str, Callable[[dict], float]] = {
 }
 
 
+# The constructor arguments that make a built-in scheduler's schedule (the rest is its state).
+_ARGS = ("step_size", "gamma", "milestones", "factor", "start_factor", "end_factor", "total_iters", "T_max",
+         "eta_min", "power")
+
+
 class LrSchedule(Rule):
     """
     What it detects:
@@ -38,7 +43,9 @@ class LrSchedule(Rule):
         the learning rate the code configured, with the line that did it; (2) a learning rate that
         differs by more than `rtol` from what its built-in scheduler (StepLR, MultiStepLR,
         ConstantLR, LinearLR, ExponentialLR, CosineAnnealingLR, PolynomialLR) implies at its
-        current epoch, from the arguments it was constructed with; (3) a runaway learning rate: at
+        current epoch, from the arguments it was constructed with, or two of one type with the
+        same arguments on one optimizer (a copy that still names the first optimizer: the lr
+        takes both factors, and another optimizer goes without); (3) a runaway learning rate: at
         least `runaway-ratio` times the configured one (or a OneCycle/Cyclic peak) and still rising
         when the audit ended, e.g. a warm-up lambda without a cap. The observed series is
         `param_groups[i]["lr"]` read at each `optimizer.step()`.
@@ -96,6 +103,8 @@ class LrSchedule(Rule):
             found = list(self._loaded(view, opt, created, obs, options))
             if not found and len(scheds) == 1:
                 found += self._closed_form(scheds[0], obs, epochs[opt], created, options)
+            if not found:
+                found += self._twins(view, created, scheds, obs, epochs[opt], options)
             found += self._runaway(created, scheds, obs, options)
             yield from found
 
@@ -165,9 +174,7 @@ class LrSchedule(Rule):
                 if got is None or not _differs(got, want, options["rtol"]):
                     continue
                 loc = location(sched.get("where"))
-                args = ", ".join(f"{k}={v}" for k, v in (sched.get("attrs") or {}).items()
-                                 if k in ("step_size", "gamma", "milestones", "factor", "start_factor", "end_factor",
-                                          "total_iters", "T_max", "eta_min", "power"))
+                args = ", ".join(f"{k}={v}" for k, v in (sched.get("attrs") or {}).items() if k in _ARGS)
                 return [self.finding(
                     f"At step {step} the optimizer's lr was {short(got)}, but {sched['type']}({args}) at {_at(loc)} "
                     f"implies {short(want)} at its epoch {e} (base lr {short(b)}): something else changes the lr "
@@ -177,6 +184,64 @@ class LrSchedule(Rule):
                               "expected": want, "observed": got, "step": step, "group": i, "series": _series(obs, i)},
                     fix=Fix(summary="Let one scheduler own the optimizer's lr; remove other writes to param_groups['lr'].",
                             config={}))]
+        return []
+
+    # --- (2b) the same scheduler twice on one optimizer ----------------------------------------
+
+    def _twins(self, view: NumericsView, created: dict | None, scheds: list[dict], obs: list, epochs: list,
+               options: dict) -> list[Finding]:
+        """Two built-in schedulers of one type and the same arguments on one optimizer, both stepped:
+        the lr takes each one's factor, so it follows neither. Chaining schedulers is legal (a
+        warm-up then a decay), but nobody chains a scheduler with its own copy: it is a copy-paste
+        that still names the first optimizer, and another optimizer goes without."""
+        groups: dict[tuple, list[dict]] = {}
+        for sc in scheds:
+            if sc.get("type") in CLOSED_FORMS:
+                args = tuple(sorted((k, repr(v)) for k, v in (sc.get("attrs") or {}).items() if k in _ARGS))
+                groups.setdefault((sc["type"], args), []).append(sc)
+        for (kind, _), same in groups.items():
+            if len(same) < 2:
+                continue
+            a, form = same[0], CLOSED_FORMS[kind]
+            bases = [val(b) for b in a.get("base_lrs") or []]
+            for (step, lrs), (_, ep) in zip(obs, epochs):
+                e = ep.get(str(a.get("sched")))
+                if e is None or not bases or bases[0] is None or not lrs or val(lrs[0]) is None:
+                    continue
+                try:
+                    one = form(bases[0], int(e), a.get("attrs") or {})
+                except (KeyError, TypeError, ZeroDivisionError, ValueError):
+                    return []
+                got = val(lrs[0])
+                if not _differs(got, one, options["rtol"]):
+                    continue
+                locs = [x for x in (location(sc.get("where")) for sc in same) if x]
+                primary = locs[::-1]  # (the last one made is the likelier copy)
+                made = location(created.get("where")) if created else None
+                others = [o for o in view.events_of("optimizer")
+                          if o.get("opt") != a.get("opt")
+                          and not any(sc.get("opt") == o.get("opt") and sc.get("type") == kind
+                                      for sc in view.events_of("scheduler"))]
+                args = ", ".join(f"{k}={v}" for k, v in (a.get("attrs") or {}).items() if k in _ARGS)
+                count = "Two" if len(same) == 2 else str(len(same))
+                at = " and ".join([", ".join(_at(x) for x in locs[:-1]), _at(locs[-1])] if len(locs) > 1
+                                  else [_at(x) for x in locs])
+                msg = (f"{count} {kind}({args}) schedulers{', at ' + at + ',' if at else ''} drive one optimizer"
+                       + (f" (the {created.get('type', 'optimizer')} at {_at(made)})" if created else "")
+                       + f": its lr takes {'both' if len(same) == 2 else 'all their'} factors, so at step {step} it "
+                       f"was {short(got)} where one {kind} gives {short(one)}.")
+                if others:
+                    o = others[0]
+                    msg += (f" The {o.get('type', 'optimizer')} at {_at(location(o.get('where')))} has no {kind}: "
+                            "did the copy mean it?")
+                return [self.finding(
+                    msg, locations=primary,
+                    evidence={"scheduler": kind, "attrs": a.get("attrs"), "schedulers": len(same), "step": step,
+                              "observed": got, "one_scheduler": one, "epoch": e, "base_lr": bases[0],
+                              "optimizers_without": [o.get("opt") for o in others], "series": _series(obs, 0)},
+                    fix=Fix(summary=f"Give each optimizer its own {kind} (name the other optimizer in the copy), or "
+                                    "keep one scheduler with the combined factor if the faster decay is meant.",
+                            config={}, changes_numerics=True))]
         return []
 
     # --- (3) runaway ------------------------------------------------------------------------------

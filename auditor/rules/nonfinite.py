@@ -498,8 +498,9 @@ class Nonfinite(Rule):
             return Fix(summary="The optimizer update itself overflowed: use a positive eps (Adam eps >= 1e-8) and a "
                                "lower learning rate.", config={"eps": 1e-8}, changes_numerics=True)
         lr = _first_lr(view)
-        return Fix(summary="Values grew until they overflowed: lower the learning rate, clip gradients "
-                           "(see grad-explosion), or normalise the inputs.",
+        return Fix(summary="Values grew until they overflowed: lower the learning rate"
+                           + (f" (it is {lr:.3g})" if lr else "")
+                           + ", clip gradients (see grad-explosion), or normalise the inputs.",
                    config={"lr": lr / 10} if lr else {}, changes_numerics=True)
 
     def _near_misses(self, view: NumericsView, options: dict, skip: set) -> Iterable[Finding]:

@@ -13,7 +13,8 @@ class RetainedGraph(Rule):
     """
     What it detects:
         `loss.backward(retain_graph=True)` or `torch.autograd.grad(..., retain_graph=True)` where no
-        later backward in the same step runs through the retained graph before it is dropped.
+        later backward in the same step runs through the retained graph before it is dropped; or
+        where the next step's backward runs into it (a tensor carried across steps holds it).
 
     Why it costs:
         retain_graph keeps every activation the graph saved alive until the graph itself dies. Used
@@ -27,6 +28,8 @@ class RetainedGraph(Rule):
     Fix:
         Drop `retain_graph=True`. If that raises "Trying to backward through the graph a second
         time", a tensor from an earlier step is reused: detach it (e.g. an RNN hidden state).
+        Where the next step's backward ran into a graph kept here (a state carried across steps
+        and not detached), the finding says so and offers no patch: detach the state instead.
         Where some of the line's graphs are backpropagated again (a state carried from one
         micro-batch to the next), no patch is offered: dropping the flag would break those calls;
         keep it for them only (`retain_graph=(micro < accum_steps - 1)`) or detach the state.
@@ -57,9 +60,13 @@ class RetainedGraph(Rule):
             if t.data.get("retain_graph"):
                 key = place_key(t)
                 retaining[key] = retaining.get(key, 0) + t.count
+        carried = {place_key(p): p.count for p in by_place(ev.tallies(m.RETAINED_CARRIED))}
         for p in by_place(pairs):
             per_step = p.count / max(1, len(p.steps))
             calls = retaining.get(place_key(p), 0)
+            if carried.get(place_key(p)):
+                yield self._carried(p, carried[place_key(p)], calls)
+                continue
             saved_mb = p.data.get("saved_bytes", 0) / 2**20
             alive = at_once.get(place_key(p))
             if alive:
@@ -91,3 +98,28 @@ class RetainedGraph(Rule):
                 fix=Fix(summary=summary, config={"retain_graph": False} if not reused else {},
                         edits=[edit] if edit else []),
             )
+
+    def _carried(self, p: Any, carried: int, calls: int) -> Finding:
+        """The graphs kept here that the next step's backward ran into: the flag is there because a
+        tensor carried across steps was not detached (often added after "Trying to backward through
+        the graph a second time"). Dropping it alone brings that error back, so no patch."""
+        total = max(calls, carried)
+        graphs = (f"{carried} of the {total} graphs" if carried < total
+                  else "the graph" if total == 1 else f"all {total} graphs")
+        return self.finding(
+            f"{p.what}(retain_graph=True) kept graphs that the next step's backward ran into ({graphs} retained "
+            "here): a tensor the step carries over to the next (a recurrent state, a running value) still holds "
+            "the graph it was made in, so each backward goes back through earlier steps, costing more time and "
+            "memory every step, and fails once the optimizer has changed weights those steps saved "
+            "(\"modified by an inplace operation\").",
+            locations=[Location.of(p.where)] if p.where else [],
+            evidence={"carried": carried, "retaining_calls": calls, "retained_unused": max(0, p.count - carried),
+                      "steps": len(p.steps), "graph_nodes": p.data.get("graph_nodes", 0),
+                      "saved_bytes": p.data.get("saved_bytes", 0)},
+            cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
+                      note="each step's graph stays reachable from the next: time and memory grow with every step"),
+            fix=Fix(summary="Detach what the step carries over to the next at the step boundary (`h = h.detach()`; "
+                            "an LSTM's state is a pair: detach both h and c); retain_graph=True is then not needed. "
+                            "Removing the flag alone makes the next step's backward fail with \"Trying to backward "
+                            "through the graph a second time\".",
+                    config={}))
