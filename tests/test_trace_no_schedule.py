@@ -92,7 +92,9 @@ def test_steps_are_the_spans_between_optimizer_steps(recorded: Path) -> None:
     [f] = a.rule("dataloader-bound")  # each batch sleeps 6 ms: most of every step
     want = [raw_loader_us(events, lo, hi) / (hi - lo) for lo, hi in zip(ends, ends[1:])]
     assert [s["share"] for s in f["evidence"]["steps"]] == pytest.approx(want, abs=1e-3)
-    assert min(want) > 0.5 and "across 7 steps" in f["message"]
+    # (the recording's own sanity, not the auditor's: a step slowed by another process's load
+    # once had 43%, so the median step, not every step)
+    assert sorted(want)[len(want) // 2] > 0.5 and "across 7 steps" in f["message"]
     total = sum(raw_loader_us(events, lo, hi) for lo, hi in zip(ends, ends[1:]))
     assert f["cost"]["ms_per_step"] == pytest.approx(total / 7 / 1000, abs=2e-3)
 
