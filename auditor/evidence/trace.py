@@ -877,19 +877,21 @@ def _def_line(file: str, line: int, function: str) -> int | None:
     return None
 
 
-def frame_location_parts(frame: Frame) -> tuple[str, int, str]:
-    """(file, line, source line) for a Location; the source only when the file is on this disk."""
+def frame_location_parts(frame: Frame) -> tuple[str, int, str, str]:
+    """(file, line, source line, note) for a Location: the source only when the file is on this
+    disk, and the note saying what the place stands for when the trace does not name the line that
+    did the work (a function's def line, the line a frame was on when the profiler started)."""
     import linecache
 
     code = linecache.getline(frame.file, frame.line).strip() if frame.file else ""
+    note = ""
     if isinstance(frame, StartedFrame):
-        note = (f"(the line {frame.function or 'this code'} was on when the profiler started: the trace does "
-                f"not record the line within it)")
-        code = f"{code}  # {note}" if code else f"# {note}"
+        note = (f"the line {frame.function or 'this code'} was on when the profiler started: the trace does "
+                f"not record the line within it")
     elif code.startswith(("def ", "async def ")):
         # torch >= 2 traces name Python functions by their first line: the call is somewhere in it
-        code += "  # (the trace records this function, not the line within it)"
-    return frame.file, frame.line, code
+        note = "the trace records this function, not the line within it"
+    return frame.file, frame.line, code, note
 
 
 def sites(trace: Trace, rows: list[int] | np.ndarray, weights: list[float] | np.ndarray | None = None,
