@@ -82,6 +82,7 @@ def load_paths(paths: list[Path]) -> Evidence:
         merged.target = merged.target or " ".join(str(p) for p in paths)
         merged.traces, merged.snapshots = _absolute(merged.traces), _absolute(merged.snapshots)
         name_by_logdir(merged.trace_data, _logdirs([Path(p) for p in paths]))
+        note_traces(merged, merged.trace_data, dropped=False)  # (every rank's dropped events: said in the merge)
         if merged.source != "run":
             _device_from_traces(merged)
         return merged
@@ -144,17 +145,25 @@ def load_paths(paths: list[Path]) -> Evidence:
             # the run's other evidence still holds, as it does when the trace is missing
             add_load_note(evidence, f"profiler trace not analysed: {e}")
     name_by_logdir(parsed, _logdirs([Path(p) for p in paths]))
-    for trace in parsed:
-        if trace.steps_from:
-            add_load_note(evidence, f"{trace.label} has no ProfilerStep ranges (recorded without a schedule): its "
-                                    f"{len(trace.steps)} steps are taken from the end of one {trace.steps_from} to the end of "
-                                    f"the next (what came before the first is left out)")
+    note_traces(evidence, parsed)
     snapshots = [_load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
     evidence.__dict__["trace_data"] = parsed
     evidence.__dict__["snapshot_data"] = snapshots
     if evidence.source != "run":
         _device_from_traces(evidence)
     return evidence
+
+
+def note_traces(evidence: Evidence, traces: list[Any], dropped: bool = True) -> None:
+    """What the reports must say about how parsed traces were read: events left out for fields of
+    the wrong type, and steps taken from the optimizer for lack of ProfilerSteps."""
+    for trace in traces:
+        if dropped and trace.dropped:
+            add_load_note(evidence, f"{trace.label}: {trace.dropped}")
+        if trace.steps_from:
+            add_load_note(evidence, f"{trace.label} has no ProfilerStep ranges (recorded without a schedule): its "
+                                    f"{len(trace.steps)} steps are taken from the end of one {trace.steps_from} to the end of "
+                                    f"the next (what came before the first is left out)")
 
 
 def _absolute(paths: list[Path] | list[str]) -> list[str]:

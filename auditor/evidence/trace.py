@@ -195,6 +195,9 @@ class Trace:
     processes: dict[int, dict[str, Any]] = field(default_factory=dict)
     schema: str = "new"  # "old" for torch<=1.9 Kineto categories (Operator, Runtime, Kernel)
     workers: int = 0  # processes that decoded it (trace_parallel), 0 when this one did
+    # Events left out because a field they need had a value of the wrong type, said as a sentence
+    # (empty: none): the report says so, since what they held is missing from every number.
+    dropped: str = ""
     # How messages name it: its file name, or its path in the TensorBoard logdir it was found in
     # (`run-a/host.pt.trace.json`: a logdir's runs often share file names; set by evidence.load).
     label: str = ""
@@ -568,6 +571,9 @@ _malloc_trim: Any = None
 
 def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -> Trace:
     events, flows = _frames(cols)
+    if not len(events) and stream.dropped:  # every event was of the wrong shape: nothing to judge
+        raise InputError(f"{path}: not a usable profiler trace: {_dropped_text(stream)}, and no other timed "
+                         f"events are left")
     if not len(events):  # `[]`, or only metadata: a report of it would read "no findings"
         raise InputError(f"{path}: not a profiler trace: it holds no timed events")
     _release_freed_memory()
@@ -588,8 +594,15 @@ def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -
     old = bool(len(events)) and any(symbols.id(c) >= 0 for c in ("Operator", "Runtime", "Kernel"))
     trace = Trace(path=path, metadata=trace_meta, events=events, flows=flows, symbols=symbols,
                   processes=processes, schema="old" if old else "new")
+    trace.dropped = _dropped_text(stream) if stream.dropped else ""
     events["step"] = _assign_steps(trace)
     return trace
+
+
+def _dropped_text(stream: _Stream) -> str:
+    n = stream.dropped
+    return (f"{n:,} event{'s' if n != 1 else ''} with fields of the wrong type "
+            f"{'were' if n != 1 else 'was'} left out (the first: {stream.dropped_why})")
 
 
 def _assign_steps(trace: Trace) -> np.ndarray:
