@@ -162,8 +162,7 @@ def note_traces(evidence: Evidence, traces: list[Any], dropped: bool = True) -> 
             add_load_note(evidence, f"{trace.label}: {trace.dropped}")
         if trace.steps_from:
             add_load_note(evidence, f"{trace.label} has no ProfilerStep ranges (recorded without a schedule): its "
-                                    f"{len(trace.steps)} steps are taken from the end of one {trace.steps_from} to the end of "
-                                    f"the next (what came before the first is left out)")
+                                    f"{len(trace.steps)} steps {trace.steps_from}; what came before the first is left out")
 
 
 def _absolute(paths: list[Path] | list[str]) -> list[str]:

@@ -52,8 +52,6 @@ AUDITOR_RANGE = re.compile(r"^auditor::")
 # The profiler's Python tracer records the frames already running when it starts within
 # microseconds of its first event (Trace.startup_frames); later calls come after its own start-up.
 STARTUP_WINDOW_US = 1000.0
-# torch.optim's range around every optimizer step (Trace._optimizer_steps)
-OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#.+\.step$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,37 +340,24 @@ class Trace:
 
     @property
     def steps_from(self) -> str | None:
-        """The optimizer range whose ends delimit the steps (`Optimizer.step#SGD.step`), when the
-        trace has no ProfilerSteps; None otherwise."""
+        """How the steps were taken when the trace has no ProfilerSteps, in the words that follow
+        'its N steps' (`are taken from the end of one Optimizer.step#SGD.step to the end of the
+        next`); None otherwise."""
         self.steps  # noqa: B018  (found with them)
         return self.__dict__.get("_steps_from")
 
     def _optimizer_steps(self, empty: pd.DataFrame) -> pd.DataFrame:
         """Steps of a trace recorded without a schedule (`with profile(): ...`, which writes no
-        ProfilerStep ranges): from the end of one optimizer step to the end of the next. Why: the
-        whole recording judged as one step read '0 step(s)' and 'per step' of a window of many,
-        and its first iteration (the profiler's start, every first call, a new DataLoader
-        iterator: 100 ms of a 5 ms step here) outweighed the rest. The optimizer's own range
-        (torch.optim records `Optimizer.step#<class>.step`) is the one boundary every training
-        step has; what comes before the first one is left out, as a schedule's warm-up would be.
-        The most frequent such name is taken, so two optimizers of different classes give one step
-        per iteration (two of one class give two: shares hold, per-step times halve). Fewer than
-        three optimizer steps: no steps (the whole recording is judged, as before)."""
-        ev = self.events
-        codes = self.symbols.matching(OPTIMIZER_STEP)
-        if not len(codes):
+        ProfilerStep ranges): the training loop's iterations, found from its DataLoader fetches and
+        torch.optim's `Optimizer.step#<class>.step` ranges (auditor.evidence.trace_steps says how
+        and why). Fewer than two: no steps (the whole recording is judged, as before)."""
+        from auditor.evidence.trace_steps import split_without_schedule
+
+        split = split_without_schedule(self)
+        if split is None:
             return empty
-        opt = ev[ev["name"].isin(codes) & (ev["cat"] == CAT["annotation"]) & ~ev["instant"]]
-        if not len(opt):
-            return empty
-        name_code = int(opt["name"].value_counts().idxmax())
-        ends = np.sort(opt.loc[opt["name"] == name_code, "end"].to_numpy(dtype=np.float64))
-        if len(ends) < 3:
-            return empty
-        self.__dict__["_steps_from"] = self.symbols[name_code]
-        return pd.DataFrame({"step": np.arange(1, len(ends), dtype=np.int64),
-                             "row": np.full(len(ends) - 1, -1, dtype=np.int64), "ts": ends[:-1], "end": ends[1:],
-                             "dur": np.diff(ends)})
+        self.__dict__["_steps_from"] = split.how
+        return split.steps
 
     def window(self) -> tuple[float, float]:
         """The span rules measure shares against: the ProfilerSteps, or the whole trace."""
