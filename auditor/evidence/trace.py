@@ -52,6 +52,8 @@ AUDITOR_RANGE = re.compile(r"^auditor::")
 # The profiler's Python tracer records the frames already running when it starts within
 # microseconds of its first event (Trace.startup_frames); later calls come after its own start-up.
 STARTUP_WINDOW_US = 1000.0
+_TORCH_VERSION_KEY = re.compile(r"^(?:py)?torch[_ ]?version$", re.IGNORECASE)
+_VERSION = re.compile(r"^\d+\.\d+(?:\.\d+)?(?:[-+.\w]*)$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +224,25 @@ class Trace:
         for p in self.device_properties:
             if p.get("id") == index:
                 return p
+        return None
+
+    @property
+    def torch_version(self) -> str | None:
+        """The torch version the trace says it was recorded with, or None. torch writes none into
+        its traces; a recording tool or the user may (`prof.add_metadata("torch_version", ...)`, a
+        harness's `metadata.system.torch_env_info.torch_version`): the first `torch_version` /
+        `pytorch_version` key, to five levels down, whose value reads as a version."""
+        level: list[Any] = [self.metadata]
+        for _ in range(5):
+            nested: list[Any] = []
+            for d in level:
+                for key, value in d.items():
+                    if isinstance(value, dict):
+                        nested.append(value)
+                    elif (_TORCH_VERSION_KEY.match(str(key)) and isinstance(value, str)
+                          and _VERSION.match(value.strip())):
+                        return value.strip()[:40]
+            level = nested
         return None
 
     @property
