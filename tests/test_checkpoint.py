@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import pathlib
+import pickle
 
 import pytest
 import torch
 from torch import nn
 
-from conftest import Audit, audit
+from conftest import FIXTURES, Audit, audit
 
 from auditor.cli import main
 from auditor.evidence.checkpoint import _mini_yaml, normalise_config
@@ -361,3 +362,49 @@ def test_a_checkpoint_directory_finding_is_placed_at_a_file_for_code_scanning(tm
     assert r["locations"][0]["physicalLocation"]["region"] == {"startLine": 1}
     [f] = a.rule("nonfinite")
     assert [pathlib.Path(p).name for p in f["evidence"]["files"]] == [held]
+
+
+SNAPSHOT = FIXTURES / "snapshots" / "llama_mostly_free_segments.pickle"
+TRACE = FIXTURES / "traces" / "a100_item_sync_small.pt.trace.json.gz"
+
+
+@pytest.mark.skipif(not SNAPSHOT.is_file(), reason=f"recorded fixtures not found at {FIXTURES}")
+@pytest.mark.parametrize("given", ["snapshot", "trace"])
+def test_a_recording_given_as_a_checkpoint_is_named_with_the_command_that_reads_it(tmp_path, check, capsys, given):
+    """A CUDA memory snapshot or a profiler trace given to `audit checkpoint`: the line said
+    'not a readable torch checkpoint (Unsupported operand 149)' (31 for the gzip trace). It now
+    says what the file is and the command that audits it, and that command does."""
+    path = SNAPSHOT if given == "snapshot" else TRACE
+    a = check(path)
+    [line] = a.stderr.strip().splitlines()
+    kind = "a CUDA memory snapshot (torch.cuda.memory._dump_snapshot)" if given == "snapshot" else \
+        "a PyTorch profiler trace"
+    assert a.returncode == 2 and line == f"audit: error: {path}: {kind}, not a checkpoint: `audit analyze {path}` audits it"
+    assert "Unsupported operand" not in line
+    with pytest.raises(SystemExit) as done:
+        main(["analyze", str(path), "--out", str(tmp_path / "analyzed"), "--quiet"])
+    assert done.value.code in (0, None) and (tmp_path / "analyzed" / "findings.json").is_file()
+    assert json.loads((tmp_path / "analyzed" / "findings.json").read_text())["source"] == given
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"", "not a readable torch checkpoint (an empty file: 0 bytes)"),
+    (pickle.dumps({"lr": 0.1}, protocol=4), "not a readable torch checkpoint (a pickle written by pickle.dump, not "
+                                             "torch.save)"),
+])
+def test_files_torch_load_cannot_read_say_what_they_are(tmp_path, check, content, said):
+    """An empty file read '(EOFError)', a plain pickle '(Unsupported operand 149)'."""
+    path = tmp_path / "model.pt"
+    path.write_bytes(content)
+    a = check(path)
+    assert a.returncode == 2 and a.stderr.strip().splitlines() == [f"audit: error: {path}: {said}"]
+
+
+def test_a_damaged_torch_save_file_keeps_torchs_reason(tmp_path, check):
+    """The clean case: a torch.save file cut short is torch's format, and torch's reason stands."""
+    torch.save({"w": torch.ones(64)}, tmp_path / "ok.pt", _use_new_zipfile_serialization=False)
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "ok.pt").read_bytes()[:300])
+    a = check(tmp_path / "cut.pt")
+    [line] = a.stderr.strip().splitlines()
+    assert a.returncode == 2 and line.startswith(f"audit: error: {tmp_path / 'cut.pt'}: not a readable torch checkpoint (")
+    assert "pickle.dump" not in line and "snapshot" not in line and "empty" not in line

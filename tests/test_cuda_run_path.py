@@ -319,7 +319,7 @@ def test_the_run_records_the_devices_memory_and_oom_risk_judges_against_it(gpu_r
     """No OOM this time (2 steps; the profiled window, step 0, records the history), on a device
     with only 128 MiB more than the allocator reserves: the child records the device's properties
     in the environment, and oom-risk judges the peak against that total, as a warning, where an
-    unknown capacity would be an assumed 16 GiB and no finding at all."""
+    unknown capacity would be an assumed 16 GB card and no finding at all."""
     device_total = reserved() + 128 * MiB
     a = gpu_run(2, device_total=device_total, oom_at_step=-1)
     assert a.returncode == 0, a.stderr

@@ -177,3 +177,27 @@ def test_audited_report_renders_offline(browser: object, audited_report: Path, t
         assert (tmp_path / "audited.png").stat().st_size > 10_000
     finally:
         page.close()
+
+
+V100_TRACE = REPO.parent / "shared" / "fixtures" / "traces" / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
+
+
+@pytest.mark.skipif(not V100_TRACE.is_file(), reason="recorded traces not found")
+def test_a_recorded_traces_page_plots_its_steps(browser: object, tmp_path: Path) -> None:
+    """`audit analyze` of a recorded GPU trace: its ProfilerSteps drawn (the page had only the
+    memory plot), the cards worded for a recording."""
+    out = tmp_path / "analyzed"
+    subprocess.run([sys.executable, "-m", "auditor", "analyze", str(V100_TRACE), "--out", str(out), "-q"],
+                   cwd=REPO, check=True, capture_output=True, timeout=180)
+    page = Page(browser, out / "report.html")
+    try:
+        page.assert_clean()
+        page.assert_plots_drawn(at_least=2)
+        p = page.page
+        titles = p.eval_on_selector_all(".plot .gtitle", "els => els.map(e => e.textContent)")
+        assert f"Step time in {V100_TRACE.name} (ms)" in titles
+        cards = p.locator("#verdict").inner_text()
+        assert "6 ProfilerSteps recorded" in cards and "steps run" not in cards and "RSS" not in cards
+        assert "Tesla V100-DGXS-32GB x4" in cards
+    finally:
+        page.close()

@@ -107,3 +107,164 @@ def test_fewer_than_three_optimizer_steps_keep_the_whole_recording(recorded: Pat
     a = audit("analyze", str(trace), out=recorded / "out-two", cwd=recorded)
     assert a.returncode == 0, a.stderr
     assert a.findings_doc["steps"]["count"] == 0 and a.findings_doc["environment"]["notes"] == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Loops that step several optimizers an iteration, or one every few iterations. Each optimizer step
+# was a step: a GAN's two Adams (both `Optimizer.step#Adam.step`) made two steps an iteration
+# (per-step times halved), and accumulation's iterations without a step had no end of their own.
+
+LOOPS = textwrap.dedent('''\
+    import sys
+    import torch
+    torch.set_num_threads(1)
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    G = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    D = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt_g = torch.optim.Adam(G.parameters(), lr=1e-3)
+    opt_d = torch.optim.Adam(D.parameters(), lr=1e-3)  # (same class, same parameter count as G's)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    real_data = torch.utils.data.TensorDataset(torch.randn(256, 4))
+
+
+    def gan_step(real):
+        fake = G(torch.randn(real.shape[0], 8))
+        ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
+        d_loss = bce(D(real), ones) + bce(D(fake.detach()), zeros)
+        opt_d.zero_grad(); d_loss.backward(); opt_d.step()
+        g_loss = bce(D(fake), ones)
+        opt_g.zero_grad(); g_loss.backward(); opt_g.step()
+
+
+    def gan(out, loader):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            if loader:
+                for i, (real,) in enumerate(torch.utils.data.DataLoader(real_data, batch_size=8)):
+                    gan_step(real)
+                    if i == 7:
+                        break
+            else:
+                for i in range(8):
+                    gan_step(torch.randn(8, 4))
+        prof.export_chrome_trace(out)
+
+
+    def accumulate(out):
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randint(0, 2, (256,)))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i, (x, y) in enumerate(torch.utils.data.DataLoader(data, batch_size=8)):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                if i % 2 == 1:  # an optimizer step every 2nd batch
+                    opt.step()
+                    opt.zero_grad()
+                if i == 11:
+                    break
+        prof.export_chrome_trace(out)
+
+
+    def logs_every_other(out):
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i in range(10):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,)))
+                loss.backward()
+                opt.step()
+                if i % 2 == 0:  # more work every other iteration: not a second optimizer
+                    print(round(loss.item(), 3), torch.randn(3).sum().item(), file=sys.stderr)
+        prof.export_chrome_trace(out)
+
+
+    gan("gan_loader.json", loader=True)
+    gan("gan.json", loader=False)
+    accumulate("accumulate.json")
+    logs_every_other("logs.json")
+    ''')
+
+
+@pytest.fixture(scope="module")
+def loops(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("loops")
+    (root / "loops.py").write_text(LOOPS)
+    p = subprocess.run([sys.executable, "loops.py"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return root
+
+
+def raw_ranges(events: list[dict], prefix: str) -> list[tuple[float, float]]:
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith(prefix))
+
+
+def test_a_gan_iteration_of_two_adams_is_one_step(loops: Path) -> None:
+    """Eight iterations, each stepping the discriminator's Adam then the generator's: 7 steps (the
+    first iteration left out), each from one generator step's end to the next, each holding one
+    batch and both optimizer steps. It read 15 steps of half an iteration."""
+    trace = loops / "gan_loader.json"
+    events = raw(trace)
+    opt = raw_ranges(events, "Optimizer.step#Adam.step")
+    fetches = raw_ranges(events, "enumerate(DataLoader)")
+    assert len(opt) == 16 and len(fetches) == 8
+    ends = [e for _, e in opt][1::2]  # each iteration's last optimizer step: the generator's
+    a = audit("analyze", str(trace), out=loops / "out-gan-loader", cwd=loops)
+    assert a.returncode == 0, a.stderr
+    steps = a.findings_doc["steps"]
+    assert steps["count"] == 7
+    assert steps["per_step_ms"] == pytest.approx([(b - a_) / 1000 for a_, b in zip(ends, ends[1:])], abs=2e-3)
+    for lo, hi in zip(ends, ends[1:]):
+        assert sum(lo <= s < hi for s, _ in opt) == 2 and sum(lo <= s < hi for s, _ in fetches) == 1
+    assert ("gan_loader.json has no ProfilerStep ranges (recorded without a schedule): its 7 steps are the loop's "
+            "iterations, told apart by its DataLoader fetches, each from the end of one iteration's last "
+            "Optimizer.step#Adam.step to the end of the next: 2 optimizer steps an iteration; what came before "
+            "the first is left out") in a.findings_doc["environment"]["notes"]
+
+
+def test_a_gan_without_a_dataloader_is_told_by_its_pattern(loops: Path) -> None:
+    """No fetches to count: the two Adams run the same operators (same parameter count), but the
+    discriminator's step follows a backward pass through D alone and the generator's one through D
+    and G: the pattern repeats every 2 optimizer steps."""
+    from auditor.evidence.trace import load_trace
+
+    trace = load_trace(loops / "gan.json")
+    ends = [e for _, e in raw_ranges(raw(loops / "gan.json"), "Optimizer.step#Adam.step")][1::2]
+    assert len(ends) == 8
+    assert trace.steps["end"].tolist() == pytest.approx(ends[1:], abs=1e-3)
+    assert trace.steps["ts"].tolist() == pytest.approx(ends[:-1], abs=1e-3)
+    assert trace.steps_from == ("are taken from the end of one run of 2 Optimizer.step#Adam.step to the end of the "
+                                "next: the pattern their optimizers and backward passes repeat, taken as one iteration")
+
+
+def test_gradient_accumulation_keeps_one_step_per_iteration(loops: Path) -> None:
+    """Twelve batches, the optimizer stepped after every 2nd: 11 steps, one batch each. An
+    iteration that steps no optimizer ends where the next batch is fetched (it was merged with the
+    next iteration into one step of two batches)."""
+    trace = loops / "accumulate.json"
+    events = raw(trace)
+    opt = [e for _, e in raw_ranges(events, "Optimizer.step#SGD.step")]
+    fetch = [s for s, _ in raw_ranges(events, "enumerate(DataLoader)")]
+    assert len(opt) == 6 and len(fetch) == 12
+    ends = [opt[i // 2] if i % 2 else fetch[i + 1] for i in range(12)]  # iteration i's end
+    a = audit("analyze", str(trace), out=loops / "out-accumulate", cwd=loops)
+    assert a.returncode == 0, a.stderr
+    steps = a.findings_doc["steps"]
+    assert steps["count"] == 11
+    assert steps["per_step_ms"] == pytest.approx([(b - a_) / 1000 for a_, b in zip(ends, ends[1:])], abs=2e-3)
+    [note] = a.findings_doc["environment"]["notes"]
+    assert note.endswith("0 to 1 optimizer steps an iteration; an iteration with none (gradient accumulation: 5 "
+                         "of the 11) ends where the next fetch begins; what came before the first is left out")
+
+
+def test_more_work_every_other_iteration_is_not_a_second_optimizer(loops: Path) -> None:
+    """The clean case: one optimizer whose iterations alternate in length (a print with two .item()
+    every other one): each optimizer step still ends a step, nothing is merged."""
+    from auditor.evidence.trace import load_trace
+
+    trace = load_trace(loops / "logs.json")
+    ends = [e for _, e in raw_ranges(raw(loops / "logs.json"), "Optimizer.step#SGD.step")]
+    assert len(ends) == 10
+    assert trace.steps["end"].tolist() == pytest.approx(ends[1:], abs=1e-3)
+    assert trace.steps_from == "are taken from the end of one Optimizer.step#SGD.step to the end of the next"

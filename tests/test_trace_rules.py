@@ -791,7 +791,7 @@ def test_host_sync_in_a_function_of_a_torch2_trace_names_the_function(tmp_path: 
     [f] = trace_host_sync_findings(HostSyncStandIn(), ev, opts)
     [loc] = f.locations
     assert (loc.file, loc.line) == (str(tmp_path / "helper.py"), 4)
-    assert loc.code == "def helper(x):  # (the trace records this function, not the line within it)"
+    assert (loc.code, loc.note) == ("def helper(x):", "the trace records this function, not the line within it")
     assert f.evidence["blocked_ms"] == 0.04 and f.cost.ms_per_step == 0.04
 
 

@@ -123,7 +123,7 @@ def test_a_loop_inside_with_profile_is_placed_in_its_function(recorded: Path) ->
     f = loader_finding(recorded, trace, "in_function")
     [loc] = f["locations"]
     assert (loc["file"], loc["line"]) == ("train.py", line_of("def main():"))
-    assert loc["code"] == "def main():  # (the trace records this function, not the line within it)"
+    assert (loc["code"], loc["note"]) == ("def main():", "the trace records this function, not the line within it")
     assert f["evidence"]["loader_ms_per_step"] == pytest.approx(raw_loader_ms_per_step(trace), rel=1e-3)
 
 
@@ -143,19 +143,46 @@ def test_module_code_keeps_the_with_line_and_says_what_it_is(recorded: Path) -> 
     [loc] = f["locations"]
     assert (loc["file"], loc["line"]) == ("train.py", TRAINER.splitlines().index(
         "with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:") + 1)
-    assert loc["code"].endswith("# (the line <module> was on when the profiler started: the trace does not "
-                                "record the line within it)")
+    assert loc["code"] == "with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:"
+    assert loc["note"] == ("the line <module> was on when the profiler started: the trace does not record the "
+                           "line within it")
+
+
+NOTE_STARTED = "the line main was on when the profiler started: the trace does not record the line within it"
 
 
 def test_without_the_source_the_recorded_line_is_marked(recorded: Path, tmp_path: Path) -> None:
     """Analysed where the trainer's file is not (another machine): main()'s def line cannot be
-    found, so the recorded line stays, marked as where the profiler started."""
+    found, so the recorded line stays, marked as where the profiler started. The mark is a note of
+    its own, not the line's code: the page showed '21 # (the line main was on ...)' in the source
+    block, as if it were line 21 of train.py."""
     f = loader_finding(tmp_path, recorded / "in_function.json", "elsewhere")
     [loc] = f["locations"]
     with_line = next(i for i, line in enumerate(TRAINER.splitlines(), 1) if "with profile(" in line)
     assert (loc["file"], loc["line"]) == ("train.py", with_line)
-    assert loc["code"] == ("# (the line main was on when the profiler started: the trace does not record the "
-                           "line within it)")
+    assert (loc["code"], loc["note"]) == ("", NOTE_STARTED)
+
+    page = (tmp_path / "out-elsewhere" / "report.html").read_text()
+    article = page[page.index('<article class="finding"'):page.index("</article>")]
+    assert f'<div class="path">train.py:{with_line}</div>' in article
+    assert f'<p class="loc-note">{NOTE_STARTED} (its source is not on this disk)</p>' in article
+    assert "<pre>" not in article.split('<details')[0]  # no source block: there is no source to show
+    sarif = json.loads((tmp_path / "out-elsewhere" / "findings.sarif").read_text())
+    [result] = [r for r in sarif["runs"][0]["results"] if r["ruleId"] == "dataloader-bound"]
+    [where] = result["locations"]
+    assert where["message"]["text"] == NOTE_STARTED and "snippet" not in where["physicalLocation"]["region"]
+
+
+def test_with_the_source_the_note_sits_beside_the_source_lines(recorded: Path) -> None:
+    """The def line's note, with the source here: the page shows train.py's own lines around it
+    and the note apart (it was only in findings.json's code, and not on the page at all)."""
+    f = loader_finding(recorded, recorded / "in_function.json", "in_function_page")
+    page = (recorded / "out-in_function_page" / "report.html").read_text()
+    article = page[page.index('<article class="finding"'):page.index("</article>")]
+    pre = article[article.index("<pre>"):article.index("</pre>")]
+    assert f'<span class="no">{line_of("def main():"):5d}</span> def main():</span>' in pre
+    assert "trace records" not in pre
+    assert '<p class="loc-note">the trace records this function, not the line within it</p>' in article
 
 
 def test_a_function_called_under_the_profiler_keeps_its_own_line(recorded: Path) -> None:

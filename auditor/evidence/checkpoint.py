@@ -95,10 +95,85 @@ def load_checkpoint(path: Path) -> Any:
                 "code from the file; auditor only loads checkpoints with torch.load(weights_only=True)") from None
         detail = re.search(r"WeightsUnpickler error:\s*(.+)", text)
         why = detail.group(1).strip() if detail else (text.splitlines() or ["unpickling failed"])[0]
-        raise InputError(f"{path}: not a readable torch checkpoint ({why[:200]})") from None
+        raise InputError(not_a_checkpoint(path, why[:200])) from None
     except Exception as e:  # (torch's readers raise anything on a file that is not theirs: KeyError on text)
         first = (str(e).splitlines() or [""])[0][:200] if not isinstance(e, KeyError) else ""
-        raise InputError(f"{path}: not a readable torch checkpoint ({first or type(e).__name__})") from None
+        raise InputError(not_a_checkpoint(path, first or type(e).__name__)) from None
+
+
+def not_a_checkpoint(path: Path, why: str) -> str:
+    """The one line for a file torch.load could not read: what the file is instead, when that can
+    be told, and what reads it. torch's own reason ("Unsupported operand 149", "EOFError") says
+    nothing to someone who gave `audit checkpoint` a memory snapshot or an empty file."""
+    import shlex
+
+    what = _what_file_is(path)
+    if what is None:
+        return f"{path}: not a readable torch checkpoint ({why})"
+    kind, reader = what
+    if reader:
+        return f"{path}: {kind}, not a checkpoint: `{reader} {shlex.quote(str(path))}` audits it"
+    return f"{path}: not a readable torch checkpoint ({kind})"
+
+
+_SNIFF_BYTES = 1 << 16
+# what torch.save's legacy (non-zip) format pickles first: its magic number 0x1950a86a20f9469cfc6c
+_LEGACY_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+
+
+def _what_file_is(path: Path) -> tuple[str, str | None] | None:
+    """(what the file is, the audit command that reads it, if one does), or None when unknown.
+    Read after torch.load failed, so a checkpoint never pays for it. A pickle is looked into with
+    the snapshot reader's unpickler, which refuses every global: nothing in it can run."""
+    import gzip
+    import zlib
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+    except OSError:
+        return None
+    if size == 0:
+        return "an empty file: 0 bytes", None
+    if head[:2] == b"\x1f\x8b":  # gzip: a profiler trace is the one gzip file audit reads
+        try:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, _SNIFF_BYTES)
+        except zlib.error:
+            return None
+    text = head.lstrip()
+    if text[:1] in (b"{", b"[") and b'"traceEvents"' in text:
+        return "a PyTorch profiler trace", "audit analyze"
+    if head[:1] == b"\x80":  # (a pickle's PROTO opcode; torch.save's own format is a zip archive)
+        if head[2:14] == _LEGACY_MAGIC:  # torch.save's format before torch 1.6, damaged: torch's reason holds
+            return None
+        if _is_memory_snapshot(path, size):
+            return "a CUDA memory snapshot (torch.cuda.memory._dump_snapshot)", "audit analyze"
+        return "a pickle written by pickle.dump, not torch.save", None
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # (not a character cut at the end of the sample)
+            return None
+    if text[:1] in (b"{", b"["):
+        return "a JSON file; torch.save writes a zip archive or a pickle", None
+    return "a text file; torch.save writes a zip archive or a pickle", None
+
+
+def _is_memory_snapshot(path: Path, size: int) -> bool:
+    """A pickle of plain containers holding allocator segments: the dict of
+    torch.cuda.memory._snapshot() (or, before torch 2.0, its segment list)."""
+    from auditor.evidence.snapshot import _unpickle
+
+    if size > 4 << 30:  # (read whole to be judged: past this, not worth it for an error line)
+        return False
+    try:
+        raw = _unpickle(path)
+    except InputError:  # a pickle that names a global, or a broken one: not a snapshot
+        return False
+    if isinstance(raw, dict):
+        return isinstance(raw.get("segments"), list)
+    return isinstance(raw, list) and bool(raw) and all(isinstance(s, dict) and "blocks" in s for s in raw)
 
 
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",

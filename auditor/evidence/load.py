@@ -82,8 +82,9 @@ def load_paths(paths: list[Path]) -> Evidence:
         merged.target = merged.target or " ".join(str(p) for p in paths)
         merged.traces, merged.snapshots = _absolute(merged.traces), _absolute(merged.snapshots)
         name_by_logdir(merged.trace_data, _logdirs([Path(p) for p in paths]))
+        note_traces(merged, merged.trace_data, dropped=False)  # (every rank's dropped events: said in the merge)
         if merged.source != "run":
-            _device_from_traces(merged)
+            _environment_from_traces(merged)
         return merged
     evidence: Evidence | None = None
     listed: set[Path] = set()  # traces a run directory lists: a crashed run may not have written them
@@ -144,17 +145,24 @@ def load_paths(paths: list[Path]) -> Evidence:
             # the run's other evidence still holds, as it does when the trace is missing
             add_load_note(evidence, f"profiler trace not analysed: {e}")
     name_by_logdir(parsed, _logdirs([Path(p) for p in paths]))
-    for trace in parsed:
-        if trace.steps_from:
-            add_load_note(evidence, f"{trace.label} has no ProfilerStep ranges (recorded without a schedule): its "
-                                    f"{len(trace.steps)} steps are taken from the end of one {trace.steps_from} to the end of "
-                                    f"the next (what came before the first is left out)")
+    note_traces(evidence, parsed)
     snapshots = [_load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
     evidence.__dict__["trace_data"] = parsed
     evidence.__dict__["snapshot_data"] = snapshots
     if evidence.source != "run":
-        _device_from_traces(evidence)
+        _environment_from_traces(evidence)
     return evidence
+
+
+def note_traces(evidence: Evidence, traces: list[Any], dropped: bool = True) -> None:
+    """What the reports must say about how parsed traces were read: events left out for fields of
+    the wrong type, and steps taken from the optimizer for lack of ProfilerSteps."""
+    for trace in traces:
+        if dropped and trace.dropped:
+            add_load_note(evidence, f"{trace.label}: {trace.dropped}")
+        if trace.steps_from:
+            add_load_note(evidence, f"{trace.label} has no ProfilerStep ranges (recorded without a schedule): its "
+                                    f"{len(trace.steps)} steps {trace.steps_from}; what came before the first is left out")
 
 
 def _absolute(paths: list[Path] | list[str]) -> list[str]:
@@ -165,12 +173,15 @@ def _absolute(paths: list[Path] | list[str]) -> list[str]:
     return [os.path.abspath(p) for p in paths]
 
 
-def _device_from_traces(evidence: Evidence) -> None:
+def _environment_from_traces(evidence: Evidence) -> None:
     """Recordings say where they ran (Kineto's deviceProperties), and this machine, which only
     analyses them, has nothing to say about it: the device comes from the first trace that names
-    its GPUs. (`cuda_devices` stays a run's own report: oom-risk reads trace capacities itself,
-    and says where each came from.)"""
-    for trace in evidence.__dict__.get("trace_data") or ():
+    its GPUs, torch's version from the first that states it (torch writes none itself: left empty
+    then, not this machine's). (`cuda_devices` stays a run's own report: oom-risk reads trace
+    capacities itself, and says where each came from.)"""
+    traces = evidence.__dict__.get("trace_data") or ()
+    evidence.environment.torch_version = next((v for t in traces if (v := t.torch_version)), "")
+    for trace in traces:
         props = trace.metadata.get("deviceProperties")
         names = sorted({str(p.get("name", "")) for p in props if isinstance(p, dict)}) if isinstance(props, list) else []
         if not names:

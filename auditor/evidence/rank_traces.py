@@ -112,8 +112,11 @@ def merge_trace_files(files: list[Path]) -> m.Evidence | None:
     parts: dict[int, list[tuple[RankInfo, SyncMap]]] = defaultdict(list)
     kept: dict[int, list[Any]] = defaultdict(list)
     world = None
+    dropped: list[str] = []
     for f in files:
         trace = load_trace(f)
+        if trace.dropped:
+            dropped.append(f"{f.name}: {trace.dropped}")
         rank = trace_rank(trace)
         if rank is None:
             return None  # a trace that names no rank: not a set of per-rank traces
@@ -139,6 +142,8 @@ def merge_trace_files(files: list[Path]) -> m.Evidence | None:
                                 f"({rank_ranges([r.rank for r in rs.ranks])}"
                                 + (f" of {rs.world_size}" if rs.world_size else "")
                                 + f"); trace rules read rank {primary.rank}'s traces, the distributed rules all ranks.")
+    for note in dropped:
+        m.add_load_note(ev, note)
     ev.extra[RANKS_KEY] = msgspec.to_builtins(rs)
     ev.__dict__["trace_data"] = kept[primary.rank]
     ev.__dict__["snapshot_data"] = []

@@ -52,8 +52,8 @@ AUDITOR_RANGE = re.compile(r"^auditor::")
 # The profiler's Python tracer records the frames already running when it starts within
 # microseconds of its first event (Trace.startup_frames); later calls come after its own start-up.
 STARTUP_WINDOW_US = 1000.0
-# torch.optim's range around every optimizer step (Trace._optimizer_steps)
-OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#.+\.step$")
+_TORCH_VERSION_KEY = re.compile(r"^(?:py)?torch[_ ]?version$", re.IGNORECASE)
+_VERSION = re.compile(r"^\d+\.\d+(?:\.\d+)?(?:[-+.\w]*)$")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,6 +195,9 @@ class Trace:
     processes: dict[int, dict[str, Any]] = field(default_factory=dict)
     schema: str = "new"  # "old" for torch<=1.9 Kineto categories (Operator, Runtime, Kernel)
     workers: int = 0  # processes that decoded it (trace_parallel), 0 when this one did
+    # Events left out because a field they need had a value of the wrong type, said as a sentence
+    # (empty: none): the report says so, since what they held is missing from every number.
+    dropped: str = ""
     # How messages name it: its file name, or its path in the TensorBoard logdir it was found in
     # (`run-a/host.pt.trace.json`: a logdir's runs often share file names; set by evidence.load).
     label: str = ""
@@ -221,6 +224,25 @@ class Trace:
         for p in self.device_properties:
             if p.get("id") == index:
                 return p
+        return None
+
+    @property
+    def torch_version(self) -> str | None:
+        """The torch version the trace says it was recorded with, or None. torch writes none into
+        its traces; a recording tool or the user may (`prof.add_metadata("torch_version", ...)`, a
+        harness's `metadata.system.torch_env_info.torch_version`): the first `torch_version` /
+        `pytorch_version` key, to five levels down, whose value reads as a version."""
+        level: list[Any] = [self.metadata]
+        for _ in range(5):
+            nested: list[Any] = []
+            for d in level:
+                for key, value in d.items():
+                    if isinstance(value, dict):
+                        nested.append(value)
+                    elif (_TORCH_VERSION_KEY.match(str(key)) and isinstance(value, str)
+                          and _VERSION.match(value.strip())):
+                        return value.strip()[:40]
+            level = nested
         return None
 
     @property
@@ -339,37 +361,24 @@ class Trace:
 
     @property
     def steps_from(self) -> str | None:
-        """The optimizer range whose ends delimit the steps (`Optimizer.step#SGD.step`), when the
-        trace has no ProfilerSteps; None otherwise."""
+        """How the steps were taken when the trace has no ProfilerSteps, in the words that follow
+        'its N steps' (`are taken from the end of one Optimizer.step#SGD.step to the end of the
+        next`); None otherwise."""
         self.steps  # noqa: B018  (found with them)
         return self.__dict__.get("_steps_from")
 
     def _optimizer_steps(self, empty: pd.DataFrame) -> pd.DataFrame:
         """Steps of a trace recorded without a schedule (`with profile(): ...`, which writes no
-        ProfilerStep ranges): from the end of one optimizer step to the end of the next. Why: the
-        whole recording judged as one step read '0 step(s)' and 'per step' of a window of many,
-        and its first iteration (the profiler's start, every first call, a new DataLoader
-        iterator: 100 ms of a 5 ms step here) outweighed the rest. The optimizer's own range
-        (torch.optim records `Optimizer.step#<class>.step`) is the one boundary every training
-        step has; what comes before the first one is left out, as a schedule's warm-up would be.
-        The most frequent such name is taken, so two optimizers of different classes give one step
-        per iteration (two of one class give two: shares hold, per-step times halve). Fewer than
-        three optimizer steps: no steps (the whole recording is judged, as before)."""
-        ev = self.events
-        codes = self.symbols.matching(OPTIMIZER_STEP)
-        if not len(codes):
+        ProfilerStep ranges): the training loop's iterations, found from its DataLoader fetches and
+        torch.optim's `Optimizer.step#<class>.step` ranges (auditor.evidence.trace_steps says how
+        and why). Fewer than two: no steps (the whole recording is judged, as before)."""
+        from auditor.evidence.trace_steps import split_without_schedule
+
+        split = split_without_schedule(self)
+        if split is None:
             return empty
-        opt = ev[ev["name"].isin(codes) & (ev["cat"] == CAT["annotation"]) & ~ev["instant"]]
-        if not len(opt):
-            return empty
-        name_code = int(opt["name"].value_counts().idxmax())
-        ends = np.sort(opt.loc[opt["name"] == name_code, "end"].to_numpy(dtype=np.float64))
-        if len(ends) < 3:
-            return empty
-        self.__dict__["_steps_from"] = self.symbols[name_code]
-        return pd.DataFrame({"step": np.arange(1, len(ends), dtype=np.int64),
-                             "row": np.full(len(ends) - 1, -1, dtype=np.int64), "ts": ends[:-1], "end": ends[1:],
-                             "dur": np.diff(ends)})
+        self.__dict__["_steps_from"] = split.how
+        return split.steps
 
     def window(self) -> tuple[float, float]:
         """The span rules measure shares against: the ProfilerSteps, or the whole trace."""
@@ -568,6 +577,9 @@ _malloc_trim: Any = None
 
 def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -> Trace:
     events, flows = _frames(cols)
+    if not len(events) and stream.dropped:  # every event was of the wrong shape: nothing to judge
+        raise InputError(f"{path}: not a usable profiler trace: {_dropped_text(stream)}, and no other timed "
+                         f"events are left")
     if not len(events):  # `[]`, or only metadata: a report of it would read "no findings"
         raise InputError(f"{path}: not a profiler trace: it holds no timed events")
     _release_freed_memory()
@@ -588,8 +600,15 @@ def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -
     old = bool(len(events)) and any(symbols.id(c) >= 0 for c in ("Operator", "Runtime", "Kernel"))
     trace = Trace(path=path, metadata=trace_meta, events=events, flows=flows, symbols=symbols,
                   processes=processes, schema="old" if old else "new")
+    trace.dropped = _dropped_text(stream) if stream.dropped else ""
     events["step"] = _assign_steps(trace)
     return trace
+
+
+def _dropped_text(stream: _Stream) -> str:
+    n = stream.dropped
+    return (f"{n:,} event{'s' if n != 1 else ''} with fields of the wrong type "
+            f"{'were' if n != 1 else 'was'} left out (the first: {stream.dropped_why})")
 
 
 def _assign_steps(trace: Trace) -> np.ndarray:
@@ -877,19 +896,21 @@ def _def_line(file: str, line: int, function: str) -> int | None:
     return None
 
 
-def frame_location_parts(frame: Frame) -> tuple[str, int, str]:
-    """(file, line, source line) for a Location; the source only when the file is on this disk."""
+def frame_location_parts(frame: Frame) -> tuple[str, int, str, str]:
+    """(file, line, source line, note) for a Location: the source only when the file is on this
+    disk, and the note saying what the place stands for when the trace does not name the line that
+    did the work (a function's def line, the line a frame was on when the profiler started)."""
     import linecache
 
     code = linecache.getline(frame.file, frame.line).strip() if frame.file else ""
+    note = ""
     if isinstance(frame, StartedFrame):
-        note = (f"(the line {frame.function or 'this code'} was on when the profiler started: the trace does "
-                f"not record the line within it)")
-        code = f"{code}  # {note}" if code else f"# {note}"
+        note = (f"the line {frame.function or 'this code'} was on when the profiler started: the trace does "
+                f"not record the line within it")
     elif code.startswith(("def ", "async def ")):
         # torch >= 2 traces name Python functions by their first line: the call is somewhere in it
-        code += "  # (the trace records this function, not the line within it)"
-    return frame.file, frame.line, code
+        note = "the trace records this function, not the line within it"
+    return frame.file, frame.line, code, note
 
 
 def sites(trace: Trace, rows: list[int] | np.ndarray, weights: list[float] | np.ndarray | None = None,

@@ -101,15 +101,16 @@ class _Event(msgspec.Struct, gc=False):
 
 class _LooseEvent(msgspec.Struct):
     """Fallback for a chunk whose values do not fit the typed schema (a string where a number was
-    expected, a null name): decoded loosely, then coerced field by field in Python."""
+    expected, a null name): decoded loosely, then coerced field by field in Python (_coerce).
+    UNSET: the key is absent, which is not the same as a value of the wrong type."""
 
-    ph: Any = ""
-    name: Any = ""
-    cat: Any = ""
-    pid: Any = -1
-    tid: Any = -1
-    ts: Any = math.nan
-    dur: Any = 0.0
+    ph: Any = msgspec.UNSET
+    name: Any = msgspec.UNSET
+    cat: Any = msgspec.UNSET
+    pid: Any = msgspec.UNSET
+    tid: Any = msgspec.UNSET
+    ts: Any = msgspec.UNSET
+    dur: Any = msgspec.UNSET
     id: Any = None
     args: Any = None
 
@@ -185,16 +186,64 @@ def _decode_args(raws: list[msgspec.Raw]) -> list[_Args]:
         return [_args_from_dict(d) for d in msgspec.json.decode(blob)]
 
 
-def _coerce(loose: _LooseEvent) -> _Event:
+_BAD = object()  # a field's value of the wrong type (_coerce)
+
+
+def _coerce_id(v: Any) -> Any:
+    """A pid/tid: an int or a label string as they are, an integral float as an int; absent or
+    null: -1 (none); anything else (a list, an object, true) is of the wrong type."""
+    if v is msgspec.UNSET or v is None:
+        return -1
+    if isinstance(v, bool):
+        return _BAD
+    if isinstance(v, (int, str)):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return _BAD
+
+
+def _coerce_time(v: Any, absent: float) -> float | object:
+    """A ts/dur: a number, or a string that reads as one; absent: `absent`."""
+    if v is msgspec.UNSET:
+        return absent
+    got = _to_float(v, math.nan)
+    return _BAD if math.isnan(got) else got
+
+
+def _coerce(loose: _LooseEvent) -> _Event | str:
+    """The typed event, or, when a field it needs has a value of the wrong type (a list for a tid,
+    a word for a time), why it cannot be used: `"tid" is [1]`. Such an event is dropped and counted
+    (see _Stream.dropped) rather than read with a made-up thread or time, which put a ProfilerStep
+    nowhere and reported the trace as empty with no word."""
+    ph = "" if loose.ph is msgspec.UNSET else loose.ph
+    if not isinstance(ph, str):
+        return f'"ph" is {_shown(ph)}'
+    kind = _PHASE_KIND.get(ph, 0)
+    if kind == 0:
+        return _Event(ph=ph)  # (ignored by its phase, whatever else it holds)
+    name = "" if loose.name in (msgspec.UNSET, None) else loose.name
+    if isinstance(name, (int, float)) and not isinstance(name, bool):
+        name = str(name)
+    fields: dict[str, Any] = {
+        "name": name if isinstance(name, str) else _BAD,
+        "cat": "" if loose.cat in (msgspec.UNSET, None) else loose.cat if isinstance(loose.cat, str) else _BAD,
+        "pid": _coerce_id(loose.pid), "tid": _coerce_id(loose.tid),
+        "ts": _coerce_time(loose.ts, math.nan) if kind != 3 else math.nan,
+        "dur": _coerce_time(loose.dur, 0.0) if kind == 1 else 0.0,
+    }
+    for key, value in fields.items():
+        if value is _BAD:
+            return f'"{key}" is {_shown(getattr(loose, key))}'
     args = msgspec.Raw(msgspec.json.encode(loose.args)) if isinstance(loose.args, dict) else _EMPTY_RAW
     ident = loose.id if isinstance(loose.id, (int, str)) and not isinstance(loose.id, bool) else None
-    return _Event(
-        ph=loose.ph if isinstance(loose.ph, str) else "",
-        name=loose.name if isinstance(loose.name, str) else ("" if loose.name is None else str(loose.name)),
-        cat=loose.cat if isinstance(loose.cat, str) else "",
-        pid=loose.pid if isinstance(loose.pid, (int, str)) and not isinstance(loose.pid, bool) else -1,
-        tid=loose.tid if isinstance(loose.tid, (int, str)) and not isinstance(loose.tid, bool) else -1,
-        ts=_to_float(loose.ts, math.nan), dur=_to_float(loose.dur, 0.0), id=ident, args=args)
+    return _Event(ph=ph, id=ident, args=args, **fields)
+
+
+def _shown(value: Any) -> str:
+    """A wrong value as JSON, cut short: it goes into a one-line message."""
+    text = msgspec.json.encode(value).decode(errors="replace")
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,7 +471,7 @@ class _Stream:
                 events = _DECODER.decode(piece)
             except msgspec.ValidationError:
                 try:
-                    events = [_coerce(e) for e in _LOOSE_DECODER.decode(piece)]
+                    events = self._usable(_LOOSE_DECODER.decode(piece))
                 except msgspec.ValidationError as e:
                     raise self._fail(f"not a profiler trace: traceEvents holds a non-object ({e})") from None
                 except msgspec.DecodeError:
@@ -443,6 +492,24 @@ class _Stream:
             end = i
             if tries > 256:  # cuts inside strings are rare: this many in a row is malformed input
                 raise self._fail(f"malformed JSON in traceEvents near byte {self.base + i}")
+
+    def _usable(self, loose: list[_LooseEvent]) -> list[_Event]:
+        """The events of a loosely decoded chunk that can be used; the others counted in `dropped`,
+        the first one's reason kept in `dropped_why`."""
+        out: list[_Event] = []
+        for e in loose:
+            got = _coerce(e)
+            if isinstance(got, str):
+                if not self.dropped:
+                    name = e.name if isinstance(e.name, str) and e.name else "an event"
+                    self.dropped_why = f"{name}: {got}"
+                self.dropped += 1
+            else:
+                out.append(got)
+        return out
+
+    dropped = 0  # events left out: a field they need has a value of the wrong type (_coerce)
+    dropped_why = ""
 
     def _finish(self, after: bytes) -> None:
         """Decode what follows the array: the rest of the top-level object (traceName, ...)."""

@@ -114,6 +114,9 @@ def _merge(res: dict[str, Any], cols: _Columns, luts: dict[int, list[int]], stre
     """Append one piece's columns, its symbol codes mapped onto the main table."""
     if res["trailer"] is not None:
         stream.trailer = res["trailer"]
+    if res["dropped"]:
+        stream.dropped_why = stream.dropped_why or res["dropped_why"]
+        stream.dropped += res["dropped"]
     codes = luts.setdefault(res["pid"], [])
     if res["names"]:
         codes.extend(cols.symbols.intern_many(res["names"]).tolist())
@@ -172,4 +175,5 @@ def _decode_range(path: Path, start: int, end: int | None) -> dict[str, Any]:
     cols.flow_parts.clear()
     cols.meta.clear()
     return {"pid": os.getpid(), "names": cols.symbols.names[known:], "parts": parts, "flows": flows,
-            "meta": meta, "trailer": stream.trailer if end is None else None}
+            "meta": meta, "trailer": stream.trailer if end is None else None, "dropped": stream.dropped,
+            "dropped_why": stream.dropped_why}

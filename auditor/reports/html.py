@@ -279,8 +279,59 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "peak_rss": fmt_bytes(max(rss)) if rss else None,
         "peak_device": fmt_bytes(max(dev)) if dev else None,
         "device": ev.environment.device,
+        "recording": recording_view(ev) if ev.source == "trace" else None,
         "severities": {s: sum(f.severity == s for f in results.findings) for s in ("error", "warning", "info")},
     }
+
+
+def recording_view(ev: Evidence) -> dict[str, Any]:
+    """The cards' words for recorded traces analysed on their own, where a run's do not hold:
+    nothing ran here ("6 steps run"), there is no process RSS, and this machine's torch is not the
+    one that recorded (a bare "torch" when the trace does not say which)."""
+    from auditor.evidence.snapshot import format_bytes
+
+    shown = ev.shown_trace()
+    steps = ""
+    if shown is not None:
+        one = len(shown.steps) == 1
+        steps = (f"ProfilerStep{'' if one else 's'} recorded" if shown.steps_from is None else
+                 f"loop iteration{'' if one else 's'} recorded (no ProfilerSteps)")
+    devices: list[str] = []
+    for trace in ev.trace_data:
+        names = [str(p.get("name")) for p in trace.device_properties if p.get("name")]
+        if names:
+            devices = [f"{n} x{names.count(n)}" if names.count(n) > 1 else n for n in dict.fromkeys(names)]
+            break
+    about = "; ".join([*devices, *([f"torch {v}"] if (v := ev.environment.torch_version) else [])])
+    memory = recorded_peak_memory(ev)
+    return {"steps": steps, "device_sub": about,
+            "memory": format_bytes(memory[0]) if memory and memory[1] == "peak" else
+            (f"+{format_bytes(memory[0])}" if memory else "-"),
+            "memory_sub": (f"{memory[2]} allocated at its peak, from the trace's memory events" if memory and
+                           memory[1] == "peak" else
+                           f"{memory[2]} allocated at its peak, over what it held when the window opened (this "
+                           "trace records each allocation's size, not the total)" if memory else
+                           "not recorded: the trace has no memory events (profile_memory=True records them)")}
+
+
+def recorded_peak_memory(ev: Evidence) -> tuple[int, str, str] | None:
+    """(bytes, "peak" or "change", which memory) of the recordings' `[memory]` events: the GPU's
+    allocated memory at its highest when recorded, else the CPU's; the running sum of the sizes
+    for an older trace that records no total (a change since the window opened, as the memory plot
+    draws it). None without memory events."""
+    for trace in ev.trace_data:
+        mem = trace.of("memory")
+        if mem.empty:
+            continue
+        kinds = mem["device_type"].to_numpy()
+        kind = 1 if (kinds == 1).any() else int(kinds[0])
+        part = mem[kinds == kind]
+        what = {0: "CPU", 1: "GPU"}.get(kind, f"device type {kind}")
+        total = part["total_allocated"].to_numpy()
+        if (total >= 0).any():
+            return int(total.max()), "peak", what
+        return int(part["bytes"].to_numpy().cumsum().max()), "change", what
+    return None
 
 
 def snapshot_verdict(ev: Evidence) -> dict[str, Any] | None:

@@ -48,9 +48,11 @@ def phase_plot(ev: Evidence) -> go.Figure | None:
 
 
 def step_time_plot(ev: Evidence) -> go.Figure | None:
-    """Step wall time over the run; profiled steps are marked (the profiler slows them)."""
+    """Step wall time over the run; profiled steps are marked (the profiler slows them). For
+    recordings analysed on their own, the steps the reports state (a trace's ProfilerSteps, or the
+    iterations of one recorded without a schedule)."""
     if not ev.steps:
-        return None
+        return recorded_step_plot(ev)
     import plotly.graph_objects as go
 
     fig = go.Figure(layout=_layout("Step time over the run (ms)", "ms"))
@@ -64,6 +66,25 @@ def step_time_plot(ev: Evidence) -> go.Figure | None:
     if median is not None:
         fig.add_hline(y=median, line_dash="dash", line_color="#888",
                       annotation_text=f"median {median:.1f} ms", annotation_position="top left")
+    return fig
+
+
+def recorded_step_plot(ev: Evidence) -> go.Figure | None:
+    """The shown trace's steps (Evidence.shown_trace), by their ProfilerStep number, median marked."""
+    trace = ev.shown_trace()
+    if trace is None:
+        return None
+    import plotly.graph_objects as go
+
+    steps = trace.steps
+    what = "ProfilerStep" if trace.steps_from is None else "iteration"
+    fig = go.Figure(layout=_layout(f"Step time in {trace.label} (ms)", "ms"))
+    fig.update_xaxes(title_text=what if what == "ProfilerStep" else "iteration (no ProfilerSteps recorded)")
+    fig.add_scatter(name=what, x=steps["step"].tolist(), y=(steps["dur"].to_numpy() / 1e3).round(3).tolist(),
+                    mode="lines+markers", line=dict(color="#4c78a8"))
+    median = trace.median_step_ms()
+    fig.add_hline(y=median, line_dash="dash", line_color="#888", annotation_text=f"median {median:.1f} ms",
+                  annotation_position="top left")
     return fig
 
 

@@ -141,7 +141,8 @@ def result(f: Finding, rule_index: int, uris: _Uris, fallback: str | None = None
         "message": {"text": _message(f)},
         "properties": {"title": f.title, "evidence": _plain(f.evidence)},
     }
-    locs = [{"physicalLocation": {"artifactLocation": uris.location(loc.file), "region": _region(loc.line, loc.code)}}
+    locs = [{"physicalLocation": {"artifactLocation": uris.location(loc.file), "region": _region(loc.line, loc.code)},
+             **({"message": {"text": loc.note}} if loc.note else {})}
             for loc in f.locations]
     if not locs and fallback:
         locs = [{"physicalLocation": {"artifactLocation": uris.location(fallback), "region": _region(1)},

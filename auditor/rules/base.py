@@ -25,7 +25,11 @@ def severity_rank(severity: str) -> int:
 class Location(msgspec.Struct, frozen=True):
     file: str
     line: int
-    code: str = ""
+    code: str = ""  # the source line, when the file is on this disk; nothing else
+    # What the place stands for when it is not the line that did the work: a recorded trace names a
+    # function by its def line, or a frame running when the profiler started by the line it was on.
+    # Kept apart from `code` so that no report shows it as if it were that line's source.
+    note: str = ""
 
     @classmethod
     def of(cls, frame: Frame) -> "Location":

@@ -165,6 +165,8 @@ class GpuIdle(TraceRule):
                 gap["host_share"] = round(float(cover.max()) / (e - s), 3)
                 f = trace.user_frame(row)
                 if f is not None:
-                    gap["file"], gap["line"], gap["code"] = frame_location_parts(f)
+                    gap["file"], gap["line"], gap["code"], note = frame_location_parts(f)
+                    if note:
+                        gap["note"] = note
             out.append(gap)
         return out

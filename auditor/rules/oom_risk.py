@@ -11,9 +11,17 @@ from auditor.evidence.snapshot import (GiB, MemoryFigures, OomRecord, Owner, Sna
 from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
 from auditor.rules.base import Finding, Fix, Location, Option, SnapshotRule
 
-# Memory sizes of common CUDA devices, in GiB (16: V100/T4, 24: A10/L4/4090, 40/80: A100, 80/94: H100,
-# 141: H200, 192: B200). Used only when neither the user nor the snapshot says how big the device was.
-COMMON_CAPACITIES_GIB = [16, 24, 32, 40, 48, 80, 94, 141, 192]
+# The memory common CUDA devices have, in GiB, as CUDA reports it (totalGlobalMem, torch's
+# total_memory): what an allocation can use, below the GB the card is sold as (an "80GB" A100 has
+# 79.15 GiB). Used only when neither the user nor the evidence says how big the device was. From
+# recorded deviceProperties (the fixtures' V100 32GB, A100 40GB, A100 80GB and H100 80GB (79.18);
+# an H200's in a Kineto trace published with mlcommons/chakra) and torch's OOM messages ("GPU 0 has
+# a total capacity of ..."), taking the smallest figure seen for a card. Cards whose CUDA total was
+# not found (H100 NVL, B200) are left out rather than guessed.
+COMMON_DEVICES_GIB = {14.56: "16 GB T4", 15.75: "16 GB V100", 22.2: "24 GB A10G", 23.68: "24 GB RTX 4090",
+                      31.74: "32 GB V100", 39.39: "40 GB A100", 44.53: "48 GB L40S", 79.15: "80 GB A100/H100",
+                      139.84: "141 GB H200"}
+COMMON_CAPACITIES_GIB = list(COMMON_DEVICES_GIB)
 
 
 def source_line(file: str, line: int) -> str:
@@ -128,6 +136,7 @@ class Capacity(NamedTuple):
     source: str  # "device-capacity-gib" (the option), "oom-record", "device-properties" or "assumed"
     said: str  # how the message names the source
     origin: str | None = None  # the file it was read from, or "environment" (the run's own)
+    card: str | None = None  # an assumed capacity's device ("80 GB A100/H100")
 
 
 def known_capacities(evidence: Evidence) -> dict[int, Capacity]:
@@ -201,10 +210,12 @@ class OomRisk(SnapshotRule):
         inputs (the device total the allocator reported, or its per-process limit); the device's
         properties, from `audit run`'s environment on CUDA (torch.cuda.get_device_properties) or
         from a profiler trace given with the snapshot (`deviceProperties`, `totalGlobalMem`, by
-        device id); else it is assumed to be the smallest common device size that holds the peak,
-        and such findings are reported as info. The finding's `capacity_source` says which
+        device id); else it is assumed to be the smallest common device that holds the peak, at
+        the memory CUDA reports for that card (an "80 GB" A100 has 79.15 GiB, not 80), and such
+        findings are reported as info. The finding's `capacity_source` says which
         ("device-capacity-gib", "oom-record", "device-properties", "assumed"), `capacity_from`
-        the file it was read from ("environment": the run's own). An OOM post-mortem states the
+        the file it was read from ("environment": the run's own), `assumed_device` the card
+        assumed. An OOM post-mortem states the
         device total the observer was told, or, without one, reserved + what CUDA reported free
         (a lower bound). Near capacity, reserved bytes are segment bytes, and allocated ones
         (`peak_allocated`, `allocated_now` at the snapshot, the owners) are the bytes callers
@@ -221,7 +232,7 @@ class OomRisk(SnapshotRule):
                "memory of the device the snapshot was taken on, in GiB; 0: unknown (see Evidence needed)"),
         Option("near-share", 0.9, "flag when the peak reserved bytes reach this share of the capacity"),
         Option("common-capacities-gib", COMMON_CAPACITIES_GIB,
-               "device sizes to assume from (the smallest that holds the peak) when the capacity is unknown"),
+               "device memory in GiB as CUDA reports it (an 80 GB A100: 79.15) to assume from, the smallest that holds the peak, when the capacity is unknown"),
         Option("top-owners", 5, "how many owning lines to report", low=1),
     )
 
@@ -274,8 +285,9 @@ class OomRisk(SnapshotRule):
         shown = peak.owners[:top_n]
         owners_known = any(x.frame is not None for x in shown)
         assumed = source == "assumed"
-        cap_text = (f"an assumed {format_bytes(capacity)} device (the smallest common size that holds it; set "
-                    f"device-capacity-gib)" if assumed else f"the {format_bytes(capacity)} device ({cap.said})")
+        cap_text = (f"the {capacity / GiB:.2f} GiB of an assumed {cap.card or 'device'} (the smallest common device that "
+                    f"holds it; set device-capacity-gib)" if assumed else
+                    f"the {format_bytes(capacity)} device ({cap.said})")
         caveat = ""
         if share > 1:
             caveat = (" That is more than the device's memory as the evidence states it: was the snapshot taken "
@@ -291,7 +303,7 @@ class OomRisk(SnapshotRule):
             severity="info" if assumed else None,
             locations=_locations(x.frame for x in shown),
             evidence={"snapshot": snap.path, "device": device, "capacity": capacity, "capacity_source": source,
-                      "capacity_from": cap.origin, "peak_reserved": peak_reserved,
+                      "capacity_from": cap.origin, "assumed_device": cap.card, "peak_reserved": peak_reserved,
                       "peak_allocated": peak.allocated, "allocated_now": peak.now, "allocated_basis": "requested",
                       "reserved_unallocated": cached, "share": round(share, 4),
                       "peak_index": index, "history_entries": history.entries if history else 0,
@@ -308,7 +320,9 @@ class OomRisk(SnapshotRule):
         if known is not None:
             return known
         fits = [c for c in sorted(o["common-capacities-gib"]) if c * GiB >= peak_reserved]
-        return Capacity(int(fits[0] * GiB), "assumed", "assumed") if fits else None
+        if not fits:
+            return None
+        return Capacity(int(fits[0] * GiB), "assumed", "assumed", card=COMMON_DEVICES_GIB.get(fits[0]))
 
     def _post_mortem(self, snap: Snapshot, device: int, index: int, top_n: int,
                      record: OomRecord | None = None) -> Finding:

@@ -1,0 +1,175 @@
+"""Steps of a trace recorded without a profiler schedule (`with profile(): ...`), which writes no
+ProfilerStep ranges: one step per iteration of the training loop, as `prof.step()` would mark it.
+
+Why iterations, and how they are found. The whole recording judged as one step read '0 step(s)'
+and 'per step' of a window of many, and its first iteration (the profiler's start, every first
+call: 100 ms beside 5 ms steps) outweighed the rest. torch.optim's range around every optimizer
+step (`Optimizer.step#<class>.step`) is the one mark every training iteration leaves, but not one
+per iteration: a GAN steps two optimizers an iteration (both `Optimizer.step#Adam.step` when both
+are Adams), gradient accumulation one every k iterations. Cut at each optimizer step, a GAN's
+iterations were two steps each (per-step times halved, counts per step too), accumulation's k
+iterations one. So:
+
+* With the loop's DataLoader fetches on the thread that steps the optimizers (the usual
+  `for batch in loader:`), an iteration begins at a fetch: the loop fetches one batch per
+  iteration, however many optimizers it steps. Fetches with no work between them (two loaders
+  zipped) begin one iteration. An iteration ends at the end of its last optimizer step, or, when
+  it steps none (accumulation), where the next iteration's fetch begins. This holds for two
+  optimizers, for accumulation, and for a critic stepped more often than its generator.
+* Without fetches there, iterations are found from the optimizer steps' own pattern: each step is
+  described by its optimizer (its range's name and the operators it runs, which count its
+  parameters) and the backward pass before it (its autograd nodes: a discriminator's loss
+  backpropagates through other layers than a generator's). The smallest period with which those
+  descriptions repeat, over the last two thirds of the recording (the first steps initialise
+  optimizer state), is the number of optimizer steps per iteration. Only the optimizer and the
+  backward pass describe a step, not the rest of the loop, so a loop that logs every other
+  iteration does not look like two optimizers. Two optimizers that run the same operators after
+  identical backward passes cannot be told apart: each optimizer step is then a step, as before.
+  Without fetches nothing marks an iteration that steps no optimizer, or one of several that step
+  the same one: gradient accumulation gives a step per optimizer step (its k batches), and a
+  critic stepped 3 times per generator step a step per repetition of that pattern (3 iterations).
+
+What comes before the first iteration's end is left out, as a schedule's warm-up would be. Fewer
+than two steps found: none (the whole recording is judged, as before).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from auditor.evidence.trace_decode import CAT
+
+if TYPE_CHECKING:
+    from auditor.evidence.trace import Trace
+
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#.+\.step$")
+LOADER_FETCH = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
+BACKWARD_NODE = re.compile(r"^autograd::engine::evaluate_function: ")
+MAX_OPTIMIZERS_PER_FETCH = 4  # more optimizer steps per fetch than this: an outer loop's fetch, not the iteration's
+
+
+@dataclass
+class Split:
+    """Steps taken from a trace without ProfilerSteps, and how (the note's words after 'its N steps')."""
+
+    steps: pd.DataFrame
+    how: str
+
+
+def split_without_schedule(trace: Trace) -> Split | None:
+    """The trace's iterations as steps (see the module's docstring), or None when fewer than two
+    can be told."""
+    opt = _outermost(trace, OPTIMIZER_STEP)
+    if len(opt) < 2:
+        return None
+    pid, tid = trace.col("pid"), trace.col("tid")
+    threads = pd.Series(list(zip(pid[opt].tolist(), tid[opt].tolist())))
+    thread = threads.value_counts().idxmax()  # the training loop's thread
+    opt = opt[(pid[opt] == thread[0]) & (tid[opt] == thread[1])]
+    fetches = _outermost(trace, LOADER_FETCH, thread)
+    names = sorted({trace.name(int(r)) for r in opt})
+    label = names[0] if len(names) == 1 else " / ".join(names)
+    split = _by_fetches(trace, opt, fetches, thread, label) if len(fetches) else None
+    return split or _by_pattern(trace, opt, label)
+
+
+def _outermost(trace: Trace, pattern: re.Pattern[str], thread: tuple[int, int] | None = None) -> np.ndarray:
+    """Rows of the ranges `pattern` names (record_function annotations; operators in the old
+    schema), not inside another such range of their thread, in time order."""
+    codes = trace.symbols.matching(pattern)
+    if not len(codes):
+        return np.empty(0, dtype=np.int64)
+    cat, instant = trace.col("cat"), trace.col("instant")
+    mask = np.isin(trace.col("name"), codes) & np.isin(cat, (CAT["annotation"], CAT["cpu_op"])) & ~instant
+    if thread is not None:
+        mask &= (trace.col("pid") == thread[0]) & (trace.col("tid") == thread[1])
+    rows = np.flatnonzero(mask)
+    out = []
+    for key in set(zip(trace.col("pid")[rows].tolist(), trace.col("tid")[rows].tolist())):
+        mine = rows[(trace.col("pid")[rows] == key[0]) & (trace.col("tid")[rows] == key[1])]
+        mine = mine[np.argsort(trace.col("ts")[mine], kind="stable")]
+        ends = np.maximum.accumulate(trace.col("end")[mine])
+        inside = np.zeros(len(mine), dtype=bool)
+        inside[1:] = trace.col("ts")[mine][1:] < ends[:-1]
+        out.append(mine[~inside])
+    rows = np.concatenate(out) if out else rows
+    return rows[np.argsort(trace.col("ts")[rows], kind="stable")]
+
+
+def _frame(ends: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"step": np.arange(1, len(ends), dtype=np.int64),
+                         "row": np.full(len(ends) - 1, -1, dtype=np.int64), "ts": ends[:-1], "end": ends[1:],
+                         "dur": np.diff(ends)})
+
+
+def _by_fetches(trace: Trace, opt: np.ndarray, fetches: np.ndarray, thread: tuple[int, int],
+                label: str) -> Split | None:
+    """Iterations begun by the loop's DataLoader fetches, each ended by its last optimizer step
+    (or the next fetch); None when the fetches do not mark iterations (too few, or an outer loop's)."""
+    ts, end, cat = trace.col("ts"), trace.col("end"), trace.col("cat")
+    on_thread = (trace.col("pid") == thread[0]) & (trace.col("tid") == thread[1])
+    work = np.sort(ts[np.flatnonzero(on_thread & (cat == CAT["cpu_op"]) & ~trace.col("instant"))])
+    f_ts, f_end = ts[fetches], end[fetches]
+    # a fetch begins an iteration when the loop did some work since the previous one ended
+    between = np.searchsorted(work, f_ts[1:], side="left") - np.searchsorted(work, f_end[:-1], side="right")
+    starts = f_ts[np.r_[True, between > 0]]
+    o_ts, o_end = ts[opt], end[opt]
+    which = np.searchsorted(starts, o_ts, side="right") - 1
+    inside = which >= 0
+    per_iter = np.bincount(which[inside], minlength=len(starts))
+    last_end = np.full(len(starts), np.nan)
+    np.fmax.at(last_end, which[inside], o_end[inside])
+    ends = np.where(per_iter > 0, last_end, np.r_[starts[1:], np.nan])
+    ends = ends[~np.isnan(ends)]
+    complete = per_iter[:len(ends)][1:]  # the iterations that became steps (the first is left out)
+    if len(ends) < 3 or not complete.any() or np.median(complete) > MAX_OPTIMIZERS_PER_FETCH:
+        return None
+    if (complete == 1).all():  # one optimizer step an iteration: its ends are the steps' ends
+        return Split(_frame(ends), f"are taken from the end of one {label} to the end of the next")
+    how = (f"are the loop's iterations, told apart by its DataLoader fetches, each from the end of one "
+           f"iteration's last {label} to the end of the next")
+    if len(set(complete.tolist())) == 1:
+        return Split(_frame(ends), f"{how}: {int(complete[0])} optimizer steps an iteration")
+    how += f": {int(complete.min())} to {int(complete.max())} optimizer steps an iteration"
+    without = int((complete == 0).sum())
+    if without:
+        how += (f"; an iteration with none (gradient accumulation: {without} of the {len(complete)}) ends where "
+                f"the next fetch begins")
+    return Split(_frame(ends), how)
+
+
+def _by_pattern(trace: Trace, opt: np.ndarray, label: str) -> Split | None:
+    """Iterations of `period` optimizer steps, the smallest period with which the steps'
+    descriptions (optimizer, operators it runs, backward nodes before it) repeat."""
+    ts, end, cat, names = trace.col("ts"), trace.col("end"), trace.col("cat"), trace.col("name")
+    on_thread = (trace.col("pid") == trace.col("pid")[opt[0]]) & (trace.col("tid") == trace.col("tid")[opt[0]])
+    ops = np.sort(ts[np.flatnonzero(on_thread & (cat == CAT["cpu_op"]) & ~trace.col("instant"))])
+    nodes = np.sort(ts[np.flatnonzero(np.isin(names, trace.symbols.matching(BACKWARD_NODE)) & ~trace.col("instant"))])
+    o_ts, o_end = ts[opt], end[opt]
+    in_range = np.searchsorted(ops, o_end, side="left") - np.searchsorted(ops, o_ts, side="left")
+    before = np.r_[-np.inf, o_end[:-1]]
+    backward = np.searchsorted(nodes, o_ts, side="left") - np.searchsorted(nodes, before, side="left")
+    described = list(zip(names[opt].tolist(), in_range.tolist(), backward.tolist()))
+    period = _period(described)
+    ends = np.sort(o_end)[period - 1::period]
+    if len(ends) < 3:
+        return None
+    if period == 1:
+        return Split(_frame(ends), f"are taken from the end of one {label} to the end of the next")
+    return Split(_frame(ends), f"are taken from the end of one run of {period} {label} to the end of the next: "
+                               f"the pattern their optimizers and backward passes repeat, taken as one iteration")
+
+
+def _period(described: list[tuple[int, int, int]]) -> int:
+    """The smallest p with described[i] == described[i + p] throughout the last two thirds (two
+    whole periods at least); 1 when none."""
+    n = len(described)
+    tail = n // 3
+    for p in range(1, (n - tail) // 2 + 1):
+        if all(described[i] == described[i + p] for i in range(tail, n - p)):
+            return p
+    return 1
