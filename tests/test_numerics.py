@@ -136,7 +136,7 @@ def test_lr_blowup_overflows_and_the_norm_explodes(run):
     lines = g["fix"]["edits"][0]["lines"]
     assert "clip_grad_norm_" in lines[0] and lines[-1].strip().startswith("opt.step()")
     assert g["fix"]["changes_numerics"] is True
-    assert g["evidence"]["top_layers"][0][0] == "Linear"  # the root module owns both parameters
+    assert g["evidence"]["top_layers"][0][0] == "model"  # the root module, a global, owns both parameters
 
 
 DIVERGING = """
@@ -824,7 +824,7 @@ def test_sparse_gradients_are_checked(tmp_path):
     [f] = a.rule("nonfinite")
     ev = f["evidence"]
     assert ev["first_step"] == 4 and ev["phase"] == "backward", ev
-    assert "the backward pass made the gradients of `weight` non-finite" in f["message"], f["message"]
+    assert "the backward pass made the gradients of `emb.weight` non-finite" in f["message"], f["message"]
     assert "torch.sqrt" in f["message"] and "Tensor.pow" not in f["message"]
     assert places(f) == {(str(trainer), line_of(SPARSE_GRADS, "# SQRT LINE"))}
     healthy = numerics(a)[3]["opt_steps"]
@@ -1352,3 +1352,89 @@ def test_a_learning_rate_that_overflows_names_it_and_the_weights_as_they_are(tmp
     assert f"The loss had grown from " in f["message"] and f"(step {first - 1})." in f["message"], f["message"]
     assert "lower the learning rate (it is 0.05)" in f["fix"]["summary"]
     assert f["fix"]["config"] == {"lr": pytest.approx(0.005)}
+
+
+CUSTOM_BACKWARD = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class L2Normalize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        norm = x.norm(dim=-1, keepdim=True)  # NORM LINE
+        y = x / norm.clamp_min(1e-12)
+        ctx.save_for_backward(y, norm)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        y, norm = ctx.saved_tensors
+        return (gy - y * (gy * y).sum(-1, keepdim=True)) / norm  # DIV LINE
+
+
+emb = nn.EmbeddingBag(100, 16, mode="sum")
+proj = nn.Linear(16, 16, bias=False)
+opt = torch.optim.Adam([*emb.parameters(), *proj.parameters()], lr=1e-3)
+ids = torch.randint(0, 100, (64,))
+offsets = torch.arange(0, 64, 4)
+
+
+def step(i):
+    weights = torch.ones(64)
+    if i >= 4:
+        weights[-4:] = 0.0  # the last row is padding from step 4 on: its embedding, and its norm, are 0
+    z = L2Normalize.apply(proj(emb(ids, offsets, per_sample_weights=weights)))
+    loss = -(z[:8] * z[8:]).sum(-1)[:7].mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+CUSTOM_BACKWARD_OK = CUSTOM_BACKWARD.replace("/ norm  # DIV LINE", "/ norm.clamp_min(1e-12)  # DIV LINE")
+
+
+def test_a_nan_made_in_a_hand_written_backward_is_named_there(tmp_path):
+    """A torch.autograd.Function's own backward divides by a norm that is 0 on a padding row: 0/0.
+    Its ops are checked (torch calls it from C++ during loss.backward(), and the checks saw none of
+    them), so the error names the division at its line, in that backward, with the clamp for its
+    denominator; it blamed the forward's `x.norm` (whose derivative never ran: the Function's
+    backward replaces it) with the fix 'norm.clamp_min(eps)' that the forward already applies.
+    The two layers, held by two globals and each called on its own, are named by them (both
+    gradients were `weight`)."""
+    trainer, a = audit_trainer(tmp_path, "l2norm.py", CUSTOM_BACKWARD, 6)
+    [f] = a.rule("nonfinite")
+    ev, line = f["evidence"], line_of(CUSTOM_BACKWARD, "# DIV LINE")
+    assert (ev["first_step"], ev["phase"], ev["function"]) == (4, "backward", "L2Normalize.backward"), ev
+    assert ev["hazard"]["kind"] == "division-by-zero" and ev["params"] == ["emb.weight", "proj.weight"], ev
+    assert places(f) == {(str(trainer), line)}
+    numerator, den = ev["inputs"]
+    assert den["min"] == 0.0 and den["max"] > 0 and numerator["finite"], ev["inputs"]
+    assert ev["outputs"][0]["finite"] is False
+    assert ("the backward pass made the gradients of `emb.weight`, `proj.weight` non-finite. It started in "
+            f"`L2Normalize.backward`, a hand-written backward (torch.autograd.Function), at l2norm.py:{line}: ") in f["message"]
+    patch = (tmp_path / "out" / "numerics-fixes.patch").read_text()
+    assert "+        return (gy - y * (gy * y).sum(-1, keepdim=True)) / norm.clamp_min(1e-05)  # DIV LINE" in patch, patch
+    names = next(d["param_lists"] for d in numerics(a) if d.get("param_lists"))
+    assert list(names.values()) == [{"names": ["emb.weight", "proj.weight"], "layers": ["emb", "proj"]}]
+
+
+def test_a_hand_written_backward_is_checked_in_healthy_steps_and_changes_nothing(tmp_path):
+    """The twin whose backward clamps its norm: no error, and its division is checked in every
+    step (its smallest denominator, the clamp's 1e-12 once the padding starts, is recorded per step); with
+    the collector on, the weights equal a plain run's, bit for bit, for both twins (NaN or not)."""
+    trainer, a = audit_trainer(tmp_path, "l2norm_ok.py", CUSTOM_BACKWARD_OK, 6)
+    assert [f for f in a.findings if f["rule"] in NUMERICS_RULES] == []
+    steps = numerics(a)
+    sites = {int(k): v for d in steps for k, v in (d.get("sites") or {}).items()}
+    [div] = [s for s, v in sites.items() if v["where"]["line"] == line_of(CUSTOM_BACKWARD_OK, "# DIV LINE")
+             and v.get("hazard") == "div"]
+    dens = [next(v for s, v in d["hazards"] if s == div) for d in steps]
+    assert len(dens) == 6 and all(v > 1 for v in dens[:4]) and dens[4:] == pytest.approx([1e-12] * 2), dens
+    (tmp_path / "l2norm.py").write_text(CUSTOM_BACKWARD)
+    p = subprocess.run([sys.executable, "-c", PARITY, str(tmp_path), f"{tmp_path / 'l2norm.py'}=6", f"{trainer}=6"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=180, env={**os.environ, **ONE_THREAD})
+    assert p.returncode == 0, p.stderr
+    rows = [line.split() for line in p.stdout.splitlines()]
+    assert len(rows) == 2 and all(plain == audited for _, plain, audited in rows), rows
