@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, audit
 
 RULES = ["anomaly-mode", "retained-graph", "graph-leak", "host-sync", "peak-stats-reset", "forced-cleanup",
-         "dataloader-bound", "step-slowdown", "memory-growth", "allocator-fragmentation", "oom-risk",
+         "dataloader-bound", "step-slowdown", "hook-leak", "memory-growth", "allocator-fragmentation", "oom-risk",
          "pageable-copy", "gpu-idle", "launch-bound", "dataloader-on-device", "amp-opportunity",
          "rank-straggler", "collective-wait", "ddp-config", "data-parallel"]
 

@@ -383,6 +383,18 @@ def test_step_slowdown(example_audit):
     assert f["evidence"]["growing_phase"]["kind"] == "forward"
 
 
+def test_hook_leak(example_audit):
+    """A clipping hook registered on each of the model's 6 parameters in every step: one more on each
+    per step, counted at its line."""
+    a = example_audit("hook_leak")
+    f = the_finding(a, "hook-leak")
+    ev = f["evidence"]
+    assert (ev["what"], ev["steps"], ev["calls_per_step"], ev["holders"]) == ("Tensor.register_hook", STEPS, 6, 6)
+    assert ev["held_first"] == {"step": 0, "hooks": 1} and ev["held_last"] == {"step": STEPS - 1, "hooks": STEPS}
+    assert ev["growth_per_step"] == 1.0 and f["cost"] is None
+    assert "register the hook once, at setup" in f["fix"]["summary"].lower()
+
+
 SPIKE_AT_THE_END = """
 import sys, time
 sys.path.insert(0, {examples!r})

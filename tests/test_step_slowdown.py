@@ -3,11 +3,12 @@ growing step (a trend: the cost it states is no more than the step times show)."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from conftest import GROWING, audit
 
-from auditor.rules.common import quarter_floors, quarter_medians, spearman, trend_ratio, without_spikes
+from auditor.rules.common import quarter_floors, quarter_medians, spearman, theil_sen, trend_ratio, without_spikes
 
 DATA = Path(__file__).parent / "data"
 SKIP, MIN_STEPS, MIN_RATIO, MIN_CORRELATION = 2, 12, 1.3, 0.6  # the rule's defaults
@@ -68,3 +69,109 @@ def test_the_cost_of_a_slowdown_is_no_more_than_the_steps_show(tmp_path):
     cost = f["cost"]["ms_per_step"]
     assert 0 < cost <= (last - first if last > first else f_last - f_first) + 1e-3
     assert cost < last
+
+
+def printed_ms(message: str) -> tuple[float, float]:
+    """(the step's rise, the growing call's share of it) as the message prints them."""
+    rise = float(re.search(r"the last steps took ([\d.]+) ms more than the first", message)[1])
+    part = re.search(r"grew the most: (?:all of those ([\d.]+)|([\d.]+) ms of those ([\d.]+)) ms", message)
+    assert part, message
+    if part[1]:
+        return rise, float(part[1])
+    assert float(part[3]) == rise, message
+    return rise, float(part[2])
+
+
+def test_the_growing_call_is_measured_as_the_steps_rise(tmp_path):
+    """A real run of a step that registers a hook on every parameter every step (recorded before
+    the hook probes existed): the message said the backward 'grew the most (+4.1 ms)' beside a
+    stated rise of 3.75 ms a step, the backward's quarter medians against the step's robust rise.
+    Both are now one measure, and the call's growth is no more than the step's rise it is part of."""
+    run = DATA / "slowdown-piled-hooks"
+    a = audit("analyze", str(run), "--select", "step-slowdown", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("step-slowdown")
+    steps = used_steps(json.loads((run / "evidence.json").read_text()))
+    xs = [float(s["index"]) for s in steps]
+    backward = [sum(t["ms"] for t in s["tallies"] if t["kind"] == "backward") for s in steps]
+    first, last = quarter_medians(backward)
+    growth = max(0.0, min(theil_sen(xs, backward) * (xs[-1] - xs[0]), last - first))
+    phase = f["evidence"]["growing_phase"]
+    assert phase["what"] == "Tensor.backward" and phase["growth_ms"] == round(growth, 3), phase
+    rise, part = printed_ms(f["message"])
+    assert rise == round(f["cost"]["ms_per_step"], 2) and part <= rise, f["message"]
+    assert part == round(min(growth, f["cost"]["ms_per_step"]), 2)
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [("t12_hooks_bug.py", 26)]
+
+
+PILING_HOOKS = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(100)])
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.randn(8, 8), torch.randn(8, 8)
+
+
+def step(i):
+    for p in model.parameters():
+        p.register_hook(lambda g: g.clamp(-0.5, 0.5))  # HOOK LINE
+    h = model(x)
+    h.register_hook(lambda g: g * 0.5)  # ACTIVATION LINE: a new tensor each step, one hook
+    loss = nn.functional.mse_loss(h, y)
+    opt.zero_grad()
+    loss.backward()  # BACKWARD LINE
+    opt.step()
+"""
+
+
+def line_of(source: str, marker: str) -> int:
+    return next(n for n, text in enumerate(source.splitlines(), 1) if marker in text)
+
+
+def test_hooks_that_pile_up_are_named_as_the_slowdowns_cause(tmp_path):
+    """`p.register_hook` in the step adds a hook to each of 200 parameters every step: step-slowdown
+    was located at loss.backward(), where the time grows, and the cause went unnamed. The probes
+    count the registrations per line and the hooks each tensor then holds: step-slowdown names the
+    line first (with the backward's line) and hook-leak reports it with its numbers. The hook on
+    the step's activation, one per new tensor, is counted and not flagged."""
+    trainer = tmp_path / "piling.py"
+    trainer.write_text(PILING_HOOKS)
+    a = audit("run", f"{trainer}:step", "--steps", "30", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    hook, act = line_of(PILING_HOOKS, "# HOOK LINE"), line_of(PILING_HOOKS, "# ACTIVATION LINE")
+    [leak] = a.rule("hook-leak")
+    assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(trainer), hook)]
+    ev = leak["evidence"]
+    assert (ev["what"], ev["steps"], ev["calls_per_step"], ev["holders"]) == ("Tensor.register_hook", 30, 200, 200)
+    assert ev["held_first"] == {"step": 0, "hooks": 1} and ev["held_last"] == {"step": 29, "hooks": 30}
+    assert ("Tensor.register_hook at piling.py:%d runs in 30 steps (200 calls a step, on 200 tensors) and the "
+            "hooks pile up: a tensor held 1 hook after step 0 and 30 after step 29 (+1 a step)" % hook) in leak["message"]
+    activation = [t for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == "hook" and t["where"]["line"] == act]
+    assert len(activation) == 30 and all(t["count"] == 1 and t["data"]["held"] == 1 for t in activation)
+    [f] = a.rule("step-slowdown")
+    lines = [(loc["file"], loc["line"]) for loc in f["locations"]]
+    assert lines == [(str(trainer), hook), (str(trainer), line_of(PILING_HOOKS, "# BACKWARD LINE"))], lines
+    assert (f"Hooks pile up at piling.py:{hook}: Tensor.register_hook adds them to the same 200 tensors every step "
+            "(1 each after step 0, 30 after step 29)") in f["message"], f["message"]
+    assert f["evidence"]["piling_hooks"] == [{"what": "Tensor.register_hook", "line": hook, "holders": 200,
+                                              "held_first": 1, "held_last": 30}]
+    rise, part = printed_ms(f["message"])
+    assert rise == round(f["cost"]["ms_per_step"], 2) and part <= rise
+
+
+def test_hooks_registered_once_pile_nothing_up(tmp_path):
+    """The twin that registers the parameters' hooks once, at setup: nothing piles up, no finding."""
+    source = PILING_HOOKS.replace("def step(i):\n    for p in model.parameters():\n        p.register_hook",
+                                  "for p in model.parameters():\n    p.register_hook").replace(
+        "# HOOK LINE\n", "# HOOK LINE\n\n\ndef step(i):\n")
+    assert "\ndef step(i):\n    h = model(x)" in source
+    trainer = tmp_path / "once.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "30", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    assert a.rule("hook-leak") == [] and a.rule("step-slowdown") == []
+    setup = [t for t in a.evidence["setup"] if t["kind"] == "hook"]
+    assert [(t["where"]["line"], t["count"], t["data"]["held"]) for t in setup] == [
+        (line_of(source, "# HOOK LINE"), 200, 1)]

@@ -36,6 +36,10 @@ the rules need is recorded while the steps run, cheaply enough to stay on for th
   it. On a healthy step most reductions, and nearly all of their Python, never happen. (Only on
   the CPU: on a GPU the kept outputs would be device memory, and there the checks are
   asynchronous kernels anyway.)
+* The backward pass runs in C++, unseen, but for the hand-written backward of a user's
+  `torch.autograd.Function`, which torch calls back in Python: the mode is pushed again for it
+  (see `_install_backward_probe`), so a division by 0 there is named at its line, not blamed on
+  a call of the forward pass.
 * Global optimizer step hooks record, per optimizer step, the gradient norms (one `_foreach_norm`),
   parameter norms after the update and the learning rate of each param group.
 * The module and optimizer hooks also time the forward and optimizer phases for the probes, whose
@@ -516,11 +520,16 @@ class _Mode(TorchFunctionMode):
         if kind == SETITEM:
             return func(*args, **kwargs)
         if kind == BACKWARD:
-            t0 = perf()
-            with _checks_range():
-                col.on_backward(args, kwargs)
-            col.check_s += perf() - t0
-            return func(*args, **kwargs)
+            if not col.in_backward:  # (not a gradient a hand-written backward takes: no loss of the step)
+                t0 = perf()
+                with _checks_range():
+                    col.on_backward(args, kwargs)
+                col.check_s += perf() - t0
+            col.in_backward += 1  # (a hand-written backward this pass runs is checked: see _install_backward_probe)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                col.in_backward -= 1
         out = func(*args, **kwargs)
         t0 = perf()
         # (_checks_range, inline: this is the path every call takes. The modes below this one, the
@@ -580,6 +589,7 @@ class Numerics:
         self.checking = True
         self.paused = 0  # > 0 inside optimizer steps and our own hooks
         self.mode_popped = 0  # > 0 while an optimizer step has taken the mode off the stack
+        self.in_backward = 0  # > 0 while a backward pass the step started (through the mode) runs
         self.errors = 0
         self.error_text: str | None = None
         self.check_s = 0.0
@@ -636,6 +646,7 @@ class Numerics:
         # these hooks run where the probes' phase hooks do: time the phases here, one hook less
         self.times_phases = probes.take_over_phase_timing()
         _install_config_probes(self)
+        _install_backward_probe(self)
 
     def step_begin(self, index: int) -> None:
         self.step = index
@@ -649,6 +660,7 @@ class Numerics:
         self.in_step = True
         self.paused = 0
         self.mode_popped = 0
+        self.in_backward = 0
         if self.checking:
             self.mode.__enter__()
 
@@ -715,6 +727,8 @@ class Numerics:
         self.pending: dict[int, list[int]] = {}  # id of a deferred output -> its calls in `deferred`
         self.deferred_bytes = 0
         self.aliases: dict[int, tuple[int, ...]] = {}  # id of `t.data` / `t.detach()` -> ids of t (and its base)
+        # (first op, end, Function) of each run of a hand-written backward (see _checked_backward)
+        self.backward_fns: list[tuple[int, int, str]] = []
         self.fresh = True  # (see step_begin)
 
     # --- tables ---------------------------------------------------------------------------------
@@ -790,8 +804,13 @@ class Numerics:
                 e = self.modules.get(id(sub))
                 if e is None or e[0]() is not sub:
                     self._add_module(sub, qual, root)
+            held = None  # the global holding the root, for the root's own parameters
             for qual, p in module.named_parameters(remove_duplicate=False):
                 owner = qual.rpartition(".")[0]
+                if not owner and held is None:
+                    held = _global_holding(module, sys._getframe(2)) or ""
+                if not owner and held:
+                    qual, owner = f"{held}.{qual}", held
                 self.param_names[id(p)] = (weakref.ref(p), qual, owner or root)
             entry = self.modules.get(id(module))
             if entry is not None:
@@ -1591,6 +1610,7 @@ class Numerics:
             site, module, in_refs, out_refs, hazard, half, kind, params = self.ops[k]
             if site in self.benign_sites:
                 continue
+            fn = next((name for a, b, name in self.backward_fns if a <= k < b), None)
             ins = [_range(vals, r, r in self.sym_refs) if r is not None else {"min": None, "max": None, "finite": True}
                    for r in in_refs]
             for r, rng in zip(in_refs, ins):
@@ -1602,6 +1622,14 @@ class Numerics:
                     rng["param"] = name[1]
             out = [_range(vals, r) for r in out_refs]
             cause = _cause(kind, hazard, vals, ins, out, half)
+            if fn is not None:  # an op of a hand-written backward (see _install_backward_probe)
+                if cause["kind"] == "nonfinite-input":
+                    continue  # a gradient that came in non-finite: made by the backward pass before it
+                bad = next((r for r in opt_steps if r.get("grad_nonfinite")), None)
+                return {**base, "phase": "backward", "function": fn, "op_index": k, "site": site,
+                        "module": module, "inputs": ins[:8], "outputs": out[:4], "hazard": cause,
+                        "params": bad["grad_nonfinite_params"] if bad else [],
+                        **({"opt": bad["opt"]} if bad else {})}
             found = {**base, "phase": "input" if cause["kind"] == "nonfinite-input" else "forward",
                      "op_index": k, "site": site, "module": module, "inputs": ins[:8], "outputs": out[:4],
                      "hazard": cause}
@@ -1624,6 +1652,22 @@ class Numerics:
                 return {**base, "phase": "optimizer", "params": r["param_nonfinite_params"], "opt": r["opt"],
                         "site": r["site"], "hazard": {"kind": "update"}}
         return fallback or {**base, "phase": "unknown", "hazard": {"kind": "unknown"}}
+
+
+def _global_holding(obj: Any, frame: Any) -> str | None:
+    """The name of a global of the user's code calling at `frame` (or above it) that holds `obj`.
+    A root module's own parameters are named `weight`, `bias` by the module itself: two layers
+    held by two globals (`emb`, `proj`), each called on its own, had both gradients named
+    `weight`; they are `emb.weight`, `proj.weight`, as a root module would have named them."""
+    f = frame
+    while f is not None and library_code(f.f_code):
+        f = f.f_back
+    if f is None:
+        return None
+    for name, v in f.f_globals.items():
+        if v is obj and not name.startswith("__"):
+            return name
+    return None
 
 
 def _finite_norms(tensors: list[torch.Tensor], norms: list[float]) -> list[float]:
@@ -1727,6 +1771,48 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
     functools.update_wrapper(new, orig)
     new.__audit_numerics__ = True
     setattr(owner, name, new)
+
+
+def _install_backward_probe(col: Numerics) -> None:
+    """Check the ops of a hand-written backward (a `torch.autograd.Function` of the user's) as the
+    step's own. torch calls it from C++ during `loss.backward()`, while the mode is off the stack
+    (it is handling `backward`), so its ops went unseen: a division by a norm that is 0 on a
+    padding row there was blamed on a norm of the forward pass whose derivative never ran. The
+    mode is pushed back for that call only, if the backward pass is the step's (started through
+    the mode) and the Function is the user's: torch's own (checkpoint's recompute, the module
+    backward hooks' Function) and a step without such a Function cost nothing more. The ops are
+    checked as they happen, not deferred: no loss comes after them to settle them."""
+    owner = getattr(torch.autograd.function, "BackwardCFunction", None)
+    if owner is None:  # pragma: no cover - a torch without it
+        return
+    users: "weakref.WeakKeyDictionary[type, str | None]" = weakref.WeakKeyDictionary()  # -> "Name.backward", the user's
+
+    def make(orig: Callable) -> Callable:
+        def probe(self, *args):
+            if not col.in_backward or col.paused or not col.checking or _compiling():
+                return orig(self, *args)
+            cls = getattr(self, "_forward_cls", None)
+            name = users.get(cls, False) if cls is not None else None
+            if name is False:
+                name = users[cls] = None if _library_module(cls) else f"{cls.__qualname__}.backward"
+            n = _stack_len()
+            if name is None or (n and _stack_at(n - 1) is col.mode):
+                return orig(self, *args)
+            start = len(col.ops)
+            defer, col.defer_cpu = col.defer_cpu, False
+            _push_mode(col.mode)
+            try:
+                return orig(self, *args)
+            finally:
+                if _stack_len() > n and _top_mode() is col.mode:
+                    _pop_mode()
+                col.defer_cpu = defer
+                if len(col.ops) > start:
+                    col.backward_fns.append((start, len(col.ops), name))
+        return probe
+
+    for method in ("apply", "apply_boxed"):
+        _wrap(owner, method, make)
 
 
 def _caller() -> Any:

@@ -45,6 +45,7 @@ class Recorder:
         self.retain_watched: list[dict[str, Any]] = []  # the last step's, unused in it
         self.retain_sampled: dict[FrameKey, int] = {}
         self.retain_alive: dict[FrameKey, int] = {}  # retained graphs alive now, per place
+        self.hook_holders: dict[tuple, set[int]] = {}  # HOOK tally -> ids of what it registered on, this step
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
@@ -58,6 +59,21 @@ class Recorder:
         else:
             t["count"] += 1
             t["ms"] += ms
+
+    def hook_added(self, what: str, where: FrameKey, holder: Any, held: int) -> None:
+        """A hook registered at `where` on `holder` (a tensor, a module), which holds `held`
+        hooks of that kind now: the step's tally keeps the most, and on how many holders."""
+        key = (m.HOOK, what, where, ())
+        t = self.tallies.get(key)
+        if t is None:
+            t = self.tallies[key] = {"kind": m.HOOK, "what": what, "where": where, "count": 0, "ms": 0.0,
+                                     "data": {"held": 0, "holders": 0}}
+        t["count"] += 1
+        if held > t["data"]["held"]:
+            t["data"]["held"] = held
+        ids = self.hook_holders.setdefault(key, set())
+        ids.add(id(holder))
+        t["data"]["holders"] = len(ids)
 
     def drain(self) -> list[dict[str, Any]]:
         """Tallies since the last drain, as plain dicts ready to send; finalises retain events.
@@ -87,6 +103,7 @@ class Recorder:
             else:
                 t["data"]["alive_at_once"] = max(t["data"]["alive_at_once"], ev["alive"])
         self.retain_events = []
+        self.hook_holders = {}
         out = []
         for t in self.tallies.values():
             w = t["where"]
@@ -479,6 +496,48 @@ def _install_backward_probes() -> None:
         "torch.autograd.grad", lambda *a, **k: a[0] if a else k.get("outputs")))
 
 
+# --- hooks registered in the step ---------------------------------------------------------------
+
+def _hook_probe(what: str, hooks: str):
+    """A probe on a hook registration: tallied at the user's line with how many hooks of that kind
+    the tensor or module holds after it (its `hooks` dict). A hook registered in the step on the
+    same parameters every step piles up, and every backward pass runs them all: the step slows
+    down, and its time grows in the backward, not at the line that adds them. Registrations are
+    rare (setup, or once per step on a new activation), so the probe costs nothing on the path
+    every call takes."""
+    def make(orig):
+        def probe(self, *args, **kwargs):
+            handle = orig(self, *args, **kwargs)
+            rec = REC
+            if rec.active and not rec.in_data:
+                f = _user_call()
+                if f is not None:
+                    with no_torch_function():  # (the auditor's read: the user's modes see the call only)
+                        held = getattr(self, hooks, None)
+                        n = len(held) if held is not None else 0
+                    rec.hook_added(what, user_frame(f), self, n)
+            return handle
+        return probe
+    return make
+
+
+_TENSOR_HOOKS = (("register_hook", "_backward_hooks"),
+                 ("register_post_accumulate_grad_hook", "_post_accumulate_grad_hooks"))
+_MODULE_HOOKS = (("register_forward_hook", "_forward_hooks"), ("register_forward_pre_hook", "_forward_pre_hooks"),
+                 ("register_full_backward_hook", "_backward_hooks"),
+                 ("register_full_backward_pre_hook", "_backward_pre_hooks"),
+                 ("register_backward_hook", "_backward_hooks"))
+
+
+def _install_hook_probes() -> None:
+    for name, hooks in _TENSOR_HOOKS:
+        if hasattr(torch.Tensor, name):
+            _wrap(torch.Tensor, name, _hook_probe(f"Tensor.{name}", hooks))
+    for name, hooks in _MODULE_HOOKS:
+        if hasattr(torch.nn.Module, name):
+            _wrap(torch.nn.Module, name, _hook_probe(f"Module.{name}", hooks))
+
+
 # --- forward and optimizer phases --------------------------------------------------------------
 
 _PHASE_HOOKS: list[Any] = []  # handles of the hooks below, while they are the ones timing the phases
@@ -664,6 +723,7 @@ def install() -> Recorder:
         _install_timed_probes()
         _install_anomaly_probe()
         _install_backward_probes()
+        _install_hook_probes()
         _install_phase_hooks()
         _install_dataloader_probes()
     return REC

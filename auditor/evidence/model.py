@@ -35,6 +35,11 @@ DATA_WAIT = "data-wait"
 # a DataLoader iterator made (iter(loader), a `for` over it: starts its worker processes) or its
 # workers shut down (an iterator dropped) in the step; data: loader, workers
 DATA_ITER = "data-iter"
+# a hook registered at the user's line (Tensor.register_hook, Module.register_forward_hook ...);
+# data: held, the most hooks of that kind one tensor or module registered there held just after
+# (a hook registered every step on the same parameters piles up: every backward runs them all),
+# and holders, how many tensors or modules the step registered them on
+HOOK = "hook"
 FORWARD = "forward"  # outermost nn.Module call (timed by global module hooks)
 OPTIMIZER = "optimizer"  # Optimizer.step
 CUDA_STANDIN = "cuda-standin"  # a torch.cuda call answered as an idle device would (no CUDA here)

@@ -35,8 +35,10 @@ class GradExplosion(Rule):
 
     Fix:
         Clip the gradient norm, with `max_norm` taken from the observed norms (the
-        `clip-percentile` of the healthy steps); lower the learning rate; make a warm-up stop
-        rising. The clipping edit changes results and stays out of fixes.patch unless asked for.
+        `clip-percentile` of the healthy steps; none is suggested from fewer than `min-healthy`
+        of them, as in a run that grows from its first steps); lower the learning rate; make a
+        warm-up stop rising. The clipping edit changes results and stays out of fixes.patch
+        unless asked for.
 
     Evidence needed:
         A run with the numerics collector (gradient norms per optimizer step).
@@ -54,6 +56,8 @@ class GradExplosion(Rule):
         Option("min-correlation", 0.8, "Rank correlation of log-norm with step needed for steady growth."),
         Option("min-steps", 8, "Optimizer steps needed to judge steady growth."),
         Option("clip-percentile", 90, "Percentile of the healthy steps' norms suggested as max_norm.", high=100),
+        Option("min-healthy", 3, "Healthy steps needed to derive max_norm from their norms; with fewer (a run "
+                                 "that grows from its first steps) none is suggested.", low=1),
         Option("healthy-factor", 3.0, "Norms up to this many times the typical norm before the explosion "
                                       "(the median before a spike, the first step's before steady growth) "
                                       "count as healthy."),
@@ -95,14 +99,17 @@ class GradExplosion(Rule):
         before = [v for _, v in fin[:spike["index"] if spike else len(fin)]]
         typical = median(before) if spike else before[0]
         healthy = [v for v in before if v <= options["healthy-factor"] * typical] or before[:1]
-        max_norm = _round2(_percentile(healthy, options["clip-percentile"]))
+        # A percentile of one or two norms is those norms: a run that diverges from its second step
+        # was told to clip at 87000, its first steps' norm, a value nothing in the run supports.
+        enough = len(healthy) >= options["min-healthy"]
+        max_norm = _round2(_percentile(healthy, options["clip-percentile"])) if enough else None
         went_nonfinite = healthy_end < len(series)
         if spike:
             what = (f"The gradient norm jumped to {short(spike['norm'])} at step {step}, "
                     f"{_times(spike['ratio'])}x the median {short(spike['reference'])} of the {spike['window']} steps before")
         else:
             what = (f"The gradient norm grew steadily from {short(growth['first'])} to {short(growth['last'])} "
-                    f"(x{growth['ratio']:.3g}, about x{growth['per_step']:.2f} per step, rank correlation "
+                    f"(x{growth['ratio']:.3g}, about x{growth['per_step']:.3g} per step, rank correlation "
                     f"{growth['spearman']:.2f}) over {len(fin)} optimizer steps")
         if went_nonfinite:
             what += f", then turned non-finite at step {series[healthy_end][0]}"
@@ -121,11 +128,16 @@ class GradExplosion(Rule):
                       "top_layers": layers, "top_params": rec.get("top_params"),
                       "healthy_steps": len(healthy), "suggested_max_norm": max_norm, "lr": lr},
             fix=Fix(summary=(f"Clip gradients: torch.nn.utils.clip_grad_norm_(params, max_norm={max_norm:g}) "
-                             + (f"(the {options['clip-percentile']}th percentile of {len(healthy)} healthy steps' norms) "
-                                if len(healthy) > 1 else "(the first step's norm, before the growth) ")
-                             if max_norm else "Clip gradients ")
-                            + "before optimizer.step(); lower the learning rate"
-                            + (f" (now {lr:g})" if lr else "") + "; make any warm-up stop rising.",
+                             f"(the {options['clip-percentile']}th percentile of {len(healthy)} healthy steps' norms) "
+                             "before optimizer.step(); lower the learning rate" + (f" (now {lr:g})" if lr else "")
+                             if max_norm else
+                             "Lower the learning rate" + (f" (now {lr:g})" if lr else "")
+                             + (f": the run had {len(healthy)} healthy step{'' if len(healthy) == 1 else 's'} before "
+                                + (f"the spike at step {step}" if spike else "its norm grew")
+                                + f", too few to derive a clipping max_norm from ({options['min-healthy']} are "
+                                "needed); once it is stable, clip at the norm it shows"
+                                if not enough else "; clip gradients before optimizer.step()"))
+                            + "; make any warm-up stop rising.",
                     config={k: v for k, v in (("clip_grad_norm_.max_norm", max_norm),
                                               ("lr", _round2(lr / 10) if lr else None)) if v is not None},
                     edits=[edit] if edit else [], changes_numerics=True))

@@ -298,7 +298,8 @@ class Nonfinite(Rule):
         If the forward pass stayed finite it names the parameters whose gradients (backward) or
         values (optimizer update) went first, and for the backward pass the call whose derivative
         was infinite or overflowed float32 (a sqrt of 0, a log of 1e-42: 1/x = 1e42), with the fix
-        for that call. Checkpoints the step wrote with torch.save after the weights went
+        for that call; a NaN made in the hand-written backward of a torch.autograd.Function of the
+        user's is named at its line there. Checkpoints the step wrote with torch.save after the weights went
         non-finite are named as poisoned, with the last one written before (where to resume). Calls that made non-finite values in healthy steps
         (an attention mask's -inf) are not taken for the origin. Also reported: hazards that came
         close without tipping over (a log input below `near-zero`, exp near overflow, float16 values
@@ -351,7 +352,8 @@ class Nonfinite(Rule):
         for i, d in view.steps:
             if d.get("origin"):
                 o = d["origin"]
-                singular = singular_sites(view, o, options) if o.get("phase") == "backward" else []
+                singular = (singular_sites(view, o, options) if o.get("phase") == "backward" and not o.get("function")
+                            else [])
                 yield self._origin(ev, view, i, o, options, singular)
                 named = {o.get("site")} | {s for s, _ in singular}
                 break
@@ -386,7 +388,8 @@ class Nonfinite(Rule):
             "grad_norm_series": [x for x in view.grad_norm_series() if x[0] <= step + 1][-12:],
             "ops_checked_in_step": o.get("ops_checked"),
         }
-        if o.get("phase") in ("forward", "input"):
+        custom = o.get("phase") == "backward" and o.get("function")  # an op of a hand-written backward
+        if o.get("phase") in ("forward", "input") or custom:
             where_mod = ("" if not mod else f" in module `{mod[0]}` ({mod[1]})" if mod[0]
                          else f" in `{mod[1]}.forward`")
             ranges = ", ".join(f"[{short(r['min'])}, {short(r['max'])}]" for r in o.get("inputs", [])[:3]
@@ -394,6 +397,14 @@ class Nonfinite(Rule):
             text = HAZARD_TEXT.get(kind, kind)
             series = view.hazard_series(o["site"])
             msg = f"{head} It started{where_mod} at {_at(loc)}: {_call_text(site, loc)} {text}"
+            if custom:
+                params = o.get("params") or []
+                made = (f" made the gradients of {_names(params)} non-finite" if params
+                        else " went non-finite")
+                lead = " The forward pass stayed finite; the backward pass" if "loss" not in what else " The backward pass"
+                msg = (f"{head}{lead}{made}. It started in `{o['function']}`, a hand-written backward (torch.autograd.Function), "
+                       f"at {_at(loc)}: {_call_text(site, loc)} {text}")
+                evidence.update({"function": o["function"], "params": params})
             if kind == "nonfinite-input":
                 msg += (f" (parameter `{hazard['param']}` was already non-finite)" if hazard.get("param")
                         else " (not made by any torch call in the step: the input data, a tensor kept from an earlier step, or a write through `.data`)")
@@ -413,8 +424,7 @@ class Nonfinite(Rule):
             locs += [x for x in (view.site_location(s) for s, _ in singular) if x]
             hint = "; ".join(_singular_text(view.sites.get(s, {}), v) for s, v in singular[:3])
             msg = (f"{head} The forward pass stayed finite; the backward pass made the gradients of "
-                   f"{', '.join('`' + p + '`' for p in params[:4])}{' …' if len(params) > 4 else ''} non-finite"
-                   + "." + (f" The infinite derivative came from {hint}." if hint else ""))
+                   f"{_names(params)} non-finite" + "." + (f" The infinite derivative came from {hint}." if hint else ""))
             evidence["params"] = params
             evidence["singular_sites"] = [{"op": view.sites.get(s, {}).get("op"),
                                            "hazard": view.sites.get(s, {}).get("hazard"), "value": v}
@@ -704,6 +714,11 @@ def _growth_text(losses: list[list], step: int) -> str:
         return ""
     return (f" The loss had grown from {short(pts[0][1])} (step {pts[0][0]}) to {short(pts[-1][1])} "
             f"(step {pts[-1][0]}).")
+
+
+def _names(params: list[str]) -> str:
+    """`a`, `b`, `c`, `d` … : the first four of a list of parameter names."""
+    return f"{', '.join('`' + p + '`' for p in params[:4])}{' …' if len(params) > 4 else ''}"
 
 
 def _at(loc: Location | None) -> str:

@@ -6,7 +6,10 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
 from auditor.rules.common import (
+    file_name,
+    hook_phase,
     on_accelerator,
+    piling_hooks,
     quarter_floors,
     quarter_medians,
     spearman,
@@ -14,6 +17,18 @@ from auditor.rules.common import (
     trend_ratio,
     without_spikes,
 )
+
+
+def rise_of(xs: list[float], ys: list[float]) -> float:
+    """How much more time the last steps took than the first, as the data shows it, never more:
+    the rise of the quarters' medians (or, when load lifted the first quarter's above the last's,
+    of their fastest steps), at most what the Theil-Sen line spans (a line through a series that
+    wandered up and back spans more than any step rose). The step's rise and the growing call's
+    are both this: the two numbers a message prints side by side are on one basis."""
+    first, last = quarter_medians(ys)
+    floor_first, floor_last = quarter_floors(ys)
+    shown = last - first if last > first else floor_last - floor_first
+    return max(0.0, min(theil_sen(xs, ys) * (xs[-1] - xs[0]), shown))
 
 
 class StepSlowdown(Rule):
@@ -30,7 +45,9 @@ class StepSlowdown(Rule):
         also be slower than the fastest of the first by the same ratio (of wall time and, on a CPU run,
         of CPU time: with more than one intra-op thread, threads that wait for a descheduled peer
         spin and bill CPU time, so under load CPU time wanders with wall time). It names the probed
-        call (backward, a sync, data loading...) whose own time grew the most.
+        call (backward, a sync, data loading...) whose own time grew the most, measured as the step's
+        rise is (its part of that rise), and, first, a line whose hooks pile up on the same tensors
+        or modules every step (see hook-leak): the time then grows in the pass that runs them.
 
     Why it costs:
         Something accumulates per step: a graph kept alive and backpropagated again, a growing
@@ -104,29 +121,44 @@ class StepSlowdown(Rule):
         else:
             judged = {}
         slope = theil_sen(xs, ys)
-        culprit = self._culprit(steps)
+        rise = round(rise_of(xs, ys), 3)
+        culprit = self._culprit(steps, xs)
         locs = [Location.of(culprit["where"])] if culprit and culprit["where"] else []
-        blame = (f"; {culprit['what']} grew the most (+{culprit['growth_ms']:.1f} ms)" if culprit else "")
+        if culprit:
+            at = f" at {file_name(culprit['where'].file)}:{culprit['where'].line}" if culprit["where"] else ""
+            g = culprit["growth_ms"]  # (the rest of the step may have got faster: at most all of the rise)
+            blame = (f" {culprit['what']}{at} grew the most: "
+                     + (f"all of those {rise:.2f} ms." if g >= rise else f"{g:.2f} ms of those {rise:.2f} ms."))
+        else:
+            blame = ""
         if judged:
-            head = (f"Step time rose x{w_trend:.2f} along its trend line (+{slope:.2f} ms per step); the step's own "
+            head = (f"Step time rose x{w_trend:.2f} along its trend line (+{slope:.3g} ms with each step); the step's own "
                     f"CPU time rose from {judged['cpu_first_quarter_median_ms']:.1f} ms to "
                     f"{judged['cpu_last_quarter_median_ms']:.1f} ms (x{judged['cpu_ratio']:.2f}, rank correlation "
                     f"{judged['cpu_spearman']:.2f})")
         else:
             head = (f"Step time rose from {first:.1f} ms to {last:.1f} ms (x{last / first:.2f}, "
-                    f"+{slope:.2f} ms per step, rank correlation {rho:.2f})")
-        # What the data shows, never more: the rise of the quarters' medians (or, when load lifted
-        # the first quarter's above the last's, of their fastest steps), at most what the trend line
-        # spans. A line through a series that wandered up and back spans more than any step rose.
-        shown = last - first if last > first else floor_last - floor_first
-        rise = max(0.0, min(slope * (xs[-1] - xs[0]), shown))
+                    f"+{slope:.3g} ms with each step, rank correlation {rho:.2f})")
+        head += f" over {len(steps)} steps: the last steps took {rise:.2f} ms more than the first."
+        # What piles up, when the probes saw it: hooks added to the same tensors every step run in
+        # the backward pass, which is where the time grows, not at the line that adds them.
+        piles = piling_hooks(ev)
+        for p in piles[:2]:
+            if p.where is None:
+                continue
+            holders = "tensor" if p.what.startswith("Tensor.") else "module"
+            blame += (f" Hooks pile up at {file_name(p.where.file)}:{p.where.line}: {p.what} adds them to the same "
+                      f"{p.holders} {holders}{'' if p.holders == 1 else 's'} every step ({p.first[1]} each after step {p.first[0]}, "
+                      f"{p.last[1]} after step {p.last[0]}), and every {hook_phase(p.what)} pass runs them all "
+                      "(see hook-leak).")
+        hook_locs = [Location.of(p.where) for p in piles[:2] if p.where is not None]
+        locs = hook_locs + [x for x in locs if (x.file, x.line) not in {(h.file, h.line) for h in hook_locs}]
         # The share is of the run's median step, the basis of every other rule's share and of the
         # headline's: a share of the (slower) last quarter read beside them as a different number
         # for the same time. That comparison stays in the evidence, named as such.
         median_ms = step_basis_ms(ev)
-        rise = round(rise, 3)
         yield self.finding(
-            f"{head} over {len(steps)} steps{blame}.",
+            f"{head}{blame}",
             locations=locs,
             evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
                       "ratio": round(last / first, 3), "trend_ratio": round(w_trend, 3),
@@ -136,16 +168,24 @@ class StepSlowdown(Rule):
                       "spearman": round(rho, 3), **judged, "steps_used": len(steps),
                       "median_step_ms": round(median_ms, 3) if median_ms else None,
                       "rise_share_of_last_quarter_step": round(min(1.0, rise / max(last, rise)), 4),
-                      "growing_phase": {k: v for k, v in (culprit or {}).items() if k != "where"} or None},
+                      "growing_phase": {k: v for k, v in (culprit or {}).items() if k != "where"} or None,
+                      "piling_hooks": [{"what": p.what, "line": p.where.line if p.where else None,
+                                        "holders": p.holders, "held_first": p.first[1], "held_last": p.last[1]}
+                                       for p in piles[:2]]},
             cost=Cost(ms_per_step=rise, share_of_step=share_of_step(rise, median_ms),
                       measured=True, note="extra time per step at the end of the run vs its start, "
                                           "as a share of the run's median step"),
-            fix=Fix(summary="Find what accumulates per step (see the growing phase and graph-leak / "
-                            "memory-growth findings) and stop keeping it."),
+            fix=Fix(summary=("Register the hooks once, at setup, or remove them (handle.remove()) when done; "
+                             if piles else "")
+                    + "Find what accumulates per step (see the growing phase and graph-leak / "
+                      "memory-growth findings) and stop keeping it."),
         )
 
-    def _culprit(self, steps: list[m.StepRecord]) -> dict[str, Any] | None:
-        """The probed call site whose own per-step time grew the most from first to last quarter."""
+    def _culprit(self, steps: list[m.StepRecord], xs: list[float]) -> dict[str, Any] | None:
+        """The probed call site whose own per-step time grew the most, measured as the step's rise
+        is (rise_of): a difference of quarter medians said the backward grew by 12.0 ms in a step
+        whose stated rise was 8.56 ms. It may still exceed the step's rise when the rest of the
+        step got faster; the message then says it grew by all of it."""
         series: dict[tuple, list[float]] = {}
         wheres: dict[tuple, tuple[str, m.Frame | None]] = {}
         for i, s in enumerate(steps):
@@ -155,7 +195,10 @@ class StepSlowdown(Rule):
                 wheres[key] = (t.what, t.where)
         best = None
         for key, ys in series.items():
-            a, b = quarter_medians(ys)
-            if best is None or b - a > best["growth_ms"]:
-                best = {"what": wheres[key][0], "kind": key[0], "growth_ms": b - a, "where": wheres[key][1]}
-        return best if best and best["growth_ms"] > 0 else None
+            growth = rise_of(xs, ys)
+            if best is None or growth > best["growth_ms"]:
+                best = {"what": wheres[key][0], "kind": key[0], "growth_ms": growth, "where": wheres[key][1]}
+        if not best or best["growth_ms"] <= 0:
+            return None
+        best["growth_ms"] = round(best["growth_ms"], 3)
+        return best
