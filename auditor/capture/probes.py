@@ -24,7 +24,7 @@ import torch
 import torch.utils.data.dataloader as dl
 
 from auditor.capture.frames import is_library, is_torch_internal, user_frame
-from auditor.capture.unseen import no_torch_function, not_traced, recorded_warnings
+from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
 from auditor.evidence import model as m
 
 perf = time.perf_counter
@@ -64,6 +64,7 @@ class Recorder:
         A graph unused in its own step is counted unused and watched one step more: if that step's
         backward runs into it, a tensor carried across steps holds it, and it is counted again as
         carried (the rule tells the two apart: dropping retain_graph there breaks the next step)."""
+        settle_traced_steps()
         for ev in self.retain_watched:
             if ev["used"][0]:
                 t = self.tallies.setdefault((m.RETAINED_CARRIED, ev["what"], ev["where"], ()), {
@@ -452,6 +453,7 @@ def _backward_probe(what: str, tensors_of: Callable[..., Any]):
             if rec.active:
                 f = _user_call()
                 if f is not None:
+                    settle_traced_steps()  # (before this backward pass changes their gradients)
                     where = user_frame(f)
                     retain = kwargs.get("retain_graph")
                     if retain is None:
@@ -499,6 +501,40 @@ def optimizer_done(opt: Any, t0: float, where: FrameKey) -> None:
         rec.add(m.OPTIMIZER, type(opt).__name__, where, (perf() - t0) * 1e3)
 
 
+# Optimizer steps that ran inside code torch.compile traced, noted by the traced step pre-hook
+_TRACED_STEPS = TracedCalls()
+_TRACED_STEP_READERS: list[Callable[[Any, FrameKey], None]] = []
+
+
+def traced_optimizer_step(opt: Any) -> None:
+    """What the optimizer pre-hooks do when torch.compile traces them (`torch.compiler.is_compiling()`):
+    note the step, as a store dynamo replays after the graph, for `settle_traced_steps` to read
+    once the compiled code has run (see unseen.TracedCalls). Run as they are, the hooks were a graph
+    break in the user's compiled step, and an error under `fullgraph=True`."""
+    _TRACED_STEPS.note(opt)
+
+
+def read_traced_steps(reader: Callable[[Any, FrameKey], None]) -> None:
+    """Have `reader(optimizer, where)` called with each optimizer step `settle_traced_steps` reads."""
+    _TRACED_STEP_READERS.append(reader)
+
+
+def settle_traced_steps() -> None:
+    """The optimizer steps that ran in compiled code since the last call, counted as optimizer
+    phases of the user's line that called the compiled code, with no time (the hooks that time a
+    step cannot run inside a graph), and handed to the readers. Called wherever the auditor runs
+    next and the step's inputs may change: before the next optimizer step, zero_grad, a backward
+    pass or a scheduler's step, and at the step's end."""
+    if torch.compiler.is_compiling():  # (read by the code that runs after the compiled code)
+        return
+    for opt, where in _TRACED_STEPS.take():
+        rec = REC
+        if rec is not None and rec.active:
+            rec.add(m.OPTIMIZER, type(opt).__name__, where, 0.0, compiled=True)
+        for reader in _TRACED_STEP_READERS:
+            reader(opt, where)
+
+
 def take_over_phase_timing() -> bool:
     """Remove the probes' own forward and optimizer hooks, for a collector whose hooks run at the
     same points to time the phases instead (with `forward_done` and `optimizer_done`): every hook
@@ -527,13 +563,16 @@ def _install_phase_hooks() -> None:
         if state["depth"] == 0:
             forward_done(module, state["t0"], user_frame(sys._getframe(1)))
 
-    # (torch.compile of the optimizer's step would trace these: see unseen.not_traced)
-    @not_traced
     def opt_pre(opt, args, kwargs):
+        if torch.compiler.is_compiling():  # (traced into a compiled step: see traced_optimizer_step)
+            traced_optimizer_step(opt)
+            return
+        settle_traced_steps()
         state["opt_t0"] = perf()
 
-    @not_traced
     def opt_post(opt, args, kwargs):
+        if torch.compiler.is_compiling():
+            return
         optimizer_done(opt, state["opt_t0"], user_frame(sys._getframe(1)))
 
     # torch.compile warns that global hooks fire once more for its wrapper module: these are ours,
