@@ -381,6 +381,68 @@ def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(ful
             {(line, "optimizer.step")}
 
 
+COMPILED_MODEL = """
+import json, os
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+cnet = torch.compile(net, backend="eager")  # a compiled model
+opt = torch.optim.SGD(net.parameters(), lr=1e-2, momentum=0.9)
+x, y = torch.randn(16, 8), torch.randn(16, 2)
+
+
+@torch.compile(backend="eager")  # a compiled function whose backward pass breaks its graph
+def backward(loss):
+    loss.backward()
+
+
+def step(i):
+    loss = nn.functional.mse_loss(cnet(x), y)
+    backward(loss)
+    opt.step()
+    opt.zero_grad()
+    if i == 3:
+        from torch._dynamo.utils import counters
+        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
+            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values())}, f)
+        torch.save({"net": net.state_dict()}, os.environ["PARITY_OUT"])
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled_model_plain(tmp_path_factory):
+    d = tmp_path_factory.mktemp("compiled_model")
+    (d / "compiled_model.py").write_text(COMPILED_MODEL)
+    return d, plain_run(d, "compiled_model", 4)
+
+
+@pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
+def test_the_probes_leave_compiled_code_as_it_is(compiled_model_plain, numerics):
+    """torch.compile traces the probes it reaches: the phase hooks (--no-numerics) in a compiled
+    model's submodules, the backward probe where a compiled function calls loss.backward(). Their
+    timers and frame reads were graph breaks in the user's graph, with warnings that dynamo 'does
+    not know how to trace the builtin time.perf_counter' and 'sys._getframe', a timer's value a
+    guard that recompiled the model, the auditor's arithmetic captured in it, and the auditor's
+    frames run after a break compiled too (--no-numerics: 9 graph breaks, 6 calls captured, 3
+    graphs for the plain run's 1, 3, 1). Compiling, a probe is the call it wraps now, and the
+    calls that run as they are are recorded there: the model's forward at its compiled module's
+    call, the backward pass in the compiled function."""
+    d, plain_stderr = compiled_model_plain
+    out = d / f"out{numerics}"
+    a = audit("run", f"{d / 'compiled_model.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
+              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
+    plain_stats, _ = assert_same_compiled_run(d, out, a, plain_stderr)
+    assert (plain_stats["unique_graphs"], plain_stats["graph_break"]) == (1, 1)
+    source = (d / "compiled_model.py").read_text().splitlines()
+    lines = {"forward": source.index("    loss = nn.functional.mse_loss(cnet(x), y)") + 1,
+             "backward": source.index("    loss.backward()") + 1}
+    assert [sorted((t["kind"], t["what"], t["where"]["line"], t["count"]) for t in s["tallies"]
+                   if t["kind"] in ("forward", "backward")) for s in a.evidence["steps"]] == \
+        [[("backward", "Tensor.backward", lines["backward"], 1), ("forward", "OptimizedModule", lines["forward"], 1)]] * 4
+
+
 COUNTED = '''
 import contextlib, json, os
 import torch

@@ -93,7 +93,7 @@ from torch.overrides import TorchFunctionMode
 
 from auditor.capture import probes
 from auditor.capture.frames import call_span, code_kinds, is_library, library_code, user_call, user_frame
-from auditor.capture.unseen import no_torch_function as _no_torch_function
+from auditor.capture.unseen import dynamo_skips_our_frames, no_torch_function as _no_torch_function
 
 perf = time.perf_counter
 
@@ -248,45 +248,6 @@ _pop_mode = torch._C._pop_torch_function_stack
 _push_mode = torch._C._push_on_torch_function_stack
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
-
-
-def _dynamo_skips_our_frames() -> bool:
-    """torch.compile runs the Python that follows a graph break eagerly, with its frame hook on:
-    our mode's `__torch_function__` and what it calls, run there for each torch call, were
-    compiled as frames of their own, and recompiled for every new float argument until dynamo's
-    recompile limit (warnings naming the auditor, steps up to 30x slower than without the audit).
-    Every code object of the capture package is marked to be run as it is (that frame only: the
-    user's code it calls is compiled as before). Only once dynamo is imported: importing it costs
-    ~2 s. Inlining, when dynamo traces a call with the mode on the stack, is unaffected."""
-    try:
-        from torch._dynamo.eval_frame import skip_code
-    except ImportError:  # pragma: no cover - a torch without it
-        return True
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("auditor.capture.") and mod is not None:
-            for code in _codes_in(vars(mod).values()):
-                skip_code(code)
-    return True
-
-
-def _codes_in(values: Any) -> list[Any]:
-    """The code objects of the functions and classes among `values` (a module's namespace), with
-    those nested in them (closures: the probes' wrappers)."""
-    out, seen = [], set()
-    stack = []
-    for v in values:
-        if isinstance(v, type) and v.__module__.startswith("auditor."):
-            stack.extend(getattr(x, "__code__", None) for x in vars(v).values())
-        else:
-            stack.append(getattr(v, "__code__", None) if getattr(v, "__module__", "").startswith("auditor.") else None)
-    while stack:
-        c = stack.pop()
-        if c is None or not hasattr(c, "co_consts") or id(c) in seen:
-            continue
-        seen.add(id(c))
-        out.append(c)
-        stack.extend(k for k in c.co_consts if hasattr(k, "co_consts"))
-    return out
 
 
 def _top_mode() -> Any:
@@ -620,7 +581,6 @@ class Numerics:
         self.lstack: list[bool] = []  # for each: whether its pre-hook took the mode off (a leaf)
         self.times_phases = False  # whether these hooks time the forward and optimizer phases
         self.fwd_t0 = self.opt_t0 = 0.0
-        self.dynamo_told = False  # whether torch.compile was told to leave our frames alone
         self.opt_frame: Any = None  # the frame that called the optimizer pre-hook, during the step
         self.opt_where: Any = None  # the user's line of that call, once found
         self._reset_step()
@@ -645,8 +605,7 @@ class Numerics:
 
     def step_begin(self, index: int) -> None:
         self.step = index
-        if not self.dynamo_told and "torch._dynamo" in sys.modules:
-            self.dynamo_told = _dynamo_skips_our_frames()
+        dynamo_skips_our_frames()
         # (step_end left the state fresh: nothing writes it between steps, every writer asks
         # in_step first; after a step_end that failed before its reset, reset here)
         if not self.fresh:
@@ -1886,6 +1845,8 @@ def _install_config_probes(col: Numerics) -> None:
         # Batch loading (thousands of indexing calls, none the model's) and zero_grad (two
         # attribute calls per parameter, which cannot make a non-finite value) run with the mode off.
         def probe(self, *args, **kwargs):
+            if _compiling():  # (traced by torch.compile: the call as it is, see probes._compiling)
+                return orig(self, *args, **kwargs)
             if col.in_step and _top_mode() is col.mode:
                 _pop_mode()  # (torch.overrides._pop_mode_temporarily, without its generator: every step)
                 try:
@@ -1905,7 +1866,8 @@ def _install_config_probes(col: Numerics) -> None:
 
     def make_sched_step(orig):
         def probe(self, *args, **kwargs):
-            probes.settle_traced_steps()  # (a compiled step's learning rates, read before they change)
+            if not _compiling():
+                probes.settle_traced_steps()  # (a compiled step's learning rates, read before they change)
             return orig(self, *args, **kwargs)
         return probe
 

@@ -29,6 +29,11 @@ from auditor.evidence import model as m
 
 perf = time.perf_counter
 FrameKey = tuple[str, int, str] | None
+# Inside code torch.compile traces, a probe is the call it wraps: traced, its frame reads and timers
+# were graph breaks in the user's graph, each with a warning naming what dynamo cannot trace
+# (sys._getframe, time.perf_counter), and a timer's value a guard that recompiled it. Where dynamo
+# gives up on a call, it runs it as it is, and the probe records it there.
+_compiling = torch.compiler.is_compiling
 
 
 class Recorder:
@@ -215,6 +220,7 @@ def _warnings_at_caller(orig: Callable) -> Callable:
 
 def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_warning: bool = False):
     def make(orig):
+        plain = orig
         if grad_warning:
             orig = _warnings_at_caller(orig)
 
@@ -223,6 +229,8 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
         torch_own: dict[int, Any] = {}
 
         def probe(self, *args, **kwargs):
+            if _compiling():
+                return plain(self, *args, **kwargs)
             rec = REC
             if rec.active and not rec.in_data:
                 f = sys._getframe(1)
@@ -289,6 +297,8 @@ def _install_sync_probes() -> None:
 def _sync_function(what: str):
     def make(orig):
         def probe(*args, **kwargs):
+            if _compiling():
+                return orig(*args, **kwargs)
             rec = REC
             if rec.active and not rec.in_data:
                 f = _user_call()
@@ -315,6 +325,8 @@ def _timed_function(kind: str, what: str, data: Callable[..., dict] | None = Non
     given the call's arguments, adds what the tally keeps of them (torch.save: the file)."""
     def make(orig):
         def probe(*args, **kwargs):
+            if _compiling():
+                return orig(*args, **kwargs)
             rec = REC
             if rec.active:
                 f = _user_call()
@@ -356,7 +368,7 @@ def _install_anomaly_probe() -> None:
     def make(orig):
         def probe(enabled, *args, **kwargs):
             rec = REC
-            if enabled and rec.active:
+            if enabled and rec.active and not _compiling():
                 rec.add(m.ANOMALY_ON, "anomaly detection", user_frame(sys._getframe(1)))
             return orig(enabled, *args, **kwargs)
         return probe
@@ -449,6 +461,8 @@ def _roots(tensors: Any) -> list[Any]:
 def _backward_probe(what: str, tensors_of: Callable[..., Any]):
     def make(orig):
         def probe(*args, **kwargs):
+            if _compiling():
+                return orig(*args, **kwargs)
             rec = REC
             if rec.active:
                 f = _user_call()
@@ -525,7 +539,7 @@ def settle_traced_steps() -> None:
     step cannot run inside a graph), and handed to the readers. Called wherever the auditor runs
     next and the step's inputs may change: before the next optimizer step, zero_grad, a backward
     pass or a scheduler's step, and at the step's end."""
-    if torch.compiler.is_compiling():  # (read by the code that runs after the compiled code)
+    if _compiling():  # (read by the code that runs after the compiled code)
         return
     for opt, where in _TRACED_STEPS.take():
         rec = REC
@@ -554,24 +568,28 @@ def _install_phase_hooks() -> None:
     state = {"depth": 0, "t0": 0.0, "opt_t0": 0.0}
 
     def fwd_pre(module, args):
+        if _compiling():  # (a compiled module's own call, torch.compile(model)'s, runs as it is: timed there)
+            return
         if state["depth"] == 0:
             state["t0"] = perf()
         state["depth"] += 1
 
     def fwd_post(module, args, output):
+        if _compiling():
+            return
         state["depth"] -= 1
         if state["depth"] == 0:
             forward_done(module, state["t0"], user_frame(sys._getframe(1)))
 
     def opt_pre(opt, args, kwargs):
-        if torch.compiler.is_compiling():  # (traced into a compiled step: see traced_optimizer_step)
+        if _compiling():  # (traced into a compiled step: see traced_optimizer_step)
             traced_optimizer_step(opt)
             return
         settle_traced_steps()
         state["opt_t0"] = perf()
 
     def opt_post(opt, args, kwargs):
-        if torch.compiler.is_compiling():
+        if _compiling():
             return
         optimizer_done(opt, state["opt_t0"], user_frame(sys._getframe(1)))
 

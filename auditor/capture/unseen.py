@@ -16,6 +16,7 @@ auditor at work:
   step hooks) into the user's graph. A hook it cannot trace is a graph break: a warning to the user,
   a graph split in two, and an error under `fullgraph=True`. Such a hook, traced, only notes that
   it ran (`TracedCalls`), and the auditor reads what it needs after the compiled code has run.
+  The frames of ours that run after a graph break are not compiled (`dynamo_skips_our_frames`).
 """
 from __future__ import annotations
 
@@ -118,3 +119,49 @@ class TracedCalls:
         out = [(v, _NOTE_SITES[int(k[1:])]) for k, v in d.items()]
         d.clear()
         return out
+
+
+_DYNAMO_TOLD = [False]  # whether dynamo was told to leave our frames alone
+
+
+def dynamo_skips_our_frames() -> None:
+    """torch.compile runs the Python that follows a graph break eagerly, with its frame hook on:
+    the auditor's code run there (the numerics mode's `__torch_function__` for each torch call, a
+    probe on the call that broke the graph: `loss.backward()` in a compiled function) was compiled
+    as frames of its own, and recompiled for every new float argument until dynamo's recompile
+    limit (warnings naming the auditor, steps up to 30x slower than without the audit; graph breaks
+    in the auditor's frames the plain run does not count). Every code object of the capture package
+    is marked to be run as it is (that frame only: the user's code it calls is compiled as before).
+    Called before each step, it acts once dynamo is imported (importing it costs ~2 s). Inlining,
+    when dynamo traces a call of ours, is unaffected."""
+    if _DYNAMO_TOLD[0] or "torch._dynamo" not in sys.modules:
+        return
+    _DYNAMO_TOLD[0] = True
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # pragma: no cover - a torch without it
+        return
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("auditor.capture.") and mod is not None:
+            for code in _codes_in(vars(mod).values()):
+                skip_code(code)
+
+
+def _codes_in(values: Any) -> list[Any]:
+    """The code objects of the functions and classes among `values` (a module's namespace), with
+    those nested in them (closures: the probes' wrappers)."""
+    out, seen = [], set()
+    stack = []
+    for v in values:
+        if isinstance(v, type) and v.__module__.startswith("auditor."):
+            stack.extend(getattr(x, "__code__", None) for x in vars(v).values())
+        else:
+            stack.append(getattr(v, "__code__", None) if getattr(v, "__module__", "").startswith("auditor.") else None)
+    while stack:
+        c = stack.pop()
+        if c is None or not hasattr(c, "co_consts") or id(c) in seen:
+            continue
+        seen.add(id(c))
+        out.append(c)
+        stack.extend(k for k in c.co_consts if hasattr(k, "co_consts"))
+    return out
