@@ -191,7 +191,7 @@ def test_torch_compile_does_not_compile_the_auditors_own_frames(tmp_path):
     assert "recompile_limit" not in a.stderr
 
 
-COMPILED_STEP = '''
+COMPILED_STEP = """
 import json, os
 import torch
 from torch import nn
@@ -201,7 +201,9 @@ model, head = nn.Linear(8, 4), nn.Linear(4, 2)
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 opt_head = torch.optim.SGD(head.parameters(), lr=1e-2, momentum=0.9)
 opt_head.step = torch.compile(opt_head.step, backend="eager")  # the optimizer's step compiled
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
 x, y = torch.randn(16, 8), torch.randn(16, 2)
+used = []  # per step: the learning rate and gradient norm each update used
 
 
 @torch.compile(backend="eager")  # a compiled function that calls one
@@ -209,19 +211,25 @@ def update():
     opt.step()
 
 
+def norm(m):
+    return torch.cat([p.grad.flatten() for p in m.parameters()]).norm().item()
+
+
 def step(i):
     loss = nn.functional.mse_loss(head(model(x)), y)
     opt.zero_grad()
     opt_head.zero_grad()
     loss.backward()
+    used.append([[opt.param_groups[0]["lr"], norm(model)], [opt_head.param_groups[0]["lr"], norm(head)]])
     update()
     opt_head.step()
+    sched.step()
     if i == 3:
         from torch._dynamo.utils import counters
         with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
-            json.dump(dict(counters["stats"]), f)
+            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values()), "used": used}, f)
         torch.save({"model": model.state_dict(), "head": head.state_dict()}, os.environ["PARITY_OUT"])
-'''
+"""
 
 
 def user_stderr(text: str) -> list[str]:
@@ -229,46 +237,210 @@ def user_stderr(text: str) -> list[str]:
     return [re.sub(r"^[IWEF]\d{4} [\d:.]+ +\d+ ", "", ln) for ln in text.splitlines()]
 
 
+def plain_run(d: Path, name: str, steps: int) -> str:
+    """`steps` plain calls of `name`.step in `d`, saving to d/plain.pt; its stderr."""
+    p = subprocess.run([sys.executable, "-c", f"import {name}\nfor i in range({steps}): {name}.step(i)"],
+                       cwd=d, capture_output=True, text=True, timeout=600,
+                       env={"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(d / "plain.pt")})
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stderr
+
+
+def assert_same_compiled_run(d: Path, out: Path, a, plain_stderr: str) -> tuple[dict, dict]:
+    """The audited run of a compiled program against its plain run: the same stderr, graphs, graph
+    breaks and weights. Both runs' dynamo counters, as the program wrote them."""
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert user_stderr(a.stderr) == user_stderr(plain_stderr), a.stderr[-3000:]
+    plain_stats, audited_stats = (json.loads(Path(f"{p}.json").read_text()) for p in (d / "plain.pt", out / "audited.pt"))
+    keys = ("unique_graphs", "calls_captured", "graph_break")
+    assert {k: audited_stats[k] for k in keys} == {k: plain_stats[k] for k in keys}, (plain_stats, audited_stats)
+    plain, audited = (torch.load(p, weights_only=True) for p in (d / "plain.pt", out / "audited.pt"))
+    for part in plain:
+        for k in plain[part]:
+            assert torch.equal(plain[part][k], audited[part][k]), (part, k)
+    return plain_stats, audited_stats
+
+
 @pytest.fixture(scope="module")
 def compiled_step_plain(tmp_path_factory):
     d = tmp_path_factory.mktemp("compiled_step")
     (d / "compiled_step.py").write_text(COMPILED_STEP)
-    p = subprocess.run([sys.executable, "-c", "import compiled_step\nfor i in range(4): compiled_step.step(i)"],
-                       cwd=d, capture_output=True, text=True, timeout=600,
-                       env={"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(d / "plain.pt")})
-    assert p.returncode == 0, p.stderr[-2000:]
-    return d, p.stderr
+    return d, plain_run(d, "compiled_step", 4)
 
 
 @pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
 def test_a_compiled_optimizer_step_shows_what_it_shows_without_the_audit(compiled_step_plain, numerics):
     """torch.compile of an optimizer's step (`opt.step = torch.compile(opt.step)`, or a compiled
-    function that calls it) traced the auditor's optimizer hooks, which torch calls inside the
-    step: the user's stderr got dynamo's warning that it 'does not know how to trace the builtin
-    time.perf_counter' (the hooks' timer), about code that is not theirs. The hooks are declared
-    to dynamo as functions it calls as they are: the stderr is the plain run's, dynamo makes the
-    same graphs of the same calls, the weights are the plain run's, and the checks still read
-    each step's gradients (and the probes still time the optimizer phase)."""
+    function that calls it) traces the optimizer step hooks torch calls inside it. Traced, the
+    auditor's hooks warned to the user's stderr that dynamo 'does not know how to trace the builtin
+    time.perf_counter'; run as they are, outside the graph, they were one graph break more (or
+    one less, where dynamo gave up on the rest of the step: 1 for the plain run's 3 here). They
+    only note the step there now: the stderr, graphs and graph breaks are the plain run's, the
+    weights too, and each step's gradient norms and learning rates are read after the compiled
+    code, before the scheduler's step: the ones the update used (0.005 from step 2 on)."""
     d, plain_stderr = compiled_step_plain
     out = d / f"out{numerics}"
     a = audit("run", f"{d / 'compiled_step.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
               out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
-    assert a.returncode == 0, a.stderr[-2000:]
-    assert user_stderr(a.stderr) == user_stderr(plain_stderr), a.stderr[-3000:]
-    plain_stats, audited_stats = (json.loads(Path(f"{p}.json").read_text())
-                                  for p in (d / "plain.pt", out / "audited.pt"))
-    assert plain_stats["unique_graphs"] >= 2  # (both steps were compiled)
-    assert {k: audited_stats[k] for k in ("unique_graphs", "calls_captured")} == \
-        {k: plain_stats[k] for k in ("unique_graphs", "calls_captured")}, (plain_stats, audited_stats)
-    plain, audited = (torch.load(p, weights_only=True) for p in (d / "plain.pt", out / "audited.pt"))
-    for part in plain:
-        for k in plain[part]:
-            assert torch.equal(plain[part][k], audited[part][k]), (part, k)
+    plain_stats, audited_stats = assert_same_compiled_run(d, out, a, plain_stderr)
+    assert plain_stats["unique_graphs"] >= 2 and plain_stats["graph_break"] >= 2  # (both compiled; torch's breaks)
     steps = a.evidence["steps"]
-    assert [sorted(t["what"] for t in s["tallies"] if t["kind"] == "optimizer") for s in steps] == [["Adam", "SGD"]] * 4
+    source = (d / "compiled_step.py").read_text().splitlines()
+    # (the user's line of each step: `opt.step()` in update, where dynamo compiles Adam's step on its
+    # own after torch's graph break; the compiled method's call)
+    calls = {"Adam": source.index("    opt.step()") + 1, "SGD": source.index("    opt_head.step()") + 1}
+    tallies = [sorted((t["what"], t["where"]["line"], t["ms"], t["data"]) for t in s["tallies"] if t["kind"] == "optimizer")
+               for s in steps]
+    assert tallies == [[("Adam", calls["Adam"], 0.0, {"compiled": True}), ("SGD", calls["SGD"], 0.0, {"compiled": True})]] * 4
     if numerics == "--numerics":
-        norms = [[o["grad_norm"] for o in s["extra"]["numerics"]["opt_steps"]] for s in steps]
-        assert all(len(n) == 2 and all(v > 0 for v in n) for n in norms), norms
+        used = plain_stats["used"]
+        assert [u[0][0] for u in used] == [0.01, 0.01, 0.005, 0.005]
+        seen = [[(o["lrs"][0], o["grad_norm"], o.get("compiled")) for o in s["extra"]["numerics"]["opt_steps"]]
+                for s in steps]
+        assert [[lr for lr, _, _ in s] for s in seen] == [[lr for lr, _ in u] for u in used], seen
+        assert [[n for _, n, _ in s] for s in seen] == [[pytest.approx(n, rel=1e-5) for _, n in u] for u in used], seen
+        assert all(c for s in seen for _, _, c in s)
+
+
+FULLGRAPH = """
+import json, os
+import torch
+from torch import nn
+
+
+class PlainSGD(torch.optim.Optimizer):  # a step dynamo traces whole, without torch's graph breaks
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self):
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-g["lr"])
+
+
+torch.manual_seed(0)
+model = nn.Linear(8, 2)
+opt = PlainSGD(model.parameters(), lr=1e-2)
+x, y = torch.randn(16, 8), torch.randn(16, 2)
+norms = []
+
+
+@torch.compile(backend="eager", fullgraph=True)
+def opt_step():
+    opt.step()
+
+
+def step(i):
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    norms.append(torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item())
+    opt_step()
+    opt.zero_grad()  # (the gradients go before the step's end)
+    if i == 3:
+        from torch._dynamo.utils import counters
+        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
+            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values()), "norms": norms}, f)
+        torch.save({"model": model.state_dict()}, os.environ["PARITY_OUT"])
+"""
+
+
+@pytest.fixture(scope="module")
+def fullgraph_plain(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fullgraph")
+    (d / "fullgraph_step.py").write_text(FULLGRAPH)
+    return d, plain_run(d, "fullgraph_step", 4)
+
+
+@pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
+def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(fullgraph_plain, numerics):
+    """A custom optimizer whose step torch.compile traces whole, compiled with fullgraph=True, ran
+    in a plain run and died under the audit at step 0 ('Skip inlining `torch.compiler.disable()`d
+    function Numerics._opt_pre', exit 3): the auditor's step hooks were a graph break, which
+    fullgraph=True refuses. Traced, they note the step: the run completes with the plain run's
+    stderr, graph (one, no break) and weights, the step counts as an optimizer phase at the line
+    that calls the compiled function, and its gradient norms, cleared by zero_grad before the
+    step's end, are read before they go."""
+    d, plain_stderr = fullgraph_plain
+    out = d / f"out{numerics}"
+    a = audit("run", f"{d / 'fullgraph_step.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
+              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
+    plain_stats, _ = assert_same_compiled_run(d, out, a, plain_stderr)
+    assert (plain_stats["unique_graphs"], plain_stats["graph_break"]) == (1, 0)
+    steps = a.evidence["steps"]
+    line = (d / "fullgraph_step.py").read_text().splitlines().index("    opt_step()") + 1
+    assert [[(t["what"], t["where"]["line"], t["count"]) for t in s["tallies"] if t["kind"] == "optimizer"]
+            for s in steps] == [[("PlainSGD", line, 1)]] * 4
+    if numerics == "--numerics":
+        opt_steps = [s["extra"]["numerics"]["opt_steps"] for s in steps]
+        assert [[o["lrs"] for o in s] for s in opt_steps] == [[[0.01]]] * 4
+        assert [[o["grad_norm"] for o in s] for s in opt_steps] == [[pytest.approx(n, rel=1e-5)] for n in plain_stats["norms"]]
+        sites = {int(k): x for s in steps for k, x in s["extra"]["numerics"].get("sites", {}).items()}
+        assert {(sites[o["site"]]["where"]["line"], sites[o["site"]]["op"]) for s in opt_steps for o in s} == \
+            {(line, "optimizer.step")}
+
+
+COMPILED_MODEL = """
+import json, os
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+cnet = torch.compile(net, backend="eager")  # a compiled model
+opt = torch.optim.SGD(net.parameters(), lr=1e-2, momentum=0.9)
+x, y = torch.randn(16, 8), torch.randn(16, 2)
+
+
+@torch.compile(backend="eager")  # a compiled function whose backward pass breaks its graph
+def backward(loss):
+    loss.backward()
+
+
+def step(i):
+    loss = nn.functional.mse_loss(cnet(x), y)
+    backward(loss)
+    opt.step()
+    opt.zero_grad()
+    if i == 3:
+        from torch._dynamo.utils import counters
+        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
+            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values())}, f)
+        torch.save({"net": net.state_dict()}, os.environ["PARITY_OUT"])
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled_model_plain(tmp_path_factory):
+    d = tmp_path_factory.mktemp("compiled_model")
+    (d / "compiled_model.py").write_text(COMPILED_MODEL)
+    return d, plain_run(d, "compiled_model", 4)
+
+
+@pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
+def test_the_probes_leave_compiled_code_as_it_is(compiled_model_plain, numerics):
+    """torch.compile traces the probes it reaches: the phase hooks (--no-numerics) in a compiled
+    model's submodules, the backward probe where a compiled function calls loss.backward(). Their
+    timers and frame reads were graph breaks in the user's graph, with warnings that dynamo 'does
+    not know how to trace the builtin time.perf_counter' and 'sys._getframe', a timer's value a
+    guard that recompiled the model, the auditor's arithmetic captured in it, and the auditor's
+    frames run after a break compiled too (--no-numerics: 9 graph breaks, 6 calls captured, 3
+    graphs for the plain run's 1, 3, 1). Compiling, a probe is the call it wraps now, and the
+    calls that run as they are are recorded there: the model's forward at its compiled module's
+    call, the backward pass in the compiled function."""
+    d, plain_stderr = compiled_model_plain
+    out = d / f"out{numerics}"
+    a = audit("run", f"{d / 'compiled_model.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
+              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
+    plain_stats, _ = assert_same_compiled_run(d, out, a, plain_stderr)
+    assert (plain_stats["unique_graphs"], plain_stats["graph_break"]) == (1, 1)
+    source = (d / "compiled_model.py").read_text().splitlines()
+    lines = {"forward": source.index("    loss = nn.functional.mse_loss(cnet(x), y)") + 1,
+             "backward": source.index("    loss.backward()") + 1}
+    assert [sorted((t["kind"], t["what"], t["where"]["line"], t["count"]) for t in s["tallies"]
+                   if t["kind"] in ("forward", "backward")) for s in a.evidence["steps"]] == \
+        [[("backward", "Tensor.backward", lines["backward"], 1), ("forward", "OptimizedModule", lines["forward"], 1)]] * 4
 
 
 COUNTED = '''

@@ -25,7 +25,7 @@ from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
-from auditor.capture.unseen import no_torch_function
+from auditor.capture.unseen import dynamo_skips_our_frames, no_torch_function
 
 ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -392,6 +392,7 @@ def run(args: argparse.Namespace) -> int:
         for i in range(args.steps):
             anomaly = torch.is_anomaly_enabled()
             prof.before(i)
+            dynamo_skips_our_frames()  # (with or without the numerics collector)
             for c in collectors:
                 c.step_begin(i)
             c0 = time.process_time()

@@ -41,7 +41,11 @@ the rules need is recorded while the steps run, cheaply enough to stay on for th
   (see `_install_backward_probe`), so a division by 0 there is named at its line, not blamed on
   a call of the forward pass.
 * Global optimizer step hooks record, per optimizer step, the gradient norms (one `_foreach_norm`),
-  parameter norms after the update and the learning rate of each param group.
+  parameter norms after the update and the learning rate of each param group. A step that runs
+  inside code torch.compile traced (`opt.step = torch.compile(opt.step)`, a compiled function
+  that calls it, `fullgraph=True` too) traces the hooks into its graph: there they only take the
+  mode off the stack and note the step, which is read when the auditor next runs (before what
+  would change its gradients or learning rate, or at the step's end: `_traced_step_ran`).
 * The module and optimizer hooks also time the forward and optimizer phases for the probes, whose
   own hooks at the same points are taken out (`probes.take_over_phase_timing`): each global hook
   costs a Python call and torch's hook loop at every module call.
@@ -69,7 +73,8 @@ Per step, `StepRecord.extra["numerics"]` holds (non-finite floats are the string
     ops, nonfinite_ops, nonfinite_sites, dropped, check_ms (the checks' own time: in the step and
     in this record), check_in_step_ms (the part inside the step's wall time), loss, loss_finite, losses, backward,
     opt_steps[{opt, site, lrs, sched_epochs, grad_norm, grad_norms (one per parameter), grads (their
-    names: an id in param_lists), grad_nonfinite, params_checked, param_max_abs, param_nonfinite}],
+    names: an id in param_lists), grad_nonfinite, params_checked, param_max_abs, param_nonfinite,
+    compiled (a step that ran in compiled code)}],
     hazards[[site, value]], autocast[[site, n]], scaler_updates[{scaler, before, after}],
     scaler_scale_calls, events[], sites{}, modules{}, param_lists{} (tables: new entries only),
     origin (only in the first few steps where the loss, a gradient or a parameter is non-finite).
@@ -92,7 +97,7 @@ from torch.overrides import TorchFunctionMode
 
 from auditor.capture import probes
 from auditor.capture.frames import call_span, code_kinds, is_library, library_code, user_call, user_frame
-from auditor.capture.unseen import no_torch_function as _no_torch_function, not_traced
+from auditor.capture.unseen import dynamo_skips_our_frames, no_torch_function as _no_torch_function
 
 perf = time.perf_counter
 
@@ -247,45 +252,6 @@ _pop_mode = torch._C._pop_torch_function_stack
 _push_mode = torch._C._push_on_torch_function_stack
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
-
-
-def _dynamo_skips_our_frames() -> bool:
-    """torch.compile runs the Python that follows a graph break eagerly, with its frame hook on:
-    our mode's `__torch_function__` and what it calls, run there for each torch call, were
-    compiled as frames of their own, and recompiled for every new float argument until dynamo's
-    recompile limit (warnings naming the auditor, steps up to 30x slower than without the audit).
-    Every code object of the capture package is marked to be run as it is (that frame only: the
-    user's code it calls is compiled as before). Only once dynamo is imported: importing it costs
-    ~2 s. Inlining, when dynamo traces a call with the mode on the stack, is unaffected."""
-    try:
-        from torch._dynamo.eval_frame import skip_code
-    except ImportError:  # pragma: no cover - a torch without it
-        return True
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("auditor.capture.") and mod is not None:
-            for code in _codes_in(vars(mod).values()):
-                skip_code(code)
-    return True
-
-
-def _codes_in(values: Any) -> list[Any]:
-    """The code objects of the functions and classes among `values` (a module's namespace), with
-    those nested in them (closures: the probes' wrappers)."""
-    out, seen = [], set()
-    stack = []
-    for v in values:
-        if isinstance(v, type) and v.__module__.startswith("auditor."):
-            stack.extend(getattr(x, "__code__", None) for x in vars(v).values())
-        else:
-            stack.append(getattr(v, "__code__", None) if getattr(v, "__module__", "").startswith("auditor.") else None)
-    while stack:
-        c = stack.pop()
-        if c is None or not hasattr(c, "co_consts") or id(c) in seen:
-            continue
-        seen.add(id(c))
-        out.append(c)
-        stack.extend(k for k in c.co_consts if hasattr(k, "co_consts"))
-    return out
 
 
 def _top_mode() -> Any:
@@ -625,7 +591,6 @@ class Numerics:
         self.lstack: list[bool] = []  # for each: whether its pre-hook took the mode off (a leaf)
         self.times_phases = False  # whether these hooks time the forward and optimizer phases
         self.fwd_t0 = self.opt_t0 = 0.0
-        self.dynamo_told = False  # whether torch.compile was told to leave our frames alone
         self.opt_frame: Any = None  # the frame that called the optimizer pre-hook, during the step
         self.opt_where: Any = None  # the user's line of that call, once found
         self._reset_step()
@@ -643,6 +608,7 @@ class Numerics:
             register_module_forward_hook(self._module_post)
         register_optimizer_step_pre_hook(self._opt_pre)
         register_optimizer_step_post_hook(self._opt_post)
+        probes.read_traced_steps(self._traced_step_ran)
         # these hooks run where the probes' phase hooks do: time the phases here, one hook less
         self.times_phases = probes.take_over_phase_timing()
         _install_config_probes(self)
@@ -650,8 +616,7 @@ class Numerics:
 
     def step_begin(self, index: int) -> None:
         self.step = index
-        if not self.dynamo_told and "torch._dynamo" in sys.modules:
-            self.dynamo_told = _dynamo_skips_our_frames()
+        dynamo_skips_our_frames()
         # (step_end left the state fresh: nothing writes it between steps, every writer asks
         # in_step first; after a step_end that failed before its reset, reset here)
         if not self.fresh:
@@ -1210,12 +1175,13 @@ class Numerics:
 
     # --- optimizer hooks ------------------------------------------------------------------------
 
-    @not_traced  # (torch.compile of the optimizer's step: run as it is, see unseen.not_traced)
     def _opt_pre(self, opt, args, kwargs) -> tuple | None:
+        if _compiling():
+            self._traced_opt_pre(opt)
+            return None
+        probes.settle_traced_steps()  # (compiled steps before this one are read first)
         self.opt_t0 = perf()
         self.opt_frame, self.opt_where = sys._getframe(1), None  # (see _opt_user_line)
-        if _compiling():
-            return None
         # The update's own ops (hundreds per step) are judged through the parameters afterwards:
         # take the mode off the stack for the step rather than pass each of them through.
         self.paused += 1
@@ -1237,16 +1203,55 @@ class Numerics:
             if "closure" in kwargs:
                 return args, {**kwargs, "closure": wrapped}
             return (args[0], wrapped, *args[2:]), kwargs
-        self._record_grads(opt)
+        self._record_grads(opt, self._opt_site_line())
         return None
 
-    def _record_grads(self, opt) -> None:
+    def _traced_opt_pre(self, opt) -> None:
+        """`_opt_pre` as torch.compile traces it into a compiled optimizer step, where it may only
+        do what dynamo can replay after the graph (see unseen.TracedCalls): the step is noted, to
+        be read once the compiled code has run (`_traced_step_ran`), and the mode is taken off the
+        stack for the update, as `_opt_pre` does. Dynamo traces a call through the modes on the
+        stack: with ours there, the user's graph was made of the calls our mode passes on, not of
+        theirs (Adam's `lr / bias_correction1` traced as `bias_correction1.reciprocal() * lr`)."""
+        probes.traced_optimizer_step(opt)
+        self.paused += 1
+        if _top_mode() is self.mode:
+            _pop_mode()
+            self.mode_popped += 1
+
+    def _traced_opt_post(self) -> None:
+        """`_opt_post` as torch.compile traces it: the mode back on the stack if the traced
+        pre-hook took it off."""
+        self.paused = max(0, self.paused - 1)
+        if self.mode_popped:
+            self.mode_popped -= 1
+            _push_mode(self.mode)
+
+    def _traced_step_ran(self, opt, where: Any) -> None:
+        """An optimizer step that ran inside compiled code, called at the user's line `where`,
+        read where the auditor runs next (probes.settle_traced_steps): before anything that would
+        change its gradients or learning rates (the next optimizer step, zero_grad, a backward
+        pass, a scheduler's step) or at the step's end. Its gradient norms and learning rates are
+        then the ones the update used, unless the compiled code itself changed them, and the
+        weights it updated are checked as after any step. The update is not timed: nothing of
+        ours runs inside the graph."""
+        if not (self.in_step and self.checking):
+            return
+        t0 = perf()
+        with _no_torch_function():  # (our reads: unseen by the user's modes, and by ours)
+            self._record_grads(opt, where)
+            if self.opt_steps:
+                self.opt_steps[-1]["compiled"] = True
+            self._check_update(opt)
+        self.check_s += perf() - t0
+
+    def _record_grads(self, opt, where: Any) -> None:
         t0 = perf()
         grad_mode = torch.is_grad_enabled()
         try:
             _set_grad(False)  # (cheaper than torch.no_grad(), on every step)
             with _checks_range():
-                self.opt_steps.append(self._grads(opt))
+                self.opt_steps.append(self._grads(opt, where))
         except Exception as e:
             self.failed(e)
         finally:
@@ -1283,18 +1288,29 @@ class Numerics:
                 self.paused += 1
                 if first[0] and self.in_step and self.checking:
                     first[0] = False
-                    self._record_grads(opt)
+                    self._record_grads(opt, self._opt_site_line())
 
         return closure_checked
 
-    @not_traced
     def _opt_post(self, opt, args, kwargs) -> None:
+        if _compiling():
+            self._traced_opt_post()
+            return
         if self.times_phases:
             probes.optimizer_done(opt, self.opt_t0, self._opt_user_line())
         self.opt_frame = None  # (a frame keeps its locals alive)
-        if _compiling():
-            return
         t0 = perf()
+        try:
+            self._check_update(opt)
+        finally:
+            self.paused = max(0, self.paused - 1)
+            if self.mode_popped:
+                self.mode_popped -= 1
+                _push_mode(self.mode)
+            self.check_s += perf() - t0
+
+    def _check_update(self, opt) -> None:
+        """The weights after `opt`'s update (recorded by `_record_grads` before it) are checked."""
         grad_mode = torch.is_grad_enabled()
         try:
             if self.in_step and self.checking and self.opt_steps and self.opt_steps[-1]["plan"].ref() is opt:
@@ -1315,11 +1331,6 @@ class Numerics:
             self.failed(e)
         finally:
             _set_grad(grad_mode)
-            self.paused = max(0, self.paused - 1)
-            if self.mode_popped:
-                self.mode_popped -= 1
-                _push_mode(self.mode)
-            self.check_s += perf() - t0
 
     def _param_maxabs(self, params: list[torch.Tensor]) -> list[tuple[int, int | None]]:
         """The range of every parameter after the update: tells which weights stopped being
@@ -1393,7 +1404,7 @@ class Numerics:
         parts = [torch.stack(torch._foreach_norm(ts, 2, dtype=dtype)) for ts in by_device.values()]
         return self.values.add(parts[0] if len(parts) == 1 else torch.cat([p.cpu() for p in parts]))
 
-    def _grads(self, opt) -> dict[str, Any]:
+    def _grads(self, opt, where: Any) -> dict[str, Any]:
         plan = self._plan_of(opt)
         idx = plan.index
         lrs = []
@@ -1420,7 +1431,7 @@ class Numerics:
                 grads.append(grad)
                 owners.append(p)
         scheds = {str(i): s.last_epoch for s, i in self._scheds_of(opt)} if self.scheds else {}
-        rec: dict[str, Any] = {"opt": idx, "site": self._site_at("optimizer.step", self._opt_site_line()), "lrs": lrs, "plan": plan,
+        rec: dict[str, Any] = {"opt": idx, "site": self._site_at("optimizer.step", where), "lrs": lrs, "plan": plan,
                                "sched_epochs": scheds}
         if grads:
             if plan.half:  # float16 weights updated from float16 gradients (amp-unscaled)
@@ -1570,6 +1581,8 @@ class Numerics:
                 out["grad_nonfinite_params"] = bad[:20]
         if r.get("fp16_grads"):
             out["fp16_grads"] = r["fp16_grads"]
+        if r.get("compiled"):
+            out["compiled"] = True
         if r.get("param_trusted"):
             out["params_checked"] = "trusted"  # a safe update of finite weights (see _update_keeps_finite)
         if "param_maxabs" in r:
@@ -1918,6 +1931,8 @@ def _install_config_probes(col: Numerics) -> None:
         # Batch loading (thousands of indexing calls, none the model's) and zero_grad (two
         # attribute calls per parameter, which cannot make a non-finite value) run with the mode off.
         def probe(self, *args, **kwargs):
+            if _compiling():  # (traced by torch.compile: the call as it is, see probes._compiling)
+                return orig(self, *args, **kwargs)
             if col.in_step and _top_mode() is col.mode:
                 _pop_mode()  # (torch.overrides._pop_mode_temporarily, without its generator: every step)
                 try:
@@ -1927,18 +1942,35 @@ def _install_config_probes(col: Numerics) -> None:
             return orig(self, *args, **kwargs)
         return probe
 
+    def make_zero_grad(orig):
+        outside = make_outside_mode(orig)
+
+        def probe(self, *args, **kwargs):
+            probes.settle_traced_steps()  # (a compiled step's gradients, read before they go)
+            return outside(self, *args, **kwargs)
+        return probe
+
+    def make_sched_step(orig):
+        def probe(self, *args, **kwargs):
+            if not _compiling():
+                probes.settle_traced_steps()  # (a compiled step's learning rates, read before they change)
+            return orig(self, *args, **kwargs)
+        return probe
+
     import torch.utils.data.dataloader as dl
 
     _wrap(dl._BaseDataLoaderIter, "__next__", make_outside_mode)
-    _wrap(Optimizer, "zero_grad", make_outside_mode)
-    _wrap(torch.nn.Module, "zero_grad", make_outside_mode)
+    _wrap(Optimizer, "zero_grad", make_zero_grad)
+    _wrap(torch.nn.Module, "zero_grad", make_zero_grad)
     _wrap(Optimizer, "__init__", make_opt_init)
     _wrap(Optimizer, "load_state_dict", make_opt_load)
     _wrap(lr_scheduler.LRScheduler, "__init__", make_sched_init)
-    for wrapper in ("SequentialLR", "ChainedScheduler", "ReduceLROnPlateau"):  # no LRScheduler.__init__
+    _wrap(lr_scheduler.LRScheduler, "step", make_sched_step)
+    for wrapper in ("SequentialLR", "ChainedScheduler", "ReduceLROnPlateau"):  # no LRScheduler.__init__, .step
         cls = getattr(lr_scheduler, wrapper, None)
         if cls is not None:
             _wrap(cls, "__init__", make_sched_init)
+            _wrap(cls, "step", make_sched_step)
     _wrap(lr_scheduler.LRScheduler, "load_state_dict", make_sched_load)
     _install_amp_probes(col, guard)
 

@@ -24,11 +24,16 @@ import torch
 import torch.utils.data.dataloader as dl
 
 from auditor.capture.frames import is_library, is_torch_internal, user_frame
-from auditor.capture.unseen import no_torch_function, not_traced, recorded_warnings
+from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
 from auditor.evidence import model as m
 
 perf = time.perf_counter
 FrameKey = tuple[str, int, str] | None
+# Inside code torch.compile traces, a probe is the call it wraps: traced, its frame reads and timers
+# were graph breaks in the user's graph, each with a warning naming what dynamo cannot trace
+# (sys._getframe, time.perf_counter), and a timer's value a guard that recompiled it. Where dynamo
+# gives up on a call, it runs it as it is, and the probe records it there.
+_compiling = torch.compiler.is_compiling
 
 
 class Recorder:
@@ -80,6 +85,7 @@ class Recorder:
         A graph unused in its own step is counted unused and watched one step more: if that step's
         backward runs into it, a tensor carried across steps holds it, and it is counted again as
         carried (the rule tells the two apart: dropping retain_graph there breaks the next step)."""
+        settle_traced_steps()
         for ev in self.retain_watched:
             if ev["used"][0]:
                 t = self.tallies.setdefault((m.RETAINED_CARRIED, ev["what"], ev["where"], ()), {
@@ -231,6 +237,7 @@ def _warnings_at_caller(orig: Callable) -> Callable:
 
 def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_warning: bool = False):
     def make(orig):
+        plain = orig
         if grad_warning:
             orig = _warnings_at_caller(orig)
 
@@ -239,6 +246,8 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
         torch_own: dict[int, Any] = {}
 
         def probe(self, *args, **kwargs):
+            if _compiling():
+                return plain(self, *args, **kwargs)
             rec = REC
             if rec.active and not rec.in_data:
                 f = sys._getframe(1)
@@ -305,6 +314,8 @@ def _install_sync_probes() -> None:
 def _sync_function(what: str):
     def make(orig):
         def probe(*args, **kwargs):
+            if _compiling():
+                return orig(*args, **kwargs)
             rec = REC
             if rec.active and not rec.in_data:
                 f = _user_call()
@@ -331,6 +342,8 @@ def _timed_function(kind: str, what: str, data: Callable[..., dict] | None = Non
     given the call's arguments, adds what the tally keeps of them (torch.save: the file)."""
     def make(orig):
         def probe(*args, **kwargs):
+            if _compiling():
+                return orig(*args, **kwargs)
             rec = REC
             if rec.active:
                 f = _user_call()
@@ -372,7 +385,7 @@ def _install_anomaly_probe() -> None:
     def make(orig):
         def probe(enabled, *args, **kwargs):
             rec = REC
-            if enabled and rec.active:
+            if enabled and rec.active and not _compiling():
                 rec.add(m.ANOMALY_ON, "anomaly detection", user_frame(sys._getframe(1)))
             return orig(enabled, *args, **kwargs)
         return probe
@@ -465,10 +478,13 @@ def _roots(tensors: Any) -> list[Any]:
 def _backward_probe(what: str, tensors_of: Callable[..., Any]):
     def make(orig):
         def probe(*args, **kwargs):
+            if _compiling():
+                return orig(*args, **kwargs)
             rec = REC
             if rec.active:
                 f = _user_call()
                 if f is not None:
+                    settle_traced_steps()  # (before this backward pass changes their gradients)
                     where = user_frame(f)
                     retain = kwargs.get("retain_graph")
                     if retain is None:
@@ -558,6 +574,40 @@ def optimizer_done(opt: Any, t0: float, where: FrameKey) -> None:
         rec.add(m.OPTIMIZER, type(opt).__name__, where, (perf() - t0) * 1e3)
 
 
+# Optimizer steps that ran inside code torch.compile traced, noted by the traced step pre-hook
+_TRACED_STEPS = TracedCalls()
+_TRACED_STEP_READERS: list[Callable[[Any, FrameKey], None]] = []
+
+
+def traced_optimizer_step(opt: Any) -> None:
+    """What the optimizer pre-hooks do when torch.compile traces them (`torch.compiler.is_compiling()`):
+    note the step, as a store dynamo replays after the graph, for `settle_traced_steps` to read
+    once the compiled code has run (see unseen.TracedCalls). Run as they are, the hooks were a graph
+    break in the user's compiled step, and an error under `fullgraph=True`."""
+    _TRACED_STEPS.note(opt)
+
+
+def read_traced_steps(reader: Callable[[Any, FrameKey], None]) -> None:
+    """Have `reader(optimizer, where)` called with each optimizer step `settle_traced_steps` reads."""
+    _TRACED_STEP_READERS.append(reader)
+
+
+def settle_traced_steps() -> None:
+    """The optimizer steps that ran in compiled code since the last call, counted as optimizer
+    phases of the user's line that called the compiled code, with no time (the hooks that time a
+    step cannot run inside a graph), and handed to the readers. Called wherever the auditor runs
+    next and the step's inputs may change: before the next optimizer step, zero_grad, a backward
+    pass or a scheduler's step, and at the step's end."""
+    if _compiling():  # (read by the code that runs after the compiled code)
+        return
+    for opt, where in _TRACED_STEPS.take():
+        rec = REC
+        if rec is not None and rec.active:
+            rec.add(m.OPTIMIZER, type(opt).__name__, where, 0.0, compiled=True)
+        for reader in _TRACED_STEP_READERS:
+            reader(opt, where)
+
+
 def take_over_phase_timing() -> bool:
     """Remove the probes' own forward and optimizer hooks, for a collector whose hooks run at the
     same points to time the phases instead (with `forward_done` and `optimizer_done`): every hook
@@ -577,22 +627,29 @@ def _install_phase_hooks() -> None:
     state = {"depth": 0, "t0": 0.0, "opt_t0": 0.0}
 
     def fwd_pre(module, args):
+        if _compiling():  # (a compiled module's own call, torch.compile(model)'s, runs as it is: timed there)
+            return
         if state["depth"] == 0:
             state["t0"] = perf()
         state["depth"] += 1
 
     def fwd_post(module, args, output):
+        if _compiling():
+            return
         state["depth"] -= 1
         if state["depth"] == 0:
             forward_done(module, state["t0"], user_frame(sys._getframe(1)))
 
-    # (torch.compile of the optimizer's step would trace these: see unseen.not_traced)
-    @not_traced
     def opt_pre(opt, args, kwargs):
+        if _compiling():  # (traced into a compiled step: see traced_optimizer_step)
+            traced_optimizer_step(opt)
+            return
+        settle_traced_steps()
         state["opt_t0"] = perf()
 
-    @not_traced
     def opt_post(opt, args, kwargs):
+        if _compiling():
+            return
         optimizer_done(opt, state["opt_t0"], user_frame(sys._getframe(1)))
 
     # torch.compile warns that global hooks fire once more for its wrapper module: these are ours,

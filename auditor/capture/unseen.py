@@ -13,19 +13,21 @@ auditor at work:
   `filterwarnings`): the user's own warnings would print again. Nothing the auditor does while the
   program runs changes the filters; `recorded_warnings` catches a call's warnings without doing so.
 * torch.compile. Dynamo traces the hooks torch calls inside a compiled function (the optimizer's
-  step hooks) and names what it cannot trace in warnings to the user. `not_traced` declares such a
-  hook one it calls as it is.
+  step hooks) into the user's graph. A hook it cannot trace is a graph break: a warning to the user,
+  a graph split in two, and an error under `fullgraph=True`. Such a hook, traced, only notes that
+  it ran (`TracedCalls`), and the auditor reads what it needs after the compiled code has run.
+  The frames of ours that run after a graph break are not compiled (`dynamo_skips_our_frames`).
 """
 from __future__ import annotations
 
 import contextlib
 import sys
 import warnings
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Iterator
 
 import torch
 
-F = TypeVar("F", bound=Callable[..., Any])
+from auditor.capture.frames import user_frame
 
 # Torch-function dispatch off, for modes and tensor subclasses alike: a C context manager, cheap
 # enough for the paths every checked call takes.
@@ -62,14 +64,104 @@ def recorded_warnings() -> Iterator[list[warnings.WarningMessage]]:
         warnings.showwarning = show
 
 
-def not_traced(fn: F) -> F:
-    """`fn` declared to torch.compile as a function it calls as it is rather than trace: the mark
-    `torch._dynamo.skip` sets, put on the function without importing dynamo (~2 s; the frames
-    themselves are skipped once it is imported, see numerics._dynamo_skips_our_frames). A compiled
-    function that reaches a call of `fn` breaks its graph there and runs `fn` eagerly, with no
-    warning; traced, `fn` would have been inlined into the user's graph, and what dynamo cannot
-    trace in it (`time.perf_counter`) named in a warning to the user."""
-    fn._torchdynamo_disable = True  # type: ignore[attr-defined]
-    # (what TORCH_LOGS=graph_breaks says of the break, instead of "reason: None")
-    fn._torchdynamo_disable_msg = "a hook of the auditor (audit run): it runs as it is, outside the compiled graph"  # type: ignore[attr-defined]
-    return fn
+
+class _Notes:
+    """The attributes dynamo stores into for `TracedCalls.note` (nothing else lives here)."""
+
+
+_NOTE_SITES: list[Any] = []  # a note's number -> the user's line of the compiled call it was traced in
+
+
+def _note_name() -> str:
+    """Runs once, while dynamo traces a `TracedCalls.note` call (its result is a constant of the
+    compiled code): a name of its own for that call, and the user's line of the call that entered
+    the compiled code, found on the stack as it is then (the user's frames, then dynamo's)."""
+    _NOTE_SITES.append(user_frame(sys._getframe(1)))
+    return f"n{len(_NOTE_SITES) - 1}"
+
+
+# torch._dynamo.assume_constant_result's mark, set without importing dynamo (~2 s)
+_note_name._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+class TracedCalls:
+    """Calls of a hook that ran inside code torch.compile traced, noted there and read afterwards.
+
+    Torch calls the optimizer step hooks inside the optimizer's step, so a compiled step traces
+    them too. Run as they are, they were a graph break there: `fullgraph=True` turned it into an
+    error (a program that runs without the audit failed under it), and otherwise it split the
+    user's graph (one more graph break than a plain run counts, an optimizer step compiled in
+    pieces and measured as such). Traced, a hook must not put anything of ours into the user's
+    graph (its ops, and so its numbers, are the user's), nor read any value of ours that changes
+    between calls: dynamo guards what it reads, and a changed value recompiles the user's function.
+    So the traced hook only notes the call: `note(value)` stores `value` in an attribute named for
+    that call (`_note_name`, run while dynamo traces it), a store dynamo replays after the graph
+    with no guard. `take` reads the notes later, from code that runs as it is; a note the same
+    compiled code makes again before that replaces the first.
+
+    (The other ways were worse: a list to append to is guarded on its length, and recompiled
+    the user's function whenever two compiled calls came between two reads of it; a function
+    dynamo calls after the graph, `config.reorderable_logging_functions`, is dropped when called
+    from a traced hook, as every call nested in the compiled function is.)"""
+
+    def __init__(self) -> None:
+        self.notes = _Notes()
+
+    def note(self, value: Any) -> None:
+        setattr(self.notes, _note_name(), value)
+
+    def take(self) -> list[tuple[Any, Any]]:
+        """(value, the user's line of the compiled call) of each note since the last take, in the
+        order they were made."""
+        d = vars(self.notes)
+        if not d:
+            return []
+        out = [(v, _NOTE_SITES[int(k[1:])]) for k, v in d.items()]
+        d.clear()
+        return out
+
+
+_DYNAMO_TOLD = [False]  # whether dynamo was told to leave our frames alone
+
+
+def dynamo_skips_our_frames() -> None:
+    """torch.compile runs the Python that follows a graph break eagerly, with its frame hook on:
+    the auditor's code run there (the numerics mode's `__torch_function__` for each torch call, a
+    probe on the call that broke the graph: `loss.backward()` in a compiled function) was compiled
+    as frames of its own, and recompiled for every new float argument until dynamo's recompile
+    limit (warnings naming the auditor, steps up to 30x slower than without the audit; graph breaks
+    in the auditor's frames the plain run does not count). Every code object of the capture package
+    is marked to be run as it is (that frame only: the user's code it calls is compiled as before).
+    Called before each step, it acts once dynamo is imported (importing it costs ~2 s). Inlining,
+    when dynamo traces a call of ours, is unaffected."""
+    if _DYNAMO_TOLD[0] or "torch._dynamo" not in sys.modules:
+        return
+    _DYNAMO_TOLD[0] = True
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # pragma: no cover - a torch without it
+        return
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("auditor.capture.") and mod is not None:
+            for code in _codes_in(vars(mod).values()):
+                skip_code(code)
+
+
+def _codes_in(values: Any) -> list[Any]:
+    """The code objects of the functions and classes among `values` (a module's namespace), with
+    those nested in them (closures: the probes' wrappers)."""
+    out, seen = [], set()
+    stack = []
+    for v in values:
+        if isinstance(v, type) and v.__module__.startswith("auditor."):
+            stack.extend(getattr(x, "__code__", None) for x in vars(v).values())
+        else:
+            stack.append(getattr(v, "__code__", None) if getattr(v, "__module__", "").startswith("auditor.") else None)
+    while stack:
+        c = stack.pop()
+        if c is None or not hasattr(c, "co_consts") or id(c) in seen:
+            continue
+        seen.add(id(c))
+        out.append(c)
+        stack.extend(k for k in c.co_consts if hasattr(k, "co_consts"))
+    return out
