@@ -187,6 +187,10 @@ m = nn.Linear(3, 2).cuda()
 m(xc).sum().backward()
 out["module params and grads"] = [device_of(t) for p in m.parameters() for t in (p, p.grad)]
 out["nn.Parameter"] = device_of(nn.Parameter(torch.zeros(2, device="cuda")))
+out["Module.to with device="] = [device_of(t) for mod in (
+    nn.Linear(3, 2).to(device="cuda"), nn.Linear(3, 2).to(device=torch.device("cuda"), dtype=torch.float64),
+    nn.Conv2d(3, 4, 3).to(device="cuda", memory_format=torch.channels_last),
+    nn.BatchNorm2d(4).to(device="cuda:0", non_blocking=True)) for t in mod.state_dict().values()]
 buf = io.BytesIO()
 torch.save(m.state_dict(), buf)
 out["marks stay out of pickles"] = b"_auditor" in buf.getvalue() + pickle.dumps(xc)
@@ -273,6 +277,8 @@ EXPECTED = {
     "with torch.device": ["cuda", "cpu"],
     "module params and grads": ["cuda"] * 4,
     "nn.Parameter": "cuda",
+    # Module.to parses its arguments first: the device asked for by keyword must reach each move
+    "Module.to with device=": ["cuda"] * 11,
     "marks stay out of pickles": False,
     "pin_memory": [True, False, True],
     "pinning a GPU tensor": "cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned",
@@ -998,3 +1004,52 @@ def test_amp_unscaled_fix_names_the_programs_device_in_rehearsal(tmp_path):
     (f,) = a.rule("amp-unscaled")
     assert f["fix"]["config"]["GradScaler"] == 'torch.amp.GradScaler("cuda")'
     assert f["locations"][0]["file"] == str(trainer) and f["locations"][0]["line"] == 14
+
+
+CHANNELS_LAST = '''
+import os
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+device = torch.device("cuda")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                      nn.Flatten(), nn.Linear(8, 4))
+model = model.to(device=device, memory_format=torch.channels_last)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x = torch.randn(16, 3, 8, 8).to(device=device, memory_format=torch.channels_last)
+y = torch.randint(0, 4, (16,), device=device)
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    if i == 2 and "PARITY_OUT" in os.environ:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, os.environ["PARITY_OUT"])
+
+
+if __name__ == "__main__":
+    for i in range(3):
+        step(i)
+'''
+
+
+def test_a_model_moved_with_device_by_keyword_trains_as_its_cpu_version(tmp_path):
+    """`model.to(device=device, memory_format=torch.channels_last)`: Module.to parses its arguments
+    with a torch function, which the rehearsal rewrote to the CPU, so no parameter was marked and
+    the first forward died of a device mix (Conv2d's inputs on the GPU, its weights not)."""
+    trainer = tmp_path / "cl.py"
+    trainer.write_text(CHANNELS_LAST)
+    a = audit("run", f"{trainer}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
+              env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "audited.pt")})
+    assert a.returncode == 0, a.evidence["ending"]
+    assert a.findings_doc["environment"]["rehearsal"] is True and len(a.evidence["steps"]) == 3
+    (tmp_path / "cpu.py").write_text(CHANNELS_LAST.replace('"cuda"', '"cpu"'))
+    subprocess.run([sys.executable, str(tmp_path / "cpu.py")], check=True, capture_output=True, cwd=tmp_path,
+                   env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "plain.pt"), "PATH": ""})
+    want = _flat(torch.load(tmp_path / "plain.pt", weights_only=True))
+    got = _flat(torch.load(tmp_path / "audited.pt", weights_only=True))
+    assert want.keys() == got.keys() and any(k.startswith("opt.state.") for k in want)
+    assert_same_state(want, got)

@@ -459,6 +459,13 @@ def _no_op(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -
     return None  # Tensor.record_stream: one stream here
 
 
+def _parse_to(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """`Module.to(...)` parses its arguments with torch._C._nn._parse_to, then moves each tensor
+    with `t.to(device, ...)`: the device must come back as asked (cuda), so that those moves are
+    rewritten and marked (`_to`); rewritten here, `model.to(device="cuda")` moved nothing."""
+    return func(*args, **kwargs)
+
+
 def _device_get(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
     if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame):
         return REHEARSED_DEVICE
@@ -506,6 +513,7 @@ SPECIAL: dict[Any, Handler] = {
     _T.is_cuda.__get__: _is_cuda_get,
     _T.data.__set__: _data_set,
     _T.numpy: _numpy,
+    torch._C._nn._parse_to: _parse_to,
 }
 _resolved: dict[Any, Handler | None] = {}
 
