@@ -8,6 +8,7 @@ stay out of the way of programs that never asked for CUDA.
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import shutil
 import subprocess
@@ -1132,3 +1133,48 @@ def test_a_side_stream_prefetcher_runs_and_its_unpinned_copies_are_found(tmp_pat
                           lines.index("            self.y = y.cuda(non_blocking=True)") + 1}
     assert f["evidence"]["bytes_per_step"] == 128 * 3 * 32 * 32 * 4 + 128 * 8
     assert f["evidence"]["non_blocking_ignored"] == f["evidence"]["copies"]
+
+
+MEMORY_HISTORY = '''
+import os
+import pickle
+import torch
+from torch import nn
+
+torch.cuda.memory._record_memory_history(max_entries=100000)
+model = nn.Linear(16, 4).to("cuda")
+x = torch.randn(8, 16, device="cuda")
+seen = []
+
+
+def step(i):
+    model(x).sum().backward()
+    if i == 1:
+        torch.cuda.memory._dump_snapshot(os.environ["SNAPSHOT"])
+        with open(os.environ["SNAPSHOT"], "rb") as f:
+            seen.append(len(pickle.load(f)["segments"]))
+        seen.append(len(torch.cuda.memory._snapshot()["device_traces"]))
+        torch.cuda.memory._record_memory_history(enabled=None)
+'''
+
+
+def test_memory_history_calls_run_as_on_an_idle_device(tmp_path):
+    """`torch.cuda.memory._record_memory_history(...)` (how PyTorch's docs have a program record its
+    allocations for a snapshot) raised AttributeError ('torch._C' has no attribute
+    '_cuda_record_memory_history') at import: the run ended before its first step. They are answered
+    as an idle device would (the dump writes its empty snapshot) and recorded at their lines."""
+    trainer = tmp_path / "history.py"
+    trainer.write_text(MEMORY_HISTORY)
+    a = audit("run", f"{trainer}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
+              env={**QUIET_ENV, "SNAPSHOT": str(tmp_path / "snap.pickle")})
+    assert a.returncode == 0, a.evidence["ending"]
+    assert a.evidence["ending"]["status"] == "completed" and len(a.evidence["steps"]) == 3
+    with open(tmp_path / "snap.pickle", "rb") as f:
+        assert pickle.load(f) == {"segments": [], "device_traces": [[]]}
+    lines = MEMORY_HISTORY.splitlines()
+    got = {(t["what"], t["where"]["line"]) for t in tallies(a, "cuda-standin", setup=True)}
+    assert {("torch.cuda.memory._record_memory_history", lines.index(line) + 1) for line in (
+        "torch.cuda.memory._record_memory_history(max_entries=100000)",
+        "        torch.cuda.memory._record_memory_history(enabled=None)")} <= got
+    assert ("torch.cuda.memory._dump_snapshot",
+            lines.index('        torch.cuda.memory._dump_snapshot(os.environ["SNAPSHOT"])') + 1) in got
