@@ -563,6 +563,7 @@ STEPS = 4
 if __name__ == "__main__":
     for i in range(STEPS):
         step(i)
+    dist.destroy_process_group()  # (gloo may abort a process that exits with its group up)
 """
 
 
