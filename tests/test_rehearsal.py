@@ -188,6 +188,12 @@ m = nn.Linear(3, 2).cuda()
 m(xc).sum().backward()
 out["module params and grads"] = [device_of(t) for p in m.parameters() for t in (p, p.grad)]
 out["nn.Parameter"] = device_of(nn.Parameter(torch.zeros(2, device="cuda")))
+out["what torch puts on a GPU tensor's device"] = [
+    device_of(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)),
+    device_of(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=False)),
+    device_of(torch.nn.utils.get_total_norm([p.grad for p in m.parameters()])),
+    device_of(torch.nn.utils.clip_grad_norm_(nn.Linear(2, 2).parameters(), 1.0)),  # no gradients: a host zero
+    str(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0).device)]
 out["Module.to with device="] = [device_of(t) for mod in (
     nn.Linear(3, 2).to(device="cuda"), nn.Linear(3, 2).to(device=torch.device("cuda"), dtype=torch.float64),
     nn.Conv2d(3, 4, 3).to(device="cuda", memory_format=torch.channels_last),
@@ -286,6 +292,8 @@ EXPECTED = {
     "with torch.device": ["cuda", "cpu"],
     "module params and grads": ["cuda"] * 4,
     "nn.Parameter": "cuda",
+    # torch's own code reads a GPU tensor's device as the CPU, but what it puts there is on the GPU
+    "what torch puts on a GPU tensor's device": ["cuda", "cuda", "cuda", "cpu", "cuda:0"],
     # Module.to parses its arguments first: the device asked for by keyword must reach each move
     "Module.to with device=": ["cuda"] * 11,
     "marks stay out of pickles": False,
@@ -1178,3 +1186,39 @@ def test_memory_history_calls_run_as_on_an_idle_device(tmp_path):
         "        torch.cuda.memory._record_memory_history(enabled=None)")} <= got
     assert ("torch.cuda.memory._dump_snapshot",
             lines.index('        torch.cuda.memory._dump_snapshot(os.environ["SNAPSHOT"])') + 1) in got
+
+
+GRAD_NORM_LOG = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(16, 32).cuda(), torch.randint(0, 4, (16,)).cuda()
+norms = []
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    norms.append(grad_norm.item())
+'''
+
+
+def test_logging_the_clipped_gradient_norm_is_a_sync(tmp_path):
+    """clip_grad_norm_ returns the norm on the gradients' device: on a GPU, logging it with .item()
+    every step waits for the device. Its norm came back a host tensor in rehearsal (torch's own
+    `norm.to(grads[0].device)` read the CPU), and the sync went unreported."""
+    trainer = tmp_path / "norms.py"
+    trainer.write_text(GRAD_NORM_LOG)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
+              env=QUIET_ENV)
+    assert a.returncode == 0, a.evidence["ending"]
+    (f,) = a.rule("host-sync")
+    assert f["severity"] == "warning" and f["evidence"]["judged_as_gpu_code"] is True
+    line = GRAD_NORM_LOG.splitlines().index("    norms.append(grad_norm.item())") + 1
+    assert [(s["what"], s["line"], s["per_step"]) for s in f["evidence"]["sites"]] == [("Tensor.item", line, 1.0)]

@@ -48,6 +48,12 @@ MARKS = (CUDA_MARK, PINNED_MARK, LOADER_MARK)
 
 CPU = torch.device("cpu")
 REHEARSED_DEVICE = torch.device("cuda", 0)  # what user code is told a marked tensor's device is
+# What torch's own code is told a marked tensor's device is: the CPU, where the tensor is, so torch
+# keeps its CPU paths; but this one object, so that what torch then puts on "that tensor's device"
+# (clip_grad_norm_'s `norm.to(grads[0].device)`, a factory's `device=p.device`) is known to be on
+# the GPU, as it is there. Told the plain CPU, the norm clip_grad_norm_ returns came back a host
+# tensor, and the user's `norm.item()` was no sync.
+DEVICE_OF_GPU_TENSOR = torch.device("cpu")
 _T = torch._C.TensorBase
 
 _AUDITOR_DIR = os.path.normcase(os.path.realpath(os.path.dirname(auditor.__file__))) + os.sep
@@ -87,7 +93,7 @@ def device_of(x: Any) -> str:
 def is_cuda_request(dev: Any) -> bool:
     """A device argument naming CUDA: "cuda", "cuda:1", torch.device("cuda"), or an int (= cuda:N)."""
     if isinstance(dev, torch.device):
-        return dev.type == "cuda"
+        return dev.type == "cuda" or dev is DEVICE_OF_GPU_TENSOR
     if isinstance(dev, str):
         return dev.strip().split(":", 1)[0] == "cuda"
     return isinstance(dev, int) and not isinstance(dev, bool)
@@ -324,8 +330,10 @@ Handler = Callable[[Callable, tuple, dict, FrameType | None], Any]
 
 
 def _moved(src: torch.Tensor, out: Any, target: str | None, non_blocking: bool, what: str,
-           frame: FrameType | None) -> Any:
-    """The result of a device move (`.to`, `.cuda`, `.cpu`), marked as the GPU would place it."""
+           frame: FrameType | None, torch_own: bool = False) -> Any:
+    """The result of a device move (`.to`, `.cuda`, `.cpu`), marked as the GPU would place it.
+    `torch_own`: torch's own move to a GPU tensor's device (see DEVICE_OF_GPU_TENSOR), not a
+    copy the program asked for."""
     if not isinstance(out, torch.Tensor):
         return out
     src_marked = getattr(src, CUDA_MARK, False)
@@ -334,7 +342,8 @@ def _moved(src: torch.Tensor, out: Any, target: str | None, non_blocking: bool, 
             if out is not src:  # a dtype conversion on the device
                 mark(out)
             return out
-        _copy_to_device(src, non_blocking, what, frame)
+        if not torch_own:
+            _copy_to_device(src, non_blocking, what, frame)
         if out is src and not src.requires_grad:
             out = _alias(src)
         mark(out)
@@ -356,6 +365,7 @@ def _to(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> A
     target: str | None = None
     nb_pos = None
     dev = kw.get("device")
+    torch_own = dev is DEVICE_OF_GPU_TENSOR or bool(rest) and rest[0] is DEVICE_OF_GPU_TENSOR
     if dev is not None:
         target = _target(dev)
         if target == "cuda":
@@ -375,7 +385,7 @@ def _to(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> A
                     rest[0] = CPU
     non_blocking = kw.get("non_blocking", rest[nb_pos] if nb_pos is not None and len(rest) > nb_pos else False)
     out = func(src, *rest, **kw)
-    return _moved(src, out, target, bool(non_blocking), "Tensor.to(cuda)", frame)
+    return _moved(src, out, target, bool(non_blocking), "Tensor.to(cuda)", frame, torch_own)
 
 
 def _target(dev: Any) -> str | None:
@@ -467,8 +477,8 @@ def _parse_to(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None
 
 
 def _device_get(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
-    if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame):
-        return REHEARSED_DEVICE
+    if getattr(args[0], CUDA_MARK, False):
+        return REHEARSED_DEVICE if caller_is_user(frame) else DEVICE_OF_GPU_TENSOR
     return func(*args, **kwargs)
 
 
