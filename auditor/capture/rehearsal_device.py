@@ -551,10 +551,41 @@ def _special(func: Callable) -> Handler | None:
 FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 
 
+_compiling = torch.compiler.is_compiling
+
+
+def _traced(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """The mode's work while torch.compile traces the call: the device requests rewritten and the
+    marks passed on, nothing else. Dynamo inlines a mode on the stack into the graph it traces; the
+    untraced path (frames, the probes' records, device checks) broke the user's graph at every op
+    (a warning about `sys._getframe` in the auditor's code, and, with the graph cut into pieces,
+    weights that differed from the CPU run's). Setting a mark on a traced tensor is a side effect
+    dynamo replays on the real one, so what the compiled code returns carries its marks."""
+    name = getattr(func, "__name__", "")
+    requested = False
+    if kwargs and is_cuda_request(kwargs.get("device")):
+        kwargs = {**kwargs, "device": CPU}
+        requested = True
+    if name in ("to", "cuda") and args and isinstance(args[0], torch.Tensor):
+        if name == "cuda":
+            func, args, requested = _T.to, (args[0], CPU), True
+        elif len(args) > 1 and is_cuda_request(args[1]):
+            args, requested = (args[0], CPU, *args[2:]), True
+    marked = requested or _args_marked(args) or (bool(kwargs) and _args_marked(tuple(kwargs.values())))
+    out = func(*args, **kwargs)
+    if marked:
+        for t in _tensors(out):
+            if not any(t is a for a in args):
+                setattr(t, CUDA_MARK, True)
+    return out
+
+
 class RehearsalMode(TorchFunctionMode):
     """Rewrites device requests for CUDA to the CPU and passes GPU marks from inputs to results."""
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if _compiling():
+            return _traced(func, args, kwargs or {})
         # Every torch call made from Python comes through here (one DataLoader batch of 512 samples
         # is ~1000 calls), so the common case -- no keywords, no CUDA default device -- is kept short.
         try:
