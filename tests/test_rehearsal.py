@@ -1259,3 +1259,53 @@ def test_a_compiled_model_compiles_and_trains_as_its_cpu_version(tmp_path):
     got = torch.load(tmp_path / "audited.pt", weights_only=True)
     assert got["breaks"] == want["breaks"] == 0 and got["graphs"] == want["graphs"]
     assert_same_state(_flat({"net": want["net"], "opt": want["opt"]}), _flat({"net": got["net"], "opt": got["opt"]}))
+
+
+MASKED_LOSS = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+emb, head = nn.Embedding(50, 16, padding_idx=0).cuda(), nn.Linear(16, 5).cuda()
+opt = torch.optim.SGD(list(emb.parameters()) + list(head.parameters()), lr=0.1)
+tokens = torch.randint(0, 50, (8, 12)).cuda()
+tags = torch.randint(0, 5, (8, 12)).cuda()
+keep = torch.rand(8, 12) > 0.5  # on the host: selecting with it reads nothing from the GPU
+
+
+def step(i):
+    logits = head(emb(tokens))
+    mask = tokens != 0
+    LOSS
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    kept = logits.detach()[keep]
+'''
+
+
+@pytest.mark.parametrize("loss,syncs", [
+    ("loss = F.cross_entropy(logits[mask], tags[mask])", 2.0),
+    ("loss = (F.cross_entropy(logits.transpose(1, 2), tags, reduction='none') * mask).sum() / mask.sum()", None),
+])
+def test_selecting_with_a_boolean_mask_of_the_gpu_is_a_sync(tmp_path, loss, syncs):
+    """logits[mask] sizes its result by the mask's count of True values, which a GPU must hand back
+    to the host first (a nonzero and a sync per selection): a masked token loss syncs twice a step.
+    It went unreported (nonzero was probed, the selection that makes it was not). The same loss
+    weighted by the mask, and a selection with a host mask, read nothing back."""
+    trainer = tmp_path / "masked.py"
+    source = MASKED_LOSS.replace("LOSS", loss)
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
+              env=QUIET_ENV)
+    assert a.returncode == 0, a.evidence["ending"]
+    found = a.rule("host-sync")
+    if syncs is None:
+        assert found == []
+        return
+    (f,) = found
+    line = source.splitlines().index(f"    {loss}") + 1
+    assert [(s["what"], s["line"], s["per_step"]) for s in f["evidence"]["sites"]] == [
+        ("Tensor[bool mask]", line, syncs)]
+    assert "torch.where(mask, x, 0)" in f["fix"]["summary"]
