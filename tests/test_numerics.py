@@ -1352,3 +1352,52 @@ def test_a_learning_rate_that_overflows_names_it_and_the_weights_as_they_are(tmp
     assert f"The loss had grown from " in f["message"] and f"(step {first - 1})." in f["message"], f["message"]
     assert "lower the learning rate (it is 0.05)" in f["fix"]["summary"]
     assert f["fix"]["config"] == {"lr": pytest.approx(0.005)}
+
+
+CLIP_SCALED = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 4)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.cuda.amp.GradScaler()  # SCALER LINE
+x, y = torch.randn(64, 32).cuda(), torch.randint(0, 4, (64,)).cuda()
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.amp.autocast():
+        loss = nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    UNSCALE
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)  # CLIP LINE
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+@pytest.mark.parametrize("unscale", [False, True])
+def test_clipping_before_unscale_is_named_with_its_fix(tmp_path, unscale):
+    """clip_grad_norm_ between scaler.scale(loss).backward() and scaler.step(opt) with no
+    scaler.unscale_(opt) clips the scaled gradients: their norm is 65536 times the true one, so
+    the gradients SGD steps with are cut to a norm of 0.5/65536 (every step here). Nothing said so;
+    the run looked healthy. The numerics patch inserts the unscale_ call; with it, silence."""
+    source = CLIP_SCALED.replace("UNSCALE", "scaler.unscale_(opt)" if unscale else "pass")
+    trainer, a = audit_trainer(tmp_path, "clip.py", source, 4)
+    found = a.rule("amp-unscaled")
+    if unscale:
+        assert found == []
+        return
+    [f] = found
+    assert f["title"] == "Gradients clipped while still scaled by the GradScaler"
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [
+        (str(trainer), line_of(source, "# CLIP LINE")), (str(trainer), line_of(source, "# SCALER LINE"))]
+    assert f["evidence"]["scale"] == 65536.0 and f["evidence"]["steps"] == 4 and f["evidence"]["max-norm"] == 0.5
+    assert "cut to a norm of at most 7.63e-06 instead of 0.5" in f["message"]  # 0.5 / 65536
+    assert f["fix"]["changes_numerics"] is True
+    [edit] = f["fix"]["edits"]
+    line = line_of(source, "# CLIP LINE")
+    assert (edit["start"], edit["end"], edit["lines"]) == (line, line - 1, ["    scaler.unscale_(opt)"])
+    patch = (a.out / "numerics-fixes.patch").read_text()
+    assert "+    scaler.unscale_(opt)\n" in patch and "+" not in (a.out / "fixes.patch").read_text().replace("+++", "")
