@@ -563,7 +563,8 @@ STEPS = 4
 if __name__ == "__main__":
     for i in range(STEPS):
         step(i)
-    dist.destroy_process_group()  # (gloo may abort a process that exits with its group up)
+    dist.barrier()  # (gloo may abort a rank that tears down while its peer still runs, or exits with its group up)
+    dist.destroy_process_group()
 """
 
 
