@@ -790,6 +790,16 @@ def test_float16_weights_without_master_weights(tmp_path):
     assert "eps (1e-8) is 0 in float16" in h["message"]
 
 
+def test_an_update_that_broke_more_than_four_parameters_says_how_many_more(tmp_path):
+    """Five float16 parameters made non-finite by one Adam update: the message names four and
+    said nothing of the fifth (the evidence lists all five)."""
+    source = HALF_WEIGHTS.replace("nn.Linear(64, 1)).half()", "nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)).half()")
+    _, a = audit_trainer(tmp_path, "half3.py", source, 2)
+    [f] = a.rule("nonfinite")
+    assert f["evidence"]["params"] == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight"]
+    assert "the Adam update made `0.weight`, `0.bias`, `2.weight`, `2.bias` and 1 more non-finite" in f["message"]
+
+
 SPARSE_GRADS = """
 import torch
 from torch import nn

@@ -54,6 +54,12 @@ def location(where: dict | None) -> Location | None:
                     code=linecache.getline(where["file"], int(where["line"])).strip())
 
 
+def _names(params: list[str], shown: int = 4) -> str:
+    """The first parameters' names, and how many more there are (all of them are in the evidence)."""
+    more = f" and {len(params) - shown} more" if len(params) > shown else ""
+    return ", ".join(f"`{p}`" for p in params[:shown]) + more
+
+
 def short(x: Any) -> str:
     v = val(x)
     if v is None:
@@ -413,7 +419,7 @@ class Nonfinite(Rule):
             locs += [x for x in (view.site_location(s) for s, _ in singular) if x]
             hint = "; ".join(_singular_text(view.sites.get(s, {}), v) for s, v in singular[:3])
             msg = (f"{head} The forward pass stayed finite; the backward pass made the gradients of "
-                   f"{', '.join('`' + p + '`' for p in params[:4])}{' …' if len(params) > 4 else ''} non-finite"
+                   f"{_names(params)} non-finite"
                    + "." + (f" The infinite derivative came from {hint}." if hint else ""))
             evidence["params"] = params
             evidence["singular_sites"] = [{"op": view.sites.get(s, {}).get("op"),
@@ -432,7 +438,7 @@ class Nonfinite(Rule):
             opt = _optimizer_event(view, o.get("opt"))
             locs = [x for x in [view.site_location(o.get("site")), location(opt.get("where") if opt else None)] if x]
             msg = (f"{head} The gradients were finite; the {opt.get('type', 'optimizer') if opt else 'optimizer'} "
-                   f"update made {', '.join('`' + p + '`' for p in params[:4])} non-finite (check its eps and lr).")
+                   f"update made {_names(params)} non-finite (check its eps and lr).")
             evidence["params"] = params
         else:
             msg = f"{head} No checked torch call made it (it came from code the collector cannot see)."
