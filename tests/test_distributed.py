@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from statistics import median
 from typing import Callable
 
 import pytest
+import torch
 
 from conftest import EXAMPLES, FIXTURES, ROOT, audit, balanced_ddp_run, expected_lines, launch, shared_run
 
@@ -519,3 +521,90 @@ def test_launch_opens_the_merged_report(tmp_path):
               "--quiet", "--open", out=out, timeout=RUN_TIMEOUT, env={"BROWSER": f"{browser} %s"})
     assert a.returncode == 0, a.stderr
     assert opened.read_text().strip() == (out / "report.html").resolve().as_uri()
+
+
+# ---------------------------------------------------------------------------------------------
+# A job written for GPUs (NCCL, DDP on the local device), audited on this CPU machine.
+
+GPU_DDP = """import os
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+local_rank = int(os.environ.get("LOCAL_RANK", 0))
+torch.cuda.set_device(local_rank)
+dist.init_process_group(backend="nccl")
+device = torch.device("cuda", local_rank)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(device)
+model = DDP(model, device_ids=[local_rank], output_device=local_rank)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(dist.get_rank())
+data = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(4)]
+history = []
+
+
+def step(i):
+    x, y = (t.to(device, non_blocking=True) for t in data[i % 4])
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    history.append(mean.item() / dist.get_world_size())
+    if i == STEPS - 1 and dist.get_rank() == 0:
+        torch.save(model.module.state_dict(), os.environ["PARITY_OUT"])
+
+
+STEPS = 4
+if __name__ == "__main__":
+    for i in range(STEPS):
+        step(i)
+    dist.barrier()  # (gloo may abort a rank that tears down while its peer still runs, or exits with its group up)
+    dist.destroy_process_group()
+"""
+
+
+def test_a_gpu_ddp_job_is_rehearsed_on_gloo(tmp_path):
+    """init_process_group("nccl") and DDP(device_ids=[local_rank]) ended every rank at setup on a
+    CPU build ("Distributed package doesn't have NCCL built in"). Rehearsed, the ranks run on gloo
+    and DDP holds the module without device ids; the job is audited as GPU code and trains what
+    the same job on gloo and the CPU trains."""
+    trainer = tmp_path / "gpu_ddp.py"
+    trainer.write_text(GPU_DDP)
+    out = tmp_path / "out"
+    a = audit("run", f"{trainer}:step", "--nproc-per-node", "2", "--steps", "4", "--no-profile", "--quiet",
+              out=out, timeout=RUN_TIMEOUT, env={"PARITY_OUT": str(tmp_path / "audited.pt")})
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert "NCCL" not in a.stderr
+    lines = GPU_DDP.splitlines()
+    line_of = {text: n for n, text in enumerate(lines, 1)}
+    for r in (0, 1):
+        raw = raw_rank(out, r)
+        assert raw["ending"]["status"] == "completed" and len(raw["steps"]) == 4
+        standins = {(t["what"], t["where"]["line"]) for t in raw["setup"] if t["kind"] == "cuda-standin"}
+        assert ("torch.distributed.init_process_group(backend='nccl') on gloo",
+                line_of['dist.init_process_group(backend="nccl")']) in standins
+        assert ("DistributedDataParallel(device_ids, output_device) on the CPU",
+                line_of["model = DDP(model, device_ids=[local_rank], output_device=local_rank)"]) in standins
+    [wait] = [f for f in findings(out, CollectiveWait) if f.evidence.get("op") == "all_reduce"]
+    assert locations(wait) == {(str(trainer), line_of["    dist.all_reduce(mean)"])}
+    doc = json.loads((out / "findings.json").read_text())
+    [sync] = [f for f in doc["findings"] if f["rule"] == "host-sync"]
+    assert sync["severity"] == "warning" and sync["evidence"]["judged_as_gpu_code"] is True
+    assert [(s["what"], s["line"], s["per_step"]) for s in sync["evidence"]["sites"]] == [
+        ("Tensor.item", line_of["    history.append(mean.item() / dist.get_world_size())"], 1.0)]
+    # the same job for the CPU, on gloo, without the audit
+    plain = tmp_path / "cpu_ddp.py"
+    plain.write_text(GPU_DDP.replace('"nccl"', '"gloo"').replace('"cuda"', '"cpu"')
+                     .replace("torch.cuda.set_device(local_rank)", "")
+                     .replace(", device_ids=[local_rank], output_device=local_rank", ""))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(plain)], capture_output=True, text=True, cwd=tmp_path, timeout=RUN_TIMEOUT,
+                       env={**os.environ, **ONE_THREAD, "PARITY_OUT": str(tmp_path / "plain.pt")})
+    assert p.returncode == 0, p.stderr[-3000:]
+    want, got = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "audited.pt")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)

@@ -1460,3 +1460,65 @@ def test_a_hand_written_backward_is_checked_in_healthy_steps_and_changes_nothing
     assert p.returncode == 0, p.stderr
     rows = [line.split() for line in p.stdout.splitlines()]
     assert len(rows) == 2 and all(plain == audited for _, plain, audited in rows), rows
+
+
+def test_an_update_that_broke_more_than_four_parameters_says_how_many_more(tmp_path):
+    """Five float16 parameters made non-finite by one Adam update: the message names four and
+    said nothing of the fifth (the evidence lists all five)."""
+    source = HALF_WEIGHTS.replace("nn.Linear(64, 1)).half()", "nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)).half()")
+    _, a = audit_trainer(tmp_path, "half3.py", source, 2)
+    [f] = a.rule("nonfinite")
+    assert f["evidence"]["params"] == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight"]
+    assert "the Adam update made `0.weight`, `0.bias`, `2.weight`, `2.bias` and 1 more non-finite" in f["message"]
+
+
+
+CLIP_SCALED = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 4)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.cuda.amp.GradScaler()  # SCALER LINE
+x, y = torch.randn(64, 32).cuda(), torch.randint(0, 4, (64,)).cuda()
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.amp.autocast():
+        loss = nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    UNSCALE
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)  # CLIP LINE
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+
+@pytest.mark.parametrize("unscale", [False, True])
+def test_clipping_before_unscale_is_named_with_its_fix(tmp_path, unscale):
+    """clip_grad_norm_ between scaler.scale(loss).backward() and scaler.step(opt) with no
+    scaler.unscale_(opt) clips the scaled gradients: their norm is 65536 times the true one, so
+    the gradients SGD steps with are cut to a norm of 0.5/65536 (every step here). Nothing said so;
+    the run looked healthy. The numerics patch inserts the unscale_ call; with it, silence."""
+    source = CLIP_SCALED.replace("UNSCALE", "scaler.unscale_(opt)" if unscale else "pass")
+    trainer, a = audit_trainer(tmp_path, "clip.py", source, 4)
+    found = a.rule("amp-unscaled")
+    if unscale:
+        assert found == []
+        return
+    [f] = found
+    assert f["title"] == "Gradients clipped while still scaled by the GradScaler"
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [
+        (str(trainer), line_of(source, "# CLIP LINE")), (str(trainer), line_of(source, "# SCALER LINE"))]
+    assert f["evidence"]["scale"] == 65536.0 and f["evidence"]["steps"] == 4 and f["evidence"]["max-norm"] == 0.5
+    assert "cut to a norm of at most 7.63e-06 instead of 0.5" in f["message"]  # 0.5 / 65536
+    assert f["fix"]["changes_numerics"] is True
+    [edit] = f["fix"]["edits"]
+    line = line_of(source, "# CLIP LINE")
+    assert (edit["start"], edit["end"], edit["lines"]) == (line, line - 1, ["    scaler.unscale_(opt)"])
+    patch = (a.out / "numerics-fixes.patch").read_text()
+    assert "+    scaler.unscale_(opt)\n" in patch and "+" not in (a.out / "fixes.patch").read_text().replace("+++", "")
+

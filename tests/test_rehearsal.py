@@ -8,6 +8,8 @@ stay out of the way of programs that never asked for CUDA.
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -187,6 +189,16 @@ m = nn.Linear(3, 2).cuda()
 m(xc).sum().backward()
 out["module params and grads"] = [device_of(t) for p in m.parameters() for t in (p, p.grad)]
 out["nn.Parameter"] = device_of(nn.Parameter(torch.zeros(2, device="cuda")))
+out["what torch puts on a GPU tensor's device"] = [
+    device_of(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)),
+    device_of(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0, foreach=False)),
+    device_of(torch.nn.utils.get_total_norm([p.grad for p in m.parameters()])),
+    device_of(torch.nn.utils.clip_grad_norm_(nn.Linear(2, 2).parameters(), 1.0)),  # no gradients: a host zero
+    str(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0).device)]
+out["Module.to with device="] = [device_of(t) for mod in (
+    nn.Linear(3, 2).to(device="cuda"), nn.Linear(3, 2).to(device=torch.device("cuda"), dtype=torch.float64),
+    nn.Conv2d(3, 4, 3).to(device="cuda", memory_format=torch.channels_last),
+    nn.BatchNorm2d(4).to(device="cuda:0", non_blocking=True)) for t in mod.state_dict().values()]
 buf = io.BytesIO()
 torch.save(m.state_dict(), buf)
 out["marks stay out of pickles"] = b"_auditor" in buf.getvalue() + pickle.dumps(xc)
@@ -204,6 +216,14 @@ out["torch.cuda to torch itself"] = amp_definitely_not_available()
 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 e0.record(); sum(range(100000)); e1.record()
 out["Event.elapsed_time"] = e0.elapsed_time(e1) > 0
+side = torch.cuda.Stream()
+with torch.cuda.stream(side):
+    xs = x.cuda(non_blocking=True)
+torch.cuda.current_stream().wait_stream(side)
+xs.record_stream(torch.cuda.current_stream())
+xs.record_stream(side)
+out["streams"] = [isinstance(side, torch.Stream), str(side.device), side == torch.cuda.current_stream(),
+                  side == side, device_of(xs)]
 with torch.autocast("cuda"):
     out["autocast(cuda)"] = str(m(xc).dtype)
 out["GradScaler(cuda)"] = torch.amp.GradScaler("cuda")._device
@@ -273,12 +293,18 @@ EXPECTED = {
     "with torch.device": ["cuda", "cpu"],
     "module params and grads": ["cuda"] * 4,
     "nn.Parameter": "cuda",
+    # torch's own code reads a GPU tensor's device as the CPU, but what it puts there is on the GPU
+    "what torch puts on a GPU tensor's device": ["cuda", "cuda", "cuda", "cpu", "cuda:0"],
+    # Module.to parses its arguments first: the device asked for by keyword must reach each move
+    "Module.to with device=": ["cuda"] * 11,
     "marks stay out of pickles": False,
     "pin_memory": [True, False, True],
     "pinning a GPU tensor": "cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned",
     "torch.cuda to the user": [True, 1, 0, [8, 0]],
     "torch.cuda to torch itself": True,  # "definitely not available": torch keeps its CPU paths
     "Event.elapsed_time": True,
+    # a torch.Stream, as torch.cuda.Stream is: torch's functions that take a stream accept it
+    "streams": [True, "cuda:0", False, True, "cuda"],
     "autocast(cuda)": "torch.float16",  # the GPU's default autocast dtype, on CPU autocast
     "GradScaler(cuda)": "cpu",
     "set_default_device(cuda)": ["cuda:0", "cuda", "cuda:0"],
@@ -699,39 +725,6 @@ def test_a_host_tensor_inside_vmap_still_fails(tmp_path):
     assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("host_vmap.py", 10)
 
 
-COMPILED = """
-import torch
-from torch import nn
-
-model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to("cuda")
-compiled = torch.compile(model)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-x = torch.randn(32, 64, device="cuda")
-y = torch.randint(0, 10, (32,), device="cuda")
-
-
-def step(i):
-    opt.zero_grad(set_to_none=True)
-    nn.functional.cross_entropy(compiled(x), y).backward()
-    opt.step()
-"""
-
-
-@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="inductor needs a C++ compiler")
-def test_torch_compile_runs_in_rehearsal(tmp_path):
-    """torch.compile tests values against torch.cuda's classes (StreamContext must stay a class) and
-    asks torch.cuda about the device for its cache key (it must hear the truth: there is no CUDA,
-    the tensors it compiles for are on the CPU)."""
-    (tmp_path / "compiled.py").write_text(COMPILED)
-    a = audit("run", f"{tmp_path / 'compiled.py'}:step", "--steps", "3", "--no-profile", "--quiet",
-              out=tmp_path / "out", env={**QUIET_ENV, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
-              timeout=600)
-    assert a.returncode == 0, a.evidence["ending"]
-    assert a.findings_doc["environment"]["rehearsal"] is True
-    assert a.evidence["ending"]["status"] == "completed" and len(a.evidence["steps"]) == 3
-    assert "global hooks" not in a.stderr  # torch.compile's warning about the auditor's own hooks
-
-
 # --- what rehearsal finds ------------------------------------------------------------------------
 
 def test_cuda_everywhere_syncs_and_pageable_copies(rehearsed):
@@ -998,3 +991,321 @@ def test_amp_unscaled_fix_names_the_programs_device_in_rehearsal(tmp_path):
     (f,) = a.rule("amp-unscaled")
     assert f["fix"]["config"]["GradScaler"] == 'torch.amp.GradScaler("cuda")'
     assert f["locations"][0]["file"] == str(trainer) and f["locations"][0]["line"] == 14
+
+
+CHANNELS_LAST = '''
+import os
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+device = torch.device("cuda")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                      nn.Flatten(), nn.Linear(8, 4))
+model = model.to(device=device, memory_format=torch.channels_last)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x = torch.randn(16, 3, 8, 8).to(device=device, memory_format=torch.channels_last)
+y = torch.randint(0, 4, (16,), device=device)
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    if i == 2 and "PARITY_OUT" in os.environ:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, os.environ["PARITY_OUT"])
+
+
+if __name__ == "__main__":
+    for i in range(3):
+        step(i)
+'''
+
+
+def test_a_model_moved_with_device_by_keyword_trains_as_its_cpu_version(tmp_path):
+    """`model.to(device=device, memory_format=torch.channels_last)`: Module.to parses its arguments
+    with a torch function, which the rehearsal rewrote to the CPU, so no parameter was marked and
+    the first forward died of a device mix (Conv2d's inputs on the GPU, its weights not)."""
+    trainer = tmp_path / "cl.py"
+    trainer.write_text(CHANNELS_LAST)
+    a = audit("run", f"{trainer}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
+              env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "audited.pt")})
+    assert a.returncode == 0, a.evidence["ending"]
+    assert a.findings_doc["environment"]["rehearsal"] is True and len(a.evidence["steps"]) == 3
+    (tmp_path / "cpu.py").write_text(CHANNELS_LAST.replace('"cuda"', '"cpu"'))
+    subprocess.run([sys.executable, str(tmp_path / "cpu.py")], check=True, capture_output=True, cwd=tmp_path,
+                   env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "plain.pt"), "PATH": ""})
+    want = _flat(torch.load(tmp_path / "plain.pt", weights_only=True))
+    got = _flat(torch.load(tmp_path / "audited.pt", weights_only=True))
+    assert want.keys() == got.keys() and any(k.startswith("opt.state.") for k in want)
+    assert_same_state(want, got)
+
+
+PREFETCHER = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Prefetcher:
+    """The next batch is copied on a side stream while the current one trains (apex's data_prefetcher)."""
+
+    def __init__(self, loader):
+        self.loader, self.it, self.stream = loader, iter(loader), torch.cuda.Stream()
+        self.preload()
+
+    def preload(self):
+        x, y = next(self.it)
+        with torch.cuda.stream(self.stream):
+            self.x = x.cuda(non_blocking=True)
+            self.y = y.cuda(non_blocking=True)
+
+    def next(self):
+        torch.cuda.current_stream().wait_stream(self.stream)
+        x, y = self.x, self.y
+        x.record_stream(torch.cuda.current_stream())
+        y.record_stream(torch.cuda.current_stream())
+        self.preload()
+        return x, y
+
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(640, 3, 32, 32), torch.randint(0, 10, (640,)))
+loader = DataLoader(data, batch_size=128, PIN)
+model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=4), nn.ReLU(), nn.Flatten(), nn.Linear(512, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+batches = Prefetcher(loader)
+
+
+def step(i):
+    x, y = batches.next()
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+'''
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_side_stream_prefetcher_runs_and_its_unpinned_copies_are_found(tmp_path, pinned):
+    """`tensor.record_stream(torch.cuda.current_stream())` (the prefetcher of NVIDIA's ImageNet
+    examples) died at its first call: the rehearsal's stream was not a torch.Stream, and torch's
+    argument check refused it ('unknown parameter type'). The copies on the side stream are the
+    program's copies: from an unpinned loader, pageable-copy names them (1.57 MB of images per step)."""
+    trainer = tmp_path / "prefetch.py"
+    trainer.write_text(PREFETCHER.replace("PIN", f"pin_memory={pinned}"))
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
+              env=QUIET_ENV)
+    assert a.returncode == 0, a.evidence["ending"]
+    assert a.evidence["ending"]["status"] == "completed" and len(a.evidence["steps"]) == 4
+    if pinned:
+        assert gpu_warnings(a) == set()
+        return
+    (f,) = a.rule("pageable-copy")
+    lines = PREFETCHER.splitlines()
+    sites = {s["line"]: s for s in f["evidence"]["sites"]}
+    assert set(sites) == {lines.index("            self.x = x.cuda(non_blocking=True)") + 1,
+                          lines.index("            self.y = y.cuda(non_blocking=True)") + 1}
+    assert f["evidence"]["bytes_per_step"] == 128 * 3 * 32 * 32 * 4 + 128 * 8
+    assert f["evidence"]["non_blocking_ignored"] == f["evidence"]["copies"]
+
+
+MEMORY_HISTORY = '''
+import os
+import pickle
+import torch
+from torch import nn
+
+torch.cuda.memory._record_memory_history(max_entries=100000)
+model = nn.Linear(16, 4).to("cuda")
+x = torch.randn(8, 16, device="cuda")
+seen = []
+
+
+def step(i):
+    model(x).sum().backward()
+    if i == 1:
+        torch.cuda.memory._dump_snapshot(os.environ["SNAPSHOT"])
+        with open(os.environ["SNAPSHOT"], "rb") as f:
+            seen.append(len(pickle.load(f)["segments"]))
+        seen.append(len(torch.cuda.memory._snapshot()["device_traces"]))
+        torch.cuda.memory._record_memory_history(enabled=None)
+'''
+
+
+def test_memory_history_calls_run_as_on_an_idle_device(tmp_path):
+    """`torch.cuda.memory._record_memory_history(...)` (how PyTorch's docs have a program record its
+    allocations for a snapshot) raised AttributeError ('torch._C' has no attribute
+    '_cuda_record_memory_history') at import: the run ended before its first step. They are answered
+    as an idle device would (the dump writes its empty snapshot) and recorded at their lines."""
+    trainer = tmp_path / "history.py"
+    trainer.write_text(MEMORY_HISTORY)
+    a = audit("run", f"{trainer}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
+              env={**QUIET_ENV, "SNAPSHOT": str(tmp_path / "snap.pickle")})
+    assert a.returncode == 0, a.evidence["ending"]
+    assert a.evidence["ending"]["status"] == "completed" and len(a.evidence["steps"]) == 3
+    with open(tmp_path / "snap.pickle", "rb") as f:
+        assert pickle.load(f) == {"segments": [], "device_traces": [[]]}
+    lines = MEMORY_HISTORY.splitlines()
+    got = {(t["what"], t["where"]["line"]) for t in tallies(a, "cuda-standin", setup=True)}
+    assert {("torch.cuda.memory._record_memory_history", lines.index(line) + 1) for line in (
+        "torch.cuda.memory._record_memory_history(max_entries=100000)",
+        "        torch.cuda.memory._record_memory_history(enabled=None)")} <= got
+    assert ("torch.cuda.memory._dump_snapshot",
+            lines.index('        torch.cuda.memory._dump_snapshot(os.environ["SNAPSHOT"])') + 1) in got
+
+
+GRAD_NORM_LOG = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(16, 32).cuda(), torch.randint(0, 4, (16,)).cuda()
+norms = []
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    norms.append(grad_norm.item())
+'''
+
+
+def test_logging_the_clipped_gradient_norm_is_a_sync(tmp_path):
+    """clip_grad_norm_ returns the norm on the gradients' device: on a GPU, logging it with .item()
+    every step waits for the device. Its norm came back a host tensor in rehearsal (torch's own
+    `norm.to(grads[0].device)` read the CPU), and the sync went unreported."""
+    trainer = tmp_path / "norms.py"
+    trainer.write_text(GRAD_NORM_LOG)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
+              env=QUIET_ENV)
+    assert a.returncode == 0, a.evidence["ending"]
+    (f,) = a.rule("host-sync")
+    assert f["severity"] == "warning" and f["evidence"]["judged_as_gpu_code"] is True
+    line = GRAD_NORM_LOG.splitlines().index("    norms.append(grad_norm.item())") + 1
+    assert [(s["what"], s["line"], s["per_step"]) for s in f["evidence"]["sites"]] == [("Tensor.item", line, 1.0)]
+
+
+COMPILED_CNN = '''
+import os
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+device = "cuda"
+torch.manual_seed(0)
+net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                    nn.Flatten(), nn.Linear(8, 4)).to(device, memory_format=torch.channels_last)
+model = torch.compile(net)
+opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+x = torch.randn(16, 3, 8, 8).to(device).contiguous(memory_format=torch.channels_last)
+y = torch.randint(0, 4, (16,)).to(device)
+
+
+def step(i):
+    loss = F.cross_entropy(model(x), y)
+    if not torch.isfinite(loss):
+        return
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if i == 2:
+        from torch._dynamo.utils import counters
+        torch.save({"net": net.state_dict(), "opt": opt.state_dict(),
+                    "graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values())},
+                   os.environ["PARITY_OUT"])
+
+
+if __name__ == "__main__":
+    for i in range(3):
+        step(i)
+'''
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="inductor needs a C++ compiler")
+def test_a_compiled_model_compiles_and_trains_as_its_cpu_version(tmp_path):
+    """torch.compile runs in rehearsal: it tests values against torch.cuda's classes (StreamContext
+    must stay a class) and asks torch.cuda about the device for its cache key (it must hear the
+    truth: there is no CUDA, the tensors it compiles for are on the CPU). And it inlines a function
+    mode on the stack into the graph it traces: the rehearsal's
+    mode, which reads frames, broke the user's graph at every op (a UserWarning that dynamo 'does not
+    know how to trace the builtin sys._getframe', from the auditor's file), and the pieces computed
+    other weights than the CPU run's compiled model (0.001 apart after 30 steps of a small CNN).
+    Traced, it now only rewrites devices and passes marks on: the same graphs, equal weights, and
+    the output of the compiled model is a GPU tensor (`if not torch.isfinite(loss)` is a sync)."""
+    trainer = tmp_path / "compiled_cnn.py"
+    trainer.write_text(COMPILED_CNN)
+    env = {**QUIET_ENV, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    a = audit("run", f"{trainer}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
+              env={**env, "PARITY_OUT": str(tmp_path / "audited.pt")}, timeout=600)
+    assert a.returncode == 0, a.evidence["ending"]
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    assert "Dynamo" not in a.stderr and "auditor" not in a.stderr, a.stderr
+    assert "global hooks" not in a.stderr  # torch.compile's warning about the auditor's own hooks
+    (sync,) = a.rule("host-sync")
+    line = COMPILED_CNN.splitlines().index("    if not torch.isfinite(loss):") + 1
+    assert [(s["what"], s["line"], s["per_step"]) for s in sync["evidence"]["sites"]] == [("bool(Tensor)", line, 1.0)]
+    (tmp_path / "cpu.py").write_text(COMPILED_CNN.replace('"cuda"', '"cpu"'))
+    subprocess.run([sys.executable, str(tmp_path / "cpu.py")], check=True, capture_output=True, cwd=tmp_path,
+                   env={**env, "PARITY_OUT": str(tmp_path / "plain.pt"), "PATH": os.environ.get("PATH", "")},
+                   timeout=600)
+    want = torch.load(tmp_path / "plain.pt", weights_only=True)
+    got = torch.load(tmp_path / "audited.pt", weights_only=True)
+    assert got["breaks"] == want["breaks"] == 0 and got["graphs"] == want["graphs"]
+    assert_same_state(_flat({"net": want["net"], "opt": want["opt"]}), _flat({"net": got["net"], "opt": got["opt"]}))
+
+
+MASKED_LOSS = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+emb, head = nn.Embedding(50, 16, padding_idx=0).cuda(), nn.Linear(16, 5).cuda()
+opt = torch.optim.SGD(list(emb.parameters()) + list(head.parameters()), lr=0.1)
+tokens = torch.randint(0, 50, (8, 12)).cuda()
+tags = torch.randint(0, 5, (8, 12)).cuda()
+keep = torch.rand(8, 12) > 0.5  # on the host: selecting with it reads nothing from the GPU
+
+
+def step(i):
+    logits = head(emb(tokens))
+    mask = tokens != 0
+    LOSS
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    kept = logits.detach()[keep]
+'''
+
+
+@pytest.mark.parametrize("loss,syncs", [
+    ("loss = F.cross_entropy(logits[mask], tags[mask])", 2.0),
+    ("loss = (F.cross_entropy(logits.transpose(1, 2), tags, reduction='none') * mask).sum() / mask.sum()", None),
+])
+def test_selecting_with_a_boolean_mask_of_the_gpu_is_a_sync(tmp_path, loss, syncs):
+    """logits[mask] sizes its result by the mask's count of True values, which a GPU must hand back
+    to the host first (a nonzero and a sync per selection): a masked token loss syncs twice a step.
+    It went unreported (nonzero was probed, the selection that makes it was not). The same loss
+    weighted by the mask, and a selection with a host mask, read nothing back."""
+    trainer = tmp_path / "masked.py"
+    source = MASKED_LOSS.replace("LOSS", loss)
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
+              env=QUIET_ENV)
+    assert a.returncode == 0, a.evidence["ending"]
+    found = a.rule("host-sync")
+    if syncs is None:
+        assert found == []
+        return
+    (f,) = found
+    line = source.splitlines().index(f"    {loss}") + 1
+    assert [(s["what"], s["line"], s["per_step"]) for s in f["evidence"]["sites"]] == [
+        ("Tensor[bool mask]", line, syncs)]
+    assert "torch.where(mask, x, 0)" in f["fix"]["summary"]

@@ -8,6 +8,7 @@ the rules still judge those calls) and returns what an idle device reports: zero
 from __future__ import annotations
 
 import functools
+import pickle
 import sys
 from collections import OrderedDict
 from typing import Any, Callable
@@ -36,7 +37,27 @@ def _answers() -> dict[str, Callable[..., Any]]:
     out["memory_stats"] = lambda *a, **k: OrderedDict()
     out["memory_stats_as_nested_dict"] = lambda *a, **k: {}
     out["memory_summary"] = _idle_summary
+    out["memory_snapshot"] = lambda *a, **k: []
     return out
+
+
+def _idle_snapshot(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {"segments": [], "device_traces": [[]]}
+
+
+def _dump_idle_snapshot(filename: str = "dump_snapshot.pickle", *args: Any, **kwargs: Any) -> None:
+    with open(filename, "wb") as f:
+        pickle.dump(_idle_snapshot(), f)
+
+
+# torch.cuda.memory's allocator history, as the docs' "understanding CUDA memory usage" has programs
+# call it (its C++ half is absent from a CPU build: AttributeError at the first call). A dump
+# writes the snapshot of an idle device, so the program's own reading of it still runs.
+HISTORY = {
+    "_record_memory_history": lambda *a, **k: None,
+    "_snapshot": _idle_snapshot,
+    "_dump_snapshot": _dump_idle_snapshot,
+}
 
 
 def install(recorder_getter: Callable[[], Any]) -> list[str]:
@@ -44,17 +65,20 @@ def install(recorder_getter: Callable[[], Any]) -> list[str]:
     if torch.cuda.is_available():
         return []
     replaced = []
-    for name, answer in _answers().items():
-        if not hasattr(torch.cuda, name):
-            continue
+    for owner, prefix, answers in ((torch.cuda, "torch.cuda", _answers()),
+                                   (torch.cuda.memory, "torch.cuda.memory", HISTORY)):
+        for name, answer in answers.items():
+            if not hasattr(owner, name):
+                continue
 
-        def standin(*args: Any, __name: str = name, __answer: Callable[..., Any] = answer, **kwargs: Any) -> Any:
-            rec = recorder_getter()
-            if rec is not None and rec.active:
-                rec.add(m.CUDA_STANDIN, f"torch.cuda.{__name}", user_frame(sys._getframe(1)))
-            return __answer(*args, **kwargs)
+            def standin(*args: Any, __name: str = f"{prefix}.{name}", __answer: Callable[..., Any] = answer,
+                        **kwargs: Any) -> Any:
+                rec = recorder_getter()
+                if rec is not None and rec.active:
+                    rec.add(m.CUDA_STANDIN, __name, user_frame(sys._getframe(1)))
+                return __answer(*args, **kwargs)
 
-        functools.update_wrapper(standin, getattr(torch.cuda, name))
-        setattr(torch.cuda, name, standin)
-        replaced.append(name)
+            functools.update_wrapper(standin, getattr(owner, name))
+            setattr(owner, name, standin)
+            replaced.append(name if owner is torch.cuda else f"memory.{name}")
     return replaced

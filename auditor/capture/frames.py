@@ -31,6 +31,14 @@ _verdict: dict[str, bool] = {}
 _internal: dict[str, bool] = {}
 
 
+def _generated(path: str) -> bool:
+    """Whether `path` (normalised) is code torch.compile generated: inductor writes it to its cache
+    directory, which it puts in TORCHINDUCTOR_CACHE_DIR when it first needs it (before any runs).
+    Its calls are torch's, not the user's."""
+    d = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return bool(d) and path.startswith(os.path.normcase(os.path.realpath(d)) + os.sep)
+
+
 def is_library(filename: str) -> bool:
     """True for frames that are not the user's own code (torch, the auditor, stdlib, site-packages)."""
     v = _verdict.get(filename)
@@ -39,16 +47,18 @@ def is_library(filename: str) -> bool:
             v = True
         else:
             path = os.path.normcase(os.path.realpath(filename))
-            v = path.startswith(_LIBRARY_DIRS) or "site-packages" in path
+            v = path.startswith(_LIBRARY_DIRS) or "site-packages" in path or _generated(path)
         _verdict[filename] = v
     return v
 
 
 def is_torch_internal(filename: str) -> bool:
-    """True for torch's and the auditor's own files: calls made there are not the user's calls."""
+    """True for torch's and the auditor's own files, and the code torch.compile generated: calls
+    made there are not the user's calls."""
     v = _internal.get(filename)
     if v is None:
-        v = os.path.normcase(os.path.realpath(filename)).startswith(_TORCH_AND_AUDITOR)
+        path = os.path.normcase(os.path.realpath(filename))
+        v = path.startswith(_TORCH_AND_AUDITOR) or _generated(path)
         _internal[filename] = v
     return v
 

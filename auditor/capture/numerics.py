@@ -1975,8 +1975,35 @@ def _install_config_probes(col: Numerics) -> None:
     _install_amp_probes(col, guard)
 
 
+def _name_in(frame: Any, obj: Any) -> str | None:
+    """The name `obj` has in the user's frame (a local, an attribute of `self`, a global), for a fix."""
+    if obj is None or frame is None:
+        return None
+    for k, v in frame.f_locals.items():
+        if v is obj:
+            return k
+    owner = frame.f_locals.get("self")
+    for k, v in (getattr(owner, "__dict__", None) or {}).items():
+        if v is obj:
+            return f"self.{k}"
+    return next((k for k, v in frame.f_globals.items() if v is obj), None)
+
+
+def _user_frame_object(frame: Any) -> Any:
+    while frame is not None and library_code(frame.f_code):
+        frame = frame.f_back
+    return frame
+
+
 def _install_amp_probes(col: Numerics, guard: Callable) -> None:
     from torch.amp import autocast_mode, grad_scaler
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_grad
+
+    # The scale a GradScaler put in the gradients (scale(loss).backward()) is in them until
+    # unscale_(opt), or step(opt), which unscales first: scaler -> ids of the optimizers it has
+    # unscaled since its last scale(). Clipping before that clips scaled gradients.
+    scaled: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
 
     @guard
     def after_enter(self, where) -> None:
@@ -2019,6 +2046,7 @@ def _install_amp_probes(col: Numerics, guard: Callable) -> None:
         if not col.in_step or not getattr(self, "_enabled", True):
             return
         col.scale_calls += 1
+        scaled[self] = set()
         if isinstance(outputs, torch.Tensor) and _checkable(outputs) and isinstance(result, torch.Tensor):
             with torch.no_grad():
                 col.losses.append(col._stat(outputs))  # the unscaled loss
@@ -2037,6 +2065,7 @@ def _install_amp_probes(col: Numerics, guard: Callable) -> None:
 
     def make_update(orig):
         def probe(self, *args, **kwargs):
+            scaled.pop(self, None)  # (the step is over: its gradients are used)
             if not (col.in_step and getattr(self, "_enabled", True) and col.checking):
                 return orig(self, *args, **kwargs)
             before = None
@@ -2070,9 +2099,49 @@ def _install_amp_probes(col: Numerics, guard: Callable) -> None:
                 col.paused -= 1
         return probe
 
+    def make_unscaling(orig):
+        paused = make_paused(orig)
+
+        def probe(self, optimizer, *args, **kwargs):
+            result = paused(self, optimizer, *args, **kwargs)
+            done = scaled.get(self)
+            if done is not None:
+                done.add(id(optimizer))
+            return result
+        return probe
+
+    @guard
+    def after_clip(params: list, what: str, limit: Any, frame: Any) -> None:
+        first = next((p for p in params if isinstance(p, torch.Tensor)), None)
+        if first is None:
+            return
+        opt = next((o for o in list(col.opt_index.keys())
+                    if any(p is first for g in o.param_groups for p in g["params"])), None)
+        for scaler, done in list(scaled.items()):
+            if id(opt) in done if opt is not None else bool(done):
+                continue
+            user = _user_frame_object(frame)
+            col.event("clip_scaled", user_frame(frame), fn=what, scaler=col.scaler_index.get(scaler),
+                      opt=col.opt_index.get(opt) if opt is not None else None, limit=_scalar(limit),
+                      scaler_name=_name_in(user, scaler), opt_name=_name_in(user, opt))
+            return
+
+    def make_clip(orig, what: str, limit_name: str):
+        def probe(parameters, *args, **kwargs):
+            if not (scaled and col.in_step and not col.paused):
+                return orig(parameters, *args, **kwargs)
+            # (a generator of parameters is read once, here, and handed on as the list it gave)
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            after_clip(params, what, args[0] if args else kwargs.get(limit_name), sys._getframe(1))
+            return orig(params, *args, **kwargs)
+        return probe
+
     _wrap(autocast_mode.autocast, "__enter__", make_enter)
-    _wrap(grad_scaler.GradScaler, "unscale_", make_paused)
-    _wrap(grad_scaler.GradScaler, "step", make_paused)
+    _wrap(grad_scaler.GradScaler, "unscale_", make_unscaling)
+    _wrap(grad_scaler.GradScaler, "step", make_unscaling)
     _wrap(grad_scaler.GradScaler, "__init__", make_scaler_init)
     _wrap(grad_scaler.GradScaler, "scale", make_scale)
     _wrap(grad_scaler.GradScaler, "update", make_update)
+    for owner in (nn_utils, clip_grad):
+        _wrap(owner, "clip_grad_norm_", lambda orig: make_clip(orig, "clip_grad_norm_", "max_norm"))
+        _wrap(owner, "clip_grad_value_", lambda orig: make_clip(orig, "clip_grad_value_", "clip_value"))

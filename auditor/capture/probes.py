@@ -295,6 +295,37 @@ def _single_element(self, *args, **kwargs) -> bool:
     return self.numel() == 1
 
 
+def _bool_mask(index: Any) -> torch.Tensor | None:
+    """The boolean mask in an index (`t[mask]`, `t[:, mask]`, `t[mask, 0]`): what it selects has as
+    many rows as the mask has True values, a count the host must read (a nonzero) to size it."""
+    for i in (index if type(index) is tuple else (index,)):
+        if isinstance(i, torch.Tensor) and i.dtype == torch.bool and i.dim() > 0:
+            return i
+    return None
+
+
+def _mask_getitem(orig: Callable) -> Callable:
+    """Tensor.__getitem__: a sync when the index holds a boolean mask of the device (logits[mask]).
+    Every index goes through here; an int or a slice returns at the first test."""
+    def probe(self, index):
+        rec = REC
+        if rec.active and not rec.in_data and isinstance(index, (torch.Tensor, tuple)):
+            f = sys._getframe(1)
+            code = f.f_code
+            if code.co_name not in _DISPATCHERS and not is_torch_internal(code.co_filename):
+                with no_torch_function():  # (the auditor's reads: the user's modes see the call only)
+                    mask = _bool_mask(index)
+                    dev = DEVICE_OF(mask) if mask is not None else None
+                if dev is not None and not (JUDGE_AS_CUDA and dev != "cuda"):
+                    t0 = perf()
+                    try:
+                        return orig(self, index)
+                    finally:
+                        rec.add(m.SYNC, "Tensor[bool mask]", user_frame(f), (perf() - t0) * 1e3, device=dev)
+        return orig(self, index)
+    return probe
+
+
 def _install_sync_probes() -> None:
     _register_internal_syncs()
     T = torch.Tensor
@@ -306,6 +337,7 @@ def _install_sync_probes() -> None:
     _wrap(T, "__repr__", _sync_method("print/repr(Tensor)"))
     _wrap(T, "__format__", _sync_method("format(Tensor)", _single_element))
     _wrap(T, "to", _sync_method("Tensor.to(cpu)", _to_host))
+    _wrap(T, "__getitem__", _mask_getitem)
     for name in ("nonzero", "masked_select"):
         _wrap(torch, name, _sync_function(f"torch.{name}"))
     _wrap(torch.cuda, "synchronize", _sync_function("torch.cuda.synchronize"))

@@ -15,11 +15,12 @@ When it rehearses:
   (`reset_peak_memory_stats`, `empty_cache`, `max_memory_allocated`, ...) does not count: such a
   program computes on the CPU, and those calls are answered by auditor.capture.cuda_standins.
 
-What a rehearsal does (three small modules):
+What a rehearsal does (four small modules):
 * rehearsal_device: device requests for CUDA run on the CPU; tensors meant for the GPU are marked
   and the mark follows them through every op; the rules judge marked tensors as GPU tensors;
 * rehearsal_cuda: `torch.cuda` answers as a one-GPU machine would (stand-ins, recorded);
-* rehearsal_data: DataLoader batches remember pinning and whether they came out on the GPU.
+* rehearsal_data: DataLoader batches remember pinning and whether they came out on the GPU;
+* rehearsal_dist: a job asking for NCCL runs its ranks on gloo, DDP without its device ids.
 What the program computes is exactly what its CPU version computes (tests/test_rehearsal.py).
 """
 from __future__ import annotations
@@ -96,11 +97,12 @@ def install(mode: str, source: str | None) -> dict[str, Any] | None:
         reason = f"{what} at line {line} of {Path(source).name}" if source else what
     else:
         reason = "--rehearse"
-    from auditor.capture import rehearsal_cuda, rehearsal_data, rehearsal_device
+    from auditor.capture import rehearsal_cuda, rehearsal_data, rehearsal_device, rehearsal_dist
 
     rehearsal_device.install()
     rehearsal_data.install()
     replaced = rehearsal_cuda.install()
+    rehearsal_dist.install()
     probes.DEVICE_OF = rehearsal_device.device_of
     probes.JUDGE_AS_CUDA = True
     print(f"audit: no CUDA device here: rehearsing this CUDA program on the CPU ({reason}); "

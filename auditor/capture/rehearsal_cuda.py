@@ -111,15 +111,33 @@ class _DeviceContext(contextlib.AbstractContextManager):
 
 # --- streams and events --------------------------------------------------------------------------
 
-class Stream:
-    """The rehearsed device's stream: the CPU runs everything in order, so waits are no-ops."""
+class Stream(torch.Stream):
+    """The rehearsed device's stream: the CPU runs everything in order, so waits are no-ops.
+    A torch.Stream (of the CPU, underneath), as torch.cuda.Stream is one: torch's C++ functions
+    that take a stream accept it (`t.record_stream(s)`, which the rehearsal then answers), where
+    a plain object failed their argument check ('unknown parameter type')."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> "Stream":
+        return super().__new__(cls, device="cpu")
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         if caller_is_user(sys._getframe(1)):
             _record("torch.cuda.Stream", sys._getframe(1))
-        self.device = REHEARSED_DEVICE
         self.priority = priority
         self.cuda_stream = 0
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return REHEARSED_DEVICE
+
+    def __eq__(self, other: object) -> bool:  # each stream is its own, as CUDA streams are
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Stream device=cuda:0 cuda_stream={id(self):#x} (rehearsed on the CPU)>"
 
     def wait_event(self, event: "Event") -> None:
         return None

@@ -48,6 +48,12 @@ MARKS = (CUDA_MARK, PINNED_MARK, LOADER_MARK)
 
 CPU = torch.device("cpu")
 REHEARSED_DEVICE = torch.device("cuda", 0)  # what user code is told a marked tensor's device is
+# What torch's own code is told a marked tensor's device is: the CPU, where the tensor is, so torch
+# keeps its CPU paths; but this one object, so that what torch then puts on "that tensor's device"
+# (clip_grad_norm_'s `norm.to(grads[0].device)`, a factory's `device=p.device`) is known to be on
+# the GPU, as it is there. Told the plain CPU, the norm clip_grad_norm_ returns came back a host
+# tensor, and the user's `norm.item()` was no sync.
+DEVICE_OF_GPU_TENSOR = torch.device("cpu")
 _T = torch._C.TensorBase
 
 _AUDITOR_DIR = os.path.normcase(os.path.realpath(os.path.dirname(auditor.__file__))) + os.sep
@@ -87,7 +93,7 @@ def device_of(x: Any) -> str:
 def is_cuda_request(dev: Any) -> bool:
     """A device argument naming CUDA: "cuda", "cuda:1", torch.device("cuda"), or an int (= cuda:N)."""
     if isinstance(dev, torch.device):
-        return dev.type == "cuda"
+        return dev.type == "cuda" or dev is DEVICE_OF_GPU_TENSOR
     if isinstance(dev, str):
         return dev.strip().split(":", 1)[0] == "cuda"
     return isinstance(dev, int) and not isinstance(dev, bool)
@@ -324,8 +330,10 @@ Handler = Callable[[Callable, tuple, dict, FrameType | None], Any]
 
 
 def _moved(src: torch.Tensor, out: Any, target: str | None, non_blocking: bool, what: str,
-           frame: FrameType | None) -> Any:
-    """The result of a device move (`.to`, `.cuda`, `.cpu`), marked as the GPU would place it."""
+           frame: FrameType | None, torch_own: bool = False) -> Any:
+    """The result of a device move (`.to`, `.cuda`, `.cpu`), marked as the GPU would place it.
+    `torch_own`: torch's own move to a GPU tensor's device (see DEVICE_OF_GPU_TENSOR), not a
+    copy the program asked for."""
     if not isinstance(out, torch.Tensor):
         return out
     src_marked = getattr(src, CUDA_MARK, False)
@@ -334,7 +342,8 @@ def _moved(src: torch.Tensor, out: Any, target: str | None, non_blocking: bool, 
             if out is not src:  # a dtype conversion on the device
                 mark(out)
             return out
-        _copy_to_device(src, non_blocking, what, frame)
+        if not torch_own:
+            _copy_to_device(src, non_blocking, what, frame)
         if out is src and not src.requires_grad:
             out = _alias(src)
         mark(out)
@@ -356,6 +365,7 @@ def _to(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> A
     target: str | None = None
     nb_pos = None
     dev = kw.get("device")
+    torch_own = dev is DEVICE_OF_GPU_TENSOR or bool(rest) and rest[0] is DEVICE_OF_GPU_TENSOR
     if dev is not None:
         target = _target(dev)
         if target == "cuda":
@@ -375,7 +385,7 @@ def _to(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> A
                     rest[0] = CPU
     non_blocking = kw.get("non_blocking", rest[nb_pos] if nb_pos is not None and len(rest) > nb_pos else False)
     out = func(src, *rest, **kw)
-    return _moved(src, out, target, bool(non_blocking), "Tensor.to(cuda)", frame)
+    return _moved(src, out, target, bool(non_blocking), "Tensor.to(cuda)", frame, torch_own)
 
 
 def _target(dev: Any) -> str | None:
@@ -459,9 +469,16 @@ def _no_op(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -
     return None  # Tensor.record_stream: one stream here
 
 
+def _parse_to(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """`Module.to(...)` parses its arguments with torch._C._nn._parse_to, then moves each tensor
+    with `t.to(device, ...)`: the device must come back as asked (cuda), so that those moves are
+    rewritten and marked (`_to`); rewritten here, `model.to(device="cuda")` moved nothing."""
+    return func(*args, **kwargs)
+
+
 def _device_get(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
-    if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame):
-        return REHEARSED_DEVICE
+    if getattr(args[0], CUDA_MARK, False):
+        return REHEARSED_DEVICE if caller_is_user(frame) else DEVICE_OF_GPU_TENSOR
     return func(*args, **kwargs)
 
 
@@ -506,6 +523,7 @@ SPECIAL: dict[Any, Handler] = {
     _T.is_cuda.__get__: _is_cuda_get,
     _T.data.__set__: _data_set,
     _T.numpy: _numpy,
+    torch._C._nn._parse_to: _parse_to,
 }
 _resolved: dict[Any, Handler | None] = {}
 
@@ -533,10 +551,41 @@ def _special(func: Callable) -> Handler | None:
 FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 
 
+_compiling = torch.compiler.is_compiling
+
+
+def _traced(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """The mode's work while torch.compile traces the call: the device requests rewritten and the
+    marks passed on, nothing else. Dynamo inlines a mode on the stack into the graph it traces; the
+    untraced path (frames, the probes' records, device checks) broke the user's graph at every op
+    (a warning about `sys._getframe` in the auditor's code, and, with the graph cut into pieces,
+    weights that differed from the CPU run's). Setting a mark on a traced tensor is a side effect
+    dynamo replays on the real one, so what the compiled code returns carries its marks."""
+    name = getattr(func, "__name__", "")
+    requested = False
+    if kwargs and is_cuda_request(kwargs.get("device")):
+        kwargs = {**kwargs, "device": CPU}
+        requested = True
+    if name in ("to", "cuda") and args and isinstance(args[0], torch.Tensor):
+        if name == "cuda":
+            func, args, requested = _T.to, (args[0], CPU), True
+        elif len(args) > 1 and is_cuda_request(args[1]):
+            args, requested = (args[0], CPU, *args[2:]), True
+    marked = requested or _args_marked(args) or (bool(kwargs) and _args_marked(tuple(kwargs.values())))
+    out = func(*args, **kwargs)
+    if marked:
+        for t in _tensors(out):
+            if not any(t is a for a in args):
+                setattr(t, CUDA_MARK, True)
+    return out
+
+
 class RehearsalMode(TorchFunctionMode):
     """Rewrites device requests for CUDA to the CPU and passes GPU marks from inputs to results."""
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if _compiling():
+            return _traced(func, args, kwargs or {})
         # Every torch call made from Python comes through here (one DataLoader batch of 512 samples
         # is ~1000 calls), so the common case -- no keywords, no CUDA default device -- is kept short.
         try:

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Finding, Fix, Option, Rule
-from auditor.rules.fixes import replace_in_line
+from auditor.rules.fixes import insert_before, replace_in_line
 from auditor.rules.nonfinite import NumericsView, location, needs_numerics, short, val
 
 
@@ -17,6 +17,9 @@ class AmpUnscaled(Rule):
         GradScaler scaling the loss (none created, created with enabled=False, or never called).
         (2) float16 weights (`model.half()`) updated by the optimizer from float16 gradients: no
         float32 master weights and no loss scale.
+        (4) Gradients clipped while the GradScaler's scale is still in them:
+        `clip_grad_norm_` / `clip_grad_value_` between `scaler.scale(loss).backward()` and
+        `scaler.step(opt)` with no `scaler.unscale_(opt)` before it.
         (3) A GradScaler whose scale keeps falling: after its first run of falls from init_scale
         (calibration), at least `min-skipped` updates and `skipped-share` of them lowered the scale
         because the gradients held inf/NaN, so those optimizer steps were skipped; or it fell in
@@ -25,13 +28,17 @@ class AmpUnscaled(Rule):
     Why it costs:
         float16 has 10 bits of mantissa and flushes values below ~6e-8 to zero: small gradients
         vanish without a loss scale, and training stalls or drifts without any error. A scaler that
-        halves its scale every step means most steps are thrown away.
+        halves its scale every step means most steps are thrown away. Clipping scaled gradients
+        measures a norm `scale` times the true one (65536x at first), so the threshold is in effect
+        divided by the scale: nearly every update is shrunk, silently.
 
     Example:
         bad:   with torch.autocast("cuda", dtype=torch.float16): loss = model(x)
                loss.backward(); opt.step()
         good:  scaler = torch.amp.GradScaler("cuda")
                scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+        bad:   scaler.scale(loss).backward(); clip_grad_norm_(params, 1.0); scaler.step(opt)
+        good:  scaler.scale(loss).backward(); scaler.unscale_(opt); clip_grad_norm_(params, 1.0)
 
     Fix:
         Use a GradScaler with float16, or autocast to bfloat16 (same range as float32, no scaler
@@ -59,7 +66,45 @@ class AmpUnscaled(Rule):
         view = NumericsView.of(ev)
         yield from self._unscaled(view, ev.environment.rehearsal)
         yield from self._half_weights(view)
+        yield from self._clipped_scaled(view)
         yield from self._collapse(view, options)
+
+    def _clipped_scaled(self, view: NumericsView) -> Iterable[Finding]:
+        """Gradient clipping that ran on scaled gradients (no unscale_ before it)."""
+        sites: dict[tuple, list[dict]] = {}
+        for e in view.events_of("clip_scaled"):
+            w = e.get("where") or {}
+            sites.setdefault((w.get("file"), w.get("line")), []).append(e)
+        made = {e.get("scaler"): e for e in view.events_of("grad_scaler")}
+        for (file, line), evs in sites.items():
+            e = evs[0]
+            steps = sorted({x["step"] for x in evs if isinstance(x.get("step"), int) and x["step"] >= 0})
+            if not steps:
+                continue
+            scale = _scale_at(view, e.get("scaler"), steps[0]) or val((made.get(e.get("scaler")) or {}).get("init_scale"))
+            limit, fn = val(e.get("limit")), e.get("fn") or "clip_grad_norm_"
+            what = "max_norm" if fn == "clip_grad_norm_" else "clip_value"
+            scaler_name, opt_name = e.get("scaler_name") or "scaler", e.get("opt_name") or "optimizer"
+            bound = ("a norm of at most {}" if fn == "clip_grad_norm_" else "values within +-{}")
+            effect = (f", and the gradients {opt_name} stepped with were cut to {bound.format(short(limit / scale))} "
+                      f"instead of {short(limit)}" if limit is not None and scale else "")
+            loc = location(e.get("where"))
+            made_at = location((made.get(e.get("scaler")) or {}).get("where"))
+            edit = insert_before(file, line, f"{scaler_name}.unscale_({opt_name})") if file and line else None
+            yield self.finding(
+                f"{fn}({what}={short(limit)}) ran on gradients still multiplied by the GradScaler's scale "
+                f"({_factor(scale)} at step {steps[0]}) in {len(steps)} of {len(view.steps)} steps: no "
+                f"{scaler_name}.unscale_({opt_name}) came before it, so it measured gradients {_factor(scale)} "
+                f"times too large{effect}.",
+                title="Gradients clipped while still scaled by the GradScaler",
+                locations=[x for x in (loc, made_at) if x],
+                evidence={"fn": fn, what.replace("_", "-"): limit, "scale": scale, "steps": len(steps),
+                          "steps_run": len(view.steps), "first_step": steps[0],
+                          "scaler": scaler_name, "optimizer": opt_name},
+                fix=Fix(summary=f"Unscale before clipping: {scaler_name}.unscale_({opt_name}) right before "
+                                f"{fn}(...); {scaler_name}.step({opt_name}) then does not unscale again.",
+                        config={"GradScaler.unscale_before_clipping": True},
+                        edits=[edit] if edit else [], changes_numerics=True))
 
     def _half_weights(self, view: NumericsView) -> Iterable[Finding]:
         """float16 weights (`model.half()`) updated from float16 gradients: no float32 master
@@ -173,3 +218,18 @@ class AmpUnscaled(Rule):
                 fix=Fix(summary="Find the op that overflows float16 (nonfinite names it) and run it in float32, lower the "
                                 "learning rate, or autocast to bfloat16.",
                         config={"autocast.dtype": "bfloat16"}, changes_numerics=True))
+
+
+def _scale_at(view: NumericsView, scaler: Any, step: int) -> float | None:
+    """The scale the scaler had in `step` (before that step's update)."""
+    for i, d in view.steps:
+        if i == step:
+            for u in d.get("scaler_updates") or []:
+                if u.get("scaler") == scaler:
+                    return val(u.get("before"))
+    return None
+
+
+def _factor(x: float | None) -> str:
+    """A scale as people write it: 65536, not 6.55e+04."""
+    return f"{x:.0f}" if x is not None and 1 <= x < 1e15 and x == int(x) else short(x)

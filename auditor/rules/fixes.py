@@ -61,6 +61,16 @@ def remove_statement(file: str, line: int, reason: str) -> Edit | None:
     return Edit(file=file, start=line, end=end, lines=[f"{_indent(lines[line - 1])}pass  # {reason}"])
 
 
+def insert_before(file: str, line: int, text: str) -> Edit | None:
+    """A line `text` inserted before the statement that starts on `line`, at its indentation (None
+    when no simple statement starts there, or one on that line precedes it: `a(); b()`)."""
+    stmt = _statement_at(file, line)
+    lines = read_lines(file)
+    if stmt is None or lines is None or lines[line - 1][:stmt.col_offset].strip():
+        return None
+    return Edit(file=file, start=line, end=line - 1, lines=[_indent(lines[line - 1]) + text])
+
+
 def _call_on_line(file: str, line: int, names: Iterable[str]) -> ast.Call | None:
     lines = read_lines(file)
     if lines is None:

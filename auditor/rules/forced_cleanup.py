@@ -4,10 +4,18 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Finding, Fix, Option, Rule
-from auditor.rules.common import by_place, cost_of, locations, steps_run
+from auditor.rules.base import Cost, Finding, Fix, Option, Rule
+from auditor.rules.common import by_place, cost_of, locations, on_accelerator, steps_run
 from auditor.rules.fixes import remove_statement
 from auditor.rules.suppression import unsuppressed
+
+
+EMPTY_CACHE = "torch.cuda.empty_cache"
+COUNTED = "counted, not timed: no CUDA device here, where empty_cache() frees nothing"
+
+
+def _what(places: list) -> str:
+    return " and ".join(sorted({f"{p.what}()" for p in places}))
 
 
 class ForcedCleanup(Rule):
@@ -29,7 +37,8 @@ class ForcedCleanup(Rule):
         Remove the calls from the step. The patch replaces each with `pass`.
 
     Evidence needed:
-        A run: timed probes on gc.collect and torch.cuda.empty_cache.
+        A run: timed probes on gc.collect and torch.cuda.empty_cache. Without a CUDA device (a
+        CPU run, or CUDA rehearsal) empty_cache() frees nothing and its cost is counted, not timed.
     """
 
     id = "forced-cleanup"
@@ -48,17 +57,29 @@ class ForcedCleanup(Rule):
         places = unsuppressed(self.id, places, lambda p: p.where)  # out of the count, message and evidence
         if not places:
             return
-        total = sum(p.ms for p in places)
-        cost = cost_of(ev, total)
-        what = " and ".join(sorted({f"{p.what}()" for p in places}))
+        # without a device, empty_cache() is answered by a stand-in that frees nothing: its time is no cost
+        device = on_accelerator(ev)
+        timed = [p for p in places if device or p.what != EMPTY_CACHE]
+        counted = [p for p in places if p not in timed]
+        parts = []
+        if timed:
+            cost = cost_of(ev, sum(p.ms for p in timed))
+            parts.append(f"{_what(timed)} ran {sum(p.count for p in timed)} times in {n} steps, costing "
+                         f"{cost.ms_per_step:.2f} ms per step ({(cost.share_of_step or 0) * 100:.1f}% of the "
+                         "median step)")
+        else:
+            cost = Cost(ms_per_step=None, share_of_step=None, measured=False, note=COUNTED)
+        if counted:
+            parts.append(f"{_what(counted)} ran {sum(p.count for p in counted)} times in {n} steps: on a GPU "
+                         "each call waits for the device and hands its cached blocks back to the driver, which the "
+                         "next steps must cudaMalloc again (not timed: no CUDA device here)")
         locs = locations(places)
         edits = [e for loc in locs if (e := remove_statement(loc.file, loc.line, "audit: forced cleanup removed"))]
         yield self.finding(
-            f"{what} ran {sum(p.count for p in places)} times in {n} steps, costing "
-            f"{cost.ms_per_step:.2f} ms per step ({(cost.share_of_step or 0) * 100:.1f}% of the median step).",
+            "; ".join(parts) + ".",
             locations=locs,
             evidence={"calls": [{"what": p.what, "count": p.count, "steps": len(p.steps), "ms": round(p.ms, 3),
-                                 "line": p.where.line if p.where else None} for p in places]},
+                                 "line": p.where.line if p.where else None, "timed": p in timed} for p in places]},
             cost=cost,
             fix=Fix(summary="Remove per-step gc.collect()/empty_cache(); fix what holds the memory instead.",
                     config={"gc.collect": "off", "torch.cuda.empty_cache": "off"}, edits=edits),

@@ -19,6 +19,8 @@ ADVICE = {
     "Tensor.nonzero": "use masking or torch.where with a fixed shape; pass as_tuple/size hints where possible",
     "torch.nonzero": "use masking or torch.where with a fixed shape",
     "Tensor.masked_select": "multiply by the mask or use torch.where to keep shapes static",
+    "Tensor[bool mask]": "keep shapes fixed: weight by the mask ((loss * mask).sum() / mask.sum(), or a loss's "
+                         "ignore_index for labels) or use torch.where(mask, x, 0) instead of selecting with x[mask]",
     "torch.masked_select": "multiply by the mask or use torch.where to keep shapes static",
     "torch.cuda.synchronize": "remove explicit synchronize() calls from the step (profilers sync for you)",
     "SummaryWriter: Tensor.cpu": _SUMMARY_WRITER,
@@ -35,7 +37,9 @@ class HostSync(Rule):
     What it detects:
         Calls inside the step that make the host wait for the device: `.item()`, `.cpu()`,
         `.tolist()`, `.numpy()`, `float(t)`, `int(t)`, `bool(t)` / `if t`, `print(t)`, `nonzero`,
-        `masked_select`, `.to("cpu")`, `torch.cuda.synchronize()`; counted per step with their line.
+        `masked_select`, selecting with a boolean mask (`logits[mask]`: the host reads how many
+        are True to size the result), `.to("cpu")`, `torch.cuda.synchronize()`; counted per step
+        with their line.
         Also the syncs torch makes on the user's behalf: `GradScaler.step(opt)` reads found_inf
         with `.item()` every step unless the optimizer is fused, `ReduceLROnPlateau.step(loss)`
         reads a tensor metric with `float()`, and torch.utils.tensorboard's

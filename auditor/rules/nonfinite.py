@@ -54,6 +54,12 @@ def location(where: dict | None) -> Location | None:
                     code=linecache.getline(where["file"], int(where["line"])).strip())
 
 
+def _names(params: list[str], shown: int = 4) -> str:
+    """The first parameters' names, and how many more there are (all of them are in the evidence)."""
+    more = f" and {len(params) - shown} more" if len(params) > shown else ""
+    return ", ".join(f"`{p}`" for p in params[:shown]) + more
+
+
 def short(x: Any) -> str:
     v = val(x)
     if v is None:
@@ -442,7 +448,7 @@ class Nonfinite(Rule):
             opt = _optimizer_event(view, o.get("opt"))
             locs = [x for x in [view.site_location(o.get("site")), location(opt.get("where") if opt else None)] if x]
             msg = (f"{head} The gradients were finite; the {opt.get('type', 'optimizer') if opt else 'optimizer'} "
-                   f"update made {', '.join('`' + p + '`' for p in params[:4])} non-finite (check its eps and lr).")
+                   f"update made {_names(params)} non-finite (check its eps and lr).")
             evidence["params"] = params
         else:
             msg = f"{head} No checked torch call made it (it came from code the collector cannot see)."
@@ -714,11 +720,6 @@ def _growth_text(losses: list[list], step: int) -> str:
         return ""
     return (f" The loss had grown from {short(pts[0][1])} (step {pts[0][0]}) to {short(pts[-1][1])} "
             f"(step {pts[-1][0]}).")
-
-
-def _names(params: list[str]) -> str:
-    """`a`, `b`, `c`, `d` … : the first four of a list of parameter names."""
-    return f"{', '.join('`' + p + '`' for p in params[:4])}{' …' if len(params) > 4 else ''}"
 
 
 def _at(loc: Location | None) -> str:
