@@ -394,7 +394,7 @@ def test_empty_cache_without_a_device_is_counted_not_timed(tmp_path):
     a = audit("run", f"{trainer}:step", "--steps", "10", "--no-profile", out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     (f,) = a.rule("forced-cleanup")
-    assert f["locations"] == [{"file": str(trainer), "line": 13, "code": "torch.cuda.empty_cache()"}]
+    assert f["locations"] == [{"file": str(trainer), "line": 13, "code": "torch.cuda.empty_cache()", "note": ""}]
     assert f["evidence"]["calls"][0]["count"] == 2
     assert f["cost"] == {"ms_per_step": None, "share_of_step": None, "measured": False, "within": None,
                          "note": "counted, not timed: no CUDA device here, where empty_cache() frees nothing"}
