@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -57,12 +58,13 @@ def one(a, rule_id: str, example: str) -> dict:
     return found[0]
 
 
-def audit_trainer(tmp_path, name: str, source: str, steps: int):
-    """Write `source` as a trainer and audit it for real (no profiler, one thread): it must end well."""
+def audit_trainer(tmp_path, name: str, source: str, steps: int, env: dict | None = None):
+    """Write `source` as a trainer and audit it for real (no profiler, one thread, the trainer's
+    own variables in `env`): it must end well."""
     trainer = tmp_path / name
     trainer.write_text(source)
     a = audit("run", f"{trainer}:step", "--steps", str(steps), "--no-profile", "--quiet", out=tmp_path / "out",
-              env=ONE_THREAD)
+              env={**ONE_THREAD, **(env or {})})
     assert a.returncode == 0, a.stderr
     return trainer, a
 
@@ -897,6 +899,65 @@ def test_a_backward_nan_is_traced_to_the_log_whose_derivative_overflowed(tmp_pat
     patch = (tmp_path / "out" / "numerics-fixes.patch").read_text()
     assert "+    return -torch.log(p.gather(1, y[:, None]).clamp_min(1e-12)).mean()" in patch, patch
     assert not (tmp_path / "out" / "fixes.patch").exists() or "clamp" not in (tmp_path / "out" / "fixes.patch").read_text()
+
+
+
+NAN_IN_COMPILED = """
+import os
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return torch.log(self.lin(x) - x[:, :1])  # the log of a negative value at step 3
+
+
+net = Net()
+with torch.no_grad():
+    net.lin.bias.fill_(1.0)
+cnet = torch.compile(net)  # a compiled model (inductor)
+opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+xs = [torch.rand(16, 8) * 0.01 for _ in range(5)]
+xs[3][5, 0] = 10.0
+
+
+def train(x):
+    loss = cnet(x).mean()  # MODEL LINE
+    loss.backward()
+    return loss
+
+
+if os.environ["WHERE"] == "function":
+    train = torch.compile(train)  # a compiled function: the backward pass in it too
+
+
+def step(i):
+    opt.zero_grad()
+    train(xs[i])  # FUNCTION LINE
+    opt.step()
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="inductor needs a C++ compiler")
+@pytest.mark.parametrize("where", ["model", "function"])
+def test_a_nan_made_inside_compiled_code_is_still_reported(tmp_path, where):
+    """torch.compile runs a model's calls as its own kernels (inductor), unseen by the numerics
+    checks, and the checks' mode is off the stack for each compiled call (it changed what dynamo
+    traced). The NaN is still reported at its step, from the loss: checked at the backward pass
+    after the compiled model, or inside a compiled function that runs the backward pass itself,
+    where the backward probe checks it in the mode's place."""
+    trainer, a = audit_trainer(tmp_path, "compiled_nan.py", NAN_IN_COMPILED, 5, {"WHERE": where})
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert (ev["first_step"], ev["nonfinite"]) == (3, ["loss"]), ev
+    assert [d["loss_finite"] for d in numerics(a)] == [True, True, True, False, True]
 
 
 COMPLEX_NAN = """

@@ -40,6 +40,11 @@ the rules need is recorded while the steps run, cheaply enough to stay on for th
   `torch.autograd.Function`, which torch calls back in Python: the mode is pushed again for it
   (see `_install_backward_probe`), so a division by 0 there is named at its line, not blamed on
   a call of the forward pass.
+* A call of code torch.compile compiled (`torch.compile(model)`, `@torch.compile`) runs with the
+  mode off the stack: dynamo traces the modes it finds into the user's graph and guards on them
+  (see unseen.compiled_calls_without). A backward pass it runs has its loss checked by the
+  backward probe instead of the mode (`_backward_in_compiled_call`). What runs inside, eagerly or
+  not, is not checked call by call.
 * Global optimizer step hooks record, per optimizer step, the gradient norms (one `_foreach_norm`),
   parameter norms after the update and the learning rate of each param group. A step that runs
   inside code torch.compile traced (`opt.step = torch.compile(opt.step)`, a compiled function
@@ -65,7 +70,7 @@ of batched, and the weights are not re-measured after an update that cannot have
 non-finite (built-in optimizer, finite lr, eps > 0, finite moderate gradients); they are
 re-measured at least every PARAM_REFRESH steps. Calls inside a library module (Linear inside
 Sequential) take the user's line found once by the module pre-hook instead of walking the stack
-per call. Calls traced by torch.compile, batch loading, `zero_grad` and the
+per call. Calls inside code torch.compile compiled, batch loading, `zero_grad` and the
 optimizer's own update are not checked one by one.
 
 Per step, `StepRecord.extra["numerics"]` holds (non-finite floats are the strings "nan", "inf",
@@ -97,7 +102,8 @@ from torch.overrides import TorchFunctionMode
 
 from auditor.capture import probes
 from auditor.capture.frames import call_span, code_kinds, is_library, library_code, user_call, user_frame
-from auditor.capture.unseen import dynamo_skips_our_frames, no_torch_function as _no_torch_function
+from auditor.capture.unseen import (compiled_calls_without, dynamo_skips_our_frames, in_compiled_call,
+                                    no_torch_function as _no_torch_function)
 
 perf = time.perf_counter
 
@@ -609,6 +615,8 @@ class Numerics:
         register_optimizer_step_pre_hook(self._opt_pre)
         register_optimizer_step_post_hook(self._opt_post)
         probes.read_traced_steps(self._traced_step_ran)
+        compiled_calls_without(self.mode)  # (dynamo traces and guards the mode stack it finds)
+        probes.read_backward_calls(self._backward_in_compiled_call)
         # these hooks run where the probes' phase hooks do: time the phases here, one hook less
         self.times_phases = probes.take_over_phase_timing()
         _install_config_probes(self)
@@ -1172,6 +1180,17 @@ class Numerics:
             self.failed(e)
         finally:
             _set_grad(grad_mode)
+
+    def _backward_in_compiled_call(self, args: tuple, kwargs: dict) -> None:
+        """A backward pass the user's code starts inside a call of compiled code (a compiled
+        function that calls `loss.backward()`, run as it is after dynamo's graph break there), where
+        the mode is off the stack (unseen.compiled_calls_without) and cannot see it: its loss is
+        checked here, as the mode checks it elsewhere."""
+        if in_compiled_call() and self.in_step and self.checking and not self.paused and not self.in_backward:
+            t0 = perf()
+            with _checks_range():
+                self.on_backward(args, kwargs)
+            self.check_s += perf() - t0
 
     # --- optimizer hooks ------------------------------------------------------------------------
 
