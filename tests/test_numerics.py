@@ -947,17 +947,28 @@ def step(i):
 
 @pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="inductor needs a C++ compiler")
 @pytest.mark.parametrize("where", ["model", "function"])
-def test_a_nan_made_inside_compiled_code_is_still_reported(tmp_path, where):
+def test_a_nan_made_inside_compiled_code_is_traced_to_the_compiled_call(tmp_path, where):
     """torch.compile runs a model's calls as its own kernels (inductor), unseen by the numerics
     checks, and the checks' mode is off the stack for each compiled call (it changed what dynamo
-    traced). The NaN is still reported at its step, from the loss: checked at the backward pass
-    after the compiled model, or inside a compiled function that runs the backward pass itself,
-    where the backward probe checks it in the mode's place."""
+    traced). The NaN is still reported at its step, from the loss, and it is traced to the
+    compiled call at the user's line that made it, as one call: `torch.compile(Net)` at the
+    model's call, or `torch.compile(train)` for a compiled function that also runs the backward
+    pass (its loss is checked there, without the mode). The NaN was blamed on the input data
+    ('received an input that was already non-finite ... the input data') or on no call at all,
+    and the fix says how to find the call inside: the same audit with torch.compile off."""
     trainer, a = audit_trainer(tmp_path, "compiled_nan.py", NAN_IN_COMPILED, 5, {"WHERE": where})
     [f] = a.rule("nonfinite")
     ev = f["evidence"]
-    assert (ev["first_step"], ev["nonfinite"]) == (3, ["loss"]), ev
+    assert (ev["first_step"], ev["nonfinite"], ev["phase"]) == (3, ["loss"], "forward"), ev
     assert [d["loss_finite"] for d in numerics(a)] == [True, True, True, False, True]
+    line = line_of(NAN_IN_COMPILED, "# MODEL LINE" if where == "model" else "# FUNCTION LINE")
+    op = "torch.compile(Net)" if where == "model" else "torch.compile(train)"
+    assert places(f) == {(str(trainer), line)} and ev["op"] == op, (places(f), ev["op"])
+    assert ev["outputs"][0]["min"] == "nan" and all(r["finite"] for r in ev["inputs"]), ev
+    assert ev["inputs"][0]["max"] == pytest.approx(10.0)  # (the row that makes the log's input negative)
+    call = "`cnet(x)`" if where == "model" else "`train(xs[i])`"
+    assert f"{op} ({call}) made non-finite values from finite inputs inside its compiled code" in f["message"], f["message"]
+    assert "input data" not in f["message"] and "TORCHDYNAMO_DISABLE=1 audit run" in f["fix"]["summary"]
 
 
 COMPLEX_NAN = """

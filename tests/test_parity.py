@@ -508,7 +508,7 @@ def test_compiled_code_is_traced_as_in_a_plain_run_under_the_numerics_checks(und
     again (more graph breaks). The mode is off the stack for each call of compiled code now: the
     same graphs, graph breaks, stderr and weights as the plain run. The checks that need no mode
     still run: the loss of the backward pass inside the compiled function (its values are the
-    plain run's)."""
+    plain run's), and each compiled call is checked as one call at the user's line."""
     d, plain_stderr = under_mode_plain
     out = d / "out"
     a = audit("run", f"{d / 'under_mode.py'}:step", "--steps", "4", "--quiet", "--no-profile", "--numerics",
@@ -520,6 +520,11 @@ def test_compiled_code_is_traced_as_in_a_plain_run_under_the_numerics_checks(und
     assert [n["loss"] for n in numerics] == pytest.approx(plain_stats["losses"][1:], rel=1e-6)
     assert all(n["loss_finite"] and n["backward"] == 1 for n in numerics), numerics[0]
     assert a.rule("nonfinite") == []
+    source = (d / "under_mode.py").read_text().splitlines()
+    line = source.index("    train(cnet(x))") + 1
+    sites = {int(k): v for n in numerics for k, v in n.get("sites", {}).items()}
+    compiled = sorted((v["op"], v["where"]["line"]) for v in sites.values() if v["op"].startswith("torch.compile("))
+    assert compiled == [("torch.compile(Net)", line), ("torch.compile(train)", line)], sites
 
 
 COUNTED = '''
