@@ -971,6 +971,49 @@ def test_a_nan_made_inside_compiled_code_is_traced_to_the_compiled_call(tmp_path
     assert "input data" not in f["message"] and "TORCHDYNAMO_DISABLE=1 audit run" in f["fix"]["summary"]
 
 
+
+WRITTEN_IN_COMPILED = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+lin = nn.Linear(8, 8)
+opt = torch.optim.SGD(lin.parameters(), lr=1e-3)
+x, w = torch.randn(16, 8), torch.randn(8, 8)
+
+
+@torch.compile
+def scale_(h, s):
+    h.mul_(s)  # a write into its argument, inside compiled code
+
+
+def step(i):
+    h = x @ w  # MATMUL LINE
+    scale_(h, float("nan") if i == 3 else 1.0)  # SCALE LINE
+    loss = lin(h).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="inductor needs a C++ compiler")
+def test_a_nan_compiled_code_writes_into_its_argument_is_traced_to_the_compiled_call(tmp_path):
+    """The output of `x @ w` is kept unreduced on the CPU until the loss settles it; a compiled
+    function then wrote NaN into it, unseen by the checks, and the matmul was blamed ('Tensor.matmul
+    (`x @ w`) made NaN from finite inputs'). A deferred output passed to compiled code is reduced
+    before the call, and an argument the call wrote into counts as its output."""
+    trainer, a = audit_trainer(tmp_path, "written.py", WRITTEN_IN_COMPILED, 5)
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert (ev["first_step"], ev["nonfinite"], ev["op"]) == (3, ["loss", "gradient", "parameter"], "torch.compile(scale_)"), ev
+    assert places(f) == {(str(trainer), line_of(WRITTEN_IN_COMPILED, "# SCALE LINE"))}
+    assert [r["finite"] for r in ev["inputs"]] == [True] and ev["outputs"][0]["max"] == "nan", ev
+    assert "made non-finite values from finite inputs inside its compiled code" in f["message"], f["message"]
+    matmul = line_of(WRITTEN_IN_COMPILED, "# MATMUL LINE")
+    assert f":{matmul}:" not in f["message"] and "x @ w" not in f["message"], f["message"]
+
+
 COMPLEX_NAN = """
 import torch
 from torch import nn

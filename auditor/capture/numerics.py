@@ -43,9 +43,10 @@ the rules need is recorded while the steps run, cheaply enough to stay on for th
 * A call of code torch.compile compiled (`torch.compile(model)`, `@torch.compile`) runs with the
   mode off the stack: dynamo traces the modes it finds into the user's graph and guards on them
   (see unseen.compiled_calls_without). It is checked as one call, at the user's line
-  (`_compiled_call_ran`: a NaN made inside is named there, `torch.compile(Net)`), and a backward
-  pass it runs has its loss checked by the backward probe instead of the mode
-  (`_backward_in_compiled_call`). What runs inside, eagerly or not, is not checked call by call.
+  (`_compiled_call_ran`: a NaN made inside is named there, `torch.compile(Net)`; a deferred
+  output passed to it is reduced before, as it may write into it), and a backward pass it runs
+  has its loss checked by the backward probe instead of the mode (`_backward_in_compiled_call`).
+  What runs inside, eagerly or not, is not checked call by call.
 * Global optimizer step hooks record, per optimizer step, the gradient norms (one `_foreach_norm`),
   parameter norms after the update and the learning rate of each param group. A step that runs
   inside code torch.compile traced (`opt.step = torch.compile(opt.step)`, a compiled function
@@ -616,7 +617,8 @@ class Numerics:
         register_optimizer_step_pre_hook(self._opt_pre)
         register_optimizer_step_post_hook(self._opt_post)
         probes.read_traced_steps(self._traced_step_ran)
-        compiled_calls_without(self.mode, self._compiled_call_ran)  # (dynamo traces and guards the mode stack)
+        # (dynamo traces and guards the mode stack it finds)
+        compiled_calls_without(self.mode, self._compiled_call_starts, self._compiled_call_ran)
         probes.read_backward_calls(self._backward_in_compiled_call)
         # these hooks run where the probes' phase hooks do: time the phases here, one hook less
         self.times_phases = probes.take_over_phase_timing()
@@ -1084,21 +1086,37 @@ class Numerics:
         ins = [t for t in refs if _checkable(t)]  # (the test _tensor_args makes at once)
         self._record(func, kind, (), ins, outs, _monotone(func, kind, ins), None, mid, slot, site)
 
-    def _compiled_call_ran(self, compiled: Callable, args: tuple, kwargs: dict, out: Any, frame: Any) -> None:
-        """A call of compiled code, run with the mode off the stack (unseen.compiled_calls_without),
-        checked as one call at the user's line that made it: its tensor arguments in, its result
-        out, named `torch.compile(Net)` or `torch.compile(fn)`. A non-finite value made inside is
-        then traced to this call, not taken for bad input data by the first checked call that
-        receives it. Deferred like a plain call on the CPU."""
+    def _compiled_call_starts(self, args: tuple, kwargs: dict) -> tuple | None:
+        """Before a call of compiled code (see _compiled_call_ran): its tensor arguments and their
+        versions. Compiled code may write into them, unseen: a deferred output among them is
+        reduced first, while it is what the call that made it made (as before any write)."""
         if not (self.in_step and self.checking) or self.paused:
-            return
+            return None
         rec = probes.REC
         if rec is not None and rec.in_data:
+            return None
+        refs = _tensor_refs(args if not kwargs else (*args, *kwargs.values()))
+        if refs and (self.pending or self.aliases):
+            self._timed(self.resolve_written, args, kwargs)
+        return refs, [_version_of(t) for t in refs]
+
+    def _compiled_call_ran(self, compiled: Callable, args: tuple, kwargs: dict, out: Any, frame: Any,
+                           started: tuple | None) -> None:
+        """A call of compiled code, run with the mode off the stack (unseen.compiled_calls_without),
+        checked as one call at the user's line that made it: its tensor arguments in, its result
+        and the arguments it wrote into out, named `torch.compile(Net)` or `torch.compile(fn)`. A
+        non-finite value made inside is then traced to this call, not taken for bad input data
+        by the first checked call that receives it, nor blamed on the call that made a tensor
+        the compiled code then overwrote. Deferred like a plain call on the CPU."""
+        if started is None:
             return
         t0 = perf()
+        refs, versions = started
         with _checks_range():
             try:
                 outs = _tensors_in(out)
+                outs += [t for t, v in zip(refs, versions)
+                         if _version_of(t) != v and _checkable(t) and not any(t is o for o in outs)]
                 if outs:
                     fn = getattr(compiled, "_torchdynamo_orig_callable", compiled)
                     owner = getattr(fn, "__self__", None)  # (a module's forward: its bound __call__)
@@ -1112,7 +1130,6 @@ class Numerics:
                         entry = None
                     mid = entry[1] if entry is not None and entry[0]() is owner else self.mstack[-1] if self.mstack else -1
                     site = self._site_at(op, user_call(frame), None, frame)
-                    refs = _tensor_refs(args if not kwargs else (*args, *kwargs.values()))
                     if self.defer_cpu and all(o.is_cpu and o.dtype is not _HALF for o in outs):
                         self._defer(self._resolve_op, (op, refs, outs, site, mid, COMPILED), outs)
                     else:

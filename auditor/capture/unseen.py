@@ -183,7 +183,8 @@ class _ModeOff:
     """What compiled_calls_without was given, and its state."""
 
     mode: Any = None  # the mode compiled code must not find on the stack (the numerics mode)
-    ran: Callable[[Any, tuple, dict, Any, Any], None] | None = None  # told of each compiled call after it
+    starts: Callable[[tuple, dict], Any] | None = None  # told of each compiled call before it
+    ran: Callable[[Any, tuple, dict, Any, Any, Any], None] | None = None  # and after it
     config: Any = None  # torch._dynamo.config, once the entry is wrapped
     wrapped = False  # whether the entry is wrapped (or found missing)
     running = 0  # calls of compiled code running that took the mode off
@@ -192,12 +193,14 @@ class _ModeOff:
 _OFF = _ModeOff()
 
 
-def compiled_calls_without(mode: Any, ran: Callable[[Any, tuple, dict, Any, Any], None]) -> None:
+def compiled_calls_without(mode: Any, starts: Callable[[tuple, dict], Any],
+                           ran: Callable[[Any, tuple, dict, Any, Any, Any], None]) -> None:
     """Take `mode` (the numerics collector's, on the stack for the whole step) off the
     torch-function mode stack for each call of code torch.compile compiled: `torch.compile(fn)`,
-    `@torch.compile`, `torch.compile(model)` and `model.compile()`, `torch._dynamo.optimize`;
-    `ran(compiled, args, kwargs, result, frame)` is called after each such call that returned,
-    with the mode back, from the frame of its caller.
+    `@torch.compile`, `torch.compile(model)` and `model.compile()`, `torch._dynamo.optimize`.
+    `token = starts(args, kwargs)` is called before such a call, and `ran(compiled, args, kwargs,
+    result, frame, token)` after it if it returned, with the mode back, from the frame of its
+    caller.
 
     Dynamo traces a compiled frame through the modes on the stack when it starts, and guards on
     them: with ours there, the user's graph was made of the calls our mode passes on, not of
@@ -213,14 +216,14 @@ def compiled_calls_without(mode: Any, ran: Callable[[Any, tuple, dict, Any, Any]
     (the mode passes traced calls on, and inductor's kernels are no torch calls), but what dynamo
     runs eagerly inside a compiled call (the code after a graph break, a
     `torch.compiler.disable`d function, the graph itself on the eager backends) now runs without
-    the mode too. The compiled call is checked as one call instead (`ran`), and the checks that
+    the mode too. The compiled call is checked as one call instead (`starts`, `ran`), and the checks that
     need no mode stay: the loss of a backward pass run there (`in_compiled_call`), gradient norms
     and weights after each optimizer step.
 
     Wrapped once torch._dynamo is imported: at the first `torch.compile`, or at a step's start
     (`dynamo_skips_our_frames`); a function given to `torch._dynamo.optimize` before both keeps
     the mode. On a torch whose eval_frame has no such entry, nothing changes."""
-    _OFF.mode, _OFF.ran = mode, ran
+    _OFF.mode, _OFF.starts, _OFF.ran = mode, starts, ran
     if "torch._dynamo.eval_frame" in sys.modules:
         _wrap_compiled_calls()
     orig = torch.compile
@@ -283,13 +286,14 @@ def _without_mode(compiled: Any) -> Any:
         n = _stack_len()
         if not n or _compiling() or getattr(off.config, "disable", False):  # (TORCH_COMPILE_DISABLE=1: run eagerly)
             return compiled(*args, **kwargs)
-        if _stack_at(n - 1) is mode:  # (on top: the stack of most steps)
-            at, above = n - 1, []
+        at = n - 1 if _stack_at(n - 1) is mode else next((i for i in range(n - 1) if _stack_at(i) is mode), None)
+        if at is None:  # (off the stack: in a compiled call already, or in an optimizer step)
+            return compiled(*args, **kwargs)
+        token = off.starts(args, kwargs)
+        if at == n - 1:  # (on top: the stack of most steps)
+            above = []
             _pop_mode()
         else:
-            at = next((i for i in range(n - 1) if _stack_at(i) is mode), None)
-            if at is None:  # (off the stack: in a compiled call already, or in an optimizer step)
-                return compiled(*args, **kwargs)
             above = [_pop_mode() for _ in range(n - 1 - at)]  # (modes the user entered in the step)
             _pop_mode()
             for m in reversed(above):
@@ -303,7 +307,7 @@ def _without_mode(compiled: Any) -> Any:
             _push_mode(mode)
             for m in reversed(above):
                 _push_mode(m)
-        off.ran(compiled, args, kwargs, out, sys._getframe(1))
+        off.ran(compiled, args, kwargs, out, sys._getframe(1), token)
         return out
 
     functools.update_wrapper(call, compiled)  # (dynamo's attributes too: it inlines the user's function)
