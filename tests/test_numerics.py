@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -57,12 +58,13 @@ def one(a, rule_id: str, example: str) -> dict:
     return found[0]
 
 
-def audit_trainer(tmp_path, name: str, source: str, steps: int):
-    """Write `source` as a trainer and audit it for real (no profiler, one thread): it must end well."""
+def audit_trainer(tmp_path, name: str, source: str, steps: int, env: dict | None = None):
+    """Write `source` as a trainer and audit it for real (no profiler, one thread, the trainer's
+    own variables in `env`): it must end well."""
     trainer = tmp_path / name
     trainer.write_text(source)
     a = audit("run", f"{trainer}:step", "--steps", str(steps), "--no-profile", "--quiet", out=tmp_path / "out",
-              env=ONE_THREAD)
+              env={**ONE_THREAD, **(env or {})})
     assert a.returncode == 0, a.stderr
     return trainer, a
 
@@ -897,6 +899,119 @@ def test_a_backward_nan_is_traced_to_the_log_whose_derivative_overflowed(tmp_pat
     patch = (tmp_path / "out" / "numerics-fixes.patch").read_text()
     assert "+    return -torch.log(p.gather(1, y[:, None]).clamp_min(1e-12)).mean()" in patch, patch
     assert not (tmp_path / "out" / "fixes.patch").exists() or "clamp" not in (tmp_path / "out" / "fixes.patch").read_text()
+
+
+
+NAN_IN_COMPILED = """
+import os
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return torch.log(self.lin(x) - x[:, :1])  # the log of a negative value at step 3
+
+
+net = Net()
+with torch.no_grad():
+    net.lin.bias.fill_(1.0)
+cnet = torch.compile(net)  # a compiled model (inductor)
+opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+xs = [torch.rand(16, 8) * 0.01 for _ in range(5)]
+xs[3][5, 0] = 10.0
+
+
+def train(x):
+    loss = cnet(x).mean()  # MODEL LINE
+    loss.backward()
+    return loss
+
+
+if os.environ["WHERE"] == "function":
+    train = torch.compile(train)  # a compiled function: the backward pass in it too
+
+
+def step(i):
+    opt.zero_grad()
+    train(xs[i])  # FUNCTION LINE
+    opt.step()
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="inductor needs a C++ compiler")
+@pytest.mark.parametrize("where", ["model", "function"])
+def test_a_nan_made_inside_compiled_code_is_traced_to_the_compiled_call(tmp_path, where):
+    """torch.compile runs a model's calls as its own kernels (inductor), unseen by the numerics
+    checks, and the checks' mode is off the stack for each compiled call (it changed what dynamo
+    traced). The NaN is still reported at its step, from the loss, and it is traced to the
+    compiled call at the user's line that made it, as one call: `torch.compile(Net)` at the
+    model's call, or `torch.compile(train)` for a compiled function that also runs the backward
+    pass (its loss is checked there, without the mode). The NaN was blamed on the input data
+    ('received an input that was already non-finite ... the input data') or on no call at all,
+    and the fix says how to find the call inside: the same audit with torch.compile off."""
+    trainer, a = audit_trainer(tmp_path, "compiled_nan.py", NAN_IN_COMPILED, 5, {"WHERE": where})
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert (ev["first_step"], ev["nonfinite"], ev["phase"]) == (3, ["loss"], "forward"), ev
+    assert [d["loss_finite"] for d in numerics(a)] == [True, True, True, False, True]
+    line = line_of(NAN_IN_COMPILED, "# MODEL LINE" if where == "model" else "# FUNCTION LINE")
+    op = "torch.compile(Net)" if where == "model" else "torch.compile(train)"
+    assert places(f) == {(str(trainer), line)} and ev["op"] == op, (places(f), ev["op"])
+    assert ev["outputs"][0]["min"] == "nan" and all(r["finite"] for r in ev["inputs"]), ev
+    assert ev["inputs"][0]["max"] == pytest.approx(10.0)  # (the row that makes the log's input negative)
+    call = "`cnet(x)`" if where == "model" else "`train(xs[i])`"
+    assert f"{op} ({call}) made non-finite values from finite inputs inside its compiled code" in f["message"], f["message"]
+    assert "input data" not in f["message"] and "TORCHDYNAMO_DISABLE=1 audit run" in f["fix"]["summary"]
+
+
+
+WRITTEN_IN_COMPILED = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+lin = nn.Linear(8, 8)
+opt = torch.optim.SGD(lin.parameters(), lr=1e-3)
+x, w = torch.randn(16, 8), torch.randn(8, 8)
+
+
+@torch.compile
+def scale_(h, s):
+    h.mul_(s)  # a write into its argument, inside compiled code
+
+
+def step(i):
+    h = x @ w  # MATMUL LINE
+    scale_(h, float("nan") if i == 3 else 1.0)  # SCALE LINE
+    loss = lin(h).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="inductor needs a C++ compiler")
+def test_a_nan_compiled_code_writes_into_its_argument_is_traced_to_the_compiled_call(tmp_path):
+    """The output of `x @ w` is kept unreduced on the CPU until the loss settles it; a compiled
+    function then wrote NaN into it, unseen by the checks, and the matmul was blamed ('Tensor.matmul
+    (`x @ w`) made NaN from finite inputs'). A deferred output passed to compiled code is reduced
+    before the call, and an argument the call wrote into counts as its output."""
+    trainer, a = audit_trainer(tmp_path, "written.py", WRITTEN_IN_COMPILED, 5)
+    [f] = a.rule("nonfinite")
+    ev = f["evidence"]
+    assert (ev["first_step"], ev["nonfinite"], ev["op"]) == (3, ["loss", "gradient", "parameter"], "torch.compile(scale_)"), ev
+    assert places(f) == {(str(trainer), line_of(WRITTEN_IN_COMPILED, "# SCALE LINE"))}
+    assert [r["finite"] for r in ev["inputs"]] == [True] and ev["outputs"][0]["max"] == "nan", ev
+    assert "made non-finite values from finite inputs inside its compiled code" in f["message"], f["message"]
+    matmul = line_of(WRITTEN_IN_COMPILED, "# MATMUL LINE")
+    assert f":{matmul}:" not in f["message"] and "x @ w" not in f["message"], f["message"]
 
 
 COMPLEX_NAN = """

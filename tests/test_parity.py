@@ -443,6 +443,90 @@ def test_the_probes_leave_compiled_code_as_it_is(compiled_model_plain, numerics)
         [[("backward", "Tensor.backward", lines["backward"], 1), ("forward", "OptimizedModule", lines["forward"], 1)]] * 4
 
 
+
+COMPILED_UNDER_THE_MODE = """
+import json, os
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return 0.37 / (self.lin(x).abs() + 1.3)  # (Tensor.__rtruediv__: reciprocal * 0.37 in Python)
+
+
+net, head = Net(), nn.Linear(4, 1)
+cnet = torch.compile(net, backend="eager")  # a compiled model
+opt = torch.optim.SGD([*net.parameters(), *head.parameters()], lr=0.1, momentum=0.9)
+x, y = torch.randn(16, 8), torch.randn(16, 1)
+losses = []
+
+
+@torch.compile(backend="eager")  # a compiled function: its backward pass and .item() break its graph
+def train(h):
+    loss = nn.functional.mse_loss(head(h), y)
+    loss.backward()
+    losses.append(loss.item())
+    return loss
+
+
+def step(i):
+    opt.zero_grad()
+    train(cnet(x))
+    opt.step()
+    if i == 3:
+        from torch._dynamo.utils import counters
+        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
+            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values()), "losses": losses}, f)
+        torch.save({"net": net.state_dict(), "head": head.state_dict()}, os.environ["PARITY_OUT"])
+
+
+step(-1)  # a warm-up step at import: both compiled before the audit's first step
+"""
+
+
+@pytest.fixture(scope="module")
+def under_mode_plain(tmp_path_factory):
+    d = tmp_path_factory.mktemp("under_mode")
+    (d / "under_mode.py").write_text(COMPILED_UNDER_THE_MODE)
+    return d, plain_run(d, "under_mode", 4)
+
+
+def test_compiled_code_is_traced_as_in_a_plain_run_under_the_numerics_checks(under_mode_plain):
+    """The numerics checks' torch-function mode is on the stack for the whole step, and dynamo
+    traced the user's compiled code through it: the graphs were made of the calls the mode passes
+    on (`0.37 / t` as `t.reciprocal() * 0.37`: one call more captured per compile), `.item()` in a
+    compiled function warned that dynamo 'does not know how to trace the builtin
+    TensorBase.item' where the plain run says 'Graph break from `Tensor.item()`', and what was
+    compiled at import (no mode there) failed its mode-stack guard in the steps and was compiled
+    again (more graph breaks). The mode is off the stack for each call of compiled code now: the
+    same graphs, graph breaks, stderr and weights as the plain run. The checks that need no mode
+    still run: the loss of the backward pass inside the compiled function (its values are the
+    plain run's), and each compiled call is checked as one call at the user's line."""
+    d, plain_stderr = under_mode_plain
+    out = d / "out"
+    a = audit("run", f"{d / 'under_mode.py'}:step", "--steps", "4", "--quiet", "--no-profile", "--numerics",
+              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
+    plain_stats, audited_stats = assert_same_compiled_run(d, out, a, plain_stderr)
+    assert "Graph break from `Tensor.item()`" in plain_stderr
+    assert plain_stats["graph_break"] > 0 and plain_stats["calls_captured"] > 0
+    numerics = [s["extra"]["numerics"] for s in a.evidence["steps"]]
+    assert [n["loss"] for n in numerics] == pytest.approx(plain_stats["losses"][1:], rel=1e-6)
+    assert all(n["loss_finite"] and n["backward"] == 1 for n in numerics), numerics[0]
+    assert a.rule("nonfinite") == []
+    source = (d / "under_mode.py").read_text().splitlines()
+    line = source.index("    train(cnet(x))") + 1
+    sites = {int(k): v for n in numerics for k, v in n.get("sites", {}).items()}
+    compiled = sorted((v["op"], v["where"]["line"]) for v in sites.values() if v["op"].startswith("torch.compile("))
+    assert compiled == [("torch.compile(Net)", line), ("torch.compile(train)", line)], sites
+
+
 COUNTED = '''
 import contextlib, json, os
 import torch

@@ -40,6 +40,13 @@ the rules need is recorded while the steps run, cheaply enough to stay on for th
   `torch.autograd.Function`, which torch calls back in Python: the mode is pushed again for it
   (see `_install_backward_probe`), so a division by 0 there is named at its line, not blamed on
   a call of the forward pass.
+* A call of code torch.compile compiled (`torch.compile(model)`, `@torch.compile`) runs with the
+  mode off the stack: dynamo traces the modes it finds into the user's graph and guards on them
+  (see unseen.compiled_calls_without). It is checked as one call, at the user's line
+  (`_compiled_call_ran`: a NaN made inside is named there, `torch.compile(Net)`; a deferred
+  output passed to it is reduced before, as it may write into it), and a backward pass it runs
+  has its loss checked by the backward probe instead of the mode (`_backward_in_compiled_call`).
+  What runs inside, eagerly or not, is not checked call by call.
 * Global optimizer step hooks record, per optimizer step, the gradient norms (one `_foreach_norm`),
   parameter norms after the update and the learning rate of each param group. A step that runs
   inside code torch.compile traced (`opt.step = torch.compile(opt.step)`, a compiled function
@@ -65,7 +72,7 @@ of batched, and the weights are not re-measured after an update that cannot have
 non-finite (built-in optimizer, finite lr, eps > 0, finite moderate gradients); they are
 re-measured at least every PARAM_REFRESH steps. Calls inside a library module (Linear inside
 Sequential) take the user's line found once by the module pre-hook instead of walking the stack
-per call. Calls traced by torch.compile, batch loading, `zero_grad` and the
+per call. Calls inside code torch.compile compiled, batch loading, `zero_grad` and the
 optimizer's own update are not checked one by one.
 
 Per step, `StepRecord.extra["numerics"]` holds (non-finite floats are the strings "nan", "inf",
@@ -97,7 +104,8 @@ from torch.overrides import TorchFunctionMode
 
 from auditor.capture import probes
 from auditor.capture.frames import call_span, code_kinds, is_library, library_code, user_call, user_frame
-from auditor.capture.unseen import dynamo_skips_our_frames, no_torch_function as _no_torch_function
+from auditor.capture.unseen import (compiled_calls_without, dynamo_skips_our_frames, in_compiled_call,
+                                    no_torch_function as _no_torch_function)
 
 perf = time.perf_counter
 
@@ -113,7 +121,7 @@ PARAM_REFRESH = 8  # on the CPU, weights are re-measured at least this often aft
 TRUSTED_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
                                 "Adadelta", "ASGD"})
 # What kind of call an op is. Hazard kinds get one extra statistic per call (see _hazard_stat).
-SKIP, PLAIN, BACKWARD, LOG, LOG1P, DIV, RDIV, EXP, SQRT, POW, NORM, SETITEM, ALIAS = range(13)
+SKIP, PLAIN, BACKWARD, LOG, LOG1P, DIV, RDIV, EXP, SQRT, POW, NORM, SETITEM, ALIAS, COMPILED = range(14)
 HAZARD_NAMES = {LOG: "log", LOG1P: "log1p", DIV: "div", RDIV: "div", EXP: "exp", SQRT: "sqrt",
                 POW: "pow", NORM: "norm"}
 
@@ -609,6 +617,9 @@ class Numerics:
         register_optimizer_step_pre_hook(self._opt_pre)
         register_optimizer_step_post_hook(self._opt_post)
         probes.read_traced_steps(self._traced_step_ran)
+        # (dynamo traces and guards the mode stack it finds)
+        compiled_calls_without(self.mode, self._compiled_call_starts, self._compiled_call_ran)
+        probes.read_backward_calls(self._backward_in_compiled_call)
         # these hooks run where the probes' phase hooks do: time the phases here, one hook less
         self.times_phases = probes.take_over_phase_timing()
         _install_config_probes(self)
@@ -1070,9 +1081,62 @@ class Numerics:
         ins = _tensor_args(call_args)
         self._record(func, kind, args, ins, outs, _monotone(func, kind, ins))
 
-    def _resolve_op(self, slot: int, func: Callable, refs: list, outs: list, site: int, mid: int) -> None:
+    def _resolve_op(self, slot: int, func: Callable, refs: list, outs: list, site: int, mid: int,
+                    kind: int = PLAIN) -> None:
         ins = [t for t in refs if _checkable(t)]  # (the test _tensor_args makes at once)
-        self._record(func, PLAIN, (), ins, outs, _monotone(func, PLAIN, ins), None, mid, slot, site)
+        self._record(func, kind, (), ins, outs, _monotone(func, kind, ins), None, mid, slot, site)
+
+    def _compiled_call_starts(self, args: tuple, kwargs: dict) -> tuple | None:
+        """Before a call of compiled code (see _compiled_call_ran): its tensor arguments and their
+        versions. Compiled code may write into them, unseen: a deferred output among them is
+        reduced first, while it is what the call that made it made (as before any write)."""
+        if not (self.in_step and self.checking) or self.paused:
+            return None
+        rec = probes.REC
+        if rec is not None and rec.in_data:
+            return None
+        refs = _tensor_refs(args if not kwargs else (*args, *kwargs.values()))
+        if refs and (self.pending or self.aliases):
+            self._timed(self.resolve_written, args, kwargs)
+        return refs, [_version_of(t) for t in refs]
+
+    def _compiled_call_ran(self, compiled: Callable, args: tuple, kwargs: dict, out: Any, frame: Any,
+                           started: tuple | None) -> None:
+        """A call of compiled code, run with the mode off the stack (unseen.compiled_calls_without),
+        checked as one call at the user's line that made it: its tensor arguments in, its result
+        and the arguments it wrote into out, named `torch.compile(Net)` or `torch.compile(fn)`. A
+        non-finite value made inside is then traced to this call, not taken for bad input data
+        by the first checked call that receives it, nor blamed on the call that made a tensor
+        the compiled code then overwrote. Deferred like a plain call on the CPU."""
+        if started is None:
+            return
+        t0 = perf()
+        refs, versions = started
+        with _checks_range():
+            try:
+                outs = _tensors_in(out)
+                outs += [t for t, v in zip(refs, versions)
+                         if _version_of(t) != v and _checkable(t) and not any(t is o for o in outs)]
+                if outs:
+                    fn = getattr(compiled, "_torchdynamo_orig_callable", compiled)
+                    owner = getattr(fn, "__self__", None)  # (a module's forward: its bound __call__)
+                    if not isinstance(owner, torch.nn.Module):
+                        owner = getattr(fn, "__wrapped__", None)  # (a torch module's: wrapped whole)
+                    if isinstance(owner, torch.nn.Module):
+                        op = f"torch.compile({type(owner).__name__})"
+                        entry = self.modules.get(id(owner))  # (named by the hooks of its OptimizedModule)
+                    else:
+                        op = f"torch.compile({getattr(fn, '__qualname__', None) or getattr(fn, '__name__', '...')})"
+                        entry = None
+                    mid = entry[1] if entry is not None and entry[0]() is owner else self.mstack[-1] if self.mstack else -1
+                    site = self._site_at(op, user_call(frame), None, frame)
+                    if self.defer_cpu and all(o.is_cpu and o.dtype is not _HALF for o in outs):
+                        self._defer(self._resolve_op, (op, refs, outs, site, mid, COMPILED), outs)
+                    else:
+                        self._resolve_op(None, op, refs, outs, site, mid, COMPILED)
+            except Exception as e:  # our bug must never become the user's failure
+                self.failed(e)
+        self.check_s += perf() - t0
 
     def _record(self, op: Any, kind: int, args: tuple, ins: list[torch.Tensor], outs: list[torch.Tensor],
                 monotone: Callable[[float], float] | None, where: Any = _FIND, module: int | None = None,
@@ -1172,6 +1236,17 @@ class Numerics:
             self.failed(e)
         finally:
             _set_grad(grad_mode)
+
+    def _backward_in_compiled_call(self, args: tuple, kwargs: dict) -> None:
+        """A backward pass the user's code starts inside a call of compiled code (a compiled
+        function that calls `loss.backward()`, run as it is after dynamo's graph break there), where
+        the mode is off the stack (unseen.compiled_calls_without) and cannot see it: its loss is
+        checked here, as the mode checks it elsewhere."""
+        if in_compiled_call() and self.in_step and self.checking and not self.paused and not self.in_backward:
+            t0 = perf()
+            with _checks_range():
+                self.on_backward(args, kwargs)
+            self.check_s += perf() - t0
 
     # --- optimizer hooks ------------------------------------------------------------------------
 
@@ -1726,6 +1801,8 @@ def _cause(kind: int, hazard: tuple | None, vals: list, ins: list[dict], out: li
     v = _hazard_value(hazard, vals) if hazard is not None else None
     has_nan = any(o["min"] == "nan" or o["max"] == "nan" for o in out)
     has_inf = any(o["max"] == "inf" or o["min"] == "-inf" for o in out)
+    if kind == COMPILED:  # (its own calls were not checked: which of them made it is not known)
+        return {"kind": "compiled"}
     if kind in (LOG, LOG1P) and v is not None and v <= (-1.0 if kind == LOG1P else 0.0):
         return {"kind": "log-of-zero" if v == (-1.0 if kind == LOG1P else 0.0) else "log-of-negative",
                 "min_input": num(v)}

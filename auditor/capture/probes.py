@@ -517,6 +517,8 @@ def _backward_probe(what: str, tensors_of: Callable[..., Any]):
                 f = _user_call()
                 if f is not None:
                     settle_traced_steps()  # (before this backward pass changes their gradients)
+                    for read in _BACKWARD_READERS:
+                        read(args, kwargs)
                     where = user_frame(f)
                     retain = kwargs.get("retain_graph")
                     if retain is None:
@@ -533,6 +535,16 @@ def _backward_probe(what: str, tensors_of: Callable[..., Any]):
             return orig(*args, **kwargs)
         return probe
     return make
+
+
+_BACKWARD_READERS: list[Callable[[tuple, dict], None]] = []
+
+
+def read_backward_calls(reader: Callable[[tuple, dict], None]) -> None:
+    """Have `reader(args, kwargs)` called with the arguments of each backward pass the user's code
+    starts (`loss.backward()`, `torch.autograd.backward`, `torch.autograd.grad`) outside compiled
+    code, before it runs."""
+    _BACKWARD_READERS.append(reader)
 
 
 def _install_backward_probes() -> None:

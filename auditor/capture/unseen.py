@@ -17,13 +17,16 @@ auditor at work:
   a graph split in two, and an error under `fullgraph=True`. Such a hook, traced, only notes that
   it ran (`TracedCalls`), and the auditor reads what it needs after the compiled code has run.
   The frames of ours that run after a graph break are not compiled (`dynamo_skips_our_frames`).
+  Dynamo also traces through the torch-function modes on the stack, and guards on them: the
+  numerics mode is taken off the stack for each call of compiled code (`compiled_calls_without`).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import warnings
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -137,6 +140,7 @@ def dynamo_skips_our_frames() -> None:
     if _DYNAMO_TOLD[0] or "torch._dynamo" not in sys.modules:
         return
     _DYNAMO_TOLD[0] = True
+    _wrap_compiled_calls()
     try:
         from torch._dynamo.eval_frame import skip_code
     except ImportError:  # pragma: no cover - a torch without it
@@ -165,3 +169,146 @@ def _codes_in(values: Any) -> list[Any]:
         out.append(c)
         stack.extend(k for k in c.co_consts if hasattr(k, "co_consts"))
     return out
+
+
+# torch's mode-stack primitives, without torch.overrides' Python frames (every compiled call)
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_pop_mode = torch._C._pop_torch_function_stack
+_push_mode = torch._C._push_on_torch_function_stack
+_compiling = torch.compiler.is_compiling
+
+
+class _ModeOff:
+    """What compiled_calls_without was given, and its state."""
+
+    mode: Any = None  # the mode compiled code must not find on the stack (the numerics mode)
+    starts: Callable[[tuple, dict], Any] | None = None  # told of each compiled call before it
+    ran: Callable[[Any, tuple, dict, Any, Any, Any], None] | None = None  # and after it
+    config: Any = None  # torch._dynamo.config, once the entry is wrapped
+    wrapped = False  # whether the entry is wrapped (or found missing)
+    running = 0  # calls of compiled code running that took the mode off
+
+
+_OFF = _ModeOff()
+
+
+def compiled_calls_without(mode: Any, starts: Callable[[tuple, dict], Any],
+                           ran: Callable[[Any, tuple, dict, Any, Any, Any], None]) -> None:
+    """Take `mode` (the numerics collector's, on the stack for the whole step) off the
+    torch-function mode stack for each call of code torch.compile compiled: `torch.compile(fn)`,
+    `@torch.compile`, `torch.compile(model)` and `model.compile()`, `torch._dynamo.optimize`.
+    `token = starts(args, kwargs)` is called before such a call, and `ran(compiled, args, kwargs,
+    result, frame, token)` after it if it returned, with the mode back, from the frame of its
+    caller.
+
+    Dynamo traces a compiled frame through the modes on the stack when it starts, and guards on
+    them: with ours there, the user's graph was made of the calls our mode passes on, not of
+    theirs (`0.37 / t` traced as `t.reciprocal() * 0.37`: 5 calls captured for a plain run's 4),
+    `.item()` in compiled code printed another warning than a plain run's, and a function
+    compiled at import (no mode on the stack) was compiled again in the steps (its mode-stack
+    guard failed: 4 graph breaks for 2). The entry wrapped is the function
+    `_TorchDynamoContext.__call__` returns, the one that sets dynamo's frame callback and then
+    calls the user's function; a compiled call nested in it finds the mode gone and leaves the
+    stack as it is. A mode of the user's entered in the step (above ours) stays where it is.
+
+    What this costs the checks: the calls inside compiled code were never checked one by one
+    (the mode passes traced calls on, and inductor's kernels are no torch calls), but what dynamo
+    runs eagerly inside a compiled call (the code after a graph break, a
+    `torch.compiler.disable`d function, the graph itself on the eager backends) now runs without
+    the mode too. The compiled call is checked as one call instead (`starts`, `ran`), and the checks that
+    need no mode stay: the loss of a backward pass run there (`in_compiled_call`), gradient norms
+    and weights after each optimizer step.
+
+    Wrapped once torch._dynamo is imported: at the first `torch.compile`, or at a step's start
+    (`dynamo_skips_our_frames`); a function given to `torch._dynamo.optimize` before both keeps
+    the mode. On a torch whose eval_frame has no such entry, nothing changes."""
+    _OFF.mode, _OFF.starts, _OFF.ran = mode, starts, ran
+    if "torch._dynamo.eval_frame" in sys.modules:
+        _wrap_compiled_calls()
+    orig = torch.compile
+    if getattr(orig, "__audit_compile__", False):
+        return
+
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        if not _OFF.wrapped:
+            try:
+                import torch._dynamo.eval_frame  # noqa: F401  (what torch.compile imports anyway)
+            except Exception:  # pragma: no cover - torch.compile says why
+                pass
+            _wrap_compiled_calls()
+            dynamo_skips_our_frames()
+        return orig(*args, **kwargs)
+
+    functools.update_wrapper(compile, orig)
+    compile.__audit_compile__ = True  # type: ignore[attr-defined]
+    torch.compile = compile
+
+
+def in_compiled_call() -> bool:
+    """Whether a call of compiled code has taken the mode off the stack (see compiled_calls_without):
+    what runs now runs without it."""
+    return _OFF.running > 0
+
+
+def _wrap_compiled_calls() -> None:
+    """Wrap what `_TorchDynamoContext.__call__` returns for a function (torch.compile's wrapper of
+    it, also made for a compiled module's forward and a compiled class's `__call__`) in
+    `_without_mode`, once."""
+    if _OFF.wrapped or _OFF.mode is None:
+        return
+    _OFF.wrapped = True
+    try:
+        from torch._dynamo.eval_frame import _TorchDynamoContext
+    except ImportError:  # pragma: no cover - a torch without it: the mode stays on
+        return
+    make = _TorchDynamoContext.__dict__.get("__call__")
+    if make is None:  # pragma: no cover
+        return
+    _OFF.config = torch._dynamo.config
+
+    def __call__(self: Any, fn: Any) -> Any:
+        out = make(self, fn)
+        if (out is fn or isinstance(out, (type, torch.nn.Module))
+                or getattr(out, "_torchdynamo_orig_callable", None) is None):
+            return out  # (a compiled module, whose forward this wrapped; a class, whose __call__)
+        return _without_mode(out)
+
+    functools.update_wrapper(__call__, make)
+    _TorchDynamoContext.__call__ = __call__
+
+
+def _without_mode(compiled: Any) -> Any:
+    """`compiled`, called with the mode taken off the stack and put back where it was after."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        off = _OFF
+        mode = off.mode
+        n = _stack_len()
+        if not n or _compiling() or getattr(off.config, "disable", False):  # (TORCH_COMPILE_DISABLE=1: run eagerly)
+            return compiled(*args, **kwargs)
+        at = n - 1 if _stack_at(n - 1) is mode else next((i for i in range(n - 1) if _stack_at(i) is mode), None)
+        if at is None:  # (off the stack: in a compiled call already, or in an optimizer step)
+            return compiled(*args, **kwargs)
+        token = off.starts(args, kwargs)
+        if at == n - 1:  # (on top: the stack of most steps)
+            above = []
+            _pop_mode()
+        else:
+            above = [_pop_mode() for _ in range(n - 1 - at)]  # (modes the user entered in the step)
+            _pop_mode()
+            for m in reversed(above):
+                _push_mode(m)
+        off.running += 1
+        try:
+            out = compiled(*args, **kwargs)
+        finally:
+            off.running -= 1
+            above = [_pop_mode() for _ in range(max(0, _stack_len() - at))]
+            _push_mode(mode)
+            for m in reversed(above):
+                _push_mode(m)
+        off.ran(compiled, args, kwargs, out, sys._getframe(1), token)
+        return out
+
+    functools.update_wrapper(call, compiled)  # (dynamo's attributes too: it inlines the user's function)
+    return call

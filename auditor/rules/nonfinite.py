@@ -278,6 +278,8 @@ HAZARD_TEXT = {
     "overflow": "overflowed: finite inputs gave ±inf",
     "invalid": "made NaN from finite inputs (inf - inf, 0 * inf or 0 / 0 inside the call)",
     "nonfinite-input": "received an input that was already non-finite",
+    "compiled": ("made non-finite values from finite inputs inside its compiled code, whose own calls are not "
+                 "checked one by one"),
     "masked-row": ("made NaN from a mask: its only non-finite input is -inf where masked (an attention or "
                    "padding mask, by design), and a row masked entirely gives a softmax of all -inf, 0 / 0"),
 }
@@ -305,7 +307,9 @@ class Nonfinite(Rule):
         values (optimizer update) went first, and for the backward pass the call whose derivative
         was infinite or overflowed float32 (a sqrt of 0, a log of 1e-42: 1/x = 1e42), with the fix
         for that call; a NaN made in the hand-written backward of a torch.autograd.Function of the
-        user's is named at its line there. Checkpoints the step wrote with torch.save after the weights went
+        user's is named at its line there. A call of code torch.compile compiled is one call: a NaN
+        made inside it is named at the line that called it (`torch.compile(Net)` at `cnet(x)`).
+        Checkpoints the step wrote with torch.save after the weights went
         non-finite are named as poisoned, with the last one written before (where to resume). Calls that made non-finite values in healthy steps
         (an attention mask's -inf) are not taken for the origin. Also reported: hazards that came
         close without tipping over (a log input below `near-zero`, exp near overflow, float16 values
@@ -324,7 +328,8 @@ class Nonfinite(Rule):
         Guard the operand at the named line (clamp a denominator or a log input away from 0,
         subtract the max before exp, keep float16 values in range or use bfloat16); when values
         overflow after steady growth, see grad-explosion (clipping, a lower learning rate).
-        Edits that add a clamp change results and stay out of fixes.patch unless asked for.
+        Edits that add a clamp change results and stay out of fixes.patch unless asked for. For a
+        NaN made inside compiled code, audit once with TORCHDYNAMO_DISABLE=1 to name the call.
 
     Evidence needed:
         A run with the numerics collector (the default), or a checkpoint file.
@@ -494,6 +499,11 @@ class Nonfinite(Rule):
                                "(a length-0 sequence masks all its keys), or use a large finite negative value "
                                "(torch.finfo(dtype).min) instead of -inf and zero the fully masked rows' outputs.",
                        config={}, changes_numerics=True)
+        if kind == "compiled":
+            return Fix(summary="Find the call inside the compiled code: audit once with torch.compile off "
+                               "(`TORCHDYNAMO_DISABLE=1 audit run ...`), which runs the same code eagerly, "
+                               "every call of it checked.",
+                       config={})
         if kind == "nonfinite-input":
             return Fix(summary="Reject or repair non-finite inputs before the step (torch.isfinite(x).all(), "
                                "torch.nan_to_num), and do not resume from weights that are already non-finite.",
