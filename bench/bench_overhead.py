@@ -1,4 +1,5 @@
-"""Overhead of `audit run` on a ~10 ms training step (examples/clean.py).
+"""Overhead of `audit run` on a ~10 ms training step (examples/clean.py, its batch chosen so that
+the plain step takes `--step-ms` on this machine now, as in bench_step_overhead.py).
 
 Measures, on this machine:
   1. steady-state: median interval between step starts under audit (outside the profiled window
@@ -9,12 +10,13 @@ Each side runs REPEATS times, interleaved; each audit is compared with the plain
 it (the machine's speed drifts) and the median of those paired ratios is reported. On a VM whose
 speed drifts by more than the effect, use bench_step_overhead.py (one process, twin copies) for (1).
 
-    python bench/bench_overhead.py [--steps 50] [--repeats 5]
+    python bench/bench_overhead.py [--steps 50] [--repeats 5] [--step-ms 10 | --batch 256]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -23,10 +25,26 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# examples/clean.py with another batch (the trainer both sides run; _common is found on PYTHONPATH)
+TRAINER = r'''
+from _common import Batches, make
+
+loader, model, opt, loss_fn = make(batch={batch})
+batches = Batches(loader)
+
+
+def step(i):
+    x, y = batches.next()
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+'''
 PLAIN = r'''
 import json, sys, time
 sys.path.insert(0, {examples!r})
-import clean
+sys.path.insert(0, {trainer_dir!r})
+import clean_sized as clean
 starts = []
 t_all = time.perf_counter()
 for i in range({steps}):
@@ -37,21 +55,23 @@ print(json.dumps({{"starts": starts, "end": end, "steps_s": end - starts[0]}}))
 '''
 
 
-def plain_run(steps: int) -> dict:
+def plain_run(steps: int, trainer: Path) -> dict:
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", PLAIN.format(examples=str(ROOT / "examples"), steps=steps)],
-                         capture_output=True, text=True, check=True, cwd=ROOT)
+    code = PLAIN.format(examples=str(ROOT / "examples"), trainer_dir=str(trainer.parent), steps=steps)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     d = json.loads(out.stdout)
     d["process_s"] = time.perf_counter() - t0
     d["intervals_ms"] = [(b - a) * 1e3 for a, b in zip(d["starts"], d["starts"][1:])]
     return d
 
 
-def audited_run(steps: int) -> dict:
+def audited_run(steps: int, trainer: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "examples"),
+                                                                          os.environ.get("PYTHONPATH")]))}
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "auditor", "run", "examples/clean.py:step", "--steps", str(steps),
-                        "--quiet", "--out", tmp], check=True, cwd=ROOT, capture_output=True)
+        subprocess.run([sys.executable, "-m", "auditor", "run", f"{trainer}:step", "--steps", str(steps),
+                        "--quiet", "--out", tmp], check=True, cwd=ROOT, capture_output=True, env=env)
         wall = time.perf_counter() - t0
         ev = json.loads((Path(tmp) / "evidence.json").read_text())
     steps_ = ev["steps"]
@@ -68,19 +88,31 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--step-ms", type=float, default=10.0,
+                    help="choose the batch so that the plain step takes about this long here")
+    ap.add_argument("--batch", type=int, default=None, help="rows a batch instead of --step-ms (clean.py: 256)")
     a = ap.parse_args()
+    if a.batch is None:
+        sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "bench")]
+        from bench_step_overhead import calibrated_batch
+
+        a.batch = calibrated_batch(a.step_ms)
     plain, audited = [], []
-    # This machine's speed drifts by 20-40% over tens of seconds (a shared VM host), so each audit
-    # is paired with the plain run right before it and the ratios of the pairs are what count.
-    for _ in range(a.repeats):
-        plain.append(plain_run(a.steps))
-        audited.append(audited_run(a.steps))
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Path(tmp) / "clean_sized.py"
+        trainer.write_text(TRAINER.format(batch=a.batch))
+        # This machine's speed drifts by 20-40% over tens of seconds (a shared VM host), so each audit
+        # is paired with the plain run right before it and the ratios of the pairs are what count.
+        for _ in range(a.repeats):
+            plain.append(plain_run(a.steps, trainer))
+            audited.append(audited_run(a.steps, trainer))
     p_ints = [statistics.median(p["intervals_ms"][2:]) for p in plain]
     a_ints = [statistics.median(r["intervals_ms"]) for r in audited]
     ratios = sorted(x / y for x, y in zip(a_ints, p_ints))
     over_steps = sorted(r["wall_s"] - p["steps_s"] for p, r in zip(plain, audited))
     over_proc = sorted(r["wall_s"] - p["process_s"] for p, r in zip(plain, audited))
     med = statistics.median
+    print(f"examples/clean.py's step at batch {a.batch}")
     print(f"step interval, plain loop     : {med(p_ints):8.2f} ms (median of {a.repeats} runs)")
     print(f"step interval, under audit    : {med(a_ints):8.2f} ms")
     print("  paired overhead per run     : " + " ".join(f"{100 * (r - 1):+.1f}%" for r in ratios))

@@ -159,6 +159,9 @@ def main() -> None:
                     help="choose the batch so that the plain step takes about this long here (clean.py only)")
     ap.add_argument("--batch", type=int, default=None,
                     help="rows a batch instead of --step-ms (examples/clean.py uses 256)")
+    ap.add_argument("--block", type=int, default=1,
+                    help="steps each copy takes in turn (1: alternate every step; more: the later steps of "
+                         "each block run with warm caches, as one model's loop does; the first is not counted)")
     ap.add_argument("--trainer", type=Path, default=EXAMPLES / "clean.py",
                     help="another trainer (a module with step(i) and a `model`), e.g. bench/many_calls.py")
     args = ap.parse_args()
@@ -201,8 +204,10 @@ def main() -> None:
     out = Writer(reader.stdin.fileno())
     ratios, a_ms, b_ms, parts = [], [], [], []
     warm = 20
-    for i in range(args.steps + warm):
-        # A: the child's steady-state step (child.run), up to the next step's start
+    block = max(1, args.block)
+
+    def audited_step(i: int) -> tuple[float, tuple]:
+        """The child's steady-state step (child.run), up to the next step's start."""
         t0 = time.perf_counter()
         anomaly = torch.is_anomaly_enabled()
         for c in collectors:
@@ -214,23 +219,36 @@ def main() -> None:
                  rss_bytes=child.rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
                  extra=child._extras(collectors, i), dataloaders=child._new_loaders(rec), **child._device_memory())
         t1 = time.perf_counter()
-        # B: the same step, plain
-        swap.plain()
+        return (t1 - t0) * 1e3, ((s0 - t0) * 1e3, (s1 - s0) * 1e3, (t1 - s1) * 1e3)
+
+    def plain_step(i: int) -> float:
         t2 = time.perf_counter()
         b.step(i)
-        t3 = time.perf_counter()
+        return (time.perf_counter() - t2) * 1e3
+
+    total = args.steps + warm
+    for first in range(0, total, block):
+        idx = range(first, min(first + block, total))
+        # the audited copy takes `block` steps, then the plain one the same steps: with --block 1
+        # each step finds the caches as the other copy left them, with more the later steps of a
+        # block find them warm, as in a loop of one model
+        got_a = [audited_step(i) for i in idx]
+        swap.plain()
+        got_b = [plain_step(i) for i in idx]
         swap.audited()
-        if i >= warm:
-            a_ms.append((t1 - t0) * 1e3)
-            b_ms.append((t3 - t2) * 1e3)
-            ratios.append((t1 - t0) / (t3 - t2) - 1)
-            parts.append(((s0 - t0) * 1e3, (s1 - s0) * 1e3, (t1 - s1) * 1e3))
+        for k, i in enumerate(idx):
+            if i >= warm and (block == 1 or k > 0):
+                a_ms.append(got_a[k][0])
+                b_ms.append(got_b[k])
+                ratios.append(got_a[k][0] / got_b[k] - 1)
+                parts.append(got_a[k][1])
     reader.stdin.close()
     reader.wait()
     same = all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))
     q = statistics.quantiles(ratios, n=4)
     on_clean = trainer == (EXAMPLES / "clean.py").resolve()
-    print(f"threads {torch.get_num_threads()}, {args.steps} step pairs of {trainer.name}"
+    print(f"threads {torch.get_num_threads()}, {len(ratios)} step pairs of {trainer.name}"
+          + (f" (blocks of {block} steps each, the first of each block not counted)" if block > 1 else "")
           + (f", batch {args.batch}" if on_clean else "")
           + (f" (chosen for a {args.step_ms:g} ms plain step)" if calibrated else ""))
     print(f"plain step    median {statistics.median(b_ms):.2f} ms")
