@@ -815,6 +815,43 @@ def _install_dataloader_probes() -> None:
     _wrap(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", make_shutdown)
 
 
+# --- DistributedSampler ----------------------------------------------------------------------
+
+def _install_sampler_probes() -> None:
+    """A DistributedSampler shuffles each epoch with `seed + epoch`: iterated again without
+    `set_epoch`, it repeats its order. Its `__iter__` runs once per epoch (when the DataLoader
+    fetches the epoch's first indices), so recording each start costs nothing per step; the tally
+    keeps the epoch it used, whether it shuffles, and where the sampler was made (noted on the
+    sampler by its __init__)."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    def make_init(orig):
+        def probe(self, *args, **kwargs):
+            orig(self, *args, **kwargs)
+            if REC.active:
+                try:
+                    self._audit_made = user_frame(sys._getframe(1))
+                except AttributeError:  # (a subclass with __slots__)
+                    pass
+        return probe
+
+    def make_iter(orig):
+        def probe(self):
+            rec = REC
+            if rec.active:
+                made = getattr(self, "_audit_made", None)
+                epoch = getattr(self, "epoch", None)
+                rec.add(m.SAMPLER_ITER, f"{type(self).__name__}.__iter__", user_frame(sys._getframe(1)),
+                        sampler=id(self), epoch=epoch if isinstance(epoch, int) else repr(epoch),
+                        shuffle=bool(getattr(self, "shuffle", False)),
+                        made_file=made[0] if made else None, made_line=made[1] if made else None)
+            return orig(self)
+        return probe
+
+    _wrap(DistributedSampler, "__init__", make_init)
+    _wrap(DistributedSampler, "__iter__", make_iter)
+
+
 def install() -> Recorder:
     """Install every probe (idempotent) and return the process's recorder."""
     global REC
@@ -827,4 +864,5 @@ def install() -> Recorder:
         _install_hook_probes()
         _install_phase_hooks()
         _install_dataloader_probes()
+        _install_sampler_probes()
     return REC
