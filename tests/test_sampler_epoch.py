@@ -106,3 +106,48 @@ def test_silent_without_shuffle_and_for_one_epoch(tmp_path):
     assert len(starts) == 3 and not starts[0]["data"]["shuffle"]
     f = write(tmp_path)
     assert run(tmp_path, f, 1, "one").rule("sampler-epoch") == []
+
+
+DDP = """
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+device = "cuda"
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(40, 8), torch.randn(40, 1))
+sampler = DistributedSampler(ds, shuffle=True)
+loader = DataLoader(ds, batch_size=10, sampler=sampler)
+model = DDP(nn.Linear(8, 1).to(device))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def step(i):
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def test_a_rehearsed_ddp_job_is_named_once_and_says_it_rehearses_once(tmp_path):
+    """Two ranks under the launcher, each rehearsing CUDA on the CPU: one finding in the merged
+    report, each rank's epochs recorded; the rehearsal line is printed by rank 0 alone (it was
+    printed once per rank)."""
+    f = tmp_path / "ddp_train.py"
+    f.write_text(DDP)
+    a = audit("run", f"{f.name}:step", "--steps", "3", "--no-profile", "--quiet", "--nproc-per-node", "2",
+              out=tmp_path / "out", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr
+    assert a.stderr.count("audit: no CUDA device here: rehearsing this CUDA program") == 1, a.stderr
+    [finding] = a.rule("sampler-epoch")
+    assert finding["locations"][0]["line"] == line_of(f, "sampler = DistributedSampler")
+    assert (finding["evidence"]["epochs_started"], finding["evidence"]["epochs_repeated"]) == (3, 2)
+    for rank in (0, 1):
+        ev = (tmp_path / "out" / f"rank-{rank}" / "evidence.json").read_text()
+        assert ev.count('"kind":"sampler-iter"') == 3
