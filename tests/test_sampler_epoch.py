@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 torch.manual_seed(0)
 ds = TensorDataset(torch.randn(40, 8), torch.randn(40, 1))
 {sampler}
+{peek}
 model = nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 STEPS = int(os.environ.get("STEPS", "0"))
@@ -39,9 +40,9 @@ NAMED = ("dist_sampler = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=
 INLINE = "loader = DataLoader(ds, batch_size=10, sampler=DistributedSampler(ds, num_replicas=2, rank=0))"
 
 
-def write(tmp_path, sampler=NAMED.format(shuffle=True), set_epoch="pass"):
+def write(tmp_path, sampler=NAMED.format(shuffle=True), set_epoch="pass", peek=""):
     f = tmp_path / "train.py"
-    f.write_text(TRAINER.format(sampler=sampler, set_epoch=set_epoch))
+    f.write_text(TRAINER.format(sampler=sampler, set_epoch=set_epoch, peek=peek))
     return f
 
 
@@ -95,6 +96,37 @@ def test_an_unnamed_sampler_gets_the_summary_only(tmp_path):
     assert finding["locations"][0]["line"] == line_of(f, "loader = DataLoader")
     assert finding["evidence"]["epochs_repeated"] == 1
     assert finding["fix"]["edits"] == [] and "set_epoch(epoch)" in finding["fix"]["summary"]
+
+
+SUBCLASS = """
+class EpochSampler(DistributedSampler):
+    def __init__(self, ds):
+        super().__init__(ds, num_replicas=2, rank=0)
+
+    def __iter__(self):
+        return super().__iter__()
+
+
+dist_sampler = EpochSampler(ds)
+loader = DataLoader(ds, batch_size=10, sampler=dist_sampler)"""
+
+
+def test_a_peek_at_a_batch_is_no_epoch_and_a_subclass_is_named_where_it_is_used(tmp_path):
+    """`next(iter(loader))` at setup (to see a batch's shape) starts the sampler with epoch 0 and
+    leaves it; the steps' epochs then start at 0 with set_epoch: no repeat. Without set_epoch the
+    peek is not counted as an epoch either. A subclass's own __init__/__iter__ calling the base's
+    are not the places named: the line that made it and the loop are."""
+    peek = "first = next(iter(loader))"
+    f = write(tmp_path, set_epoch="dist_sampler.set_epoch(epoch)", peek=peek)
+    a = run(tmp_path, f, 3, "peek-ok")
+    assert a.rule("sampler-epoch") == []
+    f = write(tmp_path, sampler=SUBCLASS, peek=peek)
+    [finding] = run(tmp_path, f, 3, "peek-bug").rule("sampler-epoch")
+    ev = finding["evidence"]
+    assert (ev["epochs_started"], ev["epochs_repeated"], ev["iterations_left_early"]) == (3, 2, 1)
+    assert "The shuffling EpochSampler made at" in finding["message"]
+    assert [loc["line"] for loc in finding["locations"]] == [line_of(f, "dist_sampler = EpochSampler(ds)"),
+                                                            line_of(f, "for x, y in loader")]
 
 
 def test_silent_without_shuffle_and_for_one_epoch(tmp_path):

@@ -37,7 +37,8 @@ DATA_WAIT = "data-wait"
 DATA_ITER = "data-iter"
 # a DistributedSampler's iteration started (once per epoch, at the user's line that started the
 # DataLoader's epoch); data: sampler (id), epoch (its epoch then, which seeds its shuffle), shuffle,
-# made_file/made_line (where the sampler was made)
+# made_file/made_line (where the sampler was made), prev_finished (whether its previous iteration
+# used up its indices: False for one left early, a peek; None when unknown or first)
 SAMPLER_ITER = "sampler-iter"
 # a hook registered at the user's line (Tensor.register_hook, Module.register_forward_hook ...);
 # data: held, the most hooks of that kind one tensor or module registered there held just after

@@ -41,7 +41,8 @@ class SamplerEpoch(Rule):
     Evidence needed:
         A run that covers at least two epochs of the sampler: a probe on
         `DistributedSampler.__iter__` (it runs once per epoch) records the epoch each iteration
-        starts with. A sampler iterated once, or with shuffle=False, is not judged.
+        starts with. A sampler iterated once, or with shuffle=False, is not judged; an iteration
+        left before the end of its indices (`next(iter(loader))` to look at one batch) is no epoch.
     """
 
     id = "sampler-epoch"
@@ -56,9 +57,13 @@ class SamplerEpoch(Rule):
         samplers: dict[int, list[m.Tally]] = {}
         for _, t in ev.tallies(m.SAMPLER_ITER, include_setup=True):
             samplers.setdefault(t.data.get("sampler", 0), []).extend([t] * max(t.count, 1))
-        for starts in samplers.values():
-            if not starts[0].data.get("shuffle"):
+        for iterations in samplers.values():
+            if not iterations[0].data.get("shuffle"):
                 continue
+            # an iteration the next one says was left before its end (a peek at the first batch)
+            # is no epoch; the last one, still running, is
+            starts = [t for t, nxt in zip(iterations, iterations[1:] + [None])
+                      if nxt is None or nxt.data.get("prev_finished") is not False]
             epochs = [t.data.get("epoch") for t in starts]
             seen: set = set()
             repeats = []
@@ -67,9 +72,9 @@ class SamplerEpoch(Rule):
                     repeats.append(t)
                 seen.add(e)
             if repeats:
-                yield self._finding(starts, epochs, repeats)
+                yield self._finding(starts, epochs, repeats, len(iterations) - len(starts))
 
-    def _finding(self, starts: list[m.Tally], epochs: list, repeats: list[m.Tally]) -> Finding:
+    def _finding(self, starts: list[m.Tally], epochs: list, repeats: list[m.Tally], left_early: int) -> Finding:
         d = starts[0].data
         made_file, made_line = d.get("made_file"), d.get("made_line")
         kind = starts[0].what.removesuffix(".__iter__")
@@ -98,6 +103,7 @@ class SamplerEpoch(Rule):
             f"{started} visits its samples in the same order, on every rank.",
             locations=locs,
             evidence={"sampler": kind, "epochs_started": len(starts), "epochs_repeated": len(repeats),
+                      "iterations_left_early": left_early,
                       "epoch_values": epochs, "made": {"file": made_file, "line": made_line},
                       "started_at": {"file": at.file, "line": at.line} if at else None},
             cost=None,
