@@ -183,3 +183,16 @@ def test_a_rehearsed_ddp_job_is_named_once_and_says_it_rehearses_once(tmp_path):
     for rank in (0, 1):
         ev = (tmp_path / "out" / f"rank-{rank}" / "evidence.json").read_text()
         assert ev.count('"kind":"sampler-iter"') == 3
+
+
+def test_a_loader_iterated_twice_per_epoch_with_set_epoch_is_silent(tmp_path):
+    """set_epoch(epoch) each epoch, then an evaluation pass over the same loader: the epochs start
+    with 0, 0, 1, 1, 2, 2; the shuffle changes from epoch to epoch, and nothing is wrong."""
+    f = write(tmp_path, set_epoch="dist_sampler.set_epoch(epoch)")
+    f.write_text(f.read_text().replace("    if epoch == STEPS - 1", "    with torch.no_grad():\n"
+                                       "        total = sum(((model(x) - y) ** 2).mean() for x, y in loader)\n"
+                                       "    if epoch == STEPS - 1"))
+    a = run(tmp_path, f, 3)
+    starts = [t["data"]["epoch"] for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == "sampler-iter"]
+    assert starts == [0, 0, 1, 1, 2, 2]
+    assert a.rule("sampler-epoch") == []

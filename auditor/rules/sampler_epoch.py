@@ -13,9 +13,10 @@ from auditor.rules.fixes import insert_before_header, read_lines
 class SamplerEpoch(Rule):
     """
     What it detects:
-        A `DistributedSampler(shuffle=True)` whose iteration starts again (a new epoch of its
-        DataLoader) with an epoch value it already used: `sampler.set_epoch(epoch)` is never
-        called, or called with the same value. Reports how many epochs repeated an earlier one's
+        A `DistributedSampler(shuffle=True)` whose iterations (the epochs of its DataLoader) all
+        start with the same epoch value: `sampler.set_epoch(epoch)` is never called, or called
+        with a constant. (An epoch value that changes is set_epoch at work: a loader iterated
+        twice in one epoch repeats that epoch's order on purpose, and is not flagged.) Reports how many epochs repeated an earlier one's
         order, where the sampler was made, and the line that started those epochs.
 
     Why it costs:
@@ -65,14 +66,10 @@ class SamplerEpoch(Rule):
             starts = [t for t, nxt in zip(iterations, iterations[1:] + [None])
                       if nxt is None or nxt.data.get("prev_finished") is not False]
             epochs = [t.data.get("epoch") for t in starts]
-            seen: set = set()
-            repeats = []
-            for t, e in zip(starts, epochs):
-                if e in seen:
-                    repeats.append(t)
-                seen.add(e)
-            if repeats:
-                yield self._finding(starts, epochs, repeats, len(iterations) - len(starts))
+            # an epoch that changed is set_epoch at work: a loader iterated twice per epoch (an
+            # evaluation pass over the training loader) repeats an order on purpose
+            if len(starts) > 1 and len(set(map(str, epochs))) == 1:
+                yield self._finding(starts, epochs, starts[1:], len(iterations) - len(starts))
 
     def _finding(self, starts: list[m.Tally], epochs: list, repeats: list[m.Tally], left_early: int) -> Finding:
         d = starts[0].data
@@ -81,10 +78,7 @@ class SamplerEpoch(Rule):
         made = f"made at {file_name(made_file)}:{made_line}" if made_file and made_line else "(made outside the user's code)"
         at = repeats[0].where
         started = f"{file_name(at.file)}:{at.line}" if at else "an unknown line"
-        if len(set(map(str, epochs))) == 1:
-            how = f"its epoch stayed {epochs[0]} (set_epoch never called, or called with a constant)"
-        else:
-            how = f"its epochs were {', '.join(map(str, epochs))} (set_epoch called with a value already used)"
+        how = f"its epoch stayed {epochs[0]} (set_epoch never called, or called with a constant)"
         locs = []
         if made_file and made_line:
             locs.append(Location(file=made_file, line=made_line, code=_code(made_file, made_line)))
