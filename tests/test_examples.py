@@ -69,6 +69,18 @@ def test_retained_graph(example_audit):
     assert f["cost"]["measured"] is True
 
 
+def test_sampler_epoch(example_audit):
+    """200 samples, 2 replicas, batch 25: 4 batches per epoch, so 30 steps start 8 epochs, all with
+    epoch 0; the patch sets the epoch before the line that starts each new epoch's first batch."""
+    a = example_audit("sampler_epoch")
+    f = the_finding(a, "sampler-epoch")
+    assert (f["evidence"]["epochs_started"], f["evidence"]["epochs_repeated"]) == (8, 7)
+    assert f["evidence"]["epoch_values"] == [0] * 8
+    assert "started 8 epochs and 7 of them repeated" in f["message"]
+    assert [e["lines"] for e in f["fix"]["edits"]] == [["        sampler.set_epoch(epoch)"]]
+    assert "sampler.set_epoch(epoch)" in (a.out / "numerics-fixes.patch").read_text()
+
+
 KEPT_LOSSES = """
 import torch
 from torch import nn

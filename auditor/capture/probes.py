@@ -815,6 +815,73 @@ def _install_dataloader_probes() -> None:
     _wrap(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", make_shutdown)
 
 
+# --- DistributedSampler ----------------------------------------------------------------------
+
+def _install_sampler_probes() -> None:
+    """A DistributedSampler shuffles each epoch with `seed + epoch`: iterated again without
+    `set_epoch`, it repeats its order. Its `__iter__` runs once per epoch (when the DataLoader
+    fetches the epoch's first indices), so recording each start costs nothing per step. The tally
+    keeps the epoch it used, whether it shuffles, where the sampler was made, and whether the
+    previous iteration ran to its end (`next(iter(loader))` to peek at a batch is no epoch): the
+    index iterator `__iter__` returned is kept (weakly keyed by the sampler; an exhausted list
+    iterator holds nothing) and asked how much it has left."""
+    from operator import length_hint
+
+    from torch.utils.data.distributed import DistributedSampler
+
+    made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def caller(self: Any, name: str) -> FrameKey:
+        # the line that made or iterated the sampler, past a subclass's own __init__/__iter__
+        f = sys._getframe(2)
+        while f is not None and f.f_code.co_name == name and f.f_locals.get("self") is self:
+            f = f.f_back
+        return user_frame(f)
+
+    def make_init(orig):
+        def probe(self, *args, **kwargs):
+            orig(self, *args, **kwargs)
+            if REC.active:
+                try:
+                    made[self] = caller(self, "__init__")
+                except TypeError:  # (unhashable, or no weak references: not followed)
+                    pass
+        return probe
+
+    def make_iter(orig):
+        def probe(self):
+            rec = REC
+            if not rec.active:
+                return orig(self)
+            where = made.get(self) if _weakable(self) else None
+            prev = last.get(self) if _weakable(self) else None
+            left = -1 if prev is None else length_hint(prev, -1)
+            epoch = getattr(self, "epoch", None)
+            rec.add(m.SAMPLER_ITER, f"{type(self).__name__}.__iter__", caller(self, "__iter__"),
+                    sampler=id(self), epoch=epoch if isinstance(epoch, int) else repr(epoch),
+                    shuffle=bool(getattr(self, "shuffle", False)),
+                    made_file=where[0] if where else None, made_line=where[1] if where else None,
+                    prev_finished=None if left < 0 else left == 0)
+            it = orig(self)
+            if _weakable(self):
+                last[self] = it
+            return it
+        return probe
+
+    _wrap(DistributedSampler, "__init__", make_init)
+    _wrap(DistributedSampler, "__iter__", make_iter)
+
+
+def _weakable(obj: Any) -> bool:
+    try:
+        weakref.ref(obj)
+        hash(obj)
+        return True
+    except TypeError:
+        return False
+
+
 def install() -> Recorder:
     """Install every probe (idempotent) and return the process's recorder."""
     global REC
@@ -827,4 +894,5 @@ def install() -> Recorder:
         _install_hook_probes()
         _install_phase_hooks()
         _install_dataloader_probes()
+        _install_sampler_probes()
     return REC

@@ -26,6 +26,7 @@ What the program computes is exactly what its CPU version computes (tests/test_r
 from __future__ import annotations
 
 import ast
+import os
 import re
 import sys
 from pathlib import Path
@@ -105,6 +106,8 @@ def install(mode: str, source: str | None) -> dict[str, Any] | None:
     rehearsal_dist.install()
     probes.DEVICE_OF = rehearsal_device.device_of
     probes.JUDGE_AS_CUDA = True
-    print(f"audit: no CUDA device here: rehearsing this CUDA program on the CPU ({reason}); "
-          "GPU-only costs are counted, timings are CPU timings.", file=sys.stderr, flush=True)
+    # said once for a distributed run: by rank 0 (every rank rehearses, and its evidence notes it)
+    if os.environ.get("RANK", "0") in ("0", ""):
+        print(f"audit: no CUDA device here: rehearsing this CUDA program on the CPU ({reason}); "
+              "GPU-only costs are counted, timings are CPU timings.", file=sys.stderr, flush=True)
     return {"mode": mode, "reason": reason, "standins": replaced, "note": NOTE.format(reason=reason)}

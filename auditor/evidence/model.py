@@ -35,6 +35,11 @@ DATA_WAIT = "data-wait"
 # a DataLoader iterator made (iter(loader), a `for` over it: starts its worker processes) or its
 # workers shut down (an iterator dropped) in the step; data: loader, workers
 DATA_ITER = "data-iter"
+# a DistributedSampler's iteration started (once per epoch, at the user's line that started the
+# DataLoader's epoch); data: sampler (id), epoch (its epoch then, which seeds its shuffle), shuffle,
+# made_file/made_line (where the sampler was made), prev_finished (whether its previous iteration
+# used up its indices: False for one left early, a peek; None when unknown or first)
+SAMPLER_ITER = "sampler-iter"
 # a hook registered at the user's line (Tensor.register_hook, Module.register_forward_hook ...);
 # data: held, the most hooks of that kind one tensor or module registered there held just after
 # (a hook registered every step on the same parameters piles up: every backward runs them all),

@@ -71,6 +71,22 @@ def insert_before(file: str, line: int, text: str) -> Edit | None:
     return Edit(file=file, start=line, end=line - 1, lines=[_indent(lines[line - 1]) + text])
 
 
+def insert_before_header(file: str, line: int, text: str) -> Edit | None:
+    """A line `text` inserted before the statement, simple or compound (a `for` header), that
+    starts on `line` and is the first on it, at its indentation (None otherwise)."""
+    lines = read_lines(file)
+    if lines is None or not 0 < line <= len(lines):
+        return None
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+    stmt = next((n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line), None)
+    if stmt is None or lines[line - 1][:stmt.col_offset].strip():
+        return None
+    return Edit(file=file, start=line, end=line - 1, lines=[_indent(lines[line - 1]) + text])
+
+
 def _call_on_line(file: str, line: int, names: Iterable[str]) -> ast.Call | None:
     lines = read_lines(file)
     if lines is None:
