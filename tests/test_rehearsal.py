@@ -1111,6 +1111,50 @@ def test_a_side_stream_prefetcher_runs_and_its_unpinned_copies_are_found(tmp_pat
     assert f["evidence"]["non_blocking_ignored"] == f["evidence"]["copies"]
 
 
+
+@pytest.mark.parametrize("case", ["no pin_memory", "pin_memory from a config"])
+def test_pageable_copy_prints_small_sizes_and_patches_the_loader(tmp_path, case):
+    """The labels' copy printed as "(0.00 MB)" beside the images' megabytes, and the fix had no
+    patch although the unpinned DataLoader call is in the user's file: now sizes below 0.01 MB
+    print in KB or bytes, and fixes.patch adds pin_memory=True to the call (pinning leaves the
+    batches' values alone), unless the call reads pin_memory from an expression: that is left to
+    the user's config, and the fix says where."""
+    computed = case == "pin_memory from a config"
+    source = PREFETCHER.replace("step(i):\n    x, y = batches.next()", "step(i):\n    x, y = batches.next()\n    y = y.long()")
+    if computed:  # uint8 labels: 128 bytes a batch
+        source = (source.replace("torch.randint(0, 10, (640,))", "torch.randint(0, 10, (640,), dtype=torch.uint8)")
+                  .replace("loader = DataLoader", "cfg = {'pin': False}\nloader = DataLoader")
+                  .replace("PIN", "pin_memory=cfg['pin']"))
+    else:
+        source = source.replace(", PIN)", ")")
+    trainer = tmp_path / "prefetch.py"
+    trainer.write_text(source)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)  # the patch's paths are the repo's
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
+              env=QUIET_ENV)
+    assert a.returncode == 0, a.evidence["ending"]
+    (f,) = a.rule("pageable-copy")
+    lines = source.splitlines()
+    y_line = lines.index("            self.y = y.cuda(non_blocking=True)") + 1
+    loader_line = next(i for i, ln in enumerate(lines, 1) if ln.startswith("loader = DataLoader"))
+    label_bytes = 128 if computed else 128 * 8
+    assert {s["line"]: s["bytes"] // 4 for s in f["evidence"]["sites"]}[y_line] == label_bytes
+    size = "128 bytes" if computed else "1.0 KB"
+    assert f"Tensor.cuda x1/step ({size}) at line {y_line}" in f["message"]
+    assert "0.00 MB" not in f["message"]
+    assert f"Tensor.cuda x1/step (1.57 MB) at line {y_line - 1}" in f["message"]
+    patch = (a.out / "fixes.patch").read_text()
+    if computed:
+        assert f["fix"]["edits"] == [] and "prefetch.py" not in patch
+        assert f"line {loader_line} takes pin_memory from `cfg['pin']`: set it to True there" in f["fix"]["summary"]
+        return
+    assert [e["start"] for e in f["fix"]["edits"]] == [loader_line]
+    assert "-loader = DataLoader(data, batch_size=128)\n+loader = DataLoader(data, batch_size=128, pin_memory=True)\n" in patch
+    assert "prefetch.py" not in (a.out / "numerics-fixes.patch").read_text()
+    subprocess.run(["git", "apply", str(a.out / "fixes.patch")], cwd=tmp_path, check=True)
+    assert trainer.read_text().splitlines()[loader_line - 1] == "loader = DataLoader(data, batch_size=128, pin_memory=True)"
+
+
 MEMORY_HISTORY = '''
 import os
 import pickle
