@@ -624,6 +624,24 @@ def test_sites_in_another_file_are_named_with_their_file(tmp_path):
     assert f"at {said[other]}" in f["message"] and f"at line {said[first].split(':')[1]}" in f["message"], f["message"]
 
 
+
+def test_host_sync_rates_are_rounded_alike_in_headline_and_sites(tmp_path):
+    """One `.item()` in every step and one in 4 of 7: the headline said "1.6 device->host syncs
+    per step" beside "x0.57/step" at the site, two roundings of one count. Both now print 3
+    significant digits: 11 syncs over 7 steps is 1.57, 4 over 7 is 0.571."""
+    trainer = tmp_path / "rates.py"
+    trainer.write_text("import torch\nw = torch.ones(4, requires_grad=True)\n\n\n"
+                       "def step(i):\n    loss = (w * 2).sum()\n    loss.backward()\n"
+                       "    if i % 3:\n        float(loss)\n    return loss.item()\n")
+    a = audit("run", f"{trainer}:step", "--steps", "7", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("host-sync")
+    sites = {s["line"]: s["count"] for s in f["evidence"]["sites"]}
+    assert sites == {10: 7, 9: 4}, sites
+    assert "1.57 device->host syncs per step at 2 place(s)" in f["message"], f["message"]
+    assert "x1/step at line 10" in f["message"] and "x0.571/step at line 9" in f["message"], f["message"]
+
+
 def test_a_dataloader_setting_read_from_config_is_not_hard_coded(tmp_path):
     """`num_workers=cfg["num_workers"]`: the patch leaves that expression alone (hard-coding 2
     would leave the config entry dead) and the fix says to set it where the config is; the

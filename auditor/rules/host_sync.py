@@ -5,7 +5,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Finding, Fix, Option, Rule
-from auditor.rules.common import by_place, cost_of, line_ref, locations, on_accelerator, steps_run
+from auditor.rules.common import by_place, cost_of, line_ref, locations, on_accelerator, per_step, steps_run
 from auditor.rules.suppression import unsuppressed
 from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
 
@@ -97,7 +97,7 @@ class HostSync(Rule):
         places = unsuppressed(self.id, places, lambda p: p.where)  # out of the count, message and evidence
         if not places:
             return
-        per_step = sum(p.count for p in places) / n
+        rate = sum(p.count for p in places) / n
         total_ms = sum(p.ms for p in places)
         sites = [{"what": p.what, "file": p.where.file if p.where else None, "line": p.where.line if p.where else None,
                   "count": p.count, "per_step": round(p.count / n, 2), "steps": len(p.steps), "ms": round(p.ms, 3)}
@@ -117,11 +117,11 @@ class HostSync(Rule):
                              "accelerator each call waits for every queued kernel")
             sev, prefix = "info", "On an accelerator these would synchronise: "
         yield self.finding(
-            f"{prefix}{per_step:.1f} device->host syncs per step at {len(places)} place(s): "
-            + "; ".join(f"{s['what']} x{s['per_step']:g}/step at {line_ref(s['file'], s['line'], sites[0]['file'])}"
+            f"{prefix}{per_step(rate)} device->host syncs per step at {len(places)} place(s): "
+            + "; ".join(f"{s['what']} x{per_step(s['count'] / n)}/step at {line_ref(s['file'], s['line'], sites[0]['file'])}"
                         for s in sites[:5]),
             severity=sev, locations=locations(places),
-            evidence={"syncs_per_step": round(per_step, 2), "sites": sites, "measured_on_device": real,
+            evidence={"syncs_per_step": round(rate, 2), "sites": sites, "measured_on_device": real,
                       "judged_as_gpu_code": as_gpu},
             cost=cost,
             fix=Fix(summary="; ".join(advice) + ".", config=_config(places)),
