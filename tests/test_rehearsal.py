@@ -871,6 +871,56 @@ def test_reduce_lr_on_plateau_of_a_gpu_tensor_is_a_sync(tmp_path, every, syncs):
     assert "once per epoch" in f["fix"]["summary"] and "log_every_n_steps" not in f["fix"]["config"]
 
 
+EVENT_TIMED = """
+import torch
+from torch import nn
+
+model = nn.Linear(32, 32).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+times = []
+
+
+def step(i):
+    start.record()
+    model(torch.randn(16, 32, device="cuda")).sum().backward()
+    opt.step()
+    end.record()
+    torch.cuda.synchronize()  # SYNC LINE
+    READ
+"""
+
+
+@pytest.mark.parametrize("read", ["times.append(start.elapsed_time(end))  # READ LINE", "pass"],
+                         ids=["event-timing", "plain-sync"])
+def test_synchronize_for_event_timing_is_advised_as_timing(tmp_path, read):
+    """`torch.cuda.synchronize()` right before `start.elapsed_time(end)`: removing it, as host-sync
+    advised ("profilers sync for you"), would make elapsed_time fail on a GPU. The sync is there for
+    the events: the advice is to read them every N steps (they keep their timestamps), and the site
+    names the elapsed_time line. A synchronize() that no elapsed_time reads keeps the old advice."""
+    source = EVENT_TIMED.replace("READ", read)
+    trainer = tmp_path / "timed.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--no-numerics", "--quiet",
+              out=tmp_path / "out", env=QUIET_ENV)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("host-sync")
+    lines = source.splitlines()
+    sync_line = next(n for n, t in enumerate(lines, 1) if "SYNC LINE" in t)
+    [site] = f["evidence"]["sites"]
+    assert (site["what"], site["line"], site["count"]) == ("torch.cuda.synchronize", sync_line, 6)
+    if read == "pass":
+        assert "before_elapsed_time" not in site and "elapsed_time" not in f["message"] + f["fix"]["summary"]
+        assert "remove explicit synchronize() calls" in f["fix"]["summary"]
+        return
+    read_line = next(n for n, t in enumerate(lines, 1) if "READ LINE" in t)
+    assert site["before_elapsed_time"] == read_line
+    assert (f"torch.cuda.synchronize x1/step at line {sync_line} (before Event.elapsed_time at line {read_line})"
+            in f["message"]), f["message"]
+    assert "remove explicit synchronize()" not in f["fix"]["summary"]
+    assert "call `end.synchronize()` and `start.elapsed_time(end)` only at logging steps" in f["fix"]["summary"]
+
+
 def test_cuda_in_getitem_is_found_at_its_line(rehearsed):
     a = rehearsed("gpu_dataset_cuda")
     f = located(a, "gpu_dataset_cuda", "dataloader-on-device")

@@ -9,6 +9,9 @@ from auditor.rules.common import by_place, cost_of, line_ref, locations, on_acce
 from auditor.rules.suppression import unsuppressed
 from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
 
+ELAPSED_TIME = "torch.cuda.Event.elapsed_time"  # the cuda-standin tally of auditor.capture.rehearsal_cuda
+EVENT_TIMING = "synchronize before Event.elapsed_time"  # (an ADVICE key, not a call's name)
+_DEVICE_SYNCS = ("torch.cuda.synchronize", "torch.cuda.Event.synchronize", "torch.cuda.Stream.synchronize")
 _SUMMARY_WRITER = ("call SummaryWriter.add_* every N steps (each call fetches the tensor from the device), "
                    "accumulating on the device in between")
 ADVICE = {
@@ -27,6 +30,9 @@ ADVICE = {
     "SummaryWriter: Tensor.item": _SUMMARY_WRITER,
     "GradScaler.step": "create the optimizer with fused=True (Adam, AdamW, SGD): GradScaler.step then hands it "
                        "the inf check on the device instead of reading found_inf with .item() every step",
+    EVENT_TIMING: "time with the events every N steps: call `end.synchronize()` and `start.elapsed_time(end)` only "
+                  "at logging steps (`if i % 50 == 0`); the events keep the timestamps of their last record, so "
+                  "the other steps need not wait",
     "ReduceLROnPlateau.step": "step ReduceLROnPlateau once per epoch (or per validation) on a value already "
                               "fetched: it reads the metric with float(), so a device tensor is fetched at each call",
 }
@@ -62,6 +68,8 @@ class HostSync(Rule):
     Fix:
         Fetch values every N steps, keep accumulators on the device, avoid data-dependent shapes.
         With a GradScaler: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD).
+        A `synchronize()` that lets `start.elapsed_time(end)` read CUDA events (seen in rehearsal)
+        is not removed but made rare: sync and read the events at logging steps only.
 
     Evidence needed:
         A run (probes on the sync APIs), or a profiler trace with CUDA runtime events.
@@ -102,7 +110,10 @@ class HostSync(Rule):
         sites = [{"what": p.what, "file": p.where.file if p.where else None, "line": p.where.line if p.where else None,
                   "count": p.count, "per_step": round(p.count / n, 2), "steps": len(p.steps), "ms": round(p.ms, 3)}
                  for p in places]
-        advice = sorted({ADVICE.get(p.what, "fetch values from the device every N steps, not every step")
+        timed = _timed_by_events(ev, places)
+        sites = [{**s, "before_elapsed_time": timed[id(p)]} if id(p) in timed else s for s, p in zip(sites, places)]
+        advice = sorted({ADVICE[EVENT_TIMING] if id(p) in timed else
+                         ADVICE.get(p.what, "fetch values from the device every N steps, not every step")
                          for p in places})
         if real:
             cost = cost_of(ev, total_ms)
@@ -119,6 +130,8 @@ class HostSync(Rule):
         yield self.finding(
             f"{prefix}{per_step(rate)} device->host syncs per step at {len(places)} place(s): "
             + "; ".join(f"{s['what']} x{per_step(s['count'] / n)}/step at {line_ref(s['file'], s['line'], sites[0]['file'])}"
+                        + (f" (before Event.elapsed_time at line {s['before_elapsed_time']})"
+                           if s.get("before_elapsed_time") else "")
                         for s in sites[:5]),
             severity=sev, locations=locations(places),
             evidence={"syncs_per_step": round(rate, 2), "sites": sites, "measured_on_device": real,
@@ -126,6 +139,26 @@ class HostSync(Rule):
             cost=cost,
             fix=Fix(summary="; ".join(advice) + ".", config=_config(places)),
         )
+
+
+def _timed_by_events(ev: m.Evidence, places: list) -> dict[int, int]:
+    """{id(place): line of the elapsed_time call} for the synchronize() sites that wait so that an
+    `Event.elapsed_time` after them, in the same file and step, can read the events (seen in CUDA
+    rehearsal, where the events are stand-ins). Dropping that sync would make elapsed_time fail on a
+    GPU (the end event not reached yet), so the advice is to time every N steps, not to remove it."""
+    reads: dict[int, list[m.Frame]] = {}
+    for step, t in ev.tallies(m.CUDA_STANDIN):
+        if t.what == ELAPSED_TIME and t.where:
+            reads.setdefault(step, []).append(t.where)
+    out: dict[int, int] = {}
+    for p in places:
+        if p.what not in _DEVICE_SYNCS or not p.where:
+            continue
+        after = [[w.line for w in reads.get(s, []) if w.file == p.where.file and w.line > p.where.line]
+                 for s in p.steps]
+        if sum(bool(a) for a in after) >= 0.5 * len(p.steps):
+            out[id(p)] = min(line for a in after for line in a)
+    return out
 
 
 def _config(places: list) -> dict[str, Any]:
