@@ -3,6 +3,7 @@ and the clean trainer stays silent at warning level."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 from statistics import median
 
 import pytest
@@ -256,6 +257,36 @@ def test_grad_scaler_step_sync_is_the_users_unless_the_optimizer_is_fused(tmp_pa
     assert (site["what"], site["line"], site["count"]) == ("GradScaler.step", 17, 6)
     assert f["locations"][0]["file"] == str(trainer)
     assert f["fix"]["config"] == {"optimizer": {"fused": True}} and "fused=True" in f["fix"]["summary"]
+
+
+
+@pytest.mark.parametrize("kwargs", ["", ", foreach=True"], ids=["plain", "foreach"])
+def test_grad_scaler_step_sync_gets_a_fused_patch_in_numerics_fixes(tmp_path, kwargs):
+    """The GradScaler.step sync's fix named fused=True but had no patch: now numerics-fixes.patch
+    (fused kernels round slightly differently) adds fused=True to the optimizer the step is given,
+    and the patched trainer audits without the sync. An optimizer asking for foreach=True, which
+    fused refuses, is left alone."""
+    source = AMP_TRAINER.replace(", fused={fused}", kwargs)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    trainer = tmp_path / "amp_trainer.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    (f,) = a.rule("host-sync")
+    assert [s["what"] for s in f["evidence"]["sites"]] == ["GradScaler.step"]
+    opt_line = source.splitlines().index(f"opt = torch.optim.AdamW(model.parameters(), lr=1e-3{kwargs})") + 1
+    assert "amp_trainer.py" not in (a.out / "fixes.patch").read_text()
+    if kwargs:
+        assert f["fix"]["edits"] == [] and "numerics-fixes.patch" not in f["fix"]["summary"]
+        return
+    assert f["fix"]["changes_numerics"] and [e["start"] for e in f["fix"]["edits"]] == [opt_line]
+    assert f"numerics-fixes.patch adds fused=True to the optimizer at line {opt_line}" in f["fix"]["summary"]
+    subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=tmp_path, check=True)
+    assert (trainer.read_text().splitlines()[opt_line - 1]
+            == "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)")
+    after = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "after")
+    assert after.returncode == 0, after.stderr
+    assert after.rule("host-sync") == []
 
 
 SUMMARY_WRITER = """import torch

@@ -93,7 +93,7 @@ class NumericsPatchReport(PatchReport):
         if not result.diff:
             return ""
         head = ["auditor numerics-fixes.patch: code edits that change what the training computes",
-                "(clamps, gradient clipping, learning-rate warmup; DataLoader workers, whose random",
+                "(clamps, gradient clipping, learning-rate warmup, fused optimizers; DataLoader workers, whose random",
                 "augmentations draw from each worker's own seed). Review each one before applying:",
                 "git apply numerics-fixes.patch (at the repository root, after or instead of fixes.patch)"]
         return _preamble(head, findings, [], result.skipped) + result.diff

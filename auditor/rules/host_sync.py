@@ -1,10 +1,12 @@
 """host-sync: device->host synchronisations inside the step."""
 from __future__ import annotations
 
+import ast
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Finding, Fix, Option, Rule
+from auditor.rules.base import Cost, Edit, Finding, Fix, Option, Rule
+from auditor.rules.fixes import edit_call_kwargs, read_lines
 from auditor.rules.common import by_place, cost_of, line_ref, locations, on_accelerator, per_step, steps_run
 from auditor.rules.suppression import unsuppressed
 from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
@@ -67,7 +69,9 @@ class HostSync(Rule):
 
     Fix:
         Fetch values every N steps, keep accumulators on the device, avoid data-dependent shapes.
-        With a GradScaler: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD).
+        With a GradScaler: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD); where the
+        optimizer `scaler.step(opt)` steps is made in the same file, numerics-fixes.patch adds it
+        (fused kernels round slightly differently).
         A `synchronize()` that lets `start.elapsed_time(end)` read CUDA events (seen in rehearsal)
         is not removed but made rare: sync and read the events at logging steps only.
 
@@ -137,7 +141,7 @@ class HostSync(Rule):
             evidence={"syncs_per_step": round(rate, 2), "sites": sites, "measured_on_device": real,
                       "judged_as_gpu_code": as_gpu},
             cost=cost,
-            fix=Fix(summary="; ".join(advice) + ".", config=_config(places)),
+            fix=_fix(advice, places),
         )
 
 
@@ -159,6 +163,51 @@ def _timed_by_events(ev: m.Evidence, places: list) -> dict[int, int]:
         if sum(bool(a) for a in after) >= 0.5 * len(p.steps):
             out[id(p)] = min(line for a in after for line in a)
     return out
+
+
+def _fix(advice: list[str], places: list) -> Fix:
+    """The advice, with a patch adding fused=True to the optimizer a GradScaler.step site steps,
+    where its constructor is found. A fused optimizer rounds slightly differently from the foreach
+    one, so that edit goes to numerics-fixes.patch."""
+    edits = [e for p in places if p.what == "GradScaler.step" and p.where
+             for e in [_fused_edit(p.where.file, p.where.line)] if e]
+    summary = "; ".join(advice) + "."
+    if edits:
+        summary += (" numerics-fixes.patch adds fused=True to the optimizer at line "
+                    + ", ".join(str(e.start) for e in edits)
+                    + " (the fused kernels round slightly differently from the unfused ones).")
+    return Fix(summary=summary, config=_config(places), edits=edits, changes_numerics=bool(edits))
+
+
+_FUSABLE = ("Adam", "AdamW", "SGD")
+
+
+def _fused_edit(file: str, line: int) -> Edit | None:
+    """fused=True on the constructor of the optimizer `scaler.step(opt)` on `line` steps: `opt` a
+    name assigned once in the file from `torch.optim.Adam/AdamW/SGD(...)` that sets neither fused,
+    foreach (fused and foreach=True refuse each other) nor differentiable (which fused refuses)."""
+    lines = read_lines(file)
+    if lines is None:
+        return None
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+    steps = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "step" and n.lineno <= line <= (n.end_lineno or n.lineno)
+             and n.args and isinstance(n.args[0], ast.Name)]
+    if len(steps) != 1:
+        return None
+    name = steps[0].args[0].id  # type: ignore[attr-defined]
+    made = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    if len(made) != 1 or not isinstance(call := made[0], ast.Call):
+        return None
+    f = call.func
+    kind = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    if kind not in _FUSABLE or any(k.arg in ("fused", "foreach", "differentiable", None) for k in call.keywords):
+        return None
+    return edit_call_kwargs(file, call.lineno, (kind,), {"fused": "True"})
 
 
 def _config(places: list) -> dict[str, Any]:
