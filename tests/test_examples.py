@@ -553,6 +553,52 @@ def test_a_small_steady_leak_in_module_state_is_flagged(tmp_path):
     assert "`outputs` grew by" in f["message"] and "`recent`" not in f["message"]
 
 
+KEPT_OUTPUTS = """import torch
+from torch import nn
+
+model = nn.Linear(256, 512).to("DEVICE")
+x = torch.randn(256, 256, device="DEVICE")
+outs = []
+
+
+def step(i):
+    out = model(x)
+    out.sum().backward()
+    outs.append(out.detach())  # KEPT: 512 KiB a step
+"""
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_memory_growth_says_gpu_memory_for_gpu_tensors_in_rehearsal(tmp_path, device):
+    """In CUDA rehearsal a list of the GPU's outputs was reported as process memory ("Process
+    memory (RSS) grew") with a generic "detach and move to CPU": on the GPU the program is written
+    for, that growth is device memory. The held tensors meant for the GPU are now said to be GPU
+    tensors and GPU memory, and the fix names the list and what to keep instead; the same program
+    on the CPU keeps the host wording."""
+    source = KEPT_OUTPUTS.replace("DEVICE", device)
+    trainer = tmp_path / "kept.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "30", "--no-profile", "--no-numerics", "--quiet",
+              out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("memory-growth")
+    [holder] = f["evidence"]["holders"]
+    scans = sorted(a.evidence["graph_scans"], key=lambda s: s["after_step"])
+    grown = 256 * 512 * 4 * (scans[-1]["after_step"] - scans[0]["after_step"])
+    assert (holder["name"], holder["growth_bytes"]) == ("outs", grown)
+    line = source.splitlines().index("    outs.append(out.detach())  # KEPT: 512 KiB a step") + 1
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(trainer), line)]
+    assert f["fix"]["summary"].startswith("`outs` keeps a tensor from every step")
+    assert "clear `outs` at each epoch's end" in f["fix"]["summary"]
+    if device == "cpu":
+        assert holder["device_growth_bytes"] == 0 and not f["evidence"]["gpu_tensors_in_rehearsal"]
+        assert "GPU" not in f["message"] + f["fix"]["summary"]
+        return
+    assert holder["device_growth_bytes"] == grown and f["evidence"]["gpu_tensors_in_rehearsal"]
+    assert f"`outs` grew by {grown / 2**20:.0f} MiB of GPU tensors" in f["message"], f["message"]
+    assert "GiB of GPU memory." in f["message"] and "every step on the GPU" in f["fix"]["summary"]
+
+
 def test_the_lines_that_grow_a_holder(tmp_path):
     """The line memory-growth names: appends, keyed stores, updates, `+=`, and an object's own
     methods growing `self.attr` for a holder `name.attr`."""
