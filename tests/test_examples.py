@@ -3,6 +3,7 @@ and the clean trainer stays silent at warning level."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 from statistics import median
 
 import pytest
@@ -270,6 +271,36 @@ def test_grad_scaler_step_sync_is_the_users_unless_the_optimizer_is_fused(tmp_pa
     assert f["fix"]["config"] == {"optimizer": {"fused": True}} and "fused=True" in f["fix"]["summary"]
 
 
+
+@pytest.mark.parametrize("kwargs", ["", ", foreach=True"], ids=["plain", "foreach"])
+def test_grad_scaler_step_sync_gets_a_fused_patch_in_numerics_fixes(tmp_path, kwargs):
+    """The GradScaler.step sync's fix named fused=True but had no patch: now numerics-fixes.patch
+    (fused kernels round slightly differently) adds fused=True to the optimizer the step is given,
+    and the patched trainer audits without the sync. An optimizer asking for foreach=True, which
+    fused refuses, is left alone."""
+    source = AMP_TRAINER.replace(", fused={fused}", kwargs)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    trainer = tmp_path / "amp_trainer.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    (f,) = a.rule("host-sync")
+    assert [s["what"] for s in f["evidence"]["sites"]] == ["GradScaler.step"]
+    opt_line = source.splitlines().index(f"opt = torch.optim.AdamW(model.parameters(), lr=1e-3{kwargs})") + 1
+    assert "amp_trainer.py" not in (a.out / "fixes.patch").read_text()
+    if kwargs:
+        assert f["fix"]["edits"] == [] and "numerics-fixes.patch" not in f["fix"]["summary"]
+        return
+    assert f["fix"]["changes_numerics"] and [e["start"] for e in f["fix"]["edits"]] == [opt_line]
+    assert f"numerics-fixes.patch adds fused=True to the optimizer at line {opt_line}" in f["fix"]["summary"]
+    subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=tmp_path, check=True)
+    assert (trainer.read_text().splitlines()[opt_line - 1]
+            == "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)")
+    after = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "after")
+    assert after.returncode == 0, after.stderr
+    assert after.rule("host-sync") == []
+
+
 SUMMARY_WRITER = """import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
@@ -534,6 +565,52 @@ def test_a_small_steady_leak_in_module_state_is_flagged(tmp_path):
     assert "`outputs` grew by" in f["message"] and "`recent`" not in f["message"]
 
 
+KEPT_OUTPUTS = """import torch
+from torch import nn
+
+model = nn.Linear(256, 512).to("DEVICE")
+x = torch.randn(256, 256, device="DEVICE")
+outs = []
+
+
+def step(i):
+    out = model(x)
+    out.sum().backward()
+    outs.append(out.detach())  # KEPT: 512 KiB a step
+"""
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_memory_growth_says_gpu_memory_for_gpu_tensors_in_rehearsal(tmp_path, device):
+    """In CUDA rehearsal a list of the GPU's outputs was reported as process memory ("Process
+    memory (RSS) grew") with a generic "detach and move to CPU": on the GPU the program is written
+    for, that growth is device memory. The held tensors meant for the GPU are now said to be GPU
+    tensors and GPU memory, and the fix names the list and what to keep instead; the same program
+    on the CPU keeps the host wording."""
+    source = KEPT_OUTPUTS.replace("DEVICE", device)
+    trainer = tmp_path / "kept.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "30", "--no-profile", "--no-numerics", "--quiet",
+              out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("memory-growth")
+    [holder] = f["evidence"]["holders"]
+    scans = sorted(a.evidence["graph_scans"], key=lambda s: s["after_step"])
+    grown = 256 * 512 * 4 * (scans[-1]["after_step"] - scans[0]["after_step"])
+    assert (holder["name"], holder["growth_bytes"]) == ("outs", grown)
+    line = source.splitlines().index("    outs.append(out.detach())  # KEPT: 512 KiB a step") + 1
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(trainer), line)]
+    assert f["fix"]["summary"].startswith("`outs` keeps a tensor from every step")
+    assert "clear `outs` at each epoch's end" in f["fix"]["summary"]
+    if device == "cpu":
+        assert holder["device_growth_bytes"] == 0 and not f["evidence"]["gpu_tensors_in_rehearsal"]
+        assert "GPU" not in f["message"] + f["fix"]["summary"]
+        return
+    assert holder["device_growth_bytes"] == grown and f["evidence"]["gpu_tensors_in_rehearsal"]
+    assert f"`outs` grew by {grown / 2**20:.0f} MiB of GPU tensors" in f["message"], f["message"]
+    assert "GiB of GPU memory." in f["message"] and "every step on the GPU" in f["fix"]["summary"]
+
+
 def test_the_lines_that_grow_a_holder(tmp_path):
     """The line memory-growth names: appends, keyed stores, updates, `+=`, and an object's own
     methods growing `self.attr` for a holder `name.attr`."""
@@ -634,6 +711,24 @@ def test_sites_in_another_file_are_named_with_their_file(tmp_path):
     said = {str(tmp_path / "metrics.py"): "metrics.py:2", str(trainer): "train.py:10"}
     other = next(file for file in said if file != first)
     assert f"at {said[other]}" in f["message"] and f"at line {said[first].split(':')[1]}" in f["message"], f["message"]
+
+
+
+def test_host_sync_rates_are_rounded_alike_in_headline_and_sites(tmp_path):
+    """One `.item()` in every step and one in 4 of 7: the headline said "1.6 device->host syncs
+    per step" beside "x0.57/step" at the site, two roundings of one count. Both now print 3
+    significant digits: 11 syncs over 7 steps is 1.57, 4 over 7 is 0.571."""
+    trainer = tmp_path / "rates.py"
+    trainer.write_text("import torch\nw = torch.ones(4, requires_grad=True)\n\n\n"
+                       "def step(i):\n    loss = (w * 2).sum()\n    loss.backward()\n"
+                       "    if i % 3:\n        float(loss)\n    return loss.item()\n")
+    a = audit("run", f"{trainer}:step", "--steps", "7", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("host-sync")
+    sites = {s["line"]: s["count"] for s in f["evidence"]["sites"]}
+    assert sites == {10: 7, 9: 4}, sites
+    assert "1.57 device->host syncs per step at 2 place(s)" in f["message"], f["message"]
+    assert "x1/step at line 10" in f["message"] and "x0.571/step at line 9" in f["message"], f["message"]
 
 
 def test_a_dataloader_setting_read_from_config_is_not_hard_coded(tmp_path):

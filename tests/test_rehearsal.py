@@ -871,6 +871,56 @@ def test_reduce_lr_on_plateau_of_a_gpu_tensor_is_a_sync(tmp_path, every, syncs):
     assert "once per epoch" in f["fix"]["summary"] and "log_every_n_steps" not in f["fix"]["config"]
 
 
+EVENT_TIMED = """
+import torch
+from torch import nn
+
+model = nn.Linear(32, 32).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+times = []
+
+
+def step(i):
+    start.record()
+    model(torch.randn(16, 32, device="cuda")).sum().backward()
+    opt.step()
+    end.record()
+    torch.cuda.synchronize()  # SYNC LINE
+    READ
+"""
+
+
+@pytest.mark.parametrize("read", ["times.append(start.elapsed_time(end))  # READ LINE", "pass"],
+                         ids=["event-timing", "plain-sync"])
+def test_synchronize_for_event_timing_is_advised_as_timing(tmp_path, read):
+    """`torch.cuda.synchronize()` right before `start.elapsed_time(end)`: removing it, as host-sync
+    advised ("profilers sync for you"), would make elapsed_time fail on a GPU. The sync is there for
+    the events: the advice is to read them every N steps (they keep their timestamps), and the site
+    names the elapsed_time line. A synchronize() that no elapsed_time reads keeps the old advice."""
+    source = EVENT_TIMED.replace("READ", read)
+    trainer = tmp_path / "timed.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--no-numerics", "--quiet",
+              out=tmp_path / "out", env=QUIET_ENV)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("host-sync")
+    lines = source.splitlines()
+    sync_line = next(n for n, t in enumerate(lines, 1) if "SYNC LINE" in t)
+    [site] = f["evidence"]["sites"]
+    assert (site["what"], site["line"], site["count"]) == ("torch.cuda.synchronize", sync_line, 6)
+    if read == "pass":
+        assert "before_elapsed_time" not in site and "elapsed_time" not in f["message"] + f["fix"]["summary"]
+        assert "remove explicit synchronize() calls" in f["fix"]["summary"]
+        return
+    read_line = next(n for n, t in enumerate(lines, 1) if "READ LINE" in t)
+    assert site["before_elapsed_time"] == read_line
+    assert (f"torch.cuda.synchronize x1/step at line {sync_line} (before Event.elapsed_time at line {read_line})"
+            in f["message"]), f["message"]
+    assert "remove explicit synchronize()" not in f["fix"]["summary"]
+    assert "call `end.synchronize()` and `start.elapsed_time(end)` only at logging steps" in f["fix"]["summary"]
+
+
 def test_cuda_in_getitem_is_found_at_its_line(rehearsed):
     a = rehearsed("gpu_dataset_cuda")
     f = located(a, "gpu_dataset_cuda", "dataloader-on-device")
@@ -1109,6 +1159,50 @@ def test_a_side_stream_prefetcher_runs_and_its_unpinned_copies_are_found(tmp_pat
                           lines.index("            self.y = y.cuda(non_blocking=True)") + 1}
     assert f["evidence"]["bytes_per_step"] == 128 * 3 * 32 * 32 * 4 + 128 * 8
     assert f["evidence"]["non_blocking_ignored"] == f["evidence"]["copies"]
+
+
+
+@pytest.mark.parametrize("case", ["no pin_memory", "pin_memory from a config"])
+def test_pageable_copy_prints_small_sizes_and_patches_the_loader(tmp_path, case):
+    """The labels' copy printed as "(0.00 MB)" beside the images' megabytes, and the fix had no
+    patch although the unpinned DataLoader call is in the user's file: now sizes below 0.01 MB
+    print in KB or bytes, and fixes.patch adds pin_memory=True to the call (pinning leaves the
+    batches' values alone), unless the call reads pin_memory from an expression: that is left to
+    the user's config, and the fix says where."""
+    computed = case == "pin_memory from a config"
+    source = PREFETCHER.replace("step(i):\n    x, y = batches.next()", "step(i):\n    x, y = batches.next()\n    y = y.long()")
+    if computed:  # uint8 labels: 128 bytes a batch
+        source = (source.replace("torch.randint(0, 10, (640,))", "torch.randint(0, 10, (640,), dtype=torch.uint8)")
+                  .replace("loader = DataLoader", "cfg = {'pin': False}\nloader = DataLoader")
+                  .replace("PIN", "pin_memory=cfg['pin']"))
+    else:
+        source = source.replace(", PIN)", ")")
+    trainer = tmp_path / "prefetch.py"
+    trainer.write_text(source)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)  # the patch's paths are the repo's
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
+              env=QUIET_ENV)
+    assert a.returncode == 0, a.evidence["ending"]
+    (f,) = a.rule("pageable-copy")
+    lines = source.splitlines()
+    y_line = lines.index("            self.y = y.cuda(non_blocking=True)") + 1
+    loader_line = next(i for i, ln in enumerate(lines, 1) if ln.startswith("loader = DataLoader"))
+    label_bytes = 128 if computed else 128 * 8
+    assert {s["line"]: s["bytes"] // 4 for s in f["evidence"]["sites"]}[y_line] == label_bytes
+    size = "128 bytes" if computed else "1.0 KB"
+    assert f"Tensor.cuda x1/step ({size}) at line {y_line}" in f["message"]
+    assert "0.00 MB" not in f["message"]
+    assert f"Tensor.cuda x1/step (1.57 MB) at line {y_line - 1}" in f["message"]
+    patch = (a.out / "fixes.patch").read_text()
+    if computed:
+        assert f["fix"]["edits"] == [] and "prefetch.py" not in patch
+        assert f"line {loader_line} takes pin_memory from `cfg['pin']`: set it to True there" in f["fix"]["summary"]
+        return
+    assert [e["start"] for e in f["fix"]["edits"]] == [loader_line]
+    assert "-loader = DataLoader(data, batch_size=128)\n+loader = DataLoader(data, batch_size=128, pin_memory=True)\n" in patch
+    assert "prefetch.py" not in (a.out / "numerics-fixes.patch").read_text()
+    subprocess.run(["git", "apply", str(a.out / "fixes.patch")], cwd=tmp_path, check=True)
+    assert trainer.read_text().splitlines()[loader_line - 1] == "loader = DataLoader(data, batch_size=128, pin_memory=True)"
 
 
 MEMORY_HISTORY = '''

@@ -16,6 +16,7 @@ from auditor.evidence.model import Evidence
 from auditor.evidence.trace import load_trace
 from auditor.rules.amp_opportunity import AmpOpportunity
 from auditor.rules.base import Finding, Rule
+from auditor.rules.common import per_step
 from auditor.rules.dataloader_on_device import DataloaderOnDevice
 from auditor.rules.gpu_idle import GpuIdle
 from auditor.rules.launch_bound import LaunchBound
@@ -676,7 +677,7 @@ def test_host_sync_counts_op_calls_not_the_runtime_rows_in_them(name: str, op: s
     f = found[op]
     steps = len(raw_steps(name))
     times = "once" if calls == 1 else f"{calls} times"
-    assert f.message.startswith(f"{op} blocked the host on the GPU {times} in {name} ({calls / steps:.1f} per step)")
+    assert f.message.startswith(f"{op} blocked the host on the GPU {times} in {name} ({per_step(calls / steps)} per step)")
     assert f.evidence["syncs"] == calls and f.evidence["syncs_per_step"] == round(calls / steps, 2)
     blocked = [_union_us(rows) for rows in groups[op]]
     assert f.evidence["blocked_ms"] == pytest.approx(sum(blocked) / 1000, abs=1e-3)

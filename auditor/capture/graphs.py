@@ -581,6 +581,7 @@ def scan(module: types.ModuleType | None, source_file: str | None,
 
 
 def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[int, int] | None) -> dict[str, Any]:
+    from auditor.capture.rehearsal_device import CUDA_MARK  # (here: that module imports the probes)
     tensor, param = torch.Tensor, torch.nn.Parameter  # (locals: tested once per gc-tracked object, ~300k)
     live = [t for t in [o for o in gc.get_objects() if type(o) is tensor or type(o) is param]
             if t.grad_fn is not None]
@@ -600,7 +601,9 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
                 where = {"file": source_file, "line": lines[0], "function": ""}
         with_graph = [t for t in tensors if t.grad_fn is not None]
         entry = {"name": name, "kind": kind, "tensors": len(tensors), "graph_tensors": len(with_graph),
-                 "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors), "where": where}
+                 "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors), "where": where,
+                 # on the GPU (or meant for it, in CUDA rehearsal, where they live in process memory)
+                 "device_bytes": _nbytes([t for t in tensors if t.is_cuda or getattr(t, CUDA_MARK, False)])}
         if with_graph:
             _watch_backward(name, with_graph[:_ROW_SAMPLE])  # (the newest: the walk meets them first)
             entry["rows"] = row_parts(value)

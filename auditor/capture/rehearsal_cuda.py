@@ -38,6 +38,7 @@ from auditor.capture.rehearsal_device import CUDA_MARK, REHEARSED_DEVICE, call_s
 from auditor.evidence import model as m
 
 DEVICE_NAME = "CUDA device rehearsed on the CPU"
+ELAPSED_TIME = "torch.cuda.Event.elapsed_time"
 CAPABILITY = (8, 0)
 
 
@@ -189,6 +190,8 @@ class Event:
         _sync("torch.cuda.Event.synchronize", sys._getframe(1))
 
     def elapsed_time(self, end_event: "Event") -> float:
+        if caller_is_user(sys._getframe(1)):  # host-sync tells a sync made for event timing from others
+            _record(ELAPSED_TIME, sys._getframe(1))
         if not (self.enable_timing and end_event.enable_timing):
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
         if self._t is None or end_event._t is None:

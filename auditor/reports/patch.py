@@ -20,8 +20,8 @@ from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
 from auditor.rules.base import Edit, Finding
 from auditor.rules.engine import RuleResults
-from auditor.rules.fixes import (PatchResult, apply_edits, diff_edits, make_patch, patch_path, plan_edits,
-                                 repo_root, unified_diff)
+from auditor.rules.fixes import (PatchResult, _conflict, apply_edits, diff_edits, make_patch, patch_path,
+                                 plan_edits, repo_root, unified_diff)
 
 __all__ = ["NumericsPatchReport", "PatchReport", "patchable", "numerics_patchable", "PatchResult", "apply_edits", "diff_edits", "make_patch", "patch_path",
            "plan_edits", "repo_root", "unified_diff"]
@@ -48,6 +48,10 @@ def _preamble(head: list[str], findings: list[Finding], left_out: list[Finding],
     return "".join("# " + ln.replace("\n", " ") + "\n" for ln in lines) + "\n"
 
 
+def _same_file(a: Edit, b: Edit) -> bool:
+    return Path(a.file).resolve() == Path(b.file).resolve()
+
+
 class PatchReport(Reporter):
     """fixes.patch; empty when no finding has an edit that can go in it."""
 
@@ -60,7 +64,15 @@ class PatchReport(Reporter):
     def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
         findings = patchable(results.findings)
         left_out = numerics_patchable(results.findings)
-        result = diff_edits([e for f in findings for e in f.fix.edits], self.root)  # type: ignore[union-attr]
+        # numerics-fixes.patch applies "after or instead of" this one: lines both would edit (a
+        # DataLoader call given pin_memory here and workers there) stay out of this one
+        theirs = [e for f in left_out for e in f.fix.edits]  # type: ignore[union-attr]
+        edits, shared = [], []
+        for e in (e for f in findings for e in f.fix.edits):  # type: ignore[union-attr]
+            (shared if any(_same_file(e, t) and _conflict(e, t) for t in theirs) else edits).append(e)
+        result = diff_edits(edits, self.root)
+        result.skipped.extend((e, "numerics-fixes.patch edits the same lines (so that it applies after or "
+                                  "instead of this patch); the finding's own patch in findings.json has this edit") for e in shared)
         if not result.diff:
             return ""
         head = ["auditor fixes.patch: code edits proposed by the audit; none changes what the training computes.",
@@ -81,7 +93,7 @@ class NumericsPatchReport(PatchReport):
         if not result.diff:
             return ""
         head = ["auditor numerics-fixes.patch: code edits that change what the training computes",
-                "(clamps, gradient clipping, learning-rate warmup; DataLoader workers, whose random",
+                "(clamps, gradient clipping, learning-rate warmup, fused optimizers; DataLoader workers, whose random",
                 "augmentations draw from each worker's own seed). Review each one before applying:",
                 "git apply numerics-fixes.patch (at the repository root, after or instead of fixes.patch)"]
         return _preamble(head, findings, [], result.skipped) + result.diff

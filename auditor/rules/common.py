@@ -58,6 +58,16 @@ def per_step(x: float) -> str:
     return np.format_float_positional(x, precision=3, fractional=False, trim="-")
 
 
+def size_text(nbytes: float) -> str:
+    """A byte count for a message, in MB (1e6 bytes) from 0.01 MB up and in KB or bytes below, so
+    that a 512-byte copy does not read "0.00 MB" beside the megabytes it is listed with."""
+    if nbytes >= 10_000:
+        return f"{nbytes / 1e6:.2f} MB"
+    if nbytes >= 1000:
+        return f"{nbytes / 1e3:.1f} KB"
+    return f"{nbytes:.0f} bytes"
+
+
 def steps_run(ev: Evidence) -> int:
     return max(1, len(ev.steps))
 

@@ -1,14 +1,19 @@
 """host-sync: device->host synchronisations inside the step."""
 from __future__ import annotations
 
+import ast
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Finding, Fix, Option, Rule
-from auditor.rules.common import by_place, cost_of, line_ref, locations, on_accelerator, steps_run
+from auditor.rules.base import Cost, Edit, Finding, Fix, Option, Rule
+from auditor.rules.fixes import edit_call_kwargs, read_lines
+from auditor.rules.common import by_place, cost_of, line_ref, locations, on_accelerator, per_step, steps_run
 from auditor.rules.suppression import unsuppressed
 from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
 
+ELAPSED_TIME = "torch.cuda.Event.elapsed_time"  # the cuda-standin tally of auditor.capture.rehearsal_cuda
+EVENT_TIMING = "synchronize before Event.elapsed_time"  # (an ADVICE key, not a call's name)
+_DEVICE_SYNCS = ("torch.cuda.synchronize", "torch.cuda.Event.synchronize", "torch.cuda.Stream.synchronize")
 _SUMMARY_WRITER = ("call SummaryWriter.add_* every N steps (each call fetches the tensor from the device), "
                    "accumulating on the device in between")
 ADVICE = {
@@ -27,6 +32,9 @@ ADVICE = {
     "SummaryWriter: Tensor.item": _SUMMARY_WRITER,
     "GradScaler.step": "create the optimizer with fused=True (Adam, AdamW, SGD): GradScaler.step then hands it "
                        "the inf check on the device instead of reading found_inf with .item() every step",
+    EVENT_TIMING: "time with the events every N steps: call `end.synchronize()` and `start.elapsed_time(end)` only "
+                  "at logging steps (`if i % 50 == 0`); the events keep the timestamps of their last record, so "
+                  "the other steps need not wait",
     "ReduceLROnPlateau.step": "step ReduceLROnPlateau once per epoch (or per validation) on a value already "
                               "fetched: it reads the metric with float(), so a device tensor is fetched at each call",
 }
@@ -61,7 +69,11 @@ class HostSync(Rule):
 
     Fix:
         Fetch values every N steps, keep accumulators on the device, avoid data-dependent shapes.
-        With a GradScaler: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD).
+        With a GradScaler: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD); where the
+        optimizer `scaler.step(opt)` steps is made in the same file, numerics-fixes.patch adds it
+        (fused kernels round slightly differently).
+        A `synchronize()` that lets `start.elapsed_time(end)` read CUDA events (seen in rehearsal)
+        is not removed but made rare: sync and read the events at logging steps only.
 
     Evidence needed:
         A run (probes on the sync APIs), or a profiler trace with CUDA runtime events.
@@ -97,12 +109,15 @@ class HostSync(Rule):
         places = unsuppressed(self.id, places, lambda p: p.where)  # out of the count, message and evidence
         if not places:
             return
-        per_step = sum(p.count for p in places) / n
+        rate = sum(p.count for p in places) / n
         total_ms = sum(p.ms for p in places)
         sites = [{"what": p.what, "file": p.where.file if p.where else None, "line": p.where.line if p.where else None,
                   "count": p.count, "per_step": round(p.count / n, 2), "steps": len(p.steps), "ms": round(p.ms, 3)}
                  for p in places]
-        advice = sorted({ADVICE.get(p.what, "fetch values from the device every N steps, not every step")
+        timed = _timed_by_events(ev, places)
+        sites = [{**s, "before_elapsed_time": timed[id(p)]} if id(p) in timed else s for s, p in zip(sites, places)]
+        advice = sorted({ADVICE[EVENT_TIMING] if id(p) in timed else
+                         ADVICE.get(p.what, "fetch values from the device every N steps, not every step")
                          for p in places})
         if real:
             cost = cost_of(ev, total_ms)
@@ -117,15 +132,82 @@ class HostSync(Rule):
                              "accelerator each call waits for every queued kernel")
             sev, prefix = "info", "On an accelerator these would synchronise: "
         yield self.finding(
-            f"{prefix}{per_step:.1f} device->host syncs per step at {len(places)} place(s): "
-            + "; ".join(f"{s['what']} x{s['per_step']:g}/step at {line_ref(s['file'], s['line'], sites[0]['file'])}"
+            f"{prefix}{per_step(rate)} device->host syncs per step at {len(places)} place(s): "
+            + "; ".join(f"{s['what']} x{per_step(s['count'] / n)}/step at {line_ref(s['file'], s['line'], sites[0]['file'])}"
+                        + (f" (before Event.elapsed_time at line {s['before_elapsed_time']})"
+                           if s.get("before_elapsed_time") else "")
                         for s in sites[:5]),
             severity=sev, locations=locations(places),
-            evidence={"syncs_per_step": round(per_step, 2), "sites": sites, "measured_on_device": real,
+            evidence={"syncs_per_step": round(rate, 2), "sites": sites, "measured_on_device": real,
                       "judged_as_gpu_code": as_gpu},
             cost=cost,
-            fix=Fix(summary="; ".join(advice) + ".", config=_config(places)),
+            fix=_fix(advice, places),
         )
+
+
+def _timed_by_events(ev: m.Evidence, places: list) -> dict[int, int]:
+    """{id(place): line of the elapsed_time call} for the synchronize() sites that wait so that an
+    `Event.elapsed_time` after them, in the same file and step, can read the events (seen in CUDA
+    rehearsal, where the events are stand-ins). Dropping that sync would make elapsed_time fail on a
+    GPU (the end event not reached yet), so the advice is to time every N steps, not to remove it."""
+    reads: dict[int, list[m.Frame]] = {}
+    for step, t in ev.tallies(m.CUDA_STANDIN):
+        if t.what == ELAPSED_TIME and t.where:
+            reads.setdefault(step, []).append(t.where)
+    out: dict[int, int] = {}
+    for p in places:
+        if p.what not in _DEVICE_SYNCS or not p.where:
+            continue
+        after = [[w.line for w in reads.get(s, []) if w.file == p.where.file and w.line > p.where.line]
+                 for s in p.steps]
+        if sum(bool(a) for a in after) >= 0.5 * len(p.steps):
+            out[id(p)] = min(line for a in after for line in a)
+    return out
+
+
+def _fix(advice: list[str], places: list) -> Fix:
+    """The advice, with a patch adding fused=True to the optimizer a GradScaler.step site steps,
+    where its constructor is found. A fused optimizer rounds slightly differently from the foreach
+    one, so that edit goes to numerics-fixes.patch."""
+    edits = [e for p in places if p.what == "GradScaler.step" and p.where
+             for e in [_fused_edit(p.where.file, p.where.line)] if e]
+    summary = "; ".join(advice) + "."
+    if edits:
+        summary += (" numerics-fixes.patch adds fused=True to the optimizer at line "
+                    + ", ".join(str(e.start) for e in edits)
+                    + " (the fused kernels round slightly differently from the unfused ones).")
+    return Fix(summary=summary, config=_config(places), edits=edits, changes_numerics=bool(edits))
+
+
+_FUSABLE = ("Adam", "AdamW", "SGD")
+
+
+def _fused_edit(file: str, line: int) -> Edit | None:
+    """fused=True on the constructor of the optimizer `scaler.step(opt)` on `line` steps: `opt` a
+    name assigned once in the file from `torch.optim.Adam/AdamW/SGD(...)` that sets neither fused,
+    foreach (fused and foreach=True refuse each other) nor differentiable (which fused refuses)."""
+    lines = read_lines(file)
+    if lines is None:
+        return None
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+    steps = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "step" and n.lineno <= line <= (n.end_lineno or n.lineno)
+             and n.args and isinstance(n.args[0], ast.Name)]
+    if len(steps) != 1:
+        return None
+    name = steps[0].args[0].id  # type: ignore[attr-defined]
+    made = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    if len(made) != 1 or not isinstance(call := made[0], ast.Call):
+        return None
+    f = call.func
+    kind = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    if kind not in _FUSABLE or any(k.arg in ("fused", "foreach", "differentiable", None) for k in call.keywords):
+        return None
+    return edit_call_kwargs(file, call.lineno, (kind,), {"fused": "True"})
 
 
 def _config(places: list) -> dict[str, Any]:

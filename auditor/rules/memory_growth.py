@@ -34,7 +34,10 @@ class MemoryGrowth(Rule):
 
     Fix:
         Keep summaries instead of tensors, clear per-epoch buffers, detach and move to CPU what
-        you must keep.
+        you must keep; where the holder is known, the fix names it and says what suits its kind
+        (a list: a running result, or .cpu() copies every N steps; a dict: evict; a concatenated
+        buffer: keep the last N rows). In CUDA rehearsal, growth held in tensors the program
+        puts on the GPU is said to be the GPU's memory (the rehearsal keeps it in process memory).
 
     Evidence needed:
         Memory at step boundaries from a run (at least `min-steps` steps after warm-up).
@@ -82,7 +85,13 @@ class MemoryGrowth(Rule):
             return
         locs = [Location(file=h["where"]["file"], line=h["where"]["line"], code=h["where"].get("code", ""))
                 for h in holders if h.get("where")]
-        held = "; ".join(f"`{h['name']}` grew by {h['growth_bytes'] / MiB:.0f} MiB" for h in holders)
+        # In CUDA rehearsal the program's GPU tensors live in process memory: growth they make is
+        # the GPU's device memory on the machine the program is written for, not host RAM.
+        on_gpu = {h["name"] for h in holders if 2 * h.get("device_growth_bytes", 0) >= h["growth_bytes"]}
+        rehearsed_gpu = (not device and ev.environment.rehearsal and held_growth > 0
+                         and sum(h["growth_bytes"] for h in holders if h["name"] in on_gpu) >= 0.5 * held_growth * MiB)
+        held = "; ".join(f"`{h['name']}` grew by {h['growth_bytes'] / MiB:.0f} MiB"
+                         + (" of GPU tensors" if rehearsed_gpu and h["name"] in on_gpu else "") for h in holders)
         what = "CUDA allocated memory" if device else "Process memory (RSS)"
         if not trend:  # the memory is plainly held by module state, even if RSS is too noisy to show it
             scans = spread_scans(ev.graph_scans)
@@ -90,20 +99,26 @@ class MemoryGrowth(Rule):
             slope, growth = held_growth / span, held_growth
         if trend:
             head = f"{what} grew by {growth:.0f} MiB ({slope:.2f} MiB per step, rank correlation {rho:.2f})"
+            if rehearsed_gpu:
+                head += (", kept in tensors the program puts on the GPU: this CUDA rehearsal holds them in process "
+                         "memory, on a GPU they take device memory")
         else:
             head = f"Tensors kept by module state grew by {growth:.0f} MiB ({slope:.2f} MiB per step, at every scan)"
         yield self.finding(
-            f"{head}; at this rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB."
+            f"{head}; at this rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB"
+            + (" of GPU memory." if rehearsed_gpu else ".")
             + (f" Held by module state: {held}." if held else ""),
             locations=locs,
             evidence={"metric": metric, "start_mib": round(ys[0], 1) if ys else None,
                       "end_mib": round(ys[-1], 1) if ys else None, "held_growth_mib": round(held_growth, 1),
                       "growth_mib": round(growth, 1), "mib_per_step": round(slope, 3), "spearman": round(rho, 3),
-                      "steps_used": len(steps),
-                      "holders": [{k: h[k] for k in ("name", "kind", "tensors", "bytes", "growth_bytes")}
+                      "steps_used": len(steps), "gpu_tensors_in_rehearsal": rehearsed_gpu,
+                      "holders": [{k: h.get(k, 0) for k in ("name", "kind", "tensors", "bytes", "growth_bytes",
+                                                            "device_growth_bytes")}
                                   for h in holders]},
             cost=None,
-            fix=Fix(summary="Stop keeping per-step tensors: keep summaries, clear buffers, detach and move to CPU."),
+            fix=Fix(summary=_advice(holders[0], holders[0]["name"] in on_gpu) if holders else
+                    "Stop keeping per-step tensors: keep summaries, clear buffers, detach and move to CPU."),
         )
 
     @staticmethod
@@ -118,9 +133,30 @@ class MemoryGrowth(Rule):
         for k, scan in enumerate(scans):
             for h in scan.holders:
                 series.setdefault(h["name"], [0] * len(scans))[k] = h.get("bytes", 0)
+        on_device: dict[str, list[int]] = {}
+        for k, scan in enumerate(scans):
+            for h in scan.holders:
+                on_device.setdefault(h["name"], [0] * len(scans))[k] = h.get("device_bytes", 0)
         grown = []
         for h in scans[-1].holders:
-            b = series[h["name"]]
+            b, d = series[h["name"]], on_device[h["name"]]
             if all(later > earlier for earlier, later in zip(b, b[1:])) and b[-1] - b[0] >= MiB:
-                grown.append({**h, "growth_bytes": b[-1] - b[0]})
+                grown.append({**h, "growth_bytes": b[-1] - b[0], "device_growth_bytes": max(0, d[-1] - d[0])})
         return sorted(grown, key=lambda h: -h["growth_bytes"])
+
+
+def _advice(h: dict[str, Any], gpu: bool) -> str:
+    """The fix for the holder that grew most, by what it is: a list keeps one entry per step, a
+    dict never evicts, a tensor or buffer is concatenated onto."""
+    name, kind = h["name"], h.get("kind", "")
+    if kind in ("list", "deque"):
+        return (f"`{name}` keeps a tensor from every step" + (" on the GPU" if gpu else "") + ": keep what the "
+                f"epoch needs as a running result instead (a sum, a count, a confusion matrix updated with "
+                f"index_add_), or keep .cpu() copies"
+                + (" (each .cpu() waits for the GPU: copy every N steps)" if gpu else "")
+                + f", and clear `{name}` at each epoch's end.")
+    if kind in ("dict", "OrderedDict", "defaultdict"):
+        return (f"`{name}` gains entries every step and never drops any: bound it (evict the oldest keys) or keep "
+                "summaries instead of tensors.")
+    return (f"`{name}` is grown every step (concatenated onto): keep a fixed-size buffer (the last N rows) or a "
+            "running summary instead.")

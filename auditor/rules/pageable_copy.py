@@ -9,6 +9,7 @@ import numpy as np
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.trace import Trace, frame_location_parts, issuing_op, sites
+from auditor.rules.common import size_text
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
 from auditor.rules.probe_pageable_copy import PROBE_OPTIONS, probe_pageable_copy_findings
 
@@ -85,8 +86,8 @@ class PageableCopy(Rule):
             where = sites(trace, rows, weights=np.clip(sel["bytes"].to_numpy(), 0, None))
             per_step_ms = round(gpu_ms / steps, 3)
             side = "to" if label.startswith("device-to-host") else "from"  # (pageable is the host end)
-            message = (f"{len(sel)} {label} copies {side} pageable memory moved {nbytes / 1e6:.1f} MB "
-                       f"({nbytes / steps / 1e6:.1f} MB per step) in {trace.label}, taking "
+            message = (f"{len(sel)} {label} copies {side} pageable memory moved {size_text(nbytes)} "
+                       f"({size_text(nbytes / steps)} per step) in {trace.label}, taking "
                        f"{per_step_ms:.2f} ms of GPU copy time per step; the host waited "
                        f"{host_ms / steps:.2f} ms per step in the copy calls.")
             yield self.finding(

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Finding, Fix, Location, Option
-from auditor.rules.common import line_ref, per_step, place_key, steps_run
+from auditor.rules.base import Cost, Edit, Finding, Fix, Location, Option
+from auditor.rules.fixes import computed_kwargs, edit_call_kwargs
+from auditor.rules.common import line_ref, per_step, place_key, size_text, steps_run
 from auditor.rules.suppression import unsuppressed
 
 PROBE_OPTIONS: tuple[Option, ...] = (
@@ -67,14 +68,22 @@ def probe_pageable_copy_findings(rule: Any, evidence: m.Evidence, options: dict[
     locs += [Location.of(d.where) for d in loaders if d.where]
     ignored_nb = sum(s.non_blocking for s in sites)
     message = (f"On the GPU these copies are staged through pageable memory: {per_step(copies / n)} host-to-device "
-               f"copies per step of unpinned tensors move {total / n / 1e6:.2f} MB per step, at "
-               + "; ".join(f"{s.what} x{per_step(s.copies / n)}/step ({s.bytes / n / 1e6:.2f} MB) at "
+               f"copies per step of unpinned tensors move {size_text(total / n)} per step, at "
+               + "; ".join(f"{s.what} x{per_step(s.copies / n)}/step ({size_text(s.bytes / n)}) at "
                            + line_ref(s.where.file if s.where else None, s.where.line if s.where else None,
                                       locs[0].file if locs else None) for s in sites[:5])
                + (f"; {per_step(ignored_nb / n)} per step ask for non_blocking=True, which pageable memory turns "
                   "into a blocking copy" if ignored_nb else "")
                + ".")
     unpinned_loaders = [d for d in loaders if not d.settings.get("pin_memory")]
+    edits, computed = _pin_edits(unpinned_loaders)
+    summary = ("Pin the batches: DataLoader(..., pin_memory=True)" if unpinned_loaders else
+               "Pin the host tensors (tensor.pin_memory(), or build them in a DataLoader with "
+               "pin_memory=True)") + ", then copy with .to('cuda', non_blocking=True) so the copy overlaps compute."
+    if computed:  # a patch hard-coding it would leave the user's config entry dead
+        summary += (" The DataLoader at " + ", ".join(f"line {line} takes pin_memory from `{src}`"
+                                                    for line, src in computed)
+                    + ": set it to True there; the patch leaves that call alone.")
     return [rule.finding(
         message,
         locations=locs,
@@ -87,9 +96,24 @@ def probe_pageable_copy_findings(rule: Any, evidence: m.Evidence, options: dict[
                   "dataloaders": [{"id": d.id, "line": d.where.line if d.where else None,
                                    "pin_memory": d.settings.get("pin_memory")} for d in loaders]},
         cost=Cost(ms_per_step=None, share_of_step=None, measured=False, note=COUNTED),
-        fix=Fix(summary=("Pin the batches: DataLoader(..., pin_memory=True)" if unpinned_loaders else
-                         "Pin the host tensors (tensor.pin_memory(), or build them in a DataLoader with "
-                         "pin_memory=True)")
-                + ", then copy with .to('cuda', non_blocking=True) so the copy overlaps compute.",
-                config={"DataLoader.pin_memory": True, "non_blocking": True}),
+        # Pinning changes where a batch lives on the host, not its values: the edit is fixes.patch's.
+        fix=Fix(summary=summary, config={"DataLoader.pin_memory": True, "non_blocking": True}, edits=edits),
     )]
+
+
+def _pin_edits(loaders: list[m.DataLoaderInfo]) -> tuple[list[Edit], list[tuple[int, str]]]:
+    """Edits adding pin_memory=True to the unpinned loaders' DataLoader calls in the user's file, and
+    the (line, source) of calls that read pin_memory from an expression, which are left alone."""
+    edits: list[Edit] = []
+    computed: list[tuple[int, str]] = []
+    for d in loaders:
+        if not d.where or not d.where.file:
+            continue
+        src = computed_kwargs(d.where.file, d.where.line, ("DataLoader",), ("pin_memory",))
+        if src:
+            computed.append((d.where.line, src["pin_memory"]))
+            continue
+        edit = edit_call_kwargs(d.where.file, d.where.line, ("DataLoader",), {"pin_memory": "True"})
+        if edit and edit not in edits:
+            edits.append(edit)
+    return edits, computed

@@ -31,6 +31,7 @@ from auditor.evidence.trace import (
     total_length,
 )
 from auditor.rules.base import Cost, Finding, Fix, Location, Option, share_of_step, step_basis_ms
+from auditor.rules.common import per_step as rate_text
 
 TRACE_OPTIONS: tuple[Option, ...] = (
     Option("trace-min-syncs", 1,
@@ -111,7 +112,7 @@ def _trace_findings(rule: Any, trace: Trace, options: dict[str, Any], step_ms: f
         n = len(members)
         times = "once" if n == 1 else f"{n} times"
         message = (f"{op} blocked the host on the GPU {times} in {trace.label} "
-                   f"({n / steps:.1f} per step), {per_step:.2f} ms per step"
+                   f"({rate_text(n / steps)} per step), {per_step:.2f} ms per step"
                    + (f" ({share:.1%} of the median step)" if share is not None else "")
                    + f" spent waiting in {', '.join(apis)}; the GPU sat idle {idle_ms:.2f} ms per step "
                    "while the host waited there and before it queued new work (what removing them can give back).")
