@@ -1,4 +1,4 @@
-"""One slow rank: rank 1 reads its shard from slower storage (each sample takes ~0.4 ms longer to
+"""One slow rank: rank 1 reads its shard from slower storage (each sample takes ~0.8 ms longer to
 fetch), so in every step rank 0 finishes its backward and then waits in DDP's gradient all-reduce
 for rank 1. `audit run examples/ddp_straggler.py:step --nproc-per-node 2` names rank 1, the data
 loading phase, and the time rank 0 waits."""
@@ -37,7 +37,7 @@ def endless(loader):
         yield from loader  # expect: rank-straggler
 
 
-loader = loader_for(ShardOnSlowDisk(synthetic(), read_s=0.0004 if rank == 1 else 0.0), rank, world)
+loader = loader_for(ShardOnSlowDisk(synthetic(), read_s=0.0008 if rank == 1 else 0.0), rank, world)
 batches = endless(loader)
 model = DDP(mlp())
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
