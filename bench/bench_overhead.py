@@ -25,21 +25,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# examples/clean.py with another batch (the trainer both sides run; _common is found on PYTHONPATH)
-TRAINER = r'''
-from _common import Batches, make
-
-loader, model, opt, loss_fn = make(batch={batch})
-batches = Batches(loader)
 
 
-def step(i):
-    x, y = batches.next()
-    opt.zero_grad(set_to_none=True)
-    loss = loss_fn(model(x), y)
-    loss.backward()
-    opt.step()
-'''
+def sized_trainer(batch: int) -> str:
+    """examples/clean.py with another batch (the trainer both sides run; _common is found on
+    PYTHONPATH), made from its text so that the two cannot drift apart."""
+    text = (ROOT / "examples" / "clean.py").read_text()
+    assert text.count("make()") == 1, "examples/clean.py no longer calls make() once"
+    return text.replace("make()", f"make(batch={batch})")
+
+
 PLAIN = r'''
 import json, sys, time
 sys.path.insert(0, {examples!r})
@@ -100,7 +95,7 @@ def main() -> None:
     plain, audited = [], []
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Path(tmp) / "clean_sized.py"
-        trainer.write_text(TRAINER.format(batch=a.batch))
+        trainer.write_text(sized_trainer(a.batch))
         # This machine's speed drifts by 20-40% over tens of seconds (a shared VM host), so each audit
         # is paired with the plain run right before it and the ratios of the pairs are what count.
         for _ in range(a.repeats):

@@ -854,8 +854,9 @@ def _install_sampler_probes() -> None:
             rec = REC
             if not rec.active:
                 return orig(self)
-            where = made.get(self) if _weakable(self) else None
-            prev = last.get(self) if _weakable(self) else None
+            weak = _weakable(self)
+            where = made.get(self) if weak else None
+            prev = last.get(self) if weak else None
             left = -1 if prev is None else length_hint(prev, -1)
             epoch = getattr(self, "epoch", None)
             rec.add(m.SAMPLER_ITER, f"{type(self).__name__}.__iter__", caller(self, "__iter__"),
@@ -864,7 +865,7 @@ def _install_sampler_probes() -> None:
                     made_file=where[0] if where else None, made_line=where[1] if where else None,
                     prev_finished=None if left < 0 else left == 0)
             it = orig(self)
-            if _weakable(self):
+            if weak:
                 last[self] = it
             return it
         return probe

@@ -31,19 +31,36 @@ def read_lines(file: str, keepends: bool = False) -> list[str] | None:
     return text.splitlines(keepends=keepends)
 
 
+def parse_file(file: str) -> tuple[ast.Module, list[str]] | None:
+    """The file's syntax tree and its lines, what the AST-level edits read (None when the file is
+    unreadable or no longer valid Python: no edit is offered then)."""
+    lines = read_lines(file)
+    if lines is None:
+        return None
+    try:
+        return ast.parse("\n".join(lines)), lines
+    except SyntaxError:
+        return None
+
+
+def call_name(node: ast.AST) -> str | None:
+    """The name a call calls: `f` of `f(...)`, `step` of `opt.step(...)` (None for anything else)."""
+    if not isinstance(node, ast.Call):
+        return None
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
 def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
 def _statement_at(file: str, line: int) -> ast.stmt | None:
     """The innermost simple statement starting on `line`."""
-    lines = read_lines(file)
-    if lines is None:
+    parsed = parse_file(file)
+    if parsed is None:
         return None
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
+    tree, _ = parsed
     best = None
     for node in ast.walk(tree):
         if isinstance(node, ast.stmt) and node.lineno == line and not hasattr(node, "body"):
@@ -74,13 +91,10 @@ def insert_before(file: str, line: int, text: str) -> Edit | None:
 def insert_before_header(file: str, line: int, text: str) -> Edit | None:
     """A line `text` inserted before the statement, simple or compound (a `for` header), that
     starts on `line` and is the first on it, at its indentation (None otherwise)."""
-    lines = read_lines(file)
-    if lines is None or not 0 < line <= len(lines):
+    parsed = parse_file(file)
+    if parsed is None or not 0 < line <= len(parsed[1]):
         return None
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
+    tree, lines = parsed
     stmt = next((n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line), None)
     if stmt is None or lines[line - 1][:stmt.col_offset].strip():
         return None
@@ -88,18 +102,14 @@ def insert_before_header(file: str, line: int, text: str) -> Edit | None:
 
 
 def _call_on_line(file: str, line: int, names: Iterable[str]) -> ast.Call | None:
-    lines = read_lines(file)
-    if lines is None:
+    parsed = parse_file(file)
+    if parsed is None:
         return None
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
+    tree, _ = parsed
     wanted = set(names)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno):
-            f = node.func
-            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            name = call_name(node)
             if name in wanted:
                 return node
     return None

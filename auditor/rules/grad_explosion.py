@@ -9,7 +9,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Edit, Finding, Fix, Option, Rule
 from auditor.rules.common import quarter_medians, spearman
-from auditor.rules.fixes import read_lines
+from auditor.rules.fixes import parse_file
 from auditor.rules.nonfinite import NumericsView, finite, needs_numerics, short, val
 
 
@@ -193,13 +193,10 @@ def _round2(x: float | None) -> float | None:
 def clip_edit(file: str, line: int, max_norm: float) -> Edit | None:
     """Insert gradient clipping before the `opt.step()` / `scaler.step(opt)` statement on `line`
     (unscaling first under a GradScaler). Offered only when the file imports torch."""
-    lines = read_lines(file)
-    if lines is None or line > len(lines):
+    parsed = parse_file(file)
+    if parsed is None or line > len(parsed[1]):
         return None
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
+    tree, lines = parsed
     if not any(isinstance(n, ast.Import) and any(a.name == "torch" and a.asname is None for a in n.names)
                for n in tree.body):
         return None

@@ -8,7 +8,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
 from auditor.rules.common import spread_scans
-from auditor.rules.fixes import read_lines
+from auditor.rules.fixes import parse_file
 
 
 def _constructs(node: ast.AST) -> bool:
@@ -95,13 +95,10 @@ def _detach_edit(file: str, line: int, rows: dict[str, Any] | None = None) -> tu
     buffer (`rows`: where the scan saw its graphs) has just those items detached:
     `xs.append((s, a, r, value.detach()))`, `{"v": value.detach()}`; a row pushed whole by name
     (`self.items.append(row)`) has nothing to detach at that line."""
-    lines = read_lines(file)
-    if lines is None:
+    parsed = parse_file(file)
+    if parsed is None:
         return None, False
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None, False
+    tree, lines = parsed
     for node in ast.walk(tree):
         if getattr(node, "lineno", None) != line or not isinstance(node, ast.stmt):
             continue

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Cost, Edit, Finding, Fix, Option, Rule
-from auditor.rules.fixes import edit_call_kwargs, read_lines
+from auditor.rules.fixes import call_name, edit_call_kwargs, parse_file
 from auditor.rules.common import by_place, cost_of, line_ref, locations, on_accelerator, per_step, steps_run
 from auditor.rules.suppression import unsuppressed
 from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
@@ -186,13 +186,10 @@ def _fused_edit(file: str, line: int) -> Edit | None:
     """fused=True on the constructor of the optimizer `scaler.step(opt)` on `line` steps: `opt` a
     name assigned once in the file from `torch.optim.Adam/AdamW/SGD(...)` that sets neither fused,
     foreach (fused and foreach=True refuse each other) nor differentiable (which fused refuses)."""
-    lines = read_lines(file)
-    if lines is None:
+    parsed = parse_file(file)
+    if parsed is None:
         return None
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
+    tree, _ = parsed
     steps = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
              and n.func.attr == "step" and n.lineno <= line <= (n.end_lineno or n.lineno)
              and n.args and isinstance(n.args[0], ast.Name)]
@@ -203,8 +200,7 @@ def _fused_edit(file: str, line: int) -> Edit | None:
             and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
     if len(made) != 1 or not isinstance(call := made[0], ast.Call):
         return None
-    f = call.func
-    kind = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    kind = call_name(call)
     if kind not in _FUSABLE or any(k.arg in ("fused", "foreach", "differentiable", None) for k in call.keywords):
         return None
     return edit_call_kwargs(file, call.lineno, (kind,), {"fused": "True"})

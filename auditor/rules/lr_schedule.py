@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
-from auditor.rules.fixes import read_lines
+from auditor.rules.fixes import parse_file
 from auditor.rules.nonfinite import NumericsView, finite, location, short, val
 
 # Closed forms of the built-in schedulers: lr at `last_epoch` e from the base lr b and the
@@ -349,13 +349,10 @@ def _after_load_edit(loc: Location | None, lr: float | None) -> list[Edit]:
     """`for g in OPT.param_groups: g["lr"] = g["initial_lr"] = LR` after the load statement."""
     if loc is None or lr is None:
         return []
-    lines = read_lines(loc.file)
-    if lines is None:
+    parsed = parse_file(loc.file)
+    if parsed is None:
         return []
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return []
+    tree, lines = parsed
     for node in ast.walk(tree):
         if (isinstance(node, ast.Expr) and node.lineno == loc.line == node.end_lineno
                 and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
@@ -371,13 +368,10 @@ def _after_load_edit(loc: Location | None, lr: float | None) -> list[Edit]:
 
 def _cap_lambda_edit(loc: Location) -> Edit | None:
     """Wrap the body of the lr lambda on the scheduler's line in min(1.0, ...)."""
-    lines = read_lines(loc.file)
-    if lines is None:
+    parsed = parse_file(loc.file)
+    if parsed is None:
         return None
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
+    tree, lines = parsed
     for node in ast.walk(tree):
         if isinstance(node, ast.Lambda) and node.lineno == loc.line and node.body.lineno == node.body.end_lineno == loc.line:
             raw = lines[loc.line - 1].encode()

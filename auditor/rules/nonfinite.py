@@ -18,7 +18,7 @@ import msgspec
 from auditor.evidence import model as m
 from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
 from auditor.rules.common import file_name
-from auditor.rules.fixes import read_lines
+from auditor.rules.fixes import parse_file, read_lines
 
 FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this
 FP16_EXP_LIMIT = 11.09
@@ -172,16 +172,6 @@ def needs_numerics(ev: m.Evidence) -> str | None:
 
 # --- source edits -------------------------------------------------------------------------------
 
-def _tree(file: str) -> tuple[ast.AST, list[str]] | None:
-    lines = read_lines(file)
-    if lines is None:
-        return None
-    try:
-        return ast.parse("\n".join(lines)), lines
-    except SyntaxError:
-        return None
-
-
 def _segment(lines: list[str], node: ast.AST) -> str | None:
     if node.lineno != node.end_lineno:
         return None
@@ -207,7 +197,7 @@ def clamp_edit(file: str, line: int, kind: str, bound: str, span: list[int] | No
     log or exp. `kind` is div | log | exp; `bound` the clamp call, e.g. "clamp_min(1e-12)".
     `span` (line, end line, column, end column of the call that made the NaN, when the run
     recorded it) picks that call among several on the line: `y * log(p) + (1 - y) * log(1 - p)`."""
-    parsed = _tree(file)
+    parsed = parse_file(file)
     if parsed is None:
         return None
     tree, lines = parsed

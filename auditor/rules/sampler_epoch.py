@@ -7,7 +7,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Finding, Fix, Location, Rule
 from auditor.rules.common import file_name
-from auditor.rules.fixes import insert_before_header, read_lines
+from auditor.rules.fixes import call_name, insert_before_header, parse_file, read_lines
 
 
 class SamplerEpoch(Rule):
@@ -112,29 +112,13 @@ def _code(file: str, line: int) -> str:
     return lines[line - 1].strip() if lines and 0 < line <= len(lines) else ""
 
 
-def _tree(file: str) -> ast.Module | None:
-    lines = read_lines(file)
-    if lines is None:
-        return None
-    try:
-        return ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
-
-
-def _call_name(node: ast.AST) -> str | None:
-    if not isinstance(node, ast.Call):
-        return None
-    f = node.func
-    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-
-
 def sampler_name(file: str, line: int) -> str | None:
     """The variable the sampler made on `line` is assigned to (`sampler = DistributedSampler(...)`),
     when a DataLoader call in the file takes that name as its `sampler=` argument."""
-    tree = _tree(file)
-    if tree is None:
+    parsed = parse_file(file)
+    if parsed is None:
         return None
+    tree, _ = parsed
     name = None
     for node in ast.walk(tree):
         if (isinstance(node, ast.Assign) and node.lineno == line and len(node.targets) == 1
@@ -143,7 +127,7 @@ def sampler_name(file: str, line: int) -> str | None:
     if name is None:
         return None
     for node in ast.walk(tree):
-        if (_call_name(node) or "").endswith("DataLoader") and any(
+        if (call_name(node) or "").endswith("DataLoader") and any(
                 kw.arg == "sampler" and isinstance(kw.value, ast.Name) and kw.value.id == name
                 for kw in node.keywords):
             return name
@@ -153,13 +137,14 @@ def sampler_name(file: str, line: int) -> str | None:
 def epoch_counter(file: str, line: int) -> str | None:
     """The epoch number in reach at `line`: the target of the innermost `for NAME in range(...)`
     around it, else a variable (or a function's parameter) named `epoch` the file has."""
-    tree = _tree(file)
-    if tree is None:
+    parsed = parse_file(file)
+    if parsed is None:
         return None
+    tree, _ = parsed
     best = None
     for node in ast.walk(tree):
         if (isinstance(node, ast.For) and node.lineno < line <= (node.end_lineno or node.lineno)
-                and isinstance(node.target, ast.Name) and _call_name(node.iter) == "range"
+                and isinstance(node.target, ast.Name) and call_name(node.iter) == "range"
                 and (best is None or node.lineno > best.lineno)):
             best = node
     if best is not None:
