@@ -1180,8 +1180,11 @@ def test_pageable_copy_prints_small_sizes_and_patches_the_loader(tmp_path, case)
     trainer = tmp_path / "prefetch.py"
     trainer.write_text(source)
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)  # the patch's paths are the repo's
-    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
-              env=QUIET_ENV)
+    # (the loader waits ~1.5 ms a step here, under dataloader-bound's 2 ms; on a loaded machine it
+    # passed it, and that rule's edit of the same DataLoader call, in numerics-fixes.patch, rightly
+    # kept this one out of fixes.patch: the test is of pageable-copy alone)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", "--ignore", "dataloader-bound",
+              out=tmp_path / "out", env=QUIET_ENV)
     assert a.returncode == 0, a.evidence["ending"]
     (f,) = a.rule("pageable-copy")
     lines = source.splitlines()
