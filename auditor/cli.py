@@ -21,7 +21,7 @@ import click
 from auditor import __version__
 from auditor.config import Config, ConfigError, load_config
 from auditor.evidence.errors import InputError
-from auditor.rules.base import SEVERITIES, severity_rank
+from auditor.findings import SEVERITIES, severity_rank
 
 EXIT_OK, EXIT_FAIL_ON, EXIT_USAGE, EXIT_TARGET_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 4
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())

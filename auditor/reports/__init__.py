@@ -12,7 +12,7 @@ from auditor.reports.html import HtmlReport
 from auditor.reports.patch import NumericsPatchReport, PatchReport
 from auditor.reports.sarif import SarifReport
 from auditor.reports.terminal import TerminalSummary
-from auditor.rules.engine import RuleResults
+from auditor.findings import RuleResults
 
 
 def all_reporters() -> list[Reporter]:

@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from auditor.evidence.model import Evidence
-from auditor.rules.engine import RuleResults
+from auditor.findings import RuleResults
 
 
 class Reporter:

@@ -9,7 +9,7 @@ import msgspec
 from auditor import __version__
 from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
-from auditor.rules.engine import RuleResults
+from auditor.findings import RuleResults
 
 
 def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:

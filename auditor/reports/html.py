@@ -38,8 +38,8 @@ from auditor.reports.patch import make_patch, numerics_patchable, patchable
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.terminal import (checkpoint_overview, elsewhere_phrase, recoverable, snapshot_overview,
                                       steps_of)
-from auditor.rules.base import Finding, share_of_step
-from auditor.rules.engine import RuleResults
+from auditor.findings import Finding, share_of_step
+from auditor.findings import RuleResults
 from auditor.rules.registry import get_rule
 
 if TYPE_CHECKING:  # (the trace parser loads only when a trace is rendered)

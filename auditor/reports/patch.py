@@ -18,8 +18,8 @@ from typing import Iterable
 
 from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
-from auditor.rules.base import Edit, Finding
-from auditor.rules.engine import RuleResults
+from auditor.findings import Edit, Finding
+from auditor.findings import RuleResults
 from auditor.rules.fixes import (PatchResult, _conflict, apply_edits, diff_edits, make_patch, patch_path,
                                  plan_edits, repo_root, unified_diff)
 

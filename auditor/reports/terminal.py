@@ -17,8 +17,8 @@ from rich.text import Text
 
 from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
-from auditor.rules.base import Finding, share_of_step
-from auditor.rules.engine import RuleResults
+from auditor.findings import Finding, share_of_step
+from auditor.findings import RuleResults
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 OUTPUTS = ("report.html", "findings.json", "findings.sarif", "fixes.patch", "numerics-fixes.patch")

@@ -7,7 +7,8 @@ from statistics import quantiles
 from typing import Any, Iterable
 
 from auditor.evidence.snapshot import GiB, MiB, MemoryFigures, Segment, Snapshot, Usage, format_bytes
-from auditor.rules.base import Finding, Fix, Option, SnapshotRule
+from auditor.rules.base import Option, SnapshotRule
+from auditor.findings import Finding, Fix
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 

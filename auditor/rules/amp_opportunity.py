@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from auditor.evidence.trace import CAT, Trace, frame_location_parts, issuing_op, sites
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, TraceRule
+from auditor.rules.base import Option, TraceRule
+from auditor.findings import Cost, Finding, Fix, Location
 
 # Kernels that do matrix multiplies or convolutions (where tensor cores pay off).
 MATMUL_CONV = re.compile(r"gemm|gemv|matmul|conv|scudnn|hcudnn|dgrad|wgrad|fprop|cutlass.*tensorop|xmma|"

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Finding, Fix, Rule
+from auditor.rules.base import Rule
+from auditor.findings import Cost, Finding, Fix
 from auditor.rules.common import by_place, locations
 from auditor.rules.fixes import replace_in_line
 from auditor.rules.suppression import unsuppressed

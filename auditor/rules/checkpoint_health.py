@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Finding, Fix, Option, Rule
+from auditor.rules.base import Option, Rule
+from auditor.findings import Finding, Fix
 
 FP16_MAX = 65504.0
 

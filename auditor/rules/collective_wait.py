@@ -7,7 +7,8 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks import RankSet, SiteStat, compared_steps, rank_set
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
+from auditor.rules.base import Option, Rule
+from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 
 _KIND_LABELS = {"gradients": "DDP's gradient all-reduce", "buffers": "DDP's buffer broadcast",
                 "collectives": "explicit collectives", "kernels": "communication kernels"}

@@ -7,7 +7,7 @@ from statistics import median
 import numpy as np
 
 from auditor.evidence.model import HOOK, Evidence, Frame, GraphScan, Tally
-from auditor.rules.base import Cost, Location, share_of_step, step_basis_ms
+from auditor.findings import Cost, Location, share_of_step, step_basis_ms
 
 
 @dataclass

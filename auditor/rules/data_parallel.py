@@ -5,7 +5,8 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks import frame_of
-from auditor.rules.base import Cost, Finding, Fix, Location, Rule
+from auditor.rules.base import Rule
+from auditor.findings import Cost, Finding, Fix, Location
 
 DIST_KEY = "distributed"
 

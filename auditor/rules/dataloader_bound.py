@@ -6,7 +6,8 @@ from statistics import median
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
+from auditor.rules.base import Option, Rule
+from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.rules.fixes import computed_kwargs, edit_call_kwargs
 from auditor.rules.trace_dataloader import TRACE_OPTIONS, trace_dataloader_findings
 

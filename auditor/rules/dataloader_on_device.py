@@ -19,7 +19,8 @@ from auditor.evidence.trace import (
     merge_intervals,
     sites,
 )
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, TraceRule
+from auditor.rules.base import Option, TraceRule
+from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules.probe_dataloader_on_device import PROBE_OPTIONS, probe_dataloader_on_device_findings
 
 _COLLATE = r"(^|[/(])\S*collate\S*\.py\(|\): \S*collate\S*$"

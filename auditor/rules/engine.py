@@ -2,24 +2,15 @@
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass, field
 
 import msgspec
 
 from auditor.config import Config
 from auditor.evidence.model import Evidence
-from auditor.rules.base import Finding, severity_rank
+from auditor.findings import Finding, RuleResults, rank_key
 from auditor.rules.fixes import make_patch
 from auditor.rules.registry import all_rules
 from auditor.rules.suppression import safe_edits, suppressed_at
-
-
-@dataclass
-class RuleResults:
-    findings: list[Finding] = field(default_factory=list)
-    skipped: list[dict[str, str]] = field(default_factory=list)  # [{"rule", "reason"}]
-    errors: list[dict[str, str]] = field(default_factory=list)  # a rule that crashed: [{"rule", "error"}]
-    suppressed: int = 0
 
 
 def _apply_suppression(f: Finding) -> Finding | None:
@@ -45,13 +36,6 @@ def _with_patch(f: Finding) -> Finding:
         return f
     patch = make_patch(f.fix.edits) or None
     return msgspec.structs.replace(f, fix=msgspec.structs.replace(f.fix, patch=patch))
-
-
-def rank_key(f: Finding) -> tuple:
-    """Most severe first, then most costly."""
-    cost = f.cost.ms_per_step if f.cost and f.cost.ms_per_step is not None else -1.0
-    share = f.cost.share_of_step if f.cost and f.cost.share_of_step is not None else -1.0
-    return (-severity_rank(f.severity), -cost, -share, f.rule)
 
 
 def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from auditor.rules.base import Edit
+from auditor.findings import Edit
 
 
 def read_lines(file: str, keepends: bool = False) -> list[str] | None:

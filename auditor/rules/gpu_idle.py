@@ -19,7 +19,8 @@ from auditor.evidence.trace import (
     subtract,
     total_length,
 )
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, TraceRule
+from auditor.rules.base import Option, TraceRule
+from auditor.findings import Cost, Finding, Fix, Location
 
 _CAUSES = {
     "data loading": Fix(summary="Load data in parallel and ahead of the GPU: DataLoader(num_workers>0, "

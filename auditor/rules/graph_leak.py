@@ -6,7 +6,8 @@ import re
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Option, Rule
+from auditor.findings import Edit, Finding, Fix, Location
 from auditor.rules.common import spread_scans
 from auditor.rules.fixes import parse_file
 

@@ -5,7 +5,8 @@ import ast
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Edit, Finding, Fix, Option, Rule
+from auditor.rules.base import Option, Rule
+from auditor.findings import Cost, Edit, Finding, Fix
 from auditor.rules.fixes import call_name, edit_call_kwargs, parse_file
 from auditor.rules.common import by_place, cost_of, line_ref, locations, on_accelerator, per_step, steps_run
 from auditor.rules.suppression import unsuppressed

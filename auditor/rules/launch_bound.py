@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from auditor.evidence.trace import CAT, Trace, frame_location_parts, issuing_op, sites
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, TraceRule
+from auditor.rules.base import Option, TraceRule
+from auditor.findings import Cost, Finding, Fix, Location
 
 _GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"
 

@@ -8,7 +8,8 @@ from bisect import bisect_right
 from typing import Any, Callable, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Option, Rule
+from auditor.findings import Edit, Finding, Fix, Location
 from auditor.rules.fixes import parse_file
 from auditor.rules.nonfinite import NumericsView, finite, location, short, val
 

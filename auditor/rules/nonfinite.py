@@ -16,7 +16,8 @@ from typing import Any, Iterable, Iterator
 import msgspec
 
 from auditor.evidence import model as m
-from auditor.rules.base import Edit, Finding, Fix, Location, Option, Rule
+from auditor.rules.base import Option, Rule
+from auditor.findings import Edit, Finding, Fix, Location
 from auditor.rules.common import file_name
 from auditor.rules.fixes import parse_file, read_lines
 

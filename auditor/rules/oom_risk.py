@@ -9,7 +9,8 @@ from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import (GiB, MemoryFigures, OomRecord, Owner, Snapshot, StackFrame,
                                        format_bytes, live_at, live_requested, owners, reserved_at)
 from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
-from auditor.rules.base import Finding, Fix, Location, Option, SnapshotRule
+from auditor.rules.base import Option, SnapshotRule
+from auditor.findings import Finding, Fix, Location
 
 # The memory common CUDA devices have, in GiB, as CUDA reports it (totalGlobalMem, torch's
 # total_memory): what an allocation can use, below the GB the card is sold as (an "80GB" A100 has

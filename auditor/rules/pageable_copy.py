@@ -10,7 +10,8 @@ import numpy as np
 from auditor.evidence.model import Evidence
 from auditor.evidence.trace import Trace, frame_location_parts, issuing_op, sites
 from auditor.rules.common import size_text
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
+from auditor.rules.base import Option, Rule
+from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.rules.probe_pageable_copy import PROBE_OPTIONS, probe_pageable_copy_findings
 
 _DIRECTIONS = {"HtoD": "host-to-device", "DtoH": "device-to-host"}

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Finding, Fix, Location, Option
+from auditor.rules.base import Option
+from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules.common import by_place, line_ref, per_step, steps_run
 
 PROBE_OPTIONS: tuple[Option, ...] = (

@@ -6,7 +6,8 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks import COMM, PHASE_LABELS, RANK_PHASES, RankSet, compared_steps, rank_set
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
+from auditor.rules.base import Option, Rule
+from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 
 _FIXES = {
     "data": "Give the slow rank's input pipeline more DataLoader workers or prefetching, move its shard to storage "

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Finding, Fix, Location, Rule
+from auditor.rules.base import Rule
+from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules.common import by_place, place_key
 from auditor.rules.fixes import edit_call_kwargs
 

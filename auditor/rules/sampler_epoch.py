@@ -5,7 +5,8 @@ import ast
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Finding, Fix, Location, Rule
+from auditor.rules.base import Rule
+from auditor.findings import Finding, Fix, Location
 from auditor.rules.common import file_name
 from auditor.rules.fixes import call_name, insert_before_header, parse_file, read_lines
 

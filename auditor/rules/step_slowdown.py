@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, Rule, share_of_step, step_basis_ms
+from auditor.rules.base import Option, Rule
+from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.rules.common import (
     file_name,
     hook_phase,

@@ -20,7 +20,7 @@ import re
 from functools import lru_cache
 from typing import Callable, Iterable, TypeVar
 
-from auditor.rules.base import Edit
+from auditor.findings import Edit
 
 SUPPRESS = re.compile(r"#\s*audit:\s*ignore(?:\[([a-z0-9,\s-]+)\])?")
 

@@ -20,7 +20,8 @@ from auditor.evidence.trace import (
     sites,
     total_length,
 )
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, share_of_step, step_basis_ms
+from auditor.rules.base import Option
+from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 
 TRACE_OPTIONS: tuple[Option, ...] = (
     Option("trace-min-share", 0.25,

@@ -30,7 +30,8 @@ from auditor.evidence.trace import (
     sites,
     total_length,
 )
-from auditor.rules.base import Cost, Finding, Fix, Location, Option, share_of_step, step_basis_ms
+from auditor.rules.base import Option
+from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.rules.common import per_step as rate_text
 
 TRACE_OPTIONS: tuple[Option, ...] = (

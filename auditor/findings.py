@@ -1,0 +1,117 @@
+"""What the rules return and every report renders: findings, their places, costs and fixes.
+
+A Finding crosses from the rules to the reports (and to findings.json, whose keys the README documents
+as a contract), so it lives below both. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from auditor.evidence.model import Evidence, Frame
+
+SEVERITIES = ("info", "warning", "error")
+
+
+def severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity)
+
+
+class Location(msgspec.Struct, frozen=True):
+    file: str
+    line: int
+    code: str = ""  # the source line, when the file is on this disk; nothing else
+    # What the place stands for when it is not the line that did the work: a recorded trace names a
+    # function by its def line, or a frame running when the profiler started by the line it was on.
+    # Kept apart from `code` so that no report shows it as if it were that line's source.
+    note: str = ""
+
+    @classmethod
+    def of(cls, frame: Frame) -> "Location":
+        return cls(file=frame.file, line=frame.line, code=frame.code)
+
+
+class Cost(msgspec.Struct, frozen=True):
+    ms_per_step: float | None
+    share_of_step: float | None
+    measured: bool = True  # False: estimated, or counted only (e.g. syncs on a CPU-only run)
+    note: str | None = None
+    # The id of the rule whose finding on the same recording (same evidence "trace") counts this
+    # time in its own cost: host-sync's idle time behind the waits is part of gpu-idle's idle
+    # total. The headline's recoverable sum then counts it once (reports.terminal.recoverable);
+    # the cost itself stays what it measures.
+    within: str | None = None
+
+
+def step_basis_ms(ev: Evidence, trace: Any = None) -> float | None:
+    """The median step a cost's share is of: the run's (findings.json's `steps.median_ms`, the
+    headline's median), also for a finding on the run's own profiler trace; for a recording
+    analysed on its own, its trace's median ProfilerStep (the first trace's is `steps.median_ms`)."""
+    if ev.steps or trace is None:
+        return ev.shown_median_ms()
+    return trace.median_step_ms()
+
+
+def share_of_step(ms_per_step: float | None, step_ms: float | None) -> float | None:
+    """A cost's share of the step: the one percentage every report prints for it (the finding's
+    message, the terminal line, report.html, findings.json, the headline's sum). Its ms per step,
+    as the cost stores it, over the median step as findings.json writes it (3 decimals), to 4
+    decimals: `ms_per_step / steps.median_ms` there gives it back. (A median of per-step shares
+    printed beside it read 61% where ms/median read 57%, for one cost.)"""
+    if ms_per_step is None or not step_ms:
+        return None
+    return round(ms_per_step / round(step_ms, 3), 4)
+
+
+class Edit(msgspec.Struct, frozen=True):
+    """Replace lines [start, end] (1-based, inclusive) of `file` with `lines` (without newlines)."""
+
+    file: str
+    start: int
+    end: int
+    lines: list[str]
+
+
+class Fix(msgspec.Struct, frozen=True):
+    summary: str
+    config: dict[str, Any] = {}  # env vars, DataLoader/optimizer keywords, flags to turn off
+    patch: str | None = None  # unified diff of `edits`, for `git apply`
+    edits: list[Edit] = []
+    changes_numerics: bool = False  # such edits stay out of fixes.patch unless asked for
+
+
+class Finding(msgspec.Struct, frozen=True):
+    rule: str
+    severity: str
+    title: str
+    message: str
+    locations: list[Location] = []
+    evidence: dict[str, Any] = {}
+    cost: Cost | None = None
+    fix: Fix | None = None
+
+
+def with_share(finding: Finding, step_ms: float | None) -> Finding:
+    """`finding` with its time cost's share of `step_ms` (see share_of_step)."""
+    c = finding.cost
+    if c is None or c.ms_per_step is None:
+        return finding
+    return msgspec.structs.replace(finding, cost=msgspec.structs.replace(
+        c, share_of_step=share_of_step(c.ms_per_step, step_ms)))
+
+
+@dataclass
+class RuleResults:
+    findings: list[Finding] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)  # [{"rule", "reason"}]
+    errors: list[dict[str, str]] = field(default_factory=list)  # a rule that crashed: [{"rule", "error"}]
+    suppressed: int = 0
+
+
+def rank_key(f: Finding) -> tuple:
+    """Most severe first, then most costly."""
+    cost = f.cost.ms_per_step if f.cost and f.cost.ms_per_step is not None else -1.0
+    share = f.cost.share_of_step if f.cost and f.cost.share_of_step is not None else -1.0
+    return (-severity_rank(f.severity), -cost, -share, f.rule)
