@@ -1,4 +1,4 @@
-"""Overhead of the distributed probes (auditor.capture.dist_probes) on a DDP training step.
+"""Overhead of the distributed probes (auditor.capture.probes.dist) on a DDP training step.
 
 The probes add, per step: one Python hook call per parameter in backward, two autograd-engine
 callbacks per synced backward, a wrapper around DDP.forward / _sync_buffers / _post_forward and
@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 torch.set_num_threads(1)
 probes = None
 if {probed}:
-    from auditor.capture.dist_probes import DistProbes
+    from auditor.capture.probes.dist import DistProbes
     probes = DistProbes(); probes.install()
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 torch.manual_seed(0)

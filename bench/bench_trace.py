@@ -71,7 +71,7 @@ from auditor.reports import write_reports
 from auditor.reports.html import prewarm
 from auditor.rules.engine import run_rules
 from auditor.rules.registry import all_rules
-from auditor.evidence import trace_parallel
+from auditor.evidence.trace import parallel as trace_parallel
 if sys.argv[2] == "1":  # one process: what a 1-core machine (or a gzip trace) gets
     trace_parallel.worker_count = lambda path: 0
 all_rules()

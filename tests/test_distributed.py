@@ -24,10 +24,11 @@ import torch
 from conftest import EXAMPLES, FIXTURES, ROOT, audit, balanced_ddp_run, expected_lines, launch, shared_run
 
 from auditor.evidence.model import Evidence
-from auditor.evidence.rank_view import rank_figure, rank_rows
+from auditor.reports.rank_plots import rank_figure, rank_rows
 from auditor.evidence.ranks import RankInfo, RankStep, combine, merge_inputs, rank_set
 from auditor.evidence.store import load_run_dir, save
-from auditor.rules.base import Finding, Rule
+from auditor.rules.base import Rule
+from auditor.findings import Finding
 from auditor.rules.collective_wait import CollectiveWait
 from auditor.rules.data_parallel import DataParallel
 from auditor.rules.ddp_config import DdpConfig

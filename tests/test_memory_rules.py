@@ -21,7 +21,8 @@ from auditor.evidence.load import load_paths
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import GiB, MiB, Snapshot, _SafeUnpickler, load_snapshot
 from auditor.rules.allocator_fragmentation import AllocatorFragmentation, merge_conf, split_conf
-from auditor.rules.base import Finding, Rule
+from auditor.rules.base import Rule
+from auditor.findings import Finding
 from auditor.rules.oom_risk import OomRisk
 
 SNAPSHOTS = Path(__file__).resolve().parent.parent / ".." / "shared" / "fixtures" / "snapshots"

@@ -20,7 +20,7 @@ from conftest import FIXTURES, audit
 
 from auditor.evidence.load import load_paths
 from auditor.evidence.snapshot import _SafeUnpickler, format_bytes
-from auditor.rules.base import Finding
+from auditor.findings import Finding
 from auditor.rules.oom_risk import OomRisk
 
 SNAPSHOTS = FIXTURES / "snapshots"

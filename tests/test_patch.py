@@ -13,8 +13,8 @@ import pytest
 
 from auditor.evidence.model import Evidence
 from auditor.reports.patch import NumericsPatchReport, PatchReport, apply_edits, make_patch, patch_path, plan_edits
-from auditor.rules.base import Edit, Finding, Fix
-from auditor.rules.engine import RuleResults
+from auditor.findings import Edit, Finding, Fix
+from auditor.findings import RuleResults
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 

@@ -14,7 +14,8 @@ from auditor.evidence.model import Evidence
 from auditor.reports.findings_json import document
 from auditor.reports.html import verdict
 from auditor.reports.terminal import recoverable, summary_lines
-from auditor.rules.engine import RuleResults, run_rules
+from auditor.rules.engine import run_rules
+from auditor.findings import RuleResults
 from test_trace_rules import BERT, DDP, RANK0, TRACES, in_steps, raw, raw_blocking, raw_idle, raw_idle_behind, raw_steps
 
 pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"recorded fixtures not found at {TRACES}")

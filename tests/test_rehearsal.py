@@ -166,7 +166,7 @@ import io, json, pickle, sys
 import torch
 from torch import nn
 from auditor.capture import probes, rehearsal
-from auditor.capture.rehearsal_device import device_of
+from auditor.capture.rehearsal.device import device_of
 assert rehearsal.install("on", None)
 probes.install()
 out = {}

@@ -24,8 +24,8 @@ from auditor.reports.html import HtmlReport
 from auditor.reports.patch import NumericsPatchReport, PatchReport
 from auditor.reports.sarif import SarifReport
 from auditor.reports.terminal import TerminalSummary
-from auditor.rules.base import Cost, Edit, Finding, Fix, Location
-from auditor.rules.engine import RuleResults, rank_key
+from auditor.findings import Cost, Edit, Finding, Fix, Location
+from auditor.findings import RuleResults, rank_key
 
 TRAIN = '''\
 import torch

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import FIXTURES, audit
 
-from auditor.evidence import trace_parallel
+from auditor.evidence.trace import parallel as trace_parallel
 from auditor.evidence.trace import load_trace
 
 V100 = FIXTURES / "traces" / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from auditor.evidence import trace_parallel
+from auditor.evidence.trace import parallel as trace_parallel
 from auditor.evidence.errors import InputError
 from auditor.evidence.trace import CAT, CATEGORIES, load_trace
 

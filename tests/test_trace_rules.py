@@ -15,7 +15,8 @@ import pytest
 from auditor.evidence.model import Evidence
 from auditor.evidence.trace import load_trace
 from auditor.rules.amp_opportunity import AmpOpportunity
-from auditor.rules.base import Finding, Rule
+from auditor.rules.base import Rule
+from auditor.findings import Finding
 from auditor.rules.common import per_step
 from auditor.rules.dataloader_on_device import DataloaderOnDevice
 from auditor.rules.gpu_idle import GpuIdle

@@ -22,7 +22,7 @@ class Collector(Protocol):
     def finish(self) -> dict[str, Any] | None: ...
 
 
-COLLECTORS: tuple[str, ...] = ("auditor.capture.numerics:Numerics", "auditor.capture.dist_probes:DistProbes")
+COLLECTORS: tuple[str, ...] = ("auditor.capture.numerics:Numerics", "auditor.capture.probes.dist:DistProbes")
 
 
 def load_collectors(skip: tuple[str, ...] = ()) -> list[Collector]:

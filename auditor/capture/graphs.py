@@ -581,7 +581,7 @@ def scan(module: types.ModuleType | None, source_file: str | None,
 
 
 def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[int, int] | None) -> dict[str, Any]:
-    from auditor.capture.rehearsal_device import CUDA_MARK  # (here: that module imports the probes)
+    from auditor.capture.rehearsal.device import CUDA_MARK  # (here: that module imports the probes)
     tensor, param = torch.Tensor, torch.nn.Parameter  # (locals: tested once per gc-tracked object, ~300k)
     live = [t for t in [o for o in gc.get_objects() if type(o) is tensor or type(o) is param]
             if t.grad_fn is not None]

@@ -20,7 +20,7 @@ from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
 from auditor.findings import Edit, Finding
 from auditor.findings import RuleResults
-from auditor.rules.fixes import (PatchResult, _conflict, apply_edits, diff_edits, make_patch, patch_path,
+from auditor.fixes import (PatchResult, _conflict, apply_edits, diff_edits, make_patch, patch_path,
                                  plan_edits, repo_root, unified_diff)
 
 __all__ = ["NumericsPatchReport", "PatchReport", "patchable", "numerics_patchable", "PatchResult", "apply_edits", "diff_edits", "make_patch", "patch_path",

@@ -8,7 +8,7 @@ import numpy as np
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.phases import PHASES, phase_table
-from auditor.evidence.rank_view import rank_figure
+from auditor.reports.rank_plots import rank_figure
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

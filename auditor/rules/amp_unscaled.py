@@ -7,7 +7,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Finding, Fix
-from auditor.rules.fixes import insert_before, replace_in_line
+from auditor.fixes import insert_before, replace_in_line
 from auditor.rules.nonfinite import NumericsView, location, needs_numerics, short, val
 
 

@@ -7,7 +7,7 @@ from auditor.evidence import model as m
 from auditor.rules.base import Rule
 from auditor.findings import Cost, Finding, Fix
 from auditor.rules.common import by_place, locations
-from auditor.rules.fixes import replace_in_line
+from auditor.fixes import replace_in_line
 from auditor.rules.suppression import unsuppressed
 
 

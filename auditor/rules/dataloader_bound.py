@@ -8,7 +8,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
-from auditor.rules.fixes import computed_kwargs, edit_call_kwargs
+from auditor.fixes import computed_kwargs, edit_call_kwargs
 from auditor.rules.trace_dataloader import TRACE_OPTIONS, trace_dataloader_findings
 
 

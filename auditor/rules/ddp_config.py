@@ -9,7 +9,7 @@ from auditor.evidence import model as m
 from auditor.evidence.ranks import frame_of
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
-from auditor.rules.fixes import edit_call_kwargs
+from auditor.fixes import edit_call_kwargs
 
 DIST_KEY = "distributed"
 _CALLEE = re.compile(r"([A-Za-z_][\w.]*)\s*\(")

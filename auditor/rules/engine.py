@@ -8,7 +8,7 @@ import msgspec
 from auditor.config import Config
 from auditor.evidence.model import Evidence
 from auditor.findings import Finding, RuleResults, rank_key
-from auditor.rules.fixes import make_patch
+from auditor.fixes import make_patch
 from auditor.rules.registry import all_rules
 from auditor.rules.suppression import safe_edits, suppressed_at
 

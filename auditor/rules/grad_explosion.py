@@ -10,7 +10,7 @@ from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix
 from auditor.rules.common import quarter_medians, spearman
-from auditor.rules.fixes import parse_file
+from auditor.fixes import parse_file
 from auditor.rules.nonfinite import NumericsView, finite, needs_numerics, short, val
 
 

@@ -9,7 +9,7 @@ from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix, Location
 from auditor.rules.common import spread_scans
-from auditor.rules.fixes import parse_file
+from auditor.fixes import parse_file
 
 
 def _constructs(node: ast.AST) -> bool:

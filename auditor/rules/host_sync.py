@@ -7,12 +7,12 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Edit, Finding, Fix
-from auditor.rules.fixes import call_name, edit_call_kwargs, parse_file
+from auditor.fixes import call_name, edit_call_kwargs, parse_file
 from auditor.rules.common import by_place, cost_of, line_ref, locations, on_accelerator, per_step, steps_run
 from auditor.rules.suppression import unsuppressed
 from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
 
-ELAPSED_TIME = "torch.cuda.Event.elapsed_time"  # the cuda-standin tally of auditor.capture.rehearsal_cuda
+ELAPSED_TIME = "torch.cuda.Event.elapsed_time"  # the cuda-standin tally of auditor.capture.rehearsal.cuda
 EVENT_TIMING = "synchronize before Event.elapsed_time"  # (an ADVICE key, not a call's name)
 _DEVICE_SYNCS = ("torch.cuda.synchronize", "torch.cuda.Event.synchronize", "torch.cuda.Stream.synchronize")
 _SUMMARY_WRITER = ("call SummaryWriter.add_* every N steps (each call fetches the tensor from the device), "

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix, Location
-from auditor.rules.fixes import parse_file
+from auditor.fixes import parse_file
 from auditor.rules.nonfinite import NumericsView, finite, location, short, val
 
 # Closed forms of the built-in schedulers: lr at `last_epoch` e from the base lr b and the

@@ -15,7 +15,7 @@ from typing import Any
 from auditor.evidence import model as m
 from auditor.rules.base import Option
 from auditor.findings import Cost, Edit, Finding, Fix, Location
-from auditor.rules.fixes import computed_kwargs, edit_call_kwargs
+from auditor.fixes import computed_kwargs, edit_call_kwargs
 from auditor.rules.common import line_ref, per_step, place_key, size_text, steps_run
 from auditor.rules.suppression import unsuppressed
 

@@ -7,7 +7,7 @@ from auditor.evidence import model as m
 from auditor.rules.base import Rule
 from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules.common import by_place, place_key
-from auditor.rules.fixes import edit_call_kwargs
+from auditor.fixes import edit_call_kwargs
 
 
 class RetainedGraph(Rule):

@@ -19,7 +19,7 @@ tallies at the user's line), so the program runs through and the rules see what 
   numbers the program draws "on the GPU" come from the CPU generator, as in its CPU version;
 * `torch.Generator(device="cuda")` is a CPU generator marked as the GPU's (its `.device` says
   cuda), and a generator used with a tensor of the other device fails as it does on a GPU
-  (auditor.capture.rehearsal_device checks each call): a DataLoader that shuffles under
+  (auditor.capture.rehearsal.device checks each call): a DataLoader that shuffles under
   `torch.set_default_device("cuda")` without a CUDA generator crashes on a GPU, so it does here.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 
 from auditor.capture import cuda_standins, probes
-from auditor.capture.rehearsal_device import CUDA_MARK, REHEARSED_DEVICE, call_site, caller_is_user, is_cuda_request
+from auditor.capture.rehearsal.device import CUDA_MARK, REHEARSED_DEVICE, call_site, caller_is_user, is_cuda_request
 from auditor.evidence import model as m
 
 DEVICE_NAME = "CUDA device rehearsed on the CPU"
@@ -72,7 +72,7 @@ def _standin(what: str, impl: Callable[..., Any], real: Callable[..., Any] | Non
             return orig(*args, **kwargs)
         return (real or impl)(*args, **kwargs)
     standin.__name__ = standin.__qualname__ = what.rsplit(".", 1)[-1]
-    standin.__doc__ = f"Rehearsal stand-in for {what} (auditor.capture.rehearsal_cuda)."
+    standin.__doc__ = f"Rehearsal stand-in for {what} (auditor.capture.rehearsal.cuda)."
     return standin
 
 

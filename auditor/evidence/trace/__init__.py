@@ -1,5 +1,5 @@
 """Parse a PyTorch profiler (Kineto) Chrome trace into columnar evidence the trace rules query
-(streaming and decoding: auditor.evidence.trace_decode; in worker processes: trace_parallel).
+(streaming and decoding: auditor.evidence.trace.decode; in worker processes: trace_parallel).
 
 Why this shape: traces run to gigabytes, and loading them as a list of Python dicts is what makes
 other analysers run out of memory. So the file is streamed: the `traceEvents` array is cut into
@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from auditor.evidence import trace_parallel
+from auditor.evidence.trace import parallel as trace_parallel
 from auditor.evidence.errors import InputError
 from auditor.evidence.model import Frame  # noqa: F401  (re-exported for rules)
 from auditor.evidence.recorded_frames import is_library_file, parse_frame  # noqa: F401
-from auditor.evidence.trace_decode import (  # noqa: F401  (the vocabulary is re-exported for rules)
+from auditor.evidence.trace.decode import (  # noqa: F401  (the vocabulary is re-exported for rules)
     CAT,
     CATEGORIES,  # noqa: F401
     CPU_NESTING,
@@ -370,9 +370,9 @@ class Trace:
     def _optimizer_steps(self, empty: pd.DataFrame) -> pd.DataFrame:
         """Steps of a trace recorded without a schedule (`with profile(): ...`, which writes no
         ProfilerStep ranges): the training loop's iterations, found from its DataLoader fetches and
-        torch.optim's `Optimizer.step#<class>.step` ranges (auditor.evidence.trace_steps says how
+        torch.optim's `Optimizer.step#<class>.step` ranges (auditor.evidence.trace.steps says how
         and why). Fewer than two: no steps (the whole recording is judged, as before)."""
-        from auditor.evidence.trace_steps import split_without_schedule
+        from auditor.evidence.trace.steps import split_without_schedule
 
         split = split_without_schedule(self)
         if split is None:

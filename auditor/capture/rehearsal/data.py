@@ -28,7 +28,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_batch
 
 from auditor.capture import probes
-from auditor.capture.rehearsal_device import CUDA_MARK, LOADER_MARK, PINNED_MARK, call_site
+from auditor.capture.rehearsal.device import CUDA_MARK, LOADER_MARK, PINNED_MARK, call_site
 from auditor.evidence import model as m
 
 

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import torch
 
-from auditor.capture.rehearsal_cuda import _record
-from auditor.capture.rehearsal_device import caller_is_user, is_cuda_request, is_marked
+from auditor.capture.rehearsal.cuda import _record
+from auditor.capture.rehearsal.device import caller_is_user, is_cuda_request, is_marked
 
 
 def cpu_backend(backend: Any) -> Any:

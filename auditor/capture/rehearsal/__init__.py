@@ -98,7 +98,10 @@ def install(mode: str, source: str | None) -> dict[str, Any] | None:
         reason = f"{what} at line {line} of {Path(source).name}" if source else what
     else:
         reason = "--rehearse"
-    from auditor.capture import rehearsal_cuda, rehearsal_data, rehearsal_device, rehearsal_dist
+    from auditor.capture.rehearsal import dist as rehearsal_dist
+    from auditor.capture.rehearsal import data as rehearsal_data
+    from auditor.capture.rehearsal import cuda as rehearsal_cuda
+    from auditor.capture.rehearsal import device as rehearsal_device
 
     rehearsal_device.install()
     rehearsal_data.install()

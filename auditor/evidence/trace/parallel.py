@@ -33,7 +33,7 @@ import msgspec
 import numpy as np
 
 from auditor.evidence.errors import InputError
-from auditor.evidence.trace_decode import _WS, DEFAULT_CHUNK_BYTES, SymbolTable, _Columns, _Event, _Stream
+from auditor.evidence.trace.decode import _WS, DEFAULT_CHUNK_BYTES, SymbolTable, _Columns, _Event, _Stream
 
 # Smaller files parse in a few seconds in one process: not worth the workers.
 PARALLEL_MIN_BYTES = 48 << 20

@@ -15,7 +15,7 @@ Along the way it records what only a GPU would pay for, as probe tallies:
 * `h2d-copy`: a host->device copy the program asked for (bytes, pinned or not, non_blocking);
 * `data-device-op`: a GPU tensor created while DataLoader iteration runs (e.g. `.cuda()` in
   `__getitem__`, or a factory under `torch.set_default_device("cuda")`);
-* `device-batch` (recorded by `auditor.capture.rehearsal_data`): a batch came out of a DataLoader
+* `device-batch` (recorded by `auditor.capture.rehearsal.data`): a batch came out of a DataLoader
   already on the GPU.
 
 And it refuses, with the GPU's own error, what a GPU refuses though the CPU would run it: GPU and

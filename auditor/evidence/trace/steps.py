@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from auditor.evidence.trace_decode import CAT
+from auditor.evidence.trace.decode import CAT
 
 if TYPE_CHECKING:
     from auditor.evidence.trace import Trace

@@ -18,8 +18,8 @@ Data model (stored in `Evidence.extra["ranks"]` as plain data, see RankSet):
 
 Inputs: `audit run` rank directories (`DIR/rank-K/evidence.json`, written by
 auditor.capture.distributed), or profiler traces whose `distributedInfo` names the rank
-(auditor.evidence.rank_traces). `merge_inputs(paths)` is the entry point `load_paths` calls for
-`audit analyze`; auditor.evidence.rank_view renders the per-rank table and figure. Run
+(auditor.evidence.ranks.traces). `merge_inputs(paths)` is the entry point `load_paths` calls for
+`audit analyze`; auditor.reports.rank_plots renders the per-rank table and figure. Run
 directories merge only when they are distinct ranks of one job (check_one_job): anything else is
 the usage error of giving `audit analyze` two runs.
 """
@@ -39,7 +39,7 @@ from auditor.evidence.errors import InputError
 from auditor.evidence.phases import PHASES, step_phases
 
 RANKS_KEY = "ranks"
-DIST_KEY = "distributed"  # the collector's name (auditor.capture.dist_probes)
+DIST_KEY = "distributed"  # the collector's name (auditor.capture.probes.dist)
 RANK_KEY = "rank"  # identity a rank's `audit run` process adds to its own evidence
 RANK_DIR = re.compile(r"^rank-(\d+)$")
 COMM = "comm"
@@ -309,7 +309,7 @@ def rank_set(ev: m.Evidence) -> RankSet | None:
         rank = rank_of(ev)
         return combine([info_from_run(ev, rank if rank is not None else 0)], world_size_of(ev), "run")
     if ev.trace_data:
-        from auditor.evidence.rank_traces import ranks_from_traces
+        from auditor.evidence.ranks.traces import ranks_from_traces
 
         return ranks_from_traces(ev.trace_data)
     return None
@@ -538,7 +538,7 @@ def merge_inputs(paths: list[Path]) -> m.Evidence | None:
             return None
     if len(files) < 2:
         return None
-    from auditor.evidence.rank_traces import merge_trace_files
+    from auditor.evidence.ranks.traces import merge_trace_files
 
     return merge_trace_files(files)
 
