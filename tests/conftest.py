@@ -114,6 +114,34 @@ def shared_run(tmp_path_factory, name: str, run: Callable[[Path], tuple[int, str
     return out, result["stdout"]
 
 
+RECORDED_TRAINER = ROOT / "tests" / "data" / "recorded_trainer.py"
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What tests/data/recorded_trainer.py wrote, run as `python train.py` in `root`."""
+    root: Path  # its working directory: train.py and every trace it wrote (listed in its docstring)
+    source: Path  # root / "train.py", the copy that ran: the file the traces' Python frames name
+
+
+@pytest.fixture(scope="session")
+def recording(tmp_path_factory) -> Recording:
+    """Record the CPU trainer's traces once per test session, even across xdist workers: the first
+    worker runs it under a file lock, the others read what it left."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "recording"
+    done = root.parent / "recording.done"
+    with open(root.parent / "recording.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            root.mkdir(exist_ok=True)
+            (root / "train.py").write_text(RECORDED_TRAINER.read_text())
+            p = subprocess.run([sys.executable, "train.py"], cwd=root, capture_output=True, text=True, timeout=240)
+            assert p.returncode == 0, p.stderr
+            done.touch()
+    return Recording(root, root / "train.py")
+
+
 def launch(example: str, out: Path, steps: int, *extra: str) -> Audit:
     """`audit run EXAMPLE --nproc-per-node 2`: the auditor starts torch.distributed.run itself."""
     return audit("run", f"examples/{example}.py:step", "--nproc-per-node", "2", "--steps", str(steps), "--quiet",

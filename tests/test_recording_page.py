@@ -9,37 +9,17 @@ import gzip
 import html
 import json
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, audit
+from conftest import FIXTURES, Recording, audit
 
 from auditor.evidence.snapshot import format_bytes
 
 TRACES = FIXTURES / "traces"
 V100 = TRACES / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
 H100 = TRACES / "h100_bert_small_item_sync.pt.trace.json.gz"
-
-TRAINER = textwrap.dedent('''\
-    import torch
-    torch.set_num_threads(1)
-    from torch.profiler import ProfilerActivity, profile, schedule
-
-    model = torch.nn.Linear(16, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=4, repeat=1),
-                 on_trace_ready=lambda p: p.export_chrome_trace("steps.json")) as prof:
-        for _ in range(6):
-            opt.zero_grad()
-            model(torch.randn(32, 16)).sum().backward()
-            opt.step()
-            prof.step()
-    ''')
-
 
 def card(page: str, label: str) -> tuple[str, str]:
     """(value, sub) of the verdict card with this label, as text."""
@@ -62,13 +42,10 @@ def raw_steps(events: list[dict]) -> list[tuple[int, float]]:
     return [(n, d / 1000) for _, n, d in steps]
 
 
-@pytest.fixture(scope="module")
-def cpu_trace(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("recording")
-    (root / "train.py").write_text(TRAINER)
-    p = subprocess.run([sys.executable, "train.py"], cwd=root, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    return root / "steps.json"
+@pytest.fixture
+def cpu_trace(recording: Recording) -> Path:
+    """The trainer's 4 ProfilerSteps under a schedule (6 iterations, 1 warmup), no memory events."""
+    return recording.root / "steps.json"
 
 
 def test_a_traces_profiler_steps_are_plotted_and_the_cards_speak_of_a_recording(cpu_trace: Path) -> None:

@@ -3,64 +3,24 @@ the way most tutorials record) has no ProfilerStep ranges. It was judged as one 
 read '0 step(s), up to 90.78 ms/step recoverable', a finding '41%-41% across 1 steps', and the first
 iteration (the profiler's start, every first call: 100 ms beside 5 ms steps) outweighed the rest.
 Its steps are now the spans between the ends of torch.optim's `Optimizer.step#...` ranges. The
-traces are recorded here with torch.profiler; expected numbers come from the raw JSON.
+traces are recorded with torch.profiler by tests/data/recorded_trainer.py; expected numbers come
+from the raw JSON.
 """
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from conftest import audit
+from conftest import Recording, audit
 
-TRAINER = textwrap.dedent('''\
-    import sys, time
-    import torch
-    torch.set_num_threads(1)  # (two cores shared with other jobs: spinning threads make 2x2 ops take 15 ms)
-    from torch.profiler import ProfilerActivity, profile
-
-    model = torch.nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-    class Slow(torch.utils.data.Dataset):
-        def __len__(self):
-            return 64
-
-        def __getitem__(self, i):
-            time.sleep(0.003)
-            return torch.ones(4), i % 2
-
-
-    def record(iterations, out):
-        loader = torch.utils.data.DataLoader(Slow(), batch_size=2)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for i, (x, y) in enumerate(loader):
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-                if i + 1 == iterations:
-                    break
-        prof.export_chrome_trace(out)
-
-
-    record(8, "eight.json")
-    record(2, "two.json")
-    ''')
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("noschedule")
-    (root / "train.py").write_text(TRAINER)
-    p = subprocess.run([sys.executable, "train.py"], cwd=root, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    return root
+@pytest.fixture
+def recorded(recording: Recording) -> Path:
+    """The folder the trainer ran in: eight.json and two.json, 8 and 2 DataLoader-bound iterations of
+    one SGD step each, recorded without a schedule."""
+    return recording.root
 
 
 def raw(trace: Path) -> list[dict]:
@@ -117,86 +77,12 @@ def test_fewer_than_three_optimizer_steps_keep_the_whole_recording(recorded: Pat
 # was a step: a GAN's two Adams (both `Optimizer.step#Adam.step`) made two steps an iteration
 # (per-step times halved), and accumulation's iterations without a step had no end of their own.
 
-LOOPS = textwrap.dedent('''\
-    import sys
-    import torch
-    torch.set_num_threads(1)
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.manual_seed(0)
-    G = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    D = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    opt_g = torch.optim.Adam(G.parameters(), lr=1e-3)
-    opt_d = torch.optim.Adam(D.parameters(), lr=1e-3)  # (same class, same parameter count as G's)
-    bce = torch.nn.functional.binary_cross_entropy_with_logits
-    real_data = torch.utils.data.TensorDataset(torch.randn(256, 4))
-
-
-    def gan_step(real):
-        fake = G(torch.randn(real.shape[0], 8))
-        ones, zeros = torch.ones(real.shape[0], 1), torch.zeros(real.shape[0], 1)
-        d_loss = bce(D(real), ones) + bce(D(fake.detach()), zeros)
-        opt_d.zero_grad(); d_loss.backward(); opt_d.step()
-        g_loss = bce(D(fake), ones)
-        opt_g.zero_grad(); g_loss.backward(); opt_g.step()
-
-
-    def gan(out, loader):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            if loader:
-                for i, (real,) in enumerate(torch.utils.data.DataLoader(real_data, batch_size=8)):
-                    gan_step(real)
-                    if i == 7:
-                        break
-            else:
-                for i in range(8):
-                    gan_step(torch.randn(8, 4))
-        prof.export_chrome_trace(out)
-
-
-    def accumulate(out):
-        model = torch.nn.Linear(4, 2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        data = torch.utils.data.TensorDataset(torch.randn(256, 4), torch.randint(0, 2, (256,)))
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for i, (x, y) in enumerate(torch.utils.data.DataLoader(data, batch_size=8)):
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                if i % 2 == 1:  # an optimizer step every 2nd batch
-                    opt.step()
-                    opt.zero_grad()
-                if i == 11:
-                    break
-        prof.export_chrome_trace(out)
-
-
-    def logs_every_other(out):
-        model = torch.nn.Linear(4, 2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for i in range(10):
-                opt.zero_grad()
-                loss = torch.nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,)))
-                loss.backward()
-                opt.step()
-                if i % 2 == 0:  # more work every other iteration: not a second optimizer
-                    print(round(loss.item(), 3), torch.randn(3).sum().item(), file=sys.stderr)
-        prof.export_chrome_trace(out)
-
-
-    gan("gan_loader.json", loader=True)
-    gan("gan.json", loader=False)
-    accumulate("accumulate.json")
-    logs_every_other("logs.json")
-    ''')
-
-
-@pytest.fixture(scope="module")
-def loops(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("loops")
-    (root / "loops.py").write_text(LOOPS)
-    p = subprocess.run([sys.executable, "loops.py"], cwd=root, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    return root
+@pytest.fixture
+def loops(recording: Recording) -> Path:
+    """The folder the trainer ran in: gan_loader.json and gan.json (two Adams an iteration, with and
+    without a DataLoader), accumulate.json (an SGD step every 2nd of 12 batches), logs.json (one SGD,
+    more work every other of 10 iterations)."""
+    return recording.root
 
 
 def raw_ranges(events: list[dict], prefix: str) -> list[tuple[float, float]]:

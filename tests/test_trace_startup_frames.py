@@ -2,93 +2,25 @@
 profiler. Kineto's Python tracer names a frame already running when it starts by the line it was
 on at that moment (`with profile(...)`, `prof.step()`), and keeps that name for the frame's whole
 life: a DataLoader wait in the next steps was named at the profiler's own line. The traces are
-recorded here with torch.profiler (with_stack=True), in the ways users write it.
+recorded with torch.profiler (with_stack=True) by tests/data/recorded_trainer.py, in the ways users
+write it.
 """
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from conftest import audit
+from conftest import RECORDED_TRAINER, Recording, audit
 
-TRAINER = textwrap.dedent('''\
-    import sys, time
-    import torch
-    torch.set_num_threads(1)  # (two cores shared with other jobs: spinning threads make 2x2 ops take 15 ms)
-    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
-
-    model = torch.nn.Linear(4, 2)
+TRAINER = RECORDED_TRAINER.read_text()  # recorded as train.py by the session's `recording`
 
 
-    class Slow(torch.utils.data.Dataset):
-        def __len__(self):
-            return 64
-
-        def __getitem__(self, i):
-            time.sleep(0.003)
-            return torch.ones(4), i % 2
-
-
-    loader = torch.utils.data.DataLoader(Slow(), batch_size=2)
-
-
-    def main():
-        with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-            for i, (x, y) in enumerate(loader):
-                model(x).sum().backward()
-                if i == 3:
-                    break
-        prof.export_chrome_trace("in_function.json")
-
-
-    def scheduled():
-        sched = schedule(wait=0, warmup=1, active=3, repeat=1)
-        with profile(activities=[ProfilerActivity.CPU], with_stack=True, schedule=sched,
-                     on_trace_ready=tensorboard_trace_handler("tb", worker_name="w")) as prof:
-            for i, (x, y) in enumerate(loader):
-                model(x).sum().backward()
-                prof.step()
-                if i == 5:
-                    break
-
-
-    def train(n):
-        for i, (x, y) in enumerate(loader):
-            model(x).sum().backward()
-            if i == n:
-                break
-
-
-    def clean():
-        with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-            train(3)
-        prof.export_chrome_trace("called.json")
-
-
-    main()
-    scheduled()
-    clean()
-    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        for i, (x, y) in enumerate(loader):
-            model(x).sum().backward()
-            if i == 3:
-                break
-    prof.export_chrome_trace("module.json")
-    ''')
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("startup")
-    (root / "train.py").write_text(TRAINER)
-    p = subprocess.run([sys.executable, "train.py"], cwd=root, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    return root
+@pytest.fixture
+def recorded(recording: Recording) -> Path:
+    """The folder the trainer ran in: train.py and its traces."""
+    return recording.root
 
 
 def line_of(text: str) -> int:
