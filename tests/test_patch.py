@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from auditor.evidence.model import Evidence
-from auditor.reports.patch import NumericsPatchReport, PatchReport, apply_edits, make_patch, patch_path, plan_edits
+from auditor.fixes import apply_edits, make_patch, patch_path, plan_edits
+from auditor.reports.patch import NumericsPatchReport, PatchReport
 from auditor.findings import Edit, Finding, Fix
 from auditor.findings import RuleResults
 

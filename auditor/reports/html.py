@@ -34,11 +34,12 @@ from auditor import __version__
 from auditor.evidence.model import CUDA_STANDIN, Evidence
 from auditor.reports.base import Reporter
 from auditor.reports.findings_json import document
-from auditor.reports.patch import make_patch, numerics_patchable, patchable
+from auditor.reports.patch import numerics_patchable, patchable
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.terminal import (checkpoint_overview, elsewhere_phrase, recoverable, snapshot_overview,
                                       steps_of)
 from auditor.findings import Finding, share_of_step
+from auditor.fixes import make_patch
 from auditor.findings import RuleResults
 from auditor.rules.registry import get_rule
 
@@ -286,8 +287,9 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
 
 def recording_view(ev: Evidence) -> dict[str, Any]:
     """The cards' words for recorded traces analysed on their own, where a run's do not hold:
-    nothing ran here ("6 steps run"), there is no process RSS, and this machine's torch is not the
-    one that recorded (a bare "torch" when the trace does not say which)."""
+    steps recorded (nothing ran here), memory from the trace's memory events (there is no process
+    RSS), and only the devices and torch version the trace names (this machine's torch is not the
+    one that recorded)."""
     from auditor.evidence.snapshot import format_bytes
 
     shown = ev.shown_trace()
@@ -317,7 +319,7 @@ def recording_view(ev: Evidence) -> dict[str, Any]:
 def recorded_peak_memory(ev: Evidence) -> tuple[int, str, str] | None:
     """(bytes, "peak" or "change", which memory) of the recordings' `[memory]` events: the GPU's
     allocated memory at its highest when recorded, else the CPU's; the running sum of the sizes
-    for an older trace that records no total (a change since the window opened, as the memory plot
+    for a trace whose events record no total (a change since the window opened, as the memory plot
     draws it). None without memory events."""
     for trace in ev.trace_data:
         mem = trace.of("memory")
@@ -410,8 +412,8 @@ def tensorboard_command(tb: Path, traces: list[Path]) -> str | None:
     """How to open the traces in TensorBoard's profiler plugin, which reads `<logdir>/<run>/
     *.pt.trace.json[.gz]` only: the run's own logdir; else the logdir above the first trace's run
     folder; else, for a file named otherwise (`prof.export_chrome_trace("trace.json")`), a copy of
-    it under that name in a logdir of its own. (The parent's parent of `/tmp/trace.json` was `/`:
-    TensorBoard scanned the whole disk and found no trace in it.)"""
+    it under that name in a logdir of its own (such a file's parent's parent, `/` for
+    `/tmp/trace.json`, is a logdir where TensorBoard scans the whole disk and finds no run)."""
     if tb.is_dir():
         return f"tensorboard --logdir {shlex.quote(str(tb))}"
     if not traces:

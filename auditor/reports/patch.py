@@ -5,11 +5,12 @@ A fix's edits replace whole source lines captured during the run (`Edit(file, st
 earlier line numbers stay valid; an edit that overlaps one already taken is left out and listed in
 the patch's preamble. Fixes marked `changes_numerics` (a clamp, gradient clipping, a warmup: they
 change what the training computes) go in `numerics-fixes.patch` instead, so that applying
-fixes.patch never changes results and the user reviews those one by one. Paths are relative to the file's git toplevel, or to the current directory
-outside a repository, with `a/` and `b/` prefixes: run `git apply fixes.patch` at that root.
+fixes.patch never changes results and the user reviews those one by one. Paths are relative to
+the file's git toplevel, or to the current directory outside a repository, with `a/` and `b/`
+prefixes: run `git apply fixes.patch` at that root.
 
-The diff core (`make_patch`, `diff_edits`, ...) lives in `auditor/rules/fixes.py`, where the rule
-engine also uses it to fill each finding's `Fix.patch`; it is re-exported here.
+The diff core (`diff_edits`, `make_patch`, ...) lives in `auditor/fixes.py`, which the rule engine
+also uses to fill each finding's `Fix.patch`.
 """
 from __future__ import annotations
 
@@ -20,11 +21,9 @@ from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
 from auditor.findings import Edit, Finding
 from auditor.findings import RuleResults
-from auditor.fixes import (PatchResult, _conflict, apply_edits, diff_edits, make_patch, patch_path,
-                                 plan_edits, repo_root, unified_diff)
+from auditor.fixes import _conflict, diff_edits
 
-__all__ = ["NumericsPatchReport", "PatchReport", "patchable", "numerics_patchable", "PatchResult", "apply_edits", "diff_edits", "make_patch", "patch_path",
-           "plan_edits", "repo_root", "unified_diff"]
+__all__ = ["NumericsPatchReport", "PatchReport", "patchable", "numerics_patchable"]
 
 
 def patchable(findings: Iterable[Finding]) -> list[Finding]:

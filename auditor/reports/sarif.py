@@ -19,10 +19,10 @@ import msgspec
 from auditor import __version__
 from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
-from auditor.reports.patch import repo_root
 from auditor.rules.base import Rule
 from auditor.findings import Edit, Finding
 from auditor.findings import RuleResults
+from auditor.fixes import repo_root
 from auditor.rules.registry import all_rules
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

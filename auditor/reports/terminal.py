@@ -32,7 +32,7 @@ class Recoverable:
     of its own recording, and two recordings' steps are not one step."""
 
     ms: float | None  # None: no finding has a time cost
-    share: float | None  # of the median step, as a finding's share_of_step is (rules.base.share_of_step)
+    share: float | None  # of the median step, as a finding's share_of_step is (auditor.findings.share_of_step)
     capped: bool  # the sum exceeded the step (findings overlap), so it was capped
     estimated: bool  # some summed costs are estimates, not measurements
     counted_only: int  # findings with no time cost (counted, or not measurable on this run)
