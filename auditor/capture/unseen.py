@@ -41,8 +41,8 @@ no_torch_function = torch._C.DisableTorchFunction
 def recorded_warnings() -> Iterator[list[warnings.WarningMessage]]:
     """Every warning raised in the block, recorded instead of shown: `catch_warnings(record=True)`
     with `simplefilter("always")`, without telling the warnings module that its filters changed
-    (which made Python forget every warning it had shown: a warning in the user's loop, shown once
-    in a plain run, was shown again after each of the auditor's catches). The filters list is
+    (which makes Python forget every warning it has shown: a warning in the user's loop, shown once
+    in a plain run, would be shown again after each of the auditor's catches). The filters list is
     swapped in place and put back; with "always" nothing is remembered in the meantime.
 
     Under Python 3.14's context-aware warnings the filters live in a context variable: there
@@ -91,10 +91,10 @@ class TracedCalls:
     """Calls of a hook that ran inside code torch.compile traced, noted there and read afterwards.
 
     Torch calls the optimizer step hooks inside the optimizer's step, so a compiled step traces
-    them too. Run as they are, they were a graph break there: `fullgraph=True` turned it into an
-    error (a program that runs without the audit failed under it), and otherwise it split the
-    user's graph (one more graph break than a plain run counts, an optimizer step compiled in
-    pieces and measured as such). Traced, a hook must not put anything of ours into the user's
+    them too. Run as they are, they would be a graph break there: `fullgraph=True` would turn it
+    into an error (a program that runs without the audit would fail under it), and otherwise it
+    would split the user's graph (one more graph break than a plain run counts, an optimizer step
+    compiled in pieces and measured as such). Traced, a hook must not put anything of ours into the user's
     graph (its ops, and so its numbers, are the user's), nor read any value of ours that changes
     between calls: dynamo guards what it reads, and a changed value recompiles the user's function.
     So the traced hook only notes the call: `note(value)` stores `value` in an attribute named for
@@ -102,10 +102,10 @@ class TracedCalls:
     with no guard. `take` reads the notes later, from code that runs as it is; a note the same
     compiled code makes again before that replaces the first.
 
-    (The other ways were worse: a list to append to is guarded on its length, and recompiled
-    the user's function whenever two compiled calls came between two reads of it; a function
-    dynamo calls after the graph, `config.reorderable_logging_functions`, is dropped when called
-    from a traced hook, as every call nested in the compiled function is.)"""
+    (Not a list to append to: it is guarded on its length, which recompiles the user's function
+    whenever two compiled calls come between two reads of it. Not a function dynamo calls after the
+    graph, `config.reorderable_logging_functions`: it is dropped when called from a traced hook, as
+    every call nested in the compiled function is.)"""
 
     def __init__(self) -> None:
         self.notes = _Notes()
@@ -130,10 +130,10 @@ _DYNAMO_TOLD = [False]  # whether dynamo was told to leave our frames alone
 def dynamo_skips_our_frames() -> None:
     """torch.compile runs the Python that follows a graph break eagerly, with its frame hook on:
     the auditor's code run there (the numerics mode's `__torch_function__` for each torch call, a
-    probe on the call that broke the graph: `loss.backward()` in a compiled function) was compiled
-    as frames of its own, and recompiled for every new float argument until dynamo's recompile
-    limit (warnings naming the auditor, steps up to 30x slower than without the audit; graph breaks
-    in the auditor's frames the plain run does not count). Every code object of the capture package
+    probe on the call that broke the graph: `loss.backward()` in a compiled function) would be
+    compiled as frames of its own, and recompiled for every new float argument until dynamo's
+    recompile limit (warnings naming the auditor, steps up to 30x slower than without the audit;
+    graph breaks in the auditor's frames the plain run does not count). So every code object of the capture package
     is marked to be run as it is (that frame only: the user's code it calls is compiled as before).
     Called before each step, it acts once dynamo is imported (importing it costs ~2 s). Inlining,
     when dynamo traces a call of ours, is unaffected."""
@@ -203,20 +203,20 @@ def compiled_calls_without(mode: Any, starts: Callable[[tuple, dict], Any],
     caller.
 
     Dynamo traces a compiled frame through the modes on the stack when it starts, and guards on
-    them: with ours there, the user's graph was made of the calls our mode passes on, not of
+    them: with ours there, the user's graph would be made of the calls our mode passes on, not of
     theirs (`0.37 / t` traced as `t.reciprocal() * 0.37`: 5 calls captured for a plain run's 4),
-    `.item()` in compiled code printed another warning than a plain run's, and a function
-    compiled at import (no mode on the stack) was compiled again in the steps (its mode-stack
-    guard failed: 4 graph breaks for 2). The entry wrapped is the function
+    `.item()` in compiled code would print another warning than a plain run's, and a function
+    compiled at import (no mode on the stack) would be compiled again in the steps (its mode-stack
+    guard fails: 4 graph breaks for 2). The entry wrapped is the function
     `_TorchDynamoContext.__call__` returns, the one that sets dynamo's frame callback and then
     calls the user's function; a compiled call nested in it finds the mode gone and leaves the
     stack as it is. A mode of the user's entered in the step (above ours) stays where it is.
 
-    What this costs the checks: the calls inside compiled code were never checked one by one
-    (the mode passes traced calls on, and inductor's kernels are no torch calls), but what dynamo
-    runs eagerly inside a compiled call (the code after a graph break, a
-    `torch.compiler.disable`d function, the graph itself on the eager backends) now runs without
-    the mode too. The compiled call is checked as one call instead (`starts`, `ran`), and the checks that
+    What this costs the checks: the calls inside compiled code are not checked one by one in any
+    case (the mode passes traced calls on, and inductor's kernels are no torch calls), but what
+    dynamo runs eagerly inside a compiled call (the code after a graph break, a
+    `torch.compiler.disable`d function, the graph itself on the eager backends) runs without the
+    mode too. The compiled call is checked as one call instead (`starts`, `ran`), and the checks that
     need no mode stay: the loss of a backward pass run there (`in_compiled_call`), gradient norms
     and weights after each optimizer step.
 
@@ -247,7 +247,7 @@ def compiled_calls_without(mode: Any, starts: Callable[[tuple, dict], Any],
 
 def in_compiled_call() -> bool:
     """Whether a call of compiled code has taken the mode off the stack (see compiled_calls_without):
-    what runs now runs without it."""
+    what runs then runs without it."""
     return _OFF.running > 0
 
 

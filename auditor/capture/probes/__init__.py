@@ -30,8 +30,8 @@ from auditor.evidence import model as m
 perf = time.perf_counter
 FrameKey = tuple[str, int, str] | None
 # Inside code torch.compile traces, a probe is the call it wraps: traced, its frame reads and timers
-# were graph breaks in the user's graph, each with a warning naming what dynamo cannot trace
-# (sys._getframe, time.perf_counter), and a timer's value a guard that recompiled it. Where dynamo
+# would be graph breaks in the user's graph, each with a warning naming what dynamo cannot trace
+# (sys._getframe, time.perf_counter), and a timer's value a guard that recompiles it. Where dynamo
 # gives up on a call, it runs it as it is, and the probe records it there.
 _compiling = torch.compiler.is_compiling
 
@@ -626,8 +626,8 @@ _TRACED_STEP_READERS: list[Callable[[Any, FrameKey], None]] = []
 def traced_optimizer_step(opt: Any) -> None:
     """What the optimizer pre-hooks do when torch.compile traces them (`torch.compiler.is_compiling()`):
     note the step, as a store dynamo replays after the graph, for `settle_traced_steps` to read
-    once the compiled code has run (see unseen.TracedCalls). Run as they are, the hooks were a graph
-    break in the user's compiled step, and an error under `fullgraph=True`."""
+    once the compiled code has run (see unseen.TracedCalls). Run as they are, the hooks would be a
+    graph break in the user's compiled step, and an error under `fullgraph=True`."""
     _TRACED_STEPS.note(opt)
 
 

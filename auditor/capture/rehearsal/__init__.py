@@ -1,4 +1,4 @@
-"""CUDA rehearsal on the CPU (issue 4): audit code written for a GPU on a machine without one.
+"""CUDA rehearsal on the CPU: audit code written for a GPU on a machine without one.
 
 `install(mode, source)` is called first thing in the child process, before the probes. It returns
 None when no rehearsal happens, else a dict describing it (its "note" goes to the report's
@@ -15,12 +15,12 @@ When it rehearses:
   (`reset_peak_memory_stats`, `empty_cache`, `max_memory_allocated`, ...) does not count: such a
   program computes on the CPU, and those calls are answered by auditor.capture.cuda_standins.
 
-What a rehearsal does (four small modules):
-* rehearsal_device: device requests for CUDA run on the CPU; tensors meant for the GPU are marked
-  and the mark follows them through every op; the rules judge marked tensors as GPU tensors;
-* rehearsal_cuda: `torch.cuda` answers as a one-GPU machine would (stand-ins, recorded);
-* rehearsal_data: DataLoader batches remember pinning and whether they came out on the GPU;
-* rehearsal_dist: a job asking for NCCL runs its ranks on gloo, DDP without its device ids.
+What a rehearsal does (four small modules of this package):
+* device.py: device requests for CUDA run on the CPU; tensors meant for the GPU are marked and the
+  mark follows them through every op; the rules judge marked tensors as GPU tensors;
+* cuda.py: `torch.cuda` answers as a one-GPU machine would (stand-ins, recorded);
+* data.py: DataLoader batches remember pinning and whether they came out on the GPU;
+* dist.py: a job asking for NCCL runs its ranks on gloo, DDP without its device ids.
 What the program computes is exactly what its CPU version computes (tests/test_rehearsal.py).
 """
 from __future__ import annotations

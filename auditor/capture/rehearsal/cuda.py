@@ -116,7 +116,7 @@ class Stream(torch.Stream):
     """The rehearsed device's stream: the CPU runs everything in order, so waits are no-ops.
     A torch.Stream (of the CPU, underneath), as torch.cuda.Stream is one: torch's C++ functions
     that take a stream accept it (`t.record_stream(s)`, which the rehearsal then answers), where
-    a plain object failed their argument check ('unknown parameter type')."""
+    a plain object would fail their argument check ('unknown parameter type')."""
 
     def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> "Stream":
         return super().__new__(cls, device="cpu")

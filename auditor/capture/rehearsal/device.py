@@ -51,8 +51,8 @@ REHEARSED_DEVICE = torch.device("cuda", 0)  # what user code is told a marked te
 # What torch's own code is told a marked tensor's device is: the CPU, where the tensor is, so torch
 # keeps its CPU paths; but this one object, so that what torch then puts on "that tensor's device"
 # (clip_grad_norm_'s `norm.to(grads[0].device)`, a factory's `device=p.device`) is known to be on
-# the GPU, as it is there. Told the plain CPU, the norm clip_grad_norm_ returns came back a host
-# tensor, and the user's `norm.item()` was no sync.
+# the GPU, as it is there. Told the plain CPU, the norm clip_grad_norm_ returns would be a host
+# tensor, and the user's `norm.item()` no sync.
 DEVICE_OF_GPU_TENSOR = torch.device("cpu")
 _T = torch._C.TensorBase
 
@@ -557,9 +557,9 @@ _compiling = torch.compiler.is_compiling
 def _traced(func: Callable, args: tuple, kwargs: dict) -> Any:
     """The mode's work while torch.compile traces the call: the device requests rewritten and the
     marks passed on, nothing else. Dynamo inlines a mode on the stack into the graph it traces; the
-    untraced path (frames, the probes' records, device checks) broke the user's graph at every op
-    (a warning about `sys._getframe` in the auditor's code, and, with the graph cut into pieces,
-    weights that differed from the CPU run's). Setting a mark on a traced tensor is a side effect
+    untraced path (frames, the probes' records, device checks) would break the user's graph at
+    every op (a warning about `sys._getframe` in the auditor's code, and, with the graph cut into
+    pieces, weights that differ from the CPU run's). Setting a mark on a traced tensor is a side effect
     dynamo replays on the real one, so what the compiled code returns carries its marks."""
     name = getattr(func, "__name__", "")
     requested = False
@@ -811,9 +811,9 @@ _FUNCTORCH_WRAPPERS = {
 def _install_functorch_marks() -> None:
     """A tensor that torch.func wraps or unwraps keeps its mark: per-sample gradients made with
     `vmap(grad(f))` from GPU weights and a GPU batch are GPU tensors, as on a GPU. Without this
-    the function saw unmarked (host) copies of its GPU inputs and its results came back unmarked:
-    the first op mixing them with the program's GPU tensors was refused as a device mix that a
-    GPU runs (exit 3 at step 0)."""
+    the function would see unmarked (host) copies of its GPU inputs and return unmarked results:
+    the first op mixing them with the program's GPU tensors would be refused as a device mix that
+    a GPU runs (exit 3 at step 0)."""
     for module_name, names in _FUNCTORCH_WRAPPERS.items():
         module = sys.modules.get(module_name)
         for name in names:
