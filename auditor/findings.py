@@ -58,8 +58,8 @@ def share_of_step(ms_per_step: float | None, step_ms: float | None) -> float | N
     """A cost's share of the step: the one percentage every report prints for it (the finding's
     message, the terminal line, report.html, findings.json, the headline's sum). Its ms per step,
     as the cost stores it, over the median step as findings.json writes it (3 decimals), to 4
-    decimals: `ms_per_step / steps.median_ms` there gives it back. (A median of per-step shares
-    printed beside it read 61% where ms/median read 57%, for one cost.)"""
+    decimals: `ms_per_step / steps.median_ms` there gives it back. No report prints another share
+    beside it (a median of per-step shares can differ from ms/median by several points for one cost)."""
     if ms_per_step is None or not step_ms:
         return None
     return round(ms_per_step / round(step_ms, 3), 4)
