@@ -41,7 +41,6 @@ sys.path.insert(0, {examples!r})
 sys.path.insert(0, {trainer_dir!r})
 import clean_sized as clean
 starts = []
-t_all = time.perf_counter()
 for i in range({steps}):
     starts.append(time.perf_counter())
     clean.step(i)

@@ -16,9 +16,9 @@ the audit did not change what the training computed.
 
     python bench/bench_step_overhead.py [--steps 600] [--threads N] [--step-ms 10 | --batch B]
 
-The step is examples/clean.py's. Issue #2 states its target for a step of about 10 ms, and this
-machine's speed drifts (the same batch of 384 rows took 6.6 ms one hour and 9.9 ms another), so by
-default the batch is chosen at the start to make the plain step take `--step-ms` (10) here and
+The step is examples/clean.py's. The overhead target is for a step of about 10 ms, and this
+machine's speed drifts (the same batch of 384 rows can take 6.6 ms one hour and 9.9 ms another), so
+by default the batch is chosen at the start to make the plain step take `--step-ms` (10) here and
 now: plain steps are timed at 384 rows and the batch scaled to match (an MLP's step time is close
 to linear in its batch). `--batch B` fixes the batch instead (256 is the example as it is).
 """
@@ -129,8 +129,8 @@ def calibrated_batch(step_ms: float, probe_batch: int = 384) -> int:
     make = _common.make
     batch = probe_batch
     # at least twice (the time per row shrinks a little as the batch grows), and again while a
-    # round lands far from the target: a burst of load from another process during one round once
-    # chose a batch whose plain step took 1.1 ms
+    # round lands far from the target: a burst of load from another process during one round can
+    # choose a batch whose plain step takes 1.1 ms
     for round_ in range(5):
         _common.make = functools.partial(make, batch=batch)
         try:

@@ -8,7 +8,7 @@ Each measurement runs in its own Python process, so its peak RSS (ru_maxrss) is 
           Python-side parser of this file pays;
   ours  - what `audit analyze FILE` does, end to end: auditor.evidence.load.load_paths, every rule
           (run_rules) and every report (write_reports: findings.json, report.html, SARIF, patch);
-          on a multi-core Linux machine the trace is decoded by worker processes (trace_parallel),
+          on a multi-core Linux machine the trace is decoded by worker processes (evidence/trace/parallel.py),
           whose largest peak RSS is reported too (children_peak_rss_mb);
   ours_1 - the same in one process, as on a single core or for a gzip trace;
   hta   - HolisticTraceAnalysis' TraceAnalysis(trace_dir=...) in its own venv (bench/out/hta-venv),
