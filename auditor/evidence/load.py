@@ -71,7 +71,7 @@ def load_paths(paths: list[Path]) -> Evidence:
     (runtime attributes; `traces` / `snapshots` keep the paths). Raises InputError for a path that
     does not exist or that is none of the accepted kinds.
     """
-    from auditor.evidence.trace import load_trace
+    from auditor.evidence.trace.load import load_trace
 
     if not paths:
         raise InputError("nothing to analyze: give a run directory, a trace or a snapshot")

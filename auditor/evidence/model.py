@@ -183,7 +183,7 @@ class Evidence(msgspec.Struct, dict=True):
 
     @property
     def trace_data(self) -> list[Any]:
-        """Parsed traces (auditor.evidence.trace objects), attached by the loader."""
+        """Parsed traces (auditor.evidence.trace.model.Trace), attached by the loader."""
         return self.__dict__.get("trace_data", [])
 
     @property

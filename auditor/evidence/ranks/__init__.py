@@ -544,7 +544,7 @@ def merge_inputs(paths: list[Path]) -> m.Evidence | None:
 
 
 def _attach_traces(ev: m.Evidence, paths: list[Path]) -> m.Evidence:
-    from auditor.evidence.trace import load_trace
+    from auditor.evidence.trace.load import load_trace
 
     parsed = []
     for p in paths:

@@ -107,7 +107,7 @@ def ranks_from_traces(traces: list[Any]) -> RankSet | None:
 
 def merge_trace_files(files: list[Path]) -> m.Evidence | None:
     """Parse the traces one at a time (they can be large), keeping parsed only the primary rank's."""
-    from auditor.evidence.trace import load_trace
+    from auditor.evidence.trace.load import load_trace
 
     parts: dict[int, list[tuple[RankInfo, SyncMap]]] = defaultdict(list)
     kept: dict[int, list[Any]] = defaultdict(list)
