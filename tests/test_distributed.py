@@ -25,7 +25,10 @@ from conftest import EXAMPLES, FIXTURES, ROOT, audit, balanced_ddp_run, expected
 
 from auditor.evidence.model import Evidence
 from auditor.reports.rank_plots import rank_figure, rank_rows
-from auditor.evidence.ranks import RankInfo, RankStep, combine, merge_inputs, rank_set
+from auditor.evidence.load import merge_inputs
+from auditor.evidence.ranks.combine import combine
+from auditor.evidence.ranks.model import RankInfo, RankStep
+from auditor.evidence.ranks.view import rank_set
 from auditor.evidence.store import load_run_dir, save
 from auditor.rules.base import Rule
 from auditor.findings import Finding
@@ -177,7 +180,7 @@ def test_straggler_found_from_the_per_rank_traces_alone(straggler, tmp_path):
     assert len(traces) == 2  # one real trace per rank of the run above
     for t in traces:
         shutil.copy(t, tmp_path / t.name)
-    ev = merge_inputs([tmp_path])
+    ev, _ = merge_inputs([tmp_path])
     assert ev is not None and ev.source == "trace"
     rs = rank_set(ev)
     assert [r.rank for r in rs.ranks] == [0, 1] and rs.world_size == 2
@@ -215,14 +218,14 @@ def test_rank_directories_merge_later_with_analyze(metric, tmp_path):
     out, _ = metric
     for r in (0, 1):  # as if each node kept its own directory
         shutil.copytree(out / f"rank-{r}", tmp_path / f"node{r}" / f"rank-{r}")
-    ev = merge_inputs([tmp_path / "node0" / "rank-0", tmp_path / "node1" / "rank-1"])
+    ev, _ = merge_inputs([tmp_path / "node0" / "rank-0", tmp_path / "node1" / "rank-1"])
     assert ev is not None
     rs = rank_set(ev)
     assert [r.rank for r in rs.ranks] == [0, 1] and rs.world_size == 2
     shutil.copytree(tmp_path / "node1" / "rank-1", tmp_path / "node0" / "rank-1")
-    ev = merge_inputs([tmp_path / "node0"])
+    ev, _ = merge_inputs([tmp_path / "node0"])
     assert [r.rank for r in rank_set(ev).ranks] == [0, 1]
-    assert merge_inputs([out / "rank-0"]) is None  # one plain run directory: the ordinary path
+    assert merge_inputs([out / "rank-0"])[0] is None  # one plain run directory: the ordinary path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,7 +389,7 @@ def test_recorded_gpu_traces_merge_by_rank(tmp_path):
     doc["distributedInfo"]["rank"] = 1
     with gzip.open(tmp_path / "rank1-relabelled.pt.trace.json.gz", "wt") as fh:
         json.dump(doc, fh)
-    ev = merge_inputs([tmp_path])
+    ev, _ = merge_inputs([tmp_path])
     rs = rank_set(ev)
     assert [r.rank for r in rs.ranks] == [0, 1] and rs.world_size == 2 and rs.source == "trace"
     assert len(ev.trace_data) == 1 and ev.traces == [str(tmp_path / "rank0.pt.trace.json.gz")]
@@ -406,7 +409,7 @@ def test_one_rank_trace_alone_is_one_rank_of_two(tmp_path):
     rs = rank_set(ev)
     assert [r.rank for r in rs.ranks] == [0] and rs.world_size == 2 and rs.missing == [1]
     assert RankStraggler().skip_reason(ev) is not None
-    assert merge_inputs([DDP_TRACE]) is None  # nothing to merge: load_paths' ordinary path
+    assert merge_inputs([DDP_TRACE])[0] is None  # nothing to merge: load_paths' ordinary path
 
 
 # ---------------------------------------------------------------------------------------------

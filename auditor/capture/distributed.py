@@ -32,7 +32,8 @@ from typing import Callable, Iterator
 import click
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import RANK_KEY, find_rank_dirs, merge_runs
+from auditor.evidence.ranks.merge import find_rank_dirs, merge_runs
+from auditor.evidence.ranks.model import RANK_KEY
 from auditor.evidence.store import EVIDENCE_FILE, is_run_dir
 
 ENV_MERGE = "AUDIT_RANK_MERGE"  # "launcher": the launching process merges, ranks only write

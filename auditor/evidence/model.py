@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+from auditor.evidence.frame import Frame
+
 EVIDENCE_VERSION = 1
 
 # Kinds of probe tallies recorded while steps run (see auditor.capture.probes).
@@ -52,15 +54,6 @@ CUDA_STANDIN = "cuda-standin"  # a torch.cuda call answered as an idle device wo
 H2D_COPY = "h2d-copy"  # a host->device copy the program asked for; data: bytes, pinned, non_blocking, loader
 DEVICE_BATCH = "device-batch"  # a DataLoader batch that came out already on the GPU; data: loader, tensors, bytes
 DATA_DEVICE_OP = "data-device-op"  # a GPU tensor created inside DataLoader iteration (.cuda() in __getitem__ ...)
-
-
-class Frame(msgspec.Struct, frozen=True):
-    """A place in the user's code: the first frame outside torch and the auditor."""
-
-    file: str
-    line: int
-    function: str = ""
-    code: str = ""
 
 
 class Tally(msgspec.Struct):

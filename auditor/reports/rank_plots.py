@@ -10,7 +10,9 @@ from typing import Any
 
 from auditor.evidence import model as m
 from auditor.evidence.phases import PHASES
-from auditor.evidence.ranks import COMM, PHASE_LABELS, RANK_PHASES, compared_steps, rank_set
+from auditor.evidence.ranks.combine import compared_steps
+from auditor.evidence.ranks.phases import COMM, PHASE_LABELS, RANK_PHASES
+from auditor.evidence.ranks.view import rank_set
 
 
 def rank_rows(ev: m.Evidence) -> list[dict[str, Any]]:

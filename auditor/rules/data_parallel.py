@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import frame_of
+from auditor.evidence.ranks.runs import frame_of
 from auditor.rules.base import Rule
 from auditor.findings import Cost, Finding, Fix, Location
 

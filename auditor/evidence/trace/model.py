@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from auditor.evidence.model import Frame
+from auditor.evidence.frame import Frame
 from auditor.evidence.recorded_frames import is_library_file, parse_frame
 from auditor.evidence.trace.decode import CAT, CPU_NESTING, GPU_SIDE, GPU_WORK, SymbolTable
 from auditor.evidence.trace.intervals import merge_intervals

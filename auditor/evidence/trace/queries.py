@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from auditor.evidence.model import Frame
+from auditor.evidence.frame import Frame
 from auditor.evidence.trace.decode import CAT, GPU_SIDE, GPU_WORK
 from auditor.evidence.trace.intervals import clip, merge_intervals, subtract, total_length
 from auditor.evidence.trace.model import StartedFrame, Trace
