@@ -11,7 +11,9 @@ from typing import Any
 
 import msgspec
 
+from auditor.evidence.distributed import DistInfo, DistStep
 from auditor.evidence.frame import Frame
+from auditor.evidence.ranks.model import RankIdentity, RankSet
 
 EVIDENCE_VERSION = 1
 
@@ -82,6 +84,7 @@ class StepRecord(msgspec.Struct):
     anomaly_enabled: bool = False
     tallies: list[Tally] = []
     extra: dict[str, Any] = {}  # per-step data from collectors (auditor.capture.collectors), by name
+    distributed: DistStep | None = None  # the distributed collector's record of the step (None: nothing distributed)
 
 
 class GraphScan(msgspec.Struct):
@@ -173,6 +176,9 @@ class Evidence(msgspec.Struct, dict=True):
     traces: list[str] = []  # profiler traces (Chrome/Kineto JSON), relative to the run dir or absolute
     snapshots: list[str] = []  # CUDA memory snapshot pickles
     extra: dict[str, Any] = {}  # evidence added by later stages (e.g. numerics)
+    rank: RankIdentity | None = None  # who recorded it, when a rank of a launched job did
+    ranks: RankSet | None = None  # the merged view of all ranks, on the evidence merged from them
+    distributed: DistInfo | None = None  # the distributed setup the run saw (None: nothing distributed)
 
     @property
     def trace_data(self) -> list[Any]:

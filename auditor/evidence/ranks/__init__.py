@@ -8,12 +8,12 @@ other rank spent beyond it was waiting. Matching the same collective across rank
 gradient sync of a step, the n-th call at one user line, the k-th NCCL kernel of a ProfilerStep)
 needs no shared clock, so ranks on different hosts compare as well as ranks on one host.
 
-Data model (stored in `Evidence.extra["ranks"]` as plain data, see RankSet):
+Data model (Evidence.ranks, a RankSet; auditor.evidence.ranks.model):
 - RankInfo per rank: identity, how it ended, and per step its wall time, where the time went
   (`phases`: data / forward / backward / optimizer / sync / cleanup / other with communication
   taken out, plus `comm`), the time spent in sync points (`comm_ms`) and, after merging, the part of
   it beyond the transfer (`wait_ms`). Explicit collectives are summarised per user line (SiteStat).
-- The merged Evidence is the primary rank's (rank 0 when present) with `extra["ranks"]` added, so
+- The merged Evidence is the primary rank's (rank 0 when present) with `ranks` added, so
   every existing rule still runs unchanged on one rank and the distributed rules see all of them.
 
 Modules: model (the records: RankSet, RankInfo, RankStep, SiteStat), phases (the phases a rank's

@@ -4,16 +4,17 @@ and whatever any other rank spent beyond it was waiting (combine); the steps the
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 import msgspec
 
+from auditor.evidence.distributed import CallSite
 from auditor.evidence.frame import Frame
 from auditor.evidence.ranks.model import RankInfo, RankSet, RankStep, SyncMap
 
 
-def site_key(op: str, where: dict[str, Any] | None) -> str:
-    return f"{op}@{where['file']}:{where['line']}" if where else f"{op}@?"
+def site_key(op: str, where: CallSite | Frame | None) -> str:
+    """The key of an explicit collective's user line, the same on every rank."""
+    return f"{op}@{where.file}:{where.line}" if where else f"{op}@?"
 
 
 def combine(parts: list[tuple[RankInfo, SyncMap]], world_size: int | None, source: str) -> RankSet:
@@ -46,7 +47,7 @@ def combine(parts: list[tuple[RankInfo, SyncMap]], world_size: int | None, sourc
         steps = [msgspec.structs.replace(s, wait_ms=step_wait.get((info.rank, s.index)),
                                          wait_by=step_wait_by.get((info.rank, s.index), {})) for s in info.steps]
         sites = [msgspec.structs.replace(
-            st, wait_ms=round(site_wait[(info.rank, site_key(st.op, _where_dict(st.where)))], 4)
+            st, wait_ms=round(site_wait[(info.rank, site_key(st.op, st.where))], 4)
             if len(parts) > 1 else None) for st in info.sites]
         infos.append(msgspec.structs.replace(info, steps=steps, sites=sites))
     infos.sort(key=lambda i: i.rank)
@@ -66,10 +67,6 @@ def sync_kind(key: str) -> str:
     if key.startswith("comm:"):
         return "kernels"
     return "collectives"
-
-
-def _where_dict(f: Frame | None) -> dict[str, Any] | None:
-    return {"file": f.file, "line": f.line} if f else None
 
 
 def compared_steps(rs: RankSet) -> dict[int, dict[int, RankStep]]:

@@ -13,7 +13,6 @@ import msgspec
 from auditor.evidence import model as m
 from auditor.evidence.errors import InputError
 from auditor.evidence.ranks.combine import combine, rank_ranges
-from auditor.evidence.ranks.model import RANK_KEY, RANKS_KEY
 from auditor.evidence.ranks.runs import RANK_DIR, info_from_run, rank_of, world_size_of
 from auditor.evidence.store import is_run_dir, load_run_dir
 
@@ -52,7 +51,7 @@ def _root_failure(runs: list[tuple[int, m.Evidence]]) -> tuple[int, m.Evidence] 
     if not failed:
         return None
     return min(failed, key=lambda p: (_launcher_stopped(p[1]), _peer_gone(p[1]),
-                                      (p[1].extra.get(RANK_KEY) or {}).get("ended_at") or math.inf, p[0]))
+                                      (p[1].rank.ended_at if p[1].rank is not None else None) or math.inf, p[0]))
 
 
 def merge_runs(runs: list[tuple[m.Evidence, Path]], world_size: int | None = None,
@@ -91,7 +90,7 @@ def merge_runs(runs: list[tuple[m.Evidence, Path]], world_size: int | None = Non
                                 f"Merged from {len(ranked)} rank(s) ({rank_ranges([r for r, _, _ in ranked])}"
                                 + (f" of {world_size}" if world_size else "") + f"); per-rank rules read rank "
                                 f"{rank0}'s evidence, the distributed rules compare all ranks.", *rs.notes]
-    merged.extra = {**merged.extra, RANKS_KEY: msgspec.to_builtins(rs)}
+    merged.ranks = rs
     return merged
 
 
@@ -128,7 +127,7 @@ def check_one_job(runs: list[tuple[m.Evidence, Path]]) -> None:
 
     Why: merging compares the ranks step by step and calls the slowest one a straggler, so two
     unrelated runs (or one directory given twice) merged as "2 ranks" would yield a made-up
-    finding. A rank's `audit run` records who it is (`extra["rank"]`: rank, world size, the
+    finding. A rank's `audit run` records who it is (Evidence.rank: rank, world size, the
     launcher's run id) and its TARGET; ranks of one job agree on all but the rank, which differs.
     A merged report (`DIR/evidence.json` of a job) is not one more rank either."""
     seen: dict[Path, Path] = {}
@@ -140,7 +139,7 @@ def check_one_job(runs: list[tuple[m.Evidence, Path]]) -> None:
     first: tuple[m.Evidence, Path, int, int] | None = None
     by_rank: dict[int, Path] = {}
     for ev, path in runs:
-        if ev.extra.get(RANKS_KEY):
+        if ev.ranks is not None:
             raise InputError(f"{ONE_RUN}: {path} holds the merged report of a distributed run, not one of its "
                              f"ranks (give it alone, or only its rank-K/ directories)")
         rank, world = rank_of(ev), world_size_of(ev)
@@ -153,7 +152,7 @@ def check_one_job(runs: list[tuple[m.Evidence, Path]]) -> None:
             first = (ev, path, rank, world)
             continue
         ev0, path0, rank0, world0 = first
-        run0, run = ((e.extra.get(RANK_KEY) or {}).get("run_id") for e in (ev0, ev))
+        run0, run = (e.rank.run_id if e.rank is not None else None for e in (ev0, ev))
         if world != world0:
             raise InputError(f"{ONE_RUN}: {path} is rank {rank} of {world}, {path0} rank {rank0} of {world0}")
         if run0 is not None and run is not None and run != run0:

@@ -7,10 +7,26 @@ import msgspec
 
 from auditor.evidence.frame import Frame
 
-RANKS_KEY = "ranks"  # the merged view of all ranks (RankSet)
-RANK_KEY = "rank"  # the identity a rank's `audit run` process adds to its own evidence
-
 SyncMap = dict[int, dict[str, float]]  # step index -> sync-point key -> ms this rank spent in it
+
+
+class RankIdentity(msgspec.Struct):
+    """Who a rank of a launched job is (Evidence.rank), as its `audit run` process records it from
+    the launcher's environment.
+
+    rank, world_size: its rank and the job's; local_rank, local_world_size, node_rank: its place
+    on its node (None when the launcher does not say); run_id: the launcher's run id (ranks of one
+    job share it; None when unknown); hostname: the machine it ran on; ended_at: when its process
+    ended (seconds since the epoch), which orders the ranks' failures."""
+
+    rank: int
+    world_size: int
+    local_rank: int | None = None
+    local_world_size: int | None = None
+    node_rank: int | None = None
+    run_id: str | None = None
+    hostname: str = ""
+    ended_at: float | None = None
 
 
 class RankStep(msgspec.Struct):
@@ -43,38 +59,42 @@ class RankStep(msgspec.Struct):
 class SiteStat(msgspec.Struct):
     """An explicit collective at one user line, over the whole run of one rank."""
 
-    op: str
-    where: Frame | None
-    calls: int = 0
-    steps: int = 0
-    ms: float = 0.0
-    wait_ms: float | None = None
-    bytes: int = 0
-    async_calls: int = 0
+    op: str  # the torch.distributed function
+    where: Frame | None  # the user's line
+    calls: int = 0  # calls over the run
+    steps: int = 0  # steps it ran in
+    ms: float = 0.0  # total time in it
+    wait_ms: float | None = None  # of ms, the part beyond the fastest rank's (None: one rank only)
+    bytes: int = 0  # tensor payload of all calls
+    async_calls: int = 0  # calls made with async_op=True
 
 
 class RankInfo(msgspec.Struct):
+    """One rank: who it is, how it ended, its steps and its explicit collectives."""
+
     rank: int
-    source: str = "run"  # run | trace
-    path: str = ""
+    source: str = "run"  # run | trace: what it was read from
+    path: str = ""  # its run directory or first trace
     hostname: str = ""
     local_rank: int | None = None
-    backend: str | None = None
-    status: str = "completed"
-    ending_step: int | None = None
-    message: str | None = None
+    backend: str | None = None  # the process group's backend
+    status: str = "completed"  # how its run ended (Ending.status)
+    ending_step: int | None = None  # the step it ended in, when it ended early
+    message: str | None = None  # what it ended with
     steps: list[RankStep] = []
     sites: list[SiteStat] = []
     phase_sites: dict[str, Frame] = {}  # where each phase's time was spent (largest site)
-    traces: list[str] = []
+    traces: list[str] = []  # its profiler traces
 
 
 class RankSet(msgspec.Struct):
-    world_size: int | None
-    ranks: list[RankInfo]
-    missing: list[int] = []
-    source: str = "run"
-    notes: list[str] = []
+    """The ranks of one job, merged (Evidence.ranks)."""
+
+    world_size: int | None  # the job's, when known
+    ranks: list[RankInfo]  # in rank order
+    missing: list[int] = []  # ranks of the world that gave no evidence
+    source: str = "run"  # run | trace: what the ranks were read from
+    notes: list[str] = []  # what the reports say about the merge (missing ranks, ranks that ended early)
 
     def get(self, rank: int) -> RankInfo | None:
         return next((r for r in self.ranks if r.rank == rank), None)

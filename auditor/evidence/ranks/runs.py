@@ -3,46 +3,38 @@ and its steps with communication separated from compute, with the sync points th
 across ranks (info_from_run)."""
 from __future__ import annotations
 
-import linecache
 import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from auditor.evidence import model as m
+from auditor.evidence.distributed import DistStep, frame_of
 from auditor.evidence.frame import Frame
 from auditor.evidence.phases import step_phases
 from auditor.evidence.ranks.combine import site_key
-from auditor.evidence.ranks.model import RANK_KEY, RankInfo, RankStep, SiteStat, SyncMap
+from auditor.evidence.ranks.model import RankInfo, RankStep, SiteStat, SyncMap
 from auditor.evidence.ranks.phases import COMM, PHASE_KINDS
 
-DIST_KEY = "distributed"  # the collector's name (auditor.capture.probes.dist)
 RANK_DIR = re.compile(r"^rank-(\d+)$")  # the directory a rank's run is saved in under the job's
-
-
-def frame_of(d: dict[str, Any] | None) -> Frame | None:
-    """A Frame (with its source line) from the plain dict the probes send."""
-    if not d or not d.get("file"):
-        return None
-    return Frame(file=d["file"], line=int(d["line"]), function=d.get("function") or "",
-                   code=linecache.getline(d["file"], int(d["line"])).strip())
 
 
 def rank_of(ev: m.Evidence, path: Path | None = None) -> int | None:
     """The rank an evidence belongs to: what its `audit run` process recorded, what the collector
     saw from torch.distributed, or the `rank-K` directory it was saved in."""
-    for d in (ev.extra.get(RANK_KEY), ev.extra.get(DIST_KEY)):
-        if isinstance(d, dict) and isinstance(d.get("rank"), int):
-            return d["rank"]
+    for d in (ev.rank, ev.distributed):
+        if d is not None and isinstance(d.rank, int):
+            return d.rank
     if path is not None and (hit := RANK_DIR.match(Path(path).name)):
         return int(hit.group(1))
     return None
 
 
 def world_size_of(ev: m.Evidence) -> int | None:
-    for d in (ev.extra.get(RANK_KEY), ev.extra.get(DIST_KEY)):
-        if isinstance(d, dict) and isinstance(d.get("world_size"), int):
-            return d["world_size"]
+    """The size of the job an evidence belongs to, as its `audit run` process or the collector saw it."""
+    for d in (ev.rank, ev.distributed):
+        if d is not None and isinstance(d.world_size, int):
+            return d.world_size
     return None
 
 
@@ -53,37 +45,37 @@ def info_from_run(ev: m.Evidence, rank: int, path: str = "") -> tuple[RankInfo, 
     sites: dict[str, dict[str, Any]] = {}
     disturbed = auditor_disturbed(ev)
     for s in ev.steps:
-        d = s.extra.get(DIST_KEY) or {}
+        d = s.distributed or DistStep()
         points: dict[str, float] = {}
         grad_ms = 0.0
         counts: dict[int, int] = defaultdict(int)
         synced = 0
-        for b in d.get("backward_syncs", []):
-            if not b.get("synced", True):
+        for b in d.backward_syncs:
+            if not b.synced:
                 continue
             synced += 1
-            k = counts[b["ddp"]]
-            counts[b["ddp"]] += 1
-            points[f"grad:{b['ddp']}:{k}"] = b["sync_ms"]
-            grad_ms += b["sync_ms"]
+            k = counts[b.ddp]
+            counts[b.ddp] += 1
+            points[f"grad:{b.ddp}:{k}"] = b.sync_ms
+            grad_ms += b.sync_ms
         buf_ms = 0.0
-        for f in d.get("ddp_forwards", []):
-            if f.get("buffer_syncs"):
-                points[f"buffers:{f['ddp']}"] = f["buffer_sync_ms"]
-                buf_ms += f["buffer_sync_ms"]
+        for f in d.ddp_forwards:
+            if f.buffer_syncs:
+                points[f"buffers:{f.ddp}"] = f.buffer_sync_ms
+                buf_ms += f.buffer_sync_ms
         coll_ms = 0.0
-        for c in d.get("collectives", []):
-            key = site_key(c["op"], c.get("where"))
-            for n, ms in enumerate(c["ms"]):
+        for c in d.collectives:
+            key = site_key(c.op, c.where)
+            for n, ms in enumerate(c.ms):
                 points[f"{key}#{n}"] = ms
-            coll_ms += c["total_ms"]
-            agg = sites.setdefault(key, {"op": c["op"], "where": c.get("where"), "calls": 0, "steps": 0, "ms": 0.0,
+            coll_ms += c.total_ms
+            agg = sites.setdefault(key, {"op": c.op, "where": c.where, "calls": 0, "steps": 0, "ms": 0.0,
                                          "bytes": 0, "async_calls": 0})
-            agg["calls"] += c["calls"]
+            agg["calls"] += c.calls
             agg["steps"] += 1
-            agg["ms"] += c["total_ms"]
-            agg["bytes"] += c["bytes"]
-            agg["async_calls"] += c.get("async_calls", 0)
+            agg["ms"] += c.total_ms
+            agg["bytes"] += c.bytes
+            agg["async_calls"] += c.async_calls
         phases = step_phases(s)
         phases["backward"] = max(0.0, phases["backward"] - grad_ms)
         phases["forward"] = max(0.0, phases["forward"] - buf_ms)
@@ -95,8 +87,8 @@ def info_from_run(ev: m.Evidence, rank: int, path: str = "") -> tuple[RankInfo, 
                               grad_syncs=synced, disturbed=s.index in disturbed))
         syncs[s.index] = points
     info = RankInfo(rank=rank, source="run", path=path, hostname=ev.environment.hostname,
-                    local_rank=(ev.extra.get(RANK_KEY) or {}).get("local_rank"),
-                    backend=(ev.extra.get(DIST_KEY) or {}).get("backend"), status=ev.ending.status,
+                    local_rank=ev.rank.local_rank if ev.rank is not None else None,
+                    backend=ev.distributed.backend if ev.distributed is not None else None, status=ev.ending.status,
                     ending_step=ev.ending.step, message=ev.ending.message, steps=steps,
                     sites=[SiteStat(op=a["op"], where=frame_of(a["where"]), calls=a["calls"], steps=a["steps"],
                                     ms=round(a["ms"], 4), bytes=a["bytes"], async_calls=a["async_calls"])

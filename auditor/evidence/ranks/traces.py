@@ -18,7 +18,7 @@ import msgspec
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks.combine import combine, rank_ranges
-from auditor.evidence.ranks.model import RANKS_KEY, RankInfo, RankSet, RankStep, SyncMap
+from auditor.evidence.ranks.model import RankInfo, RankSet, RankStep, SyncMap
 from auditor.evidence.ranks.phases import COMM, RANK_PHASES
 from auditor.evidence.trace.model import Trace
 
@@ -151,7 +151,7 @@ def merge_traces(traces: Iterable[Trace]) -> tuple[m.Evidence | None, list[Trace
                                 + f"); trace rules read rank {primary.rank}'s traces, the distributed rules all ranks.")
     for note in dropped:
         m.add_load_note(ev, note)
-    ev.extra[RANKS_KEY] = msgspec.to_builtins(rs)
+    ev.ranks = rs
     ev.__dict__["trace_data"] = held
     ev.__dict__["snapshot_data"] = []
     return ev, held

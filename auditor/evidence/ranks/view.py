@@ -2,22 +2,19 @@
 one rank a run holds, or the ranks its parsed traces name."""
 from __future__ import annotations
 
-import msgspec
-
 from auditor.evidence import model as m
 from auditor.evidence.ranks.combine import combine
-from auditor.evidence.ranks.model import RANKS_KEY, RankSet
-from auditor.evidence.ranks.runs import DIST_KEY, info_from_run, rank_of, world_size_of
+from auditor.evidence.ranks.model import RankSet
+from auditor.evidence.ranks.runs import info_from_run, rank_of, world_size_of
 from auditor.evidence.ranks.traces import ranks_from_traces
 
 
 def rank_set(ev: m.Evidence) -> RankSet | None:
     """The ranks behind an Evidence: the merged view when present, else the one rank a run holds
     (when it saw anything distributed), else the ranks its traces name. None: nothing distributed."""
-    stored = ev.extra.get(RANKS_KEY)
-    if stored:
-        return msgspec.convert(stored, RankSet)
-    if ev.source == "run" and ev.extra.get(DIST_KEY) is not None:
+    if ev.ranks is not None:
+        return ev.ranks
+    if ev.source == "run" and ev.distributed is not None:
         rank = rank_of(ev)
         return combine([info_from_run(ev, rank if rank is not None else 0)], world_size_of(ev), "run")
     if ev.trace_data:
