@@ -25,7 +25,10 @@ from conftest import EXAMPLES, FIXTURES, ROOT, audit, balanced_ddp_run, expected
 
 from auditor.evidence.model import Evidence
 from auditor.reports.rank_plots import rank_figure, rank_rows
-from auditor.evidence.ranks import RankInfo, RankStep, combine, merge_inputs, rank_set
+from auditor.evidence.load import merge_inputs
+from auditor.evidence.ranks.combine import combine
+from auditor.evidence.ranks.model import RankInfo, RankStep
+from auditor.evidence.ranks.view import rank_set
 from auditor.evidence.store import load_run_dir, save
 from auditor.rules.base import Rule
 from auditor.findings import Finding
@@ -102,7 +105,7 @@ def metric(tmp_path_factory) -> tuple[Path, str]:
 # rank-straggler and the merged per-rank view.
 
 def _grad_sync_ms(step: dict) -> float:
-    return sum(b["sync_ms"] for b in step["extra"]["distributed"]["backward_syncs"] if b["synced"])
+    return sum(b["sync_ms"] for b in step["distributed"]["backward_syncs"] if b["synced"])
 
 
 def _data_ms(step: dict) -> float:
@@ -111,8 +114,8 @@ def _data_ms(step: dict) -> float:
 
 def test_slow_rank_is_named_with_its_phase_and_the_wait(straggler):
     merged = json.loads((straggler / "evidence.json").read_text())
-    assert [r["rank"] for r in merged["extra"]["ranks"]["ranks"]] == [0, 1]
-    assert all(len(r["steps"]) == 12 for r in merged["extra"]["ranks"]["ranks"])
+    assert [r["rank"] for r in merged["ranks"]["ranks"]] == [0, 1]
+    assert all(len(r["steps"]) == 12 for r in merged["ranks"]["ranks"])
     assert (straggler / "report.html").is_file() and (straggler / "findings.json").is_file()
 
     [f] = findings(straggler, RankStraggler)
@@ -177,7 +180,7 @@ def test_straggler_found_from_the_per_rank_traces_alone(straggler, tmp_path):
     assert len(traces) == 2  # one real trace per rank of the run above
     for t in traces:
         shutil.copy(t, tmp_path / t.name)
-    ev = merge_inputs([tmp_path])
+    ev, _ = merge_inputs([tmp_path])
     assert ev is not None and ev.source == "trace"
     rs = rank_set(ev)
     assert [r.rank for r in rs.ranks] == [0, 1] and rs.world_size == 2
@@ -206,7 +209,7 @@ def test_metric_all_reduce_is_flagged_at_its_line(metric):
     f = sites[0]
     assert locations(f) == marked("ddp_metric_allreduce", "collective-wait")
     assert f.evidence["calls"] == 8 and f.evidence["steps"] == 8 and f.evidence["bytes_per_call"] == 4
-    raw = [c for s in raw_rank(out, 0)["steps"] for c in s["extra"]["distributed"]["collectives"]]
+    raw = [c for s in raw_rank(out, 0)["steps"] for c in s["distributed"]["collectives"]]
     assert f.evidence["ms_per_step"] == pytest.approx(sum(c["total_ms"] for c in raw) / 8, rel=1e-3)
     assert len(f.evidence["wait_ms_total"]) == 2  # compared on both ranks
 
@@ -215,14 +218,14 @@ def test_rank_directories_merge_later_with_analyze(metric, tmp_path):
     out, _ = metric
     for r in (0, 1):  # as if each node kept its own directory
         shutil.copytree(out / f"rank-{r}", tmp_path / f"node{r}" / f"rank-{r}")
-    ev = merge_inputs([tmp_path / "node0" / "rank-0", tmp_path / "node1" / "rank-1"])
+    ev, _ = merge_inputs([tmp_path / "node0" / "rank-0", tmp_path / "node1" / "rank-1"])
     assert ev is not None
     rs = rank_set(ev)
     assert [r.rank for r in rs.ranks] == [0, 1] and rs.world_size == 2
     shutil.copytree(tmp_path / "node1" / "rank-1", tmp_path / "node0" / "rank-1")
-    ev = merge_inputs([tmp_path / "node0"])
+    ev, _ = merge_inputs([tmp_path / "node0"])
     assert [r.rank for r in rank_set(ev).ranks] == [0, 1]
-    assert merge_inputs([out / "rank-0"]) is None  # one plain run directory: the ordinary path
+    assert merge_inputs([out / "rank-0"])[0] is None  # one plain run directory: the ordinary path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,9 +240,9 @@ def test_find_unused_parameters_with_every_parameter_used(tmp_path):
     assert f.evidence["check"] == "find_unused_parameters"
     assert locations(f) == marked("ddp_find_unused", "ddp-config")
     raw = json.loads((tmp_path / "evidence.json").read_text())
-    params = raw["extra"]["distributed"]["ddp"][0]["params"]
+    params = raw["distributed"]["ddp"][0]["params"]
     assert params == 6 and f.evidence["steps_all_used"] == 6
-    assert all(s["extra"]["distributed"]["params_with_grad"]["0"] == params for s in raw["steps"])
+    assert all(s["distributed"]["params_with_grad"]["0"] == params for s in raw["steps"])
     assert f.fix.config == {"DistributedDataParallel.find_unused_parameters": False}
     [edit] = f.fix.edits
     assert "find_unused_parameters" not in edit.lines[0] and "DDP(mlp())" in edit.lines[0]
@@ -254,7 +257,7 @@ def test_accumulation_without_no_sync_and_unchanged_buffers(tmp_path):
     for f in by_check.values():
         assert marked("ddp_accumulate", "ddp-config") <= locations(f)
     raw = json.loads((tmp_path / "evidence.json").read_text())
-    syncs = [[b["sync_ms"] for b in s["extra"]["distributed"]["backward_syncs"]] for s in raw["steps"]]
+    syncs = [[b["sync_ms"] for b in s["distributed"]["backward_syncs"]] for s in raw["steps"]]
     assert all(len(s) == 2 for s in syncs)  # ACCUM = 2 synced backward passes per optimizer step
     nosync = by_check["no_sync"]
     assert nosync.evidence["extra_sync_ms"] == pytest.approx(median(s[0] for s in syncs), abs=1e-3)
@@ -279,10 +282,10 @@ def test_changing_buffers_and_accumulation_inside_no_sync_are_not_flagged(tmp_pa
               env=ONE_THREAD)
     assert a.returncode == 0, a.stderr
     raw = json.loads((tmp_path / "out" / "evidence.json").read_text())
-    assert raw["extra"]["distributed"]["ddp"][0]["buffers"] == 3  # running mean, var, num_batches_tracked
-    assert all(s["extra"]["distributed"]["buffers_changed"]["0"] for s in raw["steps"])
-    assert all([b["synced"] for b in s["extra"]["distributed"]["backward_syncs"]] == [False, True]
-               and s["extra"]["distributed"]["no_sync_entries"] == 1 for s in raw["steps"])
+    assert raw["distributed"]["ddp"][0]["buffers"] == 3  # running mean, var, num_batches_tracked
+    assert all(s["distributed"]["buffers_changed"]["0"] for s in raw["steps"])
+    assert all([b["synced"] for b in s["distributed"]["backward_syncs"]] == [False, True]
+               and s["distributed"]["no_sync_entries"] == 1 for s in raw["steps"])
     assert findings(tmp_path / "out", DdpConfig) == []
 
 
@@ -386,7 +389,7 @@ def test_recorded_gpu_traces_merge_by_rank(tmp_path):
     doc["distributedInfo"]["rank"] = 1
     with gzip.open(tmp_path / "rank1-relabelled.pt.trace.json.gz", "wt") as fh:
         json.dump(doc, fh)
-    ev = merge_inputs([tmp_path])
+    ev, _ = merge_inputs([tmp_path])
     rs = rank_set(ev)
     assert [r.rank for r in rs.ranks] == [0, 1] and rs.world_size == 2 and rs.source == "trace"
     assert len(ev.trace_data) == 1 and ev.traces == [str(tmp_path / "rank0.pt.trace.json.gz")]
@@ -406,7 +409,7 @@ def test_one_rank_trace_alone_is_one_rank_of_two(tmp_path):
     rs = rank_set(ev)
     assert [r.rank for r in rs.ranks] == [0] and rs.world_size == 2 and rs.missing == [1]
     assert RankStraggler().skip_reason(ev) is not None
-    assert merge_inputs([DDP_TRACE]) is None  # nothing to merge: load_paths' ordinary path
+    assert merge_inputs([DDP_TRACE])[0] is None  # nothing to merge: load_paths' ordinary path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,7 +465,7 @@ def test_analyze_merges_rank_directories_and_traces(metric, tmp_path):
     a = audit("analyze", str(tmp_path / "ranks" / "rank-0"), str(tmp_path / "ranks" / "rank-1"), "--quiet",
               out=tmp_path / "again")
     assert a.returncode == 0, a.stderr
-    assert [r["rank"] for r in a.evidence["extra"]["ranks"]["ranks"]] == [0, 1]
+    assert [r["rank"] for r in a.evidence["ranks"]["ranks"]] == [0, 1]
     shutil.copy(DDP_TRACE, tmp_path / "t0.pt.trace.json.gz")
     with gzip.open(DDP_TRACE, "rt") as fh:
         doc = json.load(fh)
@@ -472,7 +475,7 @@ def test_analyze_merges_rank_directories_and_traces(metric, tmp_path):
     a = audit("analyze", str(tmp_path / "t0.pt.trace.json.gz"), str(tmp_path / "t1.pt.trace.json.gz"), "--quiet",
               out=tmp_path / "traces")
     assert a.returncode == 0, a.stderr
-    assert [r["rank"] for r in a.evidence["extra"]["ranks"]["ranks"]] == [0, 1]
+    assert [r["rank"] for r in a.evidence["ranks"]["ranks"]] == [0, 1]
 
 
 
@@ -481,6 +484,9 @@ def test_analyze_merges_rank_directories_and_traces(metric, tmp_path):
 # model big enough for them): what DDP reported about its buckets, and the timed gradient syncs.
 
 def _bucket_evidence(grad_mb: float, cap_mb: float, buckets: list[float], sync_ms: float) -> Evidence:
+    import msgspec
+
+    from auditor.evidence.distributed import DistInfo, DistStep
     from auditor.evidence.model import StepRecord
 
     mb = 2**20
@@ -488,10 +494,10 @@ def _bucket_evidence(grad_mb: float, cap_mb: float, buckets: list[float], sync_m
            "broadcast_buffers": True, "buffers": 0, "buffer_bytes": 0, "params": 10, "grad_bytes": int(grad_mb * mb),
            "largest_grad_bytes": int(grad_mb * mb / 10), "bucket_cap_bytes": int(cap_mb * mb),
            "bucket_sizes": [int(b * mb) for b in buckets]}
-    steps = [StepRecord(index=i, start_s=i * 0.1, ms=100.0, extra={"distributed": {
+    steps = [StepRecord(index=i, start_s=i * 0.1, ms=100.0, distributed=msgspec.convert({
         "backward_syncs": [{"ddp": 0, "synced": True, "sync_ms": sync_ms}], "ddp_forwards": [],
-        "buffers_changed": {}, "params_with_grad": {"0": 10}}}) for i in range(4)]
-    return Evidence(steps=steps, extra={"distributed": {"ddp": [ddp], "data_parallel": []}})
+        "buffers_changed": {}, "params_with_grad": {"0": 10}}, DistStep)) for i in range(4)]
+    return Evidence(steps=steps, distributed=msgspec.convert({"ddp": [ddp], "data_parallel": []}, DistInfo))
 
 
 @pytest.mark.parametrize("grad_mb,cap_mb,buckets,sync_ms,expected", [

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -31,6 +29,24 @@ def test_single_trace_file() -> None:
     (trace,) = ev.trace_data
     assert len(trace.events) == raw_count(SMALL)
     assert ev.snapshot_data == []
+
+
+def test_two_traces_of_one_process_are_parsed_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`audit analyze a.json b.json` of one process's traces: the rank merge parses them to learn
+    that they name no two ranks, and load_paths analyses those parsed traces, parsing none again."""
+    import auditor.evidence.load as load_module
+
+    parses: list[Path] = []
+    parse = load_module.load_trace
+
+    def counting(path, *args, **kwargs):
+        parses.append(Path(path))
+        return parse(path, *args, **kwargs)
+
+    monkeypatch.setattr(load_module, "load_trace", counting)
+    ev = load_paths([SMALL, BERT])
+    assert sorted(parses) == sorted([SMALL, BERT])
+    assert [t.path for t in ev.trace_data] == [SMALL, BERT]
 
 
 def test_tensorboard_logdir(tmp_path: Path) -> None:
@@ -74,10 +90,10 @@ def test_several_traces_merge_without_duplicates() -> None:
 
 def test_snapshot_dispatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The snapshot parser is another module; here a stand-in records what the loader passes it."""
+    import auditor.evidence.load as load_module
+
     seen: list[Path] = []
-    fake = types.ModuleType("auditor.evidence.snapshot")
-    fake.load_snapshot = lambda p: seen.append(Path(p)) or {"parsed": Path(p).name}  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "auditor.evidence.snapshot", fake)
+    monkeypatch.setattr(load_module, "load_snapshot", lambda p: seen.append(Path(p)) or {"parsed": Path(p).name})
     snap = tmp_path / "mem.pickle"
     snap.write_bytes(b"\x80\x04N.")
     ev = load_paths([snap])

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from auditor.capture.cuda_memory import OOM_RECORD_KIND, oom_record_path
+from auditor.evidence.oom_record import OOM_RECORD_KIND, oom_record_path
 from auditor.evidence.load import load_paths
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import GiB, MiB, Snapshot, _SafeUnpickler, load_snapshot

@@ -116,7 +116,7 @@ def test_a_gan_without_a_dataloader_is_told_by_its_pattern(loops: Path) -> None:
     """No fetches to count: the two Adams run the same operators (same parameter count), but the
     discriminator's step follows a backward pass through D alone and the generator's one through D
     and G: the pattern repeats every 2 optimizer steps."""
-    from auditor.evidence.trace import load_trace
+    from auditor.evidence.trace.load import load_trace
 
     trace = load_trace(loops / "gan.json")
     ends = [e for _, e in raw_ranges(raw(loops / "gan.json"), "Optimizer.step#Adam.step")][1::2]
@@ -150,7 +150,7 @@ def test_gradient_accumulation_keeps_one_step_per_iteration(loops: Path) -> None
 def test_more_work_every_other_iteration_is_not_a_second_optimizer(loops: Path) -> None:
     """The clean case: one optimizer whose iterations alternate in length (a print with two .item()
     every other one): each optimizer step still ends a step, nothing is merged."""
-    from auditor.evidence.trace import load_trace
+    from auditor.evidence.trace.load import load_trace
 
     trace = load_trace(loops / "logs.json")
     ends = [e for _, e in raw_ranges(raw(loops / "logs.json"), "Optimizer.step#SGD.step")]

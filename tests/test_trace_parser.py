@@ -17,7 +17,8 @@ import pytest
 
 from auditor.evidence.trace import parallel as trace_parallel
 from auditor.evidence.errors import InputError
-from auditor.evidence.trace import CAT, CATEGORIES, load_trace
+from auditor.evidence.trace.decode import CAT, CATEGORIES
+from auditor.evidence.trace.load import load_trace
 
 TRACES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces"
 ALL = sorted(p.name for p in TRACES.glob("*.pt.trace.json.gz"))

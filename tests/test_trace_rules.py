@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from auditor.evidence.model import Evidence
-from auditor.evidence.trace import load_trace
+from auditor.evidence.trace.load import load_trace
 from auditor.rules.amp_opportunity import AmpOpportunity
 from auditor.rules.base import Rule
 from auditor.findings import Finding

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from auditor.evidence.oom_record import MAX_OOM_FRAMES, OOM_RECORD_KIND, oom_record_path
+
 
 def _cuda() -> Any | None:
     """torch, when a CUDA device is usable; None otherwise (no torch, CPU build, no device)."""
@@ -75,18 +77,6 @@ def _write(torch: Any, path: Path) -> None:
     """The snapshot, streamed to the file (a history can be large: no second copy in memory)."""
     snapshot = torch.cuda.memory._snapshot()
     _atomic(path, lambda f: pickle.dump(snapshot, f, protocol=4))
-
-
-OOM_RECORD_KIND = "auditor-cuda-oom-observer"  # marks the JSON as ours: a stray foo.json is ignored
-
-
-def oom_record_path(snapshot_path: str | os.PathLike[str]) -> Path:
-    """Where the OOM observer's record of a snapshot is: the same name with `.json`."""
-    return Path(snapshot_path).with_suffix(".json")
-
-
-# How many Python frames of the failing allocation the OOM record keeps (innermost first).
-MAX_OOM_FRAMES = 64
 
 
 def _caller_stack() -> list[dict[str, Any]]:

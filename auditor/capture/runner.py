@@ -23,6 +23,7 @@ import msgspec
 from auditor.capture.stream import read_chunks, read_records, split_lines, widen_pipe
 from auditor.capture.target import Target, TargetError
 from auditor.evidence import model as m
+from auditor.evidence.distributed import DistInfo, DistStep
 
 STDERR_TAIL_LINES = 40
 STDERR_TAIL_LINE_BYTES = 4000  # the end of each (see pump_stderr)
@@ -88,6 +89,8 @@ class EvidenceBuilder:
                 rss_bytes=r.get("rss_bytes"), device_allocated=r.get("device_allocated"),
                 device_reserved=r.get("device_reserved"), anomaly_enabled=r.get("anomaly_enabled", False),
                 tallies=[_tally(t) for t in r["tallies"]], extra=r.get("extra") or {}))
+            if "distributed" in ev.steps[-1].extra:  # (the collector's field, typed)
+                ev.steps[-1].distributed = msgspec.convert(ev.steps[-1].extra.pop("distributed"), DistStep)
             self._loaders(r)
         elif kind == "graph-scan":
             ev.graph_scans.append(m.GraphScan(
@@ -100,6 +103,8 @@ class EvidenceBuilder:
             ev.snapshots.extend(r.get("snapshots", []))
         elif kind == "snapshot":  # the OOM observer's snapshot: listed only once it exists on disk
             self.pending_snapshots.append(r["path"])
+        elif kind == "extra" and r["name"] == "distributed":  # (the collector's field, typed)
+            ev.distributed = msgspec.convert(r["data"], DistInfo)
         elif kind == "extra":
             ev.extra[r["name"]] = r["data"]
         elif kind == "ended":

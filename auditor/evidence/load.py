@@ -8,13 +8,18 @@ pickle. Several paths merge into one Evidence, so a run and an extra trace are a
 from __future__ import annotations
 
 import os
-
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from auditor.evidence import store
 from auditor.evidence.errors import InputError
 from auditor.evidence.model import Evidence, add_load_note
+from auditor.evidence.ranks.merge import find_rank_dirs, load_rank_dirs
+from auditor.evidence.ranks.traces import merge_traces
+from auditor.evidence.snapshot import load_snapshot
+from auditor.evidence.trace.load import load_trace
+from auditor.evidence.trace.model import Trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl")
@@ -56,14 +61,6 @@ def _logdirs(paths: list[Path]) -> list[Path]:
     return [p for p in paths if p.is_dir() and not store.is_run_dir(p)]
 
 
-def _load_snapshot(path: Path) -> Any:
-    from auditor.evidence.snapshot import (
-        load_snapshot,  # written alongside; imported only when needed
-    )
-
-    return load_snapshot(path)
-
-
 def load_paths(paths: list[Path]) -> Evidence:
     """One Evidence from every input path, with parsed traces and snapshots attached.
 
@@ -71,13 +68,9 @@ def load_paths(paths: list[Path]) -> Evidence:
     (runtime attributes; `traces` / `snapshots` keep the paths). Raises InputError for a path that
     does not exist or that is none of the accepted kinds.
     """
-    from auditor.evidence.trace import load_trace
-
     if not paths:
         raise InputError("nothing to analyze: give a run directory, a trace or a snapshot")
-    from auditor.evidence.ranks import merge_inputs
-
-    merged = merge_inputs([Path(p) for p in paths])  # several ranks of one distributed run
+    merged, read = merge_inputs([Path(p) for p in paths])  # several ranks of one distributed run
     if merged is not None:  # (trace_data / snapshot_data already attached)
         merged.target = merged.target or " ".join(str(p) for p in paths)
         merged.traces, merged.snapshots = _absolute(merged.traces), _absolute(merged.snapshots)
@@ -137,7 +130,7 @@ def load_paths(paths: list[Path]) -> Evidence:
             add_load_note(evidence, f"profiler trace {p} listed by the run is missing")
             continue
         try:
-            parsed.append(load_trace(p))
+            parsed.append(read.pop(key, None) or load_trace(p))
         except InputError as e:
             if p not in listed:  # a trace given to analyze: that input is unusable
                 raise
@@ -146,12 +139,69 @@ def load_paths(paths: list[Path]) -> Evidence:
             add_load_note(evidence, f"profiler trace not analysed: {e}")
     name_by_logdir(parsed, _logdirs([Path(p) for p in paths]))
     note_traces(evidence, parsed)
-    snapshots = [_load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
+    snapshots = [load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
     evidence.__dict__["trace_data"] = parsed
     evidence.__dict__["snapshot_data"] = snapshots
     if evidence.source != "run":
         _environment_from_traces(evidence)
     return evidence
+
+
+def merge_inputs(paths: list[Path]) -> tuple[Evidence | None, dict[Path, Trace]]:
+    """For `load_paths`: the merged Evidence when `paths` are the ranks of one job, else None; and
+    the traces parsed to find out, by resolved path, so that none is parsed twice.
+
+    Recognised: a directory of `rank-K/` run directories (without its own evidence.json), several
+    rank run directories, and profiler traces (files or directories of them) naming at least two
+    different ranks in `distributedInfo`. The Evidence carries parsed traces of the primary rank in
+    `trace_data`, as load_paths would attach them.
+
+    Raises InputError when several run directories are not the ranks of one job (check_one_job).
+    """
+    run_dirs: list[Path] = []
+    parents = others = 0
+    for p in paths:
+        if store.is_run_dir(p):
+            run_dirs.append(p)
+        elif sub := find_rank_dirs(p):
+            run_dirs.extend(sub)
+            parents += 1
+        else:
+            others += 1
+    if run_dirs:
+        if others or (len(run_dirs) == 1 and not parents):
+            return None, {}  # one plain run, or runs mixed with other inputs: the ordinary path
+        merged = load_rank_dirs(run_dirs)
+        return _attach_traces(merged, [Path(t) for t in merged.traces]), {}
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files.extend(find_traces(p))
+        elif _is_trace_file(p):
+            files.append(p)
+        else:
+            return None, {}
+    if len(files) < 2:
+        return None, {}
+    merged, held = merge_traces(_parse_each(files))
+    return merged, ({} if merged is not None else {Path(t.path).resolve(): t for t in held})
+
+
+def _parse_each(files: list[Path]) -> Iterator[Trace]:
+    for f in files:
+        yield load_trace(f)
+
+
+def _attach_traces(ev: Evidence, paths: list[Path]) -> Evidence:
+    parsed = []
+    for p in paths:
+        if p.is_file():
+            parsed.append(load_trace(p))
+        else:
+            add_load_note(ev, f"profiler trace {p} listed by the run is missing")  # (as load_paths says it)
+    ev.__dict__["trace_data"] = parsed
+    ev.__dict__["snapshot_data"] = []
+    return ev
 
 
 def note_traces(evidence: Evidence, traces: list[Any], dropped: bool = True) -> None:

@@ -11,6 +11,10 @@ from typing import Any
 
 import msgspec
 
+from auditor.evidence.distributed import DistInfo, DistStep
+from auditor.evidence.frame import Frame
+from auditor.evidence.ranks.model import RankIdentity, RankSet
+
 EVIDENCE_VERSION = 1
 
 # Kinds of probe tallies recorded while steps run (see auditor.capture.probes).
@@ -54,15 +58,6 @@ DEVICE_BATCH = "device-batch"  # a DataLoader batch that came out already on the
 DATA_DEVICE_OP = "data-device-op"  # a GPU tensor created inside DataLoader iteration (.cuda() in __getitem__ ...)
 
 
-class Frame(msgspec.Struct, frozen=True):
-    """A place in the user's code: the first frame outside torch and the auditor."""
-
-    file: str
-    line: int
-    function: str = ""
-    code: str = ""
-
-
 class Tally(msgspec.Struct):
     """How often one probed thing happened at one place during one step, and the time it took."""
 
@@ -89,6 +84,7 @@ class StepRecord(msgspec.Struct):
     anomaly_enabled: bool = False
     tallies: list[Tally] = []
     extra: dict[str, Any] = {}  # per-step data from collectors (auditor.capture.collectors), by name
+    distributed: DistStep | None = None  # the distributed collector's record of the step (None: nothing distributed)
 
 
 class GraphScan(msgspec.Struct):
@@ -180,10 +176,13 @@ class Evidence(msgspec.Struct, dict=True):
     traces: list[str] = []  # profiler traces (Chrome/Kineto JSON), relative to the run dir or absolute
     snapshots: list[str] = []  # CUDA memory snapshot pickles
     extra: dict[str, Any] = {}  # evidence added by later stages (e.g. numerics)
+    rank: RankIdentity | None = None  # who recorded it, when a rank of a launched job did
+    ranks: RankSet | None = None  # the merged view of all ranks, on the evidence merged from them
+    distributed: DistInfo | None = None  # the distributed setup the run saw (None: nothing distributed)
 
     @property
     def trace_data(self) -> list[Any]:
-        """Parsed traces (auditor.evidence.trace objects), attached by the loader."""
+        """Parsed traces (auditor.evidence.trace.model.Trace), attached by the loader."""
         return self.__dict__.get("trace_data", [])
 
     @property

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import sys
 
-from auditor.evidence.model import Frame
+from auditor.evidence.frame import Frame
 
 _PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
 

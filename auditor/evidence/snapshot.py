@@ -14,7 +14,7 @@ per stream, per device, and the replayed history's start and peak) are computed 
 time, so rules only read and compare. Nothing here imports torch.
 
 An OOM snapshot written by `audit run` has a small JSON record beside it (`oom_snapshot.json` next to
-`oom_snapshot.pickle`, see oom_record_path): what the allocator told the out-of-memory observer.
+`oom_snapshot.pickle`, see auditor.evidence.oom_record): what the allocator told the out-of-memory observer.
 It is loaded as `Snapshot.oom`, because the snapshot's own history holds an "oom" entry only when
 the OOM happened while a history was being recorded.
 """
@@ -30,8 +30,8 @@ from typing import Any, Iterable
 
 import msgspec
 
-from auditor.capture.cuda_memory import OOM_RECORD_KIND, oom_record_path
 from auditor.evidence.errors import InputError
+from auditor.evidence.oom_record import OOM_RECORD_KIND, oom_record_path
 from auditor.evidence.recorded_frames import is_library_file
 
 MiB = 1 << 20
@@ -200,7 +200,7 @@ class Owner(msgspec.Struct, frozen=True):
 
 
 class OomRecord(msgspec.Struct):
-    """What the allocator told the out-of-memory observer (auditor.capture.cuda_memory) when it gave
+    """What the allocator told the out-of-memory observer (auditor.evidence.oom_record) when it gave
     up: the request, the device's total (or per-process limit) and what CUDA still had free, with
     the Python stack of the failing allocation. Read from the JSON record beside an OOM snapshot."""
 

@@ -44,7 +44,7 @@ from auditor.findings import RuleResults
 from auditor.rules.registry import get_rule
 
 if TYPE_CHECKING:  # (the trace parser loads only when a trace is rendered)
-    from auditor.evidence.trace import Trace
+    from auditor.evidence.trace.model import Trace
 
 TEMPLATES = Path(__file__).parent / "templates"
 CONTEXT_LINES = 3  # source lines shown above and below a finding's line

@@ -1,6 +1,6 @@
 """The per-rank view of a distributed run, for reports: a table row per rank and a plotly figure.
 
-Both read `ranks.rank_set(evidence)`, so a merged run, per-rank traces and a single rank render the
+Both read `auditor.evidence.ranks.view.rank_set(evidence)`, so a merged run, per-rank traces and a single rank render the
 same way; the figure is None below two ranks (there is nothing to compare).
 """
 from __future__ import annotations
@@ -10,7 +10,9 @@ from typing import Any
 
 from auditor.evidence import model as m
 from auditor.evidence.phases import PHASES
-from auditor.evidence.ranks import COMM, PHASE_LABELS, RANK_PHASES, compared_steps, rank_set
+from auditor.evidence.ranks.combine import compared_steps
+from auditor.evidence.ranks.phases import COMM, PHASE_LABELS, RANK_PHASES
+from auditor.evidence.ranks.view import rank_set
 
 
 def rank_rows(ev: m.Evidence) -> list[dict[str, Any]]:
@@ -33,13 +35,6 @@ def rank_rows(ev: m.Evidence) -> list[dict[str, Any]]:
                     "phases_ms": {p: round(median(s.phases.get(p, 0.0) for s in steps), 3) for p in RANK_PHASES}})
     return out
 
-
-def rank_phase_table(ev: m.Evidence) -> list[dict[str, Any]]:
-    """phases.phase_table per rank: {"rank", "step", "total", <phase>: ms ..., "comm", "wait"}."""
-    rs = rank_set(ev)
-    return [] if rs is None else [
-        {"rank": info.rank, "step": s.index, "total": s.ms, **s.phases, "wait": s.wait_ms}
-        for info in rs.ranks for s in info.steps]
 
 _BAR_LABELS = {**PHASE_LABELS, "transfer": "transfer (in collectives)", "waiting": "waiting for other ranks"}
 _PHASE_COLORS = {"data": "#4c78a8", "forward": "#72b7b2", "backward": "#54a24b", "optimizer": "#eeca3b",

@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from auditor.evidence.trace import CAT, Trace, frame_location_parts, issuing_op, sites
+from auditor.evidence.trace.decode import CAT
+from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.rules.base import Option, TraceRule
 from auditor.findings import Cost, Finding, Fix, Location
 

@@ -6,7 +6,9 @@ from statistics import median
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import RankSet, SiteStat, compared_steps, rank_set
+from auditor.evidence.ranks.combine import compared_steps
+from auditor.evidence.ranks.model import RankSet, SiteStat
+from auditor.evidence.ranks.view import rank_set
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 

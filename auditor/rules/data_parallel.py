@@ -4,11 +4,9 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import frame_of
+from auditor.evidence.distributed import frame_of
 from auditor.rules.base import Rule
 from auditor.findings import Cost, Finding, Fix, Location
-
-DIST_KEY = "distributed"
 
 
 class DataParallel(Rule):
@@ -50,27 +48,27 @@ class DataParallel(Rule):
         return None
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        dps = (ev.extra.get(DIST_KEY) or {}).get("data_parallel") or []
+        dps = ev.distributed.data_parallel if ev.distributed is not None else []
         training = bool(ev.tallies(m.BACKWARD))
         for dp in dps:
-            where = frame_of(dp.get("where"))
-            calls = [f for s in ev.steps for f in (s.extra.get(DIST_KEY) or {}).get("dp_forwards", [])
-                     if f.get("dp") == dp["index"]]
-            n_calls = sum(f["calls"] for f in calls)
+            where = frame_of(dp.where)
+            calls = [f for s in ev.steps if s.distributed is not None for f in s.distributed.dp_forwards
+                     if f.dp == dp.index]
+            n_calls = sum(f.calls for f in calls)
             if not n_calls:
                 continue  # wrapped but never called in the step
-            ms = sum(f["ms"] for f in calls) / max(1, len(ev.steps))
-            devices = len(dp.get("device_ids") or [])
+            ms = sum(f.ms for f in calls) / max(1, len(ev.steps))
+            devices = len(dp.device_ids)
             here = (f"over {devices} GPUs" if devices > 1 else
                     "on one device here (on a multi-GPU machine it replicates the model every forward)")
             yield self.finding(
-                f"nn.DataParallel wraps the {dp.get('module') or 'model'} {here}, called {n_calls} times in "
+                f"nn.DataParallel wraps the {dp.module or 'model'} {here}, called {n_calls} times in "
                 f"{len(ev.steps)} steps{' of training' if training else ''}: a single process driving the GPUs from "
                 f"threads. DistributedDataParallel (one process per GPU) is faster"
                 + (", and the step trains, so it applies." if training else "."),
                 severity=None if training else "info",
                 locations=[Location.of(where)] if where else [],
-                evidence={"device_ids": dp.get("device_ids") or [], "cuda_devices": dp.get("cuda_devices", 0),
+                evidence={"device_ids": dp.device_ids, "cuda_devices": dp.cuda_devices,
                           "forward_calls": n_calls, "training": training, "forward_ms_per_step": round(ms, 3)},
                 cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
                           note="not measurable on this machine: depends on the number of GPUs"

@@ -8,17 +8,10 @@ from typing import Any
 import numpy as np
 
 from auditor.evidence.model import Evidence
-from auditor.evidence.trace import (
-    CAT,
-    DATALOADER_NEXT,
-    GPU_WORK,
-    LAUNCH_SIDE,
-    Trace,
-    frame_location_parts,
-    issuing_op,
-    merge_intervals,
-    sites,
-)
+from auditor.evidence.trace.decode import CAT, GPU_WORK, LAUNCH_SIDE
+from auditor.evidence.trace.intervals import merge_intervals
+from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.queries import DATALOADER_NEXT, frame_location_parts, issuing_op, sites
 from auditor.rules.base import Option, TraceRule
 from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules.probe_dataloader_on_device import PROBE_OPTIONS, probe_dataloader_on_device_findings

@@ -6,15 +6,14 @@ from statistics import median
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import frame_of
+from auditor.evidence.distributed import DdpConfig as DdpSeen, DistStep, frame_of
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import edit_call_kwargs
 
-DIST_KEY = "distributed"
 _CALLEE = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
 MB = 2**20
-Rows = list[tuple[m.StepRecord, dict[str, Any]]]  # each step with its distributed-probe data
+Rows = list[tuple[m.StepRecord, DistStep]]  # each step with its distributed-probe data
 
 
 class DdpConfig(Rule):
@@ -63,47 +62,47 @@ class DdpConfig(Rule):
     )
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
-        dist = ev.extra.get(DIST_KEY) or {}
-        return None if dist.get("ddp") else "needs a run that constructs DistributedDataParallel"
+        return None if ev.distributed is not None and ev.distributed.ddp else \
+            "needs a run that constructs DistributedDataParallel"
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        for ddp in ev.extra[DIST_KEY]["ddp"]:
-            where = frame_of(ddp.get("where"))
-            rows = [(s, s.extra.get(DIST_KEY) or {}) for s in ev.steps if not s.failed]
+        for ddp in ev.distributed.ddp if ev.distributed is not None else []:
+            where = frame_of(ddp.where)
+            rows = [(s, s.distributed or DistStep()) for s in ev.steps if not s.failed]
             for check in (self._find_unused, self._buckets, self._buffers, self._bucket_view, self._no_sync):
                 f = check(ev, ddp, where, rows, options)
                 if f is not None:
                     yield f
 
     # -- individual checks ----------------------------------------------------------------------
-    def _find_unused(self, ev: m.Evidence, ddp: dict[str, Any], where: m.Frame | None, rows: Rows,
+    def _find_unused(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
                  options: dict[str, Any]) -> Finding | None:
-        if not ddp["find_unused_parameters"]:
+        if not ddp.find_unused_parameters:
             return None
-        idx = str(ddp["index"])
-        used = [d.get("params_with_grad", {}).get(idx) for _, d in rows if _synced(d, ddp["index"])]
+        idx = str(ddp.index)
+        used = [d.params_with_grad.get(idx) for _, d in rows if _synced(d, ddp.index)]
         used = [u for u in used if u is not None]
-        if len(used) < options["min-steps"] or any(u < ddp["params"] for u in used) \
-                or (ddp.get("unused_parameter_size") or 0) > 0:
+        if len(used) < options["min-steps"] or any(u < ddp.params for u in used) \
+                or (ddp.unused_parameter_size or 0) > 0:
             return None
-        search = _median_step(rows, ddp["index"], "post_forward_ms")
+        search = _median_step(rows, ddp.index, "post_forward_ms")
         return self._finding(
             ev, where,
-            f"DistributedDataParallel(find_unused_parameters=True) while all {ddp['params']} trainable parameters "
+            f"DistributedDataParallel(find_unused_parameters=True) while all {ddp.params} trainable parameters "
             f"received a gradient in each of the {len(used)} steps: DDP searches the autograd graph for unused "
             f"parameters after every forward ({search:.2f} ms per step here) and cannot overlap as well.",
-            {"check": "find_unused_parameters", "params": ddp["params"], "steps_all_used": len(used),
+            {"check": "find_unused_parameters", "params": ddp.params, "steps_all_used": len(used),
              "post_forward_ms": round(search, 4)},
             search, "Drop find_unused_parameters=True: every parameter is used.",
             {"DistributedDataParallel.find_unused_parameters": False}, drop=("find_unused_parameters",))
 
-    def _buckets(self, ev: m.Evidence, ddp: dict[str, Any], where: m.Frame | None, rows: Rows,
+    def _buckets(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
                  options: dict[str, Any]) -> Finding | None:
-        sizes = ddp.get("bucket_sizes") or []
-        grad, cap = ddp["grad_bytes"], ddp["bucket_cap_bytes"]
+        sizes = ddp.bucket_sizes or []
+        grad, cap = ddp.grad_bytes, ddp.bucket_cap_bytes
         if not sizes or not grad:
             return None
-        sync = _median_sync(rows, ddp["index"])
+        sync = _median_sync(rows, ddp.index)
         step = step_basis_ms(ev) or 0.0
         if len(sizes) == 1 and grad >= options["one-bucket-min-mb"] * MB and step \
                 and sync / step >= options["one-bucket-min-sync-share"]:
@@ -128,32 +127,32 @@ class DdpConfig(Rule):
                 {"DistributedDataParallel.bucket_cap_mb": 25}, set_kwargs={"bucket_cap_mb": "25"})
         return None
 
-    def _buffers(self, ev: m.Evidence, ddp: dict[str, Any], where: m.Frame | None, rows: Rows,
+    def _buffers(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
                  options: dict[str, Any]) -> Finding | None:
-        if not ddp["broadcast_buffers"] or not ddp["buffers"]:
+        if not ddp.broadcast_buffers or not ddp.buffers:
             return None
-        idx = str(ddp["index"])
-        seen = [d["buffers_changed"][idx] for _, d in rows if idx in d.get("buffers_changed", {})]
+        idx = str(ddp.index)
+        seen = [d.buffers_changed[idx] for _, d in rows if idx in d.buffers_changed]
         if len(seen) < options["min-steps"] or any(seen):
             return None
-        cost = _median_step(rows, ddp["index"], "buffer_sync_ms")
-        kw = ddp.get("broadcast_kwarg", "broadcast_buffers")
+        cost = _median_step(rows, ddp.index, "buffer_sync_ms")
+        kw = ddp.broadcast_kwarg
         drop = ("broadcast_buffers",) if kw != "broadcast_buffers" else ()
         return self._finding(
             ev, where,
-            f"DDP broadcasts the module's {ddp['buffers']} buffer(s) ({ddp['buffer_bytes'] / 1024:.1f} KiB) "
+            f"DDP broadcasts the module's {ddp.buffers} buffer(s) ({ddp.buffer_bytes / 1024:.1f} KiB) "
             f"from rank 0 "
             f"before every forward, but no buffer changed in any of the {len(seen)} steps: a collective per forward "
             f"({cost:.2f} ms per step here) that copies nothing new.",
-            {"check": "broadcast_buffers", "buffers": ddp["buffers"], "buffer_bytes": ddp["buffer_bytes"],
+            {"check": "broadcast_buffers", "buffers": ddp.buffers, "buffer_bytes": ddp.buffer_bytes,
              "steps_unchanged": len(seen), "buffer_sync_ms": round(cost, 4)},
             cost, f"Set {kw}=False: the buffers never change, so the copies made at construction stay equal.",
             {f"DistributedDataParallel.{kw}": False}, set_kwargs={kw: "False"}, drop=drop)
 
-    def _bucket_view(self, ev: m.Evidence, ddp: dict[str, Any], where: m.Frame | None, rows: Rows,
+    def _bucket_view(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
                  options: dict[str, Any]) -> Finding | None:
-        grad = ddp["grad_bytes"]
-        if ddp["gradient_as_bucket_view"] or grad < options["bucket-view-min-mb"] * MB:
+        grad = ddp.grad_bytes
+        if ddp.gradient_as_bucket_view or grad < options["bucket-view-min-mb"] * MB:
             return None
         return self._finding(
             ev, where,
@@ -166,24 +165,24 @@ class DdpConfig(Rule):
             set_kwargs={"gradient_as_bucket_view": "True"}, severity="info",
             note=f"memory: {grad / MB:.0f} MiB saved")
 
-    def _no_sync(self, ev: m.Evidence, ddp: dict[str, Any], where: m.Frame | None, rows: Rows,
+    def _no_sync(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
                  options: dict[str, Any]) -> Finding | None:
         opt_steps = {s.index: sum(t.count for t in s.tallies if t.kind == m.OPTIMIZER) for s, _ in rows}
         extra_ms, hits, judged = [], 0, 0
         for s, d in rows:
-            syncs = [b for b in d.get("backward_syncs", []) if b["ddp"] == ddp["index"] and b.get("synced", True)]
+            syncs = [b for b in d.backward_syncs if b.ddp == ddp.index and b.synced]
             n_opt = opt_steps.get(s.index, 0)
             if not n_opt or not syncs:
                 continue
             judged += 1
-            if len(syncs) >= 2 * n_opt and not d.get("no_sync_entries"):
+            if len(syncs) >= 2 * n_opt and not d.no_sync_entries:
                 hits += 1
-                extra_ms.append(sum(b["sync_ms"] for b in syncs[:-n_opt]))
+                extra_ms.append(sum(b.sync_ms for b in syncs[:-n_opt]))
         if judged < options["min-steps"] or hits < 0.6 * judged:
             return None
         cost = median(extra_ms)
-        per = median(len([b for b in d.get("backward_syncs", []) if b["ddp"] == ddp["index"]]) for _, d in rows
-                     if d.get("backward_syncs"))
+        per = median(len([b for b in d.backward_syncs if b.ddp == ddp.index]) for _, d in rows
+                     if d.backward_syncs)
         backward = next((t.where for _, t in ev.tallies(m.BACKWARD) if t.where), None)
         f = self._finding(
             ev, where,
@@ -218,16 +217,16 @@ def _edit(where: m.Frame, set_kwargs: dict[str, str] | None, drop: tuple[str, ..
     return edit_call_kwargs(where.file, where.line, names, set_kwargs=set_kwargs, drop=drop)
 
 
-def _synced(d: dict[str, Any], index: int) -> bool:
-    return any(b["ddp"] == index and b.get("synced", True) for b in d.get("backward_syncs", []))
+def _synced(d: DistStep, index: int) -> bool:
+    return any(b.ddp == index and b.synced for b in d.backward_syncs)
 
 
 def _median_step(rows: Rows, index: int, key: str) -> float:
-    vals = [f.get(key, 0.0) for _, d in rows for f in d.get("ddp_forwards", []) if f["ddp"] == index]
+    vals = [getattr(f, key) for _, d in rows for f in d.ddp_forwards if f.ddp == index]
     return median(vals) if vals else 0.0
 
 
 def _median_sync(rows: Rows, index: int) -> float:
-    vals = [sum(b["sync_ms"] for b in d.get("backward_syncs", []) if b["ddp"] == index and b.get("synced", True))
+    vals = [sum(b.sync_ms for b in d.backward_syncs if b.ddp == index and b.synced)
             for _, d in rows if _synced(d, index)]
     return median(vals) if vals else 0.0

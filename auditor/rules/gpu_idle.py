@@ -5,20 +5,10 @@ from typing import Any
 
 import numpy as np
 
-from auditor.evidence.trace import (
-    CAT,
-    CPU_NESTING,
-    DATALOADER_NEXT,
-    GPU_WORK,
-    Trace,
-    blocking_calls,
-    frame_location_parts,
-    gpu_busy,
-    intersect,
-    merge_intervals,
-    subtract,
-    total_length,
-)
+from auditor.evidence.trace.decode import CAT, CPU_NESTING, GPU_WORK
+from auditor.evidence.trace.intervals import intersect, merge_intervals, subtract, total_length
+from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.queries import DATALOADER_NEXT, blocking_calls, frame_location_parts, gpu_busy
 from auditor.rules.base import Option, TraceRule
 from auditor.findings import Cost, Finding, Fix, Location
 

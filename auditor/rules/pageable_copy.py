@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from auditor.evidence.model import Evidence
-from auditor.evidence.trace import Trace, frame_location_parts, issuing_op, sites
+from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.rules.common import size_text
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms

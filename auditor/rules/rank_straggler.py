@@ -5,7 +5,10 @@ from statistics import median
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import COMM, PHASE_LABELS, RANK_PHASES, RankSet, compared_steps, rank_set
+from auditor.evidence.ranks.combine import compared_steps
+from auditor.evidence.ranks.model import RankSet
+from auditor.evidence.ranks.phases import COMM, PHASE_LABELS, RANK_PHASES
+from auditor.evidence.ranks.view import rank_set
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 

@@ -10,16 +10,10 @@ from typing import Any
 import numpy as np
 
 from auditor.evidence.model import Evidence
-from auditor.evidence.trace import (
-    CAT,
-    DATALOADER_NEXT,
-    Trace,
-    frame_location_parts,
-    intersect,
-    merge_intervals,
-    sites,
-    total_length,
-)
+from auditor.evidence.trace.decode import CAT
+from auditor.evidence.trace.intervals import intersect, merge_intervals, total_length
+from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.queries import DATALOADER_NEXT, frame_location_parts, sites
 from auditor.rules.base import Option
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 

@@ -19,17 +19,10 @@ from typing import Any
 import numpy as np
 
 from auditor.evidence.model import Evidence
-from auditor.evidence.trace import (
-    ASYNC_COPY_CALLS,
-    Trace,
-    blocking_calls,
-    blocking_op_calls,
-    frame_location_parts,
-    gpu_idle_behind,
-    merge_intervals,
-    sites,
-    total_length,
-)
+from auditor.evidence.trace.intervals import merge_intervals, total_length
+from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.queries import (ASYNC_COPY_CALLS, blocking_calls, blocking_op_calls, frame_location_parts,
+                                            gpu_idle_behind, sites)
 from auditor.rules.base import Option
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.rules.common import per_step as rate_text

@@ -1,6 +1,7 @@
 """Probes on data-parallel training: torch.distributed collectives, DistributedDataParallel and
-nn.DataParallel. A Collector (auditor.capture.collectors): per-step data lands in
-`StepRecord.extra["distributed"]`, the configuration seen in `Evidence.extra["distributed"]`.
+nn.DataParallel. A Collector (auditor.capture.collectors): its per-step data becomes
+`StepRecord.distributed` (auditor.evidence.distributed.DistStep), the configuration seen at the end
+`Evidence.distributed` (DistInfo); the dicts it returns have those types' fields.
 
 What it measures, and why this way:
 - Explicit collectives the user calls (`dist.all_reduce(loss)`, `dist.barrier()`): count, payload

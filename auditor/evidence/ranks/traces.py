@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
 
 import msgspec
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import (COMM, RANK_PHASES, RANKS_KEY, RankInfo, RankSet, RankStep, SyncMap, combine,
-                                    rank_ranges)
+from auditor.evidence.ranks.combine import combine, rank_ranges
+from auditor.evidence.ranks.model import RankInfo, RankSet, RankStep, SyncMap
+from auditor.evidence.ranks.phases import COMM, RANK_PHASES
+from auditor.evidence.trace.model import Trace
 
 # Names a trace gives communication: NCCL kernels on the GPU, gloo/nccl record_function ranges on the host.
 _COMM_KERNEL = re.compile(r"nccl|rccl|c10d", re.I)
@@ -45,13 +46,13 @@ def _union_ms(starts: list[float], ends: list[float]) -> float:
     return total / 1e3
 
 
-def trace_rank(trace: Any) -> int | None:
+def trace_rank(trace: Trace) -> int | None:
     """The rank a trace's `distributedInfo` names, or None."""
     rank = trace.distributed_info.get("rank")
     return int(rank) if isinstance(rank, int) or (isinstance(rank, str) and rank.isdigit()) else None
 
 
-def info_from_traces(traces: list[Any], rank: int) -> tuple[RankInfo, SyncMap]:
+def info_from_traces(traces: list[Trace], rank: int) -> tuple[RankInfo, SyncMap]:
     """A rank's ProfilerSteps: wall time, data / forward / optimizer ranges on the host, and the
     communication the trace records (NCCL kernels on the GPU, else gloo/nccl host ranges)."""
     steps: list[RankStep] = []
@@ -90,9 +91,9 @@ def info_from_traces(traces: list[Any], rank: int) -> tuple[RankInfo, SyncMap]:
     return info, syncs
 
 
-def ranks_from_traces(traces: list[Any]) -> RankSet | None:
+def ranks_from_traces(traces: list[Trace]) -> RankSet | None:
     """Group parsed traces by the rank their `distributedInfo` names; None when none names one."""
-    by_rank: dict[int, list[Any]] = defaultdict(list)
+    by_rank: dict[int, list[Trace]] = defaultdict(list)
     world = None
     for t in traces:
         r = trace_rank(t)
@@ -105,27 +106,33 @@ def ranks_from_traces(traces: list[Any]) -> RankSet | None:
                    world if isinstance(world, int) else None, "trace")
 
 
-def merge_trace_files(files: list[Path]) -> m.Evidence | None:
-    """Parse the traces one at a time (they can be large), keeping parsed only the primary rank's."""
-    from auditor.evidence.trace import load_trace
+def merge_traces(traces: Iterable[Trace]) -> tuple[m.Evidence | None, list[Trace]]:
+    """One Evidence from parsed traces of at least two ranks, and the parsed traces it keeps.
 
+    `traces` are consumed one at a time (they can be large, and an iterator may parse each only
+    when it is asked for): while they name one rank, every trace is kept; once a second rank
+    appears, only the primary rank's (the lowest). The Evidence is None when the traces are not
+    per-rank traces of two ranks or more (a trace names no rank, or all name the same one): the
+    list then holds the traces read so far, for the caller to analyse without parsing them again
+    (all of them, unless a trace naming no rank came after traces of two ranks)."""
     parts: dict[int, list[tuple[RankInfo, SyncMap]]] = defaultdict(list)
-    kept: dict[int, list[Any]] = defaultdict(list)
+    held: list[Trace] = []
     world = None
     dropped: list[str] = []
-    for f in files:
-        trace = load_trace(f)
-        if trace.dropped:
-            dropped.append(f"{f.name}: {trace.dropped}")
+    for trace in traces:
         rank = trace_rank(trace)
         if rank is None:
-            return None  # a trace that names no rank: not a set of per-rank traces
+            return None, [*held, trace]  # a trace that names no rank: not a set of per-rank traces
+        if trace.dropped:
+            dropped.append(f"{trace.path.name}: {trace.dropped}")
         world = world or trace.distributed_info.get("world_size")
         parts[rank].append(info_from_traces([trace], rank))
-        if rank == min(parts):
-            kept = defaultdict(list, {rank: [*kept.get(rank, []), trace]})
+        held.append(trace)
+        if len(parts) > 1:
+            primary = min(parts)
+            held = [t for t in held if trace_rank(t) == primary]
     if len(parts) < 2:
-        return None
+        return None, held
     infos = []
     for rank, pieces in sorted(parts.items()):
         info = msgspec.structs.replace(pieces[0][0], steps=sorted((s for i, _ in pieces for s in i.steps),
@@ -144,7 +151,7 @@ def merge_trace_files(files: list[Path]) -> m.Evidence | None:
                                 + f"); trace rules read rank {primary.rank}'s traces, the distributed rules all ranks.")
     for note in dropped:
         m.add_load_note(ev, note)
-    ev.extra[RANKS_KEY] = msgspec.to_builtins(rs)
-    ev.__dict__["trace_data"] = kept[primary.rank]
+    ev.ranks = rs
+    ev.__dict__["trace_data"] = held
     ev.__dict__["snapshot_data"] = []
-    return ev
+    return ev, held

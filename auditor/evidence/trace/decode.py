@@ -1,5 +1,5 @@
 """Stream a PyTorch profiler (Kineto) Chrome trace into numpy columns: the half of the parser that
-needs neither pandas nor the rules, so that worker processes can run it (see trace_parallel).
+needs neither pandas nor the rules, so that worker processes can run it (see auditor.evidence.trace.parallel).
 
 The `traceEvents` array is cut into chunks on top-level object boundaries, each chunk is decoded by
 msgspec into typed Structs naming only the fields the rules read (every other key, and most of
@@ -314,7 +314,7 @@ class _Stream:
     decoded from it: their raw `args` point into it.
 
     Given `data` (a bytearray whose first byte is padding), the stream is that text, already in
-    memory, instead of the file (trace_parallel's workers); it is still decoded chunk by chunk."""
+    memory, instead of the file (the workers of auditor.evidence.trace.parallel); it is still decoded chunk by chunk."""
 
     def __init__(self, path: Path, chunk_bytes: int, data: bytearray | None = None):
         self.path = path

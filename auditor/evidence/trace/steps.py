@@ -1,14 +1,14 @@
 """Steps of a trace recorded without a profiler schedule (`with profile(): ...`), which writes no
 ProfilerStep ranges: one step per iteration of the training loop, as `prof.step()` would mark it.
 
-Why iterations, and how they are found. The whole recording judged as one step read '0 step(s)'
-and 'per step' of a window of many, and its first iteration (the profiler's start, every first
-call: 100 ms beside 5 ms steps) outweighed the rest. torch.optim's range around every optimizer
-step (`Optimizer.step#<class>.step`) is the one mark every training iteration leaves, but not one
-per iteration: a GAN steps two optimizers an iteration (both `Optimizer.step#Adam.step` when both
-are Adams), gradient accumulation one every k iterations. Cut at each optimizer step, a GAN's
-iterations were two steps each (per-step times halved, counts per step too), accumulation's k
-iterations one. So:
+Why iterations, and how they are found. Judged as one step, a recording of many iterations would
+have no per-step numbers, and its first iteration (the profiler's start, every first call: 100 ms
+beside 5 ms steps) would outweigh the rest. torch.optim's range around every optimizer step
+(`Optimizer.step#<class>.step`) is the one mark every training iteration leaves, but not one per
+iteration: a GAN steps two optimizers an iteration (both `Optimizer.step#Adam.step` when both are
+Adams), gradient accumulation one every k iterations. Cut at each optimizer step, a GAN's
+iterations would be two steps each (per-step times and counts halved), accumulation's k iterations
+one. So:
 
 * With the loop's DataLoader fetches on the thread that steps the optimizers (the usual
   `for batch in loader:`), an iteration begins at a fetch: the loop fetches one batch per
@@ -24,27 +24,27 @@ iterations one. So:
   optimizer state), is the number of optimizer steps per iteration. Only the optimizer and the
   backward pass describe a step, not the rest of the loop, so a loop that logs every other
   iteration does not look like two optimizers. Two optimizers that run the same operators after
-  identical backward passes cannot be told apart: each optimizer step is then a step, as before.
+  identical backward passes cannot be told apart: each optimizer step is then a step.
   Without fetches nothing marks an iteration that steps no optimizer, or one of several that step
   the same one: gradient accumulation gives a step per optimizer step (its k batches), and a
   critic stepped 3 times per generator step a step per repetition of that pattern (3 iterations).
 
 What comes before the first iteration's end is left out, as a schedule's warm-up would be. Fewer
-than two steps found: none (the whole recording is judged, as before).
+than two steps found: none (the whole recording is judged as one window).
+
+A trace recorded with a schedule has its steps in its ProfilerStep ranges (find_steps reads those
+first); assign_steps gives every event the number of the step it falls in.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from auditor.evidence.trace.decode import CAT
-
-if TYPE_CHECKING:
-    from auditor.evidence.trace import Trace
+from auditor.evidence.trace.decode import CAT, GPU_SIDE, STEP_NAME
+from auditor.evidence.trace.model import Trace
 
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#.+\.step$")
 LOADER_FETCH = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
@@ -58,6 +58,47 @@ class Split:
 
     steps: pd.DataFrame
     how: str
+
+
+def find_steps(trace: Trace) -> tuple[pd.DataFrame, str | None]:
+    """The trace's steps (Trace.steps' frame) and, when they are not its ProfilerSteps, how they
+    were taken (Trace.steps_from): the CPU-side ProfilerStep ranges in time order, else the
+    iterations split_without_schedule finds, else no steps."""
+    ev = trace.events
+    codes = trace.symbols.matching(STEP_NAME)
+    sel = ev[ev["name"].isin(codes) & ev["cat"].isin((CAT["annotation"], CAT["cpu_op"])) & ~ev["instant"]]
+    numbers = [int(STEP_NAME.match(trace.symbols[int(c)]).group(1)) for c in sel["name"]]  # type: ignore[union-attr]
+    steps = pd.DataFrame({"step": np.asarray(numbers, dtype=np.int64), "row": sel.index.to_numpy(),
+                          "ts": sel["ts"].to_numpy(), "end": sel["end"].to_numpy(),
+                          "dur": sel["dur"].to_numpy()}).sort_values("ts").reset_index(drop=True)
+    if len(steps):
+        return steps, None
+    split = split_without_schedule(trace)
+    if split is None:
+        return steps, None
+    return split.steps, split.how
+
+
+def assign_steps(trace: Trace) -> np.ndarray:
+    """Step number of each row (-1 outside any step): CPU rows by time, GPU rows by the step of
+    their launch."""
+    ev = trace.events
+    out = np.full(len(ev), -1, dtype=np.int64)
+    steps = trace.steps
+    if not len(steps) or not len(ev):
+        return out
+    starts = steps["ts"].to_numpy()
+    ends = steps["end"].to_numpy()
+    nums = steps["step"].to_numpy()
+    ts = ev["ts"].to_numpy()
+    k = np.searchsorted(starts, ts, side="right") - 1
+    ok = (k >= 0) & (ts < ends[np.maximum(k, 0)])
+    out[ok] = nums[k[ok]]
+    cat = ev["cat"].to_numpy()
+    link = ev["link"].to_numpy()
+    gpu = np.isin(cat, GPU_SIDE) & (link >= 0)
+    out[gpu] = out[link[gpu]]
+    return out
 
 
 def split_without_schedule(trace: Trace) -> Split | None:

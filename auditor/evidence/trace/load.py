@@ -1,0 +1,252 @@
+"""Load a PyTorch profiler (Kineto) Chrome trace into a Trace (auditor.evidence.trace.model), the
+columnar evidence the trace rules query (streaming and decoding: auditor.evidence.trace.decode; in
+worker processes: auditor.evidence.trace.parallel; steps: auditor.evidence.trace.steps).
+
+Why this shape: traces run to gigabytes, and loading them as a list of Python dicts is what makes
+other analysers run out of memory. So the file is streamed: the `traceEvents` array is cut into
+chunks on top-level object boundaries, each chunk is decoded by msgspec into typed Structs that
+name only the fields the rules read (every other key, and most of `args`, is skipped in C), and the
+chunk is turned at once into numpy columns. Names are interned as ints in a symbol table, like
+HolisticTraceAnalysis does. Derived columns (end time, one category vocabulary across the old and
+new Kineto schemas, runtime<->GPU correlation links, the enclosing CPU event of every CPU event, the
+ProfilerStep each event falls in) are computed once here, never in rules.
+
+Both schemas are read: the new one (categories `cpu_op`, `cuda_runtime`, `kernel`, `gpu_memcpy`,
+flows `ac2g`, int tids) and the old one (`Operator`, `Runtime`, `Kernel`, `Memcpy`, flows `async`,
+tids like "stream 7", lower-case `external id`, a `Call stack` argument instead of Python events).
+"""
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from auditor.evidence.errors import InputError
+from auditor.evidence.trace import parallel
+from auditor.evidence.trace.decode import (CPU_NESTING, DEFAULT_CHUNK_BYTES, GPU_SIDE, LAUNCH_SIDE, SymbolTable,
+                                           _Columns, _decode_args, _Stream)
+from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.steps import assign_steps, find_steps
+
+
+# ---------------------------------------------------------------------------------------------
+def _frames(cols: _Columns) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The events and flows frames from the accumulated columns (each concatenated once)."""
+    def build(parts: dict[str, list[np.ndarray]]) -> pd.DataFrame:
+        columns = {}
+        for k in list(parts):
+            chunks = parts.pop(k)
+            columns[k] = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+        return pd.DataFrame(columns, copy=False)
+
+    events = build(cols.parts) if cols.parts else _empty_events()
+    flows = build(cols.flow_parts) if cols.flow_parts else pd.DataFrame(
+        {"id": np.empty(0, np.int64), "start": np.empty(0, bool), "pid": np.empty(0, np.int64),
+         "tid": np.empty(0, np.int64), "ts": np.empty(0, np.float64), "cat": np.empty(0, np.int32)})
+    return events, flows
+
+
+_EVENT_DTYPES = {"cat": np.int8, "raw_cat": np.int32, "name": np.int32, "instant": bool, "pid": np.int64,
+                 "tid": np.int64, "ts": np.float64, "dur": np.float64, "external_id": np.int64,
+                 "correlation": np.int64, "bytes": np.int64, "stream": np.int64, "device": np.int64,
+                 "total_allocated": np.int64,
+                 "device_type": np.int64, "stack": np.int32, "sync_kind": np.int32}
+
+
+def _empty_events() -> pd.DataFrame:
+    return pd.DataFrame({k: np.empty(0, dtype=v) for k, v in _EVENT_DTYPES.items()})
+
+
+# ---------------------------------------------------------------------------------------------
+def _thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Indices sorted by (thread, start, longest first), as np.lexsort((-dur, ts, tid, pid)) would
+    group them, but fast on traces already in time order: a stable sort by start (nearly sorted
+    input), a re-sort of equal-start runs only, then a stable sort by a dense thread code."""
+    order = np.argsort(ts, kind="stable")
+    sorted_ts = ts[order]
+    tie = np.flatnonzero(sorted_ts[1:] == sorted_ts[:-1])
+    if len(tie):
+        in_run = np.zeros(len(order), dtype=bool)
+        in_run[tie] = True
+        in_run[tie + 1] = True
+        at = np.flatnonzero(in_run)
+        sub = order[at]
+        order[at] = sub[np.lexsort((-dur[sub], ts[sub]))]
+    pcode, _ = pd.factorize(pid)
+    tcode, tuniq = pd.factorize(tid)
+    thread = pcode.astype(np.int64) * max(len(tuniq), 1) + tcode
+    return order[np.argsort(thread[order], kind="stable")]
+
+
+def _nest(events: pd.DataFrame) -> np.ndarray:
+    """Row of the innermost CPU event enclosing each CPU event on the same thread (-1: none).
+
+    Host events (ops, annotations, Python frames, runtime calls) form a call tree per thread. In
+    (thread, start, longest-first) order, the parent of an event is the nearest earlier event on
+    its thread that is still open when it starts (end > start): exactly the top of the stack a
+    sweep would keep, found here by pointer jumping in numpy (O(n log n), no Python loop). An event
+    that starts exactly when another ends is its sibling, not its child.
+    """
+    parent = np.full(len(events), -1, dtype=np.int64)
+    cpu = np.flatnonzero(np.isin(events["cat"].to_numpy(), CPU_NESTING) & ~events["instant"].to_numpy())
+    if not len(cpu):
+        return parent
+    ts_all, dur_all = events["ts"].to_numpy()[cpu], events["dur"].to_numpy()[cpu]
+    pid, tid = events["pid"].to_numpy()[cpu], events["tid"].to_numpy()[cpu]
+    order = _thread_time_order(pid, tid, ts_all, dur_all)
+    ts, end = ts_all[order], (ts_all + dur_all)[order]
+    thread_start = np.ones(len(order), dtype=bool)
+    thread_start[1:] = (pid[order][1:] != pid[order][:-1]) | (tid[order][1:] != tid[order][:-1])
+    idx = np.arange(len(order))
+    # cur[i]: a candidate such that every event strictly between it and i has ended by ts[i]
+    cur = idx - 1
+    cur[thread_start] = -1
+    active = idx[cur >= 0]
+    while len(active):
+        c = cur[active]
+        active = active[end[c] <= ts[active]]  # candidate already ended: keep jumping
+        # everything the candidate skipped ended by its own start <= ts[i]: jump past it as well
+        cur[active] = cur[cur[active]]
+        active = active[cur[active] >= 0]
+    found = cur >= 0
+    rows = cpu[order]
+    parent[rows[found]] = rows[cur[found]]
+    return parent
+
+
+def _links(events: pd.DataFrame) -> np.ndarray:
+    """Runtime/driver call <-> the GPU work it launched, through the CUPTI correlation id.
+
+    For a GPU-side row: the row of the launching call. For a launching call: its first GPU row.
+    """
+    link = np.full(len(events), -1, dtype=np.int64)
+    cat = events["cat"].to_numpy()
+    corr = events["correlation"].to_numpy()
+    launch = np.flatnonzero(np.isin(cat, LAUNCH_SIDE) & (corr >= 0))
+    gpu = np.flatnonzero(np.isin(cat, GPU_SIDE) & (corr >= 0))
+    if not len(launch) or not len(gpu):
+        return link
+    lorder = launch[np.argsort(corr[launch], kind="stable")]
+    lcorr = corr[lorder]
+    pos = np.searchsorted(lcorr, corr[gpu])
+    pos_c = np.minimum(pos, len(lcorr) - 1)
+    hit = lcorr[pos_c] == corr[gpu]
+    link[gpu[hit]] = lorder[pos_c[hit]]
+    # first GPU row of each launch (earliest start)
+    g = gpu[hit]
+    owner = lorder[pos_c[hit]]
+    if len(g):
+        by_start = np.lexsort((events["ts"].to_numpy()[g], owner))
+        owner_sorted = owner[by_start]
+        first = np.ones(len(owner_sorted), dtype=bool)
+        first[1:] = owner_sorted[1:] != owner_sorted[:-1]
+        link[owner_sorted[first]] = g[by_start][first]
+    return link
+
+
+
+def _release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc only; elsewhere a no-op). The per-chunk column
+    arrays are small enough to live on the malloc heap, which keeps their pages after they are
+    concatenated and freed: on a 5 GB trace that is ~1.7 GB of RSS held through the analysis."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
+
+
+def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -> Trace:
+    events, flows = _frames(cols)
+    if not len(events) and stream.dropped:  # every event was of the wrong shape: nothing to judge
+        raise InputError(f"{path}: not a usable profiler trace: {_dropped_text(stream)}, and no other timed "
+                         f"events are left")
+    if not len(events):  # `[]`, or only metadata: a report of it would read "no findings"
+        raise InputError(f"{path}: not a profiler trace: it holds no timed events")
+    _release_freed_memory()
+    events["end"] = events["ts"] + events["dur"]
+    events["parent"] = _nest(events)
+    events["link"] = _links(events)
+    trace_meta = {**stream.header, **stream.trailer}
+    processes: dict[int, dict[str, Any]] = {}
+    for e, args in zip(cols.meta, _decode_args([e.args for e in cols.meta])):
+        pid = cols._norm_id(e.pid)
+        rec = processes.setdefault(pid, {})
+        if e.name == "process_name":
+            rec["name"] = args.meta_name
+        elif e.name == "process_labels":
+            rec["labels"] = args.labels
+        elif e.name == "thread_name":
+            rec.setdefault("threads", {})[cols._norm_id(e.tid)] = args.meta_name
+    old = bool(len(events)) and any(symbols.id(c) >= 0 for c in ("Operator", "Runtime", "Kernel"))
+    trace = Trace(path=path, metadata=trace_meta, events=events, flows=flows, symbols=symbols,
+                  processes=processes, schema="old" if old else "new")
+    trace.dropped = _dropped_text(stream) if stream.dropped else ""
+    trace.steps, trace.steps_from = find_steps(trace)
+    events["step"] = assign_steps(trace)
+    return trace
+
+
+def _dropped_text(stream: _Stream) -> str:
+    n = stream.dropped
+    return (f"{n:,} event{'s' if n != 1 else ''} with fields of the wrong type "
+            f"{'were' if n != 1 else 'was'} left out (the first: {stream.dropped_why})")
+
+
+def load_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, workers: int | None = None) -> Trace:
+    """Parse a Kineto/Chrome trace (`.json` or `.json.gz`) with bounded memory.
+
+    A large file is decoded by `workers` processes (default: parallel.worker_count, one per
+    core for files of 48 MB and more); 0 or 1 parses in this process. Either way gives the same
+    Trace. Raises InputError, with one line naming the file, for missing, truncated, malformed or
+    non-trace inputs.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such trace file")
+    if workers is None:
+        workers = parallel.worker_count(path)
+    # No cyclic garbage collection while parsing: millions of short-lived lists and arrays would
+    # trigger full collections that walk every object of the process (plotly, pandas...) again and
+    # again, for cycles the parser never makes.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if workers > 1:
+            try:
+                return _parse(path, chunk_bytes, workers)
+            except Exception:  # a worker failed: the one-process parse gives the exact error, or succeeds
+                pass
+        return _parse(path, chunk_bytes, 0)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _parse(path: Path, chunk_bytes: int, workers: int) -> Trace:
+    symbols = SymbolTable()
+    cols = _Columns(symbols)
+    stream = _Stream(path, chunk_bytes)
+    try:
+        stream.start()
+        if workers > 1:
+            parallel.parse(stream, cols, workers)
+        else:
+            for events, has_stacks in stream.chunks():
+                cols.add(events, has_stacks)
+        trace = _finish(path, stream, cols, symbols)
+        trace.workers = workers if workers > 1 else 0
+        return trace
+    finally:
+        stream.reader.close()
