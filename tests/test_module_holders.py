@@ -6,7 +6,6 @@ Parameters are leaves, and no holders, until an in-place update outside `torch.n
 them a history (a hand-written EMA)."""
 from __future__ import annotations
 
-import copy
 import types
 
 import pytest

@@ -125,7 +125,6 @@ def _what_file_is(path: Path) -> tuple[str, str | None] | None:
     """(what the file is, the audit command that reads it, if one does), or None when unknown.
     Read after torch.load failed, so a checkpoint never pays for it. A pickle is looked into with
     the snapshot reader's unpickler, which refuses every global: nothing in it can run."""
-    import gzip
     import zlib
 
     try:
