@@ -6,6 +6,7 @@ path. Nothing here imports torch.
 """
 from __future__ import annotations
 
+import linecache
 import statistics
 from typing import Any
 
@@ -61,6 +62,20 @@ class Frame(msgspec.Struct, frozen=True):
     line: int
     function: str = ""
     code: str = ""
+
+
+def recorded_frame(where: Frame | dict[str, Any] | None) -> Frame | None:
+    """The Frame of a place a recorder named (a dict {"file", "line", "function"}, or a Frame
+    without its code), with its source line read now; None when it names no file."""
+    if isinstance(where, Frame):
+        file, line, function = where.file, where.line, where.function
+    elif where:
+        file, line, function = where.get("file"), where.get("line"), where.get("function")
+    else:
+        return None
+    if not file:
+        return None
+    return Frame(file=file, line=int(line), function=function or "", code=linecache.getline(file, int(line)).strip())
 
 
 class Tally(msgspec.Struct):
