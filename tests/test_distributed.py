@@ -102,7 +102,7 @@ def metric(tmp_path_factory) -> tuple[Path, str]:
 # rank-straggler and the merged per-rank view.
 
 def _grad_sync_ms(step: dict) -> float:
-    return sum(b["sync_ms"] for b in step["extra"]["distributed"]["backward_syncs"] if b["synced"])
+    return sum(b["sync_ms"] for b in step["distributed"]["backward_syncs"] if b["synced"])
 
 
 def _data_ms(step: dict) -> float:
@@ -111,8 +111,8 @@ def _data_ms(step: dict) -> float:
 
 def test_slow_rank_is_named_with_its_phase_and_the_wait(straggler):
     merged = json.loads((straggler / "evidence.json").read_text())
-    assert [r["rank"] for r in merged["extra"]["ranks"]["ranks"]] == [0, 1]
-    assert all(len(r["steps"]) == 12 for r in merged["extra"]["ranks"]["ranks"])
+    assert [r["rank"] for r in merged["ranks"]["ranks"]] == [0, 1]
+    assert all(len(r["steps"]) == 12 for r in merged["ranks"]["ranks"])
     assert (straggler / "report.html").is_file() and (straggler / "findings.json").is_file()
 
     [f] = findings(straggler, RankStraggler)
@@ -206,7 +206,7 @@ def test_metric_all_reduce_is_flagged_at_its_line(metric):
     f = sites[0]
     assert locations(f) == marked("ddp_metric_allreduce", "collective-wait")
     assert f.evidence["calls"] == 8 and f.evidence["steps"] == 8 and f.evidence["bytes_per_call"] == 4
-    raw = [c for s in raw_rank(out, 0)["steps"] for c in s["extra"]["distributed"]["collectives"]]
+    raw = [c for s in raw_rank(out, 0)["steps"] for c in s["distributed"]["collectives"]]
     assert f.evidence["ms_per_step"] == pytest.approx(sum(c["total_ms"] for c in raw) / 8, rel=1e-3)
     assert len(f.evidence["wait_ms_total"]) == 2  # compared on both ranks
 
@@ -237,9 +237,9 @@ def test_find_unused_parameters_with_every_parameter_used(tmp_path):
     assert f.evidence["check"] == "find_unused_parameters"
     assert locations(f) == marked("ddp_find_unused", "ddp-config")
     raw = json.loads((tmp_path / "evidence.json").read_text())
-    params = raw["extra"]["distributed"]["ddp"][0]["params"]
+    params = raw["distributed"]["ddp"][0]["params"]
     assert params == 6 and f.evidence["steps_all_used"] == 6
-    assert all(s["extra"]["distributed"]["params_with_grad"]["0"] == params for s in raw["steps"])
+    assert all(s["distributed"]["params_with_grad"]["0"] == params for s in raw["steps"])
     assert f.fix.config == {"DistributedDataParallel.find_unused_parameters": False}
     [edit] = f.fix.edits
     assert "find_unused_parameters" not in edit.lines[0] and "DDP(mlp())" in edit.lines[0]
@@ -254,7 +254,7 @@ def test_accumulation_without_no_sync_and_unchanged_buffers(tmp_path):
     for f in by_check.values():
         assert marked("ddp_accumulate", "ddp-config") <= locations(f)
     raw = json.loads((tmp_path / "evidence.json").read_text())
-    syncs = [[b["sync_ms"] for b in s["extra"]["distributed"]["backward_syncs"]] for s in raw["steps"]]
+    syncs = [[b["sync_ms"] for b in s["distributed"]["backward_syncs"]] for s in raw["steps"]]
     assert all(len(s) == 2 for s in syncs)  # ACCUM = 2 synced backward passes per optimizer step
     nosync = by_check["no_sync"]
     assert nosync.evidence["extra_sync_ms"] == pytest.approx(median(s[0] for s in syncs), abs=1e-3)
@@ -279,10 +279,10 @@ def test_changing_buffers_and_accumulation_inside_no_sync_are_not_flagged(tmp_pa
               env=ONE_THREAD)
     assert a.returncode == 0, a.stderr
     raw = json.loads((tmp_path / "out" / "evidence.json").read_text())
-    assert raw["extra"]["distributed"]["ddp"][0]["buffers"] == 3  # running mean, var, num_batches_tracked
-    assert all(s["extra"]["distributed"]["buffers_changed"]["0"] for s in raw["steps"])
-    assert all([b["synced"] for b in s["extra"]["distributed"]["backward_syncs"]] == [False, True]
-               and s["extra"]["distributed"]["no_sync_entries"] == 1 for s in raw["steps"])
+    assert raw["distributed"]["ddp"][0]["buffers"] == 3  # running mean, var, num_batches_tracked
+    assert all(s["distributed"]["buffers_changed"]["0"] for s in raw["steps"])
+    assert all([b["synced"] for b in s["distributed"]["backward_syncs"]] == [False, True]
+               and s["distributed"]["no_sync_entries"] == 1 for s in raw["steps"])
     assert findings(tmp_path / "out", DdpConfig) == []
 
 
@@ -462,7 +462,7 @@ def test_analyze_merges_rank_directories_and_traces(metric, tmp_path):
     a = audit("analyze", str(tmp_path / "ranks" / "rank-0"), str(tmp_path / "ranks" / "rank-1"), "--quiet",
               out=tmp_path / "again")
     assert a.returncode == 0, a.stderr
-    assert [r["rank"] for r in a.evidence["extra"]["ranks"]["ranks"]] == [0, 1]
+    assert [r["rank"] for r in a.evidence["ranks"]["ranks"]] == [0, 1]
     shutil.copy(DDP_TRACE, tmp_path / "t0.pt.trace.json.gz")
     with gzip.open(DDP_TRACE, "rt") as fh:
         doc = json.load(fh)
@@ -472,7 +472,7 @@ def test_analyze_merges_rank_directories_and_traces(metric, tmp_path):
     a = audit("analyze", str(tmp_path / "t0.pt.trace.json.gz"), str(tmp_path / "t1.pt.trace.json.gz"), "--quiet",
               out=tmp_path / "traces")
     assert a.returncode == 0, a.stderr
-    assert [r["rank"] for r in a.evidence["extra"]["ranks"]["ranks"]] == [0, 1]
+    assert [r["rank"] for r in a.evidence["ranks"]["ranks"]] == [0, 1]
 
 
 

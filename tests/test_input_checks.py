@@ -72,7 +72,7 @@ def test_ranks_of_one_job_still_merge(ddp_run, tmp_path):
     a = audit("analyze", str(tmp_path / "node0" / "rank-0"), str(tmp_path / "node1" / "rank-1"), "--quiet",
               out=tmp_path / "o")
     assert a.returncode == 0, a.stderr
-    assert [r["rank"] for r in a.evidence["extra"]["ranks"]["ranks"]] == [0, 1]
+    assert [r["rank"] for r in a.evidence["ranks"]["ranks"]] == [0, 1]
     assert any("Merged from 2 rank(s) (0-1 of 2)" in n for n in a.evidence["environment"]["notes"])
 
 
@@ -80,7 +80,7 @@ def test_ranks_of_two_different_jobs_do_not_merge(ddp_run, tmp_path):
     other = tmp_path / "other" / "rank-1"  # rank 1 of another launch of the same script
     shutil.copytree(ddp_run / "rank-1", other)
     doc = json.loads((other / "evidence.json").read_text())
-    doc["extra"]["rank"]["run_id"] = "another-launch"
+    doc["rank"]["run_id"] = "another-launch"
     (other / "evidence.json").write_text(json.dumps(doc))
     a = audit("analyze", str(ddp_run / "rank-0"), str(other), "--quiet", out=tmp_path / "o")
     assert "another run" in one_line_error(a, ONE_LINE)

@@ -79,7 +79,7 @@ def places(finding: dict) -> set[tuple[str, int]]:
 
 
 def numerics(a) -> list[dict]:
-    return [s["extra"]["numerics"] for s in a.evidence["steps"]]
+    return [s["numerics"] for s in a.evidence["steps"]]
 
 
 def first_bad_loss_step(a) -> int:
@@ -701,7 +701,7 @@ def test_no_numerics_turns_the_checks_off(tmp_path):
               "--no-profile", "--no-numerics", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
     assert a.returncode == 0, a.stderr
     assert a.rule("nonfinite") == []
-    assert all("numerics" not in s["extra"] for s in a.evidence["steps"])
+    assert all(s["numerics"] is None for s in a.evidence["steps"])
     assert a.findings_doc["steps"]["numerics_check_median_ms"] is None
     skipped = {s["rule"]: s["reason"] for s in a.findings_doc["skipped_rules"]}
     assert "--no-numerics" in skipped["nonfinite"] and "--no-numerics" in skipped["grad-explosion"]

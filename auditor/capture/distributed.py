@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 import click
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import RANK_KEY, find_rank_dirs, merge_runs
+from auditor.evidence.ranks import find_rank_dirs, merge_runs
 from auditor.evidence.store import EVIDENCE_FILE, is_run_dir
 
 ENV_MERGE = "AUDIT_RANK_MERGE"  # "launcher": the launching process merges, ranks only write
@@ -178,7 +178,7 @@ class RankSession:
         """Save this rank's evidence; on the merging rank, wait (bounded) for the others, merge, report."""
         env = self.env
         with self.stoppable():  # a SIGTERM now only shortens the wait for the other ranks
-            evidence.extra[RANK_KEY] = {**env.identity(), "ended_at": time.time()}
+            evidence.rank = {**env.identity(), "ended_at": time.time()}
             save_atomic(evidence, self.run_dir)
             (self.run_dir / MARKER).write_text(env.run_id or "")
             status = evidence.ending.status

@@ -54,14 +54,13 @@ _FIELD_TYPES: dict[tuple[type, str], Any] = {}
 
 def _collector_field(record: m.StepRecord | m.Evidence, name: str, data: Any) -> None:
     """Put a collector's data into the field of `record` named after the collector, converted to
-    that field's type. Data of a collector the evidence has no field for stays in `extra`."""
+    that field's type. Data of a collector the evidence has no field for is not kept (it is in
+    records.jsonl): a collector's data is evidence once the model has a field for it."""
     key = (type(record), name)
     if key not in _FIELD_TYPES:
         _FIELD_TYPES[key] = next((f.type for f in msgspec.structs.fields(type(record)) if f.name == name), None)
     field_type = _FIELD_TYPES[key]
-    if field_type is None:
-        record.extra[name] = data
-    else:
+    if field_type is not None:
         setattr(record, name, msgspec.convert(data, type=field_type))
 
 

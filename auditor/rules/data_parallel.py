@@ -50,11 +50,11 @@ class DataParallel(Rule):
         return None
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        dps = (ev.extra.get(DIST_KEY) or {}).get("data_parallel") or []
+        dps = (ev.distributed or {}).get("data_parallel") or []
         training = bool(ev.tallies(m.BACKWARD))
         for dp in dps:
             where = frame_of(dp.get("where"))
-            calls = [f for s in ev.steps for f in (s.extra.get(DIST_KEY) or {}).get("dp_forwards", [])
+            calls = [f for s in ev.steps for f in (s.distributed or {}).get("dp_forwards", [])
                      if f.get("dp") == dp["index"]]
             n_calls = sum(f["calls"] for f in calls)
             if not n_calls:

@@ -63,13 +63,13 @@ class DdpConfig(Rule):
     )
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
-        dist = ev.extra.get(DIST_KEY) or {}
+        dist = ev.distributed or {}
         return None if dist.get("ddp") else "needs a run that constructs DistributedDataParallel"
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        for ddp in ev.extra[DIST_KEY]["ddp"]:
+        for ddp in ev.distributed["ddp"]:
             where = frame_of(ddp.get("where"))
-            rows = [(s, s.extra.get(DIST_KEY) or {}) for s in ev.steps if not s.failed]
+            rows = [(s, s.distributed or {}) for s in ev.steps if not s.failed]
             for check in (self._find_unused, self._buckets, self._buffers, self._bucket_view, self._no_sync):
                 f = check(ev, ddp, where, rows, options)
                 if f is not None:

@@ -139,7 +139,7 @@ def _site_key(op: str, where: dict[str, Any] | None) -> str:
 def rank_of(ev: m.Evidence, path: Path | None = None) -> int | None:
     """The rank an evidence belongs to: what its `audit run` process recorded, what the collector
     saw from torch.distributed, or the `rank-K` directory it was saved in."""
-    for d in (ev.extra.get(RANK_KEY), ev.extra.get(DIST_KEY)):
+    for d in (ev.rank, ev.distributed):
         if isinstance(d, dict) and isinstance(d.get("rank"), int):
             return d["rank"]
     if path is not None and (hit := RANK_DIR.match(Path(path).name)):
@@ -148,7 +148,7 @@ def rank_of(ev: m.Evidence, path: Path | None = None) -> int | None:
 
 
 def world_size_of(ev: m.Evidence) -> int | None:
-    for d in (ev.extra.get(RANK_KEY), ev.extra.get(DIST_KEY)):
+    for d in (ev.rank, ev.distributed):
         if isinstance(d, dict) and isinstance(d.get("world_size"), int):
             return d["world_size"]
     return None
@@ -161,7 +161,7 @@ def info_from_run(ev: m.Evidence, rank: int, path: str = "") -> tuple[RankInfo, 
     sites: dict[str, dict[str, Any]] = {}
     disturbed = auditor_disturbed(ev)
     for s in ev.steps:
-        d = s.extra.get(DIST_KEY) or {}
+        d = s.distributed or {}
         points: dict[str, float] = {}
         grad_ms = 0.0
         counts: dict[int, int] = defaultdict(int)
@@ -203,8 +203,8 @@ def info_from_run(ev: m.Evidence, rank: int, path: str = "") -> tuple[RankInfo, 
                               grad_syncs=synced, disturbed=s.index in disturbed))
         syncs[s.index] = points
     info = RankInfo(rank=rank, source="run", path=path, hostname=ev.environment.hostname,
-                    local_rank=(ev.extra.get(RANK_KEY) or {}).get("local_rank"),
-                    backend=(ev.extra.get(DIST_KEY) or {}).get("backend"), status=ev.ending.status,
+                    local_rank=(ev.rank or {}).get("local_rank"),
+                    backend=(ev.distributed or {}).get("backend"), status=ev.ending.status,
                     ending_step=ev.ending.step, message=ev.ending.message, steps=steps,
                     sites=[SiteStat(op=a["op"], where=frame_of(a["where"]), calls=a["calls"], steps=a["steps"],
                                     ms=round(a["ms"], 4), bytes=a["bytes"], async_calls=a["async_calls"])
@@ -302,10 +302,10 @@ def _where_dict(f: m.Frame | None) -> dict[str, Any] | None:
 def rank_set(ev: m.Evidence) -> RankSet | None:
     """The ranks behind an Evidence: the merged view when present, else the one rank a run holds
     (when it saw anything distributed), else the ranks its traces name. None: nothing distributed."""
-    stored = ev.extra.get(RANKS_KEY)
+    stored = ev.ranks
     if stored:
         return msgspec.convert(stored, RankSet)
-    if ev.source == "run" and ev.extra.get(DIST_KEY) is not None:
+    if ev.source == "run" and ev.distributed is not None:
         rank = rank_of(ev)
         return combine([info_from_run(ev, rank if rank is not None else 0)], world_size_of(ev), "run")
     if ev.trace_data:
@@ -372,7 +372,7 @@ def _root_failure(runs: list[tuple[int, m.Evidence]]) -> tuple[int, m.Evidence] 
     if not failed:
         return None
     return min(failed, key=lambda p: (_launcher_stopped(p[1]), _peer_gone(p[1]),
-                                      (p[1].extra.get(RANK_KEY) or {}).get("ended_at") or math.inf, p[0]))
+                                      (p[1].rank or {}).get("ended_at") or math.inf, p[0]))
 
 
 def merge_runs(runs: list[tuple[m.Evidence, Path]], world_size: int | None = None,
@@ -411,7 +411,7 @@ def merge_runs(runs: list[tuple[m.Evidence, Path]], world_size: int | None = Non
                                 f"Merged from {len(ranked)} rank(s) ({rank_ranges([r for r, _, _ in ranked])}"
                                 + (f" of {world_size}" if world_size else "") + f"); per-rank rules read rank "
                                 f"{rank0}'s evidence, the distributed rules compare all ranks.", *rs.notes]
-    merged.extra = {**merged.extra, RANKS_KEY: msgspec.to_builtins(rs)}
+    merged.ranks = msgspec.to_builtins(rs)
     return merged
 
 
@@ -476,7 +476,7 @@ def check_one_job(runs: list[tuple[m.Evidence, Path]]) -> None:
     first: tuple[m.Evidence, Path, int, int] | None = None
     by_rank: dict[int, Path] = {}
     for ev, path in runs:
-        if ev.extra.get(RANKS_KEY):
+        if ev.ranks:
             raise InputError(f"{ONE_RUN}: {path} holds the merged report of a distributed run, not one of its "
                              f"ranks (give it alone, or only its rank-K/ directories)")
         rank, world = rank_of(ev), world_size_of(ev)
@@ -489,7 +489,7 @@ def check_one_job(runs: list[tuple[m.Evidence, Path]]) -> None:
             first = (ev, path, rank, world)
             continue
         ev0, path0, rank0, world0 = first
-        run0, run = ((e.extra.get(RANK_KEY) or {}).get("run_id") for e in (ev0, ev))
+        run0, run = ((e.rank or {}).get("run_id") for e in (ev0, ev))
         if world != world0:
             raise InputError(f"{ONE_RUN}: {path} is rank {rank} of {world}, {path0} rank {rank0} of {world0}")
         if run0 is not None and run is not None and run != run0:

@@ -144,7 +144,7 @@ def merge_trace_files(files: list[Path]) -> m.Evidence | None:
                                 + f"); trace rules read rank {primary.rank}'s traces, the distributed rules all ranks.")
     for note in dropped:
         m.add_load_note(ev, note)
-    ev.extra[RANKS_KEY] = msgspec.to_builtins(rs)
+    ev.ranks = msgspec.to_builtins(rs)
     ev.__dict__["trace_data"] = kept[primary.rank]
     ev.__dict__["snapshot_data"] = []
     return ev
