@@ -95,8 +95,3 @@ def stop_tensorboard(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
 def plugin_url(base_url: str, route: str) -> str:
     """The URL of a torch-tb-profiler API route, e.g. plugin_url(url, "runs")."""
     return f"{base_url.rstrip('/')}/data/plugin/{PLUGIN}/{route.lstrip('/')}"
-
-
-def how_to_open(logdir: str | Path) -> str:
-    """The command a person runs to look at the traces themselves."""
-    return f"pip install tensorboard torch-tb-profiler && tensorboard --logdir {logdir}"

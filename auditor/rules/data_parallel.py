@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import frame_of
+from auditor.evidence.model import recorded_frame
 from auditor.rules.base import Rule
 from auditor.findings import Cost, Finding, Fix, Location
 
@@ -53,7 +53,7 @@ class DataParallel(Rule):
         dps = (ev.distributed or {}).get("data_parallel") or []
         training = bool(ev.tallies(m.BACKWARD))
         for dp in dps:
-            where = frame_of(dp.get("where"))
+            where = recorded_frame(dp.get("where"))
             calls = [f for s in ev.steps for f in (s.distributed or {}).get("dp_forwards", [])
                      if f.get("dp") == dp["index"]]
             n_calls = sum(f["calls"] for f in calls)

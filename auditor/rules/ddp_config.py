@@ -6,7 +6,7 @@ from statistics import median
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import frame_of
+from auditor.evidence.model import recorded_frame
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import edit_call_kwargs
@@ -68,7 +68,7 @@ class DdpConfig(Rule):
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         for ddp in ev.distributed["ddp"]:
-            where = frame_of(ddp.get("where"))
+            where = recorded_frame(ddp.get("where"))
             rows = [(s, s.distributed or {}) for s in ev.steps if not s.failed]
             for check in (self._find_unused, self._buckets, self._buffers, self._bucket_view, self._no_sync):
                 f = check(ev, ddp, where, rows, options)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import heapq
-import linecache
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -23,7 +22,6 @@ from auditor.rules.common import file_name
 from auditor.fixes import parse_file, read_lines
 
 FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this
-FP16_EXP_LIMIT = 11.09
 FP16_MAX = 65504.0
 
 
@@ -50,10 +48,8 @@ def finite(x: Any) -> bool:
 
 
 def location(where: dict | None) -> Location | None:
-    if not where or not where.get("file"):
-        return None
-    return Location(file=where["file"], line=int(where["line"]),
-                    code=linecache.getline(where["file"], int(where["line"])).strip())
+    frame = m.recorded_frame(where)
+    return Location(file=frame.file, line=frame.line, code=frame.code) if frame is not None else None
 
 
 def _names(params: list[str], shown: int = 4) -> str:

@@ -25,7 +25,6 @@ the usage error of giving `audit analyze` two runs.
 """
 from __future__ import annotations
 
-import linecache
 import math
 import re
 from collections import defaultdict
@@ -124,14 +123,6 @@ class RankSet(msgspec.Struct):
 # ---------------------------------------------------------------------------------------------
 # One rank from an `audit run` evidence.
 
-def frame_of(d: dict[str, Any] | None) -> m.Frame | None:
-    """A Frame (with its source line) from the plain dict the probes send."""
-    if not d or not d.get("file"):
-        return None
-    return m.Frame(file=d["file"], line=int(d["line"]), function=d.get("function") or "",
-                   code=linecache.getline(d["file"], int(d["line"])).strip())
-
-
 def _site_key(op: str, where: dict[str, Any] | None) -> str:
     return f"{op}@{where['file']}:{where['line']}" if where else f"{op}@?"
 
@@ -206,7 +197,7 @@ def info_from_run(ev: m.Evidence, rank: int, path: str = "") -> tuple[RankInfo, 
                     local_rank=(ev.rank or {}).get("local_rank"),
                     backend=(ev.distributed or {}).get("backend"), status=ev.ending.status,
                     ending_step=ev.ending.step, message=ev.ending.message, steps=steps,
-                    sites=[SiteStat(op=a["op"], where=frame_of(a["where"]), calls=a["calls"], steps=a["steps"],
+                    sites=[SiteStat(op=a["op"], where=m.recorded_frame(a["where"]), calls=a["calls"], steps=a["steps"],
                                     ms=round(a["ms"], 4), bytes=a["bytes"], async_calls=a["async_calls"])
                            for a in sites.values()],
                     phase_sites=_phase_sites(ev), traces=list(ev.traces))

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks import (COMM, RANK_PHASES, RANKS_KEY, RankInfo, RankSet, RankStep, SyncMap, combine,
+from auditor.evidence.ranks import (COMM, RANK_PHASES, RankInfo, RankSet, RankStep, SyncMap, combine,
                                     rank_ranges)
 
 # Names a trace gives communication: NCCL kernels on the GPU, gloo/nccl record_function ranges on the host.
