@@ -41,7 +41,7 @@ class RunRequest:
     profile: bool = True
     extra_args: tuple[str, ...] = ()
     script_args: tuple[str, ...] = ()  # the user's script's own arguments (its sys.argv[1:])
-    catch_sigterm: bool = True  # False under a launcher, whose SIGTERM stops the ranks (distributed.py)
+    catch_sigterm: bool = True  # False under a launcher, whose SIGTERM stops the ranks (auditor.launch)
 
 
 def _tally(t: m.Tally) -> m.Tally:

@@ -17,7 +17,7 @@ Data model (stored in `Evidence.extra["ranks"]` as plain data, see RankSet):
   every existing rule still runs unchanged on one rank and the distributed rules see all of them.
 
 Inputs: `audit run` rank directories (`DIR/rank-K/evidence.json`, written by
-auditor.capture.distributed), or profiler traces whose `distributedInfo` names the rank
+auditor.launch), or profiler traces whose `distributedInfo` names the rank
 (auditor.evidence.ranks.traces). `merge_inputs(paths)` is the entry point `load_paths` calls for
 `audit analyze`; auditor.reports.rank_plots renders the per-rank table and figure. Run
 directories merge only when they are distinct ranks of one job (check_one_job): anything else is
