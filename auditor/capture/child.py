@@ -42,8 +42,8 @@ _statm_fd: tuple[int, int] | None = None  # (pid, fd): /proc/self is resolved wh
 
 
 def rss_bytes() -> int | None:
-    """Resident memory of this process, read at every step boundary: a `pread` on /proc/self/statm
-    kept open costs ~2 us; opening it each time cost 15-100 us on a loaded VM."""
+    """Resident memory of this process, read at every step boundary with a `pread` on
+    /proc/self/statm kept open (~2 us; opening the file each time takes 15-100 us on a loaded VM)."""
     global _statm_fd
     try:
         if _statm_fd is None or _statm_fd[0] != os.getpid():
@@ -121,8 +121,8 @@ _FLAGS: dict[str, Callable[[], Any]] = {
 def backend_flags() -> dict:
     """The program's backend settings, read after its setup and at its end. The reads run with
     torch-function dispatch off: a mode the program entered at import is still on the stack, and
-    must neither see them nor fail them (a mode that refused the call ended a failed setup in a
-    traceback of the auditor's, not with the setup's own error). A read that fails is left out."""
+    must neither see them nor fail them (a mode that refuses the call must not turn a failed setup's
+    own error into a traceback of the auditor's). A read that fails is left out."""
     flags = {}
     with no_torch_function():
         for name, read in _FLAGS.items():
@@ -251,9 +251,9 @@ def _start_without_inductor(prof) -> None:
 def window_schedule(warmup: int, active: int) -> Callable[[int], Any]:
     """The profiler's schedule for one window: `torch.profiler.schedule(wait=0, warmup=warmup,
     active=active, repeat=1)`, without its warning for a window with no warm-up step (a run of 1-3
-    steps has none to spare, by the plan: not something the user can act on). Silencing that
-    warning changed the warnings filters, and Python then forgot every warning it had shown: a
-    warning in the user's step printed once more when the window started."""
+    steps has none to spare, by the plan: not something the user can act on). The warning is
+    avoided, not silenced: changing the warnings filters makes Python forget every warning it has
+    shown, and a warning in the user's step would print once more when the window starts."""
     from torch.profiler import ProfilerAction
 
     def action(step: int) -> Any:

@@ -153,8 +153,8 @@ class ProfileWindow(msgspec.Struct):
 
     steps: list[int]
     trace_files: list[str] = []  # relative to the run directory
-    # [{"name", "count", "self_ms", "total_ms"}] by self time: only a failed profiler's note now (and
-    # runs saved by older versions); the report computes the table from the trace (Trace.top_ops)
+    # [{"name", "count", "self_ms", "total_ms"}] by self time, when given: the child sends only a
+    # failed profiler's note here; the report computes the table from the trace (Trace.top_ops)
     top_ops: list[dict[str, Any]] = []
 
 
@@ -256,8 +256,8 @@ class Evidence(msgspec.Struct, dict=True):
         times = [d["check_in_step_ms"] for s in self.steps
                  if not s.failed and not s.profiled and isinstance(d := s.numerics, dict)
                  and isinstance(d.get("check_in_step_ms"), (int, float))]
-        # (rounded once, here: findings.json, the summary and the report then show one number; a
-        # median of two values rounded again in each printed 0.64 beside 0.65)
+        # (rounded once, here, so that findings.json, the summary and the report show one number:
+        # a median of two values rounded again in each could show 0.64 beside 0.65)
         return round(statistics.median(times), 3) if times else None
 
     def tallies(self, kind: str, include_setup: bool = False) -> list[tuple[int, Tally]]:
