@@ -488,10 +488,10 @@ def _bucket_evidence(grad_mb: float, cap_mb: float, buckets: list[float], sync_m
            "broadcast_buffers": True, "buffers": 0, "buffer_bytes": 0, "params": 10, "grad_bytes": int(grad_mb * mb),
            "largest_grad_bytes": int(grad_mb * mb / 10), "bucket_cap_bytes": int(cap_mb * mb),
            "bucket_sizes": [int(b * mb) for b in buckets]}
-    steps = [StepRecord(index=i, start_s=i * 0.1, ms=100.0, extra={"distributed": {
+    steps = [StepRecord(index=i, start_s=i * 0.1, ms=100.0, distributed={
         "backward_syncs": [{"ddp": 0, "synced": True, "sync_ms": sync_ms}], "ddp_forwards": [],
-        "buffers_changed": {}, "params_with_grad": {"0": 10}}}) for i in range(4)]
-    return Evidence(steps=steps, extra={"distributed": {"ddp": [ddp], "data_parallel": []}})
+        "buffers_changed": {}, "params_with_grad": {"0": 10}}) for i in range(4)]
+    return Evidence(steps=steps, distributed={"ddp": [ddp], "data_parallel": []})
 
 
 @pytest.mark.parametrize("grad_mb,cap_mb,buckets,sync_ms,expected", [

@@ -313,9 +313,9 @@ def test_weights_match_a_plain_run():
 # --- rule thresholds on small evidence ----------------------------------------------------------
 
 def evidence_of(per_step: list[dict], events: list[dict] | None = None) -> Evidence:
-    steps = [StepRecord(index=i, start_s=float(i), ms=10.0, extra={"numerics": d}) for i, d in enumerate(per_step)]
+    steps = [StepRecord(index=i, start_s=float(i), ms=10.0, numerics=d) for i, d in enumerate(per_step)]
     if steps and events:
-        steps[0].extra["numerics"]["events"] = events
+        steps[0].numerics["events"] = events
     return Evidence(source="run", steps=steps)
 
 
