@@ -179,7 +179,7 @@ def main() -> None:
     elif args.batch is None:  # (another trainer: _common.make is not what it calls)
         args.batch = 384
     _common.make = functools.partial(_common.make, batch=args.batch)  # (what clean.py imports)
-    from auditor.capture import child, probes
+    from auditor.capture import child, probes, wire
     from auditor.capture.collectors import load_collectors
     from auditor.capture.stream import Writer, widen_pipe
 
@@ -215,9 +215,11 @@ def main() -> None:
         c0, s0 = time.process_time(), time.perf_counter()
         a.step(i)
         s1, c1 = time.perf_counter(), time.process_time()
-        out.send("step", index=i, start_s=s0, ms=(s1 - s0) * 1e3, cpu_ms=(c1 - c0) * 1e3, profiled=False,
-                 rss_bytes=child.rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
-                 extra=child._extras(collectors, i), dataloaders=child._new_loaders(rec), **child._device_memory())
+        allocated, reserved = child._device_memory()
+        out.send(wire.Step(index=i, start_s=s0, ms=(s1 - s0) * 1e3, cpu_ms=(c1 - c0) * 1e3, profiled=False,
+                           rss_bytes=child.rss_bytes(), device_allocated=allocated, device_reserved=reserved,
+                           anomaly_enabled=anomaly, tallies=rec.drain(), collected=child._collected(collectors, i),
+                           dataloaders=child._new_loaders(rec)))
         t1 = time.perf_counter()
         return (t1 - t0) * 1e3, ((s0 - t0) * 1e3, (s1 - s0) * 1e3, (t1 - s1) * 1e3)
 

@@ -15,7 +15,7 @@ from torch import nn
 from conftest import FIXTURES, Audit, audit
 
 from auditor.cli import main
-from auditor.evidence.checkpoint import _mini_yaml, normalise_config
+from auditor.evidence.checkpoint import normalise_config, read_config
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
@@ -84,7 +84,7 @@ def test_healthy_checkpoint_matching_its_config_is_silent(tmp_path, check):
     assert a.findings == []
     doc = a.findings_doc
     assert doc["source"] == "checkpoint"
-    ck = a.evidence["extra"]["checkpoint"]
+    ck = a.evidence["checkpoint"]
     assert ck["layout"] == "bundle" and ck["config"] == {"lr": 1e-3, "weight_decay": 0.01,
                                                          "scheduler": {"type": "StepLR", "step_size": 10, "gamma": 0.5}}
     assert {t["name"] for t in ck["tensors"] if t["section"] == "model"} == {"model.0.weight", "model.0.bias",
@@ -127,7 +127,7 @@ def test_lightning_layout_and_plain_state_dict(tmp_path, check):
     cfg = config(tmp_path, "lr = 0.1\n[scheduler]\nstep_size = 5\n", "cfg.toml")
     a = check(tmp_path / "l.ckpt", "--against", str(cfg))
     assert a.returncode == 0, a.stderr
-    ck = a.evidence["extra"]["checkpoint"]
+    ck = a.evidence["checkpoint"]
     assert ck["layout"] == "lightning" and ck["meta"]["global_step"] == 3
     assert [t["name"] for t in a.rule("nonfinite")[0]["evidence"]["tensors"]] == ["model.0.weight"]
     mism = a.rule("lr-schedule")[0]["evidence"]["mismatches"]
@@ -135,7 +135,7 @@ def test_lightning_layout_and_plain_state_dict(tmp_path, check):
 
     torch.save({k: v.clone() for k, v in model.state_dict().items()}, tmp_path / "plain.pt")
     a = check(tmp_path / "plain.pt")
-    assert a.returncode == 0 and a.findings == [] and a.evidence["extra"]["checkpoint"]["layout"] == "state_dict"
+    assert a.returncode == 0 and a.findings == [] and a.evidence["checkpoint"]["layout"] == "state_dict"
 
 
 def test_extreme_and_impossible_state(tmp_path, check):
@@ -180,10 +180,11 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, check, files, message):
     assert a.returncode == 2 and len(a.stderr.strip().splitlines()) == 1 and message in a.stderr
 
 
-def test_config_reader_without_pyyaml():
+def test_yaml_config_reader(tmp_path):
     text = "# run config\noptimizer:\n  name: adamw\n  lr: 3e-4\n  betas: [0.9, 0.95]\nlr_scheduler:\n  T_max: 100\n"
-    data = _mini_yaml(text)
-    assert data == {"optimizer": {"name": "adamw", "lr": 3e-4, "betas": [0.9, 0.95]}, "lr_scheduler": {"T_max": 100}}
+    (tmp_path / "c.yaml").write_text(text)
+    data = read_config(tmp_path / "c.yaml")
+    assert data == {"optimizer": {"name": "adamw", "lr": "3e-4", "betas": [0.9, 0.95]}, "lr_scheduler": {"T_max": 100}}
     assert normalise_config(data, pathlib.Path("c.yaml")) == {"lr": 3e-4, "betas": [0.9, 0.95],
                                                               "scheduler": {"T_max": 100}}
 
@@ -221,7 +222,7 @@ def test_a_safetensors_file_is_read_without_unpickling(tmp_path, check):
     save_safetensors(sd, tmp_path / "model.safetensors", {"format": "pt"})
     a = check(tmp_path / "model.safetensors")
     assert a.returncode == 0, a.stderr
-    ck = a.evidence["extra"]["checkpoint"]
+    ck = a.evidence["checkpoint"]
     assert ck["layout"] == "state_dict" and ck["meta"]["__metadata__.format"] == "pt"
     stats = {t["name"]: t for t in ck["tensors"]}
     assert stats["0.weight"]["shape"] == [16, 8] and stats["pos.ids"]["dtype"] == "int64"
@@ -280,7 +281,7 @@ def test_a_hugging_face_trainer_checkpoint_directory(tmp_path, check, sharded):
     a = check(d)
     assert a.returncode == 0, a.stderr
     assert not (tmp_path / "code-ran").exists()  # training_args.bin is never unpickled
-    ck = a.evidence["extra"]["checkpoint"]
+    ck = a.evidence["checkpoint"]
     assert ck["layout"] == "hf-trainer"
     assert {t["name"] for t in ck["tensors"] if t["section"] == "model"} == {
         "model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias"}

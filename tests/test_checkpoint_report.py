@@ -109,7 +109,7 @@ def test_an_all_nan_tensor_has_no_largest_value(tmp_path, check):
     a = check(tmp_path / "nan.pt")
     assert a.returncode == 0, a.stderr
     assert "rule checkpoint-health failed" not in a.stdout
-    stats = {t["name"]: t for t in a.evidence["extra"]["checkpoint"]["tensors"]}
+    stats = {t["name"]: t for t in a.evidence["checkpoint"]["tensors"]}
     assert stats["model.0.bias"]["max_abs"] is None  # null in evidence.json
     assert stats["model.2.bias"]["max_abs"] == 0.0
     bad = {t["name"]: t for t in a.rule("nonfinite")[0]["evidence"]["tensors"]}

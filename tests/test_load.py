@@ -133,3 +133,41 @@ def test_bad_trace_is_an_input_error(tmp_path: Path) -> None:
     p.write_text('{"traceEvents": [{"ph": "X", "name": "a"')
     with pytest.raises(InputError, match="broken.pt.trace.json"):
         load_paths([p])
+
+
+V1_RUN = Path(__file__).parent / "data" / "evidence-v1"  # numerics_log_zero's run, saved by version 1
+
+
+def test_version_1_evidence_reads_its_extra_into_the_fields(tmp_path: Path) -> None:
+    """evidence.json version 1 kept collector data in `extra` mappings: they land in the fields of
+    the same name; a key with no field is dropped with a load note."""
+    import msgspec
+
+    from auditor.evidence.model import EVIDENCE_VERSION, StepRecord, decode
+
+    doc = msgspec.to_builtins(Evidence(steps=[StepRecord(index=0, start_s=0.0, ms=1.0)]))
+    fields = ("numerics", "distributed", "rank", "ranks", "checkpoint")
+    doc = {k: v for k, v in doc.items() if k not in fields}
+    doc["steps"] = [{k: v for k, v in s.items() if k not in fields} for s in doc["steps"]]
+    doc["version"] = 1
+    doc["extra"] = {"numerics": {"final": 1}, "rank": {"rank": 1, "world_size": 2}, "unknown": [1]}
+    doc["steps"][0]["extra"] = {"numerics": {"check_in_step_ms": 0.5}}
+    ev = decode(json.dumps(doc).encode())
+    assert ev.version == EVIDENCE_VERSION
+    assert ev.numerics == {"final": 1} and ev.rank == {"rank": 1, "world_size": 2}
+    assert ev.steps[0].numerics == {"check_in_step_ms": 0.5} and ev.steps[0].distributed is None
+    assert any("'unknown'" in n for n in ev.environment.notes)
+
+
+def test_version_1_run_directory_gives_the_same_findings(tmp_path: Path) -> None:
+    """`audit analyze` of a run directory saved by version 1 finds what that version found."""
+    from auditor.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["analyze", str(V1_RUN), "--out", str(tmp_path / "out"), "--quiet"])
+    assert e.value.code == 0
+    ev = store.load_run_dir(V1_RUN)
+    assert ev.version == 2 and len(ev.steps) == 12 and all(s.numerics is not None for s in ev.steps)
+    found = json.loads((tmp_path / "out" / "findings.json").read_text())["findings"]
+    assert [(f["rule"], f["message"].split(" It started")[0]) for f in found] == [
+        ("nonfinite", "Step 11 of 12: the loss became nan (gradients and parameters followed).")]

@@ -79,7 +79,7 @@ def places(finding: dict) -> set[tuple[str, int]]:
 
 
 def numerics(a) -> list[dict]:
-    return [s["extra"]["numerics"] for s in a.evidence["steps"]]
+    return [s["numerics"] for s in a.evidence["steps"]]
 
 
 def first_bad_loss_step(a) -> int:
@@ -313,9 +313,9 @@ def test_weights_match_a_plain_run():
 # --- rule thresholds on small evidence ----------------------------------------------------------
 
 def evidence_of(per_step: list[dict], events: list[dict] | None = None) -> Evidence:
-    steps = [StepRecord(index=i, start_s=float(i), ms=10.0, extra={"numerics": d}) for i, d in enumerate(per_step)]
+    steps = [StepRecord(index=i, start_s=float(i), ms=10.0, numerics=d) for i, d in enumerate(per_step)]
     if steps and events:
-        steps[0].extra["numerics"]["events"] = events
+        steps[0].numerics["events"] = events
     return Evidence(source="run", steps=steps)
 
 
@@ -701,7 +701,7 @@ def test_no_numerics_turns_the_checks_off(tmp_path):
               "--no-profile", "--no-numerics", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
     assert a.returncode == 0, a.stderr
     assert a.rule("nonfinite") == []
-    assert all("numerics" not in s["extra"] for s in a.evidence["steps"])
+    assert all(s["numerics"] is None for s in a.evidence["steps"])
     assert a.findings_doc["steps"]["numerics_check_median_ms"] is None
     skipped = {s["rule"]: s["reason"] for s in a.findings_doc["skipped_rules"]}
     assert "--no-numerics" in skipped["nonfinite"] and "--no-numerics" in skipped["grad-explosion"]

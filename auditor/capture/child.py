@@ -20,12 +20,13 @@ from typing import Any, Callable
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
 
-from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal
+from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal, wire
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
 from auditor.capture.unseen import dynamo_skips_our_frames, no_torch_function
+from auditor.evidence.model import Frame
 
 ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
@@ -41,8 +42,8 @@ _statm_fd: tuple[int, int] | None = None  # (pid, fd): /proc/self is resolved wh
 
 
 def rss_bytes() -> int | None:
-    """Resident memory of this process, read at every step boundary: a `pread` on /proc/self/statm
-    kept open costs ~2 us; opening it each time cost 15-100 us on a loaded VM."""
+    """Resident memory of this process, read at every step boundary with a `pread` on
+    /proc/self/statm kept open (~2 us; opening the file each time takes 15-100 us on a loaded VM)."""
     global _statm_fd
     try:
         if _statm_fd is None or _statm_fd[0] != os.getpid():
@@ -120,8 +121,8 @@ _FLAGS: dict[str, Callable[[], Any]] = {
 def backend_flags() -> dict:
     """The program's backend settings, read after its setup and at its end. The reads run with
     torch-function dispatch off: a mode the program entered at import is still on the stack, and
-    must neither see them nor fail them (a mode that refused the call ended a failed setup in a
-    traceback of the auditor's, not with the setup's own error). A read that fails is left out."""
+    must neither see them nor fail them (a mode that refuses the call must not turn a failed setup's
+    own error into a traceback of the auditor's). A read that fails is left out."""
     flags = {}
     with no_torch_function():
         for name, read in _FLAGS.items():
@@ -195,16 +196,16 @@ def _package_hint(t: Target) -> str:
             f"from {d}: audit run {'.'.join(parts)}:{t.attr})")
 
 
-def _frame_of_exception(exc: BaseException) -> dict | None:
+def _frame_of_exception(exc: BaseException) -> Frame | None:
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno and not is_library(exc.filename):
-        return {"file": exc.filename, "line": exc.lineno, "function": ""}  # (the bad line: in no frame)
+        return Frame(file=exc.filename, line=exc.lineno)  # (the bad line: in no frame)
     for fs in reversed(traceback.extract_tb(exc.__traceback__)):
         if not is_library(fs.filename):
-            return {"file": fs.filename, "line": fs.lineno, "function": fs.name}
+            return Frame(file=fs.filename, line=fs.lineno, function=fs.name)
     return None
 
 
-def _ending(exc: BaseException, step: int | None) -> dict:
+def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = None) -> wire.Ended:
     if isinstance(exc, KeyboardInterrupt):
         status = "interrupted"
     elif isinstance(exc, SystemExit) and exc.code in (0, None):
@@ -217,9 +218,9 @@ def _ending(exc: BaseException, step: int | None) -> dict:
     message = str(exc)[:2000]
     if status == "exited":
         message = f"the program stopped itself (sys.exit({exc.code!r})), as it would without the audit"
-    return {"status": status, "step": step, "exception": type(exc).__name__, "message": message,
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
-            "where": _frame_of_exception(exc)}
+    return wire.Ended(status=status, step=step, exception=type(exc).__name__, message=message,
+                      traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
+                      where=_frame_of_exception(exc), cuda_devices=devices or [])
 
 
 def _start_without_inductor(prof) -> None:
@@ -250,9 +251,9 @@ def _start_without_inductor(prof) -> None:
 def window_schedule(warmup: int, active: int) -> Callable[[int], Any]:
     """The profiler's schedule for one window: `torch.profiler.schedule(wait=0, warmup=warmup,
     active=active, repeat=1)`, without its warning for a window with no warm-up step (a run of 1-3
-    steps has none to spare, by the plan: not something the user can act on). Silencing that
-    warning changed the warnings filters, and Python then forgot every warning it had shown: a
-    warning in the user's step printed once more when the window started."""
+    steps has none to spare, by the plan: not something the user can act on). The warning is
+    avoided, not silenced: changing the warnings filters makes Python forget every warning it has
+    shown, and a warning in the user's step would print once more when the window starts."""
     from torch.profiler import ProfilerAction
 
     def action(step: int) -> Any:
@@ -337,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     if rehearsal_info:
         env["rehearsal"] = True
         env["notes"].append(rehearsal_info.get("note", "CUDA rehearsal on the CPU"))
-    out.send("hello", environment=env, pid=os.getpid())
+    out.send(wire.Hello(environment=env, pid=os.getpid()))
 
     try:
         target = parse_target(args.target)
@@ -347,22 +348,23 @@ def run(args: argparse.Namespace) -> int:
         module, fn, source = import_target(target)
         arity = step_arity(fn)
     except TargetError as e:
-        out.send("usage-error", message=str(e))
+        out.send(wire.UsageError(message=str(e)))
         return 2
     except BaseException as e:  # the user's module code failed during setup
-        out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec),
-                 num_threads=torch.get_num_threads())
+        out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec),
+                            num_threads=torch.get_num_threads()))
         ending = _ending(e, None)
         if isinstance(e, ImportError) and "no known parent package" in str(e):
-            ending["message"] += _package_hint(target)
-        out.send("ended", **ending, cuda_devices=cuda_devices())
+            ending.message += _package_hint(target)
+        ending.cuda_devices = cuda_devices()
+        out.send(ending)
         return 3
 
-    out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec),
-                 num_threads=torch.get_num_threads())
+    out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec),
+                        num_threads=torch.get_num_threads()))
     # CUDA only: an out-of-memory error dumps the allocator's state before the report is written.
     if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
-        out.send("snapshot", path="oom_snapshot.pickle", when="oom")
+        out.send(wire.Snapshot(path="oom_snapshot.pickle", when="oom"))
     prof = Profiler(args.out, args.run_name, args.steps, args.profile)
     scans = graph_scan_points(args.steps)
     step_span = graphs.step_lines(fn, source)  # (a holder's growing line inside the step comes first)
@@ -399,62 +401,65 @@ def run(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             if t_first is None:
                 t_first = t0
-            def send_step(**failed) -> None:  # (its times are taken first, before anything else runs)
+            def send_step(failed: bool = False) -> None:  # (its times are taken first, before anything else runs)
                 t1, c1 = time.perf_counter(), time.process_time()
                 if failed:
                     prof.stop()
                 else:
                     prof.after(i)
-                out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
-                         profiled=i in window, **failed, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
-                         tallies=rec.drain(), extra=_extras(collectors, i),
-                         dataloaders=_new_loaders(rec), **_device_memory())
+                allocated, reserved = _device_memory()
+                out.send(wire.Step(index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
+                                   profiled=i in window, failed=failed, rss_bytes=rss_bytes(),
+                                   device_allocated=allocated, device_reserved=reserved, anomaly_enabled=anomaly,
+                                   tallies=rec.drain(), collected=_collected(collectors, i),
+                                   dataloaders=_new_loaders(rec)))
 
             try:
                 fn(i) if arity else fn()
             except BaseException as e:
                 send_step(failed=True)
                 sigint["seen"] = sigint["n"]
-                out.send("ended", **_ending(e, i), cuda_devices=cuda_devices())
+                out.send(_ending(e, i, cuda_devices()))
                 if not isinstance(e, KeyboardInterrupt):
                     _failure_scan(out, e, i, module, source, step_span)
                 status = 3
                 break
             send_step()
             if i in scans:
-                out.send("graph-scan", after_step=i, **graphs.scan(module, source, step_span))
+                out.send(wire.GraphScan(after_step=i, **graphs.scan(module, source, step_span)))
             if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
                 raise Terminated("stopped by SIGTERM") if sigint.get("term") else KeyboardInterrupt
     except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
         prof.stop()
-        out.send("ended", **_ending(e, i), cuda_devices=cuda_devices())
+        out.send(_ending(e, i, cuda_devices()))
         status = 3
     prof.stop()
     if prof.window():
-        out.send("profile", steps=[s for s in prof.window() if s < args.steps], trace_files=prof.files,
-                 top_ops=prof.top_ops, snapshots=prof.snapshots)
+        out.send(wire.Profile(steps=[s for s in prof.window() if s < args.steps], trace_files=prof.files,
+                              top_ops=prof.top_ops, snapshots=prof.snapshots))
     for c in collectors:
         data = c.finish()
         if data is not None:
-            out.send("extra", name=c.name, data=data)
+            out.send(wire.Collected(name=c.name, data=data))
     if status == 0:
-        out.send("ended", status="completed", backend_flags=backend_flags(), cuda_devices=cuda_devices())
+        out.send(wire.Ended(status="completed", backend_flags=backend_flags(), cuda_devices=cuda_devices()))
     return status
 
 
-def _failure_scan(out: Any, e: BaseException, i: int, module: Any, source: str | None, step_span: Any) -> None:
+def _failure_scan(out: Writer, e: BaseException, i: int, module: Any, source: str | None, step_span: Any) -> None:
     """A graph scan after a step that raised: an out-of-memory error is where a leak ends, and what
     holds the memory is still held now. The traceback's frames are cleared first (the ending is
     sent): their locals (the failed step's loss and its graph) are no leak. Best effort: the scan
     must not hide how the run ended."""
     try:
         traceback.clear_frames(e.__traceback__)
-        out.send("graph-scan", after_step=i, failed=True, **graphs.scan(module, source, step_span))
+        out.send(wire.GraphScan(after_step=i, failed=True, **graphs.scan(module, source, step_span)))
     except Exception:
         pass
 
 
-def _extras(collectors: list, index: int) -> dict:
+def _collected(collectors: list, index: int) -> dict:
+    """Each collector's data for step `index`, by collector name (those that have some)."""
     out = {}
     for c in collectors:
         data = c.step_end(index)
@@ -470,10 +475,11 @@ def _target_file(spec: str) -> str | None:
         return None
 
 
-def _device_memory() -> dict:
+def _device_memory() -> tuple[int | None, int | None]:
+    """The CUDA allocator's (allocated, reserved) bytes, (None, None) without a device in use."""
     if not torch.cuda.is_initialized() or not torch.cuda.is_available():  # (the cheap test first)
-        return {}
-    return {"device_allocated": torch.cuda.memory_allocated(), "device_reserved": torch.cuda.memory_reserved()}
+        return None, None
+    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
 
 
 def _new_loaders(rec: probes.Recorder) -> list[dict]:

@@ -1,8 +1,9 @@
 """Collectors: optional evidence gatherers that ride along with every step in the child process.
 
 A collector is installed before the target is imported, is told when each step begins and ends,
-and returns plain data that the parent stores as `StepRecord.extra[name]` (per step) and
-`Evidence.extra[name]` (at the end). Add one by listing it in COLLECTORS.
+and returns plain data that the parent stores in the field named after the collector:
+`StepRecord.<name>` (per step) and `Evidence.<name>` (at the end), converted to the field's type.
+Add one by listing it in COLLECTORS and giving StepRecord/Evidence (auditor.evidence.model) its fields.
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from auditor.capture import wire
+
 
 class StepProgress:
     def __init__(self, total: int, enabled: bool) -> None:
@@ -23,15 +25,14 @@ class StepProgress:
             self._task = self._progress.add_task("importing target", total=self.total)
         return self
 
-    def on_record(self, record: dict[str, Any]) -> None:
+    def on_record(self, record: wire.Record) -> None:
         if self._progress is None:
             return
-        kind = record.get("kind")
-        if kind == "setup":
+        if isinstance(record, wire.Setup):
             self._progress.update(self._task, description="steps")
-        elif kind == "step":
-            self._progress.update(self._task, completed=record["index"] + 1,
-                                  description="profiled step" if record.get("profiled") else "steps")
+        elif isinstance(record, wire.Step):
+            self._progress.update(self._task, completed=record.index + 1,
+                                  description="profiled step" if record.profiled else "steps")
 
     def __exit__(self, *exc: Any) -> None:
         if self._progress is not None:

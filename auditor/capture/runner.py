@@ -5,7 +5,6 @@ process group, gets it too and reports what it was doing), and kills the child o
 """
 from __future__ import annotations
 
-import linecache
 import os
 import re
 import signal
@@ -20,10 +19,11 @@ from typing import Any, Callable
 
 import msgspec
 
+from auditor.capture import wire
 from auditor.capture.stream import read_chunks, read_records, split_lines, widen_pipe
 from auditor.capture.target import Target, TargetError
 from auditor.evidence import model as m
-from auditor.evidence.distributed import DistInfo, DistStep
+from auditor.evidence.frame import recorded_frame
 
 STDERR_TAIL_LINES = 40
 STDERR_TAIL_LINE_BYTES = 4000  # the end of each (see pump_stderr)
@@ -42,19 +42,27 @@ class RunRequest:
     profile: bool = True
     extra_args: tuple[str, ...] = ()
     script_args: tuple[str, ...] = ()  # the user's script's own arguments (its sys.argv[1:])
-    catch_sigterm: bool = True  # False under a launcher, whose SIGTERM stops the ranks (distributed.py)
+    catch_sigterm: bool = True  # False under a launcher, whose SIGTERM stops the ranks (auditor.launch)
 
 
-def _frame(d: dict | None) -> m.Frame | None:
-    if not d or not d.get("file"):
-        return None
-    return m.Frame(file=d["file"], line=int(d["line"]), function=d.get("function") or "",
-                   code=linecache.getline(d["file"], int(d["line"])).strip())
+def _tally(t: m.Tally) -> m.Tally:
+    t.where = recorded_frame(t.where)
+    return t
 
 
-def _tally(d: dict) -> m.Tally:
-    return m.Tally(kind=d["kind"], what=d["what"], where=_frame(d.get("where")), count=d["count"],
-                   ms=float(d["ms"]), data=d.get("data") or {})
+_FIELD_TYPES: dict[tuple[type, str], Any] = {}
+
+
+def _collector_field(record: m.StepRecord | m.Evidence, name: str, data: Any) -> None:
+    """Put a collector's data into the field of `record` named after the collector, converted to
+    that field's type. Data of a collector the evidence has no field for is not kept (it is in
+    records.jsonl): a collector's data is evidence once the model has a field for it."""
+    key = (type(record), name)
+    if key not in _FIELD_TYPES:
+        _FIELD_TYPES[key] = next((f.type for f in msgspec.structs.fields(type(record)) if f.name == name), None)
+    field_type = _FIELD_TYPES[key]
+    if field_type is not None:
+        setattr(record, name, msgspec.convert(data, type=field_type))
 
 
 class EvidenceBuilder:
@@ -68,58 +76,53 @@ class EvidenceBuilder:
         self.out_dir = request.out_dir
         self.set_up = False  # the module's setup code ran to its end (the steps began)
 
-    def feed(self, r: dict[str, Any]) -> None:
-        kind = r["kind"]
+    def feed(self, r: wire.Record) -> None:
         ev = self.ev
-        if kind == "hello":
-            ev.environment = msgspec.convert(r["environment"], m.Environment)
-        elif kind == "usage-error":
-            self.usage_error = r["message"]
-        elif kind == "setup":
+        if isinstance(r, wire.Step):
+            step = m.StepRecord(
+                index=r.index, start_s=r.start_s, ms=r.ms, cpu_ms=r.cpu_ms, profiled=r.profiled, failed=r.failed,
+                rss_bytes=r.rss_bytes, device_allocated=r.device_allocated, device_reserved=r.device_reserved,
+                anomaly_enabled=r.anomaly_enabled, tallies=[_tally(t) for t in r.tallies])
+            for name, data in r.collected.items():
+                _collector_field(step, name, data)
+            ev.steps.append(step)
+            self._loaders(r.dataloaders)
+        elif isinstance(r, wire.Hello):
+            ev.environment = r.environment
+        elif isinstance(r, wire.UsageError):
+            self.usage_error = r.message
+        elif isinstance(r, wire.Setup):
             self.set_up = True
-            ev.setup = [_tally(t) for t in r["tallies"]]
-            ev.environment.backend_flags = r.get("backend_flags", {})
-            if r.get("num_threads"):  # (as the user's setup left it: torch.set_num_threads(1) at import)
-                ev.environment.num_threads = r["num_threads"]
-            self._loaders(r)
-        elif kind == "step":
-            ev.steps.append(m.StepRecord(
-                index=r["index"], start_s=r["start_s"], ms=r["ms"], cpu_ms=r.get("cpu_ms"),
-                profiled=r.get("profiled", False), failed=r.get("failed", False),
-                rss_bytes=r.get("rss_bytes"), device_allocated=r.get("device_allocated"),
-                device_reserved=r.get("device_reserved"), anomaly_enabled=r.get("anomaly_enabled", False),
-                tallies=[_tally(t) for t in r["tallies"]], extra=r.get("extra") or {}))
-            if "distributed" in ev.steps[-1].extra:  # (the collector's field, typed)
-                ev.steps[-1].distributed = msgspec.convert(ev.steps[-1].extra.pop("distributed"), DistStep)
-            self._loaders(r)
-        elif kind == "graph-scan":
+            ev.setup = [_tally(t) for t in r.tallies]
+            ev.environment.backend_flags = r.backend_flags
+            if r.num_threads:  # (as the user's setup left it: torch.set_num_threads(1) at import)
+                ev.environment.num_threads = r.num_threads
+            self._loaders(r.dataloaders)
+        elif isinstance(r, wire.GraphScan):
             ev.graph_scans.append(m.GraphScan(
-                after_step=r["after_step"], tensors=r["tensors"], graph_nodes=r["graph_nodes"],
-                failed=r.get("failed", False),
-                holders=[{**h, "where": msgspec.to_builtins(_frame(h.get("where")))} for h in r["holders"]]))
-        elif kind == "profile":
-            ev.profile = m.ProfileWindow(steps=r["steps"], trace_files=r["trace_files"], top_ops=r["top_ops"])
-            ev.traces = list(r["trace_files"])
-            ev.snapshots.extend(r.get("snapshots", []))
-        elif kind == "snapshot":  # the OOM observer's snapshot: listed only once it exists on disk
-            self.pending_snapshots.append(r["path"])
-        elif kind == "extra" and r["name"] == "distributed":  # (the collector's field, typed)
-            ev.distributed = msgspec.convert(r["data"], DistInfo)
-        elif kind == "extra":
-            ev.extra[r["name"]] = r["data"]
-        elif kind == "ended":
+                after_step=r.after_step, tensors=r.tensors, graph_nodes=r.graph_nodes, failed=r.failed,
+                holders=[{**h, "where": msgspec.to_builtins(recorded_frame(h.get("where")))} for h in r.holders]))
+        elif isinstance(r, wire.Profile):
+            ev.profile = m.ProfileWindow(steps=r.steps, trace_files=r.trace_files, top_ops=r.top_ops)
+            ev.traces = list(r.trace_files)
+            ev.snapshots.extend(r.snapshots)
+        elif isinstance(r, wire.Snapshot):  # the OOM observer's snapshot: listed only once it exists on disk
+            self.pending_snapshots.append(r.path)
+        elif isinstance(r, wire.Collected):
+            _collector_field(ev, r.name, r.data)
+        elif isinstance(r, wire.Ended):
             self.ended = True
-            if "backend_flags" in r:
-                ev.environment.backend_flags = r["backend_flags"]
-            if r.get("cuda_devices"):
-                ev.environment.cuda_devices = r["cuda_devices"]
-            fields = {k: v for k, v in r.items() if k in m.Ending.__struct_fields__ and k != "where"}
-            ev.ending = m.Ending(**fields, where=_frame(r.get("where")))
+            if r.backend_flags is not None:
+                ev.environment.backend_flags = r.backend_flags
+            if r.cuda_devices:
+                ev.environment.cuda_devices = r.cuda_devices
+            ev.ending = m.Ending(status=r.status, step=r.step, exception=r.exception, message=r.message,
+                                 traceback=r.traceback, where=recorded_frame(r.where))
 
-    def _loaders(self, r: dict[str, Any]) -> None:
-        for d in r.get("dataloaders", []):
-            self.ev.dataloaders.append(m.DataLoaderInfo(id=d["id"], where=_frame(d.get("where")),
-                                                        settings=d["settings"]))
+    def _loaders(self, loaders: list[m.DataLoaderInfo]) -> None:
+        for d in loaders:
+            d.where = recorded_frame(d.where)
+            self.ev.dataloaders.append(d)
 
     def finish(self, returncode: int, stderr_tail: str) -> m.Evidence:
         ev = self.ev
@@ -162,12 +165,11 @@ def crash_frame(stderr_tail: str) -> m.Frame | None:
 
     for file, line, function in _FAULT_FRAME.findall(stderr_tail or ""):
         if not is_library(file):
-            return m.Frame(file=file, line=int(line), function=function,
-                           code=linecache.getline(file, int(line)).strip())
+            return recorded_frame({"file": file, "line": line, "function": function})
     return None
 
 
-def run_child(request: RunRequest, on_record: Callable[[dict], None] | None = None,
+def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | None = None,
               forward_stderr: bool = True) -> m.Evidence:
     """Run the target in a child process and return the evidence it streamed, however it ended.
 

@@ -1,7 +1,9 @@
 """The evidence stream from the child process to the parent: one JSON object per line on a pipe.
 
-The child writes each record as soon as it exists (environment, each step, the ending), so if the
-child dies hard the parent still holds every record written before.
+The records are the typed Structs of auditor.capture.wire. The child writes each as soon as it
+exists (environment, each step, the ending), so if the child dies hard the parent still holds
+every record written before. The pipe is the child's own file descriptor, never its stdout: what
+the user's program prints does not mix in.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from typing import Any, Iterable, Iterator
 
 import msgspec
 
-_encoder = msgspec.json.Encoder()
+from auditor.capture import wire
+
 READ_PAUSE_S = 0.05  # the reader's pause between reads (see read_chunks)
 
 
@@ -24,14 +27,13 @@ class Writer:
         self.pid = os.getpid()
         self.lock = threading.Lock()
 
-    def send(self, kind: str, **payload: Any) -> None:
+    def send(self, record: wire.Record) -> None:
         if os.getpid() != self.pid:  # a forked DataLoader worker inherited the pipe: stay silent
             return
-        record = {"kind": kind, **payload}
         try:
-            data = _encoder.encode(record) + b"\n"
+            data = wire.encode(record)
         except UnicodeEncodeError:  # a path that is not UTF-8 (undecodable bytes kept as surrogates)
-            data = _encoder.encode(_utf8(record)) + b"\n"
+            data = msgspec.json.encode(_utf8(msgspec.to_builtins(record))) + b"\n"
         with self.lock:
             view = memoryview(data)
             try:
@@ -70,11 +72,12 @@ def split_lines(chunks: Iterable[bytes], redraws: bool = False) -> Iterator[byte
         yield rest
 
 
-def read_records(chunks: Iterable[bytes]) -> Iterator[tuple[dict[str, Any], bytes]]:
-    """(record, raw line) for each complete line in a stream of chunks (see split_lines)."""
+def read_records(chunks: Iterable[bytes]) -> Iterator[tuple[wire.Record, bytes]]:
+    """(record, raw line) for each complete line in a stream of chunks (see split_lines); a line
+    that is not a record of auditor.capture.wire is skipped."""
     for line in split_lines(chunks):
         try:
-            yield msgspec.json.decode(line), line
+            yield wire.DECODER.decode(line), line
         except msgspec.DecodeError:
             continue
 

@@ -20,7 +20,8 @@ Layouts understood (others are walked generically, every tensor still checked):
   * Lightning: {"state_dict", "optimizer_states": [...], "lr_schedulers": [...], "global_step", "epoch"};
   * an optimizer state_dict alone ({"state", "param_groups"}).
 
-Evidence: `Evidence(source="checkpoint", extra={"checkpoint": {...}})` with, per tensor, its section
+Evidence: `Evidence(source="checkpoint", checkpoint=CheckpointSummary(...))` (auditor.evidence.
+checkpoint_summary, where each field is described) with, per tensor, its section
 (model | optimizer | other), dtype, numel, NaN/+inf/-inf counts, largest finite |value| (None when
 it holds no finite value) and count of negative values; the optimizers' param groups (lr,
 initial_lr, betas, ...) and state coverage; the schedulers' scalar state (base_lrs, last_epoch,
@@ -32,8 +33,7 @@ rule reads what:
   * checkpoint-health — extreme magnitudes, float16 tensors near their limit, impossible optimizer
     state (negative exp_avg_sq) and parameters with no optimizer state.
 
-CONFIG (JSON, TOML, or YAML: PyYAML when installed, else a built-in reader for plain nested
-mappings, scalars and [inline, lists]). Accepted keys, at the top level or under one of the
+CONFIG (JSON, TOML, or YAML, read with PyYAML's safe_load). Accepted keys, at the top level or under one of the
 sections optimizer / optim / training / train / trainer / hparams / hyperparameters / model:
   lr (or learning_rate), weight_decay, momentum, eps, betas;
 and a scheduler section (scheduler / lr_scheduler) whose keys are compared with the stored
@@ -49,6 +49,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from auditor.evidence.checkpoint_summary import CheckpointSummary
 from auditor.evidence.errors import InputError
 from auditor.evidence.model import Environment, Evidence
 
@@ -428,7 +431,7 @@ def scheduler_summary(d: Any, name: str) -> dict[str, Any] | None:
 
 
 def summarize(obj: Any, path: Path, size: int | None = None) -> dict[str, Any]:
-    """The checkpoint's contents as plain data for the rules (see the module docstring)."""
+    """The checkpoint's contents, as the plain data of a CheckpointSummary."""
     tensors: list[dict] = []
     optimizers: list[dict] = []
     schedulers: list[dict] = []
@@ -502,7 +505,9 @@ def read_config(path: Path) -> dict[str, Any]:
                 import tomli as tomllib
             data = tomllib.loads(text)
         else:
-            data = _yaml(text)
+            import yaml
+
+            data = yaml.safe_load(text)
     except InputError:
         raise
     except Exception as e:
@@ -510,61 +515,6 @@ def read_config(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{path}: the config must be a mapping of keys to values")
     return data
-
-
-def _yaml(text: str) -> Any:
-    try:
-        import yaml  # type: ignore[import-not-found]
-    except ImportError:
-        return _mini_yaml(text)
-    return yaml.safe_load(text)
-
-
-def _yaml_scalar(s: str) -> Any:
-    s = s.strip()
-    if not s or s in ("~", "null", "None"):
-        return None
-    if s[0] in "\"'" and s[-1] == s[0]:
-        return s[1:-1]
-    if s[0] == "[" and s[-1] == "]":
-        inner = s[1:-1].strip()
-        return [_yaml_scalar(x) for x in inner.split(",")] if inner else []
-    low = s.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    for conv in (int, float):
-        try:
-            return conv(s)
-        except ValueError:
-            pass
-    return s
-
-
-def _mini_yaml(text: str) -> dict[str, Any]:
-    """Nested `key: value` mappings by indentation, scalars and [inline, lists]: enough for the
-    lr / optimizer / scheduler keys compared here when PyYAML is not installed."""
-    root: dict[str, Any] = {}
-    stack: list[tuple[int, dict]] = [(-1, root)]
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = re.sub(r"\s+#.*$", "", raw) if not raw.lstrip().startswith("#") else ""
-        if not line.strip() or line.strip() in ("---", "..."):
-            continue
-        indent = len(line) - len(line.lstrip())
-        key, sep, value = line.strip().partition(":")
-        if not sep or key.startswith("- "):
-            raise InputError(f"line {n}: only `key: value` mappings are understood without PyYAML")
-        while stack[-1][0] >= indent:
-            stack.pop()
-        parent = stack[-1][1]
-        if value.strip():
-            parent[key.strip()] = _yaml_scalar(value)
-        else:
-            child: dict[str, Any] = {}
-            parent[key.strip()] = child
-            stack.append((indent, child))
-    return root
 
 
 def normalise_config(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -624,4 +574,5 @@ def checkpoint_evidence(path: Path, against: Path | None = None) -> Evidence:
         summary["config"] = config
         summary["config_file"] = str(against)
     env = Environment(torch_version=str(torch.__version__), device="cpu")
-    return Evidence(source="checkpoint", target=str(path), environment=env, extra={"checkpoint": summary})
+    return Evidence(source="checkpoint", target=str(path), environment=env,
+                    checkpoint=msgspec.convert(summary, CheckpointSummary))

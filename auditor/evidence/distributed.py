@@ -5,11 +5,9 @@ modules seen (DistInfo, in Evidence.distributed). Times are wall-clock milliseco
 """
 from __future__ import annotations
 
-import linecache
-
 import msgspec
 
-from auditor.evidence.frame import Frame
+from auditor.evidence.frame import Frame, recorded_frame
 
 
 class CallSite(msgspec.Struct, frozen=True):
@@ -19,15 +17,12 @@ class CallSite(msgspec.Struct, frozen=True):
     line: int
     function: str = ""
 
-    def frame(self) -> Frame:
-        """A Frame of this place with its source line, when the file is on this disk."""
-        return Frame(file=self.file, line=int(self.line), function=self.function or "",
-                     code=linecache.getline(self.file, int(self.line)).strip())
 
 
 def frame_of(site: CallSite | None) -> Frame | None:
-    """The Frame of a recorded call site (None when none was recorded)."""
-    return site.frame() if site is not None and site.file else None
+    """The Frame of a recorded call site, with its source line when the file is on this disk
+    (None when none was recorded)."""
+    return recorded_frame(site) if site is not None else None
 
 
 class Collective(msgspec.Struct):

@@ -11,11 +11,14 @@ from typing import Any
 
 import msgspec
 
+from auditor.evidence.checkpoint_summary import CheckpointSummary
 from auditor.evidence.distributed import DistInfo, DistStep
 from auditor.evidence.frame import Frame
 from auditor.evidence.ranks.model import RankIdentity, RankSet
 
-EVIDENCE_VERSION = 1
+# 2: each collector's data in the field named after it (StepRecord.numerics, Evidence.checkpoint,
+# ...). A version-1 document held them in an `extra` mapping by name: decode() reads both.
+EVIDENCE_VERSION = 2
 
 # Kinds of probe tallies recorded while steps run (see auditor.capture.probes).
 SYNC = "sync"  # a device->host synchronisation: .item(), .cpu(), bool(t), torch.cuda.synchronize() ...
@@ -83,7 +86,7 @@ class StepRecord(msgspec.Struct):
     device_reserved: int | None = None
     anomaly_enabled: bool = False
     tallies: list[Tally] = []
-    extra: dict[str, Any] = {}  # per-step data from collectors (auditor.capture.collectors), by name
+    numerics: dict[str, Any] | None = None  # the numerics collector's data for this step
     distributed: DistStep | None = None  # the distributed collector's record of the step (None: nothing distributed)
 
 
@@ -129,8 +132,8 @@ class ProfileWindow(msgspec.Struct):
 
     steps: list[int]
     trace_files: list[str] = []  # relative to the run directory
-    # [{"name", "count", "self_ms", "total_ms"}] by self time: only a failed profiler's note now (and
-    # runs saved by older versions); the report computes the table from the trace (Trace.top_ops)
+    # [{"name", "count", "self_ms", "total_ms"}] by self time, when given: the child sends only a
+    # failed profiler's note here; the report computes the table from the trace (Trace.top_ops)
     top_ops: list[dict[str, Any]] = []
 
 
@@ -175,10 +178,11 @@ class Evidence(msgspec.Struct, dict=True):
     ending: Ending = msgspec.field(default_factory=Ending)
     traces: list[str] = []  # profiler traces (Chrome/Kineto JSON), relative to the run dir or absolute
     snapshots: list[str] = []  # CUDA memory snapshot pickles
-    extra: dict[str, Any] = {}  # evidence added by later stages (e.g. numerics)
+    numerics: dict[str, Any] | None = None  # the numerics collector's data for the whole run
+    distributed: DistInfo | None = None  # the distributed setup the run saw (None: nothing distributed)
     rank: RankIdentity | None = None  # who recorded it, when a rank of a launched job did
     ranks: RankSet | None = None  # the merged view of all ranks, on the evidence merged from them
-    distributed: DistInfo | None = None  # the distributed setup the run saw (None: nothing distributed)
+    checkpoint: CheckpointSummary | None = None  # what `audit checkpoint` read
 
     @property
     def trace_data(self) -> list[Any]:
@@ -229,10 +233,10 @@ class Evidence(msgspec.Struct, dict=True):
         """Median time per step the numerics checks took inside the step (its wall time includes
         it): how much of a step's time is the audit's own. None when no step was checked."""
         times = [d["check_in_step_ms"] for s in self.steps
-                 if not s.failed and not s.profiled and isinstance(d := s.extra.get("numerics"), dict)
+                 if not s.failed and not s.profiled and isinstance(d := s.numerics, dict)
                  and isinstance(d.get("check_in_step_ms"), (int, float))]
-        # (rounded once, here: findings.json, the summary and the report then show one number; a
-        # median of two values rounded again in each printed 0.64 beside 0.65)
+        # (rounded once, here, so that findings.json, the summary and the report show one number:
+        # a median of two values rounded again in each could show 0.64 beside 0.65)
         return round(statistics.median(times), 3) if times else None
 
     def tallies(self, kind: str, include_setup: bool = False) -> list[tuple[int, Tally]]:
@@ -261,4 +265,31 @@ def encode(evidence: Evidence) -> bytes:
 
 
 def decode(data: bytes) -> Evidence:
-    return msgspec.json.decode(data, type=Evidence)
+    """Evidence from evidence.json, of this version or version 1 (see EVIDENCE_VERSION)."""
+    evidence = msgspec.json.decode(data, type=Evidence)
+    return evidence if evidence.version >= 2 else _from_version_1(msgspec.json.decode(data))
+
+
+def _from_version_1(doc: dict[str, Any]) -> Evidence:
+    """A version-1 document: each key of the `extra` mappings (the evidence's and each step's) goes
+    into the field of the same name, converted to its type. A key with no such field is dropped,
+    with a load note."""
+    dropped: list[str] = []
+
+    def lift(d: dict[str, Any], struct: type) -> None:
+        names = {f.name for f in msgspec.structs.fields(struct)}
+        for key, value in (d.pop("extra", None) or {}).items():
+            if key in names and key not in d:
+                d[key] = value
+            elif key not in dropped:
+                dropped.append(key)
+
+    lift(doc, Evidence)
+    for step in doc.get("steps") or []:
+        if isinstance(step, dict):
+            lift(step, StepRecord)
+    doc["version"] = EVIDENCE_VERSION
+    evidence = msgspec.convert(doc, type=Evidence)
+    for key in dropped:
+        add_load_note(evidence, f"evidence.json (version 1): its {key!r} data is not read by this version")
+    return evidence

@@ -66,8 +66,8 @@ def is_run_dir(path: Path) -> bool:
 
 
 def load_run_dir(run_dir: Path) -> Evidence:
-    """The evidence of a saved run, its recording paths absolute (the module docstring). Notes
-    said twice (evidence saved by older versions piled them up) are said once."""
+    """The evidence of a saved run, its recording paths absolute (the module docstring). A note
+    an evidence.json holds twice is said once."""
     path = run_dir / EVIDENCE_FILE
     try:
         evidence = decode(path.read_bytes())

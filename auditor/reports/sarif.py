@@ -124,8 +124,8 @@ def input_file(f: Finding, evidence: Evidence) -> str | None:
     named = [*(held if isinstance(held, list) else []), *named]
     target = (evidence.target or "").rsplit(":", 1)[0] if evidence.source == "run" else evidence.target
     run_file = [target] if evidence.source == "run" else []  # (a run's own finding: the trainer, not its trace)
-    ck = evidence.extra.get("checkpoint") if evidence.source == "checkpoint" else None
-    read = [p for ps in ((ck.get("files") or {}) if isinstance(ck, dict) else {}).values() for p in ps]
+    ck = evidence.checkpoint if evidence.source == "checkpoint" else None
+    read = [p for ps in ((ck.files or {}) if ck is not None else {}).values() for p in ps]
     for c in [*named, *run_file, *evidence.snapshots, *evidence.traces, evidence.target, *read]:
         if isinstance(c, str) and c and os.path.isfile(c):
             return c

@@ -108,16 +108,15 @@ def elsewhere_phrase(n: int) -> str:
 def checkpoint_overview(evidence: Evidence) -> dict[str, Any] | None:
     """What `audit checkpoint` read, as both reports state it (None for anything else): a checkpoint
     has tensors, not steps, so a run's step-time summary would only say "0 step(s)" about it."""
-    ck = evidence.extra.get("checkpoint") if evidence.source == "checkpoint" else None
-    if not isinstance(ck, dict):
+    ck = evidence.checkpoint if evidence.source == "checkpoint" else None
+    if ck is None:
         return None
-    tensors = [t for t in ck.get("tensors") or [] if isinstance(t, dict)]
-    sections = {s: n for s in ("model", "optimizer", "other") if (n := sum(t.get("section") == s for t in tensors))}
-    return {"layout": ck.get("layout") or "other", "bytes": ck.get("bytes"), "tensors": len(tensors),
-            "values": sum(int(t.get("numel") or 0) for t in tensors), "sections": sections,
-            "nonfinite": sum(bool(t.get("nan") or t.get("posinf") or t.get("neginf")) for t in tensors),
-            "optimizers": len(ck.get("optimizers") or []), "schedulers": len(ck.get("schedulers") or []),
-            "meta": ck.get("meta") or {}}
+    tensors = ck.tensors
+    sections = {s: n for s in ("model", "optimizer", "other") if (n := sum(t.section == s for t in tensors))}
+    return {"layout": ck.layout or "other", "bytes": ck.bytes, "tensors": len(tensors),
+            "values": sum(t.numel for t in tensors), "sections": sections,
+            "nonfinite": sum(bool(t.nonfinite) for t in tensors),
+            "optimizers": len(ck.optimizers), "schedulers": len(ck.schedulers), "meta": ck.meta}
 
 
 def snapshot_overview(evidence: Evidence) -> list[dict[str, Any]] | None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import msgspec
+
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Finding, Fix
@@ -48,48 +50,47 @@ class CheckpointHealth(Rule):
     )
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
-        if ev.source != "checkpoint" or not isinstance(ev.extra.get("checkpoint"), dict):
+        if ev.source != "checkpoint" or ev.checkpoint is None:
             return "needs a checkpoint (`audit checkpoint FILE`)"
         return None
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        ck = ev.extra["checkpoint"]
-        tensors = [t for t in ck.get("tensors", []) if "max_abs" in t]
+        ck = ev.checkpoint
+        tensors = [t for t in ck.tensors if t.checked]
         # (max_abs is None when a tensor has no finite value: no magnitude to judge, and nonfinite reports it)
-        sized = [t for t in tensors if t["max_abs"] is not None]
-        extreme = [t for t in sized if t["section"] == "model" and t["max_abs"] > options["extreme-abs"]]
-        near16 = [t for t in sized if t["dtype"] == "float16" and t["max_abs"] > options["fp16-margin"] * FP16_MAX]
+        sized = [t for t in tensors if t.max_abs is not None]
+        extreme = [t for t in sized if t.section == "model" and t.max_abs > options["extreme-abs"]]
+        near16 = [t for t in sized if t.dtype == "float16" and t.max_abs > options["fp16-margin"] * FP16_MAX]
         if extreme or near16:
-            worst = sorted(extreme + [t for t in near16 if t not in extreme], key=lambda t: -t["max_abs"])
-            shown = ", ".join(f"{t['name']} (max |w| {t['max_abs']:.3g})" for t in worst[:5])
+            worst = sorted(extreme + [t for t in near16 if t not in extreme], key=lambda t: -t.max_abs)
+            shown = ", ".join(f"{t.name} (max |w| {t.max_abs:.3g})" for t in worst[:5])
             yield self.finding(
-                f"{len(worst)} tensor{'s' if len(worst) > 1 else ''} in {ck.get('file')} hold{'' if len(worst) > 1 else 's'} extreme values: {shown}"
+                f"{len(worst)} tensor{'s' if len(worst) > 1 else ''} in {ck.file} hold{'' if len(worst) > 1 else 's'} extreme values: {shown}"
                 f"{' …' if len(worst) > 5 else ''}"
                 + (f"; {len(near16)} float16 tensors are above {options['fp16-margin']:.0%} of float16's range" if near16 else "")
                 + ".",
-                evidence={"extreme": worst[:50], "threshold": options["extreme-abs"], "fp16_near_limit": len(near16),
-                          "largest_abs": worst[0]["max_abs"]},
+                evidence={"extreme": msgspec.to_builtins(worst[:50]), "threshold": options["extreme-abs"],
+                          "fp16_near_limit": len(near16), "largest_abs": worst[0].max_abs},
                 fix=Fix(summary="Resume from an earlier checkpoint, before the weights grew; clip gradients and lower "
                                 "the learning rate (audit run shows which layers' gradients dominate).", config={}))
-        bad_moments = [t for t in tensors if t["section"] == "optimizer" and t["name"].endswith("exp_avg_sq")
-                       and t.get("negative")]
+        bad_moments = [t for t in tensors if t.section == "optimizer" and t.name.endswith("exp_avg_sq") and t.negative]
         if bad_moments:
             yield self.finding(
-                f"{len(bad_moments)} exp_avg_sq tensors in {ck.get('file')} hold negative values "
-                f"({', '.join(t['name'] + ': ' + str(t['negative']) for t in bad_moments[:4])}): Adam's second moment "
+                f"{len(bad_moments)} exp_avg_sq tensors in {ck.file} hold negative values "
+                f"({', '.join(t.name + ': ' + str(t.negative) for t in bad_moments[:4])}): Adam's second moment "
                 "cannot be negative, so this state is corrupted or belongs to other parameters.",
                 severity="error", title="Optimizer state is impossible",
-                evidence={"tensors": bad_moments[:50]},
+                evidence={"tensors": msgspec.to_builtins(bad_moments[:50])},
                 fix=Fix(summary="Do not load this optimizer state; save model and optimizer state from the same objects.",
                         config={}))
-        for o in ck.get("optimizers", []):
-            missing = o.get("params", 0) - o.get("params_with_state", 0)
-            if o.get("params_with_state") and missing > 0:
+        for o in ck.optimizers:
+            missing = o.params - o.params_with_state
+            if o.params_with_state and missing > 0:
                 yield self.finding(
-                    f"{missing} of {o['params']} parameters in {o['name']} have no optimizer state in {ck.get('file')}: "
+                    f"{missing} of {o.params} parameters in {o.name} have no optimizer state in {ck.file}: "
                     "they never received a gradient (frozen or unused), or the state is another model's.",
                     severity="info", title="Parameters without optimizer state",
-                    evidence={"optimizer": o["name"], "params": o["params"], "params_with_state": o["params_with_state"],
-                              "step_min": o.get("step_min"), "step_max": o.get("step_max")},
+                    evidence={"optimizer": o.name, "params": o.params, "params_with_state": o.params_with_state,
+                              "step_min": o.step_min, "step_max": o.step_max},
                     fix=Fix(summary="Check that every trainable parameter is used in the loss; pass frozen ones to no "
                                     "optimizer.", config={}))

@@ -8,6 +8,7 @@ from bisect import bisect_right
 from typing import Any, Callable, Iterable
 
 from auditor.evidence import model as m
+from auditor.evidence.checkpoint_summary import CheckpointSummary
 from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix, Location
 from auditor.fixes import parse_file
@@ -82,15 +83,15 @@ class LrSchedule(Rule):
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
         if ev.source == "checkpoint":
-            ck = ev.extra.get("checkpoint")
-            return None if isinstance(ck, dict) and ck.get("config") else "needs --against CONFIG to compare with"
-        if ev.source != "run" or not any(isinstance(s.extra.get("numerics"), dict) for s in ev.steps):
+            ck = ev.checkpoint
+            return None if ck is not None and ck.config else "needs --against CONFIG to compare with"
+        if ev.source != "run" or not any(isinstance(s.numerics, dict) for s in ev.steps):
             return "needs a run with the numerics collector, or a checkpoint with --against"
         return None
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         if ev.source == "checkpoint":
-            yield from self._checkpoint(ev.extra["checkpoint"], options)
+            yield from self._checkpoint(ev.checkpoint, options)
             return
         view = NumericsView.of(ev)
         series: dict[int, list[tuple[int, list]]] = {}
@@ -281,11 +282,11 @@ class LrSchedule(Rule):
 
     # --- a checkpoint against a config --------------------------------------------------------------
 
-    def _checkpoint(self, ck: dict, options: dict) -> Iterable[Finding]:
-        cfg = ck.get("config") or {}
+    def _checkpoint(self, ck: CheckpointSummary, options: dict) -> Iterable[Finding]:
+        cfg = ck.config or {}
         mismatches = []
-        for oi, o in enumerate(ck.get("optimizers") or []):
-            for gi, g in enumerate(o.get("param_groups") or []):
+        for oi, o in enumerate(ck.optimizers):
+            for gi, g in enumerate(o.param_groups):
                 for key, stored_key in (("lr", "initial_lr"), ("lr", "lr"), ("weight_decay", "weight_decay"),
                                         ("momentum", "momentum"), ("eps", "eps"), ("betas", "betas")):
                     if key not in cfg or stored_key not in g:
@@ -296,7 +297,7 @@ class LrSchedule(Rule):
                         mismatches.append({"key": key, "config": cfg[key], "stored": g[stored_key],
                                            "where": f"optimizer[{oi}].param_groups[{gi}].{stored_key}"})
         sched_cfg = cfg.get("scheduler") or {}
-        for si, s in enumerate(ck.get("schedulers") or []):
+        for si, s in enumerate(ck.schedulers):
             if "lr" in cfg and s.get("base_lrs"):
                 for bi, b in enumerate(s["base_lrs"]):
                     if _value_differs(b, cfg["lr"], options["rtol"]):
@@ -309,12 +310,12 @@ class LrSchedule(Rule):
         if not mismatches:
             return
         shown = "; ".join(f"{x['where']} = {x['stored']} (config {x['key']} = {x['config']})" for x in mismatches[:4])
-        current = [g.get("lr") for o in ck.get("optimizers") or [] for g in o.get("param_groups") or []]
+        current = [g.get("lr") for o in ck.optimizers for g in o.param_groups]
         yield self.finding(
-            f"Resuming from {ck.get('file')} does not reproduce {ck.get('config_file')}: {shown}"
+            f"Resuming from {ck.file} does not reproduce {ck.config_file}: {shown}"
             f"{' …' if len(mismatches) > 4 else ''}. optimizer.load_state_dict / scheduler.load_state_dict would "
             "silently keep the stored values.",
-            evidence={"file": ck.get("file"), "config_file": ck.get("config_file"), "mismatches": mismatches,
+            evidence={"file": ck.file, "config_file": ck.config_file, "mismatches": mismatches,
                       "reproduces_config": False, "stored_lr": current, "config": cfg},
             fix=Fix(summary="After loading, set the config's values on the optimizer's param groups (lr and initial_lr) "
                             "and rebuild the scheduler, or update the config to match the checkpoint.",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import heapq
-import linecache
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -16,13 +15,14 @@ from typing import Any, Iterable, Iterator
 import msgspec
 
 from auditor.evidence import model as m
+from auditor.evidence.frame import recorded_frame
+from auditor.evidence.checkpoint_summary import CheckpointSummary, TensorStats
 from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix, Location
 from auditor.rules.common import file_name
 from auditor.fixes import parse_file, read_lines
 
 FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this
-FP16_EXP_LIMIT = 11.09
 FP16_MAX = 65504.0
 
 
@@ -49,10 +49,8 @@ def finite(x: Any) -> bool:
 
 
 def location(where: dict | None) -> Location | None:
-    if not where or not where.get("file"):
-        return None
-    return Location(file=where["file"], line=int(where["line"]),
-                    code=linecache.getline(where["file"], int(where["line"])).strip())
+    frame = recorded_frame(where)
+    return Location(file=frame.file, line=frame.line, code=frame.code) if frame is not None else None
 
 
 def _names(params: list[str], shown: int = 4) -> str:
@@ -106,14 +104,14 @@ class NumericsView:
             return cached
         view = cls()
         for s in ev.steps:
-            d = s.extra.get("numerics")
+            d = s.numerics
             if not isinstance(d, dict):
                 continue
             view._tables(d)
             for r in d.get("opt_steps") or ():
                 view._rank_params(r)
             view.steps.append((s.index, d))
-        final = ev.extra.get("numerics")
+        final = ev.numerics
         if isinstance(final, dict):
             view._tables(final)
         ev.__dict__["_numerics_view"] = view
@@ -166,7 +164,7 @@ class NumericsView:
 def needs_numerics(ev: m.Evidence) -> str | None:
     if ev.source != "run":
         return "needs a run (`audit run`) with the numerics collector"
-    if not any(isinstance(s.extra.get("numerics"), dict) for s in ev.steps):
+    if not any(isinstance(s.numerics, dict) for s in ev.steps):
         return "the run has no numerics evidence (`--no-numerics`, or no step ran)"
     return None
 
@@ -342,12 +340,12 @@ class Nonfinite(Rule):
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
         if ev.source == "checkpoint":
-            return None if isinstance(ev.extra.get("checkpoint"), dict) else "the checkpoint evidence is missing"
+            return None if ev.checkpoint is not None else "the checkpoint evidence is missing"
         return needs_numerics(ev)
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         if ev.source == "checkpoint":
-            yield from self._checkpoint(ev.extra["checkpoint"])
+            yield from self._checkpoint(ev.checkpoint)
             return
         view = NumericsView.of(ev)
         named: set[int] = set()  # sites the error names: their near misses are part of it
@@ -550,43 +548,44 @@ class Nonfinite(Rule):
 
     # --- a checkpoint ---------------------------------------------------------------------------
 
-    def _checkpoint(self, ck: dict) -> Iterable[Finding]:
-        bad = [t for t in ck.get("tensors", []) if t.get("nan") or t.get("posinf") or t.get("neginf")]
-        logged = (ck.get("training_log") or {}).get("first_nonfinite")
+    def _checkpoint(self, ck: CheckpointSummary) -> Iterable[Finding]:
+        bad = [t for t in ck.tensors if t.nonfinite]
+        logged = ck.training_log.first_nonfinite if ck.training_log is not None else None
         history = _logged_history(logged) if logged else ""
         if not bad and not logged:
             return
-        parts = ck.get("files") or {}  # (a checkpoint directory: the files each part came from)
+        parts = ck.files or {}  # (a checkpoint directory: the files each part came from)
+        training_log = msgspec.to_builtins(ck.training_log)
         if not bad:
             yield self.finding(
-                f"Every tensor in {ck.get('file')} is finite, but training had gone non-finite before it was saved."
+                f"Every tensor in {ck.file} is finite, but training had gone non-finite before it was saved."
                 + history,
-                severity="warning", evidence={"file": ck.get("file"), "training_log": ck.get("training_log"),
+                severity="warning", evidence={"file": ck.file, "training_log": training_log,
                                               **({"files": parts["training_log"]} if parts.get("training_log") else {})},
                 fix=Fix(summary="Resume from a checkpoint saved before that step, and find the origin with `audit run` "
                                 "(lower the learning rate or clip gradients if grad_norm grew first).", config={}))
             return
-        sections = sorted({t["section"] for t in bad})
-        names = ", ".join(f"{t['name']} ({_counts(t)})" for t in bad[:5])
+        sections = sorted({t.section for t in bad})
+        names = ", ".join(f"{t.name} ({_counts(t)})" for t in bad[:5])
         yield self.finding(
-            f"{len(bad)} of {len(ck.get('tensors', []))} tensors in {ck.get('file')} hold non-finite values "
+            f"{len(bad)} of {len(ck.tensors)} tensors in {ck.file} hold non-finite values "
             f"({', '.join(sections)}): {names}{' …' if len(bad) > 5 else ''}." + history,
-            evidence={"file": ck.get("file"), "tensors": bad[:50], "nonfinite_tensors": len(bad),
-                      "nonfinite_values": sum(t.get("nan", 0) + t.get("posinf", 0) + t.get("neginf", 0) for t in bad),
-                      "sections": sections, "training_log": ck.get("training_log"),
+            evidence={"file": ck.file, "tensors": msgspec.to_builtins(bad[:50]), "nonfinite_tensors": len(bad),
+                      "nonfinite_values": sum(t.nonfinite for t in bad),
+                      "sections": sections, "training_log": training_log,
                       **({"files": held} if (held := _files_holding(bad, ck)) else {})},
             fix=Fix(summary="Do not resume from this checkpoint: its weights or optimizer state are poisoned. "
                             "Resume from the last checkpoint without NaN/inf and find the origin with `audit run`.",
                     config={}))
 
 
-def _files_holding(tensors: list[dict], ck: dict) -> list[str]:
+def _files_holding(tensors: list[TensorStats], ck: CheckpointSummary) -> list[str]:
     """The files of a checkpoint directory that hold `tensors`: a weight's own shard when the index
     names it, else the files of its section (weights, optimizer.pt). Empty for a single file."""
-    shards, parts = ck.get("shards") or {}, ck.get("files") or {}
+    shards, parts = ck.shards or {}, ck.files or {}
     held: list[str] = []
     for t in tensors:
-        held += [shards[t["name"]]] if t["name"] in shards else parts.get(t["section"], [])
+        held += [shards[t.name]] if t.name in shards else parts.get(t.section, [])
     return list(dict.fromkeys(held))
 
 
@@ -727,9 +726,9 @@ def _at(loc: Location | None) -> str:
     return f"{loc.file.rsplit('/', 1)[-1]}:{loc.line}" if loc else "an unknown line"
 
 
-def _counts(t: dict) -> str:
-    parts = [f"{t[k]} {label}" for k, label in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf")) if t.get(k)]
-    return ", ".join(parts) + f" of {t.get('numel')}"
+def _counts(t: TensorStats) -> str:
+    parts = [f"{n} {label}" for n, label in ((t.nan, "NaN"), (t.posinf, "+inf"), (t.neginf, "-inf")) if n]
+    return ", ".join(parts) + f" of {t.numel}"
 
 
 def _optimizer_event(view: NumericsView, opt: int | None) -> dict | None:

@@ -32,14 +32,13 @@ from typing import Callable, Iterator
 import click
 
 from auditor.evidence import model as m
-from auditor.evidence.ranks.merge import find_rank_dirs, merge_runs
 from auditor.evidence.ranks.model import RankIdentity
 from auditor.evidence.store import EVIDENCE_FILE, is_run_dir
 
 ENV_MERGE = "AUDIT_RANK_MERGE"  # "launcher": the launching process merges, ranks only write
 ENV_RUN_ID = "AUDIT_RUN_ID"  # set by the launching `audit run`; else torchrun's TORCHELASTIC_RUN_ID
 MARKER = ".audit-run"  # in rank-K/, written after evidence.json: the run id that evidence belongs to
-DEFAULT_RANK_TIMEOUT_S = 120.0
+DEFAULT_RANK_TIMEOUT_S = 120.0  # how long the merging rank waits for the others' evidence (--rank-timeout)
 STOPPED_RANK_TIMEOUT_S = 10.0  # a launcher SIGKILLs 30 s after SIGTERM: merge well before that
 POLL_S = 0.2
 
@@ -117,6 +116,8 @@ def launch(target: str, nproc: int, out: Path, rank_args: list[str],
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
             proc.kill()
             rc = proc.wait()
+    from auditor.evidence.ranks.merge import merge_runs
+
     dirs = rank_dirs_of(out, nproc, run_id)
     if not dirs:
         click.echo(f"audit: error: no rank wrote evidence under {out} (torch.distributed.run exited {rc})",
@@ -187,6 +188,8 @@ class RankSession:
                        f"evidence in {self.run_dir}")
             if not env.merges():
                 return 0 if m.ended_well(evidence.ending) else 3
+            from auditor.evidence.ranks.merge import merge_runs
+
             dirs = wait_for_ranks(self.root, env.world_size, env.run_id, timeout_s, lambda: self.stopped)
             merged = merge_runs([(_load(d), d) for d in dirs], world_size=env.world_size, out=self.root)
             return report(merged, self.root)
@@ -214,6 +217,8 @@ def save_atomic(evidence: m.Evidence, run_dir: Path) -> Path:
 def rank_dirs_of(root: Path, world_size: int, run_id: str | None) -> list[Path]:
     """The rank directories under `root` holding this run's evidence (by the marker each rank writes
     last), so a DIR reused from an earlier or a larger run never mixes in stale ranks."""
+    from auditor.evidence.ranks.merge import find_rank_dirs
+
     out = []
     for d in find_rank_dirs(root):
         marker = d / MARKER

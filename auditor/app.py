@@ -1,0 +1,309 @@
+"""The `audit` pipelines behind the command line: run, analyze, report and checkpoint, and their exit codes.
+
+Each pipeline returns the exit code (a contract, documented in the README):
+  0  audit done, no finding at or above --fail-on (or --fail-on not given)
+  1  a finding at or above --fail-on
+  2  usage error: bad TARGET, missing file, no such callable, bad option or input file
+  3  the target failed: its step or setup raised, was interrupted, ran out of memory or crashed
+  4  internal error of the auditor itself (one line; AUDIT_DEBUG=1 shows the traceback)
+A usage error is raised as UsageFailure (auditor.cli prints it as one line and exits 2).
+
+Every pipeline ends the same way (`finish`): save the evidence, then load -> rules -> reports, the
+path `audit analyze DIR` takes.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from auditor.config import Config, ConfigError, load_config
+from auditor.evidence.errors import InputError
+from auditor.findings import severity_rank
+
+EXIT_OK, EXIT_FAIL_ON, EXIT_USAGE, EXIT_TARGET_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 4
+
+
+class UsageFailure(Exception):
+    """Printed as one line on stderr; exit 2."""
+
+
+# --- output directories --------------------------------------------------------------------------
+
+def _default_out(name: str) -> Path:
+    """audit-out/<name>-<timestamp>, the name cut to 100 characters: a file name may be 255 bytes
+    long, and `checkpoint-<a 240-character file name>-<timestamp>` could not be made."""
+    return Path("audit-out") / f"{name[:100]}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+_MADE: set[Path] = set()  # output directories this command created (see output_dir, drop_if_unused)
+
+
+def output_dir(out_dir: Path | None, name: str) -> Path:
+    """The output directory (--out, or the default for `name`), created now: a path that cannot
+    be written is the user's to fix (exit 2), found before anything runs."""
+    out = out_dir or _default_out(name)
+    try:
+        if not out.exists():
+            _MADE.add(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_probe(out)
+    except OSError as e:
+        raise UsageFailure(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    return out
+
+
+def write_probe(directory: Path) -> None:
+    """Raises OSError when a file cannot be created in `directory`."""
+    probe = directory / f".audit-write-test-{os.getpid()}"
+    probe.touch()
+    probe.unlink()
+
+
+def drop_if_unused(out: Path) -> None:
+    """A run that never started (a usage error) leaves no output directory it made itself."""
+    if out in _MADE:
+        try:
+            out.rmdir()  # (only if empty)
+        except OSError:
+            pass
+
+
+def rule_config(start: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> Config:
+    """The [tool.auditor] config found from `start`, with --select/--ignore applied."""
+    try:
+        return load_config(start, select, ignore)
+    except ConfigError as e:
+        raise UsageFailure(str(e)) from None
+
+
+# --- the end every pipeline shares ---------------------------------------------------------------
+
+def exit_code(evidence, results, fail_on: str | None) -> int:
+    from auditor.evidence.model import ended_well
+
+    if evidence.source == "run" and not ended_well(evidence.ending):
+        return EXIT_TARGET_FAILED
+    if fail_on and any(severity_rank(f.severity) >= severity_rank(fail_on) for f in results.findings):
+        return EXIT_FAIL_ON
+    return EXIT_OK
+
+
+def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None) -> int:
+    """Save the evidence, then load -> rules -> reports: the same path `audit analyze DIR` takes."""
+    from auditor.evidence.load import load_paths
+    from auditor.evidence.model import add_load_note
+    from auditor.evidence.store import is_run_dir, save
+    from auditor.reports import write_reports
+    from auditor.reports.terminal import print_summary
+    from auditor.rules.engine import run_rules
+
+    save(evidence, out)
+    if evidence.source == "run" and is_run_dir(out):
+        try:
+            evidence = load_paths([out])  # attaches the profiled window's parsed trace
+        except InputError as e:
+            add_load_note(evidence, f"profiler trace not analysed: {e}")
+    results = run_rules(evidence, config)
+    written = write_reports(out, evidence, results)
+    unwritten = _unwritten(written)
+    if quiet:
+        ran = f", run {evidence.ending.status}" if evidence.source == "run" else ""  # (recordings: nothing ran)
+        where = f"report in {out}" if "report.html" not in unwritten else f"report not written, outputs in {out}"
+        click.echo(f"audit: {len(results.findings)} finding(s){ran}; {where}")
+    elif not unwritten:
+        print_summary(evidence, results, out)
+    else:  # the summary names the outputs found in `out`: an older one there is not this run's
+        print_summary(evidence, results, None)
+        _echo_written(out, written, unwritten)
+    return exit_code(evidence, results, fail_on or config.fail_on)
+
+
+def _unwritten(written: dict[str, Path]) -> list[str]:
+    """The output files a reporter failed to write (write_reports warned about each)."""
+    from auditor.reports import all_reporters
+
+    return [r.filename for r in all_reporters() if r.name not in written]
+
+
+def _echo_written(out: Path, written: dict[str, Path], unwritten: list[str]) -> None:
+    """The summary's closing lines when some outputs could not be written: which were, which
+    were not."""
+    from auditor.reports.terminal import OUTPUTS
+
+    report = written.get("html")
+    click.echo(f"report: {report if report else 'not written'}")
+    others = [str(out / n) for n in OUTPUTS  # (as the summary names them: empty patches left out)
+              if n != "report.html" and n not in unwritten and (out / n).is_file() and (out / n).stat().st_size]
+    if others:
+        click.echo("also: " + ", ".join(others))
+    click.echo(f"not written (see the warnings above): {', '.join(unwritten)}")
+
+
+def prewarm_report() -> None:
+    """Import what the report path needs (rules, the trace loader and pandas, plotly and its
+    template, the compiled page template) while the child imports torch and runs the steps, so
+    the user waits for none of it after the last step."""
+    import threading
+
+    def prewarm() -> None:
+        import importlib
+
+        from auditor.reports import html
+
+        importlib.import_module("auditor.evidence.load")  # pandas, numpy
+        from auditor.rules.registry import all_rules
+
+        all_rules()
+        html.prewarm()
+
+    threading.Thread(target=prewarm, daemon=True).start()
+
+
+def afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
+    """--open and --tensorboard: show the user what was written."""
+    if open_report and (out / "report.html").is_file():
+        import webbrowser
+
+        webbrowser.open((out / "report.html").resolve().as_uri())
+    if tensorboard:
+        from auditor.reports.tensorboard import (TensorBoardError, start_tensorboard, stop_tensorboard,
+                                                 tensorboard_available)
+
+        why_not = tensorboard_available()
+        if why_not:
+            click.echo(f"audit: cannot start TensorBoard: {why_not}", err=True)
+            return
+        try:
+            # a launch keeps each rank's logdir under rank-K/tb: TensorBoard finds them all from `out`
+            url, proc = start_tensorboard(out / "tb" if (out / "tb").is_dir() else out)
+        except TensorBoardError as e:
+            click.echo(f"audit: TensorBoard did not start: {str(e).splitlines()[0]}", err=True)
+            return
+        click.echo(f"TensorBoard: {url}#pytorch_profiler  (Ctrl-C to stop)")
+        try:
+            # in short waits, not one: a Ctrl-C that lands on another thread of this process must
+            # still reach the main thread, which only checks for it when it runs Python code
+            while proc.poll() is None:
+                try:
+                    proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stop_tensorboard(proc)
+
+
+# --- the pipelines -------------------------------------------------------------------------------
+
+def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
+        ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
+        quiet: bool, nproc_per_node: int | None, rank_timeout: float, numerics: bool,
+        script_args: tuple[str, ...]) -> int:
+    """`audit run`: the target in a child process (or N ranks of it under torch.distributed.run,
+    or this process as one rank of a launch: auditor.launch), then finish."""
+    from auditor import launch
+    from auditor.capture.progress import StepProgress
+    from auditor.capture.runner import RunRequest, run_child
+    from auditor.capture.target import TargetError, check_statically, parse_target
+
+    try:
+        t = parse_target(target)
+    except TargetError as e:
+        raise UsageFailure(str(e)) from None
+    config = rule_config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
+    session = launch.RankSession.from_env(out_dir, t.name)
+    if nproc_per_node is not None:
+        if session is not None:
+            raise UsageFailure("--nproc-per-node: already running under a launcher (RANK is set)")
+        try:
+            check_statically(t)  # a rank's usage error would reach us only as the launcher's failure
+        except TargetError as e:
+            raise UsageFailure(str(e)) from None
+        out = output_dir(out_dir, t.name)
+        prewarm_report()
+        code = launch.launch(target, nproc_per_node, out,
+                             launch.rank_argv(steps, profile, rehearse, numerics, script_args),
+                             lambda ev: finish(ev, config, out, quiet, fail_on))
+        afterwards(out, open_report, tensorboard)
+        return code
+    out = session.run_dir if session is not None else output_dir(out_dir, t.name)
+    if session is None or session.env.merges():  # (only the merging process writes the report)
+        prewarm_report()
+    with StepProgress(steps, enabled=not quiet and sys.stderr.isatty() and launch.shows_progress(session)) \
+            as progress, launch.stoppable(session):
+        try:
+            mode = "auto" if rehearse is None else "on" if rehearse else "off"
+            extra = ("--rehearse", mode, *(() if numerics else ("--no-numerics",)))
+            evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=extra, script_args=script_args,
+                                            catch_sigterm=session is None),
+                                 on_record=progress.on_record)
+        except TargetError as e:
+            drop_if_unused(out)
+            raise UsageFailure(str(e)) from None
+    if session is not None:  # distributed: save this rank; the merging rank reports on every rank
+        return session.finish(evidence, rank_timeout, lambda ev, root: finish(ev, config, root, quiet, fail_on))
+    code = finish(evidence, config, out, quiet, fail_on)
+    afterwards(out, open_report, tensorboard)
+    return code
+
+
+def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
+            ignore: tuple[str, ...], quiet: bool) -> int:
+    """`audit analyze`: the rules on recordings and saved runs."""
+    from auditor.evidence.load import load_paths
+
+    for p in paths:
+        if not p.exists():
+            raise UsageFailure(f"no such file or directory: {p}")
+    config = rule_config(Path.cwd(), select, ignore)
+    try:
+        evidence = load_paths(list(paths))
+    except InputError as e:
+        raise UsageFailure(str(e)) from None
+    out = output_dir(out_dir, "analyze")
+    return finish(evidence, config, out, quiet, fail_on)
+
+
+def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
+    """`audit report`: a saved run directory's reports written again, into it. Its exit code is 0
+    whatever the findings (no --fail-on)."""
+    from auditor.evidence.load import load_paths
+    from auditor.evidence.store import is_run_dir
+
+    if not is_run_dir(run_dir):
+        raise UsageFailure(f"{run_dir}: not an audit output directory (no evidence.json)")
+    try:  # the reports are written back into it (a copy from a cluster may be read-only)
+        write_probe(run_dir)
+    except OSError as e:
+        raise UsageFailure(f"{run_dir}: cannot write the reports there ({e.strerror or e}); "
+                           f"`audit analyze {run_dir} --out DIR` writes them elsewhere") from None
+    config = rule_config(Path.cwd(), select, ignore)
+    try:
+        evidence = load_paths([run_dir])
+    except InputError as e:
+        raise UsageFailure(str(e)) from None
+    finish(evidence, config, run_dir, quiet=False, fail_on=None)
+
+
+def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_on: str | None,
+               select: tuple[str, ...], ignore: tuple[str, ...], quiet: bool) -> int:
+    """`audit checkpoint`: a saved checkpoint's evidence (auditor.evidence.checkpoint), then finish."""
+    from auditor.evidence.checkpoint import checkpoint_evidence
+
+    if not file.exists():
+        raise UsageFailure(f"no such file: {file}")
+    if config_file is not None and not config_file.is_file():
+        raise UsageFailure(f"no such config file: {config_file}")
+    config = rule_config(Path.cwd(), select, ignore)
+    try:
+        evidence = checkpoint_evidence(file, config_file)
+    except InputError as e:
+        raise UsageFailure(str(e)) from None
+    out = output_dir(out_dir, f"checkpoint-{file.stem}")
+    return finish(evidence, config, out, quiet, fail_on)
