@@ -590,13 +590,14 @@ import json, sys
 import torch
 from torch import nn
 from auditor.capture import numerics, probes
+from auditor.capture.numerics import deferral
 
 probes.install()
 col = numerics.Numerics()
 col.install()
 col.defer_cpu = sys.argv[1] == "defer"
 if sys.argv[2] == "tiny":
-    numerics.DEFER_MAX_BYTES = 1  # every deferred call is reduced at once
+    deferral.DEFER_MAX_BYTES = 1  # every deferred call is reduced at once
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
 nn.init.constant_(net[0].weight, 0.5)
