@@ -37,7 +37,7 @@ def test_clean_trainer_is_silent(example_audit):
     assert doc["steps"]["count"] == STEPS and len(doc["steps"]["per_step_ms"]) == STEPS
     assert doc["ending"]["status"] == "completed"
     # the checks' own time per step, as the collector measured it: part of the step, stated
-    checked = sorted(s["extra"]["numerics"]["check_in_step_ms"] for s in a.evidence["steps"] if not s["profiled"])
+    checked = sorted(s["numerics"]["check_in_step_ms"] for s in a.evidence["steps"] if not s["profiled"])
     check = doc["steps"]["numerics_check_median_ms"]
     assert check == round(median(checked), 3) and 0 < check < doc["steps"]["median_ms"]
     assert f"({check:.2f} ms of it inside the auditor's numerics checks)" in (a.out / "summary.txt").read_text()

@@ -12,11 +12,13 @@ import sys
 import textwrap
 import warnings
 
+import msgspec
 import pytest
 
 from conftest import EXAMPLES, ROOT, assert_phases, audit, expected_lines
 
 from auditor.evidence.model import Evidence, StepRecord
+from auditor.evidence.numerics import NumericsStep
 from auditor.rules.amp_unscaled import AmpUnscaled
 from auditor.rules.grad_explosion import GradExplosion
 from auditor.rules.lr_schedule import LrSchedule
@@ -79,7 +81,7 @@ def places(finding: dict) -> set[tuple[str, int]]:
 
 
 def numerics(a) -> list[dict]:
-    return [s["extra"]["numerics"] for s in a.evidence["steps"]]
+    return [s["numerics"] for s in a.evidence["steps"]]
 
 
 def first_bad_loss_step(a) -> int:
@@ -313,9 +315,10 @@ def test_weights_match_a_plain_run():
 # --- rule thresholds on small evidence ----------------------------------------------------------
 
 def evidence_of(per_step: list[dict], events: list[dict] | None = None) -> Evidence:
-    steps = [StepRecord(index=i, start_s=float(i), ms=10.0, extra={"numerics": d}) for i, d in enumerate(per_step)]
-    if steps and events:
-        steps[0].extra["numerics"]["events"] = events
+    if per_step and events:
+        per_step[0]["events"] = events
+    steps = [StepRecord(index=i, start_s=float(i), ms=10.0, numerics=msgspec.convert(d, NumericsStep))
+             for i, d in enumerate(per_step)]
     return Evidence(source="run", steps=steps)
 
 
@@ -702,7 +705,7 @@ def test_no_numerics_turns_the_checks_off(tmp_path):
               "--no-profile", "--no-numerics", "--quiet", out=tmp_path / "out", env=ONE_THREAD)
     assert a.returncode == 0, a.stderr
     assert a.rule("nonfinite") == []
-    assert all("numerics" not in s["extra"] for s in a.evidence["steps"])
+    assert all(s.get("numerics") is None for s in a.evidence["steps"])
     assert a.findings_doc["steps"]["numerics_check_median_ms"] is None
     skipped = {s["rule"]: s["reason"] for s in a.findings_doc["skipped_rules"]}
     assert "--no-numerics" in skipped["nonfinite"] and "--no-numerics" in skipped["grad-explosion"]

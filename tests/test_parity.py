@@ -125,7 +125,7 @@ def test_torch_compile_is_left_to_compile_what_it_would(tmp_path):
     a = audit("run", f"{path}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out",
               env={**env, "PARITY_OUT": str(tmp_path / "audited.pt")}, timeout=600)
     assert a.returncode == 0, a.stderr[-2000:]
-    numerics = [s["extra"]["numerics"] for s in a.evidence["steps"]]
+    numerics = [s["numerics"] for s in a.evidence["steps"]]
     assert len(numerics) == 6 and not any("collector_error" in n for n in numerics), numerics[0]
     assert all(n["loss_finite"] for n in numerics)  # (the checks ran: the eager loss is seen)
     assert [f["rule"] for f in a.findings if f["severity"] != "info"] == []
@@ -178,9 +178,10 @@ def step(i):
 
 def test_torch_compile_does_not_compile_the_auditors_own_frames(tmp_path):
     """Python that torch.compile runs eagerly (after a graph break) calls the numerics mode for each
-    torch call: dynamo compiled the mode's own frames too, and recompiled them for every new float
-    until its recompile limit (the user's stderr filled with recompiles of auditor/capture/numerics.py,
-    steps up to 30x slower). Only the user's function is recompiled now, as without the audit."""
+    torch call: dynamo must not compile the mode's own frames too (it would recompile them for every
+    new float until its recompile limit, fill the user's stderr with recompiles of
+    auditor/capture/numerics/, and make steps up to 30x slower). Only the user's function is
+    recompiled, as without the audit."""
     path = tmp_path / "annealed.py"
     path.write_text(ANNEALED)
     a = audit("run", f"{path}:step", "--steps", "14", "--no-profile", "--quiet", out=tmp_path / "out",
@@ -295,7 +296,7 @@ def test_a_compiled_optimizer_step_shows_what_it_shows_without_the_audit(compile
     if numerics == "--numerics":
         used = plain_stats["used"]
         assert [u[0][0] for u in used] == [0.01, 0.01, 0.005, 0.005]
-        seen = [[(o["lrs"][0], o["grad_norm"], o.get("compiled")) for o in s["extra"]["numerics"]["opt_steps"]]
+        seen = [[(o["lrs"][0], o["grad_norm"], o.get("compiled")) for o in s["numerics"]["opt_steps"]]
                 for s in steps]
         assert [[lr for lr, _, _ in s] for s in seen] == [[lr for lr, _ in u] for u in used], seen
         assert [[n for _, n, _ in s] for s in seen] == [[pytest.approx(n, rel=1e-5) for _, n in u] for u in used], seen
@@ -373,10 +374,10 @@ def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(ful
     assert [[(t["what"], t["where"]["line"], t["count"]) for t in s["tallies"] if t["kind"] == "optimizer"]
             for s in steps] == [[("PlainSGD", line, 1)]] * 4
     if numerics == "--numerics":
-        opt_steps = [s["extra"]["numerics"]["opt_steps"] for s in steps]
+        opt_steps = [s["numerics"]["opt_steps"] for s in steps]
         assert [[o["lrs"] for o in s] for s in opt_steps] == [[[0.01]]] * 4
         assert [[o["grad_norm"] for o in s] for s in opt_steps] == [[pytest.approx(n, rel=1e-5)] for n in plain_stats["norms"]]
-        sites = {int(k): x for s in steps for k, x in s["extra"]["numerics"].get("sites", {}).items()}
+        sites = {int(k): x for s in steps for k, x in s["numerics"].get("sites", {}).items()}
         assert {(sites[o["site"]]["where"]["line"], sites[o["site"]]["op"]) for s in opt_steps for o in s} == \
             {(line, "optimizer.step")}
 
@@ -516,7 +517,7 @@ def test_compiled_code_is_traced_as_in_a_plain_run_under_the_numerics_checks(und
     plain_stats, audited_stats = assert_same_compiled_run(d, out, a, plain_stderr)
     assert "Graph break from `Tensor.item()`" in plain_stderr
     assert plain_stats["graph_break"] > 0 and plain_stats["calls_captured"] > 0
-    numerics = [s["extra"]["numerics"] for s in a.evidence["steps"]]
+    numerics = [s["numerics"] for s in a.evidence["steps"]]
     assert [n["loss"] for n in numerics] == pytest.approx(plain_stats["losses"][1:], rel=1e-6)
     assert all(n["loss_finite"] and n["backward"] == 1 for n in numerics), numerics[0]
     assert a.rule("nonfinite") == []
@@ -611,5 +612,5 @@ def test_the_users_torch_function_mode_does_not_see_the_auditors_calls(tmp_path,
     assert audited["counts"] == plain["counts"], (plain["counts"], audited["counts"])
     assert audited["losses"] == plain["losses"]
     # (and the checks ran: every step's loss and gradient norms were seen)
-    numerics = [s["extra"]["numerics"] for s in a.evidence["steps"]]
+    numerics = [s["numerics"] for s in a.evidence["steps"]]
     assert all(n["loss_finite"] and n["opt_steps"][0]["grad_norm"] > 0 for n in numerics), numerics[0]

@@ -1,8 +1,9 @@
 """Collectors: optional evidence gatherers that ride along with every step in the child process.
 
 A collector is installed before the target is imported, is told when each step begins and ends,
-and returns plain data that the parent stores as `StepRecord.extra[name]` (per step) and
-`Evidence.extra[name]` (at the end). Add one by listing it in COLLECTORS.
+and returns plain data that the parent stores in the field `name` of StepRecord (per step) and
+Evidence (at the end), converted to that field's type, or in their `extra[name]` when they have no
+such field. Add one by listing it in COLLECTORS.
 """
 from __future__ import annotations
 

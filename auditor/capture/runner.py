@@ -51,6 +51,16 @@ def _frame(d: dict | None) -> m.Frame | None:
                    code=linecache.getline(d["file"], int(d["line"])).strip())
 
 
+def _set_typed(record: msgspec.Struct, name: str, data: Any) -> bool:
+    """A collector's data named like a field of `record` (StepRecord.numerics, Evidence.numerics)
+    goes into that field, converted to its type; False when `record` has no such field."""
+    for f in msgspec.structs.fields(record):
+        if f.name == name:
+            setattr(record, name, msgspec.convert(data, type=f.type) if data is not None else None)
+            return True
+    return False
+
+
 def _tally(d: dict) -> m.Tally:
     return m.Tally(kind=d["kind"], what=d["what"], where=_frame(d.get("where")), count=d["count"],
                    ms=float(d["ms"]), data=d.get("data") or {})
@@ -82,12 +92,16 @@ class EvidenceBuilder:
                 ev.environment.num_threads = r["num_threads"]
             self._loaders(r)
         elif kind == "step":
-            ev.steps.append(m.StepRecord(
+            step = m.StepRecord(
                 index=r["index"], start_s=r["start_s"], ms=r["ms"], cpu_ms=r.get("cpu_ms"),
                 profiled=r.get("profiled", False), failed=r.get("failed", False),
                 rss_bytes=r.get("rss_bytes"), device_allocated=r.get("device_allocated"),
                 device_reserved=r.get("device_reserved"), anomaly_enabled=r.get("anomaly_enabled", False),
-                tallies=[_tally(t) for t in r["tallies"]], extra=r.get("extra") or {}))
+                tallies=[_tally(t) for t in r["tallies"]])
+            for name, data in (r.get("extra") or {}).items():
+                if not _set_typed(step, name, data):
+                    step.extra[name] = data
+            ev.steps.append(step)
             self._loaders(r)
         elif kind == "graph-scan":
             ev.graph_scans.append(m.GraphScan(
@@ -101,7 +115,8 @@ class EvidenceBuilder:
         elif kind == "snapshot":  # the OOM observer's snapshot: listed only once it exists on disk
             self.pending_snapshots.append(r["path"])
         elif kind == "extra":
-            ev.extra[r["name"]] = r["data"]
+            if not _set_typed(ev, r["name"], r["data"]):
+                ev.extra[r["name"]] = r["data"]
         elif kind == "ended":
             self.ended = True
             if "backend_flags" in r:

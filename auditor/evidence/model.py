@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+from auditor.evidence.numerics import NumericsFinal, NumericsStep
+
 EVIDENCE_VERSION = 1
 
 # Kinds of probe tallies recorded while steps run (see auditor.capture.probes).
@@ -89,6 +91,7 @@ class StepRecord(msgspec.Struct):
     anomaly_enabled: bool = False
     tallies: list[Tally] = []
     extra: dict[str, Any] = {}  # per-step data from collectors (auditor.capture.collectors), by name
+    numerics: NumericsStep | None = None  # the numerics collector's record of the step
 
 
 class GraphScan(msgspec.Struct):
@@ -180,6 +183,7 @@ class Evidence(msgspec.Struct, dict=True):
     traces: list[str] = []  # profiler traces (Chrome/Kineto JSON), relative to the run dir or absolute
     snapshots: list[str] = []  # CUDA memory snapshot pickles
     extra: dict[str, Any] = {}  # evidence added by later stages (e.g. numerics)
+    numerics: NumericsFinal | None = None  # the numerics collector's record at the end of the run
 
     @property
     def trace_data(self) -> list[Any]:
@@ -229,9 +233,9 @@ class Evidence(msgspec.Struct, dict=True):
     def median_check_ms(self) -> float | None:
         """Median time per step the numerics checks took inside the step (its wall time includes
         it): how much of a step's time is the audit's own. None when no step was checked."""
-        times = [d["check_in_step_ms"] for s in self.steps
-                 if not s.failed and not s.profiled and isinstance(d := s.extra.get("numerics"), dict)
-                 and isinstance(d.get("check_in_step_ms"), (int, float))]
+        times = [d.check_in_step_ms for s in self.steps
+                 if not s.failed and not s.profiled and (d := s.numerics) is not None
+                 and d.check_in_step_ms is not None]
         # (rounded once, here: findings.json, the summary and the report then show one number; a
         # median of two values rounded again in each printed 0.64 beside 0.65)
         return round(statistics.median(times), 3) if times else None
