@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 def install_backward_probe(col: Numerics) -> None:
     """Check the ops of a hand-written backward (a `torch.autograd.Function` of the user's) as the
     step's own. torch calls it from C++ during `loss.backward()`, while the mode is off the stack
-    (it is handling `backward`), so its ops went unseen: a division by a norm that is 0 on a
-    padding row there was blamed on a norm of the forward pass whose derivative never ran. The
+    (it is handling `backward`), so its ops would go unseen: a division by a norm that is 0 on a
+    padding row there would be blamed on a norm of the forward pass whose derivative never ran. The
     mode is pushed back for that call only, if the backward pass is the step's (started through
     the mode) and the Function is the user's: torch's own (checkpoint's recompute, the module
     backward hooks' Function) and a step without such a Function cost nothing more. The ops are

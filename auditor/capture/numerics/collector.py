@@ -257,7 +257,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
 
     def _module_post(self, module, args, output) -> None:
         if self.mstack and not _compiling():
-            if len(self.mstack) == 1 and self.times_phases:  # (timed before our own work, as before)
+            if len(self.mstack) == 1 and self.times_phases:  # (timed before the checks below: they are the audit's time)
                 where = self.wstack[-1]  # (a library module's line, found by the pre-hook)
                 probes.forward_done(module, self.fwd_t0, where if where is not None else user_frame(sys._getframe(1)))
             if self.lstack and self.lstack.pop():

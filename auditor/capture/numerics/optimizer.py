@@ -104,8 +104,8 @@ class OptimizerWatch:
         do what dynamo can replay after the graph (see unseen.TracedCalls): the step is noted, to
         be read once the compiled code has run (`_traced_step_ran`), and the mode is taken off the
         stack for the update, as `_opt_pre` does. Dynamo traces a call through the modes on the
-        stack: with ours there, the user's graph was made of the calls our mode passes on, not of
-        theirs (Adam's `lr / bias_correction1` traced as `bias_correction1.reciprocal() * lr`)."""
+        stack: with ours there, the user's graph would be made of the calls our mode passes on, not
+        of theirs (Adam's `lr / bias_correction1` traced as `bias_correction1.reciprocal() * lr`)."""
         probes.traced_optimizer_step(opt)
         self.paused += 1
         if _top_mode() is self.mode:
@@ -342,7 +342,7 @@ class OptimizerWatch:
 
     def _plan_of(self, opt) -> "_OptPlan":
         """What the optimizer hooks need to know of an optimizer, kept while its param groups
-        stay the same lists with the same lengths (worked out in each hook of every step, it cost
+        stay the same lists with the same lengths (working it out in each hook of every step costs
         ~0.1 ms of Python a step)."""
         groups = opt.param_groups
         key = tuple([(id(g["params"]), len(g["params"])) for g in groups])
@@ -395,8 +395,8 @@ class OptimizerWatch:
 def _finite_norms(tensors: list[torch.Tensor], norms: list[float]) -> list[float]:
     """The norms, with each that is not finite taken again in float64. A float32 norm is inf as
     soon as the sum of squares passes 3.4e38 (a norm of 1.8e19), though every element is finite:
-    a diverging run's gradient gets there steps before any value in it does, and was reported as
-    non-finite at that step. A NaN or inf element keeps the norm non-finite in float64 too. (The
+    a diverging run's gradient gets there steps before any value in it does, and is not reported
+    as non-finite before one is. A NaN or inf element keeps the norm non-finite in float64 too. (The
     CPU path only: on CUDA the norms are read at the step's end, without a sync before.)"""
     if math.isfinite(sum(norms)):  # (the common case: one sum in C; float32 norms cannot overflow it)
         return norms

@@ -129,8 +129,8 @@ class Tables:
 def _global_holding(obj: Any, frame: Any) -> str | None:
     """The name of a global of the user's code calling at `frame` (or above it) that holds `obj`.
     A root module's own parameters are named `weight`, `bias` by the module itself: two layers
-    held by two globals (`emb`, `proj`), each called on its own, had both gradients named
-    `weight`; they are `emb.weight`, `proj.weight`, as a root module would have named them."""
+    held by two globals (`emb`, `proj`), each called on its own, name their gradients
+    `emb.weight`, `proj.weight`, as a root module holding both would, not `weight` twice."""
     f = frame
     while f is not None and library_code(f.f_code):
         f = f.f_back

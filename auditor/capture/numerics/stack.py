@@ -18,8 +18,8 @@ _NO_RANGE = contextlib.nullcontext()
 class _Unseen:
     """The checks' own torch calls (aminmax, the gradient norms, item) run with torch-function
     dispatch off: a TorchFunctionMode of the user's (an op counter, a tracer) or a tensor subclass's
-    `__torch_function__` must not see them (a counting mode saw 184 calls a step for the plain
-    run's 180), and a mode passing them on made them look like the user's syncs. While the profiler
+    `__torch_function__` must not see them (a counting mode counts the same calls a step as in a
+    plain run), nor a mode passing them on take them for the user's syncs. While the profiler
     records, they also run inside an `auditor::numerics` range: the report's operator table leaves
     them out as the audit's cost. (A `with` adds no frame: the checks' fixed stack depths hold.)"""
 

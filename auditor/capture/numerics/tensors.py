@@ -20,7 +20,7 @@ def _checkable(t: Any) -> bool:
 
 try:
     _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-except AttributeError:  # pragma: no cover - older torch
+except AttributeError:  # pragma: no cover - a torch without it
     def _is_wrapped(t: Any) -> bool:
         return False
 
