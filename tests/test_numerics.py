@@ -12,11 +12,13 @@ import sys
 import textwrap
 import warnings
 
+import msgspec
 import pytest
 
 from conftest import EXAMPLES, ROOT, assert_phases, audit, expected_lines
 
 from auditor.evidence.model import Evidence, StepRecord
+from auditor.evidence.numerics import NumericsStep
 from auditor.rules.amp_unscaled import AmpUnscaled
 from auditor.rules.grad_explosion import GradExplosion
 from auditor.rules.lr_schedule import LrSchedule
@@ -313,9 +315,10 @@ def test_weights_match_a_plain_run():
 # --- rule thresholds on small evidence ----------------------------------------------------------
 
 def evidence_of(per_step: list[dict], events: list[dict] | None = None) -> Evidence:
-    steps = [StepRecord(index=i, start_s=float(i), ms=10.0, numerics=d) for i, d in enumerate(per_step)]
-    if steps and events:
-        steps[0].numerics["events"] = events
+    if per_step and events:
+        per_step[0]["events"] = events
+    steps = [StepRecord(index=i, start_s=float(i), ms=10.0, numerics=msgspec.convert(d, NumericsStep))
+             for i, d in enumerate(per_step)]
     return Evidence(source="run", steps=steps)
 
 
@@ -590,13 +593,14 @@ import json, sys
 import torch
 from torch import nn
 from auditor.capture import numerics, probes
+from auditor.capture.numerics import deferral
 
 probes.install()
 col = numerics.Numerics()
 col.install()
 col.defer_cpu = sys.argv[1] == "defer"
 if sys.argv[2] == "tiny":
-    numerics.DEFER_MAX_BYTES = 1  # every deferred call is reduced at once
+    deferral.DEFER_MAX_BYTES = 1  # every deferred call is reduced at once
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=True), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
 nn.init.constant_(net[0].weight, 0.5)

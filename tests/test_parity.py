@@ -178,9 +178,10 @@ def step(i):
 
 def test_torch_compile_does_not_compile_the_auditors_own_frames(tmp_path):
     """Python that torch.compile runs eagerly (after a graph break) calls the numerics mode for each
-    torch call: dynamo compiled the mode's own frames too, and recompiled them for every new float
-    until its recompile limit (the user's stderr filled with recompiles of auditor/capture/numerics.py,
-    steps up to 30x slower). Only the user's function is recompiled now, as without the audit."""
+    torch call: dynamo must not compile the mode's own frames too (it would recompile them for every
+    new float until its recompile limit, fill the user's stderr with recompiles of
+    auditor/capture/numerics/, and make steps up to 30x slower). Only the user's function is
+    recompiled, as without the audit."""
     path = tmp_path / "annealed.py"
     path.write_text(ANNEALED)
     a = audit("run", f"{path}:step", "--steps", "14", "--no-profile", "--quiet", out=tmp_path / "out",

@@ -14,6 +14,7 @@ import msgspec
 from auditor.evidence.checkpoint_summary import CheckpointSummary
 from auditor.evidence.distributed import DistInfo, DistStep
 from auditor.evidence.frame import Frame
+from auditor.evidence.numerics import NumericsFinal, NumericsStep
 from auditor.evidence.ranks.model import RankIdentity, RankSet
 
 # 2: each collector's data in the field named after it (StepRecord.numerics, Evidence.checkpoint,
@@ -86,7 +87,7 @@ class StepRecord(msgspec.Struct):
     device_reserved: int | None = None
     anomaly_enabled: bool = False
     tallies: list[Tally] = []
-    numerics: dict[str, Any] | None = None  # the numerics collector's data for this step
+    numerics: NumericsStep | None = None  # the numerics collector's record of the step
     distributed: DistStep | None = None  # the distributed collector's record of the step (None: nothing distributed)
 
 
@@ -178,7 +179,7 @@ class Evidence(msgspec.Struct, dict=True):
     ending: Ending = msgspec.field(default_factory=Ending)
     traces: list[str] = []  # profiler traces (Chrome/Kineto JSON), relative to the run dir or absolute
     snapshots: list[str] = []  # CUDA memory snapshot pickles
-    numerics: dict[str, Any] | None = None  # the numerics collector's data for the whole run
+    numerics: NumericsFinal | None = None  # the numerics collector's record at the end of the run
     distributed: DistInfo | None = None  # the distributed setup the run saw (None: nothing distributed)
     rank: RankIdentity | None = None  # who recorded it, when a rank of a launched job did
     ranks: RankSet | None = None  # the merged view of all ranks, on the evidence merged from them
@@ -232,9 +233,9 @@ class Evidence(msgspec.Struct, dict=True):
     def median_check_ms(self) -> float | None:
         """Median time per step the numerics checks took inside the step (its wall time includes
         it): how much of a step's time is the audit's own. None when no step was checked."""
-        times = [d["check_in_step_ms"] for s in self.steps
-                 if not s.failed and not s.profiled and isinstance(d := s.numerics, dict)
-                 and isinstance(d.get("check_in_step_ms"), (int, float))]
+        times = [d.check_in_step_ms for s in self.steps
+                 if not s.failed and not s.profiled and (d := s.numerics) is not None
+                 and d.check_in_step_ms is not None]
         # (rounded once, here, so that findings.json, the summary and the report show one number:
         # a median of two values rounded again in each could show 0.64 beside 0.65)
         return round(statistics.median(times), 3) if times else None

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from auditor.evidence.model import Evidence
+from auditor.evidence.numerics import NumericsView
 from auditor.evidence.phases import PHASES, phase_table
 from auditor.reports.rank_plots import rank_figure
 
@@ -183,8 +184,6 @@ def segment_map_plot(ev: Evidence) -> go.Figure | None:
 
 def numerics_plot(ev: Evidence) -> go.Figure | None:
     """Loss and global gradient norm per step (log scale), the first non-finite step marked."""
-    from auditor.rules.nonfinite import NumericsView
-
     view = NumericsView.of(ev)
     loss, norms = view.loss_series(), view.grad_norm_series()
     if not loss and not norms:
@@ -203,7 +202,7 @@ def numerics_plot(ev: Evidence) -> go.Figure | None:
         x, y = finite(series)
         if x:
             fig.add_scatter(name=name, x=x, y=y, mode="lines+markers")
-    bad = [i for i, d in view.steps if d.get("loss_finite") is False or d.get("nonfinite_ops")]
+    bad = [i for i, d in view.steps if d.loss_finite is False or d.nonfinite_ops]
     if bad:
         fig.add_vline(x=bad[0], line_dash="dash", line_color="#e45756",
                       annotation_text=f"first non-finite: step {bad[0]}", annotation_position="top left")

@@ -8,7 +8,8 @@ from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Finding, Fix
 from auditor.fixes import insert_before, replace_in_line
-from auditor.rules.nonfinite import NumericsView, location, needs_numerics, short, val
+from auditor.evidence.numerics import NumericsView, val
+from auditor.rules.nonfinite import location, needs_numerics, short
 
 
 class AmpUnscaled(Rule):
@@ -112,7 +113,7 @@ class AmpUnscaled(Rule):
         weights and no loss scale (a GradScaler refuses float16 gradients)."""
         steps, per_opt = [], {}
         for i, d in view.steps:
-            half = [(r["opt"], r["fp16_grads"], r.get("site")) for r in d.get("opt_steps") or [] if r.get("fp16_grads")]
+            half = [(r.opt, r.fp16_grads, r.site) for r in d.opt_steps if r.fp16_grads]
             if half:
                 steps.append(i)
                 for opt, n, site in half:
@@ -145,13 +146,13 @@ class AmpUnscaled(Rule):
         used: dict[int, int] = {}
         steps, backward = [], 0
         for i, d in view.steps:
-            sites = [s for s, n in d.get("autocast") or [] if s in fp16]
-            if not sites or not d.get("backward"):
+            sites = [s for s, n in d.autocast if s in fp16]
+            if not sites or not d.backward:
                 continue
-            if d.get("scaler_scale_calls"):
+            if d.scaler_scale_calls:
                 return  # a scaler is in use
             steps.append(i)
-            backward += d["backward"]
+            backward += d.backward
             for s in sites:
                 used[s] = used.get(s, 0) + 1
         if not steps:
@@ -191,8 +192,8 @@ class AmpUnscaled(Rule):
     def _collapse(self, view: NumericsView, options: dict) -> Iterable[Finding]:
         per: dict[int, list[tuple[int, float | None, float | None]]] = {}
         for i, d in view.steps:
-            for u in d.get("scaler_updates") or []:
-                per.setdefault(u["scaler"], []).append((i, val(u.get("before")), val(u.get("after"))))
+            for u in d.scaler_updates:
+                per.setdefault(u.scaler, []).append((i, val(u.before), val(u.after)))
         for idx, ups in sorted(per.items()):
             fell = [b is not None and a is not None and a < b for _, b, a in ups]
             lead = next((k for k, f in enumerate(fell) if not f), len(fell))  # calibration from init_scale
@@ -225,9 +226,9 @@ def _scale_at(view: NumericsView, scaler: Any, step: int) -> float | None:
     """The scale the scaler had in `step` (before that step's update)."""
     for i, d in view.steps:
         if i == step:
-            for u in d.get("scaler_updates") or []:
-                if u.get("scaler") == scaler:
-                    return val(u.get("before"))
+            for u in d.scaler_updates:
+                if u.scaler == scaler:
+                    return val(u.before)
     return None
 
 

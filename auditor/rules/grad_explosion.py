@@ -11,7 +11,8 @@ from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix
 from auditor.rules.common import quarter_medians, spearman
 from auditor.fixes import parse_file
-from auditor.rules.nonfinite import NumericsView, finite, needs_numerics, short, val
+from auditor.evidence.numerics import NumericsView, OptStep, val
+from auditor.rules.nonfinite import finite, needs_numerics, short, site_location
 
 
 class GradExplosion(Rule):
@@ -69,17 +70,17 @@ class GradExplosion(Rule):
 
     def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
         view = NumericsView.of(ev)
-        by_opt: dict[int, list[tuple[int, dict]]] = {}
+        by_opt: dict[int, list[tuple[int, OptStep]]] = {}
         for step, r in view.opt_steps():
-            if "grad_norm" in r:
-                by_opt.setdefault(r["opt"], []).append((step, r))
+            if r.grad_norm is not None:
+                by_opt.setdefault(r.opt, []).append((step, r))
         for opt, recs in sorted(by_opt.items()):
             f = self._one(view, opt, recs, options)
             if f is not None:
                 yield f
 
-    def _one(self, view: NumericsView, opt: int, recs: list[tuple[int, dict]], options: dict) -> Finding | None:
-        series = [(s, val(r["grad_norm"])) for s, r in recs]
+    def _one(self, view: NumericsView, opt: int, recs: list[tuple[int, OptStep]], options: dict) -> Finding | None:
+        series = [(s, val(r.grad_norm)) for s, r in recs]
         healthy_end = next((k for k, (_, v) in enumerate(series) if v is None or not math.isfinite(v)), len(series))
         fin = series[:healthy_end]  # the norms before any non-finite one
         growth = _growth(fin, options)  # a steady climb first: in it every step looks like a spike
@@ -101,7 +102,7 @@ class GradExplosion(Rule):
         typical = median(before) if spike else before[0]
         healthy = [v for v in before if v <= options["healthy-factor"] * typical] or before[:1]
         # A percentile of one or two norms is those norms: a run that diverges from its second step
-        # was told to clip at 87000, its first steps' norm, a value nothing in the run supports.
+        # would be told to clip at 87000, its first steps' norm, a value nothing in the run supports.
         enough = len(healthy) >= options["min-healthy"]
         max_norm = _round2(_percentile(healthy, options["clip-percentile"])) if enough else None
         went_nonfinite = healthy_end < len(series)
@@ -114,19 +115,19 @@ class GradExplosion(Rule):
                     f"{growth['spearman']:.2f}) over {len(fin)} optimizer steps")
         if went_nonfinite:
             what += f", then turned non-finite at step {series[healthy_end][0]}"
-        layers = rec.get("top_layers") or []
+        layers = rec.top_layers or []
         dom = ", ".join(f"`{name}` ({share:.0%})" for name, _, share in layers[:3] if share is not None)
         msg = what + (f"; {dom} of it." if dom else ".")
-        loc = view.site_location(rec.get("site"))
-        lr = val((rec.get("lrs") or [None])[0])
+        loc = site_location(view, rec.site)
+        lr = val((rec.lrs or [None])[0])
         edit = clip_edit(loc.file, loc.line, max_norm) if loc and max_norm else None
         opt_event = next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
         return self.finding(
             msg, locations=[loc] if loc else [],
             evidence={"optimizer": opt_event.get("type") if opt_event else None, "step": step,
-                      "series": [[s, r["grad_norm"]] for s, r in recs][:200],
+                      "series": [[s, r.grad_norm] for s, r in recs][:200],
                       "spike": spike, "growth": growth, "went_nonfinite": went_nonfinite,
-                      "top_layers": layers, "top_params": rec.get("top_params"),
+                      "top_layers": layers, "top_params": rec.top_params,
                       "healthy_steps": len(healthy), "suggested_max_norm": max_norm, "lr": lr},
             fix=Fix(summary=(f"Clip gradients: torch.nn.utils.clip_grad_norm_(params, max_norm={max_norm:g}) "
                              f"(the {options['clip-percentile']}th percentile of {len(healthy)} healthy steps' norms) "

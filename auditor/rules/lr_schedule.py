@@ -12,7 +12,8 @@ from auditor.evidence.checkpoint_summary import CheckpointSummary
 from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix, Location
 from auditor.fixes import parse_file
-from auditor.rules.nonfinite import NumericsView, finite, location, short, val
+from auditor.evidence.numerics import NumericsView, val
+from auditor.rules.nonfinite import finite, location, short
 
 # Closed forms of the built-in schedulers: lr at `last_epoch` e from the base lr b and the
 # scheduler's constructor arguments a (what `_get_closed_form_lr` computes in torch).
@@ -85,7 +86,7 @@ class LrSchedule(Rule):
         if ev.source == "checkpoint":
             ck = ev.checkpoint
             return None if ck is not None and ck.config else "needs --against CONFIG to compare with"
-        if ev.source != "run" or not any(isinstance(s.numerics, dict) for s in ev.steps):
+        if ev.source != "run" or not any(s.numerics is not None for s in ev.steps):
             return "needs a run with the numerics collector, or a checkpoint with --against"
         return None
 
@@ -97,8 +98,8 @@ class LrSchedule(Rule):
         series: dict[int, list[tuple[int, list]]] = {}
         epochs: dict[int, list[tuple[int, dict]]] = {}
         for step, r in view.opt_steps():
-            series.setdefault(r["opt"], []).append((step, r.get("lrs") or []))
-            epochs.setdefault(r["opt"], []).append((step, r.get("sched_epochs") or {}))
+            series.setdefault(r.opt, []).append((step, r.lrs or []))
+            epochs.setdefault(r.opt, []).append((step, r.sched_epochs or {}))
         for opt, obs in sorted(series.items()):
             created = next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
             scheds = [e for e in view.events_of("scheduler") if e.get("opt") == opt]

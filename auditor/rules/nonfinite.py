@@ -1,22 +1,21 @@
 """nonfinite: the first step where the loss, a gradient or a weight stops being finite, and where
 the first non-finite value was made. Also reads checkpoints (`audit checkpoint`).
 
-This module also holds `NumericsView`, the reader of the numerics collector's evidence that the
-other numerics rules (grad-explosion, lr-schedule, amp-unscaled) share.
+This module also holds the helpers the other numerics rules (grad-explosion, lr-schedule,
+amp-unscaled) share to read the collector's evidence (auditor.evidence.numerics.NumericsView).
 """
 from __future__ import annotations
 
 import ast
-import heapq
 import math
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import msgspec
 
 from auditor.evidence import model as m
-from auditor.evidence.frame import recorded_frame
 from auditor.evidence.checkpoint_summary import CheckpointSummary, TensorStats
+from auditor.evidence.frame import recorded_frame
+from auditor.evidence.numerics import NumericsView, Origin, Range, Site, Where, val
 from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix, Location
 from auditor.rules.common import file_name
@@ -26,31 +25,19 @@ FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this
 FP16_MAX = 65504.0
 
 
-def val(x: Any) -> float | None:
-    """A number from the evidence: the collector writes non-finite floats as "nan"/"inf"/"-inf"."""
-    if isinstance(x, str):
-        try:
-            return float(x)
-        except ValueError:
-            return None
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
-def num(x: float) -> float | str:
-    """The inverse of `val`: non-finite floats as the collector writes them (JSON has no NaN)."""
-    if math.isfinite(x):
-        return x
-    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-
-
 def finite(x: Any) -> bool:
     v = val(x)
     return v is not None and math.isfinite(v)
 
 
-def location(where: dict | None) -> Location | None:
+def location(where: Where | dict | None) -> Location | None:
+    """The Location of a user's line: a site's `Where`, or an event's "where" dict."""
     frame = recorded_frame(where)
     return Location(file=frame.file, line=frame.line, code=frame.code) if frame is not None else None
+
+
+def site_location(view: NumericsView, site: int | None) -> Location | None:
+    return location(view.site(site).where) if site is not None else None
 
 
 def _names(params: list[str], shown: int = 4) -> str:
@@ -68,103 +55,10 @@ def short(x: Any) -> str:
     return f"{v:.3g}"
 
 
-def _top(names: list[str], norms: list[float], k: int = 5) -> list[list]:
-    """The k largest norms, non-finite ones first."""
-    bad = [i for i, v in enumerate(norms) if not math.isfinite(v)][:k]
-    good = [i for i, v in enumerate(norms) if math.isfinite(v)]
-    order = bad + heapq.nlargest(k - len(bad), good, key=lambda i: abs(norms[i]))
-    return [[names[i], num(norms[i])] for i in order]
-
-
-def _top_layers(layers: list[str], norms: list[float], k: int = 5) -> list[list]:
-    """Modules by share of the squared gradient norm: [name, norm, share]."""
-    sq: dict[str, float] = {}
-    for layer, v in zip(layers, norms):
-        sq[layer] = sq.get(layer, 0.0) + (v * v if math.isfinite(v) else float("inf"))
-    total = sum(sq.values())
-    order = sorted(sq.items(), key=lambda kv: -kv[1] if math.isfinite(kv[1]) else float("-inf"))
-    return [[layer, num(math.sqrt(s)), round(s / total, 4) if total and math.isfinite(total) else None]
-            for layer, s in order[:k]]
-
-
-@dataclass
-class NumericsView:
-    """The numerics collector's per-step records joined into tables (sites, modules, events)."""
-
-    steps: list[tuple[int, dict]] = field(default_factory=list)  # (step index, extra["numerics"])
-    sites: dict[int, dict] = field(default_factory=dict)
-    modules: dict[int, dict] = field(default_factory=dict)
-    param_lists: dict[int, dict] = field(default_factory=dict)  # id -> {"names": [...], "layers": [...]}
-    events: list[dict] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, ev: m.Evidence) -> "NumericsView":
-        cached = ev.__dict__.get("_numerics_view")
-        if cached is not None:
-            return cached
-        view = cls()
-        for s in ev.steps:
-            d = s.numerics
-            if not isinstance(d, dict):
-                continue
-            view._tables(d)
-            for r in d.get("opt_steps") or ():
-                view._rank_params(r)
-            view.steps.append((s.index, d))
-        final = ev.numerics
-        if isinstance(final, dict):
-            view._tables(final)
-        ev.__dict__["_numerics_view"] = view
-        return view
-
-    def _tables(self, d: dict) -> None:
-        self.sites.update({int(k): v for k, v in (d.get("sites") or {}).items()})
-        self.modules.update({int(k): v for k, v in (d.get("modules") or {}).items()})
-        self.param_lists.update({int(k): v for k, v in (d.get("param_lists") or {}).items()})
-        self.events.extend(d.get("events") or [])
-
-    def _rank_params(self, r: dict) -> None:
-        """An optimizer step's gradient norms per parameter (named by the `param_lists` table) ->
-        the parameters and layers that dominate them (`top_params`, `top_layers`)."""
-        lists = self.param_lists.get(r.get("grads")) if "top_layers" not in r else None
-        norms = r.get("grad_norms")
-        if not lists or not isinstance(norms, list) or len(norms) != len(lists["names"]):
-            return
-        values = [v if v is not None else math.nan for v in map(val, norms)]
-        r["top_params"] = _top(lists["names"], values)
-        r["top_layers"] = _top_layers(lists["layers"], values)
-
-    def site_location(self, site: int | None) -> Location | None:
-        return location(self.sites.get(site, {}).get("where")) if site is not None else None
-
-    def module_name(self, module: int | None) -> tuple[str, str, str] | None:
-        """(qualified name, type, root type) of a module id."""
-        info = self.modules.get(module) if module is not None else None
-        if not info:
-            return None
-        return info["name"], info["type"], info["root"]
-
-    def opt_steps(self) -> list[tuple[int, dict]]:
-        return [(i, r) for i, d in self.steps for r in d.get("opt_steps") or []]
-
-    def hazard_series(self, site: int) -> list[list]:
-        return [[i, v] for i, d in self.steps for s, v, *_ in d.get("hazards") or [] if s == site]
-
-    def loss_series(self) -> list[list]:
-        return [[i, d["loss"]] for i, d in self.steps if d.get("loss") is not None]
-
-    def grad_norm_series(self, opt: int | None = None) -> list[list]:
-        return [[i, r["grad_norm"]] for i, r in self.opt_steps()
-                if "grad_norm" in r and (opt is None or r["opt"] == opt)]
-
-    def events_of(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e.get("event") == kind]
-
-
 def needs_numerics(ev: m.Evidence) -> str | None:
     if ev.source != "run":
         return "needs a run (`audit run`) with the numerics collector"
-    if not any(isinstance(s.numerics, dict) for s in ev.steps):
+    if not any(s.numerics is not None for s in ev.steps):
         return "the run has no numerics evidence (`--no-numerics`, or no step ran)"
     return None
 
@@ -239,11 +133,11 @@ def _clamp_candidates(tree: ast.AST, lines: list[str], line: int, kind: str) -> 
         yield node, target, seg
 
 
-def _call_text(site: dict, loc: Location | None) -> str:
+def _call_text(site: Site, loc: Location | None) -> str:
     """The op, with its source when the run recorded where on the line the call is: a line can
     hold two logs, and the reader must see which one hit 0."""
-    op = site.get("op", "a torch call")
-    span = (site.get("where") or {}).get("span")
+    op = site.op if site.op is not None else "a torch call"
+    span = site.where.span if site.where is not None else None
     lines = read_lines(loc.file) if loc and span else None
     if not lines or span[0] != span[1] or not 0 < span[0] <= len(lines):
         return op
@@ -274,15 +168,15 @@ HAZARD_TEXT = {
 }
 
 
-def _masked_whole(o: dict, hazard: dict) -> bool:
+def _masked_whole(o: Origin, hazard: dict) -> bool:
     """A call whose only non-finite input holds -inf and finite values (an additive mask, e.g. the
     one MultiheadAttention makes from a bool key_padding_mask) and whose output is NaN: a row
     masked entirely (an empty sequence), not bad input data. Repairing the inputs (nan_to_num)
     would break the masking."""
-    ins, outs = o.get("inputs") or [], o.get("outputs") or []
-    bad = [r for r in ins if not r.get("finite", True)]
-    return (not hazard.get("param") and len(bad) == 1 and bad[0].get("min") == "-inf"
-            and finite(bad[0].get("max")) and any(r.get("min") == "nan" or r.get("max") == "nan" for r in outs))
+    ins, outs = o.inputs or [], o.outputs or []
+    bad = [r for r in ins if not r.finite]
+    return (not hazard.get("param") and len(bad) == 1 and bad[0].min == "-inf"
+            and finite(bad[0].max) and any(r.min == "nan" or r.max == "nan" for r in outs))
 
 
 class Nonfinite(Rule):
@@ -350,103 +244,100 @@ class Nonfinite(Rule):
         view = NumericsView.of(ev)
         named: set[int] = set()  # sites the error names: their near misses are part of it
         for i, d in view.steps:
-            if d.get("origin"):
-                o = d["origin"]
-                singular = (singular_sites(view, o, options) if o.get("phase") == "backward" and not o.get("function")
+            if d.origin is not None:
+                o = d.origin
+                singular = (singular_sites(view, o, options) if o.phase == "backward" and not o.function
                             else [])
                 yield self._origin(ev, view, i, o, options, singular)
-                named = {o.get("site")} | {s for s, _ in singular}
+                named = {o.site} | {s for s, _ in singular}
                 break
         yield from self._near_misses(view, options, named)
 
     # --- a run ----------------------------------------------------------------------------------
 
-    def _origin(self, ev: m.Evidence, view: NumericsView, step: int, o: dict, options: dict,
+    def _origin(self, ev: m.Evidence, view: NumericsView, step: int, o: Origin, options: dict,
                 singular: list[tuple[int, float]]) -> Finding:
         """The error for the origin `o` of the first non-finite step; `singular`: the calls whose
         derivative was infinite or overflowed there (singular_sites), for a backward-pass origin."""
-        what = o.get("nonfinite") or []
+        what = o.nonfinite or []
         first = what[0] if what else "a value"
         followed = f" ({' and '.join(w + 's' for w in what[1:])} followed)" if len(what) > 1 else ""
         loss = next((v for i, v in view.loss_series() if i == step), None)
         head = f"Step {step} of {len(ev.steps)}: the {first} became {short(loss) if first == 'loss' and loss is not None else 'non-finite'}{followed}."
-        hazard = o.get("hazard") or {}
+        hazard = o.hazard or {}
         kind = hazard.get("kind", "unknown")
         if kind == "nonfinite-input" and _masked_whole(o, hazard):
             kind = "masked-row"
             hazard = {**hazard, "kind": kind}
-        site = view.sites.get(o.get("site"), {})
-        loc = view.site_location(o.get("site"))
-        mod = view.module_name(o.get("module"))
+        site = view.site(o.site)
+        loc = site_location(view, o.site)
+        mod = view.module_name(o.module)
         locs = [loc] if loc else []
         evidence: dict[str, Any] = {
-            "first_step": step, "nonfinite": what, "phase": o.get("phase"), "hazard": hazard,
-            "steps_nonfinite": sum(1 for _, d in view.steps if d.get("loss_finite") is False
-                                   or any(r.get("grad_nonfinite") or r.get("param_nonfinite")
-                                          for r in d.get("opt_steps") or [])),
+            "first_step": step, "nonfinite": what, "phase": o.phase, "hazard": hazard,
+            "steps_nonfinite": sum(1 for _, d in view.steps if d.loss_finite is False
+                                   or any(r.grad_nonfinite or r.param_nonfinite for r in d.opt_steps)),
             "loss_series": [x for x in view.loss_series() if step - 10 <= x[0] <= step + 1],
             "grad_norm_series": [x for x in view.grad_norm_series() if x[0] <= step + 1][-12:],
-            "ops_checked_in_step": o.get("ops_checked"),
+            "ops_checked_in_step": o.ops_checked,
         }
-        custom = o.get("phase") == "backward" and o.get("function")  # an op of a hand-written backward
-        if o.get("phase") in ("forward", "input") or custom:
+        custom = o.phase == "backward" and o.function  # an op of a hand-written backward
+        if o.phase in ("forward", "input") or custom:
             where_mod = ("" if not mod else f" in module `{mod[0]}` ({mod[1]})" if mod[0]
                          else f" in `{mod[1]}.forward`")
-            ranges = ", ".join(f"[{short(r['min'])}, {short(r['max'])}]" for r in o.get("inputs", [])[:3]
-                               if r.get("min") is not None)
+            ranges = ", ".join(f"[{short(r.min)}, {short(r.max)}]" for r in (o.inputs or [])[:3]
+                               if r.min is not None)
             text = HAZARD_TEXT.get(kind, kind)
-            series = view.hazard_series(o["site"])
+            series = view.hazard_series(o.site)
             msg = f"{head} It started{where_mod} at {_at(loc)}: {_call_text(site, loc)} {text}"
             if custom:
-                params = o.get("params") or []
+                params = o.params or []
                 made = (f" made the gradients of {_names(params)} non-finite" if params
                         else " went non-finite")
                 lead = " The forward pass stayed finite; the backward pass" if "loss" not in what else " The backward pass"
-                msg = (f"{head}{lead}{made}. It started in `{o['function']}`, a hand-written backward (torch.autograd.Function), "
+                msg = (f"{head}{lead}{made}. It started in `{o.function}`, a hand-written backward (torch.autograd.Function), "
                        f"at {_at(loc)}: {_call_text(site, loc)} {text}")
-                evidence.update({"function": o["function"], "params": params})
+                evidence.update({"function": o.function, "params": params})
             if kind == "nonfinite-input":
                 msg += (f" (parameter `{hazard['param']}` was already non-finite)" if hazard.get("param")
                         else " (not made by any torch call in the step: the input data, a tensor kept from an earlier step, or a write through `.data`)")
             elif ranges:
                 msg += f"; input ranges {ranges}"
             msg += "."
-            if series and site.get("hazard"):
-                msg += f" {_series_text(site['hazard'], series, step)}"
+            if series and site.hazard:
+                msg += f" {_series_text(site.hazard, series, step)}"
             if kind in ("overflow", "invalid", "fp16-overflow"):
                 msg += _growth_text(view.loss_series(), step)
-            evidence.update({"op": site.get("op"), "module": mod[0] if mod else None,
+            evidence.update({"op": site.op, "module": mod[0] if mod else None,
                              "module_type": mod[1] if mod else None, "root": mod[2] if mod else None,
-                             "inputs": o.get("inputs"), "outputs": o.get("outputs"),
+                             "inputs": msgspec.to_builtins(o.inputs), "outputs": msgspec.to_builtins(o.outputs),
                              "hazard_series": [x for x in series if x[0] <= step][-12:]})
-        elif o.get("phase") == "backward":
-            params = o.get("params") or []
-            locs += [x for x in (view.site_location(s) for s, _ in singular) if x]
-            hint = "; ".join(_singular_text(view.sites.get(s, {}), v) for s, v in singular[:3])
+        elif o.phase == "backward":
+            params = o.params or []
+            locs += [x for x in (site_location(view, s) for s, _ in singular) if x]
+            hint = "; ".join(_singular_text(view.site(s), v) for s, v in singular[:3])
             msg = (f"{head} The forward pass stayed finite; the backward pass made the gradients of "
                    f"{_names(params)} non-finite" + "." + (f" The infinite derivative came from {hint}." if hint else ""))
             evidence["params"] = params
-            evidence["singular_sites"] = [{"op": view.sites.get(s, {}).get("op"),
-                                           "hazard": view.sites.get(s, {}).get("hazard"), "value": v}
+            evidence["singular_sites"] = [{"op": view.site(s).op, "hazard": view.site(s).hazard, "value": v}
                                           for s, v in singular]
             if not singular:  # an overflow on the way back: how the numbers climbed before it
                 msg += _growth_text(view.loss_series(), step)
             if singular:  # the fix is the first singular call's: a log's input, a denominator
                 first_site = singular[0][0]
-                loc = view.site_location(first_site)
-                kind = {"log": "log-of-zero", "div": "division-by-zero"}.get(
-                    view.sites.get(first_site, {}).get("hazard"), kind)
-                o = {**o, "site": first_site, "inputs": []}
-        elif o.get("phase") == "optimizer":
-            params = o.get("params") or []
-            opt = _optimizer_event(view, o.get("opt"))
-            locs = [x for x in [view.site_location(o.get("site")), location(opt.get("where") if opt else None)] if x]
+                loc = site_location(view, first_site)
+                kind = {"log": "log-of-zero", "div": "division-by-zero"}.get(view.site(first_site).hazard, kind)
+                o = msgspec.structs.replace(o, site=first_site, inputs=[])
+        elif o.phase == "optimizer":
+            params = o.params or []
+            opt = _optimizer_event(view, o.opt)
+            locs = [x for x in [site_location(view, o.site), location(opt.get("where") if opt else None)] if x]
             msg = (f"{head} The gradients were finite; the {opt.get('type', 'optimizer') if opt else 'optimizer'} "
                    f"update made {_names(params)} non-finite (check its eps and lr).")
             evidence["params"] = params
         else:
             msg = f"{head} No checked torch call made it (it came from code the collector cannot see)."
-        fix = self._fix(kind, loc, o, options, view)
+        fix = self._fix(kind, loc, o.site, o.inputs or [], options, view)
         saved = _checkpoints(ev, view, step)
         if saved:
             msg += saved["text"]
@@ -456,14 +347,17 @@ class Nonfinite(Rule):
                                                                          f"(saved in step {saved['clean']['step']}).")
         return self.finding(msg, locations=locs, evidence=evidence, fix=fix)
 
-    def _fix(self, kind: str, loc: Location | None, o: dict, options: dict, view: NumericsView) -> Fix:
+    def _fix(self, kind: str, loc: Location | None, site: int | None, inputs: list[Range], options: dict,
+             view: NumericsView) -> Fix:
+        """The fix for a hazard `kind` at the call of `site` whose inputs were `inputs`."""
         eps = options["eps"]
-        span = (view.sites.get(o.get("site"), {}).get("where") or {}).get("span")
+        where = view.site(site).where
+        span = where.span if where is not None else None
         edit = None
         if kind == "division-by-zero":
             eps = options["den-eps"]
-            den = (o.get("inputs") or [{}, {}])[1:2]
-            nonneg = bool(den) and finite(den[0].get("min")) and val(den[0]["min"]) >= 0
+            den = inputs[1:2]
+            nonneg = bool(den) and finite(den[0].min) and val(den[0].min) >= 0
             if loc and nonneg:
                 edit = clamp_edit(loc.file, loc.line, "div", f"clamp_min({eps:g})", span)
             return Fix(summary=f"Keep the denominator away from 0: d.clamp_min({eps:g}), or F.normalize(x, dim=..., eps=...) for a norm.",
@@ -498,8 +392,7 @@ class Nonfinite(Rule):
                                "torch.nan_to_num), and do not resume from weights that are already non-finite.",
                        config={})
         if kind == "backward":
-            site = view.sites.get(o.get("site"), {}) if o.get("site") is not None else {}
-            if site.get("hazard") in ("sqrt", "pow", "norm"):
+            if view.site(site).hazard in ("sqrt", "pow", "norm"):
                 return Fix(summary="A function whose derivative is infinite at 0 (sqrt, norm, pow < 1) saw 0: add an eps "
                                    "inside it (sqrt(x + eps), norm.clamp_min(eps)).", config={}, changes_numerics=True)
             lr = _first_lr(view)
@@ -521,30 +414,30 @@ class Nonfinite(Rule):
     def _near_misses(self, view: NumericsView, options: dict, skip: set) -> Iterable[Finding]:
         worst: dict[int, tuple[int, float]] = {}
         for i, d in view.steps:
-            for s, v, *_ in d.get("hazards") or []:
+            for s, v, *_ in d.hazards:
                 x = val(v)
-                kind = view.sites.get(s, {}).get("hazard")
+                kind = view.site(s).hazard
                 if x is None or s in skip or not _near(kind, x, options):
                     continue
                 prev = worst.get(s)
                 if prev is None or _worse(kind, x, prev[1]):
                     worst[s] = (i, x)
         for s, (step, x) in sorted(worst.items()):
-            site = view.sites.get(s, {})
-            kind = site.get("hazard")
-            loc = view.site_location(s)
-            steps_near = sum(1 for i, d in view.steps for t, v, *_ in d.get("hazards") or []
+            site = view.site(s)
+            kind = site.hazard
+            loc = site_location(view, s)
+            steps_near = sum(1 for i, d in view.steps for t, v, *_ in d.hazards
                              if t == s and val(v) is not None and _near(kind, val(v), options))
             yield self.finding(
-                f"{site.get('op')} at {_at(loc)} came close to a non-finite value: {_HZ_STAT.get(kind, 'value')} "
+                f"{site.op} at {_at(loc)} came close to a non-finite value: {_HZ_STAT.get(kind, 'value')} "
                 f"{short(x)} at step {step} ({steps_near} of {len(view.steps)} steps near the limit).",
                 severity="warning", title="Values come close to NaN/inf",
                 locations=[loc] if loc else [],
-                evidence={"op": site.get("op"), "hazard": kind, "worst": x, "worst_step": step,
+                evidence={"op": site.op, "hazard": kind, "worst": x, "worst_step": step,
                           "steps_near": steps_near, "series": view.hazard_series(s)[-30:]},
                 fix=self._fix({"log": "log-of-zero", "div": "division-by-zero", "exp": "exp-overflow",
                                "fp16": "fp16-overflow"}.get(kind or "", "overflow"), loc,
-                              {"inputs": []}, options, view))
+                              None, [], options, view))
 
     # --- a checkpoint ---------------------------------------------------------------------------
 
@@ -598,7 +491,7 @@ def _checkpoints(ev: m.Evidence, view: NumericsView, origin_step: int) -> dict[s
     if not saves:
         return None
     weights_bad = next((i for i, d in view.steps
-                        if any(r.get("param_nonfinite") for r in d.get("opt_steps") or [])), origin_step)
+                        if any(r.param_nonfinite for r in d.opt_steps)), origin_step)
     named = [(i, p) for i, p, _ in saves if p]
     poisoned = [{"step": i, "path": p} for i, p in named if i > weights_bad]
     maybe = [{"step": i, "path": p} for i, p in named if i == weights_bad]
@@ -657,17 +550,17 @@ def _derivative(kind: str | None, x: float) -> float | None:
     return None
 
 
-def singular_sites(view: NumericsView, o: dict, options: dict) -> list[tuple[int, float]]:
+def singular_sites(view: NumericsView, o: Origin, options: dict) -> list[tuple[int, float]]:
     """The calls of the origin's step that reached a point where their derivative is infinite or
     overflows float32 (a log input of 3e-44: 1/x = 3e43), or a near-zero log input or denominator:
     when only the backward pass went non-finite, these are where its infinities came from. Most
     singular first."""
-    pairs = o.get("hazards")
-    if pairs is None:  # (a run recorded before the origin carried its step's hazards)
-        pairs = (o.get("hazard") or {}).get("singular_sites") or []
+    pairs = o.hazards
+    if pairs is None:  # (an origin without its step's hazards: the backward hazard's own list)
+        pairs = (o.hazard or {}).get("singular_sites") or []
     found = []
     for s, v in pairs:
-        x, kind = val(v), view.sites.get(s, {}).get("hazard")
+        x, kind = val(v), view.site(s).hazard
         d = _derivative(kind, x) if x is not None else None
         if d is not None and (d >= FP32_MAX or (kind in ("log", "div") and x <= options["near-zero"])):
             found.append((s, x, d))
@@ -675,10 +568,10 @@ def singular_sites(view: NumericsView, o: dict, options: dict) -> list[tuple[int
     return [(s, x) for s, x, _ in found]
 
 
-def _singular_text(site: dict, x: float) -> str:
-    kind = site.get("hazard")
+def _singular_text(site: Site, x: float) -> str:
+    kind = site.hazard
     d = _derivative(kind, x)
-    text = f"{site.get('op')} at {_at(location(site.get('where')))}, whose {_HZ_STAT.get(kind, 'value')} was {short(x)}"
+    text = f"{site.op} at {_at(location(site.where))}, whose {_HZ_STAT.get(kind, 'value')} was {short(x)}"
     if x != 0 and d is not None and d >= FP32_MAX:
         text += f": its derivative {'1/x' if kind == 'log' else '1/x²' if kind == 'div' else '1/(2√x)'} = {d:.3g} overflows float32"
     return text
@@ -707,7 +600,7 @@ def _series_text(kind: str, series: list[list], step: int) -> str:
     if len(pts) < 2:
         return ""
     # first, middle, last three: the middle one is before the last three (with 6 points, len // 2
-    # is the first of them, and the text showed one step twice)
+    # is the first of them, and the text would show one step twice)
     show = pts if len(pts) <= 5 else [pts[0], pts[(len(pts) - 3) // 2], *pts[-3:]]
     return (f"Its {_HZ_STAT.get(kind, 'value')} per step went "
             + " → ".join(f"{short(v)} (step {i})" for i, v in show) + ".")
@@ -737,7 +630,7 @@ def _optimizer_event(view: NumericsView, opt: int | None) -> dict | None:
 
 def _first_lr(view: NumericsView) -> float | None:
     for _, r in view.opt_steps():
-        lrs = r.get("lrs") or []
+        lrs = r.lrs or []
         if lrs and finite(lrs[0]):
             return val(lrs[0])
     return None

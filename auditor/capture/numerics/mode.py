@@ -1,0 +1,80 @@
+"""The TorchFunctionMode the collector pushes while the user's step runs.
+
+It sees every torch call made from Python (the outermost one: `F.linear` inside `nn.Linear`, not
+the kernels below it). For each call with a floating-point result the collector records `aminmax`
+of the result (and of inputs no earlier call produced: parameters, data) as device tensors, plus
+the op, the user's line (frames.py) and the innermost module running. Nothing is read on the host
+per op: all values are stacked and read back once, at the end of the step (one device sync per
+step on CUDA; see values.Values).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from auditor.capture.numerics.ops import _classify, _kinds, _mutates, ALIAS, BACKWARD, SETITEM, SKIP
+from auditor.capture.numerics.stack import CHECKS_RANGE, _checks_range, _compiling, _profiling, perf
+from auditor.capture.unseen import no_torch_function as _no_torch_function
+
+if TYPE_CHECKING:
+    from auditor.capture.numerics.collector import Numerics
+
+
+class _Mode(TorchFunctionMode):
+    """Sees each torch call made from Python while a step runs; hands it to the collector."""
+
+    def __init__(self, col: "Numerics") -> None:
+        super().__init__()
+        self.col = col
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _compiling():  # torch.compile traces this mode too: nothing of ours may enter the user's graph
+            return func(*args, **kwargs) if kwargs else func(*args)
+        # Most calls are metadata or views: decided by one dict lookup, before anything else.
+        try:
+            kind = _kinds[func]
+        except (KeyError, TypeError):
+            kind = _classify(func)
+        col = self.col
+        if kind == SKIP or col.paused or not col.checking:
+            return func(*args, **kwargs) if kwargs else func(*args)
+        if kind == ALIAS:
+            out = func(*args, **kwargs) if kwargs else func(*args)
+            with _no_torch_function():
+                col.alias(args[0], out)
+            return out
+        if kwargs is None:
+            kwargs = {}
+        if (col.pending or col.aliases) and (kind == SETITEM or _mutates.get(func) or "out" in kwargs):
+            with _checks_range():
+                col.resolve_written(args, kwargs)  # a deferred output is about to be overwritten
+        if kind == SETITEM:
+            return func(*args, **kwargs)
+        if kind == BACKWARD:
+            if not col.in_backward:  # (not a gradient a hand-written backward takes: no loss of the step)
+                t0 = perf()
+                with _checks_range():
+                    col.on_backward(args, kwargs)
+                col.check_s += perf() - t0
+            col.in_backward += 1  # (a hand-written backward this pass runs is checked: see backward_probe)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                col.in_backward -= 1
+        out = func(*args, **kwargs)
+        t0 = perf()
+        # (_checks_range, inline: this is the path every call takes. The modes below this one, the
+        # user's and torch's default-device mode, see the call above, never the checks' reads)
+        with _no_torch_function():
+            try:
+                if _profiling():
+                    with torch.autograd.profiler.record_function(CHECKS_RANGE):
+                        col.on_op(func, kind, args, kwargs, out)
+                else:
+                    col.on_op(func, kind, args, kwargs, out)
+            except Exception as e:  # our bug must never become the user's failure
+                col.failed(e)
+        col.check_s += perf() - t0
+        return out
