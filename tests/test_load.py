@@ -144,6 +144,7 @@ def test_version_1_evidence_reads_its_extra_into_the_fields(tmp_path: Path) -> N
     import msgspec
 
     from auditor.evidence.model import EVIDENCE_VERSION, StepRecord, decode
+    from auditor.evidence.numerics import NumericsFinal, NumericsStep
     from auditor.evidence.ranks.model import RankIdentity
 
     doc = msgspec.to_builtins(Evidence(steps=[StepRecord(index=0, start_s=0.0, ms=1.0)]))
@@ -151,12 +152,12 @@ def test_version_1_evidence_reads_its_extra_into_the_fields(tmp_path: Path) -> N
     doc = {k: v for k, v in doc.items() if k not in fields}
     doc["steps"] = [{k: v for k, v in s.items() if k not in fields} for s in doc["steps"]]
     doc["version"] = 1
-    doc["extra"] = {"numerics": {"final": 1}, "rank": {"rank": 1, "world_size": 2}, "unknown": [1]}
+    doc["extra"] = {"numerics": {"errors": 2}, "rank": {"rank": 1, "world_size": 2}, "unknown": [1]}
     doc["steps"][0]["extra"] = {"numerics": {"check_in_step_ms": 0.5}}
     ev = decode(json.dumps(doc).encode())
     assert ev.version == EVIDENCE_VERSION
-    assert ev.numerics == {"final": 1} and ev.rank == RankIdentity(rank=1, world_size=2)
-    assert ev.steps[0].numerics == {"check_in_step_ms": 0.5} and ev.steps[0].distributed is None
+    assert ev.numerics == NumericsFinal(errors=2) and ev.rank == RankIdentity(rank=1, world_size=2)
+    assert ev.steps[0].numerics == NumericsStep(check_in_step_ms=0.5) and ev.steps[0].distributed is None
     assert any("'unknown'" in n for n in ev.environment.notes)
 
 
