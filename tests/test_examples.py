@@ -514,7 +514,7 @@ def test_step_slowdown_ignores_slow_steps_at_the_end(tmp_path):
     trainer.write_text(SPIKE_AT_THE_END.format(examples=str(EXAMPLES), last=steps - 1))
     a = audit("run", f"{trainer}:step", "--steps", str(steps), "--quiet", out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
-    from auditor.rules.common import quarter_medians
+    from auditor.rules._support.trends import quarter_medians
 
     used = [s for s in a.evidence["steps"] if not s["profiled"] and s["index"] >= 2]
     assert len(used) >= 12  # enough steps for the rule to judge (its min-steps)

@@ -17,7 +17,7 @@ from auditor.evidence.trace import load_trace
 from auditor.rules.amp_opportunity import AmpOpportunity
 from auditor.rules.base import Rule
 from auditor.findings import Finding
-from auditor.rules.common import per_step
+from auditor.rules._support.text import per_step
 from auditor.rules.dataloader_on_device import DataloaderOnDevice
 from auditor.rules.gpu_idle import GpuIdle
 from auditor.rules.launch_bound import LaunchBound

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Rule
 from auditor.findings import Cost, Finding, Fix
-from auditor.rules.common import by_place, locations
+from auditor.rules._support.places import by_place, locations
 from auditor.fixes import replace_in_line
 from auditor.rules.suppression import unsuppressed
 

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Finding, Fix
-from auditor.rules.common import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
 from auditor.fixes import remove_statement
 from auditor.rules.suppression import unsuppressed
 

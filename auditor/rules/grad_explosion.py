@@ -9,7 +9,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix
-from auditor.rules.common import quarter_medians, spearman
+from auditor.rules._support.trends import quarter_medians, spearman
 from auditor.fixes import parse_file
 from auditor.rules.nonfinite import NumericsView, finite, needs_numerics, short, val
 

@@ -8,7 +8,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix, Location
-from auditor.rules.common import spread_scans
+from auditor.rules._support.scans import spread_scans
 from auditor.fixes import parse_file
 
 

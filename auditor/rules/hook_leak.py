@@ -6,7 +6,8 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Finding, Fix, Location
-from auditor.rules.common import file_name, hook_phase, per_step, piling_hooks
+from auditor.rules._support.hooks import hook_phase, piling_hooks
+from auditor.rules._support.text import file_name, per_step
 
 
 class HookLeak(Rule):

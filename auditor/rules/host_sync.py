@@ -8,7 +8,8 @@ from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Edit, Finding, Fix
 from auditor.fixes import call_name, edit_call_kwargs, parse_file
-from auditor.rules.common import by_place, cost_of, line_ref, locations, on_accelerator, per_step, steps_run
+from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.suppression import unsuppressed
 from auditor.rules.trace_host_sync import TRACE_OPTIONS, trace_host_sync_findings
 

@@ -6,7 +6,8 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Finding, Fix, Location
-from auditor.rules.common import spearman, spread_scans, theil_sen
+from auditor.rules._support.scans import spread_scans
+from auditor.rules._support.trends import spearman, theil_sen
 
 MiB = 2**20
 

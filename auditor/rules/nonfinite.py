@@ -18,7 +18,7 @@ import msgspec
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Edit, Finding, Fix, Location
-from auditor.rules.common import file_name
+from auditor.rules._support.text import file_name
 from auditor.fixes import parse_file, read_lines
 
 FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this

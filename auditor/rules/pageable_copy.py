@@ -9,7 +9,7 @@ import numpy as np
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.trace import Trace, frame_location_parts, issuing_op, sites
-from auditor.rules.common import size_text
+from auditor.rules._support.text import size_text
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.rules.probe_pageable_copy import PROBE_OPTIONS, probe_pageable_copy_findings

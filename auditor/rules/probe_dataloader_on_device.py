@@ -19,7 +19,8 @@ from typing import Any
 from auditor.evidence import model as m
 from auditor.rules.base import Option
 from auditor.findings import Cost, Finding, Fix, Location
-from auditor.rules.common import by_place, line_ref, per_step, steps_run
+from auditor.rules._support.places import by_place, steps_run
+from auditor.rules._support.text import line_ref, per_step
 
 PROBE_OPTIONS: tuple[Option, ...] = (
     Option("min-share-of-steps", 0.5,

@@ -16,7 +16,8 @@ from auditor.evidence import model as m
 from auditor.rules.base import Option
 from auditor.findings import Cost, Edit, Finding, Fix, Location
 from auditor.fixes import computed_kwargs, edit_call_kwargs
-from auditor.rules.common import line_ref, per_step, place_key, size_text, steps_run
+from auditor.rules._support.places import place_key, steps_run
+from auditor.rules._support.text import line_ref, per_step, size_text
 from auditor.rules.suppression import unsuppressed
 
 PROBE_OPTIONS: tuple[Option, ...] = (

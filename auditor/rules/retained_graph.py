@@ -6,7 +6,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Rule
 from auditor.findings import Cost, Finding, Fix, Location
-from auditor.rules.common import by_place, place_key
+from auditor.rules._support.places import by_place, place_key
 from auditor.fixes import edit_call_kwargs
 
 

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Rule
 from auditor.findings import Finding, Fix, Location
-from auditor.rules.common import file_name
+from auditor.rules._support.text import file_name
 from auditor.fixes import call_name, insert_before_header, parse_file, read_lines
 
 

@@ -6,18 +6,10 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
-from auditor.rules.common import (
-    file_name,
-    hook_phase,
-    on_accelerator,
-    piling_hooks,
-    quarter_floors,
-    quarter_medians,
-    spearman,
-    theil_sen,
-    trend_ratio,
-    without_spikes,
-)
+from auditor.rules._support.hooks import hook_phase, piling_hooks
+from auditor.rules._support.places import on_accelerator
+from auditor.rules._support.text import file_name
+from auditor.rules._support.trends import quarter_floors, quarter_medians, spearman, theil_sen, trend_ratio, without_spikes
 
 
 def rise_of(xs: list[float], ys: list[float]) -> float:

@@ -32,7 +32,7 @@ from auditor.evidence.trace import (
 )
 from auditor.rules.base import Option
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
-from auditor.rules.common import per_step as rate_text
+from auditor.rules._support.text import per_step as rate_text
 
 TRACE_OPTIONS: tuple[Option, ...] = (
     Option("trace-min-syncs", 1,
