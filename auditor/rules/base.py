@@ -75,6 +75,10 @@ class Rule:
     def default_options(cls) -> dict[str, Any]:
         return {o.name: o.default for o in cls.options}
 
+    @classmethod
+    def options_with(cls, values: dict[str, Any]) -> dict[str, Any]:
+        return {**cls.default_options(), **values}
+
     def finding(self, message: str, *, severity: str | None = None, title: str | None = None,
                 locations: Iterable[Location] = (), evidence: dict[str, Any] | None = None,
                 cost: Cost | None = None, fix: Fix | None = None) -> Finding:
