@@ -16,6 +16,7 @@ from auditor.evidence.model import Evidence
 from auditor.evidence.trace import load_trace
 from auditor.rules.amp_opportunity import AmpOpportunity
 from auditor.rules.base import Rule
+from auditor.rules.engine import skip_reason
 from auditor.findings import Finding
 from auditor.rules._support.text import per_step
 from auditor.rules.dataloader_on_device import DataloaderOnDevice
@@ -53,8 +54,8 @@ def evidence(name: str) -> Evidence:
 
 def run(rule_cls: type[Rule], name: str, **options: Any) -> list[Finding]:
     rule = rule_cls()
-    assert rule.skip_reason(evidence(name)) is None
-    return list(rule.check(evidence(name), {**rule.default_options(), **options}))
+    assert skip_reason(rule, evidence(name)) is None
+    return list(rule.check(evidence(name), rule.options_with(options)))
 
 
 @cache
@@ -71,7 +72,7 @@ def test_rules_document_themselves_and_skip_without_a_trace(rule_cls: type[Rule]
     for heading in ("What it detects", "Why it costs", "Example", "Fix", "Evidence needed"):
         assert heading in docs
     assert re.fullmatch(r"[a-z]+(-[a-z]+)*", rule_cls.id)
-    assert rule_cls().skip_reason(Evidence()) is not None
+    assert skip_reason(rule_cls(), Evidence()) is not None
 
 
 def test_ids_are_the_contract() -> None:
@@ -254,7 +255,7 @@ def test_gpu_idle_names_host_synchronisation_when_a_sync_spans_the_gap(tmp_path:
     ev = Evidence(source="trace")
     ev.__dict__["trace_data"] = [load_trace(tmp_path / "item.json")]
     rule = GpuIdle()
-    (f,) = rule.check(ev, {**rule.default_options(), "min-idle-share": 0.1})  # the control idles 18%
+    (f,) = rule.check(ev, rule.options_with({"min-idle-share": 0.1}))  # the control idles 18%
     e = f.evidence
     assert e["idle_share"] == round(idle_us / span, 4) and e["idle_ms_per_step"] == round(idle_us / 1000, 3)
     # every idle moment is inside the ProfilerStep annotation: what no sync covers is host work
@@ -394,7 +395,7 @@ def test_dataloader_on_device_flags_kernels_inside_next(tmp_path: Path) -> None:
     assert f.evidence["calls"] == 2 and f.evidence["copies"] == 2 and f.evidence["copy_bytes"] == 8192
     assert f.evidence["ops"] == {"aten::to": 2}
     assert (f.locations[0].file, f.locations[0].line) == ("my_dataset.py", 17)
-    assert list(rule.check(ev, {"min-launches-per-step": 2})) == []
+    assert list(rule.check(ev, rule.options_with({"min-launches-per-step": 2}))) == []
 
 
 def pin_memory_op(*calls: dict) -> list[dict]:

@@ -1,11 +1,11 @@
 """data-parallel: nn.DataParallel where DistributedDataParallel applies."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks import frame_of
-from auditor.rules.base import Rule
+from auditor.rules.base import Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location
 
 DIST_KEY = "distributed"
@@ -42,14 +42,10 @@ class DataParallel(Rule):
     title = "nn.DataParallel where DistributedDataParallel applies"
     severity = "warning"
     category = "performance"
+    needs = frozenset({"run"})
     options = ()
 
-    def skip_reason(self, ev: m.Evidence) -> str | None:
-        if ev.source != "run":
-            return "needs a run (`audit run`), not a recording"
-        return None
-
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         dps = (ev.extra.get(DIST_KEY) or {}).get("data_parallel") or []
         training = bool(ev.tallies(m.BACKWARD))
         for dp in dps:

@@ -24,7 +24,7 @@ from auditor.evidence.trace import (
 )
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import computed_kwargs, edit_call_kwargs
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 
 
 def available_cores() -> int:
@@ -79,10 +79,10 @@ def step_loader_shares(trace: Trace) -> list[dict[str, Any]]:
     return out
 
 
-def trace_findings(rule: Rule, evidence: m.Evidence, options: dict[str, Any]) -> list[Finding]:
+def trace_findings(rule: Rule, evidence: m.Evidence, options: Options) -> list[Finding]:
     """One finding per trace whose steps wait on the DataLoader for a large share of their time."""
     findings = []
-    threshold = float(options.get("trace-min-share", options.get("min-share", 0.25)))
+    threshold = options.trace_min_share
     for trace in evidence.trace_data:
         ev = trace.events
         loader = trace.matching(DATALOADER_NEXT, ev[ev["cat"].isin((CAT["cpu_op"], CAT["annotation"]))])
@@ -172,12 +172,12 @@ class DataloaderBound(Rule):
                "(its time per step over the median step)."),
     )
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         yield from self._from_probes(ev, options)
         if ev.trace_data and not ev.steps:  # a recording; a run's probes time every step's data wait
             yield from trace_findings(self, ev, options)
 
-    def _from_probes(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def _from_probes(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         steps = [s for s in ev.steps if not s.profiled] or ev.steps
         if not steps:
             return
@@ -201,7 +201,7 @@ class DataloaderBound(Rule):
         # median of each step's share is another number, and read as a second one beside it)
         wait_ms, step_ms = round(median(waits), 3), step_basis_ms(ev)
         share = share_of_step(wait_ms, step_ms) or 0.0
-        if share < options["min-share"] or wait_ms < options["min-wait-ms"]:
+        if share < options.min_share or wait_ms < options.min_wait_ms:
             return
         # a new iterator in most steps (`next(iter(loader))`): its workers start (and the last
         # one's stop) every step; the fix is to make the iterator once, outside the step

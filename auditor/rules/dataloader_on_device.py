@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 
@@ -33,7 +32,7 @@ from auditor.evidence.trace import (
 from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules._support.places import by_place, steps_run
 from auditor.rules._support.text import line_ref, per_step
-from auditor.rules.base import Option, Rule, TraceRule
+from auditor.rules.base import Option, Options, Rule, TraceRule
 
 _COLLATE = r"(^|[/(])\S*collate\S*\.py\(|\): \S*collate\S*$"
 # Device allocations (cudaMalloc, cudaMallocAsync, cudaMallocManaged, cuMemAlloc_v2 ...), never the
@@ -52,7 +51,7 @@ def _default_device_calls(ev: m.Evidence) -> list[m.Frame]:
             if t.what == DEFAULT_DEVICE and t.data.get("device") == "cuda" and t.where]
 
 
-def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: dict[str, Any]) -> list[Finding]:
+def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> list[Finding]:
     """One finding for the run when most steps take batches the loader made on the GPU."""
     if not evidence.steps:
         return []
@@ -60,7 +59,7 @@ def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: dict[str, Any]
     batches = evidence.tallies(m.DEVICE_BATCH)
     ops = by_place(evidence.tallies(m.DATA_DEVICE_OP))
     steps_with = {s for s, _ in batches} | set().union(*(p.steps for p in ops))
-    if not steps_with or len(steps_with) < options.get("min-share-of-steps", 0.5) * n:
+    if not steps_with or len(steps_with) < options.min_share_of_steps * n:
         return []
     device_batches = sum(t.count for _, t in batches)
     batch_bytes = sum(t.count * int(t.data.get("bytes") or 0) for _, t in batches)
@@ -144,6 +143,8 @@ class DataloaderOnDevice(TraceRule):
     id = "dataloader-on-device"
     title = "Input pipeline uses the GPU"
     severity = "warning"
+    needs = frozenset({"run", "trace"})
+    needs_text = "needs a profiler trace with CUDA activity"
     options = (
         Option("min-launches-per-step", 1, "Report when the loader issues at least this many GPU calls per step."),
         Option("min-share-of-steps", 0.5,
@@ -152,13 +153,14 @@ class DataloaderOnDevice(TraceRule):
     )
 
     def skip_reason(self, evidence: m.Evidence) -> str | None:
-        return None if evidence.environment.rehearsal else super().skip_reason(evidence)
+        """A run without a trace is judged in CUDA rehearsal only: elsewhere its loader's device work is not recorded."""
+        return None if evidence.trace_data or evidence.environment.rehearsal else self.needs_text
 
-    def check(self, evidence: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, evidence: m.Evidence, options: Options) -> Iterable[Finding]:
         yield from super().check(evidence, options)
         yield from rehearsal_findings(self, evidence, options)
 
-    def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+    def check_trace(self, trace: Trace, options: Options) -> Finding | None:
         ev = trace.events
         cat, names, ts, end = trace.col("cat"), trace.col("name"), trace.col("ts"), trace.col("end")
         pid, tid = trace.col("pid"), trace.col("tid")
@@ -188,7 +190,7 @@ class DataloaderOnDevice(TraceRule):
             inside |= on_thread & (k >= 0) & (t < e[np.maximum(k, 0)])
         found = ev.iloc[calls[inside]]
         steps = trace.step_count()
-        if len(found) / steps < float(options.get("min-launches-per-step", 1)) or not len(found):
+        if len(found) / steps < options.min_launches_per_step or not len(found):
             return None
         link = found["link"].to_numpy()
         gpu_rows = link[link >= 0]

@@ -19,7 +19,7 @@ from auditor.evidence.trace import (
     subtract,
     total_length,
 )
-from auditor.rules.base import Option, TraceRule
+from auditor.rules.base import Option, Options, TraceRule
 from auditor.findings import Cost, Finding, Fix, Location
 
 _CAUSES = {
@@ -77,7 +77,7 @@ class GpuIdle(TraceRule):
         Option("gaps", 5, "How many of the largest idle gaps to describe."),
     )
 
-    def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+    def check_trace(self, trace: Trace, options: Options) -> Finding | None:
         if not np.isin(trace.col("cat"), GPU_WORK).any():
             return None  # a CPU-only trace says nothing about GPU idleness
         lo, hi = trace.window()
@@ -89,7 +89,7 @@ class GpuIdle(TraceRule):
         idle = subtract(whole, busy)
         idle_us = total_length(idle)
         share = idle_us / span
-        if share < float(options.get("min-idle-share", 0.3)):
+        if share < options.min_idle_share:
             return None
         steps = trace.step_count()
 
@@ -113,7 +113,7 @@ class GpuIdle(TraceRule):
                      "host work": total_length(by_host), "nothing traced": max(untraced, 0.0)}
         cause = max(breakdown, key=lambda k: breakdown[k])
 
-        gaps = self._largest_gaps(trace, idle, lo, int(options.get("gaps", 5)))
+        gaps = self._largest_gaps(trace, idle, lo, int(options.gaps))
         locations = []
         for g in gaps:
             if g.get("file") and not any(loc.file == g["file"] and loc.line == g["line"] for loc in locations):

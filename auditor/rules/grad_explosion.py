@@ -4,14 +4,14 @@ from __future__ import annotations
 import ast
 import math
 from statistics import median
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix
 from auditor.rules._support.trends import quarter_medians, spearman
 from auditor.fixes import parse_file
-from auditor.rules.nonfinite import NumericsView, finite, needs_numerics, short, val
+from auditor.rules.nonfinite import NEEDS_NUMERICS, NumericsView, finite, needs_numerics, short, val
 
 
 class GradExplosion(Rule):
@@ -49,6 +49,8 @@ class GradExplosion(Rule):
     title = "Gradient norm explodes"
     severity = "warning"
     category = "numerics"
+    needs = frozenset({"run"})
+    needs_text = NEEDS_NUMERICS
     options = (
         Option("spike-ratio", 10.0, "A norm this many times the median of the preceding steps is a spike."),
         Option("window", 5, "Preceding optimizer steps whose median a spike is measured against.", low=1),
@@ -67,7 +69,7 @@ class GradExplosion(Rule):
     def skip_reason(self, ev: m.Evidence) -> str | None:
         return needs_numerics(ev)
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         view = NumericsView.of(ev)
         by_opt: dict[int, list[tuple[int, dict]]] = {}
         for step, r in view.opt_steps():

@@ -36,7 +36,7 @@ from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, 
 from auditor.fixes import call_name, edit_call_kwargs, parse_file
 from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
 from auditor.rules._support.text import line_ref, per_step
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.rules.suppression import unsuppressed
 
 ELAPSED_TIME = "torch.cuda.Event.elapsed_time"  # the cuda-standin tally of auditor.capture.rehearsal.cuda
@@ -98,7 +98,7 @@ def _api(trace: Trace, row: int) -> str:
     return f"{name} to pageable memory" if name in ASYNC_COPY_CALLS else name
 
 
-def trace_findings(rule: Rule, evidence: m.Evidence, options: dict[str, Any]) -> list[Finding]:
+def trace_findings(rule: Rule, evidence: m.Evidence, options: Options) -> list[Finding]:
     """One finding per (trace, issuing operator) for every recorded host<->GPU synchronisation."""
     out: list[Finding] = []
     for trace in evidence.trace_data:
@@ -106,7 +106,7 @@ def trace_findings(rule: Rule, evidence: m.Evidence, options: dict[str, Any]) ->
     return out
 
 
-def _one_trace(rule: Rule, trace: Trace, options: dict[str, Any], step_ms: float | None) -> list[Finding]:
+def _one_trace(rule: Rule, trace: Trace, options: Options, step_ms: float | None) -> list[Finding]:
     rows = blocking_calls(trace)
     if len(trace.steps):
         rows = rows[trace.col("step")[rows] >= 0]
@@ -122,8 +122,8 @@ def _one_trace(rule: Rule, trace: Trace, options: dict[str, Any], step_ms: float
     for call, members in calls.items():
         groups[trace.name(call)].append(members)  # the issuing op; a bare sync call is named by its API
     ts, end = trace.col("ts"), trace.col("end")
-    min_syncs = int(options.get("trace-min-syncs", 1))
-    warn_share = float(options.get("trace-warning-share", 0.05))
+    min_syncs = int(options.trace_min_syncs)
+    warn_share = options.trace_warning_share
     findings = []
     for op, members in groups.items():
         if len(members) < min_syncs:
@@ -224,19 +224,19 @@ class HostSync(Rule):
                "Trace: a finding is a warning when its syncs block this share of the step or more, else info."),
     )
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         yield from self._from_probes(ev, options)
         if ev.trace_data and not ev.steps:  # a recording; a run's own probes already saw every sync
             yield from trace_findings(self, ev, options)
 
-    def _from_probes(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def _from_probes(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         if not ev.steps:
             return
         n = steps_run(ev)
         real = on_accelerator(ev)
         as_gpu = real or ev.environment.rehearsal  # judged as GPU code: only syncs on device tensors
         places = [p for p in by_place(ev.tallies(m.SYNC))
-                  if len(p.steps) >= options["min-share-of-steps"] * n
+                  if len(p.steps) >= options.min_share_of_steps * n
                   and (not as_gpu or p.data.get("device") == "cuda")]
         places = unsuppressed(self.id, places, lambda p: p.where)  # out of the count, message and evidence
         if not places:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -22,7 +21,7 @@ from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, 
 from auditor.fixes import computed_kwargs, edit_call_kwargs
 from auditor.rules._support.places import place_key, steps_run
 from auditor.rules._support.text import line_ref, per_step, size_text
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.rules.suppression import unsuppressed
 
 _DIRECTIONS = {"HtoD": "host-to-device", "DtoH": "device-to-host"}
@@ -58,15 +57,15 @@ def _sites(ev: m.Evidence) -> list[_Site]:
     return sorted(sites.values(), key=lambda s: -s.bytes)
 
 
-def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: dict[str, Any]) -> list[Finding]:
+def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> list[Finding]:
     """One finding for the run when unpinned host->device copies move enough bytes per step."""
     if not evidence.steps:
         return []
     n = steps_run(evidence)
-    sites = [s for s in _sites(evidence) if len(s.steps) >= options.get("min-share-of-steps", 0.5) * n]
+    sites = [s for s in _sites(evidence) if len(s.steps) >= options.min_share_of_steps * n]
     sites = unsuppressed(rule.id, sites, lambda s: s.where)  # out of the count, message and evidence
     total = sum(s.bytes for s in sites)
-    if not sites or total / n < float(options.get("min-mb-per-step", 1.0)) * 1e6:
+    if not sites or total / n < options.min_mb_per_step * 1e6:
         return []
     copies = sum(s.copies for s in sites)
     loaders = [d for d in evidence.dataloaders if any(d.id in s.loaders for s in sites)]
@@ -153,6 +152,8 @@ class PageableCopy(Rule):
     id = "pageable-copy"
     title = "Host-device copy from pageable memory"
     severity = "warning"
+    needs = frozenset({"run", "trace"})
+    needs_text = "needs a profiler trace with CUDA activity, or a CUDA rehearsal (`audit run --rehearse`)"
     options = (
         Option("min-mb-per-step", 1.0,
                "Report a copy direction when it moves at least this many MB (1e6 bytes) per step "
@@ -162,22 +163,21 @@ class PageableCopy(Rule):
     )
 
     def skip_reason(self, evidence: m.Evidence) -> str | None:
-        if evidence.trace_data or evidence.environment.rehearsal:
-            return None
-        return "needs a profiler trace with CUDA activity, or a CUDA rehearsal (`audit run --rehearse`)"
+        """A run without a trace is judged in CUDA rehearsal only: elsewhere its copies are not recorded."""
+        return None if evidence.trace_data or evidence.environment.rehearsal else self.needs_text
 
-    def check(self, evidence: m.Evidence, options: dict[str, Any]) -> Iterator[Finding]:
+    def check(self, evidence: m.Evidence, options: Options) -> Iterator[Finding]:
         for trace in evidence.trace_data:
             yield from self._check_trace(trace, options, step_basis_ms(evidence, trace))
         yield from rehearsal_findings(self, evidence, options)
 
-    def _check_trace(self, trace: Trace, options: dict[str, Any], step_ms: float | None) -> Iterator[Finding]:
+    def _check_trace(self, trace: Trace, options: Options, step_ms: float | None) -> Iterator[Finding]:
         copies = trace.matching(r"Pageable", trace.of("memcpy"))
         if not len(copies):
             return
         names = trace.names(copies)
         steps = trace.step_count()
-        min_bytes = float(options.get("min-mb-per-step", 1.0)) * 1e6
+        min_bytes = options.min_mb_per_step * 1e6
         link = trace.events["link"].to_numpy()
         host_dur = trace.events["dur"].to_numpy()
         for short, label in _DIRECTIONS.items():
