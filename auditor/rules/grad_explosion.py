@@ -102,8 +102,9 @@ class GradExplosion(Rule):
         before = [v for _, v in fin[:spike["index"] if spike else len(fin)]]
         typical = median(before) if spike else before[0]
         healthy = [v for v in before if v <= options["healthy-factor"] * typical] or before[:1]
-        # A percentile of one or two norms is those norms: a run that diverges from its second step
-        # was told to clip at 87000, its first steps' norm, a value nothing in the run supports.
+        # A percentile of one or two norms is those norms: with fewer than min-healthy healthy steps
+        # (a run that diverges from its second step) no max_norm is derived, as nothing in the run
+        # supports one.
         enough = len(healthy) >= options["min-healthy"]
         max_norm = _round2(_percentile(healthy, options["clip-percentile"])) if enough else None
         went_nonfinite = healthy_end < len(series)

@@ -22,7 +22,6 @@ from auditor.rules._support.text import file_name
 from auditor.fixes import parse_file, read_lines
 
 FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this
-FP16_EXP_LIMIT = 11.09
 FP16_MAX = 65504.0
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 def per_step(x: float) -> str:
     """A count per step for a message, to 3 significant digits and never in exponent form: 8.23,
-    0.233, 4, 120. Counts over a few dozen steps support no more (`:g` printed 8.23333)."""
+    0.233, 4, 120. Counts over a few dozen steps support no more (`:g` would print 8.23333)."""
     if abs(x) >= 100:
         return f"{x:.0f}"
     return np.format_float_positional(x, precision=3, fractional=False, trim="-")
