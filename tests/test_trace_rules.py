@@ -23,7 +23,6 @@ from auditor.rules.dataloader_on_device import DataloaderOnDevice
 from auditor.rules.gpu_idle import GpuIdle
 from auditor.rules.launch_bound import LaunchBound
 from auditor.rules.pageable_copy import PageableCopy
-from auditor.rules import dataloader_bound, host_sync
 from auditor.rules.dataloader_bound import DataloaderBound
 from auditor.rules.host_sync import HostSync
 
@@ -495,7 +494,7 @@ def test_amp_opportunity_quiet_with_tensor_core_kernels(name: str) -> None:
 # ---------------------------------------- host-sync (trace half)
 def sync_findings(name: str, **options: Any) -> dict[str, Finding]:
     opts = HostSync.options_with(options)
-    return {f.evidence["op"]: f for f in host_sync.trace_findings(HostSync(), evidence(name), opts)}
+    return {f.evidence["op"]: f for f in HostSync().trace_findings(evidence(name), opts)}
 
 
 def in_steps(name: str, events: list[dict]) -> list[dict]:
@@ -692,7 +691,7 @@ def test_host_sync_nested_waits_are_one_call_and_their_time_once(tmp_path: Path)
     (tmp_path / "nested.json").write_text(json.dumps({"traceEvents": events}))
     ev = Evidence(source="trace", traces=[str(tmp_path / "nested.json")])
     ev.__dict__["trace_data"] = [load_trace(tmp_path / "nested.json")]
-    [f] = host_sync.trace_findings(HostSync(), ev, HostSync.default_options())
+    [f] = HostSync().trace_findings(ev, HostSync.default_options())
     assert f.evidence["op"] == "aten::item" and f.evidence["syncs"] == 1
     assert f.evidence["blocked_ms"] == f.evidence["longest_ms"] == 0.3  # the outer call's 300 us, once
     assert "once" in f.message and f.evidence["apis"] == {"cudaStreamSynchronize": 1, "cuStreamSynchronize": 1}
@@ -710,7 +709,7 @@ def raw_loader_shares(name: str) -> list[float]:
 
 
 def dl_findings(name: str) -> list[Finding]:
-    return dataloader_bound.trace_findings(DataloaderBound(), evidence(name), DataloaderBound.default_options())
+    return DataloaderBound().trace_findings(evidence(name), DataloaderBound.default_options())
 
 
 def test_dataloader_workers0_flagged() -> None:
@@ -778,7 +777,7 @@ def test_host_sync_in_a_function_of_a_torch2_trace_names_the_function(tmp_path: 
     ev = Evidence(source="trace", traces=[str(tmp_path / "t.json")])
     ev.__dict__["trace_data"] = [load_trace(tmp_path / "t.json")]
     opts = HostSync.default_options()
-    [f] = host_sync.trace_findings(HostSync(), ev, opts)
+    [f] = HostSync().trace_findings(ev, opts)
     [loc] = f.locations
     assert (loc.file, loc.line) == (str(tmp_path / "helper.py"), 4)
     assert (loc.code, loc.note) == ("def helper(x):", "the trace records this function, not the line within it")
@@ -800,7 +799,7 @@ def test_host_sync_leaves_out_the_auditors_own_reads(tmp_path: Path) -> None:
     ev = Evidence(source="trace", traces=[str(tmp_path / "audited.pt.trace.json.gz")])
     ev.__dict__["trace_data"] = [load_trace(tmp_path / "audited.pt.trace.json.gz")]
     opts = HostSync.default_options()
-    audited = {f.evidence["op"] for f in host_sync.trace_findings(HostSync(), ev, opts)}
+    audited = {f.evidence["op"] for f in HostSync().trace_findings(ev, opts)}
     recorded = set(sync_findings(SMALL))  # the recording as made
     assert "aten::is_nonzero" in recorded and "cudaDeviceSynchronize" in recorded
     assert audited == recorded - {"aten::is_nonzero"}

@@ -79,50 +79,6 @@ def step_loader_shares(trace: Trace) -> list[dict[str, Any]]:
     return out
 
 
-def trace_findings(rule: Rule, evidence: m.Evidence, options: Options) -> list[Finding]:
-    """One finding per trace whose steps wait on the DataLoader for a large share of their time."""
-    findings = []
-    threshold = options.trace_min_share
-    for trace in evidence.trace_data:
-        ev = trace.events
-        loader = trace.matching(DATALOADER_NEXT, ev[ev["cat"].isin((CAT["cpu_op"], CAT["annotation"]))])
-        if not len(loader):
-            continue
-        per_step = step_loader_shares(trace)
-        n = len(per_step)
-        loader_ms = sum(s["loader_ms"] for s in per_step)
-        step_ms = step_basis_ms(evidence, trace)
-        share = share_of_step(round(loader_ms / n, 3), step_ms) or 0.0  # (the share every report prints for the cost)
-        if share < threshold:
-            continue
-        shares = [s["share"] for s in per_step]
-        names = sorted(set(trace.names(loader)))
-        single = any("_SingleProcessDataLoaderIter" in n for n in names)
-        where = sites(trace, loader.index.to_numpy(), weights=loader["dur"].to_numpy())
-        message = (f"DataLoader __next__ took {loader_ms / n:.1f} ms per step in {trace.label} ({share:.0%} of the "
-                   f"median {step_ms:.1f} ms step; each step's share {min(shares):.0%}-{max(shares):.0%} "
-                   f"across {n} steps)" + ("; batches are loaded in the training process (num_workers=0)."
-                                          if single else "; the worker processes cannot keep up."))
-        fix = (Fix(summary="Load batches in worker processes: DataLoader(num_workers=4 or more, pin_memory=True, "
-                           "persistent_workers=True).",
-                   config={"num_workers": 4, "pin_memory": True, "persistent_workers": True})
-               if single else
-               Fix(summary="Give the workers more room: raise num_workers and prefetch_factor, make "
-                           "__getitem__ cheaper (pre-decode, cache) or use a faster decoder.",
-                   config={"num_workers": 8, "prefetch_factor": 4, "persistent_workers": True}))
-        findings.append(rule.finding(
-            message,
-            locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
-            evidence={"trace": str(trace.path), "source": "trace",
-                      "loader_ms_per_step": round(loader_ms / n, 3), "median_step_ms": round(step_ms, 3),
-                      "iterator": names, "steps": per_step},
-            cost=Cost(ms_per_step=round(loader_ms / n, 3), share_of_step=share, measured=True,
-                      note="time the training thread spent inside DataLoader __next__"),
-            fix=fix,
-        ))
-    return findings
-
-
 class DataloaderBound(Rule):
     """
     What it detects:
@@ -163,6 +119,9 @@ class DataloaderBound(Rule):
     title = "The step waits for the input pipeline"
     severity = "warning"
     category = "performance"
+    # Judged on any evidence (`needs` names no kind): only a run or a trace holds what it reads, but
+    # an audit of a snapshot or a checkpoint runs it (finding nothing) rather than listing it among
+    # findings.json's skipped_rules.
     options = (
         Option("min-share", 0.25, "Share of the median step spent waiting in DataLoader iteration (the median "
                                   "wait) to flag."),
@@ -175,7 +134,50 @@ class DataloaderBound(Rule):
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         yield from self._from_probes(ev, options)
         if ev.trace_data and not ev.steps:  # a recording; a run's probes time every step's data wait
-            yield from trace_findings(self, ev, options)
+            yield from self.trace_findings(ev, options)
+
+    def trace_findings(self, evidence: m.Evidence, options: Options) -> list[Finding]:
+        """One finding per trace whose steps wait on the DataLoader for a large share of their time."""
+        findings = []
+        threshold = options.trace_min_share
+        for trace in evidence.trace_data:
+            ev = trace.events
+            loader = trace.matching(DATALOADER_NEXT, ev[ev["cat"].isin((CAT["cpu_op"], CAT["annotation"]))])
+            if not len(loader):
+                continue
+            per_step = step_loader_shares(trace)
+            n = len(per_step)
+            loader_ms = sum(s["loader_ms"] for s in per_step)
+            step_ms = step_basis_ms(evidence, trace)
+            share = share_of_step(round(loader_ms / n, 3), step_ms) or 0.0  # (the share every report prints for the cost)
+            if share < threshold:
+                continue
+            shares = [s["share"] for s in per_step]
+            names = sorted(set(trace.names(loader)))
+            single = any("_SingleProcessDataLoaderIter" in n for n in names)
+            where = sites(trace, loader.index.to_numpy(), weights=loader["dur"].to_numpy())
+            message = (f"DataLoader __next__ took {loader_ms / n:.1f} ms per step in {trace.label} ({share:.0%} of the "
+                       f"median {step_ms:.1f} ms step; each step's share {min(shares):.0%}-{max(shares):.0%} "
+                       f"across {n} steps)" + ("; batches are loaded in the training process (num_workers=0)."
+                                              if single else "; the worker processes cannot keep up."))
+            fix = (Fix(summary="Load batches in worker processes: DataLoader(num_workers=4 or more, pin_memory=True, "
+                               "persistent_workers=True).",
+                       config={"num_workers": 4, "pin_memory": True, "persistent_workers": True})
+                   if single else
+                   Fix(summary="Give the workers more room: raise num_workers and prefetch_factor, make "
+                               "__getitem__ cheaper (pre-decode, cache) or use a faster decoder.",
+                       config={"num_workers": 8, "prefetch_factor": 4, "persistent_workers": True}))
+            findings.append(self.finding(
+                message,
+                locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
+                evidence={"trace": str(trace.path), "source": "trace",
+                          "loader_ms_per_step": round(loader_ms / n, 3), "median_step_ms": round(step_ms, 3),
+                          "iterator": names, "steps": per_step},
+                cost=Cost(ms_per_step=round(loader_ms / n, 3), share_of_step=share, measured=True,
+                          note="time the training thread spent inside DataLoader __next__"),
+                fix=fix,
+            ))
+        return findings
 
     def _from_probes(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         steps = [s for s in ev.steps if not s.profiled] or ev.steps

@@ -98,14 +98,6 @@ def _api(trace: Trace, row: int) -> str:
     return f"{name} to pageable memory" if name in ASYNC_COPY_CALLS else name
 
 
-def trace_findings(rule: Rule, evidence: m.Evidence, options: Options) -> list[Finding]:
-    """One finding per (trace, issuing operator) for every recorded host<->GPU synchronisation."""
-    out: list[Finding] = []
-    for trace in evidence.trace_data:
-        out.extend(_one_trace(rule, trace, options, step_basis_ms(evidence, trace)))
-    return out
-
-
 def _one_trace(rule: Rule, trace: Trace, options: Options, step_ms: float | None) -> list[Finding]:
     rows = blocking_calls(trace)
     if len(trace.steps):
@@ -216,6 +208,9 @@ class HostSync(Rule):
     title = "The step waits for the device (host-device synchronisation)"
     severity = "warning"
     category = "performance"
+    # Judged on any evidence (`needs` names no kind): only a run or a trace holds what it reads, but
+    # an audit of a snapshot or a checkpoint runs it (finding nothing) rather than listing it among
+    # findings.json's skipped_rules.
     options = (
         Option("min-share-of-steps", 0.5, "Report a sync site only if it runs in at least this share of steps."),
         Option("trace-min-syncs", 1,
@@ -227,7 +222,14 @@ class HostSync(Rule):
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         yield from self._from_probes(ev, options)
         if ev.trace_data and not ev.steps:  # a recording; a run's own probes already saw every sync
-            yield from trace_findings(self, ev, options)
+            yield from self.trace_findings(ev, options)
+
+    def trace_findings(self, evidence: m.Evidence, options: Options) -> list[Finding]:
+        """One finding per (trace, issuing operator) for every recorded host<->GPU synchronisation."""
+        out: list[Finding] = []
+        for trace in evidence.trace_data:
+            out.extend(_one_trace(self, trace, options, step_basis_ms(evidence, trace)))
+        return out
 
     def _from_probes(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         if not ev.steps:

@@ -167,9 +167,13 @@ class PageableCopy(Rule):
         return None if evidence.trace_data or evidence.environment.rehearsal else self.needs_text
 
     def check(self, evidence: m.Evidence, options: Options) -> Iterator[Finding]:
+        yield from self.trace_findings(evidence, options)
+        yield from rehearsal_findings(self, evidence, options)
+
+    def trace_findings(self, evidence: m.Evidence, options: Options) -> Iterator[Finding]:
+        """Per recorded trace, one finding per copy direction that moves enough bytes per step."""
         for trace in evidence.trace_data:
             yield from self._check_trace(trace, options, step_basis_ms(evidence, trace))
-        yield from rehearsal_findings(self, evidence, options)
 
     def _check_trace(self, trace: Trace, options: Options, step_ms: float | None) -> Iterator[Finding]:
         copies = trace.matching(r"Pageable", trace.of("memcpy"))
