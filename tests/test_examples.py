@@ -228,7 +228,6 @@ def test_host_sync_counts_each_site_on_cpu_as_info(example_audit):
     sites = {s["what"]: s for s in f["evidence"]["sites"]}
     assert sites["Tensor.item"]["count"] == STEPS and sites["int(Tensor)"]["count"] == STEPS
     assert f["evidence"]["syncs_per_step"] == 2.0
-    assert a.rule("host-sync") and not example_audit("clean").rule("host-sync")
 
 
 AMP_TRAINER = """import torch
