@@ -19,7 +19,10 @@ import difflib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from auditor.rules.base import Options, Rule
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,23 +45,24 @@ class Config:
     def enabled(self, rule_id: str) -> bool:
         return (self.select is None or rule_id in self.select) and rule_id not in self.ignore
 
-    def options_for(self, rule_cls) -> dict[str, Any]:
-        opts = rule_cls.default_options()
+    def options_for(self, rule_cls: type[Rule]) -> Options:
+        """The rule's options: its declared defaults with the values this config gives them, each of
+        its default's kind and within its bounds (anything else is a ConfigError)."""
+        declared = {o.name: o for o in rule_cls.options}
         given = self.rule_options.get(rule_cls.id, {})
-        unknown = set(given) - set(opts)
+        unknown = set(given) - set(declared)
         if unknown:
             raise ConfigError(f"{self.source}: unknown option(s) for rule {rule_cls.id}: "
-                              f"{', '.join(sorted(unknown))} (known: {', '.join(sorted(opts)) or 'none'})")
+                              f"{', '.join(sorted(unknown))} (known: {', '.join(sorted(declared)) or 'none'})")
         for name, value in given.items():
-            if not _same_kind(value, opts[name]):
+            if not _same_kind(value, declared[name].default):
                 raise ConfigError(f"{self.source}: option {name} of rule {rule_cls.id} must be "
-                                  f"{_kind(opts[name])}, not {value!r}")
+                                  f"{_kind(declared[name].default)}, not {value!r}")
         for option in rule_cls.options:
             if option.name in given and (where := _out_of_range(given[option.name], *option.bounds())):
                 raise ConfigError(f"{self.source}: option {option.name} of rule {rule_cls.id} must be "
                                   f"{where}, not {given[option.name]!r}")
-        opts.update(given)
-        return opts
+        return rule_cls.options_with(given)
 
 
 def _out_of_range(value: Any, low: float | None, high: float | None) -> str | None:

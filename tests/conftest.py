@@ -69,17 +69,43 @@ def expected_lines(path: Path, rule_id: str) -> list[int]:
             if (m := MARKER.search(line)) and m.group(1) == rule_id]
 
 
+def shared_audit(tmp_path_factory, key: str, *args: str, env: dict | None = None) -> Audit:
+    """`audit ARGS` run once per test session under `key`, even across xdist workers: the first
+    worker runs it under a file lock, the others read what it left."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, done = root / f"audit-{key}", root / f"audit-{key}.json"
+    with open(root / f"audit-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            a = audit(*args, out=out, env=env)
+            done.write_text(json.dumps({"returncode": a.returncode, "stdout": a.stdout, "stderr": a.stderr}))
+    return Audit(**json.loads(done.read_text()), out=out)
+
+
 @pytest.fixture(scope="session")
 def example_audit(tmp_path_factory):
     """Audit each example once per test session (30 steps) and share the result."""
-    cache: dict[tuple[str, int], Audit] = {}
-
     def get(name: str, steps: int = 30) -> Audit:
-        key = (name, steps)
-        if key not in cache:
-            out = tmp_path_factory.mktemp(f"audit-{name}")
-            cache[key] = audit("run", f"examples/{name}.py:step", "--steps", str(steps), "--quiet", out=out)
-        return cache[key]
+        return shared_audit(tmp_path_factory, f"{name}-{steps}", "run", f"examples/{name}.py:step",
+                            "--steps", str(steps), "--quiet")
+
+    return get
+
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# Steps per numerics example: enough to pass the step where it goes wrong, few enough to stay fast.
+NUMERICS_STEPS = {"numerics_nan_submodule": 18, "numerics_log_zero": 14, "numerics_lr_blowup": 22,
+                  "numerics_amp_unscaled": 5, "numerics_lr_warmup": 24, "numerics_lr_resume": 5,
+                  "numerics_clean": 6, "clean": 8}
+
+
+@pytest.fixture(scope="session")
+def numerics_audit(tmp_path_factory):
+    """Audit each numerics example once per test session (NUMERICS_STEPS, unprofiled, one thread)."""
+    def get(name: str) -> Audit:
+        return shared_audit(tmp_path_factory, f"numerics-{name}", "run", f"examples/{name}.py:step",
+                            "--steps", str(NUMERICS_STEPS[name]), "--no-profile", "--quiet", env=ONE_THREAD)
 
     return get
 
@@ -155,6 +181,46 @@ def balanced_ddp_run(tmp_path_factory) -> Path:
         a = launch("ddp_balanced", out, 10, "--no-profile")
         return a.returncode, a.stdout, a.stderr
     return shared_run(tmp_path_factory, "balanced", run)[0]
+
+
+def straggler_ddp_run(tmp_path_factory) -> Path:
+    """examples/ddp_straggler.py as a 2-rank job of 12 steps, profiled (its per-rank traces are
+    analysed on their own too); one run serves every test file that asks."""
+    def run(out: Path) -> tuple[int, str, str]:
+        a = launch("ddp_straggler", out, 12)
+        return a.returncode, a.stdout, a.stderr
+    return shared_run(tmp_path_factory, "straggler", run)[0]
+
+
+def user_torchrun(example: str, out: Path, steps: int) -> subprocess.CompletedProcess:
+    """What a user types on one node: torchrun starts the auditor on every rank."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "auditor",
+           "run", f"examples/{example}.py:step", "--steps", str(steps), "--no-profile", "--quiet", "--out", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=150)
+
+
+def metric_ddp_run(tmp_path_factory) -> tuple[Path, str]:
+    """examples/ddp_metric_allreduce.py under the user's own torchrun, 8 steps: (DIR, stdout)."""
+    def run(out: Path) -> tuple[int, str, str]:
+        p = user_torchrun("ddp_metric_allreduce", out, 8)
+        return p.returncode, p.stdout, p.stderr
+    return shared_run(tmp_path_factory, "metric", run)
+
+
+# What torchrun sets per rank; the single-process DDP runs match it.
+DDP_ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def find_unused_run(tmp_path_factory) -> Audit:
+    """examples/ddp_find_unused.py, one process (its own one-process group), 6 steps unprofiled."""
+    return shared_audit(tmp_path_factory, "ddp_find_unused", "run", "examples/ddp_find_unused.py:step",
+                        "--steps", "6", "--no-profile", "--quiet", env=DDP_ONE_THREAD)
+
+
+def data_parallel_run(tmp_path_factory) -> Audit:
+    """examples/ddp_data_parallel.py, one process, 4 steps unprofiled."""
+    return shared_audit(tmp_path_factory, "ddp_data_parallel", "run", "examples/ddp_data_parallel.py:step",
+                        "--steps", "4", "--no-profile", "--quiet", env=DDP_ONE_THREAD)
 
 
 # A trainer whose every step is slower than the last (step-slowdown's tests).

@@ -41,7 +41,7 @@ def test_pyproject_ignore_and_fail_on(project):
 def test_rule_options_from_pyproject(project):
     a = run(project, name="dataloader_bound")
     assert a.rule("dataloader-bound")
-    # (a share can be at most 1: a value past it, once the way to turn a rule off, is refused)
+    # (a share can be at most 1: a value past it is refused)
     (project / "pyproject.toml").write_text('[tool.auditor.rules.dataloader-bound]\nmin-share = 0.99\n')
     assert not reanalyze(project).rule("dataloader-bound")
 
@@ -124,3 +124,45 @@ def test_select_as_one_string_and_an_empty_select_flag(project):
     for empty in ("", ","):
         a = reanalyze(project, "--select", empty, "--fail-on", "info")
         assert a.returncode == 2 and "--select: no rule id given" in a.stderr
+
+
+def test_options_arrive_typed_with_their_declared_defaults():
+    """A rule's check receives its declared options, each the config's value (a whole number given
+    for a float option as a float) or its default, read by attribute or by name; an option the
+    rule does not declare is an error, not a default."""
+    from auditor.config import Config, ConfigError
+    from auditor.rules.gpu_idle import GpuIdle
+
+    defaults = Config().options_for(GpuIdle)
+    assert dict(defaults) == {o.name: o.default for o in GpuIdle.options}
+    assert defaults.min_idle_share == defaults["min-idle-share"] == 0.3 and defaults.gaps == 5
+    given = Config(rule_options={"gpu-idle": {"min-idle-share": 1}}, source="pyproject.toml").options_for(GpuIdle)
+    assert given.min_idle_share == 1.0 and isinstance(given.min_idle_share, float)
+    with pytest.raises(AttributeError, match="no option 'min-share'"):
+        given.min_share  # noqa: B018
+    with pytest.raises(ConfigError, match="unknown option"):
+        Config(rule_options={"gpu-idle": {"min-share": 0.5}}, source="pyproject.toml").options_for(GpuIdle)
+    with pytest.raises(ConfigError, match="must be between 0 and 1"):
+        Config(rule_options={"gpu-idle": {"min-idle-share": 1.5}}, source="pyproject.toml").options_for(GpuIdle)
+
+
+def test_the_engine_writes_the_skip_reason_from_what_a_rule_needs():
+    """The kind of evidence a rule needs and its wording are the engine's; a rule's own hook adds
+    what else it needs of evidence of that kind."""
+    from auditor.evidence.model import Evidence
+    from auditor.rules.engine import needs_text, skip_reason
+    from auditor.rules.registry import all_rules
+
+    assert needs_text(frozenset({"run"})) == "needs a run (`audit run`), not a recording"
+    assert needs_text(frozenset({"trace"})) == "needs a profiler trace with CUDA activity"
+    assert needs_text(frozenset({"run", "checkpoint"})) == \
+        "needs a run (`audit run`), or a checkpoint (`audit checkpoint FILE`)"
+    rules = all_rules()
+    recording = Evidence(source="trace")
+    assert skip_reason(rules["anomaly-mode"](), recording) == "needs a run (`audit run`), not a recording"
+    assert skip_reason(rules["step-slowdown"](), recording) == "needs per-step times from a run"
+    assert skip_reason(rules["oom-risk"](), recording) == \
+        "needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot pickle)"
+    assert skip_reason(rules["anomaly-mode"](), Evidence(source="run")) is None
+    assert skip_reason(rules["grad-explosion"](), Evidence(source="run")) == \
+        "the run has no numerics evidence (`--no-numerics`, or no step ran)"

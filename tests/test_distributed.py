@@ -16,12 +16,22 @@ import subprocess
 import sys
 from pathlib import Path
 from statistics import median
-from typing import Callable
 
 import pytest
 import torch
 
-from conftest import EXAMPLES, FIXTURES, ROOT, audit, balanced_ddp_run, expected_lines, launch, shared_run
+from conftest import (
+    EXAMPLES,
+    FIXTURES,
+    ROOT,
+    audit,
+    balanced_ddp_run,
+    data_parallel_run,
+    expected_lines,
+    find_unused_run,
+    metric_ddp_run,
+    straggler_ddp_run,
+)
 
 from auditor.evidence.model import Evidence
 from auditor.reports.rank_plots import rank_figure, rank_rows
@@ -54,13 +64,6 @@ def raw_rank(out: Path, rank: int) -> dict:
     return json.loads((out / f"rank-{rank}" / "evidence.json").read_text())
 
 
-def user_torchrun(example: str, out: Path, steps: int) -> subprocess.CompletedProcess:
-    """What a user types on one node: torchrun starts the auditor on every rank."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "auditor",
-           "run", f"examples/{example}.py:step", "--steps", str(steps), "--no-profile", "--quiet", "--out", str(out)]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=RUN_TIMEOUT)
-
-
 def locations(f: Finding) -> set[tuple[str, int]]:
     return {(loc.file, loc.line) for loc in f.locations}
 
@@ -75,17 +78,9 @@ def marked(example: str, rule_id: str) -> set[tuple[str, int]]:
 # ---------------------------------------------------------------------------------------------
 # Runs shared by several tests (each a real 2-rank job).
 
-def _launched(example: str, steps: int, *extra: str) -> Callable[[Path], tuple[int, str, str]]:
-    def run(out: Path) -> tuple[int, str, str]:
-        a = launch(example, out, steps, *extra)
-        return a.returncode, a.stdout, a.stderr
-    return run
-
-
 @pytest.fixture(scope="module")
 def straggler(tmp_path_factory) -> Path:
-    # profiled: its per-rank traces are analysed on their own below
-    return shared_run(tmp_path_factory, "straggler", _launched("ddp_straggler", 12))[0]
+    return straggler_ddp_run(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +90,7 @@ def balanced(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def metric(tmp_path_factory) -> tuple[Path, str]:
-    def run(out: Path) -> tuple[int, str, str]:
-        p = user_torchrun("ddp_metric_allreduce", out, 8)
-        return p.returncode, p.stdout, p.stderr
-    return shared_run(tmp_path_factory, "metric", run)
+    return metric_ddp_run(tmp_path_factory)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,11 +223,11 @@ def test_rank_directories_merge_later_with_analyze(metric, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # ddp-config and data-parallel.
 
-def test_find_unused_parameters_with_every_parameter_used(tmp_path):
+def test_find_unused_parameters_with_every_parameter_used(tmp_path_factory):
     # A configuration question: one rank (the example's own one-process group) answers it.
-    a = audit("run", "examples/ddp_find_unused.py:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path,
-              env=ONE_THREAD)
+    a = find_unused_run(tmp_path_factory)
     assert a.returncode == 0, a.stderr
+    tmp_path = a.out
     [f] = findings(tmp_path, DdpConfig)
     assert f.evidence["check"] == "find_unused_parameters"
     assert locations(f) == marked("ddp_find_unused", "ddp-config")
@@ -289,10 +281,10 @@ def test_changing_buffers_and_accumulation_inside_no_sync_are_not_flagged(tmp_pa
     assert findings(tmp_path / "out", DdpConfig) == []
 
 
-def test_data_parallel_is_flagged(tmp_path):
-    a = audit("run", "examples/ddp_data_parallel.py:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path,
-              env=ONE_THREAD)
+def test_data_parallel_is_flagged(tmp_path_factory):
+    a = data_parallel_run(tmp_path_factory)
     assert a.returncode == 0, a.stderr
+    tmp_path = a.out
     [f] = findings(tmp_path, DataParallel)
     assert f.severity == "warning" and f.evidence["training"] is True and f.evidence["forward_calls"] == 4
     assert locations(f) == marked("ddp_data_parallel", "data-parallel")

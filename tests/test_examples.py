@@ -228,7 +228,6 @@ def test_host_sync_counts_each_site_on_cpu_as_info(example_audit):
     sites = {s["what"]: s for s in f["evidence"]["sites"]}
     assert sites["Tensor.item"]["count"] == STEPS and sites["int(Tensor)"]["count"] == STEPS
     assert f["evidence"]["syncs_per_step"] == 2.0
-    assert a.rule("host-sync") and not example_audit("clean").rule("host-sync")
 
 
 AMP_TRAINER = """import torch
@@ -514,7 +513,7 @@ def test_step_slowdown_ignores_slow_steps_at_the_end(tmp_path):
     trainer.write_text(SPIKE_AT_THE_END.format(examples=str(EXAMPLES), last=steps - 1))
     a = audit("run", f"{trainer}:step", "--steps", str(steps), "--quiet", out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
-    from auditor.rules.common import quarter_medians
+    from auditor.rules._support.trends import quarter_medians
 
     used = [s for s in a.evidence["steps"] if not s["profiled"] and s["index"] >= 2]
     assert len(used) >= 12  # enough steps for the rule to judge (its min-steps)

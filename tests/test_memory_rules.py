@@ -21,7 +21,8 @@ from auditor.evidence.load import load_paths
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import GiB, MiB, Snapshot, _SafeUnpickler, load_snapshot
 from auditor.rules.allocator_fragmentation import AllocatorFragmentation, merge_conf, split_conf
-from auditor.rules.base import Rule
+from auditor.rules.base import Options, Rule
+from auditor.rules.engine import skip_reason
 from auditor.findings import Finding
 from auditor.rules.oom_risk import OomRisk
 
@@ -51,11 +52,7 @@ def evidence(*snaps: Snapshot) -> Evidence:
 
 
 def run(rule: type[Rule], snap: Snapshot, **options: Any) -> list[Finding]:
-    opts = rule.default_options()
-    for k, v in options.items():
-        key = k.replace("_", "-")
-        assert key in opts, key
-        opts[key] = v
+    opts = rule.options_with({k.replace("_", "-"): v for k, v in options.items()})
     return list(rule().check(evidence(snap), opts))
 
 
@@ -389,10 +386,8 @@ def test_oom_on_an_expandable_allocator_offers_no_allocator_setting(tmp_path: Pa
 # oom-risk: where the capacity comes from (option > OOM record > device properties > assumed)
 
 
-def _options(**options: Any) -> dict[str, Any]:
-    opts = OomRisk.default_options()
-    opts.update({k.replace("_", "-"): v for k, v in options.items()})
-    return opts
+def _options(**options: Any) -> Options:
+    return OomRisk.options_with({k.replace("_", "-"): v for k, v in options.items()})
 
 
 def _analyze(paths: list[Path], **options: Any) -> list[Finding]:
@@ -484,9 +479,9 @@ def test_a_trace_from_a_smaller_device_is_called_out(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("rule", [AllocatorFragmentation, OomRisk])
 def test_rules_skip_without_a_snapshot(rule: type[Rule]) -> None:
-    reason = rule().skip_reason(Evidence())
+    reason = skip_reason(rule(), Evidence())
     assert reason and "snapshot" in reason
-    assert rule().skip_reason(evidence(fixture(LLAMA))) is None
+    assert skip_reason(rule(), evidence(fixture(LLAMA))) is None
 
 
 @pytest.mark.parametrize("rule", [AllocatorFragmentation, OomRisk])

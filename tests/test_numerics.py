@@ -15,7 +15,7 @@ import warnings
 import msgspec
 import pytest
 
-from conftest import EXAMPLES, ROOT, assert_phases, audit, expected_lines
+from conftest import EXAMPLES, NUMERICS_STEPS, ONE_THREAD, ROOT, assert_phases, audit, expected_lines
 
 from auditor.evidence.model import Evidence, StepRecord
 from auditor.evidence.numerics import NumericsStep
@@ -25,27 +25,15 @@ from auditor.rules.lr_schedule import LrSchedule
 from auditor.rules.nonfinite import Nonfinite
 
 NUMERICS_RULES = ("nonfinite", "grad-explosion", "lr-schedule", "amp-unscaled")
-# One thread per audited process: two test workers on two busy cores, and torch's default of one
-# thread per core would make them fight (10x slower steps), without changing what is checked.
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-# Steps per example: enough to pass the step where it goes wrong, few enough to stay fast.
-STEPS = {"numerics_nan_submodule": 18, "numerics_log_zero": 14, "numerics_lr_blowup": 22,
-         "numerics_amp_unscaled": 5, "numerics_lr_warmup": 24, "numerics_lr_resume": 5,
-         "numerics_clean": 6, "clean": 8}
+# One thread per audited process (ONE_THREAD): two test workers on two busy cores, and torch's
+# default of one thread per core would make them fight (10x slower steps), without changing what
+# is checked.
+STEPS = NUMERICS_STEPS
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    cache = {}
-
-    def get(name: str):
-        if name not in cache:
-            out = tmp_path_factory.mktemp(name)
-            cache[name] = audit("run", f"examples/{name}.py:step", "--steps", str(STEPS[name]), "--no-profile",
-                                "--quiet", out=out, env=ONE_THREAD)
-        return cache[name]
-
-    return get
+def run(numerics_audit):
+    return numerics_audit
 
 
 def one(a, rule_id: str, example: str) -> dict:

@@ -63,8 +63,7 @@ def replayed_peak(d: dict) -> tuple[int, int]:
 
 
 def near_capacity(path: Path, capacity_gib: float) -> Finding:
-    opts = OomRisk.default_options()
-    opts.update({"device-capacity-gib": capacity_gib, "top-owners": 100})
+    opts = OomRisk.options_with({"device-capacity-gib": capacity_gib, "top-owners": 100})
     [f] = OomRisk().check(load_paths([path]), opts)
     return f
 

@@ -22,7 +22,7 @@ from filelock import FileLock  # a dependency of torch
 
 from auditor.capture.rehearsal import cuda_reasons
 from auditor.evidence import model as m
-from auditor.rules.probe_pageable_copy import probe_pageable_copy_findings
+from auditor.rules.pageable_copy import rehearsal_findings as pageable_rehearsal_findings
 from auditor.rules.registry import all_rules
 from conftest import EXAMPLES, Audit, audit, expected_lines
 
@@ -754,9 +754,8 @@ def test_pageable_copy_threshold_on_real_evidence(rehearsed):
     """The probe half keeps to `min-mb-per-step`: the example moves 1.05 MB per step."""
     ev = m.decode((rehearsed("gpu_cuda_everywhere").out / "evidence.json").read_bytes())
     rule = all_rules()["pageable-copy"]()
-    options = rule.default_options()
-    assert len(probe_pageable_copy_findings(rule, ev, {**options, "min-mb-per-step": 1.0})) == 1
-    assert probe_pageable_copy_findings(rule, ev, {**options, "min-mb-per-step": 1.1}) == []
+    assert len(pageable_rehearsal_findings(rule, ev, rule.options_with({"min-mb-per-step": 1.0}))) == 1
+    assert pageable_rehearsal_findings(rule, ev, rule.options_with({"min-mb-per-step": 1.1})) == []
 
 
 def test_default_device_cuda_makes_batches_on_the_gpu(rehearsed):

@@ -1,7 +1,7 @@
-"""The trend statistics the timing rules share (auditor.rules.common): one slow step is not a trend."""
+"""The trend statistics the timing rules share (auditor.rules._support.trends): one slow step is not a trend."""
 from __future__ import annotations
 
-from auditor.rules.common import quarter_floors, quarter_medians, spearman, trend_ratio, without_spikes
+from auditor.rules._support.trends import quarter_floors, quarter_medians, spearman, trend_ratio, without_spikes
 
 # Step times (ms) shaped like those of a flat 20-step trainer's audit (steps 3-6 profiled): a
 # garbage collection at step 12, two slow steps at the end, a slight upward drift in between.

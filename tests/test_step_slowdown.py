@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import GROWING, audit
 
-from auditor.rules.common import quarter_floors, quarter_medians, spearman, theil_sen, trend_ratio, without_spikes
+from auditor.rules._support.trends import quarter_floors, quarter_medians, spearman, theil_sen, trend_ratio, without_spikes
 
 DATA = Path(__file__).parent / "data"
 SKIP, MIN_STEPS, MIN_RATIO, MIN_CORRELATION = 2, 12, 1.3, 0.6  # the rule's defaults

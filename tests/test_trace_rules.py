@@ -16,16 +16,15 @@ from auditor.evidence.model import Evidence
 from auditor.evidence.trace.load import load_trace
 from auditor.rules.amp_opportunity import AmpOpportunity
 from auditor.rules.base import Rule
+from auditor.rules.engine import skip_reason
 from auditor.findings import Finding
-from auditor.rules.common import per_step
+from auditor.rules._support.text import per_step
 from auditor.rules.dataloader_on_device import DataloaderOnDevice
 from auditor.rules.gpu_idle import GpuIdle
 from auditor.rules.launch_bound import LaunchBound
 from auditor.rules.pageable_copy import PageableCopy
-from auditor.rules.trace_dataloader import TRACE_OPTIONS as DL_OPTIONS
-from auditor.rules.trace_dataloader import trace_dataloader_findings
-from auditor.rules.trace_host_sync import TRACE_OPTIONS as SYNC_OPTIONS
-from auditor.rules.trace_host_sync import trace_host_sync_findings
+from auditor.rules.dataloader_bound import DataloaderBound
+from auditor.rules.host_sync import HostSync
 
 TRACES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces"
 OWL = "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
@@ -54,20 +53,8 @@ def evidence(name: str) -> Evidence:
 
 def run(rule_cls: type[Rule], name: str, **options: Any) -> list[Finding]:
     rule = rule_cls()
-    assert rule.skip_reason(evidence(name)) is None
-    return list(rule.check(evidence(name), {**rule.default_options(), **options}))
-
-
-class HostSyncStandIn(Rule):
-    """Stands in for the HostSync rule instance the trace half receives (only `finding` is used)."""
-
-    id = "host-sync"
-    title = "host sync"
-
-
-class DataloaderStandIn(Rule):
-    id = "dataloader-bound"
-    title = "dataloader bound"
+    assert skip_reason(rule, evidence(name)) is None
+    return list(rule.check(evidence(name), rule.options_with(options)))
 
 
 @cache
@@ -84,7 +71,7 @@ def test_rules_document_themselves_and_skip_without_a_trace(rule_cls: type[Rule]
     for heading in ("What it detects", "Why it costs", "Example", "Fix", "Evidence needed"):
         assert heading in docs
     assert re.fullmatch(r"[a-z]+(-[a-z]+)*", rule_cls.id)
-    assert rule_cls().skip_reason(Evidence()) is not None
+    assert skip_reason(rule_cls(), Evidence()) is not None
 
 
 def test_ids_are_the_contract() -> None:
@@ -267,7 +254,7 @@ def test_gpu_idle_names_host_synchronisation_when_a_sync_spans_the_gap(tmp_path:
     ev = Evidence(source="trace")
     ev.__dict__["trace_data"] = [load_trace(tmp_path / "item.json")]
     rule = GpuIdle()
-    (f,) = rule.check(ev, {**rule.default_options(), "min-idle-share": 0.1})  # the control idles 18%
+    (f,) = rule.check(ev, rule.options_with({"min-idle-share": 0.1}))  # the control idles 18%
     e = f.evidence
     assert e["idle_share"] == round(idle_us / span, 4) and e["idle_ms_per_step"] == round(idle_us / 1000, 3)
     # every idle moment is inside the ProfilerStep annotation: what no sync covers is host work
@@ -407,7 +394,7 @@ def test_dataloader_on_device_flags_kernels_inside_next(tmp_path: Path) -> None:
     assert f.evidence["calls"] == 2 and f.evidence["copies"] == 2 and f.evidence["copy_bytes"] == 8192
     assert f.evidence["ops"] == {"aten::to": 2}
     assert (f.locations[0].file, f.locations[0].line) == ("my_dataset.py", 17)
-    assert list(rule.check(ev, {"min-launches-per-step": 2})) == []
+    assert list(rule.check(ev, rule.options_with({"min-launches-per-step": 2}))) == []
 
 
 def pin_memory_op(*calls: dict) -> list[dict]:
@@ -506,8 +493,8 @@ def test_amp_opportunity_quiet_with_tensor_core_kernels(name: str) -> None:
 
 # ---------------------------------------- host-sync (trace half)
 def sync_findings(name: str, **options: Any) -> dict[str, Finding]:
-    opts = {o.name: o.default for o in SYNC_OPTIONS} | options
-    return {f.evidence["op"]: f for f in trace_host_sync_findings(HostSyncStandIn(), evidence(name), opts)}
+    opts = HostSync.options_with(options)
+    return {f.evidence["op"]: f for f in HostSync().trace_findings(evidence(name), opts)}
 
 
 def in_steps(name: str, events: list[dict]) -> list[dict]:
@@ -704,7 +691,7 @@ def test_host_sync_nested_waits_are_one_call_and_their_time_once(tmp_path: Path)
     (tmp_path / "nested.json").write_text(json.dumps({"traceEvents": events}))
     ev = Evidence(source="trace", traces=[str(tmp_path / "nested.json")])
     ev.__dict__["trace_data"] = [load_trace(tmp_path / "nested.json")]
-    [f] = trace_host_sync_findings(HostSyncStandIn(), ev, {o.name: o.default for o in SYNC_OPTIONS})
+    [f] = HostSync().trace_findings(ev, HostSync.default_options())
     assert f.evidence["op"] == "aten::item" and f.evidence["syncs"] == 1
     assert f.evidence["blocked_ms"] == f.evidence["longest_ms"] == 0.3  # the outer call's 300 us, once
     assert "once" in f.message and f.evidence["apis"] == {"cudaStreamSynchronize": 1, "cuStreamSynchronize": 1}
@@ -722,7 +709,7 @@ def raw_loader_shares(name: str) -> list[float]:
 
 
 def dl_findings(name: str) -> list[Finding]:
-    return trace_dataloader_findings(DataloaderStandIn(), evidence(name), {o.name: o.default for o in DL_OPTIONS})
+    return DataloaderBound().trace_findings(evidence(name), DataloaderBound.default_options())
 
 
 def test_dataloader_workers0_flagged() -> None:
@@ -789,8 +776,8 @@ def test_host_sync_in_a_function_of_a_torch2_trace_names_the_function(tmp_path: 
     (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
     ev = Evidence(source="trace", traces=[str(tmp_path / "t.json")])
     ev.__dict__["trace_data"] = [load_trace(tmp_path / "t.json")]
-    opts = {o.name: o.default for o in SYNC_OPTIONS}
-    [f] = trace_host_sync_findings(HostSyncStandIn(), ev, opts)
+    opts = HostSync.default_options()
+    [f] = HostSync().trace_findings(ev, opts)
     [loc] = f.locations
     assert (loc.file, loc.line) == (str(tmp_path / "helper.py"), 4)
     assert (loc.code, loc.note) == ("def helper(x):", "the trace records this function, not the line within it")
@@ -811,8 +798,8 @@ def test_host_sync_leaves_out_the_auditors_own_reads(tmp_path: Path) -> None:
         json.dump(doc, f)
     ev = Evidence(source="trace", traces=[str(tmp_path / "audited.pt.trace.json.gz")])
     ev.__dict__["trace_data"] = [load_trace(tmp_path / "audited.pt.trace.json.gz")]
-    opts = {o.name: o.default for o in SYNC_OPTIONS}
-    audited = {f.evidence["op"] for f in trace_host_sync_findings(HostSyncStandIn(), ev, opts)}
+    opts = HostSync.default_options()
+    audited = {f.evidence["op"] for f in HostSync().trace_findings(ev, opts)}
     recorded = set(sync_findings(SMALL))  # the recording as made
     assert "aten::is_nonzero" in recorded and "cudaDeviceSynchronize" in recorded
     assert audited == recorded - {"aten::is_nonzero"}

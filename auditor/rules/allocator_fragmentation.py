@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 import re
 from statistics import quantiles
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence.snapshot import GiB, MiB, MemoryFigures, Segment, Snapshot, Usage, format_bytes
-from auditor.rules.base import Option, SnapshotRule
+from auditor.rules.base import Option, Options, SnapshotRule
 from auditor.findings import Finding, Fix
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
@@ -105,18 +105,18 @@ class AllocatorFragmentation(SnapshotRule):
         Option("gc-threshold", 0.8, "the garbage_collection_threshold value to suggest", high=1),
     )
 
-    def check_device(self, snap: Snapshot, device: int, o: dict[str, Any]) -> Iterable[Finding]:
-        finding = self._device(snap, device, snap.devices[device], o)
+    def check_device(self, snap: Snapshot, device: int, options: Options) -> Iterable[Finding]:
+        finding = self._device(snap, device, snap.devices[device], options)
         if finding is not None:
             yield finding
 
-    def _device(self, snap: Snapshot, device: int, fig: MemoryFigures, o: dict[str, Any]) -> Finding | None:
+    def _device(self, snap: Snapshot, device: int, fig: MemoryFigures, options: Options) -> Finding | None:
         if fig.reserved == 0 or fig.free == 0:
             return None
         free_share = fig.free / fig.reserved
         largest_share = fig.largest_free / fig.free
-        if (fig.free < o["min-free-gib"] * GiB or free_share < o["min-free-share"]
-                or largest_share > o["max-largest-share"]):
+        if (fig.free < options.min_free_gib * GiB or free_share < options.min_free_share
+                or largest_share > options.max_largest_share):
             return None
         pools = ", ".join(f"{name} pool {format_bytes(u.free)} free of {format_bytes(u.reserved)}"
                           for name, u in fig.by_pool.items())
@@ -132,7 +132,7 @@ class AllocatorFragmentation(SnapshotRule):
             f"full. Breakdown: {format_bytes(fig.free_in_empty_segments)} in {fig.empty_segments:,} wholly empty "
             f"segments, {format_bytes(fig.free_in_split_segments)} in holes of {fig.split_segments:,} partly used "
             f"ones; {pools}{streams}.")
-        fix, alternatives = self._fix(snap, device, fig, o)
+        fix, alternatives = self._fix(snap, device, fig, options)
         settings = snap.allocator_settings
         return self.finding(
             message,
@@ -151,7 +151,7 @@ class AllocatorFragmentation(SnapshotRule):
             },
             fix=fix)
 
-    def _fix(self, snap: Snapshot, device: int, fig: MemoryFigures, o: dict[str, Any]) -> tuple[Fix, list[str]]:
+    def _fix(self, snap: Snapshot, device: int, fig: MemoryFigures, options: Options) -> tuple[Fix, list[str]]:
         """The allocator setting that addresses what this snapshot shows, plus the fallbacks."""
         settings = snap.allocator_settings
         existing = settings.alloc_conf if settings else ""
@@ -163,24 +163,24 @@ class AllocatorFragmentation(SnapshotRule):
         has_split = "max_split_size_mb" in conf or (settings is not None and settings.max_split_size is not None)
         has_gc = "garbage_collection_threshold" in conf or (settings is not None and settings.garbage_collection_threshold > 0)
 
-        options: list[tuple[dict[str, str], str]] = []
+        choices: list[tuple[dict[str, str], str]] = []
         if not snap.expandable:
-            options.append(({"expandable_segments": "True"},
+            choices.append(({"expandable_segments": "True"},
                             f"the allocator then keeps one segment per stream that grows and shrinks by pages instead of "
                             f"{fig.segments:,} separately sized segments, so free memory can serve any request size"))
-        if holes_share >= o["split-share"] and split_mb is not None and not has_split:
-            options.append(({"max_split_size_mb": str(split_mb)},
+        if holes_share >= options.split_share and split_mb is not None and not has_split:
+            choices.append(({"max_split_size_mb": str(split_mb)},
                             f"{format_bytes(large.free_in_split_segments)} sits in holes of split large-pool segments; "
                             f"requests under {split_mb} MiB then stop cutting up larger cached blocks"))
         if fig.free_in_empty_segments and not has_gc:
-            options.append(({"garbage_collection_threshold": str(o["gc-threshold"])},
+            choices.append(({"garbage_collection_threshold": str(options.gc_threshold)},
                             f"returns the {format_bytes(fig.free_in_empty_segments)} held by {fig.empty_segments} empty "
                             f"segments before a request has to fail and flush the whole cache"))
-        if not options:
+        if not choices:
             return Fix(summary=(f"The allocator settings already in use ({existing or 'defaults with expandable segments'}) "
                                 "leave no further knob; reduce the variety of tensor shapes (pad to a few bucket "
                                 "sizes) so freed blocks fit the next requests.")), []
-        (first, why), rest = options[0], options[1:]
+        (first, why), rest = choices[0], choices[1:]
         value = merge_conf(existing, **first)
         alternatives = [merge_conf(existing, **alt) for alt, _ in rest]
         summary = f"Set {ALLOC_CONF}={value}: {why}."

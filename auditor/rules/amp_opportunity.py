@@ -10,7 +10,7 @@ import numpy as np
 from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
-from auditor.rules.base import Option, TraceRule
+from auditor.rules.base import Option, Options, TraceRule
 from auditor.findings import Cost, Finding, Fix, Location
 
 # Kernels that do matrix multiplies or convolutions (where tensor cores pay off).
@@ -71,7 +71,7 @@ class AmpOpportunity(TraceRule):
         Option("min-ms-per-step", 1.0, "... and at least this many ms of kernel time per step."),
     )
 
-    def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+    def check_trace(self, trace: Trace, options: Options) -> Finding | None:
         ev = trace.events
         kernels = ev[ev["cat"] == CAT["kernel"]]
         if not len(kernels):
@@ -91,7 +91,7 @@ class AmpOpportunity(TraceRule):
         reduced_ms = float(kernels[kernels["name"].isin(reduced_codes)]["dur"].sum()) / 1000.0
         steps = trace.step_count()
         share = fp32_ms / total_ms if total_ms else 0.0
-        if share < float(options.get("min-share", 0.2)) or fp32_ms / steps < float(options.get("min-ms-per-step", 1.0)):
+        if share < options.min_share or fp32_ms / steps < options.min_ms_per_step:
             return None
         top = Counter()
         for code, dur in zip(fp32["name"].to_numpy(), fp32["dur"].to_numpy()):

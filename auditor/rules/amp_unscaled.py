@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Finding, Fix
 from auditor.fixes import insert_before, replace_in_line
 from auditor.evidence.numerics import NumericsView, val
-from auditor.rules.nonfinite import location, needs_numerics, short
+from auditor.rules.nonfinite import NEEDS_NUMERICS, location, needs_numerics, short
 
 
 class AmpUnscaled(Rule):
@@ -55,6 +55,8 @@ class AmpUnscaled(Rule):
     title = "float16 mixed precision without working loss scaling"
     severity = "warning"
     category = "numerics"
+    needs = frozenset({"run"})
+    needs_text = NEEDS_NUMERICS
     options = (
         Option("min-skipped", 3, "Scaler updates that lowered the scale before a collapse is reported."),
         Option("skipped-share", 0.25, "Share of scaler updates that lowered the scale to report a collapse."),
@@ -64,7 +66,7 @@ class AmpUnscaled(Rule):
     def skip_reason(self, ev: m.Evidence) -> str | None:
         return needs_numerics(ev)
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         view = NumericsView.of(ev)
         yield from self._unscaled(view, ev.environment.rehearsal)
         yield from self._half_weights(view)

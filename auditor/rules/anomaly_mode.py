@@ -1,12 +1,12 @@
 """anomaly-mode: autograd anomaly detection left on during training steps."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Rule
+from auditor.rules.base import Options, Rule
 from auditor.findings import Cost, Finding, Fix
-from auditor.rules.common import by_place, locations
+from auditor.rules._support.places import by_place, locations
 from auditor.fixes import replace_in_line
 from auditor.rules.suppression import unsuppressed
 
@@ -40,11 +40,9 @@ class AnomalyMode(Rule):
     title = "Autograd anomaly detection is on during training"
     severity = "warning"
     category = "performance"
+    needs = frozenset({"run"})
 
-    def skip_reason(self, ev: m.Evidence) -> str | None:
-        return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
-
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         tallies = ev.tallies(m.ANOMALY_ON, include_setup=True)
         # on at the step's start (switched on at import or by an earlier step), or on while one of
         # the step's backward passes ran (switched on and off inside the step, e.g. in a `with`)

@@ -1,19 +1,23 @@
 """What a rule is and what it returns.
 
-A rule is one small module holding one `Rule` subclass: an id, a title, a default severity, options
-with defaults, documentation with fixed headings, and `check(evidence, options)` returning findings.
-`audit explain ID`, `audit rules` and the SARIF rule table all read these same attributes, so the
-docs cannot drift from the code.
+A rule is one small module holding one `Rule` subclass: an id, a title, a default severity, the
+kinds of evidence it needs, options with defaults, documentation with fixed headings, and
+`check(evidence, options)` returning findings. `audit explain ID`, `audit rules` and the SARIF rule
+table all read these same attributes, so the docs cannot drift from the code.
 """
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable
-
+from typing import Any, ClassVar
 
 from auditor.evidence.model import Evidence
 from auditor.findings import Cost, Finding, Fix, Location, step_basis_ms, with_share
+
+# The kinds of evidence a rule can need (Rule.needs): a run (`audit run`, or its saved directory),
+# a profiler trace, a CUDA memory snapshot, a checkpoint (`audit checkpoint`).
+EVIDENCE_KINDS = ("run", "trace", "snapshot", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,58 @@ class Option:
             high = None if self.high == float("inf") else self.high
         return low, high
 
+    def typed(self, value: Any) -> Any:
+        """`value` as this option holds it: a whole number given for an option whose default is a
+        float becomes a float (config validation has refused values of another kind)."""
+        if isinstance(self.default, float) and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+
+class Options(Mapping[str, Any]):
+    """The values of a rule's declared options, each the value the config gives it (see
+    Option.typed) or else its default: read them as attributes, the name with `_` for `-`
+    (`options.min_share`), or by name (`options["min-share"]`). An option the rule does not
+    declare is an error, never a default."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        try:
+            return self._values[attr.replace("_", "-")]
+        except KeyError:
+            raise AttributeError(f"no option {attr.replace('_', '-')!r} (options: "
+                                 f"{', '.join(self._values) or 'none'})") from None
+
+    def __setattr__(self, attr: str, value: Any) -> None:
+        raise AttributeError("options are read-only")
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Options({self._values!r})"
+
 
 class Rule:
     """Base class of every rule. Subclasses set the class attributes and implement `check`.
+
+    `needs` names the kinds of evidence (EVIDENCE_KINDS) the rule judges: the engine runs it when
+    the evidence holds any of them (none named: on any evidence) and otherwise reports it skipped,
+    in its own words for those kinds (`needs_text` replaces them where the rule reads something
+    more particular from them). `skip_reason` is the hook for what else a rule needs of evidence of
+    the right kind (numerics, a distributed run, two graph scans).
 
     The class docstring is the rule's documentation and uses the headings
     What it detects / Why it costs / Example / Fix / Evidence needed.
@@ -57,14 +110,29 @@ class Rule:
     title: ClassVar[str]
     severity: ClassVar[str] = "warning"
     category: ClassVar[str] = "performance"
+    needs: ClassVar[frozenset[str]] = frozenset()
+    needs_text: ClassVar[str | None] = None  # the skip reason when none of `needs` is present
     options: ClassVar[tuple[Option, ...]] = ()
 
     def skip_reason(self, evidence: Evidence) -> str | None:
-        """Why the evidence cannot answer this rule (None: it can). The engine reports skips."""
+        """Why evidence of a kind this rule needs still cannot answer it (None: it can)."""
         return None
 
-    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, evidence: Evidence, options: Options) -> Iterable[Finding]:
         raise NotImplementedError
+
+    def check_trace(self, trace: Any, options: Options) -> Finding | None:
+        """One finding or None for one recorded trace (see `trace_findings`). Its cost's share is
+        set by `trace_findings`, of the step the evidence states (`step_basis_ms`), which a trace
+        alone does not know: a run's median step."""
+        raise NotImplementedError
+
+    def trace_findings(self, evidence: Evidence, options: Options) -> Iterator[Finding]:
+        """`check_trace` on each recorded trace (`evidence.trace_data`) in turn, with its cost's share."""
+        for trace in evidence.trace_data:
+            finding = self.check_trace(trace, options)
+            if finding is not None:
+                yield with_share(finding, step_basis_ms(evidence, trace))
 
     # Helpers for subclasses.
     @classmethod
@@ -72,8 +140,19 @@ class Rule:
         return inspect.cleandoc(cls.__doc__ or "")
 
     @classmethod
-    def default_options(cls) -> dict[str, Any]:
-        return {o.name: o.default for o in cls.options}
+    def default_options(cls) -> Options:
+        return cls.options_with({})
+
+    @classmethod
+    def options_with(cls, values: Mapping[str, Any]) -> Options:
+        """The declared options with `values` (by name) in place of their defaults. A name the rule
+        does not declare is a KeyError (the config reports it to the user first)."""
+        declared = {o.name: o for o in cls.options}
+        unknown = set(values) - set(declared)
+        if unknown:
+            raise KeyError(f"unknown option(s) for rule {cls.id}: {', '.join(sorted(unknown))}")
+        return Options({name: o.typed(values[name]) if name in values else o.default
+                        for name, o in declared.items()})
 
     def finding(self, message: str, *, severity: str | None = None, title: str | None = None,
                 locations: Iterable[Location] = (), evidence: dict[str, Any] | None = None,
@@ -88,20 +167,10 @@ class TraceRule(Rule):
 
     Subclasses implement `check_trace(trace, options)`, returning one finding or None."""
 
-    def skip_reason(self, evidence: Evidence) -> str | None:
-        return None if evidence.trace_data else "needs a profiler trace with CUDA activity"
+    needs = frozenset({"trace"})
 
-    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        for trace in evidence.trace_data:
-            finding = self.check_trace(trace, options)
-            if finding is not None:
-                yield with_share(finding, step_basis_ms(evidence, trace))
-
-    def check_trace(self, trace: Any, options: dict[str, Any]) -> Finding | None:
-        """One finding or None. Its cost's share is set by `check`, of the step the evidence
-        states (`step_basis_ms`), which a trace alone does not know: a run's median step."""
-        raise NotImplementedError
-
+    def check(self, evidence: Evidence, options: Options) -> Iterable[Finding]:
+        return self.trace_findings(evidence, options)
 
 
 class SnapshotRule(Rule):
@@ -109,15 +178,12 @@ class SnapshotRule(Rule):
 
     Subclasses implement `check_device(snapshot, device, options)`, yielding findings."""
 
-    def skip_reason(self, evidence: Evidence) -> str | None:
-        if not evidence.snapshot_data:
-            return "needs a CUDA memory snapshot (torch.cuda.memory._dump_snapshot pickle)"
-        return None
+    needs = frozenset({"snapshot"})
 
-    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, evidence: Evidence, options: Options) -> Iterable[Finding]:
         for snap in evidence.snapshot_data:
             for device in snap.devices:
                 yield from self.check_device(snap, device, options)
 
-    def check_device(self, snap: Any, device: int, options: dict[str, Any]) -> Iterable[Finding]:
+    def check_device(self, snap: Any, device: int, options: Options) -> Iterable[Finding]:
         raise NotImplementedError

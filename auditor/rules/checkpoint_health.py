@@ -1,12 +1,12 @@
 """checkpoint-health: a checkpoint's weights and optimizer state are finite but not healthy."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import msgspec
 
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Finding, Fix
 
 FP16_MAX = 65504.0
@@ -44,17 +44,18 @@ class CheckpointHealth(Rule):
     title = "Checkpoint weights or optimizer state are out of range"
     severity = "warning"
     category = "numerics"
+    needs = frozenset({"checkpoint"})
     options = (
         Option("extreme-abs", 1e4, "Weights with a larger |value| are reported as extreme."),
         Option("fp16-margin", 0.5, "float16 tensors above this share of 65504 are reported.", high=1),
     )
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
-        if ev.source != "checkpoint" or ev.checkpoint is None:
+        if ev.checkpoint is None:
             return "needs a checkpoint (`audit checkpoint FILE`)"
         return None
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         ck = ev.checkpoint
         tensors = [t for t in ck.tensors if t.checked]
         # (max_abs is None when a tensor has no finite value: no magnitude to judge, and nonfinite reports it)

@@ -3,13 +3,13 @@ metric all-reduces in the training step."""
 from __future__ import annotations
 
 from statistics import median
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks.combine import compared_steps
 from auditor.evidence.ranks.model import RankSet, SiteStat
 from auditor.evidence.ranks.view import rank_set
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 
 _KIND_LABELS = {"gradients": "DDP's gradient all-reduce", "buffers": "DDP's buffer broadcast",
@@ -50,6 +50,8 @@ class CollectiveWait(Rule):
     title = "Ranks wait in collectives beyond the transfer time"
     severity = "warning"
     category = "performance"
+    needs = frozenset({"run", "trace"})
+    needs_text = "needs a run that used torch.distributed, or per-rank profiler traces"
     options = (
         Option("min-share", 0.1, "Report (as info) when the ranks spend at least this share of the step waiting "
                                  "in collectives beyond the transfer (median over steps, mean over ranks)."),
@@ -63,10 +65,10 @@ class CollectiveWait(Rule):
     def skip_reason(self, ev: m.Evidence) -> str | None:
         rs = rank_set(ev)
         if rs is None:
-            return "needs a run that used torch.distributed, or per-rank profiler traces"
+            return self.needs_text
         return None
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         rs = rank_set(ev)
         assert rs is not None
         if len(rs.ranks) >= 2:
@@ -76,7 +78,7 @@ class CollectiveWait(Rule):
         yield from self._sites(rs, ev, options)
 
     # -- (1) waiting beyond transfer, all sync points ------------------------------------------
-    def _share(self, rs: RankSet, options: dict[str, Any], basis_ms: float | None) -> Finding | None:
+    def _share(self, rs: RankSet, options: Options, basis_ms: float | None) -> Finding | None:
         steps = compared_steps(rs)
         if len(steps) < 2:
             return None
@@ -115,7 +117,7 @@ class CollectiveWait(Rule):
         )
 
     # -- (2) explicit barriers and metric collectives every step --------------------------------
-    def _sites(self, rs: RankSet, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def _sites(self, rs: RankSet, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         primary = rs.ranks[0]
         n_steps = max(1, len([s for s in primary.steps if not s.failed]))
         step_ms = step_basis_ms(ev)

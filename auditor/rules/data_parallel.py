@@ -1,11 +1,11 @@
 """data-parallel: nn.DataParallel where DistributedDataParallel applies."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.distributed import frame_of
-from auditor.rules.base import Rule
+from auditor.rules.base import Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location
 
 
@@ -40,14 +40,10 @@ class DataParallel(Rule):
     title = "nn.DataParallel where DistributedDataParallel applies"
     severity = "warning"
     category = "performance"
+    needs = frozenset({"run"})
     options = ()
 
-    def skip_reason(self, ev: m.Evidence) -> str | None:
-        if ev.source != "run":
-            return "needs a run (`audit run`), not a recording"
-        return None
-
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         dps = ev.distributed.data_parallel if ev.distributed is not None else []
         training = bool(ev.tallies(m.BACKWARD))
         for dp in dps:

@@ -1,15 +1,24 @@
-"""dataloader-bound: a large share of the step waits for the input pipeline."""
+"""dataloader-bound: a large share of the step waits for the input pipeline.
+
+A run's half times the waits in DataLoader iteration its probes saw, per step. The trace half
+measures DataLoader `__next__` time per ProfilerStep, as a share of the median one.
+"""
 from __future__ import annotations
 
 import os
 from statistics import median
 from typing import Any, Iterable
 
+import numpy as np
+
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.evidence.trace.decode import CAT
+from auditor.evidence.trace.intervals import intersect, merge_intervals, total_length
+from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.queries import DATALOADER_NEXT, frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import computed_kwargs, edit_call_kwargs
-from auditor.rules.trace_dataloader import TRACE_OPTIONS, trace_dataloader_findings
+from auditor.rules.base import Option, Options, Rule
 
 
 def available_cores() -> int:
@@ -44,6 +53,24 @@ def recommended_settings(settings: dict[str, Any], on_gpu: bool, cores: int | No
     if on_gpu and not settings.get("pin_memory"):
         rec["pin_memory"] = True
     return rec
+
+
+
+def step_loader_shares(trace: Trace) -> list[dict[str, Any]]:
+    """Per ProfilerStep (or the whole trace when it has none): its ms and the ms inside __next__."""
+    ev = trace.events
+    host = ev[ev["cat"].isin((CAT["cpu_op"], CAT["annotation"])) & ~ev["instant"]]
+    loader = trace.matching(DATALOADER_NEXT, host)
+    iv = merge_intervals(loader["ts"].to_numpy(), loader["end"].to_numpy())
+    steps = trace.steps
+    windows = ([(int(s.step), float(s.ts), float(s.end)) for s in steps.itertuples()] if len(steps)
+               else [(-1, *trace.window())])
+    out = []
+    for number, lo, hi in windows:
+        inside = total_length(intersect((np.array([lo]), np.array([hi])), iv))
+        out.append({"step": number, "ms": round((hi - lo) / 1000.0, 3), "loader_ms": round(inside / 1000.0, 3),
+                    "share": round(inside / (hi - lo), 4) if hi > lo else 0.0})
+    return out
 
 
 class DataloaderBound(Rule):
@@ -86,19 +113,67 @@ class DataloaderBound(Rule):
     title = "The step waits for the input pipeline"
     severity = "warning"
     category = "performance"
+    # Judged on any evidence (`needs` names no kind): only a run or a trace holds what it reads, but
+    # an audit of a snapshot or a checkpoint runs it (finding nothing) rather than listing it among
+    # findings.json's skipped_rules.
     options = (
         Option("min-share", 0.25, "Share of the median step spent waiting in DataLoader iteration (the median "
                                   "wait) to flag."),
         Option("min-wait-ms", 2.0, "Median wait per step below which workers would not pay off (IPC costs ~1 ms)."),
-        *TRACE_OPTIONS,
+        Option("trace-min-share", 0.25,
+               "Trace: report when DataLoader __next__ takes at least this share of the median ProfilerStep "
+               "(its time per step over the median step)."),
     )
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         yield from self._from_probes(ev, options)
         if ev.trace_data and not ev.steps:  # a recording; a run's probes time every step's data wait
-            yield from trace_dataloader_findings(self, ev, options)
+            yield from self.trace_findings(ev, options)
 
-    def _from_probes(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def trace_findings(self, evidence: m.Evidence, options: Options) -> list[Finding]:
+        """One finding per trace whose steps wait on the DataLoader for a large share of their time."""
+        findings = []
+        threshold = options.trace_min_share
+        for trace in evidence.trace_data:
+            ev = trace.events
+            loader = trace.matching(DATALOADER_NEXT, ev[ev["cat"].isin((CAT["cpu_op"], CAT["annotation"]))])
+            if not len(loader):
+                continue
+            per_step = step_loader_shares(trace)
+            n = len(per_step)
+            loader_ms = sum(s["loader_ms"] for s in per_step)
+            step_ms = step_basis_ms(evidence, trace)
+            share = share_of_step(round(loader_ms / n, 3), step_ms) or 0.0  # (the share every report prints for the cost)
+            if share < threshold:
+                continue
+            shares = [s["share"] for s in per_step]
+            names = sorted(set(trace.names(loader)))
+            single = any("_SingleProcessDataLoaderIter" in n for n in names)
+            where = sites(trace, loader.index.to_numpy(), weights=loader["dur"].to_numpy())
+            message = (f"DataLoader __next__ took {loader_ms / n:.1f} ms per step in {trace.label} ({share:.0%} of the "
+                       f"median {step_ms:.1f} ms step; each step's share {min(shares):.0%}-{max(shares):.0%} "
+                       f"across {n} steps)" + ("; batches are loaded in the training process (num_workers=0)."
+                                              if single else "; the worker processes cannot keep up."))
+            fix = (Fix(summary="Load batches in worker processes: DataLoader(num_workers=4 or more, pin_memory=True, "
+                               "persistent_workers=True).",
+                       config={"num_workers": 4, "pin_memory": True, "persistent_workers": True})
+                   if single else
+                   Fix(summary="Give the workers more room: raise num_workers and prefetch_factor, make "
+                               "__getitem__ cheaper (pre-decode, cache) or use a faster decoder.",
+                       config={"num_workers": 8, "prefetch_factor": 4, "persistent_workers": True}))
+            findings.append(self.finding(
+                message,
+                locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
+                evidence={"trace": str(trace.path), "source": "trace",
+                          "loader_ms_per_step": round(loader_ms / n, 3), "median_step_ms": round(step_ms, 3),
+                          "iterator": names, "steps": per_step},
+                cost=Cost(ms_per_step=round(loader_ms / n, 3), share_of_step=share, measured=True,
+                          note="time the training thread spent inside DataLoader __next__"),
+                fix=fix,
+            ))
+        return findings
+
+    def _from_probes(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         steps = [s for s in ev.steps if not s.profiled] or ev.steps
         if not steps:
             return
@@ -122,7 +197,7 @@ class DataloaderBound(Rule):
         # median of each step's share is another number, and read as a second one beside it)
         wait_ms, step_ms = round(median(waits), 3), step_basis_ms(ev)
         share = share_of_step(wait_ms, step_ms) or 0.0
-        if share < options["min-share"] or wait_ms < options["min-wait-ms"]:
+        if share < options.min_share or wait_ms < options.min_wait_ms:
             return
         # a new iterator in most steps (`next(iter(loader))`): its workers start (and the last
         # one's stop) every step; the fix is to make the iterator once, outside the step

@@ -1,26 +1,105 @@
-"""dataloader-on-device: the input pipeline launches GPU work while producing a batch."""
+"""dataloader-on-device: the input pipeline launches GPU work while producing a batch.
+
+The trace half finds kernels and copies inside DataLoader iteration on a GPU's profiler trace. The
+rehearsal half judges a CUDA rehearsal on the CPU, where there are none to see, from what the
+program asked for instead:
+* `device-batch`: a batch came out of `DataLoader.__next__` holding tensors meant for the GPU
+  (e.g. a TensorDataset over GPU tensors, made under `torch.set_default_device("cuda")`);
+* `data-device-op`: a GPU tensor was created while the batch was being made (`.cuda()` or
+  `device="cuda"` in `__getitem__` or a collate_fn, or a factory under a default device of cuda);
+* the `torch.set_default_device` call itself (a `cuda-standin` tally), which is often the cause.
+Counted, never timed: the CPU runs no device work to time.
+"""
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 
-from auditor.evidence.model import Evidence
+from auditor.evidence import model as m
 from auditor.evidence.trace.decode import CAT, GPU_WORK, LAUNCH_SIDE
 from auditor.evidence.trace.intervals import merge_intervals
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import DATALOADER_NEXT, frame_location_parts, issuing_op, sites
-from auditor.rules.base import Option, TraceRule
 from auditor.findings import Cost, Finding, Fix, Location
-from auditor.rules.probe_dataloader_on_device import PROBE_OPTIONS, probe_dataloader_on_device_findings
+from auditor.rules._support.places import by_place, steps_run
+from auditor.rules._support.text import line_ref, per_step
+from auditor.rules.base import Option, Options, Rule, TraceRule
 
 _COLLATE = r"(^|[/(])\S*collate\S*\.py\(|\): \S*collate\S*$"
 # Device allocations (cudaMalloc, cudaMallocAsync, cudaMallocManaged, cuMemAlloc_v2 ...), never the
 # page-locked *host* allocations pin_memory=True makes (cudaHostAlloc, cudaMallocHost, cuMemHostAlloc,
 # cuMemAllocHost, cudaHostRegister): those are what the fix asks for, not GPU tensors.
 _ALLOC = r"^(cudaMalloc(?!Host)|cuMemAlloc(?!Host))"
+
+
+COUNTED = "counted, not timed: rehearsed on the CPU, where the loader's device work cannot be timed"
+DEFAULT_DEVICE = "torch.set_default_device"
+
+
+def _default_device_calls(ev: m.Evidence) -> list[m.Frame]:
+    """Where the program made CUDA its default device (the usual reason batches are born there)."""
+    return [t.where for _, t in ev.tallies(m.CUDA_STANDIN, include_setup=True)
+            if t.what == DEFAULT_DEVICE and t.data.get("device") == "cuda" and t.where]
+
+
+def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> list[Finding]:
+    """One finding for the run when most steps take batches the loader made on the GPU."""
+    if not evidence.steps:
+        return []
+    n = steps_run(evidence)
+    batches = evidence.tallies(m.DEVICE_BATCH)
+    ops = by_place(evidence.tallies(m.DATA_DEVICE_OP))
+    steps_with = {s for s, _ in batches} | set().union(*(p.steps for p in ops))
+    if not steps_with or len(steps_with) < options.min_share_of_steps * n:
+        return []
+    device_batches = sum(t.count for _, t in batches)
+    batch_bytes = sum(t.count * int(t.data.get("bytes") or 0) for _, t in batches)
+    # batches returned: a __next__ that ended the epoch (StopIteration) is tallied apart
+    drawn = sum(t.count for _, t in evidence.tallies(m.DATA_WAIT) if not t.data.get("exhausted"))
+    loader_ids = {t.data.get("loader") for _, t in batches}
+    loaders = [d for d in evidence.dataloaders if d.id in loader_ids] or (
+        evidence.dataloaders if ops and len(evidence.dataloaders) == 1 else [])
+    defaults = _default_device_calls(evidence)
+    locs = [Location.of(d.where) for d in loaders if d.where]
+    locs += [Location.of(p.where) for p in ops if p.where]
+    locs += [Location.of(w) for w in defaults]
+    seen: set[tuple[str, int]] = set()
+    locs = [loc for loc in locs if (loc.file, loc.line) not in seen and not seen.add((loc.file, loc.line))]
+    parts = []
+    if device_batches:
+        where = ", ".join(f"line {d.where.line}" for d in loaders if d.where) or "the DataLoader"
+        parts.append(f"{device_batches} of {drawn or device_batches} batches came out of the DataLoader at "
+                     f"{where} already on the GPU ({batch_bytes / n / 1e6:.2f} MB per step)")
+    if ops:
+        parts.append(f"{per_step(sum(p.count for p in ops) / n)} GPU tensors per step were created while making "
+                     "batches: " + "; ".join(f"{p.what} x{per_step(p.count / n)}/step at "
+                                              + line_ref(p.where.file if p.where else None,
+                                                         p.where.line if p.where else None,
+                                                         locs[0].file if locs else None) for p in ops[:4]))
+    if defaults:
+        parts.append(f"the default device is CUDA (set at line {defaults[0].line}), so the data is "
+                     "allocated on the GPU")
+    return [rule.finding(
+        "On the GPU the input pipeline runs on the device: " + "; ".join(parts) + ".",
+        locations=locs,
+        evidence={"steps": n, "steps_with_device_data": len(steps_with), "device_batches": device_batches,
+                  "batches": drawn, "batch_bytes_per_step": round(batch_bytes / n),
+                  "ops": [{"what": p.what, "file": p.where.file if p.where else None,
+                           "line": p.where.line if p.where else None, "count": p.count} for p in ops],
+                  "default_device_lines": [w.line for w in defaults],
+                  "dataloaders": [{"id": d.id, "line": d.where.line if d.where else None,
+                                   "settings": d.settings} for d in loaders],
+                  "rehearsal": evidence.environment.rehearsal},
+        cost=Cost(ms_per_step=None, share_of_step=None, measured=False, note=COUNTED),
+        fix=Fix(summary="Build batches on the CPU: no .cuda()/device='cuda' in the Dataset or collate_fn, and "
+                        "keep the default device on the CPU while the data is made (create the dataset before "
+                        "torch.set_default_device('cuda'), or pass device='cpu'); set DataLoader(..., "
+                        "pin_memory=True) and move each batch in the step with .to('cuda', non_blocking=True); "
+                        "then num_workers>0 can prepare batches ahead.",
+                config={"DataLoader.pin_memory": True, "non_blocking": True, "DataLoader.num_workers": 4}),
+    )]
 
 
 class DataloaderOnDevice(TraceRule):
@@ -57,19 +136,24 @@ class DataloaderOnDevice(TraceRule):
     id = "dataloader-on-device"
     title = "Input pipeline uses the GPU"
     severity = "warning"
+    needs = frozenset({"run", "trace"})
+    needs_text = "needs a profiler trace with CUDA activity"
     options = (
         Option("min-launches-per-step", 1, "Report when the loader issues at least this many GPU calls per step."),
-        *PROBE_OPTIONS,
+        Option("min-share-of-steps", 0.5,
+               "Rehearsal: report when at least this share of the steps draw a batch that is on the GPU "
+               "or create GPU tensors inside DataLoader iteration."),
     )
 
-    def skip_reason(self, evidence: Evidence) -> str | None:
-        return None if evidence.environment.rehearsal else super().skip_reason(evidence)
+    def skip_reason(self, evidence: m.Evidence) -> str | None:
+        """A run without a trace is judged in CUDA rehearsal only: elsewhere its loader's device work is not recorded."""
+        return None if evidence.trace_data or evidence.environment.rehearsal else self.needs_text
 
-    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, evidence: m.Evidence, options: Options) -> Iterable[Finding]:
         yield from super().check(evidence, options)
-        yield from probe_dataloader_on_device_findings(self, evidence, options)
+        yield from rehearsal_findings(self, evidence, options)
 
-    def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+    def check_trace(self, trace: Trace, options: Options) -> Finding | None:
         ev = trace.events
         cat, names, ts, end = trace.col("cat"), trace.col("name"), trace.col("ts"), trace.col("end")
         pid, tid = trace.col("pid"), trace.col("tid")
@@ -99,7 +183,7 @@ class DataloaderOnDevice(TraceRule):
             inside |= on_thread & (k >= 0) & (t < e[np.maximum(k, 0)])
         found = ev.iloc[calls[inside]]
         steps = trace.step_count()
-        if len(found) / steps < float(options.get("min-launches-per-step", 1)) or not len(found):
+        if len(found) / steps < options.min_launches_per_step or not len(found):
             return None
         link = found["link"].to_numpy()
         gpu_rows = link[link >= 0]

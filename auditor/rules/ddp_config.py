@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.distributed import DdpConfig as DdpSeen, DistStep, frame_of
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import edit_call_kwargs
 
@@ -50,6 +50,8 @@ class DdpConfig(Rule):
     title = "DistributedDataParallel is configured against what this model does"
     severity = "warning"
     category = "performance"
+    needs = frozenset({"run"})
+    needs_text = "needs a run that constructs DistributedDataParallel"
     options = (
         Option("min-steps", 2, "Judge a setting only after this many steps that used it."),
         Option("one-bucket-min-mb", 32.0, "Flag a single gradient bucket only for models with at least this "
@@ -63,9 +65,9 @@ class DdpConfig(Rule):
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
         return None if ev.distributed is not None and ev.distributed.ddp else \
-            "needs a run that constructs DistributedDataParallel"
+            self.needs_text
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         for ddp in ev.distributed.ddp if ev.distributed is not None else []:
             where = frame_of(ddp.where)
             rows = [(s, s.distributed or DistStep()) for s in ev.steps if not s.failed]
@@ -76,7 +78,7 @@ class DdpConfig(Rule):
 
     # -- individual checks ----------------------------------------------------------------------
     def _find_unused(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
-                 options: dict[str, Any]) -> Finding | None:
+                 options: Options) -> Finding | None:
         if not ddp.find_unused_parameters:
             return None
         idx = str(ddp.index)
@@ -97,7 +99,7 @@ class DdpConfig(Rule):
             {"DistributedDataParallel.find_unused_parameters": False}, drop=("find_unused_parameters",))
 
     def _buckets(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
-                 options: dict[str, Any]) -> Finding | None:
+                 options: Options) -> Finding | None:
         sizes = ddp.bucket_sizes or []
         grad, cap = ddp.grad_bytes, ddp.bucket_cap_bytes
         if not sizes or not grad:
@@ -128,7 +130,7 @@ class DdpConfig(Rule):
         return None
 
     def _buffers(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
-                 options: dict[str, Any]) -> Finding | None:
+                 options: Options) -> Finding | None:
         if not ddp.broadcast_buffers or not ddp.buffers:
             return None
         idx = str(ddp.index)
@@ -150,7 +152,7 @@ class DdpConfig(Rule):
             {f"DistributedDataParallel.{kw}": False}, set_kwargs={kw: "False"}, drop=drop)
 
     def _bucket_view(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
-                 options: dict[str, Any]) -> Finding | None:
+                 options: Options) -> Finding | None:
         grad = ddp.grad_bytes
         if ddp.gradient_as_bucket_view or grad < options["bucket-view-min-mb"] * MB:
             return None
@@ -166,7 +168,7 @@ class DdpConfig(Rule):
             note=f"memory: {grad / MB:.0f} MiB saved")
 
     def _no_sync(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
-                 options: dict[str, Any]) -> Finding | None:
+                 options: Options) -> Finding | None:
         opt_steps = {s.index: sum(t.count for t in s.tallies if t.kind == m.OPTIMIZER) for s, _ in rows}
         extra_ms, hits, judged = [], 0, 0
         for s, d in rows:

@@ -9,8 +9,43 @@ from auditor.config import Config
 from auditor.evidence.model import Evidence
 from auditor.findings import Finding, RuleResults, rank_key
 from auditor.fixes import make_patch
+from auditor.rules.base import EVIDENCE_KINDS, Rule
 from auditor.rules.registry import all_rules
 from auditor.rules.suppression import safe_edits, suppressed_at
+
+# How a skip names each kind of evidence a rule needs (Rule.needs).
+KIND_TEXT = {
+    "run": "a run (`audit run`)",
+    "trace": "a profiler trace with CUDA activity",
+    "snapshot": "a CUDA memory snapshot (torch.cuda.memory._dump_snapshot pickle)",
+    "checkpoint": "a checkpoint (`audit checkpoint FILE`)",
+}
+
+
+def has_kind(evidence: Evidence, kind: str) -> bool:
+    """Whether the evidence holds one kind of EVIDENCE_KINDS."""
+    if kind == "trace":
+        return bool(evidence.trace_data)
+    if kind == "snapshot":
+        return bool(evidence.snapshot_data)
+    return evidence.source == kind  # a run, a checkpoint
+
+
+def needs_text(needs: frozenset[str]) -> str:
+    """The skip reason of a rule whose evidence holds none of the kinds it needs: "needs a run
+    (`audit run`), not a recording", "needs a profiler trace with CUDA activity", "needs a run
+    (`audit run`), or a checkpoint (`audit checkpoint FILE`)"."""
+    text = "needs " + ", or ".join(KIND_TEXT[k] for k in EVIDENCE_KINDS if k in needs)
+    return text + ", not a recording" if needs == {"run"} else text
+
+
+def skip_reason(rule: Rule, evidence: Evidence) -> str | None:
+    """Why `rule` cannot judge `evidence` (None: it can): the evidence holds none of the kinds the
+    rule needs (said as the rule's `needs_text`, else `needs_text(rule.needs)`), or the rule's own
+    `skip_reason` says what else it lacks."""
+    if rule.needs and not any(has_kind(evidence, kind) for kind in rule.needs):
+        return rule.needs_text or needs_text(rule.needs)
+    return rule.skip_reason(evidence)
 
 
 def _apply_suppression(f: Finding) -> Finding | None:
@@ -45,7 +80,7 @@ def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
         if not config.enabled(rule_id):
             continue
         rule = cls()
-        reason = rule.skip_reason(evidence)
+        reason = skip_reason(rule, evidence)
         if reason:
             out.skipped.append({"rule": rule_id, "reason": reason})
             continue

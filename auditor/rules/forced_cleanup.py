@@ -1,12 +1,12 @@
 """forced-cleanup: torch.cuda.empty_cache() / gc.collect() every step or every few steps."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix
-from auditor.rules.common import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
 from auditor.fixes import remove_statement
 from auditor.rules.suppression import unsuppressed
 
@@ -46,15 +46,13 @@ class ForcedCleanup(Rule):
     title = "Memory cleanup forced every few steps"
     severity = "warning"
     category = "performance"
+    needs = frozenset({"run"})
     options = (Option("max-interval", 5, "Flag calls made at least once every this many steps.", low=1),)
 
-    def skip_reason(self, ev: m.Evidence) -> str | None:
-        return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
-
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         n = steps_run(ev)
         places = [p for p in by_place(ev.tallies(m.EMPTY_CACHE) + ev.tallies(m.GC_COLLECT))
-                  if len(p.steps) >= n / options["max-interval"]]
+                  if len(p.steps) >= n / options.max_interval]
         places = unsuppressed(self.id, places, lambda p: p.where)  # out of the count, message and evidence
         if not places:
             return

@@ -9,7 +9,7 @@ from auditor.evidence.trace.decode import CAT, CPU_NESTING, GPU_WORK
 from auditor.evidence.trace.intervals import intersect, merge_intervals, subtract, total_length
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import DATALOADER_NEXT, blocking_calls, frame_location_parts, gpu_busy
-from auditor.rules.base import Option, TraceRule
+from auditor.rules.base import Option, Options, TraceRule
 from auditor.findings import Cost, Finding, Fix, Location
 
 _CAUSES = {
@@ -67,7 +67,7 @@ class GpuIdle(TraceRule):
         Option("gaps", 5, "How many of the largest idle gaps to describe."),
     )
 
-    def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+    def check_trace(self, trace: Trace, options: Options) -> Finding | None:
         if not np.isin(trace.col("cat"), GPU_WORK).any():
             return None  # a CPU-only trace says nothing about GPU idleness
         lo, hi = trace.window()
@@ -79,7 +79,7 @@ class GpuIdle(TraceRule):
         idle = subtract(whole, busy)
         idle_us = total_length(idle)
         share = idle_us / span
-        if share < float(options.get("min-idle-share", 0.3)):
+        if share < options.min_idle_share:
             return None
         steps = trace.step_count()
 
@@ -103,7 +103,7 @@ class GpuIdle(TraceRule):
                      "host work": total_length(by_host), "nothing traced": max(untraced, 0.0)}
         cause = max(breakdown, key=lambda k: breakdown[k])
 
-        gaps = self._largest_gaps(trace, idle, lo, int(options.get("gaps", 5)))
+        gaps = self._largest_gaps(trace, idle, lo, int(options.gaps))
         locations = []
         for g in gaps:
             if g.get("file") and not any(loc.file == g["file"] and loc.line == g["line"] for loc in locations):

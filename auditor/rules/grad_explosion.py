@@ -4,15 +4,15 @@ from __future__ import annotations
 import ast
 import math
 from statistics import median
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix
-from auditor.rules.common import quarter_medians, spearman
+from auditor.rules._support.trends import quarter_medians, spearman
 from auditor.fixes import parse_file
 from auditor.evidence.numerics import NumericsView, OptStep, val
-from auditor.rules.nonfinite import finite, needs_numerics, short, site_location
+from auditor.rules.nonfinite import NEEDS_NUMERICS, finite, needs_numerics, short, site_location
 
 
 class GradExplosion(Rule):
@@ -50,6 +50,8 @@ class GradExplosion(Rule):
     title = "Gradient norm explodes"
     severity = "warning"
     category = "numerics"
+    needs = frozenset({"run"})
+    needs_text = NEEDS_NUMERICS
     options = (
         Option("spike-ratio", 10.0, "A norm this many times the median of the preceding steps is a spike."),
         Option("window", 5, "Preceding optimizer steps whose median a spike is measured against.", low=1),
@@ -68,7 +70,7 @@ class GradExplosion(Rule):
     def skip_reason(self, ev: m.Evidence) -> str | None:
         return needs_numerics(ev)
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         view = NumericsView.of(ev)
         by_opt: dict[int, list[tuple[int, OptStep]]] = {}
         for step, r in view.opt_steps():
@@ -101,8 +103,9 @@ class GradExplosion(Rule):
         before = [v for _, v in fin[:spike["index"] if spike else len(fin)]]
         typical = median(before) if spike else before[0]
         healthy = [v for v in before if v <= options["healthy-factor"] * typical] or before[:1]
-        # A percentile of one or two norms is those norms: a run that diverges from its second step
-        # would be told to clip at 87000, its first steps' norm, a value nothing in the run supports.
+        # A percentile of one or two norms is those norms: with fewer than min-healthy healthy steps
+        # (a run that diverges from its second step) no max_norm is derived, as nothing in the run
+        # supports one.
         enough = len(healthy) >= options["min-healthy"]
         max_norm = _round2(_percentile(healthy, options["clip-percentile"])) if enough else None
         went_nonfinite = healthy_end < len(series)

@@ -6,9 +6,9 @@ import re
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix, Location
-from auditor.rules.common import spread_scans
+from auditor.rules._support.scans import spread_scans
 from auditor.fixes import parse_file
 
 
@@ -204,11 +204,10 @@ class GraphLeak(Rule):
     title = "Autograd graphs survive across steps and pile up"
     severity = "warning"
     category = "memory"
+    needs = frozenset({"run"})
     options = (Option("min-nodes-per-step", 1.0, "Graph growth (autograd nodes per step) that counts as a leak."),)
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
-        if ev.source != "run":
-            return "needs a run (`audit run`), not a recording"
         if len(ev.graph_scans) >= 2 or _freed_graph_scan(ev):
             return None
         if ev.steps and ev.steps[-1].index + 1 < ev.requested_steps:  # (the run ended early)
@@ -217,7 +216,7 @@ class GraphLeak(Rule):
                     f"of {ev.requested_steps}, before its second scan (scanned after step: {scanned})")
         return "needs graph scans at two or more step boundaries (run >= 2 steps)"
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         failed = _freed_graph_scan(ev)
         if failed is not None:
             yield self._freed(ev, failed)
@@ -229,7 +228,7 @@ class GraphLeak(Rule):
             return
         span = scans[-1].after_step - scans[0].after_step
         rate = (nodes[-1] - nodes[0]) / span if span else 0.0
-        if rate < options["min-nodes-per-step"]:
+        if rate < options.min_nodes_per_step:
             return
         first_holders = {h["name"]: h for h in scans[0].holders}
         growing = [h for h in scans[-1].holders

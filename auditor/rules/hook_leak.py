@@ -1,12 +1,13 @@
 """hook-leak: a hook registered in the step on the same tensors or modules every step piles up."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Finding, Fix, Location
-from auditor.rules.common import file_name, hook_phase, per_step, piling_hooks
+from auditor.rules._support.hooks import hook_phase, piling_hooks
+from auditor.rules._support.text import file_name, per_step
 
 
 class HookLeak(Rule):
@@ -44,16 +45,14 @@ class HookLeak(Rule):
     title = "Hooks registered every step pile up"
     severity = "warning"
     category = "performance"
+    needs = frozenset({"run"})
     options = (
         Option("min-steps", 3, "Steps that register hooks at a line needed to judge it.", low=2),
         Option("min-growth", 0.5, "Hooks a tensor or module gains per step, on average, to flag."),
     )
 
-    def skip_reason(self, ev: m.Evidence) -> str | None:
-        return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
-
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        for p in piling_hooks(ev, options["min-steps"], options["min-growth"]):
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
+        for p in piling_hooks(ev, options.min_steps, options.min_growth):
             holders = "tensor" if p.what.startswith("Tensor.") else "module"
             at = f"{file_name(p.where.file)}:{p.where.line}" if p.where else "an unknown line"
             (s0, h0), (s1, h1) = p.first, p.last

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import numpy as np
 
 from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
-from auditor.rules.base import Option, TraceRule
+from auditor.rules.base import Option, Options, TraceRule
 from auditor.findings import Cost, Finding, Fix, Location
 
 _GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"
@@ -56,7 +55,7 @@ class LaunchBound(TraceRule):
         Option("min-share", 0.5, "... and they are at least this share of all launched kernels."),
     )
 
-    def check_trace(self, trace: Trace, options: dict[str, Any]) -> Finding | None:
+    def check_trace(self, trace: Trace, options: Options) -> Finding | None:
         ev = trace.events
         kernels = ev[(ev["cat"] == CAT["kernel"]) & (ev["link"] >= 0)]
         if not len(kernels):
@@ -73,8 +72,8 @@ class LaunchBound(TraceRule):
         n_short = int(short.sum())
         steps = trace.step_count()
         share = n_short / len(kdur)
-        if (n_short / steps < float(options.get("min-kernels-per-step", 100))
-                or share < float(options.get("min-share", 0.5))):
+        if (n_short / steps < options.min_kernels_per_step
+                or share < options.min_share):
             return None
         short_launch = launch[short]
         ops = Counter(issuing_op(trace, int(r)) or "(no operator)" for r in short_launch)  # memoised per call path

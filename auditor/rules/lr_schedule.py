@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.checkpoint_summary import CheckpointSummary
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix, Location
 from auditor.fixes import parse_file
 from auditor.evidence.numerics import NumericsView, val
@@ -77,6 +77,8 @@ class LrSchedule(Rule):
     title = "Learning rate differs from the configuration or runs away"
     severity = "warning"
     category = "numerics"
+    needs = frozenset({"run", "checkpoint"})
+    needs_text = "needs a run with the numerics collector, or a checkpoint with --against"
     options = (
         Option("rtol", 0.01, "Relative difference between observed and expected lr that counts."),
         Option("runaway-ratio", 4.0, "An lr this many times the configured peak and still rising is runaway."),
@@ -86,11 +88,11 @@ class LrSchedule(Rule):
         if ev.source == "checkpoint":
             ck = ev.checkpoint
             return None if ck is not None and ck.config else "needs --against CONFIG to compare with"
-        if ev.source != "run" or not any(s.numerics is not None for s in ev.steps):
-            return "needs a run with the numerics collector, or a checkpoint with --against"
+        if not any(s.numerics is not None for s in ev.steps):
+            return self.needs_text
         return None
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         if ev.source == "checkpoint":
             yield from self._checkpoint(ev.checkpoint, options)
             return

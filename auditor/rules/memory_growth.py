@@ -4,9 +4,10 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Finding, Fix, Location
-from auditor.rules.common import spearman, spread_scans, theil_sen
+from auditor.rules._support.scans import spread_scans
+from auditor.rules._support.trends import spearman, theil_sen
 
 MiB = 2**20
 
@@ -48,6 +49,8 @@ class MemoryGrowth(Rule):
     title = "Memory keeps growing from step to step"
     severity = "warning"
     category = "memory"
+    needs = frozenset({"run"})
+    needs_text = "needs memory at step boundaries from a run"
     options = (
         Option("skip", 2, "Warm-up steps left out at the start."),
         Option("min-steps", 8, "Step boundaries needed to judge a trend."),
@@ -59,29 +62,26 @@ class MemoryGrowth(Rule):
                                            "so less growth than RSS needs is proof enough."),
     )
 
-    def skip_reason(self, ev: m.Evidence) -> str | None:
-        return None if ev.source == "run" else "needs memory at step boundaries from a run"
-
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         device = any(s.device_allocated is not None for s in ev.steps)
         metric = "device_allocated" if device else "rss_bytes"
         # The profiler's buffers come and go around its window: judge the steps after it settles.
         settle = max(ev.profile.steps) + 2 if ev.profile and ev.profile.steps else -1
-        steps = [s for s in ev.steps if s.index >= options["skip"] and getattr(s, metric) is not None]
+        steps = [s for s in ev.steps if s.index >= options.skip and getattr(s, metric) is not None]
         after = [s for s in steps if s.index > settle]
-        steps = after if len(after) >= options["min-steps"] else [s for s in steps if not s.profiled]
+        steps = after if len(after) >= options.min_steps else [s for s in steps if not s.profiled]
         holders = self._growing_holders(ev)
         held_growth = sum(h["growth_bytes"] for h in holders) / MiB
-        held_enough = held_growth >= options["min-held-growth-mib"]
-        if len(steps) < options["min-steps"] and not held_enough:
+        held_enough = held_growth >= options.min_held_growth_mib
+        if len(steps) < options.min_steps and not held_enough:
             return
         xs = [float(s.index) for s in steps]
         ys = [getattr(s, metric) / MiB for s in steps]
         slope = theil_sen(xs, ys) if len(xs) >= 2 else 0.0
         growth = slope * (xs[-1] - xs[0]) if len(xs) >= 2 else 0.0
         rho = spearman(xs, ys)
-        trend = (growth >= options["min-growth-mib"] and slope >= options["min-mib-per-step"]
-                 and rho >= options["min-correlation"])
+        trend = (growth >= options.min_growth_mib and slope >= options.min_mib_per_step
+                 and rho >= options.min_correlation)
         if not trend and not held_enough:
             return
         locs = [Location(file=h["where"]["file"], line=h["where"]["line"], code=h["where"].get("code", ""))

@@ -16,9 +16,9 @@ from auditor.evidence import model as m
 from auditor.evidence.checkpoint_summary import CheckpointSummary, TensorStats
 from auditor.evidence.frame import recorded_frame
 from auditor.evidence.numerics import NumericsView, Origin, Range, Site, Where, val
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix, Location
-from auditor.rules.common import file_name
+from auditor.rules._support.text import file_name
 from auditor.fixes import parse_file, read_lines
 
 FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this
@@ -55,9 +55,11 @@ def short(x: Any) -> str:
     return f"{v:.3g}"
 
 
+NEEDS_NUMERICS = "needs a run (`audit run`) with the numerics collector"  # (the rules' needs_text)
+
+
 def needs_numerics(ev: m.Evidence) -> str | None:
-    if ev.source != "run":
-        return "needs a run (`audit run`) with the numerics collector"
+    """Why a run has no numerics evidence to judge (None: it has)."""
     if not any(s.numerics is not None for s in ev.steps):
         return "the run has no numerics evidence (`--no-numerics`, or no step ran)"
     return None
@@ -222,6 +224,8 @@ class Nonfinite(Rule):
     title = "Loss, gradients or weights become NaN/inf"
     severity = "error"
     category = "numerics"
+    needs = frozenset({"run", "checkpoint"})
+    needs_text = NEEDS_NUMERICS
     options = (
         Option("near-zero", 1e-30, "A log input or |denominator| at or below this (but not 0) is a near miss."),
         Option("exp-margin", 2.0, "An exp input within this of overflow (88.7 in float32) is a near miss."),
@@ -237,7 +241,7 @@ class Nonfinite(Rule):
             return None if ev.checkpoint is not None else "the checkpoint evidence is missing"
         return needs_numerics(ev)
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         if ev.source == "checkpoint":
             yield from self._checkpoint(ev.checkpoint)
             return

@@ -9,7 +9,7 @@ from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import (GiB, MemoryFigures, OomRecord, Owner, Snapshot, StackFrame,
                                        format_bytes, live_at, live_requested, owners, reserved_at)
 from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
-from auditor.rules.base import Option, SnapshotRule
+from auditor.rules.base import Option, Options, SnapshotRule
 from auditor.findings import Finding, Fix, Location
 
 # The memory common CUDA devices have, in GiB, as CUDA reports it (totalGlobalMem, torch's
@@ -238,7 +238,7 @@ class OomRisk(SnapshotRule):
     )
 
     # ------------------------------------------------------------------------------------------
-    def check(self, evidence: Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, evidence: Evidence, options: Options) -> Iterable[Finding]:
         # A snapshot with the observer's record first: it is the OOM's own, and a history snapshot
         # dumped after the same OOM (the profiled window's, when the OOM ends the window) repeats
         # its "oom" entry. One OOM is one finding.
@@ -258,10 +258,10 @@ class OomRisk(SnapshotRule):
                         seen.add(key)
                     yield f
 
-    def check_device(self, snap: Snapshot, device: int, o: dict[str, Any],
+    def check_device(self, snap: Snapshot, device: int, options: Options,
                      known: dict[int, Capacity] | None = None) -> Iterable[Finding]:
         history = snap.histories.get(device)
-        top_n = int(o["top-owners"])
+        top_n = int(options.top_owners)
         record = snap.oom if snap.oom is not None and snap.oom.device == device else None
         if history is not None and history.oom_indices:
             for index in history.oom_indices:
@@ -276,12 +276,12 @@ class OomRisk(SnapshotRule):
 
         peak = peak_of(snap, device)
         peak_reserved, index = peak.reserved, peak.index
-        cap = self._capacity(peak_reserved, o, (known or {}).get(device))
+        cap = self._capacity(peak_reserved, options, (known or {}).get(device))
         if cap is None:
             return
         capacity, source = cap.total, cap.source
         share = peak_reserved / capacity
-        if share < o["near-share"]:
+        if share < options.near_share:
             return
         shown = peak.owners[:top_n]
         owners_known = any(x.frame is not None for x in shown)
@@ -314,13 +314,13 @@ class OomRisk(SnapshotRule):
             fix=_config_fix(snap, cached, "at the peak", owners_known))
 
     @staticmethod
-    def _capacity(peak_reserved: int, o: dict[str, Any], known: Capacity | None) -> Capacity | None:
+    def _capacity(peak_reserved: int, options: Options, known: Capacity | None) -> Capacity | None:
         """The option, else what the evidence says (see known_capacities), else assumed."""
-        if o["device-capacity-gib"] and o["device-capacity-gib"] > 0:
-            return Capacity(int(o["device-capacity-gib"] * GiB), "device-capacity-gib", "device-capacity-gib")
+        if options.device_capacity_gib and options.device_capacity_gib > 0:
+            return Capacity(int(options.device_capacity_gib * GiB), "device-capacity-gib", "device-capacity-gib")
         if known is not None:
             return known
-        fits = [c for c in sorted(o["common-capacities-gib"]) if c * GiB >= peak_reserved]
+        fits = [c for c in sorted(options.common_capacities_gib) if c * GiB >= peak_reserved]
         if not fits:
             return None
         return Capacity(int(fits[0] * GiB), "assumed", "assumed", card=COMMON_DEVICES_GIB.get(fits[0]))

@@ -1,12 +1,12 @@
 """peak-stats-reset: the CUDA memory statistics reset every step."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix
-from auditor.rules.common import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
 from auditor.fixes import remove_statement
 from auditor.rules.suppression import unsuppressed
 
@@ -38,17 +38,15 @@ class PeakStatsReset(Rule):
     title = "CUDA memory statistics are reset every step"
     severity = "warning"
     category = "performance"
+    needs = frozenset({"run"})
     options = (Option("min-share-of-steps", 0.5, "Flag when resets happen in at least this share of steps."),)
 
-    def skip_reason(self, ev: m.Evidence) -> str | None:
-        return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
-
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         n = steps_run(ev)
         # a suppressed call neither counts nor helps reach the threshold
         places = unsuppressed(self.id, by_place(ev.tallies(m.STAT_RESET)), lambda p: p.where)
         steps_with = set().union(*(p.steps for p in places)) if places else set()
-        if not places or len(steps_with) < options["min-share-of-steps"] * n:
+        if not places or len(steps_with) < options.min_share_of_steps * n:
             return
         count = sum(p.count for p in places)
         real = on_accelerator(ev)

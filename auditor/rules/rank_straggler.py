@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from statistics import median
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks.combine import compared_steps
 from auditor.evidence.ranks.model import RankSet
 from auditor.evidence.ranks.phases import COMM, PHASE_LABELS, RANK_PHASES
 from auditor.evidence.ranks.view import rank_set
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 
 _FIXES = {
@@ -60,6 +60,8 @@ class RankStraggler(Rule):
     title = "A slow rank makes every other rank wait"
     severity = "warning"
     category = "performance"
+    needs = frozenset({"run", "trace"})
+    needs_text = "needs the evidence of two or more ranks (a distributed run or per-rank traces)"
     options = (
         Option("min-excess-share", 0.25, "Flag a rank whose own work per step (outside communication) exceeds "
                                          "the others' by this share of the median step.",
@@ -73,12 +75,12 @@ class RankStraggler(Rule):
     def skip_reason(self, ev: m.Evidence) -> str | None:
         rs = rank_set(ev)
         if rs is None or len(rs.ranks) < 2:
-            return "needs the evidence of two or more ranks (a distributed run or per-rank traces)"
+            return self.needs_text
         if len(compared_steps(rs)) < 2:
             return "fewer than two steps that two or more ranks completed"
         return None
 
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         rs = rank_set(ev)
         assert rs is not None
         steps = compared_steps(rs)

@@ -3,41 +3,34 @@ entry-point group, so the mechanism plugins use is the one the built-ins exercis
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from functools import lru_cache
 from importlib.metadata import entry_points
 
-from auditor.rules.base import Rule
+from auditor.rules.base import EVIDENCE_KINDS, Rule
 
 GROUP = "auditor.rules"
 
-# Used only when the package metadata is missing (running from a source tree without installing).
-_BUILTIN_FALLBACK = (
-    "auditor.rules.anomaly_mode:AnomalyMode",
-    "auditor.rules.retained_graph:RetainedGraph",
-    "auditor.rules.graph_leak:GraphLeak",
-    "auditor.rules.host_sync:HostSync",
-    "auditor.rules.peak_stats_reset:PeakStatsReset",
-    "auditor.rules.forced_cleanup:ForcedCleanup",
-    "auditor.rules.dataloader_bound:DataloaderBound",
-    "auditor.rules.step_slowdown:StepSlowdown",
-    "auditor.rules.memory_growth:MemoryGrowth",
-    "auditor.rules.allocator_fragmentation:AllocatorFragmentation",
-    "auditor.rules.oom_risk:OomRisk",
-    "auditor.rules.pageable_copy:PageableCopy",
-    "auditor.rules.gpu_idle:GpuIdle",
-    "auditor.rules.launch_bound:LaunchBound",
-    "auditor.rules.dataloader_on_device:DataloaderOnDevice",
-    "auditor.rules.amp_opportunity:AmpOpportunity",
-    "auditor.rules.rank_straggler:RankStraggler",
-    "auditor.rules.collective_wait:CollectiveWait",
-    "auditor.rules.ddp_config:DdpConfig",
-    "auditor.rules.data_parallel:DataParallel",
-    "auditor.rules.nonfinite:Nonfinite",
-    "auditor.rules.grad_explosion:GradExplosion",
-    "auditor.rules.lr_schedule:LrSchedule",
-    "auditor.rules.amp_unscaled:AmpUnscaled",
-    "auditor.rules.checkpoint_health:CheckpointHealth",
-)
+# Modules of auditor.rules that hold no rule; every other one holds one, named by its id.
+NOT_RULES = frozenset({"base", "engine", "registry", "suppression"})
+
+
+def builtin_rules() -> tuple[str, ...]:
+    """"module:Class" of every rule in this package: the Rule subclass each module of auditor.rules
+    (but NOT_RULES and the _private ones) defines. The entry points pyproject.toml declares are
+    these (a test holds them equal); they stand in for them when the package metadata is missing
+    (a source tree run without installing)."""
+    import auditor.rules as package
+
+    specs = []
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("_") or info.name in NOT_RULES:
+            continue
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        specs += [f"{module.__name__}:{name}" for name, obj in vars(module).items()
+                  if isinstance(obj, type) and issubclass(obj, Rule) and obj.__module__ == module.__name__
+                  and "id" in vars(obj)]
+    return tuple(specs)
 
 
 def _load(spec: str) -> type[Rule]:
@@ -51,13 +44,15 @@ def all_rules() -> dict[str, type[Rule]]:
     found: dict[str, type[Rule]] = {}
     eps = entry_points(group=GROUP)
     if not any(ep.value.startswith("auditor.") for ep in eps):
-        for spec in _BUILTIN_FALLBACK:
+        for spec in builtin_rules():
             cls = _load(spec)
             found[cls.id] = cls
     for ep in eps:
         cls = ep.load()
         if not (isinstance(cls, type) and issubclass(cls, Rule)):
             raise TypeError(f"entry point {ep.name!r} in {GROUP} is not an auditor Rule: {cls!r}")
+        if not cls.needs <= set(EVIDENCE_KINDS):
+            raise TypeError(f"rule {cls.id!r} needs {sorted(cls.needs)}: the kinds of evidence are {EVIDENCE_KINDS}")
         found[cls.id] = cls
     return dict(sorted(found.items()))
 

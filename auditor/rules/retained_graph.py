@@ -4,9 +4,9 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Rule
+from auditor.rules.base import Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location
-from auditor.rules.common import by_place, place_key
+from auditor.rules._support.places import by_place, place_key
 from auditor.fixes import edit_call_kwargs
 
 
@@ -44,12 +44,10 @@ class RetainedGraph(Rule):
     title = "retain_graph=True keeps a graph nobody backpropagates again"
     severity = "warning"
     category = "memory"
+    needs = frozenset({"run"})
     options = ()
 
-    def skip_reason(self, ev: m.Evidence) -> str | None:
-        return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
-
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         pairs = ev.tallies(m.RETAINED_UNUSED)
         at_once: dict[tuple, int | None] = {}  # per place: most graphs alive together (None: unknown)
         for _, t in pairs:

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import ast
-from typing import Any, Iterable
+from typing import Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Rule
+from auditor.rules.base import Options, Rule
 from auditor.findings import Finding, Fix, Location
-from auditor.rules.common import file_name
+from auditor.rules._support.text import file_name
 from auditor.fixes import call_name, insert_before_header, parse_file, read_lines
 
 
@@ -51,11 +51,9 @@ class SamplerEpoch(Rule):
     title = "DistributedSampler repeats the same shuffle every epoch (no set_epoch)"
     severity = "warning"
     category = "correctness"
+    needs = frozenset({"run"})
 
-    def skip_reason(self, ev: m.Evidence) -> str | None:
-        return None if ev.source == "run" else "needs a run (`audit run`), not a recording"
-
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         samplers: dict[int, list[m.Tally]] = {}
         for _, t in ev.tallies(m.SAMPLER_ITER, include_setup=True):
             samplers.setdefault(t.data.get("sampler", 0), []).extend([t] * max(t.count, 1))

@@ -4,20 +4,12 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
-from auditor.rules.base import Option, Rule
+from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
-from auditor.rules.common import (
-    file_name,
-    hook_phase,
-    on_accelerator,
-    piling_hooks,
-    quarter_floors,
-    quarter_medians,
-    spearman,
-    theil_sen,
-    trend_ratio,
-    without_spikes,
-)
+from auditor.rules._support.hooks import hook_phase, piling_hooks
+from auditor.rules._support.places import on_accelerator
+from auditor.rules._support.text import file_name
+from auditor.rules._support.trends import quarter_floors, quarter_medians, spearman, theil_sen, trend_ratio, without_spikes
 
 
 def rise_of(xs: list[float], ys: list[float]) -> float:
@@ -72,6 +64,8 @@ class StepSlowdown(Rule):
     title = "Steps get slower as the run goes on"
     severity = "warning"
     category = "performance"
+    needs = frozenset({"run"})
+    needs_text = "needs per-step times from a run"
     options = (
         Option("skip", 2, "Warm-up steps left out at the start."),
         Option("min-steps", 12, "Unprofiled steps needed to judge a trend (quarters of 3 or more)."),
@@ -79,14 +73,11 @@ class StepSlowdown(Rule):
         Option("min-correlation", 0.6, "Spearman correlation of step time with step index to flag."),
     )
 
-    def skip_reason(self, ev: m.Evidence) -> str | None:
-        return None if ev.source == "run" else "needs per-step times from a run"
-
-    def check(self, ev: m.Evidence, options: dict[str, Any]) -> Iterable[Finding]:
-        steps = [s for s in ev.steps if not s.profiled and s.index >= options["skip"]]
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
+        steps = [s for s in ev.steps if not s.profiled and s.index >= options.skip]
         steps = [steps[i] for i in without_spikes([s.ms for s in steps])]
         # counted after the spikes are out: the quarters the trend is judged on are of these steps
-        if len(steps) < options["min-steps"]:
+        if len(steps) < options.min_steps:
             return
         xs = [float(s.index) for s in steps]
         ys = [s.ms for s in steps]
@@ -94,9 +85,9 @@ class StepSlowdown(Rule):
         floor_first, floor_last = quarter_floors(ys)
         rho = spearman(xs, ys)
         w_trend = trend_ratio(xs, ys)
-        if first <= 0 or w_trend < options["min-ratio"]:  # the robust line of wall time must rise
+        if first <= 0 or w_trend < options.min_ratio:  # the robust line of wall time must rise
             return
-        if floor_first <= 0 or floor_last / floor_first < options["min-ratio"]:
+        if floor_first <= 0 or floor_last / floor_first < options.min_ratio:
             return  # the fastest late steps are as fast as the early ones: load came and went
         if not on_accelerator(ev) and all(s.cpu_ms is not None for s in steps):
             # On the CPU the work itself must grow too: wall time alone also rises when other
@@ -110,14 +101,14 @@ class StepSlowdown(Rule):
             c_first, c_last = quarter_medians(cpu)
             c_floor_first, c_floor_last = quarter_floors(cpu)
             c_rho = spearman(xs, cpu)
-            if (c_first <= 0 or c_last / c_first < options["min-ratio"]
-                    or c_floor_first <= 0 or c_floor_last / c_floor_first < options["min-ratio"]
-                    or c_rho < options["min-correlation"] or trend_ratio(xs, cpu) < options["min-ratio"]):
+            if (c_first <= 0 or c_last / c_first < options.min_ratio
+                    or c_floor_first <= 0 or c_floor_last / c_floor_first < options.min_ratio
+                    or c_rho < options.min_correlation or trend_ratio(xs, cpu) < options.min_ratio):
                 return
             judged = {"cpu_first_quarter_median_ms": round(c_first, 3), "cpu_last_quarter_median_ms": round(c_last, 3),
                       "cpu_ratio": round(c_last / c_first, 3), "cpu_spearman": round(c_rho, 3),
                       "cpu_fastest_ratio": round(c_floor_last / c_floor_first, 3)}
-        elif last / first < options["min-ratio"] or rho < options["min-correlation"]:
+        elif last / first < options.min_ratio or rho < options.min_correlation:
             return
         else:
             judged = {}
