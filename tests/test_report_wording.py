@@ -164,7 +164,9 @@ def test_one_cost_shows_one_percentage_everywhere(tmp_path):
     head = a.stdout.splitlines()[0]
     m = re.search(r"median ([\d.]+) ms/step .*up to ([\d.]+) ms/step recoverable \((\d+%)\)$", head)
     assert m, head
-    assert (float(m[1]), float(m[2]), m[3]) == (round(median_ms, 2), round(ms, 2), pct)
+    # (the headline prints the median to 2 decimals, findings.json keeps 3: 20.2851 is 20.29
+    # there and 20.285 here, which rounds to 20.28 again)
+    assert abs(float(m[1]) - median_ms) <= 0.0051 and (float(m[2]), m[3]) == (round(ms, 2), pct)
     [line] = [ln for ln in a.stdout.splitlines() if ln.startswith("warning dataloader-bound ")]
     assert line.endswith(f"({ms:.2f} ms/step, {pct})"), line
     assert f"({pct} of the median step)" in f["message"] and f["message"] in line
