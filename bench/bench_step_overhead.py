@@ -179,7 +179,7 @@ def main() -> None:
     elif args.batch is None:  # (another trainer: _common.make is not what it calls)
         args.batch = 384
     _common.make = functools.partial(_common.make, batch=args.batch)  # (what clean.py imports)
-    from auditor.capture import child, probes
+    from auditor.capture import probes, session
     from auditor.capture.collectors import load_collectors
     from auditor.capture.stream import Writer, widen_pipe
 
@@ -207,7 +207,7 @@ def main() -> None:
     block = max(1, args.block)
 
     def audited_step(i: int) -> tuple[float, tuple]:
-        """The child's steady-state step (child.run), up to the next step's start."""
+        """The child's steady-state step (session.StepSession), up to the next step's start."""
         t0 = time.perf_counter()
         anomaly = torch.is_anomaly_enabled()
         for c in collectors:
@@ -216,8 +216,8 @@ def main() -> None:
         a.step(i)
         s1, c1 = time.perf_counter(), time.process_time()
         out.send("step", index=i, start_s=s0, ms=(s1 - s0) * 1e3, cpu_ms=(c1 - c0) * 1e3, profiled=False,
-                 rss_bytes=child.rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
-                 extra=child._extras(collectors, i), dataloaders=child._new_loaders(rec), **child._device_memory())
+                 rss_bytes=session.rss_bytes(), anomaly_enabled=anomaly, tallies=rec.drain(),
+                 extra=session._extras(collectors, i), dataloaders=session.new_loaders(rec), **session.device_memory())
         t1 = time.perf_counter()
         return (t1 - t0) * 1e3, ((s0 - t0) * 1e3, (s1 - s0) * 1e3, (t1 - s1) * 1e3)
 

@@ -13,7 +13,6 @@ import platform
 import signal
 import socket
 import sys
-import time
 import traceback
 from typing import Any, Callable
 
@@ -23,39 +22,16 @@ import torch
 from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
+from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
-from auditor.capture.unseen import dynamo_skips_our_frames, no_torch_function
+from auditor.capture.unseen import no_torch_function
 
 ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 # CUDA's "CUDA out of memory", the CPU allocator's "DefaultCPUAllocator: can't allocate memory",
 # MPS/XPU's "out of memory" variants.
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "not enough memory")
-
-_statm = "/proc/self/statm"
-_page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-_statm_fd: tuple[int, int] | None = None  # (pid, fd): /proc/self is resolved when opened
-
-
-def rss_bytes() -> int | None:
-    """Resident memory of this process, read at every step boundary: a `pread` on /proc/self/statm
-    kept open costs ~2 us; opening it each time cost 15-100 us on a loaded VM."""
-    global _statm_fd
-    try:
-        if _statm_fd is None or _statm_fd[0] != os.getpid():
-            _statm_fd = (os.getpid(), os.open(_statm, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
-        return int(os.pread(_statm_fd[1], 256, 0).split()[1]) * _page
-    except (OSError, AttributeError):
-        try:
-            import resource
-
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        except Exception:
-            return None
-
 
 def environment(standins: list[str]) -> dict:
     env = {k: v for k, v in os.environ.items()
@@ -322,6 +298,30 @@ class Profiler:
                                 for f in os.listdir(self.logdir) if ".pt.trace.json" in f)
 
 
+def catch_interrupts(catch_sigterm: bool) -> dict:
+    """Install the child's SIGINT (and, when asked, SIGTERM) handlers; returns their counts.
+
+    A Ctrl-C is never lost: code running when it lands (a library that catches KeyboardInterrupt)
+    can swallow the exception, so the handler also counts it ("n"), and a step boundary that finds
+    an interrupt nobody saw ("seen" < "n") ends the run as interrupted. A handler the user
+    installed stays. SIGTERM likewise, unless the user's code handles it (a checkpoint on
+    preemption); under a launcher the parent asks for nothing: there SIGTERM stops the ranks."""
+    sigint = {"n": 0, "seen": 0}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        def on_sigint(signum, frame):
+            sigint["n"] += 1
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, on_sigint)
+    if catch_sigterm and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        def on_sigterm(signum, frame):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (sent to the group: the parent forwards one too)
+            sigint["n"] += 1
+            sigint["term"] = True
+            raise Terminated("stopped by SIGTERM")
+        signal.signal(signal.SIGTERM, on_sigterm)
+    return sigint
+
+
 def run(args: argparse.Namespace) -> int:
     out = Writer(args.fd)
     faulthandler.enable(file=sys.stderr, all_threads=False)
@@ -350,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
         out.send("usage-error", message=str(e))
         return 2
     except BaseException as e:  # the user's module code failed during setup
-        out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec),
+        out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
                  num_threads=torch.get_num_threads())
         ending = _ending(e, None)
         if isinstance(e, ImportError) and "no known parent package" in str(e):
@@ -358,71 +358,32 @@ def run(args: argparse.Namespace) -> int:
         out.send("ended", **ending, cuda_devices=cuda_devices())
         return 3
 
-    out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec),
-                 num_threads=torch.get_num_threads())
+    out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
+             num_threads=torch.get_num_threads())
     # CUDA only: an out-of-memory error dumps the allocator's state before the report is written.
     if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
         out.send("snapshot", path="oom_snapshot.pickle", when="oom")
     prof = Profiler(args.out, args.run_name, args.steps, args.profile)
-    scans = graph_scan_points(args.steps)
     step_span = graphs.step_lines(fn, source)  # (a holder's growing line inside the step comes first)
-    window = set(prof.window())
-    t_first = None
+    session = StepSession(out, rec, prof, collectors, graph_scan_points(args.steps),
+                          lambda: (module, source, step_span))
     status = 0
-    # A Ctrl-C is never lost: code running when it lands (a library that catches KeyboardInterrupt)
-    # can swallow the exception, so the handler also counts it, and a step boundary that finds an
-    # interrupt nobody saw ends the run as interrupted. (A handler the user installed stays.)
-    sigint = {"n": 0, "seen": 0}
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        def on_sigint(signum, frame):
-            sigint["n"] += 1
-            raise KeyboardInterrupt
-        signal.signal(signal.SIGINT, on_sigint)
-    # SIGTERM likewise, unless the user's code handles it (a checkpoint on preemption). Under a
-    # launcher the parent asks for nothing: there SIGTERM stops the ranks as it always has.
-    if args.catch_sigterm and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        def on_sigterm(signum, frame):
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (sent to the group: the parent forwards one too)
-            sigint["n"] += 1
-            sigint["term"] = True
-            raise Terminated("stopped by SIGTERM")
-        signal.signal(signal.SIGTERM, on_sigterm)
+    sigint = catch_interrupts(args.catch_sigterm)
     i = 0
     try:
         for i in range(args.steps):
-            anomaly = torch.is_anomaly_enabled()
-            prof.before(i)
-            dynamo_skips_our_frames()  # (with or without the numerics collector)
-            for c in collectors:
-                c.step_begin(i)
-            c0 = time.process_time()
-            t0 = time.perf_counter()
-            if t_first is None:
-                t_first = t0
-            def send_step(**failed) -> None:  # (its times are taken first, before anything else runs)
-                t1, c1 = time.perf_counter(), time.process_time()
-                if failed:
-                    prof.stop()
-                else:
-                    prof.after(i)
-                out.send("step", index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
-                         profiled=i in window, **failed, rss_bytes=rss_bytes(), anomaly_enabled=anomaly,
-                         tallies=rec.drain(), extra=_extras(collectors, i),
-                         dataloaders=_new_loaders(rec), **_device_memory())
-
+            session.begin(i)
             try:
                 fn(i) if arity else fn()
             except BaseException as e:
-                send_step(failed=True)
+                session.end(i, failed=True)
                 sigint["seen"] = sigint["n"]
                 out.send("ended", **_ending(e, i), cuda_devices=cuda_devices())
                 if not isinstance(e, KeyboardInterrupt):
                     _failure_scan(out, e, i, module, source, step_span)
                 status = 3
                 break
-            send_step()
-            if i in scans:
-                out.send("graph-scan", after_step=i, **graphs.scan(module, source, step_span))
+            session.end(i)
             if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
                 raise Terminated("stopped by SIGTERM") if sigint.get("term") else KeyboardInterrupt
     except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
@@ -454,37 +415,11 @@ def _failure_scan(out: Any, e: BaseException, i: int, module: Any, source: str |
         pass
 
 
-def _extras(collectors: list, index: int) -> dict:
-    out = {}
-    for c in collectors:
-        data = c.step_end(index)
-        if data is not None:
-            out[c.name] = data
-    return out
-
-
 def _target_file(spec: str) -> str | None:
     try:
         return parse_target(spec).file
     except TargetError:
         return None
-
-
-def _device_memory() -> dict:
-    if not torch.cuda.is_initialized() or not torch.cuda.is_available():  # (the cheap test first)
-        return {}
-    return {"device_allocated": torch.cuda.memory_allocated(), "device_reserved": torch.cuda.memory_reserved()}
-
-
-def _new_loaders(rec: probes.Recorder) -> list[dict]:
-    new = []
-    for d in rec.dataloaders:
-        if not d["sent"]:
-            d["sent"] = True
-            w = d["where"]
-            new.append({"id": d["id"], "settings": d["settings"],
-                        "where": {"file": w[0], "line": w[1], "function": w[2]} if w else None})
-    return new
 
 
 def main(argv: list[str] | None = None) -> None:
