@@ -138,10 +138,17 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("target")
+@click.argument("target", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
+@click.option("-m", "--module", "module", default=None, metavar="PKG.MODULE",
+              help="Run this module as a program, as `python -m PKG.MODULE ARGS` does (instead of TARGET).")
 @click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True,
-              help="Call the step exactly this many times.")
+              help="Call the step exactly this many times; a program: audit this many of its steps, then end it "
+                   "as a Ctrl-C does.")
+@click.option("--skip", type=click.IntRange(min=0), default=0, show_default=True,
+              help="A program: run its first K steps unaudited (warm-up, compilation).")
+@click.option("--to-end", is_flag=True,
+              help="A program: let it run to its end (--steps then only places the profiler window).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output directory [default: audit-out/<target>-<timestamp>/].")
 @click.option("--fail-on", type=click.Choice(SEVERITIES), default=None,
@@ -167,18 +174,30 @@ def cli() -> None:
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
         quiet: bool, nproc_per_node: int | None = None, rank_timeout: float = 120.0, numerics: bool = True,
-        script_args: tuple[str, ...] = ()) -> None:
-    """Audit TARGET (path/to/file.py:step or package.module:step) by calling the step N times.
+        script_args: tuple[str, ...] = (), module: str | None = None, skip: int = 0, to_end: bool = False) -> None:
+    """Audit TARGET: path/to/file.py:step or package.module:step (the step called N times), or a
+    whole program, path/to/file.py or -m package.module (run as Python runs it, its steps found).
 
-    ARGS after `--` are the script's own command line: its code finds them in sys.argv[1:]."""
+    ARGS after `--` are the program's own command line: its code finds them in sys.argv[1:]."""
     from auditor.capture.progress import StepProgress
     from auditor.capture.runner import RunRequest, run_child
-    from auditor.capture.target import TargetError, check_statically, parse_target
+    from auditor.capture.target import TargetError, check_statically, module_target, parse_target
 
     try:
-        t = parse_target(target)
+        if module is not None:  # (`-m pkg.mod -- ARGS`: click gives the first of ARGS as TARGET)
+            script_args = ((target,) if target is not None else ()) + tuple(script_args)
+            t = module_target(module)
+        elif target is None:
+            raise TargetError("missing TARGET (path/to/file.py, path/to/file.py:callable, package.module:callable) "
+                              "or -m package.module")
+        else:
+            t = parse_target(target)
     except TargetError as e:
         raise UsageFailure(str(e)) from None
+    if (skip or to_end) and not t.is_program:
+        raise UsageFailure("--skip and --to-end apply to a whole program (path/to/file.py or -m package.module), "
+                           "not to a step callable")
+    target = t.spec
     config = _config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
     # -- distributed (auditor.capture.distributed): launch N ranks, or be one rank of a launch --
     from auditor.capture import distributed
@@ -187,6 +206,9 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     if nproc_per_node is not None:
         if session is not None:
             raise UsageFailure("--nproc-per-node: already running under a launcher (RANK is set)")
+        if t.is_program:
+            raise UsageFailure("--nproc-per-node takes a step callable (path/to/file.py:step) for now; "
+                               "launch a whole program with torchrun ... -m auditor run path/to/file.py")
         try:
             check_statically(t)  # a rank's usage error would reach us only as the launcher's failure
         except TargetError as e:
@@ -206,7 +228,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
             as progress, distributed.stoppable(session):
         try:
             mode = "auto" if rehearse is None else "on" if rehearse else "off"
-            extra = ("--rehearse", mode, *(() if numerics else ("--no-numerics",)))
+            extra = ("--rehearse", mode, *(() if numerics else ("--no-numerics",)),
+                     *(("--skip", str(skip)) if skip else ()), *(("--to-end",) if to_end else ()))
             evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=extra, script_args=script_args,
                                             catch_sigterm=session is None),
                                  on_record=progress.on_record)

@@ -13,6 +13,7 @@ import platform
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ import torch
 from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
+from auditor.capture.program import ChildParts, run_program
 from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
@@ -185,6 +187,8 @@ def _ending(exc: BaseException, step: int | None) -> dict:
         status = "interrupted"
     elif isinstance(exc, SystemExit) and exc.code in (0, None):
         status = "exited"  # sys.exit(0) / exit(): the program stopped itself, not a failure
+    elif isinstance(exc, SystemExit):
+        status = "raised"
     elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or any(
             s in str(exc) for s in OOM_MESSAGES):
         status = "oom"
@@ -193,6 +197,9 @@ def _ending(exc: BaseException, step: int | None) -> dict:
     message = str(exc)[:2000]
     if status == "exited":
         message = f"the program stopped itself (sys.exit({exc.code!r})), as it would without the audit"
+    elif isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else 1
+        message = f"the program exited with code {code} (sys.exit({exc.code!r}))"
     return {"status": status, "step": step, "exception": type(exc).__name__, "message": message,
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
             "where": _frame_of_exception(exc)}
@@ -338,6 +345,8 @@ def run(args: argparse.Namespace) -> int:
         env["rehearsal"] = True
         env["notes"].append(rehearsal_info.get("note", "CUDA rehearsal on the CPU"))
     out.send("hello", environment=env, pid=os.getpid())
+    if _is_program(args.target):  # a whole program, run as Python runs it: auditor.capture.program
+        return _run_program(args, out, rec, collectors)
 
     try:
         target = parse_target(args.target)
@@ -403,6 +412,27 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
+def _is_program(spec: str) -> bool:
+    try:
+        return parse_target(spec).is_program
+    except TargetError:
+        return False
+
+
+def _run_program(args: argparse.Namespace, out: Writer, rec: probes.Recorder, collectors: list) -> int:
+    """`audit run file.py` / `audit run -m pkg.mod`: the program's steps are found as it runs."""
+    def send_setup() -> None:
+        out.send("setup", tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
+                 num_threads=torch.get_num_threads())
+
+    if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
+        out.send("snapshot", path="oom_snapshot.pickle", when="oom")
+    catch_interrupts(args.catch_sigterm)
+    parts = ChildParts(out, rec, collectors, Profiler(args.out, args.run_name, args.steps, args.profile),
+                       graph_scan_points(args.steps), send_setup, _ending, backend_flags, cuda_devices)
+    return run_program(parse_target(args.target), args, parts)
+
+
 def _failure_scan(out: Any, e: BaseException, i: int, module: Any, source: str | None, step_span: Any) -> None:
     """A graph scan after a step that raised: an out-of-memory error is where a leak ends, and what
     holds the memory is still held now. The traceback's frames are cleared first (the ending is
@@ -422,6 +452,27 @@ def _target_file(spec: str) -> str | None:
         return None
 
 
+EXIT_GRACE_S = 60.0  # how long the program's end (its threads, its atexit handlers) may take
+
+
+def bound_exit(code: int, grace_s: float = EXIT_GRACE_S) -> None:
+    """After the run, Python joins the program's non-daemon threads and runs its atexit handlers;
+    one that never ends (a thread left running, a worker never joined) would keep `audit` waiting
+    forever. A daemon thread ends the process `grace_s` seconds later, saying so on stderr."""
+    import threading
+
+    def stop() -> None:
+        time.sleep(grace_s)
+        try:
+            sys.stderr.write(f"audit: the program had not ended {grace_s:g} s after its run (a non-daemon "
+                             "thread or an atexit handler still running): its process is ended\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+    threading.Thread(target=stop, name="audit-exit-bound", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     # everything after "--" is the user's script's own command line (its sys.argv[1:])
@@ -438,15 +489,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-numerics", dest="numerics", action="store_false")
     ap.add_argument("--parent-pid", type=int, default=None)
     ap.add_argument("--catch-sigterm", action="store_true")
+    ap.add_argument("--skip", type=int, default=0)  # a whole program: steps run unaudited first
+    ap.add_argument("--to-end", action="store_true")  # a whole program: run it to its end
     args = ap.parse_args(argv)
     args.script_args = script_args
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
     code = run(args)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown of the user's objects: the evidence is sent, and exit code matters.
-    os._exit(code)
+    # Every record is sent: the process now ends as Python ends a program (its threads joined, its
+    # atexit handlers run, its files flushed), within EXIT_GRACE_S (see bound_exit).
+    bound_exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

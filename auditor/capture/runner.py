@@ -102,6 +102,12 @@ class EvidenceBuilder:
             self.pending_snapshots.append(r["path"])
         elif kind == "extra":
             ev.extra[r["name"]] = r["data"]
+        elif kind == "outside":  # a whole program's stretch outside its steps
+            ev.outside.append(m.Outside(phase=r["phase"], after_step=r.get("after_step"), ms=float(r.get("ms", 0.0)),
+                                        tallies=[_tally(t) for t in r["tallies"]]))
+        elif kind == "program":
+            ev.program = msgspec.convert({k: v for k, v in r.items() if k != "kind"}, m.Program)
+            ev.environment.notes.append(f"steps: {ev.program.steps_found}")
         elif kind == "ended":
             self.ended = True
             if "backend_flags" in r:

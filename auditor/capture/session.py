@@ -72,6 +72,14 @@ class StepSession:
             self.out.send("graph-scan", after_step=i, **graphs.scan(*self.scan_target()))
 
 
+    def drop(self, i: int) -> None:
+        """Step i, begun, turned out to be none (the program ended before its ending): nothing is
+        sent for it, and the probes' tallies stay for what the caller records next."""
+        self.index = None
+        self.prof.stop()
+        _extras(self.collectors, i)
+
+
 def _extras(collectors: list, index: int) -> dict:
     out = {}
     for c in collectors:
