@@ -214,6 +214,9 @@ def test_the_eval_loop_is_outside_the_steps(tmp_path):
     eval_line = _line(EPOCHS_EVAL, "eval-item")
     assert any(t["where"] and t["where"]["line"] == eval_line for t in between[0]["tallies"])
     assert not any(t["where"] and t["where"]["line"] == eval_line for s in ev["steps"] for t in s["tallies"])
+    # the eval loop's sync is reported with its phase, apart from the step's
+    outside = [f for f in a.rule("host-sync") if f["evidence"].get("phase") == "between"]
+    assert [loc["line"] for f in outside for loc in f["locations"]] == [eval_line]
     assert (tmp_path / "finally.txt").read_text() == "20"
 
 
