@@ -4,7 +4,8 @@ examples/clean.py's trainer written as a plain script (its own loop over `steps`
 each iteration itself: the interval between one iteration's start and the next's, which holds
 everything the audit adds at a step boundary (the step record, the collectors). It runs in turns
 `python script.py` and `audit run script.py --to-end --no-profile`, `--rounds` times each, and
-compares the medians of those intervals (the first `--warm` iterations of each run left out).
+compares the medians of those intervals, over all runs and round by round (a plain run and the
+audited run right after it) (the first `--warm` iterations of each run left out).
 Separate processes, so this machine's drift between runs shows: read it beside
 bench_step_overhead.py's one-process figure for the step-function mode.
 
@@ -52,25 +53,29 @@ def main() -> None:
     ap.add_argument("--no-numerics", action="store_true")
     args = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    plain, audited = [], []
+    plain, audited, ratios = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "times.json"
         script = Path(tmp) / "train.py"
         script.write_text(SCRIPT.format(examples=str(ROOT / "examples"), steps=args.steps, out=str(out)))
         for _ in range(args.rounds):
             subprocess.run([sys.executable, str(script)], check=True, env=env, cwd=tmp)
-            plain.extend(json.loads(out.read_text())[args.warm:])
+            p_round = json.loads(out.read_text())[args.warm:]
+            plain.extend(p_round)
             subprocess.run([sys.executable, "-m", "auditor", "run", str(script), "--steps", str(args.steps),
                             "--to-end", "--no-profile", "-q", "--out", str(Path(tmp) / "audit"),
                             *(("--no-numerics",) if args.no_numerics else ())],
                            check=True, env=env, cwd=tmp, stdout=subprocess.DEVNULL)
-            audited.extend(json.loads(out.read_text())[args.warm:])
+            a_round = json.loads(out.read_text())[args.warm:]
+            audited.extend(a_round)
+            ratios.append(statistics.median(a_round) / statistics.median(p_round) - 1)
     p, a = statistics.median(plain), statistics.median(audited)
     print(f"{len(plain)} plain and {len(audited)} audited iterations of examples/clean.py's step as a script"
           f"{' (--no-numerics)' if args.no_numerics else ''}, threads {env['OMP_NUM_THREADS']}")
     print(f"plain iteration    median {p:.2f} ms")
     print(f"audited iteration  median {a:.2f} ms")
-    print(f"overhead           median {100 * (a / p - 1):+.1f}% per step, {a - p:+.2f} ms")
+    print(f"overhead           median {100 * (a / p - 1):+.1f}% per step, {a - p:+.2f} ms; paired rounds "
+          + ", ".join(f"{100 * r:+.1f}%" for r in ratios) + f" (median {100 * statistics.median(ratios):+.1f}%)")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,21 @@ finally:
     open("finally.txt", "w").write("marker")
 '''
 
+GRAD_SCALER = END + '''
+import torch
+m = torch.nn.Linear(4, 1)
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu", init_scale=3e38)  # inf gradients at first: their steps are skipped
+try:
+    for i in range(20):
+        scaler.scale(m(torch.randn(2, 4)).sum()).backward()
+        scaler.step(o)
+        scaler.update()
+        o.zero_grad()
+finally:
+    open("finally.txt", "w").write("scaler")
+'''
+
 
 @dataclass
 class Program:
@@ -152,6 +167,7 @@ PROGRAMS = {
                                ended_by_audit=False),
     "exits-3": Program(EXITS_3, ("--steps", "10"), 4, "optimizer", files=("finally.txt", "atexit.txt"),
                        exit_code=3, ended_by_audit=False),
+    "grad-scaler": Program(GRAD_SCALER, ("--steps", "8"), 8, "optimizer"),
     "marker": Program(MARKER, ("--steps", "6"), 6, "marker", {"host-sync": "float"}),
 }
 

@@ -108,7 +108,7 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
     except BaseException as e:  # the program's own error: printed as Python prints it
         ending = parts.ending(e, _open_step(finder))
         code = 1
-        traceback.print_exception(type(e), e, e.__traceback__)
+        traceback.print_exception(type(e), e, _users_traceback(e.__traceback__))
     ended_by_audit = finder.stopped
     failed_in_step = ending is not None and _open_step(finder) is not None
     finder.finish(failed=failed_in_step)
@@ -151,6 +151,14 @@ def run_script(path: str, argv0: str) -> None:
     sys.modules["__main__"] = main
     sys.argv[0] = argv0
     exec(code, main.__dict__)
+
+
+def _users_traceback(tb: Any) -> Any:
+    """The traceback from the program's first frame, as Python prints it (without ours and runpy's)."""
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+    while tb is not None and tb.tb_next is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
+        tb = tb.tb_next
+    return tb
 
 
 def _open_step(finder: StepFinder) -> int | None:

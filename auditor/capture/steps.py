@@ -145,7 +145,7 @@ class StepFinder:
         finder = self
 
         def backward(*args, **kwargs):
-            if finder._live():
+            if finder._live() and not finder.rec.in_data:
                 finder.on_pass()
                 finder.backward_in_step = True
             return orig(*args, **kwargs)
@@ -158,7 +158,7 @@ class StepFinder:
             try:
                 return orig(scaler, optimizer, *args, **kwargs)
             finally:  # (a step skipped on inf gradients still ends the iteration)
-                finder.on_optimizer_step(optimizer, counted=False)
+                finder.on_optimizer_step(optimizer)
         return step
 
     def before_fetch(self, loader: int) -> bool:
@@ -209,7 +209,7 @@ class StepFinder:
             self._flush_outside()
             self._begin()
 
-    def on_optimizer_step(self, opt: Any, counted: bool = True) -> None:
+    def on_optimizer_step(self, opt: Any) -> None:
         if not self._live():
             return
         if self.iteration is None:  # (an optimizer step with no step open: it is one)
@@ -217,12 +217,12 @@ class StepFinder:
             self._begin()
         if self.mode is None or self.mode == "dataloader":
             self.mode = "optimizer"
-        self.opts_in_step.add(id(opt))
-        self.known_opts.add(id(opt))
-        if counted and self.iteration is not None and self.iteration >= self.skip:
-            self.opt_calls += 1
+        if id(opt) not in self.opts_in_step and self.iteration is not None and self.iteration >= self.skip:
+            self.opt_calls += 1  # (optimizers stepped per iteration: GradScaler's skipped steps count)
             name = type(opt).__name__
             self.opt_names[name] = self.opt_names.get(name, 0) + 1
+        self.opts_in_step.add(id(opt))
+        self.known_opts.add(id(opt))
         if self.train_loader is None and self.last_loader is not None:
             self.train_loader = self.last_loader
         if self.mode == "optimizer" and self.opts_in_step >= self.known_opts:
