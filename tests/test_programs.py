@@ -4,6 +4,7 @@ A table of programs shaped like public training scripts; each row asserts the st
 findings at their lines, and the files the program writes at its end."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conftest import audit
+from conftest import EXAMPLES, audit, expected_lines
 
 # (each program writes "finally.txt" in a finally block and "atexit.txt" from an atexit handler,
 # both in the current directory, when its END is reached)
@@ -202,6 +203,20 @@ def test_a_program_runs_as_python_runs_it(tmp_path, name):
         assert f"the audit ended the program after {p.steps} step(s)" in summary
     if p.exit_code:
         assert f"exited with code {p.exit_code}" in summary
+
+
+def test_the_readme_first_command(tmp_path):
+    """examples/train_script.py, a plain script, audited as the README's first command does, its
+    findings at the lines it marks; the log its finally block writes holds the audited steps."""
+    log = tmp_path / "log.json"
+    a = audit("run", "examples/train_script.py", "--steps", "12", "--no-profile", "-q", "--", "--epochs", "1",
+              "--log", str(log), out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert len(a.evidence["steps"]) == 12 and a.evidence["program"]["ended_by_audit"]
+    for rule in ("dataloader-bound", "host-sync"):
+        lines = {loc["line"] for f in a.rule(rule) for loc in f["locations"][:1]}
+        assert set(expected_lines(EXAMPLES / "train_script.py", rule)) <= lines, (rule, lines)
+    assert len(json.loads(log.read_text())) == 12
 
 
 def test_gan_and_accumulation_steps_hold_whole_iterations(tmp_path):
