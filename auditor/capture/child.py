@@ -1,4 +1,5 @@
-"""The child process: installs probes, imports the target, calls the step N times, streams evidence.
+"""The child process: installs probes, imports the target, calls the step N times (or runs a whole
+program, auditor.capture.program), streams evidence.
 
 Run by the parent as `python -m auditor.capture.child --target T --steps N --fd FD --out DIR`.
 Everything it learns goes to the parent at once over the pipe FD, so whatever ends this process
