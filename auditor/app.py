@@ -204,23 +204,38 @@ def afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
         quiet: bool, nproc_per_node: int | None, rank_timeout: float, numerics: bool,
-        script_args: tuple[str, ...]) -> int:
+        script_args: tuple[str, ...], module: str | None = None, skip: int = 0, to_end: bool = False) -> int:
     """`audit run`: the target in a child process (or N ranks of it under torch.distributed.run,
-    or this process as one rank of a launch: auditor.launch), then finish."""
+    or this process as one rank of a launch: auditor.launch), then finish. The target is a step
+    callable, or a whole program (a file, or `module` for -m) whose steps the child finds."""
     from auditor import launch
     from auditor.capture.progress import StepProgress
     from auditor.capture.runner import RunRequest, run_child
-    from auditor.capture.target import TargetError, check_statically, parse_target
+    from auditor.capture.target import TargetError, check_statically, module_target, parse_target
 
     try:
-        t = parse_target(target)
+        if module is not None:  # (`-m pkg.mod -- ARGS`: click gives the first of ARGS as TARGET)
+            script_args = ((target,) if target is not None else ()) + tuple(script_args)
+            t = module_target(module)
+        elif target is None:
+            raise TargetError("missing TARGET (path/to/file.py, path/to/file.py:callable, package.module:callable) "
+                              "or -m package.module")
+        else:
+            t = parse_target(target)
     except TargetError as e:
         raise UsageFailure(str(e)) from None
+    if (skip or to_end) and not t.is_program:
+        raise UsageFailure("--skip and --to-end apply to a whole program (path/to/file.py or -m package.module), "
+                           "not to a step callable")
+    target = t.spec
     config = rule_config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
     session = launch.RankSession.from_env(out_dir, t.name)
     if nproc_per_node is not None:
         if session is not None:
             raise UsageFailure("--nproc-per-node: already running under a launcher (RANK is set)")
+        if t.is_program:
+            raise UsageFailure("--nproc-per-node takes a step callable (path/to/file.py:step) for now; "
+                               "launch a whole program with torchrun ... -m auditor run path/to/file.py")
         try:
             check_statically(t)  # a rank's usage error would reach us only as the launcher's failure
         except TargetError as e:
@@ -239,7 +254,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
             as progress, launch.stoppable(session):
         try:
             mode = "auto" if rehearse is None else "on" if rehearse else "off"
-            extra = ("--rehearse", mode, *(() if numerics else ("--no-numerics",)))
+            extra = ("--rehearse", mode, *(() if numerics else ("--no-numerics",)),
+                     *(("--skip", str(skip)) if skip else ()), *(("--to-end",) if to_end else ()))
             evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=extra, script_args=script_args,
                                             catch_sigterm=session is None),
                                  on_record=progress.on_record)

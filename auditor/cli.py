@@ -52,10 +52,17 @@ def cli() -> None:
 
 
 @cli.command()
-@click.argument("target")
+@click.argument("target", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
+@click.option("-m", "--module", "module", default=None, metavar="PKG.MODULE",
+              help="Run this module as a program, as `python -m PKG.MODULE ARGS` does (instead of TARGET).")
 @click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True,
-              help="Call the step exactly this many times.")
+              help="Call the step exactly this many times; a program: audit this many of its steps, then end it "
+                   "as a Ctrl-C does.")
+@click.option("--skip", type=click.IntRange(min=0), default=0, show_default=True,
+              help="A program: run its first K steps unaudited (warm-up, compilation).")
+@click.option("--to-end", is_flag=True,
+              help="A program: let it run to its end (--steps then only places the profiler window).")
 @shared_options("out", "fail-on", "select", "ignore", out_default="audit-out/<target>-<timestamp>/")
 @click.option("--profile/--no-profile", default=True, show_default=True,
               help="Record a torch.profiler window of a few steps.")
@@ -76,12 +83,14 @@ def cli() -> None:
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
         quiet: bool, nproc_per_node: int | None = None, rank_timeout: float = DEFAULT_RANK_TIMEOUT_S,
-        numerics: bool = True, script_args: tuple[str, ...] = ()) -> None:
-    """Audit TARGET (path/to/file.py:step or package.module:step) by calling the step N times.
+        numerics: bool = True, script_args: tuple[str, ...] = (), module: str | None = None, skip: int = 0,
+        to_end: bool = False) -> None:
+    """Audit TARGET: path/to/file.py:step or package.module:step (the step called N times), or a
+    whole program, path/to/file.py or -m package.module (run as Python runs it, its steps found).
 
-    ARGS after `--` are the script's own command line: its code finds them in sys.argv[1:]."""
+    ARGS after `--` are the program's own command line: its code finds them in sys.argv[1:]."""
     sys.exit(app.run(target, steps, out_dir, fail_on, select, ignore, profile, rehearse, open_report, tensorboard,
-                     quiet, nproc_per_node, rank_timeout, numerics, script_args))
+                     quiet, nproc_per_node, rank_timeout, numerics, script_args, module, skip, to_end))
 
 
 @cli.command()

@@ -162,9 +162,16 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=1,
                     help="steps each copy takes in turn (1: alternate every step; more: the later steps of "
                          "each block run with warm caches, as one model's loop does; the first is not counted)")
+    ap.add_argument("--program", action="store_true",
+                    help="audit copy A as `audit run script.py` does: its steps found by capture.steps.StepFinder "
+                         "(at its DataLoader fetches and optimizer steps), not begun and ended around the call. "
+                         "Use with --no-numerics: A's step stays open until its next fetch, so with the numerics "
+                         "checks on, B's turn would run inside A's open step, under the checks' mode")
     ap.add_argument("--trainer", type=Path, default=EXAMPLES / "clean.py",
                     help="another trainer (a module with step(i) and a `model`), e.g. bench/many_calls.py")
     args = ap.parse_args()
+    if args.program and not args.no_numerics:
+        ap.error("--program measures with --no-numerics only (see its help)")
     sys.path.insert(0, str(EXAMPLES))
     import torch
 
@@ -179,11 +186,12 @@ def main() -> None:
     elif args.batch is None:  # (another trainer: _common.make is not what it calls)
         args.batch = 384
     _common.make = functools.partial(_common.make, batch=args.batch)  # (what clean.py imports)
-    from auditor.capture import child, probes, wire
+    from auditor.capture import probes, session, wire
     from auditor.capture.collectors import load_collectors
     from auditor.capture.stream import Writer, widen_pipe
 
     collectors = []
+    finder = []
 
     def install():
         probes.install()
@@ -191,23 +199,40 @@ def main() -> None:
         collectors.extend(load_collectors(skip=("numerics",) if args.no_numerics else ()))
         for c in collectors:
             c.install()
+        if args.program:  # (its wrappers and hooks are swapped out for the plain copy with the rest)
+            import tempfile
 
-    # the copies are made with everything installed, as the child makes the user's objects
-    swap = Swap(install)
-    rec = probes.REC
-    a, b = load_copy("clean_a", trainer), load_copy("clean_b", trainer)
+            from auditor.capture.child import Profiler
+            from auditor.capture.steps import StepFinder
+
+            steps = session.StepSession(out, probes.REC, Profiler(tempfile.mkdtemp(), "bench", 1, False),
+                                        collectors, set(), lambda: (None, None, None))
+            finder.append(StepFinder(steps, probes.REC, out.send, 10 ** 9, 0, True, lambda: None))
+            finder[0].install()
+
     # the records go to a process that reads them as `audit` does (auditor.capture.stream.read_chunks:
     # a read, then a pause, so that the writer seldom wakes it); a reader blocked in read() (`cat`)
     # would be woken by every record, on a core the step's second thread wants
     reader = subprocess.Popen([sys.executable, "-c", READER], stdin=subprocess.PIPE, cwd=ROOT)
     widen_pipe(reader.stdin.fileno())  # (as runner.run does)
     out = Writer(reader.stdin.fileno())
+    # the copies are made with everything installed, as the child makes the user's objects
+    swap = Swap(install)
+    rec = probes.REC
+    a, b = load_copy("clean_a", trainer), load_copy("clean_b", trainer)
     ratios, a_ms, b_ms, parts = [], [], [], []
     warm = 20
     block = max(1, args.block)
 
+    def program_step(i: int) -> tuple[float, tuple]:
+        """Copy A's step as a program's: its boundary (the record) is crossed inside, at its fetch."""
+        t0 = time.perf_counter()
+        a.step(i)
+        t1 = time.perf_counter()
+        return (t1 - t0) * 1e3, (0.0, (t1 - t0) * 1e3, 0.0)
+
     def audited_step(i: int) -> tuple[float, tuple]:
-        """The child's steady-state step (child.run), up to the next step's start."""
+        """The child's steady-state step (session.StepSession), up to the next step's start."""
         t0 = time.perf_counter()
         anomaly = torch.is_anomaly_enabled()
         for c in collectors:
@@ -215,11 +240,11 @@ def main() -> None:
         c0, s0 = time.process_time(), time.perf_counter()
         a.step(i)
         s1, c1 = time.perf_counter(), time.process_time()
-        allocated, reserved = child._device_memory()
+        allocated, reserved = session.device_memory()
         out.send(wire.Step(index=i, start_s=s0, ms=(s1 - s0) * 1e3, cpu_ms=(c1 - c0) * 1e3, profiled=False,
-                           rss_bytes=child.rss_bytes(), device_allocated=allocated, device_reserved=reserved,
-                           anomaly_enabled=anomaly, tallies=rec.drain(), collected=child._collected(collectors, i),
-                           dataloaders=child._new_loaders(rec)))
+                           rss_bytes=session.rss_bytes(), device_allocated=allocated, device_reserved=reserved,
+                           anomaly_enabled=anomaly, tallies=rec.drain(), collected=session.collected(collectors, i),
+                           dataloaders=session.new_loaders(rec)))
         t1 = time.perf_counter()
         return (t1 - t0) * 1e3, ((s0 - t0) * 1e3, (s1 - s0) * 1e3, (t1 - s1) * 1e3)
 
@@ -234,7 +259,7 @@ def main() -> None:
         # the audited copy takes `block` steps, then the plain one the same steps: with --block 1
         # each step finds the caches as the other copy left them, with more the later steps of a
         # block find them warm, as in a loop of one model
-        got_a = [audited_step(i) for i in idx]
+        got_a = [(program_step if args.program else audited_step)(i) for i in idx]
         swap.plain()
         got_b = [plain_step(i) for i in idx]
         swap.audited()
@@ -244,6 +269,8 @@ def main() -> None:
                 b_ms.append(got_b[k])
                 ratios.append(got_a[k][0] / got_b[k] - 1)
                 parts.append(got_a[k][1])
+    if finder:
+        print(f"program mode: {finder[0].recorded} steps recorded, found by {finder[0].found()[1]}")
     reader.stdin.close()
     reader.wait()
     same = all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))

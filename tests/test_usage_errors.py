@@ -19,7 +19,7 @@ def one_line_error(a, contains: str):
 
 
 @pytest.mark.parametrize("target,contains", [
-    ("examples/clean.py", "bad TARGET"),
+    ("examples/nope.py", "no such file"),  # (a file without :callable is a whole program: tests/test_programs.py)
     ("examples/nope.py:step", "no such file"),
     ("examples/clean.py:nope", "no callable 'nope'"),
     ("examples/clean.py:batches", "not callable"),

@@ -1,4 +1,5 @@
-"""The child process: installs probes, imports the target, calls the step N times, streams evidence.
+"""The child process: installs probes, imports the target, calls the step N times (or runs a whole
+program, auditor.capture.program), streams evidence.
 
 Run by the parent as `python -m auditor.capture.child --target T --steps N --fd FD --out DIR`.
 Everything it learns goes to the parent at once over the pipe FD, so whatever ends this process
@@ -23,40 +24,18 @@ import torch
 from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal, wire
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
+from auditor.capture.program import ChildParts, run_program
+from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
-from auditor.capture.unseen import dynamo_skips_our_frames, no_torch_function
-from auditor.evidence.model import Frame
+from auditor.capture.unseen import no_torch_function
+from auditor.evidence.frame import Frame
 
 ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 # CUDA's "CUDA out of memory", the CPU allocator's "DefaultCPUAllocator: can't allocate memory",
 # MPS/XPU's "out of memory" variants.
 OOM_MESSAGES = ("out of memory", "can't allocate memory", "not enough memory")
-
-_statm = "/proc/self/statm"
-_page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-_statm_fd: tuple[int, int] | None = None  # (pid, fd): /proc/self is resolved when opened
-
-
-def rss_bytes() -> int | None:
-    """Resident memory of this process, read at every step boundary with a `pread` on
-    /proc/self/statm kept open (~2 us; opening the file each time takes 15-100 us on a loaded VM)."""
-    global _statm_fd
-    try:
-        if _statm_fd is None or _statm_fd[0] != os.getpid():
-            _statm_fd = (os.getpid(), os.open(_statm, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
-        return int(os.pread(_statm_fd[1], 256, 0).split()[1]) * _page
-    except (OSError, AttributeError):
-        try:
-            import resource
-
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        except Exception:
-            return None
-
 
 def environment(standins: list[str]) -> dict:
     env = {k: v for k, v in os.environ.items()
@@ -210,6 +189,8 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
         status = "interrupted"
     elif isinstance(exc, SystemExit) and exc.code in (0, None):
         status = "exited"  # sys.exit(0) / exit(): the program stopped itself, not a failure
+    elif isinstance(exc, SystemExit):
+        status = "raised"
     elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or any(
             s in str(exc) for s in OOM_MESSAGES):
         status = "oom"
@@ -218,6 +199,9 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
     message = str(exc)[:2000]
     if status == "exited":
         message = f"the program stopped itself (sys.exit({exc.code!r})), as it would without the audit"
+    elif isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else 1
+        message = f"the program exited with code {code} (sys.exit({exc.code!r}))"
     return wire.Ended(status=status, step=step, exception=type(exc).__name__, message=message,
                       traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
                       where=_frame_of_exception(exc), cuda_devices=devices or [])
@@ -323,6 +307,30 @@ class Profiler:
                                 for f in os.listdir(self.logdir) if ".pt.trace.json" in f)
 
 
+def catch_interrupts(catch_sigterm: bool) -> dict:
+    """Install the child's SIGINT (and, when asked, SIGTERM) handlers; returns their counts.
+
+    A Ctrl-C is never lost: code running when it lands (a library that catches KeyboardInterrupt)
+    can swallow the exception, so the handler also counts it ("n"), and a step boundary that finds
+    an interrupt nobody saw ("seen" < "n") ends the run as interrupted. A handler the user
+    installed stays. SIGTERM likewise, unless the user's code handles it (a checkpoint on
+    preemption); under a launcher the parent asks for nothing: there SIGTERM stops the ranks."""
+    sigint = {"n": 0, "seen": 0}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        def on_sigint(signum, frame):
+            sigint["n"] += 1
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, on_sigint)
+    if catch_sigterm and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        def on_sigterm(signum, frame):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (sent to the group: the parent forwards one too)
+            sigint["n"] += 1
+            sigint["term"] = True
+            raise Terminated("stopped by SIGTERM")
+        signal.signal(signal.SIGTERM, on_sigterm)
+    return sigint
+
+
 def run(args: argparse.Namespace) -> int:
     out = Writer(args.fd)
     faulthandler.enable(file=sys.stderr, all_threads=False)
@@ -339,6 +347,8 @@ def run(args: argparse.Namespace) -> int:
         env["rehearsal"] = True
         env["notes"].append(rehearsal_info.get("note", "CUDA rehearsal on the CPU"))
     out.send(wire.Hello(environment=env, pid=os.getpid()))
+    if _is_program(args.target):  # a whole program, run as Python runs it: auditor.capture.program
+        return _run_program(args, out, rec, collectors)
 
     try:
         target = parse_target(args.target)
@@ -351,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
         out.send(wire.UsageError(message=str(e)))
         return 2
     except BaseException as e:  # the user's module code failed during setup
-        out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec),
+        out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
                             num_threads=torch.get_num_threads()))
         ending = _ending(e, None)
         if isinstance(e, ImportError) and "no known parent package" in str(e):
@@ -360,73 +370,32 @@ def run(args: argparse.Namespace) -> int:
         out.send(ending)
         return 3
 
-    out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=_new_loaders(rec),
+    out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
                         num_threads=torch.get_num_threads()))
     # CUDA only: an out-of-memory error dumps the allocator's state before the report is written.
     if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
         out.send(wire.Snapshot(path="oom_snapshot.pickle", when="oom"))
     prof = Profiler(args.out, args.run_name, args.steps, args.profile)
-    scans = graph_scan_points(args.steps)
     step_span = graphs.step_lines(fn, source)  # (a holder's growing line inside the step comes first)
-    window = set(prof.window())
-    t_first = None
+    session = StepSession(out, rec, prof, collectors, graph_scan_points(args.steps),
+                          lambda: (module, source, step_span))
     status = 0
-    # A Ctrl-C is never lost: code running when it lands (a library that catches KeyboardInterrupt)
-    # can swallow the exception, so the handler also counts it, and a step boundary that finds an
-    # interrupt nobody saw ends the run as interrupted. (A handler the user installed stays.)
-    sigint = {"n": 0, "seen": 0}
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        def on_sigint(signum, frame):
-            sigint["n"] += 1
-            raise KeyboardInterrupt
-        signal.signal(signal.SIGINT, on_sigint)
-    # SIGTERM likewise, unless the user's code handles it (a checkpoint on preemption). Under a
-    # launcher the parent asks for nothing: there SIGTERM stops the ranks as it always has.
-    if args.catch_sigterm and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        def on_sigterm(signum, frame):
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (sent to the group: the parent forwards one too)
-            sigint["n"] += 1
-            sigint["term"] = True
-            raise Terminated("stopped by SIGTERM")
-        signal.signal(signal.SIGTERM, on_sigterm)
+    sigint = catch_interrupts(args.catch_sigterm)
     i = 0
     try:
         for i in range(args.steps):
-            anomaly = torch.is_anomaly_enabled()
-            prof.before(i)
-            dynamo_skips_our_frames()  # (with or without the numerics collector)
-            for c in collectors:
-                c.step_begin(i)
-            c0 = time.process_time()
-            t0 = time.perf_counter()
-            if t_first is None:
-                t_first = t0
-            def send_step(failed: bool = False) -> None:  # (its times are taken first, before anything else runs)
-                t1, c1 = time.perf_counter(), time.process_time()
-                if failed:
-                    prof.stop()
-                else:
-                    prof.after(i)
-                allocated, reserved = _device_memory()
-                out.send(wire.Step(index=i, start_s=t0 - t_first, ms=(t1 - t0) * 1e3, cpu_ms=(c1 - c0) * 1e3,
-                                   profiled=i in window, failed=failed, rss_bytes=rss_bytes(),
-                                   device_allocated=allocated, device_reserved=reserved, anomaly_enabled=anomaly,
-                                   tallies=rec.drain(), collected=_collected(collectors, i),
-                                   dataloaders=_new_loaders(rec)))
-
+            session.begin(i)
             try:
                 fn(i) if arity else fn()
             except BaseException as e:
-                send_step(failed=True)
+                session.end(i, failed=True)
                 sigint["seen"] = sigint["n"]
                 out.send(_ending(e, i, cuda_devices()))
                 if not isinstance(e, KeyboardInterrupt):
                     _failure_scan(out, e, i, module, source, step_span)
                 status = 3
                 break
-            send_step()
-            if i in scans:
-                out.send(wire.GraphScan(after_step=i, **graphs.scan(module, source, step_span)))
+            session.end(i)
             if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
                 raise Terminated("stopped by SIGTERM") if sigint.get("term") else KeyboardInterrupt
     except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
@@ -446,7 +415,28 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _failure_scan(out: Writer, e: BaseException, i: int, module: Any, source: str | None, step_span: Any) -> None:
+def _is_program(spec: str) -> bool:
+    try:
+        return parse_target(spec).is_program
+    except TargetError:
+        return False
+
+
+def _run_program(args: argparse.Namespace, out: Writer, rec: probes.Recorder, collectors: list) -> int:
+    """`audit run file.py` / `audit run -m pkg.mod`: the program's steps are found as it runs."""
+    def send_setup() -> None:
+        out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
+                            num_threads=torch.get_num_threads()))
+
+    if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
+        out.send(wire.Snapshot(path="oom_snapshot.pickle", when="oom"))
+    catch_interrupts(args.catch_sigterm)
+    parts = ChildParts(out, rec, collectors, Profiler(args.out, args.run_name, args.steps, args.profile),
+                       graph_scan_points(args.steps), send_setup, _ending, backend_flags, cuda_devices)
+    return run_program(parse_target(args.target), args, parts)
+
+
+def _failure_scan(out: Any, e: BaseException, i: int, module: Any, source: str | None, step_span: Any) -> None:
     """A graph scan after a step that raised: an out-of-memory error is where a leak ends, and what
     holds the memory is still held now. The traceback's frames are cleared first (the ending is
     sent): their locals (the failed step's loss and its graph) are no leak. Best effort: the scan
@@ -458,16 +448,6 @@ def _failure_scan(out: Writer, e: BaseException, i: int, module: Any, source: st
         pass
 
 
-def _collected(collectors: list, index: int) -> dict:
-    """Each collector's data for step `index`, by collector name (those that have some)."""
-    out = {}
-    for c in collectors:
-        data = c.step_end(index)
-        if data is not None:
-            out[c.name] = data
-    return out
-
-
 def _target_file(spec: str) -> str | None:
     try:
         return parse_target(spec).file
@@ -475,22 +455,25 @@ def _target_file(spec: str) -> str | None:
         return None
 
 
-def _device_memory() -> tuple[int | None, int | None]:
-    """The CUDA allocator's (allocated, reserved) bytes, (None, None) without a device in use."""
-    if not torch.cuda.is_initialized() or not torch.cuda.is_available():  # (the cheap test first)
-        return None, None
-    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+EXIT_GRACE_S = 60.0  # how long the program's end (its threads, its atexit handlers) may take
 
 
-def _new_loaders(rec: probes.Recorder) -> list[dict]:
-    new = []
-    for d in rec.dataloaders:
-        if not d["sent"]:
-            d["sent"] = True
-            w = d["where"]
-            new.append({"id": d["id"], "settings": d["settings"],
-                        "where": {"file": w[0], "line": w[1], "function": w[2]} if w else None})
-    return new
+def bound_exit(code: int, grace_s: float = EXIT_GRACE_S) -> None:
+    """After the run, Python joins the program's non-daemon threads and runs its atexit handlers;
+    one that never ends (a thread left running, a worker never joined) would keep `audit` waiting
+    forever. A daemon thread ends the process `grace_s` seconds later, saying so on stderr."""
+    import threading
+
+    def stop() -> None:
+        time.sleep(grace_s)
+        try:
+            sys.stderr.write(f"audit: the program had not ended {grace_s:g} s after its run (a non-daemon "
+                             "thread or an atexit handler still running): its process is ended\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+    threading.Thread(target=stop, name="audit-exit-bound", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -509,15 +492,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-numerics", dest="numerics", action="store_false")
     ap.add_argument("--parent-pid", type=int, default=None)
     ap.add_argument("--catch-sigterm", action="store_true")
+    ap.add_argument("--skip", type=int, default=0)  # a whole program: steps run unaudited first
+    ap.add_argument("--to-end", action="store_true")  # a whole program: run it to its end
     args = ap.parse_args(argv)
     args.script_args = script_args
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
     code = run(args)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown of the user's objects: the evidence is sent, and exit code matters.
-    os._exit(code)
+    # Every record is sent: the process now ends as Python ends a program (its threads joined, its
+    # atexit handlers run, its files flushed), within EXIT_GRACE_S (see bound_exit).
+    bound_exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,13 @@ class EvidenceBuilder:
             self.pending_snapshots.append(r.path)
         elif isinstance(r, wire.Collected):
             _collector_field(ev, r.name, r.data)
+        elif isinstance(r, wire.Outside):  # a whole program's stretch outside its steps
+            ev.outside.append(m.Outside(phase=r.phase, after_step=r.after_step, ms=r.ms,
+                                        tallies=[_tally(t) for t in r.tallies]))
+        elif isinstance(r, wire.ProgramRun):
+            ev.program = m.Program(form=r.form, argv=r.argv, steps_by=r.steps_by, steps_found=r.steps_found,
+                                   skipped=r.skipped, ended_by_audit=r.ended_by_audit, exit_code=r.exit_code)
+            ev.environment.notes.append(f"steps: {ev.program.steps_found}")
         elif isinstance(r, wire.Ended):
             self.ended = True
             if r.backend_flags is not None:

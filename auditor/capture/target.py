@@ -1,4 +1,5 @@
-"""TARGET: `path/to/file.py:callable` or `package.module:callable`, and how to load it."""
+"""TARGET: `path/to/file.py:callable` or `package.module:callable` (a step function), or a whole
+program: `path/to/file.py` (run as `python file.py`) or `-m package.module` (as `python -m`)."""
 from __future__ import annotations
 
 import importlib
@@ -22,10 +23,28 @@ class Target:
     module: str  # dotted module name, or the file's stem
     attr: str
     file: str | None = None  # absolute path for file targets
+    # "callable": the step function `attr` is called N times; "script" (`file.py`) and "module"
+    # (`-m package.module`): the whole program runs as Python runs it (auditor.capture.program)
+    kind: str = "callable"
 
     @property
     def name(self) -> str:
-        return f"{self.module.rsplit('.', 1)[-1]}-{self.attr}"
+        last = self.module.rsplit('.', 1)[-1]
+        return f"{last}-{self.attr}" if self.attr else last
+
+    @property
+    def is_program(self) -> bool:
+        return self.kind != "callable"
+
+
+MODULE_PREFIX = "-m "  # a program target's spec for `audit run -m package.module`
+
+
+def module_target(name: str) -> Target:
+    """`-m package.module`: the program is the module, run as `python -m` runs it."""
+    if not name or not all(p.isidentifier() for p in name.split(".")):
+        raise TargetError(f"bad module {name!r} for -m: expected a dotted module name (package.module)")
+    return Target(MODULE_PREFIX + name, name, "", kind="module")
 
 
 def _not_python(path: str) -> TargetError:
@@ -34,9 +53,14 @@ def _not_python(path: str) -> TargetError:
 
 def parse_target(spec: str) -> Target:
     """Check the shape of TARGET without importing anything (the parent does this)."""
+    if spec.startswith(MODULE_PREFIX):
+        return module_target(spec[len(MODULE_PREFIX):])
+    if ":" not in spec and (spec.endswith(".py") or os.path.isfile(spec)):
+        return _script_target(spec)
     left, sep, attr = spec.rpartition(":")
     if not sep or not left or not attr:
-        raise TargetError(f"bad TARGET {spec!r}: expected path/to/file.py:callable or package.module:callable")
+        raise TargetError(f"bad TARGET {spec!r}: expected path/to/file.py, path/to/file.py:callable "
+                          f"or package.module:callable (or -m package.module)")
     if not attr.replace(".", "_").isidentifier():
         raise TargetError(f"bad TARGET {spec!r}: {attr!r} is not a Python name")
     if left.endswith(".py") or os.sep in left or "/" in left:
@@ -56,6 +80,19 @@ def parse_target(spec: str) -> Target:
     if not all(p.isidentifier() for p in left.split(".")):
         raise TargetError(f"bad TARGET {spec!r}: {left!r} is neither a .py file nor a module path")
     return Target(spec, left, attr)
+
+
+def _script_target(spec: str) -> Target:
+    """`path/to/file.py`: the program in that file, run as `python path/to/file.py` runs it."""
+    path = Path(spec)
+    if not path.is_file():
+        raise TargetError(f"no such file: {spec}")
+    resolved = str(path.resolve())
+    try:
+        resolved.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TargetError(f"the path of {ascii(spec)} is not valid UTF-8: rename it or move it to a UTF-8 path") from None
+    return Target(spec, path.stem, "", resolved, kind="script")
 
 
 def import_target(target: Target) -> tuple[types.ModuleType, Callable, str | None]:
@@ -128,7 +165,7 @@ def check_statically(target: Target) -> None:
     """For launchers, which cannot see a rank's usage error: a file target whose callable is not
     bound at the module's top level (def, class, assignment, import) is refused without running it.
     Modules that bind names dynamically (`from x import *`, `globals()`) are given the benefit of the doubt."""
-    if target.file is None:
+    if target.file is None or target.is_program:
         return
     import ast
 

@@ -153,7 +153,35 @@ class Ended(Record, tag="ended"):
     cuda_devices: list[dict[str, Any]] = []
 
 
-AnyRecord = Union[Hello, UsageError, Setup, Step, GraphScan, Profile, Snapshot, Collected, Ended]
+class Outside(Record, tag="outside"):
+    """What ran in a whole program outside its audited steps, sent when the stretch ended.
+
+    phase: "between" (after an audited step, before the next) or "after" (after the last one);
+    after_step: the audited step it follows; ms: its wall time; tallies: what the probes saw in it."""
+
+    phase: str
+    after_step: int | None = None
+    ms: float = 0.0
+    tallies: list[Tally] = []
+
+
+class ProgramRun(Record, tag="program"):
+    """How a whole program ran (`audit run file.py`, `-m pkg.mod`), sent before `ended`.
+
+    Its fields are auditor.evidence.model.Program's (form, argv, steps_by, steps_found, skipped,
+    ended_by_audit, exit_code)."""
+
+    form: str
+    argv: list[str] = []
+    steps_by: str = "none"
+    steps_found: str = ""
+    skipped: int = 0
+    ended_by_audit: bool = False
+    exit_code: int | None = None
+
+
+AnyRecord = Union[Hello, UsageError, Setup, Step, GraphScan, Profile, Snapshot, Collected, Ended, Outside,
+                  ProgramRun]
 
 DECODER = msgspec.json.Decoder(AnyRecord)
 _ENCODER = msgspec.json.Encoder()

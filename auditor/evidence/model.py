@@ -159,6 +159,40 @@ def ended_well(ending: Ending) -> bool:
     return ending.status == "completed" or (ending.status == "exited" and ending.step is not None)
 
 
+class Outside(msgspec.Struct):
+    """What the probes saw in a stretch of a whole program outside its audited steps (setup, before
+    the first step, is `Evidence.setup`).
+
+    phase: "between" (after an audited step, before the next: an eval loop, a checkpoint save) or
+    "after" (after the last audited step, to the program's end: its `finally` blocks, its exit);
+    after_step: the audited step it follows; ms: its wall time; tallies: the probes' tallies."""
+
+    phase: str
+    after_step: int | None = None
+    ms: float = 0.0
+    tallies: list[Tally] = []
+
+
+class Program(msgspec.Struct):
+    """A whole program audited as Python runs it (`audit run file.py`, `audit run -m pkg.mod`).
+
+    form: "script" (`file.py`) or "module" (`-m pkg.mod`); argv: its sys.argv; steps_by: how its steps were found,
+    "optimizer" (its optimizer steps), "dataloader" (its training DataLoader's iterations),
+    "marker" (its `auditor.step()` calls) or "none"; steps_found: the same as the report says it
+    ("optimizer steps (Adam), 1 per iteration"); skipped: steps run unaudited first (--skip);
+    ended_by_audit: --steps N ended it at a step boundary after N steps, as a Ctrl-C does;
+    exit_code: the program's own exit code (its sys.exit's; 0 when it ran to its end), None when
+    the audit ended it or it raised."""
+
+    form: str
+    argv: list[str] = []
+    steps_by: str = "none"
+    steps_found: str = ""
+    skipped: int = 0
+    ended_by_audit: bool = False
+    exit_code: int | None = None
+
+
 class Evidence(msgspec.Struct, dict=True):
     """Everything the rules may read. Fields are empty when the source did not provide them.
 
@@ -172,6 +206,8 @@ class Evidence(msgspec.Struct, dict=True):
     requested_steps: int = 0
     environment: Environment = msgspec.field(default_factory=Environment)
     setup: list[Tally] = []  # what probes saw at import time, before the first step
+    outside: list[Outside] = []  # a whole program's stretches outside its steps (see Outside)
+    program: Program | None = None  # set when a whole program ran (see Program)
     steps: list[StepRecord] = []
     graph_scans: list[GraphScan] = []
     dataloaders: list[DataLoaderInfo] = []

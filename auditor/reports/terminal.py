@@ -101,6 +101,19 @@ def steps_of(evidence: Evidence) -> str:
     return f" in {shown.label}" if shown is not None and len(evidence.trace_data) > 1 else ""
 
 
+def program_phrase(evidence: Evidence) -> str:
+    """How a whole program's steps were found and how it ended, as the reports say it."""
+    p = evidence.program
+    text = f"steps: {p.steps_found}"
+    if p.skipped:
+        text += f"; the first {p.skipped} run unaudited (--skip)"
+    if p.ended_by_audit:
+        text += f"; the audit ended the program after {len(evidence.steps)} step(s), as a Ctrl-C does"
+    elif p.exit_code is not None:
+        text += f"; the program exited with code {p.exit_code}"
+    return text
+
+
 def elsewhere_phrase(n: int) -> str:
     return f"findings on {n} other trace{'s' if n > 1 else ''} not added in (their costs are per step of their own trace)"
 
@@ -236,6 +249,8 @@ def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None
     if rec.elsewhere:
         head.append(f"; {elsewhere_phrase(rec.elsewhere)}")
     lines.append(head)
+    if evidence.program is not None:
+        lines.append(Text(program_phrase(evidence), style="dim"))
     e = evidence.ending
     if e.status != "completed":
         end = Text("run ended: ", style="bold red")

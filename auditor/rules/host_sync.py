@@ -214,6 +214,7 @@ class HostSync(Rule):
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         yield from self._from_probes(ev, options)
+        yield from self._outside_steps(ev)
         if ev.trace_data and not ev.steps:  # a recording; a run's own probes already saw every sync
             yield from self.trace_findings(ev, options)
 
@@ -223,6 +224,9 @@ class HostSync(Rule):
         for trace in evidence.trace_data:
             out.extend(_one_trace(self, trace, options, step_basis_ms(evidence, trace)))
         return out
+
+    def _outside_steps(self, ev: m.Evidence) -> Iterable[Finding]:
+        yield from _outside_steps_findings(self, ev)
 
     def _from_probes(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         if not ev.steps:
@@ -270,6 +274,33 @@ class HostSync(Rule):
             cost=cost,
             fix=_fix(advice, places),
         )
+
+
+PHASES = {"between": "between steps (an eval loop, a checkpoint save)", "after": "after the last audited step"}
+
+
+def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
+    """A whole program's syncs outside its steps, one finding per phase (between steps, after the
+    last), at their lines: counted, not costed per step, as they are not in the step time."""
+    as_gpu = on_accelerator(ev) or ev.environment.rehearsal
+    for phase, phrase in PHASES.items():
+        pairs = [(k, t) for k, o in enumerate(ev.outside) if o.phase == phase for t in o.tallies
+                 if t.kind == m.SYNC and (not as_gpu or t.data.get("device") == "cuda")]
+        places = unsuppressed(rule.id, by_place(pairs), lambda p: p.where)
+        if not places:
+            continue
+        first = places[0].where.file if places[0].where else None
+        yield rule.finding(
+            f"{sum(p.count for p in places)} device->host syncs {phrase}, outside the steps, at {len(places)} "
+            f"place(s): " + "; ".join(f"{p.what} x{p.count} at {line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
+                                     for p in places[:5]),
+            severity="info", locations=locations(places),
+            evidence={"phase": phase, "sites": [{"what": p.what, "file": p.where.file if p.where else None,
+                                                 "line": p.where.line if p.where else None, "count": p.count}
+                                                for p in places]},
+            cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
+                      note=f"outside the steps ({phase}): not in the step time"),
+            fix=Fix(summary="accumulate on the device and fetch once (`total += x.sum()`, one `.item()` at the end)"))
 
 
 def _timed_by_events(ev: m.Evidence, places: list) -> dict[int, int]:

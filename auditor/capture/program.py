@@ -1,0 +1,182 @@
+"""A whole program in the child, run as Python runs it: `audit run file.py`, `audit run -m pkg.mod`.
+
+The program runs through runpy as `python file.py ARGS` / `python -m pkg.mod ARGS` would run it:
+`__name__ == "__main__"`, `__file__` the script's, `sys.argv` its path (a module's file) and ARGS,
+`sys.path[0]` the script's directory (for -m: the current directory), the current directory and
+stdin unchanged. Its steps are found by auditor.capture.steps and measured by StepSession; the
+records it sends are those of the step-function mode, plus "outside" (what ran between and after
+the steps) and "program" (how the steps were found, how the program ended).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from auditor.capture import wire
+from auditor.capture.session import StepSession
+from auditor.capture.steps import StepFinder, StepsDone
+from auditor.capture.target import Target, TargetError
+
+
+@dataclass
+class ChildParts:
+    """What the child made for the run, handed to the program's run.
+
+    out: the evidence Writer; rec: the probes' Recorder; collectors: the loaded collectors;
+    prof: the Profiler (window planned over the audited steps); scans: the graph-scan points;
+    send_setup: sends the setup record; ending: the `ended` record of an exception
+    (`child._ending(exc, step, devices)`); backend_flags, cuda_devices: read when the run ends."""
+
+    out: Any
+    rec: Any
+    collectors: list
+    prof: Any
+    scans: set[int]
+    send_setup: Callable[[], None]
+    ending: Callable[..., wire.Ended]
+    backend_flags: Callable[[], dict]
+    cuda_devices: Callable[[], list]
+
+
+def check_module(name: str) -> str:
+    """The file `python -m name` would run; TargetError when there is no such module. Finding it
+    imports its parent packages, as `python -m` does."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError as e:
+        parts = name.split(".")
+        if e.name in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+            raise TargetError(f"no such module: {name}") from None
+        raise
+    if spec is None:
+        raise TargetError(f"no such module: {name}")
+    if spec.submodule_search_locations is not None:  # a package runs its __main__
+        return check_module(name + ".__main__")
+    return spec.origin or name
+
+
+def run_program(target: Target, args: Any, parts: ChildParts) -> int:
+    """Run the program, audit its steps, send every record; returns the exit code Python would
+    end it with (0 also when the audit ended it after its steps)."""
+    out = parts.out
+    try:
+        origin = check_module(target.module) if target.kind == "module" else target.file
+    except TargetError as e:
+        out.send(wire.UsageError(message=str(e)))
+        return 2
+    except BaseException as e:  # a parent package's __init__ failed
+        parts.send_setup()
+        out.send(parts.ending(e, None, parts.cuda_devices()))
+        return 1
+    argv = [target.spec if target.kind == "script" else origin, *args.script_args]
+    sys.argv = list(argv)
+    if target.kind == "script":
+        sys.path[0] = os.path.dirname(target.file)
+
+    def scan_target() -> tuple[Any, str | None, Any]:
+        main = sys.modules.get("__main__")
+        return (main if getattr(main, "__file__", None) == origin else None), origin, None
+
+    session = StepSession(out, parts.rec, parts.prof, parts.collectors, parts.scans, scan_target)
+    finder = StepFinder(session, parts.rec, out.send, args.steps, args.skip, args.to_end, parts.send_setup)
+    code: int | None = 0
+    ending: wire.Ended | None = None
+    finder.install()
+    try:
+        if target.kind == "script" and target.file.endswith(".py"):
+            run_script(target.file, sys.argv[0])
+        elif target.kind == "script":  # (a zip file or a .pyc: runpy knows them)
+            runpy.run_path(target.file, run_name="__main__")
+        else:
+            runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+    except StepsDone:
+        code = None
+    except KeyboardInterrupt as e:
+        if finder.stopped:  # (the program caught StepsDone and ended with an interrupt of its own)
+            code = None
+        else:
+            ending = parts.ending(e, _open_step(finder))
+            code = 130
+    except SystemExit as e:
+        code = _exit_code(e)
+        if code != 0:
+            ending = parts.ending(e, _open_step(finder))
+    except BaseException as e:  # the program's own error: printed as Python prints it
+        ending = parts.ending(e, _open_step(finder))
+        code = 1
+        traceback.print_exception(type(e), e, _users_traceback(e.__traceback__))
+    ended_by_audit = finder.stopped
+    failed_in_step = ending is not None and _open_step(finder) is not None
+    finder.finish(failed=failed_in_step)
+    parts.prof.stop()
+    if parts.prof.window():
+        out.send(wire.Profile(steps=[s for s in parts.prof.window() if s < finder.recorded],
+                              trace_files=parts.prof.files, top_ops=parts.prof.top_ops, snapshots=parts.prof.snapshots))
+    for c in parts.collectors:
+        data = c.finish()
+        if data is not None:
+            out.send(wire.Collected(name=c.name, data=data))
+    steps_by, steps_found = finder.found()
+    out.send(wire.ProgramRun(form=target.kind, argv=argv, steps_by=steps_by, steps_found=steps_found,
+                             skipped=min(args.skip, finder.begun), ended_by_audit=ended_by_audit, exit_code=code))
+    if ending is not None:
+        ending.cuda_devices = parts.cuda_devices()
+        out.send(ending)
+    else:
+        message = (f"the audit ended the program after {finder.recorded} step(s) (--steps {args.steps}), "
+                   f"at a step boundary, as a Ctrl-C does" if ended_by_audit else
+                   "the program ran to its end" if code == 0 else None)
+        out.send(wire.Ended(status="completed", message=message, backend_flags=parts.backend_flags(),
+                            cuda_devices=parts.cuda_devices()))
+    return 0 if code is None else code
+
+
+def run_script(path: str, argv0: str) -> None:
+    """Run the Python file `path` as `python path` does: in a new `__main__` module (which stays
+    sys.modules["__main__"] afterwards, as in a plain run: its atexit handlers and pickled classes
+    find it), with `__file__` its absolute path and sys.argv[0] the path as the user typed it."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    with open(path, "rb") as f:
+        source = f.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    sys.argv[0] = argv0
+    exec(code, main.__dict__)
+
+
+def _users_traceback(tb: Any) -> Any:
+    """The traceback from the program's first frame, as Python prints it (without ours and runpy's)."""
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+    while tb is not None and tb.tb_next is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
+        tb = tb.tb_next
+    return tb
+
+
+def _open_step(finder: StepFinder) -> int | None:
+    """The audited index of the step the program is in now, if any: one that has had its ending
+    (its optimizer step) is complete, and what ends the program after it is not in it."""
+    it = finder.iteration
+    if it is None or it < finder.skip or finder.done or finder.pending:
+        return None
+    return it - finder.skip
+
+
+def _exit_code(e: SystemExit) -> int:
+    """The exit code Python gives `sys.exit(code)`: 0 for None, the number, else 1 (after printing it)."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code & 0xFF if e.code >= 0 else e.code % 256
+    print(e.code, file=sys.stderr)
+    return 1

@@ -1,0 +1,142 @@
+"""One audited step's machinery in the child: what runs at its beginning and at its end.
+
+`StepSession.begin(i)` starts the profiler window when step i is its first, tells the collectors,
+and takes the step's start times; `StepSession.end(i)` takes its end times, advances the profiler,
+sends the step's record (times, memory, the probes' tallies, the collectors' data, new DataLoaders)
+and runs the graph scan planned after step i. Both the step-function mode (child.run calls the
+step between them) and the script mode (capture.steps calls them from the program's own loop)
+use it, so a step is measured the same way in both.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from auditor.capture import graphs, probes, wire
+from auditor.capture.unseen import dynamo_skips_our_frames
+
+
+class StepSession:
+    """The per-step state of one run.
+
+    out: the evidence Writer; rec: the probes' Recorder; prof: the child's Profiler (window by
+    step index); collectors: the loaded collectors; scans: step indices after which the graph scan
+    runs; scan_target: returns (module, source file, step line span) for that scan, read when it
+    runs (a script's `__main__` exists only while it runs)."""
+
+    def __init__(self, out: Any, rec: probes.Recorder, prof: Any, collectors: list, scans: set[int],
+                 scan_target: Callable[[], tuple[Any, str | None, Any]]) -> None:
+        self.out = out
+        self.rec = rec
+        self.prof = prof
+        self.collectors = collectors
+        self.scans = scans
+        self.scan_target = scan_target
+        self.window = set(prof.window())
+        self.t_first: float | None = None
+        self.index: int | None = None  # the step begun and not yet ended
+        self.t0 = self.c0 = 0.0
+        self.anomaly = False
+
+    def begin(self, i: int, t0: float | None = None, c0: float | None = None) -> None:
+        """Step i begins (now, or at the times `t0`/`c0` taken earlier by the caller: a step that
+        begins with a DataLoader fetch is timed from the fetch's start)."""
+        self.index = i
+        self.anomaly = torch.is_anomaly_enabled()
+        self.prof.before(i)
+        dynamo_skips_our_frames()  # (with or without the numerics collector)
+        for c in self.collectors:
+            c.step_begin(i)
+        self.c0 = time.process_time() if c0 is None else c0
+        self.t0 = time.perf_counter() if t0 is None else t0
+        if self.t_first is None:
+            self.t_first = self.t0
+
+    def end(self, i: int, failed: bool = False) -> None:
+        """Step i ends: its record is sent (its times are taken first, before anything else runs);
+        a step that did not fail is followed by its planned graph scan."""
+        t1, c1 = time.perf_counter(), time.process_time()
+        self.index = None
+        if failed:
+            self.prof.stop()
+        else:
+            self.prof.after(i)
+        allocated, reserved = device_memory()
+        self.out.send(wire.Step(index=i, start_s=self.t0 - self.t_first, ms=(t1 - self.t0) * 1e3,
+                                cpu_ms=(c1 - self.c0) * 1e3, profiled=i in self.window, failed=failed,
+                                rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
+                                anomaly_enabled=self.anomaly, tallies=self.rec.drain(),
+                                collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec)))
+        if not failed and i in self.scans:
+            self.out.send(wire.GraphScan(after_step=i, **graphs.scan(*self.scan_target())))
+
+
+    def drop(self, i: int) -> None:
+        """Step i, begun, turned out to be none (the program ended before its ending): nothing is
+        sent for it, and the probes' tallies stay for what the caller records next."""
+        self.index = None
+        self.prof.stop()
+        collected(self.collectors, i)
+
+
+def collected(collectors: list, index: int) -> dict:
+    """Each collector's data for step `index`, by collector name (those that have some)."""
+    out = {}
+    for c in collectors:
+        data = c.step_end(index)
+        if data is not None:
+            out[c.name] = data
+    return out
+
+
+def device_memory() -> tuple[int | None, int | None]:
+    """The CUDA allocator's (allocated, reserved) bytes, (None, None) without a device in use."""
+    if not torch.cuda.is_initialized() or not torch.cuda.is_available():  # (the cheap test first)
+        return None, None
+    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+
+
+def new_loaders(rec: probes.Recorder) -> list[dict]:
+    """The DataLoaders made since the last call, each sent once."""
+    new = []
+    for d in rec.dataloaders:
+        if not d["sent"]:
+            d["sent"] = True
+            w = d["where"]
+            new.append({"id": d["id"], "settings": d["settings"],
+                        "where": {"file": w[0], "line": w[1], "function": w[2]} if w else None})
+    return new
+
+
+_statm = "/proc/self/statm"
+_statm_fd: tuple[int, int] | None = None  # (pid, fd): /proc/self is resolved when opened
+
+
+def rss_bytes() -> int | None:
+    """Resident memory of this process, read at every step boundary: a `pread` on /proc/self/statm
+    kept open costs ~2 us; opening it at each read costs 15-100 us on a loaded VM."""
+    import os
+
+    global _statm_fd
+    try:
+        if _statm_fd is None or _statm_fd[0] != os.getpid():
+            _statm_fd = (os.getpid(), os.open(_statm, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        return int(os.pread(_statm_fd[1], 256, 0).split()[1]) * _PAGE
+    except (OSError, AttributeError):
+        try:
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        except Exception:
+            return None
+
+
+def _page_size() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+_PAGE = _page_size()

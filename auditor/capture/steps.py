@@ -1,0 +1,354 @@
+"""The steps of a whole program (`audit run file.py`), found without the user's help.
+
+A step is one iteration of the training loop, as a person counts it:
+- its optimizer steps (every torch.optim.Optimizer, through torch's global step hook, and
+  `GradScaler.step`, which skips the optimizer's step on inf gradients) mark its end; several
+  optimizers stepped in one iteration (a GAN's D and G) are one step, and gradient-accumulation
+  micro-batches belong to the step they accumulate into (a step closes only after an optimizer
+  step);
+- the step closes at the first activity after its last optimizer step: the next fetch of the
+  training DataLoader (the loader fetched last before an optimizer step), which then begins the
+  next step, timed from the fetch's start; where no training DataLoader is known, the next
+  outermost module forward or backward pass. A fetch of another loader after an optimizer step
+  (an eval loop) closes the step too and begins none: what runs until the next training fetch is
+  outside the steps ("between"). With a training DataLoader, forwards and backwards never close a
+  step, which keeps a GAN's D and G in one;
+- where no optimizer steps, the first DataLoader fetched marks steps: each of its fetches in a
+  step without a backward pass closes the step and begins the next;
+- `auditor.step()` calls, once one is seen, are the only boundaries: each ends the open step and
+  begins the next;
+- the program's end closes an open step that has its ending (an optimizer step, or a DataLoader
+  iteration); one that does not (what follows the last marker or optimizer step) is dropped, its
+  work counted as what ran "after".
+Steps are counted from the program's first one; the first `skip` run unaudited (not recorded, no
+profiling), the next `steps` are audited, and then (unless `to_end`) `StepsDone` is raised at the
+boundary, which ends the program as a Ctrl-C does.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+import torch.utils.data.dataloader as dl
+
+import auditor
+from auditor.capture import wire
+from auditor.capture.session import StepSession
+
+_compiling = torch.compiler.is_compiling
+
+
+class StepsDone(KeyboardInterrupt):
+    """Raised at the step boundary after the last audited step (--steps N): ends the program the way
+    a Ctrl-C does, so that its `finally` blocks, context managers and atexit handlers run."""
+
+
+class StepFinder:
+    """Marks a running program's steps on `session` (see the module's docstring).
+
+    rec: the probes' Recorder; steps/skip/to_end: the audit's --steps, --skip, --to-end;
+    send: the evidence Writer's send; send_setup: sends the setup record (called once, when the
+    first step begins or the program ends without one)."""
+
+    def __init__(self, session: StepSession, rec: Any, send: Callable[..., None], steps: int, skip: int,
+                 to_end: bool, send_setup: Callable[[], None]) -> None:
+        self.session, self.rec, self.send = session, rec, send
+        self.steps, self.skip, self.to_end = steps, skip, to_end
+        self.send_setup = send_setup
+        self.setup_sent = False
+        self.iteration: int | None = None  # the open step, counted from the program's first (skipped too)
+        self.begun = 0  # steps begun
+        self.recorded = 0  # audited steps ended
+        self.last_audited: int | None = None  # the audited index of the last recorded step
+        self.pending = False  # the open step has its ending: its next activity closes it
+        self.opts_in_step: set[int] = set()
+        self.known_opts: set[int] = set()  # every optimizer seen stepping
+        self.opt_names: dict[str, int] = {}  # optimizer class -> its steps in audited steps
+        self.opt_calls = 0  # optimizer steps in audited steps
+        self.backward_in_step = False
+        self.first_loader: int | None = None
+        self.last_loader: int | None = None
+        self.train_loader: int | None = None
+        self.mode: str | None = None  # "optimizer" | "dataloader" | "marker" once known
+        self.done = False  # the audit's steps are done, or the program ended: no more steps
+        self.stopped = False  # StepsDone was raised: the audit ended the program after its steps
+        self.busy = False  # inside a boundary (the auditor's own work there is no activity)
+        self.outside_t0 = time.perf_counter()
+        self.main_thread = threading.get_ident()
+        self._fwd_hook: Any = None
+        self._undo: list[Callable[[], None]] = []
+
+    # -- installation --------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Hook the activities that mark steps. Installed after the probes, so these wrappers are
+        outermost: a boundary is crossed before a probe times the call that crossed it."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        h = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.on_optimizer_step(opt))
+        self._undo.append(h.remove)
+        self._wrap(dl._BaseDataLoaderIter, "__next__", self._fetch_probe)
+        self._wrap(torch.Tensor, "backward", self._backward_probe)
+        self._wrap(torch.autograd, "backward", self._backward_probe)
+        try:
+            from torch.amp import GradScaler
+
+            self._wrap(GradScaler, "step", self._scaler_probe)
+        except ImportError:
+            pass
+        auditor._step_hook = self.on_marker
+        self._undo.append(lambda: setattr(auditor, "_step_hook", None))
+        self._update_forward_hook()
+
+    def uninstall(self) -> None:
+        self._set_forward_hook(False)
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+    def _wrap(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+        orig = owner.__dict__[name] if name in getattr(owner, "__dict__", {}) else getattr(owner, name)
+        wrapped = make(orig)
+        try:
+            wrapped.__wrapped__ = orig
+            wrapped.__name__ = getattr(orig, "__name__", name)
+            wrapped.__qualname__ = getattr(orig, "__qualname__", name)
+            wrapped.__doc__ = getattr(orig, "__doc__", None)
+        except (AttributeError, TypeError):
+            pass
+        setattr(owner, name, wrapped)
+        self._undo.append(lambda: setattr(owner, name, orig))
+
+    def _live(self) -> bool:
+        return (not self.done and not self.busy and self.rec.active and not _compiling()
+                and threading.get_ident() == self.main_thread)
+
+    # -- activities ----------------------------------------------------------------------------
+
+    def _fetch_probe(self, orig: Callable) -> Callable:
+        finder = self
+
+        def __next__(it):
+            if not finder._live() or finder.rec.in_data:
+                return orig(it)
+            if not finder.before_fetch(getattr(it, "_audit_loader_id", id(it))):
+                return orig(it)
+            t0, c0 = time.perf_counter(), time.process_time()
+            batch = orig(it)  # (a StopIteration begins no step: the epoch is over)
+            if not finder.done:
+                finder._begin(t0, c0)
+            return batch
+        return __next__
+
+    def _backward_probe(self, orig: Callable) -> Callable:
+        finder = self
+
+        def backward(*args, **kwargs):
+            if finder._live() and not finder.rec.in_data:
+                finder.on_pass()
+                finder.backward_in_step = True
+            return orig(*args, **kwargs)
+        return backward
+
+    def _scaler_probe(self, orig: Callable) -> Callable:
+        finder = self
+
+        def step(scaler, optimizer, *args, **kwargs):
+            try:
+                return orig(scaler, optimizer, *args, **kwargs)
+            finally:  # (a step skipped on inf gradients still ends the iteration)
+                finder.on_optimizer_step(optimizer)
+        return step
+
+    def before_fetch(self, loader: int) -> bool:
+        """A DataLoader fetch is about to run: cross a boundary if it is one. True when a step
+        begins if the fetch returns a batch."""
+        if self.first_loader is None:
+            self.first_loader = loader
+        self.last_loader = loader
+        if self.mode == "marker":
+            return False
+        if self.iteration is None:
+            if self.train_loader is not None:
+                starts = loader == self.train_loader
+            elif self.mode == "dataloader":
+                starts = loader == self.first_loader
+            else:
+                starts = True
+            if starts:
+                self._flush_outside()
+            return starts
+        if self.pending:
+            starts = self.train_loader is None or loader == self.train_loader
+            self._end()
+            if starts:
+                self._flush_outside()
+            return starts
+        if (self.mode in (None, "dataloader") and not self.known_opts and loader == self.first_loader
+                and not self.backward_in_step):
+            self.mode = "dataloader"
+            self._end()
+            self._flush_outside()
+            return True
+        return False
+
+    def on_forward(self, module: Any, args: Any) -> None:
+        if self._live() and not self.rec.in_data:
+            self.on_pass()
+
+    def on_pass(self) -> None:
+        """An outermost forward or a backward pass, where no training DataLoader marks steps."""
+        if self.mode == "marker" or self.train_loader is not None:
+            return
+        if self.iteration is None:
+            self._flush_outside()
+            self._begin()
+        elif self.pending:
+            self._end()
+            self._flush_outside()
+            self._begin()
+
+    def on_optimizer_step(self, opt: Any) -> None:
+        if not self._live():
+            return
+        if self.iteration is None:  # (an optimizer step with no step open: it is one)
+            self._flush_outside()
+            self._begin()
+        if self.mode is None or self.mode == "dataloader":
+            self.mode = "optimizer"
+        if id(opt) not in self.opts_in_step and self.iteration is not None and self.iteration >= self.skip:
+            self.opt_calls += 1  # (optimizers stepped per iteration: GradScaler's skipped steps count)
+            name = type(opt).__name__
+            self.opt_names[name] = self.opt_names.get(name, 0) + 1
+        self.opts_in_step.add(id(opt))
+        self.known_opts.add(id(opt))
+        if self.train_loader is None and self.last_loader is not None:
+            self.train_loader = self.last_loader
+        if self.mode == "optimizer" and self.opts_in_step >= self.known_opts:
+            self.pending = True
+        self._update_forward_hook()
+
+    def on_marker(self) -> None:
+        """auditor.step(): the end of one iteration."""
+        if not self._live():
+            return
+        self.mode = "marker"
+        if self.iteration is not None:
+            self._end()
+        self._flush_outside()
+        self._begin()
+
+    # -- boundaries ----------------------------------------------------------------------------
+
+    def _begin(self, t0: float | None = None, c0: float | None = None) -> None:
+        self.busy = True
+        try:
+            it = self.iteration = self.begun
+            self.begun += 1
+            self.pending = False
+            self.opts_in_step = set()
+            self.backward_in_step = False
+            if it >= self.skip:
+                self.session.begin(it - self.skip, t0, c0)
+            self._update_forward_hook()
+        finally:
+            self.busy = False
+
+    def _end(self) -> None:
+        """The open step ends; after the audit's last step, the program is ended (StepsDone)."""
+        self.busy = True
+        try:
+            it, self.iteration = self.iteration, None
+            self.pending = False
+            if it is not None and it >= self.skip:
+                self.session.end(it - self.skip)
+                self.recorded += 1
+                self.last_audited = it - self.skip
+            else:
+                self.rec.drain()  # a skipped step: not recorded
+            self.outside_t0 = time.perf_counter()
+            self._update_forward_hook()
+        finally:
+            self.busy = False
+        if not self.to_end and self.recorded >= self.steps:
+            self.done = self.stopped = True
+            self._set_forward_hook(False)
+            raise StepsDone(f"the audit's {self.steps} step(s) are done")
+
+    def _flush_outside(self) -> None:
+        """What ran since the last step (or, before the first, the setup) is sent, before a step begins."""
+        if not self.setup_sent:
+            self.setup_sent = True
+            self.send_setup()
+        elif self.last_audited is None:
+            self.rec.drain()  # between skipped steps: not recorded
+        else:
+            self._send_outside("between")
+        self.outside_t0 = time.perf_counter()
+
+    def _send_outside(self, phase: str) -> None:
+        tallies = self.rec.drain()
+        ms = (time.perf_counter() - self.outside_t0) * 1e3
+        if tallies or phase == "after":
+            self.send(wire.Outside(phase=phase, after_step=self.last_audited, ms=ms, tallies=tallies))
+
+    def finish(self, failed: bool = False) -> None:
+        """The program has ended (returned, exited or raised, `failed`: in the open step)."""
+        was_done = self.done
+        self.done = True
+        self.uninstall()
+        if self.iteration is not None and not was_done:
+            it, self.iteration = self.iteration, None
+            audited = it >= self.skip
+            ended = failed or self.pending or self.mode in (None, "dataloader") or bool(self.opts_in_step)
+            if self.mode == "marker" and not failed:
+                ended = False
+            if audited and ended:
+                self.session.end(it - self.skip, failed=failed)
+                self.recorded += 1
+                self.last_audited = it - self.skip
+                self.outside_t0 = time.perf_counter()
+            elif audited:
+                self.session.drop(it - self.skip)
+        if not self.setup_sent:
+            self.setup_sent = True
+            self.send_setup()
+        elif self.last_audited is not None:
+            self._send_outside("after")
+
+    def found(self) -> tuple[str, str]:
+        """(steps_by, the report's phrase) for how the steps were found."""
+        if self.mode == "optimizer" or (self.mode is None and self.known_opts):
+            names = ", ".join(sorted(self.opt_names, key=lambda n: -self.opt_names[n])) or "torch.optim"
+            per = self.opt_calls / self.recorded if self.recorded else 0
+            per_text = f"{per:.0f}" if abs(per - round(per)) < 0.05 else f"{per:.1f}"
+            loader = "; each begins at a fetch of the training DataLoader" if self.train_loader is not None else ""
+            return "optimizer", f"optimizer steps ({names}), {per_text} per iteration{loader}"
+        if self.mode == "dataloader":
+            return "dataloader", "DataLoader iterations (no optimizer stepped)"
+        if self.mode == "marker":
+            return "marker", "auditor.step() markers"
+        if self.begun:
+            return "none", ("no optimizer step, repeated DataLoader iteration or auditor.step() marker: "
+                            "the program's work from its first forward pass or fetch is one step")
+        return "none", "no step found (no optimizer step, DataLoader iteration or auditor.step() marker ran)"
+
+    # -- the forward hook, installed only while a forward would cross a boundary ----------------
+
+    def _update_forward_hook(self) -> None:
+        want = (not self.done and self.mode != "marker" and self.train_loader is None
+                and (self.iteration is None or self.pending))
+        self._set_forward_hook(want)
+
+    def _set_forward_hook(self, want: bool) -> None:
+        if want and self._fwd_hook is None:
+            from torch.nn.modules import module as nn_module
+
+            self._fwd_hook = nn_module.register_module_forward_pre_hook(self.on_forward)
+            # first of the global pre-hooks: the boundary is crossed before the probes time the forward
+            nn_module._global_forward_pre_hooks.move_to_end(self._fwd_hook.id, last=False)
+        elif not want and self._fwd_hook is not None:
+            self._fwd_hook.remove()
+            self._fwd_hook = None

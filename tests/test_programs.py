@@ -1,0 +1,316 @@
+"""`audit run file.py` and `audit run -m pkg.mod`: whole programs, run as Python runs them.
+
+A table of programs shaped like public training scripts; each row asserts the steps found, the
+findings at their lines, and the files the program writes at its end."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+
+import pytest
+
+from conftest import EXAMPLES, audit, expected_lines
+
+# (each program writes "finally.txt" in a finally block and "atexit.txt" from an atexit handler,
+# both in the current directory, when its END is reached)
+END = """
+import atexit as _atexit
+_atexit.register(lambda: open("atexit.txt", "w").write("atexit"))
+"""
+
+EPOCHS_EVAL = END + '''
+import argparse, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.001)
+        return torch.randn(8), torch.randn(1)
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--epochs", type=int, default=1)
+    args = ap.parse_args()
+    train = DataLoader(Slow(), batch_size=4)  # LINE:loader
+    val = DataLoader(Slow(), batch_size=16)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.Adam(model.parameters())
+    log = []
+    try:
+        for epoch in range(args.epochs):
+            for x, y in train:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                log.append(loss.item())  # LINE:item
+            with torch.no_grad():
+                for x, y in val:
+                    model(x).sum().item()  # LINE:eval-item
+    finally:
+        open("finally.txt", "w").write(str(len(log)))
+
+if __name__ == "__main__":
+    main()
+'''
+
+WHILE_ACCUMULATE = END + '''
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+it = 0
+try:
+    while True:
+        loss = model(torch.randn(4, 8)).pow(2).mean() / 4
+        loss.backward()
+        it += 1
+        if it % 4 == 0:
+            opt.step()
+            opt.zero_grad()
+        if it >= 200:
+            break
+finally:
+    open("finally.txt", "w").write(str(it))
+'''
+
+GAN = END + '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+G, D = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.SGD(D.parameters(), lr=0.01)
+loader = DataLoader(TensorDataset(torch.randn(128, 8)), batch_size=8)
+try:
+    for epoch in range(2):
+        for (real,) in loader:
+            fake = G(torch.randn(8, 4))
+            loss_d = D(real).mean() - D(fake.detach()).mean()
+            opt_d.zero_grad()
+            loss_d.backward()
+            opt_d.step()
+            loss_g = -D(fake).mean()
+            opt_g.zero_grad()
+            loss_g.backward()
+            opt_g.step()
+finally:
+    open("finally.txt", "w").write("gan")
+'''
+
+EXITS_3 = END + '''
+import sys
+import torch
+m = torch.nn.Linear(2, 2)
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+try:
+    for i in range(4):
+        m(torch.randn(1, 2)).sum().backward()
+        o.step()
+finally:
+    open("finally.txt", "w").write("3")
+sys.exit(3)
+'''
+
+MARKER = END + '''
+import torch
+import auditor
+w = torch.randn(32, 32)
+try:
+    for i in range(40):
+        y = (w @ w).sum()
+        y.item()  # LINE:float
+        auditor.step()
+finally:
+    open("finally.txt", "w").write("marker")
+'''
+
+GRAD_SCALER = END + '''
+import torch
+m = torch.nn.Linear(4, 1)
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu", init_scale=3e38)  # inf gradients at first: their steps are skipped
+try:
+    for i in range(20):
+        scaler.scale(m(torch.randn(2, 4)).sum()).backward()
+        scaler.step(o)
+        scaler.update()
+        o.zero_grad()
+finally:
+    open("finally.txt", "w").write("scaler")
+'''
+
+
+@dataclass
+class Program:
+    source: str
+    args: tuple[str, ...]  # audit's options, then `--` and the program's own
+    steps: int  # steps recorded
+    steps_by: str
+    findings: dict[str, str] = field(default_factory=dict)  # rule -> LINE tag of the line it names
+    files: tuple[str, ...] = ("finally.txt", "atexit.txt")
+    exit_code: int = 0
+    ended_by_audit: bool = True
+
+
+PROGRAMS = {
+    "epochs-eval": Program(EPOCHS_EVAL, ("--steps", "6", "--", "--epochs", "3"), 6, "optimizer",
+                           {"host-sync": "item", "dataloader-bound": "loader"}),
+    "epochs-eval-to-end": Program(EPOCHS_EVAL, ("--steps", "6", "--to-end", "--", "--epochs", "2"), 32,
+                                  "optimizer", ended_by_audit=False),
+    "while-accumulate": Program(WHILE_ACCUMULATE, ("--steps", "5"), 5, "optimizer"),
+    "gan": Program(GAN, ("--steps", "5"), 5, "optimizer"),
+    "gan-skip-to-end": Program(GAN, ("--steps", "5", "--skip", "3", "--to-end"), 29, "optimizer",
+                               ended_by_audit=False),
+    "exits-3": Program(EXITS_3, ("--steps", "10"), 4, "optimizer", files=("finally.txt", "atexit.txt"),
+                       exit_code=3, ended_by_audit=False),
+    "grad-scaler": Program(GRAD_SCALER, ("--steps", "8"), 8, "optimizer"),
+    "marker": Program(MARKER, ("--steps", "6"), 6, "marker", {"host-sync": "float"}),
+}
+
+
+def _line(source: str, tag: str) -> int:
+    # (the file is written with END first: its lines count)
+    return next(i for i, line in enumerate(source.splitlines(), 1) if f"# LINE:{tag}" in line)
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_a_program_runs_as_python_runs_it(tmp_path, name):
+    p = PROGRAMS[name]
+    script = tmp_path / "train.py"
+    script.write_text(p.source)
+    args = list(p.args)
+    at = args.index("--") if "--" in args else len(args)
+    args[at:at] = ["--no-profile", "--no-numerics", "--quiet"]
+    a = audit("run", str(script), *args, out=tmp_path / "out", cwd=tmp_path)
+    assert a.returncode == p.exit_code, a.stderr[-3000:]
+    ev = a.evidence
+    assert len(ev["steps"]) == p.steps, [s["index"] for s in ev["steps"]]
+    assert ev["program"]["steps_by"] == p.steps_by
+    assert ev["program"]["ended_by_audit"] is p.ended_by_audit
+    for rule, tag in p.findings.items():
+        lines = [loc["line"] for f in a.rule(rule) for loc in f["locations"][:1]]
+        assert _line(p.source, tag) in lines, (rule, lines, [f["rule"] for f in a.findings])
+    for f in p.files:
+        assert (tmp_path / f).is_file(), f"{f} not written"
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert f"steps: {ev['program']['steps_found']}" in summary
+    if p.ended_by_audit:
+        assert f"the audit ended the program after {p.steps} step(s)" in summary
+    if p.exit_code:
+        assert f"exited with code {p.exit_code}" in summary
+
+
+def test_the_readme_first_command(tmp_path):
+    """examples/train_script.py, a plain script, audited as the README's first command does, its
+    findings at the lines it marks; the log its finally block writes holds the audited steps."""
+    log = tmp_path / "log.json"
+    a = audit("run", "examples/train_script.py", "--steps", "12", "--no-profile", "-q", "--", "--epochs", "1",
+              "--log", str(log), out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert len(a.evidence["steps"]) == 12 and a.evidence["program"]["ended_by_audit"]
+    for rule in ("dataloader-bound", "host-sync"):
+        lines = {loc["line"] for f in a.rule(rule) for loc in f["locations"][:1]}
+        assert set(expected_lines(EXAMPLES / "train_script.py", rule)) <= lines, (rule, lines)
+    assert len(json.loads(log.read_text())) == 12
+
+
+def test_gan_and_accumulation_steps_hold_whole_iterations(tmp_path):
+    """A GAN's D and G steps are one step; 4 accumulated micro-batches are one step."""
+    (tmp_path / "gan.py").write_text(GAN)
+    a = audit("run", "gan.py", "--steps", "3", "--no-profile", "--no-numerics", "-q", out=tmp_path / "g", cwd=tmp_path)
+    for s in a.evidence["steps"]:
+        opts = sorted(t["what"] for t in s["tallies"] if t["kind"] == "optimizer")
+        assert opts == ["Adam", "SGD"], opts
+    assert "2 per iteration" in a.evidence["program"]["steps_found"]
+    (tmp_path / "acc.py").write_text(WHILE_ACCUMULATE)
+    a = audit("run", "acc.py", "--steps", "3", "--no-profile", "--no-numerics", "-q", out=tmp_path / "a", cwd=tmp_path)
+    for s in a.evidence["steps"]:
+        assert sum(t["count"] for t in s["tallies"] if t["kind"] == "forward") == 4
+    assert (tmp_path / "finally.txt").read_text() == "12"  # (ended at the first forward after the 3rd step)
+
+
+def test_the_eval_loop_is_outside_the_steps(tmp_path):
+    (tmp_path / "train.py").write_text(EPOCHS_EVAL)
+    a = audit("run", "train.py", "--steps", "20", "--no-profile", "--no-numerics", "-q", "--", "--epochs", "2",
+              out=tmp_path / "o", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr[-3000:]
+    ev = a.evidence
+    between = [o for o in ev["outside"] if o["phase"] == "between"]
+    assert between and between[0]["after_step"] == 15  # (16 batches an epoch)
+    eval_line = _line(EPOCHS_EVAL, "eval-item")
+    assert any(t["where"] and t["where"]["line"] == eval_line for t in between[0]["tallies"])
+    assert not any(t["where"] and t["where"]["line"] == eval_line for s in ev["steps"] for t in s["tallies"])
+    # the eval loop's sync is reported with its phase, apart from the step's
+    outside = [f for f in a.rule("host-sync") if f["evidence"].get("phase") == "between"]
+    assert [loc["line"] for f in outside for loc in f["locations"]] == [eval_line]
+    assert (tmp_path / "finally.txt").read_text() == "20"
+
+
+def test_a_package_module_with_relative_imports_and_stdin(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model.py").write_text("import torch\ndef make():\n    return torch.nn.Linear(4, 1)\n")
+    (pkg / "train.py").write_text(END + textwrap.dedent('''
+        import os, sys
+        import torch
+        from .model import make
+        name = sys.stdin.readline().strip()
+        open("seen.txt", "w").write(repr([name, sys.argv[1:], sys.path[0] == os.getcwd(), __name__,
+                                          __package__, os.path.basename(sys.argv[0])]))
+        m = make()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for i in range(int(sys.argv[1])):
+            m(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    '''))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-m", "auditor", "run", "-m", "pkg.train", "--steps", "3", "--no-profile",
+                        "--no-numerics", "-q", "--out", str(tmp_path / "o"), "--", "10"],
+                       input="from-stdin\n", capture_output=True, text=True, cwd=tmp_path, env=env, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert eval((tmp_path / "seen.txt").read_text()) == ["from-stdin", ["10"], True, "__main__", "pkg", "train.py"]
+    assert (tmp_path / "atexit.txt").is_file()
+    a = audit("run", "-m", "pkg.nothing", out=tmp_path / "n", cwd=tmp_path)
+    assert a.returncode == 2 and "no such module: pkg.nothing" in a.stderr
+
+
+def test_a_script_sees_its_own_name_and_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "helper.py").write_text("X = 1\n")
+    (tmp_path / "sub" / "prog.py").write_text(textwrap.dedent('''
+        import os, sys
+        import helper
+        open("seen.txt", "w").write(repr([__name__, sys.argv, os.path.isabs(__file__),
+                                          sys.path[0] == os.path.dirname(__file__)]))
+    '''))
+    a = audit("run", "sub/prog.py", "-q", "--", "a", "--b", out=tmp_path / "o", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert eval((tmp_path / "seen.txt").read_text()) == ["__main__", ["sub/prog.py", "a", "--b"], True, True]
+    assert a.evidence["program"]["steps_by"] == "none"
+
+
+def test_a_step_callable_runs_atexit_handlers(tmp_path):
+    """`file.py:callable` ends as Python ends a program too: its atexit handlers run."""
+    (tmp_path / "t.py").write_text(END + "def step():\n    pass\n")
+    a = audit("run", "t.py:step", "--steps", "2", "--no-profile", "-q", out=tmp_path / "o", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert (tmp_path / "atexit.txt").is_file()
+
+
+@pytest.mark.slow
+def test_a_thread_that_never_ends_does_not_hang_the_audit(tmp_path):
+    """The program's end is bounded: a non-daemon thread left running ends the process 60 s later."""
+    (tmp_path / "t.py").write_text(textwrap.dedent('''
+        import threading, time
+        threading.Thread(target=lambda: time.sleep(3600)).start()
+    '''))
+    a = audit("run", "t.py", "-q", out=tmp_path / "o", cwd=tmp_path, timeout=180)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert "had not ended 60 s after its run" in a.stderr
