@@ -10,7 +10,8 @@ from typing import Any
 
 import msgspec
 
-from auditor.evidence.model import Evidence, Frame
+from auditor.evidence.model import Evidence
+from auditor.evidence.frame import Frame
 
 SEVERITIES = ("info", "warning", "error")
 

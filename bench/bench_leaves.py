@@ -26,7 +26,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=50)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from auditor.capture import numerics, probes
+    from auditor.capture import probes
+    from auditor.capture.numerics import collector as numerics
 
     probes.install()
     col = numerics.Numerics()

@@ -39,7 +39,7 @@ def worker(config: str, steps: int, threads: int, width: int, batch: int) -> dic
 
         probes.install()
     if config in ("numerics", "paired"):
-        from auditor.capture.numerics import Numerics
+        from auditor.capture.numerics.collector import Numerics
 
         col = Numerics()
         col.install()

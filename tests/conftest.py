@@ -21,6 +21,11 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
+# The test folders mirror the package (capture/, evidence/, rules/, reports/; the commands here).
+# Test modules share helpers by module name (make_case, the session's rehearsed GPU audits), so
+# every folder is importable from every other; module names are unique across them.
+for _folder in ("capture", "evidence", "rules", "reports"):
+    sys.path.insert(0, str(ROOT / "tests" / _folder))
 EXAMPLES = ROOT / "examples"
 FIXTURES = ROOT.parent / "shared" / "fixtures"
 MARKER = re.compile(r"#\s*expect:\s*([a-z0-9-]+)")

@@ -3,7 +3,8 @@
 A collector is installed before the target is imported, is told when each step begins and ends,
 and returns plain data that the parent stores in the field named after the collector:
 `StepRecord.<name>` (per step) and `Evidence.<name>` (at the end), converted to the field's type.
-Add one by listing it in COLLECTORS and giving StepRecord/Evidence (auditor.evidence.model) its fields.
+Add one by listing it in COLLECTORS under its name and giving StepRecord/Evidence
+(auditor.evidence.model) the fields of that name.
 """
 from __future__ import annotations
 
@@ -23,15 +24,17 @@ class Collector(Protocol):
     def finish(self) -> dict[str, Any] | None: ...
 
 
-COLLECTORS: tuple[str, ...] = ("auditor.capture.numerics:Numerics", "auditor.capture.probes.dist:DistProbes")
+# name (the evidence fields it fills) -> "module:class"
+COLLECTORS: dict[str, str] = {"numerics": "auditor.capture.numerics.collector:Numerics",
+                              "distributed": "auditor.capture.probes.dist:DistProbes"}
 
 
 def load_collectors(skip: tuple[str, ...] = ()) -> list[Collector]:
     """The collectors, but those named in `skip` (not even imported: they cost nothing)."""
     out = []
-    for spec in COLLECTORS:
-        module, _, attr = spec.partition(":")
-        if module.rpartition(".")[2] in skip:
+    for name, spec in COLLECTORS.items():
+        if name in skip:
             continue
+        module, _, attr = spec.partition(":")
         out.append(getattr(importlib.import_module(module), attr)())
     return out

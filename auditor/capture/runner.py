@@ -23,7 +23,7 @@ from auditor.capture import wire
 from auditor.capture.stream import read_chunks, read_records, split_lines, widen_pipe
 from auditor.capture.target import Target, TargetError
 from auditor.evidence import model as m
-from auditor.evidence.frame import recorded_frame
+from auditor.evidence.frame import Frame, recorded_frame
 
 STDERR_TAIL_LINES = 40
 STDERR_TAIL_LINE_BYTES = 4000  # the end of each (see pump_stderr)
@@ -165,7 +165,7 @@ class EvidenceBuilder:
 _FAULT_FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)', re.M)
 
 
-def crash_frame(stderr_tail: str) -> m.Frame | None:
+def crash_frame(stderr_tail: str) -> Frame | None:
     """The user's line in faulthandler's dump of a crash (a segfault in an extension called from
     the step): its most recent frame outside torch, the auditor and installed packages."""
     from auditor.capture.frames import is_library

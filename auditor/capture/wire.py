@@ -18,7 +18,8 @@ from typing import Any, Union
 
 import msgspec
 
-from auditor.evidence.model import DataLoaderInfo, Environment, Frame, Tally
+from auditor.evidence.model import DataLoaderInfo, Environment, Tally
+from auditor.evidence.frame import Frame
 
 
 class Record(msgspec.Struct, tag_field="kind", omit_defaults=True):

@@ -19,7 +19,6 @@ import msgspec
 from auditor import __version__
 from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
-from auditor.rules.base import Rule
 from auditor.findings import Edit, Finding
 from auditor.findings import RuleResults
 from auditor.fixes import repo_root
@@ -34,7 +33,7 @@ def _first_paragraph(text: str) -> str:
     return text.strip().split("\n\n", 1)[0].replace("\n", " ").strip()
 
 
-def rule_descriptor(cls: type[Rule]) -> dict[str, Any]:
+def rule_descriptor(cls: type) -> dict[str, Any]:
     """A SARIF reportingDescriptor from a rule class's own attributes and docstring."""
     docs = cls.docs()
     out: dict[str, Any] = {
@@ -171,7 +170,7 @@ def _default_base(results: RuleResults) -> Path:
 
 
 def sarif_log(evidence: Evidence, results: RuleResults, base: Path | None = None,
-              rules: Mapping[str, type[Rule]] | None = None) -> dict[str, Any]:
+              rules: Mapping[str, type] | None = None) -> dict[str, Any]:
     """The SARIF document as plain data. `rules` defaults to the registry."""
     registry = dict(all_rules() if rules is None else rules)
     descriptors = [rule_descriptor(cls) for cls in registry.values()]

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from auditor.evidence import model as m
+from auditor.evidence.frame import Frame
 from auditor.evidence.trace.decode import CAT, GPU_WORK, LAUNCH_SIDE
 from auditor.evidence.trace.intervals import merge_intervals
 from auditor.evidence.trace.model import Trace
@@ -38,7 +39,7 @@ COUNTED = "counted, not timed: rehearsed on the CPU, where the loader's device w
 DEFAULT_DEVICE = "torch.set_default_device"
 
 
-def _default_device_calls(ev: m.Evidence) -> list[m.Frame]:
+def _default_device_calls(ev: m.Evidence) -> list[Frame]:
     """Where the program made CUDA its default device (the usual reason batches are born there)."""
     return [t.where for _, t in ev.tallies(m.CUDA_STANDIN, include_setup=True)
             if t.what == DEFAULT_DEVICE and t.data.get("device") == "cuda" and t.where]

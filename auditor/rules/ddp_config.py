@@ -6,6 +6,7 @@ from statistics import median
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
+from auditor.evidence.frame import Frame
 from auditor.evidence.distributed import DdpConfig as DdpSeen, DistStep, frame_of
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
@@ -77,7 +78,7 @@ class DdpConfig(Rule):
                     yield f
 
     # -- individual checks ----------------------------------------------------------------------
-    def _find_unused(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
+    def _find_unused(self, ev: m.Evidence, ddp: DdpSeen, where: Frame | None, rows: Rows,
                  options: Options) -> Finding | None:
         if not ddp.find_unused_parameters:
             return None
@@ -98,7 +99,7 @@ class DdpConfig(Rule):
             search, "Drop find_unused_parameters=True: every parameter is used.",
             {"DistributedDataParallel.find_unused_parameters": False}, drop=("find_unused_parameters",))
 
-    def _buckets(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
+    def _buckets(self, ev: m.Evidence, ddp: DdpSeen, where: Frame | None, rows: Rows,
                  options: Options) -> Finding | None:
         sizes = ddp.bucket_sizes or []
         grad, cap = ddp.grad_bytes, ddp.bucket_cap_bytes
@@ -129,7 +130,7 @@ class DdpConfig(Rule):
                 {"DistributedDataParallel.bucket_cap_mb": 25}, set_kwargs={"bucket_cap_mb": "25"})
         return None
 
-    def _buffers(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
+    def _buffers(self, ev: m.Evidence, ddp: DdpSeen, where: Frame | None, rows: Rows,
                  options: Options) -> Finding | None:
         if not ddp.broadcast_buffers or not ddp.buffers:
             return None
@@ -151,7 +152,7 @@ class DdpConfig(Rule):
             cost, f"Set {kw}=False: the buffers never change, so the copies made at construction stay equal.",
             {f"DistributedDataParallel.{kw}": False}, set_kwargs={kw: "False"}, drop=drop)
 
-    def _bucket_view(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
+    def _bucket_view(self, ev: m.Evidence, ddp: DdpSeen, where: Frame | None, rows: Rows,
                  options: Options) -> Finding | None:
         grad = ddp.grad_bytes
         if ddp.gradient_as_bucket_view or grad < options["bucket-view-min-mb"] * MB:
@@ -167,7 +168,7 @@ class DdpConfig(Rule):
             set_kwargs={"gradient_as_bucket_view": "True"}, severity="info",
             note=f"memory: {grad / MB:.0f} MiB saved")
 
-    def _no_sync(self, ev: m.Evidence, ddp: DdpSeen, where: m.Frame | None, rows: Rows,
+    def _no_sync(self, ev: m.Evidence, ddp: DdpSeen, where: Frame | None, rows: Rows,
                  options: Options) -> Finding | None:
         opt_steps = {s.index: sum(t.count for t in s.tallies if t.kind == m.OPTIMIZER) for s, _ in rows}
         extra_ms, hits, judged = [], 0, 0
@@ -200,7 +201,7 @@ class DdpConfig(Rule):
         return f
 
     # -- shared ---------------------------------------------------------------------------------
-    def _finding(self, ev: m.Evidence, where: m.Frame | None, message: str, evidence: dict[str, Any],
+    def _finding(self, ev: m.Evidence, where: Frame | None, message: str, evidence: dict[str, Any],
                  ms: float | None, summary: str, config: dict[str, Any], set_kwargs: dict[str, str] | None = None,
                  drop: tuple[str, ...] = (), severity: str | None = None, note: str | None = None,
                  no_edit: bool = False) -> Finding:
@@ -213,7 +214,7 @@ class DdpConfig(Rule):
             fix=Fix(summary=summary, config=config, edits=[edit] if edit else []))
 
 
-def _edit(where: m.Frame, set_kwargs: dict[str, str] | None, drop: tuple[str, ...]) -> Edit | None:
+def _edit(where: Frame, set_kwargs: dict[str, str] | None, drop: tuple[str, ...]) -> Edit | None:
     """The DDP(...) call on the user's line, under whatever name it was imported as."""
     names = {"DistributedDataParallel", "DDP", *(n.rsplit(".", 1)[-1] for n in _CALLEE.findall(where.code))}
     return edit_call_kwargs(where.file, where.line, names, set_kwargs=set_kwargs, drop=drop)

@@ -21,6 +21,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from auditor.evidence import model as m
+from auditor.evidence.frame import Frame
 from auditor.evidence.trace.intervals import merge_intervals, total_length
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import (ASYNC_COPY_CALLS, blocking_calls, blocking_op_calls, frame_location_parts,
@@ -308,7 +309,7 @@ def _timed_by_events(ev: m.Evidence, places: list) -> dict[int, int]:
     `Event.elapsed_time` after them, in the same file and step, can read the events (seen in CUDA
     rehearsal, where the events are stand-ins). Dropping that sync would make elapsed_time fail on a
     GPU (the end event not reached yet), so the advice is to time every N steps, not to remove it."""
-    reads: dict[int, list[m.Frame]] = {}
+    reads: dict[int, list[Frame]] = {}
     for step, t in ev.tallies(m.CUDA_STANDIN):
         if t.what == ELAPSED_TIME and t.where:
             reads.setdefault(step, []).append(t.where)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from auditor.evidence import model as m
+from auditor.evidence.frame import Frame
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.rules.base import Option, Options, Rule
@@ -33,7 +34,7 @@ COUNTED = "counted, not timed: rehearsed on the CPU, where no copy crosses a bus
 
 @dataclass
 class _Site:
-    where: m.Frame | None
+    where: Frame | None
     what: str
     steps: set[int] = field(default_factory=set)
     copies: int = 0

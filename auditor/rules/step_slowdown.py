@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
+from auditor.evidence.frame import Frame
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.rules._support.hooks import hook_phase, piling_hooks
@@ -179,7 +180,7 @@ class StepSlowdown(Rule):
         whose stated rise was 8.56 ms. It may still exceed the step's rise when the rest of the
         step got faster; the message then says it grew by all of it."""
         series: dict[tuple, list[float]] = {}
-        wheres: dict[tuple, tuple[str, m.Frame | None]] = {}
+        wheres: dict[tuple, tuple[str, Frame | None]] = {}
         for i, s in enumerate(steps):
             for t in s.tallies:
                 key = (t.kind, t.what, t.where.file if t.where else None, t.where.line if t.where else None)

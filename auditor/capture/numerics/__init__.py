@@ -31,6 +31,3 @@ Sequential) take the user's line found once by the module pre-hook instead of wa
 per call. Calls inside code torch.compile compiled, batch loading, `zero_grad` and the
 optimizer's own update are not checked one by one.
 """
-from auditor.capture.numerics.collector import Numerics
-
-__all__ = ["Numerics"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from auditor.evidence.model import HOOK, Evidence, Frame, Tally
+from auditor.evidence.model import HOOK, Evidence, Tally
+from auditor.evidence.frame import Frame
 from auditor.rules._support.places import place_key
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from auditor.evidence.model import Evidence, Frame, Tally
+from auditor.evidence.model import Evidence, Tally
+from auditor.evidence.frame import Frame
 from auditor.findings import Cost, Location, share_of_step, step_basis_ms
 
 

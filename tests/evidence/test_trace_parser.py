@@ -20,7 +20,9 @@ from auditor.evidence.errors import InputError
 from auditor.evidence.trace.decode import CAT, CATEGORIES
 from auditor.evidence.trace.load import load_trace
 
-TRACES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces"
+from conftest import FIXTURES
+
+TRACES = FIXTURES / "traces"
 ALL = sorted(p.name for p in TRACES.glob("*.pt.trace.json.gz"))
 
 RAW_TO_CAT = {"cpu_op": "cpu_op", "Operator": "cpu_op", "user_annotation": "annotation",

@@ -17,7 +17,9 @@ from auditor.evidence.errors import InputError
 from auditor.evidence.snapshot import (AUTOGRAD_FILE, GiB, MiB, Snapshot, StackFrame, _SafeUnpickler, live_at,
                                        load_snapshot, owners, reserved_at, user_frame)
 
-SNAPSHOTS = Path(__file__).resolve().parent.parent / ".." / "shared" / "fixtures" / "snapshots"
+from conftest import FIXTURES
+
+SNAPSHOTS = FIXTURES / "snapshots"
 FRAGMENTED = SNAPSHOTS / "fragmented_72gb_state_only.pickle"
 TRANSFORMER = SNAPSHOTS / "transformer_fullstep_with_history.pickle"
 LLAMA = SNAPSHOTS / "llama_mostly_free_segments.pickle"

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
-from conftest import GROWING, audit
+from conftest import GROWING, ROOT, audit
 
 from auditor.rules._support.trends import quarter_floors, quarter_medians, spearman, theil_sen, trend_ratio, without_spikes
 
-DATA = Path(__file__).parent / "data"
+DATA = ROOT / "tests" / "data"
 SKIP, MIN_STEPS, MIN_RATIO, MIN_CORRELATION = 2, 12, 1.3, 0.6  # the rule's defaults
 
 

@@ -261,7 +261,7 @@ PARITY = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     import torch
     from auditor.capture import probes
-    from auditor.capture.numerics import Numerics
+    from auditor.capture.numerics.collector import Numerics
 
     def train(path, steps, col):
         spec = importlib.util.spec_from_file_location("ex", path)  # a fresh module: it seeds itself
@@ -580,7 +580,8 @@ DEFERRED_VS_EAGER = r"""
 import json, sys
 import torch
 from torch import nn
-from auditor.capture import numerics, probes
+from auditor.capture import probes
+from auditor.capture.numerics import collector as numerics
 from auditor.capture.numerics import deferral
 
 probes.install()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from auditor.evidence import model as m
+from auditor.evidence.frame import Frame
 from auditor.reports.base import Reporter
 from auditor.reports.findings_json import FindingsJson
 from auditor.reports.html import HtmlReport
@@ -72,9 +73,9 @@ def _trace(out_dir: Path, name: str) -> str:
 
 
 def _steps(n: int, train: str, hostile: str) -> list[m.StepRecord]:
-    loader_at = m.Frame(train, LOADER_LINE, "<module>", "loader = DataLoader(data, batch_size=16, num_workers=0)")
-    item_at = m.Frame(train, ITEM_LINE, "step", 'print(f"loss {loss.item():.4f}")')
-    cache_at = m.Frame(train, EMPTY_CACHE_LINE, "step", "torch.cuda.empty_cache()")
+    loader_at = Frame(train, LOADER_LINE, "<module>", "loader = DataLoader(data, batch_size=16, num_workers=0)")
+    item_at = Frame(train, ITEM_LINE, "step", 'print(f"loss {loss.item():.4f}")')
+    cache_at = Frame(train, EMPTY_CACHE_LINE, "step", "torch.cuda.empty_cache()")
     steps = []
     for i in range(n):
         profiled = i in (10, 11, 12)

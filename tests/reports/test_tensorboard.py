@@ -18,6 +18,8 @@ import pytest
 from auditor.reports.tensorboard import (TensorBoardError, plugin_url, start_tensorboard, stop_tensorboard,
                                          tensorboard_available)
 
+from conftest import ROOT
+
 torch = pytest.importorskip("torch")
 
 _missing = tensorboard_available()
@@ -102,7 +104,7 @@ def test_audit_run_tensorboard_serves_the_audited_run(tmp_path):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "auditor", "run", "examples/clean.py:step", "--steps", "8",
                              "--quiet", "--tensorboard", "--out", str(out)], cwd=root, text=True,

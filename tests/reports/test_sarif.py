@@ -15,8 +15,10 @@ from auditor.reports.sarif import SarifReport, sarif_log
 from auditor.rules.registry import all_rules
 from test_reporters import HOSTILE, make_case
 
+from conftest import ROOT
+
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (pip install jsonschema)")
-SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())
+SCHEMA = json.loads((ROOT / "tests" / "data" / "sarif-schema-2.1.0.json").read_text())
 
 
 def _validate(doc: dict) -> None:

@@ -24,6 +24,8 @@ import pytest
 from auditor.reports.html import HtmlReport
 from test_reporters import HOSTILE, make_case
 
+from conftest import ROOT
+
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 CHROMIUM = os.environ.get("AUDITOR_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():
@@ -32,7 +34,7 @@ if not Path(CHROMIUM).exists():
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-REPO = Path(__file__).resolve().parent.parent
+REPO = ROOT
 EXAMPLE = "examples/host_sync.py:step"
 
 

@@ -12,7 +12,9 @@ from auditor.evidence.errors import InputError
 from auditor.evidence.load import find_traces, load_paths
 from auditor.evidence.model import Evidence
 
-FIXTURES = Path(__file__).parents[1].parent / "shared" / "fixtures"
+from conftest import ROOT, FIXTURES
+
+FIXTURES = FIXTURES
 SMALL = FIXTURES / "traces" / "a100_item_sync_small.pt.trace.json.gz"
 BERT = FIXTURES / "traces" / "h100_bert_small_item_sync.pt.trace.json.gz"
 
@@ -135,7 +137,7 @@ def test_bad_trace_is_an_input_error(tmp_path: Path) -> None:
         load_paths([p])
 
 
-V1_RUN = Path(__file__).parent / "data" / "evidence-v1"  # numerics_log_zero's run, saved by version 1
+V1_RUN = ROOT / "tests" / "data" / "evidence-v1"  # numerics_log_zero's run, saved by version 1
 
 
 def test_version_1_evidence_reads_its_extra_into_the_fields(tmp_path: Path) -> None:

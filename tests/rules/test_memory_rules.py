@@ -26,7 +26,9 @@ from auditor.rules.engine import skip_reason
 from auditor.findings import Finding
 from auditor.rules.oom_risk import OomRisk
 
-SNAPSHOTS = Path(__file__).resolve().parent.parent / ".." / "shared" / "fixtures" / "snapshots"
+from conftest import FIXTURES
+
+SNAPSHOTS = FIXTURES / "snapshots"
 FRAGMENTED = SNAPSHOTS / "fragmented_72gb_state_only.pickle"
 TRANSFORMER = SNAPSHOTS / "transformer_fullstep_with_history.pickle"
 LLAMA = SNAPSHOTS / "llama_mostly_free_segments.pickle"

@@ -26,7 +26,9 @@ from auditor.rules.pageable_copy import PageableCopy
 from auditor.rules.dataloader_bound import DataloaderBound
 from auditor.rules.host_sync import HostSync
 
-TRACES = Path(__file__).parents[1].parent / "shared" / "fixtures" / "traces"
+from conftest import FIXTURES
+
+TRACES = FIXTURES / "traces"
 OWL = "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
 BERT = "h100_bert_small_item_sync.pt.trace.json.gz"
 W0 = "v100_resnet50_dataloader_workers0.pt.trace.json.gz"

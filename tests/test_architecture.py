@@ -1,0 +1,127 @@
+"""The package's shape is a contract with its readers: the layers import downward only, no module
+imports itself back through others, and no module grows past what a reader can hold at once.
+
+Imports are read from the source (module level and inside functions alike); imports under
+`if TYPE_CHECKING:` are names for type checkers only, never run, and are left out."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "auditor"
+MAX_LINES = 900
+
+# What each part may import besides itself and the package's own `auditor/__init__.py` (its version
+# and the `auditor.step()` marker). The layers are capture -> evidence -> rules -> reports;
+# `findings` (what rules return), `fixes` (code edits) and `config` are shared below the rules and
+# reports; the application (`app`, `cli`, `launch`, `__main__`) may import anything.
+ALLOWED = {
+    "evidence": set(),
+    "findings": {"evidence"},
+    "fixes": {"findings", "evidence"},
+    "config": {"findings", "evidence", "rules.registry"},
+    "capture": {"evidence", "findings", "config", "fixes"},
+    "rules": {"evidence", "findings", "config", "fixes"},
+    "reports": {"evidence", "findings", "fixes", "config", "rules.registry"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in MODULES else base)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _part(module: str) -> str:
+    """The part of the architecture a module belongs to: its top folder or top-level module, with
+    the rule registry apart from the rules (reports read rule docs through it)."""
+    parts = module.split(".")[1:]
+    if parts[:2] == ["rules", "registry"]:
+        return "rules.registry"
+    return parts[0] if parts else ""
+
+
+def test_layers_import_downward_only():
+    wrong = sorted(f"{module} imports {dep}" for module, deps in GRAPH.items() for dep in deps
+                   if (part := _part(module)) in ALLOWED and _part(dep) not in ALLOWED[part] | {part, ""}
+                   and not (part == "rules" and _part(dep) == "rules.registry"))
+    assert wrong == []
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components of the import graph: each must be one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_checks_see_the_package():
+    """The graph above is the package's: a check that read no module would pass on anything."""
+    assert {"auditor.evidence.model", "auditor.rules.engine", "auditor.capture.child", "auditor.cli"} <= set(GRAPH)
+    assert "auditor.evidence.model" in GRAPH["auditor.rules.engine"]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_size(module):
+    assert len(MODULES[module].read_text().splitlines()) <= MAX_LINES
