@@ -182,6 +182,91 @@ def replace_in_line(file: str, line: int, old: str, new: str) -> Edit | None:
     return Edit(file=file, start=line, end=line, lines=[lines[line - 1].replace(old, new, 1)])
 
 
+# --- which edits the user's project takes ----------------------------------------------------
+
+_LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/")
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
+
+
+def project_roots(target: str = "") -> list[Path]:
+    """Where the user's own files are: the git toplevel of the current directory (else the
+    directory itself), and that of the audited file's directory when the target names a file."""
+    roots = [repo_root(Path.cwd())]
+    file = target.split(":", 1)[0] if target and not target.startswith("-") else ""
+    if file.endswith(".py"):
+        p = Path(file).resolve()
+        roots.append(repo_root(p) if _git_toplevel(str(p.parent)) else p.parent)
+    return roots
+
+
+def in_project(file: str, roots: Sequence[Path]) -> bool:
+    """Whether `file` is the user's to edit: under one of `roots` and not installed library code
+    (site-packages, dist-packages, the interpreter's standard library or environment)."""
+    path = os.path.realpath(file)
+    if any(m in path.replace(os.sep, "/") for m in _LIBRARY_MARKERS):
+        return False
+    if path.startswith(_library_dirs()):
+        return False
+    return any(path.startswith(str(r.resolve()) + os.sep) for r in roots)
+
+
+def _imported_names(tree: ast.Module) -> set[str]:
+    """The names the file binds by import (`import torch` -> torch, `from gc import collect` -> collect)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                names.add((a.asname or a.name).split(".")[0])
+    return names
+
+
+def _dotted_root(node: ast.AST) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def removes_library_caller(edit: Edit) -> bool:
+    """Whether `edit` removes (replaces with `pass`) a statement that calls into a library rather
+    than being the call a rule found: `trainer.fit(model)` or `run()`, whose callee did the work
+    inside, as opposed to `torch.cuda.empty_cache()` or `gc.collect()`, a function named through
+    the file's imports. Removing the former would drop the user's whole call for what the
+    library did inside it."""
+    if not edit.lines or any(ln.strip().split("#", 1)[0].strip() != "pass" for ln in edit.lines):
+        return False
+    parsed = parse_file(edit.file)
+    if parsed is None:
+        return True
+    tree, _ = parsed
+    stmt = next((n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == edit.start
+                 and not hasattr(n, "body")), None)
+    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+        return False  # (not a call statement: nothing is called into)
+    func = stmt.value.func
+    if not isinstance(func, (ast.Name, ast.Attribute)):
+        return True  # `make()()`, `obj[k](...)`: called on something made at run time
+    return _dotted_root(func) not in _imported_names(tree)
+
+
+def refused_edit(edit: Edit, roots: Sequence[Path]) -> str | None:
+    """Why no patch may carry `edit` (None: it may): its file is outside the user's project
+    (installed libraries, the standard library, any file not under `roots`), or it removes a
+    statement that calls into a library (see removes_library_caller)."""
+    if not in_project(edit.file, roots):
+        return "the file is not in the project (a library's or outside the project's directory)"
+    if removes_library_caller(edit):
+        return "the line calls into a library, which did the work inside: not an edit of that line"
+    return None
+
+
 # --- the diff core: edits -> a `git apply`-able unified diff ------------------------------
 
 NO_NEWLINE = "\\ No newline at end of file\n"

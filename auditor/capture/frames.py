@@ -114,6 +114,52 @@ def user_call(frame: FrameType | None) -> tuple | None:
     return fallback
 
 
+_via_names: dict[int, str] = {}
+
+
+def _via_name(code: CodeType) -> str:
+    n = _via_names.get(id(code))
+    if n is None:
+        path = code.co_filename.replace(os.sep, "/")
+        for marker in ("/site-packages/", "/dist-packages/"):
+            if marker in path:
+                path = path.rsplit(marker, 1)[1]
+                break
+        else:
+            path = path.rsplit("/", 1)[-1]
+        n = _via_names[id(code)] = f"{path}:{getattr(code, 'co_qualname', code.co_name)}"
+    return n
+
+
+def library_via(frame: FrameType | None, limit: int = 8) -> str:
+    """The library functions (outside torch and the auditor: a framework's, the standard
+    library's) between `frame` and the first user frame above it, innermost first, joined by
+    " < " ("transformers/trainer.py:Trainer._maybe_log_save_evaluate < ..."): what the user's
+    line called that made the call. "" when the user's code made it itself, or no user frame is
+    on the stack."""
+    names: list[str] = []
+    f = frame
+    kinds = code_kinds
+    while f is not None:
+        code = f.f_code
+        k = kinds.get(id(code))
+        if k is None:
+            k = _kind_of(code)
+        if k == 0:
+            return " < ".join(names[:limit])
+        if k == 1:
+            names.append(_via_name(code))
+        f = f.f_back
+    return ""
+
+
+def via_data(frame: FrameType | None) -> dict[str, str]:
+    """{"via": library_via(frame)}, {} when the user's code made the call: a probe's tally data, so
+    a framework's calls at one user line (`trainer.train()`) are told apart by what made them."""
+    via = library_via(frame)
+    return {"via": via} if via else {}
+
+
 def call_span(frame: FrameType | None, where: tuple) -> tuple[int, int, int, int] | None:
     """(line, end line, column, end column) of the call `where` (from user_call) names, found in
     the stack above `frame`; None on Python 3.10 (no co_positions) or when it is not there."""

@@ -104,7 +104,9 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
             code = 130
     except SystemExit as e:
         code = _exit_code(e)
-        if code != 0:
+        if finder.stopped and _ends_interrupt(e):
+            code = None  # (a framework that turns the interrupt into an exit: Lightning's sys.exit(1))
+        elif code != 0:
             ending = parts.ending(e, _open_step(finder))
     except BaseException as e:  # the program's own error: printed as Python prints it
         ending = parts.ending(e, _open_step(finder))
@@ -161,6 +163,20 @@ def _users_traceback(tb: Any) -> Any:
     while tb is not None and tb.tb_next is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
         tb = tb.tb_next
     return tb
+
+
+def _ends_interrupt(e: BaseException) -> bool:
+    """Whether `e` was raised while handling the audit's StepsDone: a framework's own handling of
+    the Ctrl-C the audit ended it with (Lightning's Trainer catches KeyboardInterrupt, tears down,
+    then calls sys.exit(1))."""
+    seen = set()
+    c = e.__context__
+    while c is not None and id(c) not in seen:
+        if isinstance(c, StepsDone):
+            return True
+        seen.add(id(c))
+        c = c.__context__
+    return False
 
 
 def _open_step(finder: StepFinder) -> int | None:

@@ -14,7 +14,9 @@ A step is one iteration of the training loop, as a person counts it:
   outside the steps ("between"). With a training DataLoader, forwards and backwards never close a
   step, which keeps a GAN's D and G in one;
 - where no optimizer steps, the first DataLoader fetched marks steps: each of its fetches in a
-  step without a backward pass closes the step and begins the next;
+  step without a backward pass closes the step and begins the next, once the step has done
+  something besides fetching (a wrapper that fetches one batch ahead, as accelerate's loader in
+  a Hugging Face Trainer does, fetches twice before its first forward pass: one step);
 - `auditor.step()` calls, once one is seen, are the only boundaries: each ends the open step and
   begins the next;
 - the program's end closes an open step that has its ending (an optimizer step, or a DataLoader
@@ -36,6 +38,9 @@ import torch.utils.data.dataloader as dl
 import auditor
 from auditor.capture import wire
 from auditor.capture.session import StepSession
+from auditor.evidence import model as m
+
+_DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER))
 
 _compiling = torch.compiler.is_compiling
 
@@ -187,12 +192,16 @@ class StepFinder:
                 self._flush_outside()
             return starts
         if (self.mode in (None, "dataloader") and not self.known_opts and loader == self.first_loader
-                and not self.backward_in_step):
+                and not self.backward_in_step and self._worked()):
             self.mode = "dataloader"
             self._end()
             self._flush_outside()
             return True
         return False
+
+    def _worked(self) -> bool:
+        """Whether the open step has done anything the probes saw besides fetching batches."""
+        return any(key[0] not in _DATA_KINDS for key in self.rec.tallies)
 
     def on_forward(self, module: Any, args: Any) -> None:
         if self._live() and not self.rec.in_data:

@@ -8,7 +8,7 @@ import msgspec
 from auditor.config import Config
 from auditor.evidence.model import Evidence
 from auditor.findings import Finding, RuleResults, rank_key
-from auditor.fixes import make_patch
+from auditor.fixes import make_patch, project_roots, refused_edit
 from auditor.rules.base import EVIDENCE_KINDS, Rule
 from auditor.rules.registry import all_rules
 from auditor.rules.suppression import safe_edits, suppressed_at
@@ -65,6 +65,18 @@ def _apply_suppression(f: Finding) -> Finding | None:
     return msgspec.structs.replace(f, locations=kept, fix=fix)
 
 
+def project_edits(f: Finding, roots: list) -> Finding:
+    """`f` with only the edits a patch may carry (fixes.refused_edit): none into a file outside the
+    user's project, none removing a statement that calls into a library (a `trainer.fit(...)` line,
+    for what the framework did inside it); the finding's config fix says what to change there."""
+    if f.fix is None or not f.fix.edits:
+        return f
+    kept = [e for e in f.fix.edits if refused_edit(e, roots) is None]
+    if len(kept) == len(f.fix.edits):
+        return f
+    return msgspec.structs.replace(f, fix=msgspec.structs.replace(f.fix, edits=kept, patch=None))
+
+
 def _with_patch(f: Finding) -> Finding:
     """Render a finding's code edits into `fix.patch`, so each finding carries its own diff."""
     if f.fix is None or not f.fix.edits or f.fix.patch:
@@ -76,6 +88,7 @@ def _with_patch(f: Finding) -> Finding:
 def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
     config = config or Config()
     out = RuleResults()
+    roots = project_roots(evidence.target)
     for rule_id, cls in all_rules().items():
         if not config.enabled(rule_id):
             continue
@@ -95,6 +108,6 @@ def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
             if kept is None:
                 out.suppressed += 1
             else:
-                out.findings.append(_with_patch(kept))
+                out.findings.append(_with_patch(project_edits(kept, roots)))
     out.findings.sort(key=rank_key)
     return out

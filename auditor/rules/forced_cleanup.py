@@ -6,6 +6,7 @@ from typing import Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix
+from auditor.rules._support.frameworks import framework_fix
 from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
 from auditor.fixes import remove_statement
 from auditor.rules.suppression import unsuppressed
@@ -73,13 +74,17 @@ class ForcedCleanup(Rule):
                          "each call waits for the device and hands its cached blocks back to the driver, which the "
                          "next steps must cudaMalloc again (not timed: no CUDA device here)")
         locs = locations(places)
+        # (an edit removing a line that only called into a library is dropped by the engine:
+        # fixes.refused_edit; the framework's setting is the fix there)
         edits = [e for loc in locs if (e := remove_statement(loc.file, loc.line, "audit: forced cleanup removed"))]
+        fw_config, fw_advice = framework_fix(places)
         yield self.finding(
             "; ".join(parts) + ".",
             locations=locs,
             evidence={"calls": [{"what": p.what, "count": p.count, "steps": len(p.steps), "ms": round(p.ms, 3),
                                  "line": p.where.line if p.where else None, "timed": p in timed} for p in places]},
             cost=cost,
-            fix=Fix(summary="Remove per-step gc.collect()/empty_cache(); fix what holds the memory instead.",
-                    config={"gc.collect": "off", "torch.cuda.empty_cache": "off"}, edits=edits),
+            fix=Fix(summary="".join(a + ". " for a in fw_advice)
+                    + "Remove per-step gc.collect()/empty_cache(); fix what holds the memory instead.",
+                    config={**fw_config, "gc.collect": "off", "torch.cuda.empty_cache": "off"}, edits=edits),
         )

@@ -18,6 +18,7 @@ import ast
 from collections import Counter, defaultdict
 from typing import Any, Iterable
 
+import msgspec
 import numpy as np
 
 from auditor.evidence import model as m
@@ -28,6 +29,7 @@ from auditor.evidence.trace.queries import (ASYNC_COPY_CALLS, blocking_calls, bl
                                             gpu_idle_behind, sites)
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import call_name, edit_call_kwargs, parse_file
+from auditor.rules._support.frameworks import framework_fix
 from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, Rule
@@ -263,17 +265,24 @@ class HostSync(Rule):
                         note="not measured: on this CPU-only run nothing waits for a device; on an "
                              "accelerator each call waits for every queued kernel")
             sev, prefix = "info", "On an accelerator these would synchronise: "
+        fix = _fix(advice, places)
+        fw_config, fw_advice = framework_fix(places)
+        if fw_config:  # made inside a framework: its settings are the fix, never an edit of the user's call
+            config = {k: v for k, v in fix.config.items() if k != "log_every_n_steps"}
+            fix = msgspec.structs.replace(fix, config={**fw_config, **config},
+                                          summary="; ".join(fw_advice) + ". " + fix.summary)
         yield self.finding(
             f"{prefix}{per_step(rate)} device->host syncs per step at {len(places)} place(s): "
             + "; ".join(f"{s['what']} x{per_step(s['count'] / n)}/step at {line_ref(s['file'], s['line'], sites[0]['file'])}"
                         + (f" (before Event.elapsed_time at line {s['before_elapsed_time']})"
                            if s.get("before_elapsed_time") else "")
-                        for s in sites[:5]),
+                        for s in sites[:5])
+            + (f"; inside the framework: {'; '.join(fw_advice)}" if fw_advice else ""),
             severity=sev, locations=locations(places),
             evidence={"syncs_per_step": round(rate, 2), "sites": sites, "measured_on_device": real,
                       "judged_as_gpu_code": as_gpu},
             cost=cost,
-            fix=_fix(advice, places),
+            fix=fix,
         )
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.utils.data.dataloader as dl
 
-from auditor.capture.frames import is_library, is_torch_internal, user_frame
+from auditor.capture.frames import is_library, is_torch_internal, user_frame, via_data as _via
 from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
 from auditor.evidence import model as m
 
@@ -273,7 +273,7 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
                     try:
                         return orig(self, *args, **kwargs)
                     finally:
-                        rec.add(m.SYNC, label, user_frame(f), (perf() - t0) * 1e3, device=dev)
+                        rec.add(m.SYNC, label, user_frame(f), (perf() - t0) * 1e3, device=dev, **_via(f))
             return orig(self, *args, **kwargs)
         return probe
     return make
@@ -361,7 +361,7 @@ def _sync_function(what: str):
                     try:
                         return orig(*args, **kwargs)
                     finally:
-                        rec.add(m.SYNC, what, user_frame(f), (perf() - t0) * 1e3, device=dev)
+                        rec.add(m.SYNC, what, user_frame(f), (perf() - t0) * 1e3, device=dev, **_via(f))
             return orig(*args, **kwargs)
         return probe
     return make
@@ -385,7 +385,7 @@ def _timed_function(kind: str, what: str, data: Callable[..., dict] | None = Non
                         return orig(*args, **kwargs)
                     finally:
                         rec.add(kind, what, user_frame(f), (perf() - t0) * 1e3,
-                                **(data(*args, **kwargs) if data else {}))
+                                **(data(*args, **kwargs) if data else {}), **_via(f))
             return orig(*args, **kwargs)
         return probe
     return make

@@ -18,6 +18,9 @@ class Place:
     count: int = 0
     ms: float = 0.0
     data: dict = field(default_factory=dict)
+    # what made the calls at a user's line that only called into a library (the tallies' "via",
+    # capture.frames.library_via): every one seen, as one line may call a framework doing several
+    vias: set[str] = field(default_factory=set)
 
 
 def place_key(t: Tally | Place) -> tuple:
@@ -36,6 +39,8 @@ def by_place(pairs: list[tuple[int, Tally]]) -> list[Place]:
         p.ms += t.ms
         for k, v in t.data.items():
             p.data.setdefault(k, v)
+        if t.data.get("via"):
+            p.vias.add(t.data["via"])
     return sorted(places.values(), key=lambda p: (-p.count, p.what))
 
 

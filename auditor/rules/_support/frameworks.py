@@ -1,0 +1,69 @@
+"""Trainer frameworks' settings behind the calls they make inside a user's `trainer.train()` /
+`trainer.fit()` line: a probed call's `via` (the library functions between the user's line and
+the call, innermost first, see capture.frames.library_via) names the framework code that made it,
+and this table the setting that makes that code run every step. The fix is that setting, as
+config: the user's line only calls into the framework, so no edit of it is the fix."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A framework setting: `where` matches a via entry ("file:qualname" suffix); `innermost`: only
+    when that function made the call itself (the via's first entry); `what`: only these probed
+    calls (empty: any)."""
+
+    where: str
+    config: dict[str, Any]
+    advice: str
+    innermost: bool = False
+    what: tuple[str, ...] = ()
+
+
+SETTINGS = (
+    Setting("transformers/trainer.py:Trainer._maybe_log_save_evaluate",
+            {"TrainingArguments.logging_steps": ">= 50"},
+            "the Trainer reads the loss back to the host at each log (`TrainingArguments(logging_steps=1)` "
+            "logs every step): log every 50 or more steps"),
+    Setting("transformers/trainer.py:Trainer._run_epoch", {"TrainingArguments.logging_nan_inf_filter": False},
+            "the Trainer tests each step's loss for NaN/Inf on the host (`logging_nan_inf_filter=True`, the "
+            "default): `TrainingArguments(logging_nan_inf_filter=False)`", innermost=True, what=("bool(Tensor)",)),
+    Setting("transformers/trainer.py:Trainer._inner_training_loop", {"TrainingArguments.torch_empty_cache_steps": None},
+            "the Trainer empties the CUDA cache every `torch_empty_cache_steps` steps: leave it unset",
+            innermost=True, what=("torch.cuda.empty_cache",)),
+    Setting("lightning/pytorch/trainer/connectors/logger_connector/result.py:_ResultMetric.compute",
+            {"LightningModule.log": "sync_dist=True only with on_step=False"},
+            "`self.log(..., sync_dist=True)` reduces the value across processes at every step: log it per "
+            "epoch (on_step=False) or without sync_dist"),
+    Setting("lightning/fabric/utilities/apply_func.py:convert_tensors_to_scalars",
+            {"Trainer.enable_progress_bar": False, "LightningModule.log": "prog_bar=False"},
+            "Lightning reads every metric logged with `prog_bar=True` back to the host at each progress-bar "
+            "refresh: `Trainer(enable_progress_bar=False)`, or log with prog_bar=False"),
+    Setting("lightning/pytorch/callbacks/progress/", {"Trainer.enable_progress_bar": False},
+            "the progress bar refreshes every step: `Trainer(enable_progress_bar=False)`"),
+)
+
+
+def settings_for(what: str, via: str) -> list[Setting]:
+    """The settings behind a call `what` made through `via` ("" when the user's code made it)."""
+    if not via:
+        return []
+    chain = via.split(" < ")
+    return [s for s in SETTINGS
+            if (not s.what or what in s.what)
+            and any(s.where in entry for entry in (chain[:1] if s.innermost else chain))]
+
+
+def framework_fix(places: Iterable[Any]) -> tuple[dict[str, Any], list[str]]:
+    """(config, advice) of the framework settings behind `places` (rules' Place: `what`, `vias`)."""
+    config: dict[str, Any] = {}
+    advice: list[str] = []
+    for p in places:
+        for via in sorted(p.vias):
+            for s in settings_for(p.what, via):
+                config.update(s.config)
+                if s.advice not in advice:
+                    advice.append(s.advice)
+    return config, advice

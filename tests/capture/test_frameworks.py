@@ -1,0 +1,114 @@
+"""Trainer frameworks run unmodified (`audit run examples/hf_trainer.py`, `examples/lightning_fit.py`):
+their steps are the framework's optimizer steps, what the framework does inside the user's
+`trainer.train()` / `trainer.fit()` line is reported as the framework's setting (a config fix), and
+no patch edits that line or any file outside the project. Needs the `frameworks` extra."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, ROOT, audit, shared_audit
+
+from auditor.findings import Edit
+from auditor.fixes import project_roots, refused_edit
+
+STEPS = 6
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# example -> (its package, the line that calls into the framework, config keys its findings must name)
+CASES = {
+    "hf_trainer": ("transformers", "trainer.train()",
+                   {"TrainingArguments.logging_steps", "TrainingArguments.logging_nan_inf_filter"}),
+    "lightning_fit": ("lightning", "trainer.fit(", {"Trainer.enable_progress_bar"}),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def framework_audit(request, tmp_path_factory):
+    pytest.importorskip(CASES[request.param][0])
+    if request.param == "hf_trainer":
+        pytest.importorskip("accelerate")
+    a = shared_audit(tmp_path_factory, f"framework-{request.param}", "run", f"examples/{request.param}.py",
+                     "--steps", str(STEPS), "--no-profile", "--quiet", env=ONE_THREAD)
+    return request.param, a
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip().startswith(text))
+
+
+@pytest.mark.slow
+def test_steps_are_the_frameworks_optimizer_steps(framework_audit):
+    name, a = framework_audit
+    assert a.returncode == 0, a.stderr[-3000:]
+    ev = a.evidence
+    assert len(ev["steps"]) == STEPS
+    assert ev["program"]["steps_by"] == "optimizer"
+    assert ev["program"]["ended_by_audit"] and ev["program"]["exit_code"] is None
+    assert "1 per iteration" in ev["program"]["steps_found"], ev["program"]["steps_found"]
+    for s in ev["steps"]:  # each step: one optimizer step, one forward pass
+        kinds = [t["kind"] for t in s["tallies"] for _ in range(t["count"])]
+        assert kinds.count("optimizer") == 1 and kinds.count("forward") == 1, (s["index"], kinds)
+
+
+@pytest.mark.slow
+def test_framework_costs_are_its_settings_at_the_users_call(framework_audit):
+    name, a = framework_audit
+    _, call, keys = CASES[name]
+    example = EXAMPLES / f"{name}.py"
+    syncs = a.rule("host-sync")
+    assert syncs, [f["rule"] for f in a.findings]
+    f = syncs[0]
+    assert f["locations"][0]["file"] == str(example) and f["locations"][0]["line"] == _line_of(example, call)
+    assert keys <= set(f["fix"]["config"]), f["fix"]
+    assert not f["fix"]["edits"] and not f["fix"]["patch"]
+    for finding in a.findings:  # nothing blamed on library files
+        assert all("site-packages" not in loc["file"] for loc in finding["locations"]), finding
+
+
+@pytest.mark.slow
+def test_patches_stay_in_the_project_and_off_the_framework_call(framework_audit, tmp_path):
+    name, a = framework_audit
+    _, call, _ = CASES[name]
+    for patch in ("fixes.patch", "numerics-fixes.patch"):
+        p = a.out / patch
+        text = p.read_text() if p.exists() else ""
+        for line in text.splitlines():
+            if line.startswith(("+++ ", "--- ")) and line[4:] != "/dev/null":
+                assert line[6:].startswith("examples/"), line
+            if line.startswith("-") and not line.startswith("---"):
+                assert call not in line, line
+        if text.strip():
+            copy = tmp_path / patch.replace(".", "-")
+            shutil.copytree(ROOT / "examples", copy / "examples")
+            subprocess.run(["git", "init", "-q", str(copy)], check=True)
+            r = subprocess.run(["git", "apply", "--check", str(p)], cwd=copy, capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+
+
+def test_edits_outside_the_project_or_removing_a_framework_call_are_refused(tmp_path):
+    """fixes.refused_edit, which the rule engine applies to every finding's edits."""
+    pkg = tmp_path / "venv" / "lib" / "site-packages" / "framework"
+    pkg.mkdir(parents=True)
+    (pkg / "loop.py").write_text("import torch\n\ndef fit():\n    torch.cuda.empty_cache()\n")
+    project = tmp_path / "project"
+    project.mkdir()
+    train = project / "train.py"
+    train.write_text("import gc\nimport torch\nfrom framework import Trainer\n\ntrainer = Trainer()\n"
+                     "trainer.fit(model)\ntorch.cuda.empty_cache()\ngc.collect()\n")
+    roots = [project]
+    other = tmp_path / "elsewhere.py"
+    other.write_text("x = 1\n")
+
+    def removal(file: Path, line: int) -> Edit:
+        return Edit(file=str(file), start=line, end=line, lines=["pass  # audit: forced cleanup removed"])
+
+    assert refused_edit(removal(pkg / "loop.py", 4), roots)  # a library's file
+    assert refused_edit(Edit(file=str(other), start=1, end=1, lines=["x = 2"]), roots)  # outside the project
+    assert "calls into a library" in refused_edit(removal(train, 6), roots)  # trainer.fit(model)
+    assert refused_edit(removal(train, 7), roots) is None  # torch.cuda.empty_cache(): the call itself
+    assert refused_edit(removal(train, 8), roots) is None  # gc.collect()
+    assert refused_edit(Edit(file=str(train), start=5, end=5, lines=["trainer = Trainer(x=1)"]), roots) is None
+    assert Path.cwd().resolve() in [r.resolve() for r in project_roots("")] or project_roots("")
