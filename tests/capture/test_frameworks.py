@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, audit, shared_audit
+from conftest import EXAMPLES, ROOT, shared_audit
 
 from auditor.findings import Edit
 from auditor.fixes import project_roots, refused_edit
