@@ -21,6 +21,7 @@ from auditor.capture import wire
 from auditor.capture.session import StepSession
 from auditor.capture.steps import StepFinder, StepsDone
 from auditor.capture.target import Target, TargetError
+from auditor.evidence.model import Program
 
 
 @dataclass
@@ -124,8 +125,9 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         if data is not None:
             out.send(wire.Collected(name=c.name, data=data))
     steps_by, steps_found = finder.found()
-    out.send(wire.ProgramRun(form=target.kind, argv=argv, steps_by=steps_by, steps_found=steps_found,
-                             skipped=min(args.skip, finder.begun), ended_by_audit=ended_by_audit, exit_code=code))
+    out.send(wire.ProgramRun(run=Program(form=target.kind, argv=argv, steps_by=steps_by, steps_found=steps_found,
+                                         skipped=min(args.skip, finder.begun), ended_by_audit=ended_by_audit,
+                                         exit_code=code)))
     if ending is not None:
         ending.cuda_devices = parts.cuda_devices()
         out.send(ending)

@@ -114,8 +114,7 @@ class EvidenceBuilder:
             ev.outside.append(m.Outside(phase=r.phase, after_step=r.after_step, ms=r.ms,
                                         tallies=[_tally(t) for t in r.tallies]))
         elif isinstance(r, wire.ProgramRun):
-            ev.program = m.Program(form=r.form, argv=r.argv, steps_by=r.steps_by, steps_found=r.steps_found,
-                                   skipped=r.skipped, ended_by_audit=r.ended_by_audit, exit_code=r.exit_code)
+            ev.program = r.run
             ev.environment.notes.append(f"steps: {ev.program.steps_found}")
         elif isinstance(r, wire.Ended):
             self.ended = True

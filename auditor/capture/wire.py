@@ -18,7 +18,7 @@ from typing import Any, Union
 
 import msgspec
 
-from auditor.evidence.model import DataLoaderInfo, Environment, Tally
+from auditor.evidence.model import DataLoaderInfo, Environment, Program, Tally
 from auditor.evidence.frame import Frame
 
 
@@ -169,16 +169,9 @@ class Outside(Record, tag="outside"):
 class ProgramRun(Record, tag="program"):
     """How a whole program ran (`audit run file.py`, `-m pkg.mod`), sent before `ended`.
 
-    Its fields are auditor.evidence.model.Program's (form, argv, steps_by, steps_found, skipped,
-    ended_by_audit, exit_code)."""
+    run: how its steps were found and how it ended (auditor.evidence.model.Program)."""
 
-    form: str
-    argv: list[str] = []
-    steps_by: str = "none"
-    steps_found: str = ""
-    skipped: int = 0
-    ended_by_audit: bool = False
-    exit_code: int | None = None
+    run: Program
 
 
 AnyRecord = Union[Hello, UsageError, Setup, Step, GraphScan, Profile, Snapshot, Collected, Ended, Outside,
