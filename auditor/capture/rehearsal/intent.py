@@ -120,8 +120,9 @@ class _Resolver:
             found = importlib.machinery.PathFinder.find_spec(name, self.search)
             if found is not None:
                 return found
-            for finder in sys.meta_path:  # an editable install's finder, say
-                if finder is importlib.machinery.PathFinder or not hasattr(finder, "find_spec"):
+            for finder in sys.meta_path:  # an editable install's finder (the user's own package)
+                # (only those: another finder may import what it finds, e.g. setuptools' for distutils)
+                if "editable" not in f"{type(finder).__module__}.{getattr(finder, '__name__', type(finder).__name__)}".lower():
                     continue
                 found = finder.find_spec(name, None)
                 if found is not None:
@@ -137,8 +138,8 @@ class _Resolver:
         for i in range(1, len(parts) + 1):
             dotted = ".".join(parts[:i])
             s = self.spec(dotted)
-            if s is None:
-                break
+            if s is None or (s.origin and s.has_location and is_library(s.origin)):
+                break  # (a library's submodules are the library's too)
             if s.origin and s.has_location and s.origin.endswith(".py"):
                 out.append((s.origin, dotted, s.submodule_search_locations is not None))
         return out
