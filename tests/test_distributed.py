@@ -702,3 +702,14 @@ def test_a_module_program_is_launched_with_its_dash_m():
     assert cmd[cmd.index("run"):] == ["run", "-m", "pkg.train", "--out", "out", "--steps", "5", "--quiet",
                                       "--no-profile", "--numerics", "--skip", "2", "--", "--lr", "1"]
     assert launcher_command("train.py", 2, Path("o"), [])[-4:] == ["run", "train.py", "--out", "o"]
+
+
+def test_a_module_program_no_launch_would_find_is_a_usage_error(tmp_path):
+    """Each rank's own 'no such module' would be lost in the launcher's failure (exit 3, 'no rank
+    wrote evidence'): the launching `audit run` finds it first, without starting any rank."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("print('trained')\n")
+    a = audit("run", "--nproc-per-node", "2", "-m", "pkg.trian", "--steps", "2", out=tmp_path / "o", cwd=tmp_path)
+    assert a.returncode == 2 and a.stderr.strip() == "audit: error: no such module: pkg.trian", a.stderr
+    assert "torch.distributed" not in a.stderr and not (tmp_path / "o").exists()
