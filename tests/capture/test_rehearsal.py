@@ -329,6 +329,38 @@ def test_a_module_program_is_rehearsed_from_its_package(tmp_path):
     assert len(copies) == 6 and {t["where"]["line"] for t in copies} == {_line(PACKAGE_TRAIN, ".to(device)")}
 
 
+ACCELERATOR_ANSWERS = r"""
+import json, sys
+import torch
+from auditor.capture import probes, rehearsal
+assert rehearsal.install("on", None)
+probes.install()
+acc = torch.accelerator
+with acc.device_index(0):
+    inside = acc.current_device_index()
+print(json.dumps({
+    "is_available": acc.is_available(), "device_count": acc.device_count(),
+    "current_accelerator": str(acc.current_accelerator()), "checked": str(acc.current_accelerator(check_available=True)),
+    "type": acc.current_accelerator().type, "index": acc.current_device_index(), "set": acc.set_device_index(0),
+    "same_stream": acc.current_stream() is torch.cuda.current_stream(), "inside": inside,
+    "memory": [acc.memory_allocated(), acc.max_memory_allocated(), acc.empty_cache(), acc.reset_peak_memory_stats()],
+    "synchronize": acc.synchronize(), "tensor": str(torch.ones(2, device=acc.current_accelerator()).device),
+}))
+"""
+
+
+def test_torch_accelerator_answers_as_a_one_gpu_cuda_machine(tmp_path):
+    """On a CPU build every torch.accelerator call but is_available() raised 'Cannot access
+    accelerator device when none is available'; rehearsed, the API answers as on one CUDA GPU."""
+    p = subprocess.run([sys.executable, "-c", ACCELERATOR_ANSWERS], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=120, env={**os.environ, **QUIET_ENV})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.splitlines()[-1]) == {
+        "is_available": True, "device_count": 1, "current_accelerator": "cuda", "checked": "cuda", "type": "cuda",
+        "index": 0, "set": None, "same_stream": True, "inside": 0, "memory": [0, 0, None, None],
+        "synchronize": None, "tensor": "cuda:0"}
+
+
 LIBRARY_MENTIONING_CUDA = """import torch
 
 

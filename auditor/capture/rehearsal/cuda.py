@@ -391,6 +391,7 @@ def _accelerator_table(real: Any) -> dict[str, tuple[Callable[..., Any], Callabl
         "set_device_idx": (none, None),
         "current_stream": (lambda *a, **k: _STREAM, None),
         "set_stream": (none, None),
+        "device_index": (_DeviceContext, None),
         "get_memory_info": (lambda *a, **k: (_host_memory(), _host_memory()), None),
         "empty_host_cache": (none, None),
     }
