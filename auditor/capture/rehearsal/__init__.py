@@ -1,6 +1,6 @@
 """CUDA rehearsal on the CPU: audit code written for a GPU on a machine without one.
 
-`install(mode, source)` is called first thing in the child process, before the probes. It returns
+`install(mode, source, module)` is called first thing in the child process, before the probes. It returns
 None when no rehearsal happens, else a dict describing it (its "note" goes to the report's
 environment section), and announces the rehearsal in one line on stderr.
 
