@@ -20,7 +20,7 @@ import pytest
 import torch
 from filelock import FileLock  # a dependency of torch
 
-from auditor.capture.rehearsal.intent import cuda_reasons
+from auditor.capture.rehearsal.intent import cuda_reasons, program_reasons
 from auditor.evidence import model as m
 from auditor.rules.pageable_copy import rehearsal_findings as pageable_rehearsal_findings
 from auditor.rules.registry import all_rules
@@ -174,6 +174,25 @@ def _write(root: Path, files: dict[str, str]) -> None:
 def _line(text: str, needle: str) -> int:
     [n] = [i for i, line in enumerate(text.splitlines(), 1) if needle in line]
     return n
+
+
+def test_the_program_is_read_through_its_imports_transitively(tmp_path, monkeypatch):
+    """main -> util (a cycle back to main) -> pkg.deep (relative import of .conf) -> conf asks for
+    CUDA; an installed module on sys.path that asks for CUDA is not the program's."""
+    site = tmp_path / "lib" / "site-packages"
+    _write(site, {"installed.py": "import torch\nd = torch.device('cuda')\n"})
+    _write(tmp_path / "proj", {
+        "main.py": "import util\nimport installed\n",
+        "util.py": "import main\nfrom pkg import deep\n",
+        "pkg/__init__.py": "",
+        "pkg/deep.py": "from .conf import DEVICE\n",
+        "pkg/conf.py": "import torch\n\nDEVICE = torch.device('cuda:0')\n",
+    })
+    monkeypatch.setattr(sys, "path", [sys.path[0], str(site), *sys.path[1:]])
+    found = program_reasons(str(tmp_path / "proj" / "main.py"))
+    assert [(Path(f).name, line, what) for f, line, what in found] == [("conf.py", 3, '"cuda:0"')]
+    monkeypatch.chdir(tmp_path / "proj")
+    assert [(Path(f).name, line) for f, line, _ in program_reasons(None, "pkg.deep")] == [("conf.py", 3)]
 
 
 # A trainer library of the user's own, as minGPT's trainer.py: the device is chosen there.
