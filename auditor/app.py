@@ -233,9 +233,6 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     if nproc_per_node is not None:
         if session is not None:
             raise UsageFailure("--nproc-per-node: already running under a launcher (RANK is set)")
-        if t.is_program:
-            raise UsageFailure("--nproc-per-node takes a step callable (path/to/file.py:step) for now; "
-                               "launch a whole program with torchrun ... -m auditor run path/to/file.py")
         try:
             check_statically(t)  # a rank's usage error would reach us only as the launcher's failure
         except TargetError as e:
@@ -243,7 +240,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         out = output_dir(out_dir, t.name)
         prewarm_report()
         code = launch.launch(target, nproc_per_node, out,
-                             launch.rank_argv(steps, profile, rehearse, numerics, script_args),
+                             launch.rank_argv(steps, profile, rehearse, numerics, script_args, skip, to_end),
                              lambda ev: finish(ev, config, out, quiet, fail_on))
         afterwards(out, open_report, tensorboard)
         return code

@@ -1,8 +1,9 @@
 """`audit run` across ranks: launching through PyTorch's elastic launcher, and being one rank of it.
 
 Two ways in, one layout out (`DIR/rank-K/` per rank, the merged report in `DIR/`):
-- `audit run TARGET --nproc-per-node N` runs `python -m torch.distributed.run --standalone
-  --nproc-per-node N -m auditor run TARGET --out DIR ...`. PyTorch's launcher owns the process
+- `audit run TARGET --nproc-per-node N [-- ARGS]` runs `python -m torch.distributed.run --standalone
+  --nproc-per-node N -m auditor run TARGET --out DIR ... [-- ARGS]` (TARGET a step callable or a
+  whole program: each rank runs the program and finds its own steps). PyTorch's launcher owns the process
   group's life (rendezvous, environment, tearing every rank down when one fails); the auditor never
   spawns ranks itself. Once the launcher returns, every rank has finished writing, so this process
   merges `DIR/rank-*/` and writes the report.
@@ -31,6 +32,7 @@ from typing import Callable, Iterator
 
 import click
 
+from auditor.capture.target import MODULE_PREFIX
 from auditor.evidence import model as m
 from auditor.evidence.ranks.model import RankIdentity
 from auditor.evidence.store import EVIDENCE_FILE, is_run_dir
@@ -94,9 +96,12 @@ def shared_out(name: str, rank: RankEnv) -> Path:
 # The launching side: `audit run --nproc-per-node N`.
 
 def launcher_command(target: str, nproc: int, out: Path, rank_args: list[str]) -> list[str]:
+    """`target` is TARGET as `audit run` takes it; a module program's spec ("-m pkg.mod") is
+    given to each rank as its -m option."""
+    where = ["-m", target[len(MODULE_PREFIX):]] if target.startswith(MODULE_PREFIX) else [target]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
             "--max-restarts", "0", "--monitor-interval", "0.5",
-            "-m", "auditor", "run", target, "--out", str(out), *rank_args]
+            "-m", "auditor", "run", *where, "--out", str(out), *rank_args]
 
 
 def launch(target: str, nproc: int, out: Path, rank_args: list[str],
@@ -131,11 +136,14 @@ def launch(target: str, nproc: int, out: Path, rank_args: list[str],
 
 
 def rank_argv(steps: int, profile: bool, rehearse: bool | None, numerics: bool = True,
-              script_args: tuple[str, ...] = ()) -> list[str]:
+              script_args: tuple[str, ...] = (), skip: int = 0, to_end: bool = False) -> list[str]:
     """The `audit run` options each rank gets (rules and reports run once, after the merge), then
-    the script's own arguments after `--`."""
+    the script's own arguments after `--`. Every rank of a whole program gets the same --steps
+    (and --skip): DDP ranks step in lockstep, so each ends at the same step boundary and none is
+    left waiting in a collective for a rank that has stopped."""
     argv = ["--steps", str(steps), "--quiet", "--profile" if profile else "--no-profile",
-            "--numerics" if numerics else "--no-numerics"]
+            "--numerics" if numerics else "--no-numerics",
+            *(("--skip", str(skip)) if skip else ()), *(("--to-end",) if to_end else ())]
     if rehearse is not None:
         argv.append("--rehearse" if rehearse else "--no-rehearse")
     return [*argv, "--", *script_args] if script_args else argv

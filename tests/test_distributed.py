@@ -611,3 +611,105 @@ def test_a_gpu_ddp_job_is_rehearsed_on_gloo(tmp_path):
     assert p.returncode == 0 or teardown, p.stderr[-3000:]
     want, got = torch.load(tmp_path / "plain.pt"), torch.load(tmp_path / "audited.pt")
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole programs across ranks: a DDP training script as users write it, launched unmodified.
+
+DDP_SCRIPT = """import argparse
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=1000)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for i in range(args.iters):
+            x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+            if rank == 1:
+                time.sleep(0.03)  # this rank's batches arrive late
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)  # the loss averaged over ranks, every step
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["nproc-per-node", "torchrun"])
+def test_a_ddp_program_runs_on_every_rank_and_stops_at_the_same_step(tmp_path, how):
+    """`audit run --nproc-per-node 2 train.py -- ARGS` (refused before: 'takes a step callable for
+    now') and the user's own `torchrun ... -m auditor run train.py -- ARGS`: each rank runs the
+    script as torchrun would, finds its steps from its optimizer steps and is ended by --steps 5
+    at the same step boundary (neither waits in a collective for the other); the merged report
+    has both ranks, rank 1 as the straggler and the per-step all_reduce at its line."""
+    script = tmp_path / "train.py"
+    script.write_text(DDP_SCRIPT)
+    out = tmp_path / "out"
+    opts = ["--steps", "5", "--no-profile", "--quiet", "--out", str(out), "--", "--iters", "40"]
+    if how == "nproc-per-node":
+        cmd = [sys.executable, "-m", "auditor", "run", "--nproc-per-node", "2", "train.py", *opts]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "auditor", "run", "train.py", *opts]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=RUN_TIMEOUT,
+                       env={**os.environ, **ONE_THREAD})
+    assert p.returncode == 0, p.stderr[-3000:]
+    line_of = {text.strip(): n for n, text in enumerate(DDP_SCRIPT.splitlines(), 1)}
+    reduce_line = line_of["dist.all_reduce(mean)  # the loss averaged over ranks, every step"]
+    for r in (0, 1):
+        raw = raw_rank(out, r)
+        assert raw["ending"]["status"] == "completed", raw["ending"]
+        assert [s["index"] for s in raw["steps"]] == [0, 1, 2, 3, 4]
+        prog = raw["program"]
+        assert prog["argv"] == ["train.py", "--iters", "40"] and prog["steps_by"] == "optimizer"
+        assert prog["ended_by_audit"] is True
+        reduces = [(c["where"]["line"], c["calls"]) for s in raw["steps"] for c in s["distributed"]["collectives"]
+                   if c["op"] == "all_reduce"]
+        assert reduces == [(reduce_line, 1)] * 5
+    merged = json.loads((out / "evidence.json").read_text())
+    assert [(r["rank"], len(r["steps"])) for r in merged["ranks"]["ranks"]] == [(0, 5), (1, 5)]
+    [straggler] = findings(out, RankStraggler)
+    assert straggler.evidence["stragglers"] == [1]
+    waits = [f for f in findings(out, CollectiveWait) if f.evidence.get("op") == "all_reduce"]
+    assert waits and all(locations(f) == {(str(script), reduce_line)} for f in waits)
+
+
+def test_a_module_program_is_launched_with_its_dash_m():
+    from auditor.launch import launcher_command, rank_argv
+
+    cmd = launcher_command("-m pkg.train", 2, Path("out"), rank_argv(5, False, None, True, ("--lr", "1"), 2, False))
+    assert cmd[cmd.index("run"):] == ["run", "-m", "pkg.train", "--out", "out", "--steps", "5", "--quiet",
+                                      "--no-profile", "--numerics", "--skip", "2", "--", "--lr", "1"]
+    assert launcher_command("train.py", 2, Path("o"), [])[-4:] == ["run", "train.py", "--out", "o"]
+
+
+def test_a_module_program_no_launch_would_find_is_a_usage_error(tmp_path):
+    """Each rank's own 'no such module' would be lost in the launcher's failure (exit 3, 'no rank
+    wrote evidence'): the launching `audit run` finds it first, without starting any rank."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("print('trained')\n")
+    a = audit("run", "--nproc-per-node", "2", "-m", "pkg.trian", "--steps", "2", out=tmp_path / "o", cwd=tmp_path)
+    assert a.returncode == 2 and a.stderr.strip() == "audit: error: no such module: pkg.trian", a.stderr
+    assert "torch.distributed" not in a.stderr and not (tmp_path / "o").exists()

@@ -336,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
     faulthandler.enable(file=sys.stderr, all_threads=False)
     # Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
     # layer wraps the one before (a probe installed first would be replaced).
-    rehearsal_info = rehearsal.install(args.rehearse, _target_file(args.target))
+    rehearsal_info = rehearsal.install(args.rehearse, *_target_source(args.target))
     standins = [] if rehearsal_info else cuda_standins.install(lambda: probes.REC)
     rec = probes.install()
     collectors = load_collectors(skip=() if args.numerics else ("numerics",))
@@ -448,11 +448,13 @@ def _failure_scan(out: Any, e: BaseException, i: int, module: Any, source: str |
         pass
 
 
-def _target_file(spec: str) -> str | None:
+def _target_source(spec: str) -> tuple[str | None, str | None]:
+    """(file, None) for a file target, (None, dotted module name) for a module's; rehearsal reads it."""
     try:
-        return parse_target(spec).file
+        t = parse_target(spec)
     except TargetError:
-        return None
+        return None, None
+    return (t.file, None) if t.file is not None else (None, t.module)
 
 
 EXIT_GRACE_S = 60.0  # how long the program's end (its threads, its atexit handlers) may take

@@ -164,7 +164,10 @@ def step_arity(fn: Callable) -> int:
 def check_statically(target: Target) -> None:
     """For launchers, which cannot see a rank's usage error: a file target whose callable is not
     bound at the module's top level (def, class, assignment, import) is refused without running it.
-    Modules that bind names dynamically (`from x import *`, `globals()`) are given the benefit of the doubt."""
+    Modules that bind names dynamically (`from x import *`, `globals()`) are given the benefit of the doubt.
+    A module program (`-m pkg.mod`) that `python -m` would not find is refused too."""
+    if target.kind == "module" and not _module_found(target.module):
+        raise TargetError(f"no such module: {target.module}")
     if target.file is None or target.is_program:
         return
     import ast
@@ -189,3 +192,24 @@ def check_statically(target: Target) -> None:
             return  # if/try/with/for at top level may bind it: let the rank decide
     if name not in bound:
         raise TargetError(f"no callable {target.attr!r} in {target.file}")
+
+
+def _module_found(name: str) -> bool:
+    """Whether `python -m name` (run from the current directory) would find the module, looked up
+    without importing anything. A package whose `__init__.py` extends its own `__path__` is
+    given the benefit of the doubt for what is under it."""
+    from importlib.machinery import PathFinder
+
+    parts = name.split(".")
+    try:
+        spec = PathFinder.find_spec(parts[0], [os.getcwd(), *sys.path[1:]]) or importlib.util.find_spec(parts[0])
+        for i in range(1, len(parts)):
+            if spec is None or not spec.submodule_search_locations:
+                return False
+            init = spec.origin if spec.origin and spec.has_location else None
+            if init and "__path__" in Path(init).read_text(encoding="utf-8", errors="replace"):
+                return True
+            spec = PathFinder.find_spec(".".join(parts[:i + 1]), list(spec.submodule_search_locations))
+    except (ImportError, ValueError, OSError):
+        return True  # (the rank will say what is wrong)
+    return spec is not None

@@ -20,7 +20,7 @@ import pytest
 import torch
 from filelock import FileLock  # a dependency of torch
 
-from auditor.capture.rehearsal import cuda_reasons
+from auditor.capture.rehearsal.intent import cuda_reasons, program_reasons
 from auditor.evidence import model as m
 from auditor.rules.pageable_copy import rehearsal_findings as pageable_rehearsal_findings
 from auditor.rules.registry import all_rules
@@ -125,6 +125,10 @@ def gpu_warnings(a) -> set[str]:
     ("from torch.cuda.amp import autocast", "from torch.cuda.amp import ..."),
     ("torch.cuda.reset_peak_memory_stats()\ntorch.cuda.empty_cache()", None),  # runs on a CPU anyway
     ("torch.set_default_device('cpu')", None),
+    ("device = torch.accelerator.current_accelerator()", "torch.accelerator.current_accelerator"),
+    ("use = torch.accelerator.is_available()", "torch.accelerator.is_available"),
+    ("from torch.accelerator import current_accelerator", "from torch.accelerator import ..."),
+    ("torch.accelerator.empty_cache()\nn = torch.accelerator.memory_allocated()", None),  # the memory family
     ("# put it on cuda later\nprint('cuda is fast')", None),
     ("x = torch.randn(3)", None),
 ])
@@ -157,6 +161,258 @@ def test_no_rehearse_fails_as_on_a_cpu_box(tmp_path):
     source = (EXAMPLES / "gpu_cuda_everywhere.py").read_text().splitlines()
     assert source[ending["where"]["line"] - 1].startswith("model = ")  # its module-level `.cuda()`
     assert not ANNOUNCE.search(a.stderr)
+
+
+# --- the whole program's intent: imported modules, torch.accelerator ------------------------------
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def _line(text: str, needle: str) -> int:
+    [n] = [i for i, line in enumerate(text.splitlines(), 1) if needle in line]
+    return n
+
+
+def test_the_program_is_read_through_its_imports_transitively(tmp_path, monkeypatch):
+    """main -> util (a cycle back to main) -> pkg.deep (relative import of .conf) -> conf asks for
+    CUDA; an installed module on sys.path that asks for CUDA is not the program's."""
+    site = tmp_path / "lib" / "site-packages"
+    _write(site, {"installed.py": "import torch\nd = torch.device('cuda')\n"})
+    _write(tmp_path / "proj", {
+        "main.py": "import util\nimport installed\n",
+        "util.py": "import main\nfrom pkg import deep\n",
+        "pkg/__init__.py": "",
+        "pkg/deep.py": "from .conf import DEVICE\n",
+        "pkg/conf.py": "import torch\n\nDEVICE = torch.device('cuda:0')\n",
+    })
+    monkeypatch.setattr(sys, "path", [sys.path[0], str(site), *sys.path[1:]])
+    found = program_reasons(str(tmp_path / "proj" / "main.py"))
+    assert [(Path(f).name, line, what) for f, line, what in found] == [("conf.py", 3, '"cuda:0"')]
+    monkeypatch.chdir(tmp_path / "proj")
+    assert [(Path(f).name, line) for f, line, _ in program_reasons(None, "pkg.deep")] == [("conf.py", 3)]
+
+
+# A trainer library of the user's own, as minGPT's trainer.py: the device is chosen there.
+TRAINER_MODULE = """import torch
+import torch.nn.functional as F
+
+
+class Trainer:
+    def __init__(self, model, data):
+        self.device = "cpu"
+        if torch.cuda.is_available():
+            self.device = torch.cuda.current_device()
+        self.model = model.to(self.device)
+        self.data = data
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def run(self, epochs):
+        for _ in range(epochs):
+            for x, y in self.data:
+                x, y = x.to(self.device), y.to(self.device)
+                self.opt.zero_grad()
+                F.cross_entropy(self.model(x), y).backward()
+                self.opt.step()
+"""
+MAIN_OF_TRAINER = """import torch
+from torch import nn
+
+from trainer import Trainer
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    data = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(6)]
+    Trainer(nn.Linear(16, 4), data).run(epochs=2)
+"""
+
+
+def test_cuda_asked_for_in_an_imported_user_module_is_rehearsed(tmp_path):
+    """The main file never names CUDA; its trainer module (beside it) asks `torch.cuda.is_available()`
+    and moves the model and batches to the device it picks. Only the target file was read: the
+    program ran unrehearsed, on the CPU, as a CPU program (no copy to any GPU counted)."""
+    _write(tmp_path, {"main.py": MAIN_OF_TRAINER, "trainer.py": TRAINER_MODULE})
+    a = audit("run", str(tmp_path / "main.py"), "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
+              cwd=tmp_path)
+    assert a.returncode == 0, a.stderr[-3000:]
+    line = _line(TRAINER_MODULE, "if torch.cuda.is_available()")
+    assert f"(torch.cuda.is_available at line {line} of trainer.py)" in a.stderr
+    env = a.findings_doc["environment"]
+    assert env["rehearsal"] is True and any(f"line {line} of trainer.py" in n for n in env["notes"])
+    copies = [t for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == m.H2D_COPY]
+    assert len(a.evidence["steps"]) == 3 and copies
+    assert {t["where"]["line"] for t in copies} == {_line(TRAINER_MODULE, "x, y = x.to(self.device)")}
+
+
+# PyTorch's own examples (mnist, word_language_model, ...) pick the device through torch.accelerator.
+ACCELERATOR_PROGRAM = """import argparse
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--no-accel", action="store_true")
+    args = parser.parse_args()
+    use_accel = not args.no_accel and torch.accelerator.is_available()
+    device = torch.accelerator.current_accelerator() if use_accel else torch.device("cpu")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [(torch.randn(16, 32), torch.randint(0, 4, (16,))) for _ in range(6)]
+    for epoch in range(args.epochs):
+        for x, y in data:
+            x, y = x.to(device), y.to(device)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    torch.accelerator.synchronize()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_torch_accelerator_program_is_rehearsed_as_cuda(tmp_path):
+    """`torch.accelerator.is_available()` / `current_accelerator()` ask for the machine's
+    accelerator: rehearsed, they answer as on a one-GPU CUDA machine, so the program's
+    `.to(device)` are host-to-GPU copies (2 a step) and its closing synchronize() is a device sync.
+    Before, the program was not rehearsed: its device was the CPU and nothing was a GPU copy."""
+    _write(tmp_path, {"mnist_like.py": ACCELERATOR_PROGRAM})
+    a = audit("run", str(tmp_path / "mnist_like.py"), "--to-end", "--no-profile", "--quiet", "--",
+              "--epochs", "1", out=tmp_path / "out", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr[-3000:]
+    asks = _line(ACCELERATOR_PROGRAM, "torch.accelerator.is_available()")
+    assert f"(torch.accelerator.is_available at line {asks} of mnist_like.py)" in a.stderr
+    ev = a.evidence
+    assert ev["environment"]["rehearsal"] is True and len(ev["steps"]) == 6
+    standins = {(t["what"], t["where"]["line"]) for t in ev["setup"] if t["kind"] == "cuda-standin"}
+    assert standins >= {("torch.accelerator.is_available", asks),
+                        ("torch.accelerator.current_accelerator", _line(ACCELERATOR_PROGRAM, "current_accelerator()"))}
+    copy_line = _line(ACCELERATOR_PROGRAM, "x, y = x.to(device), y.to(device)")
+    in_steps = [(t["what"], t["where"]["line"]) for s in ev["steps"] for t in s["tallies"] if t["kind"] == m.H2D_COPY]
+    in_setup = [(t["what"], t["where"]["line"]) for t in ev["setup"] if t["kind"] == m.H2D_COPY]
+    assert set(in_steps) == {("Tensor.to(cuda)", copy_line)}
+    assert (in_steps + in_setup).count(("Tensor.to(cuda)", copy_line)) == 6 * 2  # every batch's x and y
+    every = [t for part in ev["steps"] + ev["outside"] for t in part["tallies"]]  # (the last step or "after")
+    syncs = {(t["what"], t["where"]["line"]) for t in every if t["kind"] == m.SYNC}
+    assert syncs == {("torch.accelerator.synchronize", _line(ACCELERATOR_PROGRAM, "torch.accelerator.synchronize()"))}
+
+
+PACKAGE_TRAIN = """import torch
+import torch.nn.functional as F
+
+from .model import build, device
+
+
+def main():
+    model, opt = build()
+    for i in range(5):
+        x, y = torch.randn(8, 16).to(device), torch.randint(0, 4, (8,)).to(device)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+PACKAGE_MODEL = """import torch
+from torch import nn
+
+device = torch.device("cuda")
+
+
+def build():
+    model = nn.Linear(16, 4).to(device)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+
+def test_a_module_program_is_rehearsed_from_its_package(tmp_path):
+    """`audit run -m pkg.train`: the module's file is found without importing it, and its relative
+    import `.model` (which names the device "cuda") is read. Before, a -m target was not read at all."""
+    _write(tmp_path, {"pkg/__init__.py": "", "pkg/train.py": PACKAGE_TRAIN, "pkg/model.py": PACKAGE_MODEL})
+    a = audit("run", "-m", "pkg.train", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert f'("cuda" at line {_line(PACKAGE_MODEL, "torch.device(")} of model.py)' in a.stderr
+    ev = a.evidence
+    assert ev["environment"]["rehearsal"] is True and len(ev["steps"]) == 3
+    copies = [t for s in ev["steps"] for t in s["tallies"] if t["kind"] == m.H2D_COPY]
+    assert len(copies) == 6 and {t["where"]["line"] for t in copies} == {_line(PACKAGE_TRAIN, ".to(device)")}
+
+
+ACCELERATOR_ANSWERS = r"""
+import json, sys
+import torch
+from auditor.capture import probes, rehearsal
+assert rehearsal.install("on", None)
+probes.install()
+acc = torch.accelerator
+with acc.device_index(0):
+    inside = acc.current_device_index()
+print(json.dumps({
+    "is_available": acc.is_available(), "device_count": acc.device_count(),
+    "current_accelerator": str(acc.current_accelerator()), "checked": str(acc.current_accelerator(check_available=True)),
+    "type": acc.current_accelerator().type, "index": acc.current_device_index(), "set": acc.set_device_index(0),
+    "same_stream": acc.current_stream() is torch.cuda.current_stream(), "inside": inside,
+    "memory": [acc.memory_allocated(), acc.max_memory_allocated(), acc.empty_cache(), acc.reset_peak_memory_stats()],
+    "synchronize": acc.synchronize(), "tensor": str(torch.ones(2, device=acc.current_accelerator()).device),
+}))
+"""
+
+
+def test_torch_accelerator_answers_as_a_one_gpu_cuda_machine(tmp_path):
+    """On a CPU build every torch.accelerator call but is_available() raised 'Cannot access
+    accelerator device when none is available'; rehearsed, the API answers as on one CUDA GPU."""
+    p = subprocess.run([sys.executable, "-c", ACCELERATOR_ANSWERS], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=120, env={**os.environ, **QUIET_ENV})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.splitlines()[-1]) == {
+        "is_available": True, "device_count": 1, "current_accelerator": "cuda", "checked": "cuda", "type": "cuda",
+        "index": 0, "set": None, "same_stream": True, "inside": 0, "memory": [0, 0, None, None],
+        "synchronize": None, "tensor": "cuda:0"}
+
+
+LIBRARY_MENTIONING_CUDA = """import torch
+
+
+def best_device():
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+"""
+CPU_PROGRAM_WITH_LIBRARY = """import torch
+import torch.nn.functional as F
+
+import fancylib
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(4):
+        opt.zero_grad()
+        F.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 4, (8,))).backward()
+        opt.step()
+"""
+
+
+def test_a_cpu_program_importing_an_installed_library_that_mentions_cuda_is_not_rehearsed(tmp_path):
+    """An installed package (site-packages) is not the program's own code: its CUDA branch says
+    nothing of what the program asks for."""
+    site = tmp_path / "env" / "lib" / "python3" / "site-packages"
+    _write(site, {"fancylib.py": LIBRARY_MENTIONING_CUDA})
+    _write(tmp_path / "proj", {"train.py": CPU_PROGRAM_WITH_LIBRARY})
+    a = audit("run", "train.py", "--steps", "2", "--no-profile", "--quiet", out=tmp_path / "out",
+              cwd=tmp_path / "proj", env={"PYTHONPATH": str(site)})
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert not ANNOUNCE.search(a.stderr)
+    assert a.findings_doc["environment"]["rehearsal"] is False
+    assert len(a.evidence["steps"]) == 2
 
 
 # --- how tensors and torch.cuda behave in a rehearsal ----------------------------------------------

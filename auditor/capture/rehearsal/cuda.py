@@ -378,13 +378,31 @@ def _cuda_table(real: Any) -> dict[str, tuple[Callable[..., Any], Callable[..., 
 
 
 def _accelerator_table(real: Any) -> dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]]:
-    return {
+    """`torch.accelerator` as on a one-GPU CUDA machine: the accelerator is `device("cuda")`, its
+    stream the rehearsed device's, its memory statistics those of an idle device."""
+    none = lambda *a, **k: None  # noqa: E731
+    table: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
         "is_available": (lambda: True, real.is_available),
         "device_count": (lambda: 1, real.device_count),
         "current_accelerator": (lambda *a, **k: torch.device("cuda"), real.current_accelerator),
         "current_device_index": (lambda: 0, None),
         "current_device_idx": (lambda: 0, None),
+        "set_device_index": (none, None),
+        "set_device_idx": (none, None),
+        "current_stream": (lambda *a, **k: _STREAM, None),
+        "set_stream": (none, None),
+        "device_index": (_DeviceContext, None),
+        "get_memory_info": (lambda *a, **k: (_host_memory(), _host_memory()), None),
+        "empty_host_cache": (none, None),
     }
+    for name, answer in cuda_standins._answers().items():
+        table.setdefault(name, (answer, None))
+    return table
+
+
+def _accelerator_synchronize(device: Any = None) -> None:
+    """`torch.accelerator.synchronize()`: a wait for the device, a sync to the rules."""
+    _sync("torch.accelerator.synchronize", sys._getframe(1))
 
 
 def install() -> list[str]:
@@ -404,6 +422,8 @@ def install() -> list[str]:
         for name, (impl, real) in _accelerator_table(acc).items():
             if hasattr(acc, name):
                 setattr(acc, name, _standin(f"torch.accelerator.{name}", impl, real))
+        if hasattr(acc, "synchronize"):
+            acc.synchronize = _accelerator_synchronize
     cuda.nvtx._nvtx = _NvtxStub()
     torch.Generator = RehearsalGenerator  # type: ignore[misc]
     replaced.append("torch.Generator")

@@ -472,7 +472,12 @@ def _no_op(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -
 def _parse_to(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
     """`Module.to(...)` parses its arguments with torch._C._nn._parse_to, then moves each tensor
     with `t.to(device, ...)`: the device must come back as asked (cuda), so that those moves are
-    rewritten and marked (`_to`); rewritten here, `model.to(device="cuda")` moved nothing."""
+    rewritten and marked (`_to`); rewritten here, `model.to(device="cuda")` moved nothing. A device
+    index (`model.to(torch.cuda.current_device())`) names the CUDA device, as on a GPU machine."""
+    if args and isinstance(args[0], int) and not isinstance(args[0], bool):
+        args = (torch.device("cuda", args[0]), *args[1:])
+    elif isinstance(kwargs.get("device"), int) and not isinstance(kwargs["device"], bool):
+        kwargs = {**kwargs, "device": torch.device("cuda", kwargs["device"])}
     return func(*args, **kwargs)
 
 

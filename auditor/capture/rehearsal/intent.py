@@ -1,0 +1,212 @@
+"""Where a program asks for CUDA: read from its source, before any of it runs.
+
+`program_reasons(file, module)` reads the program's own code: the target file (for `-m
+pkg.mod` and `pkg.mod:step`, the module's file, found without importing anything) and, through
+its import statements, the user's modules it imports, transitively (at most MAX_FILES files).
+A module is the user's when its file is not a library's (torch, the auditor, the standard library,
+site-packages or dist-packages: auditor.capture.frames.is_library), as the rules place findings.
+Imports are resolved as Python would resolve them when the program starts (the script's directory
+first, for `-m` the current directory), without running any module: a package's `__init__.py`
+counts as imported with each of its submodules.
+
+What counts as asking for CUDA (`cuda_reasons`): calling `.cuda(...)`, naming the device
+`"cuda"` / `"cuda:N"` in a string, using `torch.cuda.<anything>` or `torch.accelerator.<anything>`
+other than the memory-statistics family (`torch.cuda.is_available()`, `torch.cuda.amp`,
+`torch.accelerator.current_accelerator()`, `torch.accelerator.is_available()`, ...), importing
+from `torch.cuda` or `torch.accelerator`, or calling `set_default_device` with anything but a
+non-CUDA string. The memory-statistics family alone (`reset_peak_memory_stats`, `empty_cache`,
+`max_memory_allocated`, ...) does not count: such a program computes on the CPU, and those calls
+are answered by auditor.capture.cuda_standins.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import os
+import re
+import sys
+from pathlib import Path
+
+from auditor.capture import cuda_standins
+from auditor.capture.frames import is_library
+
+_CUDA_STRING = re.compile(r"cuda(:\d+)?")
+# torch.cuda / torch.accelerator functions that run on a CPU-only machine anyway (answered by cuda_standins).
+MEMORY_FAMILY = {"cuda": frozenset(cuda_standins._answers()) | {"synchronize"}}
+MEMORY_FAMILY["accelerator"] = MEMORY_FAMILY["cuda"] | {"empty_host_cache", "get_memory_info", "memory"}
+MAX_FILES = 200  # the program's own modules read, at most
+MAX_BYTES = 2 << 20  # a larger file is data, not a module anyone wrote
+
+
+def cuda_reasons(path: str | Path) -> list[tuple[int, str]]:
+    """(line, what) for each place in the file that asks for CUDA, in line order (see module doc).
+    A method call is placed at the line of its name: a call's own `lineno` is where its receiver
+    starts: the first line of an `nn.Sequential(...).cuda()` spread over lines, not the line
+    holding `.cuda()`."""
+    tree = _parse(path)
+    return [] if tree is None else _reasons(tree)
+
+
+def _parse(path: str | Path) -> ast.Module | None:
+    try:
+        p = Path(path)
+        if p.stat().st_size > MAX_BYTES:
+            return None
+        return ast.parse(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+
+
+def _reasons(tree: ast.Module) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.fullmatch(node.value):
+            found.append((node.lineno, f'"{node.value}"'))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name, line = node.func.attr, node.func.end_lineno or node.lineno
+            if name == "cuda":
+                found.append((line, ".cuda()"))
+            elif name == "set_default_device" and not _non_cuda_string(node):
+                found.append((line, "set_default_device"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "set_default_device":
+            if not _non_cuda_string(node):
+                found.append((node.lineno, "set_default_device"))
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+              and node.value.attr in MEMORY_FAMILY and isinstance(node.value.value, ast.Name)
+              and node.value.value.id == "torch" and node.attr not in MEMORY_FAMILY[node.value.attr]):
+            found.append((node.end_lineno or node.lineno, f"torch.{node.value.attr}.{node.attr}"))
+        elif isinstance(node, ast.ImportFrom) and _device_api(node.module) is not None:
+            family = MEMORY_FAMILY[_device_api(node.module)]
+            if node.module not in ("torch.cuda", "torch.accelerator") or any(a.name not in family for a in node.names):
+                found.append((node.lineno, f"from {node.module} import ..."))
+    return sorted(set(found))
+
+
+def _device_api(module: str | None) -> str | None:
+    """"cuda" for torch.cuda and its submodules, "accelerator" for torch.accelerator's, else None."""
+    parts = (module or "").split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "torch" and parts[1] in MEMORY_FAMILY else None
+
+
+def _non_cuda_string(call: ast.Call) -> bool:
+    arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device"), None)
+    return isinstance(arg, ast.Constant) and (arg.value is None or (
+        isinstance(arg.value, str) and not _CUDA_STRING.fullmatch(arg.value)))
+
+
+# --- the program's own modules -------------------------------------------------------------------
+
+class _Resolver:
+    """Dotted module names -> their files, as the program's imports would find them, without
+    importing anything (a package's `__init__` is read, never run)."""
+
+    def __init__(self, search: list[str]) -> None:
+        self.search = search
+        self.specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
+
+    def spec(self, name: str) -> importlib.machinery.ModuleSpec | None:
+        if name not in self.specs:
+            self.specs[name] = None  # (a cycle of lookups ends here)
+            self.specs[name] = self._find(name)
+        return self.specs[name]
+
+    def _find(self, name: str) -> importlib.machinery.ModuleSpec | None:
+        parent, _, _ = name.rpartition(".")
+        try:
+            if parent:
+                pspec = self.spec(parent)
+                locations = None if pspec is None else pspec.submodule_search_locations
+                return None if not locations else importlib.machinery.PathFinder.find_spec(name, list(locations))
+            found = importlib.machinery.PathFinder.find_spec(name, self.search)
+            if found is not None:
+                return found
+            for finder in sys.meta_path:  # an editable install's finder (the user's own package)
+                # (only those: another finder may import what it finds, e.g. setuptools' for distutils)
+                if "editable" not in f"{type(finder).__module__}.{getattr(finder, '__name__', type(finder).__name__)}".lower():
+                    continue
+                found = finder.find_spec(name, None)
+                if found is not None:
+                    return found
+        except Exception:  # a finder that fails on a name: that module is not read
+            return None
+        return None
+
+    def files(self, name: str) -> list[tuple[str, str, bool]]:
+        """(file, dotted name, is a package) of `name` and of the packages it is in, outermost first."""
+        parts = name.split(".")
+        out = []
+        for i in range(1, len(parts) + 1):
+            dotted = ".".join(parts[:i])
+            s = self.spec(dotted)
+            if s is None or (s.origin and s.has_location and is_library(s.origin)):
+                break  # (a library's submodules are the library's too)
+            if s.origin and s.has_location and s.origin.endswith(".py"):
+                out.append((s.origin, dotted, s.submodule_search_locations is not None))
+        return out
+
+
+def _imported(tree: ast.Module, package: str) -> list[str]:
+    """The dotted names the module's import statements would import (each `from X import Y`
+    also as X.Y: Y may be a submodule), relative ones resolved against `package`."""
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                if node.level - 1 > len(parts) or not package:
+                    continue
+                base = ".".join(parts[:len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if not base:
+                continue
+            names.append(base)
+            names.extend(f"{base}.{a.name}" for a in node.names if a.name != "*")
+    return names
+
+
+def module_file(name: str, search: list[str] | None = None) -> str | None:
+    """The file `python -m name` would run, found without importing anything; None if there is none."""
+    r = _Resolver(search if search is not None else [os.getcwd(), *sys.path[1:]])
+    s = r.spec(name)
+    if s is not None and s.submodule_search_locations is not None:
+        s = r.spec(name + ".__main__")
+    return s.origin if s is not None and s.has_location else None
+
+
+def program_reasons(file: str | None, module: str | None = None) -> list[tuple[str, int, str]]:
+    """(file, line, what) where the program asks for CUDA: the target file's places first, then
+    those of the user's modules it imports, in the order they are reached (see module doc).
+    `file` is the target file, or None with `module` the target's dotted module name."""
+    root = os.path.dirname(file) if file else os.getcwd()
+    resolver = _Resolver([root, *sys.path[1:]])
+    if file is None and module:
+        file = module_file(module, resolver.search)
+    if file is None:
+        return []
+    name = module or ""
+    if module and os.path.basename(file) == "__main__.py" and not module.endswith(".__main__"):
+        name = module + ".__main__"
+    queue = [(os.path.realpath(file), name, False)]
+    for outer in (resolver.files(name.rpartition(".")[0]) if "." in name else []):  # -m runs its packages' __init__
+        queue.append((os.path.realpath(outer[0]), outer[1], outer[2]))
+    seen = {q[0] for q in queue}
+    found: list[tuple[str, int, str]] = []
+    i = 0
+    while i < len(queue) and i < MAX_FILES:
+        path, dotted, is_package = queue[i]
+        i += 1
+        tree = _parse(path)
+        if tree is None:
+            continue
+        found.extend((path, line, what) for line, what in _reasons(tree))
+        package = dotted if is_package else dotted.rpartition(".")[0]
+        for imported in _imported(tree, package):
+            for f, d, pkg in resolver.files(imported):
+                real = os.path.realpath(f)
+                if real not in seen and not is_library(real) and "dist-packages" not in real:
+                    seen.add(real)
+                    queue.append((real, d, pkg))
+    return found
