@@ -272,11 +272,15 @@ def load_hf_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], int,
             except (ValueError, KeyError, TypeError, AttributeError, OSError):
                 raise InputError(f"{path / index}: not a readable weights index (no weight_map)") from None
             for shard in shards:
-                if not isinstance(shard, str) or not _inside(path, shard):
-                    raise InputError(f"{path / index}: refused: it names {str(shard)[:200]!r}, outside the "
-                                     "checkpoint directory (a shard is a file beside the index)")
-                if not (path / shard).is_file():
-                    raise InputError(f"{path}: the index names {shard}, which is missing")
+                try:
+                    if not isinstance(shard, str) or not _inside(path, shard):
+                        raise InputError(f"{path / index}: refused: it names {str(shard)[:200]!r}, outside the "
+                                         "checkpoint directory (a shard is a file beside the index)")
+                    if not (path / shard).is_file():
+                        raise InputError(f"{path}: the index names {shard[:200]}, which is missing")
+                except OSError as e:  # (a name too long for the file system, ...)
+                    raise InputError(f"{path / index}: it names {shard[:80]!r}, which cannot be read "
+                                     f"({e.strerror or e})") from None
                 weights.update(load_weights(path / shard)[0])
                 read.append(path / shard)
             break
@@ -442,13 +446,13 @@ def optimizer_summary(d: dict, name: str, tensors: list[dict]) -> dict[str, Any]
     listed = [p for g in raw_groups for p in _list(g.get("params"))]
     state = d.get("state") if isinstance(d.get("state"), dict) else {}
     steps = [_scalar(s.get("step")) for s in state.values() if isinstance(s, dict) and "step" in s]
-    steps = [s for s in steps if isinstance(s, (int, float))]
+    steps = [s for s in steps if isinstance(s, (int, float)) and not isinstance(s, bool)]
     for pid, s in state.items():
         if isinstance(s, dict):
             for k, v in s.items():
                 if _is_tensor(v) and not (k == "step" and v.numel() == 1):
                     tensors.append(tensor_stats(f"{name}.state.{pid}.{k}", "optimizer", v))
-    kinds = sorted({k for s in state.values() if isinstance(s, dict) for k in s})
+    kinds = sorted({str(k) for s in state.values() if isinstance(s, dict) for k in s})
     return {"name": name, "param_groups": groups, "params": len(listed), "params_with_state": len(state),
             "state_keys": kinds, "step_min": min(steps) if steps else None, "step_max": max(steps) if steps else None}
 
@@ -590,6 +594,25 @@ def checkpoint_evidence(path: Path, against: Path | None = None) -> Evidence:
 
     if path.exists() and not path.is_dir() and not path.is_file():  # a FIFO blocks, /dev/zero never ends
         raise InputError(f"{path}: not a regular file or a directory, not a checkpoint")
+    try:
+        summary = _summary(path)
+    # a checkpoint whose parts have shapes no training program writes (a key of 5000 digits, a
+    # structure nested past the interpreter's limit): one line, as any unreadable checkpoint
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, RecursionError) as e:
+        raise InputError(not_a_checkpoint(path, f"{type(e).__name__}: {str(e)[:160]}".replace("\n", " "))) from None
+    if config is not None:
+        summary["config"] = config
+        summary["config_file"] = str(against)
+    env = Environment(torch_version=str(torch.__version__), device="cpu")
+    try:
+        checkpoint = msgspec.convert(summary, CheckpointSummary)
+    except msgspec.ValidationError as e:
+        raise InputError(not_a_checkpoint(path, f"its contents do not fit a checkpoint summary: {e}")) from None
+    return Evidence(source="checkpoint", target=str(path), environment=env, checkpoint=checkpoint)
+
+
+def _summary(path: Path) -> dict[str, Any]:
+    """The plain data of the CheckpointSummary of a checkpoint file or directory."""
     if path.is_dir():
         bundle, log, size, files, shards = load_hf_checkpoint(path)
         summary = summarize(bundle, path, size)
@@ -603,9 +626,4 @@ def checkpoint_evidence(path: Path, against: Path | None = None) -> Evidence:
         summary = summarize(obj, path)
         if st_meta:
             summary["meta"].update({f"__metadata__.{k}": v for k, v in list(st_meta.items())[:32]})
-    if config is not None:
-        summary["config"] = config
-        summary["config_file"] = str(against)
-    env = Environment(torch_version=str(torch.__version__), device="cpu")
-    return Evidence(source="checkpoint", target=str(path), environment=env,
-                    checkpoint=msgspec.convert(summary, CheckpointSummary))
+    return summary
