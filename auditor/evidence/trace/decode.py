@@ -622,7 +622,9 @@ class _Columns:
         got = self._ids.get(v)  # type: ignore[arg-type]
         if got is None:
             s = str(v).strip()
-            if s.isdigit() or (s[:1] == "-" and s[1:].isdigit()):
+            if len(s) > 20:  # (longer than any int64: a label, however it reads)
+                got = -1000 - (zlib.crc32(s.encode()) & 0x3FFFFFFF)
+            elif s.isdigit() or (s[:1] == "-" and s[1:].isdigit()):
                 got = int(s)
             elif s.startswith("stream ") and s[7:].strip().isdigit():
                 got = int(s[7:])
