@@ -167,7 +167,9 @@ def _is_memory_snapshot(path: Path, size: int) -> bool:
     torch.cuda.memory._snapshot() (or, before torch 2.0, its segment list)."""
     from auditor.evidence.snapshot import _unpickle
 
-    if size > 4 << 30:  # (read whole to be judged: past this, not worth it for an error line)
+    # read whole by the snapshot reader (pickle's Python unpickler, ~8 MB/s) to be judged: past
+    # this size, not worth it for an error line
+    if size > 256 << 20:
         return False
     try:
         raw = _unpickle(path)
