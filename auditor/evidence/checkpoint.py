@@ -167,7 +167,9 @@ def _is_memory_snapshot(path: Path, size: int) -> bool:
     torch.cuda.memory._snapshot() (or, before torch 2.0, its segment list)."""
     from auditor.evidence.snapshot import _unpickle
 
-    if size > 4 << 30:  # (read whole to be judged: past this, not worth it for an error line)
+    # read whole by the snapshot reader (pickle's Python unpickler, ~8 MB/s) to be judged: past
+    # this size, not worth it for an error line
+    if size > 256 << 20:
         return False
     try:
         raw = _unpickle(path)
@@ -210,13 +212,17 @@ def load_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
     tensors: dict[str, Any] = {}
     for name, e in header.items():
-        dtype = getattr(torch, _SAFETENSORS_DTYPES.get(e.get("dtype") if isinstance(e, dict) else None, ""), None)
+        code = e.get("dtype") if isinstance(e, dict) else None
+        dtype = getattr(torch, _SAFETENSORS_DTYPES.get(code, ""), None) if isinstance(code, str) else None
         shape = e.get("shape") if isinstance(e, dict) else None
         offs = e.get("data_offsets") if isinstance(e, dict) else None
-        if (dtype is None or not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
+        if (dtype is None or not isinstance(shape, list) or not all(isinstance(d, int) and 0 <= d < 2**63 for d in shape)
                 or not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs))):
             raise InputError(f"{path}: not a readable safetensors file (entry {name!r}: {str(e)[:120]})")
         numel = math.prod(shape)
+        if numel >= 2**63 or (numel == 0 and any(d >= 2**62 for d in shape)):
+            raise InputError(f"{path}: not a readable safetensors file (entry {name!r}: shape {shape} "
+                             "is larger than any tensor)")
         begin, end = offs
         if not 0 <= begin <= end <= data_len or end - begin != numel * dtype.itemsize:
             raise InputError(f"{path}: not a readable safetensors file (entry {name!r} lies outside the data "
@@ -240,6 +246,14 @@ HF_WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.b
 HF_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
+def _inside(directory: Path, name: str) -> bool:
+    """`name` is a relative path that stays inside `directory` (links resolved)."""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return False
+    root = directory.resolve()
+    return (root / name).resolve().is_relative_to(root)
+
+
 def load_hf_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], int, dict[str, list[str]], dict[str, str]]:
     """A Hugging Face Trainer checkpoint directory as a bundle {"model", "optimizer", "scheduler"},
     what trainer_state.json says, the bytes read, the files each part came from ({"model":
@@ -260,8 +274,15 @@ def load_hf_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any], int,
             except (ValueError, KeyError, TypeError, AttributeError, OSError):
                 raise InputError(f"{path / index}: not a readable weights index (no weight_map)") from None
             for shard in shards:
-                if not (path / shard).is_file():
-                    raise InputError(f"{path}: the index names {shard}, which is missing")
+                try:
+                    if not isinstance(shard, str) or not _inside(path, shard):
+                        raise InputError(f"{path / index}: refused: it names {str(shard)[:200]!r}, outside the "
+                                         "checkpoint directory (a shard is a file beside the index)")
+                    if not (path / shard).is_file():
+                        raise InputError(f"{path}: the index names {shard[:200]}, which is missing")
+                except OSError as e:  # (a name too long for the file system, ...)
+                    raise InputError(f"{path / index}: it names {shard[:80]!r}, which cannot be read "
+                                     f"({e.strerror or e})") from None
                 weights.update(load_weights(path / shard)[0])
                 read.append(path / shard)
             break
@@ -339,13 +360,17 @@ def tensor_stats(name: str, section: str, t: Any) -> dict[str, Any]:
 
     out: dict[str, Any] = {"name": name, "section": section, "dtype": str(t.dtype).replace("torch.", ""),
                            "numel": int(t.numel()), "shape": list(t.shape)}
-    if t.numel() == 0 or t.is_complex() or t.is_sparse:
+    if t.numel() == 0 or t.is_complex() or t.is_sparse or t.is_meta:  # (a meta tensor has no data)
         return out
     if not t.is_floating_point():
         return out
     nan = pos = neg = negative = zeros = 0
     max_abs = 0.0
     with torch.no_grad():
+        stored = t.untyped_storage().nbytes() // t.element_size()
+        if t.numel() > stored:  # a view that repeats its storage (expand: 2**60 elements over 1 value):
+            # its values are the storage's, so the storage is what is reduced
+            t = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (stored,))
         flat = t.detach().reshape(-1)
         # in chunks, so the temporaries stay small for a multi-GB tensor; float8 is widened
         # first (its CPU kernels have no isinf)
@@ -360,7 +385,7 @@ def tensor_stats(name: str, section: str, t: Any) -> dict[str, Any]:
             max_abs = max(max_abs, float(mag.max()))
             negative += int((x < 0).sum())
             zeros += int((x == 0).sum())
-    finite = nan + pos + neg < out["numel"]
+    finite = nan + pos + neg < t.numel()
     out.update(nan=nan, posinf=pos, neginf=neg, max_abs=max_abs if finite else None, negative=negative, zeros=zeros)
     return out
 
@@ -387,7 +412,11 @@ def _scalar(v: Any) -> Any:
             isinstance(x, (int, float, bool, str)) or (_is_tensor(x) and x.numel() == 1) for x in v):
         return [_scalar(x) for x in v]
     if isinstance(v, dict) and len(v) <= 256 and all(isinstance(n, int) for n in v.values()):
-        return sorted(k for k, n in v.items() for _ in range(n)) if all(isinstance(k, int) for k in v) else None
+        # a Counter (MultiStepLR's milestones: {epoch: times}) as its sorted list, when that list is
+        # of the size a schedule has: {5: 10**10} would be ten billion entries
+        if all(isinstance(k, int) for k in v) and all(0 <= n for n in v.values()) and sum(v.values()) <= 256:
+            return sorted(k for k, n in v.items() for _ in range(n))
+        return None
     return None
 
 
@@ -406,18 +435,26 @@ def is_optimizer_state(d: Any) -> bool:
     return isinstance(d, dict) and "param_groups" in d and "state" in d
 
 
+def _list(v: Any) -> list | tuple:
+    """A list or tuple as it is; a value of any other type as nothing."""
+    return v if isinstance(v, (list, tuple)) else []
+
+
 def optimizer_summary(d: dict, name: str, tensors: list[dict]) -> dict[str, Any]:
-    groups = [_scalars(g, skip=("params",)) for g in d.get("param_groups", [])]
-    listed = [p for g in d.get("param_groups", []) for p in g.get("params", [])]
-    state = d.get("state", {})
+    """An optimizer state_dict's summary. Parts of the wrong type (param_groups that is not a list,
+    a group that is not a dict, state that is not a dict) count as absent."""
+    raw_groups = [g for g in _list(d.get("param_groups")) if isinstance(g, dict)]
+    groups = [_scalars(g, skip=("params",)) for g in raw_groups]
+    listed = [p for g in raw_groups for p in _list(g.get("params"))]
+    state = d.get("state") if isinstance(d.get("state"), dict) else {}
     steps = [_scalar(s.get("step")) for s in state.values() if isinstance(s, dict) and "step" in s]
-    steps = [s for s in steps if isinstance(s, (int, float))]
+    steps = [s for s in steps if isinstance(s, (int, float)) and not isinstance(s, bool)]
     for pid, s in state.items():
         if isinstance(s, dict):
             for k, v in s.items():
                 if _is_tensor(v) and not (k == "step" and v.numel() == 1):
                     tensors.append(tensor_stats(f"{name}.state.{pid}.{k}", "optimizer", v))
-    kinds = sorted({k for s in state.values() if isinstance(s, dict) for k in s})
+    kinds = sorted({str(k) for s in state.values() if isinstance(s, dict) for k in s})
     return {"name": name, "param_groups": groups, "params": len(listed), "params_with_state": len(state),
             "state_keys": kinds, "step_min": min(steps) if steps else None, "step_max": max(steps) if steps else None}
 
@@ -441,10 +478,10 @@ def summarize(obj: Any, path: Path, size: int | None = None) -> dict[str, Any]:
                                                           or "pytorch-lightning_version" in obj):
         layout = "lightning"
         _walk(obj["state_dict"], "", "model", tensors)
-        for i, o in enumerate(obj.get("optimizer_states") or []):
+        for i, o in enumerate(_list(obj.get("optimizer_states"))):
             if is_optimizer_state(o):
                 optimizers.append(optimizer_summary(o, f"optimizer_states.{i}", tensors))
-        for i, s in enumerate(obj.get("lr_schedulers") or []):
+        for i, s in enumerate(_list(obj.get("lr_schedulers"))):
             if (sm := scheduler_summary(s, f"lr_schedulers.{i}")) is not None:
                 schedulers.append(sm)
         rest = {k: v for k, v in obj.items() if k not in ("state_dict", "optimizer_states", "lr_schedulers")}
@@ -557,6 +594,27 @@ def checkpoint_evidence(path: Path, against: Path | None = None) -> Evidence:
     config = normalise_config(read_config(against), against) if against is not None else None
     import torch  # after the config: a bad config fails fast
 
+    if path.exists() and not path.is_dir() and not path.is_file():  # a FIFO blocks, /dev/zero never ends
+        raise InputError(f"{path}: not a regular file or a directory, not a checkpoint")
+    try:
+        summary = _summary(path)
+    # a checkpoint whose parts have shapes no training program writes (a key of 5000 digits, a
+    # structure nested past the interpreter's limit): one line, as any unreadable checkpoint
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, RecursionError) as e:
+        raise InputError(not_a_checkpoint(path, f"{type(e).__name__}: {str(e)[:160]}".replace("\n", " "))) from None
+    if config is not None:
+        summary["config"] = config
+        summary["config_file"] = str(against)
+    env = Environment(torch_version=str(torch.__version__), device="cpu")
+    try:
+        checkpoint = msgspec.convert(summary, CheckpointSummary)
+    except msgspec.ValidationError as e:
+        raise InputError(not_a_checkpoint(path, f"its contents do not fit a checkpoint summary: {e}")) from None
+    return Evidence(source="checkpoint", target=str(path), environment=env, checkpoint=checkpoint)
+
+
+def _summary(path: Path) -> dict[str, Any]:
+    """The plain data of the CheckpointSummary of a checkpoint file or directory."""
     if path.is_dir():
         bundle, log, size, files, shards = load_hf_checkpoint(path)
         summary = summarize(bundle, path, size)
@@ -570,9 +628,4 @@ def checkpoint_evidence(path: Path, against: Path | None = None) -> Evidence:
         summary = summarize(obj, path)
         if st_meta:
             summary["meta"].update({f"__metadata__.{k}": v for k, v in list(st_meta.items())[:32]})
-    if config is not None:
-        summary["config"] = config
-        summary["config_file"] = str(against)
-    env = Environment(torch_version=str(torch.__version__), device="cpu")
-    return Evidence(source="checkpoint", target=str(path), environment=env,
-                    checkpoint=msgspec.convert(summary, CheckpointSummary))
+    return summary

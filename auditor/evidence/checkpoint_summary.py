@@ -20,7 +20,9 @@ class TensorStats(msgspec.Struct):
     dtype: torch's name without "torch." ("float16").
     numel, shape: its size.
     The counts below are UNSET (absent from the JSON) for a tensor that holds no real floating-point
-    values (integers, bool, complex, sparse, empty): only floating-point tensors are checked.
+    values (integers, bool, complex, sparse, empty, and meta tensors, which have no data): only
+    floating-point tensors are checked. A view that repeats its storage (torch.expand) is checked
+    by its storage's values.
     nan, posinf, neginf: how many of its values are NaN, +inf, -inf.
     max_abs: its largest finite |value|; None when it holds no finite value at all.
     negative, zeros: how many values are < 0 and == 0."""

@@ -254,10 +254,38 @@ class _Refused(Exception):
     """The pickle named a global; carried out of the unpickler so it is never mistaken for damage."""
 
 
-class _SafeUnpickler(pickle.Unpickler):
+class _MemoIndex(Exception):
+    """The pickle stores an object under a memo index no pickle of this size can reach."""
+
+
+class _SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
     """Builds only plain containers and scalars. Every global (class or function) is refused, so no
     code a pickle names can run: `find_class` is the only road to a callable for REDUCE, BUILD,
-    INST/OBJ/NEWOBJ and the copyreg extension opcodes."""
+    INST/OBJ/NEWOBJ and the copyreg extension opcodes.
+
+    It is pickle's Python unpickler, whose memo is a dict: the C one sizes its memo array by the
+    largest BINPUT/LONG_BINPUT index, so a 9-byte pickle naming index 2**27 took 2 GB. Its other
+    work is bounded by the bytes of the file (a 3 MB snapshot loads in under half a second).
+    A memo index is refused past `memo_limit` (the file's size: pickle.dump numbers the objects it
+    memoizes from 0, each costing at least a byte), so no index names memory the file never held."""
+
+    def __init__(self, file: Any, memo_limit: int | None = None) -> None:
+        super().__init__(file)
+        self._memo_limit = memo_limit
+
+    def _put(self, index: int) -> None:
+        if self._memo_limit is not None and index > self._memo_limit:
+            raise _MemoIndex(f"a memo index of {index} in a {self._memo_limit}-byte file")
+        self.memo[index] = self.stack[-1]
+
+    def _load_binput(self) -> None:
+        self._put(self.read(1)[0])
+
+    def _load_long_binput(self) -> None:
+        self._put(int.from_bytes(self.read(4), "little"))
+
+    dispatch = {**pickle._Unpickler.dispatch,  # type: ignore[attr-defined]
+                pickle.BINPUT[0]: _load_binput, pickle.LONG_BINPUT[0]: _load_long_binput}
 
     def find_class(self, module: str, name: str) -> Any:
         raise _Refused(f"the Python global {module}.{name}")
@@ -268,6 +296,8 @@ class _SafeUnpickler(pickle.Unpickler):
 
 def _unpickle(path: Path) -> Any:
     try:
+        if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+            raise InputError(f"{path}: not a regular file, not a CUDA memory snapshot")
         data = path.read_bytes()
     except OSError as e:
         raise InputError(f"{path}: cannot read memory snapshot ({e.strerror or e})") from None
@@ -277,7 +307,9 @@ def _unpickle(path: Path) -> Any:
         raise InputError(f"{path}: not a pickle (a CUDA memory snapshot is a pickle from "
                          "torch.cuda.memory._dump_snapshot)")
     try:
-        return _SafeUnpickler(io.BytesIO(data)).load()
+        return _SafeUnpickler(io.BytesIO(data), memo_limit=len(data)).load()
+    except _MemoIndex as e:
+        raise InputError(f"{path}: not a CUDA memory snapshot: the pickle asks for {e}") from None
     except _Refused as e:
         raise InputError(f"{path}: refused to load: the pickle asks for {e} "
                          "(a memory snapshot needs none; loading it could run code)") from None
@@ -411,7 +443,10 @@ def _segment(raw: Any, frames_of: _Frames, notes: set[str]) -> Segment:
     address = _int(raw.get("address"), 0)
     blocks: list[Block] = []
     offset = address
-    for b in raw.get("blocks") or []:
+    raw_blocks = raw.get("blocks")
+    if raw_blocks is not None and not isinstance(raw_blocks, list):
+        raise InputError(f"a segment's blocks are of type {type(raw_blocks).__name__}, not a list")
+    for b in raw_blocks or []:
         if isinstance(b, dict):
             blk = _block(b, offset, frames_of, notes)
             blocks.append(blk)
@@ -668,6 +703,31 @@ def _oom_record(snapshot_path: Path, frames_of: _Frames, notes: set[str]) -> Oom
 # Loading
 
 
+def _check_work(raw: dict, size: int) -> None:
+    """Refuse a pickle whose segments' blocks and trace entries (with their keys) outnumber the
+    bytes of the file: each costs a real snapshot many bytes, but a pickle can repeat one shared
+    object by a 2-byte reference, so a 12 KB file of shared lists named 9 million blocks. Counting
+    stops at the limit, so the check costs no more than the file's own content."""
+    limit = max(size, 1 << 16)
+    n = 0
+
+    def over() -> InputError:
+        return InputError(f"not a CUDA memory snapshot: over {limit} blocks and trace entries from a "
+                          f"{size}-byte file (the pickle repeats shared references)")
+
+    for s in raw.get("segments") or []:
+        blocks = s.get("blocks") if isinstance(s, dict) else None
+        n += 1 + (len(blocks) if isinstance(blocks, list) else 0)
+        if n > limit:
+            raise over()
+    traces = raw.get("device_traces")
+    for t in traces if isinstance(traces, list) else []:
+        for e in t if isinstance(t, list) else []:
+            n += 1 + (len(e) if isinstance(e, dict) else 0)
+            if n > limit:
+                raise over()
+
+
 def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Load a `torch.cuda.memory._dump_snapshot()` pickle (any protocol >= 2, torch 1.13 onwards).
 
@@ -683,17 +743,28 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     if not isinstance(raw, dict) or not isinstance(raw.get("segments"), list):
         raise InputError(f"{p}: not a CUDA memory snapshot (expected a dict with 'segments', "
                          f"got {type(raw).__name__})")
-    frames_of = _Frames()
     try:
-        segments = [_segment(s, frames_of, notes) for s in raw["segments"]]
+        _check_work(raw, p.stat().st_size)
+        return _convert(p, raw, notes)
     except InputError as e:
-        raise InputError(f"{p}: not a CUDA memory snapshot ({e})") from None
+        raise InputError(f"{p}: {e}" if str(e).startswith("not a CUDA") else
+                         f"{p}: not a CUDA memory snapshot ({e})") from None
+    # a value of a type or size no snapshot holds (a 5000-digit int as a name, a frame nested
+    # 100k deep): one line, as for any other file that is not a snapshot
+    except (TypeError, ValueError, AttributeError, OverflowError, KeyError, IndexError, RecursionError) as e:
+        raise InputError(f"{p}: not a CUDA memory snapshot ({type(e).__name__}: {str(e)[:120]})"
+                         .replace("\n", " ")) from None
+
+
+def _convert(p: Path, raw: dict, notes: set[str]) -> Snapshot:
+    frames_of = _Frames()
+    segments = [_segment(s, frames_of, notes) for s in raw["segments"]]
     traces_raw = raw.get("device_traces")
     if traces_raw is None:
         notes.add("no device_traces")
         traces_raw = []
     if not isinstance(traces_raw, list):
-        raise InputError(f"{p}: not a CUDA memory snapshot (device_traces is a {type(traces_raw).__name__})")
+        raise InputError(f"device_traces is of type {type(traces_raw).__name__}, not a list")
     traces: list[list[TraceEntry]] = []
     for t in traces_raw:
         entries = [_entry(e, frames_of, notes) for e in (t if isinstance(t, list) else [])]
@@ -701,7 +772,11 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     settings = _settings(raw.get("allocator_settings"))
     if settings is None:
         notes.add("no allocator_settings")
-    annotations = [a for a in raw.get("external_annotations") or [] if isinstance(a, dict)]
+    annotations_raw = raw.get("external_annotations") or []
+    if not isinstance(annotations_raw, list):
+        notes.add("external_annotations that are not a list (left out)")
+        annotations_raw = []
+    annotations = [a for a in annotations_raw if isinstance(a, dict)]
 
     oom = _oom_record(p, frames_of, notes)
 

@@ -409,3 +409,85 @@ def test_a_damaged_torch_save_file_keeps_torchs_reason(tmp_path, check):
     [line] = a.stderr.strip().splitlines()
     assert a.returncode == 2 and line.startswith(f"audit: error: {tmp_path / 'cut.pt'}: not a readable torch checkpoint (")
     assert "pickle.dump" not in line and "snapshot" not in line and "empty" not in line
+
+
+# --- hostile inputs: one line and exit 2, or judged, in bounded time and memory --------------------
+
+def _evidence(path: pathlib.Path):
+    from auditor.evidence.checkpoint import checkpoint_evidence
+
+    return checkpoint_evidence(path).checkpoint
+
+
+def test_an_expanded_view_is_reduced_by_its_storage(tmp_path: pathlib.Path) -> None:
+    """2**60 elements over one stored value: reducing the view never finished."""
+    p = tmp_path / "x.pt"
+    torch.save({"w": torch.full((1,), float("nan")).expand(2**40, 2**20)}, p)
+    (t,) = _evidence(p).tensors
+    assert t.numel == 2**60 and t.nan == 1 and t.max_abs is None
+
+
+def test_a_counter_too_large_for_a_schedule_is_left_out(tmp_path: pathlib.Path) -> None:
+    """MultiStepLR milestones {5: 10**10} were expanded into a list (MemoryError)."""
+    p = tmp_path / "x.pt"
+    torch.save({"model": {"w": torch.zeros(2)}, "scheduler": {"milestones": {5: 10**10}, "gamma": 0.1},
+                "lr_scheduler": {"milestones": {5: 2, 3: 1}}}, p)
+    s = {d["name"]: d for d in _evidence(p).schedulers}
+    assert "milestones" not in s["scheduler"] and s["scheduler"]["gamma"] == 0.1
+    assert s["lr_scheduler"]["milestones"] == [3, 5, 5]
+
+
+@pytest.mark.parametrize("obj", [
+    {"w": torch.empty(3, device="meta")},
+    {"model": {"w": torch.zeros(2)}, "optimizer": {"state": 5, "param_groups": [{"lr": 1, "params": [0]}]}},
+    {"model": {"w": torch.zeros(2)}, "optimizer": {"state": {}, "param_groups": 5}},
+    {"model": {"w": torch.zeros(2)}, "optimizer": {"state": {}, "param_groups": [{"lr": 1, "params": 5}]}},
+    {"model": {"w": torch.zeros(2)}, "optimizer": {"state": {}, "param_groups": [5]}},
+    {"state_dict": {"w": torch.zeros(2)}, "optimizer_states": 5, "lr_schedulers": 5},
+], ids=["meta", "state-int", "param-groups-int", "params-int", "group-int", "lightning-int"])
+def test_parts_of_the_wrong_type_are_judged(tmp_path: pathlib.Path, obj) -> None:
+    """Each exited 4 (internal error); a meta tensor has no data, so it is left unchecked."""
+    p = tmp_path / "x.pt"
+    torch.save(obj, p)
+    summary = _evidence(p)
+    assert all(t.checked is False for t in summary.tensors if t.dtype == "float32" and t.numel == 3)
+
+
+def _safetensors(p: pathlib.Path, header: dict, data: bytes = b"") -> None:
+    h = json.dumps(header).encode()
+    p.write_bytes(len(h).to_bytes(8, "little") + h + data)
+
+
+@pytest.mark.parametrize("entry", [
+    {"dtype": "F32", "shape": [0, 2**63], "data_offsets": [0, 0]},
+    {"dtype": "F32", "shape": [0, 2**62, 2**62], "data_offsets": [0, 0]},
+    {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]},
+], ids=["dim-2**63", "zero-numel-huge", "dtype-list"])
+def test_impossible_safetensors_entries_are_refused(tmp_path: pathlib.Path, entry, check) -> None:
+    """Each exited 4 (shape [0, 2**63]: a 12-line C++ trace)."""
+    p = tmp_path / "x.safetensors"
+    _safetensors(p, {"w": entry}, b"\0" * 4)
+    a = check(p)
+    assert a.returncode == 2 and "\n" not in a.stderr.strip() and "not a readable safetensors file" in a.stderr
+
+
+@pytest.mark.parametrize("shard", ["../../x.safetensors", "/etc/passwd", "sub/../../y.safetensors"])
+def test_an_index_naming_files_outside_the_directory_is_refused(tmp_path: pathlib.Path, shard, check) -> None:
+    """The index's names were read wherever they led (`/etc/passwd`)."""
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    _safetensors(tmp_path / "x.safetensors", {"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
+    a = check(d)
+    assert a.returncode == 2 and "\n" not in a.stderr.strip() and "outside the checkpoint directory" in a.stderr
+
+
+def test_non_regular_files_are_refused(tmp_path: pathlib.Path, check) -> None:
+    """A FIFO hung; /dev/zero was "an empty file"."""
+    import os
+
+    fifo = tmp_path / "fifo.pt"
+    os.mkfifo(fifo)
+    for p in (fifo, pathlib.Path("/dev/zero")):
+        a = check(p)
+        assert a.returncode == 2 and "\n" not in a.stderr.strip() and "not a regular file" in a.stderr

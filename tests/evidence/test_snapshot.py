@@ -9,6 +9,7 @@ import functools
 import io
 import os
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -464,3 +465,53 @@ def test_a_run_report_still_tells_how_the_run_ended(tmp_path: Path) -> None:
     trace = load_paths([SNAPSHOTS.parent / "traces" / "a100_item_sync_small.pt.trace.json.gz"])
     page = HtmlReport().render(trace, run_rules(trace), tmp_path)
     assert "Median step" in page and 'id="traces"' in page and 'id="ending"' not in page
+
+
+_BLOCK = {"address": 0, "size": 512, "requested_size": 512, "state": "active_allocated", "frames": []}
+
+
+def _shared_segment(blocks: int) -> dict:
+    return {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0, "segment_type": "small",
+            "blocks": [_BLOCK] * blocks}
+
+
+@pytest.mark.parametrize("raw", [
+    {"segments": [_shared_segment(3000)] * 3000, "device_traces": []},  # 12 KB, 9 million blocks
+    {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 8}] * 3000] * 3000},
+], ids=["blocks", "trace-entries"])
+def test_shared_references_are_refused_by_the_file_size(tmp_path: Path, raw: dict) -> None:
+    """A pickle repeats one object by reference: the work is bounded by the bytes of the file,
+    not by the objects they name (this took 18 s and 1.2 GB before)."""
+    p = tmp_path / "bomb.pickle"
+    p.write_bytes(pickle.dumps(raw, protocol=4))
+    assert p.stat().st_size < 20_000
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match=r"not a CUDA memory snapshot: over \d+ blocks and trace entries from a \d+-byte"):
+        load_snapshot(p)
+    assert time.monotonic() - t0 < 2
+
+
+def test_a_huge_memo_index_is_refused_without_allocating(tmp_path: Path) -> None:
+    """LONG_BINPUT 2**27 in a 9-byte file: the C unpickler sized its memo by it (2 GB)."""
+    p = tmp_path / "memo.pickle"
+    p.write_bytes(b"\x80\x04]r" + (2**27).to_bytes(4, "little") + b".")
+    with pytest.raises(InputError, match="memo index of 134217728 in a 9-byte file"):
+        load_snapshot(p)
+
+
+def test_fields_of_the_wrong_type(tmp_path: Path) -> None:
+    """`blocks: 5` is refused with one line; `external_annotations: 7` is left out with a note."""
+    p = tmp_path / "blocks.pickle"
+    p.write_bytes(pickle.dumps({"segments": [dict(_shared_segment(0), blocks=5)], "device_traces": []}))
+    with pytest.raises(InputError, match="blocks are of type int"):
+        load_snapshot(p)
+    p.write_bytes(pickle.dumps({"segments": [], "device_traces": [], "external_annotations": 7}))
+    snap = load_snapshot(p)
+    assert snap.external_annotations == [] and any("external_annotations" in n for n in snap.notes)
+
+
+def test_a_fifo_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "fifo.pickle"
+    os.mkfifo(p)
+    with pytest.raises(InputError, match="not a regular file"):
+        load_snapshot(p)

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import FIXTURES, audit
 
+from auditor.evidence.errors import InputError
 from auditor.evidence.trace import parallel as trace_parallel
 from auditor.evidence.trace.load import load_trace
 
@@ -86,3 +87,63 @@ def test_workers_count_what_they_leave_out(tmp_path: Path, monkeypatch: pytest.M
     one, par = load_trace(path, workers=0), load_trace(path, workers=2)
     assert par.workers == 2 and par.dropped == one.dropped and one.dropped.startswith("3 events")
     assert len(par.events) == len(one.events)
+
+
+# --- numbers out of range and hostile shapes: left out, or one line, never an internal error --------
+
+def _small_trace(tmp_path: Path, spoil, extra: dict | None = None) -> Path:
+    """Five ProfilerSteps, each with a launch, its kernel and a [memory] event; `spoil(events)` spoils it."""
+    ev = [{"ph": "X", "name": f"ProfilerStep#{i}", "cat": "user_annotation", "pid": 1, "tid": 1,
+           "ts": i * 1000, "dur": 900} for i in range(5)]
+    ev += [{"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "pid": 1, "tid": 1, "ts": i * 1000 + 10,
+            "dur": 10, "args": {"correlation": i, "External id": i}} for i in range(5)]
+    ev += [{"ph": "X", "name": "k", "cat": "kernel", "pid": 0, "tid": 7, "ts": i * 1000 + 30, "dur": 100,
+            "args": {"correlation": i, "device": 0, "stream": 7}} for i in range(5)]
+    ev += [{"ph": "i", "s": "t", "name": "[memory]", "cat": "cpu_instant_event", "pid": 1, "tid": 1,
+            "ts": i * 1000 + 20, "args": {"Bytes": 1024, "Total Allocated": 1024, "Device Type": 1}} for i in range(5)]
+    spoil(ev)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": ev, **(extra or {})}))
+    return path
+
+
+@pytest.mark.parametrize("field,value", [("ts", "inf"), ("dur", "inf"), ("ts", "-Infinity"), ("dur", "nan"),
+                                         ("ts", 10**400), ("dur", 10**400)])
+def test_a_time_that_is_not_a_finite_number_is_of_the_wrong_type(tmp_path: Path, field, value) -> None:
+    """`"ts": 10**400` exited 4 (OverflowError); a ts/dur of "inf" was read, giving "nan ms/step"."""
+    path = _small_trace(tmp_path, lambda ev: ev[2].update({field: value}))
+    trace = load_trace(path)
+    assert len(trace.steps) == 4 and "1 event with fields of the wrong type was left out" in trace.dropped
+    assert f'ProfilerStep#2: "{field}"' in trace.dropped
+
+
+@pytest.mark.parametrize("row,key", [(15, "Bytes"), (10, "correlation"), (10, "device"), (10, "stream"),
+                                     (5, "External id")])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e999"])
+def test_an_arg_that_is_not_a_finite_number_is_left_out(tmp_path: Path, row, key, value) -> None:
+    """"inf" in Bytes / correlation / device / stream exited 4 (OverflowError); now the value is
+    read as absent, as any other arg that is not a number."""
+    path = _small_trace(tmp_path, lambda ev: ev[row]["args"].update({key: value}))
+    assert len(load_trace(path).steps) == 5
+
+
+def test_args_nested_too_deeply_are_one_line(tmp_path: Path) -> None:
+    """100k nested objects in an event's args exited 4 (RecursionError)."""
+    path = _small_trace(tmp_path, lambda ev: None)
+    deep = '{"a":' * 100_000 + "1" + "}" * 100_000
+    path.write_text(path.read_text().replace('"args": {"correlation": 0, "External id": 0}', f'"args": {deep}'))
+    with pytest.raises(InputError, match="nests objects or arrays too deeply") as e:
+        load_trace(path)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("info", [{"rank": 0, "world_size": 10**20}, {"rank": 10**20, "world_size": 2},
+                                  {"rank": "9" * 5000, "world_size": 2}, {"rank": True, "world_size": True}])
+def test_a_rank_or_world_size_out_of_range_is_left_out(tmp_path: Path, info) -> None:
+    """`"world_size": 10**20` built range(world_size) (MemoryError)."""
+    from auditor.evidence.ranks.traces import ranks_from_traces, trace_rank, trace_world_size
+
+    trace = load_trace(_small_trace(tmp_path, lambda ev: None, {"distributedInfo": info}))
+    assert trace_world_size(trace) is None if info["world_size"] != 2 else trace_rank(trace) is None
+    rs = ranks_from_traces([trace])
+    assert rs is None or rs.missing == []

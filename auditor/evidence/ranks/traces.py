@@ -46,10 +46,23 @@ def _union_ms(starts: list[float], ends: list[float]) -> float:
     return total / 1e3
 
 
+# The most ranks a trace's distributedInfo is believed to name: a rank or world_size past it (10**20)
+# is a value of the wrong type, as a string or a list is, and is left out.
+MAX_RANKS = 1 << 17
+
+
 def trace_rank(trace: Trace) -> int | None:
     """The rank a trace's `distributedInfo` names, or None."""
     rank = trace.distributed_info.get("rank")
-    return int(rank) if isinstance(rank, int) or (isinstance(rank, str) and rank.isdigit()) else None
+    if isinstance(rank, str) and rank.isdigit() and len(rank) <= 7:
+        rank = int(rank)
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < MAX_RANKS else None
+
+
+def trace_world_size(trace: Trace) -> int | None:
+    """The world size a trace's `distributedInfo` names, or None."""
+    world = trace.distributed_info.get("world_size")
+    return world if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_RANKS else None
 
 
 def info_from_traces(traces: list[Trace], rank: int) -> tuple[RankInfo, SyncMap]:
@@ -99,7 +112,7 @@ def ranks_from_traces(traces: list[Trace]) -> RankSet | None:
         r = trace_rank(t)
         if r is not None:
             by_rank[r].append(t)
-            world = world or t.distributed_info.get("world_size")
+            world = world or trace_world_size(t)
     if not by_rank:
         return None
     return combine([info_from_traces(ts, r) for r, ts in sorted(by_rank.items())],
@@ -125,7 +138,7 @@ def merge_traces(traces: Iterable[Trace]) -> tuple[m.Evidence | None, list[Trace
             return None, [*held, trace]  # a trace that names no rank: not a set of per-rank traces
         if trace.dropped:
             dropped.append(f"{trace.path.name}: {trace.dropped}")
-        world = world or trace.distributed_info.get("world_size")
+        world = world or trace_world_size(trace)
         parts[rank].append(info_from_traces([trace], rank))
         held.append(trace)
         if len(parts) > 1:

@@ -126,6 +126,7 @@ _ARG_FIELDS = {f.encode_name: f.name for f in msgspec.structs.fields(_Args)}
 
 
 def _to_int(v: Any) -> int | None:
+    """An int from a number or a numeric string; None for anything else, "inf" and "nan" included."""
     if v is None or isinstance(v, bool):
         return None
     if isinstance(v, int):
@@ -139,22 +140,21 @@ def _to_int(v: Any) -> int | None:
         except ValueError:
             try:
                 return int(float(s))
-            except ValueError:
+            except (ValueError, OverflowError):
                 return None
     return None
 
 
 def _to_float(v: Any, default: float) -> float:
+    """A finite float from a number or a numeric string; `default` for anything else: a value past
+    the float range (10**400), "inf" or "nan" is a value of the wrong type."""
     if isinstance(v, bool) or v is None:
         return default
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return default
-    return default
+    try:
+        got = float(v) if isinstance(v, (int, float, str)) else default
+    except (ValueError, OverflowError):
+        return default
+    return got if math.isfinite(got) else default
 
 
 def _args_from_dict(d: Any) -> _Args:
@@ -469,6 +469,9 @@ class _Stream:
             piece = memoryview(buf)[p - 1:i + 2]
             try:
                 events = _DECODER.decode(piece)
+            except RecursionError:  # (msgspec's limit: no profiler writes JSON that deep)
+                raise self._fail(f"not a profiler trace: an event near byte {self.base + p} nests "
+                                 "objects or arrays too deeply") from None
             except msgspec.ValidationError:
                 try:
                     events = self._usable(_LOOSE_DECODER.decode(piece))
@@ -619,7 +622,9 @@ class _Columns:
         got = self._ids.get(v)  # type: ignore[arg-type]
         if got is None:
             s = str(v).strip()
-            if s.isdigit() or (s[:1] == "-" and s[1:].isdigit()):
+            if len(s) > 20:  # (longer than any int64: a label, however it reads)
+                got = -1000 - (zlib.crc32(s.encode()) & 0x3FFFFFFF)
+            elif s.isdigit() or (s[:1] == "-" and s[1:].isdigit()):
                 got = int(s)
             elif s.startswith("stream ") and s[7:].strip().isdigit():
                 got = int(s[7:])
