@@ -184,7 +184,18 @@ def _frame_of_exception(exc: BaseException) -> Frame | None:
     return None
 
 
+def exception_text(exc: BaseException) -> str:
+    """`str(exc)` as Python's traceback printer shows it: an exception whose `__str__` raises or
+    returns something other than a string is shown as `<exception str() failed>`."""
+    try:
+        text = str(exc)
+    except BaseException:
+        return "<exception str() failed>"
+    return text if isinstance(text, str) else "<exception str() failed>"
+
+
 def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = None) -> wire.Ended:
+    text = exception_text(exc)
     if isinstance(exc, KeyboardInterrupt):
         status = "interrupted"
     elif isinstance(exc, SystemExit) and exc.code in (0, None):
@@ -192,11 +203,11 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
     elif isinstance(exc, SystemExit):
         status = "raised"
     elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or any(
-            s in str(exc) for s in OOM_MESSAGES):
+            s in text for s in OOM_MESSAGES):
         status = "oom"
     else:
         status = "raised"
-    message = str(exc)[:2000]
+    message = text[:2000]
     if status == "exited":
         message = f"the program stopped itself (sys.exit({exc.code!r})), as it would without the audit"
     elif isinstance(exc, SystemExit):
@@ -364,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
         out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
                             num_threads=torch.get_num_threads()))
         ending = _ending(e, None)
-        if isinstance(e, ImportError) and "no known parent package" in str(e):
+        if isinstance(e, ImportError) and "no known parent package" in exception_text(e):
             ending.message += _package_hint(target)
         ending.cuda_devices = cuda_devices()
         out.send(ending)

@@ -65,6 +65,19 @@ def test_step_that_raises(tmp_path):
     assert not [s for s in doc["skipped_rules"] if s["rule"] == "graph-leak"] and not a.rule("graph-leak")
 
 
+@pytest.mark.parametrize("str_body", ['raise RuntimeError("no text")', "return 5"])
+def test_an_exception_whose_str_fails_is_still_named_at_its_line(tmp_path, str_body):
+    """An exception whose `__str__` raises or returns a non-string: the run ends `raised` in the
+    step that raised it, with its type, its line and Python's `<exception str() failed>` (it ended
+    "crashed during step 4" with no type and no line)."""
+    setup = f"class E(Exception):\n    def __str__(self):\n        {str_body}\n"
+    a, doc = run_ending(tmp_path, 'raise E("x")', setup=setup)
+    end = doc["ending"]
+    assert (end["status"], end["step"], end["exception"]) == ("raised", 3, "E")
+    assert end["message"] == "<exception str() failed>"
+    assert end["where"]["line"] == line_of(tmp_path, 'raise E("x")')
+
+
 @pytest.mark.parametrize("code,status,exit_code", [("0", "exited", 0), ("", "exited", 0), ("2", "raised", 3)])
 def test_sys_exit_in_a_step(tmp_path, code, status, exit_code):
     """A program that stops itself on purpose (`sys.exit(0)` on convergence) has not failed: the
