@@ -194,6 +194,15 @@ def exception_text(exc: BaseException) -> str:
     return text if isinstance(text, str) else "<exception str() failed>"
 
 
+def echo_exit_message(exc: BaseException) -> None:
+    """`sys.exit("message")`: Python prints the message on stderr as the program ends."""
+    if isinstance(exc, SystemExit) and exc.code is not None and not isinstance(exc.code, int):
+        try:
+            print(exc.code, file=sys.stderr, flush=True)
+        except Exception:
+            pass
+
+
 def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = None) -> wire.Ended:
     text = exception_text(exc)
     if isinstance(exc, KeyboardInterrupt):
@@ -216,6 +225,20 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
     return wire.Ended(status=status, step=step, exception=type(exc).__name__, message=message,
                       traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
                       where=_frame_of_exception(exc), cuda_devices=devices or [])
+
+
+ADDED_ENV: dict[str, str] = {}  # the parent's variables for torch's logging, removed from os.environ (see main)
+
+
+def _start_profiler(prof) -> None:
+    """Start the profiler with the parent's logging variables in the environment (Kineto reads
+    its log level when it first starts), and without them again after."""
+    os.environ.update(ADDED_ENV)
+    try:
+        _start_without_inductor(prof)
+    finally:
+        for name in ADDED_ENV:
+            os.environ.pop(name, None)
 
 
 def _start_without_inductor(prof) -> None:
@@ -288,7 +311,7 @@ class Profiler:
             activities=acts, record_shapes=True, with_stack=True, profile_memory=True, schedule=plan,
             on_trace_ready=tensorboard_trace_handler(self.logdir, worker_name=f"{socket.gethostname()}_{os.getpid()}"),
         )
-        _start_without_inductor(self.prof)
+        _start_profiler(self.prof)
 
     def after(self, i: int) -> None:
         if self.prof is None:
@@ -374,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException as e:  # the user's module code failed during setup
         out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
                             num_threads=torch.get_num_threads()))
+        echo_exit_message(e)
         ending = _ending(e, None)
         if isinstance(e, ImportError) and "no known parent package" in exception_text(e):
             ending.message += _package_hint(target)
@@ -399,6 +423,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 fn(i) if arity else fn()
             except BaseException as e:
+                echo_exit_message(e)
                 session.end(i, failed=True)
                 sigint["seen"] = sigint["n"]
                 out.send(_ending(e, i, cuda_devices()))
@@ -505,8 +530,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--catch-sigterm", action="store_true")
     ap.add_argument("--skip", type=int, default=0)  # a whole program: steps run unaudited first
     ap.add_argument("--to-end", action="store_true")  # a whole program: run it to its end
+    ap.add_argument("--added-env", default="")  # variables the parent set for torch, not the user's
     args = ap.parse_args(argv)
     args.script_args = script_args
+    # torch has read them (at import; the profiler reads them when it starts): the program sees
+    # the environment the user gave `audit`
+    for name in filter(None, args.added_env.split(",")):
+        ADDED_ENV[name] = os.environ.pop(name, "")
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
     code = run(args)

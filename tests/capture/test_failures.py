@@ -94,6 +94,33 @@ def test_sys_exit_in_a_step(tmp_path, code, status, exit_code):
         assert "The run ended: <strong>exited</strong> in step 3" in (a.out / "report.html").read_text()
 
 
+def test_sys_exit_0_in_the_setup_exits_0_and_a_message_is_printed(tmp_path):
+    """`sys.exit(0)` in the module's setup: the program stopped itself with success, as a plain run
+    exits 0 (it was exit 3). `sys.exit("message")`, in the setup or a step, prints the message on
+    stderr as Python does (it was not shown), and fails the run (exit 3)."""
+    path = write_trainer(tmp_path, "pass", setup="import sys; sys.exit(0)")
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    assert (a.findings_doc["ending"]["status"], a.findings_doc["ending"]["step"]) == ("exited", None)
+    for setup, ending in (("import sys; sys.exit('no data here')", "pass"), ("", "sys.exit('no data here')")):
+        path = write_trainer(tmp_path, ending, setup=setup + "\nimport sys")
+        a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out-msg")
+        assert a.returncode == 3 and a.stderr.count("no data here\n") == 1, a.stderr
+
+
+def test_the_program_sees_the_environment_it_was_given(tmp_path):
+    """The variables the auditor sets for torch's logging are not in the program's os.environ
+    (nor in what it starts); one the user set stays."""
+    path = write_trainer(tmp_path, "pass", setup="import sys; print(sorted(k for k in os.environ if k in "
+                         "('KINETO_LOG_LEVEL', 'TORCH_CPP_LOG_LEVEL', 'PYTHONFAULTHANDLER', 'MY_VAR')), "
+                         "file=sys.stderr)")
+    a = audit("run", f"{path}:step", "--steps", "2", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0 and "[]\n" in a.stderr, a.stderr
+    a = audit("run", f"{path}:step", "--steps", "2", "--quiet", out=tmp_path / "out2",
+              env={**os.environ, "TORCH_CPP_LOG_LEVEL": "WARNING", "MY_VAR": "1"})
+    assert a.returncode == 0 and "['MY_VAR', 'TORCH_CPP_LOG_LEVEL']\n" in a.stderr, a.stderr
+
+
 def test_os_exit_0_in_a_step_is_a_stop_not_a_crash(tmp_path):
     """`os._exit(0)` in a step: the program ended its process with success, as sys.exit(0) but
     without the clean-up; `exited` at that step, exit 0 (it was reported as a crash, exit 3). The
