@@ -415,6 +415,7 @@ def run(args: argparse.Namespace) -> int:
     session = StepSession(out, rec, prof, collectors, graph_scan_points(args.steps),
                           lambda: (module, source, step_span))
     status = 0
+    ran_out: wire.Ended | None = None
     sigint = catch_interrupts(args.catch_sigterm)
     i = 0
     try:
@@ -422,6 +423,12 @@ def run(args: argparse.Namespace) -> int:
             session.begin(i)
             try:
                 fn(i) if arity else fn()
+            except StopIteration as e:  # next() on an exhausted iterator: the data ran out
+                session.drop(i)
+                rec.drain()
+                sigint["seen"] = sigint["n"]
+                ran_out = data_ran_out(e, i, args.steps)
+                break
             except BaseException as e:
                 echo_exit_message(e)
                 session.end(i, failed=True)
@@ -446,9 +453,21 @@ def run(args: argparse.Namespace) -> int:
         data = c.finish()
         if data is not None:
             out.send(wire.Collected(name=c.name, data=data))
-    if status == 0:
+    if ran_out is not None:
+        out.send(ran_out)
+    elif status == 0:
         out.send(wire.Ended(status="completed", backend_flags=backend_flags(), cuda_devices=cuda_devices()))
     return status
+
+
+def data_ran_out(exc: StopIteration, i: int, steps: int) -> wire.Ended:
+    """A step whose `next(it)` raised StopIteration: its data ran out after i steps. The program
+    stopped as a plain loop over its data does (not a failure), and the step that found no data
+    is no step: the steps counted are the i that ran."""
+    return wire.Ended(status="exited", step=i, exception="StopIteration", where=_frame_of_exception(exc),
+                      message=f"the data ran out after {i} step(s) of the {steps} asked for: "
+                              f"step {i} raised StopIteration (its iterator was exhausted)",
+                      backend_flags=backend_flags(), cuda_devices=cuda_devices())
 
 
 def _is_program(spec: str) -> bool:

@@ -338,3 +338,33 @@ def test_a_leak_that_ends_in_oom_early_is_still_found(tmp_path):
     line = next(n for n, text in enumerate(LEAK_TO_OOM.splitlines(), 1) if "LEAK LINE" in text)
     assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), line)]
     assert leak["evidence"]["compared_steps"][0] == 1 and leak["evidence"]["compared_steps"][-1] == 6
+
+
+DRY = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4)
+it = iter(loader)
+w = torch.randn(4, 1, requires_grad=True)
+
+def step():
+    (x,) = next(it)
+    loss = (x @ w).sum()
+    loss.item()
+    loss.backward()
+'''
+
+
+def test_a_step_whose_data_runs_out_ends_the_run_there(tmp_path):
+    """`--steps 20` over 16 batches: step 16's `next(it)` raises StopIteration. The run ends
+    `exited` (exit 0) saying the data ran out after 16 steps, and per-step counts are of the 16
+    steps that ran (it ended `raised StopIteration`, exit 3, with 17/16-th counts: 0.94 syncs/step)."""
+    (tmp_path / "dry.py").write_text(DRY)
+    a = audit("run", f"{tmp_path / 'dry.py'}:step", "--steps", "20", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    end = a.findings_doc["ending"]
+    assert (end["status"], end["step"], end["exception"]) == ("exited", 16, "StopIteration")
+    assert "the data ran out after 16 step(s)" in end["message"] and "data ran out after 16" in a.stdout
+    assert a.findings_doc["steps"]["count"] == 16
+    [sync] = a.rule("host-sync")
+    assert "1 device->host syncs per step" in sync["message"], sync["message"]
