@@ -43,10 +43,25 @@ def _default_out(name: str) -> Path:
 _MADE: set[Path] = set()  # output directories this command created (see output_dir, drop_if_unused)
 
 
+def out_option(value: str | None) -> Path | None:
+    """--out as given: an empty path (it would be the current directory) and a path with a control
+    character (a newline: the profiler cannot write its trace there) are refused."""
+    if value is None:
+        return None
+    if not value:
+        raise UsageFailure("--out: an empty path (for the current directory, say --out .)")
+    if any(not c.isprintable() for c in value):
+        raise UsageFailure(f"--out {value!r}: holds a control character (a newline?); choose another directory")
+    return Path(value)
+
+
 def output_dir(out_dir: Path | None, name: str) -> Path:
     """The output directory (--out, or the default for `name`), created now: a path that cannot
-    be written is the user's to fix (exit 2), found before anything runs."""
+    be written is the user's to fix (exit 2), found before anything runs. An earlier audit's
+    outputs there are replaced, and a line on stderr says so."""
     out = out_dir or _default_out(name)
+    if (out / "evidence.json").is_file() or (out / "report.html").is_file():
+        click.echo(f"audit: --out {out} holds an earlier audit's outputs: this audit replaces them", err=True)
     try:
         if not out.exists():
             _MADE.add(out)

@@ -22,8 +22,8 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 _SHARED_OPTIONS: dict[str, Callable[..., Callable]] = {
     "out": lambda default, quiet_help: click.option(
-        "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-        help=f"Output directory [default: {default}]."),
+        "--out", "out_dir", type=click.Path(file_okay=False), default=None,
+        callback=lambda ctx, param, value: app.out_option(value), help=f"Output directory [default: {default}]."),
     "fail-on": lambda default, quiet_help: click.option(
         "--fail-on", type=click.Choice(SEVERITIES), default=None,
         help="Exit 1 when a finding has at least this severity."),
@@ -162,7 +162,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rv = cli.main(args=argv, prog_name="audit", standalone_mode=False)
     except UsageFailure as e:
-        click.echo(f"audit: error: {e}", err=True)
+        from auditor.reports.terminal import printable
+
+        click.echo(f"audit: error: {printable(str(e))}", err=True)
         sys.exit(EXIT_USAGE)
     except _NO_ARGS_IS_HELP:  # `audit` alone: click raises after printing the help
         sys.exit(EXIT_USAGE)

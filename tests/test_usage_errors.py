@@ -193,3 +193,34 @@ def test_a_long_file_name_still_gets_a_default_output_directory(tmp_path):
     [out] = (tmp_path / "audit-out").iterdir()
     assert out.name.startswith(f"checkpoint-{'c' * 89}-") and len(out.name) <= 100 + 16
     assert json.loads((out / "findings.json").read_text())["target"] == str(ckpt)
+
+
+@pytest.mark.parametrize("out,contains", [("", "--out: an empty path"), ("a\nb", "control character")])
+def test_an_empty_out_or_one_with_a_newline_is_refused(tmp_path, out, contains):
+    """`--out ""` wrote into the current directory over its report.html; a newline in --out lost
+    the profiler trace silently. Both are refused in one line, before anything runs."""
+    (tmp_path / "report.html").write_text("mine")
+    a = audit("run", "examples/clean.py:step", "--steps", "2", "--out", out, out=tmp_path, cwd=tmp_path)
+    one_line_error(a, contains)
+    assert (tmp_path / "report.html").read_text() == "mine"
+
+
+def test_an_out_with_an_earlier_audit_says_it_is_replaced(tmp_path):
+    """A second audit into one --out replaced the first silently: a line on stderr says so."""
+    from conftest import ROOT
+
+    for expected in ("", "holds an earlier audit's outputs"):
+        a = audit("run", str(ROOT / "examples/clean.py:step"), "--steps", "2", "--quiet", "--no-profile",
+                  out=tmp_path / "o")
+        assert a.returncode == 0 and expected in a.stderr, a.stderr
+
+
+def test_a_newline_in_the_targets_path_keeps_the_profiler_trace(tmp_path):
+    """A target file whose name holds a newline: its run's name (the trace directory) has "_"
+    for it, and the trace is written and analysed (it was lost without a word)."""
+    d = tmp_path / "a\nb"
+    d.mkdir()
+    (d / "t\nx.py").write_text("import torch\nw = torch.ones(8, 8)\n\ndef step():\n    (w @ w).sum()\n")
+    a = audit("run", f"{d / ('t' + chr(10) + 'x.py')}:step", "--steps", "6", "--quiet", out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr
+    assert a.evidence["traces"] and a.evidence["traces"][0].startswith("tb/t_x-step/")

@@ -184,7 +184,27 @@ def _frame_of_exception(exc: BaseException) -> Frame | None:
     return None
 
 
+def exception_text(exc: BaseException) -> str:
+    """`str(exc)` as Python's traceback printer shows it: an exception whose `__str__` raises or
+    returns something other than a string is shown as `<exception str() failed>`."""
+    try:
+        text = str(exc)
+    except BaseException:
+        return "<exception str() failed>"
+    return text if isinstance(text, str) else "<exception str() failed>"
+
+
+def echo_exit_message(exc: BaseException) -> None:
+    """`sys.exit("message")`: Python prints the message on stderr as the program ends."""
+    if isinstance(exc, SystemExit) and exc.code is not None and not isinstance(exc.code, int):
+        try:
+            print(exc.code, file=sys.stderr, flush=True)
+        except Exception:
+            pass
+
+
 def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = None) -> wire.Ended:
+    text = exception_text(exc)
     if isinstance(exc, KeyboardInterrupt):
         status = "interrupted"
     elif isinstance(exc, SystemExit) and exc.code in (0, None):
@@ -192,11 +212,11 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
     elif isinstance(exc, SystemExit):
         status = "raised"
     elif isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or any(
-            s in str(exc) for s in OOM_MESSAGES):
+            s in text for s in OOM_MESSAGES):
         status = "oom"
     else:
         status = "raised"
-    message = str(exc)[:2000]
+    message = text[:2000]
     if status == "exited":
         message = f"the program stopped itself (sys.exit({exc.code!r})), as it would without the audit"
     elif isinstance(exc, SystemExit):
@@ -205,6 +225,20 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
     return wire.Ended(status=status, step=step, exception=type(exc).__name__, message=message,
                       traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
                       where=_frame_of_exception(exc), cuda_devices=devices or [])
+
+
+ADDED_ENV: dict[str, str] = {}  # the parent's variables for torch's logging, removed from os.environ (see main)
+
+
+def _start_profiler(prof) -> None:
+    """Start the profiler with the parent's logging variables in the environment (Kineto reads
+    its log level when it first starts), and without them again after."""
+    os.environ.update(ADDED_ENV)
+    try:
+        _start_without_inductor(prof)
+    finally:
+        for name in ADDED_ENV:
+            os.environ.pop(name, None)
 
 
 def _start_without_inductor(prof) -> None:
@@ -277,7 +311,7 @@ class Profiler:
             activities=acts, record_shapes=True, with_stack=True, profile_memory=True, schedule=plan,
             on_trace_ready=tensorboard_trace_handler(self.logdir, worker_name=f"{socket.gethostname()}_{os.getpid()}"),
         )
-        _start_without_inductor(self.prof)
+        _start_profiler(self.prof)
 
     def after(self, i: int) -> None:
         if self.prof is None:
@@ -363,8 +397,9 @@ def run(args: argparse.Namespace) -> int:
     except BaseException as e:  # the user's module code failed during setup
         out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
                             num_threads=torch.get_num_threads()))
+        echo_exit_message(e)
         ending = _ending(e, None)
-        if isinstance(e, ImportError) and "no known parent package" in str(e):
+        if isinstance(e, ImportError) and "no known parent package" in exception_text(e):
             ending.message += _package_hint(target)
         ending.cuda_devices = cuda_devices()
         out.send(ending)
@@ -380,6 +415,7 @@ def run(args: argparse.Namespace) -> int:
     session = StepSession(out, rec, prof, collectors, graph_scan_points(args.steps),
                           lambda: (module, source, step_span))
     status = 0
+    ran_out: wire.Ended | None = None
     sigint = catch_interrupts(args.catch_sigterm)
     i = 0
     try:
@@ -387,7 +423,14 @@ def run(args: argparse.Namespace) -> int:
             session.begin(i)
             try:
                 fn(i) if arity else fn()
+            except StopIteration as e:  # next() on an exhausted iterator: the data ran out
+                session.drop(i)
+                rec.drain()
+                sigint["seen"] = sigint["n"]
+                ran_out = data_ran_out(e, i, args.steps)
+                break
             except BaseException as e:
+                echo_exit_message(e)
                 session.end(i, failed=True)
                 sigint["seen"] = sigint["n"]
                 out.send(_ending(e, i, cuda_devices()))
@@ -410,9 +453,21 @@ def run(args: argparse.Namespace) -> int:
         data = c.finish()
         if data is not None:
             out.send(wire.Collected(name=c.name, data=data))
-    if status == 0:
+    if ran_out is not None:
+        out.send(ran_out)
+    elif status == 0:
         out.send(wire.Ended(status="completed", backend_flags=backend_flags(), cuda_devices=cuda_devices()))
     return status
+
+
+def data_ran_out(exc: StopIteration, i: int, steps: int) -> wire.Ended:
+    """A step whose `next(it)` raised StopIteration: its data ran out after i steps. The program
+    stopped as a plain loop over its data does (not a failure), and the step that found no data
+    is no step: the steps counted are the i that ran."""
+    return wire.Ended(status="exited", step=i, exception="StopIteration", where=_frame_of_exception(exc),
+                      message=f"the data ran out after {i} step(s) of the {steps} asked for: "
+                              f"step {i} raised StopIteration (its iterator was exhausted)",
+                      backend_flags=backend_flags(), cuda_devices=cuda_devices())
 
 
 def _is_program(spec: str) -> bool:
@@ -496,8 +551,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--catch-sigterm", action="store_true")
     ap.add_argument("--skip", type=int, default=0)  # a whole program: steps run unaudited first
     ap.add_argument("--to-end", action="store_true")  # a whole program: run it to its end
+    ap.add_argument("--added-env", default="")  # variables the parent set for torch, not the user's
     args = ap.parse_args(argv)
     args.script_args = script_args
+    # torch has read them (at import; the profiler reads them when it starts): the program sees
+    # the environment the user gave `audit`
+    for name in filter(None, args.added_env.split(",")):
+        ADDED_ENV[name] = os.environ.pop(name, "")
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
     code = run(args)

@@ -32,6 +32,7 @@ STDERR_TAIL_LINE_BYTES = 4000  # the end of each (see pump_stderr)
 PROFILER_NOISE = re.compile(rb"^(USDT|STAGE):\d{4}-\d\d-\d\d \S+ \d+:\d+ \w+\.cpp:\d+\]|"
                             rb"^\[W\d+ [\d:.]+ \d+ CPUAllocator\.cpp:\d+\] Memory block of unknown size")
 GRACE_AFTER_INTERRUPT_S = 15.0
+QUIET_ENV = {"KINETO_LOG_LEVEL": "3", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # set for the child (see run_child)
 
 
 @dataclass
@@ -192,10 +193,14 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
            "--run-name", request.target.name, "--parent-pid", str(os.getpid()),
            *(() if request.profile else ("--no-profile",)), *(("--catch-sigterm",) if request.catch_sigterm else ()),
            *request.extra_args, "--", *request.script_args]
-    # Kineto's own log lines would drown the user's output; their errors still show.
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
-    env.setdefault("KINETO_LOG_LEVEL", "3")
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # Kineto's own log lines would drown the user's output; their errors still show. The child
+    # removes the variables it did not inherit from the user once torch has read them, so the
+    # program (and what it starts) sees the environment it was given.
+    env = dict(os.environ)
+    added = [name for name, value in QUIET_ENV.items() if name not in env]
+    env.update({name: QUIET_ENV[name] for name in added})
+    if added:
+        cmd[cmd.index("--"):cmd.index("--")] = ["--added-env", ",".join(added)]
     proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stderr=subprocess.PIPE, env=env)
     os.close(write_fd)
 

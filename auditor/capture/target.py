@@ -29,8 +29,12 @@ class Target:
 
     @property
     def name(self) -> str:
+        """A file name for the run (its output directory, its profiler traces): the module's last
+        part and the callable, with each character that is not printable (a newline in a file's
+        name) and each path separator written as "_"."""
         last = self.module.rsplit('.', 1)[-1]
-        return f"{last}-{self.attr}" if self.attr else last
+        name = f"{last}-{self.attr}" if self.attr else last
+        return "".join(c if c.isprintable() and c not in "/\\" else "_" for c in name)
 
     @property
     def is_program(self) -> bool:

@@ -155,8 +155,8 @@ class Ending(msgspec.Struct):
 
 def ended_well(ending: Ending) -> bool:
     """Whether the target did not fail: it ran every step, or stopped itself with a zero exit
-    code after at least one step (an early stop on convergence)."""
-    return ending.status == "completed" or (ending.status == "exited" and ending.step is not None)
+    code (an early stop on convergence; a setup that finds nothing to do), as a plain run exits 0."""
+    return ending.status in ("completed", "exited")
 
 
 class Outside(msgspec.Struct):

@@ -39,6 +39,8 @@ def phase_plot(ev: Evidence) -> go.Figure | None:
     import plotly.graph_objects as go
 
     fig = go.Figure(layout=_layout("Step time by phase (ms)", "ms"))
+    keep = decimate(np.array([sum(r[p] for p in PHASES) for r in rows], dtype=float), MAX_LINE_POINTS)
+    rows = [rows[k] for k in keep]
     steps = [r["step"] for r in rows]
     for phase in PHASES:
         ys = [round(r[phase], 3) for r in rows]
@@ -57,7 +59,8 @@ def step_time_plot(ev: Evidence) -> go.Figure | None:
     import plotly.graph_objects as go
 
     fig = go.Figure(layout=_layout("Step time over the run (ms)", "ms"))
-    fig.add_scatter(name="step", x=[s.index for s in ev.steps], y=[round(s.ms, 3) for s in ev.steps],
+    shown = [ev.steps[k] for k in decimate(np.array([s.ms for s in ev.steps], dtype=float), MAX_LINE_POINTS)]
+    fig.add_scatter(name="step", x=[s.index for s in shown], y=[round(s.ms, 3) for s in shown],
                     mode="lines+markers", line=dict(color="#4c78a8"))
     prof = [s for s in ev.steps if s.profiled]
     if prof:
@@ -100,9 +103,10 @@ def memory_plot(ev: Evidence) -> go.Figure | None:
     import plotly.graph_objects as go
 
     fig = go.Figure(layout=_layout("Memory at step end (MiB)", "MiB"))
-    x = [s.index for s in ev.steps]
     for name, values in series.items():
-        fig.add_scatter(name=name, x=x, y=[round(v / 2**20, 2) if v is not None else None for v in values],
+        keep = decimate(np.array([v if v is not None else np.nan for v in values], dtype=float), MAX_LINE_POINTS)
+        fig.add_scatter(name=name, x=[ev.steps[k].index for k in keep],
+                        y=[round(values[k] / 2**20, 2) if values[k] is not None else None for k in keep],
                         mode="lines+markers")
     return fig
 
@@ -148,10 +152,14 @@ def memory_timeline_plot(ev: Evidence) -> go.Figure | None:
 def decimate(y: np.ndarray, max_points: int) -> np.ndarray:
     """Indexes of at most ~max_points samples of y that keep its shape: the first and last, and the
     minimum and maximum of each of max_points / 2 equal slices (so every peak survives). A trace's
-    `[memory]` series runs to millions of points, which would make the report tens of MB."""
+    `[memory]` series runs to millions of points, a long run's per-step series to tens of
+    thousands, which would make the report tens of MB. A missing value (NaN) counts as the series'
+    minimum."""
     n = len(y)
     if n <= max_points:
         return np.arange(n)
+    if np.isnan(y).any():
+        y = np.where(np.isnan(y), np.nanmin(y) if not np.isnan(y).all() else 0.0, y)
     edges = np.linspace(0, n, max_points // 2 + 1).astype(np.int64)
     starts = edges[:-1]
     bucket = np.repeat(np.arange(len(starts)), np.diff(edges))
@@ -194,6 +202,7 @@ def numerics_plot(ev: Evidence) -> go.Figure | None:
 
     def finite(series: list[list]) -> tuple[list, list]:
         pts = [(i, v) for i, v in series if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+        pts = [pts[k] for k in decimate(np.array([v for _, v in pts], dtype=float), MAX_LINE_POINTS)]
         return [i for i, _ in pts], [v for _, v in pts]
 
     fig = go.Figure(layout=_layout("Loss and gradient norm (log scale)", "value"))

@@ -8,6 +8,7 @@ decides; NO_COLOR is honoured), and lines are not wrapped, so the output greps w
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,39 @@ from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
 from auditor.findings import Finding, share_of_step
 from auditor.findings import RuleResults
+
+# Control characters (C0, DEL, C1), line and paragraph separators and bidirectional overrides: in
+# text from the user's data (op names from a trace, target names, messages) they would move the
+# cursor, clear the screen or start a line that looks like a finding.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as its escape (`\\x1b`, `\\n`), so that what is
+    printed is one line that shows what it holds."""
+    return CONTROL.sub(_escape, text)
+
+
+def _escape(m: re.Match) -> str:
+    c = m.group()
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def printable_line(line: Text) -> Text:
+    """A summary line with its control characters escaped (see printable), its styles kept."""
+    plain = line.plain
+    if not CONTROL.search(plain):
+        return line
+    cuts = sorted({0, len(plain)} | {s.start for s in line.spans} | {s.end for s in line.spans})
+    out = Text(style=line.style, end=line.end)
+    for a, b in zip(cuts, cuts[1:]):
+        piece = Text(printable(plain[a:b]))
+        for span in line.spans:
+            if span.start <= a and span.end >= b:
+                piece.stylize(span.style)
+        out.append(piece)
+    return out
+
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 OUTPUTS = ("report.html", "findings.json", "findings.sarif", "fixes.patch", "numerics-fixes.patch")
@@ -218,7 +252,12 @@ def finding_line(f: Finding) -> Text:
 
 
 def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
-    """Everything print_summary shows, as Text lines (also the plain summary.txt)."""
+    """Everything print_summary shows, as Text lines (also the plain summary.txt), each one line
+    with its control characters escaped (see printable)."""
+    return [printable_line(line) for line in _summary_lines(evidence, results, out_dir)]
+
+
+def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
     lines: list[Text] = []
     median = evidence.shown_median_ms()
     ck = checkpoint_overview(evidence)

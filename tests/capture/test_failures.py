@@ -65,6 +65,19 @@ def test_step_that_raises(tmp_path):
     assert not [s for s in doc["skipped_rules"] if s["rule"] == "graph-leak"] and not a.rule("graph-leak")
 
 
+@pytest.mark.parametrize("str_body", ['raise RuntimeError("no text")', "return 5"])
+def test_an_exception_whose_str_fails_is_still_named_at_its_line(tmp_path, str_body):
+    """An exception whose `__str__` raises or returns a non-string: the run ends `raised` in the
+    step that raised it, with its type, its line and Python's `<exception str() failed>` (it ended
+    "crashed during step 4" with no type and no line)."""
+    setup = f"class E(Exception):\n    def __str__(self):\n        {str_body}\n"
+    a, doc = run_ending(tmp_path, 'raise E("x")', setup=setup)
+    end = doc["ending"]
+    assert (end["status"], end["step"], end["exception"]) == ("raised", 3, "E")
+    assert end["message"] == "<exception str() failed>"
+    assert end["where"]["line"] == line_of(tmp_path, 'raise E("x")')
+
+
 @pytest.mark.parametrize("code,status,exit_code", [("0", "exited", 0), ("", "exited", 0), ("2", "raised", 3)])
 def test_sys_exit_in_a_step(tmp_path, code, status, exit_code):
     """A program that stops itself on purpose (`sys.exit(0)` on convergence) has not failed: the
@@ -79,6 +92,33 @@ def test_sys_exit_in_a_step(tmp_path, code, status, exit_code):
     if status == "exited":
         assert "stopped itself" in end["message"]
         assert "The run ended: <strong>exited</strong> in step 3" in (a.out / "report.html").read_text()
+
+
+def test_sys_exit_0_in_the_setup_exits_0_and_a_message_is_printed(tmp_path):
+    """`sys.exit(0)` in the module's setup: the program stopped itself with success, as a plain run
+    exits 0 (it was exit 3). `sys.exit("message")`, in the setup or a step, prints the message on
+    stderr as Python does (it was not shown), and fails the run (exit 3)."""
+    path = write_trainer(tmp_path, "pass", setup="import sys; sys.exit(0)")
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    assert (a.findings_doc["ending"]["status"], a.findings_doc["ending"]["step"]) == ("exited", None)
+    for setup, ending in (("import sys; sys.exit('no data here')", "pass"), ("", "sys.exit('no data here')")):
+        path = write_trainer(tmp_path, ending, setup=setup + "\nimport sys")
+        a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out-msg")
+        assert a.returncode == 3 and a.stderr.count("no data here\n") == 1, a.stderr
+
+
+def test_the_program_sees_the_environment_it_was_given(tmp_path):
+    """The variables the auditor sets for torch's logging are not in the program's os.environ
+    (nor in what it starts); one the user set stays."""
+    path = write_trainer(tmp_path, "pass", setup="import sys; print(sorted(k for k in os.environ if k in "
+                         "('KINETO_LOG_LEVEL', 'TORCH_CPP_LOG_LEVEL', 'PYTHONFAULTHANDLER', 'MY_VAR')), "
+                         "file=sys.stderr)")
+    a = audit("run", f"{path}:step", "--steps", "2", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0 and "[]\n" in a.stderr, a.stderr
+    a = audit("run", f"{path}:step", "--steps", "2", "--quiet", out=tmp_path / "out2",
+              env={**os.environ, "TORCH_CPP_LOG_LEVEL": "WARNING", "MY_VAR": "1"})
+    assert a.returncode == 0 and "['MY_VAR', 'TORCH_CPP_LOG_LEVEL']\n" in a.stderr, a.stderr
 
 
 def test_os_exit_0_in_a_step_is_a_stop_not_a_crash(tmp_path):
@@ -298,3 +338,33 @@ def test_a_leak_that_ends_in_oom_early_is_still_found(tmp_path):
     line = next(n for n, text in enumerate(LEAK_TO_OOM.splitlines(), 1) if "LEAK LINE" in text)
     assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), line)]
     assert leak["evidence"]["compared_steps"][0] == 1 and leak["evidence"]["compared_steps"][-1] == 6
+
+
+DRY = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4)
+it = iter(loader)
+w = torch.randn(4, 1, requires_grad=True)
+
+def step():
+    (x,) = next(it)
+    loss = (x @ w).sum()
+    loss.item()
+    loss.backward()
+'''
+
+
+def test_a_step_whose_data_runs_out_ends_the_run_there(tmp_path):
+    """`--steps 20` over 16 batches: step 16's `next(it)` raises StopIteration. The run ends
+    `exited` (exit 0) saying the data ran out after 16 steps, and per-step counts are of the 16
+    steps that ran (it ended `raised StopIteration`, exit 3, with 17/16-th counts: 0.94 syncs/step)."""
+    (tmp_path / "dry.py").write_text(DRY)
+    a = audit("run", f"{tmp_path / 'dry.py'}:step", "--steps", "20", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    end = a.findings_doc["ending"]
+    assert (end["status"], end["step"], end["exception"]) == ("exited", 16, "StopIteration")
+    assert "the data ran out after 16 step(s)" in end["message"] and "data ran out after 16" in a.stdout
+    assert a.findings_doc["steps"]["count"] == 16
+    [sync] = a.rule("host-sync")
+    assert "1 device->host syncs per step" in sync["message"], sync["message"]

@@ -1630,3 +1630,29 @@ def test_clipping_before_unscale_is_named_with_its_fix(tmp_path, unscale):
     patch = (a.out / "numerics-fixes.patch").read_text()
     assert "+    scaler.unscale_(opt)\n" in patch and "+" not in (a.out / "fixes.patch").read_text().replace("+++", "")
 
+
+
+WARNS = '''
+import torch
+import torch.nn.functional as F
+t = torch.ones(2, 3, 4)
+
+def step():
+    a = torch.tensor(t)
+    b = torch.tensor(t)
+    c = F.softmax(t)
+    d = F.softmax(t)
+'''
+
+
+def test_warnings_of_torch_calls_name_the_users_lines_with_the_checks_on(tmp_path):
+    """A warning a torch call raises names the user's line, once per line, as in a plain run and
+    with --no-numerics (with the checks on it named the auditor's file, and the second line's
+    warning was suppressed as a repeat of the first)."""
+    (tmp_path / "w.py").write_text(WARNS)
+    shown = []
+    for flags in ((), ("--no-numerics",)):
+        a = audit("run", f"{tmp_path / 'w.py'}:step", "--steps", "3", "-q", *flags, out=tmp_path / f"o{len(flags)}")
+        assert a.returncode == 0, a.stderr
+        shown.append(sorted(ln.split(": UserWarning")[0] for ln in a.stderr.splitlines() if "UserWarning" in ln))
+    assert shown[0] == shown[1] == sorted(f"{tmp_path / 'w.py'}:{n}" for n in (7, 8, 9, 10)), shown

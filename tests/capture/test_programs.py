@@ -314,3 +314,56 @@ def test_a_thread_that_never_ends_does_not_hang_the_audit(tmp_path):
     a = audit("run", "t.py", "-q", out=tmp_path / "o", cwd=tmp_path, timeout=180)
     assert a.returncode == 0, a.stderr[-3000:]
     assert "had not ended 60 s after its run" in a.stderr
+
+
+PROGRAM_END = '''
+import logging, logging.handlers, multiprocessing as mp, threading, time
+import torch
+log = open("log.txt", "w")  # buffered and never closed: Python flushes it as the program ends
+logging.getLogger("t").addHandler(logging.handlers.MemoryHandler(1000, target=logging.FileHandler("mem.txt")))
+logging.getLogger("t").setLevel(logging.INFO)
+w = torch.ones(4)
+
+def late(path):
+    time.sleep(1.5)
+    open(path, "w").write("done")
+
+def step(i):
+    w.add_(1)
+    log.write(f"step {i}\\n")
+    logging.getLogger("t").info("step %d", i)
+    if i == 1:
+        threading.Thread(target=late, args=("thread.txt",)).start()
+        mp.get_context("fork").Process(target=late, args=("child.txt",)).start()
+'''
+
+
+def test_the_program_ends_as_python_ends_it(tmp_path):
+    """After the audit the program's end is a plain run's: its open files are flushed, logging's
+    shutdown writes a MemoryHandler's records to its target, a non-daemon thread and a non-daemon
+    multiprocessing child still running are waited for (the child ended with os._exit: 0-byte
+    log, empty target, neither file)."""
+    (tmp_path / "t.py").write_text(PROGRAM_END)
+    a = audit("run", "t.py:step", "--steps", "3", "--no-profile", "-q", out=tmp_path / "o", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert (tmp_path / "log.txt").read_text() == "step 0\nstep 1\nstep 2\n"
+    assert (tmp_path / "mem.txt").read_text() == "step 0\nstep 1\nstep 2\n"
+    assert (tmp_path / "thread.txt").read_text() == "done" and (tmp_path / "child.txt").read_text() == "done"
+
+
+def test_persistent_forkserver_workers_do_not_keep_the_output_pipe_open(tmp_path):
+    """`audit run ... | cat` with a forkserver DataLoader of persistent workers: the workers end
+    with the program, so whoever reads audit's stdout sees its end (it hung: the workers, left
+    alive, held the pipe). capture_output reads to the end of the pipe, as `cat` does."""
+    (tmp_path / "dl.py").write_text(textwrap.dedent('''
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4, num_workers=2,
+                            persistent_workers=True, multiprocessing_context="forkserver")
+        it = iter(loader)
+
+        def step():
+            next(it)
+    '''))
+    a = audit("run", "dl.py:step", "--steps", "4", "--no-profile", "-q", out=tmp_path / "o", cwd=tmp_path, timeout=120)
+    assert a.returncode == 0, a.stderr[-3000:]

@@ -70,3 +70,19 @@ def test_memory_timeline_of_an_old_trace_adds_up_the_allocations():
         assert max(line.y) == round(max(running), 3) and line.y[-1] == round(running[-1], 3)
         assert any(t.name == f"peak {max(running):+.1f} MiB" for t in fig.data)
     assert max(next(t for t in fig.data if t.name.startswith("GPU")).y) > 2000  # 2.6 GiB of activations
+
+
+def test_per_step_plots_of_a_long_run_are_bounded_and_keep_the_slowest_step():
+    """20,000 steps: each per-step plot line holds at most MAX_LINE_POINTS (+2) points (the report
+    carried every step), keeping the slowest step and the highest memory."""
+    from auditor.evidence import model as m
+    from auditor.reports.plots import MAX_LINE_POINTS, memory_plot, step_time_plot
+
+    n = 20000
+    steps = [m.StepRecord(index=i, start_s=i * 1e-3, ms=1.0 + (i % 7) * 0.01 + (50.0 if i == 12345 else 0.0),
+                          cpu_ms=1.0, rss_bytes=2**30 + i * 4096) for i in range(n)]
+    ev = m.Evidence(source="run", target="t.py:step", requested_steps=n, steps=steps)
+    line = next(t for t in step_time_plot(ev).data if t.name == "step")
+    assert len(line.y) <= MAX_LINE_POINTS + 2 and max(line.y) == round(steps[12345].ms, 3) and 12345 in line.x
+    rss = memory_plot(ev).data[0]
+    assert len(rss.y) <= MAX_LINE_POINTS + 2 and max(rss.y) == round((2**30 + (n - 1) * 4096) / 2**20, 2)

@@ -228,6 +228,27 @@ def test_terminal_summary_is_most_costly_first_and_plain(tmp_path: Path) -> None
     assert "rule step-slowdown failed" in out
 
 
+def test_control_characters_of_user_data_are_escaped_in_the_terminal_and_summary(tmp_path: Path) -> None:
+    """Op names, target names and messages come from the user's data: an escape sequence in them
+    would clear the screen, a newline would start a line that looks like a finding. Every line of
+    the terminal summary and summary.txt shows them escaped (they were printed raw)."""
+    import io
+
+    from rich.console import Console
+
+    from auditor.reports.terminal import print_summary
+
+    hostile = "\x1b[2J\nerror fake-rule train.py:1 spoofed\r\u202e"
+    case = make_case(tmp_path, hostile=hostile)
+    buf = io.StringIO()
+    print_summary(case.evidence, case.results, case.out_dir, Console(file=buf, highlight=False, soft_wrap=True))
+    summary = TerminalSummary().render(case.evidence, case.results, case.out_dir)
+    for out in (buf.getvalue(), summary):
+        assert "\x1b" not in out and "\r" not in out and "\u202e" not in out
+        assert not [ln for ln in out.splitlines() if ln.startswith("error fake-rule")]
+        assert "\\x1b[2J\\nerror fake-rule" in out
+
+
 def test_sarif_and_json_agree_on_findings(tmp_path: Path) -> None:
     case = make_case(tmp_path)
     doc = json.loads(FindingsJson().render(case.evidence, case.results, case.out_dir))

@@ -9,7 +9,9 @@ step on CUDA; see values.Values).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+import types
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -20,6 +22,43 @@ from auditor.capture.unseen import no_torch_function as _no_torch_function
 
 if TYPE_CHECKING:
     from auditor.capture.numerics.collector import Numerics
+
+
+_NO_KWARGS: dict = {}  # (never changed: `**` copies it into the callee's own dict)
+_HANDLE = torch.overrides.handle_torch_function.__code__
+_AT: dict[tuple, Callable] = {}  # (code, instruction) of a calling frame -> the call made from there
+
+
+def _call(func, args, kwargs):
+    """`func(*args, **kwargs)` from where a plain run calls it: the frame that called the torch
+    function (past torch's handle_torch_function and the Python function that called it). The
+    call runs in a function compiled at that file and line, with that frame's globals, so a
+    warning the call raises (torch's C++ warnings, and Python ones at their stacklevel) names the
+    user's line and is shown once per user line, in the user module's warning registry, as
+    without the checks; called here instead, it named this file and every line's warning but the
+    first was suppressed as a repeat."""
+    f = sys._getframe(2)
+    if f.f_code is _HANDLE:
+        f = f.f_back.f_back
+    key = (f.f_code, f.f_lasti)  # (the instruction: its line is computed once, on a miss)
+    at = _AT.get(key)
+    if at is None:
+        at = _AT[key] = _caller_at(f)
+    return at(func, args, kwargs)
+
+
+def _caller_at(f) -> Callable:
+    line = f.f_lineno
+    if not line or line < 1:
+        return _direct
+    code = compile("\n" * (line - 1) + "def _(func, args, kwargs): return func(*args, **kwargs)",
+                   f.f_code.co_filename, "exec")
+    body = next(c for c in code.co_consts if isinstance(c, types.CodeType)).replace(co_name=f.f_code.co_name)
+    return types.FunctionType(body, f.f_globals)
+
+
+def _direct(func, args, kwargs):
+    return func(*args, **kwargs)
 
 
 class _Mode(TorchFunctionMode):
@@ -39,9 +78,9 @@ class _Mode(TorchFunctionMode):
             kind = _classify(func)
         col = self.col
         if kind == SKIP or col.paused or not col.checking:
-            return func(*args, **kwargs) if kwargs else func(*args)
+            return _call(func, args, kwargs or _NO_KWARGS)
         if kind == ALIAS:
-            out = func(*args, **kwargs) if kwargs else func(*args)
+            out = _call(func, args, kwargs or _NO_KWARGS)
             with _no_torch_function():
                 col.alias(args[0], out)
             return out
@@ -51,7 +90,7 @@ class _Mode(TorchFunctionMode):
             with _checks_range():
                 col.resolve_written(args, kwargs)  # a deferred output is about to be overwritten
         if kind == SETITEM:
-            return func(*args, **kwargs)
+            return _call(func, args, kwargs)
         if kind == BACKWARD:
             if not col.in_backward:  # (not a gradient a hand-written backward takes: no loss of the step)
                 t0 = perf()
@@ -60,10 +99,10 @@ class _Mode(TorchFunctionMode):
                 col.check_s += perf() - t0
             col.in_backward += 1  # (a hand-written backward this pass runs is checked: see backward_probe)
             try:
-                return func(*args, **kwargs)
+                return _call(func, args, kwargs)
             finally:
                 col.in_backward -= 1
-        out = func(*args, **kwargs)
+        out = _call(func, args, kwargs)
         t0 = perf()
         # (_checks_range, inline: this is the path every call takes. The modes below this one, the
         # user's and torch's default-device mode, see the call above, never the checks' reads)
