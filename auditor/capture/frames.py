@@ -40,14 +40,16 @@ def _generated(path: str) -> bool:
 
 
 def is_library(filename: str) -> bool:
-    """True for frames that are not the user's own code (torch, the auditor, stdlib, site-packages)."""
+    """True for frames that are not the user's own code (torch, the auditor, stdlib, site-packages
+    and Debian's dist-packages)."""
     v = _verdict.get(filename)
     if v is None:
         if filename.startswith("<"):
             v = True
         else:
             path = os.path.normcase(os.path.realpath(filename))
-            v = path.startswith(_LIBRARY_DIRS) or "site-packages" in path or _generated(path)
+            v = (path.startswith(_LIBRARY_DIRS) or "site-packages" in path or "dist-packages" in path
+                 or _generated(path))
         _verdict[filename] = v
     return v
 

@@ -206,7 +206,7 @@ def program_reasons(file: str | None, module: str | None = None) -> list[tuple[s
         for imported in _imported(tree, package):
             for f, d, pkg in resolver.files(imported):
                 real = os.path.realpath(f)
-                if real not in seen and not is_library(real) and "dist-packages" not in real:
+                if real not in seen and not is_library(real):
                     seen.add(real)
                     queue.append((real, d, pkg))
     return found
