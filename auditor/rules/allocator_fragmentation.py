@@ -1,23 +1,15 @@
 """allocator-fragmentation: reserved GPU memory that is free yet too scattered to serve a request."""
 from __future__ import annotations
 
-import math
 import re
-from statistics import quantiles
 from typing import Iterable
 
-from auditor.evidence.snapshot import GiB, MiB, MemoryFigures, Segment, Snapshot, Usage, format_bytes
+from auditor.evidence.allocator.splits import max_split_mb
+from auditor.evidence.snapshot import GiB, MemoryFigures, Snapshot, Usage, format_bytes
 from auditor.rules.base import Option, Options, SnapshotRule
 from auditor.findings import Finding, Fix
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-
-# The caching allocator's own constants (c10/cuda/CUDACachingAllocator.cpp): requests under 10 MiB
-# get a 20 MiB segment, larger ones a segment rounded up to 2 MiB; max_split_size_mb must exceed 20.
-_SMALL_REQUEST = 10 * MiB
-_SMALL_SEGMENT = 20 * MiB
-_ROUND_LARGE = 2 * MiB
-_MIN_SPLIT_MB = 21
 
 
 def split_conf(conf: str) -> dict[str, str]:
@@ -35,20 +27,6 @@ def merge_conf(existing: str, **settings: str) -> str:
     conf = split_conf(existing)
     conf.update(settings)
     return ",".join(f"{k}:{v}" for k, v in conf.items())
-
-
-def max_split_mb(segments: list[Segment]) -> int | None:
-    """A max_split_size_mb for the split large-pool segments: just above the segment that the
-    common request carving them (90th percentile of their live blocks) is given. Requests below
-    it keep reusing segments of their own size; cached blocks at or above it are never cut up by
-    them, so they stay whole for large requests. None when nothing is split."""
-    carving = [b.requested_size for s in segments if s.segment_type == "large" and s.free_size and s.active_size
-               for b in s.blocks if b.live]
-    if not carving:
-        return None
-    p90 = quantiles(carving, n=10)[-1] if len(carving) > 1 else carving[0]
-    seg = _SMALL_SEGMENT if p90 < _SMALL_REQUEST else math.ceil(p90 / _ROUND_LARGE) * _ROUND_LARGE
-    return max(_MIN_SPLIT_MB, seg // MiB + 1)
 
 
 def _usage_dict(u: Usage) -> dict[str, int]:

@@ -1,0 +1,214 @@
+"""A snapshot's allocator report: the replay under its own settings set against the recording,
+what-ifs under other settings, and the times the allocator hit the device's limit (churn).
+
+The device's capacity is not in a snapshot. It comes, in order, from the caller (`--device-memory`),
+the OOM observer's record beside the snapshot, an `oom` entry of the trace (reserve at that moment
+plus what CUDA still had free), or is assumed: the smallest common device (auditor.evidence.allocator.devices)
+that holds the recorded reserve.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from auditor.evidence.allocator.devices import COMMON_DEVICES_GIB
+from auditor.evidence.allocator.config import AllocatorConfig, from_settings, parse_alloc_conf
+from auditor.evidence.allocator.records import AllocatorReport, Churn, Figures, WhatIf
+from auditor.evidence.allocator.replay import recorded_figures, recorded_series, replay, replay_error
+from auditor.evidence.allocator.simulator import OOM, RETRY, SEGMENT_FREE, SEGMENT_UNMAP
+from auditor.evidence.snapshot import ALLOC, OOM as OOM_ACTION, SEGMENT_ALLOC, SEGMENT_MAP, GiB, Snapshot, reserved_at
+
+# max_split_size_mb values tried besides the one allocator-fragmentation derives from the snapshot
+_SPLIT_MB = (128, 512)
+GC_NOTE = "needs torch.cuda.set_per_process_memory_fraction (the allocator collects only under a fraction)"
+
+
+def capacity_for(snapshot: Snapshot, device: int, given: int | None = None) -> tuple[int, str]:
+    if given:
+        return given, "given"
+    if snapshot.oom is not None and snapshot.oom.device == device and snapshot.oom.device_total:
+        return snapshot.oom.device_total, "oom record"
+    trace = snapshot.device_traces[device] if device < len(snapshot.device_traces) else []
+    for i, e in enumerate(trace):
+        if e.action == OOM_ACTION and e.device_free is not None:
+            return reserved_at(snapshot, device, i) + e.device_free, "oom entry"
+    h = snapshot.histories.get(device)
+    need = max(h.peak_reserved if h else 0, sum(s.total_size for s in snapshot.device_segments(device)))
+    for gib, name in sorted(COMMON_DEVICES_GIB.items()):
+        if gib * GiB >= need:
+            return int(gib * GiB), f"assumed: {name}"
+    return need, "assumed: the recorded reserve"
+
+
+def what_if_configs(base: AllocatorConfig, split_mb: int | None) -> list[tuple[AllocatorConfig, str]]:
+    """The settings tried: expandable segments, max_split_size_mb values, a garbage collection
+    threshold (under a memory fraction of 1.0) and power-of-two rounding, each over `base`."""
+    confs = ["expandable_segments:True"]
+    for mb in sorted({m for m in (split_mb, *_SPLIT_MB) if m}):
+        confs.append(f"max_split_size_mb:{mb}")
+    confs += ["garbage_collection_threshold:0.8", "roundup_power2_divisions:4"]
+    out = []
+    for conf in confs:
+        cfg = parse_alloc_conf(conf, base)
+        if cfg == base:
+            continue
+        note = ""
+        if cfg.garbage_collection_threshold > 0 and cfg.memory_fraction is None:
+            cfg = msgspec.structs.replace(cfg, memory_fraction=1.0)
+            note = GC_NOTE
+        out.append((cfg, note))
+    return out
+
+
+def _recorded_churn(snapshot: Snapshot, device: int) -> list[Churn]:
+    """Each oom entry, and each burst of segment_free / segment_unmap that a segment_alloc /
+    segment_map follows directly: the cache freed to make room for a request (release_cached_blocks,
+    or release_available_cached_blocks under max_split_size)."""
+    trace = snapshot.device_traces[device]
+    out: list[Churn] = []
+    i, n = 0, len(trace)
+    while i < n:
+        e = trace[i]
+        if e.action == OOM_ACTION:
+            out.append(_churn(trace, i, e.size, e.stream, 0, 0))
+            i += 1
+            continue
+        if e.action in (SEGMENT_FREE, SEGMENT_UNMAP):
+            j, freed = i, 0
+            while j < n and trace[j].action in (SEGMENT_FREE, SEGMENT_UNMAP):
+                freed += trace[j].size
+                j += 1
+            if j < n and trace[j].action in (SEGMENT_ALLOC, SEGMENT_MAP):
+                k = j
+                while k < n and trace[k].action != ALLOC:
+                    k += 1
+                req = trace[k] if k < n else trace[j]
+                out.append(_churn(trace, k if k < n else j, req.size if k < n else trace[j].size,
+                                  req.stream, j - i, freed))
+            i = j
+            continue
+        i += 1
+    return out
+
+
+def _churn(trace: list, index: int, size: int, stream: int, segments: int, freed: int, recorded: bool = True) -> Churn:
+    e = trace[index] if 0 <= index < len(trace) else None
+    owner = e.owner if e is not None else None
+    return Churn(index=index, requested_bytes=size, stream=stream, segments_freed=segments, bytes_freed=freed,
+                 time_us=e.time_us if e is not None else None, file=owner.filename if owner else "",
+                 line=owner.line if owner else 0, function=owner.name if owner else "", recorded=recorded)
+
+
+def _simulated_churn(snapshot: Snapshot, device: int, events: list[tuple[int, str, int, int]]) -> list[Churn]:
+    trace = snapshot.device_traces[device]
+    out = []
+    for k, (index, kind, size, stream) in enumerate(events):
+        if kind != RETRY:
+            continue
+        freed = [ev for ev in events[k + 1:] if ev[0] == index and ev[1] in (SEGMENT_FREE, SEGMENT_UNMAP)]
+        out.append(_churn(trace, index, size, stream, len(freed), sum(ev[2] for ev in freed), recorded=False))
+    return out
+
+
+def analyze(snapshot: Snapshot, device: int, capacity: int | None = None, what_ifs: bool = True,
+            split_mb: int | None = None) -> AllocatorReport:
+    """The report for one device of a snapshot with history (snapshot.histories[device])."""
+    settings = snapshot.allocator_settings
+    base = from_settings(settings.raw if settings is not None else None)
+    cap, source = capacity_for(snapshot, device, capacity)
+    notes = []
+    if settings is None:
+        notes.append("no allocator_settings in the snapshot: replayed under the defaults")
+    if snapshot.expandable:
+        notes.append("expandable segments: the segments reserved before the trace are seeded as plain segments")
+    base_run = replay(snapshot, device, base, cap, keep_series=True)
+    recorded = recorded_figures(snapshot, device)
+    replayed = base_run.figures()
+    error = replay_error(recorded, recorded_series(snapshot, device), replayed, base_run.series or [])
+    churn = _recorded_churn(snapshot, device)
+    if not churn and not source.startswith("assumed"):
+        churn = _simulated_churn(snapshot, device, base_run.sim.events)
+    report = AllocatorReport(device=device, capacity_bytes=cap, capacity_source=source, alloc_conf=base.alloc_conf(),
+                             entries=len(snapshot.device_traces[device]), seeded_segments=base_run.seeded_segments,
+                             seeded_blocks=base_run.seeded_blocks, recorded=recorded, replayed=replayed, error=error,
+                             churn=churn, replay_ms=round(base_run.ms, 1), notes=notes)
+    if what_ifs:
+        for cfg, note in what_if_configs(base, split_mb):
+            r = replay(snapshot, device, cfg, cap)
+            f = r.figures()
+            report.what_if.append(WhatIf(alloc_conf=cfg.alloc_conf(), reserved_peak_bytes=f.reserved_peak_bytes,
+                                         segment_allocs=f.segment_allocs, segment_frees=f.segment_frees,
+                                         largest_free_block_bytes=r.sim.largest_free_block(),
+                                         retries=r.sim.retries, ooms=r.sim.ooms, note=note))
+    return report
+
+
+_CACHE: dict[tuple[int, int, str], tuple[Snapshot, WhatIf]] = {}
+
+
+def simulate_conf(snapshot: Snapshot, device: int, conf: str) -> WhatIf | None:
+    """The device's requests under the recorded settings overlaid with `conf` (a
+    PYTORCH_CUDA_ALLOC_CONF), on the device capacity_for finds; None without a history or when
+    `conf` is one the allocator would refuse. Cached per snapshot object."""
+    if device not in snapshot.histories:
+        return None
+    key = (id(snapshot), device, conf)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is snapshot:
+        return hit[1]
+    settings = snapshot.allocator_settings
+    base = from_settings(settings.raw if settings is not None else None)
+    try:
+        cfg = parse_alloc_conf(conf, base)
+    except ValueError:
+        return None
+    note = ""
+    if cfg.garbage_collection_threshold > 0 and cfg.memory_fraction is None:
+        cfg, note = msgspec.structs.replace(cfg, memory_fraction=1.0), GC_NOTE
+    r = replay(snapshot, device, cfg, capacity_for(snapshot, device)[0])
+    f = r.figures()
+    out = WhatIf(alloc_conf=conf, reserved_peak_bytes=f.reserved_peak_bytes, segment_allocs=f.segment_allocs,
+                 segment_frees=f.segment_frees, largest_free_block_bytes=r.sim.largest_free_block(),
+                 retries=r.sim.retries, ooms=r.sim.ooms, note=note)
+    if len(_CACHE) > 64:
+        _CACHE.clear()
+    _CACHE[key] = (snapshot, out)
+    return out
+
+
+def helps(recorded: Figures, w: WhatIf, recorded_retries: int = 0) -> bool:
+    """The setting lowers the reserve's peak, the cudaFree count, or the flush-and-retry count."""
+    return (w.reserved_peak_bytes < recorded.reserved_peak_bytes or w.segment_frees < recorded.segment_frees
+            or w.retries < recorded_retries)
+
+
+def saving_text(recorded: Figures, w: WhatIf) -> str:
+    """"reserved peak 22.6 -> 21.1 GiB, 354 -> 0 segment frees" (the simulated change)."""
+    text = (f"reserved peak {recorded.reserved_peak_bytes / GiB:.1f} -> {w.reserved_peak_bytes / GiB:.1f} GiB, "
+            f"{recorded.segment_frees} -> {w.segment_frees} segment frees")
+    return text
+
+
+def retries_and_ooms(report: AllocatorReport) -> tuple[int, int]:
+    return sum(1 for c in report.churn if c.segments_freed), sum(1 for c in report.churn if not c.segments_freed)
+
+
+def reports_for(evidence: Any, capacity: int | None = None) -> list[AllocatorReport]:
+    """Allocator reports of every snapshot with history the evidence holds, computed once and kept
+    on the evidence (runtime attribute `allocator_reports`, never serialised). The capacity is the
+    evidence's `device_memory_bytes` runtime attribute when set (--device-memory)."""
+    cached = evidence.__dict__.get("allocator_reports")
+    if cached is not None:
+        return cached
+    from auditor.evidence.allocator.splits import split_mb_for
+    capacity = capacity or evidence.__dict__.get("device_memory_bytes")
+    out = []
+    for snap in evidence.snapshot_data:
+        for device in sorted(snap.histories):
+            out.append(analyze(snap, device, capacity, split_mb=split_mb_for(snap, device)))
+    evidence.__dict__["allocator_reports"] = out
+    return out
+
+
+__all__ = ["analyze", "capacity_for", "reports_for", "what_if_configs", "OOM", "RETRY"]
