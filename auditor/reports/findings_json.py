@@ -8,6 +8,7 @@ import msgspec
 
 from auditor import __version__
 from auditor.evidence.model import Evidence
+from auditor.reports.allocator_view import document_section as allocator_section
 from auditor.reports.base import Reporter
 from auditor.findings import RuleResults
 
@@ -36,6 +37,7 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
         "skipped_rules": results.skipped,
         "rule_errors": [{"rule": e["rule"], "error": e["error"]} for e in results.errors],
         "suppressed": results.suppressed,
+        "allocator": allocator_section(evidence),
     }
 
 

@@ -527,6 +527,12 @@ def csp_hash(script: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode() + "'"
 
 
+def allocator_views(ev: Evidence) -> list[dict[str, Any]]:
+    """The allocator replay per device: its error against the recording, then the what-ifs."""
+    from auditor.reports.allocator_view import error_line, reports, what_if_line
+    return [{"error": error_line(r), "what_if": [what_if_line(r, w) for w in r.what_if]} for r in reports(ev)]
+
+
 class HtmlReport(Reporter):
     name = "html"
     filename = "report.html"
@@ -546,6 +552,7 @@ class HtmlReport(Reporter):
             verdict=verdict(evidence, results),
             ckpt=checkpoint_verdict(evidence),
             snap=snapshot_verdict(evidence),
+            allocator=allocator_views(evidence),
             ran=evidence.source == "run",
             findings=findings,
             config=patched_config(results.findings),

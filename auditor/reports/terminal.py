@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from auditor.evidence.model import Evidence
+from auditor.reports.allocator_view import lines as allocator_lines
 from auditor.reports.base import Reporter
 from auditor.findings import Finding, share_of_step
 from auditor.findings import RuleResults
@@ -297,6 +298,7 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         if e.exception or e.message:
             end.append(f": {e.exception or ''}{': ' if e.exception and e.message else ''}{e.message or ''}")
         lines.append(end)
+    lines.extend(Text(a, style="dim") for a in allocator_lines(evidence))
     if results.findings:
         lines.extend(finding_line(f) for f in by_cost(results.findings))
     else:

@@ -43,6 +43,7 @@ BERT = TRACES / "h100_bert_small_item_sync.pt.trace.json.gz"
 FRAGMENTED = SNAPSHOTS / "fragmented_72gb_state_only.pickle"
 LLAMA = SNAPSHOTS / "llama_mostly_free_segments.pickle"
 TRANSFORMER = SNAPSHOTS / "transformer_fullstep_with_history.pickle"
+DATA = Path(__file__).resolve().parent.parent / "data"  # synthetic snapshots (tests/data/make_allocator_snapshots.py)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ BALANCED = Input("ddp", "balanced")
 # rule id -> (the input it fires on, its clean twin)
 TABLE: dict[str, tuple[Input, Input]] = {
     "allocator-fragmentation": (Input("file", str(FRAGMENTED)), Input("file", str(LLAMA))),
+    "allocator-churn": (Input("file", str(DATA / "allocator_churn.pickle")), Input("file", str(DATA / "allocator_calm.pickle"))),
+    "reserved-overhang": (Input("file", str(DATA / "reserved_overhang.pickle")), Input("file", str(TRANSFORMER))),
     "amp-opportunity": (Input("file", str(W0)), Input("file", str(BERT))),
     "amp-unscaled": (Input("numerics", "numerics_amp_unscaled"), NUMERICS_CLEAN),
     "anomaly-mode": (ex("anomaly_mode"), CLEAN),

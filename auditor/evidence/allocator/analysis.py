@@ -3,7 +3,7 @@ what-ifs under other settings, and the times the allocator hit the device's limi
 
 The device's capacity is not in a snapshot. It comes, in order, from the caller (`--device-memory`),
 the OOM observer's record beside the snapshot, an `oom` entry of the trace (reserve at that moment
-plus what CUDA still had free), or is assumed: the smallest common device (auditor.evidence.allocator.devices)
+plus what CUDA still had free), a recorded release-and-retry (see _churn_bound), or is assumed: the smallest common device (auditor.evidence.allocator.devices)
 that holds the recorded reserve.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from auditor.evidence.allocator.config import AllocatorConfig, from_settings, pa
 from auditor.evidence.allocator.records import AllocatorReport, Churn, Figures, WhatIf
 from auditor.evidence.allocator.replay import recorded_figures, recorded_series, replay, replay_error
 from auditor.evidence.allocator.simulator import OOM, RETRY, SEGMENT_FREE, SEGMENT_UNMAP
-from auditor.evidence.snapshot import ALLOC, OOM as OOM_ACTION, SEGMENT_ALLOC, SEGMENT_MAP, GiB, Snapshot, reserved_at
+from auditor.evidence.snapshot import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM as OOM_ACTION, SEGMENT_ALLOC, SEGMENT_MAP, GiB, Snapshot, reserved_at
 
 # max_split_size_mb values tried besides the one allocator-fragmentation derives from the snapshot
 _SPLIT_MB = (128, 512)
@@ -34,11 +34,40 @@ def capacity_for(snapshot: Snapshot, device: int, given: int | None = None) -> t
         if e.action == OOM_ACTION and e.device_free is not None:
             return reserved_at(snapshot, device, i) + e.device_free, "oom entry"
     h = snapshot.histories.get(device)
+    bound = _churn_bound(snapshot, device)
+    if bound is not None and h is not None and bound >= h.peak_reserved:
+        return bound, "churn in the trace"
     need = max(h.peak_reserved if h else 0, sum(s.total_size for s in snapshot.device_segments(device)))
     for gib, name in sorted(COMMON_DEVICES_GIB.items()):
         if gib * GiB >= need:
             return int(gib * GiB), f"assumed: {name}"
     return need, "assumed: the recorded reserve"
+
+
+def _churn_bound(snapshot: Snapshot, device: int) -> int | None:
+    """The capacity a recorded release-and-retry implies: cudaMalloc of the segment that followed
+    the burst failed with the reserve before it, so the device held less than that reserve plus the
+    segment; the replay takes one byte less (the largest capacity consistent with every burst)."""
+    trace = snapshot.device_traces[device]
+    h = snapshot.histories.get(device)
+    if h is None:
+        return None
+    reserved, bound, i, n = h.start_reserved, None, 0, len(trace)
+    while i < n:
+        e = trace[i]
+        if e.action in (SEGMENT_FREE, SEGMENT_UNMAP):
+            before = reserved
+            while i < n and trace[i].action in (SEGMENT_FREE, SEGMENT_UNMAP):
+                reserved -= trace[i].size
+                i += 1
+            if i < n and trace[i].action in (SEGMENT_ALLOC, SEGMENT_MAP):
+                b = before + trace[i].size - 1
+                bound = b if bound is None else min(bound, b)
+            continue
+        if e.action in (SEGMENT_ALLOC, SEGMENT_MAP):
+            reserved += e.size
+        i += 1
+    return bound
 
 
 def what_if_configs(base: AllocatorConfig, split_mb: int | None) -> list[tuple[AllocatorConfig, str]]:
@@ -125,7 +154,8 @@ def analyze(snapshot: Snapshot, device: int, capacity: int | None = None, what_i
     base_run = replay(snapshot, device, base, cap, keep_series=True)
     recorded = recorded_figures(snapshot, device)
     replayed = base_run.figures()
-    error = replay_error(recorded, recorded_series(snapshot, device), replayed, base_run.series or [])
+    requests = [e.action in (ALLOC, FREE_REQUESTED, FREE_COMPLETED) for e in snapshot.device_traces[device]]
+    error = replay_error(recorded, recorded_series(snapshot, device), replayed, base_run.series or [], requests)
     churn = _recorded_churn(snapshot, device)
     if not churn and not source.startswith("assumed"):
         churn = _simulated_churn(snapshot, device, base_run.sim.events)

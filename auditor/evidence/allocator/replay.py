@@ -158,8 +158,11 @@ def replay(snapshot: Snapshot, device: int, cfg: AllocatorConfig, capacity: int,
     return Replay(sim, series, nseg, nblocks, (time.perf_counter() - t0) * 1000.0)
 
 
-def replay_error(recorded: Figures, rec_series: array, replayed: Figures, series: array) -> ReplayError:
-    diffs = [abs(x - y) for x, y in zip(rec_series, series)]
+def replay_error(recorded: Figures, rec_series: array, replayed: Figures, series: array,
+                 requests: list[bool] | None = None) -> ReplayError:
+    """Compared after each request (`requests[i]`: entry i is an alloc or free): the allocator
+    writes a segment_alloc just before the alloc it serves, the replay reserves at the alloc."""
+    diffs = [abs(x - y) for i, (x, y) in enumerate(zip(rec_series, series)) if requests is None or requests[i]]
     peak = recorded.reserved_peak_bytes or 1
     return ReplayError(
         reserved_peak_pct=round(100.0 * (replayed.reserved_peak_bytes - recorded.reserved_peak_bytes) / peak, 3),

@@ -1,0 +1,74 @@
+"""allocator-churn and reserved-overhang on synthetic snapshots (tests/data/make_allocator_snapshots.py),
+in-process and through `audit analyze`, with their controls; findings.json's `allocator` section."""
+from __future__ import annotations
+
+import json
+import pickle
+
+from auditor.config import Config
+from auditor.evidence.load import load_paths
+from auditor.evidence.snapshot import GiB, MiB
+from auditor.rules.engine import run_rules
+
+from conftest import FIXTURES, ROOT, audit
+
+DATA = ROOT / "tests" / "data"
+TRANSFORMER = FIXTURES / "snapshots" / "transformer_fullstep_with_history.pickle"
+
+
+def _findings(path, rule_id):
+    ev = load_paths([path])
+    results = run_rules(ev, Config(select=[rule_id]))
+    return [f for f in results.findings if f.rule == rule_id]
+
+
+def test_churn_names_the_request_the_step_and_the_setting_that_removes_it():
+    (f,) = _findings(DATA / "allocator_churn.pickle", "allocator-churn")
+    e = f.evidence
+    assert e["retries"] == 1 and e["capacity_source"] == "churn in the trace"
+    assert e["churn"][0]["requested"] == 700 * MiB and e["churn"][0]["bytes_freed"] == 600 * MiB
+    assert e["per_step"] == {"1": 1}
+    assert [(loc.file, loc.line) for loc in f.locations] == [("/work/train.py", 12)]
+    assert "expandable_segments:True" in e["removed_by"]
+    assert f.fix.config == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert "1 -> 0 segment frees" in f.fix.summary
+
+
+def test_churn_control_is_silent():
+    assert _findings(DATA / "allocator_calm.pickle", "allocator-churn") == []
+    assert _findings(TRANSFORMER, "allocator-churn") == []
+
+
+def test_churn_through_audit_analyze(tmp_path):
+    out = tmp_path / "out"
+    r = audit("analyze", str(DATA / "allocator_churn.pickle"), out=out)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "findings.json").read_text())
+    assert [f["rule"] for f in doc["findings"]] == ["allocator-churn"]
+    a = doc["allocator"]
+    assert a["recorded"] == a["replayed"] == {"reserved_peak_bytes": 700 * MiB, "allocated_peak_bytes": 700 * MiB,
+                                              "segment_allocs": 2, "segment_frees": 1}
+    assert {"alloc_conf", "reserved_peak_bytes", "segment_allocs", "segment_frees",
+            "largest_free_block_bytes"} <= set(a["what_if"][0])
+    text = r.stdout
+    assert text.index("allocator replay of cuda:0") < text.index("what if expandable_segments:True")
+
+
+def test_overhang_held_to_the_end_suggests_empty_cache_between_phases(tmp_path):
+    (f,) = _findings(DATA / "reserved_overhang.pickle", "reserved-overhang")
+    assert f.evidence["overhang_bytes"] == 4 * GiB  # the 4 GiB segment, cached after its buffer was freed
+    assert f.evidence["to_end"] and f.evidence["seconds"] >= 50
+    assert "empty_cache() once" in f.fix.summary and "never inside the step loop" in f.fix.summary
+
+
+def test_overhang_silent_when_the_cache_is_returned(tmp_path):
+    snap = pickle.loads((DATA / "reserved_overhang.pickle").read_bytes())
+    trace = snap["device_traces"][0]
+    i = next(k for k, e in enumerate(trace) if e["action"] == "free_completed")
+    trace.insert(i + 1, {"action": "segment_free", "addr": trace[0]["addr"], "size": 4 * GiB, "stream": 0,
+                         "time_us": trace[i]["time_us"]})
+    snap["segments"] = snap["segments"][1:]
+    p = tmp_path / "returned.pickle"
+    p.write_bytes(pickle.dumps(snap, protocol=4))
+    assert _findings(p, "reserved-overhang") == []
+    assert _findings(TRANSFORMER, "reserved-overhang") == []  # a 0.56 s step: the cache serves it
