@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
+from auditor.evidence.allocator.analysis import helps, saving_text, simulate_conf
+from auditor.evidence.allocator.replay import recorded_figures
 from auditor.evidence.allocator.splits import max_split_mb
 from auditor.evidence.snapshot import GiB, MemoryFigures, Snapshot, Usage, format_bytes
 from auditor.rules.base import Option, Options, SnapshotRule
@@ -33,6 +35,24 @@ def _usage_dict(u: Usage) -> dict[str, int]:
     return {"segments": u.segments, "reserved": u.reserved, "allocated": u.allocated, "free": u.free,
             "largest_free": u.largest_free, "free_blocks": u.free_blocks,
             "free_in_empty_segments": u.free_in_empty_segments, "free_in_split_segments": u.free_in_split_segments}
+
+
+def _simulated(snap: Snapshot, device: int, existing: str,
+               choices: list[tuple[dict[str, str], str]]) -> list[tuple[dict[str, str], str]]:
+    """With a recorded history, each setting is replayed on the same requests: the ones the
+    simulated allocator says do not lower the reserved peak or the cudaFree count are dropped, the
+    others quote the simulated saving. Without a history the choices stand as they are."""
+    if device not in snap.histories:
+        return choices
+    recorded = recorded_figures(snap, device)
+    out = []
+    for settings, why in choices:
+        w = simulate_conf(snap, device, merge_conf(existing, **settings))
+        if w is None:
+            out.append((settings, why))
+        elif helps(recorded, w):
+            out.append((settings, f"{why} (simulated on the recorded requests: {saving_text(recorded, w)})"))
+    return out
 
 
 class AllocatorFragmentation(SnapshotRule):
@@ -154,6 +174,7 @@ class AllocatorFragmentation(SnapshotRule):
             choices.append(({"garbage_collection_threshold": str(options.gc_threshold)},
                             f"returns the {format_bytes(fig.free_in_empty_segments)} held by {fig.empty_segments} empty "
                             f"segments before a request has to fail and flush the whole cache"))
+        choices = _simulated(snap, device, existing, choices)
         if not choices:
             return Fix(summary=(f"The allocator settings already in use ({existing or 'defaults with expandable segments'}) "
                                 "leave no further knob; reduce the variety of tensor shapes (pad to a few bucket "

@@ -5,6 +5,8 @@ import linecache
 import os
 from typing import Any, Iterable, NamedTuple
 
+from auditor.evidence.allocator.analysis import helps, saving_text, simulate_conf
+from auditor.evidence.allocator.replay import recorded_figures
 from auditor.evidence.allocator.devices import COMMON_CAPACITIES_GIB, COMMON_DEVICES_GIB
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import (GiB, MemoryFigures, OomRecord, Owner, Snapshot, StackFrame,
@@ -77,8 +79,18 @@ def _config_fix(snap: Snapshot, cached: int, what: str, owners_known: bool) -> F
         return Fix(summary=f"The allocator cache is not the problem here; {reduce}.")
     existing = snap.allocator_settings.alloc_conf if snap.allocator_settings else ""
     value = merge_conf(existing, expandable_segments="True")
+    simulated = ""
+    device = next(iter(snap.histories), None) if len(snap.histories) == 1 else None
+    if device is not None:  # replay the recorded requests: recommend it only if the simulation says it helps
+        w = simulate_conf(snap, device, value)
+        recorded = recorded_figures(snap, device)
+        if w is not None and not helps(recorded, w):
+            return Fix(summary=(f"{value} would not help here: on the recorded requests the simulated allocator "
+                                f"gives {saving_text(recorded, w)}; {reduce}."))
+        if w is not None:
+            simulated = f" (simulated on the recorded requests: {saving_text(recorded, w)})"
     return Fix(summary=(f"Set {ALLOC_CONF}={value} so the {format_bytes(cached)} reserved but not allocated {what} "
-                        f"can serve requests of any size; beyond that, {reduce}."),
+                        f"can serve requests of any size{simulated}; beyond that, {reduce}."),
                config={ALLOC_CONF: value})
 
 

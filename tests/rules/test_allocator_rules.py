@@ -72,3 +72,16 @@ def test_overhang_silent_when_the_cache_is_returned(tmp_path):
     p.write_bytes(pickle.dumps(snap, protocol=4))
     assert _findings(p, "reserved-overhang") == []
     assert _findings(TRANSFORMER, "reserved-overhang") == []  # a 0.56 s step: the cache serves it
+
+
+def test_oom_risk_fix_quotes_the_simulated_saving_and_drops_what_does_not_help(tmp_path):
+    from auditor.evidence.snapshot import load_snapshot
+    from auditor.rules.oom_risk import _config_fix
+    snap = load_snapshot(TRANSFORMER)
+    fix = _config_fix(snap, 5 * GiB, "at the peak", True)
+    assert "reserved peak 56.9 -> 51.8 GiB, 0 -> 0 segment frees" in fix.summary
+    assert fix.config == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    # one 4 GiB buffer, then nothing: expandable segments would reserve the same, so it is not offered
+    over = load_snapshot(DATA / "reserved_overhang.pickle")
+    fix = _config_fix(over, 4 * GiB, "at the peak", True)
+    assert fix.config == {} and "would not help" in fix.summary
