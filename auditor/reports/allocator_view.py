@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from auditor.evidence.allocator.analysis import reports_for
+from auditor.evidence.allocator.analysis import bytes_pair, reports_for
 from auditor.evidence.allocator.records import AllocatorReport
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import GiB, format_bytes
@@ -38,8 +38,8 @@ def error_line(r: AllocatorReport) -> str:
 
 def what_if_line(r: AllocatorReport, w: Any) -> str:
     rec = r.recorded
-    text = (f"what if {w.alloc_conf}: reserved peak {rec.reserved_peak_bytes / GiB:.1f} -> "
-            f"{w.reserved_peak_bytes / GiB:.1f} GiB, segment allocs {rec.segment_allocs} -> {w.segment_allocs}, "
+    text = (f"what if {w.alloc_conf}: reserved peak {bytes_pair(rec.reserved_peak_bytes, w.reserved_peak_bytes)}, "
+            f"segment allocs {rec.segment_allocs} -> {w.segment_allocs}, "
             f"frees {rec.segment_frees} -> {w.segment_frees}, largest free block {format_bytes(w.largest_free_block_bytes)}")
     if w.ooms:
         text += f", {w.ooms} OOM(s)"

@@ -85,7 +85,11 @@ class AllocatorChurn(Rule):
         top = lines.most_common(int(options.top_requests))
         kind = "recorded" if churn[0].recorded else "simulated on the given capacity"
         freed = sum(c.bytes_freed for c in churn)
-        text = (f"On cuda:{r.device} the allocator freed its cache to retry a request {len(churn)} time(s) ({kind}): "
+        retries = sum(1 for c in churn if c.segments_freed)
+        ooms = len(churn) - retries
+        what = " and ".join(x for x in (f"freed its cache to retry a request {retries} time(s)" if retries else "",
+                                        f"failed {ooms} request(s) even after freeing it (OOM)" if ooms else "") if x)
+        text = (f"On cuda:{r.device} the allocator hit the device's limit and {what} ({kind}): "
                 f"{sum(c.segments_freed for c in churn)} segment(s), {format_bytes(freed)}, returned to CUDA, each "
                 f"time after a device-wide synchronisation. Requests: "
                 + ", ".join(f"{format_bytes(c.requested_bytes)} at entry {c.index}" for c in churn[:5])

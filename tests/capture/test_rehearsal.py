@@ -1486,11 +1486,12 @@ def step(i):
 '''
 
 
-def test_memory_history_calls_run_as_on_an_idle_device(tmp_path):
+def test_memory_history_calls_run_on_the_rehearsed_requests(tmp_path):
     """`torch.cuda.memory._record_memory_history(...)` (how PyTorch's docs have a program record its
     allocations for a snapshot) raised AttributeError ('torch._C' has no attribute
     '_cuda_record_memory_history') at import: the run ended before its first step. They are answered
-    as an idle device would (the dump writes its empty snapshot) and recorded at their lines."""
+    from the requests the program's GPU tensors make (the dump writes the snapshot the simulated
+    allocator would have: auditor.capture.rehearsal.memory) and recorded at their lines."""
     trainer = tmp_path / "history.py"
     trainer.write_text(MEMORY_HISTORY)
     a = audit("run", f"{trainer}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
@@ -1498,7 +1499,11 @@ def test_memory_history_calls_run_as_on_an_idle_device(tmp_path):
     assert a.returncode == 0, a.evidence["ending"]
     assert a.evidence["ending"]["status"] == "completed" and len(a.evidence["steps"]) == 3
     with open(tmp_path / "snap.pickle", "rb") as f:
-        assert pickle.load(f) == {"segments": [], "device_traces": [[]]}
+        snap = pickle.load(f)
+    # the Linear's weight and bias and x, each a small-pool block of one 2 MiB segment
+    assert [s["total_size"] for s in snap["segments"]] == [2 << 20]
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    assert {e["size"] for e in allocs[:3]} == {16 * 4 * 4, 4 * 4, 8 * 16 * 4}
     lines = MEMORY_HISTORY.splitlines()
     got = {(t["what"], t["where"]["line"]) for t in tallies(a, "cuda-standin", setup=True)}
     assert {("torch.cuda.memory._record_memory_history", lines.index(line) + 1) for line in (

@@ -433,4 +433,6 @@ def install() -> list[str]:
     cuda.default_generators = (_RNG.generator,)
     replaced.append("default_generators")
     _install_amp()
+    from auditor.capture.rehearsal import memory  # the history calls, answered from the rehearsed requests
+    replaced += memory.install()
     return sorted(set(replaced))

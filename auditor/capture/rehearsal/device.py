@@ -70,9 +70,16 @@ def is_marked(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and getattr(t, CUDA_MARK, False)
 
 
+# Called with each tensor as it is marked while the program records a memory history
+# (auditor.capture.rehearsal.memory); None otherwise.
+ON_MARK: Callable[[torch.Tensor], None] | None = None
+
+
 def mark(t: torch.Tensor) -> None:
     if not getattr(t, CUDA_MARK, False):
         setattr(t, CUDA_MARK, True)
+        if ON_MARK is not None:
+            ON_MARK(t)
 
 
 def unmark(t: torch.Tensor) -> None:
@@ -232,6 +239,8 @@ def _mark_results(out: Any, args: tuple, kwargs: dict) -> None:
     for t in _tensors(out):
         if not getattr(t, CUDA_MARK, False) and not any(t is a for a in args) and t is not kwargs.get("out"):
             setattr(t, CUDA_MARK, True)
+            if ON_MARK is not None:
+                ON_MARK(t)
 
 
 def _alias(t: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,9 @@ def capacity_for(snapshot: Snapshot, device: int, given: int | None = None) -> t
     trace = snapshot.device_traces[device] if device < len(snapshot.device_traces) else []
     for i, e in enumerate(trace):
         if e.action == OOM_ACTION and e.device_free is not None:
-            return reserved_at(snapshot, device, i) + e.device_free, "oom entry"
+            total = reserved_at(snapshot, device, i) + e.device_free
+            if total > 0:
+                return total, "oom entry"
     h = snapshot.histories.get(device)
     bound = _churn_bound(snapshot, device)
     if bound is not None and h is not None and bound >= h.peak_reserved:
@@ -129,10 +131,10 @@ def _churn(trace: list, index: int, size: int, stream: int, segments: int, freed
                  line=owner.line if owner else 0, function=owner.name if owner else "", recorded=recorded)
 
 
-def _simulated_churn(snapshot: Snapshot, device: int, events: list[tuple[int, str, int, int]]) -> list[Churn]:
+def _simulated_churn(snapshot: Snapshot, device: int, events: list[tuple[int, str, int, int, int]]) -> list[Churn]:
     trace = snapshot.device_traces[device]
     out = []
-    for k, (index, kind, size, stream) in enumerate(events):
+    for k, (index, kind, size, stream, _) in enumerate(events):
         if kind != RETRY:
             continue
         freed = [ev for ev in events[k + 1:] if ev[0] == index and ev[1] in (SEGMENT_FREE, SEGMENT_UNMAP)]
@@ -215,9 +217,15 @@ def helps(recorded: Figures, w: WhatIf, recorded_retries: int = 0) -> bool:
 
 def saving_text(recorded: Figures, w: WhatIf) -> str:
     """"reserved peak 22.6 -> 21.1 GiB, 354 -> 0 segment frees" (the simulated change)."""
-    text = (f"reserved peak {recorded.reserved_peak_bytes / GiB:.1f} -> {w.reserved_peak_bytes / GiB:.1f} GiB, "
+    return (f"reserved peak {bytes_pair(recorded.reserved_peak_bytes, w.reserved_peak_bytes)}, "
             f"{recorded.segment_frees} -> {w.segment_frees} segment frees")
-    return text
+
+
+def bytes_pair(a: int, b: int) -> str:
+    """"56.9 -> 51.8 GiB": two sizes in the unit of the larger."""
+    top = max(a, b)
+    unit, scale = next(((u, s) for u, s in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1024)) if top >= s), ("B", 1))
+    return f"{a / scale:.1f} -> {b / scale:.1f} {unit}" if scale > 1 else f"{a} -> {b} B"
 
 
 def retries_and_ooms(report: AllocatorReport) -> tuple[int, int]:

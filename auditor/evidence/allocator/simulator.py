@@ -131,14 +131,15 @@ class Simulator:
         self.retries = 0
         self.ooms = 0
         self.index = -1  # the driver's position (trace index), stamped on events
-        self.events: list[tuple[int, str, int, int]] = []  # (index, kind, bytes, stream)
+        # (index, kind, bytes, stream, address; -1 for a retry, the device's free bytes for an OOM)
+        self.events: list[tuple[int, str, int, int, int]] = []
         self.on_event: Callable[[str, int, int], None] | None = None
 
     # ---------------------------------------------------------------------------------------------
     # bookkeeping
 
-    def _event(self, kind: str, size: int, stream: int) -> None:
-        self.events.append((self.index, kind, size, stream))
+    def _event(self, kind: str, size: int, stream: int, addr: int = -1) -> None:
+        self.events.append((self.index, kind, size, stream, addr))
 
     def _reserve(self, size: int) -> None:
         self.reserved += size
@@ -242,7 +243,7 @@ class Simulator:
                 b = self._alloc_block(pool, stream, size, alloc_size)
             if b is None:  # torch raises "CUDA out of memory"; the replay goes on past the limit
                 self.ooms += 1
-                self._event(OOM, orig_size, stream)
+                self._event(OOM, orig_size, stream, max(self.capacity - self.reserved, 0))  # (what CUDA had free)
                 b = self._alloc_block(pool, stream, size, alloc_size, force=True)
                 assert b is not None
         if self._should_split(b, size):
@@ -335,7 +336,7 @@ class Simulator:
         b = Blk(stream, alloc_size, self._address(alloc_size), pool.small)
         self._reserve(alloc_size)
         self.segment_allocs += 1
-        self._event(SEGMENT_ALLOC, alloc_size, stream)
+        self._event(SEGMENT_ALLOC, alloc_size, stream, b.ptr)
         return b
 
     def _release_available(self, pool: Pool, stream: int, size: int) -> bool:
@@ -392,7 +393,7 @@ class Simulator:
         self.reserved -= b.size
         self.segment_frees += 1
         self._give_back(b.ptr)
-        self._event(SEGMENT_FREE, b.size, b.stream)
+        self._event(SEGMENT_FREE, b.size, b.stream, b.ptr)
 
     def _free_block(self, b: Blk) -> None:
         pool = self.pools[b.small]
@@ -469,7 +470,7 @@ class Simulator:
             if got >= size:
                 return c
         page = K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
-        span = -(-(self.capacity + self.capacity // 8) // page) * page
+        span = -(-max(self.capacity + self.capacity // 8, size) // page) * page
         seg = Expandable(self._address(span), span, page, stream, pool.small)
         c = Blk(stream, span, seg.base, pool.small, seg, mapped=False)
         pool.insert_unmapped(c)
@@ -499,7 +500,7 @@ class Simulator:
         pool.insert(b)
         self._reserve(mapped)
         self.segment_allocs += 1
-        self._event(SEGMENT_MAP, mapped, b.stream)
+        self._event(SEGMENT_MAP, mapped, b.stream, b.ptr)
         return True
 
     def _try_allocate_expandable(self, pool: Pool, stream: int, size: int, force: bool) -> Blk | None:
@@ -547,7 +548,7 @@ class Simulator:
         pool.insert_unmapped(b)
         self.reserved -= size
         self.segment_frees += 1
-        self._event(SEGMENT_UNMAP, size, b.stream)
+        self._event(SEGMENT_UNMAP, size, b.stream, start)
 
     # ---------------------------------------------------------------------------------------------
     # figures

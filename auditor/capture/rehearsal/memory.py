@@ -1,0 +1,152 @@
+"""CUDA rehearsal, the memory side: the requests the program's GPU tensors would make of the caching
+allocator, and `torch.cuda.memory`'s history calls answered from them.
+
+While the program records a history (`torch.cuda.memory._record_memory_history()`), every tensor
+the rehearsal marks as the GPU's (auditor.capture.rehearsal.device) is an allocation of its storage's
+bytes on the default stream, with the user's Python stack, and is freed when the last marked tensor
+on that storage is collected. `_snapshot()` / `_dump_snapshot()` then return what a GPU's allocator
+would have recorded for those requests (auditor.evidence.allocator.synth runs them through the
+simulated allocator, under PYTORCH_CUDA_ALLOC_CONF, on a device of AUDITOR_DEVICE_MEMORY_GIB or the
+rehearsed device's memory), so the program's own snapshot code runs, and `audit analyze` of the dump
+forecasts the reserve and any OOM. Tensors the program never sees (autograd's gradients and saved
+buffers made in C++) are not requests: the forecast is a lower bound.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import sys
+import time
+import weakref
+from typing import Any
+
+import torch
+
+import auditor
+from auditor.capture import probes
+from auditor.capture.frames import user_frame
+from auditor.capture.rehearsal import device
+from auditor.evidence import model as m
+from auditor.evidence.allocator.config import ConfError, parse_alloc_conf
+from auditor.evidence.allocator.synth import snapshot_from_requests
+
+_AUDITOR_DIR = os.path.dirname(auditor.__file__) + os.sep
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+MAX_FRAMES = 16
+GiB = 1 << 30
+
+
+class Recorder:
+    """The requests recorded since `_record_memory_history()` switched recording on."""
+
+    def __init__(self, max_entries: int = 1_000_000) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.live: dict[int, list[int]] = {}  # storage address -> [marked tensors on it, allocation id]
+        self.next_id = 0
+        self.max_entries = max_entries
+
+    def track(self, t: torch.Tensor) -> None:
+        try:
+            st = t.untyped_storage()
+            key, nbytes = st.data_ptr(), st.nbytes()
+        except (RuntimeError, NotImplementedError):  # sparse, meta or functional tensors have no plain storage
+            return
+        if nbytes == 0:
+            return
+        entry = self.live.get(key)
+        if entry is None:
+            entry = self.live[key] = [0, self.next_id]
+            self.next_id += 1
+            self._add("alloc", entry[1], nbytes)
+        entry[0] += 1
+        weakref.finalize(t, self._release, key, entry[1])
+
+    def _release(self, key: int, ident: int) -> None:
+        entry = self.live.get(key)
+        if entry is None or entry[1] != ident:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            del self.live[key]
+            self._add("free", ident, 0)
+
+    def _add(self, action: str, ident: int, size: int) -> None:
+        if len(self.requests) < self.max_entries:
+            self.requests.append({"action": action, "id": ident, "size": size, "stream": 0,
+                                  "time_us": time.time_ns() // 1000, "frames": _stack()})
+
+
+def _stack() -> list[dict[str, Any]]:
+    """The Python stack outside the auditor and torch, innermost first, as a snapshot records it."""
+    out: list[dict[str, Any]] = []
+    f: Any = sys._getframe(2)
+    while f is not None and len(out) < MAX_FRAMES:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_AUDITOR_DIR) and not fn.startswith(_TORCH_DIR):
+            out.append({"name": f.f_code.co_name, "filename": fn, "line": f.f_lineno})
+        f = f.f_back
+    return out
+
+
+_STATE: dict[str, Recorder | None] = {"recorder": None}
+
+
+def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1_000_000, **kwargs: Any) -> None:
+    """torch.cuda.memory._record_memory_history: on with any `enabled` but None (off drops the history)."""
+    if enabled is None or enabled is False:
+        _STATE["recorder"] = None
+        device.ON_MARK = None
+        return
+    rec = _STATE["recorder"]
+    if rec is None:
+        rec = _STATE["recorder"] = Recorder(max_entries)
+    device.ON_MARK = rec.track
+
+
+def capacity() -> int:
+    """AUDITOR_DEVICE_MEMORY_GIB (audit run --device-memory), else the rehearsed device's memory."""
+    gib = os.environ.get("AUDITOR_DEVICE_MEMORY_GIB")
+    try:
+        if gib and float(gib) > 0:
+            return int(float(gib) * GiB)
+    except ValueError:
+        pass
+    return torch.cuda.get_device_properties(0).total_memory
+
+
+def snapshot(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    rec = _STATE["recorder"]
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    try:
+        cfg = parse_alloc_conf(conf)
+    except ConfError:
+        cfg = parse_alloc_conf("")
+    return snapshot_from_requests(rec.requests if rec else [], cfg, capacity(), conf)
+
+
+def dump_snapshot(filename: str = "dump_snapshot.pickle", *args: Any, **kwargs: Any) -> None:
+    with open(filename, "wb") as f:
+        pickle.dump(snapshot(), f, protocol=4)
+
+
+def install() -> list[str]:
+    """Answer torch.cuda.memory's history calls from the rehearsed requests; each call is recorded
+    at the user's line as the other stand-ins are (a `cuda-standin` tally)."""
+    mem = torch.cuda.memory
+    replaced = []
+    for name, impl in (("_record_memory_history", record_memory_history), ("_snapshot", snapshot),
+                       ("_dump_snapshot", dump_snapshot)):
+        if not hasattr(mem, name):
+            continue
+
+        def standin(*args: Any, __name: str = f"torch.cuda.memory.{name}", __impl: Any = impl, **kwargs: Any) -> Any:
+            rec = probes.REC
+            if rec is not None and rec.active:
+                rec.add(m.CUDA_STANDIN, __name, user_frame(sys._getframe(1)))
+            return __impl(*args, **kwargs)
+
+        functools.update_wrapper(standin, getattr(mem, name))
+        setattr(mem, name, standin)
+        replaced.append(f"memory.{name}")
+    return replaced

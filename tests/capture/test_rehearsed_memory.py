@@ -1,0 +1,67 @@
+"""OOM forecast for rehearsed code: the requests a rehearsed program's GPU tensors make, replayed by the
+simulated allocator into the snapshot its own `_dump_snapshot` call writes, and `audit analyze` of it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from auditor.evidence.allocator.analysis import analyze
+from auditor.evidence.allocator.config import AllocatorConfig
+from auditor.evidence.allocator.synth import snapshot_from_requests
+from auditor.evidence.snapshot import MiB, load_snapshot
+
+from conftest import audit
+
+TRAINER = '''
+import sys
+import torch
+
+torch.cuda.memory._record_memory_history(max_entries=100000)
+x = torch.zeros(1024, 1024, device="cuda")      # 4 MiB: a 20 MiB segment, split
+y = torch.zeros(3 * 1024 * 1024, device="cuda")  # 12 MiB: the rest of that segment
+del x
+z = torch.zeros(256, device="cuda")              # 1 KiB: a 2 MiB small-pool segment
+torch.cuda.memory._dump_snapshot(sys.argv[1])
+print(float(y.sum() + z.sum()))
+'''
+
+
+def _frames(line: int) -> list[dict]:
+    return [{"filename": "/work/train.py", "line": line, "name": "step"}]
+
+
+def test_requests_become_the_snapshot_a_gpu_would_write(tmp_path):
+    reqs = [{"action": "alloc", "id": 1, "size": 4 * MiB, "time_us": 1, "frames": _frames(5)},
+            {"action": "alloc", "id": 2, "size": 12 * MiB, "time_us": 2, "frames": _frames(6)},
+            {"action": "free", "id": 1, "size": 0, "time_us": 3},
+            {"action": "alloc", "id": 3, "size": 1024, "time_us": 4, "frames": _frames(8)}]
+    raw = snapshot_from_requests(reqs, AllocatorConfig(), capacity=1 << 30)
+    assert [e["action"] for e in raw["device_traces"][0]] == [
+        "segment_alloc", "alloc", "alloc", "free_requested", "free_completed", "segment_alloc", "alloc"]
+    assert sorted(s["total_size"] for s in raw["segments"]) == [2 * MiB, 20 * MiB]
+
+
+@pytest.mark.slow
+def test_a_rehearsed_trainer_forecasts_its_peak_and_its_oom(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    snap_path = tmp_path / "snap.pickle"
+    a = audit("run", str(script), "--to-end", "--no-profile", "--quiet", "--", str(snap_path), out=tmp_path / "run")
+    assert a.returncode == 0, a.stderr
+    snap = load_snapshot(snap_path)
+    r = analyze(snap, 0)
+    # the sizes it allocates: 4 + 12 MiB live at once; a 20 MiB and a 2 MiB segment
+    assert r.recorded.allocated_peak_bytes == 16 * MiB and r.recorded.reserved_peak_bytes == 22 * MiB
+    assert r.replayed == r.recorded
+    owners = {(b.owner.line if b.owner else None) for s in snap.segments for b in s.blocks if b.live}
+    assert owners == {7, 9}  # y and z, by the lines that made them
+    # on a 15 MiB device the first request already fails: audit analyze names the line
+    small = tmp_path / "small.pickle"
+    a = audit("run", str(script), "--to-end", "--no-profile", "--quiet", "--", str(small), out=tmp_path / "run2",
+              env={"AUDITOR_DEVICE_MEMORY_GIB": str(15 / 1024)})
+    assert a.returncode == 0, a.stderr
+    a = audit("analyze", str(small), out=tmp_path / "an")
+    doc = json.loads((tmp_path / "an" / "findings.json").read_text())
+    ooms = [f for f in doc["findings"] if f["rule"] == "oom-risk"]
+    assert ooms and ooms[0]["locations"][0]["line"] == 6
