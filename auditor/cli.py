@@ -45,6 +45,12 @@ def shared_options(*names: str, out_default: str = "", quiet_help: str = "Only t
     return decorate
 
 
+def _device_memory(gib: float | None) -> None:
+    """--device-memory reaches the allocator simulator (and an audited child) as AUDITOR_DEVICE_MEMORY_GIB."""
+    if gib:
+        os.environ["AUDITOR_DEVICE_MEMORY_GIB"] = repr(gib)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="audit")
 def cli() -> None:
@@ -80,15 +86,20 @@ def cli() -> None:
               help="Launch this many ranks with torch.distributed.run (the target calls init_process_group).")
 @click.option("--rank-timeout", type=click.FloatRange(min=0), default=DEFAULT_RANK_TIMEOUT_S, show_default=True,
               help="Under a launcher: how long rank 0 waits for the other ranks' evidence, in seconds.")
+@click.option("--device-memory", "device_memory", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="GIB", help="Memory of the device to simulate the caching allocator on, in GiB (the allocator "
+                                  "replay of memory snapshots; under rehearsal, the device the program's own "
+                                  "_dump_snapshot forecasts).")
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
         quiet: bool, nproc_per_node: int | None = None, rank_timeout: float = DEFAULT_RANK_TIMEOUT_S,
         numerics: bool = True, script_args: tuple[str, ...] = (), module: str | None = None, skip: int = 0,
-        to_end: bool = False) -> None:
+        to_end: bool = False, device_memory: float | None = None) -> None:
     """Audit TARGET: path/to/file.py:step or package.module:step (the step called N times), or a
     whole program, path/to/file.py or -m package.module (run as Python runs it, its steps found).
 
     ARGS after `--` are the program's own command line: its code finds them in sys.argv[1:]."""
+    _device_memory(device_memory)
     sys.exit(app.run(target, steps, out_dir, fail_on, select, ignore, profile, rehearse, open_report, tensorboard,
                      quiet, nproc_per_node, rank_timeout, numerics, script_args, module, skip, to_end))
 
@@ -96,10 +107,15 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @shared_options("out", "fail-on", "select", "ignore", "quiet", out_default="audit-out/analyze-<timestamp>/")
+@click.option("--device-memory", "device_memory", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="GIB", help="Memory of the device to simulate the caching allocator on, in GiB (the allocator "
+                                  "replay of memory snapshots; under rehearsal, the device the program's own "
+                                  "_dump_snapshot forecasts).")
 def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-            ignore: tuple[str, ...], quiet: bool) -> None:
+            ignore: tuple[str, ...], quiet: bool, device_memory: float | None = None) -> None:
     """Run the rules on recordings: profiler traces, TensorBoard logdirs, memory snapshots, or
     `audit run` output directories."""
+    _device_memory(device_memory)
     sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet))
 
 

@@ -58,8 +58,8 @@ def test_a_rehearsed_trainer_forecasts_its_peak_and_its_oom(tmp_path):
     assert owners == {7, 9}  # y and z, by the lines that made them
     # on a 15 MiB device the first request already fails: audit analyze names the line
     small = tmp_path / "small.pickle"
-    a = audit("run", str(script), "--to-end", "--no-profile", "--quiet", "--", str(small), out=tmp_path / "run2",
-              env={"AUDITOR_DEVICE_MEMORY_GIB": str(15 / 1024)})
+    a = audit("run", str(script), "--to-end", "--no-profile", "--quiet", "--device-memory", str(15 / 1024),
+              "--", str(small), out=tmp_path / "run2")
     assert a.returncode == 0, a.stderr
     a = audit("analyze", str(small), out=tmp_path / "an")
     doc = json.loads((tmp_path / "an" / "findings.json").read_text())

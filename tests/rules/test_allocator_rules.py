@@ -85,3 +85,14 @@ def test_oom_risk_fix_quotes_the_simulated_saving_and_drops_what_does_not_help(t
     over = load_snapshot(DATA / "reserved_overhang.pickle")
     fix = _config_fix(over, 4 * GiB, "at the peak", True)
     assert fix.config == {} and "would not help" in fix.summary
+
+
+def test_churn_forecast_for_a_smaller_device(tmp_path):
+    """--device-memory: the calm stream on a 1 GiB device would free its cache to retry."""
+    out = tmp_path / "out"
+    r = audit("analyze", str(DATA / "allocator_calm.pickle"), "--device-memory", "1", out=out)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "findings.json").read_text())
+    (f,) = [f for f in doc["findings"] if f["rule"] == "allocator-churn"]
+    assert f["evidence"]["capacity_source"] == "given" and f["evidence"]["churn"][0]["recorded"] is False
+    assert doc["allocator"]["replayed"]["segment_frees"] == 1 and doc["allocator"]["recorded"]["segment_frees"] == 0

@@ -8,6 +8,7 @@ that holds the recorded reserve.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
@@ -24,7 +25,17 @@ _SPLIT_MB = (128, 512)
 GC_NOTE = "needs torch.cuda.set_per_process_memory_fraction (the allocator collects only under a fraction)"
 
 
+def given_capacity() -> int | None:
+    """AUDITOR_DEVICE_MEMORY_GIB (`--device-memory`), in bytes; None when unset or not a positive number."""
+    try:
+        gib = float(os.environ.get("AUDITOR_DEVICE_MEMORY_GIB", ""))
+    except ValueError:
+        return None
+    return int(gib * GiB) if gib > 0 and gib < 1e9 else None
+
+
 def capacity_for(snapshot: Snapshot, device: int, given: int | None = None) -> tuple[int, str]:
+    given = given or given_capacity()
     if given:
         return given, "given"
     if snapshot.oom is not None and snapshot.oom.device == device and snapshot.oom.device_total:
