@@ -65,3 +65,34 @@ def test_a_rehearsed_trainer_forecasts_its_peak_and_its_oom(tmp_path):
     doc = json.loads((tmp_path / "an" / "findings.json").read_text())
     ooms = [f for f in doc["findings"] if f["rule"] == "oom-risk"]
     assert ooms and ooms[0]["locations"][0]["line"] == 6
+
+
+ADAM = '''
+import sys
+import torch
+from torch import nn
+
+torch.cuda.memory._record_memory_history()
+model = nn.Linear(1024, 1024).cuda()
+opt = torch.optim.Adam(model.parameters())
+x = torch.randn(256, 1024, device="cuda")
+model(x).square().mean().backward()
+opt.step()
+torch.cuda.memory._dump_snapshot(sys.argv[1])
+'''
+
+
+@pytest.mark.slow
+def test_gradients_and_optimizer_state_are_requests(tmp_path):
+    """Gradients, made by autograd in C++, are taken when they land (line 10, the backward); Adam's
+    two state tensors per parameter at its step (line 11)."""
+    script = tmp_path / "adam.py"
+    script.write_text(ADAM)
+    a = audit("run", str(script), "--to-end", "--no-profile", "--quiet", "--", str(tmp_path / "s.pickle"),
+              out=tmp_path / "run")
+    assert a.returncode == 0, a.stderr
+    snap = load_snapshot(tmp_path / "s.pickle")
+    allocs = [(e.size, e.owner.line) for e in snap.device_traces[0] if e.action == "alloc" and e.owner]
+    weight = 1024 * 1024 * 4
+    assert (weight, 7) in allocs and (weight, 10) in allocs  # the weight, then its gradient
+    assert sum(1 for s, line in allocs if s == weight and line == 11) >= 2  # exp_avg, exp_avg_sq

@@ -4,12 +4,13 @@ allocator, and `torch.cuda.memory`'s history calls answered from them.
 While the program records a history (`torch.cuda.memory._record_memory_history()`), every tensor
 the rehearsal marks as the GPU's (auditor.capture.rehearsal.device) is an allocation of its storage's
 bytes on the default stream, with the user's Python stack, and is freed when the last marked tensor
-on that storage is collected. `_snapshot()` / `_dump_snapshot()` then return what a GPU's allocator
+on that storage is collected; a marked leaf that requires grad has its gradient taken the same way
+when autograd accumulates it (a post-accumulate-grad hook). `_snapshot()` / `_dump_snapshot()` then return what a GPU's allocator
 would have recorded for those requests (auditor.evidence.allocator.synth runs them through the
 simulated allocator, under PYTORCH_CUDA_ALLOC_CONF, on a device of AUDITOR_DEVICE_MEMORY_GIB or the
 rehearsed device's memory), so the program's own snapshot code runs, and `audit analyze` of the dump
-forecasts the reserve and any OOM. Tensors the program never sees (autograd's gradients and saved
-buffers made in C++) are not requests: the forecast is a lower bound.
+forecasts the reserve and any OOM. Tensors only C++ sees (autograd's temporaries in the backward
+pass, the gradients of non-leaf tensors) are not requests: the forecast is a lower bound.
 """
 from __future__ import annotations
 
@@ -33,7 +34,11 @@ from auditor.evidence.allocator.synth import snapshot_from_requests
 
 _AUDITOR_DIR = os.path.dirname(auditor.__file__) + os.sep
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep  # (weakref's finalizers run the frees)
 MAX_FRAMES = 16
+# The method as torch defines it, before the probes wrap it: this registration is the auditor's,
+# never one of the program's hooks (hook-leak counts those).
+_REGISTER_GRAD_HOOK = torch.Tensor.register_post_accumulate_grad_hook
 GiB = 1 << 30
 
 
@@ -45,6 +50,7 @@ class Recorder:
         self.live: dict[int, list[int]] = {}  # storage address -> [marked tensors on it, allocation id]
         self.next_id = 0
         self.max_entries = max_entries
+        self.seen: set[int] = set()  # ids of live leaves whose gradients are taken, and of those gradients
 
     def track(self, t: torch.Tensor) -> None:
         try:
@@ -61,6 +67,21 @@ class Recorder:
             self._add("alloc", entry[1], nbytes)
         entry[0] += 1
         weakref.finalize(t, self._release, key, entry[1])
+        if t.is_leaf and t.requires_grad and id(t) not in self.seen:
+            # autograd makes the gradient in C++, out of the rehearsal's sight: taken when it lands
+            self._see(t)
+            _REGISTER_GRAD_HOOK(t, self._grad)
+
+    def _see(self, t: torch.Tensor) -> None:
+        """Remember `t` by id while it lives (a tensor's == is elementwise: no sets of tensors)."""
+        self.seen.add(id(t))
+        weakref.finalize(t, self.seen.discard, id(t))
+
+    def _grad(self, p: torch.Tensor) -> None:
+        g = p.grad
+        if g is not None and id(g) not in self.seen:
+            self._see(g)
+            self.track(g)
 
     def _release(self, key: int, ident: int) -> None:
         entry = self.live.get(key)
@@ -78,12 +99,13 @@ class Recorder:
 
 
 def _stack() -> list[dict[str, Any]]:
-    """The Python stack outside the auditor and torch, innermost first, as a snapshot records it."""
+    """The Python stack outside the auditor, torch and the standard library, innermost first, as a
+    snapshot records it."""
     out: list[dict[str, Any]] = []
     f: Any = sys._getframe(2)
     while f is not None and len(out) < MAX_FRAMES:
         fn = f.f_code.co_filename
-        if not fn.startswith(_AUDITOR_DIR) and not fn.startswith(_TORCH_DIR):
+        if not fn.startswith((_AUDITOR_DIR, _TORCH_DIR, _STDLIB_DIR)):
             out.append({"name": f.f_code.co_name, "filename": fn, "line": f.f_lineno})
         f = f.f_back
     return out
