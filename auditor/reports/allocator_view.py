@@ -48,9 +48,20 @@ def what_if_line(r: AllocatorReport, w: Any) -> str:
     return text
 
 
+def steps_line(r: AllocatorReport, limit: int = 8) -> str:
+    """The replayed reserve's peak per step ("" without step annotations)."""
+    if not r.per_step:
+        return ""
+    shown = ", ".join(f"step {p.step} {format_bytes(p.reserved_peak_bytes)}" for p in r.per_step[:limit])
+    more = f" (+{len(r.per_step) - limit} more)" if len(r.per_step) > limit else ""
+    return f"reserved peak per step (replayed): {shown}{more}"
+
+
 def lines(evidence: Evidence) -> list[str]:
     out: list[str] = []
     for r in reports(evidence):
         out.append(error_line(r))
+        if r.per_step:
+            out.append("  " + steps_line(r))
         out.extend("  " + what_if_line(r, w) for w in r.what_if)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
-from auditor.evidence.allocator.analysis import reports_for, saving_text
+from auditor.evidence.allocator.analysis import reports_for, saving_text, step_ends
 from auditor.evidence.allocator.records import AllocatorReport
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import Snapshot, format_bytes
@@ -16,9 +16,7 @@ from auditor.findings import Finding, Fix, Location
 def step_of(snap: Snapshot, time_us: int | None) -> tuple[int | None, float | None]:
     """(step, position in it 0..1) from the optimizer-step annotations the snapshot carries: a
     step ends where an `Optimizer.step` annotation ends. (None, None) without annotations or time."""
-    ends = sorted(a["time_us"] for a in snap.external_annotations
-                  if a.get("stage") == "END" and str(a.get("name", "")).startswith("Optimizer.step")
-                  and isinstance(a.get("time_us"), int))
+    ends = step_ends(snap)
     if time_us is None or not ends:
         return None, None
     step = sum(1 for t in ends if t < time_us)

@@ -8,7 +8,8 @@ on that storage is collected; a marked leaf that requires grad has its gradient 
 when autograd accumulates it (a post-accumulate-grad hook). `_snapshot()` / `_dump_snapshot()` then return what a GPU's allocator
 would have recorded for those requests (auditor.evidence.allocator.synth runs them through the
 simulated allocator, under PYTORCH_CUDA_ALLOC_CONF, on a device of AUDITOR_DEVICE_MEMORY_GIB or the
-rehearsed device's memory), so the program's own snapshot code runs, and `audit analyze` of the dump
+rehearsed device's memory), with each optimizer step's end as the profiler annotates it (so the
+replay's reserve is told per step), so the program's own snapshot code runs, and `audit analyze` of the dump
 forecasts the reserve and any OOM. Tensors only C++ sees (autograd's temporaries in the backward
 pass, the gradients of non-leaf tensors) are not requests: the forecast is a lower bound.
 """
@@ -51,6 +52,14 @@ class Recorder:
         self.next_id = 0
         self.max_entries = max_entries
         self.seen: set[int] = set()  # ids of live leaves whose gradients are taken, and of those gradients
+        self.annotations: list[dict[str, Any]] = []  # optimizer steps' ends, as torch's profiler annotates them
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        self.hook = register_optimizer_step_post_hook(self._stepped)
+
+    def _stepped(self, opt: Any, args: Any, kwargs: Any) -> None:
+        name = type(opt).__name__
+        self.annotations.append({"stage": "END", "name": f"Optimizer.step#{name}.step", "device": 0,
+                                 "time_us": time.time_ns() // 1000})
 
     def track(self, t: torch.Tensor) -> None:
         try:
@@ -117,6 +126,9 @@ _STATE: dict[str, Recorder | None] = {"recorder": None}
 def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1_000_000, **kwargs: Any) -> None:
     """torch.cuda.memory._record_memory_history: on with any `enabled` but None (off drops the history)."""
     if enabled is None or enabled is False:
+        rec = _STATE["recorder"]
+        if rec is not None:
+            rec.hook.remove()
         _STATE["recorder"] = None
         device.ON_MARK = None
         return
@@ -144,7 +156,9 @@ def snapshot(*args: Any, **kwargs: Any) -> dict[str, Any]:
         cfg = parse_alloc_conf(conf)
     except ConfError:
         cfg = parse_alloc_conf("")
-    return snapshot_from_requests(rec.requests if rec else [], cfg, capacity(), conf)
+    out = snapshot_from_requests(rec.requests if rec else [], cfg, capacity(), conf)
+    out["external_annotations"] = list(rec.annotations) if rec else []
+    return out
 
 
 def dump_snapshot(filename: str = "dump_snapshot.pickle", *args: Any, **kwargs: Any) -> None:

@@ -9,13 +9,14 @@ that holds the recorded reserve.
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from typing import Any
 
 import msgspec
 
 from auditor.evidence.allocator.devices import COMMON_DEVICES_GIB
 from auditor.evidence.allocator.config import AllocatorConfig, from_settings, parse_alloc_conf
-from auditor.evidence.allocator.records import AllocatorReport, Churn, Figures, WhatIf
+from auditor.evidence.allocator.records import AllocatorReport, Churn, Figures, StepPeak, WhatIf
 from auditor.evidence.allocator.replay import recorded_figures, recorded_series, replay, replay_error
 from auditor.evidence.allocator.simulator import OOM, RETRY, SEGMENT_FREE, SEGMENT_UNMAP
 from auditor.evidence.snapshot import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM as OOM_ACTION, SEGMENT_ALLOC, SEGMENT_MAP, GiB, Snapshot, reserved_at
@@ -32,6 +33,34 @@ def given_capacity() -> int | None:
     except ValueError:
         return None
     return int(gib * GiB) if gib > 0 and gib < 1e9 else None
+
+
+def step_ends(snapshot: Snapshot) -> list[int]:
+    """Times (us) the snapshot's optimizer steps ended: its `Optimizer.step` END annotations."""
+    return sorted(a["time_us"] for a in snapshot.external_annotations
+                  if a.get("stage") == "END" and str(a.get("name", "")).startswith("Optimizer.step")
+                  and isinstance(a.get("time_us"), int))
+
+
+def step_peaks(snapshot: Snapshot, device: int, series: Any) -> list[StepPeak]:
+    """The reserve's peak in each step of the trace (an entry belongs to the first step that ends at
+    or after its time); empty without step annotations or times."""
+    ends = step_ends(snapshot)
+    trace = snapshot.device_traces[device]
+    if not ends or len(series) != len(trace):
+        return []
+    out: dict[int, StepPeak] = {}
+    for i, e in enumerate(trace):
+        if e.time_us is None:
+            continue
+        step = bisect_left(ends, e.time_us)
+        p = out.get(step)
+        if p is None:
+            out[step] = StepPeak(step=step, reserved_peak_bytes=series[i], first_index=i, last_index=i)
+        else:
+            p.reserved_peak_bytes = max(p.reserved_peak_bytes, series[i])
+            p.last_index = i
+    return [out[k] for k in sorted(out)]
 
 
 def capacity_for(snapshot: Snapshot, device: int, given: int | None = None) -> tuple[int, str]:
@@ -172,10 +201,11 @@ def analyze(snapshot: Snapshot, device: int, capacity: int | None = None, what_i
     churn = _recorded_churn(snapshot, device)
     if not churn and not source.startswith("assumed"):
         churn = _simulated_churn(snapshot, device, base_run.sim.events)
+    per_step = step_peaks(snapshot, device, base_run.series or [])
     report = AllocatorReport(device=device, capacity_bytes=cap, capacity_source=source, alloc_conf=base.alloc_conf(),
                              entries=len(snapshot.device_traces[device]), seeded_segments=base_run.seeded_segments,
                              seeded_blocks=base_run.seeded_blocks, recorded=recorded, replayed=replayed, error=error,
-                             churn=churn, replay_ms=round(base_run.ms, 1), notes=notes)
+                             churn=churn, per_step=per_step, replay_ms=round(base_run.ms, 1), notes=notes)
     if what_ifs:
         for cfg, note in what_if_configs(base, split_mb):
             r = replay(snapshot, device, cfg, cap)

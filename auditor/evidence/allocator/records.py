@@ -52,6 +52,16 @@ class Churn(msgspec.Struct):
     recorded: bool = True  # seen in the recording (an oom entry or a segment_free burst) vs only simulated
 
 
+class StepPeak(msgspec.Struct):
+    """The replay's reserve within one step (steps end at the snapshot's Optimizer.step annotations;
+    the last step runs to the trace's end)."""
+
+    step: int
+    reserved_peak_bytes: int
+    first_index: int  # trace entries of the step
+    last_index: int
+
+
 class AllocatorReport(msgspec.Struct):
     """A snapshot's requests replayed through the simulator (auditor.evidence.allocator.replay)."""
 
@@ -67,5 +77,6 @@ class AllocatorReport(msgspec.Struct):
     error: ReplayError
     what_if: list[WhatIf] = []
     churn: list[Churn] = []  # recorded churn (or simulated, when the recording shows none but the replay does)
+    per_step: list[StepPeak] = []  # the replayed reserve's peak per step, when the snapshot marks steps
     replay_ms: float = 0.0  # wall time of the replay under the recorded settings
     notes: list[str] = []
