@@ -13,6 +13,8 @@ path `audit analyze DIR` takes.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import subprocess
 import sys
@@ -60,8 +62,6 @@ def output_dir(out_dir: Path | None, name: str) -> Path:
     be written is the user's to fix (exit 2), found before anything runs. An earlier audit's
     outputs there are replaced, and a line on stderr says so."""
     out = out_dir or _default_out(name)
-    if (out / "evidence.json").is_file() or (out / "report.html").is_file():
-        click.echo(f"audit: --out {out} holds an earlier audit's outputs: this audit replaces them", err=True)
     try:
         if not out.exists():
             _MADE.add(out)
@@ -69,7 +69,50 @@ def output_dir(out_dir: Path | None, name: str) -> Path:
         write_probe(out)
     except OSError as e:
         raise UsageFailure(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    _lock(out)
+    if (out / "evidence.json").is_file() or (out / "report.html").is_file():
+        click.echo(f"audit: --out {out} holds an earlier audit's outputs: this audit replaces them", err=True)
     return out
+
+
+LOCK_FILE = ".audit-lock"
+_LOCKS: dict[Path, int] = {}  # the output directories this process has locked: their lock files' descriptors
+
+
+def _lock(out: Path) -> None:
+    """One audit at a time writes into a directory: a second one started while the first still runs
+    is refused (exit 2) instead of the two overwriting each other's files. The lock is the kernel's
+    (flock), so it goes with the process however that ends; the lock file is removed at exit."""
+    try:
+        import fcntl
+    except ImportError:  # (no flock on this platform: unlocked, as before)
+        return
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UsageFailure(f"--out {out}: another audit is writing there now (pid {holder}); wait for it or "
+                           "choose another directory") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    if not _LOCKS:
+        atexit.register(_release_all)
+    _LOCKS[out] = fd
+
+
+def _release(out: Path) -> None:
+    fd = _LOCKS.pop(out, None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            (out / LOCK_FILE).unlink()
+        os.close(fd)
+
+
+def _release_all() -> None:
+    for out in list(_LOCKS):
+        _release(out)
 
 
 def write_probe(directory: Path) -> None:
@@ -81,6 +124,7 @@ def write_probe(directory: Path) -> None:
 
 def drop_if_unused(out: Path) -> None:
     """A run that never started (a usage error) leaves no output directory it made itself."""
+    _release(out)
     if out in _MADE:
         try:
             out.rmdir()  # (only if empty)
