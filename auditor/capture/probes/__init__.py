@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.utils.data.dataloader as dl
 
-from auditor.capture.frames import is_library, is_torch_internal, user_frame, via_data as _via
+from auditor.capture.frames import is_library, is_torch_internal, library_via, user_frame, via_data as _via
 from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
 from auditor.evidence import model as m
 
@@ -750,7 +750,8 @@ def _install_dataloader_probes() -> None:
                 except TypeError:
                     pass
                 where = user_frame(sys._getframe(1))
-                rec.dataloaders.append({"id": id(self), "where": where, "settings": settings, "sent": False})
+                rec.dataloaders.append({"id": id(self), "where": where, "settings": settings, "sent": False,
+                                        "via": library_via(sys._getframe(1))})
         return probe
 
     def make_iter_init(orig):
