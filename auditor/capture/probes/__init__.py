@@ -636,6 +636,11 @@ def read_traced_steps(reader: Callable[[Any, FrameKey], None]) -> None:
     _TRACED_STEP_READERS.append(reader)
 
 
+def unread_traced_steps(reader: Callable[[Any, FrameKey], None]) -> None:
+    if reader in _TRACED_STEP_READERS:
+        _TRACED_STEP_READERS.remove(reader)
+
+
 def settle_traced_steps() -> None:
     """The optimizer steps that ran in compiled code since the last call, counted as optimizer
     phases of the user's line that called the compiled code, with no time (the hooks that time a
