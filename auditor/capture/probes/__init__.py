@@ -397,6 +397,13 @@ def _install_timed_probes() -> None:
         if hasattr(torch.cuda, name):
             _wrap(torch.cuda, name, _timed_function(m.STAT_RESET, f"torch.cuda.{name}"))
     _wrap(torch.cuda, "empty_cache", _timed_function(m.EMPTY_CACHE, "torch.cuda.empty_cache"))
+    # torch.accelerator's device-generic twins (PyTorch's own examples call these now)
+    acc = getattr(torch, "accelerator", None)
+    for name in ("reset_peak_memory_stats", "reset_accumulated_memory_stats"):
+        if acc is not None and hasattr(acc, name):
+            _wrap(acc, name, _timed_function(m.STAT_RESET, f"torch.accelerator.{name}"))
+    if acc is not None and hasattr(acc, "empty_cache"):
+        _wrap(acc, "empty_cache", _timed_function(m.EMPTY_CACHE, "torch.accelerator.empty_cache"))
     _wrap(gc, "collect", _timed_function(m.GC_COLLECT, "gc.collect"))
     _wrap(torch, "save", _timed_function(m.SAVE, "torch.save", _saved_file))
 
