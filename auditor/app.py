@@ -335,3 +335,32 @@ def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_
         raise UsageFailure(str(e)) from None
     out = output_dir(out_dir, f"checkpoint-{file.stem}")
     return finish(evidence, config, out, quiet, fail_on)
+
+
+# --- comparisons (auditor.diff) -------------------------------------------------------------------
+
+def diff(path_a: Path, path_b: Path, out_dir: Path | None, fail_on_regression: float | None, quiet: bool) -> int:
+    """`audit diff A B`: both inputs loaded and audited, compared, the comparison printed and
+    written to diff.json and diff.html. Exit 1 when --fail-on-regression PCT is given and B's
+    median step is slower than A's by more than PCT percent; 2 for an unreadable input."""
+    from auditor.diff import compare_paths, regression
+    from auditor.reports.diff_report import print_diff, write_diff
+
+    for p in (path_a, path_b):
+        if not p.exists():
+            raise UsageFailure(f"no such file or directory: {p}")
+    config = rule_config(Path.cwd(), (), ())
+    try:
+        comparison = compare_paths(path_a, path_b, config)
+    except InputError as e:
+        raise UsageFailure(str(e)) from None
+    out = output_dir(out_dir, "diff")
+    written = write_diff(out, comparison)
+    if not quiet:
+        print_diff(comparison)
+    click.echo(f"diff: {written['html']}  (also {written['json']})")
+    line = regression(comparison, fail_on_regression) if fail_on_regression is not None else None
+    if line:
+        click.echo(line)
+        return EXIT_FAIL_ON
+    return EXIT_OK

@@ -1,4 +1,4 @@
-"""The `audit` command line (click): run, analyze, report, checkpoint, rules, explain.
+"""The `audit` command line (click): run, analyze, diff, report, checkpoint, rules, explain.
 
 Commands parse their options and call the pipelines of auditor.app, which return the exit code
 (listed there, and in the README).
@@ -101,6 +101,20 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     """Run the rules on recordings: profiler traces, TensorBoard logdirs, memory snapshots, or
     `audit run` output directories."""
     sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet))
+
+
+@cli.command("diff")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@click.option("--fail-on-regression", type=click.FloatRange(min=0), default=None, metavar="PCT",
+              help="Exit 1 when B's median step is slower than A's by more than PCT percent.")
+@shared_options("out", "quiet", out_default="audit-out/diff-<timestamp>/", quiet_help="Only the closing lines.")
+def diff_cmd(a: Path, b: Path, fail_on_regression: float | None, out_dir: Path | None, quiet: bool) -> None:
+    """Compare two audits: A and B are each an `audit run` output directory, a profiler trace
+    (.json/.json.gz) or a TensorBoard logdir. Shows steps, per-phase, per-op (GPU kernels) time,
+    syncs, copies, memory and findings side by side, each change with its noise; writes diff.json
+    and diff.html."""
+    sys.exit(app.diff(a, b, out_dir, fail_on_regression, quiet))
 
 
 @cli.command()
