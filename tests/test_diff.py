@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import EXAMPLES, FIXTURES, audit
+from conftest import EXAMPLES, FIXTURES, ROOT, audit
 
 TRACES = FIXTURES / "traces"
 WORKERS0 = TRACES / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
@@ -136,3 +136,27 @@ def test_diff_of_unreadable_input_is_one_line_and_exit_2(tmp_path):
         assert len(a.stderr.strip().splitlines()) == 1 and a.stderr.startswith("audit: error: ")
         assert "Traceback" not in a.stderr
         assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.slow
+def test_run_with_a_baseline_reports_the_comparison(tmp_path, demo_before):
+    a = audit("run", "examples/demo.py:step", "--steps", "8", "--baseline", str(demo_before.out), out=tmp_path / "r")
+    assert a.returncode == 0, a.stderr
+    base = a.findings_doc["baseline"]
+    assert base["path"] == str(demo_before.out)
+    assert base["median_ms"]["baseline"] == pytest.approx(demo_before.findings_doc["steps"]["median_ms"], abs=1e-3)
+    assert base["median_ms"]["this"] == pytest.approx(a.findings_doc["steps"]["median_ms"], abs=1e-3)
+    kept = {f["rule"] for f in base["findings"]["kept"]}
+    assert {"dataloader-bound", "host-sync", "graph-leak"} <= kept and not base["findings"]["gone"]
+    assert f"compared with baseline {demo_before.out}:" in a.stdout
+    assert a.stdout.index("compared with baseline") > a.stdout.index("warning dataloader-bound")
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert "Compared with baseline" in html and "median step" in html
+
+
+def test_run_with_an_unreadable_baseline_stops_before_running(tmp_path):
+    a = audit("run", str(ROOT / "examples" / "demo.py:step"), "--steps", "2", "--baseline", str(tmp_path / "nope"),
+              out=tmp_path / "r")
+    assert a.returncode == 2 and a.stderr.strip().splitlines() == [
+        f"audit: error: --baseline: {tmp_path / 'nope'}: no such file or directory"]
+    assert not (tmp_path / "r").exists()
