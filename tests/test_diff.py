@@ -141,7 +141,8 @@ def test_diff_of_a_run_and_a_trace_and_fail_on_regression_both_ways(tmp_path, de
 def test_diff_of_unreadable_input_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("not a trace")
-    for args in ((bad, bad), (tmp_path / "missing", bad), (tmp_path, bad)):
+    snapshot = next(iter(sorted((FIXTURES / "snapshots").glob("*.pickle"))), bad)
+    for args in ((bad, bad), (tmp_path / "missing", bad), (tmp_path, bad), (snapshot, bad)):
         a = diff(*args, out=tmp_path / "d")
         assert a.returncode == 2, a.stderr
         assert len(a.stderr.strip().splitlines()) == 1 and a.stderr.startswith("audit: error: ")

@@ -184,6 +184,9 @@ def _from_run(evidence: m.Evidence, side: Side) -> None:
         values = [getattr(s, field) for s in steps if getattr(s, field) is not None]
         if values:
             side.memory[key] = stat(values)
+    trace = _main_trace(evidence)
+    if trace is not None:  # the allocator's peaks within the profiled steps, when recorded
+        side.memory.update(_trace_memory(trace))
 
 
 def _step_windows(trace: Any) -> list[tuple[int, float, float]]:
