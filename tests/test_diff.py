@@ -138,6 +138,7 @@ def test_diff_of_a_run_and_a_trace_and_fail_on_regression_both_ways(tmp_path, de
     assert faster.returncode == 0 and "regression" not in faster.stdout + faster.stderr
 
 
+@pytest.mark.slow
 def test_diff_of_unreadable_input_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("not a trace")
