@@ -563,4 +563,13 @@ class HtmlReport(Reporter):
             report_js=report_js(),
             script_hashes=" ".join(csp_hash(js) for js in scripts),
             fmt_ms=fmt_ms,
+            baseline=_baseline_view(evidence),
         )
+
+
+def _baseline_view(evidence: Evidence) -> dict[str, Any] | None:
+    """The "Compared with baseline" section's rows (`audit run --baseline DIR`), None without one."""
+    from auditor.reports.diff_report import diff_view
+
+    comparison = evidence.__dict__.get("baseline")
+    return diff_view(comparison) if comparison is not None else None
