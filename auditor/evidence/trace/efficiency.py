@@ -158,9 +158,7 @@ _ARGS = msgspec.json.Decoder(list[_ShapeArgs])
 
 def op_shapes(trace: Trace) -> dict[int, tuple[list, list, list]]:
     """{row: (input dims, input types, concrete inputs)} of the modelled operators (MODELLED) the
-    trace records shapes for; empty when it records none or its file cannot be read again here.
-    The file is streamed chunk by chunk as the loader does (never held whole), and only the args of
-    modelled operators are decoded."""
+    trace records shapes for; empty when it records none or its file cannot be read again here."""
     cached = trace.__dict__.get("_op_shapes")
     if cached is not None:
         return cached
@@ -171,27 +169,75 @@ def op_shapes(trace: Trace) -> dict[int, tuple[list, list, list]]:
     ops = ops[np.isin(trace.col("name")[ops], list(codes))] if codes else ops[:0]
     if not len(ops):
         return out
-    by_key: dict[tuple[str, float], tuple[list, list, list]] = {}
+    found = _read_args(trace, lambda name: name in MODELLED, b"Input Dims", _ARGS)
+    for r, a in _join(trace, ops, found).items():
+        if isinstance(a.dims, list):
+            out[r] = (a.dims, a.types if isinstance(a.types, list) else [],
+                      a.concrete if isinstance(a.concrete, list) else [])
+    return out
+
+
+class CommArgs(msgspec.Struct):
+    """What the profiler records on a communication kernel (torch >= 2.1 with NCCL): the collective
+    (`allreduce`...), its element count in and out, the element type and the group's size."""
+
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    dtype: Any = None
+    group_size: Any = msgspec.field(default=None, name="Group size")
+
+
+_COMM_ARGS = msgspec.json.Decoder(list[CommArgs])
+
+
+def comm_args(trace: Trace) -> dict[int, CommArgs]:
+    """{row: CommArgs} of the communication kernels that record their collective."""
+    cached = trace.__dict__.get("_comm_args")
+    if cached is not None:
+        return cached
+    codes = trace.symbols.matching(COMMUNICATION)
+    rows = np.flatnonzero((trace.col("cat") == CAT["kernel"]) & np.isin(trace.col("name"), codes)) \
+        if len(codes) else np.empty(0, dtype=np.int64)
+    out: dict[int, CommArgs] = {}
+    if len(rows):
+        found = _read_args(trace, lambda name: COMMUNICATION.search(name) is not None, b"Collective name",
+                           _COMM_ARGS)
+        out = _join(trace, rows, found)
+    trace.__dict__["_comm_args"] = out
+    return out
+
+
+def _read_args(trace: Trace, wanted_name: Any, marker: bytes, decoder: Any) -> dict[tuple[str, float], Any]:
+    """{(name, ts): decoded args} of the events whose name `wanted_name` accepts and whose args
+    hold `marker`. The file is streamed chunk by chunk as the loader does (never held whole), and
+    only those events' args are decoded; empty when the file cannot be read again here."""
+    found: dict[tuple[str, float], Any] = {}
     stream = None
     try:
         stream = _Stream(Path(trace.path), DEFAULT_CHUNK_BYTES)
         stream.start()
         for events, _ in stream.chunks():
-            wanted = [e for e in events if e.name in MODELLED and b"Input Dims" in bytes(e.args)]
-            if not wanted:
-                continue
-            for e, a in zip(wanted, _ARGS.decode(b"[" + b",".join(bytes(e.args) for e in wanted) + b"]")):
-                if isinstance(a.dims, list):
-                    by_key[(e.name, float(e.ts))] = (a.dims, a.types if isinstance(a.types, list) else [],
-                                                     a.concrete if isinstance(a.concrete, list) else [])
+            wanted = [e for e in events if isinstance(e.name, str) and wanted_name(e.name)
+                      and marker in bytes(e.args)]
+            if wanted:
+                decoded = decoder.decode(b"[" + b",".join(bytes(e.args) for e in wanted) + b"]")
+                for e, a in zip(wanted, decoded):
+                    found[(e.name, float(e.ts))] = a
     except (InputError, OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return out
+        return {}
     finally:
         if stream is not None and stream.reader is not None:
             stream.reader.close()
+    return found
+
+
+def _join(trace: Trace, rows: np.ndarray, found: dict[tuple[str, float], Any]) -> dict[int, Any]:
+    """Trace rows matched to what _read_args found, by name and start time."""
     ts, names = trace.col("ts"), trace.col("name")
-    for r in ops.tolist():
-        hit = by_key.get((trace.symbols[int(names[r])], float(ts[r])))
+    out = {}
+    for r in rows.tolist():
+        hit = found.get((trace.symbols[int(names[r])], float(ts[r])))
         if hit is not None:
             out[r] = hit
     return out
