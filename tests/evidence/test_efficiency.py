@@ -19,7 +19,8 @@ A100_80GB = {"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 8499062
 
 
 def write_matmul_trace(path: Path, m: int, k: int, n: int, kernel_us: float, step_us: float,
-                       dtype: str = "c10::BFloat16", device: dict | None = A100_80GB) -> Path:
+                       dtype: str = "c10::BFloat16", device: dict | None = A100_80GB,
+                       kernel: str = "sm80_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize128x128x32") -> Path:
     """A Chrome trace of one ProfilerStep running one aten::mm of [m, k] x [k, n] whose one kernel
     takes `kernel_us` (the test helper of the MFU test: every number known)."""
     events = [
@@ -29,8 +30,7 @@ def write_matmul_trace(path: Path, m: int, k: int, n: int, kernel_us: float, ste
          "args": {"External id": 1, "Input Dims": [[m, k], [k, n]], "Input type": [dtype, dtype]}},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 20.0, "dur": 5.0,
          "args": {"External id": 1, "correlation": 7}},
-        {"ph": "X", "cat": "kernel", "name": "sm80_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize128x128x32",
-         "pid": 0, "tid": 7, "ts": 50.0, "dur": kernel_us,
+        {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": 50.0, "dur": kernel_us,
          "args": {"External id": 1, "correlation": 7, "device": 0, "stream": 7}},
     ]
     doc = {"schemaVersion": 1, "traceEvents": events}

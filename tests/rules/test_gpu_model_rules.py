@@ -74,3 +74,25 @@ def test_explain_reads_the_docs(tmp_path):
     for rule_id, words in (("unfused-attention", "scaled_dot_product_attention"), ("exposed-comm", "no_sync")):
         a = audit("explain", rule_id, out=tmp_path)
         assert a.returncode == 0 and words in a.stdout and "min-share" in a.stdout
+
+
+def test_amp_opportunity_estimate_by_hand(tmp_path):
+    """One fp32 4096^3 matmul whose sgemm kernel takes 10 ms on an A100 80GB: it reached
+    (2*4096^3 / 19.5 TFLOP/s) / 10 ms = 70.5% of its fp32 roofline; at that share of the bf16 roof
+    (312 TFLOP/s) it takes 10 ms * 19.5 / 312 = 0.625 ms, with TF32 (156) 1.25 ms."""
+    from test_efficiency import write_matmul_trace
+
+    path = write_matmul_trace(tmp_path / "fp32.pt.trace.json", 4096, 4096, 4096, kernel_us=10_000.0,
+                              step_us=20_000.0, dtype="float", kernel="ampere_sgemm_128x64_nn")
+    (f,) = _findings(path, "amp-opportunity")
+    assert f.evidence["device"] == "a100-sxm4-80gb"
+    assert f.evidence["estimate_bfloat16_ms_per_step"] == pytest.approx(0.625, abs=1e-3)
+    assert f.evidence["estimate_tf32_ms_per_step"] == pytest.approx(1.25, abs=1e-3)
+    assert f.cost.ms_per_step == pytest.approx(10 - 0.625, abs=1e-3) and f.cost.measured is False
+    assert "A100 SXM4 80GB" in f.cost.note and "312" in f.cost.note
+    # a GPU the table does not know: the stated floor, half the fp32 time
+    unknown = dict(name="NVIDIA Imaginary X1", totalGlobalMem=1 << 34, computeMajor=9, computeMinor=0, numSms=10, id=0)
+    path = write_matmul_trace(tmp_path / "x1.pt.trace.json", 4096, 4096, 4096, kernel_us=10_000.0,
+                              step_us=20_000.0, dtype="float", kernel="ampere_sgemm_128x64_nn", device=unknown)
+    (f,) = _findings(path, "amp-opportunity")
+    assert f.cost.ms_per_step == 5.0 and "half" in f.cost.note
