@@ -20,7 +20,8 @@ A100_80GB = {"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 8499062
 
 def write_matmul_trace(path: Path, m: int, k: int, n: int, kernel_us: float, step_us: float,
                        dtype: str = "c10::BFloat16", device: dict | None = A100_80GB,
-                       kernel: str = "sm80_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize128x128x32") -> Path:
+                       kernel: str = "sm80_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize128x128x32",
+                       launch: str = "cudaLaunchKernel") -> Path:
     """A Chrome trace of one ProfilerStep running one aten::mm of [m, k] x [k, n] whose one kernel
     takes `kernel_us` (the test helper of the MFU test: every number known)."""
     events = [
@@ -28,7 +29,7 @@ def write_matmul_trace(path: Path, m: int, k: int, n: int, kernel_us: float, ste
          "dur": step_us, "args": {}},
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 30.0,
          "args": {"External id": 1, "Input Dims": [[m, k], [k, n]], "Input type": [dtype, dtype]}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 20.0, "dur": 5.0,
+        {"ph": "X", "cat": "cuda_runtime", "name": launch, "pid": 1, "tid": 1, "ts": 20.0, "dur": 5.0,
          "args": {"External id": 1, "correlation": 7}},
         {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": 50.0, "dur": kernel_us,
          "args": {"External id": 1, "correlation": 7, "device": 0, "stream": 7}},
@@ -59,6 +60,17 @@ def test_mfu_of_one_matmul_step_by_hand(tmp_path):
     assert step.flops == flops
     assert step.achieved_tflops == pytest.approx(68.719476736)  # over the 2 ms step
     assert step.mfu == pytest.approx(68.719476736 / 312)  # 0.2203 of the A100's bf16 peak
+
+
+def test_a_rocm_trace_gets_the_same_model(tmp_path):
+    """A trace recorded on ROCm: hipLaunchKernel, a rocBLAS (Tensile `Cijk_`) kernel, an MI300X."""
+    mi300x = {"id": 0, "name": "AMD Instinct MI300X", "totalGlobalMem": 205822885888, "numSms": 304}
+    trace = load_trace(write_matmul_trace(tmp_path / "hip.json", 4096, 4096, 4096, kernel_us=500.0, step_us=1000.0,
+                                          device=mi300x, kernel="Cijk_Ailk_Bljk_BBS_BH_MT256x256x64_MI32x32x8",
+                                          launch="hipLaunchKernel"))
+    eff = efficiency(trace)
+    assert eff.device.key == "mi300x" and [g.group for g in eff.groups] == ["gemm"]
+    assert eff.steps[0].mfu == pytest.approx(2 * 4096 ** 3 / 1e-3 / 1e12 / 1307.4)
 
 
 def test_an_fp32_matmul_is_judged_by_the_fp32_peak(tmp_path):

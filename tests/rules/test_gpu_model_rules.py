@@ -96,3 +96,43 @@ def test_amp_opportunity_estimate_by_hand(tmp_path):
                               step_us=20_000.0, dtype="float", kernel="ampere_sgemm_128x64_nn", device=unknown)
     (f,) = _findings(path, "amp-opportunity")
     assert f.cost.ms_per_step == 5.0 and "half" in f.cost.note
+
+
+REHEARSED = """import torch
+from torch import nn
+
+model = nn.Linear(256, 256).to("cuda")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+host = torch.randn(2048, 256)
+log = []
+
+
+def step(i):
+    x = host.to("cuda")
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    log.append(loss.item())
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.empty_cache()
+"""
+
+
+@pytest.mark.slow
+def test_rehearsed_costs_are_estimated_on_the_named_device(tmp_path):
+    """A rehearsed step (no GPU here) with a 2 MiB pageable copy, an .item(), a peak-stat reset and
+    an empty_cache() a step, audited with --device h100-sxm: every cost is the H100 row's estimate
+    (copy 2.1 MB at 20 GB/s = 0.105 ms; each sync 10 us), unmeasured, named in the note, ranked."""
+    (tmp_path / "rehearsed.py").write_text(REHEARSED)
+    a = audit("run", f"{tmp_path / 'rehearsed.py'}:step", "--steps", "6", "--no-profile", "--no-numerics",
+              "--device", "h100-sxm", "-q", out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    costs = {f["rule"]: f["cost"] for f in a.findings}
+    assert costs["pageable-copy"]["ms_per_step"] == pytest.approx(2048 * 256 * 4 / 20e9 * 1e3, abs=1e-3)
+    for rule in ("host-sync", "peak-stats-reset", "forced-cleanup"):
+        assert costs[rule]["ms_per_step"] == pytest.approx(0.01), rule
+    for cost in costs.values():
+        assert cost["measured"] is False and "NVIDIA H100 SXM 80GB (--device)" in cost["note"]
+    assert [f["rule"] for f in a.findings][0] == "pageable-copy"  # the largest estimate first
