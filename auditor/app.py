@@ -108,8 +108,9 @@ def exit_code(evidence, results, fail_on: str | None) -> int:
     return EXIT_OK
 
 
-def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None) -> int:
-    """Save the evidence, then load -> rules -> reports: the same path `audit analyze DIR` takes."""
+def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None, amend=None) -> int:
+    """Save the evidence, then load -> rules -> reports: the same path `audit analyze DIR` takes.
+    `amend(evidence, results)`, when given, returns the results the reports render (--verify's)."""
     from auditor.evidence.load import load_paths
     from auditor.evidence.model import add_load_note
     from auditor.evidence.store import is_run_dir, save
@@ -124,6 +125,8 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
         except InputError as e:
             add_load_note(evidence, f"profiler trace not analysed: {e}")
     results = run_rules(evidence, config)
+    if amend is not None:
+        results = amend(evidence, results)
     written = write_reports(out, evidence, results)
     unwritten = _unwritten(written)
     if quiet:
@@ -219,7 +222,8 @@ def afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
         quiet: bool, nproc_per_node: int | None, rank_timeout: float, numerics: bool,
-        script_args: tuple[str, ...], module: str | None = None, skip: int = 0, to_end: bool = False) -> int:
+        script_args: tuple[str, ...], module: str | None = None, skip: int = 0, to_end: bool = False,
+        verify: bool = False, digest: bool = False) -> int:
     """`audit run`: the target in a child process (or N ranks of it under torch.distributed.run,
     or this process as one rank of a launch: auditor.launch), then finish. The target is a step
     callable, or a whole program (a file, or `module` for -m) whose steps the child finds."""
@@ -239,6 +243,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
             t = parse_target(target)
     except TargetError as e:
         raise UsageFailure(str(e)) from None
+    if verify and (nproc_per_node is not None or os.environ.get("RANK") is not None):
+        raise UsageFailure("--verify re-runs a single process; it does not apply to a distributed launch")
     if (skip or to_end) and not t.is_program:
         raise UsageFailure("--skip and --to-end apply to a whole program (path/to/file.py or -m package.module), "
                            "not to a step callable")
@@ -267,7 +273,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         try:
             mode = "auto" if rehearse is None else "on" if rehearse else "off"
             extra = ("--rehearse", mode, *(() if numerics else ("--no-numerics",)),
-                     *(("--skip", str(skip)) if skip else ()), *(("--to-end",) if to_end else ()))
+                     *(("--skip", str(skip)) if skip else ()), *(("--to-end",) if to_end else ()),
+                     *(("--digest",) if verify or digest else ()))
             evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=extra, script_args=script_args,
                                             catch_sigterm=session is None),
                                  on_record=progress.on_record)
@@ -276,7 +283,17 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
             raise UsageFailure(str(e)) from None
     if session is not None:  # distributed: save this rank; the merging rank reports on every rank
         return session.finish(evidence, rank_timeout, lambda ev, root: finish(ev, config, root, quiet, fail_on))
-    code = finish(evidence, config, out, quiet, fail_on)
+    if not verify:
+        code = finish(evidence, config, out, quiet, fail_on)
+    else:
+        from auditor import verify as v
+
+        spec = v.RunSpec(None if module is not None else target, module, tuple(script_args), steps, skip, to_end,
+                         profile, rehearse, numerics, select, ignore)
+        done: list = []
+        code = finish(evidence, config, out, quiet, fail_on, amend=lambda ev, res: v.amend_run(
+            ev, res, spec, t.file, out, quiet, done))
+        v.echo_done(done)
     afterwards(out, open_report, tensorboard)
     return code
 

@@ -1,0 +1,166 @@
+"""`audit run --verify`: fixes proven by re-running the program on a scratch copy of its project.
+
+The project is a copy of the examples' shared setup and one step with three habits (anomaly
+detection left on, a per-step peak-stats reset, a running loss kept as a tensor): three fixes of
+the kinds the examples produce (a changed line, a statement replaced by `pass`, a `.detach()`)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from conftest import EXAMPLES, audit
+
+MIXED = '''"""Three habits in one step."""
+import torch
+from _common import Batches, make
+
+torch.autograd.set_detect_anomaly(True)
+loader, model, opt, loss_fn = make(width=64, n=2048)
+batches = Batches(loader)
+running_loss = 0.0
+
+
+def step(i):
+    global running_loss
+    torch.cuda.reset_peak_memory_stats()
+    x, y = batches.next()
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+    running_loss += loss
+'''
+FAST = ("--no-profile", "--no-numerics")
+
+
+def project(tmp_path: Path) -> Path:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    shutil.copy(EXAMPLES / "_common.py", proj / "_common.py")
+    (proj / "mixed.py").write_text(MIXED)
+    return proj
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(tmp_path):
+    proj = project(tmp_path)
+    before = tree_hashes(proj)
+    a = audit("run", "mixed.py:step", "--steps", "5", *FAST, "--verify", out=tmp_path / "out", cwd=proj)
+    assert a.returncode == 0, a.stderr
+    assert tree_hashes(proj) == before  # byte-identical, and no file added (nor __pycache__)
+    fixes = {f["rule"]: f["fix"] for f in a.findings if f["fix"] and f["fix"]["edits"]}
+    assert set(fixes) == {"anomaly-mode", "graph-leak", "peak-stats-reset"}
+    for rule, fix in fixes.items():
+        v = fix["verified"]
+        assert v["status"] == "improved", (rule, v)
+        assert v["before"]["finding"] is True and v["after"]["finding"] is False
+        assert v["before"]["weights"] == v["after"]["weights"] and len(v["before"]["weights"]) == 64
+        assert "weights identical to the unpatched run's" in v["note"]
+    assert fixes["graph-leak"]["verified"]["before"]["nodes_per_step"] == 11.0
+    assert fixes["peak-stats-reset"]["verified"]["before"]["calls"] == 5
+    patch = (a.out / "fixes.patch").read_text()
+    assert "Fixes from: anomaly-mode, graph-leak, peak-stats-reset" in patch and "verification" not in patch
+    assert "verify: 3 fix(es) in 1 re-run(s)" in a.stdout
+    assert a.stdout.count("improved ") == 3
+    assert "verified: improved" in (a.out / "report.html").read_text()
+    ev = a.evidence["weights"]
+    assert ev["optimizers"] == 1 and ev["tensors"] > 0 and ev["sha256"] == fixes["graph-leak"]["verified"]["before"]["weights"]
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory):
+    """The mixed project audited once (with the weights digest), and its results."""
+    from auditor.config import load_config
+    from auditor.evidence.load import load_paths
+    from auditor.rules.engine import run_rules
+
+    tmp = tmp_path_factory.mktemp("verify")
+    proj = project(tmp)
+    a = audit("run", "mixed.py:step", "--steps", "4", *FAST, "--digest", out=tmp / "out", cwd=proj)
+    assert a.returncode == 0, a.stderr
+    ev = load_paths([a.out])
+    here = os.getcwd()
+    os.chdir(proj)  # (the rules offer edits in the project the audit ran in)
+    try:
+        return proj, a.out, ev, run_rules(ev, load_config(proj, (), ()))
+    finally:
+        os.chdir(here)
+
+
+def _with_edit(results, rule, edit_of):
+    """`results` with `rule`'s fix edits replaced by `edit_of(its first edit)`."""
+    from auditor.findings import RuleResults
+
+    out = []
+    for f in results.findings:
+        if f.rule == rule:
+            e = f.fix.edits[0]
+            f = msgspec.structs.replace(f, fix=msgspec.structs.replace(f.fix, edits=[edit_of(e)]))
+        out.append(f)
+    return RuleResults(findings=out, skipped=results.skipped, errors=results.errors)
+
+
+def _verify(proj, out, ev, results, monkeypatch):
+    from auditor import verify
+
+    monkeypatch.chdir(proj)
+    # the weights compare bit for bit: the re-runs get the audited run's thread count (conftest.audit's)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    spec = verify.RunSpec("mixed.py:step", None, (), 4, profile=False, numerics=False)
+    outcome = verify.verify(ev, results, spec, str(proj / "mixed.py"), out, lambda what: None)
+    return verify.amended(results, outcome), outcome
+
+
+@pytest.mark.slow
+def test_a_fix_that_breaks_the_program_is_kept_out_of_the_patch(audited, monkeypatch, tmp_path):
+    from auditor.findings import Edit, RuleResults
+    from auditor.reports.patch import PatchReport
+
+    proj, out, ev, results = audited
+    before = tree_hashes(proj)
+    # graph-leak's edit made to raise at run time: the fixes.patch re-run fails, and each fix then
+    # runs alone to find the one that broke it
+    broken = _with_edit(results, "graph-leak", lambda e: Edit(
+        file=e.file, start=e.start, end=e.end, lines=["    raise RuntimeError('broken by its fix')"]))
+    broken = RuleResults(findings=[f for f in broken.findings if f.rule != "peak-stats-reset"])
+    amended, outcome = _verify(proj, out, ev, broken, monkeypatch)
+    status = {f.rule: f.fix.verified.status for f in amended.findings if f.fix and f.fix.verified}
+    assert status == {"graph-leak": "failed", "anomaly-mode": "improved"}
+    v = next(f.fix.verified for f in amended.findings if f.rule == "graph-leak")
+    assert "RuntimeError" in v.note and "broken by its fix" in v.note
+    assert outcome.reruns == 3  # fixes.patch, then each of the two alone
+    assert "alone: the finding is gone" in next(
+        f.fix.verified.note for f in amended.findings if f.rule == "anomaly-mode")
+    patch = PatchReport().render(ev, amended, tmp_path)
+    assert "Fixes from: anomaly-mode\n" in patch
+    assert "Left out (graph-leak): verification: failed" in patch and "raise RuntimeError" not in patch
+    assert tree_hashes(proj) == before
+
+
+@pytest.mark.slow
+def test_a_fix_that_changes_the_weights_is_kept_out_of_the_patch(audited, monkeypatch, tmp_path):
+    from auditor.findings import Edit, RuleResults
+    from auditor.reports.patch import PatchReport
+
+    proj, out, ev, results = audited
+    # peak-stats-reset's edit made to change the learning rate: the weights differ, a second
+    # unpatched run agrees with the first, so the fix changed the results
+    changed = _with_edit(results, "peak-stats-reset", lambda e: Edit(
+        file=e.file, start=e.start, end=e.end, lines=["    opt.param_groups[0]['lr'] = 0.5"]))
+    changed = RuleResults(findings=[f for f in changed.findings if f.rule == "peak-stats-reset" or not f.fix])
+    amended, outcome = _verify(proj, out, ev, changed, monkeypatch)
+    v = next(f.fix.verified for f in amended.findings if f.rule == "peak-stats-reset")
+    assert v.status == "changed-results", v
+    assert v.before["weights"] == ev.weights.sha256 != v.after["weights"]
+    assert outcome.reruns == 2  # fixes.patch, then the unpatched program once more
+    assert PatchReport().render(ev, amended, tmp_path) == ""
