@@ -284,6 +284,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     if session is not None:  # distributed: save this rank; the merging rank reports on every rank
         return session.finish(evidence, rank_timeout, lambda ev, root: finish(ev, config, root, quiet, fail_on))
     if not verify:
+        (out / "verified.json").unlink(missing_ok=True)  # (an earlier --verify's, in a reused --out)
         code = finish(evidence, config, out, quiet, fail_on)
     else:
         from auditor import verify as v
@@ -333,7 +334,10 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> N
         evidence = load_paths([run_dir])
     except InputError as e:
         raise UsageFailure(str(e)) from None
-    finish(evidence, config, run_dir, quiet=False, fail_on=None)
+    from auditor.verify import saved_amend
+
+    # (a run verified with --verify keeps its fixes' verification: one taken out stays out)
+    finish(evidence, config, run_dir, quiet=False, fail_on=None, amend=saved_amend(run_dir))
 
 
 def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_on: str | None,

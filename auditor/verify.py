@@ -404,6 +404,9 @@ def _brief(m: dict[str, Any]) -> str:
 def echo(results: RuleResults, outcome: Outcome) -> None:
     """The terminal's verification block: each fix's status and numbers, what was taken out of
     the patch files and why, what could not be verified, and the time it took."""
+    if not outcome.verified and not outcome.unverifiable:
+        click.echo("verify: no fix to verify")
+        return
     click.echo(f"verify: {len(outcome.verified)} fix(es) in {outcome.reruns} re-run(s), {outcome.seconds:.1f} s")
     for i, v in sorted(outcome.verified.items()):
         f = results.findings[i]
@@ -434,6 +437,7 @@ def amend_run(evidence: Any, results: RuleResults, spec: RunSpec, target_file: s
 
     outcome = verify(evidence, results, spec, target_file, out, progress)
     amended_results = amended(results, outcome)
+    save(out, amended_results)
     done.append((amended_results, outcome))
     return amended_results
 
@@ -444,3 +448,53 @@ def echo_done(done: list) -> None:
         click.echo("verify: not run (the audited run did not complete)")
         return
     echo(*done[0])
+
+
+# --- the verification kept with the run ----------------------------------------------------------
+
+SAVED = "verified.json"  # in the run directory: what `audit report DIR` renders again
+
+
+class SavedCheck(msgspec.Struct):
+    """One fix's verification as saved with the run: which finding (rule, its first location,
+    the fix's summary) and what was measured."""
+
+    rule: str
+    file: str
+    line: int
+    summary: str
+    verified: Verified
+
+
+def _key(f: Finding) -> tuple[str, str, int, str]:
+    loc = f.locations[0] if f.locations else None
+    return f.rule, loc.file if loc else "", loc.line if loc else 0, f.fix.summary if f.fix else ""
+
+
+def save(out: Path, results: RuleResults) -> None:
+    """verified.json: each verified fix, for the reports `audit report DIR` writes again."""
+    checks = [SavedCheck(*_key(f), verified=f.fix.verified) for f in results.findings
+              if f.fix is not None and f.fix.verified is not None]
+    (out / SAVED).write_bytes(msgspec.json.encode(checks))
+
+
+def saved_amend(run_dir: Path) -> Callable[[Any, RuleResults], RuleResults] | None:
+    """The amend that gives a re-rendered run its saved verification (None when it has none or
+    it cannot be read): a fix verification took out stays out of the patch files."""
+    try:
+        checks = msgspec.json.decode((run_dir / SAVED).read_bytes(), type=list[SavedCheck])
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    by_key = {(c.rule, c.file, c.line, c.summary): c.verified for c in checks}
+
+    def amend(evidence: Any, results: RuleResults) -> RuleResults:
+        findings = []
+        for f in results.findings:
+            v = by_key.get(_key(f))
+            if v is not None and f.fix is not None:
+                f = msgspec.structs.replace(f, fix=msgspec.structs.replace(f.fix, verified=v))
+            findings.append(f)
+        return RuleResults(findings=findings, skipped=results.skipped, errors=results.errors,
+                           suppressed=results.suppressed)
+
+    return amend

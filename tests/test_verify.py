@@ -6,6 +6,7 @@ the kinds the examples produce (a changed line, a statement replaced by `pass`, 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -73,6 +74,19 @@ def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(tmp_path):
     assert "verify: 3 fix(es) in 1 re-run(s)" in a.stdout
     assert a.stdout.count("improved ") == 3
     assert "verified: improved" in (a.out / "report.html").read_text()
+    # `audit report DIR` renders the saved verification again; a fix it took out stays out
+    saved = json.loads((a.out / "verified.json").read_text())
+    assert {c["rule"] for c in saved} == set(fixes)
+    for c in saved:
+        if c["rule"] == "graph-leak":
+            c["verified"]["status"] = "no-change"
+    (a.out / "verified.json").write_text(json.dumps(saved))
+    r = audit("report", str(a.out), out=a.out, cwd=proj)
+    assert r.returncode == 0, r.stderr
+    again = {f["rule"]: f["fix"]["verified"] for f in a.findings if f["fix"] and f["fix"]["edits"]}
+    assert again["graph-leak"]["status"] == "no-change" and again["anomaly-mode"]["status"] == "improved"
+    patch = (a.out / "fixes.patch").read_text()
+    assert "Fixes from: anomaly-mode, peak-stats-reset" in patch and "Left out (graph-leak): verification: no-change" in patch
     ev = a.evidence["weights"]
     assert ev["optimizers"] == 1 and ev["tensors"] > 0 and ev["sha256"] == fixes["graph-leak"]["verified"]["before"]["weights"]
 
@@ -164,3 +178,63 @@ def test_a_fix_that_changes_the_weights_is_kept_out_of_the_patch(audited, monkey
     assert v.before["weights"] == ev.weights.sha256 != v.after["weights"]
     assert outcome.reruns == 2  # fixes.patch, then the unpatched program once more
     assert PatchReport().render(ev, amended, tmp_path) == ""
+
+
+KWARGS_TRAINER = '''"""A trainer whose DataLoader takes num_workers from a dict (0 without a GPU)."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+torch.manual_seed(0)
+
+
+class Images(Dataset):
+    def __len__(self):
+        return 1024
+
+    def __getitem__(self, idx):
+        g = torch.Generator().manual_seed(idx)
+        img = F.avg_pool2d(torch.rand(1, 3, 72, 72, generator=g), 3, stride=1, padding=1)[0]
+        return img[:, :64, :64], idx % 10
+
+
+kwargs = {"num_workers": 2 if torch.cuda.is_available() else 0}
+loader = DataLoader(Images(), batch_size=64, shuffle=True, **kwargs)
+model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(100):
+    for x, y in loader:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+'''
+
+
+@pytest.mark.slow
+def test_a_dataloader_fix_that_breaks_a_kwargs_call_is_caught(tmp_path):
+    """A whole program (the script form): dataloader-bound's keyword edit on `DataLoader(...,
+    **kwargs)` whose dict already holds num_workers would raise TypeError; --verify runs it and
+    keeps it out of numerics-fixes.patch (an edit that handles the dict passes instead)."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text(KWARGS_TRAINER)
+    before = tree_hashes(proj)
+    a = audit("run", "train.py", "--steps", "6", "--no-profile", "--no-rehearse", "--verify", out=tmp_path / "out",
+              cwd=proj)
+    assert a.returncode == 0, a.stderr
+    assert tree_hashes(proj) == before
+    f = a.rule("dataloader-bound")
+    assert f, a.stdout
+    fix = f[0]["fix"]
+    if not fix["edits"]:
+        pytest.skip("no edit offered for a DataLoader called with **kwargs: nothing to verify")
+    v = fix["verified"]
+    assert v is not None and v["status"] in ("failed", "improved"), v
+    patch = a.out / "numerics-fixes.patch"
+    if v["status"] == "failed":
+        assert "multiple values for keyword argument 'num_workers'" in v["note"]
+        assert not patch.exists() or "DataLoader(" not in patch.read_text()
+        assert "taken out of numerics-fixes.patch" in a.stdout and "TypeError" in a.stdout
+    else:
+        assert "DataLoader(" in patch.read_text()
