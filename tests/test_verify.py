@@ -238,3 +238,64 @@ def test_a_dataloader_fix_that_breaks_a_kwargs_call_is_caught(tmp_path):
         assert "taken out of numerics-fixes.patch" in a.stdout and "TypeError" in a.stdout
     else:
         assert "DataLoader(" in patch.read_text()
+
+
+# --- the judging, without re-running anything ------------------------------------------------------
+
+def _finding(ms=None, **evidence):
+    return {"rule": "x", "locations": [{"file": "/p/train.py", "line": 3}], "cost": {"ms_per_step": ms},
+            "evidence": evidence}
+
+
+def test_judge_reads_the_findings_of_the_two_runs():
+    from auditor.verify import Rerun, judge
+
+    before = _finding(40.0, syncs_per_step=2.0, flag=True)
+    gone = judge(before, 100.0, Rerun(ok=True, findings=[], median_ms=60.0), "with fixes.patch")
+    assert gone.status == "improved" and gone.after == {"finding": False, "median_step_ms": 60.0, "ms_per_step": None}
+    assert gone.before == {"finding": True, "median_step_ms": 100.0, "ms_per_step": 40.0, "syncs_per_step": 2.0}
+    assert gone.note == "with fixes.patch: the finding is gone; median step 100.0 -> 60.0 ms"
+    # the same rule in the same file of the scratch copy is the same finding
+    moved = dict(_finding(12.0), locations=[{"file": "/tmp/audit-verify-1/tree-1/train.py", "line": 5}])
+    smaller = judge(before, 100.0, Rerun(ok=True, findings=[moved], median_ms=70.0), "w")
+    assert smaller.status == "improved" and "its cost fell from 40.00 to 12.00 ms/step" in smaller.note
+    same = judge(before, 100.0, Rerun(ok=True, findings=[_finding(35.0)], median_ms=130.0), "w")
+    assert same.status == "no-change" and same.note.endswith("median step 100.0 -> 130.0 ms (slower)")
+    other_file = dict(_finding(35.0), locations=[{"file": "/p/other.py", "line": 3}])
+    assert judge(before, 100.0, Rerun(ok=True, findings=[other_file], median_ms=90.0), "w").status == "improved"
+    failed = judge(before, 100.0, Rerun(ok=False, error="the patch does not apply: corrupt patch"), "w")
+    assert failed.status == "failed" and failed.after == {} and failed.note == "w: the patch does not apply: corrupt patch"
+
+
+def test_read_rerun_says_why_the_patched_program_failed(tmp_path):
+    from auditor.verify import read_rerun
+
+    (tmp_path / "findings.json").write_text(json.dumps({"findings": [], "steps": {"median_ms": 5.0},
+                                                        "ending": {"exception": "ValueError", "message": "bad"}}))
+    (tmp_path / "evidence.json").write_text(json.dumps({"weights": {"sha256": "ab"}}))
+    assert read_rerun(tmp_path, 3, "").error == "the patched program failed (ValueError: bad)"
+    ok = read_rerun(tmp_path, 1, "")  # (exit 1: --fail-on of the user's config; the program ran)
+    assert ok.ok and ok.digest == "ab" and ok.median_ms == 5.0
+    assert read_rerun(tmp_path / "none", 4, "x\naudit: internal error: boom\n").error == \
+        "the patched program failed (audit: internal error: boom)"
+
+
+def test_copy_project_leaves_out_vcs_venvs_caches_and_outputs(tmp_path, monkeypatch):
+    from auditor import verify
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    for rel in ("train.py", "pkg/mod.py", ".git/HEAD", "venv/pyvenv.cfg", "venv/lib/x.py", "pkg/__pycache__/m.pyc",
+                "audit-out/run/findings.json", "runs/out/evidence.json", "data/big.bin"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(rel)
+    monkeypatch.setattr(verify, "LINK_BYTES", len("data/big.bin") - 1)
+    verify.copy_project(src, dest, skip=(src / "runs" / "out",))
+    got = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert got == ["data/big.bin", "pkg/mod.py", "train.py"]
+    assert (dest / "data" / "big.bin").is_symlink() and not (dest / "train.py").is_symlink()
+
+
+def test_verify_is_refused_for_a_launch(tmp_path):
+    a = audit("run", "examples/clean.py:step", "--verify", "--nproc-per-node", "2", out=tmp_path / "out")
+    assert a.returncode == 2 and a.stderr.strip() == \
+        "audit: error: --verify re-runs a single process; it does not apply to a distributed launch"
