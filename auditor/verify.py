@@ -393,12 +393,14 @@ def amended(results: RuleResults, outcome: Outcome) -> RuleResults:
 
 
 def _brief(m: dict[str, Any]) -> str:
+    """A finding's measures on one line: its cost and first evidence numbers (the median step and
+    the weights are in the note)."""
     if not m:
         return "-"
     if not m.get("finding"):
-        return f"gone (median step {m.get('median_step_ms')} ms)"
-    keys = [k for k in m if k not in ("finding", "weights")][:4]
-    return ", ".join(f"{k} {m[k]}" for k in keys)
+        return "gone"
+    shown = [(k, v) for k, v in m.items() if k not in ("finding", "weights", "median_step_ms") and v is not None][:3]
+    return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown) or "reported"
 
 
 def echo(results: RuleResults, outcome: Outcome) -> None:
@@ -435,7 +437,14 @@ def amend_run(evidence: Any, results: RuleResults, spec: RunSpec, target_file: s
         if not quiet:
             click.echo(f"audit: verify: re-running {what} ...", err=True)
 
-    outcome = verify(evidence, results, spec, target_file, out, progress)
+    if shutil.which("git") is None:
+        done.append("not run: git is not installed (the patches are applied with `git apply`, as you would)")
+        return results
+    try:
+        outcome = verify(evidence, results, spec, target_file, out, progress)
+    except KeyboardInterrupt:  # (the reports of the audit itself are still written)
+        done.append("interrupted: no fix verified")
+        return results
     amended_results = amended(results, outcome)
     save(out, amended_results)
     done.append((amended_results, outcome))
@@ -446,8 +455,10 @@ def echo_done(done: list) -> None:
     """The verification block after the summary (or why there is none)."""
     if not done or done[0] is None:
         click.echo("verify: not run (the audited run did not complete)")
-        return
-    echo(*done[0])
+    elif isinstance(done[0], str):
+        click.echo(f"verify: {done[0]}")
+    else:
+        echo(*done[0])
 
 
 # --- the verification kept with the run ----------------------------------------------------------
