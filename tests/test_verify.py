@@ -299,3 +299,46 @@ def test_verify_is_refused_for_a_launch(tmp_path):
     a = audit("run", "examples/clean.py:step", "--verify", "--nproc-per-node", "2", out=tmp_path / "out")
     assert a.returncode == 2 and a.stderr.strip() == \
         "audit: error: --verify re-runs a single process; it does not apply to a distributed launch"
+
+
+class _Runs:
+    """A stand-in Runner: each run() returns the next of `reruns`."""
+
+    def __init__(self, *reruns):
+        self.reruns, self.calls, self.unpatched = list(reruns), [], None
+
+    def run(self, patches, env=None):
+        self.calls.append(patches)
+        return self.reruns.pop(0)
+
+
+def _weights_outcome(runner, after_digest, fixes=("a", "b")):
+    from auditor.findings import Finding, Fix, Verified
+    from auditor.verify import Outcome, Rerun, _check_weights
+
+    found = [Finding(rule=r, severity="warning", title="", message="", fix=Fix(summary=r)) for r in fixes]
+    index = {id(f): i for i, f in enumerate(found)}
+    outcome = Outcome(verified={i: Verified(status="improved", note="with fixes.patch: the finding is gone")
+                                for i in range(len(found))})
+    _check_weights(Rerun(ok=True, digest=after_digest), "w0", found, runner, [], index, 1.0, outcome,
+                   lambda what: None, lambda edits: type("P", (), {"diff": "d"})())
+    return [outcome.verified[i] for i in range(len(found))]
+
+
+def test_weights_that_differ_blame_the_fix_only_when_the_program_is_deterministic():
+    from auditor.verify import Rerun
+
+    same = _weights_outcome(_Runs(), "w0")
+    assert [v.status for v in same] == ["improved", "improved"]
+    assert same[0].before["weights"] == same[0].after["weights"] == "w0"
+    # two unpatched runs differ: no fix is blamed, and no per-fix run is made
+    runs = _Runs(Rerun(ok=True, digest="w-other"))
+    flaky = _weights_outcome(runs, "w1")
+    assert [v.status for v in flaky] == ["improved", "improved"] and len(runs.calls) == 1
+    assert "two unpatched runs differ (the program is not deterministic)" in flaky[0].note
+    # the unpatched program agrees with the audit: each fix alone finds the one that changed them
+    runs = _Runs(Rerun(ok=True, digest="w0"), Rerun(ok=True, digest="w0"), Rerun(ok=True, digest="w2"))
+    blamed = _weights_outcome(runs, "w1")
+    assert [v.status for v in blamed] == ["improved", "changed-results"] and len(runs.calls) == 3
+    assert blamed[1].note.endswith("the weights after the audited steps differ from the unpatched run's")
+    assert "weights identical to the unpatched run's (alone)" in blamed[0].note
