@@ -342,3 +342,40 @@ def test_weights_that_differ_blame_the_fix_only_when_the_program_is_deterministi
     assert [v.status for v in blamed] == ["improved", "changed-results"] and len(runs.calls) == 3
     assert blamed[1].note.endswith("the weights after the audited steps differ from the unpatched run's")
     assert "weights identical to the unpatched run's (alone)" in blamed[0].note
+
+
+MODULE_TRAINER = """import torch
+from ._common import Batches, make
+
+loader, model, opt, loss_fn = make(width=64, n=2048)
+batches = Batches(loader)
+for i in range(1000):
+    torch.cuda.reset_peak_memory_stats()
+    x, y = batches.next()
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.slow
+def test_verify_a_module_program_compares_its_weights(tmp_path):
+    """`-m pkg.train -- ARGS`: the re-run is the same module in the copy; the weights of a whole
+    program are taken from the optimizers found at its steps' ends (its `__main__` is freed by the
+    time it has run)."""
+    proj = tmp_path / "proj"
+    (proj / "pkg").mkdir(parents=True)
+    (proj / "pkg" / "__init__.py").write_text("")
+    shutil.copy(EXAMPLES / "_common.py", proj / "pkg" / "_common.py")
+    (proj / "pkg" / "train.py").write_text(MODULE_TRAINER)
+    before = tree_hashes(proj)
+    a = audit("run", "-m", "pkg.train", "--steps", "4", *FAST, "--select", "peak-stats-reset", "--verify",
+              "--", "--flag", out=tmp_path / "out", cwd=proj)
+    assert a.returncode == 0, a.stderr
+    assert tree_hashes(proj) == before
+    assert a.evidence["weights"]["optimizers"] == 1
+    v = a.rule("peak-stats-reset")[0]["fix"]["verified"]
+    assert v["status"] == "improved" and v["after"]["finding"] is False, v
+    assert v["before"]["weights"] == v["after"]["weights"] == a.evidence["weights"]["sha256"]
+    assert "weights identical to the unpatched run's" in v["note"]

@@ -54,14 +54,20 @@ def optimizer_digest(opt: Any, counts: dict[str, int]) -> str:
     return h.hexdigest()
 
 
-def weights_digest() -> dict[str, Any] | None:
-    """{"sha256", "optimizers", "tensors", "bytes"} of every live optimizer (None when none is alive:
-    nothing was trained through torch.optim)."""
+def live_optimizers() -> list[Any]:
+    """Every torch.optim.Optimizer the garbage collector knows."""
     import torch
 
     # (type(), not isinstance: isinstance reads `__class__`, which some of torch's deprecated
     # objects turn into a warning the user would see)
-    opts = [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]
+    return [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]
+
+
+def weights_digest(opts: list[Any]) -> dict[str, Any] | None:
+    """{"sha256", "optimizers", "tensors", "bytes"} of `opts` (None when there is none: nothing
+    was trained through torch.optim)."""
+    import torch
+
     if not opts:
         return None
     counts = {"tensors": 0, "bytes": 0}
@@ -71,9 +77,15 @@ def weights_digest() -> dict[str, Any] | None:
 
 
 class Weights:
-    """The collector (auditor.capture.collectors): nothing per step, the digest at the end."""
+    """The collector (auditor.capture.collectors): the digest at the end of the run, of the
+    optimizers alive then and those found at the end of a step. A whole program's optimizers are
+    gone by its end (its `__main__` is freed once it has run): they are looked for at the end of
+    each step until some are found, and held until the digest is taken."""
 
     name = "weights"
+
+    def __init__(self) -> None:
+        self.held: list[Any] = []
 
     def install(self) -> None:
         pass
@@ -82,10 +94,13 @@ class Weights:
         pass
 
     def step_end(self, index: int) -> None:
+        if not self.held:
+            self.held = live_optimizers()
         return None
 
     def finish(self) -> dict[str, Any] | None:
         try:
-            return weights_digest()
+            alive = live_optimizers()
+            return weights_digest(self.held + [o for o in alive if not any(o is h for h in self.held)])
         except Exception as e:  # (a tensor that cannot be read back: no digest, and why)
             return {"sha256": "", "optimizers": 0, "tensors": 0, "bytes": 0, "error": f"{type(e).__name__}: {e}"}
