@@ -140,6 +140,9 @@ class Runner:
         self.scratch = Path(tempfile.mkdtemp(prefix="audit-verify-"))
         self.count = 0
         self.unpatched: Rerun | None = None  # a re-run without any fix, once one is needed
+        outside = target_file is not None and self.root not in Path(target_file).resolve().parents
+        # (a file outside the directory the patches apply in: its copy would not be patched)
+        self.why_not = f"the target is outside {self.root}, where the patches apply" if outside else None
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -164,8 +167,9 @@ class Runner:
         for i, text in enumerate(patches):
             p = self.scratch / f"patch-{self.count}-{i}.diff"
             p.write_text(text)
+            # (the copy is no repository: git must not find one around the scratch directory)
             r = subprocess.run(["git", "apply", "--whitespace=nowarn", str(p)], cwd=copy, capture_output=True,
-                               text=True)
+                               text=True, env={**os.environ, "GIT_CEILING_DIRECTORIES": str(self.scratch)})
             if r.returncode != 0:
                 why = (r.stderr.strip().splitlines() or ["git apply failed"])[0]
                 return Rerun(ok=False, error=f"the patch does not apply: {why}")
@@ -293,6 +297,10 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
         if f.fix.config:
             outcome.unverifiable.append(f"{f.rule}: settings with no code edit ({', '.join(map(str, f.fix.config))})")
     runner = Runner(spec, target_file, out)
+    if runner.why_not:
+        outcome.unverifiable.append(f"every fix: {runner.why_not}")
+        runner.close()
+        return outcome
     try:
         group = in_combined + env_only
         if group:

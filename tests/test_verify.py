@@ -379,3 +379,49 @@ def test_verify_a_module_program_compares_its_weights(tmp_path):
     assert v["status"] == "improved" and v["after"]["finding"] is False, v
     assert v["before"]["weights"] == v["after"]["weights"] == a.evidence["weights"]["sha256"]
     assert "weights identical to the unpatched run's" in v["note"]
+
+
+def test_a_target_outside_the_patch_root_is_not_verifiable(tmp_path, monkeypatch):
+    from auditor.verify import Runner, RunSpec
+
+    (tmp_path / "here").mkdir()
+    (tmp_path / "there").mkdir()
+    (tmp_path / "there" / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path / "here")  # (no git repository: the patches apply at the current directory)
+    r = Runner(RunSpec(str(tmp_path / "there" / "train.py"), None, (), 3), str(tmp_path / "there" / "train.py"),
+               tmp_path / "out")
+    try:
+        assert r.why_not == f"the target is outside {(tmp_path / 'here').resolve()}, where the patches apply"
+    finally:
+        r.close()
+    inside = Runner(RunSpec("train.py", None, (), 3), str(tmp_path / "here" / "train.py"), tmp_path / "out")
+    inside.close()
+    assert inside.why_not is None
+
+
+def test_a_fix_verification_took_out_is_in_no_patch_nor_sarif_and_its_card_says_why(tmp_path):
+    from test_reporters import make_case
+
+    from auditor.findings import RuleResults, Verified
+    from auditor.reports.html import HtmlReport
+    from auditor.reports.patch import PatchReport
+    from auditor.reports.sarif import SarifReport
+
+    case = make_case(tmp_path)
+    with_edits = [f for f in case.results.findings if f.fix and f.fix.edits and not f.fix.changes_numerics]
+    assert with_edits
+    out = with_edits[0]
+    failed = Verified(status="failed", before={"finding": True, "calls": 50}, after={},
+                      note="with fixes.patch: the patched program failed (TypeError: boom)")
+    findings = [msgspec.structs.replace(f, fix=msgspec.structs.replace(f.fix, verified=failed)) if f is out else f
+                for f in case.results.findings]
+    results = RuleResults(findings=findings, skipped=case.results.skipped, errors=case.results.errors)
+    patch = PatchReport().render(case.evidence, results, tmp_path)
+    assert f"Left out ({out.rule}): verification: failed: with fixes.patch: the patched program failed" in patch
+    assert "Fixes from: " not in patch or out.rule not in patch.split("Fixes from: ")[1].splitlines()[0]
+    sarif = json.loads(SarifReport().render(case.evidence, results, tmp_path))
+    assert not [r for r in sarif["runs"][0]["results"] if r["ruleId"] == out.rule and r.get("fixes")]
+    page = HtmlReport().render(case.evidence, results, tmp_path)
+    page = page if isinstance(page, str) else page.decode()
+    assert "verified: failed</strong> (with fixes.patch: the patched program failed (TypeError: boom)): taken " \
+           "out of fixes.patch" in page
