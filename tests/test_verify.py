@@ -425,3 +425,12 @@ def test_a_fix_verification_took_out_is_in_no_patch_nor_sarif_and_its_card_says_
     page = page if isinstance(page, str) else page.decode()
     assert "verified: failed</strong> (with fixes.patch: the patched program failed (TypeError: boom)): taken " \
            "out of fixes.patch" in page
+
+
+def test_environment_variables_in_a_fixs_config_are_exported_for_its_rerun():
+    from auditor.findings import Fix
+    from auditor.verify import env_config
+
+    fix = Fix(summary="s", config={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "DataLoader.num_workers": 4,
+                                   "log_every_n_steps": 50})
+    assert env_config(fix) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
