@@ -13,6 +13,8 @@ path `audit analyze DIR` takes.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import subprocess
 import sys
@@ -60,8 +62,6 @@ def output_dir(out_dir: Path | None, name: str) -> Path:
     be written is the user's to fix (exit 2), found before anything runs. An earlier audit's
     outputs there are replaced, and a line on stderr says so."""
     out = out_dir or _default_out(name)
-    if (out / "evidence.json").is_file() or (out / "report.html").is_file():
-        click.echo(f"audit: --out {out} holds an earlier audit's outputs: this audit replaces them", err=True)
     try:
         if not out.exists():
             _MADE.add(out)
@@ -69,7 +69,50 @@ def output_dir(out_dir: Path | None, name: str) -> Path:
         write_probe(out)
     except OSError as e:
         raise UsageFailure(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    _lock(out)
+    if (out / "evidence.json").is_file() or (out / "report.html").is_file():
+        click.echo(f"audit: --out {out} holds an earlier audit's outputs: this audit replaces them", err=True)
     return out
+
+
+LOCK_FILE = ".audit-lock"
+_LOCKS: dict[Path, int] = {}  # the output directories this process has locked: their lock files' descriptors
+
+
+def _lock(out: Path) -> None:
+    """One audit at a time writes into a directory: a second one started while the first still runs
+    is refused (exit 2) instead of the two overwriting each other's files. The lock is the kernel's
+    (flock), so it goes with the process however that ends; the lock file is removed at exit."""
+    try:
+        import fcntl
+    except ImportError:  # (no flock on this platform: unlocked, as before)
+        return
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UsageFailure(f"--out {out}: another audit is writing there now (pid {holder}); wait for it or "
+                           "choose another directory") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    if not _LOCKS:
+        atexit.register(_release_all)
+    _LOCKS[out] = fd
+
+
+def _release(out: Path) -> None:
+    fd = _LOCKS.pop(out, None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            (out / LOCK_FILE).unlink()
+        os.close(fd)
+
+
+def _release_all() -> None:
+    for out in list(_LOCKS):
+        _release(out)
 
 
 def write_probe(directory: Path) -> None:
@@ -81,6 +124,7 @@ def write_probe(directory: Path) -> None:
 
 def drop_if_unused(out: Path) -> None:
     """A run that never started (a usage error) leaves no output directory it made itself."""
+    _release(out)
     if out in _MADE:
         try:
             out.rmdir()  # (only if empty)
@@ -108,9 +152,12 @@ def exit_code(evidence, results, fail_on: str | None) -> int:
     return EXIT_OK
 
 
-def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None, amend=None) -> int:
+def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None,
+           baseline: tuple | None = None, amend=None) -> int:
     """Save the evidence, then load -> rules -> reports: the same path `audit analyze DIR` takes.
-    `amend(evidence, results)`, when given, returns the results the reports render (--verify's)."""
+    `baseline` (--baseline: its loaded Evidence and its path) adds the comparison with it to the
+    reports, and its summary after the findings. `amend(evidence, results)`, when given, returns
+    the results the reports render (--verify's)."""
     from auditor.evidence.load import load_paths
     from auditor.evidence.model import add_load_note
     from auditor.evidence.store import is_run_dir, save
@@ -127,6 +174,7 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     results = run_rules(evidence, config)
     if amend is not None:
         results = amend(evidence, results)
+    comparison = compare_with_baseline(evidence, results, baseline[0], str(baseline[1]), config) if baseline else None
     written = write_reports(out, evidence, results)
     unwritten = _unwritten(written)
     if quiet:
@@ -138,6 +186,13 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     else:  # the summary names the outputs found in `out`: an older one there is not this run's
         print_summary(evidence, results, None)
         _echo_written(out, written, unwritten)
+    if comparison is not None:
+        from auditor.reports.diff_report import headline, print_diff
+
+        if quiet:
+            click.echo(f"audit: against baseline {baseline[1]}: {headline(comparison)}")
+        else:
+            print_diff(comparison, title=f"compared with baseline {baseline[1]}:")
     return exit_code(evidence, results, fail_on or config.fail_on)
 
 
@@ -223,7 +278,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
         quiet: bool, nproc_per_node: int | None, rank_timeout: float, numerics: bool,
         script_args: tuple[str, ...], module: str | None = None, skip: int = 0, to_end: bool = False,
-        verify: bool = False, digest: bool = False) -> int:
+        baseline: Path | None = None, verify: bool = False, digest: bool = False) -> int:
     """`audit run`: the target in a child process (or N ranks of it under torch.distributed.run,
     or this process as one rank of a launch: auditor.launch), then finish. The target is a step
     callable, or a whole program (a file, or `module` for -m) whose steps the child finds."""
@@ -250,6 +305,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
                            "not to a step callable")
     target = t.spec
     config = rule_config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
+    base = (load_baseline(baseline), baseline) if baseline is not None else None
     session = launch.RankSession.from_env(out_dir, t.name)
     if nproc_per_node is not None:
         if session is not None:
@@ -262,7 +318,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         prewarm_report()
         code = launch.launch(target, nproc_per_node, out,
                              launch.rank_argv(steps, profile, rehearse, numerics, script_args, skip, to_end),
-                             lambda ev: finish(ev, config, out, quiet, fail_on))
+                             lambda ev: finish(ev, config, out, quiet, fail_on, base))
         afterwards(out, open_report, tensorboard)
         return code
     out = session.run_dir if session is not None else output_dir(out_dir, t.name)
@@ -282,17 +338,17 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
             drop_if_unused(out)
             raise UsageFailure(str(e)) from None
     if session is not None:  # distributed: save this rank; the merging rank reports on every rank
-        return session.finish(evidence, rank_timeout, lambda ev, root: finish(ev, config, root, quiet, fail_on))
+        return session.finish(evidence, rank_timeout, lambda ev, root: finish(ev, config, root, quiet, fail_on, base))
     if not verify:
         (out / "verified.json").unlink(missing_ok=True)  # (an earlier --verify's, in a reused --out)
-        code = finish(evidence, config, out, quiet, fail_on)
+        code = finish(evidence, config, out, quiet, fail_on, base)
     else:
         from auditor import verify as v
 
         spec = v.RunSpec(None if module is not None else target, module, tuple(script_args), steps, skip, to_end,
                          profile, rehearse, numerics, select, ignore)
         done: list = []
-        code = finish(evidence, config, out, quiet, fail_on, amend=lambda ev, res: v.amend_run(
+        code = finish(evidence, config, out, quiet, fail_on, base, amend=lambda ev, res: v.amend_run(
             ev, res, spec, t.file, out, quiet, done))
         v.echo_done(done)
     afterwards(out, open_report, tensorboard)
@@ -356,3 +412,54 @@ def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_
         raise UsageFailure(str(e)) from None
     out = output_dir(out_dir, f"checkpoint-{file.stem}")
     return finish(evidence, config, out, quiet, fail_on)
+
+
+# --- comparisons (auditor.diff) -------------------------------------------------------------------
+
+def diff(path_a: Path, path_b: Path, out_dir: Path | None, fail_on_regression: float | None, quiet: bool) -> int:
+    """`audit diff A B`: both inputs loaded and audited, compared, the comparison printed and
+    written to diff.json and diff.html. Exit 1 when --fail-on-regression PCT is given and B's
+    median step is slower than A's by more than PCT percent; 2 for an unreadable input."""
+    from auditor.diff import compare_paths, regression
+    from auditor.reports.diff_report import print_diff, write_diff
+
+    for p in (path_a, path_b):
+        if not p.exists():
+            raise UsageFailure(f"no such file or directory: {p}")
+    config = rule_config(Path.cwd(), (), ())
+    try:
+        comparison = compare_paths(path_a, path_b, config)
+    except InputError as e:
+        raise UsageFailure(str(e)) from None
+    out = output_dir(out_dir, "diff")
+    written = write_diff(out, comparison)
+    if not quiet:
+        print_diff(comparison)
+    click.echo(f"diff: {written['html']}  (also {written['json']})")
+    line = regression(comparison, fail_on_regression) if fail_on_regression is not None else None
+    if line:
+        click.echo(line)
+        return EXIT_FAIL_ON
+    return EXIT_OK
+
+
+def load_baseline(path: Path | None):
+    """--baseline DIR, loaded before the run starts, so an unreadable one costs the user no run."""
+    if path is None:
+        return None
+    from auditor.diff import load_side
+
+    try:
+        return load_side(path)
+    except InputError as e:
+        raise UsageFailure(f"--baseline: {e}") from None
+
+
+def compare_with_baseline(evidence, results, baseline, label: str, config: Config):
+    """The run against its --baseline (auditor.diff), attached to the evidence as `baseline` for the
+    reports (findings.json's `baseline` key, report.html's "Compared with baseline")."""
+    from auditor.diff import compare_runs, run_rules_on
+
+    comparison = compare_runs(baseline, run_rules_on(baseline, config), label, evidence, results, evidence.target)
+    evidence.__dict__["baseline"] = comparison
+    return comparison

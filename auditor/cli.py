@@ -1,4 +1,4 @@
-"""The `audit` command line (click): run, analyze, report, checkpoint, rules, explain.
+"""The `audit` command line (click): run, analyze, diff, report, checkpoint, rules, explain.
 
 Commands parse their options and call the pipelines of auditor.app, which return the exit code
 (listed there, and in the README).
@@ -86,17 +86,20 @@ def cli() -> None:
               help="Record a digest of the trained weights at the end of the audited steps (--verify's re-runs).")
 @click.option("--rank-timeout", type=click.FloatRange(min=0), default=DEFAULT_RANK_TIMEOUT_S, show_default=True,
               help="Under a launcher: how long rank 0 waits for the other ranks' evidence, in seconds.")
+@click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Compare this run with a saved `audit run` directory (or a trace): the report, findings.json "
+                   "(`baseline`) and the summary show what changed, beside its noise.")
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
         quiet: bool, nproc_per_node: int | None = None, rank_timeout: float = DEFAULT_RANK_TIMEOUT_S,
         numerics: bool = True, script_args: tuple[str, ...] = (), module: str | None = None, skip: int = 0,
-        to_end: bool = False, verify: bool = False, digest: bool = False) -> None:
+        to_end: bool = False, baseline: Path | None = None, verify: bool = False, digest: bool = False) -> None:
     """Audit TARGET: path/to/file.py:step or package.module:step (the step called N times), or a
     whole program, path/to/file.py or -m package.module (run as Python runs it, its steps found).
 
     ARGS after `--` are the program's own command line: its code finds them in sys.argv[1:]."""
     sys.exit(app.run(target, steps, out_dir, fail_on, select, ignore, profile, rehearse, open_report, tensorboard,
-                     quiet, nproc_per_node, rank_timeout, numerics, script_args, module, skip, to_end,
+                     quiet, nproc_per_node, rank_timeout, numerics, script_args, module, skip, to_end, baseline,
                      verify=verify, digest=digest))
 
 
@@ -108,6 +111,20 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     """Run the rules on recordings: profiler traces, TensorBoard logdirs, memory snapshots, or
     `audit run` output directories."""
     sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet))
+
+
+@cli.command("diff")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@click.option("--fail-on-regression", type=click.FloatRange(min=0), default=None, metavar="PCT",
+              help="Exit 1 when B's median step is slower than A's by more than PCT percent.")
+@shared_options("out", "quiet", out_default="audit-out/diff-<timestamp>/", quiet_help="Only the closing lines.")
+def diff_cmd(a: Path, b: Path, fail_on_regression: float | None, out_dir: Path | None, quiet: bool) -> None:
+    """Compare two audits: A and B are each an `audit run` output directory, a profiler trace
+    (.json/.json.gz) or a TensorBoard logdir. Shows steps, per-phase, per-op (GPU kernels) time,
+    syncs, copies, memory and findings side by side, each change with its noise; writes diff.json
+    and diff.html."""
+    sys.exit(app.diff(a, b, out_dir, fail_on_regression, quiet))
 
 
 @cli.command()

@@ -4,11 +4,13 @@ nothing is downloaded).
     audit run examples/hf_trainer.py --steps 12
 
 The steps are the Trainer's optimizer steps. Its settings cost it time: the loss logged every step
-(`logging_steps=1`: the Trainer reads the loss back to the host for each log), batches collated in
-the training process (`dataloader_num_workers=0`). Those are findings about the Trainer's
-configuration, fixed in `TrainingArguments`, not by editing the `trainer.train()` line.
+(`logging_steps=1`: the Trainer reads the loss back to the host for each log), and each example read
+from storage in the training process while the step waits (`dataloader_num_workers=0`). Those are
+findings about the Trainer's configuration, fixed in `TrainingArguments`, not by editing the
+`trainer.train()` line.
 """
 import tempfile
+import time
 
 import torch
 from torch.utils.data import Dataset
@@ -25,6 +27,7 @@ class Sentences(Dataset):
         return self.n
 
     def __getitem__(self, i):
+        time.sleep(0.02)  # reading the example from storage
         g = torch.Generator().manual_seed(i)
         ids = torch.randint(0, self.vocab, (self.length,), generator=g)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": i % 2}

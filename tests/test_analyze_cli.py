@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"recorded fixture
 SEVERITIES = {"info", "warning", "error"}
 # The findings.json contract (README, "findings.json"): keys that must be there.
 TOP_KEYS = {"tool", "target", "source", "environment", "steps", "ending", "findings", "skipped_rules", "rule_errors",
-            "suppressed"}
+            "suppressed", "baseline"}
 ENV_KEYS = {"torch_version", "python_version", "platform", "hostname", "device", "cuda_available", "cuda_standins",
             "rehearsal", "num_threads", "env_vars", "backend_flags", "notes"}
 STEPS_KEYS = {"count", "requested", "per_step_ms", "median_ms", "numerics_check_median_ms", "total_ms",

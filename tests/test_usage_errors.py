@@ -224,3 +224,29 @@ def test_a_newline_in_the_targets_path_keeps_the_profiler_trace(tmp_path):
     a = audit("run", f"{d / ('t' + chr(10) + 'x.py')}:step", "--steps", "6", "--quiet", out=tmp_path / "o")
     assert a.returncode == 0, a.stderr
     assert a.evidence["traces"] and a.evidence["traces"][0].startswith("tb/t_x-step/")
+
+
+def test_a_second_audit_into_an_out_in_use_is_refused(tmp_path):
+    """Two audits into one --out at the same time overwrote each other's files without a word: the
+    second is refused in one line while the first holds the directory; after it, the directory is
+    free again and holds no lock file."""
+    import fcntl
+    import os
+
+    from auditor.app import LOCK_FILE
+    from conftest import ROOT
+
+    out = tmp_path / "o"
+    out.mkdir()
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running audit holds it
+    os.write(fd, b"4242")
+    try:
+        one_line_error(audit("run", str(ROOT / "examples/clean.py:step"), "--steps", "2", "--no-profile", out=out),
+                       "another audit is writing there now (pid 4242)")
+        assert not (out / "evidence.json").exists()
+    finally:
+        os.close(fd)
+    a = audit("run", str(ROOT / "examples/clean.py:step"), "--steps", "2", "--no-profile", "--quiet", out=out)
+    assert a.returncode == 0, a.stderr
+    assert (out / "evidence.json").is_file() and not (out / LOCK_FILE).exists()

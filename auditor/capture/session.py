@@ -106,7 +106,8 @@ def new_loaders(rec: probes.Recorder) -> list[dict]:
             d["sent"] = True
             w = d["where"]
             new.append({"id": d["id"], "settings": d["settings"],
-                        "where": {"file": w[0], "line": w[1], "function": w[2]} if w else None})
+                        "where": {"file": w[0], "line": w[1], "function": w[2]} if w else None,
+                        **({"via": d["via"]} if d.get("via") else {})})
     return new
 
 

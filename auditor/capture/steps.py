@@ -36,7 +36,7 @@ import torch
 import torch.utils.data.dataloader as dl
 
 import auditor
-from auditor.capture import wire
+from auditor.capture import probes, wire
 from auditor.capture.session import StepSession
 from auditor.evidence import model as m
 
@@ -94,6 +94,11 @@ class StepFinder:
 
         h = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.on_optimizer_step(opt))
         self._undo.append(h.remove)
+        # an optimizer step inside code torch.compile compiled runs no Python hook: the probes note it
+        # while tracing and hand it over once the compiled code has run (probes.settle_traced_steps)
+        reader = lambda opt, where: self.on_optimizer_step(opt)  # noqa: E731
+        probes.read_traced_steps(reader)
+        self._undo.append(lambda: probes.unread_traced_steps(reader))
         self._wrap(dl._BaseDataLoaderIter, "__next__", self._fetch_probe)
         self._wrap(torch.Tensor, "backward", self._backward_probe)
         self._wrap(torch.autograd, "backward", self._backward_probe)

@@ -514,7 +514,7 @@ def summarize(obj: Any, path: Path, size: int | None = None) -> dict[str, Any]:
         rest = {"(root)": obj}
     for k, v in rest.items():
         if _is_tensor(v) or isinstance(v, (dict, list, tuple)):
-            _walk(v, str(k), "other", tensors)
+            _walk(v, str(k), "callback" if layout == "lightning" and k == "callbacks" else "other", tensors)
         elif (s := _scalar(v)) is not None:
             meta[str(k)] = s
     return {"file": str(path), "bytes": path.stat().st_size if size is None else size, "layout": layout,

@@ -16,7 +16,8 @@ class TensorStats(msgspec.Struct):
     """One tensor of the checkpoint.
 
     name: its dotted path in the checkpoint ("model.fc.weight", "optimizer.state.0.exp_avg_sq").
-    section: model | optimizer | other.
+    section: model | optimizer | callback (a training framework's callback state: Lightning's
+    `callbacks`) | other.
     dtype: torch's name without "torch." ("float16").
     numel, shape: its size.
     The counts below are UNSET (absent from the JSON) for a tensor that holds no real floating-point
@@ -48,6 +49,18 @@ class TensorStats(msgspec.Struct):
     def nonfinite(self) -> int:
         """How many of its values are NaN or inf (0 when not checked)."""
         return (self.nan or 0) + (self.posinf or 0) + (self.neginf or 0)
+
+    @property
+    def sentinel(self) -> bool:
+        """Callback state whose only non-finite values are infinities: a best or k-th score's
+        starting value (Lightning's ModelCheckpoint starts `kth_value` and `best_model_score` at
+        +inf for mode="min"), not weights gone bad. A NaN there is a monitored metric that was NaN."""
+        return self.section == "callback" and not self.nan and self.nonfinite > 0
+
+    @property
+    def bad(self) -> bool:
+        """Whether it holds NaN/inf that stand for values gone bad (not a sentinel)."""
+        return self.nonfinite > 0 and not self.sentinel
 
 
 class OptimizerSummary(msgspec.Struct):

@@ -107,6 +107,9 @@ class DataLoaderInfo(msgspec.Struct):
     id: int
     where: Frame | None
     settings: dict[str, Any] = {}
+    # the library functions between the user's line and the DataLoader's construction, innermost
+    # first ("transformers/trainer.py:Trainer.get_train_dataloader < ..."); "" when the user made it
+    via: str = ""
 
 
 class Environment(msgspec.Struct):

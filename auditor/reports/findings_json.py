@@ -36,7 +36,16 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
         "skipped_rules": results.skipped,
         "rule_errors": [{"rule": e["rule"], "error": e["error"]} for e in results.errors],
         "suppressed": results.suppressed,
+        "baseline": _baseline(evidence),
     }
+
+
+def _baseline(evidence: Evidence) -> dict[str, Any] | None:
+    """`audit run --baseline DIR`: the comparison with it (diff_report.baseline_summary); None without."""
+    from auditor.reports.diff_report import baseline_summary
+
+    comparison = evidence.__dict__.get("baseline")
+    return baseline_summary(comparison) if comparison is not None else None
 
 
 class FindingsJson(Reporter):

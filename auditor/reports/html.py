@@ -389,9 +389,12 @@ def checkpoint_verdict(ev: Evidence) -> dict[str, Any] | None:
     bad = ck["nonfinite"]
     return {
         "tensors": f"{ck['tensors']:,}",
-        "tensors_sub": (f"{split} tensors, " if split else "") + f"{ck['values']:,} values",
+        "tensors_sub": (f"{split} tensors, " if split else "") + f"{ck['values']:,} values"
+                       + (f", {ck['checked']:,} with floating-point values checked" if ck["checked"] < ck["tensors"] else ""),
         "nonfinite": f"{bad:,} tensor{'s' if bad > 1 else ''}" if bad else "none",
-        "nonfinite_sub": f"{'hold' if bad > 1 else 'holds'} NaN/inf" if bad else "every value is finite",
+        "nonfinite_sub": (f"{'hold' if bad > 1 else 'holds'} NaN/inf" if bad else "every value is finite"
+                          if not ck["sentinels"] else "no value gone bad")
+                         + (f"; {ck['sentinels']} callback score(s) at a starting ±inf" if ck["sentinels"] else ""),
         "layout": ck["layout"],
         "layout_sub": "; ".join(details),
     }
@@ -576,4 +579,13 @@ class HtmlReport(Reporter):
             report_js=report_js(),
             script_hashes=" ".join(csp_hash(js) for js in scripts),
             fmt_ms=fmt_ms,
+            baseline=_baseline_view(evidence),
         )
+
+
+def _baseline_view(evidence: Evidence) -> dict[str, Any] | None:
+    """The "Compared with baseline" section's rows (`audit run --baseline DIR`), None without one."""
+    from auditor.reports.diff_report import diff_view
+
+    comparison = evidence.__dict__.get("baseline")
+    return diff_view(comparison) if comparison is not None else None

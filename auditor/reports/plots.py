@@ -211,7 +211,10 @@ def numerics_plot(ev: Evidence) -> go.Figure | None:
         x, y = finite(series)
         if x:
             fig.add_scatter(name=name, x=x, y=y, mode="lines+markers")
-    bad = [i for i, d in view.steps if d.loss_finite is False or d.nonfinite_ops]
+    # The step where the run went bad (what nonfinite names): a non-finite loss, gradient or weight,
+    # or a traced origin; not a step whose only non-finite values are by design (a mask's -inf).
+    bad = [i for i, d in view.steps if d.origin is not None or d.loss_finite is False
+           or any(r.grad_nonfinite or r.param_nonfinite for r in d.opt_steps)]
     if bad:
         fig.add_vline(x=bad[0], line_dash="dash", line_color="#e45756",
                       annotation_text=f"first non-finite: step {bad[0]}", annotation_position="top left")

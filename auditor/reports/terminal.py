@@ -159,10 +159,11 @@ def checkpoint_overview(evidence: Evidence) -> dict[str, Any] | None:
     if ck is None:
         return None
     tensors = ck.tensors
-    sections = {s: n for s in ("model", "optimizer", "other") if (n := sum(t.section == s for t in tensors))}
+    sections = {s: n for s in ("model", "optimizer", "callback", "other") if (n := sum(t.section == s for t in tensors))}
     return {"layout": ck.layout or "other", "bytes": ck.bytes, "tensors": len(tensors),
+            "checked": sum(t.checked for t in tensors),
             "values": sum(t.numel for t in tensors), "sections": sections,
-            "nonfinite": sum(bool(t.nonfinite) for t in tensors),
+            "nonfinite": sum(t.bad for t in tensors), "sentinels": sum(t.sentinel for t in tensors),
             "optimizers": len(ck.optimizers), "schedulers": len(ck.schedulers), "meta": ck.meta}
 
 
@@ -193,16 +194,30 @@ def snapshot_phrase(s: dict[str, Any]) -> str:
             f"(largest free block {format_bytes(s['largest_free'])})")
 
 
-def nonfinite_phrase(n: int) -> str:
-    """How many of a checkpoint's tensors hold NaN/inf, as a clause."""
-    return "none holds NaN/inf" if n == 0 else f"{n} tensor{'s hold' if n > 1 else ' holds'} NaN/inf"
+def nonfinite_phrase(n: int, sentinels: int = 0) -> str:
+    """How many of a checkpoint's tensors hold NaN/inf, as a clause (callback sentinels apart)."""
+    text = "none holds NaN/inf" if n == 0 else f"{n} tensor{'s hold' if n > 1 else ' holds'} NaN/inf"
+    if sentinels:
+        text += (f" but {'a callback score' if sentinels == 1 else f'{sentinels} callback scores'} at "
+                 "a starting ±inf (a sentinel, not a value gone bad)")
+    return text
+
+
+def checked_phrase(ck: dict[str, Any]) -> str:
+    """How many tensors were read and how many had values to check ("7 tensors checked")."""
+    n, checked = ck["tensors"], ck["checked"]
+    split = ", ".join(f"{k} {s}" for s, k in ck["sections"].items())
+    text = f"{n:,} tensor{'s' if n != 1 else ''}" + (f" ({split})" if split else "")
+    if checked == n:
+        return f"{n:,} tensor{'s' if n != 1 else ''} checked" + (f" ({split})" if split else "")
+    if checked == 0:
+        return text + ", none with floating-point values to check"
+    return text + f", {checked:,} with floating-point values checked"
 
 
 def _checkpoint_head(evidence: Evidence, ck: dict[str, Any]) -> Text:
-    split = ", ".join(f"{n} {s}" for s, n in ck["sections"].items())
-    n = ck["tensors"]
-    return Text(f"audit of checkpoint {evidence.target} ({ck['layout']}): {n:,} tensor{'s' if n != 1 else ''} checked"
-                + (f" ({split})" if split else "") + f", {ck['values']:,} values; {nonfinite_phrase(ck['nonfinite'])}")
+    return Text(f"audit of checkpoint {evidence.target} ({ck['layout']}): {checked_phrase(ck)}, "
+                f"{ck['values']:,} values; {nonfinite_phrase(ck['nonfinite'], ck['sentinels'])}")
 
 
 def by_cost(findings: list[Finding]) -> list[Finding]:

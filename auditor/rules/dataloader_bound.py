@@ -19,6 +19,7 @@ from auditor.evidence.trace.queries import DATALOADER_NEXT, frame_location_parts
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import computed_kwargs, edit_call_kwargs
 from auditor.rules.base import Option, Options, Rule
+from auditor.rules._support.frameworks import loader_settings
 
 
 def available_cores() -> int:
@@ -218,7 +219,12 @@ class DataloaderBound(Rule):
         locs = []
         edits = []
         computed: dict[str, str] = {}  # settings the call takes from an expression (`cfg["num_workers"]`)
-        if loader and loader.where:
+        # a DataLoader the framework built (a Trainer's): its settings are the framework's arguments,
+        # given as config; the user's line only calls into the framework, so nothing is edited
+        framework = loader_settings(loader.via) if loader else None
+        if framework is not None and loader and loader.where:
+            locs.append(Location.of(loader.where))
+        elif loader and loader.where:
             locs.append(Location.of(loader.where))
             computed = computed_kwargs(loader.where.file, loader.where.line, ("DataLoader",), patched)
             literal = {k: v for k, v in patched.items() if k not in computed}
@@ -284,9 +290,18 @@ class DataloaderBound(Rule):
             summary = ("Make the iterator once, outside the step (`it = iter(loader)` at module level, then "
                        "`next(it)` in the step, re-made at StopIteration), so its workers start once. "
                        + summary).rstrip()
+        config = {f"DataLoader.{k}": v for k, v in rec.items()}
+        if framework is not None:
+            config = {framework.get(k, f"DataLoader.{k}"): v for k, v in rec.items()}
+            named = [f"{framework[k]}={v!r}" for k, v in rec.items() if k in framework]
+            message += (" The framework built this DataLoader from its own arguments"
+                        + (f" ({', '.join(framework[k].split('.')[-1] + '=' + repr(settings.get(k)) for k in rec if k in framework)})"
+                           if named else "") + ".")
+            if named:
+                summary += " Set them in the framework: " + ", ".join(named) + "."
         yield self.finding(
             message,
-            locations=locs,
+            locations=list(dict.fromkeys(locs)),
             evidence={"median_wait_ms": round(wait_ms, 3), "median_step_ms": round(step_ms, 3) if step_ms else None,
                       "max_share": round(most, 4), "settings": settings,
                       "iterator_per_step": per_step_iter, "steps_making_an_iterator": iter_steps,
@@ -296,6 +311,6 @@ class DataloaderBound(Rule):
             # Workers change what a Dataset computes: each draws its random augmentations from its
             # own seed (and persistent workers keep theirs across epochs), and state a Dataset builds
             # in __getitem__ is per worker. So such an edit goes to numerics-fixes.patch.
-            fix=Fix(summary=summary, config={f"DataLoader.{k}": v for k, v in rec.items()}, edits=edits,
+            fix=Fix(summary=summary, config=config, edits=edits,
                     changes_numerics=bool(edits) and bool({"num_workers", "persistent_workers"} & set(patched))),
         )

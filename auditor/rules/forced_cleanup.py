@@ -13,6 +13,7 @@ from auditor.rules.suppression import unsuppressed
 
 
 EMPTY_CACHE = "torch.cuda.empty_cache"
+EMPTY_CACHES = (EMPTY_CACHE, "torch.accelerator.empty_cache")
 COUNTED = "counted, not timed: no CUDA device here, where empty_cache() frees nothing"
 
 
@@ -59,7 +60,7 @@ class ForcedCleanup(Rule):
             return
         # without a device, empty_cache() is answered by a stand-in that frees nothing: its time is no cost
         device = on_accelerator(ev)
-        timed = [p for p in places if device or p.what != EMPTY_CACHE]
+        timed = [p for p in places if device or p.what not in EMPTY_CACHES]
         counted = [p for p in places if p not in timed]
         parts = []
         if timed:

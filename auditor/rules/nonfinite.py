@@ -446,7 +446,7 @@ class Nonfinite(Rule):
     # --- a checkpoint ---------------------------------------------------------------------------
 
     def _checkpoint(self, ck: CheckpointSummary) -> Iterable[Finding]:
-        bad = [t for t in ck.tensors if t.nonfinite]
+        bad = [t for t in ck.tensors if t.bad]  # (a callback's +inf starting score is no fault)
         logged = ck.training_log.first_nonfinite if ck.training_log is not None else None
         history = _logged_history(logged) if logged else ""
         if not bad and not logged:

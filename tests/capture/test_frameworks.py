@@ -112,3 +112,21 @@ def test_edits_outside_the_project_or_removing_a_framework_call_are_refused(tmp_
     assert refused_edit(removal(train, 8), roots) is None  # gc.collect()
     assert refused_edit(Edit(file=str(train), start=5, end=5, lines=["trainer = Trainer(x=1)"]), roots) is None
     assert Path.cwd().resolve() in [r.resolve() for r in project_roots("")] or project_roots("")
+
+
+@pytest.mark.slow
+def test_a_slow_trainer_dataloader_is_fixed_in_the_frameworks_arguments(framework_audit):
+    """The Trainer builds its DataLoader from `TrainingArguments`: the wait for data is named at the
+    user's `trainer.train()` line with the framework's settings as config (dataloader-bound fell back
+    to DataLoader keywords, which the user never writes there), and nothing is edited."""
+    name, a = framework_audit
+    if name != "hf_trainer":
+        pytest.skip("the Lightning example's DataLoader is the user's own")
+    [f] = a.rule("dataloader-bound")
+    example = EXAMPLES / f"{name}.py"
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(example), _line_of(example, "trainer.train()"))]
+    assert f["fix"]["config"]["TrainingArguments.dataloader_num_workers"] >= 1
+    assert not any(k.startswith("DataLoader.") for k in f["fix"]["config"]), f["fix"]["config"]
+    assert not f["fix"]["edits"] and "dataloader_num_workers=0" in f["message"]
+    # 8 examples a batch, each read in 20 ms while the step waits
+    assert f["evidence"]["median_wait_ms"] >= 8 * 20

@@ -145,6 +145,47 @@ finally:
 '''
 
 
+COMPILED_STEP = END + '''
+import torch
+m = torch.nn.Linear(8, 1)
+o = torch.optim.SGD(m.parameters(), lr=0.01)
+
+
+@torch.compile  # the optimizer step runs as compiled code: no Python hook of its runs
+def update():
+    o.step()
+
+
+try:
+    for i in range(12):
+        m(torch.randn(16, 8)).pow(2).mean().backward()
+        update()
+        o.zero_grad()
+finally:
+    open("finally.txt", "w").write("compiled")
+'''
+
+GAN_NO_LOADER = END + '''
+import torch
+G, D = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.SGD(D.parameters(), lr=0.01)
+try:
+    for it in range(20):
+        real = torch.randn(8, 8)
+        fake = G(torch.randn(8, 4))
+        loss_d = D(real).mean() - D(fake.detach()).mean()
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        loss_g = -D(fake).mean()
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+finally:
+    open("finally.txt", "w").write("gan")
+'''
+
+
 @dataclass
 class Program:
     source: str
@@ -155,6 +196,7 @@ class Program:
     files: tuple[str, ...] = ("finally.txt", "atexit.txt")
     exit_code: int = 0
     ended_by_audit: bool = True
+    numerics: bool = False  # audited with the numerics collector (the default audit)
 
 
 PROGRAMS = {
@@ -170,6 +212,8 @@ PROGRAMS = {
                        exit_code=3, ended_by_audit=False),
     "grad-scaler": Program(GRAD_SCALER, ("--steps", "8"), 8, "optimizer"),
     "marker": Program(MARKER, ("--steps", "6"), 6, "marker", {"host-sync": "float"}),
+    "compiled-optimizer-step": Program(COMPILED_STEP, ("--steps", "5"), 5, "optimizer", numerics=True),
+    "gan-without-loader": Program(GAN_NO_LOADER, ("--steps", "5"), 5, "optimizer"),
 }
 
 
@@ -185,7 +229,7 @@ def test_a_program_runs_as_python_runs_it(tmp_path, name):
     script.write_text(p.source)
     args = list(p.args)
     at = args.index("--") if "--" in args else len(args)
-    args[at:at] = ["--no-profile", "--no-numerics", "--quiet"]
+    args[at:at] = ["--no-profile", "--quiet"] + ([] if p.numerics else ["--no-numerics"])
     a = audit("run", str(script), *args, out=tmp_path / "out", cwd=tmp_path)
     assert a.returncode == p.exit_code, a.stderr[-3000:]
     ev = a.evidence

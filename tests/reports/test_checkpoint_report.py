@@ -118,3 +118,55 @@ def test_an_all_nan_tensor_has_no_largest_value(tmp_path, check):
     assert '"max_abs": null' in page_text((a.out / "report.html").read_text())
     health = a.rule("checkpoint-health")[0]
     assert [t["name"] for t in health["evidence"]["extreme"]] == ["model.0.weight"]
+
+
+def test_a_meta_tensor_is_read_but_not_said_to_be_checked(tmp_path, check):
+    """A meta tensor has no values: "1 tensor checked" claimed a check that never happened."""
+    torch.save({"w": torch.empty(3, 4, device="meta"), "b": torch.zeros(4)}, tmp_path / "meta.pt")
+    a = check(tmp_path / "meta.pt")
+    assert a.returncode == 0, a.stderr
+    head = a.stdout.splitlines()[0]
+    assert head.startswith(f"audit of checkpoint {tmp_path / 'meta.pt'} (state_dict): 2 tensors (2 model), "
+                           "1 with floating-point values checked, 16 values;"), head
+    torch.save({"w": torch.empty(3, 4, device="meta")}, tmp_path / "meta1.pt")
+    assert "1 tensor (1 model), none with floating-point values to check" in check(tmp_path / "meta1.pt").stdout
+
+
+def test_a_default_lightning_checkpoint_is_clean(tmp_path, check, monkeypatch):
+    """Lightning's ModelCheckpoint starts `kth_value`/`best_model_score` at +inf (mode="min"): every
+    default `.ckpt` was an error ("kth_value (1 +inf of 1)") and failed a `--fail-on error` gate. A
+    callback's ±inf score is a sentinel; a NaN weight beside it is still found."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 1)
+
+        def training_step(self, batch, i):
+            x, y = batch
+            return nn.functional.mse_loss(self.lin(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters())
+
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(tmp_path))
+    trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=16))
+    ckpt = pathlib.Path(trainer.checkpoint_callback.best_model_path)
+    raw = torch.load(ckpt, weights_only=False)
+    assert any(torch.isinf(v).any() for c in raw["callbacks"].values() for v in c.values()
+               if isinstance(v, torch.Tensor))  # the sentinel is there
+    a = check(ckpt, "--fail-on", "error")
+    assert a.returncode == 0, a.stdout + a.stderr
+    assert "none holds NaN/inf but a callback score at a starting ±inf" in a.stdout.splitlines()[0]
+    assert not json.loads((a.out / "findings.json").read_text())["findings"]
+    raw["state_dict"]["lin.weight"][0, 0] = float("nan")
+    torch.save(raw, tmp_path / "bad.ckpt")
+    bad = check(tmp_path / "bad.ckpt", "--fail-on", "error")
+    assert bad.returncode == 1
+    tensors = json.loads((bad.out / "findings.json").read_text())["findings"][0]["evidence"]["tensors"]
+    assert [t["name"] for t in tensors] == ["lin.weight"]

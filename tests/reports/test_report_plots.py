@@ -21,6 +21,47 @@ def test_numerics_plot_marks_the_first_nonfinite_step(tmp_path):
     assert "first non-finite" not in (tmp_path / "c" / "report.html").read_text()
 
 
+CAUSAL = """
+import torch, torch.nn as nn, torch.nn.functional as F
+
+T, C = 8, 16
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(C, 3 * C)
+        self.register_buffer("mask", torch.full((T, T), float("-inf")).triu(1))  # causal, by design
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).split(C, dim=-1)
+        att = q @ k.transpose(-2, -1) / C ** 0.5 + self.mask
+        return F.softmax(att, dim=-1) @ v
+
+
+torch.manual_seed(0)
+model = nn.Sequential(Attn(), nn.Linear(C, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(20):
+    loss = model(torch.randn(4, T, C)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_a_causal_masks_inf_is_not_marked_as_the_first_nonfinite_step(tmp_path):
+    """A causal mask's -inf is non-finite by design in every step: nothing went bad, no finding says
+    so, and the plot marked "first non-finite: step 0" with nothing beside it."""
+    (tmp_path / "causal.py").write_text(CAUSAL)
+    a = audit("run", str(tmp_path / "causal.py"), "--steps", "6", "--quiet", "--no-profile", out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr
+    assert a.evidence["steps"][0]["numerics"]["nonfinite_ops"] >= 1  # the mask's add, seen and judged benign
+    assert not a.rule("nonfinite")
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert "numerics-plot" in html and "first non-finite" not in html
+
+
 def test_memory_timeline_is_capped_and_keeps_the_peak():
     """A real H100 trace with 12,270 device `[memory]` events: the plotted line keeps at most
     MAX_LINE_POINTS (+2) of them, the same peak and both ends, so the report stays small."""

@@ -21,9 +21,8 @@ import time
 from typing import Any, Callable
 
 import torch
-import torch.utils.data.dataloader as dl
 
-from auditor.capture.frames import is_library, is_torch_internal, user_frame, via_data as _via
+from auditor.capture.frames import is_torch_internal, user_frame, via_data as _via
 from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
 from auditor.evidence import model as m
 
@@ -397,6 +396,13 @@ def _install_timed_probes() -> None:
         if hasattr(torch.cuda, name):
             _wrap(torch.cuda, name, _timed_function(m.STAT_RESET, f"torch.cuda.{name}"))
     _wrap(torch.cuda, "empty_cache", _timed_function(m.EMPTY_CACHE, "torch.cuda.empty_cache"))
+    # torch.accelerator's device-generic twins (PyTorch's own examples call these now)
+    acc = getattr(torch, "accelerator", None)
+    for name in ("reset_peak_memory_stats", "reset_accumulated_memory_stats"):
+        if acc is not None and hasattr(acc, name):
+            _wrap(acc, name, _timed_function(m.STAT_RESET, f"torch.accelerator.{name}"))
+    if acc is not None and hasattr(acc, "empty_cache"):
+        _wrap(acc, "empty_cache", _timed_function(m.EMPTY_CACHE, "torch.accelerator.empty_cache"))
     _wrap(gc, "collect", _timed_function(m.GC_COLLECT, "gc.collect"))
     _wrap(torch, "save", _timed_function(m.SAVE, "torch.save", _saved_file))
 
@@ -636,6 +642,11 @@ def read_traced_steps(reader: Callable[[Any, FrameKey], None]) -> None:
     _TRACED_STEP_READERS.append(reader)
 
 
+def unread_traced_steps(reader: Callable[[Any, FrameKey], None]) -> None:
+    if reader in _TRACED_STEP_READERS:
+        _TRACED_STEP_READERS.remove(reader)
+
+
 def settle_traced_steps() -> None:
     """The optimizer steps that ran in compiled code since the last call, counted as optimizer
     phases of the user's line that called the compiled code, with no time (the hooks that time a
@@ -708,181 +719,6 @@ def _install_phase_hooks() -> None:
     _PHASE_HOOKS.append(register_optimizer_step_post_hook(opt_post))
 
 
-# --- DataLoader --------------------------------------------------------------------------------
-
-DATALOADER_SETTINGS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
-                       "drop_last", "timeout")
-
-
-def _shards_by_worker(dataset: Any, worker_init_fn: Any) -> bool:
-    """Whether an IterableDataset splits its stream between workers: its `__iter__` asks
-    `get_worker_info()`, or a `worker_init_fn` is given (where sharding is commonly set up).
-    Without either, every worker yields the whole stream: num_workers=4 repeats each sample 4x,
-    so workers are no fix to recommend blindly. Only the user's own classes are judged: a
-    library's stream (webdataset, datasets) shards in code this cannot read, and is taken to."""
-    if worker_init_fn is not None:
-        return True
-    import inspect
-
-    try:
-        file = inspect.getsourcefile(type(dataset))
-        if not file or is_library(file):
-            return True
-        return "get_worker_info" in inspect.getsource(type(dataset).__iter__)
-    except (OSError, TypeError):
-        return True  # (no source to read: not claimed unsharded)
-
-
-def _install_dataloader_probes() -> None:
-    def make_init(orig):
-        def probe(self, *args, **kwargs):
-            orig(self, *args, **kwargs)
-            rec = REC
-            if rec.active and not any(d["id"] == id(self) for d in rec.dataloaders):
-                settings = {k: getattr(self, k, None) for k in DATALOADER_SETTINGS}
-                settings["dataset"] = type(self.dataset).__name__
-                settings["default_collate"] = self.collate_fn is dl.default_collate
-                if isinstance(self.dataset, torch.utils.data.IterableDataset):
-                    settings["iterable"] = True
-                    settings["shards_by_worker"] = _shards_by_worker(self.dataset, self.worker_init_fn)
-                try:
-                    settings["batches"] = len(self)
-                except TypeError:
-                    pass
-                where = user_frame(sys._getframe(1))
-                rec.dataloaders.append({"id": id(self), "where": where, "settings": settings, "sent": False})
-        return probe
-
-    def make_iter_init(orig):
-        def probe(self, loader, *args, **kwargs):
-            self._audit_loader_id = id(loader)
-            return orig(self, loader, *args, **kwargs)
-        return probe
-
-    def timed_in_data(kind: str, what: str, data_of: Callable[[Any], dict], outermost_only: bool):
-        # DataLoader work the step waits for, timed at the user's line; calls made inside it are
-        # the loader's own (in_data), not the step's. A call that ends in StopIteration (the epoch
-        # is over) returned no batch: its time is waited all the same, but it is tallied apart
-        # (exhausted=True), so a tally's count is of batches returned.
-        def make(orig):
-            def probe(self):
-                rec = REC
-                if not rec.active or (outermost_only and rec.in_data):
-                    return orig(self)
-                f = sys._getframe(1)
-                rec.in_data += 1
-                t0 = perf()
-                ended = {}
-                try:
-                    return orig(self)
-                except StopIteration:
-                    ended = {"exhausted": True}
-                    raise
-                finally:
-                    rec.in_data -= 1
-                    rec.add(kind, what, user_frame(f), (perf() - t0) * 1e3, **data_of(self), **ended)
-            return probe
-        return make
-
-    make_next = timed_in_data(m.DATA_WAIT, "DataLoader.__next__",
-                              lambda it: {"loader": getattr(it, "_audit_loader_id", 0)}, outermost_only=False)
-    # iter(loader) starts a multiprocessing iterator's workers (a process each): in a step
-    # (`next(iter(loader))`) that is paid every step
-    make_loader_iter = timed_in_data(
-        m.DATA_ITER, "DataLoader.__iter__",
-        lambda loader: {"loader": id(loader), "workers": getattr(loader, "num_workers", 0) or 0}, outermost_only=True)
-
-    def make_shutdown(orig):
-        # an iterator dropped before its end joins its workers (in __del__, at the user's line that
-        # dropped it); at an epoch's end this runs inside __next__, already timed there
-        def probe(self, *args, **kwargs):
-            rec = REC
-            if not rec.active or rec.in_data or getattr(self, "_shutdown", True):
-                return orig(self, *args, **kwargs)
-            t0 = perf()
-            try:
-                return orig(self, *args, **kwargs)
-            finally:
-                rec.add(m.DATA_ITER, "DataLoader worker shutdown", user_frame(sys._getframe(1)),
-                        (perf() - t0) * 1e3, loader=getattr(self, "_audit_loader_id", 0),
-                        workers=getattr(self, "_num_workers", 0) or 0)
-        return probe
-
-    _wrap(dl.DataLoader, "__init__", make_init)
-    _wrap(dl.DataLoader, "__iter__", make_loader_iter)
-    _wrap(dl._BaseDataLoaderIter, "__init__", make_iter_init)
-    _wrap(dl._BaseDataLoaderIter, "__next__", make_next)
-    _wrap(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", make_shutdown)
-
-
-# --- DistributedSampler ----------------------------------------------------------------------
-
-def _install_sampler_probes() -> None:
-    """A DistributedSampler shuffles each epoch with `seed + epoch`: iterated again without
-    `set_epoch`, it repeats its order. Its `__iter__` runs once per epoch (when the DataLoader
-    fetches the epoch's first indices), so recording each start costs nothing per step. The tally
-    keeps the epoch it used, whether it shuffles, where the sampler was made, and whether the
-    previous iteration ran to its end (`next(iter(loader))` to peek at a batch is no epoch): the
-    index iterator `__iter__` returned is kept (weakly keyed by the sampler; an exhausted list
-    iterator holds nothing) and asked how much it has left."""
-    from operator import length_hint
-
-    from torch.utils.data.distributed import DistributedSampler
-
-    made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-    last: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    def caller(self: Any, name: str) -> FrameKey:
-        # the line that made or iterated the sampler, past a subclass's own __init__/__iter__
-        f = sys._getframe(2)
-        while f is not None and f.f_code.co_name == name and f.f_locals.get("self") is self:
-            f = f.f_back
-        return user_frame(f)
-
-    def make_init(orig):
-        def probe(self, *args, **kwargs):
-            orig(self, *args, **kwargs)
-            if REC.active:
-                try:
-                    made[self] = caller(self, "__init__")
-                except TypeError:  # (unhashable, or no weak references: not followed)
-                    pass
-        return probe
-
-    def make_iter(orig):
-        def probe(self):
-            rec = REC
-            if not rec.active:
-                return orig(self)
-            weak = _weakable(self)
-            where = made.get(self) if weak else None
-            prev = last.get(self) if weak else None
-            left = -1 if prev is None else length_hint(prev, -1)
-            epoch = getattr(self, "epoch", None)
-            rec.add(m.SAMPLER_ITER, f"{type(self).__name__}.__iter__", caller(self, "__iter__"),
-                    sampler=id(self), epoch=epoch if isinstance(epoch, int) else repr(epoch),
-                    shuffle=bool(getattr(self, "shuffle", False)),
-                    made_file=where[0] if where else None, made_line=where[1] if where else None,
-                    prev_finished=None if left < 0 else left == 0)
-            it = orig(self)
-            if weak:
-                last[self] = it
-            return it
-        return probe
-
-    _wrap(DistributedSampler, "__init__", make_init)
-    _wrap(DistributedSampler, "__iter__", make_iter)
-
-
-def _weakable(obj: Any) -> bool:
-    try:
-        weakref.ref(obj)
-        hash(obj)
-        return True
-    except TypeError:
-        return False
-
-
 def install() -> Recorder:
     """Install every probe (idempotent) and return the process's recorder."""
     global REC
@@ -894,6 +730,8 @@ def install() -> Recorder:
         _install_backward_probes()
         _install_hook_probes()
         _install_phase_hooks()
-        _install_dataloader_probes()
-        _install_sampler_probes()
+        from auditor.capture.probes.data import install_dataloader_probes, install_sampler_probes
+
+        install_dataloader_probes(REC, _wrap)
+        install_sampler_probes(REC, _wrap)
     return REC

@@ -13,13 +13,14 @@ When it rehearses:
   memory-statistics family, ... (intent.py reads them, before anything runs). The note names the
   first place found ('".cuda()" at line 12 of trainer.py').
 
-What a rehearsal does (four small modules of this package, beside intent.py):
+What a rehearsal does (five small modules of this package, beside intent.py):
 * device.py: device requests for CUDA run on the CPU; tensors meant for the GPU are marked and the
   mark follows them through every op; the rules judge marked tensors as GPU tensors;
 * cuda.py: `torch.cuda` and `torch.accelerator` answer as a one-GPU CUDA machine would
   (stand-ins, recorded): `torch.accelerator.current_accelerator()` is `device("cuda")`;
 * data.py: DataLoader batches remember pinning and whether they came out on the GPU;
-* dist.py: a job asking for NCCL runs its ranks on gloo, DDP without its device ids.
+* dist.py: a job asking for NCCL runs its ranks on gloo, DDP without its device ids;
+* serialization.py: `torch.save`/`torch.load` of GPU tensors behave as on a GPU (files stay the CPU run's).
 What the program computes is exactly what its CPU version computes (tests/test_rehearsal.py).
 """
 from __future__ import annotations
@@ -60,8 +61,10 @@ def install(mode: str, source: str | None, module: str | None = None) -> dict[st
     from auditor.capture.rehearsal import data as rehearsal_data
     from auditor.capture.rehearsal import cuda as rehearsal_cuda
     from auditor.capture.rehearsal import device as rehearsal_device
+    from auditor.capture.rehearsal import serialization as rehearsal_files
 
     rehearsal_device.install()
+    rehearsal_files.install()
     rehearsal_data.install()
     replaced = rehearsal_cuda.install()
     rehearsal_dist.install()

@@ -670,6 +670,10 @@ def _check_generator(gen: Any, cuda: bool) -> None:
 
 # --- keeping the marks out of pickles ------------------------------------------------------------
 
+# Told of each GPU tensor a pickle takes (serialization.py notes which storages torch.save wrote from the GPU).
+ON_GPU_TENSOR_PICKLED: Callable[[torch.Tensor], None] | None = None
+
+
 def _install_pickle_filter() -> None:
     """`torch.save(model.state_dict())` must write what the CPU run writes: tensors pickle their
     Python attributes, so ours are left out of the state torch collects."""
@@ -681,6 +685,8 @@ def _install_pickle_filter() -> None:
 
     def get_obj_state(obj: Any) -> Any:
         state = orig(obj)
+        if CUDA_MARK in getattr(obj, "__dict__", ()) and ON_GPU_TENSOR_PICKLED is not None:
+            ON_GPU_TENSOR_PICKLED(obj)
         if isinstance(state, dict) and any(k in state for k in MARKS):
             return {k: v for k, v in state.items() if k not in MARKS}
         if isinstance(state, tuple) and state and isinstance(state[0], dict) and any(k in state[0] for k in MARKS):

@@ -67,3 +67,27 @@ def framework_fix(places: Iterable[Any]) -> tuple[dict[str, Any], list[str]]:
                 if s.advice not in advice:
                     advice.append(s.advice)
     return config, advice
+
+
+# DataLoaders a framework builds from its own arguments: the DataLoader keyword each of its settings
+# sets. `where` matches an entry of the loader's `via` (the framework code that constructed it).
+LOADER_SETTINGS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("transformers/trainer.py:Trainer.", {
+        "num_workers": "TrainingArguments.dataloader_num_workers",
+        "pin_memory": "TrainingArguments.dataloader_pin_memory",
+        "persistent_workers": "TrainingArguments.dataloader_persistent_workers",
+        "prefetch_factor": "TrainingArguments.dataloader_prefetch_factor",
+    }),
+)
+
+
+def loader_settings(via: str) -> dict[str, str] | None:
+    """For a DataLoader a framework built (its `via`): DataLoader keyword -> the framework setting
+    that sets it; None when the user's code built it (the keyword is then set at the user's call)."""
+    if not via:
+        return None
+    chain = via.split(" < ")
+    for where, names in LOADER_SETTINGS:
+        if any(where in entry for entry in chain):
+            return names
+    return None

@@ -1,0 +1,116 @@
+"""CUDA rehearsal of checkpoints: `torch.save`/`torch.load` of GPU tensors behave as on a GPU (issue 25,
+item 11), and the files written stay what the program's CPU version writes."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import audit
+
+if torch.cuda.is_available():  # pragma: no cover - rehearsal is for machines without a GPU
+    pytest.skip("a CUDA device is present: nothing to rehearse", allow_module_level=True)
+
+# A nanoGPT-shaped resume and its neighbours. Each case ends by writing what it saw to result.json:
+# the devices the program is told, and whether the first training step after the load ran.
+PROGRAM = r'''
+import json, os, sys
+import torch
+import torch.nn as nn
+
+device = sys.argv[2] if len(sys.argv) > 2 else "cuda"
+case = sys.argv[1]
+torch.manual_seed(0)
+model = nn.Linear(8, 4).to(device)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+model(torch.randn(16, 8, device=device)).sum().backward()
+opt.step()
+opt.zero_grad()
+seen = {}
+if case == "resume":  # nanoGPT: checkpoint = torch.load(ckpt_path, map_location=device)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, "ckpt.pt")
+    checkpoint = torch.load("ckpt.pt", map_location=device)
+    seen["loaded"] = str(checkpoint["model"]["weight"].device)
+    model = nn.Linear(8, 4).to(device)
+    model.load_state_dict(checkpoint["model"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt.load_state_dict(checkpoint["optimizer"])
+elif case == "whole":  # the whole model pickled and read back
+    torch.save(model, "model.pt")
+    model = torch.load("model.pt", weights_only=False)
+    seen["loaded"] = str(next(model.parameters()).device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+elif case == "state":  # a state dict read back without map_location: it comes back on the GPU
+    torch.save(model.state_dict(), "sd.pt")
+    ema = {k: v.clone() for k, v in torch.load("sd.pt").items()}
+    seen["loaded"] = str(ema["weight"].device)
+elif case == "to_cpu":  # map_location="cpu": host tensors, as on a GPU
+    torch.save(model.state_dict(), "sd.pt")
+    seen["loaded"] = str(torch.load("sd.pt", map_location="cpu")["weight"].device)
+elif case == "gpu_file":  # written on a real GPU (location cuda:0), read without map_location
+    seen["loaded"] = str(torch.load(sys.argv[3])["weight"].device)
+for i in range(3):
+    x = torch.randn(16, 8, device=device)
+    model(x).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    if case == "state":
+        with torch.no_grad():
+            for k, p in model.state_dict().items():
+                ema[k].mul_(0.9).add_(p, alpha=0.1)
+seen["trained"] = True
+torch.save(model.state_dict(), "final.pt")
+json.dump(seen, open("result.json", "w"))
+'''
+
+
+def _gpu_file(path) -> None:
+    """A state dict as a GPU run writes it: its storages' location is cuda:0."""
+    import torch.serialization as ts
+
+    orig = ts.location_tag
+    ts.location_tag = lambda storage: "cuda:0"
+    try:
+        torch.save(torch.nn.Linear(8, 4).state_dict(), path)
+    finally:
+        ts.location_tag = orig
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, loaded", [("resume", "cuda:0"), ("whole", "cuda:0"), ("state", "cuda:0"),
+                                          ("to_cpu", "cpu"), ("gpu_file", "cuda:0")])
+def test_checkpoints_load_back_as_on_a_gpu(tmp_path, case, loaded):
+    (tmp_path / "train.py").write_text(PROGRAM)
+    args = ["--", case]
+    if case == "gpu_file":
+        _gpu_file(tmp_path / "gpu.pt")
+        args += ["cuda", str(tmp_path / "gpu.pt")]
+    a = audit("run", str(tmp_path / "train.py"), "--to-end", "--no-profile", "--quiet", *args,
+              out=tmp_path / "out", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr
+    assert "rehearsing" in a.stderr
+    assert json.loads((tmp_path / "result.json").read_text()) == {"loaded": loaded, "trained": True}
+
+
+@pytest.mark.slow
+def test_a_rehearsed_checkpoint_is_the_file_the_cpu_version_writes(tmp_path):
+    """The resume round trip under rehearsal writes the bytes the program's CPU version writes (the
+    file is for this machine too), and trains to the same weights."""
+    for run in ("cpu", "rehearsed"):
+        d = tmp_path / run
+        d.mkdir()
+        (d / "train.py").write_text(PROGRAM)
+        if run == "cpu":
+            p = subprocess.run([sys.executable, "train.py", "resume", "cpu"], cwd=d, capture_output=True, text=True)
+            assert p.returncode == 0, p.stderr
+        else:
+            a = audit("run", str(d / "train.py"), "--to-end", "--no-profile", "--quiet", "--", "resume",
+                      out=d / "out", cwd=d)
+            assert a.returncode == 0, a.stderr
+    for name in ("ckpt.pt", "final.pt"):
+        digest = {run: hashlib.sha256((tmp_path / run / name).read_bytes()).hexdigest() for run in ("cpu", "rehearsed")}
+        assert digest["cpu"] == digest["rehearsed"], name
