@@ -153,10 +153,11 @@ def exit_code(evidence, results, fail_on: str | None) -> int:
 
 
 def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None,
-           baseline: tuple | None = None) -> int:
+           baseline: tuple | None = None, amend=None) -> int:
     """Save the evidence, then load -> rules -> reports: the same path `audit analyze DIR` takes.
     `baseline` (--baseline: its loaded Evidence and its path) adds the comparison with it to the
-    reports, and its summary after the findings."""
+    reports, and its summary after the findings. `amend(evidence, results)`, when given, returns
+    the results the reports render (--verify's)."""
     from auditor.evidence.load import load_paths
     from auditor.evidence.model import add_load_note
     from auditor.evidence.store import is_run_dir, save
@@ -171,6 +172,8 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
         except InputError as e:
             add_load_note(evidence, f"profiler trace not analysed: {e}")
     results = run_rules(evidence, config)
+    if amend is not None:
+        results = amend(evidence, results)
     comparison = compare_with_baseline(evidence, results, baseline[0], str(baseline[1]), config) if baseline else None
     written = write_reports(out, evidence, results)
     unwritten = _unwritten(written)
@@ -275,7 +278,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
         quiet: bool, nproc_per_node: int | None, rank_timeout: float, numerics: bool,
         script_args: tuple[str, ...], module: str | None = None, skip: int = 0, to_end: bool = False,
-        baseline: Path | None = None, device: str | None = None) -> int:
+        baseline: Path | None = None, device: str | None = None, verify: bool = False,
+        digest: bool = False) -> int:
     """`audit run`: the target in a child process (or N ranks of it under torch.distributed.run,
     or this process as one rank of a launch: auditor.launch), then finish. The target is a step
     callable, or a whole program (a file, or `module` for -m) whose steps the child finds."""
@@ -295,6 +299,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
             t = parse_target(target)
     except TargetError as e:
         raise UsageFailure(str(e)) from None
+    if verify and (nproc_per_node is not None or os.environ.get("RANK") is not None):
+        raise UsageFailure("--verify re-runs a single process; it does not apply to a distributed launch")
     if (skip or to_end) and not t.is_program:
         raise UsageFailure("--skip and --to-end apply to a whole program (path/to/file.py or -m package.module), "
                            "not to a step callable")
@@ -325,7 +331,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         try:
             mode = "auto" if rehearse is None else "on" if rehearse else "off"
             extra = ("--rehearse", mode, *(() if numerics else ("--no-numerics",)),
-                     *(("--skip", str(skip)) if skip else ()), *(("--to-end",) if to_end else ()))
+                     *(("--skip", str(skip)) if skip else ()), *(("--to-end",) if to_end else ()),
+                     *(("--digest",) if verify or digest else ()))
             evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=extra, script_args=script_args,
                                             catch_sigterm=session is None),
                                  on_record=progress.on_record)
@@ -335,7 +342,19 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     if session is not None:  # distributed: save this rank; the merging rank reports on every rank
         return session.finish(evidence, rank_timeout,
                               lambda ev, root: finish(with_device(ev, device_key), config, root, quiet, fail_on, base))
-    code = finish(with_device(evidence, device_key), config, out, quiet, fail_on, base)
+    evidence = with_device(evidence, device_key)
+    if not verify:
+        (out / "verified.json").unlink(missing_ok=True)  # (an earlier --verify's, in a reused --out)
+        code = finish(evidence, config, out, quiet, fail_on, base)
+    else:
+        from auditor import verify as v
+
+        spec = v.RunSpec(None if module is not None else target, module, tuple(script_args), steps, skip, to_end,
+                         profile, rehearse, numerics, select, ignore)
+        done: list = []
+        code = finish(evidence, config, out, quiet, fail_on, base, amend=lambda ev, res: v.amend_run(
+            ev, res, spec, t.file, out, quiet, done))
+        v.echo_done(done)
     afterwards(out, open_report, tensorboard)
     return code
 
@@ -396,7 +415,10 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> N
         evidence = load_paths([run_dir])
     except InputError as e:
         raise UsageFailure(str(e)) from None
-    finish(evidence, config, run_dir, quiet=False, fail_on=None)
+    from auditor.verify import saved_amend
+
+    # (a run verified with --verify keeps its fixes' verification: one taken out stays out)
+    finish(evidence, config, run_dir, quiet=False, fail_on=None, amend=saved_amend(run_dir))
 
 
 def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_on: str | None,

@@ -88,6 +88,12 @@ def cli() -> None:
 @shared_options("quiet", quiet_help="No progress bar; only the one-line summary.")
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
               help="Launch this many ranks with torch.distributed.run (the target calls init_process_group).")
+@click.option("--verify", is_flag=True,
+              help="After the audit, re-run the target on a scratch copy of the project with its fixes applied "
+                   "(fixes.patch at once, each numerics fix apart); fixes that fail, change the weights or leave "
+                   "their finding are taken out of the patch files.")
+@click.option("--digest", is_flag=True, hidden=True,
+              help="Record a digest of the trained weights at the end of the audited steps (--verify's re-runs).")
 @click.option("--rank-timeout", type=click.FloatRange(min=0), default=DEFAULT_RANK_TIMEOUT_S, show_default=True,
               help="Under a launcher: how long rank 0 waits for the other ranks' evidence, in seconds.")
 @click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="DIR",
@@ -103,7 +109,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         quiet: bool, nproc_per_node: int | None = None, rank_timeout: float = DEFAULT_RANK_TIMEOUT_S,
         numerics: bool = True, script_args: tuple[str, ...] = (), module: str | None = None, skip: int = 0,
         to_end: bool = False, baseline: Path | None = None, device_memory: float | None = None,
-        device: str | None = None) -> None:
+        device: str | None = None, verify: bool = False, digest: bool = False) -> None:
     """Audit TARGET: path/to/file.py:step or package.module:step (the step called N times), or a
     whole program, path/to/file.py or -m package.module (run as Python runs it, its steps found).
 
@@ -111,7 +117,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     _device_memory(device_memory)
     sys.exit(app.run(target, steps, out_dir, fail_on, select, ignore, profile, rehearse, open_report, tensorboard,
                      quiet, nproc_per_node, rank_timeout, numerics, script_args, module, skip, to_end, baseline,
-                     device=device))
+                     device=device, verify=verify, digest=digest))
 
 
 @cli.command()

@@ -75,12 +75,32 @@ class Edit(msgspec.Struct, frozen=True):
     lines: list[str]
 
 
+class Verified(msgspec.Struct, frozen=True):
+    """What `audit run --verify` measured for a fix (auditor.verify): the program re-run with it applied.
+
+    status: "improved" (its finding is gone, or its cost fell by a quarter or more), "no-change"
+      (the finding is still there), "failed" (the patch did not apply or the patched program
+      failed), "changed-results" (fixes.patch only: the weights after the audited steps differ
+      from the unpatched run's, which a second unpatched run reproduces). Anything but "improved"
+      keeps the fix out of fixes.patch and numerics-fixes.patch.
+    before, after: what the finding measured in the audited run and in the re-run: "finding"
+      (whether it was reported), "median_step_ms", "ms_per_step" (its cost), its evidence numbers
+      (syncs_per_step, bytes_per_step, nodes_per_step, ...), "weights" (the digest, fixes.patch only).
+    note: how it was run and what was seen, in words."""
+
+    status: str
+    before: dict[str, Any] = {}
+    after: dict[str, Any] = {}
+    note: str = ""
+
+
 class Fix(msgspec.Struct, frozen=True):
     summary: str
     config: dict[str, Any] = {}  # env vars, DataLoader/optimizer keywords, flags to turn off
     patch: str | None = None  # unified diff of `edits`, for `git apply`
     edits: list[Edit] = []
     changes_numerics: bool = False  # such edits stay out of fixes.patch unless asked for
+    verified: Verified | None = None  # what `audit run --verify` measured (None: not verified)
 
 
 class Finding(msgspec.Struct, frozen=True):

@@ -44,7 +44,7 @@ STEPS_KEYS = {"count", "requested", "per_step_ms", "median_ms", "numerics_check_
               "profiled_steps", "gpu"}
 FINDING_KEYS = {"rule", "severity", "title", "message", "locations", "evidence", "cost", "fix"}
 COST_KEYS = {"ms_per_step", "share_of_step", "measured", "note"}
-FIX_KEYS = {"summary", "config", "patch", "edits", "changes_numerics"}
+FIX_KEYS = {"summary", "config", "patch", "edits", "changes_numerics", "verified"}
 
 
 # ------------------------------------------------------------------------------------------------

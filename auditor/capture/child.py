@@ -373,7 +373,8 @@ def run(args: argparse.Namespace) -> int:
     rehearsal_info = rehearsal.install(args.rehearse, *_target_source(args.target))
     standins = [] if rehearsal_info else cuda_standins.install(lambda: probes.REC)
     rec = probes.install()
-    collectors = load_collectors(skip=() if args.numerics else ("numerics",))
+    # (the weights digest only when asked: it copies the whole model to the host at the end)
+    collectors = load_collectors(skip=(*(() if args.numerics else ("numerics",)), *(() if args.digest else ("weights",))))
     for c in collectors:
         c.install()
     env = environment(standins)
@@ -551,6 +552,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--catch-sigterm", action="store_true")
     ap.add_argument("--skip", type=int, default=0)  # a whole program: steps run unaudited first
     ap.add_argument("--to-end", action="store_true")  # a whole program: run it to its end
+    ap.add_argument("--digest", action="store_true")  # the trained weights' digest at the end (--verify)
     ap.add_argument("--added-env", default="")  # variables the parent set for torch, not the user's
     args = ap.parse_args(argv)
     args.script_args = script_args

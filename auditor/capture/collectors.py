@@ -26,7 +26,8 @@ class Collector(Protocol):
 
 # name (the evidence fields it fills) -> "module:class"
 COLLECTORS: dict[str, str] = {"numerics": "auditor.capture.numerics.collector:Numerics",
-                              "distributed": "auditor.capture.probes.dist:DistProbes"}
+                              "distributed": "auditor.capture.probes.dist:DistProbes",
+                              "weights": "auditor.capture.weights:Weights"}
 
 
 def load_collectors(skip: tuple[str, ...] = ()) -> list[Collector]:

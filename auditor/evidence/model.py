@@ -200,6 +200,21 @@ class Program(msgspec.Struct):
     exit_code: int | None = None
 
 
+class WeightsDigest(msgspec.Struct):
+    """The trained state at the end of the audited steps (the `weights` collector, recorded for
+    `audit run --verify`): sha256 over every live optimizer's parameters and per-parameter state.
+
+    sha256: the digest ("" when it could not be taken; `error` says why).
+    optimizers, tensors, bytes: how many optimizers and tensors it covers, and their bytes.
+    error: why no digest was taken."""
+
+    sha256: str
+    optimizers: int = 0
+    tensors: int = 0
+    bytes: int = 0
+    error: str | None = None
+
+
 class Evidence(msgspec.Struct, dict=True):
     """Everything the rules may read. Fields are empty when the source did not provide them.
 
@@ -227,6 +242,7 @@ class Evidence(msgspec.Struct, dict=True):
     rank: RankIdentity | None = None  # who recorded it, when a rank of a launched job did
     ranks: RankSet | None = None  # the merged view of all ranks, on the evidence merged from them
     checkpoint: CheckpointSummary | None = None  # what `audit checkpoint` read
+    weights: WeightsDigest | None = None  # the trained state's digest (recorded for --verify)
 
     @property
     def trace_data(self) -> list[Any]:

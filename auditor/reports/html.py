@@ -193,7 +193,23 @@ def finding_view(i: int, f: Finding) -> dict[str, Any]:
         "locations": [{"loc": loc, "context": source_context(loc.file, loc.line)} for loc in f.locations],
         "patch": [{"text": ln, "kind": _diff_kind(ln)} for ln in patch.splitlines()],
         "config": [(k, _value_text(v)) for k, v in (f.fix.config.items() if f.fix else [])],
+        "verified": verified_rows(f),
     }
+
+
+def verified_rows(f: Finding) -> list[tuple[str, str, str]]:
+    """(measure, before, after) of what `audit run --verify` measured for the fix (none when not verified)."""
+    v = f.fix.verified if f.fix else None
+    if v is None:
+        return []
+    keys = [k for k in v.before if k != "finding"] + [k for k in v.after if k not in v.before and k != "finding"]
+    rows = [("finding reported", "yes" if v.before.get("finding") else "no", "yes" if v.after.get("finding") else "no")]
+    for k in keys:
+        b, a = v.before.get(k), v.after.get(k)
+        if b is None and a is None:
+            continue
+        rows.append((k, "-" if b is None else _value_text(b), "-" if a is None else _value_text(a)))
+    return rows
 
 
 def _diff_kind(ln: str) -> str:

@@ -26,14 +26,30 @@ from auditor.fixes import _conflict, diff_edits
 __all__ = ["NumericsPatchReport", "PatchReport", "patchable", "numerics_patchable"]
 
 
+def verified_out(f: Finding) -> bool:
+    """Whether `audit run --verify` took the fix out of the patch files: re-run with it, the
+    program failed, its finding stayed, or (fixes.patch) its weights changed."""
+    return f.fix is not None and f.fix.verified is not None and f.fix.verified.status != "improved"
+
+
 def patchable(findings: Iterable[Finding]) -> list[Finding]:
-    """Findings whose code edits belong in fixes.patch (those changing numerics stay out)."""
-    return [f for f in findings if f.fix is not None and f.fix.edits and not f.fix.changes_numerics]
+    """Findings whose code edits belong in fixes.patch (those changing numerics stay out, and
+    those verification took out)."""
+    return [f for f in findings if f.fix is not None and f.fix.edits and not f.fix.changes_numerics
+            and not verified_out(f)]
 
 
 def numerics_patchable(findings: Iterable[Finding]) -> list[Finding]:
-    """Findings whose code edits change what the training computes: numerics-fixes.patch."""
-    return [f for f in findings if f.fix is not None and f.fix.edits and f.fix.changes_numerics]
+    """Findings whose code edits change what the training computes: numerics-fixes.patch (but
+    those verification took out)."""
+    return [f for f in findings if f.fix is not None and f.fix.edits and f.fix.changes_numerics
+            and not verified_out(f)]
+
+
+def _verified_out_lines(findings: Iterable[Finding], numerics: bool) -> list[str]:
+    return [f"Left out ({f.rule}): verification: {f.fix.verified.status}: {f.fix.verified.note}"  # type: ignore[union-attr]
+            for f in findings if verified_out(f) and f.fix is not None and f.fix.edits
+            and f.fix.changes_numerics == numerics]
 
 
 def _preamble(head: list[str], findings: list[Finding], left_out: list[Finding],
@@ -75,7 +91,8 @@ class PatchReport(Reporter):
         if not result.diff:
             return ""
         head = ["auditor fixes.patch: code edits proposed by the audit; none changes what the training computes.",
-                "Apply at the repository root (or where the audit ran): git apply fixes.patch"]
+                "Apply at the repository root (or where the audit ran): git apply fixes.patch",
+                *_verified_out_lines(results.findings, numerics=False)]
         return _preamble(head, findings, left_out, result.skipped) + result.diff
 
 
@@ -94,5 +111,6 @@ class NumericsPatchReport(PatchReport):
         head = ["auditor numerics-fixes.patch: code edits that change what the training computes",
                 "(clamps, gradient clipping, learning-rate warmup, fused optimizers; DataLoader workers, whose random",
                 "augmentations draw from each worker's own seed). Review each one before applying:",
-                "git apply numerics-fixes.patch (at the repository root, after or instead of fixes.patch)"]
+                "git apply numerics-fixes.patch (at the repository root, after or instead of fixes.patch)",
+                *_verified_out_lines(results.findings, numerics=True)]
         return _preamble(head, findings, [], result.skipped) + result.diff

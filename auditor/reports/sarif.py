@@ -93,7 +93,10 @@ def _replacement(e: Edit) -> dict[str, Any]:
 
 
 def _fixes(f: Finding, uris: _Uris) -> list[dict[str, Any]]:
-    if f.fix is None or not f.fix.edits or f.fix.changes_numerics:
+    """The fix as SARIF `fixes` when fixes.patch carries it (not one --verify took out)."""
+    from auditor.reports.patch import verified_out
+
+    if f.fix is None or not f.fix.edits or f.fix.changes_numerics or verified_out(f):
         return []
     by_file: dict[str, list[Edit]] = {}
     for e in f.fix.edits:

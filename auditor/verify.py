@@ -1,0 +1,519 @@
+"""`audit run ... --verify`: each fix proven by re-running the program with it applied.
+
+After the audit, the user's project is copied to a scratch directory (the user's tree is never
+written), the fixes are applied there with `git apply`, exactly as the user would apply the patch
+files, and the same target (same form, steps, --skip, arguments, current directory relative to
+the project) is audited again in full into a scratch output directory. The work is shared:
+
+- one re-run with fixes.patch (every results-preserving edit together), with the environment
+  variables the fixes set as config (PYTORCH_CUDA_ALLOC_CONF) exported;
+- one re-run per numerics fix (its own edits, as numerics-fixes.patch holds them), and one per
+  results-preserving fix whose edits are in neither patch file (they share lines with a numerics
+  fix: findings.json carries them);
+- when the fixes.patch re-run fails, one re-run per fix of it, to find the one that broke it; when
+  its weights differ, one more unpatched re-run (is the program deterministic at all?) and, when
+  that one matches, one re-run per fix to find the one that changed them.
+
+Each fix is judged on its own finding (same rule, same file) in the two runs:
+  improved         the finding is gone, or its measured cost per step fell by at least a quarter
+  no-change        the finding is still there at about the same cost
+  failed           the patch did not apply, or the patched program failed
+  changed-results  (fixes.patch only) the weights after the audited steps differ from the
+                   unpatched run's, while two unpatched runs agree
+A fix that is not improved is taken out of fixes.patch / numerics-fixes.patch (auditor.reports.
+patch reads `fix.verified`), with the reason in the terminal, the report and the patch preamble.
+Fixes given only as settings (a DataLoader keyword in `config`, advice) are not verifiable here;
+the terminal says which.
+
+Copied: every file under the project root (the git toplevel holding the target, else the current
+directory: where the patches apply), except version-control folders, virtual environments
+(a folder with pyvenv.cfg), __pycache__ and tool caches, node_modules and audit-out; a file
+larger than LINK_BYTES (a dataset, a checkpoint) is linked rather than copied, and is read from
+the user's tree.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+import msgspec
+
+from auditor.findings import Finding, Fix, RuleResults, Verified
+
+LINK_BYTES = 64 * 1024 * 1024
+SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", "audit-out", ".tox", ".nox", ".mypy_cache",
+             ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints"}
+IMPROVED_FRACTION = 0.75  # a finding still there is improved when its cost fell to this share or less
+SLOWER = 1.10  # a median step longer than this times the audited one is called slower in the note
+_ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+@dataclass
+class RunSpec:
+    """How the audited run was asked for: what each re-run repeats."""
+
+    target: str | None
+    module: str | None
+    script_args: tuple[str, ...]
+    steps: int
+    skip: int = 0
+    to_end: bool = False
+    profile: bool = True
+    rehearse: bool | None = None
+    numerics: bool = True
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+
+
+@dataclass
+class Rerun:
+    """One re-run: its outcome as findings.json and evidence.json tell it."""
+
+    ok: bool
+    error: str = ""
+    findings: list[dict] = field(default_factory=list)
+    median_ms: float | None = None
+    digest: str | None = None
+
+
+@dataclass
+class Outcome:
+    """What --verify did: per finding index its Verified, what it could not verify, the time."""
+
+    verified: dict[int, Verified] = field(default_factory=dict)
+    unverifiable: list[str] = field(default_factory=list)
+    reruns: int = 0
+    seconds: float = 0.0
+
+
+# --- the scratch copy ----------------------------------------------------------------------------
+
+def project_root(target_file: str | None) -> Path:
+    """Where the patches apply (auditor.fixes.repo_root): the git toplevel holding the target's
+    file, else the current directory."""
+    from auditor.fixes import repo_root
+
+    return repo_root(target_file or Path.cwd())
+
+
+def copy_project(root: Path, dest: Path, skip: tuple[Path, ...] = ()) -> None:
+    """`root` copied to `dest` (see the module's docstring for what is left out or linked)."""
+    skip_resolved = {p.resolve() for p in skip}
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        out = set()
+        for n in names:
+            p = Path(directory, n)
+            if n in SKIP_DIRS or p.resolve() in skip_resolved or (p.is_dir() and (p / "pyvenv.cfg").is_file()):
+                out.add(n)
+        return out
+
+    def copy(src: str, dst: str) -> None:
+        if os.path.getsize(src) > LINK_BYTES:
+            os.symlink(os.path.abspath(src), dst)
+        else:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(root, dest, symlinks=True, ignore=ignore, copy_function=copy)
+
+
+# --- one re-run ----------------------------------------------------------------------------------
+
+class Runner:
+    """Re-runs the audited target in fresh scratch copies of the project."""
+
+    def __init__(self, spec: RunSpec, target_file: str | None, out: Path) -> None:
+        self.spec = spec
+        self.root = project_root(target_file)
+        self.target_file = target_file
+        self.skip = (out,)
+        self.scratch = Path(tempfile.mkdtemp(prefix="audit-verify-"))
+        self.count = 0
+        self.unpatched: Rerun | None = None  # a re-run without any fix, once one is needed
+        outside = target_file is not None and self.root not in Path(target_file).resolve().parents
+        # (a file outside the directory the patches apply in: its copy would not be patched)
+        self.why_not = f"the target is outside {self.root}, where the patches apply" if outside else None
+
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _where(self, copy: Path) -> tuple[Path, str | None]:
+        """(the re-run's current directory, its TARGET) in `copy`."""
+        cwd = Path.cwd().resolve()
+        inside = cwd == self.root or self.root in cwd.parents
+        run_cwd = copy / cwd.relative_to(self.root) if inside else copy
+        target = self.spec.target
+        if self.target_file is not None and target is not None:
+            scratch_file = copy / Path(self.target_file).resolve().relative_to(self.root)
+            attr = target.rpartition(":")[2] if ":" in target and not target.endswith(".py") else ""
+            target = f"{scratch_file}:{attr}" if attr and not os.path.isfile(target) else str(scratch_file)
+        return run_cwd, target
+
+    def run(self, patches: list[str], env: dict[str, str] | None = None) -> Rerun:
+        """A full audit of the target with `patches` (diff texts) applied to a fresh copy."""
+        self.count += 1
+        copy, out = self.scratch / f"tree-{self.count}", self.scratch / f"out-{self.count}"
+        copy_project(self.root, copy, self.skip)
+        for i, text in enumerate(patches):
+            p = self.scratch / f"patch-{self.count}-{i}.diff"
+            p.write_text(text)
+            # (the copy is no repository: git must not find one around the scratch directory)
+            r = subprocess.run(["git", "apply", "--whitespace=nowarn", str(p)], cwd=copy, capture_output=True,
+                               text=True, env={**os.environ, "GIT_CEILING_DIRECTORIES": str(self.scratch)})
+            if r.returncode != 0:
+                why = (r.stderr.strip().splitlines() or ["git apply failed"])[0]
+                return Rerun(ok=False, error=f"the patch does not apply: {why}")
+        run_cwd, target = self._where(copy)
+        s = self.spec
+        cmd = [sys.executable, "-m", "auditor", "run"]
+        if s.module is not None:
+            cmd += ["-m", s.module]
+        elif target is not None:
+            cmd.append(target)
+        cmd += ["--steps", str(s.steps), "--skip", str(s.skip), "--out", str(out), "--quiet", "--digest",
+                "--profile" if s.profile else "--no-profile", "--numerics" if s.numerics else "--no-numerics"]
+        if s.rehearse is not None:
+            cmd.append("--rehearse" if s.rehearse else "--no-rehearse")
+        if s.to_end:
+            cmd.append("--to-end")
+        for r_id in s.select:
+            cmd += ["--select", r_id]
+        for r_id in s.ignore:
+            cmd += ["--ignore", r_id]
+        if s.script_args:
+            cmd += ["--", *s.script_args]
+        p = subprocess.run(cmd, cwd=run_cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        return read_rerun(out, p.returncode, p.stderr)
+
+
+def read_rerun(out: Path, code: int, stderr: str) -> Rerun:
+    """A re-run's outcome from its output directory (exit 0 and 1 are a program that ran)."""
+    try:
+        doc = json.loads((out / "findings.json").read_text())
+        ev = json.loads((out / "evidence.json").read_text())
+    except (OSError, ValueError):
+        doc = ev = None
+    if code not in (0, 1) or doc is None:
+        ending = (doc or {}).get("ending") or {}
+        why = ": ".join(x for x in (ending.get("exception"), ending.get("message")) if x)
+        last = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+        return Rerun(ok=False, error=f"the patched program failed ({why or (last[-1] if last else f'exit {code}')})")
+    weights = ev.get("weights") or {}
+    return Rerun(ok=True, findings=doc["findings"], median_ms=doc["steps"]["median_ms"],
+                 digest=weights.get("sha256") or None)
+
+
+# --- judging a fix -------------------------------------------------------------------------------
+
+def _numbers(evidence: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in evidence.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def measures(f: dict | None, median_ms: float | None) -> dict[str, Any]:
+    """What a finding measured, as `before`/`after` show it: whether it is there, its cost per
+    step, the run's median step and the finding's evidence numbers (syncs, bytes, nodes)."""
+    if f is None:
+        return {"finding": False, "median_step_ms": median_ms, "ms_per_step": None}
+    cost = f.get("cost") or {}
+    return {"finding": True, "median_step_ms": median_ms, "ms_per_step": cost.get("ms_per_step"),
+            **_numbers(f.get("evidence") or {})}
+
+
+def _file_of(f: dict) -> str:
+    locs = f.get("locations") or []
+    return Path(locs[0]["file"]).name if locs else ""
+
+
+def same_finding(before: dict, after: list[dict]) -> dict | None:
+    """The re-run's finding of the same rule in the same file (files differ in path: the re-run
+    ran in the scratch copy)."""
+    return next((a for a in after if a["rule"] == before["rule"] and _file_of(a) == _file_of(before)), None)
+
+
+def judge(before: dict, before_median: float | None, rerun: Rerun, what: str, rehearsed: bool = False) -> Verified:
+    """A fix's Verified from the re-run that had it applied."""
+    b = measures(before, before_median)
+    if not rerun.ok:
+        return Verified(status="failed", before=b, after={}, note=f"{what}: {rerun.error}")
+    match = same_finding(before, rerun.findings)
+    a = measures(match, rerun.median_ms)
+    mb, ma = before_median, rerun.median_ms
+    step = f"; median step {mb:.1f} -> {ma:.1f} ms" if mb and ma else ""
+    if mb and ma and ma > SLOWER * mb:
+        step += " (slower: on this machine; a rehearsal's are CPU timings)" if rehearsed else " (slower)"
+    if match is None:
+        return Verified(status="improved", before=b, after=a, note=f"{what}: the finding is gone{step}")
+    cb, ca = b.get("ms_per_step"), a.get("ms_per_step")
+    if cb and ca is not None and ca <= IMPROVED_FRACTION * cb:
+        return Verified(status="improved", before=b, after=a,
+                        note=f"{what}: the finding remains, its cost fell from {cb:.2f} to {ca:.2f} ms/step{step}")
+    return Verified(status="no-change", before=b, after=a, note=f"{what}: the finding is still there{step}")
+
+
+# --- the whole verification ----------------------------------------------------------------------
+
+def env_config(fix: Fix) -> dict[str, str]:
+    """The environment variables a fix sets as config (PYTORCH_CUDA_ALLOC_CONF): a re-run exports them."""
+    return {k: str(v) for k, v in fix.config.items() if _ENV_NAME.fullmatch(k)}
+
+
+def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str | None, out: Path,
+           progress: Callable[[str], None]) -> Outcome:
+    """Verify every fix of `results` (see the module's docstring)."""
+    from auditor.fixes import diff_edits
+    from auditor.reports.patch import PatchReport, numerics_patchable, patchable
+
+    t0 = time.perf_counter()
+    outcome = Outcome()
+    docs = [msgspec.to_builtins(f) for f in results.findings]
+    median = evidence.shown_median_ms()
+    median = round(median, 3) if median is not None else None
+    before_digest = evidence.weights.sha256 if evidence.weights is not None and evidence.weights.sha256 else None
+    index = {id(f): i for i, f in enumerate(results.findings)}
+    rehearsed = bool(evidence.environment.rehearsal)
+
+    def judged(f: Finding, r: Rerun, what: str) -> Verified:
+        return judge(docs[index[id(f)]], median, r, what, rehearsed)
+
+    plain = patchable(results.findings)
+    numerics = numerics_patchable(results.findings)
+    combined = PatchReport().render(evidence, results, out)
+    in_combined = [f for f in plain if all(_edit_in(e, combined) for e in f.fix.edits)]  # type: ignore[union-attr]
+    apart = [f for f in plain if f not in in_combined]
+    env_only = [f for f in results.findings if f.fix is not None and not f.fix.edits and env_config(f.fix)]
+    for f in results.findings:
+        if f.fix is None or f.fix.edits or env_config(f.fix):
+            continue
+        if f.fix.config:
+            outcome.unverifiable.append(f"{f.rule}: settings with no code edit ({', '.join(map(str, f.fix.config))})")
+    runner = Runner(spec, target_file, out)
+    if runner.why_not:
+        outcome.unverifiable.append(f"every fix: {runner.why_not}")
+        runner.close()
+        return outcome
+    try:
+        group = in_combined + env_only
+        if group:
+            env = {k: v for f in group for k, v in env_config(f.fix).items()}  # type: ignore[arg-type]
+            progress(f"fixes.patch ({len(group)} fix(es))")
+            r = runner.run([combined] if in_combined else [], env)
+            if not r.ok and len(group) > 1:  # which one broke it: each on its own
+                for f in group:
+                    progress(f"{f.rule} alone")
+                    one = runner.run(_own_patch(f, diff_edits), env_config(f.fix))  # type: ignore[arg-type]
+                    outcome.verified[index[id(f)]] = judged(f, one, "alone")
+                    if one.ok and f in in_combined:
+                        _check_weights(one, before_digest, [f], runner, docs, index, median, outcome, progress,
+                                       diff_edits)
+            else:
+                for f in group:
+                    outcome.verified[index[id(f)]] = judged(f, r, "with fixes.patch")
+                if r.ok and in_combined:
+                    _check_weights(r, before_digest, in_combined, runner, docs, index, median, outcome, progress,
+                                   diff_edits)
+        for f in apart + numerics:
+            progress(f"{f.rule} ({'numerics-fixes.patch' if f in numerics else 'its own edit'})")
+            r = runner.run(_own_patch(f, diff_edits), env_config(f.fix))  # type: ignore[arg-type]
+            what = "with its numerics-fixes.patch edit" if f in numerics else "with its own edit"
+            outcome.verified[index[id(f)]] = judged(f, r, what)
+            if r.ok and f not in numerics:  # (a numerics fix changes the weights by design)
+                _check_weights(r, before_digest, [f], runner, docs, index, median, outcome, progress, diff_edits)
+    finally:
+        runner.close()
+    outcome.reruns = runner.count
+    outcome.seconds = time.perf_counter() - t0
+    return outcome
+
+
+def _edit_in(edit: Any, diff: str) -> bool:
+    """Whether the combined patch carries `edit` (its new lines are among the patch's added ones)."""
+    added = {ln[1:] for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")}
+    return all(ln in added for ln in edit.lines)
+
+
+def _own_patch(f: Finding, diff_edits: Callable) -> list[str]:
+    text = diff_edits(f.fix.edits).diff if f.fix and f.fix.edits else ""  # type: ignore[union-attr]
+    return [text] if text else []
+
+
+def _check_weights(r: Rerun, before: str | None, fixes: list[Finding], runner: Runner, docs: list[dict],
+                   index: dict[int, int], median: float | None, outcome: Outcome, progress: Callable[[str], None],
+                   diff_edits: Callable) -> None:
+    """fixes.patch must leave the weights as they were: compare the digests; when they differ, an
+    unpatched re-run tells a nondeterministic program from a fix that changed the results."""
+    def note(f: Finding, text: str, status: str | None = None) -> None:
+        v = outcome.verified[index[id(f)]]
+        outcome.verified[index[id(f)]] = msgspec.structs.replace(
+            v, status=status or v.status, note=f"{v.note}; {text}",
+            before={**v.before, "weights": before}, after={**v.after, "weights": r.digest})
+
+    if before is None or r.digest is None:
+        for f in fixes:
+            note(f, "weights not compared (no torch.optim optimizer, or no digest)")
+        return
+    if r.digest == before:
+        for f in fixes:
+            note(f, "weights identical to the unpatched run's")
+        return
+    if runner.unpatched is None:
+        progress("the unpatched program again (weights differ)")
+        runner.unpatched = runner.run([])
+    again = runner.unpatched
+    if not again.ok or again.digest != before:
+        for f in fixes:
+            note(f, "weights not compared: two unpatched runs differ (the program is not deterministic)")
+        return
+    culprits = fixes
+    if len(fixes) > 1:
+        culprits = []
+        for f in fixes:
+            progress(f"{f.rule} alone (weights)")
+            one = runner.run(_own_patch(f, diff_edits))
+            if one.ok and one.digest != before:
+                culprits.append(f)
+    for f in fixes:
+        if f in culprits:
+            note(f, "the weights after the audited steps differ from the unpatched run's", "changed-results")
+        else:
+            note(f, "weights identical to the unpatched run's (alone)")
+
+
+def amended(results: RuleResults, outcome: Outcome) -> RuleResults:
+    """`results` with each verified fix's `verified` set."""
+    findings = []
+    for i, f in enumerate(results.findings):
+        v = outcome.verified.get(i)
+        if v is not None and f.fix is not None:
+            f = msgspec.structs.replace(f, fix=msgspec.structs.replace(f.fix, verified=v))
+        findings.append(f)
+    return RuleResults(findings=findings, skipped=results.skipped, errors=results.errors,
+                       suppressed=results.suppressed)
+
+
+def _brief(m: dict[str, Any]) -> str:
+    """A finding's measures on one line: its cost and first evidence numbers (the median step and
+    the weights are in the note)."""
+    if not m:
+        return "-"
+    if not m.get("finding"):
+        return "gone"
+    shown = [(k, v) for k, v in m.items() if k not in ("finding", "weights", "median_step_ms") and v is not None][:3]
+    return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown) or "reported"
+
+
+def echo(results: RuleResults, outcome: Outcome) -> None:
+    """The terminal's verification block: each fix's status and numbers, what was taken out of
+    the patch files and why, what could not be verified, and the time it took."""
+    if not outcome.verified and not outcome.unverifiable:
+        click.echo("verify: no fix to verify")
+        return
+    click.echo(f"verify: {len(outcome.verified)} fix(es) in {outcome.reruns} re-run(s), {outcome.seconds:.1f} s")
+    for i, v in sorted(outcome.verified.items()):
+        f = results.findings[i]
+        click.echo(f"  {v.status:<15} {f.rule}: {_brief(v.before)} -> {_brief(v.after)}")
+        if v.status != "improved":
+            where = "numerics-fixes.patch" if f.fix and f.fix.changes_numerics else "fixes.patch"
+            click.echo(f"    taken out of {where}: {v.note}")
+        else:
+            click.echo(f"    {v.note}")
+    for text in outcome.unverifiable:
+        click.echo(f"  not verifiable here: {text}")
+
+
+def amend_run(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str | None, out: Path,
+              quiet: bool, done: list) -> RuleResults:
+    """auditor.app.finish's amend for `audit run --verify`: verify, and return the results the
+    reports render (each fix's `verified` set). `done` receives (results, outcome) for echo_done;
+    a run that did not end well is not verified."""
+    from auditor.evidence.model import ended_well
+
+    if not ended_well(evidence.ending):
+        done.append(None)
+        return results
+
+    def progress(what: str) -> None:
+        if not quiet:
+            click.echo(f"audit: verify: re-running {what} ...", err=True)
+
+    if shutil.which("git") is None:
+        done.append("not run: git is not installed (the patches are applied with `git apply`, as you would)")
+        return results
+    try:
+        outcome = verify(evidence, results, spec, target_file, out, progress)
+    except KeyboardInterrupt:  # (the reports of the audit itself are still written)
+        done.append("interrupted: no fix verified")
+        return results
+    amended_results = amended(results, outcome)
+    save(out, amended_results)
+    done.append((amended_results, outcome))
+    return amended_results
+
+
+def echo_done(done: list) -> None:
+    """The verification block after the summary (or why there is none)."""
+    if not done or done[0] is None:
+        click.echo("verify: not run (the audited run did not complete)")
+    elif isinstance(done[0], str):
+        click.echo(f"verify: {done[0]}")
+    else:
+        echo(*done[0])
+
+
+# --- the verification kept with the run ----------------------------------------------------------
+
+SAVED = "verified.json"  # in the run directory: what `audit report DIR` renders again
+
+
+class SavedCheck(msgspec.Struct):
+    """One fix's verification as saved with the run: which finding (rule, its first location,
+    the fix's summary) and what was measured."""
+
+    rule: str
+    file: str
+    line: int
+    summary: str
+    verified: Verified
+
+
+def _key(f: Finding) -> tuple[str, str, int, str]:
+    loc = f.locations[0] if f.locations else None
+    return f.rule, loc.file if loc else "", loc.line if loc else 0, f.fix.summary if f.fix else ""
+
+
+def save(out: Path, results: RuleResults) -> None:
+    """verified.json: each verified fix, for the reports `audit report DIR` writes again."""
+    checks = [SavedCheck(*_key(f), verified=f.fix.verified) for f in results.findings
+              if f.fix is not None and f.fix.verified is not None]
+    (out / SAVED).write_bytes(msgspec.json.encode(checks))
+
+
+def saved_amend(run_dir: Path) -> Callable[[Any, RuleResults], RuleResults] | None:
+    """The amend that gives a re-rendered run its saved verification (None when it has none or
+    it cannot be read): a fix verification took out stays out of the patch files."""
+    try:
+        checks = msgspec.json.decode((run_dir / SAVED).read_bytes(), type=list[SavedCheck])
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    by_key = {(c.rule, c.file, c.line, c.summary): c.verified for c in checks}
+
+    def amend(evidence: Any, results: RuleResults) -> RuleResults:
+        findings = []
+        for f in results.findings:
+            v = by_key.get(_key(f))
+            if v is not None and f.fix is not None:
+                f = msgspec.structs.replace(f, fix=msgspec.structs.replace(f.fix, verified=v))
+            findings.append(f)
+        return RuleResults(findings=findings, skipped=results.skipped, errors=results.errors,
+                           suppressed=results.suppressed)
+
+    return amend
