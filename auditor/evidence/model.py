@@ -107,6 +107,10 @@ class DataLoaderInfo(msgspec.Struct):
     id: int
     where: Frame | None
     settings: dict[str, Any] = {}
+    # The parameters the call gave (by position, by name or through `**mapping`), as the probe saw
+    # them bound; None when not recorded (older evidence). A fix adds no keyword named here: the
+    # call would raise "got multiple values".
+    passed: list[str] | None = None
 
 
 class Environment(msgspec.Struct):

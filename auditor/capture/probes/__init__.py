@@ -23,8 +23,9 @@ from typing import Any, Callable
 import torch
 import torch.utils.data.dataloader as dl
 
-from auditor.capture.frames import is_library, is_torch_internal, user_frame, via_data as _via
+from auditor.capture.frames import is_torch_internal, user_frame, via_data as _via
 from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
+from auditor.capture.probes.loaders import DATALOADER_SETTINGS, _passed, _shards_by_worker
 from auditor.evidence import model as m
 
 perf = time.perf_counter
@@ -710,29 +711,6 @@ def _install_phase_hooks() -> None:
 
 # --- DataLoader --------------------------------------------------------------------------------
 
-DATALOADER_SETTINGS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
-                       "drop_last", "timeout")
-
-
-def _shards_by_worker(dataset: Any, worker_init_fn: Any) -> bool:
-    """Whether an IterableDataset splits its stream between workers: its `__iter__` asks
-    `get_worker_info()`, or a `worker_init_fn` is given (where sharding is commonly set up).
-    Without either, every worker yields the whole stream: num_workers=4 repeats each sample 4x,
-    so workers are no fix to recommend blindly. Only the user's own classes are judged: a
-    library's stream (webdataset, datasets) shards in code this cannot read, and is taken to."""
-    if worker_init_fn is not None:
-        return True
-    import inspect
-
-    try:
-        file = inspect.getsourcefile(type(dataset))
-        if not file or is_library(file):
-            return True
-        return "get_worker_info" in inspect.getsource(type(dataset).__iter__)
-    except (OSError, TypeError):
-        return True  # (no source to read: not claimed unsharded)
-
-
 def _install_dataloader_probes() -> None:
     def make_init(orig):
         def probe(self, *args, **kwargs):
@@ -750,7 +728,8 @@ def _install_dataloader_probes() -> None:
                 except TypeError:
                     pass
                 where = user_frame(sys._getframe(1))
-                rec.dataloaders.append({"id": id(self), "where": where, "settings": settings, "sent": False})
+                rec.dataloaders.append({"id": id(self), "where": where, "settings": settings, "sent": False,
+                                        "passed": _passed(orig, self, args, kwargs)})
         return probe
 
     def make_iter_init(orig):
