@@ -14,7 +14,7 @@ an `Edit` of the lines that differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import libcst as cst
 from libcst.metadata import ByteSpanPositionProvider, MetadataWrapper, PositionProvider
@@ -37,9 +37,12 @@ class ArgSpan:
 class CallSite:
     """A call found in the file: where it starts (1-based line), its `(` and its arguments."""
 
+    name: str  # what it calls: `f` of `f(...)`, `to` of `x.to(...)`
     line: int
     end_line: int
     open_end: int  # just past its `(`
+    start: int  # its first byte, and its length in bytes
+    size: int
     args: tuple[ArgSpan, ...]
     unpacked: tuple[str, ...] = ()  # the source of its `*seq` and `**mapping` arguments
 
@@ -56,24 +59,27 @@ def _name(func: cst.BaseExpression) -> str | None:
 def find_call(text: str, line: int, names: Iterable[str]) -> CallSite | None:
     """The outermost call to one of `names` (`f(...)` or `obj.f(...)`) spanning `line` (None when the
     text does not parse or no such call spans it)."""
+    calls = find_calls(text, line, names)
+    return max(calls, key=lambda c: c.size) if calls else None
+
+
+def find_calls(text: str, line: int, names: Iterable[str]) -> list[CallSite]:
+    """Every call to one of `names` spanning `line`, in the order they start in the text (none when
+    the text does not parse)."""
     try:
         wrapper = MetadataWrapper(cst.parse_module(text), unsafe_skip_copy=True)
         spans = wrapper.resolve(ByteSpanPositionProvider)
         lines = wrapper.resolve(PositionProvider)
     except (cst.ParserSyntaxError, RecursionError, ValueError):
-        return None
+        return []
     wanted = set(names)
     data = text.encode("utf-8")
-    best: tuple[int, cst.Call] | None = None
-    for node, where in lines.items():
-        if (isinstance(node, cst.Call) and _name(node.func) in wanted
-                and where.start.line <= line <= where.end.line):
-            size = spans[node].length
-            if best is None or size > best[0]:
-                best = (size, node)
-    if best is None:
-        return None
-    call = best[1]
+    found = [node for node, where in lines.items() if isinstance(node, cst.Call) and _name(node.func) in wanted
+             and where.start.line <= line <= where.end.line]
+    return sorted((_site(call, data, spans, lines) for call in found), key=lambda c: c.start)
+
+
+def _site(call: cst.Call, data: bytes, spans: Any, lines: Any) -> CallSite:
     func = spans[call.func]
     open_end = data.index(b"(", func.start + func.length) + 1
     args = []
@@ -83,8 +89,8 @@ def find_call(text: str, line: int, names: Iterable[str]) -> CallSite | None:
         args.append(ArgSpan(start=s.start, end=s.start + s.length, value_start=v.start,
                             value_end=v.start + v.length, comma_end=comma.start + comma.length if comma else None,
                             keyword=a.keyword.value if a.keyword else None, star=a.star or ""))
-    return CallSite(line=lines[call].start.line, end_line=lines[call].end.line, open_end=open_end,
-                    args=tuple(args), unpacked=tuple(data[a.start:a.end].decode("utf-8") for a in args if a.star))
+    return CallSite(name=_name(call.func) or "", line=lines[call].start.line, end_line=lines[call].end.line, open_end=open_end,
+                    start=spans[call].start, size=spans[call].length, args=tuple(args), unpacked=tuple(data[a.start:a.end].decode("utf-8") for a in args if a.star))
 
 
 def _line_start(data: bytes, pos: int) -> int:
@@ -158,14 +164,24 @@ def _add(data: bytes, call: CallSite, items: list[str]) -> bytes:
     return data[:pos] + nl + body + data[pos:]
 
 
+def _again(data: bytes, call: CallSite, names: tuple[str, ...]) -> CallSite | None:
+    """`call` found again in `data` after an edit inside it (its first byte has not moved)."""
+    return next((c for c in find_calls(data.decode("utf-8"), call.line, names) if c.start == call.start), None)
+
+
 def edit_call_text(text: str, line: int, names: Iterable[str], set_kwargs: dict[str, str] | None = None,
-                   drop: Iterable[str] = ()) -> str | None:
-    """`text` with the call to one of `names` spanning `line` given the keyword arguments
-    `set_kwargs` (values as source text: changed in place where the call passes them, added after
-    its last argument where it does not) and without those in `drop`. None when no such call is
-    found, the text does not parse, or nothing would change."""
+                   drop: Iterable[str] = (), nth: int | None = None) -> str | None:
+    """`text` with the call to one of `names` spanning `line` (the outermost, or the `nth` in the
+    order of find_calls) given the keyword arguments `set_kwargs` (values as source text: changed
+    in place where the call passes them, added after its last argument where it does not) and
+    without those in `drop`. None when no such call is found, the text does not parse, or nothing
+    would change."""
     names = tuple(names)
-    call = find_call(text, line, names)
+    if nth is None:
+        call = find_call(text, line, names)
+    else:
+        calls = find_calls(text, line, names)
+        call = calls[nth] if nth < len(calls) else None
     if call is None:
         return None
     data = text.encode("utf-8")
@@ -177,7 +193,7 @@ def edit_call_text(text: str, line: int, names: Iterable[str], set_kwargs: dict[
             if data[arg.value_start:arg.value_end].decode("utf-8") != value:
                 data = _replace_value(data, arg, value)
     if data != text.encode("utf-8"):  # the spans after the changed values moved: read them again
-        call = find_call(data.decode("utf-8"), call.line, names)
+        call = _again(data, call, names)
         if call is None:
             return None
     dropped = set(drop)
@@ -185,7 +201,7 @@ def edit_call_text(text: str, line: int, names: Iterable[str], set_kwargs: dict[
         if call.args[i].keyword in dropped:
             data = _drop(data, call, i)
             # the spans are of the text before the drop: read them again for the next one
-            call = find_call(data.decode("utf-8"), call.line, names)
+            call = _again(data, call, names)
             if call is None:
                 return None
     if todo:

@@ -18,6 +18,7 @@ from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import DATALOADER_NEXT, frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import call_site, computed_kwargs, edit_call_kwargs, given_elsewhere
+from auditor.rules._support.copies import non_blocking_edits
 from auditor.rules.base import Option, Options, Rule
 
 
@@ -256,6 +257,8 @@ class DataloaderBound(Rule):
                                     {k: repr(v) for k, v in literal.items()}, received=loader.passed) if literal else None
             if edit:
                 edits.append(edit)
+                if "pin_memory" in literal:  # the step's copies of its batches, as the advice says
+                    edits += non_blocking_edits(ev, [loader.id])
                 if site is not None and site.unpacked:
                     unpacked_note += (" The call also passes " + " and ".join(f"`{u}`" for u in site.unpacked)
                                      + ", which gave none of the patch's keywords in this run: where it does (in "
@@ -311,6 +314,8 @@ class DataloaderBound(Rule):
             summary += (" The call takes " + ", ".join(f"{k} from {src}" for k, src in computed.items())
                         + ": set " + ", ".join(f"{k}={rec[k]!r}" for k in computed) + " there; the patch leaves "
                         + ("it" if len(computed) == 1 else "them") + " alone.")
+        if "pin_memory" in rec:
+            summary += " Copy the pinned batches with .to(device, non_blocking=True), so the copy overlaps compute."
         summary += unpacked_note
         if per_step_iter:
             message += (f" A new DataLoader iterator is made in {iter_steps} of {len(steps)} steps"

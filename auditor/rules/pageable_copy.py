@@ -22,6 +22,7 @@ from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sit
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import call_site, computed_kwargs, edit_call_kwargs, given_elsewhere
+from auditor.rules._support.copies import non_blocking_edits
 from auditor.rules._support.places import place_key, steps_run
 from auditor.rules._support.text import line_ref, per_step, size_text
 from auditor.rules.suppression import unsuppressed
@@ -84,6 +85,8 @@ def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> li
                + ".")
     unpinned_loaders = [d for d in loaders if not d.settings.get("pin_memory")]
     edits, computed = _pin_edits(unpinned_loaders)
+    # the step's copies of those batches, made non_blocking as the advice says (rules._support.copies)
+    edits += non_blocking_edits(evidence, [d.id for d in unpinned_loaders])
     summary = ("Pin the batches: DataLoader(..., pin_memory=True)" if unpinned_loaders else
                "Pin the host tensors (tensor.pin_memory(), or build them in a DataLoader with "
                "pin_memory=True)") + ", then copy with .to('cuda', non_blocking=True) so the copy overlaps compute."
