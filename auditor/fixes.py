@@ -197,6 +197,29 @@ def edit_call_kwargs(file: str, line: int, names: Iterable[str], set_kwargs: dic
     return None if new is None else text_edit(file, text, new)
 
 
+def edit_calls_on_line(file: str, line: int, positional: dict[str, int], set_kwargs: dict[str, str]) -> Edit | None:
+    """Every call on `line` to a name in `positional` (`to` of `x.to(dev)`, `cuda`) given the
+    keyword arguments `set_kwargs` where it does not pass them yet: `x, y = x.to(d), y.to(d)`
+    changes both calls. A call that passes `*seq`/`**mapping`, or as many positional arguments as
+    `positional` names for it (where one of them may be the keyword's), is left as it is. Only the
+    added tokens change (auditor.cst_edits)."""
+    text = read_text(file)
+    if text is None:
+        return None
+    new = text
+    names = tuple(positional)
+    for i in range(len(cst_edits.find_calls(text, line, names))):
+        calls = cst_edits.find_calls(new, line, names)  # (read again after each edit: the offsets moved)
+        call = calls[i]
+        plain = [a for a in call.args if not a.keyword and not a.star]
+        if call.unpacked or len(plain) >= positional[call.name]:
+            continue
+        todo = {k: v for k, v in set_kwargs.items() if k not in call.keywords()}
+        if todo:
+            new = cst_edits.edit_call_text(new, line, names, todo, nth=i) or new
+    return text_edit(file, text, new)
+
+
 def replace_in_line(file: str, line: int, old: str, new: str) -> Edit | None:
     lines = read_lines(file)
     if lines is None or line > len(lines) or old not in lines[line - 1]:
@@ -229,15 +252,36 @@ def project_roots(target: str = "") -> list[Path]:
     return roots
 
 
+@functools.lru_cache(maxsize=1024)
+def _install_dir(directory: str) -> bool:
+    """Whether `directory` holds installed distributions (a `*.dist-info` directory): site-packages,
+    or a `pip install --target DIR` directory, wherever it is."""
+    try:
+        with os.scandir(directory) as entries:
+            return any(e.name.endswith(".dist-info") and e.is_dir() for e in entries)
+    except OSError:
+        return False
+
+
 def in_project(file: str, roots: Sequence[Path]) -> bool:
     """Whether `file` is the user's to edit: under one of `roots` and not installed library code
-    (site-packages, dist-packages, the interpreter's standard library or environment)."""
+    (site-packages, dist-packages, the interpreter's standard library or environment, a
+    `pip install --target` directory inside the project: one holding `*.dist-info`)."""
     path = os.path.realpath(file)
     if any(m in path.replace(os.sep, "/") for m in _LIBRARY_MARKERS):
         return False
     if path.startswith(_library_dirs()):
         return False
-    return any(path.startswith(str(r.resolve()) + os.sep) for r in roots)
+    for root in (str(r.resolve()) for r in roots):
+        if path.startswith(root + os.sep):
+            # the directories between the root and the file (the root itself is the project's)
+            d = os.path.dirname(path)
+            while d.startswith(root + os.sep):
+                if _install_dir(d):
+                    return False
+                d = os.path.dirname(d)
+            return True
+    return False
 
 
 def _imported_names(tree: ast.Module) -> set[str]:

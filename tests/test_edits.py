@@ -85,3 +85,43 @@ def test_an_inserted_statement_takes_the_surrounding_indentation(tmp_path: Path)
     f = tmp_path / "t.py"
     f.write_text("def step():\n\tif x:\n\t\tscaler.step(opt)\n")
     assert insert_before(str(f), 3, "scaler.unscale_(opt)") == Edit(str(f), 3, 2, ["\t\tscaler.unscale_(opt)"])
+
+
+def test_every_copy_call_on_a_line_gets_non_blocking_unless_it_may_pass_it(tmp_path: Path) -> None:
+    """pageable-copy's copies: `x, y = x.to(d), y.to(d)` changes both calls; a call passing
+    non_blocking already, possibly by position (`y.cuda(0, True)`), or through `**kw`, is left alone."""
+    from auditor.fixes import edit_calls_on_line
+
+    f = tmp_path / "t.py"
+    f.write_text("x, y = x.to(d), y.to(d, non_blocking=False)  # copy\nz = x.cuda(), y.cuda(0, True), w.cuda(**kw)\n")
+    calls = {"to": 2, "cuda": 2}
+    assert edit_calls_on_line(str(f), 1, calls, {"non_blocking": "True"}) == Edit(
+        str(f), 1, 1, ["x, y = x.to(d, non_blocking=True), y.to(d, non_blocking=False)  # copy"])
+    assert edit_calls_on_line(str(f), 2, calls, {"non_blocking": "True"}) == Edit(
+        str(f), 2, 2, ["z = x.cuda(non_blocking=True), y.cuda(0, True), w.cuda(**kw)"])
+
+
+def test_no_edit_into_installed_code_inside_or_outside_the_project(tmp_path: Path) -> None:
+    """fixes.in_project: a `pip install --target vendor` directory inside the project (it holds
+    `*.dist-info`) was taken for the user's code and patched; a venv's site-packages inside the
+    project and the standard library are not the user's either."""
+    import os
+
+    from auditor.fixes import in_project, refused_edit
+
+    project = tmp_path / "project"
+    vendor = project / "vendor"
+    (vendor / "lib").mkdir(parents=True)
+    (vendor / "lib-1.0.dist-info").mkdir()
+    (vendor / "lib" / "loop.py").write_text("x = 1\n")
+    venv = project / ".venv" / "lib" / "python3.11" / "site-packages" / "pkg"
+    venv.mkdir(parents=True)
+    (venv / "m.py").write_text("x = 1\n")
+    (project / "src").mkdir()
+    (project / "src" / "train.py").write_text("x = 1\n")
+    roots = [project]
+    assert in_project(str(project / "src" / "train.py"), roots)
+    assert not in_project(str(vendor / "lib" / "loop.py"), roots)
+    assert not in_project(str(venv / "m.py"), roots)
+    assert refused_edit(Edit(str(vendor / "lib" / "loop.py"), 1, 1, ["x = 2"]), roots)
+    assert refused_edit(Edit(os.__file__, 1, 1, ["x = 2"]), [Path("/")])  # the standard library
