@@ -114,6 +114,7 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     from auditor.evidence.model import add_load_note
     from auditor.evidence.store import is_run_dir, save
     from auditor.reports import write_reports
+    from auditor.reports.sources import as_recorded, differences, record_quoted
     from auditor.reports.terminal import print_summary
     from auditor.rules.engine import run_rules
 
@@ -124,6 +125,11 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
         except InputError as e:
             add_load_note(evidence, f"profiler trace not analysed: {e}")
     results = run_rules(evidence, config)
+    # the sources quoted, as first read: recorded (and saved) on the first render; a later render
+    # of a changed file quotes them and says so (auditor.reports.sources)
+    if record_quoted(evidence, results):
+        save(evidence, out)
+    results = as_recorded(evidence, results)
     written = write_reports(out, evidence, results)
     unwritten = _unwritten(written)
     if quiet:
@@ -135,6 +141,8 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     else:  # the summary names the outputs found in `out`: an older one there is not this run's
         print_summary(evidence, results, None)
         _echo_written(out, written, unwritten)
+    for line in differences(evidence, results):
+        click.echo(line)
     return exit_code(evidence, results, fail_on or config.fail_on)
 
 

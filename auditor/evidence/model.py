@@ -197,6 +197,19 @@ class Program(msgspec.Struct):
     exit_code: int | None = None
 
 
+class SourceFile(msgspec.Struct):
+    """A source file as the audit read it: what the reports quote from it, kept so that a later
+    `audit report DIR` / `audit analyze DIR` shows the lines as they were, and says when the file
+    has changed since (auditor.evidence.sources).
+
+    sha256: the hex digest of its bytes when first quoted; lines: {line number: its text, without
+    the line ending} for the lines quoted (each finding's place and the lines around it, each
+    recorded frame's line)."""
+
+    sha256: str
+    lines: dict[int, str] = {}
+
+
 class Evidence(msgspec.Struct, dict=True):
     """Everything the rules may read. Fields are empty when the source did not provide them.
 
@@ -224,6 +237,9 @@ class Evidence(msgspec.Struct, dict=True):
     rank: RankIdentity | None = None  # who recorded it, when a rank of a launched job did
     ranks: RankSet | None = None  # the merged view of all ranks, on the evidence merged from them
     checkpoint: CheckpointSummary | None = None  # what `audit checkpoint` read
+    # {path: SourceFile}: each source file the reports quote, as first read (absent from evidence
+    # written before it was kept: such a file is quoted as it is on disk)
+    sources: dict[str, SourceFile] = {}
 
     @property
     def trace_data(self) -> list[Any]:
