@@ -66,12 +66,21 @@ def _statement_at(file: str, line: int) -> ast.stmt | None:
 
 
 def remove_statement(file: str, line: int, reason: str) -> Edit | None:
-    """Replace the statement on `line` with `pass  # reason` (keeps blocks syntactically valid)."""
+    """Replace the statement on `line` with `pass  # reason` (keeps blocks syntactically valid).
+    None when another statement shares its lines (`a(); torch.cuda.empty_cache()`, or a header:
+    `if x: torch.cuda.empty_cache()`): replacing the lines would remove that one too."""
     stmt = _statement_at(file, line)
-    lines = read_lines(file)
-    if stmt is None or lines is None or not isinstance(stmt, ast.Expr):
+    parsed = parse_file(file)
+    if stmt is None or parsed is None or not isinstance(stmt, ast.Expr):
         return None
+    tree, lines = parsed
     end = stmt.end_lineno or line
+    if lines[line - 1][:stmt.col_offset].strip():  # `if x: torch.cuda.empty_cache()`: the header is the line's too
+        return None
+    if any(isinstance(n, ast.stmt) and (n.lineno, n.col_offset) != (stmt.lineno, stmt.col_offset)
+           and not hasattr(n, "body")
+           and n.lineno <= end and (n.end_lineno or n.lineno) >= line for n in ast.walk(tree)):
+        return None
     return Edit(file=file, start=line, end=end, lines=[f"{_indent(lines[line - 1])}pass  # {reason}"])
 
 

@@ -125,3 +125,15 @@ def test_no_edit_into_installed_code_inside_or_outside_the_project(tmp_path: Pat
     assert not in_project(str(venv / "m.py"), roots)
     assert refused_edit(Edit(str(vendor / "lib" / "loop.py"), 1, 1, ["x = 2"]), roots)
     assert refused_edit(Edit(os.__file__, 1, 1, ["x = 2"]), [Path("/")])  # the standard library
+
+
+def test_a_removal_never_takes_another_statement_on_its_line(tmp_path: Path) -> None:
+    """`log(); torch.cuda.empty_cache()` became `pass  # ...`: the user's log() call went with it."""
+    from auditor.fixes import remove_statement
+
+    f = tmp_path / "t.py"
+    f.write_text("import torch\nfor i in range(3):\n    log(); torch.cuda.empty_cache()\n    torch.cuda.empty_cache()\n"
+                 "    if i: torch.cuda.empty_cache()\n")
+    assert remove_statement(str(f), 3, "removed") is None
+    assert remove_statement(str(f), 5, "removed") is None
+    assert remove_statement(str(f), 4, "removed") == Edit(str(f), 4, 4, ["    pass  # removed"])
