@@ -13,6 +13,8 @@ import pytest
 from conftest import audit
 
 PROGRAM = '''\
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,15 +24,15 @@ torch.manual_seed(0)
 
 
 class Slow(Dataset):
-    """A few ms of CPU work per batch, loaded in the main process."""
+    """A slow source (a read, a decode): 10 ms a sample, 320 ms a batch, whatever the machine's
+    load, so that even one worker cannot keep up with the step."""
 
     def __len__(self):
         return 1024
 
     def __getitem__(self, i):
-        x = torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(i))
-        x = F.avg_pool2d(x.unsqueeze(0), 3, stride=1, padding=1).squeeze(0)
-        return x, i % 10
+        time.sleep(0.01)
+        return torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(i)), i % 10
 
 
 {setup}
