@@ -162,6 +162,7 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     from auditor.evidence.model import add_load_note
     from auditor.evidence.store import is_run_dir, save
     from auditor.reports import write_reports
+    from auditor.reports.sources import as_recorded, differences, record_quoted
     from auditor.reports.terminal import print_summary
     from auditor.rules.engine import run_rules
 
@@ -174,6 +175,11 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     results = run_rules(evidence, config)
     if amend is not None:
         results = amend(evidence, results)
+    # the sources quoted, as first read: recorded (and saved) on the first render; a later render
+    # of a changed file quotes them and says so (auditor.reports.sources)
+    if record_quoted(evidence, results):
+        save(evidence, out)
+    results = as_recorded(evidence, results)
     comparison = compare_with_baseline(evidence, results, baseline[0], str(baseline[1]), config) if baseline else None
     written = write_reports(out, evidence, results)
     unwritten = _unwritten(written)
@@ -193,6 +199,8 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
             click.echo(f"audit: against baseline {baseline[1]}: {headline(comparison)}")
         else:
             print_diff(comparison, title=f"compared with baseline {baseline[1]}:")
+    for line in differences(evidence, results):
+        click.echo(line)
     return exit_code(evidence, results, fail_on or config.fail_on)
 
 

@@ -17,18 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from auditor import cst_edits
 from auditor.findings import Edit
 
 
 def read_lines(file: str, keepends: bool = False) -> list[str] | None:
     """The file's lines (None if unreadable). keepends=True keeps each line's own ending, as the
     diff needs to reproduce the file byte for byte; without, lines feed the AST-level edits."""
-    try:
-        with open(file, encoding="utf-8", newline="") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return text.splitlines(keepends=keepends)
+    text = read_text(file)
+    return None if text is None else text.splitlines(keepends=keepends)
 
 
 def parse_file(file: str) -> tuple[ast.Module, list[str]] | None:
@@ -69,12 +66,21 @@ def _statement_at(file: str, line: int) -> ast.stmt | None:
 
 
 def remove_statement(file: str, line: int, reason: str) -> Edit | None:
-    """Replace the statement on `line` with `pass  # reason` (keeps blocks syntactically valid)."""
+    """Replace the statement on `line` with `pass  # reason` (keeps blocks syntactically valid).
+    None when another statement shares its lines (`a(); torch.cuda.empty_cache()`, or a header:
+    `if x: torch.cuda.empty_cache()`): replacing the lines would remove that one too."""
     stmt = _statement_at(file, line)
-    lines = read_lines(file)
-    if stmt is None or lines is None or not isinstance(stmt, ast.Expr):
+    parsed = parse_file(file)
+    if stmt is None or parsed is None or not isinstance(stmt, ast.Expr):
         return None
+    tree, lines = parsed
     end = stmt.end_lineno or line
+    if lines[line - 1][:stmt.col_offset].strip():  # `if x: torch.cuda.empty_cache()`: the header is the line's too
+        return None
+    if any(isinstance(n, ast.stmt) and (n.lineno, n.col_offset) != (stmt.lineno, stmt.col_offset)
+           and not hasattr(n, "body")
+           and n.lineno <= end and (n.end_lineno or n.lineno) >= line for n in ast.walk(tree)):
+        return None
     return Edit(file=file, start=line, end=end, lines=[f"{_indent(lines[line - 1])}pass  # {reason}"])
 
 
@@ -129,50 +135,98 @@ def computed_kwargs(file: str, line: int, names: Iterable[str], keys: Iterable[s
             if kw.arg in keys and not isinstance(kw.value, ast.Constant)}
 
 
-def edit_call_kwargs(file: str, line: int, names: Iterable[str], set_kwargs: dict[str, str] | None = None,
-                     drop: Iterable[str] = ()) -> Edit | None:
-    """Rewrite the call to one of `names` spanning `line`: set keyword arguments (values are source
-    text) and drop others. Works on single- and multi-line calls by regenerating the call's text."""
-    call = _call_on_line(file, line, names)
-    lines = read_lines(file)
-    if call is None or lines is None:
+def read_text(file: str) -> str | None:
+    """The file's text with its own line endings (None if unreadable)."""
+    try:
+        with open(file, encoding="utf-8", newline="") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
         return None
-    drop = set(drop)
-    set_kwargs = dict(set_kwargs or {})
-    src = "\n".join(lines)
-    offsets = [0]
-    for ln in lines:
-        offsets.append(offsets[-1] + len(ln) + 1)
 
-    def pos(lineno: int, col: int) -> int:
-        # ast columns are UTF-8 byte offsets
-        return offsets[lineno - 1] + len(lines[lineno - 1].encode()[:col].decode())
 
-    def seg(node: ast.AST) -> str:
-        return src[pos(node.lineno, node.col_offset):pos(node.end_lineno, node.end_col_offset)]
+def text_edit(file: str, old: str, new: str) -> Edit | None:
+    """The Edit turning `old` (the file's text) into `new`: only the lines that differ, from the
+    first to the last (None when none does). Lines the change leaves alone stay out of it, so two
+    fixes on one call conflict only where they touch the same lines."""
+    a, b = old.splitlines(), new.splitlines()
+    head = 0
+    while head < min(len(a), len(b)) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    if head == len(a) == len(b):
+        return None
+    return Edit(file=file, start=head + 1, end=len(a) - tail, lines=b[head:len(b) - tail])
 
-    parts = [seg(a) for a in call.args]
-    changed = False
-    for kw in call.keywords:
-        if kw.arg in drop:
-            changed = True
+
+def call_site(file: str, line: int, names: Iterable[str]) -> "cst_edits.CallSite | None":
+    """The call to one of `names` spanning `line` as the edits see it: its keywords, whether it
+    passes `**mapping` (None when the file is unreadable or no such call is there)."""
+    text = read_text(file)
+    return None if text is None else cst_edits.find_call(text, line, names)
+
+
+def given_elsewhere(site: "cst_edits.CallSite", keys: Iterable[str], received: Iterable[str] | None) -> dict[str, str]:
+    """{key: where the call gives it} for the `keys` the call receives though its text does not pass
+    them by name: through `**mapping` (or `*seq`) or by position, as the run saw the call bound
+    (`received`: the parameters it gave; None when not recorded, where any unpacked argument may
+    hold any key). Adding one of them by name would make the call raise "got multiple values"."""
+    named = site.keywords()
+    unpacked = " and ".join(f"`{u}`" for u in site.unpacked)  # (quoted: the reports' code style)
+    out = {}
+    for k in keys:
+        if k in named:
             continue
-        if kw.arg in set_kwargs:
-            value = set_kwargs.pop(kw.arg)
-            changed |= seg(kw.value) != value
-            parts.append(f"{kw.arg}={value}")
-        else:
-            parts.append(seg(kw))
-    for k, v in set_kwargs.items():
-        parts.append(f"{k}={v}")
-        changed = True
-    if not changed:
+        if received is not None and k in set(received):
+            out[k] = unpacked or "its positional arguments"
+        elif received is None and site.unpacked:
+            out[k] = unpacked
+    return out
+
+
+def edit_call_kwargs(file: str, line: int, names: Iterable[str], set_kwargs: dict[str, str] | None = None,
+                     drop: Iterable[str] = (), received: Iterable[str] | None = None) -> Edit | None:
+    """The call to one of `names` spanning `line` with keyword arguments set (values are source
+    text) and others dropped, changing only those tokens (auditor.cst_edits): the call's other
+    arguments, line breaks, trailing commas and comments stay as they are. The Edit holds only the
+    lines that changed.
+
+    None when a keyword to add may already reach the call another way (see given_elsewhere;
+    `received`: the parameters the run saw the call give, None when unknown): the patched call
+    would raise "got multiple values"."""
+    text = read_text(file)
+    if text is None:
         return None
-    start, end = call.lineno, call.end_lineno or call.lineno
-    head = src[offsets[start - 1]:pos(call.lineno, call.col_offset)]
-    tail = src[pos(call.end_lineno, call.end_col_offset):offsets[end] - 1]
-    new_call = f"{seg(call.func)}({', '.join(parts)})"
-    return Edit(file=file, start=start, end=end, lines=(head + new_call + tail).split("\n"))
+    names = tuple(names)
+    site = cst_edits.find_call(text, line, names)
+    if site is None or given_elsewhere(site, set_kwargs or {}, received):
+        return None
+    new = cst_edits.edit_call_text(text, line, names, set_kwargs, drop)
+    return None if new is None else text_edit(file, text, new)
+
+
+def edit_calls_on_line(file: str, line: int, positional: dict[str, int], set_kwargs: dict[str, str]) -> Edit | None:
+    """Every call on `line` to a name in `positional` (`to` of `x.to(dev)`, `cuda`) given the
+    keyword arguments `set_kwargs` where it does not pass them yet: `x, y = x.to(d), y.to(d)`
+    changes both calls. A call that passes `*seq`/`**mapping`, or as many positional arguments as
+    `positional` names for it (where one of them may be the keyword's), is left as it is. Only the
+    added tokens change (auditor.cst_edits)."""
+    text = read_text(file)
+    if text is None:
+        return None
+    new = text
+    names = tuple(positional)
+    for i in range(len(cst_edits.find_calls(text, line, names))):
+        calls = cst_edits.find_calls(new, line, names)  # (read again after each edit: the offsets moved)
+        call = calls[i]
+        plain = [a for a in call.args if not a.keyword and not a.star]
+        if call.unpacked or len(plain) >= positional[call.name]:
+            continue
+        todo = {k: v for k, v in set_kwargs.items() if k not in call.keywords()}
+        if todo:
+            new = cst_edits.edit_call_text(new, line, names, todo, nth=i) or new
+    return text_edit(file, text, new)
 
 
 def replace_in_line(file: str, line: int, old: str, new: str) -> Edit | None:
@@ -207,15 +261,36 @@ def project_roots(target: str = "") -> list[Path]:
     return roots
 
 
+@functools.lru_cache(maxsize=1024)
+def _install_dir(directory: str) -> bool:
+    """Whether `directory` holds installed distributions (a `*.dist-info` directory): site-packages,
+    or a `pip install --target DIR` directory, wherever it is."""
+    try:
+        with os.scandir(directory) as entries:
+            return any(e.name.endswith(".dist-info") and e.is_dir() for e in entries)
+    except OSError:
+        return False
+
+
 def in_project(file: str, roots: Sequence[Path]) -> bool:
     """Whether `file` is the user's to edit: under one of `roots` and not installed library code
-    (site-packages, dist-packages, the interpreter's standard library or environment)."""
+    (site-packages, dist-packages, the interpreter's standard library or environment, a
+    `pip install --target` directory inside the project: one holding `*.dist-info`)."""
     path = os.path.realpath(file)
     if any(m in path.replace(os.sep, "/") for m in _LIBRARY_MARKERS):
         return False
     if path.startswith(_library_dirs()):
         return False
-    return any(path.startswith(str(r.resolve()) + os.sep) for r in roots)
+    for root in (str(r.resolve()) for r in roots):
+        if path.startswith(root + os.sep):
+            # the directories between the root and the file (the root itself is the project's)
+            d = os.path.dirname(path)
+            while d.startswith(root + os.sep):
+                if _install_dir(d):
+                    return False
+                d = os.path.dirname(d)
+            return True
+    return False
 
 
 def _imported_names(tree: ast.Module) -> set[str]:

@@ -20,7 +20,8 @@ MAX_LINES = 900
 ALLOWED = {
     "evidence": set(),
     "findings": {"evidence"},
-    "fixes": {"findings", "evidence"},
+    "cst_edits": set(),  # (libcst spans of a call's arguments: what fixes' minimal edits splice)
+    "fixes": {"findings", "evidence", "cst_edits"},
     "config": {"findings", "evidence", "rules.registry"},
     "capture": {"evidence", "findings", "config", "fixes"},
     "rules": {"evidence", "findings", "config", "fixes"},

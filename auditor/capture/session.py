@@ -105,7 +105,7 @@ def new_loaders(rec: probes.Recorder) -> list[dict]:
         if not d["sent"]:
             d["sent"] = True
             w = d["where"]
-            new.append({"id": d["id"], "settings": d["settings"],
+            new.append({"id": d["id"], "settings": d["settings"], "passed": d.get("passed"),
                         "where": {"file": w[0], "line": w[1], "function": w[2]} if w else None,
                         **({"via": d["via"]} if d.get("via") else {})})
     return new

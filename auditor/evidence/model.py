@@ -110,6 +110,10 @@ class DataLoaderInfo(msgspec.Struct):
     # the library functions between the user's line and the DataLoader's construction, innermost
     # first ("transformers/trainer.py:Trainer.get_train_dataloader < ..."); "" when the user made it
     via: str = ""
+    # The parameters the call gave (by position, by name or through `**mapping`), as the probe saw
+    # them bound; None when not recorded (older evidence). A fix adds no keyword named here: the
+    # call would raise "got multiple values".
+    passed: list[str] | None = None
 
 
 class Environment(msgspec.Struct):
@@ -213,6 +217,17 @@ class WeightsDigest(msgspec.Struct):
     tensors: int = 0
     bytes: int = 0
     error: str | None = None
+class SourceFile(msgspec.Struct):
+    """A source file as the audit read it: what the reports quote from it, kept so that a later
+    `audit report DIR` / `audit analyze DIR` shows the lines as they were, and says when the file
+    has changed since (auditor.evidence.sources).
+
+    sha256: the hex digest of its bytes when first quoted; lines: {line number: its text, without
+    the line ending} for the lines quoted (each finding's place and the lines around it, each
+    recorded frame's line)."""
+
+    sha256: str
+    lines: dict[int, str] = {}
 
 
 class Evidence(msgspec.Struct, dict=True):
@@ -243,6 +258,9 @@ class Evidence(msgspec.Struct, dict=True):
     ranks: RankSet | None = None  # the merged view of all ranks, on the evidence merged from them
     checkpoint: CheckpointSummary | None = None  # what `audit checkpoint` read
     weights: WeightsDigest | None = None  # the trained state's digest (recorded for --verify)
+    # {path: SourceFile}: each source file the reports quote, as first read (absent from evidence
+    # written before it was kept: such a file is quoted as it is on disk)
+    sources: dict[str, SourceFile] = {}
 
     @property
     def trace_data(self) -> list[Any]:

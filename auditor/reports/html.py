@@ -31,11 +31,13 @@ import msgspec
 from markupsafe import Markup
 
 from auditor import __version__
+from auditor.evidence import sources
 from auditor.evidence.model import CUDA_STANDIN, Evidence
 from auditor.reports.base import Reporter
 from auditor.reports.findings_json import document
 from auditor.reports.patch import numerics_patchable, patchable
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
+from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a finding's line: those recorded)
 from auditor.reports.terminal import (checkpoint_overview, elsewhere_phrase, recoverable, snapshot_overview,
                                       steps_of)
 from auditor.findings import Finding, share_of_step
@@ -47,7 +49,6 @@ if TYPE_CHECKING:  # (the trace parser loads only when a trace is rendered)
     from auditor.evidence.trace.model import Trace
 
 TEMPLATES = Path(__file__).parent / "templates"
-CONTEXT_LINES = 3  # source lines shown above and below a finding's line
 
 # ---------------------------------------------------------------- escaping
 
@@ -131,8 +132,13 @@ def cost_text(f: Finding) -> str:
     return f"{text}; {c.note}" if c.note else text
 
 
-def source_context(file: str, line: int, context: int = CONTEXT_LINES) -> list[dict[str, Any]]:
-    """The lines around `line` in the user's file ([] when it is gone): what the finding points at."""
+def source_context(file: str, line: int, context: int = CONTEXT_LINES,
+                   evidence: Evidence | None = None) -> list[dict[str, Any]]:
+    """The lines around `line` in the user's file ([] when it is gone): what the finding points at.
+    Of a file changed since the run, the lines as the run recorded them, each with the file's
+    current text where it differs ("now"; auditor.evidence.sources)."""
+    if evidence is not None and (recorded := sources.context(evidence, file, line, context)) is not None:
+        return recorded
     linecache.checkcache(file)
     lines = linecache.getlines(file)
     if not lines or not 1 <= line <= len(lines):
@@ -179,7 +185,7 @@ def _evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def finding_view(i: int, f: Finding) -> dict[str, Any]:
+def finding_view(i: int, f: Finding, evidence: Evidence | None = None) -> dict[str, Any]:
     """What the template shows for one finding."""
     rule = get_rule(f.rule)
     patch = f.fix.patch if f.fix and f.fix.patch else (make_patch(f.fix.edits) if f.fix and f.fix.edits else "")
@@ -190,7 +196,9 @@ def finding_view(i: int, f: Finding) -> dict[str, Any]:
         "cost": cost_text(f),
         "docs": doc_sections(rule.docs()) if rule else [],
         "evidence": _evidence_rows(f.evidence),
-        "locations": [{"loc": loc, "context": source_context(loc.file, loc.line)} for loc in f.locations],
+        "locations": [{"loc": loc, "context": source_context(loc.file, loc.line, evidence=evidence),
+                       "changed": evidence is not None and loc.file in sources.changed(evidence)}
+                      for loc in f.locations],
         "patch": [{"text": ln, "kind": _diff_kind(ln)} for ln in patch.splitlines()],
         "config": [(k, _value_text(v)) for k, v in (f.fix.config.items() if f.fix else [])],
         "verified": verified_rows(f),
@@ -564,7 +572,7 @@ class HtmlReport(Reporter):
     def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
         plots, plot_errors = build_plots(evidence, self.plot_builders)
         scripts = [plotly_js(), report_js()] if plots else [report_js()]
-        findings = [finding_view(i, f) for i, f in enumerate(results.findings)]
+        findings = [finding_view(i, f, evidence) for i, f in enumerate(results.findings)]
         payload = {"findings": document(evidence, results), "plots": plots,
                    "plot_template": plot_template() if plots else None}
         return _jinja().get_template("report.html.j2").render(

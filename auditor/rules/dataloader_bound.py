@@ -17,7 +17,8 @@ from auditor.evidence.trace.intervals import intersect, merge_intervals, total_l
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import DATALOADER_NEXT, frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
-from auditor.fixes import computed_kwargs, edit_call_kwargs
+from auditor.fixes import call_site, computed_kwargs, edit_call_kwargs, given_elsewhere
+from auditor.rules._support.copies import non_blocking_edits
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules._support.frameworks import loader_settings
 
@@ -72,6 +73,18 @@ def step_loader_shares(trace: Trace) -> list[dict[str, Any]]:
         out.append({"step": number, "ms": round((hi - lo) / 1000.0, 3), "loader_ms": round(inside / 1000.0, 3),
                     "share": round(inside / (hi - lo), 4) if hi > lo else 0.0})
     return out
+
+
+def _workers_source(file: str, line: int, site: Any, passed: list[str] | None) -> str | None:
+    """Where the DataLoader call on `line` takes num_workers from when not from a literal it names:
+    an expression (`cfg["workers"]`), `**mapping` or its positional arguments (None: a literal, or
+    not given at all, the default 0, which a patch adding num_workers replaces)."""
+    if site is None:
+        return "a call this cannot read"
+    if "num_workers" in site.keywords():
+        src = computed_kwargs(file, line, ("DataLoader",), ("num_workers",)).get("num_workers")
+        return f"`{src}`" if src else None
+    return given_elsewhere(site, ("num_workers",), passed).get("num_workers")
 
 
 class DataloaderBound(Rule):
@@ -218,7 +231,9 @@ class DataloaderBound(Rule):
         patched = {k: v for k, v in rec.items() if k not in held_back}
         locs = []
         edits = []
-        computed: dict[str, str] = {}  # settings the call takes from an expression (`cfg["num_workers"]`)
+        # settings the call takes from an expression (`cfg["num_workers"]`) or through `**mapping`
+        computed: dict[str, str] = {}
+        unpacked_note = ""
         # a DataLoader the framework built (a Trainer's): its settings are the framework's arguments,
         # given as config; the user's line only calls into the framework, so nothing is edited
         framework = loader_settings(loader.via) if loader else None
@@ -226,12 +241,35 @@ class DataloaderBound(Rule):
             locs.append(Location.of(loader.where))
         elif loader and loader.where:
             locs.append(Location.of(loader.where))
-            computed = computed_kwargs(loader.where.file, loader.where.line, ("DataLoader",), patched)
+            computed = {k: f"`{src}`" for k, src in
+                        computed_kwargs(loader.where.file, loader.where.line, ("DataLoader",), patched).items()}
+            site = call_site(loader.where.file, loader.where.line, ("DataLoader",))
+            if site is not None:  # given through `**mapping` (or by position): set where it is made
+                computed.update(given_elsewhere(site, [k for k in patched if k not in computed], loader.passed))
             literal = {k: v for k, v in patched.items() if k not in computed}
+            # persistent_workers=True and prefetch_factor make DataLoader raise ("needs num_workers > 0")
+            # where the call loads in the main process: they go into the patch only beside a num_workers
+            # the call names as a literal or the patch sets. One reaching the call through `**mapping` or
+            # an expression may be 0 in another configuration (the accelerator's settings, {} on a CPU).
+            src = _workers_source(loader.where.file, loader.where.line, site, loader.passed)
+            kept_out = [k for k in literal if k in ("persistent_workers", "prefetch_factor")]
+            if kept_out and "num_workers" not in literal and src:
+                literal = {k: v for k, v in literal.items() if k not in kept_out}
+                if not unsharded:
+                    unpacked_note += (" " + " and ".join(kept_out) + f" need{'s' if len(kept_out) == 1 else ''} num_workers > 0, which the call takes "
+                                      f"from {src}: set {'them' if len(kept_out) > 1 else 'it'} where that is set; "
+                                      "the patch leaves " + ("them" if len(kept_out) > 1 else "it") + " out.")
             edit = edit_call_kwargs(loader.where.file, loader.where.line, ("DataLoader",),
-                                    {k: repr(v) for k, v in literal.items()}) if literal else None
+                                    {k: repr(v) for k, v in literal.items()}, received=loader.passed) if literal else None
             if edit:
                 edits.append(edit)
+                if "pin_memory" in literal:  # the step's copies of its batches, as the advice says
+                    edits += non_blocking_edits(ev, [loader.id])
+                if site is not None and site.unpacked:
+                    unpacked_note += (" The call also passes " + " and ".join(f"`{u}`" for u in site.unpacked)
+                                     + ", which gave none of the patch's keywords in this run: where it does (in "
+                                     "another configuration), the patched call would get them twice.")
+            patched = literal
         it_where = loader_ids.get(loader.id if loader else None)
         if per_step_iter and iter_where:
             it_where = iter_where
@@ -279,9 +317,12 @@ class DataloaderBound(Rule):
                         f"`torch.utils.data.get_worker_info()`: id and num_workers); the patch leaves the "
                         f"worker settings out.")
         if computed:  # a patch hard-coding them would leave the config entry dead
-            summary += (" The call takes " + ", ".join(f"{k} from `{src}`" for k, src in computed.items())
+            summary += (" The call takes " + ", ".join(f"{k} from {src}" for k, src in computed.items())
                         + ": set " + ", ".join(f"{k}={rec[k]!r}" for k in computed) + " there; the patch leaves "
                         + ("it" if len(computed) == 1 else "them") + " alone.")
+        if "pin_memory" in rec:
+            summary += " Copy the pinned batches with .to(device, non_blocking=True), so the copy overlaps compute."
+        summary += unpacked_note
         if per_step_iter:
             message += (f" A new DataLoader iterator is made in {iter_steps} of {len(steps)} steps"
                         + (f" at line {iter_where.line}" if iter_where else "")

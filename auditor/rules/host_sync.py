@@ -337,12 +337,13 @@ def _fix(advice: list[str], places: list) -> Fix:
     """The advice, with a patch adding fused=True to the optimizer a GradScaler.step site steps,
     where its constructor is found. A fused optimizer rounds slightly differently from the foreach
     one, so that edit goes to numerics-fixes.patch."""
-    edits = [e for p in places if p.what == "GradScaler.step" and p.where
+    fused = [e for p in places if p.what == "GradScaler.step" and p.where
              for e in [_fused_edit(p.where.file, p.where.line)] if e]
+    edits = [e for e, _ in fused]
     summary = "; ".join(advice) + "."
     if edits:
         summary += (" numerics-fixes.patch adds fused=True to the optimizer at line "
-                    + ", ".join(str(e.start) for e in edits)
+                    + ", ".join(str(line) for _, line in fused)
                     + " (the fused kernels round slightly differently from the unfused ones).")
     return Fix(summary=summary, config=_config(places), edits=edits, changes_numerics=bool(edits))
 
@@ -350,8 +351,8 @@ def _fix(advice: list[str], places: list) -> Fix:
 _FUSABLE = ("Adam", "AdamW", "SGD")
 
 
-def _fused_edit(file: str, line: int) -> Edit | None:
-    """fused=True on the constructor of the optimizer `scaler.step(opt)` on `line` steps: `opt` a
+def _fused_edit(file: str, line: int) -> tuple[Edit, int] | None:
+    """fused=True (and the constructor's line) on the constructor of the optimizer `scaler.step(opt)` on `line` steps: `opt` a
     name assigned once in the file from `torch.optim.Adam/AdamW/SGD(...)` that sets neither fused,
     foreach (fused and foreach=True refuse each other) nor differentiable (which fused refuses)."""
     parsed = parse_file(file)
@@ -371,7 +372,8 @@ def _fused_edit(file: str, line: int) -> Edit | None:
     kind = call_name(call)
     if kind not in _FUSABLE or any(k.arg in ("fused", "foreach", "differentiable", None) for k in call.keywords):
         return None
-    return edit_call_kwargs(file, call.lineno, (kind,), {"fused": "True"})
+    edit = edit_call_kwargs(file, call.lineno, (kind,), {"fused": "True"})
+    return (edit, call.lineno) if edit else None
 
 
 def _config(places: list) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
-from auditor.fixes import computed_kwargs, edit_call_kwargs
+from auditor.fixes import call_site, computed_kwargs, edit_call_kwargs, given_elsewhere
+from auditor.rules._support.copies import non_blocking_edits
 from auditor.rules._support.places import place_key, steps_run
 from auditor.rules._support.gpu_costs import copy_cost
 from auditor.rules._support.text import line_ref, per_step, size_text
@@ -85,11 +86,13 @@ def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> li
                + ".")
     unpinned_loaders = [d for d in loaders if not d.settings.get("pin_memory")]
     edits, computed = _pin_edits(unpinned_loaders)
+    # the step's copies of those batches, made non_blocking as the advice says (rules._support.copies)
+    edits += non_blocking_edits(evidence, [d.id for d in unpinned_loaders])
     summary = ("Pin the batches: DataLoader(..., pin_memory=True)" if unpinned_loaders else
                "Pin the host tensors (tensor.pin_memory(), or build them in a DataLoader with "
                "pin_memory=True)") + ", then copy with .to('cuda', non_blocking=True) so the copy overlaps compute."
     if computed:  # a patch hard-coding it would leave the user's config entry dead
-        summary += (" The DataLoader at " + ", ".join(f"line {line} takes pin_memory from `{src}`"
+        summary += (" The DataLoader at " + ", ".join(f"line {line} takes pin_memory from {src}"
                                                     for line, src in computed)
                     + ": set it to True there; the patch leaves that call alone.")
     return [rule.finding(
@@ -118,11 +121,16 @@ def _pin_edits(loaders: list[m.DataLoaderInfo]) -> tuple[list[Edit], list[tuple[
     for d in loaders:
         if not d.where or not d.where.file:
             continue
-        src = computed_kwargs(d.where.file, d.where.line, ("DataLoader",), ("pin_memory",))
+        src = {k: f"`{v}`" for k, v in computed_kwargs(d.where.file, d.where.line, ("DataLoader",),
+                                                        ("pin_memory",)).items()}
+        site = call_site(d.where.file, d.where.line, ("DataLoader",))
+        if not src and site is not None:  # given through `**mapping`: set it where that is made
+            src = given_elsewhere(site, ("pin_memory",), d.passed)
         if src:
             computed.append((d.where.line, src["pin_memory"]))
             continue
-        edit = edit_call_kwargs(d.where.file, d.where.line, ("DataLoader",), {"pin_memory": "True"})
+        edit = edit_call_kwargs(d.where.file, d.where.line, ("DataLoader",), {"pin_memory": "True"},
+                                received=d.passed)
         if edit and edit not in edits:
             edits.append(edit)
     return edits, computed

@@ -86,7 +86,10 @@ def safe_edits(edits: Iterable[Edit], rule_id: str) -> list[Edit]:
     out = []
     for e in edits:
         old = [linecache.getline(e.file, n) for n in range(e.start, e.end + 1)]
-        if any(suppressed_at(e.file, n, rule_id) for n in range(e.start, e.end + 1)):
+        touched = list(range(e.start, e.end + 1))
+        if not touched and e.start > 1 and statement_span(e.file, e.start - 1) == statement_span(e.file, e.start):
+            touched = [e.start]  # lines inserted inside one statement (an argument added to a call) edit it
+        if any(suppressed_at(e.file, n, rule_id) for n in touched):
             continue
         new = "\n".join(e.lines)
         if any((m := SUPPRESS.search(ln)) and m.group(0) not in new for ln in old):

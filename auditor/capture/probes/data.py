@@ -12,7 +12,8 @@ from typing import Any, Callable
 import torch
 import torch.utils.data.dataloader as dl
 
-from auditor.capture.frames import is_library, library_via, user_frame
+from auditor.capture.frames import library_via, user_frame
+from auditor.capture.probes.loaders import DATALOADER_SETTINGS, _passed, _shards_by_worker
 from auditor.evidence import model as m
 
 perf = time.perf_counter
@@ -21,29 +22,6 @@ Wrap = Callable[[Any, str, Callable[[Callable], Callable]], None]
 
 
 # --- DataLoader --------------------------------------------------------------------------------
-
-DATALOADER_SETTINGS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
-                       "drop_last", "timeout")
-
-
-def _shards_by_worker(dataset: Any, worker_init_fn: Any) -> bool:
-    """Whether an IterableDataset splits its stream between workers: its `__iter__` asks
-    `get_worker_info()`, or a `worker_init_fn` is given (where sharding is commonly set up).
-    Without either, every worker yields the whole stream: num_workers=4 repeats each sample 4x,
-    so workers are no fix to recommend blindly. Only the user's own classes are judged: a
-    library's stream (webdataset, datasets) shards in code this cannot read, and is taken to."""
-    if worker_init_fn is not None:
-        return True
-    import inspect
-
-    try:
-        file = inspect.getsourcefile(type(dataset))
-        if not file or is_library(file):
-            return True
-        return "get_worker_info" in inspect.getsource(type(dataset).__iter__)
-    except (OSError, TypeError):
-        return True  # (no source to read: not claimed unsharded)
-
 
 def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
     """Probe the DataLoader for the recorder `REC`, wrapping with the probes' `_wrap`."""
@@ -64,7 +42,7 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                     pass
                 where = user_frame(sys._getframe(1))
                 rec.dataloaders.append({"id": id(self), "where": where, "settings": settings, "sent": False,
-                                        "via": library_via(sys._getframe(1))})
+                                        "via": library_via(sys._getframe(1)), "passed": _passed(orig, self, args, kwargs)})
         return probe
 
     def make_iter_init(orig):

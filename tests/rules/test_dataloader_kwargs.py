@@ -1,0 +1,99 @@
+"""DataLoader fixes are checked against what the call received at run time (the probe binds its
+arguments): a keyword given through `**kwargs` (or by an expression) is never added again, and
+persistent_workers/prefetch_factor are never added to a call that keeps num_workers=0. The patched
+program is run plainly: it must not raise."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import audit
+
+PROGRAM = '''\
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+torch.manual_seed(0)
+
+
+class Slow(Dataset):
+    """A slow source (a read, a decode): 10 ms a sample, 320 ms a batch, whatever the machine's
+    load, so that even one worker cannot keep up with the step."""
+
+    def __len__(self):
+        return 1024
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(i)), i % 10
+
+
+{setup}
+loader = DataLoader(
+    Slow(),
+    batch_size=32,  # small batches
+    {given}
+)
+model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 64 * 64, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step, (x, y) in enumerate(loader):
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step == 7:
+        break
+'''
+
+CASES = {
+    # the issue's case: the accelerator's settings, {} on the CPU. The audit rehearses CUDA, where
+    # kwargs gives num_workers=1: persistent_workers=True added beside it raised ValueError in the
+    # plain CPU run
+    "kwargs-accelerator": ('kwargs = {"num_workers": 1, "pin_memory": True} if torch.cuda.is_available() else {}',
+                           "**kwargs,"),
+    # the mapping gives num_workers=0: adding num_workers= raised "got multiple values"
+    "kwargs-workers": ('kwargs = {"num_workers": 0}', "**kwargs,"),
+    # num_workers from the config (left to the user): persistent_workers=True alone raised ValueError
+    "config-workers": ('cfg = {"workers": 0}', 'num_workers=cfg["workers"],'),
+    # named as a literal: changed in place, and what it enables added on a line of its own
+    "literal-workers": ("", "num_workers=0,"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_patched_dataloader_call_runs(tmp_path, case):
+    setup, given = CASES[case]
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM.format(setup=setup, given=given))
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    a = audit("run", "prog.py", "--steps", "6", "--quiet", out=tmp_path / "out", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("dataloader-bound")
+    patch = (a.out / "numerics-fixes.patch").read_text()
+    changed = [ln for ln in patch.splitlines() if ln[:1] in ("+", "-") and ln[:3] not in ("+++", "---")]
+    summary = f["fix"]["summary"]
+    if case == "literal-workers":
+        workers = f["fix"]["config"]["DataLoader.num_workers"]
+        assert changed == ["-    num_workers=0,", f"+    num_workers={workers},", "+    persistent_workers=True,"], patch
+    else:
+        # num_workers reaches the call through the mapping or the config: neither it nor what needs
+        # it is added (the summary says where to set them)
+        assert not any(k in patch for k in ("num_workers=", "persistent_workers", "prefetch_factor")), patch
+        assert "which the call takes from `" in summary or "num_workers from `" in summary, summary
+        assert ("`**kwargs`" if "kwargs" in case else '`cfg["workers"]`') in summary, summary
+    if case == "kwargs-accelerator":
+        assert f["evidence"]["settings"]["num_workers"] == 1 and a.evidence["environment"]["rehearsal"]
+        assert a.evidence["dataloaders"][0]["passed"] == ["batch_size", "dataset", "num_workers", "pin_memory"]
+    if patch:
+        subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=tmp_path, check=True)
+    run = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
