@@ -87,6 +87,13 @@ class RankInfo(msgspec.Struct):
     traces: list[str] = []  # its profiler traces
 
 
+class UnreadRank(msgspec.Struct):
+    """A rank's input that could not be read (RankSet.unread): its path, and why, in one line."""
+
+    path: str
+    reason: str
+
+
 class RankSet(msgspec.Struct):
     """The ranks of one job, merged (Evidence.ranks)."""
 
@@ -95,6 +102,7 @@ class RankSet(msgspec.Struct):
     missing: list[int] = []  # ranks of the world that gave no evidence
     source: str = "run"  # run | trace: what the ranks were read from
     notes: list[str] = []  # what the reports say about the merge (missing ranks, ranks that ended early)
+    unread: list[UnreadRank] = []  # inputs of ranks that could not be read, left out of the merge
 
     def get(self, rank: int) -> RankInfo | None:
         return next((r for r in self.ranks if r.rank == rank), None)

@@ -23,7 +23,7 @@ from auditor.evidence.ranks.phases import COMM, RANK_PHASES
 from auditor.evidence.trace.model import Trace
 
 # Names a trace gives communication: NCCL kernels on the GPU, gloo/nccl record_function ranges on the host.
-_COMM_KERNEL = re.compile(r"nccl|rccl|c10d", re.I)
+COMM_KERNEL = re.compile(r"nccl|rccl|c10d", re.I)
 _COMM_HOST = re.compile(r"^(gloo|nccl|mpi|ucc):[a-z_]+$", re.I)
 _TRACE_PHASES = {"data": re.compile(r"DataLoader.*__next__"),
                  "forward": re.compile(r"^DistributedDataParallel\.forward$"),
@@ -75,7 +75,7 @@ def info_from_traces(traces: list[Trace], rank: int) -> tuple[RankInfo, SyncMap]
         backend = backend or trace.distributed_info.get("backend")
         events = trace.events
         kernels = trace.of("kernel")
-        comm = trace.matching(_COMM_KERNEL, kernels)
+        comm = trace.matching(COMM_KERNEL, kernels)
         on_gpu = len(comm) > 0
         if not on_gpu:
             comm = trace.matching(_COMM_HOST, trace.of("cpu_op", "annotation"))
