@@ -42,6 +42,7 @@ class RankStep(msgspec.Struct):
     wait_by: dict[str, float] = {}  # wait_ms by kind of sync point: gradients, buffers, collectives, kernels
     grad_syncs: int = 0  # backward passes whose gradients DDP all-reduced
     disturbed: bool = False  # follows the auditor's own work between steps (graph scan, profiler start/stop)
+    exposed_ms: float | None = None  # of comm_ms, the device time no other GPU work overlapped (traces with GPU communication)
 
     @property
     def busy_ms(self) -> float:

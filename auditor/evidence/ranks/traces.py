@@ -20,6 +20,8 @@ from auditor.evidence import model as m
 from auditor.evidence.ranks.combine import combine, rank_ranges
 from auditor.evidence.ranks.model import RankInfo, RankSet, RankStep, SyncMap
 from auditor.evidence.ranks.phases import COMM, RANK_PHASES
+from auditor.evidence.trace.decode import GPU_WORK
+from auditor.evidence.trace.intervals import intersect, merge_intervals, total_length
 from auditor.evidence.trace.model import Trace
 
 # Names a trace gives communication: NCCL kernels on the GPU, gloo/nccl record_function ranges on the host.
@@ -77,7 +79,11 @@ def info_from_traces(traces: list[Trace], rank: int) -> tuple[RankInfo, SyncMap]
         kernels = trace.of("kernel")
         comm = trace.matching(COMM_KERNEL, kernels)
         on_gpu = len(comm) > 0
-        if not on_gpu:
+        compute = None
+        if on_gpu:  # the GPU's other work, by step: what communication may hide behind
+            work = events[events["cat"].isin(GPU_WORK)]
+            compute = work.drop(index=comm.index, errors="ignore")
+        else:
             comm = trace.matching(_COMM_HOST, trace.of("cpu_op", "annotation"))
         for _, st in trace.steps.iterrows():
             n = int(st["step"])
@@ -95,8 +101,14 @@ def info_from_traces(traces: list[Trace], rank: int) -> tuple[RankInfo, SyncMap]
             phases[COMM] = comm_ms
             ms = (hi - lo) / 1e3
             phases["other"] = max(0.0, ms - sum(phases[p] for p in _TRACE_PHASES) - (0.0 if on_gpu else comm_ms))
+            exposed = None
+            if compute is not None:
+                spans = merge_intervals(in_step["ts"].to_numpy(), in_step["end"].to_numpy())
+                mine = compute[compute["step"] == n]
+                hidden = intersect(spans, merge_intervals(mine["ts"].to_numpy(), mine["end"].to_numpy()))
+                exposed = round((total_length(spans) - total_length(hidden)) / 1e3, 4)
             steps.append(RankStep(index=n, ms=ms, phases={k: round(v, 4) for k, v in phases.items()},
-                                  comm_ms=round(comm_ms, 4), profiled=True))
+                                  comm_ms=round(comm_ms, 4), profiled=True, exposed_ms=exposed))
             syncs[n] = points
     steps.sort(key=lambda s: s.index)
     info = RankInfo(rank=rank, source="trace", path=str(traces[0].path) if traces else "", backend=backend,
