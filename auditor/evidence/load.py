@@ -178,7 +178,7 @@ def merge_inputs(paths: list[Path], engine: Any = None, on_rank: Any = None) -> 
     if run_dirs:
         if others or (len(run_dirs) == 1 and not parents):
             return None, {}  # one plain run, or runs mixed with other inputs: the ordinary path
-        merged = load_rank_dirs(run_dirs)
+        merged = load_rank_dirs(run_dirs, engine=engine, on_done=on_rank)
         return _attach_traces(merged, [Path(t) for t in merged.traces]), {}
     files: list[Path] = []
     for p in paths:

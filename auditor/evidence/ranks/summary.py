@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 
+from auditor.evidence import model as m
 from auditor.evidence.ranks.model import RankInfo, SyncMap
 
 
@@ -45,6 +46,21 @@ class TraceDigest(msgspec.Struct):
     torch_version: str = ""
 
 
+class RunFacts(msgspec.Struct):
+    """What merging `audit run` ranks reads of a rank besides its steps: target (its TARGET),
+    run_id (the launcher's, None when unknown), ending (how it ended), ended_at (when its process
+    ended, seconds since the epoch), merged (its evidence is itself a merged report of ranks),
+    recorded_rank: the rank its evidence records (None: none; RankSummary.rank may also come from
+    its `rank-K` directory's name)."""
+
+    target: str
+    ending: m.Ending
+    recorded_rank: int | None = None
+    run_id: str | None = None
+    ended_at: float | None = None
+    merged: bool = False
+
+
 class RankSummary(msgspec.Struct):
     """One rank's trace (or run directory) reduced to what the merge and the rank rules read.
 
@@ -53,7 +69,8 @@ class RankSummary(msgspec.Struct):
     (empty: not recorded); info: its steps with their phases and communication (RankInfo, as
     auditor.evidence.ranks.traces / runs make it); syncs: the ms it spent in each sync point, by
     step (what combine compares across ranks); digest: counts of the trace (None for a run
-    directory); bytes: the size of what was read; seconds: how long reading and reducing took."""
+    directory); run: a run directory's facts (None for a trace); bytes: the size of what was read;
+    seconds: how long reading and reducing took."""
 
     path: str
     rank: int | None
@@ -62,6 +79,7 @@ class RankSummary(msgspec.Struct):
     info: RankInfo
     syncs: SyncMap
     digest: TraceDigest | None = None
+    run: RunFacts | None = None
     bytes: int = 0
     seconds: float = 0.0
 
@@ -112,6 +130,33 @@ def reduce_trace(path: str, workers: int | None = 0) -> RankSummary | RankFailur
     digest = _digest(trace)
     return RankSummary(path=str(path), rank=rank, world_size=trace_world_size(trace), hostname=host, info=info,
                        syncs=syncs, digest=digest, bytes=_size(path), seconds=round(time.perf_counter() - started, 4))
+
+
+def summarize_run(ev: m.Evidence, path: str | Path, seconds: float = 0.0) -> RankSummary:
+    """A rank's `audit run` evidence reduced as a trace is (its steps, phases and sync points)."""
+    from auditor.evidence.ranks.runs import info_from_run, rank_of, world_size_of
+
+    rank = rank_of(ev, Path(path))
+    info, syncs = info_from_run(ev, rank if rank is not None else -1, str(path))
+    facts = RunFacts(target=ev.target, ending=ev.ending, recorded_rank=rank_of(ev), run_id=ev.rank.run_id if ev.rank is not None else None,
+                     ended_at=ev.rank.ended_at if ev.rank is not None else None, merged=ev.ranks is not None)
+    return RankSummary(path=str(path), rank=rank, world_size=world_size_of(ev), hostname=ev.environment.hostname,
+                       info=info, syncs=syncs, run=facts, seconds=seconds)
+
+
+def reduce_run(path: str) -> RankSummary | RankFailure:
+    """Load one rank's `audit run` directory and reduce it (summarize_run); a RankFailure when its
+    evidence cannot be read."""
+    from auditor.evidence.errors import InputError
+    from auditor.evidence.store import EVIDENCE_FILE, load_run_dir
+
+    started = time.perf_counter()
+    try:
+        ev = load_run_dir(Path(path))
+    except InputError as e:
+        return RankFailure(path=str(path), reason=str(e))
+    summary = summarize_run(ev, path, round(time.perf_counter() - started, 4))
+    return msgspec.structs.replace(summary, bytes=_size(Path(path) / EVIDENCE_FILE))
 
 
 def _size(path: str | Path) -> int:
