@@ -11,6 +11,7 @@ device time set against a host step: consistent between ranks, which is what the
 from __future__ import annotations
 
 import re
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -30,6 +31,13 @@ _COMM_HOST = re.compile(r"^(gloo|nccl|mpi|ucc):[a-z_]+$", re.I)
 _TRACE_PHASES = {"data": re.compile(r"DataLoader.*__next__"),
                  "forward": re.compile(r"^DistributedDataParallel\.forward$"),
                  "optimizer": re.compile(r"^Optimizer\.step#")}
+
+
+def comm_tag(name: str) -> str:
+    """A communication's name as its sync-point key holds it: a short checksum of the full name (the
+    k-th communication of a step matches across ranks only when its name does too). The key is
+    kept per step and rank, hundreds per step in an FSDP job, and names run to 100 characters."""
+    return f"{zlib.crc32(name.encode()):08x}"
 
 
 def _union_ms(starts: list[float], ends: list[float]) -> float:
@@ -90,7 +98,8 @@ def info_from_traces(traces: list[Trace], rank: int) -> tuple[RankInfo, SyncMap]
             lo, hi = float(st["ts"]), float(st["end"])
             in_step = comm[comm["step"] == n] if on_gpu else comm[(comm["ts"] >= lo) & (comm["ts"] < hi)]
             in_step = in_step.sort_values("ts")
-            points = {f"comm:{k}:{trace.symbols[int(c)]}": float(d) / 1e3
+            names = {int(c): comm_tag(trace.symbols[int(c)]) for c in set(in_step["name"])}
+            points = {f"comm:{k}:{names[int(c)]}": float(d) / 1e3
                       for k, (c, d) in enumerate(zip(in_step["name"], in_step["dur"]))}
             phases = dict.fromkeys(RANK_PHASES, 0.0)
             host = events[(events["ts"] >= lo) & (events["ts"] < hi)]
