@@ -23,6 +23,9 @@ from auditor.evidence.ranks.model import RankInfo, SyncMap, UnreadRank
 from auditor.evidence.ranks.summary import RankFailure, RankSummary
 from auditor.evidence.ranks.traces import MAX_RANKS
 
+# What is read of each file at a time to find its header (a header of 8 GPUs' deviceProperties is
+# ~5 KB): the decision reads a few blocks of every rank's file, not a trace's 2 MB chunks.
+HEADER_BYTES = 1 << 16
 # How many unread ranks the notes name one by one (the rest are counted).
 LISTED_UNREAD = 10
 
@@ -31,9 +34,9 @@ def header_rank(path: Path) -> tuple[bool, int | None]:
     """(readable, rank) from a trace file's header, the JSON before its traceEvents (Kineto writes
     distributedInfo there): read without parsing a single event. (False, None): the header cannot
     be read (a damaged file)."""
-    from auditor.evidence.trace.decode import DEFAULT_CHUNK_BYTES, _Stream
+    from auditor.evidence.trace.decode import _Stream
 
-    stream = _Stream(path, DEFAULT_CHUNK_BYTES)
+    stream = _Stream(path, HEADER_BYTES)
     try:
         stream.start()
     except (InputError, OSError, EOFError, ValueError):
