@@ -166,3 +166,15 @@ def test_merge_of_summaries_matches_the_per_rank_merge(job):
     failed = merge_summaries([RankFailure(path="x", reason="x: bad"), reduce_trace(str(paths[1])),
                               reduce_trace(str(paths[2]))], load_primary=False)
     assert [u.path for u in failed.ranks.unread] == ["x"] and failed.trace_data == []
+
+
+@pytest.mark.slow
+def test_dask_without_an_address_starts_a_local_cluster_for_the_run(tmp_path):
+    pytest.importorskip("dask.distributed")
+    write_job(tmp_path / "job", 4, slow=(2,))
+    env = {"DASK_SCHEDULER_ADDRESS": ""}  # (none: the engine starts its own LocalCluster of 2 processes)
+    a = audit("analyze", str(tmp_path / "job"), "--engine", "dask", "--workers", "2", "--quiet",
+              out=tmp_path / "out", env=env)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("rank-straggler")
+    assert f["evidence"]["stragglers"] == [2]

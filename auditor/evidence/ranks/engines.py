@@ -71,13 +71,17 @@ def check_available(spec: EngineSpec) -> None:
                                 f"({e.msg}): pip install '{_EXTRA[spec.engine]}'") from None
 
 
-def reduce_all(paths: list[str], spec: EngineSpec, on_done: Callable[[Result, int, int], None] | None = None,
+def reduce_all(paths: list[str], spec: EngineSpec,
+               on_done: Callable[[Result | None, int, int], None] | None = None,
                reduce: Callable[[str], Result] = reduce_trace) -> list[Result]:
     """Every input reduced by `reduce` on the engine `spec` names, in the order of `paths`.
-    `on_done(result, done, total)` is called in the driver as each finishes (in whatever order)."""
+    `on_done(result, done, total)` is called in the driver as each finishes (in whatever order),
+    and once before any, with result None and done 0."""
     check_available(spec)
     run = {"local": _local, "ray": _ray, "dask": _dask}[spec.engine]
     results: dict[int, Result] = {}
+    if on_done is not None:  # (none done yet: a progress bar shows from the start)
+        on_done(None, 0, len(paths))
     for i, res in run(paths, spec, reduce):
         results[i] = res
         if on_done is not None:
