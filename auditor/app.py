@@ -289,7 +289,7 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     from auditor.evidence.load import load_paths
     from auditor.evidence.ranks.engines import EngineSpec, EngineUnavailable, check_available
 
-    paths = expand_globs(paths)
+    given, paths = paths, expand_globs(paths)
     for p in paths:
         if not p.exists():
             raise UsageFailure(f"no such file or directory: {p}")
@@ -306,6 +306,8 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
         raise UsageFailure(str(e)) from None
     except EngineUnavailable as e:
         raise UsageFailure(str(e)) from None
+    if paths != given:  # the job is named as the user named it: the pattern, not a thousand paths
+        evidence.target = " ".join(str(p) for p in given)
     echo_unread(evidence)
     out = output_dir(out_dir, "analyze")
     return finish(evidence, config, out, quiet, fail_on)

@@ -75,6 +75,7 @@ def test_dask_cluster_gives_the_serial_findings(job, serial, tmp_path):
                   cluster.scheduler_address, "--quiet", out=tmp_path)
     assert a.returncode == 0, a.stderr
     assert _findings(a) == _findings(serial)
+    assert a.findings_doc["target"] == f"{job}/rank-*.pt.trace.json.gz"  # the pattern, not 16 paths
 
 
 def test_ray_gives_the_serial_findings(job, serial, tmp_path):
