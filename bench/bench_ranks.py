@@ -13,7 +13,7 @@ to about --mb MB (../shared/tools/tile_trace.py), its distributedInfo rewritten,
 and reports wall time, the driver's peak RSS (VmHWM of that process alone, polled) and its own CPU
 time (the work left in the driver; the machine's load average beside it), the rank
 each names as the straggler, and the reduction's cost per GB of trace on one core (reduce_trace in
-this process, over a few ranks).
+this process, over a few ranks: CPU time, and wall time under the machine's load).
 
     python bench/bench_ranks.py [--ranks 64] [--mb 8] [--engines serial,before,local,dask] [--keep DIR]
                                 [--before REF]   # default 0b59cae, the last commit before the engines
@@ -35,6 +35,12 @@ TILE = ROOT.parent / "shared" / "tools" / "tile_trace.py"
 
 import rank_jobs  # noqa: E402
 
+
+
+OLD_TREE = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in "
+            "getattr(f, '__module__', '')]; sys.path.insert(0, {tree!r}); import auditor; "
+            "assert auditor.__file__.startswith({tree!r}), auditor.__file__; "
+            "from auditor.cli import main; main(sys.argv[1:])")
 
 
 def make_job(directory: Path, ranks: int, mb: float, slow: int) -> list[Path]:
@@ -89,20 +95,25 @@ def run_measured(cmd: list[str], env: dict | None = None) -> tuple[float, int, f
     return time.perf_counter() - started, peak, cpu, out, proc.returncode
 
 
-def per_gb(paths: list[Path], n: int = 4) -> tuple[float, int]:
-    """Seconds per GB to reduce a rank's trace on one core, and a summary's size in bytes."""
+def per_gb(paths: list[Path], n: int = 4) -> tuple[float, float, int]:
+    """CPU seconds and wall seconds per GB to reduce a rank's trace in one process (the CPU time is
+    what a worker on an idle core takes; the wall time here includes the machine's other load), and
+    a summary's size in bytes."""
     import msgspec
 
     from auditor.evidence.ranks.summary import reduce_trace
 
-    secs = size = 0.0
+    reduce_trace(str(paths[-1]))  # (the first call imports the reader: not counted)
+    cpu = wall = size = 0.0
     encoded = 0
     for p in paths[:n]:
+        c0 = time.process_time()
         s = reduce_trace(str(p))
-        secs += s.seconds
+        cpu += time.process_time() - c0
+        wall += s.seconds
         size += s.bytes
         encoded = max(encoded, len(msgspec.msgpack.encode(s)))
-    return secs / (size / 1e9), encoded
+    return cpu / (size / 1e9), wall / (size / 1e9), encoded
 
 
 def main() -> None:
@@ -124,11 +135,11 @@ def main() -> None:
     total = sum(p.stat().st_size for p in paths)
     print(f"job: {a.ranks} ranks, {total / 1e6:,.0f} MB ({total / len(paths) / 1e6:.1f} MB each), rank "
           f"{a.ranks // 3} slowed 1.5x; {len(os.sched_getaffinity(0))} cores")
-    rate, summary_bytes = per_gb(paths)
-    print(f"reduction: {rate:.2f} s per GB on one core; a summary is {summary_bytes:,} bytes (msgpack)")
-    for engine in a.engines.split(","):
+    cpu_rate, wall_rate, summary_bytes = per_gb(paths)
+    print(f"reduction: {cpu_rate:.1f} CPU s per GB ({wall_rate:.1f} s of wall time per GB on this machine as loaded); "
+          f"a summary is {summary_bytes:,} bytes (msgpack)")
+    for engine in filter(None, a.engines.split(",")):
         out = base / f"out-{engine}"
-        env = None
         if engine == "before":
             tree = base / f"before-{a.before}"
             if not tree.is_dir():
@@ -136,12 +147,14 @@ def main() -> None:
                 archive = subprocess.run(["git", "-C", str(ROOT), "archive", a.before], check=True,
                                          capture_output=True).stdout
                 subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-            env = {"PYTHONPATH": str(tree)}
             opts = []
         else:
             opts = ["--workers", "1"] if engine == "serial" else ["--engine", engine]
         cmd = [sys.executable, "-m", "auditor", "analyze", str(work), *opts, "--quiet", "--out", str(out)]
-        wall, peak, cpu, stdout, rc = run_measured(cmd, env)
+        if engine == "before":  # that tree's auditor, not the one installed (an editable install's finder wins
+            # over PYTHONPATH: it is taken off the import system first)
+            cmd[1:3] = ["-c", OLD_TREE.format(tree=str(tree))]
+        wall, peak, cpu, stdout, rc = run_measured(cmd)
         named = stdout.strip()
         if (out / "findings.json").is_file():
             doc = json.loads((out / "findings.json").read_text())
