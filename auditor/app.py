@@ -388,21 +388,100 @@ def with_device(evidence, key: str):
 
 
 def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-            ignore: tuple[str, ...], quiet: bool, device: str | None = None) -> int:
-    """`audit analyze`: the rules on recordings and saved runs."""
+            ignore: tuple[str, ...], quiet: bool, engine: str | None = None, address: str | None = None,
+            workers: int | None = None, device: str | None = None) -> int:
+    """`audit analyze`: the rules on recordings and saved runs. A job's per-rank traces are reduced
+    on `engine` (auditor.evidence.ranks.engines), with a progress bar over the ranks."""
     from auditor.evidence.load import load_paths
+    from auditor.evidence.ranks.engines import EngineSpec, EngineUnavailable, check_available
 
     device_key = device_option(device)
+    given, paths = paths, expand_globs(paths)
     for p in paths:
         if not p.exists():
             raise UsageFailure(f"no such file or directory: {p}")
     config = rule_config(Path.cwd(), select, ignore)
+    if address is not None and engine not in ("ray", "dask"):
+        raise UsageFailure("--address names a ray or dask cluster: give --engine ray or --engine dask with it")
+    spec = EngineSpec(engine=engine or "local", address=address, workers=workers)
     try:
-        evidence = load_paths(list(paths))
+        if engine is not None:
+            check_available(spec)
+        with RankProgress(enabled=not quiet and sys.stderr.isatty()) as progress:
+            evidence = load_paths(list(paths), spec, progress.on_rank)
     except InputError as e:
         raise UsageFailure(str(e)) from None
+    except EngineUnavailable as e:
+        raise UsageFailure(str(e)) from None
+    if paths != given:  # the job is named as the user named it: the pattern, not a thousand paths
+        evidence.target = " ".join(str(p) for p in given)
+    echo_unread(evidence)
     out = output_dir(out_dir, "analyze")
     return finish(with_device(evidence, device_key), config, out, quiet, fail_on)
+
+
+def expand_globs(paths: tuple[Path, ...]) -> tuple[Path, ...]:
+    """Inputs as given, a pattern the shell left unexpanded (`'traces/rank*.json.gz'`, quoted so
+    that a thousand names do not overflow the command line) replaced by the paths it matches, in
+    order; a pattern that matches nothing stays as it is (and is reported missing)."""
+    import glob
+
+    out: list[Path] = []
+    for p in paths:
+        text = str(p)
+        hits = sorted(glob.glob(text)) if not p.exists() and glob.has_magic(text) else []
+        if hits:
+            out.extend(Path(h) for h in hits)
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+class RankProgress:
+    """A progress bar over a job's ranks on stderr (rich), while their traces are reduced."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress = None
+        self._task = None
+
+    def __enter__(self) -> "RankProgress":
+        return self
+
+    def on_rank(self, result, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self._progress is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("[bold]audit[/] ranks"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task("ranks", total=total)
+        self._progress.update(self._task, completed=done)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+# How many unread ranks are named on stderr, one line each (the rest are counted).
+UNREAD_LINES = 10
+
+
+def echo_unread(evidence) -> None:
+    """One line on stderr per rank input that could not be read (the rest were analysed)."""
+    rs = evidence.ranks
+    if rs is None or not rs.unread:
+        return
+    from auditor.reports.terminal import printable
+
+    click.echo(f"audit: {len(rs.unread)} rank input(s) not read, the other {len(rs.ranks)} analysed:", err=True)
+    for u in rs.unread[:UNREAD_LINES]:
+        click.echo(f"audit:   {printable(u.reason)}", err=True)
+    if len(rs.unread) > UNREAD_LINES:
+        click.echo(f"audit:   ... and {len(rs.unread) - UNREAD_LINES} more (listed in the report)", err=True)
 
 
 def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:

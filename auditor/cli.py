@@ -127,12 +127,21 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
               metavar="GIB", help="Memory of the device to simulate the caching allocator on, in GiB (the allocator "
                                   "replay of memory snapshots; under rehearsal, the device the program's own "
                                   "_dump_snapshot forecasts).")
+@click.option("--engine", type=click.Choice(["local", "ray", "dask"]), default=None,
+              help="Where a job's per-rank traces are reduced: local (a process pool on this machine), ray or dask "
+                   "(a cluster, with `pip install 'auditor[ray]'` / `'auditor[dask]'`) [default: local].")
+@click.option("--address", default=None, metavar="ADDR",
+              help="The ray or dask cluster to use [default: RAY_ADDRESS / DASK_SCHEDULER_ADDRESS, else a local "
+                   "one started for the run].")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Workers that reduce the ranks (local: processes) [default: one per core].")
 def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-            ignore: tuple[str, ...], quiet: bool, device_memory: float | None = None, device: str | None = None) -> None:
+            ignore: tuple[str, ...], quiet: bool, device_memory: float | None = None, device: str | None = None,
+            engine: str | None = None, address: str | None = None, workers: int | None = None) -> None:
     """Run the rules on recordings: profiler traces, TensorBoard logdirs, memory snapshots, or
-    `audit run` output directories."""
+    `audit run` output directories. PATHS may be glob patterns (quoted: 'traces/*.json.gz')."""
     _device_memory(device_memory)
-    sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet, device=device))
+    sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet, engine, address, workers, device=device))
 
 
 @cli.command("diff")

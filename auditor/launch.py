@@ -35,7 +35,7 @@ import click
 from auditor.capture.target import MODULE_PREFIX
 from auditor.evidence import model as m
 from auditor.evidence.ranks.model import RankIdentity
-from auditor.evidence.store import EVIDENCE_FILE, is_run_dir
+from auditor.evidence.store import EVIDENCE_FILE
 
 ENV_MERGE = "AUDIT_RANK_MERGE"  # "launcher": the launching process merges, ranks only write
 ENV_RUN_ID = "AUDIT_RUN_ID"  # set by the launching `audit run`; else torchrun's TORCHELASTIC_RUN_ID
@@ -121,14 +121,14 @@ def launch(target: str, nproc: int, out: Path, rank_args: list[str],
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
             proc.kill()
             rc = proc.wait()
-    from auditor.evidence.ranks.merge import merge_runs
+    from auditor.evidence.ranks.merge import merge_rank_dirs
 
     dirs = rank_dirs_of(out, nproc, run_id)
     if not dirs:
         click.echo(f"audit: error: no rank wrote evidence under {out} (torch.distributed.run exited {rc})",
                    err=True)
         return 3
-    evidence = merge_runs([(_load(d), d) for d in dirs], world_size=nproc, out=out)
+    evidence = merge_rank_dirs(dirs, world_size=nproc, out=out)  # (each rank reduced as it is read)
     if rc != 0 and evidence.ending.status == "completed":
         evidence.ending = m.Ending(status="crashed", returncode=rc,
                                    message=f"torch.distributed.run exited with code {rc}")
@@ -196,10 +196,10 @@ class RankSession:
                        f"evidence in {self.run_dir}")
             if not env.merges():
                 return 0 if m.ended_well(evidence.ending) else 3
-            from auditor.evidence.ranks.merge import merge_runs
+            from auditor.evidence.ranks.merge import merge_rank_dirs
 
             dirs = wait_for_ranks(self.root, env.world_size, env.run_id, timeout_s, lambda: self.stopped)
-            merged = merge_runs([(_load(d), d) for d in dirs], world_size=env.world_size, out=self.root)
+            merged = merge_rank_dirs(dirs, world_size=env.world_size, out=self.root)
             return report(merged, self.root)
 
 
@@ -247,10 +247,3 @@ def wait_for_ranks(root: Path, world_size: int, run_id: str | None, timeout_s: f
         if len(dirs) >= world_size or time.monotonic() - start >= limit:
             return dirs
         time.sleep(POLL_S)
-
-
-def _load(run_dir: Path) -> m.Evidence:
-    from auditor.evidence.store import load_run_dir
-
-    assert is_run_dir(run_dir)
-    return load_run_dir(run_dir)

@@ -17,6 +17,8 @@ from conftest import ROOT
 # Imported but not declared, on purpose: torch is the user's own build; yaml is optional (a small
 # built-in reader takes over without it).
 NOT_DECLARED = {"torch", "yaml"}
+# Imported only when asked for (`audit analyze --engine ray|dask`): each declared in its own extra.
+OPTIONAL = {"ray": "ray", "dask": "dask"}
 
 
 def _imported_top_level_names() -> set[str]:
@@ -36,4 +38,7 @@ def test_every_imported_package_is_a_declared_dependency():
                 for d in project["dependencies"]}
     imported = _imported_top_level_names()
     assert {"numpy", "pandas", "plotly", "msgspec"} <= imported  # the scan sees the real imports
-    assert sorted(imported - NOT_DECLARED - declared) == []
+    assert sorted(imported - NOT_DECLARED - set(OPTIONAL) - declared) == []
+    extras = project["optional-dependencies"]
+    for package, extra in OPTIONAL.items():
+        assert any(d.lower().startswith(package) for d in extras[extra]), (package, extra)

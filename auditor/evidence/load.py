@@ -15,6 +15,8 @@ from typing import Any
 from auditor.evidence import store
 from auditor.evidence.errors import InputError
 from auditor.evidence.model import Evidence, add_load_note
+from auditor.evidence.ranks.engines import EngineSpec
+from auditor.evidence.ranks.job import is_rank_job, merge_rank_traces
 from auditor.evidence.ranks.merge import find_rank_dirs, load_rank_dirs
 from auditor.evidence.ranks.traces import merge_traces
 from auditor.evidence.snapshot import load_snapshot
@@ -61,8 +63,11 @@ def _logdirs(paths: list[Path]) -> list[Path]:
     return [p for p in paths if p.is_dir() and not store.is_run_dir(p)]
 
 
-def load_paths(paths: list[Path]) -> Evidence:
+def load_paths(paths: list[Path], engine: Any = None, on_rank: Any = None) -> Evidence:
     """One Evidence from every input path, with parsed traces and snapshots attached.
+
+    `engine` (an auditor.evidence.ranks.engines.EngineSpec; None: the default, `local`) is where
+    the traces of a job's ranks are reduced, `on_rank` called in this process as each is done.
 
     Parsed traces go to `evidence.trace_data`, parsed snapshots to `evidence.snapshot_data`
     (runtime attributes; `traces` / `snapshots` keep the paths). Raises InputError for a path that
@@ -70,7 +75,7 @@ def load_paths(paths: list[Path]) -> Evidence:
     """
     if not paths:
         raise InputError("nothing to analyze: give a run directory, a trace or a snapshot")
-    merged, read = merge_inputs([Path(p) for p in paths])  # several ranks of one distributed run
+    merged, read = merge_inputs([Path(p) for p in paths], engine, on_rank)  # several ranks of one distributed run
     if merged is not None:  # (trace_data / snapshot_data already attached)
         merged.target = merged.target or " ".join(str(p) for p in paths)
         merged.traces, merged.snapshots = _absolute(merged.traces), _absolute(merged.snapshots)
@@ -147,14 +152,16 @@ def load_paths(paths: list[Path]) -> Evidence:
     return evidence
 
 
-def merge_inputs(paths: list[Path]) -> tuple[Evidence | None, dict[Path, Trace]]:
+def merge_inputs(paths: list[Path], engine: Any = None, on_rank: Any = None) -> tuple[Evidence | None, dict[Path, Trace]]:
     """For `load_paths`: the merged Evidence when `paths` are the ranks of one job, else None; and
     the traces parsed to find out, by resolved path, so that none is parsed twice.
 
     Recognised: a directory of `rank-K/` run directories (without its own evidence.json), several
     rank run directories, and profiler traces (files or directories of them) naming at least two
     different ranks in `distributedInfo`. The Evidence carries parsed traces of the primary rank in
-    `trace_data`, as load_paths would attach them.
+    `trace_data`, as load_paths would attach them. Traces whose headers name the ranks are each
+    reduced to a summary on `engine` (auditor.evidence.ranks.job), so that no more than the
+    summaries and the primary rank's trace are ever held here.
 
     Raises InputError when several run directories are not the ranks of one job (check_one_job).
     """
@@ -171,7 +178,7 @@ def merge_inputs(paths: list[Path]) -> tuple[Evidence | None, dict[Path, Trace]]
     if run_dirs:
         if others or (len(run_dirs) == 1 and not parents):
             return None, {}  # one plain run, or runs mixed with other inputs: the ordinary path
-        merged = load_rank_dirs(run_dirs)
+        merged = load_rank_dirs(run_dirs, engine=engine, on_done=on_rank)
         return _attach_traces(merged, [Path(t) for t in merged.traces]), {}
     files: list[Path] = []
     for p in paths:
@@ -183,6 +190,8 @@ def merge_inputs(paths: list[Path]) -> tuple[Evidence | None, dict[Path, Trace]]
             return None, {}
     if len(files) < 2:
         return None, {}
+    if is_rank_job(files):
+        return merge_rank_traces(files, engine or EngineSpec(), on_rank), {}
     merged, held = merge_traces(_parse_each(files))
     return merged, ({} if merged is not None else {Path(t.path).resolve(): t for t in held})
 

@@ -8,6 +8,7 @@ from typing import Iterable
 from auditor.evidence import model as m
 from auditor.evidence.ranks.combine import compared_steps
 from auditor.evidence.ranks.model import RankSet, SiteStat
+from auditor.evidence.ranks.scale import NAMED_RANKS, UNKNOWN_HOST, host_of, spread
 from auditor.evidence.ranks.view import rank_set
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
@@ -100,14 +101,28 @@ class CollectiveWait(Rule):
         locs = _wait_locations(rs, worst, kinds)
         ms = round(mean_share * step_ms, 3)
         share = share_of_step(ms, basis_ms)  # (the cost's: of the step the report states, as every cost's)
+        host = host_of(rs.get(worst))
+        dist = spread(list(shares.values()))
+        spread_text = (f"; across the {len(shares)} ranks the share waited is {dist['median']:.0%} at the median, "
+                       f"{dist['p90']:.0%} at the 90th percentile" if len(shares) > NAMED_RANKS else "")
+        most = sorted(shares, key=lambda r: -shares[r])[:5]
+        exposed = [median(x) for r in shares
+                   if (x := [row[r].exposed_ms for row in steps.values() if r in row and row[r].exposed_ms is not None])]
+        exposed_ms = round(median(exposed), 3) if exposed else None
+        exposed_text = (f"; communication no compute hides: {exposed_ms:.1f} ms per step (median rank)"
+                        if exposed_ms is not None else "")
         return self.finding(
-            f"Rank {worst} spends {shares[worst]:.0%} of each step waiting in collectives beyond the transfer "
+            f"Rank {worst}" + (f" (host {host})" if host != UNKNOWN_HOST else "") + f" spends {shares[worst]:.0%} "
+            f"of each step waiting in collectives beyond the transfer "
             f"itself (median over {len(steps)} steps); the {len(shares)} ranks wait {ms:.1f} ms per step on "
-            f"average" + (f" ({share:.0%} of the median step)" if share is not None else "")
-            + (f"; on rank {worst} per step: {kind_text}." if kind_text else "."),
+            f"average" + (f" ({share:.0%} of the median step)" if share is not None else "") + spread_text
+            + exposed_text + (f"; on rank {worst} per step: {kind_text}." if kind_text else "."),
             severity="warning" if mean_share >= options["warn-share"] else "info",
             locations=locs,
             evidence={"share_by_rank": {str(r): round(v, 4) for r, v in sorted(shares.items())},
+                      "share_spread": dist, "most_waiting": [{"rank": r, "host": host_of(rs.get(r)),
+                                                              "share": round(shares[r], 4)} for r in most],
+                      "exposed_comm_ms": exposed_ms,
                       "mean_share": round(mean_share, 4), "wait_ms_by_kind": {k: round(v, 3) for k, v in kinds},
                       "median_step_ms": round(step_ms, 3), "steps_compared": sorted(steps), "source": rs.source},
             cost=Cost(ms_per_step=ms, share_of_step=share, measured=True,

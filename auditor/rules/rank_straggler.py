@@ -8,6 +8,7 @@ from auditor.evidence import model as m
 from auditor.evidence.ranks.combine import compared_steps
 from auditor.evidence.ranks.model import RankSet
 from auditor.evidence.ranks.phases import COMM, PHASE_LABELS, RANK_PHASES
+from auditor.evidence.ranks.scale import NAMED_RANKS, UNKNOWN_HOST, host_of, median_without, name_ranks, spread
 from auditor.evidence.ranks.view import rank_set
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
@@ -88,12 +89,16 @@ class RankStraggler(Rule):
         base = max(options["min-excess-ms"], options["min-excess-share"] * step_ms)
         excess: dict[int, list[float]] = {}
         for row in steps.values():
+            works = sorted(s.work_ms for s in row.values())
             for r, s in row.items():
-                others = [o.work_ms for k, o in row.items() if k != r]
-                excess.setdefault(r, []).append(s.work_ms - median(others))
+                excess.setdefault(r, []).append(s.work_ms - median_without(works, s.work_ms))
+        jitters = _jitters(steps)
+        ordered_jitters = sorted(jitters.values())
         slow = []
         for r, xs in excess.items():
-            threshold = max(base, options["noise-factor"] * _jitter(steps, r))
+            jitter = (median_without(ordered_jitters, jitters[r]) if r in jitters and len(ordered_jitters) > 1
+                      else median(ordered_jitters) if ordered_jitters and r not in jitters else 0.0)
+            threshold = max(base, options["noise-factor"] * jitter)
             if median(xs) >= threshold and \
                     sum(x >= threshold / 2 for x in xs) >= options["min-share-of-steps"] * len(xs):
                 slow.append(r)
@@ -113,7 +118,13 @@ class RankStraggler(Rule):
         phase, phase_ms = max(((p, d) for p, d in deltas[lead].items() if p != COMM), key=lambda t: t[1])
         info = rs.get(lead)
         where = info.phase_sites.get(phase) if info else None
-        names = ", ".join(str(r) for r in slow)
+        hosts = {r: host_of(rs.get(r)) for r in slow}
+        known = sorted({h for h in hosts.values() if h != UNKNOWN_HOST})
+        names = name_ranks(slow)
+        if len(slow) <= NAMED_RANKS and known:
+            names = ", ".join(f"{r} (host {hosts[r]})" for r in slow)
+        elif known and len(known) == 1 and len(known) == len(set(hosts.values())):
+            names = f"{names}, all on host {known[0]}"
         fast = sorted({r for row in steps.values() for r in row} - set(slow))
         waiters = (f"rank {fast[0]} waits" if len(fast) == 1 else
                    f"ranks {', '.join(map(str, fast))} wait" if len(fast) <= 4 else f"the other {len(fast)} ranks wait")
@@ -123,45 +134,61 @@ class RankStraggler(Rule):
                    f"the other ranks), and {waiters} {others_wait:.1f} ms per step for "
                    f"{'them' if len(slow) > 1 else 'it'} in collectives"
                    + (f" ({share:.0%} of the median step)." if share is not None else "."))
+        work = {r: median(row[r].work_ms for row in steps.values() if r in row)
+                for r in sorted({r for row in steps.values() for r in row})}
         return self.finding(
             message,
             locations=[Location.of(where)] if where else [],
-            evidence={"stragglers": slow, "phase": phase, "phase_label": PHASE_LABELS[phase],
+            evidence={"stragglers": slow, "hosts": {str(r): h for r, h in hosts.items()},
+                      "work_ms_spread": spread(list(work.values())), "ranks_compared": len(work),
+                      "phase": phase, "phase_label": PHASE_LABELS[phase],
                       "excess_ms": {str(r): round(median(excess[r]), 3) for r in slow},
                       "phase_excess_ms": {str(r): {p: round(d, 3) for p, d in deltas[r].items()} for r in slow},
                       "others_wait_ms": round(others_wait, 3), "median_step_ms": round(step_ms, 3),
                       "steps_compared": sorted(steps), "source": rs.source,
-                      "per_rank_work_ms": {str(r): round(median(row[r].work_ms for row in steps.values()
-                                                                if r in row), 3)
-                                           for r in sorted({r for row in steps.values() for r in row})}},
+                      "per_rank_work_ms": {str(r): round(w, 3) for r, w in work.items()}},
             cost=Cost(ms_per_step=others_wait, share_of_step=share,
                       measured=True, note="time each other rank waits per step"),
             fix=Fix(summary=_FIXES.get(phase, _FIXES["other"])),
         )
 
 
-def _jitter(steps: dict, rank: int) -> float:
-    """Median absolute deviation, over steps, of the own work of the ranks other than `rank`: how much
-    a rank's step varies by itself on this machine."""
-    devs = []
-    for r in {k for row in steps.values() for k in row} - {rank}:
-        xs = [row[r].work_ms for row in steps.values() if r in row]
+def _jitters(steps: dict) -> dict[int, float]:
+    """Per rank with two steps or more, the median absolute deviation of its own work over steps:
+    how much a rank's step varies by itself on this machine. A rank is judged against the median
+    of the other ranks' (median_without)."""
+    by_rank: dict[int, list[float]] = {}
+    for row in steps.values():
+        for r, s in row.items():
+            by_rank.setdefault(r, []).append(s.work_ms)
+    out = {}
+    for r, xs in by_rank.items():
         if len(xs) >= 2:
             mid = median(xs)
-            devs.append(median(abs(x - mid) for x in xs))
-    return median(devs) if devs else 0.0
+            out[r] = median(abs(x - mid) for x in xs)
+    return out
 
 
 def _phase_deltas(steps: dict, slow: list[int]) -> dict[int, dict[str, float]]:
     """Per slow rank and phase: median over steps of (its phase time - the other ranks' median)."""
+    slow_set = set(slow)
+    typical: dict[int, dict[str, float]] = {}  # step -> phase -> the other ranks' median (the same for each slow rank)
+    for i, row in steps.items():
+        others = [s for k, s in row.items() if k not in slow_set]
+        if others:
+            typical[i] = {p: median(o.phases.get(p, 0.0) for o in others) for p in RANK_PHASES}
     out: dict[int, dict[str, float]] = {}
     for r in slow:
         per_phase: dict[str, list[float]] = {p: [] for p in RANK_PHASES}
-        for row in steps.values():
+        for i, row in steps.items():
             if r not in row:
                 continue
-            others = [s for k, s in row.items() if k not in slow] or [s for k, s in row.items() if k != r]
+            if i in typical:
+                mid = typical[i]
+            else:  # every rank of the step is slow: against the others
+                others = [s for k, s in row.items() if k != r]
+                mid = {p: median(o.phases.get(p, 0.0) for o in others) for p in RANK_PHASES}
             for p in RANK_PHASES:
-                per_phase[p].append(row[r].phases.get(p, 0.0) - median(o.phases.get(p, 0.0) for o in others))
+                per_phase[p].append(row[r].phases.get(p, 0.0) - mid[p])
         out[r] = {p: median(v) for p, v in per_phase.items() if v}
     return out

@@ -140,3 +140,22 @@ def test_known_keys_still_work(tmp_path):
     a = _run_with_config(tmp_path, '[tool.auditor]\nselect = ["host-sync"]\nignore = ["forced-cleanup"]\n'
                                    'fail-on = "error"\n[tool.auditor.rules.host-sync]\nmin-share-of-steps = 0.5\n')
     assert a.returncode == 0, a.stderr
+
+
+def test_a_rank_directory_that_cannot_be_read_is_listed_and_the_rest_merged(ddp_run, tmp_path):
+    """Rank directories are reduced one by one (auditor.evidence.ranks.merge.merge_rank_dirs): an
+    unreadable one is named with its reason, the others analysed; before, it ended the whole job's
+    analysis with exit 2."""
+    for r in (0, 1):
+        shutil.copytree(ddp_run / f"rank-{r}", tmp_path / "job" / f"rank-{r}")
+    (tmp_path / "job" / "rank-1" / "evidence.json").write_text('{"truncated": ')
+    a = audit("analyze", str(tmp_path / "job"), "--quiet", out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr
+    assert "1 rank input(s) not read, the other 1 analysed" in a.stderr
+    assert "rank-1/evidence.json: not a readable auditor evidence file" in a.stderr
+    rs = a.evidence["ranks"]
+    assert [r["rank"] for r in rs["ranks"]] == [0] and rs["missing"] == [1]
+    assert [Path(u["path"]).name for u in rs["unread"]] == ["rank-1"]
+    (tmp_path / "job" / "rank-0" / "evidence.json").write_text("")
+    one_line_error(audit("analyze", str(tmp_path / "job"), "--quiet", out=tmp_path / "o2"),
+                   "none of the 2 rank run directories could be read")

@@ -42,6 +42,7 @@ class RankStep(msgspec.Struct):
     wait_by: dict[str, float] = {}  # wait_ms by kind of sync point: gradients, buffers, collectives, kernels
     grad_syncs: int = 0  # backward passes whose gradients DDP all-reduced
     disturbed: bool = False  # follows the auditor's own work between steps (graph scan, profiler start/stop)
+    exposed_ms: float | None = None  # of comm_ms, the device time no other GPU work overlapped (traces with GPU communication)
 
     @property
     def busy_ms(self) -> float:
@@ -87,6 +88,13 @@ class RankInfo(msgspec.Struct):
     traces: list[str] = []  # its profiler traces
 
 
+class UnreadRank(msgspec.Struct):
+    """A rank's input that could not be read (RankSet.unread): its path, and why, in one line."""
+
+    path: str
+    reason: str
+
+
 class RankSet(msgspec.Struct):
     """The ranks of one job, merged (Evidence.ranks)."""
 
@@ -95,6 +103,7 @@ class RankSet(msgspec.Struct):
     missing: list[int] = []  # ranks of the world that gave no evidence
     source: str = "run"  # run | trace: what the ranks were read from
     notes: list[str] = []  # what the reports say about the merge (missing ranks, ranks that ended early)
+    unread: list[UnreadRank] = []  # inputs of ranks that could not be read, left out of the merge
 
     def get(self, rank: int) -> RankInfo | None:
         return next((r for r in self.ranks if r.rank == rank), None)

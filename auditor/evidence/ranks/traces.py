@@ -11,6 +11,7 @@ device time set against a host step: consistent between ranks, which is what the
 from __future__ import annotations
 
 import re
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -20,14 +21,23 @@ from auditor.evidence import model as m
 from auditor.evidence.ranks.combine import combine, rank_ranges
 from auditor.evidence.ranks.model import RankInfo, RankSet, RankStep, SyncMap
 from auditor.evidence.ranks.phases import COMM, RANK_PHASES
+from auditor.evidence.trace.decode import GPU_WORK
+from auditor.evidence.trace.intervals import intersect, merge_intervals, total_length
 from auditor.evidence.trace.model import Trace
 
 # Names a trace gives communication: NCCL kernels on the GPU, gloo/nccl record_function ranges on the host.
-_COMM_KERNEL = re.compile(r"nccl|rccl|c10d", re.I)
+COMM_KERNEL = re.compile(r"nccl|rccl|c10d", re.I)
 _COMM_HOST = re.compile(r"^(gloo|nccl|mpi|ucc):[a-z_]+$", re.I)
 _TRACE_PHASES = {"data": re.compile(r"DataLoader.*__next__"),
                  "forward": re.compile(r"^DistributedDataParallel\.forward$"),
                  "optimizer": re.compile(r"^Optimizer\.step#")}
+
+
+def comm_tag(name: str) -> str:
+    """A communication's name as its sync-point key holds it: a short checksum of the full name (the
+    k-th communication of a step matches across ranks only when its name does too). The key is
+    kept per step and rank, hundreds per step in an FSDP job, and names run to 100 characters."""
+    return f"{zlib.crc32(name.encode()):08x}"
 
 
 def _union_ms(starts: list[float], ends: list[float]) -> float:
@@ -75,16 +85,21 @@ def info_from_traces(traces: list[Trace], rank: int) -> tuple[RankInfo, SyncMap]
         backend = backend or trace.distributed_info.get("backend")
         events = trace.events
         kernels = trace.of("kernel")
-        comm = trace.matching(_COMM_KERNEL, kernels)
+        comm = trace.matching(COMM_KERNEL, kernels)
         on_gpu = len(comm) > 0
-        if not on_gpu:
+        compute = None
+        if on_gpu:  # the GPU's other work, by step: what communication may hide behind
+            work = events[events["cat"].isin(GPU_WORK)]
+            compute = work.drop(index=comm.index, errors="ignore")
+        else:
             comm = trace.matching(_COMM_HOST, trace.of("cpu_op", "annotation"))
         for _, st in trace.steps.iterrows():
             n = int(st["step"])
             lo, hi = float(st["ts"]), float(st["end"])
             in_step = comm[comm["step"] == n] if on_gpu else comm[(comm["ts"] >= lo) & (comm["ts"] < hi)]
             in_step = in_step.sort_values("ts")
-            points = {f"comm:{k}:{trace.symbols[int(c)]}": float(d) / 1e3
+            names = {int(c): comm_tag(trace.symbols[int(c)]) for c in set(in_step["name"])}
+            points = {f"comm:{k}:{names[int(c)]}": float(d) / 1e3
                       for k, (c, d) in enumerate(zip(in_step["name"], in_step["dur"]))}
             phases = dict.fromkeys(RANK_PHASES, 0.0)
             host = events[(events["ts"] >= lo) & (events["ts"] < hi)]
@@ -95,8 +110,14 @@ def info_from_traces(traces: list[Trace], rank: int) -> tuple[RankInfo, SyncMap]
             phases[COMM] = comm_ms
             ms = (hi - lo) / 1e3
             phases["other"] = max(0.0, ms - sum(phases[p] for p in _TRACE_PHASES) - (0.0 if on_gpu else comm_ms))
+            exposed = None
+            if compute is not None:
+                spans = merge_intervals(in_step["ts"].to_numpy(), in_step["end"].to_numpy())
+                mine = compute[compute["step"] == n]
+                hidden = intersect(spans, merge_intervals(mine["ts"].to_numpy(), mine["end"].to_numpy()))
+                exposed = round((total_length(spans) - total_length(hidden)) / 1e3, 4)
             steps.append(RankStep(index=n, ms=ms, phases={k: round(v, 4) for k, v in phases.items()},
-                                  comm_ms=round(comm_ms, 4), profiled=True))
+                                  comm_ms=round(comm_ms, 4), profiled=True, exposed_ms=exposed))
             syncs[n] = points
     steps.sort(key=lambda s: s.index)
     info = RankInfo(rank=rank, source="trace", path=str(traces[0].path) if traces else "", backend=backend,

@@ -1,0 +1,181 @@
+"""`audit analyze` of a job's per-rank traces on the engines (auditor.evidence.ranks.engines): each
+rank's trace reduced apart to a RankSummary, merged in the driver. A job of 16 ranks made from the
+recorded 2-rank DDP fixture (tests/evidence/rank_jobs.py), rank 5 slowed by 1.5x."""
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+from conftest import audit
+from rank_jobs import write_job
+
+from auditor.evidence.ranks.engines import EngineSpec, reduce_all
+from auditor.evidence.ranks.job import header_rank, is_rank_job, merge_summaries
+from auditor.evidence.ranks.summary import RankFailure, RankSummary, reduce_trace
+
+N = 16
+SLOW = 5
+HOSTS = {r: f"node-{r // 8}" for r in range(N)}
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("job")
+    write_job(d, N, slow=(SLOW,), hosts=HOSTS)
+    return d
+
+
+def _findings(a) -> list[tuple]:
+    return [(f["rule"], f["message"], json.dumps(f["evidence"], sort_keys=True)) for f in a.findings]
+
+
+@pytest.fixture(scope="module")
+def serial(job, tmp_path_factory):
+    a = audit("analyze", str(job), "--workers", "1", "--quiet", out=tmp_path_factory.mktemp("serial"))
+    assert a.returncode == 0, a.stderr
+    return a
+
+
+def test_summary_is_small_and_typed(job):
+    s = reduce_trace(str(job / f"rank-{SLOW}.pt.trace.json.gz"))
+    assert isinstance(s, RankSummary) and s.rank == SLOW and s.world_size == N and s.hostname == "node-0"
+    assert [st.index for st in s.info.steps] == [4, 5, 6]
+    assert s.digest.comm_kernels == 21 and s.digest.steps == 3 and s.digest.devices == ["NVIDIA A100-PG509-200"]
+    assert 0 < s.digest.exposed_comm_ms <= s.digest.comm_ms
+    # what travels to the driver, and what it holds per rank: a sync point's key names its kernel by a
+    # checksum (the full NCCL kernel names made it 3.3 KB here, most of it the same names again)
+    assert len(msgspec.msgpack.encode(s)) < 2500
+    assert all(len(k) <= 20 for points in s.syncs.values() for k in points)
+
+
+def test_serial_names_the_straggler_and_its_host(serial):
+    [f] = serial.rule("rank-straggler")
+    assert f["evidence"]["stragglers"] == [SLOW]
+    assert serial.rule("collective-wait")
+    rs = serial.evidence["ranks"]
+    assert [r["rank"] for r in rs["ranks"]] == list(range(N)) and rs["world_size"] == N
+    assert [r["hostname"] for r in rs["ranks"]] == [HOSTS[r] for r in range(N)]
+
+
+def test_local_pool_gives_the_serial_findings(job, serial, tmp_path):
+    a = audit("analyze", str(job), "--engine", "local", "--workers", "2", "--quiet", out=tmp_path)
+    assert a.returncode == 0, a.stderr
+    assert _findings(a) == _findings(serial)
+
+
+def test_dask_cluster_gives_the_serial_findings(job, serial, tmp_path):
+    distributed = pytest.importorskip("dask.distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp",
+                                  dashboard_address=None) as cluster:
+        a = audit("analyze", f"{job}/rank-*.pt.trace.json.gz", "--engine", "dask", "--address",
+                  cluster.scheduler_address, "--quiet", out=tmp_path)
+    assert a.returncode == 0, a.stderr
+    assert _findings(a) == _findings(serial)
+    assert a.findings_doc["target"] == f"{job}/rank-*.pt.trace.json.gz"  # the pattern, not 16 paths
+
+
+def test_ray_gives_the_serial_findings(job, serial, tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed here (pip install 'auditor[ray]')")
+    a = audit("analyze", str(job), "--engine", "ray", "--workers", "2", "--quiet", out=tmp_path)
+    assert a.returncode == 0, a.stderr
+    assert _findings(a) == _findings(serial)
+
+
+def test_engines_in_process_agree_on_every_summary(job):
+    """The pool returns what reducing in this process returns, in the order of the inputs."""
+    paths = sorted(str(p) for p in job.iterdir())
+    here = reduce_all(paths, EngineSpec(workers=1))
+    pooled = reduce_all(paths, EngineSpec(workers=2))
+    strip = [msgspec.structs.replace(s, seconds=0.0) for s in here]
+    assert [msgspec.structs.replace(s, seconds=0.0) for s in pooled] == strip
+
+
+def _damage(path: Path) -> None:
+    data = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(data[:len(data) * 2 // 3]))  # cut mid-way: the array never closes
+
+
+def test_a_damaged_rank_is_listed_and_the_rest_analyzed(job, tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    for p in job.iterdir():
+        (d / p.name).write_bytes(p.read_bytes())
+    _damage(d / "rank-3.pt.trace.json.gz")
+    (d / "rank-9.pt.trace.json.gz").write_bytes(b"\x00 not gzip, not json")  # no header either
+    a = audit("analyze", str(d), "--workers", "2", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    assert "2 rank input(s) not read, the other 14 analysed" in a.stderr
+    assert "rank-3.pt.trace.json.gz: truncated" in a.stderr and "rank-9.pt.trace.json.gz" in a.stderr
+    assert "Traceback" not in a.stderr
+    rs = a.evidence["ranks"]
+    assert [r["rank"] for r in rs["ranks"]] == [r for r in range(N) if r not in (3, 9)]
+    assert sorted(Path(u["path"]).name for u in rs["unread"]) == ["rank-3.pt.trace.json.gz", "rank-9.pt.trace.json.gz"]
+    assert rs["missing"] == [3, 9]
+    [f] = a.rule("rank-straggler")
+    assert f["evidence"]["stragglers"] == [SLOW]
+
+
+def test_no_readable_rank_is_one_line_and_exit_2(job, tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    for p in sorted(job.iterdir())[:4]:
+        (d / p.name).write_bytes(p.read_bytes())
+        _damage(d / p.name)
+    a = audit("analyze", str(d), "--workers", "2", out=tmp_path / "out")
+    assert a.returncode == 2
+    lines = a.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("audit: error: none of the 4 rank traces could be read"), a.stderr
+
+
+def test_a_missing_engine_is_one_line_and_exit_2(job, tmp_path):
+    import subprocess
+
+    code = ("import sys; sys.modules['dask'] = None; sys.modules['dask.distributed'] = None; "
+            "from auditor.cli import main; main(sys.argv[1:])")
+    p = subprocess.run([sys.executable, "-c", code, "analyze", str(job), "--engine", "dask", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "audit: error: --engine dask needs dask.distributed, which is not installed here "
+        "(import of dask.distributed halted; None in sys.modules): pip install 'auditor[dask]'"]
+
+
+def test_header_decides_a_rank_job_without_parsing_events(job, tmp_path):
+    paths = sorted(job.iterdir())
+    assert header_rank(paths[0]) == (True, 0) and is_rank_job(paths)
+    assert not is_rank_job(paths[:1] * 2)  # one rank twice: not a job of two ranks
+    one = tmp_path / "plain.pt.trace.json"
+    one.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "pid": 1, "tid": 1}]}')
+    assert header_rank(one) == (True, None) and not is_rank_job([one, *paths])
+
+
+def test_merge_of_summaries_matches_the_per_rank_merge(job):
+    """The summaries merge to the RankSet the parsed traces merge to (auditor.evidence.ranks.traces)."""
+    from auditor.evidence.ranks.traces import merge_traces
+    from auditor.evidence.trace.load import load_trace
+
+    paths = sorted(job.iterdir())[:4]
+    ev = merge_summaries([reduce_trace(str(p)) for p in paths])
+    old, _ = merge_traces(load_trace(p) for p in paths)
+    strip = [msgspec.structs.replace(r, hostname="") for r in ev.ranks.ranks]
+    assert strip == old.ranks.ranks
+    assert len(ev.trace_data) == 1 and ev.traces == [str(paths[0])]
+    failed = merge_summaries([RankFailure(path="x", reason="x: bad"), reduce_trace(str(paths[1])),
+                              reduce_trace(str(paths[2]))], load_primary=False)
+    assert [u.path for u in failed.ranks.unread] == ["x"] and failed.trace_data == []
+
+
+@pytest.mark.slow
+def test_dask_without_an_address_starts_a_local_cluster_for_the_run(tmp_path):
+    pytest.importorskip("dask.distributed")
+    write_job(tmp_path / "job", 4, slow=(2,))
+    env = {"DASK_SCHEDULER_ADDRESS": ""}  # (none: the engine starts its own LocalCluster of 2 processes)
+    a = audit("analyze", str(tmp_path / "job"), "--engine", "dask", "--workers", "2", "--quiet",
+              out=tmp_path / "out", env=env)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("rank-straggler")
+    assert f["evidence"]["stragglers"] == [2]
