@@ -219,7 +219,8 @@ def afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
         quiet: bool, nproc_per_node: int | None, rank_timeout: float, numerics: bool,
-        script_args: tuple[str, ...], module: str | None = None, skip: int = 0, to_end: bool = False) -> int:
+        script_args: tuple[str, ...], module: str | None = None, skip: int = 0, to_end: bool = False,
+        device: str | None = None) -> int:
     """`audit run`: the target in a child process (or N ranks of it under torch.distributed.run,
     or this process as one rank of a launch: auditor.launch), then finish. The target is a step
     callable, or a whole program (a file, or `module` for -m) whose steps the child finds."""
@@ -243,6 +244,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         raise UsageFailure("--skip and --to-end apply to a whole program (path/to/file.py or -m package.module), "
                            "not to a step callable")
     target = t.spec
+    device_key = device_option(device)
     config = rule_config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
     session = launch.RankSession.from_env(out_dir, t.name)
     if nproc_per_node is not None:
@@ -256,7 +258,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         prewarm_report()
         code = launch.launch(target, nproc_per_node, out,
                              launch.rank_argv(steps, profile, rehearse, numerics, script_args, skip, to_end),
-                             lambda ev: finish(ev, config, out, quiet, fail_on))
+                             lambda ev: finish(with_device(ev, device_key), config, out, quiet, fail_on))
         afterwards(out, open_report, tensorboard)
         return code
     out = session.run_dir if session is not None else output_dir(out_dir, t.name)
@@ -275,17 +277,39 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
             drop_if_unused(out)
             raise UsageFailure(str(e)) from None
     if session is not None:  # distributed: save this rank; the merging rank reports on every rank
-        return session.finish(evidence, rank_timeout, lambda ev, root: finish(ev, config, root, quiet, fail_on))
-    code = finish(evidence, config, out, quiet, fail_on)
+        return session.finish(evidence, rank_timeout,
+                              lambda ev, root: finish(with_device(ev, device_key), config, root, quiet, fail_on))
+    code = finish(with_device(evidence, device_key), config, out, quiet, fail_on)
     afterwards(out, open_report, tensorboard)
     return code
 
 
+def device_option(name: str | None) -> str:
+    """The device model's key `--device NAME` names ('' when not given); an unknown name is a
+    usage error that lists the known ones."""
+    from auditor.evidence.devices import find_device, unknown_device_message
+
+    if name is None:
+        return ""
+    found = find_device(name)
+    if found is None:
+        raise UsageFailure(unknown_device_message(name))
+    return found.key
+
+
+def with_device(evidence, key: str):
+    """The evidence with `--device`'s choice recorded in its environment (kept when none given)."""
+    if key:
+        evidence.environment.device_model = key
+    return evidence
+
+
 def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-            ignore: tuple[str, ...], quiet: bool) -> int:
+            ignore: tuple[str, ...], quiet: bool, device: str | None = None) -> int:
     """`audit analyze`: the rules on recordings and saved runs."""
     from auditor.evidence.load import load_paths
 
+    device_key = device_option(device)
     for p in paths:
         if not p.exists():
             raise UsageFailure(f"no such file or directory: {p}")
@@ -295,7 +319,7 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     except InputError as e:
         raise UsageFailure(str(e)) from None
     out = output_dir(out_dir, "analyze")
-    return finish(evidence, config, out, quiet, fail_on)
+    return finish(with_device(evidence, device_key), config, out, quiet, fail_on)
 
 
 def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:

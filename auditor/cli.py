@@ -32,6 +32,10 @@ _SHARED_OPTIONS: dict[str, Callable[..., Callable]] = {
     "ignore": lambda default, quiet_help: click.option(
         "--ignore", multiple=True, help="Skip these rule ids (comma-separated or repeated)."),
     "quiet": lambda default, quiet_help: click.option("--quiet", "-q", is_flag=True, help=quiet_help),
+    "device": lambda default, quiet_help: click.option(
+        "--device", "device", default=None, metavar="NAME",
+        help="The GPU to judge kernel efficiency by when a trace does not name it, and to estimate a "
+             "rehearsed run's GPU costs on (e.g. h100-sxm, a100-sxm4-80gb, mi300x; an unknown name lists them)."),
 }
 
 
@@ -80,27 +84,29 @@ def cli() -> None:
               help="Launch this many ranks with torch.distributed.run (the target calls init_process_group).")
 @click.option("--rank-timeout", type=click.FloatRange(min=0), default=DEFAULT_RANK_TIMEOUT_S, show_default=True,
               help="Under a launcher: how long rank 0 waits for the other ranks' evidence, in seconds.")
+@shared_options("device")
 def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
         ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
         quiet: bool, nproc_per_node: int | None = None, rank_timeout: float = DEFAULT_RANK_TIMEOUT_S,
         numerics: bool = True, script_args: tuple[str, ...] = (), module: str | None = None, skip: int = 0,
-        to_end: bool = False) -> None:
+        to_end: bool = False, device: str | None = None) -> None:
     """Audit TARGET: path/to/file.py:step or package.module:step (the step called N times), or a
     whole program, path/to/file.py or -m package.module (run as Python runs it, its steps found).
 
     ARGS after `--` are the program's own command line: its code finds them in sys.argv[1:]."""
     sys.exit(app.run(target, steps, out_dir, fail_on, select, ignore, profile, rehearse, open_report, tensorboard,
-                     quiet, nproc_per_node, rank_timeout, numerics, script_args, module, skip, to_end))
+                     quiet, nproc_per_node, rank_timeout, numerics, script_args, module, skip, to_end,
+                     device=device))
 
 
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@shared_options("out", "fail-on", "select", "ignore", "quiet", out_default="audit-out/analyze-<timestamp>/")
+@shared_options("out", "fail-on", "select", "ignore", "quiet", "device", out_default="audit-out/analyze-<timestamp>/")
 def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-            ignore: tuple[str, ...], quiet: bool) -> None:
+            ignore: tuple[str, ...], quiet: bool, device: str | None = None) -> None:
     """Run the rules on recordings: profiler traces, TensorBoard logdirs, memory snapshots, or
     `audit run` output directories."""
-    sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet))
+    sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet, device=device))
 
 
 @cli.command()

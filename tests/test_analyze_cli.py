@@ -38,10 +38,10 @@ SEVERITIES = {"info", "warning", "error"}
 # The findings.json contract (README, "findings.json"): keys that must be there.
 TOP_KEYS = {"tool", "target", "source", "environment", "steps", "ending", "findings", "skipped_rules", "rule_errors",
             "suppressed"}
-ENV_KEYS = {"torch_version", "python_version", "platform", "hostname", "device", "cuda_available", "cuda_standins",
+ENV_KEYS = {"torch_version", "python_version", "platform", "hostname", "device", "cuda_available", "cuda_standins", "device_model",
             "rehearsal", "num_threads", "env_vars", "backend_flags", "notes"}
 STEPS_KEYS = {"count", "requested", "per_step_ms", "median_ms", "numerics_check_median_ms", "total_ms",
-              "profiled_steps"}
+              "profiled_steps", "gpu"}
 FINDING_KEYS = {"rule", "severity", "title", "message", "locations", "evidence", "cost", "fix"}
 COST_KEYS = {"ms_per_step", "share_of_step", "measured", "note"}
 FIX_KEYS = {"summary", "config", "patch", "edits", "changes_numerics"}

@@ -126,6 +126,10 @@ class Environment(msgspec.Struct):
     # when the program never initialised CUDA (oom-risk reads the capacity here)
     cuda_devices: list[dict[str, Any]] = []
     notes: list[str] = []
+    # The device model's row (auditor.evidence.devices, its key) that `--device` chose: what the
+    # GPU figures are judged by when the trace names no known device, and what a rehearsed run's
+    # costs are estimated on. Empty: none chosen.
+    device_model: str = ""
 
 
 class ProfileWindow(msgspec.Struct):

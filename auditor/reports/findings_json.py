@@ -8,6 +8,7 @@ import msgspec
 
 from auditor import __version__
 from auditor.evidence.model import Evidence
+from auditor.evidence.trace.efficiency import steps_gpu
 from auditor.reports.base import Reporter
 from auditor.findings import RuleResults
 
@@ -30,6 +31,7 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
             "numerics_check_median_ms": round(check, 3) if check is not None else None,
             "total_ms": round(sum(per_step), 3),
             "profiled_steps": [s.index for s in evidence.steps if s.profiled],
+            "gpu": steps_gpu(evidence),
         },
         "ending": msgspec.to_builtins(evidence.ending),
         "findings": msgspec.to_builtins(results.findings),

@@ -97,7 +97,8 @@ def plot_template() -> dict:
 def fmt_ms(ms: float | None) -> str:
     if ms is None:
         return "-"
-    return f"{ms / 1000:.2f} s" if ms >= 10_000 else f"{ms:.1f} ms" if ms >= 10 else f"{ms:.2f} ms"
+    return f"{ms / 1000:.2f} s" if ms >= 10_000 else f"{ms:.1f} ms" if ms >= 10 else \
+        f"{ms:.2f} ms" if ms >= 0.01 or ms == 0 else f"{ms:.3g} ms"
 
 
 def fmt_bytes(n: int | None) -> str:

@@ -9,6 +9,7 @@ import numpy as np
 from auditor.evidence.model import Evidence
 from auditor.evidence.numerics import NumericsView
 from auditor.evidence.phases import PHASES, phase_table
+from auditor.reports.gpu_plots import kernel_group_plot, roofline_plot
 from auditor.reports.rank_plots import rank_figure
 
 if TYPE_CHECKING:
@@ -219,4 +220,4 @@ def numerics_plot(ev: Evidence) -> go.Figure | None:
 
 
 PLOT_BUILDERS: list[PlotBuilder] = [phase_plot, step_time_plot, memory_plot, numerics_plot, rank_figure,
-                                    memory_timeline_plot, segment_map_plot]
+                                    memory_timeline_plot, segment_map_plot, kernel_group_plot, roofline_plot]

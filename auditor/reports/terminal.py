@@ -108,6 +108,12 @@ def _held_elsewhere(f: Finding, timed: list[Finding]) -> bool:
     return any(g is not f and g.rule == container and g.evidence.get("trace") == scope for g in timed)
 
 
+def small_ms(ms: float) -> str:
+    """Milliseconds to two decimals, or three significant digits below 0.01 ms (an estimated cost
+    of a few microseconds a step is not "0.00")."""
+    return f"{ms:.2f}" if ms >= 0.01 or ms == 0 else f"{ms:.3g}"
+
+
 def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     timed = [f for f in results.findings if f.cost is not None and f.cost.ms_per_step is not None]
     counted_only = len(results.findings) - len(timed)
@@ -228,7 +234,7 @@ def _cost(f: Finding) -> str:
     if c is None:
         return ""
     if c.ms_per_step is not None:
-        text = f"{c.ms_per_step:.2f} ms/step"
+        text = f"{small_ms(c.ms_per_step)} ms/step"
         if c.share_of_step is not None:
             text += f", {c.share_of_step:.0%}"
         return text + ("" if c.measured else ", estimated")
@@ -280,7 +286,7 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
                     f"{rec.largest:.2f} ms/step" + (f" ({share:.0%})" if (share := share_of_step(rec.largest, median))
                                                     is not None else ""))
     elif rec.ms is not None:
-        head.append(f", up to {rec.ms:.2f} ms/step recoverable")
+        head.append(f", up to {small_ms(rec.ms)} ms/step recoverable")
         if rec.share is not None:
             head.append(f" ({rec.share:.0%})")
         if rec.estimated:

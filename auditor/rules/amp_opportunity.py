@@ -7,11 +7,14 @@ from typing import Any
 
 import numpy as np
 
+from auditor.evidence.devices import DeviceSpec, device_for
+from auditor.evidence.model import Evidence
 from auditor.evidence.trace.decode import CAT
+from auditor.evidence.trace.efficiency import kernel_ops, op_shapes, op_work
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.rules.base import Option, Options, TraceRule
-from auditor.findings import Cost, Finding, Fix, Location
+from auditor.findings import Cost, Finding, Fix, Location, step_basis_ms, with_share
 
 # Kernels that do matrix multiplies or convolutions (where tensor cores pay off).
 MATMUL_CONV = re.compile(r"gemm|gemv|matmul|conv|scudnn|hcudnn|dgrad|wgrad|fprop|cutlass.*tensorop|xmma|"
@@ -71,7 +74,13 @@ class AmpOpportunity(TraceRule):
         Option("min-ms-per-step", 1.0, "... and at least this many ms of kernel time per step."),
     )
 
-    def check_trace(self, trace: Trace, options: Options) -> Finding | None:
+    def check(self, evidence: Evidence, options: Options):
+        for trace in evidence.trace_data:
+            finding = self.check_trace(trace, options, evidence.environment.device_model)
+            if finding is not None:
+                yield with_share(finding, step_basis_ms(evidence, trace))
+
+    def check_trace(self, trace: Trace, options: Options, chosen: str = "") -> Finding | None:
         ev = trace.events
         kernels = ev[ev["cat"] == CAT["kernel"]]
         if not len(kernels):
@@ -103,6 +112,13 @@ class AmpOpportunity(TraceRule):
         where = sites(trace, rows, weights=fp32["dur"].to_numpy())
         bf16 = major >= 8
         saving = fp32_ms / steps / 2.0  # tensor cores run these at least ~2x faster; a floor, not a promise
+        note = "estimate: half of the fp32 matmul/conv kernel time"
+        device, _ = device_for(trace, chosen, device_id)
+        model: dict[str, Any] = {}
+        if device is not None:
+            model = model_estimate(trace, fp32.index.to_numpy(), device, "bfloat16" if bf16 else "float16", steps)
+            saving = model["saving_ms_per_step"]
+            note = model.pop("note")
         message = (f"fp32 matmul/convolution kernels took {fp32_ms / steps:.1f} ms per step ({share:.0%} of GPU "
                    f"kernel time) in {trace.label} on a {props.get('name', 'GPU')} (compute capability "
                    f"{major}.{minor}) that has tensor cores; mixed precision could run them several times faster.")
@@ -120,11 +136,59 @@ class AmpOpportunity(TraceRule):
                       "reduced_ms_per_step": round(reduced_ms / steps, 3),
                       "kernel_ms_per_step": round(total_ms / steps, 3), "eligible_share": round(share, 4),
                       "top_kernels": {n[:120]: round(d / 1000.0, 3) for n, d in top.most_common(5)},
-                      "ops_ms": {k: round(v, 3) for k, v in ops.most_common(5)}},
+                      "ops_ms": {k: round(v, 3) for k, v in ops.most_common(5)}, **model},
             cost=Cost(ms_per_step=round(saving, 3), share_of_step=None,  # (TraceRule.check sets it)
-                      measured=False, note="estimate: half of the fp32 matmul/conv kernel time"),
+                      measured=False, note=note),
             fix=Fix(summary=("Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16)" if bf16 else
                              "Run forward and loss under torch.autocast('cuda', dtype=torch.float16) with a GradScaler")
                     + "; this changes numerics, so check the loss curve.",
                     config=config, changes_numerics=True),
         )
+
+
+def model_estimate(trace: Trace, rows: np.ndarray, device: DeviceSpec, target: str, steps: int) -> dict[str, Any]:
+    """What the device model says the fp32 matmul/conv kernels (`rows`) would take in `target`
+    (bfloat16 or float16) and in TF32. An operator whose shapes the trace records keeps the share
+    of its roofline it reached in fp32 (its roofline time, max(FLOPs / peak, bytes / bandwidth),
+    over its kernel time) under the target's roofline: the target's peak, and half the bytes for
+    16-bit (TF32 keeps fp32 storage). Kernels without shapes: their time scaled by the ratio of the
+    fp32 peak to the target's. {"device", "estimate_<target>_ms_per_step",
+    "estimate_tf32_ms_per_step" (None without TF32), "saving_ms_per_step", "note"}."""
+    dur = trace.col("dur")
+    charged = kernel_ops(trace)
+    shapes = op_shapes(trace)
+    by_op: dict[int, float] = {}
+    for r in rows.tolist():
+        by_op[int(charged[r])] = by_op.get(int(charged[r]), 0.0) + float(dur[r])
+    bw = device.mem_bw_gbs * 1e9
+    half_ratio = device.fp32 / device.peak_tflops(target)
+    tf32_ratio = device.fp32 / device.tf32 if device.tf32 else None
+    half_us = tf32_us = 0.0
+    floors = 0
+    for op, us in by_op.items():
+        work = None
+        if op >= 0 and op in shapes:
+            dims, types, concrete = shapes[op]
+            work = op_work(trace.symbols[int(trace.col("name")[op])], dims, types, concrete)
+        if work is None or work[0] <= 0:  # no shapes: the peak ratio alone
+            half_us += us * half_ratio
+            tf32_us += us * (tf32_ratio if tf32_ratio is not None else 1.0)
+            continue
+        floors += 1
+        flops, nbytes = work[0], work[1]
+        roof_fp32 = max(flops / (device.fp32 * 1e12), nbytes / bw) * 1e6
+        share = min(1.0, roof_fp32 / us) if us > 0 else 1.0  # of its fp32 roofline, kept
+        half_us += max(flops / (device.peak_tflops(target) * 1e12), nbytes / 2 / bw) * 1e6 / share
+        tf32_us += max(flops / ((device.tf32 or device.fp32) * 1e12), nbytes / bw) * 1e6 / share
+    fp32_ms = sum(by_op.values()) / 1e3 / steps
+    half_ms = half_us / 1e3 / steps
+    tf32_ms = tf32_us / 1e3 / steps if tf32_ratio is not None else None
+    basis = (f"the {device.name}'s {target} peak {device.peak_tflops(target):g} against fp32 {device.fp32:g} "
+             f"TFLOP/s" + (f" and {device.mem_bw_gbs:g} GB/s, each of {floors} operators with recorded shapes at "
+                           f"the share of its roofline it reached in fp32, with half the bytes" if floors else ""))
+    return {"device": device.key, f"estimate_{target}_ms_per_step": round(half_ms, 3),
+            "estimate_tf32_ms_per_step": None if tf32_ms is None else round(tf32_ms, 3),
+            "saving_ms_per_step": round(fp32_ms - half_ms, 3),
+            "note": f"estimate from the device model: {fp32_ms:.1f} ms/step of fp32 kernels would take "
+                    f"{half_ms:.1f} ms in {target} ({basis})"
+                    + (f"; {tf32_ms:.1f} ms with TF32" if tf32_ms is not None else "")}

@@ -7,6 +7,7 @@ from auditor.evidence import model as m
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix
 from auditor.rules._support.frameworks import framework_fix
+from auditor.rules._support.gpu_costs import sync_cost
 from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
 from auditor.fixes import remove_statement
 from auditor.rules.suppression import unsuppressed
@@ -67,6 +68,8 @@ class ForcedCleanup(Rule):
             parts.append(f"{_what(timed)} ran {sum(p.count for p in timed)} times in {n} steps, costing "
                          f"{cost.ms_per_step:.2f} ms per step ({(cost.share_of_step or 0) * 100:.1f}% of the "
                          "median step)")
+        elif ev.environment.rehearsal:  # rehearsed: each empty_cache() synchronises the device (cudaFree)
+            cost = sync_cost(ev, sum(p.count for p in counted) / n, "empty_cache() call")
         else:
             cost = Cost(ms_per_step=None, share_of_step=None, measured=False, note=COUNTED)
         if counted:

@@ -32,6 +32,7 @@ from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, 
 from auditor.fixes import call_name, edit_call_kwargs, parse_file
 from auditor.rules._support.frameworks import framework_fix
 from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules._support.gpu_costs import sync_cost
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules.suppression import unsuppressed
@@ -270,8 +271,7 @@ class HostSync(Rule):
             cost = cost_of(ev, total_ms)
             sev, prefix = "warning", ""
         elif as_gpu:
-            cost = Cost(ms_per_step=None, share_of_step=None, measured=False,
-                        note="counted, not timed: rehearsed on the CPU, where nothing waits for a device")
+            cost = sync_cost(ev, rate)  # rehearsed: estimated from the device model
             sev, prefix = "warning", "On the GPU these synchronise: "
         else:
             cost = Cost(ms_per_step=None, share_of_step=None, measured=False,

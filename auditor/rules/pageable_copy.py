@@ -23,6 +23,7 @@ from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import computed_kwargs, edit_call_kwargs
 from auditor.rules._support.places import place_key, steps_run
+from auditor.rules._support.gpu_costs import copy_cost
 from auditor.rules._support.text import line_ref, per_step, size_text
 from auditor.rules.suppression import unsuppressed
 
@@ -102,7 +103,8 @@ def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> li
                              "steps": len(s.steps), "non_blocking": s.non_blocking} for s in sites],
                   "dataloaders": [{"id": d.id, "line": d.where.line if d.where else None,
                                    "pin_memory": d.settings.get("pin_memory")} for d in loaders]},
-        cost=Cost(ms_per_step=None, share_of_step=None, measured=False, note=COUNTED),
+        cost=copy_cost(evidence, total / n) if evidence.environment.rehearsal else
+        Cost(ms_per_step=None, share_of_step=None, measured=False, note=COUNTED),
         # Pinning changes where a batch lives on the host, not its values: the edit is fixes.patch's.
         fix=Fix(summary=summary, config={"DataLoader.pin_memory": True, "non_blocking": True}, edits=edits),
     )]

@@ -86,3 +86,29 @@ def test_per_step_plots_of_a_long_run_are_bounded_and_keep_the_slowest_step():
     assert len(line.y) <= MAX_LINE_POINTS + 2 and max(line.y) == round(steps[12345].ms, 3) and 12345 in line.x
     rss = memory_plot(ev).data[0]
     assert len(rss.y) <= MAX_LINE_POINTS + 2 and max(rss.y) == round((2**30 + (n - 1) * 4096) / 2**20, 2)
+
+
+def test_gpu_efficiency_plots_from_the_owlv2_trace(tmp_path):
+    """The H100 owlv2 trace: time per kernel group (softmax 46% first) and a roofline with the
+    H100's roofs and the QK^T bmm at ~51 TFLOP/s; both in report.html; a trace without GPU work
+    gets neither."""
+    from auditor.evidence.load import load_paths
+    from auditor.reports.gpu_plots import kernel_group_plot, roofline_plot
+    from conftest import FIXTURES
+
+    ev = load_paths([FIXTURES / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"])
+    groups = kernel_group_plot(ev)
+    bar = groups.data[0]
+    assert list(bar.y)[-1] == "softmax" and bar.text[-1].startswith("46%")
+    roof = roofline_plot(ev)
+    assert "H100 SXM" in roof.layout.title.text
+    assert {t.name for t in roof.data} >= {"bf16/fp16 roof", "fp32 roof", "matmul", "softmax"}
+    bmm = next(t for t in roof.data if t.name == "matmul")
+    qk = [y for y, text in zip(bmm.y, bmm.text) if "16x5185x64, 16x64x5185" in text]
+    assert len(qk) == 1 and 49.5 < qk[0] < 52.5
+    a = audit("analyze", str(FIXTURES / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"), "-q",
+              out=tmp_path / "o")
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert re.search(r'id="plot-\d+-kernel-group-plot"', html) and re.search(r'id="plot-\d+-roofline-plot"', html)
+    cpu = load_paths([FIXTURES / "traces" / "a100_item_sync_small.pt.trace.json.gz"])
+    assert roofline_plot(cpu) is None

@@ -40,6 +40,8 @@ SNAPSHOTS = FIXTURES / "snapshots"
 W0 = TRACES / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
 W4 = TRACES / "v100_resnet50_dataloader_workers4.pt.trace.json.gz"
 BERT = TRACES / "h100_bert_small_item_sync.pt.trace.json.gz"
+OWLV2 = TRACES / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
+DDP_TRACE = TRACES / "a100_ddp_nccl_2rank.pt.trace.json.gz"
 FRAGMENTED = SNAPSHOTS / "fragmented_72gb_state_only.pickle"
 LLAMA = SNAPSHOTS / "llama_mostly_free_segments.pickle"
 TRANSFORMER = SNAPSHOTS / "transformer_fullstep_with_history.pickle"
@@ -99,6 +101,8 @@ TABLE: dict[str, tuple[Input, Input]] = {
     "retained-graph": (ex("retained_graph"), CLEAN),
     "sampler-epoch": (ex("sampler_epoch"), CLEAN),
     "step-slowdown": (ex("step_slowdown"), CLEAN),
+    "unfused-attention": (Input("file", str(OWLV2)), Input("file", str(BERT))),
+    "exposed-comm": (Input("file", str(DDP_TRACE)), Input("file", str(OWLV2))),
 }
 
 # shared distributed run -> (its directory, given the session's tmp_path_factory; its example)

@@ -31,8 +31,9 @@ EVENT_SYNCS = ("cudaEventSynchronize", "hipEventSynchronize", "cuEventSynchroniz
 # cuMemHostAlloc, cuMemAllocHost, hipHostMalloc, hipMallocHost).
 DEVICE_ALLOC = re.compile(r"^(cudaMalloc(?!Host)|cuMemAlloc(?!Host)|hipMalloc(?!Host))")
 # Kernels that move data between devices: NCCL's (`ncclKernel_AllReduce_RING_LL_Sum_float`, NCCL >=
-# 2.19's `ncclDevKernel_AllGather_RING_LL`), RCCL's (which keeps NCCL's names), and c10d's own.
-COMM_KERNEL = re.compile(r"^(nccl|rccl)[A-Za-z]*Kernel|^void (c10d|nccl)|c10d::", re.I)
+# 2.19's `ncclDevKernel_AllGather_RING_LL`) and RCCL's, ROCm's NCCL. The one predicate for it:
+# gaps, launch-bound, the efficiency model's kernel groups and exposed-comm all take it from here.
+COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
 
 
 def is_comm_kernel(name: str) -> bool:

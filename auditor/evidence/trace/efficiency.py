@@ -1,0 +1,580 @@
+"""Kernel efficiency from a trace that records shapes: FLOPs and bytes per operator, achieved
+TFLOP/s and TB/s per operator and per kernel group, roofline position, and per step the GPU's busy,
+idle and communication time and the model FLOP utilisation (MFU), judged by the device model's row
+(auditor.evidence.devices).
+
+How: the profiler records each operator's input shapes and dtypes (`Input Dims`, `Input type`,
+with `record_shapes=True`); the loader does not keep them (most traces never need them), so they
+are read here once per trace, for the operators a formula exists for. Each GPU kernel is charged
+to the innermost operator that launched it (kernel -> its launch call by correlation -> the
+enclosing operator); the operator's FLOPs over its kernels' time is what it achieved.
+
+Formulas (one multiply-add = 2 FLOPs; bytes = every input and the output read or written once):
+matmul (mm, addmm, bmm, baddbmm, linear) 2*M*N*K per batch; convolution 2*N*O*H'*W'*(C/g)*kh*kw
+(the output size from the stride in `Concrete Inputs` when recorded, else the input's), its
+backward twice that; attention (scaled_dot_product_*) 4*B*H*L*S*E forward, 2.5 times that
+backward; softmax, norms 5 FLOPs an element; elementwise ops 1 FLOP an output element.
+"""
+from __future__ import annotations
+
+import ast
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from auditor.evidence.devices import DeviceSpec, device_for
+from auditor.evidence.errors import InputError
+from auditor.evidence.trace.decode import CAT, DEFAULT_CHUNK_BYTES, GPU_WORK, _Stream
+from auditor.evidence.trace.intervals import clip, intersect, merge_intervals, subtract, total_length
+from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.names import COMM_KERNEL
+
+# Kernel groups, by kernel name, first match wins (communication first: an NCCL kernel is never
+# compute, whatever else its name holds). rccl is ROCm's NCCL; Cijk_ names are rocBLAS/Tensile GEMMs.
+KERNEL_GROUPS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("communication", COMM_KERNEL),
+    ("attention", re.compile(r"flash|fmha|attention|attn", re.IGNORECASE)),
+    ("softmax", re.compile(r"softmax", re.IGNORECASE)),
+    ("norm", re.compile(r"norm|bn_fw|bn_bw|welford", re.IGNORECASE)),
+    ("gemm", re.compile(r"gemm|gemv|cutlass|xmma|matmul|cublas|Cijk_", re.IGNORECASE)),
+    ("conv", re.compile(r"conv|cudnn|implicit|winograd|wgrad|dgrad|fprop|miopen", re.IGNORECASE)),
+    ("reduce", re.compile(r"reduce", re.IGNORECASE)),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|triton|index|fill|copy|cat",
+                               re.IGNORECASE)),
+)
+COMMUNICATION = COMM_KERNEL  # (names.is_comm_kernel's pattern: one predicate for every rule)
+
+_MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
+           "aten::_addmm_activation"}
+_CONV = {"aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::conv2d", "aten::conv1d",
+         "aten::conv3d", "aten::miopen_convolution", "aten::convolution_backward",
+         "aten::cudnn_convolution_backward"}
+_ATTENTION = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
+              "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
+              "aten::_scaled_dot_product_flash_attention_backward",
+              "aten::_scaled_dot_product_efficient_attention_backward",
+              "aten::_scaled_dot_product_cudnn_attention_backward"}
+_SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_softmax_backward_data", "aten::log_softmax",
+            "aten::_log_softmax"}
+_NORM = {"aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::native_batch_norm",
+         "aten::native_batch_norm_backward", "aten::cudnn_batch_norm", "aten::cudnn_batch_norm_backward",
+         "aten::native_group_norm", "aten::native_group_norm_backward", "aten::_fused_rms_norm",
+         "aten::_batch_norm_impl_index", "aten::miopen_batch_norm"}
+_ELEMENTWISE = {f"aten::{n}{s}" for n in ("add", "sub", "mul", "div", "gelu", "relu", "silu", "sigmoid", "tanh",
+                                           "exp", "pow", "sqrt", "rsqrt", "neg", "clamp", "where", "threshold_backward",
+                                           "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
+                                           "masked_fill", "dropout", "native_dropout", "addcmul", "addcdiv", "lerp")
+                for s in ("", "_")}
+MODELLED = _MATMUL | _CONV | _ATTENTION | _SOFTMAX | _NORM | _ELEMENTWISE
+
+_ELEMENT_BYTES = {"float": 4, "c10::half": 2, "c10::bfloat16": 2, "double": 8, "long int": 8, "int": 4,
+                  "short int": 2, "bool": 1, "signed char": 1, "unsigned char": 1, "c10::complex<float>": 8}
+_DTYPE = {"float": "float32", "c10::half": "float16", "c10::bfloat16": "bfloat16", "double": "float64"}
+
+
+class OpStat(msgspec.Struct, frozen=True):
+    """One operator and shape as the GPU ran it: `op` (aten name), `kind` (matmul | conv |
+    attention | softmax | norm | elementwise), `shapes` (its input dims as recorded), `dtype`
+    (float32 | bfloat16 | ...), `count` (calls), `kernel_ms` (its kernels' time, all calls),
+    `flops` and `bytes` (all calls), `tflops` and `tbps` (achieved: flops and bytes over kernel
+    time; None without kernel time), `intensity` (FLOP per byte), `peak_share` (achieved over the
+    device's peak for its bound: compute above the ridge point, bandwidth below; None without a
+    device), `bound` (compute | memory | None)."""
+
+    op: str
+    kind: str
+    shapes: str
+    dtype: str
+    count: int
+    kernel_ms: float
+    flops: float
+    bytes: float
+    tflops: float | None
+    tbps: float | None
+    intensity: float | None
+    peak_share: float | None
+    bound: str | None
+
+
+class GroupStat(msgspec.Struct, frozen=True):
+    """One kernel group (KERNEL_GROUPS, plus memcpy, memset and other): `kernels` (count), `ms`
+    (their time, summed), `share` (of all GPU work time), `flops` (of the modelled operators whose
+    kernels are in it), `tflops` (achieved over the group's time, None without FLOPs)."""
+
+    group: str
+    kernels: int
+    ms: float
+    share: float
+    flops: float
+    tflops: float | None
+
+
+class StepGpu(msgspec.Struct, frozen=True):
+    """The GPU in one step (findings.json `steps.gpu[]`): `step` (ProfilerStep number; None when
+    the trace is one window), `device` (the device model's row key; None when unknown),
+    `busy_ms` (union of kernels, copies and memsets inside the step's span), `idle_ms` (the rest of
+    the span), `comm_ms` (union of communication kernels), `exposed_comm_ms` (communication not
+    overlapped by any other kernel), `flops` (of the modelled operators whose first kernel ran in
+    the step; None when the trace records no shapes), `achieved_tflops` (flops over the step's
+    span), `mfu` (achieved over the device's peak for the dtype that carries most of the FLOPs;
+    None without a device or FLOPs)."""
+
+    step: int | None
+    device: str | None
+    busy_ms: float
+    idle_ms: float
+    comm_ms: float
+    exposed_comm_ms: float
+    flops: float | None
+    achieved_tflops: float | None
+    mfu: float | None
+
+
+class Efficiency(msgspec.Struct, frozen=True):
+    """What efficiency() found in one trace: the device row and where it came from, whether shapes
+    were recorded, operators (by kernel time, largest first), kernel groups, and steps."""
+
+    device: DeviceSpec | None
+    device_basis: str
+    has_shapes: bool
+    ops: list[OpStat]
+    groups: list[GroupStat]
+    steps: list[StepGpu]
+    gpu_ms: float  # all GPU work (kernels, copies, memsets), summed
+
+
+# -- shapes ------------------------------------------------------------------------------------
+class _ShapeArgs(msgspec.Struct):
+    dims: Any = msgspec.field(default=None, name="Input Dims")
+    types: Any = msgspec.field(default=None, name="Input type")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
+
+
+_ARGS = msgspec.json.Decoder(list[_ShapeArgs])
+
+
+def op_shapes(trace: Trace) -> dict[int, tuple[list, list, list]]:
+    """{row: (input dims, input types, concrete inputs)} of the modelled operators (MODELLED) the
+    trace records shapes for; empty when it records none or its file cannot be read again here."""
+    cached = trace.__dict__.get("_op_shapes")
+    if cached is not None:
+        return cached
+    out: dict[int, tuple[list, list, list]] = {}
+    trace.__dict__["_op_shapes"] = out
+    ops = np.flatnonzero((trace.col("cat") == CAT["cpu_op"]) & ~trace.col("instant"))
+    codes = {trace.symbols.id(n) for n in MODELLED} - {-1}
+    ops = ops[np.isin(trace.col("name")[ops], list(codes))] if codes else ops[:0]
+    if not len(ops):
+        return out
+    found = _read_args(trace, lambda name: name in MODELLED, b"Input Dims", _ARGS)
+    for r, a in _join(trace, ops, found).items():
+        if isinstance(a.dims, list):
+            out[r] = (a.dims, a.types if isinstance(a.types, list) else [],
+                      a.concrete if isinstance(a.concrete, list) else [])
+    return out
+
+
+class CommArgs(msgspec.Struct):
+    """What the profiler records on a communication kernel (torch >= 2.1 with NCCL): the collective
+    (`allreduce`...), its element count in and out, the element type and the group's size."""
+
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    dtype: Any = None
+    group_size: Any = msgspec.field(default=None, name="Group size")
+
+
+_COMM_ARGS = msgspec.json.Decoder(list[CommArgs])
+
+
+def comm_args(trace: Trace) -> dict[int, CommArgs]:
+    """{row: CommArgs} of the communication kernels that record their collective."""
+    cached = trace.__dict__.get("_comm_args")
+    if cached is not None:
+        return cached
+    codes = trace.symbols.matching(COMMUNICATION)
+    rows = np.flatnonzero((trace.col("cat") == CAT["kernel"]) & np.isin(trace.col("name"), codes)) \
+        if len(codes) else np.empty(0, dtype=np.int64)
+    out: dict[int, CommArgs] = {}
+    if len(rows):
+        found = _read_args(trace, lambda name: COMMUNICATION.search(name) is not None, b"Collective name",
+                           _COMM_ARGS)
+        out = _join(trace, rows, found)
+    trace.__dict__["_comm_args"] = out
+    return out
+
+
+def _read_args(trace: Trace, wanted_name: Any, marker: bytes, decoder: Any) -> dict[tuple[str, float], Any]:
+    """{(name, ts): decoded args} of the events whose name `wanted_name` accepts and whose args
+    hold `marker`. The file is streamed chunk by chunk as the loader does (never held whole), and
+    only those events' args are decoded; empty when the file cannot be read again here."""
+    found: dict[tuple[str, float], Any] = {}
+    stream = None
+    try:
+        stream = _Stream(Path(trace.path), DEFAULT_CHUNK_BYTES)
+        stream.start()
+        for events, _ in stream.chunks():
+            wanted = [e for e in events if isinstance(e.name, str) and wanted_name(e.name)
+                      and marker in bytes(e.args)]
+            if wanted:
+                decoded = decoder.decode(b"[" + b",".join(bytes(e.args) for e in wanted) + b"]")
+                for e, a in zip(wanted, decoded):
+                    found[(e.name, float(e.ts))] = a
+    except (InputError, OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return {}
+    finally:
+        if stream is not None and stream.reader is not None:
+            stream.reader.close()
+    return found
+
+
+def _join(trace: Trace, rows: np.ndarray, found: dict[tuple[str, float], Any]) -> dict[int, Any]:
+    """Trace rows matched to what _read_args found, by name and start time."""
+    ts, names = trace.col("ts"), trace.col("name")
+    out = {}
+    for r in rows.tolist():
+        hit = found.get((trace.symbols[int(names[r])], float(ts[r])))
+        if hit is not None:
+            out[r] = hit
+    return out
+
+
+# -- formulas ----------------------------------------------------------------------------------
+def _numel(shape: Any) -> int:
+    if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+        return 0
+    return math.prod(shape) if shape else 0
+
+
+def _elt(dtype: Any) -> int:
+    return _ELEMENT_BYTES.get(str(dtype).lower(), 4) if dtype else 4
+
+
+def op_kind(name: str) -> str | None:
+    for kind, names in (("matmul", _MATMUL), ("conv", _CONV), ("attention", _ATTENTION), ("softmax", _SOFTMAX),
+                        ("norm", _NORM), ("elementwise", _ELEMENTWISE)):
+        if name in names:
+            return kind
+    return None
+
+
+def _tensors(dims: list, types: list) -> list[tuple[list[int], str]]:
+    out = []
+    for i, d in enumerate(dims):
+        t = types[i] if i < len(types) else ""
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d) and t not in ("Scalar", "ScalarList"):
+            out.append((d, str(t)))
+    return out
+
+
+def _ints(text: Any) -> list[int] | None:
+    try:
+        v = ast.literal_eval(text) if isinstance(text, str) and text else None
+    except (ValueError, SyntaxError):
+        return None
+    if isinstance(v, int):
+        return [v]
+    return list(v) if isinstance(v, (list, tuple)) and all(isinstance(x, int) for x in v) else None
+
+
+def op_work(name: str, dims: list, types: list, concrete: list | None = None) -> tuple[float, float, str] | None:
+    """(FLOPs, bytes, dtype) of one call of operator `name` with these recorded inputs, or None
+    when its shapes do not fit the formula (module docstring)."""
+    kind = op_kind(name)
+    ts = _tensors(dims, types)
+    if kind is None or not ts:
+        return None
+    dtype_raw = ts[0][1]
+    dtype = _DTYPE.get(dtype_raw.lower(), dtype_raw.lower() or "float32")
+    if "float8" in dtype:
+        dtype = "fp8"
+    elt = _elt(dtype_raw)
+    in_bytes = sum(_numel(d) * _elt(t) for d, t in ts)
+    if kind == "matmul":
+        mats = [d for d, _ in ts if len(d) >= 2]
+        if name in ("aten::addmm", "aten::baddbmm", "aten::_addmm_activation"):
+            mats = mats[-2:] if len(mats) >= 2 else mats
+        if name == "aten::linear":
+            if len(mats) < 1 or len(ts[1][0]) != 2:
+                return None
+            x, w = ts[0][0], ts[1][0]
+            m, k, n = _numel(x[:-1]), x[-1], w[0]
+            batch = 1
+        else:
+            if len(mats) < 2:
+                return None
+            a, b = mats[0], mats[1]
+            if a[-1] != b[-2]:
+                return None
+            m, k, n = a[-2], a[-1], b[-1]
+            batch = max(_numel(a[:-2]) or 1, _numel(b[:-2]) or 1)
+        flops = 2.0 * batch * m * n * k
+        return flops, float(in_bytes + batch * m * n * elt), dtype
+    if kind == "conv":
+        backward = name.endswith("_backward")
+        if backward:  # grad_output, input, weight
+            if len(ts) < 3:
+                return None
+            (go, _), (x, _), (w, _) = ts[0], ts[1], ts[2]
+            if len(go) < 3 or len(w) < 3:
+                return None
+            flops = 2.0 * 2.0 * go[0] * go[1] * _numel(go[2:]) * _numel(w[1:])
+            return flops, float(in_bytes + _numel(x) * elt + _numel(w) * elt), dtype
+        if len(ts) < 2:
+            return None
+        (x, _), (w, _) = ts[0], ts[1]
+        if len(x) < 3 or len(w) < 3:
+            return None
+        spatial = x[2:]
+        stride = _ints(concrete[3]) if concrete and len(concrete) > 3 else None
+        if stride:
+            stride = (stride * len(spatial))[:len(spatial)] if len(stride) == 1 else stride
+            spatial = [max(1, s // st) for s, st in zip(spatial, stride)] if len(stride) == len(spatial) else spatial
+        out_elems = x[0] * w[0] * _numel(spatial)
+        flops = 2.0 * out_elems * _numel(w[1:])
+        return flops, float(in_bytes + out_elems * elt), dtype
+    if kind == "attention":
+        if len(ts) < 3:
+            return None
+        (q, _), (k, _), (v, _) = ts[0], ts[1], ts[2]
+        if name.endswith("_backward"):  # grad_out, q, k, v, ...
+            if len(ts) < 4:
+                return None
+            (q, _), (k, _), (v, _) = ts[1], ts[2], ts[3]
+        if len(q) < 3 or len(k) < 3:
+            return None
+        heads = _numel(q[:-2])
+        flops = 2.0 * heads * q[-2] * k[-2] * (q[-1] + v[-1])
+        if name.endswith("_backward"):
+            flops *= 2.5
+        return flops, float(in_bytes + _numel(q[:-1]) * v[-1] * elt), dtype
+    numel = max(_numel(d) for d, _ in ts)
+    if kind in ("softmax", "norm"):
+        return 5.0 * numel, float(in_bytes + numel * elt), dtype
+    return float(numel), float(in_bytes + numel * elt), dtype
+
+
+# -- kernels -> operators -------------------------------------------------------------------------
+def kernel_group(name: str) -> str:
+    for group, pattern in KERNEL_GROUPS:
+        if pattern.search(name):
+            return group
+    return "other"
+
+
+def kernel_ops(trace: Trace) -> np.ndarray:
+    """For every row, the row of the modelled operator a GPU kernel is charged to (-1 for other
+    rows and unattributed kernels): the innermost operator enclosing its launch when modelled; an
+    attention operator up to three operators out (SDPA runs its kernels under private ops)."""
+    cached = trace.__dict__.get("_kernel_ops")
+    if cached is not None:
+        return cached
+    cat, link, parent, names = trace.col("cat"), trace.col("link"), trace.col("parent"), trace.col("name")
+    out = np.full(len(cat), -1, dtype=np.int64)
+    modelled = {c: op_kind(trace.symbols[c]) for c in {trace.symbols.id(n) for n in MODELLED} - {-1}}
+    cache: dict[int, int] = {}
+    for k in np.flatnonzero(cat == CAT["kernel"]).tolist():
+        launch = int(link[k])
+        if launch < 0:
+            continue
+        start = int(parent[launch])
+        if start in cache:
+            out[k] = cache[start]
+            continue
+        found, r, level = -1, start, 0
+        while r >= 0 and level < 4:
+            if cat[r] == CAT["cpu_op"]:
+                kind = modelled.get(int(names[r]))
+                if kind is not None and (level == 0 or kind == "attention"):
+                    found = r
+                    if level == 0 and kind != "attention":
+                        break
+                level += 1
+            r = int(parent[r])
+        cache[start] = found
+        out[k] = found
+    trace.__dict__["_kernel_ops"] = out
+    return out
+
+
+# -- the summary -------------------------------------------------------------------------------
+def efficiency(trace: Trace, chosen: str = "") -> Efficiency:
+    """The trace's efficiency (cached per trace and `chosen`, the `--device` key)."""
+    cache: dict[str, Efficiency] = trace.__dict__.setdefault("_efficiency", {})
+    if chosen not in cache:
+        cache[chosen] = _efficiency(trace, chosen)
+    return cache[chosen]
+
+
+def _gpu_device(trace: Trace) -> int | None:
+    dev = trace.col("device")[trace.col("cat") == CAT["kernel"]]
+    dev = dev[dev >= 0]
+    return int(np.bincount(dev).argmax()) if len(dev) else None
+
+
+def _efficiency(trace: Trace, chosen: str) -> Efficiency:
+    device, basis = device_for(trace, chosen, _gpu_device(trace))
+    cat, dur, ts, names = trace.col("cat"), trace.col("dur"), trace.col("ts"), trace.col("name")
+    work = np.flatnonzero(np.isin(cat, GPU_WORK) & ~trace.col("instant"))
+    kernels = work[cat[work] == CAT["kernel"]]
+    shapes = op_shapes(trace)
+    charged = kernel_ops(trace)
+    # operator instances: kernel time, first kernel start
+    per_op: dict[int, list[float]] = {}
+    for k in kernels.tolist():
+        r = int(charged[k])
+        if r >= 0 and r in shapes:
+            slot = per_op.setdefault(r, [0.0, float(ts[k])])
+            slot[0] += float(dur[k])
+            slot[1] = min(slot[1], float(ts[k]))
+    instances: list[tuple[int, str, str, str, float, float, float, float]] = []
+    for r, (kus, first) in per_op.items():
+        name = trace.symbols[int(names[r])]
+        dims, types, concrete = shapes[r]
+        w = op_work(name, dims, types, concrete)
+        if w is not None:
+            instances.append((r, name, _shape_text(dims, types), w[2], w[0], w[1], kus, first))
+    ops = _op_stats(instances, device)
+    groups = _group_stats(trace, work, charged, {i[0]: i[4] for i in instances})
+    steps = _step_stats(trace, work, instances, device)
+    return Efficiency(device=device, device_basis=basis, has_shapes=bool(shapes), ops=ops, groups=groups,
+                      steps=steps, gpu_ms=float(dur[work].sum()) / 1e3)
+
+
+def _shape_text(dims: list, types: list) -> str:
+    return ", ".join("x".join(map(str, d)) for d, _ in _tensors(dims, types))
+
+
+def _op_stats(instances: list, device: DeviceSpec | None) -> list[OpStat]:
+    agg: dict[tuple[str, str, str], list[float]] = {}
+    for _, name, shape, dtype, flops, nbytes, kus, _ in instances:
+        a = agg.setdefault((name, shape, dtype), [0, 0.0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += flops
+        a[2] += nbytes
+        a[3] += kus
+    out = []
+    for (name, shape, dtype), (count, flops, nbytes, kus) in agg.items():
+        secs = kus / 1e6
+        tflops = flops / secs / 1e12 if secs > 0 else None
+        tbps = nbytes / secs / 1e12 if secs > 0 else None
+        intensity = flops / nbytes if nbytes > 0 else None
+        share = bound = None
+        if device is not None and intensity is not None and tflops is not None and tbps is not None:
+            if intensity >= device.ridge_for(dtype):
+                bound, share = "compute", tflops / device.peak_tflops(dtype)
+            else:
+                bound, share = "memory", tbps * 1e3 / device.mem_bw_gbs
+        out.append(OpStat(op=name, kind=op_kind(name) or "", shapes=shape, dtype=dtype, count=int(count),
+                          kernel_ms=kus / 1e3, flops=flops, bytes=nbytes, tflops=tflops, tbps=tbps,
+                          intensity=intensity, peak_share=share, bound=bound))
+    out.sort(key=lambda o: -o.kernel_ms)
+    return out
+
+
+def _group_stats(trace: Trace, work: np.ndarray, charged: np.ndarray, flops_of: dict[int, float]) -> list[GroupStat]:
+    cat, dur, names = trace.col("cat"), trace.col("dur"), trace.col("name")
+    group_of: dict[int, str] = {}
+    totals: dict[str, list[float]] = {}
+    # an operator's FLOPs go to the group of its longest kernel
+    longest: dict[int, tuple[float, str]] = {}
+    for r in work.tolist():
+        c = int(cat[r])
+        if c == CAT["kernel"]:
+            code = int(names[r])
+            g = group_of.get(code)
+            if g is None:
+                g = group_of[code] = kernel_group(trace.symbols[code])
+        else:
+            g = "memcpy" if c == CAT["memcpy"] else "memset"
+        t = totals.setdefault(g, [0, 0.0, 0.0])
+        t[0] += 1
+        t[1] += float(dur[r])
+        op = int(charged[r])
+        if op >= 0 and op in flops_of and (op not in longest or longest[op][0] < float(dur[r])):
+            longest[op] = (float(dur[r]), g)
+    for op, (_, g) in longest.items():
+        totals[g][2] += flops_of[op]
+    all_us = sum(t[1] for t in totals.values()) or 1.0
+    out = [GroupStat(group=g, kernels=int(n), ms=us / 1e3, share=us / all_us, flops=fl,
+                     tflops=(fl / (us / 1e6) / 1e12) if fl and us > 0 else None)
+           for g, (n, us, fl) in totals.items()]
+    out.sort(key=lambda s: -s.ms)
+    return out
+
+
+def _step_stats(trace: Trace, work: np.ndarray, instances: list, device: DeviceSpec | None) -> list[StepGpu]:
+    cat, ts, end, names = trace.col("cat"), trace.col("ts"), trace.col("end"), trace.col("name")
+    comm_codes = trace.symbols.matching(COMMUNICATION)
+    is_kernel = cat[work] == CAT["kernel"]
+    is_comm = is_kernel & np.isin(names[work], comm_codes)
+    busy = merge_intervals(ts[work], end[work])
+    comm = merge_intervals(ts[work[is_comm]], end[work[is_comm]])
+    compute = merge_intervals(ts[work[is_kernel & ~is_comm]], end[work[is_kernel & ~is_comm]])
+    exposed = subtract(comm, compute)
+    spans: list[tuple[int | None, float, float]]
+    if len(trace.steps):
+        spans = [(int(s), float(a), float(b)) for s, a, b in
+                 zip(trace.steps["step"].to_numpy(), trace.steps["ts"].to_numpy(), trace.steps["end"].to_numpy())]
+    else:
+        lo, hi = trace.window()
+        spans = [(None, lo, hi)]
+    firsts = np.array([i[7] for i in instances], dtype=np.float64)
+    flops = np.array([i[4] for i in instances], dtype=np.float64)
+    dtypes = [i[3] for i in instances]
+    out = []
+    for step, lo, hi in spans:
+        span_ms = (hi - lo) / 1e3
+        busy_ms = total_length(clip(busy, lo, hi)) / 1e3
+        inside = (firsts >= lo) & (firsts < hi) if len(firsts) else np.zeros(0, dtype=bool)
+        step_flops = float(flops[inside].sum()) if instances else None
+        achieved = mfu = None
+        if step_flops is not None and span_ms > 0:
+            achieved = step_flops / (span_ms / 1e3) / 1e12
+            if device is not None and step_flops > 0:
+                by_dtype: dict[str, float] = {}
+                for j in np.flatnonzero(inside).tolist():
+                    by_dtype[dtypes[j]] = by_dtype.get(dtypes[j], 0.0) + float(flops[j])
+                main = max(by_dtype, key=by_dtype.__getitem__)
+                mfu = achieved / device.peak_tflops(main)
+        out.append(StepGpu(step=step, device=device.key if device else None, busy_ms=busy_ms,
+                           idle_ms=max(span_ms - busy_ms, 0.0), comm_ms=total_length(clip(comm, lo, hi)) / 1e3,
+                           exposed_comm_ms=total_length(clip(exposed, lo, hi)) / 1e3, flops=step_flops,
+                           achieved_tflops=achieved, mfu=mfu))
+    return out
+
+
+def overlap_ms(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """Time two merged interval sets share, in ms."""
+    return total_length(intersect(a, b)) / 1e3
+
+
+def gpu_trace(evidence: Any) -> Trace | None:
+    """The trace whose steps findings.json's `steps.gpu` describes: the one whose ProfilerSteps
+    the reports show (recordings), else the first with GPU work (a run's profiled window)."""
+    shown = evidence.shown_trace()
+    if shown is not None:
+        return shown
+    return next((t for t in evidence.trace_data if np.isin(t.col("cat"), GPU_WORK).any()), None)
+
+
+def steps_gpu(evidence: Any) -> list[dict[str, Any]] | None:
+    """findings.json `steps.gpu`: one StepGpu a step of gpu_trace(), rounded (ms to the
+    microsecond, TFLOP/s to 3 decimals, mfu to 4); None when no trace shows GPU work."""
+    trace = gpu_trace(evidence)
+    if trace is None or not np.isin(trace.col("cat"), GPU_WORK).any():
+        return None
+    eff = efficiency(trace, evidence.environment.device_model)
+
+    def r(v: float | None, n: int) -> float | None:
+        return None if v is None else round(v, n)
+
+    return [{"step": s.step, "device": s.device, "busy_ms": r(s.busy_ms, 3), "idle_ms": r(s.idle_ms, 3),
+             "comm_ms": r(s.comm_ms, 3), "exposed_comm_ms": r(s.exposed_comm_ms, 3),
+             "flops": None if s.flops is None else float(round(s.flops)),
+             "achieved_tflops": r(s.achieved_tflops, 3), "mfu": r(s.mfu, 4)} for s in eff.steps]

@@ -1,0 +1,138 @@
+"""The device model's rules on the recorded traces: unfused-attention on the H100 owlv2 trace (the
+issue's numbers: softmax ~46% + bmm ~40% of kernel time, the scores' bmm at ~51 TFLOP/s on a
+16 x 5185^2 problem) and exposed-comm on one rank of the DDP trace; each silent on a control."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, audit
+
+from auditor.config import Config
+from auditor.evidence.load import load_paths
+from auditor.rules.engine import run_rules
+
+TRACES = FIXTURES / "traces"
+OWLV2 = TRACES / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
+DDP = TRACES / "a100_ddp_nccl_2rank.pt.trace.json.gz"
+pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"recorded fixtures not found at {TRACES}")
+
+
+def _findings(path: Path, rule_id: str) -> list:
+    return [f for f in run_rules(load_paths([path]), Config()).findings if f.rule == rule_id]
+
+
+def test_unfused_attention_on_owlv2():
+    (f,) = _findings(OWLV2, "unfused-attention")
+    ev = f.evidence
+    assert ev["device"] == "h100-sxm" and ev["dtype"] == "bfloat16"
+    assert ev["chains"] == 180  # 120 vision (16 x 5185^2) + 60 text (12 x 5^2) attentions
+    assert next(iter(ev["shapes"])) == "16x5185x64 @ 16x64x5185 -> softmax 16x5185x5185 @ 16x5185x64"
+    assert ev["kernel_share"] == pytest.approx(0.87, abs=0.03)
+    assert ev["parts_share"]["softmax"] == pytest.approx(0.46, abs=0.025)
+    bmm = ev["parts_share"]["scores matmul"] + ev["parts_share"]["values matmul"]
+    assert bmm == pytest.approx(0.40, abs=0.025)
+    assert ev["attention_ms_per_step"] == pytest.approx(492.2, abs=1.0)
+    # the fused estimate: 13.21 TFLOP at half the H100's 989.5 bf16 TFLOP/s = 26.7 ms
+    assert ev["fused_estimate_ms_per_step"] == pytest.approx(26.71, abs=0.05)
+    assert f.cost.measured is False and f.cost.ms_per_step == pytest.approx(492.2 - 26.7, abs=1.0)
+    assert "H100 SXM" in f.cost.note
+    loc = f.locations[0]
+    assert loc.file.endswith("transformers/models/owlv2/modeling_owlv2.py") and loc.line == 410
+    assert "scaled_dot_product_attention" in f.fix.summary and f.fix.config == {"attn_implementation": "sdpa"}
+
+
+@pytest.mark.parametrize("control", ["h100_bert_small_item_sync", "v100_resnet50_dataloader_workers0",
+                                     "a100_ddp_nccl_2rank"])
+def test_unfused_attention_is_silent_without_the_chain(control):
+    """BERT here already runs scaled_dot_product_attention; ResNet has no attention; the DDP trace
+    records no shapes."""
+    assert _findings(TRACES / f"{control}.pt.trace.json.gz", "unfused-attention") == []
+
+
+def test_exposed_comm_on_one_ddp_rank():
+    (f,) = _findings(DDP, "exposed-comm")
+    ev = f.evidence
+    assert ev["per_step_exposed_ms"] == pytest.approx([10.164, 10.54, 18.856], abs=0.01)
+    assert ev["exposed_comm_ms_per_step"] == pytest.approx(13.19, abs=0.01)
+    assert ev["comm_ms_per_step"] == pytest.approx(15.63, abs=0.02)
+    allreduce = ev["collectives"]["allreduce"]
+    assert allreduce["count"] == 15 and allreduce["mb_per_step"] == pytest.approx(102.2, abs=0.1)
+    assert allreduce["bus_gbps"] == pytest.approx(6.56, abs=0.05)
+    assert ev["world_size"] == 2 and ev["device"] == "a100-sxm4-40gb"
+    assert f.cost.measured is True and f.cost.ms_per_step == pytest.approx(13.19, abs=0.01)
+    assert "bucket_cap_mb" in f.fix.summary and "no_sync" in f.fix.summary
+
+
+@pytest.mark.parametrize("control", ["h100_owlv2_syncs_dataloader", "v100_resnet50_dataloader_workers4"])
+def test_exposed_comm_is_silent_on_a_single_gpu(control):
+    assert _findings(TRACES / f"{control}.pt.trace.json.gz", "exposed-comm") == []
+
+
+def test_explain_reads_the_docs(tmp_path):
+    for rule_id, words in (("unfused-attention", "scaled_dot_product_attention"), ("exposed-comm", "no_sync")):
+        a = audit("explain", rule_id, out=tmp_path)
+        assert a.returncode == 0 and words in a.stdout and "min-share" in a.stdout
+
+
+def test_amp_opportunity_estimate_by_hand(tmp_path):
+    """One fp32 4096^3 matmul whose sgemm kernel takes 10 ms on an A100 80GB: it reached
+    (2*4096^3 / 19.5 TFLOP/s) / 10 ms = 70.5% of its fp32 roofline; at that share of the bf16 roof
+    (312 TFLOP/s) it takes 10 ms * 19.5 / 312 = 0.625 ms, with TF32 (156) 1.25 ms."""
+    from test_efficiency import write_matmul_trace
+
+    path = write_matmul_trace(tmp_path / "fp32.pt.trace.json", 4096, 4096, 4096, kernel_us=10_000.0,
+                              step_us=20_000.0, dtype="float", kernel="ampere_sgemm_128x64_nn")
+    (f,) = _findings(path, "amp-opportunity")
+    assert f.evidence["device"] == "a100-sxm4-80gb"
+    assert f.evidence["estimate_bfloat16_ms_per_step"] == pytest.approx(0.625, abs=1e-3)
+    assert f.evidence["estimate_tf32_ms_per_step"] == pytest.approx(1.25, abs=1e-3)
+    assert f.cost.ms_per_step == pytest.approx(10 - 0.625, abs=1e-3) and f.cost.measured is False
+    assert "A100 SXM4 80GB" in f.cost.note and "312" in f.cost.note
+    # a GPU the table does not know: the stated floor, half the fp32 time
+    unknown = dict(name="NVIDIA Imaginary X1", totalGlobalMem=1 << 34, computeMajor=9, computeMinor=0, numSms=10, id=0)
+    path = write_matmul_trace(tmp_path / "x1.pt.trace.json", 4096, 4096, 4096, kernel_us=10_000.0,
+                              step_us=20_000.0, dtype="float", kernel="ampere_sgemm_128x64_nn", device=unknown)
+    (f,) = _findings(path, "amp-opportunity")
+    assert f.cost.ms_per_step == 5.0 and "half" in f.cost.note
+
+
+REHEARSED = """import torch
+from torch import nn
+
+model = nn.Linear(256, 256).to("cuda")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+host = torch.randn(2048, 256)
+log = []
+
+
+def step(i):
+    x = host.to("cuda")
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    log.append(loss.item())
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.empty_cache()
+"""
+
+
+@pytest.mark.slow
+def test_rehearsed_costs_are_estimated_on_the_named_device(tmp_path):
+    """A rehearsed step (no GPU here) with a 2 MiB pageable copy, an .item(), a peak-stat reset and
+    an empty_cache() a step, audited with --device h100-sxm: every cost is the H100 row's estimate
+    (copy 2.1 MB at 20 GB/s = 0.105 ms; each sync 10 us), unmeasured, named in the note, ranked."""
+    (tmp_path / "rehearsed.py").write_text(REHEARSED)
+    a = audit("run", f"{tmp_path / 'rehearsed.py'}:step", "--steps", "6", "--no-profile", "--no-numerics",
+              "--device", "h100-sxm", "-q", out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    costs = {f["rule"]: f["cost"] for f in a.findings}
+    assert costs["pageable-copy"]["ms_per_step"] == pytest.approx(2048 * 256 * 4 / 20e9 * 1e3, abs=1e-3)
+    for rule in ("host-sync", "peak-stats-reset", "forced-cleanup"):
+        assert costs[rule]["ms_per_step"] == pytest.approx(0.01), rule
+    for cost in costs.values():
+        assert cost["measured"] is False and "NVIDIA H100 SXM 80GB (--device)" in cost["note"]
+    assert [f["rule"] for f in a.findings][0] == "pageable-copy"  # the largest estimate first
