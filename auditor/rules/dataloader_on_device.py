@@ -22,6 +22,7 @@ from auditor.evidence.frame import Frame
 from auditor.evidence.trace.decode import CAT, GPU_WORK, LAUNCH_SIDE
 from auditor.evidence.trace.intervals import merge_intervals
 from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.names import DEVICE_ALLOC
 from auditor.evidence.trace.queries import DATALOADER_NEXT, frame_location_parts, issuing_op, sites
 from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules._support.places import by_place, steps_run
@@ -29,10 +30,6 @@ from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, Rule, TraceRule
 
 _COLLATE = r"(^|[/(])\S*collate\S*\.py\(|\): \S*collate\S*$"
-# Device allocations (cudaMalloc, cudaMallocAsync, cudaMallocManaged, cuMemAlloc_v2 ...), never the
-# page-locked *host* allocations pin_memory=True makes (cudaHostAlloc, cudaMallocHost, cuMemHostAlloc,
-# cuMemAllocHost, cudaHostRegister): those are what the fix asks for, not GPU tensors.
-_ALLOC = r"^(cudaMalloc(?!Host)|cuMemAlloc(?!Host))"
 
 
 COUNTED = "counted, not timed: rehearsed on the CPU, where the loader's device work cannot be timed"
@@ -171,7 +168,7 @@ class DataloaderOnDevice(TraceRule):
         launches_work = np.zeros(len(link), dtype=bool)
         linked = np.flatnonzero(link >= 0)
         launches_work[linked] = np.isin(cat[link[linked]], GPU_WORK)
-        launches_work |= np.isin(names, trace.symbols.matching(_ALLOC))
+        launches_work |= np.isin(names, trace.symbols.matching(DEVICE_ALLOC))
         call_mask = np.isin(cat, LAUNCH_SIDE) & launches_work
         calls = np.flatnonzero(call_mask)
         inside = np.zeros(len(calls), dtype=bool)

@@ -23,10 +23,11 @@ import numpy as np
 
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
+from auditor.evidence.trace.gaps import gap_table, queued_during, sync_charges
 from auditor.evidence.trace.intervals import merge_intervals, total_length
 from auditor.evidence.trace.model import Trace
-from auditor.evidence.trace.queries import (ASYNC_COPY_CALLS, blocking_calls, blocking_op_calls, frame_location_parts,
-                                            gpu_idle_behind, sites)
+from auditor.evidence.trace.names import ASYNC_COPY_CALLS, DEVICE_SYNCS, EVENT_SYNCS, STREAM_SYNCS
+from auditor.evidence.trace.queries import blocking_calls, blocking_op_calls, frame_location_parts, sites
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import call_name, edit_call_kwargs, parse_file
 from auditor.rules._support.frameworks import framework_fix
@@ -83,9 +84,9 @@ _TRACE_ADVICE = {
 def _trace_advice(op: str) -> str:
     if op in _TRACE_ADVICE:
         return _TRACE_ADVICE[op]
-    if op in ("cudaDeviceSynchronize", "cudaStreamSynchronize"):
+    if op in DEVICE_SYNCS or op in STREAM_SYNCS:
         return "Remove torch.cuda.synchronize() from the training step (keep it only around timing code)."
-    if op == "cudaEventSynchronize":
+    if op in EVENT_SYNCS:
         return "An event wait blocks the host: use stream.wait_event() to order GPU work instead."
     return "Avoid reading GPU results on the host inside the step."
 
@@ -113,6 +114,7 @@ def _one_trace(rule: Rule, trace: Trace, options: Options, step_ms: float | None
     ts, end = trace.col("ts"), trace.col("end")
     min_syncs = int(options.trace_min_syncs)
     warn_share = options.trace_warning_share
+    gaps = gap_table(trace)
     findings = []
     for op, members in groups.items():
         if len(members) < min_syncs:
@@ -122,7 +124,10 @@ def _one_trace(rule: Rule, trace: Trace, options: Options, step_ms: float | None
         blocked_ms = float(waited.sum()) / 1000.0
         blocked_step_ms = round(blocked_ms / steps, 3)
         share = share_of_step(blocked_step_ms, step_ms)  # (the host's blocked time: not the cost, said apart)
-        idle_ms = round(gpu_idle_behind(trace, np.asarray(rows_of_op)) / 1000.0 / steps, 3)
+        charges = sync_charges(trace, gaps, members)
+        idle_ms = round(sum(c.idle_us for c in charges) / 1000.0 / steps, 3)
+        saving_ms = round(sum(c.saving_us for c in charges) / 1000.0 / steps, 3)
+        queued_ms = round(queued_during(trace, gaps, rows_of_op) / 1000.0 / steps, 3)
         apis = Counter(_api(trace, r) for r in rows_of_op)  # (runtime rows by API: a call may hold two)
         chains = Counter(" > ".join(reversed(trace.op_chain(m[0])[:4])) for m in members)
         where = sites(trace, [m[0] for m in members], weights=waited)
@@ -131,8 +136,14 @@ def _one_trace(rule: Rule, trace: Trace, options: Options, step_ms: float | None
         message = (f"{op} blocked the host on the GPU {times} in {trace.label} "
                    f"({per_step(n / steps)} per step), {blocked_step_ms:.2f} ms per step"
                    + (f" ({share:.1%} of the median step)" if share is not None else "")
-                   + f" spent waiting in {', '.join(apis)}; the GPU sat idle {idle_ms:.2f} ms per step "
-                   "while the host waited there and before it queued new work (what removing them can give back).")
+                   + f" spent waiting in {', '.join(apis)}; the GPU sat idle {idle_ms:.2f} ms per step after them "
+                   "until the host's next launch, and removing them saves about "
+                   f"{saving_ms:.2f} ms per step on the step's critical path (per call, the smaller of the "
+                   "host's wait and that idle: the host's work then overlaps the GPU's)"
+                   + (f". While they waited the GPU also idled {queued_ms:.2f} ms per step with its next work "
+                      "already queued: it waited on a dependency (another stream, a CUDA graph, a collective), "
+                      "not on these syncs, and that idle is not theirs to recover" if queued_ms >= 0.01 else "")
+                   + ".")
         findings.append(rule.finding(
             message,
             severity="warning" if share is not None and share >= warn_share else "info",  # (the host's time)
@@ -143,14 +154,16 @@ def _one_trace(rule: Rule, trace: Trace, options: Options, step_ms: float | None
                       "median_step_ms": round(step_ms, 3) if step_ms else None,
                       "apis": dict(apis), "op_chains": dict(chains.most_common(3)),
                       "longest_ms": round(float(waited.max()) / 1000.0, 3),
-                      "gpu_idle_ms_per_step": round(idle_ms, 3),
+                      "gpu_idle_ms_per_step": round(idle_ms, 3), "saving_ms_per_step": saving_ms,
+                      "queued_idle_ms_per_step": queued_ms,
                       "sites": [{"file": f.file, "line": f.line, "syncs": k, "ms": round(w / 1000.0, 3)}
                                 for f, k, w in where]},
             # This idle time lies inside gpu-idle's idle total of the same trace: the headline's
             # recoverable sum counts it once (reports.terminal.recoverable).
-            cost=Cost(ms_per_step=round(idle_ms, 3), share_of_step=share_of_step(idle_ms, step_ms), measured=True,
-                      note="GPU idle time while the host waited in these calls and until the GPU's next "
-                           "work (the host's own blocked time is in the evidence)",
+            cost=Cost(ms_per_step=saving_ms, share_of_step=share_of_step(saving_ms, step_ms), measured=True,
+                      note="what removing them saves on the step's critical path: per call, the smaller of the "
+                           "host's wait in it and the GPU idle from it until the host's next launch (idle "
+                           "with the next GPU work already queued is not theirs)",
                       within="gpu-idle"),
             fix=Fix(summary=_trace_advice(op),
                     config={"non_blocking": True} if op in ("aten::to", "aten::copy_") else {}),

@@ -31,11 +31,12 @@ from auditor.evidence.errors import InputError
 from auditor.evidence.trace.decode import CAT, DEFAULT_CHUNK_BYTES, GPU_WORK, _Stream
 from auditor.evidence.trace.intervals import clip, intersect, merge_intervals, subtract, total_length
 from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.names import COMM_KERNEL
 
 # Kernel groups, by kernel name, first match wins (communication first: an NCCL kernel is never
 # compute, whatever else its name holds). rccl is ROCm's NCCL; Cijk_ names are rocBLAS/Tensile GEMMs.
 KERNEL_GROUPS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("communication", re.compile(r"nccl|rccl", re.IGNORECASE)),
+    ("communication", COMM_KERNEL),
     ("attention", re.compile(r"flash|fmha|attention|attn", re.IGNORECASE)),
     ("softmax", re.compile(r"softmax", re.IGNORECASE)),
     ("norm", re.compile(r"norm|bn_fw|bn_bw|welford", re.IGNORECASE)),
@@ -45,7 +46,7 @@ KERNEL_GROUPS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("elementwise", re.compile(r"elementwise|vectorized|unrolled|pointwise|triton|index|fill|copy|cat",
                                re.IGNORECASE)),
 )
-COMMUNICATION = re.compile(r"nccl|rccl", re.IGNORECASE)
+COMMUNICATION = COMM_KERNEL  # (names.is_comm_kernel's pattern: one predicate for every rule)
 
 _MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
            "aten::_addmm_activation"}

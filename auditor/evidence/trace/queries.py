@@ -1,6 +1,6 @@
 """Queries the trace rules share on a Trace: the calls during which the host waited for the GPU
-(blocking_calls) and the operators that issued them, the GPU's busy intervals and the idle time
-behind waits, the operator a row was issued by, and the user's code behind rows (sites) with the
+(blocking_calls) and the operators that issued them, the GPU's busy intervals (what each idle gap
+was waiting on is auditor.evidence.trace.gaps'), the operator a row was issued by, and the user's code behind rows (sites) with the
 place a Location shows for a frame."""
 from __future__ import annotations
 
@@ -12,17 +12,10 @@ import numpy as np
 
 from auditor.evidence.frame import Frame
 from auditor.evidence.trace.decode import CAT, GPU_SIDE, GPU_WORK
-from auditor.evidence.trace.intervals import clip, merge_intervals, subtract, total_length
+from auditor.evidence.trace.intervals import clip, merge_intervals
 from auditor.evidence.trace.model import StartedFrame, Trace
+from auditor.evidence.trace.names import ASYNC_COPY_CALLS, SYNC_CALLS
 
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyFromSymbol", "cudaMemcpyToSymbol",
-              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2",
-              "cuMemcpyDtoH", "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
-              "hipMemcpy")
-# asynchronous copies that still block the host: to pageable memory, the call returns only once
-# the copy is done, after all the work queued before it (`.cpu()`, `.to("cpu")`, `.numpy()`)
-ASYNC_COPY_CALLS = ("cudaMemcpyAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync", "hipMemcpyAsync")
 PAGEABLE_DTOH = re.compile(r"DtoH.*Pageable")
 
 
@@ -76,28 +69,6 @@ def blocking_op_calls(trace: Trace, rows: np.ndarray) -> np.ndarray:
             found = cache[key] = scoped[-1] if scoped else (ops[-1] if ops else -1)
         out[i] = found if found >= 0 else row
     return out
-
-
-def gpu_idle_behind(trace: Trace, rows: np.ndarray) -> float:
-    """Microseconds of GPU idle time that blocking calls (`rows`) account for: while the host
-    waits in a call, and after it returns until the GPU next starts work, whatever no GPU work
-    covers (a union over the calls). A sync that waits on a busy GPU costs little of it: the
-    work it waits for runs anyway; what a sync takes away is the queue the host would have kept
-    filling, so the GPU runs dry behind it. Time the host then spends loading data is left out:
-    the GPU would wait for that batch with or without the sync (gpu-idle and dataloader-bound
-    name it)."""
-    if not len(rows):
-        return 0.0
-    busy = gpu_busy(trace)
-    starts = busy[0]
-    end = trace.col("end")[rows].astype(np.float64)
-    nxt = np.searchsorted(starts, end, side="left")
-    resume = starts[np.minimum(nxt, len(starts) - 1)] if len(starts) else end
-    resume = np.where(nxt < len(starts), resume, end)
-    spans = merge_intervals(trace.col("ts")[rows].astype(np.float64), np.maximum(resume, end))
-    loader = trace.matching(DATALOADER_NEXT)
-    loading = merge_intervals(loader["ts"].to_numpy(), loader["end"].to_numpy())
-    return total_length(subtract(subtract(spans, busy), loading))
 
 
 DATALOADER_NEXT = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
