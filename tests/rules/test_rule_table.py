@@ -99,6 +99,9 @@ TABLE: dict[str, tuple[Input, Input]] = {
     "retained-graph": (ex("retained_graph"), CLEAN),
     "sampler-epoch": (ex("sampler_epoch"), CLEAN),
     "step-slowdown": (ex("step_slowdown"), CLEAN),
+    "cudnn-benchmark": (Input("rehearsal", "gpu_convnet"), Input("rehearsal", "gpu_convnet_clean")),
+    "manual-update": (Input("rehearsal", "gpu_manual_update"), GPU_CLEAN),
+    "blocking-pinned-copy": (Input("rehearsal", "gpu_blocking_pinned_copy"), GPU_CLEAN),
 }
 
 # shared distributed run -> (its directory, given the session's tmp_path_factory; its example)
