@@ -143,16 +143,22 @@ class DataloaderBound(Rule):
             n = len(per_step)
             loader_ms = sum(s["loader_ms"] for s in per_step)
             step_ms = step_basis_ms(evidence, trace)
-            share = share_of_step(round(loader_ms / n, 3), step_ms) or 0.0  # (the share every report prints for the cost)
+            # like with like: the median step's share is of the median wait (a mean that a few spikes
+            # raise, set against the median step, can read more than the whole step)
+            wait_ms = round(median(s["loader_ms"] for s in per_step), 3)
+            share = share_of_step(wait_ms, step_ms) or 0.0  # (the share every report prints for the cost)
             if share < threshold:
                 continue
             shares = [s["share"] for s in per_step]
             names = sorted(set(trace.names(loader)))
             single = any("_SingleProcessDataLoaderIter" in n for n in names)
             where = sites(trace, loader.index.to_numpy(), weights=loader["dur"].to_numpy())
-            message = (f"DataLoader __next__ took {loader_ms / n:.1f} ms per step in {trace.label} ({share:.0%} of the "
+            mean_ms = loader_ms / n
+            spread = (f"; mean {mean_ms:.1f} ms, raised by steps that wait up to {max(x['loader_ms'] for x in per_step):.1f} ms"
+                      if abs(mean_ms - wait_ms) > 0.1 * max(wait_ms, 1e-9) else "")
+            message = (f"DataLoader __next__ took a median {wait_ms:.1f} ms per step in {trace.label} ({share:.0%} of the "
                        f"median {step_ms:.1f} ms step; each step's share {min(shares):.0%}-{max(shares):.0%} "
-                       f"across {n} steps)" + ("; batches are loaded in the training process (num_workers=0)."
+                       f"across {n} steps{spread})" + ("; batches are loaded in the training process (num_workers=0)."
                                               if single else "; the worker processes cannot keep up."))
             fix = (Fix(summary="Load batches in worker processes: DataLoader(num_workers=4 or more, pin_memory=True, "
                                "persistent_workers=True).",
@@ -165,10 +171,10 @@ class DataloaderBound(Rule):
                 message,
                 locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
                 evidence={"trace": str(trace.path), "source": "trace",
-                          "loader_ms_per_step": round(loader_ms / n, 3), "median_step_ms": round(step_ms, 3),
-                          "iterator": names, "steps": per_step},
-                cost=Cost(ms_per_step=round(loader_ms / n, 3), share_of_step=share, measured=True,
-                          note="time the training thread spent inside DataLoader __next__"),
+                          "loader_ms_per_step": round(loader_ms / n, 3), "median_loader_ms": wait_ms,
+                          "median_step_ms": round(step_ms, 3), "iterator": names, "steps": per_step},
+                cost=Cost(ms_per_step=wait_ms, share_of_step=share, measured=True,
+                          note="median time a step's training thread spent inside DataLoader __next__"),
                 fix=fix,
             ))
         return findings
