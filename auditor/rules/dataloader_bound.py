@@ -73,6 +73,29 @@ def step_loader_shares(trace: Trace) -> list[dict[str, Any]]:
     return out
 
 
+def _confidence(shares: list[float], threshold: float, cpu_ratio: list[float]) -> tuple[dict[str, Any], str]:
+    """How sure the verdict is, from the spread of each step's own share (its wait over its wall
+    time): "high" when at least 80% of the steps wait `threshold` or more and the median step's share
+    is 1.25x it or more, "low" when fewer than 60% do or the median is within 10% of it, else
+    "medium". Also the steps' CPU time over wall time (below 1: the process was kept off the cores
+    by other load, which stretches every timing alike). Evidence keys and the message's sentence."""
+    xs = sorted(shares)
+    n = len(xs)
+    if not n:
+        return {"confidence": "low"}, "Confidence: low (no step timed)."
+    q1, q2, q3 = xs[n // 4], median(xs), xs[min(n - 1, (3 * n) // 4)]
+    over = sum(x >= threshold for x in xs)
+    level = ("high" if over >= 0.8 * n and q2 >= 1.25 * threshold else
+             "low" if over < 0.6 * n or q2 < 1.1 * threshold else "medium")
+    ratio = round(median(cpu_ratio), 3) if cpu_ratio else None
+    text = (f"Confidence: {level} ({over} of {n} steps waited {threshold:.0%} of their own time or more; "
+            f"the middle half of the steps waited {q1:.0%}-{q3:.0%}"
+            + (f"; the process had the CPU {ratio:.0%} of its wall time, so other load stretched the timings"
+               if ratio is not None and ratio < 0.8 else "") + ").")
+    return {"confidence": level, "step_share_quartiles": [round(q1, 4), round(q2, 4), round(q3, 4)],
+            "steps_over_min_share": over, "steps_timed": n, "cpu_over_wall": ratio}, text
+
+
 class DataloaderBound(Rule):
     """
     What it detects:
@@ -184,6 +207,7 @@ class DataloaderBound(Rule):
         if not steps:
             return
         most, waits, loader_ids, iter_ms, iter_steps, iter_where = 0.0, [], {}, [], 0, None
+        shares, cpu_ratio = [], []  # each step's wait over its own wall time; its CPU time over its wall time
         for s in steps:
             wait = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER))
             made = 0.0
@@ -199,12 +223,22 @@ class DataloaderBound(Rule):
             iter_ms.append(made)
             most = max(most, wait / s.ms if s.ms else 0.0)
             waits.append(wait)
+            if s.ms:
+                shares.append(wait / s.ms)
+                if s.cpu_ms is not None:
+                    cpu_ratio.append(s.cpu_ms / s.ms)
         # the median wait over the median step: the share every report prints for this cost (a
         # median of each step's share is another number, and read as a second one beside it)
         wait_ms, step_ms = round(median(waits), 3), step_basis_ms(ev)
         share = share_of_step(wait_ms, step_ms) or 0.0
-        if share < options.min_share or wait_ms < options.min_wait_ms:
+        # The verdict is taken on each step's wait over its own time, measured under the same load
+        # (another process taking the cores stretches the wait and the rest of that step alike:
+        # for a loader in the training process both are its CPU work), not on two medians taken
+        # over steps that load slowed differently; the cost stays the median wait (above).
+        step_share = median(shares) if shares else share
+        if step_share < options.min_share or wait_ms < options.min_wait_ms:
             return
+        confidence, confidence_text = _confidence(shares, options.min_share, cpu_ratio)
         # a new iterator in most steps (`next(iter(loader))`): its workers start (and the last
         # one's stop) every step; the fix is to make the iterator once, outside the step
         per_step_iter = iter_steps >= 0.5 * len(steps) and median(iter_ms) > 0.0
@@ -290,10 +324,12 @@ class DataloaderBound(Rule):
             summary = ("Make the iterator once, outside the step (`it = iter(loader)` at module level, then "
                        "`next(it)` in the step, re-made at StopIteration), so its workers start once. "
                        + summary).rstrip()
+        message += " " + confidence_text
         yield self.finding(
             message,
             locations=locs,
             evidence={"median_wait_ms": round(wait_ms, 3), "median_step_ms": round(step_ms, 3) if step_ms else None,
+                      **confidence,
                       "max_share": round(most, 4), "settings": settings,
                       "iterator_per_step": per_step_iter, "steps_making_an_iterator": iter_steps,
                       "median_iterator_ms": round(median(iter_ms), 3),
