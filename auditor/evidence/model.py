@@ -67,6 +67,9 @@ DEVICE_MATMUL = "device-matmul"
 # an in-place update of a parameter that has a gradient, by the user's code outside Optimizer.step
 # (`p.data.add_(p.grad, alpha=-lr)`); data: numel (the parameter's)
 PARAM_UPDATE = "param-update"
+# time a step spent at a line of the user's code (sampled; library calls below it charged to it):
+# count: samples, ms: time charged (auditor.capture.lines)
+LINE_TIME = "line-time"
 
 
 class Tally(msgspec.Struct):
