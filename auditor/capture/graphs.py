@@ -250,8 +250,13 @@ class _Mutations(ast.NodeVisitor):
         self.parts = name.split(".")
         self.lines: list[int] = []
         self.weak: set[int] = set()  # `x[key] = 0.0` (a literal: a reset, not the growth)
+        self.keys: dict[int, Any] = {}  # line -> the constant key of the entry it grows (`x["loss"] += ...`)
         self.depth = 0
         self.in_class = 0
+
+    def _key(self, line: int, sub: ast.AST) -> None:
+        if isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Constant):
+            self.keys[line] = sub.slice.value
 
     def _is_name(self, node: ast.AST) -> bool:
         text = ast.unparse(node)
@@ -274,6 +279,7 @@ class _Mutations(ast.NodeVisitor):
         t = node.target  # `total += loss`, `stats["loss"] += loss`
         if self.depth and (self._is_name(t) or (isinstance(t, ast.Subscript) and self._is_name(t.value))):
             self.lines.append(node.lineno)
+            self._key(node.lineno, t)
         self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -285,6 +291,7 @@ class _Mutations(ast.NodeVisitor):
                 self.lines.append(node.lineno)
             elif any(isinstance(t, ast.Subscript) and self._is_name(t.value) for t in node.targets):
                 self.lines.append(node.lineno)
+                self._key(node.lineno, node.targets[0])
                 if not any(isinstance(n, (ast.Name, ast.Attribute, ast.Call)) for n in ast.walk(node.value)):
                     self.weak.add(node.lineno)
         self.generic_visit(node)
@@ -295,6 +302,7 @@ class _Mutations(ast.NodeVisitor):
         if self.depth and isinstance(f, ast.Attribute) and (f.attr in _GROWERS or _in_place(f.attr)) \
                 and (self._is_name(f.value) or (isinstance(f.value, ast.Subscript) and self._is_name(f.value.value))):
             self.lines.append(node.lineno)  # (`self.rm.mul_(0.9).add_(0.1 * m)`: in place, a graph per step)
+            self._key(node.lineno, f.value)
         self.generic_visit(node)
 
 
@@ -397,6 +405,31 @@ def mutation_lines(source_file: str, name: str, step_lines: tuple[int, int] | No
     v.visit(tree)
     lo, hi = step_lines or (0, -1)
     return sorted(set(v.lines), key=lambda n: (not lo <= n <= hi, n in v.weak, n))
+
+
+def mutation_keys(source_file: str, name: str) -> dict[int, Any]:
+    """{line: key} for the lines that grow an entry of the holder `name` spelled with a constant
+    key (`stats["loss"] += loss`, `stats["outputs"].append(out)`)."""
+    src = _source(source_file)
+    if src is None or name.rsplit(".", 1)[-1] not in src[0]:
+        return {}
+    v = _Mutations(name)
+    v.visit(src[1])
+    return v.keys
+
+
+def _graph_stores(value: dict, source_file: str, name: str, lines: list[int]) -> list[dict[str, Any]]:
+    """Each line of the step that stores into an entry of the dict holder `value` that carries a
+    graph now: [{"file", "line", "key", "rows"}] (rows: row_parts of that entry). Several lines can
+    fill one holder (a running loss at one, outputs appended at the next): each is named and patched."""
+    keys = mutation_keys(source_file, name)
+    out = []
+    for line in lines:
+        key = keys.get(line)
+        if key is None or key not in value or not any(t.grad_fn is not None for t in _tensors_in(value[key])):
+            continue
+        out.append({"file": source_file, "line": line, "key": key, "rows": row_parts(value[key])})
+    return out
 
 
 def _class_defs(tree: ast.Module) -> dict[str, ast.ClassDef]:
@@ -600,6 +633,10 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
             if lines:
                 where = {"file": source_file, "line": lines[0], "function": ""}
         with_graph = [t for t in tensors if t.grad_fn is not None]
+        # (only the step function's own lines, when it is known: other functions of the file that
+        # store into the same entry did not run in the step)
+        stores = (_graph_stores(value, source_file, name, [n for n in lines if step is None or step[0] <= n <= step[1]])
+                  if with_graph and source_file and not at and isinstance(value, dict) and len(lines) > 1 else [])
         entry = {"name": name, "kind": kind, "tensors": len(tensors), "graph_tensors": len(with_graph),
                  "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors), "where": where,
                  # on the GPU (or meant for it, in CUDA rehearsal, where they live in process memory)
@@ -607,6 +644,9 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
         if with_graph:
             _watch_backward(name, with_graph[:_ROW_SAMPLE])  # (the newest: the walk meets them first)
             entry["rows"] = row_parts(value)
+        if len(stores) > 1:
+            entry["stores"] = stores
+            entry["where"] = {"file": source_file, "line": stores[0]["line"], "function": ""}
         if name in _backpropagated:
             entry["backpropagated"] = True
         holders.append(entry)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from auditor.capture import graphs, probes, wire
+from auditor.capture import graphs, lines, probes, wire
 from auditor.capture.unseen import dynamo_skips_our_frames
 
 
@@ -39,6 +39,7 @@ class StepSession:
         self.index: int | None = None  # the step begun and not yet ended
         self.t0 = self.c0 = 0.0
         self.anomaly = False
+        self.lines = lines.LineSampler() if lines.ENABLED else None  # per-line time of each step
 
     def begin(self, i: int, t0: float | None = None, c0: float | None = None) -> None:
         """Step i begins (now, or at the times `t0`/`c0` taken earlier by the caller: a step that
@@ -53,11 +54,15 @@ class StepSession:
         self.t0 = time.perf_counter() if t0 is None else t0
         if self.t_first is None:
             self.t_first = self.t0
+        if self.lines is not None:
+            self.lines.resume()
 
     def end(self, i: int, failed: bool = False) -> None:
         """Step i ends: its record is sent (its times are taken first, before anything else runs);
         a step that did not fail is followed by its planned graph scan."""
         t1, c1 = time.perf_counter(), time.process_time()
+        if self.lines is not None:
+            self.lines.pause()
         self.index = None
         if failed:
             self.prof.stop()
@@ -67,7 +72,8 @@ class StepSession:
         self.out.send(wire.Step(index=i, start_s=self.t0 - self.t_first, ms=(t1 - self.t0) * 1e3,
                                 cpu_ms=(c1 - self.c0) * 1e3, profiled=i in self.window, failed=failed,
                                 rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
-                                anomaly_enabled=self.anomaly, tallies=self.rec.drain(),
+                                anomaly_enabled=self.anomaly,
+                                tallies=self.rec.drain() + (self.lines.take() if self.lines is not None else []),
                                 collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec)))
         if not failed and i in self.scans:
             self.out.send(wire.GraphScan(after_step=i, **graphs.scan(*self.scan_target())))
@@ -78,6 +84,9 @@ class StepSession:
         sent for it, and the probes' tallies stay for what the caller records next."""
         self.index = None
         self.prof.stop()
+        if self.lines is not None:
+            self.lines.pause()
+            self.lines.take()
         collected(self.collectors, i)
 
 

@@ -60,6 +60,16 @@ CUDA_STANDIN = "cuda-standin"  # a torch.cuda call answered as an idle device wo
 H2D_COPY = "h2d-copy"  # a host->device copy the program asked for; data: bytes, pinned, non_blocking, loader
 DEVICE_BATCH = "device-batch"  # a DataLoader batch that came out already on the GPU; data: loader, tensors, bytes
 DATA_DEVICE_OP = "data-device-op"  # a GPU tensor created inside DataLoader iteration (.cuda() in __getitem__ ...)
+# a matmul or convolution of GPU tensors (what: "F.linear", "conv2d" ...); data: dtype (what it
+# computes in: autocast's dtype under autocast), autocast, flops (of the call), conv, tf32 (the TF32
+# flag of its kind in force), and for convolutions shape (the input's) and benchmark (cudnn.benchmark then)
+DEVICE_MATMUL = "device-matmul"
+# an in-place update of a parameter that has a gradient, by the user's code outside Optimizer.step
+# (`p.data.add_(p.grad, alpha=-lr)`); data: numel (the parameter's)
+PARAM_UPDATE = "param-update"
+# time a step spent at a line of the user's code (sampled; library calls below it charged to it):
+# count: samples, ms: time charged (auditor.capture.lines)
+LINE_TIME = "line-time"
 
 
 class Tally(msgspec.Struct):

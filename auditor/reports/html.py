@@ -177,11 +177,37 @@ def _value_text(v: Any) -> str:
     return json.dumps(msgspec.to_builtins(v), default=str)
 
 
-def _evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str]]:
+SERIES_ROWS = 60  # rows of a series table shown; the rest are counted below it
+
+
+def series_table(v: Any) -> dict[str, Any] | None:
+    """A series the evidence holds -- a list of records of scalars (per step: `{"step", "ms",
+    "loader_ms", "share"}`; per site) or a list of numbers (a per-step time series) -- as a small
+    table for the evidence card: {"columns", "rows", "more"}. None for anything else."""
+    if not isinstance(v, list) or not v:
+        return None
+    scalar = (str, int, float, bool, type(None))
+    if all(isinstance(x, dict) and x and all(isinstance(y, scalar) for y in x.values()) for x in v):
+        columns: list[str] = []
+        for x in v:
+            columns.extend(k for k in x if k not in columns)
+        if len(columns) > 12:
+            return None
+        rows = [[_value_text(x.get(c)) if x.get(c) is not None else "-" for c in columns] for x in v[:SERIES_ROWS]]
+    elif all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        columns = ["#", "value"]
+        rows = [[str(i), _value_text(x)] for i, x in enumerate(v[:SERIES_ROWS])]
+    else:
+        return None
+    return {"columns": columns, "rows": rows, "more": max(0, len(v) - SERIES_ROWS)}
+
+
+def _evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """(key, the value as text, the value as a series table or None) for each evidence entry."""
     rows = []
     for k, v in evidence.items():
         text = _value_text(v)
-        rows.append((k, text if len(text) <= 2000 else text[:2000] + " ..."))
+        rows.append((k, text if len(text) <= 2000 else text[:2000] + " ...", series_table(v)))
     return rows
 
 

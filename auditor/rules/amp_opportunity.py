@@ -13,7 +13,11 @@ from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.efficiency import kernel_ops, op_shapes, op_work
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
+from auditor.evidence import model as m
+from auditor.rules._support.places import by_place, locations, on_accelerator, steps_run
+from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, TraceRule
+from auditor.rules.suppression import unsuppressed
 from auditor.findings import Cost, Finding, Fix, Location, step_basis_ms, with_share
 
 # Kernels that do matrix multiplies or convolutions (where tensor cores pay off).
@@ -61,8 +65,14 @@ class AmpOpportunity(TraceRule):
         `torch.amp.GradScaler` on GPUs without bf16, compute capability < 8); on Ampere or newer, at
         least allow TF32 (`torch.backends.cuda.matmul.allow_tf32 = True`). This changes numerics.
 
+        In CUDA rehearsal (no GPU, no kernels) the program's own matmuls and convolutions of GPU
+        tensors are counted instead: `F.linear`, `@`/`matmul`, `mm`, `bmm`, `conv1d/2d/3d`, with the
+        dtype they compute in and their forward FLOPs; it reports when most of those FLOPs are fp32
+        outside autocast and they add up to enough work per step (`min-gflop-per-step`).
+
     Evidence needed:
-        A profiler trace with CUDA kernels and `deviceProperties` (recorded by Kineto).
+        A profiler trace with CUDA kernels and `deviceProperties` (recorded by Kineto), or a CUDA
+        rehearsal (`audit run` of CUDA code on a machine without a GPU).
     """
 
     id = "amp-opportunity"
@@ -72,9 +82,71 @@ class AmpOpportunity(TraceRule):
     options = (
         Option("min-share", 0.2, "Report when fp32 matmul/conv kernels take at least this share of GPU kernel time."),
         Option("min-ms-per-step", 1.0, "... and at least this many ms of kernel time per step."),
+        Option("min-gflop-per-step", 0.1,
+               "Rehearsal: report when the fp32 matmuls/convolutions outside autocast do at least this many "
+               "GFLOP of forward work per step (and `min-share` of all the GPU matmul/conv FLOPs)."),
     )
+    needs = frozenset({"trace", "run"})
+    needs_text = "needs a profiler trace with CUDA kernels, or a CUDA rehearsal (`audit run --rehearse`)"
 
-    def check(self, evidence: Evidence, options: Options):
+    def skip_reason(self, evidence: m.Evidence) -> str | None:
+        """A run without a trace is judged in CUDA rehearsal only, where its GPU matmuls are counted."""
+        return None if evidence.trace_data or evidence.environment.rehearsal else self.needs_text
+
+    def check(self, evidence: m.Evidence, options: Options):
+        yield from self.trace_findings(evidence, options)
+        yield from self.rehearsal_findings(evidence, options)
+
+    def rehearsal_findings(self, ev: m.Evidence, options: Options):
+        """One finding for the run when most of its GPU matmul/conv FLOPs are fp32 outside autocast."""
+        if not ev.steps or not ev.environment.rehearsal or on_accelerator(ev):
+            return
+        n = steps_run(ev)
+        pairs = ev.tallies(m.DEVICE_MATMUL)
+        total = sum(t.count * int(t.data.get("flops") or 0) for _, t in pairs)
+        fp32_pairs = [(s, t) for s, t in pairs if t.data.get("dtype") == "float32" and not t.data.get("autocast")]
+        flops: dict[tuple, int] = {}
+        for _, t in fp32_pairs:
+            key = (t.what, t.where.file if t.where else None, t.where.line if t.where else None)
+            flops[key] = flops.get(key, 0) + t.count * int(t.data.get("flops") or 0)
+        places = unsuppressed(self.id, by_place(fp32_pairs), lambda p: p.where)
+
+        def of(p) -> int:
+            return flops.get((p.what, p.where.file if p.where else None, p.where.line if p.where else None), 0)
+
+        places.sort(key=lambda p: -of(p))
+        fp32 = sum(of(p) for p in places)
+        if not places or not total or fp32 / total < options.min_share or fp32 / n < options.min_gflop_per_step * 1e9:
+            return
+        calls = sum(p.count for p in places)
+        first = places[0].where.file if places[0].where else None
+        yield self.finding(
+            f"On the GPU these matmuls/convolutions run in fp32 outside autocast: {per_step(calls / n)} calls per "
+            f"step doing {fp32 / n / 1e9:.2f} GFLOP of forward work per step ({fp32 / total:.0%} of the GPU "
+            "matmul/conv FLOPs; the backward adds about twice as much), at "
+            + "; ".join(f"{p.what} x{per_step(p.count / n)}/step ({of(p) / n / 1e9:.3f} GFLOP) at "
+                        f"{line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
+                        for p in places[:5])
+            + "; on a GPU with tensor cores, mixed precision runs them several times faster.",
+            locations=locations(places),
+            evidence={"fp32_gflop_per_step": round(fp32 / n / 1e9, 4), "gflop_per_step": round(total / n / 1e9, 4),
+                      "fp32_share": round(fp32 / total, 4), "fp32_calls_per_step": round(calls / n, 2), "steps": n,
+                      "rehearsal": True,
+                      "sites": [{"what": p.what, "file": p.where.file if p.where else None,
+                                 "line": p.where.line if p.where else None, "count": p.count,
+                                 "gflop": round(of(p) / 1e9, 4)} for p in places]},
+            cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
+                      note="counted, not timed: rehearsed on the CPU, where no tensor core runs"),
+            fix=Fix(summary="Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16) (float16 with "
+                            "a GradScaler on GPUs before Ampere); at least allow TF32 for matmuls "
+                            "(torch.backends.cuda.matmul.allow_tf32 = True). This changes numerics, so check the "
+                            "loss curve.",
+                    config={"torch.autocast": {"device_type": "cuda", "dtype": "bfloat16"}},
+                    changes_numerics=True),
+        )
+
+    def trace_findings(self, evidence: Evidence, options: Options):
+        """`check_trace` on each trace, judged against the device `--device` chose (else the trace's own)."""
         for trace in evidence.trace_data:
             finding = self.check_trace(trace, options, evidence.environment.device_model)
             if finding is not None:

@@ -85,6 +85,27 @@ def _workers_source(file: str, line: int, site: Any, passed: list[str] | None) -
         src = computed_kwargs(file, line, ("DataLoader",), ("num_workers",)).get("num_workers")
         return f"`{src}`" if src else None
     return given_elsewhere(site, ("num_workers",), passed).get("num_workers")
+def _confidence(shares: list[float], threshold: float, cpu_ratio: list[float]) -> tuple[dict[str, Any], str]:
+    """How sure the verdict is, from the spread of each step's own share (its wait over its wall
+    time): "high" when at least 80% of the steps wait `threshold` or more and the median step's share
+    is 1.25x it or more, "low" when fewer than 60% do or the median is within 10% of it, else
+    "medium". Also the steps' CPU time over wall time (below 1: the process was kept off the cores
+    by other load, which stretches every timing alike). Evidence keys and the message's sentence."""
+    xs = sorted(shares)
+    n = len(xs)
+    if not n:
+        return {"confidence": "low"}, "Confidence: low (no step timed)."
+    q1, q2, q3 = xs[n // 4], median(xs), xs[min(n - 1, (3 * n) // 4)]
+    over = sum(x >= threshold for x in xs)
+    level = ("high" if over >= 0.8 * n and q2 >= 1.25 * threshold else
+             "low" if over < 0.6 * n or q2 < 1.1 * threshold else "medium")
+    ratio = round(median(cpu_ratio), 3) if cpu_ratio else None
+    text = (f"Confidence: {level} ({over} of {n} steps waited {threshold:.0%} of their own time or more; "
+            f"the middle half of the steps waited {q1:.0%}-{q3:.0%}"
+            + (f"; the process had the CPU {ratio:.0%} of its wall time, so other load stretched the timings"
+               if ratio is not None and ratio < 0.8 else "") + ").")
+    return {"confidence": level, "step_share_quartiles": [round(q1, 4), round(q2, 4), round(q3, 4)],
+            "steps_over_min_share": over, "steps_timed": n, "cpu_over_wall": ratio}, text
 
 
 class DataloaderBound(Rule):
@@ -157,16 +178,22 @@ class DataloaderBound(Rule):
             n = len(per_step)
             loader_ms = sum(s["loader_ms"] for s in per_step)
             step_ms = step_basis_ms(evidence, trace)
-            share = share_of_step(round(loader_ms / n, 3), step_ms) or 0.0  # (the share every report prints for the cost)
+            # like with like: the median step's share is of the median wait (a mean that a few spikes
+            # raise, set against the median step, can read more than the whole step)
+            wait_ms = round(median(s["loader_ms"] for s in per_step), 3)
+            share = share_of_step(wait_ms, step_ms) or 0.0  # (the share every report prints for the cost)
             if share < threshold:
                 continue
             shares = [s["share"] for s in per_step]
             names = sorted(set(trace.names(loader)))
             single = any("_SingleProcessDataLoaderIter" in n for n in names)
             where = sites(trace, loader.index.to_numpy(), weights=loader["dur"].to_numpy())
-            message = (f"DataLoader __next__ took {loader_ms / n:.1f} ms per step in {trace.label} ({share:.0%} of the "
+            mean_ms = loader_ms / n
+            spread = (f"; mean {mean_ms:.1f} ms, raised by steps that wait up to {max(x['loader_ms'] for x in per_step):.1f} ms"
+                      if abs(mean_ms - wait_ms) > 0.1 * max(wait_ms, 1e-9) else "")
+            message = (f"DataLoader __next__ took a median {wait_ms:.1f} ms per step in {trace.label} ({share:.0%} of the "
                        f"median {step_ms:.1f} ms step; each step's share {min(shares):.0%}-{max(shares):.0%} "
-                       f"across {n} steps)" + ("; batches are loaded in the training process (num_workers=0)."
+                       f"across {n} steps{spread})" + ("; batches are loaded in the training process (num_workers=0)."
                                               if single else "; the worker processes cannot keep up."))
             fix = (Fix(summary="Load batches in worker processes: DataLoader(num_workers=4 or more, pin_memory=True, "
                                "persistent_workers=True).",
@@ -179,10 +206,10 @@ class DataloaderBound(Rule):
                 message,
                 locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
                 evidence={"trace": str(trace.path), "source": "trace",
-                          "loader_ms_per_step": round(loader_ms / n, 3), "median_step_ms": round(step_ms, 3),
-                          "iterator": names, "steps": per_step},
-                cost=Cost(ms_per_step=round(loader_ms / n, 3), share_of_step=share, measured=True,
-                          note="time the training thread spent inside DataLoader __next__"),
+                          "loader_ms_per_step": round(loader_ms / n, 3), "median_loader_ms": wait_ms,
+                          "median_step_ms": round(step_ms, 3), "iterator": names, "steps": per_step},
+                cost=Cost(ms_per_step=wait_ms, share_of_step=share, measured=True,
+                          note="median time a step's training thread spent inside DataLoader __next__"),
                 fix=fix,
             ))
         return findings
@@ -192,6 +219,7 @@ class DataloaderBound(Rule):
         if not steps:
             return
         most, waits, loader_ids, iter_ms, iter_steps, iter_where = 0.0, [], {}, [], 0, None
+        shares, cpu_ratio = [], []  # each step's wait over its own wall time; its CPU time over its wall time
         for s in steps:
             wait = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER))
             made = 0.0
@@ -207,12 +235,22 @@ class DataloaderBound(Rule):
             iter_ms.append(made)
             most = max(most, wait / s.ms if s.ms else 0.0)
             waits.append(wait)
+            if s.ms:
+                shares.append(wait / s.ms)
+                if s.cpu_ms is not None:
+                    cpu_ratio.append(s.cpu_ms / s.ms)
         # the median wait over the median step: the share every report prints for this cost (a
         # median of each step's share is another number, and read as a second one beside it)
         wait_ms, step_ms = round(median(waits), 3), step_basis_ms(ev)
         share = share_of_step(wait_ms, step_ms) or 0.0
-        if share < options.min_share or wait_ms < options.min_wait_ms:
+        # The verdict is taken on each step's wait over its own time, measured under the same load
+        # (another process taking the cores stretches the wait and the rest of that step alike:
+        # for a loader in the training process both are its CPU work), not on two medians taken
+        # over steps that load slowed differently; the cost stays the median wait (above).
+        step_share = median(shares) if shares else share
+        if step_share < options.min_share or wait_ms < options.min_wait_ms:
             return
+        confidence, confidence_text = _confidence(shares, options.min_share, cpu_ratio)
         # a new iterator in most steps (`next(iter(loader))`): its workers start (and the last
         # one's stop) every step; the fix is to make the iterator once, outside the step
         per_step_iter = iter_steps >= 0.5 * len(steps) and median(iter_ms) > 0.0
@@ -340,10 +378,12 @@ class DataloaderBound(Rule):
                            if named else "") + ".")
             if named:
                 summary += " Set them in the framework: " + ", ".join(named) + "."
+        message += " " + confidence_text
         yield self.finding(
             message,
             locations=list(dict.fromkeys(locs)),
             evidence={"median_wait_ms": round(wait_ms, 3), "median_step_ms": round(step_ms, 3) if step_ms else None,
+                      **confidence,
                       "max_share": round(most, 4), "settings": settings,
                       "iterator_per_step": per_step_iter, "steps_making_an_iterator": iter_steps,
                       "median_iterator_ms": round(median(iter_ms), 3),

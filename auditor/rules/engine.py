@@ -7,7 +7,7 @@ import msgspec
 
 from auditor.config import Config
 from auditor.evidence.model import Evidence
-from auditor.findings import Finding, RuleResults, rank_key
+from auditor.findings import Finding, RuleResults, rank_key, share_of_step, step_basis_ms
 from auditor.fixes import make_patch, project_roots, refused_edit
 from auditor.rules.base import EVIDENCE_KINDS, Rule
 from auditor.rules.registry import all_rules
@@ -85,6 +85,24 @@ def _with_patch(f: Finding) -> Finding:
     return msgspec.structs.replace(f, fix=msgspec.structs.replace(f.fix, patch=patch))
 
 
+def _capped(f: Finding, evidence: Evidence) -> Finding:
+    """A time cost is part of the step it is measured in, so no more than that step can be
+    recovered: a cost above its step (the median step its finding names, else the evidence's) is
+    capped at it, and its note says so and keeps what was measured."""
+    c = f.cost
+    if c is None or c.ms_per_step is None:
+        return f
+    named = f.evidence.get("median_step_ms") if isinstance(f.evidence, dict) else None
+    step = named if isinstance(named, (int, float)) and named > 0 else step_basis_ms(evidence)
+    if not step or c.ms_per_step <= step:
+        return f
+    note = (f"capped at the median step ({step:.1f} ms): the {c.ms_per_step:.1f} ms/step measured exceeds it"
+            + (f"; {c.note}" if c.note else ""))
+    return msgspec.structs.replace(f, cost=msgspec.structs.replace(
+        c, ms_per_step=round(step, 3), share_of_step=min(1.0, share_of_step(round(step, 3), step_basis_ms(evidence)) or 1.0),
+        note=note))
+
+
 def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
     config = config or Config()
     out = RuleResults()
@@ -108,6 +126,6 @@ def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
             if kept is None:
                 out.suppressed += 1
             else:
-                out.findings.append(_with_patch(project_edits(kept, roots)))
+                out.findings.append(_with_patch(project_edits(_capped(kept, evidence), roots)))
     out.findings.sort(key=rank_key)
     return out

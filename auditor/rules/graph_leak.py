@@ -141,10 +141,25 @@ def _detach_edit(file: str, line: int, rows: dict[str, Any] | None = None) -> tu
     return None, False
 
 
+def _placed_edit(h: dict, edit: Edit | None, changes: bool, used: list[str], edits: list[Edit]) -> bool:
+    """Keep the edit of one line that stores into holder `h` (whether it changes numerics), unless a
+    later backward runs through what `h` keeps: its graphs are used, and a `.detach()` where they
+    are stored is no fix that leaves results alone (cutting a recurrent state's history, which does
+    change them, still goes to numerics-fixes.patch)."""
+    if h.get("backpropagated") and not (edit and changes):
+        if h["name"] not in used:
+            used.append(h["name"])
+        return False
+    if edit:
+        edits.append(edit)
+    return bool(edit) and changes
+
+
 def _holder_names(holders: list[dict]) -> str:
     """`total`, `model.1.running_mean`; parameters given a history are counted per global, as
     "`ema`'s parameters (161)": an EMA of a ResNet would otherwise list every one."""
     params: dict[str, int] = {}
+    at: dict[str, str] = {}
     names = []
     for h in holders:
         if h.get("kind") == "Parameter" and "." in h["name"]:
@@ -154,7 +169,9 @@ def _holder_names(holders: list[dict]) -> str:
             params[root] = params.get(root, 0) + 1
         else:
             names.append(h["name"])
-    return ", ".join(f"`{n}`'s parameters ({params[n]})" if n in params else f"`{n}`" for n in names)
+            if h.get("stores"):  # filled at several lines: each named
+                at[h["name"]] = f" (stored into at lines {', '.join(str(w['line']) for w in h['stores'])})"
+    return ", ".join(f"`{n}`'s parameters ({params[n]})" if n in params else f"`{n}`{at.get(n, '')}" for n in names)
 
 
 class GraphLeak(Rule):
@@ -235,22 +252,17 @@ class GraphLeak(Rule):
                    if h.get("nodes", 0) > first_holders.get(h["name"], {}).get("nodes", 0)]
         locs, edits, numerics, used, placed = [], [], False, [], set()
         for h in growing:
-            w = h.get("where")
-            if not w or (w["file"], w["line"]) in placed:  # (an EMA's parameters share their update's line)
-                if h.get("backpropagated") and w is None:
-                    used.append(h["name"])
-                continue
-            placed.add((w["file"], w["line"]))
-            locs.append(Location(file=w["file"], line=w["line"], code=w.get("code", "")))
-            edit, changes = _detach_edit(w["file"], w["line"], h.get("rows"))
-            if h.get("backpropagated") and not (edit and changes):
-                # its graphs are used later: a `.detach()` where they are stored is no fix that
-                # leaves results alone (cutting a recurrent state's history, which does change
-                # them, still goes to numerics-fixes.patch)
+            # each line that stores a graph into the holder (a dict filled at several lines), else its one line
+            stores = h.get("stores") or [{**w, "rows": h.get("rows")}] if (w := h.get("where")) else []
+            if not stores and h.get("backpropagated"):
                 used.append(h["name"])
-            elif edit:
-                edits.append(edit)
-                numerics |= changes
+            for w in stores:
+                if (w["file"], w["line"]) in placed:  # (an EMA's parameters share their update's line)
+                    continue
+                placed.add((w["file"], w["line"]))
+                locs.append(Location(file=w["file"], line=w["line"], code=w.get("code", "")))
+                edit, changes = _detach_edit(w["file"], w["line"], w.get("rows"))
+                numerics = _placed_edit(h, edit, changes, used, edits) or numerics
         names = _holder_names(growing) or "tensors outside the target module's globals (and the modules they reach)"
         summary = "Detach what you keep across steps (`.detach()`, or `.item()` when logging)."
         if used:
@@ -269,6 +281,7 @@ class GraphLeak(Rule):
                       "nodes_per_step": round(rate, 2),
                       "holders": [{"name": h["name"], "kind": h["kind"], "tensors": h["tensors"], "nodes": h["nodes"],
                                    **({"rows": h["rows"]} if h.get("rows") else {}),
+                                   **({"lines": [w["line"] for w in h["stores"]]} if h.get("stores") else {}),
                                    "backpropagated": bool(h.get("backpropagated"))}
                                   for h in growing]},
             cost=None,

@@ -313,14 +313,19 @@ def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
         if not places:
             continue
         first = places[0].where.file if places[0].where else None
+        # under torch.no_grad() outside the steps: an evaluation loop, named so
+        evaluating = [p for p in places if p.data.get("no_grad")]
+        if phase == "between" and len(evaluating) == len(places):
+            phrase = "between steps in an evaluation loop (under torch.no_grad())"
         yield rule.finding(
             f"{sum(p.count for p in places)} device->host syncs {phrase}, outside the steps, at {len(places)} "
             f"place(s): " + "; ".join(f"{p.what} x{p.count} at {line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
                                      for p in places[:5]),
             severity="info", locations=locations(places),
-            evidence={"phase": phase, "sites": [{"what": p.what, "file": p.where.file if p.where else None,
-                                                 "line": p.where.line if p.where else None, "count": p.count}
-                                                for p in places]},
+            evidence={"phase": phase, "evaluation": bool(evaluating) and len(evaluating) == len(places),
+                      "sites": [{"what": p.what, "file": p.where.file if p.where else None,
+                                 "line": p.where.line if p.where else None, "count": p.count,
+                                 "under_no_grad": bool(p.data.get("no_grad"))} for p in places]},
             cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
                       note=f"outside the steps ({phase}): not in the step time"),
             fix=Fix(summary="accumulate on the device and fetch once (`total += x.sum()`, one `.item()` at the end)"))

@@ -120,8 +120,14 @@ class StepSlowdown(Rule):
         if culprit:
             at = f" at {file_name(culprit['where'].file)}:{culprit['where'].line}" if culprit["where"] else ""
             g = culprit["growth_ms"]  # (the rest of the step may have got faster: at most all of the rise)
-            blame = (f" {culprit['what']}{at} grew the most: "
-                     + (f"all of those {rise:.2f} ms." if g >= rise else f"{g:.2f} ms of those {rise:.2f} ms."))
+            w = culprit["where"]
+            what = (f"The time spent at line {w.line} of {file_name(w.file)}"
+                    + (f" (`{w.code}`)" if w.code else "") if culprit["kind"] == m.LINE_TIME and w else culprit["what"] + at)
+            blame = (f" {what} grew the most: "
+                     + (f"all of those {rise:.2f} ms." if g >= rise else f"{g:.2f} ms of those {rise:.2f} ms.")
+                     + (f" The probed calls (forward, backward, optimizer, data) grew by at most "
+                        f"{culprit.get('phase_growth_ms', 0.0):.2f} ms ({culprit.get('what_grew') or 'none'}): the "
+                        "growth is this line's own." if culprit["kind"] == m.LINE_TIME else ""))
         else:
             blame = ""
         if judged:
@@ -161,7 +167,10 @@ class StepSlowdown(Rule):
                       "spearman": round(rho, 3), **judged, "steps_used": len(steps),
                       "median_step_ms": round(median_ms, 3) if median_ms else None,
                       "rise_share_of_last_quarter_step": round(min(1.0, rise / max(last, rise)), 4),
-                      "growing_phase": {k: v for k, v in (culprit or {}).items() if k != "where"} or None,
+                      "growing_phase": {**{k: v for k, v in culprit.items() if k != "where"},
+                                        "file": culprit["where"].file if culprit["where"] else None,
+                                        "line": culprit["where"].line if culprit["where"] else None}
+                      if culprit else None,
                       "piling_hooks": [{"what": p.what, "line": p.where.line if p.where else None,
                                         "holders": p.holders, "held_first": p.first[1], "held_last": p.last[1]}
                                        for p in piles[:2]]},
@@ -186,12 +195,21 @@ class StepSlowdown(Rule):
                 key = (t.kind, t.what, t.where.file if t.where else None, t.where.line if t.where else None)
                 series.setdefault(key, [0.0] * len(steps))[i] += t.ms
                 wheres[key] = (t.what, t.where)
-        best = None
+        best = phase = None
         for key, ys in series.items():
             growth = rise_of(xs, ys)
             if best is None or growth > best["growth_ms"]:
                 best = {"what": wheres[key][0], "kind": key[0], "growth_ms": growth, "where": wheres[key][1]}
+            if key[0] != m.LINE_TIME and (phase is None or growth > phase["growth_ms"]):
+                phase = {"what": wheres[key][0], "kind": key[0], "growth_ms": growth, "where": wheres[key][1]}
+        if best is not None and best["kind"] == m.LINE_TIME and phase is not None and phase["where"] is not None \
+                and best["where"] is not None and (phase["where"].file, phase["where"].line) == \
+                (best["where"].file, best["where"].line) and phase["growth_ms"] >= 0.5 * best["growth_ms"]:
+            best = phase  # the line grew by the probed call made there (a forward): that call is named
         if not best or best["growth_ms"] <= 0:
             return None
         best["growth_ms"] = round(best["growth_ms"], 3)
+        if best["kind"] == m.LINE_TIME and phase is not None and phase["growth_ms"] > 0:
+            # the probed call that grew the most, beside the line that grew more outside it
+            best["what_grew"], best["phase_growth_ms"] = phase["what"], round(phase["growth_ms"], 3)
         return best

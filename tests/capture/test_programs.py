@@ -292,6 +292,10 @@ def test_the_eval_loop_is_outside_the_steps(tmp_path):
     # the eval loop's sync is reported with its phase, apart from the step's
     outside = [f for f in a.rule("host-sync") if f["evidence"].get("phase") == "between"]
     assert [loc["line"] for f in outside for loc in f["locations"]] == [eval_line]
+    # under torch.no_grad(): named an evaluation loop
+    [f] = outside
+    assert f["evidence"]["evaluation"] is True and f["evidence"]["sites"][0]["under_no_grad"] is True
+    assert "between steps in an evaluation loop (under torch.no_grad())" in f["message"]
     assert (tmp_path / "finally.txt").read_text() == "20"
 
 

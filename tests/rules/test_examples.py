@@ -472,7 +472,8 @@ def test_step_slowdown(example_audit):
     # judged on the process's CPU time (a CPU run), which other test workers' load does not scatter
     ev = f["evidence"]
     assert ev["trend_ratio"] >= 1.3 and ev["cpu_ratio"] >= 1.3 and ev["cpu_spearman"] >= 0.6
-    assert f["evidence"]["growing_phase"]["kind"] == "forward"
+    # the growing line is the forward over every sample seen: that call is named, at its line
+    assert f["evidence"]["growing_phase"]["kind"] == "forward" and f["evidence"]["growing_phase"]["line"] == 21
 
 
 def test_hook_leak(example_audit):

@@ -106,6 +106,9 @@ TABLE: dict[str, tuple[Input, Input]] = {
     "step-slowdown": (ex("step_slowdown"), CLEAN),
     "unfused-attention": (Input("file", str(OWLV2)), Input("file", str(BERT))),
     "exposed-comm": (Input("file", str(DDP_TRACE)), Input("file", str(OWLV2))),
+    "cudnn-benchmark": (Input("rehearsal", "gpu_convnet"), Input("rehearsal", "gpu_convnet_clean")),
+    "manual-update": (Input("rehearsal", "gpu_manual_update"), GPU_CLEAN),
+    "blocking-pinned-copy": (Input("rehearsal", "gpu_blocking_pinned_copy"), GPU_CLEAN),
 }
 
 # shared distributed run -> (its directory, given the session's tmp_path_factory; its example)

@@ -26,7 +26,7 @@ from auditor.capture.frames import is_torch_internal, user_frame, via_data as _v
 from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
 from auditor.evidence import model as m
 
-perf = time.perf_counter
+perf, _grad_on = time.perf_counter, torch.is_grad_enabled  # (a sync under no_grad is tallied so: an eval loop)
 FrameKey = tuple[str, int, str] | None
 # Inside code torch.compile traces, a probe is the call it wraps: traced, its frame reads and timers
 # would be graph breaks in the user's graph, each with a warning naming what dynamo cannot trace
@@ -272,7 +272,7 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
                     try:
                         return orig(self, *args, **kwargs)
                     finally:
-                        rec.add(m.SYNC, label, user_frame(f), (perf() - t0) * 1e3, device=dev, **_via(f))
+                        rec.add(m.SYNC, label, user_frame(f), (perf() - t0) * 1e3, device=dev, **_via(f), **({} if _grad_on() else {"no_grad": True}))
             return orig(self, *args, **kwargs)
         return probe
     return make
@@ -360,7 +360,7 @@ def _sync_function(what: str):
                     try:
                         return orig(*args, **kwargs)
                     finally:
-                        rec.add(m.SYNC, what, user_frame(f), (perf() - t0) * 1e3, device=dev, **_via(f))
+                        rec.add(m.SYNC, what, user_frame(f), (perf() - t0) * 1e3, device=dev, **_via(f), **({} if _grad_on() else {"no_grad": True}))
             return orig(*args, **kwargs)
         return probe
     return make

@@ -61,10 +61,12 @@ def install(mode: str, source: str | None, module: str | None = None) -> dict[st
     from auditor.capture.rehearsal import data as rehearsal_data
     from auditor.capture.rehearsal import cuda as rehearsal_cuda
     from auditor.capture.rehearsal import device as rehearsal_device
+    from auditor.capture.rehearsal import ops as rehearsal_ops
     from auditor.capture.rehearsal import serialization as rehearsal_files
 
     rehearsal_device.install()
     rehearsal_files.install()
+    rehearsal_ops.install()
     rehearsal_data.install()
     replaced = rehearsal_cuda.install()
     rehearsal_dist.install()

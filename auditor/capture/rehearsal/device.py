@@ -44,7 +44,8 @@ from auditor.evidence import model as m
 CUDA_MARK = "_auditor_cuda"  # the program meant this tensor for the GPU
 PINNED_MARK = "_auditor_pinned"  # the program pinned it (pin_memory() / DataLoader(pin_memory=True))
 LOADER_MARK = "_auditor_loader"  # id of the DataLoader whose batch held this tensor
-MARKS = (CUDA_MARK, PINNED_MARK, LOADER_MARK)
+PARAM_OF = "_auditor_param_of"  # a parameter's `.data` alias: the parameter (see rehearsal.ops)
+MARKS = (CUDA_MARK, PINNED_MARK, LOADER_MARK, PARAM_OF)
 
 CPU = torch.device("cpu")
 REHEARSED_DEVICE = torch.device("cuda", 0)  # what user code is told a marked tensor's device is
@@ -566,6 +567,8 @@ FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 
 
 _compiling = torch.compiler.is_compiling
+# Called with (func, args, out, frame) after each call of GPU tensors (rehearsal.ops.observe, which records matmuls, convolutions and parameter updates), when set
+OBSERVE: Callable[[Callable, tuple, Any, FrameType | None], None] | None = None
 
 
 def _traced(func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -612,9 +615,12 @@ class RehearsalMode(TorchFunctionMode):
         if kwargs or (cur is not None and cur.type == "cuda"):
             return self._with_device(func, args, kwargs or {}, cur is not None and cur.type == "cuda")
         if _args_marked(args):
-            _check_devices(func, args, _NO_KWARGS, sys._getframe(1))
+            frame = sys._getframe(1)
+            _check_devices(func, args, _NO_KWARGS, frame)
             out = func(*args)
             _mark_results(out, args, _NO_KWARGS)
+            if OBSERVE is not None:
+                OBSERVE(func, args, out, frame)
             return out
         return func(*args)
 
@@ -646,6 +652,8 @@ class RehearsalMode(TorchFunctionMode):
             self._requested(func, out, args, sys._getframe(2))
         elif on_gpu_inputs:
             _mark_results(out, args, kwargs)
+            if OBSERVE is not None:
+                OBSERVE(func, args, out, sys._getframe(2))
         if pinned:
             for t in _tensors(out):
                 setattr(t, PINNED_MARK, True)

@@ -1,0 +1,140 @@
+"""CUDA rehearsal, the compute side: what the program's GPU calls would run as on a GPU.
+
+The rehearsal's mode (`device.RehearsalMode`) hands every call with an input meant for the GPU to
+`observe(func, args, out, frame)` after it ran, for the calls in `OBSERVED` only (one dict lookup
+per GPU call otherwise). Two things are recorded, as probe tallies:
+
+* `device-matmul`: a matrix multiply or convolution of GPU tensors (`F.linear`, `@`, `mm`, `bmm`,
+  `conv1d/2d/3d`): its input's dtype, whether autocast was on, its input shape, its FLOPs, and the
+  cuDNN flags in force then (`torch.backends.cudnn.benchmark`, TF32). `amp-opportunity` reads the
+  fp32 ones, `cudnn-benchmark` the convolutions' shapes and flag.
+* `param-update`: an in-place update of a parameter that has a gradient, made by the user's code
+  outside `Optimizer.step` (`p.data.add_(p.grad, alpha=-lr)`, `p -= lr * p.grad` under `no_grad`):
+  a hand-written update loop, one kernel per parameter and operation where a foreach or fused
+  optimizer launches a few. `manual-update` reads them.
+
+Nothing here changes a call's arguments or results.
+"""
+from __future__ import annotations
+
+from types import FrameType
+from typing import Any, Callable
+
+import torch
+
+from auditor.capture import probes
+from auditor.capture.rehearsal.device import PARAM_OF, call_site, caller_is_user
+from auditor.evidence import model as m
+
+_T = torch._C.TensorBase
+
+
+def _flops_linear(args: tuple, out: Any) -> int:
+    x, w = args[0], args[1]
+    return 2 * x.numel() * int(w.shape[0]) if w.dim() >= 1 else 0
+
+
+def _flops_matmul(args: tuple, out: Any) -> int:
+    a = args[0]
+    k = int(a.shape[-1]) if a.dim() >= 1 else 1
+    return 2 * out.numel() * k if isinstance(out, torch.Tensor) else 0
+
+
+def _flops_conv(args: tuple, out: Any) -> int:
+    w = args[1]
+    per_out = w.numel() // max(1, int(w.shape[0]))  # Cin/groups x kernel
+    return 2 * out.numel() * per_out if isinstance(out, torch.Tensor) else 0
+
+
+_MATMULS: dict[Any, tuple[str, Callable[[tuple, Any], int]]] = {
+    torch._C._nn.linear: ("F.linear", _flops_linear),
+    _T.matmul: ("Tensor.matmul (@)", _flops_matmul),
+    torch.matmul: ("torch.matmul", _flops_matmul),
+    _T.mm: ("Tensor.mm", _flops_matmul),
+    torch.mm: ("torch.mm", _flops_matmul),
+    _T.bmm: ("Tensor.bmm", _flops_matmul),
+    torch.bmm: ("torch.bmm", _flops_matmul),
+    torch.conv1d: ("conv1d", _flops_conv),
+    torch.conv2d: ("conv2d", _flops_conv),
+    torch.conv3d: ("conv3d", _flops_conv),
+}
+_CONVS = frozenset(("conv1d", "conv2d", "conv3d"))
+
+# In-place tensor methods an update loop writes with
+_UPDATES = frozenset(("add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "lerp_", "__iadd__", "__isub__",
+                      "__imul__", "__itruediv__"))
+
+
+def _matmul(func: Callable, args: tuple, out: Any, frame: FrameType | None) -> None:
+    rec = probes.REC
+    if rec is None or not rec.active or rec.in_data or len(args) < 2:
+        return
+    x, w = args[0], args[1]
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        return
+    what, flops = _MATMULS[func]
+    autocast = torch.is_autocast_enabled("cpu")  # (the rehearsal's autocast("cuda") is CPU autocast)
+    dtype = torch.get_autocast_dtype("cpu") if autocast else x.dtype
+    conv = what in _CONVS
+    data: dict[str, Any] = {"dtype": str(dtype).replace("torch.", ""), "autocast": autocast,
+                            "flops": int(flops(args, out)), "conv": conv}
+    if conv:
+        data["shape"] = list(x.shape)
+        data["benchmark"] = bool(torch.backends.cudnn.benchmark)
+        data["tf32"] = bool(torch.backends.cudnn.allow_tf32)
+    else:
+        data["tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+    rec.add(m.DEVICE_MATMUL, what, call_site(frame), 0.0, **{k: (tuple(v) if isinstance(v, list) else v)
+                                                           for k, v in data.items()})
+
+
+def _data_of(func: Callable, args: tuple, out: Any, frame: FrameType | None) -> None:
+    """`p.data` of a parameter: the alias remembers its parameter (see PARAM_OF)."""
+    p = args[0] if args else None
+    if isinstance(p, torch.nn.Parameter) and isinstance(out, torch.Tensor) and out is not p:
+        out.__dict__[PARAM_OF] = p
+
+
+def _in_optimizer_step(frame: FrameType | None) -> bool:
+    f, depth = frame, 0
+    while f is not None and depth < 30:
+        if f.f_code.co_name == "step" and isinstance(f.f_locals.get("self"), torch.optim.Optimizer):
+            return True
+        f, depth = f.f_back, depth + 1
+    return False
+
+
+def _update(func: Callable, args: tuple, out: Any, frame: FrameType | None) -> None:
+    rec = probes.REC
+    if rec is None or not rec.active or rec.in_data or not args:
+        return
+    t = args[0]
+    param = t if isinstance(t, torch.nn.Parameter) else t.__dict__.get(PARAM_OF) if isinstance(t, torch.Tensor) else None
+    if param is None or param.grad is None or not caller_is_user(frame) or _in_optimizer_step(frame):
+        return
+    name = getattr(func, "__name__", "update")
+    via = "Parameter.data" if param is not t else "Parameter"
+    rec.add(m.PARAM_UPDATE, f"{via}.{name}", call_site(frame), 0.0, numel=int(param.numel()))
+
+
+OBSERVED: dict[Any, Callable[[Callable, tuple, Any, FrameType | None], None]] = {
+    **{f: _matmul for f in _MATMULS}, _T.data.__get__: _data_of,
+    **{getattr(_T, n): _update for n in _UPDATES if hasattr(_T, n)},
+}
+
+
+def observe(func: Callable, args: tuple, out: Any, frame: FrameType | None) -> None:
+    """Record `func`'s call if it is one of OBSERVED (called by the mode after a GPU call ran)."""
+    try:
+        seen = OBSERVED.get(func)
+    except TypeError:  # (unhashable)
+        return
+    if seen is not None:
+        seen(func, args, out, frame)
+
+
+def install() -> None:
+    """Have the rehearsal's mode pass its GPU calls to `observe`."""
+    from auditor.capture.rehearsal import device
+
+    device.OBSERVE = observe

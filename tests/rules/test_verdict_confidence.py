@@ -1,0 +1,31 @@
+"""dataloader-bound's verdict is taken on each step's own share of its time and says how sure it is."""
+from __future__ import annotations
+
+import pytest
+
+from auditor.rules.dataloader_bound import _confidence
+
+
+def test_confidence_levels_follow_the_spread_of_the_steps_shares():
+    high, text = _confidence([0.5] * 18 + [0.1, 0.2], 0.25, [1.0] * 20)
+    assert high["confidence"] == "high" and high["steps_over_min_share"] == 18 and high["steps_timed"] == 20
+    assert text == ("Confidence: high (18 of 20 steps waited 25% of their own time or more; the middle half of the "
+                    "steps waited 50%-50%).")
+    # at the threshold: half the steps above it, half below
+    low, _ = _confidence([0.2, 0.3] * 10, 0.25, [1.0] * 20)
+    assert low["confidence"] == "low"
+    medium, _ = _confidence([0.3] * 14 + [0.1] * 3 + [0.5] * 3, 0.25, [1.0] * 20)
+    assert medium["confidence"] == "medium"
+    # a process kept off the cores (CPU 40% of wall) is said to be
+    _, loaded = _confidence([0.5] * 20, 0.25, [0.4] * 20)
+    assert "the process had the CPU 40% of its wall time" in loaded
+
+
+@pytest.mark.slow
+def test_dataloader_bound_states_its_confidence(example_audit):
+    a = example_audit("dataloader_bound")
+    [f] = a.rule("dataloader-bound")
+    ev = f["evidence"]
+    q1, q2, q3 = ev["step_share_quartiles"]
+    assert q1 <= q2 <= q3 and ev["steps_timed"] >= 20 and ev["confidence"] in ("high", "medium")
+    assert f"Confidence: {ev['confidence']} ({ev['steps_over_min_share']} of {ev['steps_timed']} steps" in f["message"]
