@@ -100,8 +100,7 @@ class StepFinder:
         probes.read_traced_steps(reader)
         self._undo.append(lambda: probes.unread_traced_steps(reader))
         self._wrap(dl._BaseDataLoaderIter, "__next__", self._fetch_probe)
-        self._wrap(torch.Tensor, "backward", self._backward_probe)
-        self._wrap(torch.autograd, "backward", self._backward_probe)
+        self._undo.append(probes.on_backward_start(self.on_backward))
         try:
             from torch.amp import GradScaler
 
@@ -152,15 +151,11 @@ class StepFinder:
             return batch
         return __next__
 
-    def _backward_probe(self, orig: Callable) -> Callable:
-        finder = self
-
-        def backward(*args, **kwargs):
-            if finder._live() and not finder.rec.in_data:
-                finder.on_pass()
-                finder.backward_in_step = True
-            return orig(*args, **kwargs)
-        return backward
+    def on_backward(self, what: str) -> None:
+        """A backward pass of the user's code begins (autograd.grad, no pass of the step, aside)."""
+        if what != "torch.autograd.grad" and self._live() and not self.rec.in_data:
+            self.on_pass()
+            self.backward_in_step = True
 
     def _scaler_probe(self, orig: Callable) -> Callable:
         finder = self
