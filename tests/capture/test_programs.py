@@ -186,6 +186,25 @@ finally:
 '''
 
 
+CUSTOM_UPDATE = END + '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(256, 8), torch.randn(256, 1)), batch_size=8)
+w = torch.zeros(8, 1, requires_grad=True)
+lr = 0.01
+try:
+    for epoch in range(2):
+        for x, y in loader:  # no torch.optim: the weights are updated by hand
+            loss = ((x @ w - y) ** 2).mean()
+            loss.backward()
+            with torch.no_grad():
+                w -= lr * w.grad
+                w.grad.zero_()
+finally:
+    open("finally.txt", "w").write("custom")
+'''
+
+
 @dataclass
 class Program:
     source: str
@@ -217,6 +236,7 @@ PROGRAMS = {
     # (without numerics the probes alone read the compiled steps: at the next backward pass)
     "compiled-optimizer-step-no-numerics": Program(COMPILED_STEP, ("--steps", "5"), 5, "optimizer", slow=True),
     "gan-without-loader": Program(GAN_NO_LOADER, ("--steps", "5"), 5, "optimizer"),
+    "custom-update": Program(CUSTOM_UPDATE, ("--steps", "6"), 6, "dataloader"),
 }
 
 
@@ -419,3 +439,23 @@ def test_persistent_forkserver_workers_do_not_keep_the_output_pipe_open(tmp_path
     '''))
     a = audit("run", "dl.py:step", "--steps", "4", "--no-profile", "-q", out=tmp_path / "o", cwd=tmp_path, timeout=120)
     assert a.returncode == 0, a.stderr[-3000:]
+
+
+def test_a_program_that_makes_no_optimizer_is_read_from_its_own_modules(tmp_path):
+    """makes_no_optimizer reads the target and the user's modules it imports: an optimizer made in
+    an imported module of the user's, a framework's Trainer, or a GradScaler counts; a hand-written
+    update does not."""
+    from auditor.capture.steps import makes_no_optimizer
+
+    (tmp_path / "custom.py").write_text(CUSTOM_UPDATE)
+    assert makes_no_optimizer(str(tmp_path / "custom.py"))
+    (tmp_path / "mytrainer.py").write_text("import torch\ndef make(m):\n    return torch.optim.AdamW(m.parameters())\n")
+    (tmp_path / "uses.py").write_text("import torch\nfrom mytrainer import make\n")
+    assert not makes_no_optimizer(str(tmp_path / "uses.py"))
+    for source in ("import lightning as L\n", "from transformers import Trainer\n",
+                   "import torch\ns = torch.amp.GradScaler()\n", "from accelerate import Accelerator\n",
+                   "cfg = {'opt': 'torch.optim.SGD'}\n"):
+        (tmp_path / "p.py").write_text(source)
+        assert not makes_no_optimizer(str(tmp_path / "p.py")), source
+    (tmp_path / "z.zip").write_bytes(b"PK")
+    assert not makes_no_optimizer(str(tmp_path / "z.zip"))
