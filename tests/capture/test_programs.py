@@ -368,6 +368,30 @@ def test_a_script_sees_its_own_name_and_file(tmp_path):
     assert a.evidence["program"]["steps_by"] == "none"
 
 
+@pytest.mark.slow
+def test_a_step_file_is_main_file_and_spawn_workers_do_not_rerun_it(tmp_path):
+    """`file.py:step`: `__main__.__file__` is the step file's, as the script's in a plain run (it
+    was the auditor's child's); a spawn DataLoader worker still does not rerun the file's setup."""
+    (tmp_path / "t.py").write_text(textwrap.dedent('''
+        import sys
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        open("setups.txt", "a").write("setup\\n")
+        open("main.txt", "w").write(sys.modules["__main__"].__file__)
+        loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4, num_workers=1,
+                            multiprocessing_context="spawn")
+
+        def step():
+            for (x,) in loader:
+                x.sum()
+    '''))
+    a = audit("run", "t.py:step", "--steps", "2", "--no-profile", "--no-numerics", "-q", out=tmp_path / "o",
+              cwd=tmp_path, timeout=180)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert (tmp_path / "main.txt").read_text() == str(tmp_path / "t.py")
+    assert (tmp_path / "setups.txt").read_text() == "setup\n"
+
+
 def test_a_step_callable_runs_atexit_handlers(tmp_path):
     """`file.py:callable` ends as Python ends a program too: its atexit handlers run."""
     (tmp_path / "t.py").write_text(END + "def step():\n    pass\n")
