@@ -390,6 +390,11 @@ def run(args: argparse.Namespace) -> int:
         # what the user's code finds in sys.argv: its own file (or module) and the arguments after
         # `--`, as `python train.py ARGS` gives them; never the auditor's options (argparse fails)
         sys.argv = [target.file or target.module, *args.script_args]
+        if target.file is not None:
+            # `__main__.__file__` is the step file's, as it is the script's in a plain run (the
+            # child's own `__main__` keeps its `__spec__`: a spawn worker re-imports it by that
+            # name, never by its file, so no worker reruns the step file's setup)
+            sys.modules["__main__"].__file__ = target.file
         module, fn, source = import_target(target)
         arity = step_arity(fn)
     except TargetError as e:

@@ -234,7 +234,10 @@ def _users_object(v: Any) -> bool:
         return False
     if not isinstance(getattr(v, "__dict__", None), dict):
         return False
-    file = getattr(sys.modules.get(type(v).__module__), "__file__", None)
+    mod = sys.modules.get(type(v).__module__)
+    if str(getattr(getattr(mod, "__spec__", None), "name", "")).startswith("auditor."):
+        return False  # (the child's own `__main__`, whose `__file__` is the step file's)
+    file = getattr(mod, "__file__", None)
     return bool(file) and not is_library(file)
 
 

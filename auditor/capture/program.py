@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from auditor.capture import wire
 from auditor.capture.session import StepSession
-from auditor.capture.steps import StepFinder, StepsDone
+from auditor.capture.steps import StepFinder, StepsDone, makes_no_optimizer
 from auditor.capture.target import Target, TargetError
 from auditor.evidence.model import Program
 
@@ -84,7 +84,10 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         return (main if getattr(main, "__file__", None) == origin else None), origin, None
 
     session = StepSession(out, parts.rec, parts.prof, parts.collectors, parts.scans, scan_target)
-    finder = StepFinder(session, parts.rec, out.send, args.steps, args.skip, args.to_end, parts.send_setup)
+    no_optimizer = makes_no_optimizer(target.file if target.kind == "script" else None,
+                                      target.module if target.kind == "module" else None)
+    finder = StepFinder(session, parts.rec, out.send, args.steps, args.skip, args.to_end, parts.send_setup,
+                        no_optimizer=no_optimizer)
     code: int | None = 0
     ending: wire.Ended | None = None
     finder.install()

@@ -176,6 +176,42 @@ def crash_frame(stderr_tail: str) -> Frame | None:
     return None
 
 
+def _stderr_channel(forward_stderr: bool) -> tuple[int, int]:
+    """(the child's stderr, the fd its output is read from). The child's stderr goes through
+    `audit` (forwarded, its last lines kept for a crash's report, the profiler's stage markers
+    dropped). When `audit`'s own stderr is a terminal and is forwarded to, it is a pseudo-terminal,
+    so the program sees a terminal as in a plain run (`sys.stderr.isatty()`: progress bars redraw
+    in place, colours stay on), sized as `audit`'s; its output post-processing (ONLCR) is off, so
+    each "\n" is forwarded as written and the terminal turns it into a line break as before.
+    Otherwise a pipe, as `audit`'s stderr is then."""
+    tty = False
+    try:
+        tty = forward_stderr and os.isatty(sys.stderr.fileno())
+    except (AttributeError, ValueError, OSError):  # (a replaced sys.stderr without a descriptor)
+        pass
+    if tty:
+        try:
+            import fcntl
+            import pty
+            import termios
+
+            master, slave = pty.openpty()
+        except (ImportError, OSError):  # (no pseudo-terminals here: a pipe)
+            pass
+        else:
+            try:
+                attrs = termios.tcgetattr(slave)
+                attrs[1] &= ~termios.ONLCR
+                termios.tcsetattr(slave, termios.TCSANOW, attrs)
+                size = fcntl.ioctl(sys.stderr.fileno(), termios.TIOCGWINSZ, b"\0" * 8)
+                fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+            except OSError:
+                pass
+            return slave, master
+    r, w = os.pipe()
+    return w, r
+
+
 def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | None = None,
               forward_stderr: bool = True) -> m.Evidence:
     """Run the target in a child process and return the evidence it streamed, however it ended.
@@ -201,15 +237,22 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
     env.update({name: QUIET_ENV[name] for name in added})
     if added:
         cmd[cmd.index("--"):cmd.index("--")] = ["--added-env", ",".join(added)]
-    proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stderr=subprocess.PIPE, env=env)
-    os.close(write_fd)
+    err_write, err_read = _stderr_channel(forward_stderr)
+    try:
+        proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stderr=err_write, env=env)
+    except BaseException:
+        os.close(err_read)
+        raise
+    finally:
+        os.close(write_fd)
+        os.close(err_write)
 
     tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
 
     def pump_stderr() -> None:
         redraw = False  # whether the tail's last entry is a progress bar's redraw (see split_lines)
         # (redraws as they come: a bar shows live, and an endless one is never held whole)
-        for line in split_lines(read_chunks(proc.stderr.fileno(), proc, pause_s=0), redraws=True):
+        for line in split_lines(read_chunks(err_read, proc, pause_s=0), redraws=True):
             if PROFILER_NOISE.match(line):
                 continue
             if forward_stderr:
@@ -261,6 +304,8 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         pump.join(timeout=5)
     finally:
         os.close(read_fd)
+        if not pump.is_alive():
+            os.close(err_read)
         watchdog_stop.set()
         if main_thread:
             signal.signal(signal.SIGINT, old)

@@ -16,7 +16,10 @@ A step is one iteration of the training loop, as a person counts it:
 - where no optimizer steps, the first DataLoader fetched marks steps: each of its fetches in a
   step without a backward pass closes the step and begins the next, once the step has done
   something besides fetching (a wrapper that fetches one batch ahead, as accelerate's loader in
-  a Hugging Face Trainer does, fetches twice before its first forward pass: one step);
+  a Hugging Face Trainer does, fetches twice before its first forward pass: one step). A step
+  with a backward pass is closed by a fetch only in a program that never makes an optimizer
+  (`makes_no_optimizer`: a custom update, `w -= lr * w.grad`): elsewhere, before its first
+  optimizer step is seen, a gradient-accumulation micro-batch looks the same;
 - `auditor.step()` calls, once one is seen, are the only boundaries: each ends the open step and
   begins the next;
 - the program's end closes an open step that has its ending (an optimizer step, or a DataLoader
@@ -28,6 +31,8 @@ boundary, which ends the program as a Ctrl-C does.
 """
 from __future__ import annotations
 
+import ast
+import re
 import threading
 import time
 from typing import Any, Callable
@@ -44,6 +49,44 @@ _DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER))
 
 _compiling = torch.compiler.is_compiling
 
+# Names in a program's code that make or step an optimizer: torch.optim and its optimizers, those
+# of other libraries (bitsandbytes.optim, timm's create_optimizer), GradScaler, and the frameworks
+# that make theirs (a Trainer, accelerate's Accelerator, Lightning, DeepSpeed, Fabric ...).
+_OPTIMIZER_NAMES = re.compile(r"optim|adam|sgd|rmsprop|adagrad|adadelta|lbfgs|gradscaler|trainer|lightning|"
+                              r"deepspeed|fairscale|^accelerate$|^Accelerator$|^Fabric$|^(composer|ignite)$", re.I)
+
+
+def makes_no_optimizer(file: str | None, module: str | None = None) -> bool:
+    """Whether the program's own modules (the target and the user's modules it imports, read as
+    rehearsal reads them for CUDA, before anything runs) never name an optimizer: no identifier,
+    imported name or string matching _OPTIMIZER_NAMES. False when any of them cannot be read
+    (a zip file, a .pyc): it may make one."""
+    from auditor.capture.rehearsal.intent import program_trees
+
+    any_read = False
+    for path, tree in program_trees(file, module):
+        if tree is None or not path.endswith(".py"):
+            return False
+        any_read = True
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                names = [node.id]
+            elif isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.alias):
+                names = [*node.name.split("."), node.asname or ""]
+            elif isinstance(node, ast.ImportFrom):
+                names = (node.module or "").split(".")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 200:
+                names = re.split(r"[^\w]+", node.value)
+            else:
+                continue
+            if any(n and _OPTIMIZER_NAMES.search(n) for n in names):
+                return False
+    return any_read
+
 
 class StepsDone(KeyboardInterrupt):
     """Raised at the step boundary after the last audited step (--steps N): ends the program the way
@@ -55,11 +98,13 @@ class StepFinder:
 
     rec: the probes' Recorder; steps/skip/to_end: the audit's --steps, --skip, --to-end;
     send: the evidence Writer's send; send_setup: sends the setup record (called once, when the
-    first step begins or the program ends without one)."""
+    first step begins or the program ends without one); no_optimizer: the program never makes
+    an optimizer (makes_no_optimizer), so DataLoader fetches close steps with a backward pass too."""
 
     def __init__(self, session: StepSession, rec: Any, send: Callable[..., None], steps: int, skip: int,
-                 to_end: bool, send_setup: Callable[[], None]) -> None:
+                 to_end: bool, send_setup: Callable[[], None], no_optimizer: bool = False) -> None:
         self.session, self.rec, self.send = session, rec, send
+        self.no_optimizer = no_optimizer
         self.steps, self.skip, self.to_end = steps, skip, to_end
         self.send_setup = send_setup
         self.setup_sent = False
@@ -100,8 +145,7 @@ class StepFinder:
         probes.read_traced_steps(reader)
         self._undo.append(lambda: probes.unread_traced_steps(reader))
         self._wrap(dl._BaseDataLoaderIter, "__next__", self._fetch_probe)
-        self._wrap(torch.Tensor, "backward", self._backward_probe)
-        self._wrap(torch.autograd, "backward", self._backward_probe)
+        self._undo.append(probes.on_backward_start(self.on_backward))
         try:
             from torch.amp import GradScaler
 
@@ -152,15 +196,11 @@ class StepFinder:
             return batch
         return __next__
 
-    def _backward_probe(self, orig: Callable) -> Callable:
-        finder = self
-
-        def backward(*args, **kwargs):
-            if finder._live() and not finder.rec.in_data:
-                finder.on_pass()
-                finder.backward_in_step = True
-            return orig(*args, **kwargs)
-        return backward
+    def on_backward(self, what: str) -> None:
+        """A backward pass of the user's code begins (autograd.grad, no pass of the step, aside)."""
+        if what != "torch.autograd.grad" and self._live() and not self.rec.in_data:
+            self.on_pass()
+            self.backward_in_step = True
 
     def _scaler_probe(self, orig: Callable) -> Callable:
         finder = self
@@ -197,7 +237,7 @@ class StepFinder:
                 self._flush_outside()
             return starts
         if (self.mode in (None, "dataloader") and not self.known_opts and loader == self.first_loader
-                and not self.backward_in_step and self._worked()):
+                and (self.no_optimizer or not self.backward_in_step) and self._worked()):
             self.mode = "dataloader"
             self._end()
             self._flush_outside()

@@ -7,6 +7,7 @@ the user's program prints does not mix in.
 """
 from __future__ import annotations
 
+import errno
 import os
 import selectors
 import subprocess
@@ -130,6 +131,10 @@ def _read_available(fd: int) -> tuple[bytes, bool]:
             b = os.read(fd, 1 << 20)
         except BlockingIOError:
             return b"".join(parts), False
+        except OSError as e:  # a pseudo-terminal's reader, once no process holds the terminal: EIO
+            if e.errno != errno.EIO:
+                raise
+            b = b""
         if not b:
             return b"".join(parts), True
         parts.append(b)

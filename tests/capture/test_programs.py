@@ -186,6 +186,25 @@ finally:
 '''
 
 
+CUSTOM_UPDATE = END + '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(256, 8), torch.randn(256, 1)), batch_size=8)
+w = torch.zeros(8, 1, requires_grad=True)
+lr = 0.01
+try:
+    for epoch in range(2):
+        for x, y in loader:  # no torch.optim: the weights are updated by hand
+            loss = ((x @ w - y) ** 2).mean()
+            loss.backward()
+            with torch.no_grad():
+                w -= lr * w.grad
+                w.grad.zero_()
+finally:
+    open("finally.txt", "w").write("custom")
+'''
+
+
 @dataclass
 class Program:
     source: str
@@ -197,6 +216,7 @@ class Program:
     exit_code: int = 0
     ended_by_audit: bool = True
     numerics: bool = False  # audited with the numerics collector (the default audit)
+    slow: bool = False  # marked slow (torch.compile compiles for a minute on a busy machine)
 
 
 PROGRAMS = {
@@ -213,7 +233,10 @@ PROGRAMS = {
     "grad-scaler": Program(GRAD_SCALER, ("--steps", "8"), 8, "optimizer"),
     "marker": Program(MARKER, ("--steps", "6"), 6, "marker", {"host-sync": "float"}),
     "compiled-optimizer-step": Program(COMPILED_STEP, ("--steps", "5"), 5, "optimizer", numerics=True),
+    # (without numerics the probes alone read the compiled steps: at the next backward pass)
+    "compiled-optimizer-step-no-numerics": Program(COMPILED_STEP, ("--steps", "5"), 5, "optimizer", slow=True),
     "gan-without-loader": Program(GAN_NO_LOADER, ("--steps", "5"), 5, "optimizer"),
+    "custom-update": Program(CUSTOM_UPDATE, ("--steps", "6"), 6, "dataloader"),
 }
 
 
@@ -222,7 +245,8 @@ def _line(source: str, tag: str) -> int:
     return next(i for i, line in enumerate(source.splitlines(), 1) if f"# LINE:{tag}" in line)
 
 
-@pytest.mark.parametrize("name", list(PROGRAMS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if p.slow else n
+                                  for n, p in PROGRAMS.items()])
 def test_a_program_runs_as_python_runs_it(tmp_path, name):
     p = PROGRAMS[name]
     script = tmp_path / "train.py"
@@ -270,11 +294,15 @@ def test_gan_and_accumulation_steps_hold_whole_iterations(tmp_path):
     for s in a.evidence["steps"]:
         opts = sorted(t["what"] for t in s["tallies"] if t["kind"] == "optimizer")
         assert opts == ["Adam", "SGD"], opts
+        # (the backward passes are tallied in their step: the step finder's own wrapper around
+        # backward hid them from the probe)
+        assert sum(t["count"] for t in s["tallies"] if t["kind"] == "backward") == 2
     assert "2 per iteration" in a.evidence["program"]["steps_found"]
     (tmp_path / "acc.py").write_text(WHILE_ACCUMULATE)
     a = audit("run", "acc.py", "--steps", "3", "--no-profile", "--no-numerics", "-q", out=tmp_path / "a", cwd=tmp_path)
     for s in a.evidence["steps"]:
         assert sum(t["count"] for t in s["tallies"] if t["kind"] == "forward") == 4
+        assert sum(t["count"] for t in s["tallies"] if t["kind"] == "backward") == 4
     assert (tmp_path / "finally.txt").read_text() == "12"  # (ended at the first forward after the 3rd step)
 
 
@@ -342,6 +370,30 @@ def test_a_script_sees_its_own_name_and_file(tmp_path):
     assert a.returncode == 0, a.stderr[-3000:]
     assert eval((tmp_path / "seen.txt").read_text()) == ["__main__", ["sub/prog.py", "a", "--b"], True, True]
     assert a.evidence["program"]["steps_by"] == "none"
+
+
+@pytest.mark.slow
+def test_a_step_file_is_main_file_and_spawn_workers_do_not_rerun_it(tmp_path):
+    """`file.py:step`: `__main__.__file__` is the step file's, as the script's in a plain run (it
+    was the auditor's child's); a spawn DataLoader worker still does not rerun the file's setup."""
+    (tmp_path / "t.py").write_text(textwrap.dedent('''
+        import sys
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        open("setups.txt", "a").write("setup\\n")
+        open("main.txt", "w").write(sys.modules["__main__"].__file__)
+        loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4, num_workers=1,
+                            multiprocessing_context="spawn")
+
+        def step():
+            for (x,) in loader:
+                x.sum()
+    '''))
+    a = audit("run", "t.py:step", "--steps", "2", "--no-profile", "--no-numerics", "-q", out=tmp_path / "o",
+              cwd=tmp_path, timeout=180)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert (tmp_path / "main.txt").read_text() == str(tmp_path / "t.py")
+    assert (tmp_path / "setups.txt").read_text() == "setup\n"
 
 
 def test_a_step_callable_runs_atexit_handlers(tmp_path):
@@ -415,3 +467,23 @@ def test_persistent_forkserver_workers_do_not_keep_the_output_pipe_open(tmp_path
     '''))
     a = audit("run", "dl.py:step", "--steps", "4", "--no-profile", "-q", out=tmp_path / "o", cwd=tmp_path, timeout=120)
     assert a.returncode == 0, a.stderr[-3000:]
+
+
+def test_a_program_that_makes_no_optimizer_is_read_from_its_own_modules(tmp_path):
+    """makes_no_optimizer reads the target and the user's modules it imports: an optimizer made in
+    an imported module of the user's, a framework's Trainer, or a GradScaler counts; a hand-written
+    update does not."""
+    from auditor.capture.steps import makes_no_optimizer
+
+    (tmp_path / "custom.py").write_text(CUSTOM_UPDATE)
+    assert makes_no_optimizer(str(tmp_path / "custom.py"))
+    (tmp_path / "mytrainer.py").write_text("import torch\ndef make(m):\n    return torch.optim.AdamW(m.parameters())\n")
+    (tmp_path / "uses.py").write_text("import torch\nfrom mytrainer import make\n")
+    assert not makes_no_optimizer(str(tmp_path / "uses.py"))
+    for source in ("import lightning as L\n", "from transformers import Trainer\n",
+                   "import torch\ns = torch.amp.GradScaler()\n", "from accelerate import Accelerator\n",
+                   "cfg = {'opt': 'torch.optim.SGD'}\n"):
+        (tmp_path / "p.py").write_text(source)
+        assert not makes_no_optimizer(str(tmp_path / "p.py")), source
+    (tmp_path / "z.zip").write_bytes(b"PK")
+    assert not makes_no_optimizer(str(tmp_path / "z.zip"))

@@ -161,3 +161,53 @@ def test_thread_count_is_the_one_the_setup_leaves(tmp_path):
               env={"OMP_NUM_THREADS": "1"})
     assert a.returncode == 0, a.stderr[-2000:]
     assert a.findings_doc["environment"]["num_threads"] == 3
+
+
+TTY_PROG = '''
+import sys
+open("isatty.txt", "w").write(repr([sys.stderr.isatty(), sys.stdout.isatty()]))
+sys.stderr.write("one\\ntwo\\n")
+'''
+
+
+def _under_pty(cmd: list[str], cwd, env) -> tuple[int, bytes]:
+    """Run `cmd` with stdin, stdout and stderr on one pseudo-terminal (as in a terminal, with its
+    post-processing off: the bytes are read as written); its return code and what it showed."""
+    import pty
+    import termios
+
+    master, slave = pty.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.ONLCR
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    p = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env)
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            b = os.read(master, 1 << 16)
+        except OSError:  # (EIO: every holder of the terminal is gone)
+            break
+        if not b:
+            break
+        shown += b
+    os.close(master)
+    return p.wait(timeout=120), shown
+
+
+@pytest.mark.slow
+def test_the_program_sees_a_terminal_where_audit_has_one(tmp_path):
+    """Under a terminal the program's stderr is a terminal, as in a plain run (a pipe to `audit`
+    before: isatty() False, progress bars printed line after line); its lines are forwarded as
+    written ("\\n", not the terminal's "\\r\\n" twice). Under a pipe it stays a pipe."""
+    (tmp_path / "prog.py").write_text(TTY_PROG)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "auditor", "run", "prog.py", "-q", "--no-profile", "--out", str(tmp_path / "o")]
+    code, shown = _under_pty(cmd, tmp_path, env)
+    assert code == 0, shown[-2000:]
+    assert (tmp_path / "isatty.txt").read_text() == "[True, True]"
+    assert b"one\ntwo\n" in shown, shown[-2000:]
+    p = subprocess.run([*cmd[:-1], str(tmp_path / "o2")], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (tmp_path / "isatty.txt").read_text() == "[False, False]"
+    assert b"one\ntwo\n" in p.stderr

@@ -523,6 +523,8 @@ def _backward_probe(what: str, tensors_of: Callable[..., Any]):
                 f = _user_call()
                 if f is not None:
                     settle_traced_steps()  # (before this backward pass changes their gradients)
+                    for start in _BACKWARD_STARTS:
+                        start(what)
                     for read in _BACKWARD_READERS:
                         read(args, kwargs)
                     where = user_frame(f)
@@ -551,6 +553,19 @@ def read_backward_calls(reader: Callable[[tuple, dict], None]) -> None:
     starts (`loss.backward()`, `torch.autograd.backward`, `torch.autograd.grad`) outside compiled
     code, before it runs."""
     _BACKWARD_READERS.append(reader)
+
+
+_BACKWARD_STARTS: list[Callable[[str], None]] = []
+
+
+def on_backward_start(reader: Callable[[str], None]) -> Callable[[], None]:
+    """Have `reader(what)` called as each backward pass the user's code starts outside compiled
+    code begins ("Tensor.backward", "torch.autograd.backward", "torch.autograd.grad"), before the
+    probe times it: a step boundary crossed there puts the pass in the new step. (A wrapper of
+    its own around backward would be the probe's caller, which the probe takes for torch's or
+    the auditor's own call, and leaves untallied.) Returns the undo."""
+    _BACKWARD_STARTS.append(reader)
+    return lambda: _BACKWARD_STARTS.remove(reader) if reader in _BACKWARD_STARTS else None
 
 
 def _install_backward_probes() -> None:

@@ -1,6 +1,7 @@
 """Where a program asks for CUDA: read from its source, before any of it runs.
 
-`program_reasons(file, module)` reads the program's own code: the target file (for `-m
+`program_reasons(file, module)` reads the program's own code (`program_trees` walks it, for
+auditor.capture.steps too): the target file (for `-m
 pkg.mod` and `pkg.mod:step`, the module's file, found without importing anything) and, through
 its import statements, the user's modules it imports, transitively (at most MAX_FILES files).
 A module is the user's when its file is not a library's (torch, the auditor, the standard library,
@@ -26,6 +27,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from auditor.capture import cuda_standins
 from auditor.capture.frames import is_library
@@ -176,16 +178,17 @@ def module_file(name: str, search: list[str] | None = None) -> str | None:
     return s.origin if s is not None and s.has_location else None
 
 
-def program_reasons(file: str | None, module: str | None = None) -> list[tuple[str, int, str]]:
-    """(file, line, what) where the program asks for CUDA: the target file's places first, then
-    those of the user's modules it imports, in the order they are reached (see module doc).
-    `file` is the target file, or None with `module` the target's dotted module name."""
+def program_trees(file: str | None, module: str | None = None) -> Iterator[tuple[str, ast.Module | None]]:
+    """(file, its syntax tree, None when it cannot be read) of the program's own modules: the
+    target file first, then the user's modules it imports, in the order they are reached (see
+    module doc). `file` is the target file, or None with `module` the target's dotted module
+    name; nothing when neither names a file."""
     root = os.path.dirname(file) if file else os.getcwd()
     resolver = _Resolver([root, *sys.path[1:]])
     if file is None and module:
         file = module_file(module, resolver.search)
     if file is None:
-        return []
+        return
     name = module or ""
     if module and os.path.basename(file) == "__main__.py" and not module.endswith(".__main__"):
         name = module + ".__main__"
@@ -193,15 +196,14 @@ def program_reasons(file: str | None, module: str | None = None) -> list[tuple[s
     for outer in (resolver.files(name.rpartition(".")[0]) if "." in name else []):  # -m runs its packages' __init__
         queue.append((os.path.realpath(outer[0]), outer[1], outer[2]))
     seen = {q[0] for q in queue}
-    found: list[tuple[str, int, str]] = []
     i = 0
     while i < len(queue) and i < MAX_FILES:
         path, dotted, is_package = queue[i]
         i += 1
         tree = _parse(path)
+        yield path, tree
         if tree is None:
             continue
-        found.extend((path, line, what) for line, what in _reasons(tree))
         package = dotted if is_package else dotted.rpartition(".")[0]
         for imported in _imported(tree, package):
             for f, d, pkg in resolver.files(imported):
@@ -209,4 +211,11 @@ def program_reasons(file: str | None, module: str | None = None) -> list[tuple[s
                 if real not in seen and not is_library(real):
                     seen.add(real)
                     queue.append((real, d, pkg))
-    return found
+
+
+def program_reasons(file: str | None, module: str | None = None) -> list[tuple[str, int, str]]:
+    """(file, line, what) where the program asks for CUDA: the target file's places first, then
+    those of the user's modules it imports, in the order they are reached (see module doc).
+    `file` is the target file, or None with `module` the target's dotted module name."""
+    return [(path, line, what) for path, tree in program_trees(file, module) if tree is not None
+            for line, what in _reasons(tree)]
