@@ -87,6 +87,8 @@ def _lock(out: Path) -> None:
         import fcntl
     except ImportError:  # (no flock on this platform: unlocked, as before)
         return
+    if out in _LOCKS:  # (this process holds it already: a command run twice in one process)
+        return
     fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -162,9 +162,11 @@ def test_v100_workers0_is_dataloader_bound(analyzed) -> None:
     assert [s["loader_ms"] for s in per_step] == pytest.approx([u / 1000 for u in loader], abs=1e-3)
     assert [s["ms"] for s in per_step] == pytest.approx([u / 1000 for u in step_us], abs=1e-3)
     assert f["cost"]["measured"] is True
-    assert f["cost"]["ms_per_step"] == pytest.approx(sum(loader) / 1000 / len(steps), abs=1e-3)
+    # like with like: the median step's loader time, against the median step (a mean raised by a
+    # few slow fetches could read more than the step it is part of)
+    assert f["cost"]["ms_per_step"] == pytest.approx(statistics.median(loader) / 1000, abs=1e-2)
     # its share: the loader's time per step over the median step (findings.json's), as every cost's
-    share = sum(loader) / len(steps) / statistics.median(step_us)
+    share = statistics.median(loader) / statistics.median(step_us)
     assert f["cost"]["share_of_step"] == pytest.approx(share, abs=1e-4)
     assert f["cost"]["share_of_step"] == round(f["cost"]["ms_per_step"] / doc["steps"]["median_ms"], 4)
     assert f"({share:.0%} of the median {statistics.median(step_us) / 1000:.1f} ms step;" in f["message"]

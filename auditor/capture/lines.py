@@ -69,6 +69,9 @@ class LineSampler:
                 self.last = now
                 continue
             key = (f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+            # no frame is kept past its look: a frame keeps its locals (a loss and its graph) alive,
+            # and the memory and graph-leak checks at the step's end would count them as held
+            f = None
             c = self.counts.get(key)
             if c is None:
                 c = self.counts[key] = [0, 0.0]

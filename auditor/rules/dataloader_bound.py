@@ -100,9 +100,10 @@ def _confidence(shares: list[float], threshold: float, cpu_ratio: list[float]) -
     level = ("high" if over >= 0.8 * n and q2 >= 1.25 * threshold else
              "low" if over < 0.6 * n or q2 < 1.1 * threshold else "medium")
     ratio = round(median(cpu_ratio), 3) if cpu_ratio else None
-    text = (f"Confidence: {level} ({over} of {n} steps waited {threshold:.0%} of their own time or more; "
-            f"the middle half of the steps waited {q1:.0%}-{q3:.0%}"
-            + (f"; the process had the CPU {ratio:.0%} of its wall time, so other load stretched the timings"
+    # (fractions, not percentages: the finding's one percentage is its cost's share of the step)
+    text = (f"Confidence: {level} ({over} of {n} steps waited min-share={threshold:g} of their own time or "
+            f"more; the middle half of the steps waited {q1:.2f}-{q3:.2f} of theirs"
+            + (f"; the process had the CPU {ratio:.2f} of its wall time, so other load stretched the timings"
                if ratio is not None and ratio < 0.8 else "") + ").")
     return {"confidence": level, "step_share_quartiles": [round(q1, 4), round(q2, 4), round(q3, 4)],
             "steps_over_min_share": over, "steps_timed": n, "cpu_over_wall": ratio}, text

@@ -92,7 +92,11 @@ def _capped(f: Finding, evidence: Evidence) -> Finding:
     c = f.cost
     if c is None or c.ms_per_step is None:
         return f
-    named = f.evidence.get("median_step_ms") if isinstance(f.evidence, dict) else None
+    # the step the cost is part of: a finding may name it (step-slowdown's growth is part of the
+    # run's last steps, `cost_step_ms`), else the median step it names, else the evidence's
+    named = None
+    if isinstance(f.evidence, dict):
+        named = f.evidence.get("cost_step_ms", f.evidence.get("median_step_ms"))
     step = named if isinstance(named, (int, float)) and named > 0 else step_basis_ms(evidence)
     if not step or c.ms_per_step <= step:
         return f

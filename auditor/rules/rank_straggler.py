@@ -146,7 +146,7 @@ class RankStraggler(Rule):
                       "phase_excess_ms": {str(r): {p: round(d, 3) for p, d in deltas[r].items()} for r in slow},
                       "others_wait_ms": round(others_wait, 3), "median_step_ms": round(step_ms, 3),
                       "steps_compared": sorted(steps), "source": rs.source,
-                      "per_rank_work_ms": {str(r): round(w, 3) for r, w in work.items()}},
+                      "per_rank_work_ms": {str(r): round(w, 3) for r, w in sorted(work.items())}},
             cost=Cost(ms_per_step=others_wait, share_of_step=share,
                       measured=True, note="time each other rank waits per step"),
             fix=Fix(summary=_FIXES.get(phase, _FIXES["other"])),

@@ -160,6 +160,7 @@ class StepSlowdown(Rule):
             f"{head}{blame}",
             locations=locs,
             evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
+                      "cost_step_ms": round(last, 3),  # (the growth is part of the last steps: capped at them)
                       "ratio": round(last / first, 3), "trend_ratio": round(w_trend, 3),
                       "first_quarter_fastest_ms": round(floor_first, 3),
                       "last_quarter_fastest_ms": round(floor_last, 3),

@@ -23,48 +23,54 @@ import torch
 import torch.nn as nn
 
 device = sys.argv[2] if len(sys.argv) > 2 else "cuda"
-case = sys.argv[1]
-torch.manual_seed(0)
-model = nn.Linear(8, 4).to(device)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-model(torch.randn(16, 8, device=device)).sum().backward()
-opt.step()
-opt.zero_grad()
-seen = {}
-if case == "resume":  # nanoGPT: checkpoint = torch.load(ckpt_path, map_location=device)
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, "ckpt.pt")
-    checkpoint = torch.load("ckpt.pt", map_location=device)
-    seen["loaded"] = str(checkpoint["model"]["weight"].device)
+gpu_file = sys.argv[3] if len(sys.argv) > 3 else None
+
+
+def run(case):
+    torch.manual_seed(0)
     model = nn.Linear(8, 4).to(device)
-    model.load_state_dict(checkpoint["model"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    opt.load_state_dict(checkpoint["optimizer"])
-elif case == "whole":  # the whole model pickled and read back
-    torch.save(model, "model.pt")
-    model = torch.load("model.pt", weights_only=False)
-    seen["loaded"] = str(next(model.parameters()).device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-elif case == "state":  # a state dict read back without map_location: it comes back on the GPU
-    torch.save(model.state_dict(), "sd.pt")
-    ema = {k: v.clone() for k, v in torch.load("sd.pt").items()}
-    seen["loaded"] = str(ema["weight"].device)
-elif case == "to_cpu":  # map_location="cpu": host tensors, as on a GPU
-    torch.save(model.state_dict(), "sd.pt")
-    seen["loaded"] = str(torch.load("sd.pt", map_location="cpu")["weight"].device)
-elif case == "gpu_file":  # written on a real GPU (location cuda:0), read without map_location
-    seen["loaded"] = str(torch.load(sys.argv[3])["weight"].device)
-for i in range(3):
-    x = torch.randn(16, 8, device=device)
-    model(x).pow(2).mean().backward()
+    model(torch.randn(16, 8, device=device)).sum().backward()
     opt.step()
     opt.zero_grad()
-    if case == "state":
-        with torch.no_grad():
-            for k, p in model.state_dict().items():
-                ema[k].mul_(0.9).add_(p, alpha=0.1)
-seen["trained"] = True
-torch.save(model.state_dict(), "final.pt")
-json.dump(seen, open("result.json", "w"))
+    seen = {}
+    if case == "resume":  # nanoGPT: checkpoint = torch.load(ckpt_path, map_location=device)
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, "ckpt.pt")
+        checkpoint = torch.load("ckpt.pt", map_location=device)
+        seen["loaded"] = str(checkpoint["model"]["weight"].device)
+        model = nn.Linear(8, 4).to(device)
+        model.load_state_dict(checkpoint["model"])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        opt.load_state_dict(checkpoint["optimizer"])
+    elif case == "whole":  # the whole model pickled and read back
+        torch.save(model, "model.pt")
+        model = torch.load("model.pt", weights_only=False)
+        seen["loaded"] = str(next(model.parameters()).device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif case == "state":  # a state dict read back without map_location: it comes back on the GPU
+        torch.save(model.state_dict(), "sd.pt")
+        ema = {k: v.clone() for k, v in torch.load("sd.pt").items()}
+        seen["loaded"] = str(ema["weight"].device)
+    elif case == "to_cpu":  # map_location="cpu": host tensors, as on a GPU
+        torch.save(model.state_dict(), "sd.pt")
+        seen["loaded"] = str(torch.load("sd.pt", map_location="cpu")["weight"].device)
+    elif case == "gpu_file":  # written on a real GPU (location cuda:0), read without map_location
+        seen["loaded"] = str(torch.load(gpu_file)["weight"].device)
+    for i in range(3):
+        x = torch.randn(16, 8, device=device)
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        if case == "state":
+            with torch.no_grad():
+                for k, p in model.state_dict().items():
+                    ema[k].mul_(0.9).add_(p, alpha=0.1)
+    seen["trained"] = True
+    torch.save(model.state_dict(), f"final-{case}.pt")
+    return seen
+
+
+json.dump({case: run(case) for case in sys.argv[1].split(",")}, open("result.json", "w"))
 '''
 
 
@@ -81,19 +87,17 @@ def _gpu_file(path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case, loaded", [("resume", "cuda:0"), ("whole", "cuda:0"), ("state", "cuda:0"),
-                                          ("to_cpu", "cpu"), ("gpu_file", "cuda:0")])
-def test_checkpoints_load_back_as_on_a_gpu(tmp_path, case, loaded):
+def test_checkpoints_load_back_as_on_a_gpu(tmp_path):
     (tmp_path / "train.py").write_text(PROGRAM)
-    args = ["--", case]
-    if case == "gpu_file":
-        _gpu_file(tmp_path / "gpu.pt")
-        args += ["cuda", str(tmp_path / "gpu.pt")]
-    a = audit("run", str(tmp_path / "train.py"), "--to-end", "--no-profile", "--quiet", *args,
-              out=tmp_path / "out", cwd=tmp_path)
+    _gpu_file(tmp_path / "gpu.pt")
+    a = audit("run", str(tmp_path / "train.py"), "--to-end", "--no-profile", "--quiet", "--",
+              "resume,whole,state,to_cpu,gpu_file", "cuda", str(tmp_path / "gpu.pt"), out=tmp_path / "out", cwd=tmp_path)
     assert a.returncode == 0, a.stderr
     assert "rehearsing" in a.stderr
-    assert json.loads((tmp_path / "result.json").read_text()) == {"loaded": loaded, "trained": True}
+    seen = json.loads((tmp_path / "result.json").read_text())
+    assert seen == {case: {"loaded": loaded, "trained": True}
+                    for case, loaded in [("resume", "cuda:0"), ("whole", "cuda:0"), ("state", "cuda:0"),
+                                         ("to_cpu", "cpu"), ("gpu_file", "cuda:0")]}
 
 
 @pytest.mark.slow
@@ -111,6 +115,6 @@ def test_a_rehearsed_checkpoint_is_the_file_the_cpu_version_writes(tmp_path):
             a = audit("run", str(d / "train.py"), "--to-end", "--no-profile", "--quiet", "--", "resume",
                       out=d / "out", cwd=d)
             assert a.returncode == 0, a.stderr
-    for name in ("ckpt.pt", "final.pt"):
+    for name in ("ckpt.pt", "final-resume.pt"):
         digest = {run: hashlib.sha256((tmp_path / run / name).read_bytes()).hexdigest() for run in ("cpu", "rehearsed")}
         assert digest["cpu"] == digest["rehearsed"], name

@@ -69,7 +69,7 @@ def test_local_pool_gives_the_serial_findings(job, serial, tmp_path):
 
 def test_dask_cluster_gives_the_serial_findings(job, serial, tmp_path):
     distributed = pytest.importorskip("dask.distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp",
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, protocol="tcp",
                                   dashboard_address=None) as cluster:
         a = audit("analyze", f"{job}/rank-*.pt.trace.json.gz", "--engine", "dask", "--address",
                   cluster.scheduler_address, "--quiet", out=tmp_path)

@@ -376,12 +376,16 @@ def test_workers_report_damage_as_one_process_does(tmp_path: Path, plain_copy: P
 
 def test_worker_count(tmp_path: Path, plain_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    # (threads an earlier test left in this process, a dask client's, are not this test's subject)
+    threads = trace_parallel.threading.active_count
+    monkeypatch.setattr(trace_parallel.threading, "active_count", lambda: 1)
     assert trace_parallel.worker_count(plain_copy) == 0  # small: one process
     monkeypatch.setattr(trace_parallel, "PARALLEL_MIN_BYTES", 0)
     expected = min(cores, trace_parallel.MAX_WORKERS) if cores > 1 and sys.platform == "linux" else 0
     assert trace_parallel.worker_count(plain_copy) == expected
     assert trace_parallel.worker_count(TRACES / ALL[0]) == 0  # gzip: no random access
     assert load_trace(TRACES / ALL[0], workers=2).workers == 0  # (asked anyway: parsed in one process)
+    monkeypatch.setattr(trace_parallel.threading, "active_count", threads)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()

@@ -11,6 +11,7 @@ compare), so the driver's memory grows with the number of ranks, not with the tr
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -107,6 +108,12 @@ def trace_hostname(metadata: dict) -> str:
     return ""
 
 
+# A process decodes one trace at a time: the decoder resizes buffers that a thread's memoryviews may
+# still export (BufferError under a dask worker running several threads). Ranks run in parallel as
+# processes (a pool's, a cluster's workers), each a core's worth of decoding.
+_ONE_AT_A_TIME = threading.Lock()
+
+
 def reduce_trace(path: str, workers: int | None = 0) -> RankSummary | RankFailure:
     """Parse one rank's trace and reduce it to a RankSummary; a RankFailure when it cannot be read.
 
@@ -118,7 +125,8 @@ def reduce_trace(path: str, workers: int | None = 0) -> RankSummary | RankFailur
 
     started = time.perf_counter()
     try:
-        trace = load_trace(path, workers=workers)
+        with _ONE_AT_A_TIME:
+            trace = load_trace(path, workers=workers)
     except InputError as e:
         return RankFailure(path=str(path), reason=str(e))
     except (OSError, MemoryError, ValueError) as e:
