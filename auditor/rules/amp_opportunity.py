@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from auditor.evidence.devices import DeviceSpec, device_for
-from auditor.evidence.model import Evidence
 from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.efficiency import kernel_ops, op_shapes, op_work
 from auditor.evidence.trace.model import Trace
@@ -18,7 +17,7 @@ from auditor.rules._support.places import by_place, locations, on_accelerator, s
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, TraceRule
 from auditor.rules.suppression import unsuppressed
-from auditor.findings import Cost, Finding, Fix, Location, step_basis_ms, with_share
+from auditor.findings import Cost, Finding, Fix, Location
 
 # Kernels that do matrix multiplies or convolutions (where tensor cores pay off).
 MATMUL_CONV = re.compile(r"gemm|gemv|matmul|conv|scudnn|hcudnn|dgrad|wgrad|fprop|cutlass.*tensorop|xmma|"
@@ -79,6 +78,7 @@ class AmpOpportunity(TraceRule):
     title = "fp32 matmul/conv on tensor-core GPU"
     severity = "info"
     category = "performance"
+    judged_on_device = True
     options = (
         Option("min-share", 0.2, "Report when fp32 matmul/conv kernels take at least this share of GPU kernel time."),
         Option("min-ms-per-step", 1.0, "... and at least this many ms of kernel time per step."),
@@ -144,13 +144,6 @@ class AmpOpportunity(TraceRule):
                     config={"torch.autocast": {"device_type": "cuda", "dtype": "bfloat16"}},
                     changes_numerics=True),
         )
-
-    def trace_findings(self, evidence: Evidence, options: Options):
-        """`check_trace` on each trace, judged against the device `--device` chose (else the trace's own)."""
-        for trace in evidence.trace_data:
-            finding = self.check_trace(trace, options, evidence.environment.device_model)
-            if finding is not None:
-                yield with_share(finding, step_basis_ms(evidence, trace))
 
     def check_trace(self, trace: Trace, options: Options, chosen: str = "") -> Finding | None:
         ev = trace.events

@@ -127,10 +127,15 @@ class Rule:
         alone does not know: a run's median step."""
         raise NotImplementedError
 
+    # True: `check_trace(trace, options, chosen)` also takes the device `--device` chose ("" when
+    # none: the trace's own deviceProperties pick the device model's row)
+    judged_on_device: ClassVar[bool] = False
+
     def trace_findings(self, evidence: Evidence, options: Options) -> Iterator[Finding]:
         """`check_trace` on each recorded trace (`evidence.trace_data`) in turn, with its cost's share."""
         for trace in evidence.trace_data:
-            finding = self.check_trace(trace, options)
+            finding = (self.check_trace(trace, options, evidence.environment.device_model) if self.judged_on_device
+                       else self.check_trace(trace, options))
             if finding is not None:
                 yield with_share(finding, step_basis_ms(evidence, trace))
 

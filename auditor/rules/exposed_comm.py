@@ -3,18 +3,16 @@ trace (no other rank needed)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from auditor.evidence.model import Evidence
 from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.efficiency import COMMUNICATION, comm_args, efficiency
 from auditor.evidence.trace.intervals import merge_intervals, subtract, total_length
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, sites
-from auditor.findings import Cost, Finding, Fix, Location, step_basis_ms, with_share
+from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules.base import Option, Options, TraceRule
 
 _DTYPE_BYTES = {"float": 4, "half": 2, "bfloat16": 2, "double": 8, "int": 4, "long": 8, "int8": 1, "byte": 1,
@@ -68,16 +66,11 @@ class ExposedComm(TraceRule):
     title = "communication not overlapped with compute"
     severity = "warning"
     category = "performance"
+    judged_on_device = True
     options = (
         Option("min-share", 0.05, "Report when exposed communication is at least this share of the step."),
         Option("min-ms-per-step", 1.0, "... and at least this many ms per step."),
     )
-
-    def check(self, evidence: Evidence, options: Options) -> Iterable[Finding]:
-        for trace in evidence.trace_data:
-            finding = self.check_trace(trace, options, evidence.environment.device_model)
-            if finding is not None:
-                yield with_share(finding, step_basis_ms(evidence, trace))
 
     def check_trace(self, trace: Trace, options: Options, chosen: str = "") -> Finding | None:
         cat, names, ts, end, dur = (trace.col(c) for c in ("cat", "name", "ts", "end", "dur"))

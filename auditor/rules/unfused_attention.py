@@ -3,17 +3,15 @@ fused F.scaled_dot_product_attention kernel would do without writing the score m
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from auditor.evidence.model import Evidence
 from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.efficiency import efficiency, kernel_ops, op_shapes
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, sites
-from auditor.findings import Cost, Finding, Fix, Location, step_basis_ms, with_share
+from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules.base import Option, Options, TraceRule
 
 _MATMULS = ("aten::bmm", "aten::baddbmm", "aten::mm", "aten::matmul")
@@ -113,16 +111,11 @@ class UnfusedAttention(TraceRule):
     title = "attention not fused (bmm + softmax + bmm)"
     severity = "warning"
     category = "performance"
+    judged_on_device = True
     options = (
         Option("min-share", 0.1, "Report when the chains take at least this share of GPU kernel time."),
         Option("min-ms-per-step", 1.0, "... and at least this many ms of kernel time per step."),
     )
-
-    def check(self, evidence: Evidence, options: Options) -> Iterable[Finding]:
-        for trace in evidence.trace_data:
-            finding = self.check_trace(trace, options, evidence.environment.device_model)
-            if finding is not None:
-                yield with_share(finding, step_basis_ms(evidence, trace))
 
     def check_trace(self, trace: Trace, options: Options, chosen: str = "") -> Finding | None:
         chains = attention_chains(trace)
