@@ -449,7 +449,12 @@ def run(args: argparse.Namespace) -> int:
                 raise Terminated("stopped by SIGTERM") if sigint.get("term") else KeyboardInterrupt
     except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
         prof.stop()
-        out.send(_ending(e, i, cuda_devices()))
+        ending = _ending(e, i, cuda_devices())
+        code = getattr(fn, "__code__", None)
+        if ending.where is None and code is not None:  # (it landed in the auditor's own step-end work:
+            # the step it ended after is where, at its def line)
+            ending.where = Frame(file=code.co_filename, line=code.co_firstlineno, function=code.co_name)
+        out.send(ending)
         status = 3
     prof.stop()
     if prof.window():

@@ -13,6 +13,7 @@ It reads frames only; the program's threads and values are never touched.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -23,6 +24,8 @@ from auditor.evidence import model as m
 
 INTERVAL_S = 0.002  # between looks at the step's stack: ~5 looks in a 10 ms step
 ENABLED = os.environ.get("AUDITOR_LINE_SAMPLING", "1") != "0"
+_ASYNC_SIGNALS = {getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2",
+                                                     "SIGALRM", "SIGCHLD", "SIGWINCH", "SIGPIPE") if hasattr(signal, name)}
 
 
 class LineSampler:
@@ -55,6 +58,12 @@ class LineSampler:
                  "where": {"file": f, "line": line, "function": fn}} for (f, line, fn), (n, ms) in counts.items()]
 
     def _run(self) -> None:
+        # The process's signals are the program's: the kernel hands a signal to any thread that does
+        # not block it, and one taken here would interrupt this thread's sleep while the main thread
+        # slept on, its handler run later in the auditor's code, not at the user's line (a Ctrl-C or
+        # SIGTERM ending then named no line)
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
         frames, perf, wait = sys._current_frames, time.perf_counter, self.running.wait
         while True:
             wait()

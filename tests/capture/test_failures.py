@@ -288,6 +288,7 @@ def test_sigterm_stops_the_run_with_a_report(tmp_path, group):
     doc = json.loads((out / "findings.json").read_text())
     end = doc["ending"]
     assert end["status"] == "interrupted" and end["exception"] == "Terminated"
+    assert end["where"] is not None, end["traceback"]
     assert end["message"] == "stopped by SIGTERM" and end["where"]["file"].endswith("slow.py")
     assert 3 <= doc["steps"]["count"] < 200
     assert _gone(child, within=1)
