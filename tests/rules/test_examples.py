@@ -396,8 +396,13 @@ def test_forced_cleanup_cost_is_the_measured_time(example_audit):
     assert calls["gc.collect"]["count"] == STEPS and calls["torch.cuda.empty_cache"]["count"] == STEPS
     assert calls["gc.collect"]["timed"] and not calls["torch.cuda.empty_cache"]["timed"]
     total = sum(t["ms"] for _, t in tallies(a, "gc-collect"))
-    assert f["cost"]["ms_per_step"] == pytest.approx(total / STEPS, rel=1e-3)
-    assert f["cost"]["share_of_step"] == pytest.approx(total / STEPS / a.findings_doc["steps"]["median_ms"], rel=1e-2)
+    # (no cost exceeds the step it is part of: on a loaded machine gc.collect's mean can pass the
+    # median step, and the engine caps it there, saying so)
+    median_ms = a.findings_doc["steps"]["median_ms"]
+    assert f["cost"]["ms_per_step"] == pytest.approx(min(total / STEPS, median_ms), rel=1e-3)
+    assert f["cost"]["share_of_step"] == pytest.approx(min(total / STEPS, median_ms) / median_ms, rel=1e-2)
+    if total / STEPS > median_ms:
+        assert f["cost"]["note"].startswith("capped at the median step")
     assert f["message"].startswith(f"gc.collect() ran {STEPS} times in {STEPS} steps, costing "
                                    f"{total / STEPS:.2f} ms per step")
     assert f"torch.cuda.empty_cache() ran {STEPS} times in {STEPS} steps: on a GPU each call waits" in f["message"]
