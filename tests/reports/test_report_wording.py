@@ -373,7 +373,7 @@ def test_only_the_users_own_streams_are_judged_unsharded():
     the probe cannot read, so it is not claimed to repeat samples; the user's own class is read."""
     from torch.utils.data import ChainDataset, IterableDataset
 
-    from auditor.capture.probes.loaders import _shards_by_worker
+    from auditor.capture.probes.data import _shards_by_worker
 
     class Mine(IterableDataset):
         def __iter__(self):
