@@ -1,16 +1,50 @@
-"""manual-update: parameters updated one at a time by hand-written code instead of an optimizer."""
+"""manual-update: parameters updated one at a time by hand-written code instead of an optimizer.
+
+Two halves. The trace half reads a profiler trace recorded on a GPU with shapes (`audit analyze
+TRACE`, and the profiler window of `audit run` on a CUDA machine, which records shapes and Python
+stacks): in-place arithmetic on parameter-shaped tensors (`aten::add_` ... whose first input has
+the shape of a weight or bias the trace's layers take, and whose second is a tensor of that same
+shape: the gradient, or a buffer of it), called by the program outside every `Optimizer.step#...`
+range and outside backward, each launching its own kernel. The rehearsal half judges a CUDA
+rehearsal on the CPU, which tallies in-place updates of parameters that have a gradient
+(`param-update`).
+"""
 from __future__ import annotations
 
+import re
+from collections import Counter
 from typing import Iterable
 
+import numpy as np
+
 from auditor.evidence import model as m
-from auditor.findings import Cost, Finding, Fix
+from auditor.evidence.trace.decode import CAT
+from auditor.evidence.trace.efficiency import op_shapes
+from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.queries import frame_location_parts, sites
+from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules._support.places import by_place, locations, steps_run
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules.suppression import unsuppressed
 
 COUNTED = "counted, not timed: rehearsed on the CPU, where no kernel is launched"
+
+# In-place arithmetic an update loop is written with (`p.add_(g, alpha=-lr)`, `p -= lr * g`,
+# `p.addcdiv_(m, v)`, `ema.lerp_(p, w)`).
+UPDATE_OPS = ("aten::add_", "aten::sub_", "aten::mul_", "aten::div_", "aten::addcmul_", "aten::addcdiv_",
+              "aten::lerp_")
+# The operators that take parameters, and the positions of their weight and bias in `Input Dims`.
+PARAM_ARGS = {
+    "aten::linear": (1, 2), "aten::conv1d": (1, 2), "aten::conv2d": (1, 2), "aten::conv3d": (1, 2),
+    "aten::convolution": (1, 2), "aten::_convolution": (1, 2), "aten::cudnn_convolution": (1,),
+    "aten::miopen_convolution": (1, 2), "aten::native_batch_norm": (1, 2), "aten::cudnn_batch_norm": (1, 2),
+    "aten::_batch_norm_impl_index": (1, 2), "aten::miopen_batch_norm": (1, 2), "aten::native_layer_norm": (2, 3),
+    "aten::native_group_norm": (1, 2), "aten::_fused_rms_norm": (2,),
+}
+# Ranges whose in-place ops are not the program's own update loop: an optimizer's step (torch.optim
+# names it `Optimizer.step#SGD.step`), and backward (gradient accumulation in `AccumulateGrad`).
+NOT_A_LOOP = re.compile(r"^Optimizer\.|autograd::|AccumulateGrad|Backward")
 
 
 class ManualUpdate(Rule):
@@ -36,25 +70,89 @@ class ManualUpdate(Rule):
         with `foreach=True` or `fused=True`) and `opt.step()`; or `torch._foreach_add_(params, grads,
         alpha=-lr)` to keep the loop's arithmetic.
 
+        In a profiler trace recorded on a GPU with shapes: in-place `add_`/`sub_`/`mul_`/`div_`/
+        `addcmul_`/`addcdiv_`/`lerp_` on a tensor of a parameter's shape (a weight or bias shape the
+        trace's linear, convolution and norm layers take) with a second tensor of that shape, each
+        launching a kernel, outside any `Optimizer.step#...` range and outside backward, covering at
+        least `min-shape-share` of the parameter shapes in most steps; with the host's time in them
+        (measured) and the user's function or line when the trace records Python stacks. An update
+        of the weights' running average (an EMA loop) reads the same and costs the same.
+
     Evidence needed:
-        A CUDA rehearsal (`audit run` of CUDA code on a machine without a GPU, or `--rehearse`).
+        A profiler trace with CUDA activity and shapes (`record_shapes=True`): `audit run` on a CUDA
+        machine (its profiler window records them), or `audit analyze TRACE`; or a CUDA rehearsal
+        (`audit run` of CUDA code on a machine without a GPU, or `--rehearse`). A trace without
+        shapes cannot tell a parameter's update from other in-place arithmetic: the rule stays silent.
     """
 
     id = "manual-update"
     title = "Parameters updated one at a time outside an optimizer"
     severity = "warning"
     category = "performance"
-    needs = frozenset({"run"})
+    needs = frozenset({"run", "trace"})
+    needs_text = ("needs a profiler trace with CUDA activity and shapes (`audit run` on a GPU, `audit analyze "
+                  "TRACE`), or a CUDA rehearsal (`audit run --rehearse`)")
     options = (
         Option("min-share-of-steps", 0.5, "Report an update site only if it runs in at least this share of steps."),
         Option("min-updates-per-step", 4,
                "... and the sites together update at least this many parameters per step (fewer is no loop)."),
+        Option("min-shape-share", 0.5,
+               "Trace: ... and the updates cover at least this share of the parameter shapes the trace's layers "
+               "take (a loop over the parameters touches them all; a running metric's counters do not)."),
     )
 
     def skip_reason(self, ev: m.Evidence) -> str | None:
-        return None if ev.environment.rehearsal else "needs a CUDA rehearsal (parameter updates are counted there)"
+        """A run without a trace is judged in CUDA rehearsal only: elsewhere its updates are not recorded."""
+        return None if ev.trace_data or ev.environment.rehearsal else self.needs_text
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
+        yield from self.trace_findings(ev, options)
+        if ev.environment.rehearsal:
+            yield from self.rehearsal_findings(ev, options)
+
+    def check_trace(self, trace: Trace, options: Options, launched_only: bool = True) -> Finding | None:
+        """One finding when the trace's parameter-shaped in-place updates outside an optimizer form a
+        loop over the parameters in most steps. `launched_only=False` also counts updates that
+        launched no kernel (a trace recorded on the CPU), for tests of the rest of the judgement."""
+        rows, shapes = manual_updates(trace, launched_only)
+        if not len(rows) or not shapes:
+            return None
+        steps = trace.step_count()
+        step_col = trace.col("step")[rows]
+        update_steps = set(step_col.tolist())
+        if len(update_steps) < options.min_share_of_steps * steps or len(rows) / steps < options.min_updates_per_step:
+            return None
+        dims = op_shapes(trace)
+        updated = {tuple(dims[int(r)][0][0]) for r in rows}
+        if len(updated) < options.min_shape_share * len(shapes):
+            return None
+        host_ms = float(trace.col("dur")[rows].sum()) / 1000.0
+        ops = Counter(trace.name(int(r)) for r in rows)
+        where = sites(trace, rows)
+        first = where[0][0].file if where else None
+        at = ("; at " + "; ".join(f"{line_ref(f.file, f.line, first)} ({per_step(n / steps)}/step)"
+                                  for f, n, _ in where)) if where else ""
+        return self.finding(
+            f"{per_step(len(rows) / steps)} in-place updates of parameter-shaped tensors per step outside an "
+            f"optimizer in {trace.label} ({', '.join(f'{k} x{per_step(v / steps)}' for k, v in ops.most_common())}), "
+            f"covering {len(updated)} of the {len(shapes)} parameter shapes the layers take, one kernel launch each: "
+            f"{host_ms / steps:.2f} ms per step of host time in them{at}; a foreach or fused torch.optim optimizer "
+            "updates all parameters in a few launches.",
+            locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
+            evidence={"trace": str(trace.path), "updates": int(len(rows)),
+                      "updates_per_step": round(len(rows) / steps, 2), "steps": steps,
+                      "steps_with_updates": len(update_steps), "shapes_updated": len(updated),
+                      "parameter_shapes": len(shapes), "host_ms_per_step": round(host_ms / steps, 3),
+                      "ops": dict(ops.most_common()),
+                      "sites": [{"file": f.file, "line": f.line, "count": n} for f, n, _ in where]},
+            cost=Cost(ms_per_step=round(host_ms / steps, 3), share_of_step=None,  # (trace_findings sets it)
+                      measured=True, note="the host's time in the per-parameter update calls; a foreach or fused "
+                                          "update makes the same arithmetic in a few launches"),
+            fix=_FIX,
+        )
+
+    def rehearsal_findings(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
+        """One finding for a CUDA rehearsal whose parameter updates outside an optimizer form a loop."""
         if not ev.steps:
             return
         n = steps_run(ev)
@@ -77,8 +175,59 @@ class ManualUpdate(Rule):
                                  "line": p.where.line if p.where else None, "count": p.count,
                                  "steps": len(p.steps)} for p in places]},
             cost=Cost(ms_per_step=None, share_of_step=None, measured=False, note=COUNTED),
-            fix=Fix(summary="Replace the loop with a torch.optim optimizer (e.g. torch.optim.SGD(model.parameters(), "
-                            "lr=lr, foreach=True), or fused=True) and call opt.step(); or keep the arithmetic with "
-                            "torch._foreach_add_(params, grads, alpha=-lr).",
-                    config={"optimizer": {"foreach": True}}),
+            fix=_FIX,
         )
+
+
+_FIX = Fix(summary="Replace the loop with a torch.optim optimizer (e.g. torch.optim.SGD(model.parameters(), "
+                   "lr=lr, foreach=True), or fused=True) and call opt.step(); or keep the arithmetic with "
+                   "torch._foreach_add_(params, grads, alpha=-lr).",
+           config={"optimizer": {"foreach": True}})
+
+
+def parameter_shapes(trace: Trace) -> set[tuple[int, ...]]:
+    """The weight and bias shapes the trace's layers take (PARAM_ARGS, from `Input Dims`)."""
+    out: set[tuple[int, ...]] = set()
+    names = trace.col("name")
+    for r, (dims, _, _) in op_shapes(trace).items():
+        for i in PARAM_ARGS.get(trace.symbols[int(names[r])], ()):
+            d = dims[i] if i < len(dims) else None
+            if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+                out.add(tuple(d))
+    return out
+
+
+def manual_updates(trace: Trace, launched_only: bool = True) -> tuple[np.ndarray, set[tuple[int, ...]]]:
+    """(rows of the program's in-place updates of parameter-shaped tensors, the parameter shapes).
+
+    An update: an UPDATE_OPS operator called by the program itself (no operator encloses it), not
+    inside an optimizer's step or backward (NOT_A_LOOP), not the auditor's own, whose first input
+    has a parameter's shape and whose second is a tensor of the same shape; with `launched_only`,
+    it launched a kernel (a launch call in it that the trace links to GPU work)."""
+    shapes = parameter_shapes(trace)
+    empty = np.empty(0, dtype=np.int64)
+    if not shapes:
+        return empty, shapes
+    dims = op_shapes(trace)
+    cat, parent, names, link = trace.col("cat"), trace.col("parent"), trace.col("name"), trace.col("link")
+    codes = {trace.symbols.id(n) for n in UPDATE_OPS} - {-1}
+    rows = [r for r in dims if int(names[r]) in codes]
+    launched: set[int] = set()
+    if launched_only:
+        calls = np.flatnonzero(np.isin(cat, (CAT["runtime"], CAT["driver"])) & (link >= 0))
+        launched = set(parent[calls].tolist())
+    mine = trace.auditor_rows() if len(trace.auditor_ranges()) else None
+    out = []
+    for r in rows:
+        d = dims[r][0]
+        if len(d) < 2 or not isinstance(d[0], list) or tuple(d[0]) not in shapes or d[1] != d[0]:
+            continue
+        if (launched_only and r not in launched) or (mine is not None and mine[r]):
+            continue
+        chain = trace.ancestors(r)
+        if any(cat[a] == CAT["cpu_op"] and trace.symbols[int(names[a])].startswith("aten::") for a in chain):
+            continue
+        if any(NOT_A_LOOP.search(trace.symbols[int(names[a])]) for a in chain if cat[a] != CAT["python"]):
+            continue
+        out.append(r)
+    return np.array(sorted(out), dtype=np.int64), shapes
