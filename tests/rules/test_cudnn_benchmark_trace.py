@@ -95,3 +95,20 @@ def test_a_trace_on_its_own_is_skipped_saying_what_it_shows() -> None:
     reason = skip_reason(CudnnBenchmark(), ev)
     assert reason.startswith("a profiler trace does not record torch.backends.cudnn.benchmark")
     assert "53 cuDNN convolutions per step, with the same 12 input shape(s) in 6 of 6 steps" in reason
+
+
+def test_a_run_records_what_the_gpu_halves_read(example_audit) -> None:
+    """What the three GPU halves read comes from the run itself, with no observer of its own: the
+    flag in the environment and a profiler window recorded with shapes and Python stacks (on a GPU
+    the same window adds CUDA activity). Shown on the session's CPU audit of examples/clean.py,
+    where the rules run on that window and find nothing."""
+    from auditor.evidence.load import load_paths
+    from auditor.evidence.trace.efficiency import op_shapes
+
+    a = example_audit("clean")
+    assert a.returncode == 0, a.stderr[-2000:]
+    ev = load_paths([a.out])
+    assert ev.environment.backend_flags["cudnn.benchmark"] is False
+    assert ev.trace_data and op_shapes(ev.trace_data[0]) and ev.trace_data[0].has_stacks
+    skipped = {s["rule"] for s in json.loads((a.out / "findings.json").read_text())["skipped_rules"]}
+    assert not skipped & {"cudnn-benchmark", "manual-update", "blocking-pinned-copy"}
