@@ -45,6 +45,13 @@ class BlockingPinnedCopy(Rule):
         `t.pin_memory()`) made without `non_blocking=True`, in most steps. Seen in CUDA rehearsal,
         which records every copy the program asks for with whether its source was pinned.
 
+        In a profiler trace recorded on a GPU: each `Memcpy HtoD (Pinned -> Device)` whose operator
+        (the `aten::copy_` its `cudaMemcpyAsync` ran in) synchronised the stream after it
+        (`cudaStreamSynchronize`, as torch's copy does for `non_blocking=False`; a synchronous
+        `cudaMemcpy` too), with the bytes, the host's wait in those syncs per step (measured) and
+        the user's line when the trace records Python stacks. Pinned copies made with
+        `non_blocking=True` launch the copy and return: they are not counted.
+
     Why it costs:
         Pinning exists so the copy can run asynchronously: with `non_blocking=True` the host queues
         the DMA and goes on launching kernels while the batch crosses the bus. Without it the host
@@ -59,13 +66,6 @@ class BlockingPinnedCopy(Rule):
     Fix:
         `x.to("cuda", non_blocking=True)` (the patch adds the keyword). Reading the copied tensor
         on the host right after it (`.item()`, `.cpu()`) still waits, as it must.
-
-        In a profiler trace recorded on a GPU: each `Memcpy HtoD (Pinned -> Device)` whose operator
-        (the `aten::copy_` its `cudaMemcpyAsync` ran in) synchronised the stream after it
-        (`cudaStreamSynchronize`, as torch's copy does for `non_blocking=False`; a synchronous
-        `cudaMemcpy` too), with the bytes, the host's wait in those syncs per step (measured) and
-        the user's line when the trace records Python stacks. Pinned copies made with
-        `non_blocking=True` launch the copy and return: they are not counted.
 
     Evidence needed:
         A profiler trace with CUDA activity: `audit run` on a CUDA machine (its profiler window

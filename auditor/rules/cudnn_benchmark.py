@@ -49,6 +49,10 @@ class CudnnBenchmark(Rule):
         `conv1d/2d/3d` of GPU tensors is counted at the user's line with its input shape and the
         flag in force when it ran.
 
+        On a GPU, `audit run` reads the flag the program left (after its setup, and at its end)
+        and the cuDNN convolutions of its profiler window (`aten::cudnn_convolution` with their
+        input and weight shapes, per profiled step), with their kernel time.
+
     Why it costs:
         With the flag off cuDNN picks a convolution algorithm by a heuristic; with it on, it times
         the candidates once per input shape and keeps the fastest. For a network whose shapes do
@@ -62,10 +66,6 @@ class CudnnBenchmark(Rule):
 
     Fix:
         `torch.backends.cudnn.benchmark = True` once, before the training loop.
-
-        On a GPU, `audit run` reads the flag the program left (after its setup, and at its end)
-        and the cuDNN convolutions of its profiler window (`aten::cudnn_convolution` with their
-        input and weight shapes, per profiled step), with their kernel time.
 
     Evidence needed:
         `audit run` on a CUDA machine (the run records the flag, its profiler window the

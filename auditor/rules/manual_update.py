@@ -55,6 +55,14 @@ class ManualUpdate(Rule):
         `for p in model.parameters(): p.data.add_(p.grad, alpha=-lr)` or `p -= lr * p.grad` under
         `torch.no_grad()` -- on GPU tensors. Seen in CUDA rehearsal, at the line of the update.
 
+        In a profiler trace recorded on a GPU with shapes: in-place `add_`/`sub_`/`mul_`/`div_`/
+        `addcmul_`/`addcdiv_`/`lerp_` on a tensor of a parameter's shape (a weight or bias shape the
+        trace's linear, convolution and norm layers take) with a second tensor of that shape, each
+        launching a kernel, outside any `Optimizer.step#...` range and outside backward, covering at
+        least `min-shape-share` of the parameter shapes in most steps; with the host's time in them
+        (measured) and the user's function or line when the trace records Python stacks. An update
+        of the weights' running average (an EMA loop) reads the same and costs the same.
+
     Why it costs:
         Each parameter and each arithmetic operation is its own kernel launch (a few microseconds of
         host time each, and more Python), where torch.optim's foreach implementation (the default
@@ -69,14 +77,6 @@ class ManualUpdate(Rule):
         `opt = torch.optim.SGD(model.parameters(), lr=lr)` (or the optimizer the loop implements,
         with `foreach=True` or `fused=True`) and `opt.step()`; or `torch._foreach_add_(params, grads,
         alpha=-lr)` to keep the loop's arithmetic.
-
-        In a profiler trace recorded on a GPU with shapes: in-place `add_`/`sub_`/`mul_`/`div_`/
-        `addcmul_`/`addcdiv_`/`lerp_` on a tensor of a parameter's shape (a weight or bias shape the
-        trace's linear, convolution and norm layers take) with a second tensor of that shape, each
-        launching a kernel, outside any `Optimizer.step#...` range and outside backward, covering at
-        least `min-shape-share` of the parameter shapes in most steps; with the host's time in them
-        (measured) and the user's function or line when the trace records Python stacks. An update
-        of the weights' running average (an EMA loop) reads the same and costs the same.
 
     Evidence needed:
         A profiler trace with CUDA activity and shapes (`record_shapes=True`): `audit run` on a CUDA
