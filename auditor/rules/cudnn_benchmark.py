@@ -51,7 +51,9 @@ class CudnnBenchmark(Rule):
 
         On a GPU, `audit run` reads the flag the program left (after its setup, and at its end)
         and the cuDNN convolutions of its profiler window (`aten::cudnn_convolution` with their
-        input and weight shapes, per profiled step), with their kernel time.
+        input and weight shapes, per profiled step), with their kernel time; not when the program
+        asked for reproducible results (`cudnn.deterministic`, `torch.use_deterministic_algorithms`),
+        which keeps the flag off on purpose.
 
     Why it costs:
         With the flag off cuDNN picks a convolution algorithm by a heuristic; with it on, it times
@@ -110,7 +112,11 @@ class CudnnBenchmark(Rule):
                 f"the GPU reads it{shown}")
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
-        if ev.source == "run" and ev.environment.backend_flags.get(FLAG) is False:
+        flags = ev.environment.backend_flags
+        # (a program that asked for reproducible results keeps the flag off on purpose: the autotuner's
+        # choice may differ from run to run)
+        if ev.source == "run" and flags.get(FLAG) is False and not (flags.get("cudnn.deterministic")
+                                                                    or flags.get("deterministic_algorithms")):
             yield from self.trace_findings(ev, options)
         yield from self.rehearsal_findings(ev, options)
 

@@ -32,8 +32,9 @@ def trace():
     return load_trace(W0)
 
 
-def gpu_run(benchmark: bool | None) -> Evidence:
-    flags = {} if benchmark is None else {"cudnn.benchmark": benchmark}
+def gpu_run(benchmark: bool | None, more: dict[str, bool] | None = None) -> Evidence:
+    """The recording as the evidence of `audit run` on a GPU, with these backend flags recorded."""
+    flags = ({} if benchmark is None else {"cudnn.benchmark": benchmark}) | (more or {})
     ev = Evidence(source="run", traces=[str(W0)],
                   environment=Environment(device="cuda", cuda_available=True, backend_flags=flags))
     ev.__dict__["trace_data"] = [trace()]
@@ -86,6 +87,12 @@ def test_silent_when_the_flag_is_on_or_unknown(benchmark) -> None:
     if benchmark is None:
         assert skip_reason(rule, ev) is not None
     else:
+        assert skip_reason(rule, ev) is None and list(rule.check(ev, rule.default_options())) == []
+
+
+def test_silent_when_the_program_asked_for_determinism() -> None:
+    rule = CudnnBenchmark()
+    for ev in (gpu_run(False, {"cudnn.deterministic": True}), gpu_run(False, {"deterministic_algorithms": True})):
         assert skip_reason(rule, ev) is None and list(rule.check(ev, rule.default_options())) == []
 
 
