@@ -179,3 +179,27 @@ def test_dask_without_an_address_starts_a_local_cluster_for_the_run(tmp_path):
     assert a.returncode == 0, a.stderr
     [f] = a.rule("rank-straggler")
     assert f["evidence"]["stragglers"] == [2]
+
+
+def test_the_driver_holds_the_primary_rank_as_a_sketch_and_finds_the_same(job):
+    """The driver keeps no trace's events (the primary rank's trace is a sketch, made by its worker);
+    the rules, run on its full trace in a process of their own, find what they find on the trace
+    parsed here."""
+    from auditor.evidence.load import load_paths
+    from auditor.evidence.ranks.sketch import SketchTrace
+    from auditor.evidence.trace.load import load_trace
+    from auditor.rules.engine import run_rules
+
+    ev = load_paths([job], EngineSpec(workers=2))
+    [sketch] = ev.trace_data
+    assert isinstance(sketch, SketchTrace) and len(sketch.events) <= 3 < sketch.sketch.events
+    assert [s.index for s in ev.ranks.ranks[0].steps] == sketch.steps["step"].tolist()
+    results = run_rules(ev)
+    full = load_trace(sketch.path)
+    full.label = sketch.label
+    ev.__dict__["trace_data"] = [full]
+    assert sketch.top_ops(20) == full.top_ops(20)
+    assert sketch.window() == full.window() and sketch.median_step_ms() == full.median_step_ms()
+    direct = run_rules(ev)
+    assert {f.rule for f in results.findings} >= {"rank-straggler", "gpu-idle", "exposed-comm"}
+    assert results.findings == direct.findings and results.skipped == direct.skipped
