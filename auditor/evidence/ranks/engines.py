@@ -18,6 +18,7 @@ asking for one that is not installed raises EngineUnavailable, a one-line usage 
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -192,12 +193,15 @@ def _ray(paths: list[str], spec: EngineSpec, reduce: Callable[[str], Result]) ->
     if not ray.is_initialized():
         address = _address(spec)
         try:
+            # (Ray's own log lines stay in its session's logs: the audit's output is the audit's)
+            quiet = dict(log_to_driver=False, logging_level=logging.ERROR)
             if address is None:
-                ray.init(num_cpus=spec.workers or cores(), include_dashboard=False, log_to_driver=False)
+                ray.init(num_cpus=spec.workers or cores(), include_dashboard=False, **quiet)
             else:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, **quiet)
         except (ConnectionError, RuntimeError, TimeoutError) as e:
-            raise EngineUnavailable(f"--engine ray: cannot reach the cluster at {address}: {e}") from None
+            raise EngineUnavailable(f"--engine ray: cannot reach the cluster at {address}: {e} (a cluster with token "
+                                    f"authentication needs RAY_AUTH_MODE=token and its token here too)") from None
         started = True
     try:
         task = ray.remote(num_cpus=1)(apply)  # (ray.remote takes functions: `reduce` may be a callable Struct)
