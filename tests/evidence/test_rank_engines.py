@@ -264,7 +264,7 @@ def test_the_driver_holds_the_primary_rank_as_a_sketch_and_finds_the_same(job):
     from auditor.evidence.trace.load import load_trace
     from auditor.rules.engine import run_rules
 
-    ev = load_paths([job], EngineSpec(workers=2))
+    ev = load_paths([job], EngineSpec(workers=2, sketch=True))
     [sketch] = ev.trace_data
     assert isinstance(sketch, SketchTrace) and len(sketch.events) <= 3 < sketch.sketch.events
     assert [s.index for s in ev.ranks.ranks[0].steps] == sketch.steps["step"].tolist()
@@ -277,3 +277,8 @@ def test_the_driver_holds_the_primary_rank_as_a_sketch_and_finds_the_same(job):
     direct = run_rules(ev)
     assert {f.rule for f in results.findings} >= {"rank-straggler", "gpu-idle", "exposed-comm"}
     assert results.findings == direct.findings and results.skipped == direct.skipped
+    # a primary rank's trace whose worker kept no sketch is sketched apart; without `sketch` (audit
+    # diff compares the trace's events) it is parsed
+    paths = sorted(str(p) for p in job.iterdir())[:3]
+    assert isinstance(merge_summaries([reduce_trace(p) for p in paths], sketch=True).trace_data[0], SketchTrace)
+    assert not isinstance(load_paths([job], EngineSpec(workers=1)).trace_data[0], SketchTrace)

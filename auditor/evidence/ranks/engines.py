@@ -44,11 +44,15 @@ class EngineUnavailable(Exception):
 
 class EngineSpec(msgspec.Struct):
     """How to reduce the ranks: engine (ENGINES), address of an existing cluster (None: the
-    engine's environment variable, else a local one), workers (None: one per core)."""
+    engine's environment variable, else a local one), workers (None: one per core); sketch: the
+    driver holds no trace's events, the primary rank's traces as their sketches (`audit analyze`,
+    whose rules then run where they are parsed: auditor.rules.primary); False: it parses them
+    (`audit diff`, which compares their events)."""
 
     engine: str = "local"
     address: str | None = None
     workers: int | None = None
+    sketch: bool = False
 
 
 def cores() -> int:

@@ -2,11 +2,12 @@
 from each file's header alone), their reduction on an engine (auditor.evidence.ranks.engines) and
 one Evidence from the summaries (merge_summaries).
 
-The driver never holds more than the summaries: the primary rank's traces (the lowest rank's),
-which the single-rank trace rules read, are held as their sketches (auditor.evidence.ranks.sketch),
-made by the worker that reduces them, and the rules that read their events run in a process of
-their own that parses them again (auditor.rules.primary). A rank whose file cannot be read is listed in RankSet.unread with its reason, and the rest
-are analysed; none readable is the input error of a damaged trace (exit 2).
+The driver of `audit analyze` (EngineSpec.sketch) never holds more than the summaries: the primary
+rank's traces (the lowest rank's), which the single-rank trace rules read, are held as their
+sketches (auditor.evidence.ranks.sketch), made by the worker that reduces them, and the rules that
+read their events run in a process of their own that parses them again (auditor.rules.primary).
+A rank whose file cannot be read is listed in RankSet.unread with its reason, and the rest are
+analysed; none readable is the input error of a damaged trace (exit 2).
 """
 from __future__ import annotations
 
@@ -70,20 +71,22 @@ def is_rank_job(files: list[Path]) -> bool:
 
 def merge_rank_traces(files: list[Path], spec: EngineSpec,
                       on_done: Callable[[Result, int, int], None] | None = None) -> m.Evidence:
-    """The merged Evidence of a job's per-rank trace files, each reduced on `spec`'s engine (the
-    primary rank's, by their headers, with their sketches)."""
-    ranked = [(rank, f) for f in files if (rank := header_rank(f)[1]) is not None]
-    lowest = min((r for r, _ in ranked), default=None)
-    primary = frozenset(str(f) for r, f in ranked if r == lowest)
+    """The merged Evidence of a job's per-rank trace files, each reduced on `spec`'s engine (with
+    EngineSpec.sketch, the primary rank's, by their headers, with their sketches)."""
+    primary: frozenset[str] = frozenset()
+    if spec.sketch:
+        ranked = [(rank, f) for f in files if (rank := header_rank(f)[1]) is not None]
+        lowest = min((r for r, _ in ranked), default=None)
+        primary = frozenset(str(f) for r, f in ranked if r == lowest)
     results = reduce_all([str(f) for f in files], spec, on_done, reduce=TraceReducer(sketched=primary))
-    return merge_summaries(results)
+    return merge_summaries(results, sketch=spec.sketch)
 
 
-def merge_summaries(results: list[Result], load_primary: bool = True) -> m.Evidence:
+def merge_summaries(results: list[Result], load_primary: bool = True, sketch: bool = False) -> m.Evidence:
     """One Evidence from the ranks' summaries: the merged view of every rank read (Evidence.ranks),
-    the primary (lowest) rank's traces as their sketches in `trace_data` (unless `load_primary` is
-    False; a trace whose summary has none is sketched in a process of its own), notes on what was
-    not read. Raises InputError when no rank could be read."""
+    the primary (lowest) rank's traces in `trace_data` (unless `load_primary` is False): parsed
+    here, or with `sketch` their sketches (a trace whose summary has none is sketched in a process
+    of its own), notes on what was not read. Raises InputError when no rank could be read."""
     read = [r for r in results if isinstance(r, RankSummary)]
     failed = [r for r in results if isinstance(r, RankFailure)]
     nameless = [r for r in read if r.rank is None]
@@ -127,7 +130,15 @@ def merge_summaries(results: list[Result], load_primary: bool = True) -> m.Evide
             m.add_load_note(ev, f"{Path(s.path).name}: {s.digest.dropped}")
     ev.ranks = rs
     parsed = []
-    if load_primary:
+    if load_primary and not sketch:
+        from auditor.evidence.trace.load import load_trace
+
+        for path in primary.traces:
+            try:
+                parsed.append(load_trace(path))
+            except InputError as e:  # (it was read by its worker: changed since)
+                m.add_load_note(ev, f"profiler trace not analysed: {e}")
+    elif load_primary:
         from auditor.evidence.ranks.sketch import sketched
 
         kept = {s.path: s.sketch for s in read if s.rank == primary.rank and s.sketch is not None}
