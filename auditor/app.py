@@ -405,7 +405,7 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     config = rule_config(Path.cwd(), select, ignore)
     if address is not None and engine not in ("ray", "dask"):
         raise UsageFailure("--address names a ray or dask cluster: give --engine ray or --engine dask with it")
-    spec = EngineSpec(engine=engine or "local", address=address, workers=workers)
+    spec = EngineSpec(engine=engine or "local", address=address, workers=workers, sketch=True)
     try:
         if engine is not None:
             check_available(spec)

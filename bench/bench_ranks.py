@@ -10,7 +10,8 @@ to about --mb MB (../shared/tools/tile_trace.py), its distributedInfo rewritten,
   local    `audit analyze DIR --engine local`: a process pool, one worker per core
   dask     `audit analyze DIR --engine dask`: a LocalCluster of one worker process per core
 
-and reports wall time, the driver's peak RSS (VmHWM of that process alone, polled) and its own CPU
+and reports wall time, the driver's peak RSS (VmHWM of that process alone, polled; beside it the largest
+peak of a process it started: a worker, the process the rules run in) and its own CPU
 time (the work left in the driver; the machine's load average beside it), the rank
 each names as the straggler, and the reduction's cost per GB of trace on one core (reduce_trace in
 this process, over a few ranks: CPU time, and wall time under the machine's load).
@@ -42,6 +43,9 @@ OLD_TREE = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__edit
             "assert auditor.__file__.startswith({tree!r}), auditor.__file__; "
             "from auditor.cli import main; main(sys.argv[1:])")
 
+OLD_SITE = ("import sys\nsys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in "
+            "getattr(f, '__module__', '')]\nsys.path.insert(0, {tree!r})\n")
+
 
 def make_job(directory: Path, ranks: int, mb: float, slow: int) -> list[Path]:
     """`directory/rank-K.pt.trace.json`, each the fixture tiled to ~mb MB; rank `slow` stretched."""
@@ -70,12 +74,37 @@ def make_job(directory: Path, ranks: int, mb: float, slow: int) -> list[Path]:
     return paths
 
 
-def run_measured(cmd: list[str], env: dict | None = None) -> tuple[float, int, float, str, int]:
-    """(wall s, peak RSS of that process alone in bytes, its own CPU s, stdout, return code)."""
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                kids = [int(c) for c in (task / "children").read_text().split()]
+                out += kids
+                todo += kids
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _hwm(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def run_measured(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, int, float, str, int, int]:
+    """(wall s, peak RSS of that process alone in bytes, its own CPU s, stdout, return code, the
+    largest peak RSS of a process it started: a pool's worker, the process the rules run in)."""
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    peak = 0
+    peak = child = 0
     cpu = 0.0
     status, stat = Path(f"/proc/{proc.pid}/status"), Path(f"/proc/{proc.pid}/stat")
     tick = os.sysconf("SC_CLK_TCK")
@@ -88,11 +117,12 @@ def run_measured(cmd: list[str], env: dict | None = None) -> tuple[float, int, f
             cpu = max(cpu, (int(fields[11]) + int(fields[12])) / tick)  # utime + stime of the driver alone
         except (OSError, IndexError, ValueError):
             pass
+        child = max([child] + [_hwm(c) for c in _descendants(proc.pid)])
         time.sleep(0.02)
     out, err = proc.communicate()
     if proc.returncode not in (0, 1):
         print(err, file=sys.stderr)
-    return time.perf_counter() - started, peak, cpu, out, proc.returncode
+    return time.perf_counter() - started, peak, cpu, out, proc.returncode, child
 
 
 def per_gb(paths: list[Path], n: int = 4) -> tuple[float, float, int]:
@@ -151,16 +181,24 @@ def main() -> None:
         else:
             opts = ["--workers", "1"] if engine == "serial" else ["--engine", engine]
         cmd = [sys.executable, "-m", "auditor", "analyze", str(work), *opts, "--quiet", "--out", str(out)]
+        env = None
         if engine == "before":  # that tree's auditor, not the one installed (an editable install's finder wins
-            # over PYTHONPATH: it is taken off the import system first)
+            # over PYTHONPATH: it is taken off the import system first), also in the processes it starts
+            # (a pool's fork server and workers: a sitecustomize does it in every interpreter)
             cmd[1:3] = ["-c", OLD_TREE.format(tree=str(tree))]
-        wall, peak, cpu, stdout, rc = run_measured(cmd)
+            site = tree / "_site"
+            site.mkdir(exist_ok=True)
+            (site / "sitecustomize.py").write_text(OLD_SITE.format(tree=str(tree)))
+            env = {"PYTHONPATH": str(site)}
+        # (run outside the repository: a worker started there would import its auditor, not `before`'s)
+        wall, peak, cpu, stdout, rc, child = run_measured(cmd, env, cwd=base)
         named = stdout.strip()
         if (out / "findings.json").is_file():
             doc = json.loads((out / "findings.json").read_text())
             named = [f["evidence"]["stragglers"] for f in doc["findings"] if f["rule"] == "rank-straggler"]
         print(f"{engine:7s} wall {wall:6.1f} s   driver: peak RSS {peak / 2**20:5.0f} MiB, CPU {cpu:5.1f} s   "
-              f"straggler {named}   (load average {os.getloadavg()[0]:.1f})")
+              f"largest process it started: {child / 2**20:5.0f} MiB   straggler {named}   "
+              f"(load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

@@ -167,6 +167,22 @@ def test_per_rank_view_and_figure(straggler):
     assert [list(t.x) for t in step_lines] == [list(range(12))] * 2
 
 
+def test_analyze_of_rank_directories_holds_the_primary_trace_as_a_sketch(straggler):
+    """`audit analyze`'s driver holds rank 0's profiled trace as a sketch; the rules, run where it
+    is parsed again, find what they find on the trace parsed here."""
+    from auditor.evidence.load import load_paths
+    from auditor.evidence.ranks.engines import EngineSpec
+    from auditor.evidence.ranks.sketch import SketchTrace
+    from auditor.rules.engine import run_rules
+
+    dirs = [straggler / "rank-0", straggler / "rank-1"]
+    sketched = load_paths(dirs, EngineSpec(sketch=True))
+    parsed = load_paths(dirs)
+    assert [type(t) for t in sketched.trace_data] == [SketchTrace] and type(parsed.trace_data[0]) is not SketchTrace
+    found = run_rules(sketched).findings
+    assert "rank-straggler" in {f.rule for f in found} and found == run_rules(parsed).findings
+
+
 def test_straggler_found_from_the_per_rank_traces_alone(straggler, tmp_path):
     traces = sorted(straggler.glob("rank-*/tb/*/*.pt.trace.json"))
     assert len(traces) == 2  # one real trace per rank of the run above

@@ -179,7 +179,7 @@ def merge_inputs(paths: list[Path], engine: Any = None, on_rank: Any = None) -> 
         if others or (len(run_dirs) == 1 and not parents):
             return None, {}  # one plain run, or runs mixed with other inputs: the ordinary path
         merged = load_rank_dirs(run_dirs, engine=engine, on_done=on_rank)
-        return _attach_traces(merged, [Path(t) for t in merged.traces]), {}
+        return _attach_traces(merged, [Path(t) for t in merged.traces], getattr(engine, "sketch", False)), {}
     files: list[Path] = []
     for p in paths:
         if p.is_dir():
@@ -201,13 +201,26 @@ def _parse_each(files: list[Path]) -> Iterator[Trace]:
         yield load_trace(f)
 
 
-def _attach_traces(ev: Evidence, paths: list[Path]) -> Evidence:
-    parsed = []
+def _attach_traces(ev: Evidence, paths: list[Path], sketch: bool = False) -> Evidence:
+    """The merged evidence of rank run directories with the primary rank's traces attached: parsed,
+    or with `sketch` as their sketches, made in a process of their own (auditor.evidence.ranks.sketch;
+    the rules then run where they are parsed again, as for a job's traces)."""
+    parsed: list[Any] = []
+    present = [p for p in paths if p.is_file()]
     for p in paths:
-        if p.is_file():
-            parsed.append(load_trace(p))
-        else:
+        if p not in present:
             add_load_note(ev, f"profiler trace {p} listed by the run is missing")  # (as load_paths says it)
+    if sketch and present:
+        from auditor.evidence.ranks.engines import in_child
+        from auditor.evidence.ranks.job import sketch_files
+        from auditor.evidence.ranks.sketch import sketched
+
+        for kept in in_child(sketch_files, [str(p) for p in present]):
+            if isinstance(kept, str):
+                raise InputError(kept)
+            parsed.append(sketched(kept))
+    else:
+        parsed = [load_trace(p) for p in present]
     ev.__dict__["trace_data"] = parsed
     ev.__dict__["snapshot_data"] = []
     return ev

@@ -109,6 +109,10 @@ def _capped(f: Finding, evidence: Evidence) -> Finding:
 
 def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
     config = config or Config()
+    from auditor.rules.primary import has_sketches, rules_on_sketches
+
+    if has_sketches(evidence):  # a job of ranks' driver: the rules run where the traces are parsed
+        return rules_on_sketches(evidence, config, run_rules)
     out = RuleResults()
     roots = project_roots(evidence.target)
     for rule_id, cls in all_rules().items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -78,9 +79,82 @@ def test_dask_cluster_gives_the_serial_findings(job, serial, tmp_path):
     assert a.findings_doc["target"] == f"{job}/rank-*.pt.trace.json.gz"  # the pattern, not 16 paths
 
 
-def test_ray_gives_the_serial_findings(job, serial, tmp_path):
+def _ray_processes(temp: str) -> list[str]:
+    """Command lines of the processes that run a Ray cluster whose session lives under `temp`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if temp in cmd or temp.encode() in env:
+            found.append(cmd)
+    return found
+
+
+@pytest.fixture
+def ray_temp():
+    """A Ray temp directory of the test's own (short: Ray's socket paths must fit 107 bytes), so that
+    the processes its clusters start can be found, and none is left running after the test."""
     pytest.importorskip("ray", reason="ray is not installed here (pip install 'auditor[ray]')")
-    a = audit("analyze", str(job), "--engine", "ray", "--workers", "2", "--quiet", out=tmp_path)
+    import shutil
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    try:
+        yield temp
+        assert _ray_processes(temp) == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_ray_local_cluster_gives_the_serial_findings(job, serial, tmp_path, ray_temp):
+    """`--engine ray` without an address starts a local Ray for the run (and ends it)."""
+    a = audit("analyze", str(job), "--engine", "ray", "--workers", "2", "--quiet", out=tmp_path,
+              env={"RAY_TMPDIR": ray_temp, "RAY_ADDRESS": ""})
+    assert a.returncode == 0, a.stderr
+    assert a.stderr == ""  # (Ray's own log lines stay in its logs)
+    [f] = a.rule("rank-straggler")
+    assert f["evidence"]["stragglers"] == [SLOW]
+    assert _findings(a) == _findings(serial)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("AUDIT_RAY_CLUSTER_TEST"),
+                    reason="starts a Ray head (`ray start`, ~7 s) and a driver on it: ~22 s on 2 busy cores, "
+                           "over the suite's budget; AUDIT_RAY_CLUSTER_TEST=1 runs it")
+def test_ray_cluster_named_by_ray_address(job, serial, tmp_path, ray_temp):
+    """`--engine ray` with RAY_ADDRESS set (and no --address) runs on that cluster: a head the test
+    starts with `ray start --head --block`, ended by its own pid (SIGTERM stops its processes)."""
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "RAY_TMPDIR": ray_temp, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
+    ray_cli = Path(sys.executable).with_name("ray")
+    head = subprocess.Popen([str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+                             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={ray_temp}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        for line in head.stdout:  # ("Ray runtime started." once the head accepts drivers)
+            if b"Ray runtime started" in line or time.monotonic() > deadline:
+                break
+        a = audit("analyze", str(job), "--engine", "ray", "--quiet", out=tmp_path,
+                  env={"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": ray_temp})
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
     assert a.returncode == 0, a.stderr
     assert _findings(a) == _findings(serial)
 
@@ -179,3 +253,32 @@ def test_dask_without_an_address_starts_a_local_cluster_for_the_run(tmp_path):
     assert a.returncode == 0, a.stderr
     [f] = a.rule("rank-straggler")
     assert f["evidence"]["stragglers"] == [2]
+
+
+def test_the_driver_holds_the_primary_rank_as_a_sketch_and_finds_the_same(job):
+    """The driver keeps no trace's events (the primary rank's trace is a sketch, made by its worker);
+    the rules, run on its full trace in a process of their own, find what they find on the trace
+    parsed here."""
+    from auditor.evidence.load import load_paths
+    from auditor.evidence.ranks.sketch import SketchTrace
+    from auditor.evidence.trace.load import load_trace
+    from auditor.rules.engine import run_rules
+
+    ev = load_paths([job], EngineSpec(workers=2, sketch=True))
+    [sketch] = ev.trace_data
+    assert isinstance(sketch, SketchTrace) and len(sketch.events) <= 3 < sketch.sketch.events
+    assert [s.index for s in ev.ranks.ranks[0].steps] == sketch.steps["step"].tolist()
+    results = run_rules(ev)
+    full = load_trace(sketch.path)
+    full.label = sketch.label
+    ev.__dict__["trace_data"] = [full]
+    assert sketch.top_ops(20) == full.top_ops(20)
+    assert sketch.window() == full.window() and sketch.median_step_ms() == full.median_step_ms()
+    direct = run_rules(ev)
+    assert {f.rule for f in results.findings} >= {"rank-straggler", "gpu-idle", "exposed-comm"}
+    assert results.findings == direct.findings and results.skipped == direct.skipped
+    # a primary rank's trace whose worker kept no sketch is sketched apart; without `sketch` (audit
+    # diff compares the trace's events) it is parsed
+    paths = sorted(str(p) for p in job.iterdir())[:3]
+    assert isinstance(merge_summaries([reduce_trace(p) for p in paths], sketch=True).trace_data[0], SketchTrace)
+    assert not isinstance(load_paths([job], EngineSpec(workers=1)).trace_data[0], SketchTrace)

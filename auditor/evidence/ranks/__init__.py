@@ -22,7 +22,9 @@ traces whose `distributedInfo` names the rank), combine (matching sync points ac
 merge (one Evidence from rank run directories, `DIR/rank-K/evidence.json`, after checking they are
 one job's) and view (rank_set: the ranks behind any Evidence). For jobs of many ranks: summary
 (RankSummary, one rank's trace or run directory reduced where it is read: only these travel to the
-driver), engines (where the reduction runs: a local process pool, Ray or Dask), job (which trace
+driver), sketch (the primary rank's trace as the driver's reports read it, made by its worker; the
+rules that read its events run where it is parsed again, auditor.rules.primary), engines (where the
+reduction runs: a local process pool, Ray or Dask), job (which trace
 files are a job's ranks, from their headers, and the merge of their summaries) and scale (medians
 without one rank, spreads, hosts and lists of ranks for the rules and plots of hundreds of ranks). auditor.evidence.load decides which
 inputs of `audit analyze` are ranks of one job; auditor.reports.rank_plots renders the per-rank

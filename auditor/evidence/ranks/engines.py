@@ -18,9 +18,11 @@ asking for one that is not installed raises EngineUnavailable, a one-line usage 
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 from pathlib import Path
 
 import msgspec
@@ -33,6 +35,7 @@ _EXTRA = {"ray": "auditor[ray]", "dask": "auditor[dask]"}
 _ENV = {"ray": "RAY_ADDRESS", "dask": "DASK_SCHEDULER_ADDRESS"}
 
 Result = RankSummary | RankFailure
+T = TypeVar("T")
 
 
 class EngineUnavailable(Exception):
@@ -41,11 +44,15 @@ class EngineUnavailable(Exception):
 
 class EngineSpec(msgspec.Struct):
     """How to reduce the ranks: engine (ENGINES), address of an existing cluster (None: the
-    engine's environment variable, else a local one), workers (None: one per core)."""
+    engine's environment variable, else a local one), workers (None: one per core); sketch: the
+    driver holds no trace's events, the primary rank's traces as their sketches (`audit analyze`,
+    whose rules then run where they are parsed: auditor.rules.primary); False: it parses them
+    (`audit diff`, which compares their events)."""
 
     engine: str = "local"
     address: str | None = None
     workers: int | None = None
+    sketch: bool = False
 
 
 def cores() -> int:
@@ -99,21 +106,41 @@ def _sizes(paths: list[str]) -> int:
     return total
 
 
+def _context():
+    """The multiprocessing context local workers start from: a fork server that has imported the
+    reader once (Linux), else spawn."""
+    import multiprocessing
+
+    if sys.platform == "linux":
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["auditor.evidence.ranks.summary", "auditor.evidence.trace.load"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def in_child(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` run in a process of its own on this machine, which ends when it returns: what it
+    parses and allocates is given back to the system then, and never held by this one. (A worker
+    that dies is the RuntimeError of its exit.)"""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=_context()) as pool:
+        try:
+            return pool.submit(fn, *args).result()
+        except BrokenProcessPool as e:
+            raise RuntimeError(f"the process analysing the primary rank's trace ended early: {e}") from None
+
+
 def _local(paths: list[str], spec: EngineSpec, reduce: Callable[[str], Result]) -> Iterator[tuple[int, Result]]:
     workers = min(spec.workers or cores(), len(paths))
     if workers <= 1 or (spec.workers is None and _sizes(paths) < IN_PROCESS_BYTES):
         for i, p in enumerate(paths):
             yield i, reduce(p)
         return
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    if sys.platform == "linux":
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["auditor.evidence.ranks.summary", "auditor.evidence.trace.load"])
-    else:
-        context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
         futures = {pool.submit(reduce, p): i for i, p in enumerate(paths)}
         try:
             for fut in as_completed(futures):
@@ -170,16 +197,19 @@ def _ray(paths: list[str], spec: EngineSpec, reduce: Callable[[str], Result]) ->
     if not ray.is_initialized():
         address = _address(spec)
         try:
+            # (Ray's own log lines stay in its session's logs: the audit's output is the audit's)
+            quiet = dict(log_to_driver=False, logging_level=logging.ERROR)
             if address is None:
-                ray.init(num_cpus=spec.workers or cores(), include_dashboard=False, log_to_driver=False)
+                ray.init(num_cpus=spec.workers or cores(), include_dashboard=False, **quiet)
             else:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, **quiet)
         except (ConnectionError, RuntimeError, TimeoutError) as e:
-            raise EngineUnavailable(f"--engine ray: cannot reach the cluster at {address}: {e}") from None
+            raise EngineUnavailable(f"--engine ray: cannot reach the cluster at {address}: {e} (a cluster with token "
+                                    f"authentication needs RAY_AUTH_MODE=token and its token here too)") from None
         started = True
     try:
-        task = ray.remote(num_cpus=1)(reduce)
-        refs = [task.remote(p) for p in paths]
+        task = ray.remote(num_cpus=1)(apply)  # (ray.remote takes functions: `reduce` may be a callable Struct)
+        refs = [task.remote(reduce, p) for p in paths]
         index = {r: i for i, r in enumerate(refs)}
         pending = list(refs)
         while pending:
@@ -194,6 +224,11 @@ def _ray(paths: list[str], spec: EngineSpec, reduce: Callable[[str], Result]) ->
     finally:
         if started:
             ray.shutdown()
+
+
+def apply(reduce: Callable[[str], Result], path: str) -> Result:
+    """`reduce(path)`: the task a Ray worker runs."""
+    return reduce(path)
 
 
 def label(path: str) -> str:

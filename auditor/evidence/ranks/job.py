@@ -2,10 +2,12 @@
 from each file's header alone), their reduction on an engine (auditor.evidence.ranks.engines) and
 one Evidence from the summaries (merge_summaries).
 
-The driver never holds more than the summaries, plus the primary rank's own parsed traces (the
-lowest rank's, which the single-rank trace rules read, as they did before ranks were reduced
-apart). A rank whose file cannot be read is listed in RankSet.unread with its reason, and the rest
-are analysed; none readable is the input error of a damaged trace (exit 2).
+The driver of `audit analyze` (EngineSpec.sketch) never holds more than the summaries: the primary
+rank's traces (the lowest rank's), which the single-rank trace rules read, are held as their
+sketches (auditor.evidence.ranks.sketch), made by the worker that reduces them, and the rules that
+read their events run in a process of their own that parses them again (auditor.rules.primary).
+A rank whose file cannot be read is listed in RankSet.unread with its reason, and the rest are
+analysed; none readable is the input error of a damaged trace (exit 2).
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ import msgspec
 from auditor.evidence import model as m
 from auditor.evidence.errors import InputError
 from auditor.evidence.ranks.combine import combine, rank_ranges
-from auditor.evidence.ranks.engines import EngineSpec, Result, reduce_all
+from auditor.evidence.ranks.engines import EngineSpec, Result, in_child, reduce_all
 from auditor.evidence.ranks.model import RankInfo, SyncMap, UnreadRank
-from auditor.evidence.ranks.summary import RankFailure, RankSummary
+from auditor.evidence.ranks.sketch import TraceSketch
+from auditor.evidence.ranks.summary import RankFailure, RankSummary, TraceReducer
 from auditor.evidence.ranks.traces import MAX_RANKS
 
 # What is read of each file at a time to find its header (a header of 8 GPUs' deviceProperties is
@@ -68,15 +71,22 @@ def is_rank_job(files: list[Path]) -> bool:
 
 def merge_rank_traces(files: list[Path], spec: EngineSpec,
                       on_done: Callable[[Result, int, int], None] | None = None) -> m.Evidence:
-    """The merged Evidence of a job's per-rank trace files, each reduced on `spec`'s engine."""
-    results = reduce_all([str(f) for f in files], spec, on_done)
-    return merge_summaries(results)
+    """The merged Evidence of a job's per-rank trace files, each reduced on `spec`'s engine (with
+    EngineSpec.sketch, the primary rank's, by their headers, with their sketches)."""
+    primary: frozenset[str] = frozenset()
+    if spec.sketch:
+        ranked = [(rank, f) for f in files if (rank := header_rank(f)[1]) is not None]
+        lowest = min((r for r, _ in ranked), default=None)
+        primary = frozenset(str(f) for r, f in ranked if r == lowest)
+    results = reduce_all([str(f) for f in files], spec, on_done, reduce=TraceReducer(sketched=primary))
+    return merge_summaries(results, sketch=spec.sketch)
 
 
-def merge_summaries(results: list[Result], load_primary: bool = True) -> m.Evidence:
+def merge_summaries(results: list[Result], load_primary: bool = True, sketch: bool = False) -> m.Evidence:
     """One Evidence from the ranks' summaries: the merged view of every rank read (Evidence.ranks),
-    the primary (lowest) rank's traces parsed again for the trace rules (unless `load_primary` is
-    False), notes on what was not read. Raises InputError when no rank could be read."""
+    the primary (lowest) rank's traces in `trace_data` (unless `load_primary` is False): parsed
+    here, or with `sketch` their sketches (a trace whose summary has none is sketched in a process
+    of its own), notes on what was not read. Raises InputError when no rank could be read."""
     read = [r for r in results if isinstance(r, RankSummary)]
     failed = [r for r in results if isinstance(r, RankFailure)]
     nameless = [r for r in read if r.rank is None]
@@ -120,7 +130,7 @@ def merge_summaries(results: list[Result], load_primary: bool = True) -> m.Evide
             m.add_load_note(ev, f"{Path(s.path).name}: {s.digest.dropped}")
     ev.ranks = rs
     parsed = []
-    if load_primary:
+    if load_primary and not sketch:
         from auditor.evidence.trace.load import load_trace
 
         for path in primary.traces:
@@ -128,6 +138,32 @@ def merge_summaries(results: list[Result], load_primary: bool = True) -> m.Evide
                 parsed.append(load_trace(path))
             except InputError as e:  # (it was read by its worker: changed since)
                 m.add_load_note(ev, f"profiler trace not analysed: {e}")
+    elif load_primary:
+        from auditor.evidence.ranks.sketch import sketched
+
+        kept = {s.path: s.sketch for s in read if s.rank == primary.rank and s.sketch is not None}
+        missing = [p for p in primary.traces if p not in kept]
+        if missing:
+            kept.update(zip(missing, in_child(sketch_files, missing)))
+        for path in primary.traces:
+            if isinstance(kept[path], str):  # (it was read by its worker: changed since)
+                m.add_load_note(ev, f"profiler trace not analysed: {kept[path]}")
+            else:
+                parsed.append(sketched(kept[path]))
     ev.__dict__["trace_data"] = parsed
     ev.__dict__["snapshot_data"] = []
     return ev
+
+
+def sketch_files(paths: list[str]) -> list[TraceSketch | str]:
+    """Each trace's sketch, or the reason it cannot be read (one line)."""
+    from auditor.evidence.ranks.sketch import sketch_trace
+    from auditor.evidence.trace.load import load_trace
+
+    out: list[TraceSketch | str] = []
+    for path in paths:
+        try:
+            out.append(sketch_trace(load_trace(path)))
+        except InputError as e:
+            out.append(str(e))
+    return out

@@ -19,6 +19,7 @@ import msgspec
 
 from auditor.evidence import model as m
 from auditor.evidence.ranks.model import RankInfo, SyncMap
+from auditor.evidence.ranks.sketch import TraceSketch
 
 
 class TraceDigest(msgspec.Struct):
@@ -71,7 +72,8 @@ class RankSummary(msgspec.Struct):
     auditor.evidence.ranks.traces / runs make it); syncs: the ms it spent in each sync point, by
     step (what combine compares across ranks); digest: counts of the trace (None for a run
     directory); run: a run directory's facts (None for a trace); bytes: the size of what was read;
-    seconds: how long reading and reducing took."""
+    seconds: how long reading and reducing took; sketch: the trace as the driver's reports read
+    it (auditor.evidence.ranks.sketch), made for the primary rank alone (None for the others)."""
 
     path: str
     rank: int | None
@@ -83,6 +85,7 @@ class RankSummary(msgspec.Struct):
     run: RunFacts | None = None
     bytes: int = 0
     seconds: float = 0.0
+    sketch: TraceSketch | None = None
 
 
 class RankFailure(msgspec.Struct):
@@ -114,11 +117,12 @@ def trace_hostname(metadata: dict) -> str:
 _ONE_AT_A_TIME = threading.Lock()
 
 
-def reduce_trace(path: str, workers: int | None = 0) -> RankSummary | RankFailure:
+def reduce_trace(path: str, workers: int | None = 0, sketch: bool = False) -> RankSummary | RankFailure:
     """Parse one rank's trace and reduce it to a RankSummary; a RankFailure when it cannot be read.
 
     `workers`: processes that decode the file (auditor.evidence.trace.load.load_trace); 0 parses
-    in this process, which is right when ranks are already reduced in parallel, one per core."""
+    in this process, which is right when ranks are already reduced in parallel, one per core.
+    `sketch`: also keep the trace's sketch (RankSummary.sketch), as the primary rank's is kept."""
     from auditor.evidence.errors import InputError
     from auditor.evidence.ranks.traces import info_from_traces, trace_rank, trace_world_size
     from auditor.evidence.trace.load import load_trace
@@ -136,8 +140,24 @@ def reduce_trace(path: str, workers: int | None = 0) -> RankSummary | RankFailur
     host = trace_hostname(trace.metadata)
     info = msgspec.structs.replace(info, hostname=host)
     digest = _digest(trace)
+    kept = None
+    if sketch:
+        from auditor.evidence.ranks.sketch import sketch_trace
+
+        kept = sketch_trace(trace)
     return RankSummary(path=str(path), rank=rank, world_size=trace_world_size(trace), hostname=host, info=info,
-                       syncs=syncs, digest=digest, bytes=_size(path), seconds=round(time.perf_counter() - started, 4))
+                       syncs=syncs, digest=digest, bytes=_size(path), seconds=round(time.perf_counter() - started, 4),
+                       sketch=kept)
+
+
+class TraceReducer(msgspec.Struct, frozen=True):
+    """reduce_trace as an engine runs it on each rank's trace: `sketched` names the traces (the
+    primary rank's) whose sketch is kept too. (A Struct: it travels to the workers by pickle.)"""
+
+    sketched: frozenset[str] = frozenset()
+
+    def __call__(self, path: str) -> RankSummary | RankFailure:
+        return reduce_trace(path, sketch=str(path) in self.sketched)
 
 
 def summarize_run(ev: m.Evidence, path: str | Path, seconds: float = 0.0) -> RankSummary:
