@@ -141,11 +141,14 @@ def count(what: str, args: tuple, out: Any, frame: FrameType | None, flops: int 
         return
     if what == "Tensor.contiguous" and args and out is args[0]:
         return  # already contiguous: no copy
-    nbytes = out.nbytes if type(out) is _Tensor else _nbytes(out)
-    if what not in SHAPE_ONLY:
-        for a in args:
-            if isinstance(a, _Tensor):
-                nbytes += a.nbytes
+    try:
+        nbytes = out.nbytes if type(out) is _Tensor else _nbytes(out)
+        if what not in SHAPE_ONLY:
+            for a in args:
+                if isinstance(a, _Tensor):
+                    nbytes += a.nbytes
+    except RuntimeError:  # a sparse COO tensor has no nbytes: the launch is counted, its size not known
+        nbytes = 0
     if flops:
         dtype = str(out.dtype).replace("torch.", "") if isinstance(out, _Tensor) else ""
         fixed = (("bytes_class", nbytes.bit_length()), ("flops_class", int(flops).bit_length()), ("dtype", dtype))
