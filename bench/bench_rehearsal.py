@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-DEFAULT = ("gpu_clean", "gpu_amp", "gpu_cuda_everywhere", "gpu_dataset_cuda")
+DEFAULT = ("gpu_clean", "gpu_amp", "gpu_cuda_everywhere", "gpu_dataset_cuda", "gpu_small_launches")
 WARMUP = 5
 RUN = r'''
 import importlib.util, json, sys, time

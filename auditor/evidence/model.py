@@ -67,6 +67,14 @@ DEVICE_MATMUL = "device-matmul"
 # an in-place update of a parameter that has a gradient, by the user's code outside Optimizer.step
 # (`p.data.add_(p.grad, alpha=-lr)`); data: numel (the parameter's)
 PARAM_UPDATE = "param-update"
+# the kernel launches the program's GPU calls would make, per call site and op (what: "Tensor.mul_",
+# "F.linear" ...; count: launches) and size class: data: bytes_class and flops_class (bit lengths of
+# one launch's bytes moved and FLOPs), dtype (of the output: the FLOPs' precision), bytes and flops
+# (sums over the launches: bytes moved is the tensor inputs read plus the outputs written; FLOPs are
+# known for matmuls and convolutions, 0 elsewhere). Views and metadata (view, reshape, size, detach,
+# transpose, expand ...) launch nothing and are not counted; nor is torch.optim's own code (on a GPU
+# it takes its foreach path, a few launches for all parameters).
+DEVICE_LAUNCH = "device-launch"
 # time a step spent at a line of the user's code (sampled; library calls below it charged to it):
 # count: samples, ms: time charged (auditor.capture.lines)
 LINE_TIME = "line-time"

@@ -1,18 +1,34 @@
 """launch-bound: the GPU waiting on the host's launches: gaps that end with a late launch, and kernels that run
-shorter than the host call that launches them."""
+shorter than the host call that launches them; in CUDA rehearsal, the step's launches of kernels too small to
+outlast their launch on the device model's row."""
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
+from typing import Iterable
 
 import numpy as np
 
+from auditor.evidence import model as m
 from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.gaps import gap_table
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.names import COMM_KERNEL, GRAPH_LAUNCH
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
+from auditor.rules._support.gpu_costs import estimate_device, kernel_us, launch_cost
+from auditor.rules._support.places import steps_run
+from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, TraceRule
+from auditor.rules.suppression import unsuppressed
 from auditor.findings import Cost, Finding, Fix, Location
+
+_FIX = Fix(summary="Give kernels more work or fewer launches: larger batches, fused ops "
+                   "(foreach/fused optimizers), torch.compile, CUDA graphs.",
+           config={"torch.compile": {"mode": "reduce-overhead"}, "optimizer": {"foreach": True}})
+_REHEARSED_FIX = Fix(summary="Batch the per-element loop into whole-tensor ops (nn.RNN/nn.LSTM/nn.GRU for a "
+                             "recurrence, one op over a stacked tensor for a loop over items, torch._foreach_* for "
+                             "a loop over parameters), or let torch.compile fuse it (mode=\"reduce-overhead\" also "
+                             "captures the step in CUDA graphs: one launch for all its kernels).",
+                     config={"torch.compile": {"mode": "reduce-overhead"}, "optimizer": {"foreach": True}})
 
 
 class LaunchBound(TraceRule):
@@ -41,6 +57,19 @@ class LaunchBound(TraceRule):
         their launch), but that is 31% of its kernels, their launches outlast them by 3.0 ms in all
         in a 1.2 s step, its launch-starved gaps are 8.4 ms (0.7% of the step), and that step's
         GPU idle time is spent waiting for data (gpu-idle, dataloader-bound): quiet.
+        In CUDA rehearsal (CUDA code run on the CPU, where no kernel runs), the step's kernel
+        launches are counted instead (auditor.capture.rehearsal.launches): each torch call of
+        GPU tensors that computes is one launch (views and metadata launch nothing; torch.optim's
+        own code is left out, as on a GPU it takes its foreach path), at the user's line, with the
+        bytes it moves and its FLOPs. Each is priced on the device model's row (`--device`, else
+        the default A100 SXM4 80GB): its bytes at the row's memory bandwidth, its FLOPs at its
+        peak; a launch is small when that is under the row's launch latency (5 us on NVIDIA rows,
+        7 us on AMD's). Reported when the step makes at least `min-small-launches-per-step` small
+        launches AND they are at least `min-small-launch-share` of its launches, with the lines
+        that make the most, and an estimated cost: small launches per step x the row's launch
+        latency. On examples/gpu_small_launches.py (a character RNN's recurrence as a Python loop
+        over 64 time steps, four kernels each) 261 launches a step, all small: 256 at the loop's
+        line, 1.305 ms/step on the A100 row, 1.827 ms/step on the MI300X's.
 
     Why it costs:
         When each kernel takes less time than its launch, the GPU finishes it and waits for the next:
@@ -51,17 +80,23 @@ class LaunchBound(TraceRule):
             p.data.mul_(0.999).add_(p.grad, alpha=-lr)
 
     Fix:
-        Give each kernel more work (a larger batch), use fused implementations (`foreach=True` /
-        `fused=True` optimizers, fused attention), `torch.compile` to fuse elementwise chains, or
-        capture the step in CUDA graphs (`torch.compile(mode="reduce-overhead")`).
+        Give each kernel more work (a larger batch), batch a per-element Python loop into
+        whole-tensor ops (nn.RNN/nn.LSTM for a recurrence, `torch._foreach_*` for a loop over
+        parameters), use fused implementations (`foreach=True` / `fused=True` optimizers, fused
+        attention), `torch.compile` to fuse elementwise chains, or capture the step in CUDA graphs
+        (`torch.compile(mode="reduce-overhead")`).
 
     Evidence needed:
-        A profiler trace with CUDA or ROCm activity (kernels and the runtime calls that launched them).
+        A profiler trace with CUDA or ROCm activity (kernels and the runtime calls that launched
+        them), or a CUDA rehearsal (`audit run` of CUDA code on a machine without a GPU, or
+        `--rehearse`: launches counted, their cost estimated for the device model's row).
     """
 
     id = "launch-bound"
     title = "The GPU waits on kernel launches"
     severity = "warning"
+    needs = frozenset({"trace", "run"})
+    needs_text = "needs a profiler trace with CUDA activity, or a CUDA rehearsal (`audit run` of CUDA code)"
     options = (
         Option("min-kernels-per-step", 100,
                "Report when at least this many kernels per step run shorter than their launch."),
@@ -70,7 +105,88 @@ class LaunchBound(TraceRule):
                "Launch-starved idle: gaps shorter than this (us) whose next op's launch began after the gap began."),
         Option("min-gaps-per-step", 100, "Report launch-starved idle when at least this many such gaps per step ..."),
         Option("min-starved-share", 0.2, "... and their idle is at least this share of the median step."),
+        Option("min-small-launches-per-step", 200,
+               "CUDA rehearsal: report when the step's GPU calls launch at least this many kernels a step that "
+               "would run shorter than their launch on the device model's row ..."),
+        Option("min-small-launch-share", 0.5, "... and they are at least this share of the step's launches."),
+        Option("min-site-share", 0.1,
+               "CUDA rehearsal: name a line when it makes at least this share of the small launches."),
     )
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        if ev.trace_data or ev.environment.rehearsal:
+            return None
+        return self.needs_text
+
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
+        yield from self.trace_findings(ev, options)
+        if ev.environment.rehearsal and ev.steps:
+            found = self._rehearsed(ev, options)
+            if found is not None:
+                yield found
+
+    def _rehearsed(self, ev: m.Evidence, options: Options) -> Finding | None:
+        """The step's kernel launches counted in CUDA rehearsal (evidence.model.DEVICE_LAUNCH),
+        each priced on the device model's row (gpu_costs.kernel_us: its bytes at the row's memory
+        bandwidth, its FLOPs at the row's peak) and called small when that is under the row's
+        launch latency."""
+        pairs = ev.tallies(m.DEVICE_LAUNCH)
+        if not pairs:
+            return None
+        device, _ = estimate_device(ev)
+        n = steps_run(ev)
+        launches = small = 0
+        largest_small = 0.0  # bytes of the largest small launch (a class's mean)
+        at: dict[tuple, dict] = defaultdict(lambda: {"launches": 0, "small": 0, "ops": Counter(), "where": None})
+        for _, t in pairs:
+            launches += t.count
+            nbytes, flops = t.data.get("bytes", 0) / t.count, t.data.get("flops", 0) / t.count
+            site = at[(t.where.file, t.where.line) if t.where else (None, None)]
+            site["where"] = t.where
+            site["launches"] += t.count
+            if kernel_us(device, nbytes, flops, t.data.get("dtype", "")) < device.launch_us:
+                small += t.count
+                largest_small = max(largest_small, nbytes)
+                site["small"] += t.count
+                site["ops"][t.what] += t.count
+        share = small / launches
+        if small / n < options.min_small_launches_per_step or share < options.min_small_launch_share:
+            return None
+        ranked = sorted((s for s in at.values() if s["small"]), key=lambda s: -s["small"])
+        named = [s for s in ranked if s["small"] >= options.min_site_share * small][:5] or ranked[:1]
+        named = unsuppressed(self.id, named, lambda s: s["where"])
+        first = named[0]["where"].file if named[0]["where"] else None
+        cost = launch_cost(ev, small / n, "small kernel launches",
+                           f"each of these kernels moves at most {largest_small / 1e3:.0f} KB, under "
+                           f"{device.launch_us:g} us at the row's {device.mem_bw_gbs:g} GB/s of memory bandwidth "
+                           "(FLOPs at its peak); a lower bound: a rehearsal does not see the backward pass's "
+                           "launches")
+        message = (
+            f"On an {device.name}, {per_step(small / n)} of the step's {per_step(launches / n)} kernel launches "
+            f"({share:.0%}) would run shorter than their launch ({device.launch_us:g} us): each moves at most "
+            f"{largest_small / 1e3:.0f} KB, under {device.launch_us:g} us at {device.mem_bw_gbs:g} GB/s, so the GPU "
+            "would wait on the host's launches; most come from "
+            + "; ".join(f"{', '.join(f'{op} x{per_step(k / n)}' for op, k in s['ops'].most_common(3))} per step at "
+                        f"{line_ref(s['where'].file if s['where'] else None, s['where'].line if s['where'] else None, first)}"
+                        for s in named)
+            + f". About {cost.ms_per_step:g} ms/step of launch time (estimated; the backward pass's launches, "
+            "not seen in a rehearsal, add to it).")
+        return self.finding(
+            message,
+            locations=[Location.of(s["where"]) for s in named if s["where"] is not None],
+            evidence={"source": "rehearsal", "device": device.key, "steps": n,
+                      "launches_per_step": round(launches / n, 2), "small_launches_per_step": round(small / n, 2),
+                      "small_share": round(share, 4), "launch_us": device.launch_us,
+                      "mem_bw_gbs": device.mem_bw_gbs,
+                      "sites": [{"file": s["where"].file if s["where"] else None,
+                                 "line": s["where"].line if s["where"] else None,
+                                 "launches_per_step": round(s["launches"] / n, 2),
+                                 "small_launches_per_step": round(s["small"] / n, 2),
+                                 "ops": {op: round(k / n, 2) for op, k in s["ops"].most_common(5)}}
+                                for s in ranked[:8]]},
+            cost=cost,
+            fix=_REHEARSED_FIX,
+        )
 
     def check_trace(self, trace: Trace, options: Options) -> Finding | None:
         steps = trace.step_count()
@@ -135,9 +251,7 @@ class LaunchBound(TraceRule):
             locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
             evidence=evidence,
             cost=cost,
-            fix=Fix(summary="Give kernels more work or fewer launches: larger batches, fused ops "
-                            "(foreach/fused optimizers), torch.compile, CUDA graphs.",
-                    config={"torch.compile": {"mode": "reduce-overhead"}, "optimizer": {"foreach": True}}),
+            fix=_FIX,
         )
 
     @staticmethod

@@ -18,7 +18,7 @@ def run(request):
     return request.getfixturevalue("rehearsed")
 
 
-def only(a, rule_id: str, name: str) -> dict:
+def only(a, rule_id: str, name: str, estimated: float | None = None) -> dict:
     assert a.returncode == 0, a.stderr[-3000:]
     found = a.rule(rule_id)
     assert len(found) == 1, [(f["rule"], f["message"]) for f in a.findings]
@@ -27,7 +27,8 @@ def only(a, rule_id: str, name: str) -> dict:
     assert lines
     assert {(loc["file"], loc["line"]) for loc in f["locations"]} == {(str(EXAMPLES / f"{name}.py"), n)
                                                                      for n in lines}
-    assert f["cost"]["measured"] is False and f["cost"]["ms_per_step"] is None  # counted, never timed
+    assert f["cost"]["measured"] is False  # counted, never timed; estimated for the device model's row, or not
+    assert f["cost"]["ms_per_step"] == (pytest.approx(estimated) if estimated is not None else None)
     return f
 
 
@@ -64,10 +65,14 @@ def test_convnet_twin_with_benchmark_and_autocast_is_silent(run):
 
 
 def test_manual_update_loop(run):
-    f = only(run("gpu_manual_update"), "manual-update", "gpu_manual_update")
-    # 3 Linear layers: 6 parameters, each updated once a step
+    # 3 Linear layers: 6 parameters, each updated once a step at one line: 5 launches a step more
+    # than the one torch._foreach_add_ would make, x 5 us on the default row (A100 SXM4 80GB)
+    f = only(run("gpu_manual_update"), "manual-update", "gpu_manual_update", estimated=5 * 5 / 1e3)
     assert f["evidence"]["updates_per_step"] == 6.0
     assert [s["what"] for s in f["evidence"]["sites"]] == ["Parameter.data.add_"]
+    assert f["cost"]["within"] == "launch-bound" and "A100 SXM4 80GB" in f["cost"]["note"]
+    assert "1 launch(es) torch._foreach_* would make" in f["cost"]["note"]
+    assert run("gpu_manual_update").rule("launch-bound") == []  # 12 launches a step: not a launch-bound step
 
 
 def test_blocking_pinned_copy(run):

@@ -64,6 +64,20 @@ class Recorder:
             t["count"] += 1
             t["ms"] += ms
 
+    def add_sums(self, kind: str, what: str, where: FrameKey, fixed: tuple, **sums: Any) -> None:
+        """One more call at `where`, one tally per (kind, what, where, fixed): `fixed` is its
+        (name, value) pairs of data that tell tallies apart, `sums` is data added up over the calls."""
+        key = (kind, what, where, fixed)
+        t = self.tallies.get(key)
+        if t is None:
+            self.tallies[key] = {"kind": kind, "what": what, "where": where, "count": 1, "ms": 0.0,
+                                 "data": {**dict(fixed), **sums}}
+        else:
+            t["count"] += 1
+            data = t["data"]
+            for k, v in sums.items():
+                data[k] += v
+
     def hook_added(self, what: str, where: FrameKey, holder: Any, held: int) -> None:
         """A hook registered at `where` on `holder` (a tensor, a module), which holds `held`
         hooks of that kind now: the step's tally keeps the most, and on how many holders."""

@@ -567,7 +567,8 @@ FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
 
 
 _compiling = torch.compiler.is_compiling
-# Called with (func, args, out, frame) after each call of GPU tensors (rehearsal.ops.observe, which records matmuls, convolutions and parameter updates), when set
+# Called with (func, args, out, frame) after each call of GPU tensors and each factory asked for
+# the GPU (rehearsal.ops.observe: matmuls, convolutions, parameter updates, kernel launches), when set
 OBSERVE: Callable[[Callable, tuple, Any, FrameType | None], None] | None = None
 
 
@@ -650,6 +651,8 @@ class RehearsalMode(TorchFunctionMode):
         if requested:
             _mark_results(out, args, kwargs)
             self._requested(func, out, args, sys._getframe(2))
+            if OBSERVE is not None:  # (a factory's fill on the GPU is a kernel launch)
+                OBSERVE(func, args, out, sys._getframe(2))
         elif on_gpu_inputs:
             _mark_results(out, args, kwargs)
             if OBSERVE is not None:

@@ -1,8 +1,8 @@
 """CUDA rehearsal, the compute side: what the program's GPU calls would run as on a GPU.
 
 The rehearsal's mode (`device.RehearsalMode`) hands every call with an input meant for the GPU to
-`observe(func, args, out, frame)` after it ran, for the calls in `OBSERVED` only (one dict lookup
-per GPU call otherwise). Two things are recorded, as probe tallies:
+`observe(func, args, out, frame)` after it ran (one dict lookup per call finds what to do with it).
+Three things are recorded, as probe tallies:
 
 * `device-matmul`: a matrix multiply or convolution of GPU tensors (`F.linear`, `@`, `mm`, `bmm`,
   `conv1d/2d/3d`): its input's dtype, whether autocast was on, its input shape, its FLOPs, and the
@@ -12,6 +12,8 @@ per GPU call otherwise). Two things are recorded, as probe tallies:
   outside `Optimizer.step` (`p.data.add_(p.grad, alpha=-lr)`, `p -= lr * p.grad` under `no_grad`):
   a hand-written update loop, one kernel per parameter and operation where a foreach or fused
   optimizer launches a few. `manual-update` reads them.
+* `device-launch` (auditor.capture.rehearsal.launches): every call that launches a kernel on a GPU,
+  counted at the user's line with the bytes it moves and its FLOPs. `launch-bound` reads them.
 
 Nothing here changes a call's arguments or results.
 """
@@ -23,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from auditor.capture import probes
+from auditor.capture.rehearsal import launches
 from auditor.capture.rehearsal.device import PARAM_OF, call_site, caller_is_user
 from auditor.evidence import model as m
 
@@ -123,14 +126,31 @@ OBSERVED: dict[Any, Callable[[Callable, tuple, Any, FrameType | None], None]] = 
 }
 
 
+# func -> (its OBSERVED recorder or None, the op's name if a call launches a kernel or None, its
+# FLOPs function or None): resolved at a function's first call, then one lookup a call
+_ENTRIES: dict[Any, tuple[Callable | None, str | None, Callable[[tuple, Any], int] | None]] = {}
+
+
+def _entry(func: Callable) -> tuple[Callable | None, str | None, Callable[[tuple, Any], int] | None]:
+    matmul = _MATMULS.get(func)
+    entry = _ENTRIES[func] = (OBSERVED.get(func), launches.launch_name(func), matmul[1] if matmul else None)
+    return entry
+
+
 def observe(func: Callable, args: tuple, out: Any, frame: FrameType | None) -> None:
-    """Record `func`'s call if it is one of OBSERVED (called by the mode after a GPU call ran)."""
+    """Record `func`'s call if it is one of OBSERVED, and count the kernel it launches (called by
+    the mode after a GPU call ran)."""
     try:
-        seen = OBSERVED.get(func)
+        seen, launch, flops = _ENTRIES[func]
+    except KeyError:
+        seen, launch, flops = _entry(func)
     except TypeError:  # (unhashable)
         return
     if seen is not None:
         seen(func, args, out, frame)
+    if launch is not None:
+        launches.count(launch, args, out, frame, flops(args, out) if flops is not None and len(args) > 1
+                       and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor) else 0)
 
 
 def install() -> None:

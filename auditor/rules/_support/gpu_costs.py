@@ -45,3 +45,22 @@ def copy_cost(ev: Evidence, bytes_per_step: float) -> Cost:
                              f"{device.pcie_pageable_gbs:g} GB/s from pageable memory, blocking the host "
                              f"({pinned:.3f} ms at {device.pcie_pinned_gbs:g} GB/s pinned, overlappable); typical "
                              "achieved bandwidths, not vendor-stated")
+
+
+def kernel_us(device: DeviceSpec, nbytes: float, flops: float, dtype: str = "") -> float:
+    """A kernel's time on `device`, from what it moves and computes: its bytes at the row's memory
+    bandwidth or its FLOPs at the row's peak for its dtype (fp32 when not known), whichever is longer."""
+    memory = nbytes / (device.mem_bw_gbs * 1e9) * 1e6
+    compute = flops / (device.peak_tflops(dtype or "float32") * 1e12) * 1e6 if flops else 0.0
+    return max(memory, compute)
+
+
+def launch_cost(ev: Evidence, per_step: float, what: str, basis: str = "") -> Cost:
+    """`per_step` kernel launches a step whose kernels run shorter than their launch: each costs
+    the GPU the host's launch time (the row's launch_us), as it waits for the next kernel.
+    `basis`: what else the note says of the figures (appended after "; ")."""
+    device, named = estimate_device(ev)
+    ms = per_step * device.launch_us / 1e3
+    return estimated(ev, ms, f"estimated for {named}: {per_step:g} {what}/step x {device.launch_us:g} us launch "
+                             "each (typical, not vendor-stated): the host's launch time, which the GPU waits for "
+                             "when a kernel runs shorter than its launch" + (f"; {basis}" if basis else ""))

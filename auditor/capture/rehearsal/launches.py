@@ -1,0 +1,157 @@
+"""CUDA rehearsal, the launch side: how many kernels the program's GPU calls would launch a step.
+
+`rehearsal.ops.observe` passes on each call of GPU tensors that launches a kernel on a GPU (the
+op's name from `launch_name`, resolved once per function); `count` adds it to the step's
+`device-launch` tally at the user's line (see evidence.model.DEVICE_LAUNCH), with the bytes it
+moves (its tensor inputs read, its outputs written) and its FLOPs where known (matmuls,
+convolutions), in size classes so that the rules can price each launch on any device row.
+
+One call counts as one launch. That is a lower bound: a composite op (cross_entropy, an LSTM
+layer, multi-head attention) launches a few kernels on a GPU, and the backward pass, which
+autograd runs in C++, is not seen at all. Not counted:
+* views and metadata (view, reshape, size, detach, transpose, expand, basic indexing ...), which
+  launch nothing, and host reads (item, tolist: syncs and copies, counted by their own rules);
+* torch.optim's own code (`Optimizer.step`, `zero_grad`): torch's optimizers default to their
+  foreach implementation on CUDA, a few launches for all parameters, but a rehearsal runs them on
+  the CPU, where they take the per-parameter loop, ~10 launches per parameter that a GPU run does
+  not make. Counted, that loop would call every trainer launch-bound. An optimizer written in the
+  user's code (its own `step`) is counted as it runs, as is a hand-written update loop.
+
+Nothing here changes a call's arguments or results.
+"""
+from __future__ import annotations
+
+import os
+from types import FrameType
+from typing import Any, Callable
+
+import torch
+
+from auditor.capture import probes
+from auditor.capture.frames import code_kinds, library_code
+from auditor.capture.rehearsal.device import call_site
+from auditor.evidence import model as m
+
+_Tensor = torch.Tensor
+
+# Functions (by name) whose call on a GPU launches no kernel: views and metadata, host reads,
+# factories that only allocate, and calls that are not one kernel (backward).
+NO_LAUNCH = frozenset((
+    "view", "view_as", "reshape", "reshape_as", "size", "stride", "dim", "ndimension", "numel", "nelement",
+    "element_size", "storage_offset", "is_contiguous", "is_floating_point", "is_complex", "is_signed",
+    "detach", "detach_", "t", "t_", "transpose", "transpose_", "permute", "expand", "expand_as", "as_strided",
+    "unsqueeze", "unsqueeze_", "squeeze", "squeeze_", "flatten", "unflatten", "narrow", "select", "split",
+    "split_with_sizes", "chunk", "unbind", "tensor_split", "hsplit", "vsplit", "dsplit", "movedim", "moveaxis",
+    "swapaxes", "swapdims", "diagonal", "real", "imag", "view_as_real", "view_as_complex", "unfold",
+    "requires_grad_", "retain_grad", "register_hook", "data_ptr", "untyped_storage", "storage", "__len__",
+    "__iter__", "__hash__", "__get__", "__set__", "__reduce_ex__", "__setstate__", "__getstate__", "__format__",
+    "__repr__", "__str__", "__array__", "__dlpack__", "item", "tolist", "__bool__", "__int__", "__float__",
+    "__index__", "__complex__", "numpy", "backward", "has_names", "rename", "refine_names", "is_set_to",
+    "new_empty", "new_empty_strided", "empty_like", "empty", "empty_strided", "tensor", "as_tensor", "asarray",
+    "from_numpy", "get_device", "type", "is_pinned", "pin_memory", "record_stream", "resize_", "resize_as_",
+    "set_", "is_inference", "dim_order", "align_as", "align_to",
+))
+
+# Ops that take their tensor inputs' shape only (and fills, which write without reading): their
+# bytes moved are their outputs'.
+SHAPE_ONLY = frozenset((
+    "Tensor.new_zeros", "Tensor.new_ones", "Tensor.new_full", "torch.zeros_like", "torch.ones_like",
+    "torch.full_like", "torch.rand_like", "torch.randn_like", "torch.randint_like", "Tensor.zero_", "Tensor.fill_",
+    "Tensor.normal_", "Tensor.uniform_", "Tensor.bernoulli_", "Tensor.random_", "Tensor.exponential_",
+))
+
+_NO_FLOPS = [(("bytes_class", b), ("flops_class", 0), ("dtype", "")) for b in range(80)]  # by bytes class
+
+_OPTIM_DIR = os.path.normcase(os.path.realpath(os.path.dirname(torch.optim.__file__))) + os.sep
+_optim_code: dict[int, bool] = {}  # id(code) -> whether it is torch.optim's (the code kept in _KEPT)
+_KEPT: list = []
+_SITES: dict[tuple[int, int], tuple[str, int, str] | None] = {}  # (id(user code), f_lasti) -> call_site
+
+
+def op_name(func: Callable) -> str:
+    """How a finding names the op: "Tensor.mul_", "torch.tanh", "F.linear"."""
+    name = getattr(func, "__name__", "op")
+    qual = getattr(func, "__qualname__", name) or name
+    module = getattr(func, "__module__", "") or ""
+    if qual.split(".")[0] in ("TensorBase", "Tensor", "_TensorBase"):
+        return f"Tensor.{name}"
+    if module.startswith("torch.nn.functional") or module == "torch._C._nn":
+        return f"F.{name}"
+    return f"torch.{name}"
+
+
+def launch_name(func: Callable) -> str | None:
+    """The op's name when its call on GPU tensors launches a kernel on a GPU; None when it does not."""
+    name = getattr(func, "__name__", None)
+    if not isinstance(name, str) or name in NO_LAUNCH:
+        return None
+    return op_name(func)
+
+
+def _indexing_launches(args: tuple) -> bool:
+    """`t[index]`: a gather kernel for a tensor or list index; a view for ints, slices, None and ..."""
+    index = args[1] if len(args) > 1 else None
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, (_Tensor, list)) for p in parts)
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, _Tensor):
+        return x.nbytes
+    if isinstance(x, (tuple, list)):
+        return sum(t.nbytes for t in x if isinstance(t, _Tensor))
+    return 0
+
+
+def _in_optim(frame: FrameType) -> bool:
+    code = frame.f_code
+    v = _optim_code.get(id(code))
+    if v is None:
+        v = _optim_code[id(code)] = os.path.normcase(os.path.realpath(code.co_filename)).startswith(_OPTIM_DIR)
+        _KEPT.append(code)
+    return v
+
+
+def _site(frame: FrameType) -> tuple[str, int, str] | None:
+    """`device.call_site(frame)`, cached per instruction of the first user frame above `frame`."""
+    f: FrameType | None = frame
+    kinds = code_kinds
+    while f is not None:
+        code = f.f_code
+        k = kinds.get(id(code))
+        if k is None:
+            k = 1 if library_code(code) else 0  # (which keeps the code object: its id stays its own)
+        if k == 0:
+            key = (id(code), f.f_lasti)
+            try:
+                return _SITES[key]
+            except KeyError:
+                where = _SITES[key] = call_site(f)
+                return where
+        f = f.f_back
+    return call_site(frame)
+
+
+def count(what: str, args: tuple, out: Any, frame: FrameType | None, flops: int = 0) -> None:
+    """One launch of `what` (a GPU call that ran with `args` and returned `out`) at the user's line."""
+    rec = probes.REC
+    if rec is None or not rec.active or rec.in_data or frame is None or _in_optim(frame):
+        return
+    if what == "Tensor.__getitem__" and not _indexing_launches(args):
+        return
+    if what == "Tensor.contiguous" and args and out is args[0]:
+        return  # already contiguous: no copy
+    try:
+        nbytes = out.nbytes if type(out) is _Tensor else _nbytes(out)
+        if what not in SHAPE_ONLY:
+            for a in args:
+                if isinstance(a, _Tensor):
+                    nbytes += a.nbytes
+    except RuntimeError:  # a sparse COO tensor has no nbytes: the launch is counted, its size not known
+        nbytes = 0
+    if flops:
+        dtype = str(out.dtype).replace("torch.", "") if isinstance(out, _Tensor) else ""
+        fixed = (("bytes_class", nbytes.bit_length()), ("flops_class", int(flops).bit_length()), ("dtype", dtype))
+    else:
+        fixed = _NO_FLOPS[nbytes.bit_length()]
+    rec.add_sums(m.DEVICE_LAUNCH, what, _site(frame), fixed, bytes=nbytes, flops=flops)

@@ -1,0 +1,124 @@
+"""launch-bound in CUDA rehearsal: the kernel launches a step's GPU calls would make, counted per
+line (auditor.capture.rehearsal.launches), priced on the device model's row, on
+examples/gpu_small_launches.py (an RNN's recurrence as a Python loop over time steps) and its clean
+twin (the same RNN in one nn.RNN call). manual-update's launch estimate is tested with its example
+in test_gpu_patterns.py."""
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from conftest import EXAMPLES, audit, expected_lines
+from auditor.evidence import model as m
+from auditor.evidence.devices import DEFAULT_DEVICE, find_device
+from auditor.evidence.store import load_run_dir
+from auditor.rules.engine import run_rules
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+EXAMPLE = EXAMPLES / "gpu_small_launches.py"
+
+
+def sizes() -> dict[str, int]:
+    """The example's own loop sizes (`VOCAB, HIDDEN, SEQ, BATCH = ...`), read from its source."""
+    for node in ast.parse(EXAMPLE.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple):
+            names = [t.id for t in node.targets[0].elts]
+            if "SEQ" in names:
+                return dict(zip(names, ast.literal_eval(node.value)))
+    raise AssertionError("no sizes in the example")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both examples audited once (rehearsed: no GPU here), --no-profile (no trace to read)."""
+    out = tmp_path_factory.mktemp("launches")
+    return {name: audit("run", f"examples/{name}.py:step", "--steps", str(STEPS), "--quiet", "--no-profile",
+                        out=out / name)
+            for name in ("gpu_small_launches", "gpu_small_launches_clean")}
+
+
+def launch_tallies(evidence: dict) -> list[dict]:
+    return [t for s in evidence["steps"] for t in s["tallies"] if t["kind"] == m.DEVICE_LAUNCH]
+
+
+def test_the_loop_line_is_launch_bound_with_its_count_and_estimate(runs):
+    a = runs["gpu_small_launches"]
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    (f,) = a.rule("launch-bound")
+    seq = sizes()["SEQ"]
+    # per time step at the loop's line: two linear layers, their sum and the tanh; once a step: the
+    # embedding, the zero state, the stack, the head and the loss (the backward is not seen)
+    at_loop, per_step = 4 * seq, 4 * seq + 5
+    loop_line = expected_lines(EXAMPLE, "launch-bound")
+    assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(EXAMPLE), n) for n in loop_line]
+    ev = f["evidence"]
+    assert ev["source"] == "rehearsal" and ev["device"] == DEFAULT_DEVICE and ev["steps"] == STEPS
+    assert ev["launches_per_step"] == per_step and ev["small_launches_per_step"] == per_step  # all tiny
+    top = ev["sites"][0]
+    assert (top["line"], top["small_launches_per_step"]) == (loop_line[0], at_loop)
+    assert top["ops"] == {"F.linear": 2 * seq, "Tensor.add": seq, "torch.tanh": seq}
+    row = find_device(DEFAULT_DEVICE)
+    assert f["cost"]["measured"] is False
+    assert f["cost"]["ms_per_step"] == pytest.approx(per_step * row.launch_us / 1e3)  # 261 x 5 us
+    assert row.name in f["cost"]["note"] and f"{row.launch_us:g} us launch" in f["cost"]["note"]
+    assert "per step at line" in f["message"] and row.name in f["message"]
+    assert "torch.compile" in f["fix"]["summary"] and "nn.RNN" in f["fix"]["summary"]
+
+
+def test_what_is_not_a_launch_is_not_counted(runs):
+    """Views and basic indexing (`x[:, t]`, `reshape`) launch nothing; AdamW's step, which the
+    rehearsal runs as its per-parameter loop on the CPU, is torch.optim's foreach path on a GPU."""
+    tallies = launch_tallies(runs["gpu_small_launches"].evidence)
+    assert tallies and not {t["what"] for t in tallies} & {"Tensor.__getitem__", "Tensor.reshape", "Tensor.view"}
+    source = EXAMPLE.read_text().splitlines()
+    step_line = next(i for i, line in enumerate(source, 1) if line.strip() == "opt.step()")
+    assert not [t for t in tallies if t["where"]["line"] == step_line]
+    # each launch's bytes: the loop's linear layers read a BATCH x HIDDEN input, the weight and
+    # the bias, and write a BATCH x HIDDEN output (float32)
+    s = sizes()
+    linear = [t for t in tallies if t["what"] == "F.linear" and t["count"] == 2 * s["SEQ"]]
+    assert linear and all(t["data"]["flops"] == 2 * s["SEQ"] * 2 * s["BATCH"] * s["HIDDEN"] ** 2 for t in linear)
+
+
+def test_another_device_row_prices_the_same_launches(runs):
+    """`--device mi300x` (7 us launches on ROCm, against 5 us on the default A100): the same
+    count, its own latency, named in the note; and the ranking of the example's findings."""
+    ev = load_run_dir(runs["gpu_small_launches"].out)
+    per_step = 4 * sizes()["SEQ"] + 5
+    for key in (DEFAULT_DEVICE, "mi300x"):
+        ev.environment.device_model = key
+        results = run_rules(ev)
+        row = find_device(key)
+        (f,) = [f for f in results.findings if f.rule == "launch-bound"]
+        assert f.evidence["device"] == key and f.evidence["small_launches_per_step"] == per_step
+        assert f.cost.ms_per_step == pytest.approx(per_step * row.launch_us / 1e3)  # 1.305 / 1.827 ms
+        assert row.name in f.cost.note
+        # the loop's launches rank first; the one .item() a step (a sync round trip) after them
+        ranked = [f.rule for f in results.findings]
+        assert ranked[:2] == ["launch-bound", "host-sync"], ranked
+    assert find_device("mi300x").launch_us != find_device(DEFAULT_DEVICE).launch_us
+    # findings.json of the run itself ranks them the same
+    assert [f["rule"] for f in runs["gpu_small_launches"].findings][:2] == ["launch-bound", "host-sync"]
+
+
+def test_the_batched_twin_is_silent(runs):
+    a = runs["gpu_small_launches_clean"]
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert a.rule("launch-bound") == []
+    assert [f for f in a.findings if f["severity"] != "info"] == [], [(f["rule"], f["message"]) for f in a.findings]
+    # its launches were counted: a handful a step (the recurrence is one nn.RNN call)
+    counted = sum(t["count"] for t in launch_tallies(a.evidence))
+    assert 0 < counted / STEPS < 10
+
+
+
+def test_explain_says_a_rehearsal_is_evidence():
+    from auditor.rules.launch_bound import LaunchBound
+
+    needed = LaunchBound.docs().split("Evidence needed:")[1]
+    assert "profiler trace" in needed and "CUDA rehearsal" in needed
+    assert "min-small-launches-per-step" in {o.name for o in LaunchBound.options}
