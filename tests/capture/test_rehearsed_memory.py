@@ -143,3 +143,13 @@ def test_tensors_made_before_the_history_are_in_the_forecast(pre_history):
     assert (3 * MiB, False) in live and (1 * MiB, False) in live  # keep, twice
     assert [(e.action, e.size) for e in snap.device_traces[0]] == [("alloc", 4 * MiB)]  # y
     assert analyze(snap, 0).recorded.allocated_peak_bytes >= 8 * MiB  # keep + twice + y
+
+
+@pytest.mark.slow
+def test_the_numerics_checks_keep_no_rehearsed_tensor_alive_while_history_records(pre_history):
+    """A tensor the program let go before recording (`tmp`) is not in the forecast: the numerics
+    collector, which keeps CPU calls' tensors for a deferred check, keeps none while a rehearsed
+    memory history records (they are device memory there), and lets go of what it kept."""
+    snap, live = pre_history
+    assert live == [(64, False), (64, False), (1 * MiB, False), (3 * MiB, False), (4 * MiB, True)]
+    assert analyze(snap, 0).recorded.allocated_peak_bytes == 8 * MiB + 2 * 64  # w, its grad, twice, keep, y

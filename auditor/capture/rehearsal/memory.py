@@ -30,6 +30,7 @@ import torch
 import auditor
 from auditor.capture import probes
 from auditor.capture.frames import user_frame
+from auditor.capture.numerics.deferral import hold_no_tensors
 from auditor.capture.rehearsal import device
 from auditor.evidence import model as m
 from auditor.evidence.allocator.config import ConfError, parse_alloc_conf
@@ -144,9 +145,11 @@ def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1
             rec.hook.remove()
         _STATE["recorder"] = None
         device.ON_MARK = None
+        hold_no_tensors(False)
         return
     rec = _STATE["recorder"]
     if rec is None:
+        hold_no_tensors(True)  # (the numerics checks keep no tensor alive past the program's use)
         rec = _STATE["recorder"] = Recorder(max_entries)
         rec.seed()
     device.ON_MARK = rec.track
