@@ -109,7 +109,17 @@ import torch
 w = torch.zeros(16, device="cuda", requires_grad=True)
 opt = torch.optim.SGD([w], lr=0.1)
 (w * 2).sum().backward()
-opt.step()                                      # a training step: what follows is in the next one
+opt.step()
+
+
+def build_and_step():                           # a model and optimizer that die before the history
+    model = torch.nn.Linear(256, 256).to("cuda")  # a 256 KiB weight
+    adam = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 256, device="cuda")).sum().backward()
+    adam.step()                                 # the last training step: what follows is in the next one
+
+
+build_and_step()
 keep = torch.zeros(768 * 1024, device="cuda")   # 3 MiB, made before the history
 tmp = torch.ones(256 * 1024, device="cuda")     # 1 MiB
 twice = tmp * 2                                 # 1 MiB, kept
@@ -153,3 +163,12 @@ def test_the_numerics_checks_keep_no_rehearsed_tensor_alive_while_history_record
     snap, live = pre_history
     assert live == [(64, False), (64, False), (1 * MiB, False), (3 * MiB, False), (4 * MiB, True)]
     assert analyze(snap, 0).recorded.allocated_peak_bytes == 8 * MiB + 2 * 64  # w, its grad, twice, keep, y
+
+
+@pytest.mark.slow
+def test_a_dead_optimizers_parameters_are_not_in_the_forecast(pre_history):
+    """The model and optimizer `build_and_step` made are gone when the history starts: none of
+    their tensors (a 256 KiB weight, its gradient, AdamW's two states) is in the forecast. The
+    numerics collector's record of that optimizer's step kept them alive until the step ended."""
+    snap, live = pre_history
+    assert 256 * 256 * 4 not in {size for size, _ in live}
