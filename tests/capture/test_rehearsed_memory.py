@@ -100,3 +100,75 @@ def test_gradients_and_optimizer_state_are_requests(tmp_path):
     assert [a["name"] for a in snap.external_annotations] == ["Optimizer.step#Adam.step"]
     steps = analyze(snap, 0).per_step
     assert [p.step for p in steps] == [0] and steps[0].reserved_peak_bytes >= 4 * weight  # weight, grad, 2 states
+
+
+PRE_HISTORY = '''
+import sys
+import torch
+
+w = torch.zeros(16, device="cuda", requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.1)
+(w * 2).sum().backward()
+opt.step()
+
+
+def build_and_step():                           # a model and optimizer that die before the history
+    model = torch.nn.Linear(256, 256).to("cuda")  # a 256 KiB weight
+    adam = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 256, device="cuda")).sum().backward()
+    adam.step()                                 # the last training step: what follows is in the next one
+
+
+build_and_step()
+keep = torch.zeros(768 * 1024, device="cuda")   # 3 MiB, made before the history
+tmp = torch.ones(256 * 1024, device="cuda")     # 1 MiB
+twice = tmp * 2                                 # 1 MiB, kept
+del tmp                                         # freed before the history: no block
+torch.cuda.memory._record_memory_history()
+y = torch.zeros(1024 * 1024, device="cuda")     # 4 MiB, in the trace
+torch.cuda.memory._dump_snapshot(sys.argv[1])
+'''
+
+
+@pytest.fixture(scope="module")
+def pre_history(tmp_path_factory):
+    """One rehearsed run of PRE_HISTORY: its snapshot's live blocks (requested size, has a stack)
+    and its trace."""
+    tmp = tmp_path_factory.mktemp("pre_history")
+    script = tmp / "pre.py"
+    script.write_text(PRE_HISTORY)
+    a = audit("run", str(script), "--to-end", "--no-profile", "--quiet", "--", str(tmp / "s.pickle"), out=tmp / "run")
+    assert a.returncode == 0, a.stderr
+    snap = load_snapshot(tmp / "s.pickle")
+    live = sorted((b.requested_size, bool(b.frames)) for s in snap.segments for b in s.blocks if b.live)
+    return snap, live
+
+
+@pytest.mark.slow
+def test_tensors_made_before_the_history_are_in_the_forecast(pre_history):
+    """A program that builds its model before switching the history on (as the cs336 benchmark
+    does) is forecast with it: its GPU tensors alive at that moment are live blocks of the
+    snapshot, with no stack and no trace entry, as torch keeps allocations older than the history."""
+    snap, live = pre_history
+    assert (3 * MiB, False) in live and (1 * MiB, False) in live  # keep, twice
+    assert [(e.action, e.size) for e in snap.device_traces[0]] == [("alloc", 4 * MiB)]  # y
+    assert analyze(snap, 0).recorded.allocated_peak_bytes >= 8 * MiB  # keep + twice + y
+
+
+@pytest.mark.slow
+def test_the_numerics_checks_keep_no_rehearsed_tensor_alive_while_history_records(pre_history):
+    """A tensor the program let go before recording (`tmp`) is not in the forecast: the numerics
+    collector, which keeps CPU calls' tensors for a deferred check, keeps none while a rehearsed
+    memory history records (they are device memory there), and lets go of what it kept."""
+    snap, live = pre_history
+    assert live == [(64, False), (64, False), (1 * MiB, False), (3 * MiB, False), (4 * MiB, True)]
+    assert analyze(snap, 0).recorded.allocated_peak_bytes == 8 * MiB + 2 * 64  # w, its grad, twice, keep, y
+
+
+@pytest.mark.slow
+def test_a_dead_optimizers_parameters_are_not_in_the_forecast(pre_history):
+    """The model and optimizer `build_and_step` made are gone when the history starts: none of
+    their tensors (a 256 KiB weight, its gradient, AdamW's two states) is in the forecast. The
+    numerics collector's record of that optimizer's step kept them alive until the step ended."""
+    snap, live = pre_history
+    assert 256 * 256 * 4 not in {size for size, _ in live}

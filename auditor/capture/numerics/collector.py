@@ -41,7 +41,7 @@ from auditor.capture.frames import user_call, user_frame
 from auditor.capture.numerics.amp_probes import install_amp_probes
 from auditor.capture.numerics.backward_probe import install_backward_probe
 from auditor.capture.numerics.config_probes import install_config_probes
-from auditor.capture.numerics.deferral import Deferral
+from auditor.capture.numerics.deferral import COLLECTORS, Deferral
 from auditor.capture.numerics.mode import _Mode
 from auditor.capture.numerics.ops import (COMPILED, DIV, EXP, LOG, LOG1P, NORM, PLAIN, POW, RDIV, SQRT,
                                           HAZARD_NAMES, _LEAF_MONOTONE, _library_module, _library_types,
@@ -106,6 +106,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.sent_lists = 0
         self.origins = 0
         self.defer_cpu = True  # CPU calls are settled by the loss (see _defer)
+        COLLECTORS.add(self)  # (off while a rehearsed memory history records: see hold_no_tensors)
         self.mstack: list[int] = []  # running modules, innermost last
         self.wstack: list[Any] = []  # for each: the user's line of its call if it is a library module
         self.lstack: list[bool] = []  # for each: whether its pre-hook took the mode off (a leaf)

@@ -23,6 +23,7 @@ asynchronous kernels anyway.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -34,6 +35,21 @@ LEARN_STEPS, LEARN_EVERY = 3, 16  # healthy steps whose deferred calls are reduc
 DEFER_MAX_BYTES = 64 << 20  # deferred outputs kept at most (beyond it they are reduced at once)
 _PENDING = None  # an `ops` slot held for a deferred call (see Deferral._defer)
 _VERIFIED = ()  # ... that the loss showed finite, without a reduction of its own
+COLLECTORS: weakref.WeakSet = weakref.WeakSet()  # the process's collectors (see hold_no_tensors)
+
+
+def hold_no_tensors(on: bool) -> None:
+    """While a rehearsed program records a memory history (auditor.capture.rehearsal.memory), the
+    tensors it marks as the GPU's are the device memory its forecast counts: one kept for a
+    deferred check would outlive the program's last use of it. On: what is kept is reduced now and
+    nothing is deferred, as on a GPU; off: CPU calls are deferred again."""
+    for c in list(COLLECTORS):
+        c.defer_cpu = not on
+        if on and c.deferred:
+            try:
+                c.resolve_deferred()
+            except Exception as e:  # our bug must never become the user's failure
+                c.failed(e)
 
 
 class Deferral:

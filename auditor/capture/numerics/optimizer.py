@@ -205,11 +205,14 @@ class OptimizerWatch:
     def _check_update(self, opt) -> None:
         """The weights after `opt`'s update (recorded by `_record_grads` before it) are checked."""
         grad_mode = torch.is_grad_enabled()
+        rec = self.opt_steps[-1] if self.opt_steps else None
+        plan = rec.get("plan") if rec is not None else None
+        if plan is None or plan.ref() is not opt:
+            return
         try:
-            if self.in_step and self.checking and self.opt_steps and self.opt_steps[-1]["plan"].ref() is opt:
+            if self.in_step and self.checking:
                 _set_grad(False)
-                rec = self.opt_steps[-1]
-                params = rec["plan"].params
+                params = plan.params
                 with _checks_range():
                     if params and self._update_keeps_finite(opt, rec, params):
                         stats = self.param_stats
@@ -223,6 +226,9 @@ class OptimizerWatch:
         except Exception as e:
             self.failed(e)
         finally:
+            # the record lives until the step's end: its plan would keep the optimizer's parameters
+            # (and, through their gradients' owners, a model the program has dropped) alive with it
+            rec.pop("plan", None)
             _set_grad(grad_mode)
 
     def _param_maxabs(self, params: list[torch.Tensor]) -> list[tuple[int, int | None]]:
@@ -352,6 +358,8 @@ class OptimizerWatch:
         idx = self.opt_index.get(opt)
         if idx is None:
             idx = self._register_optimizer(opt, None)
+        if plan is None:  # a plan holds its optimizer's parameters: it goes when the optimizer does
+            weakref.finalize(opt, self.opt_plans.pop, id(opt), None)
         plan = self.opt_plans[id(opt)] = _OptPlan(opt, idx, key, [p for g in groups for p in g["params"] if _checkable(p)])
         return plan
 

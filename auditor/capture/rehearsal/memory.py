@@ -4,8 +4,9 @@ allocator, and `torch.cuda.memory`'s history calls answered from them.
 While the program records a history (`torch.cuda.memory._record_memory_history()`), every tensor
 the rehearsal marks as the GPU's (auditor.capture.rehearsal.device) is an allocation of its storage's
 bytes on the default stream, with the user's Python stack, and is freed when the last marked tensor
-on that storage is collected; a marked leaf that requires grad has its gradient taken the same way
-when autograd accumulates it (a post-accumulate-grad hook). `_snapshot()` / `_dump_snapshot()` then return what a GPU's allocator
+on that storage is collected (those alive when recording begins are allocations made before the
+trace, live blocks of the snapshot's segments); a marked leaf that requires grad has its gradient
+taken the same way when autograd accumulates it (a post-accumulate-grad hook). `_snapshot()` / `_dump_snapshot()` then return what a GPU's allocator
 would have recorded for those requests (auditor.evidence.allocator.synth runs them through the
 simulated allocator, under PYTORCH_CUDA_ALLOC_CONF, on a device of AUDITOR_DEVICE_MEMORY_GIB or the
 rehearsed device's memory), with each optimizer step's end as the profiler annotates it (so the
@@ -16,6 +17,7 @@ pass, the gradients of non-leaf tensors) are not requests: the forecast is a low
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import pickle
 import sys
@@ -28,6 +30,7 @@ import torch
 import auditor
 from auditor.capture import probes
 from auditor.capture.frames import user_frame
+from auditor.capture.numerics.deferral import hold_no_tensors
 from auditor.capture.rehearsal import device
 from auditor.evidence import model as m
 from auditor.evidence.allocator.config import ConfError, parse_alloc_conf
@@ -61,7 +64,16 @@ class Recorder:
         self.annotations.append({"stage": "END", "name": f"Optimizer.step#{name}.step", "device": 0,
                                  "time_us": time.time_ns() // 1000})
 
-    def track(self, t: torch.Tensor) -> None:
+    def seed(self) -> None:
+        """The GPU tensors alive when recording begins (a model built and moved before the program
+        switched its history on): allocations made before the trace, as a GPU's snapshot holds them
+        in its segments with no trace entry. Found among the objects the garbage collector tracks
+        (every tensor is one), once per recording."""
+        for obj in gc.get_objects():
+            if issubclass(type(obj), torch.Tensor) and getattr(obj, device.CUDA_MARK, False) is True:
+                self.track(obj, before=True)
+
+    def track(self, t: torch.Tensor, before: bool = False) -> None:
         try:
             st = t.untyped_storage()
             key, nbytes = st.data_ptr(), st.nbytes()
@@ -73,7 +85,7 @@ class Recorder:
         if entry is None:
             entry = self.live[key] = [0, self.next_id]
             self.next_id += 1
-            self._add("alloc", entry[1], nbytes)
+            self._add("alloc", entry[1], nbytes, before)
         entry[0] += 1
         weakref.finalize(t, self._release, key, entry[1])
         if t.is_leaf and t.requires_grad and id(t) not in self.seen:
@@ -101,8 +113,10 @@ class Recorder:
             del self.live[key]
             self._add("free", ident, 0)
 
-    def _add(self, action: str, ident: int, size: int) -> None:
-        if len(self.requests) < self.max_entries:
+    def _add(self, action: str, ident: int, size: int, before: bool = False) -> None:
+        if before:  # made before the history: a live block with no stack (as torch keeps it)
+            self.requests.append({"action": action, "id": ident, "size": size, "stream": 0, "before": True})
+        elif len(self.requests) < self.max_entries:
             self.requests.append({"action": action, "id": ident, "size": size, "stream": 0,
                                   "time_us": time.time_ns() // 1000, "frames": _stack()})
 
@@ -131,10 +145,13 @@ def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1
             rec.hook.remove()
         _STATE["recorder"] = None
         device.ON_MARK = None
+        hold_no_tensors(False)
         return
     rec = _STATE["recorder"]
     if rec is None:
+        hold_no_tensors(True)  # (the numerics checks keep no tensor alive past the program's use)
         rec = _STATE["recorder"] = Recorder(max_entries)
+        rec.seed()
     device.ON_MARK = rec.track
 
 

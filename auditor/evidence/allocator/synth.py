@@ -29,7 +29,10 @@ def settings_of(cfg: AllocatorConfig, conf: str) -> dict[str, Any]:
 def snapshot_from_requests(requests: list[dict[str, Any]], cfg: AllocatorConfig, capacity: int,
                            conf: str = "") -> dict[str, Any]:
     """The snapshot a device of `capacity` bytes would have written for these requests: each a dict
-    {"action": "alloc" | "free", "id": the allocation's key, "size", "stream", "time_us", "frames"}."""
+    {"action": "alloc" | "free", "id": the allocation's key, "size", "stream", "time_us", "frames"}.
+    An alloc marked "before": True was made before recording began: its block (and the segment
+    that holds it) is in the final state, with no trace entry, as torch records it; only an `oom`
+    it causes is traced."""
     sim = Simulator(cfg, capacity, next_address=0x7F0000000000)
     trace: list[dict[str, Any]] = []
     live: dict[int, Blk] = {}
@@ -40,8 +43,9 @@ def snapshot_from_requests(requests: list[dict[str, Any]], cfg: AllocatorConfig,
         t = r.get("time_us")
         if r["action"] == ALLOC:
             b = sim.malloc(int(r["size"]), int(r.get("stream", 0)))
+            before = bool(r.get("before"))
             for _, kind, size, stream, addr in sim.events[seen:]:
-                if kind == RETRY:
+                if kind == RETRY or (before and kind != OOM):
                     continue
                 if kind == OOM:
                     trace.append({"action": "oom", "device_free": addr, "size": size,
@@ -50,6 +54,8 @@ def snapshot_from_requests(requests: list[dict[str, Any]], cfg: AllocatorConfig,
                 trace.append({"action": kind, "addr": addr, "size": size, "stream": stream, "time_us": t})
             live[r["id"]] = b
             frames_of[id(b)] = r.get("frames", [])
+            if before:
+                continue
             trace.append({"action": "alloc", "addr": b.ptr, "size": b.requested, "stream": b.stream, "time_us": t,
                           "frames": r.get("frames", [])})
         elif r["action"] == FREE:
