@@ -7,6 +7,7 @@ from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
+from auditor.rules._support.confidence import cpu_over_wall, trend_confidence
 from auditor.rules._support.hooks import hook_phase, piling_hooks
 from auditor.rules._support.places import on_accelerator
 from auditor.rules._support.text import file_name
@@ -54,6 +55,8 @@ class StepSlowdown(Rule):
 
     Fix:
         Follow the growing phase named in the finding; see graph-leak and memory-growth findings.
+        The finding states its confidence: the spread of the first and last quarters of the steps
+        (of CPU time on a CPU run) and the rise against the steps' scatter about the trend line.
 
     Evidence needed:
         Per-step wall times from a run (at least `min-steps` unprofiled steps once isolated spikes
@@ -115,6 +118,16 @@ class StepSlowdown(Rule):
             judged = {}
         slope = theil_sen(xs, ys)
         rise = round(rise_of(xs, ys), 3)
+        # How sure: the series the verdict was judged on (CPU time on a CPU run, which other load
+        # scatters less), its first and last quarters' spread and its rise against the steps'
+        # scatter about its trend line.
+        basis = [s.cpu_ms for s in steps] if judged else ys
+        b_slope = theil_sen(xs, basis)
+        b_icept = sorted(y - b_slope * x for x, y in zip(xs, basis))[len(basis) // 2]
+        b_first, b_last = quarter_medians(basis)
+        confidence, confidence_text = trend_confidence(
+            basis, [b_icept + b_slope * x for x in xs], rise_of(xs, basis), options.min_ratio,
+            b_last / b_first if b_first > 0 else 0.0, "CPU" if judged else "wall", cpu_over_wall(steps))
         culprit = self._culprit(steps, xs)
         locs = [Location.of(culprit["where"])] if culprit and culprit["where"] else []
         if culprit:
@@ -157,7 +170,7 @@ class StepSlowdown(Rule):
         # for the same time. That comparison stays in the evidence, named as such.
         median_ms = step_basis_ms(ev)
         yield self.finding(
-            f"{head}{blame}",
+            f"{head}{blame} {confidence_text}",
             locations=locs,
             evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
                       "cost_step_ms": round(last, 3),  # (the growth is part of the last steps: capped at them)
@@ -165,7 +178,7 @@ class StepSlowdown(Rule):
                       "first_quarter_fastest_ms": round(floor_first, 3),
                       "last_quarter_fastest_ms": round(floor_last, 3),
                       "slope_ms_per_step": round(slope, 4),
-                      "spearman": round(rho, 3), **judged, "steps_used": len(steps),
+                      "spearman": round(rho, 3), **judged, "steps_used": len(steps), **confidence,
                       "median_step_ms": round(median_ms, 3) if median_ms else None,
                       "rise_share_of_last_quarter_step": round(min(1.0, rise / max(last, rise)), 4),
                       "growing_phase": {**{k: v for k, v in culprit.items() if k != "where"},
