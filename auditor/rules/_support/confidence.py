@@ -9,8 +9,9 @@ cost's share of the step.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from statistics import median
-from typing import Any, Sequence
+from typing import Any
 
 from auditor.evidence import model as m
 
@@ -80,7 +81,7 @@ def cost_confidence(per_step_ms: Sequence[float], ratio: float | None, what: str
     q1, q2, q3 = quartiles(xs)
     spread = (q3 - q1) / q2 if q2 > 0 else float("inf")
     level = "low" if n < 4 or spread > 1.0 else "high" if spread <= 0.5 else "medium"
-    return stated(level, f"{what} took {q1:.2f}-{q3:.2f} ms in the middle half of the {n} steps that made it, "
+    return stated(level, f"{what} took {q1:.2f}-{q3:.2f} ms in the middle half of the {n} steps that made the calls, "
                          f"median {q2:.2f} ms", ratio,
                   cost_ms_quartiles=[round(q1, 3), round(q2, 3), round(q3, 3)], steps_timed=n)
 
