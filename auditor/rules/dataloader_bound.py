@@ -20,6 +20,7 @@ from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_b
 from auditor.fixes import call_site, computed_kwargs, edit_call_kwargs, given_elsewhere
 from auditor.rules._support.copies import non_blocking_edits
 from auditor.rules.base import Option, Options, Rule
+from auditor.rules._support.confidence import share_confidence
 from auditor.rules._support.frameworks import loader_settings
 
 
@@ -85,28 +86,6 @@ def _workers_source(file: str, line: int, site: Any, passed: list[str] | None) -
         src = computed_kwargs(file, line, ("DataLoader",), ("num_workers",)).get("num_workers")
         return f"`{src}`" if src else None
     return given_elsewhere(site, ("num_workers",), passed).get("num_workers")
-def _confidence(shares: list[float], threshold: float, cpu_ratio: list[float]) -> tuple[dict[str, Any], str]:
-    """How sure the verdict is, from the spread of each step's own share (its wait over its wall
-    time): "high" when at least 80% of the steps wait `threshold` or more and the median step's share
-    is 1.25x it or more, "low" when fewer than 60% do or the median is within 10% of it, else
-    "medium". Also the steps' CPU time over wall time (below 1: the process was kept off the cores
-    by other load, which stretches every timing alike). Evidence keys and the message's sentence."""
-    xs = sorted(shares)
-    n = len(xs)
-    if not n:
-        return {"confidence": "low"}, "Confidence: low (no step timed)."
-    q1, q2, q3 = xs[n // 4], median(xs), xs[min(n - 1, (3 * n) // 4)]
-    over = sum(x >= threshold for x in xs)
-    level = ("high" if over >= 0.8 * n and q2 >= 1.25 * threshold else
-             "low" if over < 0.6 * n or q2 < 1.1 * threshold else "medium")
-    ratio = round(median(cpu_ratio), 3) if cpu_ratio else None
-    # (fractions, not percentages: the finding's one percentage is its cost's share of the step)
-    text = (f"Confidence: {level} ({over} of {n} steps waited min-share={threshold:g} of their own time or "
-            f"more; the middle half of the steps waited {q1:.2f}-{q3:.2f} of theirs"
-            + (f"; the process had the CPU {ratio:.2f} of its wall time, so other load stretched the timings"
-               if ratio is not None and ratio < 0.8 else "") + ").")
-    return {"confidence": level, "step_share_quartiles": [round(q1, 4), round(q2, 4), round(q3, 4)],
-            "steps_over_min_share": over, "steps_timed": n, "cpu_over_wall": ratio}, text
 
 
 class DataloaderBound(Rule):
@@ -251,7 +230,7 @@ class DataloaderBound(Rule):
         step_share = median(shares) if shares else share
         if step_share < options.min_share or wait_ms < options.min_wait_ms:
             return
-        confidence, confidence_text = _confidence(shares, options.min_share, cpu_ratio)
+        confidence, confidence_text = share_confidence(shares, options.min_share, cpu_ratio)
         # a new iterator in most steps (`next(iter(loader))`): its workers start (and the last
         # one's stop) every step; the fix is to make the iterator once, outside the step
         per_step_iter = iter_steps >= 0.5 * len(steps) and median(iter_ms) > 0.0

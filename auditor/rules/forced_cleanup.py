@@ -8,7 +8,9 @@ from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix
 from auditor.rules._support.frameworks import framework_fix
 from auditor.rules._support.gpu_costs import sync_cost
-from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules._support.confidence import cost_confidence, cpu_over_wall
+from auditor.rules._support.places import (by_place, locations, median_cost_of, on_accelerator, place_key,
+                                           step_ms_of, steps_run)
 from auditor.fixes import remove_statement
 from auditor.rules.suppression import unsuppressed
 
@@ -26,7 +28,9 @@ class ForcedCleanup(Rule):
     """
     What it detects:
         `torch.cuda.empty_cache()` and/or `gc.collect()` called every step or every few steps,
-        with the share of step time they take.
+        with the share of step time they take: the median time of the steps that make them, times
+        the share of steps that do, against the median step (a few slow collections do not lift
+        it), and how firm that number is (the spread of those steps' times).
 
     Why it costs:
         gc.collect() walks every Python object (tens of milliseconds in a process with torch
@@ -64,11 +68,23 @@ class ForcedCleanup(Rule):
         timed = [p for p in places if device or p.what not in EMPTY_CACHES]
         counted = [p for p in places if p not in timed]
         parts = []
+        confidence, confidence_text = {}, ""
         if timed:
-            cost = cost_of(ev, sum(p.ms for p in timed))
+            # like with like: the median step's share is of the median cleanup time (a mean that
+            # a few slow collections lift can read more than the whole step)
+            per_step = step_ms_of(ev, (m.EMPTY_CACHE, m.GC_COLLECT), {place_key(p) for p in timed})
+            cost = median_cost_of(ev, per_step)
+            total = sum(per_step.values())
+            mean = total / n
             parts.append(f"{_what(timed)} ran {sum(p.count for p in timed)} times in {n} steps, costing "
                          f"{cost.ms_per_step:.2f} ms per step ({(cost.share_of_step or 0) * 100:.1f}% of the "
-                         "median step)")
+                         "median step)"
+                         + (f"; mean {mean:.2f} ms, raised by steps where it took up to {max(per_step.values()):.2f} ms"
+                            if abs(mean - (cost.ms_per_step or 0.0)) > 0.1 * max(cost.ms_per_step or 0.0, 1e-9) else ""))
+            # the verdict is a count (calls every few steps): only the cost is timed, and its
+            # confidence is how firm that number is under the run's load
+            confidence, confidence_text = cost_confidence(list(per_step.values()), cpu_over_wall(ev.steps),
+                                                          _what(timed))
         elif ev.environment.rehearsal:  # rehearsed: each empty_cache() synchronises the device (cudaFree)
             cost = sync_cost(ev, sum(p.count for p in counted) / n, "empty_cache() call")
         else:
@@ -83,10 +99,11 @@ class ForcedCleanup(Rule):
         edits = [e for loc in locs if (e := remove_statement(loc.file, loc.line, "audit: forced cleanup removed"))]
         fw_config, fw_advice = framework_fix(places)
         yield self.finding(
-            "; ".join(parts) + ".",
+            "; ".join(parts) + "." + (f" {confidence_text}" if confidence_text else ""),
             locations=locs,
             evidence={"calls": [{"what": p.what, "count": p.count, "steps": len(p.steps), "ms": round(p.ms, 3),
-                                 "line": p.where.line if p.where else None, "timed": p in timed} for p in places]},
+                                 "line": p.where.line if p.where else None, "timed": p in timed} for p in places],
+                      **confidence},
             cost=cost,
             fix=Fix(summary="".join(a + ". " for a in fw_advice)
                     + "Remove per-step gc.collect()/empty_cache(); fix what holds the memory instead.",

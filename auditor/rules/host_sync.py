@@ -31,7 +31,9 @@ from auditor.evidence.trace.queries import blocking_calls, blocking_op_calls, fr
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import call_name, edit_call_kwargs, parse_file
 from auditor.rules._support.frameworks import framework_fix
-from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules._support.confidence import cost_confidence, cpu_over_wall
+from auditor.rules._support.places import (by_place, locations, median_cost_of, on_accelerator, place_key,
+                                           step_ms_of, steps_run)
 from auditor.rules._support.gpu_costs import sync_cost
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, Rule
@@ -207,7 +209,9 @@ class HostSync(Rule):
         is not removed but made rare: sync and read the events at logging steps only.
 
     Evidence needed:
-        A run (probes on the sync APIs), or a profiler trace with CUDA runtime events.
+        A run (probes on the sync APIs), or a profiler trace with CUDA runtime events. On a CUDA
+        run the cost is the median time the steps that sync spend blocked, times the share of steps
+        that do, against the median step, with its confidence (the spread of those steps' times).
         On a CPU-only run the same calls are reported as what would synchronise on an accelerator
         (severity info; cost counted, not measured). In CUDA rehearsal (`--rehearse`), calls on
         tensors the program meant for the GPU are judged at full severity (counted, not timed)
@@ -258,7 +262,6 @@ class HostSync(Rule):
         if not places:
             return
         rate = sum(p.count for p in places) / n
-        total_ms = sum(p.ms for p in places)
         sites = [{"what": p.what, "file": p.where.file if p.where else None, "line": p.where.line if p.where else None,
                   "count": p.count, "per_step": round(p.count / n, 2), "steps": len(p.steps), "ms": round(p.ms, 3)}
                  for p in places]
@@ -267,8 +270,14 @@ class HostSync(Rule):
         advice = sorted({ADVICE[EVENT_TIMING] if id(p) in timed else
                          ADVICE.get(p.what, "fetch values from the device every N steps, not every step")
                          for p in places})
+        confidence, confidence_text = {}, ""
         if real:
-            cost = cost_of(ev, total_ms)
+            # measured on the device: the median blocked time of the steps that sync, against the
+            # median step (like with like), and how firm it is (the spread of those steps' times)
+            per_step_ms = step_ms_of(ev, (m.SYNC,), {place_key(p) for p in places})
+            cost = median_cost_of(ev, per_step_ms)
+            confidence, confidence_text = cost_confidence(list(per_step_ms.values()), cpu_over_wall(ev.steps),
+                                                          "the syncs")
             sev, prefix = "warning", ""
         elif as_gpu:
             cost = sync_cost(ev, rate)  # rehearsed: estimated from the device model
@@ -290,10 +299,11 @@ class HostSync(Rule):
                         + (f" (before Event.elapsed_time at line {s['before_elapsed_time']})"
                            if s.get("before_elapsed_time") else "")
                         for s in sites[:5])
-            + (f"; inside the framework: {'; '.join(fw_advice)}" if fw_advice else ""),
+            + (f"; inside the framework: {'; '.join(fw_advice)}" if fw_advice else "")
+            + (f". {confidence_text}" if confidence_text else ""),
             severity=sev, locations=locations(places),
             evidence={"syncs_per_step": round(rate, 2), "sites": sites, "measured_on_device": real,
-                      "judged_as_gpu_code": as_gpu},
+                      "judged_as_gpu_code": as_gpu, **confidence},
             cost=cost,
             fix=fix,
         )

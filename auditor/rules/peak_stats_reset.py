@@ -7,7 +7,8 @@ from auditor.evidence import model as m
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix
 from auditor.rules._support.gpu_costs import sync_cost
-from auditor.rules._support.places import by_place, cost_of, locations, on_accelerator, steps_run
+from auditor.rules._support.places import (by_place, locations, median_cost_of, on_accelerator, place_key,
+                                           step_ms_of, steps_run)
 from auditor.fixes import remove_statement
 from auditor.rules.suppression import unsuppressed
 
@@ -51,8 +52,9 @@ class PeakStatsReset(Rule):
             return
         count = sum(p.count for p in places)
         real = on_accelerator(ev)
-        cost = cost_of(ev, sum(p.ms for p in places)) if real else sync_cost(ev, count / n, "synchronising call") \
-            if ev.environment.rehearsal else Cost(
+        # measured on the device: the median time of the steps that reset, against the median step
+        cost = median_cost_of(ev, step_ms_of(ev, (m.STAT_RESET,), {place_key(p) for p in places})) if real \
+            else sync_cost(ev, count / n, "synchronising call") if ev.environment.rehearsal else Cost(
             ms_per_step=None, share_of_step=None, measured=False,
             note="not measured: no CUDA device here (each call syncs the device on a GPU)")
         locs = locations(places)

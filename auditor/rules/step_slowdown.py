@@ -1,12 +1,14 @@
 """step-slowdown: step time grows over the run (a trend, not noise)."""
 from __future__ import annotations
 
+from statistics import median
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
+from auditor.rules._support.confidence import cpu_over_wall, trend_confidence
 from auditor.rules._support.hooks import hook_phase, piling_hooks
 from auditor.rules._support.places import on_accelerator
 from auditor.rules._support.text import file_name
@@ -54,11 +56,14 @@ class StepSlowdown(Rule):
 
     Fix:
         Follow the growing phase named in the finding; see graph-leak and memory-growth findings.
+        The finding states its confidence: the spread of the first and last quarters of the steps
+        (of CPU time on a CPU run) and the rise against the steps' scatter about the trend line.
 
     Evidence needed:
         Per-step wall times from a run (at least `min-steps` unprofiled steps once isolated spikes
         are left out); on a CPU run the step's CPU time must show the same trend, so load from other
-        processes is not mistaken for a slowdown.
+        processes is not mistaken for a slowdown, and the cost is that CPU time's rise, at the run's
+        wall time per CPU ms (load that comes in bursts scatters the wall time's own rise).
     """
 
     id = "step-slowdown"
@@ -114,7 +119,27 @@ class StepSlowdown(Rule):
         else:
             judged = {}
         slope = theil_sen(xs, ys)
-        rise = round(rise_of(xs, ys), 3)
+        wall_rise = round(rise_of(xs, ys), 3)
+        rise, per_cpu_ms = wall_rise, None
+        if judged:
+            # On a CPU run the rise is the process's own CPU time's, in wall time at the run's wall
+            # time per CPU ms (the factor other load stretched every step by, the median step's
+            # too): load that came in bursts lifted the wall rise of one run 10 times another's.
+            per_cpu_ms = median(s.ms / s.cpu_ms for s in steps if s.cpu_ms)
+            cpu_rise = rise_of(xs, [s.cpu_ms for s in steps])
+            rise = round(cpu_rise * per_cpu_ms, 3)
+            judged.update(cpu_rise_ms=round(cpu_rise, 3), wall_per_cpu_ms=round(per_cpu_ms, 3),
+                          wall_rise_ms=wall_rise)
+        # How sure: the series the verdict was judged on (CPU time on a CPU run, which other load
+        # scatters less), its first and last quarters' spread and its rise against the steps'
+        # scatter about its trend line.
+        basis = [s.cpu_ms for s in steps] if judged else ys
+        b_slope = theil_sen(xs, basis)
+        b_icept = sorted(y - b_slope * x for x, y in zip(xs, basis))[len(basis) // 2]
+        b_first, b_last = quarter_medians(basis)
+        confidence, confidence_text = trend_confidence(
+            basis, [b_icept + b_slope * x for x in xs], rise_of(xs, basis), options.min_ratio,
+            b_last / b_first if b_first > 0 else 0.0, "CPU" if judged else "wall", cpu_over_wall(steps))
         culprit = self._culprit(steps, xs)
         locs = [Location.of(culprit["where"])] if culprit and culprit["where"] else []
         if culprit:
@@ -138,7 +163,9 @@ class StepSlowdown(Rule):
         else:
             head = (f"Step time rose from {first:.1f} ms to {last:.1f} ms (x{last / first:.2f}, "
                     f"+{slope:.3g} ms with each step, rank correlation {rho:.2f})")
-        head += f" over {len(steps)} steps: the last steps took {rise:.2f} ms more than the first."
+        head += f" over {len(steps)} steps: the last steps took {rise:.2f} ms more than the first"
+        head += (f" ({judged['cpu_rise_ms']:.2f} ms more CPU time, at this run's {per_cpu_ms:.2f} ms of wall "
+                 "time per ms of CPU time)." if judged else ".")
         # What piles up, when the probes saw it: hooks added to the same tensors every step run in
         # the backward pass, which is where the time grows, not at the line that adds them.
         piles = piling_hooks(ev)
@@ -157,7 +184,7 @@ class StepSlowdown(Rule):
         # for the same time. That comparison stays in the evidence, named as such.
         median_ms = step_basis_ms(ev)
         yield self.finding(
-            f"{head}{blame}",
+            f"{head}{blame} {confidence_text}",
             locations=locs,
             evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
                       "cost_step_ms": round(last, 3),  # (the growth is part of the last steps: capped at them)
@@ -165,7 +192,7 @@ class StepSlowdown(Rule):
                       "first_quarter_fastest_ms": round(floor_first, 3),
                       "last_quarter_fastest_ms": round(floor_last, 3),
                       "slope_ms_per_step": round(slope, 4),
-                      "spearman": round(rho, 3), **judged, "steps_used": len(steps),
+                      "spearman": round(rho, 3), **judged, "steps_used": len(steps), **confidence,
                       "median_step_ms": round(median_ms, 3) if median_ms else None,
                       "rise_share_of_last_quarter_step": round(min(1.0, rise / max(last, rise)), 4),
                       "growing_phase": {**{k: v for k, v in culprit.items() if k != "where"},
@@ -176,8 +203,9 @@ class StepSlowdown(Rule):
                                         "holders": p.holders, "held_first": p.first[1], "held_last": p.last[1]}
                                        for p in piles[:2]]},
             cost=Cost(ms_per_step=rise, share_of_step=share_of_step(rise, median_ms),
-                      measured=True, note="extra time per step at the end of the run vs its start, "
-                                          "as a share of the run's median step"),
+                      measured=True, note="extra time per step at the end of the run vs its start"
+                                          + (" (the rise of the process's CPU time, at the run's wall time "
+                                             "per CPU ms)" if judged else "") + ", as a share of the run's median step"),
             fix=Fix(summary=("Register the hooks once, at setup, or remove them (handle.remove()) when done; "
                              if piles else "")
                     + "Find what accumulates per step (see the growing phase and graph-leak / "

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from auditor.rules.dataloader_bound import _confidence
+from auditor.rules._support.confidence import share_confidence as _confidence
 
 
 def test_confidence_levels_follow_the_spread_of_the_steps_shares():

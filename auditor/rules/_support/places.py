@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median
 
 from auditor.evidence.model import Evidence, Tally
 from auditor.evidence.frame import Frame
@@ -62,6 +63,33 @@ def cost_of(ev: Evidence, total_ms: float, measured: bool = True, note: str | No
     per_step = round(total_ms / steps_run(ev), 3)
     return Cost(ms_per_step=per_step, share_of_step=share_of_step(per_step, step_basis_ms(ev)),
                 measured=measured, note=note)
+
+
+def step_ms_of(ev: Evidence, kinds: tuple[str, ...], keys: set[tuple]) -> dict[int, float]:
+    """Per step that made them: the ms of the tallies of `kinds` counted at the places `keys`
+    (place_key)."""
+    out: dict[int, float] = {}
+    for kind in kinds:
+        for step, t in ev.tallies(kind):
+            if place_key(t) in keys:
+                out[step] = out.get(step, 0.0) + t.ms
+    return out
+
+
+MEDIAN_COST = "the median of the steps that made the calls, times the share of steps that made them"
+
+
+def median_cost_of(ev: Evidence, per_step: dict[int, float], note: str | None = None) -> Cost:
+    """Cost per step of calls timed in some or all steps (`per_step`: ms in each step that made
+    them), set against the median step with the same statistic: the median of the steps that made
+    them, times the share of the run's steps that did (a call every third step costs a third of
+    its median). A mean over the steps would let a few slow calls lift the cost above every step's
+    but theirs. The note says so (MEDIAN_COST) after `note`."""
+    if not per_step:
+        return Cost(ms_per_step=None, share_of_step=None, measured=True, note=note)
+    ms = round(median(per_step.values()) * min(1.0, len(per_step) / steps_run(ev)), 3)
+    return Cost(ms_per_step=ms, share_of_step=share_of_step(ms, step_basis_ms(ev)), measured=True,
+                note=(f"{note}; " if note else "") + MEDIAN_COST + ", against the median step")
 
 
 def on_accelerator(ev: Evidence) -> bool:
