@@ -524,13 +524,27 @@ def _target_source(spec: str) -> tuple[str | None, str | None]:
 
 
 EXIT_GRACE_S = 60.0  # how long the program's end (its threads, its atexit handlers) may take
+# A program whose end takes longer on purpose (an atexit upload of its checkpoints) sets it higher.
+EXIT_GRACE_VAR = "AUDIT_EXIT_GRACE_S"
 
 
-def bound_exit(code: int, grace_s: float = EXIT_GRACE_S) -> None:
+def exit_grace_s() -> float:
+    """The seconds the program's end may take: AUDIT_EXIT_GRACE_S when it is a positive number."""
+    try:
+        value = float(os.environ.get(EXIT_GRACE_VAR, ""))
+    except ValueError:
+        return EXIT_GRACE_S
+    return value if value > 0 else EXIT_GRACE_S
+
+
+def bound_exit(code: int, grace_s: float | None = None) -> None:
     """After the run, Python joins the program's non-daemon threads and runs its atexit handlers;
     one that never ends (a thread left running, a worker never joined) would keep `audit` waiting
-    forever. A daemon thread ends the process `grace_s` seconds later, saying so on stderr."""
+    forever. A daemon thread ends the process `grace_s` seconds later (exit_grace_s()), saying so
+    on stderr."""
     import threading
+
+    grace_s = exit_grace_s() if grace_s is None else grace_s
 
     def stop() -> None:
         time.sleep(grace_s)
@@ -574,7 +588,7 @@ def main(argv: list[str] | None = None) -> None:
         die_with_parent(args.parent_pid)
     code = run(args)
     # Every record is sent: the process now ends as Python ends a program (its threads joined, its
-    # atexit handlers run, its files flushed), within EXIT_GRACE_S (see bound_exit).
+    # atexit handlers run, its files flushed), within exit_grace_s() (see bound_exit).
     bound_exit(code)
     sys.exit(code)
 
