@@ -36,6 +36,9 @@ class LineSampler:
         self.ident: int | None = None
         self.counts: dict[tuple[str, int, str], list[float]] = {}  # (file, line, function) -> [samples, ms]
         self.running = threading.Event()
+        # held while a sample looks at the step's frames: pause() waits for it, so the step's end
+        # (the profiler's start and stop walk the threads' frames too) never runs beside a look
+        self.looking = threading.Lock()
         self.thread: threading.Thread | None = None
         self.last = 0.0
 
@@ -49,7 +52,10 @@ class LineSampler:
         self.running.set()
 
     def pause(self) -> None:
+        """The step ends: no sample is taken after this returns."""
         self.running.clear()
+        with self.looking:
+            pass
 
     def take(self) -> list[dict[str, Any]]:
         """The step's per-line times, as probe tallies (and the counts start again)."""
@@ -68,22 +74,26 @@ class LineSampler:
         while True:
             wait()
             time.sleep(self.interval)
-            if not self.running.is_set():
-                continue
-            now = perf()
-            f = frames().get(self.ident)
-            while f is not None and library_code(f.f_code):
-                f = f.f_back
-            if f is None:
-                self.last = now
-                continue
-            key = (f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
-            # no frame is kept past its look: a frame keeps its locals (a loss and its graph) alive,
-            # and the memory and graph-leak checks at the step's end would count them as held
-            f = None
-            c = self.counts.get(key)
-            if c is None:
-                c = self.counts[key] = [0, 0.0]
-            c[0] += 1
-            c[1] += (now - self.last) * 1e3
+            with self.looking:
+                if self.running.is_set():
+                    self._look(frames, perf)
+
+    def _look(self, frames, perf) -> None:
+        """One sample: the line the step's thread is at is charged the time since the last."""
+        now = perf()
+        f = frames().get(self.ident)
+        while f is not None and library_code(f.f_code):
+            f = f.f_back
+        if f is None:
             self.last = now
+            return
+        key = (f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+        # no frame is kept past its look: a frame keeps its locals (a loss and its graph) alive,
+        # and the memory and graph-leak checks at the step's end would count them as held
+        f = None
+        c = self.counts.get(key)
+        if c is None:
+            c = self.counts[key] = [0, 0.0]
+        c[0] += 1
+        c[1] += (now - self.last) * 1e3
+        self.last = now
