@@ -75,7 +75,7 @@ def test_dask_cluster_gives_the_serial_findings(job, serial, tmp_path):
         a = audit("analyze", f"{job}/rank-*.pt.trace.json.gz", "--engine", "dask", "--address",
                   cluster.scheduler_address, "--quiet", out=tmp_path)
     assert a.returncode == 0, a.stderr
-    assert _findings(a) == _findings(serial)
+    assert _findings(a) == _findings(serial), (a.stderr, a.evidence.get("unread"))
     assert a.findings_doc["target"] == f"{job}/rank-*.pt.trace.json.gz"  # the pattern, not 16 paths
 
 

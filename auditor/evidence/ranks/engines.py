@@ -175,7 +175,9 @@ def _dask(paths: list[str], spec: EngineSpec, reduce: Callable[[str], Result]) -
     except (OSError, TimeoutError) as e:
         raise EngineUnavailable(f"--engine dask: cannot reach the scheduler at {address}: {e}") from None
     try:
-        futures = client.map(reduce, paths, pure=False)
+        # a task lost with its worker (killed, out of memory) runs again elsewhere; a damaged trace
+        # is no exception (reduce returns its RankFailure), so it is not retried
+        futures = client.map(reduce, paths, pure=False, retries=2)
         index = {f.key: i for i, f in enumerate(futures)}
         for fut in as_completed(futures):
             i = index[fut.key]
