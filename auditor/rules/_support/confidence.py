@@ -81,9 +81,10 @@ def cost_confidence(per_step_ms: Sequence[float], ratio: float | None, what: str
     q1, q2, q3 = quartiles(xs)
     spread = (q3 - q1) / q2 if q2 > 0 else float("inf")
     level = "low" if n < 4 or spread > 1.0 else "high" if spread <= 0.5 else "medium"
+    q1, q2, q3 = round(q1, 3), round(q2, 3), round(q3, 3)  # the sentence states the evidence's figures
     return stated(level, f"{what} took {q1:.2f}-{q3:.2f} ms in the middle half of the {n} steps that made the calls, "
                          f"median {q2:.2f} ms", ratio,
-                  cost_ms_quartiles=[round(q1, 3), round(q2, 3), round(q3, 3)], steps_timed=n)
+                  cost_ms_quartiles=[q1, q2, q3], steps_timed=n)
 
 
 def trend_confidence(ys: Sequence[float], fitted: Sequence[float], rise: float, min_ratio: float,
