@@ -246,3 +246,19 @@ def step(i):
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
 """
+
+
+# The modules whose tests take longest (real multi-process and rehearsed runs) are handed to the
+# xdist workers first (`--dist loadscope` gives a module's tests to one worker, so its module-scoped
+# runs are made once): a long module scheduled last would leave one worker running it alone.
+LONGEST_FIRST = (
+    "tests/test_distributed.py", "tests/capture/test_rehearsal.py", "tests/test_verify.py",
+    "tests/capture/test_failures.py", "tests/capture/test_programs.py", "tests/rules/test_dataloader_kwargs.py",
+    "tests/rules/test_rule_table.py", "tests/rules/test_examples.py", "tests/capture/test_module_holders.py",
+    "tests/capture/test_numerics.py", "tests/evidence/test_rank_engines.py", "tests/reports/test_fixes_apply.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # (stable: the rest keep their order)
