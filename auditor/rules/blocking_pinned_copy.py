@@ -25,7 +25,7 @@ from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sit
 from auditor.findings import Cost, Edit, Finding, Fix, Location
 from auditor.fixes import edit_call_kwargs, edit_calls_on_line
 from auditor.rules._support.places import by_place, locations, steps_run
-from auditor.rules._support.text import line_ref, per_step, size_text
+from auditor.rules._support.text import line_ref, per_step, sites_text, size_text
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules.suppression import unsuppressed
 
@@ -114,9 +114,7 @@ class BlockingPinnedCopy(Rule):
         wait_ms = sum(w for _, _, w in found) / 1000.0
         where = sites(trace, launches, weights=np.clip(nbytes[rows], 0, None))
         ops = Counter(issuing_op(trace, L) or "(no operator)" for L in launches)
-        first = where[0][0].file if where else None
-        at = ("; at " + "; ".join(f"{line_ref(f.file, f.line, first)} ({per_step(n / steps)}/step, "
-                                  f"{size_text(b / steps)})" for f, n, b in where)) if where else ""
+        at = sites_text(where, steps, sizes=True)
         return self.finding(
             f"{per_step(len(found) / steps)} host-to-device copies per step from pinned memory "
             f"({size_text(total / steps)} per step) waited for the GPU in {trace.label}: the operator of each "

@@ -21,7 +21,7 @@ from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.queries import frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules._support.places import by_place, locations, on_accelerator, steps_run
-from auditor.rules._support.text import line_ref, per_step
+from auditor.rules._support.text import line_ref, per_step, sites_text
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules.suppression import unsuppressed
 
@@ -139,9 +139,7 @@ class CudnnBenchmark(Rule):
         kernel_ms = float(trace.col("dur")[kernels].sum()) / 1000.0
         inputs = sorted({shape for (shape, _), _ in common})
         where = sites(trace, rows)
-        first = where[0][0].file if where else None
-        at = ("; at " + "; ".join(f"{line_ref(f.file, f.line, first)} ({per_step(n / steps)}/step)"
-                                  for f, n, _ in where)) if where else ""
+        at = sites_text(where, steps)
         return self.finding(
             f"The GPU ran {per_step(len(rows) / steps)} cuDNN convolutions per step in {trace.label} with "
             f"torch.backends.cudnn.benchmark off (as the run recorded it), with the same {len(inputs)} input "

@@ -26,7 +26,7 @@ from auditor.evidence.trace.queries import frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules._support.gpu_costs import launch_cost
 from auditor.rules._support.places import by_place, locations, steps_run
-from auditor.rules._support.text import line_ref, per_step
+from auditor.rules._support.text import line_ref, per_step, sites_text
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules.suppression import unsuppressed
 
@@ -146,9 +146,7 @@ class ManualUpdate(Rule):
         host_ms = float(trace.col("dur")[rows].sum()) / 1000.0
         ops = Counter(trace.name(int(r)) for r in rows)
         where = sites(trace, rows)
-        first = where[0][0].file if where else None
-        at = ("; at " + "; ".join(f"{line_ref(f.file, f.line, first)} ({per_step(n / steps)}/step)"
-                                  for f, n, _ in where)) if where else ""
+        at = sites_text(where, steps)
         return self.finding(
             f"{per_step(len(rows) / steps)} in-place updates of parameter-shaped tensors per step outside an "
             f"optimizer in {trace.label} ({', '.join(f'{k} x{per_step(v / steps)}' for k, v in ops.most_common())}), "

@@ -35,3 +35,15 @@ def line_ref(file: str | None, line: int | None, headline_file: str | None) -> s
     if file and headline_file and file != headline_file:
         return f"{file_name(file)}:{line}"
     return f"line {line}"
+
+
+def sites_text(where: list, steps: int, sizes: bool = False) -> str:
+    """"; at line 14 (2/step); agent.py:39 (1/step)" for the user sites `where` a trace rule found
+    ([(frame, count, weight)], auditor.evidence.trace.queries.sites), each with its count per step
+    and, with `sizes`, its weight per step as bytes; "" when there is none."""
+    if not where:
+        return ""
+    first = where[0][0].file
+    return "; at " + "; ".join(
+        f"{line_ref(f.file, f.line, first)} ({per_step(n / steps)}/step"
+        + (f", {size_text(w / steps)})" if sizes else ")") for f, n, w in where)
