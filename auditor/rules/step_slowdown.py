@@ -119,26 +119,26 @@ class StepSlowdown(Rule):
         else:
             judged = {}
         slope = theil_sen(xs, ys)
-        wall_rise = round(rise_of(xs, ys), 3)
+        wall_rise_ms = rise_of(xs, ys)
+        wall_rise = round(wall_rise_ms, 3)
         rise, per_cpu_ms = wall_rise, None
+        # How sure: judged on the series the verdict was (CPU time on a CPU run, which other load
+        # scatters less), its first and last quarters' spread and its rise against the steps'
+        # scatter about its trend line.
+        basis, b_slope, b_rise, b_first, b_last = ys, slope, wall_rise_ms, first, last
         if judged:
             # On a CPU run the rise is the process's own CPU time's, in wall time at the run's wall
             # time per CPU ms (the factor other load stretched every step by, the median step's
             # too): load that came in bursts lifted the wall rise of one run 10 times another's.
             per_cpu_ms = median(s.ms / s.cpu_ms for s in steps if s.cpu_ms)
-            cpu_rise = rise_of(xs, [s.cpu_ms for s in steps])
+            cpu_rise = rise_of(xs, cpu)
             rise = round(cpu_rise * per_cpu_ms, 3)
             judged.update(cpu_rise_ms=round(cpu_rise, 3), wall_per_cpu_ms=round(per_cpu_ms, 3),
                           wall_rise_ms=wall_rise)
-        # How sure: the series the verdict was judged on (CPU time on a CPU run, which other load
-        # scatters less), its first and last quarters' spread and its rise against the steps'
-        # scatter about its trend line.
-        basis = [s.cpu_ms for s in steps] if judged else ys
-        b_slope = theil_sen(xs, basis)
+            basis, b_slope, b_rise, b_first, b_last = cpu, theil_sen(xs, cpu), cpu_rise, c_first, c_last
         b_icept = sorted(y - b_slope * x for x, y in zip(xs, basis))[len(basis) // 2]
-        b_first, b_last = quarter_medians(basis)
         confidence, confidence_text = trend_confidence(
-            basis, [b_icept + b_slope * x for x in xs], rise_of(xs, basis), options.min_ratio,
+            basis, [b_icept + b_slope * x for x in xs], b_rise, options.min_ratio,
             b_last / b_first if b_first > 0 else 0.0, "CPU" if judged else "wall", cpu_over_wall(steps))
         culprit = self._culprit(steps, xs)
         locs = [Location.of(culprit["where"])] if culprit and culprit["where"] else []
