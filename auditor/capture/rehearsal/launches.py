@@ -28,7 +28,6 @@ from typing import Any, Callable
 import torch
 
 from auditor.capture import probes
-from auditor.capture.frames import code_kinds, library_code
 from auditor.capture.rehearsal.device import call_site
 from auditor.evidence import model as m
 
@@ -65,7 +64,6 @@ _NO_FLOPS = [(("bytes_class", b), ("flops_class", 0), ("dtype", "")) for b in ra
 _OPTIM_DIR = os.path.normcase(os.path.realpath(os.path.dirname(torch.optim.__file__))) + os.sep
 _optim_code: dict[int, bool] = {}  # id(code) -> whether it is torch.optim's (the code kept in _KEPT)
 _KEPT: list = []
-_SITES: dict[tuple[int, int], tuple[str, int, str] | None] = {}  # (id(user code), f_lasti) -> call_site
 
 
 def op_name(func: Callable) -> str:
@@ -112,26 +110,6 @@ def _in_optim(frame: FrameType) -> bool:
     return v
 
 
-def _site(frame: FrameType) -> tuple[str, int, str] | None:
-    """`device.call_site(frame)`, cached per instruction of the first user frame above `frame`."""
-    f: FrameType | None = frame
-    kinds = code_kinds
-    while f is not None:
-        code = f.f_code
-        k = kinds.get(id(code))
-        if k is None:
-            k = 1 if library_code(code) else 0  # (which keeps the code object: its id stays its own)
-        if k == 0:
-            key = (id(code), f.f_lasti)
-            try:
-                return _SITES[key]
-            except KeyError:
-                where = _SITES[key] = call_site(f)
-                return where
-        f = f.f_back
-    return call_site(frame)
-
-
 def count(what: str, args: tuple, out: Any, frame: FrameType | None, flops: int = 0) -> None:
     """One launch of `what` (a GPU call that ran with `args` and returned `out`) at the user's line."""
     rec = probes.REC
@@ -154,4 +132,4 @@ def count(what: str, args: tuple, out: Any, frame: FrameType | None, flops: int 
         fixed = (("bytes_class", nbytes.bit_length()), ("flops_class", int(flops).bit_length()), ("dtype", dtype))
     else:
         fixed = _NO_FLOPS[nbytes.bit_length()]
-    rec.add_sums(m.DEVICE_LAUNCH, what, _site(frame), fixed, bytes=nbytes, flops=flops)
+    rec.add_sums(m.DEVICE_LAUNCH, what, call_site(frame), fixed, bytes=nbytes, flops=flops)
