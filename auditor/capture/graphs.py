@@ -169,15 +169,21 @@ def _modules_in(value: Any) -> list[tuple[Any, torch.nn.Module]]:
     return []
 
 
-def _holders(module: types.ModuleType | None) -> list[Holder]:
+def _holders(module: types.ModuleType | None, claimed: set[int] | None = None) -> list[Holder]:
     """(name, kind, tensors, (class, attribute) or None, value) for the target module's globals (and one
     level of their attributes) that hold tensors other than parameters, and for the state inside
     the nn.Modules among them."""
     if module is None:
         return []
+    return _namespace_holders(vars(module), set() if claimed is None else claimed)
+
+
+def _namespace_holders(names: dict[str, Any], claimed: set[int]) -> list[Holder]:
+    """The holders among the names of one namespace (a module's globals, a function's locals);
+    `claimed`: ids of the modules and objects already walked (a local that is another name for a
+    global is that global's holder already)."""
     out: list[Holder] = []
-    claimed: set[int] = set()  # modules already walked
-    for name, value in list(vars(module).items()):
+    for name, value in list(names.items()):
         if name.startswith("__") or isinstance(value, (types.ModuleType, type, types.FunctionType)):
             continue
         if isinstance(value, torch.nn.Module):
@@ -185,16 +191,52 @@ def _holders(module: types.ModuleType | None) -> list[Holder]:
             continue
         for key, mod in _modules_in(value):  # `nets = [G, D]`, `models = {"g": G}`
             out.extend(_module_holders(f"{name}[{key!r}]", mod, claimed))
+        if type(value) not in _PLAIN and type(value) is not torch.nn.Parameter:
+            if id(value) in claimed:
+                continue
+            claimed.add(id(value))
         found = _tensors_in(value)
         if found:
             out.append((name, type(value).__name__, found, None, value))
             continue
+        claimed.discard(id(value))  # (an object: its attributes are walked once, below)
         out.extend(_attribute_holders(name, value, claimed, 0))
     # a global that is only another name for a module's parameter (the `p` a module-level
     # `for p in ema.parameters():` leaves behind) is that parameter's holder already
     owned = {id(h[2][0]) for h in out if h[1] == "Parameter" and h[3] is not None}
     return [h for h in out if h[3] is not None or not h[2]
             or not all(isinstance(t, torch.nn.Parameter) and id(t) in owned for t in h[2])]
+
+
+def _user_frames() -> list[types.FrameType]:
+    """The frames of the user's functions on this thread's stack, innermost first: at a step
+    boundary found inside a running program, the function that holds the training loop (and those
+    that called it) is still running, and its locals live on (a running loss kept as a tensor in
+    `train()`). Module-level frames are left out: their names are globals, walked as such."""
+    out = []
+    f: Any = sys._getframe(1)
+    while f is not None:
+        code = f.f_code
+        if code.co_name != "<module>" and not is_library(code.co_filename):
+            out.append(f)
+        f = f.f_back
+    return out
+
+
+def _local_holders(claimed: set[int]) -> list[tuple[Holder, types.FrameType]]:
+    """The holders among the locals of the user's running functions (each with its frame), named
+    as the function spells them (`total`, `self.losses`)."""
+    out = []
+    for frame in _user_frames():
+        for h in _namespace_holders(dict(frame.f_locals), claimed):
+            out.append((h, frame))
+    return out
+
+
+def function_span(code: types.CodeType) -> tuple[int, int]:
+    """First and last line of a function's code."""
+    lines = [n for _, _, n in code.co_lines() if n is not None]
+    return code.co_firstlineno, max(lines, default=code.co_firstlineno)
 
 
 _OBJECT_DEPTH = 3  # `agent.buffer.items`: a global's object's object's attribute
@@ -222,9 +264,30 @@ def _attribute_holders(name: str, obj: Any, claimed: set[int], depth: int) -> li
         found = _tensors_in(v)
         if found:
             out.append((path, type(v).__name__, found, (type(obj), attr) if depth or _users_object(obj) else None, v))
+            bound = state_bound(obj, attr)
+            if bound is not None:
+                _BOUNDS[id(v)] = bound
         elif depth + 1 < _OBJECT_DEPTH and _users_object(v):
             out.extend(_attribute_holders(path, v, claimed, depth + 1))
     return out
+
+
+_BOUNDS: dict[int, dict[str, Any]] = {}  # id of a holder's value -> the most it can hold (state_bound), per scan
+
+
+def state_bound(obj: Any, attr: str) -> dict[str, Any] | None:
+    """The most bytes `obj.<attr>` can ever hold, where a library states it: LBFGS keeps at most
+    `history_size` (direction, step) pairs of the flattened parameters in its state, and a few
+    vectors of that size besides (the direction, the previous gradient, the step; torch/optim/
+    lbfgs.py): its state fills to (2 * history_size + 3) flat vectors, then stays. None: no bound
+    known."""
+    if attr != "state" or not isinstance(obj, torch.optim.LBFGS):
+        return None
+    group = obj.param_groups[0]
+    flat = sum(p.numel() * p.element_size() for p in group["params"])
+    size = int(group["history_size"])
+    return {"bytes": (2 * size + 3) * flat, "why": f"LBFGS keeps at most history_size={size} (direction, step) "
+                                                   f"pairs of its {flat:,} bytes of parameters"}
 
 
 def _users_object(v: Any) -> bool:
@@ -283,6 +346,8 @@ class _Mutations(ast.NodeVisitor):
         if self.depth and (self._is_name(t) or (isinstance(t, ast.Subscript) and self._is_name(t.value))):
             self.lines.append(node.lineno)
             self._key(node.lineno, t)
+            if _keeps_no_graph(node.value):
+                self.weak.add(node.lineno)
         self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -307,6 +372,17 @@ class _Mutations(ast.NodeVisitor):
             self.lines.append(node.lineno)  # (`self.rm.mul_(0.9).add_(0.1 * m)`: in place, a graph per step)
             self._key(node.lineno, f.value)
         self.generic_visit(node)
+
+
+_NO_GRAPH = frozenset({"item", "detach", "tolist", "numpy", "float", "int"})  # calls whose result keeps no graph
+
+
+def _keeps_no_graph(value: ast.AST) -> bool:
+    """`loss.item()`, `loss.detach()`, `float(loss)`: a value stored this way carries no graph, so
+    its line is not the one that grows a holder's graph (a line beside it may be)."""
+    return isinstance(value, ast.Call) and (
+        (isinstance(value.func, ast.Attribute) and value.func.attr in _NO_GRAPH)
+        or (isinstance(value.func, ast.Name) and value.func.id in _NO_GRAPH))
 
 
 def _in_place(method: str) -> bool:
@@ -622,24 +698,33 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
     live = [t for t in [o for o in gc.get_objects() if type(o) is tensor or type(o) is param]
             if t.grad_fn is not None]
     holders = []
-    for name, kind, tensors, owner, value in _holders(module):
-        where = None
+    claimed: set[int] = set()
+    _BOUNDS.clear()
+    found: list[tuple[Holder, types.FrameType | None]] = [(h, None) for h in _holders(module, claimed)]
+    found += _local_holders(claimed)
+    for (name, kind, tensors, owner, value), frame in found:
+        where, function, file, span, lines = None, "", source_file, step, []
+        if frame is not None:  # a local: grown by its own function, as `name`
+            function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            file, span = frame.f_code.co_filename, function_span(frame.f_code)
         # a module's attribute is grown by its class's own methods, as `self.<attr>`; failing that
         # (or for a global), by the script, as `name` (`model.cache.append(out)` in the step)
         at = attribute_line(*owner) if owner is not None else None
         if at:
             where = {"file": at[0], "line": at[1], "function": ""}
-        elif source_file:
-            lines = mutation_lines(source_file, name, step)
+        elif file:
+            lines = mutation_lines(file, name, span)
+            if frame is not None:  # (only the function's own lines spell its local)
+                lines = [n for n in lines if span[0] <= n <= span[1]]
             if not lines and kind == "Parameter":
-                lines = parameter_update_lines(source_file, name)
+                lines = parameter_update_lines(file, name)
             if lines:
-                where = {"file": source_file, "line": lines[0], "function": ""}
+                where = {"file": file, "line": lines[0], "function": function}
         with_graph = [t for t in tensors if t.grad_fn is not None]
         # (only the step function's own lines, when it is known: other functions of the file that
         # store into the same entry did not run in the step)
-        stores = (_graph_stores(value, source_file, name, [n for n in lines if step is None or step[0] <= n <= step[1]])
-                  if with_graph and source_file and not at and isinstance(value, dict) and len(lines) > 1 else [])
+        stores = (_graph_stores(value, file, name, [n for n in lines if span is None or span[0] <= n <= span[1]])
+                  if with_graph and file and not at and isinstance(value, dict) and len(lines) > 1 else [])
         entry = {"name": name, "kind": kind, "tensors": len(tensors), "graph_tensors": len(with_graph),
                  "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors), "where": where,
                  # on the GPU (or meant for it, in CUDA rehearsal, where they live in process memory)
@@ -647,9 +732,13 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
         if with_graph:
             _watch_backward(name, with_graph[:_ROW_SAMPLE])  # (the newest: the walk meets them first)
             entry["rows"] = row_parts(value)
+        if frame is not None:
+            entry["function"] = function  # a local of this function (its qualified name)
+        if id(value) in _BOUNDS:
+            entry["bound_bytes"], entry["bound_why"] = _BOUNDS[id(value)]["bytes"], _BOUNDS[id(value)]["why"]
         if len(stores) > 1:
             entry["stores"] = stores
-            entry["where"] = {"file": source_file, "line": stores[0]["line"], "function": ""}
+            entry["where"] = {"file": file, "line": stores[0]["line"], "function": function}
         if name in _backpropagated:
             entry["backpropagated"] = True
         holders.append(entry)

@@ -8,6 +8,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix, Location
+from auditor.rules._support.holders import holder_key, holder_label
 from auditor.rules._support.scans import spread_scans
 from auditor.fixes import parse_file
 
@@ -168,10 +169,10 @@ def _holder_names(holders: list[dict]) -> str:
                 names.append(root)
             params[root] = params.get(root, 0) + 1
         else:
-            names.append(h["name"])
+            names.append(holder_label(h))
             if h.get("stores"):  # filled at several lines: each named
-                at[h["name"]] = f" (stored into at lines {', '.join(str(w['line']) for w in h['stores'])})"
-    return ", ".join(f"`{n}`'s parameters ({params[n]})" if n in params else f"`{n}`{at.get(n, '')}" for n in names)
+                at[names[-1]] = f" (stored into at lines {', '.join(str(w['line']) for w in h['stores'])})"
+    return ", ".join(f"`{n}`'s parameters ({params[n]})" if n in params else f"{n}{at.get(n, '')}" for n in names)
 
 
 class GraphLeak(Rule):
@@ -247,9 +248,9 @@ class GraphLeak(Rule):
         rate = (nodes[-1] - nodes[0]) / span if span else 0.0
         if rate < options.min_nodes_per_step:
             return
-        first_holders = {h["name"]: h for h in scans[0].holders}
+        first_holders = {holder_key(h): h for h in scans[0].holders}
         growing = [h for h in scans[-1].holders
-                   if h.get("nodes", 0) > first_holders.get(h["name"], {}).get("nodes", 0)]
+                   if h.get("nodes", 0) > first_holders.get(holder_key(h), {}).get("nodes", 0)]
         locs, edits, numerics, used, placed = [], [], False, [], set()
         for h in growing:
             # each line that stores a graph into the holder (a dict filled at several lines), else its one line
@@ -280,6 +281,7 @@ class GraphLeak(Rule):
                       "compared_steps": [s.after_step for s in scans],
                       "nodes_per_step": round(rate, 2),
                       "holders": [{"name": h["name"], "kind": h["kind"], "tensors": h["tensors"], "nodes": h["nodes"],
+                                   **({"function": h["function"]} if h.get("function") else {}),
                                    **({"rows": h["rows"]} if h.get("rows") else {}),
                                    **({"lines": [w["line"] for w in h["stores"]]} if h.get("stores") else {}),
                                    "backpropagated": bool(h.get("backpropagated"))}

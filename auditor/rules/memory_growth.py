@@ -6,6 +6,7 @@ from typing import Any, Iterable
 from auditor.evidence import model as m
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Finding, Fix, Location
+from auditor.rules._support.holders import holder_key, holder_label
 from auditor.rules._support.scans import spread_scans
 from auditor.rules._support.trends import spearman, theil_sen
 
@@ -71,6 +72,11 @@ class MemoryGrowth(Rule):
         after = [s for s in steps if s.index > settle]
         steps = after if len(after) >= options.min_steps else [s for s in steps if not s.profiled]
         holders = self._growing_holders(ev)
+        # A holder that a library caps (LBFGS's history) fills, then stays: its growth is no growth.
+        # The trend it explains is none either: at most its cap in all.
+        capped = [h for h in holders if h.get("bound_bytes") is not None and h["bytes"] <= h["bound_bytes"]]
+        holders = [h for h in holders if h not in capped]
+        capped_mib = sum(h["bound_bytes"] for h in capped) / MiB
         held_growth = sum(h["growth_bytes"] for h in holders) / MiB
         held_enough = held_growth >= options.min_held_growth_mib
         if len(steps) < options.min_steps and not held_enough:
@@ -82,17 +88,22 @@ class MemoryGrowth(Rule):
         rho = spearman(xs, ys)
         trend = (growth >= options.min_growth_mib and slope >= options.min_mib_per_step
                  and rho >= options.min_correlation)
+        if capped and not holders and growth <= capped_mib:
+            trend = False
         if not trend and not held_enough:
             return
         locs = [Location(file=h["where"]["file"], line=h["where"]["line"], code=h["where"].get("code", ""))
                 for h in holders if h.get("where")]
+        caps = "; ".join(f"`{h['name']}` is capped ({h['bound_why']}: at most {h['bound_bytes'] / MiB:.0f} MiB, "
+                         f"{h['bytes'] / MiB:.0f} MiB now), not counted" for h in capped)
         # In CUDA rehearsal the program's GPU tensors live in process memory: growth they make is
         # the GPU's device memory on the machine the program is written for, not host RAM.
-        on_gpu = {h["name"] for h in holders if 2 * h.get("device_growth_bytes", 0) >= h["growth_bytes"]}
+        on_gpu = {holder_key(h) for h in holders if 2 * h.get("device_growth_bytes", 0) >= h["growth_bytes"]}
         rehearsed_gpu = (not device and ev.environment.rehearsal and held_growth > 0
-                         and sum(h["growth_bytes"] for h in holders if h["name"] in on_gpu) >= 0.5 * held_growth * MiB)
-        held = "; ".join(f"`{h['name']}` grew by {h['growth_bytes'] / MiB:.0f} MiB"
-                         + (" of GPU tensors" if rehearsed_gpu and h["name"] in on_gpu else "") for h in holders)
+                         and sum(h["growth_bytes"] for h in holders if holder_key(h) in on_gpu)
+                         >= 0.5 * held_growth * MiB)
+        held = "; ".join(f"{holder_label(h)} grew by {h['growth_bytes'] / MiB:.0f} MiB"
+                         + (" of GPU tensors" if rehearsed_gpu and holder_key(h) in on_gpu else "") for h in holders)
         what = "CUDA allocated memory" if device else "Process memory (RSS)"
         if not trend:  # the memory is plainly held by module state, even if RSS is too noisy to show it
             scans = spread_scans(ev.graph_scans)
@@ -108,7 +119,8 @@ class MemoryGrowth(Rule):
         yield self.finding(
             f"{head}; at this rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB"
             + (" of GPU memory." if rehearsed_gpu else ".")
-            + (f" Held by module state: {held}." if held else ""),
+            + (f" Held by {'module state' if not any(h.get('function') for h in holders) else 'the program'}: "
+               f"{held}." if held else "") + (f" ({caps}.)" if caps else ""),
             locations=locs,
             evidence={"metric": metric, "start_mib": round(ys[0], 1) if ys else None,
                       "end_mib": round(ys[-1], 1) if ys else None, "held_growth_mib": round(held_growth, 1),
@@ -116,9 +128,12 @@ class MemoryGrowth(Rule):
                       "steps_used": len(steps), "gpu_tensors_in_rehearsal": rehearsed_gpu,
                       "holders": [{k: h.get(k, 0) for k in ("name", "kind", "tensors", "bytes", "growth_bytes",
                                                             "device_growth_bytes")}
-                                  for h in holders]},
+                                  | ({"function": h["function"]} if h.get("function") else {})
+                                  for h in holders],
+                      "capped": [{"name": h["name"], "bytes": h["bytes"], "bound_bytes": h["bound_bytes"],
+                                  "bound": h["bound_why"]} for h in capped]},
             cost=None,
-            fix=Fix(summary=_advice(holders[0], holders[0]["name"] in on_gpu) if holders else
+            fix=Fix(summary=_advice(holders[0], holder_key(holders[0]) in on_gpu) if holders else
                     "Stop keeping per-step tensors: keep summaries, clear buffers, detach and move to CPU."),
         )
 
@@ -130,17 +145,17 @@ class MemoryGrowth(Rule):
         if len(ev.graph_scans) < 2:
             return []
         scans = spread_scans(ev.graph_scans)
-        series: dict[str, list[int]] = {}
+        series: dict[tuple[str, str], list[int]] = {}
         for k, scan in enumerate(scans):
             for h in scan.holders:
-                series.setdefault(h["name"], [0] * len(scans))[k] = h.get("bytes", 0)
-        on_device: dict[str, list[int]] = {}
+                series.setdefault(holder_key(h), [0] * len(scans))[k] = h.get("bytes", 0)
+        on_device: dict[tuple[str, str], list[int]] = {}
         for k, scan in enumerate(scans):
             for h in scan.holders:
-                on_device.setdefault(h["name"], [0] * len(scans))[k] = h.get("device_bytes", 0)
+                on_device.setdefault(holder_key(h), [0] * len(scans))[k] = h.get("device_bytes", 0)
         grown = []
         for h in scans[-1].holders:
-            b, d = series[h["name"]], on_device[h["name"]]
+            b, d = series[holder_key(h)], on_device[holder_key(h)]
             if all(later > earlier for earlier, later in zip(b, b[1:])) and b[-1] - b[0] >= MiB:
                 grown.append({**h, "growth_bytes": b[-1] - b[0], "device_growth_bytes": max(0, d[-1] - d[0])})
         return sorted(grown, key=lambda h: -h["growth_bytes"])
