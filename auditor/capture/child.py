@@ -381,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
     if rehearsal_info:
         env["rehearsal"] = True
         env["notes"].append(rehearsal_info.get("note", "CUDA rehearsal on the CPU"))
+        _watch_rehearsed_memory(args.out, env)
     out.send(wire.Hello(environment=env, pid=os.getpid()))
     if _is_program(args.target):  # a whole program, run as Python runs it: auditor.capture.program
         return _run_program(args, out, rec, collectors)
@@ -500,6 +501,19 @@ def _run_program(args: argparse.Namespace, out: Writer, rec: probes.Recorder, co
     parts = ChildParts(out, rec, collectors, Profiler(args.out, args.run_name, args.steps, args.profile),
                        graph_scan_points(args.steps), send_setup, _ending, backend_flags, cuda_devices)
     return run_program(parse_target(args.target), args, parts)
+
+
+def _watch_rehearsed_memory(out_dir: str, env: dict) -> None:
+    """With --device-memory, a rehearsal records its device's requests itself (as a GPU run has its
+    allocator): each step's end states the device memory they hold, and the step that outgrows the
+    device writes the snapshot a GPU would have (auditor.capture.rehearsal.memory.watch)."""
+    from auditor.capture import session as step_session
+    from auditor.capture.rehearsal import memory as rehearsed_memory
+
+    if rehearsed_memory.watch(out_dir):
+        step_session.REHEARSED_MEMORY = rehearsed_memory.step_end
+        env["notes"].append("device memory: the rehearsed device's requests were recorded; each step's device "
+                            "allocated memory is the bytes they requested (a lower bound)")
 
 
 def _failure_scan(out: Any, e: BaseException, i: int, module: Any, source: str | None, step_span: Any) -> None:

@@ -48,6 +48,47 @@ def _graph_size(tensors: list[torch.Tensor]) -> int:
     return len(seen)
 
 
+_saved_names: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_of(node: Any) -> list[torch.Tensor]:
+    """The tensors an autograd node saved for its backward (`_saved_self`, `_saved_result`, ...):
+    the activations a kept graph keeps alive. The attribute names are read once per node type."""
+    names = _saved_names.get(type(node))
+    if names is None:
+        names = _saved_names[type(node)] = tuple(n for n in dir(type(node)) if n.startswith("_saved_"))
+    out = []
+    for n in names:
+        try:
+            v = getattr(node, n)
+        except (RuntimeError, AttributeError):  # (freed by a backward that ran, or not a tensor slot)
+            continue
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            out.extend(x for x in v if isinstance(x, torch.Tensor))
+    return out
+
+
+def graph_bytes(tensors: list[torch.Tensor], budget: int = 200_000) -> int:
+    """Bytes of the storages the graphs behind `tensors` saved for their backward, each storage
+    once (up to `budget` nodes): what a holder of graph-carrying tensors keeps alive besides its
+    own tensors."""
+    seen: set[int] = set()
+    keep: list[Any] = []
+    saved: list[torch.Tensor] = []
+    stack = [t.grad_fn for t in tensors]
+    while stack and len(seen) < budget:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        keep.append(node)
+        saved.extend(_saved_of(node))
+        stack.extend(n for n, _ in node.next_functions)
+    return _nbytes([t for t in saved if not (t.is_leaf and t.requires_grad)])  # (parameters are no activations)
+
+
 _DEPTH = 3  # a list of tuples of tensors is two levels down; one more for a list inside a row
 _BUDGET = 2_000_000  # items looked at per holder: a scan stays well under a second
 
@@ -341,6 +382,15 @@ class _Mutations(ast.NodeVisitor):
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
+    def visit_For(self, node: ast.For | ast.While) -> None:
+        """A loop at a script's top level runs every step (a script's training loop): its lines
+        count as a function's do. Outside loops, the top level runs once (setup)."""
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_While = visit_AsyncFor = visit_For
+
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         t = node.target  # `total += loss`, `stats["loss"] += loss`
         if self.depth and (self._is_name(t) or (isinstance(t, ast.Subscript) and self._is_name(t.value))):
@@ -371,6 +421,8 @@ class _Mutations(ast.NodeVisitor):
                 and (self._is_name(f.value) or (isinstance(f.value, ast.Subscript) and self._is_name(f.value.value))):
             self.lines.append(node.lineno)  # (`self.rm.mul_(0.9).add_(0.1 * m)`: in place, a graph per step)
             self._key(node.lineno, f.value)
+            if node.args and all(_keeps_no_graph(a) for a in node.args):  # `xs.append(loss.item())`
+                self.weak.add(node.lineno)
         self.generic_visit(node)
 
 
@@ -730,6 +782,8 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
                  # on the GPU (or meant for it, in CUDA rehearsal, where they live in process memory)
                  "device_bytes": _nbytes([t for t in tensors if t.is_cuda or getattr(t, CUDA_MARK, False)])}
         if with_graph:
+            # the activations its graphs saved (on the GPU when its own tensors are)
+            entry["graph_bytes"] = graph_bytes(with_graph)
             _watch_backward(name, with_graph[:_ROW_SAMPLE])  # (the newest: the walk meets them first)
             entry["rows"] = row_parts(value)
         if frame is not None:

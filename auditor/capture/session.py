@@ -69,13 +69,18 @@ class StepSession:
         else:
             self.prof.after(i)
         allocated, reserved = device_memory()
+        forecast = None
+        if REHEARSED_MEMORY is not None:  # a CUDA rehearsal with --device-memory: its recorded requests
+            allocated, forecast = REHEARSED_MEMORY()
         self.out.send(wire.Step(index=i, start_s=self.t0 - self.t_first, ms=(t1 - self.t0) * 1e3,
                                 cpu_ms=(c1 - self.c0) * 1e3, profiled=i in self.window, failed=failed,
                                 rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
                                 anomaly_enabled=self.anomaly,
                                 tallies=self.rec.drain() + (self.lines.take() if self.lines is not None else []),
                                 collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec)))
-        if not failed and i in self.scans:
+        if forecast is not None:  # the step the rehearsed device would run out in: what holds it is scanned
+            self.out.send(wire.Snapshot(path=forecast, when="rehearsal-oom"))
+        if not failed and (i in self.scans or forecast is not None):
             self.out.send(wire.GraphScan(after_step=i, **graphs.scan(*self.scan_target())))
 
 
@@ -98,6 +103,11 @@ def collected(collectors: list, index: int) -> dict:
         if data is not None:
             out[c.name] = data
     return out
+
+
+# () -> (requested bytes live, forecast snapshot file or None): set by a CUDA rehearsal that records
+# its device's requests (auditor.capture.rehearsal.memory.watch)
+REHEARSED_MEMORY: Any = None
 
 
 def device_memory() -> tuple[int | None, int | None]:

@@ -21,3 +21,7 @@ MAX_OOM_FRAMES = 64
 def oom_record_path(snapshot_path: str | os.PathLike[str]) -> Path:
     """Where the OOM observer's record of a snapshot is: the same name with `.json`."""
     return Path(snapshot_path).with_suffix(".json")
+
+# The snapshot a CUDA rehearsal with --device-memory writes at the first step whose requests outgrow
+# the rehearsed device (auditor.capture.rehearsal.memory): a forecast, not a recording.
+REHEARSAL_FORECAST = "rehearsal_oom_snapshot.pickle"

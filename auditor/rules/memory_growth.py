@@ -104,7 +104,8 @@ class MemoryGrowth(Rule):
                          >= 0.5 * held_growth * MiB)
         held = "; ".join(f"{holder_label(h)} grew by {h['growth_bytes'] / MiB:.0f} MiB"
                          + (" of GPU tensors" if rehearsed_gpu and holder_key(h) in on_gpu else "") for h in holders)
-        what = "CUDA allocated memory" if device else "Process memory (RSS)"
+        what = ("Process memory (RSS)" if not device else "CUDA allocated memory" if not ev.environment.rehearsal
+                else "GPU memory (the requests this CUDA rehearsal recorded for the tensors the program puts on the GPU)")
         if not trend:  # the memory is plainly held by module state, even if RSS is too noisy to show it
             scans = spread_scans(ev.graph_scans)
             span = max(1, scans[-1].after_step - scans[0].after_step)

@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import linecache
 import os
+from bisect import bisect_left
 from typing import Any, Iterable, NamedTuple
 
-from auditor.evidence.allocator.analysis import helps, saving_text, simulate_conf
+import msgspec
+
+from auditor.evidence.allocator.analysis import helps, saving_text, simulate_conf, step_ends
+from auditor.evidence.oom_record import REHEARSAL_FORECAST
+from auditor.rules._support.holders import holder_key, holder_label, holder_location
 from auditor.evidence.allocator.replay import recorded_figures
 from auditor.evidence.allocator.devices import COMMON_CAPACITIES_GIB, COMMON_DEVICES_GIB
 from auditor.evidence.model import Evidence
@@ -251,6 +256,7 @@ class OomRisk(SnapshotRule):
             devices = list(snap.devices)
             if snap.oom is not None and snap.oom.device not in snap.devices:
                 devices.append(snap.oom.device)  # the very first allocation on that device failed
+            forecast = os.path.basename(str(snap.path)) == REHEARSAL_FORECAST
             for device in devices:
                 for f in self.check_device(snap, device, options, known):
                     e = f.evidence
@@ -259,7 +265,10 @@ class OomRisk(SnapshotRule):
                         if key in seen:
                             continue
                         seen.add(key)
+                        f = _with_holder(f, evidence, snap, device, forecast)
                     yield f
+                    if forecast and "requested" in e:
+                        break  # a GPU run dies at its first OOM: the forecast's later ones never happen
 
     def check_device(self, snap: Snapshot, device: int, options: Options,
                      known: dict[int, Capacity] | None = None) -> Iterable[Finding]:
@@ -385,3 +394,83 @@ class OomRisk(SnapshotRule):
                       "requested_at": _owner_rows([Owner(frame=asked, bytes=requested, count=1)])[0],
                       "owners": _owner_rows(top)},
             fix=_config_fix(snap, cached, "when it failed", known))
+
+
+MiB = 1 << 20
+
+
+def _oom_step(evidence: Evidence, snap: Snapshot, device: int, index: Any) -> int | None:
+    """The audited step an OOM in the snapshot's history fell in: the optimizer steps that ended
+    before it (the history's step annotations), less the steps the audit skipped."""
+    ends = step_ends(snap)
+    if not ends or not isinstance(index, int):
+        return None
+    t = snap.device_traces[device][index].time_us
+    if t is None:
+        return None
+    return bisect_left(ends, t) - (evidence.program.skipped if evidence.program else 0)
+
+
+def _keepers(evidence: Evidence, step: int | None) -> tuple[Any, list[dict[str, Any]]]:
+    """(the scan, the holders in it that keep GPU memory alive, most bytes first) at the OOM: the
+    scan made after the failing step, else the last before it; a rehearsal's forecast is written
+    (and scanned) at the end of the step whose requests outgrew the device, which the simulated
+    allocator, rounding requests up to its blocks, may have filled a step sooner: that scan counts
+    too. A holder whose bytes grew since the first scan comes first; one that holds under 1 MiB is
+    none."""
+    scans = sorted(evidence.graph_scans, key=lambda sc: (sc.after_step, sc.failed))
+    if step is not None:
+        scans = [sc for sc in scans if sc.after_step <= step + 1] or scans
+    if not scans:
+        return None, []
+    scan, first = scans[-1], {holder_key(h): h for h in scans[0].holders}
+    gpu = any(h.get("device_bytes") for h in scan.holders)
+
+    def held(h: dict[str, Any]) -> int:
+        return (h.get("device_bytes", 0) if gpu else h.get("bytes", 0)) + h.get("graph_bytes", 0)
+
+    def grew(h: dict[str, Any]) -> int:
+        was = first.get(holder_key(h))
+        return held(h) - held(was) if was is not None and scans[0] is not scan else 0
+
+    out = [{**h, "held": held(h), "grew": grew(h), "since": scans[0].after_step} for h in scan.holders
+           if held(h) >= MiB]
+    return scan, sorted(out, key=lambda h: (h["grew"] <= 0, -h["held"]))
+
+
+def _with_holder(f: Finding, evidence: Evidence, snap: Snapshot, device: int, forecast: bool) -> Finding:
+    """The OOM finding with what keeps the live memory alive, from the run's graph and tensor scans:
+    the holder, the line that fills it and the bytes it holds (the finding's location is that
+    line); for a rehearsal's forecast, the step the device would be full in."""
+    e = f.evidence
+    step = _oom_step(evidence, snap, device, e.get("oom_index"))
+    scan, keepers = _keepers(evidence, step)
+    message, title, locations = f.message, f.title, list(f.locations)
+    extra: dict[str, Any] = {}
+    if forecast:
+        when = f" in step {step}" if step is not None else ""
+        message = (f"Forecast by the CUDA rehearsal (--device-memory): the program would run out of GPU memory{when}. "
+                   + message)
+        title = "CUDA out of memory (forecast by the rehearsal)"
+        extra["forecast_step"] = step
+    if keepers:
+        h = keepers[0]
+        at = holder_location(h)
+        fills = f", filled at {os.path.basename(at.file)}:{at.line}" if at and not h.get("function") else ""
+        rate = ""
+        if h["grew"] > 0 and scan.after_step > h["since"]:
+            rate = (f", {format_bytes(h['grew'] // (scan.after_step - h['since']))} more per step since step "
+                    f"{h['since']}")
+        message += (f" What keeps the live memory alive: {holder_label(h)} ({h['kind']}{fills}) holds "
+                    f"{format_bytes(h['held'])} in {h['tensors']:,} tensor{'s' if h['tensors'] != 1 else ''} after "
+                    f"step {scan.after_step}{rate}.")
+        if at is not None:
+            locations = [at] + [loc for loc in locations if (loc.file, loc.line) != (at.file, at.line)]
+        extra["holder"] = {"name": h["name"], "function": h.get("function") or None, "kind": h["kind"],
+                           "bytes": h["held"], "tensors": h["tensors"], "growth_bytes": h["grew"],
+                           "after_step": scan.after_step, "file": at.file if at else None,
+                           "line": at.line if at else None}
+    if not extra and message == f.message:
+        return f
+    return msgspec.structs.replace(f, message=message, title=title, locations=locations,
+                                   evidence={**e, **extra})

@@ -35,6 +35,7 @@ from auditor.capture.rehearsal import device
 from auditor.evidence import model as m
 from auditor.evidence.allocator.config import ConfError, parse_alloc_conf
 from auditor.evidence.allocator.synth import snapshot_from_requests
+from auditor.evidence.oom_record import REHEARSAL_FORECAST
 
 _AUDITOR_DIR = os.path.dirname(auditor.__file__) + os.sep
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -56,6 +57,9 @@ class Recorder:
         self.max_entries = max_entries
         self.seen: set[int] = set()  # ids of live leaves whose gradients are taken, and of those gradients
         self.annotations: list[dict[str, Any]] = []  # optimizer steps' ends, as torch's profiler annotates them
+        self.sizes: dict[int, int] = {}  # allocation id -> requested bytes, while live
+        self.live_bytes = 0  # requested bytes live now
+        self.peak_bytes = 0  # the most live since the last step boundary (take_peak)
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self.hook = register_optimizer_step_post_hook(self._stepped)
 
@@ -113,7 +117,18 @@ class Recorder:
             del self.live[key]
             self._add("free", ident, 0)
 
+    def take_peak(self) -> int:
+        """The most requested bytes live since the last call; the count starts again from now."""
+        peak, self.peak_bytes = self.peak_bytes, self.live_bytes
+        return peak
+
     def _add(self, action: str, ident: int, size: int, before: bool = False) -> None:
+        if action == "alloc":
+            self.sizes[ident] = size
+            self.live_bytes += size
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        else:
+            self.live_bytes -= self.sizes.pop(ident, 0)
         if before:  # made before the history: a live block with no stack (as torch keeps it)
             self.requests.append({"action": action, "id": ident, "size": size, "stream": 0, "before": True})
         elif len(self.requests) < self.max_entries:
@@ -134,12 +149,14 @@ def _stack() -> list[dict[str, Any]]:
     return out
 
 
-_STATE: dict[str, Recorder | None] = {"recorder": None}
+_STATE: dict[str, Any] = {"recorder": None, "watch": None}
 
 
 def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1_000_000, **kwargs: Any) -> None:
     """torch.cuda.memory._record_memory_history: on with any `enabled` but None (off drops the history)."""
     if enabled is None or enabled is False:
+        if _STATE["watch"] is not None:
+            return  # (the audit's own recording goes on: the forecast covers the whole run)
         rec = _STATE["recorder"]
         if rec is not None:
             rec.hook.remove()
@@ -153,6 +170,41 @@ def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1
         rec = _STATE["recorder"] = Recorder(max_entries)
         rec.seed()
     device.ON_MARK = rec.track
+
+
+FORECAST_FILE = REHEARSAL_FORECAST
+
+
+def watch(out_dir: str) -> bool:
+    """Record the rehearsed device's requests from now on, as a GPU run records the allocator's
+    history, when the device's memory is given (`--device-memory`): each step's end then states the
+    requested bytes live (the device's allocated memory, a lower bound: autograd's temporaries are
+    not requests), and the first step whose requests outgrow the device writes the snapshot a GPU
+    would have written (FORECAST_FILE in `out_dir`), with the `oom` entry where the simulated
+    allocator ran out. Without `--device-memory` nothing is recorded (it costs a weakref per
+    tensor)."""
+    if not os.environ.get("AUDITOR_DEVICE_MEMORY_GIB"):
+        return False
+    record_memory_history(True)
+    _STATE["watch"] = {"out": out_dir, "written": False}
+    return True
+
+
+def step_end() -> tuple[int | None, str | None]:
+    """(requested bytes live now, the forecast snapshot's file name when this step's peak outgrew
+    the device for the first time); (None, None) when the audit is not recording."""
+    rec, w = _STATE["recorder"], _STATE["watch"]
+    if rec is None or w is None:
+        return None, None
+    peak = rec.take_peak()
+    if w["written"] or peak <= capacity():
+        return rec.live_bytes, None
+    w["written"] = True
+    try:
+        dump_snapshot(os.path.join(w["out"], FORECAST_FILE))
+    except (OSError, pickle.PickleError):
+        return rec.live_bytes, None
+    return rec.live_bytes, FORECAST_FILE
 
 
 def capacity() -> int:
