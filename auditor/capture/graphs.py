@@ -264,11 +264,13 @@ def _user_frames() -> list[types.FrameType]:
     return out
 
 
-def _local_holders(claimed: set[int]) -> list[tuple[Holder, types.FrameType]]:
+def _local_holders(claimed: set[int], more: list[types.FrameType] = ()) -> list[tuple[Holder, types.FrameType]]:
     """The holders among the locals of the user's running functions (each with its frame), named
-    as the function spells them (`total`, `self.losses`)."""
+    as the function spells them (`total`, `self.losses`); `more`: frames of a traceback (the
+    functions an error left), whose locals live while it does."""
     out = []
-    for frame in _user_frames():
+    for frame in [*_user_frames(), *(f for f in more if f.f_code.co_name != "<module>"
+                                     and not is_library(f.f_code.co_filename))]:
         for h in _namespace_holders(dict(frame.f_locals), claimed):
             out.append((h, frame))
     return out
@@ -734,17 +736,18 @@ def _watch_backward(name: str, tensors: list[torch.Tensor]) -> None:
 
 
 def scan(module: types.ModuleType | None, source_file: str | None,
-         step: tuple[int, int] | None = None) -> dict[str, Any]:
+         step: tuple[int, int] | None = None, frames: list[types.FrameType] = ()) -> dict[str, Any]:
     """Count live graph-carrying tensors and the graph behind them; name the globals holding tensors
     (with their bytes, for memory-growth) and the lines that grow them; for a buffer of rows, where
     in a row the graph sits; and whether a backward ran through what a holder kept since an earlier
     scan saw it. Run with torch-function dispatch off: a mode on the stack (the user's, the default
     device's) would see every read of every live tensor."""
     with no_torch_function():
-        return _scan(module, source_file, step)
+        return _scan(module, source_file, step, frames)
 
 
-def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[int, int] | None) -> dict[str, Any]:
+def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[int, int] | None,
+          frames: list[types.FrameType] = ()) -> dict[str, Any]:
     from auditor.capture.rehearsal.device import CUDA_MARK  # (here: that module imports the probes)
     tensor, param = torch.Tensor, torch.nn.Parameter  # (locals: tested once per gc-tracked object, ~300k)
     live = [t for t in [o for o in gc.get_objects() if type(o) is tensor or type(o) is param]
@@ -753,7 +756,7 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
     claimed: set[int] = set()
     _BOUNDS.clear()
     found: list[tuple[Holder, types.FrameType | None]] = [(h, None) for h in _holders(module, claimed)]
-    found += _local_holders(claimed)
+    found += _local_holders(claimed, list(frames))
     for (name, kind, tensors, owner, value), frame in found:
         where, function, file, span, lines = None, "", source_file, step, []
         if frame is not None:  # a local: grown by its own function, as `name`

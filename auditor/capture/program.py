@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from auditor.capture import wire
+from auditor.capture import graphs, wire
 from auditor.capture.session import StepSession
 from auditor.capture.steps import StepFinder, StepsDone, makes_no_optimizer
 from auditor.capture.target import Target, TargetError
@@ -90,6 +90,7 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
                         no_optimizer=no_optimizer)
     code: int | None = 0
     ending: wire.Ended | None = None
+    raised: BaseException | None = None  # the program's own error, which a graph scan follows
     finder.install()
     try:
         if target.kind == "script" and target.file.endswith(".py"):
@@ -113,12 +114,18 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         elif code != 0:
             ending = parts.ending(e, _open_step(finder))
     except BaseException as e:  # the program's own error: printed as Python prints it
+        raised = e
         ending = parts.ending(e, _open_step(finder))
         code = 1
         traceback.print_exception(type(e), e, _users_traceback(e.__traceback__))
     ended_by_audit = finder.stopped
     failed_in_step = ending is not None and _open_step(finder) is not None
+    failed_step = _open_step(finder) if failed_in_step else None
     finder.finish(failed=failed_in_step)
+    if failed_step is None and finder.recorded:  # the error fell between steps: after the last one
+        failed_step = finder.recorded - 1
+    if failed_step is not None and raised is not None and not isinstance(raised, KeyboardInterrupt):
+        _failure_scan(out, raised, failed_step, scan_target())
     parts.prof.stop()
     if parts.prof.window():
         out.send(wire.Profile(steps=[s for s in parts.prof.window() if s < finder.recorded],
@@ -160,6 +167,19 @@ def run_script(path: str, argv0: str) -> None:
     sys.modules["__main__"] = main
     sys.argv[0] = argv0
     exec(code, main.__dict__)
+
+
+def _failure_scan(out: Any, e: BaseException, step: int, target: tuple[Any, str | None, Any]) -> None:
+    """A graph scan after the step the program's error ended (an out-of-memory error is where a
+    leak ends): the locals of the user's functions the error left (the training loop's `preds`) are
+    scanned with the globals, then let go. Best effort: the scan must not hide how the run ended."""
+    try:
+        frames = [f for f, _ in traceback.walk_tb(e.__traceback__)]
+        out.send(wire.GraphScan(after_step=step, failed=True, **graphs.scan(*target, frames=frames)))
+        del frames
+        traceback.clear_frames(e.__traceback__)
+    except Exception:
+        pass
 
 
 def _users_traceback(tb: Any) -> Any:
