@@ -119,7 +119,10 @@ def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
         if not config.enabled(rule_id):
             continue
         rule = cls()
-        reason = skip_reason(rule, evidence)
+        try:
+            reason = skip_reason(rule, evidence)
+        except Exception as e:  # a rule that cannot tell whether it applies is skipped, saying why
+            reason = f"could not be judged: {type(e).__name__}: {e}"
         if reason:
             out.skipped.append({"rule": rule_id, "reason": reason})
             continue

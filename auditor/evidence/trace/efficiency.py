@@ -129,6 +129,8 @@ class Efficiency(msgspec.Struct, frozen=True):
     gpu_ms: float  # all GPU work (kernels, copies, memsets), summed
     # modelled operator calls with kernels whose recorded inputs the formulas could not use (left out)
     unread_ops: int = 0
+    # why the model could not read the trace at all ("" when it could): the tables are empty then
+    failed: str = ""
 
 
 # -- shapes ------------------------------------------------------------------------------------
@@ -349,7 +351,7 @@ def _op_work(name: str, dims: Any, types: Any, concrete: Any) -> tuple[float, fl
         spatial = x[2:]
         stride = _ints(concrete[3]) if concrete and len(concrete) > 3 else None
         if stride:
-            if any(st <= 0 for st in stride):  # (no convolution has one: the record is unreadable)
+            if any(st <= 0 or st > MAX_DIM for st in stride):  # (no convolution has one: the record is unreadable)
                 return None
             stride = (stride * len(spatial))[:len(spatial)] if len(stride) == 1 else stride
             spatial = [max(1, s // st) for s, st in zip(spatial, stride)] if len(stride) == len(spatial) else spatial
@@ -422,10 +424,16 @@ def kernel_ops(trace: Trace) -> np.ndarray:
 
 # -- the summary -------------------------------------------------------------------------------
 def efficiency(trace: Trace, chosen: str = "") -> Efficiency:
-    """The trace's efficiency (cached per trace and `chosen`, the `--device` key)."""
+    """The trace's efficiency (cached per trace and `chosen`, the `--device` key). Never raises:
+    a trace the model cannot read gives an empty table whose `failed` says why, and the reports
+    (findings.json, report.html) are written without it."""
     cache: dict[str, Efficiency] = trace.__dict__.setdefault("_efficiency", {})
     if chosen not in cache:
-        cache[chosen] = _efficiency(trace, chosen)
+        try:
+            cache[chosen] = _efficiency(trace, chosen)
+        except Exception as e:  # noqa: BLE001 (one odd record must not cost the user the report)
+            cache[chosen] = Efficiency(device=None, device_basis="", has_shapes=False, ops=[], groups=[], steps=[],
+                                       gpu_ms=0.0, failed=f"{type(e).__name__}: {e}")
     return cache[chosen]
 
 
@@ -598,6 +606,8 @@ def steps_gpu(evidence: Any) -> list[dict[str, Any]] | None:
     if trace is None or not np.isin(trace.col("cat"), GPU_WORK).any():
         return None
     eff = efficiency(trace, evidence.environment.device_model)
+    if eff.failed:
+        return None
 
     def r(v: float | None, n: int) -> float | None:
         return None if v is None else round(v, n)
