@@ -6,7 +6,7 @@ from typing import Iterable
 
 import msgspec
 
-from auditor.evidence.allocator.analysis import bytes_pair, reports_for, saving_text, step_ends
+from auditor.evidence.allocator.analysis import bytes_pair, saving_text, snapshot_reports, step_ends
 from auditor.evidence.allocator.records import AllocatorReport
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import Snapshot, format_bytes
@@ -69,17 +69,11 @@ class AllocatorChurn(Rule):
                Option("top-requests", 3, "how many triggering lines to name", low=1))
 
     def check(self, evidence: Evidence, options: Options) -> Iterable[Finding]:
-        snaps = {id(s): s for s in evidence.snapshot_data}
-        reports = reports_for(evidence)
-        i = 0
-        for snap in evidence.snapshot_data:
-            for device in sorted(snap.histories):
-                r = reports[i]
-                i += 1
-                if len(r.churn) >= options.min_retries:
-                    yield self._finding(snaps[id(snap)], r, options)
-                if r.releases:
-                    yield self._releases_finding(snaps[id(snap)], r)
+        for snap, r in snapshot_reports(evidence):  # (one recording held by two snapshots: once)
+            if len(r.churn) >= options.min_retries:
+                yield self._finding(snap, r, options)
+            if r.releases:
+                yield self._releases_finding(snap, r)
 
     def _releases_finding(self, snap: Snapshot, r: AllocatorReport) -> Finding:
         """The program's own empty_cache() calls: the cache they returned and the cudaMallocs that

@@ -299,20 +299,38 @@ def retries_and_ooms(report: AllocatorReport) -> tuple[int, int]:
 
 
 def reports_for(evidence: Any, capacity: int | None = None) -> list[AllocatorReport]:
-    """Allocator reports of every snapshot with history the evidence holds, computed once and kept
-    on the evidence (runtime attribute `allocator_reports`, never serialised). The capacity is the
-    evidence's `device_memory_bytes` runtime attribute when set (--device-memory)."""
+    """Allocator reports of every snapshot with history the evidence holds (see snapshot_reports)."""
+    return [r for _, r in snapshot_reports(evidence, capacity)]
+
+
+def _entries(snapshot: Snapshot, device: int) -> list[tuple]:
+    return [(e.action, e.addr, e.size, e.stream, e.time_us) for e in snapshot.device_traces[device]]
+
+
+def snapshot_reports(evidence: Any, capacity: int | None = None) -> list[tuple[Snapshot, AllocatorReport]]:
+    """(snapshot, report) for each device history the evidence holds, computed once and kept on the
+    evidence (runtime attribute `allocator_reports`, never serialised). One recording is reported
+    once: the OOM snapshot and the profiled window's history snapshot dumped after the same OOM hold
+    the same trace (the window's may go on past it), so a history whose entries begin another's, or
+    are begun by it, is left out; the snapshot with the OOM observer's record is kept (it knows the
+    device's capacity). The capacity is the evidence's `device_memory_bytes` runtime attribute when
+    set (--device-memory)."""
     cached = evidence.__dict__.get("allocator_reports")
     if cached is not None:
         return cached
     from auditor.evidence.allocator.splits import split_mb_for
     capacity = capacity or evidence.__dict__.get("device_memory_bytes")
     out = []
-    for snap in evidence.snapshot_data:
+    seen: dict[int, list[list[tuple]]] = {}
+    for snap in sorted(evidence.snapshot_data, key=lambda s: s.oom is None):
         for device in sorted(snap.histories):
-            out.append(analyze(snap, device, capacity, split_mb=split_mb_for(snap, device)))
+            entries = _entries(snap, device)
+            if any(entries[:len(other)] == other[:len(entries)] for other in seen.get(device, [])):
+                continue
+            seen.setdefault(device, []).append(entries)
+            out.append((snap, analyze(snap, device, capacity, split_mb=split_mb_for(snap, device))))
     evidence.__dict__["allocator_reports"] = out
     return out
 
 
-__all__ = ["analyze", "capacity_for", "reports_for", "what_if_configs", "OOM", "RETRY"]
+__all__ = ["analyze", "capacity_for", "reports_for", "snapshot_reports", "what_if_configs", "OOM", "RETRY"]
