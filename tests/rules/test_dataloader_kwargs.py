@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import audit
+from conftest import audit, patch_text
 
 PROGRAM = '''\
 import time
@@ -78,7 +78,7 @@ def test_the_patched_dataloader_call_runs(tmp_path, case):
     a = audit("run", "prog.py", "--steps", "6", "--quiet", out=tmp_path / "out", cwd=tmp_path)
     assert a.returncode == 0, a.stderr
     [f] = a.rule("dataloader-bound")
-    patch = (a.out / "numerics-fixes.patch").read_text()
+    patch = patch_text(a.out / "numerics-fixes.patch")
     changed = [ln for ln in patch.splitlines() if ln[:1] in ("+", "-") and ln[:3] not in ("+++", "---")]
     summary = f["fix"]["summary"]
     if case == "literal-workers":
