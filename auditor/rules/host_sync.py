@@ -399,11 +399,11 @@ LOG_EVERY = 50  # the steps between two fetches the logging patch and setting pr
 
 
 def _fix(advice: list[str], places: list) -> Fix:
-    """The advice, with its patches: each logging statement that fetches every step guarded to run
-    every LOG_EVERY steps (rules._support.step_edits), where the loop around it counts steps; and fused=True
-    on the optimizer a GradScaler.step site steps, where its constructor is found. A fused optimizer
-    rounds slightly differently from the foreach one, so that edit goes to numerics-fixes.patch;
-    a fix's edits are all in one patch file, so a finding with it offers the logging edits as advice."""
+    """The advice, with its patches: fused=True on the optimizer a GradScaler.step site steps,
+    where its constructor is found (a fused optimizer rounds slightly differently from the foreach
+    one, so that edit goes to numerics-fixes.patch, and a fix's edits are in one patch file: the
+    logging is then advice); else the logging statements that fetch every step guarded to run every
+    LOG_EVERY steps (rules._support.step_edits), when every site is one in a loop that counts steps."""
     fused = [e for p in places if p.what == "GradScaler.step" and p.where
              for e in [_fused_edit(p.where.file, p.where.line)] if e]
     edits = [e for e, _ in fused]
@@ -413,12 +413,16 @@ def _fix(advice: list[str], places: list) -> Fix:
                     + ", ".join(str(line) for _, line in fused)
                     + " (the fused kernels round slightly differently from the unfused ones).")
         return Fix(summary=summary, config=_config(places), edits=edits, changes_numerics=True)
+    # Only when every site is guarded: the finding is the step's syncs together, and a patch that
+    # leaves one of them syncing every step leaves the finding (--verify: no-change).
     logged = []
     for p in places:
-        if p.what in _LOGGED and p.where:
-            e = every_n_steps(p.where.file, p.where.line, LOG_EVERY)
-            if e is not None and e not in logged:
-                logged.append(e)
+        e = every_n_steps(p.where.file, p.where.line, LOG_EVERY) if p.what in _LOGGED and p.where else None
+        if e is None:
+            logged = []
+            break
+        if e not in logged:
+            logged.append(e)
     if logged:
         summary += (" fixes.patch prints/logs every " + str(LOG_EVERY) + " steps at line "
                     + ", ".join(str(e.start) for e in logged) + " (guarded by the loop's step counter).")

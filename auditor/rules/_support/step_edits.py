@@ -4,8 +4,8 @@ what loop, if any, runs a line many times a step (what launch-bound's advice fol
 `every_n_steps` guards a statement that only writes out (print, a logger, a progress bar, a
 writer's add_scalar) with `if i % N == 0:`, where `i` is the counter of the loop the statement
 runs in: `for i in range(...)`, `for i, batch in enumerate(...)`, or either wrapped in a progress
-bar (`tqdm(range(...))`, `trange(...)`), the innermost such loop whose body takes the step (calls
-`.step()` or `.backward()`): a gradient-accumulation loop inside it restarts each step. The statement's values are then fetched from the device at
+bar (`tqdm(range(...))`, `trange(...)`), the innermost such loop whose body takes the optimizer step
+(calls `.step()`): a gradient-accumulation loop inside it restarts each step. The statement's values are then fetched from the device at
 one step in N. Nothing else changes: the statement computes nothing the program reads afterwards
 (an expression statement whose result is dropped), so the training does the same work.
 
@@ -58,10 +58,9 @@ def _assigned_in(body: list[ast.stmt], name: str) -> bool:
 
 
 def _steps_in(body: list[ast.stmt]) -> bool:
-    """Whether a loop's body takes a training step (an optimizer's `.step()` or a `.backward()`):
-    its counter counts steps, where an inner loop's (gradient accumulation) restarts each step."""
-    return any(isinstance(n, ast.Call) and _name(n.func) in ("step", "backward")
-               for stmt in body for n in ast.walk(stmt))
+    """Whether a loop's body takes an optimizer step (`.step()`): its counter counts steps, where an
+    inner loop's (gradient accumulation, whose body runs backward) restarts each step."""
+    return any(isinstance(n, ast.Call) and _name(n.func) == "step" for stmt in body for n in ast.walk(stmt))
 
 
 def every_n_steps(file: str, line: int, n: int = 50) -> Edit | None:
