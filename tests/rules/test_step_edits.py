@@ -117,3 +117,31 @@ def test_no_move_where_a_use_is_not_known(tmp_path, extra, more, why):
 def test_a_device_only_getitem_knows_is_not_moved(tmp_path):
     text = DATASET.format(extra="", more="").replace(".cuda()", ".to(self.device)")
     assert dataset_copy_out(_write(tmp_path, text), 7) is None
+
+
+MAPPINGS = """\
+kwargs = {"batch_size": 4, "num_workers": 0}
+loader = DataLoader(ds, **kwargs)
+multi = {
+    'batch_size': 4,
+}
+other = DataLoader(ds, shuffle=True, **multi)
+chosen = {"num_workers": 2 if cuda else 0}
+third = DataLoader(ds, **chosen)
+shared = {"num_workers": 0}
+shared.update(pin_memory=True)
+fourth = DataLoader(ds, **shared)
+"""
+
+
+def test_a_dict_literal_the_call_unpacks_gets_the_keys(tmp_path):
+    from auditor.fixes import edit_mapping
+
+    f = _write(tmp_path, MAPPINGS)
+    e = edit_mapping(f, 2, ("DataLoader",), {"num_workers": "2", "pin_memory": "True"})
+    assert (e.start, e.end, e.lines) == (1, 1, ['kwargs = {"batch_size": 4, "num_workers": 2, "pin_memory": True}'])
+    e = edit_mapping(f, 6, ("DataLoader",), {"num_workers": "2"})
+    assert (e.start, e.end, e.lines) == (4, 4, ["    'batch_size': 4,", "    'num_workers': 2,"])
+    # the user's own choice of a value, and a dict changed after it is made: left alone
+    assert edit_mapping(f, 8, ("DataLoader",), {"num_workers": "2"}) is None
+    assert edit_mapping(f, 11, ("DataLoader",), {"num_workers": "2"}) is None
