@@ -239,7 +239,8 @@ def edit_mapping(file: str, line: int, names: Iterable[str], set_items: dict[str
             if not isinstance(v, ast.Constant) or v.lineno != v.end_lineno:
                 return None  # (an expression, `2 if cuda else 0`: the user's choice, set where it is made)
             spans.append((v.lineno, v.col_offset, v.end_col_offset, value))
-    quote = lines[d.keys[0].lineno - 1].encode("utf-8")[d.keys[0].col_offset:d.keys[0].col_offset + 1].decode()  # type: ignore[union-attr]
+    first_key = d.keys[0]
+    quote = lines[first_key.lineno - 1].encode("utf-8")[first_key.col_offset:first_key.col_offset + 1].decode()
     quote = quote if quote in ("'", '"') else '"'
     added = [f"{quote}{k}{quote}: {v}" for k, v in set_items.items() if k not in have]
     last = d.values[-1]

@@ -43,6 +43,7 @@ from auditor.rules._support.step_edits import every_n_steps
 ELAPSED_TIME = "torch.cuda.Event.elapsed_time"  # the cuda-standin tally of auditor.capture.rehearsal.cuda
 EVENT_TIMING = "synchronize before Event.elapsed_time"  # (an ADVICE key, not a call's name)
 CLOCK_TIMING = "synchronize beside a clock read"  # (an ADVICE key, not a call's name)
+RETURNED = "a host value returned"  # (an ADVICE key: `return t.item()`)
 # Fetches whose values are written out: what the "every N steps" setting and patch are about.
 _LOGGED = frozenset({"Tensor.item", "print/repr(Tensor)", "format(Tensor)", "Tensor.cpu", "Tensor.tolist",
                      "Tensor.numpy", "float(Tensor)", "int(Tensor)", "SummaryWriter: Tensor.cpu",
@@ -68,6 +69,10 @@ ADVICE = {
                   "with CUDA events instead (`start.record()` ... `end.record()`) and read them every N steps "
                   "(`end.synchronize(); start.elapsed_time(end)` at logging steps only): the other steps need not "
                   "wait",
+    RETURNED: "the function returns the value as a host number, fetched at every call (an action for an "
+              "environment, a metric): return the tensor and fetch it where the number is needed (at logging "
+              "steps only, if it is logged), or batch the calls that need it (one fetch for many environments "
+              "or items)",
     "SummaryWriter: Tensor.cpu": _SUMMARY_WRITER,
     "SummaryWriter: Tensor.item": _SUMMARY_WRITER,
     "GradScaler.step": "create the optimizer with fused=True (Adam, AdamW, SGD): GradScaler.step then hands it "
@@ -281,7 +286,9 @@ class HostSync(Rule):
         clocked = _timed_by_clock(places)
         sites = [{**s, "before_elapsed_time": timed[id(p)]} if id(p) in timed else s for s, p in zip(sites, places)]
         sites = [{**s, "clock_read_at": clocked[id(p)]} if id(p) in clocked else s for s, p in zip(sites, places)]
+        returned = _returned(places)
         advice = sorted({ADVICE[EVENT_TIMING] if id(p) in timed else ADVICE[CLOCK_TIMING] if id(p) in clocked else
+                         ADVICE[RETURNED] if id(p) in returned else
                          ADVICE.get(p.what, "fetch values from the device every N steps, not every step")
                          for p in places})
         confidence, confidence_text = {}, ""
@@ -301,7 +308,7 @@ class HostSync(Rule):
                         note="not measured: on this CPU-only run nothing waits for a device; on an "
                              "accelerator each call waits for every queued kernel")
             sev, prefix = "info", "On an accelerator these would synchronise: "
-        fix = _fix(advice, places)
+        fix = _fix(advice, places, returned)
         fw_config, fw_advice = framework_fix(places)
         if fw_config:  # made inside a framework: its settings are the fix, never an edit of the user's call
             config = {k: v for k, v in fix.config.items() if k != "log_every_n_steps"}
@@ -395,10 +402,25 @@ def _timed_by_clock(places: list) -> dict[int, int]:
     return out
 
 
+def _returned(places: list) -> set[int]:
+    """{id(place)} of the fetches a `return` statement makes (`return action.item()`): the caller
+    needs the number at once, so logging less often is not their fix."""
+    out = set()
+    for p in places:
+        if p.what not in _LOGGED or not p.where:
+            continue
+        parsed = parse_file(p.where.file)
+        if parsed is not None and any(isinstance(n, ast.Return)
+                                      and n.lineno <= p.where.line <= (n.end_lineno or n.lineno)
+                                      for n in ast.walk(parsed[0])):
+            out.add(id(p))
+    return out
+
+
 LOG_EVERY = 50  # the steps between two fetches the logging patch and setting propose
 
 
-def _fix(advice: list[str], places: list) -> Fix:
+def _fix(advice: list[str], places: list, returned: set[int] = frozenset()) -> Fix:  # type: ignore[assignment]
     """The advice, with its patches: fused=True on the optimizer a GradScaler.step site steps,
     where its constructor is found (a fused optimizer rounds slightly differently from the foreach
     one, so that edit goes to numerics-fixes.patch, and a fix's edits are in one patch file: the
@@ -412,7 +434,7 @@ def _fix(advice: list[str], places: list) -> Fix:
         summary += (" numerics-fixes.patch adds fused=True to the optimizer at line "
                     + ", ".join(str(line) for _, line in fused)
                     + " (the fused kernels round slightly differently from the unfused ones).")
-        return Fix(summary=summary, config=_config(places), edits=edits, changes_numerics=True)
+        return Fix(summary=summary, config=_config(places, returned), edits=edits, changes_numerics=True)
     # Only when every site is guarded: the finding is the step's syncs together, and a patch that
     # leaves one of them syncing every step leaves the finding (--verify: no-change).
     logged = []
@@ -426,7 +448,7 @@ def _fix(advice: list[str], places: list) -> Fix:
     if logged:
         summary += (" fixes.patch prints/logs every " + str(LOG_EVERY) + " steps at line "
                     + ", ".join(str(e.start) for e in logged) + " (guarded by the loop's step counter).")
-    return Fix(summary=summary, config=_config(places), edits=logged)
+    return Fix(summary=summary, config=_config(places, returned), edits=logged)
 
 
 _FUSABLE = ("Adam", "AdamW", "SGD")
@@ -457,9 +479,10 @@ def _fused_edit(file: str, line: int) -> tuple[Edit, int] | None:
     return (edit, call.lineno) if edit else None
 
 
-def _config(places: list) -> dict[str, Any]:
+def _config(places: list, returned: set[int] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
     config: dict[str, Any] = {}
-    if any(p.what in _LOGGED for p in places):  # (a setting of the logging: only where values are logged)
+    # a setting of the logging: only where values are fetched to be logged (not returned to a caller)
+    if any(p.what in _LOGGED and id(p) not in returned for p in places):
         config["log_every_n_steps"] = LOG_EVERY
     if any(p.what == "GradScaler.step" for p in places):
         config["optimizer"] = {"fused": True}

@@ -106,3 +106,18 @@ def test_a_synchronize_that_times_the_step_is_advised_as_timing(tmp_path):
     assert f["fix"]["config"] == {} and "log_every_n_steps" not in a.stdout
     assert "verify: no fix to verify" in a.stdout
     assert not (a.out / "fixes.patch").exists() and not (a.out / "numerics-fixes.patch").exists()
+
+
+@pytest.mark.slow
+def test_an_item_returned_for_the_caller_is_not_advised_as_logging(tmp_path):
+    """reinforce.py's `return action.item()`: the environment needs the action at once, so neither
+    "log every N steps" nor a logging interval fits it."""
+    prog = _project(tmp_path / "proj", "reinforce.py")
+    a = audit("run", prog.name, "--no-profile", "--verify", out=tmp_path / "out", cwd=prog.parent)
+    assert a.returncode == 0, a.stderr[-3000:]
+    [f] = a.rule("host-sync")
+    [site] = f["evidence"]["sites"]
+    assert (site["what"], site["line"]) == ("Tensor.item", _line(prog, "return action.item()"))
+    summary = f["fix"]["summary"]
+    assert summary.startswith("the function returns the value as a host number, fetched at every call")
+    assert "log every N steps" not in summary and f["fix"]["config"] == {} and "log_every_n_steps" not in a.stdout

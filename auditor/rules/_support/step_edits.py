@@ -1,17 +1,19 @@
-"""Edits that move per-step work where it costs less: a logging statement run every N steps; and
-what loop, if any, runs a line many times a step (what launch-bound's advice follows).
+"""Edits that move per-step work where it costs less: a logging statement run every N steps, a
+Dataset's device copy moved out of `__getitem__` (dataset_copy_out); and what loop, if any, runs a
+line many times a step (what launch-bound's advice follows).
 
-`every_n_steps` guards a statement that only writes out (print, a logger, a progress bar, a
-writer's add_scalar) with `if i % N == 0:`, where `i` is the counter of the loop the statement
-runs in: `for i in range(...)`, `for i, batch in enumerate(...)`, or either wrapped in a progress
-bar (`tqdm(range(...))`, `trange(...)`), the innermost such loop whose body takes the optimizer step
-(calls `.step()`): a gradient-accumulation loop inside it restarts each step. The statement's values are then fetched from the device at
-one step in N. Nothing else changes: the statement computes nothing the program reads afterwards
-(an expression statement whose result is dropped), so the training does the same work.
+`every_n_steps` guards a statement that only writes out (print, a logger, a progress bar, a writer's
+add_scalar) with `if i % N == 0:`, where `i` is the counter of the loop the statement runs in: `for
+i in range(...)`, `for i, batch in enumerate(...)`, or either wrapped in a progress bar
+(`tqdm(range(...))`, `trange(...)`), the innermost such loop whose body takes the optimizer step
+(calls `.step()`): a gradient-accumulation loop inside it restarts each step. The statement's values
+are then fetched from the device at one step in N. Nothing else changes: the statement computes
+nothing the program reads afterwards (an expression statement whose result is dropped), so the
+training does the same work.
 
-No edit when the statement shares a line with another, spans lines holding a string (its text
-would be re-indented), is not an output call, or has no such loop around it within its function
-(a closure called by an optimizer has none: its loop is another function's).
+No edit when the statement shares a line with another, spans lines holding a string (its text would
+be re-indented), is not an output call, or has no such loop around it within its function (a closure
+called by an optimizer has none: its loop is another function's).
 """
 from __future__ import annotations
 
@@ -219,7 +221,8 @@ def dataset_copy_out(file: str, line: int) -> list[Edit] | None:
                             for a in copy.args):
         return None  # (a device read from `self` or the method's locals: not nameable outside it)
     src = "\n".join(lines)
-    call_text = "." + ast.get_source_segment(src, copy)[len(ast.get_source_segment(src, copy.func.value)):].lstrip(". \t")
+    whole, base = ast.get_source_segment(src, copy) or "", ast.get_source_segment(src, copy.func.value) or ""
+    call_text = "." + whole[len(base):].lstrip(". \t")
     pinned_text = call_text[:-1] + (", " if copy.args else "") + "non_blocking=True)"
     # the class: only instantiated, each instance bound once
     if any(isinstance(c, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id == cls.name for b in c.bases)
@@ -280,7 +283,6 @@ def dataset_copy_out(file: str, line: int) -> list[Edit] | None:
     if not loader_calls and not appends:
         return None
     # the text edits: the return loses its copy; each use gains one (line by line, from the right)
-    base = ast.get_source_segment(src, copy.func.value)
     new_lines = list(lines)
     spans = [(ret.lineno, copy.col_offset, copy.end_col_offset, base)]
     spans += [(n.end_lineno, n.end_col_offset, n.end_col_offset, text) for n, text in appends]
