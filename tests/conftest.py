@@ -75,6 +75,11 @@ def audit(*args: str, out: Path, cwd: Path | None = None, env: dict | None = Non
     return Audit(p.returncode, p.stdout, p.stderr, out)
 
 
+def patch_text(path: Path) -> str:
+    """A patch file's text, '' where the audit wrote none (it writes one only when it holds a patch)."""
+    return path.read_text() if path.exists() else ""
+
+
 def expected_lines(path: Path, rule_id: str) -> list[int]:
     """Lines of an example marked `# expect: rule-id`."""
     return [i for i, line in enumerate(path.read_text().splitlines(), 1)
