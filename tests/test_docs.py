@@ -246,3 +246,11 @@ def _html_text(text: str) -> str:
     import html
 
     return html.escape(text, quote=False)
+
+
+def test_rules_at_a_glance_table_is_the_registered_rules():
+    """The hand-written one-line table of docs/rules.md names every registered rule once, at its
+    default severity (the full reference below it is generated)."""
+    text = (ROOT / "docs" / "rules.md").read_text()
+    rows = re.findall(r"^\| `([a-z-]+)` \| (\w+) \|", text, re.M)
+    assert sorted(rows) == sorted((rule_id, cls.severity) for rule_id, cls in all_rules().items())
