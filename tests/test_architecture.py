@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 import pytest
 
@@ -126,3 +129,46 @@ def test_the_checks_see_the_package():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_module_size(module):
     assert len(MODULES[module].read_text().splitlines()) <= MAX_LINES
+
+
+def _untyped_fields(struct: type) -> list[str]:
+    """The fields, anywhere under `struct`, whose type is or holds `Any` (a free-form dict or list)."""
+    import msgspec.inspect as mi
+
+    found, seen = [], set()
+
+    def walk(t, where: str) -> None:
+        if isinstance(t, mi.AnyType):
+            found.append(where)
+        elif isinstance(t, mi.StructType):
+            if t.cls not in seen:
+                seen.add(t.cls)
+                for f in t.fields:
+                    walk(f.type, f"{t.cls.__name__}.{f.name}")
+        else:
+            for inner in ([getattr(t, a) for a in ("item_type", "key_type", "value_type") if hasattr(t, a)]
+                          + list(getattr(t, "item_types", ())) + list(getattr(t, "types", ()))):
+                walk(inner, where)
+
+    walk(mi.type_info(struct), struct.__name__)
+    return found
+
+
+def test_a_loaded_snapshot_is_typed_through():
+    """What the snapshot reader hands the allocator simulator and the memory rules is typed to the
+    leaves: no free-form dict (the settings, the annotations, the trace entries' unmodelled keys)."""
+    from auditor.evidence.snapshot import Snapshot
+
+    assert _untyped_fields(Snapshot) == []
+
+
+class _Inner(msgspec.Struct):
+    raw: dict[str, Any] = {}
+
+
+class _Outer(msgspec.Struct):
+    inner: list[_Inner] = []
+
+
+def test_the_typed_check_finds_a_free_form_dict():
+    assert _untyped_fields(_Outer) == ["_Inner.raw"]
