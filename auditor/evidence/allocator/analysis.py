@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from auditor.evidence.allocator.devices import COMMON_DEVICES_GIB
-from auditor.evidence.allocator.config import AllocatorConfig, from_settings, parse_alloc_conf
+from auditor.evidence.allocator.config import AllocatorConfig, parse_alloc_conf
 from auditor.evidence.allocator.records import AllocatorReport, Churn, Figures, Release, StepPeak, WhatIf
 from auditor.evidence.allocator.replay import (program_releases, recorded_figures, recorded_series, replay,
                                                replay_error)
@@ -38,9 +38,8 @@ def given_capacity() -> int | None:
 
 def step_ends(snapshot: Snapshot) -> list[int]:
     """Times (us) the snapshot's optimizer steps ended: its `Optimizer.step` END annotations."""
-    return sorted(a["time_us"] for a in snapshot.external_annotations
-                  if a.get("stage") == "END" and str(a.get("name", "")).startswith("Optimizer.step")
-                  and isinstance(a.get("time_us"), int))
+    return sorted(a.time_us for a in snapshot.external_annotations
+                  if a.stage == "END" and a.name.startswith("Optimizer.step") and a.time_us is not None)
 
 
 def step_peaks(snapshot: Snapshot, device: int, series: Any) -> list[StepPeak]:
@@ -208,7 +207,7 @@ def analyze(snapshot: Snapshot, device: int, capacity: int | None = None, what_i
             split_mb: int | None = None) -> AllocatorReport:
     """The report for one device of a snapshot with history (snapshot.histories[device])."""
     settings = snapshot.allocator_settings
-    base = from_settings(settings.raw if settings is not None else None)
+    base = settings.config if settings is not None else AllocatorConfig()
     cap, source = capacity_for(snapshot, device, capacity)
     notes = []
     if settings is None:
@@ -256,7 +255,7 @@ def simulate_conf(snapshot: Snapshot, device: int, conf: str) -> WhatIf | None:
     if hit is not None and hit[0] is snapshot:
         return hit[1]
     settings = snapshot.allocator_settings
-    base = from_settings(settings.raw if settings is not None else None)
+    base = settings.config if settings is not None else AllocatorConfig()
     try:
         cfg = parse_alloc_conf(conf, base)
     except ValueError:
