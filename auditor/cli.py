@@ -189,12 +189,7 @@ def explain(rule_id: str) -> None:
     cls = get_rule(rule_id)
     if cls is None:
         raise UsageFailure(f"no rule {rule_id!r} (see `audit rules`)")
-    click.echo(f"{cls.id}: {cls.title}\nseverity: {cls.severity}    category: {cls.category}\n")
-    click.echo(cls.docs())
-    if cls.options:
-        click.echo(f"\nOptions ([tool.auditor.rules.{cls.id}] in pyproject.toml):")
-        for o in cls.options:
-            click.echo(f"    {o.name} = {o.default!r}    {o.help}")
+    click.echo(cls.explanation(), nl=False)
 
 
 @cli.command()

@@ -206,6 +206,67 @@ def edit_call_kwargs(file: str, line: int, names: Iterable[str], set_kwargs: dic
     return None if new is None else text_edit(file, text, new)
 
 
+def edit_mapping(file: str, line: int, names: Iterable[str], set_items: dict[str, str]) -> Edit | None:
+    """The dict literal the call to one of `names` spanning `line` unpacks (`DataLoader(ds, **kw)`
+    where `kw = {"batch_size": 64, "num_workers": 0}`) given the keys `set_items` (values as source
+    text): changed in place where the literal has them, added after its last entry where it does
+    not. None unless the mapping is a name bound once in the file, to a dict literal of string keys
+    (no `**` in it) whose entries to change are literals, and read nowhere but in `**` of a call
+    (no `.update()`, no other reader whose values would change with it); and unless the call
+    unpacks that one mapping."""
+    parsed = parse_file(file)
+    site = call_site(file, line, names)
+    if parsed is None or site is None or len(site.unpacked) != 1 or not site.unpacked[0].startswith("**"):
+        return None
+    tree, lines = parsed
+    name = site.unpacked[0][2:].strip()
+    stores = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)]
+    assigns = [a for a in ast.walk(tree) if isinstance(a, ast.Assign) and len(a.targets) == 1
+               and isinstance(a.targets[0], ast.Name) and a.targets[0].id == name]
+    unpacks = {id(k.value) for k in ast.walk(tree) if isinstance(k, ast.keyword) and k.arg is None}
+    loads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+    if len(stores) != 1 or len(assigns) != 1 or any(id(n) not in unpacks for n in loads):
+        return None
+    d = assigns[0].value
+    if not isinstance(d, ast.Dict) or not d.keys or any(not (isinstance(k, ast.Constant) and isinstance(k.value, str))
+                                                        for k in d.keys):
+        return None
+    have = {k.value: v for k, v in zip(d.keys, d.values)}  # type: ignore[union-attr]
+    spans = []  # (line, start byte, end byte, text), applied from the right
+    for key, value in set_items.items():
+        if key in have:
+            v = have[key]
+            if not isinstance(v, ast.Constant) or v.lineno != v.end_lineno:
+                return None  # (an expression, `2 if cuda else 0`: the user's choice, set where it is made)
+            spans.append((v.lineno, v.col_offset, v.end_col_offset, value))
+    first_key = d.keys[0]
+    quote = lines[first_key.lineno - 1].encode("utf-8")[first_key.col_offset:first_key.col_offset + 1].decode()
+    quote = quote if quote in ("'", '"') else '"'
+    added = [f"{quote}{k}{quote}: {v}" for k, v in set_items.items() if k not in have]
+    last = d.values[-1]
+    if added:
+        if d.lineno == d.end_lineno:  # written on one line: continue it
+            spans.append((last.end_lineno, last.end_col_offset, last.end_col_offset, "".join(", " + a for a in added)))
+        else:  # one entry per line: each added one on its own line, at the entries' indentation
+            indent = lines[d.keys[-1].lineno - 1][:d.keys[-1].col_offset]  # type: ignore[union-attr]
+            rest = lines[last.end_lineno - 1].encode("utf-8")[last.end_col_offset:].decode("utf-8")
+            if not rest.lstrip().startswith(","):
+                return None  # (no trailing comma on the last entry: left as written)
+            spans.append((last.end_lineno, len(lines[last.end_lineno - 1].encode("utf-8")),
+                          len(lines[last.end_lineno - 1].encode("utf-8")),
+                          "".join(f"\n{indent}{a}," for a in added)))
+    new_lines = list(lines)
+    for ln, a, b, text in sorted(spans, key=lambda x: (x[0], x[1]), reverse=True):
+        raw = new_lines[ln - 1].encode("utf-8")  # (ast's columns are UTF-8 byte offsets)
+        new_lines[ln - 1] = (raw[:a] + text.encode("utf-8") + raw[b:]).decode("utf-8")
+    changed = [i for i, (old, new) in enumerate(zip(lines, new_lines), 1) if old != new]
+    if not changed:
+        return None
+    first, last_line = changed[0], changed[-1]
+    return Edit(file=file, start=first, end=last_line,
+                lines=[ln for i in range(first, last_line + 1) for ln in new_lines[i - 1].split("\n")])
+
+
 def edit_calls_on_line(file: str, line: int, positional: dict[str, int], set_kwargs: dict[str, str]) -> Edit | None:
     """Every call on `line` to a name in `positional` (`to` of `x.to(dev)`, `cuda`) given the
     keyword arguments `set_kwargs` where it does not pass them yet: `x, y = x.to(d), y.to(d)`

@@ -7,7 +7,9 @@ Each measurement runs in its own Python process, so its peak RSS (ru_maxrss) is 
   bare  - read the file and decode it with a typed msgspec Struct (args left raw): the floor any
           Python-side parser of this file pays;
   ours  - what `audit analyze FILE` does, end to end: auditor.evidence.load.load_paths, every rule
-          (run_rules) and every report (write_reports: findings.json, report.html, SARIF, patch);
+          (run_rules, each rule's time reported: per_rule_seconds, and over the load's time:
+          per_rule_over_load, so a rule that reads the trace again shows) and every report
+          (write_reports: findings.json, report.html, SARIF, patch);
           on a multi-core Linux machine the trace is decoded by worker processes (evidence/trace/parallel.py),
           whose largest peak RSS is reported too (children_peak_rss_mb);
   ours_1 - the same in one process, as on a single core or for a gzip trace;
@@ -80,7 +82,8 @@ base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 t = time.perf_counter()
 ev = load_paths([Path(sys.argv[1])])
 t_load = time.perf_counter() - t
-results = run_rules(ev)
+timings = {}
+results = run_rules(ev, timings=timings)
 t_rules = time.perf_counter() - t - t_load
 with tempfile.TemporaryDirectory() as out:
     write_reports(Path(out), ev, results)
@@ -90,7 +93,9 @@ found = {}
 for f in results.findings:
     found[f.rule] = found.get(f.rule, 0) + 1
 trace = ev.trace_data[0]
+per_rule = {k: round(v["seconds"], 3) for k, v in sorted(timings.items(), key=lambda kv: -kv[1]["seconds"])}
 report(seconds=time.perf_counter() - t, load_seconds=t_load, rules_seconds=t_rules, report_seconds=t_report,
+       per_rule_seconds=per_rule, per_rule_over_load={k: round(v / t_load, 3) for k, v in per_rule.items()},
        report_mb=round(report_mb, 2), events=int(len(trace.events) + len(trace.flows)), findings=found,
        base_rss_mb=base, workers=trace.workers)
 """
@@ -204,6 +209,9 @@ def main() -> None:
         results["ratios"]["hta_over_ours_time"] = round(results["hta"]["seconds"] / ours["seconds"], 1)
     (OUT / "bench_trace.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results["ratios"], indent=2))
+    print("rule                          seconds   x load (fastest 'ours' run)")
+    for rule, sec in list(ours.get("per_rule_seconds", {}).items())[:12]:
+        print(f"{rule:28s} {sec:8.3f} {ours['per_rule_over_load'][rule]:8.3f}")
 
 
 if __name__ == "__main__":

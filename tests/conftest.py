@@ -20,6 +20,13 @@ import pytest
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The suite describes a machine without a GPU: CUDA programs are rehearsed on the CPU, step times
+# are CPU times, a CPU tensor's `.item()` is the only sync there is. On a CUDA machine it hides the
+# devices from itself and from every process it starts (they inherit the environment), so each
+# runs there as it runs on a CPU machine. Set before anything asks torch for CUDA: the driver reads
+# the variable once, when CUDA first starts in a process.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
 ROOT = Path(__file__).resolve().parents[1]
 # The test folders mirror the package (capture/, evidence/, rules/, reports/; the commands here).
 # Test modules share helpers by module name (make_case, the session's rehearsed GPU audits), so
@@ -66,6 +73,11 @@ def audit(*args: str, out: Path, cwd: Path | None = None, env: dict | None = Non
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout,
                        env={**base, **(env or {})})
     return Audit(p.returncode, p.stdout, p.stderr, out)
+
+
+def patch_text(path: Path) -> str:
+    """A patch file's text, '' where the audit wrote none (it writes one only when it holds a patch)."""
+    return path.read_text() if path.exists() else ""
 
 
 def expected_lines(path: Path, rule_id: str) -> list[int]:

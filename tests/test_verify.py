@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from conftest import EXAMPLES, audit
+from conftest import EXAMPLES, audit, patch_text
 
 MIXED = '''"""Three habits in one step."""
 import torch
@@ -69,7 +69,7 @@ def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(tmp_path):
         assert "weights identical to the unpatched run's" in v["note"]
     assert fixes["graph-leak"]["verified"]["before"]["nodes_per_step"] == 11.0
     assert fixes["peak-stats-reset"]["verified"]["before"]["calls"] == 5
-    patch = (a.out / "fixes.patch").read_text()
+    patch = patch_text(a.out / "fixes.patch")
     assert "Fixes from: anomaly-mode, graph-leak, peak-stats-reset" in patch and "verification" not in patch
     assert "verify: 3 fix(es) in 1 re-run(s)" in a.stdout
     assert a.stdout.count("improved ") == 3
@@ -85,7 +85,7 @@ def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(tmp_path):
     assert r.returncode == 0, r.stderr
     again = {f["rule"]: f["fix"]["verified"] for f in a.findings if f["fix"] and f["fix"]["edits"]}
     assert again["graph-leak"]["status"] == "no-change" and again["anomaly-mode"]["status"] == "improved"
-    patch = (a.out / "fixes.patch").read_text()
+    patch = patch_text(a.out / "fixes.patch")
     assert "Fixes from: anomaly-mode, peak-stats-reset" in patch and "Left out (graph-leak): verification: no-change" in patch
     ev = a.evidence["weights"]
     assert ev["optimizers"] == 1 and ev["tensors"] > 0 and ev["sha256"] == fixes["graph-leak"]["verified"]["before"]["weights"]

@@ -31,7 +31,9 @@ rule reads what:
   * lr-schedule — stored lr / initial_lr / scheduler base_lrs and settings against CONFIG, and
     whether resuming reproduces it;
   * checkpoint-health — extreme magnitudes, float16 tensors near their limit, impossible optimizer
-    state (negative exp_avg_sq) and parameters with no optimizer state.
+    state (negative exp_avg_sq), parameters with no optimizer state, and a Lightning callback's
+    record of a monitored metric that was NaN or inf (auditor.evidence.callback_scores: a score at
+    the value the callback starts from is no fault).
 
 CONFIG (JSON, TOML, or YAML, read with PyYAML's safe_load). Accepted keys, at the top level or under one of the
 sections optimizer / optim / training / train / trainer / hparams / hyperparameters / model:
@@ -51,6 +53,7 @@ from typing import Any
 
 import msgspec
 
+from auditor.evidence.callback_scores import callback_scores
 from auditor.evidence.checkpoint_summary import CheckpointSummary
 from auditor.evidence.errors import InputError
 from auditor.evidence.model import Environment, Evidence
@@ -517,6 +520,11 @@ def summarize(obj: Any, path: Path, size: int | None = None) -> dict[str, Any]:
             _walk(v, str(k), "callback" if layout == "lightning" and k == "callbacks" else "other", tensors)
         elif (s := _scalar(v)) is not None:
             meta[str(k)] = s
+    if layout == "lightning":
+        scores = callback_scores(obj.get("callbacks"))
+        for t in tensors:
+            if t["name"] in scores:
+                t["score"] = scores[t["name"]]
     return {"file": str(path), "bytes": path.stat().st_size if size is None else size, "layout": layout,
             "tensors": tensors,
             "optimizers": optimizers, "schedulers": schedulers, "meta": meta,

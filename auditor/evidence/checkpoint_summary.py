@@ -26,7 +26,13 @@ class TensorStats(msgspec.Struct):
     by its storage's values.
     nan, posinf, neginf: how many of its values are NaN, +inf, -inf.
     max_abs: its largest finite |value|; None when it holds no finite value at all.
-    negative, zeros: how many values are < 0 and == 0."""
+    negative, zeros: how many values are < 0 and == 0.
+    score: for a monitored score a framework's callback keeps (see auditor.evidence.callback_scores:
+    Lightning's ModelCheckpoint `kth_value`, `best_model_score`, `current_score`, `best_k_models`,
+    EarlyStopping's `best_score`), what its value means there: "start" (the value the callback
+    starts from, before it has a score), "not-finite" (the monitored metric was NaN or inf when it
+    was checked: ModelCheckpoint keeps a NaN as the mode's worst, ±inf) or "finite"; UNSET for
+    every other tensor."""
 
     name: str
     section: str
@@ -39,6 +45,7 @@ class TensorStats(msgspec.Struct):
     max_abs: float | None | UnsetType = UNSET
     negative: int | UnsetType = UNSET
     zeros: int | UnsetType = UNSET
+    score: str | UnsetType = UNSET
 
     @property
     def checked(self) -> bool:
@@ -52,15 +59,21 @@ class TensorStats(msgspec.Struct):
 
     @property
     def sentinel(self) -> bool:
-        """Callback state whose only non-finite values are infinities: a best or k-th score's
-        starting value (Lightning's ModelCheckpoint starts `kth_value` and `best_model_score` at
-        +inf for mode="min"), not weights gone bad. A NaN there is a monitored metric that was NaN."""
+        """A callback's score at the value it starts from, not weights gone bad: a known framework
+        score as its `score` says (Lightning's ModelCheckpoint starts `kth_value` at +inf for
+        mode="min" until save_top_k scores are kept); other callback state whose only non-finite
+        values are infinities (a callback of the user's own keeping a best score). A NaN there is a
+        monitored metric that was NaN."""
+        if self.score is not UNSET:
+            return self.score == "start" and self.nonfinite > 0
         return self.section == "callback" and not self.nan and self.nonfinite > 0
 
     @property
     def bad(self) -> bool:
-        """Whether it holds NaN/inf that stand for values gone bad (not a sentinel)."""
-        return self.nonfinite > 0 and not self.sentinel
+        """Whether it holds NaN/inf that stand for values gone bad: not a sentinel, and not a
+        framework's record of a monitored metric that was not finite (checkpoint-health names that:
+        the score is not the checkpoint's weights or optimizer state)."""
+        return self.nonfinite > 0 and not self.sentinel and self.score != "not-finite"
 
 
 class OptimizerSummary(msgspec.Struct):

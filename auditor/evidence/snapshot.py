@@ -30,6 +30,7 @@ from typing import Any, Iterable
 
 import msgspec
 
+from auditor.evidence.allocator.config import AllocatorConfig, from_settings
 from auditor.evidence.errors import InputError
 from auditor.evidence.oom_record import OOM_RECORD_KIND, oom_record_path
 from auditor.evidence.recorded_frames import is_library_file
@@ -120,7 +121,9 @@ class TraceEntry(msgspec.Struct):
     pool_id: tuple[int, int] | None = None
     frames: tuple[StackFrame, ...] = ()
     owner: StackFrame | None = None  # derived: the user's line behind the action
-    extra: dict[str, Any] = {}  # keys this loader does not model (compile_context, user_metadata ...)
+    # newer torch (2.5+): the compiled region and the user's `_record_memory_history` metadata in force
+    compile_context: str = ""
+    user_metadata: str = ""
 
 
 class AllocatorSettings(msgspec.Struct):
@@ -130,7 +133,17 @@ class AllocatorSettings(msgspec.Struct):
     expandable_segments: bool = False
     max_split_size: int | None = None  # bytes; None: unlimited (the default)
     garbage_collection_threshold: float = 0.0
-    raw: dict[str, Any] = {}
+    config: AllocatorConfig = msgspec.field(default_factory=AllocatorConfig)  # what the simulator replays under
+
+
+class Annotation(msgspec.Struct, frozen=True):
+    """One of the snapshot's `external_annotations`: a `record_function` range's start or end as the
+    allocator's history recorded it (torch writes `Optimizer.step#Adam.step` END at each step's end)."""
+
+    stage: str = ""  # "START" | "END"
+    name: str = ""
+    device: int | None = None
+    time_us: int | None = None
 
 
 class Usage(msgspec.Struct):
@@ -224,7 +237,7 @@ class Snapshot(msgspec.Struct):
     segments: list[Segment]
     device_traces: list[list[TraceEntry]]
     allocator_settings: AllocatorSettings | None = None
-    external_annotations: list[dict[str, Any]] = []
+    external_annotations: list[Annotation] = []
     notes: list[str] = []  # format quirks met while loading (older formats, unknown actions)
     oom: OomRecord | None = None
     totals: MemoryFigures = msgspec.field(default_factory=MemoryFigures)
@@ -408,6 +421,10 @@ class _Frames:
 # Conversion
 
 
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
 def _int(v: Any, default: int) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else default
 
@@ -476,9 +493,6 @@ def _segment(raw: Any, frames_of: _Frames, notes: set[str]) -> Segment:
     return seg
 
 
-_ENTRY_KEYS = frozenset({"action", "addr", "size", "stream", "time_us", "device_free", "pool_id", "frames"})
-
-
 def _entry(raw: Any, frames_of: _Frames, notes: set[str]) -> TraceEntry | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("action"), str):
         notes.add("trace entries without an action")
@@ -487,13 +501,13 @@ def _entry(raw: Any, frames_of: _Frames, notes: set[str]) -> TraceEntry | None:
     if action not in KNOWN_ACTIONS:
         notes.add(f"trace action {action!r}")
     frames, owner = frames_of(raw.get("frames"))
-    extra = {k: v for k, v in raw.items() if k not in _ENTRY_KEYS}
     addr = raw.get("addr")
     return TraceEntry(action=action, addr=addr if isinstance(addr, int) else None,
                       size=_int(raw.get("size"), 0), stream=_int(raw.get("stream"), 0),
                       time_us=raw.get("time_us") if isinstance(raw.get("time_us"), int) else None,
                       device_free=raw.get("device_free") if isinstance(raw.get("device_free"), int) else None,
-                      pool_id=_pool(raw.get("pool_id")), frames=frames, owner=owner, extra=extra)
+                      pool_id=_pool(raw.get("pool_id")), frames=frames, owner=owner,
+                      compile_context=_text(raw.get("compile_context")), user_metadata=_text(raw.get("user_metadata")))
 
 
 def _settings(raw: Any) -> AllocatorSettings | None:
@@ -506,7 +520,16 @@ def _settings(raw: Any) -> AllocatorSettings | None:
     return AllocatorSettings(alloc_conf=str(raw.get("PYTORCH_CUDA_ALLOC_CONF") or ""),
                              expandable_segments=bool(raw.get("expandable_segments", False)),
                              max_split_size=mss, garbage_collection_threshold=float(gc) if isinstance(gc, (int, float)) else 0.0,
-                             raw=dict(raw))
+                             config=from_settings(raw))
+
+
+def _annotation(raw: dict) -> Annotation:
+    """The fields of an annotation this loader models, each kept only when of its type."""
+    def typed(key: str, kind: type) -> Any:
+        value = raw.get(key)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+    return Annotation(stage=typed("stage", str) or "", name=typed("name", str) or "",
+                      device=typed("device", int), time_us=typed("time_us", int))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -776,7 +799,7 @@ def _convert(p: Path, raw: dict, notes: set[str]) -> Snapshot:
     if not isinstance(annotations_raw, list):
         notes.add("external_annotations that are not a list (left out)")
         annotations_raw = []
-    annotations = [a for a in annotations_raw if isinstance(a, dict)]
+    annotations = [_annotation(a) for a in annotations_raw if isinstance(a, dict)]
 
     oom = _oom_record(p, frames_of, notes)
 

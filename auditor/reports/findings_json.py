@@ -1,4 +1,4 @@
-"""`findings.json`: the contract other tools read. Its keys are documented in the README."""
+"""`findings.json`: the contract other tools read. Its keys are documented in docs/schemas.md."""
 from __future__ import annotations
 
 from pathlib import Path

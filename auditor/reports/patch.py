@@ -68,13 +68,24 @@ def _same_file(a: Edit, b: Edit) -> bool:
 
 
 class PatchReport(Reporter):
-    """fixes.patch; empty when no finding has an edit that can go in it."""
+    """fixes.patch; not written when no finding has an edit that can go in it."""
 
     name = "patch"
     filename = "fixes.patch"
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root  # None: each file's git toplevel, else the current directory
+
+    def write(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> Path:
+        """The patch file, written only when it holds a patch: an empty one makes `git apply` fail
+        ("No valid patches in input"). One left in the run directory by an earlier audit is removed."""
+        text = self.render(evidence, results, out_dir)
+        path = out_dir / self.filename
+        if text:
+            path.write_text(text, encoding="utf-8")
+        else:
+            path.unlink(missing_ok=True)
+        return path
 
     def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
         findings = patchable(results.findings)
@@ -98,7 +109,7 @@ class PatchReport(Reporter):
 
 class NumericsPatchReport(PatchReport):
     """numerics-fixes.patch: the edits that change results (clamps, clipping, warmup), kept apart
-    from fixes.patch so each is reviewed before it is applied; empty when there are none."""
+    from fixes.patch so each is reviewed before it is applied; not written when there are none."""
 
     name = "numerics-patch"
     filename = "numerics-fixes.patch"

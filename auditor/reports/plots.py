@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from auditor.evidence.model import Evidence
-from auditor.evidence.numerics import NumericsView
+from auditor.evidence.numerics_view import NumericsView
 from auditor.evidence.phases import PHASES, phase_table
 from auditor.reports.gpu_plots import kernel_group_plot, roofline_plot
 from auditor.reports.rank_plots import rank_figure

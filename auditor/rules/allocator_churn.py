@@ -4,7 +4,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable
 
-from auditor.evidence.allocator.analysis import reports_for, saving_text, step_ends
+import msgspec
+
+from auditor.evidence.allocator.analysis import bytes_pair, saving_text, snapshot_reports, step_ends
 from auditor.evidence.allocator.records import AllocatorReport
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import Snapshot, format_bytes
@@ -36,6 +38,9 @@ class AllocatorChurn(Rule):
         segment_alloc in the trace), or gave up (an `oom` entry). Counted per step (the snapshot's
         optimizer-step annotations), with where in the step and the requests that triggered it;
         when the device's capacity is known, the simulated allocator finds the same retries.
+        Also (info) the program's own torch.cuda.empty_cache() calls in the trace (their stacks
+        name it): the segments returned to CUDA, the cudaMallocs that made them again, and the
+        replay without the call.
 
     Why it costs:
         Each retry is a device-wide synchronisation followed by a storm of cudaFree and cudaMalloc
@@ -64,15 +69,41 @@ class AllocatorChurn(Rule):
                Option("top-requests", 3, "how many triggering lines to name", low=1))
 
     def check(self, evidence: Evidence, options: Options) -> Iterable[Finding]:
-        snaps = {id(s): s for s in evidence.snapshot_data}
-        reports = reports_for(evidence)
-        i = 0
-        for snap in evidence.snapshot_data:
-            for device in sorted(snap.histories):
-                r = reports[i]
-                i += 1
-                if len(r.churn) >= options.min_retries:
-                    yield self._finding(snaps[id(snap)], r, options)
+        for snap, r in snapshot_reports(evidence):  # (one recording held by two snapshots: once)
+            if len(r.churn) >= options.min_retries:
+                yield self._finding(snap, r, options)
+            if r.releases:
+                yield self._releases_finding(snap, r)
+
+    def _releases_finding(self, snap: Snapshot, r: AllocatorReport) -> Finding:
+        """The program's own empty_cache() calls: the cache they returned and the cudaMallocs that
+        made it again, against the replay without them."""
+        rel = r.releases
+        sites = Counter((x.file, x.line, x.function) for x in rel if x.file)
+        where = ", ".join(f"{f.rsplit('/', 1)[-1]}:{ln}" + (f" ({n} calls)" if n > 1 else "")
+                          for (f, ln, _), n in sites.most_common(3))
+        freed = sum(x.segments_freed for x in rel)
+        regrown = sum(x.segments_regrown for x in rel)
+        text = (f"On cuda:{r.device} the program's torch.cuda.empty_cache() "
+                + (f"at {where} " if where else "") + f"returned {freed} cached segment(s), "
+                f"{format_bytes(sum(x.bytes_freed for x in rel))}, to CUDA ({len(rel)} call(s), recorded), and the "
+                f"requests after it cudaMalloc'd {regrown} segment(s), {format_bytes(sum(x.bytes_regrown for x in rel))}, "
+                "again: each cudaFree and cudaMalloc a synchronous call.")
+        w = r.without_releases
+        if w is not None:
+            text += (f" Replayed without the call, the same requests reuse the cache: segment allocs "
+                     f"{r.replayed.segment_allocs} -> {w.segment_allocs}, frees {r.replayed.segment_frees} -> "
+                     f"{w.segment_frees}, reserved peak {bytes_pair(r.replayed.reserved_peak_bytes, w.reserved_peak_bytes)}.")
+        locs = [Location(file=f, line=ln) for (f, ln, _), _ in sites.most_common(3) if ln > 0 and not f.startswith("<")]
+        return self.finding(
+            text, severity="info", title="The program emptied the allocator's cache, and the allocator filled it again",
+            locations=locs,
+            fix=Fix(summary="Call torch.cuda.empty_cache() only where another process needs the memory back; between "
+                            "steps or phases of one program the allocator reuses its cache without it."),
+            evidence={"snapshot": snap.path, "device": r.device,
+                      "releases": [msgspec.to_builtins(x) for x in rel[:50]],
+                      "replayed": msgspec.to_builtins(r.replayed),
+                      "without_releases": msgspec.to_builtins(w) if w is not None else None})
 
     def _finding(self, snap: Snapshot, r: AllocatorReport, options: Options) -> Finding:
         churn = r.churn

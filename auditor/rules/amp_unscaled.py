@@ -8,7 +8,8 @@ from auditor.evidence import model as m
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Finding, Fix
 from auditor.fixes import insert_before, replace_in_line
-from auditor.evidence.numerics import NumericsView, val
+from auditor.evidence.numerics import val
+from auditor.evidence.numerics_view import NumericsView
 from auditor.rules.nonfinite import NEEDS_NUMERICS, location, needs_numerics, short
 
 

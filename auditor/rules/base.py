@@ -145,6 +145,16 @@ class Rule:
         return inspect.cleandoc(cls.__doc__ or "")
 
     @classmethod
+    def explanation(cls) -> str:
+        """What `audit explain ID` prints, and the rules reference of the documentation site shows:
+        the id, title, severity and category, the docstring, then the options with their defaults."""
+        text = f"{cls.id}: {cls.title}\nseverity: {cls.severity}    category: {cls.category}\n\n{cls.docs()}\n"
+        if cls.options:
+            text += f"\nOptions ([tool.auditor.rules.{cls.id}] in pyproject.toml):\n"
+            text += "".join(f"    {o.name} = {o.default!r}    {o.help}\n" for o in cls.options)
+        return text
+
+    @classmethod
     def default_options(cls) -> Options:
         return cls.options_with({})
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import re
+
 import msgspec
 
 from auditor.evidence import model as m
@@ -22,7 +24,12 @@ class CheckpointHealth(Rule):
         (2) optimizer state that no optimizer can produce: negative `exp_avg_sq` (Adam's second
         moment is a running mean of squares), a sign of a corrupted or wrongly-mapped state;
         (3) parameters listed in the optimizer with no state, while others have it: they never
-        received a gradient (frozen, unused, or the state belongs to a different model).
+        received a gradient (frozen, unused, or the state belongs to a different model);
+        (4) a Lightning callback's record of a monitored metric that was NaN or inf: ModelCheckpoint
+        keeps a NaN score as the mode's worst (+inf for mode="min") in `current_score`,
+        `best_model_score` or `best_k_models`. A score at the value the callback starts from
+        (`kth_value` before save_top_k scores are kept, EarlyStopping's `best_score` before its
+        first improvement) is no fault and is not reported.
 
     Why it costs:
         Resuming from such a checkpoint diverges or silently trains the wrong thing: weights that
@@ -95,3 +102,29 @@ class CheckpointHealth(Rule):
                               "step_min": o.step_min, "step_max": o.step_max},
                     fix=Fix(summary="Check that every trainable parameter is used in the loss; pass frozen ones to no "
                                     "optimizer.", config={}))
+        yield from self._metrics_gone(ck)
+
+    def _metrics_gone(self, ck) -> Iterable[Finding]:
+        """One finding per Lightning callback whose scores record a monitored metric that was not finite."""
+        by_callback: dict[str, list] = {}
+        for t in ck.tensors:
+            if t.score == "not-finite":
+                # (named "callbacks.<state key>.<score>", the state key ending in "}")
+                key, _, score = t.name.removeprefix("callbacks.").rpartition("}.")
+                by_callback.setdefault(key + "}", []).append((score, t))
+        for key, scores in by_callback.items():
+            monitor = (m.group(1) if (m := re.search(r"'monitor':\s*'([^']*)'", key)) else "the monitored metric")
+            kept = [s for s, _ in scores if s.startswith("best_k_models.")]
+            named = [s for s, _ in scores if not s.startswith("best_k_models.")]
+            if kept:
+                named.append(f"{len(kept)} of best_k_models")
+            values = sorted({"+inf" if t.posinf else "-inf" if t.neginf else "nan" for _, t in scores})
+            yield self.finding(
+                f"{key.partition('{')[0]} for {monitor} in {ck.file} kept {'/'.join(values)} as {', '.join(named)}: "
+                f"{monitor} was NaN or inf when it was checked (Lightning keeps a NaN score as the mode's worst "
+                "value); the weights saved with it may be what made it so.",
+                title="A monitored metric was not finite",
+                evidence={"callback": key, "monitor": monitor, "scores": [s for s, _ in scores],
+                          "tensors": msgspec.to_builtins([t for _, t in scores][:50])},
+                fix=Fix(summary=f"Find where {monitor} stopped being finite (`audit run` on the training script) and "
+                                "resume from a checkpoint saved before it.", config={}))

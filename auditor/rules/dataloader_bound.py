@@ -17,7 +17,7 @@ from auditor.evidence.trace.intervals import intersect, merge_intervals, total_l
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import DATALOADER_NEXT, frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
-from auditor.fixes import call_site, computed_kwargs, edit_call_kwargs, given_elsewhere
+from auditor.fixes import call_site, computed_kwargs, edit_call_kwargs, edit_mapping, given_elsewhere
 from auditor.rules._support.copies import non_blocking_edits
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules._support.confidence import share_confidence
@@ -264,12 +264,25 @@ class DataloaderBound(Rule):
             site = call_site(loader.where.file, loader.where.line, ("DataLoader",))
             if site is not None:  # given through `**mapping` (or by position): set where it is made
                 computed.update(given_elsewhere(site, [k for k in patched if k not in computed], loader.passed))
-            literal = {k: v for k, v in patched.items() if k not in computed}
+            # a mapping the file builds as a dict literal and only unpacks: the patch sets them in it
+            mapped = {k: v for k, v in computed.items() if site is not None and v == f"`{''.join(site.unpacked)}`"}
+            in_mapping = edit_mapping(loader.where.file, loader.where.line, ("DataLoader",),
+                                      {k: repr(patched[k]) for k in mapped}) if mapped else None
+            if in_mapping:
+                edits.append(in_mapping)
+                computed = {k: v for k, v in computed.items() if k not in mapped}
+                unpacked_note += (" The patch sets " + ", ".join(f"{k}={patched[k]!r}" for k in mapped)
+                                  + f" in the dict the call unpacks ({mapped[next(iter(mapped))]}, line "
+                                  f"{in_mapping.start}).")
+                if "pin_memory" in mapped:  # the step's copies of its batches, as the advice says
+                    edits += non_blocking_edits(ev, [loader.id])
+            literal = {k: v for k, v in patched.items() if k not in computed and not (in_mapping and k in mapped)}
             # persistent_workers=True and prefetch_factor make DataLoader raise ("needs num_workers > 0")
             # where the call loads in the main process: they go into the patch only beside a num_workers
             # the call names as a literal or the patch sets. One reaching the call through `**mapping` or
             # an expression may be 0 in another configuration (the accelerator's settings, {} on a CPU).
-            src = _workers_source(loader.where.file, loader.where.line, site, loader.passed)
+            src = None if in_mapping and "num_workers" in mapped else _workers_source(
+                loader.where.file, loader.where.line, site, loader.passed)
             kept_out = [k for k in literal if k in ("persistent_workers", "prefetch_factor")]
             if kept_out and "num_workers" not in literal and src:
                 literal = {k: v for k, v in literal.items() if k not in kept_out}
@@ -283,11 +296,11 @@ class DataloaderBound(Rule):
                 edits.append(edit)
                 if "pin_memory" in literal:  # the step's copies of its batches, as the advice says
                     edits += non_blocking_edits(ev, [loader.id])
-                if site is not None and site.unpacked:
+                if site is not None and site.unpacked and not in_mapping:
                     unpacked_note += (" The call also passes " + " and ".join(f"`{u}`" for u in site.unpacked)
                                      + ", which gave none of the patch's keywords in this run: where it does (in "
                                      "another configuration), the patched call would get them twice.")
-            patched = literal
+            patched = {**literal, **({k: patched[k] for k in mapped} if in_mapping else {})}
         it_where = loader_ids.get(loader.id if loader else None)
         if per_step_iter and iter_where:
             it_where = iter_where

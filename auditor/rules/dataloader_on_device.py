@@ -24,9 +24,10 @@ from auditor.evidence.trace.intervals import merge_intervals
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.names import DEVICE_ALLOC
 from auditor.evidence.trace.queries import DATALOADER_NEXT, frame_location_parts, issuing_op, sites
-from auditor.findings import Cost, Finding, Fix, Location
+from auditor.findings import Cost, Edit, Finding, Fix, Location
 from auditor.rules._support.places import by_place, steps_run
 from auditor.rules._support.text import line_ref, per_step
+from auditor.rules._support.step_edits import dataset_copy_out
 from auditor.rules.base import Option, Options, Rule, TraceRule
 
 _COLLATE = r"(^|[/(])\S*collate\S*\.py\(|\): \S*collate\S*$"
@@ -91,13 +92,35 @@ def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> li
                                    "settings": d.settings} for d in loaders],
                   "rehearsal": evidence.environment.rehearsal},
         cost=Cost(ms_per_step=None, share_of_step=None, measured=False, note=COUNTED),
-        fix=Fix(summary="Build batches on the CPU: no .cuda()/device='cuda' in the Dataset or collate_fn, and "
-                        "keep the default device on the CPU while the data is made (create the dataset before "
-                        "torch.set_default_device('cuda'), or pass device='cpu'); set DataLoader(..., "
-                        "pin_memory=True) and move each batch in the step with .to('cuda', non_blocking=True); "
-                        "then num_workers>0 can prepare batches ahead.",
-                config={"DataLoader.pin_memory": True, "non_blocking": True, "DataLoader.num_workers": 4}),
+        fix=_fix(ops),
     )]
+
+
+_ADVICE = ("Build batches on the CPU: no .cuda()/device='cuda' in the Dataset or collate_fn, and keep the default "
+           "device on the CPU while the data is made (create the dataset before torch.set_default_device('cuda'), "
+           "or pass device='cpu'); set DataLoader(..., pin_memory=True) and move each batch in the step with "
+           ".to('cuda', non_blocking=True); then num_workers>0 can prepare batches ahead.")
+
+
+def _fix(ops: list) -> Fix:
+    """The advice, with the patch moving each device copy a Dataset's `__getitem__` returns to
+    where its batches are used, pinned (rules._support.step_edits.dataset_copy_out), where every use
+    of the dataset and its loaders allows it; the settings the patch does not make stay as config."""
+    edits: list[Edit] = []
+    moved = []
+    for p in ops:
+        found = dataset_copy_out(p.where.file, p.where.line) if p.where else None
+        if found:
+            edits += [e for e in found if e not in edits]
+            moved.append(p.where.line)
+    if not edits:
+        return Fix(summary=_ADVICE, config={"DataLoader.pin_memory": True, "non_blocking": True,
+                                            "DataLoader.num_workers": 4})
+    uses = sorted({e.start for e in edits} - set(moved))
+    summary = (_ADVICE + " fixes.patch moves the copy at line " + ", ".join(map(str, moved))
+               + " out of `__getitem__` to where the items are used (lines " + ", ".join(map(str, uses))
+               + "), the loaders' batches pinned and copied with non_blocking=True.")
+    return Fix(summary=summary, config={"DataLoader.num_workers": 4}, edits=edits)
 
 
 class DataloaderOnDevice(TraceRule):

@@ -1,6 +1,7 @@
 """Runs the enabled rules over the evidence, applies suppression comments, ranks findings."""
 from __future__ import annotations
 
+import time
 import traceback
 
 import msgspec
@@ -107,7 +108,27 @@ def _capped(f: Finding, evidence: Evidence) -> Finding:
         note=note))
 
 
-def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
+def _judge(rule: Rule, rule_id: str, evidence: Evidence, config: Config, out: RuleResults) -> list[Finding] | None:
+    """The rule's findings, or None when it is skipped (recorded in `out.skipped`) or raised
+    (recorded in `out.errors`)."""
+    try:
+        reason = skip_reason(rule, evidence)
+    except Exception as e:  # a rule that cannot tell whether it applies is skipped, saying why
+        reason = f"could not be judged: {type(e).__name__}: {e}"
+    if reason:
+        out.skipped.append({"rule": rule_id, "reason": reason})
+        return None
+    try:
+        return list(rule.check(evidence, config.options_for(type(rule))))
+    except Exception as e:  # one broken rule must not hide the others' findings
+        out.errors.append({"rule": rule_id, "error": f"{type(e).__name__}: {e}",
+                           "traceback": traceback.format_exc()})
+        return None
+
+
+def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | None = None) -> RuleResults:
+    """Every enabled rule on the evidence. `timings`, when given, gets each rule's time (its
+    skip_reason and its check): {rule id: {"seconds": wall, "cpu_seconds": this process's CPU}}."""
     config = config or Config()
     from auditor.rules.primary import has_sketches, rules_on_sketches
 
@@ -119,17 +140,11 @@ def run_rules(evidence: Evidence, config: Config | None = None) -> RuleResults:
         if not config.enabled(rule_id):
             continue
         rule = cls()
-        reason = skip_reason(rule, evidence)
-        if reason:
-            out.skipped.append({"rule": rule_id, "reason": reason})
-            continue
-        try:
-            found = list(rule.check(evidence, config.options_for(cls)))
-        except Exception as e:  # one broken rule must not hide the others' findings
-            out.errors.append({"rule": rule_id, "error": f"{type(e).__name__}: {e}",
-                               "traceback": traceback.format_exc()})
-            continue
-        for f in found:
+        started, cpu = time.perf_counter(), time.process_time()
+        found = _judge(rule, rule_id, evidence, config, out)
+        if timings is not None:
+            timings[rule_id] = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu}
+        for f in found or ():
             kept = _apply_suppression(f)
             if kept is None:
                 out.suppressed += 1

@@ -11,7 +11,8 @@ from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix
 from auditor.rules._support.trends import quarter_medians, spearman
 from auditor.fixes import parse_file
-from auditor.evidence.numerics import NumericsView, OptStep, val
+from auditor.evidence.numerics import OptStep, val
+from auditor.evidence.numerics_view import NumericsView
 from auditor.rules.nonfinite import NEEDS_NUMERICS, finite, needs_numerics, short, site_location
 
 

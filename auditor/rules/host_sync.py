@@ -38,9 +38,18 @@ from auditor.rules._support.gpu_costs import sync_cost
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules.suppression import unsuppressed
+from auditor.rules._support.step_edits import every_n_steps
 
 ELAPSED_TIME = "torch.cuda.Event.elapsed_time"  # the cuda-standin tally of auditor.capture.rehearsal.cuda
 EVENT_TIMING = "synchronize before Event.elapsed_time"  # (an ADVICE key, not a call's name)
+CLOCK_TIMING = "synchronize beside a clock read"  # (an ADVICE key, not a call's name)
+RETURNED = "a host value returned"  # (an ADVICE key: `return t.item()`)
+# Fetches whose values are written out: what the "every N steps" setting and patch are about.
+_LOGGED = frozenset({"Tensor.item", "print/repr(Tensor)", "format(Tensor)", "Tensor.cpu", "Tensor.tolist",
+                     "Tensor.numpy", "float(Tensor)", "int(Tensor)", "SummaryWriter: Tensor.cpu",
+                     "SummaryWriter: Tensor.item"})
+_CLOCKS = frozenset({"time", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time_ns"})
+CLOCK_LINES = 3  # a clock read this many lines or fewer from a synchronize() is taken as timing it
 _DEVICE_SYNCS = ("torch.cuda.synchronize", "torch.cuda.Event.synchronize", "torch.cuda.Stream.synchronize")
 _SUMMARY_WRITER = ("call SummaryWriter.add_* every N steps (each call fetches the tensor from the device), "
                    "accumulating on the device in between")
@@ -56,6 +65,14 @@ ADVICE = {
                          "ignore_index for labels) or use torch.where(mask, x, 0) instead of selecting with x[mask]",
     "torch.masked_select": "multiply by the mask or use torch.where to keep shapes static",
     "torch.cuda.synchronize": "remove explicit synchronize() calls from the step (profilers sync for you)",
+    CLOCK_TIMING: "this synchronize() lets a clock read time the step: removing it would break that timing. Time "
+                  "with CUDA events instead (`start.record()` ... `end.record()`) and read them every N steps "
+                  "(`end.synchronize(); start.elapsed_time(end)` at logging steps only): the other steps need not "
+                  "wait",
+    RETURNED: "the function returns the value as a host number, fetched at every call (an action for an "
+              "environment, a metric): return the tensor and fetch it where the number is needed (at logging "
+              "steps only, if it is logged), or batch the calls that need it (one fetch for many environments "
+              "or items)",
     "SummaryWriter: Tensor.cpu": _SUMMARY_WRITER,
     "SummaryWriter: Tensor.item": _SUMMARY_WRITER,
     "GradScaler.step": "create the optimizer with fused=True (Adam, AdamW, SGD): GradScaler.step then hands it "
@@ -266,8 +283,12 @@ class HostSync(Rule):
                   "count": p.count, "per_step": round(p.count / n, 2), "steps": len(p.steps), "ms": round(p.ms, 3)}
                  for p in places]
         timed = _timed_by_events(ev, places)
+        clocked = _timed_by_clock(places)
         sites = [{**s, "before_elapsed_time": timed[id(p)]} if id(p) in timed else s for s, p in zip(sites, places)]
-        advice = sorted({ADVICE[EVENT_TIMING] if id(p) in timed else
+        sites = [{**s, "clock_read_at": clocked[id(p)]} if id(p) in clocked else s for s, p in zip(sites, places)]
+        returned = _returned(places)
+        advice = sorted({ADVICE[EVENT_TIMING] if id(p) in timed else ADVICE[CLOCK_TIMING] if id(p) in clocked else
+                         ADVICE[RETURNED] if id(p) in returned else
                          ADVICE.get(p.what, "fetch values from the device every N steps, not every step")
                          for p in places})
         confidence, confidence_text = {}, ""
@@ -287,7 +308,7 @@ class HostSync(Rule):
                         note="not measured: on this CPU-only run nothing waits for a device; on an "
                              "accelerator each call waits for every queued kernel")
             sev, prefix = "info", "On an accelerator these would synchronise: "
-        fix = _fix(advice, places)
+        fix = _fix(advice, places, returned)
         fw_config, fw_advice = framework_fix(places)
         if fw_config:  # made inside a framework: its settings are the fix, never an edit of the user's call
             config = {k: v for k, v in fix.config.items() if k != "log_every_n_steps"}
@@ -361,10 +382,50 @@ def _timed_by_events(ev: m.Evidence, places: list) -> dict[int, int]:
     return out
 
 
-def _fix(advice: list[str], places: list) -> Fix:
-    """The advice, with a patch adding fused=True to the optimizer a GradScaler.step site steps,
-    where its constructor is found. A fused optimizer rounds slightly differently from the foreach
-    one, so that edit goes to numerics-fixes.patch."""
+def _timed_by_clock(places: list) -> dict[int, int]:
+    """{id(place): line of the clock read} for the synchronize() sites with a clock read
+    (`time.time()`, `time.perf_counter()`, ...) within CLOCK_LINES lines of them in the same file:
+    the sync makes that clock time the device's work, so removing it would break the program's own
+    timing (what rehearsal's event stand-ins show for elapsed_time, read from the source here)."""
+    out: dict[int, int] = {}
+    for p in places:
+        if p.what not in _DEVICE_SYNCS or not p.where:
+            continue
+        parsed = parse_file(p.where.file)
+        if parsed is None:
+            continue
+        near = sorted((abs(n.lineno - p.where.line), n.lineno) for n in ast.walk(parsed[0])
+                      if isinstance(n, ast.Call) and call_name(n) in _CLOCKS
+                      and 0 < abs(n.lineno - p.where.line) <= CLOCK_LINES)
+        if near:
+            out[id(p)] = near[0][1]
+    return out
+
+
+def _returned(places: list) -> set[int]:
+    """{id(place)} of the fetches a `return` statement makes (`return action.item()`): the caller
+    needs the number at once, so logging less often is not their fix."""
+    out = set()
+    for p in places:
+        if p.what not in _LOGGED or not p.where:
+            continue
+        parsed = parse_file(p.where.file)
+        if parsed is not None and any(isinstance(n, ast.Return)
+                                      and n.lineno <= p.where.line <= (n.end_lineno or n.lineno)
+                                      for n in ast.walk(parsed[0])):
+            out.add(id(p))
+    return out
+
+
+LOG_EVERY = 50  # the steps between two fetches the logging patch and setting propose
+
+
+def _fix(advice: list[str], places: list, returned: set[int] = frozenset()) -> Fix:  # type: ignore[assignment]
+    """The advice, with its patches: fused=True on the optimizer a GradScaler.step site steps,
+    where its constructor is found (a fused optimizer rounds slightly differently from the foreach
+    one, so that edit goes to numerics-fixes.patch, and a fix's edits are in one patch file: the
+    logging is then advice); else the logging statements that fetch every step guarded to run every
+    LOG_EVERY steps (rules._support.step_edits), when every site is one in a loop that counts steps."""
     fused = [e for p in places if p.what == "GradScaler.step" and p.where
              for e in [_fused_edit(p.where.file, p.where.line)] if e]
     edits = [e for e, _ in fused]
@@ -373,7 +434,21 @@ def _fix(advice: list[str], places: list) -> Fix:
         summary += (" numerics-fixes.patch adds fused=True to the optimizer at line "
                     + ", ".join(str(line) for _, line in fused)
                     + " (the fused kernels round slightly differently from the unfused ones).")
-    return Fix(summary=summary, config=_config(places), edits=edits, changes_numerics=bool(edits))
+        return Fix(summary=summary, config=_config(places, returned), edits=edits, changes_numerics=True)
+    # Only when every site is guarded: the finding is the step's syncs together, and a patch that
+    # leaves one of them syncing every step leaves the finding (--verify: no-change).
+    logged = []
+    for p in places:
+        e = every_n_steps(p.where.file, p.where.line, LOG_EVERY) if p.what in _LOGGED and p.where else None
+        if e is None:
+            logged = []
+            break
+        if e not in logged:
+            logged.append(e)
+    if logged:
+        summary += (" fixes.patch prints/logs every " + str(LOG_EVERY) + " steps at line "
+                    + ", ".join(str(e.start) for e in logged) + " (guarded by the loop's step counter).")
+    return Fix(summary=summary, config=_config(places, returned), edits=logged)
 
 
 _FUSABLE = ("Adam", "AdamW", "SGD")
@@ -404,10 +479,11 @@ def _fused_edit(file: str, line: int) -> tuple[Edit, int] | None:
     return (edit, call.lineno) if edit else None
 
 
-def _config(places: list) -> dict[str, Any]:
+def _config(places: list, returned: set[int] = frozenset()) -> dict[str, Any]:  # type: ignore[assignment]
     config: dict[str, Any] = {}
-    if any(p.what not in ("GradScaler.step", "ReduceLROnPlateau.step") for p in places):
-        config["log_every_n_steps"] = 50
+    # a setting of the logging: only where values are fetched to be logged (not returned to a caller)
+    if any(p.what in _LOGGED and id(p) not in returned for p in places):
+        config["log_every_n_steps"] = LOG_EVERY
     if any(p.what == "GradScaler.step" for p in places):
         config["optimizer"] = {"fused": True}
     return config

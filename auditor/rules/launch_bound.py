@@ -16,19 +16,43 @@ from auditor.evidence.trace.names import COMM_KERNEL, GRAPH_LAUNCH
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.rules._support.gpu_costs import estimate_device, kernel_us, launch_cost
 from auditor.rules._support.places import steps_run
+from auditor.rules._support.step_edits import loop_around
+from auditor.fixes import read_lines
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, TraceRule
 from auditor.rules.suppression import unsuppressed
 from auditor.findings import Cost, Finding, Fix, Location
 
-_FIX = Fix(summary="Give kernels more work or fewer launches: larger batches, fused ops "
-                   "(foreach/fused optimizers), torch.compile, CUDA graphs.",
-           config={"torch.compile": {"mode": "reduce-overhead"}, "optimizer": {"foreach": True}})
-_REHEARSED_FIX = Fix(summary="Batch the per-element loop into whole-tensor ops (nn.RNN/nn.LSTM/nn.GRU for a "
-                             "recurrence, one op over a stacked tensor for a loop over items, torch._foreach_* for "
-                             "a loop over parameters), or let torch.compile fuse it (mode=\"reduce-overhead\" also "
-                             "captures the step in CUDA graphs: one launch for all its kernels).",
-                     config={"torch.compile": {"mode": "reduce-overhead"}, "optimizer": {"foreach": True}})
+_COMPILE = {"torch.compile": {"mode": "reduce-overhead"}}
+# The advice for each cause of the small launches, as the named lines show it (step_edits.loop_around).
+_ADVICE = {
+    "parameters": "Update the parameters together, not one by one in a Python loop: torch._foreach_* ops over "
+                  "the parameter list, or a torch.optim optimizer with foreach=True (or fused=True).",
+    "loop": "Batch the per-element loop into whole-tensor ops (nn.RNN/nn.LSTM/nn.GRU for a recurrence, one op "
+            "over a stacked tensor for a loop over items), or let torch.compile fuse it.",
+    None: "These lines launch small elementwise kernels each time they run: what they compute from shapes "
+          "alone (positions, rotary cos/sin, masks that depend only on the sequence length) can be computed "
+          "once and reused (a buffer, or a cache keyed by the length); let torch.compile fuse the rest of the "
+          "elementwise chain.",
+    "trace": "Give kernels more work or fewer launches: larger batches, fused ops, torch.compile.",
+}
+_GRAPHS = (" torch.compile(mode=\"reduce-overhead\") also captures the step in CUDA graphs: one launch for all "
+           "its kernels.")
+_OPTIMIZER_OPS = ("Optimizer.step", "_foreach", "_fused_")
+
+
+def _fix(files_lines: list[tuple[str | None, int | None]], ops: Iterable[str] = ()) -> Fix:
+    """The fix for the causes the named lines show: a loop over parameters (foreach ops, and the
+    optimizer's foreach setting), another per-element loop (whole-tensor ops), or neither
+    (elementwise ops run once per call: cache what depends on shapes alone, fuse the rest). A
+    trace's lines that cannot be read get the general advice, with the optimizer's setting only
+    where its own ops launch the kernels."""
+    kinds = [loop_around(f, n) if f and n and read_lines(f) is not None else "trace" for f, n in files_lines]
+    kinds = list(dict.fromkeys(kinds or ["trace"]))
+    config: dict = dict(_COMPILE)
+    if "parameters" in kinds or ("trace" in kinds and any(o in op for op in ops for o in _OPTIMIZER_OPS)):
+        config["optimizer"] = {"foreach": True}
+    return Fix(summary=" ".join(_ADVICE[k] for k in kinds) + _GRAPHS, config=config)
 
 
 class LaunchBound(TraceRule):
@@ -80,11 +104,13 @@ class LaunchBound(TraceRule):
             p.data.mul_(0.999).add_(p.grad, alpha=-lr)
 
     Fix:
-        Give each kernel more work (a larger batch), batch a per-element Python loop into
-        whole-tensor ops (nn.RNN/nn.LSTM for a recurrence, `torch._foreach_*` for a loop over
-        parameters), use fused implementations (`foreach=True` / `fused=True` optimizers, fused
-        attention), `torch.compile` to fuse elementwise chains, or capture the step in CUDA graphs
-        (`torch.compile(mode="reduce-overhead")`).
+        As the named lines show the cause: a Python loop over parameters gets `torch._foreach_*` /
+        a `foreach=True` optimizer (and its setting); another per-element loop gets whole-tensor ops
+        (nn.RNN/nn.LSTM for a recurrence, one op over a stacked tensor); elementwise ops run once
+        per call (a forward's position or rotary cos/sin math) get: compute what depends on shapes
+        alone once and reuse it, and let `torch.compile` fuse the rest. Each offers
+        `torch.compile(mode="reduce-overhead")` (CUDA graphs). A trace whose lines cannot be read
+        here gets the general advice, with the optimizer setting only where optimizer ops launch.
 
     Evidence needed:
         A profiler trace with CUDA or ROCm activity (kernels and the runtime calls that launched
@@ -185,7 +211,8 @@ class LaunchBound(TraceRule):
                                  "ops": {op: round(k / n, 2) for op, k in s["ops"].most_common(5)}}
                                 for s in ranked[:8]]},
             cost=cost,
-            fix=_REHEARSED_FIX,
+            fix=_fix([(s["where"].file, s["where"].line) if s["where"] else (None, None) for s in named],
+                     {op for s in named for op in s["ops"]}),
         )
 
     def check_trace(self, trace: Trace, options: Options) -> Finding | None:
@@ -251,7 +278,7 @@ class LaunchBound(TraceRule):
             locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
             evidence=evidence,
             cost=cost,
-            fix=_FIX,
+            fix=_fix([(f.file, f.line) for f, _, _ in where], evidence.get("ops", {}) | evidence.get("starved_ops", {})),
         )
 
     @staticmethod

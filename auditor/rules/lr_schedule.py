@@ -12,7 +12,8 @@ from auditor.evidence.checkpoint_summary import CheckpointSummary
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix, Location
 from auditor.fixes import parse_file
-from auditor.evidence.numerics import NumericsView, val
+from auditor.evidence.numerics import val
+from auditor.evidence.numerics_view import NumericsView
 from auditor.rules.nonfinite import finite, location, short
 
 # Closed forms of the built-in schedulers: lr at `last_epoch` e from the base lr b and the

@@ -2,7 +2,7 @@
 the first non-finite value was made. Also reads checkpoints (`audit checkpoint`).
 
 This module also holds the helpers the other numerics rules (grad-explosion, lr-schedule,
-amp-unscaled) share to read the collector's evidence (auditor.evidence.numerics.NumericsView).
+amp-unscaled) share to read the collector's evidence (auditor.evidence.numerics_view.NumericsView).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import msgspec
 from auditor.evidence import model as m
 from auditor.evidence.checkpoint_summary import CheckpointSummary, TensorStats
 from auditor.evidence.frame import recorded_frame
-from auditor.evidence.numerics import NumericsView, Origin, Range, Site, Where, val
+from auditor.evidence.numerics import Origin, Range, Site, Where, val
+from auditor.evidence.numerics_view import NumericsView
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix, Location
 from auditor.rules._support.text import file_name

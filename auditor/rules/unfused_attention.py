@@ -1,91 +1,97 @@
-"""unfused-attention: attention computed as batched matmul -> softmax -> batched matmul, which one
-fused F.scaled_dot_product_attention kernel would do without writing the score matrix."""
+"""unfused-attention: attention computed by hand (the scores' matmul, scale, mask, softmax, dropout,
+casts, the values' matmul), which one fused F.scaled_dot_product_attention kernel would do without
+writing the score matrix. The chains are found by auditor.evidence.trace.attention."""
 from __future__ import annotations
 
-import math
+import linecache
+import re
 from typing import Any
 
 import numpy as np
 
+from auditor.evidence.frame import Frame
+from auditor.evidence.trace.attention import Chain, attention_chains
 from auditor.evidence.trace.decode import CAT
-from auditor.evidence.trace.efficiency import efficiency, kernel_ops, op_shapes
+from auditor.evidence.trace.efficiency import efficiency
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location
+from auditor.rules._support.sdpa_patch import sdpa_edit
 from auditor.rules.base import Option, Options, TraceRule
 
-_MATMULS = ("aten::bmm", "aten::baddbmm", "aten::mm", "aten::matmul")
-_SOFTMAX = ("aten::_softmax", "aten::softmax")
-# Between the scores' matmul and the softmax, and the softmax and the values' matmul, a chain may
-# hold a few elementwise ops on the scores (scale, mask, dropout): looked for this many modelled
-# operators either side of the softmax on its thread.
-_WINDOW = 6
 # What a fused attention kernel reaches, as a share of the device's peak for its dtype, for the
 # estimate of the time SDPA would take: FlashAttention-2 reports 50-73% of A100 peak forward
 # (Dao 2023, arXiv:2307.08691); half of the peak is taken, a conservative figure.
 FUSED_PEAK_SHARE = 0.5
+_DTYPES = {"c10::bfloat16": "bfloat16", "c10::half": "float16", "double": "float64"}
+_SOFTMAX_CALL = re.compile(r"\bsoftmax\s*\(")
 
 
-def _bmn(dims: Any) -> tuple[int, int, int] | None:
-    """(batch elements, rows, columns) of a >= 2-d shape."""
-    if not isinstance(dims, list) or len(dims) < 2 or not all(isinstance(d, int) for d in dims):
-        return None
-    return (math.prod(dims[:-2]) if len(dims) > 2 else 1, dims[-2], dims[-1])
+def _dtype(recorded: str) -> str:
+    return _DTYPES.get(recorded.lower(), "float32")
 
 
-def attention_chains(trace: Trace) -> list[tuple[int, int, int]]:
-    """(scores matmul row, softmax row, values matmul row) of each unfused attention in the trace:
-    a softmax over a [.., L, S] tensor (L, S > 1) whose input a preceding batched matmul on the same
-    thread produced ([.., L, E] x [.., E, S]) and that a following one consumes ([.., L, S] x
-    [.., S, E']), within a few operators of it. Needs recorded shapes."""
-    shapes = op_shapes(trace)
-    if not shapes:
-        return []
-    names, pid, tid, ts = trace.col("name"), trace.col("pid"), trace.col("tid"), trace.col("ts")
-    rows = sorted(shapes, key=lambda r: (int(pid[r]), int(tid[r]), float(ts[r])))
-    name_of = {r: trace.symbols[int(names[r])] for r in rows}
-    # the innermost softmax only (aten::softmax calls aten::_softmax: one chain, not two)
-    has_inner = {int(trace.col("parent")[r]) for r in rows if name_of[r] == "aten::_softmax"}
-    out = []
-    for i, r in enumerate(rows):
-        if name_of[r] not in _SOFTMAX or r in has_inner:
-            continue
-        s = _bmn(shapes[r][0][0] if shapes[r][0] else None)
-        if s is None or s[1] <= 1 or s[2] <= 1:
-            continue
-        thread = (pid[r], tid[r])
-        before = [q for q in rows[max(0, i - _WINDOW):i] if (pid[q], tid[q]) == thread and name_of[q] in _MATMULS]
-        after = [q for q in rows[i + 1:i + 1 + _WINDOW] if (pid[q], tid[q]) == thread and name_of[q] in _MATMULS]
-        scores = next((q for q in reversed(before) if _produces(shapes[q][0], s)), None)
-        values = next((q for q in after if _consumes(shapes[q][0], s)), None)
-        if scores is not None and values is not None:
-            out.append((scores, r, values))
+def _parts(trace: Trace, chain: Chain) -> dict[str, float]:
+    """The chain's kernel time (us) by the operator that launched it: the scores' matmul, the
+    softmax, the values' matmul, and everything between (scale, mask, dropout, casts)."""
+    out = {"scores matmul": 0.0, "softmax": 0.0, "values matmul": 0.0, "scale, mask, dropout, casts": 0.0}
+    if not chain.kernels:
+        return out
+    ts, end, dur, link = trace.col("ts"), trace.col("end"), trace.col("dur"), trace.col("link")
+    starts = np.asarray([ts[o] for o in chain.ops])
+    for k in chain.kernels:
+        launched = float(ts[int(link[k])])
+        i = int(np.searchsorted(starts, launched, side="right")) - 1
+        op = chain.ops[i] if i >= 0 and launched <= end[chain.ops[i]] else -1
+        key = ("scores matmul" if op == chain.scores else "softmax" if op == chain.softmax
+               else "values matmul" if op == chain.values else "scale, mask, dropout, casts")
+        out[key] += float(dur[k])
     return out
 
 
-def _mats(dims: list) -> list[tuple[int, int, int]]:
-    return [m for d in dims if (m := _bmn(d)) is not None]
+def source_lines(frame: Frame) -> tuple[int, int] | None:
+    """(first, last) line of the function whose def line `frame` names, when its source is here
+    (a torch >= 2 trace names a Python function by its first line)."""
+    lines = linecache.getlines(frame.file) if frame.file else []
+    if not (0 < frame.line <= len(lines)) or not lines[frame.line - 1].lstrip().startswith(("def ", "async def ")):
+        return None
+    indent = len(lines[frame.line - 1]) - len(lines[frame.line - 1].lstrip())
+    last = frame.line
+    for n in range(frame.line + 1, len(lines) + 1):
+        text = lines[n - 1]
+        if text.strip() and len(text) - len(text.lstrip()) <= indent and not text.lstrip().startswith("#"):
+            break
+        if text.strip():
+            last = n
+    return frame.line, last
 
 
-def _produces(dims: list, s: tuple[int, int, int]) -> bool:
-    mats = _mats(dims)[-2:]
-    return len(mats) == 2 and mats[0][0] * mats[0][1] * mats[1][2] == s[0] * s[1] * s[2] \
-        and mats[0][1] == s[1] and mats[1][2] == s[2] and mats[0][2] == mats[1][1]
-
-
-def _consumes(dims: list, s: tuple[int, int, int]) -> bool:
-    mats = _mats(dims)[:2]
-    return len(mats) == 2 and mats[0] == s and mats[1][1] == s[2]
+def softmax_location(frame: Frame) -> Location:
+    """Where the user wrote the chain: the line of the softmax call inside the function the trace
+    names (found in its source), else the place the trace records."""
+    span = source_lines(frame)
+    if span is not None:
+        for n in range(span[0] + 1, span[1] + 1):
+            code = linecache.getline(frame.file, n)
+            if _SOFTMAX_CALL.search(code):
+                return Location(file=frame.file, line=n, code=code.strip(),
+                                note=f"the softmax call in {frame.function}, which the trace records")
+    return Location(*frame_location_parts(frame))
 
 
 class UnfusedAttention(TraceRule):
     """
     What it detects:
-        Attention computed by hand in a profiler trace recorded with shapes: a batched matmul that
-        makes the scores ([.., L, E] x [.., E, S]), a softmax over them, and a batched matmul with
-        the values ([.., L, S] x [.., S, E]). It reports the share of GPU kernel time these chains
-        take, their shapes, the line of the attention code (where the trace has stacks), and what
-        one fused kernel would take on the trace's GPU (device model).
+        Attention computed by hand in a profiler trace recorded with shapes: a matmul that makes
+        the scores ([.., L, E] x [.., E, S]), a softmax over them and a matmul with the values
+        ([.., L, S] x [.., S, E]), with whatever the program runs between them (the scale, a
+        causal mask's `masked_fill`, dropout, autocast's dtype casts): the chain of a GPT tutorial's
+        `att = (q @ k.transpose(-2, -1)) * scale; att.masked_fill(mask == 0, float("-inf"));
+        softmax; dropout; att @ v`. It reports the share of GPU kernel time the chains' kernels
+        take (matched to their operators by correlation), split into the matmuls, the softmax and
+        what lies between, their shapes, the line of the softmax in the user's code, and what one
+        fused kernel would take for the same shapes on the trace's GPU (device model). On a CPU
+        trace the chains' operator time is reported, without an estimate. Forward chains only.
 
     Why it costs:
         The chain writes and reads the whole [L, S] score matrix per head in GPU memory, three
@@ -99,7 +105,8 @@ class UnfusedAttention(TraceRule):
 
     Fix:
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-        dropout_p=p, scale=scale); a Hugging Face model: `from_pretrained(..., attn_implementation="sdpa")`
+        dropout_p=p, scale=scale) (`is_causal=True` for a causal mask; a patch when the chain is
+        written as the consecutive statements above with a `torch.tril` mask); a Hugging Face model: `from_pretrained(..., attn_implementation="sdpa")`
         (or "flash_attention_2"). The result is the same attention, up to floating-point rounding.
 
     Evidence needed:
@@ -108,13 +115,15 @@ class UnfusedAttention(TraceRule):
     """
 
     id = "unfused-attention"
-    title = "attention not fused (bmm + softmax + bmm)"
+    title = "attention not fused (matmul, mask, softmax, matmul)"
     severity = "warning"
     category = "performance"
     judged_on_device = True
     options = (
-        Option("min-share", 0.1, "Report when the chains take at least this share of GPU kernel time."),
-        Option("min-ms-per-step", 1.0, "... and at least this many ms of kernel time per step."),
+        Option("min-share", 0.1, "Report when the chains take at least this share of GPU kernel time (of the "
+               "steps' time on a CPU trace)."),
+        Option("min-ms-per-step", 0.5, "... and at least this many ms per step (of kernel time; on a CPU trace, of "
+               "the operators' time)."),
     )
 
     def check_trace(self, trace: Trace, options: Options, chosen: str = "") -> Finding | None:
@@ -123,75 +132,76 @@ class UnfusedAttention(TraceRule):
             return None
         cat, dur = trace.col("cat"), trace.col("dur")
         kernels = np.flatnonzero(cat == CAT["kernel"])
-        total_us = float(dur[kernels].sum())
-        charged = kernel_ops(trace)
-        per_op = np.bincount(np.maximum(charged[kernels], 0), weights=dur[kernels] * (charged[kernels] >= 0),
-                             minlength=len(cat))
-        parts = {"scores matmul": 0.0, "softmax": 0.0, "values matmul": 0.0}
-        chain_us = []
-        for q, s, v in chains:
-            t = (float(per_op[q]), float(per_op[s]), float(per_op[v]))
-            for k, x in zip(parts, t):
-                parts[k] += x
-            chain_us.append(sum(t))
-        attention_us = sum(chain_us)
+        on_gpu = bool(len(kernels))
         steps = trace.step_count()
+        parts = {"scores matmul": 0.0, "softmax": 0.0, "values matmul": 0.0, "scale, mask, dropout, casts": 0.0}
+        chain_us = []
+        for c in chains:
+            if on_gpu:
+                got = _parts(trace, c)
+                for k, x in got.items():
+                    parts[k] += x
+                chain_us.append(sum(got.values()))
+            else:  # a CPU trace: the operators run on the host, their span is their time
+                chain_us.append(c.end - c.start)
+        attention_us = sum(chain_us)
+        lo, hi = trace.window()
+        # the share of what the device did: kernel time on a GPU, the steps' span on a CPU
+        total_us = float(dur[kernels].sum()) if on_gpu else (hi - lo)
         share = attention_us / total_us if total_us else 0.0
         if share < options.min_share or attention_us / 1e3 / steps < options.min_ms_per_step:
             return None
-        shapes = op_shapes(trace)
-        eff = efficiency(trace, chosen)
-        device = eff.device
-        flops = 0.0
-        dtype = "float32"
+        flops = sum(c.flops() for c in chains)
+        dtype = _dtype(chains[0].dtype)
         shape_counts: dict[str, int] = {}
-        for q, s, v in chains:
-            sb, l_len, s_len = _bmn(shapes[s][0][0])
-            e_qk = _mats(shapes[q][0])[-2][2]
-            e_v = _mats(shapes[v][0])[1][2]
-            flops += 2.0 * sb * l_len * s_len * (e_qk + e_v)
-            dtype = _dtype(shapes[s][1])
-            key = f"{'x'.join(map(str, shapes[q][0][-2]))} @ {'x'.join(map(str, shapes[q][0][-1]))} -> softmax " \
-                  f"{'x'.join(map(str, shapes[s][0][0]))} @ {'x'.join(map(str, shapes[v][0][-1]))}"
+        for c in chains:
+            key = (f"{c.heads}x{c.queries}x{c.qk_dim} @ {c.heads}x{c.qk_dim}x{c.keys} -> softmax "
+                   f"{c.heads}x{c.queries}x{c.keys} @ {c.heads}x{c.keys}x{c.v_dim}")
             shape_counts[key] = shape_counts.get(key, 0) + 1
+        between = sorted({n for c in chains for n in c.op_names[1:-1] if n not in ("aten::softmax", "aten::_softmax")})
         achieved = flops / (attention_us / 1e6) / 1e12 if attention_us else 0.0
-        where = sites(trace, [s for _, s, _ in chains], weights=chain_us)
+        where = sites(trace, [c.softmax for c in chains], weights=chain_us)
         ms = attention_us / 1e3 / steps
+        device = efficiency(trace, chosen).device if on_gpu else None
         evidence: dict[str, Any] = {
-            "trace": str(trace.path), "chains": len(chains), "steps": steps,
-            "attention_ms_per_step": round(ms, 3), "kernel_share": round(share, 4),
-            "parts_ms_per_step": {k: round(v / 1e3 / steps, 3) for k, v in parts.items()},
-            "parts_share": {k: round(v / total_us, 4) for k, v in parts.items()} if total_us else {},
-            "shapes": dict(sorted(shape_counts.items(), key=lambda kv: -kv[1])[:5]), "dtype": dtype,
-            "flops_per_step": round(flops / steps), "achieved_tflops": round(achieved, 2),
+            "trace": str(trace.path), "chains": len(chains), "steps": steps, "timed_on": "gpu" if on_gpu else "cpu",
+            "attention_ms_per_step": round(ms, 3), "kernel_share" if on_gpu else "step_share": round(share, 4),
+            "between": between, "shapes": dict(sorted(shape_counts.items(), key=lambda kv: -kv[1])[:5]),
+            "dtype": dtype, "flops_per_step": round(flops / steps), "achieved_tflops": round(achieved, 4),
             "device": device.key if device else None,
         }
-        cost = Cost(ms_per_step=None, share_of_step=None, measured=False,
-                    note="no device known to estimate a fused kernel's time (choose one with --device)")
-        if device is not None:
+        if on_gpu:
+            evidence["parts_ms_per_step"] = {k: round(v / 1e3 / steps, 3) for k, v in parts.items()}
+            evidence["parts_share"] = {k: round(v / total_us, 4) for k, v in parts.items()} if total_us else {}
+        top = next(iter(evidence["shapes"]))
+        if on_gpu and device is not None:
             fused_ms = flops / (FUSED_PEAK_SHARE * device.peak_tflops(dtype) * 1e12) * 1e3 / steps
             evidence["fused_estimate_ms_per_step"] = round(fused_ms, 3)
             cost = Cost(ms_per_step=round(max(ms - fused_ms, 0.0), 3), share_of_step=None, measured=False,
                         note=f"estimate: the chains' {ms:.1f} ms/step of kernels less their "
                              f"{flops / steps / 1e12:.2f} TFLOP at {FUSED_PEAK_SHARE:.0%} of the {device.name}'s "
                              f"{dtype} peak ({device.peak_tflops(dtype):g} TFLOP/s), what a fused kernel reaches")
-        top = next(iter(evidence["shapes"]))
-        message = (f"{len(chains)} attention computations in {trace.label} run unfused (batched matmul, softmax, "
-                   f"batched matmul): {ms:.1f} ms per step, {share:.0%} of GPU kernel time (softmax "
-                   f"{parts['softmax'] / total_us:.0%}, matmuls "
-                   f"{(parts['scores matmul'] + parts['values matmul']) / total_us:.0%}) at {achieved:.1f} TFLOP/s; "
+        elif on_gpu:
+            cost = Cost(ms_per_step=None, share_of_step=None, measured=False,
+                        note="no device known to estimate a fused kernel's time (choose one with --device)")
+        else:
+            cost = Cost(ms_per_step=None, share_of_step=None, measured=False,
+                        note=f"the chains' operators took {ms:.2f} ms per step on the CPU ({share:.0%} of the "
+                             "steps' time); what a fused kernel saves is known on a GPU trace of the program")
+        split = (f" (softmax {parts['softmax'] / total_us:.0%}, matmuls "
+                 f"{(parts['scores matmul'] + parts['values matmul']) / total_us:.0%}, scale/mask/dropout/casts "
+                 f"{parts['scale, mask, dropout, casts'] / total_us:.0%})") if on_gpu and total_us else ""
+        timed = "of GPU kernel time" if on_gpu else "of the steps' time on the CPU"
+        with_ops = f" with {', '.join(b.removeprefix('aten::') for b in between)} between" if between else ""
+        message = (f"{len(chains)} attention computations in {trace.label} run unfused (matmul, softmax, matmul"
+                   f"{with_ops}): {ms:.2f} ms per step, {share:.0%} {timed}{split} at {achieved:.2f} TFLOP/s; "
                    f"shapes {top}. One fused scaled_dot_product_attention kernel never writes the score matrix.")
+        locations = [softmax_location(f) for f, _, _ in where]
+        edits = [e for f, _, _ in where[:1] if (e := sdpa_edit(f)) is not None]
         return self.finding(
-            message,
-            locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
-            evidence=evidence, cost=cost,
+            message, locations=locations, evidence=evidence, cost=cost,
             fix=Fix(summary="Compute attention with torch.nn.functional.scaled_dot_product_attention(q, k, v, "
-                            "attn_mask=..., dropout_p=..., scale=...); for a Hugging Face model load it with "
-                            "attn_implementation=\"sdpa\" (or \"flash_attention_2\").",
-                    config={"attn_implementation": "sdpa"}),
+                            "attn_mask=..., dropout_p=..., scale=...) (is_causal=True for a causal mask); for a "
+                            "Hugging Face model load it with attn_implementation=\"sdpa\" (or \"flash_attention_2\").",
+                    config={"attn_implementation": "sdpa"}, edits=edits, changes_numerics=bool(edits)),
         )
-
-
-def _dtype(types: list) -> str:
-    t = str(types[0]).lower() if types else ""
-    return {"c10::bfloat16": "bfloat16", "c10::half": "float16", "double": "float64"}.get(t, "float32")

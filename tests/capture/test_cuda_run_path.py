@@ -284,6 +284,13 @@ def test_an_oom_inside_the_profiled_steps_gets_a_post_mortem_from_the_history(gp
     assert f"of the device's {total() / GiB:.1f} GiB" in f["message"]
     assert "really full" in f["message"]
 
+    # One recording held by both snapshots: its replay and its allocator-churn once each (both were
+    # printed twice), from the OOM snapshot, on the capacity the observer's record gives.
+    [churn] = a.rule("allocator-churn")
+    assert Path(churn["evidence"]["snapshot"]).name == "oom_snapshot.pickle"
+    assert (churn["evidence"]["capacity"], churn["evidence"]["capacity_source"]) == (total(), "oom record")
+    assert (out / "summary.txt").read_text().count("allocator replay of cuda:0") == 1
+
 
 def test_an_oom_after_the_profiled_steps_gets_a_post_mortem_from_the_observer(gpu_run) -> None:
     """4 steps: the profiled window is steps 0-1, so no history is recorded when step 2 fails and

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import audit
+from conftest import audit, patch_text
 
 BN = '''
 import torch
@@ -118,7 +118,7 @@ def test_a_buffer_updated_with_grad_is_named_at_its_line(tmp_path):
     assert edit["start"] == edit["end"] == line
     assert edit["lines"][0].strip().startswith("self.rm = (0.9 * self.rm + 0.1 * m).detach()")
     assert leak["fix"]["changes_numerics"] is True
-    assert "self.rm = (0.9 * self.rm + 0.1 * m).detach()" in (a.out / "numerics-fixes.patch").read_text()
+    assert "self.rm = (0.9 * self.rm + 0.1 * m).detach()" in patch_text(a.out / "numerics-fixes.patch")
     # the parameter `w` and the Linear weights are leaves: never holders
     assert not any(n.endswith((".w", ".weight", ".bias")) for n in _holder_names(a))
 

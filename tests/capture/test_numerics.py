@@ -15,7 +15,7 @@ import warnings
 import msgspec
 import pytest
 
-from conftest import EXAMPLES, NUMERICS_STEPS, ONE_THREAD, ROOT, assert_phases, audit, expected_lines
+from conftest import EXAMPLES, NUMERICS_STEPS, ONE_THREAD, ROOT, assert_phases, audit, expected_lines, patch_text
 
 from auditor.evidence.model import Evidence, StepRecord
 from auditor.evidence.numerics import NumericsStep
@@ -889,9 +889,9 @@ def test_a_backward_nan_is_traced_to_the_log_whose_derivative_overflowed(tmp_pat
     assert s["op"] == "torch.log" and 0 < s["value"] < 1e-38, s
     assert f"torch.log at underflow.py:{line}, whose smallest input was" in f["message"], f["message"]
     assert "overflows float32" in f["message"] and "sqrt" not in f["fix"]["summary"], f
-    patch = (tmp_path / "out" / "numerics-fixes.patch").read_text()
+    patch = patch_text(tmp_path / "out" / "numerics-fixes.patch")
     assert "+    return -torch.log(p.gather(1, y[:, None]).clamp_min(1e-12)).mean()" in patch, patch
-    assert not (tmp_path / "out" / "fixes.patch").exists() or "clamp" not in (tmp_path / "out" / "fixes.patch").read_text()
+    assert not (tmp_path / "out" / "fixes.patch").exists() or "clamp" not in patch_text(tmp_path / "out" / "fixes.patch")
 
 
 
@@ -1544,7 +1544,7 @@ def test_a_nan_made_in_a_hand_written_backward_is_named_there(tmp_path):
     assert ev["outputs"][0]["finite"] is False
     assert ("the backward pass made the gradients of `emb.weight`, `proj.weight` non-finite. It started in "
             f"`L2Normalize.backward`, a hand-written backward (torch.autograd.Function), at l2norm.py:{line}: ") in f["message"]
-    patch = (tmp_path / "out" / "numerics-fixes.patch").read_text()
+    patch = patch_text(tmp_path / "out" / "numerics-fixes.patch")
     assert "+        return (gy - y * (gy * y).sum(-1, keepdim=True)) / norm.clamp_min(1e-05)  # DIV LINE" in patch, patch
     names = next(d["param_lists"] for d in numerics(a) if d.get("param_lists"))
     assert list(names.values()) == [{"names": ["emb.weight", "proj.weight"], "layers": ["emb", "proj"]}]
@@ -1627,8 +1627,8 @@ def test_clipping_before_unscale_is_named_with_its_fix(tmp_path, unscale):
     [edit] = f["fix"]["edits"]
     line = line_of(source, "# CLIP LINE")
     assert (edit["start"], edit["end"], edit["lines"]) == (line, line - 1, ["    scaler.unscale_(opt)"])
-    patch = (a.out / "numerics-fixes.patch").read_text()
-    assert "+    scaler.unscale_(opt)\n" in patch and "+" not in (a.out / "fixes.patch").read_text().replace("+++", "")
+    patch = patch_text(a.out / "numerics-fixes.patch")
+    assert "+    scaler.unscale_(opt)\n" in patch and "+" not in patch_text(a.out / "fixes.patch").replace("+++", "")
 
 
 

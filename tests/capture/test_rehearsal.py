@@ -24,7 +24,7 @@ from auditor.capture.rehearsal.intent import cuda_reasons, program_reasons
 from auditor.evidence import model as m
 from auditor.rules.pageable_copy import rehearsal_findings as pageable_rehearsal_findings
 from auditor.rules.registry import all_rules
-from conftest import EXAMPLES, Audit, audit, expected_lines
+from conftest import EXAMPLES, Audit, audit, expected_lines, patch_text
 
 if torch.cuda.is_available():  # pragma: no cover - rehearsal is for machines without a GPU
     pytest.skip("a CUDA device is present: nothing to rehearse", allow_module_level=True)
@@ -1456,14 +1456,14 @@ def test_pageable_copy_prints_small_sizes_and_patches_the_loader(tmp_path, case)
     assert f"Tensor.cuda x1/step ({size}) at line {y_line}" in f["message"]
     assert "0.00 MB" not in f["message"]
     assert f"Tensor.cuda x1/step (1.57 MB) at line {y_line - 1}" in f["message"]
-    patch = (a.out / "fixes.patch").read_text()
+    patch = patch_text(a.out / "fixes.patch")
     if computed:
         assert f["fix"]["edits"] == [] and "prefetch.py" not in patch
         assert f"line {loader_line} takes pin_memory from `cfg['pin']`: set it to True there" in f["fix"]["summary"]
         return
     assert [e["start"] for e in f["fix"]["edits"]] == [loader_line]
     assert "-loader = DataLoader(data, batch_size=128)\n+loader = DataLoader(data, batch_size=128, pin_memory=True)\n" in patch
-    assert "prefetch.py" not in (a.out / "numerics-fixes.patch").read_text()
+    assert "prefetch.py" not in patch_text(a.out / "numerics-fixes.patch")
     subprocess.run(["git", "apply", str(a.out / "fixes.patch")], cwd=tmp_path, check=True)
     assert trainer.read_text().splitlines()[loader_line - 1] == "loader = DataLoader(data, batch_size=128, pin_memory=True)"
 

@@ -97,7 +97,7 @@ def test_gradients_and_optimizer_state_are_requests(tmp_path):
     assert (weight, 7) in allocs and (weight, 10) in allocs  # the weight, then its gradient
     assert sum(1 for s, line in allocs if s == weight and line == 11) >= 2  # exp_avg, exp_avg_sq
     # the optimizer step's end is annotated as the profiler does: the replay's reserve per step
-    assert [a["name"] for a in snap.external_annotations] == ["Optimizer.step#Adam.step"]
+    assert [a.name for a in snap.external_annotations] == ["Optimizer.step#Adam.step"]
     steps = analyze(snap, 0).per_step
     assert [p.step for p in steps] == [0] and steps[0].reserved_peak_bytes >= 4 * weight  # weight, grad, 2 states
 

@@ -131,7 +131,7 @@ def test_what_ifs_move_the_way_the_documentation_says():
 @needs_fixture
 def test_a_tight_device_makes_the_replay_churn():
     snap = transformer()
-    cfg = from_settings(snap.allocator_settings.raw)
+    cfg = snap.allocator_settings.config
     tight = replay(snap, 0, cfg, capacity=int(55 * GiB))
     assert tight.sim.retries > 0 and tight.sim.segment_frees > 0
     assert tight.sim.peak_reserved <= int(55 * GiB) or tight.sim.ooms

@@ -320,8 +320,8 @@ def test_newer_actions_are_kept_and_do_not_disturb_the_replay(tmp_path: Path) ->
     assert (h.start_allocated, h.peak_allocated, h.end_allocated) == (base.start_allocated, base.peak_allocated,
                                                                       base.end_allocated)
     assert h.peak_allocated_index == base.peak_allocated_index + 3
-    assert snap.device_traces[0][0].extra == {"user_metadata": "epoch=3"}
-    assert snap.device_traces[0][3].extra == {"compile_context": "[0/0] torch/_inductor"}
+    assert snap.device_traces[0][0].user_metadata == "epoch=3"
+    assert snap.device_traces[0][3].compile_context == "[0/0] torch/_inductor"
     assert "trace action 'annotate'" in snap.notes
 
 

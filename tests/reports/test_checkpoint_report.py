@@ -170,3 +170,90 @@ def test_a_default_lightning_checkpoint_is_clean(tmp_path, check, monkeypatch):
     assert bad.returncode == 1
     tensors = json.loads((bad.out / "findings.json").read_text())["findings"][0]["evidence"]["tensors"]
     assert [t["name"] for t in tensors] == ["lin.weight"]
+
+
+class _Monitored:
+    """A Lightning module whose validation logs val_loss (NaN from epoch `nan_from` on)."""
+
+    @staticmethod
+    def make(nan_from: int | None = None):
+        import lightning as L
+
+        class Monitored(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 1)
+
+            def training_step(self, batch, i):
+                x, y = batch
+                return nn.functional.mse_loss(self.lin(x), y)
+
+            def validation_step(self, batch, i):
+                x, y = batch
+                loss = nn.functional.mse_loss(self.lin(x), y)
+                self.log("val_loss", loss * float("nan") if nan_from is not None and self.current_epoch >= nan_from
+                         else loss)
+
+            def configure_optimizers(self):
+                opt = torch.optim.Adam(self.parameters(), lr=1e-2)
+                plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min")  # its `best` starts at inf
+                return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+
+        return Monitored()
+
+
+def _fit(tmp_path, module, epochs: int, callbacks: list) -> "object":
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)
+    trainer = L.Trainer(max_epochs=epochs, callbacks=callbacks, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path))
+    trainer.fit(module, data, data)
+    return trainer
+
+
+def test_lightning_monitored_scores_are_judged_as_lightning_means_them(tmp_path, check, monkeypatch):
+    """ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=3) before its top 3 fill keeps
+    `kth_value = tensor(inf)` (and `best_model_score = None` before the first validation), and
+    EarlyStopping's `best_score` starts at tensor(inf): no finding, exit 0 under --fail-on error.
+    A NaN weight is still an error. A val_loss that went NaN is kept by ModelCheckpoint as +inf: that
+    is a metric gone bad, not a starting value, and checkpoint-health names it (it was called a
+    sentinel, silently)."""
+    from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
+
+    class SaveBeforeValidation(Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 1:
+                trainer.save_checkpoint(tmp_path / "early.ckpt")
+
+    monkeypatch.chdir(tmp_path)
+    best = ModelCheckpoint(dirpath=tmp_path / "top", monitor="val_loss", mode="min", save_top_k=3)
+    _fit(tmp_path, _Monitored.make(), 2, [best, EarlyStopping(monitor="val_loss", mode="min"), SaveBeforeValidation()])
+    early = torch.load(tmp_path / "early.ckpt", weights_only=True)
+    state = next(v for k, v in early["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    assert state["best_model_score"] is None and torch.isinf(state["kth_value"])  # what Lightning wrote
+    assert len(best.best_k_models) == 2 and torch.isinf(best.kth_value)  # 2 of the top 3 kept
+    for ckpt in (tmp_path / "early.ckpt", pathlib.Path(best.best_model_path)):
+        a = check(ckpt, "--fail-on", "error")
+        assert a.returncode == 0, a.stdout + a.stderr
+        assert json.loads((a.out / "findings.json").read_text())["findings"] == [], ckpt
+    assert "none holds NaN/inf but 2 callback scores at a starting ±inf" in check(tmp_path / "early.ckpt").stdout
+
+    early["state_dict"]["lin.weight"][0, 0] = float("nan")
+    torch.save(early, tmp_path / "bad.ckpt")
+    bad = check(tmp_path / "bad.ckpt", "--fail-on", "error")
+    assert bad.returncode == 1
+    [nonfinite] = json.loads((bad.out / "findings.json").read_text())["findings"]
+    assert nonfinite["rule"] == "nonfinite" and [t["name"] for t in nonfinite["evidence"]["tensors"]] == ["lin.weight"]
+
+    gone = ModelCheckpoint(dirpath=tmp_path / "gone", monitor="val_loss", mode="min", save_top_k=3)
+    _fit(tmp_path / "gone", _Monitored.make(nan_from=1), 2, [gone])
+    a = check(pathlib.Path(gone.best_model_path).parent / "epoch=1-step=4.ckpt", "--fail-on", "error")
+    assert a.returncode == 0, a.stdout + a.stderr  # a warning
+    [f] = json.loads((a.out / "findings.json").read_text())["findings"]
+    assert (f["rule"], f["severity"]) == ("checkpoint-health", "warning")
+    assert f["message"].startswith("ModelCheckpoint for val_loss in ") and \
+        "kept +inf as current_score, 1 of best_k_models: val_loss was NaN or inf when it was checked" in f["message"]
+    assert f["evidence"]["scores"] == ["current_score", f"best_k_models.{tmp_path / 'gone' / 'epoch=1-step=4.ckpt'}"]

@@ -40,7 +40,7 @@ def test_patch_applies_and_the_patched_trainer_audits_clean(tmp_path, name, rule
     # numerics-fixes.patch applies after fixes.patch as well as instead of it: the demo's DataLoader
     # call, given pin_memory by pageable-copy and workers by dataloader-bound, is edited in one only
     numerics = tmp_path / "before" / "numerics-fixes.patch"
-    if numerics.read_text():
+    if numerics.exists():
         subprocess.run(["git", "apply", "--check", str(numerics)], cwd=repo, check=True)
     changed = subprocess.run(["git", "diff", "--name-only"], cwd=repo, capture_output=True, text=True).stdout
     assert changed.split() == [f"{name}.py"]

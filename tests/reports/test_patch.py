@@ -104,6 +104,22 @@ def test_no_patchable_edits_renders_empty(repo: Path) -> None:
     assert PatchReport().render(Evidence(), results, repo) == ""
 
 
+def test_a_patch_file_is_written_only_when_it_holds_a_patch(repo: Path, tmp_path: Path) -> None:
+    """An empty fixes.patch makes `git apply` fail ("No valid patches in input"): with no edit for
+    it, the file is not written, and one an earlier audit left in the directory is removed."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fixes.patch").write_text("stale")
+    only_plain = RuleResults(findings=[_finding("host-sync", [Edit(str(repo / "util.py"), 1, 1, ["a = 0"])])])
+    PatchReport().write(Evidence(), only_plain, out)
+    NumericsPatchReport().write(Evidence(), only_plain, out)
+    assert (out / "fixes.patch").read_text().startswith("# auditor fixes.patch")
+    assert not (out / "numerics-fixes.patch").exists()
+    none = RuleResults(findings=[Finding(rule="x", severity="info", title="x", message="no fix")])
+    PatchReport().write(Evidence(), none, out)
+    assert not (out / "fixes.patch").exists()
+
+
 def test_numerics_edits_get_their_own_patch(repo: Path) -> None:
     """Edits that change results are kept out of fixes.patch but not lost: numerics-fixes.patch
     holds them, and git applies it."""

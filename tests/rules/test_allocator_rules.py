@@ -96,3 +96,48 @@ def test_churn_forecast_for_a_smaller_device(tmp_path):
     (f,) = [f for f in doc["findings"] if f["rule"] == "allocator-churn"]
     assert f["evidence"]["capacity_source"] == "given" and f["evidence"]["churn"][0]["recorded"] is False
     assert doc["allocator"]["replayed"]["segment_frees"] == 1 and doc["allocator"]["recorded"]["segment_frees"] == 0
+
+
+# A real recording: CS336's 2.7B-parameter transformer forward pass on an 80 GB GPU, with history
+# (kkaitlyn111/cs336-a2-systems, commit 46eae3f, memory_2.7b_forward.pickle; gzipped here). Its
+# trace opens with the 742 segment_free entries of the program's torch.cuda.empty_cache() at
+# benchmark.py:424 (their stacks pass through THCPModule_emptyCache), then the forward pass
+# cudaMallocs 178 segments again.
+CS336_FORWARD = DATA / "cs336_2.7b_forward.pickle.gz"
+
+
+def _unzipped(tmp_path):
+    import gzip
+
+    path = tmp_path / "memory_2.7b_forward.pickle"
+    path.write_bytes(gzip.decompress(CS336_FORWARD.read_bytes()))
+    return path
+
+
+def test_a_recorded_empty_cache_is_replayed_and_its_churn_named(tmp_path):
+    """The replay seeded the 742 emptied segments as cache and never let them go: 0 of the 178
+    recorded segment allocations, and allocator-churn silent. Replayed as recorded (the release at
+    its place), the reserve follows the recording exactly, and the churn is named at the call."""
+    from auditor.evidence.allocator.analysis import analyze
+    from auditor.evidence.snapshot import load_snapshot
+
+    path = _unzipped(tmp_path)
+    r = analyze(load_snapshot(path), 0)
+    assert (r.recorded.segment_allocs, r.recorded.segment_frees) == (178, 742)
+    assert r.replayed == r.recorded
+    assert r.error.reserved_max_diff_bytes == 0
+    assert r.churn == []  # no cudaMalloc failed: nothing the allocator released on its own
+    [rel] = r.releases
+    assert (rel.index, rel.segments_freed, rel.segments_regrown) == (0, 742, 178)
+    assert rel.file.endswith("cs336_systems/benchmark.py") and rel.line == 424
+    assert (r.without_releases.segment_allocs, r.without_releases.segment_frees) == (0, 0)
+
+    (f,) = _findings(path, "allocator-churn")
+    assert f.severity == "info" and [(loc.file.rsplit("/", 1)[-1], loc.line) for loc in f.locations] == \
+        [("benchmark.py", 424)]
+    assert f.message.startswith(
+        "On cuda:0 the program's torch.cuda.empty_cache() at benchmark.py:424 returned 742 cached segment(s), "
+        "19.5 GiB, to CUDA (1 call(s), recorded), and the requests after it cudaMalloc'd 178 segment(s), 3.7 GiB, "
+        "again"), f.message
+    assert "Replayed without the call, the same requests reuse the cache: segment allocs 178 -> 0, frees 742 -> 0" \
+        in f.message

@@ -80,11 +80,11 @@ def test_fixed_shape_convolutions_with_the_flag_off_on_a_gpu_run() -> None:
     assert f.cost.ms_per_step is None and f.fix.config == {"torch.backends.cudnn.benchmark": True}
 
 
-@pytest.mark.parametrize("benchmark", [True, None], ids=["flag-on", "flag-not-recorded"])
-def test_silent_when_the_flag_is_on_or_unknown(benchmark) -> None:
+@pytest.mark.parametrize("flag", [True, None], ids=["flag-on", "flag-not-recorded"])
+def test_silent_when_the_flag_is_on_or_unknown(flag) -> None:
     rule = CudnnBenchmark()
-    ev = gpu_run(benchmark)
-    if benchmark is None:
+    ev = gpu_run(flag)
+    if flag is None:
         assert skip_reason(rule, ev) is not None
     else:
         assert skip_reason(rule, ev) is None and list(rule.check(ev, rule.default_options())) == []

@@ -1,5 +1,6 @@
 """DataLoader fixes are checked against what the call received at run time (the probe binds its
-arguments): a keyword given through `**kwargs` (or by an expression) is never added again, and
+arguments): a keyword given through `**kwargs` (or by an expression) is never added again (a dict
+literal the file builds and only unpacks gets it set in the literal), and
 persistent_workers/prefetch_factor are never added to a call that keeps num_workers=0. The patched
 program is run plainly: it must not raise."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import audit
+from conftest import audit, patch_text
 
 PROGRAM = '''\
 import time
@@ -58,7 +59,8 @@ CASES = {
     # plain CPU run
     "kwargs-accelerator": ('kwargs = {"num_workers": 1, "pin_memory": True} if torch.cuda.is_available() else {}',
                            "**kwargs,"),
-    # the mapping gives num_workers=0: adding num_workers= raised "got multiple values"
+    # the mapping gives num_workers=0: adding num_workers= raised "got multiple values"; the patch
+    # sets it in the dict literal instead
     "kwargs-workers": ('kwargs = {"num_workers": 0}', "**kwargs,"),
     # num_workers from the config (left to the user): persistent_workers=True alone raised ValueError
     "config-workers": ('cfg = {"workers": 0}', 'num_workers=cfg["workers"],'),
@@ -78,12 +80,19 @@ def test_the_patched_dataloader_call_runs(tmp_path, case):
     a = audit("run", "prog.py", "--steps", "6", "--quiet", out=tmp_path / "out", cwd=tmp_path)
     assert a.returncode == 0, a.stderr
     [f] = a.rule("dataloader-bound")
-    patch = (a.out / "numerics-fixes.patch").read_text()
+    patch = patch_text(a.out / "numerics-fixes.patch")
     changed = [ln for ln in patch.splitlines() if ln[:1] in ("+", "-") and ln[:3] not in ("+++", "---")]
     summary = f["fix"]["summary"]
     if case == "literal-workers":
         workers = f["fix"]["config"]["DataLoader.num_workers"]
         assert changed == ["-    num_workers=0,", f"+    num_workers={workers},", "+    persistent_workers=True,"], patch
+    elif case == "kwargs-workers":
+        # a dict literal the file builds and only unpacks: num_workers is set in it, and what needs
+        # it beside it in the call
+        workers = f["fix"]["config"]["DataLoader.num_workers"]
+        assert changed == ['-kwargs = {"num_workers": 0}', f'+kwargs = {{"num_workers": {workers}}}',
+                           "+    persistent_workers=True,"], patch
+        assert f"The patch sets num_workers={workers} in the dict the call unpacks (`**kwargs`, line " in summary
     else:
         # num_workers reaches the call through the mapping or the config: neither it nor what needs
         # it is added (the summary says where to set them)
@@ -97,3 +106,22 @@ def test_the_patched_dataloader_call_runs(tmp_path, case):
         subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=tmp_path, check=True)
     run = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_num_workers_set_in_the_dict_the_call_unpacks_is_proven_by_verify(tmp_path):
+    """pytorch/examples' shape (`train_kwargs = {...}`, `DataLoader(ds, **train_kwargs)`): the patch
+    sets num_workers in the dict, and --verify re-runs the program with it: the wait for data is
+    gone or fell by a quarter or more."""
+    setup, given = CASES["kwargs-workers"]
+    (tmp_path / "prog.py").write_text(PROGRAM.format(setup=setup, given=given))
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    a = audit("run", "prog.py", "--steps", "6", "--no-profile", "--verify", out=tmp_path / "out", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("dataloader-bound")
+    assert [e["lines"] for e in f["fix"]["edits"]][0] == [
+        f'kwargs = {{"num_workers": {f["fix"]["config"]["DataLoader.num_workers"]}}}']
+    v = f["fix"]["verified"]
+    assert v["status"] == "improved", (v, a.stdout)
+    assert "with its numerics-fixes.patch edit" in v["note"]

@@ -38,3 +38,20 @@ def test_the_pin_memory_patch_makes_the_step_copies_non_blocking(tmp_path):
               cwd=tmp_path, env=QUIET_ENV)
     assert b.returncode == 0, b.stderr
     assert not b.rule("pageable-copy")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_verify_proves_the_pin_and_non_blocking_patch(tmp_path):
+    """The same patch re-run by --verify: pageable-copy's finding is gone and the weights are those
+    of the unpatched run (pinning and non_blocking copies move the same bytes)."""
+    trainer = tmp_path / "gpu_cuda_everywhere.py"
+    shutil.copy(EXAMPLES / "gpu_cuda_everywhere.py", trainer)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    a = audit("run", f"{trainer.name}:step", "--steps", "4", "--no-profile", "--verify", "--ignore", "dataloader-bound",
+              out=tmp_path / "out", cwd=tmp_path, env=QUIET_ENV)
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("pageable-copy")
+    v = f["fix"]["verified"]
+    assert v["status"] == "improved" and v["after"]["finding"] is False, (v, a.stdout)
+    assert "weights identical to the unpatched run's" in v["note"], v

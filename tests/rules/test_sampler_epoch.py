@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from conftest import audit
+from conftest import audit, patch_text
 
 TRAINER = """
 import os
@@ -70,7 +70,7 @@ def test_epochs_without_set_epoch_are_named_and_the_patch_fixes_them(tmp_path):
     assert "its epoch stayed 0" in finding["message"] and f"from train.py:{loop}" in finding["message"]
     # the patch sets the epoch before the loop; a new data order: numerics-fixes.patch, not fixes.patch
     assert [e["lines"] for e in finding["fix"]["edits"]] == [["    dist_sampler.set_epoch(epoch)"]]
-    assert "set_epoch" not in (a.out / "fixes.patch").read_text()
+    assert "set_epoch" not in patch_text(a.out / "fixes.patch")
     # the audit computed what a plain run computes
     plain = subprocess.run([sys.executable, "-c", "import train\nfor i in range(4): train.step(i)"], cwd=tmp_path,
                            env={"STEPS": "4", "WEIGHTS": str(tmp_path / "plain.pt"), "PATH": ""}, capture_output=True)

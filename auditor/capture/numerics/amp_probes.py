@@ -15,7 +15,7 @@ from auditor.capture.numerics.values import _scalar
 from auditor.capture.unseen import no_torch_function as _no_torch_function
 
 if TYPE_CHECKING:
-    from auditor.capture.numerics.collector import Numerics
+    from auditor.capture.numerics.collector_api import Collector
 
 
 def _name_in(frame: Any, obj: Any) -> str | None:
@@ -38,7 +38,7 @@ def _user_frame_object(frame: Any) -> Any:
     return frame
 
 
-def install_amp_probes(col: Numerics) -> None:
+def install_amp_probes(col: Collector) -> None:
     """Record GradScaler use, autocast regions and clipping of scaled gradients."""
     from torch.amp import autocast_mode, grad_scaler
     import torch.nn.utils as nn_utils

@@ -16,10 +16,10 @@ from auditor.capture.numerics.ops import _library_module
 from auditor.capture.numerics.stack import _compiling, _pop_mode, _push_mode, _stack_at, _stack_len, _top_mode
 
 if TYPE_CHECKING:
-    from auditor.capture.numerics.collector import Numerics
+    from auditor.capture.numerics.collector_api import Collector
 
 
-def install_backward_probe(col: Numerics) -> None:
+def install_backward_probe(col: Collector) -> None:
     """Check the ops of a hand-written backward (a `torch.autograd.Function` of the user's) as the
     step's own. torch calls it from C++ during `loss.backward()`, while the mode is off the stack
     (it is handling `backward`), so its ops would go unseen: a division by a norm that is 0 on a

@@ -18,7 +18,7 @@ from auditor.capture.numerics.values import _plain, _scalar
 from auditor.capture.unseen import no_torch_function as _no_torch_function
 
 if TYPE_CHECKING:
-    from auditor.capture.numerics.collector import Numerics
+    from auditor.capture.numerics.collector_api import Collector
 
 
 def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
@@ -35,7 +35,7 @@ def _caller() -> Any:
     return user_frame(sys._getframe(2))
 
 
-def guard_of(col: Numerics) -> Callable[[Callable], Callable]:
+def guard_of(col: Collector) -> Callable[[Callable], Callable]:
     """A decorator for the probes' own reads: the collector paused, torch-function dispatch off,
     and a failure counted by the collector instead of raised in the user's step."""
 
@@ -54,7 +54,7 @@ def guard_of(col: Numerics) -> Callable[[Callable], Callable]:
     return guard
 
 
-def install_config_probes(col: Numerics) -> None:
+def install_config_probes(col: Collector) -> None:
     """Record what the configuration says: optimizer and scheduler construction and state loads.
     Each probe calls the original first and only reads."""
     from torch.optim import Optimizer, lr_scheduler

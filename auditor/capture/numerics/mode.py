@@ -21,7 +21,7 @@ from auditor.capture.numerics.stack import CHECKS_RANGE, _checks_range, _compili
 from auditor.capture.unseen import no_torch_function as _no_torch_function
 
 if TYPE_CHECKING:
-    from auditor.capture.numerics.collector import Numerics
+    from auditor.capture.numerics.collector_api import Collector
 
 
 _NO_KWARGS: dict = {}  # (never changed: `**` copies it into the callee's own dict)
@@ -64,7 +64,7 @@ def _direct(func, args, kwargs):
 class _Mode(TorchFunctionMode):
     """Sees each torch call made from Python while a step runs; hands it to the collector."""
 
-    def __init__(self, col: "Numerics") -> None:
+    def __init__(self, col: Collector) -> None:
         super().__init__()
         self.col = col
 

@@ -28,7 +28,7 @@ from auditor.capture.numerics.values import _TB, _plain, _scalar
 from auditor.capture.unseen import no_torch_function as _no_torch_function
 
 if TYPE_CHECKING:
-    from auditor.capture.numerics.collector import Numerics
+    from auditor.capture.numerics.collector_api import Collector
 
 PARAM_REFRESH = 8  # on the CPU, weights are re-measured at least this often after safe updates
 TRUSTED_OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop", "Adagrad",
@@ -59,7 +59,7 @@ class _OptPlan:
                           and cpu and not self.half)
         self._names: tuple | None = None
 
-    def names(self, col: "Numerics") -> tuple[list[str], list[str], int]:
+    def names(self, col: Collector) -> tuple[list[str], list[str], int]:
         if self._names is None:
             self._names = col._names_of(self.params)
         return self._names
@@ -412,5 +412,5 @@ def _finite_norms(tensors: list[torch.Tensor], norms: list[float]) -> list[float
             for t, n in zip(tensors, norms)]
 
 
-def params_names(col: Numerics, params: list[torch.Tensor]) -> list[str]:
+def params_names(col: Collector, params: list[torch.Tensor]) -> list[str]:
     return [col.param_name(p) or f"param{i}{list(p.shape)}" for i, p in enumerate(params)]

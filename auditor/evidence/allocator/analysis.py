@@ -15,9 +15,10 @@ from typing import Any
 import msgspec
 
 from auditor.evidence.allocator.devices import COMMON_DEVICES_GIB
-from auditor.evidence.allocator.config import AllocatorConfig, from_settings, parse_alloc_conf
-from auditor.evidence.allocator.records import AllocatorReport, Churn, Figures, StepPeak, WhatIf
-from auditor.evidence.allocator.replay import recorded_figures, recorded_series, replay, replay_error
+from auditor.evidence.allocator.config import AllocatorConfig, parse_alloc_conf
+from auditor.evidence.allocator.records import AllocatorReport, Churn, Figures, Release, StepPeak, WhatIf
+from auditor.evidence.allocator.replay import (program_releases, recorded_figures, recorded_series, replay,
+                                               replay_error)
 from auditor.evidence.allocator.simulator import OOM, RETRY, SEGMENT_FREE, SEGMENT_UNMAP
 from auditor.evidence.snapshot import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM as OOM_ACTION, SEGMENT_ALLOC, SEGMENT_MAP, GiB, Snapshot, reserved_at
 
@@ -37,9 +38,8 @@ def given_capacity() -> int | None:
 
 def step_ends(snapshot: Snapshot) -> list[int]:
     """Times (us) the snapshot's optimizer steps ended: its `Optimizer.step` END annotations."""
-    return sorted(a["time_us"] for a in snapshot.external_annotations
-                  if a.get("stage") == "END" and str(a.get("name", "")).startswith("Optimizer.step")
-                  and isinstance(a.get("time_us"), int))
+    return sorted(a.time_us for a in snapshot.external_annotations
+                  if a.stage == "END" and a.name.startswith("Optimizer.step") and a.time_us is not None)
 
 
 def step_peaks(snapshot: Snapshot, device: int, series: Any) -> list[StepPeak]:
@@ -94,15 +94,16 @@ def _churn_bound(snapshot: Snapshot, device: int) -> int | None:
     h = snapshot.histories.get(device)
     if h is None:
         return None
+    by_program = {first for first, _ in program_releases(trace)}  # (empty_cache: no cudaMalloc failed)
     reserved, bound, i, n = h.start_reserved, None, 0, len(trace)
     while i < n:
         e = trace[i]
         if e.action in (SEGMENT_FREE, SEGMENT_UNMAP):
-            before = reserved
+            before, first = reserved, i
             while i < n and trace[i].action in (SEGMENT_FREE, SEGMENT_UNMAP):
                 reserved -= trace[i].size
                 i += 1
-            if i < n and trace[i].action in (SEGMENT_ALLOC, SEGMENT_MAP):
+            if i < n and trace[i].action in (SEGMENT_ALLOC, SEGMENT_MAP) and first not in by_program:
                 b = before + trace[i].size - 1
                 bound = b if bound is None else min(bound, b)
             continue
@@ -132,12 +133,32 @@ def what_if_configs(base: AllocatorConfig, split_mb: int | None) -> list[tuple[A
     return out
 
 
+def _releases(snapshot: Snapshot, device: int) -> list[Release]:
+    """The program's empty_cache() calls in the trace (replay.program_releases), each with what the
+    allocator cudaMalloc'd again after it."""
+    trace = snapshot.device_traces[device]
+    bursts = program_releases(trace)
+    out = []
+    for k, (first, end) in enumerate(bursts):
+        until = bursts[k + 1][0] if k + 1 < len(bursts) else len(trace)
+        grown = [e.size for e in trace[end:until] if e.action in (SEGMENT_ALLOC, SEGMENT_MAP)]
+        e = trace[first]
+        owner = e.owner
+        out.append(Release(index=first, segments_freed=end - first, bytes_freed=sum(x.size for x in trace[first:end]),
+                           segments_regrown=len(grown), bytes_regrown=sum(grown), time_us=e.time_us,
+                           file=owner.filename if owner else "", line=owner.line if owner else 0,
+                           function=owner.name if owner else ""))
+    return out
+
+
 def _recorded_churn(snapshot: Snapshot, device: int) -> list[Churn]:
     """Each oom entry, and each burst of segment_free / segment_unmap that a segment_alloc /
     segment_map follows directly: the cache freed to make room for a request (release_cached_blocks,
-    or release_available_cached_blocks under max_split_size)."""
+    or release_available_cached_blocks under max_split_size). The program's own empty_cache() calls
+    are not churn of the allocator's making (see _releases)."""
     trace = snapshot.device_traces[device]
     out: list[Churn] = []
+    by_program = {first for first, _ in program_releases(trace)}
     i, n = 0, len(trace)
     while i < n:
         e = trace[i]
@@ -150,7 +171,7 @@ def _recorded_churn(snapshot: Snapshot, device: int) -> list[Churn]:
             while j < n and trace[j].action in (SEGMENT_FREE, SEGMENT_UNMAP):
                 freed += trace[j].size
                 j += 1
-            if j < n and trace[j].action in (SEGMENT_ALLOC, SEGMENT_MAP):
+            if j < n and trace[j].action in (SEGMENT_ALLOC, SEGMENT_MAP) and i not in by_program:
                 k = j
                 while k < n and trace[k].action != ALLOC:
                     k += 1
@@ -186,7 +207,7 @@ def analyze(snapshot: Snapshot, device: int, capacity: int | None = None, what_i
             split_mb: int | None = None) -> AllocatorReport:
     """The report for one device of a snapshot with history (snapshot.histories[device])."""
     settings = snapshot.allocator_settings
-    base = from_settings(settings.raw if settings is not None else None)
+    base = settings.config if settings is not None else AllocatorConfig()
     cap, source = capacity_for(snapshot, device, capacity)
     notes = []
     if settings is None:
@@ -206,6 +227,9 @@ def analyze(snapshot: Snapshot, device: int, capacity: int | None = None, what_i
                              entries=len(snapshot.device_traces[device]), seeded_segments=base_run.seeded_segments,
                              seeded_blocks=base_run.seeded_blocks, recorded=recorded, replayed=replayed, error=error,
                              churn=churn, per_step=per_step, replay_ms=round(base_run.ms, 1), notes=notes)
+    report.releases = _releases(snapshot, device)
+    if report.releases:
+        report.without_releases = replay(snapshot, device, base, cap, releases=False).figures()
     if what_ifs:
         for cfg, note in what_if_configs(base, split_mb):
             r = replay(snapshot, device, cfg, cap)
@@ -231,7 +255,7 @@ def simulate_conf(snapshot: Snapshot, device: int, conf: str) -> WhatIf | None:
     if hit is not None and hit[0] is snapshot:
         return hit[1]
     settings = snapshot.allocator_settings
-    base = from_settings(settings.raw if settings is not None else None)
+    base = settings.config if settings is not None else AllocatorConfig()
     try:
         cfg = parse_alloc_conf(conf, base)
     except ValueError:
@@ -274,20 +298,38 @@ def retries_and_ooms(report: AllocatorReport) -> tuple[int, int]:
 
 
 def reports_for(evidence: Any, capacity: int | None = None) -> list[AllocatorReport]:
-    """Allocator reports of every snapshot with history the evidence holds, computed once and kept
-    on the evidence (runtime attribute `allocator_reports`, never serialised). The capacity is the
-    evidence's `device_memory_bytes` runtime attribute when set (--device-memory)."""
+    """Allocator reports of every snapshot with history the evidence holds (see snapshot_reports)."""
+    return [r for _, r in snapshot_reports(evidence, capacity)]
+
+
+def _entries(snapshot: Snapshot, device: int) -> list[tuple]:
+    return [(e.action, e.addr, e.size, e.stream, e.time_us) for e in snapshot.device_traces[device]]
+
+
+def snapshot_reports(evidence: Any, capacity: int | None = None) -> list[tuple[Snapshot, AllocatorReport]]:
+    """(snapshot, report) for each device history the evidence holds, computed once and kept on the
+    evidence (runtime attribute `allocator_reports`, never serialised). One recording is reported
+    once: the OOM snapshot and the profiled window's history snapshot dumped after the same OOM hold
+    the same trace (the window's may go on past it), so a history whose entries begin another's, or
+    are begun by it, is left out; the snapshot with the OOM observer's record is kept (it knows the
+    device's capacity). The capacity is the evidence's `device_memory_bytes` runtime attribute when
+    set (--device-memory)."""
     cached = evidence.__dict__.get("allocator_reports")
     if cached is not None:
         return cached
     from auditor.evidence.allocator.splits import split_mb_for
     capacity = capacity or evidence.__dict__.get("device_memory_bytes")
     out = []
-    for snap in evidence.snapshot_data:
+    seen: dict[int, list[list[tuple]]] = {}
+    for snap in sorted(evidence.snapshot_data, key=lambda s: s.oom is None):
         for device in sorted(snap.histories):
-            out.append(analyze(snap, device, capacity, split_mb=split_mb_for(snap, device)))
+            entries = _entries(snap, device)
+            if any(entries[:len(other)] == other[:len(entries)] for other in seen.get(device, [])):
+                continue
+            seen.setdefault(device, []).append(entries)
+            out.append((snap, analyze(snap, device, capacity, split_mb=split_mb_for(snap, device))))
     evidence.__dict__["allocator_reports"] = out
     return out
 
 
-__all__ = ["analyze", "capacity_for", "reports_for", "what_if_configs", "OOM", "RETRY"]
+__all__ = ["analyze", "capacity_for", "reports_for", "snapshot_reports", "what_if_configs", "OOM", "RETRY"]

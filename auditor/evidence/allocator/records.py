@@ -52,6 +52,22 @@ class Churn(msgspec.Struct):
     recorded: bool = True  # seen in the recording (an oom entry or a segment_free burst) vs only simulated
 
 
+class Release(msgspec.Struct):
+    """One call of the program's torch.cuda.empty_cache() in the recording: the cached segments it
+    returned to CUDA, and the segments the allocator cudaMalloc'd again before the next such call
+    (or the trace's end)."""
+
+    index: int  # trace entry of its first segment_free
+    segments_freed: int
+    bytes_freed: int
+    segments_regrown: int  # segment_alloc / segment_map after it
+    bytes_regrown: int
+    time_us: int | None = None
+    file: str = ""  # the user's line that called it, when the trace has stacks
+    line: int = 0
+    function: str = ""
+
+
 class StepPeak(msgspec.Struct):
     """The replay's reserve within one step (steps end at the snapshot's Optimizer.step annotations;
     the last step runs to the trace's end)."""
@@ -77,6 +93,8 @@ class AllocatorReport(msgspec.Struct):
     error: ReplayError
     what_if: list[WhatIf] = []
     churn: list[Churn] = []  # recorded churn (or simulated, when the recording shows none but the replay does)
+    releases: list[Release] = []  # the program's empty_cache() calls the trace recorded
+    without_releases: Figures | None = None  # the replay as if the program had not called them
     per_step: list[StepPeak] = []  # the replayed reserve's peak per step, when the snapshot marks steps
     replay_ms: float = 0.0  # wall time of the replay under the recorded settings
     notes: list[str] = []

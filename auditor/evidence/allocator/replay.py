@@ -14,8 +14,10 @@ Segments of expandable snapshots are seeded as plain segments (noted).
 
 New segments take the addresses the recording gave its cudaMallocs of the same size, in order
 (when free), so the best-fit ties the allocator breaks by address break the same way.
-Requests are the trace's alloc / free_requested / free_completed; the allocator's own decisions
-in the trace (segment_*) are what the replay is compared against, never inputs.
+Requests are the trace's alloc / free_requested / free_completed, and the program's own releases
+of the cache: a burst of segment_free / segment_unmap made by `torch.cuda.empty_cache()` (see
+program_releases) is replayed as that call, at its place. The allocator's own decisions in the
+trace (the other segment_* entries) are what the replay is compared against, never inputs.
 """
 from __future__ import annotations
 
@@ -68,6 +70,42 @@ def recorded_series(snapshot: Snapshot, device: int) -> array:
         elif e.action in _SHRINK:
             r -= e.size
         out.append(r)
+    return out
+
+
+# the caching allocator's empty_cache, as its stacks name it: the C++ entry point and torch's
+# Python wrapper (torch/cuda/memory.py `empty_cache`)
+_EMPTY_CACHE_NATIVE = ("emptyCache", "empty_cache")
+
+
+def _released_by_program(e) -> bool | None:
+    """Whether a segment_free / segment_unmap was made by empty_cache (its stack passes through it);
+    None when the entry has no stack."""
+    if not e.frames:
+        return None
+    return any(f.name.endswith(_EMPTY_CACHE_NATIVE) or "THCPModule_emptyCache" in f.name
+               or (f.name == "empty_cache" and f.filename.endswith(("cuda/memory.py", "torch/accelerator/memory.py")))
+               for f in e.frames)
+
+
+def program_releases(trace: list) -> list[tuple[int, int]]:
+    """(first, end) trace entries of each burst of segment_free / segment_unmap that the program's
+    empty_cache() made: its stack passes through empty_cache; without stacks, a burst that no
+    segment_alloc / segment_map follows (the allocator releases its cache on its own only to
+    retry a cudaMalloc, which it then makes at once)."""
+    out = []
+    i, n = 0, len(trace)
+    while i < n:
+        if trace[i].action not in _SHRINK:
+            i += 1
+            continue
+        j = i
+        while j < n and trace[j].action in _SHRINK:
+            j += 1
+        by = _released_by_program(trace[i])
+        if by or (by is None and not (j < n and trace[j].action in _GROW)):
+            out.append((i, j))
+        i = j
     return out
 
 
@@ -125,10 +163,12 @@ def seed(sim: Simulator, snapshot: Snapshot, device: int, cfg: AllocatorConfig) 
 
 
 def replay(snapshot: Snapshot, device: int, cfg: AllocatorConfig, capacity: int,
-           keep_series: bool = False) -> Replay:
-    """The device's requests under `cfg` on a device of `capacity` bytes."""
+           keep_series: bool = False, releases: bool = True) -> Replay:
+    """The device's requests under `cfg` on a device of `capacity` bytes; with `releases` False,
+    as if the program had not called empty_cache()."""
     t0 = time.perf_counter()
     trace = snapshot.device_traces[device]
+    release_at = {first for first, _ in program_releases(trace)} if releases else set()
     hints = pending_queue([(e.size, e.addr) for e in trace if e.action == SEGMENT_ALLOC and e.addr is not None])
     top = max([s.address + s.total_size for s in snapshot.device_segments(device)] +
               [(e.addr or 0) + e.size for e in trace if e.action in _GROW], default=0)
@@ -153,6 +193,8 @@ def replay(snapshot: Snapshot, device: int, cfg: AllocatorConfig, capacity: int,
             b = live.pop(addr, None)
             if b is not None and b.rec == addr and (b.allocated or b.pending):
                 free_done(b)
+        elif i in release_at:
+            sim.release_cached_blocks()
         if series is not None:
             series.append(sim.reserved)
     return Replay(sim, series, nseg, nblocks, (time.perf_counter() - t0) * 1000.0)

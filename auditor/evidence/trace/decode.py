@@ -22,6 +22,8 @@ import msgspec
 import numpy as np
 
 from auditor.evidence.errors import InputError
+from auditor.evidence.trace.arg_records import ArgTable, raw_keys
+from auditor.evidence.trace.op_names import RECORDED_OPS
 
 # ---------------------------------------------------------------------------------------------
 # The one category vocabulary rules use (the `cat` column holds the index into this tuple).
@@ -608,13 +610,15 @@ class _Columns:
     """Accumulates per-chunk numpy columns, concatenated once at the end."""
 
 
-    def __init__(self, symbols: SymbolTable):
+    def __init__(self, symbols: SymbolTable, args: ArgTable | None = None):
         self.symbols = symbols
+        self.args = ArgTable() if args is None else args  # operators' argument records (column `args`)
         self.parts: dict[str, list[np.ndarray]] = {}
         self.flow_parts: dict[str, list[np.ndarray]] = {}
         self.meta: list[_Event] = []
         self._ids: dict[str, int] = {}  # non-numeric pid/tid strings -> negative ids
         self._cat_table = np.empty(0, dtype=np.int8)
+        self._recorded_table = np.empty(0, dtype=bool)  # per symbol code: an op of RECORDED_OPS
 
     def _norm_id(self, v: int | str) -> int:
         if type(v) is int:
@@ -652,6 +656,14 @@ class _Columns:
                      for i in range(len(table), len(self.symbols))]
             table = self._cat_table = np.concatenate([table, np.asarray(extra, dtype=np.int8)])
         return table[raw_codes].astype(np.int8)  # -1 (no cat) reads the last entry: fixed below
+
+    def _recorded(self, name_codes: np.ndarray) -> np.ndarray:
+        """Whether each name (a symbol code) is one of RECORDED_OPS (a table lookup)."""
+        table = self._recorded_table
+        if len(table) < len(self.symbols):
+            extra = [self.symbols[i] in RECORDED_OPS for i in range(len(table), len(self.symbols))]
+            table = self._recorded_table = np.concatenate([table, np.asarray(extra, dtype=bool)])
+        return table[np.maximum(name_codes, 0)] & (name_codes >= 0)
 
     def add(self, events: list[_Event], has_stacks: bool = True) -> None:
         # Fields are read with list comprehensions (the interpreter's specialised attribute loads
@@ -724,6 +736,13 @@ class _Columns:
                                                      "call_stack", n))
         sync = np.flatnonzero(cats == CAT["sync"])
         self._put(put, "sync_kind", self._subset_symbols(decoded, pos[sync], sync, "sync_kind", n))
+        # The argument records (shapes, dtypes, strides, concrete inputs) of the operators rules and the
+        # efficiency model read (RECORDED_OPS), read here once (auditor.evidence.trace.arg_records).
+        records = np.full(n, -1, dtype=np.int32)
+        op_rows = np.flatnonzero((cats == CAT["cpu_op"]) & ~instant & self._recorded(name_codes))
+        if len(op_rows):
+            records[op_rows] = self.args.intern_many(raw_keys([body[i].args for i in op_rows.tolist()]))
+        self._put(put, "args", records)
 
     def _subset_symbols(self, decoded: np.ndarray, at: np.ndarray, rows: np.ndarray, attr: str, n: int) -> np.ndarray:
         """A string args field as symbol codes for `rows` (decoded args at positions `at`)."""

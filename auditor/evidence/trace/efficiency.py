@@ -4,8 +4,10 @@ idle and communication time and the model FLOP utilisation (MFU), judged by the 
 (auditor.evidence.devices).
 
 How: the profiler records each operator's input shapes and dtypes (`Input Dims`, `Input type`,
-with `record_shapes=True`); the loader does not keep them (most traces never need them), so they
-are read here once per trace, for the operators a formula exists for. Each GPU kernel is charged
+with `record_shapes=True`); the parse keeps them once per distinct record (the trace's `args`
+column, auditor.evidence.trace.arg_records), and the model works out each distinct (operator,
+record) once. An operator whose record the formula cannot use (a stride of 0, a negative or huge
+dimension, a missing input) is left out and counted (Efficiency.unread_ops), never fatal. Each GPU kernel is charged
 to the innermost operator that launched it (kernel -> its launch call by correlation -> the
 enclosing operator); the operator's FLOPs over its kernels' time is what it achieved.
 
@@ -28,10 +30,12 @@ import numpy as np
 
 from auditor.evidence.devices import DeviceSpec, device_for
 from auditor.evidence.errors import InputError
+from auditor.evidence.trace.arg_records import MAX_DIM, ArgRecord
 from auditor.evidence.trace.decode import CAT, DEFAULT_CHUNK_BYTES, GPU_WORK, _Stream
 from auditor.evidence.trace.intervals import clip, intersect, merge_intervals, subtract, total_length
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.names import COMM_KERNEL
+from auditor.evidence.trace.op_names import _ATTENTION, _CONV, _ELEMENTWISE, _MATMUL, _NORM, _SOFTMAX, MODELLED
 
 # Kernel groups, by kernel name, first match wins (communication first: an NCCL kernel is never
 # compute, whatever else its name holds). rccl is ROCm's NCCL; Cijk_ names are rocBLAS/Tensile GEMMs.
@@ -48,28 +52,6 @@ KERNEL_GROUPS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 COMMUNICATION = COMM_KERNEL  # (names.is_comm_kernel's pattern: one predicate for every rule)
 
-_MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul",
-           "aten::_addmm_activation"}
-_CONV = {"aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::conv2d", "aten::conv1d",
-         "aten::conv3d", "aten::miopen_convolution", "aten::convolution_backward",
-         "aten::cudnn_convolution_backward"}
-_ATTENTION = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention",
-              "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention",
-              "aten::_scaled_dot_product_flash_attention_backward",
-              "aten::_scaled_dot_product_efficient_attention_backward",
-              "aten::_scaled_dot_product_cudnn_attention_backward"}
-_SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_softmax_backward_data", "aten::log_softmax",
-            "aten::_log_softmax"}
-_NORM = {"aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::native_batch_norm",
-         "aten::native_batch_norm_backward", "aten::cudnn_batch_norm", "aten::cudnn_batch_norm_backward",
-         "aten::native_group_norm", "aten::native_group_norm_backward", "aten::_fused_rms_norm",
-         "aten::_batch_norm_impl_index", "aten::miopen_batch_norm"}
-_ELEMENTWISE = {f"aten::{n}{s}" for n in ("add", "sub", "mul", "div", "gelu", "relu", "silu", "sigmoid", "tanh",
-                                           "exp", "pow", "sqrt", "rsqrt", "neg", "clamp", "where", "threshold_backward",
-                                           "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
-                                           "masked_fill", "dropout", "native_dropout", "addcmul", "addcdiv", "lerp")
-                for s in ("", "_")}
-MODELLED = _MATMUL | _CONV | _ATTENTION | _SOFTMAX | _NORM | _ELEMENTWISE
 
 _ELEMENT_BYTES = {"float": 4, "c10::half": 2, "c10::bfloat16": 2, "double": 8, "long int": 8, "int": 4,
                   "short int": 2, "bool": 1, "signed char": 1, "unsigned char": 1, "c10::complex<float>": 8}
@@ -145,36 +127,51 @@ class Efficiency(msgspec.Struct, frozen=True):
     groups: list[GroupStat]
     steps: list[StepGpu]
     gpu_ms: float  # all GPU work (kernels, copies, memsets), summed
+    # modelled operator calls with kernels whose recorded inputs the formulas could not use (left out)
+    unread_ops: int = 0
+    # why the model could not read the trace at all ("" when it could): the tables are empty then
+    failed: str = ""
 
 
 # -- shapes ------------------------------------------------------------------------------------
-class _ShapeArgs(msgspec.Struct):
-    dims: Any = msgspec.field(default=None, name="Input Dims")
-    types: Any = msgspec.field(default=None, name="Input type")
-    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
+def _compat(rec: ArgRecord) -> tuple[list, list, list]:
+    """A record as (input dims, input types, concrete inputs) lists, an input that is not a
+    readable tensor as [] (what op_shapes' readers expect)."""
+    return ([list(d) if d is not None else [] for d in rec.dims], list(rec.types), list(rec.concrete))
 
 
-_ARGS = msgspec.json.Decoder(list[_ShapeArgs])
+def op_rows(trace: Trace, names: Any) -> np.ndarray:
+    """Rows of the operators named in `names` (not instants) that carry an argument record with
+    input dims (read during the parse: auditor.evidence.trace.arg_records)."""
+    if "args" not in trace.events:
+        return np.empty(0, dtype=np.int64)
+    codes = [c for c in (trace.symbols.id(n) for n in names) if c >= 0]
+    if not codes:
+        return np.empty(0, dtype=np.int64)
+    args = trace.col("args")
+    rows = np.flatnonzero((args >= 0) & np.isin(trace.col("name"), codes) & (trace.col("cat") == CAT["cpu_op"])
+                          & ~trace.col("instant"))
+    with_dims = np.fromiter((bool(r.dims) for r in trace.arg_records), dtype=bool, count=len(trace.arg_records))
+    return rows[with_dims[args[rows]]] if len(rows) else rows
 
 
 def op_shapes(trace: Trace) -> dict[int, tuple[list, list, list]]:
     """{row: (input dims, input types, concrete inputs)} of the modelled operators (MODELLED) the
-    trace records shapes for; empty when it records none or its file cannot be read again here."""
+    trace records shapes for; empty when it records none. Taken from the argument records the
+    parse read (the trace's `args` column); each distinct record is converted once."""
     cached = trace.__dict__.get("_op_shapes")
     if cached is not None:
         return cached
+    rows = op_rows(trace, MODELLED)
+    args = trace.col("args") if len(rows) else np.empty(0, dtype=np.int32)
+    compat: dict[int, tuple[list, list, list]] = {}
     out: dict[int, tuple[list, list, list]] = {}
+    for r, c in zip(rows.tolist(), args[rows].tolist()):
+        got = compat.get(c)
+        if got is None:
+            got = compat[c] = _compat(trace.arg_records[c])
+        out[r] = got
     trace.__dict__["_op_shapes"] = out
-    ops = np.flatnonzero((trace.col("cat") == CAT["cpu_op"]) & ~trace.col("instant"))
-    codes = {trace.symbols.id(n) for n in MODELLED} - {-1}
-    ops = ops[np.isin(trace.col("name")[ops], list(codes))] if codes else ops[:0]
-    if not len(ops):
-        return out
-    found = _read_args(trace, lambda name: name in MODELLED, b"Input Dims", _ARGS)
-    for r, a in _join(trace, ops, found).items():
-        if isinstance(a.dims, list):
-            out[r] = (a.dims, a.types if isinstance(a.types, list) else [],
-                      a.concrete if isinstance(a.concrete, list) else [])
     return out
 
 
@@ -245,8 +242,13 @@ def _join(trace: Trace, rows: np.ndarray, found: dict[tuple[str, float], Any]) -
 
 
 # -- formulas ----------------------------------------------------------------------------------
+def _is_shape(shape: Any) -> bool:
+    """A list of dimensions a tensor can have: whole numbers in [0, MAX_DIM]."""
+    return isinstance(shape, (list, tuple)) and all(type(d) is int and 0 <= d <= MAX_DIM for d in shape)
+
+
 def _numel(shape: Any) -> int:
-    if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+    if not _is_shape(shape):
         return 0
     return math.prod(shape) if shape else 0
 
@@ -263,12 +265,16 @@ def op_kind(name: str) -> str | None:
     return None
 
 
-def _tensors(dims: list, types: list) -> list[tuple[list[int], str]]:
+def _tensors(dims: Any, types: Any) -> list[tuple[list[int], str]]:
+    """(dims, type) of the inputs that are tensors of readable shape (see _is_shape)."""
+    if not isinstance(dims, (list, tuple)):
+        return []
+    types = types if isinstance(types, (list, tuple)) else []
     out = []
     for i, d in enumerate(dims):
         t = types[i] if i < len(types) else ""
-        if isinstance(d, list) and d and all(isinstance(x, int) for x in d) and t not in ("Scalar", "ScalarList"):
-            out.append((d, str(t)))
+        if d and _is_shape(d) and t not in ("Scalar", "ScalarList"):
+            out.append((list(d), str(t)))
     return out
 
 
@@ -282,9 +288,21 @@ def _ints(text: Any) -> list[int] | None:
     return list(v) if isinstance(v, (list, tuple)) and all(isinstance(x, int) for x in v) else None
 
 
-def op_work(name: str, dims: list, types: list, concrete: list | None = None) -> tuple[float, float, str] | None:
+def op_work(name: str, dims: Any, types: Any, concrete: Any = None) -> tuple[float, float, str] | None:
     """(FLOPs, bytes, dtype) of one call of operator `name` with these recorded inputs, or None
-    when its shapes do not fit the formula (module docstring)."""
+    when its shapes do not fit the formula (module docstring) or cannot be read (a stride of 0 or
+    below, a dimension that is negative, huge or not a number, an input missing): the caller skips
+    the call and counts it."""
+    try:
+        got = _op_work(name, dims, types, concrete if isinstance(concrete, (list, tuple)) else None)
+    except (ArithmeticError, ValueError, TypeError, IndexError):
+        return None
+    if got is None or not all(math.isfinite(x) and x >= 0 for x in got[:2]):
+        return None
+    return got
+
+
+def _op_work(name: str, dims: Any, types: Any, concrete: Any) -> tuple[float, float, str] | None:
     kind = op_kind(name)
     ts = _tensors(dims, types)
     if kind is None or not ts:
@@ -333,6 +351,8 @@ def op_work(name: str, dims: list, types: list, concrete: list | None = None) ->
         spatial = x[2:]
         stride = _ints(concrete[3]) if concrete and len(concrete) > 3 else None
         if stride:
+            if any(st <= 0 or st > MAX_DIM for st in stride):  # (no convolution has one: the record is unreadable)
+                return None
             stride = (stride * len(spatial))[:len(spatial)] if len(stride) == 1 else stride
             spatial = [max(1, s // st) for s, st in zip(spatial, stride)] if len(stride) == len(spatial) else spatial
         out_elems = x[0] * w[0] * _numel(spatial)
@@ -404,10 +424,16 @@ def kernel_ops(trace: Trace) -> np.ndarray:
 
 # -- the summary -------------------------------------------------------------------------------
 def efficiency(trace: Trace, chosen: str = "") -> Efficiency:
-    """The trace's efficiency (cached per trace and `chosen`, the `--device` key)."""
+    """The trace's efficiency (cached per trace and `chosen`, the `--device` key). Never raises:
+    a trace the model cannot read gives an empty table whose `failed` says why, and the reports
+    (findings.json, report.html) are written without it."""
     cache: dict[str, Efficiency] = trace.__dict__.setdefault("_efficiency", {})
     if chosen not in cache:
-        cache[chosen] = _efficiency(trace, chosen)
+        try:
+            cache[chosen] = _efficiency(trace, chosen)
+        except Exception as e:  # noqa: BLE001 (one odd record must not cost the user the report)
+            cache[chosen] = Efficiency(device=None, device_basis="", has_shapes=False, ops=[], groups=[], steps=[],
+                                       gpu_ms=0.0, failed=f"{type(e).__name__}: {e}")
     return cache[chosen]
 
 
@@ -424,26 +450,38 @@ def _efficiency(trace: Trace, chosen: str) -> Efficiency:
     kernels = work[cat[work] == CAT["kernel"]]
     shapes = op_shapes(trace)
     charged = kernel_ops(trace)
-    # operator instances: kernel time, first kernel start
-    per_op: dict[int, list[float]] = {}
-    for k in kernels.tolist():
-        r = int(charged[k])
-        if r >= 0 and r in shapes:
-            slot = per_op.setdefault(r, [0.0, float(ts[k])])
-            slot[0] += float(dur[k])
-            slot[1] = min(slot[1], float(ts[k]))
+    # operator instances: kernel time, first kernel start (per operator row, in numpy)
+    ks = kernels[charged[kernels] >= 0]
     instances: list[tuple[int, str, str, str, float, float, float, float]] = []
-    for r, (kus, first) in per_op.items():
-        name = trace.symbols[int(names[r])]
-        dims, types, concrete = shapes[r]
-        w = op_work(name, dims, types, concrete)
-        if w is not None:
-            instances.append((r, name, _shape_text(dims, types), w[2], w[0], w[1], kus, first))
+    unread = 0
+    if len(ks) and shapes:
+        op_of = charged[ks]
+        rows, which = np.unique(op_of, return_inverse=True)
+        kus = np.bincount(which, weights=dur[ks])
+        first = np.full(len(rows), np.inf)
+        np.minimum.at(first, which, ts[ks])
+        args = trace.col("args")
+        # each distinct (operator, record) is worked out once: a trace repeats its shapes every step
+        memo: dict[tuple[int, int], tuple[str, str, tuple[float, float, str] | None]] = {}
+        for r, us, t0 in zip(rows.tolist(), kus.tolist(), first.tolist()):
+            if r not in shapes:
+                continue
+            key = (int(names[r]), int(args[r]))
+            got = memo.get(key)
+            if got is None:
+                name = trace.symbols[key[0]]
+                dims, types, concrete = shapes[r]
+                got = memo[key] = (name, _shape_text(dims, types), op_work(name, dims, types, concrete))
+            name, text, w = got
+            if w is None:
+                unread += 1
+                continue
+            instances.append((r, name, text, w[2], w[0], w[1], us, t0))
     ops = _op_stats(instances, device)
     groups = _group_stats(trace, work, charged, {i[0]: i[4] for i in instances})
     steps = _step_stats(trace, work, instances, device)
     return Efficiency(device=device, device_basis=basis, has_shapes=bool(shapes), ops=ops, groups=groups,
-                      steps=steps, gpu_ms=float(dur[work].sum()) / 1e3)
+                      steps=steps, gpu_ms=float(dur[work].sum()) / 1e3, unread_ops=unread)
 
 
 def _shape_text(dims: list, types: list) -> str:
@@ -479,31 +517,29 @@ def _op_stats(instances: list, device: DeviceSpec | None) -> list[OpStat]:
 
 def _group_stats(trace: Trace, work: np.ndarray, charged: np.ndarray, flops_of: dict[int, float]) -> list[GroupStat]:
     cat, dur, names = trace.col("cat"), trace.col("dur"), trace.col("name")
-    group_of: dict[int, str] = {}
-    totals: dict[str, list[float]] = {}
-    # an operator's FLOPs go to the group of its longest kernel
-    longest: dict[int, tuple[float, str]] = {}
-    for r in work.tolist():
-        c = int(cat[r])
-        if c == CAT["kernel"]:
-            code = int(names[r])
-            g = group_of.get(code)
-            if g is None:
-                g = group_of[code] = kernel_group(trace.symbols[code])
-        else:
-            g = "memcpy" if c == CAT["memcpy"] else "memset"
-        t = totals.setdefault(g, [0, 0.0, 0.0])
-        t[0] += 1
-        t[1] += float(dur[r])
-        op = int(charged[r])
-        if op >= 0 and op in flops_of and (op not in longest or longest[op][0] < float(dur[r])):
-            longest[op] = (float(dur[r]), g)
-    for op, (_, g) in longest.items():
-        totals[g][2] += flops_of[op]
-    all_us = sum(t[1] for t in totals.values()) or 1.0
-    out = [GroupStat(group=g, kernels=int(n), ms=us / 1e3, share=us / all_us, flops=fl,
-                     tflops=(fl / (us / 1e6) / 1e12) if fl and us > 0 else None)
-           for g, (n, us, fl) in totals.items()]
+    # the group of each row: by kernel name (each distinct name matched once), memcpy, memset
+    groups = [g for g, _ in KERNEL_GROUPS] + ["other", "memcpy", "memset"]
+    kernel = cat[work] == CAT["kernel"]
+    codes, inv = np.unique(names[work[kernel]], return_inverse=True)
+    by_code = np.array([groups.index(kernel_group(trace.symbols[int(c)])) for c in codes.tolist()], dtype=np.int64)
+    g = np.where(cat[work] == CAT["memcpy"], groups.index("memcpy"), groups.index("memset")).astype(np.int64)
+    g[kernel] = by_code[inv.reshape(-1)] if len(codes) else g[kernel]
+    count = np.bincount(g, minlength=len(groups))
+    us = np.bincount(g, weights=dur[work], minlength=len(groups))
+    fl = np.zeros(len(groups))
+    # an operator's FLOPs go to the group of its longest kernel (the first of equal ones)
+    ops = charged[work]
+    mine = np.flatnonzero((ops >= 0) & np.isin(ops, np.fromiter(flops_of, dtype=np.int64, count=len(flops_of))))
+    if len(mine):
+        order = mine[np.lexsort((mine, -dur[work][mine], ops[mine]))]
+        lead = np.r_[True, ops[order][1:] != ops[order][:-1]]
+        for op, grp in zip(ops[order][lead].tolist(), g[order][lead].tolist()):
+            fl[grp] += flops_of[op]
+    all_us = float(us.sum()) or 1.0
+    out = [GroupStat(group=groups[i], kernels=int(count[i]), ms=float(us[i]) / 1e3, share=float(us[i]) / all_us,
+                     flops=float(fl[i]), tflops=(float(fl[i]) / (float(us[i]) / 1e6) / 1e12) if fl[i] and us[i] > 0
+                     else None)
+           for i in np.flatnonzero(count).tolist()]
     out.sort(key=lambda s: -s.ms)
     return out
 
@@ -570,6 +606,8 @@ def steps_gpu(evidence: Any) -> list[dict[str, Any]] | None:
     if trace is None or not np.isin(trace.col("cat"), GPU_WORK).any():
         return None
     eff = efficiency(trace, evidence.environment.device_model)
+    if eff.failed:
+        return None
 
     def r(v: float | None, n: int) -> float | None:
         return None if v is None else round(v, n)

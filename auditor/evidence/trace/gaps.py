@@ -325,7 +325,12 @@ def _queued_later(trace: Trace, gpu: np.ndarray) -> dict[int, float]:
 
 
 def _queued_kind(trace: Trace, threads: _ThreadIndex, launch: int, nxt: int, prev: int) -> int:
-    if is_comm_kernel(trace.name(nxt)):
+    # (each distinct kernel name is matched once)
+    comm: dict[int, bool] = trace.__dict__.setdefault("_comm_kernel_names", {})
+    code = int(trace.col("name")[nxt])
+    if code not in comm:
+        comm[code] = is_comm_kernel(trace.symbols[code])
+    if comm[code]:
         return QUEUED_KINDS.index("collective")
     if launch >= 0 and GRAPH_LAUNCH.match(trace.name(launch)):
         return QUEUED_KINDS.index("graph launch")

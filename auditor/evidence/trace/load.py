@@ -26,6 +26,7 @@ import pandas as pd
 
 from auditor.evidence.errors import InputError
 from auditor.evidence.trace import parallel
+from auditor.evidence.trace.arg_records import records
 from auditor.evidence.trace.decode import (CPU_NESTING, DEFAULT_CHUNK_BYTES, GPU_SIDE, LAUNCH_SIDE, SymbolTable,
                                            _Columns, _decode_args, _Stream)
 from auditor.evidence.trace.model import Trace
@@ -53,7 +54,7 @@ _EVENT_DTYPES = {"cat": np.int8, "raw_cat": np.int32, "name": np.int32, "instant
                  "tid": np.int64, "ts": np.float64, "dur": np.float64, "external_id": np.int64,
                  "correlation": np.int64, "bytes": np.int64, "stream": np.int64, "device": np.int64,
                  "total_allocated": np.int64,
-                 "device_type": np.int64, "stack": np.int32, "sync_kind": np.int32}
+                 "device_type": np.int64, "stack": np.int32, "sync_kind": np.int32, "args": np.int32}
 
 
 def _empty_events() -> pd.DataFrame:
@@ -191,7 +192,7 @@ def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -
             rec.setdefault("threads", {})[cols._norm_id(e.tid)] = args.meta_name
     old = bool(len(events)) and any(symbols.id(c) >= 0 for c in ("Operator", "Runtime", "Kernel"))
     trace = Trace(path=path, metadata=trace_meta, events=events, flows=flows, symbols=symbols,
-                  processes=processes, schema="old" if old else "new")
+                  processes=processes, schema="old" if old else "new", arg_records=records(cols.args))
     trace.dropped = _dropped_text(stream) if stream.dropped else ""
     trace.steps, trace.steps_from = find_steps(trace)
     events["step"] = assign_steps(trace)

@@ -16,6 +16,7 @@ import pandas as pd
 
 from auditor.evidence.frame import Frame
 from auditor.evidence.recorded_frames import is_library_file, parse_frame
+from auditor.evidence.trace.arg_records import ArgRecord
 from auditor.evidence.trace.decode import CAT, CPU_NESTING, GPU_SIDE, GPU_WORK, SymbolTable
 from auditor.evidence.trace.intervals import merge_intervals
 
@@ -46,7 +47,8 @@ class Trace:
     only where a rule uses them: external_id and correlation (launch calls and GPU rows), bytes,
     stream, device (GPU rows; bytes also for `[memory]`), total_allocated and device_type
     (`[memory]`), stack (symbol of the old-schema `Call stack` of operators), sync_kind (symbol,
-    `cuda_sync` rows). Derived once at load: parent (row of the enclosing host event on the same
+    `cuda_sync` rows), args (operators: the index of their argument record in `arg_records`, -1
+    when none; auditor.evidence.trace.arg_records). Derived once at load: parent (row of the enclosing host event on the same
     thread: operators, annotations, Python frames), link (launch call <-> GPU row, by correlation)
     and step (ProfilerStep number, -1 outside any step). Rows are in file order; flow events
     (`ac2g`, `async`, `fwdbwd`) are in `flows`, process and thread names in `processes`.
@@ -75,6 +77,9 @@ class Trace:
     # steps' (`are taken from the end of one Optimizer.step#SGD.step to the end of the next`); None
     # otherwise.
     steps_from: str | None = None
+    # The distinct argument records of the operators (input dims, types, strides, concrete inputs),
+    # indexed by the `args` column.
+    arg_records: list[ArgRecord] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.label = self.label or Path(self.path).name
@@ -87,6 +92,13 @@ class Trace:
         if arr is None:
             arr = cache[name] = self.events[name].to_numpy()
         return arr
+
+    def arg_record(self, row: int) -> ArgRecord | None:
+        """The argument record of an operator row (None: it records none)."""
+        if "args" not in self.events:
+            return None
+        code = int(self.col("args")[row])
+        return self.arg_records[code] if code >= 0 else None
 
     # -- metadata ------------------------------------------------------------------------------
     @property

@@ -89,6 +89,7 @@ def parse(stream: _Stream, cols: _Columns, workers: int) -> None:
     starts = cuts(stream.path, stream.base + stream.pos)
     ends = [*starts[1:], None]
     luts: dict[int, list[int]] = {}  # worker pid -> the main table's code of each of its symbols
+    arg_luts: dict[int, list[int]] = {}  # ... and of each of its argument records
     pending: deque[Future] = deque()
     context = multiprocessing.get_context("fork")
     with warnings.catch_warnings(), ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
@@ -101,17 +102,18 @@ def parse(stream: _Stream, cols: _Columns, workers: int) -> None:
             for a, b in zip(starts, ends):
                 pending.append(pool.submit(_decode_range, stream.path, a, b))
                 if len(pending) >= 2 * workers:
-                    _merge(pending.popleft().result(), cols, luts, stream)
+                    _merge(pending.popleft().result(), cols, luts, arg_luts, stream)
             while pending:
-                _merge(pending.popleft().result(), cols, luts, stream)
+                _merge(pending.popleft().result(), cols, luts, arg_luts, stream)
         except BaseException:
             for f in pending:
                 f.cancel()
             raise
 
 
-def _merge(res: dict[str, Any], cols: _Columns, luts: dict[int, list[int]], stream: _Stream) -> None:
-    """Append one piece's columns, its symbol codes mapped onto the main table."""
+def _merge(res: dict[str, Any], cols: _Columns, luts: dict[int, list[int]], arg_luts: dict[int, list[int]],
+           stream: _Stream) -> None:
+    """Append one piece's columns, its symbol and argument record codes mapped onto the main tables."""
     if res["trailer"] is not None:
         stream.trailer = res["trailer"]
     if res["dropped"]:
@@ -121,8 +123,13 @@ def _merge(res: dict[str, Any], cols: _Columns, luts: dict[int, list[int]], stre
     if res["names"]:
         codes.extend(cols.symbols.intern_many(res["names"]).tolist())
     lut = np.asarray([*codes, -1], dtype=np.int32)  # -1 ("none") stays -1
+    arg_codes = arg_luts.setdefault(res["pid"], [])
+    if res["arg_keys"]:
+        arg_codes.extend(cols.args.intern_many(res["arg_keys"]).tolist())
+    arg_lut = np.asarray([*arg_codes, -1], dtype=np.int32)
     for key, arr in res["parts"].items():
-        cols.parts.setdefault(key, []).append(lut[arr] if key in SYMBOL_COLUMNS else arr)
+        cols.parts.setdefault(key, []).append(lut[arr] if key in SYMBOL_COLUMNS else arg_lut[arr] if key == "args"
+                                              else arr)
     for key, arr in res["flows"].items():
         cols.flow_parts.setdefault(key, []).append(lut[arr] if key == "cat" else arr)
     cols.meta.extend(_Event(ph=ph, name=name, pid=pid, tid=tid, args=msgspec.Raw(args))
@@ -143,7 +150,7 @@ def _decode_range(path: Path, start: int, end: int | None) -> dict[str, Any]:
     if _worker_cols is None:
         _worker_cols = _Columns(SymbolTable())
     cols = _worker_cols
-    known = len(cols.symbols)
+    known, known_args = len(cols.symbols), len(cols.args)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         n = (size if end is None else end) - start
@@ -174,6 +181,7 @@ def _decode_range(path: Path, start: int, end: int | None) -> dict[str, Any]:
     cols.parts.clear()
     cols.flow_parts.clear()
     cols.meta.clear()
-    return {"pid": os.getpid(), "names": cols.symbols.names[known:], "parts": parts, "flows": flows,
+    return {"pid": os.getpid(), "names": cols.symbols.names[known:], "arg_keys": cols.args.keys[known_args:],
+            "parts": parts, "flows": flows,
             "meta": meta, "trailer": stream.trailer if end is None else None, "dropped": stream.dropped,
             "dropped_why": stream.dropped_why}

@@ -1,0 +1,194 @@
+"""Attention computed by hand in a trace: the chain of operators from the scores' matmul to the
+values' matmul (scale, mask, softmax, dropout and dtype casts between them), with the kernels they
+launched, found from the operators' argument records (auditor.evidence.trace.arg_records).
+
+A chain is anchored at a softmax over a [.., L, S] tensor (L, S > 1) called by the program (an
+operator with no operator around it on its thread). Its scores' matmul is the nearest such matmul
+before it on the thread, within CHAIN_OPS operators, that produced that shape ([.., L, E] x
+[.., E, S]); its values' matmul the nearest after it that consumes it ([.., L, S] x [.., S, E']).
+Every operator the program called in between is part of the chain, and so is every kernel launched
+from the thread between the chain's first operator's start and its last one's end (launch calls
+matched to their kernels by correlation)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from auditor.evidence.trace.decode import CAT, GPU_WORK, LAUNCH_SIDE
+from auditor.evidence.trace.model import Trace
+
+MATMULS = ("aten::matmul", "aten::bmm", "aten::baddbmm", "aten::mm", "aten::einsum")
+SOFTMAXES = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax")
+# operators a chain may hold between its scores' matmul and its values' matmul, either side of the
+# softmax (a scale, the mask's comparison and fill, casts, dropout, views)
+CHAIN_OPS = 12
+
+
+class Chain(msgspec.Struct, frozen=True):
+    """One hand-written attention: rows of its scores' matmul, softmax and values' matmul, every
+    operator the program called from the first to the last (`ops`, names in `op_names`), the
+    kernels they launched (`kernels`), its span on the host (`start`, `end`, us), and its shapes:
+    `heads` (batch x heads), `queries` (L), `keys` (S), `qk_dim` (E), `v_dim` (E') and `dtype`
+    (the softmax input's, as the profiler names it)."""
+
+    scores: int
+    softmax: int
+    values: int
+    ops: list[int]
+    op_names: list[str]
+    kernels: list[int]
+    start: float
+    end: float
+    heads: int
+    queries: int
+    keys: int
+    qk_dim: int
+    v_dim: int
+    dtype: str
+
+    def flops(self) -> float:
+        """The forward FLOPs of the attention itself (both matmuls): what a fused kernel computes."""
+        return 2.0 * self.heads * self.queries * self.keys * (self.qk_dim + self.v_dim)
+
+
+def _bmn(dims: Any) -> tuple[int, int, int] | None:
+    """(batch elements, rows, columns) of a >= 2-d shape."""
+    if not dims or len(dims) < 2:
+        return None
+    return (math.prod(dims[:-2]) if len(dims) > 2 else 1, dims[-2], dims[-1])
+
+
+def _mats(trace: Trace, row: int) -> list[tuple[int, int, int]]:
+    rec = trace.arg_record(row)
+    return [m for d, _ in (rec.tensors() if rec else []) if (m := _bmn(d)) is not None]
+
+
+def _produces(mats: list[tuple[int, int, int]], s: tuple[int, int, int]) -> int | None:
+    """E when [.., L, E] x [.., E, S] makes the scores `s`."""
+    if len(mats) < 2:
+        return None
+    a, b = mats[-2], mats[-1]
+    if a[1] == s[1] and b[2] == s[2] and a[2] == b[1] and max(a[0], b[0]) == s[0]:
+        return a[2]
+    return None
+
+
+def _consumes(mats: list[tuple[int, int, int]], s: tuple[int, int, int]) -> int | None:
+    """E' when [.., L, S] x [.., S, E'] takes the scores `s`."""
+    if len(mats) < 2:
+        return None
+    a, b = mats[0], mats[1]
+    if a == s and b[1] == s[2] and b[0] == s[0]:
+        return b[2]
+    return None
+
+
+def called_ops(trace: Trace) -> np.ndarray:
+    """Rows of the operators the program called itself: no operator encloses them on their thread
+    (an `aten::matmul`, not the `aten::bmm` it runs), in (thread, start) order."""
+    cached = trace.__dict__.get("_called_ops")
+    if cached is not None:
+        return cached
+    cat, parent = trace.col("cat"), trace.col("parent")
+    ops = np.flatnonzero((cat == CAT["cpu_op"]) & ~trace.col("instant"))
+    # the nearest enclosing operator of each, by pointer jumping over non-operator ancestors
+    up = parent[ops].copy()
+    while True:
+        walking = (up >= 0) & (cat[np.maximum(up, 0)] != CAT["cpu_op"])
+        if not walking.any():
+            break
+        up[walking] = parent[up[walking]]
+    rows = ops[up < 0]
+    rows = rows[np.lexsort((trace.col("ts")[rows], trace.col("tid")[rows], trace.col("pid")[rows]))]
+    trace.__dict__["_called_ops"] = rows
+    return rows
+
+
+def attention_chains(trace: Trace) -> list[Chain]:
+    """Every hand-written attention chain in the trace (module docstring); cached per trace."""
+    cached = trace.__dict__.get("_attention_chains")
+    if cached is not None:
+        return cached
+    out: list[Chain] = []
+    trace.__dict__["_attention_chains"] = out
+    if "args" not in trace.events:
+        return out
+    soft_codes = [c for c in (trace.symbols.id(n) for n in SOFTMAXES) if c >= 0]
+    mm_codes = [c for c in (trace.symbols.id(n) for n in MATMULS) if c >= 0]
+    if not soft_codes or not mm_codes:
+        return out
+    rows = called_ops(trace)
+    names, pid, tid = trace.col("name"), trace.col("pid"), trace.col("tid")
+    ts, end = trace.col("ts"), trace.col("end")
+    is_mm = np.isin(names[rows], mm_codes)
+    launches = _launches_by_thread(trace)
+    for i in np.flatnonzero(np.isin(names[rows], soft_codes)).tolist():
+        r = int(rows[i])
+        rec = trace.arg_record(r)
+        s = _bmn(rec.dims[0]) if rec and rec.dims and rec.dims[0] else None
+        if s is None or s[1] <= 1 or s[2] <= 1:
+            continue
+        thread = (pid[r], tid[r])
+        lo, hi = max(0, i - CHAIN_OPS), min(len(rows), i + 1 + CHAIN_OPS)
+        same = (pid[rows[lo:hi]] == thread[0]) & (tid[rows[lo:hi]] == thread[1])
+        scores = values = None
+        e_qk = e_v = None
+        for j in range(i - 1, lo - 1, -1):
+            if same[j - lo] and is_mm[j] and (e_qk := _produces(_mats(trace, int(rows[j])), s)) is not None:
+                scores = j
+                break
+        for j in range(i + 1, hi):
+            if same[j - lo] and is_mm[j] and (e_v := _consumes(_mats(trace, int(rows[j])), s)) is not None:
+                values = j
+                break
+        if scores is None or values is None or e_qk is None or e_v is None:
+            continue
+        ops = [int(x) for x in rows[scores:values + 1] if (pid[x], tid[x]) == thread]
+        t0, t1 = float(ts[ops[0]]), float(max(end[o] for o in ops))
+        kernels = _kernels_between(trace, launches.get((int(thread[0]), int(thread[1]))), t0, t1)
+        dtype = rec.types[0] if rec.types else ""
+        out.append(Chain(scores=ops[0], softmax=r, values=int(rows[values]), ops=ops,
+                         op_names=[trace.symbols[int(names[o])] for o in ops], kernels=kernels, start=t0, end=t1,
+                         heads=s[0], queries=s[1], keys=s[2], qk_dim=e_qk, v_dim=e_v, dtype=dtype))
+    return out
+
+
+def _launches_by_thread(trace: Trace) -> dict[tuple[int, int], np.ndarray]:
+    """The launch calls that reached the GPU (linked to a GPU row), per host thread, by start."""
+    cat, link = trace.col("cat"), trace.col("link")
+    rows = np.flatnonzero(np.isin(cat, LAUNCH_SIDE) & (link >= 0))
+    if not len(rows):
+        return {}
+    pid, tid, ts = trace.col("pid"), trace.col("tid"), trace.col("ts")
+    rows = rows[np.lexsort((ts[rows], tid[rows], pid[rows]))]
+    keys = list(zip(pid[rows].tolist(), tid[rows].tolist()))
+    out: dict[tuple[int, int], list[int]] = {}
+    for k, r in zip(keys, rows.tolist()):
+        out.setdefault(k, []).append(r)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+
+
+def _gpu_by_launch(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """(launch row, GPU row) of every kernel, copy and memset with a recorded launch, by launch row."""
+    cached = trace.__dict__.get("_gpu_by_launch")
+    if cached is None:
+        link = trace.col("link")
+        gpu = np.flatnonzero(np.isin(trace.col("cat"), GPU_WORK) & (link >= 0))
+        order = np.argsort(link[gpu], kind="stable")
+        cached = trace.__dict__["_gpu_by_launch"] = (link[gpu][order], gpu[order])
+    return cached
+
+
+def _kernels_between(trace: Trace, launches: np.ndarray | None, t0: float, t1: float) -> list[int]:
+    """The GPU rows (kernels, copies, memsets) of the thread's launches that started in [t0, t1]."""
+    if launches is None or not len(launches):
+        return []
+    ts = trace.col("ts")
+    a, b = np.searchsorted(ts[launches], [t0, t1], side="left")
+    mine = launches[a:b]
+    owners, gpu = _gpu_by_launch(trace)
+    lo, hi = np.searchsorted(owners, mine, side="left"), np.searchsorted(owners, mine, side="right")
+    return [int(g) for x, y in zip(lo.tolist(), hi.tolist()) for g in gpu[x:y]]

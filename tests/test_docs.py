@@ -1,0 +1,277 @@
+"""The documentation is held to the code: the site builds with `mkdocs build --strict` (a broken link,
+page or anchor fails), its generated pages list what the code registers, and every command line the
+README and the pages show parses against the real click CLI (a documented flag that is gone fails),
+the cheap ones run for real."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from auditor.cli import cli
+from auditor.rules.registry import all_rules
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README_MAX_LINES = 200
+
+# Names a command may use for the user's own files and directories (what the reader puts there), and
+# output directories an earlier command of the same page writes. Any other path must exist.
+PLACEHOLDERS = {"TARGET", "PATH", "DIR", "A", "B", "RULE", "ID", "PCT", "train.py", "script.py", "ckpt.pt",
+                "model.safetensors", "snap.pickle", "config.yaml", "small.yaml", "traces/", "rank-0/", "rank-1/",
+                "output/checkpoint-500/", "/elsewhere/train.py", "traces/rank-*.pt.trace.json.gz",
+                "v100_resnet50_dataloader_workers0.pt.trace.json.gz",
+                "v100_resnet50_dataloader_workers4.pt.trace.json.gz"}
+OUTPUTS = ("audit-out/",)
+# An inline code span in prose may name a command or an option without the rest of its command line
+# (`audit analyze`, `audit run --nproc-per-node`): its names must exist, its missing values may be missing.
+INLINE = "inline: "
+PROGRAM = re.compile(r"^(?:audit|python -m auditor)(?:\s|$)")
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(where, command) for every `audit ...` / `python -m auditor ...` line of a code block, and every
+    inline code span that is one. In a block that shows a `$ ` prompt only the prompted lines are
+    commands (the others are output). A `torchrun ... -m auditor ...` line counts from `-m auditor` on."""
+    found = []
+    for page in PAGES:
+        lines = page.read_text().split("\n")
+        blocks = _code_blocks(lines)
+        for n, line in enumerate(lines, 1):
+            where = f"{page.relative_to(ROOT)}:{n}"
+            block = blocks.get(n)
+            if block is None:
+                found += [(where, f"{INLINE}{span}") for span in re.findall(r"`([^`]+)`", line) if PROGRAM.match(span)]
+                continue
+            text = line.strip()
+            if block:  # a block with prompts
+                if not text.startswith("$ "):
+                    continue
+                text = text[2:]
+            if " -m auditor " in text and text.startswith("torchrun "):
+                text = "python -m auditor " + text.split(" -m auditor ", 1)[1]
+            if PROGRAM.match(text):
+                found.append((where, text))
+    return found
+
+
+def _code_blocks(lines: list[str]) -> dict[int, bool]:
+    """Line number -> whether its code block (fenced, or indented by 4 spaces after a blank line)
+    shows `$ ` prompts; lines outside code blocks are absent."""
+    blocks: list[list[int]] = []
+    fenced = False
+    for n, line in enumerate(lines, 1):
+        if line.strip().startswith("```"):
+            fenced = not fenced
+            if fenced:
+                blocks.append([])
+            continue
+        indented = line.startswith("    ") and not line.lstrip().startswith(("-", "|"))
+        if fenced:
+            blocks[-1].append(n)
+        elif indented and (blocks and blocks[-1] and blocks[-1][-1] == n - 1 or n == 1 or not lines[n - 2].strip()):
+            if not (blocks and blocks[-1] and blocks[-1][-1] == n - 1):
+                blocks.append([])
+            blocks[-1].append(n)
+    out = {}
+    for block in blocks:
+        prompted = any(lines[n - 1].strip().startswith("$ ") for n in block)
+        out.update({n: prompted for n in block})
+    return out
+
+
+def _args(command: str) -> list[str]:
+    """The command's arguments after the program name: its comment dropped, `a|b` alternatives as
+    their first, and the page's placeholders for "and so on" (`...`, `[options]`, `<this run>`) left out."""
+    command = re.sub(r"\s+#\s.*$", "", command)
+    words = shlex.split(command)
+    words = words[3:] if words[:3] == ["python", "-m", "auditor"] else words[1:]
+    args = []
+    for w in words:
+        if w.endswith("...") and w != "...":
+            w = w[:-3]
+        if w in ("...", "[options]") or w.startswith(("[", "<")) or w.endswith(">"):
+            continue
+        args.append(w.replace("\\|", "|").split("|")[0])
+    return args
+
+
+def _parse(args: list[str]) -> click.Command | None:
+    """Parse `args` as the shell would hand them to `audit`: the subcommand must exist and take every
+    option named (unknown options raise). Placeholder values parse without their checks
+    (resilient parsing); a command whose files all exist is parsed in full as well."""
+    ctx = cli.make_context("audit", list(args), resilient_parsing=True)
+    rest = [*ctx.protected_args, *ctx.args]
+    if not rest:
+        return None
+    name, command, rest = cli.resolve_command(ctx, rest)
+    assert command is not None, f"no command {name!r}"
+    command.make_context(name, list(rest), parent=ctx, resilient_parsing=True)
+    if not any(_is_placeholder(a) for a in rest):
+        command.make_context(name, list(rest), parent=ctx)
+    return command
+
+
+def _is_placeholder(arg: str) -> bool:
+    return arg in PLACEHOLDERS or arg.startswith(OUTPUTS) or arg.isupper()
+
+
+def _paths(args: list[str]) -> list[str]:
+    """The arguments that name files of this repository (a step target's file without `:step`)."""
+    out = []
+    for a in args:
+        path = a.split(":")[0]
+        if a.startswith("-") or _is_placeholder(a) or _is_placeholder(path):
+            continue
+        if "/" in path or re.search(r"\.(py|json|gz|pickle|pt|safetensors|ya?ml|toml)$", path):
+            out.append(path)
+    return out
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_pages_show_commands():
+    """The extraction reads the pages: a broken reader would pass every check below on nothing."""
+    shown = {c.removeprefix(INLINE) for _, c in COMMANDS}
+    assert "audit run examples/train_script.py --steps 30" in shown
+    assert "audit explain dataloader-bound" in shown
+    assert any(c.startswith("audit analyze") and "--engine" in c for c in shown)
+    assert len(COMMANDS) > 80
+
+
+@pytest.mark.parametrize("where,command", COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_documented_command_parses(where, command):
+    inline = command.startswith(INLINE)
+    command = command.removeprefix(INLINE)
+    args = _args(command)
+    if args and args[0] in ("-h", "--help", "--version"):
+        return  # run for real below
+    try:
+        _parse(args)
+    except (click.MissingParameter, click.BadOptionUsage) as e:
+        if not (inline and ("Missing argument" in e.format_message() or "requires an argument" in e.format_message())):
+            pytest.fail(f"{where}: `{command}` does not parse: {e.format_message()}")
+    except click.ClickException as e:
+        pytest.fail(f"{where}: `{command}` does not parse: {e.format_message()}")
+    missing = [p for p in _paths(args) if not (ROOT / p).exists()]
+    assert not missing, f"{where}: `{command}` names files that do not exist: {missing}"
+
+
+def test_a_gone_flag_fails_the_check():
+    """The check above can fail: a flag the CLI does not have, or a command it does not have."""
+    with pytest.raises(click.NoSuchOption):
+        _parse(_args("audit run examples/demo.py:step --stepz 30"))
+    with pytest.raises(AssertionError):
+        _parse(_args("audit frobnicate examples/demo.py"))
+    with pytest.raises(click.BadParameter):
+        _parse(_args("audit run examples/demo.py:step --steps zero"))
+
+
+# the documented commands that run in a moment: `audit rules`, `audit explain` of a rule id
+CHEAP = sorted({c for c in (c.removeprefix(INLINE) for _, c in COMMANDS)
+                if (_args(c) == ["rules"] or len(_args(c)) == 2 and _args(c)[0] == "explain")
+                and not any(_is_placeholder(a) for a in _args(c))} | {"audit --help", "audit run --help"})
+
+
+@pytest.mark.parametrize("command", CHEAP)
+def test_cheap_documented_command_runs(command):
+    result = CliRunner().invoke(cli, _args(command), prog_name="audit")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip()
+
+
+def test_readme_is_short_and_keeps_the_set_up_commands():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_command = next(line for line in ci.splitlines() if line.startswith("python3 -m venv"))
+    assert f"\n    {test_command}\n" in readme
+    assert ("\n    python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e . && "
+            "audit run examples/train_script.py --steps 30\n") in readme
+    assert "(docs/report.png)" in readme and (ROOT / "docs" / "report.png").exists()
+
+
+def build(root: Path, out: Path) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` of the site under `root` (no --quiet: it hides the warnings strict
+    mode counts, and a broken link then builds)."""
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(root / "mkdocs.yml"),
+                           "-d", str(out)], capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    start = time.perf_counter()
+    done = build(ROOT, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(f"docs build: {time.perf_counter() - start:.2f} s")
+    return out
+
+
+def test_a_broken_link_fails_the_build(tmp_path):
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT / "docs", copy / "docs", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "mkdocs.yml", copy)
+    shutil.copy(ROOT / "README.md", copy)
+    with open(copy / "docs" / "memory.md", "a") as f:
+        f.write("\nSee [the forecast](forecast.md).\n")
+    done = build(copy, tmp_path / "site")
+    assert done.returncode != 0
+    assert "forecast.md" in done.stdout + done.stderr
+
+
+def test_site_builds_strict_with_every_page(site):
+    nav = re.findall(r"^\s+- [^:]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert sorted(nav) == pages
+    for page in pages:
+        html = site / ("index.html" if page == "index.md" else f"{page[:-3]}/index.html")
+        assert html.exists(), page
+
+
+def test_rules_reference_lists_every_registered_rule(site):
+    html = (site / "rules" / "index.html").read_text()
+    rules = all_rules()
+    assert len(rules) >= 30
+    for rule_id, cls in rules.items():
+        assert f'id="{rule_id}"' in html, rule_id
+        # the text `audit explain` prints, escaped as HTML shows it
+        first_line = cls.docs().splitlines()[0]
+        assert _html_text(first_line) in html, (rule_id, first_line)
+
+
+def test_schemas_are_generated_from_the_structs(site):
+    import msgspec
+
+    from auditor.evidence.model import Evidence
+    from auditor.findings import Finding
+
+    html = (site / "schemas" / "index.html").read_text()
+    for struct in (Finding, Evidence):
+        for field in msgspec.structs.fields(struct):
+            assert f"<code>{field.encode_name}</code>" in html, (struct.__name__, field.encode_name)
+
+
+def _html_text(text: str) -> str:
+    import html
+
+    return html.escape(text, quote=False)
+
+
+def test_rules_at_a_glance_table_is_the_registered_rules():
+    """The hand-written one-line table of docs/rules.md names every registered rule once, at its
+    default severity (the full reference below it is generated)."""
+    text = (ROOT / "docs" / "rules.md").read_text()
+    rows = re.findall(r"^\| `([a-z-]+)` \| (\w+) \|", text, re.M)
+    assert sorted(rows) == sorted((rule_id, cls.severity) for rule_id, cls in all_rules().items())
