@@ -319,10 +319,13 @@ class Nonfinite(Rule):
                              "hazard_series": [x for x in series if x[0] <= step][-12:]})
         elif o.phase == "backward":
             params = o.params or []
-            locs += [x for x in (site_location(view, s) for s, _ in singular) if x]
+            # where the infinities came from (the singular calls), else where the backward pass started
+            locs = [x for x in (site_location(view, s) for s, _ in singular) if x] or locs
             hint = "; ".join(_singular_text(view.site(s), v) for s, v in singular[:3])
+            started = f" (the backward pass started at {_at(loc)}: `{loc.code}`)" if loc and not singular else ""
             msg = (f"{head} The forward pass stayed finite; the backward pass made the gradients of "
-                   f"{_names(params)} non-finite" + "." + (f" The infinite derivative came from {hint}." if hint else ""))
+                   f"{_names(params)} non-finite{started}" + "."
+                   + (f" The infinite derivative came from {hint}." if hint else ""))
             evidence["params"] = params
             evidence["singular_sites"] = [{"op": view.site(s).op, "hazard": view.site(s).hazard, "value": v}
                                           for s, v in singular]

@@ -206,6 +206,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.dropped = 0
         self.losses: list[int] = []
         self.backward = 0
+        self.backward_site: int | None = None  # the site of the step's first backward call (`loss.backward()`)
         self.scaled_ids: set[int] = set()
         self.opt_steps: list[dict] = []
         self.autocast_used: dict[int, int] = {}
@@ -524,6 +525,8 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
 
     def on_backward(self, args: tuple, kwargs: dict) -> None:
         self.backward += 1
+        if self.backward_site is None:  # (where a non-finite gradient's backward pass started: once a step)
+            self.backward_site = self._site_at("Tensor.backward", user_call(sys._getframe(1)))
         root = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
         roots = [root] if isinstance(root, torch.Tensor) else list(root or ())
         grad_mode = torch.is_grad_enabled()

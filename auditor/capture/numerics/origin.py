@@ -77,7 +77,8 @@ class Origins:
             if r.get("grad_nonfinite"):
                 hints = [[s, num(v)] for s, v in hazards.items() if v == 0.0]
                 return {**base, "phase": "backward", "params": r["grad_nonfinite_params"], "opt": r["opt"],
-                        "hazard": {"kind": "backward", "singular_sites": hints}}
+                        "hazard": {"kind": "backward", "singular_sites": hints},
+                        **({"site": self.backward_site} if self.backward_site is not None else {})}
             if r.get("param_nonfinite"):
                 return {**base, "phase": "optimizer", "params": r["param_nonfinite_params"], "opt": r["opt"],
                         "site": r["site"], "hazard": {"kind": "update"}}
