@@ -1,6 +1,7 @@
 """allocator-churn: the caching allocator hit the device's limit and freed its cache to retry."""
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Iterable
 
@@ -9,6 +10,7 @@ import msgspec
 from auditor.evidence.allocator.analysis import bytes_pair, saving_text, snapshot_reports, step_ends
 from auditor.evidence.allocator.records import AllocatorReport
 from auditor.evidence.model import Evidence
+from auditor.evidence.oom_record import REHEARSAL_FORECAST
 from auditor.evidence.snapshot import Snapshot, format_bytes
 from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
 from auditor.rules.base import Option, Options, Rule
@@ -70,6 +72,8 @@ class AllocatorChurn(Rule):
 
     def check(self, evidence: Evidence, options: Options) -> Iterable[Finding]:
         for snap, r in snapshot_reports(evidence):  # (one recording held by two snapshots: once)
+            if _forecast(snap) and not any(c.segments_freed for c in r.churn):
+                continue  # a rehearsal's forecast OOMs, and no retry: oom-risk reports them
             if len(r.churn) >= options.min_retries:
                 yield self._finding(snap, r, options)
             if r.releases:
@@ -112,7 +116,8 @@ class AllocatorChurn(Rule):
         where = [p for _, p in steps if p is not None]
         lines = Counter((c.file, c.line, c.function) for c in churn if c.file)
         top = lines.most_common(int(options.top_requests))
-        kind = "recorded" if churn[0].recorded else "simulated on the given capacity"
+        kind = ("forecast by the CUDA rehearsal" if _forecast(snap) else "recorded" if churn[0].recorded
+                else "simulated on the given capacity")
         freed = sum(c.bytes_freed for c in churn)
         retries = sum(1 for c in churn if c.segments_freed)
         ooms = len(churn) - retries
@@ -153,3 +158,8 @@ class AllocatorChurn(Rule):
                                  "recorded": c.recorded} for c in churn[:50]],
                       "removed_by": [w.alloc_conf for w in removes]})
 
+
+def _forecast(snap: Snapshot) -> bool:
+    """Whether `snap` is the snapshot a CUDA rehearsal with --device-memory forecast (its requests
+    replayed on the rehearsed device), not one a GPU recorded."""
+    return os.path.basename(str(snap.path)) == REHEARSAL_FORECAST

@@ -42,6 +42,7 @@ def test_a_rehearsed_leak_forecasts_its_oom_step_and_names_the_holder(tmp_path):
     assert growth["message"].startswith("GPU memory (the requests this CUDA rehearsal recorded"), growth["message"]
     assert growth["evidence"]["mib_per_step"] == 16.0
     assert [(loc["file"], loc["line"]) for loc in growth["locations"]] == [(str(LEAK), fill)]
+    assert not a.rule("allocator-churn")  # (the forecast's OOMs are oom-risk's; no retry was forecast)
     [leak] = a.rule("graph-leak")
     assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(LEAK), fill)]
 
