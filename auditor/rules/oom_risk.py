@@ -10,12 +10,12 @@ import msgspec
 
 from auditor.evidence.allocator.analysis import helps, saving_text, simulate_conf, step_ends
 from auditor.evidence.oom_record import REHEARSAL_FORECAST
-from auditor.rules._support.holders import holder_key, holder_label, holder_location
 from auditor.evidence.allocator.replay import recorded_figures
 from auditor.evidence.allocator.devices import COMMON_CAPACITIES_GIB, COMMON_DEVICES_GIB
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import (GiB, MemoryFigures, OomRecord, Owner, Snapshot, StackFrame,
                                        format_bytes, live_at, live_requested, owners, reserved_at)
+from auditor.rules._support.holders import holder_key, holder_location
 from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
 from auditor.rules.base import Option, Options, SnapshotRule
 from auditor.findings import Finding, Fix, Location
@@ -411,13 +411,14 @@ def _oom_step(evidence: Evidence, snap: Snapshot, device: int, index: Any) -> in
     return bisect_left(ends, t) - (evidence.program.skipped if evidence.program else 0)
 
 
-def _keepers(evidence: Evidence, step: int | None) -> tuple[Any, list[dict[str, Any]]]:
+def _keepers(evidence: Evidence, step: int | None, allocated: int) -> tuple[Any, list[dict[str, Any]]]:
     """(the scan, the holders in it that keep GPU memory alive, most bytes first) at the OOM: the
     scan made after the failing step, else the last before it; a rehearsal's forecast is written
     (and scanned) at the end of the step whose requests outgrew the device, which the simulated
     allocator, rounding requests up to its blocks, may have filled a step sooner: that scan counts
     too. A holder whose bytes grew since the first scan comes first; one that holds under 1 MiB is
-    none."""
+    none, and so is one that did not grow and holds under a tenth of the `allocated` bytes (the
+    data a program keeps on purpose)."""
     scans = sorted(evidence.graph_scans, key=lambda sc: (sc.after_step, sc.failed))
     if step is not None:
         scans = [sc for sc in scans if sc.after_step <= step + 1] or scans
@@ -434,7 +435,7 @@ def _keepers(evidence: Evidence, step: int | None) -> tuple[Any, list[dict[str, 
         return held(h) - held(was) if was is not None and scans[0] is not scan else 0
 
     out = [{**h, "held": held(h), "grew": grew(h), "since": scans[0].after_step} for h in scan.holders
-           if held(h) >= MiB]
+           if held(h) >= MiB and (grew(h) > 0 or held(h) >= allocated / 10)]
     return scan, sorted(out, key=lambda h: (h["grew"] <= 0, -h["held"]))
 
 
@@ -444,7 +445,7 @@ def _with_holder(f: Finding, evidence: Evidence, snap: Snapshot, device: int, fo
     line); for a rehearsal's forecast, the step the device would be full in."""
     e = f.evidence
     step = _oom_step(evidence, snap, device, e.get("oom_index"))
-    scan, keepers = _keepers(evidence, step)
+    scan, keepers = _keepers(evidence, step, e.get("allocated") or 0)
     message, title, locations = f.message, f.title, list(f.locations)
     extra: dict[str, Any] = {}
     if forecast:
@@ -456,12 +457,13 @@ def _with_holder(f: Finding, evidence: Evidence, snap: Snapshot, device: int, fo
     if keepers:
         h = keepers[0]
         at = holder_location(h)
-        fills = f", filled at {os.path.basename(at.file)}:{at.line}" if at and not h.get("function") else ""
+        about = ", ".join([h["kind"], *([f"a local of `{h['function']}()`"] if h.get("function") else []),
+                           *([f"filled at {os.path.basename(at.file)}:{at.line}"] if at else [])])
         rate = ""
         if h["grew"] > 0 and scan.after_step > h["since"]:
             rate = (f", {format_bytes(h['grew'] // (scan.after_step - h['since']))} more per step since step "
                     f"{h['since']}")
-        message += (f" What keeps the live memory alive: {holder_label(h)} ({h['kind']}{fills}) holds "
+        message += (f" What keeps the live memory alive: `{h['name']}` ({about}) holds "
                     f"{format_bytes(h['held'])} in {h['tensors']:,} tensor{'s' if h['tensors'] != 1 else ''} after "
                     f"step {scan.after_step}{rate}.")
         if at is not None:

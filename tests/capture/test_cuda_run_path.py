@@ -228,7 +228,9 @@ def gpu_run(tmp_path: Path):
     project.mkdir()
     (project / "train.py").write_text(TRAINER)
 
-    def run(steps: int, device_total: int | None = None, oom_at_step: int = OOM_AT_STEP) -> Audit:
+    def run(steps: int, device_total: int | None = None, oom_at_step: int = OOM_AT_STEP,
+            trainer: str = TRAINER) -> Audit:
+        (project / "train.py").write_text(trainer)
         (fake / "device.json").write_text(json.dumps({"total": device_total or total(), "free": FREE,
                                                       "request": REQUEST, "oom_at_step": oom_at_step,
                                                       "name": NAME}))
@@ -473,3 +475,34 @@ def test_one_oom_held_by_two_snapshots_is_one_finding(tmp_path: Path, observed) 
     assert f.evidence["device_total"] == 2 * GiB and "of the device's 2.0 GiB" in f.message
     # the request's line: the history entry has no stack here, the observer's record does
     assert (f.locations[0].file, f.locations[0].line) == (__file__, FAIL_LINE)
+
+
+# The leak the seeds describe ("OOM on the second batch"): each step's output, with its graph, kept
+# in a module-level list (1 MiB a step: 4096 x 64 float32).
+LEAKING_TRAINER = TRAINER.replace("torch.nn.Linear(16, 4)", "torch.nn.Linear(16, 64)").replace(
+    "torch.randn(64, 16), torch.randn(64, 4)", "torch.randn(4096, 16), torch.randn(4096, 64)").replace(
+    "def step(i):\n    loss = torch.nn.functional.mse_loss(model(x), y)",
+    "preds = []\n\n\ndef step(i):\n    out = model(x)\n    preds.append(out)  # kept\n"
+    "    loss = torch.nn.functional.mse_loss(out, y)")
+
+
+def test_an_oom_names_what_keeps_the_live_memory_alive(gpu_run) -> None:
+    """The OOM's finding names the holder the graph scans found after the failed step (the list,
+    the line that fills it, its bytes and growth), and that line is its first location."""
+    assert "preds.append(out)  # kept" in LEAKING_TRAINER
+    a = gpu_run(5, trainer=LEAKING_TRAINER)
+    assert a.returncode == 3, a.stderr
+    fill = next(n for n, line in enumerate(LEAKING_TRAINER.splitlines(), 1) if line.endswith("# kept"))
+    [f] = a.rule("oom-risk")
+    assert Path(f["evidence"]["snapshot"]).name == "oom_snapshot.pickle"
+    assert (f"What keeps the live memory alive: `preds` (list, filled at train.py:{fill}) holds 3.0 MiB in 3 "
+            "tensors after step 2, 1.0 MiB more per step since step 1.") in f["message"], f["message"]
+    assert (f["locations"][0]["file"], f["locations"][0]["line"]) == (str(a.train), fill)
+    assert f"a request for 1.0 GiB at train.py:{ASKED_LINE}" in f["message"]
+    h = f["evidence"]["holder"]
+    assert (h["name"], h["bytes"], h["tensors"], h["after_step"]) == ("preds", 3 * MiB, 3, OOM_AT_STEP)
+
+    clean = gpu_run(5, trainer=LEAKING_TRAINER.replace("preds.append(out)", "preds.append(out.detach().sum().item())"))
+    assert clean.returncode == 3, clean.stderr
+    [f] = clean.rule("oom-risk")
+    assert "What keeps the live memory alive" not in f["message"] and "holder" not in f["evidence"]
