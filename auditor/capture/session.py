@@ -69,9 +69,9 @@ class StepSession:
         else:
             self.prof.after(i)
         allocated, reserved = device_memory()
-        forecast = None
+        forecast, near = None, False
         if REHEARSED_MEMORY is not None:  # a CUDA rehearsal with --device-memory: its recorded requests
-            allocated, forecast = REHEARSED_MEMORY()
+            allocated, forecast, near = REHEARSED_MEMORY()
         self.out.send(wire.Step(index=i, start_s=self.t0 - self.t_first, ms=(t1 - self.t0) * 1e3,
                                 cpu_ms=(c1 - self.c0) * 1e3, profiled=i in self.window, failed=failed,
                                 rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
@@ -80,7 +80,7 @@ class StepSession:
                                 collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec)))
         if forecast is not None:  # the step the rehearsed device would run out in: what holds it is scanned
             self.out.send(wire.Snapshot(path=forecast, when="rehearsal-oom"))
-        if not failed and (i in self.scans or forecast is not None):
+        if not failed and (i in self.scans or forecast is not None or near):
             self.out.send(wire.GraphScan(after_step=i, **graphs.scan(*self.scan_target())))
 
 
@@ -105,8 +105,8 @@ def collected(collectors: list, index: int) -> dict:
     return out
 
 
-# () -> (requested bytes live, forecast snapshot file or None): set by a CUDA rehearsal that records
-# its device's requests (auditor.capture.rehearsal.memory.watch)
+# () -> (requested bytes live, forecast snapshot file or None, near the device's memory): set by a
+# CUDA rehearsal that records its device's requests (auditor.capture.rehearsal.memory.watch)
 REHEARSED_MEMORY: Any = None
 
 

@@ -413,15 +413,17 @@ def _oom_step(evidence: Evidence, snap: Snapshot, device: int, index: Any) -> in
 
 def _keepers(evidence: Evidence, step: int | None, allocated: int) -> tuple[Any, list[dict[str, Any]]]:
     """(the scan, the holders in it that keep GPU memory alive, most bytes first) at the OOM: the
-    scan made after the failing step, else the last before it; a rehearsal's forecast is written
-    (and scanned) at the end of the step whose requests outgrew the device, which the simulated
-    allocator, rounding requests up to its blocks, may have filled a step sooner: that scan counts
-    too. A holder whose bytes grew since the first scan comes first; one that holds under 1 MiB is
+    scan made after the failing step (a rehearsal scans each step that comes near the device's
+    memory), else the one after the next step (a rehearsal's forecast is written and scanned at the
+    end of the step whose requests outgrew the device, which the simulated allocator, rounding
+    requests up to its blocks, may have filled a step sooner), else the last before it. A holder whose bytes grew since the first scan comes first; one that holds under 1 MiB is
     none, and so is one that did not grow and holds under a tenth of the `allocated` bytes (the
     data a program keeps on purpose)."""
     scans = sorted(evidence.graph_scans, key=lambda sc: (sc.after_step, sc.failed))
     if step is not None:
-        scans = [sc for sc in scans if sc.after_step <= step + 1] or scans
+        upto = [sc for sc in scans if sc.after_step <= step + 1] or scans
+        at = [sc for sc in upto if sc.after_step <= step]
+        scans = at if at and at[-1].after_step == step else upto
     if not scans:
         return None, []
     scan, first = scans[-1], {holder_key(h): h for h in scans[0].holders}

@@ -28,12 +28,13 @@ def test_a_rehearsed_leak_forecasts_its_oom_step_and_names_the_holder(tmp_path):
     assert oom["title"] == "CUDA out of memory (forecast by the rehearsal)"
     assert oom["message"].startswith("Forecast by the CUDA rehearsal (--device-memory): the program would run out "
                                      "of GPU memory in step 3."), oom["message"]
-    # 16 MiB of output a step (1024 x 4096 float32), kept by `preds`: five after step 4
-    assert ("What keeps the live memory alive: `preds` (list, filled at preds_leak_cuda.py:27) holds 80.0 MiB in 5 "
-            "tensors after step 4, 16.0 MiB more per step since step 1.") in oom["message"], oom["message"]
+    # 16 MiB of output a step (1024 x 4096 float32), kept by `preds`: four after step 3 (scanned
+    # because it came near the device's memory)
+    assert ("What keeps the live memory alive: `preds` (list, filled at preds_leak_cuda.py:27) holds 64.0 MiB in 4 "
+            "tensors after step 3, 16.0 MiB more per step since step 1.") in oom["message"], oom["message"]
     assert (oom["locations"][0]["file"], oom["locations"][0]["line"]) == (str(LEAK), fill)
     h = oom["evidence"]["holder"]
-    assert (h["name"], h["bytes"], h["tensors"], h["line"]) == ("preds", 80 * MiB, 5, fill)
+    assert (h["name"], h["bytes"], h["tensors"], h["line"], h["after_step"]) == ("preds", 64 * MiB, 4, fill, 3)
     assert oom["evidence"]["forecast_step"] == 3
     # the steps' device memory is the rehearsed device's: 16 MiB more at each step's end
     steps = a.evidence["steps"]

@@ -190,21 +190,27 @@ def watch(out_dir: str) -> bool:
     return True
 
 
-def step_end() -> tuple[int | None, str | None]:
+NEAR = 0.75  # a step whose requests reach this share of the device may be the one the allocator fails in
+
+
+def step_end() -> tuple[int | None, str | None, bool]:
     """(requested bytes live now, the forecast snapshot's file name when this step's peak outgrew
-    the device for the first time); (None, None) when the audit is not recording."""
+    the device for the first time, whether the step came near the device's memory before that:
+    the allocator, rounding requests up to its blocks, may run out a step before the requests
+    alone outgrow it, and what held the memory then is scanned); (None, None, False) when the
+    audit is not recording."""
     rec, w = _STATE["recorder"], _STATE["watch"]
     if rec is None or w is None:
-        return None, None
+        return None, None, False
     peak = rec.take_peak()
     if w["written"] or peak <= capacity():
-        return rec.live_bytes, None
+        return rec.live_bytes, None, not w["written"] and peak >= NEAR * capacity()
     w["written"] = True
     try:
         dump_snapshot(os.path.join(w["out"], FORECAST_FILE))
     except (OSError, pickle.PickleError):
-        return rec.live_bytes, None
-    return rec.live_bytes, FORECAST_FILE
+        return rec.live_bytes, None, False
+    return rec.live_bytes, FORECAST_FILE, False
 
 
 def capacity() -> int:
