@@ -30,7 +30,7 @@ def test_a_rehearsed_leak_forecasts_its_oom_step_and_names_the_holder(tmp_path):
                                      "of GPU memory in step 3."), oom["message"]
     # 16 MiB of output a step (1024 x 4096 float32), kept by `preds`: four after step 3 (scanned
     # because it came near the device's memory)
-    assert ("What keeps the live memory alive: `preds` (list, filled at preds_leak_cuda.py:27) holds 64.0 MiB in 4 "
+    assert (f"What keeps the live memory alive: `preds` (list, filled at preds_leak_cuda.py:{fill}) holds 64.0 MiB in 4 "
             "tensors after step 3, 16.0 MiB more per step since step 1.") in oom["message"], oom["message"]
     assert (oom["locations"][0]["file"], oom["locations"][0]["line"]) == (str(LEAK), fill)
     h = oom["evidence"]["holder"]

@@ -1,7 +1,6 @@
 """A CUDA training loop that appends each batch's output, with its graph, to a module-level list:
-every step's activations stay alive until the device is full ("OOM on the second batch"). Set
-PREDS_LEAK_CLEAN=1 for the clean twin (`preds.append(out.detach().cpu())`... kept small: the
-mean of each batch's output, detached)."""
+every step's output stays alive until the device is full ("OOM on the second batch"). Set
+PREDS_LEAK_CLEAN=1 for the clean twin, which keeps each batch's mean as a Python float."""
 import os
 
 import torch
