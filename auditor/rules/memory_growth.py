@@ -1,9 +1,13 @@
 """memory-growth: memory at step boundaries keeps rising."""
 from __future__ import annotations
 
+import linecache
+import os
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
+from auditor.evidence.allocator.growth import LineGrowth, growing_lines
+from auditor.evidence.snapshot import format_bytes
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Finding, Fix, Location
 from auditor.rules._support.holders import holder_key, holder_label
@@ -94,6 +98,11 @@ class MemoryGrowth(Rule):
             return
         locs = [Location(file=h["where"]["file"], line=h["where"]["line"], code=h["where"].get("code", ""))
                 for h in holders if h.get("where")]
+        # no holder's line: the line whose allocations the recorded allocator history saw grow
+        allocs, grown = ("", None) if locs else _growing_allocation(ev)
+        if grown is not None:
+            code = linecache.getline(grown.frame.filename, grown.frame.line).strip()
+            locs = [Location(file=grown.frame.filename, line=grown.frame.line, code=code)]
         caps = "; ".join(f"`{h['name']}` is capped ({h['bound_why']}: at most {h['bound_bytes'] / MiB:.0f} MiB, "
                          f"{h['bytes'] / MiB:.0f} MiB now), not counted" for h in capped)
         # In CUDA rehearsal the program's GPU tensors live in process memory: growth they make is
@@ -121,7 +130,7 @@ class MemoryGrowth(Rule):
             f"{head}; at this rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB"
             + (" of GPU memory." if rehearsed_gpu else ".")
             + (f" Held by {'module state' if not any(h.get('function') for h in holders) else 'the program'}: "
-               f"{held}." if held else "") + (f" ({caps}.)" if caps else ""),
+               f"{held}." if held else "") + (f" ({caps}.)" if caps else "") + allocs,
             locations=locs,
             evidence={"metric": metric, "start_mib": round(ys[0], 1) if ys else None,
                       "end_mib": round(ys[-1], 1) if ys else None, "held_growth_mib": round(held_growth, 1),
@@ -177,3 +186,17 @@ def _advice(h: dict[str, Any], gpu: bool) -> str:
                 "summaries instead of tensors.")
     return (f"`{name}` is grown every step (concatenated onto): keep a fixed-size buffer (the last N rows) or a "
             "running summary instead.")
+
+
+def _growing_allocation(ev: m.Evidence) -> tuple[str, LineGrowth | None]:
+    """The line whose live allocations grew at every step's end of a recorded allocator history
+    (the most growth), and the sentence naming it; ("", None) when none did."""
+    lines = [g for snap in ev.snapshot_data for g in growing_lines(snap)]
+    if not lines:
+        return "", None
+    g = max(lines, key=lambda g: g.live[-1] - g.live[0])
+    per = (g.live[-1] - g.live[0]) // (len(g.live) - 1)
+    return (f" The allocations made at {os.path.basename(g.frame.filename)}:{g.frame.line} stay alive and grow at "
+            f"every step's end of the recorded allocator history ({format_bytes(per)} more per step, "
+            f"{format_bytes(g.live[-1])} after {len(g.live)} steps); no name the graph scans reach holds them "
+            "(a list a hook or a closure keeps is out of their reach)."), g
