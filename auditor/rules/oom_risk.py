@@ -9,6 +9,7 @@ from typing import Any, Iterable, NamedTuple
 import msgspec
 
 from auditor.evidence.allocator.analysis import helps, saving_text, simulate_conf, step_ends
+from auditor.evidence.allocator.growth import growing_lines
 from auditor.evidence.oom_record import REHEARSAL_FORECAST
 from auditor.evidence.allocator.replay import recorded_figures
 from auditor.evidence.allocator.devices import COMMON_CAPACITIES_GIB, COMMON_DEVICES_GIB
@@ -474,6 +475,19 @@ def _with_holder(f: Finding, evidence: Evidence, snap: Snapshot, device: int, fo
                            "bytes": h["held"], "tensors": h["tensors"], "growth_bytes": h["grew"],
                            "after_step": scan.after_step, "file": at.file if at else None,
                            "line": at.line if at else None}
+    else:  # no name the scans reach holds it: the line whose allocations the history saw pile up
+        grown = max((g for g in growing_lines(snap) if g.device == device), key=lambda g: g.live[-1] - g.live[0],
+                    default=None)
+        if grown is not None:
+            at = Location(file=grown.frame.filename, line=grown.frame.line,
+                          code=linecache.getline(grown.frame.filename, grown.frame.line).strip())
+            per = (grown.live[-1] - grown.live[0]) // (len(grown.live) - 1)
+            message += (f" What keeps the live memory alive is no name the graph scans reach: the allocations made "
+                        f"at {os.path.basename(at.file)}:{at.line} stayed alive, {format_bytes(per)} more at each "
+                        f"step's end ({format_bytes(grown.live[-1])} after {len(grown.live)} steps).")
+            locations = [at] + [loc for loc in locations if (loc.file, loc.line) != (at.file, at.line)]
+            extra["growing_allocation"] = {"file": at.file, "line": at.line, "bytes": grown.live[-1],
+                                           "per_step": per, "steps": len(grown.live)}
     if not extra and message == f.message:
         return f
     return msgspec.structs.replace(f, message=message, title=title, locations=locations,

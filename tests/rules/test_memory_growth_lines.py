@@ -1,7 +1,7 @@
 """memory-growth names a line in the user's code: the line that fills the holder the graph scans
 found, else, when no name they reach holds the memory (a list a hook's closure keeps), the line
 whose allocations the recorded allocator history saw stay alive and grow at every step's end
-(here a CUDA rehearsal's, with --device-memory)."""
+(here a CUDA rehearsal's, with --device-memory); the forecast OOM names that line too."""
 from __future__ import annotations
 
 import pytest
@@ -26,3 +26,8 @@ def test_growth_no_scan_can_name_is_located_at_its_allocation(tmp_path, clean):
     assert (f"The allocations made at hook_keep_cuda.py:{line} stay alive and grow at every step's end of the "
             "recorded allocator history (8.0 MiB more per step, ") in f["message"], f["message"]
     assert f["evidence"]["mib_per_step"] == 8.0
+    # the forecast OOM names the same line as what keeps the live memory alive
+    [oom] = a.rule("oom-risk")
+    assert (f"What keeps the live memory alive is no name the graph scans reach: the allocations made at "
+            f"hook_keep_cuda.py:{line} stayed alive, 8.0 MiB more at each step's end") in oom["message"], oom["message"]
+    assert (oom["locations"][0]["file"], oom["locations"][0]["line"]) == (str(PROGRAM), line)
