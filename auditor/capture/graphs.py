@@ -276,6 +276,23 @@ def _local_holders(claimed: set[int], more: list[types.FrameType] = ()) -> list[
     return out
 
 
+def _closure_holders(functions: list[types.FunctionType], claimed: set[int]) -> list[tuple[Holder, Any]]:
+    """The holders among the variables the user's closures keep (a hook's `seen` list, defined in
+    `watch()` and filled by the lambda it registers), each with its closure's code: they live as
+    long as the closure does, out of reach of any global or running frame."""
+    out = []
+    for fn in functions:
+        names = {}
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                names[var] = cell.cell_contents
+            except ValueError:  # (an empty cell)
+                continue
+        for h in _namespace_holders(names, claimed):
+            out.append((h, fn.__code__))
+    return out
+
+
 def function_span(code: types.CodeType) -> tuple[int, int]:
     """First and last line of a function's code."""
     lines = [n for _, _, n in code.co_lines() if n is not None]
@@ -749,19 +766,28 @@ def scan(module: types.ModuleType | None, source_file: str | None,
 def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[int, int] | None,
           frames: list[types.FrameType] = ()) -> dict[str, Any]:
     from auditor.capture.rehearsal.device import CUDA_MARK  # (here: that module imports the probes)
-    tensor, param = torch.Tensor, torch.nn.Parameter  # (locals: tested once per gc-tracked object, ~300k)
-    live = [t for t in [o for o in gc.get_objects() if type(o) is tensor or type(o) is param]
-            if t.grad_fn is not None]
+    # (locals: tested once per gc-tracked object, ~300k)
+    tensor, param, function = torch.Tensor, torch.nn.Parameter, types.FunctionType
+    objects = gc.get_objects()
+    live = [t for t in [o for o in objects if type(o) is tensor or type(o) is param] if t.grad_fn is not None]
+    closures = [f for f in [o for o in objects if type(o) is function and o.__closure__]
+                if not is_library(f.__code__.co_filename)]
+    del objects
     holders = []
     claimed: set[int] = set()
     _BOUNDS.clear()
-    found: list[tuple[Holder, types.FrameType | None]] = [(h, None) for h in _holders(module, claimed)]
+    found: list[tuple[Holder, types.FrameType | types.CodeType | None]] = [(h, None) for h in _holders(module, claimed)]
     found += _local_holders(claimed, list(frames))
+    found += _closure_holders(closures, claimed)
     for (name, kind, tensors, owner, value), frame in found:
         where, function, file, span, lines = None, "", source_file, step, []
+        closure = isinstance(frame, types.CodeType)  # a closure's variable: grown by the closure, as `name`
         if frame is not None:  # a local: grown by its own function, as `name`
-            function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-            file, span = frame.f_code.co_filename, function_span(frame.f_code)
+            code = frame if closure else frame.f_code
+            function = getattr(code, "co_qualname", code.co_name)
+            file, span = code.co_filename, function_span(code)
+            if closure:  # (named by the function that defines it: `watch`, not `watch.<locals>.<lambda>`)
+                function = function.split(".<locals>")[0]
         # a module's attribute is grown by its class's own methods, as `self.<attr>`; failing that
         # (or for a global), by the script, as `name` (`model.cache.append(out)` in the step)
         at = attribute_line(*owner) if owner is not None else None
@@ -791,6 +817,8 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
             entry["rows"] = row_parts(value)
         if frame is not None:
             entry["function"] = function  # a local of this function (its qualified name)
+            if closure:
+                entry["closure"] = True  # kept by a closure the function made
         if id(value) in _BOUNDS:
             entry["bound_bytes"], entry["bound_why"] = _BOUNDS[id(value)]["bytes"], _BOUNDS[id(value)]["why"]
         if len(stores) > 1:

@@ -198,5 +198,4 @@ def _growing_allocation(ev: m.Evidence) -> tuple[str, LineGrowth | None]:
     per = (g.live[-1] - g.live[0]) // (len(g.live) - 1)
     return (f" The allocations made at {os.path.basename(g.frame.filename)}:{g.frame.line} stay alive and grow at "
             f"every step's end of the recorded allocator history ({format_bytes(per)} more per step, "
-            f"{format_bytes(g.live[-1])} after {len(g.live)} steps); no name the graph scans reach holds them "
-            "(a list a hook or a closure keeps is out of their reach)."), g
+            f"{format_bytes(g.live[-1])} after {len(g.live)} steps); no name the graph scans reach holds them."), g

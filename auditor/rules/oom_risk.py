@@ -460,7 +460,9 @@ def _with_holder(f: Finding, evidence: Evidence, snap: Snapshot, device: int, fo
     if keepers:
         h = keepers[0]
         at = holder_location(h)
-        about = ", ".join([h["kind"], *([f"a local of `{h['function']}()`"] if h.get("function") else []),
+        about = ", ".join([h["kind"], *([f"a variable of `{h['function']}()` that a closure it made keeps"
+                                         if h.get("closure") else f"a local of `{h['function']}()`"]
+                                        if h.get("function") else []),
                            *([f"filled at {os.path.basename(at.file)}:{at.line}"] if at else [])])
         rate = ""
         if h["grew"] > 0 and scan.after_step > h["since"]:

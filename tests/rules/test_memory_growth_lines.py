@@ -1,5 +1,6 @@
 """memory-growth names a line in the user's code: the line that fills the holder the graph scans
-found, else, when no name they reach holds the memory (a list a hook's closure keeps), the line
+found (a variable a hook's closure keeps among them), else, when no name they reach holds the
+memory (a list a hook's functools.partial keeps), the line
 whose allocations the recorded allocator history saw stay alive and grow at every step's end
 (here a CUDA rehearsal's, with --device-memory); the forecast OOM names that line too."""
 from __future__ import annotations
@@ -31,3 +32,45 @@ def test_growth_no_scan_can_name_is_located_at_its_allocation(tmp_path, clean):
     assert (f"What keeps the live memory alive is no name the graph scans reach: the allocations made at "
             f"hook_keep_cuda.py:{line} stayed alive, 8.0 MiB more at each step's end") in oom["message"], oom["message"]
     assert (oom["locations"][0]["file"], oom["locations"][0]["line"]) == (str(PROGRAM), line)
+
+
+CLOSURE_KEEPS = """
+import torch
+from torch import nn
+
+
+def watch(model):
+    seen = []
+    model[0].register_forward_hook(lambda mod, args, out: seen.append(out))  # FILLS
+
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10))
+watch(model)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+for step in range(40):
+    loss = model(torch.randn(512, 256)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.slow
+def test_a_variable_a_hooks_closure_keeps_is_named_with_its_function_and_line(tmp_path):
+    """A forward hook's lambda appends each output, with its graph, to a list of the function that
+    registered it: graph-leak and memory-growth name the list, its function and the lambda's line,
+    where graph-leak said 'held by tensors outside the target module's globals' with no location."""
+    script = tmp_path / "closure.py"
+    script.write_text(CLOSURE_KEEPS)
+    a = audit("run", str(script), "--steps", "10", "--no-profile", "--quiet", out=tmp_path / "o",
+              env={"OMP_NUM_THREADS": "1"})
+    assert a.returncode == 0, a.stderr[-2000:]
+    line = next(n for n, t in enumerate(CLOSURE_KEEPS.splitlines(), 1) if "# FILLS" in t)
+    [leak] = a.rule("graph-leak")
+    assert leak["message"].endswith(
+        f"held by `seen` (a variable of `watch()` that a closure it made keeps, at closure.py:{line})."), leak["message"]
+    assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(script), line)]
+    [growth] = a.rule("memory-growth")
+    assert [(loc["file"], loc["line"]) for loc in growth["locations"]] == [(str(script), line)]
+    assert growth["evidence"]["holders"][0]["name"] == "seen"

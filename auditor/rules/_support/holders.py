@@ -1,5 +1,6 @@
 """What a graph scan's holder is called in a finding: a global (`preds`), a module's state
-(`model.1.rm`) or a local of a running function (`total`, a local of `train()`)."""
+(`model.1.rm`), a local of a running function (`total`, a local of `train()`) or a variable a
+closure keeps (`seen`, a variable of `watch()` that a closure it made keeps: a hook's list)."""
 from __future__ import annotations
 
 import os
@@ -21,6 +22,8 @@ def holder_label(h: dict[str, Any]) -> str:
         return name
     w = h.get("where")
     at = f", at {os.path.basename(w['file'])}:{w['line']}" if w else ""
+    if h.get("closure"):
+        return f"{name} (a variable of `{h['function']}()` that a closure it made keeps{at})"
     return f"{name} (a local of `{h['function']}()`{at})"
 
 
