@@ -125,7 +125,8 @@ class MemoryGrowth(Rule):
                 head += (", kept in tensors the program puts on the GPU: this CUDA rehearsal holds them in process "
                          "memory, on a GPU they take device memory")
         else:
-            head = f"Tensors kept by module state grew by {growth:.0f} MiB ({slope:.2f} MiB per step, at every scan)"
+            by = "module state" if not any(h.get("function") for h in holders) else "the program"
+            head = f"Tensors kept by {by} grew by {growth:.0f} MiB ({slope:.2f} MiB per step, at every scan)"
         yield self.finding(
             f"{head}; at this rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB"
             + (" of GPU memory." if rehearsed_gpu else ".")
