@@ -107,7 +107,8 @@ class Origin(msgspec.Struct, kw_only=True, omit_defaults=True):
     phase: str
     function: str | None = None  # the hand-written backward ("Name.backward")
     op_index: int | None = None  # the call's index among the step's checked calls
-    site: int | None = None  # the call's site (the optimizer step's, for phase optimizer; the backward call's, for phase backward)
+    # the call's site (the optimizer step's, for phase optimizer; the backward call's, for phase backward)
+    site: int | None = None
     module: int | None = None  # the module running it (-1: none)
     inputs: list[Range] | None = None  # the call's inputs (8 at most)
     outputs: list[Range] | None = None  # its outputs (4 at most)

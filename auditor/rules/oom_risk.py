@@ -417,9 +417,10 @@ def _keepers(evidence: Evidence, step: int | None, allocated: int) -> tuple[Any,
     scan made after the failing step (a rehearsal scans each step that comes near the device's
     memory), else the one after the next step (a rehearsal's forecast is written and scanned at the
     end of the step whose requests outgrew the device, which the simulated allocator, rounding
-    requests up to its blocks, may have filled a step sooner), else the last before it. A holder whose bytes grew since the first scan comes first; one that holds under 1 MiB is
-    none, and so is one that did not grow and holds under a tenth of the `allocated` bytes (the
-    data a program keeps on purpose)."""
+    requests up to its blocks, may have filled a step sooner), else the last before it. A holder
+    whose bytes grew since the first scan comes first; one that holds under 1 MiB is none, and so
+    is one that did not grow and holds under a tenth of the `allocated` bytes (the data a program
+    keeps on purpose)."""
     scans = sorted(evidence.graph_scans, key=lambda sc: (sc.after_step, sc.failed))
     if step is not None:
         upto = [sc for sc in scans if sc.after_step <= step + 1] or scans

@@ -206,7 +206,8 @@ def step_end() -> tuple[int | None, str | None, bool]:
     if w["written"] or peak <= capacity():
         return rec.live_bytes, None, not w["written"] and peak >= NEAR * capacity()
     w["written"] = True
-    rec.max_entries = len(rec.requests)  # (the forecast is made: the live bytes are still counted, no more entries kept)
+    # the forecast is made: the live bytes are still counted, no more entries are kept
+    rec.max_entries = len(rec.requests)
     try:
         dump_snapshot(os.path.join(w["out"], FORECAST_FILE))
     except (OSError, pickle.PickleError):
