@@ -27,7 +27,12 @@ class MemoryGrowth(Rule):
         with the line that grows them (`.append`, `x[key] = ...`, `+=`,
         `self.queue = torch.cat([self.queue, k])`). Those are counted exactly, so a few MiB of such
         growth is flagged where process memory would need far more to prove it; a buffer that
-        fills to a cap and stays there is not.
+        fills to a cap and stays there is not (LBFGS's history: at most 2 x history_size + 3 flat
+        parameter vectors). Holders are also a running function's locals (`total`, a local of
+        `train()`) and the variables the user's closures keep (a hook's list). With no holder's
+        line, the finding is located at the line whose allocations a recorded allocator history
+        saw stay alive and grow at every step's end. In a CUDA rehearsal with `--device-memory`,
+        the steps' memory is the rehearsed device's (the requests the rehearsal recorded).
 
     Why it costs:
         Memory that grows every step ends in an out-of-memory error, often hours in ("OOM after

@@ -193,6 +193,14 @@ class OomRisk(SnapshotRule):
         history's out-of-memory record, or, for an OOM outside the recorded steps, from what the
         allocator told `audit run`'s OOM observer (saved beside the OOM snapshot) and the
         snapshot's state at that moment. One OOM is reported once, however many snapshots hold it.
+        A post-mortem also names what keeps the live memory alive, from the run's graph and tensor
+        scans (the one after the failed step included): the holder (a global, a module's state, a
+        local of a running function, a variable a closure keeps), the line that fills it (the
+        finding's first location) and the bytes it holds; failing a holder, the line whose
+        allocations the history saw stay alive at every step's end. A CUDA rehearsal run with
+        `--device-memory` records the rehearsed device's requests and writes the snapshot a GPU
+        would have at the first step that outgrows it (`rehearsal_oom_snapshot.pickle`): the
+        finding is then a forecast, with the step it would fail in.
 
     Why it costs:
         A step that hits the limit dies with "CUDA out of memory", often hours into a run, or is
