@@ -259,7 +259,7 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
         torch_own: dict[int, Any] = {}
 
         def probe(self, *args, **kwargs):
-            if _compiling():
+            if _compiling() or not isinstance(self, torch.Tensor):  # (not a tensor: torch's own TypeError)
                 return plain(self, *args, **kwargs)
             rec = REC
             if rec.active and not rec.in_data:
@@ -317,26 +317,29 @@ def _bool_mask(index: Any) -> torch.Tensor | None:
     return None
 
 
-def _mask_getitem(orig: Callable) -> Callable:
-    """Tensor.__getitem__: a sync when the index holds a boolean mask of the device (logits[mask]).
-    Every index goes through here; an int or a slice returns at the first test."""
-    def probe(self, index):
-        rec = REC
-        if rec.active and not rec.in_data and isinstance(index, (torch.Tensor, tuple)):
-            f = sys._getframe(1)
-            code = f.f_code
-            if code.co_name not in _DISPATCHERS and not is_torch_internal(code.co_filename):
-                with no_torch_function():  # (the auditor's reads: the user's modes see the call only)
-                    mask = _bool_mask(index)
-                    dev = DEVICE_OF(mask) if mask is not None else None
-                if dev is not None and not (JUDGE_AS_CUDA and dev != "cuda"):
-                    t0 = perf()
-                    try:
-                        return orig(self, index)
-                    finally:
-                        rec.add(m.SYNC, "Tensor[bool mask]", user_frame(f), (perf() - t0) * 1e3, device=dev)
-        return orig(self, index)
-    return probe
+def mask_index_sync(index: Any, frame: Any, call: Callable[[], Any]) -> Any:
+    """`call()`, the indexing `t[index]` made at `frame`, recorded as a sync when the index holds a
+    boolean mask of the device (logits[mask]). Tensor.__getitem__ is never wrapped on the class: a
+    Python `__getitem__` on torch.Tensor makes every tensor a sequence to CPython (its sq_item slot),
+    and `torch.tensor([t])` of a 0-d tensor then raises "len() of a 0-d tensor" where plain torch
+    builds it. The torch-function modes that see each indexing call hand it here (the CUDA
+    rehearsal's); on a GPU the profiled window's trace shows the mask's nonzero and its sync."""
+    rec = REC
+    if rec is None or not rec.active or rec.in_data or frame is None or not isinstance(index, (torch.Tensor, tuple)):
+        return call()
+    code = frame.f_code
+    if code.co_name in _DISPATCHERS or is_torch_internal(code.co_filename):
+        return call()
+    with no_torch_function():  # (the auditor's reads: the user's modes see the call only)
+        mask = _bool_mask(index)
+        dev = DEVICE_OF(mask) if mask is not None else None
+    if dev is None or (JUDGE_AS_CUDA and dev != "cuda"):
+        return call()
+    t0 = perf()
+    try:
+        return call()
+    finally:
+        rec.add(m.SYNC, "Tensor[bool mask]", user_frame(frame), (perf() - t0) * 1e3, device=dev)
 
 
 def _install_sync_probes() -> None:
@@ -350,7 +353,6 @@ def _install_sync_probes() -> None:
     _wrap(T, "__repr__", _sync_method("print/repr(Tensor)"))
     _wrap(T, "__format__", _sync_method("format(Tensor)", _single_element))
     _wrap(T, "to", _sync_method("Tensor.to(cpu)", _to_host))
-    _wrap(T, "__getitem__", _mask_getitem)
     for name in ("nonzero", "masked_select"):
         _wrap(torch, name, _sync_function(f"torch.{name}"))
     _wrap(torch.cuda, "synchronize", _sync_function("torch.cuda.synchronize"))
@@ -436,10 +438,11 @@ _anomaly_enabled = torch.is_anomaly_enabled
 def _install_anomaly_probe() -> None:
     def make(orig):
         def probe(enabled, *args, **kwargs):
+            out = orig(enabled, *args, **kwargs)  # (torch judges the arguments first: a bad one raises its error)
             rec = REC
-            if enabled and rec.active and not _compiling():
+            if torch.is_anomaly_enabled() and rec.active and not _compiling():
                 rec.add(m.ANOMALY_ON, "anomaly detection", user_frame(sys._getframe(1)))
-            return orig(enabled, *args, **kwargs)
+            return out
         return probe
     _wrap(torch, "set_anomaly_enabled", make)
 

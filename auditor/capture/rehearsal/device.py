@@ -524,6 +524,22 @@ def _data_set(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None
     return out
 
 
+def _getitem(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """`t[index]`: as any call of GPU tensors, and a sync when the index holds a GPU boolean mask
+    (probes.mask_index_sync: the probes cannot wrap Tensor.__getitem__ on the class)."""
+    def call() -> Any:
+        index = args[1] if len(args) > 1 else None
+        if not (_args_marked(args) or (type(index) is tuple and _args_marked(index))):
+            return func(*args, **kwargs)
+        _check_devices(func, args, kwargs or _NO_KWARGS, frame)
+        out = func(*args, **kwargs)
+        _mark_results(out, args, kwargs or _NO_KWARGS)
+        if OBSERVE is not None:
+            OBSERVE(func, args, out, frame)
+        return out
+    return probes.mask_index_sync(args[1] if len(args) > 1 else None, frame, call)
+
+
 SPECIAL: dict[Any, Handler] = {
     _T.to: _to,
     _T.cuda: _cuda,
@@ -538,6 +554,7 @@ SPECIAL: dict[Any, Handler] = {
     _T.is_cuda.__get__: _is_cuda_get,
     _T.data.__set__: _data_set,
     _T.numpy: _numpy,
+    _T.__getitem__: _getitem,
     torch._C._nn._parse_to: _parse_to,
 }
 _resolved: dict[Any, Handler | None] = {}
