@@ -16,7 +16,7 @@ from auditor.evidence.trace.efficiency import efficiency
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location
-from auditor.rules._support.sdpa_patch import sdpa_edit
+from auditor.rules._support.sdpa_patch import sdpa_edit, source_lines
 from auditor.rules.base import Option, Options, TraceRule
 
 # What a fused attention kernel reaches, as a share of the device's peak for its dtype, for the
@@ -47,23 +47,6 @@ def _parts(trace: Trace, chain: Chain) -> dict[str, float]:
                else "values matmul" if op == chain.values else "scale, mask, dropout, casts")
         out[key] += float(dur[k])
     return out
-
-
-def source_lines(frame: Frame) -> tuple[int, int] | None:
-    """(first, last) line of the function whose def line `frame` names, when its source is here
-    (a torch >= 2 trace names a Python function by its first line)."""
-    lines = linecache.getlines(frame.file) if frame.file else []
-    if not (0 < frame.line <= len(lines)) or not lines[frame.line - 1].lstrip().startswith(("def ", "async def ")):
-        return None
-    indent = len(lines[frame.line - 1]) - len(lines[frame.line - 1].lstrip())
-    last = frame.line
-    for n in range(frame.line + 1, len(lines) + 1):
-        text = lines[n - 1]
-        if text.strip() and len(text) - len(text.lstrip()) <= indent and not text.lstrip().startswith("#"):
-            break
-        if text.strip():
-            last = n
-    return frame.line, last
 
 
 def softmax_location(frame: Frame) -> Location:

@@ -97,7 +97,7 @@ def _edit_in(body: list[cst.CSTNode], positions, text: str, file: str) -> Edit |
         name, (q, k, scale) = first[0], got
         j = i + 1
         fill = _assign(body[j]) if j < len(body) else None
-        if not (fill and fill[0] == name and _causal_fill(fill[1], name)) or "tril" not in text:
+        if not (fill and fill[0] == name and _causal_fill(fill[1], name)):
             continue
         j += 1
         soft = _assign(body[j]) if j < len(body) else None
@@ -123,20 +123,46 @@ def _edit_in(body: list[cst.CSTNode], positions, text: str, file: str) -> Edit |
     return None
 
 
+def source_lines(frame: Frame) -> tuple[int, int] | None:
+    """(first, last) line of the function whose def line `frame` names, when its source is here
+    (a torch >= 2 trace names a Python function by its first line)."""
+    lines = linecache.getlines(frame.file) if frame.file else []
+    if not (0 < frame.line <= len(lines)) or not lines[frame.line - 1].lstrip().startswith(("def ", "async def ")):
+        return None
+    indent = len(lines[frame.line - 1]) - len(lines[frame.line - 1].lstrip())
+    last = frame.line
+    for n in range(frame.line + 1, len(lines) + 1):
+        text = lines[n - 1]
+        if text.strip() and len(text) - len(text.lstrip()) <= indent and not text.lstrip().startswith("#"):
+            break
+        if text.strip():
+            last = n
+    return frame.line, last
+
+
 def sdpa_edit(frame: Frame) -> Edit | None:
-    """The edit for the function `frame` names (its def line, as a trace records it), or None."""
-    text = "".join(linecache.getlines(frame.file)) if frame.file else ""
-    if not text or "import torch" not in text:
+    """The edit for the function `frame` names (its def line, as a trace records it), or None. Only
+    that function's source is parsed, and only when it holds a masked_fill and a softmax."""
+    span = source_lines(frame)
+    if span is None:
+        return None
+    lines = linecache.getlines(frame.file)
+    whole = "".join(lines)
+    body = lines[span[0] - 1:span[1]]
+    indent = len(body[0]) - len(body[0].lstrip())
+    text = "".join(line[indent:] if line.strip() else "\n" for line in body)
+    if "masked_fill" not in text or "softmax" not in text or "tril" not in whole or "import torch" not in whole:
         return None
     try:
         wrapper = MetadataWrapper(cst.parse_module(text))
     except cst.ParserSyntaxError:
         return None
     positions = wrapper.resolve(PositionProvider)
-    for node in positions:
-        if isinstance(node, cst.FunctionDef) and positions[node].start.line <= frame.line <= positions[node].end.line \
-                and isinstance(node.body, cst.IndentedBlock):
+    for node in wrapper.module.body:
+        if isinstance(node, cst.FunctionDef) and isinstance(node.body, cst.IndentedBlock):
             edit = _edit_in(list(node.body.body), positions, text, frame.file)
             if edit is not None:
-                return edit
+                shift = span[0] - 1
+                return Edit(file=edit.file, start=edit.start + shift, end=edit.end + shift,
+                            lines=[" " * indent + line for line in edit.lines])
     return None
