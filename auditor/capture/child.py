@@ -28,7 +28,7 @@ from auditor.capture.program import ChildParts, run_program
 from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
-from auditor.capture.unseen import no_torch_function
+from auditor.capture.unseen import no_torch_function, warnings_name_the_user
 from auditor.evidence.frame import Frame
 
 ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
@@ -266,6 +266,23 @@ def _start_without_inductor(prof) -> None:
             torch.__getattr__ = lazy
 
 
+# torch.profiler warns once per process, on the user's stderr, when a profile prepares a second
+# cycle without acc_events (on a CUDA run the window's start does): the window is one cycle, so
+# nothing is lost, and the warning is marked as shown in torch's own once-only registry. (acc_events
+# itself would parse every event into Python objects when the window stops: seconds, and a
+# UnicodeDecodeError on some recorded names.)
+_CYCLE_WARNING = ("Warning: Profiler clears events at the end of each cycle. Only events from the current cycle "
+                  "will be reported. To keep events across cycles, set acc_events=True.")
+
+
+def _no_cycle_warning() -> None:
+    import torch.profiler.profiler as torch_profiler
+
+    shown = getattr(torch_profiler, "_WARNINGS_SHOWN", None)
+    if isinstance(shown, set):
+        shown.add(_CYCLE_WARNING)
+
+
 def window_schedule(warmup: int, active: int) -> Callable[[int], Any]:
     """The profiler's schedule for one window: `torch.profiler.schedule(wait=0, warmup=warmup,
     active=active, repeat=1)`, without its warning for a window with no warm-up step (a run of 1-3
@@ -311,6 +328,7 @@ class Profiler:
             activities=acts, record_shapes=True, with_stack=True, profile_memory=True, schedule=plan,
             on_trace_ready=tensorboard_trace_handler(self.logdir, worker_name=f"{socket.gethostname()}_{os.getpid()}"),
         )
+        _no_cycle_warning()
         _start_profiler(self.prof)
 
     def after(self, i: int) -> None:
@@ -373,6 +391,7 @@ def run(args: argparse.Namespace) -> int:
     rehearsal_info = rehearsal.install(args.rehearse, *_target_source(args.target))
     standins = [] if rehearsal_info else cuda_standins.install(lambda: probes.REC)
     rec = probes.install()
+    warnings_name_the_user()
     # (the weights digest only when asked: it copies the whole model to the host at the end)
     collectors = load_collectors(skip=(*(() if args.numerics else ("numerics",)), *(() if args.digest else ("weights",))))
     for c in collectors:

@@ -28,9 +28,10 @@ from auditor.evidence.frame import Frame, recorded_frame
 STDERR_TAIL_LINES = 40
 STDERR_TAIL_LINE_BYTES = 4000  # the end of each (see pump_stderr)
 # Kineto prints stage markers on every profiler start/stop whatever its log level; they are ours,
-# not the user's, so they are kept out of the user's terminal (and the crash tail).
-PROFILER_NOISE = re.compile(rb"^(USDT|STAGE):\d{4}-\d\d-\d\d \S+ \d+:\d+ \w+\.cpp:\d+\]|"
-                            rb"^\[W\d+ [\d:.]+ \d+ CPUAllocator\.cpp:\d+\] Memory block of unknown size")
+# not the user's, so they are cut out of the user's terminal (and the crash tail), also where one
+# lands inside a line of the program's (after a progress bar's redraw, which ends in no newline).
+PROFILER_NOISE = re.compile(rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d \S+ \d+:\d+ \w+\.cpp:\d+\][^\n]*\n?|"
+                            rb"\[W\d+ [\d:.]+ \d+ CPUAllocator\.cpp:\d+\] Memory block of unknown size[^\n]*\n?")
 GRACE_AFTER_INTERRUPT_S = 15.0
 QUIET_ENV = {"KINETO_LOG_LEVEL": "3", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # set for the child (see run_child)
 
@@ -253,8 +254,10 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         redraw = False  # whether the tail's last entry is a progress bar's redraw (see split_lines)
         # (redraws as they come: a bar shows live, and an endless one is never held whole)
         for line in split_lines(read_chunks(err_read, proc, pause_s=0), redraws=True):
-            if PROFILER_NOISE.match(line):
-                continue
+            if b".cpp:" in line:
+                line = PROFILER_NOISE.sub(b"", line)
+                if not line:
+                    continue
             if forward_stderr:
                 sys.stderr.buffer.write(line)
                 sys.stderr.buffer.flush()

@@ -12,6 +12,10 @@ auditor at work:
   it, and forgets all of that whenever the warnings filters change (`catch_warnings`,
   `filterwarnings`): the user's own warnings would print again. Nothing the auditor does while the
   program runs changes the filters; `recorded_warnings` catches a call's warnings without doing so.
+* where a warning comes from. A warning torch raises inside a call the auditor passes on (the
+  rehearsal's torch-function mode calling the user's op; a C++ TORCH_WARN names the innermost
+  Python frame) would name the auditor's line: it is shown at the user's line that made the call
+  (`warnings_name_the_user`).
 * torch.compile. Dynamo traces the hooks torch calls inside a compiled function (the optimizer's
   step hooks) into the user's graph. A hook it cannot trace is a graph break: a warning to the user,
   a graph split in two, and an error under `fullgraph=True`. Such a hook, traced, only notes that
@@ -24,12 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import warnings
 from typing import Any, Callable, Iterator
 
 import torch
 
+import auditor
 from auditor.capture.frames import user_frame
 
 # Torch-function dispatch off, for modes and tensor subclasses alike: a C context manager, cheap
@@ -73,6 +79,31 @@ class _Notes:
 
 
 _NOTE_SITES: list[Any] = []  # a note's number -> the user's line of the compiled call it was traced in
+
+
+_AUDITOR_DIR = os.path.normcase(os.path.realpath(os.path.dirname(auditor.__file__))) + os.sep
+
+
+def _ours(filename: str) -> bool:
+    return os.path.normcase(os.path.realpath(filename)).startswith(_AUDITOR_DIR)
+
+
+def warnings_name_the_user() -> None:
+    """Show each warning that names one of the auditor's files at the user's line below it on the
+    stack instead (the warning and its filters are untouched; only where it is shown changes)."""
+    show = warnings.showwarning
+    if getattr(show, "__audit_original__", None) is not None:
+        return
+
+    def showwarning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if filename and _ours(filename):
+            where = user_frame(sys._getframe(1))
+            if where is not None and not _ours(where[0]):
+                filename, lineno, line = where[0], where[1], None
+        show(message, category, filename, lineno, file, line)
+
+    showwarning.__audit_original__ = show  # type: ignore[attr-defined]
+    warnings.showwarning = showwarning
 
 
 def _note_name() -> str:

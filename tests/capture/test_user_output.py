@@ -1,0 +1,79 @@
+"""What the audited program prints is the program's: a warning torch raises inside a call the
+audit passes on names the user's line, and the profiler's stage markers never reach the terminal,
+also where one lands on a line the program left open (a progress bar's redraw)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from auditor.capture.runner import PROFILER_NOISE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROGRAM = """\
+import sys
+import torch
+model = torch.nn.Linear(3, 1).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.ones(4, 3, device="cuda")
+for i in range(6):
+    y = torch.tensor(x)  # torch warns: copy-construct from a tensor
+    loss = model(y).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+    sys.stderr.write(f"\\rstep {i}")
+    sys.stderr.flush()
+sys.stderr.write("\\n")
+print("done")
+"""
+
+
+@pytest.mark.slow
+def test_a_rehearsed_programs_warning_names_its_line_and_no_profiler_marker_shows(tmp_path):
+    """Rehearsed, torch's copy-construct warning was shown at auditor/capture/rehearsal/device.py
+    (the mode's call of the op), and Kineto's "STAGE:... Completed Stage: Warm Up" was printed on
+    the progress line the program had left open."""
+    script = tmp_path / "warn_prog.py"
+    script.write_text(PROGRAM)
+    p = subprocess.run([sys.executable, "-m", "auditor", "run", str(script), "--steps", "6", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"{script}:7: UserWarning: To copy construct from a tensor" in p.stderr, p.stderr
+    assert "auditor/" not in p.stderr.replace(str(tmp_path), "")
+    assert "STAGE:" not in p.stderr and "Completed Stage" not in p.stderr
+    assert "Profiler clears events" not in p.stderr
+    assert "step 5" in p.stderr and "done" in p.stdout
+
+
+def test_a_marker_inside_a_programs_line_is_cut_and_the_line_kept():
+    marker = b"STAGE:2026-11-25 01:04:38 8715:8715 SyncActivityProfilerHandler.cpp:51] Completed Stage: Warm Up\n"
+    assert PROFILER_NOISE.sub(b"", b" 40%|####      | 4/10" + marker) == b" 40%|####      | 4/10"
+    assert PROFILER_NOISE.sub(b"", marker) == b""
+    assert PROFILER_NOISE.sub(b"", b"loss 0.5 at Foo.cpp:12] kept\n") == b"loss 0.5 at Foo.cpp:12] kept\n"
+
+
+PREPARE_TWICE = """
+import warnings, torch
+from torch.profiler import profile, ProfilerActivity
+from auditor.capture.child import _no_cycle_warning
+{call}
+p = profile(activities=[ProfilerActivity.CPU])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    p.prepare_trace(); p.prepare_trace()
+print(sum("clears events" in str(w.message) for w in caught))
+"""
+
+
+@pytest.mark.parametrize("call, shown", [("_no_cycle_warning()", "0"), ("", "1")])
+def test_the_profilers_cycle_warning_is_marked_shown(call, shown):
+    """A profile that prepares a second cycle warns "Profiler clears events at the end of each
+    cycle" (on the H100 runs, on the user's stderr); the window marks it shown in torch's registry."""
+    p = subprocess.run([sys.executable, "-c", PREPARE_TWICE.format(call=call)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split()[-1] == shown
