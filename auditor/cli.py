@@ -76,6 +76,10 @@ def cli() -> None:
 @shared_options("out", "fail-on", "select", "ignore", out_default="audit-out/<target>-<timestamp>/")
 @click.option("--profile/--no-profile", default=True, show_default=True,
               help="Record a torch.profiler window of a few steps.")
+@click.option("--profile-memory", "profile_memory", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="GIB", help="The most resident memory the profiler window may add to the program, in GiB; "
+                                  "past it the window ends early, keeping what it recorded [default: half the "
+                                  "memory available when the window starts].")
 @click.option("--rehearse/--no-rehearse", default=None,
               help="Run CUDA code on the CPU, judging it as GPU code [default: when the target asks for "
                    "CUDA and none is present].")
@@ -109,12 +113,15 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         quiet: bool, nproc_per_node: int | None = None, rank_timeout: float = DEFAULT_RANK_TIMEOUT_S,
         numerics: bool = True, script_args: tuple[str, ...] = (), module: str | None = None, skip: int = 0,
         to_end: bool = False, baseline: Path | None = None, device_memory: float | None = None,
-        device: str | None = None, verify: bool = False, digest: bool = False) -> None:
+        device: str | None = None, verify: bool = False, digest: bool = False,
+        profile_memory: float | None = None) -> None:
     """Audit TARGET: path/to/file.py:step or package.module:step (the step called N times), or a
     whole program, path/to/file.py or -m package.module (run as Python runs it, its steps found).
 
     ARGS after `--` are the program's own command line: its code finds them in sys.argv[1:]."""
     _device_memory(device_memory)
+    if profile_memory:  # (read by the audited child: auditor.capture.window_memory)
+        os.environ["AUDITOR_PROFILE_MEMORY_GIB"] = repr(profile_memory)
     sys.exit(app.run(target, steps, out_dir, fail_on, select, ignore, profile, rehearse, open_report, tensorboard,
                      quiet, nproc_per_node, rank_timeout, numerics, script_args, module, skip, to_end, baseline,
                      device=device, verify=verify, digest=digest))

@@ -21,7 +21,7 @@ from typing import Any, Callable
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
 
-from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal, wire
+from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal, window_memory, wire
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.program import ChildParts, run_program
@@ -29,6 +29,7 @@ from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
 from auditor.capture.unseen import no_torch_function, warnings_name_the_user
+from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
 
 ENV_PREFIXES = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "CUBLAS_", "CUDNN_", "KINETO_")
@@ -312,13 +313,36 @@ class Profiler:
         self.files: list[str] = []
         self.snapshots: list[str] = []  # CUDA memory snapshots of the window, relative to the run dir
         self.top_ops: list[dict] = []
+        self.guard: window_memory.Guard | None = None
+        self.cut: m.WindowCut | None = None  # the window ended early to bound its memory
+        self.step: int | None = None  # the step running
+        self._unhook: Callable[[], None] | None = None
 
     def window(self) -> list[int]:
+        """The steps planned for the window."""
         return ([self.warm] if self.warm is not None else []) + self.active
 
+    def profiled(self, i: int) -> bool:
+        """Whether step i ran (wholly or in part) under the profiler."""
+        return i in self.window() and (self.cut is None or i <= self.cut.step)
+
+    def recorded_steps(self) -> list[int]:
+        return [i for i in self.window() if self.profiled(i)]
+
+    def _bound(self, what: str = "") -> None:
+        """End the window here if the process has outgrown its memory bound (window_memory): called
+        on the program's own thread, at each backward pass's start and each step's end."""
+        guard = self.guard
+        if guard is not None and self.prof is not None and guard.over():
+            self.cut = guard.cut(self.step if self.step is not None else -1)
+            self.stop()
+
     def before(self, i: int) -> None:
+        self.step = i
         if i != self.start_at:
             return
+        self.guard = window_memory.Guard()
+        self._unhook = probes.on_backward_start(self._bound)
         self.history = cuda_memory.start_history()  # CUDA only: allocator history for the window
         from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
@@ -334,6 +358,9 @@ class Profiler:
     def after(self, i: int) -> None:
         if self.prof is None:
             return
+        self._bound()
+        if self.prof is None:
+            return
         self.prof.step()
         if self.active and i == self.active[-1]:
             self.stop()
@@ -342,6 +369,9 @@ class Profiler:
         if self.prof is None:
             return
         prof, self.prof = self.prof, None
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
         try:
             # (no key_averages() table here: with stacks and shapes it costs over a second; the
             # parent computes the same table from the trace file, see Trace.top_ops)
@@ -478,8 +508,8 @@ def run(args: argparse.Namespace) -> int:
         status = 3
     prof.stop()
     if prof.window():
-        out.send(wire.Profile(steps=[s for s in prof.window() if s < args.steps], trace_files=prof.files,
-                              top_ops=prof.top_ops, snapshots=prof.snapshots))
+        out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < args.steps], trace_files=prof.files,
+                              top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut))
     for c in collectors:
         data = c.finish()
         if data is not None:

@@ -128,8 +128,9 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         _failure_scan(out, raised, failed_step, scan_target())
     parts.prof.stop()
     if parts.prof.window():
-        out.send(wire.Profile(steps=[s for s in parts.prof.window() if s < finder.recorded],
-                              trace_files=parts.prof.files, top_ops=parts.prof.top_ops, snapshots=parts.prof.snapshots))
+        out.send(wire.Profile(steps=[s for s in parts.prof.recorded_steps() if s < finder.recorded],
+                              trace_files=parts.prof.files, top_ops=parts.prof.top_ops, snapshots=parts.prof.snapshots,
+                              cut=parts.prof.cut))
     for c in parts.collectors:
         data = c.finish()
         if data is not None:

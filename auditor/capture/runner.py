@@ -22,6 +22,7 @@ import msgspec
 from auditor.capture import wire
 from auditor.capture.stream import read_chunks, read_records, split_lines, widen_pipe
 from auditor.capture.target import Target, TargetError
+from auditor.capture.window_memory import ChildMemory, cgroup_limit, out_of_memory_kill
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame, recorded_frame
 
@@ -76,6 +77,7 @@ class EvidenceBuilder:
         self.ended = False
         self.pending_snapshots: list[str] = []
         self.out_dir = request.out_dir
+        self.request = request
         self.set_up = False  # the module's setup code ran to its end (the steps began)
 
     def feed(self, r: wire.Record) -> None:
@@ -105,7 +107,7 @@ class EvidenceBuilder:
                 after_step=r.after_step, tensors=r.tensors, graph_nodes=r.graph_nodes, failed=r.failed,
                 holders=[{**h, "where": msgspec.to_builtins(recorded_frame(h.get("where")))} for h in r.holders]))
         elif isinstance(r, wire.Profile):
-            ev.profile = m.ProfileWindow(steps=r.steps, trace_files=r.trace_files, top_ops=r.top_ops)
+            ev.profile = m.ProfileWindow(steps=r.steps, trace_files=r.trace_files, top_ops=r.top_ops, cut=r.cut)
             ev.traces = list(r.trace_files)
             ev.snapshots.extend(r.snapshots)
         elif isinstance(r, wire.Snapshot):  # the OOM observer's snapshot: listed only once it exists on disk
@@ -132,7 +134,7 @@ class EvidenceBuilder:
             d.where = recorded_frame(d.where)
             self.ev.dataloaders.append(d)
 
-    def finish(self, returncode: int, stderr_tail: str) -> m.Evidence:
+    def finish(self, returncode: int, stderr_tail: str, memory: ChildMemory | None = None) -> m.Evidence:
         ev = self.ev
         ev.snapshots.extend(p for p in self.pending_snapshots if (self.out_dir / p).is_file())
         if not self.ended:
@@ -152,15 +154,33 @@ class EvidenceBuilder:
                                              f"{in_step} (os._exit(0)), as it would without the audit")
             else:
                 how = f"killed by {sig}" if sig else f"exited with code {returncode} without finishing"
+                during = f" during step {in_step}" if in_step is not None else ""
+                if sig == "SIGKILL" and memory is not None:
+                    how, during = self._kill_phrase(memory, in_step, during)
                 ev.ending = m.Ending(status="crashed", step=in_step,
-                                     message=f"the audited process {how}"
-                                             + (f" during step {in_step}" if in_step is not None else ""),
+                                     message=f"the audited process {how}{during}",
                                      returncode=returncode, signal=sig, where=crash_frame(stderr_tail))
         else:
             ev.ending.returncode = returncode
         if ev.ending.status != "completed":
             ev.ending.stderr_tail = stderr_tail or None
         return ev
+
+
+    def _kill_phrase(self, memory: ChildMemory, in_step: int | None, during: str) -> tuple[str, str]:
+        """A SIGKILL the audit did not send, with what the parent's samples of the child's memory say
+        of it: the kernel's out-of-memory killer when memory was all but gone (window_memory)."""
+        why = out_of_memory_kill(memory.peak, memory.last, memory.available, memory.total, cgroup_limit())
+        facts = [f"at {memory.peak / 1e9:.1f} GB resident"] if memory.peak else []
+        if in_step is not None and self.request.profile:
+            from auditor.capture.child import profile_plan
+
+            warm, active = profile_plan(self.request.steps)
+            if in_step in ([warm] if warm is not None else []) + active:
+                facts.insert(0, "in the profiler window")
+        if why:
+            return "was killed by the kernel's out-of-memory killer", f"{during}, {', '.join(facts)} (SIGKILL; {why})"
+        return "killed by SIGKILL", during + (f" ({', '.join(facts)})" if facts else "")
 
 
 _FAULT_FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)', re.M)
@@ -296,6 +316,7 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
                 return
 
     threading.Thread(target=watchdog, daemon=True).start()
+    memory = ChildMemory(proc.pid)
     try:
         with open(request.out_dir / "records.jsonl", "wb") as raw:
             for record, line in read_records(read_chunks(read_fd, proc)):
@@ -306,6 +327,7 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         returncode = proc.wait()
         pump.join(timeout=5)
     finally:
+        memory.stop()
         os.close(read_fd)
         if not pump.is_alive():
             os.close(err_read)
@@ -323,4 +345,5 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         builder.ended = True
         last = builder.ev.steps[-1].index + 1 if builder.ev.steps else None
         builder.ev.ending = m.Ending(status="interrupted", step=last, message=f"interrupted ({interrupts['by']})")
-    return builder.finish(returncode, "".join(tail))
+    killed_by_audit = interrupts["n"] >= 2 or (interrupts["n"] and time.monotonic() - interrupts["at"] > GRACE_AFTER_INTERRUPT_S)
+    return builder.finish(returncode, "".join(tail), None if killed_by_audit else memory)

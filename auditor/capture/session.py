@@ -34,7 +34,6 @@ class StepSession:
         self.collectors = collectors
         self.scans = scans
         self.scan_target = scan_target
-        self.window = set(prof.window())
         self.t_first: float | None = None
         self.index: int | None = None  # the step begun and not yet ended
         self.t0 = self.c0 = 0.0
@@ -73,7 +72,7 @@ class StepSession:
         if REHEARSED_MEMORY is not None:  # a CUDA rehearsal with --device-memory: its recorded requests
             allocated, forecast, near = REHEARSED_MEMORY()
         self.out.send(wire.Step(index=i, start_s=self.t0 - self.t_first, ms=(t1 - self.t0) * 1e3,
-                                cpu_ms=(c1 - self.c0) * 1e3, profiled=i in self.window, failed=failed,
+                                cpu_ms=(c1 - self.c0) * 1e3, profiled=self.prof.profiled(i), failed=failed,
                                 rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
                                 anomaly_enabled=self.anomaly,
                                 tallies=self.rec.drain() + (self.lines.take() if self.lines is not None else []),

@@ -18,7 +18,7 @@ from typing import Any, Union
 
 import msgspec
 
-from auditor.evidence.model import DataLoaderInfo, Environment, Program, Tally
+from auditor.evidence.model import DataLoaderInfo, Environment, Program, Tally, WindowCut
 from auditor.evidence.frame import Frame
 
 
@@ -109,12 +109,14 @@ class Profile(Record, tag="profile"):
     steps: the steps it covered.
     trace_files: its traces, relative to the run directory.
     top_ops: only a failed profiler's note ({"name", "count", "self_ms", "total_ms"}).
-    snapshots: CUDA memory snapshots of the window, relative to the run directory."""
+    snapshots: CUDA memory snapshots of the window, relative to the run directory.
+    cut: the window ended early to bound its memory (auditor.capture.window_memory)."""
 
     steps: list[int]
     trace_files: list[str] = []
     top_ops: list[dict[str, Any]] = []
     snapshots: list[str] = []
+    cut: WindowCut | None = None
 
 
 class Snapshot(Record, tag="snapshot"):

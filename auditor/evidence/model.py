@@ -157,11 +157,23 @@ class Environment(msgspec.Struct):
     device_model: str = ""
 
 
+class WindowCut(msgspec.Struct, frozen=True):
+    """The profiler window ended early, in step `step`, because the process had grown past what the
+    window may add (auditor.capture.window_memory): it held `rss_bytes` resident, having started the
+    window with `start_rss_bytes`, against a bound of `limit_bytes` in all."""
+
+    step: int
+    rss_bytes: int
+    start_rss_bytes: int
+    limit_bytes: int
+
+
 class ProfileWindow(msgspec.Struct):
     """The steps run under torch.profiler and where their trace was written."""
 
     steps: list[int]
     trace_files: list[str] = []  # relative to the run directory
+    cut: WindowCut | None = None  # the window ended early to bound its memory
     # [{"name", "count", "self_ms", "total_ms"}] by self time, when given: the child sends only a
     # failed profiler's note here; the report computes the table from the trace (Trace.top_ops)
     top_ops: list[dict[str, Any]] = []

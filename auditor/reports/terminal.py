@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from auditor.evidence.model import Evidence
+from auditor.evidence.model import Evidence, WindowCut
 from auditor.reports.allocator_view import lines as allocator_lines
 from auditor.reports.base import Reporter
 from auditor.findings import Finding, share_of_step
@@ -273,6 +273,14 @@ def finding_line(f: Finding) -> Text:
     return line
 
 
+def window_cut_phrase(cut: WindowCut) -> str:
+    """The profiler window ended early to bound its memory (auditor.capture.window_memory)."""
+    gb = 1e9
+    return (f"profiler window ended early in step {cut.step}: the process grew from {cut.start_rss_bytes / gb:.2f} "
+            f"to {cut.rss_bytes / gb:.2f} GB resident while the profiler recorded (bound {cut.limit_bytes / gb:.2f} GB, "
+            f"--profile-memory); the trace holds the steps recorded until then")
+
+
 def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
     """Everything print_summary shows, as Text lines (also the plain summary.txt), each one line
     with its control characters escaped (see printable)."""
@@ -319,6 +327,9 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         if e.exception or e.message:
             end.append(f": {e.exception or ''}{': ' if e.exception and e.message else ''}{e.message or ''}")
         lines.append(end)
+    cut = evidence.profile.cut if evidence.profile is not None else None
+    if cut is not None:
+        lines.append(Text(window_cut_phrase(cut), style="yellow"))
     lines.extend(Text(a, style="dim") for a in allocator_lines(evidence))
     if results.findings:
         lines.extend(finding_line(f) for f in by_cost(results.findings))

@@ -1,15 +1,15 @@
 """CUDA rehearsal, the tensor side: run every device request on the CPU, remember what was meant for the GPU.
 
-A `TorchFunctionMode` sees each torch call made from Python before it runs. It rewrites device
-requests for `cuda` (a `device=` argument, `.to(...)`, `.cuda()`, a factory under a default device of
-`cuda`) to the CPU, so the program computes exactly what its CPU version computes; and it marks
-the tensors the program meant for the GPU with a Python attribute, passing the mark on to the
-results of every call that has a marked input. The rules then judge the program as GPU code:
-`device_of(t)` answers "cuda" for a marked tensor (installed as `probes.DEVICE_OF`).
+A `TorchFunctionMode` sees each torch call made from Python before it runs. It rewrites device requests for
+`cuda` (a `device=` argument, `.to(...)`, `.cuda()`, a factory under a default device of `cuda`) to the CPU,
+so the program computes exactly what its CPU version computes; and it marks the tensors the program meant for
+the GPU with a Python attribute, passing the mark on to the results of every call that has a marked input. The
+rules then judge the program as GPU code: `device_of(t)` answers "cuda" for a marked tensor (installed as
+`probes.DEVICE_OF`).
 
-Why marks instead of fake device tensors: a tensor subclass or a fake "cuda" tensor would change
-what kernels run and what the program computes; an attribute changes nothing. The attribute is
-kept out of pickles (`torch.save` of a state dict stays byte-for-byte what the CPU run writes).
+Why marks instead of fake device tensors: a tensor subclass or a fake "cuda" tensor would change what kernels
+run and what the program computes; an attribute changes nothing. The attribute is kept out of pickles
+(`torch.save` of a state dict stays byte-for-byte what the CPU run writes).
 
 Along the way it records what only a GPU would pay for, as probe tallies:
 * `h2d-copy`: a host->device copy the program asked for (bytes, pinned or not, non_blocking);
@@ -18,11 +18,10 @@ Along the way it records what only a GPU would pay for, as probe tallies:
 * `device-batch` (recorded by `auditor.capture.rehearsal.data`): a batch came out of a DataLoader
   already on the GPU.
 
-And it refuses, with the GPU's own error, what a GPU refuses though the CPU would run it: GPU and
-host tensors mixed in one of the user's calls or at a torch.nn layer (`_check_devices`,
-`_leaf_inputs_on_host`), `.numpy()` of a GPU tensor, a generator of the other device
-(`_check_generator`). The program then ends where it would end on the GPU.
-"""
+And it refuses, with the GPU's own error, what a GPU refuses though the CPU would run it: GPU and host tensors
+mixed in one of the user's calls or at a torch.nn layer (`_check_devices`, `_leaf_inputs_on_host`), `.numpy()`
+of a GPU tensor, a generator of the other device (`_check_generator`). The program then ends where it would
+end on the GPU."""
 from __future__ import annotations
 
 import ast
@@ -498,21 +497,18 @@ def _device_get(func: Callable, args: tuple, kwargs: dict, frame: FrameType | No
 
 
 def _is_cuda_get(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
-    if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame):
-        return True
-    return func(*args, **kwargs)
+    return True if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame) else func(*args, **kwargs)
 
 
 def _get_device(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
-    if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame):
-        return REHEARSED_DEVICE.index
-    return func(*args, **kwargs)
+    user = getattr(args[0], CUDA_MARK, False) and caller_is_user(frame)
+    return REHEARSED_DEVICE.index if user else func(*args, **kwargs)
 
 
 def _numpy(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
     if getattr(args[0], CUDA_MARK, False) and caller_is_user(frame):
-        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
-                        "to host memory first. (CUDA rehearsal: a GPU tensor fails here on a GPU)")
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to "
+                        "host memory first. (CUDA rehearsal: a GPU tensor fails here on a GPU)")
     return func(*args, **kwargs)
 
 
@@ -524,19 +520,19 @@ def _data_set(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None
     return out
 
 
+def _marked_call(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """A call of GPU tensors: their devices checked, the results marked, the call observed."""
+    _check_devices(func, args, kwargs, frame)
+    out = func(*args, **kwargs)
+    _mark_results(out, args, kwargs)
+    if OBSERVE is not None:
+        OBSERVE(func, args, out, frame)
+    return out
+
+
 def _getitem(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
-    """`t[index]`: as any call of GPU tensors, and a sync when the index holds a GPU boolean mask
-    (probes.mask_index_sync: the probes cannot wrap Tensor.__getitem__ on the class)."""
-    def call() -> Any:
-        index = args[1] if len(args) > 1 else None
-        if not (_args_marked(args) or (type(index) is tuple and _args_marked(index))):
-            return func(*args, **kwargs)
-        _check_devices(func, args, kwargs or _NO_KWARGS, frame)
-        out = func(*args, **kwargs)
-        _mark_results(out, args, kwargs or _NO_KWARGS)
-        if OBSERVE is not None:
-            OBSERVE(func, args, out, frame)
-        return out
+    marked = _args_marked(args)  # (an index tuple's ends included)
+    call = (lambda: _marked_call(func, args, kwargs or _NO_KWARGS, frame)) if marked else (lambda: func(*args, **kwargs))
     return probes.mask_index_sync(args[1] if len(args) > 1 else None, frame, call)
 
 
@@ -554,7 +550,7 @@ SPECIAL: dict[Any, Handler] = {
     _T.is_cuda.__get__: _is_cuda_get,
     _T.data.__set__: _data_set,
     _T.numpy: _numpy,
-    _T.__getitem__: _getitem,
+    _T.__getitem__: _getitem,  # t[index]: a GPU boolean mask in the index is a sync (probes.mask_index_sync)
     torch._C._nn._parse_to: _parse_to,
 }
 _resolved: dict[Any, Handler | None] = {}
@@ -590,12 +586,12 @@ OBSERVE: Callable[[Callable, tuple, Any, FrameType | None], None] | None = None
 
 
 def _traced(func: Callable, args: tuple, kwargs: dict) -> Any:
-    """The mode's work while torch.compile traces the call: the device requests rewritten and the
-    marks passed on, nothing else. Dynamo inlines a mode on the stack into the graph it traces; the
-    untraced path (frames, the probes' records, device checks) would break the user's graph at
-    every op (a warning about `sys._getframe` in the auditor's code, and, with the graph cut into
-    pieces, weights that differ from the CPU run's). Setting a mark on a traced tensor is a side effect
-    dynamo replays on the real one, so what the compiled code returns carries its marks."""
+    """The mode's work while torch.compile traces the call: the device requests rewritten and the marks passed on,
+    nothing else. Dynamo inlines a mode on the stack into the graph it traces; the untraced path (frames, the
+    probes' records, device checks) would break the user's graph at every op (a warning about `sys._getframe`
+    in the auditor's code, and, with the graph cut into pieces, weights that differ from the CPU run's).
+    Setting a mark on a traced tensor is a side effect dynamo replays on the real one, so what the compiled
+    code returns carries its marks."""
     name = getattr(func, "__name__", "")
     requested = False
     if kwargs and is_cuda_request(kwargs.get("device")):
@@ -633,13 +629,7 @@ class RehearsalMode(TorchFunctionMode):
         if kwargs or (cur is not None and cur.type == "cuda"):
             return self._with_device(func, args, kwargs or {}, cur is not None and cur.type == "cuda")
         if _args_marked(args):
-            frame = sys._getframe(1)
-            _check_devices(func, args, _NO_KWARGS, frame)
-            out = func(*args)
-            _mark_results(out, args, _NO_KWARGS)
-            if OBSERVE is not None:
-                OBSERVE(func, args, out, frame)
-            return out
+            return _marked_call(func, args, _NO_KWARGS, sys._getframe(1))
         return func(*args)
 
     def _with_device(self, func: Callable, args: tuple, kwargs: dict, default_cuda: bool) -> Any:
