@@ -95,12 +95,13 @@ def called_ops(trace: Trace) -> np.ndarray:
     cat, parent = trace.col("cat"), trace.col("parent")
     ops = np.flatnonzero((cat == CAT["cpu_op"]) & ~trace.col("instant"))
     # the nearest enclosing operator of each, by pointer jumping over non-operator ancestors
+    # (only the walks still under way are stepped)
     up = parent[ops].copy()
-    while True:
-        walking = (up >= 0) & (cat[np.maximum(up, 0)] != CAT["cpu_op"])
-        if not walking.any():
-            break
-        up[walking] = parent[up[walking]]
+    live = np.flatnonzero(up >= 0)
+    while len(live):
+        live = live[cat[up[live]] != CAT["cpu_op"]]
+        up[live] = parent[up[live]]
+        live = live[up[live] >= 0]
     rows = ops[up < 0]
     rows = rows[np.lexsort((trace.col("ts")[rows], trace.col("tid")[rows], trace.col("pid")[rows]))]
     trace.__dict__["_called_ops"] = rows
@@ -156,19 +157,18 @@ def attention_chains(trace: Trace) -> list[Chain]:
     return out
 
 
-def _launches_by_thread(trace: Trace) -> dict[tuple[int, int], np.ndarray]:
-    """The launch calls that reached the GPU (linked to a GPU row), per host thread, by start."""
+def _launches_by_thread(trace: Trace) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """The launch calls that reached the GPU (linked to a GPU row), per host thread, by start: (rows,
+    their starts)."""
     cat, link = trace.col("cat"), trace.col("link")
     rows = np.flatnonzero(np.isin(cat, LAUNCH_SIDE) & (link >= 0))
     if not len(rows):
         return {}
     pid, tid, ts = trace.col("pid"), trace.col("tid"), trace.col("ts")
-    rows = rows[np.lexsort((ts[rows], tid[rows], pid[rows]))]
-    keys = list(zip(pid[rows].tolist(), tid[rows].tolist()))
-    out: dict[tuple[int, int], list[int]] = {}
-    for k, r in zip(keys, rows.tolist()):
-        out.setdefault(k, []).append(r)
-    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+    rows = rows[np.lexsort((ts[rows], tid[rows], pid[rows]))].astype(np.int64)
+    p, t = pid[rows], tid[rows]
+    cuts = np.r_[0, np.flatnonzero((p[1:] != p[:-1]) | (t[1:] != t[:-1])) + 1, len(rows)]
+    return {(int(p[a]), int(t[a])): (rows[a:b], ts[rows[a:b]]) for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())}
 
 
 def _gpu_by_launch(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -182,12 +182,13 @@ def _gpu_by_launch(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return cached
 
 
-def _kernels_between(trace: Trace, launches: np.ndarray | None, t0: float, t1: float) -> list[int]:
-    """The GPU rows (kernels, copies, memsets) of the thread's launches that started in [t0, t1]."""
-    if launches is None or not len(launches):
+def _kernels_between(trace: Trace, launches: tuple[np.ndarray, np.ndarray] | None, t0: float, t1: float) -> list[int]:
+    """The GPU rows (kernels, copies, memsets) of the thread's launches (rows, starts) that started in
+    [t0, t1]."""
+    if launches is None or not len(launches[0]):
         return []
-    ts = trace.col("ts")
-    a, b = np.searchsorted(ts[launches], [t0, t1], side="left")
+    launches, starts = launches
+    a, b = np.searchsorted(starts, [t0, t1], side="left")
     mine = launches[a:b]
     owners, gpu = _gpu_by_launch(trace)
     lo, hi = np.searchsorted(owners, mine, side="left"), np.searchsorted(owners, mine, side="right")
