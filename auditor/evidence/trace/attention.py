@@ -156,19 +156,18 @@ def attention_chains(trace: Trace) -> list[Chain]:
     return out
 
 
-def _launches_by_thread(trace: Trace) -> dict[tuple[int, int], np.ndarray]:
-    """The launch calls that reached the GPU (linked to a GPU row), per host thread, by start."""
+def _launches_by_thread(trace: Trace) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """The launch calls that reached the GPU (linked to a GPU row), per host thread, by start: (rows,
+    their starts)."""
     cat, link = trace.col("cat"), trace.col("link")
     rows = np.flatnonzero(np.isin(cat, LAUNCH_SIDE) & (link >= 0))
     if not len(rows):
         return {}
     pid, tid, ts = trace.col("pid"), trace.col("tid"), trace.col("ts")
     rows = rows[np.lexsort((ts[rows], tid[rows], pid[rows]))]
-    keys = list(zip(pid[rows].tolist(), tid[rows].tolist()))
-    out: dict[tuple[int, int], list[int]] = {}
-    for k, r in zip(keys, rows.tolist()):
-        out.setdefault(k, []).append(r)
-    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+    # (sorted by thread: each thread's rows are one run)
+    cut = np.flatnonzero((pid[rows][1:] != pid[rows][:-1]) | (tid[rows][1:] != tid[rows][:-1])) + 1
+    return {(int(pid[g[0]]), int(tid[g[0]])): (g, ts[g]) for g in np.split(rows, cut)}
 
 
 def _gpu_by_launch(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -182,13 +181,19 @@ def _gpu_by_launch(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return cached
 
 
-def _kernels_between(trace: Trace, launches: np.ndarray | None, t0: float, t1: float) -> list[int]:
+def _kernels_between(trace: Trace, thread: tuple[np.ndarray, np.ndarray] | None, t0: float, t1: float) -> list[int]:
     """The GPU rows (kernels, copies, memsets) of the thread's launches that started in [t0, t1]."""
-    if launches is None or not len(launches):
+    if thread is None or not len(thread[0]):
         return []
-    ts = trace.col("ts")
-    a, b = np.searchsorted(ts[launches], [t0, t1], side="left")
+    launches, starts = thread
+    a, b = np.searchsorted(starts, [t0, t1], side="left")
     mine = launches[a:b]
     owners, gpu = _gpu_by_launch(trace)
     lo, hi = np.searchsorted(owners, mine, side="left"), np.searchsorted(owners, mine, side="right")
-    return [int(g) for x, y in zip(lo.tolist(), hi.tolist()) for g in gpu[x:y]]
+    counts = hi - lo
+    total = int(counts.sum())
+    if not total:
+        return []
+    # the rows lo[i]..hi[i]-1 of every launch, in order, without a Python loop
+    at = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(total)
+    return gpu[at].tolist()

@@ -397,15 +397,12 @@ def kernel_ops(trace: Trace) -> np.ndarray:
     cat, link, parent, names = trace.col("cat"), trace.col("link"), trace.col("parent"), trace.col("name")
     out = np.full(len(cat), -1, dtype=np.int64)
     modelled = {c: op_kind(trace.symbols[c]) for c in {trace.symbols.id(n) for n in MODELLED} - {-1}}
-    cache: dict[int, int] = {}
-    for k in np.flatnonzero(cat == CAT["kernel"]).tolist():
-        launch = int(link[k])
-        if launch < 0:
-            continue
-        start = int(parent[launch])
-        if start in cache:
-            out[k] = cache[start]
-            continue
+    kernels = np.flatnonzero(cat == CAT["kernel"])
+    kernels = kernels[link[kernels] >= 0]
+    # the walk up from each distinct launch's parent, once: kernels share their launches' parents
+    starts, which = np.unique(parent[link[kernels]], return_inverse=True)
+    found_of = np.full(len(starts), -1, dtype=np.int64)
+    for i, start in enumerate(starts.tolist()):
         found, r, level = -1, start, 0
         while r >= 0 and level < 4:
             if cat[r] == CAT["cpu_op"]:
@@ -416,8 +413,8 @@ def kernel_ops(trace: Trace) -> np.ndarray:
                         break
                 level += 1
             r = int(parent[r])
-        cache[start] = found
-        out[k] = found
+        found_of[i] = found
+    out[kernels] = found_of[which.reshape(-1)]
     trace.__dict__["_kernel_ops"] = out
     return out
 

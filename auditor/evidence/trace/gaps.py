@@ -257,8 +257,10 @@ class _ThreadIndex:
         launches = np.flatnonzero(np.isin(cat, LAUNCH_SIDE) & (link >= 0))
         launches = launches[np.isin(cat[link[launches]], GPU_WORK)]
         self.launches: dict[tuple[int, int], np.ndarray] = {}
+        self.launch_ts: dict[tuple[int, int], np.ndarray] = {}  # their starts, in order
         for key, rows in _by_thread(pid, tid, launches).items():
-            self.launches[key] = rows[np.argsort(ts[rows], kind="stable")]
+            self.launches[key] = rows = rows[np.argsort(ts[rows], kind="stable")]
+            self.launch_ts[key] = ts[rows]
         self.syncs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for key, rows in _by_thread(pid, tid, np.asarray(blocking, dtype=np.int64)).items():
             rows = rows[np.argsort(ts[rows], kind="stable")]
@@ -276,11 +278,11 @@ class _ThreadIndex:
 
     def previous_launch_ts(self, launch: int) -> float:
         """Start of the launch call its thread made before `launch` (-inf: none)."""
-        rows = self.launches.get(self.key(launch))
-        if rows is None:
+        starts = self.launch_ts.get(self.key(launch))
+        if starts is None:
             return -np.inf
-        k = int(np.searchsorted(self.ts[rows], self.ts[launch], side="left"))
-        return float(self.ts[rows[k - 1]]) if k > 0 else -np.inf
+        k = int(np.searchsorted(starts, self.ts[launch], side="left"))
+        return float(starts[k - 1]) if k > 0 else -np.inf
 
     def sync_before(self, launch: int, until: float) -> tuple[int, float]:
         """The blocking call group the launching thread was in after its previous launch and before
@@ -332,8 +334,13 @@ def _queued_kind(trace: Trace, threads: _ThreadIndex, launch: int, nxt: int, pre
         comm[code] = is_comm_kernel(trace.symbols[code])
     if comm[code]:
         return QUEUED_KINDS.index("collective")
-    if launch >= 0 and GRAPH_LAUNCH.match(trace.name(launch)):
-        return QUEUED_KINDS.index("graph launch")
+    if launch >= 0:
+        graph: dict[int, bool] = trace.__dict__.setdefault("_graph_launch_names", {})
+        lcode = int(trace.col("name")[launch])
+        if lcode not in graph:
+            graph[lcode] = GRAPH_LAUNCH.match(trace.symbols[lcode]) is not None
+        if graph[lcode]:
+            return QUEUED_KINDS.index("graph launch")
     if launch >= 0 and threads.waited_on_event(launch):
         return QUEUED_KINDS.index("event wait")
     tid = trace.col("tid")
