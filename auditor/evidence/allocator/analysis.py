@@ -74,7 +74,8 @@ def device_capacity(evidence: Any, device: int) -> tuple[int, str] | None:
             fraction = float(fraction) if isinstance(fraction, (int, float)) and 0 < fraction < 1 else 1.0
             name = str(d.get("name") or f"cuda:{device}")
             if fraction < 1:
-                return int(d["total_memory"] * fraction), f"from the device: {name}, per-process fraction {fraction:g}"
+                return (int(d["total_memory"] * fraction),
+                        f"from the device: {name}, per-process fraction {fraction:g}")
             return int(d["total_memory"]), f"from the device: {name}"
     return None
 
