@@ -70,10 +70,21 @@ def cuda_devices() -> list[dict]:
     try:
         if not torch.cuda.is_initialized():
             return []
-        return [{"index": i, "name": str(p.name), "total_memory": int(p.total_memory)}
+        return [{"index": i, "name": str(p.name), "total_memory": int(p.total_memory),
+                 "memory_fraction": _memory_fraction(i)}
                 for i in range(torch.cuda.device_count()) for p in (torch.cuda.get_device_properties(i),)]
     except Exception:
         return []
+
+
+def _memory_fraction(index: int) -> float:
+    """The share of the device's memory the caching allocator may use in this process
+    (torch.cuda.set_per_process_memory_fraction; 1.0 unset or unknown to this torch)."""
+    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    try:
+        return float(get(index)) if get is not None else 1.0
+    except Exception:
+        return 1.0
 
 
 def _default_device() -> str:

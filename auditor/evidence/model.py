@@ -147,7 +147,8 @@ class Environment(msgspec.Struct):
     env_vars: dict[str, str] = {}
     backend_flags: dict[str, Any] = {}
     # Every visible CUDA device as torch.cuda.get_device_properties reported it at the end of a run
-    # whose program used CUDA: [{"index", "name", "total_memory" (bytes)}]; empty on the CPU or
+    # whose program used CUDA: [{"index", "name", "total_memory" (bytes), "memory_fraction" (the
+    # per-process fraction set, 1.0 when none)}]; empty on the CPU or
     # when the program never initialised CUDA (oom-risk reads the capacity here)
     cuda_devices: list[dict[str, Any]] = []
     notes: list[str] = []

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import re
 import sys
+from functools import lru_cache
+from pathlib import Path
 
+import auditor
 from auditor.evidence.frame import Frame
 
 _PY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
@@ -37,7 +40,21 @@ def is_library_file(file: str) -> bool:
     if f.startswith("<") or "site-packages/" in f or "dist-packages/" in f or "/lib/python" in f:
         return True
     if f.startswith("/"):
-        return False
+        return is_auditor_file(f)
     root = f.split("/", 1)[0]
     root = root.removesuffix(".py")
     return root in _LIBRARY_ROOTS
+
+
+_PACKAGE = Path(auditor.__file__).resolve().parent
+
+
+@lru_cache(maxsize=4096)
+def is_auditor_file(file: str) -> bool:
+    """True for an absolute path to one of the auditor's own modules, on this machine or another
+    (`/src/auditor/capture/probes/data.py` from a run whose project root was /src): the part after
+    its last `/auditor/` names a file of this auditor package. The audit's probes and checks sit
+    between the user's line and torch in a run's trace, and are never the user's line."""
+    f = file.replace("\\", "/")
+    cut = f.rfind("/auditor/")
+    return cut >= 0 and f.endswith(".py") and (_PACKAGE / f[cut + len("/auditor/"):]).is_file()

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from auditor.evidence.allocator.analysis import bytes_pair, reports_for
+from auditor.evidence.allocator.analysis import bytes_pair, reports_for, retries_and_ooms
 from auditor.evidence.allocator.records import AllocatorReport
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import GiB, format_bytes
@@ -48,6 +48,24 @@ def what_if_line(r: AllocatorReport, w: Any) -> str:
     return text
 
 
+def changes(r: AllocatorReport, w: Any) -> bool:
+    """True when the setting changes what the replay under the recorded settings gave: its reserved
+    peak, segment allocs or frees, or its retries and OOMs (the replay's own: its churn)."""
+    rep = r.replayed
+    return ((w.reserved_peak_bytes, w.segment_allocs, w.segment_frees, w.retries, w.ooms)
+            != (rep.reserved_peak_bytes, rep.segment_allocs, rep.segment_frees, *retries_and_ooms(r)))
+
+
+def what_if_lines(r: AllocatorReport) -> list[str]:
+    """A line for each what-if that changes something (changes), and one naming those that do not."""
+    out = [what_if_line(r, w) for w in r.what_if if changes(r, w)]
+    same = [w.alloc_conf for w in r.what_if if not changes(r, w)]
+    if same:
+        out.append(f"what if {', '.join(same)}: no change "
+                   "(same reserved peak, segment allocs, frees, retries and OOMs)")
+    return out
+
+
 def steps_line(r: AllocatorReport, limit: int = 8) -> str:
     """The replayed reserve's peak per step ("" without step annotations)."""
     if not r.per_step:
@@ -63,5 +81,5 @@ def lines(evidence: Evidence) -> list[str]:
         out.append(error_line(r))
         if r.per_step:
             out.append("  " + steps_line(r))
-        out.extend("  " + what_if_line(r, w) for w in r.what_if)
+        out.extend("  " + line for line in what_if_lines(r))
     return out

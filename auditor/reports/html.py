@@ -583,8 +583,8 @@ def csp_hash(script: str) -> str:
 
 def allocator_views(ev: Evidence) -> list[dict[str, Any]]:
     """The allocator replay per device: its error against the recording, then the what-ifs."""
-    from auditor.reports.allocator_view import error_line, reports, steps_line, what_if_line
-    return [{"error": error_line(r), "steps": steps_line(r), "what_if": [what_if_line(r, w) for w in r.what_if]}
+    from auditor.reports.allocator_view import error_line, reports, steps_line, what_if_lines
+    return [{"error": error_line(r), "steps": steps_line(r), "what_if": what_if_lines(r)}
             for r in reports(ev)]
 
 

@@ -168,8 +168,12 @@ def known_capacities(evidence: Evidence) -> dict[int, Capacity]:
         index, total = d.get("index"), d.get("total_memory")
         if isinstance(index, int) and isinstance(total, int) and total > 0:
             name = f"{d['name']}, " if isinstance(d.get("name"), str) and d["name"] else ""
-            known[index] = Capacity(total, "device-properties",
-                                    f"{name}as torch.cuda.get_device_properties reported it in the run",
+            # the per-process fraction the program set caps what the allocator may take
+            fraction = d.get("memory_fraction")
+            limited = isinstance(fraction, (int, float)) and 0 < fraction < 1
+            known[index] = Capacity(int(total * fraction) if limited else total, "device-properties",
+                                    f"{name}as torch.cuda.get_device_properties reported it in the run"
+                                    + (f", per-process fraction {fraction:g}" if limited else ""),
                                     "environment")
     for snap in evidence.snapshot_data:
         rec = snap.oom

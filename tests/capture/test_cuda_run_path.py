@@ -43,7 +43,8 @@ FAKE_GPU = r'''"""A stand-in CUDA device for tests/test_cuda_run_path.py (writte
 Loaded as `sitecustomize` by every Python process of the test, it acts only in the audited child
 (`python -m auditor.capture.child`), where torch.cuda answers as one GPU would for the calls the child
 makes on its CUDA path: is_available, is_initialized, device_count, current_device,
-get_device_properties (NAME and TOTAL), memory_allocated, memory_reserved, mem_get_info,
+get_device_properties (NAME and TOTAL), get_per_process_memory_fraction (1.0),
+memory_allocated, memory_reserved, mem_get_info,
 torch.cuda.memory._record_memory_history and _snapshot (the allocator's state: device_state.pickle,
 trimmed from a real recording), and torch._C._cuda_attach_out_of_memory_observer
 (the observers are kept in OBSERVERS). torch.profiler leaves CUDA activity out: a CPU build's profiler
@@ -141,6 +142,7 @@ if "auditor.capture.child" in getattr(sys, "orig_argv", ()):
     torch.cuda.memory_allocated = lambda device=None: ALLOCATED
     torch.cuda.memory_reserved = lambda device=None: RESERVED
     torch.cuda.mem_get_info = lambda device=None: (FREE, TOTAL)
+    torch.cuda.get_per_process_memory_fraction = lambda device=None: 1.0
     torch.cuda.get_device_properties = _get_device_properties
     torch.cuda.memory._record_memory_history = _record_memory_history
     torch.cuda.memory._snapshot = _snapshot
@@ -335,7 +337,10 @@ def test_the_run_records_the_devices_memory_and_oom_risk_judges_against_it(gpu_r
     assert a.evidence["ending"]["status"] == "completed"
     env = a.evidence["environment"]
     assert env["cuda_available"] is True
-    assert env["cuda_devices"] == [{"index": 0, "name": NAME, "total_memory": device_total}]
+    assert env["cuda_devices"] == [{"index": 0, "name": NAME, "total_memory": device_total,
+                                    "memory_fraction": 1.0}]
+    # the allocator replay runs on that device's capacity, not an assumed 16 GB T4
+    assert f"capacity {device_total / (1 << 30):.2f} GiB from the device: {NAME})" in (a.out / "summary.txt").read_text()
     assert a.findings_doc["environment"]["cuda_devices"] == env["cuda_devices"]
     assert [json.loads(line) for line in (a.fake / "properties_calls.jsonl").read_text().splitlines()] == [
         {"device": 0}]  # read once, for the one device (at the end: the program had initialised CUDA)

@@ -124,7 +124,8 @@ def test_the_headline_adds_up_only_the_trace_whose_steps_it_shows(tmp_path) -> N
     ev = load_paths([two_run_logdir(tmp_path, DDP, BERT)])
     results = run_rules(ev)
     idle = {f.evidence["trace"].split("/")[-2]: f for f in results.findings if f.rule == "gpu-idle"}
-    assert set(idle) == {"run-a", "run-b"} and idle["run-b"].cost.ms_per_step > 1.0
+    # (BERT's small step is host-bound: its gpu-idle counts no time, its host-sync costs do)
+    assert set(idle) == {"run-a", "run-b"} and idle["run-b"].evidence["verdict"] == "host-bound"
     median = statistics.median(b - a for a, b in raw_steps(DDP)) / 1000
     rec = recoverable(ev, results)
     # DDP's own: gpu-idle's claim and the costs it does not hold (exposed-comm's)

@@ -63,7 +63,28 @@ def step_peaks(snapshot: Snapshot, device: int, series: Any) -> list[StepPeak]:
     return [out[k] for k in sorted(out)]
 
 
-def capacity_for(snapshot: Snapshot, device: int, given: int | None = None) -> tuple[int, str]:
+def device_capacity(evidence: Any, device: int) -> tuple[int, str] | None:
+    """The capacity the run's own device reported (environment.cuda_devices, read at the run's end):
+    its total memory times the per-process fraction the program set, with the source naming the
+    device; None when the run recorded no such device (a snapshot analysed on its own)."""
+    env = getattr(evidence, "environment", None)
+    for d in getattr(env, "cuda_devices", None) or []:
+        if d.get("index") == device and int(d.get("total_memory") or 0) > 0:
+            fraction = d.get("memory_fraction")
+            fraction = float(fraction) if isinstance(fraction, (int, float)) and 0 < fraction < 1 else 1.0
+            name = str(d.get("name") or f"cuda:{device}")
+            if fraction < 1:
+                return (int(d["total_memory"] * fraction),
+                        f"from the device: {name}, per-process fraction {fraction:g}")
+            return int(d["total_memory"]), f"from the device: {name}"
+    return None
+
+
+def capacity_for(snapshot: Snapshot, device: int, given: int | None = None,
+                 recorded: tuple[int, str] | None = None) -> tuple[int, str]:
+    """The device capacity the replay runs under: --device-memory; the OOM observer's record or a
+    recorded OOM entry; the run's own device (`recorded`, see device_capacity); a recorded
+    release-and-retry; else the smallest common device that holds the recorded reserve."""
     given = given or given_capacity()
     if given:
         return given, "given"
@@ -75,6 +96,8 @@ def capacity_for(snapshot: Snapshot, device: int, given: int | None = None) -> t
             total = reserved_at(snapshot, device, i) + e.device_free
             if total > 0:
                 return total, "oom entry"
+    if recorded is not None:
+        return recorded
     h = snapshot.histories.get(device)
     bound = _churn_bound(snapshot, device)
     if bound is not None and h is not None and bound >= h.peak_reserved:
@@ -204,11 +227,12 @@ def _simulated_churn(snapshot: Snapshot, device: int, events: list[tuple[int, st
 
 
 def analyze(snapshot: Snapshot, device: int, capacity: int | None = None, what_ifs: bool = True,
-            split_mb: int | None = None) -> AllocatorReport:
-    """The report for one device of a snapshot with history (snapshot.histories[device])."""
+            split_mb: int | None = None, recorded: tuple[int, str] | None = None) -> AllocatorReport:
+    """The report for one device of a snapshot with history (snapshot.histories[device]);
+    `recorded`: the run's own device capacity (device_capacity)."""
     settings = snapshot.allocator_settings
     base = settings.config if settings is not None else AllocatorConfig()
-    cap, source = capacity_for(snapshot, device, capacity)
+    cap, source = capacity_for(snapshot, device, capacity, recorded)
     notes = []
     if settings is None:
         notes.append("no allocator_settings in the snapshot: replayed under the defaults")
@@ -327,9 +351,10 @@ def snapshot_reports(evidence: Any, capacity: int | None = None) -> list[tuple[S
             if any(entries[:len(other)] == other[:len(entries)] for other in seen.get(device, [])):
                 continue
             seen.setdefault(device, []).append(entries)
-            out.append((snap, analyze(snap, device, capacity, split_mb=split_mb_for(snap, device))))
+            out.append((snap, analyze(snap, device, capacity, split_mb=split_mb_for(snap, device),
+                                      recorded=device_capacity(evidence, device))))
     evidence.__dict__["allocator_reports"] = out
     return out
 
 
-__all__ = ["analyze", "capacity_for", "reports_for", "snapshot_reports", "what_if_configs", "OOM", "RETRY"]
+__all__ = ["analyze", "capacity_for", "device_capacity", "reports_for", "snapshot_reports", "what_if_configs", "OOM", "RETRY"]

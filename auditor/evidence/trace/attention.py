@@ -165,10 +165,10 @@ def _launches_by_thread(trace: Trace) -> dict[tuple[int, int], tuple[np.ndarray,
     if not len(rows):
         return {}
     pid, tid, ts = trace.col("pid"), trace.col("tid"), trace.col("ts")
-    rows = rows[np.lexsort((ts[rows], tid[rows], pid[rows]))].astype(np.int64)
-    p, t = pid[rows], tid[rows]
-    cuts = np.r_[0, np.flatnonzero((p[1:] != p[:-1]) | (t[1:] != t[:-1])) + 1, len(rows)]
-    return {(int(p[a]), int(t[a])): (rows[a:b], ts[rows[a:b]]) for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())}
+    rows = rows[np.lexsort((ts[rows], tid[rows], pid[rows]))]
+    # (sorted by thread: each thread's rows are one run)
+    cut = np.flatnonzero((pid[rows][1:] != pid[rows][:-1]) | (tid[rows][1:] != tid[rows][:-1])) + 1
+    return {(int(pid[g[0]]), int(tid[g[0]])): (g, ts[g]) for g in np.split(rows, cut)}
 
 
 def _gpu_by_launch(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -182,14 +182,19 @@ def _gpu_by_launch(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     return cached
 
 
-def _kernels_between(trace: Trace, launches: tuple[np.ndarray, np.ndarray] | None, t0: float, t1: float) -> list[int]:
-    """The GPU rows (kernels, copies, memsets) of the thread's launches (rows, starts) that started in
-    [t0, t1]."""
-    if launches is None or not len(launches[0]):
+def _kernels_between(trace: Trace, thread: tuple[np.ndarray, np.ndarray] | None, t0: float, t1: float) -> list[int]:
+    """The GPU rows (kernels, copies, memsets) of the thread's launches that started in [t0, t1]."""
+    if thread is None or not len(thread[0]):
         return []
-    launches, starts = launches
+    launches, starts = thread
     a, b = np.searchsorted(starts, [t0, t1], side="left")
     mine = launches[a:b]
     owners, gpu = _gpu_by_launch(trace)
     lo, hi = np.searchsorted(owners, mine, side="left"), np.searchsorted(owners, mine, side="right")
-    return [int(g) for x, y in zip(lo.tolist(), hi.tolist()) for g in gpu[x:y]]
+    counts = hi - lo
+    total = int(counts.sum())
+    if not total:
+        return []
+    # the rows lo[i]..hi[i]-1 of every launch, in order, without a Python loop
+    at = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(total)
+    return gpu[at].tolist()

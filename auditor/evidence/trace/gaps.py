@@ -260,11 +260,11 @@ class _ThreadIndex:
         # calls that launched GPU work (a sync's own `cuda_sync` record is not work)
         launches = np.flatnonzero(np.isin(cat, LAUNCH_SIDE) & (link >= 0))
         launches = launches[np.isin(cat[link[launches]], GPU_WORK)]
-        # each thread's launch rows and their starts, by start (read once: a query indexes no column)
-        self.launches: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.launches: dict[tuple[int, int], np.ndarray] = {}
+        self.launch_ts: dict[tuple[int, int], np.ndarray] = {}  # their starts, in order
         for key, rows in _by_thread(pid, tid, launches).items():
-            rows = rows[np.argsort(ts[rows], kind="stable")]
-            self.launches[key] = (rows, ts[rows])
+            self.launches[key] = rows = rows[np.argsort(ts[rows], kind="stable")]
+            self.launch_ts[key] = ts[rows]
         self.syncs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for key, rows in _by_thread(pid, tid, np.asarray(blocking, dtype=np.int64)).items():
             rows = rows[np.argsort(ts[rows], kind="stable")]
@@ -282,10 +282,9 @@ class _ThreadIndex:
 
     def previous_launch_ts(self, launch: int) -> float:
         """Start of the launch call its thread made before `launch` (-inf: none)."""
-        found = self.launches.get(self.key(launch))
-        if found is None:
+        starts = self.launch_ts.get(self.key(launch))
+        if starts is None:
             return -np.inf
-        starts = found[1]
         k = int(np.searchsorted(starts, self.ts[launch], side="left"))
         return float(starts[k - 1]) if k > 0 else -np.inf
 
@@ -309,15 +308,15 @@ class _ThreadIndex:
         out = np.zeros(n, dtype=bool)
         keys = np.stack([self.pid[launches], self.tid[launches]], axis=1)
         for p, t in {(int(p), int(t)) for p, t in keys.tolist()}:
-            w, found = self.waits.get((p, t)), self.launches.get((p, t))
+            w, starts = self.waits.get((p, t)), self.launch_ts.get((p, t))
             if w is None:
                 continue
             mine = (keys[:, 0] == p) & (keys[:, 1] == t)
             hi = self.ts[launches[mine]]
             lo = np.full(len(hi), -np.inf)
-            if found is not None:
-                k = np.searchsorted(found[1], hi, side="left")
-                lo = np.where(k > 0, found[1][np.maximum(k - 1, 0)], -np.inf)
+            if starts is not None:
+                k = np.searchsorted(starts, hi, side="left")
+                lo = np.where(k > 0, starts[np.maximum(k - 1, 0)], -np.inf)
             k = np.searchsorted(w, hi, side="right") - 1
             out[at[mine]] = (k >= 0) & (w[np.maximum(k, 0)] >= lo)
         return out
