@@ -306,12 +306,18 @@ class _ThreadIndex:
     def waited_on_events(self, launches: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
         """waited_on_event of each launch, as a mask of `n` with the answers at `at`."""
         out = np.zeros(n, dtype=bool)
-        keys = np.stack([self.pid[launches], self.tid[launches]], axis=1)
-        for p, t in {(int(p), int(t)) for p, t in keys.tolist()}:
-            w, starts = self.waits.get((p, t)), self.launch_ts.get((p, t))
+        if not self.waits or not len(launches):
+            return out
+        # the launches grouped by thread (one stable sort), each thread's answered with its waits
+        order = np.lexsort((self.tid[launches], self.pid[launches]))
+        p, t = self.pid[launches][order], self.tid[launches][order]
+        cuts = np.r_[0, np.flatnonzero((p[1:] != p[:-1]) | (t[1:] != t[:-1])) + 1, len(order)]
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            key = (int(p[a]), int(t[a]))
+            w, starts = self.waits.get(key), self.launch_ts.get(key)
             if w is None:
                 continue
-            mine = (keys[:, 0] == p) & (keys[:, 1] == t)
+            mine = order[a:b]
             hi = self.ts[launches[mine]]
             lo = np.full(len(hi), -np.inf)
             if starts is not None:
