@@ -375,12 +375,13 @@ def _queued_kinds(trace: Trace, threads: _ThreadIndex, launch: np.ndarray, nxt: 
 
 
 def _by_thread(pid: np.ndarray, tid: np.ndarray, rows: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """`rows` per (pid, tid), threads in order, each thread's rows in their order in `rows` (one sort)."""
     if not len(rows):
         return {}
-    keys = np.stack([pid[rows], tid[rows]], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    return {(int(p), int(t)): rows[inv == j] for j, (p, t) in enumerate(uniq)}
+    rows = rows[np.lexsort((np.arange(len(rows)), tid[rows], pid[rows]))]
+    p, t = pid[rows], tid[rows]
+    cuts = np.r_[0, np.flatnonzero((p[1:] != p[:-1]) | (t[1:] != t[:-1])) + 1, len(rows)]
+    return {(int(p[a]), int(t[a])): rows[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())}
 
 
 def _overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
