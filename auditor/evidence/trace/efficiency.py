@@ -530,7 +530,9 @@ def _group_stats(trace: Trace, work: np.ndarray, charged: np.ndarray, flops_of: 
     fl = np.zeros(len(groups))
     # an operator's FLOPs go to the group of its longest kernel (the first of equal ones)
     ops = charged[work]
-    mine = np.flatnonzero((ops >= 0) & np.isin(ops, np.fromiter(flops_of, dtype=np.int64, count=len(flops_of))))
+    has_flops = np.zeros(len(charged), dtype=bool)
+    has_flops[np.fromiter(flops_of, dtype=np.int64, count=len(flops_of))] = True
+    mine = np.flatnonzero((ops >= 0) & has_flops[np.maximum(ops, 0)])
     if len(mine):
         order = mine[np.lexsort((mine, -dur[work][mine], ops[mine]))]
         lead = np.r_[True, ops[order][1:] != ops[order][:-1]]
