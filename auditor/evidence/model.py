@@ -15,6 +15,7 @@ from auditor.evidence.checkpoint_summary import CheckpointSummary
 from auditor.evidence.distributed import DistInfo, DistStep
 from auditor.evidence.frame import Frame
 from auditor.evidence.numerics import NumericsFinal, NumericsStep
+from auditor.evidence.own_cost import timed
 from auditor.evidence.ranks.model import RankIdentity, RankSet
 
 # 2: each collector's data in the field named after it (StepRecord.numerics, Evidence.checkpoint,
@@ -308,7 +309,9 @@ class Evidence(msgspec.Struct, dict=True):
         return [s.ms for s in self.steps if not s.failed and (include_profiled or not s.profiled)]
 
     def median_step_ms(self) -> float | None:
-        times = self.step_ms() or self.step_ms(include_profiled=True)
+        """The median of the timed steps (nothing of the audit's in them: own_cost.timed), else of
+        the unprofiled ones, else of all."""
+        times = [s.ms for s in timed(self)] or self.step_ms() or self.step_ms(include_profiled=True)
         return statistics.median(times) if times else None
 
     def shown_step_ms(self) -> list[float]:
