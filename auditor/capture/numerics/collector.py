@@ -118,7 +118,9 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.window: frozenset[int] = frozenset()  # the profiler's steps: never checked (see schedule)
         self.alarmed = False  # a non-finite value was seen: every later step is checked
         self.step_checked = True  # whether the running step is checked (see schedule)
+        self.stepping = False  # a step runs, checked or not (its events are the step's)
         self.watching = False  # an unchecked step runs: its first loss is kept
+        self.watch_off = False  # reading an unchecked step's loss failed once: no more watching
         self.watched: Any = None  # an unchecked step's first loss, read at its end
         self.queued: list[tuple[int, Any, Any]] = []  # (step, device flag, event): a GPU loss's read
         self._reset_step()
@@ -149,9 +151,10 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
     def step_begin(self, index: int) -> None:
         self.step = index
         self.step_checked = _scheduled(index, self.window, self.alarmed)
+        self.stepping = True
         self.watched = None
-        self.watching = not self.step_checked
-        if self.watching:  # a timed or profiled step: nothing of the checks runs in it
+        if not self.step_checked:  # a timed or profiled step: nothing of the checks runs in it
+            self.watching = index not in self.window  # (nothing of ours in the trace: its loss unread)
             return
         dynamo_skips_our_frames()
         # (step_end left the state fresh: nothing writes it between steps, every writer asks
@@ -167,9 +170,11 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             self.mode.__enter__()
 
     def step_end(self, index: int) -> dict[str, Any] | None:
-        if self.watching:
-            self.watching = False
-            self._read_watched(index)
+        self.stepping = False
+        if not self.step_checked:
+            if self.watching:
+                self.watching = False
+                self._read_watched(index)
             return None
         try:
             if _top_mode() is self.mode:
@@ -225,7 +230,9 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
                     step, flag, _ = self.queued.pop(0)
                     if not bool(flag):
                         self._alarm(step)
-        except Exception as e:  # our bug must never become the user's failure
+        except Exception as e:  # our bug must never become the user's failure: watching stops
+            self.queued.clear()
+            self.watch_off = True
             self.failed(e)
 
     def _alarm(self, step: int) -> None:
@@ -605,7 +612,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         the mode is off the stack (unseen.compiled_calls_without) and cannot see it: its loss is
         checked here, as the mode checks it elsewhere."""
         if self.watching:
-            if self.watched is None:
+            if self.watched is None and not self.watch_off:
                 root = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
                 if isinstance(root, torch.Tensor) and root.is_floating_point():
                     self.watched = root.detach()
