@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 if TYPE_CHECKING:
-    from auditor.evidence.model import Evidence, StepRecord
+    from auditor.evidence.model import Evidence
 
 
 class OwnCost(msgspec.Struct):
@@ -22,18 +22,9 @@ class OwnCost(msgspec.Struct):
     unprofiled_ms: float | None = None  # checked and timed steps together
 
 
-def timed(evidence: Evidence) -> list[StepRecord]:
-    """Steps with nothing of the audit's in them: not profiled and, when the run checked numerics
-    on some steps, not one of those."""
-    ok = [s for s in evidence.steps if not s.failed and not s.profiled]
-    if any(s.numerics is not None for s in evidence.steps):
-        return [s for s in ok if s.numerics is None]
-    return ok
-
-
 def own_cost(evidence: Evidence) -> OwnCost:
     ok = [s for s in evidence.steps if not s.failed]
-    t = timed(evidence)
+    t = evidence.timed_steps()
     timed_ids = {s.index for s in t}
     checked = [s for s in ok if not s.profiled and s.numerics is not None]
     profiled = [s for s in ok if s.profiled]

@@ -16,7 +16,6 @@ class Collector(Protocol):
     # the state of the run and of its step
     mode: TorchFunctionMode  # the checks' torch-function mode (mode._Mode)
     in_step: bool
-    stepping: bool  # a step runs, checked (in_step) or not
     checking: bool
     paused: int  # > 0 inside optimizer steps and the collector's own hooks
     in_backward: int  # > 0 while a backward pass the step started runs
