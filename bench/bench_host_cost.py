@@ -65,8 +65,9 @@ def plain(path: Path) -> tuple[float, float]:
 
 def audited(path: Path, tree: Path, steps: int, out: Path) -> tuple[float, float, int]:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+    # (run from the step's folder: `-m` puts the working directory first on sys.path)
     subprocess.run([sys.executable, "-m", "auditor", "run", f"{path}:step", "--steps", str(steps), "--quiet",
-                    "--out", str(out)], env=env, check=True, capture_output=True)
+                    "--out", str(out)], env=env, check=True, capture_output=True, cwd=path.parent)
     ev = json.loads((out / "evidence.json").read_text())
     steps_ = [s for s in ev["steps"] if not s["failed"] and not s["profiled"]]
     timed = [s for s in steps_ if s.get("numerics") is None] if any(s.get("numerics") for s in steps_) else steps_
