@@ -88,7 +88,7 @@ def test_a_process_killed_outright_is_named_with_its_memory_and_window(tmp_path)
     assert ending["message"].startswith("the audited process killed by SIGKILL during step 4 (in the profiler "
                                         "window, at ")
     rss = float(ending["message"].split(" at ")[1].split(" GB")[0])
-    assert 0.3 < rss < 3.0  # five 64 MiB blocks and torch
+    assert 0.2 < rss < 3.0  # five 64 MiB blocks and torch (the message rounds to 0.1 GB)
 
 
 def test_an_out_of_memory_kill_is_named_only_on_its_evidence():
