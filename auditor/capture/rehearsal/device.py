@@ -28,7 +28,9 @@ import ast
 import linecache
 import os
 import sys
-from types import CodeType, FrameType
+import threading
+import time
+from types import CodeType, FrameType, FunctionType
 from typing import Any, Callable
 
 import torch
@@ -36,7 +38,7 @@ import torch.utils._device as _device_ctx
 from torch.overrides import TorchFunctionMode
 
 import auditor
-from auditor.capture import probes
+from auditor.capture import own_time, probes
 from auditor.capture.frames import call_position, is_torch_internal, library_code
 from auditor.evidence import model as m
 
@@ -520,10 +522,11 @@ def _data_set(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None
     return out
 
 
-def _marked_call(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
-    """A call of GPU tensors: their devices checked, the results marked, the call observed."""
+def _marked_call(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None, clocked: bool = False) -> Any:
+    """A call of GPU tensors: their devices checked, the results marked, the call observed (the
+    call alone timed, on a clocked fetch's thread)."""
     _check_devices(func, args, kwargs, frame)
-    out = func(*args, **kwargs)
+    out = func(*args, **kwargs) if not clocked else _op(func, args, kwargs)
     _mark_results(out, args, kwargs)
     if OBSERVE is not None:
         OBSERVE(func, args, out, frame)
@@ -617,22 +620,32 @@ class RehearsalMode(TorchFunctionMode):
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if _compiling():
             return _traced(func, args, kwargs or {})
-        # Every torch call made from Python comes through here (one DataLoader batch of 512 samples
-        # is ~1000 calls), so the common case -- no keywords, no CUDA default device -- is kept short.
+        # A fetch the rehearsal clocks (CLOCKED_THREAD): the mode's own time is counted apart from
+        # the calls' (own_time), for the data-wait probe to take out.
+        clocked = CLOCKED_THREAD is not None and threading.get_ident() == CLOCKED_THREAD
+        if clocked:
+            t0, op0 = time.perf_counter(), _OP_S[0]
         try:
-            special = _resolved[func]
-        except (KeyError, TypeError):
-            special = _special(func)
-        if special is not None:
-            return special(func, args, kwargs or {}, sys._getframe(1))
-        cur = _device_ctx.CURRENT_DEVICE
-        if kwargs or (cur is not None and cur.type == "cuda"):
-            return self._with_device(func, args, kwargs or {}, cur is not None and cur.type == "cuda")
-        if _args_marked(args):
-            return _marked_call(func, args, _NO_KWARGS, sys._getframe(1))
-        return func(*args)
+            # Every torch call made from Python comes through here (one DataLoader batch of 512 samples
+            # is ~1000 calls), so the common case -- no keywords, no CUDA default device -- is kept short.
+            try:
+                special = _resolved[func]
+            except (KeyError, TypeError):
+                special = _special(func)
+            if special is not None:
+                return (special(func, args, kwargs or {}, sys._getframe(1)) if not clocked
+                        else _op(special, (func, args, kwargs or {}, sys._getframe(1))))
+            cur = _device_ctx.CURRENT_DEVICE
+            if kwargs or (cur is not None and cur.type == "cuda"):
+                return self._with_device(func, args, kwargs or {}, cur is not None and cur.type == "cuda", clocked)
+            if _args_marked(args):
+                return _marked_call(func, args, _NO_KWARGS, sys._getframe(1), clocked)
+            return func(*args) if not clocked else _op(func, args)
+        finally:
+            if clocked:
+                own_time.add(time.perf_counter() - t0 - (_OP_S[0] - op0) + _DISPATCH_S[type(func) is FunctionType])
 
-    def _with_device(self, func: Callable, args: tuple, kwargs: dict, default_cuda: bool) -> Any:
+    def _with_device(self, func: Callable, args: tuple, kwargs: dict, default_cuda: bool, clocked: bool = False) -> Any:
         """Calls with keywords or under a CUDA default device: rewrite `device=` / `pin_memory=`."""
         requested = False
         if kwargs.get("device") is not None:
@@ -654,7 +667,7 @@ class RehearsalMode(TorchFunctionMode):
             kwargs = {**kwargs, "pin_memory": False}
         if on_gpu_inputs:
             _check_devices(func, args, kwargs, sys._getframe(2))
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs) if not clocked else _op(func, args, kwargs)
         if requested:
             _mark_results(out, args, kwargs)
             self._requested(func, out, args, sys._getframe(2))
@@ -883,6 +896,57 @@ def _remarking(fn: Callable, marked: list[bool]) -> Callable:
 
 
 _MODE: RehearsalMode | None = None
+
+# The thread whose DataLoader fetch the rehearsal is clocking (rehearsal.data), None when none is,
+# and the seconds the calls themselves took there (_op), which the mode's own time leaves out.
+CLOCKED_THREAD: int | None = None
+_OP_S = [0.0]
+
+
+# What the mode adds to a call beyond what it clocks of itself (torch handing the call to the mode
+# and back, the clock's own reads): for a call of torch's C functions ([0]), and of a Tensor method
+# written in Python ([1], e.g. __len__, which goes through torch.overrides.handle_torch_function).
+_DISPATCH_S = [0.0, 0.0]
+
+
+def measure_dispatch() -> None:
+    """Set _DISPATCH_S, once, on the thread about to be clocked: the least, over 5 rounds of 200
+    calls, of what the clocked mode adds to a small torch call (torch.neg; len() of a tensor) less
+    what it clocked of itself. The measuring is itself counted as the auditor's own time."""
+    if _DISPATCH_S[0] or _MODE is None:
+        return
+    global CLOCKED_THREAD
+    t_start, spent0 = time.perf_counter(), own_time.spent()
+    x = torch.zeros(2)
+
+    def per_call(call: Callable) -> float:
+        t0 = time.perf_counter()
+        for _ in range(200):
+            call(x)
+        return (time.perf_counter() - t0) / 200
+
+    CLOCKED_THREAD = threading.get_ident()
+    try:
+        for kind, call in enumerate((torch.neg, len)):
+            plain, added = [], []
+            for _ in range(5):
+                with torch._C.DisableTorchFunction():
+                    plain.append(per_call(call))
+                own0 = own_time.spent()
+                moded = per_call(call)
+                added.append(moded - (own_time.spent() - own0) / 200)
+            _DISPATCH_S[kind] = max(min(added) - min(plain), 1e-9)
+    finally:
+        CLOCKED_THREAD = None
+    own_time.add(time.perf_counter() - t_start - (own_time.spent() - spent0))
+
+
+def _op(func: Callable, args: tuple, kwargs: dict = _NO_KWARGS) -> Any:
+    t0 = time.perf_counter()
+    try:
+        return func(*args, **kwargs)
+    finally:
+        _OP_S[0] += time.perf_counter() - t0
 
 
 def install() -> RehearsalMode:
