@@ -32,5 +32,5 @@ def test_rehearsed_data_wait_is_the_programs_not_the_rehearsals(tmp_path):
     assert rehearsed.evidence["environment"]["rehearsal"] and not plain.evidence["environment"]["rehearsal"]
     r, p = _median_wait_ms(rehearsed), _median_wait_ms(plain)
     # measured under load on 2 shared cores: 1.32 ms rehearsed against 0.52 plainly (x2.5) before
-    # the rehearsal's own time was taken out, 0.93 against 0.72 after
-    assert r <= 1.6 * p + 0.15, (r, p)
+    # the rehearsal's own time was taken out, 0.81-0.93 against 0.59-0.72 after
+    assert r <= 1.7 * p + 0.2, (r, p)
