@@ -30,7 +30,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_batch
 
 from auditor.capture import own_time, probes
-from auditor.capture.rehearsal import device
+from auditor.capture.rehearsal import clock
 from auditor.capture.rehearsal.device import CUDA_MARK, LOADER_MARK, PINNED_MARK, call_site
 from auditor.evidence import model as m
 
@@ -80,20 +80,20 @@ def _pin(self: Any, batch: Any) -> Any:
 
 def _make_next(orig: Callable) -> Callable:
     # The rehearsal's own work in a fetch is counted in own_time, for the data-wait probe to take
-    # out: the fetch is clocked (device.CLOCKED_THREAD), so the mode's own time in the dataset's and
+    # out: the fetch is clocked (clock.CLOCKED_THREAD), so the mode's own time in the dataset's and
     # the collate's torch calls (its lines, and torch's handing each call to it) is counted; the
     # stand-in pinning (a CPU copy; the pinned copy it stands for is not measured here) and the
     # marking of the batch are counted whole.
     def rehearsal_next(self: Any) -> Any:
-        outer = device.CLOCKED_THREAD is None
+        outer = clock.CLOCKED_THREAD is None
         if outer:
-            device.measure_dispatch()
-            device.CLOCKED_THREAD = threading.get_ident()
+            clock.measure_dispatch()
+            clock.CLOCKED_THREAD = threading.get_ident()
         try:
             batch = orig(self)
         finally:
             if outer:
-                device.CLOCKED_THREAD = None
+                clock.CLOCKED_THREAD = None
         t0 = time.perf_counter()
         try:
             return _after_fetch(self, batch)
