@@ -35,11 +35,15 @@ def callee_name(event_name: str) -> str | None:
     return name if name.isidentifier() and not name.startswith("__") else None
 
 
-@lru_cache(maxsize=256)
 def _functions(file: str) -> tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]:
     """Each function of `file`: (def line, last line, ((called name, line), ...) of its own body,
-    nested functions' bodies left out). Empty when the file cannot be read or parsed here."""
-    text = "".join(linecache.getlines(file))
+    nested functions' bodies left out). Empty when the file cannot be read or parsed here. (Cached
+    by the source's text: a relative name is found from the working directory and sys.path.)"""
+    return _parsed("".join(linecache.getlines(file)))
+
+
+@lru_cache(maxsize=256)
+def _parsed(text: str) -> tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]:
     if not text:
         return ()
     try:
@@ -66,7 +70,6 @@ def _functions(file: str) -> tuple[tuple[int, int, tuple[tuple[str, int], ...]],
     return tuple(out)
 
 
-@lru_cache(maxsize=4096)
 def call_line(frame: Frame, callee: str | None) -> Frame:
     """`frame` at the one line of its function's body that calls `callee`, when the frame names
     its function's `def` line, its source is here and exactly one line calls that name; else

@@ -371,6 +371,7 @@ class Trace:
         startup = self.startup_frames()
         path: list[int] = []
         found: tuple[Frame | None, int, int, int] = (None, -1, -1, -1)
+        ends, begin = self.col("end"), self.col("ts")[row]
         r = row
         while r >= 0:
             if r in cache:
@@ -379,7 +380,10 @@ class Trace:
                     found = (*found[:3], path[-1] if path else -1)
                 break
             path.append(r)
-            if cat[r] == CAT["python"]:
+            # a Python call that returned before the row began is not running it: a ProfilerStep
+            # range opened by `prof.step()` in a launcher's optimizer hook hangs below the hook's
+            # call, and the step's work is the program's, above the hook
+            if cat[r] == CAT["python"] and ends[r] >= begin:
                 f = parse_frame(self.symbols[int(names[r])])
                 if f is not None and not is_library_file(f.file):
                     found = (f, r if r in startup else -1, r, path[-2] if len(path) > 1 else -1)
@@ -426,6 +430,16 @@ def started_frame(frame: Frame) -> Frame:
 
 
 _DEF = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)\s*[(\[]")
+
+
+def enclosing_def_line(frame: Frame) -> int | None:
+    """The `def` line of the function `frame` is in (its own line when it names the def)."""
+    if not frame.file:
+        return None
+    m = _DEF.match(linecache.getline(frame.file, frame.line))
+    if m and m.group(2) == frame.function:
+        return frame.line
+    return _def_line(frame.file, frame.line, frame.function)
 
 
 def _def_line(file: str, line: int, function: str) -> int | None:

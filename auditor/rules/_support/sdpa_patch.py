@@ -19,6 +19,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from auditor.evidence.frame import Frame
+from auditor.evidence.trace.model import enclosing_def_line
 from auditor.findings import Edit
 
 _SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -127,8 +128,14 @@ def source_lines(frame: Frame) -> tuple[int, int] | None:
     """(first, last) line of the function whose def line `frame` names, when its source is here
     (a torch >= 2 trace names a Python function by its first line)."""
     lines = linecache.getlines(frame.file) if frame.file else []
-    if not (0 < frame.line <= len(lines)) or not lines[frame.line - 1].lstrip().startswith(("def ", "async def ")):
+    if not (0 < frame.line <= len(lines)):
         return None
+    if not lines[frame.line - 1].lstrip().startswith(("def ", "async def ")):
+        # a frame at a call's line inside the function (Trace.user_frame): its enclosing def
+        start = enclosing_def_line(frame)
+        if start is None:
+            return None
+        frame = Frame(file=frame.file, line=start, function=frame.function)
     indent = len(lines[frame.line - 1]) - len(lines[frame.line - 1].lstrip())
     last = frame.line
     for n in range(frame.line + 1, len(lines) + 1):
