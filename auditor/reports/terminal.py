@@ -278,8 +278,8 @@ def window_cut_phrase(cut: WindowCut) -> str:
     """The profiler window ended early to bound its memory (auditor.capture.window_memory)."""
     gb = 1e9
     return (f"profiler window ended early in step {cut.step}: the process grew from {cut.start_rss_bytes / gb:.2f} "
-            f"to {cut.rss_bytes / gb:.2f} GB resident while the profiler recorded (bound {cut.limit_bytes / gb:.2f} GB, "
-            f"--profile-memory); the trace holds the steps recorded until then")
+            f"to {cut.rss_bytes / gb:.2f} GB resident while the profiler recorded (bound {cut.limit_bytes / gb:.2f} GB: "
+            f"--profile-memory less what ending the window takes); the trace holds the steps recorded until then")
 
 
 def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
