@@ -1,6 +1,6 @@
 """The audit's host cost per torch call in the steps whose times it reports, on a host-bound step.
 
-    python bench/bench_host_cost.py [--tree DIR] [--ops N] [--steps S] [--rounds R]
+    python bench/bench_host_cost.py [--tree DIR] [--ops N] [--steps S] [--rounds R] [--steady FIRST]
 
 A GPU step that is host-bound pays exactly the host's time per call: this bench stands one in on
 the CPU, a step of N tiny calls (N/2 multiply-adds on an 8-element tensor, 4 tensor calls each
@@ -12,7 +12,11 @@ the CPU, a step of N tiny calls (N/2 multiply-adds on an 8-element tensor, 4 ten
   the steps the audit reports as its own (evidence.json: the timed steps where the run has them,
   else the unprofiled steps, all of which then carry the checks).
 
-Per-call cost = (audited median - plain median) / calls per step, in process CPU time (robust on a
+With `--steady FIRST` the audited figure is instead the mean of every unprofiled step from step
+FIRST on, whatever its role (timed or checked): the steady state as the program's own clock sees it
+(the H100 table's steps 40-140), where the checks' one step in 16 is paid too.
+
+Per-call cost = (audited - plain) / calls per step, in process CPU time (robust on a
 loaded machine) and in wall time. Rounds alternate plain and audited; the medians over rounds are
 printed.
 """
@@ -56,14 +60,17 @@ if __name__ == "__main__":
 '''
 
 
-def plain(path: Path) -> tuple[float, float]:
+def plain(path: Path, steady: int | None = None) -> tuple[float, float]:
     out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
-    times = json.loads(out)
+    times = json.loads(out)  # (from step 5 on)
+    if steady is not None:
+        times = times[max(steady - 5, 0):]
+        return statistics.mean(t[0] for t in times), statistics.mean(t[1] for t in times)
     return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
 
 
-def audited(path: Path, tree: Path, steps: int, out: Path) -> tuple[float, float, int]:
+def audited(path: Path, tree: Path, steps: int, out: Path, steady: int | None = None) -> tuple[float, float, int]:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
     # (run from the step's folder: `-m` puts the working directory first on sys.path)
     subprocess.run([sys.executable, "-m", "auditor", "run", f"{path}:step", "--steps", str(steps), "--quiet",
@@ -71,6 +78,9 @@ def audited(path: Path, tree: Path, steps: int, out: Path) -> tuple[float, float
     ev = json.loads((out / "evidence.json").read_text())
     steps_ = [s for s in ev["steps"] if not s["failed"] and not s["profiled"]]
     timed = [s for s in steps_ if s.get("numerics") is None] if any(s.get("numerics") for s in steps_) else steps_
+    if steady is not None:
+        use = [s for s in steps_ if s["index"] >= steady]
+        return statistics.mean(s["ms"] for s in use), statistics.mean(s["cpu_ms"] for s in use), len(use)
     use = timed or steps_
     return statistics.median(s["ms"] for s in use), statistics.median(s["cpu_ms"] for s in use), len(use)
 
@@ -81,6 +91,8 @@ def main() -> None:
     ap.add_argument("--ops", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steady", type=int, default=None, metavar="FIRST",
+                    help="the mean of every unprofiled step from FIRST on (checked ones too), not the timed median")
     a = ap.parse_args()
     calls = 3 * (a.ops // 4) + 1  # the loop's torch calls and the loss's sum
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,11 +100,11 @@ def main() -> None:
         path.write_text(STEP.format(n=a.ops, steps=a.steps))
         rows = []
         for r in range(a.rounds):
-            p = plain(path)
-            q = audited(path, a.tree, a.steps, Path(tmp) / f"out{r}")
+            p = plain(path, a.steady)
+            q = audited(path, a.tree, a.steps, Path(tmp) / f"out{r}", a.steady)
             rows.append((p, q))
             print(f"round {r}: plain {p[0]:.2f} ms ({p[1]:.2f} CPU), audited {q[0]:.2f} ms ({q[1]:.2f} CPU) "
-                  f"over {q[2]} reported steps", flush=True)
+                  f"over {q[2]} {'steady' if a.steady is not None else 'reported'} steps", flush=True)
     pw, pc = (statistics.median(r[0][k] for r in rows) for k in (0, 1))
     aw, ac = (statistics.median(r[1][k] for r in rows) for k in (0, 1))
     print(f"tree {a.tree}: {calls} torch calls/step; plain {pw:.2f} ms/step ({pc:.2f} CPU), reported steps "
