@@ -69,7 +69,7 @@ def test_profiled_and_timed_steps_carry_no_checks(run):
     profiled = [s["index"] for s in steps if s["profiled"]]
     checked = [s["index"] for s in steps if s["numerics"] is not None]
     assert profiled == [3, 4, 5, 6]
-    # the first 24 steps but the window's, then one in 16 (the next is 40)
+    # the first 24 steps but the window's, then one in 32 (the next is 56)
     assert checked == [0, 1, 2, *range(7, 25)]
     # the window's trace is the program's: none of the checks' reductions or ranges in it
     trace = next(Path(a.out, "tb").rglob("*.pt.trace.json*"))

@@ -4,8 +4,9 @@
   the checks' kernels (`aminmax`) or ranges in it.
 * Checked steps: every step of the first DENSE_STEPS outside the window (warm-up and the first
   learning-rate ramp, where most runs go wrong, and where the deferred checks learn the sites
-  that make non-finite values by design), then every CHECK_EVERY-th step: where the checks double
-  a step (the H100's host-bound encoder: ~+75%), one step in 16 costs the steady state ~5%.
+  that make non-finite values by design), then every CHECK_EVERY-th step: where the checks nearly
+  double a step (the H100's host-bound encoder: ~+75%; a CPU step of 1,501 tiny calls: 2.4x), one
+  step in 32 costs the steady state 2-4%, under the 5% the audit may cost with the probes' share.
 * Timed steps: the others. Nothing of the checks runs in them; their median is the step time
   the audit reports, and comparing checked steps with them is the checks' measured cost.
 * A timed step the checks did not see is still watched for its loss: the first loss each backward
@@ -17,7 +18,7 @@
 from __future__ import annotations
 
 DENSE_STEPS = 24  # steps checked from the start
-CHECK_EVERY = 16  # then one step in CHECK_EVERY (as deferral.LEARN_EVERY)
+CHECK_EVERY = 32  # then one step in CHECK_EVERY
 
 
 def checked(step: int, window: frozenset[int] | set[int], alarmed: bool) -> bool:
