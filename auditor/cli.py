@@ -77,9 +77,10 @@ def cli() -> None:
 @click.option("--profile/--no-profile", default=True, show_default=True,
               help="Record a torch.profiler window of a few steps.")
 @click.option("--profile-memory", "profile_memory", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="GIB", help="The most resident memory the profiler window may add to the program, in GiB; "
-                                  "past it the window ends early, keeping what it recorded [default: half the "
-                                  "memory available when the window starts].")
+              metavar="GIB", help="The most resident memory the profiler window may add to the program, in GiB, its end "
+                                  "(the profiler's export) included: the recording ends early at 1/2.5 of it, "
+                                  "keeping what it recorded [default: half the memory available when the window "
+                                  "starts].")
 @click.option("--rehearse/--no-rehearse", default=None,
               help="Run CUDA code on the CPU, judging it as GPU code [default: when the target asks for "
                    "CUDA and none is present].")

@@ -212,10 +212,11 @@ for epoch in range(100):
 
 
 @pytest.mark.slow
-def test_a_dataloader_fix_that_breaks_a_kwargs_call_is_caught(tmp_path):
-    """A whole program (the script form): dataloader-bound's keyword edit on `DataLoader(...,
-    **kwargs)` whose dict already holds num_workers would raise TypeError; --verify runs it and
-    keeps it out of numerics-fixes.patch (an edit that handles the dict passes instead)."""
+def test_a_dataloader_kwargs_dict_computing_num_workers_is_left_to_the_user(tmp_path):
+    """A whole program (the script form): `DataLoader(..., **kwargs)` whose dict computes
+    num_workers per machine. A keyword edit on the call would raise TypeError (the value given
+    twice), and the dict's expression is the user's choice: the fix says where to set it, no patch
+    edits the call, and --verify has nothing to run."""
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "train.py").write_text(KWARGS_TRAINER)
@@ -227,17 +228,13 @@ def test_a_dataloader_fix_that_breaks_a_kwargs_call_is_caught(tmp_path):
     f = a.rule("dataloader-bound")
     assert f, a.stdout
     fix = f[0]["fix"]
-    if not fix["edits"]:
-        pytest.skip("no edit offered for a DataLoader called with **kwargs: nothing to verify")
-    v = fix["verified"]
-    assert v is not None and v["status"] in ("failed", "improved"), v
+    # the dict's value is an expression (`2 if torch.cuda.is_available() else 0`): the user's own
+    # choice per machine, so the fix says where to set it and the patch leaves it alone
+    assert fix["edits"] == [] and fix["verified"] is None
+    assert "The call takes num_workers from `**kwargs`: set num_workers=2 there; the patch leaves it alone" \
+        in fix["summary"]
     patch = a.out / "numerics-fixes.patch"
-    if v["status"] == "failed":
-        assert "multiple values for keyword argument 'num_workers'" in v["note"]
-        assert not patch.exists() or "DataLoader(" not in patch.read_text()
-        assert "taken out of numerics-fixes.patch" in a.stdout and "TypeError" in a.stdout
-    else:
-        assert "DataLoader(" in patch.read_text()
+    assert not patch.exists() or "DataLoader(" not in patch.read_text()
 
 
 # --- the judging, without re-running anything ------------------------------------------------------

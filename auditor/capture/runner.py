@@ -35,6 +35,7 @@ PROFILER_NOISE = re.compile(rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d \S+ \d+:\d+ \w+\.c
                             rb"\[W\d+ [\d:.]+ \d+ CPUAllocator\.cpp:\d+\] Memory block of unknown size[^\n]*\n?")
 GRACE_AFTER_INTERRUPT_S = 15.0
 QUIET_ENV = {"KINETO_LOG_LEVEL": "3", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # set for the child (see run_child)
+TEARDOWN_VAR = "TEARDOWN_CUPTI"  # set for a profiled child unless the user set it (see run_child)
 
 
 @dataclass
@@ -254,6 +255,13 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
     # removes the variables it did not inherit from the user once torch has read them, so the
     # program (and what it starts) sees the environment it was given.
     env = dict(os.environ)
+    if request.profile:
+        # Kineto keeps CUPTI subscribed after a profiler session ends unless TEARDOWN_CUPTI=1
+        # (pytorch/pytorch#144455, #146604): every kernel the program launches after the window
+        # would pay for it (H100, a host-bound encoder: 31.4 ms/step after the window, 21.25 with
+        # it set). Set for the child, where the program keeps it; a value the user gave is kept,
+        # and torch's own "0" for CUDA graphs (set as it compiles them) still wins.
+        env.setdefault(TEARDOWN_VAR, "1")
     added = [name for name, value in QUIET_ENV.items() if name not in env]
     env.update({name: QUIET_ENV[name] for name in added})
     if added:

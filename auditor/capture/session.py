@@ -39,6 +39,9 @@ class StepSession:
         self.t0 = self.c0 = 0.0
         self.anomaly = False
         self.lines = lines.LineSampler() if lines.ENABLED else None  # per-line time of each step
+        for c in collectors:  # the profiled steps carry no numerics checks (numerics.schedule)
+            if hasattr(c, "window"):
+                c.window = frozenset(prof.window())
 
     def begin(self, i: int, t0: float | None = None, c0: float | None = None) -> None:
         """Step i begins (now, or at the times `t0`/`c0` taken earlier by the caller: a step that

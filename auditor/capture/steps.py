@@ -6,10 +6,15 @@ A step is one iteration of the training loop, as a person counts it:
   optimizers stepped in one iteration (a GAN's D and G) are one step, and gradient-accumulation
   micro-batches belong to the step they accumulate into (a step closes only after an optimizer
   step);
-- the step closes at the first activity after its last optimizer step: the next fetch of the
+- the step closes at the first activity after its last optimizer step that begins an iteration: the next fetch of the
   training DataLoader (the loader fetched last before an optimizer step), which then begins the
   next step, timed from the fetch's start; where no training DataLoader is known, the next
-  outermost module forward or backward pass. A fetch of another loader after an optimizer step
+  outermost backward pass or module forward run with grad enabled. Forwards under no_grad after
+  the optimizer step (gat's evaluation of train and validation accuracy each epoch, an LBFGS
+  program's prediction) are the iteration's own work and stay in its step, up to as many as the
+  previous step's tail held (its first step's tail is unbounded): one more (a final test after
+  the loop, an evaluation every k steps) closes the step and begins none, and what runs until
+  the next iteration is outside the steps ("between"). A fetch of another loader after an optimizer step
   (an eval loop) closes the step too and begins none: what runs until the next training fetch is
   outside the steps ("between"). With a training DataLoader, forwards and backwards never close a
   step, which keeps a GAN's D and G in one;
@@ -118,6 +123,9 @@ class StepFinder:
         self.opt_names: dict[str, int] = {}  # optimizer class -> its steps in audited steps
         self.opt_calls = 0  # optimizer steps in audited steps
         self.backward_in_step = False
+        self.tail_passes = 0  # no-grad forwards after the open step's optimizer step
+        self.tail_limit: int | None = None  # the tail the previous step held (None: no step closed yet)
+        self.in_tail_outside = False  # a tail past its limit closed the step: no-grad forwards begin none
         self.first_loader: int | None = None
         self.last_loader: int | None = None
         self.train_loader: int | None = None
@@ -250,16 +258,26 @@ class StepFinder:
 
     def on_forward(self, module: Any, args: Any) -> None:
         if self._live() and not self.rec.in_data:
-            self.on_pass()
+            self.on_pass(tail=not torch.is_grad_enabled())
 
-    def on_pass(self) -> None:
-        """An outermost forward or a backward pass, where no training DataLoader marks steps."""
+    def on_pass(self, tail: bool = False) -> None:
+        """An outermost forward or a backward pass, where no training DataLoader marks steps;
+        tail: a forward run under no_grad, which an iteration runs after its optimizer step."""
         if self.mode == "marker" or self.train_loader is not None:
             return
         if self.iteration is None:
+            if tail and self.in_tail_outside:
+                return
+            self.in_tail_outside = False
             self._flush_outside()
             self._begin()
+        elif self.pending and tail and self.mode == "optimizer":
+            self.tail_passes += 1
+            if self.tail_limit is not None and self.tail_passes > self.tail_limit:
+                self.in_tail_outside = True
+                self._end()
         elif self.pending:
+            self.tail_limit = self.tail_passes
             self._end()
             self._flush_outside()
             self._begin()
@@ -304,6 +322,7 @@ class StepFinder:
             self.pending = False
             self.opts_in_step = set()
             self.backward_in_step = False
+            self.tail_passes = 0
             if it >= self.skip:
                 self.session.begin(it - self.skip, t0, c0)
             self._update_forward_hook()

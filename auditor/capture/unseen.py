@@ -88,22 +88,38 @@ def _ours(filename: str) -> bool:
     return os.path.normcase(os.path.realpath(filename)).startswith(_AUDITOR_DIR)
 
 
+def _relocated(filename: str, lineno: int, line: Any, frame: Any) -> tuple[str, int, Any]:
+    """(file, line, source) a warning is shown at: the user's line below `frame` on the stack when
+    the warning names one of the auditor's files, else as it came."""
+    if filename and _ours(filename):
+        where = user_frame(frame)
+        if where is not None and not _ours(where[0]):
+            return where[0], where[1], None
+    return filename, lineno, line
+
+
 def warnings_name_the_user() -> None:
     """Show each warning that names one of the auditor's files at the user's line below it on the
-    stack instead (the warning and its filters are untouched; only where it is shown changes)."""
-    show = warnings.showwarning
+    stack instead (the warning and its filters are untouched; only where it is shown changes).
+    Both warnings.showwarning and warnings.formatwarning are wrapped: a program that replaces
+    showwarning later (logging.captureWarnings, a framework's handler) still formats through
+    formatwarning, which the warning's stack reaches."""
+    show, fmt = warnings.showwarning, warnings.formatwarning
     if getattr(show, "__audit_original__", None) is not None:
         return
 
     def showwarning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        if filename and _ours(filename):
-            where = user_frame(sys._getframe(1))
-            if where is not None and not _ours(where[0]):
-                filename, lineno, line = where[0], where[1], None
+        filename, lineno, line = _relocated(filename, lineno, line, sys._getframe(1))
         show(message, category, filename, lineno, file, line)
 
+    def formatwarning(message: Any, category: Any, filename: str, lineno: int, line: Any = None) -> str:
+        filename, lineno, line = _relocated(filename, lineno, line, sys._getframe(1))
+        return fmt(message, category, filename, lineno, line)
+
     showwarning.__audit_original__ = show  # type: ignore[attr-defined]
+    formatwarning.__audit_original__ = fmt  # type: ignore[attr-defined]
     warnings.showwarning = showwarning
+    warnings.formatwarning = formatwarning
 
 
 def _note_name() -> str:

@@ -132,8 +132,11 @@ def load_paths(paths: list[Path], engine: Any = None, on_rank: Any = None) -> Ev
             continue
         seen.add(key)
         if not p.exists() and p in listed:
-            add_load_note(evidence, f"profiler trace {p} listed by the run is missing")
-            continue
+            gz = p.with_name(p.name + ".gz")  # a listed trace compressed since (to share the run)
+            if not gz.exists():
+                add_load_note(evidence, f"profiler trace {p} listed by the run is missing")
+                continue
+            p = gz
         try:
             parsed.append(read.pop(key, None) or load_trace(p))
         except InputError as e:

@@ -308,8 +308,17 @@ class Evidence(msgspec.Struct, dict=True):
         """Wall time of each step, leaving out the profiled ones (the profiler slows them)."""
         return [s.ms for s in self.steps if not s.failed and (include_profiled or not s.profiled)]
 
+    def timed_steps(self) -> list[StepRecord]:
+        """Steps with nothing of the audit's in them (auditor.capture.numerics.schedule): not
+        profiled and, when the run checked numerics on some steps, not one of those."""
+        ok = [s for s in self.steps if not s.failed and not s.profiled]
+        if any(s.numerics is not None for s in self.steps):
+            return [s for s in ok if s.numerics is None]
+        return ok
+
     def median_step_ms(self) -> float | None:
-        times = self.step_ms() or self.step_ms(include_profiled=True)
+        """The median of the timed steps, else of the unprofiled ones, else of all."""
+        times = [s.ms for s in self.timed_steps()] or self.step_ms() or self.step_ms(include_profiled=True)
         return statistics.median(times) if times else None
 
     def shown_step_ms(self) -> list[float]:

@@ -8,6 +8,7 @@ import msgspec
 
 from auditor import __version__
 from auditor.evidence.model import Evidence
+from auditor.evidence.own_cost import own_cost
 from auditor.reports.allocator_view import document_section as allocator_section
 from auditor.evidence.trace.efficiency import steps_gpu
 from auditor.reports.base import Reporter
@@ -32,6 +33,7 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
             "numerics_check_median_ms": round(check, 3) if check is not None else None,
             "total_ms": round(sum(per_step), 3),
             "profiled_steps": [s.index for s in evidence.steps if s.profiled],
+            "own_cost": msgspec.to_builtins(own_cost(evidence)),
             "gpu": steps_gpu(evidence),
         },
         "ending": msgspec.to_builtins(evidence.ending),

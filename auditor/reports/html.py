@@ -34,6 +34,7 @@ from auditor import __version__
 from auditor.evidence import sources
 from auditor.evidence.model import CUDA_STANDIN, Evidence
 from auditor.reports.base import Reporter
+from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.findings_json import document
 from auditor.reports.patch import numerics_patchable, patchable
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
@@ -315,7 +316,7 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
     dev = [s.device_allocated for s in ev.steps if s.device_allocated is not None]
     return {
         "median_ms": fmt_ms(ev.shown_median_ms()),
-        "check_ms": fmt_ms(check) if (check := ev.median_check_ms()) is not None else None,
+        "own_cost": own_cost_phrase(ev),
         "steps": len(ev.shown_step_ms()),
         "requested": ev.requested_steps,
         "profiled": [s.index for s in ev.steps if s.profiled],

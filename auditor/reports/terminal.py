@@ -19,6 +19,7 @@ from rich.text import Text
 from auditor.evidence.model import Evidence, WindowCut
 from auditor.reports.allocator_view import lines as allocator_lines
 from auditor.reports.base import Reporter
+from auditor.reports.own_cost import own_cost_phrase
 from auditor.findings import Finding, share_of_step
 from auditor.findings import RuleResults
 
@@ -277,8 +278,8 @@ def window_cut_phrase(cut: WindowCut) -> str:
     """The profiler window ended early to bound its memory (auditor.capture.window_memory)."""
     gb = 1e9
     return (f"profiler window ended early in step {cut.step}: the process grew from {cut.start_rss_bytes / gb:.2f} "
-            f"to {cut.rss_bytes / gb:.2f} GB resident while the profiler recorded (bound {cut.limit_bytes / gb:.2f} GB, "
-            f"--profile-memory); the trace holds the steps recorded until then")
+            f"to {cut.rss_bytes / gb:.2f} GB resident while the profiler recorded (bound {cut.limit_bytes / gb:.2f} GB: "
+            f"--profile-memory less what ending the window takes); the trace holds the steps recorded until then")
 
 
 def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
@@ -301,9 +302,6 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         head = Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s){steps_of(evidence)}")
     if median is not None:
         head.append(f", median {median:.2f} ms/step")
-        check = evidence.median_check_ms()
-        if check is not None:
-            head.append(f" ({check:.2f} ms of it inside the auditor's numerics checks)")
     rec = recoverable(evidence, results)
     if rec.ms is not None and rec.capped:  # (idle time that data loading and syncs both explain)
         head.append(f", findings' costs overlap (their sum exceeds the step); the largest alone is "
@@ -318,6 +316,8 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     if rec.elsewhere:
         head.append(f"; {elsewhere_phrase(rec.elsewhere)}")
     lines.append(head)
+    if (cost := own_cost_phrase(evidence)) is not None:
+        lines.append(Text(cost, style="dim"))
     if evidence.program is not None:
         lines.append(Text(program_phrase(evidence), style="dim"))
     e = evidence.ending

@@ -269,6 +269,14 @@ class Nonfinite(Rule):
         followed = f" ({' and '.join(w + 's' for w in what[1:])} followed)" if len(what) > 1 else ""
         loss = next((v for i, v in view.loss_series() if i == step), None)
         head = f"Step {step} of {len(ev.steps)}: the {first} became {short(loss) if first == 'loss' and loss is not None else 'non-finite'}{followed}."
+        # a step the checks did not see (timed or profiled: numerics.schedule) whose loss was read
+        # non-finite at its end turned them on: the values went wrong there, this step shows where
+        # they enter now
+        unseen = next((e["step"] for _, d in view.steps for e in d.events
+                       if e.get("event") == "unchecked-nonfinite-loss" and e.get("step", step) < step), None)
+        if unseen is not None:
+            head += (f" Its loss was first non-finite at step {unseen}, which the checks did not see (a timed or "
+                     f"profiled step: see the docs on checked steps); step {step} is the first checked after it.")
         hazard = o.hazard or {}
         kind = hazard.get("kind", "unknown")
         if kind == "nonfinite-input" and _masked_whole(o, hazard):
@@ -279,7 +287,7 @@ class Nonfinite(Rule):
         mod = view.module_name(o.module)
         locs = [loc] if loc else []
         evidence: dict[str, Any] = {
-            "first_step": step, "nonfinite": what, "phase": o.phase, "hazard": hazard,
+            "first_step": unseen if unseen is not None else step, "checked_step": step, "nonfinite": what, "phase": o.phase, "hazard": hazard,
             "steps_nonfinite": sum(1 for _, d in view.steps if d.loss_finite is False
                                    or any(r.grad_nonfinite or r.param_nonfinite for r in d.opt_steps)),
             "loss_series": [x for x in view.loss_series() if step - 10 <= x[0] <= step + 1],

@@ -24,6 +24,8 @@ ap.add_argument("--tag")
 args = ap.parse_args()
 with open(os.path.join(os.path.dirname(__file__), "argv.json"), "w") as fh:
     import json; json.dump(sys.argv, fh)
+with open(os.path.join(os.path.dirname(__file__), "teardown.json"), "w") as fh:
+    json.dump(os.environ.get("TEARDOWN_CUPTI"), fh)
 if os.fork() == 0:  # a helper (a data server, a metrics daemon): inherits every fd, outlives the run
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # (only the stdout the test reads is let go)
     time.sleep(90)
@@ -55,6 +57,8 @@ def test_script_argv_chdir_forked_helper_and_endless_stderr_line(tmp_path):
     took = time.monotonic() - t0
     # argparse saw the script's arguments only, after its own path, as `python train.py ARGS` gives
     assert json.loads((tmp_path / "argv.json").read_text()) == [str(path), "--lr", "0.5", "--tag", "six"]
+    # a profiled run's process tears CUPTI down after the window: its later launches pay nothing
+    assert json.loads((tmp_path / "teardown.json").read_text()) == "1"
     assert a.returncode == 3, a.stderr[-2000:]
     doc = a.findings_doc
     end = doc["ending"]
@@ -156,10 +160,13 @@ def test_thread_count_is_the_one_the_setup_leaves(tmp_path):
     with, and what dataloader-bound weighs workers against), not the count at the auditor's start
     (1 here, from OMP_NUM_THREADS)."""
     path = tmp_path / "threads.py"
-    path.write_text("import torch\ntorch.set_num_threads(3)\n\ndef step():\n    torch.ones(4).sum()\n")
+    path.write_text("import os, torch\ntorch.set_num_threads(3)\nopen(os.path.join(os.path.dirname(__file__), "
+                    "'teardown.txt'), 'w').write(repr(os.environ.get('TEARDOWN_CUPTI')))\n\n"
+                    "def step():\n    torch.ones(4).sum()\n")
     a = audit("run", f"{path}:step", "--steps", "2", "--no-profile", "--quiet", out=tmp_path / "out",
-              env={"OMP_NUM_THREADS": "1"})
+              env={"OMP_NUM_THREADS": "1", "TEARDOWN_CUPTI": "0"})
     assert a.returncode == 0, a.stderr[-2000:]
+    assert (tmp_path / "teardown.txt").read_text() == "'0'"  # (the user's own value is kept)
     assert a.findings_doc["environment"]["num_threads"] == 3
 
 

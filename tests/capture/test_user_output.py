@@ -28,6 +28,7 @@ for i in range(6):
     sys.stderr.flush()
 sys.stderr.write("\\n")
 print("done")
+import warnings; warnings.warn("the program's own warning")
 """
 
 
@@ -46,6 +47,7 @@ def test_a_rehearsed_programs_warning_names_its_line_and_no_profiler_marker_show
     assert "auditor/" not in p.stderr.replace(str(tmp_path), "")
     assert "STAGE:" not in p.stderr and "Completed Stage" not in p.stderr
     assert "Profiler clears events" not in p.stderr
+    assert f"{script}:14: UserWarning: the program's own warning" in p.stderr, p.stderr
     assert "step 5" in p.stderr and "done" in p.stdout
 
 
@@ -77,3 +79,36 @@ def test_the_profilers_cycle_warning_is_marked_shown(call, shown):
                        timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split()[-1] == shown
+
+
+WARNING_PROGRAM = """\
+import logging
+import sys
+import warnings
+import auditor.capture.unseen as unseen
+unseen.warnings_name_the_user()
+{setup}
+
+
+def through_the_auditor():  # (a warning whose innermost Python frame is one of the auditor's lines)
+    warnings.warn_explicit("raised inside a wrapped call", UserWarning, unseen.__file__, 5)
+
+
+through_the_auditor()
+warnings.warn("the program's own warning")
+"""
+
+
+@pytest.mark.parametrize("setup", ["", "logging.captureWarnings(True); logging.basicConfig(stream=sys.stderr)"])
+def test_warnings_name_the_users_line_also_when_logging_shows_them(tmp_path, setup):
+    """A program (or its framework) that routes warnings to logging (logging.captureWarnings)
+    replaces warnings.showwarning after the audit started: the auditor's line came back in the
+    program's output. The program's own warning is shown as it is."""
+    script = tmp_path / "warns.py"
+    script.write_text(WARNING_PROGRAM.format(setup=setup))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f"{script}:10: UserWarning: raised inside a wrapped call" in p.stderr, p.stderr
+    assert f"{script}:14: UserWarning: the program's own warning" in p.stderr, p.stderr
+    assert "auditor" not in p.stderr.replace(str(tmp_path), ""), p.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -63,12 +64,13 @@ def _audit(tmp_path: Path, source: str, *opts: str) -> tuple[subprocess.Complete
 
 @pytest.mark.slow
 def test_the_window_ends_early_past_its_memory_bound_and_keeps_its_trace(tmp_path):
-    p, ev = _audit(tmp_path, GROWING, "--profile-memory", "0.05")
+    p, ev = _audit(tmp_path, GROWING, "--profile-memory", "0.125")
     assert p.returncode == 0, p.stderr[-2000:]
     cut = ev["profile"]["cut"]
     # planned: warm-up step 1, recorded 2-4; 32 MiB a step passes a 50 MB bound in step 2
     assert cut is not None and cut["step"] == 2
-    assert cut["rss_bytes"] > cut["limit_bytes"] == pytest.approx(cut["start_rss_bytes"] + 0.05 * 2**30, abs=1)
+    # the recording's share of the bound: ending the window (the export) takes as much again and more
+    assert cut["rss_bytes"] > cut["limit_bytes"] == pytest.approx(cut["start_rss_bytes"] + 0.125 * 2**30 / 2.5, abs=1)
     assert ev["profile"]["steps"] == [1, 2]
     assert [s["index"] for s in ev["steps"] if s["profiled"]] == [1, 2]
     assert ev["profile"]["trace_files"] and (tmp_path / "out" / ev["profile"]["trace_files"][0]).stat().st_size > 0
@@ -88,7 +90,7 @@ def test_a_process_killed_outright_is_named_with_its_memory_and_window(tmp_path)
     assert ending["message"].startswith("the audited process killed by SIGKILL during step 4 (in the profiler "
                                         "window, at ")
     rss = float(ending["message"].split(" at ")[1].split(" GB")[0])
-    assert 0.3 < rss < 3.0  # five 64 MiB blocks and torch
+    assert 0.2 < rss < 3.0  # five 64 MiB blocks and torch (the message rounds to 0.1 GB)
 
 
 def test_an_out_of_memory_kill_is_named_only_on_its_evidence():
@@ -98,3 +100,30 @@ def test_an_out_of_memory_kill_is_named_only_on_its_evidence():
     assert out_of_memory_kill(16 * GB, 16 * GB, 10 * GB, 31 * GB, None) == "it held 16.0 GB of the machine's 31.0 GB"
     assert out_of_memory_kill(int(0.3 * GB), int(0.3 * GB), 20 * GB, 31 * GB, None) is None
     assert out_of_memory_kill(0, 0, 0, 0, None) is None  # never sampled
+
+
+def test_a_killed_process_not_yet_reaped_keeps_its_last_sample():
+    """A process killed by SIGKILL reads 0 bytes resident until its parent reaps it: the parent's
+    sampler keeps the last sample of the living process (time_sequence_prediction's kill at 24.8 GB
+    on a 25.3 GB machine was not named the out-of-memory killer's: the zombie's 0 was the last)."""
+    import signal
+
+    import psutil
+
+    from auditor.capture.window_memory import ChildMemory
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; b = b'x' * (96 << 20); time.sleep(60)"])
+    try:
+        mem = ChildMemory(child.pid, every_s=0.01)
+        deadline = time.monotonic() + 30
+        while mem.last < 96 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert mem.last >= 96 << 20
+        os.kill(child.pid, signal.SIGKILL)
+        time.sleep(0.3)  # the sampler reads the zombie (not waited for) many times
+        assert psutil.Process(child.pid).memory_info().rss == 0
+        assert mem.last >= 96 << 20 and mem.total > 0
+    finally:
+        child.kill()
+        child.wait()
+        mem.stop()

@@ -10,7 +10,7 @@ import pytest
 from auditor.evidence import store
 from auditor.evidence.errors import InputError
 from auditor.evidence.load import find_traces, load_paths
-from auditor.evidence.model import Evidence
+from auditor.evidence.model import LOAD_NOTES, Evidence
 
 from conftest import ROOT, FIXTURES
 
@@ -175,3 +175,13 @@ def test_version_1_run_directory_gives_the_same_findings(tmp_path: Path) -> None
     found = json.loads((tmp_path / "out" / "findings.json").read_text())["findings"]
     assert [(f["rule"], f["message"].split(" It started")[0]) for f in found] == [
         ("nonfinite", "Step 11 of 12: the loss became nan (gradients and parameters followed).")]
+
+
+def test_run_directory_whose_trace_was_compressed_since() -> None:
+    """The H100 audit of gpu_clean.py, its trace gzipped to share it: evidence.json lists
+    tb/.../vm_661...pt.trace.json, the directory holds it as .pt.trace.json.gz; it is read from
+    there (it was dropped as missing, and every trace rule skipped)."""
+    run = FIXTURES / "h100" / "audited" / "audited_gpu_clean"
+    ev = load_paths([run])
+    assert [t.label for t in ev.trace_data] == ["vm_661.1795503343090459137.pt.trace.json.gz"]
+    assert not any("missing" in n for n in ev.__dict__.get(LOAD_NOTES, []))

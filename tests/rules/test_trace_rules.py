@@ -772,12 +772,19 @@ def test_registered_rules_run_through_the_engine() -> None:
     assert "dataloader-on-device" not in fired
 
 
-def test_host_sync_in_a_function_of_a_torch2_trace_names_the_function(tmp_path: Path) -> None:
+@pytest.mark.parametrize("body, line, code", [
+    ("    y = x * 2\n    return y.sum().item()\n", 6, "return y.sum().item()"),
+    ("    if x.sum().item():\n        return x.item()\n    return 0\n", 4, "def helper(x):"),
+])
+def test_host_sync_in_a_function_of_a_torch2_trace_names_the_function(tmp_path: Path, body: str, line: int,
+                                                                       code: str) -> None:
     """torch >= 2 traces name a Python function by its first line (`helper.py(4): helper`), not by
-    the line inside it that synchronised: the location says so. A trace without GPU events (only
+    the line inside it that synchronised: the line of its body that calls what ran below the frame
+    (`aten::item`: `.item()`) when exactly one does, else the def line, and the location says so. A
+    trace without GPU events (only
     the sync call recorded) shows no launch after the sync, so no idle it caused: its cost is 0 (it
     was all of the host's wait while any idle after a sync was the sync's)."""
-    (tmp_path / "helper.py").write_text("import torch\n\n\ndef helper(x):\n    y = x * 2\n    return y.sum().item()\n")
+    (tmp_path / "helper.py").write_text("import torch\n\n\ndef helper(x):\n" + body)
     events = [
         {"ph": "X", "cat": "python_function", "name": f"{tmp_path / 'helper.py'}(4): helper", "pid": 1, "tid": 1,
          "ts": 100, "dur": 80, "args": {}},
@@ -791,8 +798,8 @@ def test_host_sync_in_a_function_of_a_torch2_trace_names_the_function(tmp_path: 
     opts = HostSync.default_options()
     [f] = HostSync().trace_findings(ev, opts)
     [loc] = f.locations
-    assert (loc.file, loc.line) == (str(tmp_path / "helper.py"), 4)
-    assert (loc.code, loc.note) == ("def helper(x):", "the trace records this function, not the line within it")
+    assert (loc.file, loc.line) == (str(tmp_path / "helper.py"), line)
+    assert (loc.code, loc.note) == (code, "the trace records this function, not the line within it" if line == 4 else "")
     assert f.evidence["blocked_ms"] == 0.04 and f.cost.ms_per_step == 0.0
 
 

@@ -49,6 +49,7 @@ from auditor.capture.numerics.ops import (COMPILED, DIV, EXP, LOG, LOG1P, NORM, 
 from auditor.capture.numerics.optimizer import OptimizerWatch, _OptPlan
 from auditor.capture.numerics.origin import Origins
 from auditor.capture.numerics.record import StepRecordBuilder
+from auditor.capture.numerics.schedule import checked as _scheduled
 from auditor.capture.numerics.sites import Tables
 from auditor.capture.numerics.stack import (CHECKS_RANGE, _checks_range, _compiling, _pop_mode, _profiling,
                                             _push_mode, _set_grad, _stack_at, _stack_len, _top_mode, perf)
@@ -114,6 +115,14 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.fwd_t0 = self.opt_t0 = 0.0
         self.opt_frame: Any = None  # the frame that called the optimizer pre-hook, during the step
         self.opt_where: Any = None  # the user's line of that call, once found
+        self.window: frozenset[int] = frozenset()  # the profiler's steps: never checked (see schedule)
+        self.alarmed = False  # a non-finite value was seen: every later step is checked
+        self.step_checked = True  # whether the running step is checked (see schedule)
+        self.stepping = False  # a step runs, checked or not (its events are the step's)
+        self.watching = False  # an unchecked step runs: its first loss is kept
+        self.watch_off = False  # reading an unchecked step's loss failed once: no more watching
+        self.watched: Any = None  # an unchecked step's first loss, read at its end
+        self.queued: list[tuple[int, Any, Any]] = []  # (step, device flag, event): a GPU loss's read
         self._reset_step()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -141,6 +150,12 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
 
     def step_begin(self, index: int) -> None:
         self.step = index
+        self.step_checked = _scheduled(index, self.window, self.alarmed)
+        self.stepping = True
+        self.watched = None
+        if not self.step_checked:  # a timed or profiled step: nothing of the checks runs in it
+            self.watching = index not in self.window  # (nothing of ours in the trace: its loss unread)
+            return
         dynamo_skips_our_frames()
         # (step_end left the state fresh: nothing writes it between steps, every writer asks
         # in_step first; after a step_end that failed before its reset, reset here)
@@ -155,6 +170,12 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             self.mode.__enter__()
 
     def step_end(self, index: int) -> dict[str, Any] | None:
+        self.stepping = False
+        if not self.step_checked:
+            if self.watching:
+                self.watching = False
+                self._read_watched(index)
+            return None
         try:
             if _top_mode() is self.mode:
                 self.mode.__exit__(None, None, None)
@@ -184,8 +205,40 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         if self.error_text:
             data["collector_errors"] = self.errors
             data["collector_error"] = self.error_text
+        if data.get("loss_finite") is False or data.get("nonfinite_ops"):
+            self.alarmed = True
         self._reset_step()
         return data
+
+    def _read_watched(self, index: int) -> None:
+        """An unchecked step's end (its time already taken): its loss, if non-finite, turns the
+        checks on for every later step. A CPU loss is read now; a GPU one is reduced on the device
+        and read once its event completes (queried, never waited for)."""
+        loss, self.watched = self.watched, None
+        try:
+            with _no_torch_function(), torch.no_grad():
+                if loss is not None:
+                    if loss.is_cpu:
+                        if not bool(torch.isfinite(loss).all()):
+                            self._alarm(index)
+                    elif loss.is_cuda:
+                        flag = torch.isfinite(loss).all().to("cpu", non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record()
+                        self.queued.append((index, flag, event))
+                while self.queued and self.queued[0][2].query():
+                    step, flag, _ = self.queued.pop(0)
+                    if not bool(flag):
+                        self._alarm(step)
+        except Exception as e:  # our bug must never become the user's failure: watching stops
+            self.queued.clear()
+            self.watch_off = True
+            self.failed(e)
+
+    def _alarm(self, step: int) -> None:
+        if not self.alarmed:
+            self.alarmed = True
+            self.events.append({"event": "unchecked-nonfinite-loss", "step": step})
 
     def finish(self) -> dict[str, Any] | None:
         return {"errors": self.errors, "error": self.error_text, "checking": self.checking,
@@ -554,10 +607,16 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             _set_grad(grad_mode)
 
     def _backward_in_compiled_call(self, args: tuple, kwargs: dict) -> None:
-        """A backward pass the user's code starts inside a call of compiled code (a compiled
+        """(Also keeps an unchecked step's first loss: see _read_watched.) A backward pass the user's code starts inside a call of compiled code (a compiled
         function that calls `loss.backward()`, run as it is after dynamo's graph break there), where
         the mode is off the stack (unseen.compiled_calls_without) and cannot see it: its loss is
         checked here, as the mode checks it elsewhere."""
+        if self.watching:
+            if self.watched is None and not self.watch_off:
+                root = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
+                if isinstance(root, torch.Tensor) and root.is_floating_point():
+                    self.watched = root.detach()
+            return
         if in_compiled_call() and self.in_step and self.checking and not self.paused and not self.in_backward:
             t0 = perf()
             with _checks_range():

@@ -122,7 +122,7 @@ class Tables:
 
     def event(self, kind: str, where: Any, **data: Any) -> None:
         """A configuration event (optimizer made, state loaded, autocast entered ...), sent with the step."""
-        self.events.append({"event": kind, "step": self.step if self.in_step else -1,
+        self.events.append({"event": kind, "step": self.step if self.stepping else -1,
                             "where": _where(where), **data})
 
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import torch
 import torch.utils.data.dataloader as dl
 
+from auditor.capture import own_time
 from auditor.capture.frames import is_library, library_via, user_frame
 from auditor.evidence import model as m
 
@@ -89,7 +90,8 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
         # DataLoader work the step waits for, timed at the user's line; calls made inside it are
         # the loader's own (in_data), not the step's. A call that ends in StopIteration (the epoch
         # is over) returned no batch: its time is waited all the same, but it is tallied apart
-        # (exhausted=True), so a tally's count is of batches returned.
+        # (exhausted=True), so a tally's count is of batches returned. The auditor's own work inside
+        # the call (own_time: the rehearsal's) is no wait of the program's and is taken out.
         def make(orig):
             def probe(self):
                 rec = REC
@@ -97,7 +99,7 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                     return orig(self)
                 f = sys._getframe(1)
                 rec.in_data += 1
-                t0 = perf()
+                t0, own0 = perf(), own_time.spent()
                 ended = {}
                 try:
                     return orig(self)
@@ -106,7 +108,8 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                     raise
                 finally:
                     rec.in_data -= 1
-                    rec.add(kind, what, user_frame(f), (perf() - t0) * 1e3, **data_of(self), **ended)
+                    ms = (perf() - t0 - (own_time.spent() - own0)) * 1e3
+                    rec.add(kind, what, user_frame(f), max(ms, 0.0), **data_of(self), **ended)
             return probe
         return make
 

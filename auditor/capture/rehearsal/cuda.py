@@ -280,7 +280,9 @@ class RehearsalAutocast(torch.amp.autocast):
         if device_type == "cuda":
             if caller_is_user(sys._getframe(1)):
                 _record("torch.autocast(cuda)", sys._getframe(1))
-            device_type, dtype = "cpu", dtype or torch.get_autocast_dtype("cuda")
+            # (dtype is passed on as given, not judged as a bool: torch takes any object there)
+            device_type = "cpu"
+            dtype = torch.get_autocast_dtype("cuda") if dtype is None else dtype
         super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 

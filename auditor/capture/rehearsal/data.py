@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator
@@ -27,7 +29,8 @@ import torch.utils.data.dataloader as dl
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_batch
 
-from auditor.capture import probes
+from auditor.capture import own_time, probes
+from auditor.capture.rehearsal import clock
 from auditor.capture.rehearsal.device import CUDA_MARK, LOADER_MARK, PINNED_MARK, call_site
 from auditor.evidence import model as m
 
@@ -76,27 +79,49 @@ def _pin(self: Any, batch: Any) -> Any:
 
 
 def _make_next(orig: Callable) -> Callable:
+    # The rehearsal's own work in a fetch is counted in own_time, for the data-wait probe to take
+    # out: the fetch is clocked (clock.CLOCKED_THREAD), so the mode's own time in the dataset's and
+    # the collate's torch calls (its lines, and torch's handing each call to it) is counted; the
+    # stand-in pinning (a CPU copy; the pinned copy it stands for is not measured here) and the
+    # marking of the batch are counted whole.
     def rehearsal_next(self: Any) -> Any:
-        batch = orig(self)
-        pin = getattr(self, "_auditor_pin", False)
-        if pin and not getattr(self, "_pin_memory", False):  # torch did not pin: no accelerator
-            batch = _pin(self, batch)
-        loader = getattr(self, "_auditor_loader_id", 0)
-        on_device, nbytes = 0, 0
-        for t in batch_tensors(batch):
-            if getattr(t, CUDA_MARK, False):
-                on_device += 1
-                nbytes += t.numel() * t.element_size()
-                continue
-            setattr(t, LOADER_MARK, loader)
-            if pin:
-                setattr(t, PINNED_MARK, True)
-        rec = probes.REC
-        if on_device and rec is not None and rec.active:
-            rec.add(m.DEVICE_BATCH, "DataLoader batch on the GPU", call_site(sys._getframe(1)), 0.0,
-                    loader=loader, tensors=on_device, bytes=nbytes)
-        return batch
+        outer = clock.CLOCKED_THREAD is None
+        if outer:
+            clock.measure_dispatch()
+            clock.CLOCKED_THREAD = threading.get_ident()
+        try:
+            batch = orig(self)
+        finally:
+            if outer:
+                clock.CLOCKED_THREAD = None
+        t0 = time.perf_counter()
+        try:
+            return _after_fetch(self, batch)
+        finally:
+            own_time.add(time.perf_counter() - t0)
     return rehearsal_next
+
+
+def _after_fetch(self: Any, batch: Any) -> Any:
+    """The batch pinned where torch would have pinned it, and its tensors marked."""
+    pin = getattr(self, "_auditor_pin", False)
+    if pin and not getattr(self, "_pin_memory", False):  # torch did not pin: no accelerator
+        batch = _pin(self, batch)
+    loader = getattr(self, "_auditor_loader_id", 0)
+    on_device, nbytes = 0, 0
+    for t in batch_tensors(batch):
+        if getattr(t, CUDA_MARK, False):
+            on_device += 1
+            nbytes += t.numel() * t.element_size()
+            continue
+        setattr(t, LOADER_MARK, loader)
+        if pin:
+            setattr(t, PINNED_MARK, True)
+    rec = probes.REC
+    if on_device and rec is not None and rec.active:
+        rec.add(m.DEVICE_BATCH, "DataLoader batch on the GPU", call_site(sys._getframe(2)), 0.0,
+                loader=loader, tensors=on_device, bytes=nbytes)
+    return batch
 
 
 def install() -> None:

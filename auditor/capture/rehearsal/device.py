@@ -28,7 +28,9 @@ import ast
 import linecache
 import os
 import sys
-from types import CodeType, FrameType
+import threading
+import time
+from types import CodeType, FrameType, FunctionType
 from typing import Any, Callable
 
 import torch
@@ -36,7 +38,8 @@ import torch.utils._device as _device_ctx
 from torch.overrides import TorchFunctionMode
 
 import auditor
-from auditor.capture import probes
+from auditor.capture import own_time, probes
+from auditor.capture.rehearsal import clock
 from auditor.capture.frames import call_position, is_torch_internal, library_code
 from auditor.evidence import model as m
 
@@ -520,10 +523,11 @@ def _data_set(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None
     return out
 
 
-def _marked_call(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
-    """A call of GPU tensors: their devices checked, the results marked, the call observed."""
+def _marked_call(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None, clocked: bool = False) -> Any:
+    """A call of GPU tensors: their devices checked, the results marked, the call observed (the
+    call alone timed, on a clocked fetch's thread)."""
     _check_devices(func, args, kwargs, frame)
-    out = func(*args, **kwargs)
+    out = func(*args, **kwargs) if not clocked else clock.op(func, args, kwargs)
     _mark_results(out, args, kwargs)
     if OBSERVE is not None:
         OBSERVE(func, args, out, frame)
@@ -617,22 +621,32 @@ class RehearsalMode(TorchFunctionMode):
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if _compiling():
             return _traced(func, args, kwargs or {})
-        # Every torch call made from Python comes through here (one DataLoader batch of 512 samples
-        # is ~1000 calls), so the common case -- no keywords, no CUDA default device -- is kept short.
+        # A fetch the rehearsal clocks (CLOCKED_THREAD): the mode's own time is counted apart from
+        # the calls' (own_time), for the data-wait probe to take out.
+        clocked = clock.CLOCKED_THREAD is not None and threading.get_ident() == clock.CLOCKED_THREAD
+        if clocked:
+            t0, op0 = time.perf_counter(), clock.OP_S[0]
         try:
-            special = _resolved[func]
-        except (KeyError, TypeError):
-            special = _special(func)
-        if special is not None:
-            return special(func, args, kwargs or {}, sys._getframe(1))
-        cur = _device_ctx.CURRENT_DEVICE
-        if kwargs or (cur is not None and cur.type == "cuda"):
-            return self._with_device(func, args, kwargs or {}, cur is not None and cur.type == "cuda")
-        if _args_marked(args):
-            return _marked_call(func, args, _NO_KWARGS, sys._getframe(1))
-        return func(*args)
+            # Every torch call made from Python comes through here (one DataLoader batch of 512 samples
+            # is ~1000 calls), so the common case -- no keywords, no CUDA default device -- is kept short.
+            try:
+                special = _resolved[func]
+            except (KeyError, TypeError):
+                special = _special(func)
+            if special is not None:
+                return (special(func, args, kwargs or {}, sys._getframe(1)) if not clocked
+                        else clock.op(special, (func, args, kwargs or {}, sys._getframe(1))))
+            cur = _device_ctx.CURRENT_DEVICE
+            if kwargs or (cur is not None and cur.type == "cuda"):
+                return self._with_device(func, args, kwargs or {}, cur is not None and cur.type == "cuda", clocked)
+            if _args_marked(args):
+                return _marked_call(func, args, _NO_KWARGS, sys._getframe(1), clocked)
+            return func(*args) if not clocked else clock.op(func, args)
+        finally:
+            if clocked:
+                own_time.add(time.perf_counter() - t0 - (clock.OP_S[0] - op0) + clock.DISPATCH_S[type(func) is FunctionType])
 
-    def _with_device(self, func: Callable, args: tuple, kwargs: dict, default_cuda: bool) -> Any:
+    def _with_device(self, func: Callable, args: tuple, kwargs: dict, default_cuda: bool, clocked: bool = False) -> Any:
         """Calls with keywords or under a CUDA default device: rewrite `device=` / `pin_memory=`."""
         requested = False
         if kwargs.get("device") is not None:
@@ -654,7 +668,7 @@ class RehearsalMode(TorchFunctionMode):
             kwargs = {**kwargs, "pin_memory": False}
         if on_gpu_inputs:
             _check_devices(func, args, kwargs, sys._getframe(2))
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs) if not clocked else clock.op(func, args, kwargs)
         if requested:
             _mark_results(out, args, kwargs)
             self._requested(func, out, args, sys._getframe(2))
@@ -835,40 +849,6 @@ def _install_checkpoint_recompute() -> None:
         fn_cls.backward = staticmethod(_under_rehearsal(fn_cls.backward))
 
 
-# torch.func's transforms (vmap, grad, vjp, jacrev, functionalize) wrap each input in a new tensor
-# object for the transform's level and unwrap each result into another, in C++: no torch function
-# sees either, so the mark stayed behind on the caller's tensor.
-_FUNCTORCH_WRAPPERS = {
-    "torch._functorch.vmap": ("_add_batch_dim", "_remove_batch_dim"),
-    "torch._functorch.eager_transforms": ("_wrap_for_grad", "_unwrap_for_grad", "_wrap_functional_tensor",
-                                          "_unwrap_functional_tensor"),
-    "torch._functorch.autograd_function": ("_add_batch_dim", "_wrap_for_grad", "_unwrap_for_grad"),
-}
-
-
-def _install_functorch_marks() -> None:
-    """A tensor that torch.func wraps or unwraps keeps its mark: per-sample gradients made with
-    `vmap(grad(f))` from GPU weights and a GPU batch are GPU tensors, as on a GPU. Without this
-    the function would see unmarked (host) copies of its GPU inputs and return unmarked results:
-    the first op mixing them with the program's GPU tensors would be refused as a device mix that
-    a GPU runs (exit 3 at step 0)."""
-    for module_name, names in _FUNCTORCH_WRAPPERS.items():
-        module = sys.modules.get(module_name)
-        for name in names:
-            orig = getattr(module, name, None)
-            if orig is None or hasattr(orig, "__rehearsal_original__"):
-                continue
-
-            def keep_mark(t: Any, *args: Any, __orig: Callable = orig, **kwargs: Any) -> Any:
-                out = __orig(t, *args, **kwargs)
-                if out is not t and isinstance(out, torch.Tensor) and getattr(t, CUDA_MARK, False):
-                    setattr(out, CUDA_MARK, True)
-                return out
-
-            keep_mark.__rehearsal_original__ = orig  # type: ignore[attr-defined]
-            setattr(module, name, keep_mark)
-
-
 def _remarking(fn: Callable, marked: list[bool]) -> Callable:
     """`fn` called with the marks put back on its tensor arguments, by position: the reentrant
     checkpoint's backward passes the saved inputs (detached) in the order the forward got them."""
@@ -893,7 +873,9 @@ def install() -> RehearsalMode:
         _install_parameter_marks()
         _install_default_device()
         _install_checkpoint_recompute()
-        _install_functorch_marks()
+        from auditor.capture.rehearsal.functorch_marks import install_functorch_marks
+
+        install_functorch_marks(CUDA_MARK)
         _MODE = RehearsalMode()
         _MODE.__enter__()
         torch.nn.modules.module.register_module_forward_pre_hook(_leaf_inputs_on_host)

@@ -17,6 +17,7 @@ import pandas as pd
 from auditor.evidence.frame import Frame
 from auditor.evidence.recorded_frames import is_library_file, parse_frame
 from auditor.evidence.trace.arg_records import ArgRecord
+from auditor.evidence.trace.call_lines import call_line, callee_name
 from auditor.evidence.trace.decode import CAT, CPU_NESTING, GPU_SIDE, GPU_WORK, SymbolTable
 from auditor.evidence.trace.intervals import merge_intervals
 
@@ -358,7 +359,8 @@ class Trace:
         judged on time, not on the chain: a ProfilerStep range opens inside `prof.step()` and
         outlives it, so the rows of every step hang below the call that started the profiler.
         """
-        cache: dict[int, tuple[Frame | None, int]] = self.__dict__.setdefault("_user_frames", {})
+        # row -> (the frame, its row when it ran before the profiler, the frame's row, the row below it)
+        cache: dict[int, tuple[Frame | None, int, int, int]] = self.__dict__.setdefault("_user_frames", {})
         cat = self.col("cat")
         link = self.col("link")
         if cat[row] in GPU_SIDE and link[row] >= 0:
@@ -368,31 +370,40 @@ class Trace:
         names = self.col("name")
         startup = self.startup_frames()
         path: list[int] = []
-        found: tuple[Frame | None, int] = (None, -1)  # (the frame, its row when it ran before the profiler)
+        found: tuple[Frame | None, int, int, int] = (None, -1, -1, -1)
+        ends, begin = self.col("end"), self.col("ts")[row]
         r = row
         while r >= 0:
             if r in cache:
                 found = cache[r]
+                if found[2] == r:  # the frame's own row: what it called is the row this walk came from
+                    found = (*found[:3], path[-1] if path else -1)
                 break
             path.append(r)
-            if cat[r] == CAT["python"]:
+            # a Python call that returned before the row began is not running it: a ProfilerStep
+            # range opened by `prof.step()` in a launcher's optimizer hook hangs below the hook's
+            # call, and the step's work is the program's, above the hook
+            if cat[r] == CAT["python"] and ends[r] >= begin:
                 f = parse_frame(self.symbols[int(names[r])])
                 if f is not None and not is_library_file(f.file):
-                    found = (f, r if r in startup else -1)
+                    found = (f, r if r in startup else -1, r, path[-2] if len(path) > 1 else -1)
                     break
             elif stack[r] >= 0:
                 for part in self.symbols[int(stack[r])].split(";"):
                     f = parse_frame(part)
                     if f is not None and not is_library_file(f.file):
-                        found = (f, -1)
+                        found = (f, -1, -1, -1)
                         break
                 break
             r = int(parent[r])
             if len(path) > 10_000:  # a cycle cannot happen by construction; stay safe anyway
                 break
         for p in path:
-            cache[p] = found
-        frame, early = found
+            cache[p] = found if p != found[2] else (*found[:3], -1)
+        frame, early, _, below = found
+        if frame is not None and below >= 0:
+            # a trace names a Python frame by its def line: the line calling what ran below it
+            frame = call_line(frame, callee_name(self.symbols[int(names[below])]))
         if frame is None or early < 0 or self.col("ts")[row] < self.col("end")[startup[early]]:
             return frame
         moved: dict[Frame, Frame] = self.__dict__.setdefault("_started_frames", {})
@@ -419,6 +430,16 @@ def started_frame(frame: Frame) -> Frame:
 
 
 _DEF = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)\s*[(\[]")
+
+
+def enclosing_def_line(frame: Frame) -> int | None:
+    """The `def` line of the function `frame` is in (its own line when it names the def)."""
+    if not frame.file:
+        return None
+    m = _DEF.match(linecache.getline(frame.file, frame.line))
+    if m and m.group(2) == frame.function:
+        return frame.line
+    return _def_line(frame.file, frame.line, frame.function)
 
 
 def _def_line(file: str, line: int, function: str) -> int | None:

@@ -19,6 +19,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from auditor.evidence.frame import Frame
+from auditor.evidence.trace.model import enclosing_def_line
 from auditor.findings import Edit
 
 _SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -123,37 +124,27 @@ def _edit_in(body: list[cst.CSTNode], positions, text: str, file: str) -> Edit |
     return None
 
 
-_DEF = ("def ", "async def ")
-
-
 def source_lines(frame: Frame) -> tuple[int, int] | None:
-    """(first, last) line of the function `frame` names, when its source is here: a torch >= 2
-    profiler trace names a Python function by its def line, an audited run's probes by the line of
-    the call inside it (then the nearest def above it, indented less, is the function's)."""
+    """(first, last) line of the function whose def line `frame` names, when its source is here
+    (a torch >= 2 trace names a Python function by its first line)."""
     lines = linecache.getlines(frame.file) if frame.file else []
-    if not 0 < frame.line <= len(lines):
+    if not (0 < frame.line <= len(lines)):
         return None
-    first = frame.line
-    if not lines[first - 1].lstrip().startswith(_DEF):
-        inner = len(lines[first - 1]) - len(lines[first - 1].lstrip())
-        while first > 1:
-            first -= 1
-            text = lines[first - 1]
-            if text.lstrip().startswith(_DEF) and len(text) - len(text.lstrip()) < inner:
-                break
-        else:
+    if not lines[frame.line - 1].lstrip().startswith(("def ", "async def ")):
+        # a frame at a call's line inside the function (Trace.user_frame): its enclosing def
+        start = enclosing_def_line(frame)
+        if start is None:
             return None
-        if not lines[first - 1].lstrip().startswith(_DEF):
-            return None
-    indent = len(lines[first - 1]) - len(lines[first - 1].lstrip())
-    last = first
-    for n in range(first + 1, len(lines) + 1):
+        frame = Frame(file=frame.file, line=start, function=frame.function)
+    indent = len(lines[frame.line - 1]) - len(lines[frame.line - 1].lstrip())
+    last = frame.line
+    for n in range(frame.line + 1, len(lines) + 1):
         text = lines[n - 1]
         if text.strip() and len(text) - len(text.lstrip()) <= indent and not text.lstrip().startswith("#"):
             break
         if text.strip():
             last = n
-    return (first, last) if last >= frame.line else None
+    return frame.line, last
 
 
 def sdpa_edit(frame: Frame) -> Edit | None:

@@ -1,0 +1,30 @@
+"""Which steps the numerics checks run on: checked, timed and profiled steps are kept apart.
+
+* Profiled steps (the profiler window) carry no checks: the trace is the program's, with none of
+  the checks' kernels (`aminmax`) or ranges in it.
+* Checked steps: every step of the first DENSE_STEPS outside the window (warm-up and the first
+  learning-rate ramp, where most runs go wrong, and where the deferred checks learn the sites
+  that make non-finite values by design), then every CHECK_EVERY-th step: where the checks nearly
+  double a step (the H100's host-bound encoder: ~+75%; a CPU step of 1,501 tiny calls: 2.4x), one
+  step in 32 costs the steady state 2-4%, under the 5% the audit may cost with the probes' share.
+* Timed steps: the others. Nothing of the checks runs in them; their median is the step time
+  the audit reports, and comparing checked steps with them is the checks' measured cost.
+* A timed step the checks did not see is still watched for its loss: the first loss each backward
+  pass starts from is kept, and read once the step's time is taken (on a GPU, queued on the
+  device then and read when its event has completed, never a sync). A non-finite loss, or a
+  checked step that saw a non-finite value, turns the checks on for every later step (but the
+  window's), so a run that goes wrong is followed step by step from then on.
+"""
+from __future__ import annotations
+
+DENSE_STEPS = 24  # steps checked from the start
+CHECK_EVERY = 32  # then one step in CHECK_EVERY
+
+
+def checked(step: int, window: frozenset[int] | set[int], alarmed: bool) -> bool:
+    """Whether the numerics checks run on `step` (see the module docstring)."""
+    if step in window:
+        return False
+    if alarmed or step < DENSE_STEPS:
+        return True
+    return (step - DENSE_STEPS) % CHECK_EVERY == 0

@@ -1,0 +1,38 @@
+"""The audit's own cost, measured between the run's steps (auditor.capture.numerics.schedule):
+timed steps (nothing of the audit's in them) against the steps that carried the numerics checks,
+and unprofiled steps against the profiled ones. Medians of wall time; failed steps left out."""
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from auditor.evidence.model import Evidence
+
+
+class OwnCost(msgspec.Struct):
+    timed_steps: list[int]  # not profiled, not checked: the steps whose median the reports state
+    checked_steps: list[int]  # not profiled, numerics-checked
+    profiled_steps: list[int]
+    timed_ms: float | None = None  # medians of each kind
+    checked_ms: float | None = None
+    profiled_ms: float | None = None
+    unprofiled_ms: float | None = None  # checked and timed steps together
+
+
+def own_cost(evidence: Evidence) -> OwnCost:
+    ok = [s for s in evidence.steps if not s.failed]
+    t = evidence.timed_steps()
+    timed_ids = {s.index for s in t}
+    checked = [s for s in ok if not s.profiled and s.numerics is not None]
+    profiled = [s for s in ok if s.profiled]
+    unprofiled = [s for s in ok if not s.profiled]
+
+    def med(steps: list) -> float | None:
+        return round(statistics.median(s.ms for s in steps), 3) if steps else None
+
+    return OwnCost(timed_steps=sorted(timed_ids), checked_steps=[s.index for s in checked],
+                   profiled_steps=[s.index for s in profiled], timed_ms=med(t), checked_ms=med(checked),
+                   profiled_ms=med(profiled), unprofiled_ms=med(unprofiled))
