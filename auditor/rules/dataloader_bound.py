@@ -61,9 +61,9 @@ def recommended_settings(settings: dict[str, Any], on_gpu: bool, cores: int | No
 
 def step_loader_shares(trace: Trace) -> list[dict[str, Any]]:
     """Per ProfilerStep (or the whole trace when it has none): its ms and the ms inside __next__."""
-    ev = trace.events
-    host = ev[ev["cat"].isin((CAT["cpu_op"], CAT["annotation"])) & ~ev["instant"]]
-    loader = trace.matching(DATALOADER_NEXT, host)
+    # (the rows are picked by name first: a filter of every event copies every column)
+    loader = trace.matching(DATALOADER_NEXT)
+    loader = loader[loader["cat"].isin((CAT["cpu_op"], CAT["annotation"])) & ~loader["instant"]]
     iv = merge_intervals(loader["ts"].to_numpy(), loader["end"].to_numpy())
     steps = trace.steps
     windows = ([(int(s.step), float(s.ts), float(s.end)) for s in steps.itertuples()] if len(steps)
@@ -150,8 +150,8 @@ class DataloaderBound(Rule):
         findings = []
         threshold = options.trace_min_share
         for trace in evidence.trace_data:
-            ev = trace.events
-            loader = trace.matching(DATALOADER_NEXT, ev[ev["cat"].isin((CAT["cpu_op"], CAT["annotation"]))])
+            loader = trace.matching(DATALOADER_NEXT)
+            loader = loader[loader["cat"].isin((CAT["cpu_op"], CAT["annotation"]))]
             if not len(loader):
                 continue
             per_step = step_loader_shares(trace)

@@ -203,8 +203,16 @@ _FIX = Fix(summary="Replace the loop with a torch.optim optimizer (e.g. torch.op
 def parameter_shapes(trace: Trace) -> set[tuple[int, ...]]:
     """The weight and bias shapes the trace's layers take (PARAM_ARGS, from `Input Dims`)."""
     out: set[tuple[int, ...]] = set()
-    names = trace.col("name")
-    for r, (dims, _, _) in op_shapes(trace).items():
+    shapes = op_shapes(trace)
+    if not shapes:
+        return out
+    names, args = trace.col("name"), trace.col("args")
+    rows = np.fromiter(shapes, dtype=np.int64, count=len(shapes))
+    # a row's dims are its argument record's: each distinct (operator name, record) is read once
+    pair = names[rows].astype(np.int64) * (int(args.max()) + 1) + args[rows]
+    _, first = np.unique(pair, return_index=True)
+    for r in rows[first].tolist():
+        dims = shapes[r][0]
         for i in PARAM_ARGS.get(trace.symbols[int(names[r])], ()):
             d = dims[i] if i < len(dims) else None
             if isinstance(d, list) and d and all(isinstance(x, int) for x in d):

@@ -53,6 +53,10 @@ def softmax_location(frame: Frame) -> Location:
     """Where the user wrote the chain: the line of the softmax call inside the function the trace
     names (found in its source), else the place the trace records."""
     span = source_lines(frame)
+    named = linecache.getline(frame.file, frame.line) if frame.file else ""
+    if span is not None and span[0] != frame.line and _SOFTMAX_CALL.search(named):  # the probes name the call
+        return Location(file=frame.file, line=frame.line, code=named.strip(),
+                        note=f"the softmax call in {frame.function}")
     if span is not None:
         for n in range(span[0] + 1, span[1] + 1):
             code = linecache.getline(frame.file, n)
@@ -175,9 +179,10 @@ class UnfusedAttention(TraceRule):
                  f"{(parts['scores matmul'] + parts['values matmul']) / total_us:.0%}, scale/mask/dropout/casts "
                  f"{parts['scale, mask, dropout, casts'] / total_us:.0%})") if on_gpu and total_us else ""
         timed = "of GPU kernel time" if on_gpu else "of the steps' time on the CPU"
+        rate = f" at {achieved:.2f} TFLOP/s" if on_gpu else ""  # (a CPU's rate says nothing of a GPU's)
         with_ops = f" with {', '.join(b.removeprefix('aten::') for b in between)} between" if between else ""
         message = (f"{len(chains)} attention computations in {trace.label} run unfused (matmul, softmax, matmul"
-                   f"{with_ops}): {ms:.2f} ms per step, {share:.0%} {timed}{split} at {achieved:.2f} TFLOP/s; "
+                   f"{with_ops}): {ms:.2f} ms per step, {share:.0%} {timed}{split}{rate}; "
                    f"shapes {top}. One fused scaled_dot_product_attention kernel never writes the score matrix.")
         locations = [softmax_location(f) for f, _, _ in where]
         edits = [e for f, _, _ in where[:1] if (e := sdpa_edit(f)) is not None]

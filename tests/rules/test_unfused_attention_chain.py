@@ -96,3 +96,24 @@ def test_the_sdpa_twin_is_silent(traces):
 @pytest.mark.parametrize("recording", sorted(p.name for p in (FIXTURES / "h100" / "plain").glob("*.json.gz")))
 def test_h100_recordings_without_attention_are_silent(recording):
     assert findings(FIXTURES / "h100" / "plain" / recording) == []
+
+
+def test_a_frame_at_the_call_line_gets_the_same_patch_and_line():
+    """An audited run's probes name the softmax call's line (35), not forward's def line (27) as
+    a plain profiler trace does: the same function is found above it, so the same SDPA edit and
+    location follow (before, `audit run gpu_attention.py:step` gave the finding no edit and
+    --verify said 'settings with no code edit')."""
+    from auditor.evidence.frame import Frame
+    from auditor.rules._support.sdpa_patch import sdpa_edit, source_lines
+    from auditor.rules.unfused_attention import softmax_location
+
+    source = str(EXAMPLES / "gpu_attention.py")
+    by_def, by_call = Frame(file=source, line=27, function="forward"), Frame(file=source, line=35, function="forward")
+    assert source_lines(by_call) == source_lines(by_def) == (27, 39)
+    edit = sdpa_edit(by_call)
+    assert edit is not None and edit == sdpa_edit(by_def) and (edit.start, edit.end) == (33, 37)
+    loc = softmax_location(by_call)
+    assert loc.line == 35 and loc.code == "att = torch.softmax(att, dim=-1)"
+    # a line outside any function, or past the file, has no function
+    assert source_lines(Frame(file=source, line=13, function="<module>")) is None
+    assert source_lines(Frame(file=source, line=10_000, function="forward")) is None

@@ -95,12 +95,13 @@ def called_ops(trace: Trace) -> np.ndarray:
     cat, parent = trace.col("cat"), trace.col("parent")
     ops = np.flatnonzero((cat == CAT["cpu_op"]) & ~trace.col("instant"))
     # the nearest enclosing operator of each, by pointer jumping over non-operator ancestors
+    # (only the walks still under way are stepped)
     up = parent[ops].copy()
-    while True:
-        walking = (up >= 0) & (cat[np.maximum(up, 0)] != CAT["cpu_op"])
-        if not walking.any():
-            break
-        up[walking] = parent[up[walking]]
+    live = np.flatnonzero(up >= 0)
+    while len(live):
+        live = live[cat[up[live]] != CAT["cpu_op"]]
+        up[live] = parent[up[live]]
+        live = live[up[live] >= 0]
     rows = ops[up < 0]
     rows = rows[np.lexsort((trace.col("ts")[rows], trace.col("tid")[rows], trace.col("pid")[rows]))]
     trace.__dict__["_called_ops"] = rows

@@ -396,25 +396,29 @@ def kernel_ops(trace: Trace) -> np.ndarray:
         return cached
     cat, link, parent, names = trace.col("cat"), trace.col("link"), trace.col("parent"), trace.col("name")
     out = np.full(len(cat), -1, dtype=np.int64)
-    modelled = {c: op_kind(trace.symbols[c]) for c in {trace.symbols.id(n) for n in MODELLED} - {-1}}
-    kernels = np.flatnonzero(cat == CAT["kernel"])
-    kernels = kernels[link[kernels] >= 0]
-    # the walk up from each distinct launch's parent, once: kernels share their launches' parents
+    # per name code: 1 a modelled attention operator, 0 another modelled operator, -1 not modelled
+    kind_of = np.full(len(trace.symbols), -1, dtype=np.int8)
+    for c in {trace.symbols.id(n) for n in MODELLED} - {-1}:
+        kind_of[c] = 1 if op_kind(trace.symbols[c]) == "attention" else 0
+    kernels = np.flatnonzero((cat == CAT["kernel"]) & (link >= 0))
     starts, which = np.unique(parent[link[kernels]], return_inverse=True)
-    found_of = np.full(len(starts), -1, dtype=np.int64)
-    for i, start in enumerate(starts.tolist()):
-        found, r, level = -1, start, 0
-        while r >= 0 and level < 4:
-            if cat[r] == CAT["cpu_op"]:
-                kind = modelled.get(int(names[r]))
-                if kind is not None and (level == 0 or kind == "attention"):
-                    found = r
-                    if level == 0 and kind != "attention":
-                        break
-                level += 1
-            r = int(parent[r])
-        found_of[i] = found
-    out[kernels] = found_of[which.reshape(-1)]
+    # every launch's ancestors walked together: the operators met are counted (level); the first
+    # modelled one is kept and ends the walk unless it is attention, an attention up to the fourth
+    # replaces what was kept
+    found = np.full(len(starts), -1, dtype=np.int64)
+    r, level = starts.astype(np.int64), np.zeros(len(starts), dtype=np.int64)
+    live = np.flatnonzero(r >= 0)
+    while len(live):
+        at = r[live]
+        op = cat[at] == CAT["cpu_op"]
+        kind = np.where(op & (names[at] >= 0), kind_of[names[at]], -1)
+        hit = (kind >= 0) & ((level[live] == 0) | (kind == 1))
+        found[live[hit]] = at[hit]
+        done = hit & (level[live] == 0) & (kind == 0)
+        level[live[op]] += 1
+        r[live] = parent[at]
+        live = live[~done & (r[live] >= 0) & (level[live] < 4)]
+    out[kernels] = found[which.reshape(-1)]
     trace.__dict__["_kernel_ops"] = out
     return out
 
@@ -526,7 +530,9 @@ def _group_stats(trace: Trace, work: np.ndarray, charged: np.ndarray, flops_of: 
     fl = np.zeros(len(groups))
     # an operator's FLOPs go to the group of its longest kernel (the first of equal ones)
     ops = charged[work]
-    mine = np.flatnonzero((ops >= 0) & np.isin(ops, np.fromiter(flops_of, dtype=np.int64, count=len(flops_of))))
+    has_flops = np.zeros(len(charged), dtype=bool)
+    has_flops[np.fromiter(flops_of, dtype=np.int64, count=len(flops_of))] = True
+    mine = np.flatnonzero((ops >= 0) & has_flops[np.maximum(ops, 0)])
     if len(mine):
         order = mine[np.lexsort((mine, -dur[work][mine], ops[mine]))]
         lead = np.r_[True, ops[order][1:] != ops[order][:-1]]

@@ -140,6 +140,7 @@ def gap_table(trace: Trace) -> Gaps:
     col = {c: i for i, c in enumerate(CAUSES)}
     threads = _ThreadIndex(trace, blocking)
     queued_later = _queued_later(trace, gpu)
+    kinded: list[int] = []  # the gaps with queued work, whose kind is found for all of them at the end
     for i in range(n):
         a, b, L = float(s[i]), float(e[i]), int(launch[i])
         if L < 0:
@@ -148,7 +149,7 @@ def gap_table(trace: Trace) -> Gaps:
             if nxt[i] >= 0 and queued_later.get(int(nxt[i]), np.inf) <= a:
                 us[i, col["queued work"]] = b - a
                 queued_from[i] = a
-                queued_kind[i] = _queued_kind(trace, threads, -1, int(nxt[i]), int(prev[i]))
+                kinded.append(i)
             else:
                 us[i, col["untraced"]] = b - a
             continue
@@ -156,7 +157,7 @@ def gap_table(trace: Trace) -> Gaps:
         if le <= a:  # queued before the gap began
             us[i, col["queued work"]] = b - a
             queued_from[i] = a
-            queued_kind[i] = _queued_kind(trace, threads, L, int(nxt[i]), int(prev[i]))
+            kinded.append(i)
             continue
         p = min(max(ls, a), b)  # the host's part ends where the launch call starts
         ready = min(max(le, p), b)  # the call returned: from then on the op was queued
@@ -165,7 +166,7 @@ def gap_table(trace: Trace) -> Gaps:
         us[i, col["launch"]] = (b - p) - waited
         if waited > 0:
             queued_from[i] = b - waited
-            queued_kind[i] = _queued_kind(trace, threads, L, int(nxt[i]), int(prev[i]))
+            kinded.append(i)
         if p <= a:
             continue
         host = (np.array([a]), np.array([p]))
@@ -181,6 +182,9 @@ def gap_table(trace: Trace) -> Gaps:
             sync_row[i] = g
             rest -= charged
         us[i, col["host work"]] = max(rest, 0.0)
+    if kinded:
+        at = np.asarray(kinded, dtype=np.int64)
+        queued_kind[at] = _queued_kinds(trace, threads, launch[at], nxt[at], prev[at])
     out = Gaps(start=s, end=e, next_row=nxt, launch_row=launch, us=us, sync_row=sync_row, queued_kind=queued_kind,
                queued_from=queued_from)
     trace.__dict__["_gap_table"] = out
@@ -299,6 +303,30 @@ class _ThreadIndex:
             return -1, 0.0
         return int(rows[k]), float(s[k])
 
+    def waited_on_events(self, launches: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
+        """waited_on_event of each launch, as a mask of `n` with the answers at `at`."""
+        out = np.zeros(n, dtype=bool)
+        if not self.waits or not len(launches):
+            return out
+        # the launches grouped by thread (one stable sort), each thread's answered with its waits
+        order = np.lexsort((self.tid[launches], self.pid[launches]))
+        p, t = self.pid[launches][order], self.tid[launches][order]
+        cuts = np.r_[0, np.flatnonzero((p[1:] != p[:-1]) | (t[1:] != t[:-1])) + 1, len(order)]
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            key = (int(p[a]), int(t[a]))
+            w, starts = self.waits.get(key), self.launch_ts.get(key)
+            if w is None:
+                continue
+            mine = order[a:b]
+            hi = self.ts[launches[mine]]
+            lo = np.full(len(hi), -np.inf)
+            if starts is not None:
+                k = np.searchsorted(starts, hi, side="left")
+                lo = np.where(k > 0, starts[np.maximum(k - 1, 0)], -np.inf)
+            k = np.searchsorted(w, hi, side="right") - 1
+            out[at[mine]] = (k >= 0) & (w[np.maximum(k, 0)] >= lo)
+        return out
+
     def waited_on_event(self, launch: int) -> bool:
         """An event wait was issued on the launching thread since its previous launch."""
         w = self.waits.get(self.key(launch))
@@ -326,36 +354,34 @@ def _queued_later(trace: Trace, gpu: np.ndarray) -> dict[int, float]:
     return out
 
 
-def _queued_kind(trace: Trace, threads: _ThreadIndex, launch: int, nxt: int, prev: int) -> int:
-    # (each distinct kernel name is matched once)
-    comm: dict[int, bool] = trace.__dict__.setdefault("_comm_kernel_names", {})
-    code = int(trace.col("name")[nxt])
-    if code not in comm:
-        comm[code] = is_comm_kernel(trace.symbols[code])
-    if comm[code]:
-        return QUEUED_KINDS.index("collective")
-    if launch >= 0:
-        graph: dict[int, bool] = trace.__dict__.setdefault("_graph_launch_names", {})
-        lcode = int(trace.col("name")[launch])
-        if lcode not in graph:
-            graph[lcode] = GRAPH_LAUNCH.match(trace.symbols[lcode]) is not None
-        if graph[lcode]:
-            return QUEUED_KINDS.index("graph launch")
-    if launch >= 0 and threads.waited_on_event(launch):
-        return QUEUED_KINDS.index("event wait")
-    tid = trace.col("tid")
-    if prev >= 0 and tid[prev] != tid[nxt]:
-        return QUEUED_KINDS.index("another stream")
-    return QUEUED_KINDS.index("same stream")
+def _queued_kinds(trace: Trace, threads: _ThreadIndex, launch: np.ndarray, nxt: np.ndarray,
+                  prev: np.ndarray) -> np.ndarray:
+    """QUEUED_KINDS index of each queued gap (its next op's launch row, -1 unrecorded; the next op;
+    the op before, -1 none), the first that holds: the next op is a collective's kernel, its launch a
+    graph launch, an event wait came since its thread's previous launch, the op before ran on
+    another stream; else the same stream. Each distinct kernel and launch name is matched once."""
+    names, tid, symbols = trace.col("name"), trace.col("tid"), trace.symbols
+    kind = np.full(len(nxt), QUEUED_KINDS.index("same stream"), dtype=np.int64)
+    kind[(prev >= 0) & (tid[np.maximum(prev, 0)] != tid[nxt])] = QUEUED_KINDS.index("another stream")
+    has = launch >= 0
+    if has.any():
+        kind[threads.waited_on_events(launch[has], np.flatnonzero(has), len(kind))] = QUEUED_KINDS.index("event wait")
+        codes = names[launch[has]]
+        graph = [c for c in np.unique(codes).tolist() if GRAPH_LAUNCH.match(symbols[c])]
+        kind[np.flatnonzero(has)[np.isin(codes, graph)]] = QUEUED_KINDS.index("graph launch")
+    comm = [c for c in np.unique(names[nxt]).tolist() if is_comm_kernel(symbols[c])]
+    kind[np.isin(names[nxt], comm)] = QUEUED_KINDS.index("collective")
+    return kind
 
 
 def _by_thread(pid: np.ndarray, tid: np.ndarray, rows: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """`rows` per (pid, tid), threads in order, each thread's rows in their order in `rows` (one sort)."""
     if not len(rows):
         return {}
-    keys = np.stack([pid[rows], tid[rows]], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    return {(int(p), int(t)): rows[inv == j] for j, (p, t) in enumerate(uniq)}
+    rows = rows[np.lexsort((np.arange(len(rows)), tid[rows], pid[rows]))]
+    p, t = pid[rows], tid[rows]
+    cuts = np.r_[0, np.flatnonzero((p[1:] != p[:-1]) | (t[1:] != t[:-1])) + 1, len(rows)]
+    return {(int(p[a]), int(t[a])): rows[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())}
 
 
 def _overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:

@@ -349,6 +349,15 @@ class Trace:
         self.__dict__["_startup_frames"] = out
         return out
 
+    def _program_frame(self, code: int) -> Frame | None:
+        """The frame a Python event's name (symbol `code`) names when it is the program's, not a
+        library's; each name is read once per trace."""
+        cache: dict[int, Frame | None] = self.__dict__.setdefault("_program_frames", {})
+        if code not in cache:
+            f = parse_frame(self.symbols[code])
+            cache[code] = f if f is not None and not is_library_file(f.file) else None
+        return cache[code]
+
     def user_frame(self, row: int) -> Frame | None:
         """The innermost frame outside torch, the standard library and site-packages.
 
@@ -384,8 +393,8 @@ class Trace:
             # range opened by `prof.step()` in a launcher's optimizer hook hangs below the hook's
             # call, and the step's work is the program's, above the hook
             if cat[r] == CAT["python"] and ends[r] >= begin:
-                f = parse_frame(self.symbols[int(names[r])])
-                if f is not None and not is_library_file(f.file):
+                f = self._program_frame(int(names[r]))
+                if f is not None:
                     found = (f, r if r in startup else -1, r, path[-2] if len(path) > 1 else -1)
                     break
             elif stack[r] >= 0:
@@ -403,7 +412,12 @@ class Trace:
         frame, early, _, below = found
         if frame is not None and below >= 0:
             # a trace names a Python frame by its def line: the line calling what ran below it
-            frame = call_line(frame, callee_name(self.symbols[int(names[below])]))
+            # (worked out once per frame and name below it: it reads the function's source)
+            at_line: dict[tuple[Frame, int], Frame] = self.__dict__.setdefault("_call_lines", {})
+            key = (frame, int(names[below]))
+            if key not in at_line:
+                at_line[key] = call_line(frame, callee_name(self.symbols[key[1]]))
+            frame = at_line[key]
         if frame is None or early < 0 or self.col("ts")[row] < self.col("end")[startup[early]]:
             return frame
         moved: dict[Frame, Frame] = self.__dict__.setdefault("_started_frames", {})
