@@ -356,6 +356,26 @@ def test_a_cut_inside_a_string_falls_back_to_one_process(tmp_path: Path, small_p
     assert par.name(1499) == "n" * 400 + "1499}, {"
 
 
+def test_workers_fill_columns_past_their_first_estimate(tmp_path: Path, small_pieces: None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main process copies each piece into columns sized from the rows per byte seen so far: a
+    file whose first events are long (few rows per byte) and whose later ones are short outgrows
+    that estimate, and the columns grow without losing or reordering a row."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": ("long" * 100 if i < 300 else "s") + str(i), "pid": 1,
+               "tid": 1 + i % 3, "ts": i * 10, "dur": 25 if i % 4 == 0 else 5} for i in range(9000)]
+    path = tmp_path / "dense_later.json"
+    path.write_text(json.dumps({"traceEvents": events, "traceName": "t"}))
+    grown = []
+    resize = trace_parallel._Filling._resize
+    monkeypatch.setattr(trace_parallel._Filling, "_resize",
+                        lambda self, capacity, parts: (grown.append(self.rows), resize(self, capacity, parts)))
+    par = load_trace(path, workers=2)
+    assert par.workers == 2
+    assert [r for r in grown if r > 0]  # grew past its first estimate, with rows already in it
+    _assert_same_trace(load_trace(path, workers=0), par)
+    assert par.name(8999) == "s8999" and len(par.events) == 9000
+
+
 @pytest.mark.parametrize("damage", ["malformed", "truncated"])
 def test_workers_report_damage_as_one_process_does(tmp_path: Path, plain_copy: Path, small_pieces: None,
                                                    damage: str) -> None:

@@ -30,6 +30,7 @@ from auditor.evidence.trace.arg_records import records
 from auditor.evidence.trace.decode import (CPU_NESTING, DEFAULT_CHUNK_BYTES, GPU_SIDE, LAUNCH_SIDE, SymbolTable,
                                            _Columns, _decode_args, _Stream)
 from auditor.evidence.trace.model import Trace
+from auditor.evidence.trace.nesting import nest
 from auditor.evidence.trace.steps import assign_steps, find_steps
 
 
@@ -62,60 +63,10 @@ def _empty_events() -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------
-def _thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
-    """Indices sorted by (thread, start, longest first), as np.lexsort((-dur, ts, tid, pid)) would
-    group them, but fast on traces already in time order: a stable sort by start (nearly sorted
-    input), a re-sort of equal-start runs only, then a stable sort by a dense thread code."""
-    order = np.argsort(ts, kind="stable")
-    sorted_ts = ts[order]
-    tie = np.flatnonzero(sorted_ts[1:] == sorted_ts[:-1])
-    if len(tie):
-        in_run = np.zeros(len(order), dtype=bool)
-        in_run[tie] = True
-        in_run[tie + 1] = True
-        at = np.flatnonzero(in_run)
-        sub = order[at]
-        order[at] = sub[np.lexsort((-dur[sub], ts[sub]))]
-    pcode, _ = pd.factorize(pid)
-    tcode, tuniq = pd.factorize(tid)
-    thread = pcode.astype(np.int64) * max(len(tuniq), 1) + tcode
-    return order[np.argsort(thread[order], kind="stable")]
-
-
 def _nest(events: pd.DataFrame) -> np.ndarray:
-    """Row of the innermost CPU event enclosing each CPU event on the same thread (-1: none).
-
-    Host events (ops, annotations, Python frames, runtime calls) form a call tree per thread. In
-    (thread, start, longest-first) order, the parent of an event is the nearest earlier event on
-    its thread that is still open when it starts (end > start): exactly the top of the stack a
-    sweep would keep, found here by pointer jumping in numpy (O(n log n), no Python loop). An event
-    that starts exactly when another ends is its sibling, not its child.
-    """
-    parent = np.full(len(events), -1, dtype=np.int64)
-    cpu = np.flatnonzero(np.isin(events["cat"].to_numpy(), CPU_NESTING) & ~events["instant"].to_numpy())
-    if not len(cpu):
-        return parent
-    ts_all, dur_all = events["ts"].to_numpy()[cpu], events["dur"].to_numpy()[cpu]
-    pid, tid = events["pid"].to_numpy()[cpu], events["tid"].to_numpy()[cpu]
-    order = _thread_time_order(pid, tid, ts_all, dur_all)
-    ts, end = ts_all[order], (ts_all + dur_all)[order]
-    thread_start = np.ones(len(order), dtype=bool)
-    thread_start[1:] = (pid[order][1:] != pid[order][:-1]) | (tid[order][1:] != tid[order][:-1])
-    idx = np.arange(len(order))
-    # cur[i]: a candidate such that every event strictly between it and i has ended by ts[i]
-    cur = idx - 1
-    cur[thread_start] = -1
-    active = idx[cur >= 0]
-    while len(active):
-        c = cur[active]
-        active = active[end[c] <= ts[active]]  # candidate already ended: keep jumping
-        # everything the candidate skipped ended by its own start <= ts[i]: jump past it as well
-        cur[active] = cur[cur[active]]
-        active = active[cur[active] >= 0]
-    found = cur >= 0
-    rows = cpu[order]
-    parent[rows[found]] = rows[cur[found]]
-    return parent
+    """Row of the innermost CPU event enclosing each CPU event on the same thread (-1: none;
+    auditor.evidence.trace.nesting)."""
+    return nest(*(events[k].to_numpy() for k in ("cat", "instant", "pid", "tid", "ts", "dur")))
 
 
 def _links(events: pd.DataFrame) -> np.ndarray:

@@ -91,6 +91,8 @@ def parse(stream: _Stream, cols: _Columns, workers: int) -> None:
     luts: dict[int, list[int]] = {}  # worker pid -> the main table's code of each of its symbols
     arg_luts: dict[int, list[int]] = {}  # ... and of each of its argument records
     pending: deque[Future] = deque()
+    total = (stream.path.stat().st_size - starts[0]) or 1
+    events, flows = _Filling(total), _Filling(total)
     context = multiprocessing.get_context("fork")
     with warnings.catch_warnings(), ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         # Python 3.12+ warns at every fork of a process with more than one OS thread. The only other
@@ -102,17 +104,72 @@ def parse(stream: _Stream, cols: _Columns, workers: int) -> None:
             for a, b in zip(starts, ends):
                 pending.append(pool.submit(_decode_range, stream.path, a, b))
                 if len(pending) >= 2 * workers:
-                    _merge(pending.popleft().result(), cols, luts, arg_luts, stream)
+                    _merge(pending.popleft().result(), cols, luts, arg_luts, stream, events, flows)
             while pending:
-                _merge(pending.popleft().result(), cols, luts, arg_luts, stream)
+                _merge(pending.popleft().result(), cols, luts, arg_luts, stream, events, flows)
         except BaseException:
             for f in pending:
                 f.cancel()
             raise
+    cols.parts.update(events.columns())
+    cols.flow_parts.update(flows.columns())
+
+
+class _Filling:
+    """Columns filled piece by piece, in file order, into arrays allocated once for the whole file
+    (their length estimated from the rows per byte of the pieces so far, grown by half when short).
+
+    Why: the main process is idle while the workers decode, so the pieces are copied into place
+    then, as they come, and each piece's memory is reused by the next; concatenating them all at
+    the end would touch twice the memory, on the one core, after the decode."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self.arrays: dict[str, np.ndarray] = {}
+        self.rows = 0
+        self.bytes = 0  # of the pieces added
+
+    def add(self, parts: dict[str, np.ndarray], n_bytes: int, luts: dict[str, np.ndarray]) -> None:
+        """Append a piece's columns (all of one length; `luts`: a code table to map a column
+        through on the way)."""
+        self.bytes += n_bytes
+        if not parts:
+            return
+        k = len(next(iter(parts.values())))
+        if self.arrays and (parts.keys() != self.arrays.keys()
+                            or any(a.dtype != self.arrays[key].dtype for key, a in parts.items())):
+            raise ValueError("a piece has other columns than the pieces before it")  # (one process parses it)
+        if any(len(a) != k for a in parts.values()):
+            raise ValueError("a piece has columns of different lengths")
+        capacity = len(next(iter(self.arrays.values()))) if self.arrays else 0
+        if self.rows + k > capacity:
+            need = self.rows + k
+            expect = int(need / max(self.bytes, 1) * self.total_bytes * 1.05) + 1024
+            self._resize(max(expect, need + need // 2), parts)
+        at = slice(self.rows, self.rows + k)
+        for key, arr in parts.items():
+            lut = luts.get(key)
+            if lut is None:
+                self.arrays[key][at] = arr
+            else:
+                np.take(lut, arr, out=self.arrays[key][at])
+        self.rows += k
+
+    def _resize(self, capacity: int, parts: dict[str, np.ndarray]) -> None:
+        for key, arr in parts.items():
+            new = np.empty(capacity, dtype=arr.dtype)
+            old = self.arrays.get(key)
+            if old is not None:
+                new[:self.rows] = old[:self.rows]
+            self.arrays[key] = new
+
+    def columns(self) -> dict[str, list[np.ndarray]]:
+        """The filled columns, as the one chunk of each (cols.parts' form)."""
+        return {key: [arr[:self.rows]] for key, arr in self.arrays.items()}
 
 
 def _merge(res: dict[str, Any], cols: _Columns, luts: dict[int, list[int]], arg_luts: dict[int, list[int]],
-           stream: _Stream) -> None:
+           stream: _Stream, events: _Filling, flows: _Filling) -> None:
     """Append one piece's columns, its symbol and argument record codes mapped onto the main tables."""
     if res["trailer"] is not None:
         stream.trailer = res["trailer"]
@@ -127,11 +184,8 @@ def _merge(res: dict[str, Any], cols: _Columns, luts: dict[int, list[int]], arg_
     if res["arg_keys"]:
         arg_codes.extend(cols.args.intern_many(res["arg_keys"]).tolist())
     arg_lut = np.asarray([*arg_codes, -1], dtype=np.int32)
-    for key, arr in res["parts"].items():
-        cols.parts.setdefault(key, []).append(lut[arr] if key in SYMBOL_COLUMNS else arg_lut[arr] if key == "args"
-                                              else arr)
-    for key, arr in res["flows"].items():
-        cols.flow_parts.setdefault(key, []).append(lut[arr] if key == "cat" else arr)
+    events.add(res["parts"], res["bytes"], {**dict.fromkeys(SYMBOL_COLUMNS, lut), "args": arg_lut})
+    flows.add(res["flows"], res["bytes"], {"cat": lut})
     cols.meta.extend(_Event(ph=ph, name=name, pid=pid, tid=tid, args=msgspec.Raw(args))
                      for ph, name, pid, tid, args in res["meta"])
 
@@ -181,7 +235,7 @@ def _decode_range(path: Path, start: int, end: int | None) -> dict[str, Any]:
     cols.parts.clear()
     cols.flow_parts.clear()
     cols.meta.clear()
-    return {"pid": os.getpid(), "names": cols.symbols.names[known:], "arg_keys": cols.args.keys[known_args:],
+    return {"pid": os.getpid(), "bytes": n, "names": cols.symbols.names[known:], "arg_keys": cols.args.keys[known_args:],
             "parts": parts, "flows": flows,
             "meta": meta, "trailer": stream.trailer if end is None else None, "dropped": stream.dropped,
             "dropped_why": stream.dropped_why}
