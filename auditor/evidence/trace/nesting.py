@@ -13,6 +13,15 @@ import pandas as pd
 from auditor.evidence.trace.decode import CPU_NESTING
 
 
+def _small_codes(codes: np.ndarray, count: int) -> np.ndarray:
+    """Dense codes in the smallest int type that holds them (numpy sorts 8- and 16-bit ints stably
+    by radix, in one pass)."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if count <= np.iinfo(dtype).max:
+            return codes.astype(dtype, copy=False)
+    return codes
+
+
 def thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Indices sorted by (thread, start, longest first), as np.lexsort((-dur, ts, tid, pid)) would
     group them, but fast on traces already in time order: a stable sort by start (nearly sorted
@@ -21,6 +30,7 @@ def thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.
     order = np.argsort(ts, kind="stable")
     sorted_ts = ts[order]
     tie = np.flatnonzero(sorted_ts[1:] == sorted_ts[:-1])
+    del sorted_ts
     if len(tie):
         in_run = np.zeros(len(order), dtype=bool)
         in_run[tie] = True
@@ -28,39 +38,69 @@ def thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.
         at = np.flatnonzero(in_run)
         sub = order[at]
         order[at] = sub[np.lexsort((-dur[sub], ts[sub]))]
-    pcode, _ = pd.factorize(pid)
+    pcode, puniq = pd.factorize(pid)
     tcode, tuniq = pd.factorize(tid)
-    thread = pcode.astype(np.int64) * max(len(tuniq), 1) + tcode
-    by_thread = np.argsort(thread[order], kind="stable")
+    if len(puniq) > 1:
+        thread, uniq = pd.factorize(pcode.astype(np.int64) * max(len(tuniq), 1) + tcode)
+        count = len(uniq)
+    else:
+        thread, count = tcode, len(tuniq)
+    code = _small_codes(thread, count)[order]
+    by_thread = np.argsort(code, kind="stable")
     order = order[by_thread]
-    code = thread[order]
-    thread_start = np.ones(len(order), dtype=bool)
-    thread_start[1:] = code[1:] != code[:-1]
+    code = code[by_thread]
+    thread_start = np.empty(len(order), dtype=bool)
+    thread_start[:1] = True
+    np.not_equal(code[1:], code[:-1], out=thread_start[1:])
     return order, thread_start
 
 
-def enclosing(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray,
-              ordered: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def enclosing(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
     """For events given as arrays (host events, none instant): the index of each one's parent
-    (-1: none). Found by pointer jumping in numpy (O(n log n), no Python loop). `ordered`:
-    thread_time_order's result, when the caller has it."""
-    parent = np.full(len(ts), -1, dtype=np.int64)
-    if not len(ts):
+    (-1: none). Found by pointer jumping in numpy (O(n log n), no Python loop over events): each
+    event's candidate starts as the event before it and, while the candidate has ended by the
+    event's start, moves to the candidate's own candidate."""
+    n = len(ts)
+    parent = np.full(n, -1, dtype=np.int64)
+    if not n:
         return parent
-    order, thread_start = thread_time_order(pid, tid, ts, dur) if ordered is None else ordered
-    start, end = ts[order], (ts + dur)[order]
-    idx = np.arange(len(order))
+    order, thread_start = thread_time_order(pid, tid, ts, dur)
+    it = np.int32 if n < np.iinfo(np.int32).max else np.int64  # half the bytes every round moves
+    order = order.astype(it, copy=False)
+    start = ts[order]
+    end = np.add(ts, dur)[order]
     # cur[i]: a candidate such that every event strictly between it and i has ended by start[i]
-    cur = idx - 1
+    cur = np.arange(-1, n - 1, dtype=it)
     cur[thread_start] = -1
-    active = idx[cur >= 0]
-    while len(active):
-        c = cur[active]
-        active = active[end[c] <= start[active]]  # candidate already ended: keep jumping
+    # the first round needs no indirection: the candidate of each is the one just before it
+    active = np.flatnonzero((end[:-1] <= start[1:]) & ~thread_start[1:]).astype(it)
+    active += 1
+    k = len(active)
+    # every round works in these buffers (fresh memory costs more than the work on it)
+    bufs = (active, np.empty(k, dtype=it))
+    side = 0
+    cand, cand2 = np.empty(k, dtype=it), np.empty(k, dtype=it)
+    ends, starts = np.empty(k, dtype=np.float64), np.empty(k, dtype=np.float64)
+    mask = np.empty(k, dtype=bool)
+    first = True
+    while k:
+        if not first:  # keep the events whose candidate has ended by their start
+            c = np.take(cur, active, out=cand[:k], mode="clip")
+            m = np.less_equal(np.take(end, c, out=ends[:k], mode="clip"),
+                              np.take(start, active, out=starts[:k], mode="clip"), out=mask[:k])
+            k = int(np.count_nonzero(m))
+            side ^= 1
+            active = np.compress(m, active, out=bufs[side][:k])
+        first = False
         # everything the candidate skipped ended by its own start <= start[i]: jump past it as well
-        cur[active] = cur[cur[active]]
-        active = active[cur[active] >= 0]
-    found = cur >= 0
+        c = np.take(cur, active, out=cand[:k], mode="clip")
+        c2 = np.take(cur, c, out=cand2[:k], mode="clip")
+        cur[active] = c2
+        m = np.greater_equal(c2, 0, out=mask[:k])
+        k = int(np.count_nonzero(m))
+        side ^= 1
+        active = np.compress(m, active, out=bufs[side][:k])
+    found = np.flatnonzero(cur >= 0)
     parent[order[found]] = order[cur[found]]
     return parent
 
