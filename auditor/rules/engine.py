@@ -1,8 +1,10 @@
 """Runs the enabled rules over the evidence, applies suppression comments, ranks findings."""
 from __future__ import annotations
 
+import gc
 import time
 import traceback
+from pathlib import Path
 
 import msgspec
 
@@ -136,6 +138,21 @@ def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | 
         return rules_on_sketches(evidence, config, run_rules)
     out = RuleResults()
     roots = project_roots(evidence.target)
+    # No cyclic garbage collection while the rules run: a collection of the oldest generation walks
+    # every object the process holds (the evidence, pandas, plotly) for the few cycles rules make,
+    # which are collected once they are done.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        _run_each(evidence, config, timings, out, roots)
+    finally:
+        if collecting:
+            gc.enable()
+    out.findings.sort(key=rank_key)
+    return out
+
+
+def _run_each(evidence: Evidence, config: Config, timings: dict | None, out: RuleResults, roots: list[Path]) -> None:
     for rule_id, cls in all_rules().items():
         if not config.enabled(rule_id):
             continue
@@ -150,5 +167,3 @@ def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | 
                 out.suppressed += 1
             else:
                 out.findings.append(_with_patch(project_edits(_capped(kept, evidence), roots)))
-    out.findings.sort(key=rank_key)
-    return out
