@@ -15,10 +15,14 @@ import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from auditor import cst_edits
 from auditor.findings import Edit
+
+if TYPE_CHECKING:
+    from auditor import cst_edits
+# libcst takes ~0.4 s to import, and most audits build no call edit: the functions that edit
+# calls import auditor.cst_edits when first called.
 
 
 def read_lines(file: str, keepends: bool = False) -> list[str] | None:
@@ -163,6 +167,8 @@ def text_edit(file: str, old: str, new: str) -> Edit | None:
 def call_site(file: str, line: int, names: Iterable[str]) -> "cst_edits.CallSite | None":
     """The call to one of `names` spanning `line` as the edits see it: its keywords, whether it
     passes `**mapping` (None when the file is unreadable or no such call is there)."""
+    from auditor import cst_edits  # (libcst: imported by the first edit, not by every audit)
+
     text = read_text(file)
     return None if text is None else cst_edits.find_call(text, line, names)
 
@@ -195,6 +201,8 @@ def edit_call_kwargs(file: str, line: int, names: Iterable[str], set_kwargs: dic
     None when a keyword to add may already reach the call another way (see given_elsewhere;
     `received`: the parameters the run saw the call give, None when unknown): the patched call
     would raise "got multiple values"."""
+    from auditor import cst_edits  # (libcst: imported by the first edit, not by every audit)
+
     text = read_text(file)
     if text is None:
         return None
@@ -273,6 +281,8 @@ def edit_calls_on_line(file: str, line: int, positional: dict[str, int], set_kwa
     changes both calls. A call that passes `*seq`/`**mapping`, or as many positional arguments as
     `positional` names for it (where one of them may be the keyword's), is left as it is. Only the
     added tokens change (auditor.cst_edits)."""
+    from auditor import cst_edits  # (libcst: imported by the first edit, not by every audit)
+
     text = read_text(file)
     if text is None:
         return None

@@ -16,7 +16,6 @@ from auditor.evidence.trace.efficiency import efficiency
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location
-from auditor.rules._support.sdpa_patch import sdpa_edit, source_lines
 from auditor.rules.base import Option, Options, TraceRule
 
 # What a fused attention kernel reaches, as a share of the device's peak for its dtype, for the
@@ -52,6 +51,8 @@ def _parts(trace: Trace, chain: Chain) -> dict[str, float]:
 def softmax_location(frame: Frame) -> Location:
     """Where the user wrote the chain: the line of the softmax call inside the function the trace
     names (found in its source), else the place the trace records."""
+    from auditor.rules._support.sdpa_patch import source_lines  # (libcst: imported when the rule fires)
+
     span = source_lines(frame)
     named = linecache.getline(frame.file, frame.line) if frame.file else ""
     if span is not None and span[0] != frame.line and _SOFTMAX_CALL.search(named):  # the probes name the call
@@ -185,6 +186,8 @@ class UnfusedAttention(TraceRule):
                    f"{with_ops}): {ms:.2f} ms per step, {share:.0%} {timed}{split}{rate}; "
                    f"shapes {top}. One fused scaled_dot_product_attention kernel never writes the score matrix.")
         locations = [softmax_location(f) for f, _, _ in where]
+        from auditor.rules._support.sdpa_patch import sdpa_edit
+
         edits = [e for f, _, _ in where[:1] if (e := sdpa_edit(f)) is not None]
         return self.finding(
             message, locations=locations, evidence=evidence, cost=cost,
