@@ -34,6 +34,7 @@ from auditor import __version__
 from auditor.evidence import sources
 from auditor.evidence.model import CUDA_STANDIN, Evidence
 from auditor.reports.base import Reporter
+from auditor.reports.figure import Figure
 from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.findings_json import document
 from auditor.reports.patch import numerics_patchable, patchable
@@ -66,8 +67,6 @@ def script_json(data: Any) -> Markup:
 
 def build_plots(ev: Evidence, builders: list[PlotBuilder] | None = None) -> tuple[list[dict], list[str]]:
     """(plots as {"id", "figure"} with plain-JSON figures, errors of builders that raised)."""
-    import plotly.io as pio
-
     plots, errors = [], []
     for i, builder in enumerate(builders if builders is not None else PLOT_BUILDERS):
         name = getattr(builder, "__name__", repr(builder))
@@ -77,12 +76,24 @@ def build_plots(ev: Evidence, builders: list[PlotBuilder] | None = None) -> tupl
             errors.append(f"plot {name} failed: {type(e).__name__}: {e}")
             continue
         if fig is not None:
-            figure = json.loads(pio.to_json(fig, validate=False, engine="json"))
+            if isinstance(fig, Figure):
+                figure = json.loads(json.dumps(fig.to_plotly_json(), default=_plain))
+            else:
+                import plotly.io as pio
+
+                figure = json.loads(pio.to_json(fig, validate=False, engine="json"))
             layout = figure.setdefault("layout", {})
             if "layout" not in (layout.get("template") or {}):  # no template of its own: the page's
                 layout.pop("template", None)
             plots.append({"id": f"plot-{i}-{re.sub(r'[^a-z0-9]+', '-', name.lower())}", "figure": figure})
     return plots, errors
+
+
+def _plain(value: Any) -> Any:
+    """A numpy array or scalar in a figure, as JSON takes it."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} in a figure")
 
 
 @functools.lru_cache(maxsize=1)
@@ -537,11 +548,8 @@ def environment_rows(ev: Evidence) -> list[tuple[str, str]]:
 
 
 def prewarm() -> None:
-    """Load what rendering needs (plotly, its template, the compiled page) ahead of time: `audit
+    """Load what rendering needs (plotly's template and plotly.js, the compiled page) ahead of time: `audit
     run` calls this in a thread while the audited steps run."""
-    import plotly.graph_objects as go
-
-    go.Figure(layout=dict(template={}))
     plot_template()
     _jinja().get_template("report.html.j2")
     plotly_js()

@@ -1,5 +1,6 @@
-"""The report's plots: each a function of the evidence returning a plotly Figure, or None when the
-evidence it needs is absent. `PLOT_BUILDERS` is the order they appear in."""
+"""The report's plots: each a function of the evidence returning a figure (auditor.reports.figure's,
+plain plotly JSON; or a plotly Figure), or None when the evidence it needs is absent.
+`PLOT_BUILDERS` is the order they appear in."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -9,13 +10,14 @@ import numpy as np
 from auditor.evidence.model import Evidence
 from auditor.evidence.numerics_view import NumericsView
 from auditor.evidence.phases import PHASES, phase_table
+from auditor.reports.figure import Figure
 from auditor.reports.gpu_plots import kernel_group_plot, roofline_plot
 from auditor.reports.rank_plots import rank_figure
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-PlotBuilder = Callable[[Evidence], "go.Figure | None"]
+PlotBuilder = Callable[[Evidence], "Figure | go.Figure | None"]
 MiB = 2**20
 MAX_LINE_POINTS = 4000  # per line in a plot: the report stays a few MB whatever the input size
 PLOT_TEMPLATE = "plotly_white"  # the page applies it once to every plot (see html.build_plots)
@@ -32,14 +34,12 @@ def _layout(title: str, y_title: str) -> dict[str, Any]:
                 legend=dict(orientation="h", y=-0.2, traceorder="normal"))
 
 
-def phase_plot(ev: Evidence) -> go.Figure | None:
+def phase_plot(ev: Evidence) -> Figure | None:
     """Where each step's time went: stacked phases, from the probes' timed tallies."""
     rows = phase_table(ev)
     if not rows:
         return None
-    import plotly.graph_objects as go
-
-    fig = go.Figure(layout=_layout("Step time by phase (ms)", "ms"))
+    fig = Figure(layout=_layout("Step time by phase (ms)", "ms"))
     keep = decimate(np.array([sum(r[p] for p in PHASES) for r in rows], dtype=float), MAX_LINE_POINTS)
     rows = [rows[k] for k in keep]
     steps = [r["step"] for r in rows]
@@ -51,15 +51,13 @@ def phase_plot(ev: Evidence) -> go.Figure | None:
     return fig
 
 
-def step_time_plot(ev: Evidence) -> go.Figure | None:
+def step_time_plot(ev: Evidence) -> Figure | None:
     """Step wall time over the run; profiled steps are marked (the profiler slows them). For
     recordings analysed on their own, the steps the reports state (a trace's ProfilerSteps, or the
     iterations of one recorded without a schedule)."""
     if not ev.steps:
         return recorded_step_plot(ev)
-    import plotly.graph_objects as go
-
-    fig = go.Figure(layout=_layout("Step time over the run (ms)", "ms"))
+    fig = Figure(layout=_layout("Step time over the run (ms)", "ms"))
     shown = [ev.steps[k] for k in decimate(np.array([s.ms for s in ev.steps], dtype=float), MAX_LINE_POINTS)]
     fig.add_scatter(name="step", x=[s.index for s in shown], y=[round(s.ms, 3) for s in shown],
                     mode="lines+markers", line=dict(color="#4c78a8"))
@@ -74,16 +72,14 @@ def step_time_plot(ev: Evidence) -> go.Figure | None:
     return fig
 
 
-def recorded_step_plot(ev: Evidence) -> go.Figure | None:
+def recorded_step_plot(ev: Evidence) -> Figure | None:
     """The shown trace's steps (Evidence.shown_trace), by their ProfilerStep number, median marked."""
     trace = ev.shown_trace()
     if trace is None:
         return None
-    import plotly.graph_objects as go
-
     steps = trace.steps
     what = "ProfilerStep" if trace.steps_from is None else "iteration"
-    fig = go.Figure(layout=_layout(f"Step time in {trace.label} (ms)", "ms"))
+    fig = Figure(layout=_layout(f"Step time in {trace.label} (ms)", "ms"))
     fig.update_xaxes(title_text=what if what == "ProfilerStep" else "iteration (no ProfilerSteps recorded)")
     fig.add_scatter(name=what, x=steps["step"].tolist(), y=(steps["dur"].to_numpy() / 1e3).round(3).tolist(),
                     mode="lines+markers", line=dict(color="#4c78a8"))
@@ -93,7 +89,7 @@ def recorded_step_plot(ev: Evidence) -> go.Figure | None:
     return fig
 
 
-def memory_plot(ev: Evidence) -> go.Figure | None:
+def memory_plot(ev: Evidence) -> Figure | None:
     """Memory at each step boundary: process RSS and, on a real device, the CUDA allocator."""
     series = {"process RSS": [s.rss_bytes for s in ev.steps],
               "device allocated": [s.device_allocated for s in ev.steps],
@@ -101,9 +97,7 @@ def memory_plot(ev: Evidence) -> go.Figure | None:
     series = {k: v for k, v in series.items() if any(x is not None for x in v)}
     if not series:
         return None
-    import plotly.graph_objects as go
-
-    fig = go.Figure(layout=_layout("Memory at step end (MiB)", "MiB"))
+    fig = Figure(layout=_layout("Memory at step end (MiB)", "MiB"))
     for name, values in series.items():
         keep = decimate(np.array([v if v is not None else np.nan for v in values], dtype=float), MAX_LINE_POINTS)
         fig.add_scatter(name=name, x=[ev.steps[k].index for k in keep],
@@ -116,17 +110,15 @@ def memory_plot(ev: Evidence) -> go.Figure | None:
 
 
 
-def memory_timeline_plot(ev: Evidence) -> go.Figure | None:
+def memory_timeline_plot(ev: Evidence) -> Figure | None:
     """Allocated memory through the profiled window, from the trace's `[memory]` events, peak marked."""
-    import plotly.graph_objects as go
-
     fig = None
     for trace in ev.trace_data:
         mem = trace.of("memory")
         if mem.empty:
             continue
         if fig is None:
-            fig = go.Figure(layout=_layout("Memory in the profiled window (MiB)", "MiB"))
+            fig = Figure(layout=_layout("Memory in the profiled window (MiB)", "MiB"))
             fig.update_xaxes(title_text="ms since the window opened")
         t0 = float(mem["ts"].min())
         for dev, part in mem.groupby("device_type"):
@@ -171,17 +163,15 @@ def decimate(y: np.ndarray, max_points: int) -> np.ndarray:
     return np.unique(np.concatenate(picks))
 
 
-def segment_map_plot(ev: Evidence) -> go.Figure | None:
+def segment_map_plot(ev: Evidence) -> Figure | None:
     """A CUDA memory snapshot's segments by address: allocated vs free bytes in each (fragmentation)."""
-    import plotly.graph_objects as go
-
     fig = None
     for snap in ev.snapshot_data:
         segs = sorted(snap.segments, key=lambda s: (s.device, s.address))
         if not segs:
             continue
         if fig is None:
-            fig = go.Figure(layout=_layout("Allocator segments by address (MiB)", "MiB"))
+            fig = Figure(layout=_layout("Allocator segments by address (MiB)", "MiB"))
             fig.update_xaxes(title_text="segment (by address)")
             fig.update_layout(barmode="stack")
         x = list(range(len(segs)))
@@ -191,7 +181,7 @@ def segment_map_plot(ev: Evidence) -> go.Figure | None:
     return fig
 
 
-def numerics_plot(ev: Evidence) -> go.Figure | None:
+def numerics_plot(ev: Evidence) -> Figure | None:
     """Loss and global gradient norm per step (log scale), the first non-finite step marked."""
     view = NumericsView.of(ev)
     loss, norms = view.loss_series(), view.grad_norm_series()
@@ -199,14 +189,12 @@ def numerics_plot(ev: Evidence) -> go.Figure | None:
         return None
     import math
 
-    import plotly.graph_objects as go
-
     def finite(series: list[list]) -> tuple[list, list]:
         pts = [(i, v) for i, v in series if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
         pts = [pts[k] for k in decimate(np.array([v for _, v in pts], dtype=float), MAX_LINE_POINTS)]
         return [i for i, _ in pts], [v for _, v in pts]
 
-    fig = go.Figure(layout=_layout("Loss and gradient norm (log scale)", "value"))
+    fig = Figure(layout=_layout("Loss and gradient norm (log scale)", "value"))
     fig.update_yaxes(type="log")
     for name, series in (("loss", loss), ("gradient norm", norms)):
         x, y = finite(series)
