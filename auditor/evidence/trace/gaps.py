@@ -303,38 +303,25 @@ class _ThreadIndex:
             return -1, 0.0
         return int(rows[k]), float(s[k])
 
-    def waited_on_events(self, launches: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
-        """waited_on_event of each launch, as a mask of `n` with the answers at `at`."""
-        out = np.zeros(n, dtype=bool)
-        if not self.waits or not len(launches):
+    def waited_on_events(self, launches: np.ndarray) -> np.ndarray:
+        """For each launch: an event wait was issued on its thread since the thread's previous launch."""
+        out = np.zeros(len(launches), dtype=bool)
+        if not self.waits:
             return out
-        # the launches grouped by thread (one stable sort), each thread's answered with its waits
-        order = np.lexsort((self.tid[launches], self.pid[launches]))
-        p, t = self.pid[launches][order], self.tid[launches][order]
-        cuts = np.r_[0, np.flatnonzero((p[1:] != p[:-1]) | (t[1:] != t[:-1])) + 1, len(order)]
-        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-            key = (int(p[a]), int(t[a]))
-            w, starts = self.waits.get(key), self.launch_ts.get(key)
+        at = np.arange(len(launches))
+        for key, mine in _by_thread(self.pid[launches], self.tid[launches], at).items():
+            w = self.waits.get(key)
             if w is None:
                 continue
-            mine = order[a:b]
             hi = self.ts[launches[mine]]
             lo = np.full(len(hi), -np.inf)
-            if starts is not None:
+            starts = self.launch_ts.get(key)
+            if starts is not None:  # (the thread's previous launch, as previous_launch_ts finds it)
                 k = np.searchsorted(starts, hi, side="left")
                 lo = np.where(k > 0, starts[np.maximum(k - 1, 0)], -np.inf)
             k = np.searchsorted(w, hi, side="right") - 1
-            out[at[mine]] = (k >= 0) & (w[np.maximum(k, 0)] >= lo)
+            out[mine] = (k >= 0) & (w[np.maximum(k, 0)] >= lo)
         return out
-
-    def waited_on_event(self, launch: int) -> bool:
-        """An event wait was issued on the launching thread since its previous launch."""
-        w = self.waits.get(self.key(launch))
-        if w is None:
-            return False
-        lo, hi = self.previous_launch_ts(launch), float(self.ts[launch])
-        k = int(np.searchsorted(w, hi, side="right")) - 1
-        return k >= 0 and w[k] >= lo
 
 
 def _queued_later(trace: Trace, gpu: np.ndarray) -> dict[int, float]:
@@ -365,7 +352,7 @@ def _queued_kinds(trace: Trace, threads: _ThreadIndex, launch: np.ndarray, nxt: 
     kind[(prev >= 0) & (tid[np.maximum(prev, 0)] != tid[nxt])] = QUEUED_KINDS.index("another stream")
     has = launch >= 0
     if has.any():
-        kind[threads.waited_on_events(launch[has], np.flatnonzero(has), len(kind))] = QUEUED_KINDS.index("event wait")
+        kind[np.flatnonzero(has)[threads.waited_on_events(launch[has])]] = QUEUED_KINDS.index("event wait")
         codes = names[launch[has]]
         graph = [c for c in np.unique(codes).tolist() if GRAPH_LAUNCH.match(symbols[c])]
         kind[np.flatnonzero(has)[np.isin(codes, graph)]] = QUEUED_KINDS.index("graph launch")
