@@ -82,6 +82,12 @@ from auditor.evidence.trace import parallel as trace_parallel
 if sys.argv[2] == "1":  # one process: what a 1-core machine (or a gzip trace) gets
     trace_parallel.worker_count = lambda path: 0
 all_rules()
+# what the rules import once they build an edit (libcst): an import, not a rule's work on the trace
+for name in ("auditor.cst_edits", "auditor.rules._support.sdpa_patch"):
+    try:
+        __import__(name)
+    except ImportError:  # (an older checkout without it)
+        pass
 prewarm()  # imports and the page template: what `audit` loads before it reads anything
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 t, CPU0 = time.perf_counter(), cpu()
