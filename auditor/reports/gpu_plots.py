@@ -4,15 +4,11 @@ the device model's memory and compute roofs). Each returns None when the evidenc
 with GPU work (the roofline also when the trace records no shapes)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.trace.efficiency import efficiency, gpu_trace
-
-if TYPE_CHECKING:
-    import plotly.graph_objects as go
+from auditor.reports.figure import Figure
 
 MAX_POINTS = 60  # operators on the roofline, by kernel time: the rest are a sliver of it
 _GROUP_COLORS = {"communication": "#e45756", "attention": "#54a24b", "softmax": "#f58518", "gemm": "#4c78a8",
@@ -20,10 +16,8 @@ _GROUP_COLORS = {"communication": "#e45756", "attention": "#54a24b", "softmax": 
                  "memcpy": "#bab0ac", "memset": "#d8d8d8", "other": "#888888"}
 
 
-def kernel_group_plot(ev: Evidence) -> go.Figure | None:
+def kernel_group_plot(ev: Evidence) -> Figure | None:
     """GPU time per step in each kernel group, largest first."""
-    import plotly.graph_objects as go
-
     trace = gpu_trace(ev)
     if trace is None:
         return None
@@ -32,7 +26,7 @@ def kernel_group_plot(ev: Evidence) -> go.Figure | None:
         return None
     steps = trace.step_count()
     groups = list(reversed(eff.groups))  # (a horizontal bar chart draws the first at the bottom)
-    fig = go.Figure(layout=dict(title=dict(text=f"GPU time per step by kernel group ({trace.label})"),
+    fig = Figure(layout=dict(title=dict(text=f"GPU time per step by kernel group ({trace.label})"),
                                 xaxis=dict(title=dict(text="ms per step")), margin=dict(l=110, r=20, t=50, b=50),
                                 height=max(240, 40 + 28 * len(groups)), template={}, showlegend=False))
     fig.add_bar(orientation="h", y=[g.group for g in groups], x=[round(g.ms / steps, 3) for g in groups],
@@ -42,12 +36,10 @@ def kernel_group_plot(ev: Evidence) -> go.Figure | None:
     return fig
 
 
-def roofline_plot(ev: Evidence) -> go.Figure | None:
+def roofline_plot(ev: Evidence) -> Figure | None:
     """Each operator and shape at (FLOP per byte, achieved TFLOP/s), log-log, marker size by kernel
     time, under the device's roofs (memory bandwidth up to the ridge point, then the peak) for
     bf16/fp16 and fp32."""
-    import plotly.graph_objects as go
-
     trace = gpu_trace(ev)
     if trace is None:
         return None
@@ -57,7 +49,7 @@ def roofline_plot(ev: Evidence) -> go.Figure | None:
         return None
     device = eff.device
     title = f"Roofline on {device.name}" if device else "Achieved TFLOP/s by arithmetic intensity (no device known)"
-    fig = go.Figure(layout=dict(title=dict(text=title), template={}, height=420, margin=dict(l=60, r=20, t=50, b=50),
+    fig = Figure(layout=dict(title=dict(text=title), template={}, height=420, margin=dict(l=60, r=20, t=50, b=50),
                                 xaxis=dict(type="log", title=dict(text="arithmetic intensity (FLOP/byte)")),
                                 yaxis=dict(type="log", title=dict(text="achieved TFLOP/s")),
                                 legend=dict(orientation="h", y=-0.2)))

@@ -385,7 +385,7 @@ def recorded_peak_memory(ev: Evidence) -> tuple[int, str, str] | None:
     for a trace whose events record no total (a change since the window opened, as the memory plot
     draws it). None without memory events."""
     for trace in ev.trace_data:
-        mem = trace.of("memory")
+        mem = trace.of("memory", columns=["device_type", "total_allocated", "bytes"])
         if mem.empty:
             continue
         kinds = mem["device_type"].to_numpy()

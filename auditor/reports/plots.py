@@ -114,7 +114,7 @@ def memory_timeline_plot(ev: Evidence) -> Figure | None:
     """Allocated memory through the profiled window, from the trace's `[memory]` events, peak marked."""
     fig = None
     for trace in ev.trace_data:
-        mem = trace.of("memory")
+        mem = trace.of("memory", columns=["ts", "device_type", "total_allocated", "bytes"])
         if mem.empty:
             continue
         if fig is None:

@@ -113,6 +113,10 @@ class Rule:
     needs: ClassVar[frozenset[str]] = frozenset()
     needs_text: ClassVar[str | None] = None  # the skip reason when none of `needs` is present
     options: ClassVar[tuple[Option, ...]] = ()
+    # Derived evidence the rule makes once per trace and other rules read too (a trace's gap
+    # table): rules that share one are judged in the same process when the rules are split over
+    # two (auditor.rules.forked), so it is made once.
+    shares: ClassVar[tuple[str, ...]] = ()
 
     def skip_reason(self, evidence: Evidence) -> str | None:
         """Why evidence of a kind this rule needs still cannot answer it (None: it can)."""

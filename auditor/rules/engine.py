@@ -13,6 +13,7 @@ from auditor.evidence.model import Evidence
 from auditor.findings import Finding, RuleResults, rank_key, share_of_step, step_basis_ms
 from auditor.fixes import make_patch, project_roots, refused_edit
 from auditor.rules.base import EVIDENCE_KINDS, Rule
+from auditor.rules.forked import judge_forked, units, worth_forking
 from auditor.rules.registry import all_rules
 from auditor.rules.suppression import safe_edits, suppressed_at
 
@@ -110,22 +111,43 @@ def _capped(f: Finding, evidence: Evidence) -> Finding:
         note=note))
 
 
-def _judge(rule: Rule, rule_id: str, evidence: Evidence, config: Config, out: RuleResults) -> list[Finding] | None:
-    """The rule's findings, or None when it is skipped (recorded in `out.skipped`) or raised
-    (recorded in `out.errors`)."""
+class _Outcome(msgspec.Struct):
+    """What judging one rule gave: its findings (suppression applied, patches rendered), or why it
+    was skipped or what it raised; how many findings comments silenced; the time its skip_reason
+    and its check took."""
+
+    findings: list[Finding] = []
+    skipped: dict[str, str] | None = None
+    error: dict[str, str] | None = None
+    suppressed: int = 0
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+
+
+def _judge(rule: Rule, rule_id: str, evidence: Evidence, config: Config, roots: list[Path]) -> _Outcome:
+    """The rule's findings, or why it is skipped or what it raised."""
+    started, cpu = time.perf_counter(), time.process_time()
+    out = _Outcome()
     try:
         reason = skip_reason(rule, evidence)
     except Exception as e:  # a rule that cannot tell whether it applies is skipped, saying why
         reason = f"could not be judged: {type(e).__name__}: {e}"
+    found: list[Finding] = []
     if reason:
-        out.skipped.append({"rule": rule_id, "reason": reason})
-        return None
-    try:
-        return list(rule.check(evidence, config.options_for(type(rule))))
-    except Exception as e:  # one broken rule must not hide the others' findings
-        out.errors.append({"rule": rule_id, "error": f"{type(e).__name__}: {e}",
-                           "traceback": traceback.format_exc()})
-        return None
+        out.skipped = {"rule": rule_id, "reason": reason}
+    else:
+        try:
+            found = list(rule.check(evidence, config.options_for(type(rule))))
+        except Exception as e:  # one broken rule must not hide the others' findings
+            out.error = {"rule": rule_id, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    out.seconds, out.cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
+    for f in found:
+        kept = _apply_suppression(f)
+        if kept is None:
+            out.suppressed += 1
+        else:
+            out.findings.append(_with_patch(project_edits(_capped(kept, evidence), roots)))
+    return out
 
 
 def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | None = None) -> RuleResults:
@@ -153,17 +175,23 @@ def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | 
 
 
 def _run_each(evidence: Evidence, config: Config, timings: dict | None, out: RuleResults, roots: list[Path]) -> None:
-    for rule_id, cls in all_rules().items():
-        if not config.enabled(rule_id):
-            continue
-        rule = cls()
-        started, cpu = time.perf_counter(), time.process_time()
-        found = _judge(rule, rule_id, evidence, config, out)
+    rules = {rule_id: cls for rule_id, cls in all_rules().items() if config.enabled(rule_id)}
+
+    def judge(rule_id: str) -> _Outcome:
+        return _judge(rules[rule_id](), rule_id, evidence, config, roots)
+
+    ids = list(rules)
+    if worth_forking(evidence):
+        outcomes = judge_forked(units(ids, lambda i: rules[i].shares), judge)
+    else:
+        outcomes = {i: judge(i) for i in ids}
+    for rule_id in ids:  # in the rules' order, however they were judged
+        got = outcomes[rule_id]
         if timings is not None:
-            timings[rule_id] = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu}
-        for f in found or ():
-            kept = _apply_suppression(f)
-            if kept is None:
-                out.suppressed += 1
-            else:
-                out.findings.append(_with_patch(project_edits(_capped(kept, evidence), roots)))
+            timings[rule_id] = {"seconds": got.seconds, "cpu_seconds": got.cpu_seconds}
+        if got.skipped is not None:
+            out.skipped.append(got.skipped)
+        if got.error is not None:
+            out.errors.append(got.error)
+        out.suppressed += got.suppressed
+        out.findings.extend(got.findings)

@@ -103,6 +103,7 @@ class GpuIdle(TraceRule):
     id = "gpu-idle"
     title = "GPU idle for much of the step"
     severity = "warning"
+    shares = ("gap table",)  # auditor.evidence.trace.gaps.gap_table
     options = (
         Option("min-idle-share", 0.3, "Report when the GPU is idle at least this share of the profiled steps."),
         Option("gaps", 5, "How many of the largest idle gaps to describe."),

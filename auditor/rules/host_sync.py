@@ -242,6 +242,7 @@ class HostSync(Rule):
     # Judged on any evidence (`needs` names no kind): only a run or a trace holds what it reads, but
     # an audit of a snapshot or a checkpoint runs it (finding nothing) rather than listing it among
     # findings.json's skipped_rules.
+    shares = ("gap table",)  # auditor.evidence.trace.gaps.gap_table
     options = (
         Option("min-share-of-steps", 0.5, "Report a sync site only if it runs in at least this share of steps."),
         Option("trace-min-syncs", 1,

@@ -123,6 +123,7 @@ class LaunchBound(TraceRule):
     severity = "warning"
     needs = frozenset({"trace", "run"})
     needs_text = "needs a profiler trace with CUDA activity, or a CUDA rehearsal (`audit run` of CUDA code)"
+    shares = ("gap table",)  # auditor.evidence.trace.gaps.gap_table
     options = (
         Option("min-kernels-per-step", 100,
                "Report when at least this many kernels per step run shorter than their launch."),

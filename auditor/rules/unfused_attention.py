@@ -12,7 +12,7 @@ import numpy as np
 from auditor.evidence.frame import Frame
 from auditor.evidence.trace.attention import Chain, attention_chains
 from auditor.evidence.trace.decode import CAT
-from auditor.evidence.trace.efficiency import efficiency
+from auditor.evidence.trace.efficiency import trace_device
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location
@@ -151,7 +151,7 @@ class UnfusedAttention(TraceRule):
         where = sites(trace, [c.softmax for c in chains], weights=chain_us)
         # (the figure the evidence records, to the microsecond; the texts print this same figure)
         ms = round(attention_us / 1e3 / steps, 3)
-        device = efficiency(trace, chosen).device if on_gpu else None
+        device = trace_device(trace, chosen) if on_gpu else None
         evidence: dict[str, Any] = {
             "trace": str(trace.path), "chains": len(chains), "steps": steps, "timed_on": "gpu" if on_gpu else "cpu",
             "attention_ms_per_step": ms, "kernel_share" if on_gpu else "step_share": round(share, 4),

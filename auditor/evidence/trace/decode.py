@@ -391,9 +391,8 @@ class _Stream:
             if len(self.buf) > 256 << 20 or not self._more():
                 raise self._fail("not a profiler trace: no traceEvents array found")
 
-    def chunks(self) -> Iterator[tuple[list[_Event], bool]]:
-        """Decoded lists of events, chunk by chunk, until the closing `]` of the array, each with
-        whether its text holds an old-schema `Call stack` argument (then operator args are read).
+    def chunks(self) -> Iterator[list[_Event]]:
+        """Decoded lists of events, chunk by chunk, until the closing `]` of the array.
 
         The buffer is only ever sliced once per block read; chunks are addressed by offsets."""
         while True:
@@ -420,9 +419,8 @@ class _Stream:
                     raise self._unfinished(p)
                 self.chunk = max(self.chunk, len(self.buf))
                 continue
-            has_stacks = self.buf.find(b'"Call stack"', p, cut) >= 0
             self.pos = cut
-            yield events, has_stacks
+            yield events
 
     def _unfinished(self, p: int) -> InputError:
         """The error for events that never complete: the file is cut short, or the array holds
@@ -619,6 +617,7 @@ class _Columns:
         self._ids: dict[str, int] = {}  # non-numeric pid/tid strings -> negative ids
         self._cat_table = np.empty(0, dtype=np.int8)
         self._recorded_table = np.empty(0, dtype=bool)  # per symbol code: an op of RECORDED_OPS
+        self._operator_table = np.empty(0, dtype=bool)  # per symbol code: the old schema's "Operator"
 
     def _norm_id(self, v: int | str) -> int:
         if type(v) is int:
@@ -665,7 +664,16 @@ class _Columns:
             table = self._recorded_table = np.concatenate([table, np.asarray(extra, dtype=bool)])
         return table[np.maximum(name_codes, 0)] & (name_codes >= 0)
 
-    def add(self, events: list[_Event], has_stacks: bool = True) -> None:
+    def _old_operator(self, raw_cat: np.ndarray) -> np.ndarray:
+        """Whether each raw category (a symbol code) is the old schema's "Operator", whose events
+        carry the Python stack as a `Call stack` argument (a table lookup)."""
+        table = self._operator_table
+        if len(table) < len(self.symbols):
+            extra = [self.symbols[i].lower() == "operator" for i in range(len(table), len(self.symbols))]
+            table = self._operator_table = np.concatenate([table, np.asarray(extra, dtype=bool)])
+        return table[np.maximum(raw_cat, 0)] & (raw_cat >= 0)
+
+    def add(self, events: list[_Event]) -> None:
         # Fields are read with list comprehensions (the interpreter's specialised attribute loads
         # beat map(attrgetter)) and rows are picked with itertools.compress, never through numpy
         # object arrays, whose element-wise fill costs ~150 ns an event.
@@ -706,10 +714,10 @@ class _Columns:
         self._put(put, "ts", np.fromiter([e.ts for e in body], dtype=np.float64, count=n))
         self._put(put, "dur", np.fromiter([e.dur for e in body], dtype=np.float64, count=n))
         # Args are decoded only for the rows some column reads (launches, GPU work, memory events,
-        # and operators when the chunk carries old-schema call stacks), in one batch.
+        # and the old schema's operators, for their call stacks), in one batch.
         launch_gpu = np.isin(cats, LAUNCH_SIDE + GPU_SIDE + (CAT["gpu_annotation"],))
         memory = cats == CAT["memory"]
-        ops = np.isin(cats, (CAT["cpu_op"], CAT["annotation"])) if has_stacks else np.zeros(n, dtype=bool)
+        ops = self._old_operator(raw_cat)
         need = np.flatnonzero(launch_gpu | memory | ops)
         decoded = np.fromiter(_decode_args([body[i].args for i in need.tolist()]), dtype=object, count=len(need))
         pos = np.full(n, -1, dtype=np.int64)

@@ -215,7 +215,7 @@ def _read_args(trace: Trace, wanted_name: Any, marker: bytes, decoder: Any) -> d
     try:
         stream = _Stream(Path(trace.path), DEFAULT_CHUNK_BYTES)
         stream.start()
-        for events, _ in stream.chunks():
+        for events in stream.chunks():
             wanted = [e for e in events if isinstance(e.name, str) and wanted_name(e.name)
                       and marker in bytes(e.args)]
             if wanted:
@@ -442,6 +442,12 @@ def _gpu_device(trace: Trace) -> int | None:
     dev = trace.col("device")[trace.col("cat") == CAT["kernel"]]
     dev = dev[dev >= 0]
     return int(np.bincount(dev).argmax()) if len(dev) else None
+
+
+def trace_device(trace: Trace, chosen: str = "") -> DeviceSpec | None:
+    """The device the trace's kernels ran on, as the efficiency model takes it (`chosen`: the
+    `--device` key), without the model's tables."""
+    return device_for(trace, chosen, _gpu_device(trace))[0]
 
 
 def _efficiency(trace: Trace, chosen: str) -> Efficiency:

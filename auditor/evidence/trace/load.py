@@ -195,8 +195,8 @@ def _parse(path: Path, chunk_bytes: int, workers: int) -> Trace:
         if workers > 1:
             parallel.parse(stream, cols, workers)
         else:
-            for events, has_stacks in stream.chunks():
-                cols.add(events, has_stacks)
+            for events in stream.chunks():
+                cols.add(events)
         trace = _finish(path, stream, cols, symbols)
         trace.workers = workers if workers > 1 else 0
         return trace

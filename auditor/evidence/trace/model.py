@@ -138,10 +138,11 @@ class Trace:
         return info if isinstance(info, dict) else {}
 
     # -- selection helpers ---------------------------------------------------------------------
-    def of(self, *categories: str) -> pd.DataFrame:
-        """Rows of the given normalised categories (see CATEGORIES)."""
-        codes = [CAT[c] for c in categories]
-        return self.events[self.events["cat"].isin(codes)]
+    def of(self, *categories: str, columns: list[str] | None = None) -> pd.DataFrame:
+        """Rows of the given normalised categories (see CATEGORIES); only `columns` of them, when
+        given (the others are not copied)."""
+        rows = np.isin(self.col("cat"), [CAT[c] for c in categories])
+        return self.events.loc[rows, columns] if columns is not None else self.events[rows]
 
     def named(self, names: list[str] | tuple[str, ...] | str, frame: pd.DataFrame | None = None) -> pd.DataFrame:
         """Rows whose name is one of `names`."""

@@ -227,8 +227,8 @@ def _decode_range(path: Path, start: int, end: int | None) -> dict[str, Any]:
         del buf[k + 2:]
         stream = _Stream(path, DEFAULT_CHUNK_BYTES, data=buf)
         stream.start()
-    for events, has_stacks in stream.chunks():
-        cols.add(events, has_stacks)
+    for events in stream.chunks():
+        cols.add(events)
     parts = {k: np.concatenate(v) for k, v in cols.parts.items()}
     flows = {k: np.concatenate(v) for k, v in cols.flow_parts.items()}
     meta = [(e.ph, e.name, e.pid, e.tid, bytes(e.args)) for e in cols.meta]

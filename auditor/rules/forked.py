@@ -1,0 +1,125 @@
+"""Judge the rules in two processes when the evidence holds a large trace.
+
+Why: on a trace of millions of events the rules take about a third of `audit analyze`'s time, one
+rule after another on one core, while the other cores that parsed the trace are idle. The rules
+are independent of one another, so a forked copy of this process judges some of them.
+
+How: the rules come in units (a rule, or the rules that share derived evidence: `Rule.shares`, so
+it is made once). This process takes units from the front of the list and the forked one from its
+back, one at a time, until they meet (a two-ended queue in shared memory), so neither waits while
+the other has several left, whatever each costs. The fork sends its outcomes back through a pipe
+when it is done (a pickle from a copy of this process, never from elsewhere), and the caller
+applies every outcome in the rules' order, so the results are the ones one process gives. Other
+derived evidence (a trace's efficiency) may be made in both processes: what the fork made is lost
+with it. If the fork fails or dies, this process judges whatever it did not report.
+
+When: on Linux, with more than one usable core, no other Python thread (forking a process that runs
+other threads is unsafe) and traces of at least FORK_MIN_EVENTS events in all; smaller evidence is
+judged in milliseconds, less than a fork costs.
+"""
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import os
+import pickle
+import struct
+import sys
+import threading
+from typing import Callable, TypeVar
+
+from auditor.evidence.model import Evidence
+
+FORK_MIN_EVENTS = 500_000
+
+T = TypeVar("T")
+
+
+def worth_forking(evidence: Evidence, min_events: int = FORK_MIN_EVENTS) -> bool:
+    """Whether to judge the rules in two processes (module docstring)."""
+    if sys.platform != "linux" or threading.active_count() > 1:
+        return False
+    try:
+        if len(os.sched_getaffinity(0)) < 2:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return sum(len(t.events) for t in evidence.trace_data) >= min_events
+
+
+class _Queue:
+    """Indexes 0..n-1 taken from both ends by two processes: `front` and `back` in shared memory."""
+
+    def __init__(self, n: int) -> None:
+        self.memory = mmap.mmap(-1, 16)
+        self.memory[:] = struct.pack("qq", 0, n - 1)
+        self.lock = multiprocessing.get_context("fork").Lock()
+
+    def take(self, from_back: bool) -> int | None:
+        with self.lock:
+            front, back = struct.unpack("qq", self.memory[:])
+            if front > back:
+                return None
+            if from_back:
+                self.memory[8:] = struct.pack("q", back - 1)
+                return back
+            self.memory[:8] = struct.pack("q", front + 1)
+            return front
+
+
+def units(ids: list[str], shares: Callable[[str], tuple[str, ...]]) -> list[list[str]]:
+    """The ids in units: those sharing any name in `shares(id)` together (at the first one's place),
+    each other id alone."""
+    out: list[list[str]] = []
+    unit_of: dict[str, list[str]] = {}
+    for i in ids:
+        unit = next((unit_of[name] for name in shares(i) if name in unit_of), None)
+        if unit is None:
+            unit = []
+            out.append(unit)
+        unit.append(i)
+        for name in shares(i):
+            unit_of.setdefault(name, unit)
+    return out
+
+
+def judge_forked(groups: list[list[str]], judge: Callable[[str], T]) -> dict[str, T]:
+    """judge(id) for every id of every unit, in this process and a forked one (module docstring)."""
+    ids = [i for unit in groups for i in unit]
+    queue = _Queue(len(groups))
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return {i: judge(i) for i in ids}
+    if pid == 0:  # the fork: judge from the back, send what it found, leave without any exit work
+        status = 1
+        try:
+            os.close(read_end)
+            theirs = {}
+            while (k := queue.take(from_back=True)) is not None:
+                theirs.update((i, judge(i)) for i in groups[k])
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(pickle.dumps(theirs, protocol=pickle.HIGHEST_PROTOCOL))
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    mine: dict[str, T] = {}
+    while (k := queue.take(from_back=False)) is not None:
+        mine.update((i, judge(i)) for i in groups[k])
+    with os.fdopen(read_end, "rb") as pipe:
+        sent = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    theirs: dict[str, T] = {}
+    if status == 0 and sent:
+        try:
+            theirs = pickle.loads(sent)
+        except Exception:  # (a cut-short pickle: judged here below)
+            theirs = {}
+    for i in ids:  # what the fork took and did not report
+        if i not in mine and i not in theirs:
+            mine[i] = judge(i)
+    return {i: mine[i] if i in mine else theirs[i] for i in ids}
