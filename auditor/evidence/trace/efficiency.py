@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -450,43 +451,75 @@ def trace_device(trace: Trace, chosen: str = "") -> DeviceSpec | None:
     return device_for(trace, chosen, _gpu_device(trace))[0]
 
 
+@dataclass
+class _Calls:
+    """The modelled operator calls whose kernels ran and whose inputs the formulas read, one entry
+    each, by operator row: `work` indexes `works` (each distinct operator and argument record's
+    (name, shapes text, (FLOPs, bytes, dtype)), worked out once: a trace repeats its shapes every
+    step), their kernels' time and first kernel's start (us)."""
+
+    rows: np.ndarray
+    work: np.ndarray
+    kernel_us: np.ndarray
+    first_us: np.ndarray
+    works: list[tuple[str, str, tuple[float, float, str]]]
+
+    def column(self, k: int) -> np.ndarray:
+        """Each call's FLOPs (k=0) or bytes (k=1)."""
+        per_work = np.array([w[2][k] for w in self.works], dtype=np.float64)
+        return per_work[self.work] if len(self.works) else np.zeros(len(self.rows))
+
+    def dtype_codes(self) -> tuple[np.ndarray, list[str]]:
+        """Each call's dtype as a code into the returned names."""
+        names = list(dict.fromkeys(w[2][2] for w in self.works))
+        per_work = np.array([names.index(w[2][2]) for w in self.works], dtype=np.int64)
+        return (per_work[self.work] if len(self.works) else np.zeros(len(self.rows), dtype=np.int64)), names
+
+
+def _calls(trace: Trace, kernels: np.ndarray, charged: np.ndarray,
+           shapes: dict[int, tuple[list, list, list]]) -> tuple[_Calls, int]:
+    """The modelled calls (_Calls), and how many more had inputs the formulas could not read."""
+    empty = np.empty(0, dtype=np.int64)
+    none = _Calls(rows=empty, work=empty, kernel_us=np.empty(0), first_us=np.empty(0), works=[])
+    ks = kernels[charged[kernels] >= 0]
+    if not len(ks) or not shapes:
+        return none, 0
+    dur, ts, names, args = trace.col("dur"), trace.col("ts"), trace.col("name"), trace.col("args")
+    rows, which = np.unique(charged[ks], return_inverse=True)
+    kus = np.bincount(which, weights=dur[ks])
+    first = np.full(len(rows), np.inf)
+    np.minimum.at(first, which, ts[ks])
+    modelled = np.isin(rows, np.fromiter(shapes, dtype=np.int64, count=len(shapes)))
+    rows, kus, first = rows[modelled], kus[modelled], first[modelled]
+    if not len(rows):
+        return none, 0
+    keys = (names[rows].astype(np.int64) << 32) | (args[rows].astype(np.int64) & 0xFFFFFFFF)
+    _, at, key_of = np.unique(keys, return_index=True, return_inverse=True)
+    works = []
+    for r in rows[at].tolist():
+        name = trace.symbols[int(names[r])]
+        dims, types, concrete = shapes[r]
+        works.append((name, _shape_text(dims, types), op_work(name, dims, types, concrete)))
+    read = np.array([w[2] is not None for w in works], dtype=bool)
+    keep = read[key_of.reshape(-1)]
+    # (the works the formulas read, renumbered)
+    number = np.cumsum(read) - 1
+    calls = _Calls(rows=rows[keep], work=number[key_of.reshape(-1)[keep]], kernel_us=kus[keep], first_us=first[keep],
+                   works=[w for w, ok in zip(works, read.tolist()) if ok])
+    return calls, int((~keep).sum())
+
+
 def _efficiency(trace: Trace, chosen: str) -> Efficiency:
     device, basis = device_for(trace, chosen, _gpu_device(trace))
-    cat, dur, ts, names = trace.col("cat"), trace.col("dur"), trace.col("ts"), trace.col("name")
+    cat, dur = trace.col("cat"), trace.col("dur")
     work = np.flatnonzero(np.isin(cat, GPU_WORK) & ~trace.col("instant"))
     kernels = work[cat[work] == CAT["kernel"]]
     shapes = op_shapes(trace)
     charged = kernel_ops(trace)
-    # operator instances: kernel time, first kernel start (per operator row, in numpy)
-    ks = kernels[charged[kernels] >= 0]
-    instances: list[tuple[int, str, str, str, float, float, float, float]] = []
-    unread = 0
-    if len(ks) and shapes:
-        op_of = charged[ks]
-        rows, which = np.unique(op_of, return_inverse=True)
-        kus = np.bincount(which, weights=dur[ks])
-        first = np.full(len(rows), np.inf)
-        np.minimum.at(first, which, ts[ks])
-        args = trace.col("args")
-        # each distinct (operator, record) is worked out once: a trace repeats its shapes every step
-        memo: dict[tuple[int, int], tuple[str, str, tuple[float, float, str] | None]] = {}
-        for r, us, t0 in zip(rows.tolist(), kus.tolist(), first.tolist()):
-            if r not in shapes:
-                continue
-            key = (int(names[r]), int(args[r]))
-            got = memo.get(key)
-            if got is None:
-                name = trace.symbols[key[0]]
-                dims, types, concrete = shapes[r]
-                got = memo[key] = (name, _shape_text(dims, types), op_work(name, dims, types, concrete))
-            name, text, w = got
-            if w is None:
-                unread += 1
-                continue
-            instances.append((r, name, text, w[2], w[0], w[1], us, t0))
-    ops = _op_stats(instances, device)
-    groups = _group_stats(trace, work, charged, {i[0]: i[4] for i in instances})
-    steps = _step_stats(trace, work, instances, device)
+    calls, unread = _calls(trace, kernels, charged, shapes)
+    ops = _op_stats(calls, device)
+    groups = _group_stats(trace, work, charged, calls)
+    steps = _step_stats(trace, work, calls, device)
     return Efficiency(device=device, device_basis=basis, has_shapes=bool(shapes), ops=ops, groups=groups,
                       steps=steps, gpu_ms=float(dur[work].sum()) / 1e3, unread_ops=unread)
 
@@ -495,14 +528,19 @@ def _shape_text(dims: list, types: list) -> str:
     return ", ".join("x".join(map(str, d)) for d, _ in _tensors(dims, types))
 
 
-def _op_stats(instances: list, device: DeviceSpec | None) -> list[OpStat]:
-    agg: dict[tuple[str, str, str], list[float]] = {}
-    for _, name, shape, dtype, flops, nbytes, kus, _ in instances:
-        a = agg.setdefault((name, shape, dtype), [0, 0.0, 0.0, 0.0])
-        a[0] += 1
-        a[1] += flops
-        a[2] += nbytes
-        a[3] += kus
+def _op_stats(calls: _Calls, device: DeviceSpec | None) -> list[OpStat]:
+    # one entry per (name, shapes, dtype), in the order of its first call; sums in the calls' order
+    group_of: dict[tuple[str, str, str], int] = {}
+    work_group = np.empty(len(calls.works), dtype=np.int64)
+    _, first_call = np.unique(calls.work, return_index=True)
+    for w in np.unique(calls.work)[np.argsort(first_call, kind="stable")].tolist():
+        name, shape, (_, _, dtype) = calls.works[w]
+        work_group[w] = group_of.setdefault((name, shape, dtype), len(group_of))
+    g = work_group[calls.work] if len(calls.works) else np.empty(0, dtype=np.int64)
+    n = len(group_of)
+    sums = zip(np.bincount(g, minlength=n).tolist(), np.bincount(g, calls.column(0), minlength=n).tolist(),
+               np.bincount(g, calls.column(1), minlength=n).tolist(), np.bincount(g, calls.kernel_us, minlength=n).tolist())
+    agg = dict(zip(group_of, sums))
     out = []
     for (name, shape, dtype), (count, flops, nbytes, kus) in agg.items():
         secs = kus / 1e6
@@ -522,7 +560,7 @@ def _op_stats(instances: list, device: DeviceSpec | None) -> list[OpStat]:
     return out
 
 
-def _group_stats(trace: Trace, work: np.ndarray, charged: np.ndarray, flops_of: dict[int, float]) -> list[GroupStat]:
+def _group_stats(trace: Trace, work: np.ndarray, charged: np.ndarray, calls: _Calls) -> list[GroupStat]:
     cat, dur, names = trace.col("cat"), trace.col("dur"), trace.col("name")
     # the group of each row: by kernel name (each distinct name matched once), memcpy, memset
     groups = [g for g, _ in KERNEL_GROUPS] + ["other", "memcpy", "memset"]
@@ -537,13 +575,14 @@ def _group_stats(trace: Trace, work: np.ndarray, charged: np.ndarray, flops_of: 
     # an operator's FLOPs go to the group of its longest kernel (the first of equal ones)
     ops = charged[work]
     has_flops = np.zeros(len(charged), dtype=bool)
-    has_flops[np.fromiter(flops_of, dtype=np.int64, count=len(flops_of))] = True
+    has_flops[calls.rows] = True
+    flops_of = np.zeros(len(charged))
+    flops_of[calls.rows] = calls.column(0)
     mine = np.flatnonzero((ops >= 0) & has_flops[np.maximum(ops, 0)])
     if len(mine):
         order = mine[np.lexsort((mine, -dur[work][mine], ops[mine]))]
         lead = np.r_[True, ops[order][1:] != ops[order][:-1]]
-        for op, grp in zip(ops[order][lead].tolist(), g[order][lead].tolist()):
-            fl[grp] += flops_of[op]
+        fl = np.bincount(g[order][lead], flops_of[ops[order][lead]], minlength=len(groups))
     all_us = float(us.sum()) or 1.0
     out = [GroupStat(group=groups[i], kernels=int(count[i]), ms=float(us[i]) / 1e3, share=float(us[i]) / all_us,
                      flops=float(fl[i]), tflops=(float(fl[i]) / (float(us[i]) / 1e6) / 1e12) if fl[i] and us[i] > 0
@@ -553,7 +592,7 @@ def _group_stats(trace: Trace, work: np.ndarray, charged: np.ndarray, flops_of: 
     return out
 
 
-def _step_stats(trace: Trace, work: np.ndarray, instances: list, device: DeviceSpec | None) -> list[StepGpu]:
+def _step_stats(trace: Trace, work: np.ndarray, calls: _Calls, device: DeviceSpec | None) -> list[StepGpu]:
     cat, ts, end, names = trace.col("cat"), trace.col("ts"), trace.col("end"), trace.col("name")
     comm_codes = trace.symbols.matching(COMMUNICATION)
     is_kernel = cat[work] == CAT["kernel"]
@@ -569,23 +608,24 @@ def _step_stats(trace: Trace, work: np.ndarray, instances: list, device: DeviceS
     else:
         lo, hi = trace.window()
         spans = [(None, lo, hi)]
-    firsts = np.array([i[7] for i in instances], dtype=np.float64)
-    flops = np.array([i[4] for i in instances], dtype=np.float64)
-    dtypes = [i[3] for i in instances]
+    firsts, flops = calls.first_us, calls.column(0)
+    dtype_of, dtypes = calls.dtype_codes()
     out = []
     for step, lo, hi in spans:
         span_ms = (hi - lo) / 1e3
         busy_ms = total_length(clip(busy, lo, hi)) / 1e3
         inside = (firsts >= lo) & (firsts < hi) if len(firsts) else np.zeros(0, dtype=bool)
-        step_flops = float(flops[inside].sum()) if instances else None
+        step_flops = float(flops[inside].sum()) if len(calls.rows) else None
         achieved = mfu = None
         if step_flops is not None and span_ms > 0:
             achieved = step_flops / (span_ms / 1e3) / 1e12
             if device is not None and step_flops > 0:
-                by_dtype: dict[str, float] = {}
-                for j in np.flatnonzero(inside).tolist():
-                    by_dtype[dtypes[j]] = by_dtype.get(dtypes[j], 0.0) + float(flops[j])
-                main = max(by_dtype, key=by_dtype.__getitem__)
+                # the dtype with the most FLOPs (the first of equal ones, in the calls' order)
+                mine = np.flatnonzero(inside)
+                by_dtype = np.bincount(dtype_of[mine], flops[mine], minlength=len(dtypes))
+                _, first = np.unique(dtype_of[mine], return_index=True)
+                seen = np.unique(dtype_of[mine])[np.argsort(first, kind="stable")].tolist()
+                main = dtypes[max(seen, key=lambda d: by_dtype[d])]
                 mfu = achieved / device.peak_tflops(main)
         out.append(StepGpu(step=step, device=device.key if device else None, busy_ms=busy_ms,
                            idle_ms=max(span_ms - busy_ms, 0.0), comm_ms=total_length(clip(comm, lo, hi)) / 1e3,

@@ -140,8 +140,13 @@ def gap_table(trace: Trace) -> Gaps:
     col = {c: i for i, c in enumerate(CAUSES)}
     threads = _ThreadIndex(trace, blocking)
     queued_later = _queued_later(trace, gpu)
-    kinded: list[int] = []  # the gaps with queued work, whose kind is found for all of them at the end
-    for i in range(n):
+    # a gap whose next op was launched before it began is all queued work (most gaps of a
+    # GPU-bound trace): set for all of them at once, the loop below judges the others
+    queued_before = (launch >= 0) & (end[np.maximum(launch, 0)] <= s)
+    us[queued_before, col["queued work"]] = (e - s)[queued_before]
+    queued_from[queued_before] = s[queued_before]
+    kinded: list[int] = np.flatnonzero(queued_before).tolist()  # the gaps with queued work (kinds found at the end)
+    for i in np.flatnonzero(~queued_before).tolist():
         a, b, L = float(s[i]), float(e[i]), int(launch[i])
         if L < 0:
             # A stream runs its work in order: the op was queued already if work after it on its
@@ -154,11 +159,6 @@ def gap_table(trace: Trace) -> Gaps:
                 us[i, col["untraced"]] = b - a
             continue
         ls, le = float(ts[L]), float(end[L])
-        if le <= a:  # queued before the gap began
-            us[i, col["queued work"]] = b - a
-            queued_from[i] = a
-            kinded.append(i)
-            continue
         p = min(max(ls, a), b)  # the host's part ends where the launch call starts
         ready = min(max(le, p), b)  # the call returned: from then on the op was queued
         waited = max(b - ready - LAUNCH_SLACK_US, 0.0)
@@ -183,7 +183,7 @@ def gap_table(trace: Trace) -> Gaps:
             rest -= charged
         us[i, col["host work"]] = max(rest, 0.0)
     if kinded:
-        at = np.asarray(kinded, dtype=np.int64)
+        at = np.sort(np.asarray(kinded, dtype=np.int64))
         queued_kind[at] = _queued_kinds(trace, threads, launch[at], nxt[at], prev[at])
     out = Gaps(start=s, end=e, next_row=nxt, launch_row=launch, us=us, sync_row=sync_row, queued_kind=queued_kind,
                queued_from=queued_from)
