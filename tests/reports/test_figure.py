@@ -52,3 +52,20 @@ def test_every_plot_of_a_recorded_run_is_valid_plotly(run):
             go.Figure(fig.to_plotly_json())  # (raises on a property plotly does not know)
             drawn += 1
     assert drawn >= 5
+
+
+def test_the_shipped_plot_template_is_plotlys():
+    """templates/plotly_white.json is plotly's template, as plotly.io gives it (regenerate it with
+    `json.dumps(pio.templates["plotly_white"].to_plotly_json(), separators=(",", ":"))` when plotly's
+    changes), and the page reads that copy without importing plotly."""
+    import subprocess
+    import sys
+
+    from auditor.reports.html import plot_template
+    from auditor.reports.plots import PLOT_TEMPLATE
+
+    assert plot_template() == pio.templates[PLOT_TEMPLATE].to_plotly_json()
+    code = ("import sys; from auditor.reports.html import plot_template; plot_template(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', 'pandas')))")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert got.stdout.strip() == "[]"

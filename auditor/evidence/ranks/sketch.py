@@ -18,14 +18,16 @@ ranges) and, set by the rules' run, the efficiency table (auditor.evidence.trace
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
-import pandas as pd
 
 from auditor.evidence.trace.decode import CAT, CPU_NESTING, GPU_WORK, SymbolTable
 from auditor.evidence.trace.model import Trace
+
+if TYPE_CHECKING:  # (pandas is imported where a trace is read: an audit without one never pays for it)
+    import pandas as pd
 
 TOP_OPS = 50  # operators a sketch keeps (the report shows 20)
 
@@ -103,6 +105,7 @@ def sketch_trace(trace: Trace) -> TraceSketch:
 
 def sketched(sketch: TraceSketch) -> SketchTrace:
     """The SketchTrace of a sketch, for the reports."""
+    import pandas as pd
     symbols = SymbolTable()
     symbols.intern_many(list(sketch.names))
     events = pd.DataFrame({c: np.asarray(v, dtype=sketch.dtypes[c]) for c, v in sketch.rows.items()})

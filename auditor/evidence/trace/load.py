@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from auditor.evidence.errors import InputError
 from auditor.evidence.trace import parallel
@@ -33,10 +32,14 @@ from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.nesting import nest
 from auditor.evidence.trace.steps import assign_steps, find_steps
 
+if TYPE_CHECKING:  # (pandas is imported where a trace is read: an audit without one never pays for it)
+    import pandas as pd
+
 
 # ---------------------------------------------------------------------------------------------
 def _frames(cols: _Columns) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The events and flows frames from the accumulated columns (each concatenated once)."""
+    import pandas as pd
     def build(parts: dict[str, list[np.ndarray]]) -> pd.DataFrame:
         columns = {}
         for k in list(parts):
@@ -59,6 +62,7 @@ _EVENT_DTYPES = {"cat": np.int8, "raw_cat": np.int32, "name": np.int32, "instant
 
 
 def _empty_events() -> pd.DataFrame:
+    import pandas as pd
     return pd.DataFrame({k: np.empty(0, dtype=v) for k, v in _EVENT_DTYPES.items()})
 
 

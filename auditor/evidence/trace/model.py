@@ -9,10 +9,9 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from auditor.evidence.frame import Frame
 from auditor.evidence.recorded_frames import is_library_file, parse_frame
@@ -20,6 +19,9 @@ from auditor.evidence.trace.arg_records import ArgRecord
 from auditor.evidence.trace.call_lines import call_line, callee_name
 from auditor.evidence.trace.decode import CAT, CPU_NESTING, GPU_SIDE, GPU_WORK, SymbolTable
 from auditor.evidence.trace.intervals import merge_intervals
+
+if TYPE_CHECKING:  # (pandas is imported where a trace is read: an audit without one never pays for it)
+    import pandas as pd
 
 # record_function ranges the auditor runs its own work in (e.g. `auditor::numerics` around the
 # numerics collector's checks): every operator inside one was the audit's, not the program's
@@ -33,6 +35,7 @@ _VERSION = re.compile(r"^\d+\.\d+(?:\.\d+)?(?:[-+.\w]*)$")
 
 def empty_steps() -> pd.DataFrame:
     """A steps frame with no steps (Trace.steps' columns)."""
+    import pandas as pd
     return pd.DataFrame({"step": np.empty(0, dtype=np.int64), "row": np.empty(0, dtype=np.int64),
                          "ts": np.empty(0, dtype=np.float64), "end": np.empty(0, dtype=np.float64),
                          "dur": np.empty(0, dtype=np.float64)})

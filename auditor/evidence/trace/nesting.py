@@ -7,10 +7,14 @@ when another ends is its sibling, not its child.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from auditor.evidence.trace.decode import CPU_NESTING
+
+if TYPE_CHECKING:  # (pandas is imported where a trace is read: an audit without one never pays for it)
+    import pandas as pd
 
 
 def _small_codes(codes: np.ndarray, count: int) -> np.ndarray:
@@ -27,6 +31,7 @@ def thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.
     group them, but fast on traces already in time order: a stable sort by start (nearly sorted
     input), a re-sort of equal-start runs only, then a stable sort by a dense thread code. Also
     returns, in that order, where each thread's run begins (a bool per index)."""
+    import pandas as pd
     order = np.argsort(ts, kind="stable")
     sorted_ts = ts[order]
     tie = np.flatnonzero(sorted_ts[1:] == sorted_ts[:-1])

@@ -39,12 +39,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from auditor.evidence.trace.decode import CAT, GPU_SIDE, STEP_NAME
 from auditor.evidence.trace.model import Trace
+
+if TYPE_CHECKING:  # (pandas is imported where a trace is read: an audit without one never pays for it)
+    import pandas as pd
 
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#.+\.step$")
 LOADER_FETCH = re.compile(r"^enumerate\(DataLoader\)#.*__next__$")
@@ -64,6 +67,7 @@ def find_steps(trace: Trace) -> tuple[pd.DataFrame, str | None]:
     """The trace's steps (Trace.steps' frame) and, when they are not its ProfilerSteps, how they
     were taken (Trace.steps_from): the CPU-side ProfilerStep ranges in time order, else the
     iterations split_without_schedule finds, else no steps."""
+    import pandas as pd
     ev = trace.events
     codes = trace.symbols.matching(STEP_NAME)
     sel = ev[ev["name"].isin(codes) & ev["cat"].isin((CAT["annotation"], CAT["cpu_op"])) & ~ev["instant"]]
@@ -104,6 +108,7 @@ def assign_steps(trace: Trace) -> np.ndarray:
 def split_without_schedule(trace: Trace) -> Split | None:
     """The trace's iterations as steps (see the module's docstring), or None when fewer than two
     can be told."""
+    import pandas as pd
     opt = _outermost(trace, OPTIMIZER_STEP)
     if len(opt) < 2:
         return None
@@ -142,6 +147,7 @@ def _outermost(trace: Trace, pattern: re.Pattern[str], thread: tuple[int, int] |
 
 
 def _frame(ends: np.ndarray) -> pd.DataFrame:
+    import pandas as pd
     return pd.DataFrame({"step": np.arange(1, len(ends), dtype=np.int64),
                          "row": np.full(len(ends) - 1, -1, dtype=np.int64), "ts": ends[:-1], "end": ends[1:],
                          "dur": np.diff(ends)})
