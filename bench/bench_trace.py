@@ -82,8 +82,9 @@ from auditor.evidence.trace import parallel as trace_parallel
 if sys.argv[2] == "1":  # one process: what a 1-core machine (or a gzip trace) gets
     trace_parallel.worker_count = lambda path: 0
 all_rules()
-# what the rules import once they build an edit (libcst): an import, not a rule's work on the trace
-for name in ("auditor.cst_edits", "auditor.rules._support.sdpa_patch"):
+# what the rules import once they build an edit (libcst), and pandas (which the trace's frames are
+# made with, imported by the auditor's own import before 94f6420): imports, not work on the trace
+for name in ("auditor.cst_edits", "auditor.rules._support.sdpa_patch", "pandas"):
     try:
         __import__(name)
     except ImportError:  # (an older checkout without it)

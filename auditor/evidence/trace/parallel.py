@@ -101,8 +101,12 @@ def parse(stream: _Stream, cols: _Columns, workers: int) -> None:
         warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks",
                                 category=DeprecationWarning)
         try:
-            for a, b in zip(starts, ends):
+            for i, (a, b) in enumerate(zip(starts, ends)):
                 pending.append(pool.submit(_decode_range, stream.path, a, b))
+                if i == 2 * workers - 1:
+                    # the frames are made with pandas once the pieces are in: imported here, while the
+                    # workers decode the first pieces (an audit without a trace never imports it)
+                    import pandas  # noqa: F401
                 if len(pending) >= 2 * workers:
                     _merge(pending.popleft().result(), cols, luts, arg_luts, stream, events, flows)
             while pending:
