@@ -11,7 +11,10 @@ the other has several left, whatever each costs. The fork sends its outcomes bac
 when it is done (a pickle from a copy of this process, never from elsewhere), and the caller
 applies every outcome in the rules' order, so the results are the ones one process gives. Other
 derived evidence (a trace's efficiency) may be made in both processes: what the fork made is lost
-with it. If the fork fails or dies, this process judges whatever it did not report.
+with it. If the fork fails, dies or has not reported FORK_WAIT_S (or 4 times this process's own
+share's time, if longer) after this process finished its share, it is killed and this process judges
+whatever it did not report: a fork of a process that runs other threads (a test runner's) could
+wait forever on a lock one of them held.
 
 When: on Linux, with more than one usable core, no other Python thread (forking a process that runs
 other threads is unsafe) and traces of at least FORK_MIN_EVENTS events in all; smaller evidence is
@@ -23,14 +26,18 @@ import mmap
 import multiprocessing
 import os
 import pickle
+import select
+import signal
 import struct
 import sys
 import threading
+import time
 from typing import Callable, TypeVar
 
 from auditor.evidence.model import Evidence
 
 FORK_MIN_EVENTS = 500_000
+FORK_WAIT_S = 60.0
 
 T = TypeVar("T")
 
@@ -107,11 +114,11 @@ def judge_forked(groups: list[list[str]], judge: Callable[[str], T]) -> dict[str
         finally:
             os._exit(status)
     os.close(write_end)
+    started = time.monotonic()
     mine: dict[str, T] = {}
     while (k := queue.take(from_back=False)) is not None:
         mine.update((i, judge(i)) for i in groups[k])
-    with os.fdopen(read_end, "rb") as pipe:
-        sent = pipe.read()
+    sent = _read_until(read_end, pid, max(FORK_WAIT_S, 4 * (time.monotonic() - started)))
     _, status = os.waitpid(pid, 0)
     theirs: dict[str, T] = {}
     if status == 0 and sent:
@@ -123,3 +130,22 @@ def judge_forked(groups: list[list[str]], judge: Callable[[str], T]) -> dict[str
         if i not in mine and i not in theirs:
             mine[i] = judge(i)
     return {i: mine[i] if i in mine else theirs[i] for i in ids}
+
+
+def _read_until(read_end: int, pid: int, wait_s: float) -> bytes:
+    """Everything the fork writes to the pipe until it closes it; b"" when it has not within
+    `wait_s` (then it is killed)."""
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                return b""
+            data = os.read(read_end, 1 << 20)
+            if not data:
+                return b"".join(chunks)
+            chunks.append(data)
+    finally:
+        os.close(read_end)

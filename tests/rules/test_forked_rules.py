@@ -5,6 +5,7 @@ evidence are judged in one process."""
 from __future__ import annotations
 
 import os
+import time
 import sys
 
 import msgspec
@@ -113,3 +114,25 @@ def test_units_keep_rules_that_share_together_at_the_first_ones_place():
 def test_small_evidence_is_judged_in_this_process(owlv2):
     assert sum(len(t.events) for t in owlv2.trace_data) < forked.FORK_MIN_EVENTS
     assert not forked.worth_forking(owlv2)
+
+
+def test_a_fork_that_never_reports_is_killed_and_its_share_judged_here(owlv2, monkeypatch):
+    monkeypatch.setattr(forked, "FORK_MIN_EVENTS", 10**12)
+    one = run_rules(owlv2)
+    ev = load_paths([OWLV2])
+    parent = os.getpid()
+    last = list(all_rules())[-1]
+    plain_check = all_rules()[last].check
+
+    def hangs_in_the_fork(self, evidence, options):
+        if os.getpid() != parent:
+            time.sleep(600)  # (as a fork would that waits on a lock another thread held at the fork)
+        return plain_check(self, evidence, options)
+
+    monkeypatch.setattr(all_rules()[last], "check", hangs_in_the_fork)
+    monkeypatch.setattr(engine, "worth_forking", lambda evidence: True)
+    monkeypatch.setattr(forked, "FORK_WAIT_S", 1.0)
+    started = time.monotonic()
+    two = run_rules(ev)
+    assert time.monotonic() - started < 60
+    assert _plain(two) == _plain(one)
