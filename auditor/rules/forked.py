@@ -29,12 +29,11 @@ import pickle
 import select
 import signal
 import struct
-import sys
-import threading
 import time
 from typing import Callable, TypeVar
 
 from auditor.evidence.model import Evidence
+from auditor.evidence.trace.parallel import forkable_cores
 
 FORK_MIN_EVENTS = 500_000
 FORK_WAIT_S = 60.0
@@ -44,14 +43,7 @@ T = TypeVar("T")
 
 def worth_forking(evidence: Evidence, min_events: int = FORK_MIN_EVENTS) -> bool:
     """Whether to judge the rules in two processes (module docstring)."""
-    if sys.platform != "linux" or threading.active_count() > 1:
-        return False
-    try:
-        if len(os.sched_getaffinity(0)) < 2:
-            return False
-    except (OSError, AttributeError):
-        return False
-    return sum(len(t.events) for t in evidence.trace_data) >= min_events
+    return forkable_cores() >= 2 and sum(len(t.events) for t in evidence.trace_data) >= min_events
 
 
 class _Queue:

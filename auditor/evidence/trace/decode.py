@@ -13,7 +13,7 @@ import math
 import operator
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import compress, repeat
 from pathlib import Path
 from typing import Any
@@ -616,8 +616,7 @@ class _Columns:
         self.meta: list[_Event] = []
         self._ids: dict[str, int] = {}  # non-numeric pid/tid strings -> negative ids
         self._cat_table = np.empty(0, dtype=np.int8)
-        self._recorded_table = np.empty(0, dtype=bool)  # per symbol code: an op of RECORDED_OPS
-        self._operator_table = np.empty(0, dtype=bool)  # per symbol code: the old schema's "Operator"
+        self._tables: dict[str, np.ndarray] = {}  # per symbol code, a bool for each of _per_symbol's tests
 
     def _norm_id(self, v: int | str) -> int:
         if type(v) is int:
@@ -656,22 +655,14 @@ class _Columns:
             table = self._cat_table = np.concatenate([table, np.asarray(extra, dtype=np.int8)])
         return table[raw_codes].astype(np.int8)  # -1 (no cat) reads the last entry: fixed below
 
-    def _recorded(self, name_codes: np.ndarray) -> np.ndarray:
-        """Whether each name (a symbol code) is one of RECORDED_OPS (a table lookup)."""
-        table = self._recorded_table
+    def _per_symbol(self, key: str, test: Callable[[str], bool], codes: np.ndarray) -> np.ndarray:
+        """Whether each symbol code's name passes `test`, from a table (kept under `key`) grown as
+        symbols are learnt; -1 (none) is False."""
+        table = self._tables.get(key, np.empty(0, dtype=bool))
         if len(table) < len(self.symbols):
-            extra = [self.symbols[i] in RECORDED_OPS for i in range(len(table), len(self.symbols))]
-            table = self._recorded_table = np.concatenate([table, np.asarray(extra, dtype=bool)])
-        return table[np.maximum(name_codes, 0)] & (name_codes >= 0)
-
-    def _old_operator(self, raw_cat: np.ndarray) -> np.ndarray:
-        """Whether each raw category (a symbol code) is the old schema's "Operator", whose events
-        carry the Python stack as a `Call stack` argument (a table lookup)."""
-        table = self._operator_table
-        if len(table) < len(self.symbols):
-            extra = [self.symbols[i].lower() == "operator" for i in range(len(table), len(self.symbols))]
-            table = self._operator_table = np.concatenate([table, np.asarray(extra, dtype=bool)])
-        return table[np.maximum(raw_cat, 0)] & (raw_cat >= 0)
+            extra = [test(self.symbols[i]) for i in range(len(table), len(self.symbols))]
+            table = self._tables[key] = np.concatenate([table, np.asarray(extra, dtype=bool)])
+        return table[np.maximum(codes, 0)] & (codes >= 0)
 
     def add(self, events: list[_Event]) -> None:
         # Fields are read with list comprehensions (the interpreter's specialised attribute loads
@@ -717,7 +708,8 @@ class _Columns:
         # and the old schema's operators, for their call stacks), in one batch.
         launch_gpu = np.isin(cats, LAUNCH_SIDE + GPU_SIDE + (CAT["gpu_annotation"],))
         memory = cats == CAT["memory"]
-        ops = self._old_operator(raw_cat)
+        # (the old schema's "Operator" events carry the Python stack as a `Call stack` argument)
+        ops = self._per_symbol("operator", lambda name: name.lower() == "operator", raw_cat)
         need = np.flatnonzero(launch_gpu | memory | ops)
         decoded = np.fromiter(_decode_args([body[i].args for i in need.tolist()]), dtype=object, count=len(need))
         pos = np.full(n, -1, dtype=np.int64)
@@ -747,7 +739,8 @@ class _Columns:
         # The argument records (shapes, dtypes, strides, concrete inputs) of the operators rules and the
         # efficiency model read (RECORDED_OPS), read here once (auditor.evidence.trace.arg_records).
         records = np.full(n, -1, dtype=np.int32)
-        op_rows = np.flatnonzero((cats == CAT["cpu_op"]) & ~instant & self._recorded(name_codes))
+        recorded = self._per_symbol("recorded", RECORDED_OPS.__contains__, name_codes)
+        op_rows = np.flatnonzero((cats == CAT["cpu_op"]) & ~instant & recorded)
         if len(op_rows):
             records[op_rows] = self.args.intern_many(raw_keys([body[i].args for i in op_rows.tolist()]))
         self._put(put, "args", records)

@@ -20,6 +20,7 @@ backward; softmax, norms 5 FLOPs an element; elementwise ops 1 FLOP an output el
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -464,8 +465,17 @@ class _Calls:
     first_us: np.ndarray
     works: list[tuple[str, str, tuple[float, float, str]]]
 
-    def column(self, k: int) -> np.ndarray:
-        """Each call's FLOPs (k=0) or bytes (k=1)."""
+    @functools.cached_property
+    def flops(self) -> np.ndarray:
+        """Each call's FLOPs."""
+        return self._per_call(0)
+
+    @functools.cached_property
+    def nbytes(self) -> np.ndarray:
+        """Each call's bytes moved."""
+        return self._per_call(1)
+
+    def _per_call(self, k: int) -> np.ndarray:
         per_work = np.array([w[2][k] for w in self.works], dtype=np.float64)
         return per_work[self.work] if len(self.works) else np.zeros(len(self.rows))
 
@@ -524,6 +534,12 @@ def _efficiency(trace: Trace, chosen: str) -> Efficiency:
                       steps=steps, gpu_ms=float(dur[work].sum()) / 1e3, unread_ops=unread)
 
 
+def _in_first_order(codes: np.ndarray) -> np.ndarray:
+    """The distinct values of `codes`, in the order each first appears."""
+    values, first = np.unique(codes, return_index=True)
+    return values[np.argsort(first)]
+
+
 def _shape_text(dims: list, types: list) -> str:
     return ", ".join("x".join(map(str, d)) for d, _ in _tensors(dims, types))
 
@@ -532,14 +548,13 @@ def _op_stats(calls: _Calls, device: DeviceSpec | None) -> list[OpStat]:
     # one entry per (name, shapes, dtype), in the order of its first call; sums in the calls' order
     group_of: dict[tuple[str, str, str], int] = {}
     work_group = np.empty(len(calls.works), dtype=np.int64)
-    _, first_call = np.unique(calls.work, return_index=True)
-    for w in np.unique(calls.work)[np.argsort(first_call, kind="stable")].tolist():
+    for w in _in_first_order(calls.work).tolist():
         name, shape, (_, _, dtype) = calls.works[w]
         work_group[w] = group_of.setdefault((name, shape, dtype), len(group_of))
     g = work_group[calls.work] if len(calls.works) else np.empty(0, dtype=np.int64)
     n = len(group_of)
-    sums = zip(np.bincount(g, minlength=n).tolist(), np.bincount(g, calls.column(0), minlength=n).tolist(),
-               np.bincount(g, calls.column(1), minlength=n).tolist(), np.bincount(g, calls.kernel_us, minlength=n).tolist())
+    sums = zip(np.bincount(g, minlength=n).tolist(), np.bincount(g, calls.flops, minlength=n).tolist(),
+               np.bincount(g, calls.nbytes, minlength=n).tolist(), np.bincount(g, calls.kernel_us, minlength=n).tolist())
     agg = dict(zip(group_of, sums))
     out = []
     for (name, shape, dtype), (count, flops, nbytes, kus) in agg.items():
@@ -577,7 +592,7 @@ def _group_stats(trace: Trace, work: np.ndarray, charged: np.ndarray, calls: _Ca
     has_flops = np.zeros(len(charged), dtype=bool)
     has_flops[calls.rows] = True
     flops_of = np.zeros(len(charged))
-    flops_of[calls.rows] = calls.column(0)
+    flops_of[calls.rows] = calls.flops
     mine = np.flatnonzero((ops >= 0) & has_flops[np.maximum(ops, 0)])
     if len(mine):
         order = mine[np.lexsort((mine, -dur[work][mine], ops[mine]))]
@@ -608,7 +623,7 @@ def _step_stats(trace: Trace, work: np.ndarray, calls: _Calls, device: DeviceSpe
     else:
         lo, hi = trace.window()
         spans = [(None, lo, hi)]
-    firsts, flops = calls.first_us, calls.column(0)
+    firsts, flops = calls.first_us, calls.flops
     dtype_of, dtypes = calls.dtype_codes()
     out = []
     for step, lo, hi in spans:
@@ -623,9 +638,7 @@ def _step_stats(trace: Trace, work: np.ndarray, calls: _Calls, device: DeviceSpe
                 # the dtype with the most FLOPs (the first of equal ones, in the calls' order)
                 mine = np.flatnonzero(inside)
                 by_dtype = np.bincount(dtype_of[mine], flops[mine], minlength=len(dtypes))
-                _, first = np.unique(dtype_of[mine], return_index=True)
-                seen = np.unique(dtype_of[mine])[np.argsort(first, kind="stable")].tolist()
-                main = dtypes[max(seen, key=lambda d: by_dtype[d])]
+                main = dtypes[max(_in_first_order(dtype_of[mine]).tolist(), key=lambda d: by_dtype[d])]
                 mfu = achieved / device.peak_tflops(main)
         out.append(StepGpu(step=step, device=device.key if device else None, busy_ms=busy_ms,
                            idle_ms=max(span_ms - busy_ms, 0.0), comm_ms=total_length(clip(comm, lo, hi)) / 1e3,

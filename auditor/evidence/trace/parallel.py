@@ -47,9 +47,21 @@ _CUT = re.compile(rb"\}\s*,\s*\{")
 _WINDOW = 1 << 20
 
 
+def forkable_cores() -> int:
+    """The cores this process may use through forked processes: 0 where it may not fork (not Linux,
+    or other Python threads running: forking a process that runs threads is unsafe)."""
+    if sys.platform != "linux" or threading.active_count() > 1:
+        return 0
+    try:
+        return len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        return 0
+
+
 def worker_count(path: Path) -> int:
     """How many workers to parse `path` with; 0: parse in this process."""
-    if sys.platform != "linux" or threading.active_count() > 1:
+    cores = forkable_cores()
+    if cores < 2:
         return 0
     try:
         with open(path, "rb") as f:
@@ -57,10 +69,9 @@ def worker_count(path: Path) -> int:
                 return 0
         if path.stat().st_size < PARALLEL_MIN_BYTES:
             return 0
-        cores = len(os.sched_getaffinity(0))
-    except (OSError, AttributeError):
+    except OSError:
         return 0
-    return min(cores, MAX_WORKERS) if cores > 1 else 0
+    return min(cores, MAX_WORKERS)
 
 
 def cuts(path: Path, start: int) -> list[int]:
