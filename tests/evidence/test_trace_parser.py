@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from auditor.evidence.trace import load as trace_load
 from auditor.evidence.trace import parallel as trace_parallel
 from auditor.evidence.errors import InputError
 from auditor.evidence.trace.decode import CAT, CATEGORIES
@@ -374,6 +375,35 @@ def test_workers_fill_columns_past_their_first_estimate(tmp_path: Path, small_pi
     assert [r for r in grown if r > 0]  # grew past its first estimate, with rows already in it
     _assert_same_trace(load_trace(path, workers=0), par)
     assert par.name(8999) == "s8999" and len(par.events) == 9000
+
+
+def test_the_parse_makes_its_columns_without_the_huge_page_hint(tmp_path: Path, plain_copy: Path, small_pieces: None,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy's transparent-huge-page hint is off while a trace is parsed (in this process and in the
+    workers forked from it) and as it was after, also when the parse fails."""
+    from numpy._core.multiarray import _set_madvise_hugepage as hint
+    seen = []
+
+    def nest(*columns):  # (hint(False) answers what the hint was, and leaves it off)
+        seen.append(hint(False))
+        return real_nest(*columns)
+
+    real_nest = trace_load.nest
+    monkeypatch.setattr(trace_load, "nest", nest)
+    numpys = hint(True)
+    for was in (True, False):
+        hint(was)
+        try:
+            assert load_trace(plain_copy, workers=2).workers == 2
+            assert hint(was) is was  # restored
+            broken = tmp_path / "broken.json"
+            broken.write_bytes(plain_copy.read_bytes()[: plain_copy.stat().st_size // 2])
+            with pytest.raises(InputError):
+                load_trace(broken, workers=2)
+            assert hint(was) is was
+        finally:
+            hint(numpys)
+    assert seen == [False, False]
 
 
 @pytest.mark.parametrize("damage", ["malformed", "truncated"])

@@ -18,6 +18,8 @@ tids like "stream 7", lower-case `external id`, a `Call stack` argument instead 
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -179,15 +181,37 @@ def load_trace(path: Path | str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, workers
     collecting = gc.isenabled()
     gc.disable()
     try:
-        if workers > 1:
-            try:
-                return _parse(path, chunk_bytes, workers)
-            except Exception:  # a worker failed: the one-process parse gives the exact error, or succeeds
-                pass
-        return _parse(path, chunk_bytes, 0)
+        with _small_pages():
+            if workers > 1:
+                try:
+                    return _parse(path, chunk_bytes, workers)
+                except Exception:  # a worker failed: the one-process parse gives the exact error, or succeeds
+                    pass
+            return _parse(path, chunk_bytes, 0)
     finally:
         if collecting:
             gc.enable()
+
+
+@contextmanager
+def _small_pages() -> Iterator[None]:
+    """numpy's large arrays made inside without its transparent-huge-page hint (madvise), and the
+    hint as it was after (the workers, forked inside, inherit it).
+
+    Why: where the kernel's THP defrag setting is `madvise` (the default of Debian's and Ubuntu's
+    kernels), the first touch of a hinted array waits while the kernel compacts memory into 2 MB
+    pages. The parse makes each of its columns once and touches it once, so it pays the wait and
+    keeps none of the gain: on the 506 MB tiled trace the call tree took 0.43 s with the hint and
+    0.21 s without, the whole load 1.9-2.0 s against 1.65-1.75 s (bench/HISTORY.md)."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _set_madvise_hugepage
+    was = _set_madvise_hugepage(False)
+    try:
+        yield
+    finally:
+        _set_madvise_hugepage(was)
 
 
 def _parse(path: Path, chunk_bytes: int, workers: int) -> Trace:
