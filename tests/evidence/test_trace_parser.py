@@ -345,6 +345,23 @@ def test_workers_give_the_same_trace(tmp_path: Path, name: str, small_pieces: No
     _assert_same_trace(load_trace(plain, workers=0), par)
 
 
+@pytest.mark.parametrize("slot_bytes", [1 << 20, 256], ids=["shared", "pickled"])
+def test_pieces_come_back_through_shared_memory_or_pickled(plain_copy: Path, small_pieces: None, slot_bytes: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A piece's columns come back through its slot of shared memory, or pickled where they do not
+    fit in it; the trace is the same either way."""
+    monkeypatch.setattr(trace_parallel, "SLOT_BYTES", slot_bytes)
+    read = []
+    get = trace_parallel._Slots.get
+    monkeypatch.setattr(trace_parallel._Slots, "get", lambda self, layout: read.append(layout) or get(self, layout))
+    par = load_trace(plain_copy, workers=2)
+    assert par.workers == 2
+    text = plain_copy.read_bytes()
+    pieces = len(trace_parallel.cuts(plain_copy, text.index(b"[", text.index(b'"traceEvents"')) + 1))
+    assert len(read) == (2 * pieces if slot_bytes > 256 else 0)  # (events and flows of each piece)
+    _assert_same_trace(load_trace(plain_copy, workers=0), par)
+
+
 def test_a_cut_inside_a_string_falls_back_to_one_process(tmp_path: Path, small_pieces: None) -> None:
     # Every name ends with `}, {`: a cut searched from an arbitrary offset nearly always lands in one.
     events = [{"ph": "X", "cat": "cpu_op", "name": "n" * 400 + str(i) + "}, {", "pid": 1, "tid": 1,
