@@ -4,8 +4,9 @@ Why: decoding JSON into objects and turning them into columns is CPU-bound Pytho
 the GIL), and a multi-GB trace takes over a minute on one core. Here the main process reads only
 the header and a small window around every PIECE_BYTES of the file, where it cuts the event array
 on an event boundary; each worker reads its own byte range and decodes it into numpy columns with
-the code the single-process path runs (trace_decode), and the main process appends the columns in
-file order, mapping each worker's symbol codes onto its own table. Everything after (frames,
+the code the single-process path runs (trace_decode), written into a slot of memory shared with the
+main process, which appends the columns in file order, mapping each worker's symbol codes onto its
+own table. Everything after (frames,
 derived columns) is as in the single-process path, and the Trace is the same.
 
 When it is used: uncompressed files of at least PARALLEL_MIN_BYTES, on Linux, with more than one
