@@ -362,6 +362,22 @@ def test_pieces_come_back_through_shared_memory_or_pickled(plain_copy: Path, sma
     _assert_same_trace(load_trace(plain_copy, workers=0), par)
 
 
+def test_a_slot_holds_plain_columns_and_refuses_what_it_cannot() -> None:
+    """Columns written into a slot read back equal, in their dtypes; columns too large for it, of
+    mixed dtypes across chunks or of Python objects are refused (they come back pickled)."""
+    ints, floats = np.arange(5, dtype=np.int32), np.linspace(0, 1, 7)
+    with trace_parallel._Slots(2, 1024) as slots:
+        layout = slots.put(1, [{"a": [ints, ints[:2]], "b": [floats]}, {"c": [np.array([True, False])]}])
+        events, flows = (slots.get(part) for part in layout)
+        assert events["a"].dtype == np.int32 and events["a"].tolist() == [*ints.tolist(), 0, 1]
+        assert events["b"].tolist() == floats.tolist() and flows["c"].tolist() == [True, False]
+        assert all(at >= 1024 and at % slots.ALIGN == 0 for part in layout for _, _, at, _ in part)  # (slot 1)
+        del events, flows
+        assert slots.put(0, [{"a": [np.zeros(200)]}]) is None  # 1,600 bytes
+        assert slots.put(0, [{"a": [ints, ints.astype(np.int64)]}]) is None
+        assert slots.put(0, [{"a": [np.array(["x"], dtype=object)]}]) is None
+
+
 def test_a_cut_inside_a_string_falls_back_to_one_process(tmp_path: Path, small_pieces: None) -> None:
     # Every name ends with `}, {`: a cut searched from an arbitrary offset nearly always lands in one.
     events = [{"ph": "X", "cat": "cpu_op", "name": "n" * 400 + str(i) + "}, {", "pid": 1, "tid": 1,

@@ -213,7 +213,10 @@ class _Slots:
 
     def put(self, slot: int, columns: list[dict[str, list[np.ndarray]]]) -> list[list[tuple]] | None:
         """Write each set of columns (each column in chunks) into `slot`; their layout, or None when
-        they do not fit."""
+        they do not fit, or are not plain numbers of one dtype (those are pickled)."""
+        if any(a.dtype != chunks[0].dtype or a.dtype.hasobject
+               for cols in columns for chunks in cols.values() for a in chunks):
+            return None
         need = sum(-(-sum(a.nbytes for a in chunks) // self.ALIGN) * self.ALIGN
                    for cols in columns for chunks in cols.values())
         if need > self.size:
