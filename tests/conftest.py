@@ -191,6 +191,13 @@ def launch(example: str, out: Path, steps: int, *extra: str) -> Audit:
                  *extra, out=out, timeout=150)
 
 
+def plain_run(tmp_path_factory, name: str) -> Audit:
+    """examples/NAME.py as a plain 5-step run, unprofiled: one run serves every test file that asks
+    (its folder is read, never written: a test that changes an audit's folder copies it first)."""
+    return shared_audit(tmp_path_factory, f"plain-{name}-5", "run", f"examples/{name}.py:step", "--steps", "5",
+                        "--no-profile", "--quiet")
+
+
 def balanced_ddp_run(tmp_path_factory) -> Path:
     """examples/ddp_balanced.py as a 2-rank job of 10 steps, unprofiled: DIR/rank-0/, DIR/rank-1/ and
     the merged report in DIR/; one run serves every test file that asks."""

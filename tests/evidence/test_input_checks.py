@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import audit, balanced_ddp_run, shared_run
+from conftest import audit, balanced_ddp_run, plain_run
 
 ONE_LINE = "only one `audit run` directory can be analyzed at a time"
 
@@ -28,12 +28,11 @@ def one_line_error(a, contains: str) -> str:
 
 @pytest.fixture(scope="module")
 def plain_runs(tmp_path_factory) -> dict[str, Path]:
-    """Two unrelated single-process runs."""
+    """Two unrelated single-process runs (the session's plain runs: test_report_plots reads clean's)."""
     def run(name: str) -> Path:
-        def go(out: Path) -> tuple[int, str, str]:
-            a = audit("run", f"examples/{name}.py:step", "--steps", "5", "--no-profile", "--quiet", out=out)
-            return a.returncode, a.stdout, a.stderr
-        return shared_run(tmp_path_factory, f"plain-{name}", go)[0]
+        a = plain_run(tmp_path_factory, name)
+        assert a.returncode == 0, a.stderr[-4000:]
+        return a.out
     return {name: run(name) for name in ("demo", "clean")}
 
 
