@@ -180,12 +180,16 @@ def test_one_cost_shows_one_percentage_everywhere(tmp_path):
     assert html.escape(f["message"], quote=False) in row and set(re.findall(r"\d+%", row)) == {pct}
 
 
-def test_patched_config_names_the_patch_that_holds_the_edits(tmp_path):
+def test_patched_config_names_the_patch_that_holds_the_edits(tmp_path, numerics_audit):
     """The clamp before log changes numerics: its edit is in numerics-fixes.patch, fixes.patch is
     empty, and the report says so instead of sending the reader to fixes.patch."""
+    # The session's audit of numerics_log_zero (14 steps, unprofiled), judged again by `audit analyze`
+    # into a folder of its own: --select applies where the rules judge and the patches and report are
+    # written, which is app.finish for `run` and `analyze` alike.
     # (nonfinite alone: on a loaded machine dataloader-bound may add an edit to fixes.patch)
-    a = audit("run", f"{EXAMPLES / 'numerics_log_zero.py'}:step", "--steps", "14", "--no-profile", "--quiet",
-              "--select", "nonfinite", out=tmp_path / "out")
+    run = numerics_audit("numerics_log_zero")
+    assert run.returncode == 0, run.stderr
+    a = audit("analyze", str(run.out), "--quiet", "--select", "nonfinite", out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     assert not (a.out / "fixes.patch").exists() and patch_text(a.out / "numerics-fixes.patch")
     config = section((a.out / "report.html").read_text(), "config")
