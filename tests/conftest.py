@@ -1,6 +1,7 @@
 """Shared helpers: run the real `audit` CLI in a subprocess and read what it wrote."""
 from __future__ import annotations
 
+import compileall
 import fcntl
 import json
 import os
@@ -276,6 +277,19 @@ LONGEST_FIRST = (
     "tests/rules/test_rule_table.py", "tests/rules/test_examples.py", "tests/capture/test_module_holders.py",
     "tests/capture/test_numerics.py", "tests/evidence/test_rank_engines.py", "tests/reports/test_fixes_apply.py",
 )
+
+
+def pytest_configure(config):
+    """The auditor's and the examples' modules compiled to bytecode once, before the workers start.
+
+    Why: the suite starts ~600 audit processes, and each imports ~150 of the auditor's modules (and
+    an example as a module). Where bytecode is not written as modules are imported
+    (PYTHONDONTWRITEBYTECODE, as on this project's machines), every one of them compiled those from
+    source again: ~0.16 s of CPU per audit's own process, ~0.05 s per audited one. Reading bytecode
+    that exists is not switched off by that setting."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # (the controller, or a run without xdist)
+        for folder in ("auditor", "examples"):
+            compileall.compile_dir(ROOT / folder, quiet=1)
 
 
 def pytest_collection_modifyitems(config, items):
