@@ -7,11 +7,11 @@ import re
 from conftest import audit, plain_run
 
 
-def test_numerics_plot_marks_the_first_nonfinite_step(tmp_path, tmp_path_factory):
-    a = audit("run", "examples/numerics_lr_blowup.py:step", "--steps", "25", "--quiet", out=tmp_path / "o")
+def test_numerics_plot_marks_the_first_nonfinite_step(tmp_path_factory, numerics_audit):
+    a = numerics_audit("numerics_lr_blowup")  # (the session's audit of it, read only)
     assert a.returncode == 0, a.stderr
     step = a.rule("nonfinite")[0]["evidence"]["first_step"]
-    html = (tmp_path / "o" / "report.html").read_text()
+    html = (a.out / "report.html").read_text()
     assert re.search(r'id="plot-\d+-numerics-plot"', html)
     assert f"first non-finite: step {step}" in html
     # a clean run still plots its series, with nothing marked (the session's plain 5-step run, read only)
