@@ -766,13 +766,13 @@ def scan(module: types.ModuleType | None, source_file: str | None,
 def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[int, int] | None,
           frames: list[types.FrameType] = ()) -> dict[str, Any]:
     from auditor.capture.rehearsal.device import CUDA_MARK  # (here: that module imports the probes)
-    # (locals: tested once per gc-tracked object, ~300k)
+    # (locals: tested once per gc-tracked object, ~300k, in one pass: each pass over them all is
+    # ~70 ms on a 2.4 GHz EPYC with torch._dynamo imported)
     tensor, param, function = torch.Tensor, torch.nn.Parameter, types.FunctionType
-    objects = gc.get_objects()
-    live = [t for t in [o for o in objects if type(o) is tensor or type(o) is param] if t.grad_fn is not None]
-    closures = [f for f in [o for o in objects if type(o) is function and o.__closure__]
-                if not is_library(f.__code__.co_filename)]
-    del objects
+    picked = [o for o in gc.get_objects() if (kind := type(o)) is tensor or kind is param or kind is function]
+    live = [t for t in picked if type(t) is not function and t.grad_fn is not None]
+    closures = [f for f in picked if type(f) is function and f.__closure__ and not is_library(f.__code__.co_filename)]
+    del picked
     holders = []
     claimed: set[int] = set()
     _BOUNDS.clear()
