@@ -439,6 +439,16 @@ def test_the_parse_makes_its_columns_without_the_huge_page_hint(tmp_path: Path, 
     assert seen == [False, False]
 
 
+def test_a_numpy_without_its_huge_page_switch_parses_as_before(plain_copy: Path, small_pieces: None,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch is numpy's private one: where a numpy has none, the parse runs with its default."""
+    import numpy._core.multiarray as multiarray
+    monkeypatch.delattr(multiarray, "_set_madvise_hugepage")
+    with pytest.raises(ImportError):
+        from numpy._core.multiarray import _set_madvise_hugepage  # noqa: F401
+    assert load_trace(plain_copy, workers=2).workers == 2
+
+
 @pytest.mark.parametrize("damage", ["malformed", "truncated"])
 def test_workers_report_damage_as_one_process_does(tmp_path: Path, plain_copy: Path, small_pieces: None,
                                                    damage: str) -> None:
