@@ -128,7 +128,7 @@ x, y = torch.randn(8, 8), torch.randn(8, 8)
 
 def step(i):
     for p in model.parameters():
-        p.register_hook(lambda g: g.clamp(-0.5, 0.5))  # HOOK LINE
+        p.register_hook(lambda g: (g / g.norm().clamp(min=1.0)).clamp(-0.5, 0.5))  # HOOK LINE
     h = model(x)
     h.register_hook(lambda g: g * 0.5)  # ACTIVATION LINE: a new tensor each step, one hook
     loss = nn.functional.mse_loss(h, y)
