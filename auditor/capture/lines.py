@@ -17,12 +17,16 @@ import signal
 import sys
 import threading
 import time
+from functools import partial
+from itertools import accumulate, chain, islice, repeat, takewhile
+from operator import attrgetter, is_not, methodcaller
 from typing import Any
 
 from auditor.capture.frames import library_code
 from auditor.evidence import model as m
 
 INTERVAL_S = 0.002  # between looks at the step's stack: ~5 looks in a 10 ms step
+FIRST_LOOK = 8  # frames a look reads first; the rest of the stack only when those are all library code
 ENABLED = os.environ.get("AUDITOR_LINE_SAMPLING", "1") != "0"
 _ASYNC_SIGNALS = {getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2",
                                                      "SIGALRM", "SIGCHLD", "SIGWINCH", "SIGPIPE") if hasattr(signal, name)}
@@ -81,19 +85,37 @@ class LineSampler:
     def _look(self, frames, perf) -> None:
         """One sample: the line the step's thread is at is charged the time since the last."""
         now = perf()
-        f = frames().get(self.ident)
-        while f is not None and library_code(f.f_code):
-            f = f.f_back
-        if f is None:
+        codes = _stack_codes(frames, self.ident, FIRST_LOOK)
+        at = next((c for c in codes if not library_code(c[0])), None)
+        if at is None and len(codes) == FIRST_LOOK:  # (library code all the way down those: the rest)
+            at = next((c for c in _stack_codes(frames, self.ident, None) if not library_code(c[0])), None)
+        if at is None:
             self.last = now
             return
-        key = (f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
-        # no frame is kept past its look: a frame keeps its locals (a loss and its graph) alive,
-        # and the memory and graph-leak checks at the step's end would count them as held
-        f = None
+        code, line = at
+        key = (code.co_filename, line, code.co_name)
         c = self.counts.get(key)
         if c is None:
             c = self.counts[key] = [0, 0.0]
         c[0] += 1
         c[1] += (now - self.last) * 1e3
         self.last = now
+
+
+def _stack_codes(frames, ident: int | None, depth: int | None) -> list[tuple[Any, int]]:
+    """(code, line) of the innermost `depth` frames (None: all) of thread `ident`, innermost first,
+    read in one statement whose frames live only inside C iterators consumed by one call, so this
+    thread holds none of the program's frames once it could give the GIL to the program's thread.
+    A frame held across such a switch could finish meanwhile: its locals outlive its return, and
+    are freed here, in this thread, when let go. torch.compile drops the guard
+    `torch.autograd.grad_mode._enter_inference_mode` returns and relies on its freeing to restore
+    grad mode: freed here, it restored this thread's grad mode, not the program's, and dynamo
+    raised "Global grad_mode state changed while dynamo tracing" in an audited compiled step (and
+    a frame kept past its look keeps a loss and its graph alive for the step's memory checks)."""
+    return list(map(_CODE_LINE, islice(takewhile(_NOT_NONE, accumulate(
+        chain(map(methodcaller("get", ident), map(_CALL, (frames,))), repeat("f_back")), getattr)), depth)))
+
+
+_CALL = methodcaller("__call__")
+_NOT_NONE = partial(is_not, None)
+_CODE_LINE = attrgetter("f_code", "f_lineno")
