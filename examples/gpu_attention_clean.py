@@ -8,7 +8,7 @@ from torch import nn
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 torch.manual_seed(0)
-B, T, HEADS, HEAD_DIM, LAYERS, VOCAB = 4, 64, 4, 16, 2, 256
+B, T, HEADS, HEAD_DIM, LAYERS, VOCAB = 4, 128, 4, 16, 2, 256
 EMBED = HEADS * HEAD_DIM
 
 

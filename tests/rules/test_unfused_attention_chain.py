@@ -59,9 +59,11 @@ def test_hand_written_causal_attention_is_found_at_the_softmax(traces, monkeypat
     ev = f.evidence
     assert ev["timed_on"] == "cpu" and ev["dtype"] == "bfloat16"
     assert ev["chains"] == 4  # 2 layers x 2 profiled steps
-    # B4 x 4 heads, T64, heads of 16: both matmuls, 2 * 16 * 64 * 64 * (16 + 16) FLOPs a chain, 2 a step
-    assert ev["shapes"] == {"16x64x16 @ 16x16x64 -> softmax 16x64x64 @ 16x64x16": 4}
-    assert ev["flops_per_step"] == 2 * (2 * 16 * 64 * 64 * (16 + 16))
+    # B4 x 4 heads, T128, heads of 16: both matmuls, 2 * 16 * 128 * 128 * (16 + 16) FLOPs a chain, 2 a step
+    # (at T64 the chains were 0.11-0.115 of a CPU step, against the 0.1 the rule asks: under load on CI
+    # one trace read less; at T128 they are 0.16-0.18)
+    assert ev["shapes"] == {"16x128x16 @ 16x16x128 -> softmax 16x128x128 @ 16x128x16": 4}
+    assert ev["flops_per_step"] == 2 * (2 * 16 * 128 * 128 * (16 + 16))
     assert {"aten::mul", "aten::eq", "aten::masked_fill", "aten::dropout"} <= set(ev["between"])
     assert ev["attention_ms_per_step"] > 0 and 0.1 <= ev["step_share"] < 1
     assert f.cost is not None and f"took {ev['attention_ms_per_step']:.2f} ms per step on the CPU" in f.cost.note
