@@ -104,7 +104,10 @@ def test_a_synchronize_that_times_the_step_is_advised_as_timing(tmp_path):
     assert "Time with CUDA events" in summary and "every N steps" in summary
     # the settings belong to the finding: no logging interval for a synchronize, nothing "to verify"
     assert f["fix"]["config"] == {} and "log_every_n_steps" not in a.stdout
-    assert "verify: no fix to verify" in a.stdout
+    # (nothing of host-sync's to verify: under load, a rehearsed fetch of this program can wait past
+    # dataloader-bound's min-share, whose settings are then listed as not verifiable here)
+    assert "\nverify: " in a.stdout and "host-sync" not in a.stdout.split("\nverify: ", 1)[1], a.stdout
+    assert "verify: no fix to verify" in a.stdout or a.rule("dataloader-bound")
     assert not (a.out / "fixes.patch").exists() and not (a.out / "numerics-fixes.patch").exists()
 
 
