@@ -86,9 +86,9 @@ class LineSampler:
         """One sample: the line the step's thread is at is charged the time since the last."""
         now = perf()
         codes = _stack_codes(frames, self.ident, FIRST_LOOK)
-        at = next((c for c in codes if not library_code(c[0])), None)
+        at = _first_user(codes)
         if at is None and len(codes) == FIRST_LOOK:  # (library code all the way down those: the rest)
-            at = next((c for c in _stack_codes(frames, self.ident, None) if not library_code(c[0])), None)
+            at = _first_user(_stack_codes(frames, self.ident, None))
         if at is None:
             self.last = now
             return
@@ -114,6 +114,10 @@ def _stack_codes(frames, ident: int | None, depth: int | None) -> list[tuple[Any
     a frame kept past its look keeps a loss and its graph alive for the step's memory checks)."""
     return list(map(_CODE_LINE, islice(takewhile(_NOT_NONE, accumulate(
         chain(map(methodcaller("get", ident), map(_CALL, (frames,))), repeat("f_back")), getattr)), depth)))
+
+
+def _first_user(codes: list[tuple[Any, int]]) -> tuple[Any, int] | None:
+    return next((c for c in codes if not library_code(c[0])), None)
 
 
 _CALL = methodcaller("__call__")
