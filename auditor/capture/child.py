@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
@@ -135,17 +135,24 @@ def profile_plan(steps: int) -> tuple[int | None, list[int]]:
     return warm, list(range(first, first + active_n))
 
 
-def graph_scan_points(steps: int) -> set[int]:
-    """Step boundaries at which the graph-leak scan runs (each costs 50-100 ms): after step 1, the
+def graph_scan_points(steps: int, window: Sequence[int] = ()) -> set[int]:
+    """Step boundaries at which the graph-leak scan runs (each costs 50-200 ms): after step 1, the
     middle and the last step, and after steps 4, 16, 64, 256, ... as well, so that a run killed
     early (the out-of-memory kill a leak ends in, at step 37 of 200) has been scanned twice
     before it ends, not only after step 1. A step that raises (an out-of-memory error) is scanned
     too (see `_failure_scan`). Powers of 4, not of 2: a 50-step audit scans 5 times, not 8, and
-    must end within 5 s of the plain steps."""
+    must end within 5 s of the plain steps.
+    No scan runs while the profiler records (`window`: the profiled steps, warm-up first): a scan
+    after a window step but its last would land in the next ProfilerStep of the program's trace,
+    as the program's own host time (205 ms of a 127 ms step on a 2-rank CPU job), so it runs
+    after the window's last step instead, when the profiler has stopped."""
     if steps <= 3:
-        return set(range(steps))
-    powers = {4 ** k for k in range(steps.bit_length()) if 4 ** k < steps}
-    return powers | {steps // 2, steps - 1}
+        points = set(range(steps))
+    else:
+        points = {4 ** k for k in range(steps.bit_length()) if 4 ** k < steps} | {steps // 2, steps - 1}
+    if window:
+        points = {window[-1] if window[0] <= p < window[-1] else p for p in points}
+    return points
 
 
 class Terminated(KeyboardInterrupt):
@@ -479,7 +486,7 @@ def run(args: argparse.Namespace) -> int:
         out.send(wire.Snapshot(path="oom_snapshot.pickle", when="oom"))
     prof = Profiler(args.out, args.run_name, args.steps, args.profile)
     step_span = graphs.step_lines(fn, source)  # (a holder's growing line inside the step comes first)
-    session = StepSession(out, rec, prof, collectors, graph_scan_points(args.steps),
+    session = StepSession(out, rec, prof, collectors, graph_scan_points(args.steps, prof.window()),
                           lambda: (module, source, step_span))
     status = 0
     ran_out: wire.Ended | None = None
@@ -558,8 +565,9 @@ def _run_program(args: argparse.Namespace, out: Writer, rec: probes.Recorder, co
     if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
         out.send(wire.Snapshot(path="oom_snapshot.pickle", when="oom"))
     catch_interrupts(args.catch_sigterm)
-    parts = ChildParts(out, rec, collectors, Profiler(args.out, args.run_name, args.steps, args.profile),
-                       graph_scan_points(args.steps), send_setup, _ending, backend_flags, cuda_devices)
+    prof = Profiler(args.out, args.run_name, args.steps, args.profile)
+    parts = ChildParts(out, rec, collectors, prof, graph_scan_points(args.steps, prof.window()), send_setup, _ending,
+                       backend_flags, cuda_devices)
     return run_program(parse_target(args.target), args, parts)
 
 

@@ -1,5 +1,5 @@
 """Checked, timed and profiled steps are kept apart (auditor.capture.numerics.schedule): the
-profiler window and the timed steps carry none of the numerics checks, the reported median is the
+profiler window and the timed steps carry none of the numerics checks (nor a graph scan), the reported median is the
 timed steps', the audit's own cost is measured between them, and a loss that turns non-finite on a
 step the checks did not see turns them on from the next step."""
 from __future__ import annotations
@@ -78,6 +78,9 @@ def test_profiled_and_timed_steps_carry_no_checks(run):
     names = {e.get("name", "") for e in events}
     assert any(n.startswith("aten::addmm") or n == "aten::linear" for n in names)  # (the program is in it)
     assert not [n for n in names if "aminmax" in n or "auditor::numerics" in n]
+    # nor the graph scan: the one planned after step 4 runs after the window's last step, 6
+    assert sorted(s["after_step"] for s in a.evidence["graph_scans"]) == [1, 6, 16, 17, 33]
+    assert not [n for n in names if "auditor/capture/graphs.py" in n]
 
 
 @pytest.mark.slow
