@@ -60,8 +60,9 @@ def test_step_that_raises(tmp_path):
     assert end["where"]["file"].endswith("trainer.py") and end["where"]["line"] == line_of(tmp_path, "bad batch")
     assert doc["steps"]["count"] == 4  # steps 0-2 complete, step 3 partial
     assert (tmp_path / "out" / "report.html").is_file()
-    # the step that raised is scanned too: graph-leak compares it with step 1 (and finds no leak)
-    assert [(g["after_step"], g["failed"]) for g in a.evidence["graph_scans"]] == [(1, False), (3, True)]
+    # the step that raised is scanned too: graph-leak compares it with step 0 (and finds no leak);
+    # (the scan after step 1 runs after step 0: the profiled window is steps 1-3)
+    assert [(g["after_step"], g["failed"]) for g in a.evidence["graph_scans"]] == [(0, False), (3, True)]
     assert not [s for s in doc["skipped_rules"] if s["rule"] == "graph-leak"] and not a.rule("graph-leak")
 
 
@@ -162,9 +163,10 @@ def test_hard_crash_still_reports(tmp_path, ending, status, signal_name, code):
         assert "Segmentation fault" in end["stderr_tail"]  # faulthandler's dump, kept for the report
         # ...and its most recent frame of the user's names the line (it had no location)
         assert end["where"]["file"].endswith("trainer.py") and end["where"]["line"] == line_of(tmp_path, ending)
-    # graph-leak had one scan (after step 1): why it is skipped says the run ended early
+    # graph-leak had one scan (after step 0, before the window of steps 1-3): why it is skipped
+    # says the run ended early
     [why] = [s["reason"] for s in doc["skipped_rules"] if s["rule"] == "graph-leak"]
-    assert "the run ended in step 2 of 8, before its second scan (scanned after step: 1)" in why
+    assert "the run ended in step 2 of 8, before its second scan (scanned after step: 0)" in why
 
 
 def test_setup_code_that_raises(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from auditor.capture.child import graph_scan_points, profile_plan
 from tests.conftest import ONE_THREAD, shared_audit
 
 STEPS = 34
@@ -81,6 +82,22 @@ def test_profiled_and_timed_steps_carry_no_checks(run):
     # nor the graph scan: the one planned after step 4 runs after the window's last step, 6
     assert sorted(s["after_step"] for s in a.evidence["graph_scans"]) == [1, 6, 16, 17, 33]
     assert not [n for n in names if "auditor/capture/graphs.py" in n]
+
+
+def test_no_graph_scan_is_planned_inside_the_window():
+    """Every run length to 300: no scan after a window step but its last (it would run while the
+    profiler records), the planned scans kept but where one merges with another, and a run whose
+    window begins after step 0 scanned once before it (the baseline a run failing there keeps)."""
+    for steps in range(1, 301):
+        warm, active = profile_plan(steps)
+        window = ([warm] if warm is not None else []) + active
+        planned, points = graph_scan_points(steps), graph_scan_points(steps, window)
+        if window[0] > 0:
+            assert not [p for p in points if window[0] <= p < window[-1]], (steps, window, sorted(points))
+            assert min(points) < window[0], (steps, window, sorted(points))
+        else:  # (5-7 steps: no step before the window)
+            assert points == planned, steps
+        assert len(planned) - 1 <= len(points) <= len(planned) and max(points) == steps - 1, steps
 
 
 @pytest.mark.slow
