@@ -7,6 +7,7 @@ are not the program's data wait."""
 from __future__ import annotations
 
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -26,19 +27,30 @@ def _median_wait_ms(a) -> float:
 def test_rehearsed_data_wait_is_the_programs_not_the_rehearsals(tmp_path):
     # (the first 6 steps unaudited: what the auditor does once, the first time, is not the question)
     common = ("--no-profile", "--no-numerics", "--quiet", "--skip", "6")
-    # A second pair of runs only where the first is out of bounds, the least median of each kept: a
-    # burst of load on 2 shared cores lands on one run, not on both pairs (before the fix both
-    # pairs read x2.5).
-    r = p = float("inf")
-    for attempt in range(2):
-        rehearsed = audit("run", str(PROG), *common, "--", "cuda", out=tmp_path / f"r{attempt}")
-        plain = audit("run", str(PROG), *common, "--no-rehearse", "--", "cpu", out=tmp_path / f"p{attempt}")
+    # Each pair side by side, so both runs wait under the same load: run one after the other, a
+    # burst of load on 2 shared cores lands on one of them (the mode's work a call, taken out at
+    # what it cost when measured, costs more in a slower stretch: CI read 2.53 ms against 1.12 in
+    # two pairs run in turn). Another pair only where one is out of bounds; the best pair is kept.
+    def pair(attempt: int) -> tuple[float, float]:
+        with ThreadPoolExecutor(2) as pool:
+            runs = [pool.submit(audit, "run", str(PROG), *common, *how, out=tmp_path / f"{name}{attempt}")
+                    for name, how in (("r", ("--", "cuda")), ("p", ("--no-rehearse", "--", "cpu")))]
+            rehearsed, plain = (run.result() for run in runs)
         assert rehearsed.returncode == 0 and plain.returncode == 0, rehearsed.stderr[-2000:] + plain.stderr[-2000:]
         assert rehearsed.evidence["environment"]["rehearsal"] and not plain.evidence["environment"]["rehearsal"]
-        r, p = min(r, _median_wait_ms(rehearsed)), min(p, _median_wait_ms(plain))
-        if r <= 1.7 * p + 0.2:
+        return _median_wait_ms(rehearsed), _median_wait_ms(plain)
+
+    def excess(rp: tuple[float, float]) -> float:
+        return rp[0] - (1.7 * rp[1] + 0.2)
+
+    best = pair(0)
+    for attempt in (1, 2):
+        if excess(best) <= 0:
             break
+        best = min(best, pair(attempt), key=excess)
+    r, p = best
     # measured under load on 2 shared cores: 1.32 ms rehearsed against 0.52 plainly (x2.5) before
     # the rehearsal's own time was taken out, 0.81-0.93 against 0.59-0.72 after (one run of
-    # eight under a load of 4: 1.10 against 0.49)
+    # eight under a load of 4: 1.10 against 0.49). Beside one busy core, pairs side by side passed 4
+    # runs of 4, pairs in turn 2 of 4; beside two, side by side read 3.47 against 1.68 once in 3.
     assert r <= 1.7 * p + 0.2, (r, p)
