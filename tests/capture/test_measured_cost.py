@@ -1,7 +1,7 @@
 """Checked, timed and profiled steps are kept apart (auditor.capture.numerics.schedule): the
-profiler window and the timed steps carry none of the numerics checks (nor a graph scan), the reported median is the
-timed steps', the audit's own cost is measured between them, and a loss that turns non-finite on a
-step the checks did not see turns them on from the next step."""
+profiler window and the timed steps carry none of the numerics checks (nor a graph scan), the
+reported median is the timed steps', the audit's own cost is measured between them, and a loss that
+turns non-finite on a step the checks did not see turns them on from the next step."""
 from __future__ import annotations
 
 import gzip

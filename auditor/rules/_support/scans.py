@@ -6,11 +6,11 @@ from auditor.evidence.model import GraphScan
 
 def spread_scans(scans: list[GraphScan]) -> list[GraphScan]:
     """The first graph scan, the one nearest the middle of the scanned steps and the last, in step
-    order. Scans run after steps 1, 4 (after the profiled window's last step, when the window
-    holds step 4), 16, ... too, so that a run that dies early has two; growth is judged over these
-    three, as far apart as the run allows: a leak that adds a graph every tenth step is not
-    growth-free between steps 1 and 4, and a buffer that fills by the middle and
-    stays full is not growing."""
+    order. Scans run after steps 1, 4, 16, ... too (a point inside the profiled window moved out of
+    it: capture.child.graph_scan_points), so that a run that dies early has two; growth is judged
+    over these three, as far apart as the run allows: a leak that adds a graph every tenth step is
+    not growth-free between the first two scans, and a buffer that fills by the middle and stays
+    full is not growing."""
     scans = sorted(scans, key=lambda s: s.after_step)
     if len(scans) <= 3:
         return scans
