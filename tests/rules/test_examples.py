@@ -470,7 +470,9 @@ def test_dataloader_bound_share_and_fix(example_audit):
     share = median(waits) / median(s["ms"] for s in timed)
     assert f["cost"]["ms_per_step"] == pytest.approx(median(waits), abs=1e-3)
     assert f["cost"]["share_of_step"] == pytest.approx(share, abs=1e-4) and share >= 0.25
-    assert f"({share:.0%} of the median step)" in f["message"]
+    # the message prints the cost's share (the one every report prints), which is the recomputed
+    # share to within the rounding of the evidence's figures
+    assert f"({f['cost']['share_of_step']:.0%} of the median step)" in f["message"]
     assert f["evidence"]["settings"]["num_workers"] == 0
     assert f["fix"]["config"]["DataLoader.num_workers"] >= 2
     assert "num_workers=" in "\n".join(f["fix"]["edits"][0]["lines"])
