@@ -81,6 +81,15 @@ def patch_text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def printed_figures(pattern: str, message: str) -> list[float]:
+    """The figures a message prints where `pattern`'s groups stand. A rule prints figures it took
+    from unrounded timings, and the evidence holds each timing rounded, so a test compares a printed
+    figure with its recomputation to within the last printed digit, not as a string."""
+    m = re.search(pattern, message)
+    assert m, message
+    return [float(g) for g in m.groups()]
+
+
 def expected_lines(path: Path, rule_id: str) -> list[int]:
     """Lines of an example marked `# expect: rule-id`."""
     return [i for i, line in enumerate(path.read_text().splitlines(), 1)

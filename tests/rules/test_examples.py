@@ -2,14 +2,13 @@
 and the clean trainer stays silent at warning level."""
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from statistics import median
 
 import pytest
 
-from conftest import EXAMPLES, assert_phases, audit, expected_lines, patch_text
+from conftest import EXAMPLES, assert_phases, audit, expected_lines, patch_text, printed_figures
 
 STEPS = 30
 
@@ -413,9 +412,9 @@ def test_forced_cleanup_cost_is_the_measured_time(example_audit):
         assert f["cost"]["note"].startswith("capped at the median step")
     # (the rule takes the median of the unrounded timings, the evidence holds each rounded: the
     # printed cost is this one to within its last digit)
-    printed = re.match(rf"gc\.collect\(\) ran {STEPS} times in {STEPS} steps, costing ([\d.]+) ms per step",
-                       f["message"])
-    assert printed and float(printed[1]) == pytest.approx(cost, abs=0.006), f["message"]
+    [printed] = printed_figures(rf"^gc\.collect\(\) ran {STEPS} times in {STEPS} steps, costing ([\d.]+) ms per step",
+                                f["message"])
+    assert printed == pytest.approx(cost, abs=0.006), f["message"]
     assert f"torch.cuda.empty_cache() ran {STEPS} times in {STEPS} steps: on a GPU each call waits" in f["message"]
 
 

@@ -2,12 +2,11 @@
 firm that number is: a real program whose gc.collect() walks a million extra objects in 3 of 14 steps."""
 from __future__ import annotations
 
-import re
 from statistics import median
 
 import pytest
 
-from conftest import audit
+from conftest import audit, printed_figures
 
 SPIKY_GC = """import gc
 
@@ -55,9 +54,9 @@ def test_a_gc_cost_that_spikes_in_few_steps_is_its_median(spiky):
     assert "the median of the steps that made the calls" in f["cost"]["note"]
     assert f"costing {f['cost']['ms_per_step']:.2f} ms per step" in f["message"]
     # (the rule sums the unrounded timings, the evidence holds each rounded: to within the last digit)
-    printed = re.search(r"; mean ([\d.]+) ms, raised by steps where it took up to ([\d.]+) ms", f["message"])
-    assert printed, f["message"]
-    assert float(printed[1]) == pytest.approx(mean, abs=0.006) and float(printed[2]) == pytest.approx(max(per_step), abs=0.006)
+    printed_mean, printed_max = printed_figures(r"; mean ([\d.]+) ms, raised by steps where it took up to ([\d.]+) ms",
+                                                f["message"])
+    assert printed_mean == pytest.approx(mean, abs=0.006) and printed_max == pytest.approx(max(per_step), abs=0.006)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ from statistics import median
 
 import pytest
 
-from conftest import GROWING, ROOT, audit
+from conftest import GROWING, ROOT, audit, printed_figures
 
 from auditor.rules._support.trends import quarter_floors, quarter_medians, spearman, theil_sen, trend_ratio, without_spikes
 
@@ -80,12 +80,10 @@ def test_the_cost_of_a_slowdown_is_no_more_than_the_steps_show(tmp_path):
     assert f["cost"]["ms_per_step"] == pytest.approx(min(ev["cpu_rise_ms"] * per_cpu_ms, wall_last), rel=1e-3)
     if f["cost"]["note"].startswith("capped"):
         return
-    # the message prints the rule's unrounded figures, the evidence holds them rounded: each printed
-    # figure is the recomputed one to within its last printed digit
-    printed = re.search(r"the last steps took ([\d.]+) ms more than the first \(([\d.]+) ms more CPU time, "
-                        r"at this run's ([\d.]+) ms of wall time per ms of CPU time\)", f["message"])
-    assert printed, f["message"]
-    rise, cpu_rise, per_cpu = map(float, printed.groups())
+    # (the rule's rise and wall-per-CPU factor are of the unrounded timings)
+    rise, cpu_rise, per_cpu = printed_figures(r"the last steps took ([\d.]+) ms more than the first \(([\d.]+) ms more "
+                                              r"CPU time, at this run's ([\d.]+) ms of wall time per ms of CPU time\)",
+                                              f["message"])
     assert rise == pytest.approx(min(ev["cpu_rise_ms"] * per_cpu_ms, wall_last), abs=0.006 + 1e-3 * rise)
     assert cpu_rise == pytest.approx(ev["cpu_rise_ms"], abs=0.006)
     assert per_cpu == pytest.approx(per_cpu_ms, abs=0.006)
