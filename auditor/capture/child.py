@@ -530,6 +530,7 @@ def run(args: argparse.Namespace) -> int:
             ending.where = Frame(file=code.co_filename, line=code.co_firstlineno, function=code.co_name)
         out.send(ending)
         status = 3
+    session.finish()
     prof.stop()
     if prof.window():
         out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < args.steps], trace_files=prof.files,

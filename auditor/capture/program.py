@@ -126,6 +126,7 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         failed_step = finder.recorded - 1
     if failed_step is not None and raised is not None and not isinstance(raised, KeyboardInterrupt):
         _failure_scan(out, raised, failed_step, scan_target())
+    session.finish()
     parts.prof.stop()
     if parts.prof.window():
         out.send(wire.Profile(steps=[s for s in parts.prof.recorded_steps() if s < finder.recorded],

@@ -25,6 +25,7 @@ from auditor.capture.target import Target, TargetError
 from auditor.capture.window_memory import ChildMemory, cgroup_limit, out_of_memory_kill
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame, recorded_frame
+from auditor.evidence.step_clock import DEVICE_CLOCK_NOTE
 
 STDERR_TAIL_LINES = 40
 STDERR_TAIL_LINE_BYTES = 4000  # the end of each (see pump_stderr)
@@ -111,6 +112,13 @@ class EvidenceBuilder:
             ev.profile = m.ProfileWindow(steps=r.steps, trace_files=r.trace_files, top_ops=r.top_ops, cut=r.cut)
             ev.traces = list(r.trace_files)
             ev.snapshots.extend(r.snapshots)
+        elif isinstance(r, wire.DeviceTimes):  # the device's clock of steps already recorded
+            by_index = {s.index: s for s in ev.steps}
+            for i, ms in zip(r.steps, r.ms):
+                if i in by_index:
+                    by_index[i].device_ms = ms
+            if r.note:
+                ev.environment.notes.append(f"{DEVICE_CLOCK_NOTE} {r.note}")
         elif isinstance(r, wire.Snapshot):  # the OOM observer's snapshot: listed only once it exists on disk
             self.pending_snapshots.append(r.path)
         elif isinstance(r, wire.Collected):

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from auditor.capture import graphs, lines, probes, wire
+from auditor.capture.device_clock import DeviceClock
 from auditor.capture.unseen import dynamo_skips_our_frames
 
 
@@ -39,6 +40,7 @@ class StepSession:
         self.t0 = self.c0 = 0.0
         self.anomaly = False
         self.lines = lines.LineSampler() if lines.ENABLED else None  # per-line time of each step
+        self.device = DeviceClock()  # each step's time on the device's clock, when a GPU is in use
         for c in collectors:  # the profiled steps carry no numerics checks (numerics.schedule)
             if hasattr(c, "window"):
                 c.window = frozenset(prof.window())
@@ -56,6 +58,7 @@ class StepSession:
         self.t0 = time.perf_counter() if t0 is None else t0
         if self.t_first is None:
             self.t_first = self.t0
+        self.device.begin(i)
         if self.lines is not None:
             self.lines.resume()
 
@@ -65,6 +68,7 @@ class StepSession:
         t1, c1 = time.perf_counter(), time.process_time()
         if self.lines is not None:
             self.lines.pause()
+        self.device.end(i)
         self.index = None
         if failed:
             self.prof.stop()
@@ -80,16 +84,28 @@ class StepSession:
                                 anomaly_enabled=self.anomaly,
                                 tallies=self.rec.drain() + (self.lines.take() if self.lines is not None else []),
                                 collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec)))
+        self._send_device_times(self.device.take())
         if forecast is not None:  # the step the rehearsed device would run out in: what holds it is scanned
             self.out.send(wire.Snapshot(path=forecast, when="rehearsal-oom"))
         if not failed and (i in self.scans or forecast is not None or near):
             self.out.send(wire.GraphScan(after_step=i, **graphs.scan(*self.scan_target())))
 
 
+    def finish(self) -> None:
+        """The run's steps are over: the device times still pending are waited for (polled, for a
+        bounded time) and sent, with a note on any step left on the host's clock."""
+        times, note = self.device.finish()
+        self._send_device_times(times, note)
+
+    def _send_device_times(self, times: list[tuple[int, float]], note: str = "") -> None:
+        if times or note:
+            self.out.send(wire.DeviceTimes(steps=[i for i, _ in times], ms=[ms for _, ms in times], note=note))
+
     def drop(self, i: int) -> None:
         """Step i, begun, turned out to be none (the program ended before its ending): nothing is
         sent for it, and the probes' tallies stay for what the caller records next."""
         self.index = None
+        self.device.open = None
         self.prof.stop()
         if self.lines is not None:
             self.lines.pause()

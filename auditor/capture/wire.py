@@ -119,6 +119,18 @@ class Profile(Record, tag="profile"):
     cut: WindowCut | None = None
 
 
+class DeviceTimes(Record, tag="device-times"):
+    """Steps' times on the device's clock (auditor.capture.device_clock), sent as their events
+    complete: after later steps, and at the run's end.
+
+    steps, ms: the steps and their device times, pairwise; note: the steps left on the host's
+    clock and why (sent with the last record only)."""
+
+    steps: list[int] = []
+    ms: list[float] = []
+    note: str = ""
+
+
 class Snapshot(Record, tag="snapshot"):
     """A memory snapshot the child may write later (the OOM observer's).
 
@@ -177,7 +189,7 @@ class ProgramRun(Record, tag="program"):
 
 
 AnyRecord = Union[Hello, UsageError, Setup, Step, GraphScan, Profile, Snapshot, Collected, Ended, Outside,
-                  ProgramRun]
+                  ProgramRun, DeviceTimes]
 
 DECODER = msgspec.json.Decoder(AnyRecord)
 _ENCODER = msgspec.json.Encoder()

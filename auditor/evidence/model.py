@@ -96,8 +96,12 @@ class StepRecord(msgspec.Struct):
 
     index: int
     start_s: float  # seconds since the first step started
-    ms: float
+    ms: float  # the host's clock: from the step's beginning to its end in the program
     cpu_ms: float | None = None  # process CPU time in the step: unaffected by other processes' load
+    # The device's clock: from the step's beginning to its end on the stream it ran on (CUDA events
+    # recorded at its boundaries, read once completed, never waited for: auditor.capture.device_clock).
+    # None: no device in use, or its events did not complete (the step is then on the host's clock).
+    device_ms: float | None = None
     profiled: bool = False
     failed: bool = False  # the step raised or was interrupted: its time is partial
     rss_bytes: int | None = None
@@ -107,6 +111,12 @@ class StepRecord(msgspec.Struct):
     tallies: list[Tally] = []
     numerics: NumericsStep | None = None  # the numerics collector's record of the step
     distributed: DistStep | None = None  # the distributed collector's record of the step (None: nothing distributed)
+
+    @property
+    def time_ms(self) -> float:
+        """The step's time on its bound: the longer of the host's and the device's clocks. A host
+        that queues a GPU-bound step in 2 ms does not make a 60 ms step 2 ms long."""
+        return self.ms if self.device_ms is None else max(self.ms, self.device_ms)
 
 
 class GraphScan(msgspec.Struct):
@@ -317,19 +327,21 @@ class Evidence(msgspec.Struct, dict=True):
         return ok
 
     def median_step_ms(self) -> float | None:
-        """The median of the timed steps, else of the unprofiled ones, else of all."""
-        times = [s.ms for s in self.timed_steps()] or self.step_ms() or self.step_ms(include_profiled=True)
-        return statistics.median(times) if times else None
+        """The median of the timed steps, else of the unprofiled ones, else of all; each step on its
+        bound's clock (StepRecord.time_ms: the device's where it is the longer)."""
+        steps = self.timed_steps() or [s for s in self.steps if not s.failed and not s.profiled] or \
+            [s for s in self.steps if not s.failed]
+        return statistics.median(s.time_ms for s in steps) if steps else None
 
     def shown_step_ms(self) -> list[float]:
         """Per-step wall times the reports show: the run's own steps, or, for recordings analysed
         on their own, the ProfilerSteps of the first trace that has any. Rules keep reading
         `steps`, which stays empty for recordings: a trace's rules measure against its own steps."""
         if self.steps:
-            return [s.ms for s in self.steps]
+            return [s.time_ms for s in self.steps]
         for trace in self.trace_data:
             if len(trace.steps):
-                return [float(d) / 1000.0 for d in trace.steps["dur"]]
+                return [float(d) for d in trace.step_times_ms()]
         return []
 
     def shown_trace(self) -> Any | None:

@@ -9,6 +9,7 @@ import msgspec
 from auditor import __version__
 from auditor.evidence.model import Evidence
 from auditor.evidence.own_cost import own_cost
+from auditor.evidence.step_clock import step_clock
 from auditor.reports.allocator_view import document_section as allocator_section
 from auditor.evidence.trace.efficiency import steps_gpu
 from auditor.reports.base import Reporter
@@ -29,6 +30,7 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
             "count": len(per_step),
             "requested": evidence.requested_steps,
             "per_step_ms": per_step,
+            **_clocks(evidence),
             "median_ms": round(median, 3) if median is not None else None,
             "numerics_check_median_ms": round(check, 3) if check is not None else None,
             "total_ms": round(sum(per_step), 3),
@@ -44,6 +46,26 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
         "baseline": _baseline(evidence),
         "allocator": allocator_section(evidence),
     }
+
+
+def _clocks(evidence: Evidence) -> dict[str, Any]:
+    """`steps.host_ms` and `steps.device_ms` (each step on each clock; null where a step has no
+    device time) and `steps.clock` (the bound and the medians: auditor.evidence.step_clock)."""
+    import math
+
+    def r(v: float | None) -> float | None:
+        return None if v is None or not math.isfinite(v) else round(v, 3)
+
+    if evidence.steps:
+        host = [r(s.ms) for s in evidence.steps]
+        device = [r(s.device_ms) for s in evidence.steps]
+    else:
+        trace = evidence.shown_trace()
+        host = [r(float(v)) for v in trace.host_step_ms()] if trace is not None else []
+        device = [r(float(v)) for v in trace.device_step_ms()] if trace is not None else []
+    clock = step_clock(evidence)
+    return {"host_ms": host, "device_ms": device,
+            "clock": {k: (r(v) if isinstance(v, float) else v) for k, v in msgspec.to_builtins(clock).items()}}
 
 
 def _baseline(evidence: Evidence) -> dict[str, Any] | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import linecache
 import re
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -249,12 +248,46 @@ class Trace:
         return (hi - lo) / 1000.0 / self.step_count()
 
     def median_step_ms(self) -> float:
-        """Median ProfilerStep in ms (the whole window when there are none): what a cost found in
-        this trace is a share of, as the report's median step is for a run."""
-        steps = self.steps
-        if not len(steps):
+        """Median step in ms (the whole window when there are no steps), each step on its bound's
+        clock (step_times_ms): what a cost found in this trace is a share of, as the report's
+        median step is for a run."""
+        if not len(self.steps):
             return self.step_ms()
-        return statistics.median(float(d) / 1000.0 for d in steps["dur"])
+        return float(np.median(self.step_times_ms()))
+
+    def host_step_ms(self) -> np.ndarray:
+        """Each step's span on the host (its ProfilerStep, or its iteration), in ms."""
+        return self.steps["dur"].to_numpy(dtype=np.float64) / 1000.0
+
+    def device_step_ms(self) -> np.ndarray:
+        """Each step's span on the device, in ms: from the first to the end of the last kernel,
+        copy or memset its launches made (NaN for a step that launched none). A step the host
+        queues in 2 ms can keep the device busy for 60."""
+        cached = self.__dict__.get("_device_step_ms")
+        if cached is not None:
+            return cached
+        out = np.full(len(self.steps), np.nan)
+        if len(self.steps):
+            cat, step = self.col("cat"), self.col("step")
+            rows = np.flatnonzero(np.isin(cat, GPU_WORK) & (step >= 0))
+            if len(rows):
+                ts, end = self.col("ts")[rows], self.col("end")[rows]
+                ok = np.isfinite(ts) & np.isfinite(end)
+                rows, ts, end = rows[ok], ts[ok], end[ok]
+                which = {int(n): k for k, n in enumerate(self.steps["step"].to_numpy())}
+                for n in np.unique(step[rows]):
+                    k = which.get(int(n))
+                    if k is not None:
+                        sel = step[rows] == n
+                        out[k] = (float(end[sel].max()) - float(ts[sel].min())) / 1000.0
+        self.__dict__["_device_step_ms"] = out
+        return out
+
+    def step_times_ms(self) -> np.ndarray:
+        """Each step on its bound's clock: the longer of its host and device spans (ms)."""
+        host = self.host_step_ms()
+        device = self.device_step_ms()
+        return np.where(np.isfinite(device) & (device > host), device, host)
 
     # -- attribution ---------------------------------------------------------------------------
     def ancestors(self, row: int) -> list[int]:

@@ -1,0 +1,120 @@
+"""Which clock a step is on, and so what its fixes can save: the host's or the device's.
+
+A step has two clocks. The host's is the time the program takes to issue the step (its Python, its
+launches, its waits); the device's is the time the device takes to run what was issued, from the
+step's beginning to the end of its last kernel on the stream it used. The step lasts the longer of
+the two, and that one is its bound:
+
+* host-bound: the device finishes each step's work before the host has issued the next; the step
+  is the host's issue time, and only host-side savings shorten it. The device's own work (its
+  busy time, from a trace) is what no host-side fix can take away.
+* device-bound: the host runs ahead and waits for the device; the step is the device's time, and a
+  host-side saving shortens it only by what the host's time exceeds the device's (nothing, while the
+  device stays the longer).
+
+A run measures both clocks per step (auditor.capture.device_clock); a recording gives them per
+ProfilerStep (its host span against the span of the kernels its launches made); a CUDA program
+rehearsed on a CPU has the device model's estimate of its kernels' time instead of a device clock.
+A step is device-bound when its device time exceeds its host time by DEVICE_MARGIN: a host-bound
+step's device span is its host time plus the last kernel's tail.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+if TYPE_CHECKING:
+    from auditor.evidence.model import Evidence
+
+DEVICE_MARGIN = 1.10  # device median over host median above which the steps are device-bound
+
+
+class StepClock(msgspec.Struct, frozen=True):
+    """The reported step and its bound (findings.json `steps.bound`, `steps.host_ms`, ...)."""
+
+    bound: str | None  # "host" | "device"; None: no device time is known (a CPU program)
+    step_ms: float | None  # the median step on its bound's clock: what every share is of
+    host_ms: float | None  # median of the same steps on the host's clock
+    device_ms: float | None  # median on the device's clock (None: not measured)
+    # The device's own work per step (kernels, copies, memsets merged), when a trace shows it:
+    # what no host-side fix removes from a step
+    device_busy_ms: float | None = None
+    source: str = "host"  # "events" | "trace" | "estimate" (rehearsal's device model) | "host"
+    steps: int = 0  # how many steps the medians are over
+    note: str = ""  # why a clock was not used (device events that never completed, streams switched)
+
+
+def bound_of(host_ms: float | None, device_ms: float | None) -> str | None:
+    if host_ms is None or device_ms is None:
+        return None
+    return "device" if device_ms > DEVICE_MARGIN * host_ms else "host"
+
+
+def of_trace(trace: Any) -> StepClock:
+    """A recording's steps: each ProfilerStep's host span against its kernels' span."""
+    import numpy as np
+
+    if not len(trace.steps):
+        return StepClock(bound=None, step_ms=trace.median_step_ms(), host_ms=trace.median_step_ms(),
+                         device_ms=None, source="trace")
+    host = trace.host_step_ms()
+    device = trace.device_step_ms()
+    known = np.isfinite(device)
+    host_ms = float(np.median(host))
+    device_ms = float(np.median(device[known])) if known.any() else None
+    return StepClock(bound=bound_of(host_ms, device_ms), step_ms=trace.median_step_ms(), host_ms=host_ms,
+                     device_ms=device_ms, device_busy_ms=device_busy_ms(trace), source="trace",
+                     steps=len(host))
+
+
+def device_busy_ms(trace: Any) -> float | None:
+    """The device's busy time per step in a trace (merged GPU work inside its steps), or None."""
+    from auditor.evidence.trace.queries import gpu_busy
+
+    if not len(trace.steps):
+        return None
+    lo, hi = trace.window()
+    iv = gpu_busy(trace, lo, hi)
+    if not len(iv[0]):
+        return None
+    return float((iv[1] - iv[0]).sum()) / 1000.0 / len(trace.steps)
+
+
+def of_run(ev: Evidence, estimated_device_ms: float | None = None) -> StepClock:
+    """A run's timed steps on both clocks. `estimated_device_ms`: the device model's kernel time
+    per step for a rehearsed CUDA program (no device clock there)."""
+    steps = ev.timed_steps() or [s for s in ev.steps if not s.failed and not s.profiled] or \
+        [s for s in ev.steps if not s.failed]
+    if not steps:
+        return StepClock(bound=None, step_ms=None, host_ms=None, device_ms=None)
+    host_ms = statistics.median(s.ms for s in steps)
+    measured = [s.device_ms for s in steps if s.device_ms is not None]
+    busy = next((b for t in ev.trace_data if (b := device_busy_ms(t)) is not None), None)
+    note = next((n for n in ev.environment.notes if n.startswith(DEVICE_CLOCK_NOTE)), "")
+    if measured:
+        device_ms = statistics.median(measured)
+        return StepClock(bound=bound_of(host_ms, device_ms), step_ms=ev.median_step_ms(), host_ms=host_ms,
+                         device_ms=device_ms, device_busy_ms=busy, source="events", steps=len(steps), note=note)
+    if estimated_device_ms is not None:
+        return StepClock(bound=bound_of(host_ms, estimated_device_ms), step_ms=ev.median_step_ms(),
+                         host_ms=host_ms, device_ms=estimated_device_ms, device_busy_ms=estimated_device_ms,
+                         source="estimate", steps=len(steps), note=note)
+    return StepClock(bound=None, step_ms=ev.median_step_ms(), host_ms=host_ms, device_ms=None,
+                     device_busy_ms=busy, source="host", steps=len(steps), note=note)
+
+
+DEVICE_CLOCK_NOTE = "device clock:"  # an environment note the capture adds when it fell back to the host's
+
+
+def step_clock(ev: Evidence, trace: Any = None) -> StepClock:
+    """The clock of the steps a cost is per: the run's, also for a finding on the run's own
+    profiler trace; a recording analysed on its own, its trace's (as findings.step_basis_ms)."""
+    if ev.steps or trace is None:
+        if not ev.steps:
+            t = next((t for t in ev.trace_data if len(t.steps)), None)
+            if t is not None:
+                return of_trace(t)
+        return of_run(ev)
+    return of_trace(trace)
