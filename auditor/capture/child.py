@@ -330,6 +330,7 @@ class Profiler:
     """torch.profiler over the planned window only; its trace goes to DIR/tb/<run>/ for TensorBoard."""
 
     def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool) -> None:
+        self.steps = steps  # the steps asked for (0: a program audited to its end)
         self.warm, self.active = profile_plan(steps) if enabled and steps > 0 else (None, [])
         self.start_at = self.warm if self.warm is not None else (self.active[0] if self.active else None)
         self.logdir = os.path.join(out_dir, "tb", run_name)

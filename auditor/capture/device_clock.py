@@ -58,8 +58,8 @@ def cuda_in_use() -> bool:
     answers under a CUDA rehearsal: auditor.capture.rehearsal.device.caller_is_user)."""
     import torch
 
-    try:
-        return torch.cuda.is_initialized() and torch.cuda.is_available()
+    try:  # (a CPU build has no CUDA events, whatever a stand-in torch.cuda answers)
+        return hasattr(torch._C, "_CudaEventBase") and torch.cuda.is_initialized() and torch.cuda.is_available()
     except Exception:
         return False
 

@@ -16,6 +16,7 @@ import torch
 
 from auditor.capture import graphs, lines, probes, wire
 from auditor.capture.device_clock import DeviceClock
+from auditor.capture.numerics.schedule import dense_steps
 from auditor.capture.unseen import dynamo_skips_our_frames
 
 
@@ -44,6 +45,7 @@ class StepSession:
         for c in collectors:  # the profiled steps carry no numerics checks (numerics.schedule)
             if hasattr(c, "window"):
                 c.window = frozenset(prof.window())
+                c.dense = dense_steps(getattr(prof, "steps", 0), c.window)
 
     def begin(self, i: int, t0: float | None = None, c0: float | None = None) -> None:
         """Step i begins (now, or at the times `t0`/`c0` taken earlier by the caller: a step that

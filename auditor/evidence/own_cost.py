@@ -1,6 +1,8 @@
 """The audit's own cost, measured between the run's steps (auditor.capture.numerics.schedule):
 timed steps (nothing of the audit's in them) against the steps that carried the numerics checks,
-and unprofiled steps against the profiled ones. Medians of wall time; failed steps left out."""
+and unprofiled steps against the profiled ones. Medians of each step's time on its bound's clock
+(StepRecord.time_ms: host work the device waits behind costs a device-bound step nothing);
+failed steps left out."""
 from __future__ import annotations
 
 import statistics
@@ -31,7 +33,7 @@ def own_cost(evidence: Evidence) -> OwnCost:
     unprofiled = [s for s in ok if not s.profiled]
 
     def med(steps: list) -> float | None:
-        return round(statistics.median(s.ms for s in steps), 3) if steps else None
+        return round(statistics.median(s.time_ms for s in steps), 3) if steps else None
 
     return OwnCost(timed_steps=sorted(timed_ids), checked_steps=[s.index for s in checked],
                    profiled_steps=[s.index for s in profiled], timed_ms=med(t), checked_ms=med(checked),

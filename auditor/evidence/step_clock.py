@@ -13,7 +13,7 @@ the two, and that one is its bound:
   device stays the longer).
 
 A run measures both clocks per step (auditor.capture.device_clock); a recording gives them per
-ProfilerStep (its host span against the span of the kernels its launches made); a CUDA program
+ProfilerStep (its host span against the busy time of the kernels its launches made); a CUDA program
 rehearsed on a CPU has the device model's estimate of its kernels' time instead of a device clock.
 A step is device-bound when its device time exceeds its host time by DEVICE_MARGIN: a host-bound
 step's device span is its host time plus the last kernel's tail.
@@ -53,7 +53,7 @@ def bound_of(host_ms: float | None, device_ms: float | None) -> str | None:
 
 
 def of_trace(trace: Any) -> StepClock:
-    """A recording's steps: each ProfilerStep's host span against its kernels' span."""
+    """A recording's steps: each ProfilerStep's host span against its kernels' busy time."""
     import numpy as np
 
     if not len(trace.steps):
@@ -70,16 +70,23 @@ def of_trace(trace: Any) -> StepClock:
 
 
 def device_busy_ms(trace: Any) -> float | None:
-    """The device's busy time per step in a trace (merged GPU work inside its steps), or None."""
-    from auditor.evidence.trace.queries import gpu_busy
+    """The device's busy time per step in a trace: the GPU work its steps' launches made (merged
+    across streams), over the steps; None without steps or GPU work. Not the work inside the
+    steps' host spans: a device-bound step's kernels run long after the host has moved on."""
+    import numpy as np
+
+    from auditor.evidence.trace.decode import GPU_WORK
+    from auditor.evidence.trace.intervals import merge_intervals
 
     if not len(trace.steps):
         return None
-    lo, hi = trace.window()
-    iv = gpu_busy(trace, lo, hi)
-    if not len(iv[0]):
+    rows = np.flatnonzero(np.isin(trace.col("cat"), GPU_WORK) & (trace.col("step") >= 0) & (trace.col("link") >= 0))
+    ts, end = trace.col("ts")[rows], trace.col("end")[rows]
+    ok = np.isfinite(ts) & np.isfinite(end) & (end >= ts)
+    if not ok.any():
         return None
-    return float((iv[1] - iv[0]).sum()) / 1000.0 / len(trace.steps)
+    lo, hi = merge_intervals(ts[ok], end[ok])
+    return float((hi - lo).sum()) / 1000.0 / len(trace.steps)
 
 
 def of_run(ev: Evidence, estimated_device_ms: float | None = None) -> StepClock:
@@ -108,6 +115,39 @@ def of_run(ev: Evidence, estimated_device_ms: float | None = None) -> StepClock:
 DEVICE_CLOCK_NOTE = "device clock:"  # an environment note the capture adds when it fell back to the host's
 
 
+BACKWARD_FACTOR = 3.0  # a step's kernel work over its forward's: the backward does about twice the forward
+
+
+def rehearsed_device_ms(ev: Evidence) -> tuple[float, str] | None:
+    """For a CUDA program rehearsed on a CPU: the device model's estimate of a step's kernel time
+    on the named device (`--device`, else the default row), and that device's name. Each kernel the
+    step's calls would launch (evidence.model.DEVICE_LAUNCH) at its bytes over the row's memory
+    bandwidth or its FLOPs over its peak, whichever is longer; the backward pass, which a rehearsal
+    does not see, as BACKWARD_FACTOR times the forward. None: not a rehearsal, or no launches."""
+    from auditor.evidence import model as m
+    from auditor.evidence.devices import DEFAULT_DEVICE, find_device
+
+    if not ev.environment.rehearsal:
+        return None
+    device = (find_device(ev.environment.device_model) if ev.environment.device_model else None) or \
+        find_device(DEFAULT_DEVICE)
+    if device is None:
+        return None
+    per_step = []
+    for s in ev.timed_steps() or [s for s in ev.steps if not s.failed and not s.profiled]:
+        us = 0.0
+        for t in s.tallies:
+            if t.kind == m.DEVICE_LAUNCH and t.count:
+                nbytes, flops = t.data.get("bytes", 0) / t.count, t.data.get("flops", 0) / t.count
+                memory = nbytes / (device.mem_bw_gbs * 1e9) * 1e6
+                compute = flops / (device.peak_tflops(t.data.get("dtype", "") or "float32") * 1e12) * 1e6
+                us += t.count * max(memory, compute)
+        per_step.append(us)
+    if not per_step or not any(per_step):
+        return None
+    return statistics.median(per_step) * BACKWARD_FACTOR / 1e3, device.name
+
+
 def step_clock(ev: Evidence, trace: Any = None) -> StepClock:
     """The clock of the steps a cost is per: the run's, also for a finding on the run's own
     profiler trace; a recording analysed on its own, its trace's (as findings.step_basis_ms)."""
@@ -116,5 +156,6 @@ def step_clock(ev: Evidence, trace: Any = None) -> StepClock:
             t = next((t for t in ev.trace_data if len(t.steps)), None)
             if t is not None:
                 return of_trace(t)
-        return of_run(ev)
+        estimate = rehearsed_device_ms(ev)
+        return of_run(ev, estimate[0] if estimate is not None else None)
     return of_trace(trace)

@@ -58,12 +58,17 @@ def step_time_plot(ev: Evidence) -> Figure | None:
     if not ev.steps:
         return recorded_step_plot(ev)
     fig = Figure(layout=_layout("Step time over the run (ms)", "ms"))
-    shown = [ev.steps[k] for k in decimate(np.array([s.ms for s in ev.steps], dtype=float), MAX_LINE_POINTS)]
-    fig.add_scatter(name="step", x=[s.index for s in shown], y=[round(s.ms, 3) for s in shown],
-                    mode="lines+markers", line=dict(color="#4c78a8"))
+    shown = [ev.steps[k] for k in decimate(np.array([s.time_ms for s in ev.steps], dtype=float), MAX_LINE_POINTS)]
+    clocked = any(s.device_ms is not None for s in ev.steps)
+    fig.add_scatter(name="step (host clock)" if clocked else "step", x=[s.index for s in shown],
+                    y=[round(s.ms, 3) for s in shown], mode="lines+markers", line=dict(color="#4c78a8"))
+    if clocked:  # (the device's clock of each step: the step is the longer of the two)
+        fig.add_scatter(name="step (device clock)", x=[s.index for s in shown if s.device_ms is not None],
+                        y=[round(s.device_ms, 3) for s in shown if s.device_ms is not None],
+                        mode="lines+markers", line=dict(color="#f58518"))
     prof = [s for s in ev.steps if s.profiled]
     if prof:
-        fig.add_scatter(name="profiled step", x=[s.index for s in prof], y=[round(s.ms, 3) for s in prof],
+        fig.add_scatter(name="profiled step", x=[s.index for s in prof], y=[round(s.time_ms, 3) for s in prof],
                         mode="markers", marker=dict(symbol="diamond-open", size=12, color="#e45756"))
     median = ev.median_step_ms()
     if median is not None:
@@ -83,6 +88,11 @@ def recorded_step_plot(ev: Evidence) -> Figure | None:
     fig.update_xaxes(title_text=what if what == "ProfilerStep" else "iteration (no ProfilerSteps recorded)")
     fig.add_scatter(name=what, x=steps["step"].tolist(), y=(steps["dur"].to_numpy() / 1e3).round(3).tolist(),
                     mode="lines+markers", line=dict(color="#4c78a8"))
+    device = trace.device_step_ms()
+    if np.isfinite(device).any() and trace.median_step_ms() > float(np.median(trace.host_step_ms())):
+        known = np.isfinite(device)  # (device-bound: the device's work per step is the step)
+        fig.add_scatter(name="device work", x=steps["step"][known].tolist(), y=device[known].round(3).tolist(),
+                        mode="lines+markers", line=dict(color="#f58518"))
     median = trace.median_step_ms()
     fig.add_hline(y=median, line_dash="dash", line_color="#888", annotation_text=f"median {median:.1f} ms",
                   annotation_position="top left")

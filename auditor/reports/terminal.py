@@ -20,6 +20,7 @@ from auditor.evidence.model import Evidence, WindowCut
 from auditor.reports.allocator_view import lines as allocator_lines
 from auditor.reports.base import Reporter
 from auditor.reports.own_cost import own_cost_phrase
+from auditor.reports.step_clock import clock_phrase
 from auditor.findings import Finding, share_of_step
 from auditor.findings import RuleResults
 
@@ -316,6 +317,8 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     if rec.elsewhere:
         head.append(f"; {elsewhere_phrase(rec.elsewhere)}")
     lines.append(head)
+    if (clock := clock_phrase(evidence)) is not None:
+        lines.append(Text(clock, style="dim"))
     if (cost := own_cost_phrase(evidence)) is not None:
         lines.append(Text(cost, style="dim"))
     if evidence.program is not None:

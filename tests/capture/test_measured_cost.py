@@ -70,8 +70,9 @@ def test_profiled_and_timed_steps_carry_no_checks(run):
     profiled = [s["index"] for s in steps if s["profiled"]]
     checked = [s["index"] for s in steps if s["numerics"] is not None]
     assert profiled == [3, 4, 5, 6]
-    # the first 24 steps but the window's, then one in 32 (the next is 56)
-    assert checked == [0, 1, 2, *range(7, 25)]
+    # a run of 30 steps or more keeps 15 timed (schedule.dense_steps): the first 14 steps but the
+    # window's, then one in 32 from step 18 (the next is 50)
+    assert checked == [0, 1, 2, *range(7, 19)]
     # the window's trace is the program's: none of the checks' reductions or ranges in it
     trace = next(Path(a.out, "tb").rglob("*.pt.trace.json*"))
     text = (gzip.open if trace.suffix == ".gz" else open)(trace, "rt").read()
@@ -105,7 +106,7 @@ def test_the_median_and_the_own_cost_are_measured_between_steps(run):
     a = run
     steps = a.evidence["steps"]
     timed = [s for s in steps if not s["profiled"] and s["numerics"] is None]
-    assert [s["index"] for s in timed] == list(range(25, 34))
+    assert [s["index"] for s in timed] == list(range(19, 34))
     doc = a.findings_doc["steps"]
     assert doc["median_ms"] == round(statistics.median(s["ms"] for s in timed), 3)
     cost = doc["own_cost"]
@@ -114,20 +115,20 @@ def test_the_median_and_the_own_cost_are_measured_between_steps(run):
     assert cost["checked_ms"] == round(checked_ms, 3)
     summary = (a.out / "summary.txt").read_text()
     assert "inside the auditor's numerics checks" not in summary
-    assert (f"the audit's own cost, measured: 21 step(s) with numerics checks {cost['checked_ms']:.2f} ms median"
+    assert (f"the audit's own cost, measured: 15 step(s) with numerics checks {cost['checked_ms']:.2f} ms median"
             in summary), summary
-    assert f"over the 9 timed step(s)' {cost['timed_ms']:.2f} ms" in summary
+    assert f"the 15 timed step(s)' {cost['timed_ms']:.2f} ms" in summary
     assert f"4 profiled step(s) {cost['profiled_ms']:.2f} ms median" in summary
 
 
 @pytest.mark.slow
 def test_a_loss_that_turns_nonfinite_unchecked_turns_the_checks_on(tmp_path_factory):
     """Step 27 is timed (unchecked): its loss, read once its time is taken, is -inf, so every
-    later step is checked (28, 29, ... where the schedule would check none before 40)."""
+    later step is checked (28, 29, ... where the schedule would check none before 47)."""
     a = _audit(tmp_path_factory, "late_nan", LATE_NAN, "--steps", "31", "--no-profile")
     assert a.returncode == 0, a.stderr[-2000:]
     steps = a.evidence["steps"]
-    assert [s["index"] for s in steps if s["numerics"] is None] == [25, 26, 27]
+    assert [s["index"] for s in steps if s["numerics"] is None] == list(range(16, 28))
     assert {"event": "unchecked-nonfinite-loss", "step": 27} in steps[28]["numerics"]["events"]
     f = next(f for f in a.findings if f["rule"] == "nonfinite")
     assert f["evidence"]["first_step"] == 27, f["evidence"]

@@ -49,6 +49,7 @@ from auditor.capture.numerics.ops import (COMPILED, DIV, EXP, LOG, LOG1P, NORM, 
 from auditor.capture.numerics.optimizer import OptimizerWatch, _OptPlan
 from auditor.capture.numerics.origin import Origins
 from auditor.capture.numerics.record import StepRecordBuilder
+from auditor.capture.numerics.schedule import DENSE_STEPS, dense_steps
 from auditor.capture.numerics.schedule import checked as _scheduled
 from auditor.capture.numerics.sites import Tables
 from auditor.capture.numerics.stack import (CHECKS_RANGE, _checks_range, _compiling, _pop_mode, _profiling,
@@ -116,6 +117,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.opt_frame: Any = None  # the frame that called the optimizer pre-hook, during the step
         self.opt_where: Any = None  # the user's line of that call, once found
         self.window: frozenset[int] = frozenset()  # the profiler's steps: never checked (see schedule)
+        self.dense = DENSE_STEPS  # the dense start's end (schedule.dense_steps; set with the window)
         self.alarmed = False  # a non-finite value was seen: every later step is checked
         self.step_checked = True  # whether the running step is checked (see schedule)
         self.stepping = False  # a step runs, checked or not (its events are the step's)
@@ -150,7 +152,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
 
     def step_begin(self, index: int) -> None:
         self.step = index
-        self.step_checked = _scheduled(index, self.window, self.alarmed)
+        self.step_checked = _scheduled(index, self.window, self.alarmed, self.dense)
         self.stepping = True
         self.watched = None
         if not self.step_checked:  # a timed or profiled step: nothing of the checks runs in it

@@ -260,26 +260,30 @@ class Trace:
         return self.steps["dur"].to_numpy(dtype=np.float64) / 1000.0
 
     def device_step_ms(self) -> np.ndarray:
-        """Each step's span on the device, in ms: from the first to the end of the last kernel,
-        copy or memset its launches made (NaN for a step that launched none). A step the host
-        queues in 2 ms can keep the device busy for 60."""
+        """Each step's time on the device, in ms: the kernels, copies and memsets its launches made,
+        merged across streams (NaN for a step that launched none). A step the host queues in 2 ms
+        can keep the device busy for 60. Their busy time, not their span: in a device-bound
+        recording a step's kernels run after the backlog queued before it, and a span from its
+        first kernel to its last can cover other steps' work."""
         cached = self.__dict__.get("_device_step_ms")
         if cached is not None:
             return cached
         out = np.full(len(self.steps), np.nan)
         if len(self.steps):
             cat, step = self.col("cat"), self.col("step")
-            rows = np.flatnonzero(np.isin(cat, GPU_WORK) & (step >= 0))
-            if len(rows):
-                ts, end = self.col("ts")[rows], self.col("end")[rows]
-                ok = np.isfinite(ts) & np.isfinite(end)
-                rows, ts, end = rows[ok], ts[ok], end[ok]
-                which = {int(n): k for k, n in enumerate(self.steps["step"].to_numpy())}
-                for n in np.unique(step[rows]):
-                    k = which.get(int(n))
-                    if k is not None:
-                        sel = step[rows] == n
-                        out[k] = (float(end[sel].max()) - float(ts[sel].min())) / 1000.0
+            # (only work whose launch the trace holds: a kernel of the backlog queued before the
+            # window has none, and the time it ran at says nothing of which step queued it)
+            rows = np.flatnonzero(np.isin(cat, GPU_WORK) & (step >= 0) & (self.col("link") >= 0))
+            ts, end = self.col("ts")[rows], self.col("end")[rows]
+            ok = np.isfinite(ts) & np.isfinite(end)
+            rows, ts, end = rows[ok], ts[ok], end[ok]
+            which = {int(n): k for k, n in enumerate(self.steps["step"].to_numpy())}
+            for n in np.unique(step[rows]):
+                k = which.get(int(n))
+                if k is not None:
+                    sel = step[rows] == n
+                    lo, hi = merge_intervals(ts[sel], end[sel])
+                    out[k] = float((hi - lo).sum()) / 1000.0
         self.__dict__["_device_step_ms"] = out
         return out
 

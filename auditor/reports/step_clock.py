@@ -1,0 +1,29 @@
+"""The summary's line on the step's clock: which bound the reported step is on, and the other clock."""
+from __future__ import annotations
+
+from auditor.evidence.model import Evidence
+from auditor.evidence.step_clock import rehearsed_device_ms, step_clock
+
+
+def clock_phrase(evidence: Evidence) -> str | None:
+    """'step clock: device-bound: ...', or None where only the host's clock is known."""
+    c = step_clock(evidence)
+    note = f" ({c.note})" if c.note else ""
+    if c.bound is None or c.host_ms is None or c.device_ms is None:
+        return f"step clock: the host's{note}" if c.note else None
+    if c.source == "estimate":
+        estimate = rehearsed_device_ms(evidence)
+        name = estimate[1] if estimate is not None else "the named GPU"
+        return (f"step clock: on an {name} this step would be {c.bound}-bound: the device model puts its kernels at "
+                f"about {c.device_ms:.2f} ms a step (the forward's calls as rehearsed, x3 for the backward) against "
+                f"the host's {c.host_ms:.2f} ms to issue it{note}")
+    where = "CUDA events at the step boundaries" if c.source == "events" else "its kernels' busy time in the trace"
+    busy = (f"; the device's own work {c.device_busy_ms:.2f} ms of it" if c.device_busy_ms is not None else "")
+    if c.bound == "device":
+        return (f"step clock: device-bound: the device ran each step in {c.device_ms:.2f} ms (median, {where}); "
+                f"the host issued it in {c.host_ms:.2f} ms and waited for the rest{busy}{note}")
+    if c.source == "trace":
+        return (f"step clock: host-bound: the host issued each step in {c.host_ms:.2f} ms; the device worked "
+                f"{c.device_ms:.2f} ms of it ({where}){note}")
+    return (f"step clock: host-bound: the host issued each step in {c.host_ms:.2f} ms; the device's clock read "
+            f"{c.device_ms:.2f} ms ({where}){busy}{note}")
