@@ -8,7 +8,8 @@ are only queried, never waited for, inside the run: a step's time is read at a l
 once its end event has completed, and at the run's end the rest is waited for by polling, for at
 most FINISH_WAIT_S. A step whose events did not complete by then (a hung kernel), or that began on
 one stream and ended on another (the device time between two streams' events is not the step's),
-stays on the host's clock, and the run's evidence says so.
+stays on the host's clock, and the run's evidence says so; so does a step whose boundary falls
+inside the program's capture of a CUDA graph (no event is recorded into a capture).
 
 The device is reached through a Marks interface (record, done, elapsed, stream of a mark), so the
 CPU tests drive the same bookkeeping with a clock of their own; CudaMarks is the real one.
@@ -20,6 +21,10 @@ from typing import Any, Protocol
 
 FINISH_WAIT_S = 5.0  # at the run's end: how long the last steps' events are polled for
 POLL_S = 0.002
+
+
+class Capturing(Exception):
+    """The stream is capturing a CUDA graph: no mark may be recorded into it."""
 
 
 class Marks(Protocol):
@@ -38,6 +43,9 @@ class CudaMarks:
         self.torch = torch
 
     def record(self) -> Any:
+        if self.torch.cuda.is_current_stream_capturing():
+            # (an event recorded into a CUDA graph's capture would break the program's capture)
+            raise Capturing("the step's stream was capturing a CUDA graph")
         stream = self.torch.cuda.current_stream()
         event = self.torch.cuda.Event(enable_timing=True)
         event.record(stream)
@@ -77,6 +85,7 @@ class DeviceClock:
         self.open: tuple[int, Any] | None = None
         self.pending: list[tuple[int, Any, Any]] = []  # (step, start, end), in order
         self.switched: list[int] = []  # steps that ended on another stream than they began on
+        self.capturing: list[int] = []  # steps that began or ended inside a CUDA graph's capture
         self.failed = False  # the device's events could not be used at all (an error of ours)
 
     def _marks(self) -> Marks | None:
@@ -94,6 +103,8 @@ class DeviceClock:
             marks = self._marks()
             if marks is not None:
                 self.open = (i, marks.record())
+        except Capturing:
+            self.capturing.append(i)
         except Exception:
             self.failed = True
 
@@ -106,7 +117,11 @@ class DeviceClock:
             marks = self._marks()
             if marks is None:
                 return
-            end = marks.record()
+            try:
+                end = marks.record()
+            except Capturing:
+                self.capturing.append(i)
+                return
             if marks.stream(end) != marks.stream(opened[1]):
                 self.switched.append(i)
             else:
@@ -143,6 +158,9 @@ class DeviceClock:
         if self.switched:
             notes.append(f"{_steps(self.switched)} ended on another CUDA stream than they began on: those "
                          f"step(s) are on the host's clock")
+        if self.capturing:
+            notes.append(f"{_steps(self.capturing)} began or ended while the program captured a CUDA graph: "
+                         "those step(s) are on the host's clock")
         if self.failed:
             notes.append("the device's events could not be read: steps are on the host's clock")
         return out, "; ".join(notes)

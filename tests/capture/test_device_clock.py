@@ -194,3 +194,27 @@ def test_a_host_bound_recording_keeps_the_hosts_step():
     assert clock.bound == "host"
     assert clock.step_ms == pytest.approx(statistics.median(host), abs=1e-6)
     assert clock.device_ms == pytest.approx(statistics.median(device), abs=2e-3)
+
+
+def test_no_mark_is_recorded_into_a_cuda_graph_capture():
+    from auditor.capture.device_clock import Capturing
+
+    class InCapture(Marks):
+        capturing = False
+
+        def record(self):
+            if self.capturing:
+                raise Capturing("the step's stream was capturing a CUDA graph")
+            return super().record()
+
+    marks = InCapture()
+    clock = DeviceClock(marks)
+    clock.begin(0)
+    marks.capturing = True  # the program captures its step into a graph
+    clock.end(0)
+    clock.begin(1)
+    marks.capturing = False
+    clock.end(1)
+    marks.complete_all()
+    times, note = clock.finish(wait_s=0.0)
+    assert times == [] and "step(s) 0, 1 began or ended while the program captured a CUDA graph" in note
