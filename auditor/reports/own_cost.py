@@ -5,6 +5,9 @@ from auditor.evidence.model import Evidence
 from auditor.evidence.own_cost import own_cost
 
 
+SAME = 0.05  # steps carrying the audit's work this much faster than those carrying none: noise
+
+
 def _vs(ms: float, base: float, what: str, of: str) -> str:
     """How `what` (median `ms`) compares with `of` (median `base`), as a person would say it: "+12%
     over the 15 timed steps' 20.10 ms", "2.3x ...", and, when the steps carrying the audit's work
@@ -12,6 +15,8 @@ def _vs(ms: float, base: float, what: str, of: str) -> str:
     if ms >= base:
         ratio = f"{ms / base - 1:+.0%} over" if ms < 2 * base else f"{ms / base:.1f}x"
         return f"{ratio} {of} {base:.2f} ms"
+    if ms >= (1 - SAME) * base:  # (within the steps' own spread: no cost, and no sign of a change either)
+        return f"{ms / base - 1:+.0%} against {of} {base:.2f} ms"
     return (f"{what} ran {1 - ms / base:.0%} faster than {of} {base:.2f} ms: the machine's load changed "
             "during the run, so this cost is not measured")
 

@@ -66,15 +66,31 @@ def step_time_plot(ev: Evidence) -> Figure | None:
         fig.add_scatter(name="step (device clock)", x=[s.index for s in shown if s.device_ms is not None],
                         y=[round(s.device_ms, 3) for s in shown if s.device_ms is not None],
                         mode="lines+markers", line=dict(color="#f58518"))
+    # each step's role (auditor.capture.numerics.schedule): the median is of the timed steps only
     prof = [s for s in ev.steps if s.profiled]
     if prof:
         fig.add_scatter(name="profiled step", x=[s.index for s in prof], y=[round(s.time_ms, 3) for s in prof],
                         mode="markers", marker=dict(symbol="diamond-open", size=12, color="#e45756"))
+    timed = ev.timed_steps()
+    checked = [s for s in ev.steps if not s.profiled and s.numerics is not None]
+    if checked and len(ev.steps) <= MAX_LINE_POINTS:
+        fig.add_scatter(name="checked step (numerics checks)", x=[s.index for s in checked],
+                        y=[round(s.time_ms, 3) for s in checked], mode="markers",
+                        marker=dict(symbol="square-open", size=9, color="#9d755d"))
     median = ev.median_step_ms()
     if median is not None:
+        of = f" of the {len(timed)} timed steps" if checked and timed else ""
         fig.add_hline(y=median, line_dash="dash", line_color="#888",
-                      annotation_text=f"median {median:.1f} ms", annotation_position="top left")
+                      annotation_text=f"median{of} {median:.1f} ms", annotation_position="top left")
+    _whole_steps(fig, len(ev.steps))
     return fig
+
+
+def _whole_steps(fig: Figure, n: int) -> None:
+    """Steps are counted: no tick between two of them (a 6-step run would get 0.5, 1.5)."""
+    fig.update_xaxes(tickformat="d")
+    if n <= 100:
+        fig.update_xaxes(dtick=max(1, -(-n // 10)))
 
 
 def recorded_step_plot(ev: Evidence) -> Figure | None:
@@ -88,6 +104,7 @@ def recorded_step_plot(ev: Evidence) -> Figure | None:
     fig.update_xaxes(title_text=what if what == "ProfilerStep" else "iteration (no ProfilerSteps recorded)")
     fig.add_scatter(name=what, x=steps["step"].tolist(), y=(steps["dur"].to_numpy() / 1e3).round(3).tolist(),
                     mode="lines+markers", line=dict(color="#4c78a8"))
+    _whole_steps(fig, len(steps))
     device = trace.device_step_ms()
     if np.isfinite(device).any() and trace.median_step_ms() > float(np.median(trace.host_step_ms())):
         known = np.isfinite(device)  # (device-bound: the device's work per step is the step)
