@@ -36,6 +36,8 @@ from auditor.evidence.model import CUDA_STANDIN, Evidence
 from auditor.reports.base import Reporter
 from auditor.reports.figure import Figure
 from auditor.reports.own_cost import own_cost_phrase
+from auditor.reports.step_clock import clock_phrase
+from auditor.evidence.step_clock import step_clock
 from auditor.reports.findings_json import document
 from auditor.reports.patch import numerics_patchable, patchable
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
@@ -329,6 +331,9 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
     return {
         "median_ms": fmt_ms(ev.shown_median_ms()),
         "own_cost": own_cost_phrase(ev),
+        "clock": clock_phrase(ev),
+        "bound": step_clock(ev).bound,
+        "timed": len(ev.timed_steps()) if ev.steps else None,
         "steps": len(ev.shown_step_ms()),
         "requested": ev.requested_steps,
         "profiled": [s.index for s in ev.steps if s.profiled],

@@ -16,7 +16,8 @@ def _vs(ms: float, base: float, what: str, of: str) -> str:
         ratio = f"{ms / base - 1:+.0%} over" if ms < 2 * base else f"{ms / base:.1f}x"
         return f"{ratio} {of} {base:.2f} ms"
     if ms >= (1 - SAME) * base:  # (within the steps' own spread: no cost, and no sign of a change either)
-        return f"{ms / base - 1:+.0%} against {of} {base:.2f} ms"
+        pct = round((ms / base - 1) * 100)
+        return f"{f'{pct:+d}%' if pct else '±0%'} against {of} {base:.2f} ms"
     return (f"{what} ran {1 - ms / base:.0%} faster than {of} {base:.2f} ms: the machine's load changed "
             "during the run, so this cost is not measured")
 
