@@ -320,7 +320,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
     # --- module hooks ---------------------------------------------------------------------------
 
     def _module_pre(self, module, args) -> None:
-        if _compiling():
+        if _compiling() or not self.module_hooks:  # (off: a call begun before step_begin took them out)
             return
         if not self.mstack:  # an outermost call: the forward phase starts
             self.fwd_t0 = perf()
