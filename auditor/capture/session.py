@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from auditor.capture import graphs, lines, probes, wire
+from auditor.capture.bench_switches import OFF
 from auditor.capture.device_clock import DeviceClock
 from auditor.capture.numerics.schedule import dense_steps
 from auditor.capture.unseen import dynamo_skips_our_frames
@@ -34,13 +35,13 @@ class StepSession:
         self.rec = rec
         self.prof = prof
         self.collectors = collectors
-        self.scans = scans
+        self.scans = scans if "scans" not in OFF else set()  # (OFF: bench_steady_parts.py only)
         self.scan_target = scan_target
         self.t_first: float | None = None
         self.index: int | None = None  # the step begun and not yet ended
         self.t0 = self.c0 = 0.0
         self.anomaly = False
-        self.lines = lines.LineSampler() if lines.ENABLED else None  # per-line time of each step
+        self.lines = lines.LineSampler() if lines.ENABLED and "lines" not in OFF else None  # per-line time of each step
         self.device = DeviceClock()  # each step's time on the device's clock, when a GPU is in use
         for c in collectors:  # the profiled steps carry no numerics checks (numerics.schedule)
             if hasattr(c, "window"):
@@ -80,12 +81,14 @@ class StepSession:
         forecast, near = None, False
         if REHEARSED_MEMORY is not None:  # a CUDA rehearsal with --device-memory: its recorded requests
             allocated, forecast, near = REHEARSED_MEMORY()
-        self.out.send(wire.Step(index=i, start_s=self.t0 - self.t_first, ms=(t1 - self.t0) * 1e3,
-                                cpu_ms=(c1 - self.c0) * 1e3, profiled=self.prof.profiled(i), failed=failed,
-                                rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
-                                anomaly_enabled=self.anomaly,
-                                tallies=self.rec.drain() + (self.lines.take() if self.lines is not None else []),
-                                collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec)))
+        step = wire.Step(index=i, start_s=self.t0 - self.t_first, ms=(t1 - self.t0) * 1e3,
+                         cpu_ms=(c1 - self.c0) * 1e3, profiled=self.prof.profiled(i), failed=failed,
+                         rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
+                         anomaly_enabled=self.anomaly,
+                         tallies=self.rec.drain() + (self.lines.take() if self.lines is not None else []),
+                         collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec))
+        if "records" not in OFF:  # (bench_steady_parts.py only)
+            self.out.send(step)
         self._send_device_times(self.device.take())
         if forecast is not None:  # the step the rehearsed device would run out in: what holds it is scanned
             self.out.send(wire.Snapshot(path=forecast, when="rehearsal-oom"))

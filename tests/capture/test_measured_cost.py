@@ -133,3 +133,88 @@ def test_a_loss_that_turns_nonfinite_unchecked_turns_the_checks_on(tmp_path_fact
     f = next(f for f in a.findings if f["rule"] == "nonfinite")
     assert f["evidence"]["first_step"] == 27, f["evidence"]
     assert "Step 28 of 31" in f["message"] and "step 27, which the checks did not see" in f["message"], f["message"]
+
+
+CAUSAL = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+T, C = 8, 16
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention without flash: the mask fills the future with -inf on every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+    def forward(self, x):
+        B, T_, _ = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T_, 2, C // 2).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (C // 2) ** 0.5)
+        att = att.masked_fill(self.bias[:, :, :T_, :T_] == 0, float("-inf"))  # MASKED_FILL LINE
+        att = F.softmax(att, dim=-1)
+        # the attention's entropy, logged: log of the exact zeros the mask left, guarded (out of
+        # the loss: the guard's gradient would be 0 * inf, a NaN)
+        p = att.detach()
+        ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1).mean()  # LOG LINE
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T_, C)
+        return self.c_proj(y), ent
+
+
+attn = CausalSelfAttention()
+head = nn.Linear(C, 1)
+future = torch.full((T, T), float("-inf")).triu(1)  # FULL LINE: an additive causal mask
+opt = torch.optim.AdamW([*attn.parameters(), *head.parameters()], lr=1e-3)
+for i in range(1000):
+    x = torch.randn(4, T, C)
+    y, ent = attn(x)
+    scores = (y @ y.transpose(1, 2) + future).softmax(-1)  # ADD LINE
+    loss = head(scores @ y).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+@pytest.mark.slow
+def test_a_causal_masks_minus_inf_leaves_the_later_steps_timed(tmp_path_factory):
+    """A nanoGPT-style program makes -inf by design on every step (masked_fill of the causal mask,
+    the sum with an additive torch.full(-inf).triu(1) mask, log of the exact zeros the softmax
+    leaves, under a guard). The checks see them (checked steps record non-finite outputs at those
+    lines, the loss finite) but the run is not alarmed: the steps after the dense start are unchecked but one in 32,
+    timed, the median is theirs, and no nonfinite finding is made."""
+    from auditor.capture.numerics.schedule import checked as scheduled
+    from auditor.capture.numerics.schedule import dense_steps
+
+    steps = 34
+    src = tmp_path_factory.getbasetemp() / "causal.py"
+    src.write_text(CAUSAL)
+    a = shared_audit(tmp_path_factory, "measured-causal", "run", str(src), "--steps", str(steps), "--no-profile",
+                     "--quiet", env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr[-2000:]
+    recs = a.evidence["steps"]
+    assert len(recs) == steps
+    # the by-design -inf was seen: non-finite outputs recorded at the mask's, the log's and the full's lines
+    seen = [s for s in recs if s["numerics"] is not None and s["numerics"]["nonfinite_ops"]]
+    assert seen and all(s["numerics"]["loss_finite"] is True for s in seen)
+    sites = {}  # (each step record carries the sites it named first)
+    for s in recs:
+        sites.update((s["numerics"] or {}).get("sites", {}))
+    made = {sites[str(i)]["where"]["line"] for s in seen for i in s["numerics"]["nonfinite_sites"]}
+    assert made == {n for n, text in enumerate(CAUSAL.splitlines(), 1)
+                    if any(m in text for m in ("# MASKED_FILL LINE", "# LOG LINE", "# ADD LINE"))}, made
+    # not alarmed: the checked steps are the schedule's for a healthy run, the others timed
+    checked = [s["index"] for s in recs if s["numerics"] is not None]
+    assert checked == [i for i in range(steps) if scheduled(i, frozenset(), False, dense_steps(steps, frozenset()))]
+    timed = [s for s in recs if s["numerics"] is None]
+    assert timed and all(not s["profiled"] for s in timed)
+    assert not any(e.get("event") == "unchecked-nonfinite-loss" for s in seen for e in s["numerics"]["events"])
+    assert a.findings_doc["steps"]["median_ms"] == round(statistics.median(s["ms"] for s in timed), 3)
+    assert a.findings_doc["steps"]["own_cost"]["timed_steps"] == [s["index"] for s in timed]
+    assert not a.rule("nonfinite")
+    assert "no step without them to compare" not in (a.out / "summary.txt").read_text()

@@ -1656,3 +1656,17 @@ def test_warnings_of_torch_calls_name_the_users_lines_with_the_checks_on(tmp_pat
         assert a.returncode == 0, a.stderr
         shown.append(sorted(ln.split(": UserWarning")[0] for ln in a.stderr.splitlines() if "UserWarning" in ln))
     assert shown[0] == shown[1] == sorted(f"{tmp_path / 'w.py'}:{n}" for n in (7, 8, 9, 10)), shown
+
+
+def test_a_hidden_overflow_of_a_weighted_call_turns_the_checks_on_for_good(tmp_path):
+    """The float16 Linear overflows to -inf from step 1 and the ReLU hides it (the loss stays
+    finite): unlike a mask's -inf, a call with weights that overflows is not by design, so the run
+    is alarmed and every step past the dense start is checked, where a healthy run checks one in 32."""
+    from auditor.capture.numerics.schedule import DENSE_STEPS
+
+    steps = DENSE_STEPS + 4
+    source = FP16_HIDDEN_OVERFLOW.replace("if i == 5:", "if i == -1:")  # (no NaN: hidden all along)
+    _, a = audit_trainer(tmp_path, "fp16_hidden.py", source, steps)
+    recs = numerics(a)
+    assert all(d is not None for d in recs), [k for k, d in enumerate(recs) if d is None]
+    assert all(d["loss_finite"] is True for d in recs) and recs[1]["nonfinite_ops"]

@@ -15,8 +15,9 @@
 * A timed step the checks did not see is still watched for its loss: the first loss each backward
   pass starts from is kept, and read once the step's time is taken (on a GPU, queued on the
   device then and read when its event has completed, never a sync). A non-finite loss, or a
-  checked step that saw a non-finite value, turns the checks on for every later step (but the
-  window's), so a run that goes wrong is followed step by step from then on.
+  checked step whose values went wrong (Numerics._gone_wrong: not a mask's -inf by design), turns
+  the checks on for every later step (but the window's), so a run that goes wrong is followed
+  step by step from then on.
 """
 from __future__ import annotations
 

@@ -756,11 +756,15 @@ def install() -> Recorder:
     global REC
     if REC is None:
         REC = Recorder()
-        _install_sync_probes()
-        _install_timed_probes()
-        _install_anomaly_probe()
+        from auditor.capture.bench_switches import OFF
+
+        if "probes" not in OFF:  # (bench_steady_parts.py only)
+            _install_sync_probes()
+            _install_timed_probes()
+            _install_anomaly_probe()
         _install_backward_probes()
-        _install_hook_probes()
+        if "probes" not in OFF:
+            _install_hook_probes()
         _install_phase_hooks()
         from auditor.capture.probes.data import install_dataloader_probes, install_sampler_probes
 

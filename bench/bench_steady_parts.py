@@ -1,0 +1,130 @@
+"""Where an audit's steady-state cost goes, part by part, as the program's own clock sees it.
+
+    python bench/bench_steady_parts.py [--rounds 3] [--steps 160] [--first 40] [--last 140]
+                                       [--parts all,probes,hooks,...] [--width 32] [--layers 40]
+
+The program is the issue's CPU proxy of a host-bound step: 40 tiny Linear+LayerNorm+GELU layers,
+a batch of 16, AdamW, one thread (`OMP_NUM_THREADS=1`), a plain script that times each of its own
+iterations (the interval between one iteration's start and the next's: everything the audit adds
+at a step boundary, the graph scans and step records included). Each round runs it plain, then
+under `audit run PROG --steps S --to-end` (defaults: numerics checks and profiler on), then plain
+again before the next audited variant, and so on: each variant leaves one part out through the
+internal switch `AUDITOR_BENCH_OFF` (auditor/capture/bench_switches.py):
+
+  probes   the probes' wrappers on torch calls      hooks    numerics' module hooks, unchecked steps
+  lines    the line sampler                         scans    the graph scans at step boundaries
+  records  the step records sent to the parent      watch    the loss watch of unchecked steps
+  checks   the numerics checks at one step in 32 after the dense start
+
+A run's figure is its mean interval over iterations FIRST..LAST-1 (the steady state: the rare
+checked step and graph scan count there, as they do in a long run); a variant's cost is the median
+over rounds of its run's figure divided by the median of the plain runs' (the ratio of medians),
+and a part's share is how much of the full audit's cost over plain goes when it is left out.
+Separate processes, so the machine's drift shows: read the plain runs' range it prints.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("probes", "hooks", "lines", "scans", "records", "watch", "checks")
+
+PROGRAM = """\
+import json, sys, time
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Sequential(nn.Linear({width}, {width}), nn.LayerNorm({width}), nn.GELU())
+                        for _ in range({layers})])
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+x = torch.randn(16, {width})
+times = []
+for i in range({steps}):
+    times.append((time.perf_counter(), time.process_time()))
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+times.append((time.perf_counter(), time.process_time()))
+with open(sys.argv[1], "w") as f:
+    json.dump([[(b[k] - a[k]) * 1e3 for k in (0, 1)] for a, b in zip(times, times[1:])], f)
+"""
+
+
+def steady(path: Path, first: int, last: int) -> tuple[float, float]:
+    """(wall, CPU): the mean ms per iteration over iterations first..last-1."""
+    times = json.loads(path.read_text())[first:last]
+    return statistics.mean(t[0] for t in times), statistics.mean(t[1] for t in times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=160)
+    ap.add_argument("--first", type=int, default=40)
+    ap.add_argument("--last", type=int, default=140)
+    ap.add_argument("--width", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--parts", default="all," + ",".join(PARTS),
+                    help="variants to run: all (the full audit), a part's name (the audit without it), "
+                         "'none' (every part off), 'no-numerics'")
+    args = ap.parse_args()
+    variants = args.parts.split(",")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env.pop("AUDITOR_BENCH_OFF", None)
+    plain: list[tuple[float, float]] = []
+    audited: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        prog = Path(tmp) / "proxy.py"
+        prog.write_text(PROGRAM.format(width=args.width, layers=args.layers, steps=args.steps))
+        times = Path(tmp) / "times.json"
+        for r in range(args.rounds):
+            for v in variants:
+                subprocess.run([sys.executable, str(prog), str(times)], check=True, env=env, cwd=tmp)
+                plain.append(steady(times, args.first, args.last))
+                venv = dict(env)
+                flags: list[str] = []
+                if v == "none":
+                    venv["AUDITOR_BENCH_OFF"] = ",".join(PARTS)
+                elif v == "no-numerics":
+                    flags = ["--no-numerics"]
+                elif v != "all":
+                    venv["AUDITOR_BENCH_OFF"] = v
+                times.unlink()
+                a = subprocess.run([sys.executable, "-m", "auditor", "run", str(prog), "--steps", str(args.steps),
+                                    "--to-end", "-q", "--out", str(Path(tmp) / "audit"), *flags, "--", str(times)],
+                                   env=venv, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                if a.returncode != 0 or not times.exists():
+                    sys.exit(f"audit of variant {v} failed: {a.stderr[-2000:]}")
+                audited[v].append(steady(times, args.first, args.last))
+                (pw, pc), (aw, ac) = plain[-1], audited[v][-1]
+                print(f"round {r} {v:12s} plain {pw:7.3f} ms ({pc:.3f} CPU), audited {aw:7.3f} ms ({ac:.3f} CPU): "
+                      f"{aw / pw:.3f}x wall, {ac / pc:.3f}x CPU", flush=True)
+    load = os.getloadavg()
+    print(f"\n{args.layers} x (Linear({args.width}) + LayerNorm + GELU), AdamW, 1 thread; mean ms/step over "
+          f"iterations {args.first}-{args.last - 1} of {args.steps}; {args.rounds} round(s); load average now "
+          f"{load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
+    for k, clock in ((0, "wall"), (1, "CPU")):
+        p = statistics.median(t[k] for t in plain)
+        print(f"{clock}: plain median {p:.3f} ms/step (runs {min(t[k] for t in plain):.3f}-{max(t[k] for t in plain):.3f})")
+        full = statistics.median(t[k] for t in audited["all"]) if "all" in audited else None
+        for v, runs in audited.items():
+            a = statistics.median(t[k] for t in runs)
+            name = v if v in ("all", "none", "no-numerics") else "without " + v
+            line = (f"  {name:16s} median {a:.3f} ms/step (runs {min(t[k] for t in runs):.3f}-"
+                    f"{max(t[k] for t in runs):.3f}): {a / p:.3f}x plain")
+            if full is not None and v in PARTS and full > p:
+                line += f"; the part's share of the audit's cost: {100 * (full - a) / (full - p):+.0f}%"
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
