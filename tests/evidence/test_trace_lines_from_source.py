@@ -69,3 +69,31 @@ def test_a_def_line_frame_with_two_lines_that_can_make_the_op_names_both(tmp_pat
     assert sorted(loc["line"] for h in a.rule("host-sync") for loc in h["locations"]) == sorted(
         i for i, t in enumerate((EXAMPLES / "demo.py").read_text().splitlines(), 1)
         if "x.to(device)" in t or "loss.item()" in t)
+
+
+GPU_LOOP = ROOT / "tests" / "data" / "recorded_gpu_module_loop.py"
+
+
+def test_a_gpu_recording_of_a_module_level_loop_names_the_lines_of_its_syncs_and_device_data(tmp_path):
+    """The same loop on a GPU (recorded on an H200, torch 2.11, no auditor in the process), with a
+    Dataset that makes CUDA tensors: each sync was placed at `prof.step()`, and the dataset's device
+    work at the profiler's line too besides `__getitem__`'s. Each now names the line that made it."""
+    source = GPU_LOOP.read_text()
+    (tmp_path / GPU_LOOP.name).write_text(source)  # (the trace names it so: found from the working directory)
+    a = audit("analyze", str(ROOT / "tests" / "data" / "gpu_module_loop.json.gz"), out=tmp_path / "out",
+              cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert a.returncode == 0, a.stderr[-3000:]
+    at = {marker: [i for i, t in enumerate(source.splitlines(), 1) if t.endswith(f"# {marker}")]
+          for marker in ("BOOL LINE", "MASK LINE", "CPU LINE", "ITEM LINE", "DEVICE LINE")}
+    syncs = {f["evidence"]["op"] if "op" in f["evidence"] else f["message"].split()[0]: [loc["line"] for loc in f["locations"]]
+             for f in a.rule("host-sync")}
+    assert syncs["aten::is_nonzero"] == at["BOOL LINE"]
+    assert syncs["aten::index"] == at["MASK LINE"]
+    assert syncs["aten::item"] == at["ITEM LINE"]
+    assert at["CPU LINE"][0] in syncs["aten::to"]
+    assert all(not loc["note"] for f in a.rule("host-sync") for loc in f["locations"])
+    [device] = a.rule("dataloader-on-device")
+    lines = [loc["line"] for loc in device["locations"]]
+    assert lines[:2] == at["DEVICE LINE"]
+    next_line = next(i for i, t in enumerate(source.splitlines(), 1) if "next(batches)" in t)
+    assert lines[2:] == [next_line]
