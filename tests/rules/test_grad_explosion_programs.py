@@ -4,6 +4,9 @@ gradient norms grow at every step until they are non-finite)."""
 from __future__ import annotations
 
 from conftest import ONE_THREAD, audit
+from auditor.evidence.load import load_paths
+from auditor.rules import grad_explosion
+from auditor.rules.grad_explosion import GradExplosion
 
 # train_parity's shape: the task moves to its next stage once the loss is low enough; the loss
 # jumps from ~0.001 to ~8 there, and the gradient norm with it, which the program clips at 0.5
@@ -66,7 +69,7 @@ def _losses(a) -> dict[int, float]:
             if (d.get("numerics") or {}).get("loss") is not None}
 
 
-def test_a_norm_at_the_programs_clip_at_a_curriculum_step_is_not_an_explosion(tmp_path):
+def test_a_norm_at_the_programs_clip_at_a_curriculum_step_is_not_an_explosion(tmp_path, monkeypatch):
     """The rule read the clipped norm: 0.5 at the stage change, ~50x the norms before it, and
     reported an explosion with a max_norm under the program's own clip. The clip is recorded, a
     norm at it is clipped, and the stage change (the loss jumped with the norm, then fell) is not
@@ -82,6 +85,15 @@ def test_a_norm_at_the_programs_clip_at_a_curriculum_step_is_not_an_explosion(tm
     change = next(s for s in sorted(losses) if s > 0 and losses[s] > 1000 * losses[s - 1])
     at = dict(norms)[change]
     assert abs(at - 0.5) < 1e-5 and at > max(v for s, v in norms if s < change)  # what fired before
+    # each reason alone keeps it silent: the clip without the curriculum's, and (below) the
+    # curriculum's without a clip; with neither, the rule reports the jump to the clip, as it did
+    ev = load_paths([a.out])
+    monkeypatch.setattr(grad_explosion, "_loss_jumped", lambda *args: False)
+    assert not list(GradExplosion().check(ev, GradExplosion.default_options()))
+    monkeypatch.setattr(grad_explosion, "_clip_limit", lambda *args: None)
+    [old] = GradExplosion().check(ev, GradExplosion.default_options())
+    assert old.message.startswith(f"The gradient norm jumped to 0.5 at step {change}")
+    monkeypatch.undo()
 
     free = _audit(tmp_path, "unclipped", CURRICULUM.replace("    torch.nn.utils.clip_grad_norm_", "    # "), 30,
                   "--no-profile")
