@@ -136,3 +136,72 @@ def test_a_run_that_fails_for_want_of_a_gpu_says_to_rehearse(single_gpu):
     assert a.returncode == 3, a.stderr[-3000:]
     assert "Cannot access accelerator device when none is available" in a.evidence["ending"]["message"]
     assert "the program asks for a GPU and this machine has none: `audit run --rehearse`" in a.stdout, a.stdout
+
+
+# Lightning's bug-report template (BoringModel): the Trainer picks the device itself
+BORING = '''import os
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning.pytorch import LightningModule, Trainer
+
+
+class RandomDataset(Dataset):
+    def __init__(self, size, length):
+        self.len = length
+        self.data = torch.randn(length, size)
+
+    def __getitem__(self, index):
+        return self.data[index]
+
+    def __len__(self):
+        return self.len
+
+
+class BoringModel(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(32, 2)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        loss = self(batch).sum()
+        self.log("train_loss", loss)
+        return {"loss": loss}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.layer.parameters(), lr=0.1)
+
+
+def run():
+    train_data = DataLoader(RandomDataset(32, 64), batch_size=2)
+    model = BoringModel()
+    trainer = Trainer(
+        default_root_dir=os.getcwd(),
+        limit_train_batches=10,
+        num_sanity_val_steps=0,
+        max_epochs=1,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, train_dataloaders=train_data)
+
+
+if __name__ == "__main__":
+    run()
+'''
+
+
+@pytest.mark.slow  # (Lightning's import and Trainer: ~40 s on two shared cores)
+def test_a_lightning_trainer_left_to_pick_its_device_is_rehearsed(tmp_path):
+    pytest.importorskip("lightning")
+    (tmp_path / "bug_report_model.py").write_text(BORING)
+    a = audit("run", "bug_report_model.py", "--no-profile", "--quiet", out=tmp_path / "out", cwd=tmp_path,
+              env={"PYTHONPATH": str(ROOT)})
+    assert a.returncode == 0, a.stderr[-3000:]
+    env = a.findings_doc["environment"]
+    assert env["rehearsal"] is True
+    assert any("Trainer() (picks a GPU when there is one)" in n for n in env["notes"]), env["notes"]
+    assert a.findings_doc["steps"]["count"] == 10
