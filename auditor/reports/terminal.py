@@ -330,6 +330,10 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         if e.exception or e.message:
             end.append(f": {e.exception or ''}{': ' if e.exception and e.message else ''}{e.message or ''}")
         lines.append(end)
+        if not evidence.environment.rehearsal and any(m in (e.message or "") for m in NO_GPU_ERRORS):
+            lines.append(Text("the program asks for a GPU and this machine has none: `audit run --rehearse` runs it "
+                              "as CUDA code on the CPU (what it computes unchanged) and judges it as on a GPU",
+                              style="yellow"))
     cut = evidence.profile.cut if evidence.profile is not None else None
     if cut is not None:
         lines.append(Text(window_cut_phrase(cut), style="yellow"))
@@ -355,6 +359,12 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         if others:
             lines.append(Text("also: " + ", ".join(others), style="dim"))
     return lines
+
+
+# torch's errors for a GPU asked for on a machine without one (an integer device, `.cuda()`,
+# `torch.cuda.*`): the ones a CUDA rehearsal answers
+NO_GPU_ERRORS = ("Cannot access accelerator device when none is available", "Torch not compiled with CUDA enabled",
+                 "Found no NVIDIA driver on your system", "No CUDA GPUs are available")
 
 
 def default_console() -> Console:

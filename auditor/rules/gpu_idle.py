@@ -150,7 +150,7 @@ class GpuIdle(TraceRule):
         locations = []
         for g in gaps:
             if g.get("file") and not any(loc.file == g["file"] and loc.line == g["line"] for loc in locations):
-                locations.append(Location(g["file"], g["line"], g.pop("code", "")))
+                locations.append(Location(g["file"], g["line"], g.pop("code", ""), g.get("note", "")))
             g.pop("code", None)
         window_ms = idle_us / 1000.0 / steps
         busy_ms = total_length(busy) / 1000.0 / steps

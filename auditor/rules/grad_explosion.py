@@ -22,8 +22,13 @@ class GradExplosion(Rule):
         The global gradient norm (all parameters of an optimizer, measured just before each
         `optimizer.step()`, after any clipping) jumping to `spike-ratio` times the median of the
         preceding steps, or rising steadily: a rank correlation of log-norm with the step of at
-        least `min-correlation` and a last-quarter median `growth-ratio` times the first quarter's.
-        It names the step, the norm series and the layers whose gradients dominate the norm.
+        least `min-correlation` and a last-quarter median `growth-ratio` times the first quarter's;
+        or norms that rose at every step seen (three or more, `growth-ratio` times in all) until
+        the norm turned non-finite. It names the step, the norm series and the layers
+        whose gradients dominate the norm.
+        Not an explosion: a norm at the program's own `clip_grad_norm_` max_norm (the clip bounded
+        that update), and a jump at a step whose loss jumped with it while the losses after it do
+        not climb further (the program changed its data or task there: a curriculum's next stage).
 
     Why it costs:
         One exploding step throws the weights far from where training had brought them; steady
@@ -44,7 +49,8 @@ class GradExplosion(Rule):
         unless asked for.
 
     Evidence needed:
-        A run with the numerics collector (gradient norms per optimizer step).
+        A run with the numerics collector (gradient norms per optimizer step, the loss per step,
+        the max_norm of any clip_grad_norm_ of an optimizer's parameters).
     """
 
     id = "grad-explosion"
@@ -86,14 +92,23 @@ class GradExplosion(Rule):
         series = [(s, val(r.grad_norm)) for s, r in recs]
         healthy_end = next((k for k, (_, v) in enumerate(series) if v is None or not math.isfinite(v)), len(series))
         fin = series[:healthy_end]  # the norms before any non-finite one
-        growth = _growth(fin, options)  # a steady climb first: in it every step looks like a spike
-        spike = _spike(fin, options)
+        went_nonfinite = healthy_end < len(series)
+        limit = _clip_limit(view, opt)
+        growth = _growth(fin, options, limit)  # a steady climb first: in it every step looks like a spike
+        spike = _spike(fin, options, limit)
+        if spike is not None and _loss_jumped(view.loss_series(), spike["step"], options):
+            spike = None  # the program's data or task changed (a curriculum's next stage): not an explosion
+        rise = _rise(fin, options) if went_nonfinite else None
         # ...unless one step's jump makes most of the climb (2.5 -> 1e10 at step 18, then level): a
         # rank correlation that high comes from the jump, and "grew steadily" would mislead
         if growth is not None and (spike is None or math.log(spike["ratio"]) < 0.5 * math.log(growth["ratio"])):
             spike = None
         elif growth is not None:
             growth = None
+        # Norms that grew at every step seen until the values turned non-finite: that climb, not a
+        # jump within it, is what went wrong (too large a learning rate)
+        if growth is None and rise is not None and (spike is None or spike["index"] >= rise["from_index"]):
+            growth, spike = rise, None
         if spike is None and growth is None:
             return None
         k = spike["index"] if spike else len(fin) - 1
@@ -109,10 +124,13 @@ class GradExplosion(Rule):
         # supports one.
         enough = len(healthy) >= options["min-healthy"]
         max_norm = _round2(_percentile(healthy, options["clip-percentile"])) if enough else None
-        went_nonfinite = healthy_end < len(series)
         if spike:
             what = (f"The gradient norm jumped to {short(spike['norm'])} at step {step}, "
                     f"{_times(spike['ratio'])}x the median {short(spike['reference'])} of the {spike['window']} steps before")
+        elif growth.get("rising"):
+            what = (f"The gradient norm grew at every step seen, from {short(growth['first'])} at step "
+                    f"{growth['from_step']} to {short(growth['last'])} at step {growth['to_step']} "
+                    f"(x{_times(growth['ratio'])} over {growth['steps']} steps measured)")
         else:
             what = (f"The gradient norm grew steadily from {short(growth['first'])} to {short(growth['last'])} "
                     f"(x{growth['ratio']:.3g}, about x{growth['per_step']:.3g} per step, rank correlation "
@@ -154,22 +172,71 @@ def _times(ratio: float) -> str:
     return f"{ratio:.0f}" if ratio < 1e4 else f"{ratio:.3g}"
 
 
-def _spike(fin: list[tuple[int, float]], options: dict) -> dict | None:
+def _clip_limit(view: NumericsView, opt: int) -> float | None:
+    """The max_norm the program clips this optimizer's gradients to with `clip_grad_norm_` (2-norm),
+    the smallest where it clips at several; None where it does not clip them."""
+    limits = [val(e.get("limit")) for e in view.events_of("clip")
+              if e.get("opt") == opt and val(e.get("norm_type", 2.0)) in (2, 2.0)]
+    limits = [v for v in limits if isinstance(v, (int, float)) and finite(v) and v > 0]
+    return min(limits) if limits else None
+
+
+def _clipped(v: float, limit: float | None) -> bool:
+    """A norm at the program's max_norm (to float32 rounding): clip_grad_norm_ scaled it there, and
+    the norm before the clip was larger by an unknown factor, bounded by the clip."""
+    return limit is not None and v >= limit * (1 - 1e-3)
+
+
+def _loss_jumped(losses: list[list], step: int, options: dict) -> bool:
+    """The loss of `step` (computed before its update, so not the update's doing) jumped by
+    `spike-ratio` over the median of the steps before, and the steps after it do not climb above
+    it: the program changed its data or task there (a curriculum's next stage), and the gradient
+    norm jumped with the loss it was of. A loss that keeps climbing after the jump is a model
+    thrown off by that step's update: still an explosion."""
+    by_step = {s: val(v) for s, v in losses}
+    before = [v for s, v in sorted(by_step.items()) if s < step and finite(v)][-options["window"]:]
+    at = by_step.get(step)
+    after = [v for s, v in sorted(by_step.items()) if step < s <= step + options["window"]]
+    if not before or not finite(at) or not after or median(before) <= 0:
+        return False
+    return at / median(before) >= options["spike-ratio"] and all(finite(v) and v <= 2 * at for v in after)
+
+
+def _rise(fin: list[tuple[int, float]], options: dict) -> dict | None:
+    """The norms that rose at every step seen up to a non-finite value: the last run of three or
+    more, each above the one before, `growth-ratio` times from its first to its last."""
+    k = len(fin) - 1
+    while k > 0 and fin[k][1] > fin[k - 1][1] > 0:
+        k -= 1
+    run = fin[k:]
+    if len(run) < 3 or run[-1][1] / run[0][1] < options["growth-ratio"]:
+        return None
+    ratio = run[-1][1] / run[0][1]
+    return {"rising": True, "first": run[0][1], "last": run[-1][1], "from_step": run[0][0], "to_step": run[-1][0],
+            "from_index": k, "steps": len(run), "ratio": round(ratio, 3),
+            "per_step": round(ratio ** (1 / (run[-1][0] - run[0][0])), 3)}
+
+
+def _spike(fin: list[tuple[int, float]], options: dict, limit: float | None = None) -> dict | None:
     """The first norm `spike-ratio` times the median of the steps just before it that is also
     above every norm seen before: a norm climbing back to where it has already been (momentum
-    makes norms swing by 100x over tens of steps) is not an explosion."""
+    makes norms swing by 100x over tens of steps) is not an explosion. A norm at the program's
+    own clip (`limit`) is not one either: the clip bounded that step's update."""
     for k in range(options["min-history"], len(fin)):
         window = [v for _, v in fin[max(0, k - options["window"]):k]]
         ref = median(window)
         v = fin[k][1]
+        if _clipped(v, limit):
+            continue
         if ref > 0 and v / ref >= options["spike-ratio"] and v > max(u for _, u in fin[:k]):
             return {"index": k, "step": fin[k][0], "norm": v, "reference": ref, "ratio": round(v / ref, 2),
                     "window": len(window)}
     return None
 
 
-def _growth(fin: list[tuple[int, float]], options: dict) -> dict | None:
-    if len(fin) < options["min-steps"] or any(v <= 0 for _, v in fin):
+def _growth(fin: list[tuple[int, float]], options: dict, limit: float | None = None) -> dict | None:
+    """A steady climb; none that ends at the program's own clip (it bounds the steps' updates)."""
+    if len(fin) < options["min-steps"] or any(v <= 0 for _, v in fin) or _clipped(fin[-1][1], limit):
         return None
     logs = [math.log(v) for _, v in fin]
     rho = spearman(list(range(len(fin))), logs)

@@ -1,5 +1,6 @@
 """Probes on autocast, GradScaler and gradient clipping: which autocast regions ran, the loss scale
-before and after each update, and clipping of gradients a GradScaler has not unscaled yet."""
+before and after each update, clipping of gradients a GradScaler has not unscaled yet, and the
+max_norm each optimizer's gradients are clipped to."""
 from __future__ import annotations
 
 import sys
@@ -171,13 +172,35 @@ def install_amp_probes(col: Collector) -> None:
                       scaler_name=_name_in(user, scaler), opt_name=_name_in(user, opt))
             return
 
+    clips: set[tuple] = set()
+
+    @guard
+    def note_clip(params: list, limit: Any, norm_type: Any, frame: Any) -> None:
+        """A `clip_grad_norm_` of an optimizer's parameters, once per (optimizer, max_norm,
+        norm_type): the norm grad-explosion measures at `optimizer.step()` is after it, and a norm
+        at its max_norm is the program's clip at work, not a norm of that size."""
+        first = next((p for p in params if isinstance(p, torch.Tensor)), None)
+        if first is None:
+            return
+        opt = next((o for o in list(col.opt_index.keys())
+                    if any(p is first for g in o.param_groups for p in g["params"])), None)
+        key = (col.opt_index.get(opt) if opt is not None else None, _scalar(limit), _scalar(norm_type))
+        if key in clips:
+            return
+        clips.add(key)
+        col.event("clip", user_frame(frame), fn="clip_grad_norm_", opt=key[0], limit=key[1], norm_type=key[2])
+
     def make_clip(orig, what: str, limit_name: str):
         def probe(parameters, *args, **kwargs):
-            if not (scaled and col.in_step and not col.paused):
+            if not (col.in_step and not col.paused):
                 return orig(parameters, *args, **kwargs)
             # (a generator of parameters is read once, here, and handed on as the list it gave)
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-            after_clip(params, what, args[0] if args else kwargs.get(limit_name), sys._getframe(1))
+            limit = args[0] if args else kwargs.get(limit_name)
+            if what == "clip_grad_norm_":
+                note_clip(params, limit, args[1] if len(args) > 1 else kwargs.get("norm_type", 2.0), sys._getframe(1))
+            if scaled:
+                after_clip(params, what, limit, sys._getframe(1))
             return orig(params, *args, **kwargs)
         return probe
 

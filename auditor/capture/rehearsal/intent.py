@@ -15,7 +15,10 @@ What counts as asking for CUDA (`cuda_reasons`): calling `.cuda(...)`, naming th
 other than the memory-statistics family (`torch.cuda.is_available()`, `torch.cuda.amp`,
 `torch.accelerator.current_accelerator()`, `torch.accelerator.is_available()`, ...), importing
 from `torch.cuda` or `torch.accelerator`, or calling `set_default_device` with anything but a
-non-CUDA string. The memory-statistics family alone (`reset_peak_memory_stats`, `empty_cache`,
+non-CUDA string; a device by its index (`.to(0)`, `torch.device(0)`, `device=0` to a call, an
+integer assigned to a name of a device: `device = 0`, `self.gpu_id = 0`); a Lightning `Trainer` or
+`Fabric` (in a file that imports Lightning) whose accelerator is left to it ("auto", unset) or is
+"gpu"/"cuda": it takes the GPU when one is there. The memory-statistics family alone (`reset_peak_memory_stats`, `empty_cache`,
 `max_memory_allocated`, ...) does not count: such a program computes on the CPU, and those calls
 are answered by auditor.capture.cuda_standins.
 """
@@ -59,15 +62,61 @@ def _parse(path: str | Path) -> ast.Module | None:
         return None
 
 
+def _int(node: ast.AST | None) -> bool:
+    """An integer literal (not a bool): a device index."""
+    return isinstance(node, ast.Constant) and type(node.value) is int
+
+
+# a name that holds a device (`device = 0`, `gpu_id = 0`): an integer assigned to it is a GPU's index
+_DEVICE_NAME = re.compile(r"(?!n_|num_)(\w*_)?(device|gpu)(_id|_idx|_index)?", re.IGNORECASE)
+# frameworks that pick the device themselves: their trainers use a GPU when one is there unless told
+# `accelerator="cpu"`
+_FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric")
+_PICKERS = frozenset({"Trainer", "Fabric"})
+
+
+def _picker(node: ast.Call) -> bool:
+    """`Trainer(...)` / `L.Fabric(...)` with accelerator left to them ("auto", "gpu", "cuda" or unset)."""
+    f = node.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    if name not in _PICKERS:
+        return False
+    acc = next((k.value for k in node.keywords if k.arg == "accelerator"), None)
+    return acc is None or (isinstance(acc, ast.Constant) and acc.value in ("auto", "gpu", "cuda"))
+
+
+def _imports_framework(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(n.split(".")[0] in _FRAMEWORKS for n in names):
+            return True
+    return False
+
+
 def _reasons(tree: ast.Module) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
+    framework = _imports_framework(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.fullmatch(node.value):
             found.append((node.lineno, f'"{node.value}"'))
+        elif (isinstance(node, ast.Assign) and _int(node.value) and len(node.targets) == 1
+              and isinstance(node.targets[0], (ast.Name, ast.Attribute))
+              and _DEVICE_NAME.fullmatch(getattr(node.targets[0], "id", None) or node.targets[0].attr)):
+            found.append((node.lineno, f"{ast.unparse(node.targets[0])} = {node.value.value}"))
+        elif isinstance(node, ast.Call) and any(k.arg == "device" and _int(k.value) for k in node.keywords):
+            found.append((node.lineno, "device=<index>"))
+        elif framework and isinstance(node, ast.Call) and _picker(node):
+            found.append((node.lineno, f"{ast.unparse(node.func)}() (picks a GPU when there is one)"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             name, line = node.func.attr, node.func.end_lineno or node.lineno
             if name == "cuda":
                 found.append((line, ".cuda()"))
+            elif name == "to" and node.args and _int(node.args[0]):
+                found.append((line, f".to({node.args[0].value})"))
+            elif (name == "device" and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                  and node.args and _int(node.args[0])):
+                found.append((line, f"torch.device({node.args[0].value})"))
             elif name == "set_default_device" and not _non_cuda_string(node):
                 found.append((line, "set_default_device"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "set_default_device":

@@ -5,7 +5,9 @@ The rehearsal's mode (`device.RehearsalMode`) hands every call with an input mea
 Three things are recorded, as probe tallies:
 
 * `device-matmul`: a matrix multiply or convolution of GPU tensors (`F.linear`, `@`, `mm`, `bmm`,
-  `conv1d/2d/3d`): its input's dtype, whether autocast was on, its input shape, its FLOPs, and the
+  `conv1d/2d/3d`), and the attention functions whose matmuls run below the one call the mode sees
+  (`F.multi_head_attention_forward` of nn.MultiheadAttention: its projections and attention
+  matmuls; `F.scaled_dot_product_attention`): its input's dtype, whether autocast was on, its input shape, its FLOPs, and the
   cuDNN flags in force then (`torch.backends.cudnn.benchmark`, TF32). `amp-opportunity` reads the
   fp32 ones, `cudnn-benchmark` the convolutions' shapes and flag.
 * `param-update`: an in-place update of a parameter that has a gradient, made by the user's code
@@ -49,7 +51,37 @@ def _flops_conv(args: tuple, out: Any) -> int:
     return 2 * out.numel() * per_out if isinstance(out, torch.Tensor) else 0
 
 
+def _lead(t: torch.Tensor) -> int:
+    """The rows of a tensor's last dimension: the tokens a projection multiplies."""
+    return t.numel() // max(1, int(t.shape[-1])) if t.dim() >= 1 else 0
+
+
+def _flops_mha(args: tuple, out: Any) -> int:
+    """F.multi_head_attention_forward(query (L, N, E) or (L, E), key (S, ...), value, embed_dim, ...):
+    the matmuls below it, which its one torch-function call hides (the rehearsal's mode sees no call
+    made inside another): the q, k and v projections into embed_dim, q @ k^T and attn @ v over all
+    heads (L x S x embed_dim each), and the output projection."""
+    q, k, v = args[0], args[1], args[2]
+    if not isinstance(v, torch.Tensor) or len(args) < 4 or not isinstance(args[3], int) or k.dim() < 1:
+        return 0
+    e, lq, lk = int(args[3]), _lead(q), _lead(k)
+    s = int(k.shape[0])
+    proj = 2 * e * (lq * int(q.shape[-1]) + lk * int(k.shape[-1]) + _lead(v) * int(v.shape[-1]) + lq * e)
+    return proj + 4 * lq * s * e
+
+
+def _flops_sdpa(args: tuple, out: Any) -> int:
+    """F.scaled_dot_product_attention(q (..., L, D), k (..., S, D), v (..., S, Dv)): q @ k^T and attn @ v."""
+    q, k, v = args[0], args[1], args[2] if len(args) > 2 else None
+    if not isinstance(v, torch.Tensor) or k.dim() < 2:
+        return 0
+    s = int(k.shape[-2])
+    return 2 * _lead(q) * s * (int(q.shape[-1]) + int(v.shape[-1]))
+
+
 _MATMULS: dict[Any, tuple[str, Callable[[tuple, Any], int]]] = {
+    torch.nn.functional.multi_head_attention_forward: ("F.multi_head_attention_forward", _flops_mha),
+    torch._C._nn.scaled_dot_product_attention: ("F.scaled_dot_product_attention", _flops_sdpa),
     torch._C._nn.linear: ("F.linear", _flops_linear),
     _T.matmul: ("Tensor.matmul (@)", _flops_matmul),
     torch.matmul: ("torch.matmul", _flops_matmul),

@@ -21,7 +21,8 @@ _SPECIAL = {"__next__": "next", "__iter__": "iter", "__len__": "len"}
 
 def callee_name(event_name: str) -> str | None:
     """What the event below a frame called: a builtin's or Python function's name, an op's name
-    without its namespace (`aten::to` -> `to`); None when it names nothing callable."""
+    without its namespace and marked as an op's (`aten::to` -> `::to`: what can make it is looked
+    up in _MADE_BY); None when it names nothing callable."""
     m = _BUILTIN.match(event_name)
     if m:
         name = m.group(1)
@@ -29,17 +30,72 @@ def callee_name(event_name: str) -> str | None:
         name = f.function
     elif "::" in event_name:
         name = event_name.rsplit("::", 1)[1]
+        return f"::{name}" if name.isidentifier() and not name.startswith("__") else None
     else:
         return None
     name = _SPECIAL.get(name, name)
     return name if name.isidentifier() and not name.startswith("__") else None
 
 
+# What an op seen directly below a frame (no Python call of its own name above it) can be made by
+# in that frame's source: the names of calls, and "?bool" (a tensor's truth taken: `if t:`,
+# `while t:`, `assert t`, `bool(t)`), "?scalar" (`float(t)`, `int(t)`, `bool(t)`), "?mask" (a
+# subscript by a computed index: `x[y > 0.5]`, `x[mask]`).
+_MADE_BY: dict[str, tuple[str, ...]] = {
+    "is_nonzero": ("?bool",),
+    "item": ("item", "?scalar", "?bool"),
+    "_local_scalar_dense": ("item", "tolist", "?scalar", "?bool"),
+    "index": ("?mask",),
+    "nonzero": ("nonzero", "where", "?mask"),
+    "masked_select": ("masked_select", "?mask"),
+    "to": ("to", "cuda", "cpu"),
+    "_to_copy": ("to", "cuda", "cpu"),
+    "copy_": ("copy_", "to", "cuda", "cpu"),
+}
+MAX_CANDIDATES = 6  # more lines than this that could have made an op name none of them
+
+
+class CandidateFrame(Frame, frozen=True):
+    """A frame whose op was made at one of several lines of its function (`lines`, in order; `line`
+    is the first): the trace names the function, and its source has more than one line that can
+    make that op."""
+
+    lines: tuple[int, ...] = ()
+
+
 def _functions(file: str) -> tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]:
-    """Each function of `file`: (def line, last line, ((called name, line), ...) of its own body,
-    nested functions' bodies left out). Empty when the file cannot be read or parsed here. (Cached
-    by the source's text: a relative name is found from the working directory and sys.path.)"""
+    """Each function of `file`: (def line, last line, ((what it makes, line), ...) of its own body,
+    nested functions' bodies left out); the module's own code as def line 0. Empty when the file
+    cannot be read or parsed here. (Cached by the source's text: a relative name is found from the
+    working directory and sys.path.)"""
     return _parsed("".join(linecache.getlines(file)))
+
+
+def _makers(body: list[ast.stmt]) -> tuple[tuple[str, int], ...]:
+    """(what, line) for each call by name and each place a tensor's value could be read (see
+    _MADE_BY) in `body`, nested functions and classes left out."""
+    out: list[tuple[str, int]] = []
+    todo: list[ast.AST] = list(body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name:
+                out.append((name, node.lineno))
+            if isinstance(f, ast.Name) and name in ("float", "int", "bool") and node.args:
+                out.append(("?scalar", node.lineno))
+                if name == "bool":
+                    out.append(("?bool", node.lineno))
+        elif isinstance(node, (ast.If, ast.While, ast.Assert, ast.IfExp)) and not isinstance(node.test, ast.Constant):
+            out.append(("?bool", node.test.lineno))
+        elif isinstance(node, ast.Subscript) and isinstance(
+                node.slice, (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Call, ast.Name, ast.Attribute)):
+            out.append(("?mask", node.lineno))
+        todo.extend(ast.iter_child_nodes(node))
+    return tuple(out)
 
 
 @lru_cache(maxsize=256)
@@ -50,40 +106,54 @@ def _parsed(text: str) -> tuple[tuple[int, int, tuple[tuple[str, int], ...]], ..
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return ()
-    out = []
+    out = [(0, len(text.splitlines()), _makers(tree.body))]
     for fn in ast.walk(tree):
-        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        calls: list[tuple[str, int]] = []
-        todo = list(fn.body)
-        while todo:
-            node = todo.pop()
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-                continue
-            if isinstance(node, ast.Call):
-                f = node.func
-                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-                if name:
-                    calls.append((name, node.lineno))
-            todo.extend(ast.iter_child_nodes(node))
-        out.append((fn.lineno, fn.end_lineno or fn.lineno, tuple(calls)))
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append((fn.lineno, fn.end_lineno or fn.lineno, _makers(fn.body)))
     return tuple(out)
 
 
+def candidate_lines(file: str, def_line: int, callee: str | None) -> list[int] | None:
+    """The lines of the function defined at `def_line` (0: the module's own code) that can make
+    `callee`, in order; None when the source is not here or names no such function."""
+    if not callee or not file:
+        return None
+    # a Python-level call is made by calls of its name; an op seen with no call above it, also by
+    # what reaches it without one (`if t:` reaches aten::is_nonzero)
+    name = callee.removeprefix("::")
+    kinds = {name, *(_MADE_BY.get(name, ()) if callee.startswith("::") else ())}
+    for start, _end, makers in _functions(file):
+        if start == def_line:
+            return sorted({line for what, line in makers if what in kinds})
+    return None
+
+
+def placed(frame: Frame, lines: list[int] | None) -> Frame | None:
+    """`frame` at the one line that can make its op, or as a CandidateFrame naming the few that
+    can; None when none can, or too many to name (the caller keeps the frame without a line)."""
+    if not lines or len(lines) > MAX_CANDIDATES:
+        return None
+    if len(lines) == 1:
+        return Frame(file=frame.file, line=lines[0], function=frame.function)
+    return CandidateFrame(file=frame.file, line=lines[0], function=frame.function, lines=tuple(lines))
+
+
 def call_line(frame: Frame, callee: str | None) -> Frame:
-    """`frame` at the one line of its function's body that calls `callee`, when the frame names
-    its function's `def` line, its source is here and exactly one line calls that name; else
-    `frame` itself (its Location then says the trace records the function, not the line)."""
+    """`frame` at the line of its function's body that made `callee` (or at the few that could:
+    a CandidateFrame), when the frame names its function's `def` line and its source is here;
+    else `frame` itself (its Location then says the trace records the function, not the line)."""
     if not callee or not frame.file:
         return frame
     code = linecache.getline(frame.file, frame.line).lstrip()
     if not code.startswith(("def ", "async def ")):
         return frame
-    for start, _end, calls in _functions(frame.file):
-        if start == frame.line:
-            lines = {line for name, line in calls if name == callee}
-            if len(lines) == 1:
-                return Frame(file=frame.file, line=lines.pop(), function=frame.function)
-            return frame
-    return frame
+    return placed(frame, candidate_lines(frame.file, frame.line, callee)) or frame
 
+
+def started_call_line(frame: Frame, def_line: int | None, callee: str | None) -> Frame | None:
+    """For a frame that was running when the profiler started (its recorded line is where it was
+    then, not where later work was done): the line of its function (`def_line`; 0 for a module's
+    own code) that can make `callee`, or the few that can; None when none can."""
+    if def_line is None or not frame.file:
+        return None
+    return placed(frame, candidate_lines(frame.file, def_line, callee))

@@ -15,7 +15,7 @@ import numpy as np
 from auditor.evidence.frame import Frame
 from auditor.evidence.recorded_frames import is_library_file, parse_frame
 from auditor.evidence.trace.arg_records import ArgRecord
-from auditor.evidence.trace.call_lines import call_line, callee_name
+from auditor.evidence.trace.call_lines import call_line, callee_name, started_call_line
 from auditor.evidence.trace.decode import CAT, CPU_NESTING, GPU_SIDE, GPU_WORK, SymbolTable
 from auditor.evidence.trace.intervals import merge_intervals
 
@@ -399,6 +399,17 @@ class Trace:
             cache[code] = f if f is not None and not is_library_file(f.file) else None
         return cache[code]
 
+    def _called(self, path: list[int], begin: float) -> int:
+        """What the frame at the end of `path` (a walk up from a row that began at `begin`) was
+        calling then: the outermost row of the walk below it still running at `begin` (a call that
+        had returned is not running the row: `prof.step()`, under which a ProfilerStep range
+        hangs), ProfilerStep ranges left out; -1 when the walk holds no row below the frame."""
+        ends = self.col("end")
+        for r in reversed(path[:-1]):
+            if ends[r] >= begin and not self.name(r).startswith("ProfilerStep#"):
+                return r
+        return path[0] if len(path) > 1 else -1
+
     def user_frame(self, row: int) -> Frame | None:
         """The innermost frame outside torch, the standard library and site-packages.
 
@@ -426,8 +437,8 @@ class Trace:
         while r >= 0:
             if r in cache:
                 found = cache[r]
-                if found[2] == r:  # the frame's own row: what it called is the row this walk came from
-                    found = (*found[:3], path[-1] if path else -1)
+                if found[2] == r:  # the frame's own row: what it called is on the walk that came here
+                    found = (*found[:3], self._called([*path, r], begin))
                 break
             path.append(r)
             # a Python call that returned before the row began is not running it: a ProfilerStep
@@ -436,7 +447,7 @@ class Trace:
             if cat[r] == CAT["python"] and ends[r] >= begin:
                 f = self._program_frame(int(names[r]))
                 if f is not None:
-                    found = (f, r if r in startup else -1, r, path[-2] if len(path) > 1 else -1)
+                    found = (f, r if r in startup else -1, r, self._called(path, begin))
                     break
             elif stack[r] >= 0:
                 for part in self.symbols[int(stack[r])].split(";"):
@@ -448,8 +459,14 @@ class Trace:
             r = int(parent[r])
             if len(path) > 10_000:  # a cycle cannot happen by construction; stay safe anyway
                 break
-        for p in path:
-            cache[p] = found if p != found[2] else (*found[:3], -1)
+        # rows above what the frame was calling (a ProfilerStep range, the `prof.step()` it hangs
+        # under) are not cached: each row below them was calling something else of the frame's
+        upto = path.index(found[3]) if found[3] in path else len(path)
+        for i, p in enumerate(path):
+            if p == found[2]:
+                cache[p] = (*found[:3], -1)
+            elif i <= upto:
+                cache[p] = found
         frame, early, _, below = found
         if frame is not None and below >= 0:
             # a trace names a Python frame by its def line: the line calling what ran below it
@@ -461,10 +478,15 @@ class Trace:
             frame = at_line[key]
         if frame is None or early < 0 or self.col("ts")[row] < self.col("end")[startup[early]]:
             return frame
-        moved: dict[Frame, Frame] = self.__dict__.setdefault("_started_frames", {})
-        if frame not in moved:
-            moved[frame] = started_frame(frame)
-        return moved[frame]
+        # work a frame running since the profiler started did later: at the line of its function
+        # (or module) that can make what ran below it, the few that can, else the function itself
+        moved: dict[tuple[Frame, int], Frame] = self.__dict__.setdefault("_started_frames", {})
+        key = (frame, int(names[below]) if below >= 0 else -1)
+        if key not in moved:
+            callee = callee_name(self.symbols[key[1]]) if below >= 0 else None
+            start = 0 if frame.function == "<module>" else _def_line(frame.file, frame.line, frame.function)
+            moved[key] = started_call_line(frame, start, callee) or started_frame(frame)
+        return moved[key]
 
 
 

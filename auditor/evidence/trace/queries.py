@@ -13,6 +13,7 @@ import numpy as np
 from auditor.evidence.frame import Frame
 from auditor.evidence.trace.decode import CAT, GPU_SIDE, GPU_WORK
 from auditor.evidence.trace.intervals import clip, merge_intervals
+from auditor.evidence.trace.call_lines import CandidateFrame
 from auditor.evidence.trace.model import StartedFrame, Trace
 from auditor.evidence.trace.names import ASYNC_COPY_CALLS, SYNC_CALLS
 
@@ -114,6 +115,10 @@ def frame_location_parts(frame: Frame) -> tuple[str, int, str, str]:
     did the work (a function's def line, the line a frame was on when the profiler started)."""
     code = linecache.getline(frame.file, frame.line).strip() if frame.file else ""
     note = ""
+    if isinstance(frame, CandidateFrame):
+        # several lines of the function can make the op: none is named as if it were the one
+        return frame.file, frame.line, "", (f"one of lines {', '.join(map(str, frame.lines))}: the trace records "
+                                            f"{frame.function or 'this code'}, not which of its lines")
     if isinstance(frame, StartedFrame):
         note = (f"the line {frame.function or 'this code'} was on when the profiler started: the trace does "
                 f"not record the line within it")
@@ -126,13 +131,13 @@ def frame_location_parts(frame: Frame) -> tuple[str, int, str, str]:
 def sites(trace: Trace, rows: list[int] | np.ndarray, weights: list[float] | np.ndarray | None = None,
           limit: int = 5) -> list[tuple[Frame, int, float]]:
     """User frames behind rows, grouped: [(frame, count, summed weight)], heaviest first."""
-    acc: dict[tuple[str, int, bool], list[Any]] = {}
+    acc: dict[tuple[Any, ...], list[Any]] = {}
     w = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)
     for r, x in zip(rows, w):
         f = trace.user_frame(int(r))
         if f is None:
             continue
-        key = (f.file, f.line, isinstance(f, StartedFrame))
+        key = (f.file, f.line, isinstance(f, StartedFrame), getattr(f, "lines", ()))
         slot = acc.setdefault(key, [f, 0, 0.0])
         slot[1] += 1
         slot[2] += float(x)
