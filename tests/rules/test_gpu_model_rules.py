@@ -16,7 +16,6 @@ from auditor.rules.engine import run_rules
 TRACES = FIXTURES / "traces"
 OWLV2 = TRACES / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
 DDP = TRACES / "a100_ddp_nccl_2rank.pt.trace.json.gz"
-pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"recorded fixtures not found at {TRACES}")
 
 
 def _findings(path: Path, rule_id: str) -> list:

@@ -34,7 +34,6 @@ TRANSFORMER = SNAPSHOTS / "transformer_fullstep_with_history.pickle"
 LLAMA = SNAPSHOTS / "llama_mostly_free_segments.pickle"
 H100_TRACE = SNAPSHOTS.parent / "traces" / "h100_bert_small_item_sync.pt.trace.json.gz"
 
-pytestmark = pytest.mark.skipif(not SNAPSHOTS.is_dir(), reason=f"recorded snapshots not found at {SNAPSHOTS}")
 CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 

@@ -31,8 +31,6 @@ MB = 1 << 20
 
 @pytest.fixture(scope="module")
 def snaps():
-    if not RECORDING.is_file():
-        pytest.skip("shared fixtures not present")
     return load_snapshot(RECORDING), load_snapshot(STORED / "fullstep_L1.pickle"), load_snapshot(STORED / "fullstep_L2.pickle")
 
 
