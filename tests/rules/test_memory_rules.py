@@ -296,7 +296,10 @@ def _recorded_80gb_totals() -> list[int]:
     totals = []
     for path in sorted((SNAPSHOTS.parent / "traces").glob("*.json.gz")):
         with gzip.open(path, "rt") as f:
-            props = json.load(f).get("deviceProperties") or []
+            text = f.read()
+        # (the top-level list alone is decoded: the events around it are most of the file's parse)
+        at = text.find('"deviceProperties"')
+        props = json.JSONDecoder().raw_decode(text, text.index("[", at))[0] if at >= 0 else []
         totals += [p["totalGlobalMem"] for p in props if "80GB" in p["name"]]
     return totals
 
