@@ -2,7 +2,7 @@
 
     python bench/bench_allocator.py [--repeat N] [SNAPSHOT.pickle ...]
 
-Without paths it measures the shared snapshots with history (../shared/fixtures/snapshots). For each:
+Without paths it measures the shared snapshots with history (tests/fixtures/snapshots). For each:
 the replay under the recorded settings (seeding the state at the trace's first entry included),
 best of N, in trace entries per second; the whole report (that replay, the recorded figures and every
 what-if); and the replay's error against the recording.
@@ -18,7 +18,7 @@ from auditor.evidence.allocator.config import from_settings
 from auditor.evidence.allocator.replay import replay
 from auditor.evidence.snapshot import load_snapshot
 
-FIXTURES = Path(__file__).resolve().parent.parent / ".." / "shared" / "fixtures" / "snapshots"
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "snapshots"
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
     python bench/bench_forecast_vs_recording.py [--batch 4 --context 128] [--write]
 
-The recording: ../shared/fixtures/snapshots/transformer_fullstep_with_history.pickle, one full
+The recording: tests/fixtures/snapshots/transformer_fullstep_with_history.pickle, one full
 training step (forward, loss, backward, AdamW step) of Stanford CS336's 2.7B-shaped Transformer LM
 (d_model 2560, d_ff 10240, 32 layers, 32 heads, vocab 10000, batch 4, context 128, fp32) on an 80 GB
 GPU. The program: tests/data/cs336_transformer.py, a re-implementation of it, run by `audit run` in
@@ -38,7 +38,7 @@ from forecast_compare import RECORDED_LAYERS, SHAPE, difference, extrapolate, ph
 from auditor.evidence.allocator.analysis import analyze  # noqa: E402
 from auditor.evidence.snapshot import GiB, load_snapshot  # noqa: E402
 
-RECORDING = ROOT / ".." / "shared" / "fixtures" / "snapshots" / "transformer_fullstep_with_history.pickle"
+RECORDING = ROOT / "tests" / "fixtures" / "snapshots" / "transformer_fullstep_with_history.pickle"
 PROGRAM = ROOT / "tests" / "data" / "cs336_transformer.py"
 STORED = ROOT / "tests" / "data" / "forecast"
 

@@ -1,7 +1,7 @@
 """Wall time and the driver's peak RSS of `audit analyze` on a job of many ranks, per engine.
 
 Makes a job of --ranks per-rank traces (default 64) from the recorded 2-rank DDP fixture, each tiled
-to about --mb MB (../shared/tools/tile_trace.py), its distributedInfo rewritten, one rank slowed
+to about --mb MB (bench/tile_trace.py), its distributedInfo rewritten, one rank slowed
 1.5x (tests/evidence/rank_jobs.py), then runs, each in a fresh process:
 
   serial   `audit analyze DIR --workers 1`: every rank reduced in the driver, one after another
@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "evidence"))
-TILE = ROOT.parent / "shared" / "tools" / "tile_trace.py"
+TILE = ROOT / "bench" / "tile_trace.py"
 
 import rank_jobs  # noqa: E402
 

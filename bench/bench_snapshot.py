@@ -2,7 +2,7 @@
 
     python bench/bench_snapshot.py [--repeat N] [SNAPSHOT.pickle ...]
 
-Without paths it measures the recorded snapshots in ../shared/fixtures/snapshots. Reports the best
+Without paths it measures the recorded snapshots in tests/fixtures/snapshots. Reports the best
 of N runs (loading includes the safe unpickle, typing every segment/block/trace entry, the derived
 figures and the history replay), then the time to materialise the peak moment and to run both rules.
 """
@@ -18,7 +18,7 @@ from auditor.evidence.snapshot import format_bytes, live_at, load_snapshot
 from auditor.rules.allocator_fragmentation import AllocatorFragmentation
 from auditor.rules.oom_risk import OomRisk
 
-FIXTURES = Path(__file__).resolve().parent.parent / ".." / "shared" / "fixtures" / "snapshots"
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "snapshots"
 
 
 def best(fn: Callable[[], object], repeat: int) -> float:

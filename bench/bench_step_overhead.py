@@ -5,7 +5,8 @@ more than the 10% this measures, so two separate runs (bench_overhead.py) cannot
 two copies of examples/clean.py (same seed: same weights, same batches) step in turns:
 
   * copy A is audited exactly as the child process does it outside the profiled window: probes
-    and collectors (numerics) on, step_begin / step_end, the step record with its tallies and
+    and collectors (numerics) on, step_begin / step_end, the line sampler resumed for the step and
+    paused after it, the step record with its tallies (the sampler's per-line times among them) and
     extras sent over a pipe to another process, which reads it as `audit` does;
   * copy B runs plain, with every probe wrapper, global module/optimizer hook and collector hook
     taken out for its step (they are put back for A's).
@@ -186,7 +187,7 @@ def main() -> None:
     elif args.batch is None:  # (another trainer: _common.make is not what it calls)
         args.batch = 384
     _common.make = functools.partial(_common.make, batch=args.batch)  # (what clean.py imports)
-    from auditor.capture import probes, session, wire
+    from auditor.capture import lines, probes, session, wire
     from auditor.capture.collectors import load_collectors
     from auditor.capture.stream import Writer, widen_pipe
 
@@ -220,6 +221,16 @@ def main() -> None:
     swap = Swap(install)
     rec = probes.REC
     a, b = load_copy("clean_a", trainer), load_copy("clean_b", trainer)
+    # the line sampler the child runs in each step (session.StepSession: resumed as the step begins,
+    # paused as it ends, its per-line times sent with the tallies); AUDITOR_LINE_SAMPLING=0 turns it
+    # off there and here alike
+    sampler = lines.LineSampler() if lines.ENABLED else None
+    looks = [0]  # the sampler's looks at the audited steps, all told
+
+    def sampled() -> list:
+        taken = sampler.take() if sampler is not None else []
+        looks[0] += sum(t["count"] for t in taken)
+        return taken
     ratios, a_ms, b_ms, parts = [], [], [], []
     warm = 20
     block = max(1, args.block)
@@ -238,12 +249,18 @@ def main() -> None:
         for c in collectors:
             c.step_begin(i)
         c0, s0 = time.process_time(), time.perf_counter()
+        if sampler is not None:
+            sampler.resume()
         a.step(i)
         s1, c1 = time.perf_counter(), time.process_time()
+        if sampler is not None:
+            sampler.pause()
         allocated, reserved = session.device_memory()
         out.send(wire.Step(index=i, start_s=s0, ms=(s1 - s0) * 1e3, cpu_ms=(c1 - c0) * 1e3, profiled=False,
                            rss_bytes=session.rss_bytes(), device_allocated=allocated, device_reserved=reserved,
-                           anomaly_enabled=anomaly, tallies=rec.drain(), collected=session.collected(collectors, i),
+                           anomaly_enabled=anomaly,
+                           tallies=rec.drain() + sampled(),
+                           collected=session.collected(collectors, i),
                            dataloaders=session.new_loaders(rec)))
         t1 = time.perf_counter()
         return (t1 - t0) * 1e3, ((s0 - t0) * 1e3, (s1 - s0) * 1e3, (t1 - s1) * 1e3)
@@ -287,6 +304,7 @@ def main() -> None:
           f"{statistics.median(x - y for x, y in zip(a_ms, b_ms)):+.2f} ms")
     print("audited step's parts, medians: before %.3f ms, step %.3f ms, record %.3f ms"
           % tuple(statistics.median(p[k] for p in parts) for k in range(3)))
+    print(f"line sampler: {'on, %d looks at the audited steps' % looks[0] if sampler is not None else 'off'}")
     print(f"weights equal after {args.steps + warm} steps: {same}")
     if not same:
         sys.exit(1)

@@ -30,8 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
-TILE = ROOT.parent / "shared" / "tools" / "tile_trace.py"
-SOURCE = ROOT.parent / "shared" / "fixtures" / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
+TILE = ROOT / "bench" / "tile_trace.py"
+SOURCE = ROOT / "tests" / "fixtures" / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
 
 _PRELUDE = """
 import json, resource, sys, time

@@ -1,4 +1,4 @@
-"""Compare what `audit analyze` writes for the recorded traces under ../shared/fixtures (and any
+"""Compare what `audit analyze` writes for the recorded traces under tests/fixtures (and any
 other paths given) between two checkouts of auditor: findings.json and evidence.json must be
 byte-identical once timing fields are dropped. A speed change to the parser or the rules runs this
 before it is committed.
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 # keys whose values measure the analysis itself, not the recording (the allocator replay's time)
 TIMING_KEYS = ("seconds", "elapsed", "timing", "replay_ms")
 

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 for _folder in ("capture", "evidence", "rules", "reports"):
     sys.path.insert(0, str(ROOT / "tests" / _folder))
 EXAMPLES = ROOT / "examples"
-FIXTURES = ROOT.parent / "shared" / "fixtures"
+FIXTURES = ROOT / "tests" / "fixtures"  # the recordings the suite reads (tests/fixtures/README.md)
 MARKER = re.compile(r"#\s*expect:\s*([a-z0-9-]+)")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from bisect import bisect_left, bisect_right
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -81,10 +82,24 @@ def raw_gaps(events: list[dict]) -> list[dict[str, Any]]:
             by_thread.setdefault((e["pid"], e["tid"]), []).append(e)
     for rows in by_thread.values():
         rows.sort(key=lambda e: e["ts"])
+    launch_ts = {k: [e["ts"] for e in rows] for k, rows in by_thread.items()}
     syncs: dict[tuple, list[list[Any]]] = {}
     for e in blocking(events):
         syncs.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], e))
     groups = {k: _merge(v) for k, v in syncs.items()}
+    group_starts = {k: [grp[0] for grp in v] for k, v in groups.items()}
+    # per stream (tid) of GPU ops, in (start, end) order: the earliest end of a launch of any op
+    # from each position on (for "later work on the op's stream was launched before the gap")
+    stream_keys: dict[Any, list[tuple[float, float]]] = {}
+    stream_launch_end: dict[Any, list[float]] = {}
+    for o in ops:
+        c = o.get("args", {}).get("correlation")
+        stream_keys.setdefault(o["tid"], []).append((o["ts"], o["ts"] + o["dur"]))
+        end = launches[c]["ts"] + launches[c]["dur"] if c in launches else float("inf")
+        stream_launch_end.setdefault(o["tid"], []).append(end)
+    for ends in stream_launch_end.values():
+        for i in range(len(ends) - 2, -1, -1):
+            ends[i] = min(ends[i], ends[i + 1])
     loading = _merge([(e["ts"], e["ts"] + e["dur"], None) for e in events if e.get("ph") == "X"
                       and LOADER.match(str(e.get("name", "")))])
     gaps: list[tuple[float, float, dict | None]] = []
@@ -110,10 +125,12 @@ def raw_gaps(events: list[dict]) -> list[dict[str, Any]]:
             L = None
         g["launch"] = L
         if L is None:
-            later = [o for o in ops if o["tid"] == (op or {}).get("tid") and (o["ts"], o["ts"] + o["dur"])
-                     > (op["ts"], op["ts"] + op["dur"]) and o.get("args", {}).get("correlation") in launches]
-            if op is not None and any(launches[o["args"]["correlation"]]["ts"] + launches[o["args"]["correlation"]]["dur"]
-                                      <= a for o in later):
+            queued = False
+            if op is not None:  # the ops on its stream after it (in (start, end) order): launched before a?
+                keys, ends = stream_keys[op["tid"]], stream_launch_end[op["tid"]]
+                after = bisect_right(keys, (op["ts"], op["ts"] + op["dur"]))
+                queued = after < len(ends) and ends[after] <= a
+            if queued:
                 us["queued work"] = b - a
             else:
                 us["untraced"] = b - a
@@ -133,14 +150,14 @@ def raw_gaps(events: list[dict]) -> list[dict[str, Any]]:
         us["data loading"] = loaded
         rest = (p - a) - loaded
         thread = (L["pid"], L["tid"])
-        before = [x for x in by_thread.get(thread, []) if x["ts"] < ls]
-        prev_ts = before[-1]["ts"] if before else float("-inf")
-        cands = [grp for grp in groups.get(thread, []) if grp[0] < p]
-        if cands and cands[-1][1] > prev_ts:
-            s0 = max(a, cands[-1][0])
+        before = bisect_left(launch_ts.get(thread, []), ls)  # the thread's launches that began before this one
+        prev_ts = launch_ts[thread][before - 1] if before else float("-inf")
+        last = bisect_left(group_starts.get(thread, []), p) - 1  # its last blocking span begun before p
+        if last >= 0 and groups[thread][last][1] > prev_ts:
+            s0 = max(a, groups[thread][last][0])
             charged = min(max((p - s0) - _cover(s0, p, loading), 0.0), rest)
             us["host synchronisation"] = charged
-            g["sync"] = cands[-1][2]
+            g["sync"] = groups[thread][last][2]
             rest -= charged
         us["host work"] = max(rest, 0.0)
     return out

@@ -32,7 +32,6 @@ SMALL = TRACES / "a100_item_sync_small.pt.trace.json.gz"
 FRAGMENTED = SNAPSHOTS / "fragmented_72gb_state_only.pickle"
 GiB, MiB = 1 << 30, 1 << 20
 
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"recorded fixtures not found at {FIXTURES}")
 
 SEVERITIES = {"info", "warning", "error"}
 # The findings.json contract (README, "findings.json"): keys that must be there.

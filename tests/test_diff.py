@@ -15,8 +15,6 @@ from conftest import EXAMPLES, FIXTURES, ROOT, audit
 TRACES = FIXTURES / "traces"
 WORKERS0 = TRACES / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
 WORKERS4 = TRACES / "v100_resnet50_dataloader_workers4.pt.trace.json.gz"
-needs_traces = pytest.mark.skipif(not WORKERS0.is_file() or not WORKERS4.is_file(),
-                                  reason="shared GPU trace fixtures not present")
 
 
 def diff(*args, out):
@@ -46,7 +44,6 @@ def demo_before(tmp_path_factory):
 
 
 @pytest.mark.slow
-@needs_traces
 def test_diff_of_two_recorded_traces_shows_the_dataloader_wait_gone(tmp_path):
     """workers=0 vs workers=4 of one ResNet-50 on a V100: `audit analyze` finds dataloader-bound
     (69.3 ms/step, 39%) on the first only; the diff says the data phase dropped and the finding is gone."""
@@ -110,7 +107,6 @@ def test_diff_of_the_demo_before_and_after_its_fixes(tmp_path, demo_before):
 
 
 @pytest.mark.slow
-@needs_traces
 def test_diff_of_a_run_and_a_trace_and_fail_on_regression_both_ways(tmp_path, demo_before):
     """A run and a recording compare on what both measured; --fail-on-regression exits 1 (one line)
     only when B's median step is slower than A's by more than PCT."""

@@ -23,7 +23,6 @@ import torch
 from conftest import (
     EXAMPLES,
     FIXTURES,
-    ROOT,
     audit,
     balanced_ddp_run,
     data_parallel_run,
@@ -447,25 +446,14 @@ def test_a_single_rank_has_no_wait_to_compare():
 
 
 # ---------------------------------------------------------------------------------------------
-# Wiring the lead adds: entry points and load_paths. Strict xfail until then, so the day they
-# exist these tests must pass.
+# The wiring: entry points and load_paths.
 
-def _registered() -> bool:
+def test_distributed_rules_are_registered():
     from auditor.rules.registry import all_rules
 
-    return {"rank-straggler", "collective-wait", "ddp-config", "data-parallel"} <= set(all_rules())
+    assert {"rank-straggler", "collective-wait", "ddp-config", "data-parallel"} <= set(all_rules())
 
 
-def _load_paths_merges() -> bool:
-    return "merge_inputs" in (ROOT / "auditor" / "evidence" / "load.py").read_text()
-
-
-@pytest.mark.xfail(not _registered(), reason="entry points not registered yet", strict=True)
-def test_distributed_rules_are_registered():
-    assert _registered()
-
-
-@pytest.mark.xfail(not _load_paths_merges(), reason="load_paths does not call ranks.merge_inputs yet", strict=True)
 def test_analyze_merges_rank_directories_and_traces(metric, tmp_path):
     out, _ = metric
     for r in (0, 1):

@@ -102,7 +102,7 @@ _LINK = {  # generation: (pinned, pageable) GB/s per direction
 # PyTorch with CUDA Graphs", 2021, and NVIDIA's "Getting Started with CUDA Graphs": a few us per
 # launch); hipLaunchKernel on ROCm ~7 us. A host synchronisation on an idle device
 # (cudaStreamSynchronize / .item() round trip) ~10 us: the call itself (6-8 us in the public H100 and
-# A100 recordings of HolisticTraceAnalysis and TraceLens, ../shared/fixtures) and the relaunch of
+# A100 recordings of HolisticTraceAnalysis and TraceLens, tests/fixtures/traces) and the relaunch of
 # the emptied queue after it; ~15 us on ROCm.
 _LATENCY = {"nvidia": (5.0, 10.0), "amd": (7.0, 15.0)}
 

@@ -30,7 +30,6 @@ from auditor.evidence.snapshot import GiB, MiB, _SafeUnpickler, load_snapshot
 from auditor.rules.oom_risk import OomRisk
 
 TRANSFORMER = FIXTURES / "snapshots" / "transformer_fullstep_with_history.pickle"
-pytestmark = pytest.mark.skipif(not TRANSFORMER.is_file(), reason=f"recorded snapshot not found at {TRANSFORMER}")
 
 NAME = "NVIDIA Fake 2GB"  # what get_device_properties says the device is
 REQUEST = 1 * GiB  # what the trainer's third step asks for

@@ -4,13 +4,11 @@ their steps are the framework's optimizer steps, what the framework does inside 
 no patch edits that line or any file outside the project. Needs the `frameworks` extra."""
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT, shared_audit
+from conftest import EXAMPLES, shared_audit
 
 from auditor.findings import Edit
 from auditor.fixes import project_roots, refused_edit
@@ -69,23 +67,15 @@ def test_framework_costs_are_its_settings_at_the_users_call(framework_audit):
 
 
 @pytest.mark.slow
-def test_patches_stay_in_the_project_and_off_the_framework_call(framework_audit, tmp_path):
+def test_no_patch_edits_the_framework_call(framework_audit):
+    """What the framework does inside the user's call is the framework's setting (a config fix): no
+    finding of these audits carries a code edit, so no patch is written that could edit the call or
+    a file outside the project (the refusal of such edits: the test below)."""
     name, a = framework_audit
-    _, call, _ = CASES[name]
-    for patch in ("fixes.patch", "numerics-fixes.patch"):
-        p = a.out / patch
-        text = p.read_text() if p.exists() else ""
-        for line in text.splitlines():
-            if line.startswith(("+++ ", "--- ")) and line[4:] != "/dev/null":
-                assert line[6:].startswith("examples/"), line
-            if line.startswith("-") and not line.startswith("---"):
-                assert call not in line, line
-        if text.strip():
-            copy = tmp_path / patch.replace(".", "-")
-            shutil.copytree(ROOT / "examples", copy / "examples")
-            subprocess.run(["git", "init", "-q", str(copy)], check=True)
-            r = subprocess.run(["git", "apply", "--check", str(p)], cwd=copy, capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert a.findings
+    assert [f["rule"] for f in a.findings if f["fix"]["edits"] or f["fix"]["patch"]] == []
+    assert [p for p in ("fixes.patch", "numerics-fixes.patch") if (a.out / p).exists()] == []
 
 
 def test_edits_outside_the_project_or_removing_a_framework_call_are_refused(tmp_path):

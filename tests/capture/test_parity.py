@@ -21,6 +21,9 @@ sys.path.insert(0, {examples!r})
 import torch
 import {name} as trainer
 
+if os.environ.get("PARITY_INITIAL"):  # (the plain run's weights before its first step)
+    torch.save(trainer.model.state_dict(), os.environ["PARITY_INITIAL"].format(name={name!r}))
+
 def step(i):
     trainer.step(i)
     if i == {last}:
@@ -48,16 +51,19 @@ def wrapper_for(directory, name):
 
 @pytest.fixture(scope="module")
 def plain_weights(tmp_path_factory):
-    """The weights after STEPS plain calls of each trainer's step, all trainers in one process (each
-    seeds its own model and data at import; one process saves five torch start-ups)."""
+    """The weights after STEPS plain calls of each trainer's step, and before the first, all trainers
+    in one process (each seeds its own model and data at import; one process saves five torch
+    start-ups)."""
     d = tmp_path_factory.mktemp("plain")
     wrappers = [wrapper_for(d, name) for name in NAMES]
     # the same environment as the audited run (conftest.audit runs it with one intra-op thread):
     # a different thread count changes the order of float reductions, so the bits
-    env = {"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(d / "{name}.pt")}
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(d / "{name}.pt"),
+           "PARITY_INITIAL": str(d / "{name}-initial.pt")}
     subprocess.run([sys.executable, "-c", PLAIN_ALL, *map(str, wrappers)], check=True, cwd=d,
                    capture_output=True, env=env)
-    return {name: torch.load(d / f"{name}.pt", weights_only=True) for name in NAMES}
+    return {name: (torch.load(d / f"{name}.pt", weights_only=True), torch.load(d / f"{name}-initial.pt", weights_only=True))
+            for name in NAMES}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -67,13 +73,13 @@ def test_audited_weights_equal_plain_weights(tmp_path, plain_weights, name):
     a = audit("run", f"{wrapper}:step", "--steps", str(STEPS), "--quiet", out=tmp_path / "out",
               env={"PARITY_OUT": str(audited)})
     assert a.returncode in (0, 1), a.stderr
-    w_plain = plain_weights[name]
+    w_plain, w_initial = plain_weights[name]
     w_audit = torch.load(audited, weights_only=True)
     assert w_plain.keys() == w_audit.keys()
     for k in w_plain:
         assert torch.equal(w_plain[k], w_audit[k]), k
-    # and training moved the weights, so the comparison means something
-    assert any(not torch.equal(w_plain[k], torch.zeros_like(w_plain[k])) for k in w_plain)
+    # and training moved the weights from where they started, so the comparison means something
+    assert any(not torch.equal(w_plain[k], w_initial[k]) for k in w_plain)
 
 
 COMPILED = '''

@@ -24,7 +24,7 @@ from auditor.capture.rehearsal.intent import cuda_reasons, program_reasons
 from auditor.evidence import model as m
 from auditor.rules.pageable_copy import rehearsal_findings as pageable_rehearsal_findings
 from auditor.rules.registry import all_rules
-from conftest import EXAMPLES, Audit, audit, expected_lines, patch_text
+from conftest import EXAMPLES, FIXTURES, Audit, audit, expected_lines, patch_text
 
 if torch.cuda.is_available():  # pragma: no cover - rehearsal is for machines without a GPU
     pytest.skip("a CUDA device is present: nothing to rehearse", allow_module_level=True)
@@ -1223,6 +1223,60 @@ def test_clean_gpu_trainer_is_silent(rehearsed):
     # it did copy every batch to the "GPU", pinned and non-blocking, and read the loss every 10 steps
     assert sum(t["count"] for t in tallies(a, m.H2D_COPY)) == 2 * STEPS
     assert sum(t["count"] for t in tallies(a, m.SYNC)) == STEPS // 10
+
+
+# --- the rehearsal against the H100 audits of the same examples ----------------------------------
+
+# `audit run examples/NAME.py:step --steps 30` on an H100 80GB (tests/fixtures/README.md)
+H100_AUDITS = FIXTURES / "h100" / "audited-examples"
+# What the rehearsal and the GPU must agree on: the rules judged as GPU code, at the same lines of
+# the example (each line the example marks for the rule).
+SHARED = {
+    "gpu_amp": {"host-sync": [39, 41]},
+    "gpu_cuda_everywhere": {"host-sync": [38, 42, 43]},
+    "gpu_peak_stats": {"peak-stats-reset": [30]},
+    "gpu_clean": {},
+    "gpu_dataset_cuda": {},
+    "gpu_default_device": {},
+}
+# The differences that are expected, each named (the rules read from the timings each machine took,
+# dataloader-bound and step-slowdown, are not compared):
+# - pageable-copy in gpu_cuda_everywhere: the rehearsal counts the setup's copy (line 14) beside the
+#   step's (line 34); the H100 audit reads copies from its profiled steps only;
+# - dataloader-on-device: the H100 audit reads it from the trace, which names the functions doing it
+#   by their def lines; the rehearsal names the lines the example marks;
+# - amp-opportunity: the rehearsal counts the fp32 matmul FLOPs (info); on the GPU it needs 1 ms a step
+#   of fp32 matmul kernels (min-ms-per-step), more than these small models' whole GPU work;
+# - gpu-idle and launch-bound read a GPU's kernel timeline: the H100 audit's alone here.
+GPU_ONLY = {"gpu-idle", "launch-bound"}
+
+
+def example_lines(findings: list[dict], name: str) -> dict[str, list[int]]:
+    """rule -> the lines of examples/NAME.py its finding names (the H100's paths may start at /src/)."""
+    return {f["rule"]: sorted({loc["line"] for loc in f["locations"] if Path(loc["file"]).name == f"{name}.py"})
+            for f in findings}
+
+
+@pytest.mark.parametrize("name", list(SHARED))
+def test_the_rehearsal_finds_what_the_h100_found(rehearsed, name):
+    a = rehearsed(name)
+    assert a.returncode == 0, a.stderr
+    here = example_lines(a.findings, name)
+    gpu = example_lines(json.loads((H100_AUDITS / f"ex_{name}" / "findings.json").read_text())["findings"], name)
+    source = (EXAMPLES / f"{name}.py").read_text().splitlines()
+    for rule, lines in SHARED[name].items():
+        assert here.get(rule) == gpu.get(rule) == lines == expected_lines(EXAMPLES / f"{name}.py", rule), rule
+    judged = (set(here) | set(gpu)) & JUDGED_AS_GPU
+    for rule in judged - set(SHARED[name]):
+        if rule == "pageable-copy":
+            assert name == "gpu_cuda_everywhere" and (here[rule], gpu[rule]) == ([14, 34], [34])
+        else:
+            assert rule == "dataloader-on-device", (rule, here.get(rule), gpu.get(rule))
+            assert gpu[rule] and all(source[n - 1].lstrip().startswith("def ") for n in gpu[rule]), gpu[rule]
+            assert set(expected_lines(EXAMPLES / f"{name}.py", rule)) <= set(here[rule]), here[rule]
+    assert "amp-opportunity" not in gpu
+    assert all(f["severity"] == "info" for f in a.rule("amp-opportunity"))
+    assert not set(here) & GPU_ONLY
 
 
 # --- what rehearsal computes ---------------------------------------------------------------------

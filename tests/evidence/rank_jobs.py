@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "traces" / "a100_ddp_nccl_2rank.pt.trace.json.gz"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "a100_ddp_nccl_2rank.pt.trace.json.gz"
 _RANK_RULE_EVENTS = re.compile(r"^ProfilerStep#|nccl|DataLoader.*__next__|^DistributedDataParallel\.forward$|"
                                r"^Optimizer\.step#", re.I)
 

@@ -19,7 +19,6 @@ from auditor.evidence.snapshot import GiB, MiB, load_snapshot
 from conftest import FIXTURES
 
 TRANSFORMER = FIXTURES / "snapshots" / "transformer_fullstep_with_history.pickle"
-needs_fixture = pytest.mark.skipif(not TRANSFORMER.is_file(), reason="recorded snapshots not found")
 
 
 @functools.cache
@@ -102,7 +101,6 @@ def test_expandable_segments_grow_one_segment_per_stream():
     assert sim.reserved == 0 and sim.segment_frees == 1  # one unmap of the merged free range
 
 
-@needs_fixture
 def test_replay_reproduces_the_recorded_transformer_step():
     snap = transformer()
     report = analyze(snap, 0)
@@ -115,7 +113,6 @@ def test_replay_reproduces_the_recorded_transformer_step():
     assert report.capacity_source.startswith("assumed")
 
 
-@needs_fixture
 def test_what_ifs_move_the_way_the_documentation_says():
     snap = transformer()
     report = analyze(snap, 0)
@@ -128,7 +125,6 @@ def test_what_ifs_move_the_way_the_documentation_says():
     assert gc.note and gc.reserved_peak_bytes == report.recorded.reserved_peak_bytes  # nothing to collect below 80%
 
 
-@needs_fixture
 def test_a_tight_device_makes_the_replay_churn():
     snap = transformer()
     cfg = snap.allocator_settings.config

@@ -369,7 +369,6 @@ SNAPSHOT = FIXTURES / "snapshots" / "llama_mostly_free_segments.pickle"
 TRACE = FIXTURES / "traces" / "a100_item_sync_small.pt.trace.json.gz"
 
 
-@pytest.mark.skipif(not SNAPSHOT.is_file(), reason=f"recorded fixtures not found at {FIXTURES}")
 @pytest.mark.parametrize("given", ["snapshot", "trace"])
 def test_a_recording_given_as_a_checkpoint_is_named_with_the_command_that_reads_it(tmp_path, check, capsys, given):
     """A CUDA memory snapshot or a profiler trace given to `audit checkpoint`: the line said

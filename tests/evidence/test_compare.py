@@ -36,7 +36,6 @@ def test_kernel_group_drops_templates_and_parameters():
     assert kernel_group("volta_sgemm_64x64_nt") == "volta_sgemm_64x64_nt"
 
 
-@pytest.mark.skipif(not WORKERS0.is_file(), reason="shared GPU trace fixtures not present")
 def test_a_trace_compared_with_itself_changes_nothing():
     from auditor.evidence.load import load_paths
 

@@ -16,7 +16,6 @@ from auditor.evidence.devices import match_device
 
 TRACES = FIXTURES / "traces"
 FACTOR = 2.5  # the stated factor (README, "GPU costs of rehearsed code")
-pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"recorded fixtures not found at {TRACES}")
 
 
 def _doc(name: str) -> dict:

@@ -1,5 +1,5 @@
 """A program started from a small launcher (runpy.run_path, the profiler stepped by an optimizer
-hook, as ../shared/tools/gpu/plaintrace.py records whole programs): each op's user frame is the
+hook, as the recorder of whole programs on the H100 did): each op's user frame is the
 program's, not the launcher's hook that opened the ProfilerStep range."""
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,10 @@ from auditor.evidence import store
 from auditor.evidence.errors import InputError
 from auditor.evidence.load import find_traces, load_paths
 from auditor.evidence.model import LOAD_NOTES, Evidence
+from auditor.evidence.snapshot import Snapshot
 
 from conftest import ROOT, FIXTURES
 
-FIXTURES = FIXTURES
 SMALL = FIXTURES / "traces" / "a100_item_sync_small.pt.trace.json.gz"
 BERT = FIXTURES / "traces" / "h100_bert_small_item_sync.pt.trace.json.gz"
 
@@ -105,12 +106,25 @@ def test_snapshot_dispatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert both.source == "trace" and len(both.trace_data) == 1 and len(both.snapshot_data) == 1
 
 
-def test_real_snapshot_when_parser_present() -> None:
-    snapshot = pytest.importorskip("auditor.evidence.snapshot")
+def test_a_real_snapshot_loads_with_the_figures_its_pickle_holds() -> None:
+    """The recorded Llama snapshot through load_paths: its segments, reserved and allocated bytes as
+    the pickle holds them (read here with an unpickler that refuses every global)."""
     path = FIXTURES / "snapshots" / "llama_mostly_free_segments.pickle"
+
+    class Refusing(pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            raise AssertionError(f"the snapshot names a global: {module}.{name}")
+
+    with open(path, "rb") as f:
+        segments = Refusing(f).load()["segments"]
     ev = load_paths([path])
-    assert ev.source == "snapshot" and len(ev.snapshot_data) == 1
-    assert type(ev.snapshot_data[0]) is type(snapshot.load_snapshot(path))
+    assert ev.source == "snapshot" and ev.snapshots == [str(path)] and len(ev.snapshot_data) == 1
+    snap = ev.snapshot_data[0]
+    assert isinstance(snap, Snapshot)
+    assert snap.totals.segments == len(segments) == 40
+    assert snap.totals.reserved == sum(s["total_size"] for s in segments)
+    assert snap.totals.allocated == sum(b["size"] for s in segments for b in s["blocks"]
+                                        if b["state"] == "active_allocated")
 
 
 @pytest.mark.parametrize("name", ["notes.txt", "model.pt", "data.csv"])

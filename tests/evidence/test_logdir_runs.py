@@ -24,7 +24,6 @@ BERT = TRACES / "h100_bert_small_item_sync.pt.trace.json.gz"
 DDP = TRACES / "a100_ddp_nccl_2rank.pt.trace.json.gz"
 NAME = "host.pt.trace.json.gz"
 
-pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"recorded traces not found at {TRACES}")
 
 
 def two_runs(root: Path, a: Path, b: Path) -> Path:

@@ -26,7 +26,6 @@ TRANSFORMER = SNAPSHOTS / "transformer_fullstep_with_history.pickle"
 LLAMA = SNAPSHOTS / "llama_mostly_free_segments.pickle"
 ALL = [FRAGMENTED, TRANSFORMER, LLAMA]
 
-pytestmark = pytest.mark.skipif(not SNAPSHOTS.is_dir(), reason=f"recorded snapshots not found at {SNAPSHOTS}")
 
 
 def raw(path: Path) -> dict:

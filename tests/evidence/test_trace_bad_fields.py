@@ -19,7 +19,6 @@ from auditor.evidence.trace import parallel as trace_parallel
 from auditor.evidence.trace.load import load_trace
 
 V100 = FIXTURES / "traces" / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
-pytestmark = pytest.mark.skipif(not V100.is_file(), reason=f"recorded traces not found at {V100}")
 
 
 def spoilt(tmp_path: Path) -> tuple[Path, int, str]:

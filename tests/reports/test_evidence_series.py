@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import FIXTURES
 
 from auditor.cli import main
@@ -11,10 +13,9 @@ W0 = FIXTURES / "traces" / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
 
 
 def test_per_step_series_is_a_table(tmp_path, capsys):
-    try:
+    with pytest.raises(SystemExit) as done:  # (audit done, no --fail-on: exit 0)
         main(["analyze", str(W0), "--out", str(tmp_path), "--quiet"])
-    except SystemExit:
-        pass
+    assert done.value.code == 0, capsys.readouterr().err
     capsys.readouterr()
     html = (tmp_path / "report.html").read_text()
     # dataloader-bound's steps: one row per ProfilerStep with its columns, no raw list of records

@@ -24,7 +24,7 @@ import pytest
 from auditor.reports.html import HtmlReport
 from test_reporters import HOSTILE, make_case
 
-from conftest import ROOT
+from conftest import FIXTURES, ROOT
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 CHROMIUM = os.environ.get("AUDITOR_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -181,10 +181,9 @@ def test_audited_report_renders_offline(browser: object, audited_report: Path, t
         page.close()
 
 
-V100_TRACE = REPO.parent / "shared" / "fixtures" / "traces" / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
+V100_TRACE = FIXTURES / "traces" / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
 
 
-@pytest.mark.skipif(not V100_TRACE.is_file(), reason="recorded traces not found")
 def test_a_recorded_traces_page_plots_its_steps(browser: object, tmp_path: Path) -> None:
     """`audit analyze` of a recorded GPU trace: its ProfilerSteps drawn (the page had only the
     memory plot), the cards worded for a recording."""

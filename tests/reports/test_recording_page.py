@@ -69,7 +69,6 @@ def test_a_traces_profiler_steps_are_plotted_and_the_cards_speak_of_a_recording(
     assert "torch" not in card(page, "Device")[1]
 
 
-@pytest.mark.skipif(not V100.is_file(), reason=f"recorded traces not found at {TRACES}")
 def test_a_gpu_recording_names_its_gpus_and_what_its_memory_events_say(tmp_path: Path) -> None:
     """The V100 trace (torch 1.9, 4 GPUs listed, no torch version in it; its memory events carry
     each allocation's size, not the total)."""
@@ -93,7 +92,6 @@ def test_a_gpu_recording_names_its_gpus_and_what_its_memory_events_say(tmp_path:
     assert fig["data"][0]["y"] == pytest.approx([ms for _, ms in raw_steps(doc["traceEvents"])], abs=1e-3)
 
 
-@pytest.mark.skipif(not H100.is_file(), reason=f"recorded traces not found at {TRACES}")
 def test_the_torch_version_a_trace_states_is_shown(tmp_path: Path) -> None:
     """The H100 trace's harness stored torch's version in its metadata
     (metadata.system.torch_env_info.torch_version); its memory events carry the total allocated."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import audit, plain_run
+from conftest import FIXTURES, audit, plain_run
 
 
 def test_numerics_plot_marks_the_first_nonfinite_step(tmp_path_factory, numerics_audit):
@@ -69,9 +69,8 @@ def test_memory_timeline_is_capped_and_keeps_the_peak():
 
     from auditor.evidence.load import load_paths
     from auditor.reports.plots import MAX_LINE_POINTS, memory_timeline_plot
-    from conftest import ROOT
 
-    path = ROOT.parent / "shared" / "fixtures" / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
+    path = FIXTURES / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
     ev = load_paths([path])
     mem = ev.trace_data[0].of("memory")
     device = mem[mem["device_type"] == 1]
@@ -97,9 +96,8 @@ def test_memory_timeline_of_an_old_trace_adds_up_the_allocations():
 
     from auditor.evidence.load import load_paths
     from auditor.reports.plots import memory_timeline_plot
-    from conftest import ROOT
 
-    path = ROOT.parent / "shared" / "fixtures" / "traces" / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
+    path = FIXTURES / "traces" / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
     with gzip.open(path, "rt") as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
     fig = memory_timeline_plot(load_paths([path]))
@@ -135,7 +133,6 @@ def test_gpu_efficiency_plots_from_the_owlv2_trace(tmp_path):
     gets neither."""
     from auditor.evidence.load import load_paths
     from auditor.reports.gpu_plots import kernel_group_plot, roofline_plot
-    from conftest import FIXTURES
 
     ev = load_paths([FIXTURES / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"])
     groups = kernel_group_plot(ev)

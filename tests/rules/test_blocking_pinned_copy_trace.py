@@ -1,8 +1,9 @@
 """blocking-pinned-copy on GPU traces (`audit analyze`, and the profiler window of `audit run` on a
 CUDA machine): a pinned host-to-device copy whose operator synchronised the stream after it.
 
-No shared recording holds a pinned copy made without non_blocking=True. The A100 TorchRec trace
-holds 35 pinned host-to-device copies made with it (no sync in their `aten::copy_`): the control.
+The H100 recording of examples/gpu_blocking_pinned_copy.py holds the real case (the last test). The
+A100 TorchRec trace holds 35 pinned host-to-device copies made with non_blocking=True (no sync in
+their `aten::copy_`): the control.
 The positive case is derived from the V100 ResNet-50 recording, whose 12 input/label copies were
 made without non_blocking (each `aten::copy_` launches `cudaMemcpyAsync` then calls
 `cudaStreamSynchronize`) from pageable memory: the test renames their copy records from
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES
+from conftest import EXAMPLES, FIXTURES
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.trace.load import load_trace
@@ -98,3 +99,53 @@ def test_silent_on_the_recordings_themselves(path: Path) -> None:
         assert len(pinned) == 35
     assert blocking_pinned_copies(trace) == []
     assert judged(path) == []
+
+
+H100_PINNED = FIXTURES / "h100" / "plain" / "plain_gpu_blocking_pinned_copy.json.gz"
+EXAMPLE = EXAMPLES / "gpu_blocking_pinned_copy.py"
+
+
+def raw_blocking_in_operator(path: Path) -> tuple[int, int, int, float]:
+    """(pinned HtoD copies, those whose operator synchronised the stream after launching them, their
+    bytes, the host's wait in those syncs in us), from the raw events: a copy's `cudaMemcpyAsync`
+    (same correlation) and a `cudaStreamSynchronize` on its thread that starts after the launch and
+    inside the innermost `aten::copy_` around it."""
+    with gzip.open(path, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    copies = [e for e in events if "HtoD" in e["name"] and "Pinned" in e["name"]]
+    launches = {e["args"]["correlation"]: e for e in events if e["name"] == "cudaMemcpyAsync"}
+    syncs = [e for e in events if e["name"] == "cudaStreamSynchronize"]
+    ops = [e for e in events if e["name"] == "aten::copy_"]
+    n = nbytes = 0
+    wait = 0.0
+    for c in copies:
+        launch = launches[c["args"]["correlation"]]
+        op = min((o for o in ops if o["tid"] == launch["tid"] and o["ts"] <= launch["ts"]
+                  and launch["ts"] + launch["dur"] <= o["ts"] + o["dur"]), key=lambda o: o["dur"])
+        inside = [s for s in syncs if s["tid"] == launch["tid"] and launch["ts"] + launch["dur"] <= s["ts"]
+                  and s["ts"] + s["dur"] <= op["ts"] + op["dur"]]
+        if inside:
+            n, nbytes, wait = n + 1, nbytes + c["args"]["bytes"], wait + inside[0]["dur"]
+    return len(copies), n, nbytes, wait
+
+
+def test_the_h100_recording_of_a_blocking_pinned_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/gpu_blocking_pinned_copy.py on the H100, plain (steps 6-8): each step copies its
+    pinned batch with `x.to(device)` (line 34, blocking) and its labels with
+    `y.to(device, non_blocking=True)` (line 35). Of the 6 pinned copies the 3 of the batch synchronised
+    the stream: the finding counts those, with the recorded bytes and wait; the labels' are not
+    counted. The trace names the step by its def line (32) and two lines of its body call `to`, so
+    the finding stays at the def line (the Location says the trace records the function)."""
+    monkeypatch.chdir(EXAMPLES)  # the recording names the example by its file name
+    pinned, copies, nbytes, wait_us = raw_blocking_in_operator(H100_PINNED)
+    assert (pinned, copies, nbytes) == (6, 3, 3 * 512 * 1024 * 4)  # 3 steps' fp32 512x1024 batches
+    (f,) = judged(H100_PINNED)
+    ev = f.evidence
+    assert (ev["copies"], ev["copies_per_step"], ev["steps"], ev["steps_with_copies"]) == (3, 1.0, 3, 3)
+    assert ev["bytes"] == nbytes and ev["bytes_per_step"] == nbytes // 3 and ev["ops"] == {"aten::to": 3}
+    assert ev["wait_ms_per_step"] == round(wait_us / 1000 / 3, 3) == f.cost.ms_per_step and f.cost.measured
+    (loc,) = f.locations
+    assert (loc.file, loc.line, loc.code) == ("gpu_blocking_pinned_copy.py", 32, "def step(i):")
+    step_body = enumerate(EXAMPLE.read_text().splitlines()[32:], 33)
+    assert [n for n, text in step_body if ".to(device" in text] == [34, 35]
+    assert "1 host-to-device copies per step from pinned memory (2.10 MB per step)" in f.message

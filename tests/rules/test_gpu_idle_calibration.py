@@ -1,4 +1,4 @@
-"""gpu-idle on the shared H100 recordings: the idle per step is read against the step its cost is
+"""gpu-idle on the recorded H100 traces: the idle per step is read against the step its cost is
 part of (a run's unprofiled median step, a recording's median step) and never exceeds it less the
 GPU's own work; a step the host cannot issue fast enough (most of the host's idle is its issuing,
 most kernels shorter than their launch) is called host-bound, with CUDA graphs / a larger batch /
@@ -6,6 +6,7 @@ fewer small ops and an estimate, not counted as time an edit of the loop recover
 from __future__ import annotations
 
 from pathlib import Path
+from statistics import median
 
 import msgspec
 import pytest
@@ -17,6 +18,7 @@ from auditor.findings import RuleResults
 from auditor.rules.gpu_idle import GpuIdle
 
 from conftest import FIXTURES
+from raw_gaps import GPU_CATS, _merge as merged, load_events, per_step, steps
 
 H100 = FIXTURES / "h100"
 CLEAN_TWINS = ("gpu_clean", "gpu_convnet_clean", "gpu_small_launches_clean")
@@ -57,34 +59,59 @@ def test_clean_twins_plain_h100_traces_are_host_bound_not_recoverable(name: str)
     assert rec.ms is None
 
 
+def raw_window(path: Path) -> tuple[dict[str, float], list[float], float]:
+    """From the trace's raw events (tests/raw_gaps.py, the standard library alone): the idle of the
+    window's gaps by cause in ms per step, the ProfilerSteps' times in ms, and the GPU's busy time
+    per step (the union of its ops inside the window)."""
+    events = load_events(path)
+    window = steps(events)
+    lo, hi = window[0][0], window[-1][1]
+    ops = [(max(e["ts"], lo), min(e["ts"] + e["dur"], hi), None) for e in events
+           if e.get("ph") == "X" and e.get("cat") in GPU_CATS and e.get("dur", 0) > 0 and e["ts"] < hi and e["ts"] + e["dur"] > lo]
+    busy = sum(b - a for a, b, _ in merged(ops)) / 1000 / len(window)
+    return per_step(str(path)), [(b - a) / 1000 for a, b in window], busy
+
+
 def test_plain_gpu_clean_numbers() -> None:
     """examples/gpu_clean.py on the H100, plain: window idle 3.5 ms/step over 3 steps whose median
-    is 3.25 ms; GPU busy 0.19 ms/step; scaled to 3.05 ms, 2.11 ms of it the host issuing work."""
-    (f,) = _judge(_trace_evidence(H100 / "plain" / "plain_gpu_clean.json.gz"))
+    is 3.25 ms; GPU busy 0.19 ms/step; scaled to 3.05 ms, 2.11 ms of it the host issuing work. Each
+    figure recomputed from the raw events: the idle is the median step less the GPU's work, the
+    issuing the window's host work and launches scaled by the same factor."""
+    path = H100 / "plain" / "plain_gpu_clean.json.gz"
+    (f,) = _judge(_trace_evidence(path))
     e = f.evidence
-    assert e["window_idle_ms_per_step"] == pytest.approx(3.5, abs=0.05)
-    assert e["idle_ms_per_step"] == pytest.approx(3.05, abs=0.01)
-    assert e["issuing_ms_per_step"] == pytest.approx(2.11, abs=0.01)
+    idle_by_cause, step_ms, busy = raw_window(path)
+    window_idle = sum(idle_by_cause.values())
+    assert e["window_idle_ms_per_step"] == pytest.approx(window_idle, abs=1e-3)
+    assert e["step_ms"] == pytest.approx(median(step_ms), abs=1e-3)
+    assert e["busy_ms_per_step"] == pytest.approx(busy, abs=1e-3)
+    idle = median(step_ms) - busy
+    assert e["idle_ms_per_step"] == pytest.approx(idle, abs=1e-3)
+    issuing = (idle_by_cause["host work"] + idle_by_cause["launch"]) * idle / window_idle
+    assert e["issuing_ms_per_step"] == pytest.approx(issuing, abs=1e-3)
+    assert (round(window_idle, 1), round(idle, 2), round(issuing, 2)) == (3.5, 3.05, 2.11)
     assert "is idle 3.05 ms" in f.message and "at most 2.11 ms per step saved" in f.message
 
 
 def test_audited_run_idle_read_against_the_unprofiled_step() -> None:
     """The audited gpu_clean run: its profiled steps held 39.5 ms of GPU idle each (the profiler
     and the checks slowed the host), the unprofiled median step is 4.29 ms. The idle figure is
-    now at most that step less the GPU's work, where it was 39.5 ms."""
+    now at most that step less the GPU's work, where it was 39.5 ms (window and GPU work recomputed
+    from the window's raw events, the step from the run's step records)."""
     run = H100 / "audited" / "audited_gpu_clean"
     ev = msgspec.json.decode((run / "evidence.json").read_bytes(), type=Evidence)
     (trace,) = (run / "tb").rglob("*.pt.trace.json.gz")
     ev.__dict__["trace_data"] = [load_trace(trace)]
-    median = ev.shown_median_ms()
-    assert median == pytest.approx(4.29, abs=0.01)
+    median_ms = ev.shown_median_ms()
+    assert median_ms == pytest.approx(4.29, abs=0.01)
     (f,) = _judge(ev)
     e = f.evidence
-    assert e["window_idle_ms_per_step"] > 39
-    assert e["idle_ms_per_step"] <= median - e["busy_ms_per_step"] + 1e-3
+    idle_by_cause, _, busy = raw_window(trace)
+    assert e["window_idle_ms_per_step"] == pytest.approx(sum(idle_by_cause.values()), abs=1e-3)
+    assert e["busy_ms_per_step"] == pytest.approx(busy, abs=1e-3)
+    assert e["idle_ms_per_step"] == pytest.approx(median_ms - busy, abs=1e-3)
     assert e["verdict"] == "host-bound" and f.cost.ms_per_step is None
-    assert e["idle_ms_per_step"] == pytest.approx(4.04, abs=0.01)
-    assert e["busy_ms_per_step"] == pytest.approx(0.25, abs=0.01)
+    assert (round(sum(idle_by_cause.values()), 1), round(median_ms - busy, 2), round(busy, 2)) == (39.5, 4.04, 0.25)
     assert "39.5 ms of idle per step" in f.message and "is idle 4.04 ms" in f.message
 
 

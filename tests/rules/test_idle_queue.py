@@ -32,7 +32,6 @@ W4 = TRACES / "v100_resnet50_dataloader_workers4.pt.trace.json.gz"
 OWL = TRACES / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
 RULES = (GpuIdle, HostSync, LaunchBound)
 
-pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"recorded fixtures not found at {TRACES}")
 
 
 @cache

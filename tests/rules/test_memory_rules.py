@@ -34,7 +34,6 @@ TRANSFORMER = SNAPSHOTS / "transformer_fullstep_with_history.pickle"
 LLAMA = SNAPSHOTS / "llama_mostly_free_segments.pickle"
 H100_TRACE = SNAPSHOTS.parent / "traces" / "h100_bert_small_item_sync.pt.trace.json.gz"
 
-pytestmark = pytest.mark.skipif(not SNAPSHOTS.is_dir(), reason=f"recorded snapshots not found at {SNAPSHOTS}")
 CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 
@@ -297,7 +296,10 @@ def _recorded_80gb_totals() -> list[int]:
     totals = []
     for path in sorted((SNAPSHOTS.parent / "traces").glob("*.json.gz")):
         with gzip.open(path, "rt") as f:
-            props = json.load(f).get("deviceProperties") or []
+            text = f.read()
+        # (the top-level list alone is decoded: the events around it are most of the file's parse)
+        at = text.find('"deviceProperties"')
+        props = json.JSONDecoder().raw_decode(text, text.index("[", at))[0] if at >= 0 else []
         totals += [p["totalGlobalMem"] for p in props if "80GB" in p["name"]]
     return totals
 

@@ -27,7 +27,6 @@ SNAPSHOTS = FIXTURES / "snapshots"
 FRAGMENTED = SNAPSHOTS / "fragmented_72gb_state_only.pickle"
 TRANSFORMER = SNAPSHOTS / "transformer_fullstep_with_history.pickle"
 
-pytestmark = pytest.mark.skipif(not SNAPSHOTS.is_dir(), reason=f"recorded snapshots not found at {SNAPSHOTS}")
 
 
 def raw(path: Path) -> dict:

@@ -19,7 +19,6 @@ from auditor.findings import RuleResults
 from raw_gaps import per_step as raw_causes
 from test_trace_rules import BERT, DDP, RANK0, TRACES, raw, raw_idle, raw_op_calls, raw_steps, raw_sync_cost
 
-pytestmark = pytest.mark.skipif(not TRACES.is_dir(), reason=f"recorded fixtures not found at {TRACES}")
 
 _RUNS: dict[str, tuple[Evidence, RuleResults]] = {}
 

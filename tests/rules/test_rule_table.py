@@ -3,7 +3,7 @@ lines an example marks `# expect: rule-id`) and stays silent on the second.
 
 The inputs are the audits the suite shares (example trainers, numerics examples, rehearsed GPU
 examples, 2-rank jobs: conftest and test_rehearsal run each once per session), the recorded
-traces and snapshots under ../shared/fixtures (analysed in-process), and checkpoints built here.
+traces and snapshots under tests/fixtures (analysed in-process), and checkpoints built here.
 """
 from __future__ import annotations
 

@@ -149,7 +149,12 @@ def _stack() -> list[dict[str, Any]]:
     return out
 
 
-_STATE: dict[str, Any] = {"recorder": None, "watch": None}
+# recorder: the requests recorded; watch: the audit's own recording (--device-memory), from the run's
+# start; program_from: where in the requests the program's own history begins, when it switched one
+# on while the audit was recording (its snapshot holds the requests alive then as allocations made
+# before the trace, as a GPU's does, and the trace from there on)
+_STATE: dict[str, Any] = {"recorder": None, "watch": None, "program_from": None}
+_AUDIT_CALL = [False]  # set while the audit itself switches recording on (watch), not the program
 
 
 def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1_000_000, **kwargs: Any) -> None:
@@ -169,6 +174,8 @@ def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1
         hold_no_tensors(True)  # (the numerics checks keep no tensor alive past the program's use)
         rec = _STATE["recorder"] = Recorder(max_entries)
         rec.seed()
+    elif _STATE["watch"] is not None and _STATE["program_from"] is None and not _AUDIT_CALL[0]:
+        _STATE["program_from"] = len(rec.requests)
     device.ON_MARK = rec.track
 
 
@@ -185,9 +192,14 @@ def watch(out_dir: str) -> bool:
     tensor)."""
     if not os.environ.get("AUDITOR_DEVICE_MEMORY_GIB"):
         return False
-    record_memory_history(True)
+    _AUDIT_CALL[0] = True
+    try:
+        record_memory_history(True)
+    finally:
+        _AUDIT_CALL[0] = False
     _STATE["watch"] = {"out": out_dir, "written": False}
     return True
+
 
 
 NEAR = 0.75  # a step whose requests reach this share of the device may be the one the allocator fails in
@@ -209,7 +221,7 @@ def step_end() -> tuple[int | None, str | None, bool]:
     # the forecast is made: the live bytes are still counted, no more entries are kept
     rec.max_entries = len(rec.requests)
     try:
-        dump_snapshot(os.path.join(w["out"], FORECAST_FILE))
+        _dump(os.path.join(w["out"], FORECAST_FILE), program=False)
     except (OSError, pickle.PickleError):
         return rec.live_bytes, None, False
     return rec.live_bytes, FORECAST_FILE, False
@@ -226,21 +238,50 @@ def capacity() -> int:
     return torch.cuda.get_device_properties(0).total_memory
 
 
-def snapshot(*args: Any, **kwargs: Any) -> dict[str, Any]:
+def _requests(program: bool) -> list[dict[str, Any]]:
+    """The recorded requests; for the program's own snapshot, from where its history began (those
+    alive then as allocations made before the trace)."""
+    rec = _STATE["recorder"]
+    if rec is None:
+        return []
+    start = _STATE["program_from"] if program else None
+    if start is None:
+        return rec.requests
+    live: dict[int, int] = {}
+    for r in rec.requests[:start]:
+        if r["action"] == "alloc":
+            live[r["id"]] = r["size"]
+        else:
+            live.pop(r["id"], None)
+    return [{"action": "alloc", "id": i, "size": size, "stream": 0, "before": True} for i, size in live.items()] + \
+        rec.requests[start:]
+
+
+def _snapshot(program: bool) -> dict[str, Any]:
     rec = _STATE["recorder"]
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     try:
         cfg = parse_alloc_conf(conf)
     except ConfError:
         cfg = parse_alloc_conf("")
-    out = snapshot_from_requests(rec.requests if rec else [], cfg, capacity(), conf)
+    out = snapshot_from_requests(_requests(program), cfg, capacity(), conf)
     out["external_annotations"] = list(rec.annotations) if rec else []
     return out
 
 
-def dump_snapshot(filename: str = "dump_snapshot.pickle", *args: Any, **kwargs: Any) -> None:
+def _dump(filename: str, program: bool) -> None:
     with open(filename, "wb") as f:
-        pickle.dump(snapshot(), f, protocol=4)
+        pickle.dump(_snapshot(program), f, protocol=4)
+
+
+def snapshot(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """torch.cuda.memory._snapshot, as the program's history has it."""
+    return _snapshot(program=True)
+
+
+def dump_snapshot(filename: str = "dump_snapshot.pickle", *args: Any, **kwargs: Any) -> None:
+    """torch.cuda.memory._dump_snapshot, as the program's history has it."""
+    _dump(filename, program=True)
 
 
 def install() -> list[str]:

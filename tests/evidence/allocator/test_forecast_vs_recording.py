@@ -1,12 +1,14 @@
 """The OOM forecast of a rehearsed program checked against a real recording of the same program.
 
-The recording: the shared `transformer_fullstep_with_history` snapshot, one training step of CS336's
-2.7B-shaped Transformer LM (d_model 2560, d_ff 10240, 32 layers, batch 4, context 128, fp32, AdamW)
-on an 80 GB GPU. The forecast: tests/data/forecast/fullstep_L{1,2}.pickle, the snapshots the
-re-implementation tests/data/cs336_transformer.py dumps when `audit run` rehearses it at 1 and 2
-layers at the recorded width, batch and context (bench/bench_forecast_vs_recording.py --write makes
-them; the whole model does not fit this machine). Layers make identical requests, so 32 layers =
-1 layer + 31 * (2 layers - 1 layer).
+The recording: the `transformer_fullstep_with_history` snapshot (tests/fixtures/snapshots), one
+training step of CS336's 2.7B-shaped Transformer LM (d_model 2560, d_ff 10240, 32 layers, batch 4,
+context 128, fp32, AdamW) on an 80 GB GPU. The forecast: tests/data/forecast/fullstep_L{1,2}.pickle,
+the snapshots the re-implementation tests/data/cs336_transformer.py dumps when `audit run` rehearses
+it at 1 and 2 layers at the recorded width, batch and context (bench/bench_forecast_vs_recording.py
+--write makes them; the whole model does not fit this machine). Layers make identical requests, so
+32 layers = 1 layer + 31 * (2 layers - 1 layer). The last test rehearses the program again, here and
+now and small (batch 1, context 16: what is alive when the step ends -- parameters, gradients,
+optimizer state -- depends on neither), against the recording: a change to the rehearsal fails it.
 """
 from __future__ import annotations
 
@@ -18,21 +20,20 @@ import pytest
 from auditor.evidence.allocator.analysis import analyze
 from auditor.evidence.snapshot import load_snapshot
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ONE_THREAD, ROOT, audit
 
 sys.path.insert(0, str(ROOT / "tests" / "data"))
 from forecast_compare import RECORDED_LAYERS, difference, extrapolate, phases, whole_model  # noqa: E402
 
 RECORDING = FIXTURES / "snapshots" / "transformer_fullstep_with_history.pickle"
 STORED = ROOT / "tests" / "data" / "forecast"
+PROGRAM = ROOT / "tests" / "data" / "cs336_transformer.py"
 CUBLAS_WORKSPACE = 32 << 20  # cuBLAS's workspace on an sm90 GPU, one per thread's handle: not a tensor
 MB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def snaps():
-    if not RECORDING.is_file():
-        pytest.skip("shared fixtures not present")
     return load_snapshot(RECORDING), load_snapshot(STORED / "fullstep_L1.pickle"), load_snapshot(STORED / "fullstep_L2.pickle")
 
 
@@ -88,3 +89,30 @@ def test_the_forecast_peaks_are_within_a_percent_of_the_recording(snaps):
     res = extrapolate(one.reserved_peak_bytes, two.reserved_peak_bytes, RECORDED_LAYERS)
     err = (res - rec.reserved_peak_bytes) / rec.reserved_peak_bytes * 100
     assert -1.5 < err <= 0  # measured -0.88%
+
+
+@pytest.fixture(scope="module")
+def rehearsed_now(tmp_path_factory):
+    """The program rehearsed by `audit run` today at 1 and 2 layers of the recorded width, small, each
+    in its own process (as bench/bench_forecast_vs_recording.py runs them)."""
+    d = tmp_path_factory.mktemp("forecast")
+    for layers in (1, 2):
+        a = audit("run", str(PROGRAM), "--to-end", "--no-profile", "--quiet", "--device-memory", "80", "--",
+                  "--layers", str(layers), "--batch", "1", "--context", "16", "--out-dir", str(d),
+                  out=d / f"run{layers}", env=ONE_THREAD)
+        assert a.returncode == 0, a.stderr[-3000:]
+    return load_snapshot(d / "fullstep_L1.pickle"), load_snapshot(d / "fullstep_L2.pickle")
+
+
+def test_todays_rehearsal_makes_the_recorded_parameters_gradients_and_optimizer_state(snaps, rehearsed_now):
+    """What is alive when the step ends, from a rehearsal run now: the gradients and AdamW's states are
+    the recording's requests exactly (the backward's cuBLAS workspace aside); the parameters too,
+    and the only other requests made before the step are those of the run's own batch and context
+    (each layer's RoPE cos/sin, the int64 batch)."""
+    rec = phases(snaps[0], True)
+    one, two = (phases(s, True) for s in rehearsed_now)
+    for ph, missing in (("step", {}), ("backward", {CUBLAS_WORKSPACE: 1})):
+        assert difference(rec[ph], whole_model(one[ph], two[ph], RECORDED_LAYERS)) == (missing, {}), ph
+    rope = 2560 // 32 // 2 * 2 * 4  # bytes of a position's cos/sin: head dim 80, fp32
+    assert difference(rec["before"], whole_model(one["before"], two["before"], RECORDED_LAYERS)) == (
+        {128 * rope: RECORDED_LAYERS, 4 * 128 * 8: 1}, {16 * rope: RECORDED_LAYERS, 1 * 16 * 8: 1})
