@@ -1,6 +1,6 @@
 """The device's clock of each step (auditor.capture.device_clock): the bookkeeping driven with a clock
 the test controls (marks that complete when the test says), and the evidence a real GPU run gave
-(tests/fixtures/h200: an H200 audit and a plain recording of examples/gpu_bound.py)."""
+(tests/fixtures/h200, described in tests/fixtures/README.md: an H200 audit and a plain recording of examples/gpu_bound.py)."""
 from __future__ import annotations
 
 import gzip
