@@ -315,6 +315,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         raise UsageFailure("--skip and --to-end apply to a whole program (path/to/file.py or -m package.module), "
                            "not to a step callable")
     target = t.spec
+    roots = allow_project_sources(t.file)
     device_key = device_option(device)
     config = rule_config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
     base = (load_baseline(baseline), baseline) if baseline is not None else None
@@ -349,6 +350,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         except TargetError as e:
             drop_if_unused(out)
             raise UsageFailure(str(e)) from None
+    evidence.source_roots = roots
     if session is not None:  # distributed: save this rank; the merging rank reports on every rank
         return session.finish(evidence, rank_timeout,
                               lambda ev, root: finish(with_device(ev, device_key), config, root, quiet, fail_on, base))
@@ -367,6 +369,47 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         v.echo_done(done)
     afterwards(out, open_report, tensorboard)
     return code
+
+
+def allow_project_sources(target_file: str | None) -> list[str]:
+    """`audit run` quotes the audited project's files (auditor.fixes.project_roots: the current
+    directory's git toplevel, and the target file's): its source is read under these alone."""
+    from auditor.evidence import source_access
+    from auditor.fixes import project_roots
+
+    roots = [str(r) for r in project_roots(target_file or "")]
+    source_access.allow(roots)
+    return list(dict.fromkeys(roots))
+
+
+def allow_sources(given: tuple[Path, ...], paths: tuple[Path, ...] | list[Path]) -> None:
+    """The source roots of a command that reads recordings: the `--source-root` directories, and
+    each saved run directory's recorded roots where it was recorded on this machine (a run from
+    elsewhere names another machine's directories). None given: no source is read."""
+    import json
+    import socket
+
+    from auditor.evidence import source_access
+    from auditor.evidence.store import EVIDENCE_FILE, is_run_dir
+
+    roots = [str(r) for r in given]
+    for r in given:
+        if not r.is_dir():
+            raise UsageFailure(f"--source-root {r}: no such directory")
+    for p in paths:
+        if not is_run_dir(p):
+            continue
+        try:
+            doc = json.loads((p / EVIDENCE_FILE).read_bytes())
+        except (OSError, ValueError):
+            continue  # (the loader says why)
+        if not isinstance(doc, dict):
+            continue
+        env = doc.get("environment")
+        recorded = doc.get("source_roots")
+        if isinstance(env, dict) and env.get("hostname") == socket.gethostname() and isinstance(recorded, list):
+            roots += [r for r in recorded if isinstance(r, str) and r]
+    source_access.allow(roots)
 
 
 def device_option(name: str | None) -> str:
@@ -391,7 +434,7 @@ def with_device(evidence, key: str):
 
 def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
             ignore: tuple[str, ...], quiet: bool, engine: str | None = None, address: str | None = None,
-            workers: int | None = None, device: str | None = None) -> int:
+            workers: int | None = None, device: str | None = None, source_roots: tuple[Path, ...] = ()) -> int:
     """`audit analyze`: the rules on recordings and saved runs. A job's per-rank traces are reduced
     on `engine` (auditor.evidence.ranks.engines), with a progress bar over the ranks."""
     from auditor.evidence.load import load_paths
@@ -402,6 +445,7 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     for p in paths:
         if not p.exists():
             raise UsageFailure(f"no such file or directory: {p}")
+    allow_sources(source_roots, paths)
     config = rule_config(Path.cwd(), select, ignore)
     if address is not None and engine not in ("ray", "dask"):
         raise UsageFailure("--address names a ray or dask cluster: give --engine ray or --engine dask with it")
@@ -486,7 +530,8 @@ def echo_unread(evidence) -> None:
         click.echo(f"audit:   ... and {len(rs.unread) - UNREAD_LINES} more (listed in the report)", err=True)
 
 
-def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
+def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
+           source_roots: tuple[Path, ...] = ()) -> None:
     """`audit report`: a saved run directory's reports written again, into it. Its exit code is 0
     whatever the findings (no --fail-on)."""
     from auditor.evidence.load import load_paths
@@ -499,6 +544,7 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> N
     except OSError as e:
         raise UsageFailure(f"{run_dir}: cannot write the reports there ({e.strerror or e}); "
                            f"`audit analyze {run_dir} --out DIR` writes them elsewhere") from None
+    allow_sources(source_roots, [run_dir])
     config = rule_config(Path.cwd(), select, ignore)
     try:
         evidence = load_paths([run_dir])
@@ -519,6 +565,7 @@ def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_
         raise UsageFailure(f"no such file: {file}")
     if config_file is not None and not config_file.is_file():
         raise UsageFailure(f"no such config file: {config_file}")
+    allow_sources((), ())  # (a checkpoint quotes no source)
     config = rule_config(Path.cwd(), select, ignore)
     try:
         evidence = checkpoint_evidence(file, config_file)
@@ -540,6 +587,7 @@ def diff(path_a: Path, path_b: Path, out_dir: Path | None, fail_on_regression: f
     for p in (path_a, path_b):
         if not p.exists():
             raise UsageFailure(f"no such file or directory: {p}")
+    allow_sources((), (path_a, path_b))
     config = rule_config(Path.cwd(), (), ())
     try:
         comparison = compare_paths(path_a, path_b, config)

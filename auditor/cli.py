@@ -49,6 +49,13 @@ def shared_options(*names: str, out_default: str = "", quiet_help: str = "Only t
     return decorate
 
 
+_SOURCE_ROOT = click.option(
+    "--source-root", "source_roots", multiple=True, type=click.Path(path_type=Path), metavar="DIR",
+    help="A directory the recorded program's source is in (repeatable): the reports quote source lines "
+         "from files under these only, never from elsewhere on this machine [default: none; an `audit run` "
+         "directory recorded here: its project's roots].")
+
+
 def _device_memory(gib: float | None) -> None:
     """--device-memory reaches the allocator simulator (and an audited child) as AUDITOR_DEVICE_MEMORY_GIB."""
     if gib:
@@ -143,13 +150,16 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
                    "one started for the run].")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Workers that reduce the ranks (local: processes) [default: one per core].")
+@_SOURCE_ROOT
 def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
             ignore: tuple[str, ...], quiet: bool, device_memory: float | None = None, device: str | None = None,
-            engine: str | None = None, address: str | None = None, workers: int | None = None) -> None:
+            engine: str | None = None, address: str | None = None, workers: int | None = None,
+            source_roots: tuple[Path, ...] = ()) -> None:
     """Run the rules on recordings: profiler traces, TensorBoard logdirs, memory snapshots, or
     `audit run` output directories. PATHS may be glob patterns (quoted: 'traces/*.json.gz')."""
     _device_memory(device_memory)
-    sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet, engine, address, workers, device=device))
+    sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet, engine, address, workers, device=device,
+                         source_roots=source_roots))
 
 
 @cli.command("diff")
@@ -169,9 +179,10 @@ def diff_cmd(a: Path, b: Path, fail_on_regression: float | None, out_dir: Path |
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @shared_options("select", "ignore")
-def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
+@_SOURCE_ROOT
+def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...], source_roots: tuple[Path, ...] = ()) -> None:
     """Re-render the reports of a saved run directory (no code is re-run)."""
-    app.report(run_dir, select, ignore)
+    app.report(run_dir, select, ignore, source_roots)
 
 
 @cli.command("rules")
@@ -217,8 +228,11 @@ def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click in non-standalone mode so every usage error is one line and exit 2."""
+    from auditor.evidence import source_access
+
     try:
-        rv = cli.main(args=argv, prog_name="audit", standalone_mode=False)
+        with source_access.kept():  # (each command sets the roots its source is read under)
+            rv = cli.main(args=argv, prog_name="audit", standalone_mode=False)
     except UsageFailure as e:
         from auditor.reports.terminal import printable
 

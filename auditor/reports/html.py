@@ -31,7 +31,7 @@ import msgspec
 from markupsafe import Markup
 
 from auditor import __version__
-from auditor.evidence import sources
+from auditor.evidence import source_access, sources
 from auditor.evidence.model import CUDA_STANDIN, Evidence
 from auditor.reports.base import Reporter
 from auditor.reports.figure import Figure
@@ -152,8 +152,11 @@ def source_context(file: str, line: int, context: int = CONTEXT_LINES,
     current text where it differs ("now"; auditor.evidence.sources)."""
     if evidence is not None and (recorded := sources.context(evidence, file, line, context)) is not None:
         return recorded
-    linecache.checkcache(file)
-    lines = linecache.getlines(file)
+    path = source_access.resolve(file)  # (only under the source roots: auditor.evidence.source_access)
+    if path is None:
+        return []
+    linecache.checkcache(path)
+    lines = linecache.getlines(path)
     if not lines or not 1 <= line <= len(lines):
         return []
     lo, hi = max(1, line - context), min(len(lines), line + context)
