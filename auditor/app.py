@@ -97,8 +97,9 @@ def _lock(out: Path) -> None:
         os.close(fd)
         raise UsageFailure(f"--out {out}: another audit is writing there now (pid {holder}); wait for it or "
                            "choose another directory") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+    with contextlib.suppress(OSError):  # (the holder's pid is for the message above; a full disk has no room for it)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
     if not _LOCKS:
         atexit.register(_release_all)
     _LOCKS[out] = fd
@@ -162,14 +163,16 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     the results the reports render (--verify's)."""
     from auditor.evidence.load import load_paths
     from auditor.evidence.model import add_load_note
-    from auditor.evidence.store import is_run_dir, save
+    from auditor.evidence.store import is_run_dir
     from auditor.reports import write_reports
     from auditor.reports.sources import as_recorded, differences, record_quoted
     from auditor.reports.terminal import print_summary
     from auditor.rules.engine import run_rules
 
-    save(evidence, out)
-    if evidence.source == "run" and is_run_dir(out):
+    # outputs not written (a full disk): named on the terminal, exit 2 (the run's records and
+    # profiler trace: auditor.capture.runner)
+    lost: list[str] = list(evidence.__dict__.get("unwritten", ()))
+    if _saved(evidence, out, lost) and evidence.source == "run" and is_run_dir(out):
         try:
             evidence = load_paths([out])  # attaches the profiled window's parsed trace
         except InputError as e:
@@ -179,16 +182,18 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
         results = amend(evidence, results)
     # the sources quoted, as first read: recorded (and saved) on the first render; a later render
     # of a changed file quotes them and says so (auditor.reports.sources)
-    if record_quoted(evidence, results):
-        save(evidence, out)
+    if record_quoted(evidence, results) and not lost:
+        _saved(evidence, out, lost)
     results = as_recorded(evidence, results)
     comparison = compare_with_baseline(evidence, results, baseline[0], str(baseline[1]), config) if baseline else None
     written = write_reports(out, evidence, results)
-    unwritten = _unwritten(written)
+    unwritten = lost + _unwritten(written)
     if quiet:
         ran = f", run {evidence.ending.status}" if evidence.source == "run" else ""  # (recordings: nothing ran)
         where = f"report in {out}" if "report.html" not in unwritten else f"report not written, outputs in {out}"
         click.echo(f"audit: {len(results.findings)} finding(s){ran}; {where}")
+        if unwritten:
+            click.echo(f"audit: not written (see the warnings above): {', '.join(unwritten)}")
     elif not unwritten:
         print_summary(evidence, results, out)
     else:  # the summary names the outputs found in `out`: an older one there is not this run's
@@ -203,7 +208,27 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
             print_diff(comparison, title=f"compared with baseline {baseline[1]}:")
     for line in differences(evidence, results):
         click.echo(line)
-    return exit_code(evidence, results, fail_on or config.fail_on)
+    code = exit_code(evidence, results, fail_on or config.fail_on)
+    # an output not written is the environment's to fix (a full disk, a quota): exit 2, unless the
+    # audited program failed (exit 3 says that first; the lines above name what was not written)
+    return EXIT_USAGE if unwritten and code != EXIT_TARGET_FAILED else code
+
+
+def _saved(evidence, out: Path, lost: list[str]) -> bool:
+    """evidence.json written (whole, or the earlier one left as it was); False, with a warning and
+    its name in `lost`, when it could not be."""
+    from auditor.evidence.store import EVIDENCE_FILE, save
+
+    try:
+        save(evidence, out)
+    except OSError as e:
+        if os.environ.get("AUDIT_DEBUG"):
+            raise
+        click.echo(f"audit: warning: could not write {EVIDENCE_FILE}: {e.strerror or e}", err=True)
+        if EVIDENCE_FILE not in lost:
+            lost.append(EVIDENCE_FILE)
+        return False
+    return True
 
 
 def _unwritten(written: dict[str, Path]) -> list[str]:
@@ -531,9 +556,9 @@ def echo_unread(evidence) -> None:
 
 
 def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
-           source_roots: tuple[Path, ...] = ()) -> None:
+           source_roots: tuple[Path, ...] = ()) -> int:
     """`audit report`: a saved run directory's reports written again, into it. Its exit code is 0
-    whatever the findings (no --fail-on)."""
+    whatever the findings (no --fail-on), 2 when an output could not be written."""
     from auditor.evidence.load import load_paths
     from auditor.evidence.store import is_run_dir
 
@@ -553,7 +578,8 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
     from auditor.verify import saved_amend
 
     # (a run verified with --verify keeps its fixes' verification: one taken out stays out)
-    finish(evidence, config, run_dir, quiet=False, fail_on=None, amend=saved_amend(run_dir))
+    code = finish(evidence, config, run_dir, quiet=False, fail_on=None, amend=saved_amend(run_dir))
+    return EXIT_USAGE if code == EXIT_USAGE else EXIT_OK
 
 
 def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_on: str | None,
@@ -594,7 +620,10 @@ def diff(path_a: Path, path_b: Path, out_dir: Path | None, fail_on_regression: f
     except InputError as e:
         raise UsageFailure(str(e)) from None
     out = output_dir(out_dir, "diff")
-    written = write_diff(out, comparison)
+    try:
+        written = write_diff(out, comparison)
+    except OSError as e:  # (each written whole or not at all: an earlier diff's are left as they were)
+        raise UsageFailure(f"{out}: could not write diff.json and diff.html ({e.strerror or e})") from None
     if not quiet:
         print_diff(comparison)
     click.echo(f"diff: {written['html']}  (also {written['json']})")

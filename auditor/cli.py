@@ -182,7 +182,7 @@ def diff_cmd(a: Path, b: Path, fail_on_regression: float | None, out_dir: Path |
 @_SOURCE_ROOT
 def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...], source_roots: tuple[Path, ...] = ()) -> None:
     """Re-render the reports of a saved run directory (no code is re-run)."""
-    app.report(run_dir, select, ignore, source_roots)
+    sys.exit(app.report(run_dir, select, ignore, source_roots))
 
 
 @cli.command("rules")

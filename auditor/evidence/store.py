@@ -16,6 +16,7 @@ import msgspec
 
 from auditor.evidence.errors import InputError
 from auditor.evidence.model import LOAD_NOTES, Evidence, decode, encode
+from auditor.evidence.whole_files import write_whole
 
 EVIDENCE_FILE = "evidence.json"
 
@@ -25,7 +26,7 @@ def save(evidence: Evidence, run_dir: Path) -> Path:
     since reports rendered after saving show its absolute paths and this render's notes)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / EVIDENCE_FILE
-    path.write_bytes(encode(_as_stored(evidence, run_dir)))
+    write_whole(path, encode(_as_stored(evidence, run_dir)))
     return path
 
 
