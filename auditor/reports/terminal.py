@@ -331,6 +331,7 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     if cut is not None:
         lines.append(Text(window_cut_phrase(cut), style="yellow"))
     lines.extend(Text(a, style="dim") for a in allocator_lines(evidence))
+    lines.extend(Text(a, style="yellow") for a in left_out_lines(evidence))
     if results.findings:
         lines.extend(finding_line(f) for f in by_cost(results.findings))
     else:
@@ -352,6 +353,21 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         if others:
             lines.append(Text("also: " + ", ".join(others), style="dim"))
     return lines
+
+
+def left_out_lines(evidence: Evidence) -> list[str]:
+    """One line for the recorded values the loaders left out as impossible (a trace's events with
+    no time, a negative or week-long duration, a word for a number; a snapshot's entries of sizes
+    no device has): how many, and of what. They change the findings, so the summary says so."""
+    dropped = [(t.label, t.dropped) for t in evidence.trace_data if getattr(t, "dropped", "")]
+    dropped += [(getattr(s, "label", "snapshot"), s.dropped) for s in evidence.snapshot_data
+                if isinstance(getattr(s, "dropped", None), str) and s.dropped]
+    if not dropped:
+        return []
+    label, text = dropped[0]
+    if len(dropped) == 1:
+        return [f"{label}: {text}"]
+    return [f"left out: values in {len(dropped)} recordings (the first, {label}: {text}; the report lists each)"]
 
 
 def default_console() -> Console:
