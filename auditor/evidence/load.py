@@ -150,6 +150,9 @@ def load_paths(paths: list[Path], engine: Any = None, on_rank: Any = None) -> Ev
     snapshots = [load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
     evidence.__dict__["trace_data"] = parsed
     evidence.__dict__["snapshot_data"] = snapshots
+    for snap in snapshots:  # (sizes no device has, left out: auditor.evidence.snapshot.MAX_BYTES)
+        if getattr(snap, "dropped", ""):
+            add_load_note(evidence, f"{Path(snap.path).name}: {snap.dropped}")
     if evidence.source != "run":
         _environment_from_traces(evidence)
     return evidence

@@ -240,6 +240,7 @@ class Snapshot(msgspec.Struct):
     external_annotations: list[Annotation] = []
     notes: list[str] = []  # format quirks met while loading (older formats, unknown actions)
     oom: OomRecord | None = None
+    dropped: str = ""  # what was left out as impossible (see MAX_BYTES), one line; empty: nothing
     totals: MemoryFigures = msgspec.field(default_factory=MemoryFigures)
     devices: dict[int, MemoryFigures] = {}
     histories: dict[int, History] = {}
@@ -779,9 +780,52 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
                          .replace("\n", " ")) from None
 
 
+# The most bytes a size in a snapshot can be: a PiB, past any device's memory. A size beyond it (2**70),
+# a negative one or one that is no integer (a string, NaN) is no allocator's record: the segment or
+# trace entry holding it is left out and counted (Snapshot.dropped), not replayed into "-5 B
+# reserved" or an OverflowError.
+MAX_BYTES = 2 ** 50
+_SIZE_KEYS = ("size", "total_size", "allocated_size", "active_size", "requested_size")
+
+
+def _impossible(raw: Any) -> str | None:
+    """The first size key of a segment, block or trace entry (a dict) whose value cannot be, with it."""
+    if not isinstance(raw, dict):
+        return None
+    for key in _SIZE_KEYS:
+        v = raw.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_BYTES:
+            shown = repr(v) if not isinstance(v, int) or abs(v) < 10 ** 20 else f"{v:.3g}"
+            return f"{key} {shown[:40]}"
+    blocks = raw.get("blocks")
+    for b in blocks if isinstance(blocks, list) else ():
+        why = _impossible(b)
+        if why is not None:
+            return f"a block's {why}"
+    return None
+
+
+def _sane(items: list, what: str, dropped: list) -> list:
+    """`items` without those holding an impossible size; each left out counted in `dropped`
+    ([count, first reason]) as `what`."""
+    out = []
+    for item in items:
+        why = _impossible(item)
+        if why is None:
+            out.append(item)
+            continue
+        if not dropped[0]:
+            dropped[1] = f"{what}: {why}"
+        dropped[0] += 1
+    return out
+
+
 def _convert(p: Path, raw: dict, notes: set[str]) -> Snapshot:
     frames_of = _Frames()
-    segments = [_segment(s, frames_of, notes) for s in raw["segments"]]
+    dropped: list = [0, ""]  # [entries left out, the first one's reason]
+    segments = [_segment(s, frames_of, notes) for s in _sane(raw["segments"], "a segment", dropped)]
     traces_raw = raw.get("device_traces")
     if traces_raw is None:
         notes.add("no device_traces")
@@ -790,7 +834,7 @@ def _convert(p: Path, raw: dict, notes: set[str]) -> Snapshot:
         raise InputError(f"device_traces is of type {type(traces_raw).__name__}, not a list")
     traces: list[list[TraceEntry]] = []
     for t in traces_raw:
-        entries = [_entry(e, frames_of, notes) for e in (t if isinstance(t, list) else [])]
+        entries = [_entry(e, frames_of, notes) for e in _sane(t if isinstance(t, list) else [], "a trace entry", dropped)]
         traces.append([e for e in entries if e is not None])
     settings = _settings(raw.get("allocator_settings"))
     if settings is None:
@@ -805,6 +849,10 @@ def _convert(p: Path, raw: dict, notes: set[str]) -> Snapshot:
 
     snap = Snapshot(path=str(p), segments=segments, device_traces=traces, allocator_settings=settings,
                     external_annotations=annotations, notes=sorted(notes), oom=oom)
+    if dropped[0]:
+        n = dropped[0]
+        snap.dropped = (f"{n:,} {'entries' if n != 1 else 'entry'} with sizes no device has "
+                        f"{'were' if n != 1 else 'was'} left out (the first: {dropped[1]})")
     snap.totals = figures(segments)
     device_ids = sorted({s.device for s in segments} | {i for i, t in enumerate(traces) if t})
     snap.devices = {d: figures(snap.device_segments(d)) for d in device_ids}

@@ -360,8 +360,7 @@ def left_out_lines(evidence: Evidence) -> list[str]:
     no time, a negative or week-long duration, a word for a number; a snapshot's entries of sizes
     no device has): how many, and of what. They change the findings, so the summary says so."""
     dropped = [(t.label, t.dropped) for t in evidence.trace_data if getattr(t, "dropped", "")]
-    dropped += [(getattr(s, "label", "snapshot"), s.dropped) for s in evidence.snapshot_data
-                if isinstance(getattr(s, "dropped", None), str) and s.dropped]
+    dropped += [(Path(s.path).name, s.dropped) for s in evidence.snapshot_data if getattr(s, "dropped", "")]
     if not dropped:
         return []
     label, text = dropped[0]
