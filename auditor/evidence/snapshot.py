@@ -308,18 +308,39 @@ class _SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         raise _Refused(f"an external object (persistent id {pid!r})")
 
 
+def _head_refusal(head: bytes, size: int) -> str | None:
+    """Why a file whose first bytes are `head` cannot be a snapshot (None: it may be), so that a
+    large file of something else is refused before it is read. A snapshot is a pickle of protocol
+    2 to 5 (PROTO), of a dict or a list (torch 1.13's segment list), in a frame of at most the
+    file's size under protocol 4 and 5 (FRAME)."""
+    if not head:
+        return "empty file, not a CUDA memory snapshot"
+    if head[0] != 0x80:  # PROTO opcode: every pickle written with protocol >= 2 starts with it
+        return "not a pickle (a CUDA memory snapshot is a pickle from torch.cuda.memory._dump_snapshot)"
+    if len(head) < 3 or not 2 <= head[1] <= 5:
+        return f"not a CUDA memory snapshot (a pickle of protocol {head[1] if len(head) > 1 else '?'})"
+    body = head[2:]
+    if body[:1] == b"\x95":  # FRAME: its 8-byte length, then the frame's first opcode
+        if len(body) < 10 or int.from_bytes(body[1:9], "little") > size:
+            return "truncated or corrupt pickle (a frame longer than the file)"
+        body = body[9:]
+    if body[:1] not in (b"}", b"]", b"("):  # EMPTY_DICT, EMPTY_LIST, MARK: a dict or list begins
+        return "not a CUDA memory snapshot (the pickle holds no dict or list)"
+    return None
+
+
 def _unpickle(path: Path) -> Any:
     try:
         if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
             raise InputError(f"{path}: not a regular file, not a CUDA memory snapshot")
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            why = _head_refusal(f.read(16), os.fstat(f.fileno()).st_size)
+            if why is not None:
+                raise InputError(f"{path}: {why}")
+            f.seek(0)
+            data = f.read()
     except OSError as e:
         raise InputError(f"{path}: cannot read memory snapshot ({e.strerror or e})") from None
-    if not data:
-        raise InputError(f"{path}: empty file, not a CUDA memory snapshot")
-    if data[0] != 0x80:  # PROTO opcode: every pickle written with protocol >= 2 starts with it
-        raise InputError(f"{path}: not a pickle (a CUDA memory snapshot is a pickle from "
-                         "torch.cuda.memory._dump_snapshot)")
     try:
         return _SafeUnpickler(io.BytesIO(data), memo_limit=len(data)).load()
     except _MemoIndex as e:
@@ -812,6 +833,11 @@ def _sane(items: list, what: str, dropped: list) -> list:
     ([count, first reason]) as `what`."""
     out = []
     for item in items:
+        # (a trace entry's one size, checked inline: a snapshot holds tens of thousands of them)
+        v = item.get("size") if type(item) is dict and "blocks" not in item else None
+        if type(v) is int and 0 <= v <= MAX_BYTES and "total_size" not in item:
+            out.append(item)
+            continue
         why = _impossible(item)
         if why is None:
             out.append(item)

@@ -213,6 +213,17 @@ def _coerce_time(v: Any, absent: float) -> float | object:
     return _BAD if math.isnan(got) else got
 
 
+# The most bytes one event can take: a profiler's events are a few KiB (a Python frame's, an op's
+# shapes). Bytes that run on further without an event ending (`[{` then gigabytes of zeros) are
+# refused when they pass this, not read to the end of a multi-GB file first.
+MAX_EVENT_BYTES = 64 << 20
+
+
+def too_long(at: int) -> str:
+    return (f"malformed JSON in traceEvents near byte {at}: no event ends within "
+            f"{MAX_EVENT_BYTES >> 20} MiB of it")
+
+
 # The longest duration an event of a profiled window can have, in µs: a week. One longer (1e300, a
 # negative one) is no measurement: kept, it would make the GPU "busy" for the whole trace.
 MAX_DUR_US = 7 * 24 * 3600 * 1e6
@@ -425,6 +436,8 @@ class _Stream:
             self.pos = p
             events, cut = self._decode_prefix(p)
             if events is None:  # no complete event in the buffer: an event larger than a block
+                if len(self.buf) - p > MAX_EVENT_BYTES:
+                    raise self._fail(too_long(self.base + p))
                 if not self._more():
                     raise self._unfinished(p)
                 self.chunk = max(self.chunk, len(self.buf))
