@@ -542,12 +542,21 @@ UNREAD_LINES = 10
 
 
 def echo_unread(evidence) -> None:
-    """One line on stderr per rank input that could not be read (the rest were analysed)."""
+    """One line on stderr per rank input, or trace found in a directory, that could not be read
+    (the rest were analysed)."""
+    from auditor.evidence.load import UNREAD_TRACES
+    from auditor.reports.terminal import printable
+
+    traces = evidence.__dict__.get(UNREAD_TRACES, [])
+    if traces:
+        click.echo(f"audit: {len(traces)} trace(s) not read, the others analysed:", err=True)
+        for _, why in traces[:UNREAD_LINES]:
+            click.echo(f"audit:   {printable(why)}", err=True)
+        if len(traces) > UNREAD_LINES:
+            click.echo(f"audit:   ... and {len(traces) - UNREAD_LINES} more (listed in the report)", err=True)
     rs = evidence.ranks
     if rs is None or not rs.unread:
         return
-    from auditor.reports.terminal import printable
-
     click.echo(f"audit: {len(rs.unread)} rank input(s) not read, the other {len(rs.ranks)} analysed:", err=True)
     for u in rs.unread[:UNREAD_LINES]:
         click.echo(f"audit:   {printable(u.reason)}", err=True)
