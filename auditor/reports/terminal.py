@@ -258,6 +258,36 @@ def _cost(f: Finding) -> str:
     return c.note if c.measured and c.note else "counted only"
 
 
+# Of many recordings (a directory of traces), a rule with more findings than this is summarised in
+# one line: how many, in how many recordings, and its costliest finding (each is in findings.json)
+PER_RULE_LINES = 5
+
+
+def finding_lines(evidence: Evidence, findings: list[Finding]) -> list[Text]:
+    """A line per finding (most costly first); of several recordings, a rule's findings past
+    PER_RULE_LINES in one line instead, at its costliest finding's place."""
+    traces = len(evidence.trace_data) + len(evidence.snapshot_data)
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.rule] = counts.get(f.rule, 0) + 1
+    out: list[Text] = []
+    said: set[str] = set()
+    for f in findings:
+        n = counts[f.rule]
+        if traces < 2 or n <= PER_RULE_LINES:
+            out.append(finding_line(f))
+        elif f.rule not in said:  # (the first met is the costliest: `findings` is by cost)
+            said.add(f.rule)
+            line = Text()
+            line.append(f"{f.severity:<7}", style=SEVERITY_STYLE.get(f.severity, ""))
+            line.append(" ")
+            line.append(f.rule, style="bold")
+            line.append(f" {n:,} findings in {traces:,} recordings (each in findings.json); the costliest: ")
+            line.append_text(finding_line(f)[8 + len(f.rule) + 1:])
+            out.append(line)
+    return out
+
+
 def finding_line(f: Finding) -> Text:
     line = Text()
     line.append(f"{f.severity:<7}", style=SEVERITY_STYLE.get(f.severity, ""))
@@ -333,7 +363,7 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     lines.extend(Text(a, style="dim") for a in allocator_lines(evidence))
     lines.extend(Text(a, style="yellow") for a in left_out_lines(evidence))
     if results.findings:
-        lines.extend(finding_line(f) for f in by_cost(results.findings))
+        lines.extend(finding_lines(evidence, by_cost(results.findings)))
     else:
         lines.append(Text("no findings", style="green"))
     for err in results.errors:
