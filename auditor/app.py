@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import subprocess
 import sys
@@ -63,6 +64,8 @@ def output_dir(out_dir: Path | None, name: str) -> Path:
     be written is the user's to fix (exit 2), found before anything runs. An earlier audit's
     outputs there are replaced, and a line on stderr says so."""
     out = out_dir or _default_out(name)
+    if out.exists() and not out.is_dir():
+        raise UsageFailure(f"--out {out}: not a directory")
     try:
         if not out.exists():
             _MADE.add(out)
@@ -470,7 +473,7 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     given, paths = paths, expand_globs(paths)
     for p in paths:
         if not p.exists():
-            raise UsageFailure(f"no such file or directory: {p}")
+            raise UsageFailure(missing(p))
     allow_sources(source_roots, paths)
     config = rule_config(Path.cwd(), select, ignore)
     if address is not None and engine not in ("ray", "dask"):
@@ -490,6 +493,20 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     echo_unread(evidence)
     out = output_dir(out_dir, "analyze")
     return finish(with_device(evidence, device_key), config, out, quiet, fail_on)
+
+
+def missing(p: Path) -> str:
+    """Why `p` (which does not exist) cannot be read: a symlink leading nowhere is not a missing file."""
+    if p.is_symlink():
+        try:
+            p.resolve(strict=True)
+        except RuntimeError:  # (Python < 3.13 raises this for a loop)
+            return f"{p}: a symlink loop"
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return f"{p}: a symlink loop"
+        return f"{p}: a symlink to {os.readlink(p)}, which does not exist"
+    return f"no such file or directory: {p}"
 
 
 def expand_globs(paths: tuple[Path, ...]) -> tuple[Path, ...]:

@@ -786,8 +786,8 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
         notes.add("segment list without a snapshot dict")
         raw = {"segments": raw, "device_traces": []}
     if not isinstance(raw, dict) or not isinstance(raw.get("segments"), list):
-        raise InputError(f"{p}: not a CUDA memory snapshot (expected a dict with 'segments', "
-                         f"got {type(raw).__name__})")
+        got = ("a dict without a 'segments' list" if isinstance(raw, dict) else f"a {type(raw).__name__}")
+        raise InputError(f"{p}: not a CUDA memory snapshot (expected a dict with a 'segments' list, got {got})")
     try:
         _check_work(raw, p.stat().st_size)
         return _convert(p, raw, notes)

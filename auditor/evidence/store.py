@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from auditor.evidence.errors import InputError
-from auditor.evidence.model import LOAD_NOTES, Evidence, decode, encode
+from auditor.evidence.model import EVIDENCE_VERSION, LOAD_NOTES, Evidence, decode, encode
 from auditor.evidence.whole_files import write_whole
 
 EVIDENCE_FILE = "evidence.json"
@@ -74,6 +74,10 @@ def load_run_dir(run_dir: Path) -> Evidence:
         evidence = decode(path.read_bytes())
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
         raise InputError(f"{path}: not a readable auditor evidence file ({e})") from None
+    if evidence.version > EVIDENCE_VERSION or evidence.version < 1:
+        # (read, a later format's fields would be dropped and an empty report written over the run's)
+        raise InputError(f"{path}: evidence version {evidence.version}, which this auditor (version "
+                         f"{EVIDENCE_VERSION}) does not read; an auditor of that version renders it")
     evidence.traces = _loaded_paths(evidence.traces, run_dir)
     evidence.snapshots = _loaded_paths(evidence.snapshots, run_dir)
     if evidence.profile is not None:
