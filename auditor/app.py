@@ -360,7 +360,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         prewarm_report()
         code = launch.launch(target, nproc_per_node, out,
                              launch.rank_argv(steps, profile, rehearse, numerics, script_args, skip, to_end),
-                             lambda ev: finish(with_device(ev, device_key), config, out, quiet, fail_on, base))
+                             lambda ev: finish(with_roots(with_device(ev, device_key), roots), config, out, quiet,
+                                               fail_on, base))
         afterwards(out, open_report, tensorboard)
         return code
     out = session.run_dir if session is not None else output_dir(out_dir, t.name)
@@ -452,6 +453,12 @@ def device_option(name: str | None) -> str:
     if found is None:
         raise UsageFailure(unknown_device_message(name))
     return found.key
+
+
+def with_roots(evidence, roots: list[str]):
+    """The evidence with the project's source roots recorded (a launch's merged evidence)."""
+    evidence.source_roots = roots
+    return evidence
 
 
 def with_device(evidence, key: str):

@@ -25,6 +25,7 @@ from auditor.capture.stream import read_chunks, read_records, split_lines, widen
 from auditor.capture.target import Target, TargetError
 from auditor.capture.window_memory import ChildMemory, cgroup_limit, out_of_memory_kill
 from auditor.evidence import model as m
+from auditor.evidence import source_access
 from auditor.evidence.frame import Frame, recorded_frame
 
 STDERR_TAIL_LINES = 40
@@ -256,6 +257,7 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
     # removes the variables it did not inherit from the user once torch has read them, so the
     # program (and what it starts) sees the environment it was given.
     env = dict(os.environ)
+    env.pop(source_access.ENV, None)  # (the audit's own setting, not the program's environment)
     if request.profile:
         # Kineto keeps CUPTI subscribed after a profiler session ends unless TEARDOWN_CUPTI=1
         # (pytorch/pytorch#144455, #146604): every kernel the program launches after the window
