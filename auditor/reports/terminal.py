@@ -357,6 +357,9 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         if e.exception or e.message:
             end.append(f": {e.exception or ''}{': ' if e.exception and e.message else ''}{e.message or ''}")
         lines.append(end)
+        if e.where is not None and e.where.file:  # (where it raised, as a plain run's traceback ends)
+            lines.append(Text(f"  at {_short_path(e.where.file)}:{e.where.line}"
+                              + (f": {e.where.code}" if e.where.code else ""), style="dim"))
     cut = evidence.profile.cut if evidence.profile is not None else None
     if cut is not None:
         lines.append(Text(window_cut_phrase(cut), style="yellow"))
