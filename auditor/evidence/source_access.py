@@ -10,8 +10,9 @@ shared. So every source read of the rules and the reports goes through this modu
   audited project's roots; `audit analyze`, the `--source-root` directories and a saved run's
   recorded roots; none at all when nothing names one);
 - a file is read only when its real path (symlinks and `..` resolved) is under a root's real
-  path; a relative name is looked up under the roots only (never in this machine's site-packages,
-  where another version than the recording's may be installed);
+  path; a relative name is looked up from the current directory and the roots only, never in this
+  machine's site-packages (where another version than the recording's may be installed: source
+  of installed packages is not quoted from recordings at all);
 - a file it will not read reads as empty: the frame is shown by its path and line alone.
 
 Before `allow` is called (the library used directly, the tests) reads are unrestricted, a
@@ -70,15 +71,6 @@ def kept() -> Iterator[None]:
             os.environ[ENV] = env
 
 
-def roots() -> tuple[str, ...] | None:
-    """The roots source is read under (real paths), None when unrestricted."""
-    return None if _roots is None else tuple(r.rstrip(os.sep) or os.sep for r in _roots)
-
-
-def restricted() -> bool:
-    return _roots is not None
-
-
 def _under(real: str) -> bool:
     return any(real.startswith(r) for r in _roots or ())
 
@@ -92,7 +84,13 @@ def resolve(file: str) -> str | None:
     if file in _found:
         return _found[file]
     found = None
-    candidates = [file] if os.path.isabs(file) else [os.path.join(r, file) for r in _roots]
+    # (a relative name: from the current directory, as the program named it, then from each root;
+    # whichever it is, the file read must be under a root)
+    try:
+        here = [os.getcwd()]
+    except OSError:  # (the current directory was removed)
+        here = []
+    candidates = [file] if os.path.isabs(file) else [os.path.join(r, file) for r in (*here, *_roots)]
     for c in candidates:
         try:
             real = os.path.realpath(c)
