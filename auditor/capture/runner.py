@@ -242,8 +242,9 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
 
     Raises TargetError when the child reports a problem with TARGET itself."""
     request.out_dir.mkdir(parents=True, exist_ok=True)
-    # an earlier run into this DIR left its traces where this run's go: TensorBoard would show both
-    for stale in (request.out_dir / "tb" / request.target.name).glob("*.pt.trace.json*"):
+    # an earlier run into this DIR (of this target or another) left its traces where this run's go:
+    # TensorBoard would show both, and the report would link a trace this run did not record
+    for stale in (request.out_dir / "tb").glob("*/*.pt.trace.json*"):
         stale.unlink(missing_ok=True)
     read_fd, write_fd = os.pipe()
     widen_pipe(write_fd)
