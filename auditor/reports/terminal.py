@@ -346,6 +346,8 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     if rec.elsewhere:
         head.append(f"; {elsewhere_phrase(rec.elsewhere)}")
     lines.append(head)
+    if (longest := longest_step_phrase(evidence)) is not None:
+        lines.append(Text(longest, style="yellow"))
     if (cost := own_cost_phrase(evidence)) is not None:
         lines.append(Text(cost, style="dim"))
     if evidence.program is not None:
@@ -386,6 +388,22 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         if others:
             lines.append(Text("also: " + ", ".join(others), style="dim"))
     return lines
+
+
+def longest_step_phrase(evidence: Evidence) -> str | None:
+    """One step that took most of the run's step time (a 20 s stall among 30 ms steps) is said
+    whether or not it was profiled or timed: the median and the findings leave it out."""
+    steps = [s for s in evidence.steps if not s.failed]
+    if len(steps) < 3:
+        return None
+    total = sum(s.ms for s in steps)
+    worst = max(steps, key=lambda s: s.ms)
+    rest = sorted(s.ms for s in steps if s is not worst)
+    typical = rest[len(rest) // 2]
+    if total <= 0 or worst.ms < 0.5 * total or worst.ms < 10 * typical:
+        return None
+    return (f"step {worst.index} took {worst.ms / 1000:.2f} s, {worst.ms / total:.0%} of all the steps' time "
+            f"(the other steps' median: {typical:.2f} ms{'; it was profiled' if worst.profiled else ''})")
 
 
 def left_out_lines(evidence: Evidence) -> list[str]:
