@@ -308,15 +308,20 @@ class _SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         raise _Refused(f"an external object (persistent id {pid!r})")
 
 
+LOADED_TO_JUDGE = 16 << 20  # bytes: a file up to this size is loaded to be judged; a larger one by its head
+
+
 def _head_refusal(head: bytes, size: int) -> str | None:
     """Why a file whose first bytes are `head` cannot be a snapshot (None: it may be), so that a
-    large file of something else is refused before it is read. A snapshot is a pickle of protocol
+    large file (over LOADED_TO_JUDGE) of something else is refused before it is read. A snapshot is a pickle of protocol
     2 to 5 (PROTO), of a dict or a list (torch 1.13's segment list), in a frame of at most the
     file's size under protocol 4 and 5 (FRAME)."""
     if not head:
         return "empty file, not a CUDA memory snapshot"
     if head[0] != 0x80:  # PROTO opcode: every pickle written with protocol >= 2 starts with it
         return "not a pickle (a CUDA memory snapshot is a pickle from torch.cuda.memory._dump_snapshot)"
+    if size <= LOADED_TO_JUDGE:  # (a small file: the safe unpickler says what it holds, a global it names)
+        return None
     if len(head) < 3 or not 2 <= head[1] <= 5:
         return f"not a CUDA memory snapshot (a pickle of protocol {head[1] if len(head) > 1 else '?'})"
     body = head[2:]
