@@ -34,6 +34,7 @@ from auditor.evidence.allocator.config import AllocatorConfig, from_settings
 from auditor.evidence.errors import InputError
 from auditor.evidence.oom_record import OOM_RECORD_KIND, oom_record_path
 from auditor.evidence.recorded_frames import is_library_file
+from auditor.evidence.snapshot_sizes import sane
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -806,57 +807,10 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
                          .replace("\n", " ")) from None
 
 
-# The most bytes a size in a snapshot can be: a PiB, past any device's memory. A size beyond it (2**70),
-# a negative one or one that is no integer (a string, NaN) is no allocator's record: the segment or
-# trace entry holding it is left out and counted (Snapshot.dropped), not replayed into "-5 B
-# reserved" or an OverflowError.
-MAX_BYTES = 2 ** 50
-_SIZE_KEYS = ("size", "total_size", "allocated_size", "active_size", "requested_size")
-
-
-def _impossible(raw: Any) -> str | None:
-    """The first size key of a segment, block or trace entry (a dict) whose value cannot be, with it."""
-    if not isinstance(raw, dict):
-        return None
-    for key in _SIZE_KEYS:
-        v = raw.get(key)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_BYTES:
-            shown = repr(v) if not isinstance(v, int) or abs(v) < 10 ** 20 else f"{v:.3g}"
-            return f"{key} {shown[:40]}"
-    blocks = raw.get("blocks")
-    for b in blocks if isinstance(blocks, list) else ():
-        why = _impossible(b)
-        if why is not None:
-            return f"a block's {why}"
-    return None
-
-
-def _sane(items: list, what: str, dropped: list) -> list:
-    """`items` without those holding an impossible size; each left out counted in `dropped`
-    ([count, first reason]) as `what`."""
-    out = []
-    for item in items:
-        # (a trace entry's one size, checked inline: a snapshot holds tens of thousands of them)
-        v = item.get("size") if type(item) is dict and "blocks" not in item else None
-        if type(v) is int and 0 <= v <= MAX_BYTES and "total_size" not in item:
-            out.append(item)
-            continue
-        why = _impossible(item)
-        if why is None:
-            out.append(item)
-            continue
-        if not dropped[0]:
-            dropped[1] = f"{what}: {why}"
-        dropped[0] += 1
-    return out
-
-
 def _convert(p: Path, raw: dict, notes: set[str]) -> Snapshot:
     frames_of = _Frames()
     dropped: list = [0, ""]  # [entries left out, the first one's reason]
-    segments = [_segment(s, frames_of, notes) for s in _sane(raw["segments"], "a segment", dropped)]
+    segments = [_segment(s, frames_of, notes) for s in sane(raw["segments"], "a segment", dropped)]
     traces_raw = raw.get("device_traces")
     if traces_raw is None:
         notes.add("no device_traces")
@@ -865,7 +819,7 @@ def _convert(p: Path, raw: dict, notes: set[str]) -> Snapshot:
         raise InputError(f"device_traces is of type {type(traces_raw).__name__}, not a list")
     traces: list[list[TraceEntry]] = []
     for t in traces_raw:
-        entries = [_entry(e, frames_of, notes) for e in _sane(t if isinstance(t, list) else [], "a trace entry", dropped)]
+        entries = [_entry(e, frames_of, notes) for e in sane(t if isinstance(t, list) else [], "a trace entry", dropped)]
         traces.append([e for e in entries if e is not None])
     settings = _settings(raw.get("allocator_settings"))
     if settings is None:
