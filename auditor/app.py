@@ -3,7 +3,8 @@
 Each pipeline returns the exit code (a contract, documented in the README):
   0  audit done, no finding at or above --fail-on (or --fail-on not given)
   1  a finding at or above --fail-on
-  2  usage error: bad TARGET, missing file, no such callable, bad option or input file
+  2  usage error: bad TARGET, missing file, no such callable, bad option or input file; or an
+     output that could not be written (a full disk: named on the terminal)
   3  the target failed: its step or setup raised, was interrupted, ran out of memory or crashed
   4  internal error of the auditor itself (one line; AUDIT_DEBUG=1 shows the traceback)
 A usage error is raised as UsageFailure (auditor.cli prints it as one line and exits 2).
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import subprocess
 import sys
@@ -62,6 +64,8 @@ def output_dir(out_dir: Path | None, name: str) -> Path:
     be written is the user's to fix (exit 2), found before anything runs. An earlier audit's
     outputs there are replaced, and a line on stderr says so."""
     out = out_dir or _default_out(name)
+    if out.exists() and not out.is_dir():
+        raise UsageFailure(f"--out {out}: not a directory")
     try:
         if not out.exists():
             _MADE.add(out)
@@ -97,8 +101,9 @@ def _lock(out: Path) -> None:
         os.close(fd)
         raise UsageFailure(f"--out {out}: another audit is writing there now (pid {holder}); wait for it or "
                            "choose another directory") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+    with contextlib.suppress(OSError):  # (the holder's pid is for the message above; a full disk has no room for it)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
     if not _LOCKS:
         atexit.register(_release_all)
     _LOCKS[out] = fd
@@ -162,14 +167,16 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     the results the reports render (--verify's)."""
     from auditor.evidence.load import load_paths
     from auditor.evidence.model import add_load_note
-    from auditor.evidence.store import is_run_dir, save
+    from auditor.evidence.store import is_run_dir
     from auditor.reports import write_reports
     from auditor.reports.sources import as_recorded, differences, record_quoted
     from auditor.reports.terminal import print_summary
     from auditor.rules.engine import run_rules
 
-    save(evidence, out)
-    if evidence.source == "run" and is_run_dir(out):
+    # outputs not written (a full disk): named on the terminal, exit 2 (the run's records and
+    # profiler trace: auditor.capture.runner)
+    lost: list[str] = list(evidence.__dict__.get("unwritten", ()))
+    if _saved(evidence, out, lost) and evidence.source == "run" and is_run_dir(out):
         try:
             evidence = load_paths([out])  # attaches the profiled window's parsed trace
         except InputError as e:
@@ -179,16 +186,18 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
         results = amend(evidence, results)
     # the sources quoted, as first read: recorded (and saved) on the first render; a later render
     # of a changed file quotes them and says so (auditor.reports.sources)
-    if record_quoted(evidence, results):
-        save(evidence, out)
+    if record_quoted(evidence, results) and not lost:
+        _saved(evidence, out, lost)
     results = as_recorded(evidence, results)
     comparison = compare_with_baseline(evidence, results, baseline[0], str(baseline[1]), config) if baseline else None
     written = write_reports(out, evidence, results)
-    unwritten = _unwritten(written)
+    unwritten = lost + _unwritten(written)
     if quiet:
         ran = f", run {evidence.ending.status}" if evidence.source == "run" else ""  # (recordings: nothing ran)
         where = f"report in {out}" if "report.html" not in unwritten else f"report not written, outputs in {out}"
         click.echo(f"audit: {len(results.findings)} finding(s){ran}; {where}")
+        if unwritten:
+            click.echo(f"audit: not written (see the warnings above): {', '.join(unwritten)}")
     elif not unwritten:
         print_summary(evidence, results, out)
     else:  # the summary names the outputs found in `out`: an older one there is not this run's
@@ -203,7 +212,27 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
             print_diff(comparison, title=f"compared with baseline {baseline[1]}:")
     for line in differences(evidence, results):
         click.echo(line)
-    return exit_code(evidence, results, fail_on or config.fail_on)
+    code = exit_code(evidence, results, fail_on or config.fail_on)
+    # an output not written is the environment's to fix (a full disk, a quota): exit 2, unless the
+    # audited program failed (exit 3 says that first; the lines above name what was not written)
+    return EXIT_USAGE if unwritten and code != EXIT_TARGET_FAILED else code
+
+
+def _saved(evidence, out: Path, lost: list[str]) -> bool:
+    """evidence.json written (whole, or the earlier one left as it was); False, with a warning and
+    its name in `lost`, when it could not be."""
+    from auditor.evidence.store import EVIDENCE_FILE, save
+
+    try:
+        save(evidence, out)
+    except OSError as e:
+        if os.environ.get("AUDIT_DEBUG"):
+            raise
+        click.echo(f"audit: warning: could not write {EVIDENCE_FILE}: {e.strerror or e}", err=True)
+        if EVIDENCE_FILE not in lost:
+            lost.append(EVIDENCE_FILE)
+        return False
+    return True
 
 
 def _unwritten(written: dict[str, Path]) -> list[str]:
@@ -315,6 +344,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         raise UsageFailure("--skip and --to-end apply to a whole program (path/to/file.py or -m package.module), "
                            "not to a step callable")
     target = t.spec
+    roots = allow_project_sources(t.file)
     device_key = device_option(device)
     config = rule_config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
     base = (load_baseline(baseline), baseline) if baseline is not None else None
@@ -330,7 +360,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         prewarm_report()
         code = launch.launch(target, nproc_per_node, out,
                              launch.rank_argv(steps, profile, rehearse, numerics, script_args, skip, to_end),
-                             lambda ev: finish(with_device(ev, device_key), config, out, quiet, fail_on, base))
+                             lambda ev: finish(with_roots(with_device(ev, device_key), roots), config, out, quiet,
+                                               fail_on, base))
         afterwards(out, open_report, tensorboard)
         return code
     out = session.run_dir if session is not None else output_dir(out_dir, t.name)
@@ -349,6 +380,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         except TargetError as e:
             drop_if_unused(out)
             raise UsageFailure(str(e)) from None
+    evidence.source_roots = roots
     if session is not None:  # distributed: save this rank; the merging rank reports on every rank
         return session.finish(evidence, rank_timeout,
                               lambda ev, root: finish(with_device(ev, device_key), config, root, quiet, fail_on, base))
@@ -369,6 +401,47 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     return code
 
 
+def allow_project_sources(target_file: str | None) -> list[str]:
+    """`audit run` quotes the audited project's files (auditor.fixes.project_roots: the current
+    directory's git toplevel, and the target file's): its source is read under these alone."""
+    from auditor.evidence import source_access
+    from auditor.fixes import project_roots
+
+    roots = [str(r) for r in project_roots(target_file or "")]
+    source_access.allow(roots)
+    return list(dict.fromkeys(roots))
+
+
+def allow_sources(given: tuple[Path, ...], paths: tuple[Path, ...] | list[Path]) -> None:
+    """The source roots of a command that reads recordings: the `--source-root` directories, and
+    each saved run directory's recorded roots where it was recorded on this machine (a run from
+    elsewhere names another machine's directories). None given: no source is read."""
+    import json
+    import socket
+
+    from auditor.evidence import source_access
+    from auditor.evidence.store import EVIDENCE_FILE, is_run_dir
+
+    roots = [str(r) for r in given]
+    for r in given:
+        if not r.is_dir():
+            raise UsageFailure(f"--source-root {r}: no such directory")
+    for p in paths:
+        if not is_run_dir(p):
+            continue
+        try:
+            doc = json.loads((p / EVIDENCE_FILE).read_bytes())
+        except (OSError, ValueError):
+            continue  # (the loader says why)
+        if not isinstance(doc, dict):
+            continue
+        env = doc.get("environment")
+        recorded = doc.get("source_roots")
+        if isinstance(env, dict) and env.get("hostname") == socket.gethostname() and isinstance(recorded, list):
+            roots += [r for r in recorded if isinstance(r, str) and r]
+    source_access.allow(roots)
+
+
 def device_option(name: str | None) -> str:
     """The device model's key `--device NAME` names ('' when not given); an unknown name is a
     usage error that lists the known ones."""
@@ -382,6 +455,12 @@ def device_option(name: str | None) -> str:
     return found.key
 
 
+def with_roots(evidence, roots: list[str]):
+    """The evidence with the project's source roots recorded (a launch's merged evidence)."""
+    evidence.source_roots = roots
+    return evidence
+
+
 def with_device(evidence, key: str):
     """The evidence with `--device`'s choice recorded in its environment (kept when none given)."""
     if key:
@@ -391,7 +470,7 @@ def with_device(evidence, key: str):
 
 def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
             ignore: tuple[str, ...], quiet: bool, engine: str | None = None, address: str | None = None,
-            workers: int | None = None, device: str | None = None) -> int:
+            workers: int | None = None, device: str | None = None, source_roots: tuple[Path, ...] = ()) -> int:
     """`audit analyze`: the rules on recordings and saved runs. A job's per-rank traces are reduced
     on `engine` (auditor.evidence.ranks.engines), with a progress bar over the ranks."""
     from auditor.evidence.load import load_paths
@@ -401,7 +480,8 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     given, paths = paths, expand_globs(paths)
     for p in paths:
         if not p.exists():
-            raise UsageFailure(f"no such file or directory: {p}")
+            raise UsageFailure(missing(p))
+    allow_sources(source_roots, paths)
     config = rule_config(Path.cwd(), select, ignore)
     if address is not None and engine not in ("ray", "dask"):
         raise UsageFailure("--address names a ray or dask cluster: give --engine ray or --engine dask with it")
@@ -420,6 +500,20 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     echo_unread(evidence)
     out = output_dir(out_dir, "analyze")
     return finish(with_device(evidence, device_key), config, out, quiet, fail_on)
+
+
+def missing(p: Path) -> str:
+    """Why `p` (which does not exist) cannot be read: a symlink leading nowhere is not a missing file."""
+    if p.is_symlink():
+        try:
+            p.resolve(strict=True)
+        except RuntimeError:  # (Python < 3.13 raises this for a loop)
+            return f"{p}: a symlink loop"
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return f"{p}: a symlink loop"
+        return f"{p}: a symlink to {os.readlink(p)}, which does not exist"
+    return f"no such file or directory: {p}"
 
 
 def expand_globs(paths: tuple[Path, ...]) -> tuple[Path, ...]:
@@ -473,12 +567,21 @@ UNREAD_LINES = 10
 
 
 def echo_unread(evidence) -> None:
-    """One line on stderr per rank input that could not be read (the rest were analysed)."""
+    """One line on stderr per rank input, or trace found in a directory, that could not be read
+    (the rest were analysed)."""
+    from auditor.evidence.load import UNREAD_TRACES
+    from auditor.reports.terminal import printable
+
+    traces = evidence.__dict__.get(UNREAD_TRACES, [])
+    if traces:
+        click.echo(f"audit: {len(traces)} trace(s) not read, the others analysed:", err=True)
+        for _, why in traces[:UNREAD_LINES]:
+            click.echo(f"audit:   {printable(why)}", err=True)
+        if len(traces) > UNREAD_LINES:
+            click.echo(f"audit:   ... and {len(traces) - UNREAD_LINES} more (listed in the report)", err=True)
     rs = evidence.ranks
     if rs is None or not rs.unread:
         return
-    from auditor.reports.terminal import printable
-
     click.echo(f"audit: {len(rs.unread)} rank input(s) not read, the other {len(rs.ranks)} analysed:", err=True)
     for u in rs.unread[:UNREAD_LINES]:
         click.echo(f"audit:   {printable(u.reason)}", err=True)
@@ -486,9 +589,10 @@ def echo_unread(evidence) -> None:
         click.echo(f"audit:   ... and {len(rs.unread) - UNREAD_LINES} more (listed in the report)", err=True)
 
 
-def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
+def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
+           source_roots: tuple[Path, ...] = ()) -> int:
     """`audit report`: a saved run directory's reports written again, into it. Its exit code is 0
-    whatever the findings (no --fail-on)."""
+    whatever the findings (no --fail-on), 2 when an output could not be written."""
     from auditor.evidence.load import load_paths
     from auditor.evidence.store import is_run_dir
 
@@ -499,6 +603,7 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> N
     except OSError as e:
         raise UsageFailure(f"{run_dir}: cannot write the reports there ({e.strerror or e}); "
                            f"`audit analyze {run_dir} --out DIR` writes them elsewhere") from None
+    allow_sources(source_roots, [run_dir])
     config = rule_config(Path.cwd(), select, ignore)
     try:
         evidence = load_paths([run_dir])
@@ -507,7 +612,8 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> N
     from auditor.verify import saved_amend
 
     # (a run verified with --verify keeps its fixes' verification: one taken out stays out)
-    finish(evidence, config, run_dir, quiet=False, fail_on=None, amend=saved_amend(run_dir))
+    code = finish(evidence, config, run_dir, quiet=False, fail_on=None, amend=saved_amend(run_dir))
+    return EXIT_USAGE if code == EXIT_USAGE else EXIT_OK
 
 
 def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_on: str | None,
@@ -519,6 +625,7 @@ def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_
         raise UsageFailure(f"no such file: {file}")
     if config_file is not None and not config_file.is_file():
         raise UsageFailure(f"no such config file: {config_file}")
+    allow_sources((), ())  # (a checkpoint quotes no source)
     config = rule_config(Path.cwd(), select, ignore)
     try:
         evidence = checkpoint_evidence(file, config_file)
@@ -540,13 +647,17 @@ def diff(path_a: Path, path_b: Path, out_dir: Path | None, fail_on_regression: f
     for p in (path_a, path_b):
         if not p.exists():
             raise UsageFailure(f"no such file or directory: {p}")
+    allow_sources((), (path_a, path_b))
     config = rule_config(Path.cwd(), (), ())
     try:
         comparison = compare_paths(path_a, path_b, config)
     except InputError as e:
         raise UsageFailure(str(e)) from None
     out = output_dir(out_dir, "diff")
-    written = write_diff(out, comparison)
+    try:
+        written = write_diff(out, comparison)
+    except OSError as e:  # (each written whole or not at all: an earlier diff's are left as they were)
+        raise UsageFailure(f"{out}: could not write diff.json and diff.html ({e.strerror or e})") from None
     if not quiet:
         print_diff(comparison)
     click.echo(f"diff: {written['html']}  (also {written['json']})")

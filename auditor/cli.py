@@ -6,6 +6,7 @@ Commands parse their options and call the pipelines of auditor.app, which return
 from __future__ import annotations
 
 import errno
+import math
 import os
 import sys
 from pathlib import Path
@@ -19,6 +20,35 @@ from auditor.findings import SEVERITIES
 from auditor.launch import DEFAULT_RANK_TIMEOUT_S
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+# The ranges the command line's numbers are checked against (a value outside is refused, exit 2,
+# the flag named): memory between a MiB and a PiB, steps up to a billion, a day of waiting.
+MIN_GIB, MAX_GIB = 2.0 ** -10, 2.0 ** 20
+MAX_STEPS = 10 ** 9
+MAX_SECONDS = 86_400.0
+MAX_PERCENT = 1e6
+
+
+class Measure(click.ParamType):
+    """A finite number in [lo, hi] of `unit`: inf, nan and values no device or run has are
+    refused where they are given (click names the flag), not met later inside the audited program."""
+
+    name = "number"
+
+    def __init__(self, lo: float, hi: float, what: str) -> None:
+        self.lo, self.hi, self.what = lo, hi, what
+
+    def convert(self, value, param, ctx) -> float:
+        if isinstance(value, float):
+            v = value
+        else:
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(v) or not self.lo <= v <= self.hi or (self.lo > 0 and v <= 0):
+            self.fail(f"{value} is out of range: a number of {self.what}", param, ctx)
+        return v
 
 _SHARED_OPTIONS: dict[str, Callable[..., Callable]] = {
     "out": lambda default, quiet_help: click.option(
@@ -49,6 +79,13 @@ def shared_options(*names: str, out_default: str = "", quiet_help: str = "Only t
     return decorate
 
 
+_SOURCE_ROOT = click.option(
+    "--source-root", "source_roots", multiple=True, type=click.Path(path_type=Path), metavar="DIR",
+    help="A directory the recorded program's source is in (repeatable): the reports quote source lines "
+         "from files under these only, never from elsewhere on this machine [default: none; an `audit run` "
+         "directory recorded here: its project's roots].")
+
+
 def _device_memory(gib: float | None) -> None:
     """--device-memory reaches the allocator simulator (and an audited child) as AUDITOR_DEVICE_MEMORY_GIB."""
     if gib:
@@ -66,17 +103,17 @@ def cli() -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 @click.option("-m", "--module", "module", default=None, metavar="PKG.MODULE",
               help="Run this module as a program, as `python -m PKG.MODULE ARGS` does (instead of TARGET).")
-@click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True,
+@click.option("--steps", type=click.IntRange(min=1, max=MAX_STEPS), default=50, show_default=True,
               help="Call the step exactly this many times; a program: audit this many of its steps, then end it "
                    "as a Ctrl-C does.")
-@click.option("--skip", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--skip", type=click.IntRange(min=0, max=MAX_STEPS), default=0, show_default=True,
               help="A program: run its first K steps unaudited (warm-up, compilation).")
 @click.option("--to-end", is_flag=True,
               help="A program: let it run to its end (--steps then only places the profiler window).")
 @shared_options("out", "fail-on", "select", "ignore", out_default="audit-out/<target>-<timestamp>/")
 @click.option("--profile/--no-profile", default=True, show_default=True,
               help="Record a torch.profiler window of a few steps.")
-@click.option("--profile-memory", "profile_memory", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--profile-memory", "profile_memory", type=Measure(MIN_GIB, MAX_GIB, "GiB, from 1 MiB (0.0009765625) to 1 PiB (1048576)"), default=None,
               metavar="GIB", help="The most resident memory the profiler window may add to the program, in GiB, its end "
                                   "(the profiler's export) included: the recording ends early at 1/2.5 of it, "
                                   "keeping what it recorded [default: half the memory available when the window "
@@ -100,12 +137,12 @@ def cli() -> None:
                    "their finding are taken out of the patch files.")
 @click.option("--digest", is_flag=True, hidden=True,
               help="Record a digest of the trained weights at the end of the audited steps (--verify's re-runs).")
-@click.option("--rank-timeout", type=click.FloatRange(min=0), default=DEFAULT_RANK_TIMEOUT_S, show_default=True,
+@click.option("--rank-timeout", type=Measure(0, MAX_SECONDS, "seconds, from 0 to a day (86400)"), default=DEFAULT_RANK_TIMEOUT_S, show_default=True,
               help="Under a launcher: how long rank 0 waits for the other ranks' evidence, in seconds.")
 @click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Compare this run with a saved `audit run` directory (or a trace): the report, findings.json "
                    "(`baseline`) and the summary show what changed, beside its noise.")
-@click.option("--device-memory", "device_memory", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--device-memory", "device_memory", type=Measure(MIN_GIB, MAX_GIB, "GiB, from 1 MiB (0.0009765625) to 1 PiB (1048576)"), default=None,
               metavar="GIB", help="Memory of the device to simulate the caching allocator on, in GiB (the allocator "
                                   "replay of memory snapshots; under rehearsal, the device the program's own "
                                   "_dump_snapshot forecasts).")
@@ -132,7 +169,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @shared_options("out", "fail-on", "select", "ignore", "quiet", "device", out_default="audit-out/analyze-<timestamp>/")
-@click.option("--device-memory", "device_memory", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--device-memory", "device_memory", type=Measure(MIN_GIB, MAX_GIB, "GiB, from 1 MiB (0.0009765625) to 1 PiB (1048576)"), default=None,
               metavar="GIB", help="Memory of the device to simulate the caching allocator on, in GiB (the allocator "
                                   "replay of memory snapshots; under rehearsal, the device the program's own "
                                   "_dump_snapshot forecasts).")
@@ -144,19 +181,22 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
                    "one started for the run].")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Workers that reduce the ranks (local: processes) [default: one per core].")
+@_SOURCE_ROOT
 def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
             ignore: tuple[str, ...], quiet: bool, device_memory: float | None = None, device: str | None = None,
-            engine: str | None = None, address: str | None = None, workers: int | None = None) -> None:
+            engine: str | None = None, address: str | None = None, workers: int | None = None,
+            source_roots: tuple[Path, ...] = ()) -> None:
     """Run the rules on recordings: profiler traces, TensorBoard logdirs, memory snapshots, or
     `audit run` output directories. PATHS may be glob patterns (quoted: 'traces/*.json.gz')."""
     _device_memory(device_memory)
-    sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet, engine, address, workers, device=device))
+    sys.exit(app.analyze(paths, out_dir, fail_on, select, ignore, quiet, engine, address, workers, device=device,
+                         source_roots=source_roots))
 
 
 @cli.command("diff")
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
-@click.option("--fail-on-regression", type=click.FloatRange(min=0), default=None, metavar="PCT",
+@click.option("--fail-on-regression", type=Measure(0, MAX_PERCENT, "percent, from 0 to 1000000"), default=None, metavar="PCT",
               help="Exit 1 when B's median step is slower than A's by more than PCT percent.")
 @shared_options("out", "quiet", out_default="audit-out/diff-<timestamp>/", quiet_help="Only the closing lines.")
 def diff_cmd(a: Path, b: Path, fail_on_regression: float | None, out_dir: Path | None, quiet: bool) -> None:
@@ -170,9 +210,10 @@ def diff_cmd(a: Path, b: Path, fail_on_regression: float | None, out_dir: Path |
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @shared_options("select", "ignore")
-def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...]) -> None:
+@_SOURCE_ROOT
+def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...], source_roots: tuple[Path, ...] = ()) -> None:
     """Re-render the reports of a saved run directory (no code is re-run)."""
-    app.report(run_dir, select, ignore)
+    sys.exit(app.report(run_dir, select, ignore, source_roots))
 
 
 @cli.command("rules")
@@ -218,8 +259,11 @@ def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click in non-standalone mode so every usage error is one line and exit 2."""
+    from auditor.evidence import source_access
+
     try:
-        rv = cli.main(args=argv, prog_name="audit", standalone_mode=False)
+        with source_access.kept():  # (each command sets the roots its source is read under)
+            rv = cli.main(args=argv, prog_name="audit", standalone_mode=False)
     except UsageFailure as e:
         from auditor.reports.terminal import printable
 

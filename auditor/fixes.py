@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from auditor.evidence import source_access
 from auditor.findings import Edit
 
 if TYPE_CHECKING:
@@ -140,9 +141,13 @@ def computed_kwargs(file: str, line: int, names: Iterable[str], keys: Iterable[s
 
 
 def read_text(file: str) -> str | None:
-    """The file's text with its own line endings (None if unreadable)."""
+    """The file's text with its own line endings (None if unreadable, or not under the source roots:
+    auditor.evidence.source_access)."""
+    path = source_access.resolve(file)
+    if path is None:
+        return None
     try:
-        with open(file, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8", newline="") as f:
             return f.read()
     except (OSError, UnicodeDecodeError):
         return None

@@ -48,6 +48,7 @@ from typing import Any, Callable
 import click
 import msgspec
 
+from auditor.evidence.whole_files import write_whole
 from auditor.findings import Finding, Fix, RuleResults, Verified
 
 LINK_BYTES = 64 * 1024 * 1024
@@ -504,7 +505,7 @@ def save(out: Path, results: RuleResults) -> None:
     """verified.json: each verified fix, for the reports `audit report DIR` writes again."""
     checks = [SavedCheck(*_key(f), verified=f.fix.verified) for f in results.findings
               if f.fix is not None and f.fix.verified is not None]
-    (out / SAVED).write_bytes(msgspec.json.encode(checks))
+    write_whole(out / SAVED, msgspec.json.encode(checks))
 
 
 def saved_amend(run_dir: Path) -> Callable[[Any, RuleResults], RuleResults] | None:

@@ -334,6 +334,7 @@ class Profiler:
         self.warm, self.active = profile_plan(steps) if enabled and steps > 0 else (None, [])
         self.start_at = self.warm if self.warm is not None else (self.active[0] if self.active else None)
         self.logdir = os.path.join(out_dir, "tb", run_name)
+        self.writes_to = self.logdir  # where the profiler writes (see _trace_dir), moved to logdir after
         self.prof = None
         self.files: list[str] = []
         self.snapshots: list[str] = []  # CUDA memory snapshots of the window, relative to the run dir
@@ -373,9 +374,11 @@ class Profiler:
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         plan = window_schedule(1 if self.warm is not None else 0, len(self.active))
+        self.writes_to = _trace_dir(self.logdir)
+        worker = "".join(c if c.isalnum() or c in "-._" else "_" for c in socket.gethostname())
         self.prof = profile(
             activities=acts, record_shapes=True, with_stack=True, profile_memory=True, schedule=plan,
-            on_trace_ready=tensorboard_trace_handler(self.logdir, worker_name=f"{socket.gethostname()}_{os.getpid()}"),
+            on_trace_ready=tensorboard_trace_handler(self.writes_to, worker_name=f"{worker}_{os.getpid()}"),
         )
         _no_cycle_warning()
         _start_profiler(self.prof)
@@ -409,9 +412,39 @@ class Profiler:
             if cuda_memory.dump_snapshot(snapshot):
                 self.snapshots.append(os.path.basename(snapshot))
             cuda_memory.stop_history()
+        if self.writes_to != self.logdir:
+            _move_traces(self.writes_to, self.logdir)
         if os.path.isdir(self.logdir):
             self.files = sorted(os.path.relpath(os.path.join(self.logdir, f), os.path.dirname(os.path.dirname(self.logdir)))
                                 for f in os.listdir(self.logdir) if ".pt.trace.json" in f)
+
+
+def _unsafe_for_trace(path: str) -> bool:
+    """Whether Kineto would write `path` into its trace unreadably: it writes the trace's own path
+    into the JSON unescaped, so a quote, a backslash or a control character in it breaks the file."""
+    return any(c in '"\\' or not c.isprintable() for c in path)
+
+
+def _trace_dir(logdir: str) -> str:
+    """Where the profiler writes its trace: `logdir`, or, when its path is unsafe for the trace
+    (_unsafe_for_trace), a temporary directory of the audit's own choosing (its files are moved to
+    `logdir` when the window ends: auditor.capture.child._move_traces)."""
+    if not _unsafe_for_trace(os.path.abspath(logdir)):
+        return logdir
+    import tempfile
+
+    base = tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix="audit-trace-", dir=None if not _unsafe_for_trace(base) else "/tmp")
+
+
+def _move_traces(src: str, dst: str) -> None:
+    """The profiler's files from the temporary directory `src` into `dst`; `src` removed."""
+    import shutil
+
+    os.makedirs(dst, exist_ok=True)
+    for name in os.listdir(src) if os.path.isdir(src) else ():
+        shutil.move(os.path.join(src, name), os.path.join(dst, name))
+    shutil.rmtree(src, ignore_errors=True)
 
 
 def catch_interrupts(catch_sigterm: bool) -> dict:

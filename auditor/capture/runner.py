@@ -5,6 +5,7 @@ process group, gets it too and reports what it was doing), and kills the child o
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -24,6 +25,7 @@ from auditor.capture.stream import read_chunks, read_records, split_lines, widen
 from auditor.capture.target import Target, TargetError
 from auditor.capture.window_memory import ChildMemory, cgroup_limit, out_of_memory_kill
 from auditor.evidence import model as m
+from auditor.evidence import source_access
 from auditor.evidence.frame import Frame, recorded_frame
 from auditor.evidence.step_clock import DEVICE_CLOCK_NOTE
 
@@ -248,8 +250,9 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
 
     Raises TargetError when the child reports a problem with TARGET itself."""
     request.out_dir.mkdir(parents=True, exist_ok=True)
-    # an earlier run into this DIR left its traces where this run's go: TensorBoard would show both
-    for stale in (request.out_dir / "tb" / request.target.name).glob("*.pt.trace.json*"):
+    # an earlier run into this DIR (of this target or another) left its traces where this run's go:
+    # TensorBoard would show both, and the report would link a trace this run did not record
+    for stale in (request.out_dir / "tb").glob("*/*.pt.trace.json*"):
         stale.unlink(missing_ok=True)
     read_fd, write_fd = os.pipe()
     widen_pipe(write_fd)
@@ -263,6 +266,7 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
     # removes the variables it did not inherit from the user once torch has read them, so the
     # program (and what it starts) sees the environment it was given.
     env = dict(os.environ)
+    env.pop(source_access.ENV, None)  # (the audit's own setting, not the program's environment)
     if request.profile:
         # Kineto keeps CUPTI subscribed after a profiler session ends unless TEARDOWN_CUPTI=1
         # (pytorch/pytorch#144455, #146604): every kernel the program launches after the window
@@ -333,16 +337,17 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
 
     threading.Thread(target=watchdog, daemon=True).start()
     memory = ChildMemory(proc.pid)
+    raw = RawCopy(request.out_dir / "records.jsonl")
     try:
-        with open(request.out_dir / "records.jsonl", "wb") as raw:
-            for record, line in read_records(read_chunks(read_fd, proc)):
-                raw.write(line)
-                builder.feed(record)
-                if on_record is not None:
-                    on_record(record)
+        for record, line in read_records(read_chunks(read_fd, proc)):
+            raw.write(line)
+            builder.feed(record)
+            if on_record is not None:
+                on_record(record)
         returncode = proc.wait()
         pump.join(timeout=5)
     finally:
+        raw.close()
         memory.stop()
         os.close(read_fd)
         if not pump.is_alive():
@@ -362,4 +367,63 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         last = builder.ev.steps[-1].index + 1 if builder.ev.steps else None
         builder.ev.ending = m.Ending(status="interrupted", step=last, message=f"interrupted ({interrupts['by']})")
     killed_by_audit = interrupts["n"] >= 2 or (interrupts["n"] and time.monotonic() - interrupts["at"] > GRACE_AFTER_INTERRUPT_S)
-    return builder.finish(returncode, "".join(tail), None if killed_by_audit else memory)
+    evidence = builder.finish(returncode, "".join(tail), None if killed_by_audit else memory)
+    lost = evidence.__dict__.setdefault(UNWRITTEN, [])
+    if raw.error is not None:
+        lost.append("records.jsonl")
+        print(f"audit: warning: could not write records.jsonl: {raw.error}", file=sys.stderr)
+        evidence.environment.notes.append(
+            f"records.jsonl (the raw record stream) could not be written whole ({raw.error}): it was "
+            f"removed; the evidence read from the stream is whole")
+    # the profiler writes its trace to a temporary name, then renames it: one left behind was not
+    # written whole (a full disk), and would only take the room the outputs need
+    for partial in sorted((request.out_dir / "tb" / request.target.name).glob("*.tmp")):
+        with contextlib.suppress(OSError):
+            partial.unlink()
+            lost.append(f"the profiler's trace ({partial.relative_to(request.out_dir)})")
+            print(f"audit: warning: could not write the profiler's trace {partial.name} whole: removed",
+                  file=sys.stderr)
+            evidence.environment.notes.append(
+                f"the profiler's trace could not be written whole (a full disk?): its partial file "
+                f"{partial.name} was removed, and the rules that read the trace were skipped")
+    return evidence
+
+
+# Evidence.__dict__ key: the files of the run's own that could not be written (a full disk), for
+# the terminal's "not written" line (auditor.app.finish)
+UNWRITTEN = "unwritten"
+
+
+class RawCopy:
+    """records.jsonl, the stream's raw copy, written as it comes. A write that fails (a full disk)
+    ends the copy and removes it -- half a stream would read as a run that ended early -- while
+    the records go on being read into the evidence; `error` says why it was lost."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.error: str | None = None
+        try:
+            self._f = open(path, "wb")
+        except OSError as e:
+            self._f = None
+            self.error = e.strerror or str(e)
+
+    def write(self, line: bytes) -> None:
+        if self._f is None:
+            return
+        try:
+            self._f.write(line)
+        except OSError as e:
+            self.error = e.strerror or str(e)
+            self.close()
+
+    def close(self) -> None:
+        if self._f is None:
+            return
+        f, self._f = self._f, None
+        try:
+            f.close()
+        except OSError as e:
+            self.error = self.error or e.strerror or str(e)
+        if self.error is not None:
+            self.path.unlink(missing_ok=True)

@@ -1,10 +1,11 @@
 """A place in the user's code (Frame), as every evidence record that points at code names it."""
 from __future__ import annotations
 
-import linecache
 from typing import Any
 
 import msgspec
+
+from auditor.evidence import source_access
 
 
 class Frame(msgspec.Struct, frozen=True):
@@ -27,4 +28,4 @@ def recorded_frame(where: Any) -> Frame | None:
         return None
     if not file:
         return None
-    return Frame(file=file, line=int(line), function=function or "", code=linecache.getline(file, int(line)).strip())
+    return Frame(file=file, line=int(line), function=function or "", code=source_access.getline(file, int(line)).strip())

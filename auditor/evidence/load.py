@@ -86,6 +86,7 @@ def load_paths(paths: list[Path], engine: Any = None, on_rank: Any = None) -> Ev
         return merged
     evidence: Evidence | None = None
     listed: set[Path] = set()  # traces a run directory lists: a crashed run may not have written them
+    found: set[Path] = set()  # traces found in a directory given: one unreadable is skipped, and named
     trace_paths: list[Path] = []
     snapshot_paths: list[Path] = []
     for raw in paths:
@@ -107,6 +108,7 @@ def load_paths(paths: list[Path], engine: Any = None, on_rank: Any = None) -> Ev
                 raise InputError(f"{path}: not an audit run directory and holds no *.pt.trace.json[.gz] "
                                  f"profiler traces")
             trace_paths.extend(traces)
+            found.update(traces)
         elif _is_trace_file(path):
             trace_paths.append(path)
         elif _is_snapshot_file(path):
@@ -138,24 +140,48 @@ def load_paths(paths: list[Path], engine: Any = None, on_rank: Any = None) -> Ev
                 continue
             p = gz
         try:
-            parsed.append(read.pop(key, None) or load_trace(p))
+            got = read.pop(key, None)
+            if isinstance(got, InputError):  # (merge_inputs read it already)
+                raise got
+            parsed.append(got or load_trace(p))
         except InputError as e:
+            if p in found:  # one of a directory's traces: the others are analysed, this one named
+                skip_unread(evidence, p, str(e))
+                continue
             if p not in listed:  # a trace given to analyze: that input is unusable
                 raise
             # a run's own trace, damaged (the disk filled, the run was killed while it was written):
             # the run's other evidence still holds, as it does when the trace is missing
             add_load_note(evidence, f"profiler trace not analysed: {e}")
+    unread = evidence.__dict__.get(UNREAD_TRACES, [])
+    if unread and not parsed and not snapshot_paths:
+        raise InputError(unread[0][1] if len(unread) == 1 else
+                         f"none of the {len(unread)} traces could be read (the first: {unread[0][1]})")
     name_by_logdir(parsed, _logdirs([Path(p) for p in paths]))
     note_traces(evidence, parsed)
     snapshots = [load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
     evidence.__dict__["trace_data"] = parsed
     evidence.__dict__["snapshot_data"] = snapshots
+    for snap in snapshots:  # (sizes no device has, left out: auditor.evidence.snapshot.MAX_BYTES)
+        if getattr(snap, "dropped", ""):
+            add_load_note(evidence, f"{Path(snap.path).name}: {snap.dropped}")
     if evidence.source != "run":
         _environment_from_traces(evidence)
     return evidence
 
 
-def merge_inputs(paths: list[Path], engine: Any = None, on_rank: Any = None) -> tuple[Evidence | None, dict[Path, Trace]]:
+# Evidence.__dict__ key: [(path, why)] of the traces found in a directory that could not be read
+# (skipped, the others analysed; `audit analyze` names them on stderr, a load note in the report)
+UNREAD_TRACES = "unread_traces"
+
+
+def skip_unread(evidence: Evidence, path: Path, why: str) -> None:
+    evidence.__dict__.setdefault(UNREAD_TRACES, []).append((str(path), why))
+    add_load_note(evidence, f"not read, left out: {why}")
+
+
+def merge_inputs(paths: list[Path], engine: Any = None,
+                 on_rank: Any = None) -> tuple[Evidence | None, dict[Path, Trace | InputError]]:
     """For `load_paths`: the merged Evidence when `paths` are the ranks of one job, else None; and
     the traces parsed to find out, by resolved path, so that none is parsed twice.
 
@@ -184,9 +210,11 @@ def merge_inputs(paths: list[Path], engine: Any = None, on_rank: Any = None) -> 
         merged = load_rank_dirs(run_dirs, engine=engine, on_done=on_rank)
         return _attach_traces(merged, [Path(t) for t in merged.traces], getattr(engine, "sketch", False)), {}
     files: list[Path] = []
+    found: set[Path] = set()
     for p in paths:
         if p.is_dir():
             files.extend(find_traces(p))
+            found.update(find_traces(p))
         elif _is_trace_file(p):
             files.append(p)
         else:
@@ -195,13 +223,24 @@ def merge_inputs(paths: list[Path], engine: Any = None, on_rank: Any = None) -> 
         return None, {}
     if is_rank_job(files):
         return merge_rank_traces(files, engine or EngineSpec(), on_rank), {}
-    merged, held = merge_traces(_parse_each(files))
-    return merged, ({} if merged is not None else {Path(t.path).resolve(): t for t in held})
+    failed: dict[Path, InputError] = {}
+    merged, held = merge_traces(_parse_each(files, found, failed))
+    if merged is not None:
+        for f, e in failed.items():
+            skip_unread(merged, f, str(e))
+        return merged, {}
+    return None, {**{f.resolve(): e for f, e in failed.items()}, **{Path(t.path).resolve(): t for t in held}}
 
 
-def _parse_each(files: list[Path]) -> Iterator[Trace]:
+def _parse_each(files: list[Path], found: set[Path], failed: dict[Path, InputError]) -> Iterator[Trace]:
+    """Each trace parsed; one found in a directory that cannot be read is left in `failed`."""
     for f in files:
-        yield load_trace(f)
+        try:
+            yield load_trace(f)
+        except InputError as e:
+            if f not in found:
+                raise
+            failed[f] = e
 
 
 def _attach_traces(ev: Evidence, paths: list[Path], sketch: bool = False) -> Evidence:

@@ -302,6 +302,10 @@ class Evidence(msgspec.Struct, dict=True):
     # {path: SourceFile}: each source file the reports quote, as first read (absent from evidence
     # written before it was kept: such a file is quoted as it is on disk)
     sources: dict[str, SourceFile] = {}
+    # The directories the audited program's own code is in (`audit run`: the project's roots), the
+    # only ones its source is quoted from (auditor.evidence.source_access); a later `audit analyze`
+    # or `audit report` of the run directory on the same machine reads under them again
+    source_roots: list[str] = []
 
     @property
     def trace_data(self) -> list[Any]:

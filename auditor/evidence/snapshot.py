@@ -34,6 +34,7 @@ from auditor.evidence.allocator.config import AllocatorConfig, from_settings
 from auditor.evidence.errors import InputError
 from auditor.evidence.oom_record import OOM_RECORD_KIND, oom_record_path
 from auditor.evidence.recorded_frames import is_library_file
+from auditor.evidence.snapshot_sizes import sane
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -240,6 +241,7 @@ class Snapshot(msgspec.Struct):
     external_annotations: list[Annotation] = []
     notes: list[str] = []  # format quirks met while loading (older formats, unknown actions)
     oom: OomRecord | None = None
+    dropped: str = ""  # what was left out as impossible (see MAX_BYTES), one line; empty: nothing
     totals: MemoryFigures = msgspec.field(default_factory=MemoryFigures)
     devices: dict[int, MemoryFigures] = {}
     histories: dict[int, History] = {}
@@ -307,18 +309,44 @@ class _SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
         raise _Refused(f"an external object (persistent id {pid!r})")
 
 
+LOADED_TO_JUDGE = 16 << 20  # bytes: a file up to this size is loaded to be judged; a larger one by its head
+
+
+def _head_refusal(head: bytes, size: int) -> str | None:
+    """Why a file whose first bytes are `head` cannot be a snapshot (None: it may be), so that a
+    large file (over LOADED_TO_JUDGE) of something else is refused before it is read. A snapshot is a pickle of protocol
+    2 to 5 (PROTO), of a dict or a list (torch 1.13's segment list), in a frame of at most the
+    file's size under protocol 4 and 5 (FRAME)."""
+    if not head:
+        return "empty file, not a CUDA memory snapshot"
+    if head[0] != 0x80:  # PROTO opcode: every pickle written with protocol >= 2 starts with it
+        return "not a pickle (a CUDA memory snapshot is a pickle from torch.cuda.memory._dump_snapshot)"
+    if size <= LOADED_TO_JUDGE:  # (a small file: the safe unpickler says what it holds, a global it names)
+        return None
+    if len(head) < 3 or not 2 <= head[1] <= 5:
+        return f"not a CUDA memory snapshot (a pickle of protocol {head[1] if len(head) > 1 else '?'})"
+    body = head[2:]
+    if body[:1] == b"\x95":  # FRAME: its 8-byte length, then the frame's first opcode
+        if len(body) < 10 or int.from_bytes(body[1:9], "little") > size:
+            return "truncated or corrupt pickle (a frame longer than the file)"
+        body = body[9:]
+    if body[:1] not in (b"}", b"]", b"("):  # EMPTY_DICT, EMPTY_LIST, MARK: a dict or list begins
+        return "not a CUDA memory snapshot (the pickle holds no dict or list)"
+    return None
+
+
 def _unpickle(path: Path) -> Any:
     try:
         if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
             raise InputError(f"{path}: not a regular file, not a CUDA memory snapshot")
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            why = _head_refusal(f.read(16), os.fstat(f.fileno()).st_size)
+            if why is not None:
+                raise InputError(f"{path}: {why}")
+            f.seek(0)
+            data = f.read()
     except OSError as e:
         raise InputError(f"{path}: cannot read memory snapshot ({e.strerror or e})") from None
-    if not data:
-        raise InputError(f"{path}: empty file, not a CUDA memory snapshot")
-    if data[0] != 0x80:  # PROTO opcode: every pickle written with protocol >= 2 starts with it
-        raise InputError(f"{path}: not a pickle (a CUDA memory snapshot is a pickle from "
-                         "torch.cuda.memory._dump_snapshot)")
     try:
         return _SafeUnpickler(io.BytesIO(data), memo_limit=len(data)).load()
     except _MemoIndex as e:
@@ -764,8 +792,8 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
         notes.add("segment list without a snapshot dict")
         raw = {"segments": raw, "device_traces": []}
     if not isinstance(raw, dict) or not isinstance(raw.get("segments"), list):
-        raise InputError(f"{p}: not a CUDA memory snapshot (expected a dict with 'segments', "
-                         f"got {type(raw).__name__})")
+        got = ("a dict without a 'segments' list" if isinstance(raw, dict) else f"a {type(raw).__name__}")
+        raise InputError(f"{p}: not a CUDA memory snapshot (expected a dict with a 'segments' list, got {got})")
     try:
         _check_work(raw, p.stat().st_size)
         return _convert(p, raw, notes)
@@ -781,7 +809,8 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
 
 def _convert(p: Path, raw: dict, notes: set[str]) -> Snapshot:
     frames_of = _Frames()
-    segments = [_segment(s, frames_of, notes) for s in raw["segments"]]
+    dropped: list = [0, ""]  # [entries left out, the first one's reason]
+    segments = [_segment(s, frames_of, notes) for s in sane(raw["segments"], "a segment", dropped)]
     traces_raw = raw.get("device_traces")
     if traces_raw is None:
         notes.add("no device_traces")
@@ -790,7 +819,7 @@ def _convert(p: Path, raw: dict, notes: set[str]) -> Snapshot:
         raise InputError(f"device_traces is of type {type(traces_raw).__name__}, not a list")
     traces: list[list[TraceEntry]] = []
     for t in traces_raw:
-        entries = [_entry(e, frames_of, notes) for e in (t if isinstance(t, list) else [])]
+        entries = [_entry(e, frames_of, notes) for e in sane(t if isinstance(t, list) else [], "a trace entry", dropped)]
         traces.append([e for e in entries if e is not None])
     settings = _settings(raw.get("allocator_settings"))
     if settings is None:
@@ -805,6 +834,10 @@ def _convert(p: Path, raw: dict, notes: set[str]) -> Snapshot:
 
     snap = Snapshot(path=str(p), segments=segments, device_traces=traces, allocator_settings=settings,
                     external_annotations=annotations, notes=sorted(notes), oom=oom)
+    if dropped[0]:
+        n = dropped[0]
+        snap.dropped = (f"{n:,} {'entries' if n != 1 else 'entry'} with sizes no device has "
+                        f"{'were' if n != 1 else 'was'} left out (the first: {dropped[1]})")
     snap.totals = figures(segments)
     device_ids = sorted({s.device for s in segments} | {i for i, t in enumerate(traces) if t})
     snap.devices = {d: figures(snap.device_segments(d)) for d in device_ids}

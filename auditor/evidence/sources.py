@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import msgspec
 
+from auditor.evidence import source_access
 from auditor.evidence.frame import Frame
 from auditor.evidence.model import Evidence, SourceFile
 
@@ -22,9 +23,10 @@ _CHANGED = "source_changes"  # Evidence.__dict__ key: {file: (sha256 now or None
 
 
 def _read(file: str) -> tuple[str, list[str]] | None:
-    """The file's sha256 and its lines (without endings), None when it cannot be read."""
+    """The file's sha256 and its lines (without endings), None when it cannot be read (or is not
+    under the source roots: auditor.evidence.source_access)."""
     try:
-        with open(file, "rb") as f:
+        with source_access.open_binary(file) as f:
             data = f.read(MAX_BYTES + 1)
     except OSError:
         return None
@@ -94,6 +96,8 @@ def changed(evidence: Evidence) -> dict[str, tuple[str | None, list[str]]]:
     if cached is None:
         cached = {}
         for file, src in evidence.sources.items():
+            if not source_access.readable(file):  # (not ours to read now: quoted as recorded, see context)
+                continue
             now = _read(file)
             if now is None:
                 cached[file] = (None, [])
@@ -118,10 +122,11 @@ def current_line(evidence: Evidence, file: str, line: int) -> str | None:
 
 
 def context(evidence: Evidence, file: str, line: int, around: int) -> list[dict[str, Any]] | None:
-    """The recorded lines around `line` of a file that changed since the run, each with the file's
-    current text where it differs ({"n", "text", "hit", "now"}); None when the file is unchanged or
-    not recorded (the caller reads it from disk)."""
-    if file not in changed(evidence):
+    """The recorded lines around `line` of a file that changed since the run, or that this render
+    may not read (outside the source roots), each with the file's current text where it differs
+    ({"n", "text", "hit", "now"}); None when the file is unchanged or not recorded (the caller
+    reads it from disk)."""
+    if file not in changed(evidence) and (file not in evidence.sources or source_access.readable(file)):
         return None
     rec = evidence.sources[file].lines
     out = []

@@ -15,7 +15,8 @@ from pathlib import Path
 import msgspec
 
 from auditor.evidence.errors import InputError
-from auditor.evidence.model import LOAD_NOTES, Evidence, decode, encode
+from auditor.evidence.model import EVIDENCE_VERSION, LOAD_NOTES, Evidence, decode, encode
+from auditor.evidence.whole_files import write_whole
 
 EVIDENCE_FILE = "evidence.json"
 
@@ -25,7 +26,7 @@ def save(evidence: Evidence, run_dir: Path) -> Path:
     since reports rendered after saving show its absolute paths and this render's notes)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / EVIDENCE_FILE
-    path.write_bytes(encode(_as_stored(evidence, run_dir)))
+    write_whole(path, encode(_as_stored(evidence, run_dir)))
     return path
 
 
@@ -73,6 +74,10 @@ def load_run_dir(run_dir: Path) -> Evidence:
         evidence = decode(path.read_bytes())
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
         raise InputError(f"{path}: not a readable auditor evidence file ({e})") from None
+    if evidence.version > EVIDENCE_VERSION or evidence.version < 1:
+        # (read, a later format's fields would be dropped and an empty report written over the run's)
+        raise InputError(f"{path}: evidence version {evidence.version}, which this auditor (version "
+                         f"{EVIDENCE_VERSION}) does not read; an auditor of that version renders it")
     evidence.traces = _loaded_paths(evidence.traces, run_dir)
     evidence.snapshots = _loaded_paths(evidence.snapshots, run_dir)
     if evidence.profile is not None:

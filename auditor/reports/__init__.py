@@ -21,7 +21,8 @@ def all_reporters() -> list[Reporter]:
 
 
 def write_reports(out_dir: Path, evidence: Evidence, results: RuleResults) -> dict[str, Path]:
-    """Write every format; one failing reporter must not cost the user the others."""
+    """Write every format, each file whole or not at all (auditor.evidence.whole_files); one failing
+    reporter must not cost the user the others: those not written are left out of the result."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {}
     for r in all_reporters():
@@ -30,5 +31,6 @@ def write_reports(out_dir: Path, evidence: Evidence, results: RuleResults) -> di
         except Exception as e:
             if os.environ.get("AUDIT_DEBUG"):
                 raise
-            print(f"audit: warning: could not write {r.filename}: {type(e).__name__}: {e}", file=sys.stderr)
+            why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+            print(f"audit: warning: could not write {r.filename}: {why}", file=sys.stderr)
     return written

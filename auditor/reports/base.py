@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from auditor.evidence.model import Evidence
+from auditor.evidence.whole_files import write_whole
 from auditor.findings import RuleResults
 
 
@@ -16,10 +17,4 @@ class Reporter:
         raise NotImplementedError
 
     def write(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> Path:
-        data = self.render(evidence, results, out_dir)
-        path = out_dir / self.filename
-        if isinstance(data, str):
-            path.write_text(data, encoding="utf-8")
-        else:
-            path.write_bytes(data)
-        return path
+        return write_whole(out_dir / self.filename, self.render(evidence, results, out_dir))

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from auditor import __version__
 from auditor.evidence.compare import BETTER, GONE, NEW, WITHIN_NOISE, WORSE, Comparison, Delta
+from auditor.evidence.whole_files import write_whole
 from auditor.reports.terminal import printable
 
 VERDICT_STYLE = {BETTER: "green", WORSE: "red", NEW: "yellow", GONE: "cyan", WITHIN_NOISE: "dim"}
@@ -142,6 +143,6 @@ def render_html(c: Comparison) -> str:
 def write_diff(out: Path, c: Comparison) -> dict[str, Path]:
     """diff.json and diff.html in `out`."""
     paths = {"json": out / "diff.json", "html": out / "diff.html"}
-    paths["json"].write_bytes(msgspec.json.format(msgspec.json.encode(document(c)), indent=2))
-    paths["html"].write_text(render_html(c), encoding="utf-8")
+    write_whole(paths["json"], msgspec.json.format(msgspec.json.encode(document(c)), indent=2))
+    write_whole(paths["html"], render_html(c))
     return paths

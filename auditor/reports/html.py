@@ -22,7 +22,7 @@ import re
 import shlex
 import textwrap
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ import msgspec
 from markupsafe import Markup
 
 from auditor import __version__
-from auditor.evidence import sources
+from auditor.evidence import source_access, sources
 from auditor.evidence.model import CUDA_STANDIN, Evidence
 from auditor.reports.base import Reporter
 from auditor.reports.figure import Figure
@@ -42,7 +42,8 @@ from auditor.reports.findings_json import document
 from auditor.reports.patch import numerics_patchable, patchable
 from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a finding's line: those recorded)
-from auditor.reports.terminal import (checkpoint_overview, elsewhere_phrase, recoverable, snapshot_overview,
+from auditor.reports.terminal import (PER_RULE_LINES, by_cost, checkpoint_overview, elsewhere_phrase, recoverable,
+                                      snapshot_overview,
                                       steps_of)
 from auditor.findings import Finding, share_of_step
 from auditor.fixes import make_patch
@@ -154,8 +155,11 @@ def source_context(file: str, line: int, context: int = CONTEXT_LINES,
     current text where it differs ("now"; auditor.evidence.sources)."""
     if evidence is not None and (recorded := sources.context(evidence, file, line, context)) is not None:
         return recorded
-    linecache.checkcache(file)
-    lines = linecache.getlines(file)
+    path = source_access.resolve(file)  # (only under the source roots: auditor.evidence.source_access)
+    if path is None:
+        return []
+    linecache.checkcache(path)
+    lines = linecache.getlines(path)
     if not lines or not 1 <= line <= len(lines):
         return []
     lo, hi = max(1, line - context), min(len(lines), line + context)
@@ -473,8 +477,12 @@ def trace_views(ev: Evidence, out_dir: Path) -> dict[str, Any]:
     for f in [*(ev.profile.trace_files if ev.profile else []), *ev.traces]:
         resolved.setdefault((Path(f) if Path(f).is_absolute() else out_dir / f).resolve(), None)
     links = [{"name": p.name, "href": _href(str(p), out_dir), "path": str(p), "exists": p.exists()}
-             for p in resolved]
-    return {"links": links, "tensorboard": tensorboard_command(out_dir / "tb", list(resolved)), "top_ops": top_ops(ev)}
+             for p in list(resolved)[:TRACE_LINKS]]
+    return {"links": links, "more": max(0, len(resolved) - TRACE_LINKS),
+            "tensorboard": tensorboard_command(out_dir / "tb", list(resolved)), "top_ops": top_ops(ev)}
+
+
+TRACE_LINKS = 50  # traces linked by name on the page; the rest counted (evidence.json lists all)
 
 
 TB_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")  # the only files torch-tb-profiler reads
@@ -603,6 +611,28 @@ def allocator_views(ev: Evidence) -> list[dict[str, Any]]:
             for r in reports(ev)]
 
 
+def shown_in_page(evidence: Evidence, results: RuleResults) -> tuple[RuleResults, str | None]:
+    """The findings the page shows, and the note saying what it leaves out (None: all shown). Of
+    several recordings (a directory of 2,000 traces), each rule's PER_RULE_LINES costliest, as the
+    terminal lists them: the page stays a few MB, and every finding is in findings.json."""
+    if len(evidence.trace_data) + len(evidence.snapshot_data) < 2:
+        return results, None
+    kept: set[int] = set()
+    counts: dict[str, int] = {}
+    for f in by_cost(results.findings):
+        counts[f.rule] = counts.get(f.rule, 0) + 1
+        if counts[f.rule] <= PER_RULE_LINES:
+            kept.add(id(f))
+    left = len(results.findings) - len(kept)
+    if not left:
+        return results, None
+    many = sorted(r for r, n in counts.items() if n > PER_RULE_LINES)
+    note = (f"This page shows the {PER_RULE_LINES} costliest findings of each rule; {left:,} more "
+            f"({', '.join(many)}) are in findings.json")
+    shown = replace(results, findings=[f for f in results.findings if id(f) in kept])
+    return shown, note
+
+
 class HtmlReport(Reporter):
     name = "html"
     filename = "report.html"
@@ -611,6 +641,16 @@ class HtmlReport(Reporter):
         self.plot_builders = plot_builders  # None: auditor.reports.plots.PLOT_BUILDERS
 
     def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
+        results, note = shown_in_page(evidence, results)
+        if note is None:
+            return self._render(evidence, results, out_dir)
+        evidence.environment.notes.append(note)  # (this page's alone: taken out again below)
+        try:
+            return self._render(evidence, results, out_dir)
+        finally:
+            evidence.environment.notes.remove(note)
+
+    def _render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
         plots, plot_errors = build_plots(evidence, self.plot_builders)
         scripts = [plotly_js(), report_js()] if plots else [report_js()]
         findings = [finding_view(i, f, evidence) for i, f in enumerate(results.findings)]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from auditor.evidence.model import Evidence
+from auditor.evidence.whole_files import write_whole
 from auditor.reports.base import Reporter
 from auditor.findings import Edit, Finding
 from auditor.findings import RuleResults
@@ -82,7 +83,7 @@ class PatchReport(Reporter):
         text = self.render(evidence, results, out_dir)
         path = out_dir / self.filename
         if text:
-            path.write_text(text, encoding="utf-8")
+            write_whole(path, text)
         else:
             path.unlink(missing_ok=True)
         return path

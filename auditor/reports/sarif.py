@@ -9,6 +9,7 @@ absolute `file://` URI. Code edits that go in fixes.patch are also given as SARI
 from __future__ import annotations
 
 import json
+import math
 import os
 import urllib.parse
 from pathlib import Path
@@ -216,7 +217,20 @@ class SarifReport(Reporter):
         self.base = base  # None: the git toplevel of the first located file, else the current directory
 
     def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> bytes:
-        return json.dumps(sarif_log(evidence, results, self.base), indent=2, ensure_ascii=False).encode("utf-8")
+        # (JSON has no NaN or Infinity: a non-finite number is written null, as findings.json does)
+        return json.dumps(finite(sarif_log(evidence, results, self.base)), indent=2, ensure_ascii=False,
+                          allow_nan=False).encode("utf-8")
+
+
+def finite(v: Any) -> Any:
+    """`v` with each float that is NaN or infinite replaced by None (JSON's null)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite(x) for x in v]
+    return v
 
 
 __all__ = ["SarifReport", "sarif_log", "rule_descriptor", "result"]

@@ -259,6 +259,36 @@ def _cost(f: Finding) -> str:
     return c.note if c.measured and c.note else "counted only"
 
 
+# Of many recordings (a directory of traces), a rule with more findings than this is summarised in
+# one line: how many, in how many recordings, and its costliest finding (each is in findings.json)
+PER_RULE_LINES = 5
+
+
+def finding_lines(evidence: Evidence, findings: list[Finding]) -> list[Text]:
+    """A line per finding (most costly first); of several recordings, a rule's findings past
+    PER_RULE_LINES in one line instead, at its costliest finding's place."""
+    traces = len(evidence.trace_data) + len(evidence.snapshot_data)
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.rule] = counts.get(f.rule, 0) + 1
+    out: list[Text] = []
+    said: set[str] = set()
+    for f in findings:
+        n = counts[f.rule]
+        if traces < 2 or n <= PER_RULE_LINES:
+            out.append(finding_line(f))
+        elif f.rule not in said:  # (the first met is the costliest: `findings` is by cost)
+            said.add(f.rule)
+            line = Text()
+            line.append(f"{f.severity:<7}", style=SEVERITY_STYLE.get(f.severity, ""))
+            line.append(" ")
+            line.append(f.rule, style="bold")
+            line.append(f" {n:,} findings in {traces:,} recordings (each in findings.json); the costliest: ")
+            line.append_text(finding_line(f)[8 + len(f.rule) + 1:])
+            out.append(line)
+    return out
+
+
 def finding_line(f: Finding) -> Text:
     line = Text()
     line.append(f"{f.severity:<7}", style=SEVERITY_STYLE.get(f.severity, ""))
@@ -319,6 +349,8 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     lines.append(head)
     if (clock := clock_phrase(evidence)) is not None:
         lines.append(Text(clock, style="dim"))
+    if (longest := longest_step_phrase(evidence)) is not None:
+        lines.append(Text(longest, style="yellow"))
     if (cost := own_cost_phrase(evidence)) is not None:
         lines.append(Text(cost, style="dim"))
     if evidence.program is not None:
@@ -334,12 +366,16 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
             lines.append(Text("the program asks for a GPU and this machine has none: `audit run --rehearse` runs it "
                               "as CUDA code on the CPU (what it computes unchanged) and judges it as on a GPU",
                               style="yellow"))
+        if e.where is not None and e.where.file:  # (where it raised, as a plain run's traceback ends)
+            lines.append(Text(f"  at {_short_path(e.where.file)}:{e.where.line}"
+                              + (f": {e.where.code}" if e.where.code else ""), style="dim"))
     cut = evidence.profile.cut if evidence.profile is not None else None
     if cut is not None:
         lines.append(Text(window_cut_phrase(cut), style="yellow"))
     lines.extend(Text(a, style="dim") for a in allocator_lines(evidence))
+    lines.extend(Text(a, style="yellow") for a in left_out_lines(evidence))
     if results.findings:
-        lines.extend(finding_line(f) for f in by_cost(results.findings))
+        lines.extend(finding_lines(evidence, by_cost(results.findings)))
     else:
         lines.append(Text("no findings", style="green"))
     for err in results.errors:
@@ -365,6 +401,36 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
 # `torch.cuda.*`): the ones a CUDA rehearsal answers
 NO_GPU_ERRORS = ("Cannot access accelerator device when none is available", "Torch not compiled with CUDA enabled",
                  "Found no NVIDIA driver on your system", "No CUDA GPUs are available")
+
+
+def longest_step_phrase(evidence: Evidence) -> str | None:
+    """One step that took most of the run's step time (a 20 s stall among 30 ms steps) is said
+    whether or not it was profiled or timed: the median and the findings leave it out."""
+    steps = [s for s in evidence.steps if not s.failed]
+    if len(steps) < 3:
+        return None
+    total = sum(s.ms for s in steps)
+    worst = max(steps, key=lambda s: s.ms)
+    rest = sorted(s.ms for s in steps if s is not worst)
+    typical = rest[len(rest) // 2]
+    if total <= 0 or worst.ms < 0.5 * total or worst.ms < 10 * typical:
+        return None
+    return (f"step {worst.index} took {worst.ms / 1000:.2f} s, {worst.ms / total:.0%} of all the steps' time "
+            f"(the other steps' median: {typical:.2f} ms{'; it was profiled' if worst.profiled else ''})")
+
+
+def left_out_lines(evidence: Evidence) -> list[str]:
+    """One line for the recorded values the loaders left out as impossible (a trace's events with
+    no time, a negative or week-long duration, a word for a number; a snapshot's entries of sizes
+    no device has): how many, and of what. They change the findings, so the summary says so."""
+    dropped = [(t.label, t.dropped) for t in evidence.trace_data if getattr(t, "dropped", "")]
+    dropped += [(Path(s.path).name, s.dropped) for s in evidence.snapshot_data if getattr(s, "dropped", "")]
+    if not dropped:
+        return []
+    label, text = dropped[0]
+    if len(dropped) == 1:
+        return [f"{label}: {text}"]
+    return [f"left out: values in {len(dropped)} recordings (the first, {label}: {text}; the report lists each)"]
 
 
 def default_console() -> Console:

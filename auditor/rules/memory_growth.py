@@ -1,7 +1,6 @@
 """memory-growth: memory at step boundaries keeps rising."""
 from __future__ import annotations
 
-import linecache
 import os
 from typing import Any, Iterable
 
@@ -13,6 +12,7 @@ from auditor.findings import Finding, Fix, Location
 from auditor.rules._support.holders import holder_key, holder_label
 from auditor.rules._support.scans import spread_scans
 from auditor.rules._support.trends import spearman, theil_sen
+from auditor.evidence import source_access
 
 MiB = 2**20
 
@@ -106,7 +106,7 @@ class MemoryGrowth(Rule):
         # no holder's line: the line whose allocations the recorded allocator history saw grow
         allocs, grown = ("", None) if locs else _growing_allocation(ev)
         if grown is not None:
-            code = linecache.getline(grown.frame.filename, grown.frame.line).strip()
+            code = source_access.getline(grown.frame.filename, grown.frame.line).strip()
             locs = [Location(file=grown.frame.filename, line=grown.frame.line, code=code)]
         caps = "; ".join(f"`{h['name']}` is capped ({h['bound_why']}: at most {h['bound_bytes'] / MiB:.0f} MiB, "
                          f"{h['bytes'] / MiB:.0f} MiB now), not counted" for h in capped)

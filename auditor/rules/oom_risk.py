@@ -1,7 +1,6 @@
 """oom-risk: GPU memory at or near the device's capacity, and which lines own it."""
 from __future__ import annotations
 
-import linecache
 import os
 from bisect import bisect_left
 from typing import Any, Iterable, NamedTuple
@@ -20,6 +19,7 @@ from auditor.rules._support.holders import holder_key, holder_location
 from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
 from auditor.rules.base import Option, Options, SnapshotRule
 from auditor.findings import Finding, Fix, Location
+from auditor.evidence import source_access
 
 # (the common devices' memory is shared with the allocator replay: auditor.evidence.allocator.devices)
 
@@ -28,7 +28,7 @@ def source_line(file: str, line: int) -> str:
     """The source text at file:line when that file exists here (snapshots often come from elsewhere)."""
     if line <= 0 or not os.path.isfile(file):
         return ""
-    return linecache.getline(file, line).strip()
+    return source_access.getline(file, line).strip()
 
 
 def has_source(frame: StackFrame | None) -> bool:
@@ -495,7 +495,7 @@ def _with_holder(f: Finding, evidence: Evidence, snap: Snapshot, device: int, fo
                     default=None)
         if grown is not None:
             at = Location(file=grown.frame.filename, line=grown.frame.line,
-                          code=linecache.getline(grown.frame.filename, grown.frame.line).strip())
+                          code=source_access.getline(grown.frame.filename, grown.frame.line).strip())
             per = (grown.live[-1] - grown.live[0]) // (len(grown.live) - 1)
             message += (f" What keeps the live memory alive is no name the graph scans reach: the allocations made "
                         f"at {os.path.basename(at.file)}:{at.line} stayed alive, {format_bytes(per)} more at each "

@@ -15,12 +15,12 @@ The semantics follow what linter users know from ruff's and pylint's noqa:
 from __future__ import annotations
 
 import ast
-import linecache
 import re
 from functools import lru_cache
 from typing import Callable, Iterable, TypeVar
 
 from auditor.findings import Edit
+from auditor.evidence import source_access
 
 SUPPRESS = re.compile(r"#\s*audit:\s*ignore(?:\[([a-z0-9,\s-]+)\])?")
 
@@ -37,7 +37,7 @@ def _spans(file: str) -> tuple[tuple[int, int], ...]:
     """The (first, last) lines each statement of `file` owns: a simple statement all its lines, a
     compound one its header (up to its body). Only files holding a suppression comment are parsed:
     most locations are in files (torch's, say) that hold none."""
-    lines = linecache.getlines(file)
+    lines = source_access.getlines(file)
     if not any("audit" in ln and SUPPRESS.search(ln) for ln in lines):
         return ()
     try:
@@ -67,7 +67,7 @@ def suppressed_at(file: str, line: int, rule_id: str) -> bool:
     """True when the statement holding `file:line` carries `# audit: ignore` or
     `# audit: ignore[rule-id, ...]` on any of its lines."""
     first, last = statement_span(file, line)
-    return any(_covers(linecache.getline(file, n), rule_id) for n in range(first, last + 1))
+    return any(_covers(source_access.getline(file, n), rule_id) for n in range(first, last + 1))
 
 
 def unsuppressed(rule_id: str, sites: list[T], where: Callable[[T], object]) -> list[T]:
@@ -85,7 +85,7 @@ def safe_edits(edits: Iterable[Edit], rule_id: str) -> list[Edit]:
     undo what the user silenced."""
     out = []
     for e in edits:
-        old = [linecache.getline(e.file, n) for n in range(e.start, e.end + 1)]
+        old = [source_access.getline(e.file, n) for n in range(e.start, e.end + 1)]
         touched = list(range(e.start, e.end + 1))
         if not touched and e.start > 1 and statement_span(e.file, e.start - 1) == statement_span(e.file, e.start):
             touched = [e.start]  # lines inserted inside one statement (an argument added to a call) edit it

@@ -3,7 +3,6 @@ casts, the values' matmul), which one fused F.scaled_dot_product_attention kerne
 writing the score matrix. The chains are found by auditor.evidence.trace.attention."""
 from __future__ import annotations
 
-import linecache
 import re
 from typing import Any
 
@@ -17,6 +16,7 @@ from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, sites
 from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules.base import Option, Options, TraceRule
+from auditor.evidence import source_access
 
 # What a fused attention kernel reaches, as a share of the device's peak for its dtype, for the
 # estimate of the time SDPA would take: FlashAttention-2 reports 50-73% of A100 peak forward
@@ -54,13 +54,13 @@ def softmax_location(frame: Frame) -> Location:
     from auditor.rules._support.sdpa_patch import source_lines  # (libcst: imported when the rule fires)
 
     span = source_lines(frame)
-    named = linecache.getline(frame.file, frame.line) if frame.file else ""
+    named = source_access.getline(frame.file, frame.line) if frame.file else ""
     if span is not None and span[0] != frame.line and _SOFTMAX_CALL.search(named):  # the probes name the call
         return Location(file=frame.file, line=frame.line, code=named.strip(),
                         note=f"the softmax call in {frame.function}")
     if span is not None:
         for n in range(span[0] + 1, span[1] + 1):
-            code = linecache.getline(frame.file, n)
+            code = source_access.getline(frame.file, n)
             if _SOFTMAX_CALL.search(code):
                 return Location(file=frame.file, line=n, code=code.strip(),
                                 note=f"the softmax call in {frame.function}, which the trace records")

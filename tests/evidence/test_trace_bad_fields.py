@@ -47,7 +47,7 @@ def test_some_events_of_the_wrong_type_are_left_out_and_said(tmp_path: Path) -> 
     assert a.returncode == 0, a.stderr
     doc = a.findings_doc
     assert doc["steps"]["count"] == steps_left == 5
-    note = f"spoilt.pt.trace.json: 3 events with fields of the wrong type were left out (the first: {first})"
+    note = f"spoilt.pt.trace.json: 3 events with fields of the wrong type or impossible values were left out (the first: {first})"
     assert note in doc["environment"]["notes"]
     assert note.replace('"', "&#34;") in (tmp_path / "out" / "report.html").read_text()
 
@@ -60,7 +60,7 @@ def test_a_trace_with_nothing_usable_left_is_an_input_error(tmp_path: Path) -> N
     a = audit("analyze", str(path), out=tmp_path / "out")
     assert a.returncode == 2
     assert a.stderr.strip().splitlines() == [
-        f'audit: error: {path}: not a usable profiler trace: 1 event with fields of the wrong type was left out '
+        f'audit: error: {path}: not a usable profiler trace: 1 event with fields of the wrong type or impossible values was left out '
         f'(the first: ProfilerStep#1: "tid" is [1]), and no other timed events are left']
     assert not (tmp_path / "out" / "findings.json").exists()
 
@@ -112,7 +112,7 @@ def test_a_time_that_is_not_a_finite_number_is_of_the_wrong_type(tmp_path: Path,
     """`"ts": 10**400` exited 4 (OverflowError); a ts/dur of "inf" was read, giving "nan ms/step"."""
     path = _small_trace(tmp_path, lambda ev: ev[2].update({field: value}))
     trace = load_trace(path)
-    assert len(trace.steps) == 4 and "1 event with fields of the wrong type was left out" in trace.dropped
+    assert len(trace.steps) == 4 and "1 event with fields of the wrong type or impossible values was left out" in trace.dropped
     assert f'ProfilerStep#2: "{field}"' in trace.dropped
 
 

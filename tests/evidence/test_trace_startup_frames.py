@@ -28,7 +28,7 @@ def line_of(text: str) -> int:
 
 
 def loader_finding(root: Path, trace: Path, name: str) -> dict:
-    a = audit("analyze", str(trace), out=root / f"out-{name}", cwd=root)
+    a = audit("analyze", str(trace), "--source-root", str(root), out=root / f"out-{name}", cwd=root)
     assert a.returncode == 0, a.stderr
     [f] = a.rule("dataloader-bound")
     return f
@@ -97,7 +97,7 @@ def test_without_the_source_the_recorded_line_is_marked(recorded: Path, tmp_path
     page = (tmp_path / "out-elsewhere" / "report.html").read_text()
     article = page[page.index('<article class="finding"'):page.index("</article>")]
     assert f'<div class="path">train.py:{with_line}</div>' in article
-    assert f'<p class="loc-note">{NOTE_STARTED} (its source is not on this disk)</p>' in article
+    assert f'<p class="loc-note">{NOTE_STARTED} (its source is not on this disk, or not under a source root)</p>' in article
     assert "<pre>" not in article.split('<details')[0]  # no source block: there is no source to show
     sarif = json.loads((tmp_path / "out-elsewhere" / "findings.sarif").read_text())
     [result] = [r for r in sarif["runs"][0]["results"] if r["ruleId"] == "dataloader-bound"]

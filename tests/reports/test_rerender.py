@@ -19,18 +19,18 @@ OWL = FIXTURES / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
 # Makes writing report.html fail, as a read-only file does for anyone but root (who may write it
 # anyway, and who runs the suite in some containers)
 READ_ONLY_REPORT = '''
-import pathlib
+import os
 
-_write_text = pathlib.Path.write_text
-
-
-def write_text(self, *args, **kwargs):
-    if self.name == "report.html":
-        raise PermissionError(13, "Permission denied", str(self))
-    return _write_text(self, *args, **kwargs)
+_replace = os.replace
 
 
-pathlib.Path.write_text = write_text
+def replace(src, dst, *args, **kwargs):
+    if os.path.basename(dst) == "report.html":
+        raise PermissionError(13, "Permission denied", str(dst))
+    return _replace(src, dst, *args, **kwargs)
+
+
+os.replace = replace
 '''
 
 
@@ -128,10 +128,10 @@ def test_a_report_that_could_not_be_written_is_not_claimed(tmp_path: Path) -> No
     (inject / "sitecustomize.py").write_text(READ_ONLY_REPORT)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(inject), os.environ.get("PYTHONPATH")) if p)}
     a = audit("report", str(out), out=out, env=env)
-    assert "could not write report.html" in a.stderr
+    assert a.returncode == 2 and "could not write report.html" in a.stderr
     assert str(out / "report.html") not in a.stdout, a.stdout
     assert "report: not written" in a.stdout, a.stdout
     assert str(out / "findings.json") in a.stdout  # what was written is still named
     q = audit("analyze", str(TRACE), "-q", out=out, env=env)
-    assert "could not write report.html" in q.stderr
+    assert q.returncode == 2 and "could not write report.html" in q.stderr
     assert "report in" not in q.stdout and "report not written" in q.stdout, q.stdout

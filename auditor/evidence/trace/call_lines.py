@@ -7,12 +7,12 @@ here and exactly one line of its body calls that name, that line is where the wo
 from __future__ import annotations
 
 import ast
-import linecache
 import re
 from functools import lru_cache
 
 from auditor.evidence.frame import Frame
 from auditor.evidence.recorded_frames import parse_frame
+from auditor.evidence import source_access
 
 _BUILTIN = re.compile(r"^<built-in (?:method|function) (\w+)")
 # a special method is reached through the builtin or syntax that calls it
@@ -68,7 +68,7 @@ def _functions(file: str) -> tuple[tuple[int, int, tuple[tuple[str, int], ...]],
     nested functions' bodies left out); the module's own code as def line 0. Empty when the file
     cannot be read or parsed here. (Cached by the source's text: a relative name is found from the
     working directory and sys.path.)"""
-    return _parsed("".join(linecache.getlines(file)))
+    return _parsed("".join(source_access.getlines(file)))
 
 
 def _makers(body: list[ast.stmt]) -> tuple[tuple[str, int], ...]:
@@ -144,7 +144,7 @@ def call_line(frame: Frame, callee: str | None) -> Frame:
     else `frame` itself (its Location then says the trace records the function, not the line)."""
     if not callee or not frame.file:
         return frame
-    code = linecache.getline(frame.file, frame.line).lstrip()
+    code = source_access.getline(frame.file, frame.line).lstrip()
     if not code.startswith(("def ", "async def ")):
         return frame
     return placed(frame, candidate_lines(frame.file, frame.line, callee)) or frame

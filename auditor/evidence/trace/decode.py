@@ -213,9 +213,26 @@ def _coerce_time(v: Any, absent: float) -> float | object:
     return _BAD if math.isnan(got) else got
 
 
+# The most bytes one event can take: a profiler's events are a few KiB (a Python frame's, an op's
+# shapes). Bytes that run on further without an event ending (`[{` then gigabytes of zeros) are
+# refused when they pass this, not read to the end of a multi-GB file first.
+MAX_EVENT_BYTES = 64 << 20
+
+
+def too_long(at: int) -> str:
+    return (f"malformed JSON in traceEvents near byte {at}: no event ends within "
+            f"{MAX_EVENT_BYTES >> 20} MiB of it")
+
+
+# The longest duration an event of a profiled window can have, in µs: a week. One longer (1e300, a
+# negative one) is no measurement: kept, it would make the GPU "busy" for the whole trace.
+MAX_DUR_US = 7 * 24 * 3600 * 1e6
+
+
 def _coerce(loose: _LooseEvent) -> _Event | str:
     """The typed event, or, when a field it needs has a value of the wrong type (a list for a tid,
-    a word for a time), why it cannot be used: `"tid" is [1]`. Such an event is dropped and counted
+    a word for a time) or one that cannot be (no time, a negative or week-long duration), why it
+    cannot be used: `"tid" is [1]`. Such an event is dropped and counted
     (see _Stream.dropped) rather than read with a made-up thread or time, which put a ProfilerStep
     nowhere and reported the trace as empty with no word."""
     ph = "" if loose.ph is msgspec.UNSET else loose.ph
@@ -237,6 +254,10 @@ def _coerce(loose: _LooseEvent) -> _Event | str:
     for key, value in fields.items():
         if value is _BAD:
             return f'"{key}" is {_shown(getattr(loose, key))}'
+    if kind != 3 and math.isnan(fields["ts"]):
+        return '"ts" is missing'
+    if not 0.0 <= fields["dur"] <= MAX_DUR_US:
+        return f'"dur" is {_shown(loose.dur)}, which no recorded event lasts'
     args = msgspec.Raw(msgspec.json.encode(loose.args)) if isinstance(loose.args, dict) else _EMPTY_RAW
     ident = loose.id if isinstance(loose.id, (int, str)) and not isinstance(loose.id, bool) else None
     return _Event(ph=ph, id=ident, args=args, **fields)
@@ -415,6 +436,8 @@ class _Stream:
             self.pos = p
             events, cut = self._decode_prefix(p)
             if events is None:  # no complete event in the buffer: an event larger than a block
+                if len(self.buf) - p > MAX_EVENT_BYTES:
+                    raise self._fail(too_long(self.base + p))
                 if not self._more():
                     raise self._unfinished(p)
                 self.chunk = max(self.chunk, len(self.buf))
@@ -468,7 +491,7 @@ class _Stream:
             buf[p - 1], buf[i + 1] = 0x5B, 0x5D
             piece = memoryview(buf)[p - 1:i + 2]
             try:
-                events = _DECODER.decode(piece)
+                events = self._timed(_DECODER.decode(piece))
             except RecursionError:  # (msgspec's limit: no profiler writes JSON that deep)
                 raise self._fail(f"not a profiler trace: an event near byte {self.base + p} nests "
                                  "objects or arrays too deeply") from None
@@ -495,6 +518,32 @@ class _Stream:
             end = i
             if tries > 256:  # cuts inside strings are rare: this many in a row is malformed input
                 raise self._fail(f"malformed JSON in traceEvents near byte {self.base + i}")
+
+    def _timed(self, events: list[_Event]) -> list[_Event]:
+        """The typed events whose times can be used; those without a time (a timed phase with no
+        "ts", an infinite one) or with a duration no event has (negative, over MAX_DUR_US) counted
+        in `dropped` as _coerce counts a loosely decoded one (one pass in C when all are fine)."""
+        n = len(events)
+        ts = np.fromiter([e.ts for e in events], dtype=np.float64, count=n)
+        dur = np.fromiter([e.dur for e in events], dtype=np.float64, count=n)
+        if (np.isfinite(ts) & (dur >= 0) & (dur <= MAX_DUR_US)).all():
+            return events
+        out: list[_Event] = []
+        for e in events:
+            kind = _PHASE_KIND.get(e.ph, 0)
+            why = None
+            if kind not in (0, 3) and not math.isfinite(e.ts):
+                why = '"ts" is missing' if math.isnan(e.ts) else f'"ts" is {e.ts!r}'
+            elif kind == 1 and not 0.0 <= e.dur <= MAX_DUR_US:
+                why = f'"dur" is {e.dur!r}, which no recorded event lasts'
+            if why is None:
+                out.append(e)
+                continue
+            if not self.dropped:
+                name = e.name if len(e.name) <= 60 else e.name[:57] + "..."
+                self.dropped_why = f"{name or 'an event'}: {why}"
+            self.dropped += 1
+        return out
 
     def _usable(self, loose: list[_LooseEvent]) -> list[_Event]:
         """The events of a loosely decoded chunk that can be used; the others counted in `dropped`,

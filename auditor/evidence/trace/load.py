@@ -158,7 +158,7 @@ def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -
 
 def _dropped_text(stream: _Stream) -> str:
     n = stream.dropped
-    return (f"{n:,} event{'s' if n != 1 else ''} with fields of the wrong type "
+    return (f"{n:,} event{'s' if n != 1 else ''} with fields of the wrong type or impossible values "
             f"{'were' if n != 1 else 'was'} left out (the first: {stream.dropped_why})")
 
 

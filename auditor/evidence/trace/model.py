@@ -4,7 +4,6 @@ auditor's own ranges, the operator table, steps and windows, the enclosing calls
 of a row). auditor.evidence.trace.load builds it from a file."""
 from __future__ import annotations
 
-import linecache
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from auditor.evidence.trace.arg_records import ArgRecord
 from auditor.evidence.trace.call_lines import call_line, callee_name, started_call_line
 from auditor.evidence.trace.decode import CAT, CPU_NESTING, GPU_SIDE, GPU_WORK, SymbolTable
 from auditor.evidence.trace.intervals import merge_intervals
+from auditor.evidence import source_access
 
 if TYPE_CHECKING:  # (pandas is imported where a trace is read: an audit without one never pays for it)
     import pandas as pd
@@ -513,7 +513,7 @@ def enclosing_def_line(frame: Frame) -> int | None:
     """The `def` line of the function `frame` is in (its own line when it names the def)."""
     if not frame.file:
         return None
-    m = _DEF.match(linecache.getline(frame.file, frame.line))
+    m = _DEF.match(source_access.getline(frame.file, frame.line))
     if m and m.group(2) == frame.function:
         return frame.line
     return _def_line(frame.file, frame.line, frame.function)
@@ -522,7 +522,7 @@ def enclosing_def_line(frame: Frame) -> int | None:
 def _def_line(file: str, line: int, function: str) -> int | None:
     """The line of `def function` that encloses `line` in `file` (None for module code, or when
     the file cannot be read here)."""
-    lines = linecache.getlines(file) if file else []
+    lines = source_access.getlines(file) if file else []
     if not (0 < line <= len(lines)) or not function.isidentifier():
         return None
     indent = len(lines[line - 1]) - len(lines[line - 1].lstrip())

@@ -35,7 +35,8 @@ import msgspec
 import numpy as np
 
 from auditor.evidence.errors import InputError
-from auditor.evidence.trace.decode import _WS, DEFAULT_CHUNK_BYTES, SymbolTable, _Columns, _Event, _Stream
+from auditor.evidence.trace.decode import (_WS, DEFAULT_CHUNK_BYTES, MAX_EVENT_BYTES, SymbolTable, _Columns, _Event,
+                                           _Stream, too_long)
 
 # Smaller files parse in a few seconds in one process: not worth the workers.
 PARALLEL_MIN_BYTES = 48 << 20
@@ -86,11 +87,16 @@ def cuts(path: Path, start: int) -> list[int]:
     size = path.stat().st_size
     out = [start]
     with open(path, "rb") as f:
+        first = os.pread(f.fileno(), 4096, start).lstrip(_WS)
+        if first[:1] not in (b"{", b"]", b""):  # (the first event is read first: no scan of the rest)
+            raise InputError(f"{path}: not a profiler trace: traceEvents holds a non-object")
         target = start + PIECE_BYTES
         while target < size - PIECE_BYTES // 4:  # (no sliver of a last piece)
             m = _CUT.search(os.pread(f.fileno(), _WINDOW, target))
             if m is None:  # an event larger than the window: cut further on
                 target += _WINDOW
+                if target - out[-1] > PIECE_BYTES + MAX_EVENT_BYTES:
+                    raise InputError(f"{path}: {too_long(out[-1])}")
                 continue
             out.append(target + m.end() - 1)
             target = out[-1] + PIECE_BYTES

@@ -4,7 +4,6 @@ was waiting on is auditor.evidence.trace.gaps'), the operator a row was issued b
 place a Location shows for a frame."""
 from __future__ import annotations
 
-import linecache
 import re
 from typing import Any
 
@@ -16,6 +15,7 @@ from auditor.evidence.trace.intervals import clip, merge_intervals
 from auditor.evidence.trace.call_lines import CandidateFrame
 from auditor.evidence.trace.model import StartedFrame, Trace
 from auditor.evidence.trace.names import ASYNC_COPY_CALLS, SYNC_CALLS
+from auditor.evidence import source_access
 
 PAGEABLE_DTOH = re.compile(r"DtoH.*Pageable")
 
@@ -113,7 +113,7 @@ def frame_location_parts(frame: Frame) -> tuple[str, int, str, str]:
     """(file, line, source line, note) for a Location: the source only when the file is on this
     disk, and the note saying what the place stands for when the trace does not name the line that
     did the work (a function's def line, the line a frame was on when the profiler started)."""
-    code = linecache.getline(frame.file, frame.line).strip() if frame.file else ""
+    code = source_access.getline(frame.file, frame.line).strip() if frame.file else ""
     note = ""
     if isinstance(frame, CandidateFrame):
         # several lines of the function can make the op: none is named as if it were the one

@@ -12,7 +12,6 @@ is_causal=True, scale=SCALE)`: the same attention up to rounding (dropout draws 
 other shape (a mask that is not causal, an additive bias, a softmax over another dim) gets no edit."""
 from __future__ import annotations
 
-import linecache
 
 import libcst as cst
 import libcst.matchers as m
@@ -21,6 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from auditor.evidence.frame import Frame
 from auditor.evidence.trace.model import enclosing_def_line
 from auditor.findings import Edit
+from auditor.evidence import source_access
 
 _SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
@@ -127,7 +127,7 @@ def _edit_in(body: list[cst.CSTNode], positions, text: str, file: str) -> Edit |
 def source_lines(frame: Frame) -> tuple[int, int] | None:
     """(first, last) line of the function whose def line `frame` names, when its source is here
     (a torch >= 2 trace names a Python function by its first line)."""
-    lines = linecache.getlines(frame.file) if frame.file else []
+    lines = source_access.getlines(frame.file) if frame.file else []
     if not (0 < frame.line <= len(lines)):
         return None
     if not lines[frame.line - 1].lstrip().startswith(("def ", "async def ")):
@@ -153,7 +153,7 @@ def sdpa_edit(frame: Frame) -> Edit | None:
     span = source_lines(frame)
     if span is None:
         return None
-    lines = linecache.getlines(frame.file)
+    lines = source_access.getlines(frame.file)
     whole = "".join(lines)
     body = lines[span[0] - 1:span[1]]
     indent = len(body[0]) - len(body[0].lstrip())

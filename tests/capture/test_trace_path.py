@@ -1,0 +1,32 @@
+"""Kineto writes its trace's own path into the trace's JSON unescaped: under an --out holding a
+quote or a backslash the trace was unreadable, and the rules that read it were skipped with no word.
+The profiler writes such a run's trace under a name of the audit's choosing, then it is moved into
+the run directory: the trace reads, and its rules run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from auditor.capture.child import _trace_dir, _unsafe_for_trace
+from auditor.evidence.trace.load import load_trace
+from conftest import audit
+
+
+def test_unsafe_paths_get_a_directory_of_the_audits_choosing(tmp_path: Path) -> None:
+    for bad in ('a"b', "a\\b", "a\x7fb"):
+        logdir = str(tmp_path / bad / "tb" / "run")
+        chosen = _trace_dir(logdir)
+        assert chosen != logdir and not _unsafe_for_trace(chosen)
+    assert _trace_dir(str(tmp_path / "plain" / "tb" / "run")) == str(tmp_path / "plain" / "tb" / "run")
+
+
+def test_a_quote_and_a_backslash_in_out_keep_the_trace_readable(tmp_path: Path) -> None:
+    out = tmp_path / 'quote"and\\backslash'
+    a = audit("run", "examples/host_sync.py:step", "--steps", "4", "--no-numerics", out=out)
+    assert a.returncode == 0, a.stderr
+    [trace] = (out / "tb").glob("*/*.pt.trace.json")
+    assert len(load_trace(trace).events)
+    notes = a.evidence["environment"]["notes"]
+    assert not any("profiler trace" in n for n in notes), notes
+    # (the rules that read the trace ran: none is skipped for want of one)
+    assert not [s for s in a.findings_doc["skipped_rules"] if "trace" in s["reason"]]
+    assert not list(tmp_path.glob("audit-trace-*"))
