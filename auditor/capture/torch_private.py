@@ -8,6 +8,7 @@ one fails one test naming it. Version-bound lookups go through the helpers below
 version number: a helper looks for the newer form first and falls back to the older one."""
 from __future__ import annotations
 
+import abc
 import ast
 import importlib
 import inspect
@@ -73,16 +74,16 @@ PIECES: tuple[Piece, ...] = (
     Piece("torch.utils.checkpoint:_NoopSaveInputs.setup_context", "rehearsal/device.py", until=(2, 12),
           instead="_CheckpointFrame.save_inputs/get_inputs (2.12 on)"),
     # what dynamo asks of torch.cuda.Event/Stream, which the rehearsal replaces (rehearsal/cuda.py)
-    Piece("torch._streambase:_EventBase", "rehearsal/cuda.py (2.4: dynamo asserts the Event derives from it)"),
-    Piece("torch._streambase:_StreamBase", "rehearsal/cuda.py (2.4: dynamo asserts the Stream derives from it)"),
+    Piece("torch._streambase:_EventBase", "rehearsal/cuda.py (2.4, 2.5: dynamo asserts the Event derives from it)"),
+    Piece("torch._streambase:_StreamBase", "rehearsal/cuda.py (2.4, 2.5: dynamo asserts the Stream derives from it)"),
     # the CUDA allocator's history, snapshots and OOM observer (capture/cuda_memory.py, rehearsal/memory.py)
     Piece("torch.cuda.memory:_record_memory_history", "capture/cuda_memory.py, rehearsal/memory.py"),
     Piece("torch.cuda.memory:_snapshot", "capture/cuda_memory.py, rehearsal/memory.py"),
     Piece("torch.cuda.memory:_dump_snapshot", "rehearsal/memory.py, capture/cuda_standins.py"),
     Piece("torch._C:_cuda_attach_out_of_memory_observer", "capture/cuda_memory.py (CUDA builds only)"),
     # torch.profiler's once-only warnings (capture/child.py)
-    Piece("torch.profiler.profiler:_WARNINGS_SHOWN", "capture/child.py", since=(2, 5),
-          instead="nothing: torch 2.4's profiler has no once-only warning to mark as shown"),
+    Piece("torch.profiler.profiler:_WARNINGS_SHOWN", "capture/child.py", since=(2, 10),
+          instead="nothing: the profiler before 2.10 has no cycle warning to mark as shown"),
 )
 
 # The keywords the audit passes to `torch.cuda.memory._record_memory_history` (capture/cuda_memory.py).
@@ -187,9 +188,9 @@ def keep_checkpoint_input_marks(is_marked: Callable[[Any], bool], mark: Callable
         return
     saver = lookup("torch.utils.checkpoint:_NoopSaveInputs")
     setup = vars(saver).get("setup_context") if saver is not None else None
-    if setup is None or hasattr(setup, "__wrapped__"):
+    orig_setup = setup.__func__ if isinstance(setup, staticmethod) else setup  # (a staticmethod has __wrapped__)
+    if orig_setup is None or hasattr(orig_setup, "__wrapped__"):
         return
-    orig_setup = setup.__func__ if isinstance(setup, staticmethod) else setup
 
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         orig_setup(ctx, inputs, output)
@@ -214,18 +215,14 @@ def keep_checkpoint_input_marks(is_marked: Callable[[Any], bool], mark: Callable
 
 def register_cuda_standins(event_cls: type, stream_cls: type) -> None:
     """Make the rehearsal's stand-in Event and Stream pass what torch's own code asks of
-    torch.cuda.Event / Stream: torch 2.4's dynamo asserts, as it is imported, that they derive from
-    `torch._streambase._EventBase` / `_StreamBase` (abstract classes there: registered as virtual
-    subclasses). Later torch has those as deprecated subclasses of torch.Event / torch.Stream,
-    which its dynamo no longer asserts on: nothing to register."""
-    if version() >= (2, 5):  # (torch is imported by then: the rehearsal runs in it)
-        return
+    torch.cuda.Event / Stream: dynamo (2.4, 2.5) asserts, as it is imported, that they derive from
+    `torch._streambase._EventBase` / `_StreamBase`, abstract classes there: the stand-ins are
+    registered as their virtual subclasses. From 2.6 those are deprecated subclasses of the C types
+    torch.Event / torch.Stream, which nothing asserts on: nothing to register."""
     bases = lookup("torch._streambase")
-    if bases is None:
-        return
     for base_name, cls in (("_EventBase", event_cls), ("_StreamBase", stream_cls)):
         base = getattr(bases, base_name, None)
-        if base is not None and hasattr(base, "register"):
+        if isinstance(base, abc.ABCMeta):
             base.register(cls)
 
 
@@ -235,7 +232,7 @@ def register_cuda_standins(event_cls: type, stream_cls: type) -> None:
 # "Warning: Profiler clears events at the end of each cycle. Only events from the current cycle will
 # be reported. To keep events across cycles, set acc_events=True." -- with no spaces after the
 # periods on 2.10-2.12 (the literal's parts were joined without them), with them on 2.13 on, absent
-# before 2.5. The exact text is read from torch's own source, matched with any spacing.
+# before 2.10. The exact text is read from torch's own source, matched with any spacing.
 _CYCLE_WARNING = re.compile(r"\s*Profiler clears events at the end of each cycle\.\s*Only events from the current "
                             r"cycle will be reported\.\s*To keep events across cycles")
 
