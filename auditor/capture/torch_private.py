@@ -2,16 +2,16 @@
 auditor relies on, with the torch versions that have it and what the auditor does where it is absent.
 
 The supported range is torch FLOOR (2.4) and later. `PIECES` lists each private piece by its dotted
-path (`module:attribute.attribute`), the first minor version that has it and the first that no longer
-does; tests/test_torch_surface.py checks each against the installed torch, so a release that moves
-one fails one test naming it. Version-bound lookups go through the helpers below, never through the
-version number: a helper looks for the newer form first and falls back to the older one."""
+path (`module:attribute.attribute`), the modules that use it, the first minor version that has it
+and the first that no longer does; tests/test_torch_surface.py checks each against the installed
+torch, so a release that moves one fails one test naming it. What differs between supported
+versions is looked up through the helpers below (the newer form first, then the older one, never by
+the version number alone); what every supported version has is read where it is used, and listed
+here so that its test guards it."""
 from __future__ import annotations
 
 import abc
-import ast
 import importlib
-import inspect
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -240,6 +240,9 @@ _CYCLE_WARNING = re.compile(r"\s*Profiler clears events at the end of each cycle
 def profiler_warning_texts(pattern: re.Pattern[str] = _CYCLE_WARNING) -> list[str]:
     """The string literals of torch/profiler/profiler.py that `pattern` finds (searched anywhere in
     each; implicit concatenations are one literal), as torch passes them to its `_warn_once`."""
+    import ast
+    import inspect
+
     module = lookup("torch.profiler.profiler")
     try:
         source = inspect.getsource(module) if module is not None else ""
