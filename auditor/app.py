@@ -326,7 +326,11 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     from auditor.capture.progress import StepProgress
     from auditor.capture.runner import RunRequest, run_child
     from auditor.capture.target import TargetError, check_statically, module_target, parse_target
+    from auditor.capture.torch_private import installed_version, unsupported
 
+    too_old = unsupported(installed_version())
+    if too_old is not None:
+        raise UsageFailure(too_old)
     try:
         if module is not None:  # (`-m pkg.mod -- ARGS`: click gives the first of ARGS as TARGET)
             script_args = ((target,) if target is not None else ()) + tuple(script_args)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
 
-from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal, window_memory, wire
+from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal, torch_private, window_memory, wire
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.program import ChildParts, run_program
@@ -291,21 +291,13 @@ def _start_without_inductor(prof) -> None:
             torch.__getattr__ = lazy
 
 
-# torch.profiler warns once per process, on the user's stderr, when a profile prepares a second
-# cycle without acc_events (on a CUDA run the window's start does): the window is one cycle, so
-# nothing is lost, and the warning is marked as shown in torch's own once-only registry. (acc_events
-# itself would parse every event into Python objects when the window stops: seconds, and a
-# UnicodeDecodeError on some recorded names.)
-_CYCLE_WARNING = ("Warning: Profiler clears events at the end of each cycle. Only events from the current cycle "
-                  "will be reported. To keep events across cycles, set acc_events=True.")
-
-
 def _no_cycle_warning() -> None:
-    import torch.profiler.profiler as torch_profiler
-
-    shown = getattr(torch_profiler, "_WARNINGS_SHOWN", None)
-    if isinstance(shown, set):
-        shown.add(_CYCLE_WARNING)
+    """torch.profiler warns once per process, on the user's stderr, when a profile prepares a second
+    cycle without acc_events (on a CUDA run the window's start does): the window is one cycle, so
+    nothing is lost, and the warning is marked as shown in torch's own once-only registry. (acc_events
+    itself would parse every event into Python objects when the window stops: seconds, and a
+    UnicodeDecodeError on some recorded names.)"""
+    torch_private.mark_profiler_warnings_shown()
 
 
 def window_schedule(warmup: int, active: int) -> Callable[[int], Any]:
@@ -476,7 +468,11 @@ def run(args: argparse.Namespace) -> int:
     faulthandler.enable(file=sys.stderr, all_threads=False)
     # Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
     # layer wraps the one before (a probe installed first would be replaced).
-    rehearsal_info = rehearsal.install(args.rehearse, *_target_source(args.target))
+    try:
+        rehearsal_info = rehearsal.install(args.rehearse, *_target_source(args.target))
+    except torch_private.Unsupported as e:  # (before the target runs: one line, exit 2)
+        out.send(wire.UsageError(message=str(e)))
+        return 2
     standins = [] if rehearsal_info else cuda_standins.install(lambda: probes.REC)
     rec = probes.install()
     warnings_name_the_user()

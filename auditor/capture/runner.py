@@ -34,7 +34,10 @@ STDERR_TAIL_LINE_BYTES = 4000  # the end of each (see pump_stderr)
 # Kineto prints stage markers on every profiler start/stop whatever its log level; they are ours,
 # not the user's, so they are cut out of the user's terminal (and the crash tail), also where one
 # lands inside a line of the program's (after a progress bar's redraw, which ends in no newline).
+# A CUDA build of torch on a machine without a GPU has kineto say so at the profiler's start (an
+# ERROR line naming gpuGetDeviceCount): the audit's too, and nothing the user can act on.
 PROFILER_NOISE = re.compile(rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d \S+ \d+:\d+ \w+\.cpp:\d+\][^\n]*\n?|"
+                            rb"ERROR:\d{4}-\d\d-\d\d \S+ \d+:\d+ DeviceProperties\.cpp:\d+\] gpuGetDeviceCount failed[^\n]*\n?|"
                             rb"\[W\d+ [\d:.]+ \d+ CPUAllocator\.cpp:\d+\] Memory block of unknown size[^\n]*\n?")
 GRACE_AFTER_INTERRUPT_S = 15.0
 QUIET_ENV = {"KINETO_LOG_LEVEL": "3", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # set for the child (see run_child)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from auditor.capture import torch_private
 from auditor.capture.runner import PROFILER_NOISE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +57,9 @@ def test_a_marker_inside_a_programs_line_is_cut_and_the_line_kept():
     assert PROFILER_NOISE.sub(b"", b" 40%|####      | 4/10" + marker) == b" 40%|####      | 4/10"
     assert PROFILER_NOISE.sub(b"", marker) == b""
     assert PROFILER_NOISE.sub(b"", b"loss 0.5 at Foo.cpp:12] kept\n") == b"loss 0.5 at Foo.cpp:12] kept\n"
+    # (a CUDA build of torch on a machine without a GPU, at the profiler's start)
+    no_gpu = b"ERROR:2026-11-26 04:50:40 25518:25518 DeviceProperties.cpp:46] gpuGetDeviceCount failed with code 35\n"
+    assert PROFILER_NOISE.sub(b"", b"step 1\n" + no_gpu) == b"step 1\n"
 
 
 PREPARE_TWICE = """
@@ -66,7 +70,11 @@ from auditor.capture.child import _no_cycle_warning
 p = profile(activities=[ProfilerActivity.CPU])
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    p.prepare_trace(); p.prepare_trace()
+    p.prepare_trace()
+    try:  # (2.10-2.12 warn at every prepare, and refuse a second before the first trace starts)
+        p.prepare_trace()
+    except RuntimeError:
+        pass
 print(sum("clears events" in str(w.message) for w in caught))
 """
 
@@ -75,6 +83,8 @@ print(sum("clears events" in str(w.message) for w in caught))
 def test_the_profilers_cycle_warning_is_marked_shown(call, shown):
     """A profile that prepares a second cycle warns "Profiler clears events at the end of each
     cycle" (on the H100 runs, on the user's stderr); the window marks it shown in torch's registry."""
+    if not torch_private.profiler_warning_texts():
+        pytest.skip("this torch has no such warning (it came with 2.10)")
     p = subprocess.run([sys.executable, "-c", PREPARE_TWICE.format(call=call)], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr[-2000:]

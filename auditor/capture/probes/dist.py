@@ -125,7 +125,7 @@ class DistProbes:
         _wrap(DDP, "__init__", self._ddp_init)
         _wrap(DDP, "forward", self._ddp_forward)
         _wrap(DDP, "no_sync", self._ddp_no_sync)
-        _wrap(DDP, "_sync_buffers", self._timed("buffer_sync_ms"))
+        _wrap(DDP, "_sync_buffers", self._buffer_sync)
         _wrap(DDP, "_post_forward", self._timed("post_forward_ms"))
         _wrap(torch.nn.DataParallel, "__init__", self._dp_init)
         _wrap(torch.nn.DataParallel, "forward", self._dp_forward)
@@ -144,7 +144,10 @@ class DistProbes:
         for i, ref in enumerate(self.ddps):
             ddp = ref()
             if ddp is not None and i in self.buffer_versions:
-                changed[str(i)] = self._versions(ddp) != self.buffer_versions[i]
+                now, start = self._versions(ddp), self.buffer_versions[i]
+                bumps = self.sync_bumps.get(i, [0] * len(now))
+                changed[str(i)] = (len(now) != len(start) or len(bumps) != len(now)
+                                   or any(n - s - b for n, s, b in zip(now, start, bumps)))
         return {
             "collectives": [s.as_dict() for s in self.sites.values()],
             "backward_syncs": self.backward_syncs,
@@ -175,6 +178,9 @@ class DistProbes:
         self.dp_forwards: dict[int, dict[str, Any]] = {}
         self.no_sync_entries = 0
         self.buffer_versions: dict[int, list[int]] = {}  # per DDP: buffer version counters at step start
+        # per DDP: what DDP's own buffer broadcasts added to those counters this step (2.11 among
+        # other versions copies the broadcast's result into each buffer, even on one rank: no change)
+        self.sync_bumps: dict[int, list[int]] = {}
         self.grads: dict[int, set[int]] = {}
         self.pending: dict[str, Any] | None = None  # the backward in flight
 
@@ -352,6 +358,25 @@ class DistProbes:
                             rec["buffer_syncs"] += 1
             return probe
         return make
+
+    def _buffer_sync(self, orig: Callable) -> Callable:
+        """DDP's broadcast of the module's buffers: timed, and what it adds to their version
+        counters kept apart from the program's own changes."""
+        timed = self._timed("buffer_sync_ms")(orig)
+
+        def probe(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self._on():
+                return orig(ddp, *args, **kwargs)
+            before = self._versions(ddp)
+            try:
+                return timed(ddp, *args, **kwargs)
+            finally:
+                after, i = self._versions(ddp), self._index(ddp)
+                if i >= 0 and len(after) == len(before):
+                    bumps = self.sync_bumps.setdefault(i, [0] * len(after))
+                    if len(bumps) == len(after):
+                        self.sync_bumps[i] = [b + a - v for b, a, v in zip(bumps, after, before)]
+        return probe
 
     def _ddp_no_sync(self, orig: Callable) -> Callable:
         def probe(ddp: Any, *args: Any, **kwargs: Any) -> Any:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from auditor.capture import cuda_standins, probes
+from auditor.capture import cuda_standins, probes, torch_private
 from auditor.capture.rehearsal.device import CUDA_MARK, REHEARSED_DEVICE, call_site, caller_is_user, is_cuda_request
 from auditor.evidence import model as m
 
@@ -417,6 +417,7 @@ def install() -> list[str]:
             setattr(cuda, name, _standin(f"torch.cuda.{name}", impl, real, getattr(cuda, name)))
             replaced.append(name)
     cuda.Stream, cuda.Event, cuda.device, cuda.device_of = Stream, Event, _DeviceContext, _DeviceContext
+    torch_private.register_cuda_standins(Event, Stream)
     cuda.StreamContext = StreamContext
     replaced += ["Stream", "Event", "device", "device_of", "StreamContext"]
     acc = getattr(torch, "accelerator", None)

@@ -38,7 +38,7 @@ import torch.utils._device as _device_ctx
 from torch.overrides import TorchFunctionMode
 
 import auditor
-from auditor.capture import own_time, probes
+from auditor.capture import own_time, probes, torch_private
 from auditor.capture.rehearsal import clock
 from auditor.capture.frames import call_position, is_torch_internal, library_code
 from auditor.evidence import model as m
@@ -807,31 +807,20 @@ def _install_checkpoint_recompute() -> None:
     checkpoint, `save_on_cpu`, the program's own pack/unpack) they come back as new tensor objects,
     without the mark (autograd wraps what the unpack hook returns in a new tensor even when the
     hook returns a marked one), so the marks they had when saved are put back before the recompute
-    sees them: the non-reentrant variant at `get_inputs`, the reentrant one by the `run_function`
-    its backward calls with the detached inputs."""
-    import torch.utils.checkpoint as cp
+    sees them: the non-reentrant variant where torch reads its inputs back (torch_private), the
+    reentrant one by the `run_function` its backward calls with the detached inputs."""
 
-    frame_cls = getattr(cp, "_CheckpointFrame", None)  # use_reentrant=False
+    frame_cls = torch_private.checkpoint_frame()  # use_reentrant=False
     if frame_cls is not None and not hasattr(frame_cls.__init__, "__wrapped__"):
-        orig_init, orig_save, orig_get = frame_cls.__init__, frame_cls.save_inputs, frame_cls.get_inputs
+        orig_init = frame_cls.__init__
 
         def __init__(self: Any, recompute_fn: Callable, *args: Any, **kwargs: Any) -> None:
             orig_init(self, _under_rehearsal(recompute_fn), *args, **kwargs)
 
-        def save_inputs(self: Any, *args: Any) -> None:
-            self._auditor_marked = [is_marked(a) for a in args]
-            orig_save(self, *args)
-
-        def get_inputs(self: Any) -> list:
-            args = orig_get(self)
-            for a, marked in zip(args, getattr(self, "_auditor_marked", ())):
-                if marked:
-                    mark(a)
-            return args
-
         __init__.__wrapped__ = orig_init  # type: ignore[attr-defined]
-        frame_cls.__init__, frame_cls.save_inputs, frame_cls.get_inputs = __init__, save_inputs, get_inputs
-    fn_cls = getattr(cp, "CheckpointFunction", None)  # use_reentrant=True: its backward recomputes
+        frame_cls.__init__ = __init__
+    torch_private.keep_checkpoint_input_marks(is_marked, mark)
+    fn_cls = torch_private.lookup("torch.utils.checkpoint:CheckpointFunction")  # use_reentrant=True: its backward recomputes
     if fn_cls is not None and not hasattr(fn_cls.backward, "__wrapped__"):
         orig_forward = fn_cls.forward
 

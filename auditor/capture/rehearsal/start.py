@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from auditor.capture import probes
+from auditor.capture import probes, torch_private
 from auditor.capture.rehearsal.intent import program_reasons
 
 NOTE = ("CUDA rehearsal: this program asks for CUDA ({reason}) and there is no CUDA device here, so it ran "
@@ -34,6 +34,7 @@ def install(mode: str, source: str | None, module: str | None = None) -> dict[st
         reason = f"{what} at line {line} of {Path(path).name}"
     else:
         reason = "--rehearse"
+    torch_private.check_rehearsal()
     from auditor.capture.rehearsal import dist as rehearsal_dist
     from auditor.capture.rehearsal import data as rehearsal_data
     from auditor.capture.rehearsal import cuda as rehearsal_cuda
