@@ -56,8 +56,8 @@ def test_a_def_line_frame_with_two_lines_that_can_make_the_op_names_both(tmp_pat
     """examples/demo.py loads its batch with `next(batches)` at two lines (the second after
     StopIteration): the H100 plain recording names step()'s def line, and dataloader-bound placed
     the wait there. It names both lines as candidates now, and no line's source as if it were the one."""
-    a = audit("analyze", str(FIXTURES / "h100" / "plain" / "plain_demo.json.gz"), out=tmp_path / "out",
-              cwd=EXAMPLES, env={"PYTHONPATH": str(ROOT)})  # (the trace names `demo.py`: found from examples/)
+    a = audit("analyze", str(FIXTURES / "h100" / "plain" / "plain_demo.json.gz"), "--source-root", str(EXAMPLES),
+              out=tmp_path / "out", cwd=EXAMPLES, env={"PYTHONPATH": str(ROOT)})  # (the trace names `demo.py`)
     assert a.returncode == 0, a.stderr[-3000:]
     lines = [i for i, t in enumerate((EXAMPLES / "demo.py").read_text().splitlines(), 1) if "next(batches)" in t]
     assert len(lines) == 2
@@ -80,8 +80,8 @@ def test_a_gpu_recording_of_a_module_level_loop_names_the_lines_of_its_syncs_and
     work at the profiler's line too besides `__getitem__`'s. Each now names the line that made it."""
     source = GPU_LOOP.read_text()
     (tmp_path / GPU_LOOP.name).write_text(source)  # (the trace names it so: found from the working directory)
-    a = audit("analyze", str(ROOT / "tests" / "data" / "gpu_module_loop.json.gz"), out=tmp_path / "out",
-              cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    a = audit("analyze", str(ROOT / "tests" / "data" / "gpu_module_loop.json.gz"), "--source-root", str(tmp_path),
+              out=tmp_path / "out", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
     assert a.returncode == 0, a.stderr[-3000:]
     at = {marker: [i for i, t in enumerate(source.splitlines(), 1) if t.endswith(f"# {marker}")]
           for marker in ("BOOL LINE", "MASK LINE", "CPU LINE", "ITEM LINE", "DEVICE LINE")}
