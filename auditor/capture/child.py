@@ -327,20 +327,30 @@ def window_schedule(warmup: int, active: int) -> Callable[[int], Any]:
 
 
 class Profiler:
-    """torch.profiler over the planned window only; its trace goes to DIR/tb/<run>/ for TensorBoard."""
+    """torch.profiler over the planned window only; its trace goes to DIR/tb/<run>/ for TensorBoard,
+    compressed (auditor.capture.trace_file).
+
+    The window's bounds (auditor.capture.window_memory): the window's warm-up step is its
+    calibration, a throwaway recording from the step's start to its first backward pass (or its
+    end), stopped and exported as the window's end is, which measures what an end costs; the
+    window then records its active steps (the profiler's warm-up is the calibration's) until its
+    bounds would be passed. A window whose first step does not fit them keeps no trace."""
 
     def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool) -> None:
         self.warm, self.active = profile_plan(steps) if enabled and steps > 0 else (None, [])
         self.start_at = self.warm if self.warm is not None else (self.active[0] if self.active else None)
         self.logdir = os.path.join(out_dir, "tb", run_name)
         self.prof = None
+        self.calibration = None  # the throwaway recording measuring an end (the warm-up step's)
         self.files: list[str] = []
+        self.trace_bytes = 0
         self.snapshots: list[str] = []  # CUDA memory snapshots of the window, relative to the run dir
         self.top_ops: list[dict] = []
         self.guard: window_memory.Guard | None = None
         self.cut: m.WindowCut | None = None  # the window ended early to bound its memory
         self.step: int | None = None  # the step running
         self._unhook: Callable[[], None] | None = None
+        self._keep = True  # whether the window's end writes its trace
 
     def window(self) -> list[int]:
         """The steps planned for the window."""
@@ -351,35 +361,87 @@ class Profiler:
         return i in self.window() and (self.cut is None or i <= self.cut.step)
 
     def recorded_steps(self) -> list[int]:
+        if self.cut is not None and self.cut.nothing:
+            return []
         return [i for i in self.window() if self.profiled(i)]
 
     def _bound(self, what: str = "") -> None:
-        """End the window here if the process has outgrown its memory bound (window_memory): called
-        on the program's own thread, at each backward pass's start and each step's end."""
+        """End the calibration, or end the window here if going on could pass its bounds
+        (window_memory): called on the program's own thread, at each backward pass's start and
+        each step's end."""
+        if self.calibration is not None:
+            self._calibrated()
+            return
         guard = self.guard
-        if guard is not None and self.prof is not None and guard.over():
-            self.cut = guard.cut(self.step if self.step is not None else -1)
+        if guard is not None and self.prof is not None and not guard.fits():
+            step = self.step if self.step is not None else -1
+            first = bool(self.active) and step <= self.active[0]
+            self.cut = guard.cut(step, nothing=first)
+            self._keep = not first
             self.stop()
+
+    def _profile(self, schedule: Any = None, on_trace_ready: Any = None) -> Any:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        return profile(activities=acts, record_shapes=True, with_stack=True, profile_memory=True,
+                       schedule=schedule, on_trace_ready=on_trace_ready)
 
     def before(self, i: int) -> None:
         self.step = i
-        if i != self.start_at:
-            return
-        self.guard = window_memory.Guard()
-        self._unhook = probes.on_backward_start(self._bound)
-        self.history = cuda_memory.start_history()  # CUDA only: allocator history for the window
-        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+        if i == self.start_at:
+            self.guard = window_memory.Guard()
+            self._unhook = probes.on_backward_start(self._bound)
+            self.history = cuda_memory.start_history()  # CUDA only: allocator history for the window
+        if i == self.warm:
+            self.calibration = self._profile()
+            self.guard.begin()
+            _no_cycle_warning()
+            _start_profiler(self.calibration)
+        elif self.active and i == self.active[0] and self.guard is not None and self.cut is None:
+            self.guard.begin()
+            if not self.guard.fits():  # (the calibration's stretch alone would pass the bounds)
+                self.cut = self.guard.cut(i, nothing=True)
+                self._release()
+                return
+            self.prof = self._profile(window_schedule(0, len(self.active)), self._write)
+            _no_cycle_warning()
+            _start_profiler(self.prof)
 
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        plan = window_schedule(1 if self.warm is not None else 0, len(self.active))
-        self.prof = profile(
-            activities=acts, record_shapes=True, with_stack=True, profile_memory=True, schedule=plan,
-            on_trace_ready=tensorboard_trace_handler(self.logdir, worker_name=f"{socket.gethostname()}_{os.getpid()}"),
-        )
-        _no_cycle_warning()
-        _start_profiler(self.prof)
+    def _write(self, prof: Any) -> None:
+        """The window's on_trace_ready: its trace, kept when a step of it fits its bounds."""
+        if self._keep:
+            from auditor.capture.trace_file import write_trace
+
+            write_trace(prof, self.logdir, f"{socket.gethostname()}_{os.getpid()}")
+
+    def _calibrated(self) -> None:
+        """Stop the calibration and measure its end: the peak of stopping and exporting it over
+        what it grew while recording, and its trace's compressed size."""
+        from auditor.capture.trace_file import compressed_size
+        from auditor.capture.session import rss_bytes
+
+        calibration, self.calibration = self.calibration, None
+        guard = self.guard
+        stop_rss = rss_bytes() or 0
+        hwm = window_memory.peak_rss()
+        size = 0
+        try:
+            calibration.stop()
+            after_stop = rss_bytes() or 0
+            size = compressed_size(calibration, os.path.dirname(os.path.dirname(self.logdir)))
+        except Exception:  # the profiler failing must not fail the audit: the defaults stay
+            guard.stride = max(guard.stride, stop_rss - guard.rec_start)
+            return
+        end_peak = max(after_stop, rss_bytes() or 0)
+        if (now := window_memory.peak_rss()) > hwm:  # (the kernel saw the end's own peak)
+            end_peak = max(end_peak, now)
+        del calibration
+        guard.calibrate(self.step if self.step is not None else -1, stop_rss, end_peak, size)
 
     def after(self, i: int) -> None:
+        if self.calibration is not None:
+            self._calibrated()
         if self.prof is None:
             return
         self._bound()
@@ -389,7 +451,26 @@ class Profiler:
         if self.active and i == self.active[-1]:
             self.stop()
 
+    def _release(self) -> None:
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
+        if getattr(self, "history", False):
+            snapshot = os.path.join(os.path.dirname(os.path.dirname(self.logdir)), "memory_snapshot.pickle")
+            if cuda_memory.dump_snapshot(snapshot):
+                self.snapshots.append(os.path.basename(snapshot))
+            cuda_memory.stop_history()
+            self.history = False
+
     def stop(self) -> None:
+        if self.calibration is not None:  # (the run ended in the calibration: nothing measured)
+            calibration, self.calibration = self.calibration, None
+            try:
+                calibration.stop()
+            except Exception:
+                pass
+            self._release()
+            return
         if self.prof is None:
             return
         prof, self.prof = self.prof, None
@@ -403,14 +484,13 @@ class Profiler:
         except Exception as e:  # the profiler failing must not fail the audit
             self.top_ops = [{"name": f"(profiler failed: {type(e).__name__}: {e})", "count": 0,
                              "self_ms": 0.0, "total_ms": 0.0}]
-        if getattr(self, "history", False):
-            snapshot = os.path.join(os.path.dirname(os.path.dirname(self.logdir)), "memory_snapshot.pickle")
-            if cuda_memory.dump_snapshot(snapshot):
-                self.snapshots.append(os.path.basename(snapshot))
-            cuda_memory.stop_history()
+        del prof
+        self._release()
         if os.path.isdir(self.logdir):
-            self.files = sorted(os.path.relpath(os.path.join(self.logdir, f), os.path.dirname(os.path.dirname(self.logdir)))
-                                for f in os.listdir(self.logdir) if ".pt.trace.json" in f)
+            run_dir = os.path.dirname(os.path.dirname(self.logdir))
+            kept = [f for f in os.listdir(self.logdir) if f.endswith((".pt.trace.json", ".pt.trace.json.gz"))]
+            self.files = sorted(os.path.relpath(os.path.join(self.logdir, f), run_dir) for f in kept)
+            self.trace_bytes = sum(os.path.getsize(os.path.join(self.logdir, f)) for f in kept)
 
 
 def catch_interrupts(catch_sigterm: bool) -> dict:
@@ -533,7 +613,8 @@ def run(args: argparse.Namespace) -> int:
     prof.stop()
     if prof.window():
         out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < args.steps], trace_files=prof.files,
-                              top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut))
+                              top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut,
+                              trace_bytes=prof.trace_bytes))
     for c in collectors:
         data = c.finish()
         if data is not None:

@@ -108,7 +108,8 @@ class EvidenceBuilder:
                 after_step=r.after_step, tensors=r.tensors, graph_nodes=r.graph_nodes, failed=r.failed,
                 holders=[{**h, "where": msgspec.to_builtins(recorded_frame(h.get("where")))} for h in r.holders]))
         elif isinstance(r, wire.Profile):
-            ev.profile = m.ProfileWindow(steps=r.steps, trace_files=r.trace_files, top_ops=r.top_ops, cut=r.cut)
+            ev.profile = m.ProfileWindow(steps=r.steps, trace_files=r.trace_files, top_ops=r.top_ops, cut=r.cut,
+                                         trace_bytes=r.trace_bytes)
             ev.traces = list(r.trace_files)
             ev.snapshots.extend(r.snapshots)
         elif isinstance(r, wire.Snapshot):  # the OOM observer's snapshot: listed only once it exists on disk
@@ -354,4 +355,7 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         last = builder.ev.steps[-1].index + 1 if builder.ev.steps else None
         builder.ev.ending = m.Ending(status="interrupted", step=last, message=f"interrupted ({interrupts['by']})")
     killed_by_audit = interrupts["n"] >= 2 or (interrupts["n"] and time.monotonic() - interrupts["at"] > GRACE_AFTER_INTERRUPT_S)
-    return builder.finish(returncode, "".join(tail), None if killed_by_audit else memory)
+    ev = builder.finish(returncode, "".join(tail), None if killed_by_audit else memory)
+    if ev.profile is not None:  # (the window's bound is judged by what the kernel counted, not the child's word)
+        ev.profile.peak_rss_bytes = memory.peak_bytes()
+    return ev

@@ -3,15 +3,22 @@
 torch.profiler with shapes, stacks and memory keeps every event of the window in the process until
 the window ends: a program that makes many small calls per step (LBFGS's 20 closure calls) can grow
 by gigabytes a step (time_sequence_prediction: 0.67 GB plainly, 24 GB in its profiled steps, then
-the kernel's out-of-memory killer). While the window records, the process's resident memory
-is read at each backward pass's start and each step's end; once it has grown past the bound, the
-window ends there, keeping what it recorded.
+the kernel's out-of-memory killer). Ending the window costs more again: the profiler turns what it
+recorded into its result and exports it (time_sequence_prediction: the process grew 5.27 GB while
+it recorded, 12.9 GB at the end's peak).
 
 The bound: the window may add at most AUDITOR_PROFILE_MEMORY_GIB (`audit run --profile-memory`),
 by default half the memory the machine had available when the window started, to the resident
-memory the process had then, its end included: stopping the profiler processes and exports what it
-recorded, which takes about as much again and more (time_sequence_prediction, window cut at +2.46 GB:
-+5.64 GB at the stop's peak), so the recording itself is cut at the bound over END_FACTOR.
+memory the process had then, its end included. The end's cost is predicted from what the window
+recorded: the peak of an end over the growth of its recording (`factor`) is measured on the step
+before the window (a throwaway recording of that step up to its first backward pass, stopped and
+exported as the window's end is), or END_FACTOR where the window has no step before it. While the
+window records, the process's resident memory is read at each backward pass's start and each
+step's end; the recording ends at the last such point where what it has recorded, plus the largest
+growth seen between two points (`stride`, what it may add before the next one), times the factor
+still fits the bound. The same prediction keeps the trace within AUDITOR_TRACE_SIZE_MB
+(`--trace-size`): its compressed bytes per byte the recording grew, measured likewise
+(TRACE_RATIO by default). A bound that one step's recording does not fit records nothing.
 """
 from __future__ import annotations
 
@@ -23,8 +30,16 @@ import psutil
 from auditor.evidence.model import WindowCut
 
 GiB = 1 << 30
+MB = 10**6
 ENV = "AUDITOR_PROFILE_MEMORY_GIB"
-END_FACTOR = 2.5  # a window's peak growth, its end included, over its growth while it recorded (2.29 measured)
+TRACE_ENV = "AUDITOR_TRACE_SIZE_MB"
+TRACE_SIZE_MB = 256.0  # the default bound of the kept trace, compressed
+# an end's peak growth over its recording's growth where none was measured (2.29-2.7 measured:
+# time_sequence_prediction, LSTMCells with and without stacks)
+END_FACTOR = 3.0
+TRACE_RATIO = 0.06  # compressed trace bytes per byte the recording grew where none was measured (0.024 measured)
+CALIBRATION_MIN = 4 << 20  # a calibration that grew less than this measures noise: the defaults stay
+FACTOR_RANGE = (1.5, 8.0)
 
 
 def allowed_growth(available: int) -> int:
@@ -36,8 +51,22 @@ def allowed_growth(available: int) -> int:
     return int(gib * GiB) if gib > 0 else available // 2
 
 
+def trace_limit() -> int:
+    """Bytes the kept (compressed) trace may take: the user's bound, else TRACE_SIZE_MB."""
+    try:
+        mb = float(os.environ.get(TRACE_ENV, ""))
+    except ValueError:
+        mb = 0.0
+    return int((mb if mb > 0 else TRACE_SIZE_MB) * MB)
+
+
+def peak_rss() -> int:
+    """The process's peak resident memory so far (VmHWM), 0 where unknown."""
+    return _status_bytes("/proc/self/status", "VmHWM:")
+
+
 class Guard:
-    """Reads the process's resident memory at each point the window may end (a backward pass
+    """The window's memory and trace bounds, read at each point the window may end (a backward pass
     starting, a step ending: ~2 us a read) while the window records."""
 
     def __init__(self) -> None:
@@ -45,16 +74,56 @@ class Guard:
 
         self._rss = rss_bytes
         self.start_rss = rss_bytes() or 0
-        self.limit = self.start_rss + int(allowed_growth(psutil.virtual_memory().available) / END_FACTOR)
+        self.bound = allowed_growth(psutil.virtual_memory().available)
+        self.trace_bound = trace_limit()
+        self.factor = END_FACTOR
+        self.trace_ratio = TRACE_RATIO
+        self.calibrated_on: int | None = None  # the step the factor was measured on
         self.peak = self.start_rss
+        self.rec_start = self.last = self.start_rss
+        self.stride = 0  # the largest growth between two reads while recording
+        self.reason = "memory"
 
-    def over(self) -> bool:
+    def begin(self) -> None:
+        """The recording starts (again) here."""
+        self.rec_start = self.last = self._rss() or 0
+        self.peak = max(self.peak, self.rec_start)
+
+    def calibrate(self, step: int, stop_rss: int, end_peak: int, trace_bytes: int) -> None:
+        """An end measured: the recording grew from rec_start to stop_rss, its end peaked at
+        end_peak, its trace took trace_bytes compressed. The stride starts at that growth (the
+        window's first stretch is like the calibration's)."""
+        grown = stop_rss - self.rec_start
+        self.stride = max(self.stride, grown)
+        self.peak = max(self.peak, end_peak)
+        if grown < CALIBRATION_MIN:
+            return
+        self.factor = min(max((end_peak - self.rec_start) / grown, FACTOR_RANGE[0]), FACTOR_RANGE[1])
+        self.trace_ratio = max(trace_bytes / grown, 1e-4)
+        self.calibrated_on = step
+
+    def limit(self) -> int:
+        """The resident memory the recording may reach: its end, `factor` times what it grew,
+        within the bound, and its trace within the trace's bound."""
+        by_memory = self.rec_start + (self.start_rss + self.bound - self.rec_start) / self.factor
+        by_trace = self.rec_start + self.trace_bound / self.trace_ratio
+        self.reason = "memory" if by_memory <= by_trace else "trace-size"
+        return int(min(by_memory, by_trace))
+
+    def fits(self) -> bool:
+        """Whether the recording may go on to the next read: what it holds now and the largest
+        stride seen fit its limit. Reads the memory."""
         rss = self._rss() or 0
         self.peak = max(self.peak, rss)
-        return rss > self.limit
+        self.stride = max(self.stride, rss - self.last)
+        self.last = rss
+        return rss + self.stride <= self.limit()
 
-    def cut(self, step: int) -> WindowCut:
-        return WindowCut(step=step, rss_bytes=self.peak, start_rss_bytes=self.start_rss, limit_bytes=self.limit)
+    def cut(self, step: int, nothing: bool = False) -> WindowCut:
+        return WindowCut(step=step, rss_bytes=self.last, start_rss_bytes=self.start_rss,
+                         limit_bytes=self.start_rss + self.bound, reason=self.reason, nothing=nothing,
+                         factor=round(self.factor, 3), calibrated_on=self.calibrated_on,
+                         stride_bytes=self.stride, trace_limit_bytes=self.trace_bound)
 
 
 class ChildMemory:
@@ -63,6 +132,8 @@ class ChildMemory:
 
     def __init__(self, pid: int, every_s: float = 0.25) -> None:
         self.peak = self.last = 0
+        self.hwm = 0  # the kernel's count of its peak (VmHWM): what no sampling between two reads misses
+        self._status = f"/proc/{pid}/status"
         self.available = self.total = 0
         self._done = threading.Event()
         try:
@@ -83,11 +154,29 @@ class ChildMemory:
             if rss:  # (a killed process not yet reaped reads 0: its last sample stays the evidence)
                 self.last, self.peak = rss, max(self.peak, rss)
                 self.available, self.total = vm.available, vm.total
+                self.hwm = max(self.hwm, _status_bytes(self._status, "VmHWM:"))
             if self._done.wait(self._every):
                 return
 
     def stop(self) -> None:
         self._done.set()
+
+    def peak_bytes(self) -> int:
+        """The child's peak resident memory as read from outside: the kernel's own count where it
+        could be read, else the largest sample."""
+        return max(self.hwm, self.peak)
+
+
+def _status_bytes(path: str, key: str) -> int:
+    """A `kB` field of a /proc/PID/status file, in bytes; 0 where unreadable."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def cgroup_limit() -> int | None:

@@ -274,12 +274,24 @@ def finding_line(f: Finding) -> Text:
     return line
 
 
-def window_cut_phrase(cut: WindowCut) -> str:
-    """The profiler window ended early to bound its memory (auditor.capture.window_memory)."""
+def window_cut_phrase(cut: WindowCut, peak_rss: int = 0) -> str:
+    """The profiler window ended early, or recorded nothing, to keep within its bounds
+    (auditor.capture.window_memory), with the peak resident memory read from outside the process."""
     gb = 1e9
-    return (f"profiler window ended early in step {cut.step}: the process grew from {cut.start_rss_bytes / gb:.2f} "
-            f"to {cut.rss_bytes / gb:.2f} GB resident while the profiler recorded (bound {cut.limit_bytes / gb:.2f} GB: "
-            f"--profile-memory less what ending the window takes); the trace holds the steps recorded until then")
+    how = (f"ending a window takes {cut.factor:.1f}x what it records"
+           + (f", as measured on step {cut.calibrated_on}" if cut.calibrated_on is not None else ", by default"))
+    bound = (f"--profile-memory: {cut.start_rss_bytes / gb:.2f} GB resident when the window began, at most "
+             f"{cut.limit_bytes / gb:.2f} GB with its end; {how}")
+    if cut.reason == "trace-size":
+        bound = f"--trace-size: a trace of at most {cut.trace_limit_bytes / gb:.2f} GB; {how}"
+    peak = f"; the process peaked at {peak_rss / gb:.2f} GB resident (read from outside)" if peak_rss else ""
+    if cut.nothing:
+        return (f"profiler window recorded nothing: step {cut.step}'s recording alone would pass {bound}; it "
+                f"had grown the process to {cut.rss_bytes / gb:.2f} GB when the window had to end{peak}; no trace "
+                f"was kept (a larger bound, or --no-profile)")
+    return (f"profiler window ended early in step {cut.step} to keep within {bound}; it recorded until "
+            f"{cut.rss_bytes / gb:.2f} GB{peak}; the trace holds the steps recorded until then, the later steps "
+            f"ran unprofiled")
 
 
 def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
@@ -329,7 +341,7 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         lines.append(end)
     cut = evidence.profile.cut if evidence.profile is not None else None
     if cut is not None:
-        lines.append(Text(window_cut_phrase(cut), style="yellow"))
+        lines.append(Text(window_cut_phrase(cut, evidence.profile.peak_rss_bytes), style="yellow"))
     lines.extend(Text(a, style="dim") for a in allocator_lines(evidence))
     if results.findings:
         lines.extend(finding_line(f) for f in by_cost(results.findings))
