@@ -326,15 +326,20 @@ def window_schedule(warmup: int, active: int) -> Callable[[int], Any]:
     return action
 
 
+STEP_END = "step end"  # (Profiler._bound's reads: the others are backward passes starting)
+
+
 class Profiler:
     """torch.profiler over the planned window only; its trace goes to DIR/tb/<run>/ for TensorBoard,
     compressed (auditor.capture.trace_file).
 
     The window's bounds (auditor.capture.window_memory): the window's warm-up step is its
-    calibration, a throwaway recording from the step's start to its first backward pass (or its
-    end), stopped and exported as the window's end is, which measures what an end costs; the
-    window then records its active steps (the profiler's warm-up is the calibration's) until its
-    bounds would be passed. A window whose first step does not fit them keeps no trace."""
+    calibration, a throwaway recording of the whole step (cut short where its own end could pass
+    the bound), stopped and exported as the window's end is, which measures what a step's
+    recording and end cost; the window then records as many of its active steps as fit its
+    bounds at that cost (the profiler's warm-up is the calibration's), its memory read at each
+    step's end, or, with no whole step measured, at each read until its bounds would be passed.
+    A window whose first step does not fit them keeps no trace."""
 
     def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool) -> None:
         self.warm, self.active = profile_plan(steps) if enabled and steps > 0 else (None, [])
@@ -351,6 +356,7 @@ class Profiler:
         self.step: int | None = None  # the step running
         self._unhook: Callable[[], None] | None = None
         self._keep = True  # whether the window's end writes its trace
+        self.last = self.active[-1] if self.active else None  # the window's last step
 
     def window(self) -> list[int]:
         """The steps planned for the window."""
@@ -366,14 +372,19 @@ class Profiler:
         return [i for i in self.window() if self.profiled(i)]
 
     def _bound(self, what: str = "") -> None:
-        """End the calibration, or end the window here if going on could pass its bounds
+        """End the calibration early, or the window, where going on could pass its bounds
         (window_memory): called on the program's own thread, at each backward pass's start and
-        each step's end."""
-        if self.calibration is not None:
-            self._calibrated()
-            return
+        each step's end (`what` STEP_END). A window predicted by a calibrated whole step reads its
+        memory at step ends only (a backward pass's start holds the step's activations, which the
+        calibration's factor, measured at a step's end, does not count)."""
         guard = self.guard
-        if guard is not None and self.prof is not None and not guard.fits():
+        if self.calibration is not None:
+            if not guard.calibration_fits():
+                self._calibrated(whole=False)
+            return
+        if guard is None or self.prof is None or (guard.calibrated_on is not None and what != STEP_END):
+            return
+        if not guard.fits():
             step = self.step if self.step is not None else -1
             first = bool(self.active) and step <= self.active[0]
             self.cut = guard.cut(step, nothing=first)
@@ -399,12 +410,17 @@ class Profiler:
             _no_cycle_warning()
             _start_profiler(self.calibration)
         elif self.active and i == self.active[0] and self.guard is not None and self.cut is None:
-            self.guard.begin()
-            if not self.guard.fits():  # (the calibration's stretch alone would pass the bounds)
-                self.cut = self.guard.cut(i, nothing=True)
+            guard = self.guard
+            guard.begin()
+            n = guard.steps_allowed(len(self.active))
+            if n == 0 or not guard.fits():  # (one step, or the calibration's stretch, would pass the bounds)
+                self.cut = guard.cut(i, nothing=True)
                 self._release()
                 return
-            self.prof = self._profile(window_schedule(0, len(self.active)), self._write)
+            if n < len(self.active):  # (fewer steps, each predicted to cost what the calibration's did)
+                self.cut = guard.cut(self.active[n - 1], planned=len(self.active))
+            self.last = self.active[n - 1]
+            self.prof = self._profile(window_schedule(0, n), self._write)
             _no_cycle_warning()
             _start_profiler(self.prof)
 
@@ -415,40 +431,40 @@ class Profiler:
 
             write_trace(prof, self.logdir, f"{socket.gethostname()}_{os.getpid()}")
 
-    def _calibrated(self) -> None:
+    def _calibrated(self, whole: bool) -> None:
         """Stop the calibration and measure its end: the peak of stopping and exporting it over
-        what it grew while recording, and its trace's compressed size."""
-        from auditor.capture.trace_file import compressed_size
+        what it grew while recording, and its trace's compressed size. `whole`: it recorded the
+        whole step (stopped at the step's end)."""
         from auditor.capture.session import rss_bytes
+        from auditor.capture.trace_file import compressed_size
 
         calibration, self.calibration = self.calibration, None
         guard = self.guard
         stop_rss = rss_bytes() or 0
         hwm = window_memory.peak_rss()
-        size = 0
         try:
             calibration.stop()
             after_stop = rss_bytes() or 0
             size = compressed_size(calibration, os.path.dirname(os.path.dirname(self.logdir)))
         except Exception:  # the profiler failing must not fail the audit: the defaults stay
-            guard.stride = max(guard.stride, stop_rss - guard.rec_start)
             return
         end_peak = max(after_stop, rss_bytes() or 0)
         if (now := window_memory.peak_rss()) > hwm:  # (the kernel saw the end's own peak)
             end_peak = max(end_peak, now)
         del calibration
-        guard.calibrate(self.step if self.step is not None else -1, stop_rss, end_peak, size)
+        window_memory.release_freed()
+        guard.calibrate(self.step if whole else None, stop_rss, end_peak, size)
 
     def after(self, i: int) -> None:
         if self.calibration is not None:
-            self._calibrated()
+            self._calibrated(whole=True)
         if self.prof is None:
             return
-        self._bound()
+        self._bound(STEP_END)
         if self.prof is None:
             return
         self.prof.step()
-        if self.active and i == self.active[-1]:
+        if i == self.last:
             self.stop()
 
     def _release(self) -> None:
@@ -485,6 +501,7 @@ class Profiler:
             self.top_ops = [{"name": f"(profiler failed: {type(e).__name__}: {e})", "count": 0,
                              "self_ms": 0.0, "total_ms": 0.0}]
         del prof
+        window_memory.release_freed()
         self._release()
         if os.path.isdir(self.logdir):
             run_dir = os.path.dirname(os.path.dirname(self.logdir))

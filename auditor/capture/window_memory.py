@@ -34,12 +34,14 @@ MB = 10**6
 ENV = "AUDITOR_PROFILE_MEMORY_GIB"
 TRACE_ENV = "AUDITOR_TRACE_SIZE_MB"
 TRACE_SIZE_MB = 256.0  # the default bound of the kept trace, compressed
-# an end's peak growth over its recording's growth where none was measured (2.29-2.7 measured:
-# time_sequence_prediction, LSTMCells with and without stacks)
-END_FACTOR = 3.0
+# an end's peak growth over its recording's growth (the resident memory's, read at a step's end)
+# where no whole step was measured, and what a calibration is bounded by: the largest measured
+# (time_sequence_prediction: 2.3-2.7 at full length, where training dominates; 8-16 where its
+# prediction under no_grad, many small ops freeing what they allocate, dominates)
+END_FACTOR = 16.0
 TRACE_RATIO = 0.06  # compressed trace bytes per byte the recording grew where none was measured (0.024 measured)
 CALIBRATION_MIN = 4 << 20  # a calibration that grew less than this measures noise: the defaults stay
-FACTOR_RANGE = (1.5, 8.0)
+FACTOR_RANGE = (1.5, END_FACTOR)
 
 
 def allowed_growth(available: int) -> int:
@@ -60,6 +62,17 @@ def trace_limit() -> int:
     return int((mb if mb > 0 else TRACE_SIZE_MB) * MB)
 
 
+def release_freed() -> None:
+    """Return the heap memory a window's end freed to the system (glibc's malloc_trim): its
+    result, once dropped, otherwise stays resident for the rest of the run."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def peak_rss() -> int:
     """The process's peak resident memory so far (VmHWM), 0 where unknown."""
     return _status_bytes("/proc/self/status", "VmHWM:")
@@ -78,7 +91,9 @@ class Guard:
         self.trace_bound = trace_limit()
         self.factor = END_FACTOR
         self.trace_ratio = TRACE_RATIO
-        self.calibrated_on: int | None = None  # the step the factor was measured on
+        self.calibrated_on: int | None = None  # the step whose whole recording and end were measured
+        self.step_cost = 0  # that step's recording and end: the peak's growth over its start
+        self.step_trace = 0  # that step's trace, compressed
         self.peak = self.start_rss
         self.rec_start = self.last = self.start_rss
         self.stride = 0  # the largest growth between two reads while recording
@@ -89,23 +104,49 @@ class Guard:
         self.rec_start = self.last = self._rss() or 0
         self.peak = max(self.peak, self.rec_start)
 
-    def calibrate(self, step: int, stop_rss: int, end_peak: int, trace_bytes: int) -> None:
+    def room(self) -> int:
+        """What the window may still add, from where the recording starts."""
+        return self.start_rss + self.bound - self.rec_start
+
+    def calibration_fits(self) -> bool:
+        """Whether the calibration's recording may go on to the next read: its end, predicted by
+        END_FACTOR, fits the bound. Reads the memory."""
+        rss = self._rss() or 0
+        self.stride = max(self.stride, rss - self.last)
+        self.last = rss
+        return (rss + self.stride - self.rec_start) * END_FACTOR <= self.room()
+
+    def calibrate(self, step: int | None, stop_rss: int, end_peak: int, trace_bytes: int) -> None:
         """An end measured: the recording grew from rec_start to stop_rss, its end peaked at
-        end_peak, its trace took trace_bytes compressed. The stride starts at that growth (the
-        window's first stretch is like the calibration's)."""
+        end_peak, its trace took trace_bytes compressed. `step`: the step it recorded whole (None:
+        part of one, which measures the factor only)."""
         grown = stop_rss - self.rec_start
-        self.stride = max(self.stride, grown)
         self.peak = max(self.peak, end_peak)
+        if step is not None:
+            self.calibrated_on = step
+            self.step_cost = max(end_peak - self.rec_start, 1)
+            self.step_trace = max(trace_bytes, 1)
         if grown < CALIBRATION_MIN:
             return
-        self.factor = min(max((end_peak - self.rec_start) / grown, FACTOR_RANGE[0]), FACTOR_RANGE[1])
         self.trace_ratio = max(trace_bytes / grown, 1e-4)
-        self.calibrated_on = step
+        if step is not None:  # (part of a step measures its own mix of work, not the step's: END_FACTOR stays)
+            self.factor = min(max((end_peak - self.rec_start) / grown, FACTOR_RANGE[0]), FACTOR_RANGE[1])
+
+    def steps_allowed(self, planned: int) -> int:
+        """How many whole steps the window may record: each costs what the calibration's step did
+        (its recording and end), within the bound and the trace's bound. `planned` where no whole
+        step was measured (the reads decide)."""
+        if self.calibrated_on is None:
+            return planned
+        by_memory = self.room() // self.step_cost
+        by_trace = self.trace_bound // self.step_trace
+        self.reason = "memory" if by_memory <= by_trace else "trace-size"
+        return int(max(0, min(planned, by_memory, by_trace)))
 
     def limit(self) -> int:
         """The resident memory the recording may reach: its end, `factor` times what it grew,
         within the bound, and its trace within the trace's bound."""
-        by_memory = self.rec_start + (self.start_rss + self.bound - self.rec_start) / self.factor
+        by_memory = self.rec_start + self.room() / self.factor
         by_trace = self.rec_start + self.trace_bound / self.trace_ratio
         self.reason = "memory" if by_memory <= by_trace else "trace-size"
         return int(min(by_memory, by_trace))
@@ -119,11 +160,12 @@ class Guard:
         self.last = rss
         return rss + self.stride <= self.limit()
 
-    def cut(self, step: int, nothing: bool = False) -> WindowCut:
+    def cut(self, step: int, nothing: bool = False, planned: int = 0) -> WindowCut:
         return WindowCut(step=step, rss_bytes=self.last, start_rss_bytes=self.start_rss,
                          limit_bytes=self.start_rss + self.bound, reason=self.reason, nothing=nothing,
                          factor=round(self.factor, 3), calibrated_on=self.calibrated_on,
-                         stride_bytes=self.stride, trace_limit_bytes=self.trace_bound)
+                         stride_bytes=self.stride, trace_limit_bytes=self.trace_bound,
+                         step_cost_bytes=self.step_cost, step_trace_bytes=self.step_trace, planned=planned)
 
 
 class ChildMemory:

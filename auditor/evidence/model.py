@@ -178,6 +178,12 @@ class WindowCut(msgspec.Struct, frozen=True):
     calibrated_on: int | None = None
     stride_bytes: int = 0
     trace_limit_bytes: int = 0
+    # the calibration's whole step (`calibrated_on`): its recording and end's peak growth, and its
+    # compressed trace, what each step of the window was predicted to cost
+    step_cost_bytes: int = 0
+    step_trace_bytes: int = 0
+    planned: int = 0  # the window was shortened before it began: it recorded `step`'s and the steps
+    # before it of `planned` active steps (0: it ended at a read of its memory)
 
 
 class ProfileWindow(msgspec.Struct):

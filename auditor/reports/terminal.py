@@ -275,21 +275,26 @@ def finding_line(f: Finding) -> Text:
 
 
 def window_cut_phrase(cut: WindowCut, peak_rss: int = 0) -> str:
-    """The profiler window ended early, or recorded nothing, to keep within its bounds
+    """The profiler window recorded fewer steps, or nothing, to keep within its bounds
     (auditor.capture.window_memory), with the peak resident memory read from outside the process."""
     gb = 1e9
-    how = (f"ending a window takes {cut.factor:.1f}x what it records"
-           + (f", as measured on step {cut.calibrated_on}" if cut.calibrated_on is not None else ", by default"))
+    if cut.calibrated_on is not None:
+        how = (f"a step's recording and end cost {cut.step_cost_bytes / gb:.2f} GB and {cut.step_trace_bytes / gb:.3f} "
+               f"GB of trace, as measured on step {cut.calibrated_on}")
+    else:
+        how = f"ending a window was taken to cost {cut.factor:.1f}x what it records (no whole step measured)"
     bound = (f"--profile-memory: {cut.start_rss_bytes / gb:.2f} GB resident when the window began, at most "
-             f"{cut.limit_bytes / gb:.2f} GB with its end; {how}")
+             f"{cut.limit_bytes / gb:.2f} GB with its end")
     if cut.reason == "trace-size":
-        bound = f"--trace-size: a trace of at most {cut.trace_limit_bytes / gb:.2f} GB; {how}"
+        bound = f"--trace-size: a trace of at most {cut.trace_limit_bytes / gb:.3f} GB"
     peak = f"; the process peaked at {peak_rss / gb:.2f} GB resident (read from outside)" if peak_rss else ""
     if cut.nothing:
-        return (f"profiler window recorded nothing: step {cut.step}'s recording alone would pass {bound}; it "
-                f"had grown the process to {cut.rss_bytes / gb:.2f} GB when the window had to end{peak}; no trace "
-                f"was kept (a larger bound, or --no-profile)")
-    return (f"profiler window ended early in step {cut.step} to keep within {bound}; it recorded until "
+        return (f"profiler window recorded nothing: step {cut.step}'s recording and its end would pass {bound} "
+                f"({how}){peak}; no trace was kept (a larger bound records it)")
+    if cut.planned:
+        return (f"profiler window recorded fewer steps than planned, up to step {cut.step}, to keep within {bound} "
+                f"({how}){peak}; the later steps ran unprofiled")
+    return (f"profiler window ended early in step {cut.step} to keep within {bound} ({how}); it recorded until "
             f"{cut.rss_bytes / gb:.2f} GB{peak}; the trace holds the steps recorded until then, the later steps "
             f"ran unprofiled")
 

@@ -1,7 +1,7 @@
 """pytorch/examples time_sequence_prediction as one file: generate_sine_wave.py's data made in
 memory (T=20, L=1000, N=100 by default) and train.py's model and loop: two LSTMCells stepped over
 the sequence in a Python loop, fitted with LBFGS (its closure runs the model up to 20 times a step).
-`--length` and `--max-iter` shrink it for a test."""
+`--length`, `--max-iter` and `--future` shrink it for a test."""
 import argparse
 
 import numpy as np
@@ -40,6 +40,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=15, help="steps to run")
 parser.add_argument("--length", type=int, default=1000, help="samples in each sine wave")
 parser.add_argument("--max-iter", type=int, default=20, help="LBFGS's closure calls a step")
+parser.add_argument("--future", type=int, default=1000, help="samples predicted after each step")
 opt = parser.parse_args()
 
 # generate_sine_wave.py
@@ -73,7 +74,7 @@ for i in range(opt.steps):
 
     optimizer.step(closure)
     with torch.no_grad():
-        future = 1000
+        future = opt.future
         pred = seq(test_input, future=future)
         loss = criterion(pred[:, :-future], test_target)
         print("test loss:", loss.item())
