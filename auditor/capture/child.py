@@ -18,6 +18,8 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
+import msgspec
+
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
 
@@ -357,6 +359,7 @@ class Profiler:
         self._unhook: Callable[[], None] | None = None
         self._keep = True  # whether the window's end writes its trace
         self.last = self.active[-1] if self.active else None  # the window's last step
+        self.lines: Any = None  # the step's line sampler (StepSession's), paused while a stop runs mid-step
 
     def window(self) -> list[int]:
         """The steps planned for the window."""
@@ -380,7 +383,7 @@ class Profiler:
         guard = self.guard
         if self.calibration is not None:
             if not guard.calibration_fits():
-                self._calibrated(whole=False)
+                self._midstep(what, lambda: self._calibrated(whole=False))
             return
         if guard is None or self.prof is None or (guard.calibrated_on is not None and what != STEP_END):
             return
@@ -389,7 +392,20 @@ class Profiler:
             first = bool(self.active) and step <= self.active[0]
             self.cut = guard.cut(step, nothing=first)
             self._keep = not first
-            self.stop()
+            self._midstep(what, self.stop)
+
+    def _midstep(self, what: str, stop: Callable[[], None]) -> None:
+        """Run `stop` (a profiler's stop, which walks the threads' frames) with the line sampler
+        paused where it runs inside a step (at a backward pass's start): never beside a look at
+        the step's frames, as at a step's end (a stop beside one crashed the process)."""
+        lines = self.lines if what != STEP_END else None
+        if lines is not None:
+            lines.pause()
+        try:
+            stop()
+        finally:
+            if lines is not None:
+                lines.resume()
 
     def _profile(self, schedule: Any = None, on_trace_ready: Any = None) -> Any:
         from torch.profiler import ProfilerActivity, profile
@@ -460,7 +476,8 @@ class Profiler:
             self._calibrated(whole=True)
         if self.prof is None:
             return
-        self._bound(STEP_END)
+        if i != self.last:  # (the window ends at its last step's end anyway)
+            self._bound(STEP_END)
         if self.prof is None:
             return
         self.prof.step()
@@ -508,6 +525,14 @@ class Profiler:
             kept = [f for f in os.listdir(self.logdir) if f.endswith((".pt.trace.json", ".pt.trace.json.gz"))]
             self.files = sorted(os.path.relpath(os.path.join(self.logdir, f), run_dir) for f in kept)
             self.trace_bytes = sum(os.path.getsize(os.path.join(self.logdir, f)) for f in kept)
+            guard = self.guard
+            if guard is not None and self.trace_bytes > guard.trace_bound:  # (predicted wrongly: none is kept)
+                for f in kept:
+                    os.unlink(os.path.join(self.logdir, f))
+                cut = self.cut or guard.cut(self.last if self.last is not None else -1)
+                self.cut = msgspec.structs.replace(cut, nothing=True, reason="trace-size",
+                                                   dropped_trace_bytes=self.trace_bytes)
+                self.files, self.trace_bytes = [], 0
 
 
 def catch_interrupts(catch_sigterm: bool) -> dict:

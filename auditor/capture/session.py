@@ -39,6 +39,7 @@ class StepSession:
         self.t0 = self.c0 = 0.0
         self.anomaly = False
         self.lines = lines.LineSampler() if lines.ENABLED else None  # per-line time of each step
+        prof.lines = self.lines
         for c in collectors:  # the profiled steps carry no numerics checks (numerics.schedule)
             if hasattr(c, "window"):
                 c.window = frozenset(prof.window())

@@ -184,6 +184,7 @@ class WindowCut(msgspec.Struct, frozen=True):
     step_trace_bytes: int = 0
     planned: int = 0  # the window was shortened before it began: it recorded `step`'s and the steps
     # before it of `planned` active steps (0: it ended at a read of its memory)
+    dropped_trace_bytes: int = 0  # its trace was written over --trace-size, and removed
 
 
 class ProfileWindow(msgspec.Struct):

@@ -288,6 +288,9 @@ def window_cut_phrase(cut: WindowCut, peak_rss: int = 0) -> str:
     if cut.reason == "trace-size":
         bound = f"--trace-size: a trace of at most {cut.trace_limit_bytes / gb:.3f} GB"
     peak = f"; the process peaked at {peak_rss / gb:.2f} GB resident (read from outside)" if peak_rss else ""
+    if cut.dropped_trace_bytes:
+        return (f"profiler window kept no trace: its trace took {cut.dropped_trace_bytes / gb:.3f} GB compressed, "
+                f"over --trace-size's {cut.trace_limit_bytes / gb:.3f} GB ({how}){peak}")
     if cut.nothing:
         return (f"profiler window recorded nothing: step {cut.step}'s recording and its end would pass {bound} "
                 f"({how}){peak}; no trace was kept (a larger bound records it)")
