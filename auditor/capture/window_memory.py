@@ -9,16 +9,15 @@ it recorded, 12.9 GB at the end's peak).
 
 The bound: the window may add at most AUDITOR_PROFILE_MEMORY_GIB (`audit run --profile-memory`),
 by default half the memory the machine had available when the window started, to the resident
-memory the process had then, its end included. The end's cost is predicted from what the window
-recorded: the peak of an end over the growth of its recording (`factor`) is measured on the step
-before the window (a throwaway recording of that step up to its first backward pass, stopped and
-exported as the window's end is), or END_FACTOR where the window has no step before it. While the
-window records, the process's resident memory is read at each backward pass's start and each
-step's end; the recording ends at the last such point where what it has recorded, plus the largest
-growth seen between two points (`stride`, what it may add before the next one), times the factor
-still fits the bound. The same prediction keeps the trace within AUDITOR_TRACE_SIZE_MB
-(`--trace-size`): its compressed bytes per byte the recording grew, measured likewise
-(TRACE_RATIO by default). A bound that one step's recording does not fit records nothing.
+memory the process had then, its end included; its trace, compressed, at most AUDITOR_TRACE_SIZE_MB
+(`--trace-size`). The end's cost is predicted from a step measured whole: the window's warm-up step
+is a throwaway recording, stopped and exported as the window's end is, which measures a step's
+recording and end (`step_cost`) and its trace (`step_trace`); the window records the steps that
+fit at that cost (times STEP_MARGIN), its memory read at its steps' ends. Where no whole step was
+measured, the process's resident memory is read at each backward pass's start and each step's end,
+and the recording ends at the last such read where what it holds, plus the largest growth seen
+between two reads (`stride`), times END_FACTOR still fits. A bound that one step's recording
+does not fit records nothing.
 """
 from __future__ import annotations
 
