@@ -359,7 +359,6 @@ class Profiler:
         self._unhook: Callable[[], None] | None = None
         self._keep = True  # whether the window's end writes its trace
         self.last = self.active[-1] if self.active else None  # the window's last step
-        self.lines: Any = None  # the step's line sampler (StepSession's), paused while a stop runs mid-step
 
     def window(self) -> list[int]:
         """The steps planned for the window."""
@@ -383,7 +382,7 @@ class Profiler:
         guard = self.guard
         if self.calibration is not None:
             if not guard.calibration_fits():
-                self._midstep(what, lambda: self._calibrated(whole=False))
+                self._calibrated(whole=False)
             return
         if guard is None or self.prof is None or (guard.calibrated_on is not None and what != STEP_END):
             return
@@ -392,20 +391,7 @@ class Profiler:
             first = bool(self.active) and step <= self.active[0]
             self.cut = guard.cut(step, nothing=first)
             self._keep = not first
-            self._midstep(what, self.stop)
-
-    def _midstep(self, what: str, stop: Callable[[], None]) -> None:
-        """Run `stop` (a profiler's stop, which walks the threads' frames) with the line sampler
-        paused where it runs inside a step (at a backward pass's start): never beside a look at
-        the step's frames, as at a step's end (a stop beside one crashed the process)."""
-        lines = self.lines if what != STEP_END else None
-        if lines is not None:
-            lines.pause()
-        try:
-            stop()
-        finally:
-            if lines is not None:
-                lines.resume()
+            self.stop()
 
     def _profile(self, schedule: Any = None, on_trace_ready: Any = None) -> Any:
         from torch.profiler import ProfilerActivity, profile

@@ -39,7 +39,6 @@ class StepSession:
         self.t0 = self.c0 = 0.0
         self.anomaly = False
         self.lines = lines.LineSampler() if lines.ENABLED else None  # per-line time of each step
-        prof.lines = self.lines
         for c in collectors:  # the profiled steps carry no numerics checks (numerics.schedule)
             if hasattr(c, "window"):
                 c.window = frozenset(prof.window())
@@ -57,7 +56,9 @@ class StepSession:
         self.t0 = time.perf_counter() if t0 is None else t0
         if self.t_first is None:
             self.t_first = self.t0
-        if self.lines is not None:
+        # (not in the profiler's steps: its start, stop and Python tracer walk the threads' frames,
+        # and a look at the step's frames beside them crashed the process)
+        if self.lines is not None and not self.prof.profiled(i):
             self.lines.resume()
 
     def end(self, i: int, failed: bool = False) -> None:
