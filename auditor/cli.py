@@ -115,9 +115,12 @@ def cli() -> None:
               help="Record a torch.profiler window of a few steps.")
 @click.option("--profile-memory", "profile_memory", type=Measure(MIN_GIB, MAX_GIB, "GiB, from 1 MiB (0.0009765625) to 1 PiB (1048576)"), default=None,
               metavar="GIB", help="The most resident memory the profiler window may add to the program, in GiB, its end "
-                                  "(the profiler's export) included: the recording ends early at 1/2.5 of it, "
-                                  "keeping what it recorded [default: half the memory available when the window "
-                                  "starts].")
+                                  "(the profiler's export) included: the recording ends early where its end, "
+                                  "predicted from what it recorded, would pass it, keeping what it recorded "
+                                  "[default: half the memory available when the window starts].")
+@click.option("--trace-size", "trace_size", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="MB", help="The most the kept profiler trace (compressed, .pt.trace.json.gz) may take, in MB: "
+                                 "the recording ends early where its trace would pass it [default: 256].")
 @click.option("--rehearse/--no-rehearse", default=None,
               help="Run CUDA code on the CPU, judging it as GPU code [default: when the target asks for "
                    "CUDA and none is present].")
@@ -153,7 +156,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         numerics: bool = True, script_args: tuple[str, ...] = (), module: str | None = None, skip: int = 0,
         to_end: bool = False, baseline: Path | None = None, device_memory: float | None = None,
         device: str | None = None, verify: bool = False, digest: bool = False,
-        profile_memory: float | None = None) -> None:
+        profile_memory: float | None = None, trace_size: float | None = None) -> None:
     """Audit TARGET: path/to/file.py:step or package.module:step (the step called N times), or a
     whole program, path/to/file.py or -m package.module (run as Python runs it, its steps found).
 
@@ -161,6 +164,8 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     _device_memory(device_memory)
     if profile_memory:  # (read by the audited child: auditor.capture.window_memory)
         os.environ["AUDITOR_PROFILE_MEMORY_GIB"] = repr(profile_memory)
+    if trace_size:  # (likewise)
+        os.environ["AUDITOR_TRACE_SIZE_MB"] = repr(trace_size)
     sys.exit(app.run(target, steps, out_dir, fail_on, select, ignore, profile, rehearse, open_report, tensorboard,
                      quiet, nproc_per_node, rank_timeout, numerics, script_args, module, skip, to_end, baseline,
                      device=device, verify=verify, digest=digest))

@@ -18,6 +18,8 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
+import msgspec
+
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
 
@@ -318,23 +320,38 @@ def window_schedule(warmup: int, active: int) -> Callable[[int], Any]:
     return action
 
 
+STEP_END = "step end"  # (Profiler._bound's reads: the others are backward passes starting)
+
+
 class Profiler:
-    """torch.profiler over the planned window only; its trace goes to DIR/tb/<run>/ for TensorBoard."""
+    """torch.profiler over the planned window only; its trace goes to DIR/tb/<run>/ for TensorBoard,
+    compressed (auditor.capture.trace_file).
+
+    The window's bounds (auditor.capture.window_memory): the window's warm-up step is its
+    calibration, a throwaway recording of the whole step (cut short where its own end could pass
+    the bound), stopped and exported as the window's end is, which measures what a step's
+    recording and end cost; the window then records as many of its active steps as fit its
+    bounds at that cost (the profiler's warm-up is the calibration's), its memory read at each
+    step's end, or, with no whole step measured, at each read until its bounds would be passed.
+    A window whose first step does not fit them keeps no trace."""
 
     def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool) -> None:
         self.steps = steps  # the steps asked for (0: a program audited to its end)
         self.warm, self.active = profile_plan(steps) if enabled and steps > 0 else (None, [])
         self.start_at = self.warm if self.warm is not None else (self.active[0] if self.active else None)
         self.logdir = os.path.join(out_dir, "tb", run_name)
-        self.writes_to = self.logdir  # where the profiler writes (see _trace_dir), moved to logdir after
         self.prof = None
+        self.calibration = None  # the throwaway recording measuring an end (the warm-up step's)
         self.files: list[str] = []
+        self.trace_bytes = 0
         self.snapshots: list[str] = []  # CUDA memory snapshots of the window, relative to the run dir
         self.top_ops: list[dict] = []
         self.guard: window_memory.Guard | None = None
         self.cut: m.WindowCut | None = None  # the window ended early to bound its memory
         self.step: int | None = None  # the step running
         self._unhook: Callable[[], None] | None = None
+        self._keep = True  # whether the window's end writes its trace
+        self.last = self.active[-1] if self.active else None  # the window's last step
 
     def window(self) -> list[int]:
         """The steps planned for the window."""
@@ -345,47 +362,135 @@ class Profiler:
         return i in self.window() and (self.cut is None or i <= self.cut.step)
 
     def recorded_steps(self) -> list[int]:
+        if self.cut is not None and self.cut.nothing:
+            return []
         return [i for i in self.window() if self.profiled(i)]
 
     def _bound(self, what: str = "") -> None:
-        """End the window here if the process has outgrown its memory bound (window_memory): called
-        on the program's own thread, at each backward pass's start and each step's end."""
+        """End the calibration early, or the window, where going on could pass its bounds
+        (window_memory): called on the program's own thread, at each backward pass's start and
+        each step's end (`what` STEP_END). A window predicted by a calibrated whole step reads its
+        memory at step ends only (a backward pass's start holds the step's activations, which the
+        calibration's factor, measured at a step's end, does not count)."""
         guard = self.guard
-        if guard is not None and self.prof is not None and guard.over():
-            self.cut = guard.cut(self.step if self.step is not None else -1)
+        if self.calibration is not None:
+            if not guard.calibration_fits():
+                self._calibrated(whole=False)
+            return
+        if guard is None or self.prof is None or (guard.calibrated_on is not None and what != STEP_END):
+            return
+        if not guard.fits():
+            step = self.step if self.step is not None else -1
+            first = bool(self.active) and step <= self.active[0]
+            self.cut = guard.cut(step, nothing=first)
+            self._keep = not first
             self.stop()
+
+    def _profile(self, schedule: Any = None, on_trace_ready: Any = None) -> Any:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        return profile(activities=acts, record_shapes=True, with_stack=True, profile_memory=True,
+                       schedule=schedule, on_trace_ready=on_trace_ready)
 
     def before(self, i: int) -> None:
         self.step = i
-        if i != self.start_at:
-            return
-        self.guard = window_memory.Guard()
-        self._unhook = probes.on_backward_start(self._bound)
-        self.history = cuda_memory.start_history()  # CUDA only: allocator history for the window
-        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+        if i == self.start_at:
+            self.guard = window_memory.Guard()
+            self._unhook = probes.on_backward_start(self._bound)
+            self.history = cuda_memory.start_history()  # CUDA only: allocator history for the window
+        if i == self.warm:
+            self.calibration = self._profile()
+            self.guard.begin()
+            _no_cycle_warning()
+            _start_profiler(self.calibration)
+        elif self.active and i == self.active[0] and self.guard is not None and self.cut is None:
+            guard = self.guard
+            guard.begin()
+            n = guard.steps_allowed(len(self.active))
+            if n == 0 or not guard.fits():  # (one step, or the calibration's stretch, would pass the bounds)
+                self.cut = guard.cut(i, nothing=True)
+                self._release()
+                return
+            if n < len(self.active):  # (fewer steps, each predicted to cost what the calibration's did)
+                self.cut = guard.cut(self.active[n - 1], planned=len(self.active))
+            self.last = self.active[n - 1]
+            self.prof = self._profile(window_schedule(0, n), self._write)
+            _no_cycle_warning()
+            _start_profiler(self.prof)
 
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        plan = window_schedule(1 if self.warm is not None else 0, len(self.active))
-        self.writes_to = _trace_dir(self.logdir)
-        worker = "".join(c if c.isalnum() or c in "-._" else "_" for c in socket.gethostname())
-        self.prof = profile(
-            activities=acts, record_shapes=True, with_stack=True, profile_memory=True, schedule=plan,
-            on_trace_ready=tensorboard_trace_handler(self.writes_to, worker_name=f"{worker}_{os.getpid()}"),
-        )
-        _no_cycle_warning()
-        _start_profiler(self.prof)
+    def _write(self, prof: Any) -> None:
+        """The window's on_trace_ready: its trace, kept when a step of it fits its bounds."""
+        if self._keep:
+            from auditor.capture.trace_file import write_trace
+
+            worker = "".join(c if c.isalnum() or c in "-._" else "_" for c in socket.gethostname())
+            scratch = _trace_dir(self.logdir)  # (the export's own path is written into its JSON)
+            try:
+                write_trace(prof, self.logdir, f"{worker}_{os.getpid()}", scratch_dir=scratch)
+            finally:
+                if scratch != self.logdir:
+                    import shutil
+
+                    shutil.rmtree(scratch, ignore_errors=True)
+
+    def _calibrated(self, whole: bool) -> None:
+        """Stop the calibration and measure its end: the peak of stopping and exporting it over
+        what it grew while recording, and its trace's compressed size. `whole`: it recorded the
+        whole step (stopped at the step's end)."""
+        from auditor.capture.session import rss_bytes
+        from auditor.capture.trace_file import compressed_size
+
+        calibration, self.calibration = self.calibration, None
+        guard = self.guard
+        stop_rss = rss_bytes() or 0
+        hwm = window_memory.peak_rss()
+        try:
+            calibration.stop()
+            after_stop = rss_bytes() or 0
+            size = compressed_size(calibration, os.path.dirname(os.path.dirname(self.logdir)))
+        except Exception:  # the profiler failing must not fail the audit: the defaults stay
+            return
+        end_peak = max(after_stop, rss_bytes() or 0)
+        if (now := window_memory.peak_rss()) > hwm:  # (the kernel saw the end's own peak)
+            end_peak = max(end_peak, now)
+        del calibration
+        window_memory.release_freed()
+        guard.calibrate(self.step if whole else None, stop_rss, end_peak, size)
 
     def after(self, i: int) -> None:
+        if self.calibration is not None:
+            self._calibrated(whole=True)
         if self.prof is None:
             return
-        self._bound()
+        if i != self.last:  # (the window ends at its last step's end anyway)
+            self._bound(STEP_END)
         if self.prof is None:
             return
         self.prof.step()
-        if self.active and i == self.active[-1]:
+        if i == self.last:
             self.stop()
 
+    def _release(self) -> None:
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
+        if getattr(self, "history", False):
+            snapshot = os.path.join(os.path.dirname(os.path.dirname(self.logdir)), "memory_snapshot.pickle")
+            if cuda_memory.dump_snapshot(snapshot):
+                self.snapshots.append(os.path.basename(snapshot))
+            cuda_memory.stop_history()
+            self.history = False
+
     def stop(self) -> None:
+        if self.calibration is not None:  # (the run ended in the calibration: nothing measured)
+            calibration, self.calibration = self.calibration, None
+            try:
+                calibration.stop()
+            except Exception:
+                pass
+            self._release()
+            return
         if self.prof is None:
             return
         prof, self.prof = self.prof, None
@@ -399,16 +504,22 @@ class Profiler:
         except Exception as e:  # the profiler failing must not fail the audit
             self.top_ops = [{"name": f"(profiler failed: {type(e).__name__}: {e})", "count": 0,
                              "self_ms": 0.0, "total_ms": 0.0}]
-        if getattr(self, "history", False):
-            snapshot = os.path.join(os.path.dirname(os.path.dirname(self.logdir)), "memory_snapshot.pickle")
-            if cuda_memory.dump_snapshot(snapshot):
-                self.snapshots.append(os.path.basename(snapshot))
-            cuda_memory.stop_history()
-        if self.writes_to != self.logdir:
-            _move_traces(self.writes_to, self.logdir)
+        del prof
+        window_memory.release_freed()
+        self._release()
         if os.path.isdir(self.logdir):
-            self.files = sorted(os.path.relpath(os.path.join(self.logdir, f), os.path.dirname(os.path.dirname(self.logdir)))
-                                for f in os.listdir(self.logdir) if ".pt.trace.json" in f)
+            run_dir = os.path.dirname(os.path.dirname(self.logdir))
+            kept = [f for f in os.listdir(self.logdir) if f.endswith((".pt.trace.json", ".pt.trace.json.gz"))]
+            self.files = sorted(os.path.relpath(os.path.join(self.logdir, f), run_dir) for f in kept)
+            self.trace_bytes = sum(os.path.getsize(os.path.join(self.logdir, f)) for f in kept)
+            guard = self.guard
+            if guard is not None and self.trace_bytes > guard.trace_bound:  # (predicted wrongly: none is kept)
+                for f in kept:
+                    os.unlink(os.path.join(self.logdir, f))
+                cut = self.cut or guard.cut(self.last if self.last is not None else -1)
+                self.cut = msgspec.structs.replace(cut, nothing=True, reason="trace-size",
+                                                   dropped_trace_bytes=self.trace_bytes)
+                self.files, self.trace_bytes = [], 0
 
 
 def _unsafe_for_trace(path: str) -> bool:
@@ -418,25 +529,15 @@ def _unsafe_for_trace(path: str) -> bool:
 
 
 def _trace_dir(logdir: str) -> str:
-    """Where the profiler writes its trace: `logdir`, or, when its path is unsafe for the trace
-    (_unsafe_for_trace), a temporary directory of the audit's own choosing (its files are moved to
-    `logdir` when the window ends: auditor.capture.child._move_traces)."""
+    """Where the profiler exports its trace before it is compressed into `logdir`: `logdir`, or,
+    when its path is unsafe for the trace (_unsafe_for_trace), a temporary directory of the audit's
+    own choosing (removed once the trace is kept)."""
     if not _unsafe_for_trace(os.path.abspath(logdir)):
         return logdir
     import tempfile
 
     base = tempfile.gettempdir()
     return tempfile.mkdtemp(prefix="audit-trace-", dir=None if not _unsafe_for_trace(base) else "/tmp")
-
-
-def _move_traces(src: str, dst: str) -> None:
-    """The profiler's files from the temporary directory `src` into `dst`; `src` removed."""
-    import shutil
-
-    os.makedirs(dst, exist_ok=True)
-    for name in os.listdir(src) if os.path.isdir(src) else ():
-        shutil.move(os.path.join(src, name), os.path.join(dst, name))
-    shutil.rmtree(src, ignore_errors=True)
 
 
 def catch_interrupts(catch_sigterm: bool) -> dict:
@@ -564,7 +665,8 @@ def run(args: argparse.Namespace) -> int:
     prof.stop()
     if prof.window():
         out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < args.steps], trace_files=prof.files,
-                              top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut))
+                              top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut,
+                              trace_bytes=prof.trace_bytes))
     for c in collectors:
         data = c.finish()
         if data is not None:

@@ -131,7 +131,7 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
     if parts.prof.window():
         out.send(wire.Profile(steps=[s for s in parts.prof.recorded_steps() if s < finder.recorded],
                               trace_files=parts.prof.files, top_ops=parts.prof.top_ops, snapshots=parts.prof.snapshots,
-                              cut=parts.prof.cut))
+                              cut=parts.prof.cut, trace_bytes=parts.prof.trace_bytes))
     for c in parts.collectors:
         data = c.finish()
         if data is not None:

@@ -114,7 +114,8 @@ class EvidenceBuilder:
                 after_step=r.after_step, tensors=r.tensors, graph_nodes=r.graph_nodes, failed=r.failed,
                 holders=[{**h, "where": msgspec.to_builtins(recorded_frame(h.get("where")))} for h in r.holders]))
         elif isinstance(r, wire.Profile):
-            ev.profile = m.ProfileWindow(steps=r.steps, trace_files=r.trace_files, top_ops=r.top_ops, cut=r.cut)
+            ev.profile = m.ProfileWindow(steps=r.steps, trace_files=r.trace_files, top_ops=r.top_ops, cut=r.cut,
+                                         trace_bytes=r.trace_bytes)
             ev.traces = list(r.trace_files)
             ev.snapshots.extend(r.snapshots)
         elif isinstance(r, wire.DeviceTimes):  # the device's clock of steps already recorded
@@ -371,6 +372,8 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         builder.ev.ending = m.Ending(status="interrupted", step=last, message=f"interrupted ({interrupts['by']})")
     killed_by_audit = interrupts["n"] >= 2 or (interrupts["n"] and time.monotonic() - interrupts["at"] > GRACE_AFTER_INTERRUPT_S)
     evidence = builder.finish(returncode, "".join(tail), None if killed_by_audit else memory)
+    if evidence.profile is not None:  # (the window's bound is judged by what the kernel counted, not the child's word)
+        evidence.profile.peak_rss_bytes = memory.peak_bytes()
     lost = evidence.__dict__.setdefault(UNWRITTEN, [])
     if raw.error is not None:
         lost.append("records.jsonl")
@@ -380,7 +383,8 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
             f"removed; the evidence read from the stream is whole")
     # the profiler writes its trace to a temporary name, then renames it: one left behind was not
     # written whole (a full disk), and would only take the room the outputs need
-    for partial in sorted((request.out_dir / "tb" / request.target.name).glob("*.tmp")):
+    logdir = request.out_dir / "tb" / request.target.name
+    for partial in sorted([*logdir.glob("*.tmp"), *logdir.glob("*.partial")]):
         with contextlib.suppress(OSError):
             partial.unlink()
             lost.append(f"the profiler's trace ({partial.relative_to(request.out_dir)})")

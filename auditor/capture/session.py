@@ -62,7 +62,9 @@ class StepSession:
         if self.t_first is None:
             self.t_first = self.t0
         self.device.begin(i)
-        if self.lines is not None:
+        # (not in the profiler's steps: its start, stop and Python tracer walk the threads' frames,
+        # and a look at the step's frames beside them crashed the process)
+        if self.lines is not None and not self.prof.profiled(i):
             self.lines.resume()
 
     def end(self, i: int, failed: bool = False) -> None:

@@ -3,15 +3,21 @@
 torch.profiler with shapes, stacks and memory keeps every event of the window in the process until
 the window ends: a program that makes many small calls per step (LBFGS's 20 closure calls) can grow
 by gigabytes a step (time_sequence_prediction: 0.67 GB plainly, 24 GB in its profiled steps, then
-the kernel's out-of-memory killer). While the window records, the process's resident memory
-is read at each backward pass's start and each step's end; once it has grown past the bound, the
-window ends there, keeping what it recorded.
+the kernel's out-of-memory killer). Ending the window costs more again: the profiler turns what it
+recorded into its result and exports it (time_sequence_prediction: the process grew 5.27 GB while
+it recorded, 12.9 GB at the end's peak).
 
 The bound: the window may add at most AUDITOR_PROFILE_MEMORY_GIB (`audit run --profile-memory`),
 by default half the memory the machine had available when the window started, to the resident
-memory the process had then, its end included: stopping the profiler processes and exports what it
-recorded, which takes about as much again and more (time_sequence_prediction, window cut at +2.46 GB:
-+5.64 GB at the stop's peak), so the recording itself is cut at the bound over END_FACTOR.
+memory the process had then, its end included; its trace, compressed, at most AUDITOR_TRACE_SIZE_MB
+(`--trace-size`). The end's cost is predicted from a step measured whole: the window's warm-up step
+is a throwaway recording, stopped and exported as the window's end is, which measures a step's
+recording and end (`step_cost`) and its trace (`step_trace`); the window records the steps that
+fit at that cost (times STEP_MARGIN), its memory read at its steps' ends. Where no whole step was
+measured, the process's resident memory is read at each backward pass's start and each step's end,
+and the recording ends at the last such read where what it holds, plus the largest growth seen
+between two reads (`stride`), times END_FACTOR still fits. A bound that one step's recording
+does not fit records nothing.
 """
 from __future__ import annotations
 
@@ -23,8 +29,21 @@ import psutil
 from auditor.evidence.model import WindowCut
 
 GiB = 1 << 30
+MB = 10**6
 ENV = "AUDITOR_PROFILE_MEMORY_GIB"
-END_FACTOR = 2.5  # a window's peak growth, its end included, over its growth while it recorded (2.29 measured)
+TRACE_ENV = "AUDITOR_TRACE_SIZE_MB"
+TRACE_SIZE_MB = 256.0  # the default bound of the kept trace, compressed
+# an end's peak growth over its recording's growth (the resident memory's, read at a step's end)
+# where no whole step was measured, and what a calibration is bounded by: the largest measured
+# (time_sequence_prediction: 2.3-2.7 at full length, where training dominates; 8-16 where its
+# prediction under no_grad, many small ops freeing what they allocate, dominates)
+END_FACTOR = 16.0
+TRACE_RATIO = 0.06  # compressed trace bytes per byte the recording grew where none was measured (0.024 measured)
+CALIBRATION_MIN = 4 << 20  # a calibration that grew less than this measures noise: the defaults stay
+FACTOR_RANGE = (1.5, END_FACTOR)
+# a window's step costs up to this much more than its calibration's did (time_sequence_prediction:
+# 0.26 GB and 3.5 MB of trace a step in the window, 0.20 GB and 2.6 MB in its calibration)
+STEP_MARGIN = 1.4
 
 
 def allowed_growth(available: int) -> int:
@@ -36,8 +55,33 @@ def allowed_growth(available: int) -> int:
     return int(gib * GiB) if gib > 0 else available // 2
 
 
+def trace_limit() -> int:
+    """Bytes the kept (compressed) trace may take: the user's bound, else TRACE_SIZE_MB."""
+    try:
+        mb = float(os.environ.get(TRACE_ENV, ""))
+    except ValueError:
+        mb = 0.0
+    return int((mb if mb > 0 else TRACE_SIZE_MB) * MB)
+
+
+def release_freed() -> None:
+    """Return the heap memory a window's end freed to the system (glibc's malloc_trim): its
+    result, once dropped, otherwise stays resident for the rest of the run."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_rss() -> int:
+    """The process's peak resident memory so far (VmHWM), 0 where unknown."""
+    return _status_bytes("/proc/self/status", "VmHWM:")
+
+
 class Guard:
-    """Reads the process's resident memory at each point the window may end (a backward pass
+    """The window's memory and trace bounds, read at each point the window may end (a backward pass
     starting, a step ending: ~2 us a read) while the window records."""
 
     def __init__(self) -> None:
@@ -45,16 +89,85 @@ class Guard:
 
         self._rss = rss_bytes
         self.start_rss = rss_bytes() or 0
-        self.limit = self.start_rss + int(allowed_growth(psutil.virtual_memory().available) / END_FACTOR)
+        self.bound = allowed_growth(psutil.virtual_memory().available)
+        self.trace_bound = trace_limit()
+        self.factor = END_FACTOR
+        self.trace_ratio = TRACE_RATIO
+        self.calibrated_on: int | None = None  # the step whose whole recording and end were measured
+        self.step_cost = 0  # that step's recording and end: the peak's growth over its start
+        self.step_trace = 0  # that step's trace, compressed
         self.peak = self.start_rss
+        self.rec_start = self.last = self.start_rss
+        self.stride = 0  # the largest growth between two reads while recording
+        self.reason = "memory"
 
-    def over(self) -> bool:
+    def begin(self) -> None:
+        """The recording starts (again) here."""
+        self.rec_start = self.last = self._rss() or 0
+        self.peak = max(self.peak, self.rec_start)
+
+    def room(self) -> int:
+        """What the window may still add, from where the recording starts."""
+        return self.start_rss + self.bound - self.rec_start
+
+    def calibration_fits(self) -> bool:
+        """Whether the calibration's recording may go on to the next read: its end, predicted by
+        END_FACTOR, fits the bound. Reads the memory."""
+        rss = self._rss() or 0
+        self.stride = max(self.stride, rss - self.last)
+        self.last = rss
+        return (rss + self.stride - self.rec_start) * END_FACTOR <= self.room()
+
+    def calibrate(self, step: int | None, stop_rss: int, end_peak: int, trace_bytes: int) -> None:
+        """An end measured: the recording grew from rec_start to stop_rss, its end peaked at
+        end_peak, its trace took trace_bytes compressed. `step`: the step it recorded whole (None:
+        part of one, which measures the factor only)."""
+        grown = stop_rss - self.rec_start
+        self.peak = max(self.peak, end_peak)
+        if step is not None:
+            self.calibrated_on = step
+            self.step_cost = max(end_peak - self.rec_start, 1)
+            self.step_trace = max(trace_bytes, 1)
+        if grown < CALIBRATION_MIN:
+            return
+        self.trace_ratio = max(trace_bytes / grown, 1e-4)
+        if step is not None:  # (part of a step measures its own mix of work, not the step's: END_FACTOR stays)
+            self.factor = min(max((end_peak - self.rec_start) / grown, FACTOR_RANGE[0]), FACTOR_RANGE[1])
+
+    def steps_allowed(self, planned: int) -> int:
+        """How many whole steps the window may record: each costs what the calibration's step did
+        (its recording and end), within the bound and the trace's bound. `planned` where no whole
+        step was measured (the reads decide)."""
+        if self.calibrated_on is None:
+            return planned
+        by_memory = self.room() // (self.step_cost * STEP_MARGIN)
+        by_trace = self.trace_bound // (self.step_trace * STEP_MARGIN)
+        self.reason = "memory" if by_memory <= by_trace else "trace-size"
+        return int(max(0, min(planned, by_memory, by_trace)))
+
+    def limit(self) -> int:
+        """The resident memory the recording may reach: its end, `factor` times what it grew,
+        within the bound, and its trace within the trace's bound."""
+        by_memory = self.rec_start + self.room() / self.factor
+        by_trace = self.rec_start + self.trace_bound / self.trace_ratio
+        self.reason = "memory" if by_memory <= by_trace else "trace-size"
+        return int(min(by_memory, by_trace))
+
+    def fits(self) -> bool:
+        """Whether the recording may go on to the next read: what it holds now and the largest
+        stride seen fit its limit. Reads the memory."""
         rss = self._rss() or 0
         self.peak = max(self.peak, rss)
-        return rss > self.limit
+        self.stride = max(self.stride, rss - self.last)
+        self.last = rss
+        return rss + self.stride <= self.limit()
 
-    def cut(self, step: int) -> WindowCut:
-        return WindowCut(step=step, rss_bytes=self.peak, start_rss_bytes=self.start_rss, limit_bytes=self.limit)
+    def cut(self, step: int, nothing: bool = False, planned: int = 0) -> WindowCut:
+        return WindowCut(step=step, rss_bytes=self.last, start_rss_bytes=self.start_rss,
+                         limit_bytes=self.start_rss + self.bound, reason=self.reason, nothing=nothing,
+                         factor=round(self.factor, 3), calibrated_on=self.calibrated_on,
+                         stride_bytes=self.stride, trace_limit_bytes=self.trace_bound,
+                         step_cost_bytes=self.step_cost, step_trace_bytes=self.step_trace, planned=planned)
 
 
 class ChildMemory:
@@ -63,6 +176,8 @@ class ChildMemory:
 
     def __init__(self, pid: int, every_s: float = 0.25) -> None:
         self.peak = self.last = 0
+        self.hwm = 0  # the kernel's count of its peak (VmHWM): what no sampling between two reads misses
+        self._status = f"/proc/{pid}/status"
         self.available = self.total = 0
         self._done = threading.Event()
         try:
@@ -83,11 +198,29 @@ class ChildMemory:
             if rss:  # (a killed process not yet reaped reads 0: its last sample stays the evidence)
                 self.last, self.peak = rss, max(self.peak, rss)
                 self.available, self.total = vm.available, vm.total
+                self.hwm = max(self.hwm, _status_bytes(self._status, "VmHWM:"))
             if self._done.wait(self._every):
                 return
 
     def stop(self) -> None:
         self._done.set()
+
+    def peak_bytes(self) -> int:
+        """The child's peak resident memory as read from outside: the kernel's own count where it
+        could be read, else the largest sample."""
+        return max(self.hwm, self.peak)
+
+
+def _status_bytes(path: str, key: str) -> int:
+    """A `kB` field of a /proc/PID/status file, in bytes; 0 where unreadable."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def cgroup_limit() -> int | None:

@@ -110,13 +110,15 @@ class Profile(Record, tag="profile"):
     trace_files: its traces, relative to the run directory.
     top_ops: only a failed profiler's note ({"name", "count", "self_ms", "total_ms"}).
     snapshots: CUDA memory snapshots of the window, relative to the run directory.
-    cut: the window ended early to bound its memory (auditor.capture.window_memory)."""
+    cut: the window ended early to bound its memory (auditor.capture.window_memory).
+    trace_bytes: the traces' size on disk (compressed)."""
 
     steps: list[int]
     trace_files: list[str] = []
     top_ops: list[dict[str, Any]] = []
     snapshots: list[str] = []
     cut: WindowCut | None = None
+    trace_bytes: int = 0
 
 
 class DeviceTimes(Record, tag="device-times"):

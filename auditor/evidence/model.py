@@ -169,14 +169,32 @@ class Environment(msgspec.Struct):
 
 
 class WindowCut(msgspec.Struct, frozen=True):
-    """The profiler window ended early, in step `step`, because the process had grown past what the
-    window may add (auditor.capture.window_memory): it held `rss_bytes` resident, having started the
-    window with `start_rss_bytes`, against a bound of `limit_bytes` in all."""
+    """The profiler window ended early, in step `step`, to keep within its bounds
+    (auditor.capture.window_memory): it had recorded until the process held `rss_bytes` resident,
+    having started the window with `start_rss_bytes`, against `limit_bytes` (that start plus
+    --profile-memory) for the whole window, its end included. `reason`: the bound that ended it,
+    "memory" or "trace-size" (`trace_limit_bytes`, the compressed trace's). `factor`: the end's
+    peak growth over the recording's growth it was predicted by, measured on step `calibrated_on`
+    (None: the default); `stride_bytes`: the largest growth between two of its reads. `nothing`:
+    no whole step fitted, so the window kept no trace."""
 
     step: int
     rss_bytes: int
     start_rss_bytes: int
     limit_bytes: int
+    reason: str = "memory"
+    nothing: bool = False
+    factor: float = 0.0
+    calibrated_on: int | None = None
+    stride_bytes: int = 0
+    trace_limit_bytes: int = 0
+    # the calibration's whole step (`calibrated_on`): its recording and end's peak growth, and its
+    # compressed trace, what each step of the window was predicted to cost
+    step_cost_bytes: int = 0
+    step_trace_bytes: int = 0
+    planned: int = 0  # the window was shortened before it began: it recorded `step`'s and the steps
+    # before it of `planned` active steps (0: it ended at a read of its memory)
+    dropped_trace_bytes: int = 0  # its trace was written over --trace-size, and removed
 
 
 class ProfileWindow(msgspec.Struct):
@@ -185,6 +203,10 @@ class ProfileWindow(msgspec.Struct):
     steps: list[int]
     trace_files: list[str] = []  # relative to the run directory
     cut: WindowCut | None = None  # the window ended early to bound its memory
+    # the audited process's peak resident memory, read by the parent from outside it (its VmHWM);
+    # 0: not read (a trace loaded by `audit analyze`)
+    peak_rss_bytes: int = 0
+    trace_bytes: int = 0  # the kept trace's size on disk (compressed)
     # [{"name", "count", "self_ms", "total_ms"}] by self time, when given: the child sends only a
     # failed profiler's note here; the report computes the table from the trace (Trace.top_ops)
     top_ops: list[dict[str, Any]] = []

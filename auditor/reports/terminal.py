@@ -305,12 +305,32 @@ def finding_line(f: Finding) -> Text:
     return line
 
 
-def window_cut_phrase(cut: WindowCut) -> str:
-    """The profiler window ended early to bound its memory (auditor.capture.window_memory)."""
+def window_cut_phrase(cut: WindowCut, peak_rss: int = 0) -> str:
+    """The profiler window recorded fewer steps, or nothing, to keep within its bounds
+    (auditor.capture.window_memory), with the peak resident memory read from outside the process."""
     gb = 1e9
-    return (f"profiler window ended early in step {cut.step}: the process grew from {cut.start_rss_bytes / gb:.2f} "
-            f"to {cut.rss_bytes / gb:.2f} GB resident while the profiler recorded (bound {cut.limit_bytes / gb:.2f} GB: "
-            f"--profile-memory less what ending the window takes); the trace holds the steps recorded until then")
+    if cut.calibrated_on is not None:
+        how = (f"a step's recording and end cost {cut.step_cost_bytes / gb:.2f} GB and {cut.step_trace_bytes / gb:.3f} "
+               f"GB of trace, as measured on step {cut.calibrated_on}")
+    else:
+        how = f"ending a window was taken to cost {cut.factor:.1f}x what it records (no whole step measured)"
+    bound = (f"--profile-memory: {cut.start_rss_bytes / gb:.2f} GB resident when the window began, at most "
+             f"{cut.limit_bytes / gb:.2f} GB with its end")
+    if cut.reason == "trace-size":
+        bound = f"--trace-size: a trace of at most {cut.trace_limit_bytes / gb:.3f} GB"
+    peak = f"; the process peaked at {peak_rss / gb:.2f} GB resident (read from outside)" if peak_rss else ""
+    if cut.dropped_trace_bytes:
+        return (f"profiler window kept no trace: its trace took {cut.dropped_trace_bytes / gb:.3f} GB compressed, "
+                f"over --trace-size's {cut.trace_limit_bytes / gb:.3f} GB ({how}){peak}")
+    if cut.nothing:
+        return (f"profiler window recorded nothing: step {cut.step}'s recording and its end would pass {bound} "
+                f"({how}){peak}; no trace was kept (a larger bound records it)")
+    if cut.planned:
+        return (f"profiler window recorded fewer steps than planned, up to step {cut.step}, to keep within {bound} "
+                f"({how}){peak}; the later steps ran unprofiled")
+    return (f"profiler window ended early in step {cut.step} to keep within {bound} ({how}); it recorded until "
+            f"{cut.rss_bytes / gb:.2f} GB{peak}; the trace holds the steps recorded until then, the later steps "
+            f"ran unprofiled")
 
 
 def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
@@ -371,7 +391,7 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
                               + (f": {e.where.code}" if e.where.code else ""), style="dim"))
     cut = evidence.profile.cut if evidence.profile is not None else None
     if cut is not None:
-        lines.append(Text(window_cut_phrase(cut), style="yellow"))
+        lines.append(Text(window_cut_phrase(cut, evidence.profile.peak_rss_bytes), style="yellow"))
     lines.extend(Text(a, style="dim") for a in allocator_lines(evidence))
     lines.extend(Text(a, style="yellow") for a in left_out_lines(evidence))
     if results.findings:
