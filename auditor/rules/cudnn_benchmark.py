@@ -82,6 +82,7 @@ class CudnnBenchmark(Rule):
     """
 
     id = "cudnn-benchmark"
+    saves_on = "device"
     title = "cuDNN autotuner off for fixed-shape convolutions"
     severity = "warning"
     category = "performance"
