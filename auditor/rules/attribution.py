@@ -27,7 +27,12 @@ from auditor.evidence.model import Evidence
 from auditor.evidence.step_clock import StepClock, step_clock
 from auditor.findings import Finding, saving_on_path, share_of_step, step_basis_ms
 
-# gpu-idle's causes (auditor.evidence.trace.gaps.HOST_CAUSES) and the rules whose findings carry each
+# gpu-idle's causes (auditor.evidence.trace.gaps.HOST_CAUSES) whose idle a warning naming them takes whole
+TAKEN_BY = {
+    "data loading": ("dataloader-bound", "dataloader-on-device"),
+    "host synchronisation": ("host-sync", "peak-stats-reset"),
+}
+# ... and the rules whose findings carry each cause up to their own cost
 EXPLAINED_BY = {
     "data loading": ("dataloader-bound", "dataloader-on-device"),
     "host synchronisation": ("host-sync", "peak-stats-reset"),
@@ -63,17 +68,38 @@ def _idle_once(ev: Evidence, findings: list[Finding], min_idle_share: float) -> 
         if f.rule != "gpu-idle" or _timed(f) is None or not isinstance(f.evidence.get("idle_by_cause_ms_per_step"), dict):
             continue
         by_cause = f.evidence["idle_by_cause_ms_per_step"]
-        peers = [g for g in out if g is not f and _timed(g) is not None and _same_steps(ev, f, g)]
-        # each explaining finding takes the idle of its causes up to its own cost (what its fix
-        # saves): a sync's wait, not the host work after it that the step still does
+        peers = [g for g in out if g is not f and _same_steps(ev, f, g)]
         explained: dict[str, float] = {}
-        for cause, rules in EXPLAINED_BY.items():
+        # A data wait's or a sync's idle is its finding's: the fix gives it back. A warning naming
+        # it takes all of it (its cost raised to it when lower: a sync call's own time is not the
+        # idle it leaves behind until the host's next launch), shared in proportion to the costs
+        # of the warnings naming one cause.
+        raised: dict[int, tuple[float, str]] = {}
+        for cause, rules in TAKEN_BY.items():
             idle = float(by_cause.get(cause, 0.0))
-            g = next((g for g in peers if g.rule in rules), None)
+            takers = [g for g in peers if g.rule in rules and g.severity != "info" and g.cost is not None]
+            if idle <= 0 or not takers:
+                continue
+            weights = [_timed(g) or 0.0 for g in takers]
+            total = sum(weights)
+            for g, w in zip(takers, weights):
+                part = idle * (w / total if total > 0 else 1.0 / len(takers))
+                explained[g.rule] = explained.get(g.rule, 0.0) + part
+                if part > (_timed(g) or 0.0) + 0.0005:
+                    raised[out.index(g)] = (part, cause)
+        # Other findings take the idle of their causes up to their own cost (what their fixes
+        # save): launch-bound's launch-starved gaps are some of the host's issuing idle, not all
+        timed_peers = [g for g in peers if _timed(g) is not None]
+        for cause, rules in EXPLAINED_BY.items():
+            idle = float(by_cause.get(cause, 0.0)) - sum(explained.get(r, 0.0) for r in TAKEN_BY.get(cause, ()))
+            g = next((g for g in timed_peers if g.rule in rules and g.rule not in explained), None) or \
+                next((g for g in timed_peers if g.rule in rules and cause not in TAKEN_BY), None)
             if g is not None and idle > 0:
                 take = min(idle, (_timed(g) or 0.0) - explained.get(g.rule, 0.0))
                 if take > 0:
                     explained[g.rule] = explained.get(g.rule, 0.0) + take
+        for j, (ms, cause) in raised.items():
+            out[j] = _raised(out[j], ms, cause, f, step_basis_ms(ev, _trace_of(ev, f)))
         host_work = float(by_cause.get("host work", 0.0)) - explained.get("launch-bound", 0.0)
         for g in peers:
             if g.rule in HOST_WORK_RULES and host_work > 0:
@@ -102,6 +128,25 @@ def _idle_once(ev: Evidence, findings: list[Finding], min_idle_share: float) -> 
             if g.cost is not None and g.cost.within == "gpu-idle" and _same_steps(ev, f, g):
                 out[j] = msgspec.structs.replace(g, cost=msgspec.structs.replace(g.cost, within=None))
     return out
+
+
+def _raised(g: Finding, ms: float, cause: str, idle: Finding, step: float | None) -> Finding:
+    """`g` with the idle of `cause` it takes from gpu-idle as its cost (more than it measured)."""
+    c = g.cost
+    assert c is not None
+    before = c.ms_per_step
+    ms = round(ms, 3)
+    share = share_of_step(ms, step)
+    what = "waiting for data" if cause == "data loading" else "behind its syncs, until the host's next launch"
+    message = (f"{g.message} The GPU idles {ms:.2f} ms per step {what} (gpu-idle's trace"
+               + (f", {share:.0%} of the median step" if share is not None else "")
+               + "): its fix gives that back, so that is its cost"
+               + (f" (its calls themselves took {before:.2f} ms)." if before is not None else "."))
+    note = (f"the GPU's idle {what}, from the profiler trace: what the fix gives back"
+            + (f"; {c.note}" if c.note else ""))
+    evidence = dict(g.evidence, idle_ms_per_step=ms, own_ms_per_step=before)
+    return msgspec.structs.replace(g, message=message, evidence=evidence, cost=msgspec.structs.replace(
+        c, ms_per_step=ms, share_of_step=share, measured=True, note=note, within=None))
 
 
 def _clock_phrase(clock: StepClock) -> str:
