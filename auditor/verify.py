@@ -88,12 +88,17 @@ class Rerun:
 
 @dataclass
 class Outcome:
-    """What --verify did: per finding index its Verified, what it could not verify, the time."""
+    """What --verify did: per finding index its Verified, what it could not verify, the time, and
+    the re-run with every fix applied (`together`: None when fewer than two fixes were verified)
+    with the saving the audit predicted for them together (the headline's figure)."""
 
     verified: dict[int, Verified] = field(default_factory=dict)
     unverifiable: list[str] = field(default_factory=list)
     reruns: int = 0
     seconds: float = 0.0
+    before_ms: float | None = None
+    together: Rerun | None = None
+    together_predicted_ms: float | None = None
 
 
 # --- the scratch copy ----------------------------------------------------------------------------
@@ -333,16 +338,42 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
                                    diff_edits)
         for f in apart + numerics:
             progress(f"{f.rule} ({'numerics-fixes.patch' if f in numerics else 'its own edit'})")
-            r = runner.run(_own_patch(f, diff_edits), env_config(f.fix))  # type: ignore[arg-type]
+            first = prerequisites(f, results.findings)
+            r = runner.run([p for g in first for p in _own_patch(g, diff_edits)] + _own_patch(f, diff_edits),
+                           env_config(f.fix))  # type: ignore[arg-type]
             what = "with its numerics-fixes.patch edit" if f in numerics else "with its own edit"
+            if first:
+                what += " after " + ", ".join(f"{g.rule}'s" for g in first)
             outcome.verified[index[id(f)]] = judged(f, r, what)
             if r.ok and f not in numerics:  # (a numerics fix changes the weights by design)
                 _check_weights(r, before_digest, [f], runner, docs, index, median, outcome, progress, diff_edits)
+        outcome.before_ms = median
+        fixed = [results.findings[i] for i, v in outcome.verified.items() if v.status == "improved"]
+        if len(fixed) > 1:  # every fix that held, together: what the headline predicted
+            progress(f"every fix together ({len(fixed)})")
+            ordered = sorted(fixed, key=lambda f: len(prerequisites(f, results.findings)))
+            patches = [p for f in ordered for p in _own_patch(f, diff_edits)]
+            outcome.together = runner.run(patches, {k: v for f in fixed for k, v in env_config(f.fix).items()})  # type: ignore[arg-type]
+            outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
     finally:
         runner.close()
     outcome.reruns = runner.count
     outcome.seconds = time.perf_counter() - t0
     return outcome
+
+
+def prerequisites(f: Finding, findings: list[Finding]) -> list[Finding]:
+    """The findings whose fixes `f`'s works only after (evidence `apply_after`, auditor.rules.
+    attribution.ORDER), with edits to apply first."""
+    names = f.evidence.get("apply_after") if isinstance(f.evidence, dict) else None
+    return [g for g in findings if names and g.rule in names and g.fix is not None and g.fix.edits]
+
+
+def _predicted_together(evidence: Any, results: RuleResults, fixed: list[Finding]) -> float | None:
+    """What the audit predicted `fixed` save together (the headline's figure, of those findings)."""
+    from auditor.reports.terminal import recoverable
+
+    return recoverable(evidence, RuleResults(findings=fixed)).ms
 
 
 def _edit_in(edit: Any, diff: str) -> bool:
@@ -438,6 +469,39 @@ def echo(results: RuleResults, outcome: Outcome) -> None:
             click.echo(f"    {v.note}")
     for text in outcome.unverifiable:
         click.echo(f"  not verifiable here: {text}")
+    rows = table(results, outcome)
+    if rows:
+        click.echo("verify: predicted against measured saving per step (ms; measured: the median step before "
+                   "less the median step of the re-run that had the fix)")
+        click.echo(f"  {'fix':<28}{'predicted':>10}{'measured':>10}{'ratio':>8}  run")
+        for row in rows:
+            pred, meas, ratio = (f"{row[k]:.2f}" if row[k] is not None else "-" for k in ("predicted_ms", "measured_ms",
+                                                                                         "ratio"))
+            click.echo(f"  {row['fix']:<28}{pred:>10}{meas:>10}{ratio:>8}  {row['run']}")
+
+
+def table(results: RuleResults, outcome: Outcome) -> list[dict[str, Any]]:
+    """verify's table, one row per verified fix and one for every fix together: the saving per step
+    the audit predicted (the finding's cost, the headline's figure), the one measured (the median
+    step before less the re-run's), their ratio, and the re-run it comes from (a fix verified with
+    fixes.patch shares that run's saving with the others in it)."""
+    rows = []
+    for i, v in sorted(outcome.verified.items()):
+        f = results.findings[i]
+        pred = v.before.get("ms_per_step")
+        b, a = v.before.get("median_step_ms"), v.after.get("median_step_ms")
+        meas = round(b - a, 3) if b is not None and a is not None and v.status != "failed" else None
+        run = v.note.split(":")[0] if v.note else v.status
+        rows.append({"fix": f.rule, "status": v.status, "predicted_ms": pred, "measured_ms": meas,
+                     "ratio": round(pred / meas, 3) if pred is not None and meas else None, "run": run})
+    t = outcome.together
+    if t is not None:
+        meas = round(outcome.before_ms - t.median_ms, 3) if t.ok and outcome.before_ms and t.median_ms else None
+        pred = outcome.together_predicted_ms
+        rows.append({"fix": "every fix together", "status": "ok" if t.ok else "failed", "predicted_ms": pred,
+                     "measured_ms": meas, "ratio": round(pred / meas, 3) if pred is not None and meas else None,
+                     "run": "all their edits" if t.ok else t.error})
+    return rows
 
 
 def amend_run(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str | None, out: Path,
@@ -465,6 +529,7 @@ def amend_run(evidence: Any, results: RuleResults, spec: RunSpec, target_file: s
         return results
     amended_results = amended(results, outcome)
     save(out, amended_results)
+    save_table(out, table(results, outcome))
     done.append((amended_results, outcome))
     return amended_results
 
@@ -505,6 +570,16 @@ def save(out: Path, results: RuleResults) -> None:
     checks = [SavedCheck(*_key(f), verified=f.fix.verified) for f in results.findings
               if f.fix is not None and f.fix.verified is not None]
     (out / SAVED).write_bytes(msgspec.json.encode(checks))
+
+
+TABLE = "verify-table.json"  # in the run directory: verify's predicted against measured savings
+
+
+def save_table(out: Path, rows: list[dict[str, Any]]) -> None:
+    """verify-table.json, written whole (a temporary file renamed over it)."""
+    tmp = out / f".{TABLE}.tmp"
+    tmp.write_bytes(msgspec.json.encode(rows))
+    os.replace(tmp, out / TABLE)
 
 
 def saved_amend(run_dir: Path) -> Callable[[Any, RuleResults], RuleResults] | None:

@@ -16,6 +16,9 @@ Two passes over the findings of one evidence (run_rules calls `attribute`):
   host's time exceeds the device's; a device-side saving (Rule.saves_on "device") on a host-bound
   step saves nothing. A cost changed so says so at the end of its message, with its share of the
   reported step.
+* Fixes in the order they can be applied (ORDER): dataloader-bound's more workers after
+  dataloader-on-device's data built on the CPU; the later one says so, and auditor.verify applies
+  the earlier one's edits first.
 """
 from __future__ import annotations
 
@@ -180,8 +183,32 @@ def _on_path(ev: Evidence, f: Finding, side: str) -> Finding:
         c, ms_per_step=saved, share_of_step=share, note=note))
 
 
+# Fixes that work only once another's is in: (rule, the rule whose fix goes first, why). auditor.verify
+# applies the first's edits before the second's (evidence `apply_after`).
+ORDER = (
+    ("dataloader-bound", "dataloader-on-device",
+     "its Dataset makes CUDA tensors, which DataLoader worker processes cannot (CUDA does not run in a forked "
+     "worker: \"AcceleratorError in DataLoader worker process 0\"), so more workers work only once the data is "
+     "built on the CPU"),
+)
+
+
+def _in_order(ev: Evidence, findings: list[Finding]) -> list[Finding]:
+    out = list(findings)
+    for i, f in enumerate(out):
+        for rule, first, why in ORDER:
+            if f.rule == rule and f.fix is not None and any(
+                    g.rule == first and _same_steps(ev, f, g) or g.rule == first and _same_steps(ev, g, f)
+                    for g in out):
+                after = [*f.evidence.get("apply_after", []), first]
+                out[i] = f = msgspec.structs.replace(
+                    f, message=f"{f.message} Apply its fix after {first}'s: {why}.",
+                    evidence=dict(f.evidence, apply_after=after))
+    return out
+
+
 def attribute(ev: Evidence, findings: list[Finding], sides: dict[str, str], min_idle_share: float) -> list[Finding]:
-    """The findings with their costs what their fixes save (see the module doc). `sides`: each
-    rule's Rule.saves_on."""
-    out = _idle_once(ev, findings, min_idle_share)
+    """The findings with their costs what their fixes save, and fixes that depend on another's
+    saying so (see the module doc). `sides`: each rule's Rule.saves_on."""
+    out = _in_order(ev, _idle_once(ev, findings, min_idle_share))
     return [_on_path(ev, f, sides.get(f.rule, "host")) for f in out]
