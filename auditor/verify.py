@@ -318,6 +318,7 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
         return outcome
     try:
         group = in_combined + env_only
+        grouped: Rerun | None = None  # the fixes.patch re-run, when every fix of it ran in it
         if group:
             env = {k: v for f in group for k, v in env_config(f.fix).items()}  # type: ignore[arg-type]
             progress(f"fixes.patch ({len(group)} fix(es))")
@@ -331,6 +332,7 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
                         _check_weights(one, before_digest, [f], runner, docs, index, median, outcome, progress,
                                        diff_edits)
             else:
+                grouped = r
                 for f in group:
                     outcome.verified[index[id(f)]] = judged(f, r, "with fixes.patch")
                 if r.ok and in_combined:
@@ -349,7 +351,10 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
                 _check_weights(r, before_digest, [f], runner, docs, index, median, outcome, progress, diff_edits)
         outcome.before_ms = median
         fixed = [results.findings[i] for i, v in outcome.verified.items() if v.status == "improved"]
-        if len(fixed) > 1:  # every fix that held, together: what the headline predicted
+        if len(fixed) > 1 and grouped is not None and all(f in group for f in fixed):
+            outcome.together = grouped  # (they all ran together in fixes.patch's re-run)
+            outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
+        elif len(fixed) > 1:  # every fix that held, together: what the headline predicted
             progress(f"every fix together ({len(fixed)})")
             ordered = sorted(fixed, key=lambda f: len(prerequisites(f, results.findings)))
             patches = [p for f in ordered for p in _own_patch(f, diff_edits)]
