@@ -16,6 +16,7 @@ Two passes over the findings of one evidence (run_rules calls `attribute`):
   host's time exceeds the device's; a device-side saving (Rule.saves_on "device") on a host-bound
   step saves nothing. A cost changed so says so at the end of its message, with its share of the
   reported step.
+* A warning with no predicted saving says why in its message (its cost's note).
 * Fixes in the order they can be applied (ORDER): dataloader-bound's more workers after
   dataloader-on-device's data built on the CPU; the later one says so, and auditor.verify applies
   the earlier one's edits first.
@@ -211,4 +212,12 @@ def attribute(ev: Evidence, findings: list[Finding], sides: dict[str, str], min_
     """The findings with their costs what their fixes save, and fixes that depend on another's
     saying so (see the module doc). `sides`: each rule's Rule.saves_on."""
     out = _in_order(ev, _idle_once(ev, findings, min_idle_share))
-    return [_on_path(ev, f, sides.get(f.rule, "host")) for f in out]
+    return [_why_untimed(_on_path(ev, f, sides.get(f.rule, "host"))) for f in out]
+
+
+def _why_untimed(f: Finding) -> Finding:
+    """A warning whose saving no estimate can defend says why in its message (its cost's note)."""
+    c = f.cost
+    if f.severity == "info" or c is None or c.ms_per_step is not None or not c.note or c.note.rpartition('; ')[2] in f.message:
+        return f
+    return msgspec.structs.replace(f, message=f"{f.message} Its saving is not predicted: {c.note}.")

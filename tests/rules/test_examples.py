@@ -78,8 +78,12 @@ def test_retained_graph(example_audit):
     # activations are held past its backward at a time, not four
     assert f["evidence"]["alive_at_once"] == 1
     held = f["evidence"]["saved_bytes"] / 2**20
-    assert f["cost"]["note"] == f"memory: {held:.2f} MiB of saved activations held past their backward (1 graph alive at once)"
+    assert f["cost"]["note"].startswith(
+        f"memory: {held:.2f} MiB of saved activations held past their backward (1 graph alive at once); ")
     assert f["cost"]["measured"] is True
+    # its predicted saving: that memory, and why no step time is predicted, in its message
+    assert f["evidence"]["memory_saved_bytes"] == pytest.approx(f["evidence"]["saved_bytes"], abs=1)
+    assert f"Its fix frees {held:.2f} MiB per step; it saves no step time that can be predicted" in f["message"]
 
 
 def test_sampler_epoch(example_audit):
