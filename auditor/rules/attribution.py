@@ -116,7 +116,8 @@ def _idle_once(ev: Evidence, findings: list[Finding], min_idle_share: float) -> 
         rest = round(max(0.0, claim - sum(explained.values())), 3)  # type: ignore[operator]
         step = step_basis_ms(ev, _trace_of(ev, f))
         share = share_of_step(rest, step)
-        told = "; ".join(f"{ms:.2f} ms {rule}" for rule, ms in sorted(explained.items(), key=lambda kv: -kv[1]))
+        told = "; ".join(f"{ms:.2f} ms {rule}" if ms >= 0.005 else f"{ms:.3g} ms {rule}"
+                         for rule, ms in sorted(explained.items(), key=lambda kv: -kv[1]))
         message = (f"{f.message} Of the {claim:.2f} ms per step of idle the host caused, {claim - rest:.2f} ms is "
                    f"counted by the findings that name its cause ({told}): gpu-idle counts the other {rest:.2f} ms.")
         evidence = dict(f.evidence, explained_by_ms_per_step={k: round(v, 3) for k, v in explained.items()},
@@ -161,12 +162,15 @@ def _clock_phrase(clock: StepClock) -> str:
     return f"the step is host-bound (the host's {clock.host_ms:.2f} ms per step{busy})"
 
 
-def _on_path(ev: Evidence, f: Finding, side: str) -> Finding:
+def _on_path(ev: Evidence, f: Finding, side: str, clocks: dict) -> Finding:
     c = f.cost
     if c is None or c.ms_per_step is None:
         return f
     trace = _trace_of(ev, f)
-    clock = step_clock(ev, trace)
+    key = None if trace is None else str(trace.path)
+    if key not in clocks:  # (one clock per trace: its busy time is a pass over the trace)
+        clocks[key] = step_clock(ev, trace)
+    clock = clocks[key]
     saved = round(saving_on_path(c.ms_per_step, side, clock.bound, clock.host_ms, clock.device_ms,
                                  clock.device_busy_ms), 3)
     if saved >= c.ms_per_step - 0.0005:
@@ -212,7 +216,8 @@ def attribute(ev: Evidence, findings: list[Finding], sides: dict[str, str], min_
     """The findings with their costs what their fixes save, and fixes that depend on another's
     saying so (see the module doc). `sides`: each rule's Rule.saves_on."""
     out = _in_order(ev, _idle_once(ev, findings, min_idle_share))
-    return [_why_untimed(_on_path(ev, f, sides.get(f.rule, "host"))) for f in out]
+    clocks: dict = {}
+    return [_why_untimed(_on_path(ev, f, sides.get(f.rule, "host"), clocks)) for f in out]
 
 
 def _why_untimed(f: Finding) -> Finding:
