@@ -356,8 +356,12 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
             outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
         elif len(fixed) > 1:  # every fix that held, together: what the headline predicted
             progress(f"every fix together ({len(fixed)})")
-            ordered = sorted(fixed, key=lambda f: len(prerequisites(f, results.findings)))
-            patches = [p for f in ordered for p in _own_patch(f, diff_edits)]
+            # one diff of all their edits, a fix another depends on first; of two edits of one line
+            # (pageable-copy's pin_memory and dataloader-bound's workers on a DataLoader call) the
+            # numerics fix's, which carries both settings, is kept
+            ordered = sorted(fixed, key=lambda f: (len(prerequisites(f, results.findings)), not f.fix.changes_numerics))  # type: ignore[union-attr]
+            joined = diff_edits([e for f in ordered for e in f.fix.edits]).diff  # type: ignore[union-attr]
+            patches = [joined] if joined else []
             outcome.together = runner.run(patches, {k: v for f in fixed for k, v in env_config(f.fix).items()})  # type: ignore[arg-type]
             outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
     finally:
