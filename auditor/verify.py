@@ -84,6 +84,7 @@ class Rerun:
     findings: list[dict] = field(default_factory=list)
     median_ms: float | None = None
     digest: str | None = None
+    cpu_ms: float | None = None  # the median timed step's process CPU time: steadier than wall time under load
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Outcome:
     reruns: int = 0
     seconds: float = 0.0
     before_ms: float | None = None
+    before_cpu_ms: float | None = None
     together: Rerun | None = None
     together_predicted_ms: float | None = None
 
@@ -215,7 +217,20 @@ def read_rerun(out: Path, code: int, stderr: str) -> Rerun:
         return Rerun(ok=False, error=f"the patched program failed ({why or (last[-1] if last else f'exit {code}')})")
     weights = ev.get("weights") or {}
     return Rerun(ok=True, findings=doc["findings"], median_ms=doc["steps"]["median_ms"],
-                 digest=weights.get("sha256") or None)
+                 digest=weights.get("sha256") or None, cpu_ms=median_cpu_ms(ev.get("steps") or []))
+
+
+def median_cpu_ms(steps: list[dict]) -> float | None:
+    """The median process CPU time of the timed steps (as Evidence.timed_steps picks them) of
+    evidence.json's `steps`; None when the steps carry none."""
+    ok = [s for s in steps if not s.get("failed") and not s.get("profiled")]
+    if any(s.get("numerics") is not None for s in steps):
+        ok = [s for s in ok if s.get("numerics") is None]
+    cpu = sorted(s["cpu_ms"] for s in ok if s.get("cpu_ms") is not None)
+    if not cpu:
+        return None
+    mid = len(cpu) // 2
+    return round(cpu[mid] if len(cpu) % 2 else (cpu[mid - 1] + cpu[mid]) / 2, 3)
 
 
 # --- judging a fix -------------------------------------------------------------------------------
@@ -255,13 +270,14 @@ def same_finding(before: dict, after: list[dict]) -> dict | None:
                  and _kind(a) == _kind(before)), None)
 
 
-def judge(before: dict, before_median: float | None, rerun: Rerun, what: str, rehearsed: bool = False) -> Verified:
+def judge(before: dict, before_median: float | None, rerun: Rerun, what: str, rehearsed: bool = False,
+          before_cpu: float | None = None) -> Verified:
     """A fix's Verified from the re-run that had it applied."""
-    b = measures(before, before_median)
+    b = {**measures(before, before_median), "median_step_cpu_ms": before_cpu}
     if not rerun.ok:
         return Verified(status="failed", before=b, after={}, note=f"{what}: {rerun.error}")
     match = same_finding(before, rerun.findings)
-    a = measures(match, rerun.median_ms)
+    a = {**measures(match, rerun.median_ms), "median_step_cpu_ms": rerun.cpu_ms}
     mb, ma = before_median, rerun.median_ms
     step = f"; median step {mb:.1f} -> {ma:.1f} ms" if mb and ma else ""
     if mb and ma and ma > SLOWER * mb:
@@ -297,8 +313,11 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
     index = {id(f): i for i, f in enumerate(results.findings)}
     rehearsed = bool(evidence.environment.rehearsal)
 
+    timed = evidence.timed_steps() if hasattr(evidence, "timed_steps") else []
+    before_cpu = median_cpu_ms([{"cpu_ms": s.cpu_ms} for s in timed])
+
     def judged(f: Finding, r: Rerun, what: str) -> Verified:
-        return judge(docs[index[id(f)]], median, r, what, rehearsed)
+        return judge(docs[index[id(f)]], median, r, what, rehearsed, before_cpu)
 
     plain = patchable(results.findings)
     numerics = numerics_patchable(results.findings)
@@ -349,7 +368,7 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
             outcome.verified[index[id(f)]] = judged(f, r, what)
             if r.ok and f not in numerics:  # (a numerics fix changes the weights by design)
                 _check_weights(r, before_digest, [f], runner, docs, index, median, outcome, progress, diff_edits)
-        outcome.before_ms = median
+        outcome.before_ms, outcome.before_cpu_ms = median, before_cpu
         fixed = [results.findings[i] for i, v in outcome.verified.items() if v.status == "improved"]
         if len(fixed) > 1 and grouped is not None and all(f in group for f in fixed):
             outcome.together = grouped  # (they all ran together in fixes.patch's re-run)
@@ -457,7 +476,8 @@ def _brief(m: dict[str, Any]) -> str:
         return "-"
     if not m.get("finding"):
         return "gone"
-    shown = [(k, v) for k, v in m.items() if k not in ("finding", "weights", "median_step_ms") and v is not None][:3]
+    shown = [(k, v) for k, v in m.items()
+             if k not in ("finding", "weights", "median_step_ms", "median_step_cpu_ms") and v is not None][:3]
     return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown) or "reported"
 
 
@@ -481,12 +501,13 @@ def echo(results: RuleResults, outcome: Outcome) -> None:
     rows = table(results, outcome)
     if rows:
         click.echo("verify: predicted against measured saving per step (ms; measured: the median step before "
-                   "less the median step of the re-run that had the fix)")
-        click.echo(f"  {'fix':<28}{'predicted':>10}{'measured':>10}{'ratio':>8}  run")
+                   "less the median step of the re-run that had the fix; cpu time: the same on the process's CPU "
+                   "clock, which other processes' load does not stretch)")
+        click.echo(f"  {'fix':<28}{'predicted':>10}{'measured':>10}{'ratio':>8}{'cpu time':>10}  run")
         for row in rows:
-            pred, meas, ratio = (f"{row[k]:.2f}" if row[k] is not None else "-" for k in ("predicted_ms", "measured_ms",
-                                                                                         "ratio"))
-            click.echo(f"  {row['fix']:<28}{pred:>10}{meas:>10}{ratio:>8}  {row['run']}")
+            pred, meas, ratio, cpu = (f"{row[k]:.2f}" if row[k] is not None else "-"
+                                      for k in ("predicted_ms", "measured_ms", "ratio", "measured_cpu_ms"))
+            click.echo(f"  {row['fix']:<28}{pred:>10}{meas:>10}{ratio:>8}{cpu:>10}  {row['run']}")
 
 
 def table(results: RuleResults, outcome: Outcome) -> list[dict[str, Any]]:
@@ -500,15 +521,20 @@ def table(results: RuleResults, outcome: Outcome) -> list[dict[str, Any]]:
         pred = v.before.get("ms_per_step")
         b, a = v.before.get("median_step_ms"), v.after.get("median_step_ms")
         meas = round(b - a, 3) if b is not None and a is not None and v.status != "failed" else None
+        cb, ca = v.before.get("median_step_cpu_ms"), v.after.get("median_step_cpu_ms")
+        cpu = round(cb - ca, 3) if cb is not None and ca is not None and v.status != "failed" else None
         run = v.note.split(":")[0] if v.note else v.status
         rows.append({"fix": f.rule, "status": v.status, "predicted_ms": pred, "measured_ms": meas,
+                     "measured_cpu_ms": cpu,
                      "ratio": round(pred / meas, 3) if pred is not None and meas else None, "run": run})
     t = outcome.together
     if t is not None:
         meas = round(outcome.before_ms - t.median_ms, 3) if t.ok and outcome.before_ms and t.median_ms else None
+        cpu = round(outcome.before_cpu_ms - t.cpu_ms, 3) if t.ok and outcome.before_cpu_ms is not None \
+            and t.cpu_ms is not None else None
         pred = outcome.together_predicted_ms
         rows.append({"fix": "every fix together", "status": "ok" if t.ok else "failed", "predicted_ms": pred,
-                     "measured_ms": meas, "ratio": round(pred / meas, 3) if pred is not None and meas else None,
+                     "measured_ms": meas, "measured_cpu_ms": cpu, "ratio": round(pred / meas, 3) if pred is not None and meas else None,
                      "run": "all their edits" if t.ok else t.error})
     return rows
 
