@@ -358,8 +358,13 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
                     _check_weights(r, before_digest, in_combined, runner, docs, index, median, outcome, progress,
                                    diff_edits)
         for f in apart + numerics:
-            progress(f"{f.rule} ({'numerics-fixes.patch' if f in numerics else 'its own edit'})")
             first = prerequisites(f, results.findings)
+            waits = [r for r in f.evidence.get("apply_after", []) if r not in {g.rule for g in first}]
+            if waits:  # (its fix works only after another's that has no edit to apply first)
+                outcome.unverifiable.append(f"{f.rule}: its fix works only after {', '.join(waits)}'s, which has no "
+                                            "code edit to apply first")
+                continue
+            progress(f"{f.rule} ({'numerics-fixes.patch' if f in numerics else 'its own edit'})")
             r = runner.run([p for g in first for p in _own_patch(g, diff_edits)] + _own_patch(f, diff_edits),
                            env_config(f.fix))  # type: ignore[arg-type]
             what = "with its numerics-fixes.patch edit" if f in numerics else "with its own edit"
