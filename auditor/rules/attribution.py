@@ -96,14 +96,13 @@ def _idle_once(ev: Evidence, findings: list[Finding], min_idle_share: float) -> 
         timed_peers = [g for g in peers if _timed(g) is not None]
         for cause, rules in EXPLAINED_BY.items():
             idle = float(by_cause.get(cause, 0.0)) - sum(explained.get(r, 0.0) for r in TAKEN_BY.get(cause, ()))
-            g = next((g for g in timed_peers if g.rule in rules and g.rule not in explained), None) or \
-                next((g for g in timed_peers if g.rule in rules and cause not in TAKEN_BY), None)
+            g = next((g for g in timed_peers if g.rule in rules), None)
             if g is not None and idle > 0:
                 take = min(idle, (_timed(g) or 0.0) - explained.get(g.rule, 0.0))
                 if take > 0:
                     explained[g.rule] = explained.get(g.rule, 0.0) + take
         for j, (ms, cause) in raised.items():
-            out[j] = _raised(out[j], ms, cause, f, step_basis_ms(ev, _trace_of(ev, f)))
+            out[j] = _raised(out[j], ms, cause, step_basis_ms(ev, _trace_of(ev, f)))
         host_work = float(by_cause.get("host work", 0.0)) - explained.get("launch-bound", 0.0)
         for g in peers:
             if g.rule in HOST_WORK_RULES and host_work > 0:
@@ -135,7 +134,7 @@ def _idle_once(ev: Evidence, findings: list[Finding], min_idle_share: float) -> 
     return out
 
 
-def _raised(g: Finding, ms: float, cause: str, idle: Finding, step: float | None) -> Finding:
+def _raised(g: Finding, ms: float, cause: str, step: float | None) -> Finding:
     """`g` with the idle of `cause` it takes from gpu-idle as its cost (more than it measured)."""
     c = g.cost
     assert c is not None
