@@ -13,8 +13,9 @@ Two passes over the findings of one evidence (run_rules calls `attribute`):
   count their own cost. What is left below gpu-idle's `min-idle-share` of the step makes it `info`.
 * A cost is what its fix takes off the step on the step's bound (auditor.evidence.step_clock,
   auditor.findings.saving_on_path): a host-side saving on a device-bound step saves only what the
-  host's time exceeds the device's; a device-side saving (Rule.saves_on "device") on a host-bound
-  step saves nothing. A cost changed so says so at the end of its message, with its share of the
+  host's time exceeds the device's, and on a host-bound step at most the step less the device's
+  own work; a device-side saving (Rule.saves_on "device") on a device-bound step at most what the
+  device's time exceeds the host's. A cost changed so says so at the end of its message, with its share of the
   reported step.
 * A warning with no predicted saving says why in its message (its cost's note).
 * Fixes in the order they can be applied (ORDER): dataloader-bound's more workers after

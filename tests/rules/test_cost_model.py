@@ -16,7 +16,8 @@ RANK0 = dict(bound="device", host_ms=216.119, device_ms=375.129, device_busy_ms=
 def test_a_host_bound_step_counts_host_savings_up_to_the_step_less_the_devices_work() -> None:
     assert saving_on_path(69.81, HOST, **RESNET) == pytest.approx(69.81)
     assert saving_on_path(120.0, HOST, **RESNET) == pytest.approx(176.273 - 97.997)
-    assert saving_on_path(55.55, DEVICE, **RESNET) == 0.0  # faster kernels: the host is still the step
+    # (a device-side saving as measured: the host's time may be waits on the device)
+    assert saving_on_path(55.55, DEVICE, **RESNET) == 55.55
 
 
 def test_a_device_bound_step_counts_host_savings_only_past_the_devices_time() -> None:
