@@ -85,16 +85,23 @@ class Rerun:
     findings: list[dict] = field(default_factory=list)
     median_ms: float | None = None
     digest: str | None = None
+    cpu_ms: float | None = None  # the median timed step's process CPU time: steadier than wall time under load
 
 
 @dataclass
 class Outcome:
-    """What --verify did: per finding index its Verified, what it could not verify, the time."""
+    """What --verify did: per finding index its Verified, what it could not verify, the time, and
+    the re-run with every fix applied (`together`: None when fewer than two fixes were verified)
+    with the saving the audit predicted for them together (the headline's figure)."""
 
     verified: dict[int, Verified] = field(default_factory=dict)
     unverifiable: list[str] = field(default_factory=list)
     reruns: int = 0
     seconds: float = 0.0
+    before_ms: float | None = None
+    before_cpu_ms: float | None = None
+    together: Rerun | None = None
+    together_predicted_ms: float | None = None
 
 
 # --- the scratch copy ----------------------------------------------------------------------------
@@ -211,7 +218,20 @@ def read_rerun(out: Path, code: int, stderr: str) -> Rerun:
         return Rerun(ok=False, error=f"the patched program failed ({why or (last[-1] if last else f'exit {code}')})")
     weights = ev.get("weights") or {}
     return Rerun(ok=True, findings=doc["findings"], median_ms=doc["steps"]["median_ms"],
-                 digest=weights.get("sha256") or None)
+                 digest=weights.get("sha256") or None, cpu_ms=median_cpu_ms(ev.get("steps") or []))
+
+
+def median_cpu_ms(steps: list[dict]) -> float | None:
+    """The median process CPU time of the timed steps (as Evidence.timed_steps picks them) of
+    evidence.json's `steps`; None when the steps carry none."""
+    ok = [s for s in steps if not s.get("failed") and not s.get("profiled")]
+    if any(s.get("numerics") is not None for s in steps):
+        ok = [s for s in ok if s.get("numerics") is None]
+    cpu = sorted(s["cpu_ms"] for s in ok if s.get("cpu_ms") is not None)
+    if not cpu:
+        return None
+    mid = len(cpu) // 2
+    return round(cpu[mid] if len(cpu) % 2 else (cpu[mid - 1] + cpu[mid]) / 2, 3)
 
 
 # --- judging a fix -------------------------------------------------------------------------------
@@ -251,13 +271,14 @@ def same_finding(before: dict, after: list[dict]) -> dict | None:
                  and _kind(a) == _kind(before)), None)
 
 
-def judge(before: dict, before_median: float | None, rerun: Rerun, what: str, rehearsed: bool = False) -> Verified:
+def judge(before: dict, before_median: float | None, rerun: Rerun, what: str, rehearsed: bool = False,
+          before_cpu: float | None = None) -> Verified:
     """A fix's Verified from the re-run that had it applied."""
-    b = measures(before, before_median)
+    b = {**measures(before, before_median), "median_step_cpu_ms": before_cpu}
     if not rerun.ok:
         return Verified(status="failed", before=b, after={}, note=f"{what}: {rerun.error}")
     match = same_finding(before, rerun.findings)
-    a = measures(match, rerun.median_ms)
+    a = {**measures(match, rerun.median_ms), "median_step_cpu_ms": rerun.cpu_ms}
     mb, ma = before_median, rerun.median_ms
     step = f"; median step {mb:.1f} -> {ma:.1f} ms" if mb and ma else ""
     if mb and ma and ma > SLOWER * mb:
@@ -293,8 +314,11 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
     index = {id(f): i for i, f in enumerate(results.findings)}
     rehearsed = bool(evidence.environment.rehearsal)
 
+    timed = evidence.timed_steps() if hasattr(evidence, "timed_steps") else []
+    before_cpu = median_cpu_ms([{"cpu_ms": s.cpu_ms} for s in timed])
+
     def judged(f: Finding, r: Rerun, what: str) -> Verified:
-        return judge(docs[index[id(f)]], median, r, what, rehearsed)
+        return judge(docs[index[id(f)]], median, r, what, rehearsed, before_cpu)
 
     plain = patchable(results.findings)
     numerics = numerics_patchable(results.findings)
@@ -314,6 +338,7 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
         return outcome
     try:
         group = in_combined + env_only
+        grouped: Rerun | None = None  # the fixes.patch re-run, when every fix of it ran in it
         if group:
             env = {k: v for f in group for k, v in env_config(f.fix).items()}  # type: ignore[arg-type]
             progress(f"fixes.patch ({len(group)} fix(es))")
@@ -327,23 +352,62 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
                         _check_weights(one, before_digest, [f], runner, docs, index, median, outcome, progress,
                                        diff_edits)
             else:
+                grouped = r
                 for f in group:
                     outcome.verified[index[id(f)]] = judged(f, r, "with fixes.patch")
                 if r.ok and in_combined:
                     _check_weights(r, before_digest, in_combined, runner, docs, index, median, outcome, progress,
                                    diff_edits)
         for f in apart + numerics:
+            first = prerequisites(f, results.findings)
+            waits = [r for r in f.evidence.get("apply_after", []) if r not in {g.rule for g in first}]
+            if waits:  # (its fix works only after another's that has no edit to apply first)
+                outcome.unverifiable.append(f"{f.rule}: its fix works only after {', '.join(waits)}'s, which has no "
+                                            "code edit to apply first")
+                continue
             progress(f"{f.rule} ({'numerics-fixes.patch' if f in numerics else 'its own edit'})")
-            r = runner.run(_own_patch(f, diff_edits), env_config(f.fix))  # type: ignore[arg-type]
+            r = runner.run([p for g in first for p in _own_patch(g, diff_edits)] + _own_patch(f, diff_edits),
+                           env_config(f.fix))  # type: ignore[arg-type]
             what = "with its numerics-fixes.patch edit" if f in numerics else "with its own edit"
+            if first:
+                what += " after " + ", ".join(f"{g.rule}'s" for g in first)
             outcome.verified[index[id(f)]] = judged(f, r, what)
             if r.ok and f not in numerics:  # (a numerics fix changes the weights by design)
                 _check_weights(r, before_digest, [f], runner, docs, index, median, outcome, progress, diff_edits)
+        outcome.before_ms, outcome.before_cpu_ms = median, before_cpu
+        fixed = [results.findings[i] for i, v in outcome.verified.items() if v.status == "improved"]
+        if len(fixed) > 1 and grouped is not None and all(f in group for f in fixed):
+            outcome.together = grouped  # (they all ran together in fixes.patch's re-run)
+            outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
+        elif len(fixed) > 1:  # every fix that held, together: what the headline predicted
+            progress(f"every fix together ({len(fixed)})")
+            # one diff of all their edits, a fix another depends on first; of two edits of one line
+            # (pageable-copy's pin_memory and dataloader-bound's workers on a DataLoader call) the
+            # numerics fix's, which carries both settings, is kept
+            ordered = sorted(fixed, key=lambda f: (len(prerequisites(f, results.findings)), not f.fix.changes_numerics))  # type: ignore[union-attr]
+            joined = diff_edits([e for f in ordered for e in f.fix.edits]).diff  # type: ignore[union-attr]
+            patches = [joined] if joined else []
+            outcome.together = runner.run(patches, {k: v for f in fixed for k, v in env_config(f.fix).items()})  # type: ignore[arg-type]
+            outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
     finally:
         runner.close()
     outcome.reruns = runner.count
     outcome.seconds = time.perf_counter() - t0
     return outcome
+
+
+def prerequisites(f: Finding, findings: list[Finding]) -> list[Finding]:
+    """The findings whose fixes `f`'s works only after (evidence `apply_after`, auditor.rules.
+    attribution.ORDER), with edits to apply first."""
+    names = f.evidence.get("apply_after") if isinstance(f.evidence, dict) else None
+    return [g for g in findings if names and g.rule in names and g.fix is not None and g.fix.edits]
+
+
+def _predicted_together(evidence: Any, results: RuleResults, fixed: list[Finding]) -> float | None:
+    """What the audit predicted `fixed` save together (the headline's figure, of those findings)."""
+    from auditor.reports.terminal import recoverable
+
+    return recoverable(evidence, RuleResults(findings=fixed)).ms
 
 
 def _edit_in(edit: Any, diff: str) -> bool:
@@ -418,7 +482,8 @@ def _brief(m: dict[str, Any]) -> str:
         return "-"
     if not m.get("finding"):
         return "gone"
-    shown = [(k, v) for k, v in m.items() if k not in ("finding", "weights", "median_step_ms") and v is not None][:3]
+    shown = [(k, v) for k, v in m.items()
+             if k not in ("finding", "weights", "median_step_ms", "median_step_cpu_ms") and v is not None][:3]
     return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown) or "reported"
 
 
@@ -439,6 +504,45 @@ def echo(results: RuleResults, outcome: Outcome) -> None:
             click.echo(f"    {v.note}")
     for text in outcome.unverifiable:
         click.echo(f"  not verifiable here: {text}")
+    rows = table(results, outcome)
+    if rows:
+        click.echo("verify: predicted against measured saving per step (ms; measured: the median step before "
+                   "less the median step of the re-run that had the fix; cpu time: the same on the process's CPU "
+                   "clock, which other processes' load does not stretch)")
+        click.echo(f"  {'fix':<28}{'predicted':>10}{'measured':>10}{'ratio':>8}{'cpu time':>10}  run")
+        for row in rows:
+            pred, meas, ratio, cpu = (f"{row[k]:.2f}" if row[k] is not None else "-"
+                                      for k in ("predicted_ms", "measured_ms", "ratio", "measured_cpu_ms"))
+            click.echo(f"  {row['fix']:<28}{pred:>10}{meas:>10}{ratio:>8}{cpu:>10}  {row['run']}")
+
+
+def table(results: RuleResults, outcome: Outcome) -> list[dict[str, Any]]:
+    """verify's table, one row per verified fix and one for every fix together: the saving per step
+    the audit predicted (the finding's cost, the headline's figure), the one measured (the median
+    step before less the re-run's), their ratio, and the re-run it comes from (a fix verified with
+    fixes.patch shares that run's saving with the others in it)."""
+    rows = []
+    for i, v in sorted(outcome.verified.items()):
+        f = results.findings[i]
+        pred = v.before.get("ms_per_step")
+        b, a = v.before.get("median_step_ms"), v.after.get("median_step_ms")
+        meas = round(b - a, 3) if b is not None and a is not None and v.status != "failed" else None
+        cb, ca = v.before.get("median_step_cpu_ms"), v.after.get("median_step_cpu_ms")
+        cpu = round(cb - ca, 3) if cb is not None and ca is not None and v.status != "failed" else None
+        run = v.note.split(":")[0] if v.note else v.status
+        rows.append({"fix": f.rule, "status": v.status, "predicted_ms": pred, "measured_ms": meas,
+                     "measured_cpu_ms": cpu,
+                     "ratio": round(pred / meas, 3) if pred is not None and meas else None, "run": run})
+    t = outcome.together
+    if t is not None:
+        meas = round(outcome.before_ms - t.median_ms, 3) if t.ok and outcome.before_ms and t.median_ms else None
+        cpu = round(outcome.before_cpu_ms - t.cpu_ms, 3) if t.ok and outcome.before_cpu_ms is not None \
+            and t.cpu_ms is not None else None
+        pred = outcome.together_predicted_ms
+        rows.append({"fix": "every fix together", "status": "ok" if t.ok else "failed", "predicted_ms": pred,
+                     "measured_ms": meas, "measured_cpu_ms": cpu, "ratio": round(pred / meas, 3) if pred is not None and meas else None,
+                     "run": "all their edits" if t.ok else t.error})
+    return rows
 
 
 def amend_run(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str | None, out: Path,
@@ -466,6 +570,7 @@ def amend_run(evidence: Any, results: RuleResults, spec: RunSpec, target_file: s
         return results
     amended_results = amended(results, outcome)
     save(out, amended_results)
+    save_table(out, table(results, outcome))
     done.append((amended_results, outcome))
     return amended_results
 
@@ -506,6 +611,16 @@ def save(out: Path, results: RuleResults) -> None:
     checks = [SavedCheck(*_key(f), verified=f.fix.verified) for f in results.findings
               if f.fix is not None and f.fix.verified is not None]
     write_whole(out / SAVED, msgspec.json.encode(checks))
+
+
+TABLE = "verify-table.json"  # in the run directory: verify's predicted against measured savings
+
+
+def save_table(out: Path, rows: list[dict[str, Any]]) -> None:
+    """verify-table.json, written whole (a temporary file renamed over it)."""
+    tmp = out / f".{TABLE}.tmp"
+    tmp.write_bytes(msgspec.json.encode(rows))
+    os.replace(tmp, out / TABLE)
 
 
 def saved_amend(run_dir: Path) -> Callable[[Any, RuleResults], RuleResults] | None:

@@ -74,6 +74,21 @@ def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(tmp_path):
     assert "verify: 3 fix(es) in 1 re-run(s)" in a.stdout
     assert a.stdout.count("improved ") == 3
     assert "verified: improved" in (a.out / "report.html").read_text()
+    # the table: per fix its predicted saving (its cost) against the measured one (the median step
+    # before less the re-run's), and every fix together (the headline's figure; here the same re-run)
+    table = {row["fix"]: row for row in json.loads((a.out / "verify-table.json").read_text())}
+    assert set(table) == set(fixes) | {"every fix together"}
+    costs = {f["rule"]: (f["cost"] or {}).get("ms_per_step") for f in a.findings}
+    for rule, fix in fixes.items():
+        v, row = fix["verified"], table[rule]
+        assert row["predicted_ms"] == costs[rule] and row["run"] == "with fixes.patch"
+        assert row["measured_ms"] == pytest.approx(v["before"]["median_step_ms"] - v["after"]["median_step_ms"], abs=1e-3)
+    assert costs["anomaly-mode"] > 0  # (anomaly mode's predicted saving: half its backward pass)
+    together = table["every fix together"]
+    assert together["measured_ms"] == table["anomaly-mode"]["measured_ms"]
+    head = a.stdout.splitlines()[0]
+    assert f"up to {together['predicted_ms']:.2f} ms/step recoverable" in head
+    assert "verify: predicted against measured saving per step" in a.stdout
     # `audit report DIR` renders the saved verification again; a fix it took out stays out
     saved = json.loads((a.out / "verified.json").read_text())
     assert {c["rule"] for c in saved} == set(fixes)
@@ -248,9 +263,13 @@ def test_judge_reads_the_findings_of_the_two_runs():
     from auditor.verify import Rerun, judge
 
     before = _finding(40.0, syncs_per_step=2.0, flag=True)
-    gone = judge(before, 100.0, Rerun(ok=True, findings=[], median_ms=60.0), "with fixes.patch")
-    assert gone.status == "improved" and gone.after == {"finding": False, "median_step_ms": 60.0, "ms_per_step": None}
-    assert gone.before == {"finding": True, "median_step_ms": 100.0, "ms_per_step": 40.0, "syncs_per_step": 2.0}
+    gone = judge(before, 100.0, Rerun(ok=True, findings=[], median_ms=60.0, cpu_ms=45.0), "with fixes.patch",
+                 before_cpu=80.0)
+    # (the median step's process CPU time beside it: verify's table measures the saving on both clocks)
+    assert gone.status == "improved" and gone.after == {"finding": False, "median_step_ms": 60.0, "ms_per_step": None,
+                                                        "median_step_cpu_ms": 45.0}
+    assert gone.before == {"finding": True, "median_step_ms": 100.0, "ms_per_step": 40.0, "syncs_per_step": 2.0,
+                           "median_step_cpu_ms": 80.0}
     assert gone.note == "with fixes.patch: the finding is gone; median step 100.0 -> 60.0 ms"
     # the same rule in the same file of the scratch copy is the same finding
     moved = dict(_finding(12.0), locations=[{"file": "/tmp/audit-verify-1/tree-1/train.py", "line": 5}])

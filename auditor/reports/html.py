@@ -45,7 +45,7 @@ from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a f
 from auditor.reports.terminal import (PER_RULE_LINES, by_cost, checkpoint_overview, elsewhere_phrase, recoverable,
                                       snapshot_overview,
                                       steps_of)
-from auditor.findings import Finding, share_of_step
+from auditor.findings import Finding
 from auditor.fixes import make_patch
 from auditor.findings import RuleResults
 from auditor.rules.registry import get_rule
@@ -344,8 +344,6 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "recoverable_ms": fmt_ms(rec.ms) if rec.ms is not None else None,
         "recoverable_share": f"{rec.share:.0%}" if rec.share is not None else None,
         "capped": rec.capped,
-        "largest_ms": fmt_ms(rec.largest) if rec.largest is not None else None,
-        "largest_share": f"{share:.0%}" if (share := share_of_step(rec.largest, ev.shown_median_ms())) is not None else None,
         "estimated": rec.estimated,
         "counted_only": rec.counted_only,
         "elsewhere": elsewhere_phrase(rec.elsewhere) if rec.elsewhere else None,

@@ -21,7 +21,8 @@ from auditor.reports.allocator_view import lines as allocator_lines
 from auditor.reports.base import Reporter
 from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.step_clock import clock_phrase
-from auditor.findings import Finding, share_of_step
+from auditor.evidence.step_clock import step_clock
+from auditor.findings import DEVICE, HOST, STEP, Finding, severity_rank, share_of_step, together_ms
 from auditor.findings import RuleResults
 
 # Control characters (C0, DEL, C1), line and paragraph separators and bidirectional overrides: in
@@ -63,10 +64,14 @@ OUTPUTS = ("report.html", "findings.json", "findings.sarif", "fixes.patch", "num
 
 @dataclass(frozen=True)
 class Recoverable:
-    """Time the findings say could be saved per step: their costs summed, each stretch of time once
-    (a cost another finding's cost holds is left out), capped at the median step. Only the findings
-    on the recording whose steps the headline shows are summed (headline_scope): a cost is per step
-    of its own recording, and two recordings' steps are not one step."""
+    """Time the warnings' fixes together would save per step: each warning's cost (what its fix
+    saves, auditor.rules.attribution), each stretch of time once (a cost another finding's cost
+    holds is left out), host-side savings taken off the host's clock and device-side ones off the
+    device's, the step after them the longer clock again (auditor.findings.together_ms): never more
+    than the step less the device's own work on a host-bound step. Info findings (a verdict, not a
+    fix to apply) are not added. Only the findings on the recording whose steps the headline shows
+    are summed (headline_scope): a cost is per step of its own recording, and two recordings' steps
+    are not one step."""
 
     ms: float | None  # None: no finding has a time cost
     share: float | None  # of the median step, as a finding's share_of_step is (auditor.findings.share_of_step)
@@ -125,16 +130,36 @@ def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     timed = [f for f in timed if in_scope(f, scope)]
     if not timed:
         return Recoverable(None, None, False, False, counted_only, elsewhere=elsewhere)
-    # e.g. host-sync's idle time behind its waits is part of gpu-idle's idle total on that trace
-    summed = [f.cost for f in timed if not _held_elsewhere(f, timed)]
-    total = sum(c.ms_per_step for c in summed)  # type: ignore[union-attr, misc]
+    warned = [f for f in timed if severity_rank(f.severity) >= severity_rank("warning")]
+    if not warned:
+        return Recoverable(None, None, False, False, counted_only, elsewhere=elsewhere)
+    # e.g. host-sync's idle time behind its waits, where gpu-idle's idle total still holds it
+    summed = [f for f in warned if not _held_elsewhere(f, warned)]
+    sides = _sides()
+    per_side = {HOST: 0.0, DEVICE: 0.0, STEP: 0.0}
+    for f in summed:
+        per_side[sides.get(f.rule, HOST)] += f.cost.ms_per_step  # type: ignore[union-attr, operator]
+    total = sum(per_side.values())
     median = evidence.shown_median_ms()
-    capped = median is not None and total > median
-    ms = min(total, median) if median is not None else total
+    clock = step_clock(evidence, None if evidence.steps else evidence.shown_trace())
+    # a recording with no device span but its device work known (busy time): the host is the bound
+    bound = clock.bound or ("host" if clock.device_busy_ms and not evidence.steps else None)
+    ms = together_ms(per_side[HOST], per_side[DEVICE], per_side[STEP], median, bound,
+                     clock.host_ms if clock.host_ms is not None else median, clock.device_ms, clock.device_busy_ms)
+    ms = round(ms, 3)
+    capped = ms < total - 0.0005
     # (the share as each finding's is taken: one finding alone prints the same percentage here)
-    return Recoverable(ms, share_of_step(ms, median), capped, any(not c.measured for c in summed),  # type: ignore[union-attr]
-                       counted_only, max(f.cost.ms_per_step for f in timed),  # type: ignore[union-attr, type-var]
+    return Recoverable(ms, share_of_step(ms, median), capped,
+                       any(not f.cost.measured for f in summed),  # type: ignore[union-attr]
+                       counted_only, max(f.cost.ms_per_step for f in warned),  # type: ignore[union-attr, type-var]
                        elsewhere)
+
+
+def _sides() -> dict[str, str]:
+    """Each rule's Rule.saves_on: which clock its fix shortens."""
+    from auditor.rules.registry import all_rules
+
+    return {rule_id: cls.saves_on for rule_id, cls in all_rules().items()}
 
 
 def steps_of(evidence: Evidence) -> str:
@@ -354,14 +379,13 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     if median is not None:
         head.append(f", median {median:.2f} ms/step")
     rec = recoverable(evidence, results)
-    if rec.ms is not None and rec.capped:  # (idle time that data loading and syncs both explain)
-        head.append(f", findings' costs overlap (their sum exceeds the step); the largest alone is "
-                    f"{rec.largest:.2f} ms/step" + (f" ({share:.0%})" if (share := share_of_step(rec.largest, median))
-                                                    is not None else ""))
-    elif rec.ms is not None:
+    if rec.ms is not None:
         head.append(f", up to {small_ms(rec.ms)} ms/step recoverable")
         if rec.share is not None:
             head.append(f" ({rec.share:.0%})")
+        head.append(" by the warnings' fixes together")
+        if rec.capped:  # (their costs add up past what the step can lose)
+            head.append(" (less than the sum of their costs, which overlap in the step)")
         if rec.estimated:
             head.append(", partly estimated")
     if rec.elsewhere:

@@ -75,6 +75,7 @@ class AmpOpportunity(TraceRule):
     """
 
     id = "amp-opportunity"
+    saves_on = "device"
     title = "fp32 matmul/conv on tensor-core GPU"
     severity = "info"
     category = "performance"

@@ -5,10 +5,38 @@ from typing import Iterable
 
 from auditor.evidence import model as m
 from auditor.rules.base import Options, Rule
-from auditor.findings import Cost, Finding, Fix
+from auditor.findings import Cost, Finding, Fix, share_of_step, step_basis_ms
 from auditor.rules._support.places import by_place, locations
 from auditor.fixes import replace_in_line
 from auditor.rules.suppression import unsuppressed
+
+
+# The share of a backward pass run under anomaly detection that its checks take: each backward
+# node's results are checked for NaN (a pass over every gradient, and on a GPU a sync per node),
+# which about doubles the pass (examples/anomaly_mode.py, CPU: 484 -> 850-1080 ms backward;
+# bench/bench_verify.py compares the prediction with --verify's measured saving).
+ANOMALY_BACKWARD_SHARE = 0.5
+
+
+def predicted_saving(ev: m.Evidence, on_steps: list[int]) -> Cost:
+    """What turning anomaly detection off saves per step: ANOMALY_BACKWARD_SHARE of the median
+    backward time (the backward probe's) of the steps that ran with it on, times the share of
+    steps that did; counted only when no backward was timed."""
+    on = set(on_steps)
+    per: dict[int, float] = {}
+    for i, t in ev.tallies(m.BACKWARD):
+        if i in on:
+            per[i] = per.get(i, 0.0) + t.ms
+    if not per:
+        return Cost(ms_per_step=None, share_of_step=None, measured=False,
+                    note="counted only: no backward pass was timed in the steps with anomaly detection on")
+    import statistics
+
+    backward = statistics.median(per.values())
+    ms = round(ANOMALY_BACKWARD_SHARE * backward * len(on) / max(1, len(ev.steps)), 3)
+    return Cost(ms_per_step=ms, share_of_step=share_of_step(ms, step_basis_ms(ev)), measured=False,
+                note=f"estimate: {ANOMALY_BACKWARD_SHARE:.0%} of the {backward:.2f} ms median backward pass under "
+                     "anomaly detection (its NaN checks about double the pass; the forward's tracebacks add to it)")
 
 
 class AnomalyMode(Rule):
@@ -57,15 +85,19 @@ class AnomalyMode(Rule):
         edits = [e for loc in locs if (e := replace_in_line(loc.file, loc.line, "set_detect_anomaly(True)",
                                                              "set_detect_anomaly(False)"))]
         where = f" (switched on at {locs[0].file}:{locs[0].line})" if locs else ""
+        cost = predicted_saving(ev, on_steps)
+        saving = "" if cost.ms_per_step is None else (
+            f" Turning it off saves about {cost.ms_per_step:.2f} ms per step"
+            + (f" ({cost.share_of_step:.0%} of the median step)" if cost.share_of_step is not None else "")
+            + f": {cost.note.removeprefix('estimate: ')}.")
         yield self.finding(
             f"Anomaly detection was on in {len(on_steps)} of {len(ev.steps)} steps{where}; it records a "
-            "traceback per forward op and checks every backward result, slowing each step.",
+            "traceback per forward op and checks every backward result, slowing each step." + saving,
             locations=locs,
             evidence={"steps_with_anomaly": len(on_steps), "steps": len(ev.steps),
                       "switched_on": [{"file": p.where.file, "line": p.where.line, "count": p.count}
                                       for p in places if p.where]},
-            cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
-                      note="not separable without re-running the step; anomaly mode commonly costs 2-10x"),
+            cost=cost,
             fix=Fix(summary="Turn anomaly detection off for training; enable it only to chase a NaN.",
                     config={"torch.autograd.set_detect_anomaly": False}, edits=edits),
         )

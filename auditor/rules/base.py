@@ -109,6 +109,9 @@ class Rule:
     id: ClassVar[str]
     title: ClassVar[str]
     severity: ClassVar[str] = "warning"
+    # The clock its fix shortens (auditor.findings.saving_on_path): "host" (the host's issue time),
+    # "device" (the device's kernels), "step" (a cost that is already the step's own time)
+    saves_on: ClassVar[str] = "host"
     category: ClassVar[str] = "performance"
     needs: ClassVar[frozenset[str]] = frozenset()
     needs_text: ClassVar[str | None] = None  # the skip reason when none of `needs` is present

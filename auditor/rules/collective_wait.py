@@ -48,6 +48,7 @@ class CollectiveWait(Rule):
     """
 
     id = "collective-wait"
+    saves_on = "step"
     title = "Ranks wait in collectives beyond the transfer time"
     severity = "warning"
     category = "performance"

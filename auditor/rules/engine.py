@@ -167,11 +167,23 @@ def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | 
     gc.disable()
     try:
         _run_each(evidence, config, timings, out, roots)
+        out.findings = _attributed(evidence, config, out.findings)
     finally:
         if collecting:
             gc.enable()
     out.findings.sort(key=rank_key)
     return out
+
+
+def _attributed(evidence: Evidence, config: Config, findings: list) -> list:
+    """Costs as what each fix saves: idle counted once, each cost on the step's critical path
+    (auditor.rules.attribution)."""
+    from auditor.rules.attribution import attribute
+    from auditor.rules.gpu_idle import GpuIdle
+
+    rules = all_rules()
+    sides = {rule_id: cls.saves_on for rule_id, cls in rules.items()}
+    return attribute(evidence, findings, sides, float(config.options_for(GpuIdle).min_idle_share))
 
 
 def _run_each(evidence: Evidence, config: Config, timings: dict | None, out: RuleResults, roots: list[Path]) -> None:

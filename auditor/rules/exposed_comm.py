@@ -63,6 +63,7 @@ class ExposedComm(TraceRule):
     """
 
     id = "exposed-comm"
+    saves_on = "device"
     title = "communication not overlapped with compute"
     severity = "warning"
     category = "performance"

@@ -21,7 +21,8 @@ from auditor.fixes import read_lines
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, TraceRule
 from auditor.rules.suppression import unsuppressed
-from auditor.findings import Cost, Finding, Fix, Location
+from auditor.evidence.step_clock import device_busy_ms
+from auditor.findings import Cost, Finding, Fix, Location, step_basis_ms, with_share
 
 _COMPILE = {"torch.compile": {"mode": "reduce-overhead"}}
 # The advice for each cause of the small launches, as the named lines show it (step_edits.loop_around).
@@ -146,7 +147,12 @@ class LaunchBound(TraceRule):
         return self.needs_text
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
-        yield from self.trace_findings(ev, options)
+        # each trace's cost and text against the step the report states (a run's median step)
+        for trace in ev.trace_data:
+            step = step_basis_ms(ev, trace)
+            found = self._judge_trace(trace, options, step)
+            if found is not None:
+                yield with_share(found, step)
         if ev.environment.rehearsal and ev.steps:
             found = self._rehearsed(ev, options)
             if found is not None:
@@ -217,6 +223,12 @@ class LaunchBound(TraceRule):
         )
 
     def check_trace(self, trace: Trace, options: Options) -> Finding | None:
+        return self._judge_trace(trace, options, trace.median_step_ms())
+
+    def _judge_trace(self, trace: Trace, options: Options, step_ms: float | None) -> Finding | None:
+        """The trace's launch-bound finding, its launch-starved idle at most `step_ms` (the step
+        the report states) less the GPU's own work per step: launches faster than the device can
+        give back the idle, never the device's work."""
         steps = trace.step_count()
         short = self._short_kernels(trace)
         starved = self._starved(trace, options)
@@ -245,6 +257,11 @@ class LaunchBound(TraceRule):
             evidence["ops"] = dict(ops.most_common(8))
             where_rows, where_weights = list(short_launch), None
         if starved is not None:
+            busy = device_busy_ms(trace) or 0.0
+            window_ms = starved["ms_per_step"]
+            if step_ms:
+                starved["ms_per_step"] = min(window_ms, max(0.0, step_ms - busy))
+                starved["share"] = starved["ms_per_step"] / step_ms
             ops = starved["ops"]
             lead = "" if short_fires else f"In {trace.label} the"
             sentences.append(
@@ -254,10 +271,14 @@ class LaunchBound(TraceRule):
                 f"under {options.max_gap_us / 1000:g} ms, where the GPU ran out of work before the next op was "
                 f"launched (median gap {starved['median_us']:.0f} us; {starved['host_ms']:.1f} ms per "
                 f"step of host work before the launch calls, {starved['launch_ms']:.1f} ms in them); most follow "
-                f"launches from {', '.join(n for n, _ in ops.most_common(3))}.")
+                f"launches from {', '.join(n for n, _ in ops.most_common(3))}."
+                + (f" (The profiled window held {window_ms:.1f} ms of such idle per step, more than the "
+                   f"{step_ms:.2f} ms median step less the GPU's {busy:.2f} ms of work: counted as that.)"
+                   if window_ms > starved["ms_per_step"] + 0.0005 else ""))
             evidence.update({"starved_gaps": starved["gaps"], "starved_per_step": round(starved["per_step"], 1),
                              "starved_ms_per_step": round(starved["ms_per_step"], 3),
                              "starved_share": round(starved["share"], 4),
+                             "window_starved_ms_per_step": round(window_ms, 3), "busy_ms_per_step": round(busy, 3),
                              "starved_host_ms_per_step": round(starved["host_ms"], 3),
                              "starved_launch_ms_per_step": round(starved["launch_ms"], 3),
                              "median_starved_gap_us": round(starved["median_us"], 3),

@@ -58,6 +58,7 @@ class RankStraggler(Rule):
     """
 
     id = "rank-straggler"
+    saves_on = "step"
     title = "A slow rank makes every other rank wait"
     severity = "warning"
     category = "performance"

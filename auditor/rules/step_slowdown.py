@@ -67,6 +67,7 @@ class StepSlowdown(Rule):
     """
 
     id = "step-slowdown"
+    saves_on = "step"
     title = "Steps get slower as the run goes on"
     severity = "warning"
     category = "performance"

@@ -103,6 +103,7 @@ class UnfusedAttention(TraceRule):
     """
 
     id = "unfused-attention"
+    saves_on = "device"
     title = "attention not fused (matmul, mask, softmax, matmul)"
     severity = "warning"
     category = "performance"

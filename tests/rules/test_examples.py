@@ -56,6 +56,15 @@ def test_anomaly_mode(example_audit):
     f = the_finding(a, "anomaly-mode")
     assert f["evidence"]["steps_with_anomaly"] == STEPS
     assert "set_detect_anomaly(False)" in "".join(e["lines"][0] for e in f["fix"]["edits"])
+    # its predicted saving: half the median backward pass of the steps it was on in (every step)
+    backward = {}
+    for i, t in tallies(a, "backward"):
+        backward[i] = backward.get(i, 0.0) + t["ms"]
+    expected = 0.5 * median(backward.values())
+    assert f["cost"]["ms_per_step"] == pytest.approx(expected, abs=2e-3) and f["cost"]["measured"] is False
+    saved, share = printed_figures(r"saves about ([\d.]+) ms per step \((\d+)% of the median step\)", f["message"])
+    assert saved == pytest.approx(expected, abs=0.006)
+    assert share == round(100 * f["cost"]["ms_per_step"] / a.findings_doc["steps"]["median_ms"])
 
 
 def test_retained_graph(example_audit):
@@ -70,8 +79,12 @@ def test_retained_graph(example_audit):
     # activations are held past its backward at a time, not four
     assert f["evidence"]["alive_at_once"] == 1
     held = f["evidence"]["saved_bytes"] / 2**20
-    assert f["cost"]["note"] == f"memory: {held:.2f} MiB of saved activations held past their backward (1 graph alive at once)"
+    assert f["cost"]["note"].startswith(
+        f"memory: {held:.2f} MiB of saved activations held past their backward (1 graph alive at once); ")
     assert f["cost"]["measured"] is True
+    # its predicted saving: that memory, and why no step time is predicted, in its message
+    assert f["evidence"]["memory_saved_bytes"] == pytest.approx(f["evidence"]["saved_bytes"], abs=1)
+    assert f"Its fix frees {held:.2f} MiB per step; it saves no step time that can be predicted" in f["message"]
 
 
 def test_sampler_epoch(example_audit):
