@@ -428,6 +428,9 @@ class Profiler:
             scratch = _trace_dir(self.logdir)  # (the export's own path is written into its JSON)
             try:
                 write_trace(prof, self.logdir, f"{worker}_{os.getpid()}", scratch_dir=scratch)
+            except Exception as e:  # (a full disk: the trace is lost, the program goes on as it would)
+                self.top_ops = [{"name": f"(profiler trace not written: {type(e).__name__}: {e})", "count": 0,
+                                 "self_ms": 0.0, "total_ms": 0.0}]
             finally:
                 if scratch != self.logdir:
                     import shutil

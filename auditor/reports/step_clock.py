@@ -14,8 +14,9 @@ def clock_phrase(evidence: Evidence) -> str | None:
     if c.source == "estimate":
         estimate = rehearsed_device_ms(evidence)
         name = estimate[1] if estimate is not None else "the named GPU"
+        kernels = f"about {c.device_ms:.2f} ms" if c.device_ms >= 0.01 else "under 0.01 ms"
         return (f"step clock: on an {name} this step would be {c.bound}-bound: the device model puts its kernels at "
-                f"about {c.device_ms:.2f} ms a step (the forward's calls as rehearsed, x3 for the backward) against "
+                f"{kernels} a step (the forward's calls as rehearsed, x3 for the backward) against "
                 f"the host's {c.host_ms:.2f} ms to issue it{note}")
     where = "CUDA events at the step boundaries" if c.source == "events" else "its kernels' busy time in the trace"
     busy = (f"; the device's own work {c.device_busy_ms:.2f} ms of it" if c.device_busy_ms is not None else "")

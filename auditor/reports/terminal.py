@@ -447,6 +447,9 @@ NO_GPU_ERRORS = ("Cannot access accelerator device when none is available", "Tor
                  "Found no NVIDIA driver on your system", "No CUDA GPUs are available")
 
 
+LONGEST_STEP_MS = 1000.0  # a step shorter than this is a first call's warm-up, not a stall to name
+
+
 def longest_step_phrase(evidence: Evidence) -> str | None:
     """One step that took most of the run's step time (a 20 s stall among 30 ms steps) is said
     whether or not it was profiled or timed: the median and the findings leave it out."""
@@ -457,7 +460,7 @@ def longest_step_phrase(evidence: Evidence) -> str | None:
     worst = max(steps, key=lambda s: s.ms)
     rest = sorted(s.ms for s in steps if s is not worst)
     typical = rest[len(rest) // 2]
-    if total <= 0 or worst.ms < 0.5 * total or worst.ms < 10 * typical:
+    if total <= 0 or worst.ms < LONGEST_STEP_MS or worst.ms < 0.5 * total or worst.ms < 10 * typical:
         return None
     return (f"step {worst.index} took {worst.ms / 1000:.2f} s, {worst.ms / total:.0%} of all the steps' time "
             f"(the other steps' median: {typical:.2f} ms{'; it was profiled' if worst.profiled else ''})")

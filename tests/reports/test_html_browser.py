@@ -139,7 +139,7 @@ def test_fixture_report_shows_findings_and_config(browser: object, tmp_path: Pat
         assert "loss.item()" in p.locator(f"#finding-{n} .source .hit").first.inner_text()
         assert p.locator(f"#finding-{n} .source pre span.ln").count() >= 4  # with lines around it
         # a trace link resolves to the file next to the report
-        href = p.locator("#traces a[href$='.json']").first.get_attribute("href")
+        href = p.locator("#traces a[href$='.json'], #traces a[href$='.json.gz']").first.get_attribute("href")
         assert href and (report.parent / href).is_file()
         p.screenshot(path=str(tmp_path / "fixture.png"))
     finally:
@@ -174,7 +174,8 @@ def test_audited_report_renders_offline(browser: object, audited_report: Path, t
         page.assert_plots_drawn(at_least=3)  # phases, step time, memory: a real run has all three
         assert page.page.locator("#finding-1").is_visible()
         assert page.page.locator("#verdict .card").count() >= 4
-        assert page.page.locator("#traces a[href$='.json']").count() >= 1, "no link to the profiler trace"
+        assert page.page.locator("#traces a[href$='.json'], #traces a[href$='.json.gz']").count() >= 1, \
+            "no link to the profiler trace"
         page.page.screenshot(path=str(tmp_path / "audited.png"), full_page=True)
         assert (tmp_path / "audited.png").stat().st_size > 10_000
     finally:

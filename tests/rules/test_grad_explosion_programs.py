@@ -74,7 +74,7 @@ def test_a_norm_at_the_programs_clip_at_a_curriculum_step_is_not_an_explosion(tm
     reported an explosion with a max_norm under the program's own clip. The clip is recorded, a
     norm at it is clipped, and the stage change (the loss jumped with the norm, then fell) is not
     an explosion; without the clip, the unclipped jump at the stage change is not one either."""
-    a = _audit(tmp_path, "clipped", CURRICULUM, 30, "--no-profile")
+    a = _audit(tmp_path, "clipped", CURRICULUM, 29, "--no-profile")  # (every step to 24 checked)
     assert "criteria met, incrementing to 2" in a.stdout
     assert not a.rule("grad-explosion"), a.rule("grad-explosion")[0]["message"]
     [clip] = [e for d in a.evidence["steps"] for e in (d.get("numerics") or {}).get("events") or []
@@ -95,7 +95,7 @@ def test_a_norm_at_the_programs_clip_at_a_curriculum_step_is_not_an_explosion(tm
     assert old.message.startswith(f"The gradient norm jumped to 0.5 at step {change}")
     monkeypatch.undo()
 
-    free = _audit(tmp_path, "unclipped", CURRICULUM.replace("    torch.nn.utils.clip_grad_norm_", "    # "), 30,
+    free = _audit(tmp_path, "unclipped", CURRICULUM.replace("    torch.nn.utils.clip_grad_norm_", "    # "), 29,
                   "--no-profile")
     norms, losses = _norms(free), _losses(free)
     change = next(s for s in sorted(losses) if s > 0 and losses[s] > 1000 * losses[s - 1])

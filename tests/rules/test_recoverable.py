@@ -90,9 +90,14 @@ def test_idle_is_counted_once_by_the_finding_that_names_its_cause(name: str) -> 
         assert idle.severity == "info"  # (what is left is under min-idle-share of the step)
         comm = by_rule["exposed-comm"].cost.ms_per_step  # (device-side: as measured)
         assert rec.ms == pytest.approx(launch.cost.ms_per_step + comm, abs=1e-3)
-    else:
-        assert idle.cost.ms_per_step == 0 and sync.cost.ms_per_step == 0 and "device-bound" in sync.message
+    else:  # host-bound too: its kernels work ~76 ms of a ~216 ms ProfilerStep, so host-side fixes count
+        from auditor.evidence.step_clock import step_clock
+
+        clock = step_clock(ev)
+        assert clock.bound == "host" and "device-bound" not in sync.message
+        assert median == pytest.approx(clock.host_ms, abs=1e-6)
         assert rec.ms == pytest.approx(sum(f.cost.ms_per_step for f in warned), abs=1e-3)
+        assert rec.ms <= median - clock.device_busy_ms
     assert rec.share == pytest.approx(rec.ms / median, abs=1e-4) and not rec.capped
     head = summary_lines(ev, results, None)[0].plain
     assert f", up to {rec.ms:.2f} ms/step recoverable ({rec.ms / median:.0%}) by the warnings' fixes together" in head
@@ -125,11 +130,11 @@ def test_findings_json_keeps_the_measured_cost_beside_what_the_fix_saves() -> No
     doc = document(ev, results)
     sync = next(f for f in doc["findings"] if f["rule"] == "host-sync")
     assert set(sync["cost"]) == {"ms_per_step", "share_of_step", "measured", "note", "within"}
-    assert sync["cost"]["ms_per_step"] == 0 and sync["evidence"]["bound"] == "device"
-    # (its waits took 0.44 ms; the idle they left until the host's next launch, 0.86, is its cost)
+    # (its waits took 0.44 ms; the idle they left until the host's next launch, 0.86, is what its fix
+    # saves on this host-bound step: its cost, with its own measure kept beside it)
     assert sync["evidence"]["own_ms_per_step"] == pytest.approx(raw_sync_saving_per_step_ms(RANK0), abs=1e-3)
-    assert sync["evidence"]["measured_ms_per_step"] == pytest.approx(
-        raw_causes(str(TRACES / RANK0))["host synchronisation"], abs=2e-3)
+    assert sync["cost"]["ms_per_step"] == pytest.approx(raw_causes(str(TRACES / RANK0))["host synchronisation"],
+                                                        abs=2e-3)
 
 
 def two_run_logdir(root, a: str, b: str):

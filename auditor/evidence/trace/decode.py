@@ -302,7 +302,10 @@ class _Reader:
                 if not n:
                     break
                 got += n
-        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        except EOFError:  # (a gzip cut short: a full disk, a kill while it was written)
+            raise InputError(f"{self.path}: truncated gzip trace (the compressed file ends before its "
+                             "end-of-stream marker)") from None
+        except (gzip.BadGzipFile, zlib.error) as e:
             raise InputError(f"{self.path}: not a readable gzip trace ({e or 'compressed file ended early'})") from None
         except OSError as e:
             raise InputError(f"{self.path}: cannot read ({e.strerror or e})") from None
