@@ -617,10 +617,8 @@ TABLE = "verify-table.json"  # in the run directory: verify's predicted against 
 
 
 def save_table(out: Path, rows: list[dict[str, Any]]) -> None:
-    """verify-table.json, written whole (a temporary file renamed over it)."""
-    tmp = out / f".{TABLE}.tmp"
-    tmp.write_bytes(msgspec.json.encode(rows))
-    os.replace(tmp, out / TABLE)
+    """verify-table.json, written whole (auditor.evidence.whole_files)."""
+    write_whole(out / TABLE, msgspec.json.encode(rows))
 
 
 def saved_amend(run_dir: Path) -> Callable[[Any, RuleResults], RuleResults] | None:

@@ -352,11 +352,15 @@ class Evidence(msgspec.Struct, dict=True):
             return [s for s in ok if s.numerics is None]
         return ok
 
-    def median_step_ms(self) -> float | None:
-        """The median of the timed steps, else of the unprofiled ones, else of all; each step on its
-        bound's clock (StepRecord.time_ms: the device's where it is the longer)."""
-        steps = self.timed_steps() or [s for s in self.steps if not s.failed and not s.profiled] or \
+    def median_basis(self) -> list[StepRecord]:
+        """The steps the reported median is of: the timed steps, else the unprofiled ones, else all."""
+        return self.timed_steps() or [s for s in self.steps if not s.failed and not s.profiled] or \
             [s for s in self.steps if not s.failed]
+
+    def median_step_ms(self) -> float | None:
+        """The median of median_basis, each step on its bound's clock (StepRecord.time_ms: the
+        device's where it is the longer)."""
+        steps = self.median_basis()
         return statistics.median(s.time_ms for s in steps) if steps else None
 
     def shown_step_ms(self) -> list[float]:

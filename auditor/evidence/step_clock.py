@@ -73,27 +73,25 @@ def device_busy_ms(trace: Any) -> float | None:
     """The device's busy time per step in a trace: the GPU work its steps' launches made (merged
     across streams), over the steps; None without steps or GPU work. Not the work inside the
     steps' host spans: a device-bound step's kernels run long after the host has moved on."""
-    import numpy as np
-
-    from auditor.evidence.trace.decode import GPU_WORK
     from auditor.evidence.trace.intervals import merge_intervals
 
     if not len(trace.steps):
         return None
-    rows = np.flatnonzero(np.isin(trace.col("cat"), GPU_WORK) & (trace.col("step") >= 0) & (trace.col("link") >= 0))
-    ts, end = trace.col("ts")[rows], trace.col("end")[rows]
-    ok = np.isfinite(ts) & np.isfinite(end) & (end >= ts)
-    if not ok.any():
-        return None
-    lo, hi = merge_intervals(ts[ok], end[ok])
-    return float((hi - lo).sum()) / 1000.0 / len(trace.steps)
+    if "_device_busy_ms" not in trace.__dict__:  # (each report asks: the merge is done once)
+        _, ts, end = trace.launched_work()
+        ok = end >= ts
+        busy = None
+        if ok.any():
+            lo, hi = merge_intervals(ts[ok], end[ok])
+            busy = float((hi - lo).sum()) / 1000.0 / len(trace.steps)
+        trace.__dict__["_device_busy_ms"] = busy
+    return trace.__dict__["_device_busy_ms"]
 
 
 def of_run(ev: Evidence, estimated_device_ms: float | None = None) -> StepClock:
     """A run's timed steps on both clocks. `estimated_device_ms`: the device model's kernel time
     per step for a rehearsed CUDA program (no device clock there)."""
-    steps = ev.timed_steps() or [s for s in ev.steps if not s.failed and not s.profiled] or \
-        [s for s in ev.steps if not s.failed]
+    steps = ev.median_basis()
     if not steps:
         return StepClock(bound=None, step_ms=None, host_ms=None, device_ms=None)
     host_ms = statistics.median(s.ms for s in steps)

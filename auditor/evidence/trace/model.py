@@ -270,13 +270,8 @@ class Trace:
             return cached
         out = np.full(len(self.steps), np.nan)
         if len(self.steps):
-            cat, step = self.col("cat"), self.col("step")
-            # (only work whose launch the trace holds: a kernel of the backlog queued before the
-            # window has none, and the time it ran at says nothing of which step queued it)
-            rows = np.flatnonzero(np.isin(cat, GPU_WORK) & (step >= 0) & (self.col("link") >= 0))
-            ts, end = self.col("ts")[rows], self.col("end")[rows]
-            ok = np.isfinite(ts) & np.isfinite(end)
-            rows, ts, end = rows[ok], ts[ok], end[ok]
+            step = self.col("step")
+            rows, ts, end = self.launched_work()
             which = {int(n): k for k, n in enumerate(self.steps["step"].to_numpy())}
             for n in np.unique(step[rows]):
                 k = which.get(int(n))
@@ -286,6 +281,15 @@ class Trace:
                     out[k] = float((hi - lo).sum()) / 1000.0
         self.__dict__["_device_step_ms"] = out
         return out
+
+    def launched_work(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, ts, end) of the kernels, copies and memsets the steps' launches made, with finite
+        times. Only work whose launch the trace holds: a kernel of the backlog queued before the
+        window has none, and the time it ran at says nothing of which step queued it."""
+        rows = np.flatnonzero(np.isin(self.col("cat"), GPU_WORK) & (self.col("step") >= 0) & (self.col("link") >= 0))
+        ts, end = self.col("ts")[rows], self.col("end")[rows]
+        ok = np.isfinite(ts) & np.isfinite(end)
+        return rows[ok], ts[ok], end[ok]
 
     def step_times_ms(self) -> np.ndarray:
         """Each step on its bound's clock: the longer of its host and device spans (ms)."""
