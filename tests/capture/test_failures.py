@@ -238,7 +238,22 @@ def test_ctrl_c_on_the_process_group(tmp_path):
     assert p.returncode == 3
     doc = json.loads((out / "findings.json").read_text())
     assert doc["ending"]["status"] == "interrupted"
+    assert doc["ending"]["message"] == "stopped by SIGINT"  # (the signal by its name, never SIGTERM's)
     assert 3 <= doc["steps"]["count"] < 200
+
+
+def test_a_sigint_then_a_sigterm_to_the_audit_alone_is_labelled_by_both_in_order(tmp_path):
+    """A harness's SIGINT to `audit` alone, then its SIGTERM: the ending names the SIGINT first
+    (it was labelled "(SIGTERM)", the last signal overwriting the first) and the audit's kill."""
+    p, out, _ = _start_slow_audit(tmp_path)
+    os.kill(p.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.kill(p.pid, signal.SIGTERM)
+    p.communicate(timeout=60)
+    assert p.returncode == 3
+    end = json.loads((out / "findings.json").read_text())["ending"]
+    assert end["status"] == "interrupted" and end["signal"] == "SIGINT"
+    assert end["message"] == "interrupted (SIGINT, then SIGTERM; the audit killed the program (SIGKILL))"
 
 
 def test_an_interrupt_swallowed_on_the_way_still_ends_the_run(tmp_path):
