@@ -31,6 +31,7 @@ from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
 from auditor.capture.unseen import no_torch_function, warnings_name_the_user
+from auditor.capture.user_traceback import print_users_traceback
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
 
@@ -651,6 +652,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             except BaseException as e:
                 echo_exit_message(e)
+                print_users_traceback(e)  # (as a plain run prints it, before the audit's summary)
                 session.end(i, failed=True)
                 sigint["seen"] = sigint["n"]
                 out.send(_ending(e, i, cuda_devices()))
@@ -662,6 +664,7 @@ def run(args: argparse.Namespace) -> int:
             if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
                 raise Terminated("stopped by SIGTERM") if SIGNALS_SEEN[:1] == ["SIGTERM"] else KeyboardInterrupt
     except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
+        print_users_traceback(e)
         prof.stop()
         ending = _ending(e, i, cuda_devices())
         code = getattr(fn, "__code__", None)

@@ -43,6 +43,15 @@ def line_of(tmp_path: Path, text: str) -> int:
     return next(i for i, ln in enumerate(lines, 1) if text in ln)
 
 
+def assert_users_traceback(stderr: str, tmp_path, line_text: str, last: str):
+    """The traceback a plain run prints, on stderr before the summary: the step's frame at its line,
+    the exception last, none of the auditor's frames (its step loop, its signal handler)."""
+    tb = stderr[stderr.index("Traceback (most recent call last):"):]
+    frame = f'  File "{tmp_path / "trainer.py"}", line {line_of(tmp_path, line_text)}, in step\n'
+    assert frame in tb and tb.splitlines()[tb.splitlines().index(frame.rstrip("\n")) + 2] == last, stderr
+    assert "auditor" not in tb.split(last)[0], tb
+
+
 def run_ending(tmp_path, ending, setup=""):
     path = write_trainer(tmp_path, ending, setup)
     a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
@@ -58,6 +67,7 @@ def test_step_that_raises(tmp_path):
     assert end["status"] == "raised" and end["exception"] == "ValueError" and end["message"] == "bad batch"
     assert end["step"] == 3
     assert end["where"]["file"].endswith("trainer.py") and end["where"]["line"] == line_of(tmp_path, "bad batch")
+    assert_users_traceback(a.stderr, tmp_path, "bad batch", "ValueError: bad batch")
     assert doc["steps"]["count"] == 4  # steps 0-2 complete, step 3 partial
     assert (tmp_path / "out" / "report.html").is_file()
     # the step that raised is scanned too: graph-leak compares it with step 0 (and finds no leak);
@@ -140,6 +150,8 @@ def test_os_exit_0_in_a_step_is_a_stop_not_a_crash(tmp_path):
 def test_keyboard_interrupt(tmp_path):
     a, doc = run_ending(tmp_path, "os.kill(os.getpid(), signal.SIGINT)")
     assert doc["ending"]["status"] == "interrupted" and doc["ending"]["step"] == 3
+    assert doc["ending"]["message"] == "stopped by SIGINT"
+    assert_users_traceback(a.stderr, tmp_path, "signal.SIGINT", "KeyboardInterrupt")
 
 
 def test_out_of_memory(tmp_path):
