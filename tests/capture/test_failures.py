@@ -398,3 +398,18 @@ def test_a_step_whose_data_runs_out_ends_the_run_there(tmp_path):
     assert a.findings_doc["steps"]["count"] == 16
     [sync] = a.rule("host-sync")
     assert "1 device->host syncs per step" in sync["message"], sync["message"]
+
+
+def test_a_programs_ctrl_c_prints_its_traceback_as_a_plain_run_does(tmp_path):
+    """`audit run train.py` ended by a Ctrl-C: Python's traceback of the program's line, then the
+    summary (it printed none: an error printed its traceback, an interrupt nothing)."""
+    path = tmp_path / "trainer.py"
+    path.write_text("import os, signal\nimport torch\nw = torch.zeros(4, requires_grad=True)\n"
+                    "opt = torch.optim.SGD([w], lr=0.1)\nfor i in range(10):\n    (w * 2).sum().backward()\n"
+                    "    opt.step()\n    opt.zero_grad()\n    if i == 3:\n        os.kill(os.getpid(), signal.SIGINT)\n")
+    a = audit("run", str(path), "--steps", "8", "--quiet", "--no-profile", out=tmp_path / "out")
+    assert a.returncode == 3, a.stderr
+    tb = a.stderr[a.stderr.index("Traceback (most recent call last):"):]
+    assert tb.splitlines()[1:4] == [f'  File "{path}", line 10, in <module>',
+                                    "    os.kill(os.getpid(), signal.SIGINT)", "KeyboardInterrupt"], tb
+    assert a.findings_doc["ending"]["status"] == "interrupted"
