@@ -31,6 +31,7 @@ from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
 from auditor.capture.unseen import no_torch_function, warnings_name_the_user
+from auditor.capture.user_traceback import print_users_traceback
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
 
@@ -244,6 +245,8 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
     else:
         status = "raised"
     message = text[:2000]
+    if status == "interrupted" and not message and SIGNALS_SEEN:  # (a bare KeyboardInterrupt: its signal)
+        message = f"stopped by {SIGNALS_SEEN[0]}"
     if status == "exited":
         message = f"the program stopped itself (sys.exit({exc.code!r})), as it would without the audit"
     elif isinstance(exc, SystemExit):
@@ -543,6 +546,9 @@ def _trace_dir(logdir: str) -> str:
     return tempfile.mkdtemp(prefix="audit-trace-", dir=None if not _unsafe_for_trace(base) else "/tmp")
 
 
+SIGNALS_SEEN: list[str] = []  # the interrupting signals the child's handlers got, in order: the first ended the run
+
+
 def catch_interrupts(catch_sigterm: bool) -> dict:
     """Install the child's SIGINT (and, when asked, SIGTERM) handlers; returns their counts.
 
@@ -554,14 +560,15 @@ def catch_interrupts(catch_sigterm: bool) -> dict:
     sigint = {"n": 0, "seen": 0}
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         def on_sigint(signum, frame):
+            SIGNALS_SEEN.append("SIGINT")
             sigint["n"] += 1
             raise KeyboardInterrupt
         signal.signal(signal.SIGINT, on_sigint)
     if catch_sigterm and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         def on_sigterm(signum, frame):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (sent to the group: the parent forwards one too)
+            SIGNALS_SEEN.append("SIGTERM")
             sigint["n"] += 1
-            sigint["term"] = True
             raise Terminated("stopped by SIGTERM")
         signal.signal(signal.SIGTERM, on_sigterm)
     return sigint
@@ -645,6 +652,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             except BaseException as e:
                 echo_exit_message(e)
+                print_users_traceback(e)  # (as a plain run prints it, before the audit's summary)
                 session.end(i, failed=True)
                 sigint["seen"] = sigint["n"]
                 out.send(_ending(e, i, cuda_devices()))
@@ -654,8 +662,9 @@ def run(args: argparse.Namespace) -> int:
                 break
             session.end(i)
             if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
-                raise Terminated("stopped by SIGTERM") if sigint.get("term") else KeyboardInterrupt
+                raise Terminated("stopped by SIGTERM") if SIGNALS_SEEN[:1] == ["SIGTERM"] else KeyboardInterrupt
     except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
+        print_users_traceback(e)
         prof.stop()
         ending = _ending(e, i, cuda_devices())
         code = getattr(fn, "__code__", None)

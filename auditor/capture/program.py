@@ -21,6 +21,7 @@ from auditor.capture import graphs, wire
 from auditor.capture.session import StepSession
 from auditor.capture.steps import StepFinder, StepsDone, makes_no_optimizer
 from auditor.capture.target import Target, TargetError
+from auditor.capture.user_traceback import print_users_traceback
 from auditor.evidence.model import Program
 
 
@@ -105,6 +106,7 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         if finder.stopped:  # (the program caught StepsDone and ended with an interrupt of its own)
             code = None
         else:
+            print_users_traceback(e)  # (a Ctrl-C: as Python prints it)
             ending = parts.ending(e, _open_step(finder))
             code = 130
     except SystemExit as e:
@@ -117,7 +119,7 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         raised = e
         ending = parts.ending(e, _open_step(finder))
         code = 1
-        traceback.print_exception(type(e), e, _users_traceback(e.__traceback__))
+        print_users_traceback(e)
     ended_by_audit = finder.stopped
     failed_in_step = ending is not None and _open_step(finder) is not None
     failed_step = _open_step(finder) if failed_in_step else None
@@ -182,14 +184,6 @@ def _failure_scan(out: Any, e: BaseException, step: int, target: tuple[Any, str 
         traceback.clear_frames(e.__traceback__)
     except Exception:
         pass
-
-
-def _users_traceback(tb: Any) -> Any:
-    """The traceback from the program's first frame, as Python prints it (without ours and runpy's)."""
-    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
-    while tb is not None and tb.tb_next is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
-        tb = tb.tb_next
-    return tb
 
 
 def _ends_interrupt(e: BaseException) -> bool:

@@ -308,10 +308,21 @@ def finding_lines(evidence: Evidence, findings: list[Finding]) -> list[Text]:
             line.append(f"{f.severity:<7}", style=SEVERITY_STYLE.get(f.severity, ""))
             line.append(" ")
             line.append(f.rule, style="bold")
-            line.append(f" {n:,} findings in {traces:,} recordings (each in findings.json); the costliest: ")
+            line.append(f" {n:,} findings in {recordings_of(f.rule, findings, traces)} (each in findings.json); "
+                        f"the costliest: ")
             line.append_text(finding_line(f)[8 + len(f.rule) + 1:])
             out.append(line)
     return out
+
+
+def recordings_of(rule: str, findings: list[Finding], traces: int) -> str:
+    """In how many of the `traces` recordings `rule` found something: the traces and snapshots its
+    findings' evidence names ("12 of 2,000 recordings"), or "among" them where a finding names none."""
+    named = [f.evidence.get("trace") or f.evidence.get("snapshot") for f in findings if f.rule == rule]
+    if not named or not all(isinstance(n, str) for n in named):
+        return f"among {traces:,} recordings"
+    k = len(set(named))
+    return f"{k:,} of {traces:,} recordings" if k < traces else f"all {traces:,} recordings"
 
 
 def finding_line(f: Finding) -> Text:
