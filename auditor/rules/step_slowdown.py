@@ -149,7 +149,10 @@ class StepSlowdown(Rule):
             w = culprit["where"]
             what = (f"The time spent at line {w.line} of {file_name(w.file)}"
                     + (f" (`{w.code}`)" if w.code else "") if culprit["kind"] == m.LINE_TIME and w else culprit["what"] + at)
-            blame = (f" {what} grew the most: "
+            sampled = culprit.get("sampled_steps")
+            over = (f" (read over the {sampled} of {len(steps)} steps the line sampler looked at)"
+                    if sampled is not None and sampled < len(steps) else "")
+            blame = (f" {what} grew the most{over}: "
                      + (f"all of those {rise:.2f} ms." if g >= rise else f"{g:.2f} ms of those {rise:.2f} ms.")
                      + (f" The probed calls (forward, backward, optimizer, data) grew by at most "
                         f"{culprit.get('phase_growth_ms', 0.0):.2f} ms ({culprit.get('what_grew') or 'none'}): the "
@@ -248,6 +251,8 @@ class StepSlowdown(Rule):
         if not best or best["growth_ms"] <= 0:
             return None
         best["growth_ms"] = round(best["growth_ms"], 3)
+        if best["kind"] == m.LINE_TIME:  # what the line's rise is read over
+            best["sampled_steps"] = len(sampled)
         if best["kind"] == m.LINE_TIME and phase is not None and phase["growth_ms"] > 0:
             # the probed call that grew the most, beside the line that grew more outside it
             best["what_grew"], best["phase_growth_ms"] = phase["what"], round(phase["growth_ms"], 3)

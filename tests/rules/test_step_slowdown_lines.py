@@ -47,3 +47,7 @@ def test_the_line_is_named_from_the_sampled_steps_after_the_dense_start(example_
     [line] = expected_lines(EXAMPLES / "step_slowdown_metric.py", "step-slowdown")
     phase = f["evidence"]["growing_phase"]
     assert phase["kind"] == "line-time" and phase["line"] == line and phase["growth_ms"] > 0
+    # and the finding says what the line's rise is read over
+    assert 4 <= phase["sampled_steps"] < f["evidence"]["steps_used"]
+    assert (f"grew the most (read over the {phase['sampled_steps']} of {f['evidence']['steps_used']} steps the "
+            "line sampler looked at)") in f["message"]
