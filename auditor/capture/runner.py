@@ -93,7 +93,8 @@ class EvidenceBuilder:
             step = m.StepRecord(
                 index=r.index, start_s=r.start_s, ms=r.ms, cpu_ms=r.cpu_ms, profiled=r.profiled, failed=r.failed,
                 rss_bytes=r.rss_bytes, device_allocated=r.device_allocated, device_reserved=r.device_reserved,
-                anomaly_enabled=r.anomaly_enabled, tallies=[_tally(t) for t in r.tallies])
+                anomaly_enabled=r.anomaly_enabled, lines_sampled=r.lines_sampled,
+                tallies=[_tally(t) for t in r.tallies])
             for name, data in r.collected.items():
                 _collector_field(step, name, data)
             ev.steps.append(step)
