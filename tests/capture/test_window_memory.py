@@ -68,11 +68,12 @@ def _window(ev: dict) -> dict:
 
 
 # steps 5: the window is steps 0 (its calibration), 1 and 2
-LSTM = ["--steps", "5", "--no-numerics", "--", "--steps", "5", "--length", "20", "--max-iter", "3", "--future", "100"]
+LSTM = ["--steps", "5", "--no-numerics", "--", "--steps", "5", "--length", "20", "--batch", "100", "--max-iter", "3",
+        "--future", "100"]
 # steps 10: the window is steps 1 (its calibration), 2, 3 and 4; a short sequence and a long
 # prediction under no_grad, whose end costs ~12 times what its recording grows the process by
-LSTM_MEMORY = ["--steps", "10", "--no-numerics", "--", "--steps", "10", "--length", "10", "--max-iter", "2",
-               "--future", "300"]
+LSTM_MEMORY = ["--steps", "10", "--no-numerics", "--", "--steps", "10", "--length", "10", "--batch", "100",
+               "--max-iter", "2", "--future", "300"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # (2 intra-op threads on a loaded 2-core machine: 5x the step's time)
 # runs its arguments and writes the largest peak resident set among the processes it waited for,
 # their children included (getrusage's RUSAGE_CHILDREN, as /usr/bin/time reads it), to the file named first
@@ -91,7 +92,7 @@ def test_an_lstm_sequence_window_stays_within_its_memory_bound_with_its_end(tmp_
     window records the steps that fit; the peak resident set of the audit's processes, read from
     outside them (getrusage of the process tree, as /usr/bin/time reads it), stays within 10% of
     the bound over what the process held when the window began, and the trace within --trace-size."""
-    script = DATA / "time_sequence.py"
+    script = DATA / "public_shapes" / "time_sequence_prediction.py"
     out = tmp_path / "out"
     peak_file = tmp_path / "peak"
     bound = int(0.6 * 2**30)
@@ -142,7 +143,7 @@ def test_a_window_shortened_by_its_trace_bound_says_so():
 
 @pytest.mark.slow
 def test_a_bound_below_one_steps_recording_records_nothing_and_says_why(tmp_path):
-    script = DATA / "time_sequence.py"
+    script = DATA / "public_shapes" / "time_sequence_prediction.py"
     out = tmp_path / "out"
     p = subprocess.run([sys.executable, "-m", "auditor", "run", str(script),
                         "--profile-memory", "0.05", "--out", str(out), *LSTM],
