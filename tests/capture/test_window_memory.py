@@ -215,7 +215,7 @@ def test_a_killed_process_not_yet_reaped_keeps_its_last_sample():
 
 
 def test_a_calibrated_step_sets_how_many_steps_fit_the_bounds(monkeypatch):
-    from auditor.capture.window_memory import END_FACTOR, Guard
+    from auditor.capture.window_memory import END_FACTOR, UNCALIBRATED_FACTOR, Guard
 
     MB = 10**6
     monkeypatch.setenv("AUDITOR_PROFILE_MEMORY_GIB", "1")  # 1073.7 MB
@@ -231,14 +231,49 @@ def test_a_calibrated_step_sets_how_many_steps_fit_the_bounds(monkeypatch):
     assert g.steps_allowed(3) == 0
     assert g.cut(1, nothing=True).limit_bytes == 300 * MB + 2**30
 
-    # part of a step: its factor is its own mix of work's, not the step's; the reads decide, by END_FACTOR
+    # part of a step: its factor is its own mix of work's, not the step's: it raises the uncalibrated
+    # factor (2.5 does not, 12 does, within END_FACTOR); the reads decide
     g = Guard()
     g.start_rss = g.rec_start = g.last = 300 * MB
     g.calibrate(None, stop_rss=320 * MB, end_peak=350 * MB, trace_bytes=1 * MB)
-    assert g.calibrated_on is None and g.factor == END_FACTOR and g.steps_allowed(3) == 3
-    reads = iter([310 * MB, 330 * MB, 350 * MB])
+    assert g.calibrated_on is None and g.factor == UNCALIBRATED_FACTOR and g.steps_allowed(3) == 3
+    g.calibrate(None, stop_rss=320 * MB, end_peak=540 * MB, trace_bytes=1 * MB)
+    assert g.factor == 12.0
+    g.calibrate(None, stop_rss=320 * MB, end_peak=1500 * MB, trace_bytes=1 * MB)
+    assert g.factor == END_FACTOR
+
+    # no step measured (a 2-step run): the reads decide, by UNCALIBRATED_FACTOR (a 100 MB trace
+    # bound, at TRACE_RATIO, is reached later)
+    monkeypatch.setenv("AUDITOR_TRACE_SIZE_MB", "100")
+    g = Guard()
+    g.start_rss = g.rec_start = g.last = 300 * MB
+    reads = iter([400 * MB, 450 * MB, 480 * MB])
     g._rss = lambda: next(reads)
-    room = 300 * MB + 2**30 - 300 * MB
-    assert g.limit() == 300 * MB + int(room / END_FACTOR)  # 367 MB
-    assert g.fits() and g.fits()  # 330 + a 20 MB stride fits
-    assert not g.fits()  # 350 + 20 does not: the window ends here, before the next read
+    assert g.limit() == 300 * MB + int(2**30 / UNCALIBRATED_FACTOR)  # 568 MB
+    assert g.fits() and g.fits()  # 450 + the largest stride, 100 MB, fits
+    assert not g.fits()  # 480 + 100 does not: the window ends here, before the next read
+    # what would record the step whole: at least what it recorded (180 MB) times the factor
+    cut = g.cut(0)
+    assert not cut.nothing and cut.need_bytes == 720 * MB and cut.calibrated_on is None
+
+
+def test_a_cut_window_says_what_would_record_its_step_whole():
+    """The advice is the bound estimated from what was measured (--profile-memory is in GiB,
+    rounded up), or a run whose window starts after a step measured whole: never "a larger bound"
+    where none was estimated."""
+    from auditor.evidence.model import WindowCut
+    from auditor.reports.terminal import window_cut_phrase
+
+    # the example's size, 2 steps: stopped in step 0 at 2.49 GB, 2.15 GB recorded, times 4
+    cut = WindowCut(step=0, rss_bytes=int(2.49 * GB), start_rss_bytes=int(0.34 * GB), limit_bytes=int(10.44 * GB),
+                    factor=4.0, need_bytes=int(8.6 * GB))
+    assert window_cut_phrase(cut, int(9.9 * GB)).endswith(
+        "the trace holds the steps recorded until then, the later steps ran unprofiled; recording step 0 whole "
+        "would take more than 8.60 GB with its end (its recording until the stop, times 4.0): --profile-memory "
+        "above 8.01, or --steps 4 or more so that the window starts after a step measured whole")
+    nothing = WindowCut(step=1, rss_bytes=int(0.35 * GB), start_rss_bytes=int(0.34 * GB), limit_bytes=int(0.39 * GB),
+                        nothing=True, factor=9.0, calibrated_on=0, step_cost_bytes=int(0.2 * GB),
+                        step_trace_bytes=3 * 10**6, need_bytes=int(0.29 * GB))
+    assert window_cut_phrase(nothing).endswith(
+        "; no trace was kept; recording step 1 whole would take about 0.29 GB with its end: --profile-memory 0.28 "
+        "or more")
