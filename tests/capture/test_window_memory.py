@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from auditor.capture.window_memory import STEP_MARGIN, out_of_memory_kill
+from auditor.capture.window_memory import STEP_MARGIN, UNCALIBRATED_FACTOR, out_of_memory_kill
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -128,6 +128,37 @@ def test_an_lstm_sequence_window_stays_within_its_memory_bound_with_its_end(tmp_
     assert summary.startswith(f"audit of {out / trace}: {len(w['steps']) - 1} step(s), median "), summary
 
 
+@pytest.mark.slow
+def test_a_two_step_window_keeps_the_part_of_its_step_that_fits_and_says_what_records_it_whole(tmp_path):
+    """A 2-step run has no step before its window to measure an end on: the window is predicted by
+    UNCALIBRATED_FACTOR, stops at the read past which its end would pass the bound, and keeps what
+    it recorded of step 0 (at the example's size, a 16x guess stopped it at its first read and kept
+    nothing, then advised "a larger bound"). The audit's process tree, read from outside, stays
+    within the bound over the window's start."""
+    script = DATA / "public_shapes" / "time_sequence_prediction.py"
+    out = tmp_path / "out"
+    peak_file = tmp_path / "peak"
+    bound = int(0.1 * 2**30)
+    p = subprocess.run([sys.executable, "-c", TREE_PEAK, str(peak_file), sys.executable, "-m", "auditor", "run",
+                        str(script), "--steps", "2", "--no-numerics", "--profile-memory", "0.1", "--out", str(out),
+                        "--", "--steps", "2", *LSTM_MEMORY[6:]],
+                       capture_output=True, text=True, cwd=ROOT, timeout=900, env={**os.environ, **ONE_THREAD})
+    assert p.returncode == 0, p.stderr[-2000:]
+    w = _window(json.loads((out / "evidence.json").read_text()))
+    cut = w["cut"]
+    assert cut["calibrated_on"] is None and cut["factor"] == UNCALIBRATED_FACTOR and not cut["nothing"], w
+    assert cut["step"] == 0 and w["steps"] == [0] and cut["need_bytes"] > cut["rss_bytes"] - cut["start_rss_bytes"]
+    [trace] = w["trace_files"]
+    assert 0 < (out / trace).stat().st_size == w["trace_bytes"]
+    start = cut["start_rss_bytes"]
+    assert start < int(peak_file.read_text()) <= start + 1.1 * bound
+    [line] = [x for x in p.stdout.splitlines() if "profiler window" in x]
+    assert line.startswith("profiler window ended early in step 0 to keep within --profile-memory"), line
+    assert line.endswith(f"GB with its end (its recording until the stop, times 4.0): --profile-memory above "
+                         f"{-(-cut['need_bytes'] * 100 // 2**30) / 100:.2f}, or --steps 4 or more so that the window "
+                         f"starts after a step measured whole"), line
+
+
 def test_a_window_shortened_by_its_trace_bound_says_so():
     from auditor.evidence.model import WindowCut
     from auditor.reports.terminal import window_cut_phrase
@@ -215,7 +246,7 @@ def test_a_killed_process_not_yet_reaped_keeps_its_last_sample():
 
 
 def test_a_calibrated_step_sets_how_many_steps_fit_the_bounds(monkeypatch):
-    from auditor.capture.window_memory import END_FACTOR, UNCALIBRATED_FACTOR, Guard
+    from auditor.capture.window_memory import END_FACTOR, Guard
 
     MB = 10**6
     monkeypatch.setenv("AUDITOR_PROFILE_MEMORY_GIB", "1")  # 1073.7 MB
