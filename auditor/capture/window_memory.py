@@ -42,10 +42,13 @@ TRACE_SIZE_MB = 256.0  # the default bound of the kept trace, compressed
 END_FACTOR = 16.0
 # the factor a window with no whole step measured (a run of 2-3 steps: no step before its window) is
 # predicted by: above the 2.3-2.7 measured where a recording reaches gigabytes (the example's size:
-# +5.27 GB recorded, +7.7 GB more at its end), which is where a bound is reached. END_FACTOR there
-# stopped a 1000-sample sequence's window at its first read (0.72 GB x 16 over a 9.4 GB bound) and
-# kept nothing; the tests' size's 8-16 is of recordings a bound of a few hundred MB decides, which a
-# calibrated window measures. A part of a step measured raises it (Guard.calibrate).
+# +5.27 GB recorded, +7.7 GB more at its end) and the 3.6 of a first stretch at the tests' size
+# (2 steps: 16.6 MB recorded until the first read, its end peaked 60 MB over the window's start).
+# END_FACTOR there stopped a 1000-sample sequence's window at its first read (0.72 GB x 16 over a
+# 9.4 GB bound) and kept nothing. A part of a step measured raises it (Guard.calibrate). Such a
+# window's last stretch (its last backward pass's start to its step's end) is not read before the
+# end: one whose end costs more than its growth suggests passes the bound by that much (the tests'
+# size, 2 steps, a 0.22 GiB bound: its prediction under no_grad, 13% over).
 UNCALIBRATED_FACTOR = 4.0
 TRACE_RATIO = 0.06  # compressed trace bytes per byte the recording grew where none was measured (0.024 measured)
 CALIBRATION_MIN = 4 << 20  # a calibration that grew less than this measures noise: the defaults stay
