@@ -295,13 +295,14 @@ def test_a_cut_window_says_what_would_record_its_step_whole():
     from auditor.evidence.model import WindowCut
     from auditor.reports.terminal import window_cut_phrase
 
-    # the example's size, 2 steps: stopped in step 0 at 2.49 GB, 2.15 GB recorded, times 4
-    cut = WindowCut(step=0, rss_bytes=int(2.49 * GB), start_rss_bytes=int(0.34 * GB), limit_bytes=int(10.44 * GB),
-                    factor=4.0, need_bytes=int(8.6 * GB))
-    assert window_cut_phrase(cut, int(9.9 * GB)).endswith(
-        "the trace holds the steps recorded until then, the later steps ran unprofiled; recording step 0 whole "
-        "would take more than 8.60 GB with its end (its recording until the stop, times 4.0): --profile-memory "
-        "above 8.01, or --steps 4 or more so that the window starts after a step measured whole")
+    # the example's size, 2 steps (as measured): stopped in step 0 at 2.28 GB, 1.97 GB recorded, times 4
+    cut = WindowCut(step=0, rss_bytes=2282102784, start_rss_bytes=316010496, limit_bytes=10656227328,
+                    factor=4.0, need_bytes=7864369152)
+    assert window_cut_phrase(cut, 4433256448).endswith(
+        "it recorded until 2.28 GB; the process peaked at 4.43 GB resident (read from outside); the trace holds "
+        "the steps recorded until then, the later steps ran unprofiled; recording step 0 whole would take more "
+        "than 7.86 GB with its end (its recording until the stop, times 4.0): --profile-memory above 7.33, or "
+        "--steps 4 or more so that the window starts after a step measured whole")
     nothing = WindowCut(step=1, rss_bytes=int(0.35 * GB), start_rss_bytes=int(0.34 * GB), limit_bytes=int(0.39 * GB),
                         nothing=True, factor=9.0, calibrated_on=0, step_cost_bytes=int(0.2 * GB),
                         step_trace_bytes=3 * 10**6, need_bytes=int(0.29 * GB))
