@@ -389,7 +389,9 @@ class Profiler:
             return
         if not guard.fits():
             step = self.step if self.step is not None else -1
-            first = bool(self.active) and step <= self.active[0]
+            # (a calibrated window's first step, cut at its end, passed what it was predicted by: none
+            # kept; an uncalibrated window keeps what it recorded, part of its first step included)
+            first = bool(self.active) and step <= self.active[0] and guard.calibrated_on is not None
             self.cut = guard.cut(step, nothing=first)
             self._keep = not first
             self.stop()

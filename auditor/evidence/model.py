@@ -199,6 +199,9 @@ class WindowCut(msgspec.Struct, frozen=True):
     planned: int = 0  # the window was shortened before it began: it recorded `step`'s and the steps
     # before it of `planned` active steps (0: it ended at a read of its memory)
     dropped_trace_bytes: int = 0  # its trace was written over --trace-size, and removed
+    # the bound over `start_rss_bytes` that would record step `step` whole, estimated from what was
+    # measured (a lower estimate where no whole step was: `calibrated_on` None); 0: unknown
+    need_bytes: int = 0
 
 
 class ProfileWindow(msgspec.Struct):
