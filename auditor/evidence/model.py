@@ -263,7 +263,8 @@ class Program(msgspec.Struct):
     ("optimizer steps (Adam), 1 per iteration"); skipped: steps run unaudited first (--skip);
     ended_by_audit: --steps N ended it at a step boundary after N steps, as a Ctrl-C does;
     exit_code: the program's own exit code (its sys.exit's; 0 when it ran to its end), None when
-    the audit ended it or it raised."""
+    the audit ended it or it raised; after_stop: what the program raised after it caught the
+    audit's interrupt and went on ("FileNotFoundError: ... at main.py:247"; its Ctrl-C path), "" when nothing."""
 
     form: str
     argv: list[str] = []
@@ -272,6 +273,7 @@ class Program(msgspec.Struct):
     skipped: int = 0
     ended_by_audit: bool = False
     exit_code: int | None = None
+    after_stop: str = ""
 
 
 class WeightsDigest(msgspec.Struct):

@@ -177,6 +177,8 @@ def program_phrase(evidence: Evidence) -> str:
         text += f"; the first {p.skipped} run unaudited (--skip)"
     if p.ended_by_audit:
         text += f"; the audit ended the program after {len(evidence.steps)} step(s), as a Ctrl-C does"
+        if p.after_stop:  # (its Ctrl-C path: the audited steps are whole)
+            text += f"; it caught that interrupt, went on and raised {p.after_stop}, as after a Ctrl-C there"
     elif p.exit_code is not None:
         text += f"; the program exited with code {p.exit_code}"
     return text
