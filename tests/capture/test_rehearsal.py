@@ -289,6 +289,13 @@ if __name__ == "__main__":
 """
 
 
+def _has_accelerator(*names: str) -> bool:
+    accelerator = getattr(torch, "accelerator", None)  # (torch 2.6 on; device_index, the memory family later)
+    return accelerator is not None and all(hasattr(accelerator, n) for n in names)
+
+
+@pytest.mark.skipif(not _has_accelerator("is_available", "current_accelerator", "synchronize"),
+                    reason="this torch has no torch.accelerator API for a program to use")
 def test_a_torch_accelerator_program_is_rehearsed_as_cuda(tmp_path):
     """`torch.accelerator.is_available()` / `current_accelerator()` ask for the machine's
     accelerator: rehearsed, they answer as on a one-GPU CUDA machine, so the program's
@@ -378,6 +385,9 @@ print(json.dumps({
 """
 
 
+@pytest.mark.skipif(not _has_accelerator("device_index", "memory_allocated", "max_memory_allocated", "empty_cache",
+                                         "reset_peak_memory_stats", "set_device_index", "current_stream"),
+                    reason="this torch has not all of the torch.accelerator API the program asks")
 def test_torch_accelerator_answers_as_a_one_gpu_cuda_machine(tmp_path):
     """On a CPU build every torch.accelerator call but is_available() raised 'Cannot access
     accelerator device when none is available'; rehearsed, the API answers as on one CUDA GPU."""
