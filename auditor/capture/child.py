@@ -154,10 +154,10 @@ def graph_scan_points(steps: int, window: Sequence[int] = ()) -> set[int]:
     H100 recordings' windows). Such a point runs after the window's last step when a scan comes
     before the window, else just before the window (the first scan is the baseline growth is
     judged from, and a run that fails in the window still has it). A window that begins at step 0
-    (runs of 5-7 steps) has no step before it: there such a point runs after the window's last
-    step, and the steps after it are scanned until the run has three scans (graph-leak's trend
-    needs three): a 5-step run scans after 2, 3 and 4. (A scan inside that window put ~90,000
-    Python calls of the auditor's in the program's trace, and a 5 ms step at 1 s.)"""
+    (runs of 5-7 steps) begins with its warm-up step, the calibration: a throwaway recording,
+    stopped at that step's end, so such a point runs after it, before the kept recording starts
+    (a 5-step run scans after 0, 2 and 4). (A scan inside the kept window put ~90,000 Python calls
+    of the auditor's in the program's trace, and a 5 ms step at 1 s.)"""
     if steps <= 3:
         points = set(range(steps))
     else:
@@ -169,12 +169,8 @@ def graph_scan_points(steps: int, window: Sequence[int] = ()) -> set[int]:
     inside = {p for p in points if window[0] <= p < window[-1]}
     if not inside:
         return points
-    if window[0] == 0:
-        moved = (points - inside) | {window[-1]}
-        after = iter(range(window[-1] + 1, steps))
-        while len(moved) < min(3, len(points)) and (nxt := next(after, None)) is not None:
-            moved.add(nxt)
-        return moved
+    if window[0] == 0:  # (its first step is the calibration's: scanned after it)
+        return (points - inside) | {0}
     return (points - inside) | {window[-1] if min(points) < window[0] else window[0] - 1}
 
 

@@ -500,7 +500,7 @@ def test_an_oom_names_what_keeps_the_live_memory_alive(gpu_run) -> None:
     [f] = a.rule("oom-risk")
     assert Path(f["evidence"]["snapshot"]).name == "oom_snapshot.pickle"
     assert (f"What keeps the live memory alive: `preds` (list, filled at train.py:{fill}) holds 3.0 MiB in 3 "
-            "tensors after step 2, 1.0 MiB more per step since step 1.") in f["message"], f["message"]
+            "tensors after step 2, 1.0 MiB more per step since step 0.") in f["message"], f["message"]
     assert (f["locations"][0]["file"], f["locations"][0]["line"]) == (str(a.train), fill)
     assert f"a request for 1.0 GiB at train.py:{ASKED_LINE}" in f["message"]
     h = f["evidence"]["holder"]

@@ -90,16 +90,18 @@ def test_no_graph_scan_is_planned_inside_the_window():
     """Every run length to 300: no scan after a window step but its last (it would run while the
     profiler records), the planned scans kept but where one merges with another, a run whose
     window begins after step 0 scanned once before it (the baseline a run failing there keeps), and
-    one whose window begins at step 0 (5-7 steps) scanned after it, three times."""
+    one whose window begins at step 0 (5-7 steps) scanned after that step, its calibration's."""
     for steps in range(1, 301):
         warm, active = profile_plan(steps)
         window = ([warm] if warm is not None else []) + active
         planned, points = graph_scan_points(steps), graph_scan_points(steps, window)
-        assert not [p for p in points if window[0] <= p < window[-1]], (steps, window, sorted(points))
+        # (none after a kept window step but its last; the warm-up step's recording is the calibration's, stopped
+        # at its end)
+        assert not [p for p in points if active[0] <= p < window[-1]], (steps, window, sorted(points))
         if window[0] > 0:
             assert min(points) < window[0], (steps, window, sorted(points))
-        elif len(window) > 1:  # (5-7 steps: no step before the window)
-            assert min(points) == window[-1] and len(points) == 3, (steps, window, sorted(points))
+        elif len(window) > 2:  # (5-7 steps: the window's first step is its calibration's, scanned after it)
+            assert min(points) == 0 and len(points) == len(planned), (steps, window, sorted(points))
         assert len(planned) - 1 <= len(points) <= len(planned) and max(points) == steps - 1, steps
 
 
