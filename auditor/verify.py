@@ -117,6 +117,9 @@ class Outcome:
     together: Rerun | None = None
     together_predicted_ms: float | None = None
     units: list[Unit] = field(default_factory=list)
+    # A rehearsal's: the re-runs ran on this CPU, so each prediction is of this machine's time (the
+    # GPU estimates of its fixes are named apart in the table)
+    rehearsed: bool = False
 
 
 # --- the scratch copy ----------------------------------------------------------------------------
@@ -410,7 +413,13 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
     finally:
         runner.close()
     for u in outcome.units:
-        u.predicted_ms = _predicted_together(evidence, results, [results.findings[i] for i in u.held])
+        here = [results.findings[i] for i in u.held if not (rehearsed and _gpu_estimate(results.findings[i]))]
+        u.predicted_ms = _predicted_together(evidence, results, here)
+    if rehearsed and outcome.together is not None:
+        fixed = [f for i, f in enumerate(results.findings) if i in outcome.verified
+                 and outcome.verified[i].status == "improved" and not _gpu_estimate(f)]
+        outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
+    outcome.rehearsed = rehearsed
     outcome.reruns = runner.count
     outcome.seconds = time.perf_counter() - t0
     return outcome
@@ -421,6 +430,12 @@ def prerequisites(f: Finding, findings: list[Finding]) -> list[Finding]:
     attribution.ORDER), with edits to apply first."""
     names = f.evidence.get("apply_after") if isinstance(f.evidence, dict) else None
     return [g for g in findings if names and g.rule in names and g.fix is not None and g.fix.edits]
+
+
+def _gpu_estimate(f: Finding) -> bool:
+    from auditor.rules._support.gpu_costs import is_gpu_estimate
+
+    return is_gpu_estimate(f.cost)
 
 
 def _predicted_together(evidence: Any, results: RuleResults, fixed: list[Finding]) -> float | None:
@@ -550,8 +565,9 @@ def table(results: RuleResults, outcome: Outcome) -> list[dict[str, Any]]:
     for the fixes it held, together: `fixes`, every fix whose edits the re-run held (a fix applied
     after another's holds that one's too), `fix` their names joined; `predicted_ms`, the saving per
     step the audit predicted for them together, as the headline adds fixes up (not the cost of one
-    of them: a re-run of fixes.patch measures all of its fixes at once); `unpredicted`, those of
-    them with no predicted time saving, and why; `measured_ms`, the median step before less the
+    of them: a re-run of fixes.patch measures all of its fixes at once), in a rehearsal of this
+    machine's time alone; `unpredicted`, those of them with no predicted time saving here, and why
+    (no estimate; a rehearsal's GPU estimate, which a re-run on the CPU does not measure); `measured_ms`, the median step before less the
     re-run's, and `measured_cpu_ms` the same on the process's CPU clock; their ratio; `run`, how the
     re-run ran; `together`, whether it held every fix that improved."""
     rows = []
@@ -576,6 +592,9 @@ def _row(name: str, held: list[Finding], status: str, pred: float | None, r: Rer
     cpu = round(cb - r.cpu_ms, 3) if r.ok and cb is not None and r.cpu_ms is not None else None
     unpredicted = [{"fix": f.rule, "why": _why_unpredicted(f)} for f in held
                    if f.cost is None or f.cost.ms_per_step is None]
+    gpu = [f for f in held if outcome.rehearsed and _gpu_estimate(f)]
+    unpredicted += [{"fix": f.rule, "why": f"a GPU's time ({f.cost.ms_per_step:g} ms/step {f.cost.note}), which "  # type: ignore[union-attr]
+                     "this rehearsal's re-run on the CPU does not measure: not in the prediction"} for f in gpu]
     return {"fix": name, "fixes": [f.rule for f in held], "status": status, "predicted_ms": pred,
             "measured_ms": meas, "measured_cpu_ms": cpu,
             "ratio": round(pred / meas, 3) if pred is not None and meas else None,
