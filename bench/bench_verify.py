@@ -95,7 +95,7 @@ def main() -> None:
             first = same[0]
             apart = "; ".join(f"{u['fix']}: {u['why'][:60]}" for u in first.get("unpredicted", []))
             print(f"{target:<34}{fmt(pred):>10}{fmt(meas):>10}{fmt(ratio):>8}{fmt(cpu):>10}  "
-                  f"{'yes' if ok else 'no':<10}  {' + '.join(first.get('fixes', [name]))} ({first.get('run', '')}"
+                  f"{('yes' if ok else 'no') if pred is not None and meas is not None else '-':<10}  {' + '.join(first.get('fixes', [name]))} ({first.get('run', '')}"
                   f"{', n=%d' % len(same) if args.repeat > 1 else ''})" + (f" [not predicted: {apart}]" if apart else ""))
     print(f"{held} of {total} predictions within {GOAL:.0%} of the measured saving")
 
