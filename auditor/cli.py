@@ -98,11 +98,31 @@ def cli() -> None:
     """auditor: find why a PyTorch training step is slow, runs out of memory or turns to NaN."""
 
 
-@cli.command()
+class _RunCommand(click.Command):
+    """`audit run`: keeps how many arguments followed `--` (ctx.meta["after_dashdash"]), which click
+    does not say: with -m, a TARGET before `--` is a stray argument, one after it the program's."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["after_dashdash"] = len(args) - args.index("--") - 1 if "--" in args else 0
+        return super().parse_args(ctx, args)
+
+
+def _stray_with_module(module: str | None, target: str | None, script_args: tuple[str, ...]) -> None:
+    """-m runs a module instead of TARGET: an argument before `--` is refused, never passed on."""
+    if module is None or target is None:
+        return
+    if click.get_current_context().meta.get("after_dashdash", 0) > len(script_args):
+        return  # (`-m pkg.mod -- ARGS`: click gave the first of ARGS as TARGET)
+    raise UsageFailure(f"-m {module} runs a module instead of TARGET, and {target!r} was given too: the program's "
+                       f"own arguments go after `--` (audit run -m {module} -- {target} ...)")
+
+
+@cli.command(cls=_RunCommand)
 @click.argument("target", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 @click.option("-m", "--module", "module", default=None, metavar="PKG.MODULE",
-              help="Run this module as a program, as `python -m PKG.MODULE ARGS` does (instead of TARGET).")
+              help="Run this module as a program, as `python -m PKG.MODULE ARGS` does (instead of TARGET: its "
+                   "ARGS go after `--`).")
 @click.option("--steps", type=click.IntRange(min=1, max=MAX_STEPS), default=50, show_default=True,
               help="Call the step exactly this many times; a program: audit this many of its steps, then end it "
                    "as a Ctrl-C does.")
@@ -161,6 +181,7 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
     whole program, path/to/file.py or -m package.module (run as Python runs it, its steps found).
 
     ARGS after `--` are the program's own command line: its code finds them in sys.argv[1:]."""
+    _stray_with_module(module, target, script_args)
     _device_memory(device_memory)
     if profile_memory:  # (read by the audited child: auditor.capture.window_memory)
         os.environ["AUDITOR_PROFILE_MEMORY_GIB"] = repr(profile_memory)

@@ -214,12 +214,10 @@ def shows_progress(session: RankSession | None) -> bool:
 
 
 def save_atomic(evidence: m.Evidence, run_dir: Path) -> Path:
+    from auditor.evidence.whole_files import write_whole
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / EVIDENCE_FILE
-    tmp = path.with_name(f".{EVIDENCE_FILE}.{os.getpid()}.tmp")
-    tmp.write_bytes(m.encode(evidence))
-    os.replace(tmp, path)
-    return path
+    return write_whole(run_dir / EVIDENCE_FILE, m.encode(evidence))
 
 
 def rank_dirs_of(root: Path, world_size: int, run_id: str | None) -> list[Path]:

@@ -7,9 +7,12 @@ cannot drift from it.
   (`Finding`: one entry of findings.json's `findings`; `Evidence`: evidence.json), one table per Struct.
 - speed.md: `<!-- speed-table -->` becomes the README's speed table (the README holds it; the page
   adds what the README has no room for).
+- any page: `<!-- flags: COMMAND -->` becomes the table of that `audit` command's options, from the
+  click command itself (its flags, defaults and help: what `audit COMMAND --help` prints).
 """
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -27,8 +30,45 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return re.sub(r"<!-- schema: (\w+) -->", lambda m: schema_reference(m.group(1)), markdown)
     if name == "speed.md":
         readme = Path(config["docs_dir"]).parent / "README.md"
-        return markdown.replace("<!-- speed-table -->", speed_table(readme.read_text()))
-    return markdown
+        markdown = markdown.replace("<!-- speed-table -->", speed_table(readme.read_text()))
+    return re.sub(r"<!-- flags: (\w+) -->", lambda m: flags_table(m.group(1)), markdown)
+
+
+DEFAULT = re.compile(r"\s*\[default: ([^\]]*)\]\.?")
+
+
+def flags_table(command: str) -> str:
+    """| flag | default | meaning | of every option of `audit COMMAND` but --help, in its --help order."""
+    import click
+
+    from auditor.cli import cli
+
+    rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
+    cmd = cli.commands[command]
+    ctx = click.Context(cmd, info_name=command)
+    for p in cmd.params:
+        if not isinstance(p, click.Option) or p.hidden or p.name == "help":
+            continue
+        names = [*p.opts, *p.secondary_opts]
+        if p.metavar or not isinstance(p.type, (click.IntRange, click.FloatRange)):
+            metavar = p.make_metavar(ctx) if "ctx" in inspect.signature(p.make_metavar).parameters else p.make_metavar()
+        else:
+            metavar = "N" if isinstance(p.type, click.IntRange) else "X"
+        flag = " / ".join(f"`{o}`" for o in names) if p.is_flag else ", ".join(f"`{o} {metavar}`" for o in names)
+        text = p.help or ""
+        said = DEFAULT.search(text)
+        value = p.get_default(ctx, call=False)
+        if said:
+            default, text = said.group(1), DEFAULT.sub("", text)
+        elif p.is_flag and p.secondary_opts:  # --x/--no-x: the one in force, or none chosen
+            default = "auto" if value is None else f"`{p.opts[0] if value else p.secondary_opts[0]}`"
+        elif p.is_flag:
+            default = "on" if value else "off"
+        else:
+            # (click's marker for "no default" reads as none, as an empty tuple does)
+            default = "none" if value in (None, (), []) or "UNSET" in repr(value) else str(value)
+        rows.append(f"| {_cell(flag)} | {_cell(default)} | {_cell(text.strip())} |")
+    return "\n".join(rows)
 
 
 def rules_reference() -> str:

@@ -263,6 +263,19 @@ def test_schemas_are_generated_from_the_structs(site):
             assert f"<code>{field.encode_name}</code>" in html, (struct.__name__, field.encode_name)
 
 
+def test_the_flag_table_is_generated_from_the_cli(site):
+    """docs/auditing-programs.md's flag table is `audit run`'s click options, each with its help text:
+    a flag added to the CLI is in the table without an edit of the page."""
+    page = (ROOT / "docs" / "auditing-programs.md").read_text()
+    assert "<!-- flags: run -->" in page and "| `--steps N` |" not in page
+    html = (site / "auditing-programs" / "index.html").read_text()
+    for p in cli.commands["run"].params:
+        if isinstance(p, click.Option) and p.name != "help" and not p.hidden:
+            for opt in (*p.opts, *p.secondary_opts):
+                assert f"<code>{opt}" in html, opt
+            assert _html_text(re.split(r"[`(\[]", p.help or "")[0].strip()[:30]) in html, p.name
+
+
 def _html_text(text: str) -> str:
     import html
 

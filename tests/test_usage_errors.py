@@ -70,6 +70,8 @@ def test_a_step_whose_call_runs_nothing(tmp_path, source, contains):
     (("explain", "no-such-rule"), "no rule 'no-such-rule'"),
     (("analyze", "does/not/exist.json"), "no such file"),
     (("frobnicate",), "No such command"),
+    # -m runs a module instead of TARGET: a TARGET before `--` was passed on to the program unsaid
+    (("run", "-m", "json.tool", "stray.json"), "'stray.json' was given too: the program's own arguments go after `--`"),
 ])
 def test_bad_options(tmp_path, args, contains):
     one_line_error(audit(*args, out=tmp_path / "o"), contains)

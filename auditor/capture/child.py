@@ -31,6 +31,7 @@ from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
 from auditor.capture.unseen import no_torch_function, warnings_name_the_user
+from auditor.capture.user_traceback import print_users_traceback
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
 
@@ -138,28 +139,42 @@ def profile_plan(steps: int) -> tuple[int | None, list[int]]:
 
 
 def graph_scan_points(steps: int, window: Sequence[int] = ()) -> set[int]:
-    """Step boundaries at which the graph-leak scan runs (each costs 50-200 ms): after step 1, the
-    middle and the last step, and after steps 4, 16, 64, 256, ... as well, so that a run killed
-    early (the out-of-memory kill a leak ends in, at step 37 of 200) has been scanned twice
-    before it ends, not only after step 1. A step that raises (an out-of-memory error) is scanned
-    too (see `_failure_scan`). Powers of 4, not of 2: a 50-step audit scans 5 times, not 8, and
-    must end within 5 s of the plain steps.
+    """Step boundaries at which the graph-leak scan runs (each costs 50-200 ms: it walks every
+    gc-tracked object): after step 1, the middle and the last step, and after steps 4, 16, 64,
+    256, ... as well, so that a run killed early (the out-of-memory kill a leak ends in, at step 37
+    of 200) has been scanned twice before it ends, not only after step 1. A step that raises (an
+    out-of-memory error) is scanned too (see `_failure_scan`). Powers of 4, not of 2: a 50-step
+    audit scans 5 times, not 8, and must end within 5 s of the plain steps. A power of 4 in the
+    run's middle third is its middle scan (graph-leak's trend is judged over the first, the middle
+    and the last: auditor.rules._support.scans.spread_scans), so the steady state after the dense
+    start pays for one scan there, not two (a 160-step audit scans after 1, 4, 16, 64 and 159).
     No scan runs while the profiler records (`window`: the profiled steps, warm-up first): a scan
     after a window step but its last would land in the next ProfilerStep of the program's trace,
     as the program's own host time (205 ms of a 127 ms step on a 2-rank CPU job; 44-76% of the
     H100 recordings' windows). Such a point runs after the window's last step when a scan comes
     before the window, else just before the window (the first scan is the baseline growth is
     judged from, and a run that fails in the window still has it). A window that begins at step 0
-    (runs of 5-7 steps) has no step before it: there the scans stay where they are."""
+    (runs of 5-7 steps) has no step before it: there such a point runs after the window's last
+    step, and the steps after it are scanned until the run has three scans (graph-leak's trend
+    needs three): a 5-step run scans after 2, 3 and 4. (A scan inside that window put ~90,000
+    Python calls of the auditor's in the program's trace, and a 5 ms step at 1 s.)"""
     if steps <= 3:
         points = set(range(steps))
     else:
-        points = {4 ** k for k in range(steps.bit_length()) if 4 ** k < steps} | {steps // 2, steps - 1}
+        points = {4 ** k for k in range(steps.bit_length()) if 4 ** k < steps} | {steps - 1}
+        if not [p for p in points if steps / 3 <= p <= 2 * steps / 3 and 1 < p < steps - 1]:
+            points.add(steps // 2)
     if not window:
         return points
     inside = {p for p in points if window[0] <= p < window[-1]}
-    if not inside or window[0] == 0:
+    if not inside:
         return points
+    if window[0] == 0:
+        moved = (points - inside) | {window[-1]}
+        after = iter(range(window[-1] + 1, steps))
+        while len(moved) < min(3, len(points)) and (nxt := next(after, None)) is not None:
+            moved.add(nxt)
+        return moved
     return (points - inside) | {window[-1] if min(points) < window[0] else window[0] - 1}
 
 
@@ -244,6 +259,8 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
     else:
         status = "raised"
     message = text[:2000]
+    if status == "interrupted" and not message and SIGNALS_SEEN:  # (a bare KeyboardInterrupt: its signal)
+        message = f"stopped by {SIGNALS_SEEN[0]}"
     if status == "exited":
         message = f"the program stopped itself (sys.exit({exc.code!r})), as it would without the audit"
     elif isinstance(exc, SystemExit):
@@ -381,7 +398,9 @@ class Profiler:
             return
         if not guard.fits():
             step = self.step if self.step is not None else -1
-            first = bool(self.active) and step <= self.active[0]
+            # (a calibrated window's first step, cut at its end, passed what it was predicted by: none
+            # kept; an uncalibrated window keeps what it recorded, part of its first step included)
+            first = bool(self.active) and step <= self.active[0] and guard.calibrated_on is not None
             self.cut = guard.cut(step, nothing=first)
             self._keep = not first
             self.stop()
@@ -543,6 +562,9 @@ def _trace_dir(logdir: str) -> str:
     return tempfile.mkdtemp(prefix="audit-trace-", dir=None if not _unsafe_for_trace(base) else "/tmp")
 
 
+SIGNALS_SEEN: list[str] = []  # the interrupting signals the child's handlers got, in order: the first ended the run
+
+
 def catch_interrupts(catch_sigterm: bool) -> dict:
     """Install the child's SIGINT (and, when asked, SIGTERM) handlers; returns their counts.
 
@@ -554,14 +576,15 @@ def catch_interrupts(catch_sigterm: bool) -> dict:
     sigint = {"n": 0, "seen": 0}
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         def on_sigint(signum, frame):
+            SIGNALS_SEEN.append("SIGINT")
             sigint["n"] += 1
             raise KeyboardInterrupt
         signal.signal(signal.SIGINT, on_sigint)
     if catch_sigterm and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         def on_sigterm(signum, frame):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (sent to the group: the parent forwards one too)
+            SIGNALS_SEEN.append("SIGTERM")
             sigint["n"] += 1
-            sigint["term"] = True
             raise Terminated("stopped by SIGTERM")
         signal.signal(signal.SIGTERM, on_sigterm)
     return sigint
@@ -645,6 +668,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             except BaseException as e:
                 echo_exit_message(e)
+                print_users_traceback(e)  # (as a plain run prints it, before the audit's summary)
                 session.end(i, failed=True)
                 sigint["seen"] = sigint["n"]
                 out.send(_ending(e, i, cuda_devices()))
@@ -654,8 +678,9 @@ def run(args: argparse.Namespace) -> int:
                 break
             session.end(i)
             if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
-                raise Terminated("stopped by SIGTERM") if sigint.get("term") else KeyboardInterrupt
+                raise Terminated("stopped by SIGTERM") if SIGNALS_SEEN[:1] == ["SIGTERM"] else KeyboardInterrupt
     except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
+        print_users_traceback(e)
         prof.stop()
         ending = _ending(e, i, cuda_devices())
         code = getattr(fn, "__code__", None)

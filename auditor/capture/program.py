@@ -21,6 +21,7 @@ from auditor.capture import graphs, wire
 from auditor.capture.session import StepSession
 from auditor.capture.steps import StepFinder, StepsDone, makes_no_optimizer
 from auditor.capture.target import Target, TargetError
+from auditor.capture.user_traceback import print_users_traceback
 from auditor.evidence.model import Program
 
 
@@ -89,6 +90,7 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
     finder = StepFinder(session, parts.rec, out.send, args.steps, args.skip, args.to_end, parts.send_setup,
                         no_optimizer=no_optimizer)
     code: int | None = 0
+    after_stop = ""  # what the program raised after it caught the audit's interrupt
     ending: wire.Ended | None = None
     raised: BaseException | None = None  # the program's own error, which a graph scan follows
     finder.install()
@@ -105,6 +107,7 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         if finder.stopped:  # (the program caught StepsDone and ended with an interrupt of its own)
             code = None
         else:
+            print_users_traceback(e)  # (a Ctrl-C: as Python prints it)
             ending = parts.ending(e, _open_step(finder))
             code = 130
     except SystemExit as e:
@@ -114,10 +117,17 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         elif code != 0:
             ending = parts.ending(e, _open_step(finder))
     except BaseException as e:  # the program's own error: printed as Python prints it
-        raised = e
-        ending = parts.ending(e, _open_step(finder))
-        code = 1
-        traceback.print_exception(type(e), e, _users_traceback(e.__traceback__))
+        print_users_traceback(e)
+        if finder.stopped and isinstance(e, Exception):
+            # raised after the program caught the audit's interrupt and went on (word_language_model:
+            # "Exiting from training early", then a load of the checkpoint its first epoch had not
+            # saved yet): its Ctrl-C path, which a Ctrl-C there takes too; the audited steps are whole
+            after_stop = f"{type(e).__name__}: {e}"[:300] + _raised_at(e)
+            code = None
+        else:
+            raised = e
+            ending = parts.ending(e, _open_step(finder))
+            code = 1
     ended_by_audit = finder.stopped
     failed_in_step = ending is not None and _open_step(finder) is not None
     failed_step = _open_step(finder) if failed_in_step else None
@@ -139,13 +149,15 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
     steps_by, steps_found = finder.found()
     out.send(wire.ProgramRun(run=Program(form=target.kind, argv=argv, steps_by=steps_by, steps_found=steps_found,
                                          skipped=min(args.skip, finder.begun), ended_by_audit=ended_by_audit,
-                                         exit_code=code)))
+                                         exit_code=code, after_stop=after_stop)))
     if ending is not None:
         ending.cuda_devices = parts.cuda_devices()
         out.send(ending)
     else:
         message = (f"the audit ended the program after {finder.recorded} step(s) (--steps {args.steps}), "
-                   f"at a step boundary, as a Ctrl-C does" if ended_by_audit else
+                   f"at a step boundary, as a Ctrl-C does"
+                   + (f"; the program caught that interrupt, went on and raised {after_stop} (as after a Ctrl-C "
+                      "there)" if after_stop else "") if ended_by_audit else
                    "the program ran to its end" if code == 0 else None)
         out.send(wire.Ended(status="completed", message=message, backend_flags=parts.backend_flags(),
                             cuda_devices=parts.cuda_devices()))
@@ -184,12 +196,13 @@ def _failure_scan(out: Any, e: BaseException, step: int, target: tuple[Any, str 
         pass
 
 
-def _users_traceback(tb: Any) -> Any:
-    """The traceback from the program's first frame, as Python prints it (without ours and runpy's)."""
-    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
-    while tb is not None and tb.tb_next is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
-        tb = tb.tb_next
-    return tb
+def _raised_at(e: BaseException) -> str:
+    """' at FILE:LINE' of the deepest frame of the program's own files (not torch's, nor the audit's)."""
+    ours = os.path.dirname(os.path.abspath(__file__))
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if "site-packages" not in f.filename and not os.path.abspath(f.filename).startswith(ours)
+              and not f.filename.startswith("<")]
+    return f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
 
 
 def _ends_interrupt(e: BaseException) -> bool:

@@ -93,7 +93,8 @@ class EvidenceBuilder:
             step = m.StepRecord(
                 index=r.index, start_s=r.start_s, ms=r.ms, cpu_ms=r.cpu_ms, profiled=r.profiled, failed=r.failed,
                 rss_bytes=r.rss_bytes, device_allocated=r.device_allocated, device_reserved=r.device_reserved,
-                anomaly_enabled=r.anomaly_enabled, tallies=[_tally(t) for t in r.tallies])
+                anomaly_enabled=r.anomaly_enabled, lines_sampled=r.lines_sampled,
+                tallies=[_tally(t) for t in r.tallies])
             for name, data in r.collected.items():
                 _collector_field(step, name, data)
             ev.steps.append(step)
@@ -196,6 +197,14 @@ class EvidenceBuilder:
         if why:
             return "was killed by the kernel's out-of-memory killer", f"{during}, {', '.join(facts)} (SIGKILL; {why})"
         return "killed by SIGKILL", during + (f" ({', '.join(facts)})" if facts else "")
+
+
+def interrupted_message(signals: list[str], killed: bool) -> str:
+    """How a run the program did not report the end of was interrupted: the signals `audit` got, in
+    order (each named once, by its name: SIGINT is a Ctrl-C), and the kill that ended the program."""
+    named = list(dict.fromkeys(signals))
+    how = named[0] + "".join(f", then {s}" for s in named[1:])
+    return f"interrupted ({how}{'; the audit killed the program (SIGKILL)' if killed else ''})"
 
 
 _FAULT_FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)', re.M)
@@ -313,16 +322,18 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
     pump = threading.Thread(target=pump_stderr, daemon=True)
     pump.start()
 
-    interrupts = {"n": 0, "at": 0.0, "by": "Ctrl-C"}
+    # the signals that reached `audit`, in order: the ending is labelled by the first (a SIGINT
+    # that a later SIGTERM cut short was still a SIGINT), and says when the audit killed the program
+    interrupts: dict = {"n": 0, "at": 0.0, "by": []}
 
     def on_sigint(signum, frame) -> None:
+        interrupts["by"].append(signal.Signals(signum).name)
         interrupts["n"] += 1
         interrupts["at"] = time.monotonic()
         if interrupts["n"] >= 2:
             proc.kill()
 
     def on_sigterm(signum, frame) -> None:  # stop the child as Ctrl-C does; the report is still written
-        interrupts["by"] = "SIGTERM"
         if interrupts["n"] == 0 and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         on_sigint(signum, frame)
@@ -366,11 +377,12 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         # like a run's to `audit analyze`
         (request.out_dir / "records.jsonl").unlink(missing_ok=True)
         raise TargetError(builder.usage_error)
+    killed_by_audit = interrupts["n"] >= 2 or (interrupts["n"] and time.monotonic() - interrupts["at"] > GRACE_AFTER_INTERRUPT_S)
     if interrupts["n"] and not builder.ended:
         builder.ended = True
         last = builder.ev.steps[-1].index + 1 if builder.ev.steps else None
-        builder.ev.ending = m.Ending(status="interrupted", step=last, message=f"interrupted ({interrupts['by']})")
-    killed_by_audit = interrupts["n"] >= 2 or (interrupts["n"] and time.monotonic() - interrupts["at"] > GRACE_AFTER_INTERRUPT_S)
+        builder.ev.ending = m.Ending(status="interrupted", step=last, signal=interrupts["by"][0],
+                                     message=interrupted_message(interrupts["by"], killed_by_audit and returncode < 0))
     evidence = builder.finish(returncode, "".join(tail), None if killed_by_audit else memory)
     if evidence.profile is not None:  # (the window's bound is judged by what the kernel counted, not the child's word)
         evidence.profile.peak_rss_bytes = memory.peak_bytes()

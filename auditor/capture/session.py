@@ -41,7 +41,9 @@ class StepSession:
         self.index: int | None = None  # the step begun and not yet ended
         self.t0 = self.c0 = 0.0
         self.anomaly = False
-        self.lines = lines.LineSampler() if lines.ENABLED and "lines" not in OFF else None  # per-line time of each step
+        self.lines = lines.LineSampler() if lines.ENABLED and "lines" not in OFF else None  # per-line time of the steps
+        self.line_steps = lines.Schedule()  # which steps the sampler looks at
+        self.sampling = False  # the open step is sampled
         self.device = DeviceClock()  # each step's time on the device's clock, when a GPU is in use
         for c in collectors:  # the profiled steps carry no numerics checks (numerics.schedule)
             if hasattr(c, "window"):
@@ -64,7 +66,9 @@ class StepSession:
         self.device.begin(i)
         # (not in the profiler's steps: its start, stop and Python tracer walk the threads' frames,
         # and a look at the step's frames beside them crashed the process)
-        if self.lines is not None and not self.prof.profiled(i):
+        self.sampling = self.lines is not None and not self.prof.profiled(i) and self.line_steps.sampled(
+            i, any(getattr(c, "step_checked", False) for c in self.collectors))
+        if self.sampling:
             self.lines.resume()
 
     def end(self, i: int, failed: bool = False) -> None:
@@ -86,7 +90,7 @@ class StepSession:
         step = wire.Step(index=i, start_s=self.t0 - self.t_first, ms=(t1 - self.t0) * 1e3,
                          cpu_ms=(c1 - self.c0) * 1e3, profiled=self.prof.profiled(i), failed=failed,
                          rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
-                         anomaly_enabled=self.anomaly,
+                         anomaly_enabled=self.anomaly, lines_sampled=self.sampling,
                          tallies=self.rec.drain() + (self.lines.take() if self.lines is not None else []),
                          collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec))
         if "records" not in OFF:  # (bench_steady_parts.py only)

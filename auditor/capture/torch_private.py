@@ -52,6 +52,7 @@ PIECES: tuple[Piece, ...] = (
     Piece("torch._utils:_get_obj_state", "rehearsal/device.py (the marks kept out of pickles)"),
     Piece("torch._utils:ExceptionWrapper", "rehearsal/data.py"),
     Piece("torch.utils._device:DeviceContext", "rehearsal/device.py"),
+    Piece("torch.utils._device:DeviceContext.__torch_function__", "rehearsal/device.py (the user's calls under it)"),
     Piece("torch.utils.data._utils.pin_memory:pin_memory", "rehearsal/data.py"),
     # torch.func's wrapping, which keeps the rehearsal's GPU mark (rehearsal/functorch_marks.py)
     Piece("torch._functorch.vmap:_add_batch_dim", "rehearsal/functorch_marks.py"),

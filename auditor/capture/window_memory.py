@@ -16,8 +16,9 @@ recording and end (`step_cost`) and its trace (`step_trace`); the window records
 fit at that cost (times STEP_MARGIN), its memory read at its steps' ends. Where no whole step was
 measured, the process's resident memory is read at each backward pass's start and each step's end,
 and the recording ends at the last such read where what it holds, plus the largest growth seen
-between two reads (`stride`), times END_FACTOR still fits. A bound that one step's recording
-does not fit records nothing.
+between two reads (`stride`), times UNCALIBRATED_FACTOR still fits; what it recorded until then
+is kept, part of a step included. A bound that one calibrated step's recording does not fit
+records nothing. Either way the cut says what bound would record the step whole (`need`).
 """
 from __future__ import annotations
 
@@ -33,11 +34,22 @@ MB = 10**6
 ENV = "AUDITOR_PROFILE_MEMORY_GIB"
 TRACE_ENV = "AUDITOR_TRACE_SIZE_MB"
 TRACE_SIZE_MB = 256.0  # the default bound of the kept trace, compressed
-# an end's peak growth over its recording's growth (the resident memory's, read at a step's end)
-# where no whole step was measured, and what a calibration is bounded by: the largest measured
-# (time_sequence_prediction: 2.3-2.7 at full length, where training dominates; 8-16 where its
-# prediction under no_grad, many small ops freeing what they allocate, dominates)
+# an end's peak growth over its recording's growth (the resident memory's, read at a step's end):
+# the largest measured, what a calibration's own recording is guarded by and a calibrated factor
+# bounded by (time_sequence_prediction: 2.3-2.7 at the example's size, where training dominates;
+# 8-16 at the tests' size, --length 10 --future 300, where its prediction under no_grad, many small
+# ops freeing what they allocate, dominates a recording of 20-60 MB)
 END_FACTOR = 16.0
+# the factor a window with no whole step measured (a run of 2-3 steps: no step before its window) is
+# predicted by: above the 2.3-2.7 measured where a recording reaches gigabytes (the example's size:
+# +5.27 GB recorded, +7.7 GB more at its end) and the 3.6 of a first stretch at the tests' size
+# (2 steps: 16.6 MB recorded until the first read, its end peaked 60 MB over the window's start).
+# END_FACTOR there stopped a 1000-sample sequence's window at its first read (0.72 GB x 16 over a
+# 9.4 GB bound) and kept nothing. A part of a step measured raises it (Guard.calibrate). Such a
+# window's last stretch (its last backward pass's start to its step's end) is not read before the
+# end: one whose end costs more than its growth suggests passes the bound by that much (the tests'
+# size, 2 steps, a 0.22 GiB bound: its prediction under no_grad, 13% over).
+UNCALIBRATED_FACTOR = 4.0
 TRACE_RATIO = 0.06  # compressed trace bytes per byte the recording grew where none was measured (0.024 measured)
 CALIBRATION_MIN = 4 << 20  # a calibration that grew less than this measures noise: the defaults stay
 FACTOR_RANGE = (1.5, END_FACTOR)
@@ -91,7 +103,7 @@ class Guard:
         self.start_rss = rss_bytes() or 0
         self.bound = allowed_growth(psutil.virtual_memory().available)
         self.trace_bound = trace_limit()
-        self.factor = END_FACTOR
+        self.factor = UNCALIBRATED_FACTOR
         self.trace_ratio = TRACE_RATIO
         self.calibrated_on: int | None = None  # the step whose whole recording and end were measured
         self.step_cost = 0  # that step's recording and end: the peak's growth over its start
@@ -131,8 +143,10 @@ class Guard:
         if grown < CALIBRATION_MIN:
             return
         self.trace_ratio = max(trace_bytes / grown, 1e-4)
-        if step is not None:  # (part of a step measures its own mix of work, not the step's: END_FACTOR stays)
-            self.factor = min(max((end_peak - self.rec_start) / grown, FACTOR_RANGE[0]), FACTOR_RANGE[1])
+        measured = (end_peak - self.rec_start) / grown
+        if step is None:  # (part of a step measures its own mix of work, not the step's: it only raises the factor)
+            measured = max(measured, self.factor)
+        self.factor = min(max(measured, FACTOR_RANGE[0]), FACTOR_RANGE[1])
 
     def steps_allowed(self, planned: int) -> int:
         """How many whole steps the window may record: each costs what the calibration's step did
@@ -162,8 +176,17 @@ class Guard:
         self.last = rss
         return rss + self.stride <= self.limit()
 
+    def need(self) -> int:
+        """The bound (bytes over the window's start) that would record the step the window stopped
+        in whole, as estimated from what was measured: a calibrated step's recording and end (times
+        STEP_MARGIN) over where its recording started; with none, what was recorded until the stop
+        times `factor`, a lower estimate (the step's rest was not recorded)."""
+        if self.calibrated_on is not None:
+            return int(self.rec_start - self.start_rss + self.step_cost * STEP_MARGIN)
+        return int(self.rec_start - self.start_rss + max(self.last - self.rec_start, 0) * self.factor)
+
     def cut(self, step: int, nothing: bool = False, planned: int = 0) -> WindowCut:
-        return WindowCut(step=step, rss_bytes=self.last, start_rss_bytes=self.start_rss,
+        return WindowCut(need_bytes=self.need(), step=step, rss_bytes=self.last, start_rss_bytes=self.start_rss,
                          limit_bytes=self.start_rss + self.bound, reason=self.reason, nothing=nothing,
                          factor=round(self.factor, 3), calibrated_on=self.calibrated_on,
                          stride_bytes=self.stride, trace_limit_bytes=self.trace_bound,

@@ -69,6 +69,7 @@ class Step(Record, tag="step"):
     rss_bytes: resident memory at its end.
     device_allocated, device_reserved: the CUDA allocator's bytes at its end (a real device only).
     anomaly_enabled: anomaly detection was on when it started.
+    lines_sampled: the line sampler looked at it (auditor.capture.lines: not every step is).
     tallies: what the probes saw in it.
     collected: each collector's data for this step, by collector name.
     dataloaders: DataLoaders first seen in this step."""
@@ -83,6 +84,7 @@ class Step(Record, tag="step"):
     device_allocated: int | None = None
     device_reserved: int | None = None
     anomaly_enabled: bool = False
+    lines_sampled: bool = True
     tallies: list[Tally] = []
     collected: dict[str, Any] = {}
     dataloaders: list[DataLoaderInfo] = []

@@ -108,6 +108,10 @@ class StepRecord(msgspec.Struct):
     device_allocated: int | None = None  # CUDA allocator, when a real device is in use
     device_reserved: int | None = None
     anomaly_enabled: bool = False
+    # the line sampler looked at the step (its line-time tallies are its per-line times); after the
+    # dense start only one step in 16 is sampled (auditor.capture.lines). Recordings made before
+    # that sampled every unprofiled step.
+    lines_sampled: bool = True
     tallies: list[Tally] = []
     numerics: NumericsStep | None = None  # the numerics collector's record of the step
     distributed: DistStep | None = None  # the distributed collector's record of the step (None: nothing distributed)
@@ -195,6 +199,9 @@ class WindowCut(msgspec.Struct, frozen=True):
     planned: int = 0  # the window was shortened before it began: it recorded `step`'s and the steps
     # before it of `planned` active steps (0: it ended at a read of its memory)
     dropped_trace_bytes: int = 0  # its trace was written over --trace-size, and removed
+    # the bound over `start_rss_bytes` that would record step `step` whole, estimated from what was
+    # measured (a lower estimate where no whole step was: `calibrated_on` None); 0: unknown
+    need_bytes: int = 0
 
 
 class ProfileWindow(msgspec.Struct):
@@ -256,7 +263,8 @@ class Program(msgspec.Struct):
     ("optimizer steps (Adam), 1 per iteration"); skipped: steps run unaudited first (--skip);
     ended_by_audit: --steps N ended it at a step boundary after N steps, as a Ctrl-C does;
     exit_code: the program's own exit code (its sys.exit's; 0 when it ran to its end), None when
-    the audit ended it or it raised."""
+    the audit ended it or it raised; after_stop: what the program raised after it caught the
+    audit's interrupt and went on ("FileNotFoundError: ... at main.py:247"; its Ctrl-C path), "" when nothing."""
 
     form: str
     argv: list[str] = []
@@ -265,6 +273,7 @@ class Program(msgspec.Struct):
     skipped: int = 0
     ended_by_audit: bool = False
     exit_code: int | None = None
+    after_stop: str = ""
 
 
 class WeightsDigest(msgspec.Struct):

@@ -40,7 +40,7 @@ from auditor.reports.step_clock import clock_phrase
 from auditor.evidence.step_clock import step_clock
 from auditor.reports.findings_json import document
 from auditor.reports.patch import numerics_patchable, patchable
-from auditor.reports.plots import PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
+from auditor.reports.plots import MAX_LINE_POINTS, PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a finding's line: those recorded)
 from auditor.reports.terminal import (PER_RULE_LINES, by_cost, checkpoint_overview, elsewhere_phrase, recoverable,
                                       snapshot_overview,
@@ -97,6 +97,26 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"{type(value).__name__} in a figure")
+
+
+def embedded(doc: dict[str, Any]) -> dict[str, Any]:
+    """The findings.json document as the page carries it: the per-step lists of a long run (longer
+    than a plot's MAX_LINE_POINTS) are left out, named in `steps.left_out`, so the page stays under
+    5 MB whatever the run's length; findings.json keeps them whole."""
+    steps = doc.get("steps")
+    if not isinstance(steps, dict):
+        return doc
+    short, left = {}, []
+    for key, value in steps.items():
+        inner = value if isinstance(value, dict) else None
+        if isinstance(value, list) and len(value) > MAX_LINE_POINTS:
+            left.append(key)
+        elif inner is not None and any(isinstance(v, list) and len(v) > MAX_LINE_POINTS for v in inner.values()):
+            short[key] = {k: v for k, v in inner.items() if not (isinstance(v, list) and len(v) > MAX_LINE_POINTS)}
+            left += [f"{key}.{k}" for k, v in inner.items() if isinstance(v, list) and len(v) > MAX_LINE_POINTS]
+        else:
+            short[key] = value
+    return {**doc, "steps": {**short, "left_out": left}} if left else doc
 
 
 @functools.lru_cache(maxsize=1)
@@ -652,7 +672,7 @@ class HtmlReport(Reporter):
         plots, plot_errors = build_plots(evidence, self.plot_builders)
         scripts = [plotly_js(), report_js()] if plots else [report_js()]
         findings = [finding_view(i, f, evidence) for i, f in enumerate(results.findings)]
-        payload = {"findings": document(evidence, results), "plots": plots,
+        payload = {"findings": embedded(document(evidence, results)), "plots": plots,
                    "plot_template": plot_template() if plots else None}
         return _jinja().get_template("report.html.j2").render(
             ev=evidence,

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 PlotBuilder = Callable[[Evidence], "Figure | go.Figure | None"]
 MiB = 2**20
-MAX_LINE_POINTS = 4000  # per line in a plot: the report stays a few MB whatever the input size
+MAX_LINE_POINTS = 1000  # per line in a plot (about one per pixel of its width; decimate keeps the extremes): the report stays under 5 MB whatever the run's length
 PLOT_TEMPLATE = "plotly_white"  # the page applies it once to every plot (see html.build_plots)
 
 _PHASE_COLORS = {"data": "#8c6bb1", "forward": "#4c78a8", "backward": "#f58518", "optimizer": "#54a24b",

@@ -21,6 +21,8 @@ from auditor.evidence.ranks.view import rank_set
 
 MANY_RANKS = 16  # past this many ranks the figure shows their distribution and the outliers
 OUTLIERS = 6  # the slowest ranks drawn one by one in the figure of many ranks
+BOX_POINTS = 256  # past this many ranks a box carries its figures, not every rank's value
+OUTLIER_POINTS = 50  # the points outside a box's fences drawn past BOX_POINTS, the farthest first
 
 
 def rank_rows(ev: m.Evidence) -> list[dict[str, Any]]:
@@ -106,6 +108,32 @@ def outlier_ranks(rows: list[dict[str, Any]], limit: int = OUTLIERS) -> list[int
     return (past or [r for _, r in work[:3]])[:limit]
 
 
+def _distribution(go: Any, name: str, values: list[float], labels: list[str]) -> list[Any]:
+    """A box of the ranks' `values`. Up to BOX_POINTS ranks, plotly's own box of every point (its
+    outliers drawn); past it, the box's figures computed here (quartiles as plotly's linear method,
+    Tukey's fences at the last values within 1.5 x IQR) and the OUTLIER_POINTS points farthest
+    outside them drawn, so the page does not carry a value per rank (2,000 ranks: 180 KB)."""
+    hover = "%{text}: %{x:.2f} ms<extra></extra>"
+    if len(values) <= BOX_POINTS:
+        return [go.Box(x=values, name=name, text=labels, boxpoints="outliers", orientation="h",
+                       hovertemplate=hover, showlegend=False)]
+    import numpy as np
+
+    xs = np.asarray(values, dtype=float)
+    q1, mid, q3 = (float(v) for v in np.percentile(xs, [25, 50, 75]))
+    lo, hi = q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1)
+    inside = xs[(xs >= lo) & (xs <= hi)]
+    outside = sorted((i for i in range(len(xs)) if not lo <= xs[i] <= hi),
+                     key=lambda i: -abs(xs[i] - mid))[:OUTLIER_POINTS]
+    box = go.Box(y=[name], q1=[q1], median=[mid], q3=[q3], lowerfence=[float(inside.min())],
+                 upperfence=[float(inside.max())], orientation="h", name=name, showlegend=False,
+                 hoverinfo="x")
+    points = go.Scatter(x=[round(float(xs[i]), 3) for i in outside], y=[name] * len(outside), mode="markers",
+                        text=[labels[i] for i in outside], hovertemplate=hover, showlegend=False,
+                        marker={"size": 4})
+    return [box, points]
+
+
 def _many_ranks_figure(ev: m.Evidence, rs) -> Any:
     """The figure for many ranks: distributions, the outliers' phases beside the median rank's, and
     step times of the outliers against the band every rank's steps fall in."""
@@ -123,8 +151,8 @@ def _many_ranks_figure(ev: m.Evidence, rs) -> Any:
     for name, values in (("step", [r["median_step_ms"] for r in rows]),
                          ("own work", [r["median_step_ms"] - r["phases_ms"].get(COMM, 0.0) for r in rows]),
                          ("waiting", [r["median_wait_ms"] for r in rows])):
-        fig.add_trace(go.Box(x=values, name=name, text=labels, boxpoints="outliers", orientation="h",
-                             hovertemplate="%{text}: %{x:.2f} ms<extra></extra>", showlegend=False), row=1, col=1)
+        for trace in _distribution(go, name, values, labels):
+            fig.add_trace(trace, row=1, col=1)
     by_rank = {r["rank"]: r for r in rows}
     median_row = {"rank": "median", "phases_ms": {p: median(r["phases_ms"].get(p, 0.0) for r in rows)
                                                   for p in RANK_PHASES},

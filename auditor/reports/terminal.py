@@ -178,6 +178,8 @@ def program_phrase(evidence: Evidence) -> str:
         text += f"; the first {p.skipped} run unaudited (--skip)"
     if p.ended_by_audit:
         text += f"; the audit ended the program after {len(evidence.steps)} step(s), as a Ctrl-C does"
+        if p.after_stop:  # (its Ctrl-C path: the audited steps are whole)
+            text += f"; it caught that interrupt, went on and raised {p.after_stop}, as after a Ctrl-C there"
     elif p.exit_code is not None:
         text += f"; the program exited with code {p.exit_code}"
     return text
@@ -309,10 +311,21 @@ def finding_lines(evidence: Evidence, findings: list[Finding]) -> list[Text]:
             line.append(f"{f.severity:<7}", style=SEVERITY_STYLE.get(f.severity, ""))
             line.append(" ")
             line.append(f.rule, style="bold")
-            line.append(f" {n:,} findings in {traces:,} recordings (each in findings.json); the costliest: ")
+            line.append(f" {n:,} findings in {recordings_of(f.rule, findings, traces)} (each in findings.json); "
+                        f"the costliest: ")
             line.append_text(finding_line(f)[8 + len(f.rule) + 1:])
             out.append(line)
     return out
+
+
+def recordings_of(rule: str, findings: list[Finding], traces: int) -> str:
+    """In how many of the `traces` recordings `rule` found something: the traces and snapshots its
+    findings' evidence names ("12 of 2,000 recordings"), or "among" them where a finding names none."""
+    named = [f.evidence.get("trace") or f.evidence.get("snapshot") for f in findings if f.rule == rule]
+    if not named or not all(isinstance(n, str) for n in named):
+        return f"among {traces:,} recordings"
+    k = len(set(named))
+    return f"{k:,} of {traces:,} recordings" if k < traces else f"all {traces:,} recordings"
 
 
 def finding_line(f: Finding) -> Text:
@@ -350,13 +363,28 @@ def window_cut_phrase(cut: WindowCut, peak_rss: int = 0) -> str:
                 f"over --trace-size's {cut.trace_limit_bytes / gb:.3f} GB ({how}){peak}")
     if cut.nothing:
         return (f"profiler window recorded nothing: step {cut.step}'s recording and its end would pass {bound} "
-                f"({how}){peak}; no trace was kept (a larger bound records it)")
+                f"({how}){peak}; no trace was kept{_whole_step_advice(cut)}")
     if cut.planned:
         return (f"profiler window recorded fewer steps than planned, up to step {cut.step}, to keep within {bound} "
                 f"({how}){peak}; the later steps ran unprofiled")
     return (f"profiler window ended early in step {cut.step} to keep within {bound} ({how}); it recorded until "
             f"{cut.rss_bytes / gb:.2f} GB{peak}; the trace holds the steps recorded until then, the later steps "
-            f"ran unprofiled")
+            f"ran unprofiled{_whole_step_advice(cut)}")
+
+
+def _whole_step_advice(cut: WindowCut) -> str:
+    """What would record the cut step whole: the bound it would take (--profile-memory is in GiB),
+    estimated from what was measured; with no whole step measured, a lower estimate, and a run
+    long enough (4 steps) that its window starts after a step measured whole."""
+    if cut.need_bytes <= 0 or cut.reason != "memory":
+        return ""
+    gib = -(-cut.need_bytes * 100 // 2**30) / 100  # (rounded up: the flag's value that suffices)
+    if cut.calibrated_on is not None:
+        return (f"; recording step {cut.step} whole would take about {cut.need_bytes / 1e9:.2f} GB with its end: "
+                f"--profile-memory {gib:.2f} or more")
+    return (f"; recording step {cut.step} whole would take more than {cut.need_bytes / 1e9:.2f} GB with its end "
+            f"(its recording until the stop, times {cut.factor:.1f}): --profile-memory above {gib:.2f}, or --steps 4 "
+            f"or more so that the window starts after a step measured whole")
 
 
 def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:

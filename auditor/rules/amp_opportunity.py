@@ -19,8 +19,10 @@ from auditor.rules.base import Option, Options, TraceRule
 from auditor.rules.suppression import unsuppressed
 from auditor.findings import Cost, Finding, Fix, Location
 
-# Kernels that do matrix multiplies or convolutions (where tensor cores pay off).
-MATMUL_CONV = re.compile(r"gemm|gemv|matmul|conv|scudnn|hcudnn|dgrad|wgrad|fprop|cutlass.*tensorop|xmma|"
+# Kernels that do matrix multiplies or convolutions (where tensor cores pay off); cuDNN's persistent
+# RNN kernels (RNN_blockPersist_fp_LSTM<float, ...>, ..._HMMA<__half, ...>) run a layer's recurrent
+# matmuls in one launch.
+MATMUL_CONV = re.compile(r"gemm|gemv|matmul|conv|RNN_blockPersist|scudnn|hcudnn|dgrad|wgrad|fprop|cutlass.*tensorop|xmma|"
                          r"implicit_gemm|implicitgemm|winograd|fft2d|_nn_v1|_nt_v1|_tn_v1", re.IGNORECASE)
 # Signs of reduced precision or tensor cores: mma shapes, half/bfloat16/tf32/int8/fp8 names.
 REDUCED = re.compile(r"884|1688|16816|161616|hmma|wmma|imma|bf16|bfloat16|f16|fp16|half|__half|tf32|"

@@ -28,7 +28,9 @@ class GradExplosion(Rule):
         whose gradients dominate the norm.
         Not an explosion: a norm at the program's own `clip_grad_norm_` max_norm (the clip bounded
         that update), and a jump at a step whose loss jumped with it while the losses after it do
-        not climb further (the program changed its data or task there: a curriculum's next stage).
+        not climb further (the program changed its data or task there: a curriculum's next stage),
+        also when that loss overflowed to inf while the gradients stayed finite (nonfinite reports
+        the loss's overflow at its line).
 
     Why it costs:
         One exploding step throws the weights far from where training had brought them; steady
@@ -197,8 +199,10 @@ def _loss_jumped(losses: list[list], step: int, options: dict) -> bool:
     before = [v for s, v in sorted(by_step.items()) if s < step and finite(v)][-options["window"]:]
     at = by_step.get(step)
     after = [v for s, v in sorted(by_step.items()) if step < s <= step + options["window"]]
-    if not before or not finite(at) or not after or median(before) <= 0:
+    if not before or at is None or math.isnan(at) or not after or median(before) <= 0:
         return False
+    # an infinite loss over finite gradients (the norm is measured finite) overflowed its own
+    # dtype, float16's 65504 most often: a jump of the loss, reported by nonfinite at its line
     return at / median(before) >= options["spike-ratio"] and all(finite(v) and v <= 2 * at for v in after)
 
 

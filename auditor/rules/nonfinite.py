@@ -201,6 +201,9 @@ class Nonfinite(Rule):
         close without tipping over (a log input below `near-zero`, exp near overflow, float16 values
         above `fp16-margin` of its range). On a checkpoint (`audit checkpoint`): every tensor holding
         NaN/inf, by name and count, model weights and optimizer state (exp_avg, exp_avg_sq) alike.
+        A loss whose float16 value overflowed while the step's gradients stayed finite is named as
+        that: the loss's overflow at its line (the update was made; the loss as read is inf), with
+        the fix of computing it in float32 (and a GradScaler under float16 autocast without one).
 
     Why it costs:
         After the first NaN every later step is wasted: the weights are poisoned and the run only
@@ -317,8 +320,14 @@ class Nonfinite(Rule):
             elif ranges:
                 msg += f"; input ranges {ranges}"
             msg += "."
-            if series and site.hazard:
+            # the site's series is of its own hazard (a pow's smallest input): not of a float16 overflow
+            if series and site.hazard and not (kind == "fp16-overflow" and site.hazard != "fp16"):
                 msg += f" {_series_text(site.hazard, series, step)}"
+            norm = _finite_grads(view, step) if what == ["loss"] and kind == "fp16-overflow" else None
+            if norm is not None:  # the loss's float16 value overflowed; what the backward made did not
+                kind = "loss-overflow"
+                msg += (f" Its gradients stayed finite (norm {short(norm)}): the loss's value overflowed "
+                        "float16; the gradients and the update did not.")
             if kind in ("overflow", "invalid", "fp16-overflow"):
                 msg += _growth_text(view.loss_series(), step)
             evidence.update({"op": site.op, "module": mod[0] if mod else None,
@@ -389,6 +398,19 @@ class Nonfinite(Rule):
                 edit = clamp_edit(loc.file, loc.line, "exp", "clamp_max(80.0)", span)
             return Fix(summary="Subtract the maximum before exp (torch.logsumexp, softmax), or clamp the input (x.clamp_max(80)).",
                        config={"exp_input.clamp_max": 80.0}, edits=[edit] if edit else [], changes_numerics=True)
+        if kind == "loss-overflow":
+            fp16 = any(e.get("dtype") == "float16" and e.get("enabled") for e in view.events_of("autocast"))
+            scaler = bool(view.events_of("grad_scaler"))
+            return Fix(summary="Compute the loss in float32: .float() on the prediction and the target before the "
+                               "loss (under torch.autocast losses run in float32 already: leave them outside any "
+                               ".half())"
+                               + ("; with float16 autocast keep a torch.amp.GradScaler for the gradients "
+                                  "(scaler.scale(loss).backward(), scaler.step(opt), scaler.update())"
+                                  if fp16 and not scaler else "")
+                               + ", or train in bfloat16, whose range is float32's. The step's update was made "
+                                 "from finite gradients; the loss as read (a logged average, a NaN guard, an "
+                                 "early stop) is inf.",
+                       config={"loss.dtype": "float32"}, changes_numerics=True)
         if kind == "fp16-overflow":
             return Fix(summary="Keep values within float16's range (±65504): run this op in float32 "
                                "(autocast(enabled=False) and .float()), or autocast to bfloat16.",
@@ -629,6 +651,16 @@ def _growth_text(losses: list[list], step: int) -> str:
         return ""
     return (f" The loss had grown from {short(pts[0][1])} (step {pts[0][0]}) to {short(pts[-1][1])} "
             f"(step {pts[-1][0]}).")
+
+
+def _finite_grads(view: NumericsView, step: int) -> float | None:
+    """The global gradient norm of `step` when every optimizer step of it had finite gradients
+    (None when one had not, or none was measured)."""
+    recs = [r for i, r in view.opt_steps() if i == step]
+    norms = [val(r.grad_norm) for r in recs]
+    if not recs or any(r.grad_nonfinite for r in recs) or not all(n is not None and math.isfinite(n) for n in norms):
+        return None
+    return max(norms)
 
 
 def _at(loc: Location | None) -> str:

@@ -149,7 +149,10 @@ class StepSlowdown(Rule):
             w = culprit["where"]
             what = (f"The time spent at line {w.line} of {file_name(w.file)}"
                     + (f" (`{w.code}`)" if w.code else "") if culprit["kind"] == m.LINE_TIME and w else culprit["what"] + at)
-            blame = (f" {what} grew the most: "
+            sampled = culprit.get("sampled_steps")
+            over = (f" (read over the {sampled} of {len(steps)} steps the line sampler looked at)"
+                    if sampled is not None and sampled < len(steps) else "")
+            blame = (f" {what} grew the most{over}: "
                      + (f"all of those {rise:.2f} ms." if g >= rise else f"{g:.2f} ms of those {rise:.2f} ms.")
                      + (f" The probed calls (forward, backward, optimizer, data) grew by at most "
                         f"{culprit.get('phase_growth_ms', 0.0):.2f} ms ({culprit.get('what_grew') or 'none'}): the "
@@ -225,9 +228,18 @@ class StepSlowdown(Rule):
                 key = (t.kind, t.what, t.where.file if t.where else None, t.where.line if t.where else None)
                 series.setdefault(key, [0.0] * len(steps))[i] += t.ms
                 wheres[key] = (t.what, t.where)
+        # a line's time is known in the steps the line sampler looked at (after the dense start, one
+        # in 16: auditor.capture.lines), and its rise is read over those
+        sampled = [i for i, s in enumerate(steps) if s.lines_sampled]
+        line_xs = [xs[i] for i in sampled]
         best = phase = None
         for key, ys in series.items():
-            growth = rise_of(xs, ys)
+            if key[0] == m.LINE_TIME:
+                if len(sampled) < 4:
+                    continue
+                growth = rise_of(line_xs, [ys[i] for i in sampled])
+            else:
+                growth = rise_of(xs, ys)
             if best is None or growth > best["growth_ms"]:
                 best = {"what": wheres[key][0], "kind": key[0], "growth_ms": growth, "where": wheres[key][1]}
             if key[0] != m.LINE_TIME and (phase is None or growth > phase["growth_ms"]):
@@ -239,6 +251,8 @@ class StepSlowdown(Rule):
         if not best or best["growth_ms"] <= 0:
             return None
         best["growth_ms"] = round(best["growth_ms"], 3)
+        if best["kind"] == m.LINE_TIME:  # what the line's rise is read over
+            best["sampled_steps"] = len(sampled)
         if best["kind"] == m.LINE_TIME and phase is not None and phase["growth_ms"] > 0:
             # the probed call that grew the most, beside the line that grew more outside it
             best["what_grew"], best["phase_growth_ms"] = phase["what"], round(phase["growth_ms"], 3)

@@ -43,6 +43,15 @@ def line_of(tmp_path: Path, text: str) -> int:
     return next(i for i, ln in enumerate(lines, 1) if text in ln)
 
 
+def assert_users_traceback(stderr: str, tmp_path, line_text: str, last: str):
+    """The traceback a plain run prints, on stderr before the summary: the step's frame at its line,
+    the exception last, none of the auditor's frames (its step loop, its signal handler)."""
+    tb = stderr[stderr.index("Traceback (most recent call last):"):]
+    frame = f'  File "{tmp_path / "trainer.py"}", line {line_of(tmp_path, line_text)}, in step\n'
+    assert frame in tb and tb.splitlines()[tb.splitlines().index(frame.rstrip("\n")) + 2] == last, stderr
+    assert "auditor" not in tb.split(last)[0], tb
+
+
 def run_ending(tmp_path, ending, setup=""):
     path = write_trainer(tmp_path, ending, setup)
     a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
@@ -58,6 +67,7 @@ def test_step_that_raises(tmp_path):
     assert end["status"] == "raised" and end["exception"] == "ValueError" and end["message"] == "bad batch"
     assert end["step"] == 3
     assert end["where"]["file"].endswith("trainer.py") and end["where"]["line"] == line_of(tmp_path, "bad batch")
+    assert_users_traceback(a.stderr, tmp_path, "bad batch", "ValueError: bad batch")
     assert doc["steps"]["count"] == 4  # steps 0-2 complete, step 3 partial
     assert (tmp_path / "out" / "report.html").is_file()
     # the step that raised is scanned too: graph-leak compares it with step 0 (and finds no leak);
@@ -140,6 +150,8 @@ def test_os_exit_0_in_a_step_is_a_stop_not_a_crash(tmp_path):
 def test_keyboard_interrupt(tmp_path):
     a, doc = run_ending(tmp_path, "os.kill(os.getpid(), signal.SIGINT)")
     assert doc["ending"]["status"] == "interrupted" and doc["ending"]["step"] == 3
+    assert doc["ending"]["message"] == "stopped by SIGINT"
+    assert_users_traceback(a.stderr, tmp_path, "signal.SIGINT", "KeyboardInterrupt")
 
 
 def test_out_of_memory(tmp_path):
@@ -238,7 +250,22 @@ def test_ctrl_c_on_the_process_group(tmp_path):
     assert p.returncode == 3
     doc = json.loads((out / "findings.json").read_text())
     assert doc["ending"]["status"] == "interrupted"
+    assert doc["ending"]["message"] == "stopped by SIGINT"  # (the signal by its name, never SIGTERM's)
     assert 3 <= doc["steps"]["count"] < 200
+
+
+def test_a_sigint_then_a_sigterm_to_the_audit_alone_is_labelled_by_both_in_order(tmp_path):
+    """A harness's SIGINT to `audit` alone, then its SIGTERM: the ending names the SIGINT first
+    (it was labelled "(SIGTERM)", the last signal overwriting the first) and the audit's kill."""
+    p, out, _ = _start_slow_audit(tmp_path)
+    os.kill(p.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.kill(p.pid, signal.SIGTERM)
+    p.communicate(timeout=60)
+    assert p.returncode == 3
+    end = json.loads((out / "findings.json").read_text())["ending"]
+    assert end["status"] == "interrupted" and end["signal"] == "SIGINT"
+    assert end["message"] == "interrupted (SIGINT, then SIGTERM; the audit killed the program (SIGKILL))"
 
 
 def test_an_interrupt_swallowed_on_the_way_still_ends_the_run(tmp_path):
@@ -371,3 +398,18 @@ def test_a_step_whose_data_runs_out_ends_the_run_there(tmp_path):
     assert a.findings_doc["steps"]["count"] == 16
     [sync] = a.rule("host-sync")
     assert "1 device->host syncs per step" in sync["message"], sync["message"]
+
+
+def test_a_programs_ctrl_c_prints_its_traceback_as_a_plain_run_does(tmp_path):
+    """`audit run train.py` ended by a Ctrl-C: Python's traceback of the program's line, then the
+    summary (it printed none: an error printed its traceback, an interrupt nothing)."""
+    path = tmp_path / "trainer.py"
+    path.write_text("import os, signal\nimport torch\nw = torch.zeros(4, requires_grad=True)\n"
+                    "opt = torch.optim.SGD([w], lr=0.1)\nfor i in range(10):\n    (w * 2).sum().backward()\n"
+                    "    opt.step()\n    opt.zero_grad()\n    if i == 3:\n        os.kill(os.getpid(), signal.SIGINT)\n")
+    a = audit("run", str(path), "--steps", "8", "--quiet", "--no-profile", out=tmp_path / "out")
+    assert a.returncode == 3, a.stderr
+    tb = a.stderr[a.stderr.index("Traceback (most recent call last):"):]
+    assert tb.splitlines()[1:4] == [f'  File "{path}", line 10, in <module>',
+                                    "    os.kill(os.getpid(), signal.SIGINT)", "KeyboardInterrupt"], tb
+    assert a.findings_doc["ending"]["status"] == "interrupted"

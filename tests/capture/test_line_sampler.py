@@ -64,3 +64,14 @@ def test_the_user_line_below_many_library_frames_is_charged():
     assert (top["where"]["file"], top["where"]["line"]) == (__file__, line), times
     total = sum(t["ms"] for t in times)
     assert total >= 150 and top["ms"] >= 0.8 * total, times  # (of the 300 ms sampled)
+
+
+def test_after_the_dense_start_one_step_in_16_is_sampled_and_never_a_checked_one():
+    """Every step of the first 40, then one in 16: the first unchecked step from each 16th on (a
+    checked step's time has the numerics checks in it)."""
+    from auditor.capture.lines import Schedule
+
+    checked = {0, 1, 2, 40, 41, 88}
+    s = Schedule()
+    got = [i for i in range(120) if s.sampled(i, i in checked)]
+    assert got == [*range(40), 42, 56, 72, 89, 104]

@@ -80,24 +80,26 @@ def test_profiled_and_timed_steps_carry_no_checks(run):
     names = {e.get("name", "") for e in events}
     assert any(n.startswith("aten::addmm") or n == "aten::linear" for n in names)  # (the program is in it)
     assert not [n for n in names if "aminmax" in n or "auditor::numerics" in n]
-    # nor the graph scan: the one planned after step 4 runs after the window's last step, 6
-    assert sorted(s["after_step"] for s in a.evidence["graph_scans"]) == [1, 6, 16, 17, 33]
+    # nor the graph scan: the one planned after step 4 runs after the window's last step, 6 (16, in
+    # the run's middle third, is its middle scan)
+    assert sorted(s["after_step"] for s in a.evidence["graph_scans"]) == [1, 6, 16, 33]
     assert not [n for n in names if "auditor/capture/graphs.py" in n]
 
 
 def test_no_graph_scan_is_planned_inside_the_window():
     """Every run length to 300: no scan after a window step but its last (it would run while the
-    profiler records), the planned scans kept but where one merges with another, and a run whose
-    window begins after step 0 scanned once before it (the baseline a run failing there keeps)."""
+    profiler records), the planned scans kept but where one merges with another, a run whose
+    window begins after step 0 scanned once before it (the baseline a run failing there keeps), and
+    one whose window begins at step 0 (5-7 steps) scanned after it, three times."""
     for steps in range(1, 301):
         warm, active = profile_plan(steps)
         window = ([warm] if warm is not None else []) + active
         planned, points = graph_scan_points(steps), graph_scan_points(steps, window)
+        assert not [p for p in points if window[0] <= p < window[-1]], (steps, window, sorted(points))
         if window[0] > 0:
-            assert not [p for p in points if window[0] <= p < window[-1]], (steps, window, sorted(points))
             assert min(points) < window[0], (steps, window, sorted(points))
-        else:  # (5-7 steps: no step before the window)
-            assert points == planned, steps
+        elif len(window) > 1:  # (5-7 steps: no step before the window)
+            assert min(points) == window[-1] and len(points) == 3, (steps, window, sorted(points))
         assert len(planned) - 1 <= len(points) <= len(planned) and max(points) == steps - 1, steps
 
 
@@ -218,3 +220,21 @@ def test_a_causal_masks_minus_inf_leaves_the_later_steps_timed(tmp_path_factory)
     assert a.findings_doc["steps"]["own_cost"]["timed_steps"] == [s["index"] for s in timed]
     assert not a.rule("nonfinite")
     assert "no step without them to compare" not in (a.out / "summary.txt").read_text()
+
+
+def test_the_steady_state_pays_for_one_middle_scan():
+    """A power of 4 in the run's middle third is its middle scan (none is added at steps // 2): a
+    160-step audit scans after 1, 4, 16, 64 and 159, so its steady state after the dense start pays
+    for one scan, not two; and every run of 3 steps or more keeps the three scans graph-leak judges
+    its trend over, the middle one in the middle third."""
+    from auditor.evidence.model import GraphScan
+    from auditor.rules._support.scans import spread_scans
+
+    assert sorted(graph_scan_points(160)) == [1, 4, 16, 64, 159]
+    assert sorted(graph_scan_points(200)) == [1, 4, 16, 64, 100, 199]  # (64 is outside 67-133)
+    for steps in range(3, 3000):
+        points = sorted(graph_scan_points(steps))
+        first, middle, last = spread_scans([GraphScan(after_step=p, tensors=0, graph_nodes=0) for p in points])
+        assert (first.after_step, last.after_step) == (points[0], steps - 1), steps
+        assert steps / 3 <= middle.after_step <= 2 * steps / 3, (steps, points)
+        assert len([p for p in points[1:-1] if steps / 3 <= p <= 2 * steps / 3]) == 1, (steps, points)

@@ -47,6 +47,13 @@ def run(case):
         model = torch.load("model.pt", weights_only=False)
         seen["loaded"] = str(next(model.parameters()).device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif case == "file_object":  # pytorch/examples word_language_model: saved and read back through open()
+        with open("model.pt", "wb") as f:
+            torch.save(model, f)
+        with open("model.pt", "rb") as f:
+            model = torch.load(f, weights_only=False)
+        seen["loaded"] = str(next(model.parameters()).device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     elif case == "state":  # a state dict read back without map_location: it comes back on the GPU
         torch.save(model.state_dict(), "sd.pt")
         ema = {k: v.clone() for k, v in torch.load("sd.pt").items()}
@@ -91,12 +98,12 @@ def test_checkpoints_load_back_as_on_a_gpu(tmp_path):
     (tmp_path / "train.py").write_text(PROGRAM)
     _gpu_file(tmp_path / "gpu.pt")
     a = audit("run", str(tmp_path / "train.py"), "--to-end", "--no-profile", "--quiet", "--",
-              "resume,whole,state,to_cpu,gpu_file", "cuda", str(tmp_path / "gpu.pt"), out=tmp_path / "out", cwd=tmp_path)
+              "resume,whole,file_object,state,to_cpu,gpu_file", "cuda", str(tmp_path / "gpu.pt"), out=tmp_path / "out", cwd=tmp_path)
     assert a.returncode == 0, a.stderr
     assert "rehearsing" in a.stderr
     seen = json.loads((tmp_path / "result.json").read_text())
     assert seen == {case: {"loaded": loaded, "trained": True}
-                    for case, loaded in [("resume", "cuda:0"), ("whole", "cuda:0"), ("state", "cuda:0"),
+                    for case, loaded in [("resume", "cuda:0"), ("whole", "cuda:0"), ("file_object", "cuda:0"), ("state", "cuda:0"),
                                          ("to_cpu", "cpu"), ("gpu_file", "cuda:0")]}
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from conftest import FIXTURES, audit
 
 TRACE = FIXTURES / "traces" / "a100_item_sync_small.pt.trace.json.gz"
+CLEAN = FIXTURES / "h100" / "plain" / "plain_gpu_clean.json.gz"  # (no host-sync in it)
 
 
 def test_an_unreadable_trace_is_skipped_and_named(tmp_path: Path) -> None:
@@ -42,13 +43,20 @@ def test_many_traces_are_summarised_per_rule(tmp_path: Path) -> None:
     d.mkdir()
     for i in range(12):
         shutil.copy(TRACE, d / f"t{i:02d}.pt.trace.json.gz")
+    # a 13th recording where host-sync finds nothing: the line counts the recordings it fired in
+    # (it said "in 13 recordings", the directory's count, whichever fired)
+    shutil.copy(CLEAN, d / "clean.pt.trace.json.gz")
     a = audit("analyze", str(d), out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     idle = [ln for ln in a.stdout.splitlines() if " gpu-idle " in ln]
-    assert len(idle) == 1 and "gpu-idle 12 findings in 12 recordings (each in findings.json); the costliest: " \
+    assert len(idle) == 1 and "gpu-idle 13 findings in all 13 recordings (each in findings.json); the costliest: " \
                               "The GPU was idle" in idle[0], a.stdout
-    assert len(a.rule("gpu-idle")) == 12
+    assert len(a.rule("gpu-idle")) == 13
+    syncs = [ln for ln in a.stdout.splitlines() if " host-sync " in ln]
+    assert len(syncs) == 1 and "host-sync 36 findings in 12 of 13 recordings (each in findings.json)" in syncs[0]
+    assert len(a.rule("host-sync")) == 36
     page = (a.out / "report.html").read_text()
     assert (a.out / "report.html").stat().st_size < 5_000_000
     assert "This page shows the 5 costliest findings of each rule; " in page
-    assert page.count('<article class="finding"') == 5 + min(5, len(a.rule("host-sync")))
+    rules = {f["rule"] for f in a.findings_doc["findings"]}
+    assert page.count('<article class="finding"') == sum(min(5, len(a.rule(r))) for r in rules)

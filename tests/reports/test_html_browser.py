@@ -51,11 +51,11 @@ def browser() -> Iterator[object]:
 class Page:
     """A page with everything that must not happen recorded: errors, dialogs, network requests."""
 
-    def __init__(self, browser: object, report: Path) -> None:
+    def __init__(self, browser: object, report: Path, width: int = 1280) -> None:
         self.errors: list[str] = []
         self.dialogs: list[str] = []
         self.requests: list[str] = []
-        self.page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+        self.page = browser.new_page(viewport={"width": width, "height": 900})  # type: ignore[attr-defined]
         self.page.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}")
                      if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
@@ -178,6 +178,41 @@ def test_audited_report_renders_offline(browser: object, audited_report: Path, t
             "no link to the profiler trace"
         page.page.screenshot(path=str(tmp_path / "audited.png"), full_page=True)
         assert (tmp_path / "audited.png").stat().st_size > 10_000
+    finally:
+        page.close()
+
+
+# Axis tick labels of one axis whose boxes overlap by more than this many pixels are unreadable.
+OVERLAP_PX = 1.0
+OVERLAPS = """els => {
+  const boxes = els.map(e => e.getBoundingClientRect()).filter(r => r.width > 0);
+  const out = [];
+  for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+    const a = boxes[i], b = boxes[j];
+    const w = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+    const h = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+    if (w > %s && h > %s) out.push([els[i].textContent, els[j].textContent]);
+  }
+  return out;
+}""" % (OVERLAP_PX, OVERLAP_PX)
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_the_audited_report_fits_its_width_and_its_labels_do_not_overlap(browser: object, audited_report: Path,
+                                                                        tmp_path: Path, width: int) -> None:
+    """At 1400 and at 800 px: nothing wider than the window (no horizontal scroll: long patch lines
+    wrap, tables fit), and no two tick labels of one axis overlap in any plot. Screenshots kept."""
+    page = Page(browser, audited_report, width=width)
+    try:
+        page.assert_clean()
+        wide = page.page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert wide <= 1, f"{wide} px wider than the {width} px window"
+        for plot_id in page.page.eval_on_selector_all(".plot", "els => els.map(e => e.id)"):
+            for axis in ("xtick", "ytick", "y2tick"):
+                clash = page.page.eval_on_selector_all(f"#{plot_id} g.{axis} text", OVERLAPS)
+                assert not clash, (plot_id, axis, clash[:5])
+        page.page.screenshot(path=str(tmp_path / f"audited-{width}.png"), full_page=True)
+        assert (tmp_path / f"audited-{width}.png").stat().st_size > 10_000
     finally:
         page.close()
 

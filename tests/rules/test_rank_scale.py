@@ -106,3 +106,19 @@ def test_many_ranks_are_named_by_count_and_ranges():
     assert name_ranks([3, 1]) == "3, 1"
     assert name_ranks(list(range(40, 60))) == "40, 41, 42, 43, 44, 45, 46, 47, ... (20 ranks: 40-59)"
     assert spread([1.0, 2.0, 3.0])["median"] == 2.0
+
+
+def test_the_figure_of_thousands_of_ranks_does_not_grow_with_them():
+    """Past 256 ranks a box carries its figures (quartiles, fences) and the points farthest outside
+    it, not every rank's value: 2,000 ranks' traces gave a 5.05 MB report.html (183 KB of figure)."""
+    sizes = {}
+    for n in (1024, 4096):
+        ev = _synthetic(n, slow=(17, 300))
+        fig = rank_figure(ev)
+        sizes[n] = len(fig.to_json())
+        [box] = [t for t in fig.data if t.type == "box" and t.name == "own work"]
+        own = [median(s.ms - s.comm_ms for s in info.steps) for info in ev.ranks.ranks]
+        assert box.median[0] == pytest.approx(median(own), abs=0.01) and box.upperfence[0] < 160  # (the slow ranks outside)
+        [points] = [t for t in fig.data if t.type == "scatter" and t.y and t.y[0] == "own work"]
+        assert {"rank 17 (node-2)", "rank 300 (node-37)"} <= set(points.text) and len(points.text) <= 50
+    assert sizes[4096] < sizes[1024] + 20_000, sizes

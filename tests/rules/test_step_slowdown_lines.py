@@ -28,3 +28,26 @@ def test_the_growing_line_outside_the_phases_is_named(example_audit):
     # every step carries its per-line times
     lines = [t for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == "line-time"]
     assert lines and all(t["ms"] > 0 and t["count"] >= 1 for t in lines)
+
+
+def test_the_line_is_named_from_the_sampled_steps_after_the_dense_start(example_audit):
+    """After the dense start (40 steps) the line sampler looks at one step in 16 (the others carry no
+    per-line times, and say so): the growing line is still named, its rise read over the sampled
+    steps only."""
+    a = example_audit("step_slowdown_metric", steps=72)
+    assert a.returncode == 0, a.stderr[-3000:]
+    steps = a.evidence["steps"]
+    sampled = [s["index"] for s in steps if s["lines_sampled"]]
+    with_lines = [s["index"] for s in steps if any(t["kind"] == "line-time" for t in s["tallies"])]
+    profiled = [s["index"] for s in steps if s["profiled"]]
+    assert set(with_lines) <= set(sampled) and len(with_lines) >= len(sampled) - 2
+    assert [i for i in sampled if i >= 40] in ([40, 56], [40, 57], [41, 56], [41, 57])  # (a checked step: the next)
+    assert set(range(40)) - set(profiled) <= set(sampled)
+    [f] = a.rule("step-slowdown")
+    [line] = expected_lines(EXAMPLES / "step_slowdown_metric.py", "step-slowdown")
+    phase = f["evidence"]["growing_phase"]
+    assert phase["kind"] == "line-time" and phase["line"] == line and phase["growth_ms"] > 0
+    # and the finding says what the line's rise is read over
+    assert 4 <= phase["sampled_steps"] < f["evidence"]["steps_used"]
+    assert (f"grew the most (read over the {phase['sampled_steps']} of {f['evidence']['steps_used']} steps the "
+            "line sampler looked at)") in f["message"]

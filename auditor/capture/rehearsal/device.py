@@ -64,6 +64,10 @@ _auditor_files: dict[str, bool] = {}
 # Frames of the auditor that only pass a call through (other modes, probe wrappers): skipped when
 # deciding whether the user's code made a call.
 _PASS_THROUGH = frozenset({"__torch_function__", "probe", "standin"})
+# `torch.set_default_device`'s mode passes every call on too: from torch 2.5 it sits at the bottom
+# of the mode stack, below the rehearsal's; before, it sits above it, and a call the user's code
+# makes under it reaches the rehearsal from this method.
+_DEVICE_CONTEXT_CALL = _device_ctx.DeviceContext.__torch_function__.__code__
 
 
 # --- marks ---------------------------------------------------------------------------------------
@@ -139,6 +143,8 @@ def caller_is_user(frame: FrameType | None) -> bool:
             f = f.f_back.f_back if f.f_back is not None else None
         elif f.f_code.co_name in _PASS_THROUGH and _is_auditor(f.f_code.co_filename):
             f = f.f_back  # another mode above this one, a probe's wrapper
+        elif f.f_code is _DEVICE_CONTEXT_CALL:
+            f = f.f_back
         else:
             break
     return f is not None and not is_torch_internal(f.f_code.co_filename)

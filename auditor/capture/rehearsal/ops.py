@@ -7,7 +7,9 @@ Three things are recorded, as probe tallies:
 * `device-matmul`: a matrix multiply or convolution of GPU tensors (`F.linear`, `@`, `mm`, `bmm`,
   `conv1d/2d/3d`), and the attention functions whose matmuls run below the one call the mode sees
   (`F.multi_head_attention_forward` of nn.MultiheadAttention: its projections and attention
-  matmuls; `F.scaled_dot_product_attention`): its input's dtype, whether autocast was on, its input shape, its FLOPs, and the
+  matmuls; `F.scaled_dot_product_attention`; the recurrent layers and cells of nn.LSTM, nn.GRU,
+  nn.RNN and their Cell forms, `torch.lstm/gru/rnn_tanh/rnn_relu` and `*_cell`, whose input and
+  hidden projections run in C++ at every time step): its input's dtype, whether autocast was on, its input shape, its FLOPs, and the
   cuDNN flags in force then (`torch.backends.cudnn.benchmark`, TF32). `amp-opportunity` reads the
   fp32 ones, `cudnn-benchmark` the convolutions' shapes and flag.
 * `param-update`: an in-place update of a parameter that has a gradient, made by the user's code
@@ -79,7 +81,46 @@ def _flops_sdpa(args: tuple, out: Any) -> int:
     return 2 * _lead(q) * s * (int(q.shape[-1]) + int(v.shape[-1]))
 
 
+def _rnn_tokens(args: tuple) -> int:
+    """The (time step, sequence) pairs an RNN layer steps through: padded input (T, B, I) or
+    (B, T, I) (or unbatched (T, I)): all its rows; packed (data (sum of batch_sizes, I), batch_sizes,
+    ...): the data's rows."""
+    return _lead(args[0]) if isinstance(args[0], torch.Tensor) else 0
+
+
+def _weights(params: Any) -> int:
+    """The elements of the 2-D weights among an RNN's parameters (w_ih, w_hh, and w_hr with
+    proj_size, of every layer and direction; the biases are added, not multiplied)."""
+    if not isinstance(params, (list, tuple)):
+        return 0
+    return sum(int(p.numel()) for p in params if isinstance(p, torch.Tensor) and p.dim() == 2)
+
+
+def _flops_rnn(args: tuple, out: Any) -> int:
+    """torch.lstm/gru/rnn_tanh/rnn_relu (nn.LSTM, nn.GRU, nn.RNN): padded (input, hx, params, ...)
+    or packed (data, batch_sizes, hx, params, ...). Every time step of every sequence multiplies
+    each layer and direction's input by w_ih (gates x hidden, input) and its hidden state by w_hh
+    (gates x hidden, hidden; 4 gates for an LSTM, 3 for a GRU, 1 for an RNN), and with proj_size
+    the LSTM's hidden state by w_hr: 2 FLOPs an element of each weight, a time step and sequence."""
+    params = next((a for a in args[1:4] if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)
+                   and a[0].dim() == 2), None)
+    return 2 * _rnn_tokens(args) * _weights(params)
+
+
+def _flops_cell(args: tuple, out: Any) -> int:
+    """torch.lstm_cell/gru_cell/rnn_tanh_cell/rnn_relu_cell(input (B, I) or (I,), hx, w_ih, w_hh, ...):
+    one time step, input by w_ih and hidden state by w_hh."""
+    x = args[0]
+    rows = _lead(x) if x.dim() >= 1 else 0
+    return 2 * rows * _weights([a for a in args[2:4]])
+
+
 _MATMULS: dict[Any, tuple[str, Callable[[tuple, Any], int]]] = {
+    **{getattr(torch, n): (f"torch.{n} ({module})", _flops_rnn) for n, module in
+       (("lstm", "nn.LSTM"), ("gru", "nn.GRU"), ("rnn_tanh", "nn.RNN"), ("rnn_relu", "nn.RNN"))},
+    **{getattr(torch, n): (f"torch.{n} ({module})", _flops_cell) for n, module in
+       (("lstm_cell", "nn.LSTMCell"), ("gru_cell", "nn.GRUCell"), ("rnn_tanh_cell", "nn.RNNCell"),
+        ("rnn_relu_cell", "nn.RNNCell"))},
     torch.nn.functional.multi_head_attention_forward: ("F.multi_head_attention_forward", _flops_mha),
     torch._C._nn.scaled_dot_product_attention: ("F.scaled_dot_product_attention", _flops_sdpa),
     torch._C._nn.linear: ("F.linear", _flops_linear),
@@ -94,6 +135,8 @@ _MATMULS: dict[Any, tuple[str, Callable[[tuple, Any], int]]] = {
     torch.conv3d: ("conv3d", _flops_conv),
 }
 _CONVS = frozenset(("conv1d", "conv2d", "conv3d"))
+# FLOPs functions that read their own arguments (an RNN's second is its state or batch sizes)
+_OWN_ARGS = frozenset((_flops_rnn, _flops_cell))
 
 # In-place tensor methods an update loop writes with
 _UPDATES = frozenset(("add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "lerp_", "__iadd__", "__isub__",
@@ -104,10 +147,10 @@ def _matmul(func: Callable, args: tuple, out: Any, frame: FrameType | None) -> N
     rec = probes.REC
     if rec is None or not rec.active or rec.in_data or len(args) < 2:
         return
-    x, w = args[0], args[1]
-    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
-        return
+    x = args[0]
     what, flops = _MATMULS[func]
+    if not isinstance(x, torch.Tensor) or (flops not in _OWN_ARGS and not isinstance(args[1], torch.Tensor)):
+        return
     autocast = torch.is_autocast_enabled("cpu")  # (the rehearsal's autocast("cuda") is CPU autocast)
     dtype = torch.get_autocast_dtype("cpu") if autocast else x.dtype
     conv = what in _CONVS
@@ -182,7 +225,8 @@ def observe(func: Callable, args: tuple, out: Any, frame: FrameType | None) -> N
         seen(func, args, out, frame)
     if launch is not None:
         launches.count(launch, args, out, frame, flops(args, out) if flops is not None and len(args) > 1
-                       and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor) else 0)
+                       and isinstance(args[0], torch.Tensor)
+                       and (flops in _OWN_ARGS or isinstance(args[1], torch.Tensor)) else 0)
 
 
 def install() -> None:

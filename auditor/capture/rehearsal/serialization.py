@@ -5,7 +5,8 @@ On a GPU, a tensor saved from the GPU comes back on the GPU (`torch.load(path)`)
 stays what the CPU run writes (device.py keeps the marks out of pickles, so other programs and the
 tests read it on this machine); what a GPU would do on reading it back is rehearsed here:
 
-* `torch.save` notes, per file (its real path, or the file object itself), which of the storages it
+* `torch.save` notes, per file (its real path, also of a file object opened on a path; else the
+  file object itself), which of the storages it
   writes belonged to tensors the program meant for the GPU, in the order torch writes them;
 * `torch.load` maps every storage to the CPU and marks the tensors it returns that a GPU would put on
   the GPU: those saved from the GPU in this process, those the file says were on CUDA (a checkpoint
@@ -36,9 +37,13 @@ _SAVED: dict[Any, list[bool]] = {}
 
 
 def _file_key(f: Any) -> Any:
-    if isinstance(f, (str, bytes, os.PathLike)):
+    """The file a save writes or a load reads: its real path, also for a file object of a named file
+    (`with open(path, "wb") as f: torch.save(model, f)`, read back through another file object of
+    the same path); the object itself for one with no path (io.BytesIO)."""
+    name = getattr(f, "name", None) if not isinstance(f, (str, bytes, os.PathLike)) else f
+    if isinstance(name, (str, bytes, os.PathLike)):
         try:
-            return os.path.realpath(os.fsdecode(f))
+            return os.path.realpath(os.fsdecode(name))
         except (TypeError, ValueError):
             return None
     if isinstance(f, io.IOBase) or hasattr(f, "read") or hasattr(f, "write"):

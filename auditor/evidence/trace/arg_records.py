@@ -50,6 +50,9 @@ class ArgRecord(msgspec.Struct, frozen=True, gc=False):
     types: tuple[str, ...] = ()
     strides: tuple[tuple[int, ...] | None, ...] = ()
     concrete: tuple[str, ...] = ()
+    # per input, the shapes of a tensor list (an RNN's weights, `TensorList`), None for any other
+    # input; empty when the record holds no list
+    lists: tuple[tuple[tuple[int, ...], ...] | None, ...] = ()
     # inputs whose recorded dims or strides were unusable (negative, huge, not numbers)
     odd: int = 0
 
@@ -122,6 +125,19 @@ def _shape(v: Any) -> tuple[tuple[int, ...] | None, bool]:
     return None, True
 
 
+def _shapes(v: Any) -> tuple[tuple[int, ...], ...] | None:
+    """A tensor list's dims (a list of shapes, each read as _shape reads one), None when any is not one."""
+    if not isinstance(v, list) or not v:
+        return None
+    out = []
+    for d in v:
+        shape, _ = _shape(d)
+        if shape is None:
+            return None
+        out.append(shape)
+    return tuple(out)
+
+
 def _text(v: Any) -> str:
     if isinstance(v, str):
         return v
@@ -133,18 +149,21 @@ def record(key: Key) -> ArgRecord:
     if not any(key):
         return NO_RECORD
     dims_raw, types_raw, strides_raw, concrete_raw = (_json(k) for k in key)
-    dims, strides, odd = [], [], 0
+    dims, strides, lists, odd = [], [], [], 0
     for d in dims_raw if isinstance(dims_raw, list) else ():
         shape, bad = _shape(d)
+        listed = _shapes(d) if bad else None
         dims.append(shape)
-        odd += bad
+        lists.append(listed)
+        odd += bad and listed is None
     for s in strides_raw if isinstance(strides_raw, list) else ():
         shape, bad = _shape(s)
         strides.append(shape)
         odd += bad
     types = tuple(_text(t) for t in types_raw) if isinstance(types_raw, list) else ()
     concrete = tuple(_text(c) for c in concrete_raw) if isinstance(concrete_raw, list) else ()
-    return ArgRecord(dims=tuple(dims), types=types, strides=tuple(strides), concrete=concrete, odd=odd)
+    return ArgRecord(dims=tuple(dims), types=types, strides=tuple(strides), concrete=concrete, odd=odd,
+                     lists=tuple(lists) if any(x is not None for x in lists) else ())
 
 
 def records(table: ArgTable) -> list[ArgRecord]:

@@ -15,7 +15,10 @@ Formulas (one multiply-add = 2 FLOPs; bytes = every input and the output read or
 matmul (mm, addmm, bmm, baddbmm, linear) 2*M*N*K per batch; convolution 2*N*O*H'*W'*(C/g)*kh*kw
 (the output size from the stride in `Concrete Inputs` when recorded, else the input's), its
 backward twice that; attention (scaled_dot_product_*) 4*B*H*L*S*E forward, 2.5 times that
-backward; softmax, norms 5 FLOPs an element; elementwise ops 1 FLOP an output element.
+backward; recurrent layers (cuDNN's _cudnn_rnn, MIOpen's miopen_rnn: every layer and direction's
+weights in their tensor list; oneDNN's mkldnn_rnn_layer: one layer's w_ih and w_hh) 2 FLOPs an
+element of each 2-D weight for every time step and sequence (the input's rows), the backward twice
+that; softmax, norms 5 FLOPs an element; elementwise ops 1 FLOP an output element.
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from auditor.evidence.trace.decode import CAT, DEFAULT_CHUNK_BYTES, GPU_WORK, _S
 from auditor.evidence.trace.intervals import clip, intersect, merge_intervals, subtract, total_length
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.names import COMM_KERNEL
-from auditor.evidence.trace.op_names import _ATTENTION, _CONV, _ELEMENTWISE, _MATMUL, _NORM, _SOFTMAX, MODELLED
+from auditor.evidence.trace.op_names import _ATTENTION, _CONV, _ELEMENTWISE, _MATMUL, _NORM, _RNN, _SOFTMAX, MODELLED
 
 # Kernel groups, by kernel name, first match wins (communication first: an NCCL kernel is never
 # compute, whatever else its name holds). rccl is ROCm's NCCL; Cijk_ names are rocBLAS/Tensile GEMMs.
@@ -138,8 +141,11 @@ class Efficiency(msgspec.Struct, frozen=True):
 # -- shapes ------------------------------------------------------------------------------------
 def _compat(rec: ArgRecord) -> tuple[list, list, list]:
     """A record as (input dims, input types, concrete inputs) lists, an input that is not a
-    readable tensor as [] (what op_shapes' readers expect)."""
-    return ([list(d) if d is not None else [] for d in rec.dims], list(rec.types), list(rec.concrete))
+    readable tensor as [] (what op_shapes' readers expect); a tensor list as the list of its shapes."""
+    lists = rec.lists
+    return ([list(d) if d is not None else
+             [list(x) for x in lists[i]] if i < len(lists) and lists[i] is not None else []
+             for i, d in enumerate(rec.dims)], list(rec.types), list(rec.concrete))
 
 
 def op_rows(trace: Trace, names: Any) -> np.ndarray:
@@ -260,7 +266,8 @@ def _elt(dtype: Any) -> int:
 
 
 def op_kind(name: str) -> str | None:
-    for kind, names in (("matmul", _MATMUL), ("conv", _CONV), ("attention", _ATTENTION), ("softmax", _SOFTMAX),
+    for kind, names in (("matmul", _MATMUL), ("conv", _CONV), ("attention", _ATTENTION), ("rnn", _RNN),
+                        ("softmax", _SOFTMAX),
                         ("norm", _NORM), ("elementwise", _ELEMENTWISE)):
         if name in names:
             return kind
@@ -375,10 +382,31 @@ def _op_work(name: str, dims: Any, types: Any, concrete: Any) -> tuple[float, fl
         if name.endswith("_backward"):
             flops *= 2.5
         return flops, float(in_bytes + _numel(q[:-1]) * v[-1] * elt), dtype
+    if kind == "rnn":
+        return _rnn_work(name, dims, ts, elt, dtype)
     numel = max(_numel(d) for d, _ in ts)
     if kind in ("softmax", "norm"):
         return 5.0 * numel, float(in_bytes + numel * elt), dtype
     return float(numel), float(in_bytes + numel * elt), dtype
+
+
+def _rnn_work(name: str, dims: Any, ts: list, elt: int, dtype: str) -> tuple[float, float, str] | None:
+    """A recurrent layer's (FLOPs, bytes, dtype): its 2-D weights each multiply every time step of
+    every sequence (the input's rows, padded or packed); the bytes are the input and the weights
+    read and an output as large as the input written (the states and biases left out)."""
+    x = ts[0][0]
+    if "mkldnn" in name:  # (input, w_ih, w_hh, b_ih, b_hh, hx, cx, ...): one layer and direction
+        weights = [d for d in dims[1:3] if _is_shape(d) and len(d) == 2]
+    else:  # (input, weight list, ...): the first tensor list of matrices
+        weights = next(([s for s in d if _is_shape(s) and len(s) == 2] for d in dims
+                        if isinstance(d, list) and d and isinstance(d[0], list)
+                        and any(_is_shape(s) and len(s) == 2 for s in d)), [])
+    if not weights or len(x) < 2:
+        return None
+    rows = _numel(x[:-1])
+    n = sum(_numel(w) for w in weights)
+    flops = 2.0 * rows * n * (2.0 if name.endswith("_backward") else 1.0)
+    return flops, float((2 * _numel(x) + n) * elt), dtype
 
 
 # -- kernels -> operators -------------------------------------------------------------------------

@@ -13,6 +13,10 @@ _ATTENTION = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_f
               "aten::_scaled_dot_product_flash_attention_backward",
               "aten::_scaled_dot_product_efficient_attention_backward",
               "aten::_scaled_dot_product_cudnn_attention_backward"}
+# Recurrent layers whose matmuls run inside one operator (cuDNN, MIOpen, oneDNN); aten::lstm and
+# its kin are left out: on other paths the matmuls below them are operators of their own.
+_RNN = {"aten::_cudnn_rnn", "aten::_cudnn_rnn_backward", "aten::miopen_rnn", "aten::miopen_rnn_backward",
+        "aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward"}
 _SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_softmax_backward_data", "aten::log_softmax",
             "aten::_log_softmax"}
 _NORM = {"aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::native_batch_norm",
@@ -24,7 +28,7 @@ _ELEMENTWISE = {f"aten::{n}{s}" for n in ("add", "sub", "mul", "div", "gelu", "r
                                            "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
                                            "masked_fill", "dropout", "native_dropout", "addcmul", "addcdiv", "lerp")
                 for s in ("", "_")}
-MODELLED = _MATMUL | _CONV | _ATTENTION | _SOFTMAX | _NORM | _ELEMENTWISE
+MODELLED = _MATMUL | _CONV | _ATTENTION | _RNN | _SOFTMAX | _NORM | _ELEMENTWISE
 
 # Operators whose argument records the parse keeps: every modelled one, and those an attention
 # chain holds between its matmuls (the mask's comparison and fill, dtype casts, dropout).

@@ -1,14 +1,14 @@
 """Shaped like pytorch/examples `time_sequence_prediction/train.py`: two LSTMCells stepped over the
 sequence in a Python loop, trained with LBFGS whose closure prints `loss.item()` at each call, and a
 prediction with its test loss printed after every step. The sine waves generate_sine_wave.py writes
-are made here (smaller); the plots are left out."""
+are made here, in memory; the plots are left out. Its defaults are small; the flags set its size:
+`--steps 15 --length 1000 --batch 100 --max-iter 20 --future 1000` is the example's own."""
+import argparse
+
 import numpy as np
 import torch
 import torch.optim as optim
 from torch import nn
-
-STEPS = 3
-T, L, N = 20, 100, 24
 
 
 class Sequence(nn.Module):
@@ -38,10 +38,20 @@ class Sequence(nn.Module):
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3, help="steps to run")
+    parser.add_argument("--length", type=int, default=100, help="samples in each sine wave (L)")
+    parser.add_argument("--batch", type=int, default=24, help="sine waves (N; 3 of them the test set)")
+    parser.add_argument("--max-iter", type=int, default=4, help="LBFGS's closure calls a step")
+    parser.add_argument("--future", type=int, default=10, help="samples predicted after each step")
+    opt = parser.parse_args()
+    # generate_sine_wave.py
     np.random.seed(2)
+    T, L, N = 20, opt.length, opt.batch
     x = np.empty((N, L), np.int64)
     x[:] = np.array(range(L)) + np.random.randint(-4 * T, 4 * T, N).reshape(N, 1)
     data = np.sin(x / 1.0 / T).astype("float64")
+    # train.py
     np.random.seed(0)
     torch.manual_seed(0)
     input = torch.from_numpy(data[3:, :-1])
@@ -51,8 +61,8 @@ if __name__ == "__main__":
     seq = Sequence()
     seq.double()
     criterion = nn.MSELoss()
-    optimizer = optim.LBFGS(seq.parameters(), lr=0.8, max_iter=4)
-    for i in range(STEPS):
+    optimizer = optim.LBFGS(seq.parameters(), lr=0.8, max_iter=opt.max_iter)
+    for i in range(opt.steps):
         print("STEP: ", i)
 
         def closure():
@@ -64,7 +74,7 @@ if __name__ == "__main__":
             return loss
         optimizer.step(closure)
         with torch.no_grad():
-            future = 10
+            future = opt.future
             pred = seq(test_input, future=future)
             loss = criterion(pred[:, :-future], test_target)
             print("test loss:", loss.item())

@@ -1,0 +1,89 @@
+"""The sample outputs the README and the docs show, and the commands that make them.
+
+A page's sample is the block that begins with `$ COMMAND` and runs to the block's end: the command's
+output as a user sees it. `python docs/samples.py` runs each audit sample's command from the project's
+root, writes its output into every page that shows it, and keeps the run's evidence (and trace) in
+tests/fixtures/docs/NAME/, from which `audit report` prints the same summary again. The test
+(tests/test_doc_samples.py) re-renders each kept run with today's code and asks the pages' blocks to be
+that output, and runs each sample of a recorded trace (deterministic) again: a change of the format
+fails it until the samples are made again with this script.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KEPT = ROOT / "tests" / "fixtures" / "docs"
+# the lines of an output that name the run's own directory
+RUN_DIR = re.compile(r"audit-out/[\w.-]+-\d{8}-\d{6}")
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str  # its folder under tests/fixtures/docs
+    command: str  # as the pages show it after `$ `
+    pages: tuple[str, ...]  # the pages that show its output, relative to the root
+
+
+AUDITS = (
+    Sample("audited_train_script", "audit run examples/train_script.py --steps 30", ("README.md", "docs/getting-started.md")),
+)
+
+
+def block(page: Path, command: str) -> tuple[int, list[str]]:
+    """(index of the `$ command` line, the output lines below it, dedented) of the page's sample."""
+    lines = page.read_text().split("\n")
+    for i, line in enumerate(lines):
+        if line.strip() == f"$ {command}":
+            indent = line[: len(line) - len(line.lstrip())]
+            out = []
+            for below in lines[i + 1:]:
+                if not below.strip() or not below.startswith(indent) or below.strip() == "```":
+                    break
+                out.append(below[len(indent):])
+            return i, out
+    raise LookupError(f"{page}: no sample block for `$ {command}`")
+
+
+def replace_block(page: Path, command: str, output: list[str]) -> None:
+    i, old = block(page, command)
+    lines = page.read_text().split("\n")
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    lines[i + 1: i + 1 + len(old)] = [indent + o for o in output]
+    page.write_text("\n".join(lines))
+
+
+def comparable(lines: list[str], run_dir: str) -> list[str]:
+    """The lines as `audit report` prints them again: a run's own notices (`audit: ...`, printed while
+    it runs) left out, its directory's name as RUN."""
+    return [RUN_DIR.sub("RUN", line.replace(run_dir, "RUN") if run_dir else line)
+            for line in lines if not line.startswith("audit: ")]
+
+
+def make(sample: Sample) -> None:
+    """Run the sample's command here, keep its evidence and trace, write its output into its pages."""
+    args = sample.command.split()
+    assert args[0] == "audit"
+    done = subprocess.run([sys.executable, "-m", "auditor", *args[1:]], cwd=ROOT, capture_output=True, text=True)
+    # (the terminal shows stderr's notices above the summary, as the run prints them first)
+    output = [*done.stderr.splitlines(), *done.stdout.splitlines()]
+    run_dir = next(RUN_DIR.search(line).group(0) for line in output if line.startswith("report: "))
+    kept = KEPT / sample.name
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
+    shutil.copy2(ROOT / run_dir / "evidence.json", kept / "evidence.json")
+    if (ROOT / run_dir / "tb").is_dir():
+        shutil.copytree(ROOT / run_dir / "tb", kept / "tb")
+    for page in sample.pages:
+        replace_block(ROOT / page, sample.command, output)
+    print(f"{sample.name}: exit {done.returncode}, {len(output)} lines into {', '.join(sample.pages)}")
+
+
+if __name__ == "__main__":
+    for s in AUDITS:
+        make(s)
