@@ -73,21 +73,21 @@ HOST, DEVICE, STEP = "host", "device", "step"
 
 
 def saving_on_path(ms: float, side: str, bound: str | None, host_ms: float | None, device_ms: float | None,
-                   device_busy_ms: float | None) -> float:
+                   device_busy_ms: float | None, waited_ms: float | None = None) -> float:
     """What a saving of `ms` per step on `side` takes off the step's critical path (its bound's
     clock, auditor.evidence.step_clock): on a host-bound step, a host-side saving counts in full
     up to the step less the device's own work (busy time, which no host-side fix removes), a
-    device-side one as measured; on a device-bound step, a host-side saving counts only by what the
-    host's time exceeds the device's (nothing while the device stays the longer), a device-side one
-    up to the device's time less the host's. No bound known (no device clock), or a whole-step
-    cost: the saving as measured."""
+    device-side one only as far as the host waits for the device's work (`waited_ms`: the device's
+    work inside the host's syncs per step, from a trace; faster kernels shorten the host's time
+    only there, and not at all where it never waits), as measured where that is not known; on a
+    device-bound step, a host-side saving counts only by what the host's time exceeds the device's
+    (nothing while the device stays the longer), a device-side one up to the device's time less the
+    host's. No bound known (no device clock), or a whole-step cost: the saving as measured."""
     if bound is None or side == STEP or host_ms is None:
         return ms
     if bound == "host":
         if side == DEVICE:
-            # (kept as measured: a host-bound step's host time can be waits on the device, a sync
-            # or a copy back, which faster kernels shorten; the trace does not tell them apart)
-            return ms
+            return ms if waited_ms is None else max(0.0, min(ms, waited_ms))
         return max(0.0, min(ms, host_ms - (device_busy_ms or 0.0)))
     if device_ms is None:
         return ms
@@ -98,17 +98,20 @@ def saving_on_path(ms: float, side: str, bound: str | None, host_ms: float | Non
 
 def together_ms(host_saving: float, device_saving: float, step_saving: float, step_ms: float | None,
                 bound: str | None, host_ms: float | None, device_ms: float | None,
-                device_busy_ms: float | None) -> float:
+                device_busy_ms: float | None, waited_ms: float | None = None) -> float:
     """What fixes together save per step: the step on its bound's clock before, less the step after
     every host-side saving is taken off the host's clock and every device-side one off the device's
     (the longer clock again the step), less whole-step savings; never below the device's own work
-    on a host-bound step, never below nothing. With no bound known, their sum up to the step."""
+    on a host-bound step, never below nothing. On a host-bound step the device-side savings shorten
+    the host's clock only as far as it waits for the device (`waited_ms`, see saving_on_path). With
+    no bound known, their sum up to the step."""
     if step_ms is None:
         return host_saving + device_saving + step_saving
     if bound is None or host_ms is None:
         return min(step_ms, host_saving + device_saving + step_saving)
-    if bound == "host":  # (device-side savings as measured: see saving_on_path)
-        host_after = max(host_ms - host_saving - device_saving, 0.0)
+    if bound == "host":
+        waits = device_saving if waited_ms is None else min(device_saving, waited_ms)
+        host_after = max(host_ms - host_saving - waits, 0.0)
         device_after = max((device_busy_ms or 0.0) - device_saving, 0.0)
     else:
         host_after = max(host_ms - host_saving, 0.0)

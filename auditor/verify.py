@@ -89,10 +89,24 @@ class Rerun:
 
 
 @dataclass
+class Unit:
+    """One re-run that judged fixes, as verify's table measures it: the findings (indices) whose
+    edits it held, all of them (a fix applied after another's holds that one's too), the re-run,
+    how it was run, and the saving the audit predicted for those fixes together (`predicted_ms`,
+    as the headline adds fixes up: auditor.reports.terminal.recoverable)."""
+
+    held: list[int]
+    rerun: Rerun
+    what: str
+    predicted_ms: float | None = None
+
+
+@dataclass
 class Outcome:
-    """What --verify did: per finding index its Verified, what it could not verify, the time, and
-    the re-run with every fix applied (`together`: None when fewer than two fixes were verified)
-    with the saving the audit predicted for them together (the headline's figure)."""
+    """What --verify did: per finding index its Verified, what it could not verify, the time, the
+    re-runs that judged fixes (`units`, one row each in verify's table), and the re-run with every
+    fix applied (`together`: None when fewer than two fixes were verified) with the saving the
+    audit predicted for them together (the headline's figure)."""
 
     verified: dict[int, Verified] = field(default_factory=dict)
     unverifiable: list[str] = field(default_factory=list)
@@ -102,6 +116,10 @@ class Outcome:
     before_cpu_ms: float | None = None
     together: Rerun | None = None
     together_predicted_ms: float | None = None
+    units: list[Unit] = field(default_factory=list)
+    # A rehearsal's: the re-runs ran on this CPU, so each prediction is of this machine's time (the
+    # GPU estimates of its fixes are named apart in the table)
+    rehearsed: bool = False
 
 
 # --- the scratch copy ----------------------------------------------------------------------------
@@ -348,6 +366,7 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
                     progress(f"{f.rule} alone")
                     one = runner.run(_own_patch(f, diff_edits), env_config(f.fix))  # type: ignore[arg-type]
                     outcome.verified[index[id(f)]] = judged(f, one, "alone")
+                    outcome.units.append(Unit(held=[index[id(f)]], rerun=one, what="alone"))
                     if one.ok and f in in_combined:
                         _check_weights(one, before_digest, [f], runner, docs, index, median, outcome, progress,
                                        diff_edits)
@@ -355,6 +374,7 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
                 grouped = r
                 for f in group:
                     outcome.verified[index[id(f)]] = judged(f, r, "with fixes.patch")
+                outcome.units.append(Unit(held=[index[id(f)] for f in group], rerun=r, what="with fixes.patch"))
                 if r.ok and in_combined:
                     _check_weights(r, before_digest, in_combined, runner, docs, index, median, outcome, progress,
                                    diff_edits)
@@ -372,12 +392,13 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
             if first:
                 what += " after " + ", ".join(f"{g.rule}'s" for g in first)
             outcome.verified[index[id(f)]] = judged(f, r, what)
+            outcome.units.append(Unit(held=[index[id(g)] for g in [*first, f]], rerun=r, what=what))
             if r.ok and f not in numerics:  # (a numerics fix changes the weights by design)
                 _check_weights(r, before_digest, [f], runner, docs, index, median, outcome, progress, diff_edits)
         outcome.before_ms, outcome.before_cpu_ms = median, before_cpu
         fixed = [results.findings[i] for i, v in outcome.verified.items() if v.status == "improved"]
         if len(fixed) > 1 and grouped is not None and all(f in group for f in fixed):
-            outcome.together = grouped  # (they all ran together in fixes.patch's re-run)
+            outcome.together = grouped  # (they all ran together in fixes.patch's re-run: its row)
             outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
         elif len(fixed) > 1:  # every fix that held, together: what the headline predicted
             progress(f"every fix together ({len(fixed)})")
@@ -391,6 +412,14 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
             outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
     finally:
         runner.close()
+    for u in outcome.units:
+        here = [results.findings[i] for i in u.held if not (rehearsed and _gpu_estimate(results.findings[i]))]
+        u.predicted_ms = _predicted_together(evidence, results, here)
+    if rehearsed and outcome.together is not None:
+        fixed = [f for i, f in enumerate(results.findings) if i in outcome.verified
+                 and outcome.verified[i].status == "improved" and not _gpu_estimate(f)]
+        outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
+    outcome.rehearsed = rehearsed
     outcome.reruns = runner.count
     outcome.seconds = time.perf_counter() - t0
     return outcome
@@ -403,11 +432,19 @@ def prerequisites(f: Finding, findings: list[Finding]) -> list[Finding]:
     return [g for g in findings if names and g.rule in names and g.fix is not None and g.fix.edits]
 
 
+def _gpu_estimate(f: Finding) -> bool:
+    from auditor.rules._support.gpu_costs import is_gpu_estimate
+
+    return is_gpu_estimate(f.cost)
+
+
 def _predicted_together(evidence: Any, results: RuleResults, fixed: list[Finding]) -> float | None:
-    """What the audit predicted `fixed` save together (the headline's figure, of those findings)."""
+    """What the audit predicted `fixed` save together: the headline's figure of those findings, an
+    `info` one among them counted as a warning is (its fix is in the re-run all the same)."""
     from auditor.reports.terminal import recoverable
 
-    return recoverable(evidence, RuleResults(findings=fixed)).ms
+    held = [msgspec.structs.replace(f, severity="warning") if f.severity == "info" else f for f in fixed]
+    return recoverable(evidence, RuleResults(findings=held)).ms
 
 
 def _edit_in(edit: Any, diff: str) -> bool:
@@ -506,43 +543,67 @@ def echo(results: RuleResults, outcome: Outcome) -> None:
         click.echo(f"  not verifiable here: {text}")
     rows = table(results, outcome)
     if rows:
-        click.echo("verify: predicted against measured saving per step (ms; measured: the median step before "
-                   "less the median step of the re-run that had the fix; cpu time: the same on the process's CPU "
-                   "clock, which other processes' load does not stretch)")
-        click.echo(f"  {'fix':<28}{'predicted':>10}{'measured':>10}{'ratio':>8}{'cpu time':>10}  run")
+        click.echo("verify: predicted against measured saving per step, per re-run (ms; predicted: the saving "
+                   "of the fixes it held, together; measured: the median step before less the re-run's; cpu "
+                   "time: the same on the process's CPU clock, which other processes' load does not stretch)")
+        click.echo(f"  {'predicted':>10}{'measured':>10}{'ratio':>8}{'cpu time':>10}  fixes the re-run held (together)"
+                   "; run")
         for row in rows:
             pred, meas, ratio, cpu = (f"{row[k]:.2f}" if row[k] is not None else "-"
                                       for k in ("predicted_ms", "measured_ms", "ratio", "measured_cpu_ms"))
-            click.echo(f"  {row['fix']:<28}{pred:>10}{meas:>10}{ratio:>8}{cpu:>10}  {row['run']}")
+            fixes = " + ".join(row["fixes"]) or row["fix"]
+            if row["fix"] == "every fix together" or (row["together"] and len(row["fixes"]) > 1):
+                fixes = f"every fix together: {fixes}"
+            unpriced = f" (no time saving predicted for {', '.join(u['fix'] for u in row['unpredicted'])})" \
+                if row["unpredicted"] else ""
+            click.echo(f"  {pred:>10}{meas:>10}{ratio:>8}{cpu:>10}  {fixes}{unpriced}; {row['run']}")
 
 
 def table(results: RuleResults, outcome: Outcome) -> list[dict[str, Any]]:
-    """verify's table, one row per verified fix and one for every fix together: the saving per step
-    the audit predicted (the finding's cost, the headline's figure), the one measured (the median
-    step before less the re-run's), their ratio, and the re-run it comes from (a fix verified with
-    fixes.patch shares that run's saving with the others in it)."""
+    """verify's table, one row per re-run that judged fixes, and one for every fix together where
+    that is a re-run of its own. A row is what one re-run measured against what the audit predicted
+    for the fixes it held, together: `fixes`, every fix whose edits the re-run held (a fix applied
+    after another's holds that one's too), `fix` their names joined; `predicted_ms`, the saving per
+    step the audit predicted for them together, as the headline adds fixes up (not the cost of one
+    of them: a re-run of fixes.patch measures all of its fixes at once), in a rehearsal of this
+    machine's time alone; `unpredicted`, those of them with no predicted time saving here, and why
+    (no estimate; a rehearsal's GPU estimate, which a re-run on the CPU does not measure); `measured_ms`, the median step before less the
+    re-run's, and `measured_cpu_ms` the same on the process's CPU clock; their ratio; `run`, how the
+    re-run ran; `together`, whether it held every fix that improved."""
     rows = []
-    for i, v in sorted(outcome.verified.items()):
-        f = results.findings[i]
-        pred = v.before.get("ms_per_step")
-        b, a = v.before.get("median_step_ms"), v.after.get("median_step_ms")
-        meas = round(b - a, 3) if b is not None and a is not None and v.status != "failed" else None
-        cb, ca = v.before.get("median_step_cpu_ms"), v.after.get("median_step_cpu_ms")
-        cpu = round(cb - ca, 3) if cb is not None and ca is not None and v.status != "failed" else None
-        run = v.note.split(":")[0] if v.note else v.status
-        rows.append({"fix": f.rule, "status": v.status, "predicted_ms": pred, "measured_ms": meas,
-                     "measured_cpu_ms": cpu,
-                     "ratio": round(pred / meas, 3) if pred is not None and meas else None, "run": run})
+    for u in outcome.units:
+        held = [results.findings[i] for i in u.held]
+        statuses = {outcome.verified[i].status for i in u.held if i in outcome.verified}
+        status = "failed" if not u.rerun.ok else statuses.pop() if len(statuses) == 1 else "mixed"
+        rows.append(_row(" + ".join(f.rule for f in held), held, status, u.predicted_ms, u.rerun, outcome,
+                         u.what, outcome.together is u.rerun))
     t = outcome.together
-    if t is not None:
-        meas = round(outcome.before_ms - t.median_ms, 3) if t.ok and outcome.before_ms and t.median_ms else None
-        cpu = round(outcome.before_cpu_ms - t.cpu_ms, 3) if t.ok and outcome.before_cpu_ms is not None \
-            and t.cpu_ms is not None else None
-        pred = outcome.together_predicted_ms
-        rows.append({"fix": "every fix together", "status": "ok" if t.ok else "failed", "predicted_ms": pred,
-                     "measured_ms": meas, "measured_cpu_ms": cpu, "ratio": round(pred / meas, 3) if pred is not None and meas else None,
-                     "run": "all their edits" if t.ok else t.error})
+    if t is not None and not any(u.rerun is t for u in outcome.units):
+        fixed = [results.findings[i] for i, v in sorted(outcome.verified.items()) if v.status == "improved"]
+        rows.append(_row("every fix together", fixed, "ok" if t.ok else "failed", outcome.together_predicted_ms, t,
+                         outcome, "all their edits" if t.ok else t.error, True))
     return rows
+
+
+def _row(name: str, held: list[Finding], status: str, pred: float | None, r: Rerun, outcome: Outcome, run: str,
+         together: bool) -> dict[str, Any]:
+    b, cb = outcome.before_ms, outcome.before_cpu_ms
+    meas = round(b - r.median_ms, 3) if r.ok and b is not None and r.median_ms is not None else None
+    cpu = round(cb - r.cpu_ms, 3) if r.ok and cb is not None and r.cpu_ms is not None else None
+    unpredicted = [{"fix": f.rule, "why": _why_unpredicted(f)} for f in held
+                   if f.cost is None or f.cost.ms_per_step is None]
+    gpu = [f for f in held if outcome.rehearsed and _gpu_estimate(f)]
+    unpredicted += [{"fix": f.rule, "why": f"a GPU's time ({f.cost.ms_per_step:g} ms/step {f.cost.note}), which "  # type: ignore[union-attr]
+                     "this rehearsal's re-run on the CPU does not measure: not in the prediction"} for f in gpu]
+    return {"fix": name, "fixes": [f.rule for f in held], "status": status, "predicted_ms": pred,
+            "measured_ms": meas, "measured_cpu_ms": cpu,
+            "ratio": round(pred / meas, 3) if pred is not None and meas else None,
+            "unpredicted": unpredicted, "run": run, "together": together}
+
+
+def _why_unpredicted(f: Finding) -> str:
+    note = f.cost.note if f.cost is not None else None
+    return note or "its finding carries no time cost"
 
 
 def amend_run(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str | None, out: Path,

@@ -3,7 +3,9 @@
 A page's sample is the block that begins with `$ COMMAND` and runs to the block's end: the command's
 output as a user sees it. `python docs/samples.py` runs each audit sample's command from the project's
 root, writes its output into every page that shows it, and keeps the run's evidence (and trace) in
-tests/fixtures/docs/NAME/, from which `audit report` prints the same summary again. The test
+tests/fixtures/docs/NAME/, from which `audit report` prints the same summary again.
+`python docs/samples.py --rerender` keeps the runs and writes what today's code prints of them into
+the pages (the run's own notices, printed while it ran, stay as they were). The test
 (tests/test_doc_samples.py) re-renders each kept run with today's code and asks the pages' blocks to be
 that output, and runs each sample of a recorded trace (deterministic) again: a change of the format
 fails it until the samples are made again with this script.
@@ -65,6 +67,11 @@ def comparable(lines: list[str], run_dir: str) -> list[str]:
             for line in lines if not line.startswith("audit: ")]
 
 
+def report_command(run: Path) -> list[str]:
+    """`audit report` of a kept run, reading its sources from this copy of the project."""
+    return [sys.executable, "-m", "auditor", "report", str(run), "--source-root", str(ROOT)]
+
+
 def make(sample: Sample) -> None:
     """Run the sample's command here, keep its evidence and trace, write its output into its pages."""
     args = sample.command.split()
@@ -76,7 +83,9 @@ def make(sample: Sample) -> None:
     kept = KEPT / sample.name
     shutil.rmtree(kept, ignore_errors=True)
     kept.mkdir(parents=True)
-    shutil.copy2(ROOT / run_dir / "evidence.json", kept / "evidence.json")
+    # (the run's paths made relative to the project, so that any copy of it reads its own files)
+    text = (ROOT / run_dir / "evidence.json").read_text().replace(f'"{ROOT}/', '"')
+    (kept / "evidence.json").write_text(text)
     if (ROOT / run_dir / "tb").is_dir():
         shutil.copytree(ROOT / run_dir / "tb", kept / "tb")
     for page in sample.pages:
@@ -84,6 +93,23 @@ def make(sample: Sample) -> None:
     print(f"{sample.name}: exit {done.returncode}, {len(output)} lines into {', '.join(sample.pages)}")
 
 
+def rerender(sample: Sample) -> None:
+    """Today's `audit report` of the kept run, in place of the pages' lines after the run's notices."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / sample.name
+        shutil.copytree(KEPT / sample.name, run)
+        done = subprocess.run(report_command(run), cwd=ROOT, capture_output=True, text=True)
+        printed = done.stdout.splitlines()
+    for page in sample.pages:
+        _, shown = block(ROOT / page, sample.command)
+        notices = [line for line in shown if line.startswith("audit: ")]
+        run_dir = next((m.group(0) for line in shown if (m := RUN_DIR.search(line))), "RUN")
+        replace_block(ROOT / page, sample.command, notices + [line.replace(str(run), run_dir) for line in printed])
+    print(f"{sample.name}: re-rendered into {', '.join(sample.pages)}")
+
+
 if __name__ == "__main__":
     for s in AUDITS:
-        make(s)
+        rerender(s) if "--rerender" in sys.argv[1:] else make(s)

@@ -74,18 +74,24 @@ def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(tmp_path):
     assert "verify: 3 fix(es) in 1 re-run(s)" in a.stdout
     assert a.stdout.count("improved ") == 3
     assert "verified: improved" in (a.out / "report.html").read_text()
-    # the table: per fix its predicted saving (its cost) against the measured one (the median step
-    # before less the re-run's), and every fix together (the headline's figure; here the same re-run)
-    table = {row["fix"]: row for row in json.loads((a.out / "verify-table.json").read_text())}
-    assert set(table) == set(fixes) | {"every fix together"}
+    # the table: one row per re-run, the fixes it held predicted together (the headline's way of
+    # adding them up) against the measured saving (the median step before less the re-run's); here
+    # one re-run, fixes.patch's, which held every fix
+    rows = json.loads((a.out / "verify-table.json").read_text())
+    assert len(rows) == 1
+    together = rows[0]
+    assert sorted(together["fixes"]) == sorted(fixes) and together["together"] and together["run"] == "with fixes.patch"
     costs = {f["rule"]: (f["cost"] or {}).get("ms_per_step") for f in a.findings}
-    for rule, fix in fixes.items():
-        v, row = fix["verified"], table[rule]
-        assert row["predicted_ms"] == costs[rule] and row["run"] == "with fixes.patch"
-        assert row["measured_ms"] == pytest.approx(v["before"]["median_step_ms"] - v["after"]["median_step_ms"], abs=1e-3)
-    assert costs["anomaly-mode"] > 0  # (anomaly mode's predicted saving: half its backward pass)
-    together = table["every fix together"]
-    assert together["measured_ms"] == table["anomaly-mode"]["measured_ms"]
+    assert costs["anomaly-mode"] > 0  # (anomaly mode's predicted saving: 35% of its backward pass)
+    assert costs["graph-leak"] is None  # (a memory fix: the row says why it has no time saving)
+    leak = next(f for f in a.findings if f["rule"] == "graph-leak")
+    assert {"fix": "graph-leak", "why": leak["cost"]["note"]} in together["unpredicted"]
+    assert "Its saving is not predicted: what its fix saves is memory" in leak["message"]
+    # (the fixes with a saving, together: here anomaly-mode's alone, the resets being unpriced
+    # without a CUDA device)
+    assert costs["peak-stats-reset"] is None and together["predicted_ms"] == costs["anomaly-mode"]
+    v = fixes["anomaly-mode"]["verified"]
+    assert together["measured_ms"] == pytest.approx(v["before"]["median_step_ms"] - v["after"]["median_step_ms"], abs=1e-3)
     head = a.stdout.splitlines()[0]
     assert f"up to {together['predicted_ms']:.2f} ms/step recoverable" in head
     assert "verify: predicted against measured saving per step" in a.stdout
@@ -450,3 +456,36 @@ def test_environment_variables_in_a_fixs_config_are_exported_for_its_rerun():
     fix = Fix(summary="s", config={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "DataLoader.num_workers": 4,
                                    "log_every_n_steps": 50})
     assert env_config(fix) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def test_the_table_has_a_row_per_rerun_naming_the_fixes_it_held():
+    """A re-run of fixes.patch holds all of its fixes: one row, predicted as those fixes together
+    (Unit.predicted_ms), the ones with no time saving named with why; in a rehearsal a GPU estimate
+    is named apart (a re-run on the CPU does not measure it); a fix re-run on its own is its own row."""
+    from auditor.findings import Cost, Finding, Fix, Verified
+    from auditor.verify import Outcome, Rerun, Unit, table
+
+    sync = Cost(ms_per_step=0.01, share_of_step=None, measured=False,
+                note="estimated for an A100 SXM4 80GB (the default): 1 synchronising call(s)/step x 10 us")
+    leak = Cost(ms_per_step=None, share_of_step=None, measured=False, note="what its fix saves is memory")
+    found = [Finding(rule="peak-stats-reset", severity="warning", title="", message="", cost=sync, fix=Fix(summary="")),
+             Finding(rule="graph-leak", severity="warning", title="", message="", cost=leak, fix=Fix(summary="")),
+             Finding(rule="dataloader-bound", severity="warning", title="", message="", fix=Fix(summary=""),
+                     cost=Cost(ms_per_step=40.0, share_of_step=None))]
+    patch, alone = Rerun(ok=True, median_ms=99.5, cpu_ms=90.0), Rerun(ok=True, median_ms=60.0, cpu_ms=70.0)
+    outcome = Outcome(verified={0: Verified(status="improved"), 1: Verified(status="improved"),
+                                2: Verified(status="improved")}, before_ms=100.0, before_cpu_ms=91.0,
+                      units=[Unit(held=[0, 1], rerun=patch, what="with fixes.patch"),
+                             Unit(held=[2], rerun=alone, what="with its own edit", predicted_ms=40.0)],
+                      rehearsed=True)
+    from auditor.findings import RuleResults
+
+    rows = table(RuleResults(findings=found), outcome)
+    assert [r["fixes"] for r in rows] == [["peak-stats-reset", "graph-leak"], ["dataloader-bound"]]
+    first, second = rows
+    assert first["fix"] == "peak-stats-reset + graph-leak" and first["predicted_ms"] is None
+    assert first["measured_ms"] == 0.5 and first["measured_cpu_ms"] == 1.0 and first["ratio"] is None
+    assert [u["fix"] for u in first["unpredicted"]] == ["graph-leak", "peak-stats-reset"]
+    assert "which this rehearsal's re-run on the CPU does not measure" in first["unpredicted"][1]["why"]
+    assert second["predicted_ms"] == 40.0 and second["measured_ms"] == 40.0 and second["ratio"] == 1.0
+    assert second["unpredicted"] == [] and second["status"] == "improved" and not second["together"]

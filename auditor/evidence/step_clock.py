@@ -6,8 +6,9 @@ step's beginning to the end of its last kernel on the stream it used. The step l
 the two, and that one is its bound:
 
 * host-bound: the device finishes each step's work before the host has issued the next; the step
-  is the host's issue time, and only host-side savings shorten it. The device's own work (its
-  busy time, from a trace) is what no host-side fix can take away.
+  is the host's issue time, and host-side savings shorten it. The device's own work (its busy
+  time, from a trace) is what no host-side fix can take away; faster device work shortens the
+  step only where the host waits for it (the device's work inside the host's syncs, `waited_ms`).
 * device-bound: the host runs ahead and waits for the device; the step is the device's time, and a
   host-side saving shortens it only by what the host's time exceeds the device's (nothing, while the
   device stays the longer).
@@ -41,6 +42,9 @@ class StepClock(msgspec.Struct, frozen=True):
     # The device's own work per step (kernels, copies, memsets merged), when a trace shows it:
     # what no host-side fix removes from a step
     device_busy_ms: float | None = None
+    # The device's work the host waited for per step (inside its syncs), from a trace: all that a
+    # device-side fix can take off a host-bound step (None: no trace tells)
+    waited_ms: float | None = None
     source: str = "host"  # "events" | "trace" | "estimate" (rehearsal's device model) | "host"
     steps: int = 0  # how many steps the medians are over
     note: str = ""  # why a clock was not used (device events that never completed, streams switched)
@@ -65,8 +69,34 @@ def of_trace(trace: Any) -> StepClock:
     host_ms = float(np.median(host))
     device_ms = float(np.median(device[known])) if known.any() else None
     return StepClock(bound=bound_of(host_ms, device_ms), step_ms=trace.median_step_ms(), host_ms=host_ms,
-                     device_ms=device_ms, device_busy_ms=device_busy_ms(trace), source="trace",
-                     steps=len(host))
+                     device_ms=device_ms, device_busy_ms=device_busy_ms(trace), waited_ms=waited_ms(trace),
+                     source="trace", steps=len(host))
+
+
+def waited_ms(trace: Any) -> float | None:
+    """The device's work the host waited for, per step of a trace: the time inside the host's
+    blocking calls (syncs, copies to pageable memory: evidence.trace.queries.blocking_calls) during
+    which the device ran work the steps launched, over the steps. On a host-bound step that is all
+    a faster kernel can take off the step: elsewhere the host is issuing, and the device's work
+    runs beside it. None without steps."""
+    from auditor.evidence.trace.intervals import intersect, merge_intervals, total_length
+    from auditor.evidence.trace.queries import blocking_calls
+
+    if not len(trace.steps):
+        return None
+    if "_waited_ms" not in trace.__dict__:
+        import numpy as np
+
+        lo, hi = float(trace.steps["ts"].min()), float(trace.steps["end"].max())
+        rows = blocking_calls(trace)
+        ts, end = trace.col("ts")[rows], trace.col("end")[rows]
+        ok = np.isfinite(ts) & np.isfinite(end) & (end > ts)
+        waits = merge_intervals(np.clip(ts[ok], lo, hi), np.clip(end[ok], lo, hi))
+        _, kts, kend = trace.launched_work()
+        good = kend >= kts
+        busy = merge_intervals(kts[good], kend[good])
+        trace.__dict__["_waited_ms"] = total_length(intersect(waits, busy)) / 1000.0 / len(trace.steps)
+    return trace.__dict__["_waited_ms"]
 
 
 def device_busy_ms(trace: Any) -> float | None:
@@ -96,18 +126,21 @@ def of_run(ev: Evidence, estimated_device_ms: float | None = None) -> StepClock:
         return StepClock(bound=None, step_ms=None, host_ms=None, device_ms=None)
     host_ms = statistics.median(s.ms for s in steps)
     measured = [s.device_ms for s in steps if s.device_ms is not None]
-    busy = next((b for t in ev.trace_data if (b := device_busy_ms(t)) is not None), None)
+    traced = next((t for t in ev.trace_data if device_busy_ms(t) is not None), None)
+    busy = device_busy_ms(traced) if traced is not None else None
+    waited = waited_ms(traced) if traced is not None else None
     note = next((n for n in ev.environment.notes if n.startswith(DEVICE_CLOCK_NOTE)), "")
     if measured:
         device_ms = statistics.median(measured)
         return StepClock(bound=bound_of(host_ms, device_ms), step_ms=ev.median_step_ms(), host_ms=host_ms,
-                         device_ms=device_ms, device_busy_ms=busy, source="events", steps=len(steps), note=note)
+                         device_ms=device_ms, device_busy_ms=busy, waited_ms=waited, source="events",
+                         steps=len(steps), note=note)
     if estimated_device_ms is not None:
         return StepClock(bound=bound_of(host_ms, estimated_device_ms), step_ms=ev.median_step_ms(),
                          host_ms=host_ms, device_ms=estimated_device_ms, device_busy_ms=estimated_device_ms,
                          source="estimate", steps=len(steps), note=note)
     return StepClock(bound=None, step_ms=ev.median_step_ms(), host_ms=host_ms, device_ms=None,
-                     device_busy_ms=busy, source="host", steps=len(steps), note=note)
+                     device_busy_ms=busy, waited_ms=waited, source="host", steps=len(steps), note=note)
 
 
 DEVICE_CLOCK_NOTE = "device clock:"  # an environment note the capture adds when it fell back to the host's

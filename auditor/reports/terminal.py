@@ -145,7 +145,8 @@ def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     # a recording with no device span but its device work known (busy time): the host is the bound
     bound = clock.bound or ("host" if clock.device_busy_ms and not evidence.steps else None)
     ms = together_ms(per_side[HOST], per_side[DEVICE], per_side[STEP], median, bound,
-                     clock.host_ms if clock.host_ms is not None else median, clock.device_ms, clock.device_busy_ms)
+                     clock.host_ms if clock.host_ms is not None else median, clock.device_ms, clock.device_busy_ms,
+                     clock.waited_ms)
     ms = round(ms, 3)
     capped = ms < total - 0.0005
     # (the share as each finding's is taken: one finding alone prints the same percentage here)

@@ -15,7 +15,9 @@ Two passes over the findings of one evidence (run_rules calls `attribute`):
   auditor.findings.saving_on_path): a host-side saving on a device-bound step saves only what the
   host's time exceeds the device's, and on a host-bound step at most the step less the device's
   own work; a device-side saving (Rule.saves_on "device") on a device-bound step at most what the
-  device's time exceeds the host's. A cost changed so says so at the end of its message, with its share of the
+  device's time exceeds the host's, and on a host-bound step at most the device's work the host
+  waits for in its syncs (StepClock.waited_ms, from a trace): the rest of the device's work runs
+  while the host issues, and faster kernels take nothing off the host's time there. A cost changed so says so at the end of its message, with its share of the
   reported step.
 * A warning with no predicted saving says why in its message (its cost's note).
 * Fixes in the order they can be applied (ORDER): dataloader-bound's more workers after
@@ -172,18 +174,24 @@ def _on_path(ev: Evidence, f: Finding, side: str, clocks: dict) -> Finding:
         clocks[key] = step_clock(ev, trace)
     clock = clocks[key]
     saved = round(saving_on_path(c.ms_per_step, side, clock.bound, clock.host_ms, clock.device_ms,
-                                 clock.device_busy_ms), 3)
+                                 clock.device_busy_ms, clock.waited_ms), 3)
     if saved >= c.ms_per_step - 0.0005:
         return f
     step = step_basis_ms(ev, trace)
     share = share_of_step(saved, step)
     where = "the device's work" if side == "device" else "the host's time"
+    if side == "device" and clock.bound == "host" and clock.waited_ms is not None:
+        # (a host-bound step: faster device work shortens only the host's waits for it)
+        where += (f", which shortens a host-bound step only where the host waits for the device: "
+                  f"{clock.waited_ms:.2f} ms per step of device work inside its syncs")
     message = (f"{f.message} Its fix takes {saved:.2f} ms per step off the step"
                + (f" ({share:.0%} of the median step)" if share is not None else "")
                + f", not the {c.ms_per_step:.2f} ms measured: {_clock_phrase(clock)}, and it shortens {where}.")
     note = (f"what the fix saves on the step's critical path ({clock.bound}-bound): {saved:g} of the "
             f"{c.ms_per_step:g} ms/step measured" + (f"; {c.note}" if c.note else ""))
     evidence = dict(f.evidence, measured_ms_per_step=c.ms_per_step, bound=clock.bound)
+    if side == "device" and clock.bound == "host" and clock.waited_ms is not None:
+        evidence["waited_ms_per_step"] = round(clock.waited_ms, 3)
     return msgspec.structs.replace(f, message=message, evidence=evidence, cost=msgspec.structs.replace(
         c, ms_per_step=saved, share_of_step=share, note=note))
 

@@ -88,8 +88,12 @@ def test_idle_is_counted_once_by_the_finding_that_names_its_cause(name: str) -> 
         assert explained["launch-bound"] == pytest.approx(launch.cost.ms_per_step, abs=1e-3)
         assert idle.cost.ms_per_step == pytest.approx(claim - sum(explained.values()), abs=2e-3)
         assert idle.severity == "info"  # (what is left is under min-idle-share of the step)
-        comm = by_rule["exposed-comm"].cost.ms_per_step  # (device-side: as measured)
-        assert rec.ms == pytest.approx(launch.cost.ms_per_step + comm, abs=1e-3)
+        # (device-side: at most the device's work the host waits for in its syncs)
+        comm = by_rule["exposed-comm"]
+        from auditor.evidence.step_clock import step_clock
+
+        assert comm.cost.ms_per_step <= step_clock(ev, ev.trace_data[0]).waited_ms + 1e-3
+        assert rec.ms == pytest.approx(launch.cost.ms_per_step + comm.cost.ms_per_step, abs=1e-3)
     else:  # host-bound too: its kernels work ~76 ms of a ~216 ms ProfilerStep, so host-side fixes count
         from auditor.evidence.step_clock import step_clock
 

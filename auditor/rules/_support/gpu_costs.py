@@ -8,6 +8,16 @@ from auditor.evidence.devices import DEFAULT_DEVICE, DeviceSpec, find_device
 from auditor.evidence.model import Evidence
 from auditor.findings import Cost, share_of_step, step_basis_ms
 
+# How every estimate here begins its note: what tells a GPU's time estimated in a rehearsal from
+# this machine's own (auditor.verify compares a re-run's measure only with the latter)
+GPU_ESTIMATE = "estimated for "
+
+
+def is_gpu_estimate(cost: Cost | None) -> bool:
+    """Whether `cost` is one of these: the device model's GPU time, not a time measured here."""
+    return cost is not None and cost.ms_per_step is not None and not cost.measured \
+        and (cost.note or "").startswith(GPU_ESTIMATE)
+
 
 def estimate_device(ev: Evidence) -> tuple[DeviceSpec, str]:
     """The row the estimates use, and how the note names it: `--device`'s, else the default's."""
@@ -30,7 +40,7 @@ def sync_cost(ev: Evidence, per_step: float, what: str = "sync") -> Cost:
     in a rehearsal, so this is a lower bound."""
     device, named = estimate_device(ev)
     ms = per_step * device.sync_us / 1e3
-    return estimated(ev, ms, f"estimated for {named}: {per_step:g} {what}(s)/step x {device.sync_us:g} us round "
+    return estimated(ev, ms, f"{GPU_ESTIMATE}{named}: {per_step:g} {what}(s)/step x {device.sync_us:g} us round "
                              "trip each (typical, not vendor-stated); a lower bound: the queued work each one "
                              "waits for is not known in a rehearsal")
 
@@ -41,7 +51,7 @@ def copy_cost(ev: Evidence, bytes_per_step: float) -> Cost:
     device, named = estimate_device(ev)
     ms = bytes_per_step / (device.pcie_pageable_gbs * 1e9) * 1e3
     pinned = bytes_per_step / (device.pcie_pinned_gbs * 1e9) * 1e3
-    return estimated(ev, ms, f"estimated for {named}: {bytes_per_step / 1e6:.2f} MB/step at "
+    return estimated(ev, ms, f"{GPU_ESTIMATE}{named}: {bytes_per_step / 1e6:.2f} MB/step at "
                              f"{device.pcie_pageable_gbs:g} GB/s from pageable memory, blocking the host "
                              f"({pinned:.3f} ms at {device.pcie_pinned_gbs:g} GB/s pinned, overlappable); typical "
                              "achieved bandwidths, not vendor-stated")
@@ -61,6 +71,6 @@ def launch_cost(ev: Evidence, per_step: float, what: str, basis: str = "") -> Co
     `basis`: what else the note says of the figures (appended after "; ")."""
     device, named = estimate_device(ev)
     ms = per_step * device.launch_us / 1e3
-    return estimated(ev, ms, f"estimated for {named}: {per_step:g} {what}/step x {device.launch_us:g} us launch "
+    return estimated(ev, ms, f"{GPU_ESTIMATE}{named}: {per_step:g} {what}/step x {device.launch_us:g} us launch "
                              "each (typical, not vendor-stated): the host's launch time, which the GPU waits for "
                              "when a kernel runs shorter than its launch" + (f"; {basis}" if basis else ""))
