@@ -68,8 +68,8 @@ def test_a_variable_a_hooks_closure_keeps_is_named_with_its_function_and_line(tm
     assert a.returncode == 0, a.stderr[-2000:]
     line = next(n for n, t in enumerate(CLOSURE_KEEPS.splitlines(), 1) if "# FILLS" in t)
     [leak] = a.rule("graph-leak")
-    assert leak["message"].endswith(
-        f"held by `seen` (a variable of `watch()` that a closure it made keeps, at closure.py:{line})."), leak["message"]
+    assert (f"held by `seen` (a variable of `watch()` that a closure it made keeps, at closure.py:{line})."
+            in leak["message"]), leak["message"]
     assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(script), line)]
     [growth] = a.rule("memory-growth")
     assert [(loc["file"], loc["line"]) for loc in growth["locations"]] == [(str(script), line)]
