@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from auditor.capture import graphs, wire
+from auditor.capture.frames import is_library
 from auditor.capture.session import StepSession
 from auditor.capture.steps import StepFinder, StepsDone, makes_no_optimizer
 from auditor.capture.target import Target, TargetError
@@ -197,11 +198,8 @@ def _failure_scan(out: Any, e: BaseException, step: int, target: tuple[Any, str 
 
 
 def _raised_at(e: BaseException) -> str:
-    """' at FILE:LINE' of the deepest frame of the program's own files (not torch's, nor the audit's)."""
-    ours = os.path.dirname(os.path.abspath(__file__))
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if "site-packages" not in f.filename and not os.path.abspath(f.filename).startswith(ours)
-              and not f.filename.startswith("<")]
+    """' at FILE:LINE' of the deepest frame of the program's own files (not a library's, nor the audit's)."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not is_library(f.filename)]
     return f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
 
 

@@ -106,16 +106,20 @@ def embedded(doc: dict[str, Any]) -> dict[str, Any]:
     steps = doc.get("steps")
     if not isinstance(steps, dict):
         return doc
+
+    def long(v: Any) -> bool:
+        return isinstance(v, list) and len(v) > MAX_LINE_POINTS
+
     short, left = {}, []
     for key, value in steps.items():
-        inner = value if isinstance(value, dict) else None
-        if isinstance(value, list) and len(value) > MAX_LINE_POINTS:
+        if long(value):
             left.append(key)
-        elif inner is not None and any(isinstance(v, list) and len(v) > MAX_LINE_POINTS for v in inner.values()):
-            short[key] = {k: v for k, v in inner.items() if not (isinstance(v, list) and len(v) > MAX_LINE_POINTS)}
-            left += [f"{key}.{k}" for k, v in inner.items() if isinstance(v, list) and len(v) > MAX_LINE_POINTS]
-        else:
-            short[key] = value
+            continue
+        if isinstance(value, dict):  # (one level down: steps.own_cost's lists of steps)
+            cut = [k for k, v in value.items() if long(v)]
+            left += [f"{key}.{k}" for k in cut]
+            value = {k: v for k, v in value.items() if k not in cut}
+        short[key] = value
     return {**doc, "steps": {**short, "left_out": left}} if left else doc
 
 
