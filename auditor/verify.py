@@ -399,7 +399,6 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
         fixed = [results.findings[i] for i, v in outcome.verified.items() if v.status == "improved"]
         if len(fixed) > 1 and grouped is not None and all(f in group for f in fixed):
             outcome.together = grouped  # (they all ran together in fixes.patch's re-run: its row)
-            outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
         elif len(fixed) > 1:  # every fix that held, together: what the headline predicted
             progress(f"every fix together ({len(fixed)})")
             # one diff of all their edits, a fix another depends on first; of two edits of one line
@@ -409,16 +408,16 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
             joined = diff_edits([e for f in ordered for e in f.fix.edits]).diff  # type: ignore[union-attr]
             patches = [joined] if joined else []
             outcome.together = runner.run(patches, {k: v for f in fixed for k, v in env_config(f.fix).items()})  # type: ignore[arg-type]
-            outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
     finally:
         runner.close()
+
+    def priced(held: list[Finding]) -> list[Finding]:  # (in a rehearsal, this machine's time alone)
+        return [f for f in held if not (rehearsed and _gpu_estimate(f))]
+
     for u in outcome.units:
-        here = [results.findings[i] for i in u.held if not (rehearsed and _gpu_estimate(results.findings[i]))]
-        u.predicted_ms = _predicted_together(evidence, results, here)
-    if rehearsed and outcome.together is not None:
-        fixed = [f for i, f in enumerate(results.findings) if i in outcome.verified
-                 and outcome.verified[i].status == "improved" and not _gpu_estimate(f)]
-        outcome.together_predicted_ms = _predicted_together(evidence, results, fixed)
+        u.predicted_ms = _predicted_together(evidence, results, priced([results.findings[i] for i in u.held]))
+    if outcome.together is not None:
+        outcome.together_predicted_ms = _predicted_together(evidence, results, priced(fixed))
     outcome.rehearsed = rehearsed
     outcome.reruns = runner.count
     outcome.seconds = time.perf_counter() - t0
