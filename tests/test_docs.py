@@ -1,7 +1,8 @@
 """The documentation is held to the code: the site builds with `mkdocs build --strict` (a broken link,
 page or anchor fails), its generated pages list what the code registers, and every command line the
-README and the pages show parses against the real click CLI (a documented flag that is gone fails),
-the cheap ones run for real."""
+README and the pages show parses against the real click CLI (a documented flag or command that is gone
+fails), the cheap ones run for real, and a page's commands read only the `--out` directories its
+earlier commands write, those that read them running in the page's order."""
 from __future__ import annotations
 
 import os
@@ -38,16 +39,18 @@ INLINE = "inline: "
 PROGRAM = re.compile(r"^(?:audit|python -m auditor)(?:\s|$)")
 
 
-def documented_commands() -> list[tuple[str, str]]:
-    """(where, command) for every `audit ...` / `python -m auditor ...` line of a code block, and every
+def documented_commands(pages: list[Path] = PAGES) -> list[tuple[str, str]]:
+    """(where, command) for every `audit ...` / `python -m auditor ...` command of a code block, and every
     inline code span that is one. In a block that shows a `$ ` prompt only the prompted lines are
-    commands (the others are output). A `torchrun ... -m auditor ...` line counts from `-m auditor` on."""
+    commands (the others are output). A line may hold several commands (`... && audit run ...`), a CI
+    workflow's step (`- run: audit ...`) or environment settings before one (`VAR=1 audit ...`); a
+    `torchrun ... -m auditor ...` command counts from `-m auditor` on."""
     found = []
-    for page in PAGES:
+    for page in pages:
         lines = page.read_text().split("\n")
         blocks = _code_blocks(lines)
         for n, line in enumerate(lines, 1):
-            where = f"{page.relative_to(ROOT)}:{n}"
+            where = f"{page.relative_to(ROOT) if page.is_relative_to(ROOT) else page.name}:{n}"
             block = blocks.get(n)
             if block is None:
                 found += [(where, f"{INLINE}{span}") for span in re.findall(r"`([^`]+)`", line) if PROGRAM.match(span)]
@@ -57,11 +60,21 @@ def documented_commands() -> list[tuple[str, str]]:
                 if not text.startswith("$ "):
                     continue
                 text = text[2:]
-            if " -m auditor " in text and text.startswith("torchrun "):
-                text = "python -m auditor " + text.split(" -m auditor ", 1)[1]
-            if PROGRAM.match(text):
-                found.append((where, text))
+            found += [(where, c) for c in _line_commands(text)]
     return found
+
+
+def _line_commands(text: str) -> list[str]:
+    """The auditor's commands on one shell line of a code block."""
+    text = re.sub(r"^-\s+(?:run:\s+)?", "", text)  # a CI workflow's `- run: ...` step
+    out = []
+    for part in re.split(r"\s(?:&&|\|\||;)\s", text):
+        part = re.sub(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)+", "", part.strip())  # VAR=value before the command
+        if " -m auditor " in part and part.startswith("torchrun "):
+            part = "python -m auditor " + part.split(" -m auditor ", 1)[1]
+        if PROGRAM.match(part):
+            out.append(part)
+    return out
 
 
 def _code_blocks(lines: list[str]) -> dict[int, bool]:
@@ -175,6 +188,95 @@ def test_a_gone_flag_fails_the_check():
         _parse(_args("audit frobnicate examples/demo.py"))
     with pytest.raises(click.BadParameter):
         _parse(_args("audit run examples/demo.py:step --steps zero"))
+
+
+def test_every_command_line_of_a_code_block_is_checked():
+    """A line of a code block that calls the auditor, in whatever form (after `&&`, as a CI step, under
+    a launcher), is among the commands checked above: a form the reader misses would go unchecked."""
+    checked = {w for w, _ in COMMANDS}
+    calls = re.compile(r"(?:^|[\s:;&|(])(?:audit|-m auditor)\s+-{0,2}[a-z]")
+    unchecked = []
+    for page in PAGES:
+        lines = page.read_text().split("\n")
+        for n, prompted in _code_blocks(lines).items():
+            text = lines[n - 1].strip()
+            if prompted and not text.startswith("$ "):
+                continue  # a command's output
+            if calls.search(text) and f"{page.relative_to(ROOT)}:{n}" not in checked:
+                unchecked.append(f"{page.relative_to(ROOT)}:{n}: {text}")
+    assert not unchecked
+
+
+def test_a_page_showing_a_gone_flag_or_command_fails(tmp_path):
+    """From a page's text to the verdict: a CI step with a flag the CLI lacks, and a command it lacks
+    at the end of an install line, are read from the page and fail to parse."""
+    page = tmp_path / "page.md"
+    page.write_text("A job:\n\n```yaml\nsteps:\n  - run: audit run examples/demo.py:step --stepz 3\n```\n\n"
+                    "    pip install -e . && OMP_NUM_THREADS=1 audit frobnicate examples/demo.py\n")
+    found = [c for _, c in documented_commands([page])]
+    assert found == ["audit run examples/demo.py:step --stepz 3", "audit frobnicate examples/demo.py"]
+    with pytest.raises(click.NoSuchOption):
+        _parse(_args(found[0]))
+    with pytest.raises(AssertionError):
+        _parse(_args(found[1]))
+
+
+def _outputs_and_inputs(args: list[str]) -> tuple[list[str], list[str]]:
+    """The `audit-out/...` directories a command writes (its `--out`) and those it reads."""
+    outs = [b for a, b in zip(args, args[1:]) if a == "--out"]
+    return outs, [a for a in args if a.startswith(OUTPUTS) and a not in outs]
+
+
+def _sequences() -> dict[str, list[tuple[str, str]]]:
+    """Per page, the commands of its code blocks in the page's order."""
+    pages: dict[str, list[tuple[str, str]]] = {}
+    for where, command in COMMANDS:
+        if not command.startswith(INLINE):
+            pages.setdefault(where.split(":")[0], []).append((where, command))
+    return pages
+
+
+def test_a_pages_commands_read_only_what_its_earlier_commands_wrote():
+    """Run in the order a page shows them, each command's `audit-out/...` input is the `--out` of a
+    command above it on the same page (a reader who copies the page in turn never meets a missing
+    directory)."""
+    for page, commands in _sequences().items():
+        written: set[str] = set()
+        for where, command in commands:
+            outs, ins = _outputs_and_inputs(_args(command))
+            missing = [i for i in ins if i.rstrip("/") not in written]
+            assert not missing, f"{where}: `{command}` reads {missing}, which no command above it writes"
+            written |= {o.rstrip("/") for o in outs}
+
+
+# the pages whose commands chain through `audit-out/...` directories
+CHAINED = sorted(page for page, commands in _sequences().items()
+                 if any(_outputs_and_inputs(_args(c))[1] for _, c in commands))
+
+
+@pytest.mark.parametrize("page", CHAINED)
+def test_a_pages_chained_commands_run_as_written(page, tmp_path, monkeypatch):
+    """The page's commands, in its order, in a scratch directory: each `audit run ... --out DIR` is
+    stood in for by the audit docs/samples.py keeps (tests/fixtures/docs: an `audit run` output
+    directory, as DIR would be; the runs themselves parse above), and every command that reads such a
+    directory runs for real, as written, and exits 0."""
+    from conftest import FIXTURES
+
+    kept = FIXTURES / "docs" / "audited_train_script"
+    monkeypatch.chdir(tmp_path)
+    ran = 0
+    for where, command in _sequences()[page]:
+        args = _args(command)
+        outs, ins = _outputs_and_inputs(args)
+        if args[0] == "run":
+            for out in outs:  # (a run into an earlier run's --out replaces it)
+                shutil.rmtree(tmp_path / out, ignore_errors=True)
+                shutil.copytree(kept, tmp_path / out)
+        elif ins:
+            result = CliRunner().invoke(cli, args, prog_name="audit")
+            assert result.exit_code == 0, f"{where}: `{command}` exited {result.exit_code}: {result.output}"
+            ran += 1
+    assert ran
 
 
 # the documented commands that run in a moment: `audit rules`, `audit explain` of a rule id
