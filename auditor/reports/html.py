@@ -12,6 +12,7 @@ instead of breaking the report.
 """
 from __future__ import annotations
 
+import ast
 import base64
 import functools
 import hashlib
@@ -39,7 +40,7 @@ from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.step_clock import clock_phrase
 from auditor.evidence.step_clock import step_clock
 from auditor.reports.findings_json import document
-from auditor.reports.patch import numerics_patchable, patchable
+from auditor.reports.patch import fixes_patch_edits, numerics_patchable
 from auditor.reports.plots import MAX_LINE_POINTS, PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a finding's line: those recorded)
 from auditor.reports.terminal import (PER_RULE_LINES, by_cost, checkpoint_overview, elsewhere_phrase, recoverable,
@@ -304,10 +305,25 @@ _KWARGS = re.compile(r"^(DataLoader|dataloader|Optimizer|optimizer)[.:](\w+)$")
 class ConfigGroup:
     title: str
     lines: list[str] = field(default_factory=list)
+    python: bool = True  # its lines are Python (or shell, for the environment): they get a Copy button
 
     @property
     def text(self) -> str:
         return "\n".join(self.lines)
+
+    @property
+    def copyable(self) -> bool:
+        """Copy is offered for text that runs as it is: the shell's exports, the keyword arguments,
+        settings that are all Python statements (not `reset_peak_memory_stats = every 500 steps`)."""
+        return not self.python or all(_is_python(line) for line in self.lines)
+
+
+def _is_python(line: str) -> bool:
+    try:
+        ast.parse(line)
+    except SyntaxError:
+        return False
+    return True
 
 
 def patched_config(findings: list[Finding]) -> list[ConfigGroup]:
@@ -322,7 +338,7 @@ def patched_config(findings: list[Finding]) -> list[ConfigGroup]:
     for f in findings:
         for k, v in (f.fix.config.items() if f.fix else []):
             wanted.setdefault(k, {}).setdefault(_value_text(v), (v, []))[1].append(f.rule)
-    env, kwargs, other = ConfigGroup("Environment variables (shell)"), {}, ConfigGroup("Settings")
+    env, kwargs, other = ConfigGroup("Environment variables (shell)", python=False), {}, ConfigGroup("Settings")
     for key, values in wanted.items():
         conflict = len(values) > 1
         for text, (value, rules) in values.items():
@@ -343,7 +359,7 @@ def patch_files(findings: list[Finding]) -> list[dict[str, str]]:
     config section names these, not a fixes.patch that may be empty while every edit went to
     numerics-fixes.patch."""
     files = []
-    if patchable(findings):
+    if fixes_patch_edits(findings)[0]:
         files.append({"name": "fixes.patch", "what": "edits that leave results unchanged", "how": ""})
     if numerics_patchable(findings):
         files.append({"name": "numerics-fixes.patch", "what": "edits that change what the training computes",

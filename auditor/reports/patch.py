@@ -53,6 +53,18 @@ def _verified_out_lines(findings: Iterable[Finding], numerics: bool) -> list[str
             and f.fix.changes_numerics == numerics]
 
 
+def fixes_patch_edits(findings: Iterable[Finding]) -> tuple[list[Edit], list[Edit]]:
+    """(the edits fixes.patch holds, those it leaves to numerics-fixes.patch). numerics-fixes.patch
+    applies "after or instead of" fixes.patch: lines both would edit (a DataLoader call given
+    pin_memory here and workers there) stay out of fixes.patch."""
+    findings = list(findings)
+    theirs = [e for f in numerics_patchable(findings) for e in f.fix.edits]  # type: ignore[union-attr]
+    edits, shared = [], []
+    for e in (e for f in patchable(findings) for e in f.fix.edits):  # type: ignore[union-attr]
+        (shared if any(_same_file(e, t) and _conflict(e, t) for t in theirs) else edits).append(e)
+    return edits, shared
+
+
 def _preamble(head: list[str], findings: list[Finding], left_out: list[Finding],
               skipped: list[tuple[Edit, str]]) -> str:
     """Comment lines before the first `diff --git`; git apply and patch ignore them."""
@@ -91,12 +103,7 @@ class PatchReport(Reporter):
     def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
         findings = patchable(results.findings)
         left_out = numerics_patchable(results.findings)
-        # numerics-fixes.patch applies "after or instead of" this one: lines both would edit (a
-        # DataLoader call given pin_memory here and workers there) stay out of this one
-        theirs = [e for f in left_out for e in f.fix.edits]  # type: ignore[union-attr]
-        edits, shared = [], []
-        for e in (e for f in findings for e in f.fix.edits):  # type: ignore[union-attr]
-            (shared if any(_same_file(e, t) and _conflict(e, t) for t in theirs) else edits).append(e)
+        edits, shared = fixes_patch_edits(results.findings)
         result = diff_edits(edits, self.root)
         result.skipped.extend((e, "numerics-fixes.patch edits the same lines (so that it applies after or "
                                   "instead of this patch); the finding's own patch in findings.json has this edit") for e in shared)

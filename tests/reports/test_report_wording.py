@@ -213,6 +213,29 @@ def test_patched_config_names_both_patches_when_both_hold_edits(tmp_path):
     assert "fixes.patch" not in config
 
 
+def test_the_page_names_only_the_patch_files_that_hold_edits_and_a_card_only_its_own(tmp_path):
+    """The docs' run (tests/fixtures/docs): pageable-copy's edits are the lines dataloader-bound's
+    numerics edit rewrites, so fixes.patch holds nothing and is not written; the Patched config names
+    numerics-fixes.patch alone. amp-opportunity changes numerics but has no edit: its card sends the
+    reader to no patch file. Copy is offered for the keyword arguments and the Python settings."""
+    import shutil
+
+    from conftest import FIXTURES, ROOT
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES / "docs" / "audited_train_script", run)
+    done = audit("report", str(run), "--source-root", str(ROOT), out=run)
+    assert done.returncode == 0, done.stderr
+    assert not (run / "fixes.patch").exists() and patch_text(run / "numerics-fixes.patch")
+    page = (run / "report.html").read_text()
+    config = section(page, "config")
+    assert "<code>numerics-fixes.patch</code>" in config and "<code>fixes.patch</code>" not in config
+    assert config.count('class="copy"') == 2
+    amp = re.search(r'<article[^>]*>(?:(?!</article>).)*amp-opportunity(?:(?!</article>).)*</article>', page, re.S)
+    assert amp and "This fix changes what the training computes" in amp.group(0)
+    assert "numerics-fixes.patch" not in amp.group(0)
+
+
 # ---------------------------------------------------------------- operator table
 
 CHECKED_TRAINER = """import sys

@@ -299,6 +299,21 @@ def test_patched_config_groups_and_flags_conflicts() -> None:
     assert groups["Settings"].splitlines() == ["torch.backends.cudnn.benchmark = True  # a", "note = it's quoted  # b"]
 
 
+def test_copy_is_offered_only_for_text_that_runs_as_it_is() -> None:
+    """Copy for the shell's exports, keyword arguments and Python settings; none for a group holding
+    a setting that is advice, not code."""
+    from auditor.reports.html import patched_config
+
+    def f(config: dict) -> Finding:
+        return Finding(rule="r", severity="warning", title="r", message="m", fix=Fix(summary="s", config=config))
+
+    groups = {g.title: g.copyable for g in patched_config([f({"OMP_NUM_THREADS": 4, "DataLoader.num_workers": 4,
+                                                               "torch.backends.cudnn.benchmark": True})])}
+    assert groups == {"Environment variables (shell)": True, "DataLoader keyword arguments": True, "Settings": True}
+    advice = patched_config([f({"reset_peak_memory_stats": "every 500 steps or never"})])
+    assert [(g.title, g.copyable) for g in advice] == [("Settings", False)]
+
+
 def test_plot_builders_extend_the_page(tmp_path: Path) -> None:
     """Plot builders are plain functions: one added to the list is drawn; one that raises is
     reported on the page and the rest of the report still renders; one returning None adds nothing."""
