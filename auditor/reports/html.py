@@ -235,9 +235,12 @@ def series_table(v: Any) -> dict[str, Any] | None:
         columns: list[str] = []
         for x in v:
             columns.extend(k for k in x if k not in columns)
-        if len(columns) > 12:
+        # an object's `id` (a DataLoader's, 140490372121104) says nothing to a reader: findings.json keeps it
+        columns = [c for c in columns if c != "id"]
+        if len(columns) > 12 or not columns:
             return None
         rows = [[_value_text(x.get(c)) if x.get(c) is not None else "-" for c in columns] for x in v[:SERIES_ROWS]]
+        columns = [evidence_label(c) for c in columns]
     elif all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
         columns = ["#", "value"]
         rows = [[str(i), _value_text(x)] for i, x in enumerate(v[:SERIES_ROWS])]
@@ -253,6 +256,24 @@ def _evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, str, dict[str, A
         text = _value_text(v)
         rows.append((k, text if len(text) <= 2000 else text[:2000] + " ...", series_table(v)))
     return rows
+
+
+# An evidence key read as words: its unit in brackets, abbreviations as a person writes them.
+_UNITS = {"ms": "ms", "s": "s", "bytes": "bytes", "mb": "MB", "mib": "MiB", "gib": "GiB", "gflop": "GFLOP",
+          "pct": "%", "us": "us"}
+_WORDS = {"cpu": "CPU", "gpu": "GPU", "rss": "RSS", "fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "gflop": "GFLOP",
+          "amp": "AMP", "nccl": "NCCL", "mfu": "MFU", "oom": "OOM", "lr": "LR", "rank": "rank"}
+
+
+def evidence_label(key: str) -> str:
+    """`median_wait_ms` -> "median wait (ms)", `steps_making_an_iterator` -> "steps making an iterator";
+    a key that names code (`DataLoader.pin_memory`, `torch.backends.cudnn.benchmark`) as it is."""
+    if "." in key or ":" in key or not key.replace("_", "").isalnum() or key != key.lower():
+        return key
+    words = key.split("_")
+    unit = _UNITS.get(words[-1]) if len(words) > 1 else None
+    words = [_WORDS.get(w, w) for w in (words[:-1] if unit else words)]
+    return " ".join(words) + (f" ({unit})" if unit else "")
 
 
 def finding_view(i: int, f: Finding, evidence: Evidence | None = None) -> dict[str, Any]:
@@ -614,6 +635,7 @@ def _jinja() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["basename"] = lambda p: os.path.basename(str(p))
+    env.filters["evidence_label"] = evidence_label
     env.globals["version"] = __version__
     return env
 

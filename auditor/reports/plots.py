@@ -3,6 +3,8 @@ plain plotly JSON; or a plotly Figure), or None when the evidence it needs is ab
 `PLOT_BUILDERS` is the order they appear in."""
 from __future__ import annotations
 
+import math
+
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -84,6 +86,25 @@ def step_time_plot(ev: Evidence) -> Figure | None:
                       annotation_text=f"median{of} {median:.1f} ms", annotation_position="top left")
     _whole_steps(fig, len(ev.steps))
     return fig
+
+
+def log_ticks(values: list[float], most: int = 8) -> dict[str, Any]:
+    """Labelled ticks for a log axis over `values`: the 1-2-5 steps of each decade the values span,
+    thinned to 1 a decade (then every other decade) when there would be more than `most`; plotly's
+    own labels every minor tick of a short range (6, 7, 8, 9, 0.1, ...), which overlap."""
+    values = [v for v in values if v > 0]
+    if not values:
+        return {}
+    lo, hi = min(values), max(values)
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    for mantissas, every in (((1, 2, 5), 1), ((1,), 1), ((1,), 2), ((1,), 4)):
+        ticks = [m * 10.0 ** k for k in range(first, last + 1, every) for m in mantissas]
+        inside = [v for v in ticks if lo / 1.05 <= v <= hi * 1.05]
+        if len(inside) <= most:
+            break
+    if len(inside) < 2:  # a range inside one 1-2-5 step: its ends, to two figures
+        inside = sorted({float(f"{lo:.2g}"), float(f"{hi:.2g}")})
+    return dict(tickmode="array", tickvals=inside, ticktext=[f"{v:g}" for v in inside])
 
 
 def _whole_steps(fig: Figure, n: int) -> None:
@@ -214,19 +235,26 @@ def numerics_plot(ev: Evidence) -> Figure | None:
     loss, norms = view.loss_series(), view.grad_norm_series()
     if not loss and not norms:
         return None
-    import math
 
     def finite(series: list[list]) -> tuple[list, list]:
         pts = [(i, v) for i, v in series if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
         pts = [pts[k] for k in decimate(np.array([v for _, v in pts], dtype=float), MAX_LINE_POINTS)]
         return [i for i, _ in pts], [v for _, v in pts]
 
-    fig = Figure(layout=_layout("Loss and gradient norm (log scale)", "value"))
-    fig.update_yaxes(type="log")
-    for name, series in (("loss", loss), ("gradient norm", norms)):
-        x, y = finite(series)
+    drawn = {name: finite(series) for name, series in (("loss", loss), ("gradient norm", norms))}
+    steps = sorted({i for x, _ in drawn.values() for i in x})
+    # the values are those of the steps the numerics checks ran on (the first ones and one in 32): the
+    # title says so, and the x axis spans the whole run so that where they stop shows
+    n = len(ev.steps)
+    of = f", the {len(steps)} checked steps of {n}" if steps and n > len(steps) else ""
+    fig = Figure(layout=_layout(f"Loss and gradient norm (log scale{of})", "value"))
+    fig.update_yaxes(type="log", **log_ticks([v for _, y in drawn.values() for v in y]))
+    for name, (x, y) in drawn.items():
         if x:
             fig.add_scatter(name=name, x=x, y=y, mode="lines+markers")
+    if n:
+        fig.update_xaxes(range=[ev.steps[0].index - 0.5, ev.steps[-1].index + 0.5])
+        _whole_steps(fig, n)
     # The step where the run went bad (what nonfinite names): a non-finite loss, gradient or weight,
     # or a traced origin; not a step whose only non-finite values are by design (a mask's -inf).
     bad = [i for i, d in view.steps if d.origin is not None or d.loss_finite is False

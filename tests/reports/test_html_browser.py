@@ -197,22 +197,39 @@ OVERLAPS = """els => {
 }""" % (OVERLAP_PX, OVERLAP_PX)
 
 
+@pytest.fixture(scope="module")
+def docs_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report of the README's audit (tests/fixtures/docs), rendered by today's code: a patch line of
+    150 characters, evidence tables of every kind, settings that are not Python."""
+    run = tmp_path_factory.mktemp("docs") / "run"
+    shutil.copytree(FIXTURES / "docs" / "audited_train_script", run)
+    subprocess.run([sys.executable, "-m", "auditor", "report", str(run), "--source-root", str(REPO)],
+                   cwd=REPO, check=True, capture_output=True, timeout=180)
+    return run / "report.html"
+
+
 @pytest.mark.parametrize("width", [1400, 800])
-def test_the_audited_report_fits_its_width_and_its_labels_do_not_overlap(browser: object, audited_report: Path,
-                                                                        tmp_path: Path, width: int) -> None:
+@pytest.mark.parametrize("which", ["audited", "docs"])
+def test_the_audited_report_fits_its_width_and_its_labels_do_not_overlap(browser: object, request: pytest.FixtureRequest,
+                                                                        tmp_path: Path, width: int, which: str) -> None:
     """At 1400 and at 800 px: nothing wider than the window (no horizontal scroll: long patch lines
-    wrap, tables fit), and no two tick labels of one axis overlap in any plot. Screenshots kept."""
-    page = Page(browser, audited_report, width=width)
+    wrap inside their cards, tables fit), and no two tick labels of one axis overlap in any plot.
+    Screenshots kept."""
+    report = request.getfixturevalue("audited_report" if which == "audited" else "docs_report")
+    page = Page(browser, report, width=width)
     try:
         page.assert_clean()
         wide = page.page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert wide <= 1, f"{wide} px wider than the {width} px window"
+        scrolled = page.page.eval_on_selector_all(
+            "pre.diff, pre.config", "els => els.filter(e => e.scrollWidth - e.clientWidth > 1).map(e => e.textContent.slice(0, 60))")
+        assert not scrolled, f"patch or config lines cut at the card's edge: {scrolled}"
         for plot_id in page.page.eval_on_selector_all(".plot", "els => els.map(e => e.id)"):
             for axis in ("xtick", "ytick", "y2tick"):
                 clash = page.page.eval_on_selector_all(f"#{plot_id} g.{axis} text", OVERLAPS)
                 assert not clash, (plot_id, axis, clash[:5])
-        page.page.screenshot(path=str(tmp_path / f"audited-{width}.png"), full_page=True)
-        assert (tmp_path / f"audited-{width}.png").stat().st_size > 10_000
+        page.page.screenshot(path=str(tmp_path / f"{which}-{width}.png"), full_page=True)
+        assert (tmp_path / f"{which}-{width}.png").stat().st_size > 10_000
     finally:
         page.close()
 

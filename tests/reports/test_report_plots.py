@@ -184,3 +184,24 @@ def test_the_report_of_a_long_run_stays_under_5_mb(tmp_path):
     assert {"host_ms", "device_ms", "per_step_ms"} <= set(page["findings"]["steps"]["left_out"])
     assert all(len(t.get("y") or ()) <= 1002 for p in page["plots"] for t in p["figure"]["data"])
     assert len(json.loads((tmp_path / "findings.json").read_text())["steps"]["host_ms"]) == n
+
+
+def test_the_loss_plot_has_readable_log_ticks_and_says_which_steps_it_holds():
+    """The docs' run (tests/fixtures/docs): loss ~2.3 and gradient norms 0.08-0.24 on the 11 steps the
+    numerics checks ran on, of 30. plotly labels every minor tick of such a range (6, 7, 8, 9, 0.1),
+    which overlap; the plot labels 0.1, 0.2, 0.5, 1, 2, says the steps are the checked ones, and spans
+    the whole run so that where they stop shows."""
+    import msgspec
+
+    from auditor.evidence.model import Evidence
+    from auditor.reports.plots import log_ticks, numerics_plot
+    from conftest import FIXTURES
+
+    ev = msgspec.json.decode((FIXTURES / "docs" / "audited_train_script" / "evidence.json").read_bytes(), type=Evidence)
+    layout = numerics_plot(ev).to_plotly_json()["layout"]
+    assert layout["yaxis"]["ticktext"] == ["0.1", "0.2", "0.5", "1", "2"]
+    assert layout["title"]["text"] == "Loss and gradient norm (log scale, the 11 checked steps of 30)"
+    assert layout["xaxis"]["range"] == [-0.5, 29.5]
+    # a range of many decades: one tick a decade, then every other, never more than 8
+    assert log_ticks([0.5, 3000])["ticktext"] == ["1", "10", "100", "1000"]
+    assert len(log_ticks([1e-12, 1e12])["tickvals"]) <= 8

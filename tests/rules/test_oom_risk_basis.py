@@ -109,11 +109,13 @@ def test_state_only_snapshot_reports_requested_bytes_as_its_owners_do() -> None:
 
 
 def evidence_rows(report: str) -> list[dict[str, str]]:
-    """Each finding's Evidence table as {key: visible text}, scripts and tags stripped."""
+    """Each finding's Evidence table as {key: visible text}, scripts and tags stripped (the key is
+    the row's title: its label is the key in words)."""
     body = re.sub(r"<script\b.*?</script>", "", report, flags=re.S | re.I)
     tables = re.findall(r"<summary>Evidence</summary>\s*<table class=\"kv\">(.*?)</table>", body, flags=re.S)
     text = lambda s: html_lib.unescape(re.sub(r"<[^>]+>", "", s)).strip()  # noqa: E731
-    return [{text(k): text(v) for k, v in re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", t, flags=re.S)}
+    return [{text(key or label): text(v)
+             for key, label, v in re.findall(r"<tr><th(?: title=\"(.*?)\")?>(.*?)</th><td>(.*?)</td></tr>", t, flags=re.S)}
             for t in tables]
 
 
