@@ -66,7 +66,7 @@ def documented_commands(pages: list[Path] = PAGES) -> list[tuple[str, str]]:
 
 def _line_commands(text: str) -> list[str]:
     """The auditor's commands on one shell line of a code block."""
-    text = re.sub(r"^-\s+(?:run:\s+)?", "", text)  # a CI workflow's `- run: ...` step
+    text = re.sub(r"^(?:-\s+)?(?:run:\s+)?", "", text)  # a CI workflow's `- run: ...` / `run: ...` step
     out = []
     for part in re.split(r"\s(?:&&|\|\||;)\s", text):
         part = re.sub(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)+", "", part.strip())  # VAR=value before the command
@@ -390,3 +390,25 @@ def test_rules_at_a_glance_table_is_the_registered_rules():
     text = (ROOT / "docs" / "rules.md").read_text()
     rows = re.findall(r"^\| `([a-z-]+)` \| (\w+) \|", text, re.M)
     assert sorted(rows) == sorted((rule_id, cls.severity) for rule_id, cls in all_rules().items())
+
+
+def test_the_ci_workflow_is_complete():
+    """docs/diff-and-ci.md's GitHub Actions workflow is valid YAML and holds what the page promises:
+    the install, an audit that fails on a warning, a baseline kept between runs (saved on main,
+    restored on a pull request) and `audit diff` against it, the SARIF upload. Its `audit` lines
+    parse above, with the others."""
+    import yaml
+
+    page = (ROOT / "docs" / "diff-and-ci.md").read_text()
+    workflow = yaml.safe_load(re.search(r"```yaml\n(.*?)```", page, re.S).group(1))
+    steps = workflow["jobs"]["audit"]["steps"]
+    runs = [s.get("run", "") for s in steps]
+    uses = [s.get("uses", "") for s in steps]
+    assert any("pip install torch" in r for r in runs)
+    assert any(r.startswith("audit run") and "--fail-on warning" in r and "audit-out/pr" in r for r in runs)
+    saved = next(s for s in steps if s.get("uses", "").startswith("actions/cache/save"))
+    restored = next(s for s in steps if s.get("uses", "").startswith("actions/cache/restore"))
+    assert saved["with"]["path"] == restored["with"]["path"] == "audit-out/main"
+    assert any(r.startswith("audit diff audit-out/main audit-out/pr --fail-on-regression") for r in runs)
+    assert any(u.startswith("github/codeql-action/upload-sarif") for u in uses)
+    assert "Expected time" in page
