@@ -180,6 +180,8 @@ def memory_timeline_plot(ev: Evidence) -> Figure | None:
                 mib = np.cumsum(part["bytes"].to_numpy()) / MiB
                 label += " (change since the window opened)"
                 peak_text = "peak {:+.1f} MiB"
+            if not np.abs(mib).max() > 0.05:  # nothing allocated to show (a CPU run's zeros): no line
+                continue
             peak = int(mib.argmax())
             keep = decimate(mib, MAX_LINE_POINTS)
             fig.add_scatter(name=label, x=ms[keep].round(3).tolist(), y=mib[keep].round(3).tolist(), mode="lines",
@@ -187,7 +189,7 @@ def memory_timeline_plot(ev: Evidence) -> Figure | None:
             fig.add_scatter(name=peak_text.format(mib[peak]), x=[round(float(ms[peak]), 3)],
                             y=[round(float(mib[peak]), 3)], mode="markers",
                             marker=dict(symbol="star", size=12, color="#e45756"))
-    return fig
+    return fig if fig is not None and fig.data else None
 
 
 def decimate(y: np.ndarray, max_points: int) -> np.ndarray:

@@ -205,3 +205,24 @@ def test_the_loss_plot_has_readable_log_ticks_and_says_which_steps_it_holds():
     # a range of many decades: one tick a decade, then every other, never more than 8
     assert log_ticks([0.5, 3000])["ticktext"] == ["1", "10", "100", "1000"]
     assert len(log_ticks([1e-12, 1e12])["tickvals"]) <= 8
+
+
+def test_a_window_that_allocated_nothing_draws_no_memory_plot(tmp_path):
+    """A trace whose `[memory]` events all hold 0 allocated (a CPU run's can) drew an empty plot,
+    "peak 0.0 MiB"; it draws none. The same events with an allocation draw it."""
+    import json
+
+    from auditor.evidence.load import load_paths
+    from auditor.reports.plots import memory_timeline_plot
+
+    def trace(totals: list[int]) -> object:
+        events = [{"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1000 + 10 * i,
+                   "args": {"Device Type": 0, "Device Id": -1, "Addr": 1, "Bytes": 0,
+                            "Total Allocated": total, "Total Reserved": 0}} for i, total in enumerate(totals)]
+        path = tmp_path / f"t{len(totals)}.pt.trace.json"
+        path.write_text(json.dumps({"traceEvents": events}))
+        return load_paths([path])
+
+    assert memory_timeline_plot(trace([0, 0, 0])) is None
+    fig = memory_timeline_plot(trace([0, 3 * 2**20, 0, 0]))
+    assert fig is not None and any(t.name == "peak 3.0 MiB" for t in fig.data)
