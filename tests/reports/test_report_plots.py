@@ -226,3 +226,22 @@ def test_a_window_that_allocated_nothing_draws_no_memory_plot(tmp_path):
     assert memory_timeline_plot(trace([0, 0, 0])) is None
     fig = memory_timeline_plot(trace([0, 3 * 2**20, 0, 0]))
     assert fig is not None and any(t.name == "peak 3.0 MiB" for t in fig.data)
+
+
+def test_the_step_time_plot_marks_each_steps_role_and_whose_median_it_draws():
+    """The docs' run (tests/fixtures/docs, 30 steps): profiled steps 3-6 and the 11 checked steps are
+    marked, the dashed median is named as the 15 timed steps' (the others are slower by the audit's
+    own work), and a step axis has whole ticks only."""
+    import msgspec
+
+    from auditor.evidence.model import Evidence
+    from auditor.reports.plots import step_time_plot
+
+    ev = msgspec.json.decode((FIXTURES / "docs" / "audited_train_script" / "evidence.json").read_bytes(), type=Evidence)
+    fig = step_time_plot(ev).to_plotly_json()
+    marked = {t["name"]: t["x"] for t in fig["data"]}
+    assert marked["profiled step"] == [3, 4, 5, 6]
+    assert marked["checked step (numerics checks)"] == [0, 1, 2, 7, 8, 9, 10, 11, 12, 13, 14]
+    [note] = fig["layout"]["annotations"]
+    assert note["text"] == f"median of the 15 timed steps {ev.median_step_ms():.1f} ms"
+    assert fig["layout"]["xaxis"]["tickformat"] == "d" and fig["layout"]["xaxis"]["dtick"] == 3
