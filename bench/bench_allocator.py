@@ -31,7 +31,7 @@ def main() -> None:
         snap = load_snapshot(p)
         for device in sorted(snap.histories):
             entries = len(snap.device_traces[device])
-            cfg = from_settings(snap.allocator_settings.raw if snap.allocator_settings else None)
+            cfg = snap.allocator_settings.config if snap.allocator_settings else from_settings(None)
             cap = capacity_for(snap, device)[0]
             times = []
             for _ in range(args.repeat):
