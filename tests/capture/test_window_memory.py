@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from auditor.capture.window_memory import STEP_MARGIN, UNCALIBRATED_FACTOR, out_of_memory_kill
@@ -262,30 +263,104 @@ def test_a_calibrated_step_sets_how_many_steps_fit_the_bounds(monkeypatch):
     assert g.steps_allowed(3) == 0
     assert g.cut(1, nothing=True).limit_bytes == 300 * MB + 2**30
 
-    # part of a step: its factor is its own mix of work's, not the step's: it raises the uncalibrated
-    # factor (2.5 does not, 12 does, within END_FACTOR); the reads decide
+    # part of a step: its factor is its own mix of work's, not the step's: it never lowers the
+    # uncalibrated factor, the largest measured (END_FACTOR); the reads decide
     g = Guard()
     g.start_rss = g.rec_start = g.last = 300 * MB
     g.calibrate(None, stop_rss=320 * MB, end_peak=350 * MB, trace_bytes=1 * MB)
-    assert g.calibrated_on is None and g.factor == UNCALIBRATED_FACTOR and g.steps_allowed(3) == 3
-    g.calibrate(None, stop_rss=320 * MB, end_peak=540 * MB, trace_bytes=1 * MB)
-    assert g.factor == 12.0
-    g.calibrate(None, stop_rss=320 * MB, end_peak=1500 * MB, trace_bytes=1 * MB)
-    assert g.factor == END_FACTOR
+    assert g.calibrated_on is None and g.factor == UNCALIBRATED_FACTOR == END_FACTOR and g.steps_allowed(3) == 3
+    assert g.reads_decide and g.drops(3) is None
 
     # no step measured (a 2-step run): the reads decide, by UNCALIBRATED_FACTOR (a 100 MB trace
     # bound, at TRACE_RATIO, is reached later)
     monkeypatch.setenv("AUDITOR_TRACE_SIZE_MB", "100")
     g = Guard()
     g.start_rss = g.rec_start = g.last = 300 * MB
-    reads = iter([400 * MB, 450 * MB, 480 * MB])
+    reads = iter([320 * MB, 340 * MB, 350 * MB])
     g._rss = lambda: next(reads)
-    assert g.limit() == 300 * MB + int(2**30 / UNCALIBRATED_FACTOR)  # 568 MB
-    assert g.fits() and g.fits()  # 450 + the largest stride, 100 MB, fits
-    assert not g.fits()  # 480 + 100 does not: the window ends here, before the next read
-    # what would record the step whole: at least what it recorded (180 MB) times the factor
+    assert g.limit() == 300 * MB + int(2**30 / UNCALIBRATED_FACTOR) == g.watch_limit(calibrating=False)  # 367 MB
+    assert g.fits() and g.fits()  # 340 + the largest stride, 20 MB, fits
+    assert not g.fits()  # 350 + 20 does not: the window ends here, before the next read
+    # what would record the step whole: at least what it recorded (50 MB) times the factor
     cut = g.cut(0)
-    assert not cut.nothing and cut.need_bytes == 720 * MB and cut.calibrated_on is None
+    assert not cut.nothing and cut.need_bytes == 800 * MB and cut.calibrated_on is None
+    assert g.watch_limit(calibrating=True) == 300 * MB + int(2**30 / END_FACTOR)
+
+
+def test_steps_that_do_not_fit_with_shapes_and_stacks_drop_them_before_steps_are_cut(monkeypatch):
+    """What costs most is dropped first (DROP_ORDER: shapes, then stacks): where the planned steps do
+    not all fit at the calibrated step's cost, shapes; where not one does, stacks as well. The
+    window's reads then decide (the watch among them), at the factor measured with both."""
+    from auditor.capture.window_memory import DROP_ORDER, Guard
+
+    MB = 10**6
+    monkeypatch.setenv("AUDITOR_PROFILE_MEMORY_GIB", "1")  # 1073.7 MB
+    monkeypatch.setenv("AUDITOR_TRACE_SIZE_MB", "100")
+    g = Guard()
+    g.start_rss = g.rec_start = 300 * MB
+    g.calibrate(1, stop_rss=320 * MB, end_peak=500 * MB, trace_bytes=1 * MB)  # 200 MB a step: 280 with STEP_MARGIN
+    assert g.drops(3) is None and not g.reads_decide and g.dropped == ()  # 3 x 280 MB fit 1073.7 MB
+    drop = g.drops(4)  # 3 of 4 fit
+    assert DROP_ORDER == ("record_shapes", "with_stack")
+    assert drop.dropped == ["record_shapes"] and (drop.fitted, drop.planned, drop.reason) == (3, 4, "memory")
+    assert g.reads_decide and drop.calibrated_on == 1 and drop.step_cost_bytes == 200 * MB
+    assert drop.limit_bytes == 300 * MB + 2**30 and g.factor == 10.0  # (the end's 200 MB over the 20 MB recorded)
+    g.calibrate(1, stop_rss=320 * MB, end_peak=1200 * MB, trace_bytes=1 * MB)  # 900 MB a step: not one fits
+    drop = g.drops(3)
+    assert drop.dropped == ["record_shapes", "with_stack"] and drop.fitted == 0
+    monkeypatch.setenv("AUDITOR_TRACE_SIZE_MB", "2")  # the trace's bound: 1.4 MB a step, 1 of 3 fits
+    g = Guard()
+    g.start_rss = g.rec_start = 300 * MB
+    g.calibrate(1, stop_rss=320 * MB, end_peak=400 * MB, trace_bytes=1 * MB)
+    drop = g.drops(3)
+    assert drop.dropped == ["record_shapes"] and (drop.fitted, drop.reason) == (1, "trace-size")
+
+
+def test_the_watch_stops_on_the_main_thread_once_its_limit_is_passed():
+    """The watch reads on a thread of its own and has the stop run on the main thread, at a
+    bytecode of the program's (a Python loop here, no read point of the audit's in it), once;
+    a watch stopped first never calls it."""
+    import threading
+
+    from auditor.capture.window_watch import Watch
+
+    level = [100]
+    called: list[str] = []
+    w = Watch(lambda: level[0], lambda: 1000, lambda: called.append(threading.current_thread().name),
+              every_s=0.001)
+    deadline = time.monotonic() + 10
+    n = 0
+    while not called and time.monotonic() < deadline:
+        n += 1
+        if n == 1000:
+            level[0] = 2000  # (the program's memory passes the limit)
+    assert called == [threading.main_thread().name] and w.passed_at == 2000
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:
+        pass
+    assert called == [threading.main_thread().name]  # once
+
+    quiet: list[str] = []
+    w = Watch(lambda: 2000, lambda: 1000, lambda: quiet.append("stopped"), every_s=10)
+    w.stop()
+    deadline = time.monotonic() + 0.1
+    while time.monotonic() < deadline:
+        pass
+    assert quiet == []
+
+
+def test_a_window_without_shapes_says_what_it_dropped_why_and_which_rules_lacked_them():
+    from auditor.evidence.model import WindowDrop
+    from auditor.reports.terminal import window_drop_phrase
+
+    drop = WindowDrop(dropped=["record_shapes"], calibrated_on=1, step_cost_bytes=int(0.21 * GB),
+                      step_trace_bytes=2_200_000, fitted=1, planned=3, start_rss_bytes=int(0.34 * GB),
+                      limit_bytes=int(0.98 * GB), trace_limit_bytes=12 * 10**6)
+    assert window_drop_phrase(drop, [{"rule": "cudnn-benchmark", "without": ["record_shapes"]}]) == (
+        "profiler window recorded without shapes (record_shapes) to keep within --profile-memory (at most 0.98 GB "
+        "with its end): a step recorded with shapes and stacks cost 0.21 GB to record and end and 0.002 GB of trace, "
+        "as measured on step 1, at which 1 of its 3 planned steps fitted; its reads of the process's memory decided "
+        "how far it recorded; judged without them, and may find less: cudnn-benchmark (without shapes)")
 
 
 def test_a_cut_window_says_what_would_record_its_step_whole():
@@ -301,8 +376,12 @@ def test_a_cut_window_says_what_would_record_its_step_whole():
     assert window_cut_phrase(cut, 4433256448).endswith(
         "it recorded until 2.28 GB; the process peaked at 4.43 GB resident (read from outside); the trace holds "
         "the steps recorded until then, the later steps ran unprofiled; recording step 0 whole would take more "
-        "than 7.86 GB with its end (its recording until the stop, times 4.0): --profile-memory above 7.33, or "
-        "--steps 4 or more so that the window starts after a step measured whole")
+        "than 7.86 GB with its end (its recording until the stop, times 4.0): --steps 4 or more so that the window "
+        "starts after a step measured whole")  # (a larger bound is no advice where the estimate is within this one)
+    smaller = msgspec.structs.replace(cut, limit_bytes=cut.start_rss_bytes + 5 * 2**30)
+    assert window_cut_phrase(smaller).endswith(
+        "(its recording until the stop, times 4.0): --profile-memory above 7.33, or --steps 4 or more so that the "
+        "window starts after a step measured whole")
     nothing = WindowCut(step=1, rss_bytes=int(0.35 * GB), start_rss_bytes=int(0.34 * GB), limit_bytes=int(0.39 * GB),
                         nothing=True, factor=9.0, calibrated_on=0, step_cost_bytes=int(0.2 * GB),
                         step_trace_bytes=3 * 10**6, need_bytes=int(0.29 * GB))
