@@ -15,8 +15,9 @@ is a throwaway recording, stopped and exported as the window's end is, which mea
 recording and end (`step_cost`) and its trace (`step_trace`); the window records the steps that
 fit at that cost (times STEP_MARGIN), its memory read at its steps' ends. Where no whole step was
 measured, the process's resident memory is read at each backward pass's start and each step's end,
-and the recording ends at the last such read where what it holds, plus the largest growth seen
-between two reads (`stride`), times UNCALIBRATED_FACTOR still fits; what it recorded until then
+and by a watch between them (auditor.capture.window_watch: the stretch after a step's last
+backward pass has no read of its own), and the recording ends where what it holds, plus the largest
+growth seen between two reads (`stride`), times UNCALIBRATED_FACTOR would no longer fit; what it recorded until then
 is kept, part of a step included. A bound that one calibrated step's recording does not fit
 records nothing. Either way the cut says what bound would record the step whole (`need`).
 
@@ -25,9 +26,7 @@ the calibrated step's cost, do not all fit, the window records without shapes (r
 of a step's recording and end, time_sequence_prediction at the tests' size), and where not one
 step fits, without stacks as well (with_stack: 13% more; both: 57%); its reads then decide how far
 it records, at the factor measured with both (an upper bound: shapes and stacks cost 12-16 times
-their recording to end, the rest of a recording 5). Where reads decide, a thread watches the memory
-between them (auditor.capture.window_watch): the stretch after a step's last backward pass has
-no read of its own.
+their recording to end, the rest of a recording 5). The calibration is watched too, by END_FACTOR.
 """
 from __future__ import annotations
 
@@ -51,9 +50,8 @@ TRACE_SIZE_MB = 256.0  # the default bound of the kept trace, compressed
 END_FACTOR = 16.0
 # the factor a window with no whole step measured (a run of 2-3 steps: no step before its window) is
 # predicted by: the largest measured, as its end may be of any mix of work. 4 (the 2.3-2.7 measured
-# where a recording reaches gigabytes) let the tests' size pass a 0.22 GiB bound by 15%: its step's
-# recording grew 59 MB, mostly before the prediction under no_grad, whose end costs 8-16 times its
-# growth. The watch (auditor.capture.window_watch) stops such a window between its reads, where
+# where a recording reaches gigabytes) let the tests' size pass a 0.22 GiB bound by 15%: it recorded
+# the whole of step 0, its prediction under no_grad included, whose end costs 8-16 times its growth. The watch (auditor.capture.window_watch) stops such a window between its reads, where
 # its growth times this reaches the bound: part of a step is kept where only reads at backward
 # passes had none (a 1000-sample sequence grows 0.72 GB before its first read, 16 times that over
 # a 9.4 GB bound).
