@@ -44,10 +44,11 @@ from auditor.reports.plots import MAX_LINE_POINTS, PLOT_BUILDERS, PLOT_TEMPLATE,
 from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a finding's line: those recorded)
 from auditor.reports.terminal import (PER_RULE_LINES, by_cost, checkpoint_overview, elsewhere_phrase, recoverable,
                                       snapshot_overview,
-                                      steps_of)
+                                      steps_of, window_drop_phrase)
 from auditor.findings import Finding
 from auditor.fixes import make_patch
 from auditor.findings import RuleResults
+from auditor.rules.engine import judged_without
 from auditor.rules.registry import get_rule
 
 if TYPE_CHECKING:  # (the trace parser loads only when a trace is rendered)
@@ -681,6 +682,9 @@ class HtmlReport(Reporter):
         return _jinja().get_template("report.html.j2").render(
             ev=evidence,
             results=results,
+            judged_without=judged_without(evidence, results),
+            window_drop=(window_drop_phrase(evidence.profile.drop)
+                         if evidence.profile is not None and evidence.profile.drop is not None else ""),
             verdict=verdict(evidence, results),
             ckpt=checkpoint_verdict(evidence),
             snap=snapshot_verdict(evidence),

@@ -132,6 +132,10 @@ def test_an_lstm_sequence_window_stays_within_its_memory_bound_with_its_end(tmp_
                            f"and stacks cost {drop['step_cost_bytes'] / 1e9:.2f} GB to record and end"), line
     assert "as measured on step 1, at which 1 of its 3 planned steps fitted;" in line
     assert "judged without them, and may find less: " in line and "cudnn-benchmark (without shapes)" in line
+    report = (out / "report.html").read_text()
+    assert "<h3>Judged without what the profiler window dropped</h3>" in report
+    assert ("<tr><th><code>cudnn-benchmark</code></th><td>its trace recorded without record_shapes: it may find "
+            "less</td></tr>") in report
     judged = json.loads((out / "findings.json").read_text())["judged_without"]
     assert {"rule": "cudnn-benchmark", "without": ["record_shapes"]} in judged
     assert all(j["without"] == ["record_shapes"] for j in judged)  # (no rule lacks the stacks kept)
