@@ -54,6 +54,25 @@ for i in range(20):
 """
 
 
+# a step's one backward pass comes first; then 10,000 small calls under no_grad, with no read of the
+# audit's (a backward pass's start, a step's end) until the step ends
+UNREAD_TAIL = """\
+import torch
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(4, 8)
+for i in range(2):
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    with torch.no_grad():
+        y = x
+        for _ in range(10000):
+            y = model(y).tanh()
+print("done")
+"""
+
+
 def _audit(tmp_path: Path, source: str, *opts: str) -> tuple[subprocess.CompletedProcess, dict]:
     script = tmp_path / "prog.py"
     script.write_text(source)
@@ -185,6 +204,32 @@ def test_a_two_step_window_keeps_the_part_of_its_step_that_fits_and_says_what_re
               if cut["need_bytes"] > bound else "")
     assert line.endswith(f"GB with its end (its recording until the stop, times 16.0): {larger}--steps 4 or more so "
                          f"that the window starts after a step measured whole"), line
+
+
+@pytest.mark.slow
+def test_the_watch_ends_a_window_in_a_stretch_no_read_of_the_audits_sees(tmp_path):
+    """A 2-step run's window is read at its backward passes' starts and its step's end; this step's
+    recording grows after its only backward pass, and the window's end comes at that step's end,
+    unread: without the watch the process tree peaked at 4.9 times the 0.5 GiB bound over the
+    window's start (20,000 calls: 2.63 GB). The watch ends the window inside that stretch, and the
+    peak, read from outside, stays within the bound."""
+    script = tmp_path / "prog.py"
+    script.write_text(UNREAD_TAIL)
+    out, peak_file = tmp_path / "out", tmp_path / "peak"
+    bound = int(0.5 * 2**30)
+    p = subprocess.run([sys.executable, "-c", TREE_PEAK, str(peak_file), sys.executable, "-m", "auditor", "run",
+                        str(script), "--steps", "2", "--no-numerics", "--profile-memory", "0.5", "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600,
+                       env={**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and "done" in p.stdout, p.stderr[-2000:]
+    w = _window(json.loads((out / "evidence.json").read_text()))
+    cut = w["cut"]
+    assert cut is not None and cut["step"] == 0 and not cut["nothing"] and w["steps"] == [0], w
+    start = cut["start_rss_bytes"]
+    # ended past the backward pass's read (what it held there is the largest stride seen), before the step's end
+    assert cut["rss_bytes"] > start + cut["stride_bytes"]
+    assert start < int(peak_file.read_text()) <= start + 1.1 * bound, (int(peak_file.read_text()) - start) / bound
+    assert w["trace_files"] and w["trace_bytes"] > 0
 
 
 def test_a_window_shortened_by_its_trace_bound_says_so():
