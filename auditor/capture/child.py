@@ -26,6 +26,7 @@ import torch
 
 from auditor.capture import (cuda_memory, cuda_standins, graphs, probes, rehearsal, torch_private, window_memory,
                              window_watch, wire)
+from auditor.capture.trace_file import export_dir as _trace_dir, unsafe_for_trace as _unsafe_for_trace  # noqa: F401
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.program import ChildParts, run_program
@@ -422,11 +423,8 @@ class Profiler:
 
     def _watch_from(self, calibrating: bool) -> None:
         """Start the watch on what the recording started just now holds (window_watch)."""
-        from auditor.capture.session import rss_bytes
-
-        guard = self.guard
-        self._passed = False
-        self._watch = window_watch.Watch(rss_bytes, lambda: guard.watch_limit(calibrating), self._watched)
+        guard, self._passed = self.guard, False
+        self._watch = window_watch.Watch(guard.read, lambda: guard.watch_limit(calibrating), self._watched)
 
     def _unwatch(self) -> None:
         """The recording ends: so does its watch."""
@@ -438,14 +436,12 @@ class Profiler:
     def _watched(self) -> None:
         """The watch saw the bound passed (on the main thread, at the program's next bytecode): end
         the calibration or the window here, or, inside the audit's own window code, at its next read."""
-        from auditor.capture.session import rss_bytes
-
         self._watch = None
         if self._busy:
             self._passed = True
             return
         with self._own():
-            self.guard.last = max(self.guard.last, rss_bytes() or 0)
+            self.guard.last = max(self.guard.last, self.guard.read())
             if self.calibration is not None:
                 self._calibrated(whole=False)
             elif self.prof is not None:
@@ -617,24 +613,6 @@ class Profiler:
                 self.cut = msgspec.structs.replace(cut, nothing=True, reason="trace-size",
                                                    dropped_trace_bytes=self.trace_bytes)
                 self.files, self.trace_bytes = [], 0
-
-
-def _unsafe_for_trace(path: str) -> bool:
-    """Whether Kineto would write `path` into its trace unreadably: it writes the trace's own path
-    into the JSON unescaped, so a quote, a backslash or a control character in it breaks the file."""
-    return any(c in '"\\' or not c.isprintable() for c in path)
-
-
-def _trace_dir(logdir: str) -> str:
-    """Where the profiler exports its trace before it is compressed into `logdir`: `logdir`, or,
-    when its path is unsafe for the trace (_unsafe_for_trace), a temporary directory of the audit's
-    own choosing (removed once the trace is kept)."""
-    if not _unsafe_for_trace(os.path.abspath(logdir)):
-        return logdir
-    import tempfile
-
-    base = tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix="audit-trace-", dir=None if not _unsafe_for_trace(base) else "/tmp")
 
 
 SIGNALS_SEEN: list[str] = []  # the interrupting signals the child's handlers got, in order: the first ended the run

@@ -124,6 +124,10 @@ class Guard:
         self.reason = "memory"
         self.dropped: tuple[str, ...] = ()  # what the window records without (DROP_ORDER)
 
+    def read(self) -> int:
+        """The process's resident memory now (0 where unknown)."""
+        return self._rss() or 0
+
     @property
     def reads_decide(self) -> bool:
         """Whether the window's reads (each backward pass's start, each step's end, the watch)

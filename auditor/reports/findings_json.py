@@ -14,7 +14,7 @@ from auditor.reports.allocator_view import document_section as allocator_section
 from auditor.evidence.trace.efficiency import steps_gpu
 from auditor.reports.base import Reporter
 from auditor.findings import RuleResults
-from auditor.rules.engine import judged_without
+from auditor.reports.window_drop import judged_without
 
 
 def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:

@@ -44,11 +44,11 @@ from auditor.reports.plots import MAX_LINE_POINTS, PLOT_BUILDERS, PLOT_TEMPLATE,
 from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a finding's line: those recorded)
 from auditor.reports.terminal import (PER_RULE_LINES, by_cost, checkpoint_overview, elsewhere_phrase, recoverable,
                                       snapshot_overview,
-                                      steps_of, window_drop_phrase)
+                                      steps_of)
 from auditor.findings import Finding
 from auditor.fixes import make_patch
 from auditor.findings import RuleResults
-from auditor.rules.engine import judged_without
+from auditor.reports.window_drop import judged_without, window_drop_phrase
 from auditor.rules.registry import get_rule
 
 if TYPE_CHECKING:  # (the trace parser loads only when a trace is rendered)

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from auditor.evidence.model import Evidence, WindowCut, WindowDrop
+from auditor.evidence.model import Evidence, WindowCut
 from auditor.reports.allocator_view import lines as allocator_lines
 from auditor.reports.base import Reporter
 from auditor.reports.own_cost import own_cost_phrase
@@ -24,7 +24,7 @@ from auditor.reports.step_clock import clock_phrase
 from auditor.evidence.step_clock import step_clock
 from auditor.findings import DEVICE, HOST, STEP, Finding, severity_rank, share_of_step, together_ms
 from auditor.findings import RuleResults
-from auditor.rules.engine import judged_without
+from auditor.reports.window_drop import judged_without, window_drop_phrase
 
 # Control characters (C0, DEL, C1), line and paragraph separators and bidirectional overrides: in
 # text from the user's data (op names from a trace, target names, messages) they would move the
@@ -371,27 +371,6 @@ def window_cut_phrase(cut: WindowCut, peak_rss: int = 0) -> str:
     return (f"profiler window ended early in step {cut.step} to keep within {bound} ({how}); it recorded until "
             f"{cut.rss_bytes / gb:.2f} GB{peak}; the trace holds the steps recorded until then, the later steps "
             f"ran unprofiled{_whole_step_advice(cut)}")
-
-
-DROPPED_TEXT = {"record_shapes": "shapes (record_shapes)", "with_stack": "stacks (with_stack)"}
-
-
-def window_drop_phrase(drop: WindowDrop, judged: list[dict[str, Any]] = ()) -> str:
-    """The profiler window recorded without shapes or stacks to fit its bounds, and the rules that
-    judged its trace without what they read (`judged`: rules.engine.judged_without)."""
-    gb = 1e9
-    what = " or ".join(DROPPED_TEXT.get(d, d) for d in drop.dropped)
-    bound = (f"--profile-memory (at most {drop.limit_bytes / gb:.2f} GB with its end)" if drop.reason == "memory"
-             else f"--trace-size (a trace of at most {drop.trace_limit_bytes / gb:.3f} GB)")
-    text = (f"profiler window recorded without {what} to keep within {bound}: a step recorded with shapes and "
-            f"stacks cost {drop.step_cost_bytes / gb:.2f} GB to record and end and {drop.step_trace_bytes / gb:.3f} GB "
-            f"of trace, as measured on step {drop.calibrated_on}, at which {drop.fitted} of its {drop.planned} "
-            f"planned steps fitted; its reads of the process's memory decided how far it recorded")
-    if judged:
-        names = ", ".join(f"{j['rule']} (without {' or '.join(str(d).split('_')[-1] for d in j['without'])})"
-                          for j in judged)
-        text += f"; judged without them, and may find less: {names}"
-    return text
 
 
 def _whole_step_advice(cut: WindowCut) -> str:

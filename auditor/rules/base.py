@@ -123,7 +123,7 @@ class Rule:
     # What of a trace's events the rule reads beyond their names and times, as torch.profiler's
     # options that record it: "record_shapes" (operators' input shapes), "with_stack" (Python
     # frames). An audit whose profiler window dropped one to fit its memory bound (evidence.profile.drop)
-    # says the rule judged its trace without it (engine.judged_without).
+    # says the rule judged its trace without it (auditor.reports.window_drop).
     reads: ClassVar[frozenset[str]] = frozenset()
 
     def skip_reason(self, evidence: Evidence) -> str | None:

@@ -150,22 +150,6 @@ def _judge(rule: Rule, rule_id: str, evidence: Evidence, config: Config, roots: 
     return out
 
 
-def judged_without(evidence: Evidence, results: RuleResults) -> list[dict[str, object]]:
-    """The rules that judged a profiler window recorded without what they read (Rule.reads): the
-    window dropped shapes or stacks to fit its memory bound. [{"rule", "without": [option, ...]}],
-    skipped rules left out."""
-    drop = evidence.profile.drop if evidence.profile is not None else None
-    if drop is None:
-        return []
-    skipped = {s["rule"] for s in results.skipped}
-    out: list[dict[str, object]] = []
-    for rule_id, cls in sorted(all_rules().items()):
-        without = [d for d in drop.dropped if d in cls.reads]
-        if without and rule_id not in skipped:
-            out.append({"rule": rule_id, "without": without})
-    return out
-
-
 def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | None = None) -> RuleResults:
     """Every enabled rule on the evidence. `timings`, when given, gets each rule's time (its
     skip_reason and its check): {rule id: {"seconds": wall, "cpu_seconds": this process's CPU}}."""

@@ -423,7 +423,7 @@ def test_the_watch_stops_on_the_main_thread_once_its_limit_is_passed():
 
 def test_a_window_without_shapes_says_what_it_dropped_why_and_which_rules_lacked_them():
     from auditor.evidence.model import WindowDrop
-    from auditor.reports.terminal import window_drop_phrase
+    from auditor.reports.window_drop import window_drop_phrase
 
     drop = WindowDrop(dropped=["record_shapes"], calibrated_on=1, step_cost_bytes=int(0.21 * GB),
                       step_trace_bytes=2_200_000, fitted=1, planned=3, start_rss_bytes=int(0.34 * GB),
@@ -433,6 +433,27 @@ def test_a_window_without_shapes_says_what_it_dropped_why_and_which_rules_lacked
         "with its end): a step recorded with shapes and stacks cost 0.21 GB to record and end and 0.002 GB of trace, "
         "as measured on step 1, at which 1 of its 3 planned steps fitted; its reads of the process's memory decided "
         "how far it recorded; judged without them, and may find less: cudnn-benchmark (without shapes)")
+
+
+def test_the_rules_that_read_what_the_window_dropped_are_named_unless_skipped():
+    from auditor.evidence.model import Evidence, ProfileWindow, WindowDrop
+    from auditor.findings import RuleResults
+    from auditor.reports.window_drop import judged_without
+
+    ev = Evidence()
+    assert judged_without(ev, RuleResults()) == []  # (no window)
+    drop = WindowDrop(dropped=["record_shapes"], calibrated_on=1, step_cost_bytes=1, step_trace_bytes=1, fitted=1,
+                      planned=3)
+    ev.profile = ProfileWindow(steps=[1, 2], drop=drop)
+    skipped = RuleResults(skipped=[{"rule": "manual-update", "reason": "needs a GPU"}])
+    assert judged_without(ev, skipped) == [{"rule": r, "without": ["record_shapes"]} for r in
+                                          ("amp-opportunity", "cudnn-benchmark", "unfused-attention")]
+    ev.profile = ProfileWindow(steps=[1, 2], drop=msgspec.structs.replace(drop, dropped=["record_shapes", "with_stack"],
+                                                                          fitted=0))
+    judged = {j["rule"]: j["without"] for j in judged_without(ev, skipped)}
+    assert judged["unfused-attention"] == ["record_shapes", "with_stack"] and judged["gpu-idle"] == ["with_stack"]
+    assert judged["blocking-pinned-copy"] == ["with_stack"] and "manual-update" not in judged
+    assert "host-sync" not in judged  # (reads neither from the trace)
 
 
 def test_a_cut_window_says_what_would_record_its_step_whole():
