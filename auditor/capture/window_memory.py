@@ -16,9 +16,9 @@ recording and end (`step_cost`) and its trace (`step_trace`); the window records
 fit at that cost (times STEP_MARGIN), its memory read at its steps' ends. Where no whole step was
 measured, the process's resident memory is read at each backward pass's start and each step's end,
 and by a watch between them (auditor.capture.window_watch: the stretch after a step's last
-backward pass has no read of its own), and the recording ends where what it holds, plus the largest
-growth seen between two reads (`stride`), times UNCALIBRATED_FACTOR would no longer fit; what it recorded until then
-is kept, part of a step included. A bound that one calibrated step's recording does not fit
+backward pass has no read of its own), and the recording ends where what it holds, plus the
+largest growth seen between two reads (`stride`), times UNCALIBRATED_FACTOR would no longer fit;
+what it recorded until then is kept, part of a step included. A bound that one calibrated step's recording does not fit
 records nothing. Either way the cut says what bound would record the step whole (`need`).
 
 What the window records is dropped before its steps are cut (`drops`): where the planned steps, at
@@ -51,10 +51,11 @@ END_FACTOR = 16.0
 # the factor a window with no whole step measured (a run of 2-3 steps: no step before its window) is
 # predicted by: the largest measured, as its end may be of any mix of work. 4 (the 2.3-2.7 measured
 # where a recording reaches gigabytes) let the tests' size pass a 0.22 GiB bound by 15%: it recorded
-# the whole of step 0, its prediction under no_grad included, whose end costs 8-16 times its growth. The watch (auditor.capture.window_watch) stops such a window between its reads, where
-# its growth times this reaches the bound: part of a step is kept where only reads at backward
-# passes had none (a 1000-sample sequence grows 0.72 GB before its first read, 16 times that over
-# a 9.4 GB bound).
+# the whole of step 0, its prediction under no_grad included, whose end costs 8-16 times its
+# growth. The watch (auditor.capture.window_watch) stops such a window between its reads, where its
+# growth times this reaches the bound: part of a step is kept where only reads at backward passes
+# had none (a 1000-sample sequence grows 0.72 GB before its first read, 16 times that over a 9.4 GB
+# bound).
 UNCALIBRATED_FACTOR = END_FACTOR
 TRACE_RATIO = 0.06  # compressed trace bytes per byte the recording grew where none was measured (0.024 measured)
 CALIBRATION_MIN = 4 << 20  # a calibration that grew less than this measures noise: the defaults stay

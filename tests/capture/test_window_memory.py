@@ -153,8 +153,8 @@ def test_an_lstm_sequence_window_stays_within_its_memory_bound_with_its_end(tmp_
     assert "judged without them, and may find less: " in line and "cudnn-benchmark (without shapes)" in line
     report = (out / "report.html").read_text()
     assert "<h3>Judged without what the profiler window dropped</h3>" in report
-    assert ("<tr><th><code>cudnn-benchmark</code></th><td>its trace recorded without record_shapes: it may find "
-            "less</td></tr>") in report
+    assert ("<tr><th><code>cudnn-benchmark</code></th>\n    <td>its trace recorded without record_shapes: it may "
+            "find less</td></tr>") in report
     judged = json.loads((out / "findings.json").read_text())["judged_without"]
     assert {"rule": "cudnn-benchmark", "without": ["record_shapes"]} in judged
     assert all(j["without"] == ["record_shapes"] for j in judged)  # (no rule lacks the stacks kept)
