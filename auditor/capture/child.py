@@ -8,6 +8,7 @@ Everything it learns goes to the parent at once over the pipe FD, so whatever en
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import os
 import platform
@@ -16,14 +17,16 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import msgspec
 
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
 
-from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal, torch_private, window_memory, wire
+from auditor.capture import (cuda_memory, cuda_standins, graphs, probes, rehearsal, torch_private, window_memory,
+                             window_watch, wire)
+from auditor.capture.trace_file import export_dir as _trace_dir, unsafe_for_trace as _unsafe_for_trace  # noqa: F401
 from auditor.capture.collectors import load_collectors
 from auditor.capture.frames import is_library
 from auditor.capture.program import ChildParts, run_program
@@ -346,7 +349,10 @@ class Profiler:
     recording and end cost; the window then records as many of its active steps as fit its
     bounds at that cost (the profiler's warm-up is the calibration's), its memory read at each
     step's end, or, with no whole step measured, at each read until its bounds would be passed.
-    A window whose first step does not fit them keeps no trace."""
+    A window whose planned steps do not all fit records without shapes, then stacks
+    (window_memory.Guard.drops), and its reads decide. Where reads decide, and in the calibration,
+    a watch reads between them too (auditor.capture.window_watch). A window whose first step does
+    not fit its bounds keeps no trace."""
 
     def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool) -> None:
         self.steps = steps  # the steps asked for (0: a program audited to its end)
@@ -361,6 +367,10 @@ class Profiler:
         self.top_ops: list[dict] = []
         self.guard: window_memory.Guard | None = None
         self.cut: m.WindowCut | None = None  # the window ended early to bound its memory
+        self.drop: m.WindowDrop | None = None  # the window records without shapes or stacks to fit its bounds
+        self._watch: window_watch.Watch | None = None
+        self._busy = False  # in the audit's own window code: a watch's stop waits for the next read
+        self._passed = False  # the watch saw the bound passed while busy
         self.step: int | None = None  # the step running
         self._unhook: Callable[[], None] | None = None
         self._keep = True  # whether the window's end writes its trace
@@ -385,30 +395,80 @@ class Profiler:
         each step's end (`what` STEP_END). A window predicted by a calibrated whole step reads its
         memory at step ends only (a backward pass's start holds the step's activations, which the
         calibration's factor, measured at a step's end, does not count)."""
+        with self._own():
+            self._read(what)
+
+    def _read(self, what: str) -> None:
         guard = self.guard
         if self.calibration is not None:
-            if not guard.calibration_fits():
+            if self._passed or not guard.calibration_fits():
                 self._calibrated(whole=False)
             return
-        if guard is None or self.prof is None or (guard.calibrated_on is not None and what != STEP_END):
+        if guard is None or self.prof is None or (not guard.reads_decide and what != STEP_END):
             return
-        if not guard.fits():
-            step = self.step if self.step is not None else -1
-            # (a calibrated window's first step, cut at its end, passed what it was predicted by: none
-            # kept; an uncalibrated window keeps what it recorded, part of its first step included)
-            first = bool(self.active) and step <= self.active[0] and guard.calibrated_on is not None
-            self.cut = guard.cut(step, nothing=first)
-            self._keep = not first
-            self.stop()
+        if self._passed or not guard.fits():
+            self._end_early()
 
-    def _profile(self, schedule: Any = None, on_trace_ready: Any = None) -> Any:
+    def _end_early(self) -> None:
+        """End the window in the step running: its bounds would be passed."""
+        guard = self.guard
+        step = self.step if self.step is not None else -1
+        # (a window predicted by a calibrated step, cut at its first step's end, passed what it was
+        # predicted by: none kept; a window its reads decide keeps what it recorded, part of its
+        # first step included)
+        first = bool(self.active) and step <= self.active[0] and not guard.reads_decide
+        self.cut = guard.cut(step, nothing=first)
+        self._keep = not first
+        self.stop()
+
+    def _watch_from(self, calibrating: bool) -> None:
+        """Start the watch on what the recording started just now holds (window_watch)."""
+        guard, self._passed = self.guard, False
+        self._watch = window_watch.Watch(guard.read, lambda: guard.watch_limit(calibrating), self._watched)
+
+    def _unwatch(self) -> None:
+        """The recording ends: so does its watch."""
+        self._passed = False
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
+    def _watched(self) -> None:
+        """The watch saw the bound passed (on the main thread, at the program's next bytecode): end
+        the calibration or the window here, or, inside the audit's own window code, at its next read."""
+        self._watch = None
+        if self._busy:
+            self._passed = True
+            return
+        with self._own():
+            self.guard.last = max(self.guard.last, self.guard.read())
+            if self.calibration is not None:
+                self._calibrated(whole=False)
+            elif self.prof is not None:
+                self._end_early()
+
+    def _profile(self, schedule: Any = None, on_trace_ready: Any = None, dropped: Sequence[str] = ()) -> Any:
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        return profile(activities=acts, record_shapes=True, with_stack=True, profile_memory=True,
+        return profile(activities=acts, record_shapes="record_shapes" not in dropped,
+                       with_stack="with_stack" not in dropped, profile_memory=True,
                        schedule=schedule, on_trace_ready=on_trace_ready)
 
+    @contextlib.contextmanager
+    def _own(self) -> Iterator[None]:
+        """The audit's own window code runs: a watch's stop inside it waits for the next read."""
+        was, self._busy = self._busy, True
+        try:
+            yield
+        finally:
+            self._busy = was
+
     def before(self, i: int) -> None:
+        with self._own():
+            self._before(i)
+
+    def _before(self, i: int) -> None:
         self.step = i
         if i == self.start_at:
             self.guard = window_memory.Guard()
@@ -419,20 +479,25 @@ class Profiler:
             self.guard.begin()
             _no_cycle_warning()
             _start_profiler(self.calibration)
+            self._watch_from(calibrating=True)
         elif self.active and i == self.active[0] and self.guard is not None and self.cut is None:
             guard = self.guard
             guard.begin()
-            n = guard.steps_allowed(len(self.active))
+            self.drop = guard.drops(len(self.active))
+            n = len(self.active) if guard.reads_decide else guard.steps_allowed(len(self.active))
             if n == 0 or not guard.fits():  # (one step, or the calibration's stretch, would pass the bounds)
+                self.drop = None  # (nothing recorded: nothing recorded without shapes either)
                 self.cut = guard.cut(i, nothing=True)
                 self._release()
                 return
             if n < len(self.active):  # (fewer steps, each predicted to cost what the calibration's did)
                 self.cut = guard.cut(self.active[n - 1], planned=len(self.active))
             self.last = self.active[n - 1]
-            self.prof = self._profile(window_schedule(0, n), self._write)
+            self.prof = self._profile(window_schedule(0, n), self._write, guard.dropped)
             _no_cycle_warning()
             _start_profiler(self.prof)
+            if guard.reads_decide:
+                self._watch_from(calibrating=False)
 
     def _write(self, prof: Any) -> None:
         """The window's on_trace_ready: its trace, kept when a step of it fits its bounds."""
@@ -459,6 +524,7 @@ class Profiler:
         from auditor.capture.session import rss_bytes
         from auditor.capture.trace_file import compressed_size
 
+        self._unwatch()
         calibration, self.calibration = self.calibration, None
         guard = self.guard
         stop_rss = rss_bytes() or 0
@@ -477,6 +543,10 @@ class Profiler:
         guard.calibrate(self.step if whole else None, stop_rss, end_peak, size)
 
     def after(self, i: int) -> None:
+        with self._own():
+            self._after(i)
+
+    def _after(self, i: int) -> None:
         if self.calibration is not None:
             self._calibrated(whole=True)
         if self.prof is None:
@@ -501,6 +571,11 @@ class Profiler:
             self.history = False
 
     def stop(self) -> None:
+        with self._own():
+            self._stop()
+
+    def _stop(self) -> None:
+        self._unwatch()
         if self.calibration is not None:  # (the run ended in the calibration: nothing measured)
             calibration, self.calibration = self.calibration, None
             try:
@@ -538,24 +613,6 @@ class Profiler:
                 self.cut = msgspec.structs.replace(cut, nothing=True, reason="trace-size",
                                                    dropped_trace_bytes=self.trace_bytes)
                 self.files, self.trace_bytes = [], 0
-
-
-def _unsafe_for_trace(path: str) -> bool:
-    """Whether Kineto would write `path` into its trace unreadably: it writes the trace's own path
-    into the JSON unescaped, so a quote, a backslash or a control character in it breaks the file."""
-    return any(c in '"\\' or not c.isprintable() for c in path)
-
-
-def _trace_dir(logdir: str) -> str:
-    """Where the profiler exports its trace before it is compressed into `logdir`: `logdir`, or,
-    when its path is unsafe for the trace (_unsafe_for_trace), a temporary directory of the audit's
-    own choosing (removed once the trace is kept)."""
-    if not _unsafe_for_trace(os.path.abspath(logdir)):
-        return logdir
-    import tempfile
-
-    base = tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix="audit-trace-", dir=None if not _unsafe_for_trace(base) else "/tmp")
 
 
 SIGNALS_SEEN: list[str] = []  # the interrupting signals the child's handlers got, in order: the first ended the run
@@ -690,7 +747,7 @@ def run(args: argparse.Namespace) -> int:
     if prof.window():
         out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < args.steps], trace_files=prof.files,
                               top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut,
-                              trace_bytes=prof.trace_bytes))
+                              trace_bytes=prof.trace_bytes, drop=prof.drop))
     for c in collectors:
         data = c.finish()
         if data is not None:

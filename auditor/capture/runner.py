@@ -116,7 +116,7 @@ class EvidenceBuilder:
                 holders=[{**h, "where": msgspec.to_builtins(recorded_frame(h.get("where")))} for h in r.holders]))
         elif isinstance(r, wire.Profile):
             ev.profile = m.ProfileWindow(steps=r.steps, trace_files=r.trace_files, top_ops=r.top_ops, cut=r.cut,
-                                         trace_bytes=r.trace_bytes)
+                                         trace_bytes=r.trace_bytes, drop=r.drop)
             ev.traces = list(r.trace_files)
             ev.snapshots.extend(r.snapshots)
         elif isinstance(r, wire.DeviceTimes):  # the device's clock of steps already recorded

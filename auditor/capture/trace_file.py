@@ -64,3 +64,21 @@ def compressed_size(prof: Any, scratch_dir: str) -> int:
         if os.path.exists(scratch):
             os.unlink(scratch)
     return count.n
+
+
+def unsafe_for_trace(path: str) -> bool:
+    """Whether Kineto would write `path` into its trace unreadably: it writes the trace's own path
+    into the JSON unescaped, so a quote, a backslash or a control character in it breaks the file."""
+    return any(c in '"\\' or not c.isprintable() for c in path)
+
+
+def export_dir(logdir: str) -> str:
+    """Where the profiler exports its trace before it is compressed into `logdir`: `logdir`, or,
+    when its path is unsafe for the trace (unsafe_for_trace), a temporary directory of the audit's
+    own choosing (removed once the trace is kept)."""
+    if not unsafe_for_trace(os.path.abspath(logdir)):
+        return logdir
+    import tempfile
+
+    base = tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix="audit-trace-", dir=None if not unsafe_for_trace(base) else "/tmp")

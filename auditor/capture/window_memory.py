@@ -15,10 +15,18 @@ is a throwaway recording, stopped and exported as the window's end is, which mea
 recording and end (`step_cost`) and its trace (`step_trace`); the window records the steps that
 fit at that cost (times STEP_MARGIN), its memory read at its steps' ends. Where no whole step was
 measured, the process's resident memory is read at each backward pass's start and each step's end,
-and the recording ends at the last such read where what it holds, plus the largest growth seen
-between two reads (`stride`), times UNCALIBRATED_FACTOR still fits; what it recorded until then
-is kept, part of a step included. A bound that one calibrated step's recording does not fit
+and by a watch between them (auditor.capture.window_watch: the stretch after a step's last
+backward pass has no read of its own), and the recording ends where what it holds, plus the
+largest growth seen between two reads (`stride`), times UNCALIBRATED_FACTOR would no longer fit;
+what it recorded until then is kept, part of a step included. A bound that one calibrated step's recording does not fit
 records nothing. Either way the cut says what bound would record the step whole (`need`).
+
+What the window records is dropped before its steps are cut (`drops`): where the planned steps, at
+the calibrated step's cost, do not all fit, the window records without shapes (record_shapes: 45%
+of a step's recording and end, time_sequence_prediction at the tests' size), and where not one
+step fits, without stacks as well (with_stack: 13% more; both: 57%); its reads then decide how far
+it records, at the factor measured with both (an upper bound: shapes and stacks cost 12-16 times
+their recording to end, the rest of a recording 5). The calibration is watched too, by END_FACTOR.
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ import threading
 
 import psutil
 
-from auditor.evidence.model import WindowCut
+from auditor.evidence.model import WindowCut, WindowDrop
 
 GiB = 1 << 30
 MB = 10**6
@@ -41,21 +49,24 @@ TRACE_SIZE_MB = 256.0  # the default bound of the kept trace, compressed
 # ops freeing what they allocate, dominates a recording of 20-60 MB)
 END_FACTOR = 16.0
 # the factor a window with no whole step measured (a run of 2-3 steps: no step before its window) is
-# predicted by: above the 2.3-2.7 measured where a recording reaches gigabytes (the example's size:
-# +5.27 GB recorded, +7.7 GB more at its end) and the 3.6 of a first stretch at the tests' size
-# (2 steps: 16.6 MB recorded until the first read, its end peaked 60 MB over the window's start).
-# END_FACTOR there stopped a 1000-sample sequence's window at its first read (0.72 GB x 16 over a
-# 9.4 GB bound) and kept nothing. A part of a step measured raises it (Guard.calibrate). Such a
-# window's last stretch (its last backward pass's start to its step's end) is not read before the
-# end: one whose end costs more than its growth suggests passes the bound by that much (the tests'
-# size, 2 steps, a 0.22 GiB bound: its prediction under no_grad, 13% over).
-UNCALIBRATED_FACTOR = 4.0
+# predicted by: the largest measured, as its end may be of any mix of work. 4 (the 2.3-2.7 measured
+# where a recording reaches gigabytes) let the tests' size pass a 0.22 GiB bound by 15%: it recorded
+# the whole of step 0, its prediction under no_grad included, whose end costs 8-16 times its
+# growth. The watch (auditor.capture.window_watch) stops such a window between its reads, where its
+# growth times this reaches the bound: part of a step is kept where only reads at backward passes
+# had none (a 1000-sample sequence grows 0.72 GB before its first read, 16 times that over a 9.4 GB
+# bound).
+UNCALIBRATED_FACTOR = END_FACTOR
 TRACE_RATIO = 0.06  # compressed trace bytes per byte the recording grew where none was measured (0.024 measured)
 CALIBRATION_MIN = 4 << 20  # a calibration that grew less than this measures noise: the defaults stay
 FACTOR_RANGE = (1.5, END_FACTOR)
 # a window's step costs up to this much more than its calibration's did (time_sequence_prediction:
 # 0.26 GB and 3.5 MB of trace a step in the window, 0.20 GB and 2.6 MB in its calibration)
 STEP_MARGIN = 1.4
+# what the window drops, in turn, where its planned steps do not fit with everything recorded: what
+# costs most first (time_sequence_prediction at the tests' size, a step's recording and end: 180 MB
+# with both, 100 MB without shapes, 157 MB without stacks, 77 MB without either)
+DROP_ORDER = ("record_shapes", "with_stack")
 
 
 def allowed_growth(available: int) -> int:
@@ -112,6 +123,38 @@ class Guard:
         self.rec_start = self.last = self.start_rss
         self.stride = 0  # the largest growth between two reads while recording
         self.reason = "memory"
+        self.dropped: tuple[str, ...] = ()  # what the window records without (DROP_ORDER)
+
+    def read(self) -> int:
+        """The process's resident memory now (0 where unknown)."""
+        return self._rss() or 0
+
+    @property
+    def reads_decide(self) -> bool:
+        """Whether the window's reads (each backward pass's start, each step's end, the watch)
+        decide where it ends: no whole step measured, or one measured with what it dropped."""
+        return self.calibrated_on is None or bool(self.dropped)
+
+    def drops(self, planned: int) -> WindowDrop | None:
+        """What the window drops to record its `planned` steps (None: nothing): where they do not all
+        fit at the calibrated step's cost, shapes; where not one does, stacks as well."""
+        if self.calibrated_on is None:
+            return None
+        fitted = self.steps_allowed(planned)
+        if fitted >= planned:
+            return None
+        self.dropped = DROP_ORDER[:1] if fitted >= 1 else DROP_ORDER
+        return WindowDrop(dropped=list(self.dropped), calibrated_on=self.calibrated_on, step_cost_bytes=self.step_cost,
+                          step_trace_bytes=self.step_trace, fitted=fitted, planned=planned, reason=self.reason,
+                          start_rss_bytes=self.start_rss, limit_bytes=self.start_rss + self.bound,
+                          trace_limit_bytes=self.trace_bound)
+
+    def watch_limit(self, calibrating: bool) -> int:
+        """The resident memory past which the watch stops the recording: the calibration's, whose
+        end END_FACTOR predicts; else `limit`."""
+        if calibrating:
+            return int(self.rec_start + self.room() / END_FACTOR)
+        return self.limit()
 
     def begin(self) -> None:
         """The recording starts (again) here."""

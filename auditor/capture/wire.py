@@ -18,7 +18,7 @@ from typing import Any, Union
 
 import msgspec
 
-from auditor.evidence.model import DataLoaderInfo, Environment, Program, Tally, WindowCut
+from auditor.evidence.model import DataLoaderInfo, Environment, Program, Tally, WindowCut, WindowDrop
 from auditor.evidence.frame import Frame
 
 
@@ -113,6 +113,7 @@ class Profile(Record, tag="profile"):
     top_ops: only a failed profiler's note ({"name", "count", "self_ms", "total_ms"}).
     snapshots: CUDA memory snapshots of the window, relative to the run directory.
     cut: the window ended early to bound its memory (auditor.capture.window_memory).
+    drop: the window recorded without shapes or stacks to fit its bounds.
     trace_bytes: the traces' size on disk (compressed)."""
 
     steps: list[int]
@@ -121,6 +122,7 @@ class Profile(Record, tag="profile"):
     snapshots: list[str] = []
     cut: WindowCut | None = None
     trace_bytes: int = 0
+    drop: WindowDrop | None = None
 
 
 class DeviceTimes(Record, tag="device-times"):

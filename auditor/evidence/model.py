@@ -204,12 +204,33 @@ class WindowCut(msgspec.Struct, frozen=True):
     need_bytes: int = 0
 
 
+class WindowDrop(msgspec.Struct, frozen=True):
+    """The profiler window recorded without `dropped` ("record_shapes", "with_stack": torch.profiler's
+    options) to fit its bounds (auditor.capture.window_memory): a step recorded with shapes and
+    stacks, measured whole on step `calibrated_on`, cost `step_cost_bytes` to record and end and
+    `step_trace_bytes` of trace, at which `fitted` of its `planned` steps fitted `reason`'s bound
+    ("memory": `limit_bytes`, --profile-memory over `start_rss_bytes`; "trace-size":
+    `trace_limit_bytes`). Its reads of the process's memory then decided how much it recorded."""
+
+    dropped: list[str]
+    calibrated_on: int
+    step_cost_bytes: int
+    step_trace_bytes: int
+    fitted: int
+    planned: int
+    reason: str = "memory"
+    start_rss_bytes: int = 0
+    limit_bytes: int = 0
+    trace_limit_bytes: int = 0
+
+
 class ProfileWindow(msgspec.Struct):
     """The steps run under torch.profiler and where their trace was written."""
 
     steps: list[int]
     trace_files: list[str] = []  # relative to the run directory
     cut: WindowCut | None = None  # the window ended early to bound its memory
+    drop: WindowDrop | None = None  # the window recorded without shapes or stacks to fit its bounds
     # the audited process's peak resident memory, read by the parent from outside it (its VmHWM);
     # 0: not read (a trace loaded by `audit analyze`)
     peak_rss_bytes: int = 0

@@ -14,6 +14,7 @@ from auditor.reports.allocator_view import document_section as allocator_section
 from auditor.evidence.trace.efficiency import steps_gpu
 from auditor.reports.base import Reporter
 from auditor.findings import RuleResults
+from auditor.reports.window_drop import judged_without
 
 
 def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
@@ -41,6 +42,8 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
         "ending": msgspec.to_builtins(evidence.ending),
         "findings": msgspec.to_builtins(results.findings),
         "skipped_rules": results.skipped,
+        # rules that judged a profiler window recorded without shapes or stacks (dropped to fit its bounds)
+        "judged_without": judged_without(evidence, results),
         "rule_errors": [{"rule": e["rule"], "error": e["error"]} for e in results.errors],
         "suppressed": results.suppressed,
         "baseline": _baseline(evidence),

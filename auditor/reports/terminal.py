@@ -24,6 +24,7 @@ from auditor.reports.step_clock import clock_phrase
 from auditor.evidence.step_clock import step_clock
 from auditor.findings import DEVICE, HOST, STEP, Finding, severity_rank, share_of_step, together_ms
 from auditor.findings import RuleResults
+from auditor.reports.window_drop import judged_without, window_drop_phrase
 
 # Control characters (C0, DEL, C1), line and paragraph separators and bidirectional overrides: in
 # text from the user's data (op names from a trace, target names, messages) they would move the
@@ -374,17 +375,20 @@ def window_cut_phrase(cut: WindowCut, peak_rss: int = 0) -> str:
 
 def _whole_step_advice(cut: WindowCut) -> str:
     """What would record the cut step whole: the bound it would take (--profile-memory is in GiB),
-    estimated from what was measured; with no whole step measured, a lower estimate, and a run
-    long enough (4 steps) that its window starts after a step measured whole."""
+    estimated from what was measured; with no whole step measured, a lower estimate (a larger bound
+    only where that estimate passes the bound: the watch stops such a window wherever its end,
+    times UNCALIBRATED_FACTOR, would pass), and a run long enough (4 steps) that its window starts
+    after a step measured whole."""
     if cut.need_bytes <= 0 or cut.reason != "memory":
         return ""
     gib = -(-cut.need_bytes * 100 // 2**30) / 100  # (rounded up: the flag's value that suffices)
     if cut.calibrated_on is not None:
         return (f"; recording step {cut.step} whole would take about {cut.need_bytes / 1e9:.2f} GB with its end: "
                 f"--profile-memory {gib:.2f} or more")
+    larger = f"--profile-memory above {gib:.2f}, or " if cut.need_bytes > cut.limit_bytes - cut.start_rss_bytes else ""
     return (f"; recording step {cut.step} whole would take more than {cut.need_bytes / 1e9:.2f} GB with its end "
-            f"(its recording until the stop, times {cut.factor:.1f}): --profile-memory above {gib:.2f}, or --steps 4 "
-            f"or more so that the window starts after a step measured whole")
+            f"(its recording until the stop, times {cut.factor:.1f}): {larger}--steps 4 or more so that the window "
+            f"starts after a step measured whole")
 
 
 def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
@@ -442,6 +446,9 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         if e.where is not None and e.where.file:  # (where it raised, as a plain run's traceback ends)
             lines.append(Text(f"  at {_short_path(e.where.file)}:{e.where.line}"
                               + (f": {e.where.code}" if e.where.code else ""), style="dim"))
+    drop = evidence.profile.drop if evidence.profile is not None else None
+    if drop is not None:
+        lines.append(Text(window_drop_phrase(drop, judged_without(evidence, results)), style="yellow"))
     cut = evidence.profile.cut if evidence.profile is not None else None
     if cut is not None:
         lines.append(Text(window_cut_phrase(cut, evidence.profile.peak_rss_bytes), style="yellow"))

@@ -77,6 +77,7 @@ class AmpOpportunity(TraceRule):
     """
 
     id = "amp-opportunity"
+    reads = frozenset({"record_shapes"})  # (its FLOPs per operator)
     saves_on = "device"
     title = "fp32 matmul/conv on tensor-core GPU"
     severity = "info"

@@ -120,6 +120,11 @@ class Rule:
     # table): rules that share one are judged in the same process when the rules are split over
     # two (auditor.rules.forked), so it is made once.
     shares: ClassVar[tuple[str, ...]] = ()
+    # What of a trace's events the rule reads beyond their names and times, as torch.profiler's
+    # options that record it: "record_shapes" (operators' input shapes), "with_stack" (Python
+    # frames). An audit whose profiler window dropped one to fit its memory bound (evidence.profile.drop)
+    # says the rule judged its trace without it (auditor.reports.window_drop).
+    reads: ClassVar[frozenset[str]] = frozenset()
 
     def skip_reason(self, evidence: Evidence) -> str | None:
         """Why evidence of a kind this rule needs still cannot answer it (None: it can)."""

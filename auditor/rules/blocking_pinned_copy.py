@@ -74,6 +74,7 @@ class BlockingPinnedCopy(Rule):
     """
 
     id = "blocking-pinned-copy"
+    reads = frozenset({"with_stack"})  # (the user's line of a copy)
     title = "Pinned host-to-device copy without non_blocking=True"
     severity = "warning"
     category = "performance"

@@ -85,6 +85,7 @@ class CudnnBenchmark(Rule):
     """
 
     id = "cudnn-benchmark"
+    reads = frozenset({"record_shapes"})  # (the convolutions' input shapes)
     saves_on = "device"
     title = "cuDNN autotuner off for fixed-shape convolutions"
     severity = "warning"

@@ -101,6 +101,7 @@ class GpuIdle(TraceRule):
     """
 
     id = "gpu-idle"
+    reads = frozenset({"with_stack"})  # (the user's line of a gap)
     title = "GPU idle for much of the step"
     severity = "warning"
     shares = ("gap table",)  # auditor.evidence.trace.gaps.gap_table

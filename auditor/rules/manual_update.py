@@ -91,6 +91,7 @@ class ManualUpdate(Rule):
     """
 
     id = "manual-update"
+    reads = frozenset({"record_shapes"})  # (parameter-shaped in-place arithmetic)
     title = "Parameters updated one at a time outside an optimizer"
     severity = "warning"
     category = "performance"

@@ -103,6 +103,7 @@ class UnfusedAttention(TraceRule):
     """
 
     id = "unfused-attention"
+    reads = frozenset({"record_shapes", "with_stack"})  # (the chain's shapes and its softmax's line)
     saves_on = "device"
     title = "attention not fused (matmul, mask, softmax, matmul)"
     severity = "warning"
