@@ -201,3 +201,40 @@ def test_rehearsed_costs_are_estimated_on_the_named_device(tmp_path):
     assert reset["ms_per_step"] == pytest.approx((resets[2] + resets[3]) / 2, abs=2e-3)
     assert "host time, with no device sync, as rehearsed" in reset["note"]
     assert [f["rule"] for f in a.findings][0] == "pageable-copy"  # the largest estimate first
+
+
+COMPUTE_HEAVY = """import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).to("cuda")
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(1024, 1024, device="cuda")
+
+
+def step(i):
+    opt.zero_grad(set_to_none=True)
+    model(x).square().mean().backward()
+    opt.step()
+"""
+
+
+@pytest.mark.slow
+def test_a_rehearsed_step_whose_cpu_does_the_kernels_work_is_not_called_host_bound(tmp_path):
+    """Two 1024-wide matmul layers on a 1024-row batch, rehearsed: this CPU's step is mostly the
+    matmuls themselves, which a GPU takes off the host. The host's time here says nothing of its
+    issue time there, so the bound is named only where a floor of that issue time (its data waits
+    and a launch time per kernel) exceeds the kernels' estimate (host-bound) or the kernels exceed
+    all of the host's time here (device-bound); between the two it is not known."""
+    (tmp_path / "heavy.py").write_text(COMPUTE_HEAVY)
+    a = audit("run", f"{tmp_path / 'heavy.py'}:step", "--steps", "3", "--no-profile", "--no-numerics",
+              "--device", "h100-sxm", "-q", out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr
+    clock = a.findings_doc["steps"]["clock"]
+    launches = [sum(t["count"] for t in s["tallies"] if t["kind"] == "device-launch") for s in a.evidence["steps"]]
+    floor = sorted(launches)[1] * 3 * 5 / 1000  # (3 steps: the median; the H100 row's 5 us a launch, x3)
+    assert clock["source"] == "estimate" and clock["issue_floor_ms"] == pytest.approx(floor, abs=1e-3)
+    assert clock["issue_floor_ms"] < clock["device_ms"] < clock["host_ms"]
+    assert clock["bound"] is None
+    summary = (a.out / "summary.txt").read_text()
+    assert "step clock: on an NVIDIA H100 SXM 80GB this step's bound is not known from a rehearsal" in summary
+    assert f"the host would take at least {floor:.2f} ms a step to issue it" in summary
