@@ -1,6 +1,6 @@
-"""A GPU trainer that logs peak memory by resetting the CUDA memory statistics every step; each
-reset synchronises the device. Its batches are pinned and copied with non_blocking=True, as they
-should be. On a machine without a GPU, `audit run` rehearses it on the CPU."""
+"""A GPU trainer that logs peak memory by resetting the CUDA memory statistics every step (host time; a
+reset does not synchronise the device). Its batches are pinned and copied with non_blocking=True, as
+they should be. On a machine without a GPU, `audit run` rehearses it on the CPU."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -48,6 +48,9 @@ class StepClock(msgspec.Struct, frozen=True):
     source: str = "host"  # "events" | "trace" | "estimate" (rehearsal's device model) | "host"
     steps: int = 0  # how many steps the medians are over
     note: str = ""  # why a clock was not used (device events that never completed, streams switched)
+    # A rehearsal's: the least the host would take to issue a step on the GPU (rehearsed_issue_floor_ms);
+    # its host_ms holds the kernels' own work, which this CPU did
+    issue_floor_ms: float | None = None
 
 
 def bound_of(host_ms: float | None, device_ms: float | None) -> str | None:
@@ -136,11 +139,45 @@ def of_run(ev: Evidence, estimated_device_ms: float | None = None) -> StepClock:
                          device_ms=device_ms, device_busy_ms=busy, waited_ms=waited, source="events",
                          steps=len(steps), note=note)
     if estimated_device_ms is not None:
-        return StepClock(bound=bound_of(host_ms, estimated_device_ms), step_ms=ev.median_step_ms(),
+        # The rehearsed host time holds the kernels' own work, done on this CPU: host-bound on the
+        # GPU only where the least the host would take to issue the step exceeds the kernels'
+        # estimate, device-bound where the kernels exceed all of the host's time here, else not known.
+        floor = rehearsed_issue_floor_ms(ev, steps)
+        bound = "host" if floor is not None and estimated_device_ms <= floor else (
+            "device" if bound_of(host_ms, estimated_device_ms) == "device" else None)
+        return StepClock(bound=bound, step_ms=ev.median_step_ms(),
                          host_ms=host_ms, device_ms=estimated_device_ms, device_busy_ms=estimated_device_ms,
-                         source="estimate", steps=len(steps), note=note)
+                         source="estimate", steps=len(steps), note=note, issue_floor_ms=floor)
     return StepClock(bound=None, step_ms=ev.median_step_ms(), host_ms=host_ms, device_ms=None,
                      device_busy_ms=busy, waited_ms=waited, source="host", steps=len(steps), note=note)
+
+
+def rehearsed_issue_floor_ms(ev: Evidence, steps: list) -> float | None:
+    """For a CUDA program rehearsed on a CPU: the least time the host would take to issue a step on
+    the named device (the median over `steps`): its waits for data, which no GPU shortens, and one
+    launch time (the row's launch_us) per kernel, the forward's launches as rehearsed x
+    BACKWARD_FACTOR for the backward (as rehearsed_device_ms counts them). The rest of the host's
+    time here is mostly the kernels' work, which this CPU did and a GPU takes off the host."""
+    from auditor.evidence import model as m
+
+    device = _rehearsal_device(ev)
+    if device is None:
+        return None
+    per_step = []
+    for s in steps:
+        waits = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER))
+        launches = sum(t.count for t in s.tallies if t.kind == m.DEVICE_LAUNCH)
+        per_step.append(waits + launches * BACKWARD_FACTOR * device.launch_us / 1e3)
+    return statistics.median(per_step) if per_step else None
+
+
+def _rehearsal_device(ev: Evidence) -> Any:
+    from auditor.evidence.devices import DEFAULT_DEVICE, find_device
+
+    if not ev.environment.rehearsal:
+        return None
+    return (find_device(ev.environment.device_model) if ev.environment.device_model else None) or \
+        find_device(DEFAULT_DEVICE)
 
 
 DEVICE_CLOCK_NOTE = "device clock:"  # an environment note the capture adds when it fell back to the host's
@@ -156,12 +193,8 @@ def rehearsed_device_ms(ev: Evidence) -> tuple[float, str] | None:
     bandwidth or its FLOPs over its peak, whichever is longer; the backward pass, which a rehearsal
     does not see, as BACKWARD_FACTOR times the forward. None: not a rehearsal, or no launches."""
     from auditor.evidence import model as m
-    from auditor.evidence.devices import DEFAULT_DEVICE, find_device
 
-    if not ev.environment.rehearsal:
-        return None
-    device = (find_device(ev.environment.device_model) if ev.environment.device_model else None) or \
-        find_device(DEFAULT_DEVICE)
+    device = _rehearsal_device(ev)
     if device is None:
         return None
     per_step = []

@@ -9,15 +9,24 @@ def clock_phrase(evidence: Evidence) -> str | None:
     """'step clock: device-bound: ...', or None where only the host's clock is known."""
     c = step_clock(evidence)
     note = f" ({c.note})" if c.note else ""
-    if c.bound is None or c.host_ms is None or c.device_ms is None:
-        return f"step clock: the host's{note}" if c.note else None
-    if c.source == "estimate":
+    if c.source == "estimate" and c.device_ms is not None and c.host_ms is not None:
         estimate = rehearsed_device_ms(evidence)
         name = estimate[1] if estimate is not None else "the named GPU"
         kernels = f"about {c.device_ms:.2f} ms" if c.device_ms >= 0.01 else "under 0.01 ms"
-        return (f"step clock: on an {name} this step would be {c.bound}-bound: the device model puts its kernels at "
-                f"{kernels} a step (the forward's calls as rehearsed, x3 for the backward) against "
-                f"the host's {c.host_ms:.2f} ms to issue it{note}")
+        model = f"the device model puts its kernels at {kernels} a step (the forward's calls as rehearsed, x3 for the backward)"
+        floor = c.issue_floor_ms or 0.0
+        least = (f"the host would take at least {floor:.2f} ms a step to issue it (its waits for data and a "
+                 "launch time per kernel)")
+        here = f"{c.host_ms:.2f} ms here, with the kernels' work done on this CPU"
+        if c.bound == "host":
+            return f"step clock: on an {name} this step would be host-bound: {model}; {least}; {here}{note}"
+        if c.bound == "device":
+            return (f"step clock: on an {name} this step would be device-bound: {model}, more than all of the "
+                    f"host's {here}{note}")
+        return (f"step clock: on an {name} this step's bound is not known from a rehearsal: {model}; {least}, "
+                f"and takes {here}{note}")
+    if c.bound is None or c.host_ms is None or c.device_ms is None:
+        return f"step clock: the host's{note}" if c.note else None
     where = "CUDA events at the step boundaries" if c.source == "events" else "its kernels' busy time in the trace"
     busy = (f"; the device's own work {c.device_busy_ms:.2f} ms of it" if c.device_busy_ms is not None else "")
     if c.bound == "device":

@@ -7,7 +7,7 @@ Two passes over the findings of one evidence (run_rules calls `attribute`):
   (auditor.evidence.trace.gaps): waiting for data, a device sync, other host work, the launches.
   Where another finding on the same steps names that cause and carries a time cost of its own
   (EXPLAINED_BY: dataloader-bound for data waits, host-sync for syncs, launch-bound for host work
-  and launches; forced-cleanup's and anomaly mode's host time out of "host work"), that finding
+  and launches; forced-cleanup's, anomaly mode's and peak-stat resets' host time out of "host work"), that finding
   takes the idle up to its own cost (what its fix saves: a sync's wait, not the host work after it
   that the step still does), gpu-idle's cost keeps only what no other finding explains, and the findings it held (Cost.within "gpu-idle")
   count their own cost. What is left below gpu-idle's `min-idle-share` of the step makes it `info`.
@@ -35,20 +35,22 @@ from auditor.evidence.step_clock import StepClock, step_clock
 from auditor.findings import Finding, saving_on_path, share_of_step, step_basis_ms
 
 # gpu-idle's causes (auditor.evidence.trace.gaps.HOST_CAUSES) whose idle a warning naming them takes whole
+# (a peak-stat reset is no sync: it resets the allocator's counters on the host, with no CUDA call;
+# an H100 recording of examples/demo.py, tests/rules/test_peak_stats_no_sync.py)
 TAKEN_BY = {
     "data loading": ("dataloader-bound", "dataloader-on-device"),
-    "host synchronisation": ("host-sync", "peak-stats-reset"),
+    "host synchronisation": ("host-sync",),
 }
 # ... and the rules whose findings carry each cause up to their own cost
 EXPLAINED_BY = {
     "data loading": ("dataloader-bound", "dataloader-on-device"),
-    "host synchronisation": ("host-sync", "peak-stats-reset"),
+    "host synchronisation": ("host-sync",),
     "host work": ("launch-bound",),
     "launch": ("launch-bound",),
 }
 # Rules whose cost is host time spent outside launches and syncs: while it runs the GPU idles in
 # gpu-idle's "host work", so that much of it is theirs
-HOST_WORK_RULES = ("forced-cleanup", "anomaly-mode")
+HOST_WORK_RULES = ("forced-cleanup", "anomaly-mode", "peak-stats-reset")
 
 
 def _trace_of(ev: Evidence, f: Finding) -> Any:

@@ -95,7 +95,8 @@ class DataloaderBound(Rule):
         loading in the main process (num_workers=0), too little prefetch, a heavy `__getitem__`,
         or a new iterator made every step (`next(iter(loader))`), which starts the workers anew
         each time (the time to make iterators and stop their workers counts as waiting). The
-        share is the median wait over the median step. On a recorded trace: the time in
+        share is the median wait over the median step, both read over the same steps (the timed
+        ones, which the reported median is of), so it never exceeds the step. On a recorded trace: the time in
         DataLoader `__next__` per ProfilerStep, over the median ProfilerStep.
 
     Why it costs:
@@ -195,7 +196,9 @@ class DataloaderBound(Rule):
         return findings
 
     def _from_probes(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
-        steps = [s for s in ev.steps if not s.profiled] or ev.steps
+        # the steps the reported median step is of (Evidence.median_basis: the timed ones): a wait
+        # read over other steps (checked, profiled, slowed by another load) can exceed that step
+        steps = ev.median_basis()
         if not steps:
             return
         most, waits, loader_ids, iter_ms, iter_steps, iter_where = 0.0, [], {}, [], 0, None

@@ -10,7 +10,7 @@ from auditor.rules._support.frameworks import framework_fix
 from auditor.rules._support.gpu_costs import sync_cost
 from auditor.rules._support.confidence import cost_confidence, cpu_over_wall
 from auditor.rules._support.places import (by_place, locations, median_cost_of, on_accelerator, place_key,
-                                           step_ms_of, steps_run)
+                                           step_ms_of, steps_over, steps_run)
 from auditor.fixes import remove_statement
 from auditor.rules.suppression import unsuppressed
 
@@ -75,7 +75,7 @@ class ForcedCleanup(Rule):
             per_step = step_ms_of(ev, (m.EMPTY_CACHE, m.GC_COLLECT), {place_key(p) for p in timed})
             cost = median_cost_of(ev, per_step)
             total = sum(per_step.values())
-            mean = total / n
+            mean = total / steps_over(ev, per_step)
             parts.append(f"{_what(timed)} ran {sum(p.count for p in timed)} times in {n} steps, costing "
                          f"{cost.ms_per_step:.2f} ms per step ({(cost.share_of_step or 0) * 100:.1f}% of the "
                          "median step)"

@@ -218,3 +218,35 @@ def test_no_mark_is_recorded_into_a_cuda_graph_capture():
     marks.complete_all()
     times, note = clock.finish(wait_s=0.0)
     assert times == [] and "step(s) 0, 1 began or ended while the program captured a CUDA graph" in note
+
+
+def test_a_run_whose_device_clock_failed_reports_the_hosts_step_and_says_why(tmp_path):
+    """The H200 audit of examples/gpu_bound.py as it would read had its kernels hung from step 2 on:
+    the clock's own note (the hung steps), added to the evidence as the runner adds it, and no step
+    with a device time. The report finishes on the host's clock and its summary says why."""
+    from auditor.evidence.step_clock import DEVICE_CLOCK_NOTE
+
+    marks = Marks()
+    clock = DeviceClock(marks)
+    for i in range(30):
+        clock.begin(i)
+        marks.now += 64.0
+        clock.end(i)
+    times, note = clock.finish(wait_s=0.0)  # no mark ever completes
+    assert times == [] and note
+    run = tmp_path / "run"
+    shutil.copytree(H200 / "audited_gpu_bound", run)
+    ev = json.loads((run / "evidence.json").read_text())
+    for s in ev["steps"]:
+        s["device_ms"] = None
+    ev["environment"]["notes"] = [*ev["environment"].get("notes", []), f"{DEVICE_CLOCK_NOTE} {note}"]
+    (run / "evidence.json").write_text(json.dumps(ev))
+    a = audit("report", str(run), out=run)
+    assert a.returncode == 0, a.stderr
+    timed = [s for s in ev["steps"] if not s["profiled"] and s.get("numerics") is None]
+    host = statistics.median(s["ms"] for s in timed)
+    steps = json.loads((run / "findings.json").read_text())["steps"]
+    assert steps["median_ms"] == round(host, 3) and steps["device_ms"] == [None] * len(ev["steps"])
+    summary = (run / "summary.txt").read_text()
+    assert f"median {host:.2f} ms/step" in summary
+    assert f"step clock: the host's ({DEVICE_CLOCK_NOTE} {note})" in summary

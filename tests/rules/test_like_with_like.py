@@ -1,10 +1,14 @@
 """Costs set against the same statistic of the step they are part of, and never above it: a
-recorded ResNet trace (num_workers=0) whose loader is made to spike every third step."""
+recorded ResNet trace (num_workers=0) whose loader is made to spike every third step, and a real
+run whose data waits are long in the checked steps and short in the timed ones."""
 from __future__ import annotations
 
-import msgspec
+from statistics import median
 
-from conftest import FIXTURES
+import msgspec
+import pytest
+
+from conftest import FIXTURES, audit
 
 import auditor.rules.dataloader_bound as dataloader_bound
 from auditor.config import Config
@@ -56,3 +60,72 @@ def test_a_cost_above_its_step_is_capped_and_says_so():
     assert c.note == "capped at the median step (175.8 ms): the 216.1 ms/step measured exceeds it; loader time"
     small = msgspec.structs.replace(f, cost=Cost(ms_per_step=10.0, share_of_step=0.06))
     assert _capped(small, ev) is small
+
+
+# A dataset that decodes each sample on first use and serves it from memory after: its first epoch
+# (18 steps) waits ~60 ms a batch, the later ones ~12 ms. In a 30-step audit the early steps are
+# the checked ones and most timed steps come after the first epoch.
+WARM_CACHE = """import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Decoded(Dataset):
+    def __init__(self, n):
+        self.n, self.cache = n, {}
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, k):
+        if k not in self.cache:
+            time.sleep(0.06)  # decoding: the first epoch only
+            self.cache[k] = torch.randn(16)
+        time.sleep(0.012)  # augmentation: every epoch
+        return self.cache[k]
+
+
+loader = DataLoader(Decoded(18), batch_size=1)
+model = torch.nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+it = iter(loader)
+
+
+def step(i):
+    global it
+    try:
+        x = next(it)
+    except StopIteration:
+        it = iter(loader)
+        x = next(it)
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+    time.sleep(0.008)
+"""
+
+
+@pytest.mark.slow
+def test_the_data_wait_is_read_over_the_steps_the_median_step_is_of(tmp_path):
+    trainer = tmp_path / "warm_cache.py"
+    trainer.write_text(WARM_CACHE)
+    a = audit("run", f"{trainer}:step", "--steps", "30", "--select", "dataloader-bound", "--quiet",
+              out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    steps = a.evidence["steps"]
+    wait = {s["index"]: sum(t["ms"] for t in s["tallies"] if t["kind"] in ("data-wait", "data-iter")) for s in steps}
+    timed = [s["index"] for s in steps if not s["profiled"] and s.get("numerics") is None]
+    unprofiled = [s["index"] for s in steps if not s["profiled"]]
+    median_ms = a.findings_doc["steps"]["median_ms"]
+    # the case: waits outside the timed steps (the checked ones, in the first epoch) are long enough
+    # that their median over every unprofiled step is several times the median (timed) step
+    assert len(timed) >= 15 and len(unprofiled) > len(timed)
+    assert median(wait[i] for i in unprofiled) > 2 * median_ms
+    (f,) = a.rule("dataloader-bound")
+    want = median(wait[i] for i in timed)
+    assert f["cost"]["ms_per_step"] == pytest.approx(want, abs=2e-3)
+    assert f["cost"]["share_of_step"] == pytest.approx(want / median_ms, abs=1e-3) and f["cost"]["share_of_step"] < 1
+    assert "capped" not in f["cost"]["note"]
+    assert f"The step waits {want:.1f} ms for data ({f['cost']['share_of_step']:.0%} of the median step)" in f["message"]
+    assert f"{len(timed)} of {len(timed)} steps waited" in f["message"]

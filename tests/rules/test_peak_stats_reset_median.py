@@ -24,3 +24,18 @@ def test_a_reset_that_spikes_in_few_steps_is_costed_by_its_median():
     # the mean (6.8 ms) that 3 slow steps lift is not the cost: the median step's 1.0 ms is
     assert f.cost.ms_per_step == 1.0 and f.cost.share_of_step == 0.02 and f.cost.measured
     assert "the median of the steps that made the calls" in f.cost.note
+
+
+def test_the_resets_are_read_over_the_steps_the_median_step_is_of():
+    """Steps 0-15 checked (their resets 30 ms: the checks' work queued before them), 16-29 timed
+    (1 ms): the cost is the timed steps' median, as the median step is of the timed steps."""
+    steps = [m.StepRecord(index=i, start_s=i * 0.05, ms=50.0, cpu_ms=48.0,
+                          numerics=m.NumericsStep(ops=10) if i < 16 else None, tallies=[
+        m.Tally(kind=m.STAT_RESET, what="torch.cuda.reset_peak_memory_stats", where=WHERE, count=1,
+                ms=30.0 if i < 16 else 1.0)]) for i in range(30)]
+    ev = m.Evidence(environment=m.Environment(device="cuda", cuda_available=True), steps=steps)
+    assert ev.shown_median_ms() == 50.0 and len(ev.timed_steps()) == 14
+    results = run_rules(ev, Config(select={"peak-stats-reset"}))
+    (f,) = [f for f in results.findings if f.rule == "peak-stats-reset"]
+    # over all 30 steps the median reset would be 30 ms (16 of them checked)
+    assert f.cost.ms_per_step == 1.0 and f.cost.share_of_step == 0.02

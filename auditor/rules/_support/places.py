@@ -67,13 +67,23 @@ def cost_of(ev: Evidence, total_ms: float, measured: bool = True, note: str | No
 
 def step_ms_of(ev: Evidence, kinds: tuple[str, ...], keys: set[tuple]) -> dict[int, float]:
     """Per step that made them: the ms of the tallies of `kinds` counted at the places `keys`
-    (place_key)."""
+    (place_key), read over the steps the median step is of (Evidence.median_basis: the timed ones)
+    where any of those made them: the profiled and checked steps' calls run under the audit's own
+    work, and a median read over them can exceed the median step. Else over every step."""
     out: dict[int, float] = {}
     for kind in kinds:
         for step, t in ev.tallies(kind):
             if place_key(t) in keys:
                 out[step] = out.get(step, 0.0) + t.ms
-    return out
+    basis = {s.index for s in ev.median_basis()}
+    return {k: v for k, v in out.items() if k in basis} or out
+
+
+def steps_over(ev: Evidence, per_step: dict[int, float]) -> int:
+    """How many steps `per_step` (step_ms_of) was read over: the median step's when it holds only
+    those, else the run's."""
+    basis = {s.index for s in ev.median_basis()}
+    return max(1, len(basis)) if per_step and set(per_step) <= basis else steps_run(ev)
 
 
 MEDIAN_COST = "the median of the steps that made the calls, times the share of steps that made them"
@@ -87,7 +97,7 @@ def median_cost_of(ev: Evidence, per_step: dict[int, float], note: str | None = 
     but theirs. The note says so (MEDIAN_COST) after `note`."""
     if not per_step:
         return Cost(ms_per_step=None, share_of_step=None, measured=True, note=note)
-    ms = round(median(per_step.values()) * min(1.0, len(per_step) / steps_run(ev)), 3)
+    ms = round(median(per_step.values()) * min(1.0, len(per_step) / steps_over(ev, per_step)), 3)
     return Cost(ms_per_step=ms, share_of_step=share_of_step(ms, step_basis_ms(ev)), measured=True,
                 note=(f"{note}; " if note else "") + MEDIAN_COST + ", against the median step")
 
