@@ -62,7 +62,9 @@ def _saved_of(node: Any) -> list[torch.Tensor]:
     for n in names:
         try:
             v = getattr(node, n)
-        except (RuntimeError, AttributeError):  # (freed by a backward that ran, or not a tensor slot)
+        except RuntimeError:  # freed by a backward that ran, which frees all of a node's saved tensors
+            break
+        except AttributeError:  # (not a tensor slot)
             continue
         if isinstance(v, torch.Tensor):
             out.append(v)
@@ -105,7 +107,11 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     budget = _BUDGET
     while stack and budget > 0:
         v, depth = stack.pop()
-        if isinstance(v, torch.Tensor):
+        t = type(v)
+        if t is torch.Tensor:  # (exact types first: isinstance of Parameter runs its metaclass's Python)
+            out.append(v)
+            continue
+        if t is torch.nn.Parameter or isinstance(v, torch.Tensor):
             if not isinstance(v, torch.nn.Parameter) or v.grad_fn is not None:
                 out.append(v)
             continue
@@ -542,18 +548,33 @@ def _source(source_file: str) -> tuple[str, ast.Module] | None:
     return _sources[key]
 
 
+_visited: dict[tuple[int, str], _Mutations] = {}  # (id of a parsed tree, holder name) -> its walk
+
+
+def _mutations(source_file: str, name: str) -> _Mutations | None:
+    """The walk of `source_file` for the lines that grow `name`, kept per parsed tree (a file
+    edited since is parsed, and walked, again): each scan asks for the same holders. None when
+    the file is unreadable or does not spell the name's last part (a line that grows `a.b.rm`
+    spells `rm`: most of a module's holders, `model.3.running_mean`, appear nowhere in the
+    training script)."""
+    src = _source(source_file)
+    if src is None or name.rsplit(".", 1)[-1] not in src[0]:
+        return None
+    key = (id(src[1]), name)  # (the trees are kept in _sources: an id is never reused)
+    v = _visited.get(key)
+    if v is None:
+        v = _visited[key] = _Mutations(name)
+        v.visit(src[1])
+    return v
+
+
 def mutation_lines(source_file: str, name: str, step_lines: tuple[int, int] | None = None) -> list[int]:
     """Lines that grow the holder `name`, the likeliest first: those inside the step function
     (`step_lines`, its first and last line), then any but the stores of a literal (`x[k] = 0.0`, a
     reset), then in file order."""
-    src = _source(source_file)
-    # a line that grows `a.b.rm` spells `rm`: a file without it needs no walk (most of a module's
-    # holders, `model.3.running_mean`, appear nowhere in the training script)
-    if src is None or name.rsplit(".", 1)[-1] not in src[0]:
+    v = _mutations(source_file, name)
+    if v is None:
         return []
-    tree = src[1]
-    v = _Mutations(name)
-    v.visit(tree)
     lo, hi = step_lines or (0, -1)
     return sorted(set(v.lines), key=lambda n: (not lo <= n <= hi, n in v.weak, n))
 
@@ -561,12 +582,8 @@ def mutation_lines(source_file: str, name: str, step_lines: tuple[int, int] | No
 def mutation_keys(source_file: str, name: str) -> dict[int, Any]:
     """{line: key} for the lines that grow an entry of the holder `name` spelled with a constant
     key (`stats["loss"] += loss`, `stats["outputs"].append(out)`)."""
-    src = _source(source_file)
-    if src is None or name.rsplit(".", 1)[-1] not in src[0]:
-        return {}
-    v = _Mutations(name)
-    v.visit(src[1])
-    return v.keys
+    v = _mutations(source_file, name)
+    return {} if v is None else v.keys
 
 
 def _graph_stores(value: dict, source_file: str, name: str, lines: list[int]) -> list[dict[str, Any]]:
