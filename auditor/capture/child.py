@@ -139,8 +139,9 @@ def profile_plan(steps: int) -> tuple[int | None, list[int]]:
 
 
 def graph_scan_points(steps: int, window: Sequence[int] = ()) -> set[int]:
-    """Step boundaries at which the graph-leak scan runs (each costs 50-200 ms: it walks every
-    gc-tracked object): after step 1, the middle and the last step, and after steps 4, 16, 64,
+    """Step boundaries at which the graph-leak scan runs (a full one costs 50-200 ms: it walks every
+    gc-tracked object; one between the first three and the last reads the named holders only when
+    those found everything under a name, graphs.ScanMemo): after step 1, the middle and the last step, and after steps 4, 16, 64,
     256, ... as well, so that a run killed early (the out-of-memory kill a leak ends in, at step 37
     of 200) has been scanned twice before it ends, not only after step 1. A step that raises (an
     out-of-memory error) is scanned too (see `_failure_scan`). Powers of 4, not of 2: a 50-step
