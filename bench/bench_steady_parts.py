@@ -16,6 +16,14 @@ internal switch `AUDITOR_BENCH_OFF` (auditor/capture/bench_switches.py):
   records  the step records sent to the parent      watch    the loss watch of unchecked steps
   checks   the numerics checks at one step in 32 after the dense start
 
+Each full audit's iterations are also split by what ran in them (its evidence.json says which
+steps were checked, which the line sampler looked at, which a graph scan followed): the CPU time
+each kind of iteration spent over the plain run's median iteration, summed over FIRST..LAST-1 and
+given as a share of the plain run's time there (the plain run's own spikes over its median taken
+from "other", so that the kinds add up to the run's cost). Spikes (a scan, a checked step) stand out
+of the machine's noise this way; "other" is the per-step cost of the probes and records and the
+drift between the two processes.
+
 A run's figure is its mean interval over iterations FIRST..LAST-1 (the steady state: the rare
 checked step and graph scan count there, as they do in a long run); a variant's cost is the median
 over rounds of its run's figure divided by the median of the plain runs' (the ratio of medians),
@@ -65,6 +73,26 @@ def steady(path: Path, first: int, last: int) -> tuple[float, float]:
     return statistics.mean(t[0] for t in times), statistics.mean(t[1] for t in times)
 
 
+def split(times_path: Path, evidence_path: Path, plain: list[float], first: int, last: int) -> dict[str, float]:
+    """CPU ms over the plain run's median iteration (`plain`: its CPU ms per iteration), summed by
+    kind over iterations first..last-1: "scan" (the iteration a graph scan follows and the next:
+    the scan runs at the boundary), "checked" (the numerics checks), "sampled" (the line sampler),
+    "other" (less the plain run's own iterations over its median: the kinds sum to the difference
+    of the two runs' totals)."""
+    plain_median = statistics.median(plain[first:last])
+    cpu = [t[1] for t in json.loads(times_path.read_text())]
+    ev = json.loads(evidence_path.read_text())
+    scans = {s["after_step"] + k for s in ev["graph_scans"] for k in (0, 1)}
+    checked = {s["index"] for s in ev["steps"] if s.get("numerics") is not None}
+    sampled = {s["index"] for s in ev["steps"] if s.get("lines_sampled")}
+    out = dict.fromkeys(("scan", "checked", "sampled", "other"), 0.0)
+    for i in range(first, last):
+        kind = "scan" if i in scans else "checked" if i in checked else "sampled" if i in sampled else "other"
+        out[kind] += cpu[i] - plain_median
+    out["other"] -= sum(t - plain_median for t in plain[first:last])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -82,6 +110,7 @@ def main() -> None:
     env.pop("AUDITOR_BENCH_OFF", None)
     plain: list[tuple[float, float]] = []
     audited: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
+    splits: list[dict[str, float]] = []  # the full audits' iterations by kind (split)
     with tempfile.TemporaryDirectory() as tmp:
         prog = Path(tmp) / "proxy.py"
         prog.write_text(PROGRAM.format(width=args.width, layers=args.layers, steps=args.steps))
@@ -90,6 +119,7 @@ def main() -> None:
             for v in variants:
                 subprocess.run([sys.executable, str(prog), str(times)], check=True, env=env, cwd=tmp)
                 plain.append(steady(times, args.first, args.last))
+                plain_cpu = [t[1] for t in json.loads(times.read_text())]
                 venv = dict(env)
                 flags: list[str] = []
                 if v == "none":
@@ -108,10 +138,20 @@ def main() -> None:
                 (pw, pc), (aw, ac) = plain[-1], audited[v][-1]
                 print(f"round {r} {v:12s} plain {pw:7.3f} ms ({pc:.3f} CPU), audited {aw:7.3f} ms ({ac:.3f} CPU): "
                       f"{aw / pw:.3f}x wall, {ac / pc:.3f}x CPU", flush=True)
+                if v == "all":
+                    splits.append(split(times, Path(tmp) / "audit" / "evidence.json", plain_cpu,
+                                        args.first, args.last))
+                    total = pc * (args.last - args.first)
+                    print("    CPU over the plain median iteration, by kind: " + ", ".join(
+                        f"{k} {ms:+.1f} ms ({100 * ms / total:+.1f}%)" for k, ms in splits[-1].items()), flush=True)
     load = os.getloadavg()
     print(f"\n{args.layers} x (Linear({args.width}) + LayerNorm + GELU), AdamW, 1 thread; mean ms/step over "
           f"iterations {args.first}-{args.last - 1} of {args.steps}; {args.rounds} round(s); load average now "
           f"{load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
+    if splits:
+        total = statistics.median(t[1] for t in plain) * (args.last - args.first)
+        print("full audit's CPU over the plain median iteration, median over rounds: " + ", ".join(
+            f"{k} {100 * statistics.median(s[k] for s in splits) / total:+.1f}%" for k in splits[0]))
     for k, clock in ((0, "wall"), (1, "CPU")):
         p = statistics.median(t[k] for t in plain)
         print(f"{clock}: plain median {p:.3f} ms/step (runs {min(t[k] for t in plain):.3f}-{max(t[k] for t in plain):.3f})")

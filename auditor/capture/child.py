@@ -142,15 +142,17 @@ def profile_plan(steps: int) -> tuple[int | None, list[int]]:
 
 
 def graph_scan_points(steps: int, window: Sequence[int] = ()) -> set[int]:
-    """Step boundaries at which the graph-leak scan runs (each costs 50-200 ms: it walks every
-    gc-tracked object): after step 1, the middle and the last step, and after steps 4, 16, 64,
-    256, ... as well, so that a run killed early (the out-of-memory kill a leak ends in, at step 37
-    of 200) has been scanned twice before it ends, not only after step 1. A step that raises (an
-    out-of-memory error) is scanned too (see `_failure_scan`). Powers of 4, not of 2: a 50-step
-    audit scans 5 times, not 8, and must end within 5 s of the plain steps. A power of 4 in the
-    run's middle third is its middle scan (graph-leak's trend is judged over the first, the middle
-    and the last: auditor.rules._support.scans.spread_scans), so the steady state after the dense
-    start pays for one scan there, not two (a 160-step audit scans after 1, 4, 16, 64 and 159).
+    """Step boundaries at which the graph-leak scan runs (a full one costs 50-200 ms: it walks every
+    gc-tracked object; one between the first three and the last reads the named holders only when
+    those found everything under a name, graphs.ScanMemo): after step 1, the middle and the last
+    step, and after steps 4, 16, 64, 256, ... as well, so that a run killed early (the out-of-memory
+    kill a leak ends in, at step 37 of 200) has been scanned twice before it ends, not only after
+    step 1. A step that raises (an out-of-memory error) is scanned too (see `_failure_scan`). Powers
+    of 4, not of 2: a 50-step audit scans 5 times, not 8, and must end within 5 s of the plain
+    steps. A power of 4 in the run's middle third is its middle scan (graph-leak's trend is judged
+    over the first, the middle and the last: auditor.rules._support.scans.spread_scans), so the
+    steady state after the dense start pays for one scan there, not two (a 160-step audit scans
+    after 1, 4, 16, 64 and 159).
     No scan runs while the profiler records (`window`: the profiled steps, warm-up first): a scan
     after a window step but its last would land in the next ProfilerStep of the program's trace,
     as the program's own host time (205 ms of a 127 ms step on a 2-rank CPU job; 44-76% of the

@@ -3,8 +3,9 @@
 Right after a step returns, its locals are gone; any non-leaf tensor still alive is held by module
 state (a running loss kept as a tensor, outputs appended to a list). If the autograd graph reachable
 from those tensors keeps growing from one step boundary to the next, graphs are piling up.
-Scans walk every gc-tracked object (50-100 ms with torch imported), so they run at a few sampled
-boundaries only.
+A full scan walks every gc-tracked object (50-100 ms with torch imported), so scans run at a few
+sampled boundaries only, and the middle one of a long run reads the named holders only once the
+full scans before it found every tensor with history under a name (ScanMemo: 3-10 ms).
 
 State kept inside an nn.Module is module state too: a buffer updated in `forward` without
 `torch.no_grad()` (`self.running_mean = 0.9 * self.running_mean + 0.1 * m`) holds a graph per step,
@@ -23,6 +24,7 @@ import itertools
 import os
 import sys
 import types
+import weakref
 from collections import deque
 from typing import Any, Optional
 
@@ -61,7 +63,9 @@ def _saved_of(node: Any) -> list[torch.Tensor]:
     for n in names:
         try:
             v = getattr(node, n)
-        except (RuntimeError, AttributeError):  # (freed by a backward that ran, or not a tensor slot)
+        except RuntimeError:  # freed by a backward that ran, which frees all of a node's saved tensors
+            break
+        except AttributeError:  # (not a tensor slot)
             continue
         if isinstance(v, torch.Tensor):
             out.append(v)
@@ -104,7 +108,11 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     budget = _BUDGET
     while stack and budget > 0:
         v, depth = stack.pop()
-        if isinstance(v, torch.Tensor):
+        t = type(v)
+        if t is torch.Tensor:  # (exact types first: isinstance of Parameter runs its metaclass's Python)
+            out.append(v)
+            continue
+        if t is torch.nn.Parameter or isinstance(v, torch.Tensor):
             if not isinstance(v, torch.nn.Parameter) or v.grad_fn is not None:
                 out.append(v)
             continue
@@ -541,18 +549,33 @@ def _source(source_file: str) -> tuple[str, ast.Module] | None:
     return _sources[key]
 
 
+_visited: dict[tuple[int, str], _Mutations] = {}  # (id of a parsed tree, holder name) -> its walk
+
+
+def _mutations(source_file: str, name: str) -> _Mutations | None:
+    """The walk of `source_file` for the lines that grow `name`, kept per parsed tree (a file
+    edited since is parsed, and walked, again): each scan asks for the same holders. None when
+    the file is unreadable or does not spell the name's last part (a line that grows `a.b.rm`
+    spells `rm`: most of a module's holders, `model.3.running_mean`, appear nowhere in the
+    training script)."""
+    src = _source(source_file)
+    if src is None or name.rsplit(".", 1)[-1] not in src[0]:
+        return None
+    key = (id(src[1]), name)  # (the trees are kept in _sources: an id is never reused)
+    v = _visited.get(key)
+    if v is None:
+        v = _visited[key] = _Mutations(name)
+        v.visit(src[1])
+    return v
+
+
 def mutation_lines(source_file: str, name: str, step_lines: tuple[int, int] | None = None) -> list[int]:
     """Lines that grow the holder `name`, the likeliest first: those inside the step function
     (`step_lines`, its first and last line), then any but the stores of a literal (`x[k] = 0.0`, a
     reset), then in file order."""
-    src = _source(source_file)
-    # a line that grows `a.b.rm` spells `rm`: a file without it needs no walk (most of a module's
-    # holders, `model.3.running_mean`, appear nowhere in the training script)
-    if src is None or name.rsplit(".", 1)[-1] not in src[0]:
+    v = _mutations(source_file, name)
+    if v is None:
         return []
-    tree = src[1]
-    v = _Mutations(name)
-    v.visit(tree)
     lo, hi = step_lines or (0, -1)
     return sorted(set(v.lines), key=lambda n: (not lo <= n <= hi, n in v.weak, n))
 
@@ -560,12 +583,8 @@ def mutation_lines(source_file: str, name: str, step_lines: tuple[int, int] | No
 def mutation_keys(source_file: str, name: str) -> dict[int, Any]:
     """{line: key} for the lines that grow an entry of the holder `name` spelled with a constant
     key (`stats["loss"] += loss`, `stats["outputs"].append(out)`)."""
-    src = _source(source_file)
-    if src is None or name.rsplit(".", 1)[-1] not in src[0]:
-        return {}
-    v = _Mutations(name)
-    v.visit(src[1])
-    return v.keys
+    v = _mutations(source_file, name)
+    return {} if v is None else v.keys
 
 
 def _graph_stores(value: dict, source_file: str, name: str, lines: list[int]) -> list[dict[str, Any]]:
@@ -752,37 +771,83 @@ def _watch_backward(name: str, tensors: list[torch.Tensor]) -> None:
         names.add(name)
 
 
+class ScanMemo:
+    """What one run's full scans found, which decides whether a later scan may look at the named
+    holders only (`scan(..., memo=, named_only=True)`).
+
+    A full scan walks every gc-tracked object (~290k with torch imported: 25 ms for gc.get_objects,
+    ~35 ms to pick out the tensors and functions, memory-bound: no C-level filter is faster), to
+    count every live tensor with a grad_fn, named or not, and to find the user's closures. Once
+    FULL full scans in a row have found every such tensor inside a named holder (a global, a
+    running function's local, a closure's variable, and what they reach), what the program keeps
+    across steps lives under its names: a later scan reads those holders (and the closures the last
+    full scan found) and counts the graph-carrying tensors among them, the count a full scan would
+    give. A run in which a full scan meets a tensor with history outside every holder keeps full
+    scans to its end. The cost of being wrong: a graph kept outside every name that first appears
+    after those scans (after step 16 of a long audit) is counted by the last scan (a full one), not
+    the middle one."""
+
+    FULL = 3
+
+    def __init__(self) -> None:
+        self.full = 0  # full scans so far
+        self.unnamed = False  # a full scan met a tensor with history outside every holder
+        self.closures: list[weakref.ref] = []  # the user's closures at the last full scan
+
+    def named_only(self) -> bool:
+        return self.full >= self.FULL and not self.unnamed
+
+
 def scan(module: types.ModuleType | None, source_file: str | None,
-         step: tuple[int, int] | None = None, frames: list[types.FrameType] = ()) -> dict[str, Any]:
+         step: tuple[int, int] | None = None, frames: list[types.FrameType] = (),
+         memo: ScanMemo | None = None, named_only: bool = False) -> dict[str, Any]:
     """Count live graph-carrying tensors and the graph behind them; name the globals holding tensors
     (with their bytes, for memory-growth) and the lines that grow them; for a buffer of rows, where
     in a row the graph sits; and whether a backward ran through what a holder kept since an earlier
     scan saw it. Run with torch-function dispatch off: a mode on the stack (the user's, the default
-    device's) would see every read of every live tensor."""
+    device's) would see every read of every live tensor. `memo`: the run's ScanMemo, which a full
+    scan updates; `named_only`: the caller allows this scan to read the named holders only, which
+    it does when the memo says their count is the full one (see ScanMemo)."""
     with no_torch_function():
-        return _scan(module, source_file, step, frames)
+        return _scan(module, source_file, step, frames, memo,
+                     named_only and memo is not None and memo.named_only())
 
 
 _PICKED = frozenset((torch.Tensor, torch.nn.Parameter, types.FunctionType))  # what a scan looks at
+_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))  # (the exact types a full scan counts)
 
 
 def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[int, int] | None,
-          frames: list[types.FrameType] = ()) -> dict[str, Any]:
+          frames: list[types.FrameType] = (), memo: ScanMemo | None = None, named: bool = False) -> dict[str, Any]:
     from auditor.capture.rehearsal.device import CUDA_MARK  # (here: that module imports the probes)
-    # (one pass over every gc-tracked object, ~300k with torch._dynamo imported: 25 ms of the
-    # pass is gc.get_objects itself on a 2.4 GHz EPYC, and a frozenset lookup of each type is
-    # ~15% faster than three identity tests)
-    tensor, param, function = torch.Tensor, torch.nn.Parameter, types.FunctionType
-    picked = [o for o in gc.get_objects() if type(o) in _PICKED]
-    live = [t for t in picked if type(t) is not function and t.grad_fn is not None]
-    closures = [f for f in picked if type(f) is function and f.__closure__ and not is_library(f.__code__.co_filename)]
-    del picked
+    live: list[torch.Tensor] = []
+    if named:  # (the holders are walked below; the closures are those the last full scan found)
+        closures = [f for f in (r() for r in memo.closures) if f is not None]
+    else:
+        # (one pass over every gc-tracked object, ~300k with torch._dynamo imported: 25 ms of the
+        # pass is gc.get_objects itself on a 2.4 GHz EPYC, and a frozenset lookup of each type is
+        # ~15% faster than three identity tests)
+        function = types.FunctionType
+        picked = [o for o in gc.get_objects() if type(o) in _PICKED]
+        live = [t for t in picked if type(t) is not function and t.grad_fn is not None]
+        closures = [f for f in picked if type(f) is function and f.__closure__
+                    and not is_library(f.__code__.co_filename)]
+        del picked
     holders = []
     claimed: set[int] = set()
     _BOUNDS.clear()
     found: list[tuple[Holder, types.FrameType | types.CodeType | None]] = [(h, None) for h in _holders(module, claimed)]
     found += _local_holders(claimed, list(frames))
     found += _closure_holders(closures, claimed)
+    held = {id(t): t for (_, _, tensors, _, _), _ in found for t in tensors
+            if type(t) in _TENSORS and t.grad_fn is not None}
+    if named:
+        live = list(held.values())
+    elif memo is not None:
+        memo.full += 1
+        memo.unnamed = memo.unnamed or any(id(t) not in held for t in live)
+        memo.closures = [weakref.ref(f) for f in closures]
+    del held
     for (name, kind, tensors, owner, value), frame in found:
         where, function, file, span, lines = None, "", source_file, step, []
         closure = isinstance(frame, types.CodeType)  # a closure's variable: grown by the closure, as `name`

@@ -37,6 +37,7 @@ class StepSession:
         self.collectors = collectors
         self.scans = scans if "scans" not in OFF else set()  # (OFF: bench_steady_parts.py only)
         self.scan_target = scan_target
+        self.scan_memo = graphs.ScanMemo()  # what the full scans found (a later one may read the names only)
         self.t_first: float | None = None
         self.index: int | None = None  # the step begun and not yet ended
         self.t0 = self.c0 = 0.0
@@ -99,7 +100,11 @@ class StepSession:
         if forecast is not None:  # the step the rehearsed device would run out in: what holds it is scanned
             self.out.send(wire.Snapshot(path=forecast, when="rehearsal-oom"))
         if not failed and (i in self.scans or forecast is not None or near):
-            self.out.send(wire.GraphScan(after_step=i, **graphs.scan(*self.scan_target())))
+            # the planned scans between the first and the last may read the named holders only
+            # (graphs.ScanMemo); the last, and one that names what holds a forecast OOM, walk everything
+            middle = i in self.scans and i != max(self.scans) and forecast is None and not near
+            self.out.send(wire.GraphScan(after_step=i, **graphs.scan(*self.scan_target(), memo=self.scan_memo,
+                                                                     named_only=middle)))
 
 
     def finish(self) -> None:
