@@ -74,6 +74,9 @@ PIECES: tuple[Piece, ...] = (
           instead="_NoopSaveInputs.setup_context's ctx.get_args (before 2.12)"),
     Piece("torch.utils.checkpoint:_NoopSaveInputs.setup_context", "rehearsal/device.py", until=(2, 12),
           instead="_CheckpointFrame.save_inputs/get_inputs (2.12 on)"),
+    # torch.compile's runtime wrapper, read for whether compiled code moves the versions of the arguments it
+    # writes into (compiled_writes_move_versions)
+    Piece("torch._functorch._aot_autograd.runtime_wrappers:_create_runtime_wrapper", "capture/numerics/collector.py"),
     # what dynamo asks of torch.cuda.Event/Stream, which the rehearsal replaces (rehearsal/cuda.py)
     Piece("torch._streambase:_EventBase", "rehearsal/cuda.py (2.4, 2.5: dynamo asserts the Event derives from it)"),
     Piece("torch._streambase:_StreamBase", "rehearsal/cuda.py (2.4, 2.5: dynamo asserts the Stream derives from it)"),
@@ -210,6 +213,31 @@ def keep_checkpoint_input_marks(is_marked: Callable[[Any], bool], mark: Callable
 
     setup_context.__wrapped__ = orig_setup  # type: ignore[attr-defined]
     saver.setup_context = staticmethod(setup_context)
+
+
+# --- torch.compile's writes into its arguments ---------------------------------------------------
+
+_WRITES_MOVE_VERSIONS: list[bool] = []
+
+
+def compiled_writes_move_versions() -> bool:
+    """Whether compiled code that writes into a tensor argument (`h.mul_(s)` in a compiled function)
+    moves that tensor's version counter, as the same write run eagerly does. AOTAutograd keeps such
+    a write inside the compiled graph, whose kernel writes the argument's memory; its runtime
+    wrapper then moves the argument's version (`torch.autograd.graph.increment_version`) on the
+    torches whose wrapper calls it (2.11 on, at least), not on 2.4's: there the write leaves
+    `t._version` as it was. Read once from the wrapper's source (imported by torch.compile's first
+    call); a torch whose source cannot be read is taken to move them."""
+    if not _WRITES_MOVE_VERSIONS:
+        import inspect
+
+        module = lookup("torch._functorch._aot_autograd.runtime_wrappers")
+        try:
+            source = inspect.getsource(module) if module is not None else None
+        except (OSError, TypeError):
+            source = None
+        _WRITES_MOVE_VERSIONS.append(source is None or "increment_version" in source)
+    return _WRITES_MOVE_VERSIONS[0]
 
 
 # --- torch.cuda.Event / Stream stand-ins ---------------------------------------------------------
