@@ -47,6 +47,26 @@ def test_the_profilers_cycle_warning_is_found_with_its_spacing():
                                     "cycle will be reported.To keep events across cycles, set acc_events=True.")
 
 
+def test_the_mark_dynamo_runs_a_function_for_is_the_one_the_auditor_sets():
+    """The auditor marks its own functions as torch._dynamo.assume_constant_result does, without
+    importing dynamo: the attribute must be the one that function sets."""
+    import torch._dynamo
+
+    marked = torch._dynamo.assume_constant_result(lambda: 1)
+    assert getattr(marked, tp.DYNAMO_CONSTANT, None) is True, [a for a in vars(marked) if "dynamo" in a]
+
+
+def test_whether_compiled_code_moves_the_versions_it_writes_is_read_from_torch():
+    """2.4's compiled code writes into its arguments without moving their versions (numerics then
+    takes each argument of a compiled call as written); 2.11 on moves them. (Between, whatever the
+    wrapper's source says; the numerics test of a NaN written by compiled code checks the outcome.)"""
+    moves = tp.compiled_writes_move_versions()
+    if VERSION < (2, 5):
+        assert moves is False
+    elif VERSION >= (2, 11):
+        assert moves is True
+
+
 def test_the_floor_and_what_is_under_it():
     assert tp.unsupported("2.4.0") is None and tp.unsupported("2.14.1+cu130") is None
     assert tp.unsupported("2.3.1+cpu") == ("torch 2.3.1+cpu is older than the oldest the auditor supports (2.4): "

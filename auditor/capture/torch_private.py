@@ -61,10 +61,18 @@ PIECES: tuple[Piece, ...] = (
     Piece("torch._functorch.eager_transforms:_unwrap_for_grad", "rehearsal/functorch_marks.py"),
     Piece("torch._functorch.eager_transforms:_wrap_functional_tensor", "rehearsal/functorch_marks.py"),
     Piece("torch._functorch.eager_transforms:_unwrap_functional_tensor", "rehearsal/functorch_marks.py"),
+    Piece("torch._functorch.autograd_function:_add_batch_dim", "rehearsal/functorch_marks.py"),
+    Piece("torch._functorch.autograd_function:_wrap_for_grad", "rehearsal/functorch_marks.py"),
+    Piece("torch._functorch.autograd_function:_unwrap_for_grad", "rehearsal/functorch_marks.py"),
+    Piece("torch._C._nn:scaled_dot_product_attention", "rehearsal/ops.py (its FLOPs)"),
+    # torch's lazy submodules: the profiler is started without importing inductor (capture/child.py)
+    Piece("torch:__getattr__", "capture/child.py"),
     # torch.compile: the auditor's frames are skipped, compiled calls run without the probes' mode
     Piece("torch._dynamo.eval_frame:skip_code", "capture/unseen.py"),
     Piece("torch._dynamo.eval_frame:_TorchDynamoContext.__call__", "capture/unseen.py"),
     Piece("torch._dynamo:config", "capture/unseen.py"),
+    Piece("torch._dynamo.utils:counters", "numerics/collector.py (whether anything was compiled)"),
+    Piece("torch._dynamo:assume_constant_result", "capture/unseen.py, rehearsal/device.py (its mark: DYNAMO_CONSTANT)"),
     # activation checkpointing's recompute, re-run under the rehearsal (rehearsal/device.py)
     Piece("torch.utils.checkpoint:CheckpointFunction.forward", "rehearsal/device.py (use_reentrant=True)"),
     Piece("torch.utils.checkpoint:_CheckpointFrame", "rehearsal/device.py (use_reentrant=False)"),
@@ -89,6 +97,12 @@ PIECES: tuple[Piece, ...] = (
     Piece("torch.profiler.profiler:_WARNINGS_SHOWN", "capture/child.py", since=(2, 10),
           instead="nothing: the profiler before 2.10 has no cycle warning to mark as shown"),
 )
+
+# The attribute torch._dynamo.assume_constant_result sets on a function: dynamo then runs a traced call
+# to it for real, once, and takes its result as a constant. Set directly, without importing dynamo
+# (~2 s), on the auditor's functions that must run while dynamo traces (capture/unseen.py,
+# rehearsal/device.py).
+DYNAMO_CONSTANT = "_dynamo_marked_constant"
 
 # The keywords the audit passes to `torch.cuda.memory._record_memory_history` (capture/cuda_memory.py).
 RECORD_MEMORY_HISTORY_KEYWORDS = ("enabled", "context", "stacks", "max_entries")

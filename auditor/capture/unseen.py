@@ -22,7 +22,8 @@ auditor at work:
   it ran (`TracedCalls`), and the auditor reads what it needs after the compiled code has run.
   The frames of ours that run after a graph break are not compiled (`dynamo_skips_our_frames`).
   Dynamo also traces through the torch-function modes on the stack, and guards on them: the
-  numerics mode is taken off the stack for each call of compiled code (`compiled_calls_without`).
+  numerics mode is taken off the stack for each call of compiled code (`compiled_calls_without`),
+  and the CUDA rehearsal is told of each compiled call's result (`compiled_call_results`).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 import auditor
+from auditor.capture import torch_private
 from auditor.capture.frames import user_frame
 
 # Torch-function dispatch off, for modes and tensor subclasses alike: a C context manager, cheap
@@ -130,8 +132,7 @@ def _note_name() -> str:
     return f"n{len(_NOTE_SITES) - 1}"
 
 
-# torch._dynamo.assume_constant_result's mark, set without importing dynamo (~2 s)
-_note_name._dynamo_marked_constant = True  # type: ignore[attr-defined]
+setattr(_note_name, torch_private.DYNAMO_CONSTANT, True)  # (torch._dynamo.assume_constant_result's mark)
 
 
 class TracedCalls:

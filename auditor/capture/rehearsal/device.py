@@ -633,7 +633,7 @@ def _mode_traced() -> bool:
     return True
 
 
-_mode_traced._dynamo_marked_constant = True  # type: ignore[attr-defined]  (torch._dynamo.assume_constant_result's mark)
+setattr(_mode_traced, torch_private.DYNAMO_CONSTANT, True)  # (torch._dynamo.assume_constant_result's mark)
 
 
 def _mark_compiled_results(compiled: Any, args: tuple, kwargs: dict, out: Any) -> None:
