@@ -8,6 +8,7 @@ Everything it learns goes to the parent at once over the pipe FD, so whatever en
 from __future__ import annotations
 
 import argparse
+import atexit
 import faulthandler
 import os
 import platform
@@ -25,7 +26,7 @@ import torch
 
 from auditor.capture import cuda_memory, cuda_standins, graphs, probes, rehearsal, torch_private, window_memory, wire
 from auditor.capture.collectors import load_collectors
-from auditor.capture.frames import is_library
+from auditor.capture.frames import forget_codes, is_library
 from auditor.capture.program import ChildParts, run_program
 from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
@@ -589,6 +590,7 @@ def catch_interrupts(catch_sigterm: bool) -> dict:
 def run(args: argparse.Namespace) -> int:
     out = Writer(args.fd)
     faulthandler.enable(file=sys.stderr, all_threads=False)
+    atexit.register(forget_codes)  # (registered first: it runs after the program's own atexit handlers)
     # Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
     # layer wraps the one before (a probe installed first would be replaced).
     try:
