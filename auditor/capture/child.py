@@ -8,6 +8,7 @@ Everything it learns goes to the parent at once over the pipe FD, so whatever en
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import faulthandler
 import os
@@ -28,7 +29,7 @@ from auditor.capture import (cuda_memory, cuda_standins, graphs, probes, rehears
                              window_watch, wire)
 from auditor.capture.trace_file import export_dir as _trace_dir, unsafe_for_trace as _unsafe_for_trace  # noqa: F401
 from auditor.capture.collectors import load_collectors
-from auditor.capture.frames import is_library
+from auditor.capture.frames import forget_codes, is_library
 from auditor.capture.program import ChildParts, run_program
 from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
@@ -648,6 +649,7 @@ def catch_interrupts(catch_sigterm: bool) -> dict:
 def run(args: argparse.Namespace) -> int:
     out = Writer(args.fd)
     faulthandler.enable(file=sys.stderr, all_threads=False)
+    atexit.register(forget_codes)  # (registered first: it runs after the program's own atexit handlers)
     # Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
     # layer wraps the one before (a probe installed first would be replaced).
     try:

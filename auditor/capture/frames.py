@@ -9,6 +9,7 @@ import os
 import sys
 import sysconfig
 from types import CodeType, FrameType
+from typing import Callable
 
 import torch
 
@@ -80,6 +81,28 @@ def _kind_of(code) -> int:
         _KEPT.append(code)
         code_kinds[id(code)] = k
     return k
+
+
+def forget_codes() -> None:
+    """Let go of the code objects kept for code_kinds, at the program's end (after its own atexit
+    handlers, before Python tears its modules down). Kept until this module's teardown, the code
+    dynamo made for a compiled function outlived torch._dynamo.utils's globals, and torch 2.14's
+    clean-up hook for it printed "Exception ignored in ... _remove_id ... AttributeError" on the
+    user's stderr, where a plain run prints nothing. The other caches keyed by code objects
+    (on_forget) are let go with them."""
+    code_kinds.clear()
+    _KEPT.clear()
+    _via_names.clear()
+    for clear in _FORGET:
+        clear()
+
+
+_FORGET: list[Callable[[], None]] = []
+
+
+def on_forget(clear: Callable[[], None]) -> None:
+    """`clear()`, which lets go of another cache of code objects, called by forget_codes."""
+    _FORGET.append(clear)
 
 
 def library_code(code) -> bool:

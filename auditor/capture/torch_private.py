@@ -61,10 +61,18 @@ PIECES: tuple[Piece, ...] = (
     Piece("torch._functorch.eager_transforms:_unwrap_for_grad", "rehearsal/functorch_marks.py"),
     Piece("torch._functorch.eager_transforms:_wrap_functional_tensor", "rehearsal/functorch_marks.py"),
     Piece("torch._functorch.eager_transforms:_unwrap_functional_tensor", "rehearsal/functorch_marks.py"),
+    Piece("torch._functorch.autograd_function:_add_batch_dim", "rehearsal/functorch_marks.py"),
+    Piece("torch._functorch.autograd_function:_wrap_for_grad", "rehearsal/functorch_marks.py"),
+    Piece("torch._functorch.autograd_function:_unwrap_for_grad", "rehearsal/functorch_marks.py"),
+    Piece("torch._C._nn:scaled_dot_product_attention", "rehearsal/ops.py (its FLOPs)"),
+    # torch's lazy submodules: the profiler is started without importing inductor (capture/child.py)
+    Piece("torch:__getattr__", "capture/child.py"),
     # torch.compile: the auditor's frames are skipped, compiled calls run without the probes' mode
     Piece("torch._dynamo.eval_frame:skip_code", "capture/unseen.py"),
     Piece("torch._dynamo.eval_frame:_TorchDynamoContext.__call__", "capture/unseen.py"),
     Piece("torch._dynamo:config", "capture/unseen.py"),
+    Piece("torch._dynamo.utils:counters", "numerics/collector.py (whether anything was compiled)"),
+    Piece("torch._dynamo:assume_constant_result", "capture/unseen.py, rehearsal/device.py (its mark: DYNAMO_CONSTANT)"),
     # activation checkpointing's recompute, re-run under the rehearsal (rehearsal/device.py)
     Piece("torch.utils.checkpoint:CheckpointFunction.forward", "rehearsal/device.py (use_reentrant=True)"),
     Piece("torch.utils.checkpoint:_CheckpointFrame", "rehearsal/device.py (use_reentrant=False)"),
@@ -74,6 +82,9 @@ PIECES: tuple[Piece, ...] = (
           instead="_NoopSaveInputs.setup_context's ctx.get_args (before 2.12)"),
     Piece("torch.utils.checkpoint:_NoopSaveInputs.setup_context", "rehearsal/device.py", until=(2, 12),
           instead="_CheckpointFrame.save_inputs/get_inputs (2.12 on)"),
+    # torch.compile's runtime wrapper, read for whether compiled code moves the versions of the arguments it
+    # writes into (compiled_writes_move_versions)
+    Piece("torch._functorch._aot_autograd.runtime_wrappers:_create_runtime_wrapper", "capture/numerics/collector.py"),
     # what dynamo asks of torch.cuda.Event/Stream, which the rehearsal replaces (rehearsal/cuda.py)
     Piece("torch._streambase:_EventBase", "rehearsal/cuda.py (2.4, 2.5: dynamo asserts the Event derives from it)"),
     Piece("torch._streambase:_StreamBase", "rehearsal/cuda.py (2.4, 2.5: dynamo asserts the Stream derives from it)"),
@@ -86,6 +97,12 @@ PIECES: tuple[Piece, ...] = (
     Piece("torch.profiler.profiler:_WARNINGS_SHOWN", "capture/child.py", since=(2, 10),
           instead="nothing: the profiler before 2.10 has no cycle warning to mark as shown"),
 )
+
+# The attribute torch._dynamo.assume_constant_result sets on a function: dynamo then runs a traced call
+# to it for real, once, and takes its result as a constant. Set directly, without importing dynamo
+# (~2 s), on the auditor's functions that must run while dynamo traces (capture/unseen.py,
+# rehearsal/device.py).
+DYNAMO_CONSTANT = "_dynamo_marked_constant"
 
 # The keywords the audit passes to `torch.cuda.memory._record_memory_history` (capture/cuda_memory.py).
 RECORD_MEMORY_HISTORY_KEYWORDS = ("enabled", "context", "stacks", "max_entries")
@@ -210,6 +227,31 @@ def keep_checkpoint_input_marks(is_marked: Callable[[Any], bool], mark: Callable
 
     setup_context.__wrapped__ = orig_setup  # type: ignore[attr-defined]
     saver.setup_context = staticmethod(setup_context)
+
+
+# --- torch.compile's writes into its arguments ---------------------------------------------------
+
+_WRITES_MOVE_VERSIONS: list[bool] = []
+
+
+def compiled_writes_move_versions() -> bool:
+    """Whether compiled code that writes into a tensor argument (`h.mul_(s)` in a compiled function)
+    moves that tensor's version counter, as the same write run eagerly does. AOTAutograd keeps such
+    a write inside the compiled graph, whose kernel writes the argument's memory; its runtime
+    wrapper then moves the argument's version (`torch.autograd.graph.increment_version`) on the
+    torches whose wrapper calls it (2.11 on, at least), not on 2.4's: there the write leaves
+    `t._version` as it was. Read once from the wrapper's source (imported by torch.compile's first
+    call); a torch whose source cannot be read is taken to move them."""
+    if not _WRITES_MOVE_VERSIONS:
+        import inspect
+
+        module = lookup("torch._functorch._aot_autograd.runtime_wrappers")
+        try:
+            source = inspect.getsource(module) if module is not None else None
+        except (OSError, TypeError):
+            source = None
+        _WRITES_MOVE_VERSIONS.append(source is None or "increment_version" in source)
+    return _WRITES_MOVE_VERSIONS[0]
 
 
 # --- torch.cuda.Event / Stream stand-ins ---------------------------------------------------------

@@ -22,7 +22,8 @@ auditor at work:
   it ran (`TracedCalls`), and the auditor reads what it needs after the compiled code has run.
   The frames of ours that run after a graph break are not compiled (`dynamo_skips_our_frames`).
   Dynamo also traces through the torch-function modes on the stack, and guards on them: the
-  numerics mode is taken off the stack for each call of compiled code (`compiled_calls_without`).
+  numerics mode is taken off the stack for each call of compiled code (`compiled_calls_without`),
+  and the CUDA rehearsal is told of each compiled call's result (`compiled_call_results`).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 import auditor
+from auditor.capture import torch_private
 from auditor.capture.frames import user_frame
 
 # Torch-function dispatch off, for modes and tensor subclasses alike: a C context manager, cheap
@@ -130,8 +132,7 @@ def _note_name() -> str:
     return f"n{len(_NOTE_SITES) - 1}"
 
 
-# torch._dynamo.assume_constant_result's mark, set without importing dynamo (~2 s)
-_note_name._dynamo_marked_constant = True  # type: ignore[attr-defined]
+setattr(_note_name, torch_private.DYNAMO_CONSTANT, True)  # (torch._dynamo.assume_constant_result's mark)
 
 
 class TracedCalls:
@@ -232,6 +233,7 @@ class _ModeOff:
     mode: Any = None  # the mode compiled code must not find on the stack (the numerics mode)
     starts: Callable[[tuple, dict], Any] | None = None  # told of each compiled call before it
     ran: Callable[[Any, tuple, dict, Any, Any, Any], None] | None = None  # and after it
+    results: Callable[[Any, tuple, dict, Any], None] | None = None  # told of each compiled call's result
     config: Any = None  # torch._dynamo.config, once the entry is wrapped
     wrapped = False  # whether the entry is wrapped (or found missing)
     running = 0  # calls of compiled code running that took the mode off
@@ -271,6 +273,20 @@ def compiled_calls_without(mode: Any, starts: Callable[[tuple, dict], Any],
     (`dynamo_skips_our_frames`); a function given to `torch._dynamo.optimize` before both keeps
     the mode. On a torch whose eval_frame has no such entry, nothing changes."""
     _OFF.mode, _OFF.starts, _OFF.ran = mode, starts, ran
+    _wrap_compile()
+
+
+def compiled_call_results(results: Callable[[Any, tuple, dict, Any], None]) -> None:
+    """`results(compiled, args, kwargs, result)` after each call of compiled code that returned
+    (one not made from inside other compiled code), with or without the numerics mode: the CUDA
+    rehearsal's marks on the results, where dynamo did not trace its mode (rehearsal/device.py)."""
+    _OFF.results = results
+    _wrap_compile()
+
+
+def _wrap_compile() -> None:
+    """Wrap the compiled calls (`_wrap_compiled_calls`) now if dynamo is imported, else at the
+    first `torch.compile`."""
     if "torch._dynamo.eval_frame" in sys.modules:
         _wrap_compiled_calls()
     orig = torch.compile
@@ -302,7 +318,7 @@ def _wrap_compiled_calls() -> None:
     """Wrap what `_TorchDynamoContext.__call__` returns for a function (torch.compile's wrapper of
     it, also made for a compiled module's forward and a compiled class's `__call__`) in
     `_without_mode`, once."""
-    if _OFF.wrapped or _OFF.mode is None:
+    if _OFF.wrapped or (_OFF.mode is None and _OFF.results is None):
         return
     _OFF.wrapped = True
     try:
@@ -326,36 +342,50 @@ def _wrap_compiled_calls() -> None:
 
 
 def _without_mode(compiled: Any) -> Any:
-    """`compiled`, called with the mode taken off the stack and put back where it was after."""
+    """`compiled`, called with the mode taken off the stack and put back where it was after, its
+    result then given to `results` when set (compiled_call_results)."""
     def call(*args: Any, **kwargs: Any) -> Any:
         off = _OFF
-        mode = off.mode
-        n = _stack_len()
-        if not n or _compiling() or getattr(off.config, "disable", False):  # (TORCH_COMPILE_DISABLE=1: run eagerly)
+        if off.results is None:
+            return _call_without_mode(off, compiled, args, kwargs)
+        if _compiling():
             return compiled(*args, **kwargs)
-        at = n - 1 if _stack_at(n - 1) is mode else next((i for i in range(n - 1) if _stack_at(i) is mode), None)
-        if at is None:  # (off the stack: in a compiled call already, or in an optimizer step)
-            return compiled(*args, **kwargs)
-        token = off.starts(args, kwargs)
-        if at == n - 1:  # (on top: the stack of most steps)
-            above = []
-            _pop_mode()
-        else:
-            above = [_pop_mode() for _ in range(n - 1 - at)]  # (modes the user entered in the step)
-            _pop_mode()
-            for m in reversed(above):
-                _push_mode(m)
-        off.running += 1
-        try:
-            out = compiled(*args, **kwargs)
-        finally:
-            off.running -= 1
-            above = [_pop_mode() for _ in range(max(0, _stack_len() - at))]
-            _push_mode(mode)
-            for m in reversed(above):
-                _push_mode(m)
-        off.ran(compiled, args, kwargs, out, sys._getframe(1), token)
+        out = _call_without_mode(off, compiled, args, kwargs)
+        off.results(compiled, args, kwargs, out)
         return out
 
     functools.update_wrapper(call, compiled)  # (dynamo's attributes too: it inlines the user's function)
     return call
+
+
+def _call_without_mode(off: _ModeOff, compiled: Any, args: tuple, kwargs: dict) -> Any:
+    """A call of `compiled` from `_without_mode`'s wrapper, the mode taken off the stack for it."""
+    mode = off.mode
+    if mode is None:
+        return compiled(*args, **kwargs)
+    n = _stack_len()
+    if not n or _compiling() or getattr(off.config, "disable", False):  # (TORCH_COMPILE_DISABLE=1: run eagerly)
+        return compiled(*args, **kwargs)
+    at = n - 1 if _stack_at(n - 1) is mode else next((i for i in range(n - 1) if _stack_at(i) is mode), None)
+    if at is None:  # (off the stack: in a compiled call already, or in an optimizer step)
+        return compiled(*args, **kwargs)
+    token = off.starts(args, kwargs)
+    if at == n - 1:  # (on top: the stack of most steps)
+        above = []
+        _pop_mode()
+    else:
+        above = [_pop_mode() for _ in range(n - 1 - at)]  # (modes the user entered in the step)
+        _pop_mode()
+        for m in reversed(above):
+            _push_mode(m)
+    off.running += 1
+    try:
+        out = compiled(*args, **kwargs)
+    finally:
+        off.running -= 1
+        above = [_pop_mode() for _ in range(max(0, _stack_len() - at))]
+        _push_mode(mode)
+        for m in reversed(above):
+            _push_mode(m)
+    off.ran(compiled, args, kwargs, out, sys._getframe(2), token)  # (the wrapper's caller)
+    return out

@@ -1687,6 +1687,9 @@ def test_a_compiled_model_compiles_and_trains_as_its_cpu_version(tmp_path):
     assert a.findings_doc["environment"]["rehearsal"] is True
     assert "Dynamo" not in a.stderr and "auditor" not in a.stderr, a.stderr
     assert "global hooks" not in a.stderr  # torch.compile's warning about the auditor's own hooks
+    # (torch 2.14's clean-up of a compiled function's code, when something keeps that code past the
+    # teardown of dynamo's module, prints a traceback as the process ends)
+    assert "Exception ignored" not in a.stderr and "Traceback" not in a.stderr, a.stderr
     (sync,) = a.rule("host-sync")
     line = COMPILED_CNN.splitlines().index("    if not torch.isfinite(loss):") + 1
     assert [(s["what"], s["line"], s["per_step"]) for s in sync["evidence"]["sites"]] == [("bool(Tensor)", line, 1.0)]

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 from torch.nn.modules import module as _nn_module
 
-from auditor.capture import probes
+from auditor.capture import probes, torch_private
 from auditor.capture.bench_switches import OFF
 from auditor.capture.frames import user_call, user_frame
 from auditor.capture.numerics.amp_probes import install_amp_probes
@@ -72,6 +72,10 @@ def _compiled_anything() -> bool:
 MAX_OPS_PER_STEP = 20000  # records kept per step; later calls are counted as dropped
 MAX_ERRORS = 20  # after this many failures of our own checking code, op checking switches off
 _FIND = object()  # _record: find the user's line from the stack
+# A cached range's version that matches no tensor's (-1 is an inference tensor's): the range of an
+# argument as it was before compiled code that may have written into it unseen (see
+# _compiled_call_ran), still read as the call's input, never as the tensor's current value.
+_BEFORE_UNSEEN_WRITE = -2
 
 
 class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
@@ -562,7 +566,14 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         refs = _tensor_refs(args if not kwargs else (*args, *kwargs.values()))
         if refs and (self.pending or self.aliases):
             self._timed(self.resolve_written, args, kwargs)
+        if refs and not torch_private.compiled_writes_move_versions():
+            self._timed(self._stats_of, refs)  # (its writes will not show: each argument is taken as written)
         return refs, [_version_of(t) for t in refs]
+
+    def _stats_of(self, refs: list) -> None:
+        for t in refs:
+            if _checkable(t):
+                self._stat(t)
 
     def _compiled_call_ran(self, compiled: Callable, args: tuple, kwargs: dict, out: Any, frame: Any,
                            started: tuple | None) -> None:
@@ -571,7 +582,11 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         and the arguments it wrote into out, named `torch.compile(Net)` or `torch.compile(fn)`. A
         non-finite value made inside is then traced to this call, not taken for bad input data
         by the first checked call that receives it, nor blamed on the call that made a tensor
-        the compiled code then overwrote. Deferred like a plain call on the CPU."""
+        the compiled code then overwrote. Deferred like a plain call on the CPU.
+        On a torch whose compiled code writes into its arguments without moving their versions
+        (torch_private.compiled_writes_move_versions), every argument is taken as written: as an
+        output, its range as it was before the call (taken then) kept as the call's input and
+        read as nothing else."""
         if started is None:
             return
         t0 = perf()
@@ -579,8 +594,16 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         with _checks_range():
             try:
                 outs = _tensors_in(out)
+                unseen = not torch_private.compiled_writes_move_versions()
                 outs += [t for t, v in zip(refs, versions)
-                         if _version_of(t) != v and _checkable(t) and not any(t is o for o in outs)]
+                         if (unseen or _version_of(t) != v) and _checkable(t) and not any(t is o for o in outs)]
+                if unseen:
+                    cache = self.cache
+                    for t in outs:
+                        hit = cache.get(id(t))
+                        if hit is not None and hit[0]() is t:
+                            cache[id(t)] = (hit[0], _BEFORE_UNSEEN_WRITE, hit[2])
+                        self.param_stats.pop(id(t), None)  # (a parameter's range carried over steps)
                 if outs:
                     fn = getattr(compiled, "_torchdynamo_orig_callable", compiled)
                     owner = getattr(fn, "__self__", None)  # (a module's forward: its bound __call__)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from auditor.capture.frames import is_torch_internal, user_frame, via_data as _via
+from auditor.capture.frames import is_torch_internal, on_forget, user_frame, via_data as _via
 from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
 from auditor.evidence import model as m
 
@@ -257,6 +257,7 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
         # torch's code that calls this itself, not on the user's behalf: id -> code object (kept, so
         # that its id is not reused; an id, since hashing a code object hashes its contents)
         torch_own: dict[int, Any] = {}
+        on_forget(torch_own.clear)  # (at the program's end: frames.forget_codes)
 
         def probe(self, *args, **kwargs):
             if _compiling() or not isinstance(self, torch.Tensor):  # (not a tensor: torch's own TypeError)

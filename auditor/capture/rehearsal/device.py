@@ -38,7 +38,7 @@ import torch.utils._device as _device_ctx
 from torch.overrides import TorchFunctionMode
 
 import auditor
-from auditor.capture import own_time, probes, torch_private
+from auditor.capture import own_time, probes, torch_private, unseen
 from auditor.capture.rehearsal import clock
 from auditor.capture.frames import call_position, is_torch_internal, library_code
 from auditor.evidence import model as m
@@ -612,6 +612,7 @@ def _traced(func: Callable, args: tuple, kwargs: dict) -> Any:
             func, args, requested = _T.to, (args[0], CPU), True
         elif len(args) > 1 and is_cuda_request(args[1]):
             args, requested = (args[0], CPU, *args[2:]), True
+    _mode_traced()
     marked = requested or _args_marked(args) or (bool(kwargs) and _args_marked(tuple(kwargs.values())))
     out = func(*args, **kwargs)
     if marked:
@@ -619,6 +620,74 @@ def _traced(func: Callable, args: tuple, kwargs: dict) -> Any:
             if not any(t is a for a in args):
                 setattr(t, CUDA_MARK, True)
     return out
+
+
+_MODE_TRACED = [False]  # whether dynamo has traced the mode into a compiled graph (see _mode_traced)
+
+
+def _mode_traced() -> bool:
+    """Run for real as dynamo traces a call to it, in `_traced` (a constant of the compiled code:
+    no guard, no side effect replayed): dynamo traces this torch's function modes, and the marks the
+    mode sets in a traced call are put on the compiled code's results."""
+    _MODE_TRACED[0] = True
+    return True
+
+
+setattr(_mode_traced, torch_private.DYNAMO_CONSTANT, True)  # (torch._dynamo.assume_constant_result's mark)
+
+
+def _mark_compiled_results(compiled: Any, args: tuple, kwargs: dict, out: Any) -> None:
+    """After a call of compiled code (unseen.compiled_call_results), where dynamo has not traced
+    the mode into a graph: torch 2.4's dynamo compiles as if no torch-function mode were on the
+    stack, and its kernels run outside any torch function, so nothing marked what the compiled code
+    made (a compiled model's output then met the GPU labels as a host tensor: a false device mix).
+    Its results are marked, as the traced mode marks them, when what it computes from is on the GPU:
+    a marked tensor argument, the compiled module's weights, or a tensor or module the compiled
+    function reads from its globals or closure. A result that is one of its arguments keeps its own
+    device."""
+    if _MODE_TRACED[0] or not _compiled_reads_gpu(compiled, args, kwargs):
+        return
+    for t in _result_tensors(out):
+        if not getattr(t, CUDA_MARK, False) and not any(t is a for a in args):
+            mark(t)
+
+
+def _compiled_reads_gpu(compiled: Any, args: tuple, kwargs: dict) -> bool:
+    if _args_marked(args) or (bool(kwargs) and _args_marked(tuple(kwargs.values()))):
+        return True
+    fn = getattr(compiled, "_torchdynamo_orig_callable", compiled)
+    owner = getattr(fn, "__self__", None)  # (a compiled module: its bound __call__ or _call_impl)
+    if isinstance(owner, torch.nn.Module):
+        return _module_on_gpu(owner)
+    code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+    if code is None or names is None:
+        return False
+    read = [names.get(n) for n in code.co_names]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            read.append(cell.cell_contents)
+        except ValueError:  # (an empty cell)
+            pass
+    return any(is_marked(v) or (isinstance(v, torch.nn.Module) and _module_on_gpu(v)) for v in read)
+
+
+def _module_on_gpu(module: torch.nn.Module) -> bool:
+    """Whether a module's first parameter (or, without parameters, first buffer) is on the GPU."""
+    for t in module.parameters():
+        return is_marked(t)
+    for t in module.buffers():
+        return is_marked(t)
+    return False
+
+
+def _result_tensors(out: Any):
+    """The tensors of a result: itself, in a tuple or list (two levels, as `_tensors`), or a dict's
+    values (a model's output object)."""
+    if isinstance(out, dict):
+        for v in out.values():
+            yield from _tensors(v)
+    else:
+        yield from _tensors(out)
 
 
 class RehearsalMode(TorchFunctionMode):
@@ -871,6 +940,7 @@ def install() -> RehearsalMode:
         from auditor.capture.rehearsal.functorch_marks import install_functorch_marks
 
         install_functorch_marks(CUDA_MARK)
+        unseen.compiled_call_results(_mark_compiled_results)
         _MODE = RehearsalMode()
         _MODE.__enter__()
         torch.nn.modules.module.register_module_forward_pre_hook(_leaf_inputs_on_host)

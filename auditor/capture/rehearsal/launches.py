@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from auditor.capture import probes
+from auditor.capture.frames import on_forget
 from auditor.capture.rehearsal.device import call_site
 from auditor.evidence import model as m
 
@@ -64,6 +65,7 @@ _NO_FLOPS = [(("bytes_class", b), ("flops_class", 0), ("dtype", "")) for b in ra
 _OPTIM_DIR = os.path.normcase(os.path.realpath(os.path.dirname(torch.optim.__file__))) + os.sep
 _optim_code: dict[int, bool] = {}  # id(code) -> whether it is torch.optim's (the code kept in _KEPT)
 _KEPT: list = []
+on_forget(lambda: (_optim_code.clear(), _KEPT.clear()))  # (at the program's end: frames.forget_codes)
 
 
 def op_name(func: Callable) -> str:
