@@ -122,8 +122,10 @@ def _parse(args: list[str]) -> click.Command | None:
     """Parse `args` as the shell would hand them to `audit`: the subcommand must exist and take every
     option named (unknown options raise). Placeholder values parse without their checks
     (resilient parsing); a command whose files all exist is parsed in full as well."""
-    ctx = cli.make_context("audit", list(args), resilient_parsing=True)
-    rest = [*ctx.protected_args, *ctx.args]
+    ctx = click.Context(cli, info_name="audit", resilient_parsing=True)
+    # the group's own options parsed as a plain command's: what is left is the subcommand and its
+    # arguments (Group.parse_args would split them into the deprecated protected_args)
+    rest = click.Command.parse_args(cli, ctx, list(args))
     if not rest:
         return None
     name, command, rest = cli.resolve_command(ctx, rest)
