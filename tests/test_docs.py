@@ -305,6 +305,16 @@ def test_readme_is_short_and_keeps_the_set_up_commands():
     assert "(docs/report.png)" in readme and (ROOT / "docs" / "report.png").exists()
 
 
+def test_the_reports_screenshot_is_the_top_of_a_page_and_small():
+    """docs/report.png is what `python docs/samples.py --screenshot` writes: a PNG of its size (the
+    top of a 1400 px page), near 300 KB."""
+    png = (ROOT / "docs" / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (1400, 1450), "not the size docs/samples.py takes: run it with --screenshot"
+    assert len(png) < 350_000
+
+
 def build(root: Path, out: Path) -> subprocess.CompletedProcess:
     """`mkdocs build --strict` of the site under `root` (no --quiet: it hides the warnings strict
     mode counts, and a broken link then builds)."""
