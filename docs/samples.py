@@ -119,27 +119,34 @@ SCREENSHOT = ROOT / "docs" / "report.png"
 SCREENSHOT_SIZE = {"width": 1400, "height": 1450}  # px
 
 
-def screenshot(report: Path, out: Path = SCREENSHOT) -> None:
-    """The top of a rendered report.html, opened offline, written to `out` as a PNG (temp + rename)."""
-    import os
+def screenshot(report: Path, out: Path = SCREENSHOT, browser: object = None) -> None:
+    """The top of a rendered report.html, opened offline, written to `out` as a PNG (temp + rename), in
+    `browser` (a Playwright Chromium) or in headless Chromium launched for it."""
+    if browser is None:
+        import os
 
-    from playwright.sync_api import sync_playwright
+        from playwright.sync_api import sync_playwright
 
-    chromium = os.environ.get("AUDITOR_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    partial = out.with_name(out.name + ".partial.png")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
-        try:
-            page = browser.new_page(viewport=SCREENSHOT_SIZE)
-            # as a user opens it: from the file, anything but a local file refused
-            page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:"))
-                       else r.abort())
-            page.goto(report.as_uri(), wait_until="load")
-            page.wait_for_function("() => [...document.querySelectorAll('.plot')]"
-                                   ".every(d => d.querySelector('.main-svg, canvas'))", timeout=10000)
-            page.screenshot(path=str(partial))
-        finally:
-            browser.close()
+        chromium = os.environ.get("AUDITOR_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+        with sync_playwright() as p:
+            launched = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+            try:
+                screenshot(report, out, launched)
+            finally:
+                launched.close()
+        return
+    page = browser.new_page(viewport=SCREENSHOT_SIZE)  # type: ignore[attr-defined]
+    try:
+        # as a user opens it: from the file, anything but a local file refused
+        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:"))
+                   else r.abort())
+        page.goto(report.as_uri(), wait_until="load")
+        page.wait_for_function("() => [...document.querySelectorAll('.plot')]"
+                               ".every(d => d.querySelector('.main-svg, canvas'))", timeout=10000)
+        partial = out.with_name(out.name + ".partial.png")
+        page.screenshot(path=str(partial))
+    finally:
+        page.close()
     partial.replace(out)
 
 
