@@ -5,7 +5,9 @@ output as a user sees it. `python docs/samples.py` runs each audit sample's comm
 root, writes its output into every page that shows it, and keeps the run's evidence (and trace) in
 tests/fixtures/docs/NAME/, from which `audit report` prints the same summary again.
 `python docs/samples.py --rerender` keeps the runs and writes what today's code prints of them into
-the pages (the run's own notices, printed while it ran, stay as they were). The test
+the pages (the run's own notices, printed while it ran, stay as they were).
+`python docs/samples.py --screenshot` writes docs/report.png, the top of the first kept run's
+report.html as today's code renders it (headless Chromium, 1400 px wide). The test
 (tests/test_doc_samples.py) re-renders each kept run with today's code and asks the pages' blocks to be
 that output, and runs each sample of a recorded trace (deterministic) again: a change of the format
 fails it until the samples are made again with this script.
@@ -110,6 +112,59 @@ def rerender(sample: Sample) -> None:
     print(f"{sample.name}: re-rendered into {', '.join(sample.pages)}")
 
 
+# The screenshot the pages show: the top of the first kept audit's report.html as today's code renders
+# it (its cards and findings table), in headless Chromium (Debian's, driven by Playwright, as
+# tests/reports/test_html_browser.py does). Cropped so that the PNG stays near 300 KB.
+SCREENSHOT = ROOT / "docs" / "report.png"
+SCREENSHOT_SIZE = {"width": 1400, "height": 1450}  # px
+
+
+def screenshot(report: Path, out: Path = SCREENSHOT, browser: object = None) -> None:
+    """The top of a rendered report.html, opened offline, written to `out` as a PNG (temp + rename), in
+    `browser` (a Playwright Chromium) or in headless Chromium launched for it."""
+    if browser is None:
+        import os
+
+        from playwright.sync_api import sync_playwright
+
+        chromium = os.environ.get("AUDITOR_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+        with sync_playwright() as p:
+            launched = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+            try:
+                screenshot(report, out, launched)
+            finally:
+                launched.close()
+        return
+    page = browser.new_page(viewport=SCREENSHOT_SIZE)  # type: ignore[attr-defined]
+    try:
+        # as a user opens it: from the file, anything but a local file refused
+        page.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:"))
+                   else r.abort())
+        page.goto(report.as_uri(), wait_until="load")
+        page.wait_for_function("() => [...document.querySelectorAll('.plot')]"
+                               ".every(d => d.querySelector('.main-svg, canvas'))", timeout=10000)
+        partial = out.with_name(out.name + ".partial.png")
+        page.screenshot(path=str(partial))
+    finally:
+        page.close()
+    partial.replace(out)
+
+
+def make_screenshot(sample: Sample) -> None:
+    """docs/report.png from today's `audit report` of the kept run."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / sample.name
+        shutil.copytree(KEPT / sample.name, run)
+        subprocess.run(report_command(run), cwd=ROOT, check=True, capture_output=True, text=True)
+        screenshot(run / "report.html")
+    print(f"{sample.name}: {SCREENSHOT.relative_to(ROOT)} ({SCREENSHOT.stat().st_size // 1024} KB)")
+
+
 if __name__ == "__main__":
+    if "--screenshot" in sys.argv[1:]:
+        make_screenshot(AUDITS[0])
+        sys.exit(0)
     for s in AUDITS:
         rerender(s) if "--rerender" in sys.argv[1:] else make(s)

@@ -234,6 +234,24 @@ def test_the_audited_report_fits_its_width_and_its_labels_do_not_overlap(browser
         page.close()
 
 
+def test_the_docs_screenshot_is_taken_of_todays_report(browser: object, docs_report: Path, tmp_path: Path) -> None:
+    """docs/samples.py's screenshot of the docs run's report (what docs/report.png is): the size the
+    pages' image has, the page drawn (not a blank capture)."""
+    import importlib.util
+
+    samples = sys.modules.get("doc_samples")
+    if samples is None:  # (loaded as tests/test_doc_samples.py loads it: its dataclass needs the module listed)
+        spec = importlib.util.spec_from_file_location("doc_samples", ROOT / "docs" / "samples.py")
+        samples = sys.modules["doc_samples"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(samples)  # type: ignore[union-attr]
+    out = tmp_path / "report.png"
+    samples.screenshot(docs_report, out, browser)
+    png = out.read_bytes()
+    size = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert size == tuple(samples.SCREENSHOT_SIZE.values()) == (1400, 1450)
+    assert 100_000 < len(png) < 350_000 and not list(tmp_path.glob("*.partial.png"))
+
+
 V100_TRACE = FIXTURES / "traces" / "v100_resnet50_dataloader_workers0.pt.trace.json.gz"
 
 
