@@ -16,7 +16,6 @@ import platform
 import signal
 import socket
 import sys
-import time
 import traceback
 from typing import Any, Callable, Iterator, Sequence
 
@@ -29,6 +28,7 @@ from auditor.capture import (cuda_memory, cuda_standins, graphs, probes, rehears
                              window_watch, wire)
 from auditor.capture.trace_file import export_dir as _trace_dir, unsafe_for_trace as _unsafe_for_trace  # noqa: F401
 from auditor.capture.collectors import load_collectors
+from auditor.capture.exit_bound import bound_exit
 from auditor.capture.frames import forget_codes, is_library
 from auditor.capture.program import ChildParts, run_program
 from auditor.capture.session import StepSession, new_loaders
@@ -827,41 +827,6 @@ def _target_source(spec: str) -> tuple[str | None, str | None]:
     except TargetError:
         return None, None
     return (t.file, None) if t.file is not None else (None, t.module)
-
-
-EXIT_GRACE_S = 60.0  # how long the program's end (its threads, its atexit handlers) may take
-# A program whose end takes longer on purpose (an atexit upload of its checkpoints) sets it higher.
-EXIT_GRACE_VAR = "AUDIT_EXIT_GRACE_S"
-
-
-def exit_grace_s() -> float:
-    """The seconds the program's end may take: AUDIT_EXIT_GRACE_S when it is a positive number."""
-    try:
-        value = float(os.environ.get(EXIT_GRACE_VAR, ""))
-    except ValueError:
-        return EXIT_GRACE_S
-    return value if value > 0 else EXIT_GRACE_S
-
-
-def bound_exit(code: int, grace_s: float | None = None) -> None:
-    """After the run, Python joins the program's non-daemon threads and runs its atexit handlers;
-    one that never ends (a thread left running, a worker never joined) would keep `audit` waiting
-    forever. A daemon thread ends the process `grace_s` seconds later (exit_grace_s()), saying so
-    on stderr."""
-    import threading
-
-    grace_s = exit_grace_s() if grace_s is None else grace_s
-
-    def stop() -> None:
-        time.sleep(grace_s)
-        try:
-            sys.stderr.write(f"audit: the program had not ended {grace_s:g} s after its run (a non-daemon "
-                             "thread or an atexit handler still running): its process is ended\n")
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-
-    threading.Thread(target=stop, name="audit-exit-bound", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:

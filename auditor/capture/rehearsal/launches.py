@@ -29,7 +29,7 @@ import torch
 
 from auditor.capture import probes
 from auditor.capture.frames import on_forget
-from auditor.capture.rehearsal.device import call_site
+from auditor.capture.rehearsal.call_sites import call_site
 from auditor.evidence import model as m
 
 _Tensor = torch.Tensor
