@@ -49,7 +49,7 @@ from auditor.reports.terminal import (PER_RULE_LINES, by_cost, checkpoint_overvi
 from auditor.findings import Finding
 from auditor.fixes import make_patch
 from auditor.findings import RuleResults
-from auditor.reports.window_drop import judged_without, window_drop_phrase
+from auditor.reports.window_drop import judged_without, traces_without, traces_without_phrase, window_drop_phrase
 from auditor.rules.registry import get_rule
 
 if TYPE_CHECKING:  # (the trace parser loads only when a trace is rendered)
@@ -722,7 +722,8 @@ class HtmlReport(Reporter):
             results=results,
             judged_without=judged_without(evidence, results),
             window_drop=(window_drop_phrase(evidence.profile.drop)
-                         if evidence.profile is not None and evidence.profile.drop is not None else ""),
+                         if evidence.profile is not None and evidence.profile.drop is not None
+                         else traces_without_phrase(without) if (without := traces_without(evidence)) else ""),
             verdict=verdict(evidence, results),
             ckpt=checkpoint_verdict(evidence),
             snap=snapshot_verdict(evidence),

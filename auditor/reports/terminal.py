@@ -24,7 +24,7 @@ from auditor.reports.step_clock import clock_phrase
 from auditor.evidence.step_clock import step_clock
 from auditor.findings import DEVICE, HOST, STEP, Finding, severity_rank, share_of_step, together_ms
 from auditor.findings import RuleResults
-from auditor.reports.window_drop import judged_without, window_drop_phrase
+from auditor.reports.window_drop import judged_without, traces_without, traces_without_phrase, window_drop_phrase
 
 # Control characters (C0, DEL, C1), line and paragraph separators and bidirectional overrides: in
 # text from the user's data (op names from a trace, target names, messages) they would move the
@@ -449,6 +449,8 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     drop = evidence.profile.drop if evidence.profile is not None else None
     if drop is not None:
         lines.append(Text(window_drop_phrase(drop, judged_without(evidence, results)), style="yellow"))
+    elif (without := traces_without(evidence)) and (judged := judged_without(evidence, results)):
+        lines.append(Text(traces_without_phrase(without, judged), style="yellow"))  # (said where a rule read it)
     cut = evidence.profile.cut if evidence.profile is not None else None
     if cut is not None:
         lines.append(Text(window_cut_phrase(cut, evidence.profile.peak_rss_bytes), style="yellow"))
