@@ -179,6 +179,8 @@ def test_v100_workers4_control_is_not_dataloader_bound(analyzed) -> None:
     assert len(shares) == 6 and max(shares) < 0.03  # the control really loads in workers
     assert rules(doc, "dataloader-bound") == []
     assert "dataloader-bound" not in {s["rule"] for s in doc["skipped_rules"]}  # it ran, and stayed quiet
+    # recorded with shapes (`Input Dims`) and stacks (old schema: operators' `Call stack`): no rule judged without them
+    assert doc["judged_without"] == [] and "Judged without" not in (analyzed(W4).out / "report.html").read_text()
 
 
 def test_a100_rank0_host_sync_is_the_75_copies_not_the_items(analyzed) -> None:
@@ -215,6 +217,14 @@ def test_a100_rank0_host_sync_is_the_75_copies_not_the_items(analyzed) -> None:
         text = json.dumps({k: v for k, v in g.items() if not (g["rule"] == "gpu-idle" and k == "fix")})
         text = text.replace(RANK0.name, "")
         assert not re.search(r"item|_local_scalar_dense", text), (g["rule"], g["message"])
+    # recorded with shapes (its header's `record_shapes`, operators' `Input Dims`) but without stacks (no
+    # python_function event in it): the rules that read the user's lines say they judged it without them
+    assert not any(e.get("cat") == "python_function" for e in raw(RANK0))
+    assert doc["judged_without"] == [{"rule": r, "without": ["with_stack"]}
+                                     for r in ("blocking-pinned-copy", "gpu-idle", "unfused-attention")]
+    page = (analyzed(RANK0).out / "report.html").read_text()
+    assert "<h3>Judged without what the trace did not record</h3>" in page
+    assert f"profiler trace {RANK0.name} was recorded without stacks (with_stack)" in page
 
 
 def test_fragmented_snapshot_is_flagged_with_its_figure(analyzed) -> None:

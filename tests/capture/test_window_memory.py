@@ -118,6 +118,7 @@ def test_an_lstm_sequence_window_stays_within_its_memory_bound_with_its_end(tmp_
     import gzip
 
     from auditor.evidence.trace.load import load_trace
+    from auditor.evidence.trace.recorded import recorded_without
 
     script = DATA / "public_shapes" / "time_sequence_prediction.py"
     out = tmp_path / "out"
@@ -169,6 +170,8 @@ def test_an_lstm_sequence_window_stays_within_its_memory_bound_with_its_end(tmp_
     kept = load_trace(out / trace)
     assert kept.step_count() == len(w["steps"]) - 1 and kept.has_stacks
     assert kept.metadata.get("with_stack") == 1 and "record_shapes" not in kept.metadata
+    # so that `audit analyze` of the trace alone says what the run said (auditor.evidence.trace.recorded)
+    assert recorded_without(kept) == ("record_shapes",)
 
 
 @pytest.mark.slow

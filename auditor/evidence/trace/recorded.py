@@ -49,7 +49,7 @@ def _without(trace: Any) -> tuple[str, ...]:
     out: list[str] = []
     if not meta.get("record_shapes") and not _has_shapes(trace, ops):
         out.append("record_shapes")
-    if not meta.get("with_stack") and not _has_stacks(trace, cat):
+    if not meta.get("with_stack") and not trace.has_stacks:
         out.append("with_stack")
     return tuple(out)
 
@@ -63,9 +63,3 @@ def _has_shapes(trace: Any, ops: np.ndarray) -> bool:
     records = trace.arg_records
     return any(0 <= c < len(records) and (records[c].dims or records[c].types) for c in codes.tolist())
 
-
-def _has_stacks(trace: Any, cat: np.ndarray) -> bool:
-    """A Python frame was recorded: a python_function event, or (old schema) an operator's call stack."""
-    if (cat == CAT["python"]).any():
-        return True
-    return "stack" in trace.events and bool((trace.col("stack") >= 0).any())
