@@ -73,7 +73,8 @@ def window_drop_phrase(drop: WindowDrop, judged: Sequence[dict[str, Any]] = ()) 
 def traces_without_phrase(without: Sequence[tuple[str, Sequence[str]]],
                           judged: Sequence[dict[str, Any]] = ()) -> str:
     """The traces analysed on their own that were recorded without shapes or stacks (`without`:
-    traces_without), and the rules that judged them without what they read (`judged`)."""
+    traces_without), and the rules that judged them without what they read (`judged`). Traces that
+    lack the same are named together, the first NAMED_TRACES of them: one line however many."""
     def what(options: Sequence[str]) -> str:
         return " or ".join(DROPPED_TEXT.get(o, o) for o in options)
 
@@ -81,9 +82,20 @@ def traces_without_phrase(without: Sequence[tuple[str, Sequence[str]]],
         label, options = without[0]
         text = f"profiler trace {label} was recorded without {what(options)}"
     else:
-        text = "profiler traces were recorded without what some rules read: " + ", ".join(
-            f"{label} without {what(options)}" for label, options in without)
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for label, options in without:
+            groups.setdefault(tuple(options), []).append(label)
+        text = "profiler traces were recorded without what some rules read: " + "; ".join(
+            f"{_named(labels)} without {what(options)}" for options, labels in groups.items())
     lacking = [o for o in OPTIONS if any(o in w for _, w in without)]
     text += (f" (torch.profiler.profile({', '.join(f'{o}=True' for o in lacking)}) records "
              f"{'them' if len(lacking) > 1 else 'it'})")
     return text + _judged_text(judged) if judged else text
+
+
+NAMED_TRACES = 3  # traces named in the note; the others counted
+
+
+def _named(labels: Sequence[str]) -> str:
+    shown = ", ".join(labels[:NAMED_TRACES])
+    return shown if len(labels) <= NAMED_TRACES else f"{shown} and {len(labels) - NAMED_TRACES:,} more"

@@ -114,3 +114,24 @@ def test_a_trace_with_shapes_and_stacks_gets_no_note(recorded, tmp_path):
     assert judged == []
     assert not [ln for ln in lines if "recorded without" in ln]
     assert "Judged without" not in page
+
+
+def test_many_traces_lacking_the_same_are_named_in_one_short_line(recorded, tmp_path):
+    """A directory of many traces: those that lack the same are named together, the first three,
+    the others counted (a directory of 2,000 would otherwise name them all in one line)."""
+    d = tmp_path / "traces"
+    d.mkdir()
+    names = [f"rank{i}.pt.trace.json" for i in range(5)]
+    for name in names:
+        (d / name).write_bytes(recorded[False, True].read_bytes())
+    (d / "full.pt.trace.json").write_bytes(recorded[True, True].read_bytes())
+    (d / "nostack.pt.trace.json").write_bytes(recorded[True, False].read_bytes())
+    lines, judged, _ = _reports(d, tmp_path)
+    [line] = [ln for ln in lines if ln.startswith("profiler traces ")]
+    assert line.startswith("profiler traces were recorded without what some rules read: "
+                           "nostack.pt.trace.json without stacks (with_stack); rank0.pt.trace.json, rank1.pt.trace.json, "
+                           "rank2.pt.trace.json and 2 more without shapes (record_shapes) "
+                           "(torch.profiler.profile(record_shapes=True, with_stack=True) records them); "
+                           "judged without them, and may find less: "), line
+    assert "full.pt.trace.json" not in line and "rank3" not in line
+    assert {"rule": "unfused-attention", "without": ["record_shapes", "with_stack"]} in judged
