@@ -28,6 +28,14 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # the variable once, when CUDA first starts in a process.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
+# The suite runs as many workers as the machine has cores (`pytest -n 2` on two), and each starts
+# programs: torch's intra-op threads in each would spin against the other worker's for the same
+# cores (a plain and an audited run of a small program: 28 s of CPU in 14 s of wall time with
+# torch's default threads). Every process the suite starts runs torch on one thread unless its
+# test asks for more (`audit()` below sets it too).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 # The test folders mirror the package (capture/, evidence/, rules/, reports/; the commands here).
 # Test modules share helpers by module name (make_case, the session's rehearsed GPU audits), so
