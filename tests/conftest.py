@@ -84,6 +84,17 @@ def audit(*args: str, out: Path, cwd: Path | None = None, env: dict | None = Non
     return Audit(p.returncode, p.stdout, p.stderr, out)
 
 
+@pytest.fixture(autouse=True)
+def _source_roots_set_back():
+    """The source roots a command run in this worker sets (source_access.allow) are set back after
+    each test, as `audit`'s entry point does: a test that ran `analyze --source-root` in-process
+    would otherwise restrict what every later test in the worker reads and edits."""
+    from auditor.evidence import source_access
+
+    with source_access.kept():
+        yield
+
+
 def patch_text(path: Path) -> str:
     """A patch file's text, '' where the audit wrote none (it writes one only when it holds a patch)."""
     return path.read_text() if path.exists() else ""
