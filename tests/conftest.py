@@ -31,8 +31,8 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # The suite runs as many workers as the machine has cores (`pytest -n 2` on two), and each starts
 # programs: torch's intra-op threads in each would spin against the other worker's for the same
 # cores (a plain and an audited run of a small program: 28 s of CPU in 14 s of wall time with
-# torch's default threads). Every process the suite starts runs torch on one thread unless its
-# test asks for more (`audit()` below sets it too).
+# torch's default threads), and step timings (so the timing rules) would swing with the load.
+# Every process the suite starts runs torch on one thread unless its test asks for more.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
@@ -76,11 +76,9 @@ def audit(*args: str, out: Path, cwd: Path | None = None, env: dict | None = Non
     if args and args[0] in ("run", "analyze") and "--out" not in args:
         at = cmd.index("--") if "--" in cmd else len(cmd)  # (after "--": the script's own arguments)
         cmd[at:at] = ["--out", str(out)]
-    # One intra-op thread per audited process: the suite runs two workers on two cores, and
-    # oversubscribed threads would make step timings (and so the timing rules) swing with load.
-    base = {"OMP_NUM_THREADS": "1", **os.environ}
+    # (one intra-op thread per audited process, from the environment set above, unless `env` says)
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout,
-                       env={**base, **(env or {})})
+                       env={**os.environ, **(env or {})})
     return Audit(p.returncode, p.stdout, p.stderr, out)
 
 

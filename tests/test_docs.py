@@ -275,19 +275,10 @@ def test_a_pages_chained_commands_run_as_written(page, tmp_path, monkeypatch):
                 shutil.rmtree(tmp_path / out, ignore_errors=True)
                 shutil.copytree(kept, tmp_path / out)
         elif ins:
-            result = _invoke(args)
+            result = CliRunner().invoke(cli, args, prog_name="audit")
             assert result.exit_code == 0, f"{where}: `{command}` exited {result.exit_code}: {result.output}"
             ran += 1
     assert ran
-
-
-def _invoke(args: list[str]):
-    """The command run in this process as `audit` runs it (cli.main): the source roots it sets are
-    set back after it, so a later test in this worker reads sources as before."""
-    from auditor.evidence import source_access
-
-    with source_access.kept():
-        return CliRunner().invoke(cli, args, prog_name="audit")
 
 
 # the documented commands that run in a moment: `audit rules`, `audit explain` of a rule id
@@ -298,7 +289,7 @@ CHEAP = sorted({c for c in (c.removeprefix(INLINE) for _, c in COMMANDS)
 
 @pytest.mark.parametrize("command", CHEAP)
 def test_cheap_documented_command_runs(command):
-    result = _invoke(_args(command))
+    result = CliRunner().invoke(cli, _args(command), prog_name="audit")
     assert result.exit_code == 0, result.output
     assert result.output.strip()
 

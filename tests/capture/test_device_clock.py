@@ -46,13 +46,20 @@ class Marks:
             m[2] = True
 
 
-def test_device_times_are_read_once_their_marks_complete_and_never_waited_for():
+def queued(steps: int, ms: float) -> tuple[Marks, DeviceClock]:
+    """A device clock over `steps` steps that the host queued at once, each taking `ms` of the
+    device's time; no mark has completed yet."""
     marks = Marks()
     clock = DeviceClock(marks)
-    for i in range(3):
+    for i in range(steps):
         clock.begin(i)
-        marks.now += 40.0  # the device's time for the step (the host queued it at once)
+        marks.now += ms
         clock.end(i)
+    return marks, clock
+
+
+def test_device_times_are_read_once_their_marks_complete_and_never_waited_for():
+    marks, clock = queued(3, 40.0)
     assert clock.take() == []  # nothing has completed: nothing is read, and nothing waits
     marks.marks[0][2] = marks.marks[1][2] = True
     assert clock.take() == [(0, 40.0)]
@@ -62,12 +69,7 @@ def test_device_times_are_read_once_their_marks_complete_and_never_waited_for():
 
 
 def test_a_step_whose_kernel_never_finishes_stays_on_the_hosts_clock_and_the_run_ends():
-    marks = Marks()
-    clock = DeviceClock(marks)
-    for i in range(4):
-        clock.begin(i)
-        marks.now += 10.0
-        clock.end(i)
+    marks, clock = queued(4, 10.0)
     for m in marks.marks[:4]:  # steps 0 and 1 complete; step 2's kernel hangs, so step 3 never starts
         m[2] = True
     times, note = clock.finish(wait_s=0.05)
@@ -226,12 +228,7 @@ def test_a_run_whose_device_clock_failed_reports_the_hosts_step_and_says_why(tmp
     with a device time. The report finishes on the host's clock and its summary says why."""
     from auditor.evidence.step_clock import DEVICE_CLOCK_NOTE
 
-    marks = Marks()
-    clock = DeviceClock(marks)
-    for i in range(30):
-        clock.begin(i)
-        marks.now += 64.0
-        clock.end(i)
+    marks, clock = queued(30, 64.0)
     times, note = clock.finish(wait_s=0.0)  # no mark ever completes
     assert times == [] and note
     run = tmp_path / "run"
