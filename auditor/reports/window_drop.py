@@ -50,6 +50,10 @@ def judged_without(evidence: Evidence, results: RuleResults) -> list[dict[str, A
 DROPPED_TEXT = {"record_shapes": "shapes (record_shapes)", "with_stack": "stacks (with_stack)"}
 
 
+def _what(options: Sequence[str]) -> str:
+    return " or ".join(DROPPED_TEXT.get(o, o) for o in options)
+
+
 def _judged_text(judged: Sequence[dict[str, Any]]) -> str:
     names = ", ".join(f"{j['rule']} (without {' or '.join(str(d).split('_')[-1] for d in j['without'])})"
                       for j in judged)
@@ -60,7 +64,7 @@ def window_drop_phrase(drop: WindowDrop, judged: Sequence[dict[str, Any]] = ()) 
     """The profiler window recorded without shapes or stacks to fit its bounds, and the rules that
     judged its trace without what they read (`judged`: judged_without)."""
     gb = 1e9
-    what = " or ".join(DROPPED_TEXT.get(d, d) for d in drop.dropped)
+    what = _what(drop.dropped)
     bound = (f"--profile-memory (at most {drop.limit_bytes / gb:.2f} GB with its end)" if drop.reason == "memory"
              else f"--trace-size (a trace of at most {drop.trace_limit_bytes / gb:.3f} GB)")
     text = (f"profiler window recorded without {what} to keep within {bound}: a step recorded with shapes and "
@@ -75,18 +79,15 @@ def traces_without_phrase(without: Sequence[tuple[str, Sequence[str]]],
     """The traces analysed on their own that were recorded without shapes or stacks (`without`:
     traces_without), and the rules that judged them without what they read (`judged`). Traces that
     lack the same are named together, the first NAMED_TRACES of them: one line however many."""
-    def what(options: Sequence[str]) -> str:
-        return " or ".join(DROPPED_TEXT.get(o, o) for o in options)
-
     if len(without) == 1:
         label, options = without[0]
-        text = f"profiler trace {label} was recorded without {what(options)}"
+        text = f"profiler trace {label} was recorded without {_what(options)}"
     else:
         groups: dict[tuple[str, ...], list[str]] = {}
         for label, options in without:
             groups.setdefault(tuple(options), []).append(label)
         text = "profiler traces were recorded without what some rules read: " + "; ".join(
-            f"{_named(labels)} without {what(options)}" for options, labels in groups.items())
+            f"{_named(labels)} without {_what(options)}" for options, labels in groups.items())
     lacking = [o for o in OPTIONS if any(o in w for _, w in without)]
     text += (f" (torch.profiler.profile({', '.join(f'{o}=True' for o in lacking)}) records "
              f"{'them' if len(lacking) > 1 else 'it'})")
