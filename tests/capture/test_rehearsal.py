@@ -824,32 +824,76 @@ if __name__ == "__main__":
 """
 
 
-def assert_rehearsal_computes_as_the_cpu_version(tmp_path: Path, source: str) -> None:
-    """`source` (a trainer that saves its state at step 2 to $PARITY_OUT) audited for 3 steps runs
-    to the end in rehearsal, and leaves the weights and optimizer state of its CPU version (every
-    "cuda" replaced by "cpu") run plainly."""
-    trainer = tmp_path / "ckpt.py"
-    trainer.write_text(source)
-    (tmp_path / "ckpt_cpu.py").write_text(source.replace("cuda", "cpu"))
-    plain = subprocess.Popen([sys.executable, str(tmp_path / "ckpt_cpu.py")], cwd=tmp_path,  # meanwhile
-                             env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "plain.pt"), "PATH": ""})
-    a = audit("run", f"{trainer}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
-              env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "rehearsed.pt")})
-    assert plain.wait(timeout=120) == 0
+# The trainers that must compute in rehearsal what their CPU versions compute, each saving its state
+# at step 2 to $PARITY_OUT (a module of its own, as it is written), and how each CPU version is made.
+# They run side by side in one program, audited once and run plainly once: each steps its own model,
+# optimizer and data (none changes state another reads), and each test compares its own trainer's
+# state. (Their steps interleave, so the dropout draws of one follow another's: the same order in
+# both runs.)
+def _parity_trainers() -> dict[str, tuple[str, tuple[str, str]]]:
+    return {"ckpt": (CHECKPOINTED, ("cuda", "cpu")), "ckpt_hooks": (CHECKPOINTED_UNDER_HOOKS, ("cuda", "cpu")),
+            "per_sample": (PER_SAMPLE_GRADS, ("cuda", "cpu")), "channels_last": (CHANNELS_LAST, ('"cuda"', '"cpu"'))}
+
+
+SIDE_BY_SIDE = """
+import os
+{imports}
+
+TRAINERS = {{{pairs}}}
+
+
+def step(i):
+    for name, trainer in TRAINERS.items():
+        os.environ["PARITY_OUT"] = os.path.join(os.environ["PARITY_DIR"], name + ".pt")
+        trainer.step(i)
+
+
+if __name__ == "__main__":
+    for i in range(3):
+        step(i)
+"""
+
+
+@pytest.fixture(scope="module")
+def side_by_side(tmp_path_factory):
+    """The parity trainers audited for 3 steps (main.py:step, which steps each) in rehearsal, and
+    their CPU versions (every "cuda" replaced by "cpu") run plainly meanwhile: the audit, and each
+    trainer's two saved states by name."""
+    root = tmp_path_factory.mktemp("side-by-side")
+    trainers = _parity_trainers()
+    main = SIDE_BY_SIDE.format(imports="\n".join(f"import {n}" for n in trainers),
+                               pairs=", ".join(f"{n!r}: {n}" for n in trainers))
+    for kind in ("rehearsed", "plain"):
+        (root / kind).mkdir()
+        (root / kind / "main.py").write_text(main)
+        for name, (source, (gpu, cpu)) in trainers.items():
+            (root / kind / f"{name}.py").write_text(source if kind == "rehearsed" else source.replace(gpu, cpu))
+    plain = subprocess.Popen([sys.executable, str(root / "plain" / "main.py")], cwd=root / "plain",  # meanwhile
+                             env={**QUIET_ENV, "PARITY_DIR": str(root / "plain"), "PATH": ""})
+    a = audit("run", f"{root / 'rehearsed' / 'main.py'}:step", "--steps", "3", "--no-profile", "--quiet",
+              out=root / "out", env={**QUIET_ENV, "PARITY_DIR": str(root / "rehearsed")})
+    return a, plain.wait(timeout=120), root
+
+
+def assert_rehearsal_computes_as_the_cpu_version(side_by_side, name: str) -> None:
+    """The trainer `name` (of _parity_trainers) ran to the end in rehearsal, and left the weights
+    and optimizer state of its CPU version run plainly."""
+    a, plain_returncode, root = side_by_side
+    assert plain_returncode == 0
     assert a.returncode == 0, a.evidence["ending"]
-    assert a.findings_doc["environment"]["rehearsal"] is True
-    want = _flat(torch.load(tmp_path / "plain.pt", weights_only=True))
-    got = _flat(torch.load(tmp_path / "rehearsed.pt", weights_only=True))
+    assert a.findings_doc["environment"]["rehearsal"] is True and len(a.evidence["steps"]) == 3
+    want = _flat(torch.load(root / "plain" / f"{name}.pt", weights_only=True))
+    got = _flat(torch.load(root / "rehearsed" / f"{name}.pt", weights_only=True))
     assert want.keys() == got.keys() and any(k.startswith("opt.state.") for k in want)
     assert_same_state(want, got)
 
 
-def test_activation_checkpointing_runs_in_rehearsal_as_on_the_cpu(tmp_path):
+def test_activation_checkpointing_runs_in_rehearsal_as_on_the_cpu(side_by_side):
     """checkpoint() re-runs the block in backward, where the rehearsal mode is off torch's stack
     (backward starts inside a torch call): the recompute must be rehearsed as its forward was, in
     both variants and nested, with no false device mix, and compute what the CPU version computes
     (dropout included: the recompute replays the forward's RNG state)."""
-    assert_rehearsal_computes_as_the_cpu_version(tmp_path, CHECKPOINTED)
+    assert_rehearsal_computes_as_the_cpu_version(side_by_side, "ckpt")
 
 
 CHECKPOINTED_UNDER_HOOKS = """
@@ -897,13 +941,13 @@ if __name__ == "__main__":
 """
 
 
-def test_reentrant_checkpointing_under_saved_tensor_hooks_runs_in_rehearsal(tmp_path):
+def test_reentrant_checkpointing_under_saved_tensor_hooks_runs_in_rehearsal(side_by_side):
     """The reentrant checkpoint keeps its inputs as saved tensors: under saved-tensor hooks
     (save_on_cpu, the program's own pack/unpack) autograd hands them back to its backward as new
     tensor objects, without the rehearsal's mark, and the recompute's first GPU layer then "got a
     CPU tensor" (a false device mix, exit 3). Valid on a GPU: it must run, and compute what the CPU
     version computes."""
-    assert_rehearsal_computes_as_the_cpu_version(tmp_path, CHECKPOINTED_UNDER_HOOKS)
+    assert_rehearsal_computes_as_the_cpu_version(side_by_side, "ckpt_hooks")
 
 
 HOST_INTO_CHECKPOINT = """
@@ -974,13 +1018,13 @@ if __name__ == "__main__":
 """
 
 
-def test_torch_func_transforms_run_in_rehearsal_as_on_the_cpu(tmp_path):
+def test_torch_func_transforms_run_in_rehearsal_as_on_the_cpu(side_by_side):
     """vmap, grad and jacrev wrap their inputs in new tensors and unwrap their results in C++,
     where no torch function sees them: the per-sample gradients of GPU weights came back as host
     tensors and the first op mixing them with the GPU batch was refused as a device mix, at step 0
     (exit 3). A GPU runs this DP-SGD step; the rehearsal must too, and compute what the CPU
     version computes."""
-    assert_rehearsal_computes_as_the_cpu_version(tmp_path, PER_SAMPLE_GRADS)
+    assert_rehearsal_computes_as_the_cpu_version(side_by_side, "per_sample")
 
 
 HOST_INTO_VMAP = """
@@ -1410,23 +1454,11 @@ if __name__ == "__main__":
 '''
 
 
-def test_a_model_moved_with_device_by_keyword_trains_as_its_cpu_version(tmp_path):
+def test_a_model_moved_with_device_by_keyword_trains_as_its_cpu_version(side_by_side):
     """`model.to(device=device, memory_format=torch.channels_last)`: Module.to parses its arguments
     with a torch function, which the rehearsal rewrote to the CPU, so no parameter was marked and
     the first forward died of a device mix (Conv2d's inputs on the GPU, its weights not)."""
-    trainer = tmp_path / "cl.py"
-    trainer.write_text(CHANNELS_LAST)
-    a = audit("run", f"{trainer}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out",
-              env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "audited.pt")})
-    assert a.returncode == 0, a.evidence["ending"]
-    assert a.findings_doc["environment"]["rehearsal"] is True and len(a.evidence["steps"]) == 3
-    (tmp_path / "cpu.py").write_text(CHANNELS_LAST.replace('"cuda"', '"cpu"'))
-    subprocess.run([sys.executable, str(tmp_path / "cpu.py")], check=True, capture_output=True, cwd=tmp_path,
-                   env={**QUIET_ENV, "PARITY_OUT": str(tmp_path / "plain.pt"), "PATH": ""})
-    want = _flat(torch.load(tmp_path / "plain.pt", weights_only=True))
-    got = _flat(torch.load(tmp_path / "audited.pt", weights_only=True))
-    assert want.keys() == got.keys() and any(k.startswith("opt.state.") for k in want)
-    assert_same_state(want, got)
+    assert_rehearsal_computes_as_the_cpu_version(side_by_side, "channels_last")
 
 
 PREFETCHER = '''
