@@ -1369,22 +1369,46 @@ def _flat(state: dict, prefix: str = "") -> dict:
     return out
 
 
+# The CPU versions of the PARITY examples run plainly, one after another in one process, each as
+# WRAPPER runs it: each example seeds torch as it is imported, and sets no state the next one reads
+# (gpu_default_device's CPU version sets the default device to the CPU, the default already).
+PLAIN_PARITY = """
+import sys
+sys.path.insert(0, {examples!r})
+import importlib
+import torch
+
+for name in {names!r}:
+    trainer = importlib.import_module(name)
+    for i in range({steps}):
+        trainer.step(i)
+    torch.save({{"model": trainer.model.state_dict(), "opt": trainer.opt.state_dict()}}, name + ".pt")
+"""
+
+
+@pytest.fixture(scope="module")
+def plain_parity(tmp_path_factory) -> Path:
+    """The folder where the CPU versions of the PARITY examples (every "cuda" replaced by "cpu"),
+    run plainly for STEPS steps, left their trained states (NAME.pt)."""
+    root = tmp_path_factory.mktemp("plain-parity")
+    for name in PARITY:
+        (root / f"{name}.py").write_text((EXAMPLES / f"{name}.py").read_text().replace("cuda", "cpu"))
+    runner = root / "plain_parity.py"
+    runner.write_text(PLAIN_PARITY.format(examples=str(root), names=PARITY, steps=STEPS))
+    subprocess.run([sys.executable, str(runner)], check=True, capture_output=True, cwd=root,
+                   env={**QUIET_ENV, "PATH": ""})
+    return root
+
+
 @pytest.mark.parametrize("name", PARITY)
-def test_rehearsal_computes_what_the_cpu_version_computes(rehearsed, tmp_path, name):
+def test_rehearsal_computes_what_the_cpu_version_computes(rehearsed, plain_parity, name):
     """The same trainer with every "cuda" replaced by "cpu", run plainly, ends with equal weights
     and optimizer state."""
     a = rehearsed(name)
     assert a.returncode == 0, a.stderr
     assert a.findings_doc["environment"]["rehearsal"] is True
     assert "(--rehearse)" in a.stderr  # forced: the wrapper itself does not ask for CUDA
-    src = (EXAMPLES / f"{name}.py").read_text()
-    (tmp_path / f"{name}.py").write_text(src.replace("cuda", "cpu"))
-    wrapper = tmp_path / "wrapper.py"
-    wrapper.write_text(WRAPPER.format(examples=str(tmp_path), name=name, last=STEPS - 1, steps=STEPS))
-    plain = tmp_path / "plain.pt"
-    subprocess.run([sys.executable, str(wrapper)], check=True, capture_output=True, cwd=tmp_path,
-                   env={**QUIET_ENV, "PARITY_OUT": str(plain), "PATH": ""})
-    want = _flat(torch.load(plain, weights_only=True))
+    want = _flat(torch.load(plain_parity / f"{name}.pt", weights_only=True))
     got = _flat(torch.load(a.out.parent / "state.pt", weights_only=True))  # and no rehearsal marks pickled
     assert want.keys() == got.keys()
     assert any(k.startswith("opt.state.") for k in want)  # the optimizer stepped: there is state to compare
