@@ -365,36 +365,32 @@ def test_a_module_program_is_rehearsed_from_its_package(tmp_path):
     assert len(copies) == 6 and {t["where"]["line"] for t in copies} == {_line(PACKAGE_TRAIN, ".to(device)")}
 
 
+# torch.accelerator's answers in a rehearsal: the opening of the SEMANTICS program (before it makes
+# any GPU tensor, so the memory counters read 0), where this torch has all of the API it asks.
+ACCELERATOR_API = ("device_index", "memory_allocated", "max_memory_allocated", "empty_cache",
+                   "reset_peak_memory_stats", "set_device_index", "current_stream")
 ACCELERATOR_ANSWERS = r"""
-import json, sys
-import torch
-from auditor.capture import probes, rehearsal
-assert rehearsal.install("on", None)
-probes.install()
-acc = torch.accelerator
-with acc.device_index(0):
-    inside = acc.current_device_index()
-print(json.dumps({
-    "is_available": acc.is_available(), "device_count": acc.device_count(),
-    "current_accelerator": str(acc.current_accelerator()), "checked": str(acc.current_accelerator(check_available=True)),
-    "type": acc.current_accelerator().type, "index": acc.current_device_index(), "set": acc.set_device_index(0),
-    "same_stream": acc.current_stream() is torch.cuda.current_stream(), "inside": inside,
-    "memory": [acc.memory_allocated(), acc.max_memory_allocated(), acc.empty_cache(), acc.reset_peak_memory_stats()],
-    "synchronize": acc.synchronize(), "tensor": str(torch.ones(2, device=acc.current_accelerator()).device),
-}))
-"""
+acc = getattr(torch, "accelerator", None)
+if acc is not None and all(hasattr(acc, n) for n in %r):
+    with acc.device_index(0):
+        inside = acc.current_device_index()
+    out["torch.accelerator"] = {
+        "is_available": acc.is_available(), "device_count": acc.device_count(),
+        "current_accelerator": str(acc.current_accelerator()), "checked": str(acc.current_accelerator(check_available=True)),
+        "type": acc.current_accelerator().type, "index": acc.current_device_index(), "set": acc.set_device_index(0),
+        "same_stream": acc.current_stream() is torch.cuda.current_stream(), "inside": inside,
+        "memory": [acc.memory_allocated(), acc.max_memory_allocated(), acc.empty_cache(), acc.reset_peak_memory_stats()],
+        "synchronize": acc.synchronize(), "tensor": str(torch.ones(2, device=acc.current_accelerator()).device),
+    }
+""" % (ACCELERATOR_API,)
 
 
-@pytest.mark.skipif(not _has_accelerator("device_index", "memory_allocated", "max_memory_allocated", "empty_cache",
-                                         "reset_peak_memory_stats", "set_device_index", "current_stream"),
+@pytest.mark.skipif(not _has_accelerator(*ACCELERATOR_API),
                     reason="this torch has not all of the torch.accelerator API the program asks")
-def test_torch_accelerator_answers_as_a_one_gpu_cuda_machine(tmp_path):
+def test_torch_accelerator_answers_as_a_one_gpu_cuda_machine(semantics):
     """On a CPU build every torch.accelerator call but is_available() raised 'Cannot access
     accelerator device when none is available'; rehearsed, the API answers as on one CUDA GPU."""
-    p = subprocess.run([sys.executable, "-c", ACCELERATOR_ANSWERS], capture_output=True, text=True, cwd=tmp_path,
-                       timeout=120, env={**os.environ, **QUIET_ENV})
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert json.loads(p.stdout.splitlines()[-1]) == {
+    assert semantics["torch.accelerator"] == {
         "is_available": True, "device_count": 1, "current_accelerator": "cuda", "checked": "cuda", "type": "cuda",
         "index": 0, "set": None, "same_stream": True, "inside": 0, "memory": [0, 0, None, None],
         "synchronize": None, "tensor": "cuda:0"}
@@ -446,6 +442,7 @@ from auditor.capture.rehearsal.device import device_of
 assert rehearsal.install("on", None)
 probes.install()
 out = {}
+ACCELERATOR
 x = torch.randn(4, 3)
 xc = x.cuda()
 out["cuda() leaves the source on the host"] = [device_of(x), device_of(xc), xc is x, xc.data_ptr() == x.data_ptr()]
@@ -607,7 +604,8 @@ EXPECTED = {
 @pytest.fixture(scope="session")
 def semantics(tmp_path_factory, worker_id):
     def make(d: Path) -> Audit:
-        p = subprocess.run([sys.executable, "-c", SEMANTICS], capture_output=True, text=True, cwd=EXAMPLES.parent)
+        program = SEMANTICS.replace("ACCELERATOR\n", ACCELERATOR_ANSWERS, 1)
+        p = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=EXAMPLES.parent)
         return Audit(p.returncode, p.stdout, p.stderr, d)
 
     p = _once(tmp_path_factory, worker_id, "rehearsal-semantics", make)
@@ -1158,41 +1156,51 @@ import torch
 from torch import nn
 
 torch.manual_seed(0)
-model = nn.Linear(16, 1).to("cuda")
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=2)
 x, y = torch.randn(64, 16, device="cuda"), torch.randn(64, 1, device="cuda")
+models = [nn.Linear(16, 1).to("cuda") for _ in range(2)]
+opts = [torch.optim.SGD(model.parameters(), lr=0.01) for model in models]
+plateaus = [torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=2) for opt in opts]
 
 
 def step(i):
-    loss = nn.functional.mse_loss(model(x), y)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    if i % EVERY == 0:
-        plateau.step(loss.detach())  # PLATEAU LINE
+    losses = [nn.functional.mse_loss(model(x), y) for model in models]
+    for opt, loss in zip(opts, losses):
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    plateaus[0].step(losses[0].detach())  # EVERY STEP
+    if i % 4 == 0:
+        plateaus[1].step(losses[1].detach())  # PER EPOCH
 """
 
 
-@pytest.mark.parametrize("every,syncs", [(1, 1.0), (4, None)], ids=["every-step", "per-epoch"])
-def test_reduce_lr_on_plateau_of_a_gpu_tensor_is_a_sync(tmp_path, every, syncs):
+@pytest.fixture(scope="module")
+def plateau(tmp_path_factory):
+    """PLATEAU audited for 8 steps: one scheduler stepped every step, one once per "epoch" (1 in 4),
+    each at its own line."""
+    trainer = tmp_path_factory.mktemp("plateau") / "plateau.py"
+    trainer.write_text(PLATEAU)
+    return audit("run", f"{trainer}:step", "--steps", "8", "--no-profile", "--no-numerics", "--quiet",
+                 out=trainer.parent / "out", env=QUIET_ENV), trainer
+
+
+@pytest.mark.parametrize("mark,syncs", [("EVERY STEP", 1.0), ("PER EPOCH", None)], ids=["every-step", "per-epoch"])
+def test_reduce_lr_on_plateau_of_a_gpu_tensor_is_a_sync(plateau, mark, syncs):
     """ReduceLROnPlateau.step(metric) reads its metric with float(): given the GPU loss each step,
     torch fetches it from the device at every call, at the user's line (it was not counted: the
     float() is torch's own code). Stepped once per "epoch" (1 step in 4), it stays below
-    host-sync's min-share-of-steps and is not reported."""
-    source = PLATEAU.replace("EVERY", str(every))
-    trainer = tmp_path / "plateau.py"
-    trainer.write_text(source)
-    a = audit("run", f"{trainer}:step", "--steps", "8", "--no-profile", "--no-numerics", "--quiet",
-              out=tmp_path / "out", env=QUIET_ENV)
+    host-sync's min-share-of-steps and is not reported (its syncs counted, at its line)."""
+    a, trainer = plateau
     assert a.returncode == 0, a.stderr
+    line = next(n for n, t in enumerate(PLATEAU.splitlines(), 1) if f"# {mark}" in t)
+    [f] = a.rule("host-sync")  # the every-step scheduler's
     if syncs is None:
-        assert not a.rule("host-sync"), [f["message"] for f in a.findings]
+        counted = [t for t in tallies(a, m.SYNC) if t["where"]["line"] == line]
+        assert {t["what"] for t in counted} == {"ReduceLROnPlateau.step"} and len(counted) == 2  # steps 0 and 4
+        assert all(s["line"] != line for s in f["evidence"]["sites"]), f["evidence"]["sites"]
         return
-    [f] = a.rule("host-sync")
     assert f["severity"] == "warning" and f["evidence"]["syncs_per_step"] == syncs
     [site] = f["evidence"]["sites"]
-    line = next(n for n, t in enumerate(source.splitlines(), 1) if "PLATEAU LINE" in t)
     assert (site["what"], site["file"], site["line"], site["per_step"]) == ("ReduceLROnPlateau.step", str(trainer),
                                                                              line, syncs)
     assert "once per epoch" in f["fix"]["summary"] and "log_every_n_steps" not in f["fix"]["config"]
@@ -1775,7 +1783,9 @@ keep = torch.rand(8, 12) > 0.5  # on the host: selecting with it reads nothing f
 def step(i):
     logits = head(emb(tokens))
     mask = tokens != 0
-    LOSS
+    selected = F.cross_entropy(logits[mask], tags[mask])
+    weighted = (F.cross_entropy(logits.transpose(1, 2), tags, reduction='none') * mask).sum() / mask.sum()
+    loss = selected + weighted
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -1783,27 +1793,35 @@ def step(i):
 '''
 
 
+@pytest.fixture(scope="module")
+def masked_losses(tmp_path_factory):
+    """MASKED_LOSS audited for 4 steps: both forms of the masked loss, each at its own line of one step."""
+    trainer = tmp_path_factory.mktemp("masked") / "masked.py"
+    trainer.write_text(MASKED_LOSS)
+    return audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=trainer.parent / "out",
+                 env=QUIET_ENV)
+
+
 @pytest.mark.parametrize("loss,syncs", [
-    ("loss = F.cross_entropy(logits[mask], tags[mask])", 2.0),
-    ("loss = (F.cross_entropy(logits.transpose(1, 2), tags, reduction='none') * mask).sum() / mask.sum()", None),
+    ("selected = F.cross_entropy(logits[mask], tags[mask])", 2.0),
+    ("weighted = (F.cross_entropy(logits.transpose(1, 2), tags, reduction='none') * mask).sum() / mask.sum()", None),
 ])
-def test_selecting_with_a_boolean_mask_of_the_gpu_is_a_sync(tmp_path, loss, syncs):
+def test_selecting_with_a_boolean_mask_of_the_gpu_is_a_sync(masked_losses, loss, syncs):
     """logits[mask] sizes its result by the mask's count of True values, which a GPU must hand back
     to the host first (a nonzero and a sync per selection): a masked token loss syncs twice a step.
     It went unreported (nonzero was probed, the selection that makes it was not). The same loss
-    weighted by the mask, and a selection with a host mask, read nothing back."""
-    trainer = tmp_path / "masked.py"
-    source = MASKED_LOSS.replace("LOSS", loss)
-    trainer.write_text(source)
-    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
-              env=QUIET_ENV)
+    weighted by the mask, and a selection with a host mask, read nothing back: in the same step as
+    the selection, their lines are no sync site."""
+    a = masked_losses
     assert a.returncode == 0, a.evidence["ending"]
-    found = a.rule("host-sync")
+    lines = MASKED_LOSS.splitlines()
+    line = lines.index(f"    {loss}") + 1
+    (f,) = a.rule("host-sync")
+    sites = [(s["what"], s["line"], s["per_step"]) for s in f["evidence"]["sites"]]
+    syncs_at = {t["where"]["line"] for t in tallies(a, m.SYNC)}  # every sync the probes counted, reported or not
     if syncs is None:
-        assert found == []
+        assert line not in syncs_at and lines.index("    kept = logits.detach()[keep]") + 1 not in syncs_at
+        assert all(site_line != line for _, site_line, _ in sites)
         return
-    (f,) = found
-    line = source.splitlines().index(f"    {loss}") + 1
-    assert [(s["what"], s["line"], s["per_step"]) for s in f["evidence"]["sites"]] == [
-        ("Tensor[bool mask]", line, syncs)]
+    assert sites == [("Tensor[bool mask]", line, syncs)]
     assert "torch.where(mask, x, 0)" in f["fix"]["summary"]
