@@ -218,14 +218,14 @@ def total() -> int:
     return reserved() + FREE + CONTEXT
 
 
-@pytest.fixture
-def gpu_run(tmp_path: Path):
-    """Writes the stand-in GPU and the trainer; returns a function that audits the trainer for N steps."""
-    fake = tmp_path / "fake_gpu"
+def gpu_runner(root: Path):
+    """Writes the stand-in GPU and the trainer under `root`; returns a function that audits the
+    trainer for N steps."""
+    fake = root / "fake_gpu"
     fake.mkdir()
     (fake / "sitecustomize.py").write_text(FAKE_GPU)
     (fake / "device_state.pickle").write_bytes(pickle.dumps(device_state(), protocol=4))
-    project = tmp_path / "project"
+    project = root / "project"
     project.mkdir()
     (project / "train.py").write_text(TRAINER)
 
@@ -237,7 +237,7 @@ def gpu_run(tmp_path: Path):
                                                       "name": NAME}))
         path = os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH")) if p)
         a = audit("run", f"{project / 'train.py'}:step", "--steps", str(steps), "--quiet", "--no-numerics",
-                  out=tmp_path / "out", env={"PYTHONPATH": path})
+                  out=root / "out", env={"PYTHONPATH": path})
         assert not (fake / "real_cuda.log").exists(), (fake / "real_cuda.log").read_text()
         a.fake = fake  # type: ignore[attr-defined]
         a.train = project / "train.py"  # type: ignore[attr-defined]
@@ -246,13 +246,27 @@ def gpu_run(tmp_path: Path):
     return run
 
 
+@pytest.fixture
+def gpu_run(tmp_path: Path):
+    return gpu_runner(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def oom_in_the_window(tmp_path_factory) -> Audit:
+    """CLEAN_LEAKING_TRAINER (TRAINER's OOM, and a list that keeps only floats) audited for 5 steps:
+    the profiled window is steps 0-2, so the history is recorded when step 2 fails. Shared by the
+    post-mortem's test and the holder test's clean control (neither writes into the run's files)."""
+    return gpu_runner(tmp_path_factory.mktemp("oom-in-the-window"))(5, trainer=CLEAN_LEAKING_TRAINER)
+
+
 def _history_calls(fake: Path) -> list[dict]:
     return [json.loads(line) for line in (fake / "history_calls.jsonl").read_text().splitlines()]
 
 
-def test_an_oom_inside_the_profiled_steps_gets_a_post_mortem_from_the_history(gpu_run) -> None:
-    """5 steps: the profiled window is steps 0-2, so the history is recorded when step 2 fails."""
-    a = gpu_run(5)
+def test_an_oom_inside_the_profiled_steps_gets_a_post_mortem_from_the_history(oom_in_the_window) -> None:
+    """5 steps: the profiled window is steps 0-2, so the history is recorded when step 2 fails.
+    (The trainer is TRAINER with a list of floats, the holder test's control: the OOM's line is the same.)"""
+    a = oom_in_the_window
     assert a.returncode == 3, a.stderr  # the target failed
     ending = a.evidence["ending"]
     assert (ending["status"], ending["step"], ending["exception"]) == ("oom", OOM_AT_STEP, "OutOfMemoryError")
@@ -488,9 +502,11 @@ LEAKING_TRAINER = TRAINER.replace("torch.nn.Linear(16, 4)", "torch.nn.Linear(16,
     "def step(i):\n    loss = torch.nn.functional.mse_loss(model(x), y)",
     "preds = []\n\n\ndef step(i):\n    out = model(x)\n    preds.append(out)  # kept\n"
     "    loss = torch.nn.functional.mse_loss(out, y)")
+CLEAN_LEAKING_TRAINER = LEAKING_TRAINER.replace("preds.append(out)", "preds.append(out.detach().sum().item())")
+assert ASKED_LINE == next(n for n, line in enumerate(CLEAN_LEAKING_TRAINER.splitlines(), 1) if line.endswith("# asked here"))
 
 
-def test_an_oom_names_what_keeps_the_live_memory_alive(gpu_run) -> None:
+def test_an_oom_names_what_keeps_the_live_memory_alive(gpu_run, oom_in_the_window) -> None:
     """The OOM's finding names the holder the graph scans found after the failed step (the list,
     the line that fills it, its bytes and growth), and that line is its first location."""
     assert "preds.append(out)  # kept" in LEAKING_TRAINER
@@ -506,7 +522,7 @@ def test_an_oom_names_what_keeps_the_live_memory_alive(gpu_run) -> None:
     h = f["evidence"]["holder"]
     assert (h["name"], h["bytes"], h["tensors"], h["after_step"]) == ("preds", 3 * MiB, 3, OOM_AT_STEP)
 
-    clean = gpu_run(5, trainer=LEAKING_TRAINER.replace("preds.append(out)", "preds.append(out.detach().sum().item())"))
+    clean = oom_in_the_window  # the same trainer keeping floats, not tensors
     assert clean.returncode == 3, clean.stderr
     [f] = clean.rule("oom-risk")
     assert "What keeps the live memory alive" not in f["message"] and "holder" not in f["evidence"]
