@@ -150,8 +150,8 @@ def test_cpu_examples_are_not_rehearsed_in_auto_mode(name):
     assert cuda_reasons(EXAMPLES / f"{name}.py") == []
 
 
-def test_auto_mode_leaves_a_cpu_program_alone(tmp_path):
-    a = audit("run", "examples/clean.py:step", "--steps", "2", "--no-profile", "--quiet", out=tmp_path / "out")
+def test_auto_mode_leaves_a_cpu_program_alone(example_audit):
+    a = example_audit("clean")  # (the session's audit of the clean example, shared with the rules' tests)
     assert a.returncode == 0, a.stderr
     env = a.findings_doc["environment"]
     assert env["rehearsal"] is False and not any("rehearsal" in n for n in env["notes"])
