@@ -62,10 +62,10 @@ if __name__ == "__main__":
 
 def _once(tmp_path_factory, worker_id: str, key: str, make):
     """`make(directory)` run once per test session, also across xdist workers (the audits are the
-    slow part of this file): the first worker to get here makes it, the others read its result."""
-    if worker_id == "master":
-        return make(tmp_path_factory.mktemp(key))
-    root = tmp_path_factory.getbasetemp().parent  # one per session, shared by its workers
+    slow part of this file): the first worker to get here makes it, the others read its result.
+    (Without workers, the session's own folder keeps it: each example is audited once there too.)"""
+    base = tmp_path_factory.getbasetemp()
+    root = base if worker_id == "master" else base.parent  # one per session, shared by its workers
     done = root / f"{key}.json"
     with FileLock(str(root / f"{key}.lock")):
         if done.exists():
