@@ -711,33 +711,34 @@ def test_pinning_a_dataset_made_on_the_gpu_fails_in_rehearsal_as_on_a_gpu(tmp_pa
     assert (Path(ending["where"]["file"]).name, ending["where"]["line"]) == ("pin.py", line)
 
 
+# The correct use of pin_memory=True (a host dataset, its batches copied to the GPU): a loop of
+# every step of the pinned side-stream prefetcher's program (PREFETCHER), audited with it.
 PIN_HOST_DATASET = """
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 device = torch.device("cuda")
-loader = DataLoader(TensorDataset(torch.randn(512, 16), torch.randn(512, 1)), batch_size=64, pin_memory=True)
-model = nn.Linear(16, 1).to(device)
+host_loader = DataLoader(TensorDataset(torch.randn(512, 16), torch.randn(512, 1)), batch_size=64, pin_memory=True)
+host_model = nn.Linear(16, 1).to(device)
+prefetched_step = step
 
 
 def step(i):
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        (model(x) - y).pow(2).mean().backward()
+    prefetched_step(i)
+    for xh, yh in host_loader:
+        xh, yh = xh.to(device, non_blocking=True), yh.to(device, non_blocking=True)  # HOST COPIES
+        (host_model(xh) - yh).pow(2).mean().backward()
 """
 
 
-def test_pinning_a_host_dataset_still_runs_in_rehearsal(tmp_path):
+def test_pinning_a_host_dataset_still_runs_in_rehearsal(prefetched):
     """The correct use of pin_memory=True (host dataset, copies to the GPU) is not refused, and its
     batches still count as pinned."""
-    (tmp_path / "pin_host.py").write_text(PIN_HOST_DATASET)
-    a = audit("run", f"{tmp_path / 'pin_host.py'}:step", "--steps", "3", "--no-profile", "--quiet",
-              out=tmp_path / "out", env=QUIET_ENV)
+    a, _ = prefetched(True)
     assert a.returncode == 0, a.stderr
     assert a.evidence["ending"]["status"] != "raised"
+    line = next(n for n, t in enumerate(a.source.splitlines(), 1) if "# HOST COPIES" in t)
     copies = tallies(a, m.H2D_COPY)
-    assert copies and all(t["data"]["pinned"] and t["data"]["non_blocking"] for t in copies)
+    assert {t["where"]["line"] for t in copies} >= {line}  # (and the prefetcher's, pinned too)
+    assert all(t["data"]["pinned"] and t["data"]["non_blocking"] for t in copies)
 
 
 MULTI_LINE_MOVES = """
@@ -1538,16 +1539,33 @@ def step(i):
 '''
 
 
+@pytest.fixture(scope="module")
+def prefetched(tmp_path_factory):
+    """PREFETCHER audited for 4 steps, from an unpinned or a pinned loader (the pinned one with
+    PIN_HOST_DATASET's loop in each step): (the audit, with its program's text as `.source`; the file)."""
+    done = {}
+
+    def get(pinned: bool):
+        if pinned not in done:
+            source = PREFETCHER.replace("PIN", f"pin_memory={pinned}") + (PIN_HOST_DATASET if pinned else "")
+            trainer = tmp_path_factory.mktemp("prefetch") / "prefetch.py"
+            trainer.write_text(source)
+            a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=trainer.parent / "out",
+                      env=QUIET_ENV)
+            a.source = source  # type: ignore[attr-defined]
+            done[pinned] = a, trainer
+        return done[pinned]
+
+    return get
+
+
 @pytest.mark.parametrize("pinned", [False, True])
-def test_a_side_stream_prefetcher_runs_and_its_unpinned_copies_are_found(tmp_path, pinned):
+def test_a_side_stream_prefetcher_runs_and_its_unpinned_copies_are_found(prefetched, pinned):
     """`tensor.record_stream(torch.cuda.current_stream())` (the prefetcher of NVIDIA's ImageNet
     examples) died at its first call: the rehearsal's stream was not a torch.Stream, and torch's
     argument check refused it ('unknown parameter type'). The copies on the side stream are the
     program's copies: from an unpinned loader, pageable-copy names them (1.57 MB of images per step)."""
-    trainer = tmp_path / "prefetch.py"
-    trainer.write_text(PREFETCHER.replace("PIN", f"pin_memory={pinned}"))
-    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out",
-              env=QUIET_ENV)
+    a, _ = prefetched(pinned)
     assert a.returncode == 0, a.evidence["ending"]
     assert a.evidence["ending"]["status"] == "completed" and len(a.evidence["steps"]) == 4
     if pinned:
@@ -1560,7 +1578,6 @@ def test_a_side_stream_prefetcher_runs_and_its_unpinned_copies_are_found(tmp_pat
                           lines.index("            self.y = y.cuda(non_blocking=True)") + 1}
     assert f["evidence"]["bytes_per_step"] == 128 * 3 * 32 * 32 * 4 + 128 * 8
     assert f["evidence"]["non_blocking_ignored"] == f["evidence"]["copies"]
-
 
 
 @pytest.mark.parametrize("case", ["no pin_memory", "pin_memory from a config"])
