@@ -503,7 +503,8 @@ LEAKING_TRAINER = TRAINER.replace("torch.nn.Linear(16, 4)", "torch.nn.Linear(16,
     "preds = []\n\n\ndef step(i):\n    out = model(x)\n    preds.append(out)  # kept\n"
     "    loss = torch.nn.functional.mse_loss(out, y)")
 CLEAN_LEAKING_TRAINER = LEAKING_TRAINER.replace("preds.append(out)", "preds.append(out.detach().sum().item())")
-assert ASKED_LINE == next(n for n, line in enumerate(CLEAN_LEAKING_TRAINER.splitlines(), 1) if line.endswith("# asked here"))
+assert ASKED_LINE == next(n for n, line in enumerate(CLEAN_LEAKING_TRAINER.splitlines(), 1)
+                       if line.endswith("# asked here"))
 
 
 def test_an_oom_names_what_keeps_the_live_memory_alive(gpu_run, oom_in_the_window) -> None:
