@@ -871,7 +871,7 @@ def side_by_side(tmp_path_factory):
                              env={**QUIET_ENV, "PARITY_DIR": str(root / "plain"), "PATH": ""})
     a = audit("run", f"{root / 'rehearsed' / 'main.py'}:step", "--steps", "3", "--no-profile", "--quiet",
               out=root / "out", env={**QUIET_ENV, "PARITY_DIR": str(root / "rehearsed")})
-    return a, plain.wait(timeout=120), root
+    return a, plain.wait(timeout=600), root  # (four trainers: more time than one had)
 
 
 def assert_rehearsal_computes_as_the_cpu_version(side_by_side, name: str) -> None:
