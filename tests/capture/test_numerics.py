@@ -3,9 +3,11 @@ trainers audited for real through the CLI, clean twins that stay silent, weight 
 collector installed, and table tests of the rules' thresholds on small evidence."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -74,6 +76,30 @@ def numerics(a) -> list[dict]:
 
 def first_bad_loss_step(a) -> int:
     return next(i for i, d in enumerate(numerics(a)) if d["loss_finite"] is False)
+
+
+@contextlib.contextmanager
+def plain_run_here(trainer):
+    """`trainer` run plainly in this process (a reference run without a process of its own): its
+    globals, and the losses its backward passes start from, as they come. Plain torch here runs
+    as the audited child does (one thread, float32 by default); what is changed for the run is set
+    back after it."""
+    import torch
+
+    assert torch.get_default_dtype() == torch.float32
+    losses: list[float] = []
+    backward, threads = torch.Tensor.backward, torch.get_num_threads()
+
+    def record(t, *args, **kwargs):
+        losses.append(t.item())
+        return backward(t, *args, **kwargs)
+    torch.Tensor.backward = record
+    torch.set_num_threads(1)
+    try:
+        yield runpy.run_path(str(trainer)), losses
+    finally:
+        torch.Tensor.backward = backward
+        torch.set_num_threads(threads)
 
 
 # --- nonfinite ----------------------------------------------------------------------------------
@@ -150,36 +176,30 @@ def step(i):
     opt.step()
 """
 
-PLAIN_DIVERGING = """
-import json, math, runpy, sys
-import torch
-losses = []
-backward = torch.Tensor.backward
-torch.Tensor.backward = lambda t, *a, **k: (losses.append(t.item()), backward(t, *a, **k))
-g = runpy.run_path(sys.argv[1])
-out = []
-for i in range(int(sys.argv[2])):
-    g["step"](i)
-    grads = [p.grad for p in g["model"].parameters()]
-    out.append({"loss_finite": math.isfinite(losses[-1]),
-                "grads_finite": all(bool(torch.isfinite(t).all()) for t in grads),
-                "params_finite": all(bool(torch.isfinite(p).all()) for p in g["model"].parameters()),
-                "norm32_finite": math.isfinite(sum(float(n) for n in torch._foreach_norm(grads, 2))),
-                "norm64": math.hypot(*[float(torch.linalg.vector_norm(t, dtype=torch.float64)) for t in grads])})
-print(json.dumps(out))
-"""
+def plain_diverging(trainer, steps: int) -> list[dict]:
+    """DIVERGING's plain run: per step, whether its loss, gradients and weights are finite, whether
+    the gradients' float32 norm is, and their norm in float64."""
+    import torch
+
+    out = []
+    with plain_run_here(trainer) as (g, losses):
+        for i in range(steps):
+            g["step"](i)
+            grads = [p.grad for p in g["model"].parameters()]
+            out.append({"loss_finite": math.isfinite(losses[-1]),
+                        "grads_finite": all(bool(torch.isfinite(t).all()) for t in grads),
+                        "params_finite": all(bool(torch.isfinite(p).all()) for p in g["model"].parameters()),
+                        "norm32_finite": math.isfinite(sum(float(n) for n in torch._foreach_norm(grads, 2))),
+                        "norm64": math.hypot(*[float(torch.linalg.vector_norm(t, dtype=torch.float64)) for t in grads])})
+    return out
 
 
 @pytest.fixture(scope="module")
 def diverging(tmp_path_factory):
-    """DIVERGING audited for 20 steps, and its plain run's per-step record (PLAIN_DIVERGING): both
+    """DIVERGING audited for 20 steps, and its plain run's per-step record (plain_diverging): both
     tests of it read one audit (the 20 steps pass the growth and the step its values turn inf)."""
-    tmp = tmp_path_factory.mktemp("diverging")
-    trainer, a = audit_trainer(tmp, "diverging.py", DIVERGING, 20)
-    (tmp / "plain.py").write_text(PLAIN_DIVERGING)
-    p = subprocess.run([sys.executable, str(tmp / "plain.py"), str(trainer), "20"], capture_output=True,
-                       text=True, check=True, env={**os.environ, **ONE_THREAD})
-    return a, json.loads(p.stdout)
+    trainer, a = audit_trainer(tmp_path_factory.mktemp("diverging"), "diverging.py", DIVERGING, 20)
+    return a, plain_diverging(trainer, 20)
 
 
 def test_a_gradient_whose_float32_norm_overflows_is_still_finite(diverging):
@@ -1498,22 +1518,16 @@ def step(i):
 """
 
 
-PLAIN_HOT = """
-import json, math, runpy, sys
-import torch
-losses, ranges = [], []
-backward = torch.Tensor.backward
-def record(t, *a, **k):
-    losses.append(t.item())
-    return backward(t, *a, **k)
-torch.Tensor.backward = record
-g = runpy.run_path(sys.argv[1])
-for i in range(int(sys.argv[2])):
-    w = g["net"][2].weight  # as the step's forward sees it
-    ranges.append([w.min().item(), w.max().item()])
-    g["step"](i)
-print(json.dumps({"losses": losses, "ranges": ranges}))
-"""
+def plain_hot(trainer, steps: int) -> dict:
+    """HOT_LR's plain run: its losses, and the last Linear's weight range as each step's forward
+    pass sees it."""
+    ranges = []
+    with plain_run_here(trainer) as (g, losses):
+        for i in range(steps):
+            w = g["net"][2].weight  # as the step's forward sees it
+            ranges.append([w.min().item(), w.max().item()])
+            g["step"](i)
+    return {"losses": list(losses), "ranges": ranges}
 
 
 def test_a_learning_rate_that_overflows_names_it_and_the_weights_as_they_are(tmp_path):
@@ -1524,10 +1538,7 @@ def test_a_learning_rate_that_overflows_names_it_and_the_weights_as_they_are(tmp
     update kept the weights' ranges of step 0, 1e23 times too small), says how the loss climbed,
     and the fix names the learning rate and offers a tenth of it."""
     trainer, a = audit_trainer(tmp_path, "hot.py", HOT_LR, 5)
-    (tmp_path / "plain.py").write_text(PLAIN_HOT)
-    p = subprocess.run([sys.executable, str(tmp_path / "plain.py"), str(trainer), "5"], capture_output=True,
-                       text=True, check=True, env={**os.environ, **ONE_THREAD})
-    plain = json.loads(p.stdout)
+    plain = plain_hot(trainer, 5)
     first = next(i for i, v in enumerate(plain["losses"]) if not math.isfinite(v))
     [f] = a.rule("nonfinite")
     ev = f["evidence"]
