@@ -3,9 +3,11 @@ trainers audited for real through the CLI, clean twins that stay silent, weight 
 collector installed, and table tests of the rules' thresholds on small evidence."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -74,6 +76,30 @@ def numerics(a) -> list[dict]:
 
 def first_bad_loss_step(a) -> int:
     return next(i for i, d in enumerate(numerics(a)) if d["loss_finite"] is False)
+
+
+@contextlib.contextmanager
+def plain_run_here(trainer):
+    """`trainer` run plainly in this process (a reference run without a process of its own): its
+    globals, and the losses its backward passes start from, as they come. Plain torch here runs
+    as the audited child does (one thread, float32 by default); what is changed for the run is set
+    back after it."""
+    import torch
+
+    assert torch.get_default_dtype() == torch.float32
+    losses: list[float] = []
+    backward, threads = torch.Tensor.backward, torch.get_num_threads()
+
+    def record(t, *args, **kwargs):
+        losses.append(t.item())
+        return backward(t, *args, **kwargs)
+    torch.Tensor.backward = record
+    torch.set_num_threads(1)
+    try:
+        yield runpy.run_path(str(trainer)), losses
+    finally:
+        torch.Tensor.backward = backward
+        torch.set_num_threads(threads)
 
 
 # --- nonfinite ----------------------------------------------------------------------------------
@@ -150,36 +176,38 @@ def step(i):
     opt.step()
 """
 
-PLAIN_DIVERGING = """
-import json, math, runpy, sys
-import torch
-losses = []
-backward = torch.Tensor.backward
-torch.Tensor.backward = lambda t, *a, **k: (losses.append(t.item()), backward(t, *a, **k))
-g = runpy.run_path(sys.argv[1])
-out = []
-for i in range(int(sys.argv[2])):
-    g["step"](i)
-    grads = [p.grad for p in g["model"].parameters()]
-    out.append({"loss_finite": math.isfinite(losses[-1]),
-                "grads_finite": all(bool(torch.isfinite(t).all()) for t in grads),
-                "params_finite": all(bool(torch.isfinite(p).all()) for p in g["model"].parameters()),
-                "norm32_finite": math.isfinite(sum(float(n) for n in torch._foreach_norm(grads, 2))),
-                "norm64": math.hypot(*[float(torch.linalg.vector_norm(t, dtype=torch.float64)) for t in grads])})
-print(json.dumps(out))
-"""
+def plain_diverging(trainer, steps: int) -> list[dict]:
+    """DIVERGING's plain run: per step, whether its loss, gradients and weights are finite, whether
+    the gradients' float32 norm is, and their norm in float64."""
+    import torch
+
+    out = []
+    with plain_run_here(trainer) as (g, losses):
+        for i in range(steps):
+            g["step"](i)
+            grads = [p.grad for p in g["model"].parameters()]
+            out.append({"loss_finite": math.isfinite(losses[-1]),
+                        "grads_finite": all(bool(torch.isfinite(t).all()) for t in grads),
+                        "params_finite": all(bool(torch.isfinite(p).all()) for p in g["model"].parameters()),
+                        "norm32_finite": math.isfinite(sum(float(n) for n in torch._foreach_norm(grads, 2))),
+                        "norm64": math.hypot(*[float(torch.linalg.vector_norm(t, dtype=torch.float64)) for t in grads])})
+    return out
 
 
-def test_a_gradient_whose_float32_norm_overflows_is_still_finite(tmp_path):
+@pytest.fixture(scope="module")
+def diverging(tmp_path_factory):
+    """DIVERGING audited for 20 steps, and its plain run's per-step record (plain_diverging): both
+    tests of it read one audit (the 20 steps pass the growth and the step its values turn inf)."""
+    trainer, a = audit_trainer(tmp_path_factory.mktemp("diverging"), "diverging.py", DIVERGING, 20)
+    return a, plain_diverging(trainer, 20)
+
+
+def test_a_gradient_whose_float32_norm_overflows_is_still_finite(diverging):
     """Diverging SGD: from some step the gradients' float32 norm is inf (its sum of squares passes
     3.4e38) while every gradient element is still finite; values turn inf only steps later. The
     gradient was reported non-finite at the first of those steps, and its norm was lost. The first
     non-finite step is the plain run's, and the norm there is the float64 one."""
-    trainer, a = audit_trainer(tmp_path, "diverging.py", DIVERGING, 20)
-    (tmp_path / "plain.py").write_text(PLAIN_DIVERGING)
-    p = subprocess.run([sys.executable, str(tmp_path / "plain.py"), str(trainer), "20"], capture_output=True,
-                       text=True, check=True, env={**os.environ, **ONE_THREAD})
-    plain = json.loads(p.stdout)
+    a, plain = diverging
     overflowed = [i for i, s in enumerate(plain) if not s["norm32_finite"] and s["grads_finite"]]
     assert overflowed, "the trainer no longer overflows the float32 norm before its values: the test is void"
     first_bad = next(i for i, s in enumerate(plain) if not (s["loss_finite"] and s["grads_finite"] and s["params_finite"]))
@@ -194,12 +222,12 @@ def test_a_gradient_whose_float32_norm_overflows_is_still_finite(tmp_path):
     assert f"non-finite at step {went}" in g["message"]
 
 
-def test_a_run_that_diverges_from_its_start_gets_no_clip_value_from_one_healthy_step(tmp_path):
+def test_a_run_that_diverges_from_its_start_gets_no_clip_value_from_one_healthy_step(diverging):
     """SGD at lr 0.8 grows its gradient norm ~800x a step from the first: grad-explosion printed the
     growth as 'x827.62' (3 significant digits, as its other numbers) and derived max_norm from the
     one or two norms before the growth (87000, a value nothing in the run supports). It says there
     were too few healthy steps to derive one, offers no clipping edit, and names the learning rate."""
-    trainer, a = audit_trainer(tmp_path, "diverging.py", DIVERGING, 12)
+    a, _ = diverging
     (g,) = a.rule("grad-explosion")
     recorded = [r["grad_norm"] for d in numerics(a) for r in d["opt_steps"]]
     fin = [v for v in recorded[:next((i for i, v in enumerate(recorded) if not isinstance(v, float)), None)]]
@@ -286,18 +314,33 @@ PARITY = textwrap.dedent("""
 """)
 
 
-def test_weights_match_a_plain_run():
-    """Same weights, bit for bit, with and without the collector: through a NaN (submodule) and
-    through float16 autocast with a GradScaler, clipping and a scheduler (clean twin)."""
-    examples = ("numerics_nan_submodule", "numerics_clean")
-    p = subprocess.run([sys.executable, "-c", PARITY, str(EXAMPLES),
-                        *(f"{EXAMPLES / e}.py={STEPS[e]}" for e in examples)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=180, env={**os.environ, **ONE_THREAD})
+@pytest.fixture(scope="module")
+def parity(tmp_path_factory) -> dict[str, tuple[str, str]]:
+    """PARITY over every program a test here holds to it, in one process: {name: (plain, audited)}
+    weight digests. Each program is checked in every step it runs, as it would be alone: all run
+    fewer steps than the dense start, where a step is checked whether or not an earlier program's
+    NaN alarmed the collector (schedule.checked), and each file's call sites are its own."""
+    tmp = tmp_path_factory.mktemp("parity")
+    programs = {"numerics_nan_submodule": (EXAMPLES / "numerics_nan_submodule.py", STEPS["numerics_nan_submodule"]),
+                "numerics_clean": (EXAMPLES / "numerics_clean.py", STEPS["numerics_clean"]),
+                "lbfgs_nan": (tmp / "lbfgs_nan.py", 3),  # (the steps before its NaN)
+                "l2norm": (tmp / "l2norm.py", 6), "l2norm_ok": (tmp / "l2norm_ok.py", 6)}
+    for name, source in (("lbfgs_nan", LBFGS_NAN), ("l2norm", CUSTOM_BACKWARD), ("l2norm_ok", CUSTOM_BACKWARD_OK)):
+        programs[name][0].write_text(source)
+    p = subprocess.run([sys.executable, "-c", PARITY, str(EXAMPLES), *(f"{path}={n}" for path, n in programs.values())],
+                       capture_output=True, text=True, cwd=ROOT, timeout=240, env={**os.environ, **ONE_THREAD})
     assert p.returncode == 0, p.stderr
     rows = [line.split() for line in p.stdout.splitlines()]
-    assert len(rows) == len(examples)
-    for path, plain, audited in rows:
-        assert plain == audited, path
+    assert [path for path, _, _ in rows] == [str(path) for path, _ in programs.values()], rows
+    return {name: (plain, audited) for name, (_, plain, audited) in zip(programs, rows)}
+
+
+def test_weights_match_a_plain_run(parity):
+    """Same weights, bit for bit, with and without the collector: through a NaN (submodule) and
+    through float16 autocast with a GradScaler, clipping and a scheduler (clean twin)."""
+    for name in ("numerics_nan_submodule", "numerics_clean"):
+        plain, audited = parity[name]
+        assert plain == audited, name
 
 
 # --- rule thresholds on small evidence ----------------------------------------------------------
@@ -382,9 +425,17 @@ encoder, decoder = nn.Linear(8, 4), nn.Linear(4, 8)
 enc_opt = torch.optim.AdamW(encoder.parameters(), lr=1e-3)
 dec_opt = torch.optim.AdamW(decoder.parameters(), lr=2e-3)
 enc_sched = torch.optim.lr_scheduler.StepLR(enc_opt, step_size=4, gamma=0.5)  # ENC LINE
-dec_sched = torch.optim.lr_scheduler.StepLR(DEC_OPT, step_size=4, gamma=0.5)  # DEC LINE
-{chained}
+dec_sched = torch.optim.lr_scheduler.StepLR(enc_opt, step_size=4, gamma=0.5)  # DEC LINE: the copy still names enc_opt
 x = torch.randn(32, 8)
+
+# the clean twin, in the same steps: each optimizer its own StepLR, and the decoder's chained with
+# a warm-up (the chaining torch documents: a warm-up and a decay stepped together on one optimizer)
+encoder2, decoder2 = nn.Linear(8, 4), nn.Linear(4, 8)
+enc_opt2 = torch.optim.AdamW(encoder2.parameters(), lr=1e-3)
+dec_opt2 = torch.optim.AdamW(decoder2.parameters(), lr=2e-3)
+enc_sched2 = torch.optim.lr_scheduler.StepLR(enc_opt2, step_size=4, gamma=0.5)  # CLEAN ENC LINE
+dec_sched2 = torch.optim.lr_scheduler.StepLR(dec_opt2, step_size=4, gamma=0.5)  # CLEAN DEC LINE
+warm2 = torch.optim.lr_scheduler.LinearLR(dec_opt2, start_factor=0.5, total_iters=3)  # CLEAN WARM LINE
 
 
 def step(i):
@@ -393,9 +444,12 @@ def step(i):
     loss.backward()
     enc_opt.step(); dec_opt.step()
     enc_sched.step(); dec_sched.step()
+    loss2 = nn.functional.mse_loss(decoder2(encoder2(x)), x)
+    enc_opt2.zero_grad(); dec_opt2.zero_grad()
+    loss2.backward()
+    enc_opt2.step(); dec_opt2.step()
+    enc_sched2.step(); dec_sched2.step(); warm2.step()
 """
-# the chaining torch documents: a warm-up and a decay stepped together on one optimizer
-CHAINED = "warm = torch.optim.lr_scheduler.LinearLR(dec_opt, start_factor=0.5, total_iters=3)"
 
 
 def test_a_scheduler_copied_onto_the_wrong_optimizer(tmp_path):
@@ -404,12 +458,12 @@ def test_a_scheduler_copied_onto_the_wrong_optimizer(tmp_path):
     (the closed-form check needs one scheduler per optimizer), and two schedulers may be chained
     on purpose, so this went unreported. Two of one type with the same arguments are named, with
     the lr they make and the optimizer left without; a StepLR each, or a warm-up chained with a
-    decay, stays silent."""
+    decay, stays silent (the clean twin trains in the same steps: the one finding is the copy's)."""
     import torch
 
-    source = TWIN_SCHEDULERS.replace("DEC_OPT", "enc_opt").replace("{chained}", "")
+    source = TWIN_SCHEDULERS
     trainer, a = audit_trainer(tmp_path, "twins.py", source, 6)
-    [f] = a.rule("lr-schedule")
+    [f] = a.rule("lr-schedule")  # (the clean twin's optimizers: nothing)
     ev = f["evidence"]
     # the truth, from torch itself: the optimizer stepped by both schedulers, and by one
     p = torch.nn.Parameter(torch.zeros(1))
@@ -424,15 +478,13 @@ def test_a_scheduler_copied_onto_the_wrong_optimizer(tmp_path):
     assert ev["step"] == 4 and ev["schedulers"] == 2
     assert ev["observed"] == pytest.approx(both.param_groups[0]["lr"]) and ev["one_scheduler"] == pytest.approx(
         one.param_groups[0]["lr"])
-    lines = [line_of(source, "DEC LINE"), line_of(source, "ENC LINE")]
+    lines = [line_of(source, "# DEC LINE"), line_of(source, "# ENC LINE")]
     assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [(str(trainer), n) for n in lines]
     assert f"The AdamW at twins.py:{line_of(source, 'dec_opt = ')} has no StepLR" in f["message"], f["message"]
-    # each optimizer its own StepLR; and the decoder's chained with a warm-up: silent
-    clean = TWIN_SCHEDULERS.replace("DEC_OPT", "dec_opt").replace("{chained}", CHAINED)
-    clean = clean.replace("enc_sched.step(); dec_sched.step()", "enc_sched.step(); dec_sched.step(); warm.step()")
-    (tmp_path / "clean").mkdir()
-    _, b = audit_trainer(tmp_path / "clean", "twins_ok.py", clean, 6)
-    assert not b.rule("lr-schedule"), [x["message"] for x in b.findings]
+    # the clean twin's schedulers ran and stepped its optimizers (its silence is a check that ran):
+    # the chained decoder's lr is the warm-up's factor times the StepLR's
+    lrs = [r["lrs"][0] for d in numerics(a) for r in d["opt_steps"]]
+    assert len(lrs) == 4 * 6 and lrs[3::4][:3] == pytest.approx([2e-3 * (0.5 + 0.5 * k / 3) for k in range(3)]), lrs
 
 
 def test_near_miss_hazards_without_a_nan():
@@ -637,25 +689,34 @@ print(json.dumps(out))
 """
 
 
+@pytest.fixture(scope="module")
+def deferral_records(tmp_path_factory):
+    """DEFERRED_VS_EAGER's records for (mode, bound), each run once: the eager records are what
+    both modes are compared with."""
+    script = tmp_path_factory.mktemp("deferral") / "compare.py"
+    script.write_text(DEFERRED_VS_EAGER)
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
+    made: dict[tuple[str, ...], list] = {}
+
+    def records(*args: str) -> list:
+        if args not in made:
+            p = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=120)
+            assert p.returncode == 0, p.stderr
+            made[args] = json.loads(p.stdout)
+        return made[args]
+    return records
+
+
 @pytest.mark.parametrize("mode", ["defer", "tiny"])
-def test_deferred_leaf_checks_record_what_eager_checks_do(tmp_path, mode):
+def test_deferred_leaf_checks_record_what_eager_checks_do(deferral_records, mode):
     """The same steps, checked with CPU leaf calls deferred (settled by the loss, with two backward
     passes a step, an in-place ReLU, and calls after the last backward pass) or with the deferral
     bound forcing each to be reduced at once, give the very records of eager checks, origin included."""
-    script = tmp_path / "compare.py"
-    script.write_text(DEFERRED_VS_EAGER)
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
-
-    def records(*args: str) -> list:
-        p = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=120)
-        assert p.returncode == 0, p.stderr
-        return json.loads(p.stdout)
-
-    eager = records("eager", "-")
+    eager = deferral_records("eager", "-")
     assert eager[3].get("origin") is None
     line = line_of(DEFERRED_VS_EAGER, "h = net[0](")
     assert eager[4]["origin"]["step"] == 4 and eager[4]["origin"]["site"] == ["torch.nn.Linear", line]
-    assert records("defer", "tiny" if mode == "tiny" else "-") == eager
+    assert deferral_records("defer", "tiny" if mode == "tiny" else "-") == eager
 
 
 INFERENCE_VALIDATION = """
@@ -728,7 +789,7 @@ def step(i):
 """
 
 
-def test_an_optimizer_closure_is_checked_like_the_step(tmp_path):
+def test_an_optimizer_closure_is_checked_like_the_step(tmp_path, parity):
     """LBFGS runs the model inside opt.step(closure), where the update's own ops are not checked:
     the closure is the step's forward and backward, and is checked (it was not: no loss, no op,
     no gradient was seen, so a NaN had no origin). It trains exactly as it does plainly."""
@@ -739,10 +800,7 @@ def test_an_optimizer_closure_is_checked_like_the_step(tmp_path):
     healthy = numerics(a)[:3]
     assert all(d["losses"] > 1 for d in healthy)  # every evaluation of the closure in the step
     assert all(d["opt_steps"][0]["grad_norm"] > 0 for d in healthy)  # as the first update saw them
-    p = subprocess.run([sys.executable, "-c", PARITY, str(EXAMPLES), f"{trainer}=3"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, **ONE_THREAD})
-    assert p.returncode == 0, p.stderr
-    [[_, plain, audited]] = [line.split() for line in p.stdout.splitlines()]
+    plain, audited = parity["lbfgs_nan"]
     assert plain == audited
 
 
@@ -778,7 +836,7 @@ import torch
 from torch import nn
 
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).half()
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)).half()
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # OPT LINE
 x, y = torch.randn(256, 32).half(), torch.randn(256, 1).half()
 
@@ -790,18 +848,25 @@ def step(i):
 """
 
 
-def test_float16_weights_without_master_weights(tmp_path):
+@pytest.fixture(scope="module")
+def half_weights(tmp_path_factory):
+    """HALF_WEIGHTS audited for 4 steps: the run both tests of float16 weights read."""
+    return audit_trainer(tmp_path_factory.mktemp("half"), "half.py", HALF_WEIGHTS, 4)
+
+
+def test_float16_weights_without_master_weights(half_weights):
     """`model.half()` and Adam: eps=1e-8 is 0 in float16, so the first update divides 0 by 0 where
     a ReLU left a gradient at exactly zero. The weights' ranges are re-measured after every update
     of float16 weights (an update with eps > 0 used to be trusted to keep them finite, and the NaN
     was then blamed on the next forward pass), and amp-unscaled says why."""
-    trainer, a = audit_trainer(tmp_path, "half.py", HALF_WEIGHTS, 4)
+    trainer, a = half_weights
     [f] = a.rule("nonfinite")
     assert f["evidence"]["first_step"] == 0 and f["evidence"]["phase"] == "optimizer"
     assert "the Adam update made `0.weight`" in f["message"]
     [h] = a.rule("amp-unscaled")
     assert h["title"] == "float16 weights trained without master weights or loss scaling"
-    assert h["evidence"]["fp16_params"] == 4 and h["evidence"]["steps"] == 4 and h["evidence"]["optimizers"] == ["Adam"]
+    # three float16 Linears: six parameters, each step
+    assert h["evidence"]["fp16_params"] == 6 and h["evidence"]["steps"] == 4 and h["evidence"]["optimizers"] == ["Adam"]
     line = line_of(HALF_WEIGHTS, "# OPT LINE")
     assert [(loc["file"], loc["line"]) for loc in h["locations"]] == [(str(trainer), line)]
     assert "eps (1e-8) is 0 in float16" in h["message"]
@@ -1146,7 +1211,7 @@ opt = torch.optim.SGD(fc2.parameters(), lr=1e-3)
 
 def step(i):
     x = torch.ones(8, 64) * (1.0 if i == 0 else 7e4)  # past float16's 65504 from step 1
-    if i == 5:
+    if i == NAN_STEP:  # past the dense start (the hidden overflow keeps every step checked)
         x[:, ::2] *= -1  # +inf and -inf in one dot product: NaN
     with torch.autocast("cpu", dtype=torch.float16):
         h = F.relu(fc1(x))  # FC1 LINE: -inf from step 1, which the ReLU hides
@@ -1157,16 +1222,28 @@ def step(i):
 """
 
 
-def test_a_float16_overflow_a_relu_hid_is_not_learned_as_by_design(tmp_path):
+@pytest.fixture(scope="module")
+def fp16_hidden(tmp_path_factory):
+    """FP16_HIDDEN_OVERFLOW audited past the dense start (DENSE_STEPS + 4 healthy steps, each with
+    the hidden overflow), then the step of its NaN: (trainer, audit, the NaN's step)."""
+    from auditor.capture.numerics.schedule import DENSE_STEPS
+
+    nan_step = DENSE_STEPS + 4
+    trainer, a = audit_trainer(tmp_path_factory.mktemp("fp16"), "fp16.py",
+                               FP16_HIDDEN_OVERFLOW.replace("NAN_STEP", str(nan_step)), nan_step + 1)
+    return trainer, a, nan_step
+
+
+def test_a_float16_overflow_a_relu_hid_is_not_learned_as_by_design(fp16_hidden):
     """A Linear under float16 autocast overflows to -inf in healthy steps (the ReLU after it hides
-    it) and to NaN in step 5. Its site is not learned as non-finite by design (as a mask would be):
-    a call with weights that overflows is never that. The origin is the Linear, as a float16
+    it) and to NaN in a later step. Its site is not learned as non-finite by design (as a mask would
+    be): a call with weights that overflows is never that. The origin is the Linear, as a float16
     overflow (its float32 input is finite, past 65504), with the bfloat16 fix; not the ReLU, and
     not "non-finite input data"."""
-    trainer, a = audit_trainer(tmp_path, "fp16.py", FP16_HIDDEN_OVERFLOW, 6)
+    trainer, a, nan_step = fp16_hidden
     [f] = a.rule("nonfinite")
     ev = f["evidence"]
-    assert ev["first_step"] == 5 and ev["op"] == "torch.nn.Linear" and ev["hazard"]["kind"] == "fp16-overflow", ev
+    assert ev["first_step"] == nan_step and ev["op"] == "torch.nn.Linear" and ev["hazard"]["kind"] == "fp16-overflow", ev
     assert places(f) == {(str(trainer), line_of(FP16_HIDDEN_OVERFLOW, "# FC1 LINE"))}
     assert f["fix"]["config"] == {"autocast.dtype": "bfloat16"}
 
@@ -1441,22 +1518,16 @@ def step(i):
 """
 
 
-PLAIN_HOT = """
-import json, math, runpy, sys
-import torch
-losses, ranges = [], []
-backward = torch.Tensor.backward
-def record(t, *a, **k):
-    losses.append(t.item())
-    return backward(t, *a, **k)
-torch.Tensor.backward = record
-g = runpy.run_path(sys.argv[1])
-for i in range(int(sys.argv[2])):
-    w = g["net"][2].weight  # as the step's forward sees it
-    ranges.append([w.min().item(), w.max().item()])
-    g["step"](i)
-print(json.dumps({"losses": losses, "ranges": ranges}))
-"""
+def plain_hot(trainer, steps: int) -> dict:
+    """HOT_LR's plain run: its losses, and the last Linear's weight range as each step's forward
+    pass sees it."""
+    ranges = []
+    with plain_run_here(trainer) as (g, losses):
+        for i in range(steps):
+            w = g["net"][2].weight  # as the step's forward sees it
+            ranges.append([w.min().item(), w.max().item()])
+            g["step"](i)
+    return {"losses": list(losses), "ranges": ranges}
 
 
 def test_a_learning_rate_that_overflows_names_it_and_the_weights_as_they_are(tmp_path):
@@ -1467,10 +1538,7 @@ def test_a_learning_rate_that_overflows_names_it_and_the_weights_as_they_are(tmp
     update kept the weights' ranges of step 0, 1e23 times too small), says how the loss climbed,
     and the fix names the learning rate and offers a tenth of it."""
     trainer, a = audit_trainer(tmp_path, "hot.py", HOT_LR, 5)
-    (tmp_path / "plain.py").write_text(PLAIN_HOT)
-    p = subprocess.run([sys.executable, str(tmp_path / "plain.py"), str(trainer), "5"], capture_output=True,
-                       text=True, check=True, env={**os.environ, **ONE_THREAD})
-    plain = json.loads(p.stdout)
+    plain = plain_hot(trainer, 5)
     first = next(i for i, v in enumerate(plain["losses"]) if not math.isfinite(v))
     [f] = a.rule("nonfinite")
     ev = f["evidence"]
@@ -1550,7 +1618,7 @@ def test_a_nan_made_in_a_hand_written_backward_is_named_there(tmp_path):
     assert list(names.values()) == [{"names": ["emb.weight", "proj.weight"], "layers": ["emb", "proj"]}]
 
 
-def test_a_hand_written_backward_is_checked_in_healthy_steps_and_changes_nothing(tmp_path):
+def test_a_hand_written_backward_is_checked_in_healthy_steps_and_changes_nothing(tmp_path, parity):
     """The twin whose backward clamps its norm: no error, and its division is checked in every
     step (its smallest denominator, the clamp's 1e-12 once the padding starts, is recorded per step); with
     the collector on, the weights equal a plain run's, bit for bit, for both twins (NaN or not)."""
@@ -1562,19 +1630,15 @@ def test_a_hand_written_backward_is_checked_in_healthy_steps_and_changes_nothing
              and v.get("hazard") == "div"]
     dens = [next(v for s, v in d["hazards"] if s == div) for d in steps]
     assert len(dens) == 6 and all(v > 1 for v in dens[:4]) and dens[4:] == pytest.approx([1e-12] * 2), dens
-    (tmp_path / "l2norm.py").write_text(CUSTOM_BACKWARD)
-    p = subprocess.run([sys.executable, "-c", PARITY, str(tmp_path), f"{tmp_path / 'l2norm.py'}=6", f"{trainer}=6"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=180, env={**os.environ, **ONE_THREAD})
-    assert p.returncode == 0, p.stderr
-    rows = [line.split() for line in p.stdout.splitlines()]
-    assert len(rows) == 2 and all(plain == audited for _, plain, audited in rows), rows
+    for name in ("l2norm", "l2norm_ok"):
+        plain, audited = parity[name]
+        assert plain == audited, name
 
 
-def test_an_update_that_broke_more_than_four_parameters_says_how_many_more(tmp_path):
+def test_an_update_that_broke_more_than_four_parameters_says_how_many_more(half_weights):
     """Five float16 parameters made non-finite by one Adam update: the message names four and
     said nothing of the fifth (the evidence lists all five)."""
-    source = HALF_WEIGHTS.replace("nn.Linear(64, 1)).half()", "nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)).half()")
-    _, a = audit_trainer(tmp_path, "half3.py", source, 2)
+    _, a = half_weights
     [f] = a.rule("nonfinite")
     assert f["evidence"]["params"] == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight"]
     assert "the Adam update made `0.weight`, `0.bias`, `2.weight`, `2.bias` and 1 more non-finite" in f["message"]
@@ -1589,6 +1653,10 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 4)).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 scaler = torch.cuda.amp.GradScaler()  # SCALER LINE
+# the clean twin, in the same steps: its scaler unscales before clipping
+model2 = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 4)).cuda()
+opt2 = torch.optim.SGD(model2.parameters(), lr=0.1)
+scaler2 = torch.cuda.amp.GradScaler()  # CLEAN SCALER LINE
 x, y = torch.randn(64, 32).cuda(), torch.randint(0, 4, (64,)).cuda()
 
 
@@ -1597,27 +1665,30 @@ def step(i):
     with torch.cuda.amp.autocast():
         loss = nn.functional.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
-    UNSCALE
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)  # CLIP LINE
     scaler.step(opt)
     scaler.update()
+
+    opt2.zero_grad(set_to_none=True)
+    with torch.cuda.amp.autocast():
+        loss2 = nn.functional.cross_entropy(model2(x), y)
+    scaler2.scale(loss2).backward()
+    scaler2.unscale_(opt2)
+    torch.nn.utils.clip_grad_norm_(model2.parameters(), max_norm=0.5)  # CLEAN CLIP LINE
+    scaler2.step(opt2)
+    scaler2.update()
 """
 
 
-
-@pytest.mark.parametrize("unscale", [False, True])
-def test_clipping_before_unscale_is_named_with_its_fix(tmp_path, unscale):
+def test_clipping_before_unscale_is_named_with_its_fix(tmp_path):
     """clip_grad_norm_ between scaler.scale(loss).backward() and scaler.step(opt) with no
     scaler.unscale_(opt) clips the scaled gradients: their norm is 65536 times the true one, so
     the gradients SGD steps with are cut to a norm of 0.5/65536 (every step here). Nothing said so;
-    the run looked healthy. The numerics patch inserts the unscale_ call; with it, silence."""
-    source = CLIP_SCALED.replace("UNSCALE", "scaler.unscale_(opt)" if unscale else "pass")
+    the run looked healthy. The numerics patch inserts the unscale_ call; with it, silence (the
+    twin that unscales first trains in the same steps, and nothing is said of its lines)."""
+    source = CLIP_SCALED
     trainer, a = audit_trainer(tmp_path, "clip.py", source, 4)
-    found = a.rule("amp-unscaled")
-    if unscale:
-        assert found == []
-        return
-    [f] = found
+    [f] = a.rule("amp-unscaled")  # (none for the twin that unscales)
     assert f["title"] == "Gradients clipped while still scaled by the GradScaler"
     assert [(loc["file"], loc["line"]) for loc in f["locations"]] == [
         (str(trainer), line_of(source, "# CLIP LINE")), (str(trainer), line_of(source, "# SCALER LINE"))]
@@ -1629,6 +1700,9 @@ def test_clipping_before_unscale_is_named_with_its_fix(tmp_path, unscale):
     assert (edit["start"], edit["end"], edit["lines"]) == (line, line - 1, ["    scaler.unscale_(opt)"])
     patch = patch_text(a.out / "numerics-fixes.patch")
     assert "+    scaler.unscale_(opt)\n" in patch and "+" not in patch_text(a.out / "fixes.patch").replace("+++", "")
+    assert "unscale_(opt2)" not in patch, patch
+    # both scalers scaled every step's loss: the twin's silence is a check that ran
+    assert [d["scaler_scale_calls"] for d in numerics(a)] == [2] * 4
 
 
 
@@ -1648,25 +1722,27 @@ def step():
 def test_warnings_of_torch_calls_name_the_users_lines_with_the_checks_on(tmp_path):
     """A warning a torch call raises names the user's line, once per line, as in a plain run and
     with --no-numerics (with the checks on it named the auditor's file, and the second line's
-    warning was suppressed as a repeat of the first)."""
+    warning was suppressed as a repeat of the first). Unprofiled: every step is checked (a
+    profiled step is not), so the first call of each line runs under the checks."""
     (tmp_path / "w.py").write_text(WARNS)
     shown = []
     for flags in ((), ("--no-numerics",)):
-        a = audit("run", f"{tmp_path / 'w.py'}:step", "--steps", "3", "-q", *flags, out=tmp_path / f"o{len(flags)}")
+        a = audit("run", f"{tmp_path / 'w.py'}:step", "--steps", "3", "--no-profile", "-q", *flags,
+                  out=tmp_path / f"o{len(flags)}")
         assert a.returncode == 0, a.stderr
         shown.append(sorted(ln.split(": UserWarning")[0] for ln in a.stderr.splitlines() if "UserWarning" in ln))
     assert shown[0] == shown[1] == sorted(f"{tmp_path / 'w.py'}:{n}" for n in (7, 8, 9, 10)), shown
 
 
-def test_a_hidden_overflow_of_a_weighted_call_turns_the_checks_on_for_good(tmp_path):
+def test_a_hidden_overflow_of_a_weighted_call_turns_the_checks_on_for_good(fp16_hidden):
     """The float16 Linear overflows to -inf from step 1 and the ReLU hides it (the loss stays
     finite): unlike a mask's -inf, a call with weights that overflows is not by design, so the run
-    is alarmed and every step past the dense start is checked, where a healthy run checks one in 32."""
+    is alarmed and every step past the dense start is checked, where a healthy run checks one in 32.
+    (The steps read here are those before the NaN the run ends with.)"""
     from auditor.capture.numerics.schedule import DENSE_STEPS
 
-    steps = DENSE_STEPS + 4
-    source = FP16_HIDDEN_OVERFLOW.replace("if i == 5:", "if i == -1:")  # (no NaN: hidden all along)
-    _, a = audit_trainer(tmp_path, "fp16_hidden.py", source, steps)
-    recs = numerics(a)
+    _, a, nan_step = fp16_hidden
+    recs = numerics(a)[:nan_step]
+    assert len(recs) == DENSE_STEPS + 4
     assert all(d is not None for d in recs), [k for k, d in enumerate(recs) if d is None]
     assert all(d["loss_finite"] is True for d in recs) and recs[1]["nonfinite_ops"]
