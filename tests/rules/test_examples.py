@@ -263,7 +263,7 @@ from torch import nn
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused={fused})
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 scaler = torch.amp.GradScaler("cpu")
 x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
 
@@ -276,40 +276,90 @@ def step():
     scaler.step(opt)
     scaler.update()
 """
+# The same trainer twice in one step, each half with its own model, optimizer and scaler: a fused
+# optimizer's (its scaler's step checks found_inf on the device) and a foreach one's (fused
+# refuses foreach=True). Each half's GradScaler.step is at its own line.
+FUSED_BESIDE_FOREACH = """import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+fused_model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+fused_opt = torch.optim.AdamW(fused_model.parameters(), lr=1e-3, fused=True)
+fused_scaler = torch.amp.GradScaler("cpu")
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+scaler = torch.amp.GradScaler("cpu")
+x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
 
 
-@pytest.mark.parametrize("fused", [None, True])
-def test_grad_scaler_step_sync_is_the_users_unless_the_optimizer_is_fused(tmp_path, fused):
-    """GradScaler.step reads found_inf with .item() inside torch: the user's own line pays for it,
-    every step, and a fused optimizer (the fix) takes the check on the device instead."""
-    trainer = tmp_path / "amp_trainer.py"
-    trainer.write_text(AMP_TRAINER.format(fused=fused))
-    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out")
+def step():
+    fused_opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(fused_model(x), y)
+    fused_scaler.scale(loss).backward()
+    fused_scaler.step(fused_opt)  # FUSED STEP
+    fused_scaler.update()
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)  # FOREACH STEP
+    scaler.update()
+"""
+
+
+def _amp_audit(tmp_path_factory, name: str, source: str):
+    """SOURCE as amp_trainer.py alone in a fresh git repository, audited for 6 steps, unprofiled."""
+    tmp = tmp_path_factory.mktemp(name)
+    subprocess.run(["git", "init", "-q"], cwd=tmp, check=True)
+    trainer = tmp / "amp_trainer.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp / "out")
     assert a.returncode == 0, a.stderr
-    found = a.rule("host-sync")
+    return trainer, a
+
+
+@pytest.fixture(scope="module")
+def amp_unfused(tmp_path_factory):
+    """AMP_TRAINER audited once: (its file, the audit)."""
+    return _amp_audit(tmp_path_factory, "amp_unfused", AMP_TRAINER)
+
+
+@pytest.fixture(scope="module")
+def amp_fused_beside_foreach(tmp_path_factory):
+    """FUSED_BESIDE_FOREACH audited once: (its file, the audit)."""
+    return _amp_audit(tmp_path_factory, "amp_fused_foreach", FUSED_BESIDE_FOREACH)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_grad_scaler_step_sync_is_the_users_unless_the_optimizer_is_fused(fused, request):
+    """GradScaler.step reads found_inf with .item() inside torch: the user's own line pays for it,
+    every step, and a fused optimizer (the fix) takes the check on the device instead (beside a
+    foreach optimizer's step, which syncs at its own line)."""
+    trainer, a = request.getfixturevalue("amp_fused_beside_foreach" if fused else "amp_unfused")
+    (f,) = a.rule("host-sync")
     if fused:
-        assert found == []
+        lines = FUSED_BESIDE_FOREACH.splitlines()
+        fused_at, foreach_at = (next(n for n, t in enumerate(lines, 1) if mark in t)
+                                for mark in ("# FUSED STEP", "# FOREACH STEP"))
+        assert [(s["what"], s["line"], s["count"]) for s in f["evidence"]["sites"]] == [("GradScaler.step", foreach_at, 6)]
+        assert fused_at not in {loc["line"] for loc in f["locations"]}
         return
-    (f,) = found
     (site,) = f["evidence"]["sites"]
     assert (site["what"], site["line"], site["count"]) == ("GradScaler.step", 17, 6)
     assert f["locations"][0]["file"] == str(trainer)
     assert f["fix"]["config"] == {"optimizer": {"fused": True}} and "fused=True" in f["fix"]["summary"]
 
 
-
 @pytest.mark.parametrize("kwargs", ["", ", foreach=True"], ids=["plain", "foreach"])
-def test_grad_scaler_step_sync_gets_a_fused_patch_in_numerics_fixes(tmp_path, kwargs):
+def test_grad_scaler_step_sync_gets_a_fused_patch_in_numerics_fixes(tmp_path, kwargs, request):
     """The GradScaler.step sync's fix named fused=True but had no patch: now numerics-fixes.patch
     (fused kernels round slightly differently) adds fused=True to the optimizer the step is given,
     and the patched trainer audits without the sync. An optimizer asking for foreach=True, which
-    fused refuses, is left alone."""
-    source = AMP_TRAINER.replace(", fused={fused}", kwargs)
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    trainer = tmp_path / "amp_trainer.py"
-    trainer.write_text(source)
-    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out")
-    assert a.returncode == 0, a.stderr
+    fused refuses, is left alone (beside a fused one, whose step does not sync)."""
+    trainer, a = request.getfixturevalue("amp_fused_beside_foreach" if kwargs else "amp_unfused")
+    source = trainer.read_text()
     (f,) = a.rule("host-sync")
     assert [s["what"] for s in f["evidence"]["sites"]] == ["GradScaler.step"]
     opt_line = source.splitlines().index(f"opt = torch.optim.AdamW(model.parameters(), lr=1e-3{kwargs})") + 1
@@ -319,6 +369,10 @@ def test_grad_scaler_step_sync_gets_a_fused_patch_in_numerics_fixes(tmp_path, kw
         return
     assert f["fix"]["changes_numerics"] and [e["start"] for e in f["fix"]["edits"]] == [opt_line]
     assert f"numerics-fixes.patch adds fused=True to the optimizer at line {opt_line}" in f["fix"]["summary"]
+    # applied to a copy of the trainer (the shared audit's folder is read, never written)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    trainer = tmp_path / "amp_trainer.py"
+    trainer.write_text(source)
     subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=tmp_path, check=True)
     assert (trainer.read_text().splitlines()[opt_line - 1]
             == "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)")
