@@ -108,77 +108,115 @@ def test_sampler_epoch(example_audit):
     assert "sampler.set_epoch(epoch)" in patch_text(a.out / "numerics-fixes.patch")
 
 
-KEPT_LOSSES = """
-import torch
+# Three trainers that retain graphs, each with its own model and its backward(retain_graph=True)
+# at its own line, in one step (retained-graph judges each line on its own: the graphs it watches,
+# and how many of them are alive at once, are counted per line; no graph of one runs into
+# another's). One audit (4 steps, unprofiled, no numerics checks) serves the three tests.
+RETAINING = """import torch
 from torch import nn
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+rnn = nn.GRU(8, 16, batch_first=True)
+head = nn.Linear(16, 1)
+rnn_opt = torch.optim.SGD([*rnn.parameters(), *head.parameters()], lr=1e-2)
+ACCUM = 3
+lstm = nn.LSTM(8, 16, batch_first=True)
+lstm_head = nn.Linear(16, 1)
+lstm_opt = torch.optim.SGD([*lstm.parameters(), *lstm_head.parameters()], lr=1e-2)
+state = None
 
 
-def step(i):
+def kept():
     opt.zero_grad()
     losses = []
     for _ in range(3):
         losses.append(model(torch.randn(64, 32)).pow(2).mean())
-        losses[-1].backward(retain_graph=True)  # RETAIN LINE
+        losses[-1].backward(retain_graph=True)  # KEPT LINE
     opt.step()
     return float(sum(l.detach() for l in losses))
+
+
+def carried():
+    rnn_opt.zero_grad()
+    h = None
+    for micro in range(ACCUM):  # the state runs on through the micro-batches, undetached
+        y, h = rnn(torch.randn(4, 5, 8), h)
+        loss = head(y).pow(2).mean() / ACCUM
+        loss.backward(retain_graph=True)  # CARRIED LINE: the next micro-batch's backward needs it
+    rnn_opt.step()
+
+
+def detached():
+    global state
+    if state is not None:
+        state = (state[0].detach(), state[1].detach())
+    y, state = lstm(torch.randn(4, 5, 8), state)
+    loss = lstm_head(y).pow(2).mean()
+    lstm_opt.zero_grad()
+    loss.backward(retain_graph=True)  # DETACHED LINE
+    lstm_opt.step()
+
+
+def step(i):
+    kept()
+    carried()
+    detached()
 """
 
 
-def test_retained_graphs_kept_together_are_counted_together(tmp_path):
-    """Losses kept in a list hold every micro-batch's graph to the step's end: three at once."""
-    (tmp_path / "kept.py").write_text(KEPT_LOSSES)
-    a = audit("run", f"{tmp_path / 'kept.py'}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out")
-    [f] = a.rule("retained-graph")
-    line = KEPT_LOSSES.splitlines().index("        losses[-1].backward(retain_graph=True)  # RETAIN LINE") + 1
+def marked(source: str, marker: str) -> int:
+    return next(n for n, t in enumerate(source.splitlines(), 1) if marker in t)
+
+
+@pytest.fixture(scope="module")
+def retaining(tmp_path_factory):
+    """RETAINING audited once: (its file, the audit)."""
+    tmp = tmp_path_factory.mktemp("retaining")
+    trainer = tmp / "retaining.py"
+    trainer.write_text(RETAINING)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet", out=tmp / "out")
+    assert a.returncode == 0, a.stderr
+    return trainer, a
+
+
+def retained_at(a, trainer, marker: str) -> dict:
+    """The one retained-graph finding located at the line holding `marker` (and nowhere else)."""
+    line = marked(RETAINING, marker)
+    [f] = [g for g in a.rule("retained-graph") if (str(trainer), line) in {(loc["file"], loc["line"]) for loc in g["locations"]}]
     assert [loc["line"] for loc in f["locations"]] == [line]
+    return f
+
+
+def test_retained_graphs_kept_together_are_counted_together(retaining):
+    """Losses kept in a list hold every micro-batch's graph to the step's end: three at once."""
+    trainer, a = retaining
+    assert len(a.rule("retained-graph")) == 3  # (one per line: KEPT, CARRIED, DETACHED)
+    f = retained_at(a, trainer, "# KEPT LINE")
     ev = f["evidence"]
     assert ev["alive_at_once"] == 3 and ev["per_step"] == 3.0
     assert ev["saved_bytes"] >= 64 * 256 * 4  # at least the hidden activations of one micro-batch
     assert f["cost"]["note"].startswith(f"memory: {3 * ev['saved_bytes'] / 2**20:.2f} MiB of saved activations")
 
 
-CARRIED = """import torch
-from torch import nn
-
-torch.manual_seed(0)
-rnn = nn.GRU(8, 16, batch_first=True)
-head = nn.Linear(16, 1)
-opt = torch.optim.SGD([*rnn.parameters(), *head.parameters()], lr=1e-2)
-ACCUM = 3
-
-
-def step(i):
-    opt.zero_grad()
-    h = None
-    for micro in range(ACCUM):  # the state runs on through the micro-batches, undetached
-        y, h = rnn(torch.randn(4, 5, 8), h)
-        loss = head(y).pow(2).mean() / ACCUM
-        loss.backward(retain_graph=True)  # RETAIN LINE: the next micro-batch's backward needs it
-    opt.step()
-"""
-
-
-def test_retained_graphs_some_reused_get_no_patch_that_breaks_them(tmp_path):
+def test_retained_graphs_some_reused_get_no_patch_that_breaks_them(retaining):
     """Micro-batches carry a state, so each backward but the last one's graph is backpropagated
     again by the next: only the last graph of a step is retained for nothing. The finding stands
     (one unused graph a step), but dropping retain_graph from the line would make the second
     micro-batch's backward fail: no edit, and the fix says to keep it for the reused calls.
     Before, fixes.patch (said to change no result) dropped it, and the patched trainer raised."""
-    (tmp_path / "carried.py").write_text(CARRIED)
-    a = audit("run", f"{tmp_path / 'carried.py'}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet",
-              out=tmp_path / "out")
-    [f] = a.rule("retained-graph")
-    line = next(n for n, t in enumerate(CARRIED.splitlines(), 1) if "RETAIN LINE" in t)
-    assert [loc["line"] for loc in f["locations"]] == [line]
+    trainer, a = retaining
+    f = retained_at(a, trainer, "# CARRIED LINE")
     ev = f["evidence"]
     assert (ev["retained_unused"], ev["retaining_calls"], ev["reused"]) == (4, 12, 8)
     assert f["fix"]["edits"] == [] and f["fix"]["patch"] is None
     assert "8 of 12 calls" in f["fix"]["summary"]
-    assert not (tmp_path / "out" / "fixes.patch").exists()
+    # fixes.patch (which holds the other two lines' edits) leaves this line alone
+    # fixes.patch drops the flag at the other two lines, and leaves this one alone
+    source = RETAINING.splitlines()
+    removed = [ln[1:] for ln in patch_text(a.out / "fixes.patch").splitlines() if ln[:1] == "-" and ln[:3] != "---"]
+    assert removed == [source[marked(RETAINING, m) - 1] for m in ("# KEPT LINE", "# DETACHED LINE")], removed
 
 
 TBPTT = """import torch
@@ -194,7 +232,7 @@ state = None
 def step(i):
     global state
     if state is not None:
-        state = (state[0].detach(), state[1]{detach_c})
+        state = (state[0].detach(), state[1])
     y, state = lstm(torch.randn(4, 5, 8), state)
     loss = head(y).pow(2).mean()
     opt.zero_grad()
@@ -203,7 +241,7 @@ def step(i):
 """
 
 
-def test_a_graph_the_next_steps_backward_runs_into_is_carried_not_unused(tmp_path):
+def test_a_graph_the_next_steps_backward_runs_into_is_carried_not_unused(tmp_path, retaining):
     """Truncated BPTT that detaches h but not the LSTM's cell state c, with retain_graph=True added
     to silence "Trying to backward through the graph a second time": step 1's backward runs into
     step 0's graph and fails (the optimizer changed weights it saved). The graph was judged at the
@@ -211,7 +249,7 @@ def test_a_graph_the_next_steps_backward_runs_into_is_carried_not_unused(tmp_pat
     (said to change no result) dropped the flag, which brings the other error back. Now it is
     named as carried into the next step, with no patch; with c detached the flag is only unused."""
     line = next(n for n, t in enumerate(TBPTT.splitlines(), 1) if "RETAIN LINE" in t)
-    (tmp_path / "tbptt.py").write_text(TBPTT.format(detach_c=""))
+    (tmp_path / "tbptt.py").write_text(TBPTT)
     a = audit("run", f"{tmp_path / 'tbptt.py'}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet",
               out=tmp_path / "out")
     assert a.returncode == 3 and a.evidence["ending"]["step"] == 1, a.stderr
@@ -222,14 +260,12 @@ def test_a_graph_the_next_steps_backward_runs_into_is_carried_not_unused(tmp_pat
     assert "the next step's backward ran into" in f["message"] and "detach both h and c" in f["fix"]["summary"]
     assert f["fix"]["edits"] == [] and f["fix"]["patch"] is None
     assert not (tmp_path / "out" / "fixes.patch").exists()
-    # the state detached whole: each step's graph is its own, retained for nothing, and patched
-    (tmp_path / "tbptt_ok.py").write_text(TBPTT.format(detach_c=".detach()"))
-    b = audit("run", f"{tmp_path / 'tbptt_ok.py'}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet",
-              out=tmp_path / "out_ok")
-    assert b.returncode == 0, b.stderr
-    [g] = b.rule("retained-graph")
+    # the state detached whole (RETAINING's third trainer): each step's graph is its own, retained
+    # for nothing, and patched
+    trainer, b = retaining
+    g = retained_at(b, trainer, "# DETACHED LINE")
     assert "carried" not in g["evidence"] and g["evidence"]["retained_unused"] == 4
-    assert [e["start"] for e in g["fix"]["edits"]] == [line]
+    assert [e["start"] for e in g["fix"]["edits"]] == [marked(RETAINING, "# DETACHED LINE")]
 
 
 def test_graph_leak(example_audit):
