@@ -122,8 +122,12 @@ def test_the_patched_dataloader_call_runs(tmp_path, case, request):
     if case == "kwargs-accelerator":
         assert f["evidence"]["settings"]["num_workers"] == 1 and a.evidence["environment"]["rehearsal"]
         assert a.evidence["dataloaders"][0]["passed"] == ["batch_size", "dataset", "num_workers", "pin_memory"]
-    if patch:  # (applied to this test's own copy of the program: the shared audit's is read, never written)
-        subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=folder, check=True)
+    if not patch:  # no patch: the program is the user's own, as the audit left it (unchanged), which it ran
+        setup, given = CASES[case]
+        assert (folder / "prog.py").read_text() == PROGRAM.format(setup=setup, given=given)
+        return
+    # (applied to this test's own copy of the program: the shared audit's is read, never written)
+    subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=folder, check=True)
     run = subprocess.run([sys.executable, "prog.py"], cwd=folder, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
 
