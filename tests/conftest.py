@@ -321,3 +321,17 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # (stable: the rest keep their order)
+
+
+def growing_run(tmp_path_factory) -> Audit:
+    """GROWING as a plain 18-step audit, unprofiled and without numerics checks: one run serves every
+    test file that asks (step-slowdown's cost and confidence are read from the same run)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    trainer = root / "growing.py"
+    if not trainer.exists():  # (whole, by a rename: another worker's audit may be reading it)
+        part = root / f"growing.py.{os.getpid()}"
+        part.write_text(GROWING)
+        part.replace(trainer)
+    return shared_audit(tmp_path_factory, "growing-18", "run", f"{trainer}:step", "--steps", "18", "--no-profile",
+                        "--no-numerics", "--quiet")

@@ -69,18 +69,36 @@ CASES = {
 }
 
 
+def _project(folder, case):
+    """PROGRAM with CASE's setup alone in a fresh git repository, as a user's checkout."""
+    setup, given = CASES[case]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "prog.py").write_text(PROGRAM.format(setup=setup, given=given))
+    subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
+    return folder
+
+
+def _audit(folder, *flags):
+    # 12 steps: after the profiled ones (slow under load) a worker has its prefetched batches ready,
+    # and the unprofiled steps after them must still show the waits (with --steps 6, 3 of 3 could not)
+    a = audit("run", "prog.py", "--steps", "12", "--quiet", *flags, out=folder / "out", cwd=folder)
+    assert a.returncode == 0, a.stderr
+    return a
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    """The kwargs-workers case audited once with --verify: its case test reads the patch it wrote,
+    and the verify test what its re-run with that patch measured."""
+    return _audit(_project(tmp_path_factory.mktemp("verified"), "kwargs-workers"), "--verify")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_patched_dataloader_call_runs(tmp_path, case):
-    setup, given = CASES[case]
-    prog = tmp_path / "prog.py"
-    prog.write_text(PROGRAM.format(setup=setup, given=given))
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    # 12 steps: after the profiled ones (slow under load) a worker has its prefetched batches ready,
-    # and the unprofiled steps after them must still show the waits (with --steps 6, 3 of 3 could not)
-    a = audit("run", "prog.py", "--steps", "12", "--quiet", out=tmp_path / "out", cwd=tmp_path)
-    assert a.returncode == 0, a.stderr
+def test_the_patched_dataloader_call_runs(tmp_path, case, request):
+    folder = _project(tmp_path, case)
+    a = request.getfixturevalue("verified") if case == "kwargs-workers" else _audit(folder)
     [f] = a.rule("dataloader-bound")
     patch = patch_text(a.out / "numerics-fixes.patch")
     changed = [ln for ln in patch.splitlines() if ln[:1] in ("+", "-") and ln[:3] not in ("+++", "---")]
@@ -104,23 +122,23 @@ def test_the_patched_dataloader_call_runs(tmp_path, case):
     if case == "kwargs-accelerator":
         assert f["evidence"]["settings"]["num_workers"] == 1 and a.evidence["environment"]["rehearsal"]
         assert a.evidence["dataloaders"][0]["passed"] == ["batch_size", "dataset", "num_workers", "pin_memory"]
-    if patch:
-        subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=tmp_path, check=True)
-    run = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    if not patch:  # no patch: the program is the user's own, as the audit left it (unchanged), which it ran
+        setup, given = CASES[case]
+        assert (folder / "prog.py").read_text() == PROGRAM.format(setup=setup, given=given)
+        return
+    # (applied to this test's own copy of the program: the shared audit's is read, never written)
+    subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=folder, check=True)
+    run = subprocess.run([sys.executable, "prog.py"], cwd=folder, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-def test_num_workers_set_in_the_dict_the_call_unpacks_is_proven_by_verify(tmp_path):
+def test_num_workers_set_in_the_dict_the_call_unpacks_is_proven_by_verify(verified):
     """pytorch/examples' shape (`train_kwargs = {...}`, `DataLoader(ds, **train_kwargs)`): the patch
     sets num_workers in the dict, and --verify re-runs the program with it: the wait for data is
     gone or fell by a quarter or more."""
-    setup, given = CASES["kwargs-workers"]
-    (tmp_path / "prog.py").write_text(PROGRAM.format(setup=setup, given=given))
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    a = audit("run", "prog.py", "--steps", "6", "--no-profile", "--verify", out=tmp_path / "out", cwd=tmp_path)
-    assert a.returncode == 0, a.stderr
+    a = verified
     [f] = a.rule("dataloader-bound")
     assert [e["lines"] for e in f["fix"]["edits"]][0] == [
         f'kwargs = {{"num_workers": {f["fix"]["config"]["DataLoader.num_workers"]}}}']

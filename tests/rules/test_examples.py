@@ -108,77 +108,115 @@ def test_sampler_epoch(example_audit):
     assert "sampler.set_epoch(epoch)" in patch_text(a.out / "numerics-fixes.patch")
 
 
-KEPT_LOSSES = """
-import torch
+# Three trainers that retain graphs, each with its own model and its backward(retain_graph=True)
+# at its own line, in one step (retained-graph judges each line on its own: the graphs it watches,
+# and how many of them are alive at once, are counted per line; no graph of one runs into
+# another's). One audit (4 steps, unprofiled, no numerics checks) serves the three tests.
+RETAINING = """import torch
 from torch import nn
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+rnn = nn.GRU(8, 16, batch_first=True)
+head = nn.Linear(16, 1)
+rnn_opt = torch.optim.SGD([*rnn.parameters(), *head.parameters()], lr=1e-2)
+ACCUM = 3
+lstm = nn.LSTM(8, 16, batch_first=True)
+lstm_head = nn.Linear(16, 1)
+lstm_opt = torch.optim.SGD([*lstm.parameters(), *lstm_head.parameters()], lr=1e-2)
+state = None
 
 
-def step(i):
+def kept():
     opt.zero_grad()
     losses = []
     for _ in range(3):
         losses.append(model(torch.randn(64, 32)).pow(2).mean())
-        losses[-1].backward(retain_graph=True)  # RETAIN LINE
+        losses[-1].backward(retain_graph=True)  # KEPT LINE
     opt.step()
     return float(sum(l.detach() for l in losses))
+
+
+def carried():
+    rnn_opt.zero_grad()
+    h = None
+    for micro in range(ACCUM):  # the state runs on through the micro-batches, undetached
+        y, h = rnn(torch.randn(4, 5, 8), h)
+        loss = head(y).pow(2).mean() / ACCUM
+        loss.backward(retain_graph=True)  # CARRIED LINE: the next micro-batch's backward needs it
+    rnn_opt.step()
+
+
+def detached():
+    global state
+    if state is not None:
+        state = (state[0].detach(), state[1].detach())
+    y, state = lstm(torch.randn(4, 5, 8), state)
+    loss = lstm_head(y).pow(2).mean()
+    lstm_opt.zero_grad()
+    loss.backward(retain_graph=True)  # DETACHED LINE
+    lstm_opt.step()
+
+
+def step(i):
+    kept()
+    carried()
+    detached()
 """
 
 
-def test_retained_graphs_kept_together_are_counted_together(tmp_path):
-    """Losses kept in a list hold every micro-batch's graph to the step's end: three at once."""
-    (tmp_path / "kept.py").write_text(KEPT_LOSSES)
-    a = audit("run", f"{tmp_path / 'kept.py'}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out")
-    [f] = a.rule("retained-graph")
-    line = KEPT_LOSSES.splitlines().index("        losses[-1].backward(retain_graph=True)  # RETAIN LINE") + 1
+def marked(source: str, marker: str) -> int:
+    return next(n for n, t in enumerate(source.splitlines(), 1) if marker in t)
+
+
+@pytest.fixture(scope="module")
+def retaining(tmp_path_factory):
+    """RETAINING audited once: (its file, the audit)."""
+    tmp = tmp_path_factory.mktemp("retaining")
+    trainer = tmp / "retaining.py"
+    trainer.write_text(RETAINING)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet", out=tmp / "out")
+    assert a.returncode == 0, a.stderr
+    return trainer, a
+
+
+def retained_at(a, trainer, marker: str) -> dict:
+    """The one retained-graph finding located at the line holding `marker` (and nowhere else)."""
+    line = marked(RETAINING, marker)
+    [f] = [g for g in a.rule("retained-graph") if (str(trainer), line) in {(loc["file"], loc["line"]) for loc in g["locations"]}]
     assert [loc["line"] for loc in f["locations"]] == [line]
+    return f
+
+
+def test_retained_graphs_kept_together_are_counted_together(retaining):
+    """Losses kept in a list hold every micro-batch's graph to the step's end: three at once."""
+    trainer, a = retaining
+    assert len(a.rule("retained-graph")) == 3  # (one per line: KEPT, CARRIED, DETACHED)
+    f = retained_at(a, trainer, "# KEPT LINE")
     ev = f["evidence"]
     assert ev["alive_at_once"] == 3 and ev["per_step"] == 3.0
     assert ev["saved_bytes"] >= 64 * 256 * 4  # at least the hidden activations of one micro-batch
     assert f["cost"]["note"].startswith(f"memory: {3 * ev['saved_bytes'] / 2**20:.2f} MiB of saved activations")
 
 
-CARRIED = """import torch
-from torch import nn
-
-torch.manual_seed(0)
-rnn = nn.GRU(8, 16, batch_first=True)
-head = nn.Linear(16, 1)
-opt = torch.optim.SGD([*rnn.parameters(), *head.parameters()], lr=1e-2)
-ACCUM = 3
-
-
-def step(i):
-    opt.zero_grad()
-    h = None
-    for micro in range(ACCUM):  # the state runs on through the micro-batches, undetached
-        y, h = rnn(torch.randn(4, 5, 8), h)
-        loss = head(y).pow(2).mean() / ACCUM
-        loss.backward(retain_graph=True)  # RETAIN LINE: the next micro-batch's backward needs it
-    opt.step()
-"""
-
-
-def test_retained_graphs_some_reused_get_no_patch_that_breaks_them(tmp_path):
+def test_retained_graphs_some_reused_get_no_patch_that_breaks_them(retaining):
     """Micro-batches carry a state, so each backward but the last one's graph is backpropagated
     again by the next: only the last graph of a step is retained for nothing. The finding stands
     (one unused graph a step), but dropping retain_graph from the line would make the second
     micro-batch's backward fail: no edit, and the fix says to keep it for the reused calls.
     Before, fixes.patch (said to change no result) dropped it, and the patched trainer raised."""
-    (tmp_path / "carried.py").write_text(CARRIED)
-    a = audit("run", f"{tmp_path / 'carried.py'}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet",
-              out=tmp_path / "out")
-    [f] = a.rule("retained-graph")
-    line = next(n for n, t in enumerate(CARRIED.splitlines(), 1) if "RETAIN LINE" in t)
-    assert [loc["line"] for loc in f["locations"]] == [line]
+    trainer, a = retaining
+    f = retained_at(a, trainer, "# CARRIED LINE")
     ev = f["evidence"]
     assert (ev["retained_unused"], ev["retaining_calls"], ev["reused"]) == (4, 12, 8)
     assert f["fix"]["edits"] == [] and f["fix"]["patch"] is None
     assert "8 of 12 calls" in f["fix"]["summary"]
-    assert not (tmp_path / "out" / "fixes.patch").exists()
+    # fixes.patch (which holds the other two lines' edits) leaves this line alone
+    # fixes.patch drops the flag at the other two lines, and leaves this one alone
+    source = RETAINING.splitlines()
+    removed = [ln[1:] for ln in patch_text(a.out / "fixes.patch").splitlines() if ln[:1] == "-" and ln[:3] != "---"]
+    assert removed == [source[marked(RETAINING, m) - 1] for m in ("# KEPT LINE", "# DETACHED LINE")], removed
 
 
 TBPTT = """import torch
@@ -194,7 +232,7 @@ state = None
 def step(i):
     global state
     if state is not None:
-        state = (state[0].detach(), state[1]{detach_c})
+        state = (state[0].detach(), state[1])
     y, state = lstm(torch.randn(4, 5, 8), state)
     loss = head(y).pow(2).mean()
     opt.zero_grad()
@@ -203,7 +241,7 @@ def step(i):
 """
 
 
-def test_a_graph_the_next_steps_backward_runs_into_is_carried_not_unused(tmp_path):
+def test_a_graph_the_next_steps_backward_runs_into_is_carried_not_unused(tmp_path, retaining):
     """Truncated BPTT that detaches h but not the LSTM's cell state c, with retain_graph=True added
     to silence "Trying to backward through the graph a second time": step 1's backward runs into
     step 0's graph and fails (the optimizer changed weights it saved). The graph was judged at the
@@ -211,7 +249,7 @@ def test_a_graph_the_next_steps_backward_runs_into_is_carried_not_unused(tmp_pat
     (said to change no result) dropped the flag, which brings the other error back. Now it is
     named as carried into the next step, with no patch; with c detached the flag is only unused."""
     line = next(n for n, t in enumerate(TBPTT.splitlines(), 1) if "RETAIN LINE" in t)
-    (tmp_path / "tbptt.py").write_text(TBPTT.format(detach_c=""))
+    (tmp_path / "tbptt.py").write_text(TBPTT)
     a = audit("run", f"{tmp_path / 'tbptt.py'}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet",
               out=tmp_path / "out")
     assert a.returncode == 3 and a.evidence["ending"]["step"] == 1, a.stderr
@@ -222,14 +260,12 @@ def test_a_graph_the_next_steps_backward_runs_into_is_carried_not_unused(tmp_pat
     assert "the next step's backward ran into" in f["message"] and "detach both h and c" in f["fix"]["summary"]
     assert f["fix"]["edits"] == [] and f["fix"]["patch"] is None
     assert not (tmp_path / "out" / "fixes.patch").exists()
-    # the state detached whole: each step's graph is its own, retained for nothing, and patched
-    (tmp_path / "tbptt_ok.py").write_text(TBPTT.format(detach_c=".detach()"))
-    b = audit("run", f"{tmp_path / 'tbptt_ok.py'}:step", "--steps", "4", "--no-profile", "--no-numerics", "--quiet",
-              out=tmp_path / "out_ok")
-    assert b.returncode == 0, b.stderr
-    [g] = b.rule("retained-graph")
+    # the state detached whole (RETAINING's third trainer): each step's graph is its own, retained
+    # for nothing, and patched
+    trainer, b = retaining
+    g = retained_at(b, trainer, "# DETACHED LINE")
     assert "carried" not in g["evidence"] and g["evidence"]["retained_unused"] == 4
-    assert [e["start"] for e in g["fix"]["edits"]] == [line]
+    assert [e["start"] for e in g["fix"]["edits"]] == [marked(RETAINING, "# DETACHED LINE")]
 
 
 def test_graph_leak(example_audit):
@@ -263,7 +299,7 @@ from torch import nn
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused={fused})
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 scaler = torch.amp.GradScaler("cpu")
 x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
 
@@ -276,40 +312,90 @@ def step():
     scaler.step(opt)
     scaler.update()
 """
+# The same trainer twice in one step, each half with its own model, optimizer and scaler: a fused
+# optimizer's (its scaler's step checks found_inf on the device) and a foreach one's (fused
+# refuses foreach=True). Each half's GradScaler.step is at its own line.
+FUSED_BESIDE_FOREACH = """import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+fused_model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+fused_opt = torch.optim.AdamW(fused_model.parameters(), lr=1e-3, fused=True)
+fused_scaler = torch.amp.GradScaler("cpu")
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+scaler = torch.amp.GradScaler("cpu")
+x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
 
 
-@pytest.mark.parametrize("fused", [None, True])
-def test_grad_scaler_step_sync_is_the_users_unless_the_optimizer_is_fused(tmp_path, fused):
-    """GradScaler.step reads found_inf with .item() inside torch: the user's own line pays for it,
-    every step, and a fused optimizer (the fix) takes the check on the device instead."""
-    trainer = tmp_path / "amp_trainer.py"
-    trainer.write_text(AMP_TRAINER.format(fused=fused))
-    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out")
+def step():
+    fused_opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(fused_model(x), y)
+    fused_scaler.scale(loss).backward()
+    fused_scaler.step(fused_opt)  # FUSED STEP
+    fused_scaler.update()
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)  # FOREACH STEP
+    scaler.update()
+"""
+
+
+def _amp_audit(tmp_path_factory, name: str, source: str):
+    """SOURCE as amp_trainer.py alone in a fresh git repository, audited for 6 steps, unprofiled."""
+    tmp = tmp_path_factory.mktemp(name)
+    subprocess.run(["git", "init", "-q"], cwd=tmp, check=True)
+    trainer = tmp / "amp_trainer.py"
+    trainer.write_text(source)
+    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp / "out")
     assert a.returncode == 0, a.stderr
-    found = a.rule("host-sync")
+    return trainer, a
+
+
+@pytest.fixture(scope="module")
+def amp_unfused(tmp_path_factory):
+    """AMP_TRAINER audited once: (its file, the audit)."""
+    return _amp_audit(tmp_path_factory, "amp_unfused", AMP_TRAINER)
+
+
+@pytest.fixture(scope="module")
+def amp_fused_beside_foreach(tmp_path_factory):
+    """FUSED_BESIDE_FOREACH audited once: (its file, the audit)."""
+    return _amp_audit(tmp_path_factory, "amp_fused_foreach", FUSED_BESIDE_FOREACH)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_grad_scaler_step_sync_is_the_users_unless_the_optimizer_is_fused(fused, request):
+    """GradScaler.step reads found_inf with .item() inside torch: the user's own line pays for it,
+    every step, and a fused optimizer (the fix) takes the check on the device instead (beside a
+    foreach optimizer's step, which syncs at its own line)."""
+    trainer, a = request.getfixturevalue("amp_fused_beside_foreach" if fused else "amp_unfused")
+    (f,) = a.rule("host-sync")
     if fused:
-        assert found == []
+        lines = FUSED_BESIDE_FOREACH.splitlines()
+        fused_at, foreach_at = (next(n for n, t in enumerate(lines, 1) if mark in t)
+                                for mark in ("# FUSED STEP", "# FOREACH STEP"))
+        assert [(s["what"], s["line"], s["count"]) for s in f["evidence"]["sites"]] == [("GradScaler.step", foreach_at, 6)]
+        assert fused_at not in {loc["line"] for loc in f["locations"]}
         return
-    (f,) = found
     (site,) = f["evidence"]["sites"]
     assert (site["what"], site["line"], site["count"]) == ("GradScaler.step", 17, 6)
     assert f["locations"][0]["file"] == str(trainer)
     assert f["fix"]["config"] == {"optimizer": {"fused": True}} and "fused=True" in f["fix"]["summary"]
 
 
-
 @pytest.mark.parametrize("kwargs", ["", ", foreach=True"], ids=["plain", "foreach"])
-def test_grad_scaler_step_sync_gets_a_fused_patch_in_numerics_fixes(tmp_path, kwargs):
+def test_grad_scaler_step_sync_gets_a_fused_patch_in_numerics_fixes(tmp_path, kwargs, request):
     """The GradScaler.step sync's fix named fused=True but had no patch: now numerics-fixes.patch
     (fused kernels round slightly differently) adds fused=True to the optimizer the step is given,
     and the patched trainer audits without the sync. An optimizer asking for foreach=True, which
-    fused refuses, is left alone."""
-    source = AMP_TRAINER.replace(", fused={fused}", kwargs)
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    trainer = tmp_path / "amp_trainer.py"
-    trainer.write_text(source)
-    a = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "out")
-    assert a.returncode == 0, a.stderr
+    fused refuses, is left alone (beside a fused one, whose step does not sync)."""
+    trainer, a = request.getfixturevalue("amp_fused_beside_foreach" if kwargs else "amp_unfused")
+    source = trainer.read_text()
     (f,) = a.rule("host-sync")
     assert [s["what"] for s in f["evidence"]["sites"]] == ["GradScaler.step"]
     opt_line = source.splitlines().index(f"opt = torch.optim.AdamW(model.parameters(), lr=1e-3{kwargs})") + 1
@@ -319,6 +405,10 @@ def test_grad_scaler_step_sync_gets_a_fused_patch_in_numerics_fixes(tmp_path, kw
         return
     assert f["fix"]["changes_numerics"] and [e["start"] for e in f["fix"]["edits"]] == [opt_line]
     assert f"numerics-fixes.patch adds fused=True to the optimizer at line {opt_line}" in f["fix"]["summary"]
+    # applied to a copy of the trainer (the shared audit's folder is read, never written)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    trainer = tmp_path / "amp_trainer.py"
+    trainer.write_text(source)
     subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=tmp_path, check=True)
     assert (trainer.read_text().splitlines()[opt_line - 1]
             == "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)")

@@ -8,7 +8,7 @@ from statistics import median
 
 import pytest
 
-from conftest import GROWING, ROOT, audit, printed_figures
+from conftest import ROOT, audit, growing_run, printed_figures
 
 from auditor.rules._support.trends import quarter_floors, quarter_medians, spearman, theil_sen, trend_ratio, without_spikes
 
@@ -56,17 +56,14 @@ def test_min_steps_counts_the_steps_left_after_the_spikes(tmp_path):
     assert a.rule("step-slowdown") == []
 
 
-def test_the_cost_of_a_slowdown_is_no_more_than_the_steps_show(tmp_path):
+def test_the_cost_of_a_slowdown_is_no_more_than_the_steps_show(tmp_path_factory):
     """The cost is the late steps' extra time over the early ones' as measured (the quarters'
     medians; their fastest steps when load lifted the first quarter's median above the last's),
     not the trend line's rise over the whole span, which exceeds it. On a CPU run it is measured
     on the process's own CPU time, in wall time at the run's wall time per CPU ms: load that came
     in bursts had lifted one loaded run's wall rise to 427 ms and another's to 47 ms (the example
     step_slowdown.py, 30 steps beside two busy loops)."""
-    trainer = tmp_path / "growing.py"
-    trainer.write_text(GROWING)
-    a = audit("run", f"{trainer}:step", "--steps", "18", "--no-profile", "--no-numerics", "--quiet",
-              out=tmp_path / "out")
+    a = growing_run(tmp_path_factory)  # (GROWING, 18 steps: the session's one run of it)
     assert a.returncode == 0, a.stderr
     [f] = a.rule("step-slowdown")
     steps = used_steps(a.evidence)
