@@ -223,7 +223,6 @@ def test_torch_compile_does_not_compile_the_auditors_own_frames(tmp_path):
 
 
 COMPILED_STEP = """
-import json, os
 import torch
 from torch import nn
 
@@ -255,11 +254,13 @@ def step(i):
     update()
     opt_head.step()
     sched.step()
-    if i == 3:
-        from torch._dynamo.utils import counters
-        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
-            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values()), "used": used}, f)
-        torch.save({"model": model.state_dict(), "head": head.state_dict()}, os.environ["PARITY_OUT"])
+
+
+def state():
+    return {"model": model.state_dict(), "head": head.state_dict()}
+
+
+extra = {"used": used}
 """
 
 
@@ -268,39 +269,34 @@ def user_stderr(text: str) -> list[str]:
     return [re.sub(r"^[IWEF]\d{4} [\d:.]+ +\d+ ", "", ln) for ln in text.splitlines()]
 
 
-def plain_run(d: Path, name: str, steps: int) -> str:
-    """`steps` plain calls of `name`.step in `d`, saving to d/plain.pt; its stderr."""
+def plain_run(d: Path, name: str, steps: int, parity_out: str = "plain.pt") -> str:
+    """`steps` plain calls of `name`.step in `d`, saving to d/PARITY_OUT; its stderr."""
     p = subprocess.run([sys.executable, "-c", f"import {name}\nfor i in range({steps}): {name}.step(i)"],
                        cwd=d, capture_output=True, text=True, timeout=600,
-                       env={"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(d / "plain.pt")})
+                       env={"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(d / parity_out)})
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stderr
 
 
-def assert_same_compiled_run(d: Path, out: Path, a, plain_stderr: str) -> tuple[dict, dict]:
+def assert_same_compiled_run(d: Path, out: Path, a, plain_stderr: str, saved: str = "{}.pt") -> tuple[dict, dict]:
     """The audited run of a compiled program against its plain run: the same stderr, graphs, graph
-    breaks and weights. Both runs' dynamo counters, as the program wrote them."""
+    breaks and weights. Both runs' dynamo counters, as the program wrote them (to `saved`, its
+    weights; with the json of its counters beside: `saved`.json), "{}" plain or audited."""
     assert a.returncode == 0, a.stderr[-2000:]
     assert user_stderr(a.stderr) == user_stderr(plain_stderr), a.stderr[-3000:]
-    plain_stats, audited_stats = (json.loads(Path(f"{p}.json").read_text()) for p in (d / "plain.pt", out / "audited.pt"))
+    paths = (d / saved.format("plain"), out / saved.format("audited"))
+    plain_stats, audited_stats = (json.loads(Path(f"{p}.json").read_text()) for p in paths)
     keys = ("unique_graphs", "calls_captured", "graph_break")
     assert {k: audited_stats[k] for k in keys} == {k: plain_stats[k] for k in keys}, (plain_stats, audited_stats)
-    plain, audited = (torch.load(p, weights_only=True) for p in (d / "plain.pt", out / "audited.pt"))
+    plain, audited = (torch.load(p, weights_only=True) for p in paths)
     for part in plain:
         for k in plain[part]:
             assert torch.equal(plain[part][k], audited[part][k]), (part, k)
     return plain_stats, audited_stats
 
 
-@pytest.fixture(scope="module")
-def compiled_step_plain(tmp_path_factory):
-    d = tmp_path_factory.mktemp("compiled_step")
-    (d / "compiled_step.py").write_text(COMPILED_STEP)
-    return d, plain_run(d, "compiled_step", 4)
-
-
 @pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
-def test_a_compiled_optimizer_step_shows_what_it_shows_without_the_audit(compiled_step_plain, numerics):
+def test_a_compiled_optimizer_step_shows_what_it_shows_without_the_audit(compiled_parts, numerics):
     """torch.compile of an optimizer's step (`opt.step = torch.compile(opt.step)`, or a compiled
     function that calls it) traces the optimizer step hooks torch calls inside it. Traced, the
     auditor's hooks warned to the user's stderr that dynamo 'does not know how to trace the builtin
@@ -309,32 +305,27 @@ def test_a_compiled_optimizer_step_shows_what_it_shows_without_the_audit(compile
     only note the step there now: the stderr, graphs and graph breaks are the plain run's, the
     weights too, and each step's gradient norms and learning rates are read after the compiled
     code, before the scheduler's step: the ones the update used (0.005 from step 2 on)."""
-    d, plain_stderr = compiled_step_plain
-    out = d / f"out{numerics}"
-    a = audit("run", f"{d / 'compiled_step.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
-              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
-    plain_stats, audited_stats = assert_same_compiled_run(d, out, a, plain_stderr)
+    plain_stats, a = part_run(compiled_parts, "compiled_step", numerics)
     assert plain_stats["unique_graphs"] >= 2 and plain_stats["graph_break"] >= 2  # (both compiled; torch's breaks)
     steps = a.evidence["steps"]
-    source = (d / "compiled_step.py").read_text().splitlines()
+    source = COMPILED_STEP.splitlines()
     # (the user's line of each step: `opt.step()` in update, where dynamo compiles Adam's step on its
     # own after torch's graph break; the compiled method's call)
     calls = {"Adam": source.index("    opt.step()") + 1, "SGD": source.index("    opt_head.step()") + 1}
-    tallies = [sorted((t["what"], t["where"]["line"], t["ms"], t["data"]) for t in s["tallies"] if t["kind"] == "optimizer")
+    tallies = [sorted((t["what"], t["where"]["line"], t["ms"], t["data"])
+                      for t in in_file([t for t in s["tallies"] if t["kind"] == "optimizer"], "compiled_step"))
                for s in steps]
     assert tallies == [[("Adam", calls["Adam"], 0.0, {"compiled": True}), ("SGD", calls["SGD"], 0.0, {"compiled": True})]] * 4
     if numerics == "--numerics":
         used = plain_stats["used"]
         assert [u[0][0] for u in used] == [0.01, 0.01, 0.005, 0.005]
-        seen = [[(o["lrs"][0], o["grad_norm"], o.get("compiled")) for o in s["numerics"]["opt_steps"]]
-                for s in steps]
+        seen = [[(o["lrs"][0], o["grad_norm"], o.get("compiled")) for o in s] for s in opt_steps_in(steps, "compiled_step")]
         assert [[lr for lr, _, _ in s] for s in seen] == [[lr for lr, _ in u] for u in used], seen
         assert [[n for _, n, _ in s] for s in seen] == [[pytest.approx(n, rel=1e-5) for _, n in u] for u in used], seen
         assert all(c for s in seen for _, _, c in s)
 
 
 FULLGRAPH = """
-import json, os
 import torch
 from torch import nn
 
@@ -369,23 +360,18 @@ def step(i):
     norms.append(torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item())
     opt_step()
     opt.zero_grad()  # (the gradients go before the step's end)
-    if i == 3:
-        from torch._dynamo.utils import counters
-        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
-            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values()), "norms": norms}, f)
-        torch.save({"model": model.state_dict()}, os.environ["PARITY_OUT"])
+
+
+def state():
+    return {"model": model.state_dict()}
+
+
+extra = {"norms": norms}
 """
 
 
-@pytest.fixture(scope="module")
-def fullgraph_plain(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fullgraph")
-    (d / "fullgraph_step.py").write_text(FULLGRAPH)
-    return d, plain_run(d, "fullgraph_step", 4)
-
-
 @pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
-def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(fullgraph_plain, numerics):
+def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(compiled_parts, numerics):
     """A custom optimizer whose step torch.compile traces whole, compiled with fullgraph=True, ran
     in a plain run and died under the audit at step 0 ('Skip inlining `torch.compiler.disable()`d
     function Numerics._opt_pre', exit 3): the auditor's step hooks were a graph break, which
@@ -393,18 +379,15 @@ def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(ful
     stderr, graph (one, no break) and weights, the step counts as an optimizer phase at the line
     that calls the compiled function, and its gradient norms, cleared by zero_grad before the
     step's end, are read before they go."""
-    d, plain_stderr = fullgraph_plain
-    out = d / f"out{numerics}"
-    a = audit("run", f"{d / 'fullgraph_step.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
-              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
-    plain_stats, _ = assert_same_compiled_run(d, out, a, plain_stderr)
+    plain_stats, a = part_run(compiled_parts, "fullgraph_step", numerics)
     assert (plain_stats["unique_graphs"], plain_stats["graph_break"]) == (1, 0)
     steps = a.evidence["steps"]
-    line = (d / "fullgraph_step.py").read_text().splitlines().index("    opt_step()") + 1
-    assert [[(t["what"], t["where"]["line"], t["count"]) for t in s["tallies"] if t["kind"] == "optimizer"]
+    line = FULLGRAPH.splitlines().index("    opt_step()") + 1
+    assert [[(t["what"], t["where"]["line"], t["count"])
+             for t in in_file([t for t in s["tallies"] if t["kind"] == "optimizer"], "fullgraph_step")]
             for s in steps] == [[("PlainSGD", line, 1)]] * 4
     if numerics == "--numerics":
-        opt_steps = [s["numerics"]["opt_steps"] for s in steps]
+        opt_steps = opt_steps_in(steps, "fullgraph_step")
         assert [[o["lrs"] for o in s] for s in opt_steps] == [[[0.01]]] * 4
         assert [[o["grad_norm"] for o in s] for s in opt_steps] == [[pytest.approx(n, rel=1e-5)] for n in plain_stats["norms"]]
         sites = {int(k): x for s in steps for k, x in s["numerics"].get("sites", {}).items()}
@@ -413,7 +396,6 @@ def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(ful
 
 
 COMPILED_MODEL = """
-import json, os
 import torch
 from torch import nn
 
@@ -434,23 +416,106 @@ def step(i):
     backward(loss)
     opt.step()
     opt.zero_grad()
+
+
+def state():
+    return {"net": net.state_dict()}
+
+
+extra = {}
+"""
+
+
+PARTS = {"compiled_step": COMPILED_STEP, "fullgraph_step": FULLGRAPH, "compiled_model": COMPILED_MODEL}
+COMPILED_PARTS = """
+import json, os
+import torch
+from torch._dynamo.utils import counters
+import compiled_step, fullgraph_step, compiled_model
+
+# three compiled programs, one step of each in turn a step of this one: each one's dynamo counters
+# are what its own calls added, the process's are written too
+PARTS = {"compiled_step": compiled_step, "fullgraph_step": fullgraph_step, "compiled_model": compiled_model}
+added = {name: {"unique_graphs": 0, "calls_captured": 0, "graph_break": 0} for name in PARTS}
+
+
+def counts():
+    return {"unique_graphs": counters["stats"]["unique_graphs"], "calls_captured": counters["stats"]["calls_captured"],
+            "graph_break": sum(counters["graph_break"].values())}
+
+
+def step(i):
+    for name, part in PARTS.items():
+        before = counts()
+        part.step(i)
+        for k, n in counts().items():
+            added[name][k] += n - before[k]
+        if i == 3:
+            with open(f"{os.environ['PARITY_OUT']}-{name}.pt.json", "w") as f:
+                json.dump({**added[name], **part.extra}, f)
+            torch.save(part.state(), f"{os.environ['PARITY_OUT']}-{name}.pt")
     if i == 3:
-        from torch._dynamo.utils import counters
-        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
-            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values())}, f)
-        torch.save({"net": net.state_dict()}, os.environ["PARITY_OUT"])
+        with open(f"{os.environ['PARITY_OUT']}-process.pt.json", "w") as f:
+            json.dump(counts(), f)
 """
 
 
 @pytest.fixture(scope="module")
-def compiled_model_plain(tmp_path_factory):
-    d = tmp_path_factory.mktemp("compiled_model")
-    (d / "compiled_model.py").write_text(COMPILED_MODEL)
-    return d, plain_run(d, "compiled_model", 4)
+def compiled_parts(tmp_path_factory):
+    """COMPILED_STEP, FULLGRAPH and COMPILED_MODEL, each a module of its own, run as one program
+    (4 steps): its plain run's stderr, and its audit with --numerics or --no-numerics (each run
+    once, for the three tests that read it). The three programs share no model, optimizer or
+    compiled function; each test reads its own program's counters, weights and tallies (by file),
+    and the stderr and the process's counters are the whole program's."""
+    d = tmp_path_factory.mktemp("compiled_parts")
+    for name, source in PARTS.items():
+        (d / f"{name}.py").write_text(source)
+    (d / "compiled_parts.py").write_text(COMPILED_PARTS)
+    plain_stderr = plain_run(d, "compiled_parts", 4, parity_out="plain")
+    done = {}
+
+    def audited(numerics: str):
+        out = d / f"out{numerics}"
+        if numerics not in done:
+            done[numerics] = audit(
+                "run", f"{d / 'compiled_parts.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
+                out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited")}, timeout=600)
+        return done[numerics], out
+
+    return d, plain_stderr, audited
+
+
+def part_run(compiled_parts, name: str, numerics: str):
+    """`name`'s part of the audited program against its plain run (assert_same_compiled_run), the
+    process's counters the plain run's too; its plain counters and the audit."""
+    d, plain_stderr, audited = compiled_parts
+    a, out = audited(numerics)
+    plain_stats, _ = assert_same_compiled_run(d, out, a, plain_stderr, saved="{}-%s.pt" % name)
+    plain_total, audited_total = (json.loads((p / f"{w}-process.pt.json").read_text())
+                                  for p, w in ((d, "plain"), (out, "audited")))
+    # (the whole process: what the auditor's own code compiled, between the parts or the steps, shows here)
+    assert audited_total == plain_total, (plain_total, audited_total)
+    return plain_stats, a
+
+
+def in_file(records: list[dict], name: str) -> list[dict]:
+    """The records of `name`'s part (by the file their `where` names); every record names one of
+    the parts' files (none the wrapper's, none without a place)."""
+    files = [r["where"] and os.path.basename(r["where"]["file"]) for r in records]
+    assert not [f for f in files if f not in {f"{p}.py" for p in PARTS}], files
+    return [r for r, f in zip(records, files) if f == f"{name}.py"]
+
+
+def opt_steps_in(steps: list[dict], name: str) -> list[list[dict]]:
+    """Each step's numerics records of optimizer steps in `name`'s part, by the file of the site
+    each names (in_file: every one names a site in one of the parts' files)."""
+    sites = {k: x for s in steps for k, x in s["numerics"].get("sites", {}).items()}
+    return [in_file([{**o, "where": sites[str(o["site"])]["where"]} for o in s["numerics"]["opt_steps"]], name)
+            for s in steps]
 
 
 @pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
-def test_the_probes_leave_compiled_code_as_it_is(compiled_model_plain, numerics):
+def test_the_probes_leave_compiled_code_as_it_is(compiled_parts, numerics):
     """torch.compile traces the probes it reaches: the phase hooks (--no-numerics) in a compiled
     model's submodules, the backward probe where a compiled function calls loss.backward(). Their
     timers and frame reads were graph breaks in the user's graph, with warnings that dynamo 'does
@@ -460,17 +525,14 @@ def test_the_probes_leave_compiled_code_as_it_is(compiled_model_plain, numerics)
     graphs for the plain run's 1, 3, 1). Compiling, a probe is the call it wraps now, and the
     calls that run as they are are recorded there: the model's forward at its compiled module's
     call, the backward pass in the compiled function."""
-    d, plain_stderr = compiled_model_plain
-    out = d / f"out{numerics}"
-    a = audit("run", f"{d / 'compiled_model.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
-              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
-    plain_stats, _ = assert_same_compiled_run(d, out, a, plain_stderr)
+    plain_stats, a = part_run(compiled_parts, "compiled_model", numerics)
     assert (plain_stats["unique_graphs"], plain_stats["graph_break"]) == (1, 1)
-    source = (d / "compiled_model.py").read_text().splitlines()
+    source = COMPILED_MODEL.splitlines()
     lines = {"forward": source.index("    loss = nn.functional.mse_loss(cnet(x), y)") + 1,
              "backward": source.index("    loss.backward()") + 1}
-    assert [sorted((t["kind"], t["what"], t["where"]["line"], t["count"]) for t in s["tallies"]
-                   if t["kind"] in ("forward", "backward")) for s in a.evidence["steps"]] == \
+    assert [sorted((t["kind"], t["what"], t["where"]["line"], t["count"])
+                   for t in in_file([t for t in s["tallies"] if t["kind"] in ("forward", "backward")], "compiled_model"))
+            for s in a.evidence["steps"]] == \
         [[("backward", "Tensor.backward", lines["backward"], 1), ("forward", "OptimizedModule", lines["forward"], 1)]] * 4
 
 
