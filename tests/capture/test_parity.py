@@ -106,6 +106,7 @@ def test_audited_weights_equal_plain_weights(plain_weights, audited_weights, nam
     # and training moved the weights from where they started, so the comparison means something
     assert any(not torch.equal(w_plain[k], w_initial[k]) for k in w_plain)
 
+
 COMPILED = '''
 import os, sys
 import torch
