@@ -1,7 +1,8 @@
 """Checked, timed and profiled steps are kept apart (auditor.capture.numerics.schedule): the
 profiler window and the timed steps carry none of the numerics checks (nor a graph scan), the
-reported median is the timed steps', the audit's own cost is measured between them, and a loss that
-turns non-finite on a step the checks did not see turns them on from the next step."""
+reported median is the timed steps', the audit's own cost is measured between them, a program that
+makes -inf by design is not alarmed, and a loss that turns non-finite on a step the checks did not
+see turns them on from the next step."""
 from __future__ import annotations
 
 import gzip
@@ -15,16 +16,46 @@ from auditor.capture.child import graph_scan_points, profile_plan
 from tests.conftest import ONE_THREAD, shared_audit
 
 STEPS = 34
-TRAIN = '''import torch
+CAUSAL = '''import torch
+import torch.nn.functional as F
+from torch import nn
 
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x = torch.randn(16, 8)
+T, C = 8, 16
 
 
-def step():
-    loss = torch.log1p(model(x).pow(2)).mean()
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention without flash: the mask fills the future with -inf on every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+    def forward(self, x):
+        B, T_, _ = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T_, 2, C // 2).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (C // 2) ** 0.5)
+        att = att.masked_fill(self.bias[:, :, :T_, :T_] == 0, float("-inf"))  # MASKED_FILL LINE
+        att = F.softmax(att, dim=-1)
+        # the attention's entropy, logged: log of the exact zeros the mask left, guarded (out of
+        # the loss: the guard's gradient would be 0 * inf, a NaN)
+        p = att.detach()
+        ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1).mean()  # LOG LINE
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T_, C)
+        return self.c_proj(y), ent
+
+
+attn = CausalSelfAttention()
+head = nn.Linear(C, 1)
+future = torch.full((T, T), float("-inf")).triu(1)  # FULL LINE: an additive causal mask
+opt = torch.optim.AdamW([*attn.parameters(), *head.parameters()], lr=1e-3)
+for i in range(1000):
+    x = torch.randn(4, T, C)
+    y, ent = attn(x)
+    scores = (y @ y.transpose(1, 2) + future).softmax(-1)  # ADD LINE
+    loss = head(scores @ y).pow(2).mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -59,7 +90,13 @@ def _audit(tmp_path_factory, name: str, source: str, *args: str):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return _audit(tmp_path_factory, "small", TRAIN, "--steps", str(STEPS))
+    """CAUSAL, a whole program, audited for STEPS steps, profiled: the tests of the window and the
+    timed steps and the test of its by-design -inf read the one run."""
+    src = tmp_path_factory.getbasetemp() / "causal.py"
+    if not src.exists():
+        src.write_text(CAUSAL)
+    return shared_audit(tmp_path_factory, "measured-causal", "run", str(src), "--steps", str(STEPS), "--quiet",
+                        env=ONE_THREAD)
 
 
 @pytest.mark.slow
@@ -79,6 +116,7 @@ def test_profiled_and_timed_steps_carry_no_checks(run):
     events = json.loads(text)["traceEvents"]
     names = {e.get("name", "") for e in events}
     assert any(n.startswith("aten::addmm") or n == "aten::linear" for n in names)  # (the program is in it)
+    assert any(n.startswith("aten::masked_fill") for n in names) and any(n.startswith("aten::_softmax") for n in names)
     assert not [n for n in names if "aminmax" in n or "auditor::numerics" in n]
     # nor the graph scan: the one planned after step 4 runs after the window's last step, 6 (16, in
     # the run's middle third, is its middle scan)
@@ -139,54 +177,10 @@ def test_a_loss_that_turns_nonfinite_unchecked_turns_the_checks_on(tmp_path_fact
     assert "Step 28 of 31" in f["message"] and "step 27, which the checks did not see" in f["message"], f["message"]
 
 
-CAUSAL = '''import torch
-import torch.nn.functional as F
-from torch import nn
-
-torch.manual_seed(0)
-T, C = 8, 16
-
-
-class CausalSelfAttention(nn.Module):
-    """nanoGPT's attention without flash: the mask fills the future with -inf on every step."""
-
-    def __init__(self):
-        super().__init__()
-        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
-
-    def forward(self, x):
-        B, T_, _ = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T_, 2, C // 2).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / (C // 2) ** 0.5)
-        att = att.masked_fill(self.bias[:, :, :T_, :T_] == 0, float("-inf"))  # MASKED_FILL LINE
-        att = F.softmax(att, dim=-1)
-        # the attention's entropy, logged: log of the exact zeros the mask left, guarded (out of
-        # the loss: the guard's gradient would be 0 * inf, a NaN)
-        p = att.detach()
-        ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1).mean()  # LOG LINE
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T_, C)
-        return self.c_proj(y), ent
-
-
-attn = CausalSelfAttention()
-head = nn.Linear(C, 1)
-future = torch.full((T, T), float("-inf")).triu(1)  # FULL LINE: an additive causal mask
-opt = torch.optim.AdamW([*attn.parameters(), *head.parameters()], lr=1e-3)
-for i in range(1000):
-    x = torch.randn(4, T, C)
-    y, ent = attn(x)
-    scores = (y @ y.transpose(1, 2) + future).softmax(-1)  # ADD LINE
-    loss = head(scores @ y).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-'''
 
 
 @pytest.mark.slow
-def test_a_causal_masks_minus_inf_leaves_the_later_steps_timed(tmp_path_factory):
+def test_a_causal_masks_minus_inf_leaves_the_later_steps_timed(run):
     """A nanoGPT-style program makes -inf by design on every step (masked_fill of the causal mask,
     the sum with an additive torch.full(-inf).triu(1) mask, log of the exact zeros the softmax
     leaves, under a guard). The checks see them (checked steps record non-finite outputs at those
@@ -195,11 +189,8 @@ def test_a_causal_masks_minus_inf_leaves_the_later_steps_timed(tmp_path_factory)
     from auditor.capture.numerics.schedule import checked as scheduled
     from auditor.capture.numerics.schedule import dense_steps
 
-    steps = 34
-    src = tmp_path_factory.getbasetemp() / "causal.py"
-    src.write_text(CAUSAL)
-    a = shared_audit(tmp_path_factory, "measured-causal", "run", str(src), "--steps", str(steps), "--no-profile",
-                     "--quiet", env=ONE_THREAD)
+    steps = STEPS
+    a = run
     assert a.returncode == 0, a.stderr[-2000:]
     recs = a.evidence["steps"]
     assert len(recs) == steps
@@ -212,11 +203,14 @@ def test_a_causal_masks_minus_inf_leaves_the_later_steps_timed(tmp_path_factory)
     made = {sites[str(i)]["where"]["line"] for s in seen for i in s["numerics"]["nonfinite_sites"]}
     assert made == {n for n, text in enumerate(CAUSAL.splitlines(), 1)
                     if any(m in text for m in ("# MASKED_FILL LINE", "# LOG LINE", "# ADD LINE"))}, made
-    # not alarmed: the checked steps are the schedule's for a healthy run, the others timed
+    # not alarmed: the checked steps are the schedule's for a healthy run with the profiler's window,
+    # the others timed (but the window's)
+    window = frozenset(s["index"] for s in recs if s["profiled"])
+    assert window == {3, 4, 5, 6}
     checked = [s["index"] for s in recs if s["numerics"] is not None]
-    assert checked == [i for i in range(steps) if scheduled(i, frozenset(), False, dense_steps(steps, frozenset()))]
-    timed = [s for s in recs if s["numerics"] is None]
-    assert timed and all(not s["profiled"] for s in timed)
+    assert checked == [i for i in range(steps) if scheduled(i, window, False, dense_steps(steps, window))]
+    timed = [s for s in recs if s["numerics"] is None and not s["profiled"]]
+    assert timed
     assert not any(e.get("event") == "unchecked-nonfinite-loss" for s in seen for e in s["numerics"]["events"])
     assert a.findings_doc["steps"]["median_ms"] == round(statistics.median(s["ms"] for s in timed), 3)
     assert a.findings_doc["steps"]["own_cost"]["timed_steps"] == [s["index"] for s in timed]

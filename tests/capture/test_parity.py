@@ -16,18 +16,22 @@ from conftest import EXAMPLES, audit
 
 STEPS = 12
 WRAPPER = '''
-import os, sys
+import importlib, os, sys
 sys.path.insert(0, {examples!r})
 import torch
-import {name} as trainer
+
+trainers = {{name: importlib.import_module(name) for name in {names!r}}}  # (each seeds its own at import)
 
 if os.environ.get("PARITY_INITIAL"):  # (the plain run's weights before its first step)
-    torch.save(trainer.model.state_dict(), os.environ["PARITY_INITIAL"].format(name={name!r}))
+    for name, trainer in trainers.items():
+        torch.save(trainer.model.state_dict(), os.environ["PARITY_INITIAL"].format(name=name))
 
 def step(i):
-    trainer.step(i)
+    for name, trainer in trainers.items():  # each trainer's step in turn, one step of the program
+        trainer.step(i)
     if i == {last}:
-        torch.save(trainer.model.state_dict(), os.environ["PARITY_OUT"].format(name={name!r}))
+        for name, trainer in trainers.items():
+            torch.save(trainer.model.state_dict(), os.environ["PARITY_OUT"].format(name=name))
 
 if __name__ == "__main__":
     for i in range({steps}):
@@ -35,27 +39,34 @@ if __name__ == "__main__":
 '''
 
 
-NAMES = ["clean", "retained_graph", "host_sync", "graph_leak", "forced_cleanup", "anomaly_mode"]
+# The trainers audited together, each group one program whose step runs each trainer's step in turn:
+# the audit sees five models, optimizers and habits in one step, and each trainer's weights must
+# still be its plain run's. anomaly_mode is a program of its own: it switches anomaly detection on
+# for the whole process at import.
+GROUPS = {"together": ("clean", "retained_graph", "host_sync", "graph_leak", "forced_cleanup"),
+          "anomaly": ("anomaly_mode",)}
+NAMES = [name for names in GROUPS.values() for name in names]
+GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 PLAIN_ALL = '''
 import runpy, sys
-for path in sys.argv[1:]:  # each trainer in turn, plain (anomaly_mode last: it switches a global on)
+for path in sys.argv[1:]:  # each program in turn, plain (anomaly_mode's last: it switches a global on)
     runpy.run_path(path, run_name="__main__")
 '''
 
 
-def wrapper_for(directory, name):
-    wrapper = directory / f"parity_{name}.py"
-    wrapper.write_text(WRAPPER.format(examples=str(EXAMPLES), name=name, last=STEPS - 1, steps=STEPS))
+def wrapper_for(directory, group):
+    wrapper = directory / f"parity_{group}.py"
+    wrapper.write_text(WRAPPER.format(examples=str(EXAMPLES), names=GROUPS[group], last=STEPS - 1, steps=STEPS))
     return wrapper
 
 
 @pytest.fixture(scope="module")
 def plain_weights(tmp_path_factory):
-    """The weights after STEPS plain calls of each trainer's step, and before the first, all trainers
-    in one process (each seeds its own model and data at import; one process saves five torch
-    start-ups)."""
+    """The weights after STEPS plain steps of each program, and before the first, for each trainer,
+    all programs in one process (each trainer seeds its own model and data at import; one process
+    saves a torch start-up per program)."""
     d = tmp_path_factory.mktemp("plain")
-    wrappers = [wrapper_for(d, name) for name in NAMES]
+    wrappers = [wrapper_for(d, group) for group in GROUPS]
     # the same environment as the audited run (conftest.audit runs it with one intra-op thread):
     # a different thread count changes the order of float reductions, so the bits
     env = {"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(d / "{name}.pt"),
@@ -66,15 +77,29 @@ def plain_weights(tmp_path_factory):
             for name in NAMES}
 
 
+@pytest.fixture(scope="module")
+def audited_weights(tmp_path_factory):
+    """Each group's program audited once (STEPS steps): each trainer's weights after its last step."""
+    done = {}
+
+    def get(name):
+        group = GROUP_OF[name]
+        if group not in done:
+            d = tmp_path_factory.mktemp(f"audited-{group}")
+            a = audit("run", f"{wrapper_for(d, group)}:step", "--steps", str(STEPS), "--quiet", out=d / "out",
+                      env={"PARITY_OUT": str(d / "{name}.pt")})
+            assert a.returncode in (0, 1), a.stderr
+            assert len(a.evidence["steps"]) == STEPS
+            done[group] = d
+        return torch.load(done[group] / f"{name}.pt", weights_only=True)
+
+    return get
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_audited_weights_equal_plain_weights(tmp_path, plain_weights, name):
-    wrapper = wrapper_for(tmp_path, name)
-    audited = tmp_path / "audited.pt"
-    a = audit("run", f"{wrapper}:step", "--steps", str(STEPS), "--quiet", out=tmp_path / "out",
-              env={"PARITY_OUT": str(audited)})
-    assert a.returncode in (0, 1), a.stderr
+def test_audited_weights_equal_plain_weights(plain_weights, audited_weights, name):
     w_plain, w_initial = plain_weights[name]
-    w_audit = torch.load(audited, weights_only=True)
+    w_audit = audited_weights(name)
     assert w_plain.keys() == w_audit.keys()
     for k in w_plain:
         assert torch.equal(w_plain[k], w_audit[k]), k
@@ -199,7 +224,6 @@ def test_torch_compile_does_not_compile_the_auditors_own_frames(tmp_path):
 
 
 COMPILED_STEP = """
-import json, os
 import torch
 from torch import nn
 
@@ -231,11 +255,13 @@ def step(i):
     update()
     opt_head.step()
     sched.step()
-    if i == 3:
-        from torch._dynamo.utils import counters
-        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
-            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values()), "used": used}, f)
-        torch.save({"model": model.state_dict(), "head": head.state_dict()}, os.environ["PARITY_OUT"])
+
+
+def state():
+    return {"model": model.state_dict(), "head": head.state_dict()}
+
+
+extra = {"used": used}
 """
 
 
@@ -244,39 +270,34 @@ def user_stderr(text: str) -> list[str]:
     return [re.sub(r"^[IWEF]\d{4} [\d:.]+ +\d+ ", "", ln) for ln in text.splitlines()]
 
 
-def plain_run(d: Path, name: str, steps: int) -> str:
-    """`steps` plain calls of `name`.step in `d`, saving to d/plain.pt; its stderr."""
+def plain_run(d: Path, name: str, steps: int, parity_out: str = "plain.pt") -> str:
+    """`steps` plain calls of `name`.step in `d`, saving to d/PARITY_OUT; its stderr."""
     p = subprocess.run([sys.executable, "-c", f"import {name}\nfor i in range({steps}): {name}.step(i)"],
                        cwd=d, capture_output=True, text=True, timeout=600,
-                       env={"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(d / "plain.pt")})
+                       env={"OMP_NUM_THREADS": "1", **os.environ, "PARITY_OUT": str(d / parity_out)})
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stderr
 
 
-def assert_same_compiled_run(d: Path, out: Path, a, plain_stderr: str) -> tuple[dict, dict]:
+def assert_same_compiled_run(d: Path, out: Path, a, plain_stderr: str, saved: str = "{}.pt") -> tuple[dict, dict]:
     """The audited run of a compiled program against its plain run: the same stderr, graphs, graph
-    breaks and weights. Both runs' dynamo counters, as the program wrote them."""
+    breaks and weights. Both runs' dynamo counters, as the program wrote them (to `saved`, its
+    weights; with the json of its counters beside: `saved`.json), "{}" plain or audited."""
     assert a.returncode == 0, a.stderr[-2000:]
     assert user_stderr(a.stderr) == user_stderr(plain_stderr), a.stderr[-3000:]
-    plain_stats, audited_stats = (json.loads(Path(f"{p}.json").read_text()) for p in (d / "plain.pt", out / "audited.pt"))
+    paths = (d / saved.format("plain"), out / saved.format("audited"))
+    plain_stats, audited_stats = (json.loads(Path(f"{p}.json").read_text()) for p in paths)
     keys = ("unique_graphs", "calls_captured", "graph_break")
     assert {k: audited_stats[k] for k in keys} == {k: plain_stats[k] for k in keys}, (plain_stats, audited_stats)
-    plain, audited = (torch.load(p, weights_only=True) for p in (d / "plain.pt", out / "audited.pt"))
+    plain, audited = (torch.load(p, weights_only=True) for p in paths)
     for part in plain:
         for k in plain[part]:
             assert torch.equal(plain[part][k], audited[part][k]), (part, k)
     return plain_stats, audited_stats
 
 
-@pytest.fixture(scope="module")
-def compiled_step_plain(tmp_path_factory):
-    d = tmp_path_factory.mktemp("compiled_step")
-    (d / "compiled_step.py").write_text(COMPILED_STEP)
-    return d, plain_run(d, "compiled_step", 4)
-
-
 @pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
-def test_a_compiled_optimizer_step_shows_what_it_shows_without_the_audit(compiled_step_plain, numerics):
+def test_a_compiled_optimizer_step_shows_what_it_shows_without_the_audit(compiled_parts, numerics):
     """torch.compile of an optimizer's step (`opt.step = torch.compile(opt.step)`, or a compiled
     function that calls it) traces the optimizer step hooks torch calls inside it. Traced, the
     auditor's hooks warned to the user's stderr that dynamo 'does not know how to trace the builtin
@@ -285,32 +306,27 @@ def test_a_compiled_optimizer_step_shows_what_it_shows_without_the_audit(compile
     only note the step there now: the stderr, graphs and graph breaks are the plain run's, the
     weights too, and each step's gradient norms and learning rates are read after the compiled
     code, before the scheduler's step: the ones the update used (0.005 from step 2 on)."""
-    d, plain_stderr = compiled_step_plain
-    out = d / f"out{numerics}"
-    a = audit("run", f"{d / 'compiled_step.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
-              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
-    plain_stats, audited_stats = assert_same_compiled_run(d, out, a, plain_stderr)
+    plain_stats, a = part_run(compiled_parts, "compiled_step", numerics)
     assert plain_stats["unique_graphs"] >= 2 and plain_stats["graph_break"] >= 2  # (both compiled; torch's breaks)
     steps = a.evidence["steps"]
-    source = (d / "compiled_step.py").read_text().splitlines()
+    source = COMPILED_STEP.splitlines()
     # (the user's line of each step: `opt.step()` in update, where dynamo compiles Adam's step on its
     # own after torch's graph break; the compiled method's call)
     calls = {"Adam": source.index("    opt.step()") + 1, "SGD": source.index("    opt_head.step()") + 1}
-    tallies = [sorted((t["what"], t["where"]["line"], t["ms"], t["data"]) for t in s["tallies"] if t["kind"] == "optimizer")
+    tallies = [sorted((t["what"], t["where"]["line"], t["ms"], t["data"])
+                      for t in in_file([t for t in s["tallies"] if t["kind"] == "optimizer"], "compiled_step"))
                for s in steps]
     assert tallies == [[("Adam", calls["Adam"], 0.0, {"compiled": True}), ("SGD", calls["SGD"], 0.0, {"compiled": True})]] * 4
     if numerics == "--numerics":
         used = plain_stats["used"]
         assert [u[0][0] for u in used] == [0.01, 0.01, 0.005, 0.005]
-        seen = [[(o["lrs"][0], o["grad_norm"], o.get("compiled")) for o in s["numerics"]["opt_steps"]]
-                for s in steps]
+        seen = [[(o["lrs"][0], o["grad_norm"], o.get("compiled")) for o in s] for s in opt_steps_in(steps, "compiled_step")]
         assert [[lr for lr, _, _ in s] for s in seen] == [[lr for lr, _ in u] for u in used], seen
         assert [[n for _, n, _ in s] for s in seen] == [[pytest.approx(n, rel=1e-5) for _, n in u] for u in used], seen
         assert all(c for s in seen for _, _, c in s)
 
 
 FULLGRAPH = """
-import json, os
 import torch
 from torch import nn
 
@@ -345,23 +361,18 @@ def step(i):
     norms.append(torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item())
     opt_step()
     opt.zero_grad()  # (the gradients go before the step's end)
-    if i == 3:
-        from torch._dynamo.utils import counters
-        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
-            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values()), "norms": norms}, f)
-        torch.save({"model": model.state_dict()}, os.environ["PARITY_OUT"])
+
+
+def state():
+    return {"model": model.state_dict()}
+
+
+extra = {"norms": norms}
 """
 
 
-@pytest.fixture(scope="module")
-def fullgraph_plain(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fullgraph")
-    (d / "fullgraph_step.py").write_text(FULLGRAPH)
-    return d, plain_run(d, "fullgraph_step", 4)
-
-
 @pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
-def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(fullgraph_plain, numerics):
+def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(compiled_parts, numerics):
     """A custom optimizer whose step torch.compile traces whole, compiled with fullgraph=True, ran
     in a plain run and died under the audit at step 0 ('Skip inlining `torch.compiler.disable()`d
     function Numerics._opt_pre', exit 3): the auditor's step hooks were a graph break, which
@@ -369,18 +380,15 @@ def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(ful
     stderr, graph (one, no break) and weights, the step counts as an optimizer phase at the line
     that calls the compiled function, and its gradient norms, cleared by zero_grad before the
     step's end, are read before they go."""
-    d, plain_stderr = fullgraph_plain
-    out = d / f"out{numerics}"
-    a = audit("run", f"{d / 'fullgraph_step.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
-              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
-    plain_stats, _ = assert_same_compiled_run(d, out, a, plain_stderr)
+    plain_stats, a = part_run(compiled_parts, "fullgraph_step", numerics)
     assert (plain_stats["unique_graphs"], plain_stats["graph_break"]) == (1, 0)
     steps = a.evidence["steps"]
-    line = (d / "fullgraph_step.py").read_text().splitlines().index("    opt_step()") + 1
-    assert [[(t["what"], t["where"]["line"], t["count"]) for t in s["tallies"] if t["kind"] == "optimizer"]
+    line = FULLGRAPH.splitlines().index("    opt_step()") + 1
+    assert [[(t["what"], t["where"]["line"], t["count"])
+             for t in in_file([t for t in s["tallies"] if t["kind"] == "optimizer"], "fullgraph_step")]
             for s in steps] == [[("PlainSGD", line, 1)]] * 4
     if numerics == "--numerics":
-        opt_steps = [s["numerics"]["opt_steps"] for s in steps]
+        opt_steps = opt_steps_in(steps, "fullgraph_step")
         assert [[o["lrs"] for o in s] for s in opt_steps] == [[[0.01]]] * 4
         assert [[o["grad_norm"] for o in s] for s in opt_steps] == [[pytest.approx(n, rel=1e-5)] for n in plain_stats["norms"]]
         sites = {int(k): x for s in steps for k, x in s["numerics"].get("sites", {}).items()}
@@ -389,7 +397,6 @@ def test_an_optimizer_step_compiled_with_fullgraph_runs_as_without_the_audit(ful
 
 
 COMPILED_MODEL = """
-import json, os
 import torch
 from torch import nn
 
@@ -410,23 +417,106 @@ def step(i):
     backward(loss)
     opt.step()
     opt.zero_grad()
+
+
+def state():
+    return {"net": net.state_dict()}
+
+
+extra = {}
+"""
+
+
+PARTS = {"compiled_step": COMPILED_STEP, "fullgraph_step": FULLGRAPH, "compiled_model": COMPILED_MODEL}
+COMPILED_PARTS = """
+import json, os
+import torch
+from torch._dynamo.utils import counters
+import compiled_step, fullgraph_step, compiled_model
+
+# three compiled programs, one step of each in turn a step of this one: each one's dynamo counters
+# are what its own calls added, the process's are written too
+PARTS = {"compiled_step": compiled_step, "fullgraph_step": fullgraph_step, "compiled_model": compiled_model}
+added = {name: {"unique_graphs": 0, "calls_captured": 0, "graph_break": 0} for name in PARTS}
+
+
+def counts():
+    return {"unique_graphs": counters["stats"]["unique_graphs"], "calls_captured": counters["stats"]["calls_captured"],
+            "graph_break": sum(counters["graph_break"].values())}
+
+
+def step(i):
+    for name, part in PARTS.items():
+        before = counts()
+        part.step(i)
+        for k, n in counts().items():
+            added[name][k] += n - before[k]
+        if i == 3:
+            with open(f"{os.environ['PARITY_OUT']}-{name}.pt.json", "w") as f:
+                json.dump({**added[name], **part.extra}, f)
+            torch.save(part.state(), f"{os.environ['PARITY_OUT']}-{name}.pt")
     if i == 3:
-        from torch._dynamo.utils import counters
-        with open(os.environ["PARITY_OUT"] + ".json", "w") as f:
-            json.dump({**counters["stats"], "graph_break": sum(counters["graph_break"].values())}, f)
-        torch.save({"net": net.state_dict()}, os.environ["PARITY_OUT"])
+        with open(f"{os.environ['PARITY_OUT']}-process.pt.json", "w") as f:
+            json.dump(counts(), f)
 """
 
 
 @pytest.fixture(scope="module")
-def compiled_model_plain(tmp_path_factory):
-    d = tmp_path_factory.mktemp("compiled_model")
-    (d / "compiled_model.py").write_text(COMPILED_MODEL)
-    return d, plain_run(d, "compiled_model", 4)
+def compiled_parts(tmp_path_factory):
+    """COMPILED_STEP, FULLGRAPH and COMPILED_MODEL, each a module of its own, run as one program
+    (4 steps): its plain run's stderr, and its audit with --numerics or --no-numerics (each run
+    once, for the three tests that read it). The three programs share no model, optimizer or
+    compiled function; each test reads its own program's counters, weights and tallies (by file),
+    and the stderr and the process's counters are the whole program's."""
+    d = tmp_path_factory.mktemp("compiled_parts")
+    for name, source in PARTS.items():
+        (d / f"{name}.py").write_text(source)
+    (d / "compiled_parts.py").write_text(COMPILED_PARTS)
+    plain_stderr = plain_run(d, "compiled_parts", 4, parity_out="plain")
+    done = {}
+
+    def audited(numerics: str):
+        out = d / f"out{numerics}"
+        if numerics not in done:
+            done[numerics] = audit(
+                "run", f"{d / 'compiled_parts.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
+                out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited")}, timeout=600)
+        return done[numerics], out
+
+    return d, plain_stderr, audited
+
+
+def part_run(compiled_parts, name: str, numerics: str):
+    """`name`'s part of the audited program against its plain run (assert_same_compiled_run), the
+    process's counters the plain run's too; its plain counters and the audit."""
+    d, plain_stderr, audited = compiled_parts
+    a, out = audited(numerics)
+    plain_stats, _ = assert_same_compiled_run(d, out, a, plain_stderr, saved="{}-%s.pt" % name)
+    plain_total, audited_total = (json.loads((p / f"{w}-process.pt.json").read_text())
+                                  for p, w in ((d, "plain"), (out, "audited")))
+    # (the whole process: what the auditor's own code compiled, between the parts or the steps, shows here)
+    assert audited_total == plain_total, (plain_total, audited_total)
+    return plain_stats, a
+
+
+def in_file(records: list[dict], name: str) -> list[dict]:
+    """The records of `name`'s part (by the file their `where` names); every record names one of
+    the parts' files (none the wrapper's, none without a place)."""
+    files = [r["where"] and os.path.basename(r["where"]["file"]) for r in records]
+    assert not [f for f in files if f not in {f"{p}.py" for p in PARTS}], files
+    return [r for r, f in zip(records, files) if f == f"{name}.py"]
+
+
+def opt_steps_in(steps: list[dict], name: str) -> list[list[dict]]:
+    """Each step's numerics records of optimizer steps in `name`'s part, by the file of the site
+    each names (in_file: every one names a site in one of the parts' files)."""
+    sites = {k: x for s in steps for k, x in s["numerics"].get("sites", {}).items()}
+    return [in_file([{**o, "where": sites[str(o["site"])]["where"]} for o in s["numerics"]["opt_steps"]], name)
+            for s in steps]
 
 
 @pytest.mark.parametrize("numerics", ["--numerics", "--no-numerics"])
-def test_the_probes_leave_compiled_code_as_it_is(compiled_model_plain, numerics):
+def test_the_probes_leave_compiled_code_as_it_is(compiled_parts, numerics):
     """torch.compile traces the probes it reaches: the phase hooks (--no-numerics) in a compiled
     model's submodules, the backward probe where a compiled function calls loss.backward(). Their
     timers and frame reads were graph breaks in the user's graph, with warnings that dynamo 'does
@@ -436,17 +526,14 @@ def test_the_probes_leave_compiled_code_as_it_is(compiled_model_plain, numerics)
     graphs for the plain run's 1, 3, 1). Compiling, a probe is the call it wraps now, and the
     calls that run as they are are recorded there: the model's forward at its compiled module's
     call, the backward pass in the compiled function."""
-    d, plain_stderr = compiled_model_plain
-    out = d / f"out{numerics}"
-    a = audit("run", f"{d / 'compiled_model.py'}:step", "--steps", "4", "--quiet", "--no-profile", numerics,
-              out=out, cwd=d, env={"OMP_NUM_THREADS": "1", "PARITY_OUT": str(out / "audited.pt")}, timeout=600)
-    plain_stats, _ = assert_same_compiled_run(d, out, a, plain_stderr)
+    plain_stats, a = part_run(compiled_parts, "compiled_model", numerics)
     assert (plain_stats["unique_graphs"], plain_stats["graph_break"]) == (1, 1)
-    source = (d / "compiled_model.py").read_text().splitlines()
+    source = COMPILED_MODEL.splitlines()
     lines = {"forward": source.index("    loss = nn.functional.mse_loss(cnet(x), y)") + 1,
              "backward": source.index("    loss.backward()") + 1}
-    assert [sorted((t["kind"], t["what"], t["where"]["line"], t["count"]) for t in s["tallies"]
-                   if t["kind"] in ("forward", "backward")) for s in a.evidence["steps"]] == \
+    assert [sorted((t["kind"], t["what"], t["where"]["line"], t["count"])
+                   for t in in_file([t for t in s["tallies"] if t["kind"] in ("forward", "backward")], "compiled_model"))
+            for s in a.evidence["steps"]] == \
         [[("backward", "Tensor.backward", lines["backward"], 1), ("forward", "OptimizedModule", lines["forward"], 1)]] * 4
 
 

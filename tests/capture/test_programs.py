@@ -221,7 +221,9 @@ class Program:
 
 
 PROGRAMS = {
-    "epochs-eval": Program(EPOCHS_EVAL, ("--steps", "6", "--", "--epochs", "3"), 6, "optimizer",
+    # (20 steps of 2 epochs of 16: the eval loop after the first epoch runs between steps, read by
+    # test_the_eval_loop_is_outside_the_steps from this row's audit)
+    "epochs-eval": Program(EPOCHS_EVAL, ("--steps", "20", "--", "--epochs", "2"), 20, "optimizer",
                            {"host-sync": "item", "dataloader-bound": "loader"}),
     "epochs-eval-to-end": Program(EPOCHS_EVAL, ("--steps", "6", "--to-end", "--", "--epochs", "2"), 32,
                                   "optimizer", ended_by_audit=False),
@@ -246,16 +248,31 @@ def _line(source: str, tag: str) -> int:
     return next(i for i, line in enumerate(source.splitlines(), 1) if f"# LINE:{tag}" in line)
 
 
+@pytest.fixture(scope="module")
+def program_audit(tmp_path_factory):
+    """Each row's program audited once in a directory of its own (the files it writes land there):
+    the row's test and the tests that read more of the same run share it."""
+    done = {}
+
+    def get(name: str):
+        if name not in done:
+            p = PROGRAMS[name]
+            d = tmp_path_factory.mktemp(name)
+            (d / "train.py").write_text(p.source)
+            args = list(p.args)
+            at = args.index("--") if "--" in args else len(args)
+            args[at:at] = ["--no-profile", "--quiet"] + ([] if p.numerics else ["--no-numerics"])
+            done[name] = audit("run", str(d / "train.py"), *args, out=d / "out", cwd=d), d
+        return done[name]
+
+    return get
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if p.slow else n
                                   for n, p in PROGRAMS.items()])
-def test_a_program_runs_as_python_runs_it(tmp_path, name):
+def test_a_program_runs_as_python_runs_it(program_audit, name):
     p = PROGRAMS[name]
-    script = tmp_path / "train.py"
-    script.write_text(p.source)
-    args = list(p.args)
-    at = args.index("--") if "--" in args else len(args)
-    args[at:at] = ["--no-profile", "--quiet"] + ([] if p.numerics else ["--no-numerics"])
-    a = audit("run", str(script), *args, out=tmp_path / "out", cwd=tmp_path)
+    a, tmp_path = program_audit(name)
     assert a.returncode == p.exit_code, a.stderr[-3000:]
     ev = a.evidence
     assert len(ev["steps"]) == p.steps, [s["index"] for s in ev["steps"]]
@@ -288,10 +305,12 @@ def test_the_readme_first_command(tmp_path):
     assert len(json.loads(log.read_text())) == 12
 
 
-def test_gan_and_accumulation_steps_hold_whole_iterations(tmp_path):
-    """A GAN's D and G steps are one step; 4 accumulated micro-batches are one step."""
-    (tmp_path / "gan.py").write_text(GAN)
-    a = audit("run", "gan.py", "--steps", "3", "--no-profile", "--no-numerics", "-q", out=tmp_path / "g", cwd=tmp_path)
+def test_gan_and_accumulation_steps_hold_whole_iterations(program_audit):
+    """A GAN's D and G steps are one step; 4 accumulated micro-batches are one step (the table's
+    audits of both programs, 5 steps each)."""
+    a, _ = program_audit("gan")
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert len(a.evidence["steps"]) == 5
     for s in a.evidence["steps"]:
         opts = sorted(t["what"] for t in s["tallies"] if t["kind"] == "optimizer")
         assert opts == ["Adam", "SGD"], opts
@@ -299,18 +318,17 @@ def test_gan_and_accumulation_steps_hold_whole_iterations(tmp_path):
         # backward hid them from the probe)
         assert sum(t["count"] for t in s["tallies"] if t["kind"] == "backward") == 2
     assert "2 per iteration" in a.evidence["program"]["steps_found"]
-    (tmp_path / "acc.py").write_text(WHILE_ACCUMULATE)
-    a = audit("run", "acc.py", "--steps", "3", "--no-profile", "--no-numerics", "-q", out=tmp_path / "a", cwd=tmp_path)
+    a, d = program_audit("while-accumulate")
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert len(a.evidence["steps"]) == 5
     for s in a.evidence["steps"]:
         assert sum(t["count"] for t in s["tallies"] if t["kind"] == "forward") == 4
         assert sum(t["count"] for t in s["tallies"] if t["kind"] == "backward") == 4
-    assert (tmp_path / "finally.txt").read_text() == "12"  # (ended at the first forward after the 3rd step)
+    assert (d / "finally.txt").read_text() == "20"  # (ended at the first forward after the 5th step)
 
 
-def test_the_eval_loop_is_outside_the_steps(tmp_path):
-    (tmp_path / "train.py").write_text(EPOCHS_EVAL)
-    a = audit("run", "train.py", "--steps", "20", "--no-profile", "--no-numerics", "-q", "--", "--epochs", "2",
-              out=tmp_path / "o", cwd=tmp_path)
+def test_the_eval_loop_is_outside_the_steps(program_audit):
+    a, tmp_path = program_audit("epochs-eval")  # (20 steps, 2 epochs of 16)
     assert a.returncode == 0, a.stderr[-3000:]
     ev = a.evidence
     between = [o for o in ev["outside"] if o["phase"] == "between"]
@@ -397,12 +415,20 @@ def test_a_step_file_is_main_file_and_spawn_workers_do_not_rerun_it(tmp_path):
     assert (tmp_path / "setups.txt").read_text() == "setup\n"
 
 
-def test_a_step_callable_runs_atexit_handlers(tmp_path):
-    """`file.py:callable` ends as Python ends a program too: its atexit handlers run."""
-    (tmp_path / "t.py").write_text(END + "def step():\n    pass\n")
-    a = audit("run", "t.py:step", "--steps", "2", "--no-profile", "-q", out=tmp_path / "o", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def program_end(tmp_path_factory):
+    """PROGRAM_END audited as `t.py:step` (3 steps, in the directory its files land in)."""
+    d = tmp_path_factory.mktemp("program_end")
+    (d / "t.py").write_text(PROGRAM_END)
+    return audit("run", "t.py:step", "--steps", "3", "--no-profile", "-q", out=d / "o", cwd=d), d
+
+
+def test_a_step_callable_runs_atexit_handlers(program_end):
+    """`file.py:callable` ends as Python ends a program too: its atexit handlers run (END's, in
+    PROGRAM_END, audited once for this test and the next)."""
+    a, tmp_path = program_end
     assert a.returncode == 0, a.stderr[-3000:]
-    assert (tmp_path / "atexit.txt").is_file()
+    assert (tmp_path / "atexit.txt").read_text() == "atexit"
 
 
 @pytest.mark.slow
@@ -421,7 +447,7 @@ def test_a_thread_that_never_ends_does_not_hang_the_audit(tmp_path):
     assert time.monotonic() - started < 60
 
 
-PROGRAM_END = '''
+PROGRAM_END = END + '''
 import logging, logging.handlers, multiprocessing as mp, threading, time
 import torch
 log = open("log.txt", "w")  # buffered and never closed: Python flushes it as the program ends
@@ -443,13 +469,12 @@ def step(i):
 '''
 
 
-def test_the_program_ends_as_python_ends_it(tmp_path):
+def test_the_program_ends_as_python_ends_it(program_end):
     """After the audit the program's end is a plain run's: its open files are flushed, logging's
     shutdown writes a MemoryHandler's records to its target, a non-daemon thread and a non-daemon
     multiprocessing child still running are waited for (the child ended with os._exit: 0-byte
     log, empty target, neither file)."""
-    (tmp_path / "t.py").write_text(PROGRAM_END)
-    a = audit("run", "t.py:step", "--steps", "3", "--no-profile", "-q", out=tmp_path / "o", cwd=tmp_path)
+    a, tmp_path = program_end
     assert a.returncode == 0, a.stderr[-3000:]
     assert (tmp_path / "log.txt").read_text() == "step 0\nstep 1\nstep 2\n"
     assert (tmp_path / "mem.txt").read_text() == "step 0\nstep 1\nstep 2\n"

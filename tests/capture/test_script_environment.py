@@ -79,35 +79,6 @@ def test_script_argv_chdir_forked_helper_and_endless_stderr_line(tmp_path):
     assert (a.out / "findings.json").stat().st_size < 200_000
 
 
-FLOAT_LOSS = '''
-import torch
-
-w = torch.randn(3, requires_grad=True)
-
-
-def step(i):
-    loss = (w * 2).sum()
-    logged = float(loss)  # FLOAT LINE
-    loss.backward()
-'''
-
-
-def test_torch_warnings_from_a_probed_call_name_the_users_line(tmp_path):
-    """torch warns once about `float(loss)` on a tensor that requires grad; under audit the warning
-    names the script's line (not the probe that wraps `Tensor.__float__`), and the call is still
-    counted as a sync there."""
-    path = tmp_path / "float_loss.py"
-    path.write_text(FLOAT_LOSS)
-    a = audit("run", f"{path}:step", "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "out")
-    assert a.returncode == 0, a.stderr[-2000:]
-    line = FLOAT_LOSS.splitlines().index("    logged = float(loss)  # FLOAT LINE") + 1
-    assert f"{path}:{line}: UserWarning: Converting a tensor with requires_grad=True" in a.stderr, a.stderr
-    assert a.stderr.count("UserWarning") == 1 and "probes.py" not in a.stderr
-    syncs = [(t["what"], t["where"]["line"], t["count"]) for s in a.evidence["steps"] for t in s["tallies"]
-             if t["kind"] == "sync"]
-    assert syncs == [("float(Tensor)", line, 1)] * 3, syncs
-
-
 WARNS = '''
 import warnings
 import torch
@@ -132,8 +103,49 @@ def warning_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if "Warning: " in ln]
 
 
+@pytest.fixture(scope="module")
+def warns(tmp_path_factory):
+    """WARNS's path, the warning lines of its plain run (8 steps: each warning shown once, at its
+    first step, so the lines of a plain run of 3 are these too), and its audit of N steps (each N
+    audited once, shared by the tests here)."""
+    d = tmp_path_factory.mktemp("warns")
+    path = d / "warns.py"
+    path.write_text(WARNS)
+    plain = subprocess.run([sys.executable, "-c", "import warns\nfor i in range(8): warns.step(i)"],
+                           cwd=d, capture_output=True, text=True, check=True,
+                           env={"OMP_NUM_THREADS": "1", **os.environ})
+    expected = warning_lines(plain.stderr)
+    assert [ln.split(": ", 2)[1:] for ln in expected] == [
+        ["UserWarning", "the trainer's own warning"],
+        ["UserWarning", "Converting a tensor with requires_grad=True to a scalar may lead to unexpected behavior."],
+    ], plain.stderr
+    done = {}
+
+    def audited(steps: int):
+        if steps not in done:
+            done[steps] = audit("run", f"{path}:step", "--steps", str(steps), "--quiet", out=d / f"out{steps}")
+        return done[steps]
+
+    return path, expected, audited
+
+
+def test_torch_warnings_from_a_probed_call_name_the_users_line(warns):
+    """torch warns once about `float(loss)` on a tensor that requires grad; under audit the warning
+    names the script's line (not the probe that wraps `Tensor.__float__`), and the call is still
+    counted as a sync there (WARNS's audit of 3 steps)."""
+    path, _, audited = warns
+    a = audited(3)
+    assert a.returncode == 0, a.stderr[-2000:]
+    line = WARNS.splitlines().index("    logged = float(loss)  # torch warns too (requires_grad), through the auditor's probe") + 1
+    assert f"{path}:{line}: UserWarning: Converting a tensor with requires_grad=True" in a.stderr, a.stderr
+    assert a.stderr.count("Converting a tensor with requires_grad=True") == 1 and "probes.py" not in a.stderr
+    syncs = [(t["what"], t["where"]["line"], t["count"]) for s in a.evidence["steps"] for t in s["tallies"]
+             if t["kind"] == "sync"]
+    assert syncs == [("float(Tensor)", line, 1)] * 3, syncs
+
+
 @pytest.mark.parametrize("steps", [8, 3])
-def test_the_users_warnings_are_shown_as_often_as_in_a_plain_run(tmp_path, steps):
+def test_the_users_warnings_are_shown_as_often_as_in_a_plain_run(warns, steps):
     """A warning in the step is shown once, as Python's default filter does in a plain run. It was
     shown again when the profiler window started (the auditor silenced a warning of torch's
     profiler with `catch_warnings`, and any change of the warnings filters makes Python forget
@@ -141,17 +153,8 @@ def test_the_users_warnings_are_shown_as_often_as_in_a_plain_run(tmp_path, steps
     warning about it to the user's line caught it the same way): here in every step, 8 times in 8
     (3 in 3). A run of 3 steps has no profiler warm-up step; torch's warning about that is still
     not shown."""
-    path = tmp_path / "warns.py"
-    path.write_text(WARNS)
-    plain = subprocess.run([sys.executable, "-c", f"import warns\nfor i in range({steps}): warns.step(i)"],
-                           cwd=tmp_path, capture_output=True, text=True, check=True,
-                           env={"OMP_NUM_THREADS": "1", **os.environ})
-    expected = warning_lines(plain.stderr)
-    assert [ln.split(": ", 2)[1:] for ln in expected] == [
-        ["UserWarning", "the trainer's own warning"],
-        ["UserWarning", "Converting a tensor with requires_grad=True to a scalar may lead to unexpected behavior."],
-    ], plain.stderr
-    a = audit("run", f"{path}:step", "--steps", str(steps), "--quiet", out=tmp_path / "out")
+    _, expected, audited = warns
+    a = audited(steps)
     assert a.returncode == 0, a.stderr[-2000:]
     assert a.evidence["profile"]["steps"]  # (the profiler window ran)
     assert warning_lines(a.stderr) == expected, a.stderr
