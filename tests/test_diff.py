@@ -35,12 +35,27 @@ def findings(doc: dict, status: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def demo_before(tmp_path_factory):
-    """The README's demo, 10 steps, as it is (the fixes' patches are written beside it)."""
-    out = tmp_path_factory.mktemp("demo") / "before"
-    a = audit("run", "examples/demo.py:step", "--steps", "10", "--quiet", out=out)
+def demo_before(example_audit):
+    """The README's demo, 10 steps, as it is (the fixes' patches are written beside it); one run
+    per session, shared with test_fixes_apply (its folder is read, never written)."""
+    a = example_audit("demo", 10)
     assert a.returncode == 0, a.stderr
     return a
+
+
+@pytest.fixture(scope="module")
+def demo_after(tmp_path_factory, demo_before):
+    """The demo's fixes.patch and numerics-fixes.patch applied (with git apply) to a copy, run again
+    for 10 steps with `--baseline` the run before them: (the copy, the audit)."""
+    copy = tmp_path_factory.mktemp("fixed") / "project"
+    (copy / "examples").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "demo.py", copy / "examples" / "demo.py")
+    for patch in ("fixes.patch", "numerics-fixes.patch"):
+        subprocess.run(["git", "apply", str(demo_before.out / patch)], cwd=copy, check=True)
+    after = audit("run", "examples/demo.py:step", "--steps", "10", "--baseline", str(demo_before.out),
+                  out=copy.parent / "after", cwd=copy)
+    assert after.returncode == 0, after.stderr
+    return copy, after
 
 
 @pytest.mark.slow
@@ -71,21 +86,15 @@ def test_diff_of_two_recorded_traces_shows_the_dataloader_wait_gone(tmp_path):
 
 
 @pytest.mark.slow
-def test_diff_of_the_demo_before_and_after_its_fixes(tmp_path, demo_before):
+def test_diff_of_the_demo_before_and_after_its_fixes(tmp_path, demo_before, demo_after):
     """The demo's fixes.patch and numerics-fixes.patch applied (with git apply) to a copy, run again:
     the data wait drops, the findings the patches fix are gone, and host-sync (the logged
     loss.item(), which no patch touches) stays. Every number is the runs' own. (Whether the median
     step got faster is not asserted: on 2 shared cores the 2 DataLoader workers compete with the
     step for CPU, and the after run measured from -50% to +59% today.)"""
-    copy = tmp_path / "project"
-    (copy / "examples").mkdir(parents=True)
-    shutil.copy(EXAMPLES / "demo.py", copy / "examples" / "demo.py")
-    for patch in ("fixes.patch", "numerics-fixes.patch"):
-        subprocess.run(["git", "apply", str(demo_before.out / patch)], cwd=copy, check=True)
+    copy, after = demo_after
     assert "num_workers=2" in (copy / "examples" / "demo.py").read_text()
-    after = audit("run", "examples/demo.py:step", "--steps", "10", "--quiet", out=tmp_path / "after", cwd=copy)
-    assert after.returncode == 0, after.stderr
-    a = diff(demo_before.out, tmp_path / "after", out=tmp_path / "d")
+    a = diff(demo_before.out, after.out, out=tmp_path / "d")
     assert a.returncode == 0, a.stderr
     doc = json.loads((tmp_path / "d" / "diff.json").read_text())
     step = delta(doc, "step", "median step")
@@ -148,18 +157,23 @@ def test_diff_of_unreadable_input_is_one_line_and_exit_2(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_with_a_baseline_reports_the_comparison(tmp_path, demo_before):
-    a = audit("run", "examples/demo.py:step", "--steps", "8", "--baseline", str(demo_before.out), out=tmp_path / "r")
-    assert a.returncode == 0, a.stderr
+def test_run_with_a_baseline_reports_the_comparison(demo_before, demo_after):
+    """The demo after its patches, run with `--baseline` the run before them: the comparison's
+    medians are each run's own, and its findings gone, kept and new are what each run found on
+    its own (the patched ones gone, the logged loss.item()'s host-sync kept)."""
+    _, a = demo_after
     base = a.findings_doc["baseline"]
     assert base["path"] == str(demo_before.out)
     assert base["median_ms"]["baseline"] == pytest.approx(demo_before.findings_doc["steps"]["median_ms"], abs=1e-3)
     assert base["median_ms"]["this"] == pytest.approx(a.findings_doc["steps"]["median_ms"], abs=1e-3)
-    kept = {f["rule"] for f in base["findings"]["kept"]}
-    assert {"dataloader-bound", "host-sync", "graph-leak"} <= kept and not base["findings"]["gone"]
+    before_rules, after_rules = ({f["rule"] for f in r.findings} for r in (demo_before, a))
+    status = {s: {f["rule"] for f in base["findings"][s]} for s in ("gone", "kept", "new")}
+    assert status == {"gone": before_rules - after_rules, "kept": before_rules & after_rules,
+                      "new": after_rules - before_rules}, status
+    assert {"graph-leak", "peak-stats-reset", "pageable-copy"} <= status["gone"] and "host-sync" in status["kept"]
     assert f"compared with baseline {demo_before.out}:" in a.stdout
-    assert a.stdout.index("compared with baseline") > a.stdout.index("warning dataloader-bound")
-    html = (tmp_path / "r" / "report.html").read_text()
+    assert a.stdout.index("compared with baseline") > a.stdout.index(" host-sync")
+    html = (a.out / "report.html").read_text()
     assert "Compared with baseline" in html and "median step" in html
 
 

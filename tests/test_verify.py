@@ -5,6 +5,7 @@ detection left on, a per-step peak-stats reset, a running loss kept as a tensor)
 the kinds the examples produce (a changed line, a statement replaced by `pass`, a `.detach()`)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -52,13 +53,26 @@ def tree_hashes(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.slow
-def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(tmp_path):
-    proj = project(tmp_path)
+@pytest.fixture(scope="module")
+def verified_run(tmp_path_factory):
+    """The mixed project audited once with --verify, 4 steps: (project, its files' hashes before
+    the audit and after it, the audit). The tests that verify in-process start from its evidence
+    (--verify records the weights digest as --digest does)."""
+    tmp = tmp_path_factory.mktemp("verify")
+    proj = project(tmp)
     before = tree_hashes(proj)
-    a = audit("run", "mixed.py:step", "--steps", "5", *FAST, "--verify", out=tmp_path / "out", cwd=proj)
+    a = audit("run", "mixed.py:step", "--steps", "4", *FAST, "--verify", out=tmp / "out", cwd=proj)
+    return proj, before, tree_hashes(proj), a
+
+
+@pytest.mark.slow
+def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(verified_run, tmp_path):
+    proj, before, after, a = verified_run
     assert a.returncode == 0, a.stderr
-    assert tree_hashes(proj) == before  # byte-identical, and no file added (nor __pycache__)
+    assert after == before  # byte-identical, and no file added (nor __pycache__)
+    # (a copy of the run directory: this test rewrites its verified.json and re-renders it)
+    shutil.copytree(a.out, tmp_path / "out")
+    a = dataclasses.replace(a, out=tmp_path / "out")
     fixes = {f["rule"]: f["fix"] for f in a.findings if f["fix"] and f["fix"]["edits"]}
     assert set(fixes) == {"anomaly-mode", "graph-leak", "peak-stats-reset"}
     for rule, fix in fixes.items():
@@ -68,7 +82,7 @@ def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(tmp_path):
         assert v["before"]["weights"] == v["after"]["weights"] and len(v["before"]["weights"]) == 64
         assert "weights identical to the unpatched run's" in v["note"]
     assert fixes["graph-leak"]["verified"]["before"]["nodes_per_step"] == 11.0
-    assert fixes["peak-stats-reset"]["verified"]["before"]["calls"] == 5
+    assert fixes["peak-stats-reset"]["verified"]["before"]["calls"] == 4
     patch = patch_text(a.out / "fixes.patch")
     assert "Fixes from: anomaly-mode, graph-leak, peak-stats-reset" in patch and "verification" not in patch
     assert "verify: 3 fix(es) in 1 re-run(s)" in a.stdout
@@ -113,15 +127,13 @@ def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def audited(tmp_path_factory):
-    """The mixed project audited once (with the weights digest), and its results."""
+def audited(verified_run):
+    """The mixed project's audit (verified_run's, with the weights digest), and its results."""
     from auditor.config import load_config
     from auditor.evidence.load import load_paths
     from auditor.rules.engine import run_rules
 
-    tmp = tmp_path_factory.mktemp("verify")
-    proj = project(tmp)
-    a = audit("run", "mixed.py:step", "--steps", "4", *FAST, "--digest", out=tmp / "out", cwd=proj)
+    proj, _, _, a = verified_run
     assert a.returncode == 0, a.stderr
     ev = load_paths([a.out])
     here = os.getcwd()

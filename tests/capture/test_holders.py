@@ -92,14 +92,8 @@ def loss_of_batch():
 def step(i):
     loss = loss_of_batch()
     stats["loss"] += loss  # DICT LINE: kept as a tensor, graph and all
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-
-
-def step_summed(i):
-    loss = loss_of_batch()
     t.stats["loss"] = t.stats["loss"] + loss  # SUM LINE
+    history["loss"].append(loss)  # LIST LINE
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -114,14 +108,6 @@ def step_attr(i):
 
 
 history = {"loss": []}
-
-
-def step_listed(i):
-    loss = loss_of_batch()
-    history["loss"].append(loss)  # LIST LINE
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
 '''
 
 
@@ -131,24 +117,28 @@ def test_running_totals_in_a_dict_are_located_and_patched(tmp_path):
     fixes.patch (a running total: its value is unchanged). Before, the `+=` on an entry was not seen
     (no line, no patch, or another function's line), and `x = x + loss` went to numerics-fixes.patch
     as if it cut a recurrent state. Where the file holds several such lines, the step's own comes
-    first, and a plain store (a reset) last."""
+    first, and a plain store (a reset) last: `t.stats` grows at SUM LINE in `step` and at ATTR
+    LINE in `step_attr`, each audited (each holder of `step` at its own line, in one run)."""
     path = tmp_path / "totals.py"
     path.write_text(TOTALS)
     source = TOTALS.splitlines()
-    for fn, marker, holder in (("step", "DICT LINE", "stats"), ("step_summed", "SUM LINE", "t.stats"),
-                               ("step_attr", "ATTR LINE", "t.stats"), ("step_listed", "LIST LINE", "history")):
+    for fn, holders in (("step", {"stats": "DICT LINE", "t.stats": "SUM LINE", "history": "LIST LINE"}),
+                        ("step_attr", {"t.stats": "ATTR LINE"})):
         a = audit("run", f"{path}:{fn}", "--steps", "8", "--quiet", "--no-profile", "--no-numerics",
                   out=tmp_path / f"out-{fn}")
         assert a.returncode == 0, a.stderr[-2000:]
         [leak] = a.rule("graph-leak")
-        assert [h["name"] for h in leak["evidence"]["holders"]] == [holder], leak["message"]
-        line = next(n for n, text in enumerate(source, 1) if marker in text)
-        assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), line)], fn
-        [edit] = leak["fix"]["edits"]
-        assert edit["lines"] == [source[line - 1].replace("+ loss", "+ loss.detach()")
-                                 .replace("+= loss", "+= loss.detach()").replace("(loss)", "(loss.detach())")]
+        names = [h["name"] for h in leak["evidence"]["holders"]]
+        assert sorted(names) == sorted(holders), leak["message"]
+        lines = {name: next(n for n, text in enumerate(source, 1) if marker in text) for name, marker in holders.items()}
+        # (one location per holder, in the holders' order)
+        assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [(str(path), lines[n]) for n in names], fn
+        edits = sorted((e["start"], e["end"], e["lines"]) for e in leak["fix"]["edits"])
+        assert edits == sorted((n, n, [source[n - 1].replace("+ loss", "+ loss.detach()").replace(
+            "+= loss", "+= loss.detach()").replace("(loss)", "(loss.detach())")]) for n in lines.values()), fn
         assert leak["fix"]["changes_numerics"] is False
-        assert f"+{edit['lines'][0]}" in patch_text(tmp_path / f"out-{fn}" / "fixes.patch")
+        for _, _, edit in edits:
+            assert f"+{edit[0]}" in patch_text(tmp_path / f"out-{fn}" / "fixes.patch")
 
 
 PUSHED = '''
@@ -177,7 +167,26 @@ class Log:
                            "v": value, "r": 1.0})  # (DICT LINE, one above)
 
 
+# the twins: each row as fixes.patch stores it (test_a_row_pushed_into_a_buffer_has_its_graph_item_detached)
+class TwinBuffer:
+    def __init__(self):
+        self.items = []
+
+    def push(self, s, a, r, value):
+        self.items.append((s, a, r, value.detach()))  # TWIN TUPLE LINE: value carries a graph
+
+
+class TwinLog:
+    def __init__(self):
+        self.items = []
+
+    def push_dict(self, s, value):
+        self.items.append({"s": s,
+                           "v": value.detach(), "r": 1.0})  # (TWIN DICT LINE, one above)
+
+
 buf, log = Buffer(), Log()
+twin_buf, twin_log = TwinBuffer(), TwinLog()
 
 
 def step(i):
@@ -185,6 +194,8 @@ def step(i):
     value = model(s).max()
     buf.push(s, i % 4, 1.0, value)
     log.push_dict(s, value * 2)
+    twin_buf.push(s, i % 4, 1.0, value)
+    twin_log.push_dict(s, value * 2)
     loss = (value - 1.0) ** 2
     opt.zero_grad()
     loss.backward()
@@ -197,7 +208,8 @@ def test_a_row_pushed_into_a_buffer_has_its_graph_item_detached(tmp_path):
     the rows carries the graph (position 3; key "v" of a dict row), and the patch detaches that item
     alone at the growing line, in fixes.patch (a detached copy stores the same values). Before, the
     holder and line were named with no patch. The patch applies with `git apply`, and the patched
-    trainer audits silent for graph-leak."""
+    lines, pushing rows into twin buffers in the same run, keep no graph: graph-leak names neither
+    twin, nor their lines."""
     repo = tmp_path / "repo"
     repo.mkdir()
     path = repo / "buffer.py"
@@ -212,8 +224,11 @@ def test_a_row_pushed_into_a_buffer_has_its_graph_item_detached(tmp_path):
     held = {h["name"]: h for h in leak["evidence"]["holders"]}
     assert set(held) == {"buf.items", "log.items"}, leak["message"]
     source = PUSHED.splitlines()
-    tuple_line = next(n for n, text in enumerate(source, 1) if "TUPLE LINE" in text)
-    dict_line = next(n for n, text in enumerate(source, 1) if "DICT LINE" in text) - 1
+
+    def at(marker: str) -> int:
+        return next(n for n, text in enumerate(source, 1) if marker in text)
+
+    tuple_line, dict_line = at("# TUPLE LINE"), at("# (DICT LINE") - 1
     assert sorted((loc["file"], loc["line"]) for loc in leak["locations"]) == [(str(path), tuple_line),
                                                                                (str(path), dict_line)]
     edits = sorted((e["start"], e["end"], e["lines"]) for e in leak["fix"]["edits"])
@@ -222,14 +237,19 @@ def test_a_row_pushed_into_a_buffer_has_its_graph_item_detached(tmp_path):
                                                  source[dict_line].replace('"v": value', '"v": value.detach()')])]
     assert leak["fix"]["changes_numerics"] is False
     assert held["buf.items"]["rows"]["graph"] == [3] and held["log.items"]["rows"]["graph"] == ["v"]
+    # the twins' lines are the patched lines, and the run's scans saw them keep no graph
+    twin_tuple, twin_dict = at("TWIN TUPLE LINE"), at("TWIN DICT LINE") - 1
+    assert edits[0][2] == [source[twin_tuple - 1].replace("TWIN TUPLE", "TUPLE")]
+    assert edits[1][2] == [source[twin_dict - 1], source[twin_dict].replace("TWIN DICT", "DICT")]
+    twins = [h for s in a.evidence["graph_scans"] for h in s["holders"] if h["name"] in ("twin_buf.items", "twin_log.items")]
+    assert {h["name"] for h in twins} == {"twin_buf.items", "twin_log.items"}
+    assert all(h["nodes"] == 0 for h in twins), twins
     patch = tmp_path / "before" / "fixes.patch"
     assert "value.detach()" in patch.read_text() and "detach" not in patch_text(tmp_path / "before" / "numerics-fixes.patch")
     subprocess.run(["git", "apply", "--check", str(patch)], cwd=repo, check=True)
     subprocess.run(["git", "apply", str(patch)], cwd=repo, check=True)
-    after = audit("run", "buffer.py:step", "--steps", "12", "--quiet", "--no-profile", "--no-numerics",
-                  out=tmp_path / "after", cwd=repo)
-    assert after.returncode == 0, after.stderr[-2000:]
-    assert not after.rule("graph-leak"), [f["message"] for f in after.findings]
+    patched = path.read_text().splitlines()
+    assert patched[tuple_line - 1] == edits[0][2][0] and patched[dict_line - 1:dict_line + 1] == edits[1][2]
 
 
 EPISODES = '''

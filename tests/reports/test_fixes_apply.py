@@ -15,35 +15,38 @@ def git(cwd, *args):
                    capture_output=True)
 
 
-@pytest.mark.parametrize("name,rules", [
-    ("demo", {"graph-leak", "peak-stats-reset"}),  # (its DataLoader workers: numerics-fixes.patch)
-    ("retained_graph", {"retained-graph"}),
-    ("forced_cleanup", {"forced-cleanup"}),
+@pytest.mark.parametrize("name,steps,rules", [
+    ("demo", 10, {"graph-leak", "peak-stats-reset"}),  # (its DataLoader workers: numerics-fixes.patch)
+    ("retained_graph", 30, {"retained-graph"}),
+    ("forced_cleanup", 30, {"forced-cleanup"}),
 ])
-def test_patch_applies_and_the_patched_trainer_audits_clean(tmp_path, name, rules):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for f in (f"{name}.py", "_common.py"):
-        shutil.copy(EXAMPLES / f, repo / f)
-    git(repo, "init", "-q")
-    git(repo, "add", ".")
-    git(repo, "commit", "-qm", "trainer")
-    before = audit("run", f"{name}.py:step", "--steps", "10", "--quiet", out=tmp_path / "before", cwd=repo)
+def test_patch_applies_and_the_patched_trainer_audits_clean(tmp_path, example_audit, name, steps, rules):
+    """The example's audit is the session's shared one (test_diff's demo, test_examples' others:
+    read, never written); its patches apply to a repository holding the example, and the patched
+    example, audited for as many steps, has none of the findings they fix."""
+    before = example_audit(name, steps)
     assert before.returncode == 0, before.stderr
     assert {f["rule"] for f in before.findings} >= rules
     for f in before.findings:
         if f["rule"] in rules:  # each finding carries its own diff too
-            assert f["fix"]["patch"].startswith(f"diff --git a/{name}.py b/{name}.py")
-    patch = tmp_path / "before" / "fixes.patch"
+            assert f["fix"]["patch"].startswith(f"diff --git a/examples/{name}.py b/examples/{name}.py")
+    repo = tmp_path / "repo"
+    (repo / "examples").mkdir(parents=True)
+    for f in (f"{name}.py", "_common.py"):
+        shutil.copy(EXAMPLES / f, repo / "examples" / f)
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "trainer")
+    patch = before.out / "fixes.patch"
     subprocess.run(["git", "apply", "--check", str(patch)], cwd=repo, check=True)
     subprocess.run(["git", "apply", str(patch)], cwd=repo, check=True)
     # numerics-fixes.patch applies after fixes.patch as well as instead of it: the demo's DataLoader
     # call, given pin_memory by pageable-copy and workers by dataloader-bound, is edited in one only
-    numerics = tmp_path / "before" / "numerics-fixes.patch"
+    numerics = before.out / "numerics-fixes.patch"
     if numerics.exists():
         subprocess.run(["git", "apply", "--check", str(numerics)], cwd=repo, check=True)
     changed = subprocess.run(["git", "diff", "--name-only"], cwd=repo, capture_output=True, text=True).stdout
-    assert changed.split() == [f"{name}.py"]
-    after = audit("run", f"{name}.py:step", "--steps", "10", "--quiet", out=tmp_path / "after", cwd=repo)
+    assert changed.split() == [f"examples/{name}.py"]
+    after = audit("run", f"examples/{name}.py:step", "--steps", str(steps), "--quiet", out=tmp_path / "after", cwd=repo)
     assert after.returncode == 0, after.stderr
     assert not rules & {f["rule"] for f in after.findings}
