@@ -51,18 +51,18 @@ def test_step_with_two_required_arguments(tmp_path):
     # nothing ran: no --out directory is left behind (it held only records.jsonl, which `audit
     # analyze` then refused as "not an audit run directory")
     assert not (tmp_path / "o").exists()
-    (tmp_path / "kept").mkdir()
-    (tmp_path / "kept" / "notes.txt").write_text("mine")
-    one_line_error(audit("run", f"{path}:step", out=tmp_path / "kept"), "no argument or one")
-    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
 
 
 def test_step_with_a_required_keyword_only_argument(tmp_path):
     """`def step(*, i)` cannot be called as `step()` or `step(i)`: refused up front (it ran, and
-    failed at step 0 with exit 3)."""
+    failed at step 0 with exit 3). Refused into an --out that exists, the folder is left as it was
+    (as test_step_with_two_required_arguments's, that did not, is not made)."""
     path = tmp_path / "t.py"
     path.write_text("def step(*, i):\n    pass\n")
-    one_line_error(audit("run", f"{path}:step", "--steps", "2", out=tmp_path / "o"), "keyword-only argument 'i'")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    one_line_error(audit("run", f"{path}:step", "--steps", "2", out=tmp_path / "kept"), "keyword-only argument 'i'")
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
 
 
 @pytest.mark.parametrize("source,contains", [
