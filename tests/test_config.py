@@ -21,20 +21,33 @@ def run(project, *args, name="forced_cleanup"):
                  out=project / "out", cwd=project)
 
 
-def reanalyze(project, *args):
-    """The rules again on the saved run, with the project's config as it is now: `audit analyze`
-    reads the same pyproject.toml, flags and comments as `audit run` (and costs no new run)."""
-    return audit("analyze", str(project / "out"), "--quiet", *args, out=project / "again", cwd=project)
+def reanalyze(project, *args, run_out=None):
+    """The rules again on the saved run (project/out, or `run_out`), with the config of `project`
+    (the working directory) as it is now: `audit analyze` reads the same pyproject.toml, flags and
+    comments as `audit run` (and costs no new run)."""
+    return audit("analyze", str(run_out or project / "out"), "--quiet", *args, out=project / "again", cwd=project)
 
 
-def test_pyproject_ignore_and_fail_on(project):
-    (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\n')
-    a = run(project)
+@pytest.fixture(scope="module")
+def fail_on_and_select_run(tmp_path_factory):
+    """One run of the forced-cleanup trainer under a pyproject.toml that sets fail-on and gives
+    select as one string: (its project, the audit). Two settings that do not touch each other
+    (which findings are judged; which severity fails the run), each asserted by its own test."""
+    project = tmp_path_factory.mktemp("fail-on-select")
+    for name in ("forced_cleanup.py", "_common.py"):
+        shutil.copy(EXAMPLES / name, project / name)
+    (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\nselect = "forced-cleanup"\n')
+    return project, run(project)
+
+
+def test_pyproject_ignore_and_fail_on(fail_on_and_select_run, tmp_path):
+    shared, a = fail_on_and_select_run
     assert a.returncode == 1 and a.rule("forced-cleanup")
     # --quiet: the one closing line on stdout, nothing else
-    assert a.stdout.splitlines() == [f"audit: 1 finding(s), run completed; report in {project / 'out'}"]
-    (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\nignore = ["forced-cleanup"]\n')
-    a = reanalyze(project)
+    assert a.stdout.splitlines() == [f"audit: 1 finding(s), run completed; report in {shared / 'out'}"]
+    # (judged again from a folder of its own, under a file that also ignores the rule)
+    (tmp_path / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\nignore = ["forced-cleanup"]\n')
+    a = reanalyze(tmp_path, run_out=shared / "out")
     assert a.returncode == 0 and not a.rule("forced-cleanup")
 
 
@@ -115,14 +128,13 @@ def test_a_config_value_of_the_wrong_type_is_a_usage_error(project, toml, messag
     assert len(a.stderr.strip().splitlines()) == 1 and not (project / "out").exists()
 
 
-def test_select_as_one_string_and_an_empty_select_flag(project):
-    (project / "pyproject.toml").write_text('[tool.auditor]\nselect = "forced-cleanup"\n')
-    a = run(project)
-    assert a.returncode == 0 and [f["rule"] for f in a.findings] == ["forced-cleanup"]
-    (project / "pyproject.toml").unlink()
-    # `--select "$RULES"` with RULES unset must not silently turn every rule off
+def test_select_as_one_string_and_an_empty_select_flag(fail_on_and_select_run, tmp_path):
+    shared, a = fail_on_and_select_run
+    assert a.returncode == 1 and [f["rule"] for f in a.findings] == ["forced-cleanup"]  # (1: fail-on warning)
+    # `--select "$RULES"` with RULES unset must not silently turn every rule off (judged from a
+    # folder without a pyproject.toml)
     for empty in ("", ","):
-        a = reanalyze(project, "--select", empty, "--fail-on", "info")
+        a = reanalyze(tmp_path, "--select", empty, "--fail-on", "info", run_out=shared / "out")
         assert a.returncode == 2 and "--select: no rule id given" in a.stderr
 
 
