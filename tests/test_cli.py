@@ -113,9 +113,12 @@ def test_progress_bar_on_a_tty_and_not_with_quiet(tmp_path):
     import os
     import pty
 
+    # (a step without an optimizer: the bar is the audit's, whatever the step does)
+    (tmp_path / "tiny.py").write_text("import torch\nw = torch.zeros(3)\n\n\ndef step():\n    w.add_(1)\n")
+
     def stderr_on_tty(*extra: str) -> str:
         master, slave = pty.openpty()
-        p = subprocess.Popen([sys.executable, "-m", "auditor", "run", "examples/clean.py:step", "--steps", "6",
+        p = subprocess.Popen([sys.executable, "-m", "auditor", "run", f"{tmp_path / 'tiny.py'}:step", "--steps", "6",
                               "--no-profile", "--out", str(tmp_path / f"o{len(extra)}"), *extra],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL)
         os.close(slave)
