@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from auditor.reports.html import fmt_ms
-from conftest import EXAMPLES, GROWING, audit, patch_text
+from conftest import GROWING, audit, patch_text
 
 
 def section(page: str, sid: str) -> str:
@@ -326,9 +326,8 @@ def test_no_stand_ins_claimed_for_a_trainer_that_never_calls_torch_cuda(stream_a
     assert "CUDA stand-ins" not in section(page, "environment")
 
 
-def test_stand_ins_named_when_they_answered_calls(tmp_path):
-    a = audit("run", f"{EXAMPLES / 'peak_stats_reset.py'}:step", "--steps", "4", "--no-profile", "--quiet",
-              out=tmp_path / "out")
+def test_stand_ins_named_when_they_answered_calls(example_audit):
+    a = example_audit("peak_stats_reset")  # (the session's audit of it: tests/rules/test_examples.py reads it too)
     assert a.returncode == 0, a.stderr
     page = (a.out / "report.html").read_text()
     verdict = section(page, "verdict")
