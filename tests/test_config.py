@@ -11,7 +11,7 @@ from conftest import EXAMPLES, audit
 @pytest.fixture
 def project(tmp_path):
     """A user project holding a copy of the forced-cleanup trainer."""
-    for name in ("forced_cleanup.py", "_common.py", "host_sync.py", "dataloader_bound.py"):
+    for name in ("forced_cleanup.py", "_common.py", "host_sync.py"):
         shutil.copy(EXAMPLES / name, tmp_path / name)
     return tmp_path
 
@@ -51,12 +51,16 @@ def test_pyproject_ignore_and_fail_on(fail_on_and_select_run, tmp_path):
     assert a.returncode == 0 and not a.rule("forced-cleanup")
 
 
-def test_rule_options_from_pyproject(project):
-    a = run(project, name="dataloader_bound")
+def test_rule_options_from_pyproject(example_audit, tmp_path):
+    a = example_audit("dataloader_bound")  # (the session's audit: tests/rules/test_examples.py reads it too)
     assert a.rule("dataloader-bound")
     # (a share can be at most 1: a value past it is refused)
-    (project / "pyproject.toml").write_text('[tool.auditor.rules.dataloader-bound]\nmin-share = 0.99\n')
-    assert not reanalyze(project).rule("dataloader-bound")
+    (tmp_path / "pyproject.toml").write_text('[tool.auditor.rules.dataloader-bound]\nmin-share = 0.99\n')
+    again = reanalyze(tmp_path, run_out=a.out)
+    assert again.returncode == 0 and not again.rule("dataloader-bound"), again.stderr
+    # (and without the file, the same evidence judged again keeps it: the option is what removed it)
+    (tmp_path / "pyproject.toml").unlink()
+    assert reanalyze(tmp_path, run_out=a.out).rule("dataloader-bound")
 
 
 def test_unknown_option_is_a_usage_error(project):
