@@ -8,12 +8,34 @@ import pytest
 from conftest import EXAMPLES, audit
 
 
+# examples/forced_cleanup.py's step without its model and optimizer: these tests are of which
+# findings the config lets through, not of the rule; the audited program never imports
+# torch._dynamo (an optimizer's first call does: ~1.1 s of CPU a run).
+FORCED_CLEANUP = """import gc
+
+import torch
+
+w = torch.zeros(3)
+
+
+def step(i):
+    w.add_(1)
+    gc.collect()  # expect: forced-cleanup
+    torch.cuda.empty_cache()  # expect: forced-cleanup
+"""
+
+
+def make_project(path):
+    """A user project in `path` holding the forced-cleanup step (and a copy of the host-sync trainer)."""
+    (path / "forced_cleanup.py").write_text(FORCED_CLEANUP)
+    for name in ("_common.py", "host_sync.py"):
+        shutil.copy(EXAMPLES / name, path / name)
+    return path
+
+
 @pytest.fixture
 def project(tmp_path):
-    """A user project holding a copy of the forced-cleanup trainer."""
-    for name in ("forced_cleanup.py", "_common.py", "host_sync.py"):
-        shutil.copy(EXAMPLES / name, tmp_path / name)
-    return tmp_path
+    return make_project(tmp_path)
 
 
 def run(project, *args, name="forced_cleanup"):
@@ -33,9 +55,7 @@ def fail_on_and_select_run(tmp_path_factory):
     """One run of the forced-cleanup trainer under a pyproject.toml that sets fail-on and gives
     select as one string: (its project, the audit). Two settings that do not touch each other
     (which findings are judged; which severity fails the run), each asserted by its own test."""
-    project = tmp_path_factory.mktemp("fail-on-select")
-    for name in ("forced_cleanup.py", "_common.py"):
-        shutil.copy(EXAMPLES / name, project / name)
+    project = make_project(tmp_path_factory.mktemp("fail-on-select"))
     (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\nselect = "forced-cleanup"\n')
     return project, run(project)
 
