@@ -39,8 +39,11 @@ def test_every_rule_documents_itself():
 
 
 def test_fail_on_quiet_and_no_progress_when_not_a_tty(tmp_path):
-    a = audit("run", "examples/forced_cleanup.py:step", "--steps", "5", "--fail-on", "warning", "--no-profile",
-              out=tmp_path / "o")
+    # (examples/forced_cleanup.py's step without its model and optimizer: a warning every run finds)
+    trainer = tmp_path / "forced_cleanup.py"
+    trainer.write_text("import gc\n\nimport torch\n\nw = torch.zeros(3)\n\n\ndef step():\n    w.add_(1)\n"
+                       "    gc.collect()\n    torch.cuda.empty_cache()\n")
+    a = audit("run", f"{trainer}:step", "--steps", "5", "--fail-on", "warning", "--no-profile", out=tmp_path / "o")
     assert a.returncode == 1
     assert "forced-cleanup" in a.stdout and "forced_cleanup.py:" in a.stdout
     assert "steps" not in a.stderr  # no progress bar off a TTY
