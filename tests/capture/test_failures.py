@@ -412,7 +412,7 @@ def test_a_step_whose_data_runs_out_ends_the_run_there(tmp_path):
     `exited` (exit 0) saying the data ran out after 16 steps, and per-step counts are of the 16
     steps that ran (it ended `raised StopIteration`, exit 3, with 17/16-th counts: 0.94 syncs/step)."""
     (tmp_path / "dry.py").write_text(DRY)
-    a = audit("run", f"{tmp_path / 'dry.py'}:step", "--steps", "20", out=tmp_path / "out")
+    a = audit("run", f"{tmp_path / 'dry.py'}:step", "--steps", "20", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     end = a.findings_doc["ending"]
     assert (end["status"], end["step"], end["exception"]) == ("exited", 16, "StopIteration")
