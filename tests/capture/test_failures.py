@@ -14,27 +14,11 @@ import pytest
 
 from conftest import ROOT, audit
 
+# A step with a backward pass and no optimizer: these tests are of how a run ends and what its
+# report and exit say, and an optimizer's first call imports torch._dynamo (~1.1 s of CPU a run;
+# the auditor's profiler start does not). Tests that read the profiled window or the graph scans
+# placed around it audit it profiled; the others with --no-profile (UNPROFILED).
 TRAINER = '''
-import os, signal, ctypes
-import torch
-torch.manual_seed(0)
-w = torch.randn(64, 64, requires_grad=True)
-opt = torch.optim.SGD([w], lr=0.01)
-{setup}
-
-def step(i):
-    opt.zero_grad()
-    loss = (torch.randn(32, 64) @ w).pow(2).mean()
-    loss.backward()
-    opt.step()
-    if i == 3:
-        {ending}
-'''
-# The same step without an optimizer, for the tests of how a run ends and what its report and exit
-# say, audited with --no-profile: neither an optimizer's first call nor the profiler's start runs,
-# so the program never imports torch._dynamo (~1.1 s of CPU per run). Tests that read the profiled
-# window or the graph scans placed around it keep TRAINER, profiled.
-PLAIN = '''
 import os, signal, ctypes
 import torch
 torch.manual_seed(0)
@@ -50,9 +34,9 @@ def step(i):
 UNPROFILED = ("--no-profile",)
 
 
-def write_trainer(tmp_path: Path, ending: str, setup: str = "", template: str = TRAINER) -> Path:
+def write_trainer(tmp_path: Path, ending: str, setup: str = "") -> Path:
     path = tmp_path / "trainer.py"
-    path.write_text(template.format(ending=ending, setup=setup))
+    path.write_text(TRAINER.format(ending=ending, setup=setup))
     return path
 
 
@@ -71,9 +55,9 @@ def assert_users_traceback(stderr: str, tmp_path, line_text: str, last: str):
 
 
 def run_ending(tmp_path, ending, setup="", profiled=True):
-    """Audit a trainer that ends in step 3 with `ending`: TRAINER profiled, or (profiled=False)
-    PLAIN unprofiled, where the test reads only the ending, the steps and the exit."""
-    path = write_trainer(tmp_path, ending, setup, TRAINER if profiled else PLAIN)
+    """Audit TRAINER ending in step 3 with `ending`: profiled, or (profiled=False) unprofiled where
+    the test reads only the ending, the steps and the exit."""
+    path = write_trainer(tmp_path, ending, setup)
     a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *(() if profiled else UNPROFILED),
               out=tmp_path / "out")
     assert a.returncode == 3, a.stderr
@@ -115,7 +99,7 @@ def test_sys_exit_in_a_step(tmp_path, code, status, exit_code):
     """A program that stops itself on purpose (`sys.exit(0)` on convergence) has not failed: the
     run ends `exited` at that step, the steps before it are reported, and `audit run` exits 0.
     A non-zero exit code is a failure (exit 3)."""
-    path = write_trainer(tmp_path, f"raise SystemExit({code})", template=PLAIN)
+    path = write_trainer(tmp_path, f"raise SystemExit({code})")
     a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == exit_code, a.stderr
     end = a.findings_doc["ending"]
@@ -130,12 +114,12 @@ def test_sys_exit_0_in_the_setup_exits_0_and_a_message_is_printed(tmp_path):
     """`sys.exit(0)` in the module's setup: the program stopped itself with success, as a plain run
     exits 0 (it was exit 3). `sys.exit("message")`, in the setup or a step, prints the message on
     stderr as Python does (it was not shown), and fails the run (exit 3)."""
-    path = write_trainer(tmp_path, "pass", setup="import sys; sys.exit(0)", template=PLAIN)
+    path = write_trainer(tmp_path, "pass", setup="import sys; sys.exit(0)")
     a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     assert (a.findings_doc["ending"]["status"], a.findings_doc["ending"]["step"]) == ("exited", None)
     for setup, ending in (("import sys; sys.exit('no data here')", "pass"), ("", "sys.exit('no data here')")):
-        path = write_trainer(tmp_path, ending, setup=setup + "\nimport sys", template=PLAIN)
+        path = write_trainer(tmp_path, ending, setup=setup + "\nimport sys")
         a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *UNPROFILED, out=tmp_path / "out-msg")
         assert a.returncode == 3 and a.stderr.count("no data here\n") == 1, a.stderr
 
@@ -145,7 +129,7 @@ def test_the_program_sees_the_environment_it_was_given(tmp_path):
     (nor in what it starts); one the user set stays."""
     path = write_trainer(tmp_path, "pass", setup="import sys; print(sorted(k for k in os.environ if k in "
                          "('KINETO_LOG_LEVEL', 'TORCH_CPP_LOG_LEVEL', 'PYTHONFAULTHANDLER', 'MY_VAR')), "
-                         "file=sys.stderr)", template=PLAIN)
+                         "file=sys.stderr)")
     # (the parent sets them for the child whether or not it profiles: runner.run_child)
     a = audit("run", f"{path}:step", "--steps", "2", "--quiet", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == 0 and "[]\n" in a.stderr, a.stderr
@@ -158,13 +142,13 @@ def test_os_exit_0_in_a_step_is_a_stop_not_a_crash(tmp_path):
     """`os._exit(0)` in a step: the program ended its process with success, as sys.exit(0) but
     without the clean-up; `exited` at that step, exit 0 (it was reported as a crash, exit 3). The
     same call in the setup, before any step, still fails the run."""
-    path = write_trainer(tmp_path, "os._exit(0)", template=PLAIN)
+    path = write_trainer(tmp_path, "os._exit(0)")
     a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     end = a.findings_doc["ending"]
     assert (end["status"], end["step"], end["returncode"]) == ("exited", 3, 0) and "os._exit(0)" in end["message"]
     assert a.findings_doc["steps"]["count"] == 3
-    path = write_trainer(tmp_path, "pass", setup="os._exit(0)", template=PLAIN)
+    path = write_trainer(tmp_path, "pass", setup="os._exit(0)")
     a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *UNPROFILED, out=tmp_path / "out-setup")
     assert a.returncode == 3 and a.findings_doc["ending"]["status"] == "crashed"
 
@@ -204,7 +188,7 @@ def test_hard_crash_still_reports(tmp_path, ending, status, signal_name, code):
 
 
 def test_setup_code_that_raises(tmp_path):
-    path = write_trainer(tmp_path, "pass", setup='raise RuntimeError("no data at /data/train")', template=PLAIN)
+    path = write_trainer(tmp_path, "pass", setup='raise RuntimeError("no data at /data/train")')
     a = audit("run", f"{path}:step", "--steps", "4", "--quiet", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == 3
     doc = a.findings_doc
