@@ -134,7 +134,12 @@ def test_step_slowdown_share_is_of_the_median_step(tmp_path):
     [f] = a.rule("step-slowdown")
     median_ms = a.findings_doc["steps"]["median_ms"]
     cost = f["cost"]
-    assert cost["share_of_step"] == pytest.approx(cost["ms_per_step"] / median_ms, abs=2e-4)
+    # (a rise past the last quarter's step, as a loaded machine's CPU-time rise can read, is capped
+    # at that step by the engine (rules.engine), and its share at 1; a share of the last quarter's
+    # step would be less than 1 either way)
+    share = cost["ms_per_step"] / median_ms
+    capped = cost["note"].startswith("capped at")
+    assert cost["share_of_step"] == pytest.approx(min(1.0, share) if capped else share, abs=2e-4)
     ev = f["evidence"]
     assert ev["median_step_ms"] == pytest.approx(median_ms, abs=1e-3)
     assert ev["rise_share_of_last_quarter_step"] == pytest.approx(
