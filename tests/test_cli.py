@@ -39,8 +39,11 @@ def test_every_rule_documents_itself():
 
 
 def test_fail_on_quiet_and_no_progress_when_not_a_tty(tmp_path):
-    a = audit("run", "examples/forced_cleanup.py:step", "--steps", "5", "--fail-on", "warning", "--no-profile",
-              out=tmp_path / "o")
+    # (examples/forced_cleanup.py's step without its model and optimizer: a warning every run finds)
+    trainer = tmp_path / "forced_cleanup.py"
+    trainer.write_text("import gc\n\nimport torch\n\nw = torch.zeros(3)\n\n\ndef step():\n    w.add_(1)\n"
+                       "    gc.collect()\n    torch.cuda.empty_cache()\n")
+    a = audit("run", f"{trainer}:step", "--steps", "5", "--fail-on", "warning", "--no-profile", out=tmp_path / "o")
     assert a.returncode == 1
     assert "forced-cleanup" in a.stdout and "forced_cleanup.py:" in a.stdout
     assert "steps" not in a.stderr  # no progress bar off a TTY
@@ -49,14 +52,6 @@ def test_fail_on_quiet_and_no_progress_when_not_a_tty(tmp_path):
     assert a.returncode == 0
     assert a.stdout.strip().splitlines() == [
         f"audit: {len(a.findings)} finding(s), run completed; report in {tmp_path / 'o2'}"]
-
-
-def test_a_short_profiled_run_says_nothing_of_its_own_on_stderr(tmp_path):
-    """Two steps, both profiled (no step to spare for warm-up): torch's warning about the
-    auditor's own profiler schedule is not the user's business, and stderr stays empty."""
-    a = audit("run", "examples/clean.py:step", "--steps", "2", "--quiet", out=tmp_path / "o")
-    assert a.returncode == 0, a.stderr
-    assert a.stderr.strip() == "" and a.findings_doc["steps"]["profiled_steps"]
 
 
 PROBE_IMPORTS = """
@@ -69,25 +64,47 @@ x = torch.randn(64, 64, requires_grad=True)
 
 def step(i):
     (x @ x).sum().backward()
-    if i == 3:
+    if i == 1:  # (the last step: the profiler started before it)
         with open(os.environ["IMPORTS_OUT"], "w") as f:
             json.dump({"inductor": "torch._inductor" in sys.modules,
                        "getattr_is_torchs": torch.__getattr__.__module__ == "torch"}, f)
 """
 
 
+@pytest.fixture(scope="module")
+def probe_audit(tmp_path_factory):
+    """PROBE_IMPORTS audited for two steps, both profiled, --quiet, once per module for each
+    `user_imports_inductor`: (the audit, the imports the step saw)."""
+    runs = {}
+
+    def get(user_imports_inductor: bool):
+        if user_imports_inductor not in runs:
+            tmp = tmp_path_factory.mktemp("probe")
+            (tmp / "t.py").write_text(PROBE_IMPORTS.replace(
+                "IMPORT_INDUCTOR", "import torch._inductor.config" if user_imports_inductor else ""))
+            a = audit("run", f"{tmp / 't.py'}:step", "--steps", "2", "--quiet", out=tmp / "o",
+                      env={"IMPORTS_OUT": str(tmp / "imports.json")})
+            assert a.returncode == 0, a.stderr
+            runs[user_imports_inductor] = (a, json.loads((tmp / "imports.json").read_text()))
+        return runs[user_imports_inductor]
+
+    return get
+
+
+def test_a_short_profiled_run_says_nothing_of_its_own_on_stderr(probe_audit):
+    """Two steps, profiled (no step to spare for warm-up): torch's warning about the auditor's
+    own profiler schedule is not the user's business, and stderr stays empty."""
+    a, _ = probe_audit(False)
+    assert a.stderr.strip() == "" and a.findings_doc["steps"]["profiled_steps"]
+
+
 @pytest.mark.parametrize("user_imports_inductor", [False, True])
-def test_profiling_does_not_import_inductor_for_the_user(tmp_path, user_imports_inductor):
+def test_profiling_does_not_import_inductor_for_the_user(probe_audit, user_imports_inductor):
     """torch.profiler's start imports torch._inductor (and dynamo) to read one flag: 1.6 s of a
     short audit, spent on a module the trainer never used. The auditor starts it without that
     import; a trainer that uses inductor keeps it, and torch's module is left as it was."""
-    (tmp_path / "t.py").write_text(PROBE_IMPORTS.replace(
-        "IMPORT_INDUCTOR", "import torch._inductor.config" if user_imports_inductor else ""))
-    a = audit("run", f"{tmp_path / 't.py'}:step", "--steps", "4", "--quiet", out=tmp_path / "o",
-              env={"IMPORTS_OUT": str(tmp_path / "imports.json")})
-    assert a.returncode == 0, a.stderr
+    a, seen = probe_audit(user_imports_inductor)
     assert a.findings_doc["steps"]["profiled_steps"] and a.evidence["traces"]
-    seen = json.loads((tmp_path / "imports.json").read_text())
     assert seen == {"inductor": user_imports_inductor, "getattr_is_torchs": True}
 
 
@@ -113,9 +130,12 @@ def test_progress_bar_on_a_tty_and_not_with_quiet(tmp_path):
     import os
     import pty
 
+    # (a step without an optimizer: the bar is the audit's, whatever the step does)
+    (tmp_path / "tiny.py").write_text("import torch\nw = torch.zeros(3)\n\n\ndef step():\n    w.add_(1)\n")
+
     def stderr_on_tty(*extra: str) -> str:
         master, slave = pty.openpty()
-        p = subprocess.Popen([sys.executable, "-m", "auditor", "run", "examples/clean.py:step", "--steps", "6",
+        p = subprocess.Popen([sys.executable, "-m", "auditor", "run", f"{tmp_path / 'tiny.py'}:step", "--steps", "6",
                               "--no-profile", "--out", str(tmp_path / f"o{len(extra)}"), *extra],
                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL)
         os.close(slave)

@@ -8,12 +8,34 @@ import pytest
 from conftest import EXAMPLES, audit
 
 
+# examples/forced_cleanup.py's step without its model and optimizer: these tests are of which
+# findings the config lets through, not of the rule; the audited program never imports
+# torch._dynamo (an optimizer's first call does: ~1.1 s of CPU a run).
+FORCED_CLEANUP = """import gc
+
+import torch
+
+w = torch.zeros(3)
+
+
+def step(i):
+    w.add_(1)
+    gc.collect()  # expect: forced-cleanup
+    torch.cuda.empty_cache()  # expect: forced-cleanup
+"""
+
+
+def make_project(path):
+    """A user project in `path` holding the forced-cleanup step (and a copy of the host-sync trainer)."""
+    (path / "forced_cleanup.py").write_text(FORCED_CLEANUP)
+    for name in ("_common.py", "host_sync.py"):
+        shutil.copy(EXAMPLES / name, path / name)
+    return path
+
+
 @pytest.fixture
 def project(tmp_path):
-    """A user project holding a copy of the forced-cleanup trainer."""
-    for name in ("forced_cleanup.py", "_common.py", "host_sync.py", "dataloader_bound.py"):
-        shutil.copy(EXAMPLES / name, tmp_path / name)
-    return tmp_path
+    return make_project(tmp_path)
 
 
 def run(project, *args, name="forced_cleanup"):
@@ -21,29 +43,44 @@ def run(project, *args, name="forced_cleanup"):
                  out=project / "out", cwd=project)
 
 
-def reanalyze(project, *args):
-    """The rules again on the saved run, with the project's config as it is now: `audit analyze`
-    reads the same pyproject.toml, flags and comments as `audit run` (and costs no new run)."""
-    return audit("analyze", str(project / "out"), "--quiet", *args, out=project / "again", cwd=project)
+def reanalyze(project, *args, run_out=None):
+    """The rules again on the saved run (project/out, or `run_out`), with the config of `project`
+    (the working directory) as it is now: `audit analyze` reads the same pyproject.toml, flags and
+    comments as `audit run` (and costs no new run)."""
+    return audit("analyze", str(run_out or project / "out"), "--quiet", *args, out=project / "again", cwd=project)
 
 
-def test_pyproject_ignore_and_fail_on(project):
-    (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\n')
-    a = run(project)
+@pytest.fixture(scope="module")
+def fail_on_and_select_run(tmp_path_factory):
+    """One run of the forced-cleanup trainer under a pyproject.toml that sets fail-on and gives
+    select as one string: (its project, the audit). Two settings that do not touch each other
+    (which findings are judged; which severity fails the run), each asserted by its own test."""
+    project = make_project(tmp_path_factory.mktemp("fail-on-select"))
+    (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\nselect = "forced-cleanup"\n')
+    return project, run(project)
+
+
+def test_pyproject_ignore_and_fail_on(fail_on_and_select_run, tmp_path):
+    shared, a = fail_on_and_select_run
     assert a.returncode == 1 and a.rule("forced-cleanup")
     # --quiet: the one closing line on stdout, nothing else
-    assert a.stdout.splitlines() == [f"audit: 1 finding(s), run completed; report in {project / 'out'}"]
-    (project / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\nignore = ["forced-cleanup"]\n')
-    a = reanalyze(project)
+    assert a.stdout.splitlines() == [f"audit: 1 finding(s), run completed; report in {shared / 'out'}"]
+    # (judged again from a folder of its own, under a file that also ignores the rule)
+    (tmp_path / "pyproject.toml").write_text('[tool.auditor]\nfail-on = "warning"\nignore = ["forced-cleanup"]\n')
+    a = reanalyze(tmp_path, run_out=shared / "out")
     assert a.returncode == 0 and not a.rule("forced-cleanup")
 
 
-def test_rule_options_from_pyproject(project):
-    a = run(project, name="dataloader_bound")
+def test_rule_options_from_pyproject(example_audit, tmp_path):
+    a = example_audit("dataloader_bound")  # (the session's audit: tests/rules/test_examples.py reads it too)
     assert a.rule("dataloader-bound")
     # (a share can be at most 1: a value past it is refused)
-    (project / "pyproject.toml").write_text('[tool.auditor.rules.dataloader-bound]\nmin-share = 0.99\n')
-    assert not reanalyze(project).rule("dataloader-bound")
+    (tmp_path / "pyproject.toml").write_text('[tool.auditor.rules.dataloader-bound]\nmin-share = 0.99\n')
+    again = reanalyze(tmp_path, run_out=a.out)
+    assert again.returncode == 0 and not again.rule("dataloader-bound"), again.stderr
+    # (and without the file, the same evidence judged again keeps it: the option is what removed it)
+    (tmp_path / "pyproject.toml").unlink()
+    assert reanalyze(tmp_path, run_out=a.out).rule("dataloader-bound")
 
 
 def test_unknown_option_is_a_usage_error(project):
@@ -115,14 +152,13 @@ def test_a_config_value_of_the_wrong_type_is_a_usage_error(project, toml, messag
     assert len(a.stderr.strip().splitlines()) == 1 and not (project / "out").exists()
 
 
-def test_select_as_one_string_and_an_empty_select_flag(project):
-    (project / "pyproject.toml").write_text('[tool.auditor]\nselect = "forced-cleanup"\n')
-    a = run(project)
-    assert a.returncode == 0 and [f["rule"] for f in a.findings] == ["forced-cleanup"]
-    (project / "pyproject.toml").unlink()
-    # `--select "$RULES"` with RULES unset must not silently turn every rule off
+def test_select_as_one_string_and_an_empty_select_flag(fail_on_and_select_run, tmp_path):
+    shared, a = fail_on_and_select_run
+    assert a.returncode == 1 and [f["rule"] for f in a.findings] == ["forced-cleanup"]  # (1: fail-on warning)
+    # `--select "$RULES"` with RULES unset must not silently turn every rule off (judged from a
+    # folder without a pyproject.toml)
     for empty in ("", ","):
-        a = reanalyze(project, "--select", empty, "--fail-on", "info")
+        a = reanalyze(tmp_path, "--select", empty, "--fail-on", "info", run_out=shared / "out")
         assert a.returncode == 2 and "--select: no rule id given" in a.stderr
 
 

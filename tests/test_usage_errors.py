@@ -7,7 +7,20 @@ import sys
 
 import pytest
 
-from conftest import FIXTURES, audit
+from conftest import FIXTURES, audit, plain_run
+
+# A step with nothing of a trainer's in it, for the tests of what `audit run` says and writes
+# rather than what it finds: its child imports torch but never an optimizer (whose first call
+# imports torch._dynamo, ~1.1 s of CPU a run).
+TINY = "import torch\nw = torch.zeros(3)\nbatches = w.tolist()\n\n\ndef step():\n    w.add_(1)\n"
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """TINY as tmp_path/tiny.py."""
+    path = tmp_path / "tiny.py"
+    path.write_text(TINY)
+    return path
 
 
 def one_line_error(a, contains: str):
@@ -21,13 +34,14 @@ def one_line_error(a, contains: str):
 @pytest.mark.parametrize("target,contains", [
     ("examples/nope.py", "no such file"),  # (a file without :callable is a whole program: tests/test_programs.py)
     ("examples/nope.py:step", "no such file"),
-    ("examples/clean.py:nope", "no callable 'nope'"),
-    ("examples/clean.py:batches", "not callable"),
+    # (TINY imported by the audit's child, which looks the name up in it)
+    ("{tiny}:nope", "no callable 'nope'"),
+    ("{tiny}:batches", "not callable"),
     ("no_such_pkg.train:step", "no such module"),
     ("examples/clean.py:", "bad TARGET"),
 ])
-def test_bad_targets(tmp_path, target, contains):
-    one_line_error(audit("run", target, "--steps", "2", out=tmp_path / "o"), contains)
+def test_bad_targets(tmp_path, tiny, target, contains):
+    one_line_error(audit("run", target.format(tiny=tiny), "--steps", "2", out=tmp_path / "o"), contains)
 
 
 def test_step_with_two_required_arguments(tmp_path):
@@ -37,18 +51,18 @@ def test_step_with_two_required_arguments(tmp_path):
     # nothing ran: no --out directory is left behind (it held only records.jsonl, which `audit
     # analyze` then refused as "not an audit run directory")
     assert not (tmp_path / "o").exists()
-    (tmp_path / "kept").mkdir()
-    (tmp_path / "kept" / "notes.txt").write_text("mine")
-    one_line_error(audit("run", f"{path}:step", out=tmp_path / "kept"), "no argument or one")
-    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
 
 
 def test_step_with_a_required_keyword_only_argument(tmp_path):
     """`def step(*, i)` cannot be called as `step()` or `step(i)`: refused up front (it ran, and
-    failed at step 0 with exit 3)."""
+    failed at step 0 with exit 3). Refused into an --out that exists, the folder is left as it was
+    (as test_step_with_two_required_arguments's, that did not, is not made)."""
     path = tmp_path / "t.py"
     path.write_text("def step(*, i):\n    pass\n")
-    one_line_error(audit("run", f"{path}:step", "--steps", "2", out=tmp_path / "o"), "keyword-only argument 'i'")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    one_line_error(audit("run", f"{path}:step", "--steps", "2", out=tmp_path / "kept"), "keyword-only argument 'i'")
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]
 
 
 @pytest.mark.parametrize("source,contains", [
@@ -77,13 +91,25 @@ def test_bad_options(tmp_path, args, contains):
     one_line_error(audit(*args, out=tmp_path / "o"), contains)
 
 
-def test_module_target_and_python_dash_m(tmp_path):
-    """`package.module:callable` works, through `python -m auditor` (as torchrun needs)."""
-    pkg = tmp_path / "mypkg"
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    """A package whose train.py imports a sibling relatively: (its folder, the audit of
+    `mypkg.train:step` from there, 3 steps unprofiled). One run serves both tests that need the
+    module form to work."""
+    root = tmp_path_factory.mktemp("package")
+    pkg = root / "mypkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "train.py").write_text("import torch\nw = torch.zeros(3)\n\ndef step():\n    w.add_(1)\n")
-    a = audit("run", "mypkg.train:step", "--steps", "3", "--quiet", "--no-profile", out=tmp_path / "o", cwd=tmp_path)
+    (pkg / "util.py").write_text("X = 1\n")
+    (pkg / "train.py").write_text("import torch\n\nfrom .util import X\n\nw = torch.zeros(3)\n\n\n"
+                                  "def step():\n    w.add_(X)\n")
+    a = audit("run", "mypkg.train:step", "--steps", "3", "--quiet", "--no-profile", out=root / "o", cwd=root)
+    return root, a
+
+
+def test_module_target_and_python_dash_m(package):
+    """`package.module:callable` works, through `python -m auditor` (as torchrun needs)."""
+    _, a = package
     assert a.returncode == 0, a.stderr
     assert a.findings_doc["steps"]["count"] == 3
 
@@ -115,19 +141,17 @@ def test_a_target_path_that_is_not_utf8(tmp_path):
     one_line_error(audit("run", f"{d / 't.py'}:step", out=tmp_path / "o"), "is not valid UTF-8")
 
 
-def test_a_package_file_with_relative_imports_gets_the_module_form_as_a_hint(tmp_path):
+def test_a_package_file_with_relative_imports_gets_the_module_form_as_a_hint(tmp_path, package):
     """`python mypkg/train.py` fails the same way; the report says how to name it instead."""
-    pkg = tmp_path / "mypkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "util.py").write_text("X = 1\n")
-    (pkg / "train.py").write_text("from .util import X\n\ndef step():\n    pass\n")
-    a = audit("run", "mypkg/train.py:step", "--steps", "2", "--quiet", out=tmp_path / "o", cwd=tmp_path)
+    root, module_form = package
+    # (the setup fails at its import: no step, so no profiler, runs)
+    a = audit("run", "mypkg/train.py:step", "--steps", "2", "--quiet", "--no-profile", out=tmp_path / "o", cwd=root)
     assert a.returncode == 3
     message = a.findings_doc["ending"]["message"]
-    assert message.startswith("attempted relative import") and f"from {tmp_path}: audit run mypkg.train:step" in message
-    a = audit("run", "mypkg.train:step", "--steps", "2", "--quiet", out=tmp_path / "o2", cwd=tmp_path)
-    assert a.returncode == 0, a.stderr
+    assert message.startswith("attempted relative import") and f"from {root}: audit run mypkg.train:step" in message
+    # the hint's command, run from there, works
+    assert module_form.returncode == 0 and module_form.findings_doc["target"].startswith("mypkg.train"), \
+        module_form.stderr
 
 
 def test_a_path_too_long_to_look_up(tmp_path):
@@ -147,7 +171,7 @@ def test_a_path_too_long_to_look_up(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_report_into_a_run_directory_that_cannot_be_written(tmp_path, example_audit):
+def test_report_into_a_run_directory_that_cannot_be_written(tmp_path, tmp_path_factory):
     """`audit report DIR` writes the reports back into DIR: a run copied read-only from a cluster
     ended as an internal error (PermissionError on evidence.json, exit 4). It is a usage error
     that says where the reports can go instead; `audit analyze DIR --out` then writes them."""
@@ -156,7 +180,7 @@ def test_report_into_a_run_directory_that_cannot_be_written(tmp_path, example_au
     import subprocess
     import sys
 
-    run = example_audit("clean", 5)
+    run = plain_run(tmp_path_factory, "clean")  # (the session's 5-step run: copied, never written)
     assert run.returncode == 0, run.stderr
     ro = tmp_path / "ro"
     shutil.copytree(run.out, ro)
@@ -207,13 +231,10 @@ def test_an_empty_out_or_one_with_a_newline_is_refused(tmp_path, out, contains):
     assert (tmp_path / "report.html").read_text() == "mine"
 
 
-def test_an_out_with_an_earlier_audit_says_it_is_replaced(tmp_path):
+def test_an_out_with_an_earlier_audit_says_it_is_replaced(tmp_path, tiny):
     """A second audit into one --out replaced the first silently: a line on stderr says so."""
-    from conftest import ROOT
-
     for expected in ("", "holds an earlier audit's outputs"):
-        a = audit("run", str(ROOT / "examples/clean.py:step"), "--steps", "2", "--quiet", "--no-profile",
-                  out=tmp_path / "o")
+        a = audit("run", f"{tiny}:step", "--steps", "2", "--quiet", "--no-profile", out=tmp_path / "o")
         assert a.returncode == 0 and expected in a.stderr, a.stderr
 
 
@@ -228,7 +249,7 @@ def test_a_newline_in_the_targets_path_keeps_the_profiler_trace(tmp_path):
     assert a.evidence["traces"] and a.evidence["traces"][0].startswith("tb/t_x-step/")
 
 
-def test_a_second_audit_into_an_out_in_use_is_refused(tmp_path):
+def test_a_second_audit_into_an_out_in_use_is_refused(tmp_path, tiny):
     """Two audits into one --out at the same time overwrote each other's files without a word: the
     second is refused in one line while the first holds the directory; after it, the directory is
     free again and holds no lock file."""
@@ -236,7 +257,6 @@ def test_a_second_audit_into_an_out_in_use_is_refused(tmp_path):
     import os
 
     from auditor.app import LOCK_FILE
-    from conftest import ROOT
 
     out = tmp_path / "o"
     out.mkdir()
@@ -244,11 +264,11 @@ def test_a_second_audit_into_an_out_in_use_is_refused(tmp_path):
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running audit holds it
     os.write(fd, b"4242")
     try:
-        one_line_error(audit("run", str(ROOT / "examples/clean.py:step"), "--steps", "2", "--no-profile", out=out),
+        one_line_error(audit("run", f"{tiny}:step", "--steps", "2", "--no-profile", out=out),
                        "another audit is writing there now (pid 4242)")
         assert not (out / "evidence.json").exists()
     finally:
         os.close(fd)
-    a = audit("run", str(ROOT / "examples/clean.py:step"), "--steps", "2", "--no-profile", "--quiet", out=out)
+    a = audit("run", f"{tiny}:step", "--steps", "2", "--no-profile", "--quiet", out=out)
     assert a.returncode == 0, a.stderr
     assert (out / "evidence.json").is_file() and not (out / LOCK_FILE).exists()

@@ -14,22 +14,24 @@ import pytest
 
 from conftest import ROOT, audit
 
+# A step with a backward pass and no optimizer: these tests are of how a run ends and what its
+# report and exit say, and an optimizer's first call imports torch._dynamo (~1.1 s of CPU a run;
+# the auditor's profiler start does not). Tests that read the profiled window or the graph scans
+# placed around it audit it profiled; the others with --no-profile (UNPROFILED).
 TRAINER = '''
 import os, signal, ctypes
 import torch
 torch.manual_seed(0)
 w = torch.randn(64, 64, requires_grad=True)
-opt = torch.optim.SGD([w], lr=0.01)
 {setup}
 
 def step(i):
-    opt.zero_grad()
     loss = (torch.randn(32, 64) @ w).pow(2).mean()
     loss.backward()
-    opt.step()
     if i == 3:
         {ending}
 '''
+UNPROFILED = ("--no-profile",)
 
 
 def write_trainer(tmp_path: Path, ending: str, setup: str = "") -> Path:
@@ -52,9 +54,12 @@ def assert_users_traceback(stderr: str, tmp_path, line_text: str, last: str):
     assert "auditor" not in tb.split(last)[0], tb
 
 
-def run_ending(tmp_path, ending, setup=""):
+def run_ending(tmp_path, ending, setup="", profiled=True):
+    """Audit TRAINER ending in step 3 with `ending`: profiled, or (profiled=False) unprofiled where
+    the test reads only the ending, the steps and the exit."""
     path = write_trainer(tmp_path, ending, setup)
-    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *(() if profiled else UNPROFILED),
+              out=tmp_path / "out")
     assert a.returncode == 3, a.stderr
     assert "Traceback" not in a.stdout
     doc = a.findings_doc
@@ -82,7 +87,7 @@ def test_an_exception_whose_str_fails_is_still_named_at_its_line(tmp_path, str_b
     step that raised it, with its type, its line and Python's `<exception str() failed>` (it ended
     "crashed during step 4" with no type and no line)."""
     setup = f"class E(Exception):\n    def __str__(self):\n        {str_body}\n"
-    a, doc = run_ending(tmp_path, 'raise E("x")', setup=setup)
+    a, doc = run_ending(tmp_path, 'raise E("x")', setup=setup, profiled=False)
     end = doc["ending"]
     assert (end["status"], end["step"], end["exception"]) == ("raised", 3, "E")
     assert end["message"] == "<exception str() failed>"
@@ -95,7 +100,7 @@ def test_sys_exit_in_a_step(tmp_path, code, status, exit_code):
     run ends `exited` at that step, the steps before it are reported, and `audit run` exits 0.
     A non-zero exit code is a failure (exit 3)."""
     path = write_trainer(tmp_path, f"raise SystemExit({code})")
-    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == exit_code, a.stderr
     end = a.findings_doc["ending"]
     assert (end["status"], end["step"], end["exception"]) == (status, 3, "SystemExit")
@@ -110,12 +115,12 @@ def test_sys_exit_0_in_the_setup_exits_0_and_a_message_is_printed(tmp_path):
     exits 0 (it was exit 3). `sys.exit("message")`, in the setup or a step, prints the message on
     stderr as Python does (it was not shown), and fails the run (exit 3)."""
     path = write_trainer(tmp_path, "pass", setup="import sys; sys.exit(0)")
-    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     assert (a.findings_doc["ending"]["status"], a.findings_doc["ending"]["step"]) == ("exited", None)
     for setup, ending in (("import sys; sys.exit('no data here')", "pass"), ("", "sys.exit('no data here')")):
         path = write_trainer(tmp_path, ending, setup=setup + "\nimport sys")
-        a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out-msg")
+        a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *UNPROFILED, out=tmp_path / "out-msg")
         assert a.returncode == 3 and a.stderr.count("no data here\n") == 1, a.stderr
 
 
@@ -125,9 +130,10 @@ def test_the_program_sees_the_environment_it_was_given(tmp_path):
     path = write_trainer(tmp_path, "pass", setup="import sys; print(sorted(k for k in os.environ if k in "
                          "('KINETO_LOG_LEVEL', 'TORCH_CPP_LOG_LEVEL', 'PYTHONFAULTHANDLER', 'MY_VAR')), "
                          "file=sys.stderr)")
-    a = audit("run", f"{path}:step", "--steps", "2", "--quiet", out=tmp_path / "out")
+    # (the parent sets them for the child whether or not it profiles: runner.run_child)
+    a = audit("run", f"{path}:step", "--steps", "2", "--quiet", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == 0 and "[]\n" in a.stderr, a.stderr
-    a = audit("run", f"{path}:step", "--steps", "2", "--quiet", out=tmp_path / "out2",
+    a = audit("run", f"{path}:step", "--steps", "2", "--quiet", *UNPROFILED, out=tmp_path / "out2",
               env={**os.environ, "TORCH_CPP_LOG_LEVEL": "WARNING", "MY_VAR": "1"})
     assert a.returncode == 0 and "['MY_VAR', 'TORCH_CPP_LOG_LEVEL']\n" in a.stderr, a.stderr
 
@@ -137,25 +143,25 @@ def test_os_exit_0_in_a_step_is_a_stop_not_a_crash(tmp_path):
     without the clean-up; `exited` at that step, exit 0 (it was reported as a crash, exit 3). The
     same call in the setup, before any step, still fails the run."""
     path = write_trainer(tmp_path, "os._exit(0)")
-    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out")
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     end = a.findings_doc["ending"]
     assert (end["status"], end["step"], end["returncode"]) == ("exited", 3, 0) and "os._exit(0)" in end["message"]
     assert a.findings_doc["steps"]["count"] == 3
     path = write_trainer(tmp_path, "pass", setup="os._exit(0)")
-    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", out=tmp_path / "out-setup")
+    a = audit("run", f"{path}:step", "--steps", "8", "--quiet", *UNPROFILED, out=tmp_path / "out-setup")
     assert a.returncode == 3 and a.findings_doc["ending"]["status"] == "crashed"
 
 
 def test_keyboard_interrupt(tmp_path):
-    a, doc = run_ending(tmp_path, "os.kill(os.getpid(), signal.SIGINT)")
+    a, doc = run_ending(tmp_path, "os.kill(os.getpid(), signal.SIGINT)", profiled=False)
     assert doc["ending"]["status"] == "interrupted" and doc["ending"]["step"] == 3
     assert doc["ending"]["message"] == "stopped by SIGINT"
     assert_users_traceback(a.stderr, tmp_path, "signal.SIGINT", "KeyboardInterrupt")
 
 
 def test_out_of_memory(tmp_path):
-    a, doc = run_ending(tmp_path, "torch.empty(2**50)")  # a real failed allocation: 4 PiB
+    a, doc = run_ending(tmp_path, "torch.empty(2**50)", profiled=False)  # a real failed allocation: 4 PiB
     assert doc["ending"]["status"] == "oom" and doc["ending"]["step"] == 3
     assert "allocate" in doc["ending"]["message"]
 
@@ -183,7 +189,7 @@ def test_hard_crash_still_reports(tmp_path, ending, status, signal_name, code):
 
 def test_setup_code_that_raises(tmp_path):
     path = write_trainer(tmp_path, "pass", setup='raise RuntimeError("no data at /data/train")')
-    a = audit("run", f"{path}:step", "--steps", "4", "--quiet", out=tmp_path / "out")
+    a = audit("run", f"{path}:step", "--steps", "4", "--quiet", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == 3
     doc = a.findings_doc
     assert doc["ending"]["status"] == "raised" and doc["ending"]["step"] is None
@@ -272,7 +278,7 @@ def test_an_interrupt_swallowed_on_the_way_still_ends_the_run(tmp_path):
     """A Ctrl-C that lands in code that swallows the KeyboardInterrupt (a library catching it)
     still ends the run at that step, as interrupted."""
     swallow = "try:\n            signal.raise_signal(signal.SIGINT)\n        except KeyboardInterrupt:\n            pass"
-    a, doc = run_ending(tmp_path, swallow)
+    a, doc = run_ending(tmp_path, swallow, profiled=False)
     assert doc["ending"]["status"] == "interrupted" and doc["ending"]["step"] == 3
     assert doc["steps"]["count"] == 4  # step 3 itself completed and was recorded
 
@@ -390,7 +396,7 @@ def test_a_step_whose_data_runs_out_ends_the_run_there(tmp_path):
     `exited` (exit 0) saying the data ran out after 16 steps, and per-step counts are of the 16
     steps that ran (it ended `raised StopIteration`, exit 3, with 17/16-th counts: 0.94 syncs/step)."""
     (tmp_path / "dry.py").write_text(DRY)
-    a = audit("run", f"{tmp_path / 'dry.py'}:step", "--steps", "20", out=tmp_path / "out")
+    a = audit("run", f"{tmp_path / 'dry.py'}:step", "--steps", "20", *UNPROFILED, out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     end = a.findings_doc["ending"]
     assert (end["status"], end["step"], end["exception"]) == ("exited", 16, "StopIteration")
