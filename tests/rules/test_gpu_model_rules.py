@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 from bisect import bisect_left
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,14 @@ OWLV2 = TRACES / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
 DDP = TRACES / "a100_ddp_nccl_2rank.pt.trace.json.gz"
 
 
+@cache
+def _all_findings(path: Path) -> tuple:
+    """Every rule's findings on one recording, judged once per module (the tests only read them)."""
+    return tuple(run_rules(load_paths([path]), Config()).findings)
+
+
 def _findings(path: Path, rule_id: str) -> list:
-    return [f for f in run_rules(load_paths([path]), Config()).findings if f.rule == rule_id]
+    return [f for f in _all_findings(path) if f.rule == rule_id]
 
 
 def raw_attention(path: Path) -> dict:

@@ -31,6 +31,7 @@ BERT = TRACES / "h100_bert_small_item_sync.pt.trace.json.gz"
 W4 = TRACES / "v100_resnet50_dataloader_workers4.pt.trace.json.gz"
 OWL = TRACES / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"
 RULES = (GpuIdle, HostSync, LaunchBound)
+events = cache(load_events)  # (each recording's raw events read once per module: the tests only read them)
 
 
 
@@ -47,7 +48,7 @@ def findings(path: Path, rule_cls: type, **options: Any) -> list[Finding]:
 
 
 def median_step_ms(path: Path) -> float:
-    return statistics.median(b - a for a, b in steps(load_events(path))) / 1000
+    return statistics.median(b - a for a, b in steps(events(path))) / 1000
 
 
 # ---------------------------------------- A100 TorchRec rank 0: the GPU waits on queued work
@@ -76,7 +77,7 @@ def test_rank0_no_recoverable_claim_for_idle_on_queued_work() -> None:
     assert len(big) == 5 and all(g["us"]["queued work"] == g["end"] - g["start"] for g in big)
     launched = [g["launch"] for g in big if g["launch"] is not None]
     assert {L["name"] for L in launched} == {"cudaGraphLaunch"}
-    syncing = {e["tid"] for e in load_events(RANK0) if e.get("name") == "cudaStreamSynchronize"}
+    syncing = {e["tid"] for e in events(RANK0) if e.get("name") == "cudaStreamSynchronize"}
     assert all(L["tid"] not in syncing for L in launched)
     assert all(120_000 < g["end"] - g["launch"]["ts"] < 135_000 for g in big if g["launch"])  # (~130 ms to run)
 
@@ -103,7 +104,7 @@ def test_ddp_launch_bound_by_the_gaps_cause() -> None:
     GPU ran out of work: 117.21 ms per step (53% of the 222 ms step) the GPU waited on launches,
     107.41 ms of host work before the launch calls and 9.80 ms in them."""
     n, us, launch_us = raw_starved(DDP)
-    steps_ = len(steps(load_events(DDP)))
+    steps_ = len(steps(events(DDP)))
     assert steps_ == 3 and n == 2543
     assert us / 1000 / steps_ == pytest.approx(117.206, abs=1e-3)
     quiet = findings(DDP, LaunchBound, **{"min-starved-share": 1.0})
@@ -125,7 +126,7 @@ def test_launch_bound_quiet_where_launches_starve_little(path: Path) -> None:
     """RANK0 and OWLv2: launch-starved gaps are under 1% of the step; BERT: 61 gaps in its step,
     fewer than the 100 a step the rule asks for."""
     n, us, _ = raw_starved(path)
-    steps_ = len(steps(load_events(path)))
+    steps_ = len(steps(events(path)))
     assert n / steps_ < 100 or us / 1000 / steps_ / median_step_ms(path) < 0.01
     assert findings(path, LaunchBound) == []
 
@@ -152,8 +153,8 @@ def to_hip(src: Path, dst: Path) -> Path:
             e["name"] = "hip" + e["name"][4:]
     for p in doc.get("deviceProperties", []):
         p["name"] = "AMD Instinct MI300X"
-    with gzip.open(dst, "wt") as f:
-        json.dump(doc, f)
+    with gzip.open(dst, "wt", compresslevel=1) as f:  # (json.dumps: the C encoder; json.dump streams in Python)
+        f.write(json.dumps(doc))
     return dst
 
 

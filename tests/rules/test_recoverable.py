@@ -206,7 +206,7 @@ def test_a_trace_given_beside_a_run_is_not_added_to_the_run(example_audit, tmp_p
     of idle time was added to (and capped at) a CPU run's 40 ms step."""
     from conftest import audit
 
-    run = example_audit("dataloader_bound", 12)
+    run = example_audit("dataloader_bound")  # (30 steps: the session's audit of it, test_examples' too)
     assert run.returncode == 0, run.stderr
     alone = run.findings_doc
     both = audit("analyze", str(run.out), str(TRACES / DDP), out=tmp_path / "both")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import GROWING, audit
+from conftest import growing_run
 
 from auditor.rules._support.confidence import trend_confidence
 
@@ -26,11 +26,8 @@ def test_trend_confidence_levels():
 
 
 @pytest.mark.slow
-def test_step_slowdown_states_its_confidence(tmp_path):
-    trainer = tmp_path / "growing.py"
-    trainer.write_text(GROWING)
-    a = audit("run", f"{trainer}:step", "--steps", "18", "--no-profile", "--no-numerics", "--quiet",
-              "--select", "step-slowdown", out=tmp_path / "out")
+def test_step_slowdown_states_its_confidence(tmp_path_factory):
+    a = growing_run(tmp_path_factory)  # (GROWING, 18 steps: the session's one run of it, test_step_slowdown's too)
     assert a.returncode == 0, a.stderr
     [f] = a.rule("step-slowdown")
     ev = f["evidence"]

@@ -10,7 +10,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_growing_line_outside_the_phases_is_named(example_audit):
-    a = example_audit("step_slowdown_metric", steps=30)
+    """(The 72-step audit the next test reads: its dense start is 40 steps of per-line times, then
+    the sampled ones.)"""
+    a = example_audit("step_slowdown_metric", steps=72)
     assert a.returncode == 0, a.stderr[-3000:]
     [f] = a.rule("step-slowdown")
     example = EXAMPLES / "step_slowdown_metric.py"

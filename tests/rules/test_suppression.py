@@ -2,11 +2,16 @@
 patches such findings carry (see auditor/rules/suppression.py for the semantics)."""
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
 
-from conftest import EXAMPLES, audit
+from conftest import EXAMPLES, ROOT, audit
+
+# (run from the project's folder, `python -m auditor` finds this tree's auditor on the path, not
+# whichever copy the environment has installed)
+HERE = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 
 @pytest.fixture
@@ -18,12 +23,12 @@ def project(tmp_path):
 
 def run(project, name: str, steps: int = 8):
     return audit("run", f"{project / name}.py:step", "--steps", str(steps), "--quiet", "--no-profile",
-                 out=project / "out", cwd=project)
+                 out=project / "out", cwd=project, env=HERE)
 
 
 def reanalyze(project):
     """The rules again on the saved run, reading the comments as they are now."""
-    return audit("analyze", str(project / "out"), "--quiet", out=project / "again", cwd=project)
+    return audit("analyze", str(project / "out"), "--quiet", out=project / "again", cwd=project, env=HERE)
 
 
 def comment(src, line: int, text: str) -> None:

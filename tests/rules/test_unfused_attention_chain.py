@@ -21,30 +21,34 @@ from auditor.rules.engine import run_rules
 EXAMPLES = ROOT / "examples"
 RECORD = """
 import runpy, sys, torch
-ns = runpy.run_path(sys.argv[1])
-for i in range(2):
-    ns["step"](i)
-with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True, with_stack=True,
-                            schedule=torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1),
-                            on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[2])) as prof:
-    for i in range(2, 5):
+for example, out in zip(sys.argv[1::2], sys.argv[2::2]):
+    ns = runpy.run_path(example)
+    for i in range(2):
         ns["step"](i)
-        prof.step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True, with_stack=True,
+                                schedule=torch.profiler.schedule(wait=0, warmup=1, active=2, repeat=1),
+                                on_trace_ready=lambda p, out=out: p.export_chrome_trace(out)) as prof:
+        for i in range(2, 5):
+            ns["step"](i)
+            prof.step()
 """
 
 
-def record(example: Path, out: Path) -> Path:
-    """A CPU profiler trace of two training steps of `example` (shapes and stacks recorded)."""
-    subprocess.run([sys.executable, "-c", RECORD, str(example), str(out)], check=True, capture_output=True,
-                   timeout=240, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}, cwd=example.parent)
-    return out
+def record(*pairs: tuple[Path, Path]) -> list[Path]:
+    """A CPU profiler trace of two training steps of each example (shapes and stacks recorded), the
+    examples one after the other in one process (each its own module namespace, seeded by its own
+    code, profiled in a session of its own); the examples share a folder, the process's cwd."""
+    (folder,) = {example.parent for example, _ in pairs}
+    subprocess.run([sys.executable, "-c", RECORD, *(str(p) for pair in pairs for p in pair)], check=True,
+                   capture_output=True, timeout=240, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}, cwd=folder)
+    return [out for _, out in pairs]
 
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     base = tmp_path_factory.mktemp("attention")
-    return {name: record(EXAMPLES / f"{name}.py", base / f"{name}.pt.trace.json")
-            for name in ("gpu_attention", "gpu_attention_clean")}
+    names = ("gpu_attention", "gpu_attention_clean")
+    return dict(zip(names, record(*((EXAMPLES / f"{name}.py", base / f"{name}.pt.trace.json") for name in names))))
 
 
 def findings(path: Path) -> list:
@@ -86,9 +90,11 @@ def test_the_sdpa_patch_replaces_the_chain_and_runs(traces, tmp_path, monkeypatc
     lines[edit.start - 1:edit.end] = edit.lines
     patched = tmp_path / "gpu_attention.py"
     patched.write_text("\n".join(lines) + "\n")
-    subprocess.run([sys.executable, str(patched)], check=True, capture_output=True, timeout=240)
+    # (the recording runs the patched file, its module body and five training steps, forward and
+    # backward through the SDPA call: a patch that did not run would fail it, check=True)
+    (trace,) = record((patched, tmp_path / "patched.pt.trace.json"))
     monkeypatch.chdir(tmp_path)
-    assert findings(record(patched, tmp_path / "patched.pt.trace.json")) == []
+    assert findings(trace) == []
 
 
 def test_the_sdpa_twin_is_silent(traces):
