@@ -31,6 +31,7 @@ from conftest import (
     metric_ddp_run,
     straggler_ddp_run,
 )
+from in_process import audit_here
 
 from auditor.evidence.model import Evidence
 from auditor.reports.rank_plots import rank_figure, rank_rows
@@ -458,8 +459,8 @@ def test_analyze_merges_rank_directories_and_traces(metric, tmp_path):
     out, _ = metric
     for r in (0, 1):
         shutil.copytree(out / f"rank-{r}", tmp_path / "ranks" / f"rank-{r}")
-    a = audit("analyze", str(tmp_path / "ranks" / "rank-0"), str(tmp_path / "ranks" / "rank-1"), "--quiet",
-              out=tmp_path / "again")
+    a = audit_here("analyze", str(tmp_path / "ranks" / "rank-0"), str(tmp_path / "ranks" / "rank-1"), "--quiet",
+                   out=tmp_path / "again")
     assert a.returncode == 0, a.stderr
     assert [r["rank"] for r in a.evidence["ranks"]["ranks"]] == [0, 1]
     shutil.copy(DDP_TRACE, tmp_path / "t0.pt.trace.json.gz")
@@ -468,8 +469,8 @@ def test_analyze_merges_rank_directories_and_traces(metric, tmp_path):
     doc["distributedInfo"]["rank"] = 1  # relabelled copy, as in test_recorded_gpu_traces_merge_by_rank
     with gzip.open(tmp_path / "t1.pt.trace.json.gz", "wt") as fh:
         json.dump(doc, fh)
-    a = audit("analyze", str(tmp_path / "t0.pt.trace.json.gz"), str(tmp_path / "t1.pt.trace.json.gz"), "--quiet",
-              out=tmp_path / "traces")
+    a = audit_here("analyze", str(tmp_path / "t0.pt.trace.json.gz"), str(tmp_path / "t1.pt.trace.json.gz"), "--quiet",
+                   out=tmp_path / "traces")
     assert a.returncode == 0, a.stderr
     assert [r["rank"] for r in a.evidence["ranks"]["ranks"]] == [0, 1]
 
@@ -513,16 +514,11 @@ def test_bucket_size_thresholds(grad_mb, cap_mb, buckets, sync_ms, expected):
         assert {k: f.evidence[k] for k in expected} == expected
 
 
-def test_launch_opens_the_merged_report(tmp_path):
-    """`--open` under `--nproc-per-node`: the merged report, once written, goes to the browser."""
-    opened = tmp_path / "opened.txt"
-    browser = tmp_path / "browser.sh"
-    browser.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
-    browser.chmod(0o755)
-    out = tmp_path / "out"
-    a = audit("run", "examples/ddp_balanced.py:step", "--nproc-per-node", "2", "--steps", "3", "--no-profile",
-              "--quiet", "--open", out=out, timeout=RUN_TIMEOUT, env={"BROWSER": f"{browser} %s"})
-    assert a.returncode == 0, a.stderr
+def test_launch_opens_the_merged_report(ddp_program_launched):
+    """`--open` under `--nproc-per-node`: the merged report, once written, goes to the browser (the
+    launch of DDP_SCRIPT below, whose other outputs test_a_ddp_program_runs_on_every_rank_... reads)."""
+    p, out, opened = ddp_program_launched
+    assert p.returncode == 0, p.stderr[-3000:]
     assert opened.read_text().strip() == (out / "report.html").resolve().as_uri()
 
 
@@ -659,25 +655,49 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("how", ["nproc-per-node", "torchrun"])
-def test_a_ddp_program_runs_on_every_rank_and_stops_at_the_same_step(tmp_path, how):
-    """`audit run --nproc-per-node 2 train.py -- ARGS` (refused before: 'takes a step callable for
-    now') and the user's own `torchrun ... -m auditor run train.py -- ARGS`: each rank runs the
-    script as torchrun would, finds its steps from its optimizer steps and is ended by --steps 5
-    at the same step boundary (neither waits in a collective for the other); the merged report
-    has both ranks, rank 1 as the straggler and the per-step all_reduce at its line."""
-    script = tmp_path / "train.py"
-    script.write_text(DDP_SCRIPT)
-    out = tmp_path / "out"
-    opts = ["--steps", "5", "--no-profile", "--quiet", "--out", str(out), "--", "--iters", "40"]
+def _launch_ddp_program(folder: Path, how: str, *extra: str, env: dict | None = None):
+    """DDP_SCRIPT as FOLDER/train.py, audited on 2 ranks for 5 steps of its 40 (`how`: the auditor's
+    --nproc-per-node, or the user's own torchrun): (the process, its --out folder)."""
+    (folder / "train.py").write_text(DDP_SCRIPT)
+    out = folder / "out"
+    opts = ["--steps", "5", "--no-profile", "--quiet", *extra, "--out", str(out), "--", "--iters", "40"]
     if how == "nproc-per-node":
         cmd = [sys.executable, "-m", "auditor", "run", "--nproc-per-node", "2", "train.py", *opts]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "auditor", "run", "train.py", *opts]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=RUN_TIMEOUT,
-                       env={**os.environ, **ONE_THREAD})
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=folder, timeout=RUN_TIMEOUT,
+                       env={**os.environ, **ONE_THREAD, **(env or {})})
+    return p, out
+
+
+@pytest.fixture(scope="module")
+def ddp_program_launched(tmp_path_factory):
+    """`audit run --nproc-per-node 2 train.py --open` of DDP_SCRIPT, with a BROWSER that writes the
+    address it is given to a file: (the process, its --out folder, that file). One launch serves
+    the whole-program test and --open's."""
+    folder = tmp_path_factory.mktemp("ddp_program")
+    opened = folder / "opened.txt"
+    browser = folder / "browser.sh"
+    browser.write_text(f'#!/bin/sh\necho "$1" > {opened}\n')
+    browser.chmod(0o755)
+    p, out = _launch_ddp_program(folder, "nproc-per-node", "--open", env={"BROWSER": f"{browser} %s"})
+    return p, out, opened
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["nproc-per-node", "torchrun"])
+def test_a_ddp_program_runs_on_every_rank_and_stops_at_the_same_step(tmp_path, request, how):
+    """`audit run --nproc-per-node 2 train.py -- ARGS` (refused before: 'takes a step callable for
+    now') and the user's own `torchrun ... -m auditor run train.py -- ARGS`: each rank runs the
+    script as torchrun would, finds its steps from its optimizer steps and is ended by --steps 5
+    at the same step boundary (neither waits in a collective for the other); the merged report
+    has both ranks, rank 1 as the straggler and the per-step all_reduce at its line."""
+    if how == "nproc-per-node":  # (the module's launch, with --open: test_launch_opens_the_merged_report)
+        p, out, _ = request.getfixturevalue("ddp_program_launched")
+    else:
+        p, out = _launch_ddp_program(tmp_path, how)
+    script = out.parent / "train.py"
     assert p.returncode == 0, p.stderr[-3000:]
     line_of = {text.strip(): n for n, text in enumerate(DDP_SCRIPT.splitlines(), 1)}
     reduce_line = line_of["dist.all_reduce(mean)  # the loss averaged over ranks, every step"]

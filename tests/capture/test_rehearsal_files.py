@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
+import runpy
 import sys
 
 import pytest
@@ -93,35 +93,45 @@ def _gpu_file(path) -> None:
         ts.location_tag = orig
 
 
+CASES = "resume,whole,file_object,state,to_cpu,gpu_file"
+
+
+@pytest.fixture(scope="module")
+def rehearsed(tmp_path_factory):
+    """Every case rehearsed in one audited program (each case seeds its own run and writes its own
+    files, so none sees another's): the folder it ran in, and the audit."""
+    d = tmp_path_factory.mktemp("rehearsed")
+    (d / "train.py").write_text(PROGRAM)
+    _gpu_file(d / "gpu.pt")
+    a = audit("run", str(d / "train.py"), "--to-end", "--no-profile", "--quiet", "--", CASES, "cuda", str(d / "gpu.pt"),
+              out=d / "out", cwd=d)
+    return d, a
+
+
 @pytest.mark.slow
-def test_checkpoints_load_back_as_on_a_gpu(tmp_path):
-    (tmp_path / "train.py").write_text(PROGRAM)
-    _gpu_file(tmp_path / "gpu.pt")
-    a = audit("run", str(tmp_path / "train.py"), "--to-end", "--no-profile", "--quiet", "--",
-              "resume,whole,file_object,state,to_cpu,gpu_file", "cuda", str(tmp_path / "gpu.pt"), out=tmp_path / "out", cwd=tmp_path)
+def test_checkpoints_load_back_as_on_a_gpu(rehearsed):
+    d, a = rehearsed
     assert a.returncode == 0, a.stderr
     assert "rehearsing" in a.stderr
-    seen = json.loads((tmp_path / "result.json").read_text())
+    seen = json.loads((d / "result.json").read_text())
     assert seen == {case: {"loaded": loaded, "trained": True}
                     for case, loaded in [("resume", "cuda:0"), ("whole", "cuda:0"), ("file_object", "cuda:0"), ("state", "cuda:0"),
                                          ("to_cpu", "cpu"), ("gpu_file", "cuda:0")]}
 
 
 @pytest.mark.slow
-def test_a_rehearsed_checkpoint_is_the_file_the_cpu_version_writes(tmp_path):
+def test_a_rehearsed_checkpoint_is_the_file_the_cpu_version_writes(rehearsed, tmp_path, monkeypatch):
     """The resume round trip under rehearsal writes the bytes the program's CPU version writes (the
-    file is for this machine too), and trains to the same weights."""
-    for run in ("cpu", "rehearsed"):
-        d = tmp_path / run
-        d.mkdir()
-        (d / "train.py").write_text(PROGRAM)
-        if run == "cpu":
-            p = subprocess.run([sys.executable, "train.py", "resume", "cpu"], cwd=d, capture_output=True, text=True)
-            assert p.returncode == 0, p.stderr
-        else:
-            a = audit("run", str(d / "train.py"), "--to-end", "--no-profile", "--quiet", "--", "resume",
-                      out=d / "out", cwd=d)
-            assert a.returncode == 0, a.stderr
+    file is for this machine too), and trains to the same weights. The CPU version runs here, in the
+    test's process (the same program, as `python train.py resume cpu` runs it)."""
+    d, a = rehearsed
+    assert a.returncode == 0, a.stderr
+    (tmp_path / "train.py").write_text(PROGRAM)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["train.py", "resume", "cpu"])
+    runpy.run_path(str(tmp_path / "train.py"), run_name="__main__")
+    assert json.loads((tmp_path / "result.json").read_text()) == {"resume": {"loaded": "cpu", "trained": True}}
     for name in ("ckpt.pt", "final-resume.pt"):
-        digest = {run: hashlib.sha256((tmp_path / run / name).read_bytes()).hexdigest() for run in ("cpu", "rehearsed")}
+        digest = {run: hashlib.sha256((folder / name).read_bytes()).hexdigest()
+                  for run, folder in (("cpu", tmp_path), ("rehearsed", d))}
         assert digest["cpu"] == digest["rehearsed"], name

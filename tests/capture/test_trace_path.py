@@ -8,7 +8,7 @@ from pathlib import Path
 
 from auditor.capture.child import _trace_dir, _unsafe_for_trace
 from auditor.evidence.trace.load import load_trace
-from conftest import audit
+from quoted_out_run import quoted_out_run
 
 
 def test_unsafe_paths_get_a_directory_of_the_audits_choosing(tmp_path: Path) -> None:
@@ -19,9 +19,10 @@ def test_unsafe_paths_get_a_directory_of_the_audits_choosing(tmp_path: Path) -> 
     assert _trace_dir(str(tmp_path / "plain" / "tb" / "run")) == str(tmp_path / "plain" / "tb" / "run")
 
 
-def test_a_quote_and_a_backslash_in_out_keep_the_trace_readable(tmp_path: Path) -> None:
-    out = tmp_path / 'quote"and\\backslash'
-    a = audit("run", "examples/host_sync.py:step", "--steps", "4", "--no-numerics", out=out)
+def test_a_quote_and_a_backslash_in_out_keep_the_trace_readable(tmp_path_factory) -> None:
+    a = quoted_out_run(tmp_path_factory)  # (its --out also held an earlier audit's trace: test_reused_out)
+    out = a.out
+    assert '"' in out.name and "\\" in out.name
     assert a.returncode == 0, a.stderr
     [trace] = (out / "tb").glob("*/*.pt.trace.json.gz")
     assert len(load_trace(trace).events)
@@ -29,4 +30,4 @@ def test_a_quote_and_a_backslash_in_out_keep_the_trace_readable(tmp_path: Path) 
     assert not any("profiler trace" in n for n in notes), notes
     # (the rules that read the trace ran: none is skipped for want of one)
     assert not [s for s in a.findings_doc["skipped_rules"] if "trace" in s["reason"] and "per-rank" not in s["reason"]]
-    assert not list(tmp_path.glob("audit-trace-*"))
+    assert not list(out.parent.glob("audit-trace-*"))
