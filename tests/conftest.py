@@ -1,4 +1,5 @@
-"""Shared helpers: run the real `audit` CLI (its entry point in the worker, the audited program a process of its own) and read what it wrote."""
+"""Shared helpers: run the real `audit` CLI (its entry point in the worker, the audited program a
+process of its own) and read what it wrote."""
 from __future__ import annotations
 
 import compileall
