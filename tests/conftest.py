@@ -1,4 +1,5 @@
-"""Shared helpers: run the real `audit` CLI in a subprocess and read what it wrote."""
+"""Shared helpers: run the real `audit` CLI (its entry point in the worker, the audited program a
+process of its own) and read what it wrote."""
 from __future__ import annotations
 
 import compileall
@@ -9,6 +10,8 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -70,16 +73,118 @@ class Audit:
         return json.loads((self.out / "evidence.json").read_text())
 
 
-def audit(*args: str, out: Path, cwd: Path | None = None, env: dict | None = None, timeout: float = 240) -> Audit:
-    """`python -m auditor ARGS --out OUT` for real, as a user would run it."""
-    cmd = [sys.executable, "-m", "auditor", *args]
+def audit(*args: str, out: Path, cwd: Path | None = None, env: dict | None = None, timeout: float = 240,
+          process: bool = False) -> Audit:
+    """`audit ARGS --out OUT` as a user would run it: the audited program in its own process, as
+    `audit` starts it. `audit` itself runs in this worker (see `_audit_here`) unless `process` asks
+    for `python -m auditor` as a process of its own (a test of the entry point, of signals sent to
+    it, of what it inherits) or the environment sets AUDIT_TESTS_IN_PROCESSES=1 (all of them)."""
+    argv = list(args)
     if args and args[0] in ("run", "analyze") and "--out" not in args:
-        at = cmd.index("--") if "--" in cmd else len(cmd)  # (after "--": the script's own arguments)
-        cmd[at:at] = ["--out", str(out)]
+        at = argv.index("--") if "--" in argv else len(argv)  # (after "--": the script's own arguments)
+        argv[at:at] = ["--out", str(out)]
+    if not process and os.environ.get("AUDIT_TESTS_IN_PROCESSES") != "1":
+        code, stdout, stderr = _audit_here(argv, cwd or ROOT, env or {}, timeout)
+        return Audit(code, stdout, stderr, out)
     # (one intra-op thread per audited process, from the environment set above, unless `env` says)
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout,
-                       env={**os.environ, **(env or {})})
+    p = subprocess.run([sys.executable, "-m", "auditor", *argv], capture_output=True, text=True, cwd=cwd or ROOT,
+                       timeout=timeout, env={**os.environ, **env} if env else None)
     return Audit(p.returncode, p.stdout, p.stderr, out)
+
+
+def _audit_here(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int, str, str]:
+    """`audit ARGV` run by the CLI's own entry point (`auditor.cli.main`) in this worker, as its
+    process would run it: in `cwd`, with `env` added to the environment, its standard output and
+    error (file descriptors 1 and 2, which the audited program it starts inherits) captured, its
+    exit status the one `python -m auditor` exits with. The command is started ~450 times by the
+    suite, and a process of its own costs ~0.4 s of CPU (its interpreter and the imports of the
+    report's libraries), ~3 minutes of the suite on two cores. What one command leaves in the
+    worker is set back before the next: the environment, the working directory, sys.path and
+    sys.modules' user entries, the signal handlers, --out locks, the source lines and per-file
+    parses read (a later test may rewrite a file at the same path), the source roots."""
+    from auditor import app, cli
+
+    _forget_per_file_reads()
+    saved_env, saved_cwd, saved_path = dict(os.environ), os.getcwd(), list(sys.path)
+    saved_modules = set(sys.modules)
+    saved_signals = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_fds = os.dup(1), os.dup(2)
+    saved_streams = sys.stdout, sys.stderr
+    with tempfile.TemporaryFile() as o, tempfile.TemporaryFile() as e:
+        code = 0
+        try:
+            os.dup2(o.fileno(), 1)
+            os.dup2(e.fileno(), 2)
+            sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+            os.environ.update(env)
+            os.chdir(cwd)
+
+            def too_long(signum, frame):
+                raise subprocess.TimeoutExpired(["audit", *argv], timeout)
+
+            signal.signal(signal.SIGALRM, too_long)
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            try:
+                cli.main(argv)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except SystemExit as x:  # (as the interpreter turns it into an exit status)
+            if x.code is None or isinstance(x.code, int):
+                code = x.code or 0
+            else:
+                print(x.code, file=sys.stderr)
+                code = 1
+        except subprocess.TimeoutExpired:
+            raise
+        except Exception:  # (what an uncaught exception does to a process: its traceback, status 1)
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            sys.stdout, sys.stderr = saved_streams
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            for fd in saved_fds:
+                os.close(fd)
+            app._release_all()
+            for s, handler in saved_signals.items():
+                signal.signal(s, handler)
+            os.chdir(saved_cwd)
+            os.environ.clear()
+            os.environ.update(saved_env)
+            sys.path[:] = saved_path
+            for name in set(sys.modules) - saved_modules:  # (a user's module a command imported)
+                f = getattr(sys.modules[name], "__file__", None) or ""
+                if f and not f.startswith((sys.prefix, sys.base_prefix, str(ROOT / "auditor"))):
+                    del sys.modules[name]
+            _forget_per_file_reads()
+        o.seek(0)
+        e.seek(0)
+        return code, o.read().decode("utf-8", "replace"), e.read().decode("utf-8", "replace")
+
+
+def _forget_per_file_reads() -> None:
+    """Empty what the auditor's modules keep for the life of a process per file, directory or
+    command (functools caches with arguments: parses, git roots, suppression spans; the output
+    directories a command made; the allocator's replays per snapshot) and Python's cache of source
+    lines. The process-wide ones (maxsize 1: the rule table, the report's templates) stay."""
+    import functools
+    import linecache
+
+    linecache.clearcache()
+    for name, module in list(sys.modules.items()):
+        if name == "auditor" or name.startswith("auditor."):
+            for value in list(vars(module).values()):
+                if isinstance(value, functools._lru_cache_wrapper) and value.cache_parameters()["maxsize"] != 1:
+                    value.cache_clear()
+    if "auditor.app" in sys.modules:
+        sys.modules["auditor.app"]._MADE.clear()
+    if "auditor.evidence.allocator.analysis" in sys.modules:
+        sys.modules["auditor.evidence.allocator.analysis"]._CACHE.clear()
 
 
 @pytest.fixture(autouse=True)
