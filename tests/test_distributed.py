@@ -31,7 +31,6 @@ from conftest import (
     metric_ddp_run,
     straggler_ddp_run,
 )
-from in_process import audit_here
 
 from auditor.evidence.model import Evidence
 from auditor.reports.rank_plots import rank_figure, rank_rows
@@ -459,7 +458,7 @@ def test_analyze_merges_rank_directories_and_traces(metric, tmp_path):
     out, _ = metric
     for r in (0, 1):
         shutil.copytree(out / f"rank-{r}", tmp_path / "ranks" / f"rank-{r}")
-    a = audit_here("analyze", str(tmp_path / "ranks" / "rank-0"), str(tmp_path / "ranks" / "rank-1"), "--quiet",
+    a = audit("analyze", str(tmp_path / "ranks" / "rank-0"), str(tmp_path / "ranks" / "rank-1"), "--quiet",
                    out=tmp_path / "again")
     assert a.returncode == 0, a.stderr
     assert [r["rank"] for r in a.evidence["ranks"]["ranks"]] == [0, 1]
@@ -469,7 +468,7 @@ def test_analyze_merges_rank_directories_and_traces(metric, tmp_path):
     doc["distributedInfo"]["rank"] = 1  # relabelled copy, as in test_recorded_gpu_traces_merge_by_rank
     with gzip.open(tmp_path / "t1.pt.trace.json.gz", "wt") as fh:
         json.dump(doc, fh)
-    a = audit_here("analyze", str(tmp_path / "t0.pt.trace.json.gz"), str(tmp_path / "t1.pt.trace.json.gz"), "--quiet",
+    a = audit("analyze", str(tmp_path / "t0.pt.trace.json.gz"), str(tmp_path / "t1.pt.trace.json.gz"), "--quiet",
                    out=tmp_path / "traces")
     assert a.returncode == 0, a.stderr
     assert [r["rank"] for r in a.evidence["ranks"]["ranks"]] == [0, 1]

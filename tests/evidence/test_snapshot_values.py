@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from auditor.evidence.snapshot import load_snapshot
-from conftest import FIXTURES
-from in_process import audit_here
+from conftest import FIXTURES, audit
 
 SNAPSHOT = FIXTURES / "snapshots" / "transformer_fullstep_with_history.pickle"
 
@@ -40,7 +39,7 @@ def test_impossible_sizes_are_left_out_and_counted(tmp_path: Path, value) -> Non
 
 
 def test_the_summary_says_what_was_left_out(tmp_path: Path) -> None:
-    a = audit_here("analyze", str(spoilt(tmp_path, 2 ** 70)), out=tmp_path / "out")
+    a = audit("analyze", str(spoilt(tmp_path, 2 ** 70)), out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     assert "spoilt.pickle: 2 entries with sizes no device has were left out (the first: a segment: total_size " \
            "1.18e+21)" in a.stdout

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECORDED_TRAINER, Recording
-from in_process import audit_here
+from conftest import RECORDED_TRAINER, Recording, audit
 
 TRAINER = RECORDED_TRAINER.read_text()  # recorded as train.py by the session's `recording`
 
@@ -29,7 +28,7 @@ def line_of(text: str) -> int:
 
 
 def loader_finding(root: Path, trace: Path, name: str) -> dict:
-    a = audit_here("analyze", str(trace), "--source-root", str(root), out=root / f"out-{name}", cwd=root)
+    a = audit("analyze", str(trace), "--source-root", str(root), out=root / f"out-{name}", cwd=root)
     assert a.returncode == 0, a.stderr
     [f] = a.rule("dataloader-bound")
     return f

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from conftest import FIXTURES, audit, plain_run
-from in_process import audit_here
 
 
 def test_numerics_plot_marks_the_first_nonfinite_step(tmp_path_factory, numerics_audit):
@@ -145,7 +144,7 @@ def test_gpu_efficiency_plots_from_the_owlv2_trace(tmp_path):
     bmm = next(t for t in roof.data if t.name == "matmul")
     qk = [y for y, text in zip(bmm.y, bmm.text) if "16x5185x64, 16x64x5185" in text]
     assert len(qk) == 1 and 49.5 < qk[0] < 52.5
-    a = audit_here("analyze", str(FIXTURES / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"), "-q",
+    a = audit("analyze", str(FIXTURES / "traces" / "h100_owlv2_syncs_dataloader.pt.trace.json.gz"), "-q",
                    out=tmp_path / "o")
     assert a.returncode == 0, a.stderr
     html = (tmp_path / "o" / "report.html").read_text()

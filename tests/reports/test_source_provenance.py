@@ -10,7 +10,6 @@ import shutil
 
 from auditor.evidence.model import decode
 from conftest import EXAMPLES, audit
-from in_process import audit_here
 
 
 def test_a_changed_source_is_quoted_as_the_run_read_it(tmp_path):
@@ -28,7 +27,7 @@ def test_a_changed_source_is_quoted_as_the_run_read_it(tmp_path):
     assert (f["locations"][0]["line"], f["locations"][0]["code"]) == (line, original.splitlines()[line - 1].strip())
 
     src.write_text("# one\n# two\n# three\n" + original)  # every line moves down by 3
-    r = audit_here("report", str(a.out), out=a.out, cwd=tmp_path)
+    r = audit("report", str(a.out), out=a.out, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"note: {src} changed since the run" in r.stdout
     assert f"  line {line}: at the run: history.append(loss.item())  # expect: host-sync" in r.stdout
