@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,12 +79,16 @@ def audit(*args: str, out: Path, cwd: Path | None = None, env: dict | None = Non
     """`audit ARGS --out OUT` as a user would run it: the audited program in its own process, as
     `audit` starts it. `audit` itself runs in this worker (see `_audit_here`) unless `process` asks
     for `python -m auditor` as a process of its own (a test of the entry point, of signals sent to
-    it, of what it inherits) or the environment sets AUDIT_TESTS_IN_PROCESSES=1 (all of them)."""
+    it, of what its own interpreter loads at start) or the environment sets AUDIT_TESTS_IN_PROCESSES=1
+    (all of them)."""
     argv = list(args)
     if args and args[0] in ("run", "analyze") and "--out" not in args:
         at = argv.index("--") if "--" in argv else len(argv)  # (after "--": the script's own arguments)
         argv[at:at] = ["--out", str(out)]
-    if not process and os.environ.get("AUDIT_TESTS_IN_PROCESSES") != "1":
+    # (a command started from a thread of the test runs as a process: the worker has one working
+    # directory, one set of file descriptors, and signal handlers only its main thread may set)
+    here = threading.current_thread() is threading.main_thread()
+    if here and not process and os.environ.get("AUDIT_TESTS_IN_PROCESSES") != "1":
         code, stdout, stderr = _audit_here(argv, cwd or ROOT, env or {}, timeout)
         return Audit(code, stdout, stderr, out)
     # (one intra-op thread per audited process, from the environment set above, unless `env` says)

@@ -127,11 +127,11 @@ def test_a_report_that_could_not_be_written_is_not_claimed(tmp_path: Path) -> No
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(READ_ONLY_REPORT)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(inject), os.environ.get("PYTHONPATH")) if p)}
-    a = audit("report", str(out), out=out, env=env)
+    a = audit("report", str(out), out=out, env=env, process=True)  # (its interpreter loads the injection)
     assert a.returncode == 2 and "could not write report.html" in a.stderr
     assert str(out / "report.html") not in a.stdout, a.stdout
     assert "report: not written" in a.stdout, a.stdout
     assert str(out / "findings.json") in a.stdout  # what was written is still named
-    q = audit("analyze", str(TRACE), "-q", out=out, env=env)
+    q = audit("analyze", str(TRACE), "-q", out=out, env=env, process=True)
     assert q.returncode == 2 and "could not write report.html" in q.stderr
     assert "report in" not in q.stdout and "report not written" in q.stdout, q.stdout
