@@ -101,9 +101,9 @@ def _audit_here(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[
     """`audit ARGV` run by the CLI's own entry point (`auditor.cli.main`) in this worker, as its
     process would run it: in `cwd`, with `env` added to the environment, its standard output and
     error (file descriptors 1 and 2, which the audited program it starts inherits) captured, its
-    exit status the one `python -m auditor` exits with. The command is started ~450 times by the
-    suite, and a process of its own costs ~0.4 s of CPU (its interpreter and the imports of the
-    report's libraries), ~3 minutes of the suite on two cores. What one command leaves in the
+    exit status the one `python -m auditor` exits with. The suite starts the command a few hundred
+    times, and a process of its own costs ~0.4 s of CPU each (its interpreter and the imports of the
+    report's libraries): a minute or two of the suite on two cores. What one command leaves in the
     worker is set back before the next: the environment, the working directory, sys.path and
     sys.modules' user entries, the signal handlers, --out locks, the source lines and per-file
     parses read (a later test may rewrite a file at the same path), the source roots."""
