@@ -2,8 +2,11 @@
 running metric that re-concatenates every past batch), from the per-line time of each step."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+from auditor.capture.lines import INTERVAL_S
 from conftest import EXAMPLES, expected_lines
 
 pytestmark = pytest.mark.slow
@@ -42,7 +45,15 @@ def test_the_line_is_named_from_the_sampled_steps_after_the_dense_start(example_
     sampled = [s["index"] for s in steps if s["lines_sampled"]]
     with_lines = [s["index"] for s in steps if any(t["kind"] == "line-time" for t in s["tallies"])]
     profiled = [s["index"] for s in steps if s["profiled"]]
-    assert set(with_lines) <= set(sampled) and len(with_lines) >= len(sampled) - 2
+    assert set(with_lines) <= set(sampled)
+    # A sampled step carries line times where the sampler got to look: a look comes INTERVAL_S after
+    # the step starts and needs the interpreter's lock, which the step's thread gives up at the latest
+    # after the switch interval. So a step may go unlooked only where it is that short, or is one of
+    # the first three (the warm-up step, and ~3 ms steps on a quiet machine), and few do
+    ms = {s["index"]: s["ms"] for s in steps}
+    unlooked = set(sampled) - set(with_lines)
+    short = 1e3 * (INTERVAL_S + sys.getswitchinterval())
+    assert len(unlooked) <= 4 and all(i < 3 or ms[i] < short for i in unlooked), {i: ms[i] for i in unlooked}
     assert [i for i in sampled if i >= 40] in ([40, 56], [40, 57], [41, 56], [41, 57])  # (a checked step: the next)
     assert set(range(40)) - set(profiled) <= set(sampled)
     [f] = a.rule("step-slowdown")
