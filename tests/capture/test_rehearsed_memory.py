@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from auditor.cli import cli
 from auditor.evidence.allocator.analysis import analyze
 from auditor.evidence.allocator.config import AllocatorConfig
 from auditor.evidence.allocator.synth import snapshot_from_requests
@@ -63,9 +61,8 @@ def test_a_rehearsed_trainer_forecasts_its_peak_and_its_oom(tmp_path):
     a = audit("run", str(script), "--to-end", "--no-profile", "--quiet", "--device-memory", str(15 / 1024),
               "--", str(small), out=tmp_path / "run2")
     assert a.returncode == 0, a.stderr
-    # (analyze runs no program: the CLI in this process, as a user's `audit analyze` runs it)
-    result = CliRunner().invoke(cli, ["analyze", str(small), "--out", str(tmp_path / "an")], prog_name="audit")
-    assert result.exit_code == 0, result.output
+    a = audit("analyze", str(small), out=tmp_path / "an")
+    assert a.returncode == 0, a.stderr
     doc = json.loads((tmp_path / "an" / "findings.json").read_text())
     ooms = [f for f in doc["findings"] if f["rule"] == "oom-risk"]
     assert ooms and ooms[0]["locations"][0]["line"] == 6
