@@ -223,18 +223,30 @@ def expected_lines(path: Path, rule_id: str) -> list[int]:
             if (m := MARKER.search(line)) and m.group(1) == rule_id]
 
 
-def shared_audit(tmp_path_factory, key: str, *args: str, env: dict | None = None) -> Audit:
-    """`audit ARGS` run once per test session under `key`, even across xdist workers: the first
-    worker runs it under a file lock, the others read what it left."""
+def session_root(tmp_path_factory) -> Path:
+    """The folder the test session's workers share (without workers, the session's own)."""
     base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out, done = root / f"audit-{key}", root / f"audit-{key}.json"
-    with open(root / f"audit-{key}.lock", "w") as lock:
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared(tmp_path_factory, key: str, make: Callable[[Path], Audit]) -> Audit:
+    """`make(FOLDER)` run once per test session under `key`, even across xdist workers: the first
+    worker runs it under a file lock, the others read what it returned. FOLDER (the shared folder's
+    `key`) is `make`'s to write; the Audit it returns says where its outputs are."""
+    root = session_root(tmp_path_factory)
+    done = root / f"{key}.json"
+    with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
-            a = audit(*args, out=out, env=env)
-            done.write_text(json.dumps({"returncode": a.returncode, "stdout": a.stdout, "stderr": a.stderr}))
-    return Audit(**json.loads(done.read_text()), out=out)
+            a = make(root / key)
+            done.write_text(json.dumps({**a.__dict__, "out": str(a.out)}))
+    saved = json.loads(done.read_text())
+    return Audit(**{**saved, "out": Path(saved["out"])})
+
+
+def shared_audit(tmp_path_factory, key: str, *args: str, env: dict | None = None) -> Audit:
+    """`audit ARGS` run once per test session under `key`, even across xdist workers (`shared`)."""
+    return shared(tmp_path_factory, f"audit-{key}", lambda out: audit(*args, out=out, env=env))
 
 
 @pytest.fixture(scope="session")
@@ -278,20 +290,12 @@ def assert_phases(a, file, forward: dict[str, int], optimizer: dict[str, int]) -
         assert sum(t["ms"] for t in got.values()) < s["ms"]
 
 
-def shared_run(tmp_path_factory, name: str, run: Callable[[Path], tuple[int, str, str]]) -> tuple[Path, str]:
+def shared_run(tmp_path_factory, name: str, run: Callable[[Path], Audit]) -> tuple[Path, str]:
     """Run an audit (a 2-rank job, say) once per test session, even across xdist workers (each has
-    its own module scope): the first worker runs it under a file lock, the others read what it left."""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    out, done = root / f"dist-{name}", root / f"dist-{name}.json"
-    with open(root / f"dist-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            code, stdout, stderr = run(out)
-            done.write_text(json.dumps({"code": code, "stdout": stdout, "stderr": stderr}))
-    result = json.loads(done.read_text())
-    assert result["code"] == 0, result["stderr"][-4000:]
-    return out, result["stdout"]
+    its own module scope; `shared`), which must succeed: (its folder, its standard output)."""
+    a = shared(tmp_path_factory, f"dist-{name}", run)
+    assert a.returncode == 0, a.stderr[-4000:]
+    return a.out, a.stdout
 
 
 RECORDED_TRAINER = ROOT / "tests" / "data" / "recorded_trainer.py"
@@ -306,20 +310,16 @@ class Recording:
 
 @pytest.fixture(scope="session")
 def recording(tmp_path_factory) -> Recording:
-    """Record the CPU trainer's traces once per test session, even across xdist workers: the first
-    worker runs it under a file lock, the others read what it left."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "recording"
-    done = root.parent / "recording.done"
-    with open(root.parent / "recording.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            root.mkdir(exist_ok=True)
-            (root / "train.py").write_text(RECORDED_TRAINER.read_text())
-            p = subprocess.run([sys.executable, "train.py"], cwd=root, capture_output=True, text=True, timeout=240)
-            assert p.returncode == 0, p.stderr
-            done.touch()
-    return Recording(root, root / "train.py")
+    """Record the CPU trainer's traces once per test session, even across xdist workers (`shared`)."""
+    def record(root: Path) -> Audit:
+        root.mkdir()
+        (root / "train.py").write_text(RECORDED_TRAINER.read_text())
+        p = subprocess.run([sys.executable, "train.py"], cwd=root, capture_output=True, text=True, timeout=240)
+        return Audit(p.returncode, p.stdout, p.stderr, root)
+
+    r = shared(tmp_path_factory, "recording", record)
+    assert r.returncode == 0, r.stderr
+    return Recording(r.out, r.out / "train.py")
 
 
 def launch(example: str, out: Path, steps: int, *extra: str) -> Audit:
@@ -338,19 +338,13 @@ def plain_run(tmp_path_factory, name: str) -> Audit:
 def balanced_ddp_run(tmp_path_factory) -> Path:
     """examples/ddp_balanced.py as a 2-rank job of 10 steps, unprofiled: DIR/rank-0/, DIR/rank-1/ and
     the merged report in DIR/; one run serves every test file that asks."""
-    def run(out: Path) -> tuple[int, str, str]:
-        a = launch("ddp_balanced", out, 10, "--no-profile")
-        return a.returncode, a.stdout, a.stderr
-    return shared_run(tmp_path_factory, "balanced", run)[0]
+    return shared_run(tmp_path_factory, "balanced", lambda out: launch("ddp_balanced", out, 10, "--no-profile"))[0]
 
 
 def straggler_ddp_run(tmp_path_factory) -> Path:
     """examples/ddp_straggler.py as a 2-rank job of 12 steps, profiled (its per-rank traces are
     analysed on their own too); one run serves every test file that asks."""
-    def run(out: Path) -> tuple[int, str, str]:
-        a = launch("ddp_straggler", out, 12)
-        return a.returncode, a.stdout, a.stderr
-    return shared_run(tmp_path_factory, "straggler", run)[0]
+    return shared_run(tmp_path_factory, "straggler", lambda out: launch("ddp_straggler", out, 12))[0]
 
 
 def user_torchrun(example: str, out: Path, steps: int) -> subprocess.CompletedProcess:
@@ -362,9 +356,9 @@ def user_torchrun(example: str, out: Path, steps: int) -> subprocess.CompletedPr
 
 def metric_ddp_run(tmp_path_factory) -> tuple[Path, str]:
     """examples/ddp_metric_allreduce.py under the user's own torchrun, 8 steps: (DIR, stdout)."""
-    def run(out: Path) -> tuple[int, str, str]:
+    def run(out: Path) -> Audit:
         p = user_torchrun("ddp_metric_allreduce", out, 8)
-        return p.returncode, p.stdout, p.stderr
+        return Audit(p.returncode, p.stdout, p.stderr, out)
     return shared_run(tmp_path_factory, "metric", run)
 
 
@@ -436,12 +430,10 @@ def pytest_collection_modifyitems(config, items):
 def growing_run(tmp_path_factory) -> Audit:
     """GROWING as a plain 18-step audit, unprofiled and without numerics checks: one run serves every
     test file that asks (step-slowdown's cost and confidence are read from the same run)."""
-    base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    trainer = root / "growing.py"
-    if not trainer.exists():  # (whole, by a rename: another worker's audit may be reading it)
-        part = root / f"growing.py.{os.getpid()}"
-        part.write_text(GROWING)
-        part.replace(trainer)
-    return shared_audit(tmp_path_factory, "growing-18", "run", f"{trainer}:step", "--steps", "18", "--no-profile",
-                        "--no-numerics", "--quiet")
+    def make(folder: Path) -> Audit:
+        folder.mkdir()
+        (folder / "growing.py").write_text(GROWING)
+        return audit("run", f"{folder / 'growing.py'}:step", "--steps", "18", "--no-profile", "--no-numerics",
+                     "--quiet", out=folder / "out")
+
+    return shared(tmp_path_factory, "growing-18", make)

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from filelock import FileLock  # a dependency of torch
 
 from auditor.capture.rehearsal.intent import cuda_reasons, program_reasons
 from auditor.evidence import model as m
 from auditor.reports.terminal import NO_GPU_ERRORS
 from auditor.rules.pageable_copy import rehearsal_findings as pageable_rehearsal_findings
 from auditor.rules.registry import all_rules
-from conftest import EXAMPLES, FIXTURES, Audit, audit, expected_lines, patch_text
+from conftest import EXAMPLES, FIXTURES, Audit, audit, expected_lines, patch_text, shared
 
 # what a CUDA build of torch says where there is no GPU (no driver; no visible device), among the
 # errors the summary's --rehearse hint knows
@@ -60,24 +59,8 @@ if __name__ == "__main__":
 '''
 
 
-def _once(tmp_path_factory, worker_id: str, key: str, make):
-    """`make(directory)` run once per test session, also across xdist workers (the audits are the
-    slow part of this file): the first worker to get here makes it, the others read its result.
-    (Without workers, the session's own folder keeps it: each example is audited once there too.)"""
-    base = tmp_path_factory.getbasetemp()
-    root = base if worker_id == "master" else base.parent  # one per session, shared by its workers
-    done = root / f"{key}.json"
-    with FileLock(str(root / f"{key}.lock")):
-        if done.exists():
-            saved = json.loads(done.read_text())
-            return Audit(**{**saved, "out": Path(saved["out"])})
-        result = make(root / key)
-        done.write_text(json.dumps({**result.__dict__, "out": str(result.out)}))
-        return result
-
-
 @pytest.fixture(scope="session")
-def rehearsed(tmp_path_factory, worker_id):
+def rehearsed(tmp_path_factory):
     """Audit each GPU example once. Those in PARITY go through a wrapper with --rehearse and leave
     their trained state in `state.pt` next to the run; the others are audited as they are, in auto mode."""
     def make(name: str, out: Path) -> Audit:
@@ -91,7 +74,7 @@ def rehearsed(tmp_path_factory, worker_id):
         return audit("run", f"examples/{name}.py:step", "--steps", str(STEPS), "--quiet", *profile,
                      out=out / "run", env=QUIET_ENV)
 
-    return lambda name: _once(tmp_path_factory, worker_id, f"rehearse-{name}", lambda d: make(name, d))
+    return lambda name: shared(tmp_path_factory, f"rehearse-{name}", lambda d: make(name, d))
 
 
 def located(a, name: str, rule_id: str) -> dict:
@@ -602,13 +585,13 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="session")
-def semantics(tmp_path_factory, worker_id):
+def semantics(tmp_path_factory):
     def make(d: Path) -> Audit:
         program = SEMANTICS.replace("ACCELERATOR\n", ACCELERATOR_ANSWERS, 1)
         p = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=EXAMPLES.parent)
         return Audit(p.returncode, p.stdout, p.stderr, d)
 
-    p = _once(tmp_path_factory, worker_id, "rehearsal-semantics", make)
+    p = shared(tmp_path_factory, "rehearsal-semantics", make)
     assert p.returncode == 0, p.stderr
     assert len(ANNOUNCE.findall(p.stderr)) == 1
     return json.loads(p.stdout)
