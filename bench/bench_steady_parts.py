@@ -22,7 +22,9 @@ each kind of iteration spent over the plain run's median iteration, summed over 
 given as a share of the plain run's time there (the plain run's own spikes over its median taken
 from "other", so that the kinds add up to the run's cost). Spikes (a scan, a checked step) stand out
 of the machine's noise this way; "other" is the per-step cost of the probes and records and the
-drift between the two processes.
+drift between the two processes. The step boundary's own time (the gap between one step's end and
+the next's start in the audited process's records: the step records, the loss watch, the hooks that
+cross it) is printed too: measured in one process, it is free of that drift.
 
 A run's figure is its mean interval over iterations FIRST..LAST-1 (the steady state: the rare
 checked step and graph scan count there, as they do in a long run); a variant's cost is the median
@@ -93,6 +95,17 @@ def split(times_path: Path, evidence_path: Path, plain: list[float], first: int,
     return out
 
 
+def boundary_us(evidence_path: Path, first: int, last: int) -> float:
+    """The median wall time, in us, between one step's end and the next's start over steps
+    first..last-1 (their records' start_s and ms): the step boundary's own work (the step records,
+    the loss watch, the hooks that cross it), outside both steps' times, measured in the one process
+    and so free of the drift between processes."""
+    steps = {s["index"]: s for s in json.loads(evidence_path.read_text())["steps"]}
+    gaps = [(steps[i + 1]["start_s"] - steps[i]["start_s"]) * 1e6 - steps[i]["ms"] * 1e3
+            for i in range(first, last - 1) if i in steps and i + 1 in steps]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -111,6 +124,7 @@ def main() -> None:
     plain: list[tuple[float, float]] = []
     audited: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     splits: list[dict[str, float]] = []  # the full audits' iterations by kind (split)
+    boundaries: list[float] = []  # the full audits' median step boundary, us (boundary_us)
     with tempfile.TemporaryDirectory() as tmp:
         prog = Path(tmp) / "proxy.py"
         prog.write_text(PROGRAM.format(width=args.width, layers=args.layers, steps=args.steps))
@@ -141,9 +155,11 @@ def main() -> None:
                 if v == "all":
                     splits.append(split(times, Path(tmp) / "audit" / "evidence.json", plain_cpu,
                                         args.first, args.last))
+                    boundaries.append(boundary_us(Path(tmp) / "audit" / "evidence.json", args.first, args.last))
                     total = pc * (args.last - args.first)
                     print("    CPU over the plain median iteration, by kind: " + ", ".join(
-                        f"{k} {ms:+.1f} ms ({100 * ms / total:+.1f}%)" for k, ms in splits[-1].items()), flush=True)
+                        f"{k} {ms:+.1f} ms ({100 * ms / total:+.1f}%)" for k, ms in splits[-1].items())
+                        + f"; the step boundary's median {boundaries[-1]:.0f} us", flush=True)
     load = os.getloadavg()
     print(f"\n{args.layers} x (Linear({args.width}) + LayerNorm + GELU), AdamW, 1 thread; mean ms/step over "
           f"iterations {args.first}-{args.last - 1} of {args.steps}; {args.rounds} round(s); load average now "
@@ -152,6 +168,10 @@ def main() -> None:
         total = statistics.median(t[1] for t in plain) * (args.last - args.first)
         print("full audit's CPU over the plain median iteration, median over rounds: " + ", ".join(
             f"{k} {100 * statistics.median(s[k] for s in splits) / total:+.1f}%" for k in splits[0]))
+        plain_ms = statistics.median(t[0] for t in plain)
+        b = statistics.median(boundaries)
+        print(f"the step boundary (between one step's end and the next's start, in the audited process): median "
+              f"{b:.0f} us, {100 * b / 1e3 / plain_ms:.1f}% of the plain median step")
     for k, clock in ((0, "wall"), (1, "CPU")):
         p = statistics.median(t[k] for t in plain)
         print(f"{clock}: plain median {p:.3f} ms/step (runs {min(t[k] for t in plain):.3f}-{max(t[k] for t in plain):.3f})")

@@ -378,6 +378,8 @@ class Profiler:
         self._unhook: Callable[[], None] | None = None
         self._keep = True  # whether the window's end writes its trace
         self.last = self.active[-1] if self.active else None  # the window's last step
+        self.first_active = self.active[0] if self.active else None
+        self._planned = frozenset(self.window())
 
     def window(self) -> list[int]:
         """The steps planned for the window."""
@@ -385,7 +387,7 @@ class Profiler:
 
     def profiled(self, i: int) -> bool:
         """Whether step i ran (wholly or in part) under the profiler."""
-        return i in self.window() and (self.cut is None or i <= self.cut.step)
+        return i in self._planned and (self.cut is None or i <= self.cut.step)
 
     def recorded_steps(self) -> list[int]:
         if self.cut is not None and self.cut.nothing:
@@ -468,6 +470,9 @@ class Profiler:
             self._busy = was
 
     def before(self, i: int) -> None:
+        if i != self.start_at and i != self.warm and i != self.first_active:  # (most steps: nothing to do)
+            self.step = i
+            return
         with self._own():
             self._before(i)
 
@@ -546,6 +551,8 @@ class Profiler:
         guard.calibrate(self.step if whole else None, stop_rss, end_peak, size)
 
     def after(self, i: int) -> None:
+        if self.calibration is None and self.prof is None:  # (most steps: nothing to do)
+            return
         with self._own():
             self._after(i)
 

@@ -67,7 +67,8 @@ def cuda_in_use() -> bool:
     import torch
 
     try:  # (a CPU build has no CUDA events, whatever a stand-in torch.cuda answers)
-        return hasattr(torch._C, "_CudaEventBase") and torch.cuda.is_initialized() and torch.cuda.is_available()
+        # (is_initialized first: a flag, asked at every step's boundaries)
+        return torch.cuda.is_initialized() and hasattr(torch._C, "_CudaEventBase") and torch.cuda.is_available()
     except Exception:
         return False
 

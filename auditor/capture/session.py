@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from auditor.capture import graphs, lines, probes, wire
+from auditor.capture import graphs, lines, probes, this_process, wire
 from auditor.capture.bench_switches import OFF
 from auditor.capture.device_clock import DeviceClock
 from auditor.capture.numerics.schedule import dense_steps
@@ -76,7 +76,7 @@ class StepSession:
         """Step i ends: its record is sent (its times are taken first, before anything else runs);
         a step that did not fail is followed by its planned graph scan."""
         t1, c1 = time.perf_counter(), time.process_time()
-        if self.lines is not None:
+        if self.sampling:  # (a step the sampler did not look at has nothing to pause or take)
             self.lines.pause()
         self.device.end(i)
         self.index = None
@@ -92,7 +92,7 @@ class StepSession:
                          cpu_ms=(c1 - self.c0) * 1e3, profiled=self.prof.profiled(i), failed=failed,
                          rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
                          anomaly_enabled=self.anomaly, lines_sampled=self.sampling,
-                         tallies=self.rec.drain() + (self.lines.take() if self.lines is not None else []),
+                         tallies=self.rec.drain() + (self.lines.take() if self.sampling else []),
                          collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec))
         if "records" not in OFF:  # (bench_steady_parts.py only)
             self.out.send(step)
@@ -175,8 +175,8 @@ def rss_bytes() -> int | None:
 
     global _statm_fd
     try:
-        if _statm_fd is None or _statm_fd[0] != os.getpid():
-            _statm_fd = (os.getpid(), os.open(_statm, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        if _statm_fd is None or _statm_fd[0] != this_process.PID:
+            _statm_fd = (this_process.PID, os.open(_statm, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
         return int(os.pread(_statm_fd[1], 256, 0).split()[1]) * _PAGE
     except (OSError, AttributeError):
         try:

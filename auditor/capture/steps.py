@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 import torch
 import torch.utils.data.dataloader as dl
+from torch.nn.modules import module as nn_module
 
 import auditor
 from auditor.capture import probes, wire
@@ -135,7 +136,8 @@ class StepFinder:
         self.busy = False  # inside a boundary (the auditor's own work there is no activity)
         self.outside_t0 = time.perf_counter()
         self.main_thread = threading.get_ident()
-        self._fwd_hook: Any = None
+        self._fwd_hook: Any = None  # the forward pre-hook's handle, once registered
+        self._fwd_on = False  # it is in torch's dict
         self._undo: list[Callable[[], None]] = []
 
     # -- installation --------------------------------------------------------------------------
@@ -169,6 +171,7 @@ class StepFinder:
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
+        self._fwd_hook = None
 
     def _wrap(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
         orig = owner.__dict__[name] if name in getattr(owner, "__dict__", {}) else getattr(owner, name)
@@ -416,12 +419,19 @@ class StepFinder:
         self._set_forward_hook(want)
 
     def _set_forward_hook(self, want: bool) -> None:
-        if want and self._fwd_hook is None:
-            from torch.nn.modules import module as nn_module
-
+        """The global forward pre-hook on or off. Registered once; after that it is put into (first
+        of the global pre-hooks: the boundary is crossed before the probes time the forward) and
+        taken out of torch's dict by its key, twice a step, without a new handle each time."""
+        hooks = nn_module._global_forward_pre_hooks
+        if self._fwd_hook is None:
+            if not want:
+                return
             self._fwd_hook = nn_module.register_module_forward_pre_hook(self.on_forward)
-            # first of the global pre-hooks: the boundary is crossed before the probes time the forward
-            nn_module._global_forward_pre_hooks.move_to_end(self._fwd_hook.id, last=False)
-        elif not want and self._fwd_hook is not None:
-            self._fwd_hook.remove()
-            self._fwd_hook = None
+            self._undo.append(self._fwd_hook.remove)
+        key = self._fwd_hook.id
+        if want and not self._fwd_on:
+            hooks[key] = self.on_forward
+            hooks.move_to_end(key, last=False)
+        elif not want and self._fwd_on:
+            hooks.pop(key, None)
+        self._fwd_on = want

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator
 
 import msgspec
 
-from auditor.capture import wire
+from auditor.capture import this_process, wire
 
 READ_PAUSE_S = 0.05  # the reader's pause between reads (see read_chunks)
 
@@ -29,7 +29,7 @@ class Writer:
         self.lock = threading.Lock()
 
     def send(self, record: wire.Record) -> None:
-        if os.getpid() != self.pid:  # a forked DataLoader worker inherited the pipe: stay silent
+        if this_process.PID != self.pid:  # a forked DataLoader worker inherited the pipe: stay silent
             return
         try:
             data = wire.encode(record)

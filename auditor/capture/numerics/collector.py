@@ -32,10 +32,12 @@ from __future__ import annotations
 import math
 import sys
 import weakref
+from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
 from torch.nn.modules import module as _nn_module
+from torch.utils.hooks import RemovableHandle
 
 from auditor.capture import probes, torch_private
 from auditor.capture.bench_switches import OFF
@@ -140,9 +142,10 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.queued: list[tuple[int, Any, Any]] = []  # (step, device flag, event): a GPU loss's read
         self.module_hooks: list[Any] = []  # handles of the global module hooks (see install)
         self.light_ok = "light" not in OFF  # outermost calls outside checked steps: see _light_call
-        self.light_local: tuple = ()
+        self.light_local: tuple = ()  # the module whose own dicts hold the light call's hooks
+        self.light_key = RemovableHandle(OrderedDict()).id  # their key there: an id no handle has
         self.light_depth = 0
-        self.light_order: tuple = ((), ())
+        self.light_order: tuple = (None, None)
         self._reset_step()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -264,10 +267,17 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         and read once its event completes (queried, never waited for)."""
         loss, self.watched = self.watched, None
         try:
-            with _no_torch_function(), torch.no_grad():
+            with _no_torch_function():  # (no grad mode wanted: every read below makes a bool)
                 if loss is not None:
                     if loss.is_cpu:
-                        if not bool(torch.isfinite(loss).all()):
+                        # one element, as a loss is: its value read, one op (isfinite and all are
+                        # several, each a cold path through torch at every step's end: ~70 us)
+                        if loss.numel() == 1:
+                            v = _TB.item(loss)
+                            ok = v == v and abs(v) != math.inf
+                        else:
+                            ok = bool(torch.isfinite(loss).all())
+                        if not ok:
                             self._alarm(index)
                     elif loss.is_cuda:
                         flag = torch.isfinite(loss).all().to("cpu", non_blocking=True)
@@ -397,14 +407,24 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         and the other steps would recompile)."""
         pre, post = _nn_module._global_forward_pre_hooks, _nn_module._global_forward_hooks
         hp, hq = self.module_hooks
-        self.light_order = (list(pre), list(post))
+        # the order to put them back in: None where they were last (alone, most often: put back at the end)
+        self.light_order = tuple(None if next(reversed(d), None) == h.id else list(d)
+                                 for d, h in ((pre, hp), (post, hq)))
         pre.pop(hp.id, None)
         post.pop(hq.id, None)
         self.light_depth = 0
+        # the module's own hooks, put into its dicts under keys of ours (as its register_forward_*
+        # would, without a handle made and dropped at every step)
+        key = self.light_key
         try:
-            self.light_local = (module.register_forward_pre_hook(self._light_nested),
-                                module.register_forward_hook(self._light_end, always_call=True))
-        except TypeError:  # a torch without always_call: the slow path for good
+            always = module._forward_hooks_always_called
+            module._forward_pre_hooks[key] = self._light_nested
+            module._forward_hooks[key] = self._light_end
+            always[key] = True
+            self.light_local = (module,)
+        except AttributeError:  # a torch without always_call: the slow path for good
+            for d in ("_forward_pre_hooks", "_forward_hooks"):
+                getattr(module, d, {}).pop(key, None)
             self.light_ok = False
             self._light_restore()
             self._module_pre(module, ())
@@ -416,8 +436,11 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         if self.light_depth:
             self.light_depth -= 1
             return
-        for h in self.light_local:
-            h.remove()
+        key = self.light_key
+        for mod in self.light_local:
+            mod._forward_pre_hooks.pop(key, None)
+            mod._forward_hooks.pop(key, None)
+            mod._forward_hooks_always_called.pop(key, None)
         self.light_local = ()
         self._light_restore()
         if self.times_phases:
@@ -430,6 +453,8 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             if h.id in d:
                 continue
             d[h.id] = self._module_pre if d is _nn_module._global_forward_pre_hooks else self._module_post
+            if order is None:  # (they were last: they are again)
+                continue
             rank = {k: n for n, k in enumerate(order)}
             for k in sorted(d, key=lambda k: rank.get(k, len(order))):
                 d.move_to_end(k)
@@ -735,7 +760,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             if self.watched is None and not self.watch_off:
                 root = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
                 if isinstance(root, torch.Tensor) and root.is_floating_point():
-                    self.watched = root.detach()
+                    self.watched = root.detach()  # (not the loss itself: its graph is not held to the step's end)
             return
         if in_compiled_call() and self.in_step and self.checking and not self.paused and not self.in_backward:
             t0 = perf()

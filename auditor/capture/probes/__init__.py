@@ -99,6 +99,8 @@ class Recorder:
         backward runs into it, a tensor carried across steps holds it, and it is counted again as
         carried (the rule tells the two apart: dropping retain_graph there breaks the next step)."""
         settle_traced_steps()
+        if not (self.tallies or self.retain_events or self.retain_watched or self.hook_holders):
+            return []  # (most drains, at every step boundary: nothing below to do)
         for ev in self.retain_watched:
             if ev["used"][0]:
                 t = self.tallies.setdefault((m.RETAINED_CARRIED, ev["what"], ev["where"], ()), {

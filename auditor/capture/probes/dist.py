@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from auditor.capture import this_process
 from auditor.capture.frames import is_torch_internal, user_frame
 
 perf = time.perf_counter
@@ -169,7 +170,7 @@ class DistProbes:
 
     # -- state ----------------------------------------------------------------------------------
     def _on(self) -> bool:
-        return os.getpid() == self.pid
+        return this_process.PID == self.pid
 
     def _reset_step(self) -> None:
         self.sites: dict[tuple, _Site] = {}
