@@ -55,7 +55,8 @@ except ValueError:
     pass
 col.step_end(101)
 out["raised"] = {"order": [list(M._global_forward_pre_hooks), list(M._global_forward_hooks)],
-                 "local": [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in net.modules()]}
+                 "local": [len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._forward_hooks_always_called)
+                           for m in net.modules()]}
 out["before"] = [list(o) for o in order]
 print(json.dumps(out))
 """
