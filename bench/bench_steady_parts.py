@@ -24,7 +24,10 @@ from "other", so that the kinds add up to the run's cost). Spikes (a scan, a che
 of the machine's noise this way; "other" is the per-step cost of the probes and records and the
 drift between the two processes. The step boundary's own time (the gap between one step's end and
 the next's start in the audited process's records: the step records, the loss watch, the hooks that
-cross it) is printed too: measured in one process, it is free of that drift.
+cross it) is printed too: measured in one process, it is free of that drift. So are the parts the
+audited run's own records separate ("inside": its checked and sampled steps and its graph scans
+over its own median unmarked step, and its boundaries); the probes' hooks inside every step show
+only against the plain run.
 
 A run's figure is its mean interval over iterations FIRST..LAST-1 (the steady state: the rare
 checked step and graph scan count there, as they do in a long run); a variant's cost is the median
@@ -106,6 +109,29 @@ def boundary_us(evidence_path: Path, first: int, last: int) -> float:
     return statistics.median(gaps) if gaps else float("nan")
 
 
+def inside(evidence_path: Path, first: int, last: int) -> dict[str, float]:
+    """The parts the audited process's own records separate, each as a share of its iterations
+    first..last-1 at its own median unmarked step's CPU time (no plain run, so no drift between
+    processes): the checked and the sampled steps' CPU over that median, the graph scans' time (the
+    boundary it follows, over the median boundary) and the step boundaries (their median, every
+    step). What the probes' hooks cost inside every step shows only against a plain run."""
+    ev = json.loads(evidence_path.read_text())
+    steps = {s["index"]: s for s in ev["steps"]}
+    scans = {s["after_step"] for s in ev["graph_scans"]}
+    span = [i for i in range(first, last) if i in steps and i + 1 in steps]
+    gap = {i: (steps[i + 1]["start_s"] - steps[i]["start_s"]) * 1e3 - steps[i]["ms"] for i in span}
+    plain = [steps[i]["cpu_ms"] for i in span if steps[i].get("numerics") is None
+             and not steps[i].get("lines_sampled") and i not in scans and i - 1 not in scans]
+    median = statistics.median(plain)
+    pct = median * len(span) / 100  # (1% of the span at the median step)
+    boundary = statistics.median(gap.values())
+    return {"checked": sum(steps[i]["cpu_ms"] - median for i in span if steps[i].get("numerics") is not None) / pct,
+            "sampled": sum(steps[i]["cpu_ms"] - median for i in span
+                           if steps[i].get("lines_sampled") and steps[i].get("numerics") is None) / pct,
+            "scans": sum(gap[i] - boundary for i in span if i in scans) / pct,
+            "boundary": boundary * len(span) / pct}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -125,6 +151,7 @@ def main() -> None:
     audited: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     splits: list[dict[str, float]] = []  # the full audits' iterations by kind (split)
     boundaries: list[float] = []  # the full audits' median step boundary, us (boundary_us)
+    insides: list[dict[str, float]] = []  # the full audits' parts, in their own process (inside)
     with tempfile.TemporaryDirectory() as tmp:
         prog = Path(tmp) / "proxy.py"
         prog.write_text(PROGRAM.format(width=args.width, layers=args.layers, steps=args.steps))
@@ -156,10 +183,13 @@ def main() -> None:
                     splits.append(split(times, Path(tmp) / "audit" / "evidence.json", plain_cpu,
                                         args.first, args.last))
                     boundaries.append(boundary_us(Path(tmp) / "audit" / "evidence.json", args.first, args.last))
+                    insides.append(inside(Path(tmp) / "audit" / "evidence.json", args.first, args.last))
                     total = pc * (args.last - args.first)
                     print("    CPU over the plain median iteration, by kind: " + ", ".join(
                         f"{k} {ms:+.1f} ms ({100 * ms / total:+.1f}%)" for k, ms in splits[-1].items())
                         + f"; the step boundary's median {boundaries[-1]:.0f} us", flush=True)
+                    print("    inside the audited process, over its own median unmarked step: " + ", ".join(
+                        f"{k} {v:+.2f}%" for k, v in insides[-1].items()), flush=True)
     load = os.getloadavg()
     print(f"\n{args.layers} x (Linear({args.width}) + LayerNorm + GELU), AdamW, 1 thread; mean ms/step over "
           f"iterations {args.first}-{args.last - 1} of {args.steps}; {args.rounds} round(s); load average now "
@@ -172,6 +202,9 @@ def main() -> None:
         b = statistics.median(boundaries)
         print(f"the step boundary (between one step's end and the next's start, in the audited process): median "
               f"{b:.0f} us, {100 * b / 1e3 / plain_ms:.1f}% of the plain median step")
+        print("inside the audited process, over its own median unmarked step, median over rounds: " + ", ".join(
+            f"{k} {statistics.median(d[k] for d in insides):+.2f}%" for k in insides[0]) + " (the probes' hooks "
+            "inside every step show only against the plain run)")
     for k, clock in ((0, "wall"), (1, "CPU")):
         p = statistics.median(t[k] for t in plain)
         print(f"{clock}: plain median {p:.3f} ms/step (runs {min(t[k] for t in plain):.3f}-{max(t[k] for t in plain):.3f})")
