@@ -98,23 +98,14 @@ def split(times_path: Path, evidence_path: Path, plain: list[float], first: int,
     return out
 
 
-def boundary_us(evidence_path: Path, first: int, last: int) -> float:
-    """The median wall time, in us, between one step's end and the next's start over steps
-    first..last-1 (their records' start_s and ms): the step boundary's own work (the step records,
-    the loss watch, the hooks that cross it), outside both steps' times, measured in the one process
-    and so free of the drift between processes."""
-    steps = {s["index"]: s for s in json.loads(evidence_path.read_text())["steps"]}
-    gaps = [(steps[i + 1]["start_s"] - steps[i]["start_s"]) * 1e6 - steps[i]["ms"] * 1e3
-            for i in range(first, last - 1) if i in steps and i + 1 in steps]
-    return statistics.median(gaps) if gaps else float("nan")
-
-
-def inside(evidence_path: Path, first: int, last: int) -> dict[str, float]:
-    """The parts the audited process's own records separate, each as a share of its iterations
-    first..last-1 at its own median unmarked step's CPU time (no plain run, so no drift between
-    processes): the checked and the sampled steps' CPU over that median, the graph scans' time (the
-    boundary it follows, over the median boundary) and the step boundaries (their median, every
-    step). What the probes' hooks cost inside every step shows only against a plain run."""
+def inside(evidence_path: Path, first: int, last: int) -> tuple[float, dict[str, float]]:
+    """What the audited process's own records measure, free of the drift between processes (no
+    plain run): the median step boundary in us (the wall time between one step's end and the next's
+    start: the step records, the loss watch, the hooks that cross it, outside both steps' times),
+    and the parts those records separate, each as a share of steps first..last-1 at its own median
+    unmarked step's CPU time: the checked and the sampled steps' CPU over that median, the graph
+    scans' time (the boundary each follows, over the median boundary) and the step boundaries.
+    What the probes' hooks cost inside every step shows only against a plain run."""
     ev = json.loads(evidence_path.read_text())
     steps = {s["index"]: s for s in ev["steps"]}
     scans = {s["after_step"] for s in ev["graph_scans"]}
@@ -125,11 +116,12 @@ def inside(evidence_path: Path, first: int, last: int) -> dict[str, float]:
     median = statistics.median(plain)
     pct = median * len(span) / 100  # (1% of the span at the median step)
     boundary = statistics.median(gap.values())
-    return {"checked": sum(steps[i]["cpu_ms"] - median for i in span if steps[i].get("numerics") is not None) / pct,
-            "sampled": sum(steps[i]["cpu_ms"] - median for i in span
-                           if steps[i].get("lines_sampled") and steps[i].get("numerics") is None) / pct,
-            "scans": sum(gap[i] - boundary for i in span if i in scans) / pct,
-            "boundary": boundary * len(span) / pct}
+    return boundary * 1e3, {
+        "checked": sum(steps[i]["cpu_ms"] - median for i in span if steps[i].get("numerics") is not None) / pct,
+        "sampled": sum(steps[i]["cpu_ms"] - median for i in span
+                       if steps[i].get("lines_sampled") and steps[i].get("numerics") is None) / pct,
+        "scans": sum(gap[i] - boundary for i in span if i in scans) / pct,
+        "boundary": boundary * len(span) / pct}
 
 
 def main() -> None:
@@ -150,7 +142,7 @@ def main() -> None:
     plain: list[tuple[float, float]] = []
     audited: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     splits: list[dict[str, float]] = []  # the full audits' iterations by kind (split)
-    boundaries: list[float] = []  # the full audits' median step boundary, us (boundary_us)
+    boundaries: list[float] = []  # the full audits' median step boundary, us (inside)
     insides: list[dict[str, float]] = []  # the full audits' parts, in their own process (inside)
     with tempfile.TemporaryDirectory() as tmp:
         prog = Path(tmp) / "proxy.py"
@@ -182,8 +174,9 @@ def main() -> None:
                 if v == "all":
                     splits.append(split(times, Path(tmp) / "audit" / "evidence.json", plain_cpu,
                                         args.first, args.last))
-                    boundaries.append(boundary_us(Path(tmp) / "audit" / "evidence.json", args.first, args.last))
-                    insides.append(inside(Path(tmp) / "audit" / "evidence.json", args.first, args.last))
+                    boundary, parts = inside(Path(tmp) / "audit" / "evidence.json", args.first, args.last)
+                    boundaries.append(boundary)
+                    insides.append(parts)
                     total = pc * (args.last - args.first)
                     print("    CPU over the plain median iteration, by kind: " + ", ".join(
                         f"{k} {ms:+.1f} ms ({100 * ms / total:+.1f}%)" for k, ms in splits[-1].items())

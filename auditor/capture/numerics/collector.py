@@ -142,7 +142,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.queued: list[tuple[int, Any, Any]] = []  # (step, device flag, event): a GPU loss's read
         self.module_hooks: list[Any] = []  # handles of the global module hooks (see install)
         self.light_ok = "light" not in OFF  # outermost calls outside checked steps: see _light_call
-        self.light_local: tuple = ()  # the module whose own dicts hold the light call's hooks
+        self.light_module: torch.nn.Module | None = None  # the module whose own dicts hold the light call's hooks
         self.light_key = RemovableHandle(OrderedDict()).id  # their key there: an id no handle has
         self.light_depth = 0
         self.light_order: tuple = (None, None)
@@ -421,7 +421,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             module._forward_pre_hooks[key] = self._light_nested
             module._forward_hooks[key] = self._light_end
             always[key] = True
-            self.light_local = (module,)
+            self.light_module = module
         except AttributeError:  # a torch without always_call: the slow path for good
             for d in ("_forward_pre_hooks", "_forward_hooks"):
                 getattr(module, d, {}).pop(key, None)
@@ -436,12 +436,11 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         if self.light_depth:
             self.light_depth -= 1
             return
-        key = self.light_key
-        for mod in self.light_local:
+        key, mod, self.light_module = self.light_key, self.light_module, None
+        if mod is not None:
             mod._forward_pre_hooks.pop(key, None)
             mod._forward_hooks.pop(key, None)
             mod._forward_hooks_always_called.pop(key, None)
-        self.light_local = ()
         self._light_restore()
         if self.times_phases:
             probes.forward_done(module, self.fwd_t0, user_frame(sys._getframe(1)))
