@@ -13,7 +13,7 @@ audit does; nothing else reads them.
 * scans: the graph scans at step boundaries
 * records: the step's record (times, tallies, collected data) is not sent
 * watch: the loss watch of unchecked steps
-* checks: the numerics checks after the dense start (the one step in 32)
+* checks: the numerics checks after the dense start (one step in 32, fewer in a long run)
 """
 from __future__ import annotations
 

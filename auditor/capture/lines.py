@@ -12,11 +12,13 @@ It reads frames only; the program's threads and values are never touched.
 
 Which steps are sampled (`Schedule`): every step of the first DENSE_STEPS, then one step in EVERY
 (the first unchecked, unprofiled step from each EVERY-th on, so the numerics checks' time is not
-read as a line's). A look costs the step's own thread ~0.16 ms besides the sampler's ~80 us (the
-GIL handed over and back: a 13 ms-CPU step of the 40-layer CPU proxy, looked at 12 times, took
-2 ms more CPU on its own thread, +15%), so after the dense start the steady state pays for one
-sampled step in EVERY. Each step's record says whether it was sampled
-(`lines_sampled`), and step-slowdown reads a line's time over the sampled steps only.
+read as a line's) AT_EACH_RATE times, then half as often as many times, HALVINGS times
+(capture.cadence: one step in 64 for good from step ~1,580 on). A look costs the step's own thread
+~0.16 ms besides the sampler's ~80 us (the GIL handed over and back: a 13 ms-CPU step of the
+40-layer CPU proxy, looked at 12 times, took 2 ms more CPU on its own thread, +15%), so after the
+dense start the steady state pays for one sampled step in EVERY, and in a long run one in 64.
+Each step's record says whether it was sampled (`lines_sampled`), and step-slowdown reads a
+line's time over the sampled steps only.
 """
 from __future__ import annotations
 
@@ -30,12 +32,15 @@ from itertools import accumulate, chain, islice, repeat, takewhile
 from operator import attrgetter, is_not, methodcaller
 from typing import Any
 
+from auditor.capture.cadence import due
 from auditor.capture.frames import library_code
 from auditor.evidence import model as m
 
 INTERVAL_S = 0.002  # between looks at the step's stack: ~5 looks in a 10 ms step
 DENSE_STEPS = 40  # steps sampled from the start (every step of an audit of up to 40 steps)
-EVERY = 16  # then one step in EVERY
+EVERY = 16  # then one step in EVERY, AT_EACH_RATE times; then half as often, HALVINGS times
+AT_EACH_RATE = 32
+HALVINGS = 2
 FIRST_LOOK = 8  # frames a look reads first; the rest of the stack only when those are all library code
 ENABLED = os.environ.get("AUDITOR_LINE_SAMPLING", "1") != "0"
 _ASYNC_SIGNALS = {getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2",
@@ -53,7 +58,7 @@ class Schedule:
     def sampled(self, i: int, checked: bool) -> bool:
         if i < self.dense:
             return True
-        if (i - self.dense) % self.every == 0:
+        if due(i - self.dense, self.every, AT_EACH_RATE, HALVINGS):
             self.owed = True
         if self.owed and not checked:
             self.owed = False

@@ -109,8 +109,8 @@ class StepRecord(msgspec.Struct):
     device_reserved: int | None = None
     anomaly_enabled: bool = False
     # the line sampler looked at the step (its line-time tallies are its per-line times); after the
-    # dense start only one step in 16 is sampled (auditor.capture.lines). Recordings made before
-    # that sampled every unprofiled step.
+    # dense start only one step in 16 is sampled, fewer in a long run (auditor.capture.lines).
+    # Recordings made before that sampled every unprofiled step.
     lines_sampled: bool = True
     tallies: list[Tally] = []
     numerics: NumericsStep | None = None  # the numerics collector's record of the step

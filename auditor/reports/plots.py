@@ -245,8 +245,9 @@ def numerics_plot(ev: Evidence) -> Figure | None:
 
     drawn = {name: finite(series) for name, series in (("loss", loss), ("gradient norm", norms))}
     steps = sorted({i for x, _ in drawn.values() for i in x})
-    # the values are those of the steps the numerics checks ran on (the first ones and one in 32): the
-    # title says so, and the x axis spans the whole run so that where they stop shows
+    # the values are those of the steps the numerics checks ran on (the first ones, then one in 32,
+    # fewer in a long run: numerics.schedule): the title says so, and the x axis spans the whole
+    # run so that where they stop shows
     n = len(ev.steps)
     of = f", the {len(steps)} checked steps of {n}" if steps and n > len(steps) else ""
     fig = Figure(layout=_layout(f"Loss and gradient norm (log scale{of})", "value"))

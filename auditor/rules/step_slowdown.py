@@ -229,7 +229,7 @@ class StepSlowdown(Rule):
                 series.setdefault(key, [0.0] * len(steps))[i] += t.ms
                 wheres[key] = (t.what, t.where)
         # a line's time is known in the steps the line sampler looked at (after the dense start, one
-        # in 16: auditor.capture.lines), and its rise is read over those
+        # in 16, fewer in a long run: auditor.capture.lines), and its rise is read over those
         sampled = [i for i, s in enumerate(steps) if s.lines_sampled]
         line_xs = [xs[i] for i in sampled]
         best = phase = None

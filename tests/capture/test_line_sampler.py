@@ -75,3 +75,20 @@ def test_after_the_dense_start_one_step_in_16_is_sampled_and_never_a_checked_one
     s = Schedule()
     got = [i for i in range(120) if s.sampled(i, i in checked)]
     assert got == [*range(40), 42, 56, 72, 89, 104]
+
+
+def test_a_long_run_is_sampled_half_as_often_after_each_32_samples_twice_then_one_step_in_64():
+    """capture.cadence: one step in 16 for 32 samples after the dense start (steps 40-536), one in
+    32 for 32 more (552-1544), then one in 64 for good (from 1576)."""
+    from auditor.capture.lines import Schedule
+
+    s = Schedule()
+    got = [i for i in range(5000) if s.sampled(i, False)]
+    gaps = [b - a for a, b in zip(got, got[1:])]
+    assert got[:41] == list(range(41))
+    assert gaps[40:72] == [16] * 32 and got[72] == 552
+    assert gaps[72:104] == [32] * 32 and got[104] == 1576
+    assert set(gaps[104:]) == {64}
+    # a checked step owed its sample still hands it to the next unchecked one at the slower rates
+    s = Schedule()
+    assert [i for i in range(1570, 1700) if s.sampled(i, i == 1576)] == [1577, 1640]

@@ -234,3 +234,20 @@ def test_the_steady_state_pays_for_one_middle_scan():
         assert (first.after_step, last.after_step) == (points[0], steps - 1), steps
         assert steps / 3 <= middle.after_step <= 2 * steps / 3, (steps, points)
         assert len([p for p in points[1:-1] if steps / 3 <= p <= 2 * steps / 3]) == 1, (steps, points)
+
+
+def test_a_long_run_is_checked_half_as_often_after_each_16_checks_twice_then_one_step_in_128():
+    """numerics.schedule with capture.cadence: past the dense start, one step in 32 for 16 checks
+    (the run's first 536 steps read as closely as before), one in 64 for 16 more, then one in 128
+    for good; an alarmed run is checked at every step whatever its length, the window never."""
+    from auditor.capture.numerics.schedule import checked
+
+    got = [i for i in range(20_000) if checked(i, frozenset(), False)]
+    gaps = [b - a for a, b in zip(got, got[1:])]
+    assert got[:25] == list(range(25))  # (24 dense, then step 24 opens the one-in-32)
+    assert gaps[24:40] == [32] * 16 and got[40] == 536
+    assert gaps[40:56] == [64] * 16 and got[56] == 1560
+    assert set(gaps[56:]) == {128}
+    assert len(got) == 56 + (20_000 - 1560 + 127) // 128  # (a 20,000-step run: 201 checked steps, not 649)
+    assert all(checked(i, frozenset(), True) for i in range(5_000, 5_010))
+    assert not checked(1560, frozenset({1560}), True)

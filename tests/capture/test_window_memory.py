@@ -271,7 +271,10 @@ def test_the_default_bound_leaves_a_small_window_whole(tmp_path):
     assert p.returncode == 0 and ev["profile"]["cut"] is None and ev["profile"]["steps"] == [1, 2, 3, 4]
     [trace] = ev["profile"]["trace_files"]
     assert trace.endswith(".pt.trace.json.gz") and ev["profile"]["trace_bytes"] > 0
-    assert ev["profile"]["peak_rss_bytes"] >= max(s["rss_bytes"] for s in ev["steps"])
+    # the peak covers the window's steps (it is read from outside, every few ms: a step after the
+    # window, ending just before the process does, may grow past the last read)
+    window = set(ev["profile"]["steps"])
+    assert ev["profile"]["peak_rss_bytes"] >= max(s["rss_bytes"] for s in ev["steps"] if s["index"] in window)
 
 
 @pytest.mark.slow

@@ -72,6 +72,11 @@ class OptimizerWatch:
         if _compiling():
             self._traced_opt_pre(opt)
             return None
+        changed = self._opt_begins(opt, args, kwargs)
+        # (after the checks' own reads: they are probed as before)
+        return probes.update_begins(opt, *(changed or (args, kwargs))) or changed
+
+    def _opt_begins(self, opt, args, kwargs) -> tuple | None:
         probes.settle_traced_steps()  # (compiled steps before this one are read first)
         self.opt_t0 = perf()
         self.opt_frame, self.opt_where = sys._getframe(1), None  # (see _opt_user_line)
@@ -189,6 +194,7 @@ class OptimizerWatch:
         if _compiling():
             self._traced_opt_post()
             return
+        probes.update_ends()
         if self.times_phases:
             probes.optimizer_done(opt, self.opt_t0, self._opt_user_line())
         self.opt_frame = None  # (a frame keeps its locals alive)

@@ -4,9 +4,12 @@
   the checks' kernels (`aminmax`) or ranges in it.
 * Checked steps: every step of the first DENSE_STEPS (warm-up and the first
   learning-rate ramp, where most runs go wrong, and where the deferred checks learn the sites
-  that make non-finite values by design), then every CHECK_EVERY-th step: where the checks nearly
-  double a step (the H100's host-bound encoder: ~+75%; a CPU step of 1,501 tiny calls: 2.4x), one
-  step in 32 costs the steady state 2-4%, under the 5% the audit may cost with the probes' share.
+  that make non-finite values by design), then every CHECK_EVERY-th step AT_EACH_RATE times, then
+  at half that rate as many times, HALVINGS times: one step in 128 for good from step ~1,560 on
+  (capture.cadence). Where the checks nearly double a step (the H100's host-bound encoder: ~+75%;
+  a CPU step of 1,501 tiny calls: 2.4x), one step in 32 costs the steady state 2-4% and one in 128
+  under 1%, in a long run whose audit may cost 5% with the probes' share. The first 536 steps are
+  checked as closely as ever; a run that goes wrong later is caught by its loss (below).
   A run of SHORT_RUN steps or more reports its step time from at least TIMED_AT_LEAST timed steps:
   its dense start is cut to leave them (down to MIN_DENSE checked steps; dense_steps). A shorter
   run is checked first: its median comes from the few steps left.
@@ -21,8 +24,12 @@
 """
 from __future__ import annotations
 
+from auditor.capture.cadence import due
+
 DENSE_STEPS = 24  # steps checked from the start
-CHECK_EVERY = 32  # then one step in CHECK_EVERY
+CHECK_EVERY = 32  # then one step in CHECK_EVERY, AT_EACH_RATE times; then half as often, HALVINGS times
+AT_EACH_RATE = 16
+HALVINGS = 2
 SHORT_RUN = 30  # runs of at least this many steps keep TIMED_AT_LEAST of them timed
 TIMED_AT_LEAST = 15
 MIN_DENSE = 8  # checked steps the dense start keeps however many are to be timed
@@ -48,4 +55,4 @@ def checked(step: int, window: frozenset[int] | set[int], alarmed: bool, dense: 
         return False
     if alarmed or step < dense:
         return True
-    return (step - dense) % CHECK_EVERY == 0
+    return due(step - dense, CHECK_EVERY, AT_EACH_RATE, HALVINGS)

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import functools
 import gc
+import inspect
 import os
 import sys
 import warnings
 import weakref
 import time
+from itertools import chain
 from typing import Any, Callable
 
 import torch
@@ -99,6 +101,8 @@ class Recorder:
         backward runs into it, a tensor carried across steps holds it, and it is counted again as
         carried (the rule tells the two apart: dropping retain_graph there breaks the next step)."""
         settle_traced_steps()
+        if _aside[0]:  # (an update that raised skipped its post-hooks: no probe stays aside past its step)
+            _aside[:] = [0, False]
         if not (self.tallies or self.retain_events or self.retain_watched or self.hook_holders):
             return []  # (most drains, at every step boundary: nothing below to do)
         for ev in self.retain_watched:
@@ -253,6 +257,7 @@ def _warnings_at_caller(orig: Callable) -> Callable:
 def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_warning: bool = False):
     def make(orig):
         plain = orig
+        aside = _aside  # (torch's own update runs: see _aside)
         if grad_warning:
             orig = _warnings_at_caller(orig)
 
@@ -262,7 +267,7 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
         on_forget(torch_own.clear)  # (at the program's end: frames.forget_codes)
 
         def probe(self, *args, **kwargs):
-            if _compiling() or not isinstance(self, torch.Tensor):  # (not a tensor: torch's own TypeError)
+            if aside[1] or _compiling() or not isinstance(self, torch.Tensor):  # (not a tensor: torch's own TypeError)
                 return plain(self, *args, **kwargs)
             rec = REC
             if rec.active and not rec.in_data:
@@ -358,13 +363,96 @@ def _install_sync_probes() -> None:
     _wrap(T, "to", _sync_method("Tensor.to(cpu)", _to_host))
     for name in ("nonzero", "masked_select"):
         _wrap(torch, name, _sync_function(f"torch.{name}"))
+    global _OPT_HOOKS
+    from torch.optim import optimizer
+
+    _OPT_HOOKS = (optimizer._global_optimizer_pre_hooks, optimizer._global_optimizer_post_hooks)
     _wrap(torch.cuda, "synchronize", _sync_function("torch.cuda.synchronize"))
+
+
+# --- torch's own optimizer updates -------------------------------------------------------------
+
+# A built-in optimizer's update reads each parameter's step counter with `.item()` (torch.optim's
+# `_get_value`, of a host tensor: no sync), as many calls a step as the model has parameters, each
+# looked at by its probe (its caller's frame, code and file) at ~0.5-1 us: 1-2% of a host-bound
+# step. So while an update of torch's own code runs (its class's `step` is torch's, with no hook
+# but ours around it), the Tensor methods' probes pass every call on at once; a closure it is given
+# (LBFGS's, Lightning's) is the user's forward and backward, and runs probed. A flag the probes
+# read, not the methods swapped back on the class: setting an attribute of torch.Tensor would
+# invalidate what CPython cached of every Tensor attribute, at every site, twice a step.
+_aside = [0, False]  # [updates begun and not ended (nested ones counted), whether the probes pass calls on]
+_TORCH_STEP: dict[type, bool] = {}  # optimizer class -> its step is torch's own code
+_MINE = object()  # (_torch_update: a step whose code is not all torch's)
+_OPT_HOOKS: tuple[dict, dict] = ({}, {})  # torch's global optimizer pre- and post-hooks (_install_sync_probes)
+_OURS_ONLY: dict[tuple, bool] = {}  # their ids -> they are all the auditor's
+
+
+def _torch_update(opt: Any, args: tuple, kwargs: dict) -> Any:
+    """_MINE where the user's code may run inside this optimizer step outside a closure (see
+    _aside); else its closure, or None."""
+    cls = type(opt)
+    own = _TORCH_STEP.get(cls)
+    if own is None:
+        code = getattr(inspect.unwrap(cls.step), "__code__", None)  # (torch wraps step to run the hooks)
+        own = _TORCH_STEP[cls] = code is not None and is_torch_internal(code.co_filename)
+    if not own or len(args) > 2 or any(k != "closure" for k in kwargs):
+        return _MINE
+    if getattr(opt, "_optimizer_step_pre_hooks", None) or getattr(opt, "_optimizer_step_post_hooks", None):
+        return _MINE
+    pre, post = _OPT_HOOKS
+    key = (*pre, None, *post)  # (the hooks' ids: a hook registered since has a new one)
+    ours = _OURS_ONLY.get(key)
+    if ours is None:
+        ours = _OURS_ONLY[key] = all(getattr(h, "__module__", "").startswith("auditor.")
+                                     for h in chain(pre.values(), post.values()))
+    if not ours:
+        return _MINE
+    closure = kwargs["closure"] if "closure" in kwargs else args[1] if len(args) > 1 else None
+    return closure if callable(closure) else None
+
+
+def update_begins(opt: Any, args: tuple, kwargs: dict) -> tuple | None:
+    """An optimizer step's pre-hooks are done (called by the last of ours): see _aside. Returns the
+    step's arguments with its closure made to run probed, where it has one."""
+    depth = _aside[0]
+    _aside[0] = depth + 1
+    if depth == 0:
+        closure = _torch_update(opt, args, kwargs)
+        if closure is not _MINE:
+            _aside[1] = True
+            if closure is not None:
+                probed = _probed(closure)
+                if "closure" in kwargs:
+                    return args, {**kwargs, "closure": probed}
+                return (args[0], probed, *args[2:]), kwargs
+    elif _aside[1] and _torch_update(opt, args, kwargs) is not None:  # (the user's code, in torch's update)
+        _aside[1] = False
+    return None
+
+
+def update_ends() -> None:
+    """An optimizer step has returned (called by the first of our post-hooks)."""
+    if _aside[0]:
+        _aside[0] -= 1
+    if _aside[0] == 0:
+        _aside[1] = False
+
+
+def _probed(closure: Callable) -> Callable:
+    """`closure`, run with the probes looking (the user's forward and backward, inside an update)."""
+    def closure_probed():
+        aside, _aside[1] = _aside[1], False
+        try:
+            return closure()
+        finally:
+            _aside[1] = aside and _aside[0] > 0  # (still inside the update)
+    return closure_probed
 
 
 def _sync_function(what: str):
     def make(orig):
         def probe(*args, **kwargs):
-            if _compiling():
+            if _aside[1] or _compiling():
                 return orig(*args, **kwargs)
             rec = REC
             if rec.active and not rec.in_data:
@@ -736,10 +824,12 @@ def _install_phase_hooks() -> None:
             return
         settle_traced_steps()
         state["opt_t0"] = perf()
+        return update_begins(opt, args, kwargs)
 
     def opt_post(opt, args, kwargs):
         if _compiling():
             return
+        update_ends()
         optimizer_done(opt, state["opt_t0"], user_frame(sys._getframe(1)))
 
     # torch.compile warns that global hooks fire once more for its wrapper module: these are ours,
