@@ -267,7 +267,7 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
         on_forget(torch_own.clear)  # (at the program's end: frames.forget_codes)
 
         def probe(self, *args, **kwargs):
-            if aside[1] or _compiling() or not isinstance(self, torch.Tensor):  # (not a tensor: torch's own TypeError)
+            if _compiling() or aside[1] or not isinstance(self, torch.Tensor):  # (not a tensor: torch's own TypeError)
                 return plain(self, *args, **kwargs)
             rec = REC
             if rec.active and not rec.in_data:
@@ -379,7 +379,8 @@ def _install_sync_probes() -> None:
 # but ours around it), the Tensor methods' probes pass every call on at once; a closure it is given
 # (LBFGS's, Lightning's) is the user's forward and backward, and runs probed. A flag the probes
 # read, not the methods swapped back on the class: setting an attribute of torch.Tensor would
-# invalidate what CPython cached of every Tensor attribute, at every site, twice a step.
+# invalidate what CPython cached of every Tensor attribute, at every site, twice a step. (The
+# process's flag: a call another thread makes during the update is passed on too.)
 _aside = [0, False]  # [updates begun and not ended (nested ones counted), whether the probes pass calls on]
 _TORCH_STEP: dict[type, bool] = {}  # optimizer class -> its step is torch's own code
 _MINE = object()  # (_torch_update: a step whose code is not all torch's)
@@ -393,7 +394,10 @@ def _torch_update(opt: Any, args: tuple, kwargs: dict) -> Any:
     cls = type(opt)
     own = _TORCH_STEP.get(cls)
     if own is None:
-        code = getattr(inspect.unwrap(cls.step), "__code__", None)  # (torch wraps step to run the hooks)
+        try:
+            code = getattr(inspect.unwrap(cls.step), "__code__", None)  # (torch wraps step to run the hooks)
+        except (AttributeError, ValueError):  # (no step of its own to read, or wrappers in a cycle)
+            code = None
         own = _TORCH_STEP[cls] = code is not None and is_torch_internal(code.co_filename)
     if not own or len(args) > 2 or any(k != "closure" for k in kwargs):
         return _MINE
@@ -452,7 +456,7 @@ def _probed(closure: Callable) -> Callable:
 def _sync_function(what: str):
     def make(orig):
         def probe(*args, **kwargs):
-            if _aside[1] or _compiling():
+            if _compiling() or _aside[1]:
                 return orig(*args, **kwargs)
             rec = REC
             if rec.active and not rec.in_data:
