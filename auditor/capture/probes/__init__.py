@@ -23,6 +23,7 @@ from itertools import chain
 from typing import Any, Callable
 
 import torch
+from torch.optim import optimizer as _optimizer
 
 from auditor.capture.frames import is_torch_internal, on_forget, user_frame, via_data as _via
 from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
@@ -363,10 +364,6 @@ def _install_sync_probes() -> None:
     _wrap(T, "to", _sync_method("Tensor.to(cpu)", _to_host))
     for name in ("nonzero", "masked_select"):
         _wrap(torch, name, _sync_function(f"torch.{name}"))
-    global _OPT_HOOKS
-    from torch.optim import optimizer
-
-    _OPT_HOOKS = (optimizer._global_optimizer_pre_hooks, optimizer._global_optimizer_post_hooks)
     _wrap(torch.cuda, "synchronize", _sync_function("torch.cuda.synchronize"))
 
 
@@ -384,8 +381,7 @@ def _install_sync_probes() -> None:
 _aside = [0, False]  # [updates begun and not ended (nested ones counted), whether the probes pass calls on]
 _TORCH_STEP: dict[type, bool] = {}  # optimizer class -> its step is torch's own code
 _MINE = object()  # (_torch_update: a step whose code is not all torch's)
-_OPT_HOOKS: tuple[dict, dict] = ({}, {})  # torch's global optimizer pre- and post-hooks (_install_sync_probes)
-_OURS_ONLY: dict[tuple, bool] = {}  # their ids -> they are all the auditor's
+_OURS_ONLY: dict[tuple, bool] = {}  # the ids of torch's global optimizer hooks -> they are all the auditor's
 
 
 def _torch_update(opt: Any, args: tuple, kwargs: dict) -> Any:
@@ -403,7 +399,7 @@ def _torch_update(opt: Any, args: tuple, kwargs: dict) -> Any:
         return _MINE
     if getattr(opt, "_optimizer_step_pre_hooks", None) or getattr(opt, "_optimizer_step_post_hooks", None):
         return _MINE
-    pre, post = _OPT_HOOKS
+    pre, post = _optimizer._global_optimizer_pre_hooks, _optimizer._global_optimizer_post_hooks
     key = (*pre, None, *post)  # (the hooks' ids: a hook registered since has a new one)
     ours = _OURS_ONLY.get(key)
     if ours is None:
