@@ -148,7 +148,12 @@ def device_memory() -> tuple[int | None, int | None]:
     """The CUDA allocator's (allocated, reserved) bytes, (None, None) without a device in use."""
     if not torch.cuda.is_initialized() or not torch.cuda.is_available():  # (the cheap test first)
         return None, None
-    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    # One read of the allocator's nested stats, the two counters taken from it as torch's
+    # memory_allocated/memory_reserved take them: each of those flattens and sorts all ~120 stats
+    # in Python first (~90 us a call, twice at every step boundary of a GPU run).
+    stats = torch.cuda.memory_stats_as_nested_dict()
+    return (stats.get("allocated_bytes", {}).get("all", {}).get("current", 0),
+            stats.get("reserved_bytes", {}).get("all", {}).get("current", 0))
 
 
 def new_loaders(rec: probes.Recorder) -> list[dict]:

@@ -43,7 +43,7 @@ Loaded as `sitecustomize` by every Python process of the test, it acts only in t
 (`python -m auditor.capture.child`), where torch.cuda answers as one GPU would for the calls the child
 makes on its CUDA path: is_available, is_initialized, device_count, current_device,
 get_device_properties (NAME and TOTAL), get_per_process_memory_fraction (1.0),
-memory_allocated, memory_reserved, mem_get_info,
+memory_allocated, memory_reserved, memory_stats_as_nested_dict (those two counters), mem_get_info,
 torch.cuda.memory._record_memory_history and _snapshot (the allocator's state: device_state.pickle,
 trimmed from a real recording), and torch._C._cuda_attach_out_of_memory_observer
 (the observers are kept in OBSERVERS). torch.profiler leaves CUDA activity out: a CPU build's profiler
@@ -140,6 +140,8 @@ if "auditor.capture.child" in getattr(sys, "orig_argv", ()):
     torch.cuda.current_device = lambda: 0
     torch.cuda.memory_allocated = lambda device=None: ALLOCATED
     torch.cuda.memory_reserved = lambda device=None: RESERVED
+    torch.cuda.memory_stats_as_nested_dict = lambda device=None: {
+        "allocated_bytes": {"all": {"current": ALLOCATED}}, "reserved_bytes": {"all": {"current": RESERVED}}}
     torch.cuda.mem_get_info = lambda device=None: (FREE, TOTAL)
     torch.cuda.get_per_process_memory_fraction = lambda device=None: 1.0
     torch.cuda.get_device_properties = _get_device_properties
@@ -315,6 +317,9 @@ def test_an_oom_after_the_profiled_steps_gets_a_post_mortem_from_the_observer(gp
     a = gpu_run(4)
     assert a.returncode == 3, a.stderr
     assert a.evidence["ending"]["status"] == "oom"
+    # every step's end read the device's allocator: its allocated and reserved bytes
+    allocated = sum(s["allocated_size"] for s in device_state()["segments"])
+    assert [(s["device_allocated"], s["device_reserved"]) for s in a.evidence["steps"]] == [(allocated, reserved())] * 3
     assert [c["enabled"] for c in _history_calls(a.fake)] == ["all", None]
 
     out = a.out

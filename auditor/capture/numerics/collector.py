@@ -280,7 +280,9 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
                         if not ok:
                             self._alarm(index)
                     elif loss.is_cuda:
-                        flag = torch.isfinite(loss).all().to("cpu", non_blocking=True)
+                        # (one element: its isfinite is the answer, one kernel launch fewer a step)
+                        flag = torch.isfinite(loss) if loss.numel() == 1 else torch.isfinite(loss).all()
+                        flag = flag.to("cpu", non_blocking=True)
                         event = torch.cuda.Event()
                         event.record()
                         self.queued.append((index, flag, event))

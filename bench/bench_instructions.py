@@ -1,0 +1,150 @@
+"""The audit's steady-state cost counted in instructions: what the program's clock would see on a
+machine that ran every instruction at one speed.
+
+    python bench/bench_instructions.py [--steps 2000] [--first 1600] [--last 2000]
+                                       [--parts all,none,probes,...] [--width 32] [--layers 40]
+
+bench_steady_parts.py times the issue's CPU proxy (40 tiny Linear+LayerNorm+GELU layers, a batch
+of 16, AdamW, one thread) by the program's own clock, plain and audited in alternation; on a shared
+VM one plain run differs from the next by up to 38%, more than the audit costs. This bench runs the
+same program under valgrind's callgrind, which counts the instructions each process executes, every
+thread of it: the count is the same from one run to the next (a few in 10^5), whatever else the
+machine runs. The program turns the count on at iteration FIRST and dumps it at LAST (callgrind's
+client requests, through a 3-line C helper compiled here with the system's valgrind headers), so
+the start-up, the dense checks of the first steps and the profiler window stay out of it, and the
+audited run's counts are the child's own (`audit run` under `valgrind --trace-children=yes`: the
+parent counts nothing).
+
+Each variant is one audited run, as bench_steady_parts runs them: `all` (the default audit),
+`none` (every part of AUDITOR_BENCH_OFF left out: what is left is the step finder and the
+phase probes), a part's name (the audit without it). Printed: instructions per iteration over
+FIRST..LAST-1, plain and each variant, the ratio to plain, and each part's share of what the
+full audit adds. What instructions leave out: the kernel's time in the audit's system calls
+(a few a step: the resident-memory read, the record's write, the CPU clock), cache misses and
+the machine's drift; bench_steady_parts measures those, noisily.
+
+Valgrind runs a program ~50x slower while it counts (~5x before FIRST): the default long run takes
+~10 minutes a variant. valgrind's CPU model has no AVX-512: torch runs its AVX2 kernels, in both.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from auditor.capture.bench_switches import PARTS  # noqa: E402
+
+HELPER = """\
+#include <valgrind/callgrind.h>
+void count_on(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
+void count_off(void) { CALLGRIND_DUMP_STATS_AT("window"); CALLGRIND_STOP_INSTRUMENTATION; }
+"""
+
+PROGRAM = """\
+import ctypes, sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Sequential(nn.Linear({width}, {width}), nn.LayerNorm({width}), nn.GELU())
+                        for _ in range({layers})])
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+x = torch.randn(16, {width})
+count = ctypes.CDLL(sys.argv[1])
+for i in range({steps}):
+    if i == {first}:
+        count.count_on()
+    if i == {last}:
+        count.count_off()
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+if {last} >= {steps}:
+    count.count_off()
+"""
+
+
+def window_count(out_dir: Path) -> int:
+    """The instructions in the window: the one dump that counted any (the audited run's parent and
+    the tools it runs count none; the final dump at exit, after count_off, counts none either)."""
+    counts = []
+    for f in out_dir.iterdir():
+        m = re.search(r"^summary: (\d+)$", f.read_text(errors="replace"), re.M)
+        if m and re.search(r"^desc: Trigger: Client Request: window$", f.read_text(errors="replace"), re.M):
+            counts.append(int(m.group(1)))
+    if len(counts) != 1:
+        sys.exit(f"expected one window dump in {out_dir}, found {len(counts)}")
+    return counts[0]
+
+
+def run(cmd: list[str], out_dir: Path, env: dict, cwd: Path) -> int:
+    out_dir.mkdir()
+    vg = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes",
+          f"--callgrind-out-file={out_dir}/callgrind.%p"]
+    p = subprocess.run(vg + cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed under valgrind: {p.stderr[-2000:]}")
+    return window_count(out_dir)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--first", type=int, default=1600)
+    ap.add_argument("--last", type=int, default=2000)
+    ap.add_argument("--width", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--parts", default="all,none",
+                    help="variants: all (the full audit), none (every part off), a part's name (the audit "
+                         f"without it: {', '.join(PARTS)}), no-numerics")
+    args = ap.parse_args()
+    for tool in ("valgrind", "cc"):
+        if shutil.which(tool) is None:
+            sys.exit(f"this bench needs {tool} (and valgrind's headers, valgrind/callgrind.h)")
+    n = args.last - args.first
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env.pop("AUDITOR_BENCH_OFF", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        (tmp_path / "count.c").write_text(HELPER)
+        helper = tmp_path / "count.so"
+        c = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(helper), str(tmp_path / "count.c")],
+                           capture_output=True, text=True)
+        if c.returncode != 0:
+            sys.exit(f"could not build the counting helper (valgrind's headers?): {c.stderr.strip()}")
+        prog = tmp_path / "proxy.py"
+        prog.write_text(PROGRAM.format(width=args.width, layers=args.layers, steps=args.steps,
+                                       first=args.first, last=args.last))
+        plain = run([sys.executable, str(prog), str(helper)], tmp_path / "plain", env, tmp_path) / n
+        print(f"plain              {plain / 1e6:8.3f} M instructions/iteration", flush=True)
+        counted: dict[str, float] = {}
+        for v in args.parts.split(","):
+            venv, flags = dict(env), []
+            if v == "none":
+                venv["AUDITOR_BENCH_OFF"] = ",".join(PARTS)
+            elif v == "no-numerics":
+                flags = ["--no-numerics"]
+            elif v != "all":
+                venv["AUDITOR_BENCH_OFF"] = v
+            cmd = [sys.executable, "-m", "auditor", "run", str(prog), "--steps", str(args.steps), "--to-end", "-q",
+                   "--out", str(tmp_path / f"audit-{v}"), *flags, "--", str(helper)]
+            counted[v] = run(cmd, tmp_path / f"vg-{v}", venv, tmp_path) / n
+            name = v if v in ("all", "none", "no-numerics") else "without " + v
+            line = f"{name:18s} {counted[v] / 1e6:8.3f} M instructions/iteration: {counted[v] / plain:.4f}x plain"
+            if v in PARTS and "all" in counted and counted["all"] > plain:
+                line += f"; the part's share of the audit's cost: {100 * (counted['all'] - counted[v]) / (counted['all'] - plain):+.0f}%"
+            print(line, flush=True)
+    print(f"\n{args.layers} x (Linear({args.width}) + LayerNorm + GELU), AdamW, 1 thread; instructions (all threads "
+          f"of the program's process) over iterations {args.first}-{args.last - 1} of {args.steps}, callgrind")
+
+
+if __name__ == "__main__":
+    main()
