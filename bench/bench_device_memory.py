@@ -10,7 +10,8 @@ device_memory() reads the nested dict once and takes both numbers from it.
 
 Runs anywhere: the C call is replaced by a function returning a dict of the same shape (the one
 tests/capture/test_step_memory.py checks both readings against), so what is timed is the Python
-around it, which is the same on a GPU machine. Printed: the median of `--calls` calls of each way,
+around it, which is the same on a GPU machine; the C call itself (torch's way makes it twice, the
+one read once) is not. Printed: the median of `--calls` calls of each way,
 hot (back to back); at a step boundary, after a step's work, both are slower.
 """
 from __future__ import annotations

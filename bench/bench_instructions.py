@@ -1,7 +1,7 @@
 """The audit's steady-state cost counted in instructions: what the program's clock would see on a
 machine that ran every instruction at one speed.
 
-    python bench/bench_instructions.py [--steps 2000] [--first 1600] [--last 2000]
+    python bench/bench_instructions.py [--steps 2000] [--first 1600] [--last 2000] [--program proxy]
                                        [--parts all,none,probes,...] [--width 32] [--layers 40]
 
 bench_steady_parts.py times the issue's CPU proxy (40 tiny Linear+LayerNorm+GELU layers, a batch
@@ -15,6 +15,9 @@ the start-up, the dense checks of the first steps and the profiler window stay o
 audited run's counts are the child's own (`audit run` under `valgrind --trace-children=yes`: the
 parent counts nothing).
 
+`--program cell-loop` counts another host-bound shape: a GRUCell called 32 times a step at the
+top level (an RNN trainer's loop: 33 outermost module calls a step), a head, AdamW.
+
 Each variant is one audited run, as bench_steady_parts runs them: `all` (the default audit),
 `none` (every part of AUDITOR_BENCH_OFF left out: what is left is the step finder and the
 phase probes), a part's name (the audit without it). Printed: instructions per iteration over
@@ -23,8 +26,8 @@ full audit adds. What instructions leave out: the kernel's time in the audit's s
 (a few a step: the resident-memory read, the record's write, the CPU clock), cache misses and
 the machine's drift; bench_steady_parts measures those, noisily.
 
-Valgrind runs a program ~50x slower while it counts (~5x before FIRST): the default long run takes
-~10 minutes a variant. valgrind's CPU model has no AVX-512: torch runs its AVX2 kernels, in both.
+Valgrind runs a program ~50x slower while it counts, and several times slower before FIRST: the
+default long run takes ~12 minutes a run on a 2-core VM (plain, then each variant). valgrind's CPU model has no AVX-512: torch runs its AVX2 kernels, in both.
 """
 from __future__ import annotations
 
@@ -47,16 +50,36 @@ void count_on(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
 void count_off(void) { CALLGRIND_DUMP_STATS_AT("window"); CALLGRIND_STOP_INSTRUMENTATION; }
 """
 
+SETUP = {
+    # the issue's CPU proxy: one outermost module call a step, 120 module calls inside it
+    "proxy": """\
+model = nn.Sequential(*[nn.Sequential(nn.Linear({width}, {width}), nn.LayerNorm({width}), nn.GELU())
+                        for _ in range({layers})])
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+x = torch.randn(16, {width})
+""",
+    # an RNN cell in a loop: 32 outermost calls of a module without submodules a step, and a head
+    "cell-loop": """\
+cell, head = nn.GRUCell({width}, {width}), nn.Linear({width}, 1)
+opt = torch.optim.AdamW([*cell.parameters(), *head.parameters()], lr=1e-3)
+x, y = torch.randn(8, 32, {width}), torch.randn(8, 1)
+
+
+def model(x):
+    h = torch.zeros(8, {width})
+    for t in range(32):
+        h = cell(x[:, t], h)
+    return head(h) - y
+""",
+}
+
 PROGRAM = """\
 import ctypes, sys
 import torch
 from torch import nn
 
 torch.manual_seed(0)
-model = nn.Sequential(*[nn.Sequential(nn.Linear({width}, {width}), nn.LayerNorm({width}), nn.GELU())
-                        for _ in range({layers})])
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-x = torch.randn(16, {width})
+{setup}
 count = ctypes.CDLL(sys.argv[1])
 for i in range({steps}):
     if i == {first}:
@@ -102,6 +125,9 @@ def main() -> None:
     ap.add_argument("--last", type=int, default=2000)
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--program", choices=sorted(SETUP), default="proxy",
+                    help="proxy: the issue's CPU proxy (--width, --layers); cell-loop: a GRUCell(--width) "
+                         "called 32 times a step, and a head")
     ap.add_argument("--parts", default="all,none",
                     help="variants: all (the full audit), none (every part off), a part's name (the audit "
                          f"without it: {', '.join(PARTS)}), no-numerics")
@@ -121,8 +147,8 @@ def main() -> None:
         if c.returncode != 0:
             sys.exit(f"could not build the counting helper (valgrind's headers?): {c.stderr.strip()}")
         prog = tmp_path / "proxy.py"
-        prog.write_text(PROGRAM.format(width=args.width, layers=args.layers, steps=args.steps,
-                                       first=args.first, last=args.last))
+        setup = SETUP[args.program].format(width=args.width, layers=args.layers)
+        prog.write_text(PROGRAM.format(setup=setup, steps=args.steps, first=args.first, last=args.last))
         plain = run([sys.executable, str(prog), str(helper)], tmp_path / "plain", env, tmp_path) / n
         print(f"plain              {plain / 1e6:8.3f} M instructions/iteration", flush=True)
         counted: dict[str, float] = {}
@@ -142,7 +168,9 @@ def main() -> None:
             if v in PARTS and "all" in counted and counted["all"] > plain:
                 line += f"; the part's share of the audit's cost: {100 * (counted['all'] - counted[v]) / (counted['all'] - plain):+.0f}%"
             print(line, flush=True)
-    print(f"\n{args.layers} x (Linear({args.width}) + LayerNorm + GELU), AdamW, 1 thread; instructions (all threads "
+    what = (f"{args.layers} x (Linear({args.width}) + LayerNorm + GELU)" if args.program == "proxy"
+            else f"GRUCell({args.width}) x 32 calls + Linear head")
+    print(f"\n{what}, AdamW, 1 thread; instructions (all threads "
           f"of the program's process) over iterations {args.first}-{args.last - 1} of {args.steps}, callgrind")
 
 

@@ -344,6 +344,14 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             self.fwd_t0 = perf()
             if (not self.in_step and self.light_ok and type(module).__name__ != "OptimizedModule"
                     and not _compiled_anything()):
+                if not module._modules:
+                    # a module without submodules (an RNN cell a loop calls 32 times a step) makes no
+                    # module calls inside it for torch's fast path to speed up: the hooks as they are
+                    # time it (_module_post), without the light call's changes to torch's dicts
+                    self.mstack.append(-1)
+                    self.wstack.append(None)
+                    self.lstack.append(False)
+                    return
                 self._light_call(module)
                 return
         where = None
