@@ -8,9 +8,10 @@ bench_steady_parts.py times the issue's CPU proxy (40 tiny Linear+LayerNorm+GELU
 of 16, AdamW, one thread) by the program's own clock, plain and audited in alternation; on a shared
 VM one plain run differs from the next by up to 38%, more than the audit costs. This bench runs the
 same program under valgrind's callgrind, which counts the instructions each process executes, every
-thread of it: the count is the same from one run to the next (a few in 10^5), whatever else the
-machine runs. The program turns the count on at iteration FIRST and dumps it at LAST (callgrind's
-client requests, through a 3-line C helper compiled here with the system's valgrind headers), so
+thread of it: the count repeats from one run to the next within ~0.05% (Python's randomised hashing
+and the temporary paths differ), whatever else the machine runs. The program turns the count on at
+iteration FIRST and dumps it at LAST (callgrind's client requests, through a 3-line C helper
+compiled here with the system's valgrind headers), so
 the start-up, the dense checks of the first steps and the profiler window stay out of it, and the
 audited run's counts are the child's own (`audit run` under `valgrind --trace-children=yes`: the
 parent counts nothing).

@@ -345,9 +345,9 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             if (not self.in_step and self.light_ok and type(module).__name__ != "OptimizedModule"
                     and not _compiled_anything()):
                 if not module._modules:
-                    # a module without submodules (an RNN cell a loop calls 32 times a step) makes no
-                    # module calls inside it for torch's fast path to speed up: the hooks as they are
-                    # time it (_module_post), without the light call's changes to torch's dicts
+                    # a module without submodules (an RNN cell a loop calls at every time step) makes
+                    # no module calls inside it for torch's fast path to speed up: the hooks as they
+                    # are time it (_module_post), without the light call's changes to torch's dicts
                     self.mstack.append(-1)
                     self.wstack.append(None)
                     self.lstack.append(False)
