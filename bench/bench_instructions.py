@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from auditor.capture.bench_switches import PARTS  # noqa: E402
+from bench_steady_parts import variant  # noqa: E402
 
 HELPER = """\
 #include <valgrind/callgrind.h>
@@ -154,13 +155,7 @@ def main() -> None:
         print(f"plain              {plain / 1e6:8.3f} M instructions/iteration", flush=True)
         counted: dict[str, float] = {}
         for v in args.parts.split(","):
-            venv, flags = dict(env), []
-            if v == "none":
-                venv["AUDITOR_BENCH_OFF"] = ",".join(PARTS)
-            elif v == "no-numerics":
-                flags = ["--no-numerics"]
-            elif v != "all":
-                venv["AUDITOR_BENCH_OFF"] = v
+            venv, flags = variant(v, env, PARTS)
             cmd = [sys.executable, "-m", "auditor", "run", str(prog), "--steps", str(args.steps), "--to-end", "-q",
                    "--out", str(tmp_path / f"audit-{v}"), *flags, "--", str(helper)]
             counted[v] = run(cmd, tmp_path / f"vg-{v}", venv, tmp_path) / n

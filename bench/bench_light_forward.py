@@ -14,54 +14,26 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from inprocess_proxy import Proxy, add_arguments
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--blocks", type=int, default=40)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--layers", type=int, default=40)
-    ap.add_argument("--width", type=int, default=32)
+    add_arguments(ap)
     args = ap.parse_args()
-    import torch
-    from torch import nn
-
-    from auditor.capture import probes
-    from auditor.capture.collectors import load_collectors
-
-    torch.set_num_threads(1)
-    rec = probes.install()
-    collectors = load_collectors()
-    for c in collectors:
-        c.install()
-    numerics = next(c for c in collectors if c.name == "numerics")
-    torch.manual_seed(0)
-    w = args.width
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(w, w), nn.LayerNorm(w), nn.GELU()) for _ in range(args.layers)])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(16, w)
+    proxy = Proxy(args.layers, args.width)
+    rec, w = proxy.rec, args.width
+    numerics = next(c for c in proxy.collectors if c.name == "numerics")
     cpu: dict[bool, list[float]] = {True: [], False: []}
     phases: dict[bool, list] = {}
-    index = 1001  # (odd, past the dense start: never a checked step)
     for b in range(args.blocks):
         for light in (True, False):
             numerics.light_ok = light
             c0 = time.process_time()
             for _ in range(args.steps):
-                index += 2
-                for c in collectors:
-                    c.step_begin(index)
-                loss = model(x).pow(2).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                for c in collectors:
-                    c.step_end(index)
+                proxy.step()
             cpu[light].append((time.process_time() - c0) * 1e3 / args.steps)
             phases[light] = [(t["kind"], t["what"], t["where"]["line"], t["count"]) for t in rec.drain()
                              if t["kind"] == "forward"]

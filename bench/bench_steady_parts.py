@@ -124,6 +124,16 @@ def inside(evidence_path: Path, first: int, last: int) -> tuple[float, dict[str,
         "boundary": boundary * len(span) / pct}
 
 
+def variant(v: str, env: dict[str, str], parts: tuple[str, ...] = PARTS) -> tuple[dict[str, str], list[str]]:
+    """The environment and `audit run` flags of variant `v`: "all" (the full audit), "none" (every
+    one of `parts` off), "no-numerics", or a part's name (the audit without it)."""
+    if v == "none":
+        return {**env, "AUDITOR_BENCH_OFF": ",".join(parts)}, []
+    if v == "no-numerics":
+        return dict(env), ["--no-numerics"]
+    return ({**env, "AUDITOR_BENCH_OFF": v} if v != "all" else dict(env)), []
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -153,14 +163,7 @@ def main() -> None:
                 subprocess.run([sys.executable, str(prog), str(times)], check=True, env=env, cwd=tmp)
                 plain.append(steady(times, args.first, args.last))
                 plain_cpu = [t[1] for t in json.loads(times.read_text())]
-                venv = dict(env)
-                flags: list[str] = []
-                if v == "none":
-                    venv["AUDITOR_BENCH_OFF"] = ",".join(PARTS)
-                elif v == "no-numerics":
-                    flags = ["--no-numerics"]
-                elif v != "all":
-                    venv["AUDITOR_BENCH_OFF"] = v
+                venv, flags = variant(v, env)
                 times.unlink()
                 a = subprocess.run([sys.executable, "-m", "auditor", "run", str(prog), "--steps", str(args.steps),
                                     "--to-end", "-q", "--out", str(Path(tmp) / "audit"), *flags, "--", str(times)],

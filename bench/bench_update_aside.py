@@ -15,57 +15,29 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from inprocess_proxy import Proxy, add_arguments
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--blocks", type=int, default=40)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--layers", type=int, default=40)
-    ap.add_argument("--width", type=int, default=32)
+    add_arguments(ap)
     args = ap.parse_args()
-    import torch
-    from torch import nn
-
     from auditor.capture import probes
-    from auditor.capture.collectors import load_collectors
 
-    torch.set_num_threads(1)
-    rec = probes.install()
-    collectors = load_collectors()
-    for c in collectors:
-        c.install()
-    torch.manual_seed(0)
-    w = args.width
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(w, w), nn.LayerNorm(w), nn.GELU()) for _ in range(args.layers)])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(16, w)
+    proxy = Proxy(args.layers, args.width)
+    rec, w = proxy.rec, args.width
     torch_update = probes._torch_update
     cpu: dict[bool, list[float]] = {True: [], False: []}
     update: dict[bool, list[float]] = {True: [], False: []}
     syncs: dict[bool, list] = {}
-    index = 1001  # (odd, past the dense start: never a checked step)
     for b in range(args.blocks):
         for aside in (True, False):
             probes._torch_update = torch_update if aside else (lambda *a: probes._MINE)
             c0, spent = time.process_time(), 0.0
             for _ in range(args.steps):
-                index += 2
-                for c in collectors:
-                    c.step_begin(index)
-                loss = model(x).pow(2).mean()
-                opt.zero_grad()
-                loss.backward()
-                u0 = time.process_time()
-                opt.step()
-                spent += time.process_time() - u0
-                for c in collectors:
-                    c.step_end(index)
+                spent += proxy.step()
             cpu[aside].append((time.process_time() - c0) * 1e3 / args.steps)
             update[aside].append(spent * 1e3 / args.steps)
             syncs[aside] = [(t["what"], t["count"]) for t in rec.drain() if t["kind"] == "sync"]
