@@ -45,35 +45,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from auditor.capture.bench_switches import PARTS  # noqa: E402
 from bench_steady_parts import variant  # noqa: E402
+from steady_programs import SETUP, describe, setup  # noqa: E402
 
 HELPER = """\
 #include <valgrind/callgrind.h>
 void count_on(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
 void count_off(void) { CALLGRIND_DUMP_STATS_AT("window"); CALLGRIND_STOP_INSTRUMENTATION; }
 """
-
-SETUP = {
-    # the issue's CPU proxy: one outermost module call a step, 120 module calls inside it
-    "proxy": """\
-model = nn.Sequential(*[nn.Sequential(nn.Linear({width}, {width}), nn.LayerNorm({width}), nn.GELU())
-                        for _ in range({layers})])
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-x = torch.randn(16, {width})
-""",
-    # an RNN cell in a loop: 32 outermost calls of a module without submodules a step, and a head
-    "cell-loop": """\
-cell, head = nn.GRUCell({width}, {width}), nn.Linear({width}, 1)
-opt = torch.optim.AdamW([*cell.parameters(), *head.parameters()], lr=1e-3)
-x, y = torch.randn(8, 32, {width}), torch.randn(8, 1)
-
-
-def model(x):
-    h = torch.zeros(8, {width})
-    for t in range(32):
-        h = cell(x[:, t], h)
-    return head(h) - y
-""",
-}
 
 PROGRAM = """\
 import ctypes, sys
@@ -125,11 +103,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--first", type=int, default=1600)
     ap.add_argument("--last", type=int, default=2000)
-    ap.add_argument("--width", type=int, default=32)
-    ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--width", type=int, default=None, help="the program's width (default: its own)")
+    ap.add_argument("--layers", type=int, default=None, help="the program's layers (default: its own)")
     ap.add_argument("--program", choices=sorted(SETUP), default="proxy",
-                    help="proxy: the issue's CPU proxy (--width, --layers); cell-loop: a GRUCell(--width) "
-                         "called 32 times a step, and a head")
+                    help="proxy: the issue's CPU proxy; cell-loop: a GRUCell called 32 times a step, and a head; "
+                         "causal-lm: a nanoGPT-style causal Transformer in bf16 (bench/steady_programs.py)")
     ap.add_argument("--parts", default="all,none",
                     help="variants: all (the full audit), none (every part off), a part's name (the audit "
                          f"without it: {', '.join(PARTS)}), no-numerics")
@@ -138,7 +116,8 @@ def main() -> None:
         if shutil.which(tool) is None:
             sys.exit(f"this bench needs {tool} (and valgrind's headers, valgrind/callgrind.h)")
     n = args.last - args.first
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
     env.pop("AUDITOR_BENCH_OFF", None)
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
@@ -149,8 +128,8 @@ def main() -> None:
         if c.returncode != 0:
             sys.exit(f"could not build the counting helper (valgrind's headers?): {c.stderr.strip()}")
         prog = tmp_path / "proxy.py"
-        setup = SETUP[args.program].format(width=args.width, layers=args.layers)
-        prog.write_text(PROGRAM.format(setup=setup, steps=args.steps, first=args.first, last=args.last))
+        prog.write_text(PROGRAM.format(setup=setup(args.program, args.width, args.layers, "cpu"), steps=args.steps,
+                                       first=args.first, last=args.last))
         plain = run([sys.executable, str(prog), str(helper)], tmp_path / "plain", env, tmp_path) / n
         print(f"plain              {plain / 1e6:8.3f} M instructions/iteration", flush=True)
         counted: dict[str, float] = {}
@@ -164,9 +143,7 @@ def main() -> None:
             if v in PARTS and "all" in counted and counted["all"] > plain:
                 line += f"; the part's share of the audit's cost: {100 * (counted['all'] - counted[v]) / (counted['all'] - plain):+.0f}%"
             print(line, flush=True)
-    what = (f"{args.layers} x (Linear({args.width}) + LayerNorm + GELU)" if args.program == "proxy"
-            else f"GRUCell({args.width}) x 32 calls + Linear head")
-    print(f"\n{what}, AdamW, 1 thread; instructions (all threads "
+    print(f"\n{describe(args.program, args.width, args.layers)}, AdamW, 1 thread; instructions (all threads "
           f"of the program's process) over iterations {args.first}-{args.last - 1} of {args.steps}, callgrind")
 
 

@@ -1,11 +1,15 @@
 """Where an audit's steady-state cost goes, part by part, as the program's own clock sees it.
 
     python bench/bench_steady_parts.py [--rounds 3] [--steps 160] [--first 40] [--last 140]
-                                       [--parts all,probes,hooks,...] [--width 32] [--layers 40]
+                                       [--parts all,probes,hooks,...] [--program proxy] [--device cpu]
+                                       [--width W] [--layers L]
 
-The program is the issue's CPU proxy of a host-bound step: 40 tiny Linear+LayerNorm+GELU layers,
-a batch of 16, AdamW, one thread (`OMP_NUM_THREADS=1`), a plain script that times each of its own
-iterations (the interval between one iteration's start and the next's: everything the audit adds
+The program is by default the issue's CPU proxy of a host-bound step: 40 tiny Linear+LayerNorm+GELU
+layers, a batch of 16, AdamW, one thread (`OMP_NUM_THREADS=1`); `--program cell-loop` (a GRUCell
+called 32 times a step) and `causal-lm` (a nanoGPT-style causal Transformer in bf16, whose attention
+makes -inf on every step) are the others (bench/steady_programs.py). `--device cuda` runs it on the
+GPU, a host-bound GPU step, each iteration's clock read synchronised with the device. It is a plain
+script that times each of its own iterations (the interval between one iteration's start and the next's: everything the audit adds
 at a step boundary, the graph scans and step records included). Each round runs it plain, then
 under `audit run PROG --steps S --to-end` (defaults: numerics checks and profiler on), then plain
 again before the next audited variant, and so on: each variant leaves one part out through the
@@ -33,6 +37,8 @@ A run's figure is its mean interval over iterations FIRST..LAST-1 (the steady st
 checked step and graph scan count there, as they do in a long run); a variant's cost is the median
 over rounds of its run's figure divided by the median of the plain runs' (the ratio of medians),
 and a part's share is how much of the full audit's cost over plain goes when it is left out.
+Each audited run also prints what the audit itself reported: the steps it checked in the window
+(a run whose checks alarmed checks every step), its step time and clock, and its findings' rules.
 Separate processes, so the machine's drift shows: read the plain runs' range it prints.
 """
 from __future__ import annotations
@@ -46,6 +52,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from steady_programs import SETUP, describe, setup
+
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("probes", "hooks", "lines", "scans", "records", "watch", "checks")
 
@@ -55,17 +63,17 @@ import torch
 from torch import nn
 
 torch.manual_seed(0)
-model = nn.Sequential(*[nn.Sequential(nn.Linear({width}, {width}), nn.LayerNorm({width}), nn.GELU())
-                        for _ in range({layers})])
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-x = torch.randn(16, {width})
+{setup}
+{sync}
 times = []
 for i in range({steps}):
+    sync()
     times.append((time.perf_counter(), time.process_time()))
     loss = model(x).pow(2).mean()
     opt.zero_grad()
     loss.backward()
     opt.step()
+sync()
 times.append((time.perf_counter(), time.process_time()))
 with open(sys.argv[1], "w") as f:
     json.dump([[(b[k] - a[k]) * 1e3 for k in (0, 1)] for a, b in zip(times, times[1:])], f)
@@ -101,7 +109,8 @@ def split(times_path: Path, evidence_path: Path, plain: list[float], first: int,
 def inside(evidence_path: Path, first: int, last: int) -> tuple[float, dict[str, float]]:
     """What the audited process's own records measure, free of the drift between processes (no
     plain run): the median step boundary in us (the wall time between one step's end and the next's
-    start: the step records, the loss watch, the hooks that cross it, outside both steps' times),
+    start: the step records, the loss watch, the hooks that cross it, outside both steps' times; with
+    --device cuda it also holds the program's own synchronize, the wait for the step's last kernels),
     and the parts those records separate, each as a share of steps first..last-1 at its own median
     unmarked step's CPU time: the checked and the sampled steps' CPU over that median, the graph
     scans' time (the boundary each follows, over the median boundary) and the step boundaries.
@@ -113,7 +122,7 @@ def inside(evidence_path: Path, first: int, last: int) -> tuple[float, dict[str,
     gap = {i: (steps[i + 1]["start_s"] - steps[i]["start_s"]) * 1e3 - steps[i]["ms"] for i in span}
     plain = [steps[i]["cpu_ms"] for i in span if steps[i].get("numerics") is None
              and not steps[i].get("lines_sampled") and i not in scans and i - 1 not in scans]
-    median = statistics.median(plain)
+    median = statistics.median(plain or [steps[i]["cpu_ms"] for i in span])  # (every step marked: all of them)
     pct = median * len(span) / 100  # (1% of the span at the median step)
     boundary = statistics.median(gap.values())
     return boundary * 1e3, {
@@ -124,13 +133,28 @@ def inside(evidence_path: Path, first: int, last: int) -> tuple[float, dict[str,
         "boundary": boundary * len(span) / pct}
 
 
+def audit_said(out: Path, first: int, last: int) -> str:
+    """What the audit itself reported: the steps it checked in first..last-1, the steps' median on
+    the clock it states (the step's bound) and its own cost, and its findings' rules (a run whose
+    checks alarmed checks every step: a program that makes -inf by design must not)."""
+    ev = json.loads((out / "evidence.json").read_text())
+    found = json.loads((out / "findings.json").read_text())
+    checked = sum(1 for s in ev["steps"] if first <= s["index"] < last and s.get("numerics") is not None)
+    steps = found["steps"]
+    own, clock = steps["own_cost"], steps["clock"]
+    rules = sorted({f["rule"] for f in found["findings"]})
+    return (f"the audit: {checked} of {last - first} steps checked ({len(own['timed_steps'])} timed in all); "
+            f"its step {clock['step_ms']} ms on the {clock['bound'] or 'host'}'s clock (host {clock['host_ms']}, "
+            f"device {clock['device_ms']}); findings: {', '.join(rules) or 'none'}")
+
+
 def variant(v: str, env: dict[str, str], parts: tuple[str, ...] = PARTS) -> tuple[dict[str, str], list[str]]:
     """The environment and `audit run` flags of variant `v`: "all" (the full audit), "none" (every
-    one of `parts` off), "no-numerics", or a part's name (the audit without it)."""
+    one of `parts` off), "no-numerics", "no-profile" (no profiler window), or a part's name (the audit without it)."""
     if v == "none":
         return {**env, "AUDITOR_BENCH_OFF": ",".join(parts)}, []
-    if v == "no-numerics":
-        return dict(env), ["--no-numerics"]
+    if v in ("no-numerics", "no-profile"):
+        return dict(env), ["--" + v]
     return ({**env, "AUDITOR_BENCH_OFF": v} if v != "all" else dict(env)), []
 
 
@@ -140,14 +164,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--first", type=int, default=40)
     ap.add_argument("--last", type=int, default=140)
-    ap.add_argument("--width", type=int, default=32)
-    ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--program", choices=sorted(SETUP), default="proxy",
+                    help="proxy: the issue's CPU proxy; cell-loop: a GRUCell called 32 times a step; causal-lm: "
+                         "a nanoGPT-style causal Transformer in bf16 (bench/steady_programs.py)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the program runs; on cuda each iteration's clock read is synchronised")
+    ap.add_argument("--width", type=int, default=None, help="the program's width (default: its own)")
+    ap.add_argument("--layers", type=int, default=None, help="the program's layers (default: its own)")
     ap.add_argument("--parts", default="all," + ",".join(PARTS),
                     help="variants to run: all (the full audit), a part's name (the audit without it), "
-                         "'none' (every part off), 'no-numerics'")
+                         "'none' (every part off), 'no-numerics', 'no-profile'")
     args = ap.parse_args()
     variants = args.parts.split(",")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
     env.pop("AUDITOR_BENCH_OFF", None)
     plain: list[tuple[float, float]] = []
     audited: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
@@ -156,7 +186,10 @@ def main() -> None:
     insides: list[dict[str, float]] = []  # the full audits' parts, in their own process (inside)
     with tempfile.TemporaryDirectory() as tmp:
         prog = Path(tmp) / "proxy.py"
-        prog.write_text(PROGRAM.format(width=args.width, layers=args.layers, steps=args.steps))
+        # (the CPU program names no torch.cuda call: one that did would be rehearsed as a CUDA program)
+        sync = "sync = torch.cuda.synchronize" if args.device == "cuda" else "def sync():\n    pass"
+        prog.write_text(PROGRAM.format(setup=setup(args.program, args.width, args.layers, args.device),
+                                       sync=sync, steps=args.steps))
         times = Path(tmp) / "times.json"
         for r in range(args.rounds):
             for v in variants:
@@ -174,7 +207,11 @@ def main() -> None:
                 (pw, pc), (aw, ac) = plain[-1], audited[v][-1]
                 print(f"round {r} {v:12s} plain {pw:7.3f} ms ({pc:.3f} CPU), audited {aw:7.3f} ms ({ac:.3f} CPU): "
                       f"{aw / pw:.3f}x wall, {ac / pc:.3f}x CPU", flush=True)
-                if v == "all":
+                print("    " + audit_said(Path(tmp) / "audit", args.first, args.last), flush=True)
+                if v != "all":
+                    print(f"    the step boundary's median {inside(Path(tmp) / 'audit' / 'evidence.json', args.first, args.last)[0]:.0f} us",
+                          flush=True)
+                else:
                     splits.append(split(times, Path(tmp) / "audit" / "evidence.json", plain_cpu,
                                         args.first, args.last))
                     boundary, parts = inside(Path(tmp) / "audit" / "evidence.json", args.first, args.last)
@@ -187,7 +224,7 @@ def main() -> None:
                     print("    inside the audited process, over its own median unmarked step: " + ", ".join(
                         f"{k} {v:+.2f}%" for k, v in insides[-1].items()), flush=True)
     load = os.getloadavg()
-    print(f"\n{args.layers} x (Linear({args.width}) + LayerNorm + GELU), AdamW, 1 thread; mean ms/step over "
+    print(f"\n{describe(args.program, args.width, args.layers)}, AdamW, {args.device}, 1 thread; mean ms/step over "
           f"iterations {args.first}-{args.last - 1} of {args.steps}; {args.rounds} round(s); load average now "
           f"{load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
     if splits:
@@ -207,7 +244,7 @@ def main() -> None:
         full = statistics.median(t[k] for t in audited["all"]) if "all" in audited else None
         for v, runs in audited.items():
             a = statistics.median(t[k] for t in runs)
-            name = v if v in ("all", "none", "no-numerics") else "without " + v
+            name = v if v in ("all", "none", "no-numerics", "no-profile") else "without " + v
             line = (f"  {name:16s} median {a:.3f} ms/step (runs {min(t[k] for t in runs):.3f}-"
                     f"{max(t[k] for t in runs):.3f}): {a / p:.3f}x plain")
             if full is not None and v in PARTS and full > p:

@@ -1,0 +1,80 @@
+"""The host-bound programs the steady-state benches run (bench_steady_parts.py, bench_instructions.py).
+
+Each is the setup of a training script: it defines `model` (called on `x`, its output's squares
+averaged into the loss) and `opt`, on DEVICE, from `width` and `layers`. The scripts around it do
+`loss = model(x).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()` each iteration.
+"""
+from __future__ import annotations
+
+# program: (setup, default width, default layers)
+SETUP: dict[str, tuple[str, int, int]] = {
+    # the issue's CPU proxy: one outermost module call a step, 120 module calls inside it; on a GPU,
+    # a host-bound step (its kernels take a few microseconds each)
+    "proxy": ("""\
+model = nn.Sequential(*[nn.Sequential(nn.Linear({width}, {width}), nn.LayerNorm({width}), nn.GELU())
+                        for _ in range({layers})]).to(DEVICE)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+x = torch.randn(16, {width}, device=DEVICE)
+""", 32, 40),
+    # an RNN cell in a loop: 32 outermost calls of a module without submodules a step, and a head
+    # (the issue's GRU trainer's shape: many tiny kernels)
+    "cell-loop": ("""\
+cell, head = nn.GRUCell({width}, {width}).to(DEVICE), nn.Linear({width}, 1).to(DEVICE)
+opt = torch.optim.AdamW([*cell.parameters(), *head.parameters()], lr=1e-3)
+x, y = torch.randn(8, 32, {width}, device=DEVICE), torch.randn(8, 1, device=DEVICE)
+
+
+def model(x):
+    h = torch.zeros(8, {width}, device=DEVICE)
+    for t in range(32):
+        h = cell(x[:, t], h)
+    return head(h) - y
+""", 32, 1),
+    # a nanoGPT-style causal Transformer, B16 x T256, bf16 autocast: its attention fills the mask
+    # with -inf on every step by design (the issue's 6-layer encoder, and its causal-mask case)
+    "causal-lm": ("""\
+class Block(nn.Module):
+    def __init__(self, d, heads, t):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.register_buffer("mask", torch.tril(torch.ones(t, t, dtype=torch.bool)))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.ln1(x)).split(c, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (c // self.heads) ** -0.5
+        att = att.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+net = nn.Sequential(*[Block({width}, 8, 256) for _ in range({layers})]).to(DEVICE)
+opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+x = torch.randn(16, 256, {width}, device=DEVICE)
+
+
+def model(x):
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        return net(x).float()
+""", 512, 6),
+}
+
+
+def setup(program: str, width: int | None, layers: int | None, device: str) -> str:
+    """The setup's text for `program`, its width and layers defaulted, with DEVICE defined."""
+    text, w, n = SETUP[program]
+    return f"DEVICE = {device!r}\n" + text.format(width=width or w, layers=layers or n)
+
+
+def describe(program: str, width: int | None, layers: int | None) -> str:
+    """One line naming the program as `setup` builds it."""
+    _, w, n = SETUP[program]
+    width, layers = width or w, layers or n
+    return {"proxy": f"{layers} x (Linear({width}) + LayerNorm + GELU), batch 16",
+            "cell-loop": f"GRUCell({width}) x 32 calls + Linear head, batch 8",
+            "causal-lm": f"{layers}-layer causal Transformer d{width}, B16 x T256, bf16 autocast, masked_fill(-inf)"}[program]
+
