@@ -139,7 +139,9 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.watching = False  # an unchecked step runs: its first loss is kept
         self.watch_off = False  # reading an unchecked step's loss failed once: no more watching
         self.watched: Any = None  # an unchecked step's first loss, read at its end
-        self.queued: list[tuple[int, Any, Any]] = []  # (step, device flag, event): a GPU loss's read
+        # (step, host copy, event, whether the copy is the loss's value or its isfinite flag): a
+        # GPU loss's read, once its event completes
+        self.queued: list[tuple[int, Any, Any, bool]] = []
         self.module_hooks: list[Any] = []  # handles of the global module hooks (see install)
         self.light_ok = "light" not in OFF  # outermost calls outside checked steps: see _light_call
         self.light_module: torch.nn.Module | None = None  # the module whose own dicts hold the light call's hooks
@@ -280,15 +282,18 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
                         if not ok:
                             self._alarm(index)
                     elif loss.is_cuda:
-                        # (one element: its isfinite is the answer, one kernel launch fewer a step)
-                        flag = torch.isfinite(loss) if loss.numel() == 1 else torch.isfinite(loss).all()
-                        flag = flag.to("cpu", non_blocking=True)
+                        # one element, as a loss is: the value itself is copied and judged on the
+                        # host (one copy, where isfinite is four kernels: ==, abs, !=, *); more:
+                        # their isfinite reduced on the device, and the flag copied
+                        one = loss.numel() == 1
+                        host = (loss if one else torch.isfinite(loss).all()).to("cpu", non_blocking=True)
                         event = torch.cuda.Event()
                         event.record()
-                        self.queued.append((index, flag, event))
+                        self.queued.append((index, host, event, one))
                 while self.queued and self.queued[0][2].query():
-                    step, flag, _ = self.queued.pop(0)
-                    if not bool(flag):
+                    step, host, _, one = self.queued.pop(0)
+                    v = _TB.item(host)
+                    if not ((v == v and abs(v) != math.inf) if one else v):
                         self._alarm(step)
         except Exception as e:  # our bug must never become the user's failure: watching stops
             self.queued.clear()
