@@ -2,7 +2,7 @@
 
     python bench/bench_steady_parts.py [--rounds 3] [--steps 160] [--first 40] [--last 140]
                                        [--parts all,probes,hooks,...] [--program proxy] [--device cpu]
-                                       [--width W] [--layers L]
+                                       [--width W] [--layers L] [--keep DIR]
 
 The program is by default the issue's CPU proxy of a host-bound step: 40 tiny Linear+LayerNorm+GELU
 layers, a batch of 16, AdamW, one thread (`OMP_NUM_THREADS=1`); `--program cell-loop` (a GRUCell
@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -171,6 +172,8 @@ def main() -> None:
                     help="where the program runs; on cuda each iteration's clock read is synchronised")
     ap.add_argument("--width", type=int, default=None, help="the program's width (default: its own)")
     ap.add_argument("--layers", type=int, default=None, help="the program's layers (default: its own)")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy each audited run's findings.json and evidence.json to KEEP/VARIANT-ROUND/")
     ap.add_argument("--parts", default="all," + ",".join(PARTS),
                     help="variants to run: all (the full audit), a part's name (the audit without it), "
                          "'none' (every part off), 'no-numerics', 'no-profile'")
@@ -204,6 +207,11 @@ def main() -> None:
                 if a.returncode != 0 or not times.exists():
                     sys.exit(f"audit of variant {v} failed: {a.stderr[-2000:]}")
                 audited[v].append(steady(times, args.first, args.last))
+                if args.keep is not None:
+                    kept = args.keep / f"{v}-{r}"
+                    kept.mkdir(parents=True, exist_ok=True)
+                    for name in ("findings.json", "evidence.json"):
+                        shutil.copyfile(Path(tmp) / "audit" / name, kept / name)
                 (pw, pc), (aw, ac) = plain[-1], audited[v][-1]
                 print(f"round {r} {v:12s} plain {pw:7.3f} ms ({pc:.3f} CPU), audited {aw:7.3f} ms ({ac:.3f} CPU): "
                       f"{aw / pw:.3f}x wall, {ac / pc:.3f}x CPU", flush=True)
