@@ -32,7 +32,7 @@ def own_cost_phrase(evidence: Evidence) -> str | None:
     if c.checked_steps and c.timed_ms:
         parts.append(f"{len(c.checked_steps)} step(s) with numerics checks {c.checked_ms:.2f} ms median "
                      f"({_vs(c.checked_ms, c.timed_ms, 'the checked steps', f'the {len(c.timed_steps)} timed step(s)' + chr(39))}; "
-                     "the timed steps carry nothing of the audit's)")
+                     "the timed steps carry no checks, only the probes)")
     elif c.checked_steps:
         parts.append(f"every unprofiled step carried numerics checks ({c.checked_ms:.2f} ms median; "
                      "no step without them to compare)")
