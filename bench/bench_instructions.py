@@ -110,7 +110,7 @@ def main() -> None:
                          "causal-lm: a nanoGPT-style causal Transformer in bf16 (bench/steady_programs.py)")
     ap.add_argument("--parts", default="all,none",
                     help="variants: all (the full audit), none (every part off), a part's name (the audit "
-                         f"without it: {', '.join(PARTS)}), no-numerics")
+                         f"without it: {', '.join(PARTS)}), no-numerics, no-profile")
     args = ap.parse_args()
     for tool in ("valgrind", "cc"):
         if shutil.which(tool) is None:
@@ -138,7 +138,7 @@ def main() -> None:
             cmd = [sys.executable, "-m", "auditor", "run", str(prog), "--steps", str(args.steps), "--to-end", "-q",
                    "--out", str(tmp_path / f"audit-{v}"), *flags, "--", str(helper)]
             counted[v] = run(cmd, tmp_path / f"vg-{v}", venv, tmp_path) / n
-            name = v if v in ("all", "none", "no-numerics") else "without " + v
+            name = v if v in ("all", "none", "no-numerics", "no-profile") else "without " + v
             line = f"{name:18s} {counted[v] / 1e6:8.3f} M instructions/iteration: {counted[v] / plain:.4f}x plain"
             if v in PARTS and "all" in counted and counted["all"] > plain:
                 line += f"; the part's share of the audit's cost: {100 * (counted['all'] - counted[v]) / (counted['all'] - plain):+.0f}%"
