@@ -28,12 +28,12 @@ full audit adds. What instructions leave out: the kernel's time in the audit's s
 the machine's drift; bench_steady_parts measures those, noisily.
 
 Valgrind runs a program ~50x slower while it counts, and several times slower before FIRST: the
-default long run takes ~12 minutes a run on a 2-core VM (plain, then each variant). valgrind's CPU model has no AVX-512: torch runs its AVX2 kernels, in both.
+default long run takes ~12 minutes a run on a 2-core VM (plain, then each variant). valgrind's CPU
+model has no AVX-512: torch runs its AVX2 kernels, in both.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import subprocess
@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from auditor.capture.bench_switches import PARTS  # noqa: E402
-from bench_steady_parts import variant  # noqa: E402
+from bench_steady_parts import bench_env, label, variant  # noqa: E402
 from steady_programs import SETUP, describe, setup  # noqa: E402
 
 HELPER = """\
@@ -116,9 +116,7 @@ def main() -> None:
         if shutil.which(tool) is None:
             sys.exit(f"this bench needs {tool} (and valgrind's headers, valgrind/callgrind.h)")
     n = args.last - args.first
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
-    env.pop("AUDITOR_BENCH_OFF", None)
+    env = bench_env()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         (tmp_path / "count.c").write_text(HELPER)
@@ -138,8 +136,7 @@ def main() -> None:
             cmd = [sys.executable, "-m", "auditor", "run", str(prog), "--steps", str(args.steps), "--to-end", "-q",
                    "--out", str(tmp_path / f"audit-{v}"), *flags, "--", str(helper)]
             counted[v] = run(cmd, tmp_path / f"vg-{v}", venv, tmp_path) / n
-            name = v if v in ("all", "none", "no-numerics", "no-profile") else "without " + v
-            line = f"{name:18s} {counted[v] / 1e6:8.3f} M instructions/iteration: {counted[v] / plain:.4f}x plain"
+            line = f"{label(v):18s} {counted[v] / 1e6:8.3f} M instructions/iteration: {counted[v] / plain:.4f}x plain"
             if v in PARTS and "all" in counted and counted["all"] > plain:
                 line += f"; the part's share of the audit's cost: {100 * (counted['all'] - counted[v]) / (counted['all'] - plain):+.0f}%"
             print(line, flush=True)

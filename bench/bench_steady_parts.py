@@ -9,8 +9,8 @@ layers, a batch of 16, AdamW, one thread (`OMP_NUM_THREADS=1`); `--program cell-
 called 32 times a step) and `causal-lm` (a nanoGPT-style causal Transformer in bf16, whose attention
 makes -inf on every step) are the others (bench/steady_programs.py). `--device cuda` runs it on the
 GPU, a host-bound GPU step, each iteration's clock read synchronised with the device. It is a plain
-script that times each of its own iterations (the interval between one iteration's start and the next's: everything the audit adds
-at a step boundary, the graph scans and step records included). Each round runs it plain, then
+script that times each of its own iterations (the interval between one iteration's start and the
+next's: everything the audit adds at a step boundary, the graph scans and step records included). Each round runs it plain, then
 under `audit run PROG --steps S --to-end` (defaults: numerics checks and profiler on), then plain
 again before the next audited variant, and so on: each variant leaves one part out through the
 internal switch `AUDITOR_BENCH_OFF` (auditor/capture/bench_switches.py):
@@ -135,9 +135,9 @@ def inside(evidence_path: Path, first: int, last: int) -> tuple[float, dict[str,
 
 
 def audit_said(out: Path, first: int, last: int) -> str:
-    """What the audit itself reported: the steps it checked in first..last-1, the steps' median on
-    the clock it states (the step's bound) and its own cost, and its findings' rules (a run whose
-    checks alarmed checks every step: a program that makes -inf by design must not)."""
+    """What the audit itself reported: the steps it checked in first..last-1 (a run whose checks
+    alarmed checks every step: a program that makes -inf by design must not), how many it timed,
+    its median step on the clock of the step's bound, and its findings' rules."""
     ev = json.loads((out / "evidence.json").read_text())
     found = json.loads((out / "findings.json").read_text())
     checked = sum(1 for s in ev["steps"] if first <= s["index"] < last and s.get("numerics") is not None)
@@ -149,12 +149,29 @@ def audit_said(out: Path, first: int, last: int) -> str:
             f"device {clock['device_ms']}); findings: {', '.join(rules) or 'none'}")
 
 
+FLAG_VARIANTS = ("no-numerics", "no-profile")  # variants that are an `audit run` flag
+
+
+def bench_env() -> dict[str, str]:
+    """The environment of every run: one thread, this checkout first on the caller's PYTHONPATH
+    (a GPU machine's wheels stay found), no part left out."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+    env.pop("AUDITOR_BENCH_OFF", None)
+    return env
+
+
+def label(v: str) -> str:
+    """How variant `v` is named in a bench's table: a part's name is the audit without it."""
+    return v if v in ("all", "none", *FLAG_VARIANTS) else "without " + v
+
+
 def variant(v: str, env: dict[str, str], parts: tuple[str, ...] = PARTS) -> tuple[dict[str, str], list[str]]:
     """The environment and `audit run` flags of variant `v`: "all" (the full audit), "none" (every
     one of `parts` off), "no-numerics", "no-profile" (no profiler window), or a part's name (the audit without it)."""
     if v == "none":
         return {**env, "AUDITOR_BENCH_OFF": ",".join(parts)}, []
-    if v in ("no-numerics", "no-profile"):
+    if v in FLAG_VARIANTS:
         return dict(env), ["--" + v]
     return ({**env, "AUDITOR_BENCH_OFF": v} if v != "all" else dict(env)), []
 
@@ -179,9 +196,7 @@ def main() -> None:
                          "'none' (every part off), 'no-numerics', 'no-profile'")
     args = ap.parse_args()
     variants = args.parts.split(",")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
-    env.pop("AUDITOR_BENCH_OFF", None)
+    env = bench_env()
     plain: list[tuple[float, float]] = []
     audited: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     splits: list[dict[str, float]] = []  # the full audits' iterations by kind (split)
@@ -252,8 +267,7 @@ def main() -> None:
         full = statistics.median(t[k] for t in audited["all"]) if "all" in audited else None
         for v, runs in audited.items():
             a = statistics.median(t[k] for t in runs)
-            name = v if v in ("all", "none", "no-numerics", "no-profile") else "without " + v
-            line = (f"  {name:16s} median {a:.3f} ms/step (runs {min(t[k] for t in runs):.3f}-"
+            line = (f"  {label(v):16s} median {a:.3f} ms/step (runs {min(t[k] for t in runs):.3f}-"
                     f"{max(t[k] for t in runs):.3f}): {a / p:.3f}x plain")
             if full is not None and v in PARTS and full > p:
                 line += f"; the part's share of the audit's cost: {100 * (full - a) / (full - p):+.0f}%"
