@@ -49,10 +49,10 @@ class Stream(IterableDataset):
     def __iter__(self):
         worker = get_worker_info()
         rng = random.Random(worker.id if worker else 0)
-        if worker and worker.id == 1:  # half a batch behind worker 0: batches arrive one every ~32 ms,
-            time.sleep(0.032)          # not in pairs, so every step waits (not every other one)
+        if worker and worker.id == 1:  # half a batch behind worker 0: batches arrive one every ~96 ms,
+            time.sleep(0.096)          # not in pairs, so every step waits (not every other one)
         while True:
-            time.sleep(0.001)  # a slow source per sample (a read, a decode): steady whatever the load
+            time.sleep(0.003)  # a slow source per sample (a read, a decode): steady whatever the load
             x = torch.tensor([rng.random() for _ in range(32)])
             yield x, x.sum().unsqueeze(0)
 
@@ -80,9 +80,11 @@ def stream_audit(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stream")
     trainer = tmp / "stream.py"
     trainer.write_text(STREAM)
-    # 24 steps: the first ones drain the 8 batches the workers load ahead while step 0 waits for
-    # its batch, and at 12 the median step was one of those in a loaded test run (no finding)
-    a = audit("run", f"{trainer}:step", "--steps", "24", "--no-profile", "--quiet", out=tmp / "out")
+    # The first steps drain the 8 batches the workers load ahead while step 0 waits for its batch;
+    # every later one waits. The drain takes ~8 / (1 - step / 96 ms) steps: ~10 here, ~12 for a
+    # 20 ms step on loaded cores (CI). Of 30 steps, most wait whatever the load (at 24 steps and a
+    # batch every 32 ms, the median step was a draining one in a loaded CI run: no finding).
+    a = audit("run", f"{trainer}:step", "--steps", "30", "--no-profile", "--quiet", out=tmp / "out")
     assert a.returncode == 0, a.stderr
     return a
 
