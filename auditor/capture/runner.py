@@ -91,7 +91,8 @@ class EvidenceBuilder:
         ev = self.ev
         if isinstance(r, wire.Step):
             step = m.StepRecord(
-                index=r.index, start_s=r.start_s, ms=r.ms, cpu_ms=r.cpu_ms, profiled=r.profiled, failed=r.failed,
+                index=r.index, start_s=r.start_s, ms=r.ms, cpu_ms=r.cpu_ms, waited_ms=r.waited_ms,
+                profiled=r.profiled, failed=r.failed,
                 rss_bytes=r.rss_bytes, device_allocated=r.device_allocated, device_reserved=r.device_reserved,
                 anomaly_enabled=r.anomaly_enabled, lines_sampled=r.lines_sampled,
                 tallies=[_tally(t) for t in r.tallies])

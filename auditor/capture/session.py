@@ -9,6 +9,8 @@ use it, so a step is measured the same way in both.
 """
 from __future__ import annotations
 
+import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -41,6 +43,7 @@ class StepSession:
         self.t_first: float | None = None
         self.index: int | None = None  # the step begun and not yet ended
         self.t0 = self.c0 = 0.0
+        self.w0: float | None = None
         self.anomaly = False
         self.lines = lines.LineSampler() if lines.ENABLED and "lines" not in OFF else None  # per-line time of the steps
         self.line_steps = lines.Schedule()  # which steps the sampler looks at
@@ -51,9 +54,9 @@ class StepSession:
                 c.window = frozenset(prof.window())
                 c.dense = dense_steps(getattr(prof, "steps", 0), c.window)
 
-    def begin(self, i: int, t0: float | None = None, c0: float | None = None) -> None:
-        """Step i begins (now, or at the times `t0`/`c0` taken earlier by the caller: a step that
-        begins with a DataLoader fetch is timed from the fetch's start)."""
+    def begin(self, i: int, t0: float | None = None, c0: float | None = None, w0: float | None = None) -> None:
+        """Step i begins (now, or at the times `t0`/`c0`/`w0` taken earlier by the caller: a step
+        that begins with a DataLoader fetch is timed from the fetch's start)."""
         self.index = i
         self.anomaly = torch.is_anomaly_enabled()
         self.prof.before(i)
@@ -61,6 +64,7 @@ class StepSession:
         for c in self.collectors:
             c.step_begin(i)
         self.c0 = time.process_time() if c0 is None else c0
+        self.w0 = waited_ms() if t0 is None else w0
         self.t0 = time.perf_counter() if t0 is None else t0
         if self.t_first is None:
             self.t_first = self.t0
@@ -75,7 +79,7 @@ class StepSession:
     def end(self, i: int, failed: bool = False) -> None:
         """Step i ends: its record is sent (its times are taken first, before anything else runs);
         a step that did not fail is followed by its planned graph scan."""
-        t1, c1 = time.perf_counter(), time.process_time()
+        t1, c1, w1 = time.perf_counter(), time.process_time(), waited_ms()
         if self.sampling:  # (a step the sampler did not look at has nothing to pause or take)
             self.lines.pause()
         self.device.end(i)
@@ -91,6 +95,7 @@ class StepSession:
         step = wire.Step(index=i, start_s=self.t0 - self.t_first, ms=(t1 - self.t0) * 1e3,
                          cpu_ms=(c1 - self.c0) * 1e3, profiled=self.prof.profiled(i), failed=failed,
                          rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
+                         waited_ms=None if w1 is None or self.w0 is None else w1 - self.w0,
                          anomaly_enabled=self.anomaly, lines_sampled=self.sampling,
                          tallies=self.rec.drain() + (self.lines.take() if self.sampling else []),
                          collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec))
@@ -169,6 +174,30 @@ def new_loaders(rec: probes.Recorder) -> list[dict]:
     return new
 
 
+_schedstat: tuple[int, int, int] | None = None  # (pid, thread ident, fd): the thread's own file
+_no_schedstat = False  # the kernel keeps no run delays (no CONFIG_SCHED_INFO), or not Linux
+
+
+def waited_ms() -> float | None:
+    """How long the calling thread has been ready to run but waiting for a CPU, in ms since it
+    started: the run delay of Linux's schedstat, which other processes' load on the cores raises
+    and the thread's own work, sleeps and waits do not. A `pread` on /proc/thread-self/schedstat
+    kept open: ~2 us. None where the kernel does not keep it."""
+    global _schedstat, _no_schedstat
+    if _no_schedstat:
+        return None
+    try:
+        me = (this_process.PID, threading.get_ident())
+        if _schedstat is None or _schedstat[:2] != me:
+            if _schedstat is not None and _schedstat[0] == me[0]:
+                os.close(_schedstat[2])
+            _schedstat = (*me, os.open("/proc/thread-self/schedstat", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        return int(os.pread(_schedstat[2], 128, 0).split()[1]) / 1e6
+    except (OSError, AttributeError, ValueError, IndexError):
+        _no_schedstat = True
+        return None
+
+
 _statm = "/proc/self/statm"
 _statm_fd: tuple[int, int] | None = None  # (pid, fd): /proc/self is resolved when opened
 
@@ -176,8 +205,6 @@ _statm_fd: tuple[int, int] | None = None  # (pid, fd): /proc/self is resolved wh
 def rss_bytes() -> int | None:
     """Resident memory of this process, read at every step boundary: a `pread` on /proc/self/statm
     kept open costs ~2 us; opening it at each read costs 15-100 us on a loaded VM."""
-    import os
-
     global _statm_fd
     try:
         if _statm_fd is None or _statm_fd[0] != this_process.PID:
@@ -193,8 +220,6 @@ def rss_bytes() -> int | None:
 
 
 def _page_size() -> int:
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 

@@ -64,6 +64,8 @@ class Step(Record, tag="step"):
     index: the step's number, from 0.
     start_s: seconds from the first step's start to this one's.
     ms, cpu_ms: its wall time and the process's CPU time in it.
+    waited_ms: the time its thread was ready to run but waited for a CPU that other work held
+        (session.waited_ms; None where the kernel does not keep it).
     profiled: it ran under torch.profiler.
     failed: it raised or was interrupted: its time is partial.
     rss_bytes: resident memory at its end.
@@ -78,6 +80,7 @@ class Step(Record, tag="step"):
     start_s: float
     ms: float
     cpu_ms: float | None = None
+    waited_ms: float | None = None
     profiled: bool = False
     failed: bool = False
     rss_bytes: int | None = None

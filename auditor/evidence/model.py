@@ -98,6 +98,9 @@ class StepRecord(msgspec.Struct):
     start_s: float  # seconds since the first step started
     ms: float  # the host's clock: from the step's beginning to its end in the program
     cpu_ms: float | None = None  # process CPU time in the step: unaffected by other processes' load
+    # The time the step's thread was ready to run but waited for a CPU that other work held (Linux's
+    # schedstat run delay): other processes' load, measured. None where the kernel does not keep it.
+    waited_ms: float | None = None
     # The device's clock: from the step's beginning to its end on the stream it ran on (CUDA events
     # recorded at its boundaries, read once completed, never waited for: auditor.capture.device_clock).
     # None: no device in use, or its events did not complete (the step is then on the host's clock).

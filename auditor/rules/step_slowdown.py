@@ -45,6 +45,12 @@ class StepSlowdown(Rule):
         rise is (its part of that rise), and, first, a line whose hooks pile up on the same tensors
         or modules every step (see hook-leak): the time then grows in the pass that runs them.
 
+        Load that rises while the steps slow is told apart where the kernel measures it: when the
+        step's thread waited for a CPU that other processes held (Linux's run delay) for a share of
+        the last quarter's steps larger than of the first's by `max-load-rise`, the rise is not
+        judged (such load slows the process's own instructions too, on shared caches or an SMT
+        sibling, so its CPU time is no proof then).
+
     Why it costs:
         Something accumulates per step: a graph kept alive and backpropagated again, a growing
         Python list scanned every step, a cache that never hits. Left alone it gets worse with every
@@ -78,6 +84,8 @@ class StepSlowdown(Rule):
         Option("min-steps", 12, "Unprofiled steps needed to judge a trend (quarters of 3 or more)."),
         Option("min-ratio", 1.3, "Last-quarter median over first-quarter median to flag."),
         Option("min-correlation", 0.6, "Spearman correlation of step time with step index to flag."),
+        Option("max-load-rise", 0.1, "Rise, from the first quarter to the last, in the share of the step its thread "
+                                     "waited for a CPU that other processes held, above which the rise is not judged."),
     )
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
@@ -96,6 +104,15 @@ class StepSlowdown(Rule):
             return
         if floor_first <= 0 or floor_last / floor_first < options.min_ratio:
             return  # the fastest late steps are as fast as the early ones: load came and went
+        # Load from other processes that rose as the steps slowed: the step's thread waited for a CPU
+        # (Linux's run delay) for a larger share of the last steps than of the first. Such load also
+        # slows the process's own instructions where it shares a core's caches or its SMT sibling,
+        # so its CPU time rises with no change in its work: the rise cannot be told from the load's.
+        waited = ([s.waited_ms / s.ms for s in steps] if all(s.waited_ms is not None and s.ms > 0 for s in steps)
+                  else None)
+        load = quarter_medians(waited) if waited else None
+        if load and load[1] - load[0] > options.max_load_rise:
+            return
         if not on_accelerator(ev) and all(s.cpu_ms is not None for s in steps):
             # On the CPU the work itself must grow too: wall time alone also rises when other
             # processes load the machine. That load inflates whole stretches of wall time (a
@@ -197,6 +214,8 @@ class StepSlowdown(Rule):
                       "last_quarter_fastest_ms": round(floor_last, 3),
                       "slope_ms_per_step": round(slope, 4),
                       "spearman": round(rho, 3), **judged, "steps_used": len(steps), **confidence,
+                      "waited_share_first_quarter": round(load[0], 4) if load else None,
+                      "waited_share_last_quarter": round(load[1], 4) if load else None,
                       "median_step_ms": round(median_ms, 3) if median_ms else None,
                       "rise_share_of_last_quarter_step": round(min(1.0, rise / max(last, rise)), 4),
                       "growing_phase": {**{k: v for k, v in culprit.items() if k != "where"},

@@ -4,6 +4,7 @@ The profiler writes such a run's trace under a name of the audit's choosing, the
 the run directory: the trace reads, and its rules run."""
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from auditor.capture.child import _trace_dir, _unsafe_for_trace
@@ -11,11 +12,14 @@ from auditor.evidence.trace.load import load_trace
 from quoted_out_run import quoted_out_run
 
 
-def test_unsafe_paths_get_a_directory_of_the_audits_choosing(tmp_path: Path) -> None:
+def test_unsafe_paths_get_a_directory_of_the_audits_choosing(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # (the chosen ones land there)
+    (tmp_path / "tmp").mkdir()
     for bad in ('a"b', "a\\b", "a\x7fb"):
         logdir = str(tmp_path / bad / "tb" / "run")
         chosen = _trace_dir(logdir)
         assert chosen != logdir and not _unsafe_for_trace(chosen)
+        assert Path(chosen).parent == tmp_path / "tmp"
     assert _trace_dir(str(tmp_path / "plain" / "tb" / "run")) == str(tmp_path / "plain" / "tb" / "run")
 
 

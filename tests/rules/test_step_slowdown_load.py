@@ -1,0 +1,88 @@
+"""Load that another process brings onto the step's core, measured per step (the thread's run delay,
+Linux's schedstat), and step-slowdown's use of it: a rise that came with such load is not judged.
+
+The program pins itself to one core and, at step 12, starts two busy processes on the same core; its own
+work also grows a little each step. On a CI machine a test worker's load rose mid-run in the same
+way: the CPU time of a DataLoader example's constant steps rose x1.48 (shared caches, an SMT
+sibling) and step-slowdown reported a slowdown that was the load's."""
+from __future__ import annotations
+
+import os
+from statistics import median
+
+import pytest
+
+from conftest import audit
+
+from auditor.rules._support.trends import quarter_medians
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat") or not hasattr(os, "sched_setaffinity"),
+                                reason="the kernel keeps no run delays here")
+
+HOG_AT = 12
+PROGRAM = f"""import os, subprocess, sys, time
+
+core = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {{core}})  # this process, and from step {HOG_AT} two others, on one core
+hog = None
+
+
+def step(i):
+    global hog
+    if i == {HOG_AT}:  # two busy processes: the step's share of its core falls to a third or less
+        hog = [subprocess.Popen([sys.executable, "-c", f"import os\\nos.sched_setaffinity(0, {{{{{{core}}}}}})\\nwhile True: pass"])
+               for _ in range(2)]
+    t = time.process_time()
+    while time.process_time() - t < 0.004 + 0.0004 * i:  # the program's own work, growing
+        pass
+    if i == 29:
+        for h in hog:
+            h.kill()
+            h.wait()
+"""
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loaded")
+    (tmp / "loaded.py").write_text(PROGRAM)
+    a = audit("run", f"{tmp / 'loaded.py'}:step", "--steps", "30", "--no-profile", "--quiet", out=tmp / "out")
+    assert a.returncode == 0, a.stderr
+    return a
+
+
+def test_each_step_records_how_long_its_thread_waited_for_the_cpu(loaded):
+    """A busy thread that never sleeps is, at every moment of its step, either running or waiting
+    to run: its wall time is its own CPU time plus its run delay. (The process's CPU time, which
+    the step records, also holds the audit's other threads': the wall time less it is at most the
+    run delay.) With two busy processes on its core it waits for about two thirds of each step."""
+    # (step 12 also waits for the busy processes to start, and 29 for them to end)
+    steps = [s for s in loaded.evidence["steps"] if 2 <= s["index"] < 29 and s["index"] != HOG_AT]
+    for s in steps:
+        assert s["waited_ms"] is not None
+        assert s["ms"] - s["cpu_ms"] - 0.5 <= s["waited_ms"] <= s["ms"] + 0.5, s
+    after = [s["waited_ms"] / s["ms"] for s in steps if s["index"] > HOG_AT]
+    assert median(after) >= 0.5
+
+
+def test_a_rise_that_came_with_load_is_not_judged(loaded):
+    """The run's own CPU time rose x3 and its wall time more, so every gate of step-slowdown passes;
+    but its thread waited for the CPU for a larger share of the last steps than of the first (the
+    busy process), and the rule says nothing. Read without the run delays (a kernel that keeps none),
+    the same evidence is reported as a slowdown: the load measure is what keeps it silent."""
+    from auditor.evidence.load import load_paths
+    from auditor.rules.base import Options
+    from auditor.rules.step_slowdown import StepSlowdown
+
+    ev = load_paths([loaded.out])
+    steps = [s for s in ev.steps if s.index >= 2 and not s.profiled]
+    first, last = quarter_medians([s.waited_ms / s.ms for s in steps])
+    assert last - first > 0.1, (first, last)  # (the rule's max-load-rise)
+    assert loaded.rule("step-slowdown") == []
+    rule = StepSlowdown()
+    options = Options({o.name: o.default for o in rule.options})
+    assert list(rule.check(ev, options)) == []
+    for s in ev.steps:
+        s.waited_ms = None
+    [f] = rule.check(ev, options)
+    assert f.evidence["cpu_ratio"] >= 1.3 and f.evidence["waited_share_first_quarter"] is None
