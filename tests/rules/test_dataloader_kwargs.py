@@ -25,14 +25,14 @@ torch.manual_seed(0)
 
 
 class Slow(Dataset):
-    """A slow source (a read, a decode): 10 ms a sample, 320 ms a batch, whatever the machine's
-    load, so that even one worker cannot keep up with the step."""
+    """A slow source (a read, a decode): 5 ms a sample, 160 ms a batch, whatever the machine's
+    load, so that even one worker cannot keep up with the step (a few ms)."""
 
     def __len__(self):
         return 1024
 
     def __getitem__(self, i):
-        time.sleep(0.01)
+        time.sleep(0.005)
         return torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(i)), i % 10
 
 
