@@ -48,7 +48,7 @@ from torch.nn.modules import module as nn_module
 
 import auditor
 from auditor.capture import probes, wire
-from auditor.capture.session import StepSession, waited_ms
+from auditor.capture.session import StepSession
 from auditor.evidence import model as m
 
 _DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER))
@@ -200,10 +200,10 @@ class StepFinder:
                 return orig(it)
             if not finder.before_fetch(getattr(it, "_audit_loader_id", id(it))):
                 return orig(it)
-            t0, c0, w0 = time.perf_counter(), time.process_time(), waited_ms()
+            t0, c0 = time.perf_counter(), time.process_time()
             batch = orig(it)  # (a StopIteration begins no step: the epoch is over)
             if not finder.done:
-                finder._begin(t0, c0, w0)
+                finder._begin(t0, c0)
             return batch
         return __next__
 
@@ -317,7 +317,7 @@ class StepFinder:
 
     # -- boundaries ----------------------------------------------------------------------------
 
-    def _begin(self, t0: float | None = None, c0: float | None = None, w0: float | None = None) -> None:
+    def _begin(self, t0: float | None = None, c0: float | None = None) -> None:
         self.busy = True
         try:
             it = self.iteration = self.begun
@@ -327,7 +327,7 @@ class StepFinder:
             self.backward_in_step = False
             self.tail_passes = 0
             if it >= self.skip:
-                self.session.begin(it - self.skip, t0, c0, w0)
+                self.session.begin(it - self.skip, t0, c0)
             self._update_forward_hook()
         finally:
             self.busy = False

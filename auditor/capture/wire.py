@@ -64,8 +64,9 @@ class Step(Record, tag="step"):
     index: the step's number, from 0.
     start_s: seconds from the first step's start to this one's.
     ms, cpu_ms: its wall time and the process's CPU time in it.
-    waited_ms: the time its thread was ready to run but waited for a CPU that other work held
-        (session.waited_ms; None where the kernel does not keep it).
+    waited_ms: the time its thread was ready to run but waited for a CPU that other work held,
+        counted from the previous step's end (the step and the boundary before it, ~0.1 ms; from
+        its own start for the first), session.waited_ms; None where the kernel does not keep it.
     profiled: it ran under torch.profiler.
     failed: it raised or was interrupted: its time is partial.
     rss_bytes: resident memory at its end.

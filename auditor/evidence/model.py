@@ -99,7 +99,8 @@ class StepRecord(msgspec.Struct):
     ms: float  # the host's clock: from the step's beginning to its end in the program
     cpu_ms: float | None = None  # process CPU time in the step: unaffected by other processes' load
     # The time the step's thread was ready to run but waited for a CPU that other work held (Linux's
-    # schedstat run delay): other processes' load, measured. None where the kernel does not keep it.
+    # schedstat run delay), from the previous step's end (the boundary before it is ~0.1 ms): other
+    # processes' load, measured. None where the kernel does not keep it.
     waited_ms: float | None = None
     # The device's clock: from the step's beginning to its end on the stream it ran on (CUDA events
     # recorded at its boundaries, read once completed, never waited for: auditor.capture.device_clock).
