@@ -8,6 +8,10 @@ set (rule id + line), and the spread of each finding's cost (ms/step and share o
 and of its stated confidence across the runs.
 
     python bench/bench_stability.py [--target examples/dataloader_bound.py:step ...] [--runs 10] [--load 2] [--steps 30]
+                                    [--load-after SECONDS]
+
+--load-after S starts the busy processes S seconds into each audit and stops them at its end: load that
+arrives mid-run (a CI machine's other test worker), which lifts the last steps and not the first.
 
 Without --target: examples/dataloader_bound.py, step_slowdown.py and forced_cleanup.py, the
 bundled examples whose findings depend on timing.
@@ -53,18 +57,35 @@ def spread(xs: list[float]) -> str:
     return f"{median(xs):.2f} ({lo:.2f}-{hi:.2f}" + (f", x{hi / lo:.2f}" if lo > 0 else "") + ")"
 
 
-def audit_target(target: str, runs: int, steps: int, tmp: Path) -> dict:
-    """`audit run TARGET` `runs` times: each run's verdicts, costs and confidences, and a summary."""
+def start_load(n: int) -> list[mp.Process]:
+    load = [mp.Process(target=_busy, daemon=True) for _ in range(n)]
+    for p in load:
+        p.start()
+    return load
+
+
+def audit_target(target: str, runs: int, steps: int, tmp: Path, load: int = 0, load_after: float | None = None) -> dict:
+    """`audit run TARGET` `runs` times: each run's verdicts, costs and confidences, and a summary.
+    With `load_after`, `load` busy processes start that many seconds into each run and stop at its end."""
     results, costs, shares, confs, loads, medians = [], {}, {}, {}, [], []
     for k in range(runs):
         out = tmp / f"{Path(target.split(':')[0]).stem}-{k}"
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "auditor", "run", target, "--steps", str(steps),
-                            "--quiet", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+        p = subprocess.Popen([sys.executable, "-m", "auditor", "run", target, "--steps", str(steps),
+                              "--quiet", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        late: list[mp.Process] = []
+        if load_after is not None:
+            try:
+                p.wait(timeout=load_after)
+            except subprocess.TimeoutExpired:
+                late = start_load(load)
+        _, stderr = p.communicate()
+        for q in late:
+            q.terminate()
         wall = time.perf_counter() - t0
         if not (out / "findings.json").exists():
-            print(f"  run {k}: failed (exit {p.returncode}): {p.stderr[-500:]}")
+            print(f"  run {k}: failed (exit {p.returncode}): {stderr[-500:]}")
             continue
         doc = json.loads((out / "findings.json").read_text())
         v = verdicts(doc)
@@ -99,21 +120,22 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--load", type=int, default=2, help="CPU-bound processes running beside the audits")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--load-after", type=float, help="start the load this many seconds into each audit (stopped at "
+                                                     "its end) rather than before all of them")
     args = ap.parse_args()
     targets = args.target or list(TARGETS)
-    load = [mp.Process(target=_busy, daemon=True) for _ in range(args.load)]
-    for p in load:
-        p.start()
+    load = start_load(args.load) if args.load_after is None else []
     summaries = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for target in targets:
                 print(f"{target}:", flush=True)
-                summaries.append(audit_target(target, args.runs, args.steps, Path(tmp)))
+                summaries.append(audit_target(target, args.runs, args.steps, Path(tmp), args.load, args.load_after))
     finally:
         for p in load:
             p.terminate()
-    print(f"\n{args.runs} audits of {args.steps} steps each beside {args.load} CPU-bound processes:")
+    when = f", from {args.load_after:g} s into each" if args.load_after is not None else ""
+    print(f"\n{args.runs} audits of {args.steps} steps each beside {args.load} CPU-bound processes{when}:")
     for s in summaries:
         if not s["runs"]:
             print(f"{s['target']}: every run failed")
