@@ -1,10 +1,11 @@
 """Load that another process brings onto the step's core, measured per step (the thread's run delay,
-Linux's schedstat), and step-slowdown's use of it: a rise that came with such load is not judged.
+Linux's schedstat), and step-slowdown's use of it: a rise that came with such load must be twice
+as large (load-slowdown) to be judged the program's.
 
 The program pins itself to one core and, at step 12, starts two busy processes on the same core; its own
-work also grows a little each step. On a CI machine a test worker's load rose mid-run in the same
-way: the CPU time of a DataLoader example's constant steps rose x1.48 (shared caches, an SMT
-sibling) and step-slowdown reported a slowdown that was the load's."""
+work also grows each step, a little (x1.8 over the run) or a lot (x3.7). On a CI machine a test
+worker's load rose mid-run in the same way: the CPU time of a DataLoader example's constant steps
+rose x1.48 (shared caches, an SMT sibling) and step-slowdown reported a slowdown that was the load's."""
 from __future__ import annotations
 
 import os
@@ -33,7 +34,7 @@ def step(i):
         hog = [subprocess.Popen([sys.executable, "-c", f"import os\\nos.sched_setaffinity(0, {{{{{{core}}}}}})\\nwhile True: pass"])
                for _ in range(2)]
     t = time.process_time()
-    while time.process_time() - t < 0.004 + 0.0004 * i:  # the program's own work, growing
+    while time.process_time() - t < 0.004 + {{growth}} * i:  # the program's own work, growing
         pass
     if i == 29:
         for h in hog:
@@ -42,13 +43,24 @@ def step(i):
 """
 
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
+def run(tmp_path_factory, growth: float):
     tmp = tmp_path_factory.mktemp("loaded")
-    (tmp / "loaded.py").write_text(PROGRAM)
+    (tmp / "loaded.py").write_text(PROGRAM.replace("{growth}", str(growth)))
     a = audit("run", f"{tmp / 'loaded.py'}:step", "--steps", "30", "--no-profile", "--quiet", out=tmp / "out")
     assert a.returncode == 0, a.stderr
     return a
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """A little more work each step: x1.8 from the first quarter to the last."""
+    return run(tmp_path_factory, 0.0002)
+
+
+@pytest.fixture(scope="module")
+def loaded_growing(tmp_path_factory):
+    """Much more work each step: x3.7 from the first quarter to the last."""
+    return run(tmp_path_factory, 0.0015)
 
 
 def test_each_step_records_how_long_its_thread_waited_for_the_cpu(loaded):
@@ -70,11 +82,12 @@ def test_each_step_records_how_long_its_thread_waited_for_the_cpu(loaded):
     assert median(after) >= 0.5
 
 
-def test_a_rise_that_came_with_load_is_not_judged(loaded):
-    """The run's own CPU time rose x3 and its wall time more, so every gate of step-slowdown passes;
-    but its thread waited for the CPU for a larger share of the last steps than of the first (the
-    busy process), and the rule says nothing. Read without the run delays (a kernel that keeps none),
-    the same evidence is reported as a slowdown: the load measure is what keeps it silent."""
+def test_a_small_rise_that_came_with_load_is_not_judged(loaded):
+    """The run's own CPU time rose x1.8 and its wall time more, so every gate of step-slowdown at its
+    min-ratio (1.3) passes; but its thread waited for the CPU for a larger share of the last steps
+    than of the first (the busy processes), so the rise must be x2.6, and the rule says nothing.
+    Read without the run delays (a kernel that keeps none), the same evidence is reported as a
+    slowdown: the load measure is what keeps it silent."""
     from auditor.evidence.load import load_paths
     from auditor.rules.base import Options
     from auditor.rules.step_slowdown import StepSlowdown
@@ -90,4 +103,14 @@ def test_a_rise_that_came_with_load_is_not_judged(loaded):
     for s in ev.steps:
         s.waited_ms = None
     [f] = rule.check(ev, options)
-    assert f.evidence["cpu_ratio"] >= 1.3 and f.evidence["waited_share_first_quarter"] is None
+    assert 1.3 <= f.evidence["cpu_ratio"] < 2.6 and f.evidence["waited_share_first_quarter"] is None
+    assert f.evidence["load_rose"] is False and f.evidence["ratio_needed"] == 1.3
+
+
+def test_a_large_rise_that_came_with_load_is_still_reported(loaded_growing):
+    """The same load, and work that grows x3.7: more than such load makes of constant work, so the
+    slowdown is reported, with the load it was judged under."""
+    [f] = loaded_growing.rule("step-slowdown")
+    ev = f["evidence"]
+    assert ev["load_rose"] is True and ev["ratio_needed"] == 2.6 and ev["cpu_ratio"] >= 2.6
+    assert ev["waited_share_last_quarter"] - ev["waited_share_first_quarter"] > 0.1
