@@ -89,7 +89,6 @@ def test_a_small_rise_that_came_with_load_is_not_judged(loaded):
     Read without the run delays (a kernel that keeps none), the same evidence is reported as a
     slowdown: the load measure is what keeps it silent."""
     from auditor.evidence.load import load_paths
-    from auditor.rules.base import Options
     from auditor.rules.step_slowdown import StepSlowdown
 
     ev = load_paths([loaded.out])
@@ -98,7 +97,7 @@ def test_a_small_rise_that_came_with_load_is_not_judged(loaded):
     assert last - first > 0.1, (first, last)  # (the rule's max-load-rise)
     assert loaded.rule("step-slowdown") == []
     rule = StepSlowdown()
-    options = Options({o.name: o.default for o in rule.options})
+    options = rule.default_options()
     assert list(rule.check(ev, options)) == []
     for s in ev.steps:
         s.waited_ms = None
