@@ -58,6 +58,7 @@ def spread(xs: list[float]) -> str:
 
 
 def start_load(n: int) -> list[mp.Process]:
+    """`n` busy processes, started."""
     load = [mp.Process(target=_busy, daemon=True) for _ in range(n)]
     for p in load:
         p.start()
@@ -75,12 +76,11 @@ def audit_target(target: str, runs: int, steps: int, tmp: Path, load: int = 0, l
                               "--quiet", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         late: list[mp.Process] = []
-        if load_after is not None:
-            try:
-                p.wait(timeout=load_after)
-            except subprocess.TimeoutExpired:
-                late = start_load(load)
-        _, stderr = p.communicate()
+        try:  # (communicate, not wait: it reads the pipes while it waits, so a full one blocks nothing)
+            _, stderr = p.communicate(timeout=load_after)
+        except subprocess.TimeoutExpired:
+            late = start_load(load)
+            _, stderr = p.communicate()
         for q in late:
             q.terminate()
         wall = time.perf_counter() - t0
