@@ -143,6 +143,11 @@ def test_suppression_comments(project):
     ('[tool.auditor.rules.forced-cleanup]\nmax-interval = 0\n',
      "option max-interval of rule forced-cleanup must be >= 1, not 0"),
     ('[tool.auditor.rules.grad-explosion]\nclip-percentile = 101\n', "must be between 0 and 100, not 101"),
+    # a rise of a share is at most 1; a factor under 1 would ask less of a run under rising load
+    ('[tool.auditor.rules.step-slowdown]\nmax-load-rise = 1.5\n',
+     "option max-load-rise of rule step-slowdown must be between 0 and 1, not 1.5"),
+    ('[tool.auditor.rules.step-slowdown]\nload-slowdown = 0.5\n',
+     "option load-slowdown of rule step-slowdown must be >= 1, not 0.5"),
 ])
 def test_a_config_value_of_the_wrong_type_is_a_usage_error(project, toml, message):
     """Caught before anything runs, as one line (it was an internal error, or a rule failing later)."""

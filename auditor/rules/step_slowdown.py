@@ -86,9 +86,9 @@ class StepSlowdown(Rule):
         Option("min-ratio", 1.3, "Last-quarter median over first-quarter median to flag."),
         Option("min-correlation", 0.6, "Spearman correlation of step time with step index to flag."),
         Option("max-load-rise", 0.1, "Rise, from the first quarter to the last, in the share of the step its thread "
-                                     "waited for a CPU that other processes held, above which load rose with the steps."),
+                                     "waited for a CPU that other processes held, above which load rose with the steps.", high=1.0),
         Option("load-slowdown", 2.0, "Where load rose with the steps (max-load-rise): how many times min-ratio the "
-                                     "step's own time must rise, beyond what such load makes of constant work."),
+                                     "step's own time must rise, beyond what such load makes of constant work.", low=1.0),
     )
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
