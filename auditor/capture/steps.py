@@ -18,6 +18,16 @@ A step is one iteration of the training loop, as a person counts it:
   (an eval loop) closes the step too and begins none: what runs until the next training fetch is
   outside the steps ("between"). With a training DataLoader, forwards and backwards never close a
   step, which keeps a GAN's D and G in one;
+- where no optimizer has stepped and no training DataLoader is known, a weight update outside
+  torch.optim (`p.data.add_(p.grad, alpha=-lr)` over the parameters: pytorch/examples'
+  word_language_model) marks steps: a forward with grad enabled after the step's backward pass
+  closes the step and begins the next when the module's weights changed since the step's first
+  forward (their version counters, which an in-place update under no_grad moves, or their norms,
+  which an update through `.data` changes: a fingerprint taken and compared while the finder is
+  telling updates apart, see StepFinder._updated). Where they did not change, the forward is a
+  gradient-accumulation micro-batch of the open step (an optimizer may step after several). Once
+  UPDATES_TO_TRUST updates have been seen and no micro-batch, every forward after a backward
+  pass closes its step, unchecked; a DataLoader's fetch then begins it;
 - where no optimizer steps, the first DataLoader fetched marks steps: each of its fetches in a
   step without a backward pass closes the step and begins the next, once the step has done
   something besides fetching (a wrapper that fetches one batch ahead, as accelerate's loader in
@@ -40,6 +50,7 @@ import ast
 import re
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -49,11 +60,17 @@ from torch.nn.modules import module as nn_module
 import auditor
 from auditor.capture import probes, wire
 from auditor.capture.session import StepSession
+from auditor.capture.unseen import no_torch_function
 from auditor.evidence import model as m
 
 _DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER))
 
 _compiling = torch.compiler.is_compiling
+
+# Weight updates outside torch.optim seen before the finder stops checking each one (see
+# StepFinder._updated): past this many, with no micro-batch between them, the program's every
+# forward after a backward pass is an iteration's start.
+UPDATES_TO_TRUST = 3
 
 # Names in a program's code that make or step an optimizer: torch.optim and its optimizers, those
 # of other libraries (bitsandbytes.optim, timm's create_optimizer), GradScaler, and the frameworks
@@ -127,6 +144,11 @@ class StepFinder:
         self.tail_passes = 0  # no-grad forwards after the open step's optimizer step
         self.tail_limit: int | None = None  # the tail the previous step held (None: no step closed yet)
         self.in_tail_outside = False  # a tail past its limit closed the step: no-grad forwards begin none
+        self.fingerprint: tuple | None = None  # the open step's first forward's module and weights (_fingerprint)
+        self.updates_seen = 0  # weight updates outside torch.optim seen (forwards after a backward that found them changed)
+        self.micro_seen = False  # a forward after a backward found the weights unchanged: a micro-batch
+        self.optimizer_begun = False  # an optimizer step has begun (_optimizer_begins)
+        self._begins_hook: Any = None  # its handle, removed once it has fired
         self.first_loader: int | None = None
         self.last_loader: int | None = None
         self.train_loader: int | None = None
@@ -145,10 +167,12 @@ class StepFinder:
     def install(self) -> None:
         """Hook the activities that mark steps. Installed after the probes, so these wrappers are
         outermost: a boundary is crossed before a probe times the call that crossed it."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         h = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.on_optimizer_step(opt))
         self._undo.append(h.remove)
+        self._begins_hook = register_optimizer_step_pre_hook(self._optimizer_begins)
+        self._undo.append(self._drop_begins_hook)
         # an optimizer step inside code torch.compile compiled runs no Python hook: the probes note it
         # while tracing and hand it over once the compiled code has run (probes.settle_traced_steps)
         reader = lambda opt, where: self.on_optimizer_step(opt)  # noqa: E731
@@ -172,6 +196,11 @@ class StepFinder:
             undo()
         self._undo.clear()
         self._fwd_hook = None
+
+    def _drop_begins_hook(self) -> None:
+        if self._begins_hook is not None:
+            self._begins_hook.remove()
+            self._begins_hook = None
 
     def _wrap(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
         orig = owner.__dict__[name] if name in getattr(owner, "__dict__", {}) else getattr(owner, name)
@@ -212,6 +241,8 @@ class StepFinder:
         if what != "torch.autograd.grad" and self._live() and not self.rec.in_data:
             self.on_pass()
             self.backward_in_step = True
+            if self._watching_updates():
+                self._update_forward_hook()
 
     def _scaler_probe(self, orig: Callable) -> Callable:
         finder = self
@@ -247,6 +278,10 @@ class StepFinder:
             if starts:
                 self._flush_outside()
             return starts
+        if self.mode == "update" and self._trusting_updates() and loader == self.first_loader and self.backward_in_step:
+            self._end()  # (an update-marked iteration begins at its batch's fetch)
+            self._flush_outside()
+            return True
         if (self.mode in (None, "dataloader") and not self.known_opts and loader == self.first_loader
                 and (self.no_optimizer or not self.backward_in_step) and self._worked()):
             self.mode = "dataloader"
@@ -261,7 +296,78 @@ class StepFinder:
 
     def on_forward(self, module: Any, args: Any) -> None:
         if self._live() and not self.rec.in_data:
-            self.on_pass(tail=not torch.is_grad_enabled())
+            grad = torch.is_grad_enabled()
+            if (grad and self.iteration is not None and self.backward_in_step and not self.pending
+                    and self._watching_updates()):
+                probes.settle_traced_steps()  # (an optimizer step in compiled code is read first: it marks the step)
+                if not self.pending and self._watching_updates() and self._updated(module):
+                    self.mode = "update"
+                    self.pending = True  # (on_pass closes the step here and begins the next)
+            self.on_pass(tail=not grad)
+            if (grad and self.iteration is not None and self.fingerprint is None and self._watching_updates()
+                    and not self._trusting_updates()):
+                self.fingerprint = self._fingerprint(module)
+                self._update_forward_hook()
+
+    # -- weight updates outside torch.optim ------------------------------------------------------
+
+    def _watching_updates(self) -> bool:
+        """Whether a weight update may mark this program's steps: no optimizer has begun a step
+        (an LBFGS closure's forwards run inside its first one, between its own updates), no
+        training DataLoader is known, no marker is used."""
+        return (self.mode in (None, "update") and not self.optimizer_begun and self.train_loader is None)
+
+    def _optimizer_begins(self, opt: Any, args: Any, kwargs: Any) -> None:
+        """torch's global optimizer step pre-hook, until the first step has begun: a program that
+        steps a torch.optim optimizer marks its steps with it, not with weight updates."""
+        self.optimizer_begun = True
+
+    def _trusting_updates(self) -> bool:
+        """Whether every forward after a backward pass is taken for an update's, unchecked."""
+        return self.updates_seen >= UPDATES_TO_TRUST and not self.micro_seen
+
+    def _updated(self, module: Any) -> bool:
+        """A forward with grad enabled follows the open step's backward pass: did the weights of
+        the step's first forward's module change since it ran (an update), or not (a micro-batch)?"""
+        if self._trusting_updates():
+            return True
+        before, self.fingerprint = self.fingerprint, None
+        first = before[0]() if before is not None else None
+        now = self._fingerprint(first) if first is not None else None
+        if now is None:
+            return False
+        changed = before[1] != now[1]
+        if not changed and before[2] is not None and now[2] is not None:
+            with no_torch_function():
+                changed = not torch.equal(before[2], now[2])
+        if changed:
+            self.updates_seen += 1
+        else:
+            self.micro_seen = True
+            self.fingerprint = before  # (the step's micro-batches compare with its first forward)
+        return changed
+
+    @staticmethod
+    def _fingerprint(module: Any) -> tuple | None:
+        """(a weak reference to `module`, its trainable parameters' version counters, their norms):
+        an in-place update under no_grad moves the counters, one through `.data` does not but
+        changes the norms. None for a module that cannot be read so (no weak reference, no
+        trainable parameters)."""
+        try:
+            ref = weakref.ref(module)
+            params = [p for p in module.parameters() if p.requires_grad]
+        except Exception:  # (not a plain Module: it marks no steps)
+            return None
+        if not params:
+            return None
+        versions = tuple(p._version for p in params)
+        try:
+            with no_torch_function(), torch.no_grad():
+                tensors = [p.detach() for p in params if p.numel() and p.dtype.is_floating_point]
+                norms = torch.stack([n.float() for n in torch._foreach_norm(tensors)]) if tensors else None
+        except Exception:  # (a parameter no norm takes: sparse, meta; the counters alone tell)
+            norms = None
+        return ref, versions, norms
 
     def on_pass(self, tail: bool = False) -> None:
         """An outermost forward or a backward pass, where no training DataLoader marks steps;
@@ -291,7 +397,7 @@ class StepFinder:
         if self.iteration is None:  # (an optimizer step with no step open: it is one)
             self._flush_outside()
             self._begin()
-        if self.mode is None or self.mode == "dataloader":
+        if self.mode in (None, "dataloader", "update"):
             self.mode = "optimizer"
         if id(opt) not in self.opts_in_step and self.iteration is not None and self.iteration >= self.skip:
             self.opt_calls += 1  # (optimizers stepped per iteration: GradScaler's skipped steps count)
@@ -299,6 +405,8 @@ class StepFinder:
             self.opt_names[name] = self.opt_names.get(name, 0) + 1
         self.opts_in_step.add(id(opt))
         self.known_opts.add(id(opt))
+        self.optimizer_begun = True  # (a compiled step runs no pre-hook)
+        self._drop_begins_hook()  # (here, not in the hook: torch is iterating over its pre-hooks there)
         if self.train_loader is None and self.last_loader is not None:
             self.train_loader = self.last_loader
         if self.mode == "optimizer" and self.opts_in_step >= self.known_opts:
@@ -325,6 +433,7 @@ class StepFinder:
             self.pending = False
             self.opts_in_step = set()
             self.backward_in_step = False
+            self.fingerprint = None
             self.tail_passes = 0
             if it >= self.skip:
                 self.session.begin(it - self.skip, t0, c0)
@@ -378,7 +487,8 @@ class StepFinder:
         if self.iteration is not None and not was_done:
             it, self.iteration = self.iteration, None
             audited = it >= self.skip
-            ended = failed or self.pending or self.mode in (None, "dataloader") or bool(self.opts_in_step)
+            ended = (failed or self.pending or self.mode in (None, "dataloader") or bool(self.opts_in_step)
+                     or (self.mode == "update" and self.backward_in_step))
             if self.mode == "marker" and not failed:
                 ended = False
             if audited and ended:
@@ -406,6 +516,9 @@ class StepFinder:
             return "dataloader", "DataLoader iterations (no optimizer stepped)"
         if self.mode == "marker":
             return "marker", "auditor.step() markers"
+        if self.mode == "update":
+            return "update", ("weight updates outside torch.optim (the weights changed between a backward pass "
+                              "and the next forward), 1 per iteration")
         if self.begun:
             return "none", ("no optimizer step, repeated DataLoader iteration or auditor.step() marker: "
                             "the program's work from its first forward pass or fetch is one step")
@@ -415,7 +528,9 @@ class StepFinder:
 
     def _update_forward_hook(self) -> None:
         want = (not self.done and self.mode != "marker" and self.train_loader is None
-                and (self.iteration is None or self.pending))
+                and (self.iteration is None or self.pending
+                     or (self._watching_updates() and (self.backward_in_step or (
+                         self.fingerprint is None and not self._trusting_updates())))))
         self._set_forward_hook(want)
 
     def _set_forward_hook(self, want: bool) -> None:

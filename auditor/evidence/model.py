@@ -284,7 +284,7 @@ class Program(msgspec.Struct):
 
     form: "script" (`file.py`) or "module" (`-m pkg.mod`); argv: its sys.argv; steps_by: how its steps were found,
     "optimizer" (its optimizer steps), "dataloader" (its training DataLoader's iterations),
-    "marker" (its `auditor.step()` calls) or "none"; steps_found: the same as the report says it
+    "marker" (its `auditor.step()` calls), "update" (its weight updates outside torch.optim) or "none"; steps_found: the same as the report says it
     ("optimizer steps (Adam), 1 per iteration"); skipped: steps run unaudited first (--skip);
     ended_by_audit: --steps N ended it at a step boundary after N steps, as a Ctrl-C does;
     exit_code: the program's own exit code (its sys.exit's; 0 when it ran to its end), None when

@@ -220,6 +220,60 @@ class Program:
     slow: bool = False  # marked slow (torch.compile compiles for a minute on a busy machine)
 
 
+# pytorch/examples' word_language_model as it runs by default: an LSTM language model over a token
+# tensor sliced into batches (no DataLoader), its weights updated by hand through `.data` (its
+# torch.optim.SGD only behind --use-optimizer, so the program names an optimizer it never makes)
+MANUAL_UPDATE = END + '''
+import argparse
+import torch
+from torch import nn
+ap = argparse.ArgumentParser()
+ap.add_argument("--use-optimizer", action="store_true")
+ap.add_argument("--accumulate", type=int, default=1)
+ap.add_argument("--no-grad-update", action="store_true")
+args = ap.parse_args()
+torch.manual_seed(0)
+V, T, B = 50, 12, 4
+data = torch.randint(0, V, (T * 400, B))
+
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.rnn, self.out = nn.Embedding(V, 16), nn.LSTM(16, 16), nn.Linear(16, V)
+    def forward(self, x, h):
+        y, h = self.rnn(self.emb(x), h)
+        return self.out(y), h
+
+model = LM()
+if args.use_optimizer:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+lr, done = 0.5, 0
+h = None
+try:
+    for i in range(0, data.size(0) - T - 1, T):
+        x, y = data[i:i + T], data[i + 1:i + 1 + T]
+        h = None if h is None else tuple(t.detach() for t in h)
+        out, h = model(x, h)
+        loss = nn.functional.cross_entropy(out.view(-1, V), y.reshape(-1)) / args.accumulate
+        loss.backward()
+        if (i // T + 1) % args.accumulate:
+            continue
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        if args.no_grad_update:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= lr * p.grad
+        else:
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-lr)  # LINE:update
+        model.zero_grad()
+        done += 1
+        print(loss.item())  # LINE:item
+finally:
+    open("finally.txt", "w").write(str(done))
+'''
+
+
 PROGRAMS = {
     # (20 steps of 2 epochs of 16: the eval loop after the first epoch runs between steps, read by
     # test_the_eval_loop_is_outside_the_steps from this row's audit)
@@ -240,6 +294,10 @@ PROGRAMS = {
     "compiled-optimizer-step-no-numerics": Program(COMPILED_STEP, ("--steps", "5"), 5, "optimizer", slow=True),
     "gan-without-loader": Program(GAN_NO_LOADER, ("--steps", "5"), 5, "optimizer"),
     "custom-update": Program(CUSTOM_UPDATE, ("--steps", "6"), 6, "dataloader"),
+    "manual-update": Program(MANUAL_UPDATE, ("--steps", "6"), 6, "update", {"host-sync": "item"}, numerics=True),
+    "no-grad-update": Program(MANUAL_UPDATE, ("--steps", "6", "--", "--no-grad-update"), 6, "update"),
+    "manual-update-accumulate": Program(MANUAL_UPDATE, ("--steps", "5", "--", "--accumulate", "3"), 5, "update"),
+    "manual-update-to-end": Program(MANUAL_UPDATE, ("--steps", "4", "--to-end"), 399, "update", ended_by_audit=False),
 }
 
 
@@ -325,6 +383,33 @@ def test_gan_and_accumulation_steps_hold_whole_iterations(program_audit):
         assert sum(t["count"] for t in s["tallies"] if t["kind"] == "forward") == 4
         assert sum(t["count"] for t in s["tallies"] if t["kind"] == "backward") == 4
     assert (d / "finally.txt").read_text() == "20"  # (ended at the first forward after the 5th step)
+
+
+def test_an_update_outside_torch_optim_marks_whole_iterations(program_audit):
+    """A language model whose weights are updated by hand (word_language_model's
+    `p.data.add_(p.grad, alpha=-lr)`, or `p -= lr * p.grad` under no_grad), with no DataLoader
+    and an optimizer named but never made: each iteration is a step, from its forward pass, with
+    its one backward pass and its update (3 micro-batches a step where it accumulates); the audit
+    ends the program after --steps of them, at the next iteration's forward: the updates the
+    program made (finally.txt) are the steps'."""
+    for name, micro in (("manual-update", 1), ("no-grad-update", 1), ("manual-update-accumulate", 3)):
+        a, d = program_audit(name)
+        assert a.returncode == 0, (name, a.stderr[-3000:])
+        steps = a.evidence["steps"]
+        assert "weight updates outside torch.optim" in a.evidence["program"]["steps_found"]
+        for s in steps:
+            kinds = {}
+            for t in s["tallies"]:
+                kinds[t["kind"]] = kinds.get(t["kind"], 0) + t["count"]
+            assert kinds.get("backward") == micro, (name, s["index"], kinds)
+            forwards = [t for t in s["tallies"] if t["kind"] == "forward" and t["what"] == "LM"]
+            assert sum(t["count"] for t in forwards) == micro, (name, s["index"])
+            # (one update a step: clip_grad_norm_'s norm, the loss's .item() at the step's end)
+            item = [t for t in s["tallies"] if t["what"] == "Tensor.item"]
+            assert [t["where"]["line"] for t in item] == [_line(MANUAL_UPDATE, "item")], (name, s["index"])
+        assert int((d / "finally.txt").read_text()) == len(steps), name
+    a, d = program_audit("manual-update-to-end")  # (the run's 399 updates, its last step closed at its end)
+    assert int((d / "finally.txt").read_text()) == 399
 
 
 def test_the_eval_loop_is_outside_the_steps(program_audit):
