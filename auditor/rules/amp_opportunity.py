@@ -13,7 +13,7 @@ from auditor.evidence.trace.efficiency import kernel_ops, op_shapes, op_work
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.evidence import model as m
-from auditor.rules._support.places import by_place, locations, on_accelerator, steps_run
+from auditor.rules._support.places import by_place, locations, on_accelerator, typical_pairs
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, TraceRule
 from auditor.rules.suppression import unsuppressed
@@ -105,8 +105,8 @@ class AmpOpportunity(TraceRule):
         """One finding for the run when most of its GPU matmul/conv FLOPs are fp32 outside autocast."""
         if not ev.steps or not ev.environment.rehearsal or on_accelerator(ev):
             return
-        n = steps_run(ev)
-        pairs = ev.tallies(m.DEVICE_MATMUL)
+        typical = typical_pairs(ev, m.DEVICE_MATMUL)
+        n, pairs = typical.n, typical.pairs
         total = sum(t.count * int(t.data.get("flops") or 0) for _, t in pairs)
         fp32_pairs = [(s, t) for s, t in pairs if t.data.get("dtype") == "float32" and not t.data.get("autocast")]
         flops: dict[tuple, int] = {}
@@ -131,10 +131,11 @@ class AmpOpportunity(TraceRule):
             + "; ".join(f"{p.what} x{per_step(p.count / n)}/step ({of(p) / n / 1e9:.3f} GFLOP) at "
                         f"{line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
                         for p in places[:5])
-            + "; on a GPU with tensor cores, mixed precision runs them several times faster.",
+            + "; on a GPU with tensor cores, mixed precision runs them several times faster." + typical.note(),
             locations=locations(places),
             evidence={"fp32_gflop_per_step": round(fp32 / n / 1e9, 4), "gflop_per_step": round(total / n / 1e9, 4),
                       "fp32_share": round(fp32 / total, 4), "fp32_calls_per_step": round(calls / n, 2), "steps": n,
+                      "left_out_steps": {str(k): v for k, v in typical.left_out.items()},
                       "rehearsal": True,
                       "sites": [{"what": p.what, "file": p.where.file if p.where else None,
                                  "line": p.where.line if p.where else None, "count": p.count,

@@ -15,7 +15,7 @@ from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.names import COMM_KERNEL, GRAPH_LAUNCH
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.rules._support.gpu_costs import estimate_device, kernel_us, launch_cost
-from auditor.rules._support.places import steps_run
+from auditor.rules._support.places import steps_run, typical_pairs
 from auditor.rules._support.step_edits import loop_around
 from auditor.fixes import read_lines
 from auditor.rules._support.text import line_ref, per_step
@@ -163,11 +163,12 @@ class LaunchBound(TraceRule):
         each priced on the device model's row (gpu_costs.kernel_us: its bytes at the row's memory
         bandwidth, its FLOPs at the row's peak) and called small when that is under the row's
         launch latency."""
-        pairs = ev.tallies(m.DEVICE_LAUNCH)
+        typical = typical_pairs(ev, m.DEVICE_LAUNCH)
+        pairs = typical.pairs
         if not pairs:
             return None
         device, _ = estimate_device(ev)
-        n = steps_run(ev)
+        n = typical.n
         launches = small = 0
         largest_small = 0.0  # bytes of the largest small launch (a class's mean)
         at: dict[tuple, dict] = defaultdict(lambda: {"launches": 0, "small": 0, "ops": Counter(), "where": None})
@@ -203,11 +204,12 @@ class LaunchBound(TraceRule):
                         f"{line_ref(s['where'].file if s['where'] else None, s['where'].line if s['where'] else None, first)}"
                         for s in named)
             + f". About {cost.ms_per_step:g} ms/step of launch time (estimated; the backward pass's launches, "
-            "not seen in a rehearsal, add to it).")
+            "not seen in a rehearsal, add to it)." + typical.note())
         return self.finding(
             message,
             locations=[Location.of(s["where"]) for s in named if s["where"] is not None],
             evidence={"source": "rehearsal", "device": device.key, "steps": n,
+                      "left_out_steps": {str(k): v for k, v in typical.left_out.items()},
                       "launches_per_step": round(launches / n, 2), "small_launches_per_step": round(small / n, 2),
                       "small_share": round(share, 4), "launch_us": device.launch_us,
                       "mem_bw_gbs": device.mem_bw_gbs,
