@@ -75,27 +75,36 @@ if {last} >= {steps}:
 """
 
 
-def window_count(out_dir: Path) -> int:
-    """The instructions in the window: the one dump that counted any (the audited run's parent and
-    the tools it runs count none; the final dump at exit, after count_off, counts none either)."""
-    counts = []
+def window_events(out_dir: Path) -> dict[str, int]:
+    """The events counted in the window (Ir, the instructions; with the cache model also its misses:
+    I1mr D1mr D1mw, first level, and ILmr DLmr DLmw, last level), from the one dump that counted
+    any (the audited run's parent and the tools it runs count none; the final dump at exit, after
+    count_off, counts none either)."""
+    found = []
     for f in out_dir.iterdir():
-        m = re.search(r"^summary: (\d+)$", f.read_text(errors="replace"), re.M)
-        if m and re.search(r"^desc: Trigger: Client Request: window$", f.read_text(errors="replace"), re.M):
-            counts.append(int(m.group(1)))
-    if len(counts) != 1:
-        sys.exit(f"expected one window dump in {out_dir}, found {len(counts)}")
-    return counts[0]
+        text = f.read_text(errors="replace")
+        events = re.search(r"^events: (.+)$", text, re.M)
+        summary = re.search(r"^summary: ([\d ]+)$", text, re.M)
+        if events and summary and re.search(r"^desc: Trigger: Client Request: window$", text, re.M):
+            found.append(dict(zip(events.group(1).split(), map(int, summary.group(1).split()))))
+    if len(found) != 1:
+        sys.exit(f"expected one window dump in {out_dir}, found {len(found)}")
+    return found[0]
 
 
-def run(cmd: list[str], out_dir: Path, env: dict, cwd: Path) -> int:
+def run(cmd: list[str], out_dir: Path, env: dict, cwd: Path, cache: list[str]) -> dict[str, int]:
     out_dir.mkdir()
-    vg = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes",
+    vg = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes", *cache,
           f"--callgrind-out-file={out_dir}/callgrind.%p"]
     p = subprocess.run(vg + cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed under valgrind: {p.stderr[-2000:]}")
-    return window_count(out_dir)
+    return window_events(out_dir)
+
+
+def misses(ev: dict[str, int]) -> tuple[int, int]:
+    """(first-level misses, last-level misses) of a window's events."""
+    return ev["I1mr"] + ev["D1mr"] + ev["D1mw"], ev["ILmr"] + ev["DLmr"] + ev["DLmw"]
 
 
 def main() -> None:
@@ -111,7 +120,13 @@ def main() -> None:
     ap.add_argument("--parts", default="all,none",
                     help="variants: all (the full audit), none (every part off), a part's name (the audit "
                          f"without it: {', '.join(PARTS)}), no-numerics, no-profile")
+    ap.add_argument("--cache", type=int, default=None, metavar="BYTES",
+                    help="also simulate the caches (callgrind --cache-sim, first level as valgrind reads the "
+                         "machine's) with a last level of BYTES (16-way, 64-byte lines; give one core's L2 "
+                         "to see what the audit's work evicts of the program's there) and print the misses "
+                         "per iteration: what instructions alone cannot show")
     args = ap.parse_args()
+    cache = ["--cache-sim=yes", f"--LL={args.cache},16,64"] if args.cache else []
     for tool in ("valgrind", "cc"):
         if shutil.which(tool) is None:
             sys.exit(f"this bench needs {tool} (and valgrind's headers, valgrind/callgrind.h)")
@@ -128,18 +143,27 @@ def main() -> None:
         prog = tmp_path / "proxy.py"
         prog.write_text(PROGRAM.format(setup=setup(args.program, args.width, args.layers, "cpu"), steps=args.steps,
                                        first=args.first, last=args.last))
-        plain = run([sys.executable, str(prog), str(helper)], tmp_path / "plain", env, tmp_path) / n
+        plain_ev = run([sys.executable, str(prog), str(helper)], tmp_path / "plain", env, tmp_path, cache)
+        plain = plain_ev["Ir"] / n
         print(f"plain              {plain / 1e6:8.3f} M instructions/iteration", flush=True)
+        if cache:
+            m1, ml = misses(plain_ev)
+            print(f"                   {m1 / n / 1e3:8.1f} k first-level, {ml / n / 1e3:8.1f} k last-level misses/iteration")
         counted: dict[str, float] = {}
         for v in args.parts.split(","):
             venv, flags = variant(v, env, PARTS)
             cmd = [sys.executable, "-m", "auditor", "run", str(prog), "--steps", str(args.steps), "--to-end", "-q",
                    "--out", str(tmp_path / f"audit-{v}"), *flags, "--", str(helper)]
-            counted[v] = run(cmd, tmp_path / f"vg-{v}", venv, tmp_path) / n
+            ev = run(cmd, tmp_path / f"vg-{v}", venv, tmp_path, cache)
+            counted[v] = ev["Ir"] / n
             line = f"{label(v):18s} {counted[v] / 1e6:8.3f} M instructions/iteration: {counted[v] / plain:.4f}x plain"
             if v in PARTS and "all" in counted and counted["all"] > plain:
                 line += f"; the part's share of the audit's cost: {100 * (counted['all'] - counted[v]) / (counted['all'] - plain):+.0f}%"
             print(line, flush=True)
+            if cache:
+                (p1, pl), (a1, al) = misses(plain_ev), misses(ev)
+                print(f"                   {a1 / n / 1e3:8.1f} k first-level ({a1 / p1:.3f}x plain), "
+                      f"{al / n / 1e3:8.1f} k last-level misses/iteration ({al / pl:.3f}x plain)", flush=True)
     print(f"\n{describe(args.program, args.width, args.layers)}, AdamW, 1 thread; instructions (all threads "
           f"of the program's process) over iterations {args.first}-{args.last - 1} of {args.steps}, callgrind")
 

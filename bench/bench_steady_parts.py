@@ -120,6 +120,8 @@ def inside(evidence_path: Path, first: int, last: int) -> tuple[float, dict[str,
     steps = {s["index"]: s for s in ev["steps"]}
     scans = {s["after_step"] for s in ev["graph_scans"]}
     span = [i for i in range(first, last) if i in steps and i + 1 in steps]
+    if not span:  # (a run with its step records off sends none)
+        return float("nan"), dict.fromkeys(("checked", "sampled", "scans", "boundary"), float("nan"))
     gap = {i: (steps[i + 1]["start_s"] - steps[i]["start_s"]) * 1e3 - steps[i]["ms"] for i in span}
     plain = [steps[i]["cpu_ms"] for i in span if steps[i].get("numerics") is None
              and not steps[i].get("lines_sampled") and i not in scans and i - 1 not in scans]
