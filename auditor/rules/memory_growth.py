@@ -67,6 +67,10 @@ class MemoryGrowth(Rule):
         Option("min-growth-mib", 32.0, "Total growth over the steps used, in MiB, to flag."),
         Option("min-mib-per-step", 0.25, "Robust growth rate, MiB per step, to flag."),
         Option("min-correlation", 0.8, "Spearman correlation of memory with step index to flag."),
+        Option("min-rss-growth-share", 0.1,
+               "Process memory (RSS) only: the growth must also be at least this share of the first step "
+               "used's, since a large heap's own churn moves it by tens of MiB between runs of the same "
+               "program (device memory is counted exactly)."),
         Option("min-held-growth-mib", 4.0, "Growth, in MiB, of the tensors one module-level name holds (a list, "
                                            "dict or global) that grew at every scan, to flag: counted exactly, "
                                            "so less growth than RSS needs is proof enough."),
@@ -95,7 +99,8 @@ class MemoryGrowth(Rule):
         slope = theil_sen(xs, ys) if len(xs) >= 2 else 0.0
         growth = slope * (xs[-1] - xs[0]) if len(xs) >= 2 else 0.0
         rho = spearman(xs, ys)
-        trend = (growth >= options.min_growth_mib and slope >= options.min_mib_per_step
+        floor = options.min_rss_growth_share * ys[0] if metric == "rss_bytes" and ys else 0.0
+        trend = (growth >= max(options.min_growth_mib, floor) and slope >= options.min_mib_per_step
                  and rho >= options.min_correlation)
         if capped and not holders and growth <= capped_mib:
             trend = False
