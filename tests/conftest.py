@@ -263,7 +263,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # Steps per numerics example: enough to pass the step where it goes wrong, few enough to stay fast.
 NUMERICS_STEPS = {"numerics_nan_submodule": 18, "numerics_log_zero": 14, "numerics_lr_blowup": 22,
                   "numerics_amp_unscaled": 5, "numerics_lr_warmup": 24, "numerics_lr_resume": 5,
-                  "numerics_clean": 6, "clean": 8}
+                  "numerics_clean": 6, "clean": 8, "numerics_zero_grad": 12}
 
 
 @pytest.fixture(scope="session")

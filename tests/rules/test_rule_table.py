@@ -90,6 +90,7 @@ TABLE: dict[str, tuple[Input, Input]] = {
     "forced-cleanup": (ex("forced_cleanup"), CLEAN),
     "gpu-idle": (Input("file", str(W0)), Input("file", str(W4))),
     "grad-explosion": (Input("numerics", "numerics_lr_blowup"), NUMERICS_CLEAN),
+    "zero-gradients": (Input("numerics", "numerics_zero_grad"), NUMERICS_CLEAN),
     "graph-leak": (ex("graph_leak"), CLEAN),
     "hook-leak": (ex("hook_leak"), CLEAN),
     "host-sync": (ex("host_sync"), CLEAN),

@@ -1,0 +1,109 @@
+"""zero-gradients: every gradient the optimizer is given is exactly zero, step after step."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from auditor.evidence import model as m
+from auditor.evidence.numerics import OptStep, val
+from auditor.evidence.numerics_view import NumericsView
+from auditor.findings import Finding, Fix
+from auditor.rules.base import Option, Options, Rule
+from auditor.rules.nonfinite import NEEDS_NUMERICS, needs_numerics, site_location
+
+# The loss functions whose site names the loss the gradients come from (torch.nn.functional's, as
+# the numerics collector records their calls, and nn's loss modules through them).
+LOSS_OPS = ("cross_entropy", "nll_loss", "binary_cross_entropy", "mse_loss", "l1_loss", "smooth_l1_loss",
+            "huber_loss", "kl_div", "ctc_loss", "margin_ranking_loss", "cosine_embedding_loss",
+            "soft_margin_loss", "multilabel_soft_margin_loss", "hinge_embedding_loss", "poisson_nll_loss",
+            "gaussian_nll_loss", "triplet_margin_loss", "multi_margin_loss")
+
+
+class ZeroGradients(Rule):
+    """
+    What it detects:
+        An optimizer whose global gradient norm (all its parameters, measured just before each
+        `optimizer.step()`) was exactly 0.0 at every one of at least `min-steps` steps measured:
+        its updates change nothing the data could teach. The finding names the loss's line (the
+        loss function the step called, else the optimizer step), the loss values the checked steps
+        saw, and, where the loss was 0 at every step and came from cross_entropy, the usual cause:
+        an output of one column, whose log-softmax over a single class is 0 for any input.
+
+    Why it costs:
+        The run trains for as long as it is let and learns nothing, and nothing fails: no NaN, no
+        error, a loss that stays put. pytorch/examples' DDP tutorial trains nn.Linear(20, 1) on
+        random pairs with cross_entropy this way.
+
+    Example:
+        bad:   loss = F.cross_entropy(model(x), y)          # model(x) has 1 column, y a float target
+        good:  loss = F.mse_loss(model(x), y)               # a regression target
+               loss = F.binary_cross_entropy_with_logits(model(x), y)  # a binary one
+
+    Fix:
+        Make the loss depend on the model's output: for a target of one value per sample, a
+        regression loss (mse_loss) or a binary one (binary_cross_entropy_with_logits); for classes,
+        an output with one column per class. Check that the parameters the optimizer holds are the
+        ones the forward pass uses (a model rebuilt after the optimizer was made trains nothing
+        either, and its gradients are None, not zero).
+
+    Evidence needed:
+        A run with the numerics collector on (the default), with `min-steps` optimizer steps
+        measured.
+    """
+
+    id = "zero-gradients"
+    title = "The gradients are exactly zero at every step"
+    severity = "warning"
+    category = "numerics"
+    needs = frozenset({"run"})
+    needs_text = NEEDS_NUMERICS
+    options = (
+        Option("min-steps", 5, "Optimizer steps with a measured gradient norm needed, every one of them exactly 0.",
+               low=1),
+    )
+
+    def skip_reason(self, ev: m.Evidence) -> str | None:
+        return needs_numerics(ev)
+
+    def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
+        view = NumericsView.of(ev)
+        by_opt: dict[int, list[tuple[int, OptStep]]] = {}
+        for step, r in view.opt_steps():
+            if r.grad_norm is not None and r.grad_norms:  # (some parameter had a gradient)
+                by_opt.setdefault(r.opt, []).append((step, r))
+        for opt, recs in sorted(by_opt.items()):
+            if len(recs) < options["min-steps"] or any(val(r.grad_norm) != 0.0 for _, r in recs):
+                continue
+            yield self._one(ev, view, opt, recs)
+
+    def _one(self, ev: m.Evidence, view: NumericsView, opt: int, recs: list[tuple[int, OptStep]]) -> Finding:
+        opt_event = next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
+        name = opt_event.get("type") if opt_event else "the optimizer"
+        losses = [val(v) for _, v in view.loss_series()]
+        loss_sites = sorted({k for k, s in view.sites.items() if s.op and s.op.rsplit(".", 1)[-1] in LOSS_OPS})
+        loss_site = view.site(loss_sites[0]) if loss_sites else None
+        loc = (site_location(view, loss_sites[0]) if loss_sites else None) or site_location(view, recs[0][1].site)
+        steps = [s for s, _ in recs]
+        constant = bool(losses) and all(v == losses[0] for v in losses)
+        where = f"The loss at line {loc.line}" if loc and loss_sites else "The loss"
+        said_loss = (f" {where} was {losses[0] + 0.0:g} at every one of the {len(losses)} checked steps." if constant
+                     else f" {where} moved between {min(losses):g} and {max(losses):g}." if losses else "")
+        cause = ""
+        if constant and losses[0] == 0.0 and loss_site is not None and loss_site.op.endswith("cross_entropy"):
+            cause = (" A cross_entropy that is 0 for any input has one class: an output of one column, whose "
+                     "log-softmax over a single class is 0 (a regression target wants mse_loss, a binary one "
+                     "binary_cross_entropy_with_logits).")
+        msg = (f"The gradients {name} was given were exactly zero at every one of the {len(recs)} optimizer steps "
+               f"measured (steps {steps[0]}-{steps[-1]}): its updates change nothing the data could teach."
+               + said_loss + cause)
+        return self.finding(
+            msg, locations=[loc] if loc else [],
+            evidence={"optimizer": name, "steps_measured": len(recs), "steps": steps[:200],
+                      "losses": losses[:200], "loss_constant": constant,
+                      "loss_op": loss_site.op if loss_site is not None else None,
+                      "lrs": [val(x) for x in (recs[-1][1].lrs or [])]},
+            fix=Fix(summary="Make the loss depend on the model's output: for one target value per sample, "
+                            "mse_loss (regression) or binary_cross_entropy_with_logits (binary); for classes, "
+                            "an output with one column per class. Check that the optimizer holds the "
+                            "parameters the forward pass uses.",
+                    changes_numerics=True),
+        )
