@@ -361,6 +361,8 @@ class StepFinder:
         if not params:
             return None
         versions = tuple(p._version for p in params)
+        if any(type(p.data) is not torch.Tensor for p in params):  # (a DTensor's norm is a collective: counters only)
+            return ref, versions, None
         try:
             with no_torch_function(), torch.no_grad():
                 tensors = [p.detach() for p in params if p.numel() and p.dtype.is_floating_point]
