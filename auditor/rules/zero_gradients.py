@@ -23,10 +23,13 @@ class ZeroGradients(Rule):
     What it detects:
         An optimizer whose global gradient norm (all its parameters, measured just before each
         `optimizer.step()`) was exactly 0.0 at every one of at least `min-steps` steps measured:
-        its updates change nothing the data could teach. The finding names the loss's line (the
-        loss function the step called, else the optimizer step), the loss values the checked steps
-        saw, and, where the loss was 0 at every step and came from cross_entropy, the usual cause:
-        an output of one column, whose log-softmax over a single class is 0 for any input.
+        its updates change nothing the data could teach. Where the loss did not move, the finding
+        names the loss's line (the loss function the step called) and, where it was 0 and came
+        from cross_entropy, the usual cause: an output of one column, whose log-softmax over a
+        single class is 0 for any input. Where the loss moved, it depends on the output, so the
+        gradients were lost on their way to the update: the finding names the optimizer step's
+        line and the causes (zero_grad(set_to_none=False) between backward() and step(), or a
+        graph that never reaches the parameters).
 
     Why it costs:
         The run trains for as long as it is let and learns nothing, and nothing fails: no NaN, no
@@ -81,29 +84,42 @@ class ZeroGradients(Rule):
         losses = [val(v) for _, v in view.loss_series()]
         loss_sites = sorted({k for k, s in view.sites.items() if s.op and s.op.rsplit(".", 1)[-1] in LOSS_OPS})
         loss_site = view.site(loss_sites[0]) if loss_sites else None
-        loc = (site_location(view, loss_sites[0]) if loss_sites else None) or site_location(view, recs[0][1].site)
         steps = [s for s, _ in recs]
         constant = bool(losses) and all(v == losses[0] for v in losses)
-        where = f"The loss at line {loc.line}" if loc and loss_sites else "The loss"
+        # a loss that does not move has no gradient: its line; one that moves depends on the output,
+        # so the gradients were lost on their way to the update: the optimizer step's line
+        step_loc = site_location(view, recs[0][1].site)
+        loss_loc = site_location(view, loss_sites[0]) if loss_sites else None
+        loc = (loss_loc or step_loc) if constant or not losses else (step_loc or loss_loc)
+        where = f"The loss at line {loss_loc.line}" if loss_loc else "The loss"
         said_loss = (f" {where} was {losses[0] + 0.0:g} at every one of the {len(losses)} checked steps." if constant
                      else f" {where} moved between {min(losses):g} and {max(losses):g}." if losses else "")
         cause = ""
+        moved = bool(losses) and not constant
         if constant and losses[0] == 0.0 and loss_site is not None and loss_site.op.endswith("cross_entropy"):
             cause = (" A cross_entropy that is 0 for any input has one class: an output of one column, whose "
                      "log-softmax over a single class is 0 (a regression target wants mse_loss, a binary one "
                      "binary_cross_entropy_with_logits).")
+        elif moved:
+            cause = (" A loss that moves depends on the model's output, so its gradients were lost before the "
+                     "update: cleared between backward() and step() (zero_grad(set_to_none=False) there), or "
+                     "never reaching these parameters (a detach, .data or no_grad in the forward, with the "
+                     "gradients zeroed at the step's start).")
         msg = (f"The gradients {name} was given were exactly zero at every one of the {len(recs)} optimizer steps "
                f"measured (steps {steps[0]}-{steps[-1]}): its updates change nothing the data could teach."
                + said_loss + cause)
         return self.finding(
             msg, locations=[loc] if loc else [],
-            evidence={"optimizer": name, "steps_measured": len(recs), "steps": steps[:200],
+            evidence={"optimizer": name, "steps_measured": len(recs), "steps": steps[:200], "loss_moved": moved,
                       "losses": losses[:200], "loss_constant": constant,
                       "loss_op": loss_site.op if loss_site is not None else None,
                       "lrs": [val(x) for x in (recs[-1][1].lrs or [])]},
-            fix=Fix(summary="Make the loss depend on the model's output: for one target value per sample, "
-                            "mse_loss (regression) or binary_cross_entropy_with_logits (binary); for classes, "
-                            "an output with one column per class. Check that the optimizer holds the "
-                            "parameters the forward pass uses.",
+            fix=Fix(summary=("Call zero_grad() before backward() (or after step()), never between them, and keep "
+                             "the forward's graph attached to the parameters the optimizer holds (no detach, .data "
+                             "or no_grad on the way to the loss)." if moved else
+                             "Make the loss depend on the model's output: for one target value per sample, "
+                             "mse_loss (regression) or binary_cross_entropy_with_logits (binary); for classes, "
+                             "an output with one column per class. Check that the optimizer holds the "
+                             "parameters the forward pass uses."),
                     changes_numerics=True),
         )

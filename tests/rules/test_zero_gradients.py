@@ -4,7 +4,7 @@ audited as the numerics examples are; silent on the examples that learn (the rul
 twin, and here every other numerics example)."""
 from __future__ import annotations
 
-from conftest import EXAMPLES, NUMERICS_STEPS, expected_lines
+from conftest import EXAMPLES, NUMERICS_STEPS, ONE_THREAD, audit, expected_lines
 
 
 def test_every_gradient_zero_is_found_at_the_loss_line(numerics_audit):
@@ -27,3 +27,34 @@ def test_a_run_that_learns_has_no_zero_gradients(numerics_audit):
     for name in ("numerics_clean", "numerics_lr_warmup", "numerics_log_zero"):
         a = numerics_audit(name)
         assert a.rule("zero-gradients") == [], name
+
+
+MISPLACED = '''import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(40):
+    x = torch.randn(32, 8)
+    loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))
+    loss.backward()
+    opt.zero_grad(set_to_none=False)  # clears the gradients before the update
+    opt.step()  # STEP
+'''
+
+
+def test_gradients_cleared_before_the_update_are_found_at_the_step(tmp_path):
+    """A loss that moves (mse on fresh data) depends on the output, so zero gradients were lost on
+    the way: here `zero_grad(set_to_none=False)` between backward() and step(). Named at the step's
+    line, with that cause and its fix, not the loss's."""
+    (tmp_path / "train.py").write_text(MISPLACED)
+    a = audit("run", str(tmp_path / "train.py"), "--steps", "12", "--no-profile", "-q", out=tmp_path / "o",
+              cwd=tmp_path, env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr[-3000:]
+    [f] = a.rule("zero-gradients")
+    step_line = next(n for n, ln in enumerate(MISPLACED.splitlines(), 1) if "# STEP" in ln)
+    assert [loc["line"] for loc in f["locations"]] == [step_line]
+    ev = f["evidence"]
+    assert ev["loss_moved"] is True and ev["loss_constant"] is False and ev["steps_measured"] == 12
+    assert len(set(ev["losses"])) > 1 and ev["loss_op"].endswith("mse_loss")
+    assert "cleared between backward() and step()" in f["message"]
+    assert "never between them" in f["fix"]["summary"]
