@@ -67,6 +67,7 @@ class OptStep(msgspec.Struct, omit_defaults=True):
     grad_norm: float | str | None = None  # the global gradient norm ("nan" when any is non-finite)
     grad_norms: list[float | str] | None = None  # one per parameter with a gradient
     grad_nonfinite: int | None = None  # how many gradients were non-finite
+    no_grads: bool | None = None  # True: no parameter of the optimizer had a gradient (every .grad None)
     grad_nonfinite_params: list[str] | None = None  # their names (20 at most), when any
     fp16_grads: int | None = None  # float16 gradients of float16 weights (amp-unscaled), when any
     compiled: bool | None = None  # True: the step ran inside code torch.compile compiled

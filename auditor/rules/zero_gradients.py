@@ -22,8 +22,10 @@ class ZeroGradients(Rule):
     """
     What it detects:
         An optimizer whose global gradient norm (all its parameters, measured just before each
-        `optimizer.step()`) was exactly 0.0 at every one of at least `min-steps` steps measured:
-        its updates change nothing the data could teach. Where the loss did not move, the finding
+        `optimizer.step()`) was exactly 0.0 at every one of at least `min-steps` steps measured,
+        or none of whose parameters had a gradient at all at any of them though each step ran a
+        backward pass (`zero_grad()` between `backward()` and `step()`: every `.grad` None, and
+        the update skips them): its updates change nothing the data could teach. Where the loss did not move, the finding
         names the loss's line (the loss function the step called) and, where it was 0 and came
         from cross_entropy, the usual cause: an output of one column, whose log-softmax over a
         single class is 0 for any input. Where the loss moved, it depends on the output, so the
@@ -69,14 +71,39 @@ class ZeroGradients(Rule):
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         view = NumericsView.of(ev)
+        backward = {i: d.backward for i, d in view.steps}
         by_opt: dict[int, list[tuple[int, OptStep]]] = {}
         for step, r in view.opt_steps():
-            if r.grad_norm is not None and r.grad_norms:  # (some parameter had a gradient)
+            if (r.grad_norm is not None and r.grad_norms) or (r.no_grads and backward.get(step)):
                 by_opt.setdefault(r.opt, []).append((step, r))
         for opt, recs in sorted(by_opt.items()):
-            if len(recs) < options["min-steps"] or any(val(r.grad_norm) != 0.0 for _, r in recs):
+            if len(recs) < options["min-steps"]:
                 continue
-            yield self._one(ev, view, opt, recs)
+            if all(r.no_grads for _, r in recs):
+                yield self._none(view, opt, recs)
+            elif all(not r.no_grads and val(r.grad_norm) == 0.0 for _, r in recs):
+                yield self._one(ev, view, opt, recs)
+
+    def _none(self, view: NumericsView, opt: int, recs: list[tuple[int, OptStep]]) -> Finding:
+        """No parameter had a gradient at any step measured, though each ran a backward pass."""
+        opt_event = next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
+        name = opt_event.get("type") if opt_event else "the optimizer"
+        loc = site_location(view, recs[0][1].site)
+        steps = [s for s, _ in recs]
+        return self.finding(
+            f"None of the parameters {name} updates had a gradient at any of the {len(recs)} optimizer steps "
+            f"measured (steps {steps[0]}-{steps[-1]}), though each step ran a backward pass: every update skips "
+            "every parameter. The gradients were set to None between backward() and step() (zero_grad(), whose "
+            "default is set_to_none=True, called there), or the loss's graph does not reach the parameters the "
+            "optimizer holds (a model made again after the optimizer, a detach or no_grad in the forward).",
+            locations=[loc] if loc else [],
+            evidence={"optimizer": name, "steps_measured": len(recs), "steps": steps[:200], "no_grads": True,
+                      "losses": [val(v) for _, v in view.loss_series()][:200],
+                      "lrs": [val(x) for x in (recs[-1][1].lrs or [])]},
+            fix=Fix(summary="Call zero_grad() before backward() (or after step()), never between them, and make "
+                            "the optimizer from the parameters the forward pass uses, after the model is built.",
+                    changes_numerics=True),
+        )
 
     def _one(self, ev: m.Evidence, view: NumericsView, opt: int, recs: list[tuple[int, OptStep]]) -> Finding:
         opt_event = next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)

@@ -58,3 +58,18 @@ def test_gradients_cleared_before_the_update_are_found_at_the_step(tmp_path):
     assert len(set(ev["losses"])) > 1 and ev["loss_op"].endswith("mse_loss")
     assert "cleared between backward() and step()" in f["message"]
     assert "never between them" in f["fix"]["summary"]
+
+
+def test_gradients_set_to_none_before_the_update_are_found_at_the_step(tmp_path):
+    """The same misplaced zero_grad() with torch's default (set_to_none=True): every `.grad` is None
+    at the update, which then skips every parameter, though each step ran a backward pass."""
+    (tmp_path / "train.py").write_text(MISPLACED.replace("set_to_none=False", "set_to_none=True"))
+    a = audit("run", str(tmp_path / "train.py"), "--steps", "12", "--no-profile", "-q", out=tmp_path / "o",
+              cwd=tmp_path, env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr[-3000:]
+    [f] = a.rule("zero-gradients")
+    step_line = next(n for n, ln in enumerate(MISPLACED.splitlines(), 1) if "# STEP" in ln)
+    assert [loc["line"] for loc in f["locations"]] == [step_line]
+    assert f["evidence"]["no_grads"] is True and f["evidence"]["steps_measured"] == 12
+    assert "None of the parameters SGD updates had a gradient" in f["message"]
+    assert "set_to_none=True" in f["message"] and "never between them" in f["fix"]["summary"]

@@ -350,6 +350,8 @@ class OptimizerWatch:
             if host is not None:  # already read (CPU): the post-hook may use it
                 rec["grad_norms_host"] = host
             rec["grad_list"] = plan.names(self) if len(owners) == len(params) else self._names_of(owners)
+        elif params and all(p.grad is None for p in params):
+            rec["no_grads"] = True  # (the update skips every parameter: zero-gradients)
         return rec
 
     def _plan_of(self, opt) -> "_OptPlan":

@@ -89,6 +89,8 @@ class StepRecordBuilder:
                 bad = [names[i] for i, n in enumerate(norms) if not math.isfinite(n)]
                 out["grad_nonfinite"] = len(bad)
                 out["grad_nonfinite_params"] = bad[:20]
+        if r.get("no_grads"):
+            out["no_grads"] = True
         if r.get("fp16_grads"):
             out["fp16_grads"] = r["fp16_grads"]
         if r.get("compiled"):
