@@ -102,3 +102,7 @@ class NumericsView:
 
     def events_of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e.get("event") == kind]
+
+    def optimizer_event(self, opt: int | None) -> dict | None:
+        """The "optimizer" event of an optimizer id (its type, where it was made, its defaults)."""
+        return next((e for e in self.events_of("optimizer") if e.get("opt") == opt), None)

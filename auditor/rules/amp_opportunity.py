@@ -135,7 +135,7 @@ class AmpOpportunity(TraceRule):
             locations=locations(places),
             evidence={"fp32_gflop_per_step": round(fp32 / n / 1e9, 4), "gflop_per_step": round(total / n / 1e9, 4),
                       "fp32_share": round(fp32 / total, 4), "fp32_calls_per_step": round(calls / n, 2), "steps": n,
-                      "left_out_steps": {str(k): v for k, v in typical.left_out.items()},
+                      "left_out_steps": typical.left_out_steps(),
                       "rehearsal": True,
                       "sites": [{"what": p.what, "file": p.where.file if p.where else None,
                                  "line": p.where.line if p.where else None, "count": p.count,

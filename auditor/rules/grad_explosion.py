@@ -145,7 +145,7 @@ class GradExplosion(Rule):
         loc = site_location(view, rec.site)
         lr = val((rec.lrs or [None])[0])
         edit = clip_edit(loc.file, loc.line, max_norm) if loc and max_norm else None
-        opt_event = next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
+        opt_event = view.optimizer_event(opt)
         return self.finding(
             msg, locations=[loc] if loc else [],
             evidence={"optimizer": opt_event.get("type") if opt_event else None, "step": step,

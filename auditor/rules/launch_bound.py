@@ -209,7 +209,7 @@ class LaunchBound(TraceRule):
             message,
             locations=[Location.of(s["where"]) for s in named if s["where"] is not None],
             evidence={"source": "rehearsal", "device": device.key, "steps": n,
-                      "left_out_steps": {str(k): v for k, v in typical.left_out.items()},
+                      "left_out_steps": typical.left_out_steps(),
                       "launches_per_step": round(launches / n, 2), "small_launches_per_step": round(small / n, 2),
                       "small_share": round(share, 4), "launch_us": device.launch_us,
                       "mem_bw_gbs": device.mem_bw_gbs,

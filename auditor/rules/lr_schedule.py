@@ -104,7 +104,7 @@ class LrSchedule(Rule):
             series.setdefault(r.opt, []).append((step, r.lrs or []))
             epochs.setdefault(r.opt, []).append((step, r.sched_epochs or {}))
         for opt, obs in sorted(series.items()):
-            created = next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
+            created = view.optimizer_event(opt)
             scheds = [e for e in view.events_of("scheduler") if e.get("opt") == opt]
             found = list(self._loaded(view, opt, created, obs, options))
             if not found and len(scheds) == 1:

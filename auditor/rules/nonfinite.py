@@ -355,7 +355,7 @@ class Nonfinite(Rule):
                 o = msgspec.structs.replace(o, site=first_site, inputs=[])
         elif o.phase == "optimizer":
             params = o.params or []
-            opt = _optimizer_event(view, o.opt)
+            opt = view.optimizer_event(o.opt)
             locs = [x for x in [site_location(view, o.site), location(opt.get("where") if opt else None)] if x]
             msg = (f"{head} The gradients were finite; the {opt.get('type', 'optimizer') if opt else 'optimizer'} "
                    f"update made {_names(params)} non-finite (check its eps and lr).")
@@ -670,10 +670,6 @@ def _at(loc: Location | None) -> str:
 def _counts(t: TensorStats) -> str:
     parts = [f"{n} {label}" for n, label in ((t.nan, "NaN"), (t.posinf, "+inf"), (t.neginf, "-inf")) if n]
     return ", ".join(parts) + f" of {t.numel}"
-
-
-def _optimizer_event(view: NumericsView, opt: int | None) -> dict | None:
-    return next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
 
 
 def _first_lr(view: NumericsView) -> float | None:

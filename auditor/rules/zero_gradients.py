@@ -25,13 +25,13 @@ class ZeroGradients(Rule):
         `optimizer.step()`) was exactly 0.0 at every one of at least `min-steps` steps measured,
         or none of whose parameters had a gradient at all at any of them though each step ran a
         backward pass (`zero_grad()` between `backward()` and `step()`: every `.grad` None, and
-        the update skips them): its updates change nothing the data could teach. Where the loss did not move, the finding
-        names the loss's line (the loss function the step called) and, where it was 0 and came
-        from cross_entropy, the usual cause: an output of one column, whose log-softmax over a
-        single class is 0 for any input. Where the loss moved, it depends on the output, so the
-        gradients were lost on their way to the update: the finding names the optimizer step's
-        line and the causes (zero_grad(set_to_none=False) between backward() and step(), or a
-        graph that never reaches the parameters).
+        the update skips them): its updates change nothing the data could teach. Where the loss
+        did not move, the finding names the loss's line (the loss function the step called) and,
+        where it was 0 and came from cross_entropy, the usual cause: an output of one column,
+        whose log-softmax over a single class is 0 for any input. Where the loss moved, it
+        depends on the output, so the gradients were lost on their way to the update: the
+        finding names the optimizer step's line and the causes (zero_grad(set_to_none=False)
+        between backward() and step(), or a graph that never reaches the parameters).
 
     Why it costs:
         The run trains for as long as it is let and learns nothing, and nothing fails: no NaN, no
@@ -44,11 +44,11 @@ class ZeroGradients(Rule):
                loss = F.binary_cross_entropy_with_logits(model(x), y)  # a binary one
 
     Fix:
-        Make the loss depend on the model's output: for a target of one value per sample, a
-        regression loss (mse_loss) or a binary one (binary_cross_entropy_with_logits); for classes,
-        an output with one column per class. Check that the parameters the optimizer holds are the
-        ones the forward pass uses (a model rebuilt after the optimizer was made trains nothing
-        either, and its gradients are None, not zero).
+        A loss that did not move: make it depend on the model's output (for a target of one value
+        per sample, a regression loss (mse_loss) or a binary one (binary_cross_entropy_with_logits);
+        for classes, an output with one column per class). Gradients lost on the way: call
+        zero_grad() before backward() (or after step()), never between them, and make the
+        optimizer from the parameters the forward pass uses, after the model is built.
 
     Evidence needed:
         A run with the numerics collector on (the default), with `min-steps` optimizer steps
@@ -82,12 +82,11 @@ class ZeroGradients(Rule):
             if all(r.no_grads for _, r in recs):
                 yield self._none(view, opt, recs)
             elif all(not r.no_grads and val(r.grad_norm) == 0.0 for _, r in recs):
-                yield self._one(ev, view, opt, recs)
+                yield self._zeros(view, opt, recs)
 
     def _none(self, view: NumericsView, opt: int, recs: list[tuple[int, OptStep]]) -> Finding:
         """No parameter had a gradient at any step measured, though each ran a backward pass."""
-        opt_event = next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
-        name = opt_event.get("type") if opt_event else "the optimizer"
+        name = _optimizer_name(view, opt)
         loc = site_location(view, recs[0][1].site)
         steps = [s for s, _ in recs]
         return self.finding(
@@ -105,9 +104,9 @@ class ZeroGradients(Rule):
                     changes_numerics=True),
         )
 
-    def _one(self, ev: m.Evidence, view: NumericsView, opt: int, recs: list[tuple[int, OptStep]]) -> Finding:
-        opt_event = next((e for e in view.events_of("optimizer") if e.get("opt") == opt), None)
-        name = opt_event.get("type") if opt_event else "the optimizer"
+    def _zeros(self, view: NumericsView, opt: int, recs: list[tuple[int, OptStep]]) -> Finding:
+        """Every gradient exactly zero at every step measured."""
+        name = _optimizer_name(view, opt)
         losses = [val(v) for _, v in view.loss_series()]
         loss_sites = sorted({k for k, s in view.sites.items() if s.op and s.op.rsplit(".", 1)[-1] in LOSS_OPS})
         loss_site = view.site(loss_sites[0]) if loss_sites else None
@@ -150,3 +149,9 @@ class ZeroGradients(Rule):
                              "parameters the forward pass uses."),
                     changes_numerics=True),
         )
+
+
+def _optimizer_name(view: NumericsView, opt: int) -> str:
+    """The optimizer's class, as its "optimizer" event names it."""
+    made = view.optimizer_event(opt)
+    return made.get("type") if made else "the optimizer"

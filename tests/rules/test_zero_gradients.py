@@ -42,17 +42,24 @@ for i in range(40):
 '''
 
 
-def test_gradients_cleared_before_the_update_are_found_at_the_step(tmp_path):
-    """A loss that moves (mse on fresh data) depends on the output, so zero gradients were lost on
-    the way: here `zero_grad(set_to_none=False)` between backward() and step(). Named at the step's
-    line, with that cause and its fix, not the loss's."""
-    (tmp_path / "train.py").write_text(MISPLACED)
+def _misplaced_finding(tmp_path, set_to_none: bool) -> dict:
+    """MISPLACED (zero_grad(set_to_none=...) between backward() and step()) audited for 12 steps:
+    its one zero-gradients finding, located at its optimizer step's line."""
+    (tmp_path / "train.py").write_text(MISPLACED.replace("set_to_none=False", f"set_to_none={set_to_none}"))
     a = audit("run", str(tmp_path / "train.py"), "--steps", "12", "--no-profile", "-q", out=tmp_path / "o",
               cwd=tmp_path, env=ONE_THREAD)
     assert a.returncode == 0, a.stderr[-3000:]
     [f] = a.rule("zero-gradients")
     step_line = next(n for n, ln in enumerate(MISPLACED.splitlines(), 1) if "# STEP" in ln)
     assert [loc["line"] for loc in f["locations"]] == [step_line]
+    return f
+
+
+def test_gradients_cleared_before_the_update_are_found_at_the_step(tmp_path):
+    """A loss that moves (mse on fresh data) depends on the output, so zero gradients were lost on
+    the way: here `zero_grad(set_to_none=False)` between backward() and step(). Named at the step's
+    line, with that cause and its fix, not the loss's."""
+    f = _misplaced_finding(tmp_path, set_to_none=False)
     ev = f["evidence"]
     assert ev["loss_moved"] is True and ev["loss_constant"] is False and ev["steps_measured"] == 12
     assert len(set(ev["losses"])) > 1 and ev["loss_op"].endswith("mse_loss")
@@ -63,13 +70,7 @@ def test_gradients_cleared_before_the_update_are_found_at_the_step(tmp_path):
 def test_gradients_set_to_none_before_the_update_are_found_at_the_step(tmp_path):
     """The same misplaced zero_grad() with torch's default (set_to_none=True): every `.grad` is None
     at the update, which then skips every parameter, though each step ran a backward pass."""
-    (tmp_path / "train.py").write_text(MISPLACED.replace("set_to_none=False", "set_to_none=True"))
-    a = audit("run", str(tmp_path / "train.py"), "--steps", "12", "--no-profile", "-q", out=tmp_path / "o",
-              cwd=tmp_path, env=ONE_THREAD)
-    assert a.returncode == 0, a.stderr[-3000:]
-    [f] = a.rule("zero-gradients")
-    step_line = next(n for n, ln in enumerate(MISPLACED.splitlines(), 1) if "# STEP" in ln)
-    assert [loc["line"] for loc in f["locations"]] == [step_line]
+    f = _misplaced_finding(tmp_path, set_to_none=True)
     assert f["evidence"]["no_grads"] is True and f["evidence"]["steps_measured"] == 12
     assert "None of the parameters SGD updates had a gradient" in f["message"]
     assert "set_to_none=True" in f["message"] and "never between them" in f["fix"]["summary"]

@@ -47,6 +47,10 @@ class Typical:
         return (f" (left out of the per-step counts, as a one-off burst of calls: {steps}, against "
                 f"{self.median_calls:g} in the median step)")
 
+    def left_out_steps(self) -> dict[str, int]:
+        """The finding's evidence of what was left out: {step (as a JSON key): its calls}."""
+        return {str(k): v for k, v in self.left_out.items()}
+
 
 def typical_pairs(ev: Evidence, kind: str) -> Typical:
     """The tallies of `kind` over the steps a per-step rate is read from: every step but a one-off
