@@ -3,6 +3,7 @@
     python bench/bench_steady_parts.py [--rounds 3] [--steps 160] [--first 40] [--last 140]
                                        [--parts all,probes,hooks,...] [--program proxy] [--device cpu]
                                        [--width W] [--layers L] [--keep DIR]
+                                       [--window FIRST:LAST ...] [--cpus 2,3]
 
 The program is by default the issue's CPU proxy of a host-bound step: 40 tiny Linear+LayerNorm+GELU
 layers, a batch of 16, AdamW, one thread (`OMP_NUM_THREADS=1`); `--program cell-loop` (a GRUCell
@@ -40,6 +41,21 @@ and a part's share is how much of the full audit's cost over plain goes when it 
 Each audited run also prints what the audit itself reported: the steps it checked in the window
 (a run whose checks alarmed checks every step), its step time and clock, and its findings' rules.
 Separate processes, so the machine's drift shows: read the plain runs' range it prints.
+`--window FIRST:LAST` (repeatable) prints the same ratio of medians over other spans of the same runs
+(a long run's later stretch, where the checks run one step in 64, then 128: numerics/schedule.py);
+`--cpus` pins every run to these CPUs (a many-core GPU machine's scheduler otherwise moves a process
+between cores, and its plain runs drift by a third).
+
+Two measures inside one audited process, free of that drift:
+`--toggle BLOCK[:PART,...]` runs the audits with the parts named (default: every per-step part) left
+out in every other block of BLOCK steps (AUDITOR_BENCH_TOGGLE): the ratio of the blocks with them to
+the blocks without (each block's first two iterations left out, each block without them against the
+mean of its two neighbours, median over blocks) is what the parts cost the steady state, and the
+blocks without them against the plain run is what is left (the audited process's own footprint, the
+step finder, the phase probes, and the drift between processes);
+`--window-at N` starts the profiler window at step N (AUDITOR_BENCH_WINDOW_AT): the median unmarked
+iteration of the WIDTH after the window against the WIDTH before it (`--width-around`, default 200) is
+what the window leaves behind it (on a GPU: CUPTI still subscribed would show there).
 """
 from __future__ import annotations
 
@@ -151,6 +167,39 @@ def audit_said(out: Path, first: int, last: int) -> str:
             f"device {clock['device_ms']}); findings: {', '.join(rules) or 'none'}")
 
 
+def toggled(times_path: Path, block: int, first: int, last: int,
+            skip: range = range(0)) -> tuple[float, float, list[float]]:
+    """(mean wall ms of the iterations with the parts, mean without, each block without them against
+    its two neighbours' mean): the blocks of `block` iterations in first..last-1, odd blocks without
+    the parts (bench_switches.off), each block's first two iterations left out (the swap), and those
+    in `skip` (a profiler window moved into the span, and the steps after it)."""
+    wall = [t[0] for t in json.loads(times_path.read_text())]
+    blocks: dict[int, list[float]] = {}
+    for i in range(first, min(last, len(wall))):
+        if i % block >= 2 and i not in skip:
+            blocks.setdefault(i // block, []).append(wall[i])
+    means = {b: statistics.mean(v) for b, v in blocks.items() if len(v) >= max(1, (block - 2) // 2)}
+    on = [means[b] for b in means if b % 2 == 0]
+    off_ = [means[b] for b in means if b % 2 == 1]
+    pairs = [(means[b - 1] + means[b + 1]) / 2 / means[b] for b in means
+             if b % 2 == 1 and b - 1 in means and b + 1 in means]
+    return (statistics.mean(on) if on else float("nan"), statistics.mean(off_) if off_ else float("nan"), pairs)
+
+
+def around_window(times_path: Path, evidence_path: Path, at: int, width: int) -> tuple[float, float]:
+    """(median wall ms of the unmarked iterations in the `width` before the window at step `at`,
+    the same in the `width` after it): unmarked, not checked, not sampled, no scan at either edge."""
+    wall = [t[0] for t in json.loads(times_path.read_text())]
+    ev = json.loads(evidence_path.read_text())
+    window = {s["index"] for s in ev["steps"] if s.get("profiled")}
+    end = max(window, default=at + 2) + 1
+    marked = ({s["index"] for s in ev["steps"] if s.get("numerics") is not None or s.get("lines_sampled")}
+              | {s["after_step"] + k for s in ev["graph_scans"] for k in (0, 1)} | window)
+    before = [wall[i] for i in range(max(0, at - 1 - width), at - 1) if i not in marked and i < len(wall)]
+    after = [wall[i] for i in range(end + 2, end + 2 + width) if i not in marked and i < len(wall)]
+    return (statistics.median(before) if before else float("nan"), statistics.median(after) if after else float("nan"))
+
+
 FLAG_VARIANTS = ("no-numerics", "no-profile")  # variants that are an `audit run` flag
 
 
@@ -193,12 +242,32 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="the program's layers (default: its own)")
     ap.add_argument("--keep", type=Path, default=None,
                     help="copy each audited run's findings.json and evidence.json to KEEP/VARIANT-ROUND/")
+    ap.add_argument("--window", action="append", default=[], metavar="FIRST:LAST",
+                    help="also the ratio of medians over iterations FIRST..LAST-1 of the same runs (repeatable)")
+    ap.add_argument("--cpus", default=None, help="pin every run to these CPUs, e.g. 2,3")
+    ap.add_argument("--toggle", default=None, metavar="BLOCK[:PART,...]",
+                    help="the audits leave the parts (default: all) out in every other block of BLOCK steps: "
+                         "their cost measured inside one process")
+    ap.add_argument("--window-at", type=int, default=None, metavar="N",
+                    help="the profiler window starts at step N: the iterations after it against those before")
+    ap.add_argument("--width-around", type=int, default=200, help="--window-at's iterations on each side")
     ap.add_argument("--parts", default="all," + ",".join(PARTS),
                     help="variants to run: all (the full audit), a part's name (the audit without it), "
                          "'none' (every part off), 'no-numerics', 'no-profile'")
     args = ap.parse_args()
     variants = args.parts.split(",")
+    windows = [tuple(int(n) for n in w.split(":")) for w in args.window]
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})  # (the runs inherit it)
     env = bench_env()
+    if args.toggle:
+        env["AUDITOR_BENCH_TOGGLE"] = args.toggle
+    if args.window_at is not None:
+        env["AUDITOR_BENCH_WINDOW_AT"] = str(args.window_at)
+    block = int(args.toggle.partition(":")[0]) if args.toggle else 0
+    inproc: list[tuple[float, float, list[float], float]] = []  # --toggle: (with, without, pairs, plain)
+    arounds: list[tuple[float, float]] = []  # --window-at: (before, after)
+    spans: dict[str, list[list[float]]] = {"plain": [], **{v: [] for v in variants}}  # per window, wall ms
     plain: list[tuple[float, float]] = []
     audited: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     splits: list[dict[str, float]] = []  # the full audits' iterations by kind (split)
@@ -215,6 +284,7 @@ def main() -> None:
             for v in variants:
                 subprocess.run([sys.executable, str(prog), str(times)], check=True, env=env, cwd=tmp)
                 plain.append(steady(times, args.first, args.last))
+                spans["plain"].append([steady(times, a, b)[0] for a, b in windows])
                 plain_cpu = [t[1] for t in json.loads(times.read_text())]
                 venv, flags = variant(v, env)
                 times.unlink()
@@ -224,6 +294,7 @@ def main() -> None:
                 if a.returncode != 0 or not times.exists():
                     sys.exit(f"audit of variant {v} failed: {a.stderr[-2000:]}")
                 audited[v].append(steady(times, args.first, args.last))
+                spans[v].append([steady(times, a, b)[0] for a, b in windows])
                 if args.keep is not None:
                     kept = args.keep / f"{v}-{r}"
                     kept.mkdir(parents=True, exist_ok=True)
@@ -233,6 +304,22 @@ def main() -> None:
                 print(f"round {r} {v:12s} plain {pw:7.3f} ms ({pc:.3f} CPU), audited {aw:7.3f} ms ({ac:.3f} CPU): "
                       f"{aw / pw:.3f}x wall, {ac / pc:.3f}x CPU", flush=True)
                 print("    " + audit_said(Path(tmp) / "audit", args.first, args.last), flush=True)
+                if windows:
+                    print("    " + ", ".join(f"iterations {a}-{b - 1} {w / q:.3f}x wall" for (a, b), w, q in
+                                           zip(windows, spans[v][-1], spans["plain"][-1])), flush=True)
+                if block and v == "all":
+                    skip = range(args.window_at - 1, args.window_at + 8) if args.window_at is not None else range(0)
+                    w_on, w_off, pairs = toggled(times, block, args.first, args.last, skip)
+                    inproc.append((w_on, w_off, pairs, pw))
+                    print(f"    in one process, blocks of {block}: with the parts {w_on:.3f} ms, without {w_off:.3f} ms: "
+                          f"{w_on / w_off:.3f}x (per block {', '.join(f'{r:.3f}' for r in pairs)}); without them "
+                          f"against plain {w_off / pw:.3f}x", flush=True)
+                if args.window_at is not None:
+                    arounds.append(around_window(times, Path(tmp) / "audit" / "evidence.json", args.window_at,
+                                                 args.width_around))
+                    b, a = arounds[-1]
+                    print(f"    around the window at step {args.window_at}: median unmarked iteration before "
+                          f"{b:.3f} ms, after {a:.3f} ms: {a / b:.3f}x", flush=True)
                 if v != "all":
                     print(f"    the step boundary's median {inside(Path(tmp) / 'audit' / 'evidence.json', args.first, args.last)[0]:.0f} us",
                           flush=True)
@@ -274,6 +361,21 @@ def main() -> None:
             if full is not None and v in PARTS and full > p:
                 line += f"; the part's share of the audit's cost: {100 * (full - a) / (full - p):+.0f}%"
             print(line)
+    if inproc:
+        pairs = [r for x in inproc for r in x[2]]
+        print(f"in one process (--toggle {args.toggle}): the parts cost {statistics.median(x[0] / x[1] for x in inproc):.3f}x "
+              f"by the runs' block means (per run {', '.join(f'{x[0] / x[1]:.3f}' for x in inproc)}), median over "
+              f"{len(pairs)} blocks {statistics.median(pairs):.3f}x; the blocks without them against the round's "
+              f"plain run {statistics.median(x[1] / x[3] for x in inproc):.3f}x")
+    if arounds:
+        print(f"around the window at step {args.window_at} (in one process): after/before "
+              f"{statistics.median(a / b for b, a in arounds):.3f}x (per run {', '.join(f'{a / b:.3f}' for b, a in arounds)})")
+    for k, (a, b) in enumerate(windows):
+        p = statistics.median(w[k] for w in spans["plain"])
+        print(f"iterations {a}-{b - 1}: plain median {p:.3f} ms/step wall; " + "; ".join(
+            f"{label(v)} {statistics.median(w[k] for w in spans[v]) / p:.3f}x (per round "
+            + ", ".join(f"{w[k] / q[k]:.3f}" for w, q in zip(spans[v], spans["plain"][i::len(variants)])) + ")"
+            for i, v in enumerate(variants)))
 
 
 if __name__ == "__main__":

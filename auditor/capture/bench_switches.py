@@ -14,6 +14,12 @@ audit does; nothing else reads them.
 * records: the step's record (times, tallies, collected data) is not sent
 * watch: the loss watch of unchecked steps
 * checks: the numerics checks after the dense start (one step in 32, fewer in a long run)
+
+`AUDITOR_BENCH_TOGGLE=BLOCK[:PART,...]` leaves the parts named (default: all of TOGGLED_PARTS) out
+in every other block of BLOCK steps (steps BLOCK..2*BLOCK-1, 3*BLOCK..., off), so that one audited
+process times its steps with and without them: an A/B free of the drift between two processes.
+`AUDITOR_BENCH_WINDOW_AT=N` starts the profiler window at step N (its warm-up step first), so that
+the steps before and after it, in one process, show what the window leaves behind.
 """
 from __future__ import annotations
 
@@ -21,3 +27,25 @@ import os
 
 PARTS = ("probes", "hooks", "light", "lines", "scans", "records", "watch", "checks")
 OFF = frozenset(p for p in os.environ.get("AUDITOR_BENCH_OFF", "").split(",") if p in PARTS)
+TOGGLED_PARTS = ("probes", "hooks", "lines", "scans", "records", "watch", "checks")  # (light: not a cost)
+
+
+def _toggle(spec: str) -> tuple[int, frozenset[str]]:
+    block, _, names = spec.partition(":")
+    if not block.isdigit() or int(block) < 1:
+        return 0, frozenset()
+    parts = frozenset(n for n in names.split(",") if n in TOGGLED_PARTS) if names else frozenset(TOGGLED_PARTS)
+    return int(block), parts
+
+
+BLOCK, TOGGLED = _toggle(os.environ.get("AUDITOR_BENCH_TOGGLE", ""))
+_at = os.environ.get("AUDITOR_BENCH_WINDOW_AT", "")
+WINDOW_AT = int(_at) if _at.isdigit() else None
+
+
+def off(part: str, step: int | None) -> bool:
+    """Whether `part` is left out at step `step`: named in AUDITOR_BENCH_OFF, or toggled and in an
+    odd block of AUDITOR_BENCH_TOGGLE's."""
+    if part in OFF:
+        return True
+    return bool(TOGGLED) and part in TOGGLED and step is not None and (step // BLOCK) % 2 == 1

@@ -24,8 +24,8 @@ import msgspec
 # torch is imported before anything of the user's, and the probes go in before the target module runs.
 import torch
 
-from auditor.capture import (cuda_memory, cuda_standins, graphs, probes, rehearsal, torch_private, window_memory,
-                             window_watch, wire)
+from auditor.capture import (bench_switches, cuda_memory, cuda_standins, graphs, probes, rehearsal, torch_private,
+                             window_memory, window_watch, wire)
 from auditor.capture.trace_file import export_dir as _trace_dir, unsafe_for_trace as _unsafe_for_trace  # noqa: F401
 from auditor.capture.collectors import load_collectors
 from auditor.capture.exit_bound import bound_exit
@@ -360,6 +360,9 @@ class Profiler:
     def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool) -> None:
         self.steps = steps  # the steps asked for (0: a program audited to its end)
         self.warm, self.active = profile_plan(steps) if enabled and steps > 0 else (None, [])
+        if bench_switches.WINDOW_AT and self.active:  # (bench_steady_parts.py --window-at only)
+            at = bench_switches.WINDOW_AT
+            self.warm, self.active = at - 1, [at + k for k in range(len(self.active))]
         self.start_at = self.warm if self.warm is not None else (self.active[0] if self.active else None)
         self.logdir = os.path.join(out_dir, "tb", run_name)
         self.prof = None

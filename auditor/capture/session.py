@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from auditor.capture import graphs, lines, probes, this_process, wire
-from auditor.capture.bench_switches import OFF
+from auditor.capture.bench_switches import OFF, TOGGLED, off
 from auditor.capture.device_clock import DeviceClock
 from auditor.capture.numerics.schedule import dense_steps
 from auditor.capture.unseen import dynamo_skips_our_frames
@@ -61,6 +61,8 @@ class StepSession:
         """Step i begins (now, or at the times `t0`/`c0` taken earlier by the caller: a step that
         begins with a DataLoader fetch is timed from the fetch's start)."""
         self.index = i
+        if TOGGLED:  # (bench_steady_parts.py --toggle only)
+            probes.set_part_probes(not off("probes", i))
         self.anomaly = torch.is_anomaly_enabled()
         self.prof.before(i)
         dynamo_skips_our_frames()  # (with or without the numerics collector)
@@ -75,7 +77,7 @@ class StepSession:
         # (not in the profiler's steps: its start, stop and Python tracer walk the threads' frames,
         # and a look at the step's frames beside them crashed the process)
         self.sampling = self.lines is not None and not self.prof.profiled(i) and self.line_steps.sampled(
-            i, any(getattr(c, "step_checked", False) for c in self.collectors))
+            i, any(getattr(c, "step_checked", False) for c in self.collectors)) and not off("lines", i)
         if self.sampling:
             self.lines.resume()
 
@@ -103,12 +105,12 @@ class StepSession:
                          anomaly_enabled=self.anomaly, lines_sampled=self.sampling,
                          tallies=self.rec.drain() + (self.lines.take() if self.sampling else []),
                          collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec))
-        if "records" not in OFF:  # (bench_steady_parts.py only)
+        if not off("records", i):  # (bench_steady_parts.py only)
             self.out.send(step)
         self._send_device_times(self.device.take())
         if forecast is not None:  # the step the rehearsed device would run out in: what holds it is scanned
             self.out.send(wire.Snapshot(path=forecast, when="rehearsal-oom"))
-        if not failed and (i in self.scans or forecast is not None or near):
+        if not failed and ((i in self.scans and not off("scans", i)) or forecast is not None or near):
             # the planned scans between the first and the last may read the named holders only
             # (graphs.ScanMemo); the last, and one that names what holds a forecast OOM, walk everything
             middle = i in self.scans and i != max(self.scans) and forecast is None and not near

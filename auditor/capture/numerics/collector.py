@@ -40,7 +40,7 @@ from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
 from auditor.capture import probes, torch_private
-from auditor.capture.bench_switches import OFF
+from auditor.capture.bench_switches import OFF, TOGGLED, off
 from auditor.capture.frames import user_call, user_frame
 from auditor.capture.numerics.amp_probes import install_amp_probes
 from auditor.capture.numerics.backward_probe import install_backward_probe
@@ -181,19 +181,21 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
     def step_begin(self, index: int) -> None:
         self.step = index
         self.step_checked = _scheduled(index, self.window, self.alarmed, self.dense)
-        if self.step_checked and "checks" in OFF and index >= self.dense and not self.alarmed:
+        if self.step_checked and index >= self.dense and not self.alarmed and off("checks", index):
             self.step_checked = False  # (bench_steady_parts.py only)
         self.stepping = True
         self.watched = None
-        if "hooks" in OFF:  # (bench_steady_parts.py only: no module hooks in unchecked steps)
+        if off("hooks", index):  # (bench_steady_parts.py only: no module hooks in unchecked steps)
             if self.step_checked and not self.module_hooks:
                 self._hook_modules()
             elif not self.step_checked and self.module_hooks:
                 for h in self.module_hooks:
                     h.remove()
                 self.module_hooks = []
+        elif TOGGLED and not self.module_hooks:  # (a toggled bench's block with them back)
+            self._hook_modules()
         if not self.step_checked:  # a timed or profiled step: nothing of the checks runs in it
-            self.watching = index not in self.window and "watch" not in OFF  # (nothing of ours in the trace: its loss unread)
+            self.watching = index not in self.window and not off("watch", index)  # (nothing of ours in the trace: its loss unread)
             return
         dynamo_skips_our_frames()
         # (step_end left the state fresh: nothing writes it between steps, every writer asks

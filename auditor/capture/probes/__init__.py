@@ -173,6 +173,23 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
     functools.update_wrapper(new, orig)
     new.__audit_original__ = orig
     setattr(owner, name, new)
+    if _part_on[1]:
+        _PART.append((owner, name, orig, new))
+
+
+# the wrappers of the bench's "probes" part (auditor.capture.bench_switches), kept as they are made
+# for set_part_probes: (owner, name, original, wrapper)
+_PART: list[tuple[Any, str, Any, Any]] = []
+_part_on = [True, False]  # [the part's wrappers in place, the wrappers made now are the part's]
+
+
+def set_part_probes(on: bool) -> None:
+    """The "probes" part's wrappers put back (on) or taken out (bench_steady_parts.py --toggle only:
+    each swap costs CPython's attribute caches, so only at the blocks' edges)."""
+    if on != _part_on[0] and _PART:
+        _part_on[0] = on
+        for owner, name, orig, new in _PART:
+            setattr(owner, name, new if on else orig)
 
 
 # --- device->host synchronisations -------------------------------------------------------------
@@ -849,15 +866,19 @@ def install() -> Recorder:
     global REC
     if REC is None:
         REC = Recorder()
-        from auditor.capture.bench_switches import OFF
+        from auditor.capture.bench_switches import OFF, TOGGLED
 
+        _part_on[1] = bool(TOGGLED)  # (bench_steady_parts.py --toggle only: the part's wrappers kept, to swap)
         if "probes" not in OFF:  # (bench_steady_parts.py only)
             _install_sync_probes()
             _install_timed_probes()
             _install_anomaly_probe()
+        _part_on[1] = False
         _install_backward_probes()
+        _part_on[1] = bool(TOGGLED)
         if "probes" not in OFF:
             _install_hook_probes()
+        _part_on[1] = False
         _install_phase_hooks()
         from auditor.capture.probes.data import install_dataloader_probes, install_sampler_probes
 

@@ -1,0 +1,23 @@
+"""The bench's internal switches (auditor/capture/bench_switches.py): which parts a toggled audit
+leaves out at which step, as bench/bench_steady_parts.py --toggle reads its blocks."""
+from __future__ import annotations
+
+from auditor.capture import bench_switches as bs
+
+
+def test_a_toggle_names_its_block_and_parts():
+    assert bs._toggle("50") == (50, frozenset(bs.TOGGLED_PARTS))
+    assert bs._toggle("10:probes,lines,light,bogus") == (10, frozenset({"probes", "lines"}))
+    assert bs._toggle("") == (0, frozenset())
+    assert bs._toggle("0") == (0, frozenset())
+    assert bs._toggle("x:probes") == (0, frozenset())
+
+
+def test_parts_are_off_in_odd_blocks_only(monkeypatch):
+    monkeypatch.setattr(bs, "BLOCK", 4)
+    monkeypatch.setattr(bs, "TOGGLED", frozenset({"checks"}))
+    monkeypatch.setattr(bs, "OFF", frozenset({"scans"}))
+    assert [bs.off("checks", i) for i in range(12)] == [False] * 4 + [True] * 4 + [False] * 4
+    assert not any(bs.off("lines", i) for i in range(12))  # (not toggled)
+    assert all(bs.off("scans", i) for i in range(12))  # (AUDITOR_BENCH_OFF: at every step)
+    assert not bs.off("checks", None)
