@@ -1,5 +1,5 @@
 #!/bin/bash
-# The steady state on a lent GPU machine (see ../shared/tools/gpu/README.md of the workplace: the
+# The steady state on a lent GPU machine (no network there: the
 # project's wheels travel in .whl/): the CPU proxy run on the GPU, a host-bound GPU step, plain and
 # audited alternated, pinned to two CPUs; its log goes to $OUT.
 #   bash bench/gpu_steady.sh ROUNDS STEPS [PROGRAM [MORE bench_steady_parts.py ARGS, e.g. --toggle 50]]
