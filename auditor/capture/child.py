@@ -663,7 +663,7 @@ def run(args: argparse.Namespace) -> int:
     # Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
     # layer wraps the one before (a probe installed first would be replaced).
     try:
-        rehearsal_info = rehearsal.install(args.rehearse, *_target_source(args.target))
+        rehearsal_info = rehearsal.install(args.rehearse, *_target_source(args.target), argv=args.script_args)
     except torch_private.Unsupported as e:  # (before the target runs: one line, exit 2)
         out.send(wire.UsageError(message=str(e)))
         return 2

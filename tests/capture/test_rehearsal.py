@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from auditor.capture.rehearsal.intent import cuda_reasons, program_reasons
+from auditor.capture.rehearsal.intent import argument_reason, cuda_reasons, program_reasons
 from auditor.evidence import model as m
 from auditor.reports.terminal import NO_GPU_ERRORS
 from auditor.rules.pageable_copy import rehearsal_findings as pageable_rehearsal_findings
@@ -119,6 +119,15 @@ def gpu_warnings(a) -> set[str]:
     ("from torch.accelerator import current_accelerator", "from torch.accelerator import ..."),
     ("torch.accelerator.empty_cache()\nn = torch.accelerator.memory_allocated()", None),  # the memory family
     ("# put it on cuda later\nprint('cuda is fast')", None),
+    # a seeding helper's lines run on a CPU anyway (karpathy/makemore seeds CUDA on every device)
+    ("torch.cuda.manual_seed_all(0)\ntorch.cuda.manual_seed(0)\ntorch.cuda.seed_all()", None),
+    ("from torch.cuda import manual_seed_all", None),
+    # a device tested against "cuda" is not asked for it (makemore: `if args.device.startswith('cuda')`)
+    ("if args.device.startswith('cuda'):\n    pass\nok = device == 'cuda'\nuse = 'cuda' in str(dev)\n"
+     "no = device.type != 'cuda:0'\nboth = dev.endswith(('cuda', 'mps'))", None),
+    ("dev = 'cuda' if ok else 'cpu'", '"cuda"'),  # (chosen, not tested)
+    ("if args.device == 'cuda':\n    x = x.cuda()", ".cuda()"),
+    ("torch.cuda.manual_seed_all(0)\nuse = torch.cuda.is_available()", "torch.cuda.is_available"),
     ("x = torch.randn(3)", None),
 ])
 def test_auto_mode_reads_whether_the_file_asks_for_cuda(tmp_path, source, asks):
@@ -126,6 +135,17 @@ def test_auto_mode_reads_whether_the_file_asks_for_cuda(tmp_path, source, asks):
     f.write_text(source + "\n")
     reasons = cuda_reasons(f)
     assert (reasons[0][1] if reasons else None) == asks
+
+
+@pytest.mark.parametrize("argv,asks", [
+    (["--device", "cuda"], "'cuda'"),
+    (["-i", "names.txt", "--device=cuda:1"], "'--device=cuda:1'"),
+    (["cuda:0"], "'cuda:0'"),
+    (["--device", "cpu", "--note", "cuda is fast", "--cuda-graphs"], None),
+    ([], None),
+])
+def test_an_argument_that_names_a_cuda_device_asks_for_it(argv, asks):
+    assert argument_reason(argv) == asks
 
 
 @pytest.mark.parametrize("name", ["clean", "peak_stats_reset", "forced_cleanup", "host_sync"])
@@ -237,6 +257,48 @@ def test_cuda_asked_for_in_an_imported_user_module_is_rehearsed(tmp_path):
     copies = [t for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == m.H2D_COPY]
     assert len(a.evidence["steps"]) == 3 and copies
     assert {t["where"]["line"] for t in copies} == {_line(TRAINER_MODULE, "x, y = x.to(self.device)")}
+
+
+# karpathy/makemore's shape: the device is a flag (default cpu), CUDA is seeded on every device and
+# synchronised when the device's name starts with "cuda"
+DEVICE_FLAG = """import argparse
+import torch
+from torch import nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--device", type=str, default="cpu", help="examples: cpu|cuda|cuda:2|mps")
+args = parser.parse_args()
+torch.manual_seed(0)
+torch.cuda.manual_seed_all(0)
+model = nn.Linear(16, 4).to(args.device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(5):
+    x = torch.randn(8, 16).to(args.device)
+    loss = model(x).pow(2).mean()
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+"""
+
+
+def test_a_device_flag_is_rehearsed_when_the_command_line_names_cuda(tmp_path):
+    """Run as its README runs it (the CPU by default), the program is a CPU program: its seeding of
+    CUDA and its test of the device's name ask for nothing, and it is audited as it runs. With
+    `--device cuda` on its command line it is rehearsed, and its batches' copies to the GPU counted."""
+    _write(tmp_path, {"main.py": DEVICE_FLAG})
+    plain = audit("run", str(tmp_path / "main.py"), "--steps", "3", "--no-profile", "--quiet", out=tmp_path / "cpu",
+                  cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert plain.findings_doc["environment"]["rehearsal"] is False and not ANNOUNCE.search(plain.stderr)
+    a = audit("run", str(tmp_path / "main.py"), "--steps", "3", "--no-profile", "--quiet", "--", "--device", "cuda",
+              out=tmp_path / "cuda", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert "(the argument 'cuda' on its command line)" in a.stderr
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    copies = [t for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == m.H2D_COPY]
+    assert {t["where"]["line"] for t in copies} == {_line(DEVICE_FLAG, "x = torch.randn(8, 16).to(args.device)")}
 
 
 # PyTorch's own examples (mnist, word_language_model, ...) pick the device through torch.accelerator.

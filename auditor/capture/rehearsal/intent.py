@@ -20,7 +20,13 @@ integer assigned to a name of a device: `device = 0`, `self.gpu_id = 0`); a Ligh
 `Fabric` (in a file that imports Lightning) whose accelerator is left to it ("auto", unset) or is
 "gpu"/"cuda": it takes the GPU when one is there. The memory-statistics family alone (`reset_peak_memory_stats`, `empty_cache`,
 `max_memory_allocated`, ...) does not count: such a program computes on the CPU, and those calls
-are answered by auditor.capture.cuda_standins.
+are answered by auditor.capture.cuda_standins. Nor do the seeding calls (`torch.cuda.manual_seed_all`,
+`manual_seed`, `seed`, `seed_all`: a seeding helper's lines, in CPU programs too, which torch queues
+on a machine without CUDA), nor a "cuda" string a device is tested against (`device == "cuda"`,
+`"cuda" in device`, `args.device.startswith("cuda")`: the test runs either way).
+
+Besides the source, `argument_reason(argv)`: an argument of the program's command line that names a
+CUDA device (`cuda`, `cuda:1`, `--device=cuda`), as a program whose device is a flag is run for the GPU.
 """
 from __future__ import annotations
 
@@ -36,8 +42,10 @@ from auditor.capture import cuda_standins
 from auditor.capture.frames import is_library
 
 _CUDA_STRING = re.compile(r"cuda(:\d+)?")
-# torch.cuda / torch.accelerator functions that run on a CPU-only machine anyway (answered by cuda_standins).
-MEMORY_FAMILY = {"cuda": frozenset(cuda_standins._answers()) | {"synchronize"}}
+# torch.cuda / torch.accelerator functions that run on a CPU-only machine anyway (answered by cuda_standins;
+# the seeding calls torch itself queues until CUDA starts, which it never does there).
+MEMORY_FAMILY = {"cuda": frozenset(cuda_standins._answers()) | {"synchronize", "manual_seed", "manual_seed_all",
+                                                                    "seed", "seed_all"}}
 MEMORY_FAMILY["accelerator"] = MEMORY_FAMILY["cuda"] | {"empty_host_cache", "get_memory_info", "memory"}
 MAX_FILES = 200  # the program's own modules read, at most
 MAX_BYTES = 2 << 20  # a larger file is data, not a module anyone wrote
@@ -94,12 +102,31 @@ def _imports_framework(tree: ast.Module) -> bool:
     return False
 
 
+def _tested(tree: ast.Module) -> set[int]:
+    """The ids of the string constants a value is tested against: the operands of a comparison
+    (`==`, `!=`, `in`, `not in`) and the arguments of `.startswith(...)` / `.endswith(...)`."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and all(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                 for op in node.ops):
+            operands = [node.left, *node.comparators]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("startswith", "endswith")):
+            operands = [*node.args, *(e for a in node.args if isinstance(a, ast.Tuple) for e in a.elts)]
+        else:
+            continue
+        out.update(id(o) for o in operands if isinstance(o, ast.Constant))
+    return out
+
+
 def _reasons(tree: ast.Module) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
     framework = _imports_framework(tree)
+    tested = _tested(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.fullmatch(node.value):
-            found.append((node.lineno, f'"{node.value}"'))
+            if id(node) not in tested:
+                found.append((node.lineno, f'"{node.value}"'))
         elif (isinstance(node, ast.Assign) and _int(node.value) and len(node.targets) == 1
               and isinstance(node.targets[0], (ast.Name, ast.Attribute))
               and _DEVICE_NAME.fullmatch(getattr(node.targets[0], "id", None) or node.targets[0].attr)):
@@ -131,6 +158,15 @@ def _reasons(tree: ast.Module) -> list[tuple[int, str]]:
             if node.module not in ("torch.cuda", "torch.accelerator") or any(a.name not in family for a in node.names):
                 found.append((node.lineno, f"from {node.module} import ..."))
     return sorted(set(found))
+
+
+_CUDA_ARGUMENT = re.compile(r"(--?[\w.-]+=)?cuda(:\d+)?")
+
+
+def argument_reason(argv: list[str]) -> str | None:
+    """The first argument of the program's command line that names a CUDA device (`cuda`,
+    `cuda:1`, `--device=cuda`), quoted; None when none does."""
+    return next((repr(a) for a in argv if _CUDA_ARGUMENT.fullmatch(a)), None)
 
 
 def _device_api(module: str | None) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from auditor.capture import probes, torch_private
-from auditor.capture.rehearsal.intent import program_reasons
+from auditor.capture.rehearsal.intent import argument_reason, program_reasons
 
 NOTE = ("CUDA rehearsal: this program asks for CUDA ({reason}) and there is no CUDA device here, so it ran "
         "on the CPU with torch.cuda answering as one idle GPU would (is_available() is True). Tensors it "
@@ -20,18 +20,23 @@ NOTE = ("CUDA rehearsal: this program asks for CUDA ({reason}) and there is no C
         "the program's CPU version.")
 
 
-def install(mode: str, source: str | None, module: str | None = None) -> dict[str, Any] | None:
+def install(mode: str, source: str | None, module: str | None = None,
+            argv: list[str] | tuple[str, ...] = ()) -> dict[str, Any] | None:
     """Rehearse if `mode` and the program ask for it (see module doc); None when not rehearsing.
     `source` is the target's file; without one, `module` names the target's module (`-m pkg.mod`,
-    `pkg.mod:step`), whose file is found without importing it."""
+    `pkg.mod:step`), whose file is found without importing it; `argv`: the program's arguments
+    (one that names a CUDA device asks for it too: intent.argument_reason)."""
     if mode == "off" or torch.cuda.is_available():
         return None
     reasons = program_reasons(source, module) if source or module else []
-    if mode == "auto" and not reasons:
+    argument = None if reasons else argument_reason(list(argv))
+    if mode == "auto" and not reasons and argument is None:
         return None
     if reasons:
         path, line, what = reasons[0]
         reason = f"{what} at line {line} of {Path(path).name}"
+    elif argument is not None:
+        reason = f"the argument {argument} on its command line"
     else:
         reason = "--rehearse"
     torch_private.check_rehearsal()
