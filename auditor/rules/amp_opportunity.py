@@ -67,8 +67,9 @@ class AmpOpportunity(TraceRule):
         least allow TF32 (`torch.backends.cuda.matmul.allow_tf32 = True`). This changes numerics.
 
         In CUDA rehearsal (no GPU, no kernels) the program's own matmuls and convolutions of GPU
-        tensors are counted instead: `F.linear`, `@`/`matmul`, `mm`, `bmm`, `conv1d/2d/3d`, with the
-        dtype they compute in and their forward FLOPs; it reports when most of those FLOPs are fp32
+        tensors are counted instead: `F.linear`, `@`/`matmul`, `mm`, `bmm`, `conv1d/2d/3d`,
+        `conv_transpose1d/2d/3d`, with the dtype they compute in and their forward FLOPs; it
+        reports when most of those FLOPs are fp32
         outside autocast and they add up to enough work per step (`min-gflop-per-step`).
 
     Evidence needed:

@@ -49,8 +49,8 @@ class CudnnBenchmark(Rule):
     What it detects:
         A program that runs GPU convolutions of the same input shapes step after step with
         `torch.backends.cudnn.benchmark` off (its default). Seen in CUDA rehearsal: every
-        `conv1d/2d/3d` of GPU tensors is counted at the user's line with its input shape and the
-        flag in force when it ran.
+        `conv1d/2d/3d` and `conv_transpose1d/2d/3d` (a GAN's generator) of GPU tensors is counted
+        at the user's line with its input shape and the flag in force when it ran.
 
         On a GPU, `audit run` reads the flag the program left (after its setup, and at its end)
         and the cuDNN convolutions of its profiler window (`aten::cudnn_convolution` with their

@@ -5,7 +5,7 @@ The rehearsal's mode (`device.RehearsalMode`) hands every call with an input mea
 Three things are recorded, as probe tallies:
 
 * `device-matmul`: a matrix multiply or convolution of GPU tensors (`F.linear`, `@`, `mm`, `bmm`,
-  `conv1d/2d/3d`), and the attention functions whose matmuls run below the one call the mode sees
+  `conv1d/2d/3d`, `conv_transpose1d/2d/3d`: a GAN's generator, a decoder's upsampling), and the attention functions whose matmuls run below the one call the mode sees
   (`F.multi_head_attention_forward` of nn.MultiheadAttention: its projections and attention
   matmuls; `F.scaled_dot_product_attention`; the recurrent layers and cells of nn.LSTM, nn.GRU,
   nn.RNN and their Cell forms, `torch.lstm/gru/rnn_tanh/rnn_relu` and `*_cell`, whose input and
@@ -51,6 +51,13 @@ def _flops_conv(args: tuple, out: Any) -> int:
     w = args[1]
     per_out = w.numel() // max(1, int(w.shape[0]))  # Cin/groups x kernel
     return 2 * out.numel() * per_out if isinstance(out, torch.Tensor) else 0
+
+
+def _flops_conv_transpose(args: tuple, out: Any) -> int:
+    """conv_transpose1d/2d/3d(input, weight (Cin, Cout/groups, kernel...), ...): every input element
+    is multiplied into Cout/groups x kernel outputs."""
+    x, w = args[0], args[1]
+    return 2 * x.numel() * (w.numel() // max(1, int(w.shape[0]))) if w.dim() >= 1 else 0
 
 
 def _lead(t: torch.Tensor) -> int:
@@ -133,8 +140,11 @@ _MATMULS: dict[Any, tuple[str, Callable[[tuple, Any], int]]] = {
     torch.conv1d: ("conv1d", _flops_conv),
     torch.conv2d: ("conv2d", _flops_conv),
     torch.conv3d: ("conv3d", _flops_conv),
+    torch.conv_transpose1d: ("conv_transpose1d", _flops_conv_transpose),
+    torch.conv_transpose2d: ("conv_transpose2d", _flops_conv_transpose),
+    torch.conv_transpose3d: ("conv_transpose3d", _flops_conv_transpose),
 }
-_CONVS = frozenset(("conv1d", "conv2d", "conv3d"))
+_CONVS = frozenset(("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"))
 # FLOPs functions that read their own arguments (an RNN's second is its state or batch sizes)
 _OWN_ARGS = frozenset((_flops_rnn, _flops_cell))
 
