@@ -140,3 +140,32 @@ def test_ddp_trace_communication():
     assert not eff.has_shapes and all(s.flops is None and s.mfu is None for s in eff.steps)
     assert [round(s.exposed_comm_ms, 1) for s in eff.steps] == [10.2, 10.5, 18.9]
     assert all(0 < s.exposed_comm_ms <= s.comm_ms < s.busy_ms for s in eff.steps)
+
+
+def test_a_transposed_convolution_as_torch_records_it(tmp_path):
+    """A ConvTranspose2d (a GAN generator's layer) profiled forward and backward: torch records it
+    as aten::convolution with `transposed` True (and its backward with the same flag), its weight
+    (Cin, Cout/groups, kh, kw). Each input element goes into Cout x kh x kw outputs: a stride-2
+    layer does stride^2 times the work a plain convolution's formula would give its input."""
+    import torch
+    from torch import nn
+
+    layer = nn.ConvTranspose2d(64, 32, 4, 2, 1, bias=False)
+    x = torch.randn(8, 64, 8, 8, requires_grad=True)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        layer(x).sum().backward()
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    ops = {e["name"]: e["args"] for e in json.loads(path.read_text())["traceEvents"]
+           if e.get("name") in ("aten::convolution", "aten::convolution_backward")}
+    fwd, bwd = ops["aten::convolution"], ops["aten::convolution_backward"]
+    assert fwd["Concrete Inputs"][6] == "True" and bwd["Concrete Inputs"][7] == "True"
+    flops = 2 * (8 * 64 * 8 * 8) * (32 * 4 * 4)
+    work = op_work("aten::convolution", fwd["Input Dims"], fwd["Input type"], fwd["Concrete Inputs"])
+    assert work[0] == flops
+    assert work[1] == 4 * (8 * 64 * 8 * 8 + 64 * 32 * 4 * 4 + 8 * 32 * 16 * 16)  # input, weight, the 16x16 output
+    assert op_work("aten::convolution_backward", bwd["Input Dims"], bwd["Input type"],
+                   bwd["Concrete Inputs"])[0] == 2 * flops
+    # the same layer as a plain convolution's records (no `transposed`): the formula as before
+    plain = op_work("aten::convolution", fwd["Input Dims"], fwd["Input type"], fwd["Concrete Inputs"][:6])
+    assert plain[0] == 2 * (8 * 64 * 4 * 4) * (32 * 4 * 4)

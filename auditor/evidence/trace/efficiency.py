@@ -12,7 +12,8 @@ to the innermost operator that launched it (kernel -> its launch call by correla
 enclosing operator); the operator's FLOPs over its kernels' time is what it achieved.
 
 Formulas (one multiply-add = 2 FLOPs; bytes = every input and the output read or written once):
-matmul (mm, addmm, bmm, baddbmm, linear) 2*M*N*K per batch; convolution 2*N*O*H'*W'*(C/g)*kh*kw
+matmul (mm, addmm, bmm, baddbmm, linear) 2*M*N*K per batch; convolution 2*N*O*H'*W'*(C/g)*kh*kw (a
+transposed one 2*N*C*H*W*(O/g)*kh*kw: each input element into its outputs)
 (the output size from the stride in `Concrete Inputs` when recorded, else the input's), its
 backward twice that; attention (scaled_dot_product_*) 4*B*H*L*S*E forward, 2.5 times that
 backward; recurrent layers (cuDNN's _cudnn_rnn, MIOpen's miopen_rnn: every layer and direction's
@@ -297,6 +298,9 @@ def _ints(text: Any) -> list[int] | None:
     return list(v) if isinstance(v, (list, tuple)) and all(isinstance(x, int) for x in v) else None
 
 
+_TRANSPOSABLE = frozenset(("aten::convolution", "aten::_convolution", "aten::convolution_backward"))
+
+
 def op_work(name: str, dims: Any, types: Any, concrete: Any = None) -> tuple[float, float, str] | None:
     """(FLOPs, bytes, dtype) of one call of operator `name` with these recorded inputs, or None
     when its shapes do not fit the formula (module docstring) or cannot be read (a stride of 0 or
@@ -344,19 +348,31 @@ def _op_work(name: str, dims: Any, types: Any, concrete: Any) -> tuple[float, fl
         return flops, float(in_bytes + batch * m * n * elt), dtype
     if kind == "conv":
         backward = name.endswith("_backward")
+        # a transposed convolution (ConvTranspose: aten::convolution's `transposed`, its 7th
+        # argument, the 8th of its backward) multiplies every input element into the weight's
+        # Cout/groups x kernel outputs; its weight is (Cin, Cout/groups, kernel...)
+        flag = 7 if backward else 6
+        transposed = (name in _TRANSPOSABLE and concrete is not None and len(concrete) > flag
+                      and concrete[flag] == "True")
         if backward:  # grad_output, input, weight
             if len(ts) < 3:
                 return None
             (go, _), (x, _), (w, _) = ts[0], ts[1], ts[2]
             if len(go) < 3 or len(w) < 3:
                 return None
-            flops = 2.0 * 2.0 * go[0] * go[1] * _numel(go[2:]) * _numel(w[1:])
+            flops = 2.0 * 2.0 * (_numel(x) if transposed else go[0] * go[1] * _numel(go[2:])) * _numel(w[1:])
             return flops, float(in_bytes + _numel(x) * elt + _numel(w) * elt), dtype
         if len(ts) < 2:
             return None
         (x, _), (w, _) = ts[0], ts[1]
         if len(x) < 3 or len(w) < 3:
             return None
+        if transposed:
+            stride = _ints(concrete[3]) if len(concrete) > 3 else None
+            groups = _ints(concrete[8]) if len(concrete) > 8 else None
+            up = _numel(stride * (len(x) - 2) if stride and len(stride) == 1 else stride or [1])
+            out_elems = x[0] * w[1] * (groups[0] if groups else 1) * _numel(x[2:]) * up  # (padding left out)
+            return 2.0 * _numel(x) * _numel(w[1:]), float(in_bytes + out_elems * elt), dtype
         spatial = x[2:]
         stride = _ints(concrete[3]) if concrete and len(concrete) > 3 else None
         if stride:
