@@ -301,6 +301,45 @@ def test_a_device_flag_is_rehearsed_when_the_command_line_names_cuda(tmp_path):
     assert {t["where"]["line"] for t in copies} == {_line(DEVICE_FLAG, "x = torch.randn(8, 16).to(args.device)")}
 
 
+# pytorch/examples dcgan's shape: the source picks CUDA when a flag of its own asks for it
+GPU_FLAG = """import argparse
+import torch
+from torch import nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--gpu", action="store_true")
+args = parser.parse_args()
+device = torch.device("cuda" if args.gpu and torch.cuda.is_available() else "cpu")
+model = nn.Linear(16, 4).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(5):
+    x = torch.randn(8, 16).to(device)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_rehearsal_that_saw_no_gpu_work_says_so(tmp_path):
+    """Its source asks for CUDA, so it is rehearsed either way; without `--gpu` the run keeps every
+    tensor on the CPU and the summary says that no GPU cost was counted; with it, the batches'
+    copies are counted and the line is not there."""
+    _write(tmp_path, {"main.py": GPU_FLAG})
+    said = "CUDA rehearsal: this run put no tensor on the GPU"
+    runs = {}
+    for name, argv in (("cpu", ()), ("gpu", ("--", "--gpu"))):
+        a = audit("run", str(tmp_path / "main.py"), "--steps", "3", "--no-profile", *argv, out=tmp_path / name,
+                  cwd=tmp_path)
+        assert a.returncode == 0, a.stderr[-3000:]
+        assert a.findings_doc["environment"]["rehearsal"] is True
+        runs[name] = (a, (tmp_path / name / "summary.txt").read_text())
+    assert said in runs["cpu"][1] and said not in runs["gpu"][1]
+    copies = [t for s in runs["gpu"][0].evidence["steps"] for t in s["tallies"] if t["kind"] == m.H2D_COPY]
+    assert copies and not [t for s in runs["cpu"][0].evidence["steps"] for t in s["tallies"]
+                           if t["kind"] == m.H2D_COPY]
+
+
 # PyTorch's own examples (mnist, word_language_model, ...) pick the device through torch.accelerator.
 ACCELERATOR_PROGRAM = """import argparse
 
