@@ -166,6 +166,9 @@ def test_a_transposed_convolution_as_torch_records_it(tmp_path):
     assert work[1] == 4 * (8 * 64 * 8 * 8 + 64 * 32 * 4 * 4 + 8 * 32 * 16 * 16)  # input, weight, the 16x16 output
     assert op_work("aten::convolution_backward", bwd["Input Dims"], bwd["Input type"],
                    bwd["Concrete Inputs"])[0] == 2 * flops
+    # an unreadable stride makes the record unreadable, transposed or not
+    odd = [*fwd["Concrete Inputs"][:3], "[0, 0]", *fwd["Concrete Inputs"][4:]]
+    assert op_work("aten::convolution", fwd["Input Dims"], fwd["Input type"], odd) is None
     # the same layer as a plain convolution's records (no `transposed`): the formula as before
     plain = op_work("aten::convolution", fwd["Input Dims"], fwd["Input type"], fwd["Concrete Inputs"][:6])
     assert plain[0] == 2 * (8 * 64 * 4 * 4) * (32 * 4 * 4)

@@ -367,19 +367,20 @@ def _op_work(name: str, dims: Any, types: Any, concrete: Any) -> tuple[float, fl
         (x, _), (w, _) = ts[0], ts[1]
         if len(x) < 3 or len(w) < 3:
             return None
-        if transposed:
-            stride = _ints(concrete[3]) if len(concrete) > 3 else None
-            groups = _ints(concrete[8]) if len(concrete) > 8 else None
-            up = _numel(stride * (len(x) - 2) if stride and len(stride) == 1 else stride or [1])
-            out_elems = x[0] * w[1] * (groups[0] if groups else 1) * _numel(x[2:]) * up  # (padding left out)
-            return 2.0 * _numel(x) * _numel(w[1:]), float(in_bytes + out_elems * elt), dtype
         spatial = x[2:]
         stride = _ints(concrete[3]) if concrete and len(concrete) > 3 else None
         if stride:
             if any(st <= 0 or st > MAX_DIM for st in stride):  # (no convolution has one: the record is unreadable)
                 return None
             stride = (stride * len(spatial))[:len(spatial)] if len(stride) == 1 else stride
-            spatial = [max(1, s // st) for s, st in zip(spatial, stride)] if len(stride) == len(spatial) else spatial
+        strided = stride is not None and len(stride) == len(spatial)
+        if transposed:  # the output: the input upsampled by the stride (padding left out)
+            groups = _ints(concrete[8]) if len(concrete) > 8 else None
+            up = _numel(stride) if strided else 1
+            out_elems = x[0] * w[1] * (groups[0] if groups else 1) * _numel(spatial) * up
+            return 2.0 * _numel(x) * _numel(w[1:]), float(in_bytes + out_elems * elt), dtype
+        if strided:
+            spatial = [max(1, s // st) for s, st in zip(spatial, stride)]
         out_elems = x[0] * w[0] * _numel(spatial)
         flops = 2.0 * out_elems * _numel(w[1:])
         return flops, float(in_bytes + out_elems * elt), dtype
