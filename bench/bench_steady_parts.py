@@ -103,6 +103,14 @@ def steady(path: Path, first: int, last: int) -> tuple[float, float]:
     return statistics.mean(t[0] for t in times), statistics.mean(t[1] for t in times)
 
 
+def marks(ev: dict) -> tuple[set[int], set[int], set[int]]:
+    """The audited run's marked iterations, by its evidence: those a graph scan touches (the one it
+    follows and the next: it runs at the boundary), those checked, those the line sampler looked at."""
+    return ({s["after_step"] + k for s in ev["graph_scans"] for k in (0, 1)},
+            {s["index"] for s in ev["steps"] if s.get("numerics") is not None},
+            {s["index"] for s in ev["steps"] if s.get("lines_sampled")})
+
+
 def split(times_path: Path, evidence_path: Path, plain: list[float], first: int, last: int) -> dict[str, float]:
     """CPU ms over the plain run's median iteration (`plain`: its CPU ms per iteration), summed by
     kind over iterations first..last-1: "scan" (the iteration a graph scan follows and the next:
@@ -111,10 +119,7 @@ def split(times_path: Path, evidence_path: Path, plain: list[float], first: int,
     of the two runs' totals)."""
     plain_median = statistics.median(plain[first:last])
     cpu = [t[1] for t in json.loads(times_path.read_text())]
-    ev = json.loads(evidence_path.read_text())
-    scans = {s["after_step"] + k for s in ev["graph_scans"] for k in (0, 1)}
-    checked = {s["index"] for s in ev["steps"] if s.get("numerics") is not None}
-    sampled = {s["index"] for s in ev["steps"] if s.get("lines_sampled")}
+    scans, checked, sampled = marks(json.loads(evidence_path.read_text()))
     out = dict.fromkeys(("scan", "checked", "sampled", "other"), 0.0)
     for i in range(first, last):
         kind = "scan" if i in scans else "checked" if i in checked else "sampled" if i in sampled else "other"
@@ -193,8 +198,7 @@ def around_window(times_path: Path, evidence_path: Path, at: int, width: int) ->
     ev = json.loads(evidence_path.read_text())
     window = {s["index"] for s in ev["steps"] if s.get("profiled")}
     end = max(window, default=at + 2) + 1
-    marked = ({s["index"] for s in ev["steps"] if s.get("numerics") is not None or s.get("lines_sampled")}
-              | {s["after_step"] + k for s in ev["graph_scans"] for k in (0, 1)} | window)
+    marked = set().union(*marks(ev), window)
     before = [wall[i] for i in range(max(0, at - 1 - width), at - 1) if i not in marked and i < len(wall)]
     after = [wall[i] for i in range(end + 2, end + 2 + width) if i not in marked and i < len(wall)]
     return (statistics.median(before) if before else float("nan"), statistics.median(after) if after else float("nan"))
