@@ -178,6 +178,13 @@ def _add(data: bytes, call: CallSite, items: list[str]) -> bytes:
     return data[:pos] + nl + body + data[pos:]
 
 
+def _merge(data: bytes, mapping: ArgSpan, items: list[str]) -> bytes:
+    """`data` with the `**mapping` argument's value wrapped as `dict(mapping, k=v, ...)`."""
+    value = data[mapping.value_start:mapping.value_end]
+    merged = b"dict(" + value + b"".join(b", " + s.encode("utf-8") for s in items) + b")"
+    return data[:mapping.value_start] + merged + data[mapping.value_end:]
+
+
 def _again(data: bytes, call: CallSite, names: tuple[str, ...]) -> CallSite | None:
     """`call` found again in `data` after an edit inside it (its first byte has not moved)."""
     return next((c for c in find_calls(data.decode("utf-8"), call.line, names) if c.start == call.start), None)
@@ -219,6 +226,11 @@ def edit_call_text(text: str, line: int, names: Iterable[str], set_kwargs: dict[
             if call is None:
                 return None
     if todo:
-        data = _add(data, call, [f"{k}={v}" for k, v in todo.items()])
+        items = [f"{k}={v}" for k, v in todo.items()]
+        mapping = next((a for a in reversed(call.args) if a.star == "**"), None)
+        # beside `**mapping`, a keyword of its own would make the call raise "got multiple values"
+        # in a configuration where the mapping gives that key too: merged into the mapping instead,
+        # `**dict(mapping, k=v)`, the call gets the key once in every configuration (these values)
+        data = _merge(data, mapping, items) if mapping is not None else _add(data, call, items)
     out = data.decode("utf-8")
     return None if out == text else out

@@ -47,7 +47,11 @@ def test_a_keyword_added_to_a_multi_line_call_keeps_every_other_line(tmp_path: P
     # along one line: appended there, trailing comma kept
     ("x = DataLoader(ds, batch_size=8,)\n", {"pin_memory": "True"}, (), "x = DataLoader(ds, batch_size=8, pin_memory=True,)\n"),
     ("x = DataLoader()\n", {"pin_memory": "True"}, (), "x = DataLoader(pin_memory=True)\n"),
-    ("x = DataLoader(ds, **kw)\n", {"pin_memory": "True"}, (), "x = DataLoader(ds, **kw, pin_memory=True)\n"),
+    # beside `**mapping` (which may give the key in another configuration): merged into the mapping,
+    # each key reaching the call once; a keyword the call names is still changed in place
+    ("x = DataLoader(ds, **kw)\n", {"pin_memory": "True"}, (), "x = DataLoader(ds, **dict(kw, pin_memory=True))\n"),
+    ("x = DataLoader(ds, batch_size=8, **(a if c else {}))\n", {"batch_size": "16", "num_workers": "2"}, (),
+     "x = DataLoader(ds, batch_size=16, **(dict(a if c else {}, num_workers=2)))\n"),
     # one per line without a trailing comma: the last argument gets one, its comment stays on its line
     ("x = DataLoader(\n    ds,\n    batch_size=8  # last\n)\n", {"pin_memory": "True", "num_workers": "4"}, (),
      "x = DataLoader(\n    ds,\n    batch_size=8,  # last\n    pin_memory=True,\n    num_workers=4\n)\n"),

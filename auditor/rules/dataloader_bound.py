@@ -299,10 +299,16 @@ class DataloaderBound(Rule):
                 edits.append(edit)
                 if "pin_memory" in literal:  # the step's copies of its batches, as the advice says
                     edits += non_blocking_edits(ev, [loader.id])
-                if site is not None and site.unpacked and not in_mapping:
+                mappings = [u for u in site.unpacked if u.startswith("**")] if site is not None else []
+                if mappings and not in_mapping:  # (cst_edits merges the keywords into the last one)
+                    unpacked_note += (f" The call also unpacks `{mappings[-1]}`, which gave none of the patch's "
+                                      f"keywords in this run: the patch merges them into it (`**dict({mappings[-1][2:].strip()}, "
+                                      "...)`), so that where it gives them too (in another configuration) the call "
+                                      "gets each once, with the patch's values.")
+                elif site is not None and site.unpacked and not in_mapping:
                     unpacked_note += (" The call also passes " + " and ".join(f"`{u}`" for u in site.unpacked)
-                                     + ", which gave none of the patch's keywords in this run: where it does (in "
-                                     "another configuration), the patched call would get them twice.")
+                                     + ", which gave none of the patch's keywords in this run: where it gives them "
+                                     "(in another configuration), the patched call would get them twice.")
             patched = {**literal, **({k: patched[k] for k in mapped} if in_mapping else {})}
         it_where = loader_ids.get(loader.id if loader else None)
         if per_step_iter and iter_where:

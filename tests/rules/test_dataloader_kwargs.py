@@ -14,6 +14,7 @@ import pytest
 from conftest import audit, patch_text
 
 PROGRAM = '''\
+import sys
 import time
 
 import torch
@@ -62,6 +63,10 @@ CASES = {
     # the mapping gives num_workers=0: adding num_workers= raised "got multiple values"; the patch
     # sets it in the dict literal instead
     "kwargs-workers": ('kwargs = {"num_workers": 0}', "**kwargs,"),
+    # pytorch/examples mnist_rnn's shape: the mapping is empty in this run and gives num_workers in
+    # another (its --accel flag); keywords added beside `**kwargs` raised "got multiple values" there
+    "kwargs-empty-here": ('kwargs = {"num_workers": 1, "pin_memory": True} if "--accel" in sys.argv else {}',
+                          "**kwargs,"),
     # num_workers from the config (left to the user): persistent_workers=True alone raised ValueError
     "config-workers": ('cfg = {"workers": 0}', 'num_workers=cfg["workers"],'),
     # named as a literal: changed in place, and what it enables added on a line of its own
@@ -106,6 +111,11 @@ def test_the_patched_dataloader_call_runs(tmp_path, case, request):
     if case == "literal-workers":
         workers = f["fix"]["config"]["DataLoader.num_workers"]
         assert changed == ["-    num_workers=0,", f"+    num_workers={workers},", "+    persistent_workers=True,"], patch
+    elif case == "kwargs-empty-here":
+        # merged into the mapping: the call gets each keyword once in either configuration
+        workers = f["fix"]["config"]["DataLoader.num_workers"]
+        assert changed == ["-    **kwargs,", f"+    **dict(kwargs, num_workers={workers}, persistent_workers=True),"], patch
+        assert "The call also unpacks `**kwargs`, which gave none of the patch's keywords in this run" in summary
     elif case == "kwargs-workers":
         # a dict literal the file builds and only unpacks: num_workers is set in it, and what needs
         # it beside it in the call
@@ -128,8 +138,10 @@ def test_the_patched_dataloader_call_runs(tmp_path, case, request):
         return
     # (applied to this test's own copy of the program: the shared audit's is read, never written)
     subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=folder, check=True)
-    run = subprocess.run([sys.executable, "prog.py"], cwd=folder, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
+    for args in ([], ["--accel"]) if case == "kwargs-empty-here" else ([],):  # (its other configuration too)
+        run = subprocess.run([sys.executable, "prog.py", *args], cwd=folder, capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
 
 
 @pytest.mark.slow
