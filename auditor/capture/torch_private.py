@@ -93,6 +93,9 @@ PIECES: tuple[Piece, ...] = (
     Piece("torch.cuda.memory:_snapshot", "capture/cuda_memory.py, rehearsal/memory.py"),
     Piece("torch.cuda.memory:_dump_snapshot", "rehearsal/memory.py, capture/cuda_standins.py"),
     Piece("torch._C:_cuda_attach_out_of_memory_observer", "capture/cuda_memory.py (CUDA builds only)"),
+    # the DataLoader's batch fetchers, timed in its forked workers (capture/probes/data.py)
+    Piece("torch.utils.data._utils.fetch:_MapDatasetFetcher.fetch", "capture/probes/data.py"),
+    Piece("torch.utils.data._utils.fetch:_IterableDatasetFetcher.fetch", "capture/probes/data.py"),
     # torch.profiler's once-only warnings (capture/child.py)
     Piece("torch.profiler.profiler:_WARNINGS_SHOWN", "capture/child.py", since=(2, 10),
           instead="nothing: the profiler before 2.10 has no cycle warning to mark as shown"),

@@ -43,6 +43,12 @@ DATA_WAIT = "data-wait"
 # a DataLoader iterator made (iter(loader), a `for` over it: starts its worker processes) or its
 # workers shut down (an iterator dropped) in the step; data: loader, workers
 DATA_ITER = "data-iter"
+# the batches a DataLoader's worker processes finished since the step's previous fetch from it, read
+# at the fetch (__next__); data: loader, workers, batches, ms and cpu_ms (the workers' time making them,
+# and their own CPU time: the dataset's __getitem__/__iter__ and the collate_fn, each timed on its
+# worker's thread; ms past cpu_ms is waiting: reads, sleeps, other processes on the cores).
+# Workers forked from the audited process only (Linux's default); none for spawned ones
+DATA_WORKER = "data-worker"
 # a DistributedSampler's iteration started (once per epoch, at the user's line that started the
 # DataLoader's epoch); data: sampler (id), epoch (its epoch then, which seeds its shuffle), shuffle,
 # made_file/made_line (where the sampler was made), prev_finished (whether its previous iteration

@@ -51,6 +51,9 @@ class StepClock(msgspec.Struct, frozen=True):
     # A rehearsal's: the least the host would take to issue a step on the GPU (rehearsed_issue_floor_ms);
     # its host_ms holds the kernels' own work, which this CPU did
     issue_floor_ms: float | None = None
+    # A rehearsal's: the least time its DataLoader's workers take to make a step's batches
+    # (data_supply.Supply.ms_per_step of the slowest), where they set issue_floor_ms
+    data_supply_ms: float | None = None
 
 
 def bound_of(host_ms: float | None, device_ms: float | None) -> str | None:
@@ -145,30 +148,49 @@ def of_run(ev: Evidence, estimated_device_ms: float | None = None) -> StepClock:
         floor = rehearsed_issue_floor_ms(ev, steps)
         bound = "host" if floor is not None and estimated_device_ms <= floor else (
             "device" if bound_of(host_ms, estimated_device_ms) == "device" else None)
+        from auditor.evidence.data_supply import worker_supply
+
+        supply = worker_supply(ev, steps)
+        feeds = supply[0].ms_per_step if supply and floor is not None and supply[0].ms_per_step >= 0.999 * floor else None
         return StepClock(bound=bound, step_ms=ev.median_step_ms(),
                          host_ms=host_ms, device_ms=estimated_device_ms, device_busy_ms=estimated_device_ms,
-                         source="estimate", steps=len(steps), note=note, issue_floor_ms=floor)
+                         source="estimate", steps=len(steps), note=note, issue_floor_ms=floor,
+                         data_supply_ms=feeds)
     return StepClock(bound=None, step_ms=ev.median_step_ms(), host_ms=host_ms, device_ms=None,
                      device_busy_ms=busy, waited_ms=waited, source="host", steps=len(steps), note=note)
 
 
 def rehearsed_issue_floor_ms(ev: Evidence, steps: list) -> float | None:
     """For a CUDA program rehearsed on a CPU: the least time the host would take to issue a step on
-    the named device (the median over `steps`): its waits for data, which no GPU shortens, and one
-    launch time (the row's launch_us) per kernel, the forward's launches as rehearsed x
-    BACKWARD_FACTOR for the backward (as rehearsed_device_ms counts them). The rest of the host's
-    time here is mostly the kernels' work, which this CPU did and a GPU takes off the host."""
+    the named device (the median over `steps` of rehearsed_host_steps)."""
+    per_step = rehearsed_host_steps(ev, steps)
+    return statistics.median(host for _, host in per_step) if per_step else None
+
+
+def rehearsed_host_steps(ev: Evidence, steps: list) -> list[tuple[float, float]] | None:
+    """For a CUDA program rehearsed on a CPU, each step's (wait for data, least time to issue it)
+    on the named device: one launch time (the row's launch_us) per kernel, the forward's launches as
+    rehearsed x BACKWARD_FACTOR for the backward (as rehearsed_device_ms counts them), and its waits
+    for data, which no GPU shortens: those measured here (a loader without workers makes its batches
+    in the step), or, where its DataLoader's workers cannot make its batches in that time
+    (data_supply: their CPU time a batch over their number), the rest of theirs. The rest of the
+    host's time here is mostly the kernels' work, which this CPU did and a GPU takes off the host.
+    None: not a rehearsal."""
     from auditor.evidence import model as m
+    from auditor.evidence.data_supply import worker_supply
 
     device = _rehearsal_device(ev)
     if device is None:
         return None
+    supply = worker_supply(ev, steps)
+    least = supply[0].ms_per_step if supply else 0.0
     per_step = []
     for s in steps:
         waits = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER))
-        launches = sum(t.count for t in s.tallies if t.kind == m.DEVICE_LAUNCH)
-        per_step.append(waits + launches * BACKWARD_FACTOR * device.launch_us / 1e3)
-    return statistics.median(per_step) if per_step else None
+        launches = sum(t.count for t in s.tallies if t.kind == m.DEVICE_LAUNCH) * BACKWARD_FACTOR * device.launch_us / 1e3
+        wait = max(waits, least - launches)
+        per_step.append((wait, launches + wait))
+    return per_step
 
 
 def _rehearsal_device(ev: Evidence) -> Any:

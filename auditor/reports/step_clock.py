@@ -17,6 +17,10 @@ def clock_phrase(evidence: Evidence) -> str | None:
         floor = c.issue_floor_ms or 0.0
         least = (f"the host would take at least {floor:.2f} ms a step to issue it (its waits for data and a "
                  "launch time per kernel)")
+        if c.data_supply_ms is not None:
+            least = (f"the host would take at least {floor:.2f} ms a step, waiting for its batches: its DataLoader's "
+                     f"workers take {c.data_supply_ms:.2f} ms to make a step's batches (their CPU time a batch "
+                     "over their number), longer than its launches take")
         here = f"{c.host_ms:.2f} ms here, with the kernels' work done on this CPU"
         if c.bound == "host":
             return f"step clock: on an {name} this step would be host-bound: {model}; {least}; {here}{note}"

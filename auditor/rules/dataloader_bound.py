@@ -5,6 +5,7 @@ measures DataLoader `__next__` time per ProfilerStep, as a share of the median o
 """
 from __future__ import annotations
 
+import math
 import os
 from statistics import median
 from typing import Any, Iterable
@@ -12,6 +13,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from auditor.evidence import model as m
+from auditor.evidence.data_supply import worker_supply
 from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.intervals import intersect, merge_intervals, total_length
 from auditor.evidence.trace.model import Trace
@@ -22,6 +24,9 @@ from auditor.rules._support.copies import non_blocking_edits
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules._support.confidence import share_confidence
 from auditor.rules._support.frameworks import loader_settings
+
+
+MAX_ADVISED_WORKERS = 8  # the most workers a predicted fix sets: past it, cheaper samples are the fix
 
 
 def available_cores() -> int:
@@ -76,6 +81,28 @@ def step_loader_shares(trace: Trace) -> list[dict[str, Any]]:
     return out
 
 
+def _on_the_gpu(ev: m.Evidence, steps: list[m.StepRecord]) -> list[tuple[float, float, float]] | None:
+    """For a CUDA program rehearsed on a CPU: each step's (time lost waiting for data, whole step,
+    the step without the wait) on the GPU the rehearsal models. The step is the longer of the
+    host's least issue time with its waits (step_clock.rehearsed_host_steps) and the kernels'
+    estimate; without the wait, of the issue time alone and the kernels': a device-bound step
+    waits for its batches while the device still runs the last one's kernels, and loses nothing.
+    None: not a rehearsal, or no kernels estimated."""
+    if not ev.environment.rehearsal:
+        return None
+    from auditor.evidence.step_clock import rehearsed_device_ms, rehearsed_host_steps
+
+    device = rehearsed_device_ms(ev)
+    host = rehearsed_host_steps(ev, steps)
+    if device is None or not host:
+        return None
+    out = []
+    for wait, issue in host:
+        step, rest = max(issue, device[0]), max(issue - wait, device[0])
+        out.append((step - rest, step, rest))
+    return out
+
+
 def _workers_source(file: str, line: int, site: Any, passed: list[str] | None) -> str | None:
     """Where the DataLoader call on `line` takes num_workers from when not from a literal it names:
     an expression (`cfg["workers"]`), `**mapping` or its positional arguments (None: a literal, or
@@ -97,7 +124,11 @@ class DataloaderBound(Rule):
         each time (the time to make iterators and stop their workers counts as waiting). The
         share is the median wait over the median step, both read over the same steps (the timed
         ones, which the reported median is of), so it never exceeds the step. On a recorded trace: the time in
-        DataLoader `__next__` per ProfilerStep, over the median ProfilerStep.
+        DataLoader `__next__` per ProfilerStep, over the median ProfilerStep. A CUDA program
+        rehearsed on a CPU is judged on the step the GPU would run (predicted): there the kernels'
+        work leaves the host, and the step waits for its batches wherever its workers take longer
+        to make them (each worker's CPU time a batch, timed in the worker, over their number) than
+        the host takes to issue the step; without workers, its in-step loading is the wait.
 
     Why it costs:
         With num_workers=0 the model waits while every batch is read, decoded and collated.
@@ -121,8 +152,9 @@ class DataloaderBound(Rule):
         worker settings out.
 
     Evidence needed:
-        A run (timed probe on DataLoader iteration, settings captured at DataLoader creation) or a
-        profiler trace with DataLoader annotations.
+        A run (timed probe on DataLoader iteration, settings captured at DataLoader creation, the
+        workers' time a batch where they were forked) or a profiler trace with DataLoader
+        annotations.
     """
 
     id = "dataloader-bound"
@@ -230,6 +262,17 @@ class DataloaderBound(Rule):
         # (another process taking the cores stretches the wait and the rest of that step alike:
         # for a loader in the training process both are its CPU work), not on two medians taken
         # over steps that load slowed differently; the cost stays the median wait (above).
+        # A CUDA program rehearsed on a CPU is judged on the step it would take on the GPU, which
+        # takes the kernels' work off the host: each step's wait for data there (rehearsed_host_steps:
+        # what its loader makes in the step, or what its workers cannot make in the host's issue time)
+        # over that step (the longer of the host's issue time and the kernels' estimate)
+        gpu = _on_the_gpu(ev, steps)
+        if gpu is not None:
+            waits = [w for w, _, _ in gpu]
+            shares, cpu_ratio = [w / h for w, h, _ in gpu if h > 0], []
+            most = max(shares, default=0.0)
+            wait_ms = round(median(waits), 3)
+            share = share_of_step(wait_ms, step_ms) or 0.0  # (of the reported step, as every cost's share)
         step_share = median(shares) if shares else share
         if step_share < options.min_share or wait_ms < options.min_wait_ms:
             return
@@ -244,6 +287,14 @@ class DataloaderBound(Rule):
         cores, threads = available_cores(), ev.environment.num_threads
         rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda" or ev.environment.rehearsal,
                                    cores=cores, threads=threads)
+        supply = next((x for x in worker_supply(ev, steps) if loader and x.loader == loader.id), None)
+        needed = None
+        if gpu is not None and workers and supply is not None and not per_step_iter:
+            # the workers' time for a step's batches over the rest of the GPU step: how many keep up,
+            # each on a core of its own (the GPU machine's cores, which this one does not tell)
+            rest = median(r for _, _, r in gpu)
+            needed = math.ceil(supply.batches_per_step * supply.cpu_ms_per_batch / max(rest, 1e-3))
+            rec = {**rec, "num_workers": max(workers + 1, min(needed, MAX_ADVISED_WORKERS))}
         # An IterableDataset that does not split its stream between workers: each worker would
         # yield all of it (every sample num_workers times), so workers are advice with a condition,
         # and the patch, which must leave results unchanged, does not add them.
@@ -269,6 +320,9 @@ class DataloaderBound(Rule):
                 computed.update(given_elsewhere(site, [k for k in patched if k not in computed], loader.passed))
             # a mapping the file builds as a dict literal and only unpacks: the patch sets them in it
             mapped = {k: v for k, v in computed.items() if site is not None and v == f"`{''.join(site.unpacked)}`"}
+            if mapped:  # (a dict literal the call unpacks, which gives some: the others go beside them there)
+                mapped = {k: mapped.get(k, f"`{''.join(site.unpacked)}`") for k in patched
+                          if k in mapped or k not in computed}
             in_mapping = edit_mapping(loader.where.file, loader.where.line, ("DataLoader",),
                                       {k: repr(patched[k]) for k in mapped}) if mapped else None
             if in_mapping:
@@ -320,7 +374,35 @@ class DataloaderBound(Rule):
         spare = max(0, cores - workers - (threads or 1))
         saturated = workers > 0 and not spare
         note = "most of this overlaps with compute once workers load ahead"
-        if workers and not per_step_iter:
+        if gpu is not None:
+            gpu_step = median(h for _, h, _ in gpu)
+            dataset = settings.get("dataset") or "the dataset"
+            if needed is not None and supply is not None:
+                message = (f"On the GPU this step would take {gpu_step:.2f} ms, {wait_ms:.2f} ms of it waiting for "
+                           f"data (predicted by the CUDA rehearsal): its {workers} worker process"
+                           f"{'es take' if workers > 1 else ' takes'} {supply.cpu_ms_per_batch:.2f} ms of CPU "
+                           f"to make a batch in `{dataset}`'s `__getitem__`/`__iter__` and the collate, so "
+                           f"{'they hand' if workers > 1 else 'it hands'} the step its {supply.batches_per_step:g} "
+                           f"batch{'es' if supply.batches_per_step != 1 else ''} in {supply.ms_per_step:.2f} ms at the least, "
+                           f"while the rest of the step takes {rest:.2f} ms.")
+                summary = (f"Keeping up takes about {needed} workers, each on a core of its own: "
+                           f"num_workers={rec['num_workers']}"
+                           + (f" (past {MAX_ADVISED_WORKERS}, make each sample cheaper instead: batched transforms on "
+                              f"whole batches, samples decoded and cached once)" if needed > MAX_ADVISED_WORKERS else "")
+                           + ".")
+                others = {k: v for k, v in rec.items() if k != "num_workers"}
+                if others:
+                    summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
+            else:
+                message = (f"The step waits {wait_ms:.1f} ms for data with num_workers={settings.get('num_workers')}, "
+                           f"pin_memory={settings.get('pin_memory')}: on the GPU, which takes the kernels' work off "
+                           f"the host but not the loading, that is {wait_ms:.2f} of the {gpu_step:.2f} ms it would "
+                           f"take (predicted by the CUDA rehearsal).")
+                summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
+                           if not workers else f"Set {rec_text}." if rec else "")
+            note = ("predicted: the step's wait for its batches on the GPU the CUDA rehearsal models"
+                    if needed is not None else "the step's wait for its batches, measured; on the GPU, all of the step's time it adds")
+        elif workers and not per_step_iter:
             # Workers exist, are kept and load ahead, and the step still waits: they cannot keep
             # up. Repeating their settings back ("persistent_workers=True") would say nothing.
             dataset = settings.get("dataset") or "the dataset"
@@ -330,7 +412,10 @@ class DataloaderBound(Rule):
                        f"Each makes its samples one at a time in `{dataset}`'s `__getitem__`/`__iter__`, more slowly "
                        f"than the step uses them"
                        + (f", and the CPU has no core to spare: {cores} core(s) for {workers} workers and the "
-                          f"training process's {threads or 1} thread(s)." if saturated else "."))
+                          f"training process's {threads or 1} thread(s)." if saturated else ".")
+                       + (f" A batch takes a worker {supply.ms_per_batch:.2f} ms, {supply.cpu_ms_per_batch:.2f} ms of "
+                          f"it on the CPU (timed in the workers; the rest is waiting: reads, sleeps, other "
+                          f"processes on its core)." if supply is not None else ""))
             summary = (f"The workers cannot keep up: make each sample cheaper. Move per-sample work out of "
                        f"`{dataset}.__getitem__`/`__iter__` into batched transforms on whole batches (after "
                        f"collation, or on the device), and cache or pre-compute what does not change between "
@@ -389,8 +474,14 @@ class DataloaderBound(Rule):
                       "max_share": round(most, 4), "settings": settings,
                       "iterator_per_step": per_step_iter, "steps_making_an_iterator": iter_steps,
                       "median_iterator_ms": round(median(iter_ms), 3),
-                      "cpu_cores": cores, "torch_threads": threads, "spare_cores": spare},
-            cost=Cost(ms_per_step=round(wait_ms, 3), share_of_step=share, measured=True, note=note),
+                      "cpu_cores": cores, "torch_threads": threads, "spare_cores": spare,
+                      **({"predicted_gpu_step_ms": round(median(h for _, h, _ in gpu), 3)} if gpu is not None else {}),
+                      **({"worker_cpu_ms_per_batch": supply.cpu_ms_per_batch, "worker_batches": supply.batches,
+                          "worker_ms_per_batch": supply.ms_per_batch,
+                          "workers_ms_per_step": supply.ms_per_step} if supply is not None else {})},
+            # (a rehearsal's wait for what its workers cannot make in time is predicted; its loading in
+            # the step is measured, as on any run)
+            cost=Cost(ms_per_step=round(wait_ms, 3), share_of_step=share, measured=gpu is None or needed is None, note=note),
             # Workers change what a Dataset computes: each draws its random augmentations from its
             # own seed (and persistent workers keep theirs across epochs), and state a Dataset builds
             # in __getitem__ is per worker. So such an edit goes to numerics-fixes.patch.

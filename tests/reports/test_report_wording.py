@@ -102,6 +102,10 @@ def test_dataloader_bound_does_not_suggest_what_the_loader_already_has(stream_au
     if "DataLoader.num_workers" in config:
         assert config["DataLoader.num_workers"] > 2
     assert "cannot keep up" in f["message"] and "2 worker processes" in f["message"]
+    # each worker's own account of a batch (timed in it): 64 samples of a 3 ms sleep, little CPU
+    ev = f["evidence"]
+    assert ev["worker_ms_per_batch"] >= 64 * 3 and ev["worker_cpu_ms_per_batch"] < ev["worker_ms_per_batch"] / 3
+    assert f"A batch takes a worker {ev['worker_ms_per_batch']:.2f} ms, {ev['worker_cpu_ms_per_batch']:.2f} ms of it on the CPU" in f["message"]
     summary = f["fix"]["summary"]
     assert "persistent_workers" not in summary and "Load batches in worker processes" not in summary
     assert "__iter__" in summary and "batched" in summary and "cach" in summary

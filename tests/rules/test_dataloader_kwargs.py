@@ -120,9 +120,10 @@ def test_the_patched_dataloader_call_runs(tmp_path, case, request):
         # a dict literal the file builds and only unpacks: num_workers is set in it, and what needs
         # it beside it in the call
         workers = f["fix"]["config"]["DataLoader.num_workers"]
-        assert changed == ['-kwargs = {"num_workers": 0}', f'+kwargs = {{"num_workers": {workers}}}',
-                           "+    persistent_workers=True,"], patch
-        assert f"The patch sets num_workers={workers} in the dict the call unpacks (`**kwargs`, line " in summary
+        assert changed == ['-kwargs = {"num_workers": 0}',
+                           f'+kwargs = {{"num_workers": {workers}, "persistent_workers": True}}'], patch
+        assert (f"The patch sets num_workers={workers}, persistent_workers=True in the dict the call unpacks "
+                "(`**kwargs`, line ") in summary
     else:
         # num_workers reaches the call through the mapping or the config: neither it nor what needs
         # it is added (the summary says where to set them)
@@ -153,7 +154,7 @@ def test_num_workers_set_in_the_dict_the_call_unpacks_is_proven_by_verify(verifi
     a = verified
     [f] = a.rule("dataloader-bound")
     assert [e["lines"] for e in f["fix"]["edits"]][0] == [
-        f'kwargs = {{"num_workers": {f["fix"]["config"]["DataLoader.num_workers"]}}}']
+        f'kwargs = {{"num_workers": {f["fix"]["config"]["DataLoader.num_workers"]}, "persistent_workers": True}}']
     v = f["fix"]["verified"]
     assert v["status"] == "improved", (v, a.stdout)
     assert "with its numerics-fixes.patch edit" in v["note"]

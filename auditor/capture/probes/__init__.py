@@ -172,9 +172,15 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
     new = make(orig)
     functools.update_wrapper(new, orig)
     new.__audit_original__ = orig
+    _WRAPPED.append((owner, name, vars(owner).get(name, orig) if isinstance(owner, type) else orig))
     setattr(owner, name, new)
     if _part_on[1]:
         _PART.append((owner, name, orig, new))
+
+
+# every wrapper the probes put on torch: (owner, name, what was there), put back in a DataLoader
+# worker (workers.forked)
+_WRAPPED: list[tuple[Any, str, Any]] = []
 
 
 # the wrappers of the bench's "probes" part (auditor.capture.bench_switches), kept as they are made
@@ -883,5 +889,8 @@ def install() -> Recorder:
         from auditor.capture.probes.data import install_dataloader_probes, install_sampler_probes
 
         install_dataloader_probes(REC, _wrap)
+        from auditor.capture.probes import workers
+
+        os.register_at_fork(after_in_child=functools.partial(workers.forked, _WRAPPED))
         install_sampler_probes(REC, _wrap)
     return REC

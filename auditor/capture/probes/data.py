@@ -10,13 +10,17 @@ import weakref
 from typing import Any, Callable
 
 import torch
+import torch.utils.data._utils.fetch as fetch
 import torch.utils.data.dataloader as dl
+from torch.utils.data import get_worker_info
 
 from auditor.capture import own_time
 from auditor.capture.frames import is_library, library_via, user_frame
+from auditor.capture.probes.workers import CELLS, FORKING, MAX_WORKERS, cells, worker_slot, worker_totals, workers_since
 from auditor.evidence import model as m
 
 perf = time.perf_counter
+thread_time = time.thread_time
 FrameKey = tuple[str, int, str] | None
 Wrap = Callable[[Any, str, Callable[[Callable], Callable]], None]
 
@@ -86,6 +90,20 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
             return orig(self, loader, *args, **kwargs)
         return probe
 
+    def make_workers_init(orig):
+        def probe(self, loader, *args, **kwargs):
+            if not REC.active:
+                return orig(self, loader, *args, **kwargs)
+            # the workers this starts (forked inside orig) time their batches into the loader's slot
+            slot = worker_slot(loader)
+            self._audit_slot, self._audit_seen = slot, worker_totals(slot, loader.num_workers)
+            FORKING[0] = slot
+            try:
+                return orig(self, loader, *args, **kwargs)
+            finally:
+                FORKING[0] = -1
+        return probe
+
     def timed_in_data(kind: str, what: str, data_of: Callable[[Any], dict], outermost_only: bool):
         # DataLoader work the step waits for, timed at the user's line; calls made inside it are
         # the loader's own (in_data), not the step's. A call that ends in StopIteration (the epoch
@@ -109,7 +127,11 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                 finally:
                     rec.in_data -= 1
                     ms = (perf() - t0 - (own_time.spent() - own0)) * 1e3
-                    rec.add(kind, what, user_frame(f), max(ms, 0.0), **data_of(self), **ended)
+                    where = user_frame(f)
+                    rec.add(kind, what, where, max(ms, 0.0), **data_of(self), **ended)
+                    slot = getattr(self, "_audit_slot", None)
+                    if slot is not None:  # (a multiprocessing iterator's __next__)
+                        workers_since(rec, self, slot, where)
             return probe
         return make
 
@@ -137,9 +159,32 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                         workers=getattr(self, "_num_workers", 0) or 0)
         return probe
 
+    def make_fetch(orig):
+        # in a worker (forked while FORKING named its loader's slot): the fetch's time, and its CPU
+        # time on the worker's own thread (the dataset's __getitem__/__iter__ and the collate_fn),
+        # into its cells
+        def probe(self, possibly_batched_index):
+            slot = FORKING[0]
+            if slot < 0 or REC.active:  # (the audited process itself: num_workers=0, or not a worker)
+                return orig(self, possibly_batched_index)
+            info = get_worker_info()
+            if info is None or info.id >= MAX_WORKERS:
+                return orig(self, possibly_batched_index)
+            t0, w0 = thread_time(), perf()
+            batch = orig(self, possibly_batched_index)  # (StopIteration: no batch, not counted)
+            shared, i = cells(), (slot * MAX_WORKERS + info.id) * CELLS
+            shared[i + 2] += perf() - w0
+            shared[i + 1] += thread_time() - t0
+            shared[i] += 1.0
+            return batch
+        return probe
+
+    for fetcher in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
+        _wrap(fetcher, "fetch", make_fetch)
     _wrap(dl.DataLoader, "__init__", make_init)
     _wrap(dl.DataLoader, "__iter__", make_loader_iter)
     _wrap(dl._BaseDataLoaderIter, "__init__", make_iter_init)
+    _wrap(dl._MultiProcessingDataLoaderIter, "__init__", make_workers_init)
     _wrap(dl._BaseDataLoaderIter, "__next__", make_next)
     _wrap(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", make_shutdown)
 
