@@ -42,7 +42,8 @@ def _generated(path: str) -> bool:
 
 def is_library(filename: str) -> bool:
     """True for frames that are not the user's own code (torch, the auditor, stdlib, site-packages
-    and Debian's dist-packages)."""
+    and Debian's dist-packages, and packages imported from a directory of installed distributions
+    elsewhere: a `pip install --target DIR` put on PYTHONPATH)."""
     v = _verdict.get(filename)
     if v is None:
         if filename.startswith("<"):
@@ -50,8 +51,31 @@ def is_library(filename: str) -> bool:
         else:
             path = os.path.normcase(os.path.realpath(filename))
             v = (path.startswith(_LIBRARY_DIRS) or "site-packages" in path or "dist-packages" in path
-                 or _generated(path))
+                 or _generated(path) or _from_install_dir(path))
         _verdict[filename] = v
+    return v
+
+
+_install_dirs: dict[str, bool] = {}
+
+
+def _from_install_dir(path: str) -> bool:
+    """Whether the import path entry `path` lies under (the longest of sys.path's that holds it)
+    holds installed distributions (a `*.dist-info` directory), as pip's `--target DIR` makes one.
+    The script's own directory is never taken for one: only a package below an entry counts."""
+    entries = [e for e in (os.path.normcase(os.path.realpath(p or ".")) for p in sys.path)
+               if path.startswith(e + os.sep) and os.path.dirname(path) != e]
+    if not entries:
+        return False
+    entry = max(entries, key=len)
+    v = _install_dirs.get(entry)
+    if v is None:
+        try:
+            with os.scandir(entry) as it:
+                v = any(d.name.endswith(".dist-info") and d.is_dir() for d in it)
+        except OSError:
+            v = False
+        _install_dirs[entry] = v
     return v
 
 

@@ -267,6 +267,7 @@ class DataloaderBound(Rule):
         # what its loader makes in the step, or what its workers cannot make in the host's issue time)
         # over that step (the longer of the host's issue time and the kernels' estimate)
         gpu = _on_the_gpu(ev, steps)
+        measured_wait = median(waits)  # (the waits this run timed, which a prediction may exceed)
         if gpu is not None:
             waits = [w for w, _, _ in gpu]
             shares, cpu_ratio = [w / h for w, h, _ in gpu if h > 0], []
@@ -289,10 +290,13 @@ class DataloaderBound(Rule):
                                    cores=cores, threads=threads)
         supply = next((x for x in worker_supply(ev, steps) if loader and x.loader == loader.id), None)
         needed = None
-        if gpu is not None and workers and supply is not None and not per_step_iter:
-            # the workers' time for a step's batches over the rest of the GPU step: how many keep up,
-            # each on a core of its own (the GPU machine's cores, which this one does not tell)
-            rest = median(r for _, _, r in gpu)
+        rest = median(r for _, _, r in gpu) if gpu is not None else 0.0
+        if (gpu is not None and workers and supply is not None and not per_step_iter
+                and supply.ms_per_step - rest > measured_wait):
+            # The workers' CPU time for a step's batches over the rest of the GPU step: how many keep
+            # up, each on a core of its own (the GPU machine's cores, which this one does not tell).
+            # Only where that time, not a wait this run measured (workers reading or sleeping, which
+            # their CPU time does not hold), is what the step would wait for.
             needed = math.ceil(supply.batches_per_step * supply.cpu_ms_per_batch / max(rest, 1e-3))
             rec = {**rec, "num_workers": max(workers + 1, min(needed, MAX_ADVISED_WORKERS))}
         # An IterableDataset that does not split its stream between workers: each worker would
@@ -374,10 +378,10 @@ class DataloaderBound(Rule):
         spare = max(0, cores - workers - (threads or 1))
         saturated = workers > 0 and not spare
         note = "most of this overlaps with compute once workers load ahead"
-        if gpu is not None:
+        if gpu is not None and (needed is not None or not workers):  # (else: workers the run saw fall behind)
             gpu_step = median(h for _, h, _ in gpu)
             dataset = settings.get("dataset") or "the dataset"
-            if needed is not None and supply is not None:
+            if needed is not None and supply is not None:  # (the workers' CPU time sets the wait)
                 message = (f"On the GPU this step would take {gpu_step:.2f} ms, {wait_ms:.2f} ms of it waiting for "
                            f"data (predicted by the CUDA rehearsal): its {workers} worker process"
                            f"{'es take' if workers > 1 else ' takes'} {supply.cpu_ms_per_batch:.2f} ms of CPU "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, shared_audit
+from conftest import EXAMPLES, audit, shared_audit
 
 from auditor.findings import Edit
 from auditor.fixes import project_roots, refused_edit
@@ -120,3 +120,24 @@ def test_a_slow_trainer_dataloader_is_fixed_in_the_frameworks_arguments(framewor
     assert not f["fix"]["edits"] and "dataloader_num_workers=0" in f["message"]
     # 8 examples a batch, each read in 20 ms while the step waits
     assert f["evidence"]["median_wait_ms"] >= 8 * 20
+
+
+def test_a_library_installed_with_pip_target_on_pythonpath_is_not_the_users_code(tmp_path):
+    """A package imported from a directory of installed distributions outside site-packages (`pip
+    install --target vendor`, put on PYTHONPATH: as torchvision was, auditing pytorch/examples
+    siamese_network) is a library: a sync inside it is the user's line that called it, not a line
+    of the library's (which the audit may not read, and a patch may not edit)."""
+    vendor = tmp_path / "vendor"
+    (vendor / "vlib").mkdir(parents=True)
+    (vendor / "vlib-1.0.dist-info").mkdir()
+    (vendor / "vlib" / "__init__.py").write_text("def peek(t):\n    return t.item()\n")
+    prog = tmp_path / "prog.py"
+    prog.write_text("import torch\nimport vlib\n\nmodel = torch.nn.Linear(4, 1)\n"
+                    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nx = torch.randn(8, 4)\n"
+                    "for _ in range(6):\n    loss = model(x).pow(2).mean()\n    opt.zero_grad()\n"
+                    "    loss.backward()\n    opt.step()\n    vlib.peek(loss)\n")
+    a = audit("run", str(prog), "--steps", "6", "--no-profile", "--no-numerics", "--quiet", out=tmp_path / "out",
+              cwd=tmp_path, env={"PYTHONPATH": str(vendor)}, process=True)
+    assert a.returncode == 0, a.stderr[-3000:]
+    syncs = [t for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == "sync"]
+    assert syncs and {(t["where"]["file"], t["where"]["line"]) for t in syncs} == {(str(prog), 12)}
