@@ -16,6 +16,10 @@ def test_confidence_levels_follow_the_spread_of_the_steps_shares():
     assert low["confidence"] == "low"
     medium, _ = _confidence([0.3] * 14 + [0.1] * 3 + [0.5] * 3, 0.25, [1.0] * 20)
     assert medium["confidence"] == "medium"
+    # fewer than 4 steps timed (pytorch/examples dcgan's 16 steps on fake data, 15 of them checked
+    # or profiled, read "high" from 1 step): too few to be sure of, whatever they waited
+    few, _ = _confidence([0.9] * 3, 0.25, [1.0] * 3)
+    assert few["confidence"] == "low"
     # a process kept off the cores (CPU 40% of wall) is said to be
     _, loaded = _confidence([0.5] * 20, 0.25, [0.4] * 20)
     assert "the process had the CPU 0.40 of its wall time" in loaded

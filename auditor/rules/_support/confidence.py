@@ -53,15 +53,16 @@ def share_confidence(shares: Sequence[float], threshold: float, cpu_ratio: Seque
     """A verdict on a share of the step (dataloader-bound's wait over the step): how sure it is,
     from the spread of each step's own share (its wait over its wall time): "high" when at least 80%
     of the steps wait `threshold` or more and the median step's share is 1.25x it or more, "low"
-    when fewer than 60% do or the median is within 10% of it, else "medium"."""
+    when fewer than 60% do, the median is within 10% of it or fewer than 4 steps were timed (as for
+    cost_confidence), else "medium"."""
     xs = sorted(shares)
     n = len(xs)
     if not n:
         return {"confidence": "low"}, "Confidence: low (no step timed)."
     q1, q2, q3 = quartiles(xs)
     over = sum(x >= threshold for x in xs)
-    level = ("high" if over >= 0.8 * n and q2 >= 1.25 * threshold else
-             "low" if over < 0.6 * n or q2 < 1.1 * threshold else "medium")
+    level = ("low" if n < 4 or over < 0.6 * n or q2 < 1.1 * threshold else
+             "high" if over >= 0.8 * n and q2 >= 1.25 * threshold else "medium")
     ratio = round(median(cpu_ratio), 3) if cpu_ratio else None
     return stated(level, f"{over} of {n} steps waited min-share={threshold:g} of their own time or more; the "
                          f"middle half of the steps waited {q1:.2f}-{q3:.2f} of theirs", ratio,
