@@ -49,6 +49,10 @@ DATA_ITER = "data-iter"
 # worker's thread; ms past cpu_ms is waiting: reads, sleeps, other processes on the cores).
 # Workers forked from the audited process only (Linux's default); none for spawned ones
 DATA_WORKER = "data-worker"
+# a process the program started itself (multiprocessing.Process.start, by the user's code or a
+# library it called: torch.multiprocessing.spawn's workers; not a DataLoader's workers): what runs
+# in it is not audited; data: method (its start method), target (the function it runs)
+PROCESS_START = "process-start"
 # a DistributedSampler's iteration started (once per epoch, at the user's line that started the
 # DataLoader's epoch); data: sampler (id), epoch (its epoch then, which seeds its shuffle), shuffle,
 # made_file/made_line (where the sampler was made), prev_finished (whether its previous iteration

@@ -167,7 +167,7 @@ def rehearsed_issue_floor_ms(ev: Evidence, steps: list) -> float | None:
     return statistics.median(host for _, host in per_step) if per_step else None
 
 
-def rehearsed_host_steps(ev: Evidence, steps: list) -> list[tuple[float, float]] | None:
+def rehearsed_host_steps(ev: Evidence, steps: list, measured: bool = True) -> list[tuple[float, float]] | None:
     """For a CUDA program rehearsed on a CPU, each step's (wait for data, least time to issue it)
     on the named device: one launch time (the row's launch_us) per kernel, the forward's launches as
     rehearsed x BACKWARD_FACTOR for the backward (as rehearsed_device_ms counts them), and its waits
@@ -175,7 +175,8 @@ def rehearsed_host_steps(ev: Evidence, steps: list) -> list[tuple[float, float]]
     in the step), or, where its DataLoader's workers cannot make its batches in that time
     (data_supply: their CPU time a batch over their number), the rest of theirs. The rest of the
     host's time here is mostly the kernels' work, which this CPU did and a GPU takes off the host.
-    None: not a rehearsal."""
+    `measured=False` leaves the waits measured here out (the workers' part alone). None: not a
+    rehearsal."""
     from auditor.evidence import model as m
     from auditor.evidence.data_supply import worker_supply
 
@@ -186,9 +187,9 @@ def rehearsed_host_steps(ev: Evidence, steps: list) -> list[tuple[float, float]]
     least = supply[0].ms_per_step if supply else 0.0
     per_step = []
     for s in steps:
-        waits = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER))
+        waits = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER)) if measured else 0.0
         launches = sum(t.count for t in s.tallies if t.kind == m.DEVICE_LAUNCH) * BACKWARD_FACTOR * device.launch_us / 1e3
-        wait = max(waits, least - launches)
+        wait = max(waits, least - launches, 0.0)
         per_step.append((wait, launches + wait))
     return per_step
 

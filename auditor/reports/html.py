@@ -37,6 +37,7 @@ from auditor.evidence.model import CUDA_STANDIN, Evidence
 from auditor.reports.base import Reporter
 from auditor.reports.figure import Figure
 from auditor.reports.own_cost import own_cost_phrase
+from auditor.reports.processes_line import started_processes_phrase
 from auditor.reports.step_clock import clock_phrase
 from auditor.evidence.step_clock import step_clock
 from auditor.reports.findings_json import document
@@ -398,6 +399,7 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "median_ms": fmt_ms(ev.shown_median_ms()),
         "own_cost": own_cost_phrase(ev),
         "clock": clock_phrase(ev),
+        "processes": started_processes_phrase(ev),
         "bound": step_clock(ev).bound,
         "timed": len(ev.timed_steps()) if ev.steps else None,
         "steps": len(ev.shown_step_ms()),

@@ -20,6 +20,7 @@ from auditor.evidence.model import Evidence, WindowCut
 from auditor.reports.allocator_view import lines as allocator_lines
 from auditor.reports.base import Reporter
 from auditor.reports.own_cost import own_cost_phrase
+from auditor.reports.processes_line import started_processes_phrase
 from auditor.reports.rehearsal_line import no_gpu_work_phrase
 from auditor.reports.step_clock import clock_phrase
 from auditor.evidence.step_clock import step_clock
@@ -435,6 +436,8 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         lines.append(Text(program_phrase(evidence), style="dim"))
     if (cpu_only := no_gpu_work_phrase(evidence)) is not None:
         lines.append(Text(cpu_only, style="yellow"))
+    if (started := started_processes_phrase(evidence)) is not None:
+        lines.append(Text(started, style="yellow"))
     e = evidence.ending
     if e.status != "completed":
         end = Text("run ended: ", style="bold red")

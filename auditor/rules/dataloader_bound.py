@@ -81,19 +81,20 @@ def step_loader_shares(trace: Trace) -> list[dict[str, Any]]:
     return out
 
 
-def _on_the_gpu(ev: m.Evidence, steps: list[m.StepRecord]) -> list[tuple[float, float, float]] | None:
+def _on_the_gpu(ev: m.Evidence, steps: list[m.StepRecord], measured: bool) -> list[tuple[float, float, float]] | None:
     """For a CUDA program rehearsed on a CPU: each step's (time lost waiting for data, whole step,
     the step without the wait) on the GPU the rehearsal models. The step is the longer of the
     host's least issue time with its waits (step_clock.rehearsed_host_steps) and the kernels'
     estimate; without the wait, of the issue time alone and the kernels': a device-bound step
     waits for its batches while the device still runs the last one's kernels, and loses nothing.
-    None: not a rehearsal, or no kernels estimated."""
+    `measured`: the waits this run measured count (else the workers' time alone). None: not a
+    rehearsal, or no kernels estimated."""
     if not ev.environment.rehearsal:
         return None
     from auditor.evidence.step_clock import rehearsed_device_ms, rehearsed_host_steps
 
     device = rehearsed_device_ms(ev)
-    host = rehearsed_host_steps(ev, steps)
+    host = rehearsed_host_steps(ev, steps, measured)
     if device is None or not host:
         return None
     out = []
@@ -262,22 +263,6 @@ class DataloaderBound(Rule):
         # (another process taking the cores stretches the wait and the rest of that step alike:
         # for a loader in the training process both are its CPU work), not on two medians taken
         # over steps that load slowed differently; the cost stays the median wait (above).
-        # A CUDA program rehearsed on a CPU is judged on the step it would take on the GPU, which
-        # takes the kernels' work off the host: each step's wait for data there (rehearsed_host_steps:
-        # what its loader makes in the step, or what its workers cannot make in the host's issue time)
-        # over that step (the longer of the host's issue time and the kernels' estimate)
-        gpu = _on_the_gpu(ev, steps)
-        measured_wait = median(waits)  # (the waits this run timed, which a prediction may exceed)
-        if gpu is not None:
-            waits = [w for w, _, _ in gpu]
-            shares, cpu_ratio = [w / h for w, h, _ in gpu if h > 0], []
-            most = max(shares, default=0.0)
-            wait_ms = round(median(waits), 3)
-            share = share_of_step(wait_ms, step_ms) or 0.0  # (of the reported step, as every cost's share)
-        step_share = median(shares) if shares else share
-        if step_share < options.min_share or wait_ms < options.min_wait_ms:
-            return
-        confidence, confidence_text = share_confidence(shares, options.min_share, cpu_ratio)
         # a new iterator in most steps (`next(iter(loader))`): its workers start (and the last
         # one's stop) every step; the fix is to make the iterator once, outside the step
         per_step_iter = iter_steps >= 0.5 * len(steps) and median(iter_ms) > 0.0
@@ -285,18 +270,39 @@ class DataloaderBound(Rule):
         loader = loaders[0] if loaders else None
         settings = loader.settings if loader else {}
         workers = settings.get("num_workers") or 0
+        supply = next((x for x in worker_supply(ev, steps) if loader and x.loader == loader.id), None)
+        # A CUDA program rehearsed on a CPU is judged on the step it would take on the GPU, which
+        # takes the kernels' work off the host (_on_the_gpu): a loader without workers makes its
+        # batches in the step, a wait measured here that the GPU keeps; workers make them beside it,
+        # and there the step would wait for what their CPU time a step's batches exceeds the host's
+        # issue time by (predicted). Where they would keep up, the waits this run measured are judged
+        # as on any run (against this CPU's step: a handoff or a read that this machine's load
+        # stretched is not set against the GPU's far shorter step).
+        # (workers whose batches were not timed, started by spawn: their waits judged as measured)
+        predicted = bool(workers and supply is not None and not per_step_iter)
+        gpu = _on_the_gpu(ev, steps, measured=not predicted) if predicted or not workers or per_step_iter else None
+        if gpu is not None:
+            g_waits, g_shares = [w for w, _, _ in gpu], [w / h for w, h, _ in gpu if h > 0]
+            if predicted and (not g_shares or median(g_shares) < options.min_share
+                              or median(g_waits) < options.min_wait_ms):
+                gpu = None
+            else:
+                waits, shares, cpu_ratio = g_waits, g_shares, []
+                most = max(shares, default=0.0)
+                wait_ms = round(median(waits), 3)
+                share = share_of_step(wait_ms, step_ms) or 0.0  # (of the reported step, as every cost's share)
+        step_share = median(shares) if shares else share
+        if step_share < options.min_share or wait_ms < options.min_wait_ms:
+            return
+        confidence, confidence_text = share_confidence(shares, options.min_share, cpu_ratio)
         cores, threads = available_cores(), ev.environment.num_threads
         rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda" or ev.environment.rehearsal,
                                    cores=cores, threads=threads)
-        supply = next((x for x in worker_supply(ev, steps) if loader and x.loader == loader.id), None)
         needed = None
         rest = median(r for _, _, r in gpu) if gpu is not None else 0.0
-        if (gpu is not None and workers and supply is not None and not per_step_iter
-                and supply.ms_per_step - rest > measured_wait):
+        if gpu is not None and predicted and supply is not None:
             # The workers' CPU time for a step's batches over the rest of the GPU step: how many keep
-            # up, each on a core of its own (the GPU machine's cores, which this one does not tell).
-            # Only where that time, not a wait this run measured (workers reading or sleeping, which
-            # their CPU time does not hold), is what the step would wait for.
+            # up, each on a core of its own (the GPU machine's cores, which this one does not tell)
             needed = math.ceil(supply.batches_per_step * supply.cpu_ms_per_batch / max(rest, 1e-3))
             rec = {**rec, "num_workers": max(workers + 1, min(needed, MAX_ADVISED_WORKERS))}
         # An IterableDataset that does not split its stream between workers: each worker would

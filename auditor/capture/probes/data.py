@@ -15,8 +15,8 @@ import torch.utils.data.dataloader as dl
 from torch.utils.data import get_worker_info
 
 from auditor.capture import own_time
-from auditor.capture.frames import is_library, library_via, user_frame
-from auditor.capture.probes.workers import CELLS, FORKING, MAX_WORKERS, cells, worker_slot, worker_totals, workers_since
+from auditor.capture.frames import is_library, is_torch_internal, library_via, user_frame
+from auditor.capture.probes.workers import CELLS, FORKING, MAX_WORKERS, STARTING, cells, process_started, worker_slot, worker_totals, workers_since
 from auditor.evidence import model as m
 
 perf = time.perf_counter
@@ -98,10 +98,12 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
             slot = worker_slot(loader)
             self._audit_slot, self._audit_seen = slot, worker_totals(slot, loader.num_workers)
             FORKING[0] = slot
+            STARTING[0] += 1
             try:
                 return orig(self, loader, *args, **kwargs)
             finally:
                 FORKING[0] = -1
+                STARTING[0] -= 1
         return probe
 
     def timed_in_data(kind: str, what: str, data_of: Callable[[Any], dict], outermost_only: bool):
@@ -179,6 +181,24 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
             return batch
         return probe
 
+    def make_start(orig):
+        # a process the program starts itself (its own code's `Process(...).start()`, or
+        # torch.multiprocessing.spawn's): what it runs is outside the audit (the summary says so);
+        # not the processes libraries start for their own work (a Pool's, torch.compile's workers)
+        def probe(self, *args, **kwargs):
+            rec = REC
+            if rec.active and not rec.in_data:
+                f = sys._getframe(1)
+                code = f.f_code
+                if not is_library(code.co_filename) or (code.co_name in ("start_processes", "start_process")
+                                                        and is_torch_internal(code.co_filename)):
+                    process_started(rec, self, user_frame(f))
+            return orig(self, *args, **kwargs)
+        return probe
+
+    import multiprocessing.process
+
+    _wrap(multiprocessing.process.BaseProcess, "start", make_start)
     for fetcher in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
         _wrap(fetcher, "fetch", make_fetch)
     _wrap(dl.DataLoader, "__init__", make_init)

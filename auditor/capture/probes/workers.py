@@ -25,6 +25,7 @@ WORKER_SLOTS = 64
 MAX_WORKERS = 64
 CELLS = 3  # a worker's: batches made, CPU seconds on its thread making them, seconds making them
 FORKING = [-1]  # the slot whose workers are being started (as a forked worker finds it)
+STARTING = [0]  # > 0 while a DataLoader iterator starts its workers (not the program's own processes)
 _SHARED: list[Any] = []  # the shared cells (a memoryview of doubles), made at the first loader with workers
 _SLOT_OF: dict[int, int] = {}  # id(loader) -> its slot
 
@@ -107,3 +108,19 @@ def _auditor_owned(obj: Any) -> bool:
     module = (getattr(obj, "__module__", None) if isinstance(obj, (types.FunctionType, types.MethodType))
               else type(obj).__module__)
     return isinstance(module, str) and (module == "auditor" or module.startswith("auditor."))
+
+
+def process_started(rec: Any, process: Any, where: FrameKey) -> None:
+    """A process the program starts itself (not a DataLoader's worker), as a PROCESS_START tally:
+    its start method and the function it runs."""
+    if STARTING[0]:
+        return
+    import multiprocessing
+
+    method = getattr(type(process), "_start_method", None) or multiprocessing.get_start_method(allow_none=True)
+    target = getattr(process, "_target", None)
+    if getattr(target, "__module__", "") == "torch.multiprocessing.spawn":  # (spawn's wrapper: the user's fn first)
+        target = next(iter(getattr(process, "_args", ())), target)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(process).__name__
+    rec.add(m.PROCESS_START, "multiprocessing.Process.start", where, method=method or "fork", target=str(name))
+
