@@ -63,7 +63,7 @@ from auditor.capture.session import StepSession
 from auditor.capture.unseen import no_torch_function
 from auditor.evidence import model as m
 
-_DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER))
+_DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER, m.DATA_WORKER))
 
 _compiling = torch.compiler.is_compiling
 

@@ -136,3 +136,47 @@ def test_workers_that_keep_up_leave_the_rehearsed_step_unflagged(tmp_path):
     tallies = [t for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == "data-worker"]
     assert sum(t["data"]["batches"] for t in tallies) >= 29
     assert a.rule("dataloader-bound") == []
+
+
+LOOKAHEAD = '''\
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def ahead(loader):
+    """Accelerate's DataLoaderShard's shape: each batch is handed out once the next one is fetched."""
+    it = iter(loader)
+    current = next(it)
+    for batch in it:
+        yield current
+        current = batch
+    yield current
+
+
+loader = DataLoader(TensorDataset(torch.randn(512, 8), torch.randn(512, 1)), batch_size=16, num_workers=2)
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in ahead(loader):
+    loss = F.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+@pytest.mark.slow
+def test_the_workers_account_is_no_work_of_the_step_that_fetched_it(tmp_path):
+    """A loader fetched one batch ahead (Hugging Face's Trainer, through Accelerate) with workers:
+    the first step fetches twice before its first optimizer step. The workers' account, read at
+    each fetch, is the loader's, not the step's own work: it closed step 0 at the second fetch (a
+    step of one fetch, then '0.9 optimizer steps per iteration')."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(LOOKAHEAD)
+    a = audit("run", str(prog), "--steps", "12", "--no-profile", "--quiet", out=tmp_path / "out", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr[-3000:]
+    steps = a.evidence["steps"]
+    assert [sum(t["count"] for t in s["tallies"] if t["kind"] == "optimizer") for s in steps] == [1] * 12
+    assert any(t["kind"] == "data-worker" for s in steps for t in s["tallies"])
+    assert "steps: optimizer steps (SGD), 1 per iteration" in (a.out / "summary.txt").read_text()
