@@ -337,17 +337,6 @@ def project_roots(target: str = "") -> list[Path]:
     return roots
 
 
-@functools.lru_cache(maxsize=1024)
-def _install_dir(directory: str) -> bool:
-    """Whether `directory` holds installed distributions (a `*.dist-info` directory): site-packages,
-    or a `pip install --target DIR` directory, wherever it is."""
-    try:
-        with os.scandir(directory) as entries:
-            return any(e.name.endswith(".dist-info") and e.is_dir() for e in entries)
-    except OSError:
-        return False
-
-
 def in_project(file: str, roots: Sequence[Path]) -> bool:
     """Whether `file` is the user's to edit: under one of `roots` and not installed library code
     (site-packages, dist-packages, the interpreter's standard library or environment, a
@@ -362,7 +351,7 @@ def in_project(file: str, roots: Sequence[Path]) -> bool:
             # the directories between the root and the file (the root itself is the project's)
             d = os.path.dirname(path)
             while d.startswith(root + os.sep):
-                if _install_dir(d):
+                if source_access.holds_distributions(d):
                     return False
                 d = os.path.dirname(d)
             return True

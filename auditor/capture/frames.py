@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 import auditor
+from auditor.evidence.source_access import holds_distributions
 
 _LIBRARY_DIRS = tuple(
     os.path.normcase(os.path.realpath(p)) + os.sep
@@ -56,27 +57,14 @@ def is_library(filename: str) -> bool:
     return v
 
 
-_install_dirs: dict[str, bool] = {}
-
-
 def _from_install_dir(path: str) -> bool:
     """Whether the import path entry `path` lies under (the longest of sys.path's that holds it)
-    holds installed distributions (a `*.dist-info` directory), as pip's `--target DIR` makes one.
-    The script's own directory is never taken for one: only a package below an entry counts."""
+    holds installed distributions (source_access.holds_distributions), as pip's `--target DIR`
+    makes one. The script's own directory is never taken for one: only a package below an entry
+    counts."""
     entries = [e for e in (os.path.normcase(os.path.realpath(p or ".")) for p in sys.path)
                if path.startswith(e + os.sep) and os.path.dirname(path) != e]
-    if not entries:
-        return False
-    entry = max(entries, key=len)
-    v = _install_dirs.get(entry)
-    if v is None:
-        try:
-            with os.scandir(entry) as it:
-                v = any(d.name.endswith(".dist-info") and d.is_dir() for d in it)
-        except OSError:
-            v = False
-        _install_dirs[entry] = v
-    return v
+    return bool(entries) and holds_distributions(max(entries, key=len))
 
 
 def is_torch_internal(filename: str) -> bool:

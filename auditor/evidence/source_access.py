@@ -23,6 +23,7 @@ roots.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import linecache
 import os
@@ -32,6 +33,17 @@ from typing import Iterable, Iterator
 _roots: tuple[str, ...] | None = None  # real paths, each ending in os.sep; None: unrestricted
 _found: dict[str, str | None] = {}  # name as given -> the real path read (None: not readable)
 ENV = "AUDITOR_SOURCE_ROOTS"  # a JSON list of the roots, for the processes this one starts
+
+
+@functools.lru_cache(maxsize=1024)
+def holds_distributions(directory: str) -> bool:
+    """Whether `directory` holds installed distributions (a `*.dist-info` directory): site-packages,
+    or a `pip install --target DIR` directory, wherever it is. Code under one is a library's."""
+    try:
+        with os.scandir(directory) as entries:
+            return any(e.name.endswith(".dist-info") and e.is_dir() for e in entries)
+    except OSError:
+        return False
 
 
 def allow(roots: Iterable[str | Path] | None) -> None:
