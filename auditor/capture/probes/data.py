@@ -16,7 +16,8 @@ from torch.utils.data import get_worker_info
 
 from auditor.capture import own_time
 from auditor.capture.frames import is_library, is_torch_internal, library_via, user_frame
-from auditor.capture.probes.workers import CELLS, FORKING, MAX_WORKERS, STARTING, cells, process_started, worker_slot, worker_totals, workers_since
+from auditor.capture.probes.workers import (FORKING, STARTING, add_batch, process_started, worker_slot,
+                                           worker_totals, workers_since)
 from auditor.evidence import model as m
 
 perf = time.perf_counter
@@ -164,20 +165,17 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
     def make_fetch(orig):
         # in a worker (forked while FORKING named its loader's slot): the fetch's time, and its CPU
         # time on the worker's own thread (the dataset's __getitem__/__iter__ and the collate_fn),
-        # into its cells
+        # into its cell (workers.add_batch)
         def probe(self, possibly_batched_index):
             slot = FORKING[0]
             if slot < 0 or REC.active:  # (the audited process itself: num_workers=0, or not a worker)
                 return orig(self, possibly_batched_index)
             info = get_worker_info()
-            if info is None or info.id >= MAX_WORKERS:
+            if info is None:
                 return orig(self, possibly_batched_index)
             t0, w0 = thread_time(), perf()
             batch = orig(self, possibly_batched_index)  # (StopIteration: no batch, not counted)
-            shared, i = cells(), (slot * MAX_WORKERS + info.id) * CELLS
-            shared[i + 2] += perf() - w0
-            shared[i + 1] += thread_time() - t0
-            shared[i] += 1.0
+            add_batch(slot, info.id, thread_time() - t0, perf() - w0)
             return batch
         return probe
 

@@ -48,6 +48,15 @@ def worker_slot(loader: Any) -> int:
     return slot
 
 
+def add_batch(slot: int, worker: int, cpu_s: float, wall_s: float) -> None:
+    """One batch a worker made, into its own cell (in the worker; past MAX_WORKERS: not counted)."""
+    if worker < MAX_WORKERS:
+        shared, i = cells(), (slot * MAX_WORKERS + worker) * CELLS
+        shared[i + 2] += wall_s
+        shared[i + 1] += cpu_s
+        shared[i] += 1.0
+
+
 def worker_totals(slot: int, workers: int) -> tuple[float, float, float]:
     """(batches, CPU seconds, seconds) of what the slot's first `workers` workers have made so far."""
     if slot < 0:
