@@ -145,13 +145,14 @@ def of_run(ev: Evidence, estimated_device_ms: float | None = None) -> StepClock:
         # The rehearsed host time holds the kernels' own work, done on this CPU: host-bound on the
         # GPU only where the least the host would take to issue the step exceeds the kernels'
         # estimate, device-bound where the kernels exceed all of the host's time here, else not known.
-        floor = rehearsed_issue_floor_ms(ev, steps)
-        bound = "host" if floor is not None and estimated_device_ms <= floor else (
-            "device" if bound_of(host_ms, estimated_device_ms) == "device" else None)
         from auditor.evidence.data_supply import worker_supply
 
         supply = worker_supply(ev, steps)
-        feeds = supply[0].ms_per_step if supply and floor is not None and supply[0].ms_per_step >= 0.999 * floor else None
+        least = supply[0].ms_per_step if supply else 0.0
+        floor = rehearsed_issue_floor_ms(ev, steps, least)
+        bound = "host" if floor is not None and estimated_device_ms <= floor else (
+            "device" if bound_of(host_ms, estimated_device_ms) == "device" else None)
+        feeds = least if supply and floor is not None and least >= 0.999 * floor else None
         return StepClock(bound=bound, step_ms=ev.median_step_ms(),
                          host_ms=host_ms, device_ms=estimated_device_ms, device_busy_ms=estimated_device_ms,
                          source="estimate", steps=len(steps), note=note, issue_floor_ms=floor,
@@ -160,14 +161,15 @@ def of_run(ev: Evidence, estimated_device_ms: float | None = None) -> StepClock:
                      device_busy_ms=busy, waited_ms=waited, source="host", steps=len(steps), note=note)
 
 
-def rehearsed_issue_floor_ms(ev: Evidence, steps: list) -> float | None:
+def rehearsed_issue_floor_ms(ev: Evidence, steps: list, least: float | None = None) -> float | None:
     """For a CUDA program rehearsed on a CPU: the least time the host would take to issue a step on
-    the named device (the median over `steps` of rehearsed_host_steps)."""
-    per_step = rehearsed_host_steps(ev, steps)
+    the named device (the median over `steps` of rehearsed_host_steps; `least` as there)."""
+    per_step = rehearsed_host_steps(ev, steps, least=least)
     return statistics.median(host for _, host in per_step) if per_step else None
 
 
-def rehearsed_host_steps(ev: Evidence, steps: list, measured: bool = True) -> list[tuple[float, float]] | None:
+def rehearsed_host_steps(ev: Evidence, steps: list, measured: bool = True,
+                         least: float | None = None) -> list[tuple[float, float]] | None:
     """For a CUDA program rehearsed on a CPU, each step's (wait for data, least time to issue it)
     on the named device: one launch time (the row's launch_us) per kernel, the forward's launches as
     rehearsed x BACKWARD_FACTOR for the backward (as rehearsed_device_ms counts them), and its waits
@@ -175,16 +177,18 @@ def rehearsed_host_steps(ev: Evidence, steps: list, measured: bool = True) -> li
     in the step), or, where its DataLoader's workers cannot make its batches in that time
     (data_supply: their CPU time a batch over their number), the rest of theirs. The rest of the
     host's time here is mostly the kernels' work, which this CPU did and a GPU takes off the host.
-    `measured=False` leaves the waits measured here out (the workers' part alone). None: not a
-    rehearsal."""
+    `measured=False` leaves the waits measured here out (the workers' part alone); `least`: the
+    slowest workers' time a step, where the caller has it (else read from the evidence). None: not
+    a rehearsal."""
     from auditor.evidence import model as m
     from auditor.evidence.data_supply import worker_supply
 
     device = _rehearsal_device(ev)
     if device is None:
         return None
-    supply = worker_supply(ev, steps)
-    least = supply[0].ms_per_step if supply else 0.0
+    if least is None:
+        supply = worker_supply(ev, steps)
+        least = supply[0].ms_per_step if supply else 0.0
     per_step = []
     for s in steps:
         waits = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER)) if measured else 0.0

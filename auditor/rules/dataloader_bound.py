@@ -300,7 +300,7 @@ class DataloaderBound(Rule):
                                    cores=cores, threads=threads)
         needed = None
         rest = median(r for _, _, r in gpu) if gpu is not None else 0.0
-        if gpu is not None and predicted and supply is not None:
+        if gpu is not None and predicted:  # (predicted: the workers' supply is known)
             # The workers' CPU time for a step's batches over the rest of the GPU step: how many keep
             # up, each on a core of its own (the GPU machine's cores, which this one does not tell)
             needed = math.ceil(supply.batches_per_step * supply.cpu_ms_per_batch / max(rest, 1e-3))
@@ -384,10 +384,10 @@ class DataloaderBound(Rule):
         spare = max(0, cores - workers - (threads or 1))
         saturated = workers > 0 and not spare
         note = "most of this overlaps with compute once workers load ahead"
+        gpu_step = median(h for _, h, _ in gpu) if gpu is not None else None
         if gpu is not None and (needed is not None or not workers):  # (else: workers the run saw fall behind)
-            gpu_step = median(h for _, h, _ in gpu)
             dataset = settings.get("dataset") or "the dataset"
-            if needed is not None and supply is not None:  # (the workers' CPU time sets the wait)
+            if needed is not None:  # (the workers' CPU time sets the wait)
                 message = (f"On the GPU this step would take {gpu_step:.2f} ms, {wait_ms:.2f} ms of it waiting for "
                            f"data (predicted by the CUDA rehearsal): its {workers} worker process"
                            f"{'es take' if workers > 1 else ' takes'} {supply.cpu_ms_per_batch:.2f} ms of CPU "
@@ -485,7 +485,7 @@ class DataloaderBound(Rule):
                       "iterator_per_step": per_step_iter, "steps_making_an_iterator": iter_steps,
                       "median_iterator_ms": round(median(iter_ms), 3),
                       "cpu_cores": cores, "torch_threads": threads, "spare_cores": spare,
-                      **({"predicted_gpu_step_ms": round(median(h for _, h, _ in gpu), 3)} if gpu is not None else {}),
+                      **({"predicted_gpu_step_ms": round(gpu_step, 3)} if gpu_step is not None else {}),
                       **({"worker_cpu_ms_per_batch": supply.cpu_ms_per_batch, "worker_batches": supply.batches,
                           "worker_ms_per_batch": supply.ms_per_batch,
                           "workers_ms_per_step": supply.ms_per_step} if supply is not None else {})},
