@@ -89,7 +89,7 @@ def forked(wrapped: list[tuple[Any, str, Any]]) -> None:
     loader's worker took 2.5x its plain CPU time a batch). They are taken out; kept are the
     fetchers' probes, which time the worker's batches (data.py), and the rehearsal's mode under a
     CUDA default device, whose factories it still puts on the host."""
-    if FORKING[0] < 0:
+    if not STARTING[0]:  # (not a DataLoader's worker; past WORKER_SLOTS loaders, one still, though not timed)
         return
     keep = {fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher}
     for owner, name, orig in reversed(wrapped):
