@@ -58,7 +58,7 @@ from auditor.capture.numerics.schedule import checked as _scheduled
 from auditor.capture.numerics.sites import Tables
 from auditor.capture.numerics.stack import (CHECKS_RANGE, _checks_range, _compiling, _pop_mode, _profiling,
                                             _push_mode, _set_grad, _stack_at, _stack_len, _top_mode, perf)
-from auditor.capture.numerics.tensors import (_HALF, _PLAIN_TYPES, _checkable, _real, _tensor_args,
+from auditor.capture.numerics.tensors import (_HALF, _PLAIN_TYPES, _checkable, _real, _stored, _tensor_args,
                                               _tensor_refs, _tensors_in, _version_of)
 from auditor.capture.numerics.values import _TB, Values, _finite
 from auditor.capture.unseen import (compiled_calls_without, dynamo_skips_our_frames, in_compiled_call,
@@ -544,7 +544,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             vals.append(v)
             cache[key] = (weakref.ref(t), version, ref)
             return ref
-        lo, hi = torch.aminmax(_real(t.detach()))
+        lo, hi = torch.aminmax(_real(_stored(t.detach())))
         ref = values.add_range(lo, hi)
         wr = weakref.ref(t)
         if type(t) is torch.nn.Parameter:

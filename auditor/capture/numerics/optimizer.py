@@ -23,7 +23,7 @@ import torch
 from auditor.capture import probes
 from auditor.capture.frames import user_frame
 from auditor.capture.numerics.stack import _checks_range, _compiling, _pop_mode, _push_mode, _set_grad, _top_mode, perf
-from auditor.capture.numerics.tensors import _STRIDED, _checkable, _is_wrapped, _real
+from auditor.capture.numerics.tensors import _STRIDED, _checkable, _is_wrapped, _real, _stored
 from auditor.capture.numerics.values import _TB, _plain, _scalar
 from auditor.capture.unseen import no_torch_function as _no_torch_function
 
@@ -248,13 +248,14 @@ class OptimizerWatch:
         refs = []
         for device, ps in by_device.items():
             if device.type == "cuda":
-                ms = torch._foreach_norm(ps, math.inf)
+                dense = all(p.layout is _STRIDED for p in ps)
+                ms = torch._foreach_norm(ps if dense else [_stored(p.detach()) for p in ps], math.inf)
                 for p, mx in zip(ps, ms):
                     self.param_stats[id(p)] = (weakref.ref(p), p._version, None, mx, self.step, True)
                     refs.append((self.values.add(mx), None))
                 continue
             for p in ps:
-                lo, hi = torch.aminmax(_real(p.detach()))
+                lo, hi = torch.aminmax(_real(_stored(p.detach())))
                 ref = self.values.add_range(lo, hi)
                 if lo.is_cpu:  # host values: later steps reuse them without an `item`
                     lo, hi = self.values.vals[ref], self.values.vals[ref + 1]

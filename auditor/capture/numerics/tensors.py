@@ -31,6 +31,17 @@ def _real(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.dtype.is_complex else t
 
 
+def _stored(t: torch.Tensor) -> torch.Tensor:
+    """A strided tensor whose range, and whether all of it is finite, are `t`'s: `t` itself, or a
+    sparse tensor's stored values (COO, CSR and the like: torch's reductions run on the strided
+    layout only), with a zero beside them where not every element is stored (the implicit
+    zeros are in its range)."""
+    if t.layout is _STRIDED:
+        return t
+    values = (t._values() if t.is_sparse else t.values()).reshape(-1)
+    return values if values.numel() == t.numel() else torch.cat([values, values.new_zeros(1)])
+
+
 def _version_of(t: torch.Tensor) -> int:
     """The tensor's version counter; -1 for inference tensors (torch.inference_mode), which have none."""
     try:

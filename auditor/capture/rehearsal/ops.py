@@ -42,9 +42,18 @@ def _flops_linear(args: tuple, out: Any) -> int:
 
 
 def _flops_matmul(args: tuple, out: Any) -> int:
-    a = args[0]
+    """A dense product: each output element a dot product of the inner dimension. With a sparse
+    operand (torch.sparse.mm, `torch.mm(adj, x)` of a COO or CSR matrix) only its stored values
+    are multiplied, each into a row (first operand) or a column (second) of the output."""
+    if not isinstance(out, torch.Tensor):
+        return 0
+    a, b = args[0], args[1]
+    if a.layout is not torch.strided:
+        return 2 * a._nnz() * (int(out.shape[-1]) if out.dim() >= 2 else 1)
+    if isinstance(b, torch.Tensor) and b.layout is not torch.strided:
+        return 2 * b._nnz() * (out.numel() // max(1, int(out.shape[-1])) if out.dim() >= 2 else 1)
     k = int(a.shape[-1]) if a.dim() >= 1 else 1
-    return 2 * out.numel() * k if isinstance(out, torch.Tensor) else 0
+    return 2 * out.numel() * k
 
 
 def _flops_conv(args: tuple, out: Any) -> int:
