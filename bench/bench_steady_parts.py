@@ -53,6 +53,9 @@ the blocks without (each block's first two iterations left out, each block witho
 mean of its two neighbours, median over blocks) is what the parts cost the steady state, and the
 blocks without them against the plain run is what is left (the audited process's own footprint, the
 step finder, the phase probes, and the drift between processes);
+`--toggle BLOCK:rotate` leaves one per-step part out at a time (probes, hooks, records, watch), each in
+its turn of a cycle of blocks that starts with a block with every part: each part's cost is the
+median unmarked iteration of the blocks with every part over its own block's, median over blocks;
 `--window-at N` starts the profiler window at step N (AUDITOR_BENCH_WINDOW_AT): the median unmarked
 iteration of the WIDTH after the window against the WIDTH before it (`--width-around`, default 200) is
 what the window leaves behind it (on a GPU: CUPTI still subscribed would show there).
@@ -70,6 +73,9 @@ import tempfile
 from pathlib import Path
 
 from steady_programs import SETUP, describe, setup
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from auditor.capture.bench_switches import ROTATED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("probes", "hooks", "lines", "scans", "records", "watch", "checks")
@@ -204,6 +210,29 @@ def around_window(times_path: Path, evidence_path: Path, at: int, width: int) ->
     return (statistics.median(before) if before else float("nan"), statistics.median(after) if after else float("nan"))
 
 
+def rotated(times_path: Path, evidence_path: Path, block: int, first: int, last: int,
+            skip: range = range(0)) -> dict[str, list[float]]:
+    """`--toggle BLOCK:rotate`: for each part of ROTATED, per cycle of blocks, the median unmarked
+    iteration of the blocks with every part (the cycle's first and the next cycle's) over that of
+    the block without the part: what the part costs each step, measured in one process. Unmarked:
+    no check, no line sampling, no scan, not in `skip`, not a block's first two iterations."""
+    wall = [t[0] for t in json.loads(times_path.read_text())]
+    marked = set().union(*marks(json.loads(evidence_path.read_text())))
+    turns = len(ROTATED) + 1
+    blocks: dict[int, list[float]] = {}
+    for i in range(first, min(last, len(wall))):
+        if i % block >= 2 and i not in skip and i not in marked:
+            blocks.setdefault(i // block, []).append(wall[i])
+    med = {b: statistics.median(v) for b, v in blocks.items() if len(v) >= max(1, (block - 2) // 2)}
+    out: dict[str, list[float]] = {p: [] for p in ROTATED}
+    for b, ms in med.items():
+        turn = b % turns
+        start = b - turn
+        if turn and start in med and start + turns in med:
+            out[ROTATED[turn - 1]].append((med[start] + med[start + turns]) / 2 / ms)
+    return out
+
+
 FLAG_VARIANTS = ("no-numerics", "no-profile")  # variants that are an `audit run` flag
 
 
@@ -269,6 +298,8 @@ def main() -> None:
     if args.window_at is not None:
         env["AUDITOR_BENCH_WINDOW_AT"] = str(args.window_at)
     block = int(args.toggle.partition(":")[0]) if args.toggle else 0
+    rotate = bool(args.toggle) and args.toggle.partition(":")[2] == "rotate"
+    rotations: dict[str, list[float]] = {}  # --toggle BLOCK:rotate: part -> each of its blocks' ratio
     inproc: list[tuple[float, float, list[float], float]] = []  # --toggle: (with, without, pairs, plain)
     arounds: list[tuple[float, float]] = []  # --window-at: (before, after)
     spans: dict[str, list[list[float]]] = {"plain": [], **{v: [] for v in variants}}  # per window, wall ms
@@ -311,8 +342,15 @@ def main() -> None:
                 if windows:
                     print("    " + ", ".join(f"iterations {a}-{b - 1} {w / q:.3f}x wall" for (a, b), w, q in
                                            zip(windows, spans[v][-1], spans["plain"][-1])), flush=True)
-                if block and v == "all":
-                    skip = range(args.window_at - 1, args.window_at + 8) if args.window_at is not None else range(0)
+                skip = range(args.window_at - 1, args.window_at + 8) if args.window_at is not None else range(0)
+                if block and v == "all" and rotate:
+                    per_part = rotated(times, Path(tmp) / "audit" / "evidence.json", block, args.first, args.last, skip)
+                    for p, rs in per_part.items():
+                        rotations.setdefault(p, []).extend(rs)
+                    print(f"    in one process, blocks of {block}, one part out at a time: " + ", ".join(
+                        f"{p} {statistics.median(rs):.3f}x ({len(rs)} blocks)" if rs else f"{p} -"
+                        for p, rs in per_part.items()), flush=True)
+                elif block and v == "all":
                     w_on, w_off, pairs = toggled(times, block, args.first, args.last, skip)
                     inproc.append((w_on, w_off, pairs, pw))
                     print(f"    in one process, blocks of {block}: with the parts {w_on:.3f} ms, without {w_off:.3f} ms: "
@@ -371,6 +409,11 @@ def main() -> None:
               f"by the runs' block means (per run {', '.join(f'{x[0] / x[1]:.3f}' for x in inproc)}), median over "
               f"{len(pairs)} blocks {statistics.median(pairs):.3f}x; the blocks without them against the round's "
               f"plain run {statistics.median(x[1] / x[3] for x in inproc):.3f}x")
+    if rotations:
+        print(f"in one process (--toggle {args.toggle}), each part's blocks against the blocks with every part, median "
+              "over all runs' blocks: " + ", ".join(
+                  f"{p} {statistics.median(rs):.3f}x ({len(rs)} blocks, {min(rs):.3f}-{max(rs):.3f})"
+                  for p, rs in rotations.items() if rs))
     if arounds:
         print(f"around the window at step {args.window_at} (in one process): after/before "
               f"{statistics.median(a / b for b, a in arounds):.3f}x (per run {', '.join(f'{a / b:.3f}' for b, a in arounds)})")

@@ -18,6 +18,9 @@ audit does; nothing else reads them.
 `AUDITOR_BENCH_TOGGLE=BLOCK[:PART,...]` leaves the parts named (default: all of TOGGLED_PARTS) out
 in every other block of BLOCK steps (steps BLOCK..2*BLOCK-1, 3*BLOCK..., off), so that one audited
 process times its steps with and without them: an A/B free of the drift between two processes.
+`AUDITOR_BENCH_TOGGLE=BLOCK:rotate` leaves out one per-step part at a time instead (ROTATED):
+of each ROTATED+1 blocks, the first keeps every part, each next one leaves out the next part, so
+that one process times each part's cost against the blocks beside it.
 `AUDITOR_BENCH_WINDOW_AT=N` starts the profiler window at step N (its warm-up step first), so that
 the steps before and after it, in one process, show what the window leaves behind.
 """
@@ -28,24 +31,34 @@ import os
 PARTS = ("probes", "hooks", "light", "lines", "scans", "records", "watch", "checks")
 OFF = frozenset(p for p in os.environ.get("AUDITOR_BENCH_OFF", "").split(",") if p in PARTS)
 TOGGLED_PARTS = ("probes", "hooks", "lines", "scans", "records", "watch", "checks")  # (light: not a cost)
+# the parts in every step, each left out in turn by `BLOCK:rotate` (the others run in a few steps:
+# their cost is what those steps take over the rest, read from the step records)
+ROTATED = ("probes", "hooks", "records", "watch")
 
 
-def _toggle(spec: str) -> tuple[int, frozenset[str]]:
+def _toggle(spec: str) -> tuple[int, frozenset[str], bool]:
     block, _, names = spec.partition(":")
     if not block.isdigit() or int(block) < 1:
-        return 0, frozenset()
+        return 0, frozenset(), False
+    if names == "rotate":
+        return int(block), frozenset(ROTATED), True
     parts = frozenset(n for n in names.split(",") if n in TOGGLED_PARTS) if names else frozenset(TOGGLED_PARTS)
-    return int(block), parts
+    return int(block), parts, False
 
 
-BLOCK, TOGGLED = _toggle(os.environ.get("AUDITOR_BENCH_TOGGLE", ""))
+BLOCK, TOGGLED, ROTATE = _toggle(os.environ.get("AUDITOR_BENCH_TOGGLE", ""))
 _at = os.environ.get("AUDITOR_BENCH_WINDOW_AT", "")
 WINDOW_AT = int(_at) if _at.isdigit() else None
 
 
 def off(part: str, step: int | None) -> bool:
     """Whether `part` is left out at step `step`: named in AUDITOR_BENCH_OFF, or toggled and in an
-    odd block of AUDITOR_BENCH_TOGGLE's."""
+    odd block of AUDITOR_BENCH_TOGGLE's (with `rotate`: in its own turn of the blocks)."""
     if part in OFF:
         return True
-    return bool(TOGGLED) and part in TOGGLED and step is not None and (step // BLOCK) % 2 == 1
+    if not TOGGLED or part not in TOGGLED or step is None:
+        return False
+    if ROTATE:
+        turn = (step // BLOCK) % (len(ROTATED) + 1)
+        return turn > 0 and ROTATED[turn - 1] == part
+    return (step // BLOCK) % 2 == 1
