@@ -88,7 +88,10 @@ class _Mode(TorchFunctionMode):
             kwargs = {}
         if (col.pending or col.aliases) and (kind == SETITEM or _mutates.get(func) or "out" in kwargs):
             with _checks_range():
-                col.resolve_written(args, kwargs)  # a deferred output is about to be overwritten
+                try:
+                    col.resolve_written(args, kwargs)  # a deferred output is about to be overwritten
+                except Exception as e:  # our bug must never become the user's failure
+                    col.failed(e)
         if kind == SETITEM:
             return _call(func, args, kwargs)
         if kind == BACKWARD:

@@ -89,7 +89,11 @@ class OptimizerWatch:
         if not self.in_step or not self.checking:
             return None
         if self.deferred:  # (no backward pass settled them: the update must not change their inputs first)
-            self._timed(self.resolve_deferred)
+            try:
+                self._timed(self.resolve_deferred)
+            except Exception as e:  # our bug must never become the user's failure
+                self._clear_deferred()
+                self.failed(e)
         # (args are step()'s own: the optimizer first)
         closure = kwargs["closure"] if "closure" in kwargs else args[1] if len(args) > 1 else None
         if callable(closure):

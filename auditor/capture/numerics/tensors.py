@@ -10,12 +10,23 @@ _STRIDED = torch.strided
 _HALF = torch.float16
 
 
+# floating dtypes torch has no reductions for (aminmax, isfinite): a float8 tensor is a cast of a
+# wider one, which is checked
+_UNMEASURED = frozenset(d for d in (getattr(torch, n, None) for n in (
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2"))
+    if d is not None)
+_MKLDNN = torch._mkldnn
+
+
 def _checkable(t: Any) -> bool:
     """A plain (or Parameter) floating or complex tensor with data (a complex one is measured
-    through its real and imaginary parts, see `_real`): subclasses (DTensor, fake/functorch
-    tensors) are left alone, since reducing them could run collectives or escape a transform."""
+    through its real and imaginary parts, see `_real`; a sparse one through its stored values, see
+    `_stored`): subclasses (DTensor, fake/functorch tensors) are left alone, since reducing them
+    could run collectives or escape a transform, and so are what torch cannot reduce (float8,
+    nested and MKL-DNN tensors): the checks must never raise into the program."""
     return (type(t) in _PLAIN_TYPES and (t.dtype.is_floating_point or t.dtype.is_complex) and not t.is_meta
-            and t.numel() > 0 and not _is_wrapped(t))
+            and t.numel() > 0 and not _is_wrapped(t) and t.dtype not in _UNMEASURED and t.layout is not _MKLDNN
+            and not t.is_nested)
 
 
 try:
