@@ -35,6 +35,13 @@ A step is one iteration of the training loop, as a person counts it:
   with a backward pass is closed by a fetch only in a program that never makes an optimizer
   (`makes_no_optimizer`: a custom update, `w -= lr * w.grad`): elsewhere, before its first
   optimizer step is seen, a gradient-accumulation micro-batch looks the same;
+- one optimizer updating REPEATS_TO_SPLIT times in one open step, each time on a backward pass of
+  its own, shows a boundary missed: a batch fetched once and trained on for epochs
+  (pytorch/examples mnist_forward_forward: `x, y = next(iter(loader))`, then a thousand updates
+  of each layer) makes no training DataLoader (its loader is not taken for one again), and the
+  optimizers that did not step meanwhile have stopped (that program's layers, each with an Adam
+  of its own, trained one after another): from there each update ends a step, and the next pass
+  begins the next. The step that showed it holds its REPEATS_TO_SPLIT + 1 updates;
 - `auditor.step()` calls, once one is seen, are the only boundaries: each ends the open step and
   begins the next;
 - the program's end closes an open step that has its ending (an optimizer step, or a DataLoader
@@ -66,6 +73,11 @@ from auditor.evidence import model as m
 _DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER, m.DATA_WORKER))
 
 _compiling = torch.compiler.is_compiling
+
+# Updates of one optimizer in one open step, each on a backward pass of its own, before the finder
+# takes the step's boundary for missed (see StepFinder._repeated): more than a critic's updates per
+# batch (a WGAN's five), far fewer than a batch trained on for epochs.
+REPEATS_TO_SPLIT = 16
 
 # Weight updates outside torch.optim seen before the finder stops checking each one (see
 # StepFinder._updated): past this many, with no micro-batch between them, the program's every
@@ -141,6 +153,9 @@ class StepFinder:
         self.opt_names: dict[str, int] = {}  # optimizer class -> its steps in audited steps
         self.opt_calls = 0  # optimizer steps in audited steps
         self.backward_in_step = False
+        self.backward_since_update = False  # a backward pass ran since the last optimizer step
+        self.repeats = 0  # updates in the open step of an optimizer that had already stepped in it
+        self.not_training: set[int] = set()  # loaders found not to drive the loop (_repeated)
         self.tail_passes = 0  # no-grad forwards after the open step's optimizer step
         self.tail_limit: int | None = None  # the tail the previous step held (None: no step closed yet)
         self.in_tail_outside = False  # a tail past its limit closed the step: no-grad forwards begin none
@@ -241,6 +256,7 @@ class StepFinder:
         if what != "torch.autograd.grad" and self._live() and not self.rec.in_data:
             self.on_pass()
             self.backward_in_step = True
+            self.backward_since_update = True
             if self._watching_updates():
                 self._update_forward_hook()
 
@@ -401,6 +417,9 @@ class StepFinder:
             self._begin()
         if self.mode in (None, "dataloader", "update"):
             self.mode = "optimizer"
+        if id(opt) in self.opts_in_step and self.backward_since_update:
+            self._repeated()
+        self.backward_since_update = False
         if id(opt) not in self.opts_in_step and self.iteration is not None and self.iteration >= self.skip:
             self.opt_calls += 1  # (optimizers stepped per iteration: GradScaler's skipped steps count)
             name = type(opt).__name__
@@ -409,11 +428,23 @@ class StepFinder:
         self.known_opts.add(id(opt))
         self.optimizer_begun = True  # (a compiled step runs no pre-hook)
         self._drop_begins_hook()  # (here, not in the hook: torch is iterating over its pre-hooks there)
-        if self.train_loader is None and self.last_loader is not None:
+        if self.train_loader is None and self.last_loader is not None and self.last_loader not in self.not_training:
             self.train_loader = self.last_loader
         if self.mode == "optimizer" and self.opts_in_step >= self.known_opts:
             self.pending = True
         self._update_forward_hook()
+
+    def _repeated(self) -> None:
+        """An optimizer that already stepped in the open step steps again, on a new backward pass
+        (see the module's docstring): at REPEATS_TO_SPLIT such updates the training DataLoader, if
+        any, is given up and the optimizers known are this step's."""
+        self.repeats += 1
+        if self.repeats < REPEATS_TO_SPLIT:
+            return
+        if self.train_loader is not None:
+            self.not_training.add(self.train_loader)
+            self.train_loader = None
+        self.known_opts = set(self.opts_in_step)
 
     def on_marker(self) -> None:
         """auditor.step(): the end of one iteration."""
@@ -435,6 +466,7 @@ class StepFinder:
             self.pending = False
             self.opts_in_step = set()
             self.backward_in_step = False
+            self.repeats = 0
             self.fingerprint = None
             self.tail_passes = 0
             if it >= self.skip:
