@@ -105,8 +105,9 @@ class EvidenceBuilder:
         elif isinstance(r, wire.UsageError):
             self.usage_error = r.message
         elif isinstance(r, wire.Setup):
+            # (a second Setup is more of it: the passes a program ran before its loop's first fetch)
+            ev.setup = [*ev.setup, *(_tally(t) for t in r.tallies)] if self.set_up else [_tally(t) for t in r.tallies]
             self.set_up = True
-            ev.setup = [_tally(t) for t in r.tallies]
             ev.environment.backend_flags = r.backend_flags
             if r.num_threads:  # (as the user's setup left it: torch.set_num_threads(1) at import)
                 ev.environment.num_threads = r.num_threads

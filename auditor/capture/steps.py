@@ -42,6 +42,10 @@ A step is one iteration of the training loop, as a person counts it:
   optimizers that did not step meanwhile have stopped (that program's layers, each with an Adam
   of its own, trained one after another): from there each update ends a step, and the next pass
   begins the next. The step that showed it holds its REPEATS_TO_SPLIT + 1 updates;
+- a forward or backward pass before the first step, in a program that has made a DataLoader and
+  not fetched from it yet, is its setup (a style image's features, a sanity check's dummy batch):
+  it begins no step; the loop's first fetch does (where an optimizer steps first, the loop never
+  fetches: its first step holds those passes);
 - `auditor.step()` calls, once one is seen, are the only boundaries: each ends the open step and
   begins the next;
 - the program's end closes an open step that has its ending (an optimizer step, or a DataLoader
@@ -156,6 +160,7 @@ class StepFinder:
         self.backward_since_update = False  # a backward pass ran since the last optimizer step
         self.repeats = 0  # updates in the open step of an optimizer that had already stepped in it
         self.not_training: set[int] = set()  # loaders found not to drive the loop (_repeated)
+        self.setup_passes = False  # passes before the first step ran as setup (_setting_up), not sent yet
         self.tail_passes = 0  # no-grad forwards after the open step's optimizer step
         self.tail_limit: int | None = None  # the tail the previous step held (None: no step closed yet)
         self.in_tail_outside = False  # a tail past its limit closed the step: no-grad forwards begin none
@@ -395,6 +400,11 @@ class StepFinder:
         if self.iteration is None:
             if tail and self.in_tail_outside:
                 return
+            if self._setting_up():
+                if not self.setup_sent:
+                    self._flush_outside()  # (the setup up to here; the passes' own work is sent after)
+                self.setup_passes = True
+                return
             self.in_tail_outside = False
             self._flush_outside()
             self._begin()
@@ -409,11 +419,22 @@ class StepFinder:
             self._flush_outside()
             self._begin()
 
+    def _setting_up(self) -> bool:
+        """Whether a pass before any step is the program's setup: it has made a DataLoader and not
+        fetched from it yet (fast_neural_style's forward of its style image through VGG, a sanity
+        check's forward of a dummy batch, before `for x, _ in train_loader:`). The loop begins at
+        the fetch, and the passes' work is sent as setup; a program that trains without fetching
+        begins its first step at its first optimizer step, with the passes before it in it."""
+        return self.begun == 0 and self.first_loader is None and bool(self.rec.dataloaders)
+
     def on_optimizer_step(self, opt: Any) -> None:
         if not self._live():
             return
         if self.iteration is None:  # (an optimizer step with no step open: it is one)
-            self._flush_outside()
+            if self.setup_passes:  # (a loop that never fetches: the passes taken for setup were its first iteration's)
+                self.setup_passes = False
+            else:
+                self._flush_outside()
             self._begin()
         if self.mode in (None, "dataloader", "update"):
             self.mode = "optimizer"
@@ -500,6 +521,9 @@ class StepFinder:
         """What ran since the last step (or, before the first, the setup) is sent, before a step begins."""
         if not self.setup_sent:
             self.setup_sent = True
+            self.send_setup()
+        elif self.setup_passes:  # (the passes before the loop's first fetch: setup too, sent as more of it)
+            self.setup_passes = False
             self.send_setup()
         elif self.last_audited is None:
             self.rec.drain()  # between skipped steps: not recorded
