@@ -42,8 +42,8 @@ A step is one iteration of the training loop, as a person counts it:
   optimizers that did not step meanwhile have stopped (that program's layers, each with an Adam
   of its own, trained one after another): from there each update ends a step, and the next pass
   begins the next. The step that showed it holds its REPEATS_TO_SPLIT + 1 updates;
-- a forward or backward pass before the first step, in a program that has made a DataLoader and
-  not fetched from it yet, is its setup (a style image's features, a sanity check's dummy batch):
+- a forward or backward pass before the first step, in a program that may make an optimizer and
+  has made a DataLoader and not fetched from it yet, is its setup (a style image's features, a sanity check's dummy batch):
   it begins no step; the loop's first fetch does (where an optimizer steps first, the loop never
   fetches: its first step holds those passes);
 - `auditor.step()` calls, once one is seen, are the only boundaries: each ends the open step and
@@ -425,7 +425,8 @@ class StepFinder:
         check's forward of a dummy batch, before `for x, _ in train_loader:`). The loop begins at
         the fetch, and the passes' work is sent as setup; a program that trains without fetching
         begins its first step at its first optimizer step, with the passes before it in it."""
-        return self.begun == 0 and self.first_loader is None and bool(self.rec.dataloaders)
+        return (self.begun == 0 and self.first_loader is None and bool(self.rec.dataloaders)
+                and not self.no_optimizer)  # (a program that never makes one: its work is one step, as before)
 
     def on_optimizer_step(self, opt: Any) -> None:
         if not self._live():
@@ -556,8 +557,8 @@ class StepFinder:
                 self.outside_t0 = time.perf_counter()
             elif audited:
                 self.session.drop(it - self.skip)
-        if not self.setup_sent:
-            self.setup_sent = True
+        if not self.setup_sent or self.setup_passes:  # (passes taken for setup, and no loop after them)
+            self.setup_sent, self.setup_passes = True, False
             self.send_setup()
         elif self.last_audited is not None:
             self._send_outside("after")

@@ -44,6 +44,17 @@ for i in range(6):
     opt.step()
 '''
 
+NO_OPTIMIZER = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=8)  # made, never iterated
+model = nn.Linear(8, 1)
+with torch.no_grad():
+    for i in range(4):
+        model(torch.randn(8, 8))
+'''
+
 
 def run(tmp_path, source: str):
     (tmp_path / "prog.py").write_text(source)
@@ -81,3 +92,12 @@ def test_a_loop_that_never_fetches_is_stepped_by_its_updates(tmp_path):
     assert [count(s, "backward") for s in steps] == [1] * 6
     assert not [t for t in a.evidence["setup"] if t["kind"] in ("forward", "backward")]
     assert a.evidence["program"]["steps_found"].startswith("optimizer steps (SGD), 1 per iteration")
+
+
+def test_a_program_that_makes_no_optimizer_keeps_its_work_as_one_step(tmp_path):
+    """(an inference script: nothing marks its iterations, and its work from its first pass is one
+    step, as in any program without optimizer, fetch or marker)"""
+    a = run(tmp_path, NO_OPTIMIZER)
+    [step] = a.evidence["steps"]
+    assert count(step, "forward") == 4
+    assert a.evidence["program"]["steps_found"].startswith("no optimizer step")
