@@ -4,7 +4,7 @@
 #    (bench_window_after.py: a window as the audit makes it against a run without one);
 # 2. each per-step part's cost inside one audited process, one part out at a time
 #    (bench_steady_parts.py --toggle 25:rotate), with the window moved to step 1000.
-# Logs go to $OUT (default /tmp/out). Carry .whl/ (../shared/tools/gpu/README.md).
+# Logs go to $OUT (default /tmp/out). Carry .whl/, the wheels gpu_steady.sh installs (no network there).
 set -u
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 timeout 200 python3 bench/bench_window_after.py --device cuda --steps 1500 --at 700 --width 600 --rounds 3 \
