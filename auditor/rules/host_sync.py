@@ -64,6 +64,9 @@ ADVICE = {
     "Tensor[bool mask]": "keep shapes fixed: weight by the mask ((loss * mask).sum() / mask.sum(), or a loss's "
                          "ignore_index for labels) or use torch.where(mask, x, 0) instead of selecting with x[mask]",
     "torch.masked_select": "multiply by the mask or use torch.where to keep shapes static",
+    "Tensor[tensor:slice]": "slice with host integers: read the device tensor of offsets once (`ix.tolist()`) or "
+                            "draw it on the host, or gather the rows on the device (`torch.stack` of "
+                            "`data[i:i + T]` for many `i` is `data[ix[:, None] + torch.arange(T, device=ix.device)]`)",
     "torch.cuda.synchronize": "remove explicit synchronize() calls from the step (profilers sync for you)",
     CLOCK_TIMING: "this synchronize() lets a clock read time the step: removing it would break that timing. Time "
                   "with CUDA events instead (`start.record()` ... `end.record()`) and read them every N steps "
@@ -196,8 +199,9 @@ class HostSync(Rule):
         Calls inside the step that make the host wait for the device: `.item()`, `.cpu()`,
         `.tolist()`, `.numpy()`, `float(t)`, `int(t)`, `bool(t)` / `if t`, `print(t)`, `nonzero`,
         `masked_select`, selecting with a boolean mask (`logits[mask]`: the host reads how many
-        are True to size the result), `.to("cpu")`, `torch.cuda.synchronize()`; counted per step
-        with their line.
+        are True to size the result), slicing with a device tensor's value (`data[i:i + T]` for `i`
+        in a GPU tensor: the host reads `i`), `.to("cpu")`, `torch.cuda.synchronize()`; counted per
+        step with their line.
         Also the syncs torch makes on the user's behalf: `GradScaler.step(opt)` reads found_inf
         with `.item()` every step unless the optimizer is fused, `ReduceLROnPlateau.step(loss)`
         reads a tensor metric with `float()`, and torch.utils.tensorboard's

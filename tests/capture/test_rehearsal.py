@@ -1926,3 +1926,44 @@ def test_selecting_with_a_boolean_mask_of_the_gpu_is_a_sync(masked_losses, loss,
         return
     assert sites == [("Tensor[bool mask]", line, syncs)]
     assert "torch.where(mask, x, 0)" in f["fix"]["summary"]
+
+
+SLICED_BATCHES = '''import torch
+from torch import nn
+import torch.nn.functional as F
+
+device = "cuda"
+torch.manual_seed(0)
+data = torch.randint(0, 64, (4096,), device=device)  # the token stream kept on the GPU
+emb, head = nn.Embedding(64, 16).to(device), nn.Linear(16, 64).to(device)
+opt = torch.optim.AdamW([*emb.parameters(), *head.parameters()], lr=1e-3)
+T = 16
+
+
+def step(i):
+    ix = torch.randint(len(data) - T - 1, (8,), device=device)
+    x = torch.stack([data[j:j + T] for j in ix])  # SLICED LINE
+    y = data[ix[:, None] + 1 + torch.arange(T, device=device)]  # GATHERED LINE
+    loss = F.cross_entropy(head(emb(x)).view(-1, 64), y.view(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_slicing_with_a_gpu_tensor_bound_is_a_sync(tmp_path):
+    """`data[j:j + T]` for `j` in a GPU tensor: the host reads each `j` (`__index__`) to slice, one
+    sync a slice, which torch makes below the indexing call (no `.item()` of the user's to probe).
+    Gathering the same rows by an index tensor reads nothing back."""
+    trainer = tmp_path / "sliced.py"
+    trainer.write_text(SLICED_BATCHES)
+    a = audit("run", f"{trainer}:step", "--steps", "4", "--no-profile", "--quiet", out=tmp_path / "out", env=QUIET_ENV)
+    assert a.returncode == 0, a.evidence["ending"]
+    lines = SLICED_BATCHES.splitlines()
+    sliced = next(n for n, text in enumerate(lines, 1) if "SLICED LINE" in text)
+    gathered = next(n for n, text in enumerate(lines, 1) if "GATHERED LINE" in text)
+    (f,) = a.rule("host-sync")
+    assert [(s["what"], s["line"], s["per_step"]) for s in f["evidence"]["sites"]] == [
+        ("Tensor[tensor:slice]", sliced, 8.0)]
+    assert gathered not in {t["where"]["line"] for t in tallies(a, m.SYNC)}
+    assert "ix.tolist()" in f["fix"]["summary"]

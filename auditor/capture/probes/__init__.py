@@ -26,6 +26,7 @@ import torch
 from torch.optim import optimizer as _optimizer
 
 from auditor.capture.frames import is_torch_internal, on_forget, user_frame, via_data as _via
+from auditor.capture.probes.indexing import index_sync
 from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
 from auditor.evidence import model as m
 
@@ -340,38 +341,10 @@ def _single_element(self, *args, **kwargs) -> bool:
     return self.numel() == 1
 
 
-def _bool_mask(index: Any) -> torch.Tensor | None:
-    """The boolean mask in an index (`t[mask]`, `t[:, mask]`, `t[mask, 0]`): what it selects has as
-    many rows as the mask has True values, a count the host must read (a nonzero) to size it."""
-    for i in (index if type(index) is tuple else (index,)):
-        if isinstance(i, torch.Tensor) and i.dtype == torch.bool and i.dim() > 0:
-            return i
-    return None
-
-
 def mask_index_sync(index: Any, frame: Any, call: Callable[[], Any]) -> Any:
-    """`call()`, the indexing `t[index]` made at `frame`, recorded as a sync when the index holds a
-    boolean mask of the device (logits[mask]). Tensor.__getitem__ is never wrapped on the class: a
-    Python `__getitem__` on torch.Tensor makes every tensor a sequence to CPython (its sq_item slot),
-    and `torch.tensor([t])` of a 0-d tensor then raises "len() of a 0-d tensor" where plain torch
-    builds it. The torch-function modes that see each indexing call hand it here (the CUDA
-    rehearsal's); on a GPU the profiled window's trace shows the mask's nonzero and its sync."""
-    rec = REC
-    if rec is None or not rec.active or rec.in_data or frame is None or not isinstance(index, (torch.Tensor, tuple)):
-        return call()
-    code = frame.f_code
-    if code.co_name in _DISPATCHERS or is_torch_internal(code.co_filename):
-        return call()
-    with no_torch_function():  # (the auditor's reads: the user's modes see the call only)
-        mask = _bool_mask(index)
-        dev = DEVICE_OF(mask) if mask is not None else None
-    if dev is None or (JUDGE_AS_CUDA and dev != "cuda"):
-        return call()
-    t0 = perf()
-    try:
-        return call()
-    finally:
-        rec.add(m.SYNC, "Tensor[bool mask]", user_frame(frame), (perf() - t0) * 1e3, device=dev)
+    """`call()`, the indexing `t[index]` made at `frame`, with the sync it makes recorded
+    (probes.indexing.index_sync; the CUDA rehearsal's mode hands each indexing here)."""
+    return index_sync(REC, DEVICE_OF, JUDGE_AS_CUDA, _DISPATCHERS, index, frame, call)
 
 
 def _install_sync_probes() -> None:
@@ -894,3 +867,4 @@ def install() -> Recorder:
         os.register_at_fork(after_in_child=functools.partial(workers.forked, _WRAPPED))
         install_sampler_probes(REC, _wrap)
     return REC
+
