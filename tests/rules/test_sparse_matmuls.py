@@ -79,6 +79,13 @@ def test_a_rehearsed_sparse_matmul_counts_its_stored_values(tmp_path):
     assert by_line[line("LAYER 2")] == {2 * NODES * HIDDEN * CLASSES, 2 * adj_nnz * CLASSES}
     dense = 2 * NODES * NODES * HIDDEN  # what the first spmm was counted as: 0.128 GFLOP
     assert max(f for fs in by_line.values() for f in fs) < dense / 100
+    # the launches move a sparse operand's stored values and indices (a COO has no nbytes: 0 before;
+    # torch.spmm is named as the torch.mm it runs)
+    spmm = [t for s in a.evidence["steps"] for t in s["tallies"]
+            if t["kind"] == "device-launch" and t["where"]["line"] == line("LAYER 2") and t["what"] == "torch.mm"]
+    adj_bytes = adj_nnz * (4 + 2 * 8)  # float32 values, two int64 indices each
+    dense_sides = NODES * CLASSES * 4 * 2  # the dense operand read and the output written
+    assert spmm and {t["data"]["bytes"] / t["count"] for t in spmm} == {adj_bytes + dense_sides}
     # a few MFLOP a step: not the tensor-core work amp-opportunity is about
     assert not a.rule("amp-opportunity"), a.rule("amp-opportunity")
     assert not a.rule("nonfinite")

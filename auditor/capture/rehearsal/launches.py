@@ -95,11 +95,26 @@ def _indexing_launches(args: tuple) -> bool:
     return any(isinstance(p, (_Tensor, list)) for p in parts)
 
 
+def _bytes(t: Any) -> int:
+    """What a tensor holds in memory: a strided one its elements, a sparse one its stored values
+    and their indices (a COO's `nbytes` raises; a dense count would be the size it is not)."""
+    if t.layout is torch.strided:
+        return t.nbytes
+    if t.is_sparse:
+        return t._values().nbytes + t._indices().nbytes
+    try:  # CSR, CSC, BSR, BSC: values and their compressed and plain indices
+        compressed, plain = ((t.crow_indices(), t.col_indices()) if t.layout in (torch.sparse_csr, torch.sparse_bsr)
+                             else (t.ccol_indices(), t.row_indices()))
+        return t.values().nbytes + compressed.nbytes + plain.nbytes
+    except (RuntimeError, AttributeError):  # (another layout: its size not known)
+        return 0
+
+
 def _nbytes(x: Any) -> int:
     if isinstance(x, _Tensor):
-        return x.nbytes
+        return _bytes(x)
     if isinstance(x, (tuple, list)):
-        return sum(t.nbytes for t in x if isinstance(t, _Tensor))
+        return sum(_bytes(t) for t in x if isinstance(t, _Tensor))
     return 0
 
 
@@ -122,12 +137,12 @@ def count(what: str, args: tuple, out: Any, frame: FrameType | None, flops: int 
     if what == "Tensor.contiguous" and args and out is args[0]:
         return  # already contiguous: no copy
     try:
-        nbytes = out.nbytes if type(out) is _Tensor else _nbytes(out)
+        nbytes = _nbytes(out)
         if what not in SHAPE_ONLY:
             for a in args:
                 if isinstance(a, _Tensor):
-                    nbytes += a.nbytes
-    except RuntimeError:  # a sparse COO tensor has no nbytes: the launch is counted, its size not known
+                    nbytes += _bytes(a)
+    except RuntimeError:  # (a tensor whose size cannot be read: the launch is counted, its size not known)
         nbytes = 0
     if flops:
         dtype = str(out.dtype).replace("torch.", "") if isinstance(out, _Tensor) else ""
