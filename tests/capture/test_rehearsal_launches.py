@@ -63,14 +63,17 @@ def test_basic_indexing_is_a_view_and_tensor_indexing_a_launch(rec):
     assert [t["count"] for t in counted(rec)] == [1]
 
 
-def test_a_sparse_tensor_is_counted_without_a_size(rec):
-    """A sparse COO tensor has no `nbytes` (RuntimeError): the user's call must not fail on it."""
+def test_a_sparse_tensor_is_counted_by_what_it_stores(rec):
+    """A sparse COO tensor has no `nbytes` (RuntimeError): the user's call must not fail on it, and
+    it moves its stored values and their indices, not the size of its dense shape."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         s = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]), (2, 2))
-    launches.count("torch.add", (s, s), s + s, sys._getframe())
+        out = (s + s).coalesce()
+    launches.count("torch.add", (s, s), out, sys._getframe())
     (t,) = counted(rec)
-    assert t["count"] == 1 and t["data"]["bytes"] == 0
+    stored = 2 * 4 + 2 * 2 * 8  # two float32 values, their two int64 indices each
+    assert t["count"] == 1 and t["data"]["bytes"] == 3 * stored
 
 
 def test_torch_optims_own_calls_are_not_counted(rec):
