@@ -867,4 +867,3 @@ def install() -> Recorder:
         os.register_at_fork(after_in_child=functools.partial(workers.forked, _WRAPPED))
         install_sampler_probes(REC, _wrap)
     return REC
-

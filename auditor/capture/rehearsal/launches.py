@@ -137,7 +137,7 @@ def count(what: str, args: tuple, out: Any, frame: FrameType | None, flops: int 
     if what == "Tensor.contiguous" and args and out is args[0]:
         return  # already contiguous: no copy
     try:
-        nbytes = _nbytes(out)
+        nbytes = _bytes(out) if type(out) is _Tensor else _nbytes(out)  # (a tensor, most calls: one call)
         if what not in SHAPE_ONLY:
             for a in args:
                 if isinstance(a, _Tensor):
