@@ -147,7 +147,7 @@ def _stray_with_module(module: str | None, target: str | None, script_args: tupl
 @click.option("--numerics/--no-numerics", default=True, show_default=True,
               help="Check every op's values (where NaN/Inf start), gradient norms and learning rates. "
                    "Off: no step carries the checks (they run on the first steps, then one in 32, fewer in "
-                   "a long run, where they can double a step; the summary measures their cost), and the numerics rules are skipped.")
+                   "a long run or where a check costs over 2% of the run at that rate; the summary measures their cost), and the numerics rules are skipped.")
 @click.option("--open", "open_report", is_flag=True, help="Open report.html in the browser when done.")
 @click.option("--tensorboard", is_flag=True,
               help="Start TensorBoard (torch-tb-profiler) on the run's traces, print its URL, serve until Ctrl-C.")

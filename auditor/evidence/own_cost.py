@@ -22,6 +22,12 @@ class OwnCost(msgspec.Struct):
     checked_ms: float | None = None
     profiled_ms: float | None = None
     unprofiled_ms: float | None = None  # checked and timed steps together
+    # the checks' cost, where it spaced them further apart than the schedule (numerics.schedule
+    # Spacing): a checked step's time over the unchecked steps', in steps (the last measured), the
+    # steps its check kept the next one from, and the budget the spacing keeps them within
+    check_cost_steps: float | None = None
+    check_spacing: int | None = None
+    check_budget: float | None = None
 
 
 def own_cost(evidence: Evidence) -> OwnCost:
@@ -35,6 +41,13 @@ def own_cost(evidence: Evidence) -> OwnCost:
     def med(steps: list) -> float | None:
         return round(statistics.median(s.time_ms for s in steps), 3) if steps else None
 
+    from auditor.evidence.numerics_view import NumericsView
+
+    spaced = NumericsView.of(evidence).events_of("checks-spaced") if evidence.steps else []
+    last = spaced[-1] if spaced else {}
     return OwnCost(timed_steps=sorted(timed_ids), checked_steps=[s.index for s in checked],
                    profiled_steps=[s.index for s in profiled], timed_ms=med(t), checked_ms=med(checked),
-                   profiled_ms=med(profiled), unprofiled_ms=med(unprofiled))
+                   profiled_ms=med(profiled), unprofiled_ms=med(unprofiled),
+                   check_cost_steps=last.get("cost_steps"),
+                   check_spacing=last["not_before"] - last["step"] if last else None,
+                   check_budget=last.get("budget"))

@@ -33,6 +33,9 @@ def own_cost_phrase(evidence: Evidence) -> str | None:
         parts.append(f"{len(c.checked_steps)} step(s) with numerics checks {c.checked_ms:.2f} ms median "
                      f"({_vs(c.checked_ms, c.timed_ms, 'the checked steps', f'the {len(c.timed_steps)} timed step(s)' + chr(39))}; "
                      "the timed steps carry no checks, only the probes)")
+        if c.check_spacing:
+            parts.append(f"a check cost {c.check_cost_steps:.2f} step(s), so they ran at least {c.check_spacing} "
+                         f"steps apart past the first steps, to cost under {c.check_budget:.0%} of the run")
     elif c.checked_steps:
         parts.append(f"every unprofiled step carried numerics checks ({c.checked_ms:.2f} ms median; "
                      "no step without them to compare)")

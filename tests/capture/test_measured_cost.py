@@ -251,3 +251,112 @@ def test_a_long_run_is_checked_half_as_often_after_each_16_checks_twice_then_one
     assert len(got) == 56 + (20_000 - 1560 + 127) // 128  # (a 20,000-step run: 201 checked steps, not 649)
     assert all(checked(i, frozenset(), True) for i in range(5_000, 5_010))
     assert not checked(1560, frozenset({1560}), True)
+
+
+TINY_CALLS = '''import torch
+
+w = torch.nn.Parameter(torch.randn(8))
+opt = torch.optim.SGD([w], lr=1e-3)
+
+
+def step():
+    x = w
+    for _ in range(300):  # 900 tiny calls: each checked costs several times its own time
+        x = torch.tanh(x * 1.001 + 0.01)
+    loss = x.pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+WIDE_LAYERS = '''import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+x = torch.randn(512, 256)
+
+
+def step():
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+def _intervals(steps: list[dict]) -> dict[int, float]:
+    """Each step's interval on the program's clock: its start to the next step's (ms)."""
+    return {a["index"]: (b["start_s"] - a["start_s"]) * 1e3 for a, b in zip(steps, steps[1:])}
+
+
+@pytest.mark.slow
+def test_checks_that_cost_steps_are_spaced_to_stay_within_their_budget(tmp_path_factory):
+    """900 tiny calls a step: a checked step costs more than a step over the unchecked ones. Its
+    cost, measured at step 56 (the first check past the dense start with unchecked steps to
+    compare), puts the next check that many steps / 2% later (schedule.Spacing), on the schedule's
+    own one-in-32 grid: the checks cost the run's steady state 2%, not the 4-8% that one in 32
+    would. The cost the event states is the evidence's own: step 56's interval over the median
+    interval of the unchecked steps before it; and the summary says so."""
+    from auditor.capture.numerics.schedule import CHECK_EVERY, CHECKS_BUDGET, spacing
+
+    a = _audit(tmp_path_factory, "tiny_calls", TINY_CALLS, "--steps", "200", "--no-profile")
+    assert a.returncode == 0, a.stderr[-2000:]
+    steps = a.evidence["steps"]
+    checked = [s["index"] for s in steps if s["numerics"] is not None]
+    # (an event rides on the next checked step's record, the last on the run's final record)
+    events = [e for s in steps if s["numerics"] for e in s["numerics"]["events"]] + a.evidence["numerics"]["events"]
+    spaced = [e for e in events if e["event"] == "checks-spaced"]
+    assert spaced and spaced[0]["step"] == 56 and spaced[0]["budget"] == CHECKS_BUDGET, spaced
+    first = spaced[0]
+    intervals = _intervals(steps)
+    base = statistics.median(intervals[i] for i in range(25, 56))
+    measured = (intervals[56] - base) / base
+    assert first["cost_steps"] == pytest.approx(measured, abs=0.15), (first, measured)
+    assert first["cost_steps"] > CHECK_EVERY * CHECKS_BUDGET  # (dearer than one in 32 allows)
+    assert first["not_before"] == 56 + spacing(first["cost_steps"])
+    nxt = next(i for i in range(first["not_before"], 200) if (i - 24) % CHECK_EVERY == 0)
+    assert checked[:27] == [*range(25), 56, nxt], checked
+    # the checks' share past the dense start, by the evidence's own intervals: within the budget
+    # (a check's cost over the steps from it to the next)
+    assert (intervals[56] - base) / (base * (nxt - 56)) <= CHECKS_BUDGET * 1.5
+    cost = a.findings_doc["steps"]["own_cost"]
+    last = spaced[-1]
+    assert cost["check_cost_steps"] == last["cost_steps"] and cost["check_spacing"] == last["not_before"] - last["step"]
+    summary = (a.out / "summary.txt").read_text()
+    assert (f"a check cost {last['cost_steps']:.2f} step(s), so they ran at least {last['not_before'] - last['step']} "
+            "steps apart past the first steps, to cost under 2% of the run") in summary, summary
+
+
+@pytest.mark.slow
+def test_checks_that_cost_little_keep_the_schedule(tmp_path_factory):
+    """Two wide layers on a batch of 512: a checked step costs a few percent of a step, within
+    what one check in 32 allows, so the schedule stands (24, 56, 88, 120) and nothing is said."""
+    a = _audit(tmp_path_factory, "wide_layers", WIDE_LAYERS, "--steps", "130", "--no-profile")
+    assert a.returncode == 0, a.stderr[-2000:]
+    steps = a.evidence["steps"]
+    assert [s["index"] for s in steps if s["numerics"] is not None] == [*range(25), 56, 88, 120]
+    assert not [e for s in steps if s["numerics"] for e in s["numerics"]["events"] if e["event"] == "checks-spaced"]
+    assert a.findings_doc["steps"]["own_cost"]["check_spacing"] is None
+    assert "steps apart past the first steps" not in (a.out / "summary.txt").read_text()
+
+
+def test_spacing_reads_checked_intervals_against_the_unchecked_median():
+    """schedule.Spacing on a clock the test drives: unchecked steps of 10 ms, a checked step of
+    40 ms (3 steps over) -> the next check waits 150 steps; the dense start's checks and the
+    intervals that touch the profiler's window are not read; the cost is the median of the last
+    three checked steps', and the spacing is at most MAX_SPACING."""
+    from auditor.capture.numerics.schedule import MAX_SPACING, Spacing, checked, spacing
+
+    sp, now, window, dense = Spacing(), 0.0, frozenset({40, 41}), 24
+    plan = {i: 40.0 for i in (10, 56, 88, 200, 210)} | {40: 99.0, 41: 99.0} | {220: 1000.0}
+    reads = {}
+    for i in range(230):
+        if sp.ended(i, now, window, dense):
+            reads[i - 1] = (round(sp.cost_steps, 6), sp.not_before)
+        sp.began(i, i in plan, now)
+        now += plan.get(i, 10.0) / 1e3
+    # (10: dense; 56: 3 steps over; 88: 3; 200, 210: 3; 220: 99, the median of the last three stays 3)
+    assert reads == {56: (3.0, 206), 88: (3.0, 238), 200: (3.0, 350), 210: (3.0, 360), 220: (3.0, 370)}
+    assert spacing(3.0) == 150 and spacing(0.0) == 1 and spacing(1e6) == MAX_SPACING
+    assert not checked(300, frozenset(), False, 24, 360) and checked(376, frozenset(), False, 24, 360)
+    assert checked(300, frozenset(), True, 24, 360)  # (an alarmed run: every step)

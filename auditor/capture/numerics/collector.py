@@ -53,7 +53,7 @@ from auditor.capture.numerics.ops import (COMPILED, DIV, EXP, LOG, LOG1P, NORM, 
 from auditor.capture.numerics.optimizer import OptimizerWatch, _OptPlan
 from auditor.capture.numerics.origin import Origins
 from auditor.capture.numerics.record import StepRecordBuilder
-from auditor.capture.numerics.schedule import DENSE_STEPS, dense_steps
+from auditor.capture.numerics.schedule import CHECK_EVERY, CHECKS_BUDGET, DENSE_STEPS, Spacing, dense_steps
 from auditor.capture.numerics.schedule import checked as _scheduled
 from auditor.capture.numerics.sites import Tables
 from auditor.capture.numerics.stack import (CHECKS_RANGE, _checks_range, _compiling, _pop_mode, _profiling,
@@ -134,6 +134,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.window: frozenset[int] = frozenset()  # the profiler's steps: never checked (see schedule)
         self.dense = DENSE_STEPS  # the dense start's end (schedule.dense_steps; set with the window)
         self.alarmed = False  # a non-finite value was seen: every later step is checked
+        self.spacing = Spacing()  # the checks' measured cost, and how far apart it puts them
         self.step_checked = True  # whether the running step is checked (see schedule)
         self.stepping = False  # a step runs, checked or not (its events are the step's)
         self.watching = False  # an unchecked step runs: its first loss is kept
@@ -180,9 +181,14 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
 
     def step_begin(self, index: int) -> None:
         self.step = index
-        self.step_checked = _scheduled(index, self.window, self.alarmed, self.dense)
+        now, sp = perf(), self.spacing
+        if sp.ended(index, now, self.window, self.dense) and sp.not_before - sp.last[0] > CHECK_EVERY:
+            self.events.append({"event": "checks-spaced", "step": sp.last[0], "cost_steps": round(sp.cost_steps, 3),
+                                "not_before": sp.not_before, "budget": CHECKS_BUDGET})
+        self.step_checked = _scheduled(index, self.window, self.alarmed, self.dense, sp.not_before)
         if self.step_checked and index >= self.dense and not self.alarmed and off("checks", index):
             self.step_checked = False  # (bench_steady_parts.py only)
+        sp.began(index, self.step_checked, now)
         self.stepping = True
         self.watched = None
         if off("hooks", index):  # (bench_steady_parts.py only: no module hooks in unchecked steps)
