@@ -5,7 +5,8 @@ A step is one iteration of the training loop, as a person counts it:
   `GradScaler.step`, which skips the optimizer's step on inf gradients) mark its end; several
   optimizers stepped in one iteration (a GAN's D and G) are one step, and gradient-accumulation
   micro-batches belong to the step they accumulate into (a step closes only after an optimizer
-  step);
+  step, once every optimizer seen stepping has stepped in it; one the program has let go of, its
+  `del optimizer` or its name rebound to the next stage's, is not waited for);
 - the step closes at the first activity after its last optimizer step that begins an iteration: the next fetch of the
   training DataLoader (the loader fetched last before an optimizer step), which then begins the
   next step, timed from the fetch's start; where no training DataLoader is known, the next
@@ -156,6 +157,7 @@ class StepFinder:
         self.known_opts: set[int] = set()  # every optimizer seen stepping
         self.opt_names: dict[str, int] = {}  # optimizer class -> its steps in audited steps
         self.opt_calls = 0  # optimizer steps in audited steps
+        self.opts_range: tuple[int, int] | None = None  # the fewest and most optimizers stepped in one audited step
         self.backward_in_step = False
         self.backward_since_update = False  # a backward pass ran since the last optimizer step
         self.repeats = 0  # updates in the open step of an optimizer that had already stepped in it
@@ -447,7 +449,9 @@ class StepFinder:
             name = type(opt).__name__
             self.opt_names[name] = self.opt_names.get(name, 0) + 1
         self.opts_in_step.add(id(opt))
-        self.known_opts.add(id(opt))
+        if id(opt) not in self.known_opts:
+            self.known_opts.add(id(opt))
+            self._forget_when_gone(opt)
         self.optimizer_begun = True  # (a compiled step runs no pre-hook)
         self._drop_begins_hook()  # (here, not in the hook: torch is iterating over its pre-hooks there)
         if self.train_loader is None and self.last_loader is not None and self.last_loader not in self.not_training:
@@ -455,6 +459,15 @@ class StepFinder:
         if self.mode == "optimizer" and self.opts_in_step >= self.known_opts:
             self.pending = True
         self._update_forward_hook()
+
+    def _forget_when_gone(self, opt: Any) -> None:
+        """An optimizer the program has let go of (`del optimizer`, a stage's optimizer replaced by
+        the next's) steps no more: it leaves the optimizers a step waits for, and its id, which a
+        new object may take, with it."""
+        try:
+            weakref.finalize(opt, self.known_opts.discard, id(opt))
+        except TypeError:  # (an object without weak references: kept, as before)
+            pass
 
     def _repeated(self) -> None:
         """An optimizer that already stepped in the open step steps again, on a new backward pass
@@ -506,6 +519,8 @@ class StepFinder:
             if it is not None and it >= self.skip:
                 self.session.end(it - self.skip)
                 self.recorded += 1
+                n = len(self.opts_in_step)
+                self.opts_range = (min(self.opts_range[0], n), max(self.opts_range[1], n)) if self.opts_range else (n, n)
                 self.last_audited = it - self.skip
             else:
                 self.rec.drain()  # a skipped step: not recorded
@@ -569,6 +584,9 @@ class StepFinder:
             names = ", ".join(sorted(self.opt_names, key=lambda n: -self.opt_names[n])) or "torch.optim"
             per = self.opt_calls / self.recorded if self.recorded else 0
             per_text = f"{per:.0f}" if abs(per - round(per)) < 0.05 else f"{per:.1f}"
+            low, high = self.opts_range or (0, 0)
+            if low != high:  # (a program that changes how it updates: one optimizer, then one per parameter)
+                per_text = f"{low}-{high}"
             loader = "; each begins at a fetch of the training DataLoader" if self.train_loader is not None else ""
             return "optimizer", f"optimizer steps ({names}), {per_text} per iteration{loader}"
         if self.mode == "dataloader":

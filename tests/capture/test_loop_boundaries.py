@@ -10,7 +10,12 @@ per batch (a WGAN's five) stay in the batch's step.
 Forward passes a program runs before its loop (pytorch/examples fast_neural_style: its style
 image's features through VGG, once, after making its DataLoader): they are its setup, not a step.
 Step 0 held that forward and nothing else, and the summary read "0.9 per iteration" with per-step
-counts averaged over it (conv2d x5.75/step for 6)."""
+counts averaged over it (conv2d x5.75/step for 6).
+
+An optimizer the program lets go of (pytorch/tutorials' optimizer_step_in_backward: `del
+optimizer`, then an Adam per parameter stepped in post-accumulate-grad hooks; a stage's optimizer
+rebound to the next stage's): a step waited for it to step again, so every later iteration was one
+step (the tutorial's last 3 iterations: one step of 96 updates, "8.8 per iteration")."""
 from __future__ import annotations
 
 import pytest
@@ -118,6 +123,63 @@ with torch.no_grad():
         model(torch.randn(8, 8))
 '''
 
+OPT_IN_BACKWARD = '''import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+optimizer = torch.optim.Adam(model.parameters())
+
+
+def train(model, optimizer):
+    loss = model(torch.rand(4, 8))
+    loss.sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+for _ in range(3):
+    train(model, optimizer)
+
+optimizer_dict = {p: torch.optim.Adam([p], foreach=False) for p in model.parameters()}
+
+
+def optimizer_hook(parameter) -> None:
+    optimizer_dict[parameter].step()
+    optimizer_dict[parameter].zero_grad()
+
+
+for p in model.parameters():
+    p.register_post_accumulate_grad_hook(optimizer_hook)
+
+
+def train(model):
+    loss = model(torch.rand(4, 8))
+    loss.sum().backward()
+
+
+del optimizer
+for _ in range(3):
+    train(model)
+'''
+
+REBOUND = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(48, 8), torch.randn(48, 1)), batch_size=8)
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(2):
+    if epoch == 1:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # the second stage's optimizer
+    for x, y in loader:
+        opt.zero_grad()
+        (model(x) - y).pow(2).mean().backward()
+        opt.step()
+'''
+
 
 def run(tmp_path, source: str):
     """`audit run` of the program `source` to its end (each has fewer than 200 steps)."""
@@ -182,3 +244,24 @@ def test_a_program_that_makes_no_optimizer_keeps_its_work_as_one_step(tmp_path):
     [step] = a.evidence["steps"]
     assert count(step, "forward") == 4
     assert a.evidence["program"]["steps_found"].startswith("no optimizer step")
+
+
+def test_optimizers_stepped_in_the_backward_pass_after_one_let_go_of(tmp_path):
+    """Three steps of one Adam, then (it deleted) one Adam per parameter stepped by each
+    parameter's post-accumulate-grad hook inside the backward pass: six steps, the last three
+    with six updates each, and the summary says how many per iteration, not their mean."""
+    a = run(tmp_path, OPT_IN_BACKWARD)
+    steps = a.evidence["steps"]
+    assert [count(s, "optimizer") for s in steps] == [1, 1, 1, 6, 6, 6]
+    assert [count(s, "backward") for s in steps] == [1] * 6
+    assert [count(s, "forward") for s in steps] == [1] * 6
+    assert a.evidence["program"]["steps_found"] == "optimizer steps (Adam), 1-6 per iteration"
+
+
+def test_a_stage_whose_optimizer_is_rebound_is_stepped_by_the_new_one(tmp_path):
+    a = run(tmp_path, REBOUND)
+    steps = a.evidence["steps"]
+    assert [count(s, "optimizer") for s in steps] == [1] * 12  # (one a batch, both epochs)
+    found = a.evidence["program"]["steps_found"]
+    assert found.startswith("optimizer steps (SGD, Adam), 1 per iteration") or found.startswith(
+        "optimizer steps (Adam, SGD), 1 per iteration"), found
