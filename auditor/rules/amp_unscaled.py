@@ -17,7 +17,8 @@ class AmpUnscaled(Rule):
     """
     What it detects:
         (1) Steps that run a backward pass after a float16 `torch.autocast` region, with no
-        GradScaler scaling the loss (none created, created with enabled=False, or never called).
+        GradScaler scaling the loss (none created, created with enabled=False, or never called),
+        judged step by step: steps trained unscaled before a scaler came into use are reported.
         (2) float16 weights (`model.half()`) updated by the optimizer from float16 gradients: no
         float32 master weights and no loss scale.
         (4) Gradients clipped while the GradScaler's scale is still in them:
@@ -147,13 +148,16 @@ class AmpUnscaled(Rule):
         if not fp16:
             return
         used: dict[int, int] = {}
-        steps, backward = [], 0
+        steps, backward, scaled = [], 0, []
         for i, d in view.steps:
+            # judged step by step: a program may train without a scaler, then with one (pytorch/
+            # tutorials' mixed_precision: autocast alone, then autocast and GradScaler)
+            if d.scaler_scale_calls:
+                scaled.append(i)
+                continue
             sites = [s for s, n in d.autocast if s in fp16]
             if not sites or not d.backward:
                 continue
-            if d.scaler_scale_calls:
-                return  # a scaler is in use
             steps.append(i)
             backward += d.backward
             for s in sites:
@@ -163,6 +167,8 @@ class AmpUnscaled(Rule):
         scalers = view.events_of("grad_scaler")
         disabled = [s for s in scalers if not s.get("enabled")]
         why = ("a GradScaler was created with enabled=False" if disabled else
+               f"no GradScaler scaled the loss in them (one did in {len(scaled)} other checked step(s), "
+               f"from step {scaled[0]})" if scaled else
                "a GradScaler was created but never scaled the loss" if scalers else "no GradScaler was created")
         locs = [x for x in (location(fp16[s].get("where")) for s in sorted(used)) if x]
         locs += [x for x in (location(s.get("where")) for s in disabled) if x]

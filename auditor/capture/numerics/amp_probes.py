@@ -61,7 +61,15 @@ def install_amp_probes(col: Collector) -> None:
             col.event("autocast", where, site=sid, dtype=str(dtype).replace("torch.", ""),
                       device=str(getattr(self, "device", "")), enabled=bool(getattr(self, "_enabled", True)))
         if col.in_step and getattr(self, "_enabled", True):
-            col.autocast_used[sid] = col.autocast_used.get(sid, 0) + 1
+            if col.opt_steps:  # entered after the step's update: the next iteration's region (its
+                # forward is what ends this step), counted in that step if it is checked
+                step, used = col.autocast_next
+                if step != col.step + 1:
+                    used = {}
+                    col.autocast_next = (col.step + 1, used)
+                used[sid] = used.get(sid, 0) + 1
+            else:
+                col.autocast_used[sid] = col.autocast_used.get(sid, 0) + 1
 
     def make_enter(orig):
         def probe(self, *args, **kwargs):

@@ -134,6 +134,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.window: frozenset[int] = frozenset()  # the profiler's steps: never checked (see schedule)
         self.dense = DENSE_STEPS  # the dense start's end (schedule.dense_steps; set with the window)
         self.alarmed = False  # a non-finite value was seen: every later step is checked
+        self.autocast_next: tuple[int, dict[int, int]] = (-1, {})  # (step, autocast site -> entries) carried to it
         self.spacing = Spacing()  # the checks' measured cost, and how far apart it puts them
         self.step_checked = True  # whether the running step is checked (see schedule)
         self.stepping = False  # a step runs, checked or not (its events are the step's)
@@ -209,6 +210,8 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         if not self.fresh:
             self._reset_step()
         self.fresh = False
+        if self.autocast_next[0] == index:  # (regions entered after the last step's update: see amp_probes)
+            self.autocast_used.update(self.autocast_next[1])
         self.in_step = True
         self.paused = 0
         self.mode_popped = 0

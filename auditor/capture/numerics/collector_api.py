@@ -33,6 +33,7 @@ class Collector(Protocol):
     scaled_ids: set[int]
     autocast_sites: dict[tuple, int]
     autocast_used: dict[int, int]
+    autocast_next: tuple[int, dict[int, int]]
     scaler_updates: list[tuple[int, int | None, int]]
     scale_calls: int
     # optimizers and schedulers
