@@ -397,7 +397,7 @@ class Profiler:
             return []
         return [i for i in self.window() if self.profiled(i)]
 
-    def _bound(self, what: str = "") -> None:
+    def _bound(self, what: str = "", tensors: Any = None) -> None:
         """End the calibration early, or the window, where going on could pass its bounds
         (window_memory): called on the program's own thread, at each backward pass's start and
         each step's end (`what` STEP_END). A window predicted by a calibrated whole step reads its

@@ -28,7 +28,11 @@ A step is one iteration of the training loop, as a person counts it:
   telling updates apart, see StepFinder._updated). Where they did not change, the forward is a
   gradient-accumulation micro-batch of the open step (an optimizer may step after several). Once
   UPDATES_TO_TRUST updates have been seen and no micro-batch, every forward after a backward
-  pass closes its step, unchecked; a DataLoader's fetch then begins it;
+  pass closes its step, unchecked; a DataLoader's fetch then begins it. A program of plain
+  tensors, with no module forward to read (pytorch/tutorials' polynomial_autograd: `a -= lr *
+  a.grad` under no_grad), is read at its backward passes instead: one whose leaves (those the
+  pass before it reached) changed since that pass closes the step and begins the next; one whose
+  leaves did not (a second loss, a micro-batch) stays in it;
 - where no optimizer steps, the first DataLoader fetched marks steps: each of its fetches in a
   step without a backward pass closes the step and begins the next, once the step has done
   something besides fetching (a wrapper that fetches one batch ahead, as accelerate's loader in
@@ -88,6 +92,13 @@ REPEATS_TO_SPLIT = 16
 # StepFinder._updated): past this many, with no micro-batch between them, the program's every
 # forward after a backward pass is an iteration's start.
 UPDATES_TO_TRUST = 3
+
+# Backward passes whose leaves are compared with the pass before them, without an update found,
+# before the finder stops comparing (a program that trains no leaves it reaches), and the graph
+# nodes one walk reads at most (a program of plain tensors has a small graph; a model's is read at
+# its forward instead)
+LEAF_CHECKS = 50
+LEAF_NODES = 20_000
 
 # Names in a program's code that make or step an optimizer: torch.optim and its optimizers, those
 # of other libraries (bitsandbytes.optim, timm's create_optimizer), GradScaler, and the frameworks
@@ -167,6 +178,9 @@ class StepFinder:
         self.tail_limit: int | None = None  # the tail the previous step held (None: no step closed yet)
         self.in_tail_outside = False  # a tail past its limit closed the step: no-grad forwards begin none
         self.fingerprint: tuple | None = None  # the open step's first forward's module and weights (_fingerprint)
+        self.leaves: tuple | None = None  # the leaves the open step's last backward pass reached (_leaf_fingerprint)
+        self.leaf_checks = 0  # backward passes compared with the last since an update was seen
+        self.by_leaves = False  # an update was found at a backward pass, by its leaves (_leaves_updated)
         self.updates_seen = 0  # weight updates outside torch.optim seen (forwards after a backward that found them changed)
         self.micro_seen = False  # a forward after a backward found the weights unchanged: a micro-batch
         self.optimizer_begun = False  # an optimizer step has begun (_optimizer_begins)
@@ -258,9 +272,16 @@ class StepFinder:
             return batch
         return __next__
 
-    def on_backward(self, what: str) -> None:
+    def on_backward(self, what: str, tensors: Any = None) -> None:
         """A backward pass of the user's code begins (autograd.grad, no pass of the step, aside)."""
         if what != "torch.autograd.grad" and self._live() and not self.rec.in_data:
+            if self._leaves_watched():
+                if (self.iteration is not None and self.backward_in_step and not self.pending
+                        and self._leaves_updated()):
+                    self.mode = "update"
+                    self.pending = True  # (on_pass closes the step here and begins the next)
+                if not self._trusting_updates():
+                    self.leaves = self._leaf_fingerprint(tensors)
             self.on_pass()
             self.backward_in_step = True
             self.backward_since_update = True
@@ -369,6 +390,75 @@ class StepFinder:
             self.micro_seen = True
             self.fingerprint = before  # (the step's micro-batches compare with its first forward)
         return changed
+
+    def _leaves_watched(self) -> bool:
+        """Whether backward passes may mark this program's steps by the leaves they reach: weight
+        updates may mark them (_watching_updates) and no module forward has been read in the open
+        step (a program of plain tensors, pytorch/tutorials' polynomial_autograd: `a -= lr *
+        a.grad` under no_grad; a forward through a module is read at the forward instead)."""
+        return self.fingerprint is None and self.leaf_checks < LEAF_CHECKS and self._watching_updates()
+
+    def _leaves_updated(self) -> bool:
+        """A backward pass follows one in the open step: did the leaves the last one reached
+        change since it began (an update), or not (a micro-batch, a second loss)?"""
+        if self._trusting_updates():
+            return True
+        before, self.leaves = self.leaves, None
+        if not before:
+            return False
+        self.leaf_checks += 1
+        alive = [(ref(), v) for ref, v in before[0]]
+        if any(t is not None and t._version != v for t, v in alive):
+            changed = True
+        else:
+            now = self._norms([t for t, _ in alive if t is not None])
+            changed = before[1] is not None and now is not None and not torch.equal(before[1], now)
+        if changed:
+            self.updates_seen += 1
+            self.leaf_checks = 0
+            self.by_leaves = True
+        else:
+            self.micro_seen = True  # (so every later pass is compared: none is trusted to be a step's)
+        return changed
+
+    def _leaf_fingerprint(self, tensors: Any) -> tuple | None:
+        """(weak references to the leaves requiring grad a backward pass from `tensors` reaches,
+        with their version counters; their norms), None where there are none or the graph is
+        larger than LEAF_NODES."""
+        roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()) if isinstance(
+            tensors, (list, tuple)) else []
+        stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        seen: set = set()
+        leaves = []
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if len(seen) > LEAF_NODES:
+                return None
+            v = getattr(node, "variable", None)  # (an AccumulateGrad node: its leaf)
+            if isinstance(v, torch.Tensor):
+                leaves.append(v)
+            else:
+                stack.extend(f for f, _ in node.next_functions)
+        if not leaves:
+            return None
+        try:
+            refs = [(weakref.ref(t), t._version) for t in leaves]
+        except TypeError:
+            return None
+        return refs, self._norms(leaves)
+
+    @staticmethod
+    def _norms(tensors: list) -> Any:
+        try:
+            with no_torch_function(), torch.no_grad():
+                ts = [t.detach() for t in tensors if type(t) is torch.Tensor or type(t) is torch.nn.Parameter]
+                ts = [t for t in ts if t.numel() and t.dtype.is_floating_point and t.layout == torch.strided]
+                return torch.stack([n.float() for n in torch._foreach_norm(ts)]) if ts else None
+        except Exception:  # (a leaf no norm takes: the counters alone tell)
+            return None
 
     @staticmethod
     def _fingerprint(module: Any) -> tuple | None:
@@ -593,6 +683,9 @@ class StepFinder:
             return "dataloader", "DataLoader iterations (no optimizer stepped)"
         if self.mode == "marker":
             return "marker", "auditor.step() markers"
+        if self.mode == "update" and self.by_leaves:
+            return "update", ("weight updates outside torch.optim (the tensors a backward pass reached changed "
+                              "before the next backward pass), 1 per iteration")
         if self.mode == "update":
             return "update", ("weight updates outside torch.optim (the weights changed between a backward pass "
                               "and the next forward), 1 per iteration")

@@ -15,7 +15,12 @@ counts averaged over it (conv2d x5.75/step for 6).
 An optimizer the program lets go of (pytorch/tutorials' optimizer_step_in_backward: `del
 optimizer`, then an Adam per parameter stepped in post-accumulate-grad hooks; a stage's optimizer
 rebound to the next stage's): a step waited for it to step again, so every later iteration was one
-step (the tutorial's last 3 iterations: one step of 96 updates, "8.8 per iteration")."""
+step (the tutorial's last 3 iterations: one step of 96 updates, "8.8 per iteration").
+
+A program of plain tensors updated by hand (pytorch/tutorials' polynomial_autograd: `a -= lr *
+a.grad` under no_grad, no module, no optimizer): nothing marked its iterations, and its 2,000 were
+one step. A backward pass whose leaves changed since the one before it now begins a step; one
+whose leaves did not (a second loss, a micro-batch) stays in the open step."""
 from __future__ import annotations
 
 import pytest
@@ -180,6 +185,23 @@ for epoch in range(2):
         opt.step()
 '''
 
+POLY = '''import math
+import torch
+
+x = torch.linspace(-math.pi, math.pi, 200)
+y = torch.sin(x)
+a, b, c, d = (torch.randn((), requires_grad=True) for _ in range(4))
+for t in range(ITERATIONS):
+    for _ in range(MICRO):
+        loss = (a + b * x + c * x ** 2 + d * x ** 3 - y).pow(2).sum()
+        loss.backward()
+    with torch.no_grad():
+        for p in (a, b, c, d):
+            UPDATE
+            p.grad = None
+print(a.item(), b.item())
+'''
+
 
 def run(tmp_path, source: str):
     """`audit run` of the program `source` to its end (each has fewer than 200 steps)."""
@@ -265,3 +287,17 @@ def test_a_stage_whose_optimizer_is_rebound_is_stepped_by_the_new_one(tmp_path):
     found = a.evidence["program"]["steps_found"]
     assert found.startswith("optimizer steps (SGD, Adam), 1 per iteration") or found.startswith(
         "optimizer steps (Adam, SGD), 1 per iteration"), found
+
+
+@pytest.mark.parametrize("micro,update", [(1, "p -= 1e-6 * p.grad"), (2, "p -= 1e-6 * p.grad"),
+                                          (1, "p.data -= 1e-6 * p.grad")])
+def test_plain_tensors_updated_by_hand_are_stepped_at_their_backward_passes(tmp_path, micro, update):
+    """30 iterations: one step each, with its MICRO backward passes (a micro-batch's leaves are
+    unchanged: it stays in the step); an update through `.data` moves no version counter, and is
+    read by the leaves' norms."""
+    a = run(tmp_path, POLY.replace("ITERATIONS", "30").replace("MICRO", str(micro)).replace("UPDATE", update))
+    steps = a.evidence["steps"]
+    assert [count(s, "backward") for s in steps] == [micro] * 30
+    assert a.evidence["program"]["steps_found"] == (
+        "weight updates outside torch.optim (the tensors a backward pass reached changed before the next "
+        "backward pass), 1 per iteration")

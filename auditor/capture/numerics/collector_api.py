@@ -15,6 +15,7 @@ from auditor.capture.numerics.values import Values
 class Collector(Protocol):
     # the state of the run and of its step
     mode: TorchFunctionMode  # the checks' torch-function mode (mode._Mode)
+    step: int  # the running step's index (-1: setup)
     in_step: bool
     checking: bool
     paused: int  # > 0 inside optimizer steps and the collector's own hooks
@@ -33,7 +34,8 @@ class Collector(Protocol):
     scaled_ids: set[int]
     autocast_sites: dict[tuple, int]
     autocast_used: dict[int, int]
-    autocast_next: tuple[int, dict[int, int]]
+    autocast_next: tuple[int, dict[int, int]]  # (step, autocast site -> entries) carried to that step
+    opt_steps: list[dict]  # the step's optimizer steps so far
     scaler_updates: list[tuple[int, int | None, int]]
     scale_calls: int
     # optimizers and schedulers

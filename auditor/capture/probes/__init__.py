@@ -628,7 +628,7 @@ def _backward_probe(what: str, tensors_of: Callable[..., Any]):
                 if f is not None:
                     settle_traced_steps()  # (before this backward pass changes their gradients)
                     for start in _BACKWARD_STARTS:
-                        start(what)
+                        start(what, tensors_of(*args, **kwargs))
                     for read in _BACKWARD_READERS:
                         read(args, kwargs)
                     where = user_frame(f)
@@ -662,9 +662,10 @@ def read_backward_calls(reader: Callable[[tuple, dict], None]) -> None:
 _BACKWARD_STARTS: list[Callable[[str], None]] = []
 
 
-def on_backward_start(reader: Callable[[str], None]) -> Callable[[], None]:
-    """Have `reader(what)` called as each backward pass the user's code starts outside compiled
-    code begins ("Tensor.backward", "torch.autograd.backward", "torch.autograd.grad"), before the
+def on_backward_start(reader: Callable[[str, Any], None]) -> Callable[[], None]:
+    """Have `reader(what, tensors)` called as each backward pass the user's code starts outside compiled
+    code begins ("Tensor.backward", "torch.autograd.backward", "torch.autograd.grad"; `tensors`: what
+    it differentiates, a tensor or a sequence of them, as passed), before the
     probe times it: a step boundary crossed there puts the pass in the new step. (A wrapper of
     its own around backward would be the probe's caller, which the probe takes for torch's or
     the auditor's own call, and leaves untallied.) Returns the undo."""
