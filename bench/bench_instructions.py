@@ -164,7 +164,7 @@ def main() -> None:
                 (p1, pl), (a1, al) = misses(plain_ev), misses(ev)
                 print(f"                   {a1 / n / 1e3:8.1f} k first-level ({a1 / p1:.3f}x plain), "
                       f"{al / n / 1e3:8.1f} k last-level misses/iteration ({al / pl:.3f}x plain)", flush=True)
-    print(f"\n{describe(args.program, args.width, args.layers)}, AdamW, 1 thread; instructions (all threads "
+    print(f"\n{describe(args.program, args.width, args.layers)}, 1 thread; instructions (all threads "
           f"of the program's process) over iterations {args.first}-{args.last - 1} of {args.steps}, callgrind")
 
 

@@ -7,8 +7,9 @@
 
 The program is by default the issue's CPU proxy of a host-bound step: 40 tiny Linear+LayerNorm+GELU
 layers, a batch of 16, AdamW, one thread (`OMP_NUM_THREADS=1`); `--program cell-loop` (a GRUCell
-called 32 times a step) and `causal-lm` (a nanoGPT-style causal Transformer in bf16, whose attention
-makes -inf on every step) are the others (bench/steady_programs.py). `--device cuda` runs it on the
+called 32 times a step), `causal-lm` (a nanoGPT-style causal Transformer in bf16, whose attention
+makes -inf on every step) and `tiny-calls` (900 tiny calls a step on one 8-element tensor, SGD: a
+checked step costs ~3 steps, so the checks' spacing shows) are the others (bench/steady_programs.py). `--device cuda` runs it on the
 GPU, a host-bound GPU step, each iteration's clock read synchronised with the device. It is a plain
 script that times each of its own iterations (the interval between one iteration's start and the
 next's: everything the audit adds at a step boundary, the graph scans and step records included). Each round runs it plain, then
@@ -378,7 +379,7 @@ def main() -> None:
                     print("    inside the audited process, over its own median unmarked step: " + ", ".join(
                         f"{k} {v:+.2f}%" for k, v in insides[-1].items()), flush=True)
     load = os.getloadavg()
-    print(f"\n{describe(args.program, args.width, args.layers)}, AdamW, {args.device}, 1 thread; mean ms/step over "
+    print(f"\n{describe(args.program, args.width, args.layers)}, {args.device}, 1 thread; mean ms/step over "
           f"iterations {args.first}-{args.last - 1} of {args.steps}; {args.rounds} round(s); load average now "
           f"{load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
     if splits:

@@ -61,6 +61,19 @@ def model(x):
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         return net(x).float()
 """, 512, 6),
+    # a step of many tiny calls on one small tensor (layers x (mul, add, tanh)): each checked call
+    # costs several times its own time, so a checked step costs steps (numerics/schedule.Spacing)
+    "tiny-calls": ("""\
+w = nn.Parameter(torch.randn({width}, device=DEVICE))
+opt = torch.optim.SGD([w], lr=1e-3)
+x = torch.randn({width}, device=DEVICE)
+
+
+def model(x):
+    for _ in range({layers}):
+        x = torch.tanh(x * w + 0.01)
+    return x
+""", 8, 300),
 }
 
 
@@ -71,10 +84,11 @@ def setup(program: str, width: int | None, layers: int | None, device: str) -> s
 
 
 def describe(program: str, width: int | None, layers: int | None) -> str:
-    """One line naming the program as `setup` builds it."""
+    """One line naming the program as `setup` builds it, and its optimizer."""
     _, w, n = SETUP[program]
     width, layers = width or w, layers or n
-    return {"proxy": f"{layers} x (Linear({width}) + LayerNorm + GELU), batch 16",
-            "cell-loop": f"GRUCell({width}) x 32 calls + Linear head, batch 8",
-            "causal-lm": f"{layers}-layer causal Transformer d{width}, B16 x T256, bf16 autocast, masked_fill(-inf)"}[program]
+    return {"proxy": f"{layers} x (Linear({width}) + LayerNorm + GELU), batch 16, AdamW",
+            "cell-loop": f"GRUCell({width}) x 32 calls + Linear head, batch 8, AdamW",
+            "causal-lm": f"{layers}-layer causal Transformer d{width}, B16 x T256, bf16 autocast, masked_fill(-inf), AdamW",
+            "tiny-calls": f"{layers} x (mul, add, tanh) of a {width}-element tensor, SGD"}[program]
 
