@@ -75,6 +75,7 @@ from torch.nn.modules import module as nn_module
 
 import auditor
 from auditor.capture import probes, wire
+from auditor.capture.probes.workers import GONE_LOADERS
 from auditor.capture.session import StepSession
 from auditor.capture.unseen import no_torch_function
 from auditor.evidence import model as m
@@ -301,6 +302,7 @@ class StepFinder:
     def before_fetch(self, loader: int) -> bool:
         """A DataLoader fetch is about to run: cross a boundary if it is one. True when a step
         begins if the fetch returns a batch."""
+        self._forget_gone_loaders()
         if self.first_loader is None:
             self.first_loader = loader
         self.last_loader = loader
@@ -333,6 +335,20 @@ class StepFinder:
             self._flush_outside()
             return True
         return False
+
+    def _forget_gone_loaders(self) -> None:
+        """The loaders the program has let go of (freed: `train_dl = DataLoader(...)` rebound to the
+        next stage's) mark no more steps: the next one fetched before an optimizer step takes over."""
+        gone = GONE_LOADERS
+        if not gone:
+            return
+        if self.train_loader in gone:
+            self.train_loader = None
+        if self.first_loader in gone:
+            self.first_loader = None
+        if self.last_loader in gone:
+            self.last_loader = None
+        self.not_training -= gone
 
     def _worked(self) -> bool:
         """Whether the open step has done anything the probes saw besides fetching batches."""
@@ -523,6 +539,12 @@ class StepFinder:
     def on_optimizer_step(self, opt: Any) -> None:
         if not self._live():
             return
+        self._forget_gone_loaders()
+        if (self.iteration is None and self.train_loader is not None and self.last_loader is not None
+                and self.last_loader != self.train_loader and self.last_loader not in self.not_training):
+            # the loader fetched since the last step closed is the one the loop trains on now (a
+            # stage's new DataLoader, the old one kept): its fetches begin the steps from here
+            self.train_loader = self.last_loader
         if self.iteration is None:  # (an optimizer step with no step open: it is one)
             if self.setup_passes:  # (a loop that never fetches: the passes taken for setup were its first iteration's)
                 self.setup_passes = False
@@ -555,7 +577,7 @@ class StepFinder:
         the next's) steps no more: it leaves the optimizers a step waits for, and its id, which a
         new object may take, with it."""
         try:
-            weakref.finalize(opt, self.known_opts.discard, id(opt))
+            weakref.finalize(opt, self.known_opts.discard, id(opt)).atexit = False
         except TypeError:  # (an object without weak references: kept, as before)
             pass
 

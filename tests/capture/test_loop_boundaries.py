@@ -202,6 +202,28 @@ for t in range(ITERATIONS):
 print(a.item(), b.item())
 '''
 
+NEW_LOADER = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(48, 8), torch.randn(48, 1))
+valid_dl = DataLoader(TensorDataset(torch.randn(16, 8), torch.randn(16, 1)), batch_size=8)
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+train_dl = DataLoader(ds, batch_size=8)
+for epoch in range(2):
+    if epoch == 1:
+        NEXT_LOADER
+    for x, y in train_dl:
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        valid = sum((model(x) - y).pow(2).mean() for x, y in valid_dl)
+'''
+
 
 def run(tmp_path, source: str):
     """`audit run` of the program `source` to its end (each has fewer than 200 steps)."""
@@ -301,3 +323,19 @@ def test_plain_tensors_updated_by_hand_are_stepped_at_their_backward_passes(tmp_
     assert a.evidence["program"]["steps_found"] == (
         "weight updates outside torch.optim (the tensors a backward pass reached changed before the next "
         "backward pass), 1 per iteration")
+
+
+@pytest.mark.parametrize("next_loader", ["train_dl = DataLoader(ds, batch_size=8, shuffle=True)",
+                                         "first_dl, train_dl = train_dl, DataLoader(ds, batch_size=8, shuffle=True)"])
+def test_a_new_training_loader_marks_the_steps(tmp_path, next_loader):
+    """The first epoch's loader rebound to a new one (freed): 12 steps of one batch each, forward,
+    backward and update in each; the evaluation's forwards are outside the steps. Kept alive under
+    another name, the new loader is known for the training one at its first optimizer step: that
+    step begins after it (its batch's work ran outside the steps), the next ones are whole."""
+    a = run(tmp_path, NEW_LOADER.replace("NEXT_LOADER", next_loader))
+    steps = a.evidence["steps"]
+    whole = [1] * 12 if next_loader.startswith("train_dl =") else [1] * 6 + [0] + [1] * 5
+    assert [count(s, "optimizer") for s in steps] == whole
+    assert [count(s, "backward") for s in steps] == whole
+    assert [count(s, "forward") for s in steps] == whole
+    assert [len(d["where"] and [1] or []) for d in a.evidence["dataloaders"]] == [1, 1, 1]  # (each loader made, recorded)

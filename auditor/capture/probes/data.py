@@ -16,8 +16,8 @@ from torch.utils.data import get_worker_info
 
 from auditor.capture import own_time
 from auditor.capture.frames import is_library, is_torch_internal, library_via, user_frame
-from auditor.capture.probes.workers import (FORKING, STARTING, add_batch, process_started, worker_slot,
-                                           worker_totals, workers_since)
+from auditor.capture.probes.workers import (FORKING, STARTING, add_batch, loader_key, process_started,
+                                           worker_slot, worker_totals, workers_since)
 from auditor.evidence import model as m
 
 perf = time.perf_counter
@@ -69,7 +69,7 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
         def probe(self, *args, **kwargs):
             orig(self, *args, **kwargs)
             rec = REC
-            if rec.active and not any(d["id"] == id(self) for d in rec.dataloaders):
+            if rec.active and not any(d["id"] == loader_key(self) for d in rec.dataloaders):
                 settings = {k: getattr(self, k, None) for k in DATALOADER_SETTINGS}
                 settings["dataset"] = type(self.dataset).__name__
                 settings["default_collate"] = self.collate_fn is dl.default_collate
@@ -81,13 +81,13 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                 except TypeError:
                     pass
                 where = user_frame(sys._getframe(1))
-                rec.dataloaders.append({"id": id(self), "where": where, "settings": settings, "sent": False,
+                rec.dataloaders.append({"id": loader_key(self), "where": where, "settings": settings, "sent": False,
                                         "via": library_via(sys._getframe(1)), "passed": _passed(orig, self, args, kwargs)})
         return probe
 
     def make_iter_init(orig):
         def probe(self, loader, *args, **kwargs):
-            self._audit_loader_id = id(loader)
+            self._audit_loader_id = loader_key(loader)
             return orig(self, loader, *args, **kwargs)
         return probe
 
@@ -144,7 +144,7 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
     # (`next(iter(loader))`) that is paid every step
     make_loader_iter = timed_in_data(
         m.DATA_ITER, "DataLoader.__iter__",
-        lambda loader: {"loader": id(loader), "workers": getattr(loader, "num_workers", 0) or 0}, outermost_only=True)
+        lambda loader: {"loader": loader_key(loader), "workers": getattr(loader, "num_workers", 0) or 0}, outermost_only=True)
 
     def make_shutdown(orig):
         # an iterator dropped before its end joins its workers (in __del__, at the user's line that

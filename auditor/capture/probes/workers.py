@@ -11,7 +11,9 @@ program's torch calls.
 """
 from __future__ import annotations
 
+import itertools
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -27,7 +29,26 @@ CELLS = 3  # a worker's: batches made, CPU seconds on its thread making them, se
 FORKING = [-1]  # the slot whose workers are being started (as a forked worker finds it)
 STARTING = [0]  # > 0 while a DataLoader iterator starts its workers (not the program's own processes)
 _SHARED: list[Any] = []  # the shared cells (a memoryview of doubles), made at the first loader with workers
-_SLOT_OF: dict[int, int] = {}  # id(loader) -> its slot
+_SLOT_OF: dict[int, int] = {}  # loader_key(loader) -> its slot
+_KEYS = itertools.count(1)
+GONE_LOADERS: set[int] = set()  # the keys of loaders the program has let go of (freed)
+
+
+def loader_key(loader: Any) -> int:
+    """A key for `loader` that no other loader of the run has (an id is reused once its object is
+    freed: a loader rebound to a new one, `train_dl = DataLoader(...)` again, may take the old one's),
+    added to GONE_LOADERS when the loader is freed."""
+    d = getattr(loader, "__dict__", None)
+    if d is None:
+        return id(loader)
+    key = d.get("_audit_key")
+    if key is None:
+        key = d["_audit_key"] = next(_KEYS)
+        try:
+            weakref.finalize(loader, GONE_LOADERS.add, key).atexit = False
+        except TypeError:  # (no weak references to it: never taken for gone)
+            pass
+    return key
 
 
 def cells() -> Any:
@@ -41,9 +62,9 @@ def cells() -> Any:
 
 def worker_slot(loader: Any) -> int:
     """The loader's slot (-1 past WORKER_SLOTS loaders: not timed)."""
-    slot = _SLOT_OF.get(id(loader))
+    slot = _SLOT_OF.get(loader_key(loader))
     if slot is None:
-        slot = _SLOT_OF[id(loader)] = len(_SLOT_OF) if len(_SLOT_OF) < WORKER_SLOTS else -1
+        slot = _SLOT_OF[loader_key(loader)] = len(_SLOT_OF) if len(_SLOT_OF) < WORKER_SLOTS else -1
         cells()
     return slot
 

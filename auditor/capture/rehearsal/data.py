@@ -32,6 +32,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_batch
 from auditor.capture import own_time, probes
 from auditor.capture.rehearsal import clock
 from auditor.capture.rehearsal.call_sites import call_site
+from auditor.capture.probes.workers import loader_key
 from auditor.capture.rehearsal.device import CUDA_MARK, LOADER_MARK, PINNED_MARK
 from auditor.evidence import model as m
 
@@ -61,7 +62,7 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
 def _make_iter_init(orig: Callable) -> Callable:
     def rehearsal_iter_init(self: Any, loader: Any, *args: Any, **kwargs: Any) -> Any:
         self._auditor_pin = bool(getattr(loader, "pin_memory", False))
-        self._auditor_loader_id = id(loader)
+        self._auditor_loader_id = loader_key(loader)  # (the key the probes record the loader under)
         return orig(self, loader, *args, **kwargs)
     return rehearsal_iter_init
 

@@ -1,0 +1,64 @@
+"""step-slowdown judges the loop a run ends in (pytorch/tutorials' nn_tutorial trains a logistic
+regression, then CNNs, each in a loop of its own: its CPU step time rose from 0.5 to 4.9 ms across
+them, and the rule reported a x11 slowdown "at" the CNN's backward). A rise across loops of other
+work is no slowdown; a rise within the last loop still is."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import ONE_THREAD, audit
+
+pytestmark = pytest.mark.slow
+
+FIRST, SECOND = 60, 60
+TWO_LOOPS = f'''import torch
+from torch import nn
+
+torch.manual_seed(0)
+small = nn.Linear(16, 1)
+opt = torch.optim.SGD(small.parameters(), lr=0.01)
+for i in range({FIRST}):
+    loss = small(torch.randn(8, 16)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+big = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256))
+opt = torch.optim.SGD(big.parameters(), lr=0.01)
+seen = torch.empty(0, 256)
+for i in range({SECOND}):
+    x = torch.randn(128, 256)
+    loss = big(x).pow(2).mean()  # LOOP LINE
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    GROWING
+'''
+GROW = '''seen = torch.cat([seen, x])
+    with torch.no_grad():
+        big(seen).mean()  # GROW LINE: every sample seen so far, again'''
+
+
+def run(tmp_path, growing: bool):
+    (tmp_path / "loops.py").write_text(TWO_LOOPS.replace("GROWING", GROW if growing else "pass"))
+    a = audit("run", str(tmp_path / "loops.py"), "--steps", "200", "--to-end", "--quiet",
+              out=tmp_path / "out", env=ONE_THREAD)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert len(a.evidence["steps"]) == FIRST + SECOND
+    return a
+
+
+def test_a_rise_across_two_loops_of_other_work_is_no_slowdown(tmp_path):
+    a = run(tmp_path, growing=False)
+    steps = [s for s in a.evidence["steps"] if not s["profiled"] and s["index"] >= 2]
+    first = sorted(s["cpu_ms"] for s in steps[:len(steps) // 4])
+    last = sorted(s["cpu_ms"] for s in steps[-len(steps) // 4:])
+    assert last[len(last) // 2] > 1.5 * first[len(first) // 2]  # (the second loop's steps are slower)
+    assert a.rule("step-slowdown") == []
+
+
+def test_a_rise_within_the_last_loop_is_judged_there(tmp_path):
+    a = run(tmp_path, growing=True)
+    [f] = a.rule("step-slowdown")
+    assert f["evidence"]["loops_before"] == 1 and f["evidence"]["first_step_judged"] == FIRST
+    assert f"(those of the last of its 2 training loops, from step {FIRST})" in f["message"], f["message"]
