@@ -169,7 +169,7 @@ class StepFinder:
         self.known_opts: set[int] = set()  # every optimizer seen stepping
         self.opt_names: dict[str, int] = {}  # optimizer class -> its steps in audited steps
         self.opt_calls = 0  # optimizer steps in audited steps
-        self.opts_range: tuple[int, int] | None = None  # the fewest and most optimizers stepped in one audited step
+        self.opts_per_step: dict[int, int] = {}  # optimizers stepped in one audited step -> steps that stepped so many
         self.backward_in_step = False
         self.backward_since_update = False  # a backward pass ran since the last optimizer step
         self.repeats = 0  # updates in the open step of an optimizer that had already stepped in it
@@ -632,7 +632,7 @@ class StepFinder:
                 self.session.end(it - self.skip)
                 self.recorded += 1
                 n = len(self.opts_in_step)
-                self.opts_range = (min(self.opts_range[0], n), max(self.opts_range[1], n)) if self.opts_range else (n, n)
+                self.opts_per_step[n] = self.opts_per_step.get(n, 0) + 1
                 self.last_audited = it - self.skip
             else:
                 self.rec.drain()  # a skipped step: not recorded
@@ -694,13 +694,19 @@ class StepFinder:
         """(steps_by, the report's phrase) for how the steps were found."""
         if self.mode == "optimizer" or (self.mode is None and self.known_opts):
             names = ", ".join(sorted(self.opt_names, key=lambda n: -self.opt_names[n])) or "torch.optim"
+            stepped = sorted(n for n in self.opts_per_step if n)
             per = self.opt_calls / self.recorded if self.recorded else 0
             per_text = f"{per:.0f}" if abs(per - round(per)) < 0.05 else f"{per:.1f}"
-            low, high = self.opts_range or (0, 0)
-            if low != high:  # (a program that changes how it updates: one optimizer, then one per parameter)
-                per_text = f"{low}-{high}"
+            if stepped and (stepped[0] != stepped[-1] or self.opts_per_step.get(0)):
+                # (a program that changes how it updates: one optimizer, then one per parameter; by
+                # hand first, then with torch.optim)
+                per_text = f"{stepped[0]}" if stepped[0] == stepped[-1] else f"{stepped[0]}-{stepped[-1]}"
+            none = self.opts_per_step.get(0) if stepped else None
+            without = (f" (none in {none} of the {self.recorded} steps"
+                       + (", marked by weight updates outside torch.optim" if self.updates_seen else "") + ")"
+                       if none else "")
             loader = "; each begins at a fetch of the training DataLoader" if self.train_loader is not None else ""
-            return "optimizer", f"optimizer steps ({names}), {per_text} per iteration{loader}"
+            return "optimizer", f"optimizer steps ({names}), {per_text} per iteration{without}{loader}"
         if self.mode == "dataloader":
             return "dataloader", "DataLoader iterations (no optimizer stepped)"
         if self.mode == "marker":

@@ -224,6 +224,26 @@ for epoch in range(2):
         valid = sum((model(x) - y).pow(2).mean() for x, y in valid_dl)
 '''
 
+HAND_THEN_OPTIM = '''import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(8, 1)
+for i in range(5):  # by hand first (nn_tutorial's first stages)
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= p.grad * 0.01
+        model.zero_grad()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(5):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+'''
+
 
 def run(tmp_path, source: str):
     """`audit run` of the program `source` to its end (each has fewer than 200 steps)."""
@@ -339,3 +359,15 @@ def test_a_new_training_loader_marks_the_steps(tmp_path, next_loader):
     assert [count(s, "backward") for s in steps] == whole
     assert [count(s, "forward") for s in steps] == whole
     assert [len(d["where"] and [1] or []) for d in a.evidence["dataloaders"]] == [1, 1, 1]  # (each loader made, recorded)
+
+
+def test_updates_by_hand_then_by_an_optimizer(tmp_path):
+    """Five iterations updated by hand, five by SGD: ten steps, and the summary says how many had no
+    optimizer step, not '0-1' nor their mean."""
+    a = run(tmp_path, HAND_THEN_OPTIM)
+    steps = a.evidence["steps"]
+    assert [count(s, "optimizer") for s in steps] == [0] * 5 + [1] * 5
+    assert [count(s, "backward") for s in steps] == [1] * 10
+    assert a.evidence["program"]["steps_found"] == (
+        "optimizer steps (SGD), 1 per iteration (none in 5 of the 10 steps, marked by weight updates outside "
+        "torch.optim)")
