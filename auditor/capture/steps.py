@@ -13,7 +13,8 @@ A step is one iteration of the training loop, as a person counts it:
   outermost backward pass or module forward run with grad enabled. Forwards under no_grad after
   the optimizer step (gat's evaluation of train and validation accuracy each epoch, an LBFGS
   program's prediction) are the iteration's own work and stay in its step, up to as many as the
-  previous step's tail held (its first step's tail is unbounded): one more (a final test after
+  previous step's tail held (the first step's tail is unbounded, and so is a step that steps an
+  optimizer first seen after the first step: a new loop, whose tail is its own): one more (a final test after
   the loop, an evaluation every k steps) closes the step and begins none, and what runs until
   the next iteration is outside the steps ("between"). A fetch of another loader after an optimizer step
   (an eval loop) closes the step too and begins none: what runs until the next training fetch is
@@ -564,6 +565,8 @@ class StepFinder:
         if id(opt) not in self.known_opts:
             self.known_opts.add(id(opt))
             self._forget_when_gone(opt)
+            if self.begun > 1:  # (an optimizer new after the first step: a new loop, whose tail is its own)
+                self.tail_limit = None
         self.optimizer_begun = True  # (a compiled step runs no pre-hook)
         self._drop_begins_hook()  # (here, not in the hook: torch is iterating over its pre-hooks there)
         if self.train_loader is None and self.last_loader is not None and self.last_loader not in self.not_training:

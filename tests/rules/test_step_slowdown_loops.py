@@ -1,7 +1,10 @@
 """step-slowdown judges the loop a run ends in (pytorch/tutorials' nn_tutorial trains a logistic
 regression, then CNNs, each in a loop of its own: its CPU step time rose from 0.5 to 4.9 ms across
 them, and the rule reported a x11 slowdown "at" the CNN's backward). A rise across loops of other
-work is no slowdown; a rise within the last loop still is."""
+work is no slowdown; a rise within the last loop still is. (Its evaluation of every sample seen,
+run after the update, is the loop's own work: the step finder gives a loop with a new optimizer
+its own tail of such forwards, where it had held it to the first loop's none, and put it between
+the steps.)"""
 from __future__ import annotations
 
 import pytest
@@ -59,6 +62,9 @@ def test_a_rise_across_two_loops_of_other_work_is_no_slowdown(tmp_path):
 
 def test_a_rise_within_the_last_loop_is_judged_there(tmp_path):
     a = run(tmp_path, growing=True)
+    grow = next(n for n, text in enumerate(TWO_LOOPS.replace("GROWING", GROW).splitlines(), 1) if "GROW LINE" in text)
+    for s in a.evidence["steps"][FIRST:]:  # (the evaluation after the update is in the step)
+        assert grow in {t["where"]["line"] for t in s["tallies"] if t["kind"] == "forward"}, s["index"]
     [f] = a.rule("step-slowdown")
     assert f["evidence"]["loops_before"] == 1 and f["evidence"]["first_step_judged"] == FIRST
     assert f"(those of the last of its 2 training loops, from step {FIRST})" in f["message"], f["message"]
