@@ -442,8 +442,7 @@ class StepFinder:
         """(weak references to the leaves requiring grad a backward pass from `tensors` reaches,
         with their version counters; their norms), None where there are none or the graph is
         larger than LEAF_NODES."""
-        roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()) if isinstance(
-            tensors, (list, tuple)) else []
+        roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors) if isinstance(tensors, (list, tuple)) else []
         stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         seen: set = set()
         leaves = []
@@ -469,12 +468,17 @@ class StepFinder:
 
     @staticmethod
     def _norms(tensors: list) -> Any:
+        """The norms of `tensors` (their non-empty floating-point ones, stacked), which an update
+        through `.data` changes where it moves no version counter; None where one is a tensor
+        subclass (a DTensor's norm is a collective) or no norm takes one (sparse, meta): the
+        counters alone tell then."""
+        if any(type(t.data) is not torch.Tensor for t in tensors):
+            return None
         try:
             with no_torch_function(), torch.no_grad():
-                ts = [t.detach() for t in tensors if type(t) is torch.Tensor or type(t) is torch.nn.Parameter]
-                ts = [t for t in ts if t.numel() and t.dtype.is_floating_point and t.layout == torch.strided]
+                ts = [t.detach() for t in tensors if t.numel() and t.dtype.is_floating_point]
                 return torch.stack([n.float() for n in torch._foreach_norm(ts)]) if ts else None
-        except Exception:  # (a leaf no norm takes: the counters alone tell)
+        except Exception:
             return None
 
     @staticmethod
@@ -490,16 +494,7 @@ class StepFinder:
             return None
         if not params:
             return None
-        versions = tuple(p._version for p in params)
-        if any(type(p.data) is not torch.Tensor for p in params):  # (a DTensor's norm is a collective: counters only)
-            return ref, versions, None
-        try:
-            with no_torch_function(), torch.no_grad():
-                tensors = [p.detach() for p in params if p.numel() and p.dtype.is_floating_point]
-                norms = torch.stack([n.float() for n in torch._foreach_norm(tensors)]) if tensors else None
-        except Exception:  # (a parameter no norm takes: sparse, meta; the counters alone tell)
-            norms = None
-        return ref, versions, norms
+        return ref, tuple(p._version for p in params), StepFinder._norms(params)
 
     def on_pass(self, tail: bool = False) -> None:
         """An outermost forward or a backward pass, where no training DataLoader marks steps;

@@ -69,7 +69,8 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
         def probe(self, *args, **kwargs):
             orig(self, *args, **kwargs)
             rec = REC
-            if rec.active and not any(d["id"] == loader_key(self) for d in rec.dataloaders):
+            key = loader_key(self) if rec.active else None
+            if key is not None and not any(d["id"] == key for d in rec.dataloaders):
                 settings = {k: getattr(self, k, None) for k in DATALOADER_SETTINGS}
                 settings["dataset"] = type(self.dataset).__name__
                 settings["default_collate"] = self.collate_fn is dl.default_collate
@@ -81,7 +82,7 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                 except TypeError:
                     pass
                 where = user_frame(sys._getframe(1))
-                rec.dataloaders.append({"id": loader_key(self), "where": where, "settings": settings, "sent": False,
+                rec.dataloaders.append({"id": key, "where": where, "settings": settings, "sent": False,
                                         "via": library_via(sys._getframe(1)), "passed": _passed(orig, self, args, kwargs)})
         return probe
 

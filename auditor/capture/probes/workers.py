@@ -62,9 +62,10 @@ def cells() -> Any:
 
 def worker_slot(loader: Any) -> int:
     """The loader's slot (-1 past WORKER_SLOTS loaders: not timed)."""
-    slot = _SLOT_OF.get(loader_key(loader))
+    key = loader_key(loader)
+    slot = _SLOT_OF.get(key)
     if slot is None:
-        slot = _SLOT_OF[loader_key(loader)] = len(_SLOT_OF) if len(_SLOT_OF) < WORKER_SLOTS else -1
+        slot = _SLOT_OF[key] = len(_SLOT_OF) if len(_SLOT_OF) < WORKER_SLOTS else -1
         cells()
     return slot
 

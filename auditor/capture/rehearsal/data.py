@@ -30,9 +30,9 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_batch
 
 from auditor.capture import own_time, probes
+from auditor.capture.probes.workers import loader_key
 from auditor.capture.rehearsal import clock
 from auditor.capture.rehearsal.call_sites import call_site
-from auditor.capture.probes.workers import loader_key
 from auditor.capture.rehearsal.device import CUDA_MARK, LOADER_MARK, PINNED_MARK
 from auditor.evidence import model as m
 
