@@ -47,7 +47,7 @@ MIN_DENSE = 8  # checked steps the dense start keeps however many are to be time
 CHECKS_BUDGET = 0.02  # the checks' share of a long run's step time past the dense start, at most
 MAX_SPACING = 1024  # steps between two checks past the dense start, at most, whatever they cost
 TIMED_KEPT = 31  # unchecked steps' intervals the checks' cost is measured against (their median)
-COSTS_KEPT = 3  # checked steps' costs the spacing is set from (their median)
+COSTS_KEPT = 3  # checked steps' costs the spacing is set from (their median; of two, the lesser)
 
 
 def dense_steps(steps: int, window: frozenset[int] | set[int]) -> int:
@@ -109,7 +109,10 @@ class Spacing:
             return False
         base = statistics.median(self.timed)
         self.costs.append(max(0.0, interval - base) / base)
-        self.cost_steps = statistics.median(self.costs)
+        if len(self.costs) < 2:  # (one interval alone may be another process's load: two must agree)
+            return False
+        # the median of three, or the lesser of two: a load spike in one interval spaces no check
+        self.cost_steps = statistics.median(self.costs) if len(self.costs) >= 3 else min(self.costs)
         self.not_before = last[0] + spacing(self.cost_steps)
         return True
 
