@@ -162,8 +162,10 @@ def _via_name(code: CodeType) -> str:
             if marker in path:
                 path = path.rsplit(marker, 1)[1]
                 break
-        else:
-            path = path.rsplit("/", 1)[-1]
+        else:  # (a package on PYTHONPATH: its path below the sys.path entry it was imported from)
+            roots = [r.replace(os.sep, "/").rstrip("/") + "/" for r in sys.path if r]
+            inner = [path[len(r):] for r in roots if path.startswith(r)]
+            path = min(inner, key=len) if inner else path.rsplit("/", 1)[-1]
         n = _via_names[id(code)] = f"{path}:{getattr(code, 'co_qualname', code.co_name)}"
     return n
 

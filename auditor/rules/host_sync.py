@@ -206,6 +206,10 @@ class HostSync(Rule):
         with `.item()` every step unless the optimizer is fused, `ReduceLROnPlateau.step(loss)`
         reads a tensor metric with `float()`, and torch.utils.tensorboard's
         `SummaryWriter.add_scalar(tag, tensor)` fetches the tensor at each call.
+        A sync a library makes inside the user's call (transformers' causal-mask code reads a
+        model's position ids back to test for packed sequences, every forward) is counted at that
+        call, with the library function that made it (`inside`): no edit of the call is advised,
+        and where a trainer framework's setting makes it, that setting is the fix.
         On a recorded GPU trace: cudaStreamSynchronize / cudaDeviceSynchronize / synchronous DtoH
         copies attributed to the op that issued them, counted once per call of it (a `.cpu()`
         that copies to pageable memory, then syncs its stream, waited once). Only syncs inside a
@@ -292,8 +296,11 @@ class HostSync(Rule):
         sites = [{**s, "before_elapsed_time": timed[id(p)]} if id(p) in timed else s for s, p in zip(sites, places)]
         sites = [{**s, "clock_read_at": clocked[id(p)]} if id(p) in clocked else s for s, p in zip(sites, places)]
         returned = _returned(places)
+        inside = {id(p): made_inside(p) for p in places}
+        sites = [{**s, "inside": inside[id(p)]} if inside[id(p)] else s for s, p in zip(sites, places)]
         advice = sorted({ADVICE[EVENT_TIMING] if id(p) in timed else ADVICE[CLOCK_TIMING] if id(p) in clocked else
                          ADVICE[RETURNED] if id(p) in returned else
+                         _library_advice(p, inside[id(p)]) if inside[id(p)] and not framework_fix([p])[0] else
                          ADVICE.get(p.what, "fetch values from the device every N steps, not every step")
                          for p in places})
         confidence, confidence_text = {}, ""
@@ -322,6 +329,7 @@ class HostSync(Rule):
         yield self.finding(
             f"{prefix}{per_step(rate)} device->host syncs per step at {len(places)} place(s): "
             + "; ".join(f"{s['what']} x{per_step(s['count'] / n)}/step at {line_ref(s['file'], s['line'], sites[0]['file'])}"
+                        + (f" (inside {' and '.join(s['inside'])})" if s.get("inside") else "")
                         + (f" (before Event.elapsed_time at line {s['before_elapsed_time']})"
                            if s.get("before_elapsed_time") else "")
                         for s in sites[:5])
@@ -333,6 +341,22 @@ class HostSync(Rule):
             cost=cost,
             fix=fix,
         )
+
+
+def made_inside(p: Any) -> list[str]:
+    """The library functions that made a place's calls themselves ("file:qualname", each via's
+    innermost entry), when the user's line only called into a library (a model's forward in
+    transformers reads a mask back to test it); [] for calls the user's code made."""
+    return sorted({v.split(" < ", 1)[0] for v in p.vias})[:3]
+
+
+def _library_advice(p: Any, inside: list[str]) -> str:
+    """The advice for syncs a library makes inside the user's call, with no setting of it known to
+    skip them: the user's own remedies (log less, keep control flow on host values) do not apply."""
+    line = f" at line {p.where.line}" if p.where else ""
+    return (f"the {p.what}{line} is made inside {' and '.join(inside)}, library code the line calls: no edit of "
+            "the line removes it; an argument or setting of that library may skip it, or a version that keeps "
+            "the check off the device")
 
 
 PHASES = {"between": "between steps (an eval loop, a checkpoint save)", "after": "after the last audited step"}
@@ -356,12 +380,14 @@ def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
         yield rule.finding(
             f"{sum(p.count for p in places)} device->host syncs {phrase}, outside the steps, at {len(places)} "
             f"place(s): " + "; ".join(f"{p.what} x{p.count} at {line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
+                                     + (f" (inside {' and '.join(made_inside(p))})" if p.vias else "")
                                      for p in places[:5]),
             severity="info", locations=locations(places),
             evidence={"phase": phase, "evaluation": bool(evaluating) and len(evaluating) == len(places),
                       "sites": [{"what": p.what, "file": p.where.file if p.where else None,
                                  "line": p.where.line if p.where else None, "count": p.count,
-                                 "under_no_grad": bool(p.data.get("no_grad"))} for p in places]},
+                                 "under_no_grad": bool(p.data.get("no_grad")),
+                                 **({"inside": made_inside(p)} if p.vias else {})} for p in places]},
             cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
                       note=f"outside the steps ({phase}): not in the step time"),
             fix=Fix(summary="accumulate on the device and fetch once (`total += x.sum()`, one `.item()` at the end)"))

@@ -141,3 +141,10 @@ def test_a_library_installed_with_pip_target_on_pythonpath_is_not_the_users_code
     assert a.returncode == 0, a.stderr[-3000:]
     syncs = [t for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == "sync"]
     assert syncs and {(t["where"]["file"], t["where"]["line"]) for t in syncs} == {(str(prog), 12)}
+    # the finding names the library function that made the sync, and no remedy of the user's own
+    [f] = a.rule("host-sync")
+    assert "Tensor.item x1/step at line 12 (inside vlib/__init__.py:peek)" in f["message"], f["message"]
+    assert f["evidence"]["sites"][0]["inside"] == ["vlib/__init__.py:peek"]
+    assert f["fix"]["summary"].startswith("the Tensor.item at line 12 is made inside vlib/__init__.py:peek, library "
+                                          "code the line calls: no edit of the line removes it"), f["fix"]["summary"]
+    assert not f["fix"]["edits"]
