@@ -22,6 +22,15 @@ def _vs(ms: float, base: float, what: str, of: str) -> str:
             "during the run, so this cost is not measured")
 
 
+def _in(steps: list[int], span: list[int] | None) -> list[int]:
+    """The steps of `steps` in the loop `span` (first, last step), all of them without one."""
+    return [i for i in steps if span[0] <= i <= span[1]] if span else steps
+
+
+def _loop(span: list[int] | None, loops: int) -> str:
+    return f"in steps {span[0]}-{span[1]}, one of the program's {loops} training loops: " if span else ""
+
+
 def own_cost_phrase(evidence: Evidence) -> str | None:
     """'the audit's own cost, measured: ...', or None for a run with nothing to compare (a
     recording, one step)."""
@@ -29,10 +38,16 @@ def own_cost_phrase(evidence: Evidence) -> str | None:
     if not evidence.steps or (not c.checked_steps and not c.profiled_steps):
         return None
     parts = []
-    if c.checked_steps and c.timed_ms:
-        parts.append(f"{len(c.checked_steps)} step(s) with numerics checks {c.checked_ms:.2f} ms median "
-                     f"({_vs(c.checked_ms, c.timed_ms, 'the checked steps', f'the {len(c.timed_steps)} timed step(s)' + chr(39))}; "
-                     "the timed steps carry no checks, only the probes)")
+    checked, timed = _in(c.checked_steps, c.checks_compared_in), _in(c.timed_steps, c.checks_compared_in)
+    if c.checked_steps and c.timed_ms and c.checks_compared_in == []:
+        parts.append(f"{len(c.checked_steps)} step(s) with numerics checks {c.checked_ms:.2f} ms median (not compared "
+                     f"with the {len(c.timed_steps)} timed step(s)' {c.timed_ms:.2f} ms: none of the program's "
+                     f"{c.loops} training loops has steps of both)")
+    elif c.checked_steps and c.timed_ms:
+        parts.append(f"{len(checked)} step(s) with numerics checks {c.checked_ms:.2f} ms median "
+                     f"({_loop(c.checks_compared_in, c.loops)}"
+                     f"{_vs(c.checked_ms, c.timed_ms, 'the checked steps', f'the {len(timed)} timed step(s)' + chr(39))}"
+                     "; the timed steps carry no checks, only the probes)")
         if c.check_spacing:
             parts.append(f"a check cost {c.check_cost_steps:.2f} step(s), so they ran at least {c.check_spacing} "
                          f"steps apart past the first steps, to cost under {c.check_budget:.0%} of the run")
@@ -40,7 +55,8 @@ def own_cost_phrase(evidence: Evidence) -> str | None:
         parts.append(f"every unprofiled step carried numerics checks ({c.checked_ms:.2f} ms median; "
                      "no step without them to compare)")
     if c.profiled_steps and c.unprofiled_ms:
-        parts.append(f"{len(c.profiled_steps)} profiled step(s) {c.profiled_ms:.2f} ms median "
-                     f"({_vs(c.profiled_ms, c.unprofiled_ms, 'the profiled steps', 'the unprofiled steps' + chr(39))}; "
-                     "not in the median)")
+        parts.append(f"{len(_in(c.profiled_steps, c.profile_compared_in))} profiled step(s) {c.profiled_ms:.2f} ms median "
+                     f"({_loop(c.profile_compared_in, c.loops)}"
+                     f"{_vs(c.profiled_ms, c.unprofiled_ms, 'the profiled steps', 'the unprofiled steps' + chr(39))}"
+                     "; not in the median)")
     return "the audit's own cost, measured: " + "; ".join(parts) if parts else None

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from auditor.evidence.model import Evidence, WindowCut
+from auditor.evidence.loops import loops, medians
 from auditor.reports.allocator_view import lines as allocator_lines
 from auditor.reports.base import Reporter
 from auditor.reports.own_cost import own_cost_phrase
@@ -177,6 +178,7 @@ def program_phrase(evidence: Evidence) -> str:
     """How a whole program's steps were found and how it ended, as the reports say it."""
     p = evidence.program
     text = f"steps: {p.steps_found}"
+    text += loops_phrase(evidence)
     if p.skipped:
         text += f"; the first {p.skipped} run unaudited (--skip)"
     if p.ended_by_audit:
@@ -186,6 +188,22 @@ def program_phrase(evidence: Evidence) -> str:
     elif p.exit_code is not None:
         text += f"; the program exited with code {p.exit_code}"
     return text
+
+
+def loops_phrase(evidence: Evidence) -> str:
+    """Where the program trained in several loops (auditor.evidence.loops): which steps each ran
+    and its median, since the headline's median is over them all; else empty."""
+    parts = loops([s for s in evidence.steps if not s.failed])
+    if len(parts) < 2:
+        return ""
+    timed = medians(parts, evidence.median_basis())
+    unprofiled = medians(parts, [s for s in evidence.steps if not s.profiled])
+    shown = [f"{p[0].index}-{p[-1].index} ("
+             + (f"{ms:.2f} ms" if ms is not None else f"{other:.2f} ms, all with the audit's checks" if other is not None
+                else "profiled only") + ")"
+             for p, ms, other in zip(parts, timed, unprofiled)]
+    return (f"; in {len(parts)} training loops, each of other forward, backward or optimizer calls: steps "
+            f"{', '.join(shown)}, the headline's median over them all")
 
 
 def elsewhere_phrase(n: int) -> str:

@@ -6,6 +6,7 @@ from typing import Any, Iterable
 
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
+from auditor.evidence.loops import loops
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.rules._support.confidence import cpu_over_wall, trend_confidence
@@ -27,32 +28,13 @@ def rise_of(xs: list[float], ys: list[float]) -> float:
     return max(0.0, min(theil_sen(xs, ys) * (xs[-1] - xs[0]), shown))
 
 
-_LOOP_KINDS = frozenset((m.FORWARD, m.BACKWARD, m.OPTIMIZER))
-
-
-def _loop_key(step: m.StepRecord) -> frozenset:
-    """What a step ran, as its loop's code: its outermost modules' classes and the lines of its
-    forward, backward and optimizer calls."""
-    return frozenset((t.kind, t.what, t.where.file if t.where else None, t.where.line if t.where else None)
-                     for t in step.tallies if t.kind in _LOOP_KINDS)
-
-
 def last_loop(steps: list[m.StepRecord]) -> tuple[list[m.StepRecord], int]:
-    """The steps of the loop the run ended in, and how many loops ran before it: a program that
-    trains one model and then another (pytorch/tutorials' nn_tutorial: a logistic regression, then
-    CNNs, each in a loop of its own) has steps of different work, and a rise across them is no
-    slowdown. The last quarter's most common loop key (_loop_key), where the first quarter never
-    ran it, starts at its first step; steps of varying keys within one loop (an evaluation every
-    k steps) keep their first quarter's key in the last."""
-    if len(steps) < 8:
-        return steps, 0
-    keys = [_loop_key(s) for s in steps]
-    q = len(steps) // 4
-    last = max(set(keys[-q:]), key=keys[-q:].count)
-    if not last or last in set(keys[:q]):
-        return steps, 0
-    start = keys.index(last)
-    return steps[start:], len({k for k in keys[:start] if k})
+    """The steps of the loop the run ended in, and how many loops ran before it
+    (auditor.evidence.loops): a program that trains one model and then another (pytorch/tutorials'
+    nn_tutorial: a logistic regression, then CNNs, each in a loop of its own) has steps of
+    different work, and a rise across them is no slowdown."""
+    parts = loops(steps)
+    return parts[-1], len(parts) - 1
 
 
 class StepSlowdown(Rule):
@@ -123,7 +105,7 @@ class StepSlowdown(Rule):
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         steps = [s for s in ev.steps if not s.profiled and s.index >= options.skip]
-        steps, loops = last_loop(steps)
+        steps, before = last_loop(steps)
         steps = [steps[i] for i in without_spikes([s.ms for s in steps])]
         # counted after the spikes are out: the quarters the trend is judged on are of these steps
         if len(steps) < options.min_steps:
@@ -220,8 +202,8 @@ class StepSlowdown(Rule):
         else:
             head = (f"Step time rose from {first:.1f} ms to {last:.1f} ms (x{last / first:.2f}, "
                     f"+{slope:.3g} ms with each step, rank correlation {rho:.2f})")
-        head += f" over {len(steps)} steps" + (f" (those of the last of its {loops + 1} training loops, from step "
-                                                f"{steps[0].index})" if loops else "")
+        head += f" over {len(steps)} steps" + (f" (those of the last of its {before + 1} training loops, from step "
+                                                f"{steps[0].index})" if before else "")
         head += f": the last steps took {rise:.2f} ms more than the first"
         head += (f" ({judged['cpu_rise_ms']:.2f} ms more CPU time, at this run's {per_cpu_ms:.2f} ms of wall "
                  "time per ms of CPU time)." if judged else ".")
@@ -252,7 +234,7 @@ class StepSlowdown(Rule):
                       "last_quarter_fastest_ms": round(floor_last, 3),
                       "slope_ms_per_step": round(slope, 4),
                       "spearman": round(rho, 3), **judged, "steps_used": len(steps), **confidence,
-                      "loops_before": loops, "first_step_judged": steps[0].index,
+                      "loops_before": before, "first_step_judged": steps[0].index,
                       "waited_share_first_quarter": round(load[0], 4) if load else None,
                       "waited_share_last_quarter": round(load[1], 4) if load else None,
                       "load_rose": load_rose, "ratio_needed": round(need, 3),

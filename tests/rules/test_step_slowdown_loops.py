@@ -7,6 +7,8 @@ its own tail of such forwards, where it had held it to the first loop's none, an
 the steps.)"""
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from conftest import ONE_THREAD, audit
@@ -58,6 +60,16 @@ def test_a_rise_across_two_loops_of_other_work_is_no_slowdown(tmp_path):
     last = sorted(s["cpu_ms"] for s in steps[-len(steps) // 4:])
     assert last[len(last) // 2] > 1.5 * first[len(first) // 2]  # (the second loop's steps are slower)
     assert a.rule("step-slowdown") == []
+    # the summary names the two loops, each with its own median step, and the audit's own cost is
+    # measured within one loop: the dense start's checked steps against the first loop's timed ones
+    summary = (a.out / "summary.txt").read_text()
+    assert f"in 2 training loops, each of other forward, backward or optimizer calls: steps 0-{FIRST - 1} (" in summary
+    assert f", {FIRST}-{FIRST + SECOND - 1} (" in summary and "the headline's median over them all" in summary
+    own = a.findings_doc["steps"]["own_cost"]
+    assert own["loops"] == 2 and own["checks_compared_in"] == [0, FIRST - 1] == own["profile_compared_in"]
+    first_timed = [s["ms"] for s in a.evidence["steps"][:FIRST] if s["index"] in own["timed_steps"]]
+    assert own["timed_ms"] == pytest.approx(statistics.median(first_timed), abs=0.002)
+    assert f"(in steps 0-{FIRST - 1}, one of the program's 2 training loops: " in summary
 
 
 def test_a_rise_within_the_last_loop_is_judged_there(tmp_path):
