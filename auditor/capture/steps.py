@@ -12,8 +12,9 @@ A step is one iteration of the training loop, as a person counts it:
   next step, timed from the fetch's start; where no training DataLoader is known, the next
   outermost backward pass or module forward run with grad enabled. Forwards under no_grad after
   the optimizer step (gat's evaluation of train and validation accuracy each epoch, an LBFGS
-  program's prediction) are the iteration's own work and stay in its step, up to as many as the
-  previous step's tail held (the first step's tail is unbounded, and so is a step that steps an
+  program's prediction, an agent's next action) are the iteration's own work and stay in its step,
+  one always, and up to as many as the previous step's tail held or the most any step of its loop
+  held (the first step's tail is unbounded and not counted, and so is a step that steps an
   optimizer first seen after the first step: a new loop, whose tail is its own): one more (a final test after
   the loop, an evaluation every k steps) closes the step and begins none, and what runs until
   the next iteration is outside the steps ("between"). A fetch of another loader after an optimizer step
@@ -177,7 +178,9 @@ class StepFinder:
         self.not_training: set[int] = set()  # loaders found not to drive the loop (_repeated)
         self.setup_passes = False  # passes before the first step ran as setup (_setting_up), not sent yet
         self.tail_passes = 0  # no-grad forwards after the open step's optimizer step
-        self.tail_limit: int | None = None  # the tail the previous step held (None: no step closed yet)
+        self.tail_limit: int | None = None  # the tail the next step may hold (None: unbounded, _tail_held)
+        self.tail_most = 0  # the most no-grad forwards a step of this loop held in its tail (its first aside)
+        self.loop_start = 0  # the first step of the loop (a new optimizer after the first step begins one)
         self.in_tail_outside = False  # a tail past its limit closed the step: no-grad forwards begin none
         self.fingerprint: tuple | None = None  # the open step's first forward's module and weights (_fingerprint)
         self.leaves: tuple | None = None  # the leaves the open step's last backward pass reached (_leaf_fingerprint)
@@ -514,14 +517,24 @@ class StepFinder:
             self._begin()
         elif self.pending and tail and self.mode == "optimizer":
             self.tail_passes += 1
-            if self.tail_limit is not None and self.tail_passes > self.tail_limit:
+            if self.tail_limit is not None and self.tail_passes > max(self.tail_limit, 1):
                 self.in_tail_outside = True
                 self._end()
         elif self.pending:
-            self.tail_limit = self.tail_passes
+            self._tail_held()
             self._end()
             self._flush_outside()
             self._begin()
+
+    def _tail_held(self) -> None:
+        """The open step closes with its tail whole: the next step's may hold as many no-grad
+        forwards as this one's did, or as the most any step of the loop held (its first aside, whose
+        tail is unbounded), and one in any case (on_pass). An agent that runs its policy under
+        no_grad on some iterations only (an epsilon-greedy action: pytorch/tutorials' DQN) holds 0
+        or 1 at random, and a step after one of 0 is no evaluation for holding 1."""
+        if self.iteration != self.loop_start:
+            self.tail_most = max(self.tail_most, self.tail_passes)
+        self.tail_limit = max(self.tail_passes, self.tail_most)
 
     def _setting_up(self) -> bool:
         """Whether a pass before any step is the program's setup: it has made a DataLoader and not
@@ -561,7 +574,8 @@ class StepFinder:
             self.known_opts.add(id(opt))
             self._forget_when_gone(opt)
             if self.begun > 1:  # (an optimizer new after the first step: a new loop, whose tail is its own)
-                self.tail_limit = None
+                self.tail_limit, self.tail_most = None, 0
+                self.loop_start = self.iteration if self.iteration is not None else self.begun
         self.optimizer_begun = True  # (a compiled step runs no pre-hook)
         self._drop_begins_hook()  # (here, not in the hook: torch is iterating over its pre-hooks there)
         if self.train_loader is None and self.last_loader is not None and self.last_loader not in self.not_training:

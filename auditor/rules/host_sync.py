@@ -33,7 +33,7 @@ from auditor.fixes import call_name, edit_call_kwargs, parse_file
 from auditor.rules._support.frameworks import framework_fix
 from auditor.rules._support.confidence import cost_confidence, cpu_over_wall
 from auditor.rules._support.places import (by_place, locations, median_cost_of, on_accelerator, place_key,
-                                           step_ms_of, steps_run)
+                                           step_ms_of, typical_pairs)
 from auditor.rules._support.gpu_costs import sync_cost
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, Rule
@@ -64,6 +64,9 @@ ADVICE = {
     "Tensor[bool mask]": "keep shapes fixed: weight by the mask ((loss * mask).sum() / mask.sum(), or a loss's "
                          "ignore_index for labels) or use torch.where(mask, x, 0) instead of selecting with x[mask]",
     "torch.masked_select": "multiply by the mask or use torch.where to keep shapes static",
+    "Tensor[bool mask] = tensor": "assign through the mask without sizing it on the host: `t.masked_scatter_(mask, "
+                                  "values)` (the values in the mask's order), or compute every row and keep the "
+                                  "masked ones with `torch.where(mask, new, t)`",
     "Tensor[tensor:slice]": "slice with host integers: read the device tensor of offsets once (`ix.tolist()`) or "
                             "draw it on the host, or gather the rows on the device (`torch.stack` of "
                             "`data[i:i + T]` for many `i` is `data[ix[:, None] + torch.arange(T, device=ix.device)]`)",
@@ -199,7 +202,8 @@ class HostSync(Rule):
         Calls inside the step that make the host wait for the device: `.item()`, `.cpu()`,
         `.tolist()`, `.numpy()`, `float(t)`, `int(t)`, `bool(t)` / `if t`, `print(t)`, `nonzero`,
         `masked_select`, selecting with a boolean mask (`logits[mask]`: the host reads how many
-        are True to size the result), slicing with a device tensor's value (`data[i:i + T]` for `i`
+        are True to size the result) or assigning a tensor through one (`v[mask] = values`:
+        index_put_ turns the mask into indices; `v[mask] = 0.0` fills it on the device), slicing with a device tensor's value (`data[i:i + T]` for `i`
         in a GPU tensor: the host reads `i`), `.to("cpu")`, `torch.cuda.synchronize()`; counted per
         step with their line.
         Also the syncs torch makes on the user's behalf: `GradScaler.step(opt)` reads found_inf
@@ -278,10 +282,13 @@ class HostSync(Rule):
     def _from_probes(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         if not ev.steps:
             return
-        n = steps_run(ev)
+        # the rate of a typical step: a one-off burst (a reinforcement learner's first step, which
+        # holds every action its replay memory was filled with before the first update) left out
+        typical = typical_pairs(ev, m.SYNC)
+        n = typical.n
         real = on_accelerator(ev)
         as_gpu = real or ev.environment.rehearsal  # judged as GPU code: only syncs on device tensors
-        places = [p for p in by_place(ev.tallies(m.SYNC))
+        places = [p for p in by_place(typical.pairs)
                   if len(p.steps) >= options.min_share_of_steps * n
                   and (not as_gpu or p.data.get("device") == "cuda")]
         places = unsuppressed(self.id, places, lambda p: p.where)  # out of the count, message and evidence
@@ -334,10 +341,11 @@ class HostSync(Rule):
                            if s.get("before_elapsed_time") else "")
                         for s in sites[:5])
             + (f"; inside the framework: {'; '.join(fw_advice)}" if fw_advice else "")
+            + typical.note()
             + (f". {confidence_text}" if confidence_text else ""),
             severity=sev, locations=locations(places),
             evidence={"syncs_per_step": round(rate, 2), "sites": sites, "measured_on_device": real,
-                      "judged_as_gpu_code": as_gpu, **confidence},
+                      "judged_as_gpu_code": as_gpu, "left_out_steps": typical.left_out_steps(), **confidence},
             cost=cost,
             fix=fix,
         )

@@ -244,6 +244,41 @@ for i in range(5):
     opt.zero_grad()
 '''
 
+# pytorch/tutorials' DQN, its shape: each iteration acts (the policy under no_grad on the greedy
+# iterations, a random action on the others), reads the action back (`.item()`), stores the
+# transition, then updates once the replay memory holds a batch, and soft-updates its target net.
+AGENT = '''import random
+import torch
+from torch import nn
+
+random.seed(0)
+torch.manual_seed(0)
+policy, target = nn.Linear(4, 2), nn.Linear(4, 2)
+target.load_state_dict(policy.state_dict())
+opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+memory = []
+for i in range(60):
+    state = torch.randn(1, 4)
+    if i % 3 == 0:  # greedy: the policy's action
+        with torch.no_grad():
+            action = policy(state).max(1).indices.view(1, 1)
+    else:
+        action = torch.tensor([[random.randrange(2)]])
+    a = action.item()  # ACTION LINE
+    memory.append((state, a))
+    if len(memory) < 8:
+        continue
+    batch = torch.cat([s for s, _ in random.sample(memory, 8)])
+    loss = policy(batch).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sd, pd = target.state_dict(), policy.state_dict()
+    for key in pd:
+        sd[key] = pd[key] * 0.005 + sd[key] * 0.995
+    target.load_state_dict(sd)
+'''
+
 
 def run(tmp_path, source: str):
     """`audit run` of the program `source` to its end (each has fewer than 200 steps)."""
@@ -371,3 +406,20 @@ def test_updates_by_hand_then_by_an_optimizer(tmp_path):
     assert a.evidence["program"]["steps_found"] == (
         "optimizer steps (SGD), 1 per iteration (none in 5 of the 10 steps, marked by weight updates outside "
         "torch.optim)")
+
+
+def test_an_agent_that_acts_under_no_grad_on_some_iterations_keeps_each_action_in_its_step(tmp_path):
+    """Its iterations hold 0 or 1 no-grad forwards after the update (the next action, greedy on
+    every third): a step's tail holds one in any case, so an iteration after a random one is not
+    taken for an evaluation, its action and its read put between the steps (the tutorial's `.item()`: 5 of its syncs in 50 steps were reported as between
+    steps, "an eval loop, a checkpoint save")."""
+    a = run(tmp_path, AGENT)
+    line = next(n for n, text in enumerate(AGENT.splitlines(), 1) if "ACTION LINE" in text)
+    steps = a.evidence["steps"]
+    assert len(steps) == 60 - 7 and [count(s, "optimizer") for s in steps] == [1] * len(steps)
+    reads = [sum(t["count"] for t in s["tallies"] if t["kind"] == "sync" and t["where"]["line"] == line) for s in steps]
+    # (the first holds the memory's filling; each step closes at the next update's forward, after
+    # the next iteration's action, and the last has none after it)
+    assert reads == [9] + [1] * (len(steps) - 2) + [0], reads
+    assert not [o for o in a.evidence["outside"] if o["phase"] == "between"]
+    assert not [f for f in a.rule("host-sync") if f["evidence"].get("phase") == "between"]

@@ -1891,6 +1891,9 @@ def step(i):
     loss.backward()
     opt.step()
     kept = logits.detach()[keep]
+    best = logits.detach().amax(-1)
+    best[mask] = 0.0  # a host number: torch fills the mask in place (masked_fill_), reading nothing back
+    best[mask] = best.new_ones(1)  # a GPU value: index_put_ turns the mask into indices, a nonzero
 '''
 
 
@@ -1924,8 +1927,23 @@ def test_selecting_with_a_boolean_mask_of_the_gpu_is_a_sync(masked_losses, loss,
         assert line not in syncs_at and lines.index("    kept = logits.detach()[keep]") + 1 not in syncs_at
         assert all(site_line != line for _, site_line, _ in sites)
         return
-    assert sites == [("Tensor[bool mask]", line, syncs)]
+    assert [site for site in sites if site[1] == line] == [("Tensor[bool mask]", line, syncs)]
     assert "torch.where(mask, x, 0)" in f["fix"]["summary"]
+
+
+def test_assigning_a_gpu_value_through_a_boolean_mask_of_the_gpu_is_a_sync(masked_losses):
+    """`t[mask] = values` turns the mask into indices on the way into index_put_ (a nonzero, a
+    sync), as pytorch/tutorials' DQN does with `next_state_values[non_final_mask] = ...` every
+    update; `t[mask] = 0.0` is a masked_fill_ on the device and reads nothing back."""
+    a = masked_losses
+    lines = MASKED_LOSS.splitlines()
+    filled = lines.index("    best[mask] = 0.0  # a host number: torch fills the mask in place (masked_fill_), reading nothing back") + 1
+    assigned = filled + 1
+    (f,) = a.rule("host-sync")
+    sites = [(s["what"], s["line"], s["per_step"]) for s in f["evidence"]["sites"]]
+    assert ("Tensor[bool mask] = tensor", assigned, 1.0) in sites
+    assert filled not in {t["where"]["line"] for t in tallies(a, m.SYNC)}
+    assert "masked_scatter_(mask, values)" in f["fix"]["summary"]
 
 
 SLICED_BATCHES = '''import torch

@@ -341,10 +341,12 @@ def _single_element(self, *args, **kwargs) -> bool:
     return self.numel() == 1
 
 
-def mask_index_sync(index: Any, frame: Any, call: Callable[[], Any]) -> Any:
-    """`call()`, the indexing `t[index]` made at `frame`, with the sync it makes recorded
-    (probes.indexing.index_sync; the CUDA rehearsal's mode hands each indexing here)."""
-    return index_sync(REC, DEVICE_OF, JUDGE_AS_CUDA, _DISPATCHERS, index, frame, call)
+def mask_index_sync(index: Any, frame: Any, call: Callable[[], Any], assigned: bool = False,
+                    filled: bool = False) -> Any:
+    """`call()`, the indexing `t[index]` (`t[index] = value`: assigned; of a host number: filled)
+    made at `frame`, with the sync it makes recorded (probes.indexing.index_sync; the CUDA
+    rehearsal's mode hands each indexing here)."""
+    return index_sync(REC, DEVICE_OF, JUDGE_AS_CUDA, _DISPATCHERS, index, frame, call, assigned, filled)
 
 
 def _install_sync_probes() -> None:

@@ -36,11 +36,14 @@ def _slice_bound(index: Any) -> torch.Tensor | None:
 
 
 def index_sync(rec: Any, device_of: Callable[[Any], str], cuda_only: bool, dispatchers: frozenset[str],
-               index: Any, frame: Any, call: Callable[[], Any]) -> Any:
+               index: Any, frame: Any, call: Callable[[], Any], assigned: bool = False, filled: bool = False) -> Any:
     """`call()`, the indexing `t[index]` made at `frame`, recorded on the probes' recorder `rec` as
     a sync when the index holds a boolean mask of the device (`logits[mask]`), or a slice with a
-    bound of the device (`data[i:i + T]` for `i` in a GPU tensor: one read a slice). `device_of`,
-    `cuda_only` and `dispatchers` are the probes' (probes.DEVICE_OF, JUDGE_AS_CUDA, _DISPATCHERS)."""
+    bound of the device (`data[i:i + T]` for `i` in a GPU tensor: one read a slice). An assignment
+    through a mask (`t[mask] = values`: assigned) syncs as its selection does, as index_put_ turns
+    the mask into indices; of a host number (filled) torch fills the mask in place and reads
+    nothing back. `device_of`, `cuda_only` and `dispatchers` are the probes' (probes.DEVICE_OF,
+    JUDGE_AS_CUDA, _DISPATCHERS)."""
     if (rec is None or not rec.active or rec.in_data or frame is None
             or not isinstance(index, (torch.Tensor, tuple, slice))):
         return call()
@@ -48,7 +51,9 @@ def index_sync(rec: Any, device_of: Callable[[Any], str], cuda_only: bool, dispa
     if code.co_name in dispatchers or is_torch_internal(code.co_filename):
         return call()
     with no_torch_function():  # (the auditor's reads: the user's modes see the call only)
-        what, read = "Tensor[bool mask]", _bool_mask(index)
+        what, read = ("Tensor[bool mask] = tensor" if assigned else "Tensor[bool mask]"), _bool_mask(index)
+        if filled:
+            read = None
         if read is None:
             what, read = "Tensor[tensor:slice]", _slice_bound(index)
         dev = device_of(read) if read is not None else None

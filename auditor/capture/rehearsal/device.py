@@ -484,6 +484,17 @@ def _getitem(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None)
     return probes.mask_index_sync(args[1] if len(args) > 1 else None, frame, call)
 
 
+def _setitem(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+    """`t[index] = value`: through a GPU boolean mask, index_put_ turns the mask into indices with a
+    nonzero, a sync, unless the value is a host number, which torch fills in place (masked_fill_);
+    a tensor bound of a slice is read by the host, as in `t[index]`."""
+    marked = _args_marked(args)
+    call = (lambda: _marked_call(func, args, kwargs or _NO_KWARGS, frame)) if marked else (lambda: func(*args, **kwargs))
+    value = args[2] if len(args) > 2 else None
+    filled = not isinstance(value, torch.Tensor) or (value.numel() == 1 and not getattr(value, CUDA_MARK, False))
+    return probes.mask_index_sync(args[1] if len(args) > 1 else None, frame, call, assigned=True, filled=filled)
+
+
 SPECIAL: dict[Any, Handler] = {
     _T.to: _to,
     _T.cuda: _cuda,
@@ -499,6 +510,7 @@ SPECIAL: dict[Any, Handler] = {
     _T.data.__set__: _data_set,
     _T.numpy: _numpy,
     _T.__getitem__: _getitem,  # t[index]: a GPU boolean mask in the index is a sync (probes.mask_index_sync)
+    _T.__setitem__: _setitem,  # t[index] = value: so is one assigned through, of a tensor value
     torch._C._nn._parse_to: _parse_to,
 }
 _resolved: dict[Any, Handler | None] = {}
