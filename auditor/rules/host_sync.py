@@ -30,7 +30,7 @@ from auditor.evidence.trace.names import ASYNC_COPY_CALLS, DEVICE_SYNCS, EVENT_S
 from auditor.evidence.trace.queries import blocking_calls, blocking_op_calls, frame_location_parts, sites
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import call_name, edit_call_kwargs, parse_file
-from auditor.rules._support.frameworks import framework_fix
+from auditor.rules._support.frameworks import framework_fix, settings_for
 from auditor.rules._support.confidence import cost_confidence, cpu_over_wall
 from auditor.rules._support.places import (by_place, locations, median_cost_of, on_accelerator, place_key,
                                            step_ms_of, typical_pairs)
@@ -305,11 +305,9 @@ class HostSync(Rule):
         returned = _returned(places)
         inside = {id(p): made_inside(p) for p in places}
         sites = [{**s, "inside": inside[id(p)]} if inside[id(p)] else s for s, p in zip(sites, places)]
-        advice = sorted({ADVICE[EVENT_TIMING] if id(p) in timed else ADVICE[CLOCK_TIMING] if id(p) in clocked else
-                         ADVICE[RETURNED] if id(p) in returned else
-                         _library_advice(p, inside[id(p)]) if inside[id(p)] and not framework_fix([p])[0] else
-                         ADVICE.get(p.what, "fetch values from the device every N steps, not every step")
-                         for p in places})
+        advice = sorted({a for p in places for a in (
+            [ADVICE[EVENT_TIMING]] if id(p) in timed else [ADVICE[CLOCK_TIMING]] if id(p) in clocked else
+            [ADVICE[RETURNED]] if id(p) in returned else _advice(p))})
         confidence, confidence_text = {}, ""
         if real:
             # measured on the device: the median blocked time of the steps that sync, against the
@@ -332,7 +330,7 @@ class HostSync(Rule):
         if fw_config:  # made inside a framework: its settings are the fix, never an edit of the user's call
             config = {k: v for k, v in fix.config.items() if k != "log_every_n_steps"}
             fix = msgspec.structs.replace(fix, config={**fw_config, **config},
-                                          summary="; ".join(fw_advice) + ". " + fix.summary)
+                                          summary="; ".join(fw_advice) + "." + (f" {fix.summary}" if fix.summary else ""))
         yield self.finding(
             f"{prefix}{per_step(rate)} device->host syncs per step at {len(places)} place(s): "
             + "; ".join(f"{s['what']} x{per_step(s['count'] / n)}/step at {line_ref(s['file'], s['line'], sites[0]['file'])}"
@@ -358,13 +356,18 @@ def made_inside(p: Any) -> list[str]:
     return sorted({v.split(" < ", 1)[0] for v in p.vias})[:3]
 
 
-def _library_advice(p: Any, inside: list[str]) -> str:
-    """The advice for syncs a library makes inside the user's call, with no setting of it known to
-    skip them: the user's own remedies (log less, keep control flow on host values) do not apply."""
-    line = f" at line {p.where.line}" if p.where else ""
-    return (f"the {p.what}{line} is made inside {' and '.join(inside)}, library code the line calls: no edit of "
-            "the line removes it; an argument or setting of that library may skip it, or a version that keeps "
-            "the check off the device")
+def _advice(p: Any) -> list[str]:
+    """A place's advice: the user's own remedies for the calls their code made; for those a library
+    made inside their call with no framework setting known to skip them (framework_fix names those
+    settings), that no edit of the line removes them."""
+    out = [ADVICE.get(p.what, "fetch values from the device every N steps, not every step")] if p.direct else []
+    unset = sorted({v.split(" < ", 1)[0] for v in p.vias if not settings_for(p.what, v)})[:3]
+    if unset:
+        line = f" at line {p.where.line}" if p.where else ""
+        out.append(f"the {p.what}{line} is made inside {' and '.join(unset)}, library code the line calls: no edit "
+                   "of the line removes it; an argument or setting of that library may skip it, or a version that "
+                   "keeps the check off the device")
+    return out
 
 
 PHASES = {"between": "between steps (an eval loop, a checkpoint save)", "after": "after the last audited step"}
@@ -468,7 +471,7 @@ def _fix(advice: list[str], places: list, returned: set[int] = frozenset()) -> F
     fused = [e for p in places if p.what == "GradScaler.step" and p.where
              for e in [_fused_edit(p.where.file, p.where.line)] if e]
     edits = [e for e, _ in fused]
-    summary = "; ".join(advice) + "."
+    summary = "; ".join(advice) + "." if advice else ""
     if edits:
         summary += (" numerics-fixes.patch adds fused=True to the optimizer at line "
                     + ", ".join(str(line) for _, line in fused)
@@ -478,7 +481,8 @@ def _fix(advice: list[str], places: list, returned: set[int] = frozenset()) -> F
     # leaves one of them syncing every step leaves the finding (--verify: no-change).
     logged = []
     for p in places:
-        e = every_n_steps(p.where.file, p.where.line, LOG_EVERY) if p.what in _LOGGED and p.where else None
+        # (a sync a library makes inside the line is no logging of the line's own to thin out)
+        e = every_n_steps(p.where.file, p.where.line, LOG_EVERY) if p.what in _LOGGED and p.where and p.direct else None
         if e is None:
             logged = []
             break

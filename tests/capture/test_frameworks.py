@@ -62,6 +62,11 @@ def test_framework_costs_are_its_settings_at_the_users_call(framework_audit):
     assert f["locations"][0]["file"] == str(example) and f["locations"][0]["line"] == _line_of(example, call)
     assert keys <= set(f["fix"]["config"]), f["fix"]
     assert not f["fix"]["edits"] and not f["fix"]["patch"]
+    # every sync there is the framework's or its model library's: each site names the functions
+    # that made it, and the user's own remedies (an edit of their line) are not advised
+    assert all(site["inside"] for site in f["evidence"]["sites"]), f["evidence"]["sites"]
+    assert "keep control flow on host values" not in f["fix"]["summary"], f["fix"]["summary"]
+    assert "accumulate on the device" not in f["fix"]["summary"], f["fix"]["summary"]
     for finding in a.findings:  # nothing blamed on library files
         assert all("site-packages" not in loc["file"] for loc in finding["locations"]), finding
 

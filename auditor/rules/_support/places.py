@@ -22,6 +22,7 @@ class Place:
     # what made the calls at a user's line that only called into a library (the tallies' "via",
     # capture.frames.library_via): every one seen, as one line may call a framework doing several
     vias: set[str] = field(default_factory=set)
+    direct: int = 0  # the calls the user's code made itself (no via)
 
 
 # A step that made more than this many times the median step's calls of a kind is a one-off burst
@@ -89,6 +90,8 @@ def by_place(pairs: list[tuple[int, Tally]]) -> list[Place]:
             p.data.setdefault(k, v)
         if t.data.get("via"):
             p.vias.add(t.data["via"])
+        else:
+            p.direct += t.count
     return sorted(places.values(), key=lambda p: (-p.count, p.what))
 
 
