@@ -61,14 +61,6 @@ def loops(steps: list[m.StepRecord]) -> list[list[m.StepRecord]]:
     return merged or [steps]
 
 
-def loop_of(parts: list[list[m.StepRecord]], index: int) -> int:
-    """Which of `parts` (loops()) holds the step numbered `index`."""
-    for n, part in enumerate(parts):
-        if part and part[0].index <= index <= part[-1].index:
-            return n
-    return -1
-
-
 def medians(parts: list[list[m.StepRecord]], basis: Iterable[m.StepRecord]) -> list[float | None]:
     """Each loop's median step time (StepRecord.time_ms) over the steps of `basis` in it (the
     reports' median basis: the timed steps), None where it has none."""
