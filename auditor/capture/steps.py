@@ -12,8 +12,8 @@ A step is one iteration of the training loop, as a person counts it:
   next step, timed from the fetch's start; where no training DataLoader is known, the next
   outermost backward pass or module forward run with grad enabled. Forwards under no_grad after
   the optimizer step (gat's evaluation of train and validation accuracy each epoch, an LBFGS
-  program's prediction, an agent's next action) are the iteration's own work and stay in its step,
-  one always, and up to as many as the previous step's tail held or the most any step of its loop
+  program's prediction, an agent's next action; each counted at its outermost module call) are the
+  iteration's own work and stay in its step, one always, and up to as many as the previous step's tail held or the most any step of its loop
   held (the first step's tail is unbounded and not counted, and so is a step that steps an
   optimizer first seen after the first step: a new loop, whose tail is its own): one more (a final test after
   the loop, an evaluation every k steps) closes the step and begins none, and what runs until
@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 import threading
 import time
 import weakref
@@ -81,6 +82,22 @@ from auditor.capture.probes.workers import GONE_LOADERS
 from auditor.capture.session import StepSession
 from auditor.capture.unseen import no_torch_function
 from auditor.evidence import model as m
+
+_CALL_IMPL = nn_module.Module._call_impl.__code__
+
+
+def _nested_call(frame: Any) -> bool:
+    """Whether the module call whose forward pre-hook runs below `frame` is made inside another
+    module's call: its own Module._call_impl is the first on the stack, an outer call's is further
+    up. (The global pre-hook sees every module's call; a pass is the outermost one.)"""
+    seen = False
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL:
+            if seen:
+                return True
+            seen = True
+        frame = frame.f_back
+    return False
 
 _DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER, m.DATA_WORKER))
 
@@ -367,6 +384,8 @@ class StepFinder:
                 if not self.pending and self._watching_updates() and self._updated(module):
                     self.mode = "update"
                     self.pending = True  # (on_pass closes the step here and begins the next)
+            if not grad and self.pending and _nested_call(sys._getframe(1)):
+                return  # (a tail's module calls inside its outermost one: that one is the pass)
             self.on_pass(tail=not grad)
             if (grad and self.iteration is not None and self.fingerprint is None and self._watching_updates()
                     and not self._trusting_updates()):

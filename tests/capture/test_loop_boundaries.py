@@ -253,7 +253,7 @@ from torch import nn
 
 random.seed(0)
 torch.manual_seed(0)
-policy, target = nn.Linear(4, 2), nn.Linear(4, 2)
+policy, target = (nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)) for _ in range(2))
 target.load_state_dict(policy.state_dict())
 opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
 memory = []
@@ -410,8 +410,9 @@ def test_updates_by_hand_then_by_an_optimizer(tmp_path):
 
 def test_an_agent_that_acts_under_no_grad_on_some_iterations_keeps_each_action_in_its_step(tmp_path):
     """Its iterations hold 0 or 1 no-grad forwards after the update (the next action, greedy on
-    every third): a step's tail holds one in any case, so an iteration after a random one is not
-    taken for an evaluation, its action and its read put between the steps (the tutorial's `.item()`: 5 of its syncs in 50 steps were reported as between
+    every third, of a policy of nested modules): a step's tail holds one in any case, counted at
+    its outermost module call only, so an iteration after a random one is not taken for an
+    evaluation, its action and its read put between the steps (the tutorial's `.item()`: 5 of its syncs in 50 steps were reported as between
     steps, "an eval loop, a checkpoint save")."""
     a = run(tmp_path, AGENT)
     line = next(n for n, text in enumerate(AGENT.splitlines(), 1) if "ACTION LINE" in text)
