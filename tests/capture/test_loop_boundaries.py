@@ -257,7 +257,7 @@ policy, target = (nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2)) f
 target.load_state_dict(policy.state_dict())
 opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
 memory = []
-for i in range(60):
+for i in range(80):
     state = torch.randn(1, 4)
     if i % 3 == 0:  # greedy: the policy's action
         with torch.no_grad():
@@ -266,9 +266,9 @@ for i in range(60):
         action = torch.tensor([[random.randrange(2)]])
     a = action.item()  # ACTION LINE
     memory.append((state, a))
-    if len(memory) < 8:
+    if len(memory) < 32:
         continue
-    batch = torch.cat([s for s, _ in random.sample(memory, 8)])
+    batch = torch.cat([s for s, _ in random.sample(memory, 32)])
     loss = policy(batch).pow(2).mean()
     opt.zero_grad()
     loss.backward()
@@ -413,14 +413,19 @@ def test_an_agent_that_acts_under_no_grad_on_some_iterations_keeps_each_action_i
     every third, of a policy of nested modules): a step's tail holds one in any case, counted at
     its outermost module call only, so an iteration after a random one is not taken for an
     evaluation, its action and its read put between the steps (the tutorial's `.item()`: 5 of its syncs in 50 steps were reported as between
-    steps, "an eval loop, a checkpoint save")."""
+    steps, "an eval loop, a checkpoint save"; with gymnasium's CartPole, 67 of 300)."""
     a = run(tmp_path, AGENT)
     line = next(n for n, text in enumerate(AGENT.splitlines(), 1) if "ACTION LINE" in text)
     steps = a.evidence["steps"]
-    assert len(steps) == 60 - 7 and [count(s, "optimizer") for s in steps] == [1] * len(steps)
+    assert len(steps) == 80 - 31 and [count(s, "optimizer") for s in steps] == [1] * len(steps)
     reads = [sum(t["count"] for t in s["tallies"] if t["kind"] == "sync" and t["where"]["line"] == line) for s in steps]
     # (the first holds the memory's filling; each step closes at the next update's forward, after
     # the next iteration's action, and the last has none after it)
-    assert reads == [9] + [1] * (len(steps) - 2) + [0], reads
+    assert reads == [33] + [1] * (len(steps) - 2) + [0], reads
     assert not [o for o in a.evidence["outside"] if o["phase"] == "between"]
-    assert not [f for f in a.rule("host-sync") if f["evidence"].get("phase") == "between"]
+    # host-sync's rate is a typical step's: the first step's filling of the memory is a one-off
+    # burst, left out and named (over all the steps it read as 1.63 a step)
+    [f] = a.rule("host-sync")
+    typical = round((len(steps) - 2) / (len(steps) - 1), 2)  # (the steps but the first: one read each, the last none)
+    assert f["evidence"]["syncs_per_step"] == typical and f["evidence"]["left_out_steps"] == {"0": 33}, f["evidence"]
+    assert "one-off burst of calls: step 0 (33), against 1 in the median step" in f["message"], f["message"]
