@@ -13,9 +13,10 @@ A step is one iteration of the training loop, as a person counts it:
   outermost backward pass or module forward run with grad enabled. Forwards under no_grad after
   the optimizer step (gat's evaluation of train and validation accuracy each epoch, an LBFGS
   program's prediction, an agent's next action; each counted at its outermost module call) are the
-  iteration's own work and stay in its step, one always, and up to as many as the previous step's tail held or the most any step of its loop
-  held (the first step's tail is unbounded and not counted, and so is a step that steps an
-  optimizer first seen after the first step: a new loop, whose tail is its own): one more (a final test after
+  iteration's own work and stay in its step: one always, and up to as many as the previous step's
+  tail held or the most any step of its loop held (the first step's tail is unbounded and not
+  counted, and so is a step that steps an optimizer first seen after the first step: a new loop,
+  whose tail is its own). One more (a final test after
   the loop, an evaluation every k steps) closes the step and begins none, and what runs until
   the next iteration is outside the steps ("between"). A fetch of another loader after an optimizer step
   (an eval loop) closes the step too and begins none: what runs until the next training fetch is

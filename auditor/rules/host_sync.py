@@ -349,11 +349,17 @@ class HostSync(Rule):
         )
 
 
+def _innermost(vias: Iterable[str]) -> list[str]:
+    """The library functions that made the calls themselves: each via's innermost entry
+    ("file:qualname"), the first three in order."""
+    return sorted({v.split(" < ", 1)[0] for v in vias})[:3]
+
+
 def made_inside(p: Any) -> list[str]:
-    """The library functions that made a place's calls themselves ("file:qualname", each via's
-    innermost entry), when the user's line only called into a library (a model's forward in
-    transformers reads a mask back to test it); [] for calls the user's code made."""
-    return sorted({v.split(" < ", 1)[0] for v in p.vias})[:3]
+    """The library functions that made a place's calls themselves, when the user's line only called
+    into a library (a model's forward in transformers reads a mask back to test it); [] for calls
+    the user's code made."""
+    return _innermost(p.vias)
 
 
 def _advice(p: Any) -> list[str]:
@@ -361,7 +367,7 @@ def _advice(p: Any) -> list[str]:
     made inside their call with no framework setting known to skip them (framework_fix names those
     settings), that no edit of the line removes them."""
     out = [ADVICE.get(p.what, "fetch values from the device every N steps, not every step")] if p.direct else []
-    unset = sorted({v.split(" < ", 1)[0] for v in p.vias if not settings_for(p.what, v)})[:3]
+    unset = _innermost(v for v in p.vias if not settings_for(p.what, v))
     if unset:
         line = f" at line {p.where.line}" if p.where else ""
         out.append(f"the {p.what}{line} is made inside {' and '.join(unset)}, library code the line calls: no edit "

@@ -51,9 +51,8 @@ def index_sync(rec: Any, device_of: Callable[[Any], str], cuda_only: bool, dispa
     if code.co_name in dispatchers or is_torch_internal(code.co_filename):
         return call()
     with no_torch_function():  # (the auditor's reads: the user's modes see the call only)
-        what, read = ("Tensor[bool mask] = tensor" if assigned else "Tensor[bool mask]"), _bool_mask(index)
-        if filled:
-            read = None
+        what = "Tensor[bool mask] = tensor" if assigned else "Tensor[bool mask]"
+        read = None if filled else _bool_mask(index)
         if read is None:
             what, read = "Tensor[tensor:slice]", _slice_bound(index)
         dev = device_of(read) if read is not None else None

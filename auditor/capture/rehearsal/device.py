@@ -478,21 +478,20 @@ def _marked_call(func: Callable, args: tuple, kwargs: dict, frame: FrameType | N
     return out
 
 
-def _getitem(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
+def _getitem(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None, assigned: bool = False,
+             filled: bool = False) -> Any:
     marked = _args_marked(args)  # (an index tuple's ends included)
     call = (lambda: _marked_call(func, args, kwargs or _NO_KWARGS, frame)) if marked else (lambda: func(*args, **kwargs))
-    return probes.mask_index_sync(args[1] if len(args) > 1 else None, frame, call)
+    return probes.mask_index_sync(args[1] if len(args) > 1 else None, frame, call, assigned, filled)
 
 
 def _setitem(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
     """`t[index] = value`: through a GPU boolean mask, index_put_ turns the mask into indices with a
     nonzero, a sync, unless the value is a host number, which torch fills in place (masked_fill_);
     a tensor bound of a slice is read by the host, as in `t[index]`."""
-    marked = _args_marked(args)
-    call = (lambda: _marked_call(func, args, kwargs or _NO_KWARGS, frame)) if marked else (lambda: func(*args, **kwargs))
     value = args[2] if len(args) > 2 else None
     filled = not isinstance(value, torch.Tensor) or (value.numel() == 1 and not getattr(value, CUDA_MARK, False))
-    return probes.mask_index_sync(args[1] if len(args) > 1 else None, frame, call, assigned=True, filled=filled)
+    return _getitem(func, args, kwargs, frame, assigned=True, filled=filled)
 
 
 SPECIAL: dict[Any, Handler] = {
