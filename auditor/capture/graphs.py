@@ -15,11 +15,9 @@ modules reachable from the globals are walked too, and their holders are named b
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import gc
-import inspect
 import itertools
 import os
 import sys
@@ -31,6 +29,7 @@ from typing import Any, Optional
 import torch
 
 from auditor.capture.frames import is_library
+from auditor.capture.growth_lines import attribute_line, mutation_keys, mutation_lines, parameter_update_lines
 from auditor.capture.unseen import no_torch_function
 
 _CONTAINERS = (list, tuple, dict, set, deque)
@@ -372,221 +371,6 @@ def _users_object(v: Any) -> bool:
     return bool(file) and not is_library(file)
 
 
-_GROWERS = ("append", "extend", "insert", "add", "update", "setdefault")  # methods that grow a holder
-
-
-class _Mutations(ast.NodeVisitor):
-    """Lines inside functions that grow a named holder: `x += ...`, `x = x + ...`, `x.append(...)`,
-    `x[key] = ...`, `x.update(...)`, `x.add_(...)`."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.parts = name.split(".")
-        self.lines: list[int] = []
-        self.weak: set[int] = set()  # `x[key] = 0.0` (a literal: a reset, not the growth)
-        self.keys: dict[int, Any] = {}  # line -> the constant key of the entry it grows (`x["loss"] += ...`)
-        self.depth = 0
-        self.in_class = 0
-
-    def _key(self, line: int, sub: ast.AST) -> None:
-        if isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Constant):
-            self.keys[line] = sub.slice.value
-
-    def _is_name(self, node: ast.AST) -> bool:
-        text = ast.unparse(node)
-        # `buffer.obs` is grown by its class's own methods as `self.obs`
-        return text == self.name or (self.in_class > 0 and len(self.parts) == 2 and text == f"self.{self.parts[1]}")
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self.in_class += 1
-        self.generic_visit(node)
-        self.in_class -= 1
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        self.depth += 1
-        self.generic_visit(node)
-        self.depth -= 1
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_For(self, node: ast.For | ast.While) -> None:
-        """A loop at a script's top level runs every step (a script's training loop): its lines
-        count as a function's do. Outside loops, the top level runs once (setup)."""
-        self.depth += 1
-        self.generic_visit(node)
-        self.depth -= 1
-
-    visit_While = visit_AsyncFor = visit_For
-
-    def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        t = node.target  # `total += loss`, `stats["loss"] += loss`
-        if self.depth and (self._is_name(t) or (isinstance(t, ast.Subscript) and self._is_name(t.value))):
-            self.lines.append(node.lineno)
-            self._key(node.lineno, t)
-            if _keeps_no_graph(node.value):
-                self.weak.add(node.lineno)
-        self.generic_visit(node)
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        if self.depth:
-            uses = any(self._is_name(n) for n in ast.walk(node.value))
-            # (`out, h = rnn(x, h)`: a state fed back, unpacked with the output)
-            if uses and any(self._is_name(t) or (isinstance(t, ast.Tuple) and any(map(self._is_name, t.elts)))
-                            for t in node.targets):
-                self.lines.append(node.lineno)
-            elif any(isinstance(t, ast.Subscript) and self._is_name(t.value) for t in node.targets):
-                self.lines.append(node.lineno)
-                self._key(node.lineno, node.targets[0])
-                if not any(isinstance(n, (ast.Name, ast.Attribute, ast.Call)) for n in ast.walk(node.value)):
-                    self.weak.add(node.lineno)
-        self.generic_visit(node)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        f = node.func
-        # (`losses.append(loss)`, or into an entry: `stats["loss"].append(loss)`)
-        if self.depth and isinstance(f, ast.Attribute) and (f.attr in _GROWERS or _in_place(f.attr)) \
-                and (self._is_name(f.value) or (isinstance(f.value, ast.Subscript) and self._is_name(f.value.value))):
-            self.lines.append(node.lineno)  # (`self.rm.mul_(0.9).add_(0.1 * m)`: in place, a graph per step)
-            self._key(node.lineno, f.value)
-            if node.args and all(_keeps_no_graph(a) for a in node.args):  # `xs.append(loss.item())`
-                self.weak.add(node.lineno)
-        self.generic_visit(node)
-
-
-_NO_GRAPH = frozenset({"item", "detach", "tolist", "numpy", "float", "int"})  # calls whose result keeps no graph
-
-
-def _keeps_no_graph(value: ast.AST) -> bool:
-    """`loss.item()`, `loss.detach()`, `float(loss)`: a value stored this way carries no graph, so
-    its line is not the one that grows a holder's graph (a line beside it may be)."""
-    return isinstance(value, ast.Call) and (
-        (isinstance(value.func, ast.Attribute) and value.func.attr in _NO_GRAPH)
-        or (isinstance(value.func, ast.Name) and value.func.id in _NO_GRAPH))
-
-
-def _in_place(method: str) -> bool:
-    """A tensor method that writes into its tensor (`mul_`, `add_`, `copy_`): given a tensor that
-    carries a graph, it extends the holder's history as an assignment would."""
-    return method.endswith("_") and not method.startswith("_")
-
-
-_NOT_VALUES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in place, but no value written
-
-
-def _receiver(node: ast.AST) -> ast.AST:
-    """The object a chain of calls and attributes starts from: `e` of `e.mul_(d).add_(p)`."""
-    while isinstance(node, (ast.Call, ast.Attribute)):
-        node = node.func if isinstance(node, ast.Call) else node.value
-    return node
-
-
-def _loop_names(target: ast.AST, it: ast.AST, module: str) -> list[str]:
-    """Names a `for` binds to the parameters of the module spelled `module`: `e` in `for e in
-    ema.parameters()`, `for _, e in ema.named_parameters()`, `for e, p in zip(ema.parameters(),
-    model.parameters())`."""
-    def of(t: ast.AST, source: ast.AST) -> list[str]:
-        if not (isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute)
-                and source.func.attr in ("parameters", "named_parameters")
-                and ast.unparse(source.func.value) == module):
-            return []
-        if source.func.attr == "named_parameters":
-            t = t.elts[-1] if isinstance(t, ast.Tuple) and t.elts else None
-        return [t.id] if isinstance(t, ast.Name) else []
-
-    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "zip" \
-            and isinstance(target, ast.Tuple) and len(target.elts) == len(it.args):
-        return [n for t, a in zip(target.elts, it.args) for n in of(t, a)]
-    return of(target, it)
-
-
-def parameter_update_lines(source_file: str, name: str) -> list[int]:
-    """Lines that update the parameter holder `name` (`ema.0.weight`) in place, in a loop over its
-    module's parameters: `e.mul_(d).add_(p, alpha=1 - d)`, `e.copy_(...)`, `e.lerp_(p, w)` (not
-    through `.data`, which keeps no history). The module is spelled by a prefix of the name, or
-    as `self.<attr>` in a class's method for an attribute of a global (`trainer.ema`)."""
-    src = _source(source_file)
-    if src is None:
-        return []
-    parts = name.split(".")
-    spellings = {".".join(parts[:k]) for k in range(1, len(parts))}
-    if len(parts) > 2:
-        spellings.add(f"self.{parts[1]}")
-    found: set[int] = set()
-    functions = (n for n in ast.walk(src[1]) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    for loop in {n for f in functions for n in ast.walk(f)}:  # (a setup loop at module level runs once)
-        if not isinstance(loop, ast.For):
-            continue
-        names = {n for spelled in spellings for n in _loop_names(loop.target, loop.iter, spelled)}
-        if not names:
-            continue
-        for node in (n for stmt in loop.body for n in ast.walk(stmt)):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _in_place(node.func.attr) \
-                    and node.func.attr not in _NOT_VALUES:
-                base = _receiver(node.func)
-                if isinstance(base, ast.Name) and base.id in names and ".data." not in ast.unparse(node.func) + ".":
-                    found.add(node.lineno)
-    return sorted(found)
-
-
-_sources: dict[tuple[str, int, int], tuple[str, ast.Module] | None] = {}
-
-
-def _source(source_file: str) -> tuple[str, ast.Module] | None:
-    """(text, tree) of a file, kept per (path, mtime, size): every holder of every scan looks into
-    the same few files, and a module walk can bring dozens of holders."""
-    try:
-        st = os.stat(source_file)
-    except OSError:
-        return None
-    key = (source_file, st.st_mtime_ns, st.st_size)
-    if key not in _sources:
-        try:
-            with open(source_file, encoding="utf-8") as fh:
-                text = fh.read()
-            _sources[key] = (text, ast.parse(text))
-        except (OSError, SyntaxError, ValueError):
-            _sources[key] = None
-    return _sources[key]
-
-
-_visited: dict[tuple[int, str], _Mutations] = {}  # (id of a parsed tree, holder name) -> its walk
-
-
-def _mutations(source_file: str, name: str) -> _Mutations | None:
-    """The walk of `source_file` for the lines that grow `name`, kept per parsed tree (a file
-    edited since is parsed, and walked, again): each scan asks for the same holders. None when
-    the file is unreadable or does not spell the name's last part (a line that grows `a.b.rm`
-    spells `rm`: most of a module's holders, `model.3.running_mean`, appear nowhere in the
-    training script)."""
-    src = _source(source_file)
-    if src is None or name.rsplit(".", 1)[-1] not in src[0]:
-        return None
-    key = (id(src[1]), name)  # (the trees are kept in _sources: an id is never reused)
-    v = _visited.get(key)
-    if v is None:
-        v = _visited[key] = _Mutations(name)
-        v.visit(src[1])
-    return v
-
-
-def mutation_lines(source_file: str, name: str, step_lines: tuple[int, int] | None = None) -> list[int]:
-    """Lines that grow the holder `name`, the likeliest first: those inside the step function
-    (`step_lines`, its first and last line), then any but the stores of a literal (`x[k] = 0.0`, a
-    reset), then in file order."""
-    v = _mutations(source_file, name)
-    if v is None:
-        return []
-    lo, hi = step_lines or (0, -1)
-    return sorted(set(v.lines), key=lambda n: (not lo <= n <= hi, n in v.weak, n))
-
-
-def mutation_keys(source_file: str, name: str) -> dict[int, Any]:
-    """{line: key} for the lines that grow an entry of the holder `name` spelled with a constant
-    key (`stats["loss"] += loss`, `stats["outputs"].append(out)`)."""
-    v = _mutations(source_file, name)
-    return {} if v is None else v.keys
-
-
 def _graph_stores(value: dict, source_file: str, name: str, lines: list[int]) -> list[dict[str, Any]]:
     """Each line of the step that stores into an entry of the dict holder `value` that carries a
     graph now: [{"file", "line", "key", "rows"}] (rows: row_parts of that entry). Several lines can
@@ -599,60 +383,6 @@ def _graph_stores(value: dict, source_file: str, name: str, lines: list[int]) ->
             continue
         out.append({"file": source_file, "line": line, "key": key, "rows": row_parts(value[key])})
     return out
-
-
-def _class_defs(tree: ast.Module) -> dict[str, ast.ClassDef]:
-    """ClassDef nodes by qualified name as Python spells `__qualname__` (`Outer.Inner`,
-    `make.<locals>.Net`)."""
-    out: dict[str, ast.ClassDef] = {}
-
-    def walk(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                out.setdefault(prefix + child.name, child)
-                walk(child, f"{prefix}{child.name}.")
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                walk(child, f"{prefix}{child.name}.<locals>.")
-            else:
-                walk(child, prefix)
-
-    walk(tree, "")
-    return out
-
-
-_attr_lines: dict[tuple[type, str], tuple[str, int] | None] = {}
-
-
-def attribute_line(cls: type, attr: str) -> tuple[str, int] | None:
-    """(file, line) of the first line in the user's own classes (`cls` and the bases it inherits
-    from, up to nn.Module) whose methods grow `self.<attr>`: `self.rm = 0.9 * self.rm + ...`,
-    `self.queue = torch.cat([self.queue, k])`, `self.cache.append(...)`. Library classes (torch's
-    BatchNorm) are not the user's to patch, and name no line. Cached per (class, attribute):
-    classes do not change between scans."""
-    key = (cls, attr)
-    if key in _attr_lines:
-        return _attr_lines[key]
-    found = None
-    for klass in cls.__mro__:
-        if klass is torch.nn.Module or klass is object:
-            break
-        try:
-            file = inspect.getsourcefile(klass)
-        except (TypeError, OSError):
-            continue
-        if not file or is_library(file):
-            continue
-        src = _source(file)
-        node = _class_defs(src[1]).get(klass.__qualname__) if src is not None else None
-        if node is None:
-            continue
-        v = _Mutations(f"self.{attr}")
-        v.visit(node)
-        if v.lines:
-            found = (file, min(v.lines))
-            break
-    _attr_lines[key] = found
-    return found
 
 
 def step_lines(fn: Any, source_file: str | None) -> tuple[int, int] | None:
@@ -841,6 +571,9 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
     found += _closure_holders(closures, claimed)
     held = {id(t): t for (_, _, tensors, _, _), _ in found for t in tensors
             if type(t) in _TENSORS and t.grad_fn is not None}
+    # a view held keeps its base alive (`newvalue = value_head(x).view(-1)`): the base is held too
+    held.update({id(b): b for b in [t._base for t in held.values()]
+                 if b is not None and type(b) in _TENSORS and b.grad_fn is not None})
     if named:
         live = list(held.values())
     elif memo is not None:

@@ -8,6 +8,7 @@ import msgspec
 
 from auditor import __version__
 from auditor.evidence.model import Evidence
+from auditor.evidence.between import between
 from auditor.evidence.own_cost import own_cost
 from auditor.evidence.step_clock import step_clock
 from auditor.reports.allocator_view import document_section as allocator_section
@@ -37,6 +38,7 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
             "total_ms": round(sum(per_step), 3),
             "profiled_steps": [s.index for s in evidence.steps if s.profiled],
             "own_cost": msgspec.to_builtins(own_cost(evidence)),
+            "between": msgspec.to_builtins(between(evidence)),
             "gpu": steps_gpu(evidence),
         },
         "ending": msgspec.to_builtins(evidence.ending),

@@ -44,6 +44,7 @@ from auditor.reports.findings_json import document
 from auditor.reports.patch import fixes_patch_edits, numerics_patchable
 from auditor.reports.plots import MAX_LINE_POINTS, PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a finding's line: those recorded)
+from auditor.reports.between_line import between_phrase
 from auditor.reports.terminal import (PER_RULE_LINES, by_cost, checkpoint_overview, elsewhere_phrase, program_phrase,
                                       recoverable, snapshot_overview, steps_of)
 from auditor.findings import Finding
@@ -398,6 +399,7 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "median_ms": fmt_ms(ev.shown_median_ms()),
         "own_cost": own_cost_phrase(ev),
         "program": program_phrase(ev) if ev.program is not None else None,
+        "between": between_phrase(ev) if ev.program is not None else None,
         "clock": clock_phrase(ev),
         "processes": started_processes_phrase(ev),
         "bound": step_clock(ev).bound,

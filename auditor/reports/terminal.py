@@ -20,6 +20,7 @@ from auditor.evidence.model import Evidence, WindowCut
 from auditor.evidence.loops import loops, medians
 from auditor.reports.allocator_view import lines as allocator_lines
 from auditor.reports.base import Reporter
+from auditor.reports.between_line import between_phrase
 from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.processes_line import started_processes_phrase
 from auditor.reports.rehearsal_line import no_gpu_work_phrase
@@ -452,6 +453,8 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         lines.append(Text(cost, style="dim"))
     if evidence.program is not None:
         lines.append(Text(program_phrase(evidence), style="dim"))
+        if (gaps := between_phrase(evidence)) is not None:
+            lines.append(Text(gaps, style="yellow"))
     if (cpu_only := no_gpu_work_phrase(evidence)) is not None:
         lines.append(Text(cpu_only, style="yellow"))
     if (started := started_processes_phrase(evidence)) is not None:

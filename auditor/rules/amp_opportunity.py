@@ -132,7 +132,7 @@ class AmpOpportunity(TraceRule):
             + "; ".join(f"{p.what} x{per_step(p.count / n)}/step ({of(p) / n / 1e9:.3f} GFLOP) at "
                         f"{line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
                         for p in places[:5])
-            + "; on a GPU with tensor cores, mixed precision runs them several times faster." + typical.note(),
+            + "; on a GPU with tensor cores, mixed precision runs them several times faster." + typical.note(first),
             locations=locations(places),
             evidence={"fp32_gflop_per_step": round(fp32 / n / 1e9, 4), "gflop_per_step": round(total / n / 1e9, 4),
                       "fp32_share": round(fp32 / total, 4), "fp32_calls_per_step": round(calls / n, 2), "steps": n,

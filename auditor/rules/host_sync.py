@@ -339,7 +339,7 @@ class HostSync(Rule):
                            if s.get("before_elapsed_time") else "")
                         for s in sites[:5])
             + (f"; inside the framework: {'; '.join(fw_advice)}" if fw_advice else "")
-            + typical.note()
+            + typical.note(sites[0]["file"])
             + (f". {confidence_text}" if confidence_text else ""),
             severity=sev, locations=locations(places),
             evidence={"syncs_per_step": round(rate, 2), "sites": sites, "measured_on_device": real,
@@ -376,7 +376,7 @@ def _advice(p: Any) -> list[str]:
     return out
 
 
-PHASES = {"between": "between steps (an eval loop, a checkpoint save)", "after": "after the last audited step"}
+PHASES = {"between": "between steps (an eval loop, a rollout, a checkpoint save)", "after": "after the last audited step"}
 
 
 def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
@@ -407,7 +407,10 @@ def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
                                  **({"inside": made_inside(p)} if p.vias else {})} for p in places]},
             cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
                       note=f"outside the steps ({phase}): not in the step time"),
-            fix=Fix(summary="accumulate on the device and fetch once (`total += x.sum()`, one `.item()` at the end)"))
+            fix=Fix(summary="where the values are only logged or summed, accumulate on the device and fetch once "
+                            "(`total += x.sum()`, one `.item()` at the end); where the host acts on each one (an "
+                            "environment's next action, an early stop), the fetch is the loop's own: fetch more per "
+                            "call (more environments a step) rather than fewer calls"))
 
 
 def _timed_by_events(ev: m.Evidence, places: list) -> dict[int, int]:

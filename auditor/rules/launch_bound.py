@@ -204,7 +204,7 @@ class LaunchBound(TraceRule):
                         f"{line_ref(s['where'].file if s['where'] else None, s['where'].line if s['where'] else None, first)}"
                         for s in named)
             + f". About {cost.ms_per_step:g} ms/step of launch time (estimated; the backward pass's launches, "
-            "not seen in a rehearsal, add to it)." + typical.note())
+            "not seen in a rehearsal, add to it)." + typical.note(first))
         return self.finding(
             message,
             locations=[Location.of(s["where"]) for s in named if s["where"] is not None],

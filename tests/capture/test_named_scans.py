@@ -133,3 +133,24 @@ def test_the_named_scan_counts_what_a_full_scan_counts_under_the_names():
     assert {h["name"]: h["graph_tensors"] for h in named["holders"] if h["graph_tensors"] and h["name"] != "earlier"} \
         == {"losses": 4, "seen": 4}
     assert named["tensors"] == 8 + len(module.earlier)
+
+
+def test_a_view_held_under_a_name_names_its_base():
+    """A global that holds a view of a result with history (PPO's `newvalue = critic(x).view(-1)`,
+    a `gather(...).squeeze(-1)`) keeps the view's base alive, a tensor with history that no name
+    holds itself: it counts as held, so the scans after three full ones read the names only, and
+    count the base as a full scan does."""
+    module = types.ModuleType("prog")
+    w = torch.ones(4, 1, requires_grad=True)
+    gc.collect()
+    module.earlier = [o for o in gc.get_objects() if type(o) in (torch.Tensor, torch.nn.Parameter)
+                      and o.grad_fn is not None]
+    memo = graphs.ScanMemo()
+    for i in range(graphs.ScanMemo.FULL):
+        module.newvalue = (w * i).view(-1)
+        module.logprob = w.gather(0, torch.full((1, 1), i % 4)).squeeze(-1)
+        full = graphs.scan(module, None, memo=memo)
+    assert not memo.unnamed and memo.named_only()
+    named = graphs.scan(module, None, memo=memo, named_only=True)
+    assert memo.full == graphs.ScanMemo.FULL  # (it read the names only)
+    assert named["tensors"] == full["tensors"] == 4 + len(module.earlier)  # (two views, two bases)

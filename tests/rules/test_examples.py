@@ -753,7 +753,7 @@ def test_memory_growth_says_gpu_memory_for_gpu_tensors_in_rehearsal(tmp_path, de
 def test_the_lines_that_grow_a_holder(tmp_path):
     """The line memory-growth names: appends, keyed stores, updates, `+=`, and an object's own
     methods growing `self.attr` for a holder `name.attr`."""
-    from auditor.capture.graphs import mutation_lines
+    from auditor.capture.growth_lines import mutation_lines
 
     src = tmp_path / "t.py"
     src.write_text("class Replay:\n"

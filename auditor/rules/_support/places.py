@@ -7,6 +7,7 @@ from statistics import median
 from auditor.evidence.model import Evidence, Tally
 from auditor.evidence.frame import Frame
 from auditor.findings import Cost, Location, share_of_step, step_basis_ms
+from auditor.rules._support.text import line_ref
 
 
 @dataclass
@@ -39,13 +40,22 @@ class Typical:
     n: int
     left_out: dict[int, int]
     median_calls: float
+    burst: list[tuple[int, Tally]] = field(default_factory=list)  # the pairs left out
 
-    def note(self) -> str:
-        """The message's words for what was left out ("" when nothing was)."""
+    def note(self, headline_file: str | None = None) -> str:
+        """The message's words for what was left out ("" when nothing was): each burst's calls, and
+        the places that made most of them (the burst's calls may come from lines the per-step
+        counts never see, as a learner's first step holds the actions of its first rollout)."""
         if not self.left_out:
             return ""
-        steps = ", ".join(f"step {s} ({k:,})" for s, k in sorted(self.left_out.items()))
-        return (f" (left out of the per-step counts, as a one-off burst of calls: {steps}, against "
+        steps = []
+        for s, k in sorted(self.left_out.items()):
+            places = by_place([(i, t) for i, t in self.burst if i == s])
+            made = ", ".join(f"{p.what} x{p.count:,} at "
+                             + line_ref(p.where.file if p.where else None, p.where.line if p.where else None, headline_file)
+                             for p in places[:2]) + (", ..." if len(places) > 2 else "")
+            steps.append(f"step {s} ({k:,}: {made})" if made else f"step {s} ({k:,})")
+        return (f" (left out of the per-step counts, as a one-off burst of calls: {', '.join(steps)}, against "
                 f"{self.median_calls:g} in the median step)")
 
     def left_out_steps(self) -> dict[str, int]:
@@ -69,7 +79,8 @@ def typical_pairs(ev: Evidence, kind: str) -> Typical:
     bursts = {s: k for s, k in calls.items() if mid > 0 and k > BURST_FACTOR * mid}
     if len(calls) < 3 or not bursts or len(bursts) * 4 >= len(calls):
         return Typical(pairs, n, {}, mid)
-    return Typical([(s, t) for s, t in pairs if s not in bursts], max(1, n - len(bursts)), bursts, mid)
+    return Typical([(s, t) for s, t in pairs if s not in bursts], max(1, n - len(bursts)), bursts, mid,
+                   [(s, t) for s, t in pairs if s in bursts])
 
 
 def place_key(t: Tally | Place) -> tuple:
