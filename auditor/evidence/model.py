@@ -23,6 +23,9 @@ EVIDENCE_VERSION = 2
 
 # Kinds of probe tallies recorded while steps run (see auditor.capture.probes).
 SYNC = "sync"  # a device->host synchronisation: .item(), .cpu(), bool(t), torch.cuda.synchronize() ...
+# `what` of a SYNC torch.distributions makes to check a distribution's arguments, or a value given to
+# its log_prob (validate_args, on by default), at the user's line that made it or called log_prob
+DISTRIBUTION_CHECK = "torch.distributions argument check"
 BACKWARD = "backward"  # Tensor.backward / autograd.backward / autograd.grad
 RETAINED_UNUSED = "retained-unused"  # a retain_graph=True graph never backpropagated again
 # a retained graph counted unused in its step that the next step's backward then ran into: a tensor

@@ -86,6 +86,11 @@ ADVICE = {
     EVENT_TIMING: "time with the events every N steps: call `end.synchronize()` and `start.elapsed_time(end)` only "
                   "at logging steps (`if i % 50 == 0`); the events keep the timestamps of their last record, so "
                   "the other steps need not wait",
+    m.DISTRIBUTION_CHECK: "torch.distributions checks each distribution's arguments when it is made, and each value "
+                        "given to its log_prob, and reads each check's result back to the host: once the program "
+                        "is known to make valid ones, turn the checks off with "
+                        "`torch.distributions.Distribution.set_default_validate_args(False)` at its start (or "
+                        "`validate_args=False` where each is made); what it computes is unchanged",
     "ReduceLROnPlateau.step": "step ReduceLROnPlateau once per epoch (or per validation) on a value already "
                               "fetched: it reads the metric with float(), so a device tensor is fetched at each call",
 }
@@ -208,8 +213,11 @@ class HostSync(Rule):
         step with their line.
         Also the syncs torch makes on the user's behalf: `GradScaler.step(opt)` reads found_inf
         with `.item()` every step unless the optimizer is fused, `ReduceLROnPlateau.step(loss)`
-        reads a tensor metric with `float()`, and torch.utils.tensorboard's
-        `SummaryWriter.add_scalar(tag, tensor)` fetches the tensor at each call.
+        reads a tensor metric with `float()`, torch.utils.tensorboard's
+        `SummaryWriter.add_scalar(tag, tensor)` fetches the tensor at each call, and
+        torch.distributions checks a distribution's arguments when it is made and the value given
+        to its `log_prob` (`validate_args`, on by default), reading each check back to the host
+        (the fix: `torch.distributions.Distribution.set_default_validate_args(False)`).
         A sync a library makes inside the user's call (transformers' causal-mask code reads a
         model's position ids back to test for packed sequences, every forward) is counted at that
         call, with the library function that made it (`inside`): no edit of the call is advised,
@@ -376,6 +384,10 @@ def _advice(p: Any) -> list[str]:
     return out
 
 
+OUTSIDE_ADVICE = ("where the values are only logged or summed, accumulate on the device and fetch once (`total += "
+                  "x.sum()`, one `.item()` at the end); where the host acts on each one (an environment's next "
+                  "action, an early stop), the fetch is the loop's own: fetch more per call (more environments a "
+                  "step) rather than fewer calls")
 PHASES = {"between": "between steps (an eval loop, a rollout, a checkpoint save)", "after": "after the last audited step"}
 
 
@@ -390,6 +402,7 @@ def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
         if not places:
             continue
         first = places[0].where.file if places[0].where else None
+        checks = [p for p in places if p.what == m.DISTRIBUTION_CHECK]  # (a setting turns these off)
         # under torch.no_grad() outside the steps: an evaluation loop, named so
         evaluating = [p for p in places if p.data.get("no_grad")]
         if phase == "between" and len(evaluating) == len(places):
@@ -407,10 +420,8 @@ def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
                                  **({"inside": made_inside(p)} if p.vias else {})} for p in places]},
             cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
                       note=f"outside the steps ({phase}): not in the step time"),
-            fix=Fix(summary="where the values are only logged or summed, accumulate on the device and fetch once "
-                            "(`total += x.sum()`, one `.item()` at the end); where the host acts on each one (an "
-                            "environment's next action, an early stop), the fetch is the loop's own: fetch more per "
-                            "call (more environments a step) rather than fewer calls"))
+            fix=Fix(summary=OUTSIDE_ADVICE + (f"; {ADVICE[m.DISTRIBUTION_CHECK]}" if checks else ""),
+                    config=_config(checks)))
 
 
 def _timed_by_events(ev: m.Evidence, places: list) -> dict[int, int]:
@@ -538,4 +549,6 @@ def _config(places: list, returned: set[int] = frozenset()) -> dict[str, Any]:  
         config["log_every_n_steps"] = LOG_EVERY
     if any(p.what == "GradScaler.step" for p in places):
         config["optimizer"] = {"fused": True}
+    if any(p.what == m.DISTRIBUTION_CHECK for p in places):
+        config["torch.distributions.Distribution.set_default_validate_args"] = False
     return config

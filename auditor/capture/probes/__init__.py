@@ -227,6 +227,15 @@ def _logging_sync(filename: str, what: str) -> str | None:
 
 def _register_internal_syncs() -> None:
     try:
+        from torch.distributions.distribution import Distribution
+
+        # (it checks a distribution's arguments when it is made, and a value given to log_prob, by
+        # default, and tests each check's result on the host: `if not torch._is_all_true(valid)`)
+        _INTERNAL_SYNCS[Distribution.__init__.__code__] = m.DISTRIBUTION_CHECK
+        _INTERNAL_SYNCS[Distribution._validate_sample.__code__] = m.DISTRIBUTION_CHECK
+    except (ImportError, AttributeError):
+        pass
+    try:
         from torch.optim.lr_scheduler import ReduceLROnPlateau
 
         _INTERNAL_SYNCS[ReduceLROnPlateau.step.__code__] = "ReduceLROnPlateau.step"
