@@ -211,6 +211,9 @@ class StepFinder:
         self.first_loader: int | None = None
         self.last_loader: int | None = None
         self.train_loader: int | None = None
+        # the iterator whose fetch began the open step (or the last one), until it is exhausted:
+        # another iterator of the training loader fetching while it lives is no fetch of the loop's
+        self.train_iter: weakref.ref | None = None
         self.mode: str | None = None  # "optimizer" | "dataloader" | "marker" once known
         self.done = False  # the audit's steps are done, or the program ended: no more steps
         self.stopped = False  # StepsDone was raised: the audit ended the program after its steps
@@ -286,14 +289,36 @@ class StepFinder:
         def __next__(it):
             if not finder._live() or finder.rec.in_data:
                 return orig(it)
-            if not finder.before_fetch(getattr(it, "_audit_loader_id", id(it))):
-                return orig(it)
+            if not finder.before_fetch(getattr(it, "_audit_loader_id", id(it)), it):
+                return finder._next(orig, it)
             t0, c0 = time.perf_counter(), time.process_time()
-            batch = orig(it)  # (a StopIteration begins no step: the epoch is over)
+            batch = finder._next(orig, it)  # (a StopIteration begins no step: the epoch is over)
             if not finder.done:
                 finder._begin(t0, c0)
+                try:
+                    finder.train_iter = weakref.ref(it)
+                except TypeError:  # (an iterator without weak references: not told apart)
+                    finder.train_iter = None
             return batch
         return __next__
+
+    def _next(self, orig: Callable, it: Any) -> Any:
+        try:
+            return orig(it)
+        except StopIteration:
+            if self.train_iter is not None and self.train_iter() is it:
+                self.train_iter = None  # (its epoch is over: the next iterator is the loop's)
+            raise
+
+    def _side_fetch(self, loader: int, it: Any) -> bool:
+        """A fetch of the training DataLoader through another iterator than the one the loop
+        fetches from, while that one lives and has batches left: an evaluation that reads batches
+        of the training set mid-epoch (LLMs-from-scratch's `calc_loss_loader(train_loader, ...)`
+        every 5 steps), taken as a fetch of another loader: it begins no step."""
+        if it is None or loader != self.train_loader or self.train_iter is None:
+            return False
+        current = self.train_iter()
+        return current is not None and current is not it
 
     def on_backward(self, what: str, tensors: Any = None) -> None:
         """A backward pass of the user's code begins (autograd.grad, no pass of the step, aside)."""
@@ -321,15 +346,17 @@ class StepFinder:
                 finder.on_optimizer_step(optimizer)
         return step
 
-    def before_fetch(self, loader: int) -> bool:
-        """A DataLoader fetch is about to run: cross a boundary if it is one. True when a step
-        begins if the fetch returns a batch."""
+    def before_fetch(self, loader: int, it: Any = None) -> bool:
+        """A DataLoader fetch (through the iterator `it`) is about to run: cross a boundary if it is
+        one. True when a step begins if the fetch returns a batch."""
         self._forget_gone_loaders()
         if self.first_loader is None:
             self.first_loader = loader
         self.last_loader = loader
         if self.mode == "marker":
             return False
+        if self._side_fetch(loader, it):
+            loader = -1  # (as another loader's: no id of an object is -1)
         if self.iteration is None:
             if self.train_loader is not None:
                 starts = loader == self.train_loader

@@ -430,3 +430,60 @@ def test_an_agent_that_acts_under_no_grad_on_some_iterations_keeps_each_action_i
     assert f["evidence"]["syncs_per_step"] == typical and f["evidence"]["left_out_steps"] == {"0": 33}, f["evidence"]
     assert (f"one-off burst of calls: step 0 (33: Tensor.item x33 at line {line}), against 1 in the median step"
             in f["message"]), f["message"]
+
+
+SIDE_ITERATOR = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+train_dl = DataLoader(TensorDataset(torch.randn(48, 8), torch.randn(48, 1)), batch_size=8, shuffle=True)
+val_dl = DataLoader(TensorDataset(torch.randn(16, 8), torch.randn(16, 1)), batch_size=8)
+model = nn.Linear(8, 1)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def calc_loss_loader(loader, num_batches=1):
+    total = 0.0
+    for i, (x, y) in enumerate(loader):  # EVAL FETCH LINE
+        if i < num_batches:
+            total += (model(x) - y).pow(2).mean().item()
+        else:
+            break
+    return total / num_batches
+
+
+step = -1
+for epoch in range(2):
+    for x, y in train_dl:  # LOOP FETCH LINE
+        opt.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        step += 1
+        if step % 3 == 0:  # LLMs-from-scratch's evaluation: a batch of each set, the training one too
+            model.eval()
+            with torch.no_grad():
+                train_loss, val_loss = calc_loss_loader(train_dl), calc_loss_loader(val_dl)
+            model.train()
+'''
+
+
+def test_an_evaluation_that_reads_the_training_loader_mid_epoch_is_between_the_steps(tmp_path):
+    """Every third step the evaluation iterates the training DataLoader afresh (a second iterator
+    while the loop's lives): its fetch is no fetch of the loop's, so it begins no step. Each step
+    holds the loop's fetch, its forward and its update; the evaluations are between the steps (they
+    had begun the next step, which then held them: 3 forwards, 4 fetches, every third step); the
+    second epoch's new iterator, after the first ran out, begins its steps."""
+    a = run(tmp_path, SIDE_ITERATOR)
+    loop = next(n for n, text in enumerate(SIDE_ITERATOR.splitlines(), 1) if "LOOP FETCH LINE" in text)
+    steps = a.evidence["steps"]
+    assert len(steps) == 12
+    assert [count(s, "forward") for s in steps] == [1] * 12
+    assert [count(s, "optimizer") for s in steps] == [1] * 12
+    fetches = [[(t["where"]["line"], t["count"]) for t in s["tallies"] if t["kind"] == "data-wait"] for s in steps]
+    assert fetches == [[(loop, 1)]] * 12, fetches
+    between = [o["after_step"] for o in a.evidence["outside"] if o["phase"] == "between"]
+    assert between == [0, 3, 5, 6, 9], between  # (after step 5: the first epoch's end, the next iterator made)
+    [f] = [f for f in a.rule("host-sync") if f["evidence"].get("phase") == "between"]
+    assert f["evidence"]["evaluation"] is True and f["evidence"]["sites"][0]["count"] == 8  # (two a stretch)
