@@ -310,6 +310,14 @@ class StepFinder:
                 self.train_iter = None  # (its epoch is over: the next iterator is the loop's)
             raise
 
+    def _evaluating_first(self) -> bool:
+        """Whether a fetch is an evaluation before training, part of the program's setup: one run
+        under no_grad before the first step, in a program that may make an optimizer
+        (LLMs-from-scratch's initial losses over 5 batches of each set, before its AdamW is made;
+        a sanity check's validation batches). It begins no step, and its loader is not taken for
+        the loop's: the passes after it are setup too (_setting_up)."""
+        return self.begun == 0 and not self.no_optimizer and not torch.is_grad_enabled()
+
     def _side_fetch(self, loader: int, it: Any) -> bool:
         """A fetch of the training DataLoader through another iterator than the one the loop
         fetches from, while that one lives and has batches left: an evaluation that reads batches
@@ -350,6 +358,8 @@ class StepFinder:
         """A DataLoader fetch (through the iterator `it`) is about to run: cross a boundary if it is
         one. True when a step begins if the fetch returns a batch."""
         self._forget_gone_loaders()
+        if self.mode != "marker" and self._evaluating_first():
+            return False
         if self.first_loader is None:
             self.first_loader = loader
         self.last_loader = loader

@@ -487,3 +487,50 @@ def test_an_evaluation_that_reads_the_training_loader_mid_epoch_is_between_the_s
     assert between == [0, 3, 5, 6, 9], between  # (after step 5: the first epoch's end, the next iterator made)
     [f] = [f for f in a.rule("host-sync") if f["evidence"].get("phase") == "between"]
     assert f["evidence"]["evaluation"] is True and f["evidence"]["sites"][0]["count"] == 8  # (two a stretch)
+
+
+EVALUATED_FIRST = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+train_dl = DataLoader(TensorDataset(torch.randn(48, 8), torch.randn(48, 1)), batch_size=8, shuffle=True)
+val_dl = DataLoader(TensorDataset(torch.randn(16, 8), torch.randn(16, 1)), batch_size=8)
+model = nn.Linear(8, 1)
+
+
+def calc_loss_loader(loader, num_batches):
+    total = 0.0
+    for i, (x, y) in enumerate(loader):
+        if i < num_batches:
+            total += (model(x) - y).pow(2).mean().item()
+        else:
+            break
+    return total / num_batches
+
+
+with torch.no_grad():  # the initial losses, before the optimizer is made (LLMs-from-scratch ch07)
+    train_loss, val_loss = calc_loss_loader(train_dl, 4), calc_loss_loader(val_dl, 2)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for epoch in range(2):
+    for x, y in train_dl:
+        loss = (model(x) - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_an_evaluation_before_training_is_setup(tmp_path):
+    """Losses read under no_grad over batches of both loaders before the optimizer is made: setup,
+    not steps (each of its fetches began one: 6 steps of one forward and no update, taken for a
+    first training loop of its own). The 12 steps are the training loop's, each with its update."""
+    a = run(tmp_path, EVALUATED_FIRST)
+    steps = a.evidence["steps"]
+    assert len(steps) == 12 and [count(s, "optimizer") for s in steps] == [1] * 12
+    assert [count(s, "forward") for s in steps] == [1] * 12
+    setup = a.evidence["setup"]
+    assert sum(t["count"] for t in setup if t["kind"] == "forward") == 6
+    assert sum(t["count"] for t in setup if t["kind"] == "sync") == 6
+    assert a.evidence["program"]["steps_found"] == (
+        "optimizer steps (AdamW), 1 per iteration; each begins at a fetch of the training DataLoader")
