@@ -8,7 +8,9 @@ A step is one iteration of the training loop, as a person counts it:
   step, once every optimizer seen stepping has stepped in it; one the program has let go of, its
   `del optimizer` or its name rebound to the next stage's, is not waited for);
 - the step closes at the first activity after its last optimizer step that begins an iteration: the next fetch of the
-  training DataLoader (the loader fetched last before an optimizer step), which then begins the
+  training DataLoader (the loader fetched last before an optimizer step) through the loop's
+  iterator (another iterator of it, made while the loop's lives and has batches left, fetches as
+  another loader does: an evaluation that reads training batches mid-epoch), which then begins the
   next step, timed from the fetch's start; where no training DataLoader is known, the next
   outermost backward pass or module forward run with grad enabled. Forwards under no_grad after
   the optimizer step (gat's evaluation of train and validation accuracy each epoch, an LBFGS
@@ -53,7 +55,8 @@ A step is one iteration of the training loop, as a person counts it:
 - a forward or backward pass before the first step, in a program that may make an optimizer and
   has made a DataLoader and not fetched from it yet, is its setup (a style image's features, a sanity check's dummy batch):
   it begins no step; the loop's first fetch does (where an optimizer steps first, the loop never
-  fetches: its first step holds those passes);
+  fetches: its first step holds those passes). So is a fetch under no_grad before the first step
+  in such a program, and the passes after it (an evaluation before training);
 - `auditor.step()` calls, once one is seen, are the only boundaries: each ends the open step and
   begins the next;
 - the program's end closes an open step that has its ending (an optimizer step, or a DataLoader
