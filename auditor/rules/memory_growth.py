@@ -71,6 +71,11 @@ class MemoryGrowth(Rule):
                "Process memory (RSS) only: the growth must also be at least this share of the first step "
                "used's, since a large heap's own churn moves it by tens of MiB between runs of the same "
                "program (device memory is counted exactly)."),
+        Option("min-rss-steps", 30,
+               "Process memory (RSS) only, where no holder explains it: a trend read on fewer steps is info, "
+               "said to be unsure, since a heap and a DataLoader's batches in flight settle over tens of steps "
+               "(pytorch/examples imagenet --dummy rose 240 MiB over steps 9-19 of a 20-step audit, then stayed "
+               "flat to step 79)."),
         Option("min-held-growth-mib", 4.0, "Growth, in MiB, of the tensors one module-level name holds (a list, "
                                            "dict or global) that grew at every scan, to flag: counted exactly, "
                                            "so less growth than RSS needs is proof enough."),
@@ -137,6 +142,8 @@ class MemoryGrowth(Rule):
             scans = spread_scans(ev.graph_scans)
             span = max(1, scans[-1].after_step - scans[0].after_step)
             slope, growth = held_growth / span, held_growth
+        # process memory alone, over few steps: growth or a heap still settling, not told apart
+        unsure = trend and not device and not held and not locs and len(steps) < options.min_rss_steps
         if trend:
             head = f"{what} grew by {growth:.0f} MiB ({slope:.2f} MiB per step, rank correlation {rho:.2f})"
             if rehearsed_gpu:
@@ -148,10 +155,13 @@ class MemoryGrowth(Rule):
         yield self.finding(
             f"{head}; at this rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB"
             + (" of GPU memory." if rehearsed_gpu else ".")
+            + (f" Read on {len(steps)} steps only, where a process's memory may still be settling (its heap, a "
+               f"DataLoader's batches in flight) and no holder of the program's was seen growing: audit more steps "
+               f"(--steps {max(200, 4 * len(ev.steps))}) to tell." if unsure else "")
             + (f" Held by {'module state' if not any(h.get('function') for h in holders) else 'the program'}: "
                f"{held}." if held else "") + (f" ({caps}.)" if caps else "") + allocs,
-            locations=locs,
-            evidence={"metric": metric, "start_mib": round(ys[0], 1) if ys else None,
+            severity="info" if unsure else None, locations=locs,
+            evidence={"metric": metric, "unsure": unsure, "start_mib": round(ys[0], 1) if ys else None,
                       "end_mib": round(ys[-1], 1) if ys else None, "held_growth_mib": round(held_growth, 1),
                       "growth_mib": round(growth, 1), "mib_per_step": round(slope, 3), "spearman": round(rho, 3),
                       "steps_used": len(steps), "gpu_tensors_in_rehearsal": rehearsed_gpu,
