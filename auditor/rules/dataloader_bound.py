@@ -22,6 +22,7 @@ from auditor.findings import Cost, Finding, Fix, Location, share_of_step, step_b
 from auditor.fixes import call_site, computed_kwargs, edit_call_kwargs, edit_mapping, given_elsewhere
 from auditor.rules._support.copies import non_blocking_edits
 from auditor.rules.base import Option, Options, Rule
+from auditor.rules._support.cli_flags import flag_for
 from auditor.rules._support.confidence import share_confidence
 from auditor.rules._support.frameworks import loader_settings
 
@@ -150,7 +151,9 @@ class DataloaderBound(Rule):
         num_workers=0 run unless you seed workers. An IterableDataset is yielded whole by every
         worker unless its `__iter__` splits the stream (`get_worker_info()`): for one that does not
         (and has no worker_init_fn), the advice says to shard it first, and the patch leaves the
-        worker settings out.
+        worker settings out. A setting the call reads from the program's command line
+        (`num_workers=int(opt.workers)`, an argparse `--workers`) is left to that option: the fix
+        says to run the program with it (`--workers 8`).
 
     Evidence needed:
         A run (timed probe on DataLoader iteration, settings captured at DataLoader creation, the
@@ -452,9 +455,15 @@ class DataloaderBound(Rule):
                         f"`torch.utils.data.get_worker_info()`: id and num_workers); the patch leaves the "
                         f"worker settings out.")
         if computed:  # a patch hard-coding them would leave the config entry dead
-            summary += (" The call takes " + ", ".join(f"{k} from {src}" for k, src in computed.items())
-                        + ": set " + ", ".join(f"{k}={rec[k]!r}" for k in computed) + " there; the patch leaves "
-                        + ("it" if len(computed) == 1 else "them") + " alone.")
+            # (read from the program's command line: the fix is its option, `--workers 8`)
+            flags = ({k: flag_for(loader.where.file, src) for k, src in computed.items()}
+                     if loader and loader.where else {})
+            summary += (" The call takes " + ", ".join(f"{k} from {src}" + (f", the command line's {flags[k]}"
+                                                                                if flags.get(k) else "")
+                                                       for k, src in computed.items())
+                        + ": " + ", ".join(f"run it with {flags[k]} {rec[k]!r}" if flags.get(k) else
+                                           f"set {k}={rec[k]!r} there" for k in computed)
+                        + "; the patch leaves " + ("it" if len(computed) == 1 else "them") + " alone.")
         if "pin_memory" in rec:
             summary += " Copy the pinned batches with .to(device, non_blocking=True), so the copy overlaps compute."
         summary += unpacked_note

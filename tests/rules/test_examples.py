@@ -870,6 +870,28 @@ def test_host_sync_rates_are_rounded_alike_in_headline_and_sites(tmp_path):
     assert "x1/step at line 10" in f["message"] and "x0.571/step at line 9" in f["message"], f["message"]
 
 
+def test_a_dataloader_setting_read_from_the_command_line_names_its_option(tmp_path):
+    """`num_workers=int(args.workers)` from an argparse option (pytorch/examples' dcgan and
+    imagenet: `--workers`): the fix is to run the program with that option, and the patch leaves
+    the call alone."""
+    src = (EXAMPLES / "dataloader_bound.py").read_text().replace(
+        "loader = DataLoader(SyntheticImages(), batch_size=64, shuffle=True,",
+        "import argparse\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('-j', '--workers', type=int, default=0, help='data loading workers')\n"
+        "args = parser.parse_args([])\n"
+        "loader = DataLoader(SyntheticImages(), batch_size=64, shuffle=True, num_workers=int(args.workers),")
+    trainer = tmp_path / "cli_loader.py"
+    trainer.write_text(src)
+    shutil.copy(EXAMPLES / "_common.py", tmp_path / "_common.py")
+    a = audit("run", f"{trainer}:step", "--steps", "12", "--no-profile", "--quiet", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [f] = a.rule("dataloader-bound")
+    n = f["fix"]["config"]["DataLoader.num_workers"]
+    assert (f"The call takes num_workers from `int(args.workers)`, the command line's --workers: run it with "
+            f"--workers {n}; the patch leaves it alone") in f["fix"]["summary"], f["fix"]["summary"]
+    assert f["fix"]["edits"] == []
+
+
 def test_a_dataloader_setting_read_from_config_is_not_hard_coded(tmp_path):
     """`num_workers=cfg["num_workers"]`: the patch leaves that expression alone (hard-coding 2
     would leave the config entry dead) and the fix says to set it where the config is. Nor does it
