@@ -15,6 +15,8 @@ user's. Syncs before the first step are set-up, not a per-step cost.
 from __future__ import annotations
 
 import ast
+import itertools
+import os
 from collections import Counter, defaultdict
 from typing import Any, Iterable
 
@@ -217,7 +219,8 @@ class HostSync(Rule):
         `SummaryWriter.add_scalar(tag, tensor)` fetches the tensor at each call, and
         torch.distributions checks a distribution's arguments when it is made and the value given
         to its `log_prob` (`validate_args`, on by default), reading each check back to the host
-        (the fix: `torch.distributions.Distribution.set_default_validate_args(False)`).
+        (the fix: `torch.distributions.Distribution.set_default_validate_args(False)`, which
+        fixes.patch adds after the imports at the head of the file that makes them).
         A sync a library makes inside the user's call (transformers' causal-mask code reads a
         model's position ids back to test for packed sequences, every forward) is counted at that
         call, with the library function that made it (`inside`): no edit of the call is advised,
@@ -519,7 +522,35 @@ def _fix(advice: list[str], places: list, returned: set[int] = frozenset()) -> F
     if logged:
         summary += (" fixes.patch prints/logs every " + str(LOG_EVERY) + " steps at line "
                     + ", ".join(str(e.start) for e in logged) + " (guarded by the loop's step counter).")
-    return Fix(summary=summary, config=_config(places, returned), edits=logged)
+    checks = _checks_off([p for p in places if p.what == m.DISTRIBUTION_CHECK])
+    if checks is not None:
+        summary += (f" fixes.patch turns torch.distributions' argument checks off after the imports at the head "
+                    f"of {os.path.basename(checks.file)} (line {checks.end}).")
+    return Fix(summary=summary, config=_config(places, returned), edits=logged + ([checks] if checks else []))
+
+
+CHECKS_OFF = "torch.distributions.Distribution.set_default_validate_args(False)"
+
+
+def _checks_off(places: list) -> Edit | None:
+    """The line that turns torch.distributions' argument checks off, inserted after the imports at
+    the head of the file where the first checked distribution is made, `import torch` among them
+    (before any is made: the module's head runs first); None where there is no such import or the
+    file sets it already."""
+    where = next((p.where for p in places if p.where), None)
+    parsed = parse_file(where.file) if where else None
+    if parsed is None or CHECKS_OFF.split("(")[0] in "\n".join(parsed[1]):
+        return None
+    body = parsed[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # (the module's docstring)
+    # (after the imports at the file's head, where `import torch` is one of them)
+    head = list(itertools.takewhile(lambda n: isinstance(n, (ast.Import, ast.ImportFrom)), body))
+    if not any(isinstance(n, ast.Import) and any(a.name == "torch" and a.asname is None for a in n.names)
+               for n in head):
+        return None
+    after = head[-1].end_lineno or head[-1].lineno
+    return Edit(file=where.file, start=after + 1, end=after, lines=[f"{CHECKS_OFF}  # auditor: host-sync"])
 
 
 _FUSABLE = ("Adam", "AdamW", "SGD")

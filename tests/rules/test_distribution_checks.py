@@ -29,10 +29,10 @@ for it in range(12):
 '''
 
 
-def _audit(tmp_path, validate: str = ""):
+def _audit(tmp_path, validate: str = "", *more: str):
     source = PROGRAM.replace("VALIDATE", validate)
     (tmp_path / "train.py").write_text(source)
-    a = audit("run", str(tmp_path / "train.py"), "--steps", "10", "--no-profile", "--no-numerics", "-q",
+    a = audit("run", str(tmp_path / "train.py"), "--steps", "10", "--no-profile", "--no-numerics", "-q", *more,
               out=tmp_path / "out", cwd=tmp_path)
     assert a.returncode == 0, a.stderr[-3000:]
     assert a.evidence["environment"]["rehearsal"] is True
@@ -54,6 +54,19 @@ def test_the_argument_checks_are_counted_at_the_users_lines_with_their_setting(t
     assert f["fix"]["config"] == {"torch.distributions.Distribution.set_default_validate_args": False}
     assert "set_default_validate_args(False)" in f["fix"]["summary"]
     assert {loc["line"] for loc in f["locations"]} == {lines["MAKE"], lines["LOG_PROB"]}
+    # the patch turns them off after the imports at the file's head (`import torch`, `from torch import nn`)
+    [edit] = f["fix"]["edits"]
+    assert (edit["start"], edit["end"]) == (3, 2) and edit["lines"] == [
+        "torch.distributions.Distribution.set_default_validate_args(False)  # auditor: host-sync"]
+
+
+def test_the_patch_that_turns_them_off_is_verified(tmp_path):
+    """--verify re-runs the program with fixes.patch: the syncs are gone, the weights the same."""
+    a, _ = _audit(tmp_path, "", "--verify")
+    [f] = a.rule("host-sync")
+    v = f["fix"]["verified"]
+    assert v["status"] == "improved" and v["after"]["finding"] is False, v
+    assert v["before"]["weights"] == v["after"]["weights"], v  # (changed results are "changed-results")
 
 
 def test_a_program_that_turned_the_checks_off_has_none(tmp_path):
