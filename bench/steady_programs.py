@@ -74,6 +74,24 @@ def model(x):
         x = torch.tanh(x * w + 0.01)
     return x
 """, 8, 300),
+    # a PPO minibatch update (CleanRL's ppo.py): an actor and a critic of two hidden layers, a
+    # Categorical's log_prob and entropy of 128 actions: many tiny calls a step, the distribution's
+    # argument checks among them
+    "policy-gradient": ("""\
+from torch.distributions import Categorical
+
+actor = nn.Sequential(nn.Linear(4, {width}), nn.Tanh(), nn.Linear({width}, {width}), nn.Tanh(),
+                      nn.Linear({width}, 2)).to(DEVICE)
+critic = nn.Sequential(nn.Linear(4, {width}), nn.Tanh(), nn.Linear({width}, {width}), nn.Tanh(),
+                       nn.Linear({width}, 1)).to(DEVICE)
+opt = torch.optim.Adam([*actor.parameters(), *critic.parameters()], lr=2.5e-4, eps=1e-5)
+x, actions = torch.randn(128, 4, device=DEVICE), torch.randint(0, 2, (128,), device=DEVICE)
+
+
+def model(x):
+    probs = Categorical(logits=actor(x))
+    return probs.log_prob(actions) - 0.01 * probs.entropy() + critic(x).view(-1)
+""", 64, 2),
 }
 
 
@@ -90,5 +108,7 @@ def describe(program: str, width: int | None, layers: int | None) -> str:
     return {"proxy": f"{layers} x (Linear({width}) + LayerNorm + GELU), batch 16, AdamW",
             "cell-loop": f"GRUCell({width}) x 32 calls + Linear head, batch 8, AdamW",
             "causal-lm": f"{layers}-layer causal Transformer d{width}, B16 x T256, bf16 autocast, masked_fill(-inf), AdamW",
-            "tiny-calls": f"{layers} x (mul, add, tanh) of a {width}-element tensor, SGD"}[program]
+            "tiny-calls": f"{layers} x (mul, add, tanh) of a {width}-element tensor, SGD",
+            "policy-gradient": f"PPO update: actor and critic MLPs ({layers} x {width} Tanh), Categorical "
+                               f"log_prob and entropy of 128 actions, Adam"}[program]
 
