@@ -295,11 +295,11 @@ class HostSync(Rule):
             return
         # the rate of a typical step: a one-off burst (a reinforcement learner's first step, which
         # holds every action its replay memory was filled with before the first update) left out
-        typical = typical_pairs(ev, m.SYNC)
+        typical = typical_pairs(ev, m.SYNC, _one_fetch)
         n = typical.n
         real = on_accelerator(ev)
         as_gpu = real or ev.environment.rehearsal  # judged as GPU code: only syncs on device tensors
-        places = [p for p in by_place(_one_fetch(typical.pairs))
+        places = [p for p in by_place(typical.pairs)
                   if len(p.steps) >= options.min_share_of_steps * n
                   and (not as_gpu or p.data.get("device") == "cuda")]
         places = unsuppressed(self.id, places, lambda p: p.where)  # out of the count, message and evidence

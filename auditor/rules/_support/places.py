@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from statistics import median
+from typing import Callable
 
 from auditor.evidence.model import Evidence, Tally
 from auditor.evidence.frame import Frame
@@ -63,14 +64,15 @@ class Typical:
         return {str(k): v for k, v in self.left_out.items()}
 
 
-def typical_pairs(ev: Evidence, kind: str) -> Typical:
+def typical_pairs(ev: Evidence, kind: str, counted: Callable[[list], list] | None = None) -> Typical:
     """The tallies of `kind` over the steps a per-step rate is read from: every step but a one-off
     burst, where a step made more than BURST_FACTOR times the median step's calls of the kind
     (minGPT's chargpt samples 500 tokens in its first step's callback: 46,593 rehearsed kernel
     launches there against 93 in each of the other 29 steps, which read as 1,643 a step), in a
     run of at least 3 steps where the bursts are under a quarter of the steps. The summary names
-    such a step apart where it took most of the run's time; a rate over it describes no step."""
-    pairs = ev.tallies(kind)
+    such a step apart where it took most of the run's time; a rate over it describes no step.
+    `counted`: the pairs that count, of all the kind's (host-sync's one fetch of `.cpu().numpy()`)."""
+    pairs = ev.tallies(kind) if counted is None else counted(ev.tallies(kind))
     n = steps_run(ev)
     calls: dict[int, int] = {s.index: 0 for s in ev.steps}
     for step, t in pairs:
