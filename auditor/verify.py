@@ -16,6 +16,7 @@ the project) is audited again in full into a scratch output directory. The work 
 
 Each fix is judged on its own finding (same rule, same file) in the two runs:
   improved         the finding is gone, or its measured cost per step fell by at least a quarter
+                   (a finding counted, not timed: what it counts per step, its syncs, did)
   no-change        the finding is still there at about the same cost
   failed           the patch did not apply, or the patched program failed
   changed-results  (fixes.patch only) the weights after the audited steps differ from the
@@ -268,6 +269,18 @@ def measures(f: dict | None, median_ms: float | None) -> dict[str, Any]:
             **_numbers(f.get("evidence") or {})}
 
 
+def _counts_fell(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, float, float] | None:
+    """(key, before, after) of a count the finding makes per step (`syncs_per_step`, `launches_per_step`)
+    that fell to IMPROVED_FRACTION of itself or less, none of the others rising: a finding counted, not
+    timed (a CPU-only run's syncs), has no cost to compare. None otherwise."""
+    keys = [k for k in before if k.endswith("_per_step") and k != "ms_per_step"
+            and isinstance(before[k], (int, float)) and isinstance(after.get(k), (int, float))]
+    if any(after[k] > before[k] for k in keys):
+        return None
+    return next(((k, before[k], after[k]) for k in keys if before[k] > 0 and after[k] <= IMPROVED_FRACTION * before[k]),
+                None)
+
+
 def _file_of(f: dict) -> str:
     locs = f.get("locations") or []
     return Path(locs[0]["file"]).name if locs else ""
@@ -307,6 +320,12 @@ def judge(before: dict, before_median: float | None, rerun: Rerun, what: str, re
     if cb and ca is not None and ca <= IMPROVED_FRACTION * cb:
         return Verified(status="improved", before=b, after=a,
                         note=f"{what}: the finding remains, its cost fell from {cb:.2f} to {ca:.2f} ms/step{step}")
+    counts = _counts_fell(b, a) if cb is None or ca is None else None
+    if counts:
+        k, x, y = counts
+        return Verified(status="improved", before=b, after=a,
+                        note=f"{what}: the finding remains, its {k.replace('_', ' ')} fell from {x:g} to {y:g} "
+                             f"(it has no cost to compare: counted, not timed){step}")
     return Verified(status="no-change", before=b, after=a, note=f"{what}: the finding is still there{step}")
 
 

