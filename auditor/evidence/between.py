@@ -72,21 +72,17 @@ def _work(stretches: list[m.Outside]) -> list[Work]:
     """Each kind of timed work in the stretches, by file: its calls and time per stretch (medians)."""
     per: dict[tuple[str, str | None], list[tuple[int, float]]] = {}
     lines: dict[tuple[str, str | None], set[int]] = {}
-    for k, o in enumerate(stretches):
-        # `.cpu().numpy()` is one fetch: the .numpy() reads the host copy .cpu() made at its line
-        copied = {(_file(t.where), t.where.line) for t in o.tallies if t.kind == m.SYNC and t.what == "Tensor.cpu"
-                  and t.where is not None}
-        for t in o.tallies:
-            kind = _WORK.get(t.kind)
-            if kind is None or (t.what == "Tensor.numpy" and t.where is not None
-                                and (_file(t.where), t.where.line) in copied):
-                continue
-            key = (kind, _file(t.where))
-            rows = per.setdefault(key, [(0, 0.0)] * len(stretches))
-            count, ms = rows[k]
-            rows[k] = (count + t.count, ms + t.ms)
-            if t.where is not None and t.where.line:
-                lines.setdefault(key, set()).add(t.where.line)
+    # (`.cpu().numpy()` is one fetch: m.one_fetch)
+    for k, t in m.one_fetch([(k, t) for k, o in enumerate(stretches) for t in o.tallies]):
+        kind = _WORK.get(t.kind)
+        if kind is None:
+            continue
+        key = (kind, _file(t.where))
+        rows = per.setdefault(key, [(0, 0.0)] * len(stretches))
+        count, ms = rows[k]
+        rows[k] = (count + t.count, ms + t.ms)
+        if t.where is not None and t.where.line:
+            lines.setdefault(key, set()).add(t.where.line)
     out = [Work(kind=kind, file=file, lines=sorted(lines.get((kind, file), ()))[:6],
                 count=median(c for c, _ in rows), ms=round(median(ms for _, ms in rows), 3))
            for (kind, file), rows in per.items()]

@@ -104,6 +104,18 @@ class Tally(msgspec.Struct):
     data: dict[str, Any] = {}
 
 
+def one_fetch(pairs: list[tuple[Any, Tally]]) -> list[tuple[Any, Tally]]:
+    """(group, tally) pairs (a step's index, a stretch's) without the SYNC `.numpy()` of a `.cpu()`
+    tallied at the same line in the same group (`action.cpu().numpy()`): it reads the host copy
+    `.cpu()` made, one fetch. On an accelerator only the `.cpu()` is the device's; a CPU-only run
+    tallies both calls."""
+    def at(k: Any, t: Tally) -> tuple:
+        return k, t.where.file if t.where else None, t.where.line if t.where else None
+
+    copied = {at(k, t) for k, t in pairs if t.kind == SYNC and t.what == "Tensor.cpu"}
+    return [(k, t) for k, t in pairs if not (t.kind == SYNC and t.what == "Tensor.numpy" and at(k, t) in copied)]
+
+
 class StepRecord(msgspec.Struct):
     """One call of the user's step: its wall time, memory at its end, and what the probes saw in it."""
 

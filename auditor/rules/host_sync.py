@@ -295,7 +295,7 @@ class HostSync(Rule):
             return
         # the rate of a typical step: a one-off burst (a reinforcement learner's first step, which
         # holds every action its replay memory was filled with before the first update) left out
-        typical = typical_pairs(ev, m.SYNC, _one_fetch)
+        typical = typical_pairs(ev, m.SYNC, m.one_fetch)
         n = typical.n
         real = on_accelerator(ev)
         as_gpu = real or ev.environment.rehearsal  # judged as GPU code: only syncs on device tensors
@@ -394,14 +394,6 @@ OUTSIDE_ADVICE = ("where the values are only logged or summed, accumulate on the
 PHASES = {"between": "between steps (an eval loop, a rollout, a checkpoint save)", "after": "after the last audited step"}
 
 
-def _one_fetch(pairs: list) -> list:
-    """(step, tally) pairs without the `.numpy()` of a `.cpu()` at the same line and step
-    (`action.cpu().numpy()`): it reads the host copy `.cpu()` made, one fetch. On an accelerator
-    only the `.cpu()` is the device's; a CPU-only run counts both calls, read as two syncs."""
-    copied = {(k, place_key(t)[1:]) for k, t in pairs if t.what == "Tensor.cpu"}
-    return [(k, t) for k, t in pairs if t.what != "Tensor.numpy" or (k, place_key(t)[1:]) not in copied]
-
-
 def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
     """A whole program's syncs outside its steps, one finding per phase (between steps, after the
     last), at their lines: counted, not costed per step, as they are not in the step time."""
@@ -409,7 +401,7 @@ def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
     for phase, phrase in PHASES.items():
         pairs = [(k, t) for k, o in enumerate(ev.outside) if o.phase == phase for t in o.tallies
                  if t.kind == m.SYNC and (not as_gpu or t.data.get("device") == "cuda")]
-        places = unsuppressed(rule.id, by_place(_one_fetch(pairs)), lambda p: p.where)
+        places = unsuppressed(rule.id, by_place(m.one_fetch(pairs)), lambda p: p.where)
         if not places:
             continue
         first = places[0].where.file if places[0].where else None

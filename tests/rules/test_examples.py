@@ -870,22 +870,30 @@ def test_host_sync_rates_are_rounded_alike_in_headline_and_sites(tmp_path):
     assert "x1/step at line 10" in f["message"] and "x0.571/step at line 9" in f["message"], f["message"]
 
 
-def test_a_dataloader_setting_read_from_the_command_line_names_its_option(tmp_path):
-    """`num_workers=int(args.workers)` from an argparse option (pytorch/examples' dcgan and
-    imagenet: `--workers`): the fix is to run the program with that option, and the patch leaves
-    the call alone."""
+def _loader_example(tmp_path, name: str, loader_line: str):
+    """examples/dataloader_bound.py with its DataLoader line replaced by `loader_line` (and what it
+    needs before it), audited for 12 steps: (the audit, its dataloader-bound finding)."""
     src = (EXAMPLES / "dataloader_bound.py").read_text().replace(
-        "loader = DataLoader(SyntheticImages(), batch_size=64, shuffle=True,",
-        "import argparse\nparser = argparse.ArgumentParser()\n"
-        "parser.add_argument('-j', '--workers', type=int, default=0, help='data loading workers')\n"
-        "args = parser.parse_args([])\n"
-        "loader = DataLoader(SyntheticImages(), batch_size=64, shuffle=True, num_workers=int(args.workers),")
-    trainer = tmp_path / "cli_loader.py"
+        "loader = DataLoader(SyntheticImages(), batch_size=64, shuffle=True,", loader_line)
+    trainer = tmp_path / name
     trainer.write_text(src)
     shutil.copy(EXAMPLES / "_common.py", tmp_path / "_common.py")
     a = audit("run", f"{trainer}:step", "--steps", "12", "--no-profile", "--quiet", out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     [f] = a.rule("dataloader-bound")
+    return a, f
+
+
+def test_a_dataloader_setting_read_from_the_command_line_names_its_option(tmp_path):
+    """`num_workers=int(args.workers)` from an argparse option (pytorch/examples' dcgan and
+    imagenet: `--workers`): the fix is to run the program with that option, and the patch leaves
+    the call alone."""
+    a, f = _loader_example(tmp_path, "cli_loader.py",
+                           "import argparse\nparser = argparse.ArgumentParser()\n"
+                           "parser.add_argument('-j', '--workers', type=int, default=0, help='data loading workers')\n"
+                           "args = parser.parse_args([])\n"
+                           "loader = DataLoader(SyntheticImages(), batch_size=64, shuffle=True, "
+                           "num_workers=int(args.workers),")
     n = f["fix"]["config"]["DataLoader.num_workers"]
     assert (f"The call takes num_workers from `int(args.workers)`, the command line's --workers: run it with "
             f"--workers {n}; the patch leaves it alone") in f["fix"]["summary"], f["fix"]["summary"]
@@ -897,15 +905,9 @@ def test_a_dataloader_setting_read_from_config_is_not_hard_coded(tmp_path):
     would leave the config entry dead) and the fix says to set it where the config is. Nor does it
     add persistent_workers=True beside it: with the config's 0 workers DataLoader refuses it
     ("needs num_workers > 0"), which the patched trainer used to raise."""
-    src = (EXAMPLES / "dataloader_bound.py").read_text().replace(
-        "loader = DataLoader(SyntheticImages(), batch_size=64, shuffle=True,",
-        'cfg = {"num_workers": 0}\nloader = DataLoader(SyntheticImages(), batch_size=64, shuffle=True, num_workers=cfg["num_workers"],')
-    trainer = tmp_path / "cfg_loader.py"
-    trainer.write_text(src)
-    shutil.copy(EXAMPLES / "_common.py", tmp_path / "_common.py")
-    a = audit("run", f"{trainer}:step", "--steps", "12", "--no-profile", "--quiet", out=tmp_path / "out")
-    assert a.returncode == 0, a.stderr
-    [f] = a.rule("dataloader-bound")
+    a, f = _loader_example(tmp_path, "cfg_loader.py",
+                           'cfg = {"num_workers": 0}\nloader = DataLoader(SyntheticImages(), batch_size=64, '
+                           'shuffle=True, num_workers=cfg["num_workers"],')
     n = f["fix"]["config"]["DataLoader.num_workers"]
     assert f'The call takes num_workers from `cfg["num_workers"]`: set num_workers={n} there' in f["fix"]["summary"]
     assert ('persistent_workers needs num_workers > 0, which the call takes from `cfg["num_workers"]`'
