@@ -295,7 +295,7 @@ def test_checks_that_cost_steps_are_spaced_to_stay_within_their_budget(tmp_path_
     """900 tiny calls a step: a checked step costs more than a step over the unchecked ones. Its
     cost, measured at steps 56 and 88 (the first checks past the dense start with unchecked steps
     to compare; the lesser of two, so that one interval lifted by another process's load spaces
-    nothing; where that one is the lesser, at 120, the median of the three), puts the next check
+    nothing; at 120, the least of the three), puts the next check
     that many steps / 2% later (schedule.Spacing), on the schedule's own one-in-32 grid: the checks
     cost the run's steady state 2%, not the 4-8% that one in 32 would. The cost the event states
     is the evidence's own: each checked step's interval over the median interval of the 31
@@ -319,7 +319,7 @@ def test_checks_that_cost_steps_are_spaced_to_stay_within_their_budget(tmp_path_
         return (intervals[k] - base) / base
 
     costs = [cost(k) for k in range(56, at + 1, CHECK_EVERY)]
-    measured = min(costs) if len(costs) == 2 else statistics.median(costs)
+    measured = min(costs)
     # (the records' step starts are taken after the collectors' step_begin, the collector's own clock
     # reads inside it: under the suite's load the two disagreed by 0.24 of 1.94 steps once)
     assert first["cost_steps"] == pytest.approx(measured, abs=max(0.15, 0.15 * measured)), (first, costs)
@@ -359,8 +359,8 @@ def test_spacing_reads_checked_intervals_against_the_unchecked_median():
     """schedule.Spacing on a clock the test drives: unchecked steps of 10 ms, a checked step of
     40 ms (3 steps over) -> the next check waits 150 steps; the dense start's checks and the
     intervals that touch the profiler's window are not read; one checked step's cost alone spaces
-    nothing (56), two space by the lesser (88), then the median of the last three checked steps',
-    and the spacing is at most MAX_SPACING."""
+    nothing (56), two space by the lesser (88), then the least of the last three checked steps'
+    (load only lengthens an interval: a 99-step interval moves nothing), and the spacing is at most MAX_SPACING."""
     from auditor.capture.numerics.schedule import MAX_SPACING, Spacing, checked, spacing
 
     sp, now, window, dense = Spacing(), 0.0, frozenset({40, 41}), 24
@@ -371,7 +371,7 @@ def test_spacing_reads_checked_intervals_against_the_unchecked_median():
             reads[i - 1] = (round(sp.cost_steps, 6), sp.not_before)
         sp.began(i, i in plan, now)
         now += plan.get(i, 10.0) / 1e3
-    # (10: dense; 56: 3 steps over; 88: 3; 200, 210: 3; 220: 99, the median of the last three stays 3)
+    # (10: dense; 56: 3 steps over; 88: 3; 200, 210: 3; 220: 99, the least of the last three stays 3)
     assert reads == {88: (3.0, 238), 200: (3.0, 350), 210: (3.0, 360), 220: (3.0, 370)}
     assert spacing(3.0) == 150 and spacing(0.0) == 1 and spacing(1e6) == MAX_SPACING
     assert not checked(300, frozenset(), False, 24, 360) and checked(376, frozenset(), False, 24, 360)

@@ -47,7 +47,7 @@ MIN_DENSE = 8  # checked steps the dense start keeps however many are to be time
 CHECKS_BUDGET = 0.02  # the checks' share of a long run's step time past the dense start, at most
 MAX_SPACING = 1024  # steps between two checks past the dense start, at most, whatever they cost
 TIMED_KEPT = 31  # unchecked steps' intervals the checks' cost is measured against (their median)
-COSTS_KEPT = 3  # checked steps' costs the spacing is set from (their median; of two, the lesser)
+COSTS_KEPT = 3  # checked steps' costs the spacing is set from (the least of them: see Spacing)
 
 
 def dense_steps(steps: int, window: frozenset[int] | set[int]) -> int:
@@ -85,7 +85,8 @@ class Spacing:
     """The checked steps' measured cost, and the first step the next check past the dense start
     may run on (`not_before`). `began(step, checked, now)` at each step's start (`now`: the
     program's clock, perf_counter) ends the last step's interval: an unchecked step's is kept, a
-    checked one's over their median is its cost. Intervals that touch the profiler's window are
+    checked one's over their median is its cost, and the least of the last COSTS_KEPT costs sets the
+    spacing (a genuine rise is seen once it is in all of them). Intervals that touch the profiler's window are
     not read (its start and stop are the profiler's)."""
 
     def __init__(self) -> None:
@@ -111,8 +112,10 @@ class Spacing:
         self.costs.append(max(0.0, interval - base) / base)
         if len(self.costs) < 2:  # (one interval alone may be another process's load: two must agree)
             return False
-        # the median of three, or the lesser of two: a load spike in one interval spaces no check
-        self.cost_steps = statistics.median(self.costs) if len(self.costs) >= 3 else min(self.costs)
+        # the least of the last two or three: another process's load only lengthens an interval, so
+        # a check's own cost is in every one of them and a preemption in all of them at once spaces
+        # nothing (on a loaded 2-core machine two of three checked intervals were lifted by ~1.3 steps)
+        self.cost_steps = min(self.costs)
         self.not_before = last[0] + spacing(self.cost_steps)
         return True
 
