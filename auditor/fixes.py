@@ -12,6 +12,7 @@ import ast
 import difflib
 import functools
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,42 @@ def insert_before(file: str, line: int, text: str) -> Edit | None:
     if stmt is None or lines is None or lines[line - 1][:stmt.col_offset].strip():
         return None
     return Edit(file=file, start=line, end=line - 1, lines=[_indent(lines[line - 1]) + text])
+
+
+# `import torch` / `import torch.nn` bind the name `torch`; `from torch import nn` and
+# `import torch.nn as nn` do not
+_BINDS_TORCH = re.compile(r"\s*import\s+torch(\.\w+)*\s*(#.*)?$")
+
+
+def binds_torch(lines: list[str]) -> bool:
+    """Whether a file's `lines` import torch under its own name (`torch.no_grad` is defined there)."""
+    return any(_BINDS_TORCH.match(t) for t in lines)
+
+
+def wrap_statement(file: str, line: int, header: str) -> Edit | None:
+    """The simple statement that starts on `line` put inside a block `header` (`with torch.no_grad():`),
+    its lines indented one level more. None when it shares a line with another statement or a
+    header (`if x: y = f(x)`), or holds a string over several lines (indenting would change it)."""
+    stmt = _statement_at(file, line)
+    parsed = parse_file(file)
+    if stmt is None or parsed is None:
+        return None
+    tree, lines = parsed
+    end = stmt.end_lineno or line
+    after = lines[end - 1][stmt.end_col_offset or 0:].strip()
+    if lines[line - 1][:stmt.col_offset].strip() or (after and not after.startswith("#")):
+        return None
+    if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.lineno != n.end_lineno
+           for n in ast.walk(stmt)):
+        return None
+    if any(isinstance(n, ast.stmt) and (n.lineno, n.col_offset) != (stmt.lineno, stmt.col_offset)
+           and not hasattr(n, "body")
+           and n.lineno <= end and (n.end_lineno or n.lineno) >= line for n in ast.walk(tree)):
+        return None
+    indent = _indent(lines[line - 1])
+    deeper = "\t" if "\t" in indent else "    "  # (a file indented with tabs takes one more tab)
+    return Edit(file=file, start=line, end=end,
+                lines=[indent + header, *(deeper + text if text.strip() else text for text in lines[line - 1:end])])
 
 
 def insert_before_header(file: str, line: int, text: str) -> Edit | None:

@@ -141,3 +141,24 @@ def test_a_removal_never_takes_another_statement_on_its_line(tmp_path: Path) -> 
     assert remove_statement(str(f), 3, "removed") is None
     assert remove_statement(str(f), 5, "removed") is None
     assert remove_statement(str(f), 4, "removed") == Edit(str(f), 4, 4, ["    pass  # removed"])
+
+
+def test_a_wrapped_statement_keeps_its_lines_and_compiles(tmp_path: Path) -> None:
+    """unused-graph's fix: the statement, over however many lines, inside `with torch.no_grad():`,
+    each line one level deeper, its comment kept; none for a statement that shares its line with a
+    header or another statement, or holds a string over several lines (indenting would change it)."""
+    from auditor.fixes import apply_edits, wrap_statement
+
+    src = tmp_path / "m.py"
+    text = ('import torch\n\n\ndef f(model, x, flag):\n    out = model(\n        x,\n    )  # the forward\n'
+            '    if flag: y = model(x)\n    a = model(x); b = 1\n    s = model("""\n x""")\n    return out\n')
+    src.write_text(text)
+    edit = wrap_statement(str(src), 5, "with torch.no_grad():")
+    assert edit is not None and (edit.start, edit.end) == (5, 7)
+    lines = [t.rstrip("\n") for t in apply_edits(text.splitlines(), [edit])]
+    assert lines[4:8] == ["    with torch.no_grad():", "        out = model(", "            x,",
+                          "        )  # the forward"]
+    ast.parse("\n".join(lines))
+    assert [wrap_statement(str(src), n, "with torch.no_grad():") for n in (8, 9, 10)] == [None, None, None]
+    src.write_text("import torch\n\n\ndef f(model, x):\n\tout = model(x)\n\treturn out\n")
+    assert wrap_statement(str(src), 5, "with torch.no_grad():").lines == ["\twith torch.no_grad():", "\t\tout = model(x)"]

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from auditor.capture import graphs, lines, probes, this_process, wire
+from auditor.capture.probes import graph_use
 from auditor.capture.bench_switches import OFF, TOGGLED, off
 from auditor.capture.device_clock import DeviceClock
 from auditor.capture.numerics.schedule import dense_steps
@@ -76,8 +77,11 @@ class StepSession:
         self.device.begin(i)
         # (not in the profiler's steps: its start, stop and Python tracer walk the threads' frames,
         # and a look at the step's frames beside them crashed the process)
+        checked = any(getattr(c, "step_checked", False) for c in self.collectors)
         self.sampling = self.lines is not None and not self.prof.profiled(i) and self.line_steps.sampled(
-            i, any(getattr(c, "step_checked", False) for c in self.collectors)) and not off("lines", i)
+            i, checked) and not off("lines", i)
+        # (forwards' graphs are watched outside the steps and in the checked and sampled ones: graph_use)
+        graph_use.Watch.on = (checked or self.sampling) and not self.prof.profiled(i)
         if self.sampling:
             self.lines.resume()
 
@@ -88,6 +92,7 @@ class StepSession:
         self.w_end = w1
         if self.sampling:  # (a step the sampler did not look at has nothing to pause or take)
             self.lines.pause()
+        graph_use.Watch.on = True
         self.device.end(i)
         self.index = None
         if failed:

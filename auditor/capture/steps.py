@@ -707,7 +707,7 @@ class StepFinder:
                 self.opts_per_step[n] = self.opts_per_step.get(n, 0) + 1
                 self.last_audited = it - self.skip
             else:
-                self.rec.drain()  # a skipped step: not recorded
+                self.rec.drain(graphs=False)  # a skipped step: not recorded
             self.outside_t0 = time.perf_counter()
             self._update_forward_hook()
         finally:
@@ -726,13 +726,15 @@ class StepFinder:
             self.setup_passes = False
             self.send_setup()
         elif self.last_audited is None:
-            self.rec.drain()  # between skipped steps: not recorded
+            self.rec.drain(graphs=False)  # between skipped steps: not recorded
         else:
             self._send_outside("between")
         self.outside_t0 = time.perf_counter()
 
     def _send_outside(self, phase: str) -> None:
-        tallies = self.rec.drain()
+        # (graphs freed between two steps are told with the next step's record: alone, they would
+        # make a stretch between steps of a program that does nothing there)
+        tallies = self.rec.drain(graphs=phase == "after")
         ms = (time.perf_counter() - self.outside_t0) * 1e3
         if tallies or phase == "after":
             self.send(wire.Outside(phase=phase, after_step=self.last_audited, ms=ms, tallies=tallies))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-import re
 from typing import Any, Iterable
 
 from auditor.evidence import model as m
@@ -10,7 +9,7 @@ from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location
 from auditor.rules._support.holders import holder_key, holder_label
 from auditor.rules._support.scans import spread_scans
-from auditor.fixes import parse_file
+from auditor.fixes import binds_torch, parse_file
 
 
 def _constructs(node: ast.AST) -> bool:
@@ -30,9 +29,6 @@ def _accumulates(node: ast.Assign) -> bool:
             and ast.unparse(v.left) == ast.unparse(node.targets[0]))
 
 
-# `import torch` / `import torch.nn` bind the name `torch`; `from torch import nn` and
-# `import torch.nn as nn` do not
-_BINDS_TORCH = re.compile(r"\s*import\s+torch(\.\w+)*\s*(#.*)?$")
 
 
 def _callee(node: ast.Call) -> str:
@@ -127,7 +123,7 @@ def _detach_edit(file: str, line: int, rows: dict[str, Any] | None = None) -> tu
             value, numerics = node.value, True
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
                 and isinstance(node.value.func, ast.Attribute) and node.value.func.attr.endswith("_"):
-            if not any(_BINDS_TORCH.match(t) for t in lines):
+            if not binds_torch(lines):
                 return None, False  # (`torch.no_grad` would not be defined in this file)
             indent = text[:len(text) - len(text.lstrip())]
             return Edit(file=file, start=line, end=line,

@@ -103,6 +103,7 @@ TABLE: dict[str, tuple[Input, Input]] = {
     "peak-stats-reset": (ex("peak_stats_reset"), CLEAN),
     "rank-straggler": (Input("ddp", "straggler"), BALANCED),
     "retained-graph": (ex("retained_graph"), CLEAN),
+    "unused-graph": (ex("unused_graph"), CLEAN),
     "sampler-epoch": (ex("sampler_epoch"), CLEAN),
     "step-slowdown": (ex("step_slowdown"), CLEAN),
     "unfused-attention": (Input("file", str(OWLV2)), Input("file", str(BERT))),

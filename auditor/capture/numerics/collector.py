@@ -402,7 +402,8 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         if self.mstack and not _compiling():
             if len(self.mstack) == 1 and self.times_phases:  # (timed before the checks below: they are the audit's time)
                 where = self.wstack[-1]  # (a library module's line, found by the pre-hook)
-                probes.forward_done(module, self.fwd_t0, where if where is not None else user_frame(sys._getframe(1)))
+                probes.forward_done(module, self.fwd_t0, where if where is not None else user_frame(sys._getframe(1)),
+                                    output)
             if self.lstack and self.lstack.pop():
                 t0 = perf()
                 # (before the mode is back, and unseen by the modes below it, as in _Mode: our own
@@ -469,7 +470,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             mod._forward_hooks_always_called.pop(key, None)
         self._light_restore()
         if self.times_phases:
-            probes.forward_done(module, self.fwd_t0, user_frame(sys._getframe(1)))
+            probes.forward_done(module, self.fwd_t0, user_frame(sys._getframe(1)), output)
 
     def _light_restore(self) -> None:
         """The global hooks back, in the order they had among the others."""

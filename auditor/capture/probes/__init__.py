@@ -26,6 +26,8 @@ import torch
 from torch.optim import optimizer as _optimizer
 
 from auditor.capture.frames import is_torch_internal, on_forget, user_frame, via_data as _via
+from auditor.capture.probes import graph_use
+from auditor.capture.probes.graph_use import graph_of
 from auditor.capture.probes.indexing import index_sync
 from auditor.capture.unseen import TracedCalls, no_torch_function, recorded_warnings
 from auditor.evidence import model as m
@@ -97,7 +99,7 @@ class Recorder:
         ids.add(id(holder))
         t["data"]["holders"] = len(ids)
 
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self, graphs: bool = True) -> list[dict[str, Any]]:
         """Tallies since the last drain, as plain dicts ready to send; finalises retain events.
         A graph unused in its own step is counted unused and watched one step more: if that step's
         backward runs into it, a tensor carried across steps holds it, and it is counted again as
@@ -105,6 +107,8 @@ class Recorder:
         settle_traced_steps()
         if _aside[0]:  # (an update that raised skipped its post-hooks: no probe stays aside past its step)
             _aside[:] = [0, False]
+        if graphs:  # (False: the graphs freed so far are told at a later drain, a step's or the run's end)
+            graph_use.fold(self.add)
         if not (self.tallies or self.retain_events or self.retain_watched or self.hook_holders):
             return []  # (most drains, at every step boundary: nothing below to do)
         for ev in self.retain_watched:
@@ -547,35 +551,12 @@ def _install_anomaly_probe() -> None:
 
 # --- backward, retain_graph --------------------------------------------------------------------
 
-def _graph_of(roots: list[Any], measure: bool) -> tuple[list[Any], int]:
-    """Autograd nodes reachable from `roots`, and the bytes their saved tensors hold (if measured)."""
-    seen: dict[int, Any] = {}
-    stack = [r for r in roots if r is not None]
-    saved: dict[int, int] = {}
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen[id(node)] = node
-        if measure:
-            for attr in dir(node):
-                if attr.startswith("_saved_"):
-                    try:
-                        v = getattr(node, attr)
-                    except Exception:
-                        continue
-                    if isinstance(v, torch.Tensor) and v.numel():
-                        saved[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
-        stack.extend(n for n, _ in node.next_functions if n is not None)
-    return list(seen.values()), sum(saved.values())
-
-
 def _watch_retained(rec: Recorder, roots: list[Any], what: str, where: FrameKey) -> None:
     """Hook every node of a retained graph: if no later backward runs through it before the step
     ends, the graph was kept alive for nothing."""
     n = rec.retain_sampled.get(where, 0)
     rec.retain_sampled[where] = n + 1
-    nodes, saved = _graph_of(roots, measure=n < 3)
+    nodes, saved = graph_of(roots, measure=n < 3)
     used = [False]
     alive = _watch_lifetime(rec, roots, where)
 
@@ -740,12 +721,17 @@ def _install_hook_probes() -> None:
 _PHASE_HOOKS: list[Any] = []  # handles of the hooks below, while they are the ones timing the phases
 
 
-def forward_done(module: Any, t0: float, where: FrameKey) -> None:
+def forward_done(module: Any, t0: float, where: FrameKey, output: Any = None) -> None:
     """An outermost module call (the forward phase), made at the user's line `where`, that started
-    at `t0` has returned."""
+    at `t0` has returned `output` (watched for whether a backward pass uses its graph: graph_use)."""
     rec = REC
     if rec is not None and rec.active and not rec.in_data:
         rec.add(m.FORWARD, type(module).__name__, where, (perf() - t0) * 1e3)
+        if graph_use.Watch.on and _grad_on():
+            try:
+                graph_use.watch(module, output, where)
+            except Exception:  # (the auditor's failure is never the user's: the graph goes unwatched)
+                pass
 
 
 def optimizer_done(opt: Any, t0: float, where: FrameKey) -> None:
@@ -824,7 +810,7 @@ def _install_phase_hooks() -> None:
             return
         state["depth"] -= 1
         if state["depth"] == 0:
-            forward_done(module, state["t0"], user_frame(sys._getframe(1)))
+            forward_done(module, state["t0"], user_frame(sys._getframe(1)), output)
 
     def opt_pre(opt, args, kwargs):
         if _compiling():  # (traced into a compiled step: see traced_optimizer_step)

@@ -1,0 +1,138 @@
+"""Whether the autograd graph an outermost forward pass records is ever used by a backward pass.
+
+A forward under grad mode records a graph and keeps what its backward would need (the saved
+activations) until the graph is freed. A forward whose graph no backward pass runs through (a
+reinforcement learner choosing its action, an evaluation loop, a target network's forward, all
+outside `torch.no_grad()`) pays for both for nothing.
+
+At the end of a watched outermost forward with grad enabled, one small object (`_Use`) is put
+into the pre-hooks of the graph's output nodes: a backward pass through any of them marks it used,
+and it is freed with the last of them, when the graph is (after its backward, or when the tensors
+that held it are dropped). Its `__del__` only appends the verdict to VERDICTS, which the Recorder
+folds into its tallies at its next drain (m.GRAPH_USE at the forward's line, "used" or "unused").
+A graph never freed (kept in a list for good) gives no verdict: graph-leak's scans see those.
+
+Which forwards are watched: those outside the steps (setup, an evaluation, a rollout between
+updates) and those in the steps the numerics checks or the line sampler look at (WATCHING, set by
+the step session): a timed step carries nothing of this. The first MEASURED calls at each line have
+their graph's saved tensors measured (bytes, the module's own parameters and buffers left out: they
+are held anyway).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from auditor.capture.unseen import no_torch_function
+from auditor.evidence import model as m
+
+FrameKey = tuple[str, int, str] | None
+VERDICTS: list[tuple[FrameKey, bool, int]] = []  # (line, used, saved bytes or -1) of graphs freed since the last fold
+MEASURED = 2  # calls per line whose graph's saved tensors are measured
+_measured: dict[FrameKey, int] = {}
+_ROOTS_AT_MOST = 8  # output tensors whose nodes are hooked (a dict of many outputs: the first ones)
+
+
+class Watch:
+    """Whether forwards are watched now (the step session sets it at each step's start and end)."""
+    on = True
+
+
+class _Use:
+    """In the pre-hooks of a forward's output nodes: called when a backward pass runs through one,
+    freed with the last of them."""
+
+    __slots__ = ("where", "used", "saved")
+    verdicts = VERDICTS  # (read through the class: at the interpreter's exit the module's globals may be gone)
+
+    def __init__(self, where: FrameKey, saved: int) -> None:
+        self.where, self.used, self.saved = where, False, saved
+
+    def __call__(self, *_: Any) -> None:
+        self.used = True
+
+    def __del__(self) -> None:
+        try:
+            self.verdicts.append((self.where, self.used, self.saved))
+        except Exception:  # (a graph freed at the interpreter's exit: nothing is left to tell)
+            pass
+
+
+def _outputs(output: Any) -> list[torch.Tensor]:
+    """The tensors a module returned: itself, a tuple/list's or a mapping's (a ModelOutput) items."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return [t for t in items if isinstance(t, torch.Tensor)][:_ROOTS_AT_MOST]
+
+
+def graph_of(roots: list[Any], measure: bool, held: frozenset[int] = frozenset()) -> tuple[list[Any], int]:
+    """Autograd nodes reachable from `roots`, and the bytes their saved tensors hold (if measured;
+    storages in `held`, by data pointer, left out)."""
+    seen: dict[int, Any] = {}
+    stack = [r for r in roots if r is not None]
+    saved: dict[int, int] = {}
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        if measure:
+            for attr in dir(node):
+                if attr.startswith("_saved_"):
+                    try:
+                        v = getattr(node, attr)
+                    except Exception:
+                        continue
+                    if isinstance(v, torch.Tensor) and v.numel():
+                        try:
+                            storage = v.untyped_storage()
+                        except (NotImplementedError, RuntimeError):  # (a wrapper subclass: a rehearsal's)
+                            continue
+                        if storage.data_ptr() not in held:
+                            saved[storage.data_ptr()] = storage.nbytes()
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    return list(seen.values()), sum(saved.values())
+
+
+def watch(module: Any, output: Any, where: FrameKey) -> None:
+    """Watch the graph of `module`'s outermost call at `where`, which returned `output` with grad
+    mode on (see the module docstring)."""
+    with no_torch_function():  # (the auditor's reads: the user's modes see the user's calls only)
+        _watch(module, output, where)
+
+
+def _watch(module: Any, output: Any, where: FrameKey) -> None:
+    roots = {id(n): n for t in _outputs(output) if (n := t.grad_fn) is not None}
+    if not roots:
+        return  # (no graph: a frozen model on inputs that need no grad)
+    saved = -1
+    n = _measured.get(where, 0)
+    if n < MEASURED:
+        _measured[where] = n + 1
+        try:
+            held = frozenset(t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers()))
+            saved = graph_of(list(roots.values()), True, held)[1]
+        except Exception:  # (weights whose storage cannot be read: a rehearsal's wrappers; not measured)
+            saved = -1
+    use = _Use(where, saved)
+    for node in roots.values():
+        try:
+            node.register_prehook(use)
+        except (RuntimeError, AttributeError, TypeError):
+            pass
+
+
+def fold(add: Any) -> None:
+    """The verdicts since the last fold, each through `add(kind, what, where, **data)` (the
+    Recorder's): "used" or "unused" at the forward's line, with the saved bytes measured."""
+    if not VERDICTS:
+        return
+    taken = VERDICTS[:]
+    del VERDICTS[:len(taken)]
+    for where, used, saved in taken:
+        if saved >= 0:
+            add(m.GRAPH_USE, "used" if used else "unused", where, saved_bytes=saved)
+        else:
+            add(m.GRAPH_USE, "used" if used else "unused", where)
