@@ -129,8 +129,8 @@ class UnusedGraph(Rule):
                 # TransformerEncoderLayer(128) on 8 x 64: 3%; two convolutions at batch 32: 1%; a
                 # 512-2048-512 MLP at batch 256: 0%)
                 cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
-                          note="counted, not timed: the host time grad mode adds to each op of the forward "
-                               "(0-11% of a CPU forward, in the models measured) and the memory its graph keeps"),
+                          note="the host time grad mode adds to each op of the forward (0-11% of a CPU forward, "
+                               "in the models measured) and the memory its graph keeps are counted, not timed"),
                 fix=Fix(summary="Run this forward under `torch.no_grad()`: same results, no graph recorded.",
                         edits=[edit] if edit else []),
             )
