@@ -68,8 +68,7 @@ SAMPLER_ITER = "sampler-iter"
 HOOK = "hook"
 FORWARD = "forward"  # outermost nn.Module call (timed by global module hooks)
 # an outermost forward's autograd graph, freed: what "used" (a backward pass ran through it) or
-# "unused"; data: saved_bytes, its saved tensors but the module's own weights (the first calls at a
-# line only). Counted where it was freed, at the forward's line (capture.probes.graph_use)
+# "unused". Counted where it was freed, at the forward's line (capture.probes.graph_use)
 GRAPH_USE = "graph-use"
 OPTIMIZER = "optimizer"  # Optimizer.step
 CUDA_STANDIN = "cuda-standin"  # a torch.cuda call answered as an idle device would (no CUDA here)

@@ -11,16 +11,12 @@ from auditor.rules.base import Option, Options, Rule
 from auditor.rules.suppression import suppressed_at
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} bytes"
-
-
 class _Line:
-    """The graphs of the forwards made at one line: how many were freed used and unused, the most
-    saved bytes measured, and the forward calls there in the steps and outside them."""
+    """The graphs of the forwards made at one line: how many were freed used and unused, and the
+    forward calls there in the steps and outside them."""
 
     def __init__(self, where: m.Frame) -> None:
-        self.where, self.used, self.unused, self.saved = where, 0, 0, -1
+        self.where, self.used, self.unused = where, 0, 0
         self.what, self.in_steps, self.outside = "", 0, 0
         self.per_step: dict[int, int] = {}  # forward calls in each step
 
@@ -44,7 +40,6 @@ def _lines(ev: m.Evidence) -> dict[tuple[str, int], _Line]:
             line.used += t.count
         else:
             line.unused += t.count
-            line.saved = max(line.saved, int(t.data.get("saved_bytes", -1)))
     return seen
 
 
@@ -77,7 +72,7 @@ class UnusedGraph(Rule):
         A run (`audit run`): at the end of each outermost forward with grad enabled, outside the
         steps and in the checked and line-sampled ones, a pre-hook on its output's autograd nodes
         notes a backward pass through them; when the graph is freed, the line's graph is counted
-        used or unused (capture.probes.graph_use), with the saved tensors of the first ones measured.
+        used or unused (capture.probes.graph_use).
     """
 
     id = "unused-graph"
@@ -108,8 +103,6 @@ class UnusedGraph(Rule):
                 calls.append(f"{line.in_steps} call(s) in {len(line.per_step)} of the {len(steps)} steps")
             if line.outside:
                 calls.append(f"{line.outside} outside the steps (an evaluation, a rollout between updates)")
-            held = (f" Each keeps {_mib(line.saved)} of saved tensors (the activations its backward would need, "
-                    "the model's own weights left out) until it is freed." if line.saved > 0 else "")
             edit = None
             parsed = parse_file(line.where.file)
             if parsed is not None and binds_torch(parsed[1]):
@@ -117,13 +110,12 @@ class UnusedGraph(Rule):
             yield self.finding(
                 f"The forward at line {line.where.line}{f' ({line.what})' if line.what else ''} records an "
                 f"autograd graph that no backward pass uses: all {line.unused} of its graphs the audit watched "
-                f"were freed unused ({', '.join(calls) or 'its calls'}).{held} Under torch.no_grad() it would "
-                "record no graph and keep nothing for a backward pass.",
+                f"were freed unused ({', '.join(calls) or 'its calls'}). Each kept the activations its backward would "
+                "need until it was freed; under torch.no_grad() it would record no graph and keep nothing.",
                 locations=[loc],
                 evidence={"graphs_unused": line.unused, "graphs_used": line.used,
                           "calls_in_steps": line.in_steps, "calls_per_step": per_step,
-                          "calls_outside_steps": line.outside,
-                          "saved_bytes": line.saved if line.saved >= 0 else None},
+                          "calls_outside_steps": line.outside},
                 # (grad mode against torch.no_grad() for one forward, 1 thread of this 2-core CPU, median
                 # of 300 calls: a DQN MLP 4-120-84-2 at batch 1: 11%, at batch 128: 5%; a
                 # TransformerEncoderLayer(128) on 8 x 64: 3%; two convolutions at batch 32: 1%; a

@@ -1,6 +1,6 @@
 """unused-graph: forwards made with grad enabled whose graphs no backward pass uses (a learner
 choosing its action, an evaluation loop, outside torch.no_grad()), found by watching the graphs of
-real runs, at their lines, with the saved tensors they kept; silent where the same program runs them
+real runs, at their lines; silent where the same program runs them
 under torch.no_grad(), and on the training forward whose graph is backpropagated (CleanRL's dqn.py
 chose each action with `q_network(obs)` under grad: 204 graphs, none used)."""
 from __future__ import annotations
@@ -60,16 +60,13 @@ def test_forwards_whose_graphs_no_backward_uses_are_named_at_their_lines(tmp_pat
     # the action's forward: 4 a step, every graph watched in the checked steps freed unused as act returns
     ev = found[act]["evidence"]
     assert ev["graphs_used"] == 0 and ev["graphs_unused"] >= 4 * 20 and ev["calls_per_step"] == 4
-    # one row of 64 tanh outputs kept for the second layer's backward (and its input row): under 1 KiB
-    assert 64 * 4 <= ev["saved_bytes"] < 1024
     # the evaluation after each epoch: its graphs are freed when the next epoch's list replaces them
-    # (the last epoch's still held at the end: no verdict); each kept its 256 x 64 tanh outputs. A
+    # (the last epoch's still held at the end: no verdict). A
     # forward under grad after an update begins the next step to the step finder (steps 10 and 20):
     # only the last epoch's, after the last step, is outside the steps
     ev = found[evaluate]["evidence"]
     assert ev["graphs_used"] == 0 and ev["graphs_unused"] == 8, ev
     assert (ev["calls_in_steps"], ev["calls_outside_steps"], ev["calls_per_step"]) == (8, 4, 0), ev
-    assert ev["saved_bytes"] >= 256 * 64 * 4
     assert "(8 call(s) in 2 of the 30 steps, 4 outside the steps" in found[evaluate]["message"]
     # the fix: the statement inside `with torch.no_grad():`, as NO_GRAD has it
     [edit] = found[act]["fix"]["edits"]

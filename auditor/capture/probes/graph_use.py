@@ -14,9 +14,9 @@ A graph never freed (kept in a list for good) gives no verdict: graph-leak's sca
 
 Which forwards are watched: those outside the steps (setup, an evaluation, a rollout between
 updates) and those in the steps the numerics checks or the line sampler look at (WATCHING, set by
-the step session): a timed step carries nothing of this. The first MEASURED calls at each line have
-their graph's saved tensors measured (bytes, the module's own parameters and buffers left out: they
-are held anyway).
+the step session): a timed step carries nothing of this. The saved tensors are not measured: reading
+a node's `_saved_*` unpacks them, and under activation checkpointing's saved-tensor hooks that would
+recompute the forward inside the audit's hook.
 """
 from __future__ import annotations
 
@@ -28,9 +28,7 @@ from auditor.capture.unseen import no_torch_function
 from auditor.evidence import model as m
 
 FrameKey = tuple[str, int, str] | None
-VERDICTS: list[tuple[FrameKey, bool, int]] = []  # (line, used, saved bytes or -1) of graphs freed since the last fold
-MEASURED = 2  # calls per line whose graph's saved tensors are measured
-_measured: dict[FrameKey, int] = {}
+VERDICTS: list[tuple[FrameKey, bool]] = []  # (line, used) of the graphs freed since the last fold
 _ROOTS_AT_MOST = 8  # output tensors whose nodes are hooked (a dict of many outputs: the first ones)
 
 
@@ -43,18 +41,18 @@ class _Use:
     """In the pre-hooks of a forward's output nodes: called when a backward pass runs through one,
     freed with the last of them."""
 
-    __slots__ = ("where", "used", "saved")
+    __slots__ = ("where", "used")
     verdicts = VERDICTS  # (read through the class: at the interpreter's exit the module's globals may be gone)
 
-    def __init__(self, where: FrameKey, saved: int) -> None:
-        self.where, self.used, self.saved = where, False, saved
+    def __init__(self, where: FrameKey) -> None:
+        self.where, self.used = where, False
 
     def __call__(self, *_: Any) -> None:
         self.used = True
 
     def __del__(self) -> None:
         try:
-            self.verdicts.append((self.where, self.used, self.saved))
+            self.verdicts.append((self.where, self.used))
         except Exception:  # (a graph freed at the interpreter's exit: nothing is left to tell)
             pass
 
@@ -67,9 +65,8 @@ def _outputs(output: Any) -> list[torch.Tensor]:
     return [t for t in items if isinstance(t, torch.Tensor)][:_ROOTS_AT_MOST]
 
 
-def graph_of(roots: list[Any], measure: bool, held: frozenset[int] = frozenset()) -> tuple[list[Any], int]:
-    """Autograd nodes reachable from `roots`, and the bytes their saved tensors hold (if measured;
-    storages in `held`, by data pointer, left out)."""
+def graph_of(roots: list[Any], measure: bool) -> tuple[list[Any], int]:
+    """Autograd nodes reachable from `roots`, and the bytes their saved tensors hold (if measured)."""
     seen: dict[int, Any] = {}
     stack = [r for r in roots if r is not None]
     saved: dict[int, int] = {}
@@ -90,8 +87,7 @@ def graph_of(roots: list[Any], measure: bool, held: frozenset[int] = frozenset()
                             storage = v.untyped_storage()
                         except (NotImplementedError, RuntimeError):  # (a wrapper subclass: a rehearsal's)
                             continue
-                        if storage.data_ptr() not in held:
-                            saved[storage.data_ptr()] = storage.nbytes()
+                        saved[storage.data_ptr()] = storage.nbytes()
         stack.extend(n for n, _ in node.next_functions if n is not None)
     return list(seen.values()), sum(saved.values())
 
@@ -107,16 +103,7 @@ def _watch(module: Any, output: Any, where: FrameKey) -> None:
     roots = {id(n): n for t in _outputs(output) if (n := t.grad_fn) is not None}
     if not roots:
         return  # (no graph: a frozen model on inputs that need no grad)
-    saved = -1
-    n = _measured.get(where, 0)
-    if n < MEASURED:
-        _measured[where] = n + 1
-        try:
-            held = frozenset(t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers()))
-            saved = graph_of(list(roots.values()), True, held)[1]
-        except Exception:  # (weights whose storage cannot be read: a rehearsal's wrappers; not measured)
-            saved = -1
-    use = _Use(where, saved)
+    use = _Use(where)
     for node in roots.values():
         try:
             node.register_prehook(use)
@@ -125,14 +112,11 @@ def _watch(module: Any, output: Any, where: FrameKey) -> None:
 
 
 def fold(add: Any) -> None:
-    """The verdicts since the last fold, each through `add(kind, what, where, **data)` (the
-    Recorder's): "used" or "unused" at the forward's line, with the saved bytes measured."""
+    """The verdicts since the last fold, each through `add(kind, what, where)` (the Recorder's):
+    "used" or "unused" at the forward's line."""
     if not VERDICTS:
         return
     taken = VERDICTS[:]
     del VERDICTS[:len(taken)]
-    for where, used, saved in taken:
-        if saved >= 0:
-            add(m.GRAPH_USE, "used" if used else "unused", where, saved_bytes=saved)
-        else:
-            add(m.GRAPH_USE, "used" if used else "unused", where)
+    for where, used in taken:
+        add(m.GRAPH_USE, "used" if used else "unused", where)
