@@ -77,10 +77,10 @@ ADVICE = {
                   "with CUDA events instead (`start.record()` ... `end.record()`) and read them every N steps "
                   "(`end.synchronize(); start.elapsed_time(end)` at logging steps only): the other steps need not "
                   "wait",
-    RETURNED: "the function returns the value as a host number, fetched at every call (an action for an "
-              "environment, a metric): return the tensor and fetch it where the number is needed (at logging "
-              "steps only, if it is logged), or batch the calls that need it (one fetch for many environments "
-              "or items)",
+    RETURNED: "the program needs the value on the host at once, at every call (returned by the function, or an "
+              "action given to an environment's step): return the tensor and fetch it where the number is needed "
+              "(at logging steps only, if it is logged), or batch the calls that need it (one fetch for many "
+              "environments or items); a small policy acting on one observation at a time may run faster on the CPU",
     "SummaryWriter: Tensor.cpu": _SUMMARY_WRITER,
     "SummaryWriter: Tensor.item": _SUMMARY_WRITER,
     "GradScaler.step": "create the optimizer with fused=True (Adam, AdamW, SGD): GradScaler.step then hands it "
@@ -467,19 +467,54 @@ def _timed_by_clock(places: list) -> dict[int, int]:
     return out
 
 
+ACTED_ON_LINES = 10  # an assigned fetch given to an environment's `.step(...)` this many lines on at most
+
+
 def _returned(places: list) -> set[int]:
-    """{id(place)} of the fetches a `return` statement makes (`return action.item()`): the caller
-    needs the number at once, so logging less often is not their fix."""
+    """{id(place)} of the fetches the program needs at once, so that logging less often is not
+    their fix: those a `return` statement makes (`return action.item()`), and actions given to an
+    environment's step (`envs.step(action.cpu().numpy())`, or `actions = ....cpu().numpy()` and
+    `envs.step(actions)` on a line after it: CleanRL's PPO and DQN)."""
     out = set()
     for p in places:
         if p.what not in _LOGGED or not p.where:
             continue
         parsed = parse_file(p.where.file)
-        if parsed is not None and any(isinstance(n, ast.Return)
-                                      and n.lineno <= p.where.line <= (n.end_lineno or n.lineno)
-                                      for n in ast.walk(parsed[0])):
+        if parsed is None:
+            continue
+        line = p.where.line
+        stmts = [n for n in ast.walk(parsed[0]) if isinstance(n, ast.stmt) and not hasattr(n, "body")
+                 and n.lineno <= line <= (n.end_lineno or n.lineno)]
+        if any(isinstance(n, ast.Return) for n in stmts) or any(_acted_on(n, parsed[0]) for n in stmts):
             out.add(id(p))
     return out
+
+
+def _steps_with(node: ast.AST, names: set[str] | None = None) -> bool:
+    """A `.step(...)` call in `node` that is no optimizer's or scheduler's (`envs.step(a)`), given
+    one of `names` (None: any argument) as an argument."""
+    for c in ast.walk(node):
+        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "step" and c.args):
+            continue
+        owner = ast.unparse(c.func.value).lower()
+        if any(w in owner for w in ("opt", "sched", "scaler", "lr")):
+            continue
+        if names is None or any(isinstance(a, ast.Name) and a.id in names for a in c.args):
+            return True
+    return False
+
+
+def _acted_on(stmt: ast.stmt, tree: ast.Module) -> bool:
+    """The fetch's statement gives its value to an environment's step, itself or by the name it
+    assigns (on a line at most ACTED_ON_LINES on)."""
+    if _steps_with(stmt):
+        return True
+    if not isinstance(stmt, ast.Assign):
+        return False
+    names = {t.id for target in stmt.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+    end = stmt.end_lineno or stmt.lineno
+    return any(isinstance(n, ast.stmt) and not hasattr(n, "body") and end < n.lineno <= end + ACTED_ON_LINES
+               and _steps_with(n, names) for n in ast.walk(tree))
 
 
 LOG_EVERY = 50  # the steps between two fetches the logging patch and setting propose

@@ -125,7 +125,7 @@ def test_an_item_returned_for_the_caller_is_not_advised_as_logging(tmp_path):
                      ("torch.distributions argument check", _line(prog, "m = Categorical(probs)")),
                      ("torch.distributions argument check", _line(prog, "m.log_prob(action)"))}, sites
     summary = f["fix"]["summary"]
-    assert summary.startswith("the function returns the value as a host number, fetched at every call")
+    assert summary.startswith("the program needs the value on the host at once, at every call (returned by the function")
     assert "log every N steps" not in summary and "log_every_n_steps" not in a.stdout
     assert f["fix"]["config"] == {"torch.distributions.Distribution.set_default_validate_args": False}
     # the patch turns the checks off; the returned action's fetch stays: counted on this CPU-only run

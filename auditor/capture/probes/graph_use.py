@@ -104,11 +104,15 @@ def _watch(module: Any, output: Any, where: FrameKey) -> None:
     if not roots:
         return  # (no graph: a frozen model on inputs that need no grad)
     use = _Use(where)
+    hooked = False
     for node in roots.values():
         try:
             node.register_prehook(use)
+            hooked = True
         except (RuntimeError, AttributeError, TypeError):
             pass
+    if not hooked:
+        use.where = None  # (in no node: freed now, it tells nothing)
 
 
 def fold(add: Any) -> None:
@@ -119,4 +123,5 @@ def fold(add: Any) -> None:
     taken = VERDICTS[:]
     del VERDICTS[:len(taken)]
     for where, used in taken:
-        add(m.GRAPH_USE, "used" if used else "unused", where)
+        if where is not None:
+            add(m.GRAPH_USE, "used" if used else "unused", where)
