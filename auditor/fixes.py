@@ -83,11 +83,17 @@ def remove_statement(file: str, line: int, reason: str) -> Edit | None:
     end = stmt.end_lineno or line
     if lines[line - 1][:stmt.col_offset].strip():  # `if x: torch.cuda.empty_cache()`: the header is the line's too
         return None
-    if any(isinstance(n, ast.stmt) and (n.lineno, n.col_offset) != (stmt.lineno, stmt.col_offset)
-           and not hasattr(n, "body")
-           and n.lineno <= end and (n.end_lineno or n.lineno) >= line for n in ast.walk(tree)):
+    if _shares_lines(tree, stmt):
         return None
     return Edit(file=file, start=line, end=end, lines=[f"{_indent(lines[line - 1])}pass  # {reason}"])
+
+
+def _shares_lines(tree: ast.Module, stmt: ast.stmt) -> bool:
+    """Whether another simple statement of `tree` is on one of `stmt`'s lines (`a(); b()`)."""
+    line, end = stmt.lineno, stmt.end_lineno or stmt.lineno
+    return any(isinstance(n, ast.stmt) and (n.lineno, n.col_offset) != (stmt.lineno, stmt.col_offset)
+               and not hasattr(n, "body") and n.lineno <= end and (n.end_lineno or n.lineno) >= line
+               for n in ast.walk(tree))
 
 
 def insert_before(file: str, line: int, text: str) -> Edit | None:
@@ -126,9 +132,7 @@ def wrap_statement(file: str, line: int, header: str) -> Edit | None:
     if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.lineno != n.end_lineno
            for n in ast.walk(stmt)):
         return None
-    if any(isinstance(n, ast.stmt) and (n.lineno, n.col_offset) != (stmt.lineno, stmt.col_offset)
-           and not hasattr(n, "body")
-           and n.lineno <= end and (n.end_lineno or n.lineno) >= line for n in ast.walk(tree)):
+    if _shares_lines(tree, stmt):
         return None
     indent = _indent(lines[line - 1])
     deeper = "\t" if "\t" in indent else "    "  # (a file indented with tabs takes one more tab)

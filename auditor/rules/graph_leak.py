@@ -29,8 +29,6 @@ def _accumulates(node: ast.Assign) -> bool:
             and ast.unparse(v.left) == ast.unparse(node.targets[0]))
 
 
-
-
 def _callee(node: ast.Call) -> str:
     f = node.func
     return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""

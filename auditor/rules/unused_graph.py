@@ -17,7 +17,7 @@ class _Line:
 
     def __init__(self, where: m.Frame) -> None:
         self.where, self.used, self.unused = where, 0, 0
-        self.what, self.in_steps, self.outside = "", 0, 0
+        self.what, self.outside = "", 0
         self.per_step: dict[int, int] = {}  # forward calls in each step
 
 
@@ -32,7 +32,6 @@ def _lines(ev: m.Evidence) -> dict[tuple[str, int], _Line]:
         if t.kind == m.FORWARD:
             line.what = line.what or t.what
             if step >= 0:
-                line.in_steps += t.count
                 line.per_step[step] = line.per_step.get(step, 0) + t.count
             else:
                 line.outside += t.count
@@ -97,10 +96,11 @@ class UnusedGraph(Rule):
             calls = []
             # (the median step's calls: a first step that took in a warm-up's forwards is one burst)
             per_step = statistics.median(line.per_step.get(i, 0) for i in steps) if steps else 0
+            in_steps = sum(line.per_step.values())
             if per_step:
                 calls.append(f"{per_step:g} call(s) in the median step")
-            elif line.in_steps:  # (an evaluation under grad after a step's update is taken into the next step)
-                calls.append(f"{line.in_steps} call(s) in {len(line.per_step)} of the {len(steps)} steps")
+            elif in_steps:  # (an evaluation under grad after a step's update is taken into the next step)
+                calls.append(f"{in_steps} call(s) in {len(line.per_step)} of the {len(steps)} steps")
             if line.outside:
                 calls.append(f"{line.outside} outside the steps (an evaluation, a rollout between updates)")
             edit = None
@@ -114,7 +114,7 @@ class UnusedGraph(Rule):
                 "need until it was freed; under torch.no_grad() it would record no graph and keep nothing.",
                 locations=[loc],
                 evidence={"graphs_unused": line.unused, "graphs_used": line.used,
-                          "calls_in_steps": line.in_steps, "calls_per_step": per_step,
+                          "calls_in_steps": in_steps, "calls_per_step": per_step,
                           "calls_outside_steps": line.outside},
                 # (grad mode against torch.no_grad() for one forward, 1 thread of this 2-core CPU, median
                 # of 300 calls: a DQN MLP 4-120-84-2 at batch 1: 11%, at batch 128: 5%; a

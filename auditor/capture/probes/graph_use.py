@@ -13,10 +13,13 @@ folds into its tallies at its next drain (m.GRAPH_USE at the forward's line, "us
 A graph never freed (kept in a list for good) gives no verdict: graph-leak's scans see those.
 
 Which forwards are watched: those outside the steps (setup, an evaluation, a rollout between
-updates) and those in the steps the numerics checks or the line sampler look at (WATCHING, set by
+updates) and those in the steps the numerics checks or the line sampler look at (Watch.on, set by
 the step session): a timed step carries nothing of this. The saved tensors are not measured: reading
 a node's `_saved_*` unpacks them, and under activation checkpointing's saved-tensor hooks that would
 recompute the forward inside the audit's hook.
+
+`graph_of` walks a graph's nodes, and measures its saved tensors where asked: retained-graph's reading
+of a graph kept with `retain_graph=True` (probes._watch_retained).
 """
 from __future__ import annotations
 
