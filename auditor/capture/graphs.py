@@ -30,6 +30,7 @@ import torch
 
 from auditor.capture.frames import is_library
 from auditor.capture.growth_lines import attribute_line, mutation_keys, mutation_lines, parameter_update_lines
+from auditor.capture.saved_tensors import saved_of
 from auditor.capture.unseen import no_torch_function
 
 _CONTAINERS = (list, tuple, dict, set, deque)
@@ -49,34 +50,11 @@ def _graph_size(tensors: list[torch.Tensor]) -> int:
     return len(seen)
 
 
-_saved_names: dict[type, tuple[str, ...]] = {}
-
-
-def _saved_of(node: Any) -> list[torch.Tensor]:
-    """The tensors an autograd node saved for its backward (`_saved_self`, `_saved_result`, ...):
-    the activations a kept graph keeps alive. The attribute names are read once per node type."""
-    names = _saved_names.get(type(node))
-    if names is None:
-        names = _saved_names[type(node)] = tuple(n for n in dir(type(node)) if n.startswith("_saved_"))
-    out = []
-    for n in names:
-        try:
-            v = getattr(node, n)
-        except RuntimeError:  # freed by a backward that ran, which frees all of a node's saved tensors
-            break
-        except AttributeError:  # (not a tensor slot)
-            continue
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (tuple, list)):
-            out.extend(x for x in v if isinstance(x, torch.Tensor))
-    return out
-
-
 def graph_bytes(tensors: list[torch.Tensor], budget: int = 200_000) -> int:
     """Bytes of the storages the graphs behind `tensors` saved for their backward, each storage
     once (up to `budget` nodes): what a holder of graph-carrying tensors keeps alive besides its
-    own tensors."""
+    own tensors. Saved values that saved-tensor hooks packed (activation checkpointing) are not
+    read (`saved_tensors`): then a lower bound."""
     seen: set[int] = set()
     keep: list[Any] = []
     saved: list[torch.Tensor] = []
@@ -87,7 +65,7 @@ def graph_bytes(tensors: list[torch.Tensor], budget: int = 200_000) -> int:
             continue
         seen.add(id(node))
         keep.append(node)
-        saved.extend(_saved_of(node))
+        saved.extend(saved_of(node).tensors)
         stack.extend(n for n, _ in node.next_functions)
     return _nbytes([t for t in saved if not (t.is_leaf and t.requires_grad)])  # (parameters are no activations)
 

@@ -67,17 +67,22 @@ class RetainedGraph(Rule):
                 yield self._carried(p, carried[place_key(p)], calls)
                 continue
             saved_mb = p.data.get("saved_bytes", 0) / 2**20
+            # (saved values that saved-tensor hooks packed, activation checkpointing's, are not read:
+            # the figures are then lower bounds)
+            least = "at least " if p.data.get("saved_partial") else ""
+            more = " or more" if least else ""
             alive = at_once.get(place_key(p))
             if alive:
                 freed = saved_mb * alive
-                held = (f"memory: {freed:.2f} MiB of saved activations held past their backward "
+                held = (f"memory: {least}{freed:.2f} MiB of saved activations held past their backward "
                         f"({alive} graph{'s' if alive > 1 else ''} alive at once)")
             else:  # (the graphs' lifetimes were not seen: at most every graph of a step at once)
                 freed = saved_mb * per_step
-                held = f"memory: up to {freed:.2f} MiB of saved activations held past their backward"
+                held = f"memory: up to {freed:.2f} MiB{more} of saved activations held past their backward"
             # Its predicted saving is that memory; of step time, none: the graphs are freed a step
             # later either way, and held memory costs time only once the device runs short of it
-            saving = (f"Its fix frees {'' if alive else 'up to '}{freed:.2f} MiB per step; it saves no step time "
+            amount = f"{least}{freed:.2f} MiB" if alive else f"up to {freed:.2f} MiB{more}"
+            saving = (f"Its fix frees {amount} per step; it saves no step time "
                       "that can be predicted (the graphs are freed a step later either way; held memory costs time "
                       "only once the device runs short of it)")
             loc = [Location.of(p.where)] if p.where else []
@@ -94,12 +99,14 @@ class RetainedGraph(Rule):
             yield self.finding(
                 f"{p.what}(retain_graph=True) kept {p.count} graphs alive that no later backward used "
                 f"({per_step:.1f} per step in {len(p.steps)} steps, ~{p.data.get('graph_nodes', 0)} autograd "
-                f"nodes and {saved_mb:.2f} MiB of saved tensors each"
+                f"nodes and {least}{saved_mb:.2f} MiB of saved tensors each"
+                + ("; values packed by saved-tensor hooks, activation checkpointing's, not counted" if least else "")
                 + (f"; at most {alive} alive at once" if alive else "") + "). " + saving + ".",
                 locations=loc,
                 evidence={"retained_unused": p.count, "steps": len(p.steps), "per_step": round(per_step, 2),
                           "graph_nodes": p.data.get("graph_nodes", 0), "saved_bytes": p.data.get("saved_bytes", 0),
-                          "alive_at_once": alive, "retaining_calls": calls, "reused": reused,
+                          "saved_bytes_partial": bool(least), "alive_at_once": alive, "retaining_calls": calls,
+                          "reused": reused,
                           "memory_saved_bytes": round(freed * 2**20)},
                 cost=Cost(ms_per_step=None, share_of_step=None, measured=alive is not None, note=f"{held}; {saving}"),
                 fix=Fix(summary=summary, config={"retain_graph": False} if not reused else {},

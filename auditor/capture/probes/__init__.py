@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 from torch.optim import optimizer as _optimizer
 
+from auditor.capture import saved_tensors
 from auditor.capture.frames import is_torch_internal, on_forget, user_frame, via_data as _via
 from auditor.capture.probes import graph_use
 from auditor.capture.probes.graph_use import graph_of
@@ -129,6 +130,8 @@ class Recorder:
             t["count"] += 1
             t["data"]["graph_nodes"] = max(t["data"]["graph_nodes"], ev["nodes"])
             t["data"]["saved_bytes"] = max(t["data"]["saved_bytes"], ev["saved_bytes"])
+            if ev["saved_partial"]:  # (some saved values packed by hooks, not read: a lower bound)
+                t["data"]["saved_partial"] = True
             if ev["alive"] is None or t["data"]["alive_at_once"] is None:
                 t["data"]["alive_at_once"] = None  # (unknown: every graph counts)
             else:
@@ -556,7 +559,7 @@ def _watch_retained(rec: Recorder, roots: list[Any], what: str, where: FrameKey)
     ends, the graph was kept alive for nothing."""
     n = rec.retain_sampled.get(where, 0)
     rec.retain_sampled[where] = n + 1
-    nodes, saved = graph_of(roots, measure=n < 3)
+    nodes, saved, read_all = graph_of(roots, measure=n < 3)
     used = [False]
     alive = _watch_lifetime(rec, roots, where)
 
@@ -571,7 +574,7 @@ def _watch_retained(rec: Recorder, roots: list[Any], what: str, where: FrameKey)
         except (RuntimeError, AttributeError):
             pass
     rec.retain_events.append({"what": what, "where": where, "used": used, "nodes": len(nodes), "saved_bytes": saved,
-                              "alive": alive})
+                              "saved_partial": not read_all, "alive": alive})
 
 
 class _Lifetime:
@@ -852,6 +855,7 @@ def install() -> Recorder:
             _install_anomaly_probe()
         _part_on[1] = False
         _install_backward_probes()
+        saved_tensors.install()
         _part_on[1] = bool(TOGGLED)
         if "probes" not in OFF:
             _install_hook_probes()

@@ -14,12 +14,11 @@ A graph never freed (kept in a list for good) gives no verdict: graph-leak's sca
 
 Which forwards are watched: those outside the steps (setup, an evaluation, a rollout between
 updates) and those in the steps the numerics checks or the line sampler look at (Watch.on, set by
-the step session): a timed step carries nothing of this. The saved tensors are not measured: reading
-a node's `_saved_*` unpacks them, and under activation checkpointing's saved-tensor hooks that would
-recompute the forward inside the audit's hook.
+the step session): a timed step carries nothing of this. Its saved tensors are not measured.
 
-`graph_of` walks a graph's nodes, and measures its saved tensors where asked: retained-graph's reading
-of a graph kept with `retain_graph=True` (probes._watch_retained).
+`graph_of` walks a graph's nodes, and measures its saved tensors where asked (never unpacking them:
+`saved_tensors`): retained-graph's reading of a graph kept with `retain_graph=True`
+(probes._watch_retained).
 """
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ from typing import Any
 
 import torch
 
+from auditor.capture.saved_tensors import saved_of
 from auditor.capture.unseen import no_torch_function
 from auditor.evidence import model as m
 
@@ -68,31 +68,32 @@ def _outputs(output: Any) -> list[torch.Tensor]:
     return [t for t in items if isinstance(t, torch.Tensor)][:_ROOTS_AT_MOST]
 
 
-def graph_of(roots: list[Any], measure: bool) -> tuple[list[Any], int]:
-    """Autograd nodes reachable from `roots`, and the bytes their saved tensors hold (if measured)."""
+def graph_of(roots: list[Any], measure: bool) -> tuple[list[Any], int, bool]:
+    """Autograd nodes reachable from `roots`, the bytes their saved tensors hold (if measured), read
+    without unpacking them (`saved_tensors.saved_of`), and whether every saved value was read (False:
+    some were packed by saved-tensor hooks, activation checkpointing's, and the bytes are a lower bound)."""
     seen: dict[int, Any] = {}
     stack = [r for r in roots if r is not None]
     saved: dict[int, int] = {}
+    complete = True
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen[id(node)] = node
         if measure:
-            for attr in dir(node):
-                if attr.startswith("_saved_"):
-                    try:
-                        v = getattr(node, attr)
-                    except Exception:
-                        continue
-                    if isinstance(v, torch.Tensor) and v.numel():
-                        try:
-                            storage = v.untyped_storage()
-                        except (NotImplementedError, RuntimeError):  # (a wrapper subclass: a rehearsal's)
-                            continue
-                        saved[storage.data_ptr()] = storage.nbytes()
+            tensors, read_all = saved_of(node)
+            complete = complete and read_all
+            for v in tensors:
+                if not v.numel():
+                    continue
+                try:
+                    storage = v.untyped_storage()
+                except (NotImplementedError, RuntimeError):  # (a wrapper subclass: a rehearsal's)
+                    continue
+                saved[storage.data_ptr()] = storage.nbytes()
         stack.extend(n for n, _ in node.next_functions if n is not None)
-    return list(seen.values()), sum(saved.values())
+    return list(seen.values()), sum(saved.values()), complete
 
 
 def watch(module: Any, output: Any, where: FrameKey) -> None:
