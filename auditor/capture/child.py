@@ -746,7 +746,9 @@ def run(args: argparse.Namespace) -> int:
             session.end(i)
             if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
                 raise Terminated("stopped by SIGTERM") if SIGNALS_SEEN[:1] == ["SIGTERM"] else KeyboardInterrupt
-    except KeyboardInterrupt as e:  # between steps: the run ends here, as interrupted
+    except BaseException as e:  # between steps (a Ctrl-C, or a handler of the program's raising in the
+        # auditor's step-end work: a DataLoader's when its workers die): the run ends here
+        echo_exit_message(e)
         print_users_traceback(e)
         prof.stop()
         ending = _ending(e, i, cuda_devices())

@@ -385,6 +385,13 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         last = builder.ev.steps[-1].index + 1 if builder.ev.steps else None
         builder.ev.ending = m.Ending(status="interrupted", step=last, signal=interrupts["by"][0],
                                      message=interrupted_message(interrupts["by"], killed_by_audit and returncode < 0))
+    elif interrupts["n"] and builder.ev.ending is not None and builder.ev.ending.status == "raised":
+        # the program raised as the signal stopped it (a DataLoader whose workers the same SIGTERM
+        # killed, a handler of its own that raises): the run was stopped, not failed by itself
+        e = builder.ev.ending
+        e.status, e.signal = "interrupted", interrupts["by"][0]
+        raised = f"{e.exception}: {(e.message or '').strip()}" if e.exception else (e.message or "").strip()
+        e.message = f"stopped by {interrupts['by'][0]} sent to the audit; as it stopped, the program raised {raised}"
     evidence = builder.finish(returncode, "".join(tail), None if killed_by_audit else memory)
     if evidence.profile is not None:  # (the window's bound is judged by what the kernel counted, not the child's word)
         evidence.profile.peak_rss_bytes = memory.peak_bytes()

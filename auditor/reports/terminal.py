@@ -463,8 +463,10 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     if e.status != "completed":
         end = Text("run ended: ", style="bold red")
         end.append(e.status + (f" in step {e.step}" if e.step is not None else ""))
-        if e.exception or e.message:
-            end.append(f": {e.exception or ''}{': ' if e.exception and e.message else ''}{e.message or ''}")
+        # (a run a signal stopped says so in a sentence of its own, naming what the program raised)
+        named = e.exception if e.exception and not (e.message or "").startswith("stopped by ") else ""
+        if named or e.message:
+            end.append(f": {named}{': ' if named and e.message else ''}{e.message or ''}")
         lines.append(end)
         if not evidence.environment.rehearsal and any(m in (e.message or "") for m in NO_GPU_ERRORS):
             lines.append(Text("the program asks for a GPU and this machine has none: `audit run --rehearse` runs it "

@@ -419,3 +419,30 @@ def test_a_programs_ctrl_c_prints_its_traceback_as_a_plain_run_does(tmp_path):
     assert tb.splitlines()[1:4] == [f'  File "{path}", line 10, in <module>',
                                     "    os.kill(os.getpid(), signal.SIGINT)", "KeyboardInterrupt"], tb
     assert a.findings_doc["ending"]["status"] == "interrupted"
+
+
+def test_a_program_that_raises_as_sigterm_stops_it_was_stopped_not_failed(tmp_path):
+    """The program raises as the audit's SIGTERM stops it (a DataLoader whose workers the same group
+    SIGTERM killed: "DataLoader worker ... killed by signal: Terminated"; here a handler of its own):
+    the ending says the run was stopped by the signal sent to the audit, and what the program raised,
+    not that the program failed by itself."""
+    path = tmp_path / "slow.py"
+    path.write_text("import signal\nimport time\n\n\ndef on_term(signum, frame):\n"
+                    "    raise RuntimeError('DataLoader worker (pid 4242) is killed by signal: Terminated. ')\n\n\n"
+                    "signal.signal(signal.SIGTERM, on_term)\n\n\ndef step(i):\n    time.sleep(0.2)\n")
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, "-m", "auditor", "run", f"{path}:step", "--steps", "200", "--quiet",
+                          "--no-profile", "--out", str(out)], cwd=ROOT, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    records = out / "records.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (records.exists() and records.read_text().count('"kind":"step"') >= 3):
+        time.sleep(0.1)
+    os.kill(p.pid, signal.SIGTERM)
+    p.communicate(timeout=60)
+    assert p.returncode == 3
+    end = json.loads((out / "findings.json").read_text())["ending"]
+    assert end["status"] == "interrupted" and end["signal"] == "SIGTERM" and end["exception"] == "RuntimeError"
+    assert end["message"] == ("stopped by SIGTERM sent to the audit; as it stopped, the program raised "
+                              "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Terminated."), end
+    assert end["where"]["file"].endswith("slow.py") and end["where"]["line"] == 6
