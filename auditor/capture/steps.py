@@ -24,6 +24,11 @@ A step is one iteration of the training loop, as a person counts it:
   (an eval loop) closes the step too and begins none: what runs until the next training fetch is
   outside the steps ("between"). With a training DataLoader, forwards and backwards never close a
   step, which keeps a GAN's D and G in one;
+- a fetch of the training DataLoader that closes a step and finds the loader exhausted begins none;
+  where the loop then trains on a batch fetched before it (a wrapper that fetches one ahead: timm's
+  PrefetchLoader, accelerate's loader, whose last batch comes after the loader's end), the optimizer
+  step that ends that iteration (a backward pass ran since the last) begins its step at that fetch,
+  back in time: its forward and backward are the step's, not work between steps;
 - where no optimizer has stepped and no training DataLoader is known, a weight update outside
   torch.optim (`p.data.add_(p.grad, alpha=-lr)` over the parameters: pytorch/examples'
   word_language_model) marks steps: a forward with grad enabled after the step's backward pass
@@ -217,6 +222,9 @@ class StepFinder:
         # the iterator whose fetch began the open step (or the last one), until it is exhausted:
         # another iterator of the training loader fetching while it lives is no fetch of the loop's
         self.train_iter: weakref.ref | None = None
+        # (t0, c0) of a fetch that crossed a boundary and found the loader exhausted, until the next
+        # step begins or another fetch runs: the batch a wrapper fetched ahead may still be trained on
+        self.ran_out_at: tuple[float, float] | None = None
         self.mode: str | None = None  # "optimizer" | "dataloader" | "marker" once known
         self.done = False  # the audit's steps are done, or the program ended: no more steps
         self.stopped = False  # StepsDone was raised: the audit ended the program after its steps
@@ -295,7 +303,11 @@ class StepFinder:
             if not finder.before_fetch(getattr(it, "_audit_loader_id", id(it)), it):
                 return finder._next(orig, it)
             t0, c0 = time.perf_counter(), time.process_time()
-            batch = finder._next(orig, it)  # (a StopIteration begins no step: the epoch is over)
+            try:
+                batch = finder._next(orig, it)  # (a StopIteration begins no step: the epoch is over)
+            except StopIteration:
+                finder.ran_out_at = (t0, c0)
+                raise
             if not finder.done:
                 finder._begin(t0, c0)
                 try:
@@ -361,6 +373,7 @@ class StepFinder:
         """A DataLoader fetch (through the iterator `it`) is about to run: cross a boundary if it is
         one. True when a step begins if the fetch returns a batch."""
         self._forget_gone_loaders()
+        self.ran_out_at = None
         if self.mode != "marker" and self._evaluating_first():
             return False
         if self.first_loader is None:
@@ -614,7 +627,12 @@ class StepFinder:
             # the loader fetched since the last step closed is the one the loop trains on now (a
             # stage's new DataLoader, the old one kept): its fetches begin the steps from here
             self.train_loader = self.last_loader
-        if self.iteration is None:  # (an optimizer step with no step open: it is one)
+        if self.iteration is None and self.ran_out_at is not None and self.backward_since_update:
+            # the last batch of an epoch that a wrapper fetched one ahead (timm's PrefetchLoader,
+            # accelerate's loader) trained on after the loader ran out: the iteration began at that
+            # fetch, and its forward and backward since are its own, not work between steps
+            self._begin(*self.ran_out_at)
+        elif self.iteration is None:  # (an optimizer step with no step open: it is one)
             if self.setup_passes:  # (a loop that never fetches: the passes taken for setup were its first iteration's)
                 self.setup_passes = False
             else:
@@ -682,6 +700,7 @@ class StepFinder:
         try:
             it = self.iteration = self.begun
             self.begun += 1
+            self.ran_out_at = None
             self.pending = False
             self.opts_in_step = set()
             self.backward_in_step = False

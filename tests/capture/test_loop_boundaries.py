@@ -534,3 +534,62 @@ def test_an_evaluation_before_training_is_setup(tmp_path):
     assert sum(t["count"] for t in setup if t["kind"] == "sync") == 6
     assert a.evidence["program"]["steps_found"] == (
         "optimizer steps (AdamW), 1 per iteration; each begins at a fetch of the training DataLoader")
+
+
+FETCHED_AHEAD = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+train = DataLoader(TensorDataset(torch.randn(40, 8), torch.randn(40, 1)), batch_size=8)
+valid = DataLoader(TensorDataset(torch.randn(16, 8), torch.randn(16, 1)), batch_size=8)
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+class PrefetchLoader:
+    """timm's: the next batch is fetched (and its copy to the device started) before the one held
+    is yielded, so the last batch comes after the loader's end."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        first = True
+        for nx, ny in self.loader:
+            nx = nx * 1.0  # (the wrapper's own work on the batch it fetched: a copy, a normalisation)
+            if not first:
+                yield x, y
+            else:
+                first = False
+            x, y = nx, ny
+        yield x, y
+
+
+for epoch in range(3):
+    for x, y in PrefetchLoader(train):
+        loss = (model(x) - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        print(epoch, sum(float((model(vx) - vy).pow(2).mean()) for vx, vy in valid))
+'''
+
+
+def test_the_last_batch_a_wrapper_fetched_ahead_is_a_step(tmp_path):
+    """timm's PrefetchLoader (and accelerate's loader) yields an epoch's last batch after the
+    DataLoader ran out: that fetch closed the step before it and began none, so the last
+    iteration's forward and backward ran between steps, and its optimizer step began a step of its
+    own (timm's resnet18, rehearsed: one 77 ms step per epoch beside 5 s ones, and 'backward passes'
+    between steps). That step now begins at the fetch that found the loader exhausted: every
+    iteration is a step with its update, and what runs between the epochs is the evaluation."""
+    a = run(tmp_path, FETCHED_AHEAD)
+    steps = a.evidence["steps"]
+    assert len(steps) == 15 and [count(s, "optimizer") for s in steps] == [1] * 15
+    assert [count(s, "backward") for s in steps] == [1] * 15
+    assert [count(s, "data-wait") for s in steps] == [2, 1, 1, 1, 1] * 3  # (the epoch's first fetches two)
+    between = [o for o in a.evidence["outside"] if o["phase"] == "between"]
+    assert [o["after_step"] for o in between] == [4, 9]  # the evaluations, after each epoch's last step
+    assert not [t for o in between for t in o["tallies"] if t["kind"] in ("backward", "optimizer")]
+    assert all(sum(t["count"] for t in o["tallies"] if t["kind"] == "forward") == 2 for o in between)
