@@ -38,7 +38,7 @@ from auditor.reports.base import Reporter
 from auditor.reports.figure import Figure
 from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.processes_line import started_processes_phrase
-from auditor.reports.step_clock import clock_phrase
+from auditor.reports.step_clock import clock_phrase, rehearsed_share
 from auditor.evidence.step_clock import step_clock
 from auditor.reports.findings_json import document
 from auditor.reports.patch import fixes_patch_edits, numerics_patchable
@@ -409,6 +409,7 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "profiled": [s.index for s in ev.steps if s.profiled],
         "recoverable_ms": fmt_ms(rec.ms) if rec.ms is not None else None,
         "recoverable_share": f"{rec.share:.0%}" if rec.share is not None else None,
+        "rehearsed_share": _rehearsed_share_text(ev, rec.ms),
         "capped": rec.capped,
         "estimated": rec.estimated,
         "counted_only": rec.counted_only,
@@ -420,6 +421,15 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "recording": recording_view(ev) if ev.source == "trace" else None,
         "severities": {s: sum(f.severity == s for f in results.findings) for s in ("error", "warning", "info")},
     }
+
+
+def _rehearsed_share_text(ev: Evidence, recoverable_ms: float | None) -> str | None:
+    """A rehearsal's recoverable time as a share of the host-bound step predicted on the GPU."""
+    gpu = rehearsed_share(ev, recoverable_ms) if recoverable_ms is not None else None
+    if gpu is None:
+        return None
+    predicted, saved, name = gpu
+    return f"{saved / predicted:.0%} of the {predicted:.2f} ms step predicted on an {name} (host-bound)"
 
 
 def recording_view(ev: Evidence) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """The summary's line on the step's clock: which bound the reported step is on, and the other clock."""
 from __future__ import annotations
 
+import statistics
+
 from auditor.evidence.model import Evidence
-from auditor.evidence.step_clock import rehearsed_device_ms, step_clock
+from auditor.evidence.step_clock import rehearsed_device_ms, rehearsed_host_steps, step_clock
 
 
 def clock_phrase(evidence: Evidence) -> str | None:
@@ -41,3 +43,23 @@ def clock_phrase(evidence: Evidence) -> str | None:
                 f"{c.device_ms:.2f} ms of it ({where}){note}")
     return (f"step clock: host-bound: the host issued each step in {c.host_ms:.2f} ms; the device's clock read "
             f"{c.device_ms:.2f} ms ({where}){busy}{note}")
+
+
+def rehearsed_share(evidence: Evidence, recoverable_ms: float) -> tuple[float, float, str] | None:
+    """For a CUDA program rehearsed on a CPU whose step would be host-bound on the named GPU: (the
+    step predicted there, the part of it the fixes' `recoverable_ms` can give back, the GPU's name).
+    The step measured here holds the kernels' work done on this CPU, so a share of it says little of
+    the GPU step: the fixes save host time there, and the step cannot go below its launches' time
+    on the host nor its kernels' on the GPU.
+    None where the step is not predicted host-bound (device-bound or unknown: the device model's
+    kernel estimate alone is no step time)."""
+    c = step_clock(evidence)
+    if c.source != "estimate" or c.bound != "host" or not c.issue_floor_ms or c.device_ms is None:
+        return None
+    estimate = rehearsed_device_ms(evidence)
+    name = estimate[1] if estimate is not None else "the named GPU"
+    predicted = max(c.issue_floor_ms, c.device_ms)
+    # (the least the step can take once the fixes are in: its launches on the host, its kernels on the GPU)
+    per_step = rehearsed_host_steps(evidence, evidence.median_basis()) or []
+    launches = statistics.median(host - wait for wait, host in per_step) if per_step else 0.0
+    return predicted, max(0.0, min(recoverable_ms, predicted - max(c.device_ms, launches))), name

@@ -24,7 +24,7 @@ from auditor.reports.between_line import between_phrase
 from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.processes_line import started_processes_phrase
 from auditor.reports.rehearsal_line import no_gpu_work_phrase
-from auditor.reports.step_clock import clock_phrase
+from auditor.reports.step_clock import clock_phrase, rehearsed_share
 from auditor.evidence.step_clock import step_clock
 from auditor.findings import DEVICE, HOST, STEP, Finding, severity_rank, share_of_step, together_ms
 from auditor.findings import RuleResults
@@ -442,6 +442,10 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
             head.append(" (less than the sum of their costs, which overlap in the step)")
         if rec.estimated:
             head.append(", partly estimated")
+        if (gpu := rehearsed_share(evidence, rec.ms)) is not None:
+            predicted, saved, name = gpu
+            head.append(f"; on an {name}, where this step is predicted at {predicted:.2f} ms (host-bound), "
+                        f"{saved / predicted:.0%} of it")
     if rec.elsewhere:
         head.append(f"; {elsewhere_phrase(rec.elsewhere)}")
     lines.append(head)
