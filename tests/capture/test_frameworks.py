@@ -18,7 +18,8 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # example -> (its package, the line that calls into the framework, config keys its findings must name)
 CASES = {
     "hf_trainer": ("transformers", "trainer.train()",
-                   {"TrainingArguments.logging_steps", "TrainingArguments.logging_nan_inf_filter"}),
+                   {"TrainingArguments.logging_steps", "TrainingArguments.logging_nan_inf_filter",
+                    "batch.attention_mask"}),
     "lightning_fit": ("lightning", "trainer.fit(", {"Trainer.enable_progress_bar"}),
 }
 
@@ -153,3 +154,32 @@ def test_a_library_installed_with_pip_target_on_pythonpath_is_not_the_users_code
     assert f["fix"]["summary"].startswith("the Tensor.item at line 12 is made inside vlib/__init__.py:peek, library "
                                           "code the line calls: no edit of the line removes it"), f["fix"]["summary"]
     assert not f["fix"]["edits"]
+
+
+@pytest.mark.slow
+def test_an_attention_mask_left_out_is_no_sync(tmp_path):
+    """transformers reads each forward's attention_mask back to the host (`padding_mask.all()` in
+    masking_utils) to drop an all-ones mask for SDPA's fastest kernel: the example's batches carry an
+    all-ones mask, and the finding says to leave it out where no token is padding. Left out, the model
+    builds no mask and those syncs are gone; the Trainer's own NaN/Inf test of the loss stays."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    source = (EXAMPLES / "hf_trainer.py").read_text()
+    masked = '"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": i % 2'
+    assert masked in source
+    runs = {}
+    for name, text in (("masked", source), ("unmasked", source.replace(masked, '"input_ids": ids, "labels": i % 2'))):
+        (tmp_path / f"{name}.py").write_text(text)
+        a = audit("run", str(tmp_path / f"{name}.py"), "--steps", str(STEPS), "--no-profile", "--quiet",
+                  out=tmp_path / name, env=ONE_THREAD)
+        assert a.returncode == 0, a.stderr[-3000:]
+        (f,) = [f for f in a.rule("host-sync") if f["cost"]["note"] is None or "outside" not in f["cost"]["note"]]
+        runs[name] = f
+    masked_f, unmasked_f = runs["masked"], runs["unmasked"]
+    inside = lambda f: {i for site in f["evidence"]["sites"] for i in site["inside"]}  # noqa: E731
+    assert "transformers/masking_utils.py:_ignore_bidirectional_mask_sdpa" in inside(masked_f)
+    assert masked_f["fix"]["config"]["batch.attention_mask"] == "left out where no token is padding"
+    assert "can leave `attention_mask` out of the inputs" in masked_f["fix"]["summary"]
+    assert not any("masking_utils" in i for i in inside(unmasked_f)), unmasked_f["evidence"]["sites"]
+    assert "batch.attention_mask" not in unmasked_f["fix"]["config"]
+    assert unmasked_f["evidence"]["syncs_per_step"] < masked_f["evidence"]["syncs_per_step"]

@@ -33,6 +33,21 @@ SETTINGS = (
     Setting("transformers/trainer.py:Trainer._inner_training_loop", {"TrainingArguments.torch_empty_cache_steps": None},
             "the Trainer empties the CUDA cache every `torch_empty_cache_steps` steps: leave it unset",
             innermost=True, what=("torch.cuda.empty_cache",)),
+    # transformers' attention-mask builders read a 2D attention_mask back to the host at every forward
+    # (`padding_mask.all()`) to drop an all-ones mask, so SDPA can take its fastest kernel; a batch
+    # without one (None) is read nothing of (transformers/masking_utils.py)
+    Setting("transformers/masking_utils.py:_ignore_bidirectional_mask_sdpa",
+            {"batch.attention_mask": "left out where no token is padding"},
+            "transformers reads each forward's attention_mask back to the host to drop it when no token is "
+            "padding (SDPA's fastest kernel takes no mask): batches without padding (fixed-length or packed "
+            "sequences) can leave `attention_mask` out of the inputs; padded batches keep this sync",
+            what=("bool(Tensor)",)),
+    Setting("transformers/masking_utils.py:_ignore_causal_mask_sdpa",
+            {"batch.attention_mask": "left out where no token is padding"},
+            "transformers reads each forward's attention_mask back to the host to use SDPA's causal kernel "
+            "without a mask when no token is padding: batches without padding (fixed-length or packed "
+            "sequences) can leave `attention_mask` out of the inputs; padded batches keep this sync",
+            what=("bool(Tensor)",)),
     Setting("lightning/pytorch/trainer/connectors/logger_connector/result.py:_ResultMetric.compute",
             {"LightningModule.log": "sync_dist=True only with on_step=False"},
             "`self.log(..., sync_dist=True)` reduces the value across processes at every step: log it per "
