@@ -627,7 +627,7 @@ class StepFinder:
             # the loader fetched since the last step closed is the one the loop trains on now (a
             # stage's new DataLoader, the old one kept): its fetches begin the steps from here
             self.train_loader = self.last_loader
-        if self.iteration is None and self.ran_out_at is not None and self.backward_since_update:
+        if self.iteration is None and self.ran_out_at is not None and self.backward_since_update and self.setup_sent:
             # the last batch of an epoch that a wrapper fetched one ahead (timm's PrefetchLoader,
             # accelerate's loader) trained on after the loader ran out: the iteration began at that
             # fetch, and its forward and backward since are its own, not work between steps
