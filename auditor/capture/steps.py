@@ -108,7 +108,10 @@ def _nested_call(frame: Any) -> bool:
         frame = frame.f_back
     return False
 
-_DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER, m.DATA_WORKER))
+
+# what fetching a batch does (the loader's iterator made, its sampler iterated, its workers' batches,
+# device tensors made inside the iteration): no work of a step besides fetching (_worked)
+_DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER, m.DATA_WORKER, m.SAMPLER_ITER, m.DATA_DEVICE_OP))
 
 _compiling = torch.compiler.is_compiling
 

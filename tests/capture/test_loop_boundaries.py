@@ -593,3 +593,37 @@ def test_the_last_batch_a_wrapper_fetched_ahead_is_a_step(tmp_path):
     assert [o["after_step"] for o in between] == [4, 9]  # the evaluations, after each epoch's last step
     assert not [t for o in between for t in o["tallies"] if t["kind"] in ("backward", "optimizer")]
     assert all(sum(t["count"] for t in o["tallies"] if t["kind"] == "forward") == 2 for o in between)
+
+
+PEEKED = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(40, 8), torch.randn(40, 1))
+train = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, num_replicas=1, rank=0))
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(3):
+    b_sz = len(next(iter(train))[0])  # PEEK LINE
+    train.sampler.set_epoch(epoch)
+    for x, y in train:
+        loss = (model(x) - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_a_batch_peeked_at_before_the_loop_is_no_step_of_its_own(tmp_path):
+    """pytorch/examples' DDP tutorial (multigpu_torchrun.py) reads the batch size from a batch of
+    its own iterator before each epoch (`len(next(iter(self.train_data))[0])`), with a
+    DistributedSampler: its sampler's iteration counted as the step's work, so the loop's first
+    fetch closed a step that had fetched and done nothing else ("none in 1 of the 40 steps", and
+    every per-step rate over one step too many). A sampler's iteration is fetching."""
+    a = run(tmp_path, PEEKED)
+    steps = a.evidence["steps"]
+    assert len(steps) == 15 and [count(s, "optimizer") for s in steps] == [1] * 15
+    assert a.evidence["program"]["steps_found"] == (
+        "optimizer steps (SGD), 1 per iteration; each begins at a fetch of the training DataLoader")
