@@ -304,6 +304,7 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         os.close(err_write)
 
     tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+    line_open = [False]  # the program's last line on stderr ends in no newline (a progress bar's redraw)
 
     def pump_stderr() -> None:
         redraw = False  # whether the tail's last entry is a progress bar's redraw (see split_lines)
@@ -316,6 +317,7 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
             if forward_stderr:
                 sys.stderr.buffer.write(line)
                 sys.stderr.buffer.flush()
+                line_open[0] = not line.endswith(b"\n")
             if redraw:
                 tail.pop()
             redraw = not line.endswith(b"\n")
@@ -363,6 +365,10 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
                 on_record(record)
         returncode = proc.wait()
         pump.join(timeout=5)
+        if line_open[0] and not pump.is_alive():  # (the audit's own lines begin on a line of their own)
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.buffer.write(b"\n")
+                sys.stderr.buffer.flush()
     finally:
         raw.close()
         memory.stop()

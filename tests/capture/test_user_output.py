@@ -122,3 +122,31 @@ def test_warnings_name_the_users_line_also_when_logging_shows_them(tmp_path, set
     assert f"{script}:10: UserWarning: raised inside a wrapped call" in p.stderr, p.stderr
     assert f"{script}:14: UserWarning: the program's own warning" in p.stderr, p.stderr
     assert "auditor" not in p.stderr.replace(str(tmp_path), ""), p.stderr
+
+
+BAR = """\
+import sys
+import torch
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(50):
+    loss = model(torch.ones(4, 3)).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+    sys.stderr.write(f"\\rstep {i}")  # a progress bar's redraw, as tqdm's on stderr
+    sys.stderr.flush()
+"""
+
+
+def test_the_audits_lines_do_not_continue_a_progress_bars_line(tmp_path):
+    """The audit ends the program after its steps, on a line its progress bar left open (a redraw
+    ends in no newline): the audit's own lines were printed on the end of that line on a terminal
+    ("step 9audit of prog.py: ..."). The line is ended first; a line the program ended gets no
+    blank line after it."""
+    script = tmp_path / "prog.py"
+    for text, ends in ((BAR, b"step 8\rstep 9\n"), (BAR.replace('f"\\rstep {i}"', 'f"step {i}\\n"'), b"step 8\nstep 9\n")):
+        script.write_text(text)
+        p = subprocess.run([sys.executable, "-m", "auditor", "run", str(script), "--steps", "10", "--no-profile",
+                            "--out", str(tmp_path / "out")], capture_output=True, cwd=tmp_path, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # (bytes: a "\r" is kept as written)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert p.stderr.endswith(ends), p.stderr[-40:]
