@@ -87,6 +87,7 @@ from torch.nn.modules import module as nn_module
 
 import auditor
 from auditor.capture import probes, wire
+from auditor.capture.frames import user_frame
 from auditor.capture.probes.workers import GONE_LOADERS
 from auditor.capture.session import StepSession
 from auditor.capture.unseen import no_torch_function
@@ -112,6 +113,10 @@ def _nested_call(frame: Any) -> bool:
 # what fetching a batch does (the loader's iterator made, its sampler iterated, its workers' batches,
 # device tensors made inside the iteration): no work of a step besides fetching (_worked)
 _DATA_KINDS = frozenset((m.DATA_WAIT, m.DATA_ITER, m.DATA_WORKER, m.SAMPLER_ITER, m.DATA_DEVICE_OP))
+# a batch's preparation where it was fetched (its copy to the device, a stream for it, an elementwise op
+# on it: timm's PrefetchLoader normalises each batch on the device as it fetches the next): fetching too,
+# made in the function whose fetch began the step (_worked); a matmul or a forward there is work
+_PREP_KINDS = frozenset((m.H2D_COPY, m.CUDA_STANDIN, m.DEVICE_LAUNCH))
 
 _compiling = torch.compiler.is_compiling
 
@@ -228,6 +233,7 @@ class StepFinder:
         # (t0, c0) of a fetch that crossed a boundary and found the loader exhausted, until the next
         # step begins or another fetch runs: the batch a wrapper fetched ahead may still be trained on
         self.ran_out_at: tuple[float, float] | None = None
+        self.fetched_in: tuple[str, str] | None = None  # (file, function) whose fetch began the open step
         self.mode: str | None = None  # "optimizer" | "dataloader" | "marker" once known
         self.done = False  # the audit's steps are done, or the program ended: no more steps
         self.stopped = False  # StepsDone was raised: the audit ended the program after its steps
@@ -313,6 +319,8 @@ class StepFinder:
                 raise
             if not finder.done:
                 finder._begin(t0, c0)
+                where = user_frame(sys._getframe(1))  # (the user's function whose fetch began the step)
+                finder.fetched_in = (where[0], where[2]) if where is not None else None
                 try:
                     finder.train_iter = weakref.ref(it)
                 except TypeError:  # (an iterator without weak references: not told apart)
@@ -429,8 +437,12 @@ class StepFinder:
         self.not_training -= gone
 
     def _worked(self) -> bool:
-        """Whether the open step has done anything the probes saw besides fetching batches."""
-        return any(key[0] not in _DATA_KINDS for key in self.rec.tallies)
+        """Whether the open step has done anything the probes saw besides fetching batches (and
+        preparing them where they were fetched: _PREP_KINDS)."""
+        fetched_in = self.fetched_in
+        return any(key[0] not in _DATA_KINDS and not (
+            key[0] in _PREP_KINDS and fetched_in is not None and key[2] is not None
+            and key[2][0] == fetched_in[0] and key[2][2] == fetched_in[1]) for key in self.rec.tallies)
 
     def on_forward(self, module: Any, args: Any) -> None:
         if self._live() and not self.rec.in_data:
@@ -704,6 +716,7 @@ class StepFinder:
             it = self.iteration = self.begun
             self.begun += 1
             self.ran_out_at = None
+            self.fetched_in = None
             self.pending = False
             self.opts_in_step = set()
             self.backward_in_step = False

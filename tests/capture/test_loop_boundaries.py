@@ -577,14 +577,23 @@ for epoch in range(3):
 '''
 
 
-def test_the_last_batch_a_wrapper_fetched_ahead_is_a_step(tmp_path):
+@pytest.mark.parametrize("prepare", ["nx * 1.0", "nx.to('cuda').sub_(0.5)"], ids=["cpu", "rehearsed-cuda"])
+def test_the_last_batch_a_wrapper_fetched_ahead_is_a_step(tmp_path, prepare):
     """timm's PrefetchLoader (and accelerate's loader) yields an epoch's last batch after the
     DataLoader ran out: that fetch closed the step before it and began none, so the last
     iteration's forward and backward ran between steps, and its optimizer step began a step of its
     own (timm's resnet18, rehearsed: one 77 ms step per epoch beside 5 s ones, and 'backward passes'
     between steps). That step now begins at the fetch that found the loader exhausted: every
-    iteration is a step with its update, and what runs between the epochs is the evaluation."""
-    a = run(tmp_path, FETCHED_AHEAD)
+    iteration is a step with its update, and what runs between the epochs is the evaluation.
+    The wrapper's work on the batch it fetched (rehearsed: its copy to the device and an op on it,
+    as timm normalises each batch on the GPU) is fetching too: it closed a step 0 that had done
+    nothing else ("none in 1 of the 25 steps", Tensor.item x0.96/step)."""
+    text = FETCHED_AHEAD.replace("nx * 1.0", prepare)
+    if "cuda" in prepare:
+        text = text.replace("for x, y in PrefetchLoader(train):", "for x, y in PrefetchLoader(train):\n        y = y.to('cuda')")
+        text = text.replace("model = nn.Linear(8, 1)", "model = nn.Linear(8, 1).to('cuda')")
+        text = text.replace("(model(vx) - vy)", "(model(vx.to('cuda')) - vy.to('cuda'))")
+    a = run(tmp_path, text)
     steps = a.evidence["steps"]
     assert len(steps) == 15 and [count(s, "optimizer") for s in steps] == [1] * 15
     assert [count(s, "backward") for s in steps] == [1] * 15
