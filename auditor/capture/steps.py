@@ -46,7 +46,9 @@ A step is one iteration of the training loop, as a person counts it:
 - where no optimizer steps, the first DataLoader fetched marks steps: each of its fetches in a
   step without a backward pass closes the step and begins the next, once the step has done
   something besides fetching (a wrapper that fetches one batch ahead, as accelerate's loader in
-  a Hugging Face Trainer does, fetches twice before its first forward pass: one step). A step
+  a Hugging Face Trainer does, fetches twice before its first forward pass: one step; a sampler's
+  iteration, and the batch's copy to the device and elementwise ops on it in the function that
+  fetched it, as timm's PrefetchLoader normalises it, are fetching). A step
   with a backward pass is closed by a fetch only in a program that never makes an optimizer
   (`makes_no_optimizer`: a custom update, `w -= lr * w.grad`): elsewhere, before its first
   optimizer step is seen, a gradient-accumulation micro-batch looks the same;
