@@ -157,7 +157,7 @@ def test_a_library_installed_with_pip_target_on_pythonpath_is_not_the_users_code
 
 
 @pytest.mark.slow
-def test_an_attention_mask_left_out_is_no_sync(tmp_path):
+def test_an_attention_mask_left_out_is_no_sync(tmp_path, tmp_path_factory):
     """transformers reads each forward's attention_mask back to the host (`padding_mask.all()` in
     masking_utils) to drop an all-ones mask for SDPA's fastest kernel: the example's batches carry an
     all-ones mask, and the finding says to leave it out where no token is padding. Left out, the model
@@ -167,15 +167,16 @@ def test_an_attention_mask_left_out_is_no_sync(tmp_path):
     source = (EXAMPLES / "hf_trainer.py").read_text()
     masked = '"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": i % 2'
     assert masked in source
-    runs = {}
-    for name, text in (("masked", source), ("unmasked", source.replace(masked, '"input_ids": ids, "labels": i % 2'))):
-        (tmp_path / f"{name}.py").write_text(text)
-        a = audit("run", str(tmp_path / f"{name}.py"), "--steps", str(STEPS), "--no-profile", "--quiet",
-                  out=tmp_path / name, env=ONE_THREAD)
+    (tmp_path / "unmasked.py").write_text(source.replace(masked, '"input_ids": ids, "labels": i % 2'))
+    runs = {"masked": shared_audit(tmp_path_factory, "framework-hf_trainer", "run", "examples/hf_trainer.py",
+                                   "--steps", str(STEPS), "--no-profile", "--quiet", env=ONE_THREAD),
+            "unmasked": audit("run", str(tmp_path / "unmasked.py"), "--steps", str(STEPS), "--no-profile", "--quiet",
+                              out=tmp_path / "unmasked", env=ONE_THREAD)}
+    found = {}
+    for name, a in runs.items():
         assert a.returncode == 0, a.stderr[-3000:]
-        (f,) = [f for f in a.rule("host-sync") if f["cost"]["note"] is None or "outside" not in f["cost"]["note"]]
-        runs[name] = f
-    masked_f, unmasked_f = runs["masked"], runs["unmasked"]
+        (found[name],) = [f for f in a.rule("host-sync") if "outside" not in (f["cost"]["note"] or "")]
+    masked_f, unmasked_f = found["masked"], found["unmasked"]
     inside = lambda f: {i for site in f["evidence"]["sites"] for i in site["inside"]}  # noqa: E731
     assert "transformers/masking_utils.py:_ignore_bidirectional_mask_sdpa" in inside(masked_f)
     assert masked_f["fix"]["config"]["batch.attention_mask"] == "left out where no token is padding"
