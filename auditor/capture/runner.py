@@ -304,10 +304,11 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         os.close(err_write)
 
     tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
-    line_open = [False]  # the program's last line on stderr ends in no newline (a progress bar's redraw)
+    # whether the program's last line on stderr ends in no newline: the tail's last entry is a
+    # progress bar's redraw (see split_lines), and the audit's own lines must begin a line of their own
+    redraw = [False]
 
     def pump_stderr() -> None:
-        redraw = False  # whether the tail's last entry is a progress bar's redraw (see split_lines)
         # (redraws as they come: a bar shows live, and an endless one is never held whole)
         for line in split_lines(read_chunks(err_read, proc, pause_s=0), redraws=True):
             if b".cpp:" in line:
@@ -317,10 +318,9 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
             if forward_stderr:
                 sys.stderr.buffer.write(line)
                 sys.stderr.buffer.flush()
-                line_open[0] = not line.endswith(b"\n")
-            if redraw:
+            if redraw[0]:
                 tail.pop()
-            redraw = not line.endswith(b"\n")
+            redraw[0] = not line.endswith(b"\n")
             tail.append(line[-STDERR_TAIL_LINE_BYTES:].decode("utf-8", "replace"))
 
     pump = threading.Thread(target=pump_stderr, daemon=True)
@@ -365,7 +365,7 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
                 on_record(record)
         returncode = proc.wait()
         pump.join(timeout=5)
-        if line_open[0] and not pump.is_alive():  # (the audit's own lines begin on a line of their own)
+        if forward_stderr and redraw[0] and not pump.is_alive():
             with contextlib.suppress(OSError, ValueError):
                 sys.stderr.buffer.write(b"\n")
                 sys.stderr.buffer.flush()

@@ -9,14 +9,13 @@ hook: checkpointing recomputes the forward (the user's `forward` runs again, ins
   later), that is read: a tensor is measured, anything a hook packed (checkpointing's holder, a
   (device, CPU copy) pair) is not, and the node's reading is incomplete;
 - where it does not (torch 2.4), `_saved_*` is read only while no saved-tensor hooks have been
-  entered in this process (`install` wraps `saved_tensors_hooks.__enter__` to note the first);
+  entered in this process (`noting_entered`, on `saved_tensors_hooks.__enter__`, notes the first);
   after that nothing is read, and every reading is incomplete.
 
 A reading that is incomplete says so (`Saved.complete`): its bytes are a lower bound.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -38,22 +37,13 @@ def _has_packed_form() -> bool:
 PACKED_FORM = _has_packed_form()
 
 
-def install() -> None:
-    """Note the first saved-tensor hooks entered (torch without the packed form only; idempotent)."""
-    if PACKED_FORM:
-        return
-    cls = torch.autograd.graph.saved_tensors_hooks
-    orig = cls.__enter__
-    if getattr(orig, "__audit_original__", None) is not None:
-        return
-
-    @functools.wraps(orig)
+def noting_entered(orig: Any) -> Any:
+    """`saved_tensors_hooks.__enter__` that notes the first saved-tensor hooks entered (probes.install
+    puts it on torch without the packed form)."""
     def enter(self: Any) -> Any:
         _Hooks.entered = True
         return orig(self)
-
-    enter.__audit_original__ = orig  # type: ignore[attr-defined]
-    cls.__enter__ = enter
+    return enter
 
 
 class Saved(NamedTuple):

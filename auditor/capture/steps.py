@@ -321,8 +321,9 @@ class StepFinder:
                 raise
             if not finder.done:
                 finder._begin(t0, c0)
-                where = user_frame(sys._getframe(1))  # (the user's function whose fetch began the step)
-                finder.fetched_in = (where[0], where[2]) if where is not None else None
+                if finder.mode in (None, "dataloader"):  # (the modes whose fetches read _worked)
+                    where = user_frame(sys._getframe(1))  # (the user's function whose fetch began the step)
+                    finder.fetched_in = (where[0], where[2]) if where is not None else None
                 try:
                     finder.train_iter = weakref.ref(it)
                 except TypeError:  # (an iterator without weak references: not told apart)

@@ -12,8 +12,7 @@ def clock_phrase(evidence: Evidence) -> str | None:
     c = step_clock(evidence)
     note = f" ({c.note})" if c.note else ""
     if c.source == "estimate" and c.device_ms is not None and c.host_ms is not None:
-        estimate = rehearsed_device_ms(evidence)
-        name = estimate[1] if estimate is not None else "the named GPU"
+        name = _gpu_name(evidence)
         kernels = f"about {c.device_ms:.2f} ms" if c.device_ms >= 0.01 else "under 0.01 ms"
         model = f"the device model puts its kernels at {kernels} a step (the forward's calls as rehearsed, x3 for the backward)"
         floor = c.issue_floor_ms or 0.0
@@ -56,10 +55,15 @@ def rehearsed_share(evidence: Evidence, recoverable_ms: float) -> tuple[float, f
     c = step_clock(evidence)
     if c.source != "estimate" or c.bound != "host" or not c.issue_floor_ms or c.device_ms is None:
         return None
-    estimate = rehearsed_device_ms(evidence)
-    name = estimate[1] if estimate is not None else "the named GPU"
+    name = _gpu_name(evidence)
     predicted = max(c.issue_floor_ms, c.device_ms)
     # (the least the step can take once the fixes are in: its launches on the host, its kernels on the GPU)
     per_step = rehearsed_host_steps(evidence, evidence.median_basis()) or []
     launches = statistics.median(host - wait for wait, host in per_step) if per_step else 0.0
     return predicted, max(0.0, min(recoverable_ms, predicted - max(c.device_ms, launches))), name
+
+
+def _gpu_name(evidence: Evidence) -> str:
+    """The GPU a rehearsal is judged on (`--device`, else the default row)."""
+    estimate = rehearsed_device_ms(evidence)
+    return estimate[1] if estimate is not None else "the named GPU"

@@ -283,10 +283,14 @@ def test_an_interrupt_swallowed_on_the_way_still_ends_the_run(tmp_path):
     assert doc["steps"]["count"] == 4  # step 3 itself completed and was recorded
 
 
-def _start_slow_audit(tmp_path, steps_before: int = 3):
-    """`audit run` of a slow step, in its own session; returns once `steps_before` steps are recorded."""
+SLOW_STEP = "import time\n\ndef step(i):\n    time.sleep(0.2)\n"
+
+
+def _start_slow_audit(tmp_path, steps_before: int = 3, source: str = SLOW_STEP):
+    """`audit run` of a slow step (`source`'s `step`), in its own session; returns once `steps_before`
+    steps are recorded."""
     path = tmp_path / "slow.py"
-    path.write_text("import time\n\ndef step(i):\n    time.sleep(0.2)\n")
+    path.write_text(source)
     out = tmp_path / "out"
     p = subprocess.Popen([sys.executable, "-m", "auditor", "run", f"{path}:step", "--steps", "200", "--quiet",
                           "--no-profile", "--out", str(out)], cwd=ROOT, start_new_session=True,
@@ -426,18 +430,10 @@ def test_a_program_that_raises_as_sigterm_stops_it_was_stopped_not_failed(tmp_pa
     SIGTERM killed: "DataLoader worker ... killed by signal: Terminated"; here a handler of its own):
     the ending says the run was stopped by the signal sent to the audit, and what the program raised,
     not that the program failed by itself."""
-    path = tmp_path / "slow.py"
-    path.write_text("import signal\nimport time\n\n\ndef on_term(signum, frame):\n"
-                    "    raise RuntimeError('DataLoader worker (pid 4242) is killed by signal: Terminated. ')\n\n\n"
-                    "signal.signal(signal.SIGTERM, on_term)\n\n\ndef step(i):\n    time.sleep(0.2)\n")
-    out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "auditor", "run", f"{path}:step", "--steps", "200", "--quiet",
-                          "--no-profile", "--out", str(out)], cwd=ROOT, start_new_session=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    records = out / "records.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (records.exists() and records.read_text().count('"kind":"step"') >= 3):
-        time.sleep(0.1)
+    p, out, _ = _start_slow_audit(tmp_path, source=(
+        "import signal\nimport time\n\n\ndef on_term(signum, frame):\n"
+        "    raise RuntimeError('DataLoader worker (pid 4242) is killed by signal: Terminated. ')\n\n\n"
+        "signal.signal(signal.SIGTERM, on_term)\n\n\ndef step(i):\n    time.sleep(0.2)\n"))
     os.kill(p.pid, signal.SIGTERM)
     p.communicate(timeout=60)
     assert p.returncode == 3

@@ -615,7 +615,7 @@ train = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, num_repl
 model = nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for epoch in range(3):
-    b_sz = len(next(iter(train))[0])  # PEEK LINE
+    b_sz = len(next(iter(train))[0])
     train.sampler.set_epoch(epoch)
     for x, y in train:
         loss = (model(x) - y).pow(2).mean()

@@ -855,7 +855,8 @@ def install() -> Recorder:
             _install_anomaly_probe()
         _part_on[1] = False
         _install_backward_probes()
-        saved_tensors.install()
+        if not saved_tensors.PACKED_FORM:  # (torch 2.4: a graph's saved tensors read only before any hooks)
+            _wrap(torch.autograd.graph.saved_tensors_hooks, "__enter__", saved_tensors.noting_entered)
         _part_on[1] = bool(TOGGLED)
         if "probes" not in OFF:
             _install_hook_probes()
