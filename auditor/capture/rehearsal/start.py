@@ -45,11 +45,13 @@ def install(mode: str, source: str | None, module: str | None = None,
     from auditor.capture.rehearsal import cuda as rehearsal_cuda
     from auditor.capture.rehearsal import device as rehearsal_device
     from auditor.capture.rehearsal import ops as rehearsal_ops
+    from auditor.capture.rehearsal import rnn as rehearsal_rnn
     from auditor.capture.rehearsal import serialization as rehearsal_files
 
     rehearsal_device.install()
     rehearsal_files.install()
     rehearsal_ops.install()
+    rehearsal_rnn.install()
     rehearsal_data.install()
     replaced = rehearsal_cuda.install()
     rehearsal_dist.install()
