@@ -21,7 +21,9 @@ _NATIVE = [False]
 
 
 def _call(func: Callable, args: tuple, kwargs: dict, frame: FrameType | None) -> Any:
-    if device._args_marked(args):
+    """The call as the mode makes one it has no handler for: of GPU tensors (positional or
+    keyword), checked, marked and observed."""
+    if device._args_marked(args) or (kwargs and device._args_marked(tuple(kwargs.values()))):
         return device._marked_call(func, args, kwargs, frame)
     return func(*args, **kwargs)
 
