@@ -173,3 +173,45 @@ def test_a_dead_optimizers_parameters_are_not_in_the_forecast(pre_history):
     numerics collector's record of that optimizer's step kept them alive until the step ended."""
     snap, live = pre_history
     assert 256 * 256 * 4 not in {size for size, _ in live}
+
+
+TWO_HISTORIES = '''
+import sys
+import torch
+
+torch.cuda.memory._record_memory_history()
+a = torch.zeros(1024 * 1024, device="cuda")      # 4 MiB, in the first history
+torch.cuda.memory._dump_snapshot(sys.argv[1])
+torch.cuda.memory._record_memory_history(enabled=None)
+b = torch.zeros(2 * 1024 * 1024, device="cuda")  # 8 MiB, while nothing records
+torch.cuda.memory._record_memory_history()
+c = torch.zeros(512 * 1024, device="cuda")       # 2 MiB, in the second history
+torch.cuda.memory._dump_snapshot(sys.argv[2])
+torch.cuda.memory._record_memory_history(enabled=None)
+torch.cuda.memory._dump_snapshot(sys.argv[3])
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("watched", [False, True], ids=["plain", "device-memory"])
+def test_a_history_switched_off_is_dropped_as_torch_drops_it(tmp_path, watched):
+    """A program that records two histories (the cs336 benchmark loops over its settings so): torch's
+    allocator clears its trace when recording stops, so the second snapshot's trace holds only the
+    second history's request, and one taken with recording off holds none; the blocks made before
+    are live blocks of its segments. With --device-memory the audit records the whole run itself,
+    and the program's snapshots are still what its own history holds."""
+    script = tmp_path / "two.py"
+    script.write_text(TWO_HISTORIES)
+    snaps = [tmp_path / f"s{i}.pickle" for i in (1, 2, 3)]
+    a = audit("run", str(script), "--to-end", "--no-profile", "--quiet",
+              *(("--device-memory", "1") if watched else ()), "--", *map(str, snaps), out=tmp_path / "run")
+    assert a.returncode == 0, a.stderr
+    first, second, off = (load_snapshot(p) for p in snaps)
+    allocs = [[(e.size, e.owner.line) for e in s.device_traces[0] if e.action == "alloc"] for s in (first, second)]
+    assert allocs == [[(4 * MiB, 6)], [(2 * MiB, 11)]]
+    assert off.device_traces[0] == []
+    for snap in (second, off):
+        live = sorted((b.requested_size, b.owner.line if b.owner else None)
+                      for s in snap.segments for b in s.blocks if b.live)
+        # (a block keeps the stack of the history it was made in, as torch keeps its context)
+        assert live == [(2 * MiB, 11), (4 * MiB, 6), (8 * MiB, None)]

@@ -58,6 +58,7 @@ class Recorder:
         self.seen: set[int] = set()  # ids of live leaves whose gradients are taken, and of those gradients
         self.annotations: list[dict[str, Any]] = []  # optimizer steps' ends, as torch's profiler annotates them
         self.sizes: dict[int, int] = {}  # allocation id -> requested bytes, while live
+        self.stacks: dict[int, list[dict[str, Any]]] = {}  # once stopped: allocation id -> its stack, while live
         self.live_bytes = 0  # requested bytes live now
         self.peak_bytes = 0  # the most live since the last step boundary (take_peak)
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -68,16 +69,34 @@ class Recorder:
         self.annotations.append({"stage": "END", "name": f"Optimizer.step#{name}.step", "device": 0,
                                  "time_us": time.time_ns() // 1000})
 
-    def seed(self) -> None:
+    def seed(self, previous: Recorder | None = None) -> None:
         """The GPU tensors alive when recording begins (a model built and moved before the program
         switched its history on): allocations made before the trace, as a GPU's snapshot holds them
-        in its segments with no trace entry. Found among the objects the garbage collector tracks
-        (every tensor is one), once per recording."""
+        in its segments with no trace entry, each with the stack `previous` (an earlier history)
+        recorded for it. Found among the objects the garbage collector tracks (every tensor is
+        one), once per recording."""
         for obj in gc.get_objects():
             if issubclass(type(obj), torch.Tensor) and getattr(obj, device.CUDA_MARK, False) is True:
-                self.track(obj, before=True)
+                self.track(obj, before=previous.frames_of(obj) if previous is not None else True)
 
-    def track(self, t: torch.Tensor, before: bool = False) -> None:
+    def stop(self) -> None:
+        """Recording switched off: nothing more is kept but the stacks of the allocations still
+        alive (their frees are still counted, by the finalizers)."""
+        self.hook.remove()
+        self.max_entries = 0
+        stacks = {r["id"]: r["frames"] for r in self.requests if r["action"] == "alloc" and r.get("frames")}
+        self.stacks = {entry[1]: stacks[entry[1]] for entry in self.live.values() if entry[1] in stacks}
+        self.requests = []
+
+    def frames_of(self, t: torch.Tensor) -> list[dict[str, Any]] | bool:
+        """The stack this (stopped) history recorded for `t`'s allocation, if it is still that one."""
+        try:
+            entry = self.live.get(t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):
+            return True
+        return self.stacks.get(entry[1], True) if entry is not None else True
+
+    def track(self, t: torch.Tensor, before: bool | list[dict[str, Any]] = False) -> None:
         try:
             st = t.untyped_storage()
             key, nbytes = st.data_ptr(), st.nbytes()
@@ -129,8 +148,9 @@ class Recorder:
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         else:
             self.live_bytes -= self.sizes.pop(ident, 0)
-        if before:  # made before the history: a live block with no stack (as torch keeps it)
-            self.requests.append({"action": action, "id": ident, "size": size, "stream": 0, "before": True})
+        if before:  # made before the history: a live block, with the stack of an earlier history or none
+            self.requests.append({"action": action, "id": ident, "size": size, "stream": 0, "before": True,
+                                  **({"frames": before} if isinstance(before, list) else {})})
         elif len(self.requests) < self.max_entries:
             self.requests.append({"action": action, "id": ident, "size": size, "stream": 0,
                                   "time_us": time.time_ns() // 1000, "frames": _stack()})
@@ -152,30 +172,52 @@ def _stack() -> list[dict[str, Any]]:
 # recorder: the requests recorded; watch: the audit's own recording (--device-memory), from the run's
 # start; program_from: where in the requests the program's own history begins, when it switched one
 # on while the audit was recording (its snapshot holds the requests alive then as allocations made
-# before the trace, as a GPU's does, and the trace from there on)
-_STATE: dict[str, Any] = {"recorder": None, "watch": None, "program_from": None}
+# before the trace, as a GPU's does, and the trace from there on), OFF while the program has switched
+# it off again (a snapshot then has no trace); program_spans: the requests each of the program's
+# histories covered, (start, end), the last open (end None): a block allocated inside one keeps its
+# stack in a later snapshot, as torch keeps a block's context after its history is cleared
+# previous: the last history the program switched off (its blocks' stacks), when the audit does not record
+_STATE: dict[str, Any] = {"recorder": None, "watch": None, "program_from": None, "program_spans": [],
+                          "previous": None}
 _AUDIT_CALL = [False]  # set while the audit itself switches recording on (watch), not the program
+OFF = -1
 
 
-def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1_000_000, **kwargs: Any) -> None:
-    """torch.cuda.memory._record_memory_history: on with any `enabled` but None (off drops the history)."""
+def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1_000_000,
+                          clear_history: bool = False, **kwargs: Any) -> None:
+    """torch.cuda.memory._record_memory_history: on with any `enabled` but None; off, or on with
+    `clear_history`, drops the history recorded so far, as torch's allocator clears its trace."""
+    watching = _STATE["watch"] is not None
+    spans = _STATE["program_spans"]
     if enabled is None or enabled is False:
-        if _STATE["watch"] is not None:
-            return  # (the audit's own recording goes on: the forecast covers the whole run)
+        if watching:  # (the audit's own recording goes on: the forecast covers the whole run)
+            if _STATE["program_from"] is not None:
+                _STATE["program_from"] = OFF
+                if spans and spans[-1][1] is None:
+                    spans[-1] = (spans[-1][0], len(_STATE["recorder"].requests))
+            return
         rec = _STATE["recorder"]
         if rec is not None:
-            rec.hook.remove()
+            rec.stop()
+            _STATE["previous"] = rec
         _STATE["recorder"] = None
         device.ON_MARK = None
         hold_no_tensors(False)
         return
     rec = _STATE["recorder"]
+    if rec is not None and not watching and clear_history:
+        record_memory_history(None)  # (a history begun again: what is alive now was made before it)
+        rec = None
     if rec is None:
         hold_no_tensors(True)  # (the numerics checks keep no tensor alive past the program's use)
         rec = _STATE["recorder"] = Recorder(max_entries)
-        rec.seed()
-    elif _STATE["watch"] is not None and _STATE["program_from"] is None and not _AUDIT_CALL[0]:
-        _STATE["program_from"] = len(rec.requests)
+        rec.seed(_STATE["previous"])
+    elif watching and not _AUDIT_CALL[0] and (_STATE["program_from"] in (None, OFF) or clear_history):
+        now = len(rec.requests)
+        if spans and spans[-1][1] is None:
+            spans[-1] = (spans[-1][0], now)
+        _STATE["program_from"] = now
+        spans.append((now, None))
     device.ON_MARK = rec.track
 
 
@@ -243,18 +285,42 @@ def _requests(program: bool) -> list[dict[str, Any]]:
     alive then as allocations made before the trace)."""
     rec = _STATE["recorder"]
     if rec is None:
-        return []
+        return _alive_now()
     start = _STATE["program_from"] if program else None
     if start is None:
         return rec.requests
-    live: dict[int, int] = {}
-    for r in rec.requests[:start]:
+    if start == OFF:
+        start = len(rec.requests)
+    spans = [(a, b) for a, b in _STATE["program_spans"] if b is not None and b <= start]
+    live: dict[int, dict[str, Any]] = {}
+    for i, r in enumerate(rec.requests[:start]):
         if r["action"] == "alloc":
-            live[r["id"]] = r["size"]
+            frames = r.get("frames") if any(a <= i < b for a, b in spans) else None
+            live[r["id"]] = {"action": "alloc", "id": r["id"], "size": r["size"], "stream": 0, "before": True,
+                             **({"frames": frames} if frames else {})}
         else:
             live.pop(r["id"], None)
-    return [{"action": "alloc", "id": i, "size": size, "stream": 0, "before": True} for i, size in live.items()] + \
-        rec.requests[start:]
+    return list(live.values()) + rec.requests[start:]
+
+
+def _alive_now() -> list[dict[str, Any]]:
+    """The GPU tensors alive now as allocations made before any history: what a snapshot taken
+    with nothing recording holds (its segments, no trace). Read from the garbage collector's
+    objects, one request per storage, without tracking them."""
+    previous = _STATE["previous"]
+    out: dict[int, dict[str, Any]] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and getattr(obj, device.CUDA_MARK, False) is True:
+            try:
+                st = obj.untyped_storage()
+                key, nbytes = st.data_ptr(), st.nbytes()
+            except (RuntimeError, NotImplementedError):
+                continue
+            if nbytes and key not in out:
+                frames = previous.frames_of(obj) if previous is not None else True
+                out[key] = {"action": "alloc", "id": len(out), "size": nbytes, "stream": 0, "before": True,
+                            **({"frames": frames} if isinstance(frames, list) else {})}
+    return list(out.values())
 
 
 def _snapshot(program: bool) -> dict[str, Any]:
