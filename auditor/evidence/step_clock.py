@@ -171,8 +171,9 @@ def rehearsed_issue_floor_ms(ev: Evidence, steps: list, least: float | None = No
 def rehearsed_host_steps(ev: Evidence, steps: list, measured: bool = True,
                          least: float | None = None) -> list[tuple[float, float]] | None:
     """For a CUDA program rehearsed on a CPU, each step's (wait for data, least time to issue it)
-    on the named device: one launch time (the row's launch_us) per kernel, the forward's launches as
-    rehearsed x BACKWARD_FACTOR for the backward (as rehearsed_device_ms counts them), and its waits
+    on the named device: one launch time (the row's launch_us) per kernel, the launches as
+    rehearsed, those autograd recorded x BACKWARD_FACTOR for the backward (as rehearsed_device_ms
+    counts them), and its waits
     for data, which no GPU shortens: those measured here (a loader without workers makes its batches
     in the step), or, where its DataLoader's workers cannot make its batches in that time
     (data_supply: their CPU time a batch over their number), the rest of theirs. The rest of the
@@ -192,7 +193,7 @@ def rehearsed_host_steps(ev: Evidence, steps: list, measured: bool = True,
     per_step = []
     for s in steps:
         waits = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER)) if measured else 0.0
-        launches = sum(t.count for t in s.tallies if t.kind == m.DEVICE_LAUNCH) * BACKWARD_FACTOR * device.launch_us / 1e3
+        launches = sum(t.count * backward_factor(t) for t in s.tallies if t.kind == m.DEVICE_LAUNCH) * device.launch_us / 1e3
         wait = max(waits, least - launches, 0.0)
         per_step.append((wait, launches + wait))
     return per_step
@@ -210,7 +211,15 @@ def _rehearsal_device(ev: Evidence) -> Any:
 DEVICE_CLOCK_NOTE = "device clock:"  # an environment note the capture adds when it fell back to the host's
 
 
-BACKWARD_FACTOR = 3.0  # a step's kernel work over its forward's: the backward does about twice the forward
+BACKWARD_FACTOR = 3.0  # a call's kernel work with its backward over its own: the backward does about twice
+
+
+def backward_factor(tally: Any) -> float:
+    """What a rehearsed launch tally counts for with the backward pass, which a rehearsal does not see:
+    BACKWARD_FACTOR for calls autograd recorded, 1 for those it did not (under no_grad: an
+    evaluation's forward, an update loop). A tally recorded before the flag was kept counts as
+    recorded."""
+    return BACKWARD_FACTOR if tally.data.get("grad", 1) else 1.0
 
 
 def rehearsed_device_ms(ev: Evidence) -> tuple[float, str] | None:
@@ -218,7 +227,8 @@ def rehearsed_device_ms(ev: Evidence) -> tuple[float, str] | None:
     on the named device (`--device`, else the default row), and that device's name. Each kernel the
     step's calls would launch (evidence.model.DEVICE_LAUNCH) at its bytes over the row's memory
     bandwidth or its FLOPs over its peak, whichever is longer; the backward pass, which a rehearsal
-    does not see, as BACKWARD_FACTOR times the forward. None: not a rehearsal, or no launches."""
+    does not see, as BACKWARD_FACTOR times the calls autograd recorded (backward_factor). None: not
+    a rehearsal, or no launches."""
     from auditor.evidence import model as m
 
     device = _rehearsal_device(ev)
@@ -232,11 +242,11 @@ def rehearsed_device_ms(ev: Evidence) -> tuple[float, str] | None:
                 nbytes, flops = t.data.get("bytes", 0) / t.count, t.data.get("flops", 0) / t.count
                 memory = nbytes / (device.mem_bw_gbs * 1e9) * 1e6
                 compute = flops / (device.peak_tflops(t.data.get("dtype", "") or "float32") * 1e12) * 1e6
-                us += t.count * max(memory, compute)
+                us += t.count * max(memory, compute) * backward_factor(t)
         per_step.append(us)
     if not per_step or not any(per_step):
         return None
-    return statistics.median(per_step) * BACKWARD_FACTOR / 1e3, device.name
+    return statistics.median(per_step) / 1e3, device.name
 
 
 def step_clock(ev: Evidence, trace: Any = None) -> StepClock:

@@ -125,10 +125,16 @@ class AmpOpportunity(TraceRule):
             return
         calls = sum(p.count for p in places)
         first = places[0].where.file if places[0].where else None
+        # (the backward runs a derivative only for the calls autograd recorded; older evidence: all)
+        graded = sum(t.count * int(t.data.get("flops") or 0) for _, t in fp32_pairs if t.data.get("grad", 1))
+        graded_share = graded / sum(t.count * int(t.data.get("flops") or 0) for _, t in fp32_pairs)
+        backward = ("the backward adds about twice as much" if graded_share > 0.99 else
+                    "none of them is recorded for a backward" if graded_share < 0.01 else
+                    f"the backward adds about twice the {graded_share:.0%} of it autograd records")
         yield self.finding(
             f"On the GPU these matmuls/convolutions run in fp32 outside autocast: {per_step(calls / n)} calls per "
             f"step doing {fp32 / n / 1e9:.2f} GFLOP of forward work per step ({fp32 / total:.0%} of the GPU "
-            "matmul/conv FLOPs; the backward adds about twice as much), at "
+            f"matmul/conv FLOPs; {backward}), at "
             + "; ".join(f"{p.what} x{per_step(p.count / n)}/step ({of(p) / n / 1e9:.3f} GFLOP) at "
                         f"{line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
                         for p in places[:5])
@@ -136,6 +142,7 @@ class AmpOpportunity(TraceRule):
             locations=locations(places),
             evidence={"fp32_gflop_per_step": round(fp32 / n / 1e9, 4), "gflop_per_step": round(total / n / 1e9, 4),
                       "fp32_share": round(fp32 / total, 4), "fp32_calls_per_step": round(calls / n, 2), "steps": n,
+                      "fp32_recorded_share": round(graded_share, 4),
                       "left_out_steps": typical.left_out_steps(),
                       "rehearsal": True,
                       "sites": [{"what": p.what, "file": p.where.file if p.where else None,

@@ -238,10 +238,47 @@ def test_a_rehearsed_step_whose_cpu_does_the_kernels_work_is_not_called_host_bou
     assert a.returncode == 0, a.stderr
     clock = a.findings_doc["steps"]["clock"]
     launches = [sum(t["count"] for t in s["tallies"] if t["kind"] == "device-launch") for s in a.evidence["steps"]]
-    floor = sorted(launches)[1] * 3 * 5 / 1000  # (3 steps: the median; the H100 row's 5 us a launch, x3)
+    assert {t["data"]["grad"] for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == "device-launch"} == {1}
+    floor = sorted(launches)[1] * 3 * 5 / 1000  # (3 steps: the median; the H100 row's 5 us a launch, x3: all recorded)
     assert clock["source"] == "estimate" and clock["issue_floor_ms"] == pytest.approx(floor, abs=1e-3)
     assert clock["issue_floor_ms"] < clock["device_ms"] < clock["host_ms"]
     assert clock["bound"] is None
     summary = (a.out / "summary.txt").read_text()
     assert "step clock: on an NVIDIA H100 SXM 80GB this step's bound is not known from a rehearsal" in summary
     assert f"the host would take at least {floor:.2f} ms a step to issue it" in summary
+
+
+EVALUATED = """import torch
+
+w = torch.nn.Parameter(torch.randn(64, 64, device="cuda"))
+opt = torch.optim.SGD([w], lr=0.01)
+big = torch.randn(2048, 2048, device="cuda")
+
+
+def step(i):
+    opt.zero_grad()
+    (w.sum() ** 2).backward()
+    opt.step()
+    with torch.no_grad():
+        y = big @ big  # 2 * 2048^3 = 17.2 GFLOP, no backward
+"""
+
+
+@pytest.mark.slow
+def test_work_autograd_does_not_record_is_not_tripled_for_a_backward(tmp_path):
+    """A step whose big matmul runs under no_grad (an evaluation's forward, a metric): the device
+    model prices it once, as the GPU runs it, not x3 as if a backward ran its derivative; the few
+    calls autograd records are x3, and amp-opportunity says no backward doubles its FLOPs."""
+    (tmp_path / "ev.py").write_text(EVALUATED)
+    a = audit("run", f"{tmp_path / 'ev.py'}:step", "--steps", "4", "--no-profile", "--no-numerics",
+              "--device", "h100-sxm", "-q", out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr
+    clock = a.findings_doc["steps"]["clock"]
+    [mm] = [t for t in a.evidence["steps"][1]["tallies"] if t["kind"] == "device-launch" and t["data"]["flops"]]
+    assert mm["data"]["grad"] == 0 and mm["data"]["flops"] == 2 * 2048 ** 3
+    graded = [t for t in a.evidence["steps"][1]["tallies"] if t["kind"] == "device-launch" and t["data"]["grad"]]
+    assert graded and all(t["where"]["line"] == 10 for t in graded)  # w.sum() ** 2: the recorded calls
+    matmul_ms = 2 * 2048 ** 3 / 67e12 * 1e3  # the H100 SXM row's fp32 peak (67 TFLOP/s): 0.256 ms
+    assert clock["device_ms"] == pytest.approx(matmul_ms, rel=0.05)  # (x3 would be 0.77 ms)
+    [f] = a.rule("amp-opportunity")
+    assert "none of them is recorded for a backward" in f["message"] and f["evidence"]["fp32_recorded_share"] == 0

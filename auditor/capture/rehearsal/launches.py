@@ -4,7 +4,8 @@
 op's name from `launch_name`, resolved once per function); `count` adds it to the step's
 `device-launch` tally at the user's line (see evidence.model.DEVICE_LAUNCH), with the bytes it
 moves (its tensor inputs read, its outputs written) and its FLOPs where known (matmuls,
-convolutions), in size classes so that the rules can price each launch on any device row.
+convolutions), in size classes so that the rules can price each launch on any device row, and whether autograd
+recorded it (`grad`: the backward pass runs its derivative, which the device model counts).
 
 One call counts as one launch. That is a lower bound: a composite op (cross_entropy, an LSTM
 layer, multi-head attention) launches a few kernels on a GPU, and the backward pass, which
@@ -60,7 +61,8 @@ SHAPE_ONLY = frozenset((
     "Tensor.normal_", "Tensor.uniform_", "Tensor.bernoulli_", "Tensor.random_", "Tensor.exponential_",
 ))
 
-_NO_FLOPS = [(("bytes_class", b), ("flops_class", 0), ("dtype", "")) for b in range(80)]  # by bytes class
+# by whether autograd recorded the call, then bytes class
+_NO_FLOPS = [[(("bytes_class", b), ("flops_class", 0), ("dtype", ""), ("grad", g)) for b in range(80)] for g in (0, 1)]
 
 _OPTIM_DIR = os.path.normcase(os.path.realpath(os.path.dirname(torch.optim.__file__))) + os.sep
 _optim_code: dict[int, bool] = {}  # id(code) -> whether it is torch.optim's (the code kept in _KEPT)
@@ -118,6 +120,17 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
+def recorded_for_backward(out: Any) -> int:
+    """1 when autograd recorded the call that returned `out` (an output has a grad_fn): the backward
+    pass runs its derivative's kernels; 0 for a call under no_grad or on tensors that need no
+    gradient (an evaluation's forward, an update loop), which launches its own kernels alone."""
+    if type(out) is _Tensor or isinstance(out, _Tensor):
+        return int(out.grad_fn is not None)
+    if isinstance(out, (tuple, list)):
+        return int(any(isinstance(t, _Tensor) and t.grad_fn is not None for t in out))
+    return 0
+
+
 def _in_optim(frame: FrameType) -> bool:
     code = frame.f_code
     v = _optim_code.get(id(code))
@@ -144,9 +157,11 @@ def count(what: str, args: tuple, out: Any, frame: FrameType | None, flops: int 
                     nbytes += _bytes(a)
     except RuntimeError:  # (a tensor whose size cannot be read: the launch is counted, its size not known)
         nbytes = 0
+    grad = recorded_for_backward(out)
     if flops:
         dtype = str(out.dtype).replace("torch.", "") if isinstance(out, _Tensor) else ""
-        fixed = (("bytes_class", nbytes.bit_length()), ("flops_class", int(flops).bit_length()), ("dtype", dtype))
+        fixed = (("bytes_class", nbytes.bit_length()), ("flops_class", int(flops).bit_length()), ("dtype", dtype),
+                 ("grad", grad))
     else:
-        fixed = _NO_FLOPS[nbytes.bit_length()]
+        fixed = _NO_FLOPS[grad][nbytes.bit_length()]
     rec.add_sums(m.DEVICE_LAUNCH, what, call_site(frame), fixed, bytes=nbytes, flops=flops)

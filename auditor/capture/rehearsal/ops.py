@@ -174,7 +174,8 @@ def _matmul(func: Callable, args: tuple, out: Any, frame: FrameType | None) -> N
     dtype = torch.get_autocast_dtype("cpu") if autocast else x.dtype
     conv = what in _CONVS
     data: dict[str, Any] = {"dtype": str(dtype).replace("torch.", ""), "autocast": autocast,
-                            "flops": int(flops(args, out)), "conv": conv}
+                            "flops": int(flops(args, out)), "conv": conv,
+                            "grad": launches.recorded_for_backward(out)}
     if conv:
         data["shape"] = list(x.shape)
         data["benchmark"] = bool(torch.backends.cudnn.benchmark)
