@@ -481,6 +481,14 @@ def patch_path(path: str | Path, root: Path | None = None) -> str:
     return rel if not rel.startswith("../") and rel != ".." else p.as_posix().lstrip("/")
 
 
+def outside_root(path: str | Path, root: Path | None = None) -> bool:
+    """Whether patch_path names `path` by its absolute path: outside `root` (default: its
+    repo_root), where only `git apply` run from `/` finds it."""
+    p = Path(path).resolve()
+    rel = Path(os.path.relpath(p, root or repo_root(p))).as_posix()
+    return rel.startswith("../") or rel == ".."
+
+
 @dataclass
 class EditPlan:
     """The edits of one file that can be applied together, and those left out with the reason."""

@@ -22,7 +22,7 @@ from auditor.evidence.whole_files import write_whole
 from auditor.reports.base import Reporter
 from auditor.findings import Edit, Finding
 from auditor.findings import RuleResults
-from auditor.fixes import _conflict, diff_edits
+from auditor.fixes import _conflict, diff_edits, outside_root
 
 __all__ = ["NumericsPatchReport", "PatchReport", "patchable", "numerics_patchable"]
 
@@ -110,9 +110,21 @@ class PatchReport(Reporter):
         if not result.diff:
             return ""
         head = ["auditor fixes.patch: code edits proposed by the audit; none changes what the training computes.",
-                "Apply at the repository root (or where the audit ran): git apply fixes.patch",
+                _where_to_apply(edits, self.root, out_dir / self.filename, "git apply fixes.patch", "at the repository root (or where the audit ran)"),
                 *_verified_out_lines(results.findings, numerics=False)]
         return _preamble(head, findings, left_out, result.skipped) + result.diff
+
+
+def _where_to_apply(edits: list, root: Path | None, path: Path, command: str, where: str,
+                    parenthesised: bool = False) -> str:
+    """The preamble's line on where the patch applies: at the repository root (or the directory the
+    audit ran in); where it edits a file outside that (a target given as ../train.py outside a
+    repository), the patch names it by its absolute path, and only `git apply` run from `/` finds it."""
+    outside = sorted({str(Path(e.file).resolve()) for e in edits if outside_root(e.file, root)})
+    if outside:
+        return (f"Apply from the filesystem's root: cd / && git apply {path.resolve()} ({outside[0]} is outside "
+                "the repository and the directory the audit ran in, so the patch names it by its absolute path)")
+    return f"{command} ({where})" if parenthesised else f"Apply {where}: {command}"
 
 
 class NumericsPatchReport(PatchReport):
@@ -130,6 +142,8 @@ class NumericsPatchReport(PatchReport):
         head = ["auditor numerics-fixes.patch: code edits that change what the training computes",
                 "(clamps, gradient clipping, learning-rate warmup, fused optimizers; DataLoader workers, whose random",
                 "augmentations draw from each worker's own seed). Review each one before applying:",
-                "git apply numerics-fixes.patch (at the repository root, after or instead of fixes.patch)",
+                _where_to_apply([e for f in findings for e in f.fix.edits], self.root,  # type: ignore[union-attr]
+                                out_dir / self.filename, "git apply numerics-fixes.patch",
+                                "at the repository root, after or instead of fixes.patch", parenthesised=True),
                 *_verified_out_lines(results.findings, numerics=True)]
         return _preamble(head, findings, [], result.skipped) + result.diff

@@ -163,3 +163,29 @@ def test_apply_edits_bottom_up_keeps_line_numbers_valid() -> None:
     lines = [f"{i}\n" for i in range(1, 7)]
     out = apply_edits(lines, [Edit("f", 2, 2, ["two", "two-b"]), Edit("f", 5, 6, [])])
     assert out == ["1\n", "two\n", "two-b\n", "3\n", "4\n"]
+
+
+def test_a_patch_of_a_file_outside_the_run_directory_says_to_apply_it_from_the_root(tmp_path: Path, monkeypatch) -> None:
+    """`audit run ../train.py` outside a repository: the patch names the file by its absolute path
+    (git apply refuses `..`), so its preamble says to apply it from `/`, where it applies."""
+    here, there = tmp_path / "runs", tmp_path / "code"
+    here.mkdir()
+    there.mkdir()
+    train = there / "train.py"
+    train.write_text(TRAIN)
+    monkeypatch.chdir(here)
+    results = RuleResults(findings=[_finding("forced-cleanup", [Edit(str(train), 8, 8, [])])])
+    patch = PatchReport().render(Evidence(), results, here)
+    lines = patch.splitlines()
+    assert lines[1] == (f"# Apply from the filesystem's root: cd / && git apply {(here / 'fixes.patch').resolve()} "
+                        f"({train.resolve()} is outside the repository and the directory the audit ran in, so the "
+                        "patch names it by its absolute path)")
+    (here / "fixes.patch").write_text(patch)
+    assert subprocess.run(["git", "apply", "--check", str(here / "fixes.patch")], cwd=here,
+                          capture_output=True).returncode != 0
+    check = subprocess.run(["git", "apply", "--check", str(here / "fixes.patch")], cwd="/", capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    (here / "t.py").write_text("x = 1\n")  # (a file where the audit ran: the usual line)
+    inside = PatchReport().render(Evidence(), RuleResults(findings=[
+        _finding("forced-cleanup", [Edit(str(here / "t.py"), 1, 1, [])])]), here)
+    assert inside.splitlines()[1] == "# Apply at the repository root (or where the audit ran): git apply fixes.patch"
