@@ -409,7 +409,7 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "profiled": [s.index for s in ev.steps if s.profiled],
         "recoverable_ms": fmt_ms(rec.ms) if rec.ms is not None else None,
         "recoverable_share": f"{rec.share:.0%}" if rec.share is not None else None,
-        "rehearsed_share": _rehearsed_share_text(ev, rec.ms),
+        "rehearsed_share": _rehearsed_share_text(ev, rec.ms, rec.launches_ms),
         "capped": rec.capped,
         "estimated": rec.estimated,
         "counted_only": rec.counted_only,
@@ -423,9 +423,9 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
     }
 
 
-def _rehearsed_share_text(ev: Evidence, recoverable_ms: float | None) -> str | None:
+def _rehearsed_share_text(ev: Evidence, recoverable_ms: float | None, launches_ms: float = 0.0) -> str | None:
     """A rehearsal's recoverable time as a share of the host-bound step predicted on the GPU."""
-    gpu = rehearsed_share(ev, recoverable_ms) if recoverable_ms is not None else None
+    gpu = rehearsed_share(ev, recoverable_ms, launches_ms) if recoverable_ms is not None else None
     if gpu is None:
         return None
     predicted, saved, name = gpu

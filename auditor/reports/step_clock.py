@@ -44,12 +44,19 @@ def clock_phrase(evidence: Evidence) -> str | None:
             f"{c.device_ms:.2f} ms ({where}){busy}{note}")
 
 
-def rehearsed_share(evidence: Evidence, recoverable_ms: float) -> tuple[float, float, str] | None:
+# Rules whose fixes take launches themselves off the host (fusing them: torch.compile, foreach ops):
+# what they save lowers the launches' own floor under the step
+LAUNCH_RULES = frozenset({"launch-bound"})
+
+
+def rehearsed_share(evidence: Evidence, recoverable_ms: float,
+                    launches_saved_ms: float = 0.0) -> tuple[float, float, str] | None:
     """For a CUDA program rehearsed on a CPU whose step would be host-bound on the named GPU: (the
     step predicted there, the part of it the fixes' `recoverable_ms` can give back, the GPU's name).
     The step measured here holds the kernels' work done on this CPU, so a share of it says little of
     the GPU step: the fixes save host time there, and the step cannot go below its launches' time
-    on the host nor its kernels' on the GPU.
+    on the host (less `launches_saved_ms`, what the LAUNCH_RULES' fixes among them save by
+    launching fewer kernels) nor its kernels' on the GPU.
     None where the step is not predicted host-bound (device-bound or unknown: the device model's
     kernel estimate alone is no step time)."""
     c = step_clock(evidence)
@@ -60,7 +67,8 @@ def rehearsed_share(evidence: Evidence, recoverable_ms: float) -> tuple[float, f
     # (the least the step can take once the fixes are in: its launches on the host, its kernels on the GPU)
     per_step = rehearsed_host_steps(evidence, evidence.median_basis()) or []
     launches = statistics.median(host - wait for wait, host in per_step) if per_step else 0.0
-    return predicted, max(0.0, min(recoverable_ms, predicted - max(c.device_ms, launches))), name
+    floor = max(c.device_ms, launches - launches_saved_ms)
+    return predicted, max(0.0, min(recoverable_ms, predicted - floor)), name
 
 
 def _gpu_name(evidence: Evidence) -> str:

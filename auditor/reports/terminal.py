@@ -24,7 +24,7 @@ from auditor.reports.between_line import between_phrase
 from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.processes_line import started_processes_phrase
 from auditor.reports.rehearsal_line import no_gpu_work_phrase
-from auditor.reports.step_clock import clock_phrase, rehearsed_share
+from auditor.reports.step_clock import LAUNCH_RULES, clock_phrase, rehearsed_share
 from auditor.evidence.step_clock import step_clock
 from auditor.findings import DEVICE, HOST, STEP, Finding, severity_rank, share_of_step, together_ms
 from auditor.findings import RuleResults
@@ -85,6 +85,7 @@ class Recoverable:
     counted_only: int  # findings with no time cost (counted, or not measurable on this run)
     largest: float | None = None  # ms/step of the costliest finding alone (what a capped sum still says)
     elsewhere: int = 0  # other recordings (traces) whose timed findings are not in the sum
+    launches_ms: float = 0.0  # of `ms`, what fixes that launch fewer kernels save (step_clock.LAUNCH_RULES)
 
 
 def _trace_key(path: Any) -> str:
@@ -158,7 +159,7 @@ def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     return Recoverable(ms, share_of_step(ms, median), capped,
                        any(not f.cost.measured for f in summed),  # type: ignore[union-attr]
                        counted_only, max(f.cost.ms_per_step for f in warned),  # type: ignore[union-attr, type-var]
-                       elsewhere)
+                       elsewhere, sum(f.cost.ms_per_step for f in summed if f.rule in LAUNCH_RULES))  # type: ignore[union-attr, misc]
 
 
 def _sides() -> dict[str, str]:
@@ -442,7 +443,7 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
             head.append(" (less than the sum of their costs, which overlap in the step)")
         if rec.estimated:
             head.append(", partly estimated")
-        if (gpu := rehearsed_share(evidence, rec.ms)) is not None:
+        if (gpu := rehearsed_share(evidence, rec.ms, rec.launches_ms)) is not None:
             predicted, saved, name = gpu
             head.append(f"; on an {name}, where this step is predicted at {predicted:.2f} ms (host-bound), "
                         f"{saved / predicted:.0%} of it")
