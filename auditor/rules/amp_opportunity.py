@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from auditor.evidence.devices import DeviceSpec, device_for
+from auditor.evidence.step_clock import step_clock
 from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.efficiency import kernel_ops, op_shapes, op_work
 from auditor.evidence.trace.model import Trace
@@ -70,7 +71,10 @@ class AmpOpportunity(TraceRule):
         tensors are counted instead: `F.linear`, `@`/`matmul`, `mm`, `bmm`, `conv1d/2d/3d`,
         `conv_transpose1d/2d/3d`, with the dtype they compute in and their forward FLOPs; it
         reports when most of those FLOPs are fp32
-        outside autocast and they add up to enough work per step (`min-gflop-per-step`).
+        outside autocast and they add up to enough work per step (`min-gflop-per-step`). Where the
+        step clock predicts that step host-bound on the GPU, the message says so: its kernels are
+        a small part of a step the host's launches set, and faster matmuls do not shorten it until
+        the host issues the step faster.
 
     Evidence needed:
         A profiler trace with CUDA kernels and `deviceProperties` (recorded by Kineto), or a CUDA
@@ -138,7 +142,8 @@ class AmpOpportunity(TraceRule):
             + "; ".join(f"{p.what} x{per_step(p.count / n)}/step ({of(p) / n / 1e9:.3f} GFLOP) at "
                         f"{line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
                         for p in places[:5])
-            + "; on a GPU with tensor cores, mixed precision runs them several times faster." + typical.note(first),
+            + "; on a GPU with tensor cores, mixed precision runs them several times faster"
+            + _host_bound_note(ev) + "." + typical.note(first),
             locations=locations(places),
             evidence={"fp32_gflop_per_step": round(fp32 / n / 1e9, 4), "gflop_per_step": round(total / n / 1e9, 4),
                       "fp32_share": round(fp32 / total, 4), "fp32_calls_per_step": round(calls / n, 2), "steps": n,
@@ -270,3 +275,16 @@ def model_estimate(trace: Trace, rows: np.ndarray, device: DeviceSpec, target: s
             "note": f"estimate from the device model: {fp32_ms:.1f} ms/step of fp32 kernels would take "
                     f"{half_ms:.1f} ms in {target} ({basis})"
                     + (f"; {tf32_ms:.1f} ms with TF32" if tf32_ms is not None else "")}
+
+
+def _host_bound_note(ev: m.Evidence) -> str:
+    """Where the step clock predicts the rehearsed step host-bound on the GPU: its kernels, matmuls
+    included, are a part of the step its launches already outlast, so faster matmuls do not shorten
+    it until the host issues the step faster (cleanrl's SAC: 0.07 ms of kernels in a 3.42 ms step)."""
+    c = step_clock(ev)
+    if c.source != "estimate" or c.bound != "host" or c.device_ms is None or not c.issue_floor_ms:
+        return ""
+    return (f", but this step is predicted host-bound there: all its kernels take about {c.device_ms:.2f} ms of the "
+            f"{c.issue_floor_ms:.2f} ms the host takes to issue it, so they shorten the step only once the host "
+            "issues it faster")
+

@@ -282,3 +282,38 @@ def test_work_autograd_does_not_record_is_not_tripled_for_a_backward(tmp_path):
     assert clock["device_ms"] == pytest.approx(matmul_ms, rel=0.05)  # (x3 would be 0.77 ms)
     [f] = a.rule("amp-opportunity")
     assert "none of them is recorded for a backward" in f["message"] and f["evidence"]["fp32_recorded_share"] == 0
+
+
+SMALL_POLICY = """import torch
+from torch import nn
+
+net = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)).to("cuda")
+opt = torch.optim.Adam(net.parameters())
+x = torch.randn(256, 256, device="cuda")
+
+
+def step(i):
+    h = net(x)
+    for _ in range(60):  # a soft update's or a loss's many small ops
+        h = h * 0.99 + 0.01
+    opt.zero_grad()
+    h.square().mean().backward()
+    opt.step()
+"""
+
+
+@pytest.mark.slow
+def test_fp32_matmuls_of_a_step_predicted_host_bound_are_said_not_to_shorten_it(tmp_path):
+    """amp-opportunity on a rehearsed step the step clock predicts host-bound on the GPU: its fp32
+    matmuls are counted as before, and the message says their kernels are a small part of a step
+    the host's launches set, so autocast alone would not shorten it (cleanrl's SAC)."""
+    (tmp_path / "policy.py").write_text(SMALL_POLICY)
+    a = audit("run", f"{tmp_path / 'policy.py'}:step", "--steps", "4", "--no-profile", "--no-numerics", "-q",
+              out=tmp_path / "o")
+    assert a.returncode == 0, a.stderr
+    clock = a.findings_doc["steps"]["clock"]
+    assert clock["bound"] == "host" and clock["device_ms"] < 0.2 * clock["issue_floor_ms"]
+    [f] = a.rule("amp-opportunity")
+    assert f["evidence"]["fp32_gflop_per_step"] == pytest.approx(3 * 2 * 256 ** 3 / 1e9, rel=1e-3)
+    assert (f"but this step is predicted host-bound there: all its kernels take about {clock['device_ms']:.2f} ms "
+            f"of the {clock['issue_floor_ms']:.2f} ms the host takes to issue it") in f["message"]
