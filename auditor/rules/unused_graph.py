@@ -49,6 +49,9 @@ class UnusedGraph(Rule):
         backward pass ever ran through: every graph recorded at that line was freed unused. Typical
         places: a reinforcement learner choosing its action (`q_values = q_network(obs)`), an
         evaluation loop, a target or teacher network's forward, all outside `torch.no_grad()`.
+        A model called inside a method of its own that the program's code calls (`def
+        get_action(self, x): ... self(x)`, used both to act and to train) is named at the lines
+        that called the method, which tell the two apart.
 
     Why it costs:
         Under grad mode every operation records an autograd node and keeps the tensors its backward

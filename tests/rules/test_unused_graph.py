@@ -82,3 +82,47 @@ def test_the_same_forwards_under_no_grad_are_silent(tmp_path):
     # (the graphs were watched: the training forward's, each used)
     seen = {(t["what"], t["where"]["line"]) for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == "graph-use"}
     assert seen == {("used", _line(NO_GRAD, "TRAIN"))}, seen
+
+
+THROUGH_A_METHOD = '''import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class Actor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+    def get_action(self, x):
+        return torch.tanh(self(x))
+
+
+actor = Actor()
+opt = torch.optim.Adam(actor.parameters())
+for it in range(60):
+    action = actor.get_action(torch.randn(1, 4)).detach().numpy()  # ACT LINE
+    loss = actor.get_action(torch.randn(32, 4)).pow(2).mean()  # TRAIN LINE
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+@pytest.mark.slow
+def test_a_forward_made_in_a_method_of_its_own_module_is_named_at_the_methods_callers(tmp_path):
+    """An agent that acts and trains through one method of its model (cleanrl's SAC:
+    `actor.get_action(obs)` in the rollout and in the update, `self(x)` inside it): the graphs are
+    told apart by the lines that called the method, so the rollout's is named, with its patch, and
+    the update's is not."""
+    a = _run(tmp_path, THROUGH_A_METHOD)
+    act, train = (_line(THROUGH_A_METHOD, m) for m in ("ACT", "TRAIN"))
+    [f] = a.rule("unused-graph")
+    assert f["locations"][0]["line"] == act and "(Actor)" in f["message"]
+    assert "+    with torch.no_grad():" in f["fix"]["patch"]
+    forwards = {t["where"]["line"] for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == "forward"}
+    assert forwards == {act, train}

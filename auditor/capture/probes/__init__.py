@@ -26,7 +26,7 @@ import torch
 from torch.optim import optimizer as _optimizer
 
 from auditor.capture import saved_tensors
-from auditor.capture.frames import is_torch_internal, on_forget, user_frame, via_data as _via
+from auditor.capture.frames import is_torch_internal, library_code, on_forget, user_frame, via_data as _via
 from auditor.capture.probes import graph_use
 from auditor.capture.probes.graph_use import graph_of
 from auditor.capture.probes.indexing import index_sync
@@ -726,15 +726,36 @@ _PHASE_HOOKS: list[Any] = []  # handles of the hooks below, while they are the o
 
 def forward_done(module: Any, t0: float, where: FrameKey, output: Any = None) -> None:
     """An outermost module call (the forward phase), made at the user's line `where`, that started
-    at `t0` has returned `output` (watched for whether a backward pass uses its graph: graph_use)."""
+    at `t0` has returned `output` (watched for whether a backward pass uses its graph: graph_use).
+    A call the module makes of itself in a method of its own that the user's code called
+    (`def get_action(self, x): ... self(x)`) is the line that called the method (_method_caller)."""
     rec = REC
     if rec is not None and rec.active and not rec.in_data:
+        where = _method_caller(module, where)
         rec.add(m.FORWARD, type(module).__name__, where, (perf() - t0) * 1e3)
         if graph_use.Watch.on and _grad_on():
             try:
                 graph_use.watch(module, output, where)
             except Exception:  # (the auditor's failure is never the user's: the graph goes unwatched)
                 pass
+
+
+def _method_caller(module: Any, where: FrameKey) -> FrameKey:
+    """`where`, or the user's line that called the module's own method making the call at `where`:
+    an agent acts and trains through one method (cleanrl's SAC calls `actor.get_action(obs)` in
+    its rollout and in its update), and only the method's callers tell a graph that is used from
+    one that is not. A method called from library code (a framework's `training_step`) keeps its
+    own line."""
+    if not where:
+        return where
+    f: Any = sys._getframe(2)
+    while f is not None and (f.f_lineno != where[1] or f.f_code.co_filename != where[0]):
+        f = f.f_back
+    if f is None or f.f_code.co_name == "forward" or not f.f_code.co_argcount or f.f_code.co_varnames[0] != "self":
+        return where
+    if f.f_locals.get("self") is not module or f.f_back is None or library_code(f.f_back.f_code):
+        return where
+    return user_frame(f.f_back) or where
 
 
 def optimizer_done(opt: Any, t0: float, where: FrameKey) -> None:
