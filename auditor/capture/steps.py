@@ -6,7 +6,12 @@ A step is one iteration of the training loop, as a person counts it:
   optimizers stepped in one iteration (a GAN's D and G) are one step, and gradient-accumulation
   micro-batches belong to the step they accumulate into (a step closes only after an optimizer
   step, once every optimizer seen stepping has stepped in it; one the program has let go of, its
-  `del optimizer` or its name rebound to the next stage's, is not waited for);
+  `del optimizer` or its name rebound to the next stage's, is not waited for, nor is one stepped
+  in some iterations only: where an optimizer steps again in the open step, on a new backward
+  pass, and the innermost loop that holds its step holds the step of one that has not stepped
+  (TD3's actor every second iteration, a WGAN-GP generator every n-th batch), that one is left
+  out of the optimizers a step waits for; a WGAN critic's inner loop of updates holds no
+  generator step, and stays in its generator's step);
 - the step closes at the first activity after its last optimizer step that begins an iteration: the next fetch of the
   training DataLoader (the loader fetched last before an optimizer step) through the loop's
   iterator (another iterator of it, made while the loop's lives and has batches left, fetches as
@@ -88,7 +93,7 @@ import torch.utils.data.dataloader as dl
 from torch.nn.modules import module as nn_module
 
 import auditor
-from auditor.capture import probes, wire
+from auditor.capture import probes, step_loops, wire
 from auditor.capture.frames import user_frame
 from auditor.capture.probes.workers import GONE_LOADERS
 from auditor.capture.session import StepSession
@@ -204,7 +209,9 @@ class StepFinder:
         self.last_audited: int | None = None  # the audited index of the last recorded step
         self.pending = False  # the open step has its ending: its next activity closes it
         self.opts_in_step: set[int] = set()
-        self.known_opts: set[int] = set()  # every optimizer seen stepping
+        self.known_opts: set[int] = set()  # every optimizer seen stepping, but the occasional ones
+        self.occasional: set[int] = set()  # optimizers stepped in some iterations only (_skipped_by)
+        self.step_lines: dict[int, Any] = {}  # optimizer -> the user's line that stepped it first
         self.opt_names: dict[str, int] = {}  # optimizer class -> its steps in audited steps
         self.opt_calls = 0  # optimizer steps in audited steps
         self.opts_per_step: dict[int, int] = {}  # optimizers stepped in one audited step -> steps that stepped so many
@@ -659,6 +666,7 @@ class StepFinder:
         if self.mode in (None, "dataloader", "update"):
             self.mode = "optimizer"
         if id(opt) in self.opts_in_step and self.backward_since_update:
+            self._skipped_by(opt)
             self._repeated()
         self.backward_since_update = False
         if id(opt) not in self.opts_in_step and self.iteration is not None and self.iteration >= self.skip:
@@ -666,8 +674,9 @@ class StepFinder:
             name = type(opt).__name__
             self.opt_names[name] = self.opt_names.get(name, 0) + 1
         self.opts_in_step.add(id(opt))
-        if id(opt) not in self.known_opts:
+        if id(opt) not in self.known_opts and id(opt) not in self.occasional:
             self.known_opts.add(id(opt))
+            self.step_lines[id(opt)] = user_frame(sys._getframe(1))
             self._forget_when_gone(opt)
             if self.begun > 1:  # (an optimizer new after the first step: a new loop, whose tail is its own)
                 self.tail_limit, self.tail_most = None, 0
@@ -685,9 +694,24 @@ class StepFinder:
         the next's) steps no more: it leaves the optimizers a step waits for, and its id, which a
         new object may take, with it."""
         try:
-            weakref.finalize(opt, self.known_opts.discard, id(opt)).atexit = False
+            weakref.finalize(opt, self._forget_opt, id(opt)).atexit = False
         except TypeError:  # (an object without weak references: kept, as before)
             pass
+
+    def _forget_opt(self, ident: int) -> None:
+        self.known_opts.discard(ident)
+        self.occasional.discard(ident)
+        self.step_lines.pop(ident, None)
+
+    def _skipped_by(self, opt: Any) -> None:
+        """`opt` steps again in the open step, on a new backward pass, before the known optimizers
+        that have not stepped in it: those whose step is in the innermost loop that holds `opt`'s
+        step are stepped in some iterations of it only (TD3's delayed actor), and no longer waited
+        for (see the module's docstring)."""
+        for other in self.known_opts - self.opts_in_step:
+            if step_loops.in_same_loop(self.step_lines.get(id(opt)), self.step_lines.get(other)):
+                self.known_opts.discard(other)
+                self.occasional.add(other)
 
     def _repeated(self) -> None:
         """An optimizer that already stepped in the open step steps again, on a new backward pass

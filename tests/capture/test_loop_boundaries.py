@@ -297,7 +297,9 @@ def test_a_batch_trained_on_for_epochs_is_stepped_by_its_updates(tmp_path):
     a = run(tmp_path, ONE_BATCH)
     split = REPEATS_TO_SPLIT + 1  # (the step that shows the boundary missed holds them)
     rest = UPDATES - split
-    assert [count(s, "optimizer") for s in a.evidence["steps"]] == ([split] + [1] * rest) * 2
+    # the second layer's Adam steps at the first layer's line, in the loop that held the first's
+    # updates: its first repeat leaves the first's out of the optimizers a step waits for
+    assert [count(s, "optimizer") for s in a.evidence["steps"]] == [split] + [1] * rest + [2] + [1] * (UPDATES - 2)
     found = a.evidence["program"]["steps_found"]
     assert found.startswith("optimizer steps (Adam), 1 per iteration") and "DataLoader" not in found
 
@@ -636,3 +638,66 @@ def test_a_batch_peeked_at_before_the_loop_is_no_step_of_its_own(tmp_path):
     assert len(steps) == 15 and [count(s, "optimizer") for s in steps] == [1] * 15
     assert a.evidence["program"]["steps_found"] == (
         "optimizer steps (SGD), 1 per iteration; each begins at a fetch of the training DataLoader")
+
+
+DELAYED = '''import torch
+from torch import nn
+
+torch.manual_seed(0)
+q, pi = nn.Linear(4, 1), nn.Linear(4, 4)
+opt_q, opt_pi = torch.optim.Adam(q.parameters()), torch.optim.Adam(pi.parameters())
+for it in range(60):
+    with torch.no_grad():
+        action = pi(torch.randn(1, 4))  # the agent acts
+    x = torch.randn(64, 4)
+    loss_q = q(x).pow(2).mean()
+    opt_q.zero_grad()
+    loss_q.backward()
+    opt_q.step()
+    if it % 2 == 0:  # the delayed policy update
+        loss_pi = -q(pi(x)).mean()
+        opt_pi.zero_grad()
+        loss_pi.backward()
+        opt_pi.step()
+'''
+
+EVERY_NTH_BATCH = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(120, 8)), batch_size=8)
+G, D = nn.Linear(4, 8), nn.Linear(8, 1)
+opt_g, opt_d = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
+for i, (real,) in enumerate(loader):
+    loss_d = D(G(torch.randn(8, 4)).detach()).mean() - D(real).mean()
+    opt_d.zero_grad()
+    loss_d.backward()
+    opt_d.step()
+    if i % 3 == 0:  # the generator every n_critic-th batch
+        loss_g = -D(G(torch.randn(8, 4))).mean()
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+'''
+
+
+def test_an_optimizer_stepped_every_other_iteration_leaves_one_step_an_iteration(tmp_path):
+    """TD3's delayed actor (cleanrl td3_continuous_action.py: the critic every iteration, the actor
+    every second): the critic steps again before the actor in a loop that holds both steps, so the
+    actor is not waited for, and each iteration is a step (32 steps of these 60 iterations before;
+    the first two stay together, as the second shows the pattern)."""
+    a = run(tmp_path, DELAYED)
+    updates = [count(s, "optimizer") for s in a.evidence["steps"]]
+    assert len(updates) == 59 and sum(updates) == 60 + 30  # every update in a step: the critic's and the actor's
+    assert set(updates) == {1, 2}  # a critic's update a step, with the actor's where it came
+
+
+def test_a_generator_stepped_every_nth_batch_leaves_one_step_a_batch(tmp_path):
+    """A WGAN-GP loop that steps its generator every 3rd batch (eriklindernoren's `if i %
+    opt.n_critic == 0`): a step a batch, as the loop counts them; a critic's inner loop of updates
+    on one batch still stays in its generator's step (above)."""
+    a = run(tmp_path, EVERY_NTH_BATCH)
+    updates = [count(s, "optimizer") for s in a.evidence["steps"]]
+    assert len(updates) == 15 - 1 and sum(updates) == 15 + 5  # 15 batches; the first two together (6 steps before)
+    assert "each begins at a fetch of the training DataLoader" in a.evidence["program"]["steps_found"]
