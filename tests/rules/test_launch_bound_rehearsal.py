@@ -120,7 +120,8 @@ def test_the_gpu_steps_share_counts_what_launching_fewer_kernels_saves(runs):
     (f,) = a.rule("launch-bound")
     launches = clock["issue_floor_ms"]  # (no data waits: the floor is the launches' time)
     floor = max(clock["device_ms"], launches - f["cost"]["ms_per_step"])
-    assert share == round(100 * min(recoverable, predicted - floor) / predicted)
+    # (from the printed and the evidence's rounded figures: within a point of the headline's share)
+    assert abs(share - 100 * min(recoverable, predicted - floor) / predicted) <= 1
     assert share >= 20
 
 
