@@ -75,9 +75,8 @@ class Recorder:
         in its segments with no trace entry, each with the stack `previous` (an earlier history)
         recorded for it. Found among the objects the garbage collector tracks (every tensor is
         one), once per recording."""
-        for obj in gc.get_objects():
-            if issubclass(type(obj), torch.Tensor) and getattr(obj, device.CUDA_MARK, False) is True:
-                self.track(obj, before=previous.frames_of(obj) if previous is not None else True)
+        for t in _marked_tensors():
+            self.track(t, before=previous.frames_of(t) if previous is not None else True)
 
     def stop(self) -> None:
         """Recording switched off: nothing more is kept but the stacks of the allocations still
@@ -309,18 +308,24 @@ def _alive_now() -> list[dict[str, Any]]:
     objects, one request per storage, without tracking them."""
     previous = _STATE["previous"]
     out: dict[int, dict[str, Any]] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor) and getattr(obj, device.CUDA_MARK, False) is True:
-            try:
-                st = obj.untyped_storage()
-                key, nbytes = st.data_ptr(), st.nbytes()
-            except (RuntimeError, NotImplementedError):
-                continue
-            if nbytes and key not in out:
-                frames = previous.frames_of(obj) if previous is not None else True
-                out[key] = {"action": "alloc", "id": len(out), "size": nbytes, "stream": 0, "before": True,
-                            **({"frames": frames} if isinstance(frames, list) else {})}
+    for t in _marked_tensors():
+        try:
+            st = t.untyped_storage()
+            key, nbytes = st.data_ptr(), st.nbytes()
+        except (RuntimeError, NotImplementedError):
+            continue
+        if nbytes and key not in out:
+            frames = previous.frames_of(t) if previous is not None else True
+            out[key] = {"action": "alloc", "id": len(out), "size": nbytes, "stream": 0, "before": True,
+                        **({"frames": frames} if isinstance(frames, list) else {})}
     return list(out.values())
+
+
+def _marked_tensors() -> list[torch.Tensor]:
+    """The tensors the rehearsal marks as the GPU's, among the objects the garbage collector tracks
+    (every tensor is one)."""
+    return [obj for obj in gc.get_objects()
+            if issubclass(type(obj), torch.Tensor) and getattr(obj, device.CUDA_MARK, False) is True]
 
 
 def _snapshot(program: bool) -> dict[str, Any]:
