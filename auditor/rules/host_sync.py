@@ -32,6 +32,7 @@ from auditor.evidence.trace.names import ASYNC_COPY_CALLS, DEVICE_SYNCS, EVENT_S
 from auditor.evidence.trace.queries import blocking_calls, blocking_op_calls, frame_location_parts, sites
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import call_name, edit_call_kwargs, parse_file
+from auditor.rules._support.fetched_numbers import computed as computed_fetches
 from auditor.rules._support.frameworks import framework_fix, settings_for
 from auditor.rules._support.confidence import cost_confidence, cpu_over_wall
 from auditor.rules._support.places import (by_place, locations, median_cost_of, on_accelerator, place_key,
@@ -242,6 +243,10 @@ class HostSync(Rule):
 
     Fix:
         Fetch values every N steps, keep accumulators on the device, avoid data-dependent shapes.
+        A number the step computes with rather than logs (`advantage = R - value.item()`) stays on
+        the device as `value.detach()`; a tensor made from tensors (`torch.tensor([R])`) is made
+        from them there (`R.reshape(1)`, `torch.stack`): the sites carry `computed_with`, and no
+        logging interval is proposed for them.
         With a GradScaler: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD); where the
         optimizer `scaler.step(opt)` steps is made in the same file, numerics-fixes.patch adds it
         (fused kernels round slightly differently).
@@ -314,11 +319,14 @@ class HostSync(Rule):
         sites = [{**s, "before_elapsed_time": timed[id(p)]} if id(p) in timed else s for s, p in zip(sites, places)]
         sites = [{**s, "clock_read_at": clocked[id(p)]} if id(p) in clocked else s for s, p in zip(sites, places)]
         returned = _returned(places)
+        computed = computed_fetches([p for p in places if id(p) not in returned])
         inside = {id(p): made_inside(p) for p in places}
         sites = [{**s, "inside": inside[id(p)]} if inside[id(p)] else s for s, p in zip(sites, places)]
+        sites = [{**s, "computed_with": True} if id(p) in computed else s for s, p in zip(sites, places)]
         advice = sorted({a for p in places for a in (
             [ADVICE[EVENT_TIMING]] if id(p) in timed else [ADVICE[CLOCK_TIMING]] if id(p) in clocked else
-            [ADVICE[RETURNED]] if id(p) in returned else _advice(p))})
+            [ADVICE[RETURNED]] if id(p) in returned else [computed[id(p)]] if id(p) in computed else _advice(p))})
+        returned = returned | set(computed)  # (neither is logging: no logging setting or patch for them)
         confidence, confidence_text = {}, ""
         if real:
             # measured on the device: the median blocked time of the steps that sync, against the

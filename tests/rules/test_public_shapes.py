@@ -8,6 +8,8 @@ attention layer. makemore.py (karpathy/makemore's): `torch.cuda.synchronize()` t
 `time.time()` time the step."""
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import subprocess
 from pathlib import Path
@@ -132,3 +134,61 @@ def test_an_item_returned_for_the_caller_is_not_advised_as_logging(tmp_path):
     # (no cost to compare), the finding remains with a third of its syncs, an improvement
     v = f["fix"]["verified"]
     assert v["status"] == "improved" and v["after"]["syncs_per_step"] == v["before"]["syncs_per_step"] / 3, v
+
+
+@pytest.mark.slow
+def test_a_number_fetched_to_compute_with_is_advised_to_stay_on_the_device(tmp_path):
+    """actor_critic.py fetches each value for its advantage (`R - value.item()`) and copies the
+    0-d return into a new tensor through the host (`torch.tensor([R])`): neither is logging. The
+    advice names each line's own remedy (`value.detach()`, `R.reshape(1)`), with no logging interval,
+    and the program rewritten as it says trains to the same weights."""
+    prog = _project(tmp_path / "proj", "actor_critic.py")
+    a = audit("run", prog.name, "--no-profile", out=tmp_path / "out", cwd=prog.parent)
+    assert a.returncode == 0, a.stderr[-3000:]
+    [f] = a.rule("host-sync")
+    advantage, target = _line(prog, "advantage = R - value.item()"), _line(prog, "torch.tensor([R])")
+    computed = {s["line"] for s in f["evidence"]["sites"] if s.get("computed_with")}
+    assert computed == {advantage, target}, f["evidence"]["sites"]
+    summary = f["fix"]["summary"]
+    assert (f"`R - value.item()` at line {advantage} computes with the number fetched: keep it on the device, "
+            "`value.detach()` in place of `value.item()`") in summary, summary
+    assert (f"`torch.tensor([R])` at line {target} reads the tensor(s) it is given back to the host to copy their "
+            "values: make it from them on the device instead (`R.reshape(1)`)") in summary, summary
+    assert "log every N steps" not in summary and "every N steps, not every step" not in summary
+    assert "log_every_n_steps" not in f["fix"]["config"]
+    # the advice applied: the same weights after the same episodes (run here, plain torch)
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(prog.read_text().replace("R - value.item()", "R - value.detach()")
+                     .replace("torch.tensor([R])", "R.reshape(1)"))
+
+    def weights(path: Path) -> list:
+        import runpy
+        with contextlib.redirect_stdout(io.StringIO()):
+            g = runpy.run_path(str(path), run_name="__main__")
+        return [p.detach().clone() for p in g["model"].parameters()]
+
+    import torch
+    before, after = weights(prog), weights(fixed)
+    assert all(torch.equal(x, y) for x, y in zip(before, after))
+
+
+def test_a_running_total_of_fetched_numbers_is_logging(tmp_path):
+    """The counterpart, on the source lines alone: a fetched number added to a running total, printed or
+    formatted is logging (its advice stays "log every N steps"), and one set into a dict or an object (an
+    optimizer's learning rate) may be wanted as a number there; in arithmetic that goes back into the
+    step, or copied into a tensor, it is computed with."""
+    from types import SimpleNamespace
+
+    from auditor.rules._support.fetched_numbers import computed
+
+    src = tmp_path / "loop.py"
+    lines = ["total += loss.item() * x.size(0)", "print(loss.item() * 2)", "msg = f'{loss.item() * 2}'",
+             "adv = R - value.item()", "w = 1.0 - float(gate)", "t = torch.tensor([R])", "t = torch.tensor([1.0, 2.0])",
+             "v = loss.item()", "group['lr'] = 0.05 * float(scale)"]
+    src.write_text("\n".join(lines) + "\n")
+    places = [SimpleNamespace(what="float(Tensor)" if "float" in ln or "tensor" in ln else "Tensor.item",
+                              where=SimpleNamespace(file=str(src), line=n), direct=True)
+              for n, ln in enumerate(lines, 1)]
+    got = computed(places)
+    assert sorted(n for n, p in enumerate(places, 1) if id(p) in got) == [4, 5, 6]
+    assert "`gate.detach()` in place of `float(gate)`" in got[id(places[4])]

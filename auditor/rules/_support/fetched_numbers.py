@@ -1,0 +1,109 @@
+"""Fetches whose number the step computes with, not logs (host-sync's advice for them): read from
+the source line that made the fetch.
+
+* arithmetic on a fetched number (`advantage = R - value.item()`, PyTorch's actor-critic example):
+  the number goes back into the step's tensors. `value.detach()` in place of `value.item()` keeps it
+  on the device: the same value, with no gradient through it, as the number had none. A running
+  total (`total += loss.item() * n`) is the logging case, not this one, and a number set into an
+  object or a dict (`group["lr"] = 0.05 * float(scale)`) may be wanted as a number there.
+* a tensor made from tensors (`torch.tensor([R])` of a 0-d tensor `R`): torch reads each one back
+  to the host to copy its value. Made from them on the device (`R.reshape(1)`, `torch.stack`), the
+  values never leave it.
+
+Advice only, no patch: whether the other operand is a tensor, and what the result is used for
+further on, is not known from the line alone."""
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from auditor.fixes import parse_file
+
+_NUMBERS = frozenset({"Tensor.item", "float(Tensor)", "int(Tensor)"})  # the fetches that make a host number
+_MAKERS = frozenset({"torch.tensor", "torch.as_tensor", "torch.Tensor", "torch.FloatTensor", "torch.DoubleTensor",
+                     "torch.LongTensor", "torch.IntTensor"})
+# calls whose statement writes its values out (the logging case): no advice of this module's
+_OUTPUT = frozenset({"print", "log", "info", "debug", "warning", "add_scalar", "add_scalars", "write", "append",
+                     "extend", "set_postfix", "set_description", "format"})
+
+
+def _statement(tree: ast.Module, line: int) -> ast.stmt | None:
+    stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not hasattr(n, "body")
+             and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return stmts[0] if len(stmts) == 1 else None
+
+
+def _fetched(node: ast.Call) -> str | None:
+    """The tensor expression `x` of `x.item()` or `float(x)`; None for another call."""
+    f = node.func
+    if isinstance(f, ast.Attribute) and f.attr == "item" and not node.args and not node.keywords:
+        return ast.unparse(f.value)
+    if isinstance(f, ast.Name) and f.id == "float" and len(node.args) == 1 and not node.keywords:
+        return ast.unparse(node.args[0])
+    return None
+
+
+def _made_from_tensors(node: ast.Call) -> str | None:
+    """`torch.tensor([...])` (and the like) of something other than literals: its advice's remedy."""
+    if ast.unparse(node.func) not in _MAKERS or not node.args:
+        return None
+    data = node.args[0]
+    if all(isinstance(c, (ast.Constant, ast.List, ast.Tuple, ast.UnaryOp, ast.unaryop, ast.expr_context))
+           for c in ast.walk(data)):
+        return None  # literals: nothing of the device's is read
+    items = data.elts if isinstance(data, (ast.List, ast.Tuple)) else None
+    if items is not None and len(items) == 1 and isinstance(items[0], ast.Name):
+        return f"`{items[0].id}.reshape(1)`"
+    return "`torch.stack(...)` of the tensors, or `.reshape` of one"
+
+
+def computed(places: list[Any]) -> dict[int, str]:
+    """{id(place): advice} for the places (host-sync's, by_place's) whose fetch the line computes
+    with: a number in arithmetic, or tensors copied into a new tensor through the host."""
+    out: dict[int, str] = {}
+    for p in places:
+        if p.what not in _NUMBERS or not p.where or not p.direct:
+            continue
+        parsed = parse_file(p.where.file)
+        stmt = _statement(parsed[0], p.where.line) if parsed is not None else None
+        if stmt is None or isinstance(stmt, ast.AugAssign):  # (a running total: logging)
+            continue
+        calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
+        parents = {child: node for node in ast.walk(stmt) for child in ast.iter_child_nodes(node)}
+        line = p.where.line
+        for c in calls:
+            made = _made_from_tensors(c)
+            if made is not None:
+                out[id(p)] = (f"`{ast.unparse(c)}` at line {line} reads the tensor(s) it is given back to the host to "
+                              f"copy their values: make it from them on the device instead ({made})")
+                break
+            x = _fetched(c)
+            parent = parents.get(c)
+            if x is not None and isinstance(parent, ast.BinOp) and not _written_out(c, parents) and not _set_on(stmt):
+                out[id(p)] = (f"`{ast.unparse(parent)}` at line {line} computes with the number fetched: keep it on "
+                              f"the device, `{x}.detach()` in place of `{ast.unparse(c)}` (the same value, with no "
+                              "gradient through it, as the number had none)")
+                break
+    return out
+
+
+def _set_on(stmt: ast.stmt) -> bool:
+    """An assignment into an object or a dict (`group["lr"] = 0.05 * float(scale)`): a setting its
+    reader may need as a host number (an optimizer's learning rate)."""
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+    return any(isinstance(t, (ast.Subscript, ast.Attribute)) for t in targets)
+
+
+def _written_out(node: ast.AST, parents: dict) -> bool:
+    """Whether `node` sits in a call that writes values out (print, a logger, a list of values) or
+    in a formatted string."""
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.JoinedStr):
+            return True
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name in _OUTPUT:
+                return True
+    return False
