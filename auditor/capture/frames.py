@@ -130,6 +130,21 @@ def user_frame(frame: FrameType | None) -> tuple[str, int, str] | None:
     return w[:3] if w is not None and len(w) > 3 else w
 
 
+def first_user_frame(frame: FrameType | None) -> FrameType | None:
+    """The first user frame at or above `frame` itself (user_call's, without a library fallback)."""
+    f = frame
+    kinds = code_kinds
+    while f is not None:
+        code = f.f_code
+        k = kinds.get(id(code))
+        if k is None:
+            k = _kind_of(code)
+        if k == 0:
+            return f
+        f = f.f_back
+    return None
+
+
 def user_call(frame: FrameType | None) -> tuple | None:
     """(file, line, function, f_lasti) of the first user frame at or above `frame` (user_frame,
     plus the offset of the instruction running in the user's frame (f_lasti):

@@ -41,7 +41,7 @@ from torch.utils.hooks import RemovableHandle
 
 from auditor.capture import probes, torch_private
 from auditor.capture.bench_switches import OFF, TOGGLED, off
-from auditor.capture.frames import user_call, user_frame
+from auditor.capture.frames import first_user_frame, user_call, user_frame
 from auditor.capture.numerics.amp_probes import install_amp_probes
 from auditor.capture.numerics.backward_probe import install_backward_probe
 from auditor.capture.numerics.config_probes import install_config_probes
@@ -64,11 +64,31 @@ from auditor.capture.numerics.values import _TB, Values, _finite
 from auditor.capture.unseen import (compiled_calls_without, dynamo_skips_our_frames, in_compiled_call,
                                     no_torch_function as _no_torch_function)
 
+_COMPILED: list[bool] = [False]  # (once torch.compile has compiled a frame, taken to have for good: after a
+# torch._dynamo.reset() the light calls stay off, the safe side)
+
+
 def _compiled_anything() -> bool:
     """Whether torch.compile has compiled a frame in this process (dynamo's own count)."""
+    if _COMPILED[0]:
+        return True
     u = sys.modules.get("torch._dynamo.utils")
     frames = getattr(u, "counters", {}).get("frames") if u is not None else None
-    return bool(frames and frames.get("total"))
+    _COMPILED[0] = bool(frames and frames.get("total"))
+    return _COMPILED[0]
+
+
+def _put_back(d: OrderedDict, key: int, hook: Callable, order: list | None) -> None:
+    """`hook` back into torch's global hook dict `d` under `key`, at its place in `order` (the
+    dict's keys before it was taken out; None: it was last)."""
+    if key in d:
+        return
+    d[key] = hook
+    if order is None:  # (it was last: it is again)
+        return
+    rank = {k: n for n, k in enumerate(order)}
+    for k in sorted(d, key=lambda k: rank.get(k, len(order))):
+        d.move_to_end(k)
 
 
 MAX_OPS_PER_STEP = 20000  # records kept per step; later calls are counted as dropped
@@ -434,11 +454,12 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         and the other steps would recompile)."""
         pre, post = _nn_module._global_forward_pre_hooks, _nn_module._global_forward_hooks
         hp, hq = self.module_hooks
+        kp, kq = hp.id, hq.id
         # the order to put them back in: None where they were last (alone, most often: put back at the end)
-        self.light_order = tuple(None if next(reversed(d), None) == h.id else list(d)
-                                 for d, h in ((pre, hp), (post, hq)))
-        pre.pop(hp.id, None)
-        post.pop(hq.id, None)
+        self.light_order = (None if next(reversed(pre), None) == kp else list(pre),
+                            None if next(reversed(post), None) == kq else list(post))
+        pre.pop(kp, None)
+        post.pop(kq, None)
         self.light_depth = 0
         # the module's own hooks, put into its dicts under keys of ours (as its register_forward_*
         # would, without a handle made and dropped at every step)
@@ -470,20 +491,17 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             mod._forward_hooks_always_called.pop(key, None)
         self._light_restore()
         if self.times_phases:
-            probes.forward_done(module, self.fwd_t0, user_frame(sys._getframe(1)), output)
+            f = first_user_frame(sys._getframe(1))
+            where = (f.f_code.co_filename, f.f_lineno, f.f_code.co_name) if f is not None else \
+                user_frame(sys._getframe(1))
+            probes.forward_done(module, self.fwd_t0, where, output, f)
 
     def _light_restore(self) -> None:
         """The global hooks back, in the order they had among the others."""
-        for d, h, order in zip((_nn_module._global_forward_pre_hooks, _nn_module._global_forward_hooks),
-                               self.module_hooks, self.light_order):
-            if h.id in d:
-                continue
-            d[h.id] = self._module_pre if d is _nn_module._global_forward_pre_hooks else self._module_post
-            if order is None:  # (they were last: they are again)
-                continue
-            rank = {k: n for n, k in enumerate(order)}
-            for k in sorted(d, key=lambda k: rank.get(k, len(order))):
-                d.move_to_end(k)
+        hp, hq = self.module_hooks
+        op, oq = self.light_order
+        _put_back(_nn_module._global_forward_pre_hooks, hp.id, self._module_pre, op)
+        _put_back(_nn_module._global_forward_hooks, hq.id, self._module_post, oq)
 
     def _on_leaf(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         """Record a library leaf module's call as one op: its arguments and own parameters in,

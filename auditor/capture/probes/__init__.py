@@ -63,7 +63,7 @@ class Recorder:
         self.active = False
 
     def add(self, kind: str, what: str, where: FrameKey, ms: float = 0.0, **data: Any) -> None:
-        key = (kind, what, where, tuple(sorted(data.items())))
+        key = (kind, what, where, tuple(sorted(data.items())) if data else ())
         t = self.tallies.get(key)
         if t is None:
             self.tallies[key] = {"kind": kind, "what": what, "where": where, "count": 1, "ms": ms, "data": data}
@@ -724,14 +724,15 @@ def _install_hook_probes() -> None:
 _PHASE_HOOKS: list[Any] = []  # handles of the hooks below, while they are the ones timing the phases
 
 
-def forward_done(module: Any, t0: float, where: FrameKey, output: Any = None) -> None:
+def forward_done(module: Any, t0: float, where: FrameKey, output: Any = None, frame: Any = None) -> None:
     """An outermost module call (the forward phase), made at the user's line `where`, that started
     at `t0` has returned `output` (watched for whether a backward pass uses its graph: graph_use).
     A call the module makes of itself in a method of its own that the user's code called
-    (`def get_action(self, x): ... self(x)`) is the line that called the method (_method_caller)."""
+    (`def get_action(self, x): ... self(x)`) is the line that called the method (_method_caller).
+    `frame`: the user's frame `where` was read from, when the caller has it (no second walk)."""
     rec = REC
     if rec is not None and rec.active and not rec.in_data:
-        where = _method_caller(module, where)
+        where = _method_caller(module, where, frame)
         rec.add(m.FORWARD, type(module).__name__, where, (perf() - t0) * 1e3)
         if graph_use.Watch.on and _grad_on():
             try:
@@ -740,15 +741,15 @@ def forward_done(module: Any, t0: float, where: FrameKey, output: Any = None) ->
                 pass
 
 
-def _method_caller(module: Any, where: FrameKey) -> FrameKey:
-    """`where`, or the user's line that called the module's own method making the call at `where`:
-    an agent acts and trains through one method (cleanrl's SAC calls `actor.get_action(obs)` in
-    its rollout and in its update), and only the method's callers tell a graph that is used from
-    one that is not. A method called from library code (a framework's `training_step`) keeps its
-    own line."""
+def _method_caller(module: Any, where: FrameKey, frame: Any = None) -> FrameKey:
+    """`where`, or the user's line that called the module's own method making the call at `where`
+    (in `frame`, when given): an agent acts and trains through one method (cleanrl's SAC calls
+    `actor.get_action(obs)` in its rollout and in its update), and only the method's callers tell
+    a graph that is used from one that is not. A method called from library code (a framework's
+    `training_step`) keeps its own line."""
     if not where:
         return where
-    f: Any = sys._getframe(2)
+    f: Any = frame if frame is not None else sys._getframe(2)
     while f is not None and (f.f_lineno != where[1] or f.f_code.co_filename != where[0]):
         f = f.f_back
     if f is None or f.f_code.co_name == "forward" or not f.f_code.co_argcount or f.f_code.co_varnames[0] != "self":
