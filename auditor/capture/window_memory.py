@@ -117,6 +117,7 @@ class Guard:
         self.factor = UNCALIBRATED_FACTOR
         self.trace_ratio = TRACE_RATIO
         self.calibrated_on: int | None = None  # the step whose whole recording and end were measured
+        self.calibration_cut = False  # the calibration's recording was cut short (no whole step measured)
         self.step_cost = 0  # that step's recording and end: the peak's growth over its start
         self.step_trace = 0  # that step's trace, compressed
         self.peak = self.start_rss
@@ -179,6 +180,7 @@ class Guard:
         part of one, which measures the factor only)."""
         grown = stop_rss - self.rec_start
         self.peak = max(self.peak, end_peak)
+        self.calibration_cut = step is None
         if step is not None:
             self.calibrated_on = step
             self.step_cost = max(end_peak - self.rec_start, 1)
@@ -233,7 +235,8 @@ class Guard:
                          limit_bytes=self.start_rss + self.bound, reason=self.reason, nothing=nothing,
                          factor=round(self.factor, 3), calibrated_on=self.calibrated_on,
                          stride_bytes=self.stride, trace_limit_bytes=self.trace_bound,
-                         step_cost_bytes=self.step_cost, step_trace_bytes=self.step_trace, planned=planned)
+                         step_cost_bytes=self.step_cost, step_trace_bytes=self.step_trace, planned=planned,
+                         warm_up_cut=self.calibration_cut and self.calibrated_on is None)
 
 
 class ChildMemory:

@@ -212,7 +212,8 @@ class WindowCut(msgspec.Struct, frozen=True):
     "memory" or "trace-size" (`trace_limit_bytes`, the compressed trace's). `factor`: the end's
     peak growth over the recording's growth it was predicted by, measured on step `calibrated_on`
     (None: the default); `stride_bytes`: the largest growth between two of its reads. `nothing`:
-    no whole step fitted, so the window kept no trace."""
+    no whole step fitted, so the window kept no trace. `warm_up_cut`: its warm-up step's recording,
+    the calibration, was cut short too."""
 
     step: int
     rss_bytes: int
@@ -234,6 +235,9 @@ class WindowCut(msgspec.Struct, frozen=True):
     # the bound over `start_rss_bytes` that would record step `step` whole, estimated from what was
     # measured (a lower estimate where no whole step was: `calibrated_on` None); 0: unknown
     need_bytes: int = 0
+    # the window's warm-up step, which measures a whole step's recording, did not fit its own
+    # recording either (no whole step measured although the window had a step before it)
+    warm_up_cut: bool = False
 
 
 class WindowDrop(msgspec.Struct, frozen=True):

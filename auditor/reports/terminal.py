@@ -400,13 +400,20 @@ def _whole_step_advice(cut: WindowCut) -> str:
     estimated from what was measured; with no whole step measured, a lower estimate (a larger bound
     only where that estimate passes the bound: the watch stops such a window wherever its end,
     times UNCALIBRATED_FACTOR, would pass), and a run long enough (4 steps) that its window starts
-    after a step measured whole."""
+    after a step measured whole; where the window had such a step and its recording was cut too
+    (`warm_up_cut`), a bound larger than this one alone."""
     if cut.need_bytes <= 0 or cut.reason != "memory":
         return ""
     gib = -(-cut.need_bytes * 100 // 2**30) / 100  # (rounded up: the flag's value that suffices)
     if cut.calibrated_on is not None:
         return (f"; recording step {cut.step} whole would take about {cut.need_bytes / 1e9:.2f} GB with its end: "
                 f"--profile-memory {gib:.2f} or more")
+    if cut.warm_up_cut:  # (a step before the window was recorded, and it did not fit either)
+        over = max(gib, -(-(cut.limit_bytes - cut.start_rss_bytes) * 100 // 2**30) / 100)
+        return (f"; recording step {cut.step} whole would take more than {cut.need_bytes / 1e9:.2f} GB with its end "
+                f"(its recording until the stop, times {cut.factor:.1f}), and the warm-up step before the window did "
+                f"not fit its own recording either, so a longer run records no more: --profile-memory above "
+                f"{over:.2f}, where the machine has the memory")
     larger = f"--profile-memory above {gib:.2f}, or " if cut.need_bytes > cut.limit_bytes - cut.start_rss_bytes else ""
     return (f"; recording step {cut.step} whole would take more than {cut.need_bytes / 1e9:.2f} GB with its end "
             f"(its recording until the stop, times {cut.factor:.1f}): {larger}--steps 4 or more so that the window "

@@ -210,6 +210,34 @@ def test_a_two_step_window_keeps_the_part_of_its_step_that_fits_and_says_what_re
 
 
 @pytest.mark.slow
+def test_a_window_whose_warm_up_did_not_fit_advises_a_larger_bound_not_a_longer_run(tmp_path):
+    """A 4-step run's window has its warm-up step (0) before it, the calibration; at 0.22 GiB that
+    step's own recording is cut short too, so no whole step is measured although a step came before
+    the window: "--steps 4 or more" would change nothing (pytorch/examples' gat, 5 steps, was told
+    so). The advice is a larger bound, and the bound it names records the window whole."""
+    script = DATA / "public_shapes" / "time_sequence_prediction.py"
+    args = ["--", "--steps", "4", *LSTM_MEMORY[6:]]
+
+    def run(bound: str, out: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "auditor", "run", str(script), "--steps", "4", "--no-numerics",
+                               "--profile-memory", bound, "--out", str(out), *args],
+                              capture_output=True, text=True, cwd=ROOT, timeout=900, env={**os.environ, **ONE_THREAD})
+
+    p = run("0.22", tmp_path / "out")
+    assert p.returncode == 0, p.stderr[-2000:]
+    cut = _window(json.loads((tmp_path / "out" / "evidence.json").read_text()))["cut"]
+    assert cut["warm_up_cut"] and cut["calibrated_on"] is None and cut["step"] == 1, cut
+    [line] = [x for x in p.stdout.splitlines() if "profiler window" in x]
+    over = max(-(-cut["need_bytes"] * 100 // 2**30) / 100, 0.22)
+    assert line.endswith(f"and the warm-up step before the window did not fit its own recording either, so a longer "
+                         f"run records no more: --profile-memory above {over:.2f}, where the machine has the memory"), line
+    assert "--steps 4 or more" not in line
+    larger = run(f"{over + 0.1:.2f}", tmp_path / "larger")
+    w = _window(json.loads((tmp_path / "larger" / "evidence.json").read_text()))
+    assert larger.returncode == 0 and w["cut"] is None and w["steps"] == [0, 1], w
+
+
+@pytest.mark.slow
 def test_the_watch_ends_a_window_in_a_stretch_no_read_of_the_audits_sees(tmp_path):
     """A 2-step run's window is read at its backward passes' starts and its step's end; this step's
     recording grows after its only backward pass, and the window's end comes at that step's end,
@@ -481,6 +509,11 @@ def test_a_cut_window_says_what_would_record_its_step_whole():
     assert window_cut_phrase(smaller).endswith(
         "(its recording until the stop, times 4.0): --profile-memory above 7.33, or --steps 4 or more so that the "
         "window starts after a step measured whole")
+    warm = msgspec.structs.replace(cut, warm_up_cut=True, step=1)
+    assert window_cut_phrase(warm).endswith(
+        "(its recording until the stop, times 4.0), and the warm-up step before the window did not fit its own "
+        "recording either, so a longer run records no more: --profile-memory above 9.64, where the machine has the "
+        "memory")  # (a bound above this one's 9.64 GiB, though the lower estimate is within it)
     nothing = WindowCut(step=1, rss_bytes=int(0.35 * GB), start_rss_bytes=int(0.34 * GB), limit_bytes=int(0.39 * GB),
                         nothing=True, factor=9.0, calibrated_on=0, step_cost_bytes=int(0.2 * GB),
                         step_trace_bytes=3 * 10**6, need_bytes=int(0.29 * GB))
