@@ -32,16 +32,15 @@ from __future__ import annotations
 import math
 import sys
 import weakref
-from collections import OrderedDict
 from typing import Any, Callable
 
 import torch
 from torch.nn.modules import module as _nn_module
-from torch.utils.hooks import RemovableHandle
 
 from auditor.capture import probes, torch_private
 from auditor.capture.bench_switches import OFF, TOGGLED, off
 from auditor.capture.frames import first_user_frame, user_call, user_frame
+from auditor.capture.one_call import OneCall, order_of, put_back
 from auditor.capture.numerics.amp_probes import install_amp_probes
 from auditor.capture.numerics.backward_probe import install_backward_probe
 from auditor.capture.numerics.config_probes import install_config_probes
@@ -76,19 +75,6 @@ def _compiled_anything() -> bool:
     frames = getattr(u, "counters", {}).get("frames") if u is not None else None
     _COMPILED[0] = bool(frames and frames.get("total"))
     return _COMPILED[0]
-
-
-def _put_back(d: OrderedDict, key: int, hook: Callable, order: list | None) -> None:
-    """`hook` back into torch's global hook dict `d` under `key`, at its place in `order` (the
-    dict's keys before it was taken out; None: it was last)."""
-    if key in d:
-        return
-    d[key] = hook
-    if order is None:  # (it was last: it is again)
-        return
-    rank = {k: n for n, k in enumerate(order)}
-    for k in sorted(d, key=lambda k: rank.get(k, len(order))):
-        d.move_to_end(k)
 
 
 MAX_OPS_PER_STEP = 20000  # records kept per step; later calls are counted as dropped
@@ -166,9 +152,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.queued: list[tuple[int, Any, Any, bool]] = []
         self.module_hooks: list[Any] = []  # handles of the global module hooks (see install)
         self.light_ok = "light" not in OFF  # outermost calls outside checked steps: see _light_call
-        self.light_module: torch.nn.Module | None = None  # the module whose own dicts hold the light call's hooks
-        self.light_key = RemovableHandle(OrderedDict()).id  # their key there: an id no handle has
-        self.light_depth = 0
+        self.light = OneCall()  # the light call's end
         self.light_order: tuple = (None, None)
         self._reset_step()
 
@@ -447,48 +431,21 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         only its time is wanted (the forward phase), so for its duration these hooks are taken out
         of torch's global hook dicts, and the calls inside it take torch's fast path (any global
         hook sends every module call through the slow one: ~0.8 ms a step of 120 tiny layers on
-        this machine, 6%). A forward pre-hook and an always-called forward hook of the module's
-        own, put on for the call and taken off at its end, count its nested calls of itself and
-        end it: the global hooks go back where they were in torch's order. Not once torch.compile
-        has compiled anything (its guards may read the global hooks: a change between the checked
-        and the other steps would recompile)."""
+        this machine, 6%). The call's end (auditor.capture.one_call) puts them back where they were
+        in torch's order. Not once torch.compile has compiled anything (its guards may read the
+        global hooks: a change between the checked and the other steps would recompile)."""
         pre, post = _nn_module._global_forward_pre_hooks, _nn_module._global_forward_hooks
         hp, hq = self.module_hooks
         kp, kq = hp.id, hq.id
-        # the order to put them back in: None where they were last (alone, most often: put back at the end)
-        self.light_order = (None if next(reversed(pre), None) == kp else list(pre),
-                            None if next(reversed(post), None) == kq else list(post))
+        self.light_order = (order_of(pre, kp), order_of(post, kq))
         pre.pop(kp, None)
         post.pop(kq, None)
-        self.light_depth = 0
-        # the module's own hooks, put into its dicts under keys of ours (as its register_forward_*
-        # would, without a handle made and dropped at every step)
-        key = self.light_key
-        try:
-            always = module._forward_hooks_always_called
-            module._forward_pre_hooks[key] = self._light_nested
-            module._forward_hooks[key] = self._light_end
-            always[key] = True
-            self.light_module = module
-        except AttributeError:  # a torch without always_call: the slow path for good
-            for d in ("_forward_pre_hooks", "_forward_hooks"):
-                getattr(module, d, {}).pop(key, None)
+        if not self.light.watch(module, self._light_end):  # a torch without always_call: the slow path for good
             self.light_ok = False
             self._light_restore()
             self._module_pre(module, ())
 
-    def _light_nested(self, module, args) -> None:
-        self.light_depth += 1  # (the module called inside its own call)
-
     def _light_end(self, module, args, output) -> None:
-        if self.light_depth:
-            self.light_depth -= 1
-            return
-        key, mod, self.light_module = self.light_key, self.light_module, None
-        if mod is not None:
-            mod._forward_pre_hooks.pop(key, None)
-            mod._forward_hooks.pop(key, None)
-            mod._forward_hooks_always_called.pop(key, None)
         self._light_restore()
         if self.times_phases:
             f = first_user_frame(sys._getframe(1))
@@ -500,8 +457,8 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         """The global hooks back, in the order they had among the others."""
         hp, hq = self.module_hooks
         op, oq = self.light_order
-        _put_back(_nn_module._global_forward_pre_hooks, hp.id, self._module_pre, op)
-        _put_back(_nn_module._global_forward_hooks, hq.id, self._module_post, oq)
+        put_back(_nn_module._global_forward_pre_hooks, hp.id, self._module_pre, op)
+        put_back(_nn_module._global_forward_hooks, hq.id, self._module_post, oq)
 
     def _on_leaf(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         """Record a library leaf module's call as one op: its arguments and own parameters in,
