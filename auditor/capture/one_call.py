@@ -10,10 +10,27 @@ forward hook of the module's own, under a key of ours, which count the module's 
 tuple before running them, so a hook may take itself out while they run."""
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from typing import Any, Callable
 
 from torch.utils.hooks import RemovableHandle
+
+
+_COMPILED: list[bool] = [False]  # (once torch.compile has compiled a frame, taken to have for good: after a
+# torch._dynamo.reset() the hooks stay in for every call, the safe side)
+
+
+def compiled_anything() -> bool:
+    """Whether torch.compile has compiled a frame in this process (dynamo's own count). Its guards
+    may read the global hooks: once it has, a hook no longer takes itself out (a change between
+    two calls would recompile)."""
+    if _COMPILED[0]:
+        return True
+    u = sys.modules.get("torch._dynamo.utils")
+    frames = getattr(u, "counters", {}).get("frames") if u is not None else None
+    _COMPILED[0] = bool(frames and frames.get("total"))
+    return _COMPILED[0]
 
 
 def order_of(d: OrderedDict, key: int) -> list | None:

@@ -41,6 +41,7 @@ from auditor.capture import probes, torch_private
 from auditor.capture.bench_switches import OFF, TOGGLED, off
 from auditor.capture.frames import first_user_frame, user_call, user_frame
 from auditor.capture.one_call import OneCall, order_of, put_back
+from auditor.capture.one_call import compiled_anything as _compiled_anything
 from auditor.capture.numerics.amp_probes import install_amp_probes
 from auditor.capture.numerics.backward_probe import install_backward_probe
 from auditor.capture.numerics.config_probes import install_config_probes
@@ -62,20 +63,6 @@ from auditor.capture.numerics.tensors import (_HALF, _PLAIN_TYPES, _checkable, _
 from auditor.capture.numerics.values import _TB, Values, _finite
 from auditor.capture.unseen import (compiled_calls_without, dynamo_skips_our_frames, in_compiled_call,
                                     no_torch_function as _no_torch_function)
-
-_COMPILED: list[bool] = [False]  # (once torch.compile has compiled a frame, taken to have for good: after a
-# torch._dynamo.reset() the light calls stay off, the safe side)
-
-
-def _compiled_anything() -> bool:
-    """Whether torch.compile has compiled a frame in this process (dynamo's own count)."""
-    if _COMPILED[0]:
-        return True
-    u = sys.modules.get("torch._dynamo.utils")
-    frames = getattr(u, "counters", {}).get("frames") if u is not None else None
-    _COMPILED[0] = bool(frames and frames.get("total"))
-    return _COMPILED[0]
-
 
 MAX_OPS_PER_STEP = 20000  # records kept per step; later calls are counted as dropped
 MAX_ERRORS = 20  # after this many failures of our own checking code, op checking switches off

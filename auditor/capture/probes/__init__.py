@@ -23,10 +23,14 @@ from itertools import chain
 from typing import Any, Callable
 
 import torch
+from torch.nn.modules import module as _nn_module
 from torch.optim import optimizer as _optimizer
 
 from auditor.capture import saved_tensors
-from auditor.capture.frames import is_torch_internal, library_code, on_forget, user_frame, via_data as _via
+from auditor.capture.bench_switches import OFF
+from auditor.capture.frames import first_user_frame, is_torch_internal, library_code, on_forget, user_frame
+from auditor.capture.frames import via_data as _via
+from auditor.capture.one_call import OneCall, compiled_anything, order_of, put_back
 from auditor.capture.probes import graph_use
 from auditor.capture.probes.graph_use import graph_of
 from auditor.capture.probes.indexing import index_sync
@@ -677,48 +681,6 @@ def _install_backward_probes() -> None:
         "torch.autograd.grad", lambda *a, **k: a[0] if a else k.get("outputs")))
 
 
-# --- hooks registered in the step ---------------------------------------------------------------
-
-def _hook_probe(what: str, hooks: str):
-    """A probe on a hook registration: tallied at the user's line with how many hooks of that kind
-    the tensor or module holds after it (its `hooks` dict). A hook registered in the step on the
-    same parameters every step piles up, and every backward pass runs them all: the step slows
-    down, and its time grows in the backward, not at the line that adds them. Registrations are
-    rare (setup, or once per step on a new activation), so the probe costs nothing on the path
-    every call takes."""
-    def make(orig):
-        def probe(self, *args, **kwargs):
-            handle = orig(self, *args, **kwargs)
-            rec = REC
-            if rec.active and not rec.in_data:
-                f = _user_call()
-                if f is not None:
-                    with no_torch_function():  # (the auditor's read: the user's modes see the call only)
-                        held = getattr(self, hooks, None)
-                        n = len(held) if held is not None else 0
-                    rec.hook_added(what, user_frame(f), self, n)
-            return handle
-        return probe
-    return make
-
-
-_TENSOR_HOOKS = (("register_hook", "_backward_hooks"),
-                 ("register_post_accumulate_grad_hook", "_post_accumulate_grad_hooks"))
-_MODULE_HOOKS = (("register_forward_hook", "_forward_hooks"), ("register_forward_pre_hook", "_forward_pre_hooks"),
-                 ("register_full_backward_hook", "_backward_hooks"),
-                 ("register_full_backward_pre_hook", "_backward_pre_hooks"),
-                 ("register_backward_hook", "_backward_hooks"))
-
-
-def _install_hook_probes() -> None:
-    for name, hooks in _TENSOR_HOOKS:
-        if hasattr(torch.Tensor, name):
-            _wrap(torch.Tensor, name, _hook_probe(f"Tensor.{name}", hooks))
-    for name, hooks in _MODULE_HOOKS:
-        if hasattr(torch.nn.Module, name):
-            _wrap(torch.nn.Module, name, _hook_probe(f"Module.{name}", hooks))
-
-
 # --- forward and optimizer phases --------------------------------------------------------------
 
 _PHASE_HOOKS: list[Any] = []  # handles of the hooks below, while they are the ones timing the phases
@@ -821,14 +783,34 @@ def _install_phase_hooks() -> None:
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    state = {"depth": 0, "t0": 0.0, "opt_t0": 0.0}
+    state = {"depth": 0, "t0": 0.0, "opt_t0": 0.0, "order": (None, None)}
+    call = OneCall()
+    light = "light" not in OFF
 
     def fwd_pre(module, args):
         if _compiling():  # (a compiled module's own call, torch.compile(model)'s, runs as it is: timed there)
             return
         if state["depth"] == 0:
             state["t0"] = perf()
+            # only the outermost call's time is wanted: both hooks out for the calls inside it (as
+            # the numerics collector's light call: one_call), where it has calls inside it
+            if light and module._modules and type(module).__name__ != "OptimizedModule" and not compiled_anything():
+                pre, post = _nn_module._global_forward_pre_hooks, _nn_module._global_forward_hooks
+                kp, kq = _PHASE_HOOKS[0].id, _PHASE_HOOKS[1].id
+                state["order"] = (order_of(pre, kp), order_of(post, kq))
+                if call.watch(module, fwd_end):
+                    pre.pop(kp, None)
+                    post.pop(kq, None)
+                    return
         state["depth"] += 1
+
+    def fwd_end(module, args, output):
+        op, oq = state["order"]
+        put_back(_nn_module._global_forward_pre_hooks, _PHASE_HOOKS[0].id, fwd_pre, op)
+        put_back(_nn_module._global_forward_hooks, _PHASE_HOOKS[1].id, fwd_post, oq)
+        f = first_user_frame(sys._getframe(1))
+        where = (f.f_code.co_filename, f.f_lineno, f.f_code.co_name) if f is not None else user_frame(sys._getframe(1))
+        forward_done(module, state["t0"], where, output, f)
 
     def fwd_post(module, args, output):
         if _compiling():
@@ -881,7 +863,9 @@ def install() -> Recorder:
             _wrap(torch.autograd.graph.saved_tensors_hooks, "__enter__", saved_tensors.noting_entered)
         _part_on[1] = bool(TOGGLED)
         if "probes" not in OFF:
-            _install_hook_probes()
+            from auditor.capture.probes.hook_probes import install_hook_probes
+
+            install_hook_probes(_wrap, lambda: REC, lambda: _user_call(3))
         _part_on[1] = False
         _install_phase_hooks()
         from auditor.capture.probes.data import install_dataloader_probes, install_sampler_probes
