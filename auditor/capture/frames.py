@@ -130,19 +130,11 @@ def user_frame(frame: FrameType | None) -> tuple[str, int, str] | None:
     return w[:3] if w is not None and len(w) > 3 else w
 
 
-def first_user_frame(frame: FrameType | None) -> FrameType | None:
-    """The first user frame at or above `frame` itself (user_call's, without a library fallback)."""
-    f = frame
-    kinds = code_kinds
-    while f is not None:
-        code = f.f_code
-        k = kinds.get(id(code))
-        if k is None:
-            k = _kind_of(code)
-        if k == 0:
-            return f
-        f = f.f_back
-    return None
+def user_place(frame: FrameType | None) -> tuple[tuple[str, int, str] | None, FrameType | None]:
+    """(user_frame's key, the user's frame it was read from: None where it is the library fallback),
+    for a caller that reads the frame further (probes._method_caller) without walking to it again."""
+    f, fallback = _first_user(frame)
+    return ((f.f_code.co_filename, f.f_lineno, f.f_code.co_name), f) if f is not None else (fallback, None)
 
 
 def user_call(frame: FrameType | None) -> tuple | None:
@@ -150,6 +142,13 @@ def user_call(frame: FrameType | None) -> tuple | None:
     plus the offset of the instruction running in the user's frame (f_lasti):
     two calls on one line (`torch.log(p)` and `torch.log(1 - p)`) are two places, and only the
     one that made a NaN should be blamed and patched. A library fallback has no offset."""
+    f, fallback = _first_user(frame)
+    return (f.f_code.co_filename, f.f_lineno, f.f_code.co_name, f.f_lasti) if f is not None else fallback
+
+
+def _first_user(frame: FrameType | None) -> tuple[FrameType | None, tuple | None]:
+    """(the first user frame at or above `frame`, or None; the (file, line, function) of the first
+    frame outside torch and the auditor below it, the fallback where the whole stack is library code)."""
     fallback = None
     f = frame
     kinds = code_kinds
@@ -159,11 +158,11 @@ def user_call(frame: FrameType | None) -> tuple | None:
         if k is None:
             k = _kind_of(code)
         if k == 0:
-            return code.co_filename, f.f_lineno, code.co_name, f.f_lasti
+            return f, fallback
         if k == 1 and fallback is None:
             fallback = (code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
-    return fallback
+    return None, fallback
 
 
 _via_names: dict[int, str] = {}

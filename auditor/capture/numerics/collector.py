@@ -39,7 +39,7 @@ from torch.nn.modules import module as _nn_module
 
 from auditor.capture import probes, torch_private
 from auditor.capture.bench_switches import OFF, TOGGLED, off
-from auditor.capture.frames import first_user_frame, user_call, user_frame
+from auditor.capture.frames import user_call, user_frame, user_place
 from auditor.capture.one_call import OneCall, order_of, put_back
 from auditor.capture.one_call import compiled_anything as _compiled_anything
 from auditor.capture.numerics.amp_probes import install_amp_probes
@@ -435,9 +435,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
     def _light_end(self, module, args, output) -> None:
         self._light_restore()
         if self.times_phases:
-            f = first_user_frame(sys._getframe(1))
-            where = (f.f_code.co_filename, f.f_lineno, f.f_code.co_name) if f is not None else \
-                user_frame(sys._getframe(1))
+            where, f = user_place(sys._getframe(1))
             probes.forward_done(module, self.fwd_t0, where, output, f)
 
     def _light_restore(self) -> None:

@@ -28,7 +28,7 @@ from torch.optim import optimizer as _optimizer
 
 from auditor.capture import saved_tensors
 from auditor.capture.bench_switches import OFF
-from auditor.capture.frames import first_user_frame, is_torch_internal, library_code, on_forget, user_frame
+from auditor.capture.frames import is_torch_internal, library_code, on_forget, user_frame, user_place
 from auditor.capture.frames import via_data as _via
 from auditor.capture.one_call import OneCall, compiled_anything, order_of, put_back
 from auditor.capture.probes import graph_use
@@ -808,8 +808,7 @@ def _install_phase_hooks() -> None:
         op, oq = state["order"]
         put_back(_nn_module._global_forward_pre_hooks, _PHASE_HOOKS[0].id, fwd_pre, op)
         put_back(_nn_module._global_forward_hooks, _PHASE_HOOKS[1].id, fwd_post, oq)
-        f = first_user_frame(sys._getframe(1))
-        where = (f.f_code.co_filename, f.f_lineno, f.f_code.co_name) if f is not None else user_frame(sys._getframe(1))
+        where, f = user_place(sys._getframe(1))
         forward_done(module, state["t0"], where, output, f)
 
     def fwd_post(module, args, output):
