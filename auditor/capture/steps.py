@@ -95,7 +95,7 @@ from torch.nn.modules import module as nn_module
 import auditor
 from auditor.capture import probes, step_loops, wire
 from auditor.capture.frames import user_frame
-from auditor.capture.one_call import OneCall, order_of, put_back
+from auditor.capture.one_call import OneCall
 from auditor.capture.probes.workers import GONE_LOADERS
 from auditor.capture.session import StepSession
 from auditor.capture.unseen import no_torch_function
@@ -252,7 +252,7 @@ class StepFinder:
         self.main_thread = threading.get_ident()
         self._fwd_hook: Any = None  # the forward pre-hook's handle, once registered
         self._fwd_on = False  # it is in torch's dict (or out of it for a no-grad pass's calls: _tail_call)
-        self._tail_call, self._tail_order = OneCall(), None
+        self._tail_call = OneCall()
         self._undo: list[Callable[[], None]] = []
 
     # -- installation --------------------------------------------------------------------------
@@ -469,17 +469,13 @@ class StepFinder:
                 return  # (a tail's module calls inside its outermost one: that one is the pass)
             self.on_pass(tail=not grad)
             if not grad and self.pending and self._fwd_on:  # (the calls inside it: not seen, see one_call)
-                self._tail_order = order_of(nn_module._global_forward_pre_hooks, self._fwd_hook.id)
-                if self._tail_call.watch(module, self._tail_end):
-                    nn_module._global_forward_pre_hooks.pop(self._fwd_hook.id, None)
+                # (back at its end unless the step's end took it off meanwhile)
+                self._tail_call.watch(module, None, ((nn_module._global_forward_pre_hooks, self._fwd_hook.id,
+                                                          self.on_forward),), lambda: self._fwd_on)
             if (grad and self.iteration is not None and self.fingerprint is None and self._watching_updates()
                     and not self._trusting_updates()):
                 self.fingerprint = self._fingerprint(module)
                 self._update_forward_hook()
-
-    def _tail_end(self, module: Any, args: Any, output: Any) -> None:
-        if self._fwd_on:  # (the hook back where it was, unless the step's end took it off meanwhile)
-            put_back(nn_module._global_forward_pre_hooks, self._fwd_hook.id, self.on_forward, self._tail_order)
 
     # -- weight updates outside torch.optim ------------------------------------------------------
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from auditor.capture.one_call import OneCall, order_of, put_back
+from auditor.capture.one_call import OneCall
 
 
 class Twice(nn.Module):
@@ -30,18 +30,15 @@ def test_a_hook_out_for_its_outermost_call_sees_that_call_alone_and_goes_back_in
     seen, ends = [], []
     call = OneCall()
     before = nn_module.register_module_forward_pre_hook(lambda m, a: None)  # (another's, before ours)
-    state = {}
 
     def hook(module, args):
         seen.append(type(module).__name__)
-        d = nn_module._global_forward_pre_hooks
-        state["order"] = order_of(d, handle.id)
-        assert call.watch(module, end)
-        d.pop(handle.id)
+        assert call.watch(module, end, ((nn_module._global_forward_pre_hooks, handle.id, hook),))
+        assert handle.id not in nn_module._global_forward_pre_hooks
 
     def end(module, args, output):
         ends.append(type(output).__name__)
-        put_back(nn_module._global_forward_pre_hooks, handle.id, hook, state["order"])
+        assert list(nn_module._global_forward_pre_hooks) == keys  # (back before the owner is told)
 
     handle = nn_module.register_module_forward_pre_hook(hook)
     after = nn_module.register_module_forward_pre_hook(lambda m, a: None)  # (another's, after ours)
@@ -63,3 +60,18 @@ def test_a_hook_out_for_its_outermost_call_sees_that_call_alone_and_goes_back_in
     finally:
         for h in (before, handle, after):
             h.remove()
+
+
+def test_a_hook_its_owner_switched_off_during_the_call_stays_out():
+    call, on = OneCall(), {"on": True}
+
+    def hook(module, args):
+        call.watch(module, None, ((nn_module._global_forward_pre_hooks, handle.id, hook),), lambda: on["on"])
+        on["on"] = False  # (as the step finder's hook, taken off by a step's end inside the call)
+
+    handle = nn_module.register_module_forward_pre_hook(hook)
+    try:
+        Twice()(torch.ones(2, 2))
+        assert handle.id not in nn_module._global_forward_pre_hooks and call.module is None
+    finally:
+        handle.remove()

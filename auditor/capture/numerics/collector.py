@@ -40,7 +40,7 @@ from torch.nn.modules import module as _nn_module
 from auditor.capture import probes, torch_private
 from auditor.capture.bench_switches import OFF, TOGGLED, off
 from auditor.capture.frames import user_call, user_frame, user_place
-from auditor.capture.one_call import OneCall, order_of, put_back
+from auditor.capture.one_call import OneCall
 from auditor.capture.one_call import compiled_anything as _compiled_anything
 from auditor.capture.numerics.amp_probes import install_amp_probes
 from auditor.capture.numerics.backward_probe import install_backward_probe
@@ -140,7 +140,6 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.module_hooks: list[Any] = []  # handles of the global module hooks (see install)
         self.light_ok = "light" not in OFF  # outermost calls outside checked steps: see _light_call
         self.light = OneCall()  # the light call's end
-        self.light_order: tuple = (None, None)
         self._reset_step()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -421,29 +420,17 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         this machine, 6%). The call's end (auditor.capture.one_call) puts them back where they were
         in torch's order. Not once torch.compile has compiled anything (its guards may read the
         global hooks: a change between the checked and the other steps would recompile)."""
-        pre, post = _nn_module._global_forward_pre_hooks, _nn_module._global_forward_hooks
         hp, hq = self.module_hooks
-        kp, kq = hp.id, hq.id
-        self.light_order = (order_of(pre, kp), order_of(post, kq))
-        pre.pop(kp, None)
-        post.pop(kq, None)
-        if not self.light.watch(module, self._light_end):  # a torch without always_call: the slow path for good
+        out = ((_nn_module._global_forward_pre_hooks, hp.id, self._module_pre),
+               (_nn_module._global_forward_hooks, hq.id, self._module_post))
+        if not self.light.watch(module, self._light_end, out):  # a torch without always_call: the slow path for good
             self.light_ok = False
-            self._light_restore()
             self._module_pre(module, ())
 
     def _light_end(self, module, args, output) -> None:
-        self._light_restore()
         if self.times_phases:
             where, f = user_place(sys._getframe(1))
             probes.forward_done(module, self.fwd_t0, where, output, f)
-
-    def _light_restore(self) -> None:
-        """The global hooks back, in the order they had among the others."""
-        hp, hq = self.module_hooks
-        op, oq = self.light_order
-        put_back(_nn_module._global_forward_pre_hooks, hp.id, self._module_pre, op)
-        put_back(_nn_module._global_forward_hooks, hq.id, self._module_post, oq)
 
     def _on_leaf(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         """Record a library leaf module's call as one op: its arguments and own parameters in,

@@ -30,7 +30,7 @@ from auditor.capture import saved_tensors
 from auditor.capture.bench_switches import OFF
 from auditor.capture.frames import is_torch_internal, library_code, on_forget, user_frame, user_place
 from auditor.capture.frames import via_data as _via
-from auditor.capture.one_call import OneCall, compiled_anything, order_of, put_back
+from auditor.capture.one_call import OneCall, compiled_anything
 from auditor.capture.probes import graph_use
 from auditor.capture.probes.graph_use import graph_of
 from auditor.capture.probes.indexing import index_sync
@@ -783,7 +783,7 @@ def _install_phase_hooks() -> None:
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    state = {"depth": 0, "t0": 0.0, "opt_t0": 0.0, "order": (None, None)}
+    state = {"depth": 0, "t0": 0.0, "opt_t0": 0.0}
     call = OneCall()
     light = "light" not in OFF
 
@@ -795,19 +795,13 @@ def _install_phase_hooks() -> None:
             # only the outermost call's time is wanted: both hooks out for the calls inside it (as
             # the numerics collector's light call: one_call), where it has calls inside it
             if light and module._modules and type(module).__name__ != "OptimizedModule" and not compiled_anything():
-                pre, post = _nn_module._global_forward_pre_hooks, _nn_module._global_forward_hooks
-                kp, kq = _PHASE_HOOKS[0].id, _PHASE_HOOKS[1].id
-                state["order"] = (order_of(pre, kp), order_of(post, kq))
-                if call.watch(module, fwd_end):
-                    pre.pop(kp, None)
-                    post.pop(kq, None)
+                out = ((_nn_module._global_forward_pre_hooks, _PHASE_HOOKS[0].id, fwd_pre),
+                       (_nn_module._global_forward_hooks, _PHASE_HOOKS[1].id, fwd_post))
+                if call.watch(module, fwd_end, out):
                     return
         state["depth"] += 1
 
     def fwd_end(module, args, output):
-        op, oq = state["order"]
-        put_back(_nn_module._global_forward_pre_hooks, _PHASE_HOOKS[0].id, fwd_pre, op)
-        put_back(_nn_module._global_forward_hooks, _PHASE_HOOKS[1].id, fwd_post, oq)
         where, f = user_place(sys._getframe(1))
         forward_done(module, state["t0"], where, output, f)
 
