@@ -489,7 +489,7 @@ def _check_weights(r: Rerun, before: str | None, fixes: list[Finding], runner: R
 
     if before is None or r.digest is None:
         for f in fixes:
-            note(f, "weights not compared (no torch.optim optimizer, or no digest)")
+            note(f, "weights not compared (no optimizer nor trained module found, or no digest)")
         return
     if r.digest == before:
         for f in fixes:

@@ -9,7 +9,9 @@ The program is by default the issue's CPU proxy of a host-bound step: 40 tiny Li
 layers, a batch of 16, AdamW, one thread (`OMP_NUM_THREADS=1`); `--program cell-loop` (a GRUCell
 called 32 times a step), `causal-lm` (a nanoGPT-style causal Transformer in bf16, whose attention
 makes -inf on every step) and `tiny-calls` (900 tiny calls a step on one 8-element tensor, SGD: a
-checked step costs ~3 steps, so the checks' spacing shows) are the others (bench/steady_programs.py). `--device cuda` runs it on the
+checked step costs ~3 steps, so the checks' spacing shows), `many-forwards` (50 outermost calls of a
+small MLP a step) and `dqn` (a DQN update: 8 acting calls, a no-grad target pass) are the others
+(bench/steady_programs.py). `--device cuda` runs it on the
 GPU, a host-bound GPU step, each iteration's clock read synchronised with the device. It is a plain
 script that times each of its own iterations (the interval between one iteration's start and the
 next's: everything the audit adds at a step boundary, the graph scans and step records included). Each round runs it plain, then
@@ -269,7 +271,8 @@ def main() -> None:
     ap.add_argument("--last", type=int, default=140)
     ap.add_argument("--program", choices=sorted(SETUP), default="proxy",
                     help="proxy: the issue's CPU proxy; cell-loop: a GRUCell called 32 times a step; causal-lm: "
-                         "a nanoGPT-style causal Transformer in bf16 (bench/steady_programs.py)")
+                         "a nanoGPT-style causal Transformer in bf16; many-forwards, dqn: many outermost "
+                         "module calls a step (bench/steady_programs.py)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where the program runs; on cuda each iteration's clock read is synchronised")
     ap.add_argument("--width", type=int, default=None, help="the program's width (default: its own)")

@@ -92,6 +92,39 @@ def model(x):
     probs = Categorical(logits=actor(x))
     return probs.log_prob(actions) - 0.01 * probs.entropy() + critic(x).view(-1)
 """, 64, 2),
+    # a module called many times a step, each call its own outermost forward (an agent acting step by
+    # step, a per-sample loop): the audit's cost per outermost call shows (capture/one_call.py)
+    "many-forwards": ("""\
+q = nn.Sequential(nn.Linear(4, {width}), nn.ReLU(), nn.Linear({width}, 2)).to(DEVICE)
+opt = torch.optim.SGD(q.parameters(), lr=1e-3)
+x = torch.randn(1, 4, device=DEVICE)
+
+
+def model(x):
+    for _ in range({layers}):
+        y = q(x)
+    return y
+""", 16, 50),
+    # a DQN update (CleanRL's dqn.py, one environment): acting calls whose graphs are never used, the
+    # action fetched with .item(), a no-grad target network's pass, the Q-network's loss
+    "dqn": ("""\
+def mlp():
+    return nn.Sequential(nn.Linear(4, {width}), nn.ReLU(), nn.Linear({width}, 84), nn.ReLU(),
+                         nn.Linear(84, 2)).to(DEVICE)
+
+
+qnet, target = mlp(), mlp()
+opt = torch.optim.Adam(qnet.parameters(), lr=1e-3)
+x = torch.randn(32, 4, device=DEVICE)
+
+
+def model(x):
+    for _ in range({layers}):  # (acting: one observation each)
+        qnet(torch.randn(1, 4, device=DEVICE)).argmax().item()
+    with torch.no_grad():
+        y = target(x).max(1).values
+    return qnet(x).max(1).values - y
+""", 120, 8),
 }
 
 
@@ -110,5 +143,8 @@ def describe(program: str, width: int | None, layers: int | None) -> str:
             "causal-lm": f"{layers}-layer causal Transformer d{width}, B16 x T256, bf16 autocast, masked_fill(-inf), AdamW",
             "tiny-calls": f"{layers} x (mul, add, tanh) of a {width}-element tensor, SGD",
             "policy-gradient": f"PPO update: actor and critic MLPs ({layers} x {width} Tanh), Categorical "
-                               f"log_prob and entropy of 128 actions, Adam"}[program]
+                               f"log_prob and entropy of 128 actions, Adam",
+            "many-forwards": f"{layers} calls of Linear(4, {width}) + ReLU + Linear({width}, 2) a step, SGD",
+            "dqn": f"DQN update: {layers} acting calls (.item() of each argmax), a no-grad target pass, "
+                   f"MLPs 4-{width}-84-2, Adam"}[program]
 

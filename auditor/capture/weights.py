@@ -6,8 +6,12 @@ equal digests mean the patched program computed the same weights. Installed only
 
 The trained state is every torch.optim.Optimizer alive at the end: each one's parameters, in its
 param_groups' order, and its per-parameter state (exp_avg, step, momentum buffers), keys sorted.
-Each tensor contributes its dtype, shape and raw bytes. The optimizers' own digests are sorted
-before they are joined, so the order the garbage collector lists them in does not matter.
+A program that updates its weights without torch.optim (`p.data.add_(p.grad, alpha=-lr)`: the
+steps the step finder marks by weight updates) has none: its trained state is then every root
+module alive (an nn.Module no other live module holds) with a parameter that takes a gradient,
+each one's parameters in `named_parameters()` order. Each tensor contributes its dtype, shape and
+raw bytes. The optimizers' (or the modules') own digests are sorted before they are joined, so the
+order the garbage collector lists them in does not matter.
 """
 from __future__ import annotations
 
@@ -54,33 +58,58 @@ def optimizer_digest(opt: Any, counts: dict[str, int]) -> str:
     return h.hexdigest()
 
 
-def live_optimizers() -> list[Any]:
-    """Every torch.optim.Optimizer the garbage collector knows."""
+def module_digest(module: Any, counts: dict[str, int]) -> str:
+    """sha256 of one module's parameters, in `named_parameters()` order, names included."""
+    h = hashlib.sha256()
+    for name, p in module.named_parameters():
+        h.update(name.encode())
+        _feed(h, p, counts)
+    return h.hexdigest()
+
+
+def _is_optimizer(o: Any) -> bool:
     import torch
 
+    return issubclass(type(o), torch.optim.Optimizer)
+
+
+def live_trained(objects: list[Any] | None = None) -> list[Any]:
+    """Every torch.optim.Optimizer the garbage collector knows; where there is none, every root
+    module with a parameter that takes a gradient (the weights a hand-written update trains)."""
+    import torch
+
+    objects = gc.get_objects() if objects is None else objects
     # (type(), not isinstance: isinstance reads `__class__`, which some of torch's deprecated
     # objects turn into a warning the user would see)
-    return [o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer)]
+    opts = [o for o in objects if _is_optimizer(o)]
+    if opts:
+        return opts
+    modules = [o for o in objects if issubclass(type(o), torch.nn.Module)]
+    held = {id(c) for mod in modules for c in mod.children()}
+    return [mod for mod in modules if id(mod) not in held and any(p.requires_grad for p in mod.parameters())]
 
 
 def weights_digest(opts: list[Any]) -> dict[str, Any] | None:
-    """{"sha256", "optimizers", "tensors", "bytes"} of `opts` (None when there is none: nothing
-    was trained through torch.optim)."""
+    """{"sha256", "optimizers", "modules", "tensors", "bytes"} of `opts`, optimizers or the root
+    modules a hand-written update trains (live_trained; None when there is none)."""
     import torch
 
     if not opts:
         return None
     counts = {"tensors": 0, "bytes": 0}
+    optimizers = [o for o in opts if _is_optimizer(o)]
     with torch.no_grad():
-        digests = sorted(optimizer_digest(o, counts) for o in opts)
-    return {"sha256": hashlib.sha256("".join(digests).encode()).hexdigest(), "optimizers": len(opts), **counts}
+        digests = sorted(optimizer_digest(o, counts) if _is_optimizer(o) else module_digest(o, counts) for o in opts)
+    return {"sha256": hashlib.sha256("".join(digests).encode()).hexdigest(), "optimizers": len(optimizers),
+            "modules": len(opts) - len(optimizers), **counts}
 
 
 class Weights:
     """The collector (auditor.capture.collectors): the digest at the end of the run, of the
-    optimizers alive then and those found at the end of a step. A whole program's optimizers are
-    gone by its end (its `__main__` is freed once it has run): they are looked for at the end of
-    each step until some are found, and held until the digest is taken."""
+    optimizers (else the trained root modules: live_trained) alive then and those found at the end
+    of a step. A whole program's optimizers are gone by its end (its `__main__` is freed once it
+    has run): they are looked for at the end of each step until some are found, and held until the
+    digest is taken."""
 
     name = "weights"
 
@@ -95,12 +124,14 @@ class Weights:
 
     def step_end(self, index: int) -> None:
         if not self.held:
-            self.held = live_optimizers()
+            self.held = live_trained()
         return None
 
     def finish(self) -> dict[str, Any] | None:
         try:
-            alive = live_optimizers()
+            alive = live_trained()
+            if self.held:  # (of the kind held: optimizers, or the modules of a program that had none)
+                alive = [o for o in alive if _is_optimizer(o) == _is_optimizer(self.held[0])]
             return weights_digest(self.held + [o for o in alive if not any(o is h for h in self.held)])
         except Exception as e:  # (a tensor that cannot be read back: no digest, and why)
             return {"sha256": "", "optimizers": 0, "tensors": 0, "bytes": 0, "error": f"{type(e).__name__}: {e}"}

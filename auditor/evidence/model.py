@@ -335,14 +335,17 @@ class Program(msgspec.Struct):
 
 class WeightsDigest(msgspec.Struct):
     """The trained state at the end of the audited steps (the `weights` collector, recorded for
-    `audit run --verify`): sha256 over every live optimizer's parameters and per-parameter state.
+    `audit run --verify`): sha256 over every live optimizer's parameters and per-parameter state,
+    or, in a program without torch.optim, over the parameters of the root modules it trains.
 
     sha256: the digest ("" when it could not be taken; `error` says why).
-    optimizers, tensors, bytes: how many optimizers and tensors it covers, and their bytes.
+    optimizers, modules, tensors, bytes: how many optimizers (or root modules) and tensors it
+    covers, and their bytes.
     error: why no digest was taken."""
 
     sha256: str
     optimizers: int = 0
+    modules: int = 0
     tensors: int = 0
     bytes: int = 0
     error: str | None = None

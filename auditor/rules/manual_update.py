@@ -27,6 +27,7 @@ from auditor.findings import Cost, Finding, Fix, Location
 from auditor.rules._support.gpu_costs import launch_cost
 from auditor.rules._support.places import by_place, locations, steps_run
 from auditor.rules._support.text import line_ref, per_step, sites_text
+from auditor.rules._support.update_edits import foreach_update
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules.suppression import unsuppressed
 
@@ -81,7 +82,10 @@ class ManualUpdate(Rule):
     Fix:
         `opt = torch.optim.SGD(model.parameters(), lr=lr)` (or the optimizer the loop implements,
         with `foreach=True` or `fused=True`) and `opt.step()`; or `torch._foreach_add_(params, grads,
-        alpha=-lr)` to keep the loop's arithmetic.
+        alpha=-lr)` to keep the loop's arithmetic. The code patch does the latter where the loop is
+        `for p in X.parameters():` around one `add_`/`sub_` of `p.grad` or `p -= A * p.grad`
+        (rules/_support/update_edits.py says exactly which), as word_language_model's
+        `p.data.add_(p.grad, alpha=-lr)`; other loops get the advice alone.
 
     Evidence needed:
         A profiler trace with CUDA activity and shapes (`record_shapes=True`): `audit run` on a CUDA
@@ -148,13 +152,14 @@ class ManualUpdate(Rule):
         ops = Counter(trace.name(int(r)) for r in rows)
         where = sites(trace, rows)
         at = sites_text(where, steps)
+        locs = [Location(*frame_location_parts(f)) for f, _, _ in where]
         return self.finding(
             f"{per_step(len(rows) / steps)} in-place updates of parameter-shaped tensors per step outside an "
             f"optimizer in {trace.label} ({', '.join(f'{k} x{per_step(v / steps)}' for k, v in ops.most_common())}), "
             f"covering {len(updated)} of the {len(shapes)} parameter shapes the layers take, one kernel launch each: "
             f"{host_ms / steps:.2f} ms per step of host time in them{at}; a foreach or fused torch.optim optimizer "
             "updates all parameters in a few launches.",
-            locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
+            locations=locs,
             evidence={"trace": str(trace.path), "updates": int(len(rows)),
                       "updates_per_step": round(len(rows) / steps, 2), "steps": steps,
                       "steps_with_updates": len(update_steps), "shapes_updated": len(updated),
@@ -185,13 +190,13 @@ class ManualUpdate(Rule):
                         f"{line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
                         for p in places[:5])
             + "; a foreach or fused torch.optim optimizer updates all parameters in a few launches.",
-            locations=locations(places),
+            locations=(locs := locations(places)),
             evidence={"updates_per_step": round(count / n, 2), "steps": n,
                       "sites": [{"what": p.what, "file": p.where.file if p.where else None,
                                  "line": p.where.line if p.where else None, "count": p.count,
                                  "steps": len(p.steps)} for p in places]},
             cost=self._cost(ev, count / n, len(places)),
-            fix=_FIX,
+            fix=_fix(locs),
         )
 
 
@@ -199,6 +204,16 @@ _FIX = Fix(summary="Replace the loop with a torch.optim optimizer (e.g. torch.op
                    "lr=lr, foreach=True), or fused=True) and call opt.step(); or keep the arithmetic with "
                    "torch._foreach_add_(params, grads, alpha=-lr).",
            config={"optimizer": {"foreach": True}})
+
+
+def _fix(locs: list[Location]) -> Fix:
+    """The advice, with a code patch for each update loop that one foreach call computes as it does
+    (auditor.rules._support.update_edits)."""
+    edits = [e for loc in locs if loc.file and loc.line and (e := foreach_update(loc.file, loc.line))]
+    if not edits:
+        return _FIX
+    return msgspec.structs.replace(_FIX, edits=edits, summary=_FIX.summary + " The code patch makes each loop one "
+                                   "torch._foreach_* call that does the loop's arithmetic in a few launches.")
 
 
 def parameter_shapes(trace: Trace) -> set[tuple[int, ...]]:

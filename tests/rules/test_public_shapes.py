@@ -192,3 +192,31 @@ def test_a_running_total_of_fetched_numbers_is_logging(tmp_path):
     got = computed(places)
     assert sorted(n for n, p in enumerate(places, 1) if id(p) in got) == [4, 5, 6]
     assert "`gate.detach()` in place of `float(gate)`" in got[id(places[4])]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_a_hand_written_sgd_loop_gets_a_foreach_patch_that_verify_proves_trains_the_same_weights(tmp_path):
+    """word_language_model.py (pytorch/examples' shape, run as its README runs it: `--accel`, rehearsed
+    here) updates each parameter by hand. manual-update names the loop's line, and its patch makes the
+    loop one `torch._foreach_add_` with the loop's own operands; `--verify` re-runs the program with
+    it: the finding is gone and the weights after the audited steps are the unpatched run's, digested
+    from the trained model (the program has no torch.optim optimizer)."""
+    prog = _project(tmp_path / "proj", "word_language_model.py")
+    a = audit("run", prog.name, "--steps", "12", "--no-profile", "--no-numerics", "--verify", "--", "--accel",
+              out=tmp_path / "out", cwd=prog.parent)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert a.evidence["environment"]["rehearsal"]
+    [f] = a.rule("manual-update")
+    loop = _line(prog, "p.data.add_(p.grad, alpha=-lr)")
+    assert [(x["line"]) for x in f["locations"]] == [loop]
+    assert f["evidence"]["updates_per_step"] == 11  # (embedding, 2 LSTM layers x 4, decoder x 2)
+    [edit] = f["fix"]["edits"]
+    assert (edit["start"], edit["end"]) == (loop - 1, loop)
+    assert edit["lines"] == ["        torch._foreach_add_([p.data for p in model.parameters()], "
+                             "[p.grad for p in model.parameters()], alpha=-lr)"]
+    v = f["fix"]["verified"]
+    assert v["status"] == "improved" and not v["after"]["finding"], v
+    assert v["before"]["weights"] and v["after"]["weights"] == v["before"]["weights"], v
+    assert "weights identical to the unpatched run's" in v["note"]
+    assert "_foreach_add_" in (tmp_path / "out" / "fixes.patch").read_text()
