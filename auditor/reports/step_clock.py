@@ -44,9 +44,10 @@ def clock_phrase(evidence: Evidence) -> str | None:
             f"{c.device_ms:.2f} ms ({where}){busy}{note}")
 
 
-# Rules whose fixes take launches themselves off the host (fusing them: torch.compile, foreach ops):
-# what they save lowers the launches' own floor under the step
-LAUNCH_RULES = frozenset({"launch-bound"})
+# Rules whose fixes take launches themselves off the host (fusing them: torch.compile; a foreach
+# update in place of one launch a parameter): what they save lowers the launches' own floor under
+# the step
+LAUNCH_RULES = frozenset({"launch-bound", "manual-update"})
 
 
 def rehearsed_share(evidence: Evidence, recoverable_ms: float,
