@@ -73,12 +73,12 @@ def _is_optimizer(o: Any) -> bool:
     return issubclass(type(o), torch.optim.Optimizer)
 
 
-def live_trained(objects: list[Any] | None = None) -> list[Any]:
+def live_trained() -> list[Any]:
     """Every torch.optim.Optimizer the garbage collector knows; where there is none, every root
     module with a parameter that takes a gradient (the weights a hand-written update trains)."""
     import torch
 
-    objects = gc.get_objects() if objects is None else objects
+    objects = gc.get_objects()
     # (type(), not isinstance: isinstance reads `__class__`, which some of torch's deprecated
     # objects turn into a warning the user would see)
     opts = [o for o in objects if _is_optimizer(o)]
@@ -98,10 +98,11 @@ def weights_digest(opts: list[Any]) -> dict[str, Any] | None:
         return None
     counts = {"tensors": 0, "bytes": 0}
     optimizers = [o for o in opts if _is_optimizer(o)]
+    modules = [o for o in opts if not _is_optimizer(o)]
     with torch.no_grad():
-        digests = sorted(optimizer_digest(o, counts) if _is_optimizer(o) else module_digest(o, counts) for o in opts)
+        digests = sorted([optimizer_digest(o, counts) for o in optimizers] + [module_digest(o, counts) for o in modules])
     return {"sha256": hashlib.sha256("".join(digests).encode()).hexdigest(), "optimizers": len(optimizers),
-            "modules": len(opts) - len(optimizers), **counts}
+            "modules": len(modules), **counts}
 
 
 class Weights:

@@ -88,11 +88,9 @@ def foreach_update(file: str, line: int) -> Edit | None:
         kw = {k.arg: k.value for k in c.keywords}
         if (isinstance(c.func, ast.Attribute) and c.func.attr in ("add_", "sub_") and len(c.args) == 1
                 and set(kw) <= {"alpha"} and None not in kw and (P := param(c.func.value))
-                and (G := grad(c.args[0])) and not any(_reads(v, p) for v in kw.values())):
+                and (G := grad(c.args[0])) and not any(_reads(v, p) or not seg(v) for v in kw.values())):
             alpha = f", alpha={seg(kw['alpha'])}" if "alpha" in kw else ""
             call = f"{torch}._foreach_{c.func.attr}([{P} for {p} in {xs}], [{G} for {p} in {xs}]{alpha})"
-            if alpha == ", alpha=":
-                call = None
     elif (isinstance(body, ast.AugAssign) and isinstance(body.op, ast.Sub) and (P := param(body.target))
           and isinstance(body.value, ast.BinOp) and isinstance(body.value.op, ast.Mult)):
         a, b = body.value.left, body.value.right
