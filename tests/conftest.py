@@ -41,6 +41,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
+# The worker's environment as the tests find it: the audited processes the zygote forks (see
+# `_zygote`) are those whose environment is this one, as run_child gives it to a child.
+WORKER_ENV = dict(os.environ)
 # The test folders mirror the package (capture/, evidence/, rules/, reports/; the commands here).
 # Test modules share helpers by module name (make_case, the session's rehearsed GPU audits), so
 # every folder is importable from every other; module names are unique across them.
@@ -108,7 +111,9 @@ def _audit_here(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[
     sys.modules' user entries, the signal handlers, --out locks, the source lines and per-file
     parses read (a later test may rewrite a file at the same path), the source roots."""
     from auditor import app, cli
+    from auditor.capture import runner
 
+    runner.start_child = _zygote().start_child
     _forget_per_file_reads()
     saved_env, saved_cwd, saved_path = dict(os.environ), os.getcwd(), list(sys.path)
     saved_modules = set(sys.modules)
@@ -170,6 +175,33 @@ def _audit_here(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[
         o.seek(0)
         e.seek(0)
         return code, o.read().decode("utf-8", "replace"), e.read().decode("utf-8", "replace")
+
+
+_ZYGOTE: list = []
+
+
+def _zygote():
+    """The worker's zygote (tests/zygote.py): the audited processes of the commands run in this
+    worker are forked from a process that has imported what the child imports, with the
+    environment run_child gives a child (the worker's, with the audit's own variables for torch's
+    logging): each audit is then spared ~2 s of CPU of imports (over half of the suite's CPU time).
+    The child runs the same code from the same state; a test that sets its own environment, or
+    AUDIT_TESTS_FRESH_CHILDREN=1, gets a fresh process as `audit` starts one."""
+    if not _ZYGOTE:
+        from auditor.capture import runner
+        from auditor.evidence import source_access
+        from zygote import Zygote
+
+        env = {k: v for k, v in WORKER_ENV.items() if k != source_access.ENV}
+        env = {**env, **{k: v for k, v in runner.QUIET_ENV.items() if k not in env}}
+        env.setdefault(runner.TEARDOWN_VAR, "1")
+        _ZYGOTE.append(Zygote(env, enabled=os.environ.get("AUDIT_TESTS_FRESH_CHILDREN") != "1"))
+    return _ZYGOTE[0]
+
+
+def pytest_unconfigure(config):
+    for z in _ZYGOTE:
+        z.stop()
 
 
 def _forget_per_file_reads() -> None:

@@ -42,6 +42,10 @@ PROFILER_NOISE = re.compile(rb"(?:USDT|STAGE):\d{4}-\d\d-\d\d \S+ \d+:\d+ \w+\.c
 GRACE_AFTER_INTERRUPT_S = 15.0
 QUIET_ENV = {"KINETO_LOG_LEVEL": "3", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # set for the child (see run_child)
 TEARDOWN_VAR = "TEARDOWN_CUPTI"  # set for a profiled child unless the user set it (see run_child)
+# How run_child starts the child: subprocess.Popen, or what answers as one does (pid, poll, wait,
+# send_signal, kill). The test suite's stands in with a process forked from one that has imported
+# torch already (tests/zygote.py), whose children are the same code from the same state.
+start_child: Callable[..., subprocess.Popen] = subprocess.Popen
 
 
 @dataclass
@@ -295,7 +299,7 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         cmd[cmd.index("--"):cmd.index("--")] = ["--added-env", ",".join(added)]
     err_write, err_read = _stderr_channel(forward_stderr)
     try:
-        proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stderr=err_write, env=env)
+        proc = start_child(cmd, pass_fds=(write_fd,), stderr=err_write, env=env)
     except BaseException:
         os.close(err_read)
         raise

@@ -145,19 +145,17 @@ def line_of(source: str, marker: str) -> int:
     return next(n for n, text in enumerate(source.splitlines(), 1) if marker in text)
 
 
-def test_hooks_that_pile_up_are_named_as_the_slowdowns_cause(tmp_path):
-    """`p.register_hook` in the step adds a hook to each of 200 parameters every step: step-slowdown
-    was located at loss.backward(), where the time grows, and the cause went unnamed. The probes
-    count the registrations per line and the hooks each tensor then holds: step-slowdown names the
-    line first (with the backward's line) and hook-leak reports it with its numbers. The hook on
-    the step's activation, one per new tensor, is counted and not flagged."""
+def test_hooks_that_pile_up_are_counted_and_reported_as_a_leak(tmp_path):
+    """`p.register_hook` in the step adds a hook to each of 200 parameters every step. The probes
+    count the registrations per line and the hooks each tensor then holds: hook-leak reports the
+    line with its numbers. The hook on the step's activation, one per new tensor, is counted and
+    not flagged. (Whether the steps' rise clears step-slowdown's bar in one run depends on the
+    machine's load, so the rule's naming of this line is asserted on a recorded run of this very
+    program, below.)"""
     trainer = tmp_path / "piling.py"
     trainer.write_text(PILING_HOOKS)
-    # (without the numerics checks, whose dense start weighs on the first quarter's steps: the CPU
-    # time's rise read x2.1-2.7 with them, x3.2-4.1 without, and under a suite's load that rose
-    # with the steps the rule asks x2.6)
     a = audit("run", f"{trainer}:step", "--steps", "30", "--no-profile", "--no-numerics", "--quiet",
-              out=tmp_path / "out")
+              "--select", "hook-leak", out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
     hook, act = line_of(PILING_HOOKS, "# HOOK LINE"), line_of(PILING_HOOKS, "# ACTIVATION LINE")
     [leak] = a.rule("hook-leak")
@@ -169,12 +167,29 @@ def test_hooks_that_pile_up_are_named_as_the_slowdowns_cause(tmp_path):
             "hooks pile up: a tensor held 1 hook after step 0 and 30 after step 29 (+1 a step)" % hook) in leak["message"]
     activation = [t for s in a.evidence["steps"] for t in s["tallies"] if t["kind"] == "hook" and t["where"]["line"] == act]
     assert len(activation) == 30 and all(t["count"] == 1 and t["data"]["held"] == 1 for t in activation)
-    [f] = a.rule("step-slowdown")  # (judged on this one run)
+
+
+def test_hooks_that_pile_up_are_named_as_the_slowdowns_cause(tmp_path):
+    """A recorded run of PILING_HOOKS (`audit run piling.py:step --steps 30 --no-profile
+    --no-numerics` on a quiet 2-core VM; paths made relative): step-slowdown was located at
+    loss.backward(), where the time grows, and the cause went unnamed. It now names the hook's line
+    first (with the backward's line), and says what piles up. A live run's verdict depends on the
+    load: the CPU time's quarter ratio of this program read x1.7-4.8 under a second audit's load,
+    and where the load rose with the steps the rule asks x2.6 (it failed a CI run so)."""
+    run = DATA / "slowdown-piling-hooks"
+    recorded = json.loads((run / "evidence.json").read_text())
+    assert recorded["target"] == "piling.py:step" and recorded["sources"]  # the program above, as recorded
+    hook, backward = line_of(PILING_HOOKS, "# HOOK LINE"), line_of(PILING_HOOKS, "# BACKWARD LINE")
+    a = audit("analyze", str(run), "--select", "step-slowdown,hook-leak", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [leak] = a.rule("hook-leak")
+    assert [(loc["file"], loc["line"]) for loc in leak["locations"]] == [("piling.py", hook)]
+    [f] = a.rule("step-slowdown")
     lines = [(loc["file"], loc["line"]) for loc in f["locations"]]
     # the hook's line first; the time that grew runs in the hooks' lambdas (that same line, as the
     # line sampler sees it) and in the backward pass that calls them
-    assert lines[0] == (str(trainer), hook), lines
-    assert set(lines) <= {(str(trainer), hook), (str(trainer), line_of(PILING_HOOKS, "# BACKWARD LINE"))}, lines
+    assert lines[0] == ("piling.py", hook), lines
+    assert set(lines) <= {("piling.py", hook), ("piling.py", backward)}, lines
     assert (f"Hooks pile up at piling.py:{hook}: Tensor.register_hook adds them to the same 200 tensors every step "
             "(1 each after step 0, 30 after step 29)") in f["message"], f["message"]
     assert f["evidence"]["piling_hooks"] == [{"what": "Tensor.register_hook", "line": hook, "holders": 200,

@@ -1,0 +1,61 @@
+"""The suite's audited processes are forked from a zygote (tests/zygote.py): the program must find
+what it finds in the fresh process `audit` starts, or the suite tests something else."""
+from __future__ import annotations
+
+import json
+
+import conftest
+from conftest import audit
+
+SEES = """
+import json, os, sys
+import numpy as np
+import torch
+
+seen = {
+    "cwd": os.getcwd(), "env": dict(os.environ), "argv": sys.argv, "orig_argv": sys.orig_argv[1:],
+    "path0": sys.path[0], "executable": sys.executable,
+    "fds": len(os.listdir("/proc/self/fd")),  # (the record pipe's number is the worker's free one)
+    "threads": len(os.listdir("/proc/self/task")),
+    "modules": sorted(m for m in sys.modules if not m.startswith("_")),
+    "numpy_draw": int(np.random.randint(1 << 30)),
+    "torch_seed": torch.initial_seed(),
+    "stdio": [os.path.realpath(f"/proc/self/fd/{fd}") for fd in (1, 2)],
+}
+
+
+def step(i):
+    pass
+
+
+with open(sys.argv[1], "w") as f:
+    json.dump(seen, f)
+"""
+
+
+def _seen(tmp_path, name: str, forked: bool) -> dict:
+    z = conftest._zygote()
+    before, z.enabled = z.forked, forked
+    try:
+        a = audit("run", str(tmp_path / "sees.py"), "--steps", "2", "--no-profile", "--quiet", "--",
+                  str(tmp_path / f"{name}.json"), out=tmp_path / name, cwd=tmp_path)
+    finally:
+        z.enabled = True
+    assert a.returncode == 0, a.stderr
+    assert z.forked == before + forked  # (this one was forked, or not)
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
+def test_a_forked_child_sees_what_a_fresh_one_does(tmp_path):
+    (tmp_path / "sees.py").write_text(SEES)
+    fresh, forked, again = _seen(tmp_path, "fresh", False), _seen(tmp_path, "forked", True), _seen(tmp_path, "again", True)
+    for seen in (fresh, forked, again):
+        seen["argv"] = seen["argv"][:1]  # (the output each names differs by run)
+    # a fresh process's own draws differ from each other's, and so do two forked children's
+    for key in ("numpy_draw", "torch_seed"):
+        assert len({fresh.pop(key), forked.pop(key), again.pop(key)}) == 3, key
+    assert forked["orig_argv"][:2] == ["-m", "auditor.capture.child"]
+    for key in ("orig_argv", "stdio"):  # (--out and the outputs differ by run)
+        fresh.pop(key), forked.pop(key), again.pop(key)
+    for key in fresh:
+        assert forked[key] == fresh[key], (key, forked[key], fresh[key])

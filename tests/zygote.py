@@ -1,0 +1,285 @@
+"""The audited program's process, started for the suite from one that has imported it already.
+
+`audit run` starts the program as `python -m auditor.capture.child ...`, a fresh interpreter that
+imports torch and the auditor's capture modules before the program's first line: ~2 s of CPU on
+the CI's cores, paid by each of the suite's ~570 audits (over half of the suite's CPU time). A
+worker of the suite starts this process once: it imports what `auditor.capture.child` imports,
+with the environment the child is given, and then forks one process per audit, which takes the
+request's descriptors, working directory, environment and arguments and runs
+`auditor.capture.child` as `python -m` runs it, as `__main__`, from there on the same code.
+
+What a forked child could not match, it is not asked to do: conftest.start_child starts a real
+process whenever the request's environment differs from the one this process imported with (torch
+and the auditor read some variables once, at import) or the command is not the child's, and this
+process refuses a fork when it runs more than one thread (a fork keeps only the caller's).
+
+Run as `python tests/zygote.py SOCKET`. Protocol on the unix socket, one connection a request:
+the client sends one JSON line {"argv", "cwd", "env", "fd"} with four descriptors (SCM_RIGHTS: the
+child's stdin, stdout, stderr and its record pipe, which the child gets as descriptor `fd`); the
+server answers {"pid": N} (or {"error": why}) and, when the child has exited, {"status": S}, its
+wait status."""
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import json
+import os
+import runpy
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+
+CHILD = "auditor.capture.child"
+# Variables whose values a request may have apart from the zygote's (the child is given the
+# request's): none is read as what the zygote imports is imported. Kineto reads TEARDOWN_CUPTI as
+# a profiler stops, on CUDA; pytest names the running test in PYTEST_CURRENT_TEST; inductor (not
+# imported by the child at its start) reads TORCHINDUCTOR_CACHE_DIR when it compiles, and sets
+# it in the process that first asks for its cache: a test that compiles in the worker leaves it
+# in the environment every later audit inherits.
+FREE_VARS = frozenset({"TEARDOWN_CUPTI", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
+PR_SET_PDEATHSIG = 1
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _become(request: dict, fds: list[int]) -> None:
+    """In the forked process: the descriptors, directory, environment and arguments a
+    `subprocess.Popen([sys.executable, *argv], pass_fds=(fd,), stdin, stdout, stderr, env)` gives."""
+    target = int(request["fd"])
+    for new, old in enumerate(fds[:3]):
+        os.dup2(old, new)
+    os.dup2(fds[3], target)
+    os.closerange(3, target)
+    os.closerange(target + 1, os.sysconf("SC_OPEN_MAX"))
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = request["argv"]  # ["-m", CHILD, args...]
+    sys.argv = ["-m", *argv[2:]]
+    sys.orig_argv = [sys.executable, *argv]
+    sys.path[0] = os.getcwd()  # (what `python -m` puts first)
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    # a fresh process seeds torch's and NumPy's global generators from the OS as they are imported
+    # (Python's own `random` reseeds itself in a forked child)
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    sys.modules["torch"].seed()
+
+
+def serve(path: str) -> None:
+    """Answer requests until the worker that started this process is gone; return only in a
+    forked child, ready to run the child module."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener, selectors.DefaultSelector() as sel:
+        listener.bind(path)
+        listener.listen(8)
+        sel.register(listener, selectors.EVENT_READ, "accept")
+        waiting: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, the requester's connection)
+        while True:
+            for key, _ in sel.select(timeout=1.0):
+                if key.data == "accept":
+                    conn, _ = listener.accept()
+                    msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 4)
+                    try:
+                        request = json.loads(msg)
+                        if len(fds) != 4 or _threads() != 1:
+                            raise RuntimeError(f"{len(fds)} descriptors, {_threads()} threads")
+                    except Exception as e:  # (the client starts a real process instead)
+                        conn.sendall((json.dumps({"error": str(e)}) + "\n").encode())
+                        conn.close()
+                        for fd in fds:
+                            os.close(fd)
+                        continue
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        try:
+                            for other in [conn, listener, *(c for _, c in waiting.values())]:
+                                other.close()
+                            for pidfd in waiting:
+                                os.close(pidfd)
+                            sel.close()
+                            _become(request, fds)
+                        except BaseException:
+                            traceback.print_exc()
+                            os._exit(70)
+                        return
+                    for fd in fds:
+                        os.close(fd)
+                    pidfd = os.pidfd_open(pid)
+                    waiting[pidfd] = (pid, conn)
+                    sel.register(pidfd, selectors.EVENT_READ, "exit")
+                    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+                else:
+                    pidfd = key.fd
+                    pid, conn = waiting.pop(pidfd)
+                    sel.unregister(pidfd)
+                    os.close(pidfd)
+                    _, status = os.waitpid(pid, 0)
+                    try:
+                        conn.sendall((json.dumps({"status": status}) + "\n").encode())
+                    except OSError:
+                        pass
+                    conn.close()
+            if os.getppid() == 1:  # (the worker is gone: nobody will ask again)
+                raise SystemExit(0)
+
+
+class ForkedChild:
+    """What run_child uses of a subprocess.Popen, for a child the zygote forked: its pid, its exit
+    status when the zygote has reaped it (as Popen.returncode: minus the signal that killed it)."""
+
+    def __init__(self, conn: socket.socket, pid: int) -> None:
+        self._conn, self.pid, self.returncode = conn, pid, None
+        self._buffer = b""
+
+    def _read_status(self, timeout: float | None) -> None:
+        self._conn.settimeout(timeout)
+        try:
+            while b"\n" not in self._buffer:
+                data = self._conn.recv(4096)
+                if not data:  # (the zygote died: the child died with it)
+                    self._buffer += (json.dumps({"status": signal.SIGKILL}) + "\n").encode()
+                    break
+                self._buffer += data
+        except (BlockingIOError, socket.timeout):
+            return
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        self.returncode = os.waitstatus_to_exitcode(json.loads(line)["status"])
+        self._conn.close()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._read_status(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._read_status(timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(["auditor.capture.child"], timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """A worker's zygote, started on the first request it can serve: it imports with `env`, the
+    environment run_child gives a child when the test adds nothing, and serves only requests with
+    that environment (but for FREE_VARS)."""
+
+    def __init__(self, env: dict[str, str], enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._proc: subprocess.Popen | None = None
+        self._env = {k: v for k, v in env.items() if k not in FREE_VARS}
+        self._dir = ""
+        self.forked = 0
+        self.refused: collections.Counter[str] = collections.Counter()  # why a fresh process was started
+
+    def _ensure(self) -> bool:
+        if self._proc is None:
+            self._dir = tempfile.mkdtemp(prefix="auditor-zygote-")
+            log = open(os.path.join(self._dir, "log"), "wb")
+            self._proc = subprocess.Popen([sys.executable, __file__, os.path.join(self._dir, "socket")],
+                                          env=self._env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+            log.close()
+        return self._proc.poll() is None
+
+    def _connect(self) -> socket.socket | None:
+        path = os.path.join(self._dir, "socket")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and self._proc.poll() is None:
+            try:
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                conn.connect(path)
+                return conn
+            except (FileNotFoundError, ConnectionRefusedError):
+                conn.close()
+                time.sleep(0.05)
+        return None
+
+    def refusal(self, cmd: list[str], pass_fds: tuple[int, ...], stderr: int | None, env: dict[str, str],
+                popen: dict) -> str | None:
+        """Why this request gets a fresh process (None: it is forked)."""
+        if not self.enabled:
+            return "AUDIT_TESTS_FRESH_CHILDREN=1"
+        if popen or cmd[:3] != [sys.executable, "-m", CHILD] or len(pass_fds) != 1 or not isinstance(stderr, int):
+            return "not run_child's start of the child"
+        mine = {k: v for k, v in env.items() if k not in FREE_VARS}
+        if mine != self._env:
+            return "environment: " + ",".join(sorted(k for k in {*mine, *self._env} if mine.get(k) != self._env.get(k)))
+        if not self._ensure():
+            return "the zygote is gone"
+        return None
+
+    def start_child(self, cmd: list[str], *, pass_fds: tuple[int, ...] = (), stderr: int | None = None,
+                    env: dict[str, str] | None = None, **popen) -> subprocess.Popen | ForkedChild:
+        """run_child's start: forked when the request is the child's, with the zygote's environment."""
+        env = dict(os.environ if env is None else env)
+        why = self.refusal(cmd, pass_fds, stderr, env, popen)
+        child = self._fork(cmd, pass_fds[0], stderr, env) if why is None else None
+        if child is not None:
+            self.forked += 1
+            return child
+        self.refused[why or "the zygote did not fork"] += 1
+        return subprocess.Popen(cmd, pass_fds=pass_fds, stderr=stderr, env=env, **popen)
+
+    def _fork(self, cmd: list[str], fd: int, stderr: int, env: dict[str, str]) -> ForkedChild | None:
+        conn = self._connect()
+        if conn is None:
+            return None
+        try:
+            request = {"argv": cmd[1:], "cwd": os.getcwd(), "env": env, "fd": fd}
+            socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [0, 1, stderr, fd])
+            reply = b""
+            while b"\n" not in reply:
+                data = conn.recv(4096)
+                if not data:
+                    break
+                reply += data
+            first, _, rest = reply.partition(b"\n")
+            answer = json.loads(first) if first else {}
+            if "pid" in answer:
+                child = ForkedChild(conn, answer["pid"])
+                child._buffer = rest
+                return child
+        except OSError:
+            pass
+        conn.close()
+        return None
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            self._proc.wait()
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    __import__(CHILD)
+    # the child module runs as `__main__`, as `python -m` runs it: not also as itself
+    del sys.modules[CHILD]
+    delattr(sys.modules["auditor.capture"], "child")
+    serve(sys.argv[1])
+    runpy._run_module_as_main(CHILD, alter_argv=True)
