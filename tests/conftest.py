@@ -111,9 +111,8 @@ def _audit_here(argv: list[str], cwd: Path, env: dict, timeout: float) -> tuple[
     sys.modules' user entries, the signal handlers, --out locks, the source lines and per-file
     parses read (a later test may rewrite a file at the same path), the source roots."""
     from auditor import app, cli
-    from auditor.capture import runner
 
-    runner.start_child = _zygote().start_child
+    _zygote()
     _forget_per_file_reads()
     saved_env, saved_cwd, saved_path = dict(os.environ), os.getcwd(), list(sys.path)
     saved_modules = set(sys.modules)
@@ -189,13 +188,11 @@ def _zygote():
     AUDIT_TESTS_FRESH_CHILDREN=1, gets a fresh process as `audit` starts one."""
     if not _ZYGOTE:
         from auditor.capture import runner
-        from auditor.evidence import source_access
         from zygote import Zygote
 
-        env = {k: v for k, v in WORKER_ENV.items() if k != source_access.ENV}
-        env = {**env, **{k: v for k, v in runner.QUIET_ENV.items() if k not in env}}
-        env.setdefault(runner.TEARDOWN_VAR, "1")
+        env, _ = runner.child_environment(WORKER_ENV, profile=True)
         _ZYGOTE.append(Zygote(env, enabled=os.environ.get("AUDIT_TESTS_FRESH_CHILDREN") != "1"))
+        runner.start_child = _ZYGOTE[0].start_child
     return _ZYGOTE[0]
 
 

@@ -8,7 +8,7 @@ with the environment the child is given, and then forks one process per audit, w
 request's descriptors, working directory, environment and arguments and runs
 `auditor.capture.child` as `python -m` runs it, as `__main__`, from there on the same code.
 
-What a forked child could not match, it is not asked to do: conftest.start_child starts a real
+What a forked child could not match, it is not asked to do: Zygote.start_child starts a real
 process whenever the request's environment differs from the one this process imported with (torch
 and the auditor read some variables once, at import) or the command is not the child's, and this
 process refuses a fork when it runs more than one thread (a fork keeps only the caller's).
@@ -139,23 +139,31 @@ class ForkedChild:
     """What run_child uses of a subprocess.Popen, for a child the zygote forked: its pid, its exit
     status when the zygote has reaped it (as Popen.returncode: minus the signal that killed it)."""
 
-    def __init__(self, conn: socket.socket, pid: int) -> None:
-        self._conn, self.pid, self.returncode = conn, pid, None
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn, self.pid, self.returncode = conn, 0, None
         self._buffer = b""
 
-    def _read_status(self, timeout: float | None) -> None:
+    def line(self, timeout: float | None) -> dict | None:
+        """The zygote's next answer on this connection ({} once it closed it); None if none came
+        within `timeout`."""
         self._conn.settimeout(timeout)
         try:
             while b"\n" not in self._buffer:
                 data = self._conn.recv(4096)
-                if not data:  # (the zygote died: the child died with it)
-                    self._buffer += (json.dumps({"status": signal.SIGKILL}) + "\n").encode()
-                    break
+                if not data:
+                    return {}
                 self._buffer += data
         except (BlockingIOError, socket.timeout):
-            return
+            return None
         line, self._buffer = self._buffer.split(b"\n", 1)
-        self.returncode = os.waitstatus_to_exitcode(json.loads(line)["status"])
+        return json.loads(line)
+
+    def _read_status(self, timeout: float | None) -> None:
+        answer = self.line(timeout)
+        if answer is None:
+            return
+        # (no status: the zygote died, and the child, its own child, was killed with it)
+        self.returncode = os.waitstatus_to_exitcode(answer.get("status", signal.SIGKILL))
         self._conn.close()
 
     def poll(self) -> int | None:
@@ -174,9 +182,6 @@ class ForkedChild:
         if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -247,23 +252,15 @@ class Zygote:
         conn = self._connect()
         if conn is None:
             return None
+        child = ForkedChild(conn)
         try:
             request = {"argv": cmd[1:], "cwd": os.getcwd(), "env": env, "fd": fd}
             socket.send_fds(conn, [(json.dumps(request) + "\n").encode()], [0, 1, stderr, fd])
-            reply = b""
-            while b"\n" not in reply:
-                data = conn.recv(4096)
-                if not data:
-                    break
-                reply += data
-            first, _, rest = reply.partition(b"\n")
-            answer = json.loads(first) if first else {}
-            if "pid" in answer:
-                child = ForkedChild(conn, answer["pid"])
-                child._buffer = rest
-                return child
+            child.pid = (child.line(None) or {}).get("pid", 0)
         except OSError:
             pass
+        if child.pid:
+            return child
         conn.close()
         return None
 

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import msgspec
 
@@ -263,6 +263,26 @@ def _stderr_channel(forward_stderr: bool) -> tuple[int, int]:
     return w, r
 
 
+def child_environment(environ: Mapping[str, str], profile: bool) -> tuple[dict[str, str], list[str]]:
+    """The child's environment made from `environ` (the audit's), and the names in it the audit
+    added for torch's logging (which the child removes once torch has read them)."""
+    # Kineto's own log lines would drown the user's output; their errors still show. The child
+    # removes the variables it did not inherit from the user once torch has read them, so the
+    # program (and what it starts) sees the environment it was given.
+    env = dict(environ)
+    env.pop(source_access.ENV, None)  # (the audit's own setting, not the program's environment)
+    if profile:
+        # Kineto keeps CUPTI subscribed after a profiler session ends unless TEARDOWN_CUPTI=1
+        # (pytorch/pytorch#144455, #146604): every kernel the program launches after the window
+        # would pay for it (H100, a host-bound encoder: 31.4 ms/step after the window, 21.25 with
+        # it set). Set for the child, where the program keeps it; a value the user gave is kept,
+        # and torch's own "0" for CUDA graphs (set as it compiles them) still wins.
+        env.setdefault(TEARDOWN_VAR, "1")
+    added = [name for name in QUIET_ENV if name not in env]
+    env.update({name: QUIET_ENV[name] for name in added})
+    return env, added
+
+
 def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | None = None,
               forward_stderr: bool = True) -> m.Evidence:
     """Run the target in a child process and return the evidence it streamed, however it ended.
@@ -281,20 +301,7 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
            "--run-name", request.target.name, "--parent-pid", str(os.getpid()),
            *(() if request.profile else ("--no-profile",)), *(("--catch-sigterm",) if request.catch_sigterm else ()),
            *request.extra_args, "--", *request.script_args]
-    # Kineto's own log lines would drown the user's output; their errors still show. The child
-    # removes the variables it did not inherit from the user once torch has read them, so the
-    # program (and what it starts) sees the environment it was given.
-    env = dict(os.environ)
-    env.pop(source_access.ENV, None)  # (the audit's own setting, not the program's environment)
-    if request.profile:
-        # Kineto keeps CUPTI subscribed after a profiler session ends unless TEARDOWN_CUPTI=1
-        # (pytorch/pytorch#144455, #146604): every kernel the program launches after the window
-        # would pay for it (H100, a host-bound encoder: 31.4 ms/step after the window, 21.25 with
-        # it set). Set for the child, where the program keeps it; a value the user gave is kept,
-        # and torch's own "0" for CUDA graphs (set as it compiles them) still wins.
-        env.setdefault(TEARDOWN_VAR, "1")
-    added = [name for name, value in QUIET_ENV.items() if name not in env]
-    env.update({name: QUIET_ENV[name] for name in added})
+    env, added = child_environment(os.environ, request.profile)
     if added:
         cmd[cmd.index("--"):cmd.index("--")] = ["--added-env", ",".join(added)]
     err_write, err_read = _stderr_channel(forward_stderr)
