@@ -41,9 +41,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-# The worker's environment as the tests find it: the audited processes the zygote forks (see
-# `_zygote`) are those whose environment is this one, as run_child gives it to a child.
-WORKER_ENV = dict(os.environ)
 # The test folders mirror the package (capture/, evidence/, rules/, reports/; the commands here).
 # Test modules share helpers by module name (make_case, the session's rehearsed GPU audits), so
 # every folder is importable from every other; module names are unique across them.
@@ -182,23 +179,31 @@ _ZYGOTE: list = []
 def _zygote():
     """The worker's zygote (tests/zygote.py): the audited processes of the commands run in this
     worker are forked from a process that has imported what the child imports, with the
-    environment run_child gives a child (the worker's, with the audit's own variables for torch's
-    logging): each audit is then spared ~2 s of CPU of imports (over half of the suite's CPU time).
-    The child runs the same code from the same state; a test that sets its own environment, or
-    AUDIT_TESTS_FRESH_CHILDREN=1, gets a fresh process as `audit` starts one."""
+    environment run_child gives a child (the worker's as it is now, with the audit's own variables
+    for torch's logging): each audit is then spared ~2 s of CPU of imports (over half of the
+    suite's CPU time). The child runs the same code from the same state; a test that adds its own
+    variables for one command, or AUDIT_TESTS_FRESH_CHILDREN=1, gets a fresh process as `audit`
+    starts one. A variable a library sets in the worker for good as a test imports it (Lightning's
+    PYTORCH_NVML_BASED_CUDA_CHECK, dask.distributed's thread limits) restarts the zygote."""
+    from auditor.capture import runner
+
+    env, _ = runner.child_environment(dict(os.environ), profile=True)
     if not _ZYGOTE:
-        from auditor.capture import runner
         from zygote import Zygote
 
-        env, _ = runner.child_environment(WORKER_ENV, profile=True)
         _ZYGOTE.append(Zygote(env, enabled=os.environ.get("AUDIT_TESTS_FRESH_CHILDREN") != "1"))
         runner.start_child = _ZYGOTE[0].start_child
+    _ZYGOTE[0].serve(env)
     return _ZYGOTE[0]
 
 
 def pytest_unconfigure(config):
     for z in _ZYGOTE:
         z.stop()
+        # (AUDIT_TESTS_ZYGOTE_STATS=DIR: each worker writes how many audits it forked, and why not)
+        if os.environ.get("AUDIT_TESTS_ZYGOTE_STATS"):
+            stats = {"forked": z.forked, "restarts": z.restarts, "refused": dict(z.refused)}
+            Path(os.environ["AUDIT_TESTS_ZYGOTE_STATS"], f"{os.getpid()}.json").write_text(json.dumps(stats))
 
 
 def _forget_per_file_reads() -> None:

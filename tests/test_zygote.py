@@ -59,3 +59,17 @@ def test_a_forked_child_sees_what_a_fresh_one_does(tmp_path):
         fresh.pop(key), forked.pop(key), again.pop(key)
     for key in fresh:
         assert forked[key] == fresh[key], (key, forked[key], fresh[key])
+
+
+def test_a_variable_the_worker_keeps_restarts_the_zygote_with_it(tmp_path, monkeypatch):
+    """A library a test imports may set a variable in the worker for good (Lightning sets
+    PYTORCH_NVML_BASED_CUDA_CHECK): the audits after it are forked from a zygote that imported with
+    it, and their program sees it."""
+    (tmp_path / "sees.py").write_text(SEES)
+    z = conftest._zygote()
+    before = _seen(tmp_path, "before", True)
+    restarts = z.restarts
+    monkeypatch.setenv("AUDIT_TESTS_KEPT", "1")
+    after = _seen(tmp_path, "after", True)
+    assert z.restarts == restarts + 1
+    assert "AUDIT_TESTS_KEPT" not in before["env"] and after["env"]["AUDIT_TESTS_KEPT"] == "1"

@@ -48,6 +48,11 @@ FREE_VARS = frozenset({"TEARDOWN_CUPTI", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_C
 PR_SET_PDEATHSIG = 1
 
 
+def _bound(env: dict[str, str]) -> dict[str, str]:
+    """The part of an environment a forked child must share with its zygote."""
+    return {k: v for k, v in env.items() if k not in FREE_VARS}
+
+
 def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
@@ -195,10 +200,18 @@ class Zygote:
     def __init__(self, env: dict[str, str], enabled: bool = True) -> None:
         self.enabled = enabled
         self._proc: subprocess.Popen | None = None
-        self._env = {k: v for k, v in env.items() if k not in FREE_VARS}
+        self._env = _bound(env)
         self._dir = ""
-        self.forked = 0
+        self.forked = self.restarts = 0
         self.refused: collections.Counter[str] = collections.Counter()  # why a fresh process was started
+
+    def serve(self, env: dict[str, str]) -> None:
+        """Serve requests with `env` from now on: a zygote process that imported with another
+        environment is stopped, and the next request starts one that imports with this."""
+        if _bound(env) != self._env:
+            self.restarts += self._proc is not None
+            self.stop()
+            self._env = _bound(env)
 
     def _ensure(self) -> bool:
         if self._proc is None:
@@ -229,7 +242,7 @@ class Zygote:
             return "AUDIT_TESTS_FRESH_CHILDREN=1"
         if popen or cmd[:3] != [sys.executable, "-m", CHILD] or len(pass_fds) != 1 or not isinstance(stderr, int):
             return "not run_child's start of the child"
-        mine = {k: v for k, v in env.items() if k not in FREE_VARS}
+        mine = _bound(env)
         if mine != self._env:
             return "environment: " + ",".join(sorted(k for k in {*mine, *self._env} if mine.get(k) != self._env.get(k)))
         if not self._ensure():
@@ -270,6 +283,7 @@ class Zygote:
             self._proc.wait()
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
+        self._proc, self._dir = None, ""
 
 
 if __name__ == "__main__":
