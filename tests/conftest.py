@@ -189,9 +189,9 @@ def _zygote():
 
     env, _ = runner.child_environment(dict(os.environ), profile=True)
     if not _ZYGOTE:
-        from zygote import Zygote
+        from zygote import Zygotes
 
-        _ZYGOTE.append(Zygote(env, enabled=os.environ.get("AUDIT_TESTS_FRESH_CHILDREN") != "1"))
+        _ZYGOTE.append(Zygotes(env, enabled=os.environ.get("AUDIT_TESTS_FRESH_CHILDREN") != "1"))
         runner.start_child = _ZYGOTE[0].start_child
     _ZYGOTE[0].serve(env)
     return _ZYGOTE[0]
@@ -202,8 +202,7 @@ def pytest_unconfigure(config):
         z.stop()
         # (AUDIT_TESTS_ZYGOTE_STATS=DIR: each worker writes how many audits it forked, and why not)
         if os.environ.get("AUDIT_TESTS_ZYGOTE_STATS"):
-            stats = {"forked": z.forked, "restarts": z.restarts, "refused": dict(z.refused)}
-            Path(os.environ["AUDIT_TESTS_ZYGOTE_STATS"], f"{os.getpid()}.json").write_text(json.dumps(stats))
+            Path(os.environ["AUDIT_TESTS_ZYGOTE_STATS"], f"{os.getpid()}.json").write_text(json.dumps(z.stats()))
 
 
 def _forget_per_file_reads() -> None:

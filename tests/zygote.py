@@ -13,7 +13,12 @@ process whenever the request's environment differs from the one this process imp
 and the auditor read some variables once, at import) or the command is not the child's, and this
 process refuses a fork when it runs more than one thread (a fork keeps only the caller's).
 
-Run as `python tests/zygote.py SOCKET`. Protocol on the unix socket, one connection a request:
+A worker keeps two (`Zygotes`): one as above, and one that has also imported torch._dynamo, which
+torch.optim imports as a program builds its first optimizer (~1.5 s of CPU more). A program whose
+text names an optimizer (`optim`) is forked from the second: it would have imported dynamo before
+its first step anyway, and a program that builds none still starts without it, as it does plainly.
+
+Run as `python tests/zygote.py SOCKET [MODULE...]` (MODULE: imported after the child's). Protocol on the unix socket, one connection a request:
 the client sends one JSON line {"argv", "cwd", "env", "fd"} with four descriptors (SCM_RIGHTS: the
 child's stdin, stdout, stderr and its record pipe, which the child gets as descriptor `fd`); the
 server answers {"pid": N} (or {"error": why}) and, when the child has exited, {"status": S}, its
@@ -46,6 +51,7 @@ CHILD = "auditor.capture.child"
 # in the environment every later audit inherits.
 FREE_VARS = frozenset({"TEARDOWN_CUPTI", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
 PR_SET_PDEATHSIG = 1
+SET_BY_IMPORTS: dict[str, str] = {}  # the variables the zygote's imports added to its environment
 
 
 def _bound(env: dict[str, str]) -> dict[str, str]:
@@ -69,6 +75,9 @@ def _become(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # what the zygote's own imports set (torch._dynamo's import sets TORCHINDUCTOR_CACHE_DIR), as
+    # the same imports set it in a fresh process, unless the request has its own
+    os.environ.update({k: v for k, v in SET_BY_IMPORTS.items() if k not in request["env"]})
     argv = request["argv"]  # ["-m", CHILD, args...]
     sys.argv = ["-m", *argv[2:]]
     sys.orig_argv = [sys.executable, *argv]
@@ -197,8 +206,8 @@ class Zygote:
     environment run_child gives a child when the test adds nothing, and serves only requests with
     that environment (but for FREE_VARS)."""
 
-    def __init__(self, env: dict[str, str], enabled: bool = True) -> None:
-        self.enabled = enabled
+    def __init__(self, env: dict[str, str], enabled: bool = True, warm: tuple[str, ...] = ()) -> None:
+        self.enabled, self.warm = enabled, warm
         self._proc: subprocess.Popen | None = None
         self._env = _bound(env)
         self._dir = ""
@@ -217,7 +226,7 @@ class Zygote:
         if self._proc is None:
             self._dir = tempfile.mkdtemp(prefix="auditor-zygote-")
             log = open(os.path.join(self._dir, "log"), "wb")
-            self._proc = subprocess.Popen([sys.executable, __file__, os.path.join(self._dir, "socket")],
+            self._proc = subprocess.Popen([sys.executable, __file__, os.path.join(self._dir, "socket"), *self.warm],
                                           env=self._env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
             log.close()
         return self._proc.poll() is None
@@ -286,9 +295,65 @@ class Zygote:
         self._proc, self._dir = None, ""
 
 
+class Zygotes:
+    """A worker's two zygotes (see the module's docstring): a request whose target's text names an
+    optimizer goes to the one that imported torch._dynamo too."""
+
+    def __init__(self, env: dict[str, str], enabled: bool = True) -> None:
+        self.plain, self.optim = Zygote(env, enabled), Zygote(env, enabled, warm=("torch._dynamo",))
+
+    @property
+    def enabled(self) -> bool:
+        return self.plain.enabled
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self.plain.enabled = self.optim.enabled = on
+
+    @property
+    def forked(self) -> int:
+        return self.plain.forked + self.optim.forked
+
+    @property
+    def restarts(self) -> int:
+        return self.plain.restarts + self.optim.restarts
+
+    def stats(self) -> dict:
+        return {name: {"forked": z.forked, "restarts": z.restarts, "refused": dict(z.refused)}
+                for name, z in (("plain", self.plain), ("optim", self.optim))}
+
+    def serve(self, env: dict[str, str]) -> None:
+        self.plain.serve(env)
+        self.optim.serve(env)
+
+    def start_child(self, cmd: list[str], **kwargs) -> subprocess.Popen | ForkedChild:
+        return (self.optim if names_an_optimizer(cmd) else self.plain).start_child(cmd, **kwargs)
+
+    def stop(self) -> None:
+        self.plain.stop()
+        self.optim.stop()
+
+
+def names_an_optimizer(cmd: list[str]) -> bool:
+    """Whether the child's target (`--target FILE[:STEP]`, its path from the working directory) is a
+    file whose text says `optim`: torch.optim, an optimizer, a trainer's configure_optimizers."""
+    if "--target" not in cmd:
+        return False
+    target = cmd[cmd.index("--target") + 1]
+    for path in (target, target.rpartition(":")[0]):
+        if path.endswith(".py") and os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return "optim" in f.read()
+    return False
+
+
 if __name__ == "__main__":
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    before = dict(os.environ)
     __import__(CHILD)
+    for name in sys.argv[2:]:
+        __import__(name)
+    SET_BY_IMPORTS.update((k, v) for k, v in os.environ.items() if before.get(k) != v)
     # the child module runs as `__main__`, as `python -m` runs it: not also as itself
     del sys.modules[CHILD]
     delattr(sys.modules["auditor.capture"], "child")
