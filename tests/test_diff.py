@@ -130,13 +130,16 @@ def test_diff_of_a_run_and_a_trace_and_fail_on_regression_both_ways(tmp_path, de
     trace_ms = step["b"]
     fast, slow = sorted([demo_before.out, WORKERS4], key=lambda p: run_ms if p == demo_before.out else trace_ms)
     pct = (max(run_ms, trace_ms) / min(run_ms, trace_ms) - 1) * 100
-    assert pct > 2, "the run's median step happened to equal the recording's: nothing to tell apart"
-    slower = diff(fast, slow, "--fail-on-regression", str(int(pct / 2)), "-q", out=tmp_path / "d2")
+    # (the live run's median is whatever this machine gives: within a few percent of the
+    # recording's on a fast one, so the threshold is taken from the measured gap, to 0.01%)
+    assert pct > 0.2, "the run's median step happened to equal the recording's: nothing to tell apart"
+    half = round(pct / 2, 2)
+    slower = diff(fast, slow, "--fail-on-regression", str(half), "-q", out=tmp_path / "d2")
     assert slower.returncode == 1, slower.stderr
     lines = [ln for ln in slower.stdout.splitlines() if "regression" in ln]
     assert len(lines) == 1 and lines[0].startswith("audit: regression: median step ")
     assert float(re.search(r"\(([+-][\d.]+)%", lines[0]).group(1)) == pytest.approx(pct, abs=0.1)
-    assert lines[0].endswith(f"more than --fail-on-regression {int(pct / 2)}%")
+    assert lines[0].endswith(f"more than --fail-on-regression {half:g}%")
     within = diff(fast, slow, "--fail-on-regression", str(int(pct * 2) + 1), "-q", out=tmp_path / "d3")
     assert within.returncode == 0 and "regression" not in within.stdout
     faster = diff(slow, fast, "--fail-on-regression", "0", "-q", out=tmp_path / "d4")

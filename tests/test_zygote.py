@@ -81,3 +81,18 @@ def test_a_variable_the_worker_keeps_restarts_the_zygote_with_it(tmp_path, monke
     after = _seen(tmp_path, "after", True)
     assert z.restarts > restarts
     assert "AUDIT_TESTS_KEPT" not in before["env"] and after["env"]["AUDIT_TESTS_KEPT"] == "1"
+
+
+def test_a_zygote_that_died_is_started_again(tmp_path):
+    """A zygote process that died (a signal sent to the worker's process group) is started again
+    by the next request, which is forked, not refused for the rest of the worker's tests."""
+    import signal
+
+    (tmp_path / "sees.py").write_text(SEES.replace("OPTIMIZER", ""))
+    z = conftest._zygote()
+    _seen(tmp_path, "before", True)
+    z.plain._proc.send_signal(signal.SIGKILL)
+    z.plain._proc.wait()
+    died = len(z.plain.died)
+    _seen(tmp_path, "after", True)
+    assert z.plain.died[died:] == [-signal.SIGKILL]

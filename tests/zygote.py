@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import json
 import os
 import runpy
@@ -38,6 +37,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import types
@@ -50,7 +50,6 @@ CHILD = "auditor.capture.child"
 # it in the process that first asks for its cache: a test that compiles in the worker leaves it
 # in the environment every later audit inherits.
 FREE_VARS = frozenset({"TEARDOWN_CUPTI", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
-PR_SET_PDEATHSIG = 1
 SET_BY_IMPORTS: dict[str, str] = {}  # the variables the zygote's imports added to its environment
 
 
@@ -145,7 +144,7 @@ def serve(path: str) -> None:
                     except OSError:
                         pass
                     conn.close()
-            if os.getppid() == 1:  # (the worker is gone: nobody will ask again)
+            if os.getppid() != WORKER:  # (the worker is gone: nobody will ask again)
                 raise SystemExit(0)
 
 
@@ -156,6 +155,7 @@ class ForkedChild:
     def __init__(self, conn: socket.socket) -> None:
         self._conn, self.pid, self.returncode = conn, 0, None
         self._buffer = b""
+        self._reading = threading.Lock()
 
     def line(self, timeout: float | None) -> dict | None:
         """The zygote's next answer on this connection ({} once it closed it); None if none came
@@ -173,12 +173,22 @@ class ForkedChild:
         return json.loads(line)
 
     def _read_status(self, timeout: float | None) -> None:
-        answer = self.line(timeout)
-        if answer is None:
+        # (run_child's stderr pump polls from its thread while the main thread waits: one reads,
+        # and a poll never waits for the lock: a waiting poll could keep the pump from draining
+        # the stderr the child is blocked on)
+        if not self._reading.acquire(blocking=timeout != 0.0):
             return
-        # (no status: the zygote died, and the child, its own child, was killed with it)
-        self.returncode = os.waitstatus_to_exitcode(answer.get("status", signal.SIGKILL))
-        self._conn.close()
+        try:
+            if self.returncode is not None:
+                return
+            answer = self.line(timeout)
+            if answer is None:
+                return
+            # (no status: the zygote died, and the child, its own child, was killed with it)
+            self.returncode = os.waitstatus_to_exitcode(answer.get("status", signal.SIGKILL))
+            self._conn.close()
+        finally:
+            self._reading.release()
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -212,6 +222,7 @@ class Zygote:
         self._env = _bound(env)
         self._dir = ""
         self.forked = self.restarts = 0
+        self.died: list[int] = []  # the exit statuses of zygote processes that died serving
         self.refused: collections.Counter[str] = collections.Counter()  # why a fresh process was started
 
     def serve(self, env: dict[str, str]) -> None:
@@ -223,6 +234,10 @@ class Zygote:
             self._env = _bound(env)
 
     def _ensure(self) -> bool:
+        if self._proc is not None and self._proc.poll() is not None:  # (it died: started again)
+            self.died.append(self._proc.returncode)
+            self.restarts += 1
+            self.stop()
         if self._proc is None:
             self._dir = tempfile.mkdtemp(prefix="auditor-zygote-")
             log = open(os.path.join(self._dir, "log"), "wb")
@@ -319,7 +334,7 @@ class Zygotes:
         return self.plain.restarts + self.optim.restarts
 
     def stats(self) -> dict:
-        return {name: {"forked": z.forked, "restarts": z.restarts, "refused": dict(z.refused)}
+        return {name: {"forked": z.forked, "restarts": z.restarts, "died": z.died, "refused": dict(z.refused)}
                 for name, z in (("plain", self.plain), ("optim", self.optim))}
 
     def serve(self, env: dict[str, str]) -> None:
@@ -348,7 +363,7 @@ def names_an_optimizer(cmd: list[str]) -> bool:
 
 
 if __name__ == "__main__":
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    WORKER = os.getppid()
     before = dict(os.environ)
     __import__(CHILD)
     for name in sys.argv[2:]:
