@@ -7,6 +7,7 @@ import json
 import pytest
 
 import conftest
+import zygote
 from conftest import audit
 
 SEES = """
@@ -47,6 +48,9 @@ def _seen(tmp_path, name: str, forked: bool) -> dict:
     assert z.forked == before + forked  # (this one was forked, or not)
     return json.loads((tmp_path / f"{name}.json").read_text())
 
+
+# (a CUDA build of torch starts each child fresh: zygote.cuda_build)
+pytestmark = pytest.mark.skipif(zygote.cuda_build(), reason="a CUDA build of torch: the suite forks no child")
 
 # (a program that builds an optimizer is forked from the zygote that imported torch._dynamo: it
 # has imported it too by then, as a fresh process has)

@@ -9,17 +9,13 @@ request's descriptors, working directory, environment and arguments and runs
 `auditor.capture.child` as `python -m` runs it, as `__main__`, from there on the same code.
 
 What a forked child could not match, it is not asked to do: Zygote.start_child starts a real
-process whenever the request's environment differs from the one this process imported with (torch
-and the auditor read some variables once, at import) or the command is not the child's, and this
-process refuses a fork when it runs more than one thread (a fork keeps only the caller's).
+process for a CUDA build of torch (see `cuda_build`), whenever the request's environment differs
+from the one this process imported with (torch and the auditor read some variables once, at
+import) or the command is not the child's, and this process refuses a fork when it runs more than
+one thread (a fork keeps only the caller's).
 
-A worker keeps two (`Zygotes`): one as above, and one that has also imported torch._dynamo, which
-torch.optim imports as a program builds its first optimizer (~1.5 s of CPU more). A program whose
-text names an optimizer (`optim`) is forked from the second: it would have imported dynamo before
-its first step anyway, and a program that builds none still starts without it, as it does plainly.
-
-Run as `python tests/zygote.py SOCKET [MODULE...]` (MODULE: imported after the child's). Protocol on the unix socket, one connection a request:
-the client sends one JSON line {"argv", "cwd", "env", "fd"} with four descriptors (SCM_RIGHTS: the
+Run as `python tests/zygote.py SOCKET [MODULE...]` (MODULE: imported after the child's).
+Protocol on the unix socket, one connection a request: the client sends one JSON line {"argv", "cwd", "env", "fd"} with four descriptors (SCM_RIGHTS: the
 child's stdin, stdout, stderr and its record pipe, which the child gets as descriptor `fd`); the
 server answers {"pid": N} (or {"error": why}) and, when the child has exited, {"status": S}, its
 wait status."""
@@ -211,6 +207,16 @@ class ForkedChild:
         self.send_signal(signal.SIGKILL)
 
 
+def cuda_build() -> bool:
+    """Whether the worker's torch is built for CUDA (or ROCm): the child's imports ask it for its
+    devices (torch.cuda.is_available()), which marks a process forked after that as unable to
+    initialise CUDA ("Cannot re-initialize CUDA in forked subprocess") where a fresh one can, so
+    no child is forked there."""
+    import torch
+
+    return bool(torch.version.cuda or torch.version.hip)
+
+
 class Zygote:
     """A worker's zygote, started on the first request it can serve: it imports with `env`, the
     environment run_child gives a child when the test adds nothing, and serves only requests with
@@ -264,6 +270,8 @@ class Zygote:
         """Why this request gets a fresh process (None: it is forked)."""
         if not self.enabled:
             return "AUDIT_TESTS_FRESH_CHILDREN=1"
+        if cuda_build():
+            return "a CUDA build of torch"
         if popen or cmd[:3] != [sys.executable, "-m", CHILD] or len(pass_fds) != 1 or not isinstance(stderr, int):
             return "not run_child's start of the child"
         mine = _bound(env)
