@@ -3,6 +3,7 @@ what it finds in the fresh process `audit` starts, or the suite tests something 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -36,6 +37,21 @@ with open(sys.argv[1], "w") as f:
 """
 
 
+@pytest.fixture(autouse=True)
+def own_zygotes(monkeypatch):
+    """The worker's audits forked from zygotes of this test's own: what the worker's earlier tests
+    did to its zygotes is not what these tests judge."""
+    from auditor.capture import runner
+
+    conftest._zygote()  # (the worker's, made first: it installs itself only when it is made)
+    env, _ = runner.child_environment(dict(os.environ), profile=True)
+    own = zygote.Zygotes(env)
+    monkeypatch.setattr(conftest, "_ZYGOTE", [own])
+    monkeypatch.setattr(runner, "start_child", own.start_child)
+    yield own
+    own.stop()
+
+
 def _seen(tmp_path, name: str, forked: bool) -> dict:
     z = conftest._zygote()
     before, z.enabled = z.forked, forked
@@ -45,7 +61,7 @@ def _seen(tmp_path, name: str, forked: bool) -> dict:
     finally:
         z.enabled = True
     assert a.returncode == 0, a.stderr
-    assert z.forked == before + forked  # (this one was forked, or not)
+    assert z.forked == before + forked, z.stats()  # (this one was forked, or not)
     return json.loads((tmp_path / f"{name}.json").read_text())
 
 
