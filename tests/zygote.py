@@ -15,14 +15,15 @@ import) or the command is not the child's, and this process refuses a fork when 
 one thread (a fork keeps only the caller's).
 
 Run as `python tests/zygote.py SOCKET [MODULE...]` (MODULE: imported after the child's).
-Protocol on the unix socket, one connection a request: the client sends one JSON line {"argv", "cwd", "env", "fd"} with four descriptors (SCM_RIGHTS: the
-child's stdin, stdout, stderr and its record pipe, which the child gets as descriptor `fd`); the
-server answers {"pid": N} (or {"error": why}) and, when the child has exited, {"status": S}, its
+Protocol on the unix socket, one connection a request: the client sends one JSON line {"argv",
+"cwd", "env", "fd"} with four descriptors (SCM_RIGHTS: the child's stdin, stdout, stderr and its
+record pipe, which the child gets as descriptor `fd`); the server answers {"pid": N} (or {"error": why}) and, when the child has exited, {"status": S}, its
 wait status."""
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import runpy
@@ -207,6 +208,7 @@ class ForkedChild:
         self.send_signal(signal.SIGKILL)
 
 
+@functools.cache
 def cuda_build() -> bool:
     """Whether the worker's torch is built for CUDA (or ROCm): the child's imports ask it for its
     devices (torch.cuda.is_available()), which marks a process forked after that as unable to
