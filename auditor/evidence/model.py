@@ -40,7 +40,8 @@ STAT_RESET = "stat-reset"  # torch.cuda.reset_peak_memory_stats and friends
 EMPTY_CACHE = "empty-cache"  # torch.cuda.empty_cache
 GC_COLLECT = "gc-collect"  # gc.collect
 SAVE = "save"  # torch.save in a step; data: path (absolute; None for a buffer or file object)
-# time inside DataLoader iteration (__next__); data: loader, and exhausted=True on the calls that
+# time inside DataLoader iteration (__next__), less the thread's run-queue delay (ready while another
+# process held the CPU: capture.run_queue); data: loader, and exhausted=True on the calls that
 # ended an epoch (StopIteration: no batch), so the other tallies' counts are of batches returned
 DATA_WAIT = "data-wait"
 # a DataLoader iterator made (iter(loader), a `for` over it: starts its worker processes) or its

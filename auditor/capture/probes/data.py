@@ -14,7 +14,7 @@ import torch.utils.data._utils.fetch as fetch
 import torch.utils.data.dataloader as dl
 from torch.utils.data import get_worker_info
 
-from auditor.capture import own_time
+from auditor.capture import own_time, run_queue
 from auditor.capture.frames import is_library, is_torch_internal, library_via, user_frame
 from auditor.capture.probes.workers import (FORKING, STARTING, add_batch, loader_key, process_started,
                                            worker_slot, worker_totals, workers_since)
@@ -113,7 +113,8 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
         # the loader's own (in_data), not the step's. A call that ends in StopIteration (the epoch
         # is over) returned no batch: its time is waited all the same, but it is tallied apart
         # (exhausted=True), so a tally's count is of batches returned. The auditor's own work inside
-        # the call (own_time: the rehearsal's) is no wait of the program's and is taken out.
+        # the call (own_time: the rehearsal's) is no wait of the program's and is taken out, and so
+        # is the time the thread was ready but another process held the CPU (run_queue).
         def make(orig):
             def probe(self):
                 rec = REC
@@ -121,7 +122,7 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                     return orig(self)
                 f = sys._getframe(1)
                 rec.in_data += 1
-                t0, own0 = perf(), own_time.spent()
+                t0, own0, queued0 = perf(), own_time.spent(), run_queue.delay()
                 ended = {}
                 try:
                     return orig(self)
@@ -130,7 +131,7 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                     raise
                 finally:
                     rec.in_data -= 1
-                    ms = (perf() - t0 - (own_time.spent() - own0)) * 1e3
+                    ms = (perf() - t0 - (own_time.spent() - own0) - (run_queue.delay() - queued0)) * 1e3
                     where = user_frame(f)
                     rec.add(kind, what, where, max(ms, 0.0), **data_of(self), **ended)
                     slot = getattr(self, "_audit_slot", None)
