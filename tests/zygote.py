@@ -9,10 +9,10 @@ request's descriptors, working directory, environment and arguments and runs
 `auditor.capture.child` as `python -m` runs it, as `__main__`, from there on the same code.
 
 What a forked child could not match, it is not asked to do: Zygote.start_child starts a real
-process for a CUDA build of torch (see `cuda_build`), whenever the request's environment differs
-from the one this process imported with (torch and the auditor read some variables once, at
-import) or the command is not the child's, and this process refuses a fork when it runs more than
-one thread (a fork keeps only the caller's).
+process for a CUDA build of torch (see `cuda_build`), for a program that calls torch.compile (see
+`compiles`), whenever the request's environment differs from the one this process imported with
+(torch and the auditor read some variables once, at import) or the command is not the child's, and
+this process refuses a fork when it runs more than one thread (a fork keeps only the caller's).
 
 Run as `python tests/zygote.py SOCKET [MODULE...]` (MODULE: imported after the child's).
 Protocol on the unix socket, one connection a request: the client sends one JSON line {"argv",
@@ -40,13 +40,18 @@ import traceback
 import types
 
 CHILD = "auditor.capture.child"
+# The suite's own programs read the variables PROGRAM_VARS names as they run, never at an import:
+# where to write what they saw, which variant to run (`audit(..., env=...)`). A variable a test
+# passes that is not named here gets its audit a fresh process.
+PROGRAM_VARS = frozenset({"PARITY_OUT", "PARITY_DIR", "COUNTS_OUT", "MODE", "WHERE", "SNAPSHOT", "SEEN_OUT",
+                          "PREDS_LEAK_CLEAN", "MY_VAR"})
 # Variables whose values a request may have apart from the zygote's (the child is given the
 # request's): none is read as what the zygote imports is imported. Kineto reads TEARDOWN_CUPTI as
 # a profiler stops, on CUDA; pytest names the running test in PYTEST_CURRENT_TEST; inductor (not
 # imported by the child at its start) reads TORCHINDUCTOR_CACHE_DIR when it compiles, and sets
 # it in the process that first asks for its cache: a test that compiles in the worker leaves it
 # in the environment every later audit inherits.
-FREE_VARS = frozenset({"TEARDOWN_CUPTI", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
+FREE_VARS = frozenset({"TEARDOWN_CUPTI", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}) | PROGRAM_VARS
 SET_BY_IMPORTS: dict[str, str] = {}  # the variables the zygote's imports added to its environment
 
 
@@ -276,6 +281,8 @@ class Zygote:
             return "a CUDA build of torch"
         if popen or cmd[:3] != [sys.executable, "-m", CHILD] or len(pass_fds) != 1 or not isinstance(stderr, int):
             return "not run_child's start of the child"
+        if compiles(cmd):
+            return "the program calls torch.compile"
         mine = _bound(env)
         if mine != self._env:
             return "environment: " + ",".join(sorted(k for k in {*mine, *self._env} if mine.get(k) != self._env.get(k)))
@@ -359,17 +366,30 @@ class Zygotes:
         self.optim.stop()
 
 
-def names_an_optimizer(cmd: list[str]) -> bool:
-    """Whether the child's target (`--target FILE[:STEP]`, its path from the working directory) is a
-    file whose text says `optim`: torch.optim, an optimizer, a trainer's configure_optimizers."""
+def _target_text(cmd: list[str]) -> str:
+    """The text of the child's target (`--target FILE[:STEP]`, its path from the working directory)
+    when it is a file ("" otherwise)."""
     if "--target" not in cmd:
-        return False
+        return ""
     target = cmd[cmd.index("--target") + 1]
     for path in (target, target.rpartition(":")[0]):
         if path.endswith(".py") and os.path.isfile(path):
             with open(path, encoding="utf-8", errors="replace") as f:
-                return "optim" in f.read()
-    return False
+                return f.read()
+    return ""
+
+
+def names_an_optimizer(cmd: list[str]) -> bool:
+    """Whether the child's target is a file whose text says `optim`: torch.optim, an optimizer, a
+    trainer's configure_optimizers."""
+    return "optim" in _target_text(cmd)
+
+
+def compiles(cmd: list[str]) -> bool:
+    """Whether the child's target is a file whose text says `torch.compile`: dynamo, imported in the
+    zygote before the program set anything, logs a compiled function's graph breaks as a fresh
+    process does not (test_parity's compiled code under the numerics checks)."""
+    return "torch.compile" in _target_text(cmd)
 
 
 if __name__ == "__main__":
