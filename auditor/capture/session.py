@@ -10,13 +10,12 @@ use it, so a step is measured the same way in both.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any, Callable
 
 import torch
 
-from auditor.capture import graphs, lines, probes, this_process, wire
+from auditor.capture import graphs, lines, probes, run_queue, this_process, wire
 from auditor.capture.probes import graph_use
 from auditor.capture.bench_switches import OFF, TOGGLED, off
 from auditor.capture.device_clock import DeviceClock
@@ -70,7 +69,7 @@ class StepSession:
         for c in self.collectors:
             c.step_begin(i)
         self.c0 = time.process_time() if c0 is None else c0
-        self.w0 = waited_ms() if self.w_end is None else self.w_end
+        self.w0 = run_queue.waited_ms() if self.w_end is None else self.w_end
         self.t0 = time.perf_counter() if t0 is None else t0
         if self.t_first is None:
             self.t_first = self.t0
@@ -88,7 +87,7 @@ class StepSession:
     def end(self, i: int, failed: bool = False) -> None:
         """Step i ends: its record is sent (its times are taken first, before anything else runs);
         a step that did not fail is followed by its planned graph scan."""
-        t1, c1, w1 = time.perf_counter(), time.process_time(), waited_ms()
+        t1, c1, w1 = time.perf_counter(), time.process_time(), run_queue.waited_ms()
         self.w_end = w1
         if self.sampling:  # (a step the sampler did not look at has nothing to pause or take)
             self.lines.pause()
@@ -183,30 +182,6 @@ def new_loaders(rec: probes.Recorder) -> list[dict]:
                         "where": {"file": w[0], "line": w[1], "function": w[2]} if w else None,
                         **({"via": d["via"]} if d.get("via") else {})})
     return new
-
-
-_schedstat: tuple[int, int, int] | None = None  # (pid, thread ident, fd): the thread's own file
-_no_schedstat = False  # the kernel keeps no run delays (no CONFIG_SCHED_INFO), or not Linux
-
-
-def waited_ms() -> float | None:
-    """How long the calling thread has been ready to run but waiting for a CPU, in ms since it
-    started: the run delay of Linux's schedstat, which other processes' load on the cores raises
-    and the thread's own work, sleeps and waits do not. A `pread` on /proc/thread-self/schedstat
-    kept open: ~2 us. None where the kernel does not keep it."""
-    global _schedstat, _no_schedstat
-    if _no_schedstat:
-        return None
-    try:
-        me = (this_process.PID, threading.get_ident())
-        if _schedstat is None or _schedstat[:2] != me:
-            if _schedstat is not None and _schedstat[0] == me[0]:
-                os.close(_schedstat[2])
-            _schedstat = (*me, os.open("/proc/thread-self/schedstat", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
-        return int(os.pread(_schedstat[2], 128, 0).split()[1]) / 1e6
-    except (OSError, AttributeError, ValueError, IndexError):
-        _no_schedstat = True
-        return None
 
 
 _statm = "/proc/self/statm"

@@ -122,7 +122,7 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                     return orig(self)
                 f = sys._getframe(1)
                 rec.in_data += 1
-                t0, own0, queued0 = perf(), own_time.spent(), run_queue.delay()
+                t0, own0, queued0 = perf(), own_time.spent(), run_queue.waited_ms()
                 ended = {}
                 try:
                     return orig(self)
@@ -131,7 +131,9 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                     raise
                 finally:
                     rec.in_data -= 1
-                    ms = (perf() - t0 - (own_time.spent() - own0) - (run_queue.delay() - queued0)) * 1e3
+                    queued1 = run_queue.waited_ms()
+                    queued = queued1 - queued0 if queued0 is not None and queued1 is not None else 0.0
+                    ms = (perf() - t0 - (own_time.spent() - own0)) * 1e3 - queued
                     where = user_frame(f)
                     rec.add(kind, what, where, max(ms, 0.0), **data_of(self), **ended)
                     slot = getattr(self, "_audit_slot", None)
