@@ -44,14 +44,17 @@ CHILD = "auditor.capture.child"
 # where to write what they saw, which variant to run (`audit(..., env=...)`). A variable a test
 # passes that is not named here gets its audit a fresh process.
 PROGRAM_VARS = frozenset({"PARITY_OUT", "PARITY_DIR", "COUNTS_OUT", "MODE", "WHERE", "SNAPSHOT", "SEEN_OUT",
-                          "PREDS_LEAK_CLEAN", "MY_VAR"})
+                          "PREDS_LEAK_CLEAN", "HOOK_KEEP_CLEAN", "LOCAL_LEAK_CLEAN", "STEPS", "WEIGHTS", "MY_VAR"})
 # Variables whose values a request may have apart from the zygote's (the child is given the
 # request's): none is read as what the zygote imports is imported. Kineto reads TEARDOWN_CUPTI as
 # a profiler stops, on CUDA; pytest names the running test in PYTEST_CURRENT_TEST; inductor (not
 # imported by the child at its start) reads TORCHINDUCTOR_CACHE_DIR when it compiles, and sets
 # it in the process that first asks for its cache: a test that compiles in the worker leaves it
-# in the environment every later audit inherits.
-FREE_VARS = frozenset({"TEARDOWN_CUPTI", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}) | PROGRAM_VARS
+# in the environment every later audit inherits. The auditor reads AUDITOR_DEVICE_MEMORY_GIB
+# (`--device-memory`) and AUDIT_EXIT_GRACE_S in the functions that use them
+# (capture.rehearsal.memory, capture.exit_bound), not at import.
+FREE_VARS = frozenset({"TEARDOWN_CUPTI", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR",
+                       "AUDITOR_DEVICE_MEMORY_GIB", "AUDIT_EXIT_GRACE_S"}) | PROGRAM_VARS
 SET_BY_IMPORTS: dict[str, str] = {}  # the variables the zygote's imports added to its environment
 
 
