@@ -41,8 +41,9 @@ EMPTY_CACHE = "empty-cache"  # torch.cuda.empty_cache
 GC_COLLECT = "gc-collect"  # gc.collect
 SAVE = "save"  # torch.save in a step; data: path (absolute; None for a buffer or file object)
 # time inside DataLoader iteration (__next__), less the thread's run-queue delay (ready while another
-# process held the CPU: capture.run_queue); data: loader, and exhausted=True on the calls that
-# ended an epoch (StopIteration: no batch), so the other tallies' counts are of batches returned
+# process held the CPU: capture.run_queue; in a rehearsal, less the rehearsal's own time instead);
+# data: loader, and exhausted=True on the calls that ended an epoch (StopIteration: no batch), so
+# the other tallies' counts are of batches returned
 DATA_WAIT = "data-wait"
 # a DataLoader iterator made (iter(loader), a `for` over it: starts its worker processes) or its
 # workers shut down (an iterator dropped) in the step; data: loader, workers

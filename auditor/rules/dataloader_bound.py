@@ -128,7 +128,8 @@ class DataloaderBound(Rule):
         ones, which the reported median is of), so it never exceeds the step. A wait leaves out the
         time the thread was ready to run while another process held the CPU (Linux's run-queue
         delay, /proc/thread-self/schedstat): the machine's load, which workers do not take away;
-        a wait blocked on a read, a queue or a sleep counts whole. On a recorded trace: the time in
+        a wait blocked on a read, a queue or a sleep counts whole (a rehearsal's wait leaves out
+        the rehearsal's own time instead). On a recorded trace: the time in
         DataLoader `__next__` per ProfilerStep, over the median ProfilerStep. A CUDA program
         rehearsed on a CPU is judged on the step the GPU would run (predicted): there the kernels'
         work leaves the host, and the step waits for its batches wherever its workers take longer
