@@ -26,7 +26,7 @@ class _File:
     def __del__(self) -> None:
         try:
             os.close(self.fd)
-        except OSError:
+        except Exception:  # (closed already; or at the interpreter's exit, `os` torn down)
             pass
 
 
