@@ -14,11 +14,16 @@ process for a CUDA build of torch (see `cuda_build`), for a program that calls t
 (torch and the auditor read some variables once, at import) or the command is not the child's, and
 this process refuses a fork when it runs more than one thread (a fork keeps only the caller's).
 
+A worker keeps two (`Zygotes`): one as above, and one that has also imported torch._dynamo, which
+torch.optim imports as a program builds its first optimizer (~1.5 s of CPU more). A program whose
+text names an optimizer (`optim`) is forked from the second: it would have imported dynamo before
+its first step anyway, and a program that builds none still starts without it, as it does plainly.
+
 Run as `python tests/zygote.py SOCKET [MODULE...]` (MODULE: imported after the child's).
 Protocol on the unix socket, one connection a request: the client sends one JSON line {"argv",
 "cwd", "env", "fd"} with four descriptors (SCM_RIGHTS: the child's stdin, stdout, stderr and its
-record pipe, which the child gets as descriptor `fd`); the server answers {"pid": N} (or {"error": why}) and, when the child has exited, {"status": S}, its
-wait status."""
+record pipe, which the child gets as descriptor `fd`); the server answers {"pid": N} (or
+{"error": why}) and, when the child has exited, {"status": S}, its wait status."""
 from __future__ import annotations
 
 import collections
