@@ -16,7 +16,7 @@ this process refuses a fork when it runs more than one thread (a fork keeps only
 
 A worker keeps two (`Zygotes`): one as above, and one that has also imported torch._dynamo, which
 torch.optim imports as a program builds its first optimizer (~1.5 s of CPU more). A program whose
-text names an optimizer (`optim`) is forked from the second: it would have imported dynamo before
+text, or that of a module beside it that it imports, names an optimizer (`optim`) is forked from the second: it would have imported dynamo before
 its first step anyway, and a program that builds none still starts without it, as it does plainly.
 
 Run as `python tests/zygote.py SOCKET [MODULE...]` (MODULE: imported after the child's).
@@ -31,6 +31,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import runpy
 import selectors
 import shutil
@@ -376,15 +377,30 @@ class Zygotes:
 
 def _target_text(cmd: list[str]) -> str:
     """The text of the child's target (`--target FILE[:STEP]`, its path from the working directory)
-    when it is a file ("" otherwise)."""
+    when it is a file, with the text of the modules beside it that it imports, and theirs
+    (examples/clean.py builds its optimizer in examples/_common.py); "" when it is no file."""
     if "--target" not in cmd:
         return ""
     target = cmd[cmd.index("--target") + 1]
     for path in (target, target.rpartition(":")[0]):
         if path.endswith(".py") and os.path.isfile(path):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                return f.read()
+            return _with_local_imports(os.path.abspath(path), set())
     return ""
+
+
+# `from NAME[.more] import ...`, `import NAME[.more][ as x][, NAME2 ...]`: the modules' top names
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\w+)[\w.]*[ \t]+import|import[ \t]+([\w., \t]+))", re.MULTILINE)
+
+
+def _with_local_imports(path: str, seen: set[str]) -> str:
+    seen.add(path)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    for name in (n.split()[0].split(".")[0] for m in _IMPORT.finditer(text) for n in (m[1] or m[2]).split(",") if n.strip()):
+        beside = os.path.join(os.path.dirname(path), name + ".py")
+        if beside not in seen and os.path.isfile(beside):
+            text += "\n" + _with_local_imports(beside, seen)
+    return text
 
 
 def names_an_optimizer(cmd: list[str]) -> bool:
