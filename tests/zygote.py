@@ -16,8 +16,9 @@ this process refuses a fork when it runs more than one thread (a fork keeps only
 
 A worker keeps two (`Zygotes`): one as above, and one that has also imported torch._dynamo, which
 torch.optim imports as a program builds its first optimizer (~1.5 s of CPU more). A program whose
-text, or that of a module beside it that it imports, names an optimizer (`optim`) is forked from the second: it would have imported dynamo before
-its first step anyway, and a program that builds none still starts without it, as it does plainly.
+text, or that of a module beside it that it imports, names an optimizer (`optim`) is forked from
+the second: it would have imported dynamo before its first step anyway, and a program that builds
+none still starts without it, as it does plainly.
 
 Run as `python tests/zygote.py SOCKET [MODULE...]` (MODULE: imported after the child's).
 Protocol on the unix socket, one connection a request: the client sends one JSON line {"argv",
@@ -396,7 +397,9 @@ def _with_local_imports(path: str, seen: set[str]) -> str:
     seen.add(path)
     with open(path, encoding="utf-8", errors="replace") as f:
         text = f.read()
-    for name in (n.split()[0].split(".")[0] for m in _IMPORT.finditer(text) for n in (m[1] or m[2]).split(",") if n.strip()):
+    names = [n.split()[0].split(".")[0] for m in _IMPORT.finditer(text) for n in (m[1] or m[2]).split(",")
+             if n.strip()]
+    for name in names:
         beside = os.path.join(os.path.dirname(path), name + ".py")
         if beside not in seen and os.path.isfile(beside):
             text += "\n" + _with_local_imports(beside, seen)

@@ -33,6 +33,7 @@ from auditor.evidence.trace.queries import blocking_calls, blocking_op_calls, fr
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import call_name, edit_call_kwargs, parse_file
 from auditor.rules._support.fetched_numbers import computed as computed_fetches
+from auditor.rules._support.fetched_numbers import stop_tests
 from auditor.rules._support.frameworks import framework_fix, settings_for
 from auditor.rules._support.confidence import cost_confidence, cpu_over_wall
 from auditor.rules._support.places import (by_place, locations, median_cost_of, on_accelerator, place_key,
@@ -246,7 +247,11 @@ class HostSync(Rule):
         A number the step computes with rather than logs (`advantage = R - value.item()`) stays on
         the device as `value.detach()`; a tensor made from tensors (`torch.tensor([R])`) is made
         from them there (`R.reshape(1)`, `torch.stack`): the sites carry `computed_with`, and no
-        logging interval is proposed for them.
+        logging interval is proposed for them, even inside a `return` whose value is a tensor
+        (`return x.mm(w) + b.item()`). A number a loop's stop test reads (`loss = out.item()`, then
+        `if loss < tol: break`) is tested every N steps instead, the loop then running up to N-1
+        steps past where it stops now, or the loop runs a set number of steps: those sites carry
+        `stop_test`.
         With a GradScaler: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD); where the
         optimizer `scaler.step(opt)` steps is made in the same file, numerics-fixes.patch adds it
         (fused kernels round slightly differently).
@@ -318,15 +323,20 @@ class HostSync(Rule):
         clocked = _timed_by_clock(places)
         sites = [{**s, "before_elapsed_time": timed[id(p)]} if id(p) in timed else s for s, p in zip(sites, places)]
         sites = [{**s, "clock_read_at": clocked[id(p)]} if id(p) in clocked else s for s, p in zip(sites, places)]
-        returned = _returned(places)
-        computed = computed_fetches([p for p in places if id(p) not in returned])
+        # a number the line computes with is advised so even in a `return` (`return x.mm(w) +
+        # b.item()` returns a tensor): only a fetch whose value itself is needed at once is returned
+        computed = computed_fetches(places)
+        stops = stop_tests([p for p in places if id(p) not in computed])
+        returned = _returned([p for p in places if id(p) not in computed and id(p) not in stops])
         inside = {id(p): made_inside(p) for p in places}
         sites = [{**s, "inside": inside[id(p)]} if inside[id(p)] else s for s, p in zip(sites, places)]
         sites = [{**s, "computed_with": True} if id(p) in computed else s for s, p in zip(sites, places)]
+        sites = [{**s, "stop_test": True} if id(p) in stops else s for s, p in zip(sites, places)]
         advice = sorted({a for p in places for a in (
             [ADVICE[EVENT_TIMING]] if id(p) in timed else [ADVICE[CLOCK_TIMING]] if id(p) in clocked else
-            [ADVICE[RETURNED]] if id(p) in returned else [computed[id(p)]] if id(p) in computed else _advice(p))})
-        returned = returned | set(computed)  # (neither is logging: no logging setting or patch for them)
+            [ADVICE[RETURNED]] if id(p) in returned else [computed[id(p)]] if id(p) in computed else
+            [stops[id(p)]] if id(p) in stops else _advice(p))})
+        returned = returned | set(computed) | set(stops)  # (none is logging: no logging setting or patch for them)
         confidence, confidence_text = {}, ""
         if real:
             # measured on the device: the median blocked time of the steps that sync, against the

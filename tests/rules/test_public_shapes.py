@@ -5,7 +5,8 @@ settings follow the finding's own cause.
 x_transformers_enwik8.py (lucidrains/x-transformers train_enwik8.py's shape): the training loss
 printed with `.item()` every step, `.cuda()` in `__getitem__`, rotary cos/sin recomputed by every
 attention layer. makemore.py (karpathy/makemore's): `torch.cuda.synchronize()` that lets
-`time.time()` time the step."""
+`time.time()` time the step. regression.py (pytorch/examples regression's): a fetch inside a
+returned tensor expression, and the loss fetched for the loop's stop test."""
 from __future__ import annotations
 
 import contextlib
@@ -231,3 +232,62 @@ def test_a_hand_written_sgd_loop_gets_a_foreach_patch_that_verify_proves_trains_
     floor = max(clock["device_ms"], clock["issue_floor_ms"] - f["cost"]["ms_per_step"])
     # (from figures rounded to 0.01 ms on a 0.2 ms step: within 3 points of the headline's share)
     assert abs(share - 100 * min(recoverable, predicted - floor) / predicted) <= 3 and share >= 10, head
+
+
+@pytest.mark.slow
+def test_a_number_in_a_returned_tensor_and_a_stop_test_get_their_own_advice(tmp_path):
+    """regression.py (pytorch/examples' regression, as it is but for a cap on its batches): `f`
+    returns `x.mm(W_target) + b_target.item()`, a tensor, so the fetch is computed with, not needed
+    at once (it was advised as a returned value); the loss is fetched for the loop's stop test, which
+    logging less often would not serve. Each line gets its own advice, no logging interval, and the
+    program rewritten as the first says trains to the same weights."""
+    prog = _project(tmp_path / "proj", "regression.py")
+    a = audit("run", prog.name, "--no-profile", out=tmp_path / "out", cwd=prog.parent)
+    assert a.returncode == 0, a.stderr[-3000:]
+    [f] = a.rule("host-sync")
+    bias, loss = _line(prog, "return x.mm(W_target) + b_target.item()"), _line(prog, "loss = output.item()")
+    stop = _line(prog, "if loss < 1e-3")
+    flags = {s["line"]: (s.get("computed_with", False), s.get("stop_test", False)) for s in f["evidence"]["sites"]}
+    assert flags == {bias: (True, False), loss: (False, True)}, f["evidence"]["sites"]
+    summary = f["fix"]["summary"]
+    assert (f"`x.mm(W_target) + b_target.item()` at line {bias} computes with the number fetched: keep it on the "
+            "device, `b_target.detach()` in place of `b_target.item()`") in summary, summary
+    assert (f"the loop's stop test `if loss < 0.001 or batch_idx == 40` at line {stop} reads the number fetched at "
+            f"line {loss} every step: fetch and test it every N steps instead") in summary, summary
+    assert "returned by the function" not in summary and "log every N steps" not in summary, summary
+    assert "log_every_n_steps" not in f["fix"]["config"]
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(prog.read_text().replace("b_target.item()", "b_target.detach()"))
+
+    def weights(path: Path) -> list:
+        import runpy
+        with contextlib.redirect_stdout(io.StringIO()):
+            g = runpy.run_path(str(path), run_name="__main__")
+        return [g["fc"].weight.detach().clone(), g["fc"].bias.detach().clone(), g["batch_idx"]]
+
+    import torch
+    (w0, b0, n0), (w1, b1, n1) = weights(prog), weights(fixed)
+    assert torch.equal(w0, w1) and torch.equal(b0, b1) and n0 == n1 == 40
+
+
+def test_the_stop_test_advice_is_silent_on_a_logged_loss(tmp_path):
+    """A loss fetched for a print, with the loop's `break` on something else: no stop-test advice;
+    the same loop ended by a test of the loss gets it."""
+    from auditor.evidence.frame import Frame
+    from auditor.rules._support.fetched_numbers import stop_tests
+
+    def advice(text: str) -> list[str]:
+        prog = tmp_path / f"p{len(list(tmp_path.iterdir()))}.py"
+        prog.write_text(text)
+
+        class Place:
+            what, direct, where = "Tensor.item", True, Frame(file=str(prog), line=2, function="<module>")
+        return list(stop_tests([Place()]).values())
+
+    loop = ("for i in range(9):\n    loss = out.item()\n    print(loss)\n    if i == 3:\n        break\n"
+            "    if loss < 1:\n")
+    assert advice(loop + "        pass\n") == []
+    assert advice(loop + "        break\n") == [
+        "the loop's stop test `if loss < 1` at line 6 reads the number fetched at line 2 every step: fetch and test "
+        "it every N steps instead (the loop may then run up to N-1 steps past where it stops now), or train for a "
+        "set number of steps"]

@@ -10,6 +10,9 @@ the source line that made the fetch.
   to the host to copy its value. Made from them on the device (`R.reshape(1)`, `torch.stack`), the
   values never leave it.
 
+* a stop test (`stop_tests`): the number a loop's `if ...: break` reads (pytorch/examples'
+  regression). It is needed every time the test runs, so testing less often is the remedy.
+
 Advice only, no patch: whether the other operand is a tensor, and what the result is used for
 further on, is not known from the line alone."""
 from __future__ import annotations
@@ -107,3 +110,34 @@ def _written_out(node: ast.AST, parents: dict) -> bool:
             if name in _OUTPUT:
                 return True
     return False
+
+
+def stop_tests(places: list[Any]) -> dict[int, str]:
+    """{id(place): advice} for the places whose number a loop's stop test reads: `loss =
+    out.item()`, then `if loss < tol: break` further down the same loop (pytorch/examples'
+    regression). Logging less often is not its fix: the test needs the number. Testing every N
+    steps does, and the loop may then run up to N-1 steps past where it stopped: the advice says so."""
+    out: dict[int, str] = {}
+    for p in places:
+        if p.what not in _NUMBERS or not p.where or not p.direct:
+            continue
+        parsed = parse_file(p.where.file)
+        stmt = _statement(parsed[0], p.where.line) if parsed is not None else None
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+            continue
+        name = stmt.targets[0].id
+        loops = [n for n in ast.walk(parsed[0]) if isinstance(n, (ast.For, ast.While))
+                 and n.lineno < stmt.lineno <= (n.end_lineno or n.lineno)]
+        if not loops:
+            continue
+        loop = max(loops, key=lambda n: n.lineno)  # the innermost
+        for test in ast.walk(loop):
+            if (isinstance(test, ast.If) and test.lineno > stmt.lineno
+                    and any(isinstance(b, ast.Break) for b in test.body)
+                    and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(test.test))):
+                out[id(p)] = (f"the loop's stop test `if {ast.unparse(test.test)}` at line {test.lineno} reads the "
+                              f"number fetched at line {p.where.line} every step: fetch and test it every N steps "
+                              "instead (the loop may then run up to N-1 steps past where it stops now), or train "
+                              "for a set number of steps")
+                break
+    return out
