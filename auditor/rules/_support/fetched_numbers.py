@@ -18,7 +18,7 @@ further on, is not known from the line alone."""
 from __future__ import annotations
 
 import ast
-from typing import Any
+from typing import Any, Iterator
 
 from auditor.fixes import parse_file
 
@@ -60,16 +60,24 @@ def _made_from_tensors(node: ast.Call) -> str | None:
     return "`torch.stack(...)` of the tensors, or `.reshape` of one"
 
 
-def computed(places: list[Any]) -> dict[int, str]:
-    """{id(place): advice} for the places (host-sync's, by_place's) whose fetch the line computes
-    with: a number in arithmetic, or tensors copied into a new tensor through the host."""
-    out: dict[int, str] = {}
+def _fetch_statements(places: list[Any]) -> Iterator[tuple[Any, ast.Module, ast.stmt]]:
+    """(place, its file's tree, its statement) for each place that fetches a number (item, float,
+    int) at a user's line that is one statement."""
     for p in places:
         if p.what not in _NUMBERS or not p.where or not p.direct:
             continue
         parsed = parse_file(p.where.file)
         stmt = _statement(parsed[0], p.where.line) if parsed is not None else None
-        if stmt is None or isinstance(stmt, ast.AugAssign):  # (a running total: logging)
+        if stmt is not None:
+            yield p, parsed[0], stmt
+
+
+def computed(places: list[Any]) -> dict[int, str]:
+    """{id(place): advice} for the places (host-sync's, by_place's) whose fetch the line computes
+    with: a number in arithmetic, or tensors copied into a new tensor through the host."""
+    out: dict[int, str] = {}
+    for p, _, stmt in _fetch_statements(places):
+        if isinstance(stmt, ast.AugAssign):  # (a running total: logging)
             continue
         calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
         parents = {child: node for node in ast.walk(stmt) for child in ast.iter_child_nodes(node)}
@@ -118,15 +126,11 @@ def stop_tests(places: list[Any]) -> dict[int, str]:
     regression). Logging less often is not its fix: the test needs the number. Testing every N
     steps does, and the loop may then run up to N-1 steps past where it stopped: the advice says so."""
     out: dict[int, str] = {}
-    for p in places:
-        if p.what not in _NUMBERS or not p.where or not p.direct:
-            continue
-        parsed = parse_file(p.where.file)
-        stmt = _statement(parsed[0], p.where.line) if parsed is not None else None
+    for p, tree, stmt in _fetch_statements(places):
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
             continue
         name = stmt.targets[0].id
-        loops = [n for n in ast.walk(parsed[0]) if isinstance(n, (ast.For, ast.While))
+        loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))
                  and n.lineno < stmt.lineno <= (n.end_lineno or n.lineno)]
         if not loops:
             continue
