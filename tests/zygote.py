@@ -16,7 +16,7 @@ this process refuses a fork when it runs more than one thread (a fork keeps only
 
 A worker keeps two (`Zygotes`): one as above, and one that has also imported torch._dynamo, which
 torch.optim imports as a program builds its first optimizer (~1.5 s of CPU more). A program whose
-text, or that of a module beside it that it imports, names an optimizer (`optim`) is forked from
+text, or that of one of its own modules it imports, names an optimizer (`optim`) is forked from
 the second: it would have imported dynamo before its first step anyway, and a program that builds
 none still starts without it, as it does plainly.
 
@@ -32,7 +32,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import runpy
 import selectors
 import shutil
@@ -283,7 +282,7 @@ class Zygote:
         return None
 
     def refusal(self, cmd: list[str], pass_fds: tuple[int, ...], stderr: int | None, env: dict[str, str],
-                popen: dict) -> str | None:
+                popen: dict, target_text: str) -> str | None:
         """Why this request gets a fresh process (None: it is forked)."""
         if not self.enabled:
             return "AUDIT_TESTS_FRESH_CHILDREN=1"
@@ -291,7 +290,7 @@ class Zygote:
             return "a CUDA build of torch"
         if popen or cmd[:3] != [sys.executable, "-m", CHILD] or len(pass_fds) != 1 or not isinstance(stderr, int):
             return "not run_child's start of the child"
-        if compiles(cmd):
+        if compiles(target_text):
             return "the program calls torch.compile"
         mine = _bound(env)
         if mine != self._env:
@@ -301,10 +300,13 @@ class Zygote:
         return None
 
     def start_child(self, cmd: list[str], *, pass_fds: tuple[int, ...] = (), stderr: int | None = None,
-                    env: dict[str, str] | None = None, **popen) -> subprocess.Popen | ForkedChild:
-        """run_child's start: forked when the request is the child's, with the zygote's environment."""
+                    env: dict[str, str] | None = None, target_text: str | None = None,
+                    **popen) -> subprocess.Popen | ForkedChild:
+        """run_child's start: forked when the request is the child's, with the zygote's environment
+        (`target_text`: `_target_text(cmd)`, read here when not given)."""
         env = dict(os.environ if env is None else env)
-        why = self.refusal(cmd, pass_fds, stderr, env, popen)
+        text = _target_text(cmd) if target_text is None else target_text
+        why = self.refusal(cmd, pass_fds, stderr, env, popen, text)
         child = self._fork(cmd, pass_fds[0], stderr, env) if why is None else None
         if child is not None:
             self.forked += 1
@@ -369,7 +371,8 @@ class Zygotes:
         self.optim.serve(env)
 
     def start_child(self, cmd: list[str], **kwargs) -> subprocess.Popen | ForkedChild:
-        return (self.optim if names_an_optimizer(cmd) else self.plain).start_child(cmd, **kwargs)
+        text = _target_text(cmd)
+        return (self.optim if names_an_optimizer(text) else self.plain).start_child(cmd, target_text=text, **kwargs)
 
     def stop(self) -> None:
         self.plain.stop()
@@ -378,45 +381,35 @@ class Zygotes:
 
 def _target_text(cmd: list[str]) -> str:
     """The text of the child's target (`--target FILE[:STEP]`, its path from the working directory)
-    when it is a file, with the text of the modules beside it that it imports, and theirs
-    (examples/clean.py builds its optimizer in examples/_common.py); "" when it is no file."""
+    when it is a file, with that of the program's own modules it imports, as the rehearsal finds
+    them (capture.rehearsal.intent.program_trees: examples/clean.py builds its optimizer in
+    examples/_common.py); "" when it is no file."""
+    from auditor.capture.rehearsal.intent import program_trees
+
     if "--target" not in cmd:
         return ""
     target = cmd[cmd.index("--target") + 1]
     for path in (target, target.rpartition(":")[0]):
         if path.endswith(".py") and os.path.isfile(path):
-            return _with_local_imports(os.path.abspath(path), set())
+            texts = []
+            for file, _ in program_trees(os.path.abspath(path)):
+                with open(file, encoding="utf-8", errors="replace") as f:
+                    texts.append(f.read())
+            return "\n".join(texts)
     return ""
 
 
-# `from NAME[.more] import ...`, `import NAME[.more][ as x][, NAME2 ...]`: the modules' top names
-_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\w+)[\w.]*[ \t]+import|import[ \t]+([\w., \t]+))", re.MULTILINE)
-
-
-def _with_local_imports(path: str, seen: set[str]) -> str:
-    seen.add(path)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    names = [n.split()[0].split(".")[0] for m in _IMPORT.finditer(text) for n in (m[1] or m[2]).split(",")
-             if n.strip()]
-    for name in names:
-        beside = os.path.join(os.path.dirname(path), name + ".py")
-        if beside not in seen and os.path.isfile(beside):
-            text += "\n" + _with_local_imports(beside, seen)
-    return text
-
-
-def names_an_optimizer(cmd: list[str]) -> bool:
-    """Whether the child's target is a file whose text says `optim`: torch.optim, an optimizer, a
+def names_an_optimizer(text: str) -> bool:
+    """Whether the target's text (`_target_text`) says `optim`: torch.optim, an optimizer, a
     trainer's configure_optimizers."""
-    return "optim" in _target_text(cmd)
+    return "optim" in text
 
 
-def compiles(cmd: list[str]) -> bool:
-    """Whether the child's target is a file whose text says `torch.compile`: dynamo, imported in the
+def compiles(text: str) -> bool:
+    """Whether the target's text (`_target_text`) says `torch.compile`: dynamo, imported in the
     zygote before the program set anything, logs a compiled function's graph breaks as a fresh
     process does not (test_parity's compiled code under the numerics checks)."""
-    return "torch.compile" in _target_text(cmd)
+    return "torch.compile" in text
 
 
 if __name__ == "__main__":
