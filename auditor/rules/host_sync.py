@@ -250,8 +250,10 @@ class HostSync(Rule):
         logging interval is proposed for them, even inside a `return` whose value is a tensor
         (`return x.mm(w) + b.item()`). A number a loop's stop test reads (`loss = out.item()`, then
         `if loss < tol: break`) is tested every N steps instead, the loop then running up to N-1
-        steps past where it stops now, or the loop runs a set number of steps: those sites carry
-        `stop_test`.
+        steps past where it stops now, or the loop runs a set number of steps; a loop that goes
+        round several times a step on such a test (a decoder's `if tok.item() == EOS: break`) runs
+        its set number of rounds with the stop a mask on the device (`done = done | stop`, each
+        round's loss weighted by `~done`): those sites carry `stop_test`.
         With a GradScaler: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD); where the
         optimizer `scaler.step(opt)` steps is made in the same file, numerics-fixes.patch adds it
         (fused kernels round slightly differently).

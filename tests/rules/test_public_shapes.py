@@ -6,7 +6,8 @@ x_transformers_enwik8.py (lucidrains/x-transformers train_enwik8.py's shape): th
 printed with `.item()` every step, `.cuda()` in `__getitem__`, rotary cos/sin recomputed by every
 attention layer. makemore.py (karpathy/makemore's): `torch.cuda.synchronize()` that lets
 `time.time()` time the step. regression.py (pytorch/examples regression's): a fetch inside a
-returned tensor expression, and the loss fetched for the loop's stop test."""
+returned tensor expression, and the loss fetched for the loop's stop test. seq2seq_translation.py
+(pytorch/tutorials' seq2seq translation, a sentence a step): a decoder stopped by a fetch each token."""
 from __future__ import annotations
 
 import contextlib
@@ -291,3 +292,68 @@ def test_the_stop_test_advice_is_silent_on_a_logged_loss(tmp_path):
         "the loop's stop test `if loss < 1` at line 6 reads the number fetched at line 2 every step: fetch and test "
         "it every N steps instead (the loop may then run up to N-1 steps past where it stops now), or train for a "
         "set number of steps"]
+    # the fetch in the test itself, of an `if` that breaks or of a `while`; not an `if` that goes on
+    assert advice("for i in range(9):\n    if out.item() < 1:\n        break\n") == [
+        "the loop's stop test `if out.item() < 1` at line 2 fetches its number from the device every step: fetch "
+        "and test it every N steps instead (the loop may then run up to N-1 steps past where it stops now), or train "
+        "for a set number of steps"]
+    assert advice("x = 0\nwhile out.item() < 1:\n    x += 1\n")[0].startswith(
+        "the loop's stop test `while out.item() < 1` at line 2 fetches its number from the device every step")
+    assert advice("for i in range(9):\n    if out.item() < 1:\n        continue\n") == []
+
+
+def _sentence_pairs(path: Path) -> None:
+    """data/eng-fra.txt for seq2seq_translation.py: 400 pairs in the tutorial's file's form, the
+    English side beginning as its filter keeps ("he is ...")."""
+    import random
+    rnd = random.Random(0)
+    eng, fra = "tired happy cold late busy ready here alone sick rich".split(), "fatigue heureux froid tard".split()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(
+        f"{rnd.choice(['i am', 'he is', 'we are'])} {' '.join(rnd.choices(eng, k=n))} .\t"
+        f"je suis {' '.join(rnd.choices(fra, k=n))} .\n" for n in (rnd.randint(1, 5) for _ in range(400))))
+
+
+def test_a_decoders_stop_test_is_advised_in_its_rounds_with_the_mask_that_keeps_its_loss(tmp_path, monkeypatch):
+    """seq2seq_translation.py (pytorch/tutorials' seq2seq translation, per sentence): without
+    teacher forcing the decoder stops at `if decoder_input.item() == EOS_token: break`, a fetch
+    each token, in about half the iterations. It is the loop's stop, not logging (it was advised to
+    log less often, with a logging interval): the advice names the test and its loop, and the
+    rewrite it describes (the loop its full length, the stop a mask on the device) trains to the
+    same weights where no dropout draws in the extra rounds."""
+    prog = _project(tmp_path / "proj", "seq2seq_translation.py")
+    _sentence_pairs(prog.parent / "data" / "eng-fra.txt")
+    a = audit("run", prog.name, "--no-profile", "--steps", "30", out=tmp_path / "out", cwd=prog.parent)
+    assert a.returncode == 0, a.stderr[-3000:]
+    [f] = a.rule("host-sync")
+    eos, ret = _line(prog, "if decoder_input.item() == EOS_token:"), _line(prog, "return loss.item() / target_length")
+    decode = max(n for n, ln in enumerate(prog.read_text().splitlines(), 1)
+                 if "for di in range(target_length):" in ln and n < eos)
+    sites = {s["line"]: s for s in f["evidence"]["sites"]}
+    assert set(sites) == {eos, ret} and sites[eos].get("stop_test") and sites[ret].get("computed_with"), sites
+    assert 0 < sites[eos]["steps"] < 30 and sites[eos]["count"] > 1.5 * sites[eos]["steps"], sites[eos]
+    rounds = f"{sites[eos]['count'] / sites[eos]['steps']:.1f}".rstrip("0").rstrip(".")
+    summary = f["fix"]["summary"]
+    assert (f"the stop test `if decoder_input.item() == EOS_token` at line {eos} fetches its number from the device "
+            f"each time the loop at line {decode} goes round ({rounds} times a step where it runs)") in summary, summary
+    assert "run the loop its set number of rounds with the stop kept on the device as a mask" in summary, summary
+    assert "log every N steps" not in summary and "log_every_n_steps" not in f["fix"]["config"], f["fix"]
+
+    def weights(text: str) -> list:
+        g = {"__name__": "seq2seq"}
+        monkeypatch.chdir(prog.parent)
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(text.replace("\ntrainIters(", "\nif 0: trainIters("), str(prog), "exec"), g)
+            g["trainIters"](g["encoder1"], g["attn_decoder1"], 40, print_every=1000)
+        return [p.detach().clone() for m in ("encoder1", "attn_decoder1") for p in g[m].parameters()]
+
+    plain = prog.read_text().replace("dropout_p=0.1).to(device)", "dropout_p=0.0).to(device)")
+    own = "        # Without teacher forcing: use its own predictions as the next input\n"
+    stop = "            if decoder_input.item() == EOS_token:\n                break\n"
+    masked = plain.replace(own, own + "        done = torch.zeros((), dtype=torch.bool, device=device)\n").replace(
+        "            loss += criterion(decoder_output, target_tensor[di])\n" + stop,
+        "            loss += criterion(decoder_output, target_tensor[di]) * ~done\n"
+        "            done = done | (decoder_input == EOS_token)\n")
+    assert masked.count("~done") == 1 and "done = torch.zeros" in masked and stop not in masked
+    import torch
+    assert all(torch.equal(x, y) for x, y in zip(weights(plain), weights(masked)))

@@ -10,8 +10,10 @@ the source line that made the fetch.
   to the host to copy its value. Made from them on the device (`R.reshape(1)`, `torch.stack`), the
   values never leave it.
 
-* a stop test (`stop_tests`): the number a loop's `if ...: break` reads (pytorch/examples'
-  regression). It is needed every time the test runs, so testing less often is the remedy.
+* a stop test (`stop_tests`): the number a loop's `if ...: break` or `while` reads (pytorch/examples'
+  regression; a decoder's `if decoder_input.item() == EOS_token: break`, pytorch/tutorials' seq2seq
+  translation). It is needed every time the test runs, so testing less often is the remedy, or a
+  loop of a set length whose stop is a mask on the device.
 
 Advice only, no patch: whether the other operand is a tensor, and what the result is used for
 further on, is not known from the line alone."""
@@ -123,25 +125,68 @@ def _written_out(node: ast.AST, parents: dict) -> bool:
 def stop_tests(places: list[Any]) -> dict[int, str]:
     """{id(place): advice} for the places whose number a loop's stop test reads: `loss =
     out.item()`, then `if loss < tol: break` further down the same loop (pytorch/examples'
-    regression). Logging less often is not its fix: the test needs the number. Testing every N
-    steps does, and the loop may then run up to N-1 steps past where it stopped: the advice says so."""
+    regression), or the fetch in the test itself (`if decoder_input.item() == EOS_token: break`,
+    pytorch/tutorials' seq2seq translation; `while err.item() > tol:`). Logging less often is not
+    its fix: the test needs the number. Testing every N rounds does, and the loop may then run up to
+    N-1 rounds past where it stopped: the advice says so. A loop that goes round more than once a
+    step (a decoder's tokens) is advised in its rounds, with the mask that keeps what the extra
+    rounds add out; the step's own loop in steps."""
     out: dict[int, str] = {}
-    for p, tree, stmt in _fetch_statements(places):
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+    for p in places:
+        if p.what not in _NUMBERS or not p.where or not p.direct:
             continue
-        name = stmt.targets[0].id
-        loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))
-                 and n.lineno < stmt.lineno <= (n.end_lineno or n.lineno)]
-        if not loops:
+        parsed = parse_file(p.where.file)
+        found = _stop_test(parsed[0], p.where.line) if parsed is not None else None
+        if found is None:
             continue
-        loop = max(loops, key=lambda n: n.lineno)  # the innermost
-        for test in ast.walk(loop):
-            if (isinstance(test, ast.If) and test.lineno > stmt.lineno
-                    and any(isinstance(b, ast.Break) for b in test.body)
-                    and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(test.test))):
-                out[id(p)] = (f"the loop's stop test `if {ast.unparse(test.test)}` at line {test.lineno} reads the "
-                              f"number fetched at line {p.where.line} every step: fetch and test it every N steps "
-                              "instead (the loop may then run up to N-1 steps past where it stops now), or train "
-                              "for a set number of steps")
-                break
+        loop, test = found
+        steps = len(getattr(p, "steps", ()) or ())
+        rounds = getattr(p, "count", 0) / steps if steps else 1.0
+        words = "`while " if isinstance(test, ast.While) else "`if "
+        words += f"{ast.unparse(test.test)}` at line {test.lineno}"
+        inline = test.test.lineno <= p.where.line <= (test.test.end_lineno or test.test.lineno)
+        fetched = "fetches its number from the device" if inline else f"reads the number fetched at line {p.where.line}"
+        if rounds < 1.5:
+            out[id(p)] = (f"the loop's stop test {words} {fetched} every step: fetch and test it every N steps "
+                          "instead (the loop may then run up to N-1 steps past where it stops now), or train for a "
+                          "set number of steps")
+        else:
+            out[id(p)] = (f"the stop test {words} {fetched} each time the loop at line {loop.lineno} goes round "
+                          f"({_per_round(rounds)} times a step where it runs), and each fetch waits for the device's "
+                          "queued work: test it every N rounds instead, or run the loop its set number of rounds "
+                          "with the stop kept on the device as a mask (`done = done | stop`, what each round adds "
+                          "weighted by `~done`); either way rounds run past where it stops now: mask out what they "
+                          "add to keep what it computes (a dropout in them draws from the random stream, so later "
+                          "draws differ)")
     return out
+
+
+def _per_round(rounds: float) -> str:
+    return f"{rounds:.1f}".rstrip("0").rstrip(".")
+
+
+def _stop_test(tree: ast.Module, line: int) -> tuple[ast.For | ast.While, ast.If | ast.While] | None:
+    """(the loop, its stop test) where the number fetched at `line` decides whether the loop goes on:
+    the test of a `while`, or of an `if` whose body breaks, holds the fetch itself, or the fetch
+    is assigned to a name such a test further down the innermost loop reads."""
+    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))
+             and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if not loops:
+        return None
+    loop = max(loops, key=lambda n: n.lineno)  # the innermost
+    if isinstance(loop, ast.While) and loop.test.lineno <= line <= (loop.test.end_lineno or loop.test.lineno):
+        return loop, loop
+    for test in ast.walk(loop):
+        if (isinstance(test, ast.If) and any(isinstance(b, ast.Break) for b in test.body)
+                and test.test.lineno <= line <= (test.test.end_lineno or test.test.lineno)):
+            return loop, test
+    stmt = _statement(tree, line)
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        return None
+    name = stmt.targets[0].id
+    for test in ast.walk(loop):
+        if (isinstance(test, ast.If) and test.lineno > stmt.lineno
+                and any(isinstance(b, ast.Break) for b in test.body)
+                and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(test.test))):
+            return loop, test
+    return None
