@@ -89,7 +89,9 @@ PARAM_UPDATE = "param-update"
 # "F.linear" ...; count: launches) and size class: data: bytes_class and flops_class (bit lengths of
 # one launch's bytes moved and FLOPs), dtype (of the output: the FLOPs' precision), bytes and flops
 # (sums over the launches: bytes moved is the tensor inputs read plus the outputs written; FLOPs are
-# known for matmuls and convolutions, 0 elsewhere). Views and metadata (view, reshape, size, detach,
+# known for matmuls and convolutions, 0 elsewhere), caller ([file, line] where the user's code
+# called the function the call site is in, or null: a forward called per token of a loop there
+# launches per token). Views and metadata (view, reshape, size, detach,
 # transpose, expand ...) launch nothing and are not counted; nor is torch.optim's own code (on a GPU
 # it takes its foreach path, a few launches for all parameters).
 DEVICE_LAUNCH = "device-launch"

@@ -3,6 +3,7 @@ shorter than the host call that launches them; in CUDA rehearsal, the step's lau
 outlast their launch on the device model's row."""
 from __future__ import annotations
 
+import os
 from collections import Counter, defaultdict
 from typing import Iterable
 
@@ -37,23 +38,44 @@ _ADVICE = {
           "elementwise chain.",
     "trace": "Give kernels more work or fewer launches: larger batches, fused ops, torch.compile.",
 }
+# a forward (or another function) of the named lines called once per element of a loop in its caller
+_CALLER_LOOP = ("These lines run in a function called once per element of the {loops} "
+                "({file}): each element launches its kernels again. Batch the elements into one call where one "
+                "does not need the one before (a sequence through one nn.GRU/nn.LSTM call rather than a call per "
+                "token, the items of a batch stacked), and let torch.compile fuse what must stay a loop.")
 _GRAPHS = (" torch.compile(mode=\"reduce-overhead\") also captures the step in CUDA graphs: one launch for all "
            "its kernels.")
 _OPTIMIZER_OPS = ("Optimizer.step", "_foreach", "_fused_")
 
 
-def _fix(files_lines: list[tuple[str | None, int | None]], ops: Iterable[str] = ()) -> Fix:
+def _fix(files_lines: list[tuple[str | None, int | None]], ops: Iterable[str] = (),
+         callers: Iterable[list[tuple[str, int]]] = ()) -> Fix:
     """The fix for the causes the named lines show: a loop over parameters (foreach ops, and the
-    optimizer's foreach setting), another per-element loop (whole-tensor ops), or neither
-    (elementwise ops run once per call: cache what depends on shapes alone, fuse the rest). A
-    trace's lines that cannot be read get the general advice, with the optimizer's setting only
-    where its own ops launch the kernels."""
-    kinds = [loop_around(f, n) if f and n and read_lines(f) is not None else "trace" for f, n in files_lines]
+    optimizer's foreach setting), another per-element loop (whole-tensor ops), a function called
+    per element of a loop in its caller (`callers`: where the user's code called each line's
+    function, from a rehearsal; batch the elements), or neither (elementwise ops run once per call:
+    cache what depends on shapes alone, fuse the rest). A trace's lines that cannot be read get the
+    general advice, with the optimizer's setting only where its own ops launch the kernels."""
+    callers = list(callers) or [[] for _ in files_lines]
+    kinds, looped = [], []
+    for (f, n), called in zip(files_lines, callers):
+        kind = loop_around(f, n) if f and n and read_lines(f) is not None else "trace"
+        loops = [c for c in called if read_lines(c[0]) is not None and loop_around(c[0], c[1]) is not None]
+        if kind is None and loops:
+            kind = "caller"
+            looped.extend(loops)
+        kinds.append(kind)
     kinds = list(dict.fromkeys(kinds or ["trace"]))
     config: dict = dict(_COMPILE)
     if "parameters" in kinds or ("trace" in kinds and any(o in op for op in ops for o in _OPTIMIZER_OPS)):
         config["optimizer"] = {"foreach": True}
-    return Fix(summary=" ".join(_ADVICE[k] for k in kinds) + _GRAPHS, config=config)
+    looped = list(dict.fromkeys(looped))
+    lines = sorted({n for _, n in looped})
+    loops = (f"loop around line {lines[0]}" if len(lines) == 1 else
+             f"loops around lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}" if lines else "")
+    advice = [_CALLER_LOOP.format(loops=loops, file=", ".join(dict.fromkeys(os.path.basename(f) for f, _ in looped)))
+              if k == "caller" else _ADVICE[k] for k in kinds]
+    return Fix(summary=" ".join(advice) + _GRAPHS, config=config)
 
 
 class LaunchBound(TraceRule):
@@ -107,7 +129,10 @@ class LaunchBound(TraceRule):
     Fix:
         As the named lines show the cause: a Python loop over parameters gets `torch._foreach_*` /
         a `foreach=True` optimizer (and its setting); another per-element loop gets whole-tensor ops
-        (nn.RNN/nn.LSTM for a recurrence, one op over a stacked tensor); elementwise ops run once
+        (nn.RNN/nn.LSTM for a recurrence, one op over a stacked tensor); in a rehearsal, lines whose
+        function is called once per element of a loop in its caller (a decoder's forward called per
+        token) get that loop named, to batch its elements into one call (sites' `called_from`:
+        where the user's code called each line's function); elementwise ops run once
         per call (a forward's position or rotary cos/sin math) get: compute what depends on shapes
         alone once and reuse it, and let `torch.compile` fuse the rest. Each offers
         `torch.compile(mode="reduce-overhead")` (CUDA graphs). A trace whose lines cannot be read
@@ -171,7 +196,8 @@ class LaunchBound(TraceRule):
         n = typical.n
         launches = small = 0
         largest_small = 0.0  # bytes of the largest small launch (a class's mean)
-        at: dict[tuple, dict] = defaultdict(lambda: {"launches": 0, "small": 0, "ops": Counter(), "where": None})
+        at: dict[tuple, dict] = defaultdict(lambda: {"launches": 0, "small": 0, "ops": Counter(), "where": None,
+                                                     "callers": Counter()})
         for _, t in pairs:
             launches += t.count
             nbytes, flops = t.data.get("bytes", 0) / t.count, t.data.get("flops", 0) / t.count
@@ -183,6 +209,9 @@ class LaunchBound(TraceRule):
                 largest_small = max(largest_small, nbytes)
                 site["small"] += t.count
                 site["ops"][t.what] += t.count
+                caller = t.data.get("caller")
+                if caller:
+                    site["callers"][(caller[0], caller[1])] += t.count
         share = small / launches
         if small / n < options.min_small_launches_per_step or share < options.min_small_launch_share:
             return None
@@ -217,11 +246,13 @@ class LaunchBound(TraceRule):
                                  "line": s["where"].line if s["where"] else None,
                                  "launches_per_step": round(s["launches"] / n, 2),
                                  "small_launches_per_step": round(s["small"] / n, 2),
-                                 "ops": {op: round(k / n, 2) for op, k in s["ops"].most_common(5)}}
+                                 "ops": {op: round(k / n, 2) for op, k in s["ops"].most_common(5)},
+                                 "called_from": [{"file": f, "line": ln} for (f, ln), _ in s["callers"].most_common(3)]}
                                 for s in ranked[:8]]},
             cost=cost,
             fix=_fix([(s["where"].file, s["where"].line) if s["where"] else (None, None) for s in named],
-                     {op for s in named for op in s["ops"]}),
+                     {op for s in named for op in s["ops"]},
+                     [[c for c, _ in s["callers"].most_common(3)] for s in named]),
         )
 
     def check_trace(self, trace: Trace, options: Options) -> Finding | None:

@@ -320,9 +320,13 @@ def test_a_decoders_stop_test_is_advised_in_its_rounds_with_the_mask_that_keeps_
     each token, in about half the iterations. It is the loop's stop, not logging (it was advised to
     log less often, with a logging interval): the advice names the test and its loop, and the
     rewrite it describes (the loop its full length, the stop a mask on the device) trains to the
-    same weights where no dropout draws in the extra rounds."""
+    same weights where no dropout draws in the extra rounds. The decoder's small launches are
+    advised as a function called per token by the two decoding loops (they were advised as a
+    forward's elementwise ops to cache, a rotary embedding's advice)."""
     prog = _project(tmp_path / "proj", "seq2seq_translation.py")
     _sentence_pairs(prog.parent / "data" / "eng-fra.txt")
+    # (its ~100 small launches a step are under launch-bound's default count: the option lowers it)
+    (prog.parent / "pyproject.toml").write_text("[tool.auditor.rules.launch-bound]\nmin-small-launches-per-step = 50\n")
     a = audit("run", prog.name, "--no-profile", "--steps", "30", out=tmp_path / "out", cwd=prog.parent)
     assert a.returncode == 0, a.stderr[-3000:]
     [f] = a.rule("host-sync")
@@ -338,6 +342,17 @@ def test_a_decoders_stop_test_is_advised_in_its_rounds_with_the_mask_that_keeps_
             f"each time the loop at line {decode} goes round ({rounds} times a step where it runs)") in summary, summary
     assert "run the loop its set number of rounds with the stop kept on the device as a mask" in summary, summary
     assert "log every N steps" not in summary and "log_every_n_steps" not in f["fix"]["config"], f["fix"]
+    # the decoder's lines launch once per token: their function is called in the two decoding loops
+    [launch] = a.rule("launch-bound")
+    calls = sorted(n for n, ln in enumerate(prog.read_text().splitlines(), 1)
+                   if "decoder_output, decoder_hidden, decoder_attention = decoder(" in ln)
+    attn = _line(prog, "self.attn(torch.cat((embedded[0], hidden[0]), 1)), dim=1)")
+    assert attn in [loc["line"] for loc in launch["locations"]], launch["locations"]
+    by_line = {s["line"]: {c["line"] for c in s["called_from"]} for s in launch["evidence"]["sites"]}
+    assert by_line[attn] == set(calls), by_line
+    assert launch["fix"]["summary"].startswith(
+        f"These lines run in a function called once per element of the loops around lines {calls[0]} and {calls[1]} "
+        "(seq2seq_translation.py): each element launches its kernels again."), launch["fix"]["summary"]
 
     def weights(text: str) -> list:
         g = {"__name__": "seq2seq"}

@@ -31,6 +31,28 @@ def call_site(frame: FrameType | None) -> tuple[str, int, str] | None:
     return fallback.f_code.co_filename, _call_line(fallback), fallback.f_code.co_name
 
 
+def caller_site(frame: FrameType | None) -> tuple[str, int] | None:
+    """Where the function of the user's frame at or above `frame` was called from in the user's
+    code: the next user frame up (torch's and other libraries' frames between, such as
+    nn.Module.__call__, skipped), at the line of its call; None when no user frame calls it. A
+    forward called once per token of a loop has its calls' launches tied to that loop."""
+    f = frame
+    while f is not None and library_code(f.f_code):
+        f = f.f_back
+    if f is None:
+        return None
+    # (the numerics mode calls an op through a relay compiled under the user's file, function name
+    # and line: the user's frame it relays for is at that same place)
+    own = (f.f_code.co_filename, f.f_code.co_name, f.f_lineno)
+    f = f.f_back
+    while f is not None:
+        code = f.f_code
+        if not library_code(code) and (code.co_filename, code.co_name, f.f_lineno) != own:
+            return code.co_filename, _call_line(f)
+        f = f.f_back
+    return None
+
+
 def _call_line(f: FrameType) -> int:
     key = (f.f_code, f.f_lasti)
     line = _call_lines.get(key)
