@@ -60,11 +60,13 @@ def _fix(files_lines: list[tuple[str | None, int | None]], ops: Iterable[str] = 
     kinds, looped = [], []
     for (f, n), called in zip(files_lines, callers):
         kind = loop_around(f, n) if f and n and read_lines(f) is not None else "trace"
-        loops = [c for c in called if read_lines(c[0]) is not None and loop_around(c[0], c[1]) is not None]
-        if kind is None and loops:
+        around = [(c, loop_around(c[0], c[1])) for c in called if read_lines(c[0]) is not None]
+        if kind in (None, "layers") and any(k == "parameters" for _, k in around):
+            kind = "parameters"
+        elif kind in (None, "layers") and any(k == "loop" for _, k in around):
             kind = "caller"
-            looped.extend(loops)
-        kinds.append(kind)
+            looped.extend(c for c, k in around if k == "loop")
+        kinds.append(None if kind == "layers" else kind)
     kinds = list(dict.fromkeys(kinds or ["trace"]))
     config: dict = dict(_COMPILE)
     if "parameters" in kinds or ("trace" in kinds and any(o in op for op in ops for o in _OPTIMIZER_OPS)):

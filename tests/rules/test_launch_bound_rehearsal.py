@@ -136,6 +136,64 @@ def test_the_batched_twin_is_silent(runs):
 
 
 
+DEEP_STACK = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) * 0.5 + x
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(64)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+net = Net().cuda()
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+x = torch.randn(4, 8).cuda()
+
+
+def step(i):
+    loss = net(x).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_forward_called_once_per_layer_is_not_advised_to_batch_its_layers(tmp_path):
+    """A stack of 64 tiny blocks, each block's forward called by `for layer in self.layers`: 256
+    small launches a step at the block's line, whose caller is a loop over the model's own
+    submodules. Each round runs other weights: nothing to batch, so the advice is the forward's
+    (fuse its elementwise chain, CUDA graphs), not the per-element loop's nor a caller loop's."""
+    prog = tmp_path / "deep_stack.py"
+    prog.write_text(DEEP_STACK)
+    a = audit("run", f"{prog}:step", "--steps", str(STEPS), "--quiet", "--no-profile", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr[-3000:]
+    (f,) = a.rule("launch-bound")
+    block = DEEP_STACK.splitlines().index("        return torch.tanh(self.lin(x)) * 0.5 + x") + 1
+    loop = DEEP_STACK.splitlines().index("            x = layer(x)") + 1
+    top = f["evidence"]["sites"][0]
+    assert (top["line"], top["small_launches_per_step"]) == (block, 4 * 64), top
+    assert [c["line"] for c in top["called_from"]] == [loop], top
+    summary = f["fix"]["summary"]
+    assert summary.startswith("These lines launch small elementwise kernels each time they run"), summary
+    assert "called once per element" not in summary and "per-element loop" not in summary, summary
+
+
 def test_explain_says_a_rehearsal_is_evidence():
     from auditor.rules.launch_bound import LaunchBound
 

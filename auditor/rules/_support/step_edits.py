@@ -110,9 +110,10 @@ def every_n_steps(file: str, line: int, n: int = 50) -> Edit | None:
 def loop_around(file: str, line: int) -> str | None:
     """What runs the statement on `line` many times in one call of its function: "parameters" for
     a `for` loop over `.parameters()` / `.named_parameters()` / `param_groups` (an update per
-    parameter), "loop" for any other `for`/`while` loop or comprehension around it in its function,
-    None when none does (a line run once per call, such as a forward's elementwise ops) or the
-    file cannot be read."""
+    parameter), "layers" when only loops over a module's own submodules do (`for layer in
+    self.layers`, `enumerate(self.blocks)`: each round runs other weights, nothing to batch), "loop"
+    for any other `for`/`while` loop or comprehension around it in its function, None when none
+    does (a line run once per call, such as a forward's elementwise ops) or the file cannot be read."""
     from auditor.fixes import parse_file
 
     parsed = parse_file(file)
@@ -137,10 +138,20 @@ def loop_around(file: str, line: int) -> str | None:
             names |= {n.attr for n in ast.walk(node.iter) if isinstance(n, ast.Attribute)}
             if names & {"parameters", "named_parameters", "param_groups"}:
                 return "parameters"
-            found = "loop"
+            found = "layers" if _over_submodules(node.iter) and found in (None, "layers") else "loop"
         elif isinstance(node, ast.While):
             found = "loop"
     return found
+
+
+def _over_submodules(it: ast.expr) -> bool:
+    """An iterable of a module's own attributes: `self.layers`, `self.transformer.h`, and those in
+    `enumerate`, `zip` or `reversed`."""
+    if isinstance(it, ast.Call) and _name(it.func) in ("enumerate", "zip", "reversed") and it.args:
+        return all(_over_submodules(a) for a in it.args)
+    while isinstance(it, ast.Attribute):
+        it = it.value
+    return isinstance(it, ast.Name) and it.id == "self"
 
 
 # --- a Dataset's device copy moved out of __getitem__ -------------------------------------------
