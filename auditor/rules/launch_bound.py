@@ -22,7 +22,7 @@ from auditor.fixes import read_lines
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, TraceRule
 from auditor.rules.suppression import unsuppressed
-from auditor.evidence.step_clock import device_busy_ms
+from auditor.evidence.step_clock import BACKWARD_FACTOR, backward_factor, device_busy_ms
 from auditor.findings import Cost, Finding, Fix, Location, step_basis_ms, with_share
 
 _COMPILE = {"torch.compile": {"mode": "reduce-overhead"}}
@@ -113,12 +113,18 @@ class LaunchBound(TraceRule):
         bytes it moves and its FLOPs. Each is priced on the device model's row (`--device`, else
         the default A100 SXM4 80GB): its bytes at the row's memory bandwidth, its FLOPs at its
         peak; a launch is small when that is under the row's launch latency (5 us on NVIDIA rows,
-        7 us on AMD's). Reported when the step makes at least `min-small-launches-per-step` small
-        launches AND they are at least `min-small-launch-share` of its launches, with the lines
-        that make the most, and an estimated cost: small launches per step x the row's launch
-        latency. On examples/gpu_small_launches.py (a character RNN's recurrence as a Python loop
-        over 64 time steps, four kernels each) 261 launches a step, all small: 256 at the loop's
-        line, 1.305 ms/step on the A100 row, 1.827 ms/step on the MI300X's.
+        7 us on AMD's). The backward pass, which autograd runs in C++ unseen, is counted as the step
+        clock counts it: BACKWARD_FACTOR - 1 = 2 more launches for each call autograd records
+        (evidence.step_clock.backward_factor). Reported when the step makes at least
+        `min-small-launches-per-step` small launches so counted AND the small ones are at least
+        `min-small-launch-share` of the launches seen, with the lines that make the most, and an
+        estimated cost: those launches per step x the row's launch latency. On
+        examples/gpu_small_launches.py (a character RNN's recurrence as a Python loop over 64 time
+        steps, four kernels each) 261 launches a step, all small: 256 at the loop's line, 781 with
+        the backward's, 3.905 ms/step on the A100 row, 5.467 ms/step on the MI300X's (a recording
+        of it on a GPU: 1,371 kernels a step shorter than their launch). pytorch/tutorials' seq2seq
+        translation, a sentence a step: 101 launches, ~270 with the backward's (it was silent when
+        the count left the backward out, while its step clock put the step at 1.34 ms, host-bound).
 
     Why it costs:
         When each kernel takes less time than its launch, the GPU finishes it and waits for the next:
@@ -162,7 +168,8 @@ class LaunchBound(TraceRule):
         Option("min-starved-share", 0.2, "... and their idle is at least this share of the median step."),
         Option("min-small-launches-per-step", 200,
                "CUDA rehearsal: report when the step's GPU calls launch at least this many kernels a step that "
-               "would run shorter than their launch on the device model's row ..."),
+               "would run shorter than their launch on the device model's row, their backward pass's counted as "
+               "the step clock counts them ..."),
         Option("min-small-launch-share", 0.5, "... and they are at least this share of the step's launches."),
         Option("min-site-share", 0.1,
                "CUDA rehearsal: name a line when it makes at least this share of the small launches."),
@@ -197,10 +204,12 @@ class LaunchBound(TraceRule):
         device, _ = estimate_device(ev)
         n = typical.n
         launches = small = 0
+        # the small launches with their backward pass's, as the step clock counts them, a step
+        with_backward: dict[int, float] = {st.index: 0.0 for st in ev.steps if st.index not in typical.left_out}
         largest_small = 0.0  # bytes of the largest small launch (a class's mean)
         at: dict[tuple, dict] = defaultdict(lambda: {"launches": 0, "small": 0, "ops": Counter(), "where": None,
                                                      "callers": Counter()})
-        for _, t in pairs:
+        for index, t in pairs:
             launches += t.count
             nbytes, flops = t.data.get("bytes", 0) / t.count, t.data.get("flops", 0) / t.count
             site = at[(t.where.file, t.where.line) if t.where else (None, None)]
@@ -208,6 +217,7 @@ class LaunchBound(TraceRule):
             site["launches"] += t.count
             if kernel_us(device, nbytes, flops, t.data.get("dtype", "")) < device.launch_us:
                 small += t.count
+                with_backward[index] = with_backward.get(index, 0.0) + t.count * backward_factor(t)
                 largest_small = max(largest_small, nbytes)
                 site["small"] += t.count
                 site["ops"][t.what] += t.count
@@ -215,17 +225,20 @@ class LaunchBound(TraceRule):
                 if caller:
                     site["callers"][(caller[0], caller[1])] += t.count
         share = small / launches
-        if small / n < options.min_small_launches_per_step or share < options.min_small_launch_share:
+        counted = float(np.median(list(with_backward.values()))) if with_backward else 0.0  # (the median step's)
+        if counted < options.min_small_launches_per_step or share < options.min_small_launch_share:
             return None
         ranked = sorted((s for s in at.values() if s["small"]), key=lambda s: -s["small"])
         named = [s for s in ranked if s["small"] >= options.min_site_share * small][:5] or ranked[:1]
         named = unsuppressed(self.id, named, lambda s: s["where"])
         first = named[0]["where"].file if named[0]["where"] else None
-        cost = launch_cost(ev, small / n, "small kernel launches",
+        extra = f"{BACKWARD_FACTOR - 1:g}"
+        cost = launch_cost(ev, round(counted, 2), "small kernel launches with their backward pass's",
                            f"each of these kernels moves at most {largest_small / 1e3:.0f} KB, under "
                            f"{device.launch_us:g} us at the row's {device.mem_bw_gbs:g} GB/s of memory bandwidth "
-                           "(FLOPs at its peak); a lower bound: a rehearsal does not see the backward pass's "
-                           "launches")
+                           f"(FLOPs at its peak); the backward pass, which a rehearsal does not see, as {extra} more "
+                           "launches for each call autograd records, as the step clock counts them (a GPU's "
+                           "composite ops launch more)")
         message = (
             f"On an {device.name}, {per_step(small / n)} of the step's {per_step(launches / n)} kernel launches "
             f"({share:.0%}) would run shorter than their launch ({device.launch_us:g} us): each moves at most "
@@ -234,14 +247,16 @@ class LaunchBound(TraceRule):
             + "; ".join(f"{', '.join(f'{op} x{per_step(k / n)}' for op, k in s['ops'].most_common(3))} per step at "
                         f"{line_ref(s['where'].file if s['where'] else None, s['where'].line if s['where'] else None, first)}"
                         for s in named)
-            + f". About {cost.ms_per_step:g} ms/step of launch time (estimated; the backward pass's launches, "
-            "not seen in a rehearsal, add to it)." + typical.note(first))
+            + f"; with the backward pass's ({extra} more for each call autograd records), about "
+            f"{per_step(counted)} small launches in the median step: about {cost.ms_per_step:g} ms/step of launch time "
+            "(estimated)." + typical.note(first))
         return self.finding(
             message,
             locations=[Location.of(s["where"]) for s in named if s["where"] is not None],
             evidence={"source": "rehearsal", "device": device.key, "steps": n,
                       "left_out_steps": typical.left_out_steps(),
                       "launches_per_step": round(launches / n, 2), "small_launches_per_step": round(small / n, 2),
+                      "small_launches_with_backward_per_step": round(counted, 2),
                       "small_share": round(share, 4), "launch_us": device.launch_us,
                       "mem_bw_gbs": device.mem_bw_gbs,
                       "sites": [{"file": s["where"].file if s["where"] else None,
