@@ -300,6 +300,9 @@ def test_the_stop_test_advice_is_silent_on_a_logged_loss(tmp_path):
     assert advice("x = 0\nwhile out.item() < 1:\n    x += 1\n")[0].startswith(
         "the loop's stop test `while out.item() < 1` at line 2 fetches its number from the device every step")
     assert advice("for i in range(9):\n    if out.item() < 1:\n        continue\n") == []
+    # a `break` in a loop inside the loop ends that inner loop, not the one the number is fetched in
+    assert advice(loop.replace("    if loss < 1:\n", "    for j in range(3):\n        if loss < 1:\n")
+                  + "            break\n") == []
 
 
 def _sentence_pairs(path: Path) -> None:

@@ -176,17 +176,31 @@ def _stop_test(tree: ast.Module, line: int) -> tuple[ast.For | ast.While, ast.If
     loop = max(loops, key=lambda n: n.lineno)  # the innermost
     if isinstance(loop, ast.While) and loop.test.lineno <= line <= (loop.test.end_lineno or loop.test.lineno):
         return loop, loop
-    for test in ast.walk(loop):
-        if (isinstance(test, ast.If) and any(isinstance(b, ast.Break) for b in test.body)
+    for test in _own_ifs(loop):
+        if (any(isinstance(b, ast.Break) for b in test.body)
                 and test.test.lineno <= line <= (test.test.end_lineno or test.test.lineno)):
             return loop, test
     stmt = _statement(tree, line)
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
         return None
     name = stmt.targets[0].id
-    for test in ast.walk(loop):
-        if (isinstance(test, ast.If) and test.lineno > stmt.lineno
-                and any(isinstance(b, ast.Break) for b in test.body)
+    for test in _own_ifs(loop):
+        if (test.lineno > stmt.lineno and any(isinstance(b, ast.Break) for b in test.body)
                 and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(test.test))):
             return loop, test
     return None
+
+
+def _own_ifs(loop: ast.For | ast.While) -> list[ast.If]:
+    """The `if` statements of the loop's own body, not of a loop or function inside it (a `break`
+    in one of them ends this loop), in the order of their lines."""
+    found, todo = [], list(loop.body) + list(loop.orelse)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                             ast.Lambda)):
+            continue
+        if isinstance(node, ast.If):
+            found.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return sorted(found, key=lambda n: n.lineno)
