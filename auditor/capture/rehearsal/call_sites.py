@@ -18,29 +18,22 @@ def call_site(frame: FrameType | None) -> tuple[str, int, str] | None:
     span; for a method call compiled as a plain call -- `.to(**kwargs)`, `.to(*args)` on a
     receiver that starts a line above -- that span is the whole call expression, which starts
     with its receiver, so f_lineno names the statement's first line, not the line of `.to(...)`."""
-    f, fallback = frame, None
-    while f is not None:
-        code = f.f_code
-        if not library_code(code):
-            return code.co_filename, _call_line(f), code.co_name
-        if fallback is None and not is_torch_internal(code.co_filename):
-            fallback = f
-        f = f.f_back
-    if fallback is None:
-        return None
-    return fallback.f_code.co_filename, _call_line(fallback), fallback.f_code.co_name
+    f, _ = _site_frame(frame)
+    return None if f is None else (f.f_code.co_filename, _call_line(f), f.f_code.co_name)
 
 
-def caller_site(frame: FrameType | None) -> tuple[str, int] | None:
-    """Where the function of the user's frame at or above `frame` was called from in the user's
-    code: the next user frame up (torch's and other libraries' frames between, such as
+def call_site_and_caller(frame: FrameType | None) -> tuple[tuple[str, int, str] | None, tuple[str, int] | None]:
+    """`call_site(frame)`, and where the user's code called the function of that site's frame when
+    it is the user's: the next user frame up (torch's and other libraries' frames between, such as
     nn.Module.__call__, skipped), at the line of its call; None when no user frame calls it. A
-    forward called once per token of a loop has its calls' launches tied to that loop."""
-    f = frame
-    while f is not None and library_code(f.f_code):
-        f = f.f_back
+    forward called once per token of a loop has its calls' launches tied to that loop. One walk up
+    the stack for both (a rehearsed launch asks for both)."""
+    f, user = _site_frame(frame)
     if f is None:
-        return None
+        return None, None
+    site = f.f_code.co_filename, _call_line(f), f.f_code.co_name
+    if not user:
+        return site, None
     # (the numerics mode calls an op through a relay compiled under the user's file, function name
     # and line: the user's frame it relays for is at that same place)
     own = (f.f_code.co_filename, f.f_code.co_name, f.f_lineno)
@@ -48,9 +41,23 @@ def caller_site(frame: FrameType | None) -> tuple[str, int] | None:
     while f is not None:
         code = f.f_code
         if not library_code(code) and (code.co_filename, code.co_name, f.f_lineno) != own:
-            return code.co_filename, _call_line(f)
+            return site, (code.co_filename, _call_line(f))
         f = f.f_back
-    return None
+    return site, None
+
+
+def _site_frame(frame: FrameType | None) -> tuple[FrameType | None, bool]:
+    """The frame `call_site` names, and whether it is the user's (else the first frame outside torch
+    and the auditor, or None)."""
+    f, fallback = frame, None
+    while f is not None:
+        code = f.f_code
+        if not library_code(code):
+            return f, True
+        if fallback is None and not is_torch_internal(code.co_filename):
+            fallback = f
+        f = f.f_back
+    return fallback, False
 
 
 def _call_line(f: FrameType) -> int:

@@ -30,7 +30,7 @@ import torch
 
 from auditor.capture import probes
 from auditor.capture.frames import on_forget
-from auditor.capture.rehearsal.call_sites import call_site, caller_site
+from auditor.capture.rehearsal.call_sites import call_site_and_caller
 from auditor.evidence import model as m
 
 _Tensor = torch.Tensor
@@ -164,6 +164,6 @@ def count(what: str, args: tuple, out: Any, frame: FrameType | None, flops: int 
                  ("grad", grad))
     else:
         fixed = _NO_FLOPS[grad][nbytes.bit_length()]
-    # (the line that called the user's function: a loop there runs the function's launches per element)
-    rec.add_sums(m.DEVICE_LAUNCH, what, call_site(frame), fixed + (("caller", caller_site(frame)),), bytes=nbytes,
-                 flops=flops)
+    # (with the line that called the user's function: a loop there runs the function's launches per element)
+    site, caller = call_site_and_caller(frame)
+    rec.add_sums(m.DEVICE_LAUNCH, what, site, fixed + (("caller", caller),), bytes=nbytes, flops=flops)

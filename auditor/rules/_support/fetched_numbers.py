@@ -33,8 +33,7 @@ _OUTPUT = frozenset({"print", "log", "info", "debug", "warning", "add_scalar", "
 
 
 def _statement(tree: ast.Module, line: int) -> ast.stmt | None:
-    stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not hasattr(n, "body")
-             and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    stmts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not hasattr(n, "body") and _spans(n, line)]
     return stmts[0] if len(stmts) == 1 else None
 
 
@@ -62,16 +61,24 @@ def _made_from_tensors(node: ast.Call) -> str | None:
     return "`torch.stack(...)` of the tensors, or `.reshape` of one"
 
 
-def _fetch_statements(places: list[Any]) -> Iterator[tuple[Any, ast.Module, ast.stmt]]:
-    """(place, its file's tree, its statement) for each place that fetches a number (item, float,
-    int) at a user's line that is one statement."""
+def _fetch_trees(places: list[Any]) -> Iterator[tuple[Any, ast.Module]]:
+    """(place, its file's tree) for each place that fetches a number (item, float, int) at a user's
+    line of a file that parses."""
     for p in places:
         if p.what not in _NUMBERS or not p.where or not p.direct:
             continue
         parsed = parse_file(p.where.file)
-        stmt = _statement(parsed[0], p.where.line) if parsed is not None else None
+        if parsed is not None:
+            yield p, parsed[0]
+
+
+def _fetch_statements(places: list[Any]) -> Iterator[tuple[Any, ast.Module, ast.stmt]]:
+    """(place, its file's tree, its statement) for each place of `_fetch_trees` whose line is one
+    statement."""
+    for p, tree in _fetch_trees(places):
+        stmt = _statement(tree, p.where.line)
         if stmt is not None:
-            yield p, parsed[0], stmt
+            yield p, tree, stmt
 
 
 def computed(places: list[Any]) -> dict[int, str]:
@@ -132,11 +139,8 @@ def stop_tests(places: list[Any]) -> dict[int, str]:
     step (a decoder's tokens) is advised in its rounds, with the mask that keeps what the extra
     rounds add out; the step's own loop in steps."""
     out: dict[int, str] = {}
-    for p in places:
-        if p.what not in _NUMBERS or not p.where or not p.direct:
-            continue
-        parsed = parse_file(p.where.file)
-        found = _stop_test(parsed[0], p.where.line) if parsed is not None else None
+    for p, tree in _fetch_trees(places):
+        found = _stop_test(tree, p.where.line)
         if found is None:
             continue
         loop, test = found
@@ -144,8 +148,8 @@ def stop_tests(places: list[Any]) -> dict[int, str]:
         rounds = getattr(p, "count", 0) / steps if steps else 1.0
         words = "`while " if isinstance(test, ast.While) else "`if "
         words += f"{ast.unparse(test.test)}` at line {test.lineno}"
-        inline = test.test.lineno <= p.where.line <= (test.test.end_lineno or test.test.lineno)
-        fetched = "fetches its number from the device" if inline else f"reads the number fetched at line {p.where.line}"
+        fetched = ("fetches its number from the device" if _spans(test.test, p.where.line)
+                   else f"reads the number fetched at line {p.where.line}")
         if rounds < 1.5:
             out[id(p)] = (f"the loop's stop test {words} {fetched} every step: fetch and test it every N steps "
                           "instead (the loop may then run up to N-1 steps past where it stops now), or train for a "
@@ -169,16 +173,14 @@ def _stop_test(tree: ast.Module, line: int) -> tuple[ast.For | ast.While, ast.If
     """(the loop, its stop test) where the number fetched at `line` decides whether the loop goes on:
     the test of a `while`, or of an `if` whose body breaks, holds the fetch itself, or the fetch
     is assigned to a name such a test further down the innermost loop reads."""
-    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))
-             and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While)) and _spans(n, line)]
     if not loops:
         return None
     loop = max(loops, key=lambda n: n.lineno)  # the innermost
-    if isinstance(loop, ast.While) and loop.test.lineno <= line <= (loop.test.end_lineno or loop.test.lineno):
+    if isinstance(loop, ast.While) and _spans(loop.test, line):
         return loop, loop
     for test in _own_ifs(loop):
-        if (any(isinstance(b, ast.Break) for b in test.body)
-                and test.test.lineno <= line <= (test.test.end_lineno or test.test.lineno)):
+        if any(isinstance(b, ast.Break) for b in test.body) and _spans(test.test, line):
             return loop, test
     stmt = _statement(tree, line)
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
@@ -204,3 +206,7 @@ def _own_ifs(loop: ast.For | ast.While) -> list[ast.If]:
             found.append(node)
         todo.extend(ast.iter_child_nodes(node))
     return sorted(found, key=lambda n: n.lineno)
+
+
+def _spans(node: ast.AST, line: int) -> bool:
+    return node.lineno <= line <= (node.end_lineno or node.lineno)
