@@ -3,12 +3,17 @@ from __future__ import annotations
 
 import ast
 import linecache
+import os
 from types import CodeType, FrameType
 
 from auditor.capture.frames import call_position, is_torch_internal, library_code
 
 _call_lines: dict[tuple[CodeType, int], int] = {}  # (code, f_lasti) -> line of the call running there
 _method_names: dict[str, dict[tuple[int, int, int, int], int]] = {}  # file -> call's span -> its name's line
+# the audit child's modules that run the program (a script's module code, a step function called N
+# times): no frame above theirs is the user's, so a caller's walk up the stack ends at them
+_CAPTURE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RUNNERS = frozenset(os.path.join(_CAPTURE, name) for name in ("program.py", "child.py"))
 
 
 def call_site(frame: FrameType | None) -> tuple[str, int, str] | None:
@@ -40,6 +45,8 @@ def call_site_and_caller(frame: FrameType | None) -> tuple[tuple[str, int, str] 
     f = f.f_back
     while f is not None:
         code = f.f_code
+        if code.co_filename in _RUNNERS:
+            break
         if not library_code(code) and (code.co_filename, code.co_name, f.f_lineno) != own:
             return site, (code.co_filename, _call_line(f))
         f = f.f_back
