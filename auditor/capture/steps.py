@@ -133,6 +133,10 @@ _compiling = torch.compiler.is_compiling
 # batch (a WGAN's five), far fewer than a batch trained on for epochs.
 REPEATS_TO_SPLIT = 16
 
+# A stretch between steps in which the probes saw nothing is sent from this long on: shorter ones
+# are the boundary's own (a fetch that begins the next step follows the last one's end at once)
+UNPROBED_STRETCH_MS = 1.0
+
 # Weight updates outside torch.optim seen before the finder stops checking each one (see
 # StepFinder._updated): past this many, with no micro-batch between them, the program's every
 # forward after a backward pass is an iteration's start.
@@ -802,9 +806,10 @@ class StepFinder:
     def _send_outside(self, phase: str) -> None:
         # (graphs freed between two steps are told with the next step's record: alone, they would
         # make a stretch between steps of a program that does nothing there)
-        tallies = self.rec.drain(graphs=phase == "after")
         ms = (time.perf_counter() - self.outside_t0) * 1e3
-        if tallies or phase == "after":
+        tallies = self.rec.drain(graphs=phase == "after")
+        # (a stretch with nothing probed in it is still the program's time: a sleep, a log written)
+        if tallies or phase == "after" or ms >= UNPROBED_STRETCH_MS:
             self.send(wire.Outside(phase=phase, after_step=self.last_audited, ms=ms, tallies=tallies))
 
     def finish(self, failed: bool = False) -> None:
