@@ -19,7 +19,7 @@ from auditor.capture import graphs, lines, probes, run_queue, this_process, wire
 from auditor.capture.probes import graph_use
 from auditor.capture.bench_switches import OFF, TOGGLED, off
 from auditor.capture.device_clock import DeviceClock
-from auditor.capture.numerics.schedule import dense_steps
+from auditor.capture.numerics.schedule import dense_steps, timed_block
 from auditor.capture.unseen import dynamo_skips_our_frames
 
 
@@ -59,6 +59,7 @@ class StepSession:
             if hasattr(c, "window"):
                 c.window = frozenset(prof.window())
                 c.dense = dense_steps(getattr(prof, "steps", 0), c.window)
+                c.timed = timed_block(getattr(prof, "steps", 0), c.window)
 
     def begin(self, i: int, t0: float | None = None, c0: float | None = None) -> None:
         """Step i begins (now, or at the times `t0`/`c0` taken earlier by the caller: a step that
