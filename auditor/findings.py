@@ -47,20 +47,24 @@ class Cost(msgspec.Struct, frozen=True):
 
 
 def step_basis_ms(ev: Evidence, trace: Any = None) -> float | None:
-    """The median step a cost's share is of: the run's (findings.json's `steps.median_ms`, the
-    headline's median), also for a finding on the run's own profiler trace; for a recording
-    analysed on its own, its trace's median ProfilerStep (the first trace's is `steps.median_ms`)."""
-    if ev.steps or trace is None:
-        return ev.shown_median_ms()
-    return trace.median_step_ms()
+    """The run's time per step every cost's share is of (auditor.evidence.run_time: the span from
+    the first step's start to the last one's end, the audit's own work left out, over the steps;
+    findings.json's `run_time.base_ms`), also for a finding on the run's own profiler trace; for a
+    recording (analysed on its own, or given beside a run), its trace's steps' span over their number."""
+    from auditor.evidence.run_time import own_trace, run_time, trace_base_ms
+
+    if trace is None or (ev.steps and own_trace(ev, trace)):
+        account = run_time(ev)
+        return account.base_ms if account is not None else ev.shown_median_ms()
+    return trace_base_ms(trace)
 
 
 def share_of_step(ms_per_step: float | None, step_ms: float | None) -> float | None:
-    """A cost's share of the step: the one percentage every report prints for it (the finding's
-    message, the terminal line, report.html, findings.json, the headline's sum). Its ms per step,
-    as the cost stores it, over the median step as findings.json writes it (3 decimals), to 4
-    decimals: `ms_per_step / steps.median_ms` there gives it back. No report prints another share
-    beside it (a median of per-step shares can differ from ms/median by several points for one cost)."""
+    """A cost's share of the run's time: the one percentage every report prints for it (the
+    finding's message, the terminal line, report.html, findings.json, the headline's sum). Its ms
+    per step, as the cost stores it, over the run's time per step as findings.json writes it (3
+    decimals, step_basis_ms), to 4 decimals: `ms_per_step / run_time.base_ms` there gives it back.
+    A stall in one step in eight counts an eighth of it per step."""
     if ms_per_step is None or not step_ms:
         return None
     return round(ms_per_step / round(step_ms, 3), 4)

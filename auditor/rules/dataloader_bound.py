@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from statistics import median
+from statistics import fmean, median
 from typing import Any, Iterable
 
 import numpy as np
@@ -24,6 +24,7 @@ from auditor.rules._support.copies import non_blocking_edits
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules._support.cli_flags import flag_for
 from auditor.rules._support.confidence import share_confidence
+from auditor.rules._support.stalls import stall_ms, stall_phrase
 from auditor.rules._support.frameworks import loader_settings
 
 
@@ -124,13 +125,16 @@ class DataloaderBound(Rule):
         loading in the main process (num_workers=0), too little prefetch, a heavy `__getitem__`,
         or a new iterator made every step (`next(iter(loader))`), which starts the workers anew
         each time (the time to make iterators and stop their workers counts as waiting). The
-        share is the median wait over the median step, both read over the same steps (the timed
-        ones, which the reported median is of), so it never exceeds the step. A wait leaves out the
+        cost is the steps' waits per step (their mean over the timed steps: a stall in one step of
+        eight counts an eighth of it), its share of the run's time per step
+        (auditor.evidence.run_time); waits that hit some steps only (a slow sample, workers that
+        fall behind) are named as stalls, the steps that stalled and how long. A wait leaves out the
         time the thread was ready to run while another process held the CPU (Linux's run-queue
         delay, /proc/thread-self/schedstat): the machine's load, which workers do not take away;
         a wait blocked on a read, a queue or a sleep counts whole (a rehearsal's wait leaves out
         the rehearsal's own time instead). On a recorded trace: the time in
-        DataLoader `__next__` per ProfilerStep, over the median ProfilerStep. A CUDA program
+        DataLoader `__next__` in the steps over their number, against the recording's time per
+        step (its steps' span over their number). A CUDA program
         rehearsed on a CPU is judged on the step the GPU would run (predicted): there the kernels'
         work leaves the host, and the step waits for its batches wherever its workers take longer
         to make them (each worker's CPU time a batch, timed in the worker, over their number) than
@@ -173,12 +177,12 @@ class DataloaderBound(Rule):
     # an audit of a snapshot or a checkpoint runs it (finding nothing) rather than listing it among
     # findings.json's skipped_rules.
     options = (
-        Option("min-share", 0.25, "Share of the median step spent waiting in DataLoader iteration (the median "
-                                  "wait) to flag."),
-        Option("min-wait-ms", 2.0, "Median wait per step below which workers would not pay off (IPC costs ~1 ms)."),
+        Option("min-share", 0.25, "Share of the run's time spent waiting in DataLoader iteration (the steps' "
+                                  "waits per step, stalls included) to flag."),
+        Option("min-wait-ms", 2.0, "Wait per step below which workers would not pay off (IPC costs ~1 ms)."),
         Option("trace-min-share", 0.25,
-               "Trace: report when DataLoader __next__ takes at least this share of the median ProfilerStep "
-               "(its time per step over the median step)."),
+               "Trace: report when DataLoader __next__ takes at least this share of the run's time (its time in "
+               "the steps over their span)."),
     )
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
@@ -199,9 +203,9 @@ class DataloaderBound(Rule):
             n = len(per_step)
             loader_ms = sum(s["loader_ms"] for s in per_step)
             step_ms = step_basis_ms(evidence, trace)
-            # like with like: the median step's share is of the median wait (a mean that a few spikes
-            # raise, set against the median step, can read more than the whole step)
-            wait_ms = round(median(s["loader_ms"] for s in per_step), 3)
+            # the run's waits per step, stalls in some steps included: what loading ahead gives back
+            waits = [s["loader_ms"] for s in per_step]
+            wait_ms = round(loader_ms / n, 3)
             share = share_of_step(wait_ms, step_ms) or 0.0  # (the share every report prints for the cost)
             if share < threshold:
                 continue
@@ -209,13 +213,12 @@ class DataloaderBound(Rule):
             names = sorted(set(trace.names(loader)))
             single = any("_SingleProcessDataLoaderIter" in n for n in names)
             where = sites(trace, loader.index.to_numpy(), weights=loader["dur"].to_numpy())
-            mean_ms = loader_ms / n
-            spread = (f"; mean {mean_ms:.1f} ms, raised by steps that wait up to {max(x['loader_ms'] for x in per_step):.1f} ms"
-                      if abs(mean_ms - wait_ms) > 0.1 * max(wait_ms, 1e-9) else "")
-            message = (f"DataLoader __next__ took a median {wait_ms:.1f} ms per step in {trace.label} ({share:.0%} of the "
-                       f"median {step_ms:.1f} ms step; each step's share {min(shares):.0%}-{max(shares):.0%} "
-                       f"across {n} steps{spread})" + ("; batches are loaded in the training process (num_workers=0)."
-                                              if single else "; the worker processes cannot keep up."))
+            stalls = stall_phrase(waits)
+            message = (f"DataLoader __next__ took {wait_ms:.1f} ms per step in {trace.label} ({share:.0%} of the run's "
+                       f"{step_ms:.1f} ms a step; " + (stalls or f"each step's share {min(shares):.0%}-{max(shares):.0%} "
+                                                       f"across {n} steps") + ")"
+                       + ("; batches are loaded in the training process (num_workers=0)." if single else
+                          "; the worker processes cannot keep up."))
             fix = (Fix(summary="Load batches in worker processes: DataLoader(num_workers=4 or more, pin_memory=True, "
                                "persistent_workers=True).",
                        config={"num_workers": 4, "pin_memory": True, "persistent_workers": True})
@@ -227,10 +230,11 @@ class DataloaderBound(Rule):
                 message,
                 locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
                 evidence={"trace": str(trace.path), "source": "trace",
-                          "loader_ms_per_step": round(loader_ms / n, 3), "median_loader_ms": wait_ms,
-                          "median_step_ms": round(step_ms, 3), "iterator": names, "steps": per_step},
+                          "loader_ms_per_step": wait_ms, "median_loader_ms": round(median(waits), 3),
+                          "stall_ms_per_step": stall_ms(waits), "run_step_ms": round(step_ms, 3),
+                          "iterator": names, "steps": per_step},
                 cost=Cost(ms_per_step=wait_ms, share_of_step=share, measured=True,
-                          note="median time a step's training thread spent inside DataLoader __next__"),
+                          note="the steps' time inside DataLoader __next__, over the steps"),
                 fix=fix,
             ))
         return findings
@@ -262,14 +266,10 @@ class DataloaderBound(Rule):
                 shares.append(wait / s.ms)
                 if s.cpu_ms is not None:
                     cpu_ratio.append(s.cpu_ms / s.ms)
-        # the median wait over the median step: the share every report prints for this cost (a
-        # median of each step's share is another number, and read as a second one beside it)
-        wait_ms, step_ms = round(median(waits), 3), step_basis_ms(ev)
+        # the steps' waits per step (their mean: a stall in one step of eight counts an eighth of it)
+        # over the run's time per step: the cost, and the share every report prints for it
+        wait_ms, step_ms = round(fmean(waits), 3), step_basis_ms(ev)
         share = share_of_step(wait_ms, step_ms) or 0.0
-        # The verdict is taken on each step's wait over its own time, measured under the same load
-        # (another process taking the cores stretches the wait and the rest of that step alike:
-        # for a loader in the training process both are its CPU work), not on two medians taken
-        # over steps that load slowed differently; the cost stays the median wait (above).
         # a new iterator in most steps (`next(iter(loader))`): its workers start (and the last
         # one's stop) every step; the fix is to make the iterator once, outside the step
         per_step_iter = iter_steps >= 0.5 * len(steps) and median(iter_ms) > 0.0
@@ -296,11 +296,13 @@ class DataloaderBound(Rule):
             else:
                 waits, shares, cpu_ratio = g_waits, g_shares, []
                 most = max(shares, default=0.0)
-                wait_ms = round(median(waits), 3)
-                share = share_of_step(wait_ms, step_ms) or 0.0  # (of the reported step, as every cost's share)
-        step_share = median(shares) if shares else share
-        if step_share < options.min_share or wait_ms < options.min_wait_ms:
+                wait_ms = round(fmean(waits), 3)
+                share = share_of_step(wait_ms, step_ms) or 0.0  # (of the run's time, as every cost's share)
+        # (a rehearsal's verdict is the GPU step's own: its wait over the step predicted there)
+        judged = median(shares) if gpu is not None and shares else share
+        if judged < options.min_share or wait_ms < options.min_wait_ms:
             return
+        stalls = stall_phrase(waits)
         confidence, confidence_text = share_confidence(shares, options.min_share, cpu_ratio)
         cores, threads = available_cores(), ev.environment.num_threads
         rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda" or ev.environment.rehearsal,
@@ -411,7 +413,7 @@ class DataloaderBound(Rule):
                 if others:
                     summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
             else:
-                message = (f"The step waits {wait_ms:.1f} ms for data with num_workers={settings.get('num_workers')}, "
+                message = (f"The steps wait {wait_ms:.1f} ms a step for data with num_workers={settings.get('num_workers')}, "
                            f"pin_memory={settings.get('pin_memory')}: on the GPU, which takes the kernels' work off "
                            f"the host but not the loading, that is {wait_ms:.2f} of the {gpu_step:.2f} ms it would "
                            f"take (predicted by the CUDA rehearsal).")
@@ -423,7 +425,7 @@ class DataloaderBound(Rule):
             # Workers exist, are kept and load ahead, and the step still waits: they cannot keep
             # up. Repeating their settings back ("persistent_workers=True") would say nothing.
             dataset = settings.get("dataset") or "the dataset"
-            message = (f"The step waits {wait_ms:.1f} ms for data ({share:.0%} of the median step) although "
+            message = (f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) although "
                        f"{workers} worker processes load ahead (prefetch_factor={settings.get('prefetch_factor')}, "
                        f"persistent_workers={settings.get('persistent_workers')}): the workers cannot keep up. "
                        f"Each makes its samples one at a time in `{dataset}`'s `__getitem__`/`__iter__`, more slowly "
@@ -447,7 +449,7 @@ class DataloaderBound(Rule):
                 summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
             note = "the step's wait for batches its workers have not finished yet"
         else:
-            message = (f"The step waits {wait_ms:.1f} ms for data ({share:.0%} of the median step) with "
+            message = (f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) with "
                        f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
             summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
                        if not workers else f"Set {rec_text}." if rec else "")
@@ -488,11 +490,19 @@ class DataloaderBound(Rule):
                            if named else "") + ".")
             if named:
                 summary += " Set them in the framework: " + ", ".join(named) + "."
+        if stalls:  # (waits that hit some steps: a slow sample, or workers that fall behind)
+            message += f" Most of it in stalls: {stalls}."
+            if workers and not per_step_iter:
+                summary += (f" The stalls are batches the workers had not finished when the step asked: a slow "
+                            f"sample, or too few batches ready (prefetch_factor={settings.get('prefetch_factor')}, "
+                            f"{workers} workers); find the slow samples (the stalled steps' indices) and make them "
+                            "cheaper, or raise prefetch_factor so more batches wait ready.")
         message += " " + confidence_text
         yield self.finding(
             message,
             locations=list(dict.fromkeys(locs)),
-            evidence={"median_wait_ms": round(wait_ms, 3), "median_step_ms": round(step_ms, 3) if step_ms else None,
+            evidence={"wait_ms_per_step": round(wait_ms, 3), "median_wait_ms": round(median(waits), 3),
+                      "stall_ms_per_step": stall_ms(waits), "run_step_ms": round(step_ms, 3) if step_ms else None,
                       **confidence,
                       "max_share": round(most, 4), "settings": settings,
                       "iterator_per_step": per_step_iter, "steps_making_an_iterator": iter_steps,

@@ -1,0 +1,57 @@
+"""The summary's words for the run's time (auditor.evidence.run_time): its parts per step, the
+spread of its steps, and a run with too few timed steps to give steady figures."""
+from __future__ import annotations
+
+from auditor.evidence.run_time import ASK_GIVES, RunTime
+
+# How the parts are named in the summary (PARTS' order)
+WORDS = {"work": "work", "data": "data", "between": "between", "syncs": "syncs", "rest": "rest", "audit": "audit"}
+
+
+def _ms(ms: float) -> str:
+    return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}"
+
+
+def parts_line(rt: RunTime) -> str:
+    """'run: 30 steps in 10.66 s, 330.2 ms/step: work 95.1, data 250.3, ...; audit +25.2': the
+    parts of the run's time per step, the audit's own as what it added."""
+    parts = [p for p in rt.parts if p.name != "audit" and (p.per_step_ms >= 0.005 or p.name == "work")]
+    text = (f"run: {rt.steps} steps in {rt.span_ms / 1000:.2f} s, {_ms(rt.base_ms)} ms/step: "
+            + ", ".join(f"{WORDS[p.name]} {_ms(p.per_step_ms)}" + _detail(p.name, rt) for p in parts))
+    audit = rt.part("audit")
+    if audit.ms > 0:
+        text += f"; audit's own +{_ms(audit.per_step_ms)}"
+    return text
+
+
+def _detail(name: str, rt: RunTime) -> str:
+    """The largest piece of the time between steps, where it is most of it ("(eval 20.1)")."""
+    if name != "between":
+        return ""
+    p = rt.part("between")
+    top = max(p.what, key=lambda w: w.ms, default=None)
+    return f" ({top.name} {_ms(top.per_step_ms)})" if top is not None and top.ms > 0.5 * p.ms else ""
+
+
+def spread_line(rt: RunTime) -> str | None:
+    """'median step 5.96 ms, p10-p90 5.4-104.1; slowest: 32 107.9 (data 101.7), ...', or None
+    without a median."""
+    if rt.median_ms is None:
+        return None
+    text = f"median step {_ms(rt.median_ms)} ms"
+    if rt.p10_ms is not None and rt.p90_ms is not None and rt.steps > 2:
+        text += f", p10-p90 {_ms(rt.p10_ms)}-{_ms(rt.p90_ms)}"
+    slow = [s for s in rt.slowest if rt.p90_ms is None or s.ms > rt.median_ms * 1.5]
+    if slow:
+        text += "; slowest: " + ", ".join(
+            f"{s.step} {_ms(s.ms)}" + (f" ({', '.join(f'{k} {_ms(v)}' for k, v in s.waited.items())})" if s.waited else "")
+            + (f" {s.role}" if s.role not in ("", "timed") else "") for s in slow)
+    return text
+
+
+def too_few_line(rt: RunTime) -> str | None:
+    """A run with fewer timed steps than its figures need: how many, and the --steps to ask for."""
+    if not rt.too_few:
+        return None
+    ask = f": --steps {rt.ask_steps} times {ASK_GIVES}" if rt.ask_steps else ""
+    return f"only {rt.timed_steps} timed step(s) (no checks, no profiler): too few for steady figures{ask}"
