@@ -13,8 +13,9 @@ one's end, split into parts a user can act on. The parts add up to the span.
 
 The run's time per step (`base_ms`) is the span less the audit's part, over the steps: what the
 program takes a step without the audit, and what every finding's cost is a share of
-(auditor.findings.step_basis_ms). A recording's account is its steps' span: their waits for data
-and syncs inside them, and the time between them.
+(auditor.findings.step_basis_ms). A recording's account is its steps, each on its bound's clock (a
+device-bound step's device work runs past its host span), and the time between them: their waits
+for data and syncs inside them.
 """
 from __future__ import annotations
 
@@ -280,18 +281,30 @@ def _stretch(o: m.Outside, training: set[Any]) -> dict[str, float]:
 # a recording's steps
 
 def trace_base_ms(trace: Trace) -> float:
-    """A recording's time per step: its steps' span over their number (the whole recording, one
-    step, without steps)."""
+    """A recording's time per step: its steps' span over their number, each step on its bound's
+    clock (a device-bound step's device work runs past its host span), with the time between them
+    (the whole recording, one step, without steps)."""
     steps = trace.steps
     if not len(steps):
         return trace.step_ms()
-    return (float(steps["end"].max()) - float(steps["ts"].min())) / 1000.0 / len(steps)
+    return _trace_span_us(trace) / 1000.0 / len(steps)
+
+
+def _trace_span_us(trace: Trace) -> float:
+    """The steps on their bound's clock and the time between them (us)."""
+    from auditor.evidence.trace.intervals import merge_intervals, total_length
+
+    steps = trace.steps
+    ts, end = steps["ts"].to_numpy(dtype=float), steps["end"].to_numpy(dtype=float)
+    between = float(end.max() - ts.min()) - total_length(merge_intervals(ts, end))
+    return float(trace.step_times_ms().sum()) * 1000.0 + between
 
 
 def of_trace(trace: Trace) -> RunTime | None:
-    """A recording's account: its steps' span, their waits for data (DataLoader `__next__`) and
-    syncs (the calls in which the host waited for the device) inside them, the auditor's own ranges
-    (an audited run's trace), and the time between them; the device's busy time per step as its floor."""
+    """A recording's account: its steps on their bound's clock (trace_base_ms), their waits for data
+    (DataLoader `__next__`) and syncs (the calls in which the host waited for the device) inside
+    them, the auditor's own ranges (an audited run's trace), and the time between them; the device's
+    busy time per step as its floor."""
     import numpy as np
 
     from auditor.evidence.trace.decode import CAT
@@ -314,8 +327,9 @@ def of_trace(trace: Trace) -> RunTime | None:
     own_iv = subtract(subtract(intersect(merge_intervals(trace.col("ts")[ranges], trace.col("end")[ranges]), inside),
                                data_iv), sync_iv)
     us = {"data": total_length(data_iv), "syncs": total_length(sync_iv), "audit": total_length(own_iv)}
-    span, stepped = hi - lo, total_length(inside)
-    totals = {"work": stepped - sum(us.values()), "data": us["data"], "between": span - stepped,
+    span = _trace_span_us(trace)  # (a device-bound step's device work past its span is the step's work)
+    between = (hi - lo) - total_length(inside)
+    totals = {"work": span - between - sum(us.values()), "data": us["data"], "between": between,
               "syncs": us["syncs"], "rest": 0.0, "audit": us["audit"]}
     base = (span - us["audit"]) / 1000.0 / n
     parts = [Part(k, _r(v / 1000.0), _r(v / 1000.0 / n), round(v / 1000.0 / n / base, 4) if base > 0 else 0.0)

@@ -91,8 +91,8 @@ def of_trace(trace: Any) -> StepClock:
 
 def waited_ms(trace: Any) -> float | None:
     """The device's work the host waited for, per step of a trace: the time inside the host's
-    blocking calls (syncs, copies to pageable memory: evidence.trace.queries.blocking_calls) during
-    which the device ran work the steps launched, over the steps. On a host-bound step that is all
+    blocking calls in the steps (syncs, copies to pageable memory: evidence.trace.queries.blocking_calls)
+    during which the device ran work (whoever launched it: a backlog the sync waits for too), over the steps. On a host-bound step that is all
     a faster kernel can take off the step: elsewhere the host is issuing, and the device's work
     runs beside it. None without steps."""
     from auditor.evidence.trace.intervals import intersect, merge_intervals, total_length
@@ -108,8 +108,10 @@ def waited_ms(trace: Any) -> float | None:
         ts, end = trace.col("ts")[rows], trace.col("end")[rows]
         ok = np.isfinite(ts) & np.isfinite(end) & (end > ts)
         waits = merge_intervals(np.clip(ts[ok], lo, hi), np.clip(end[ok], lo, hi))
-        _, kts, kend = trace.launched_work()
-        good = kend >= kts
+        from auditor.evidence.trace.decode import GPU_WORK
+
+        cat, kts, kend = trace.col("cat"), trace.col("ts"), trace.col("end")
+        good = np.isin(cat, GPU_WORK) & np.isfinite(kts) & np.isfinite(kend) & (kend >= kts)
         busy = merge_intervals(kts[good], kend[good])
         trace.__dict__["_waited_ms"] = total_length(intersect(waits, busy)) / 1000.0 / len(trace.steps)
     return trace.__dict__["_waited_ms"]
