@@ -430,7 +430,7 @@ def run_view(ev: Evidence, rec: Any) -> dict[str, Any] | None:
     if account is None:
         return None
     gpu = rehearsed_share(ev, rec.total, rec.launches_ms) if rec.ms is not None else None
-    return {"base": fmt_ms(account.base_ms), "parts": parts_line(account).split(": ", 1)[1],
+    return {"base": fmt_ms(account.base_ms), "parts": parts_line(account).split("ms/step ", 1)[1],
             "spread": spread_line(account), "too_few": too_few_line(account),
             "gpu": gpu_line(*gpu) if gpu is not None else None}
 

@@ -394,10 +394,12 @@ class DataloaderBound(Rule):
         saturated = workers > 0 and not spare
         note = "most of this overlaps with compute once workers load ahead"
         gpu_step = median(h for _, h, _ in gpu) if gpu is not None else None
+        # (the GPU's step and its wait, both of the median predicted step: the cost is the mean)
+        gpu_wait = median(w for w, _, _ in gpu) if gpu is not None else None
         if gpu is not None and (needed is not None or not workers):  # (else: workers the run saw fall behind)
             dataset = settings.get("dataset") or "the dataset"
             if needed is not None:  # (the workers' CPU time sets the wait)
-                message = (f"On the GPU this step would take {gpu_step:.2f} ms, {wait_ms:.2f} ms of it waiting for "
+                message = (f"On the GPU this step would take {gpu_step:.2f} ms, {gpu_wait:.2f} ms of it waiting for "
                            f"data (predicted by the CUDA rehearsal): its {workers} worker process"
                            f"{'es take' if workers > 1 else ' takes'} {supply.cpu_ms_per_batch:.2f} ms of CPU "
                            f"to make a batch in `{dataset}`'s `__getitem__`/`__iter__` and the collate, so "
@@ -415,7 +417,7 @@ class DataloaderBound(Rule):
             else:
                 message = (f"The steps wait {wait_ms:.1f} ms a step for data with num_workers={settings.get('num_workers')}, "
                            f"pin_memory={settings.get('pin_memory')}: on the GPU, which takes the kernels' work off "
-                           f"the host but not the loading, that is {wait_ms:.2f} of the {gpu_step:.2f} ms it would "
+                           f"the host but not the loading, that is {gpu_wait:.2f} of the {gpu_step:.2f} ms it would "
                            f"take (predicted by the CUDA rehearsal).")
                 summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
                            if not workers else f"Set {rec_text}." if rec else "")

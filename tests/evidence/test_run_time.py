@@ -86,7 +86,7 @@ def test_stalls_in_some_steps_are_in_the_runs_time_and_in_the_cost(stalled) -> N
     assert f"{account['base_ms']:.2f} ms/step over the run, median {doc['steps']['median_ms']:.2f} ms/step" in head
     assert f"up to {f['cost']['ms_per_step']:.2f} ms/step recoverable" in head
     assert f["cost"]["ms_per_step"] <= account["base_ms"]
-    assert any(line.startswith(f"run: 40 steps in ") for line in stalled.stdout.splitlines())
+    assert any(line.startswith(f"run's time: {account['base_ms']:.1f} ms/step (40 steps, ") for line in stalled.stdout.splitlines())
 
 
 @pytest.mark.slow
