@@ -127,8 +127,9 @@ class DataloaderBound(Rule):
         each time (the time to make iterators and stop their workers counts as waiting). The
         cost is the steps' waits per step (their mean over the timed steps: a stall in one step of
         eight counts an eighth of it), its share of the run's time per step
-        (auditor.evidence.run_time); waits that hit some steps only (a slow sample, workers that
-        fall behind) are named as stalls, the steps that stalled and how long. A wait leaves out the
+        (auditor.evidence.run_time); it is judged on the timed steps' waits over their own time
+        less what other processes' load took of it (stalls included); waits that hit some steps only (a slow sample, workers that fall behind)
+        are named as stalls, the steps that stalled and how long. A wait leaves out the
         time the thread was ready to run while another process held the CPU (Linux's run-queue
         delay, /proc/thread-self/schedstat): the machine's load, which workers do not take away;
         a wait blocked on a read, a queue or a sleep counts whole (a rehearsal's wait leaves out
@@ -177,8 +178,8 @@ class DataloaderBound(Rule):
     # an audit of a snapshot or a checkpoint runs it (finding nothing) rather than listing it among
     # findings.json's skipped_rules.
     options = (
-        Option("min-share", 0.25, "Share of the run's time spent waiting in DataLoader iteration (the steps' "
-                                  "waits per step, stalls included) to flag."),
+        Option("min-share", 0.25, "Share of the timed steps' time spent waiting in DataLoader iteration (their "
+                                  "waits, stalls included, over their time less other load's) to flag."),
         Option("min-wait-ms", 2.0, "Wait per step below which workers would not pay off (IPC costs ~1 ms)."),
         Option("trace-min-share", 0.25,
                "Trace: report when DataLoader __next__ takes at least this share of the run's time (its time in "
@@ -260,10 +261,12 @@ class DataloaderBound(Rule):
                         loader_ids.setdefault(t.data.get("loader"), t.where)
             iter_steps += any(t.kind == m.DATA_ITER and t.what == "DataLoader.__iter__" for t in s.tallies)
             iter_ms.append(made)
-            most = max(most, wait / s.ms if s.ms else 0.0)
+            # (each step's wait over its time less other processes' load, which the wait leaves out)
+            own = max(s.ms - (s.waited_ms or 0.0), wait)
+            most = max(most, wait / own if own else 0.0)
             waits.append(wait)
-            if s.ms:
-                shares.append(wait / s.ms)
+            if own:
+                shares.append(wait / own)
                 if s.cpu_ms is not None:
                     cpu_ratio.append(s.cpu_ms / s.ms)
         # the steps' waits per step (their mean: a stall in one step of eight counts an eighth of it)
@@ -298,8 +301,15 @@ class DataloaderBound(Rule):
                 most = max(shares, default=0.0)
                 wait_ms = round(fmean(waits), 3)
                 share = share_of_step(wait_ms, step_ms) or 0.0  # (of the run's time, as every cost's share)
-        # (a rehearsal's verdict is the GPU step's own: its wait over the step predicted there)
-        judged = median(shares) if gpu is not None and shares else share
+        # The verdict: the steps' waits over their own time, both over the steps the cost is read
+        # from (a slow first step or the audit's checks, elsewhere in the run, do not dilute it;
+        # stalls in some of them count), their time less what other processes' load took of it
+        # (their run-queue delay, which the waits leave out too: like with like); a rehearsal's,
+        # the GPU step's own: its wait over the step predicted there. The cost's share printed is
+        # of the run's time (above).
+        own_ms = sum(max(s.ms - (s.waited_ms or 0.0), w) for s, w in zip(steps, waits))
+        judged = (median(shares) if gpu is not None and shares else
+                  sum(waits) / own_ms if own_ms > 0 else share)
         if judged < options.min_share or wait_ms < options.min_wait_ms:
             return
         stalls = stall_phrase(waits)

@@ -188,6 +188,7 @@ def test_the_timed_plan_of_short_runs() -> None:
 
     assert plan(8) == [] and plan(10) == [5, 6, 7] and plan(18) == list(range(7, 14))
     assert plan(SHORT_RUN) == []  # (a run of 30 or more cuts its dense start instead)
+    assert timed_block(10, set()) == frozenset()  # (--no-profile: checked whole)
     assert ASK_STEPS == SHORT_RUN and ASK_GIVES == TIMED_AT_LEAST
 
 

@@ -15,8 +15,9 @@
   run with SHORT_TIMED_FROM steps or more outside the profiler's window times half of them, the
   ones right after the window (timed_block: the program's steady state, past its first steps), and
   checks the others, its last steps among them, where a short run's values go wrong (a run of 10:
-  steps 5-7 timed, 0, 8 and 9 checked; a run of 18: 7-13 timed). Shorter still, it is checked
-  whole: its median comes from checked steps, and the reports say so.
+  steps 5-7 timed, 0, 8 and 9 checked; a run of 18: 7-13 timed). Shorter still, or without a
+  profiler window (--no-profile), it is checked whole: its median comes from checked steps, and
+  the reports say so.
 * Timed steps: the others. Nothing of the checks runs in them; their median is the step time
   the audit reports, and comparing checked steps with them is the checks' measured cost.
 * A timed step the checks did not see is still watched for its loss: the first loss each backward
@@ -71,13 +72,15 @@ def dense_steps(steps: int, window: frozenset[int] | set[int]) -> int:
 
 def timed_block(steps: int, window: frozenset[int] | set[int]) -> frozenset[int]:
     """A short run's timed steps (see the module docstring): half of the steps outside the window,
-    the first ones after it (after the first step, without a window); none for a run of SHORT_RUN steps or more, or of unknown length."""
-    if not 0 < steps < SHORT_RUN:
+    the first ones after it; none for a run of SHORT_RUN steps or more, of unknown length, or
+    without a window (--no-profile: nothing marks where its first steps end, and its early steps,
+    where a short run's checks matter most, would be the ones timed)."""
+    if not 0 < steps < SHORT_RUN or not window:
         return frozenset()
     outside = [i for i in range(steps) if i not in window]
     if len(outside) < SHORT_TIMED_FROM:
         return frozenset()
-    after = [i for i in outside if i > max(window, default=0)]  # (no window: past the first step's warm-up)
+    after = [i for i in outside if i > max(window)]
     return frozenset(after[: len(outside) // 2])
 
 
