@@ -45,7 +45,7 @@ from auditor.reports.patch import fixes_patch_edits, numerics_patchable
 from auditor.reports.plots import MAX_LINE_POINTS, PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a finding's line: those recorded)
 from auditor.evidence.run_time import run_time
-from auditor.reports.run_time_lines import parts_line, spread_line, too_few_line
+from auditor.reports.run_time_lines import parts_line, spread_text, too_few_line
 from auditor.reports.terminal import (PER_RULE_LINES, by_cost, checkpoint_overview, elsewhere_phrase, program_phrase,
                                       recoverable, snapshot_overview, steps_of)
 from auditor.findings import Finding
@@ -431,7 +431,7 @@ def run_view(ev: Evidence, rec: Any) -> dict[str, Any] | None:
         return None
     gpu = rehearsed_share(ev, rec.total, rec.launches_ms) if rec.ms is not None else None
     return {"base": fmt_ms(account.base_ms), "parts": parts_line(account).split("ms/step ", 1)[1],
-            "spread": spread_line(account), "too_few": too_few_line(account),
+            "spread": spread_text(account), "too_few": too_few_line(account),
             "gpu": gpu_line(*gpu) if gpu is not None else None}
 
 

@@ -36,12 +36,20 @@ def spread_line(rt: RunTime) -> str | None:
     without a median."""
     if rt.median_ms is None:
         return None
-    text = f"median step {_ms(rt.median_ms)} ms"
+    spread = spread_text(rt)
+    return f"median step {_ms(rt.median_ms)} ms" + (f", {spread}" if spread else "")
+
+
+def spread_text(rt: RunTime) -> str:
+    """The steps' spread beside their median: 'p10-p90 5.4-104.1; slowest: 32 107.9 (data 101.7)'."""
+    if rt.median_ms is None:
+        return ""
+    text = ""
     if rt.p10_ms is not None and rt.p90_ms is not None and rt.steps > 2:
-        text += f", p10-p90 {_ms(rt.p10_ms)}-{_ms(rt.p90_ms)}"
-    slow = [s for s in rt.slowest if rt.p90_ms is None or s.ms > rt.median_ms * 1.5]
+        text = f"p10-p90 {_ms(rt.p10_ms)}-{_ms(rt.p90_ms)}"
+    slow = [s for s in rt.slowest if s.ms > rt.median_ms * 1.5]
     if slow:
-        text += "; slowest: " + ", ".join(
+        text += ("; " if text else "") + "slowest: " + ", ".join(
             f"{s.step} {_ms(s.ms)}" + (f" ({', '.join(f'{k} {_ms(v)}' for k, v in s.waited.items())})" if s.waited else "")
             + (f" {s.role}" if s.role not in ("", "timed") else "") for s in slow)
     return text

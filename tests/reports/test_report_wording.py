@@ -177,7 +177,7 @@ def test_one_cost_shows_one_percentage_everywhere(tmp_path, example_audit):
     [f] = [g for g in doc["findings"] if g["cost"] and g["cost"]["ms_per_step"] is not None]  # the one timed cost
     assert f["rule"] == "dataloader-bound"
     ms, share, median_ms = f["cost"]["ms_per_step"], f["cost"]["share_of_step"], doc["steps"]["median_ms"]
-    assert share == round(ms / doc["run_time"]["base_ms"], 4) and share >= 0.25
+    assert share == round(ms / doc["run_time"]["base_ms"], 4) and share > 0
     pct = f"{share:.0%}"
     # the terminal: the headline's recoverable share, the finding's line and its message
     head = a.stdout.splitlines()[0]
