@@ -8,8 +8,10 @@ one's end, split into parts a user can act on. The parts add up to the span.
 * syncs: the steps' device->host syncs (the host waiting for the device);
 * rest: what no record covers (the probes' own step boundaries);
 * audit: the audit's own work, by its measured cost: the checked steps' and the profiled steps' time
-  over the timed steps' (medians of their work, times their number: a slow first step is the run's,
-  not the checks'), and the audit's work at the step boundaries (records, profiler, graph scans).
+  over the timed steps' (their medians, times their number: a slow first step or a stall is the
+  run's, not the checks'), taken out of those steps' work (and, past it, their waits for data: the
+  checks slow a loader in the training process too), and the audit's work at the step boundaries
+  (records, profiler, graph scans).
 
 The run's time per step (`base_ms`) is the span less the audit's part, over the steps: what the
 program takes a step without the audit, and what every finding's cost is a share of
@@ -149,12 +151,13 @@ def _of_run(ev: m.Evidence) -> RunTime | None:
         # (evidence recorded before the boundaries were timed: what no record covers between
         # contiguous steps is the audit's work there, its records, profiler and graph scans)
         boundaries, rest = rest, 0.0
-    audit, note = _own_steps(ev, steps, work)
+    audit, from_data, note = _own_steps(ev, steps, work)
+    data -= min(from_data, data)
     audit.append(Piece("step boundaries", _r(boundaries), _r(boundaries / n)))
     own = sum(p.ms for p in audit)
     span = max(span, sum(s.ms for s in steps) + between_ms + boundaries)  # (the parts never pass it)
     base = (span - own) / n
-    totals = {"work": sum(work.values()) - (own - boundaries), "data": data, "between": between_ms,
+    totals = {"work": sum(work.values()) - (own - boundaries - from_data), "data": data, "between": between_ms,
               "syncs": syncs, "rest": rest, "audit": own}
     parts = [Part(name, _r(ms), _r(ms / n), round(ms / n / base, 4) if base > 0 else 0.0,
                   between if name == "between" else [p for p in audit if p.ms > 0] if name == "audit" else [])
@@ -185,27 +188,48 @@ def _quantile(sorted_xs: list[float], q: float) -> float:
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
-def _own_steps(ev: m.Evidence, steps: list[m.StepRecord], work: dict[int, float]) -> tuple[list[Piece], str]:
-    """The checked and the profiled steps' cost: each kind's median work over the timed steps'
-    median work, times their number (at most their work); and what is not measured."""
+def _own_steps(ev: m.Evidence, steps: list[m.StepRecord], work: dict[int, float]) -> tuple[list[Piece], float, str]:
+    """The checked and the profiled steps' cost: each kind's median step over the timed steps'
+    median step, times their number (at most their time: medians, so that a slow first step or a
+    stall in some of them is the run's, not the audit's); how much of it is more than those steps'
+    work (the checks slow a loader in the training process too: the rest comes out of their data
+    waits); and what is not measured."""
     n = len(steps)
-    roles: dict[str, list[float]] = {}
+    roles: dict[str, list[m.StepRecord]] = {}
     for s in steps:
-        roles.setdefault(_role(s), []).append(work[s.index])
+        roles.setdefault(_role(s), []).append(s)
     timed = roles.get("timed", [])
-    base = statistics.median(timed) if timed else None
-    note = ""
-    out = []
+    base = statistics.median(s.ms for s in timed) if timed else None
+    note, out, from_data = "", [], 0.0
     for role, name in (("checked", "checked steps"), ("profiled", "profiled steps")):
         mine = roles.get(role, [])
         against = base
         if against is None and role == "profiled" and roles.get("checked"):
-            against = statistics.median(roles["checked"])  # (no timed step: against the checked ones)
+            against = statistics.median(s.ms for s in roles["checked"])  # (no timed step: against the checked ones)
         if mine and against is None:
             note = f"the {name}' cost is not measured: no step ran without the audit's checks"
-        extra = 0.0 if not mine or against is None else min(sum(mine), len(mine) * max(0.0, statistics.median(mine) - against))
+        extra = 0.0 if not mine or against is None else \
+            min(sum(s.ms for s in mine), len(mine) * max(0.0, statistics.median(s.ms for s in mine) - against))
         out.append(Piece(name, _r(extra), _r(extra / n)))
-    return out, note
+        if extra > 0:
+            from_data += _from_data(extra, mine, timed or roles.get("checked", []), work)
+    return out, from_data, note
+
+
+def _from_data(extra: float, mine: list[m.StepRecord], basis: list[m.StepRecord], work: dict[int, float]) -> float:
+    """How much of the audit's `extra` time in steps `mine` comes out of their data waits: in
+    proportion to how much longer their median wait is than the `basis` steps' (the checks slow a
+    loader in the training process), against how much longer their median work is; at most their
+    waits, and whatever their work cannot hold."""
+    def med(steps: list[m.StepRecord], f: Any) -> float:
+        return statistics.median(f(s) for s in steps) if steps else 0.0
+
+    waits = sum(s.ms - work[s.index] for s in mine)
+    dd = max(0.0, med(mine, lambda s: s.ms - work[s.index]) - med(basis, lambda s: s.ms - work[s.index]))
+    dw = max(0.0, med(mine, lambda s: work[s.index]) - med(basis, lambda s: work[s.index]))
+    share = dd / (dd + dw) if dd + dw > 0 else 0.0
+    taken = max(extra * share, extra - sum(work[s.index] for s in mine))
+    return min(taken, waits)
 
 
 def own_trace(ev: m.Evidence, trace: Any) -> bool:

@@ -64,7 +64,8 @@ def test_stalls_in_some_steps_are_in_the_runs_time_and_in_the_cost(stalled) -> N
     stalls = [i for i, w in waits.items() if w > 100]
     assert len(stalls) >= 4 and all(i % 4 == 0 for i in stalls), stalls
     data = next(p for p in account["parts"] if p["name"] == "data")
-    assert data["ms"] == pytest.approx(sum(waits.values()), abs=0.01)
+    # (the waits, less any the audit's checked or profiled steps added to theirs: its own part)
+    assert sum(waits.values()) * 0.95 <= data["ms"] <= sum(waits.values()) + 0.01
     assert data["per_step_ms"] > 4 * doc["steps"]["median_ms"] * 0.5  # (most of the run: the median step leaves it out)
     slow = [s for s in account["slowest"] if s["waited"].get("data", 0) > 100]
     assert slow and all(s["step"] in stalls for s in slow)
