@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from auditor.evidence.run_time import ASK_GIVES, RunTime
 
+SHOWN_SLOWEST = 2  # the slowest steps a line names (findings.json has RunTime.slowest's)
 # How the parts are named in the summary (PARTS' order)
 WORDS = {"work": "work", "data": "data", "between": "between", "syncs": "syncs", "rest": "rest", "audit": "audit"}
 
@@ -47,10 +48,11 @@ def spread_text(rt: RunTime) -> str:
     text = ""
     if rt.p10_ms is not None and rt.p90_ms is not None and rt.steps > 2:
         text = f"p10-p90 {_ms(rt.p10_ms)}-{_ms(rt.p90_ms)}"
-    slow = [s for s in rt.slowest if s.ms > rt.median_ms * 1.5]
+    slow = [s for s in rt.slowest if s.ms > rt.median_ms * 1.5][:SHOWN_SLOWEST]
     if slow:
         text += ("; " if text else "") + "slowest: " + ", ".join(
-            f"{s.step} {_ms(s.ms)}" + (f" ({', '.join(f'{k} {_ms(v)}' for k, v in s.waited.items())})" if s.waited else "")
+            f"{s.step} {_ms(s.ms)}" + (f" ({', '.join(f'{k} {_ms(v)}' for k, v in waited.items())})"
+                                       if (waited := {k: v for k, v in s.waited.items() if v >= 0.5}) else "")
             + (f" {s.role}" if s.role not in ("", "timed") else "") for s in slow)
     return text
 

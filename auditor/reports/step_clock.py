@@ -79,10 +79,10 @@ def rehearsed_share(evidence: Evidence, recoverable_ms: float,
 def gpu_line(predicted: float, saved: float, name: str) -> str:
     """A rehearsal's prediction for the named GPU, on a line of its own: no share of the run
     measured here is a share of it."""
-    what = (f"up to {saved:.2f} ms of it" if saved >= 0.01 else f"up to {saved:.3g} ms of it" if saved > 0
-            else "none of it")  # (a few us is not "0.00")
-    return (f"predicted on an {name} (rehearsed, not measured): {predicted:.2f} ms a step, host-bound; "
-            f"the warnings' fixes: {what}")
+    what = (f"save up to {saved:.2f} ms" if saved >= 0.01 else f"save up to {saved:.3g} ms" if saved > 0
+            else "save nothing there")  # (a few us is not "0.00")
+    return (f"predicted on an {name} (rehearsal, not measured): {predicted:.2f} ms/step, host-bound; "
+            f"fixes {what}")
 
 
 def _gpu_name(evidence: Evidence) -> str:

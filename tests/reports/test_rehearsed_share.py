@@ -15,8 +15,8 @@ from conftest import audit
 
 pytestmark = pytest.mark.slow
 
-GPU_LINE = re.compile(r"^predicted on an (.+) \(rehearsed, not measured\): ([\d.]+) ms a step, host-bound; "
-                      r"the warnings' fixes: up to ([\d.]+) ms of it$")
+GPU_LINE = re.compile(r"^predicted on an (.+) \(rehearsal, not measured\): ([\d.]+) ms/step, host-bound; "
+                      r"fixes save up to ([\d.]+) ms$")
 
 
 def test_a_rehearsed_steps_gpu_prediction_is_a_line_of_its_own(tmp_path):

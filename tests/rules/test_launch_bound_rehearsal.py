@@ -127,8 +127,8 @@ def test_the_gpu_steps_share_counts_what_launching_fewer_kernels_saves(runs):
 
     lines = (a.out / "summary.txt").read_text().splitlines()
     (m,) = [m for line in lines if (m := re.match(
-        r"predicted on an .+ \(rehearsed, not measured\): ([\d.]+) ms a step, host-bound; "
-        r"the warnings' fixes: up to ([\d.]+) ms of it$", line))]
+        r"predicted on an .+ \(rehearsal, not measured\): ([\d.]+) ms/step, host-bound; "
+        r"fixes save up to ([\d.]+) ms$", line))]
     predicted, saved = float(m[1]), float(m[2])
     clock = a.findings_doc["steps"]["clock"]
     (f,) = a.rule("launch-bound")

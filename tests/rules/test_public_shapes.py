@@ -227,8 +227,8 @@ def test_a_hand_written_sgd_loop_gets_a_foreach_patch_that_verify_proves_trains_
     # time) counts the launches the foreach update takes off the host: it read "0% of it" before
     lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
     (m,) = [m for line in lines if (m := re.match(
-        r"predicted on an .+ \(rehearsed, not measured\): ([\d.]+) ms a step, host-bound; "
-        r"the warnings' fixes: up to ([\d.]+) ms of it$", line))]
+        r"predicted on an .+ \(rehearsal, not measured\): ([\d.]+) ms/step, host-bound; "
+        r"fixes save up to ([\d.]+) ms$", line))]
     predicted, saved = float(m[1]), float(m[2])
     clock = a.findings_doc["steps"]["clock"]
     floor = max(clock["device_ms"], clock["issue_floor_ms"] - f["cost"]["ms_per_step"])
