@@ -310,7 +310,11 @@ class DataloaderBound(Rule):
         own_ms = sum(max(s.ms - (s.waited_ms or 0.0), w) for s, w in zip(steps, waits))
         judged = (median(shares) if gpu is not None and shares else
                   sum(waits) / own_ms if own_ms > 0 else share)
-        if judged < options.min_share or wait_ms < options.min_wait_ms:
+        # (the run's first fetch starts the loader, and its workers, once: not a wait a step that
+        # makes workers worth their hand-over, where the other steps wait less than it)
+        first = min(s.index for s in ev.steps)
+        later = [w for st, w in zip(steps, waits) if st.index != first] or waits
+        if judged < options.min_share or fmean(later) < options.min_wait_ms:
             return
         stalls = stall_phrase(waits)
         confidence, confidence_text = share_confidence(shares, options.min_share, cpu_ratio)
