@@ -44,6 +44,7 @@ def install(mode: str, source: str | None, module: str | None = None,
     from auditor.capture.rehearsal import data as rehearsal_data
     from auditor.capture.rehearsal import cuda as rehearsal_cuda
     from auditor.capture.rehearsal import device as rehearsal_device
+    from auditor.capture.rehearsal import legacy_types as rehearsal_legacy_types
     from auditor.capture.rehearsal import ops as rehearsal_ops
     from auditor.capture.rehearsal import rnn as rehearsal_rnn
     from auditor.capture.rehearsal import serialization as rehearsal_files
@@ -54,6 +55,7 @@ def install(mode: str, source: str | None, module: str | None = None,
     rehearsal_rnn.install()
     rehearsal_data.install()
     replaced = rehearsal_cuda.install()
+    replaced += rehearsal_legacy_types.install()
     rehearsal_dist.install()
     probes.DEVICE_OF = rehearsal_device.device_of
     probes.JUDGE_AS_CUDA = True
