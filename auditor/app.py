@@ -153,7 +153,7 @@ def exit_code(evidence, results, fail_on: str | None) -> int:
     from auditor.evidence.model import ended_well
 
     if evidence.source == "run" and not ended_well(evidence.ending):
-        return EXIT_TARGET_FAILED
+        return EXIT_INTERNAL if evidence.ending.audit_cause else EXIT_TARGET_FAILED
     if fail_on and any(severity_rank(f.severity) >= severity_rank(fail_on) for f in results.findings):
         return EXIT_FAIL_ON
     return EXIT_OK

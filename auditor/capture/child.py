@@ -270,7 +270,14 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
         message = f"the program exited with code {code} (sys.exit({exc.code!r}))"
     return wire.Ended(status=status, step=step, exception=type(exc).__name__, message=message,
                       traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
-                      where=_frame_of_exception(exc), cuda_devices=devices or [])
+                      where=_frame_of_exception(exc), cuda_devices=devices or [], audit_cause=_audit_cause(exc))
+
+
+def _audit_cause(exc: BaseException) -> str | None:
+    """Whether the audit's CUDA rehearsal, not the program, raised `exc` (rehearsal.blame)."""
+    from auditor.capture.rehearsal.blame import audit_cause
+
+    return audit_cause(exc) if probes.JUDGE_AS_CUDA else None
 
 
 ADDED_ENV: dict[str, str] = {}  # the parent's variables for torch's logging, removed from os.environ (see main)

@@ -149,7 +149,7 @@ class EvidenceBuilder:
             if r.cuda_devices:
                 ev.environment.cuda_devices = r.cuda_devices
             ev.ending = m.Ending(status=r.status, step=r.step, exception=r.exception, message=r.message,
-                                 traceback=r.traceback, where=recorded_frame(r.where))
+                                 traceback=r.traceback, where=recorded_frame(r.where), audit_cause=r.audit_cause)
 
     def _loaders(self, loaders: list[m.DataLoaderInfo]) -> None:
         for d in loaders:

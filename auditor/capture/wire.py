@@ -166,7 +166,8 @@ class Ended(Record, tag="ended"):
 
     status, step, exception, message, traceback, where: as auditor.evidence.model.Ending.
     backend_flags: the backend settings at the end (a completed run only).
-    cuda_devices: every visible CUDA device, when the program initialised CUDA."""
+    cuda_devices: every visible CUDA device, when the program initialised CUDA.
+    audit_cause: as Ending's."""
 
     status: str
     step: int | None = None
@@ -174,6 +175,7 @@ class Ended(Record, tag="ended"):
     message: str | None = None
     traceback: str | None = None
     where: Frame | None = None
+    audit_cause: str | None = None
     backend_flags: dict[str, Any] | None = None
     cuda_devices: list[dict[str, Any]] = []
 

@@ -58,15 +58,27 @@ def _sync(what: str, frame: Any) -> None:
 _COMPILER_DIRS = tuple(os.path.join(os.path.dirname(torch.__file__), d) + os.sep for d in ("_dynamo", "_inductor"))
 
 
+# The device queries whose rehearsed answer (a GPU is there) sends a program down its GPU path
+QUERIES = frozenset({"is_available", "device_count", "current_accelerator"})
+# (what, file, line) of the first of them the program (or a library it calls) asked: a plain run
+# told "no GPU" there takes its CPU path (auditor.capture.rehearsal.blame)
+TOLD_GPU: list[tuple[str, str, int]] = []
+
+
 def _standin(what: str, impl: Callable[..., Any], real: Callable[..., Any] | None = None,
              orig: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Wrap `impl` so the user's calls are recorded; with `real`, torch's own calls get `real`.
     torch.compile's own calls get `orig` (the CPU build's function, which says there is no CUDA):
     the tensors it compiles for are on the CPU, so it must generate CPU code."""
+    query = what.rsplit(".", 1)[-1] in QUERIES
+
     def standin(*args: Any, **kwargs: Any) -> Any:
         frame = sys._getframe(1)
         if caller_is_user(frame):
             _record(what, frame)
+            if query and not TOLD_GPU:
+                site = call_site(frame)
+                TOLD_GPU.append((what, site[0], site[1]) if site else (what, "", 0))
             return impl(*args, **kwargs)
         if orig is not None and frame.f_code.co_filename.startswith(_COMPILER_DIRS):
             return orig(*args, **kwargs)
