@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from auditor.capture import probes, torch_private
-from auditor.capture.rehearsal.intent import argument_reason, program_reasons
+from auditor.capture.rehearsal.intent import CLI_PICKS, argument_reason, cli_accelerator, program_reasons
 
 NOTE = ("CUDA rehearsal: this program asks for CUDA ({reason}) and there is no CUDA device here, so it ran "
         "on the CPU with torch.cuda answering as one idle GPU would (is_available() is True). Tensors it "
@@ -29,6 +29,8 @@ def install(mode: str, source: str | None, module: str | None = None,
     if mode == "off" or torch.cuda.is_available():
         return None
     reasons = program_reasons(source, module) if source or module else []
+    if cli_accelerator(list(argv)) not in (None, "auto", "gpu", "cuda"):  # LightningCLI told to use the CPU
+        reasons = [r for r in reasons if not r[2].endswith(CLI_PICKS)]
     argument = None if reasons else argument_reason(list(argv))
     if mode == "auto" and not reasons and argument is None:
         return None
