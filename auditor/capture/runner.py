@@ -148,6 +148,7 @@ class EvidenceBuilder:
                 ev.environment.backend_flags = r.backend_flags
             if r.cuda_devices:
                 ev.environment.cuda_devices = r.cuda_devices
+            ev.environment.notes.extend(r.notes)
             ev.ending = m.Ending(status=r.status, step=r.step, exception=r.exception, message=r.message,
                                  traceback=r.traceback, where=recorded_frame(r.where), audit_cause=r.audit_cause)
 

@@ -18,6 +18,7 @@ from typing import Any, Union
 
 import msgspec
 
+from auditor.capture import held_output
 from auditor.evidence.model import DataLoaderInfo, Environment, Program, Tally, WindowCut, WindowDrop
 from auditor.evidence.frame import Frame
 
@@ -167,7 +168,9 @@ class Ended(Record, tag="ended"):
     status, step, exception, message, traceback, where: as auditor.evidence.model.Ending.
     backend_flags: the backend settings at the end (a completed run only).
     cuda_devices: every visible CUDA device, when the program initialised CUDA.
-    audit_cause: as Ending's."""
+    audit_cause: as Ending's.
+    notes: for the environment's notes: what the audit kept out of the program's output
+    (auditor.capture.held_output, read wherever the child builds this record)."""
 
     status: str
     step: int | None = None
@@ -176,6 +179,7 @@ class Ended(Record, tag="ended"):
     traceback: str | None = None
     where: Frame | None = None
     audit_cause: str | None = None
+    notes: list[str] = msgspec.field(default_factory=held_output.notes)
     backend_flags: dict[str, Any] | None = None
     cuda_devices: list[dict[str, Any]] = []
 

@@ -28,6 +28,7 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -284,8 +285,15 @@ class RehearsalGenerator(_RealGenerator, metaclass=_GeneratorMeta):
 
 # --- mixed precision -----------------------------------------------------------------------------
 
+# CPU autocast refuses the other dtypes CUDA autocast takes (float32: a trainer's `--dtype float32`)
+_CPU_AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
+_CPU_REFUSAL = "In CPU autocast, but the target dtype is not supported"
+
+
 class RehearsalAutocast(torch.amp.autocast):
-    """`torch.autocast("cuda", dtype)`: CPU autocast with the dtype the GPU would use."""
+    """`torch.autocast("cuda", dtype)`: CPU autocast with the dtype the GPU would use. Where CPU
+    autocast refuses that dtype (float32), it is off, as CUDA autocast to float32 computes in
+    float32, without the warning CPU autocast gives: a GPU run does not print it."""
 
     def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
                  cache_enabled: bool | None = None) -> None:
@@ -295,6 +303,11 @@ class RehearsalAutocast(torch.amp.autocast):
             # (dtype is passed on as given, not judged as a bool: torch takes any object there)
             device_type = "cpu"
             dtype = torch.get_autocast_dtype("cuda") if dtype is None else dtype
+            if dtype not in _CPU_AUTOCAST_DTYPES:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=_CPU_REFUSAL)
+                    super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+                return
         super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 

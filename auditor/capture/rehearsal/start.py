@@ -48,6 +48,7 @@ def install(mode: str, source: str | None, module: str | None = None,
     from auditor.capture.rehearsal import device as rehearsal_device
     from auditor.capture.rehearsal import legacy_types as rehearsal_legacy_types
     from auditor.capture.rehearsal import ops as rehearsal_ops
+    from auditor.capture.rehearsal import output as rehearsal_output
     from auditor.capture.rehearsal import rnn as rehearsal_rnn
     from auditor.capture.rehearsal import serialization as rehearsal_files
 
@@ -59,6 +60,7 @@ def install(mode: str, source: str | None, module: str | None = None,
     replaced = rehearsal_cuda.install()
     replaced += rehearsal_legacy_types.install()
     rehearsal_dist.install()
+    rehearsal_output.install()
     probes.DEVICE_OF = rehearsal_device.device_of
     probes.JUDGE_AS_CUDA = True
     # said once for a distributed run: by rank 0 (every rank rehearses, and its evidence notes it)
