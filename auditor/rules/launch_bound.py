@@ -17,6 +17,7 @@ from auditor.evidence.trace.names import COMM_KERNEL, GRAPH_LAUNCH
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.rules._support.gpu_costs import estimate_device, kernel_us, launch_cost
 from auditor.rules._support.places import steps_run, typical_pairs
+from auditor.rules._support.cli_flags import own_flag
 from auditor.rules._support.step_edits import loop_around
 from auditor.fixes import read_lines
 from auditor.rules._support.text import line_ref, per_step
@@ -49,13 +50,15 @@ _OPTIMIZER_OPS = ("Optimizer.step", "_foreach", "_fused_")
 
 
 def _fix(files_lines: list[tuple[str | None, int | None]], ops: Iterable[str] = (),
-         callers: Iterable[list[tuple[str, int]]] = ()) -> Fix:
+         callers: Iterable[list[tuple[str, int]]] = (), target: str = "", argv: Iterable[str] = ()) -> Fix:
     """The fix for the causes the named lines show: a loop over parameters (foreach ops, and the
     optimizer's foreach setting), another per-element loop (whole-tensor ops), a function called
     per element of a loop in its caller (`callers`: where the user's code called each line's
     function, from a rehearsal; batch the elements), or neither (elementwise ops run once per call:
     cache what depends on shapes alone, fuse the rest). A trace's lines that cannot be read get the
-    general advice, with the optimizer's setting only where its own ops launch the kernels."""
+    general advice, with the optimizer's setting only where its own ops launch the kernels. A
+    script with a `--compile` option of its own (argparse, in `target` or the lines' files) not
+    given on its command line (`argv`) is told to run with it, in place of torch.compile's."""
     callers = list(callers) or [[] for _ in files_lines]
     kinds, looped = [], []
     for (f, n), called in zip(files_lines, callers):
@@ -78,6 +81,13 @@ def _fix(files_lines: list[tuple[str | None, int | None]], ops: Iterable[str] = 
              f"loops around lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}" if lines else "")
     advice = [_CALLER_LOOP.format(loops=loops, file=", ".join(dict.fromkeys(os.path.basename(f) for f, _ in looped)))
               if k == "caller" else _ADVICE[k] for k in kinds]
+    flag = own_flag([target, *(f for f, _ in files_lines)], "compile")
+    if flag is not None and not any(a.split("=")[0] == flag.option for a in argv):  # the script compiles its model itself when told: its own option is the switch
+        config.pop("torch.compile")
+        config[flag.option] = flag.usage.partition(" ")[2] or True
+        return Fix(summary=" ".join(advice).replace("torch.compile", f"its `{flag.option}`")
+                   + f" The script compiles its model with torch.compile itself when run with `{flag.usage}` (its "
+                   f"option at line {flag.line} of {os.path.basename(flag.file)}): run it so.", config=config)
     return Fix(summary=" ".join(advice) + _GRAPHS, config=config)
 
 
@@ -147,6 +157,8 @@ class LaunchBound(TraceRule):
         alone once and reuse it, and let `torch.compile` fuse the rest. Each offers
         `torch.compile(mode="reduce-overhead")` (CUDA graphs). A trace whose lines cannot be read
         here gets the general advice, with the optimizer setting only where optimizer ops launch.
+        A script with its own `--compile` option (argparse, as llm.c's train_gpt2.py has) is told
+        to run with it rather than given torch.compile's advice.
 
     Evidence needed:
         A profiler trace with CUDA or ROCm activity (kernels and the runtime calls that launched
@@ -271,7 +283,8 @@ class LaunchBound(TraceRule):
             cost=cost,
             fix=_fix([(s["where"].file, s["where"].line) if s["where"] else (None, None) for s in named],
                      {op for s in named for op in s["ops"]},
-                     [[c for c, _ in s["callers"].most_common(3)] for s in named]),
+                     [[c for c, _ in s["callers"].most_common(3)] for s in named], ev.target,
+                     ev.program.argv if ev.program else ()),
         )
 
     def check_trace(self, trace: Trace, options: Options) -> Finding | None:
