@@ -286,7 +286,7 @@ def _file_of(f: dict) -> str:
     return Path(locs[0]["file"]).name if locs else ""
 
 
-_KINDS = ("phase", "source")  # evidence keys that tell apart one rule's findings of different kinds
+_KINDS = ("phase", "source", "built")  # evidence keys that tell apart one rule's findings of different kinds
 
 
 def _kind(f: dict) -> tuple:
@@ -297,7 +297,8 @@ def _kind(f: dict) -> tuple:
 def same_finding(before: dict, after: list[dict]) -> dict | None:
     """The re-run's finding of the same rule in the same file (files differ in path: the re-run
     ran in the scratch copy), of the same kind: host-sync's syncs between steps (evidence `phase`)
-    are not its syncs in the steps, nor a trace's (`source`) a run's."""
+    are not its syncs in the steps, nor a trace's (`source`) a run's, nor host-built-tensor's random
+    draws (`built`) its constants."""
     return next((a for a in after if a["rule"] == before["rule"] and _file_of(a) == _file_of(before)
                  and _kind(a) == _kind(before)), None)
 
