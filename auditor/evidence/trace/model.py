@@ -357,8 +357,9 @@ class Trace:
         next batch, the next step) is recorded under the same name, so that line, the profiler's
         own, is not where it was done. The tracer records those frames first, all within
         microseconds of its start, on every thread: each thread's outermost early frame, then the
-        earliest call inside each, down to the first library frame below the user's code (the
-        profiler's own start on the thread that started it)."""
+        earliest call inside each, down to the profiler's own start on the thread that started
+        it: through library frames between the user's (a launcher's `runpy.run_path` above the
+        program's module code, an optimizer's step running the hook that called `prof.step()`)."""
         cached = self.__dict__.get("_startup_frames")
         if cached is not None:
             return cached
@@ -379,13 +380,8 @@ class Trace:
                 if int(parent[root]) in known or thread in threads:
                     continue
                 threads.add(thread)
-                r, seen_user = root, False
+                r = root
                 while r in first_child or r == root:
-                    f = parse_frame(self.symbols[int(names[r])])
-                    user = f is not None and not is_library_file(f.file)
-                    if seen_user and not user:
-                        break
-                    seen_user = seen_user or user
                     child = first_child.get(r)
                     if child is None:
                         break
@@ -439,8 +435,11 @@ class Trace:
         ends, begin = self.col("end"), self.col("ts")[row]
         r = row
         while r >= 0:
-            if r in cache:
-                found = cache[r]
+            hit = cache.get(r)
+            # (an answer whose frame, or the call it was making, had returned before this row began
+            # is not this row's: rows below a `prof.step()` in an optimizer's hook begin after it)
+            if hit is not None and all(c < 0 or ends[c] >= begin for c in hit[2:]):
+                found = hit
                 if found[2] == r:  # the frame's own row: what it called is on the walk that came here
                     found = (*found[:3], self._called([*path, r], begin))
                 break
@@ -464,12 +463,15 @@ class Trace:
             if len(path) > 10_000:  # a cycle cannot happen by construction; stay safe anyway
                 break
         # rows above what the frame was calling (a ProfilerStep range, the `prof.step()` it hangs
-        # under) are not cached: each row below them was calling something else of the frame's
+        # under) are not cached: each row below them was calling something else of the frame's; nor
+        # are rows that outlive the frame or that call (a ProfilerStep range a `prof.step()` in an
+        # optimizer's hook opened): rows below them after it returned are not that call's
         upto = path.index(found[3]) if found[3] in path else len(path)
+        outlives = min(ends[found[2]] if found[2] >= 0 else np.inf, ends[found[3]] if found[3] >= 0 else np.inf)
         for i, p in enumerate(path):
             if p == found[2]:
                 cache[p] = (*found[:3], -1)
-            elif i <= upto:
+            elif i <= upto and ends[p] <= outlives:
                 cache[p] = found
         frame, early, _, below = found
         if frame is not None and below >= 0:
