@@ -111,6 +111,7 @@ TABLE: dict[str, tuple[Input, Input]] = {
     "cudnn-benchmark": (Input("rehearsal", "gpu_convnet"), Input("rehearsal", "gpu_convnet_clean")),
     "manual-update": (Input("rehearsal", "gpu_manual_update"), GPU_CLEAN),
     "blocking-pinned-copy": (Input("rehearsal", "gpu_blocking_pinned_copy"), GPU_CLEAN),
+    "host-built-tensor": (Input("rehearsal", "gpu_host_built"), GPU_CLEAN),
 }
 
 # shared distributed run -> (its directory, given the session's tmp_path_factory; its example)
