@@ -23,7 +23,7 @@ from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import call_site, computed_kwargs, edit_call_kwargs, given_elsewhere
 from auditor.rules._support.copies import non_blocking_edits
-from auditor.rules._support.frameworks import fabric_moves_batches, trains_with
+from auditor.rules._support.frameworks import framework_moves_batches, trains_with
 from auditor.rules._support.host_built import host_built
 from auditor.rules._support.places import place_key, steps_run
 from auditor.rules._support.gpu_costs import copy_cost
@@ -98,7 +98,7 @@ def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> li
     edits, computed = _pin_edits(unpinned_loaders)
     # the step's copies of those batches, made non_blocking as the advice says (rules._support.copies)
     edits += non_blocking_edits(evidence, [d.id for d in unpinned_loaders])
-    fabric = fabric_moves_batches(trains_with([*(d.where.file for d in loaders if d.where), evidence.target]))
+    fabric = framework_moves_batches(trains_with([*(d.where.file for d in loaders if d.where), evidence.target]))
     summary = ("Pin the batches: DataLoader(..., pin_memory=True)" if unpinned_loaders else
                "Pin the host tensors (tensor.pin_memory(), or build them in a DataLoader with "
                "pin_memory=True)") + (f"; {fabric}." if fabric and unpinned_loaders else

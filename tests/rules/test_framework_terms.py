@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from auditor.rules._support.cli_flags import own_flag
-from auditor.rules._support.frameworks import trains_with
+from auditor.rules._support.frameworks import framework_moves_batches, trains_with
 from conftest import ROOT, audit
 
 if torch.cuda.is_available():  # pragma: no cover - these programs are rehearsed
@@ -123,3 +123,7 @@ def test_the_switches_are_read_only_where_the_program_declares_them(tmp_path):
     assert own_flag([str(flags)], "compile").usage == "--compile"
     trains = trains_with([str(flags)])
     assert (trains.kind, trains.line, trains.precision, trains.moves_batches) == ("fabric", 5, "32-true", None)
+    assert framework_moves_batches(trains) is None  # (move_to_device=False: the program copies them)
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text("import lightning.pytorch as pl\ntrainer = pl.Trainer(max_epochs=1)\n")
+    assert framework_moves_batches(trains_with([str(trainer)])).startswith("Lightning's Trainer moves the batches")

@@ -165,13 +165,17 @@ def _imports_lightning(tree: ast.Module) -> bool:
     return False
 
 
-def fabric_moves_batches(trains: Trains | None) -> str | None:
-    """What to say of a pinned batch's copy where Fabric makes it (`setup_dataloaders` moves the
-    batches, `.to(device, non_blocking=True)` inside Fabric): the user's step has no copy to change."""
-    if trains is None or trains.moves_batches is None:
+def framework_moves_batches(trains: Trains | None) -> str | None:
+    """What to say of a pinned batch's copy where the framework makes it (Fabric's
+    `setup_dataloaders`, a Trainer's own batch transfer: `.to(device, non_blocking=True)` inside
+    Lightning): the user's step has no copy to change."""
+    if trains is None or (trains.kind == "fabric" and trains.moves_batches is None):
         return None
-    return (f"`fabric.setup_dataloaders` (line {trains.moves_batches}) moves the batches to the device itself, "
-            "without blocking from pinned memory: there is no copy in the step to change")
+    if trains.kind == "fabric":
+        return (f"`fabric.setup_dataloaders` (line {trains.moves_batches}) moves the batches to the device itself, "
+                "without blocking from pinned memory: there is no copy in the step to change")
+    return ("Lightning's Trainer moves the batches to the device itself (its `transfer_batch_to_device`), without "
+            "blocking from pinned memory: there is no copy in the step to change")
 
 
 def mixed_precision(trains: Trains | None, bf16: bool | None = None) -> tuple[str, dict[str, Any]] | None:
