@@ -4,6 +4,7 @@ auditor's own ranges, the operator table, steps and windows, the enclosing calls
 of a row). auditor.evidence.trace.load builds it from a file."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -420,8 +421,9 @@ class Trace:
         judged on time, not on the chain: a ProfilerStep range opens inside `prof.step()` and
         outlives it, so the rows of every step hang below the call that started the profiler.
         """
-        # row -> (the frame, its row when it ran before the profiler, the frame's row, the row below it)
-        cache: dict[int, tuple[Frame | None, int, int, int]] = self.__dict__.setdefault("_user_frames", {})
+        # row -> (the frame, its row when it ran before the profiler, the frame's row, the row below
+        # it, until when the answer holds: the end of the frame's call or of the call it was making)
+        cache: dict[int, tuple[Frame | None, int, int, int, float]] = self.__dict__.setdefault("_user_frames", {})
         cat = self.col("cat")
         link = self.col("link")
         if cat[row] in GPU_SIDE and link[row] >= 0:
@@ -431,17 +433,20 @@ class Trace:
         names = self.col("name")
         startup = self.startup_frames()
         path: list[int] = []
-        found: tuple[Frame | None, int, int, int] = (None, -1, -1, -1)
-        ends, begin = self.col("end"), self.col("ts")[row]
+        found: tuple[Frame | None, int, int, int, float] = (None, -1, -1, -1, math.inf)
+        ends = self.__dict__.get("_end_list")  # (Python floats: read per row of every walk)
+        if ends is None:
+            ends = self.__dict__["_end_list"] = self.col("end").tolist()
+        begin = float(self.col("ts")[row])
         r = row
         while r >= 0:
             hit = cache.get(r)
             # (an answer whose frame, or the call it was making, had returned before this row began
             # is not this row's: rows below a `prof.step()` in an optimizer's hook begin after it)
-            if hit is not None and all(c < 0 or ends[c] >= begin for c in hit[2:]):
+            if hit is not None and hit[4] >= begin:
                 found = hit
                 if found[2] == r:  # the frame's own row: what it called is on the walk that came here
-                    found = (*found[:3], self._called([*path, r], begin))
+                    found = (*found[:3], self._called([*path, r], begin), found[4])
                 break
             path.append(r)
             # a Python call that returned before the row began is not running it: a ProfilerStep
@@ -450,13 +455,13 @@ class Trace:
             if cat[r] == CAT["python"] and ends[r] >= begin:
                 f = self._program_frame(int(names[r]))
                 if f is not None:
-                    found = (f, r if r in startup else -1, r, self._called(path, begin))
+                    found = (f, r if r in startup else -1, r, self._called(path, begin), math.inf)
                     break
             elif stack[r] >= 0:
                 for part in self.symbols[int(stack[r])].split(";"):
                     f = parse_frame(part)
                     if f is not None and not is_library_file(f.file):
-                        found = (f, -1, -1, -1)
+                        found = (f, -1, -1, -1, math.inf)
                         break
                 break
             r = int(parent[r])
@@ -466,14 +471,17 @@ class Trace:
         # under) are not cached: each row below them was calling something else of the frame's; nor
         # are rows that outlive the frame or that call (a ProfilerStep range a `prof.step()` in an
         # optimizer's hook opened): rows below them after it returned are not that call's
-        upto = path.index(found[3]) if found[3] in path else len(path)
-        outlives = min(ends[found[2]] if found[2] >= 0 else np.inf, ends[found[3]] if found[3] >= 0 else np.inf)
-        for i, p in enumerate(path):
-            if p == found[2]:
-                cache[p] = (*found[:3], -1)
-            elif i <= upto and ends[p] <= outlives:
-                cache[p] = found
-        frame, early, _, below = found
+        if path:
+            upto = path.index(found[3]) if found[3] in path else len(path)
+            held = ends[found[2]] if found[2] >= 0 else math.inf
+            outlives = min(held, ends[found[3]] if found[3] >= 0 else math.inf)
+            answer = (*found[:4], outlives)
+            for i, p in enumerate(path):
+                if p == found[2]:
+                    cache[p] = (*found[:3], -1, held)
+                elif i <= upto and (outlives == math.inf or ends[p] <= outlives):
+                    cache[p] = answer
+        frame, early, _, below, _ = found
         if frame is not None and below >= 0:
             # a trace names a Python frame by its def line: the line calling what ran below it
             # (worked out once per frame and name below it: it reads the function's source)
