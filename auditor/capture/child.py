@@ -275,9 +275,11 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
 
 def _audit_cause(exc: BaseException) -> str | None:
     """Whether the audit's CUDA rehearsal, not the program, raised `exc` (rehearsal.blame)."""
+    if not probes.JUDGE_AS_CUDA:  # (no rehearsal: nothing of its is imported, under whatever mode raised)
+        return None
     from auditor.capture.rehearsal.blame import audit_cause
 
-    return audit_cause(exc) if probes.JUDGE_AS_CUDA else None
+    return audit_cause(exc)
 
 
 ADDED_ENV: dict[str, str] = {}  # the parent's variables for torch's logging, removed from os.environ (see main)
