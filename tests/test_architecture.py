@@ -124,6 +124,36 @@ def test_layers_import_downward_only():
     assert wrong == []
 
 
+# The modules of auditor/rules/ that are no rule: the rules' base class, their registry and the
+# engine that runs them (its parts: judging in a forked process, findings' attribution to causes,
+# suppression comments, the primary rank's rules), and `_support`, the helpers rules share.
+RULES_INFRASTRUCTURE = {"auditor.rules", "auditor.rules.base", "auditor.rules.registry", "auditor.rules.engine",
+                        "auditor.rules.forked", "auditor.rules.attribution", "auditor.rules.suppression",
+                        "auditor.rules.primary"}
+
+
+def _rule_modules() -> set[str]:
+    """The built-in rules' modules: those the `auditor.rules` entry points of pyproject.toml name."""
+    try:
+        import tomllib
+    except ImportError:  # (Python 3.10)
+        import tomli as tomllib
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    return {spec.split(":")[0] for spec in project["entry-points"]["auditor.rules"].values()}
+
+
+def test_rules_import_no_rule():
+    """A rule is one module that reads evidence and returns findings: what several rules share is
+    in auditor.rules._support, never read from another rule. Every other module of auditor/rules/
+    is a rule or named infrastructure (a new helper goes to _support)."""
+    rules = _rule_modules()
+    support = {n for n in MODULES if n.startswith("auditor.rules._support")}
+    assert {"auditor.rules.nonfinite", "auditor.rules.launch_bound", "auditor.rules.gpu_idle"} <= rules
+    assert sorted(n for n in MODULES if n.startswith("auditor.rules") and n not in rules | support
+                  | RULES_INFRASTRUCTURE) == []
+    assert sorted(f"{n} imports {dep}" for n in rules | support for dep in GRAPH[n] if dep in rules) == []
+
+
 def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Tarjan's strongly connected components of an import graph larger than one module."""
     index: dict[str, int] = {}

@@ -10,13 +10,12 @@ from typing import Iterable
 import numpy as np
 
 from auditor.evidence import model as m
-from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.gaps import gap_table
 from auditor.evidence.trace.model import Trace
-from auditor.evidence.trace.names import COMM_KERNEL, GRAPH_LAUNCH
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.rules._support.gpu_costs import estimate_device, kernel_us, launch_cost
 from auditor.rules._support.places import steps_run, typical_pairs
+from auditor.rules._support.short_kernels import short_kernels
 from auditor.rules._support.step_edits import loop_around
 from auditor.fixes import read_lines
 from auditor.rules._support.text import line_ref, per_step
@@ -282,7 +281,7 @@ class LaunchBound(TraceRule):
         the report states) less the GPU's own work per step: launches faster than the device can
         give back the idle, never the device's work."""
         steps = trace.step_count()
-        short = self._short_kernels(trace)
+        short = short_kernels(trace)
         starved = self._starved(trace, options)
         short_fires = short is not None and (short["n_short"] / steps >= options.min_kernels_per_step
                                              and short["share"] >= options.min_share)
@@ -354,29 +353,6 @@ class LaunchBound(TraceRule):
             cost=cost,
             fix=_fix([(f.file, f.line) for f, _, _ in where], evidence.get("ops", {}) | evidence.get("starved_ops", {})),
         )
-
-    @staticmethod
-    def _short_kernels(trace: Trace) -> dict | None:
-        """Kernels launched one by one (not from a graph, not communication) against their launch calls."""
-        ev = trace.events
-        kernels = ev[(ev["cat"] == CAT["kernel"]) & (ev["link"] >= 0)]
-        if not len(kernels):
-            return None
-        launch = kernels["link"].to_numpy()
-        launch_names = ev["name"].to_numpy()[launch]
-        graph = np.isin(launch_names, trace.symbols.matching(GRAPH_LAUNCH))
-        # a collective's duration is set by its peers, not by its launch
-        comm = np.isin(kernels["name"].to_numpy(), trace.symbols.matching(COMM_KERNEL))
-        keep = ~graph & ~comm
-        kdur = kernels["dur"].to_numpy()[keep]
-        launch = launch[keep]
-        if not len(launch):
-            return None
-        ldur = ev["dur"].to_numpy()[launch]
-        short = kdur < ldur
-        return {"n_short": int(short.sum()), "share": float(short.sum()) / len(kdur), "kdur": kdur, "ldur": ldur,
-                "short": short, "launch": launch, "graph": int(graph.sum()), "comm": int(comm.sum()),
-                "under_5us": int((kernels["dur"].to_numpy() < 5.0).sum())}
 
     @staticmethod
     def _starved(trace: Trace, options: Options) -> dict | None:

@@ -1,9 +1,5 @@
 """nonfinite: the first step where the loss, a gradient or a weight stops being finite, and where
-the first non-finite value was made. Also reads checkpoints (`audit checkpoint`).
-
-This module also holds the helpers the other numerics rules (grad-explosion, lr-schedule,
-amp-unscaled) share to read the collector's evidence (auditor.evidence.numerics_view.NumericsView).
-"""
+the first non-finite value was made. Also reads checkpoints (`audit checkpoint`)."""
 from __future__ import annotations
 
 import ast
@@ -14,11 +10,12 @@ import msgspec
 
 from auditor.evidence import model as m
 from auditor.evidence.checkpoint_summary import CheckpointSummary, TensorStats
-from auditor.evidence.frame import recorded_frame
-from auditor.evidence.numerics import Origin, Range, Site, Where, val
+from auditor.evidence.numerics import Origin, Range, Site, val
 from auditor.evidence.numerics_view import NumericsView
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix, Location
+from auditor.rules._support.numerics_evidence import (NEEDS_NUMERICS, finite, location, needs_numerics, short,
+                                                     site_location)
 from auditor.rules._support.text import file_name
 from auditor.fixes import parse_file, read_lines
 
@@ -26,44 +23,10 @@ FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this
 FP16_MAX = 65504.0
 
 
-def finite(x: Any) -> bool:
-    v = val(x)
-    return v is not None and math.isfinite(v)
-
-
-def location(where: Where | dict | None) -> Location | None:
-    """The Location of a user's line: a site's `Where`, or an event's "where" dict."""
-    frame = recorded_frame(where)
-    return Location(file=frame.file, line=frame.line, code=frame.code) if frame is not None else None
-
-
-def site_location(view: NumericsView, site: int | None) -> Location | None:
-    return location(view.site(site).where) if site is not None else None
-
-
 def _names(params: list[str], shown: int = 4) -> str:
     """The first parameters' names, and how many more there are (all of them are in the evidence)."""
     more = f" and {len(params) - shown} more" if len(params) > shown else ""
     return ", ".join(f"`{p}`" for p in params[:shown]) + more
-
-
-def short(x: Any) -> str:
-    v = val(x)
-    if v is None:
-        return "?"
-    if not math.isfinite(v):
-        return str(x)
-    return f"{v:.3g}"
-
-
-NEEDS_NUMERICS = "needs a run (`audit run`) with the numerics collector"  # (the rules' needs_text)
-
-
-def needs_numerics(ev: m.Evidence) -> str | None:
-    """Why a run has no numerics evidence to judge (None: it has)."""
-    if not any(s.numerics is not None for s in ev.steps):
-        return "the run has no numerics evidence (`--no-numerics`, or no step ran)"
-    return None
 
 
 # --- source edits -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import (GiB, MemoryFigures, OomRecord, Owner, Snapshot, StackFrame,
                                        format_bytes, live_at, live_requested, owners, reserved_at)
 from auditor.rules._support.holders import holder_key, holder_location
-from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
+from auditor.rules._support.alloc_conf import ALLOC_CONF, merge_conf
 from auditor.rules.base import Option, Options, SnapshotRule
 from auditor.findings import Finding, Fix, Location
 from auditor.evidence import source_access
