@@ -49,6 +49,7 @@ from typing import Any, Callable
 import click
 import msgspec
 
+from auditor.command_options import RunOptions, encode
 from auditor.evidence.whole_files import write_whole
 from auditor.findings import Finding, Fix, RuleResults, Verified
 
@@ -62,19 +63,22 @@ _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
 @dataclass
 class RunSpec:
-    """How the audited run was asked for: what each re-run repeats."""
+    """How the audited run was asked for: what each re-run repeats (TARGET, or -m `module`, the
+    program's arguments, `audit run`'s options)."""
 
     target: str | None
     module: str | None
     script_args: tuple[str, ...]
-    steps: int
-    skip: int = 0
-    to_end: bool = False
-    profile: bool = True
-    rehearse: bool | None = None
-    numerics: bool = True
-    select: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
+    options: RunOptions
+
+    def command(self, target: str | None, out: Path) -> list[str]:
+        """The re-run's `audit run` of `target` (in the scratch copy) into `out`: the same options,
+        quiet, recording the weights' digest, verifying and comparing nothing itself."""
+        options = msgspec.structs.replace(self.options, out=out, quiet=True, digest=True, verify=False, baseline=None,
+                                          fail_on=None, open_report=False, tensorboard=False, nproc_per_node=None)
+        where = ["-m", self.module] if self.module is not None else [target] if target is not None else []
+        args = ["--", *self.script_args] if self.script_args else []
+        return [sys.executable, "-m", "auditor", "run", *where, "--options-json", encode(options), *args]
 
 
 @dataclass
@@ -201,25 +205,8 @@ class Runner:
                 why = (r.stderr.strip().splitlines() or ["git apply failed"])[0]
                 return Rerun(ok=False, error=f"the patch does not apply: {why}")
         run_cwd, target = self._where(copy)
-        s = self.spec
-        cmd = [sys.executable, "-m", "auditor", "run"]
-        if s.module is not None:
-            cmd += ["-m", s.module]
-        elif target is not None:
-            cmd.append(target)
-        cmd += ["--steps", str(s.steps), "--skip", str(s.skip), "--out", str(out), "--quiet", "--digest",
-                "--profile" if s.profile else "--no-profile", "--numerics" if s.numerics else "--no-numerics"]
-        if s.rehearse is not None:
-            cmd.append("--rehearse" if s.rehearse else "--no-rehearse")
-        if s.to_end:
-            cmd.append("--to-end")
-        for r_id in s.select:
-            cmd += ["--select", r_id]
-        for r_id in s.ignore:
-            cmd += ["--ignore", r_id]
-        if s.script_args:
-            cmd += ["--", *s.script_args]
-        p = subprocess.run(cmd, cwd=run_cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        p = subprocess.run(self.spec.command(target, out), cwd=run_cwd, capture_output=True, text=True,
+                           env={**os.environ, **(env or {})})
         return read_rerun(out, p.returncode, p.stderr)
 
 

@@ -1,13 +1,12 @@
 """The child process: installs probes, imports the target, calls the step N times (or runs a whole
 program, auditor.capture.program), streams evidence.
 
-Run by the parent as `python -m auditor.capture.child --target T --steps N --fd FD --out DIR`.
+Run by the parent as `python -m auditor.capture.child REQUEST` (REQUEST: a wire.ChildRequest, JSON).
 Everything it learns goes to the parent at once over the pipe FD, so whatever ends this process
 (an exception, Ctrl-C, an OOM, a segfault, a kill) the parent still has every step seen so far.
 """
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import faulthandler
@@ -357,8 +356,10 @@ class Profiler:
     a watch reads between them too (auditor.capture.window_watch). A window whose first step does
     not fit its bounds keeps no trace."""
 
-    def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool) -> None:
+    def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool, memory_gib: float | None = None,
+                 trace_mb: float | None = None) -> None:
         self.steps = steps  # the steps asked for (0: a program audited to its end)
+        self.bounds = (memory_gib, trace_mb)  # --profile-memory, --trace-size (window_memory.Guard)
         self.warm, self.active = profile_plan(steps) if enabled and steps > 0 else (None, [])
         if bench_switches.WINDOW_AT and self.active:  # (bench_steady_parts.py --window-at only)
             at = bench_switches.WINDOW_AT
@@ -482,7 +483,7 @@ class Profiler:
     def _before(self, i: int) -> None:
         self.step = i
         if i == self.start_at:
-            self.guard = window_memory.Guard()
+            self.guard = window_memory.Guard(*self.bounds)
             self._unhook = probes.on_backward_start(self._bound)
             self.history = cuda_memory.start_history()  # CUDA only: allocator history for the window
         if i == self.warm:
@@ -656,14 +657,15 @@ def catch_interrupts(catch_sigterm: bool) -> dict:
     return sigint
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: wire.ChildRequest) -> int:
+    opts = args.options
     out = Writer(args.fd)
     faulthandler.enable(file=sys.stderr, all_threads=False)
     atexit.register(forget_codes)  # (registered first: it runs after the program's own atexit handlers)
     # Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
     # layer wraps the one before (a probe installed first would be replaced).
     try:
-        rehearsal_info = rehearsal.install(args.rehearse, *_target_source(args.target), argv=args.script_args)
+        rehearsal_info = rehearsal.install(opts.rehearse_mode, *_target_source(args.target), argv=args.script_args)
     except torch_private.Unsupported as e:  # (before the target runs: one line, exit 2)
         out.send(wire.UsageError(message=str(e)))
         return 2
@@ -671,14 +673,15 @@ def run(args: argparse.Namespace) -> int:
     rec = probes.install()
     warnings_name_the_user()
     # (the weights digest only when asked: it copies the whole model to the host at the end)
-    collectors = load_collectors(skip=(*(() if args.numerics else ("numerics",)), *(() if args.digest else ("weights",))))
+    collectors = load_collectors(skip=(*(() if opts.numerics else ("numerics",)),
+                                       *(() if opts.records_digest else ("weights",))))
     for c in collectors:
         c.install()
     env = environment(standins)
     if rehearsal_info:
         env["rehearsal"] = True
         env["notes"].append(rehearsal_info.get("note", "CUDA rehearsal on the CPU"))
-        _watch_rehearsed_memory(args.out, env)
+        _watch_rehearsed_memory(args.out, env, opts.device_memory)
     out.send(wire.Hello(environment=env, pid=os.getpid()))
     if _is_program(args.target):  # a whole program, run as Python runs it: auditor.capture.program
         return _run_program(args, out, rec, collectors)
@@ -714,16 +717,16 @@ def run(args: argparse.Namespace) -> int:
     # CUDA only: an out-of-memory error dumps the allocator's state before the report is written.
     if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
         out.send(wire.Snapshot(path="oom_snapshot.pickle", when="oom"))
-    prof = Profiler(args.out, args.run_name, args.steps, args.profile)
+    prof = Profiler(args.out, args.run_name, opts.steps, opts.profile, opts.profile_memory, opts.trace_size)
     step_span = graphs.step_lines(fn, source)  # (a holder's growing line inside the step comes first)
-    session = StepSession(out, rec, prof, collectors, graph_scan_points(args.steps, prof.window()),
+    session = StepSession(out, rec, prof, collectors, graph_scan_points(opts.steps, prof.window()),
                           lambda: (module, source, step_span))
     status = 0
     ran_out: wire.Ended | None = None
     sigint = catch_interrupts(args.catch_sigterm)
     i = 0
     try:
-        for i in range(args.steps):
+        for i in range(opts.steps):
             session.begin(i)
             try:
                 fn(i) if arity else fn()
@@ -731,7 +734,7 @@ def run(args: argparse.Namespace) -> int:
                 session.drop(i)
                 rec.drain()
                 sigint["seen"] = sigint["n"]
-                ran_out = data_ran_out(e, i, args.steps)
+                ran_out = data_ran_out(e, i, opts.steps)
                 break
             except BaseException as e:
                 echo_exit_message(e)
@@ -761,7 +764,7 @@ def run(args: argparse.Namespace) -> int:
     session.finish()
     prof.stop()
     if prof.window():
-        out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < args.steps], trace_files=prof.files,
+        out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < opts.steps], trace_files=prof.files,
                               top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut,
                               trace_bytes=prof.trace_bytes, drop=prof.drop))
     for c in collectors:
@@ -792,7 +795,7 @@ def _is_program(spec: str) -> bool:
         return False
 
 
-def _run_program(args: argparse.Namespace, out: Writer, rec: probes.Recorder, collectors: list) -> int:
+def _run_program(args: wire.ChildRequest, out: Writer, rec: probes.Recorder, collectors: list) -> int:
     """`audit run file.py` / `audit run -m pkg.mod`: the program's steps are found as it runs."""
     def send_setup() -> None:
         out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
@@ -801,20 +804,21 @@ def _run_program(args: argparse.Namespace, out: Writer, rec: probes.Recorder, co
     if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
         out.send(wire.Snapshot(path="oom_snapshot.pickle", when="oom"))
     catch_interrupts(args.catch_sigterm)
-    prof = Profiler(args.out, args.run_name, args.steps, args.profile)
-    parts = ChildParts(out, rec, collectors, prof, graph_scan_points(args.steps, prof.window()), send_setup, _ending,
+    opts = args.options
+    prof = Profiler(args.out, args.run_name, opts.steps, opts.profile, opts.profile_memory, opts.trace_size)
+    parts = ChildParts(out, rec, collectors, prof, graph_scan_points(opts.steps, prof.window()), send_setup, _ending,
                        backend_flags, cuda_devices)
     return run_program(parse_target(args.target), args, parts)
 
 
-def _watch_rehearsed_memory(out_dir: str, env: dict) -> None:
+def _watch_rehearsed_memory(out_dir: str, env: dict, device_gib: float | None) -> None:
     """With --device-memory, a rehearsal records its device's requests itself (as a GPU run has its
     allocator): each step's end states the device memory they hold, and the step that outgrows the
     device writes the snapshot a GPU would have (auditor.capture.rehearsal.memory.watch)."""
     from auditor.capture import session as step_session
     from auditor.capture.rehearsal import memory as rehearsed_memory
 
-    if rehearsed_memory.watch(out_dir):
+    if rehearsed_memory.watch(out_dir, device_gib):
         step_session.REHEARSED_MEMORY = rehearsed_memory.step_end
         env["notes"].append("device memory: the rehearsed device's requests were recorded; each step's device "
                             "allocated memory is the bytes they requested (a lower bound)")
@@ -843,29 +847,10 @@ def _target_source(spec: str) -> tuple[str | None, str | None]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    # everything after "--" is the user's script's own command line (its sys.argv[1:])
-    script_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    ap = argparse.ArgumentParser(prog="auditor.capture.child")
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--fd", type=int, required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--run-name", default="run")
-    ap.add_argument("--no-profile", dest="profile", action="store_false")
-    ap.add_argument("--rehearse", choices=("auto", "on", "off"), default="auto")
-    ap.add_argument("--no-numerics", dest="numerics", action="store_false")
-    ap.add_argument("--parent-pid", type=int, default=None)
-    ap.add_argument("--catch-sigterm", action="store_true")
-    ap.add_argument("--skip", type=int, default=0)  # a whole program: steps run unaudited first
-    ap.add_argument("--to-end", action="store_true")  # a whole program: run it to its end
-    ap.add_argument("--digest", action="store_true")  # the trained weights' digest at the end (--verify)
-    ap.add_argument("--added-env", default="")  # variables the parent set for torch, not the user's
-    args = ap.parse_args(argv)
-    args.script_args = script_args
+    args = wire.decode_request(argv[0])  # (the parent's one argv value: auditor.capture.runner.run_child)
     # torch has read them (at import; the profiler reads them when it starts): the program sees
     # the environment the user gave `audit`
-    for name in filter(None, args.added_env.split(",")):
+    for name in args.added_env:
         ADDED_ENV[name] = os.environ.pop(name, "")
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)

@@ -24,6 +24,7 @@ from auditor.capture import wire
 from auditor.capture.stream import read_chunks, read_records, split_lines, widen_pipe
 from auditor.capture.target import Target, TargetError
 from auditor.capture.window_memory import ChildMemory, cgroup_limit, out_of_memory_kill
+from auditor.command_options import RunOptions
 from auditor.evidence import model as m
 from auditor.evidence import source_access
 from auditor.evidence.frame import Frame, recorded_frame
@@ -51,10 +52,8 @@ start_child: Callable[..., subprocess.Popen] = subprocess.Popen
 @dataclass
 class RunRequest:
     target: Target
-    steps: int
     out_dir: Path
-    profile: bool = True
-    extra_args: tuple[str, ...] = ()
+    options: RunOptions = RunOptions()  # `audit run`'s, passed on whole to the child
     script_args: tuple[str, ...] = ()  # the user's script's own arguments (its sys.argv[1:])
     catch_sigterm: bool = True  # False under a launcher, whose SIGTERM stops the ranks (auditor.launch)
 
@@ -83,7 +82,7 @@ class EvidenceBuilder:
     """Turns stream records into Evidence as they arrive, so a dead child leaves complete state."""
 
     def __init__(self, request: RunRequest) -> None:
-        self.ev = m.Evidence(source="run", target=request.target.spec, requested_steps=request.steps)
+        self.ev = m.Evidence(source="run", target=request.target.spec, requested_steps=request.options.steps)
         self.usage_error: str | None = None
         self.ended = False
         self.pending_snapshots: list[str] = []
@@ -194,10 +193,10 @@ class EvidenceBuilder:
         of it: the kernel's out-of-memory killer when memory was all but gone (window_memory)."""
         why = out_of_memory_kill(memory.peak, memory.last, memory.available, memory.total, cgroup_limit())
         facts = [f"at {memory.peak / 1e9:.1f} GB resident"] if memory.peak else []
-        if in_step is not None and self.request.profile:
+        if in_step is not None and self.request.options.profile:
             from auditor.capture.child import profile_plan
 
-            warm, active = profile_plan(self.request.steps)
+            warm, active = profile_plan(self.request.options.steps)
             if in_step in ([warm] if warm is not None else []) + active:
                 facts.insert(0, "in the profiler window")
         if why:
@@ -295,15 +294,13 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         stale.unlink(missing_ok=True)
     read_fd, write_fd = os.pipe()
     widen_pipe(write_fd)
-    # (--out absolute: the user's code may change directory before the profiler writes there)
-    cmd = [sys.executable, "-m", "auditor.capture.child", "--target", request.target.spec,
-           "--steps", str(request.steps), "--fd", str(write_fd), "--out", str(request.out_dir.absolute()),
-           "--run-name", request.target.name, "--parent-pid", str(os.getpid()),
-           *(() if request.profile else ("--no-profile",)), *(("--catch-sigterm",) if request.catch_sigterm else ()),
-           *request.extra_args, "--", *request.script_args]
-    env, added = child_environment(os.environ, request.profile)
-    if added:
-        cmd[cmd.index("--"):cmd.index("--")] = ["--added-env", ",".join(added)]
+    env, added = child_environment(os.environ, request.options.profile)
+    # (out absolute: the user's code may change directory before the profiler writes there)
+    child = wire.ChildRequest(target=request.target.spec, out=str(request.out_dir.absolute()),
+                              run_name=request.target.name, fd=write_fd, parent_pid=os.getpid(),
+                              catch_sigterm=request.catch_sigterm, added_env=tuple(added),
+                              script_args=tuple(request.script_args), options=request.options)
+    cmd = [sys.executable, "-m", "auditor.capture.child", wire.encode_request(child)]
     err_write, err_read = _stderr_channel(forward_stderr)
     try:
         proc = start_child(cmd, pass_fds=(write_fd,), stderr=err_write, env=env)
