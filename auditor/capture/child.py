@@ -142,27 +142,15 @@ def profile_plan(steps: int) -> tuple[int | None, list[int]]:
 
 
 def graph_scan_points(steps: int, window: Sequence[int] = ()) -> set[int]:
-    """Step boundaries at which the graph-leak scan runs (a full one costs 50-200 ms: it walks every
-    gc-tracked object; one between the first three and the last reads the named holders only when
-    those found everything under a name, graphs.ScanMemo): after step 1, the middle and the last
-    step, and after steps 4, 16, 64, 256, ... as well, so that a run killed early (the out-of-memory
-    kill a leak ends in, at step 37 of 200) has been scanned twice before it ends, not only after
-    step 1. A step that raises (an out-of-memory error) is scanned too (see `_failure_scan`). Powers
-    of 4, not of 2: a 50-step audit scans 5 times, not 8, and must end within 5 s of the plain
-    steps. A power of 4 in the run's middle third is its middle scan (graph-leak's trend is judged
-    over the first, the middle and the last: auditor.rules._support.scans.spread_scans), so the
-    steady state after the dense start pays for one scan there, not two (a 160-step audit scans
-    after 1, 4, 16, 64 and 159).
-    No scan runs while the profiler records (`window`: the profiled steps, warm-up first): a scan
-    after a window step but its last would land in the next ProfilerStep of the program's trace,
-    as the program's own host time (205 ms of a 127 ms step on a 2-rank CPU job; 44-76% of the
-    H100 recordings' windows). Such a point runs after the window's last step when a scan comes
-    before the window, else just before the window (the first scan is the baseline growth is
-    judged from, and a run that fails in the window still has it). A window that begins at step 0
-    (runs of 5-7 steps) begins with its warm-up step, the calibration: a throwaway recording,
-    stopped at that step's end, so such a point runs after it, before the kept recording starts
-    (a 5-step run scans after 0, 2 and 4). (A scan inside the kept window put ~90,000 Python calls
-    of the auditor's in the program's trace, and a 5 ms step at 1 s.)"""
+    """Step boundaries after which the graph-leak scan runs (a full one costs 50-200 ms): after steps
+    1, 4, 16, 64, ... (powers of 4: a run killed early is scanned twice before it ends, a 50-step
+    audit 5 times), the middle (a power of 4 in the run's middle third serves: graph-leak judges
+    its trend over the first, middle and last, _support.scans.spread_scans) and the last; a step
+    that raises is scanned too (_failure_scan). None while the profiler records (`window`, warm-up
+    first: a scan there would be the program's host time in its trace): such a point runs after
+    the window's last step when a scan comes before the window, else just before it; a window
+    that begins at step 0 begins with its calibration, after which the point runs (a 5-step run
+    scans after 0, 2 and 4)."""
     if steps <= 3:
         points = set(range(steps))
     else:
@@ -658,17 +646,33 @@ def catch_interrupts(catch_sigterm: bool) -> dict:
 
 
 def run(args: wire.ChildRequest) -> int:
-    opts = args.options
+    """Set up the audit (_set_up), then call the step N times (or run the whole program), streaming
+    every record; returns the exit code (2: TARGET is wrong, 3: the program failed)."""
     out = Writer(args.fd)
     faulthandler.enable(file=sys.stderr, all_threads=False)
     atexit.register(forget_codes)  # (registered first: it runs after the program's own atexit handlers)
-    # Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
-    # layer wraps the one before (a probe installed first would be replaced).
+    set_up = _set_up(args, out)
+    if set_up is None:
+        return 2
+    rec, collectors = set_up
+    if _is_program(args.target):  # a whole program, run as Python runs it: auditor.capture.program
+        return _run_program(args, out, rec, collectors)
+    step = _import_step(args, out, rec)
+    if isinstance(step, int):
+        return step
+    return _run_steps(args, out, rec, collectors, *step)
+
+
+def _set_up(args: wire.ChildRequest, out: Writer) -> tuple[probes.Recorder, list] | None:
+    """Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
+    layer wraps the one before (a probe installed first would be replaced); then the collectors,
+    and the hello. None when this torch cannot be audited (the usage error is sent)."""
+    opts = args.options
     try:
         rehearsal_info = rehearsal.install(opts.rehearse_mode, *_target_source(args.target), argv=args.script_args)
     except torch_private.Unsupported as e:  # (before the target runs: one line, exit 2)
         out.send(wire.UsageError(message=str(e)))
-        return 2
+        return None
     standins = [] if rehearsal_info else cuda_standins.install(lambda: probes.REC)
     rec = probes.install()
     warnings_name_the_user()
@@ -683,9 +687,12 @@ def run(args: wire.ChildRequest) -> int:
         env["notes"].append(rehearsal_info.get("note", "CUDA rehearsal on the CPU"))
         _watch_rehearsed_memory(args.out, env, opts.device_memory)
     out.send(wire.Hello(environment=env, pid=os.getpid()))
-    if _is_program(args.target):  # a whole program, run as Python runs it: auditor.capture.program
-        return _run_program(args, out, rec, collectors)
+    return rec, collectors
 
+
+def _import_step(args: wire.ChildRequest, out: Writer, rec: probes.Recorder) -> tuple[Any, Callable, Any, int] | int:
+    """The step target's module imported (its setup code run): (module, step function, its source,
+    its arity), the setup's record sent; else the exit code, its ending sent."""
     try:
         target = parse_target(args.target)
         # what the user's code finds in sys.argv: its own file (or module) and the arguments after
@@ -711,9 +718,16 @@ def run(args: wire.ChildRequest) -> int:
         ending.cuda_devices = cuda_devices()
         out.send(ending)
         return 3
-
     out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
                         num_threads=torch.get_num_threads()))
+    return module, fn, source, arity
+
+
+def _run_steps(args: wire.ChildRequest, out: Writer, rec: probes.Recorder, collectors: list, module: Any,
+               fn: Callable, source: Any, arity: int) -> int:
+    """The step called N times, each in a StepSession; then the window, the collectors' data and
+    the ending sent."""
+    opts = args.options
     # CUDA only: an out-of-memory error dumps the allocator's state before the report is written.
     if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
         out.send(wire.Snapshot(path="oom_snapshot.pickle", when="oom"))
@@ -721,46 +735,9 @@ def run(args: wire.ChildRequest) -> int:
     step_span = graphs.step_lines(fn, source)  # (a holder's growing line inside the step comes first)
     session = StepSession(out, rec, prof, collectors, graph_scan_points(opts.steps, prof.window()),
                           lambda: (module, source, step_span))
-    status = 0
-    ran_out: wire.Ended | None = None
     sigint = catch_interrupts(args.catch_sigterm)
-    i = 0
-    try:
-        for i in range(opts.steps):
-            session.begin(i)
-            try:
-                fn(i) if arity else fn()
-            except StopIteration as e:  # next() on an exhausted iterator: the data ran out
-                session.drop(i)
-                rec.drain()
-                sigint["seen"] = sigint["n"]
-                ran_out = data_ran_out(e, i, opts.steps)
-                break
-            except BaseException as e:
-                echo_exit_message(e)
-                print_users_traceback(e)  # (as a plain run prints it, before the audit's summary)
-                session.end(i, failed=True)
-                sigint["seen"] = sigint["n"]
-                out.send(_ending(e, i, cuda_devices()))
-                if not isinstance(e, KeyboardInterrupt):
-                    _failure_scan(out, e, i, module, source, step_span)
-                status = 3
-                break
-            session.end(i)
-            if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
-                raise Terminated("stopped by SIGTERM") if SIGNALS_SEEN[:1] == ["SIGTERM"] else KeyboardInterrupt
-    except BaseException as e:  # between steps (a Ctrl-C, or a handler of the program's raising in the
-        # auditor's step-end work: a DataLoader's when its workers die): the run ends here
-        echo_exit_message(e)
-        print_users_traceback(e)
-        prof.stop()
-        ending = _ending(e, i, cuda_devices())
-        code = getattr(fn, "__code__", None)
-        if ending.where is None and code is not None:  # (it landed in the auditor's own step-end work:
-            # the step it ended after is where, at its def line)
-            ending.where = Frame(file=code.co_filename, line=code.co_firstlineno, function=code.co_name)
-        out.send(ending)
-        status = 3
+    status, ran_out = _call_steps(out, rec, session, prof, fn, arity, opts.steps, sigint,
+                                  lambda e, i: _failure_scan(out, e, i, module, source, step_span))
     session.finish()
     prof.stop()
     if prof.window():
@@ -776,6 +753,48 @@ def run(args: wire.ChildRequest) -> int:
     elif status == 0:
         out.send(wire.Ended(status="completed", backend_flags=backend_flags(), cuda_devices=cuda_devices()))
     return status
+
+
+def _call_steps(out: Writer, rec: probes.Recorder, session: StepSession, prof: Profiler, fn: Callable, arity: int,
+                steps: int, sigint: dict, scan_failure: Callable[[BaseException, int], None]) -> tuple[int, wire.Ended | None]:
+    """Call the step `steps` times: (0, or 3 when it or the audit's work between steps raised (its
+    ending sent); the ending when its data ran out)."""
+    i = 0
+    try:
+        for i in range(steps):
+            session.begin(i)
+            try:
+                fn(i) if arity else fn()
+            except StopIteration as e:  # next() on an exhausted iterator: the data ran out
+                session.drop(i)
+                rec.drain()
+                sigint["seen"] = sigint["n"]
+                return 0, data_ran_out(e, i, steps)
+            except BaseException as e:
+                echo_exit_message(e)
+                print_users_traceback(e)  # (as a plain run prints it, before the audit's summary)
+                session.end(i, failed=True)
+                sigint["seen"] = sigint["n"]
+                out.send(_ending(e, i, cuda_devices()))
+                if not isinstance(e, KeyboardInterrupt):
+                    scan_failure(e, i)
+                return 3, None
+            session.end(i)
+            if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
+                raise Terminated("stopped by SIGTERM") if SIGNALS_SEEN[:1] == ["SIGTERM"] else KeyboardInterrupt
+    except BaseException as e:  # between steps (a Ctrl-C, or a handler of the program's raising in the
+        # auditor's step-end work: a DataLoader's when its workers die): the run ends here
+        echo_exit_message(e)
+        print_users_traceback(e)
+        prof.stop()
+        ending = _ending(e, i, cuda_devices())
+        code = getattr(fn, "__code__", None)
+        if ending.where is None and code is not None:  # (it landed in the auditor's own step-end work:
+            # the step it ended after is where, at its def line)
+            ending.where = Frame(file=code.co_filename, line=code.co_firstlineno, function=code.co_name)
+        out.send(ending)
+        return 3, None
+    return 0, None
 
 
 def data_ran_out(exc: StopIteration, i: int, steps: int) -> wire.Ended:

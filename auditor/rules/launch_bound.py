@@ -85,47 +85,23 @@ class LaunchBound(TraceRule):
     What it detects:
         Two signs that the GPU waits on the host's launches, in a profiler trace.
         Launch-starved idle: gaps of the device timeline shorter than `max-gap-us` that end with
-        an op whose launch had not returned when the GPU ran out of work (its launch began after
-        the gap began; auditor.evidence.trace.gaps), less what data loading and syncs explain:
-        the host's work before each launch call and the call itself. Reported when there are at
-        least `min-gaps-per-step` such gaps per step AND their idle is at least
-        `min-starved-share` of the median step, with that idle as the measured cost. On the A100
-        DDP recording (rank 0) 848 gaps a step, median 92 us, add up to 117.21 ms of a 222 ms step
-        (107.41 ms of host work before the launch calls, 9.80 ms in them), while only 38% of its
-        kernels run shorter than their launch.
-        Short kernels: kernels whose GPU duration is shorter than the `cudaLaunchKernel` /
-        `hipLaunchKernel` (or driver) call that launched them, matched through CUPTI correlation
-        ids, with their count per step, their share of all launched kernels, and the operators and
-        source lines that launch the most. Kernels replayed from a CUDA/HIP graph are left out (one
-        graph launch pays for all of them), and so are communication kernels (NCCL/RCCL: their
-        time is set by their peers). Reported when there are at least `min-kernels-per-step` such
-        kernels per step AND they are at least `min-share` of all launched kernels. The share is
-        the judgement: while most kernels outlast their launch, the work already queued keeps the
-        GPU fed through the short ones and their launch cost stays hidden. Counting alone would
-        flag the H100 OWLv2 recording (1,331 of 4,330 kernels in its one step run shorter than
-        their launch), but that is 31% of its kernels, their launches outlast them by 3.0 ms in all
-        in a 1.2 s step, its launch-starved gaps are 8.4 ms (0.7% of the step), and that step's
-        GPU idle time is spent waiting for data (gpu-idle, dataloader-bound): quiet.
-        In CUDA rehearsal (CUDA code run on the CPU, where no kernel runs), the step's kernel
-        launches are counted instead (auditor.capture.rehearsal.launches): each torch call of
-        GPU tensors that computes is one launch (views and metadata launch nothing; torch.optim's
-        own code is left out, as on a GPU it takes its foreach path), at the user's line, with the
-        bytes it moves and its FLOPs. Each is priced on the device model's row (`--device`, else
-        the default A100 SXM4 80GB): its bytes at the row's memory bandwidth, its FLOPs at its
-        peak; a launch is small when that is under the row's launch latency (5 us on NVIDIA rows,
-        7 us on AMD's). The backward pass, which autograd runs in C++ unseen, is counted as the step
-        clock counts it: BACKWARD_FACTOR - 1 = 2 more launches for each call autograd records
-        (evidence.step_clock.backward_factor). Reported when the step makes at least
-        `min-small-launches-per-step` small launches so counted AND the small ones are at least
-        `min-small-launch-share` of the launches seen, with the lines that make the most, and an
-        estimated cost: those launches per step x the row's launch latency. On
-        examples/gpu_small_launches.py (a character RNN's recurrence as a Python loop over 64 time
-        steps, four kernels each) 261 launches a step, all small: 256 at the loop's line, 781 with
-        the backward's, 3.905 ms/step on the A100 row, 5.467 ms/step on the MI300X's (a recording
-        of it on a GPU: 1,371 kernels a step shorter than their launch). pytorch/tutorials' seq2seq
-        translation, a sentence a step (30 steps): ~95 launches a step, 247 with the backward's in
-        the median step, 1.235 ms/step (it was silent when the count left the backward out, while
-        its step clock put the step at 1.24 ms, host-bound).
+        an op whose launch had not returned when the GPU ran out of work (evidence.trace.gaps),
+        less what data loading and syncs explain. Reported when there are at least
+        `min-gaps-per-step` such gaps per step AND their idle is at least `min-starved-share` of
+        the median step, with that idle as the measured cost.
+        Short kernels: kernels shorter than the call that launched them (those replayed from a
+        CUDA/HIP graph, and communication kernels, left out), with the operators and lines that
+        launch the most. Reported when there are at
+        least `min-kernels-per-step` per step AND they are at least `min-share` of all launched
+        kernels: while most kernels outlast their launch, the queued work keeps the GPU fed.
+        In CUDA rehearsal (no kernel runs), each torch call of GPU tensors that computes is one
+        launch at the user's line (capture.rehearsal.launches), priced on the device model's row
+        (`--device`, else the A100 SXM4 80GB): small when its bytes at the row's bandwidth and its
+        FLOPs at its peak take less than the row's launch latency. The backward pass adds
+        BACKWARD_FACTOR - 1 = 2 launches for each call autograd records, as the step clock counts
+        it. Reported when the step makes at least `min-small-launches-per-step` small launches
+        AND they are at least `min-small-launch-share` of those seen, at an estimated cost of
+        their count times the row's launch latency.
 
     Why it costs:
         When each kernel takes less time than its launch, the GPU finishes it and waits for the next:
@@ -137,20 +113,16 @@ class LaunchBound(TraceRule):
 
     Fix:
         As the named lines show the cause: a Python loop over parameters gets `torch._foreach_*` /
-        a `foreach=True` optimizer (and its setting); another per-element loop gets whole-tensor ops
-        (nn.RNN/nn.LSTM for a recurrence, one op over a stacked tensor); in a rehearsal, lines whose
-        function is called once per element of a loop in its caller (a decoder's forward called per
-        token) get that loop named, to batch its elements into one call (sites' `called_from`:
-        where the user's code called each line's function); elementwise ops run once
-        per call (a forward's position or rotary cos/sin math) get: compute what depends on shapes
-        alone once and reuse it, and let `torch.compile` fuse the rest. Each offers
-        `torch.compile(mode="reduce-overhead")` (CUDA graphs). A trace whose lines cannot be read
-        here gets the general advice, with the optimizer setting only where optimizer ops launch.
+        a `foreach=True` optimizer; another per-element loop gets whole-tensor ops (nn.RNN/nn.LSTM
+        for a recurrence, one op over a stacked tensor); a line whose function a loop in its caller
+        calls once per element (a decoder's forward per token) gets that loop named, to batch its
+        elements; elementwise ops run once per call (position or rotary math) get: compute what
+        depends on shapes alone once, and let `torch.compile` fuse the rest. Each offers
+        `torch.compile(mode="reduce-overhead")` (CUDA graphs).
 
     Evidence needed:
-        A profiler trace with CUDA or ROCm activity (kernels and the runtime calls that launched
-        them), or a CUDA rehearsal (`audit run` of CUDA code on a machine without a GPU, or
-        `--rehearse`: launches counted, their cost estimated for the device model's row).
+        A profiler trace with CUDA or ROCm activity (kernels and the calls that launched them), or
+        a CUDA rehearsal (`audit run` of CUDA code on a machine without a GPU, or `--rehearse`).
     """
 
     id = "launch-bound"
