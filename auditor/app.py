@@ -21,13 +21,19 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import click
 
+from auditor.command_options import AnalyzeOptions, CheckpointOptions, RunOptions
 from auditor.config import Config, ConfigError, load_config
 from auditor.evidence.errors import InputError
 from auditor.findings import severity_rank
+
+if TYPE_CHECKING:
+    from auditor.capture.target import Target
 
 EXIT_OK, EXIT_FAIL_ON, EXIT_USAGE, EXIT_TARGET_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
@@ -313,19 +319,32 @@ def afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
 
 # --- the pipelines -------------------------------------------------------------------------------
 
-def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-        ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
-        quiet: bool, nproc_per_node: int | None, rank_timeout: float, numerics: bool,
-        script_args: tuple[str, ...], module: str | None = None, skip: int = 0, to_end: bool = False,
-        baseline: Path | None = None, device: str | None = None, verify: bool = False,
-        digest: bool = False) -> int:
+def run(target: str | None, options: RunOptions, module: str | None = None, args: Sequence[str] = ()) -> int:
     """`audit run`: the target in a child process (or N ranks of it under torch.distributed.run,
     or this process as one rank of a launch: auditor.launch), then finish. The target is a step
-    callable, or a whole program (a file, or `module` for -m) whose steps the child finds."""
+    callable, or a whole program (a file, or `module` for -m, `args` its arguments) whose steps
+    the child finds."""
     from auditor import launch
-    from auditor.capture.progress import StepProgress
-    from auditor.capture.runner import RunRequest, run_child
-    from auditor.capture.target import TargetError, check_statically, module_target, parse_target
+    from auditor.evidence.allocator.analysis import given_device_memory
+
+    t, args = run_target(target, module, tuple(args))
+    refuse_run(t, options)
+    roots = allow_project_sources(t.file)
+    device_key = device_option(options.device)
+    config = rule_config(Path(t.file).parent if t.file else Path.cwd(), options.select, options.ignore)
+    base = (load_baseline(options.baseline), options.baseline) if options.baseline is not None else None
+    audit = RunAudit(t, options, args, module, roots, device_key, config, base)
+    session = launch.RankSession.from_env(options.out, t.name)
+    with given_device_memory(options.device_memory):
+        if options.nproc_per_node is not None:
+            return audit.launch(session)
+        return audit.run_here(session)
+
+
+def run_target(target: str | None, module: str | None, args: tuple[str, ...]) -> tuple[Target, tuple[str, ...]]:
+    """The Target `audit run` names (TARGET, or -m MODULE) and the program's arguments; a torch
+    too old or a TARGET that is not one is a usage error."""
+    from auditor.capture.target import TargetError, module_target, parse_target
     from auditor.capture.torch_private import installed_version, unsupported
 
     too_old = unsupported(installed_version())
@@ -333,76 +352,107 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         raise UsageFailure(too_old)
     try:
         if module is not None:  # (`-m pkg.mod -- ARGS`: click gives the first of ARGS as TARGET)
-            script_args = ((target,) if target is not None else ()) + tuple(script_args)
-            t = module_target(module)
-        elif target is None:
+            return module_target(module), ((target,) if target is not None else ()) + args
+        if target is None:
             raise TargetError("missing TARGET (path/to/file.py, path/to/file.py:callable, package.module:callable) "
                               "or -m package.module")
-        else:
-            t = parse_target(target)
+        return parse_target(target), args
     except TargetError as e:
         raise UsageFailure(str(e)) from None
-    if verify and (nproc_per_node is not None or os.environ.get("RANK") is not None):
+
+
+def refuse_run(t: Target, options: RunOptions) -> None:
+    """The options that do not apply to this target, or to this process, as a usage error."""
+    if options.verify and (options.nproc_per_node is not None or os.environ.get("RANK") is not None):
         raise UsageFailure("--verify re-runs a single process; it does not apply to a distributed launch")
-    if (skip or to_end) and not t.is_program:
+    if (options.skip or options.to_end) and not t.is_program:
         raise UsageFailure("--skip and --to-end apply to a whole program (path/to/file.py or -m package.module), "
                            "not to a step callable")
-    target = t.spec
-    roots = allow_project_sources(t.file)
-    device_key = device_option(device)
-    config = rule_config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
-    base = (load_baseline(baseline), baseline) if baseline is not None else None
-    session = launch.RankSession.from_env(out_dir, t.name)
-    if nproc_per_node is not None:
+
+
+@dataclass
+class RunAudit:
+    """One `audit run`, as its pipeline reads it: the target, its options and arguments (`module`:
+    -m's), the project's source roots, the device model's key, the rules' config and the baseline."""
+
+    target: Target
+    options: RunOptions
+    args: tuple[str, ...]
+    module: str | None
+    roots: list[str]
+    device_key: str
+    config: Config
+    baseline: tuple | None
+
+    def finish(self, evidence, out: Path, amend=None) -> int:
+        o = self.options
+        return finish(with_device(evidence, self.device_key), self.config, out, o.quiet, o.fail_on, self.baseline,
+                      amend)
+
+    def launch(self, session) -> int:
+        """--nproc-per-node N: the ranks under torch.distributed.run, their merged evidence reported here."""
+        from auditor import launch
+        from auditor.capture.target import TargetError, check_statically
+
         if session is not None:
             raise UsageFailure("--nproc-per-node: already running under a launcher (RANK is set)")
         try:
-            check_statically(t)  # a rank's usage error would reach us only as the launcher's failure
+            check_statically(self.target)  # a rank's usage error would reach us only as the launcher's failure
         except TargetError as e:
             raise UsageFailure(str(e)) from None
-        out = output_dir(out_dir, t.name)
+        o = self.options
+        out = output_dir(o.out, self.target.name)
         prewarm_report()
-        code = launch.launch(target, nproc_per_node, out,
-                             launch.rank_argv(steps, profile, rehearse, numerics, script_args, skip, to_end),
-                             lambda ev: finish(with_roots(with_device(ev, device_key), roots), config, out, quiet,
-                                               fail_on, base))
-        afterwards(out, open_report, tensorboard)
+        code = launch.launch(self.target.spec, o.nproc_per_node, out, launch.rank_argv(o, out, self.args),
+                             lambda ev: self.finish(with_roots(ev, self.roots), out))
+        afterwards(out, o.open_report, o.tensorboard)
         return code
-    out = session.run_dir if session is not None else output_dir(out_dir, t.name)
-    if session is None or session.env.merges():  # (only the merging process writes the report)
-        prewarm_report()
-    with StepProgress(steps, enabled=not quiet and sys.stderr.isatty() and launch.shows_progress(session)) \
-            as progress, launch.stoppable(session):
-        try:
-            mode = "auto" if rehearse is None else "on" if rehearse else "off"
-            extra = ("--rehearse", mode, *(() if numerics else ("--no-numerics",)),
-                     *(("--skip", str(skip)) if skip else ()), *(("--to-end",) if to_end else ()),
-                     *(("--digest",) if verify or digest else ()))
-            evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=extra, script_args=script_args,
-                                            catch_sigterm=session is None),
+
+    def run_here(self, session) -> int:
+        """The target in one child process: the whole audit, or this rank's part of a launch (`session`)."""
+        o = self.options
+        out = session.run_dir if session is not None else output_dir(o.out, self.target.name)
+        if session is None or session.env.merges():  # (only the merging process writes the report)
+            prewarm_report()
+        evidence = self.run_child(out, session)
+        evidence.source_roots = self.roots
+        if session is not None:  # distributed: save this rank; the merging rank reports on every rank
+            return session.finish(evidence, o.rank_timeout, self.finish)
+        if not o.verify:
+            (out / "verified.json").unlink(missing_ok=True)  # (an earlier --verify's, in a reused --out)
+            code = self.finish(evidence, out)
+        else:
+            code = self.verified(evidence, out)
+        afterwards(out, o.open_report, o.tensorboard)
+        return code
+
+    def run_child(self, out: Path, session):
+        """The child's evidence, with a progress bar (rank 0's, under a launch)."""
+        from auditor import launch
+        from auditor.capture.progress import StepProgress
+        from auditor.capture.runner import RunRequest, run_child
+        from auditor.capture.target import TargetError
+
+        o = self.options
+        shown = not o.quiet and sys.stderr.isatty() and launch.shows_progress(session)
+        with StepProgress(o.steps, enabled=shown) as progress, launch.stoppable(session):
+            try:
+                return run_child(RunRequest(self.target, out, o, script_args=self.args, catch_sigterm=session is None),
                                  on_record=progress.on_record)
-        except TargetError as e:
-            drop_if_unused(out)
-            raise UsageFailure(str(e)) from None
-    evidence.source_roots = roots
-    if session is not None:  # distributed: save this rank; the merging rank reports on every rank
-        return session.finish(evidence, rank_timeout,
-                              lambda ev, root: finish(with_device(ev, device_key), config, root, quiet, fail_on, base))
-    evidence = with_device(evidence, device_key)
-    if not verify:
-        (out / "verified.json").unlink(missing_ok=True)  # (an earlier --verify's, in a reused --out)
-        code = finish(evidence, config, out, quiet, fail_on, base)
-    else:
+            except TargetError as e:
+                drop_if_unused(out)
+                raise UsageFailure(str(e)) from None
+
+    def verified(self, evidence, out: Path) -> int:
+        """--verify: the reports of the audit, each fix verified by re-running it (auditor.verify)."""
         from auditor import verify as v
 
-        spec = v.RunSpec(None if module is not None else target, module, tuple(script_args), steps, skip, to_end,
-                         profile, rehearse, numerics, select, ignore)
+        spec = v.RunSpec(None if self.module is not None else self.target.spec, self.module, self.args, self.options)
         done: list = []
-        code = finish(evidence, config, out, quiet, fail_on, base, amend=lambda ev, res: v.amend_run(
-            ev, res, spec, t.file, out, quiet, done))
+        code = self.finish(evidence, out, amend=lambda ev, res: v.amend_run(
+            ev, res, spec, self.target.file, out, self.options.quiet, done))
         v.echo_done(done)
-    afterwards(out, open_report, tensorboard)
-    return code
+        return code
 
 
 def allow_project_sources(target_file: str | None) -> list[str]:
@@ -472,28 +522,28 @@ def with_device(evidence, key: str):
     return evidence
 
 
-def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-            ignore: tuple[str, ...], quiet: bool, engine: str | None = None, address: str | None = None,
-            workers: int | None = None, device: str | None = None, source_roots: tuple[Path, ...] = ()) -> int:
+def analyze(paths: tuple[Path, ...], options: AnalyzeOptions) -> int:
     """`audit analyze`: the rules on recordings and saved runs. A job's per-rank traces are reduced
-    on `engine` (auditor.evidence.ranks.engines), with a progress bar over the ranks."""
+    on the options' `engine` (auditor.evidence.ranks.engines), with a progress bar over the ranks."""
+    from auditor.evidence.allocator.analysis import given_device_memory
     from auditor.evidence.load import load_paths
     from auditor.evidence.ranks.engines import EngineSpec, EngineUnavailable, check_available
 
-    device_key = device_option(device)
+    o = options
+    device_key = device_option(o.device)
     given, paths = paths, expand_globs(paths)
     for p in paths:
         if not p.exists():
             raise UsageFailure(missing(p))
-    allow_sources(source_roots, paths)
-    config = rule_config(Path.cwd(), select, ignore)
-    if address is not None and engine not in ("ray", "dask"):
+    allow_sources(o.source_roots, paths)
+    config = rule_config(Path.cwd(), o.select, o.ignore)
+    if o.address is not None and o.engine not in ("ray", "dask"):
         raise UsageFailure("--address names a ray or dask cluster: give --engine ray or --engine dask with it")
-    spec = EngineSpec(engine=engine or "local", address=address, workers=workers, sketch=True)
+    spec = EngineSpec(engine=o.engine or "local", address=o.address, workers=o.workers, sketch=True)
     try:
-        if engine is not None:
+        if o.engine is not None:
             check_available(spec)
-        with RankProgress(enabled=not quiet and sys.stderr.isatty()) as progress:
+        with RankProgress(enabled=not o.quiet and sys.stderr.isatty()) as progress:
             evidence = load_paths(list(paths), spec, progress.on_rank)
     except InputError as e:
         raise UsageFailure(str(e)) from None
@@ -502,8 +552,9 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     if paths != given:  # the job is named as the user named it: the pattern, not a thousand paths
         evidence.target = " ".join(str(p) for p in given)
     echo_unread(evidence)
-    out = output_dir(out_dir, "analyze")
-    return finish(with_device(evidence, device_key), config, out, quiet, fail_on)
+    out = output_dir(o.out, "analyze")
+    with given_device_memory(o.device_memory):
+        return finish(with_device(evidence, device_key), config, out, o.quiet, o.fail_on)
 
 
 def missing(p: Path) -> str:
@@ -620,23 +671,23 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
     return EXIT_USAGE if code == EXIT_USAGE else EXIT_OK
 
 
-def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_on: str | None,
-               select: tuple[str, ...], ignore: tuple[str, ...], quiet: bool) -> int:
+def checkpoint(file: Path, options: CheckpointOptions) -> int:
     """`audit checkpoint`: a saved checkpoint's evidence (auditor.evidence.checkpoint), then finish."""
     from auditor.evidence.checkpoint import checkpoint_evidence
 
+    o = options
     if not file.exists():
         raise UsageFailure(f"no such file: {file}")
-    if config_file is not None and not config_file.is_file():
-        raise UsageFailure(f"no such config file: {config_file}")
+    if o.against is not None and not o.against.is_file():
+        raise UsageFailure(f"no such config file: {o.against}")
     allow_sources((), ())  # (a checkpoint quotes no source)
-    config = rule_config(Path.cwd(), select, ignore)
+    config = rule_config(Path.cwd(), o.select, o.ignore)
     try:
-        evidence = checkpoint_evidence(file, config_file)
+        evidence = checkpoint_evidence(file, o.against)
     except InputError as e:
         raise UsageFailure(str(e)) from None
-    out = output_dir(out_dir, f"checkpoint-{file.stem}")
-    return finish(evidence, config, out, quiet, fail_on)
+    out = output_dir(o.out, f"checkpoint-{file.stem}")
+    return finish(evidence, config, out, o.quiet, o.fail_on)
 
 
 # --- comparisons (auditor.diff) -------------------------------------------------------------------

@@ -92,7 +92,7 @@ import torch
 import torch.utils.data.dataloader as dl
 from torch.nn.modules import module as nn_module
 
-import auditor
+from auditor import step_marker
 from auditor.capture import probes, step_loops, wire
 from auditor.capture.frames import user_frame
 from auditor.capture.one_call import OneCall
@@ -279,8 +279,7 @@ class StepFinder:
             self._wrap(GradScaler, "step", self._scaler_probe)
         except ImportError:
             pass
-        auditor._step_hook = self.on_marker
-        self._undo.append(lambda: setattr(auditor, "_step_hook", None))
+        self._undo.append(step_marker.listen(self.on_marker))
         self._update_forward_hook()
 
     def uninstall(self) -> None:

@@ -11,6 +11,8 @@ and decode into it.
 
 A collector's data (auditor.capture.collectors) travels as the collector made it (`Any`): the
 parent converts it into the StepRecord/Evidence field named after the collector.
+
+The parent's one message the other way, `ChildRequest`, is the child's command line: one JSON value.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Any, Union
 import msgspec
 
 from auditor.capture import held_output
+from auditor.command_options import RunOptions, decode, encode as encode_json
 from auditor.evidence.model import DataLoaderInfo, Environment, Program, Tally, WindowCut, WindowDrop
 from auditor.evidence.frame import Frame
 
@@ -214,3 +217,31 @@ _ENCODER = msgspec.json.Encoder()
 def encode(record: Record) -> bytes:
     """One line of the stream (the record and its newline)."""
     return _ENCODER.encode(record) + b"\n"
+
+
+class ChildRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """What the parent asks of the child (auditor.capture.runner.run_child), its one argv value.
+
+    target: TARGET's spec; out: the run directory (absolute: the program may change directory);
+    run_name: the profiler's logdir under out/tb; fd: the pipe the records go to; parent_pid: the
+    parent, whose death ends the child; catch_sigterm: stop on SIGTERM as on Ctrl-C (not under a
+    launcher); added_env: the variables the parent set for torch's logging, not the user's;
+    script_args: the program's own arguments; options: `audit run`'s, whole."""
+
+    target: str
+    out: str
+    run_name: str
+    fd: int
+    parent_pid: int | None = None
+    catch_sigterm: bool = False
+    added_env: tuple[str, ...] = ()
+    script_args: tuple[str, ...] = ()
+    options: RunOptions = RunOptions()
+
+
+def encode_request(request: ChildRequest) -> str:
+    return encode_json(request)
+
+
+def decode_request(text: str) -> ChildRequest:
+    return decode(text, ChildRequest)

@@ -61,8 +61,7 @@ def install(mode: str, source: str | None, module: str | None = None,
     replaced += rehearsal_legacy_types.install()
     rehearsal_dist.install()
     rehearsal_output.install()
-    probes.DEVICE_OF = rehearsal_device.device_of
-    probes.JUDGE_AS_CUDA = True
+    probes.judge_as_gpu_code(rehearsal_device.device_of)
     # said once for a distributed run: by rank 0 (every rank rehearses, and its evidence notes it)
     if os.environ.get("RANK", "0") in ("0", ""):
         print(f"audit: no CUDA device here: rehearsing this CUDA program on the CPU ({reason}); "
