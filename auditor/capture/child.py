@@ -262,7 +262,7 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
 
 def _audit_cause(exc: BaseException) -> str | None:
     """Whether the audit's CUDA rehearsal, not the program, raised `exc` (rehearsal.blame)."""
-    if not probes.JUDGE_AS_CUDA:  # (no rehearsal: nothing of its is imported, under whatever mode raised)
+    if not probes.judged_as_gpu_code():  # (no rehearsal: nothing of its is imported, under whatever mode raised)
         return None
     from auditor.capture.rehearsal.blame import audit_cause
 

@@ -128,8 +128,8 @@ class LaunchBound(TraceRule):
         calls once per element (a decoder's forward per token) gets that loop named, to batch its
         elements; elementwise ops run once per call (position or rotary math) get: compute what
         depends on shapes alone once, and let `torch.compile` fuse the rest. Each offers
-        `torch.compile(mode="reduce-overhead")` (CUDA graphs). A script with its own `--compile` option (argparse, as llm.c's
-        train_gpt2.py has) is told to run with it rather than given torch.compile's advice.
+        `torch.compile(mode="reduce-overhead")` (CUDA graphs). A script with its own `--compile`
+        option (argparse, as llm.c's train_gpt2.py has) is told to run with it instead.
 
     Evidence needed:
         A profiler trace with CUDA or ROCm activity (kernels and the calls that launched them), or

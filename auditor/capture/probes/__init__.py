@@ -19,10 +19,10 @@ from auditor.capture.probes.optimizer_updates import update_begins, update_ends
 from auditor.capture.probes.phases import forward_done, optimizer_done, take_over_phase_timing
 from auditor.capture.probes.recorder import (REC, FrameKey, Recorder, read_traced_steps, settle_traced_steps,
                                              traced_optimizer_step, unread_traced_steps)
-from auditor.capture.probes.syncs import judge_as_gpu_code, mask_index_sync
+from auditor.capture.probes.syncs import judge_as_gpu_code, judged_as_gpu_code, mask_index_sync
 from auditor.capture.probes.wrappers import set_part_probes
 
-__all__ = ["REC", "FrameKey", "Recorder", "forward_done", "install", "judge_as_gpu_code", "mask_index_sync",
-           "on_backward_start", "optimizer_done", "read_backward_calls", "read_traced_steps", "set_part_probes",
+__all__ = ["REC", "FrameKey", "Recorder", "forward_done", "install", "judge_as_gpu_code", "judged_as_gpu_code",
+           "mask_index_sync", "on_backward_start", "optimizer_done", "read_backward_calls", "read_traced_steps", "set_part_probes",
            "settle_traced_steps", "take_over_phase_timing", "traced_optimizer_step", "unread_traced_steps",
            "update_begins", "update_ends"]

@@ -31,6 +31,11 @@ DEVICE_OF: Callable[[Any], str] = _device_type
 JUDGE_AS_CUDA: bool = torch.cuda.is_available()
 
 
+def judged_as_gpu_code() -> bool:
+    """Whether the probes judge this run as GPU code (a real CUDA device, or a rehearsal)."""
+    return JUDGE_AS_CUDA
+
+
 def judge_as_gpu_code(device_of: Callable[[Any], str]) -> None:
     """CUDA rehearsal, before install(): tensors are judged by `device_of` (those the program meant
     for the GPU count as "cuda"), and only syncs on "cuda" tensors count."""

@@ -36,7 +36,7 @@ NO_REHEARSE = "`audit run --no-rehearse` runs it as a plain run does"
 
 def audit_cause(exc: BaseException) -> str | None:
     """One sentence when the rehearsal, not the program, caused `exc` (see module doc), else None."""
-    if not probes.JUDGE_AS_CUDA or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+    if not probes.judged_as_gpu_code() or isinstance(exc, (KeyboardInterrupt, SystemExit)):
         return None
     obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
     if obj is not None and type(obj).__module__.startswith("auditor."):
