@@ -44,6 +44,22 @@ def _default_out(name: str) -> Path:
     return Path("audit-out") / f"{name[:100]}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _claim_default(name: str) -> Path:
+    """The default output directory, made by this call (os.mkdir: never one another audit made):
+    a second audit of the same target started in the same second gets `<name>-<timestamp>-2`."""
+    base = _default_out(name)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        out = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            out.mkdir()
+        except FileExistsError:
+            continue
+        _MADE.add(out)
+        return out
+    raise FileExistsError(errno.EEXIST, "a thousand audits of it started in this second", str(base))
+
+
 _MADE: set[Path] = set()  # output directories this command created (see output_dir, drop_if_unused)
 
 
@@ -61,22 +77,46 @@ def out_option(value: str | None) -> Path | None:
 
 def output_dir(out_dir: Path | None, name: str) -> Path:
     """The output directory (--out, or the default for `name`), created now: a path that cannot
-    be written is the user's to fix (exit 2), found before anything runs. An earlier audit's
-    outputs there are replaced, and a line on stderr says so."""
-    out = out_dir or _default_out(name)
-    if out.exists() and not out.is_dir():
-        raise UsageFailure(f"--out {out}: not a directory")
+    be written is the user's to fix (exit 2), found before anything runs, and so is a symbolic
+    link at a name the audit writes there (refuse_planted). An earlier audit's outputs there are
+    replaced, and a line on stderr says so."""
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise UsageFailure(f"--out {out_dir}: not a directory")
+    out = out_dir
     try:
-        if not out.exists():
-            _MADE.add(out)
-        out.mkdir(parents=True, exist_ok=True)
+        if out is None:
+            out = _claim_default(name)
+        elif not out.exists():
+            with contextlib.suppress(FileExistsError):
+                out.mkdir(parents=True)
+                _MADE.add(out)
         write_probe(out)
     except OSError as e:
-        raise UsageFailure(f"--out {out}: cannot write there ({e.strerror or e})") from None
+        raise UsageFailure(f"--out {out or _default_out(name)}: cannot write there ({e.strerror or e})") from None
+    refuse_planted(out)
     _lock(out)
     if (out / "evidence.json").is_file() or (out / "report.html").is_file():
         click.echo(f"audit: --out {out} holds an earlier audit's outputs: this audit replaces them", err=True)
     return out
+
+
+def own_names() -> list[str]:
+    """The names the audit writes in an output directory."""
+    from auditor.reports import all_reporters
+
+    return [LOCK_FILE, "evidence.json", "records.jsonl", "tb", "memory_snapshot.pickle", "verified.json",
+            "verify-table.json", "diff.json", "diff.html", *(r.filename for r in all_reporters())]
+
+
+def refuse_planted(out: Path) -> None:
+    """A symbolic link at a name the audit writes in `out` is refused (exit 2), before anything
+    runs: in a shared directory another user's link would make the audit write where it points.
+    (Each write refuses one made later too: auditor.evidence.whole_files.)"""
+    for name in own_names():
+        path = out / name
+        if path.is_symlink():
+            raise UsageFailure(f"--out {out}: {name} there is a symbolic link (to {os.readlink(path)}); the audit "
+                               "never writes through one: remove it or choose another directory")
 
 
 LOCK_FILE = ".audit-lock"
@@ -91,9 +131,15 @@ def _lock(out: Path) -> None:
         import fcntl
     except ImportError:  # (no flock on this platform: unlocked, as before)
         return
+    from auditor.evidence.whole_files import open_kept
+
     if out in _LOCKS:  # (this process holds it already: a command run twice in one process)
         return
-    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = open_kept(out / LOCK_FILE)
+    except OSError as e:
+        raise UsageFailure(f"--out {out}: cannot lock it ({e}); remove {out / LOCK_FILE} or choose "
+                           "another directory") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -124,9 +170,9 @@ def _release_all() -> None:
 
 def write_probe(directory: Path) -> None:
     """Raises OSError when a file cannot be created in `directory`."""
-    probe = directory / f".audit-write-test-{os.getpid()}"
-    probe.touch()
-    probe.unlink()
+    from auditor.evidence.whole_files import probe_writable
+
+    probe_writable(directory)
 
 
 def drop_if_unused(out: Path) -> None:
@@ -176,7 +222,11 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     # outputs not written (a full disk): named on the terminal, exit 2 (the run's records and
     # profiler trace: auditor.capture.runner)
     lost: list[str] = list(evidence.__dict__.get("unwritten", ()))
-    if _saved(evidence, out, lost) and evidence.source == "run" and is_run_dir(out):
+    earlier = earlier_traces(out)
+    saved = _saved(evidence, out, lost)
+    if saved:
+        drop_earlier(out, earlier, evidence)
+    if saved and evidence.source == "run" and is_run_dir(out):
         try:
             evidence = load_paths([out])  # attaches the profiled window's parsed trace
         except InputError as e:
@@ -233,6 +283,42 @@ def _saved(evidence, out: Path, lost: list[str]) -> bool:
             lost.append(EVIDENCE_FILE)
         return False
     return True
+
+
+def earlier_traces(out: Path) -> list[Path]:
+    """The profiler traces an earlier audit's evidence.json in `out` names under `out/tb` (the ones
+    it wrote there), as they are now."""
+    import json
+
+    from auditor.evidence.store import EVIDENCE_FILE
+
+    try:
+        doc = json.loads((out / EVIDENCE_FILE).read_bytes())
+    except (OSError, ValueError):
+        return []
+    profile = doc.get("profile") if isinstance(doc, dict) else None
+    named = [*(doc.get("traces") or []), *((profile or {}).get("trace_files") or [])] if isinstance(doc, dict) else []
+    tb = (out / "tb").resolve()
+    found = []
+    for name in named:
+        if not isinstance(name, str) or not name:
+            continue
+        path = Path(name) if Path(name).is_absolute() else out / name
+        if path.parent.resolve().is_relative_to(tb) and path.is_file() and not path.is_symlink():
+            found.append(path.parent.resolve() / path.name)
+    return list(dict.fromkeys(found))
+
+
+def drop_earlier(out: Path, earlier: list[Path], evidence) -> None:
+    """Once this audit's evidence.json has replaced an earlier one, the traces only that one named
+    (earlier_traces) go with it: TensorBoard would show them as this run's. Nothing else in `out`
+    is removed (a user's own traces in ./tb with `--out .` are theirs)."""
+    kept = {(p if p.is_absolute() else out / p).parent.resolve() / p.name
+            for p in map(Path, [*evidence.traces, *(evidence.profile.trace_files if evidence.profile else [])])}
+    for path in earlier:
+        if path not in kept:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def _unwritten(written: dict[str, Path]) -> list[str]:
