@@ -24,6 +24,7 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 # The ranges the command line's numbers are checked against (a value outside is refused, exit 2,
 # the flag named): memory between a MiB and a PiB, steps up to a billion, a day of waiting.
 MIN_GIB, MAX_GIB = 2.0 ** -10, 2.0 ** 20
+MIN_MB, MAX_MB = 0.001, 2.0 ** 30
 MAX_STEPS = 10 ** 9
 MAX_SECONDS = 86_400.0
 MAX_PERCENT = 1e6
@@ -138,7 +139,7 @@ def _stray_with_module(module: str | None, target: str | None, script_args: tupl
                                   "(the profiler's export) included: the recording ends early where its end, "
                                   "predicted from what it recorded, would pass it, keeping what it recorded "
                                   "[default: half the memory available when the window starts].")
-@click.option("--trace-size", "trace_size", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--trace-size", "trace_size", type=Measure(MIN_MB, MAX_MB, "MB, from 0.001 to 1073741824 (1 PiB)"), default=None,
               metavar="MB", help="The most the kept profiler trace (compressed, .pt.trace.json.gz) may take, in MB: "
                                  "the recording ends early where its trace would pass it [default: 256].")
 @click.option("--rehearse/--no-rehearse", default=None,

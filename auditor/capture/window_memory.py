@@ -42,6 +42,7 @@ MB = 10**6
 ENV = "AUDITOR_PROFILE_MEMORY_GIB"
 TRACE_ENV = "AUDITOR_TRACE_SIZE_MB"
 TRACE_SIZE_MB = 256.0  # the default bound of the kept trace, compressed
+MAX_TRACE_MB = 2.0 ** 30  # the most --trace-size takes (1 PiB)
 # an end's peak growth over its recording's growth (the resident memory's, read at a step's end):
 # the largest measured, what a calibration's own recording is guarded by and a calibrated factor
 # bounded by (time_sequence_prediction: 2.3-2.7 at the example's size, where training dominates;
@@ -84,7 +85,7 @@ def trace_limit() -> int:
         mb = float(os.environ.get(TRACE_ENV, ""))
     except ValueError:
         mb = 0.0
-    return int((mb if mb > 0 else TRACE_SIZE_MB) * MB)
+    return int((mb if 0 < mb <= MAX_TRACE_MB else TRACE_SIZE_MB) * MB)  # (inf, nan: the default)
 
 
 def release_freed() -> None:
