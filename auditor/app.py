@@ -503,32 +503,20 @@ def allow_project_sources(target_file: str | None) -> list[str]:
 
 
 def allow_sources(given: tuple[Path, ...], paths: tuple[Path, ...] | list[Path]) -> None:
-    """The source roots of a command that reads recordings: the `--source-root` directories, and
-    each saved run directory's recorded roots where it was recorded on this machine (a run from
-    elsewhere names another machine's directories). None given: no source is read."""
-    import json
-    import socket
-
+    """The source roots of a command that reads recordings: the `--source-root` directories, and,
+    where a saved run directory is among the inputs, the current directory (where one re-renders
+    a run of one's project). The roots a run directory recorded are never taken: a directory can
+    be forged to name any file of this machine; its quoted lines are those it stored (Evidence.sources).
+    None given: no source is read."""
     from auditor.evidence import source_access
-    from auditor.evidence.store import EVIDENCE_FILE, is_run_dir
+    from auditor.evidence.store import is_run_dir
 
     roots = [str(r) for r in given]
     for r in given:
         if not r.is_dir():
             raise UsageFailure(f"--source-root {r}: no such directory")
-    for p in paths:
-        if not is_run_dir(p):
-            continue
-        try:
-            doc = json.loads((p / EVIDENCE_FILE).read_bytes())
-        except (OSError, ValueError):
-            continue  # (the loader says why)
-        if not isinstance(doc, dict):
-            continue
-        env = doc.get("environment")
-        recorded = doc.get("source_roots")
-        if isinstance(env, dict) and env.get("hostname") == socket.gethostname() and isinstance(recorded, list):
-            roots += [r for r in recorded if isinstance(r, str) and r]
+    if any(is_run_dir(p) for p in paths):
+        roots.append(os.getcwd())
     source_access.allow(roots)
 
 

@@ -83,8 +83,8 @@ def shared_options(*names: str, out_default: str = "", quiet_help: str = "Only t
 _SOURCE_ROOT = click.option(
     "--source-root", "source_roots", multiple=True, type=click.Path(path_type=Path), metavar="DIR",
     help="A directory the recorded program's source is in (repeatable): the reports quote source lines "
-         "from files under these only, never from elsewhere on this machine [default: none; an `audit run` "
-         "directory recorded here: its project's roots].")
+         "from files under these only, never from elsewhere on this machine [default: none; with an `audit run` "
+         "directory: the current directory].")
 
 
 def _device_memory(gib: float | None) -> None:
