@@ -284,13 +284,31 @@ def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_
     sys.exit(app.checkpoint(file, config_file, out_dir, fail_on, select, ignore, quiet))
 
 
+class Terminated(BaseException):
+    """SIGTERM reached `audit` outside a run's child (which auditor.capture.runner stops and
+    reports on): the command ends as a Ctrl-C ends it, exit 3, its temporary files and its lock
+    removed on the way out (a BaseException: no `except Exception` of the pipeline swallows it)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click in non-standalone mode so every usage error is one line and exit 2."""
+    import signal
+    import threading
+
     from auditor.evidence import source_access
 
+    here = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _terminated) if here else None
     try:
         with source_access.kept():  # (each command sets the roots its source is read under)
             rv = cli.main(args=argv, prog_name="audit", standalone_mode=False)
+    except Terminated:
+        click.echo("audit: stopped by SIGTERM", err=True)
+        sys.exit(EXIT_TARGET_FAILED)
     except UsageFailure as e:
         from auditor.reports.terminal import printable
 
@@ -314,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
     except Exception as e:  # a bug of ours: one line, the traceback only on request
         _internal_error(e)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
     sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 
