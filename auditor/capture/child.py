@@ -16,6 +16,7 @@ import platform
 import signal
 import socket
 import sys
+import threading
 import traceback
 from typing import Any, Callable, Iterator, Sequence
 
@@ -367,6 +368,7 @@ class Profiler:
         self.out_dir, self.run_name = out_dir, run_name
         self.written: list[str] = []  # the traces this window wrote (paths)
         self.unwritten = ""  # where the trace it could not write was to go (why: top_ops)
+        self.notes: list[str] = []  # what the window did otherwise than asked, and why
         self.prof = None
         self.calibration = None  # the throwaway recording measuring an end (the warm-up step's)
         self.files: list[str] = []
@@ -462,8 +464,20 @@ class Profiler:
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         return profile(activities=acts, record_shapes="record_shapes" not in dropped,
-                       with_stack="with_stack" not in dropped, profile_memory=True,
-                       schedule=schedule, on_trace_ready=on_trace_ready)
+                       with_stack="with_stack" not in dropped and not self._programs_profiler(),
+                       profile_memory=True, schedule=schedule, on_trace_ready=on_trace_ready)
+
+    def _programs_profiler(self) -> bool:
+        """Whether the program has a profile function of its own (sys.setprofile, threading.setprofile):
+        torch's stack tracer would replace it on every thread for the window (and leave none after),
+        so the window records no Python stacks, and the evidence says why."""
+        if sys.getprofile() is None and getattr(threading, "_profile_hook", None) is None:
+            return False
+        if not self.notes:
+            self.notes.append("the program has a profile function of its own (sys.setprofile): the profiler "
+                              "window recorded no Python stacks, which would have replaced it (the trace names "
+                              "no lines of the program's)")
+        return True
 
     @contextlib.contextmanager
     def _own(self) -> Iterator[None]:
@@ -653,7 +667,7 @@ def catch_interrupts(catch_sigterm: bool) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Writer(args.fd)
+    out = Writer(args.fd, args.parent_pid)
     faulthandler.enable(file=sys.stderr, all_threads=False)
     atexit.register(forget_codes)  # (registered first: it runs after the program's own atexit handlers)
     # Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
@@ -759,7 +773,8 @@ def run(args: argparse.Namespace) -> int:
     if prof.window():
         out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < args.steps], trace_files=prof.files,
                               top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut,
-                              trace_bytes=prof.trace_bytes, drop=prof.drop, unwritten=prof.unwritten))
+                              trace_bytes=prof.trace_bytes, drop=prof.drop, unwritten=prof.unwritten,
+                              notes=prof.notes))
     for c in collectors:
         data = c.finish()
         if data is not None:

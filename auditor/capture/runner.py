@@ -128,6 +128,7 @@ class EvidenceBuilder:
             ev.traces = list(r.trace_files)
             ev.snapshots.extend(r.snapshots)
             self.unwritten_trace = r.unwritten
+            ev.environment.notes.extend(r.notes)
         elif isinstance(r, wire.DeviceTimes):  # the device's clock of steps already recorded
             by_index = {s.index: s for s in ev.steps}
             for i, ms in zip(r.steps, r.ms):

@@ -119,7 +119,8 @@ class Profile(Record, tag="profile"):
     cut: the window ended early to bound its memory (auditor.capture.window_memory).
     drop: the window recorded without shapes or stacks to fit its bounds.
     trace_bytes: the traces' size on disk (compressed).
-    unwritten: where the trace it could not write (a full disk) was to go ("" when none)."""
+    unwritten: where the trace it could not write (a full disk) was to go ("" when none).
+    notes: what the window did otherwise than asked, and why (for the evidence's notes)."""
 
     steps: list[int]
     trace_files: list[str] = []
@@ -129,6 +130,7 @@ class Profile(Record, tag="profile"):
     trace_bytes: int = 0
     drop: WindowDrop | None = None
     unwritten: str = ""
+    notes: list[str] = []
 
 
 class DeviceTimes(Record, tag="device-times"):
