@@ -100,22 +100,23 @@ def output_dir(out_dir: Path | None, name: str) -> Path:
     return out
 
 
-def own_names() -> list[str]:
-    """The names the audit writes in an output directory."""
+def own_names(reports: bool = False) -> list[str]:
+    """The names the audit writes in an output directory (`reports`: those `audit report` writes)."""
     from auditor.reports import all_reporters
 
-    return [LOCK_FILE, "evidence.json", "records.jsonl", "tb", "memory_snapshot.pickle", "verified.json",
-            "verify-table.json", "diff.json", "diff.html", *(r.filename for r in all_reporters())]
+    written = ["evidence.json", "verified.json", *(r.filename for r in all_reporters())]
+    return written if reports else [LOCK_FILE, "records.jsonl", "tb", "memory_snapshot.pickle", "verify-table.json",
+                                    "diff.json", "diff.html", *written]
 
 
-def refuse_planted(out: Path) -> None:
+def refuse_planted(out: Path, named: str = "--out ", reports: bool = False) -> None:
     """A symbolic link at a name the audit writes in `out` is refused (exit 2), before anything
     runs: in a shared directory another user's link would make the audit write where it points.
     (Each write refuses one made later too: auditor.evidence.whole_files.)"""
-    for name in own_names():
+    for name in own_names(reports):
         path = out / name
         if path.is_symlink():
-            raise UsageFailure(f"--out {out}: {name} there is a symbolic link (to {os.readlink(path)}); the audit "
+            raise UsageFailure(f"{named}{out}: {name} there is a symbolic link (to {os.readlink(path)}); the audit "
                                "never writes through one: remove it or choose another directory")
 
 
@@ -681,6 +682,7 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
     except OSError as e:
         raise UsageFailure(f"{run_dir}: cannot write the reports there ({e.strerror or e}); "
                            f"`audit analyze {run_dir} --out DIR` writes them elsewhere") from None
+    refuse_planted(run_dir, named="", reports=True)
     allow_sources(source_roots, [run_dir])
     config = rule_config(Path.cwd(), select, ignore)
     try:
