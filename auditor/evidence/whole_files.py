@@ -110,7 +110,8 @@ class WholeFile:
         self.name = self.path.name
         self.tmp = temp_name(self.name)
         self.published = False
-        self._dir = os.open(self.path.parent, os.O_RDONLY | DIRECTORY | CLOEXEC) if _AT else None
+        # (O_PATH: a directory the audit may write in but not list is still held)
+        self._dir = os.open(self.path.parent, getattr(os, "O_PATH", os.O_RDONLY) | DIRECTORY | CLOEXEC) if _AT else None
         try:
             self._refuse_link()
             fd = self._open_new()
