@@ -16,7 +16,6 @@ import platform
 import signal
 import socket
 import sys
-import threading
 import traceback
 from typing import Any, Callable, Iterator, Sequence
 
@@ -35,7 +34,7 @@ from auditor.capture.program import ChildParts, run_program
 from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
-from auditor.capture.unseen import no_torch_function, warnings_name_the_user
+from auditor.capture.unseen import no_torch_function, programs_profiler, warnings_name_the_user
 from auditor.capture.user_traceback import print_users_traceback
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
@@ -464,20 +463,8 @@ class Profiler:
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         return profile(activities=acts, record_shapes="record_shapes" not in dropped,
-                       with_stack="with_stack" not in dropped and not self._programs_profiler(),
+                       with_stack="with_stack" not in dropped and not programs_profiler(self.notes),
                        profile_memory=True, schedule=schedule, on_trace_ready=on_trace_ready)
-
-    def _programs_profiler(self) -> bool:
-        """Whether the program has a profile function of its own (sys.setprofile, threading.setprofile):
-        torch's stack tracer would replace it on every thread for the window (and leave none after),
-        so the window records no Python stacks, and the evidence says why."""
-        if sys.getprofile() is None and getattr(threading, "_profile_hook", None) is None:
-            return False
-        if not self.notes:
-            self.notes.append("the program has a profile function of its own (sys.setprofile): the profiler "
-                              "window recorded no Python stacks, which would have replaced it (the trace names "
-                              "no lines of the program's)")
-        return True
 
     @contextlib.contextmanager
     def _own(self) -> Iterator[None]:

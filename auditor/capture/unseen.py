@@ -203,6 +203,23 @@ def quietly(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
 
 
+def programs_profiler(notes: list[str]) -> bool:
+    """Whether the program has a profile function of its own (sys.setprofile, threading.setprofile):
+    torch's stack tracer would replace it on every thread for the profiler window (and leave none
+    after), so the window records no Python stacks; `notes` gets why, once."""
+    import threading
+
+    if sys.getprofile() is None and getattr(threading, "_profile_hook", None) is None:
+        return False
+    if PROFILE_NOTE not in notes:
+        notes.append(PROFILE_NOTE)
+    return True
+
+
+PROFILE_NOTE = ("the program has a profile function of its own (sys.setprofile): the profiler window recorded "
+                "no Python stacks, whose tracer would have replaced it (the trace names no lines of the program's)")
+
+
 def threads_end_quietly(kind: type, ending: Callable[[], bool]) -> Callable[[], None]:
     """A `kind` the audit raised to end the program (StepsDone), raised on a thread of the program's
     while `ending()`, ends that thread without a word, as it ends the main thread: Python's
