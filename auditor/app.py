@@ -50,6 +50,22 @@ def _default_out(name: str) -> Path:
     return Path("audit-out") / f"{name[:100]}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _claim_default(name: str) -> Path:
+    """The default output directory, made by this call (os.mkdir: never one another audit made):
+    a second audit of the same target started in the same second gets `<name>-<timestamp>-2`."""
+    base = _default_out(name)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        out = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            out.mkdir()
+        except FileExistsError:
+            continue
+        _MADE.add(out)
+        return out
+    raise FileExistsError(errno.EEXIST, "a thousand audits of it started in this second", str(base))
+
+
 _MADE: set[Path] = set()  # output directories this command created (see output_dir, drop_if_unused)
 
 
@@ -67,22 +83,47 @@ def out_option(value: str | None) -> Path | None:
 
 def output_dir(out_dir: Path | None, name: str) -> Path:
     """The output directory (--out, or the default for `name`), created now: a path that cannot
-    be written is the user's to fix (exit 2), found before anything runs. An earlier audit's
-    outputs there are replaced, and a line on stderr says so."""
-    out = out_dir or _default_out(name)
-    if out.exists() and not out.is_dir():
-        raise UsageFailure(f"--out {out}: not a directory")
+    be written is the user's to fix (exit 2), found before anything runs, and so is a symbolic
+    link at a name the audit writes there (refuse_planted). An earlier audit's outputs there are
+    replaced, and a line on stderr says so."""
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise UsageFailure(f"--out {out_dir}: not a directory")
+    out = out_dir
     try:
-        if not out.exists():
-            _MADE.add(out)
-        out.mkdir(parents=True, exist_ok=True)
+        if out is None:
+            out = _claim_default(name)
+        elif not out.exists():
+            with contextlib.suppress(FileExistsError):
+                out.mkdir(parents=True)
+                _MADE.add(out)
         write_probe(out)
     except OSError as e:
-        raise UsageFailure(f"--out {out}: cannot write there ({e.strerror or e})") from None
+        raise UsageFailure(f"--out {out or _default_out(name)}: cannot write there ({e.strerror or e})") from None
+    refuse_planted(out)
     _lock(out)
     if (out / "evidence.json").is_file() or (out / "report.html").is_file():
         click.echo(f"audit: --out {out} holds an earlier audit's outputs: this audit replaces them", err=True)
     return out
+
+
+def own_names(reports: bool = False) -> list[str]:
+    """The names the audit writes in an output directory (`reports`: those `audit report` writes)."""
+    from auditor.reports import all_reporters
+
+    written = ["evidence.json", "verified.json", *(r.filename for r in all_reporters())]
+    return written if reports else [LOCK_FILE, "records.jsonl", "tb", "memory_snapshot.pickle", "verify-table.json",
+                                    "diff.json", "diff.html", *written]
+
+
+def refuse_planted(out: Path, named: str = "--out ", reports: bool = False) -> None:
+    """A symbolic link at a name the audit writes in `out` is refused (exit 2), before anything
+    runs: in a shared directory another user's link would make the audit write where it points.
+    (Each write refuses one made later too: auditor.evidence.whole_files.)"""
+    for name in own_names(reports):
+        path = out / name
+        if path.is_symlink():
+            raise UsageFailure(f"{named}{out}: {name} there is a symbolic link (to {os.readlink(path)}); the audit "
+                               "never writes through one: remove it or choose another directory")
 
 
 LOCK_FILE = ".audit-lock"
@@ -97,9 +138,15 @@ def _lock(out: Path) -> None:
         import fcntl
     except ImportError:  # (no flock on this platform: unlocked, as before)
         return
+    from auditor.evidence.whole_files import open_kept
+
     if out in _LOCKS:  # (this process holds it already: a command run twice in one process)
         return
-    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = open_kept(out / LOCK_FILE)
+    except OSError as e:
+        raise UsageFailure(f"--out {out}: cannot lock it ({e}); remove {out / LOCK_FILE} or choose "
+                           "another directory") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -130,9 +177,9 @@ def _release_all() -> None:
 
 def write_probe(directory: Path) -> None:
     """Raises OSError when a file cannot be created in `directory`."""
-    probe = directory / f".audit-write-test-{os.getpid()}"
-    probe.touch()
-    probe.unlink()
+    from auditor.evidence.whole_files import probe_writable
+
+    probe_writable(directory)
 
 
 def drop_if_unused(out: Path) -> None:
@@ -182,7 +229,11 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     # outputs not written (a full disk): named on the terminal, exit 2 (the run's records and
     # profiler trace: auditor.capture.runner)
     lost: list[str] = list(evidence.__dict__.get("unwritten", ()))
-    if _saved(evidence, out, lost) and evidence.source == "run" and is_run_dir(out):
+    earlier = earlier_traces(out)
+    saved = _saved(evidence, out, lost)
+    if saved:
+        drop_earlier(out, earlier, evidence)
+    if saved and evidence.source == "run" and is_run_dir(out):
         try:
             evidence = load_paths([out])  # attaches the profiled window's parsed trace
         except InputError as e:
@@ -239,6 +290,42 @@ def _saved(evidence, out: Path, lost: list[str]) -> bool:
             lost.append(EVIDENCE_FILE)
         return False
     return True
+
+
+def earlier_traces(out: Path) -> list[Path]:
+    """The profiler traces an earlier audit's evidence.json in `out` names under `out/tb` (the ones
+    it wrote there), as they are now."""
+    import json
+
+    from auditor.evidence.store import EVIDENCE_FILE
+
+    try:
+        doc = json.loads((out / EVIDENCE_FILE).read_bytes())
+    except (OSError, ValueError):
+        return []
+    profile = doc.get("profile") if isinstance(doc, dict) else None
+    named = [*(doc.get("traces") or []), *((profile or {}).get("trace_files") or [])] if isinstance(doc, dict) else []
+    tb = (out / "tb").resolve()
+    found = []
+    for name in named:
+        if not isinstance(name, str) or not name:
+            continue
+        path = Path(name) if Path(name).is_absolute() else out / name
+        if path.parent.resolve().is_relative_to(tb) and path.is_file() and not path.is_symlink():
+            found.append(path.parent.resolve() / path.name)
+    return list(dict.fromkeys(found))
+
+
+def drop_earlier(out: Path, earlier: list[Path], evidence) -> None:
+    """Once this audit's evidence.json has replaced an earlier one, the traces only that one named
+    (earlier_traces) go with it: TensorBoard would show them as this run's. Nothing else in `out`
+    is removed (a user's own traces in ./tb with `--out .` are theirs)."""
+    kept = {(p if p.is_absolute() else out / p).parent.resolve() / p.name
+            for p in map(Path, [*evidence.traces, *(evidence.profile.trace_files if evidence.profile else [])])}
+    for path in earlier:
+        if path not in kept:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def _unwritten(written: dict[str, Path]) -> list[str]:
@@ -467,32 +554,20 @@ def allow_project_sources(target_file: str | None) -> list[str]:
 
 
 def allow_sources(given: tuple[Path, ...], paths: tuple[Path, ...] | list[Path]) -> None:
-    """The source roots of a command that reads recordings: the `--source-root` directories, and
-    each saved run directory's recorded roots where it was recorded on this machine (a run from
-    elsewhere names another machine's directories). None given: no source is read."""
-    import json
-    import socket
-
+    """The source roots of a command that reads recordings: the `--source-root` directories, and,
+    where a saved run directory is among the inputs, the current directory (where one re-renders
+    a run of one's project). The roots a run directory recorded are never taken: a directory can
+    be forged to name any file of this machine; its quoted lines are those it stored (Evidence.sources).
+    None given: no source is read."""
     from auditor.evidence import source_access
-    from auditor.evidence.store import EVIDENCE_FILE, is_run_dir
+    from auditor.evidence.store import is_run_dir
 
     roots = [str(r) for r in given]
     for r in given:
         if not r.is_dir():
             raise UsageFailure(f"--source-root {r}: no such directory")
-    for p in paths:
-        if not is_run_dir(p):
-            continue
-        try:
-            doc = json.loads((p / EVIDENCE_FILE).read_bytes())
-        except (OSError, ValueError):
-            continue  # (the loader says why)
-        if not isinstance(doc, dict):
-            continue
-        env = doc.get("environment")
-        recorded = doc.get("source_roots")
-        if isinstance(env, dict) and env.get("hostname") == socket.gethostname() and isinstance(recorded, list):
-            roots += [r for r in recorded if isinstance(r, str) and r]
+    if any(is_run_dir(p) for p in paths):
+        roots.append(os.getcwd())
     source_access.allow(roots)
 
 
@@ -658,6 +733,7 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
     except OSError as e:
         raise UsageFailure(f"{run_dir}: cannot write the reports there ({e.strerror or e}); "
                            f"`audit analyze {run_dir} --out DIR` writes them elsewhere") from None
+    refuse_planted(run_dir, named="", reports=True)
     allow_sources(source_roots, [run_dir])
     config = rule_config(Path.cwd(), select, ignore)
     try:

@@ -18,8 +18,8 @@ from click.core import ParameterSource
 
 from auditor import __version__, app
 from auditor.app import EXIT_INTERNAL, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageFailure
-from auditor.command_options import (MAX_GIB, MAX_SECONDS, MAX_STEPS, MIN_GIB, AnalyzeOptions, CheckpointOptions,
-                                     OptionError, OutputOptions, RunOptions, decode)
+from auditor.command_options import (MAX_GIB, MAX_SECONDS, MAX_STEPS, MAX_TRACE_MB, MIN_GIB, MIN_TRACE_MB, AnalyzeOptions,
+                                     CheckpointOptions, OptionError, OutputOptions, RunOptions, decode)
 from auditor.findings import SEVERITIES
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
@@ -89,8 +89,8 @@ def shared_options(*names: str, out_default: str = "", quiet_help: str = "Only t
 _SOURCE_ROOT = click.option(
     "--source-root", "source_roots", multiple=True, type=click.Path(path_type=Path), metavar="DIR",
     help="A directory the recorded program's source is in (repeatable): the reports quote source lines "
-         "from files under these only, never from elsewhere on this machine [default: none; an `audit run` "
-         "directory recorded here: its project's roots].")
+         "from files under these only, never from elsewhere on this machine [default: none; with an `audit run` "
+         "directory: the current directory].")
 
 
 def _record(kind: type[OutputOptions], given: dict) -> OutputOptions:
@@ -162,7 +162,8 @@ def _stray_with_module(module: str | None, target: str | None, script_args: tupl
                                   "(the profiler's export) included: the recording ends early where its end, "
                                   "predicted from what it recorded, would pass it, keeping what it recorded "
                                   "[default: half the memory available when the window starts].")
-@click.option("--trace-size", "trace_size", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--trace-size", "trace_size", type=Measure(MIN_TRACE_MB, MAX_TRACE_MB, "MB, from 0.001 to 1073741824 (1 PiB)"),
+              default=None,
               metavar="MB", help="The most the kept profiler trace (compressed, .pt.trace.json.gz) may take, in MB: "
                                  "the recording ends early where its trace would pass it [default: 256].")
 @click.option("--rehearse/--no-rehearse", default=None,
@@ -287,13 +288,31 @@ def checkpoint(file: Path, **given) -> None:
     sys.exit(app.checkpoint(file, _record(CheckpointOptions, given)))
 
 
+class Terminated(BaseException):
+    """SIGTERM reached `audit` outside a run's child (which auditor.capture.runner stops and
+    reports on): the command ends as a Ctrl-C ends it, exit 3, its temporary files and its lock
+    removed on the way out (a BaseException: no `except Exception` of the pipeline swallows it)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: click in non-standalone mode so every usage error is one line and exit 2."""
+    import signal
+    import threading
+
     from auditor.evidence import source_access
 
+    here = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _terminated) if here else None
     try:
         with source_access.kept():  # (each command sets the roots its source is read under)
             rv = cli.main(args=argv, prog_name="audit", standalone_mode=False)
+    except Terminated:
+        click.echo("audit: stopped by SIGTERM", err=True)
+        sys.exit(EXIT_TARGET_FAILED)
     except UsageFailure as e:
         from auditor.reports.terminal import printable
 
@@ -317,6 +336,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
     except Exception as e:  # a bug of ours: one line, the traceback only on request
         _internal_error(e)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
     sys.exit(rv if isinstance(rv, int) else EXIT_OK)
 
 

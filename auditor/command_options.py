@@ -22,7 +22,7 @@ from auditor.findings import SEVERITIES
 MIN_GIB, MAX_GIB = 2.0 ** -10, 2.0 ** 20
 MAX_STEPS = 10 ** 9
 MAX_SECONDS = 86_400.0
-MAX_TRACE_MB = 1e9  # (a petabyte of trace: beyond it a bound is no bound)
+MIN_TRACE_MB, MAX_TRACE_MB = 0.001, 2.0 ** 30  # (a kB to a PiB of trace: beyond it a bound is no bound)
 DEFAULT_RANK_TIMEOUT_S = 120.0  # how long the merging rank waits for the others' evidence (--rank-timeout)
 
 GiB = Annotated[float, msgspec.Meta(ge=MIN_GIB, le=MAX_GIB)]
@@ -74,7 +74,7 @@ class RunOptions(DeviceOptions, kw_only=True):
     to_end: bool = False
     profile: bool = True
     profile_memory: GiB | None = None
-    trace_size: Annotated[float, msgspec.Meta(gt=0, le=MAX_TRACE_MB)] | None = None
+    trace_size: Annotated[float, msgspec.Meta(ge=MIN_TRACE_MB, le=MAX_TRACE_MB)] | None = None
     rehearse: bool | None = None  # (None: when the target asks for CUDA and none is present)
     numerics: bool = True
     open_report: bool = False

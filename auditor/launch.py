@@ -38,6 +38,7 @@ from auditor.command_options import RunOptions, encode
 from auditor.evidence import model as m
 from auditor.evidence.ranks.model import RankIdentity
 from auditor.evidence.store import EVIDENCE_FILE
+from auditor.evidence.whole_files import write_whole
 
 ENV_MERGE = "AUDIT_RANK_MERGE"  # "launcher": the launching process merges, ranks only write
 ENV_RUN_ID = "AUDIT_RUN_ID"  # set by the launching `audit run`; else torchrun's TORCHELASTIC_RUN_ID
@@ -189,7 +190,7 @@ class RankSession:
         with self.stoppable():  # a SIGTERM now only shortens the wait for the other ranks
             evidence.rank = RankIdentity(**env.identity(), ended_at=time.time())
             save_atomic(evidence, self.run_dir)
-            (self.run_dir / MARKER).write_text(env.run_id or "")
+            write_whole(self.run_dir / MARKER, env.run_id or "")
             status = evidence.ending.status
             click.echo(f"audit: rank {env.rank}: {len(evidence.steps)} step(s), run {status}; "
                        f"evidence in {self.run_dir}")
@@ -213,8 +214,6 @@ def shows_progress(session: RankSession | None) -> bool:
 
 
 def save_atomic(evidence: m.Evidence, run_dir: Path) -> Path:
-    from auditor.evidence.whole_files import write_whole
-
     run_dir.mkdir(parents=True, exist_ok=True)
     return write_whole(run_dir / EVIDENCE_FILE, m.encode(evidence))
 

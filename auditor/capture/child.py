@@ -33,7 +33,7 @@ from auditor.capture.program import ChildParts, run_program
 from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
-from auditor.capture.unseen import no_torch_function, warnings_name_the_user
+from auditor.capture.unseen import no_torch_function, programs_profiler, warnings_name_the_user
 from auditor.capture.user_traceback import print_users_traceback
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
@@ -362,7 +362,10 @@ class Profiler:
             at = bench_switches.WINDOW_AT
             self.warm, self.active = at - 1, [at + k for k in range(len(self.active))]
         self.start_at = self.warm if self.warm is not None else (self.active[0] if self.active else None)
-        self.logdir = os.path.join(out_dir, "tb", run_name)
+        self.out_dir, self.run_name = out_dir, run_name
+        self.written: list[str] = []  # the traces this window wrote (paths)
+        self.unwritten = ""  # where the trace it could not write was to go (why: top_ops)
+        self.notes: list[str] = []  # what the window did otherwise than asked, and why
         self.prof = None
         self.calibration = None  # the throwaway recording measuring an end (the warm-up step's)
         self.files: list[str] = []
@@ -458,8 +461,8 @@ class Profiler:
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         return profile(activities=acts, record_shapes="record_shapes" not in dropped,
-                       with_stack="with_stack" not in dropped, profile_memory=True,
-                       schedule=schedule, on_trace_ready=on_trace_ready)
+                       with_stack="with_stack" not in dropped and not programs_profiler(self.notes),
+                       profile_memory=True, schedule=schedule, on_trace_ready=on_trace_ready)
 
     @contextlib.contextmanager
     def _own(self) -> Iterator[None]:
@@ -514,17 +517,12 @@ class Profiler:
             from auditor.capture.trace_file import write_trace
 
             worker = "".join(c if c.isalnum() or c in "-._" else "_" for c in socket.gethostname())
-            scratch = _trace_dir(self.logdir)  # (the export's own path is written into its JSON)
             try:
-                write_trace(prof, self.logdir, f"{worker}_{os.getpid()}", scratch_dir=scratch)
+                self.written.append(write_trace(prof, self.out_dir, self.run_name, f"{worker}_{os.getpid()}"))
             except Exception as e:  # (a full disk: the trace is lost, the program goes on as it would)
+                self.unwritten = f"tb/{self.run_name}/"
                 self.top_ops = [{"name": f"(profiler trace not written: {type(e).__name__}: {e})", "count": 0,
                                  "self_ms": 0.0, "total_ms": 0.0}]
-            finally:
-                if scratch != self.logdir:
-                    import shutil
-
-                    shutil.rmtree(scratch, ignore_errors=True)
 
     def _calibrated(self, whole: bool) -> None:
         """Stop the calibration and measure its end: the peak of stopping and exporting it over
@@ -541,7 +539,7 @@ class Profiler:
         try:
             calibration.stop()
             after_stop = rss_bytes() or 0
-            size = compressed_size(calibration, os.path.dirname(os.path.dirname(self.logdir)))
+            size = compressed_size(calibration, self.out_dir)
         except Exception:  # the profiler failing must not fail the audit: the defaults stay
             return
         end_peak = max(after_stop, rss_bytes() or 0)
@@ -575,7 +573,7 @@ class Profiler:
             self._unhook()
             self._unhook = None
         if getattr(self, "history", False):
-            snapshot = os.path.join(os.path.dirname(os.path.dirname(self.logdir)), "memory_snapshot.pickle")
+            snapshot = os.path.join(self.out_dir, "memory_snapshot.pickle")
             if cuda_memory.dump_snapshot(snapshot):
                 self.snapshots.append(os.path.basename(snapshot))
             cuda_memory.stop_history()
@@ -611,15 +609,14 @@ class Profiler:
         del prof
         window_memory.release_freed()
         self._release()
-        if os.path.isdir(self.logdir):
-            run_dir = os.path.dirname(os.path.dirname(self.logdir))
-            kept = [f for f in os.listdir(self.logdir) if f.endswith((".pt.trace.json", ".pt.trace.json.gz"))]
-            self.files = sorted(os.path.relpath(os.path.join(self.logdir, f), run_dir) for f in kept)
-            self.trace_bytes = sum(os.path.getsize(os.path.join(self.logdir, f)) for f in kept)
+        kept = [f for f in self.written if os.path.isfile(f)]  # (this window's own: never another file of logdir's)
+        if kept:
+            self.files = sorted(os.path.relpath(f, self.out_dir) for f in kept)
+            self.trace_bytes = sum(os.path.getsize(f) for f in kept)
             guard = self.guard
             if guard is not None and self.trace_bytes > guard.trace_bound:  # (predicted wrongly: none is kept)
                 for f in kept:
-                    os.unlink(os.path.join(self.logdir, f))
+                    os.unlink(f)
                 cut = self.cut or guard.cut(self.last if self.last is not None else -1)
                 self.cut = msgspec.structs.replace(cut, nothing=True, reason="trace-size",
                                                    dropped_trace_bytes=self.trace_bytes)
@@ -657,7 +654,7 @@ def catch_interrupts(catch_sigterm: bool) -> dict:
 def run(args: wire.ChildRequest) -> int:
     """Set up the audit (_set_up), then call the step N times (or run the whole program), streaming
     every record; returns the exit code (2: TARGET is wrong, 3: the program failed)."""
-    out = Writer(args.fd)
+    out = Writer(args.fd, args.parent_pid)
     faulthandler.enable(file=sys.stderr, all_threads=False)
     atexit.register(forget_codes)  # (registered first: it runs after the program's own atexit handlers)
     set_up = _set_up(args, out)
@@ -752,7 +749,8 @@ def _run_steps(args: wire.ChildRequest, out: Writer, rec: probes.Recorder, colle
     if prof.window():
         out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < opts.steps], trace_files=prof.files,
                               top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut,
-                              trace_bytes=prof.trace_bytes, drop=prof.drop))
+                              trace_bytes=prof.trace_bytes, drop=prof.drop, unwritten=prof.unwritten,
+                              notes=prof.notes))
     for c in collectors:
         data = c.finish()
         if data is not None:

@@ -144,7 +144,7 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         out.send(wire.Profile(steps=[s for s in parts.prof.recorded_steps() if s < finder.recorded],
                               trace_files=parts.prof.files, top_ops=parts.prof.top_ops, snapshots=parts.prof.snapshots,
                               cut=parts.prof.cut, trace_bytes=parts.prof.trace_bytes,
-                              drop=parts.prof.drop))
+                              drop=parts.prof.drop, unwritten=parts.prof.unwritten, notes=parts.prof.notes))
     for c in parts.collectors:
         data = c.finish()
         if data is not None:

@@ -29,6 +29,7 @@ from auditor.evidence import model as m
 from auditor.evidence import source_access
 from auditor.evidence.frame import Frame, recorded_frame
 from auditor.evidence.step_clock import DEVICE_CLOCK_NOTE
+from auditor.evidence.whole_files import WholeFile, leftovers, remove_leftover
 
 STDERR_TAIL_LINES = 40
 STDERR_TAIL_LINE_BYTES = 4000  # the end of each (see pump_stderr)
@@ -89,6 +90,7 @@ class EvidenceBuilder:
         self.out_dir = request.out_dir
         self.request = request
         self.set_up = False  # the module's setup code ran to its end (the steps began)
+        self.unwritten_trace = ""  # the profiler's trace the child could not write (wire.Profile)
 
     def feed(self, r: wire.Record) -> None:
         ev = self.ev
@@ -124,6 +126,8 @@ class EvidenceBuilder:
                                          trace_bytes=r.trace_bytes, drop=r.drop)
             ev.traces = list(r.trace_files)
             ev.snapshots.extend(r.snapshots)
+            self.unwritten_trace = r.unwritten
+            ev.environment.notes.extend(r.notes)
         elif isinstance(r, wire.DeviceTimes):  # the device's clock of steps already recorded
             by_index = {s.index: s for s in ev.steps}
             for i, ms in zip(r.steps, r.ms):
@@ -289,10 +293,8 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
 
     Raises TargetError when the child reports a problem with TARGET itself."""
     request.out_dir.mkdir(parents=True, exist_ok=True)
-    # an earlier run into this DIR (of this target or another) left its traces where this run's go:
-    # TensorBoard would show both, and the report would link a trace this run did not record
-    for stale in (request.out_dir / "tb").glob("*/*.pt.trace.json*"):
-        stale.unlink(missing_ok=True)
+    # (an earlier run's traces in DIR/tb are removed once this run's evidence replaces the earlier
+    # one's, and only those it named: auditor.app.finish)
     proc, read_fd, err_read = _start(request, forward_stderr)
     pump = StderrPump(err_read, proc, forward_stderr)
     interrupts = Interrupts(proc)
@@ -302,28 +304,25 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         raw = RawCopy(request.out_dir / "records.jsonl")
         try:
             for record, line in read_records(read_chunks(read_fd, proc)):
-                raw.write(line)
+                raw.write(line, begun=not isinstance(record, (wire.Hello, wire.UsageError)))
                 builder.feed(record)
                 if on_record is not None:
                     on_record(record)
             returncode = proc.wait()
             pump.finish()
         finally:
-            raw.close()
+            raw.close(keep=builder.usage_error is None)
             memory.stop()
             os.close(read_fd)
             pump.close()
-    if builder.usage_error is not None:
-        # nothing ran: the stream (a usage error, its only record) would make the directory look
-        # like a run's to `audit analyze`
-        (request.out_dir / "records.jsonl").unlink(missing_ok=True)
+    if builder.usage_error is not None:  # (nothing ran: no records.jsonl of this run's, see RawCopy)
         raise TargetError(builder.usage_error)
     killed_by_audit = interrupts.killed_by_audit()
     interrupts.label_ending(builder, killed_by_audit and returncode < 0)
     evidence = builder.finish(returncode, pump.text(), None if killed_by_audit else memory)
     if evidence.profile is not None:  # (the window's bound is judged by what the kernel counted, not the child's word)
         evidence.profile.peak_rss_bytes = memory.peak_bytes()
-    _note_unwritten(evidence, raw, request)
+    _note_unwritten(evidence, raw, request, builder, proc.pid)
     return evidence
 
 
@@ -463,7 +462,8 @@ class Interrupts:
             e.message = f"stopped by {self.by[0]} sent to the audit; as it stopped, the program raised {raised}"
 
 
-def _note_unwritten(evidence: m.Evidence, raw: RawCopy, request: RunRequest) -> None:
+def _note_unwritten(evidence: m.Evidence, raw: RawCopy, request: RunRequest, builder: EvidenceBuilder,
+                    pid: int) -> None:
     """The run's own files that could not be written whole (a full disk): named on stderr, in the
     evidence's notes and in its UNWRITTEN list, and removed."""
     lost = evidence.__dict__.setdefault(UNWRITTEN, [])
@@ -473,18 +473,23 @@ def _note_unwritten(evidence: m.Evidence, raw: RawCopy, request: RunRequest) -> 
         evidence.environment.notes.append(
             f"records.jsonl (the raw record stream) could not be written whole ({raw.error}): it was "
             f"removed; the evidence read from the stream is whole")
-    # the profiler writes its trace to a temporary name, then renames it: one left behind was not
-    # written whole (a full disk), and would only take the room the outputs need
+    # the child writes each file to a temporary name of its own, then renames it: one left behind
+    # (the child killed meanwhile, a full disk) was not written whole, and would only take the room
+    # the outputs need. The trace's are named as lost; only this child's are removed.
+    if builder.unwritten_trace:  # (the child removed what it had written of it; why is in top_ops)
+        lost.append(f"the profiler's trace ({builder.unwritten_trace})")
+        why = evidence.profile.top_ops[0]["name"] if evidence.profile and evidence.profile.top_ops else ""
+        print(f"audit: warning: could not write the profiler's trace {why}".rstrip(), file=sys.stderr)
     logdir = request.out_dir / "tb" / request.target.name
-    for partial in sorted([*logdir.glob("*.tmp"), *logdir.glob("*.partial")]):
-        with contextlib.suppress(OSError):
-            partial.unlink()
+    for partial in [*leftovers(logdir, pid), *leftovers(request.out_dir, pid)]:
+        if partial.parent == logdir and not partial.is_dir():
             lost.append(f"the profiler's trace ({partial.relative_to(request.out_dir)})")
             print(f"audit: warning: could not write the profiler's trace {partial.name} whole: removed",
                   file=sys.stderr)
             evidence.environment.notes.append(
                 f"the profiler's trace could not be written whole (a full disk?): its partial file "
                 f"{partial.name} was removed, and the rules that read the trace were skipped")
+        remove_leftover(partial)
 
 
 # Evidence.__dict__ key: the files of the run's own that could not be written (a full disk), for
@@ -493,35 +498,44 @@ UNWRITTEN = "unwritten"
 
 
 class RawCopy:
-    """records.jsonl, the stream's raw copy, written as it comes. A write that fails (a full disk)
-    ends the copy and removes it -- half a stream would read as a run that ended early -- while
-    the records go on being read into the evidence; `error` says why it was lost."""
+    """records.jsonl, the stream's raw copy, written as it comes: to a file of its own made beside it
+    (auditor.evidence.whole_files: never through a planted link), which becomes records.jsonl once
+    the run has begun (`begun`: a record after the child's hello), so that a usage error leaves an
+    earlier run's records.jsonl as it was. A write that fails (a full disk) ends the copy and
+    removes it -- half a stream would read as a run that ended early -- while the records go on
+    being read into the evidence; `error` says why it was lost."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.error: str | None = None
+        self._f: WholeFile | None = None
         try:
-            self._f = open(path, "wb")
+            self._f = WholeFile(path)
         except OSError as e:
-            self._f = None
             self.error = e.strerror or str(e)
 
-    def write(self, line: bytes) -> None:
+    def write(self, line: bytes, begun: bool = True) -> None:
         if self._f is None:
             return
         try:
             self._f.write(line)
+            if begun:
+                self._f.publish()
         except OSError as e:
             self.error = e.strerror or str(e)
-            self.close()
+            self._f.discard()
+            self._f = None
 
-    def close(self) -> None:
+    def close(self, keep: bool = True) -> None:
+        """Done: kept as records.jsonl when `keep` (the run began), else removed."""
         if self._f is None:
             return
         f, self._f = self._f, None
+        if not keep:
+            f.discard()
+            return
         try:
-            f.close()
+            f.commit(sync=False)
         except OSError as e:
             self.error = self.error or e.strerror or str(e)
-        if self.error is not None:
-            self.path.unlink(missing_ok=True)
+            f.discard()

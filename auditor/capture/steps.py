@@ -98,7 +98,7 @@ from auditor.capture.frames import user_frame
 from auditor.capture.one_call import OneCall
 from auditor.capture.probes.workers import GONE_LOADERS
 from auditor.capture.session import StepSession
-from auditor.capture.unseen import no_torch_function
+from auditor.capture.unseen import no_torch_function, quietly, threads_end_quietly
 from auditor.evidence import model as m
 
 _CALL_IMPL = nn_module.Module._call_impl.__code__
@@ -262,7 +262,7 @@ class StepFinder:
         outermost: a boundary is crossed before a probe times the call that crossed it."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        h = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.on_optimizer_step(opt))
+        h = register_optimizer_step_post_hook(lambda opt, args, kwargs: quietly(self.on_optimizer_step, opt))  # (untraced)
         self._undo.append(h.remove)
         self._begins_hook = register_optimizer_step_pre_hook(self._optimizer_begins)
         self._undo.append(self._drop_begins_hook)
@@ -280,6 +280,7 @@ class StepFinder:
         except ImportError:
             pass
         self._undo.append(step_marker.listen(self.on_marker))
+        self._undo.append(threads_end_quietly(StepsDone, lambda: self.stopped))  # (steps on a thread)
         self._update_forward_hook()
 
     def uninstall(self) -> None:
@@ -308,8 +309,12 @@ class StepFinder:
         self._undo.append(lambda: setattr(owner, name, orig))
 
     def _live(self) -> bool:
-        return (not self.done and not self.busy and self.rec.active and not _compiling()
-                and threading.get_ident() == self.main_thread)
+        """Whether step activity marks steps now: on the main thread, or the thread doing it before any step."""
+        if self.done or self.busy or not self.rec.active or _compiling():
+            return False
+        if not self.begun:
+            self.main_thread = threading.get_ident()
+        return threading.get_ident() == self.main_thread
 
     # -- activities ----------------------------------------------------------------------------
 
@@ -457,24 +462,27 @@ class StepFinder:
 
     def on_forward(self, module: Any, args: Any) -> None:
         if self._live() and not self.rec.in_data:
-            grad = torch.is_grad_enabled()
-            if (grad and self.iteration is not None and self.backward_in_step and not self.pending
-                    and self._watching_updates()):
-                probes.settle_traced_steps()  # (an optimizer step in compiled code is read first: it marks the step)
-                if not self.pending and self._watching_updates() and self._updated(module):
-                    self.mode = "update"
-                    self.pending = True  # (on_pass closes the step here and begins the next)
-            if not grad and self.pending and _nested_call(sys._getframe(1)):
-                return  # (a tail's module calls inside its outermost one: that one is the pass)
-            self.on_pass(tail=not grad)
-            if not grad and self.pending and self._fwd_on:  # (the calls inside it: not seen, see one_call)
-                # (back at its end unless the step's end took it off meanwhile)
-                self._tail_call.watch(module, None, ((nn_module._global_forward_pre_hooks, self._fwd_hook.id,
-                                                          self.on_forward),), lambda: self._fwd_on)
-            if (grad and self.iteration is not None and self.fingerprint is None and self._watching_updates()
-                    and not self._trusting_updates()):
-                self.fingerprint = self._fingerprint(module)
-                self._update_forward_hook()
+            quietly(self._on_forward, module, args, sys._getframe(1))  # (the audit's own work: unseen.untraced)
+
+    def _on_forward(self, module: Any, args: Any, caller: Any) -> None:
+        grad = torch.is_grad_enabled()
+        if (grad and self.iteration is not None and self.backward_in_step and not self.pending
+                and self._watching_updates()):
+            probes.settle_traced_steps()  # (an optimizer step in compiled code is read first: it marks the step)
+            if not self.pending and self._watching_updates() and self._updated(module):
+                self.mode = "update"
+                self.pending = True  # (on_pass closes the step here and begins the next)
+        if not grad and self.pending and _nested_call(caller):
+            return  # (a tail's module calls inside its outermost one: that one is the pass)
+        self.on_pass(tail=not grad)
+        if not grad and self.pending and self._fwd_on:  # (the calls inside it: not seen, see one_call)
+            # (back at its end unless the step's end took it off meanwhile)
+            self._tail_call.watch(module, None, ((nn_module._global_forward_pre_hooks, self._fwd_hook.id,
+                                                      self.on_forward),), lambda: self._fwd_on)
+        if (grad and self.iteration is not None and self.fingerprint is None and self._watching_updates()
+                and not self._trusting_updates()):
+            self.fingerprint = self._fingerprint(module)
+            self._update_forward_hook()
 
     # -- weight updates outside torch.optim ------------------------------------------------------
 

@@ -33,6 +33,7 @@ import threading
 
 import psutil
 
+from auditor.command_options import MAX_TRACE_MB
 from auditor.evidence.model import WindowCut, WindowDrop
 
 GiB = 1 << 30
@@ -72,7 +73,7 @@ def allowed_growth(available: int, gib: float | None = None) -> int:
 
 def trace_limit(mb: float | None = None) -> int:
     """Bytes the kept (compressed) trace may take: the user's bound (`mb`, --trace-size), else TRACE_SIZE_MB."""
-    return int((mb or TRACE_SIZE_MB) * MB)
+    return int((mb if mb and 0 < mb <= MAX_TRACE_MB else TRACE_SIZE_MB) * MB)  # (inf, nan: the default)
 
 
 def release_freed() -> None:

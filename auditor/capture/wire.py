@@ -122,7 +122,9 @@ class Profile(Record, tag="profile"):
     snapshots: CUDA memory snapshots of the window, relative to the run directory.
     cut: the window ended early to bound its memory (auditor.capture.window_memory).
     drop: the window recorded without shapes or stacks to fit its bounds.
-    trace_bytes: the traces' size on disk (compressed)."""
+    trace_bytes: the traces' size on disk (compressed).
+    unwritten: where the trace it could not write (a full disk) was to go ("" when none).
+    notes: what the window did otherwise than asked, and why (for the evidence's notes)."""
 
     steps: list[int]
     trace_files: list[str] = []
@@ -131,6 +133,8 @@ class Profile(Record, tag="profile"):
     cut: WindowCut | None = None
     trace_bytes: int = 0
     drop: WindowDrop | None = None
+    unwritten: str = ""
+    notes: list[str] = []
 
 
 class DeviceTimes(Record, tag="device-times"):

@@ -277,9 +277,17 @@ _WS = b" \t\r\n"
 _NON_WS = re.compile(rb"[^ \t\r\n]")
 
 
+# What a gzip trace may inflate to: at most MAX_INFLATION times the compressed bytes read so far,
+# once past INFLATION_FLOOR. Kineto's JSON compresses 7-30x (the fixtures: 30x a V100 ResNet-50
+# trace at gzip's default level); a file past 100x is no recording but a bomb (36 MB inflating to
+# 10 GB of events grew past 6 GB resident before), refused within its first INFLATION_FLOOR bytes.
+MAX_INFLATION = 100
+INFLATION_FLOOR = 64 << 20
+
+
 class _Reader:
-    """The file's bytes, gunzipped on the fly when it is gzip (detected by magic), read straight
-    into the caller's buffer; read errors become one-line InputErrors."""
+    """The file's bytes, gunzipped on the fly when it is gzip (detected by magic; bounded by
+    MAX_INFLATION), read straight into the caller's buffer; read errors become one-line InputErrors."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -289,7 +297,17 @@ class _Reader:
             self.raw.seek(0)
         except OSError as e:
             raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
-        self.stream = gzip.GzipFile(fileobj=self.raw) if magic == b"\x1f\x8b" else self.raw
+        self.gzip = magic == b"\x1f\x8b"
+        self.stream = gzip.GzipFile(fileobj=self.raw) if self.gzip else self.raw
+        self.inflated = 0
+
+    def _bound(self, got: int) -> None:
+        """InputError once the gzip has inflated past what a trace compresses to (MAX_INFLATION)."""
+        self.inflated += got
+        if self.gzip and self.inflated > INFLATION_FLOOR and self.inflated > MAX_INFLATION * self.raw.tell():
+            raise InputError(f"{self.path}: not a profiler trace: its first {self.raw.tell():,} compressed bytes "
+                             f"inflate to {self.inflated:,}, over {MAX_INFLATION} times as many (a profiler "
+                             f"trace compresses 7-30 times)")
 
     def readinto(self, target: memoryview) -> int:
         """Fill `target` (fewer bytes only at the end of the file); the count read."""
@@ -309,6 +327,7 @@ class _Reader:
             raise InputError(f"{self.path}: not a readable gzip trace ({e or 'compressed file ended early'})") from None
         except OSError as e:
             raise InputError(f"{self.path}: cannot read ({e.strerror or e})") from None
+        self._bound(got)
         return got
 
     def rest(self) -> bytes:
