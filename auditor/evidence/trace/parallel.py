@@ -319,8 +319,8 @@ def _decode_range(path: Path, start: int, end: int | None, slot: int) -> dict[st
         del buf[k + 2:]
         stream = _Stream(path, DEFAULT_CHUNK_BYTES, data=buf)
         stream.start()
-    for events in stream.chunks():
-        cols.add(events)
+    for events in stream.chunks(timed=False):
+        cols.add(events, stream._timed)
     assert _slots is not None
     layout = _slots.put(slot, [cols.parts, cols.flow_parts])
     if layout is None:
