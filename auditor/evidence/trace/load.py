@@ -228,8 +228,8 @@ def _parse(path: Path, chunk_bytes: int, workers: int) -> Trace:
         if workers > 1:
             parallel.parse(stream, cols, workers)
         else:
-            for events in stream.chunks():
-                cols.add(events)
+            for events in stream.chunks(timed=False):
+                cols.add(events, stream._timed)
         trace = _finish(path, stream, cols, symbols)
         trace.workers = workers if workers > 1 else 0
         return trace
