@@ -21,13 +21,19 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import click
 
+from auditor.command_options import AnalyzeOptions, CheckpointOptions, RunOptions
 from auditor.config import Config, ConfigError, load_config
 from auditor.evidence.errors import InputError
 from auditor.findings import severity_rank
+
+if TYPE_CHECKING:
+    from auditor.capture.target import Target
 
 EXIT_OK, EXIT_FAIL_ON, EXIT_USAGE, EXIT_TARGET_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 4
 
@@ -42,6 +48,22 @@ def _default_out(name: str) -> Path:
     """audit-out/<name>-<timestamp>, the name cut to 100 characters: a file name may be 255 bytes
     long, and `checkpoint-<a 240-character file name>-<timestamp>` could not be made."""
     return Path("audit-out") / f"{name[:100]}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _claim_default(name: str) -> Path:
+    """The default output directory, made by this call (os.mkdir: never one another audit made):
+    a second audit of the same target started in the same second gets `<name>-<timestamp>-2`."""
+    base = _default_out(name)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        out = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            out.mkdir()
+        except FileExistsError:
+            continue
+        _MADE.add(out)
+        return out
+    raise FileExistsError(errno.EEXIST, "a thousand audits of it started in this second", str(base))
 
 
 _MADE: set[Path] = set()  # output directories this command created (see output_dir, drop_if_unused)
@@ -61,22 +83,47 @@ def out_option(value: str | None) -> Path | None:
 
 def output_dir(out_dir: Path | None, name: str) -> Path:
     """The output directory (--out, or the default for `name`), created now: a path that cannot
-    be written is the user's to fix (exit 2), found before anything runs. An earlier audit's
-    outputs there are replaced, and a line on stderr says so."""
-    out = out_dir or _default_out(name)
-    if out.exists() and not out.is_dir():
-        raise UsageFailure(f"--out {out}: not a directory")
+    be written is the user's to fix (exit 2), found before anything runs, and so is a symbolic
+    link at a name the audit writes there (refuse_planted). An earlier audit's outputs there are
+    replaced, and a line on stderr says so."""
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        raise UsageFailure(f"--out {out_dir}: not a directory")
+    out = out_dir
     try:
-        if not out.exists():
-            _MADE.add(out)
-        out.mkdir(parents=True, exist_ok=True)
+        if out is None:
+            out = _claim_default(name)
+        elif not out.exists():
+            with contextlib.suppress(FileExistsError):
+                out.mkdir(parents=True)
+                _MADE.add(out)
         write_probe(out)
     except OSError as e:
-        raise UsageFailure(f"--out {out}: cannot write there ({e.strerror or e})") from None
+        raise UsageFailure(f"--out {out or _default_out(name)}: cannot write there ({e.strerror or e})") from None
+    refuse_planted(out)
     _lock(out)
     if (out / "evidence.json").is_file() or (out / "report.html").is_file():
         click.echo(f"audit: --out {out} holds an earlier audit's outputs: this audit replaces them", err=True)
     return out
+
+
+def own_names(reports: bool = False) -> list[str]:
+    """The names the audit writes in an output directory (`reports`: those `audit report` writes)."""
+    from auditor.reports import all_reporters
+
+    written = ["evidence.json", "verified.json", *(r.filename for r in all_reporters())]
+    return written if reports else [LOCK_FILE, "records.jsonl", "tb", "memory_snapshot.pickle", "verify-table.json",
+                                    "diff.json", "diff.html", *written]
+
+
+def refuse_planted(out: Path, named: str = "--out ", reports: bool = False) -> None:
+    """A symbolic link at a name the audit writes in `out` is refused (exit 2), before anything
+    runs: in a shared directory another user's link would make the audit write where it points.
+    (Each write refuses one made later too: auditor.evidence.whole_files.)"""
+    for name in own_names(reports):
+        path = out / name
+        if path.is_symlink():
+            raise UsageFailure(f"{named}{out}: {name} there is a symbolic link (to {os.readlink(path)}); the audit "
+                               "never writes through one: remove it or choose another directory")
 
 
 LOCK_FILE = ".audit-lock"
@@ -91,9 +138,15 @@ def _lock(out: Path) -> None:
         import fcntl
     except ImportError:  # (no flock on this platform: unlocked, as before)
         return
+    from auditor.evidence.whole_files import open_kept
+
     if out in _LOCKS:  # (this process holds it already: a command run twice in one process)
         return
-    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = open_kept(out / LOCK_FILE)
+    except OSError as e:
+        raise UsageFailure(f"--out {out}: cannot lock it ({e}); remove {out / LOCK_FILE} or choose "
+                           "another directory") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -124,9 +177,9 @@ def _release_all() -> None:
 
 def write_probe(directory: Path) -> None:
     """Raises OSError when a file cannot be created in `directory`."""
-    probe = directory / f".audit-write-test-{os.getpid()}"
-    probe.touch()
-    probe.unlink()
+    from auditor.evidence.whole_files import probe_writable
+
+    probe_writable(directory)
 
 
 def drop_if_unused(out: Path) -> None:
@@ -153,7 +206,7 @@ def exit_code(evidence, results, fail_on: str | None) -> int:
     from auditor.evidence.model import ended_well
 
     if evidence.source == "run" and not ended_well(evidence.ending):
-        return EXIT_TARGET_FAILED
+        return EXIT_INTERNAL if evidence.ending.audit_cause else EXIT_TARGET_FAILED
     if fail_on and any(severity_rank(f.severity) >= severity_rank(fail_on) for f in results.findings):
         return EXIT_FAIL_ON
     return EXIT_OK
@@ -176,7 +229,11 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
     # outputs not written (a full disk): named on the terminal, exit 2 (the run's records and
     # profiler trace: auditor.capture.runner)
     lost: list[str] = list(evidence.__dict__.get("unwritten", ()))
-    if _saved(evidence, out, lost) and evidence.source == "run" and is_run_dir(out):
+    earlier = earlier_traces(out)
+    saved = _saved(evidence, out, lost)
+    if saved:
+        drop_earlier(out, earlier, evidence)
+    if saved and evidence.source == "run" and is_run_dir(out):
         try:
             evidence = load_paths([out])  # attaches the profiled window's parsed trace
         except InputError as e:
@@ -233,6 +290,42 @@ def _saved(evidence, out: Path, lost: list[str]) -> bool:
             lost.append(EVIDENCE_FILE)
         return False
     return True
+
+
+def earlier_traces(out: Path) -> list[Path]:
+    """The profiler traces an earlier audit's evidence.json in `out` names under `out/tb` (the ones
+    it wrote there), as they are now."""
+    import json
+
+    from auditor.evidence.store import EVIDENCE_FILE
+
+    try:
+        doc = json.loads((out / EVIDENCE_FILE).read_bytes())
+    except (OSError, ValueError):
+        return []
+    profile = doc.get("profile") if isinstance(doc, dict) else None
+    named = [*(doc.get("traces") or []), *((profile or {}).get("trace_files") or [])] if isinstance(doc, dict) else []
+    tb = (out / "tb").resolve()
+    found = []
+    for name in named:
+        if not isinstance(name, str) or not name:
+            continue
+        path = Path(name) if Path(name).is_absolute() else out / name
+        if path.parent.resolve().is_relative_to(tb) and path.is_file() and not path.is_symlink():
+            found.append(path.parent.resolve() / path.name)
+    return list(dict.fromkeys(found))
+
+
+def drop_earlier(out: Path, earlier: list[Path], evidence) -> None:
+    """Once this audit's evidence.json has replaced an earlier one, the traces only that one named
+    (earlier_traces) go with it: TensorBoard would show them as this run's. Nothing else in `out`
+    is removed (a user's own traces in ./tb with `--out .` are theirs)."""
+    kept = {(p if p.is_absolute() else out / p).parent.resolve() / p.name
+            for p in map(Path, [*evidence.traces, *(evidence.profile.trace_files if evidence.profile else [])])}
+    for path in earlier:
+        if path not in kept:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def _unwritten(written: dict[str, Path]) -> list[str]:
@@ -313,19 +406,32 @@ def afterwards(out: Path, open_report: bool, tensorboard: bool) -> None:
 
 # --- the pipelines -------------------------------------------------------------------------------
 
-def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-        ignore: tuple[str, ...], profile: bool, rehearse: bool | None, open_report: bool, tensorboard: bool,
-        quiet: bool, nproc_per_node: int | None, rank_timeout: float, numerics: bool,
-        script_args: tuple[str, ...], module: str | None = None, skip: int = 0, to_end: bool = False,
-        baseline: Path | None = None, device: str | None = None, verify: bool = False,
-        digest: bool = False) -> int:
+def run(target: str | None, options: RunOptions, module: str | None = None, args: Sequence[str] = ()) -> int:
     """`audit run`: the target in a child process (or N ranks of it under torch.distributed.run,
     or this process as one rank of a launch: auditor.launch), then finish. The target is a step
-    callable, or a whole program (a file, or `module` for -m) whose steps the child finds."""
+    callable, or a whole program (a file, or `module` for -m, `args` its arguments) whose steps
+    the child finds."""
     from auditor import launch
-    from auditor.capture.progress import StepProgress
-    from auditor.capture.runner import RunRequest, run_child
-    from auditor.capture.target import TargetError, check_statically, module_target, parse_target
+    from auditor.evidence.allocator.analysis import given_device_memory
+
+    t, args = run_target(target, module, tuple(args))
+    refuse_run(t, options)
+    roots = allow_project_sources(t.file)
+    device_key = device_option(options.device)
+    config = rule_config(Path(t.file).parent if t.file else Path.cwd(), options.select, options.ignore)
+    base = (load_baseline(options.baseline), options.baseline) if options.baseline is not None else None
+    audit = RunAudit(t, options, args, module, roots, device_key, config, base)
+    session = launch.RankSession.from_env(options.out, t.name)
+    with given_device_memory(options.device_memory):
+        if options.nproc_per_node is not None:
+            return audit.launch(session)
+        return audit.run_here(session)
+
+
+def run_target(target: str | None, module: str | None, args: tuple[str, ...]) -> tuple[Target, tuple[str, ...]]:
+    """The Target `audit run` names (TARGET, or -m MODULE) and the program's arguments; a torch
+    too old or a TARGET that is not one is a usage error."""
+    from auditor.capture.target import TargetError, module_target, parse_target
     from auditor.capture.torch_private import installed_version, unsupported
 
     too_old = unsupported(installed_version())
@@ -333,76 +439,107 @@ def run(target: str, steps: int, out_dir: Path | None, fail_on: str | None, sele
         raise UsageFailure(too_old)
     try:
         if module is not None:  # (`-m pkg.mod -- ARGS`: click gives the first of ARGS as TARGET)
-            script_args = ((target,) if target is not None else ()) + tuple(script_args)
-            t = module_target(module)
-        elif target is None:
+            return module_target(module), ((target,) if target is not None else ()) + args
+        if target is None:
             raise TargetError("missing TARGET (path/to/file.py, path/to/file.py:callable, package.module:callable) "
                               "or -m package.module")
-        else:
-            t = parse_target(target)
+        return parse_target(target), args
     except TargetError as e:
         raise UsageFailure(str(e)) from None
-    if verify and (nproc_per_node is not None or os.environ.get("RANK") is not None):
+
+
+def refuse_run(t: Target, options: RunOptions) -> None:
+    """The options that do not apply to this target, or to this process, as a usage error."""
+    if options.verify and (options.nproc_per_node is not None or os.environ.get("RANK") is not None):
         raise UsageFailure("--verify re-runs a single process; it does not apply to a distributed launch")
-    if (skip or to_end) and not t.is_program:
+    if (options.skip or options.to_end) and not t.is_program:
         raise UsageFailure("--skip and --to-end apply to a whole program (path/to/file.py or -m package.module), "
                            "not to a step callable")
-    target = t.spec
-    roots = allow_project_sources(t.file)
-    device_key = device_option(device)
-    config = rule_config(Path(t.file).parent if t.file else Path.cwd(), select, ignore)
-    base = (load_baseline(baseline), baseline) if baseline is not None else None
-    session = launch.RankSession.from_env(out_dir, t.name)
-    if nproc_per_node is not None:
+
+
+@dataclass
+class RunAudit:
+    """One `audit run`, as its pipeline reads it: the target, its options and arguments (`module`:
+    -m's), the project's source roots, the device model's key, the rules' config and the baseline."""
+
+    target: Target
+    options: RunOptions
+    args: tuple[str, ...]
+    module: str | None
+    roots: list[str]
+    device_key: str
+    config: Config
+    baseline: tuple | None
+
+    def finish(self, evidence, out: Path, amend=None) -> int:
+        o = self.options
+        return finish(with_device(evidence, self.device_key), self.config, out, o.quiet, o.fail_on, self.baseline,
+                      amend)
+
+    def launch(self, session) -> int:
+        """--nproc-per-node N: the ranks under torch.distributed.run, their merged evidence reported here."""
+        from auditor import launch
+        from auditor.capture.target import TargetError, check_statically
+
         if session is not None:
             raise UsageFailure("--nproc-per-node: already running under a launcher (RANK is set)")
         try:
-            check_statically(t)  # a rank's usage error would reach us only as the launcher's failure
+            check_statically(self.target)  # a rank's usage error would reach us only as the launcher's failure
         except TargetError as e:
             raise UsageFailure(str(e)) from None
-        out = output_dir(out_dir, t.name)
+        o = self.options
+        out = output_dir(o.out, self.target.name)
         prewarm_report()
-        code = launch.launch(target, nproc_per_node, out,
-                             launch.rank_argv(steps, profile, rehearse, numerics, script_args, skip, to_end),
-                             lambda ev: finish(with_roots(with_device(ev, device_key), roots), config, out, quiet,
-                                               fail_on, base))
-        afterwards(out, open_report, tensorboard)
+        code = launch.launch(self.target.spec, o.nproc_per_node, out, launch.rank_argv(o, out, self.args),
+                             lambda ev: self.finish(with_roots(ev, self.roots), out))
+        afterwards(out, o.open_report, o.tensorboard)
         return code
-    out = session.run_dir if session is not None else output_dir(out_dir, t.name)
-    if session is None or session.env.merges():  # (only the merging process writes the report)
-        prewarm_report()
-    with StepProgress(steps, enabled=not quiet and sys.stderr.isatty() and launch.shows_progress(session)) \
-            as progress, launch.stoppable(session):
-        try:
-            mode = "auto" if rehearse is None else "on" if rehearse else "off"
-            extra = ("--rehearse", mode, *(() if numerics else ("--no-numerics",)),
-                     *(("--skip", str(skip)) if skip else ()), *(("--to-end",) if to_end else ()),
-                     *(("--digest",) if verify or digest else ()))
-            evidence = run_child(RunRequest(t, steps, out, profile=profile, extra_args=extra, script_args=script_args,
-                                            catch_sigterm=session is None),
+
+    def run_here(self, session) -> int:
+        """The target in one child process: the whole audit, or this rank's part of a launch (`session`)."""
+        o = self.options
+        out = session.run_dir if session is not None else output_dir(o.out, self.target.name)
+        if session is None or session.env.merges():  # (only the merging process writes the report)
+            prewarm_report()
+        evidence = self.run_child(out, session)
+        evidence.source_roots = self.roots
+        if session is not None:  # distributed: save this rank; the merging rank reports on every rank
+            return session.finish(evidence, o.rank_timeout, self.finish)
+        if not o.verify:
+            (out / "verified.json").unlink(missing_ok=True)  # (an earlier --verify's, in a reused --out)
+            code = self.finish(evidence, out)
+        else:
+            code = self.verified(evidence, out)
+        afterwards(out, o.open_report, o.tensorboard)
+        return code
+
+    def run_child(self, out: Path, session):
+        """The child's evidence, with a progress bar (rank 0's, under a launch)."""
+        from auditor import launch
+        from auditor.capture.progress import StepProgress
+        from auditor.capture.runner import RunRequest, run_child
+        from auditor.capture.target import TargetError
+
+        o = self.options
+        shown = not o.quiet and sys.stderr.isatty() and launch.shows_progress(session)
+        with StepProgress(o.steps, enabled=shown) as progress, launch.stoppable(session):
+            try:
+                return run_child(RunRequest(self.target, out, o, script_args=self.args, catch_sigterm=session is None),
                                  on_record=progress.on_record)
-        except TargetError as e:
-            drop_if_unused(out)
-            raise UsageFailure(str(e)) from None
-    evidence.source_roots = roots
-    if session is not None:  # distributed: save this rank; the merging rank reports on every rank
-        return session.finish(evidence, rank_timeout,
-                              lambda ev, root: finish(with_device(ev, device_key), config, root, quiet, fail_on, base))
-    evidence = with_device(evidence, device_key)
-    if not verify:
-        (out / "verified.json").unlink(missing_ok=True)  # (an earlier --verify's, in a reused --out)
-        code = finish(evidence, config, out, quiet, fail_on, base)
-    else:
+            except TargetError as e:
+                drop_if_unused(out)
+                raise UsageFailure(str(e)) from None
+
+    def verified(self, evidence, out: Path) -> int:
+        """--verify: the reports of the audit, each fix verified by re-running it (auditor.verify)."""
         from auditor import verify as v
 
-        spec = v.RunSpec(None if module is not None else target, module, tuple(script_args), steps, skip, to_end,
-                         profile, rehearse, numerics, select, ignore)
+        spec = v.RunSpec(None if self.module is not None else self.target.spec, self.module, self.args, self.options)
         done: list = []
-        code = finish(evidence, config, out, quiet, fail_on, base, amend=lambda ev, res: v.amend_run(
-            ev, res, spec, t.file, out, quiet, done))
+        code = self.finish(evidence, out, amend=lambda ev, res: v.amend_run(
+            ev, res, spec, self.target.file, out, self.options.quiet, done))
         v.echo_done(done)
-    afterwards(out, open_report, tensorboard)
-    return code
+        return code
 
 
 def allow_project_sources(target_file: str | None) -> list[str]:
@@ -417,32 +554,20 @@ def allow_project_sources(target_file: str | None) -> list[str]:
 
 
 def allow_sources(given: tuple[Path, ...], paths: tuple[Path, ...] | list[Path]) -> None:
-    """The source roots of a command that reads recordings: the `--source-root` directories, and
-    each saved run directory's recorded roots where it was recorded on this machine (a run from
-    elsewhere names another machine's directories). None given: no source is read."""
-    import json
-    import socket
-
+    """The source roots of a command that reads recordings: the `--source-root` directories, and,
+    where a saved run directory is among the inputs, the current directory (where one re-renders
+    a run of one's project). The roots a run directory recorded are never taken: a directory can
+    be forged to name any file of this machine; its quoted lines are those it stored (Evidence.sources).
+    None given: no source is read."""
     from auditor.evidence import source_access
-    from auditor.evidence.store import EVIDENCE_FILE, is_run_dir
+    from auditor.evidence.store import is_run_dir
 
     roots = [str(r) for r in given]
     for r in given:
         if not r.is_dir():
             raise UsageFailure(f"--source-root {r}: no such directory")
-    for p in paths:
-        if not is_run_dir(p):
-            continue
-        try:
-            doc = json.loads((p / EVIDENCE_FILE).read_bytes())
-        except (OSError, ValueError):
-            continue  # (the loader says why)
-        if not isinstance(doc, dict):
-            continue
-        env = doc.get("environment")
-        recorded = doc.get("source_roots")
-        if isinstance(env, dict) and env.get("hostname") == socket.gethostname() and isinstance(recorded, list):
-            roots += [r for r in recorded if isinstance(r, str) and r]
+    if any(is_run_dir(p) for p in paths):
+        roots.append(os.getcwd())
     source_access.allow(roots)
 
 
@@ -472,28 +597,28 @@ def with_device(evidence, key: str):
     return evidence
 
 
-def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, select: tuple[str, ...],
-            ignore: tuple[str, ...], quiet: bool, engine: str | None = None, address: str | None = None,
-            workers: int | None = None, device: str | None = None, source_roots: tuple[Path, ...] = ()) -> int:
+def analyze(paths: tuple[Path, ...], options: AnalyzeOptions) -> int:
     """`audit analyze`: the rules on recordings and saved runs. A job's per-rank traces are reduced
-    on `engine` (auditor.evidence.ranks.engines), with a progress bar over the ranks."""
+    on the options' `engine` (auditor.evidence.ranks.engines), with a progress bar over the ranks."""
+    from auditor.evidence.allocator.analysis import given_device_memory
     from auditor.evidence.load import load_paths
     from auditor.evidence.ranks.engines import EngineSpec, EngineUnavailable, check_available
 
-    device_key = device_option(device)
+    o = options
+    device_key = device_option(o.device)
     given, paths = paths, expand_globs(paths)
     for p in paths:
         if not p.exists():
             raise UsageFailure(missing(p))
-    allow_sources(source_roots, paths)
-    config = rule_config(Path.cwd(), select, ignore)
-    if address is not None and engine not in ("ray", "dask"):
+    allow_sources(o.source_roots, paths)
+    config = rule_config(Path.cwd(), o.select, o.ignore)
+    if o.address is not None and o.engine not in ("ray", "dask"):
         raise UsageFailure("--address names a ray or dask cluster: give --engine ray or --engine dask with it")
-    spec = EngineSpec(engine=engine or "local", address=address, workers=workers, sketch=True)
+    spec = EngineSpec(engine=o.engine or "local", address=o.address, workers=o.workers, sketch=True)
     try:
-        if engine is not None:
+        if o.engine is not None:
             check_available(spec)
-        with RankProgress(enabled=not quiet and sys.stderr.isatty()) as progress:
+        with RankProgress(enabled=not o.quiet and sys.stderr.isatty()) as progress:
             evidence = load_paths(list(paths), spec, progress.on_rank)
     except InputError as e:
         raise UsageFailure(str(e)) from None
@@ -502,8 +627,9 @@ def analyze(paths: tuple[Path, ...], out_dir: Path | None, fail_on: str | None, 
     if paths != given:  # the job is named as the user named it: the pattern, not a thousand paths
         evidence.target = " ".join(str(p) for p in given)
     echo_unread(evidence)
-    out = output_dir(out_dir, "analyze")
-    return finish(with_device(evidence, device_key), config, out, quiet, fail_on)
+    out = output_dir(o.out, "analyze")
+    with given_device_memory(o.device_memory):
+        return finish(with_device(evidence, device_key), config, out, o.quiet, o.fail_on)
 
 
 def missing(p: Path) -> str:
@@ -607,6 +733,7 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
     except OSError as e:
         raise UsageFailure(f"{run_dir}: cannot write the reports there ({e.strerror or e}); "
                            f"`audit analyze {run_dir} --out DIR` writes them elsewhere") from None
+    refuse_planted(run_dir, named="", reports=True)
     allow_sources(source_roots, [run_dir])
     config = rule_config(Path.cwd(), select, ignore)
     try:
@@ -620,23 +747,23 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
     return EXIT_USAGE if code == EXIT_USAGE else EXIT_OK
 
 
-def checkpoint(file: Path, config_file: Path | None, out_dir: Path | None, fail_on: str | None,
-               select: tuple[str, ...], ignore: tuple[str, ...], quiet: bool) -> int:
+def checkpoint(file: Path, options: CheckpointOptions) -> int:
     """`audit checkpoint`: a saved checkpoint's evidence (auditor.evidence.checkpoint), then finish."""
     from auditor.evidence.checkpoint import checkpoint_evidence
 
+    o = options
     if not file.exists():
         raise UsageFailure(f"no such file: {file}")
-    if config_file is not None and not config_file.is_file():
-        raise UsageFailure(f"no such config file: {config_file}")
+    if o.against is not None and not o.against.is_file():
+        raise UsageFailure(f"no such config file: {o.against}")
     allow_sources((), ())  # (a checkpoint quotes no source)
-    config = rule_config(Path.cwd(), select, ignore)
+    config = rule_config(Path.cwd(), o.select, o.ignore)
     try:
-        evidence = checkpoint_evidence(file, config_file)
+        evidence = checkpoint_evidence(file, o.against)
     except InputError as e:
         raise UsageFailure(str(e)) from None
-    out = output_dir(out_dir, f"checkpoint-{file.stem}")
-    return finish(evidence, config, out, quiet, fail_on)
+    out = output_dir(o.out, f"checkpoint-{file.stem}")
+    return finish(evidence, config, out, o.quiet, o.fail_on)
 
 
 # --- comparisons (auditor.diff) -------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Two ways in, one layout out (`DIR/rank-K/` per rank, the merged report in `DIR/`):
 - `audit run TARGET --nproc-per-node N [-- ARGS]` runs `python -m torch.distributed.run --standalone
-  --nproc-per-node N -m auditor run TARGET --out DIR ... [-- ARGS]` (TARGET a step callable or a
+  --nproc-per-node N -m auditor run TARGET --options-json OPTIONS [-- ARGS]` (TARGET a step callable or a
   whole program: each rank runs the program and finds its own steps). PyTorch's launcher owns the process
   group's life (rendezvous, environment, tearing every rank down when one fails); the auditor never
   spawns ranks itself. Once the launcher returns, every rank has finished writing, so this process
@@ -28,19 +28,21 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import click
+import msgspec
 
 from auditor.capture.target import MODULE_PREFIX
+from auditor.command_options import RunOptions, encode
 from auditor.evidence import model as m
 from auditor.evidence.ranks.model import RankIdentity
 from auditor.evidence.store import EVIDENCE_FILE
+from auditor.evidence.whole_files import write_whole
 
 ENV_MERGE = "AUDIT_RANK_MERGE"  # "launcher": the launching process merges, ranks only write
 ENV_RUN_ID = "AUDIT_RUN_ID"  # set by the launching `audit run`; else torchrun's TORCHELASTIC_RUN_ID
 MARKER = ".audit-run"  # in rank-K/, written after evidence.json: the run id that evidence belongs to
-DEFAULT_RANK_TIMEOUT_S = 120.0  # how long the merging rank waits for the others' evidence (--rank-timeout)
 STOPPED_RANK_TIMEOUT_S = 10.0  # a launcher SIGKILLs 30 s after SIGTERM: merge well before that
 POLL_S = 0.2
 
@@ -95,13 +97,13 @@ def shared_out(name: str, rank: RankEnv) -> Path:
 # ---------------------------------------------------------------------------------------------
 # The launching side: `audit run --nproc-per-node N`.
 
-def launcher_command(target: str, nproc: int, out: Path, rank_args: list[str]) -> list[str]:
+def launcher_command(target: str, nproc: int, rank_args: list[str]) -> list[str]:
     """`target` is TARGET as `audit run` takes it; a module program's spec ("-m pkg.mod") is
     given to each rank as its -m option."""
     where = ["-m", target[len(MODULE_PREFIX):]] if target.startswith(MODULE_PREFIX) else [target]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
             "--max-restarts", "0", "--monitor-interval", "0.5",
-            "-m", "auditor", "run", *where, "--out", str(out), *rank_args]
+            "-m", "auditor", "run", *where, *rank_args]
 
 
 def launch(target: str, nproc: int, out: Path, rank_args: list[str],
@@ -112,7 +114,7 @@ def launch(target: str, nproc: int, out: Path, rank_args: list[str],
     out.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex
     env = dict(os.environ, **{ENV_MERGE: "launcher", ENV_RUN_ID: run_id})
-    proc = subprocess.Popen(launcher_command(target, nproc, out, rank_args), env=env)
+    proc = subprocess.Popen(launcher_command(target, nproc, rank_args), env=env)
     try:
         rc = proc.wait()
     except KeyboardInterrupt:  # the launcher got the Ctrl-C too and stops its ranks: let it
@@ -135,17 +137,15 @@ def launch(target: str, nproc: int, out: Path, rank_args: list[str],
     return finish(evidence)
 
 
-def rank_argv(steps: int, profile: bool, rehearse: bool | None, numerics: bool = True,
-              script_args: tuple[str, ...] = (), skip: int = 0, to_end: bool = False) -> list[str]:
-    """The `audit run` options each rank gets (rules and reports run once, after the merge), then
-    the script's own arguments after `--`. Every rank of a whole program gets the same --steps
-    (and --skip): DDP ranks step in lockstep, so each ends at the same step boundary and none is
-    left waiting in a collective for a rank that has stopped."""
-    argv = ["--steps", str(steps), "--quiet", "--profile" if profile else "--no-profile",
-            "--numerics" if numerics else "--no-numerics",
-            *(("--skip", str(skip)) if skip else ()), *(("--to-end",) if to_end else ())]
-    if rehearse is not None:
-        argv.append("--rehearse" if rehearse else "--no-rehearse")
+def rank_argv(options: RunOptions, out: Path, script_args: Sequence[str] = ()) -> list[str]:
+    """The launching `audit run`'s options, whole, as each rank gets them (--options-json): quiet,
+    writing under `out`, launching and showing nothing (rules and reports run once, after the
+    merge); then the script's own arguments after `--`. Every rank of a whole program gets the
+    same --steps (and --skip): DDP ranks step in lockstep, so each ends at the same step boundary
+    and none is left waiting in a collective for a rank that has stopped."""
+    rank = msgspec.structs.replace(options, out=out, quiet=True, nproc_per_node=None, verify=False, baseline=None,
+                                   open_report=False, tensorboard=False)
+    argv = ["--options-json", encode(rank)]
     return [*argv, "--", *script_args] if script_args else argv
 
 
@@ -190,7 +190,7 @@ class RankSession:
         with self.stoppable():  # a SIGTERM now only shortens the wait for the other ranks
             evidence.rank = RankIdentity(**env.identity(), ended_at=time.time())
             save_atomic(evidence, self.run_dir)
-            (self.run_dir / MARKER).write_text(env.run_id or "")
+            write_whole(self.run_dir / MARKER, env.run_id or "")
             status = evidence.ending.status
             click.echo(f"audit: rank {env.rank}: {len(evidence.steps)} step(s), run {status}; "
                        f"evidence in {self.run_dir}")
@@ -214,8 +214,6 @@ def shows_progress(session: RankSession | None) -> bool:
 
 
 def save_atomic(evidence: m.Evidence, run_dir: Path) -> Path:
-    from auditor.evidence.whole_files import write_whole
-
     run_dir.mkdir(parents=True, exist_ok=True)
     return write_whole(run_dir / EVIDENCE_FILE, m.encode(evidence))
 

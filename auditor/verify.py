@@ -1,36 +1,20 @@
 """`audit run ... --verify`: each fix proven by re-running the program with it applied.
 
-After the audit, the user's project is copied to a scratch directory (the user's tree is never
-written), the fixes are applied there with `git apply`, exactly as the user would apply the patch
-files, and the same target (same form, steps, --skip, arguments, current directory relative to
-the project) is audited again in full into a scratch output directory. The work is shared:
+The project (the git toplevel holding the target, else the current directory) is copied to a
+scratch directory, the fixes are applied there with `git apply`, as the user would apply the patch
+files, and the target is audited again in full with the same options (RunSpec). The re-runs: one
+with fixes.patch (the settings its fixes give as environment variables exported); one per numerics
+fix and per fix in neither patch file; each fix of fixes.patch alone when that re-run fails; when
+the weights differ, an unpatched re-run, then each fix alone; every improved fix together.
 
-- one re-run with fixes.patch (every results-preserving edit together), with the environment
-  variables the fixes set as config (PYTORCH_CUDA_ALLOC_CONF) exported;
-- one re-run per numerics fix (its own edits, as numerics-fixes.patch holds them), and one per
-  results-preserving fix whose edits are in neither patch file (they share lines with a numerics
-  fix: findings.json carries them);
-- when the fixes.patch re-run fails, one re-run per fix of it, to find the one that broke it; when
-  its weights differ, one more unpatched re-run (is the program deterministic at all?) and, when
-  that one matches, one re-run per fix to find the one that changed them.
+A fix is judged on its own finding (same rule, same file) in the re-run that held it (`judge`):
+improved (gone, or its cost or count per step down by a quarter), no-change, failed (the patch did
+not apply, or the program failed) or changed-results (fixes.patch only: the weights differ where
+two unpatched runs agree). One not improved is taken out of the patch files (reports.patch reads
+`fix.verified`), the reason said; a fix given only as settings is not verifiable here.
 
-Each fix is judged on its own finding (same rule, same file) in the two runs:
-  improved         the finding is gone, or its measured cost per step fell by at least a quarter
-                   (a finding counted, not timed: what it counts per step, its syncs, did)
-  no-change        the finding is still there at about the same cost
-  failed           the patch did not apply, or the patched program failed
-  changed-results  (fixes.patch only) the weights after the audited steps differ from the
-                   unpatched run's, while two unpatched runs agree
-A fix that is not improved is taken out of fixes.patch / numerics-fixes.patch (auditor.reports.
-patch reads `fix.verified`), with the reason in the terminal, the report and the patch preamble.
-Fixes given only as settings (a DataLoader keyword in `config`, advice) are not verifiable here;
-the terminal says which.
-
-Copied: every file under the project root (the git toplevel holding the target, else the current
-directory: where the patches apply), except version-control folders, virtual environments
-(a folder with pyvenv.cfg), __pycache__ and tool caches, node_modules and audit-out; a file
-larger than LINK_BYTES (a dataset, a checkpoint) is linked rather than copied, and is read from
-the user's tree.
+Copied: every file under the project root but SKIP_DIRS and virtual environments; a file larger
+than LINK_BYTES (a dataset, a checkpoint) is linked, and read from the user's tree.
 """
 from __future__ import annotations
 
@@ -49,6 +33,7 @@ from typing import Any, Callable
 import click
 import msgspec
 
+from auditor.command_options import RunOptions, encode
 from auditor.evidence.whole_files import write_whole
 from auditor.findings import Finding, Fix, RuleResults, Verified
 
@@ -62,19 +47,22 @@ _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 
 @dataclass
 class RunSpec:
-    """How the audited run was asked for: what each re-run repeats."""
+    """How the audited run was asked for: what each re-run repeats (TARGET, or -m `module`, the
+    program's arguments, `audit run`'s options)."""
 
     target: str | None
     module: str | None
     script_args: tuple[str, ...]
-    steps: int
-    skip: int = 0
-    to_end: bool = False
-    profile: bool = True
-    rehearse: bool | None = None
-    numerics: bool = True
-    select: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
+    options: RunOptions
+
+    def command(self, target: str | None, out: Path) -> list[str]:
+        """The re-run's `audit run` of `target` (in the scratch copy) into `out`: the same options,
+        quiet, recording the weights' digest, verifying and comparing nothing itself."""
+        options = msgspec.structs.replace(self.options, out=out, quiet=True, digest=True, verify=False, baseline=None,
+                                          fail_on=None, open_report=False, tensorboard=False, nproc_per_node=None)
+        where = ["-m", self.module] if self.module is not None else [target] if target is not None else []
+        args = ["--", *self.script_args] if self.script_args else []
+        return [sys.executable, "-m", "auditor", "run", *where, "--options-json", encode(options), *args]
 
 
 @dataclass
@@ -201,25 +189,8 @@ class Runner:
                 why = (r.stderr.strip().splitlines() or ["git apply failed"])[0]
                 return Rerun(ok=False, error=f"the patch does not apply: {why}")
         run_cwd, target = self._where(copy)
-        s = self.spec
-        cmd = [sys.executable, "-m", "auditor", "run"]
-        if s.module is not None:
-            cmd += ["-m", s.module]
-        elif target is not None:
-            cmd.append(target)
-        cmd += ["--steps", str(s.steps), "--skip", str(s.skip), "--out", str(out), "--quiet", "--digest",
-                "--profile" if s.profile else "--no-profile", "--numerics" if s.numerics else "--no-numerics"]
-        if s.rehearse is not None:
-            cmd.append("--rehearse" if s.rehearse else "--no-rehearse")
-        if s.to_end:
-            cmd.append("--to-end")
-        for r_id in s.select:
-            cmd += ["--select", r_id]
-        for r_id in s.ignore:
-            cmd += ["--ignore", r_id]
-        if s.script_args:
-            cmd += ["--", *s.script_args]
-        p = subprocess.run(cmd, cwd=run_cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        p = subprocess.run(self.spec.command(target, out), cwd=run_cwd, capture_output=True, text=True,
+                           env={**os.environ, **(env or {})})
         return read_rerun(out, p.returncode, p.stderr)
 
 
@@ -286,7 +257,7 @@ def _file_of(f: dict) -> str:
     return Path(locs[0]["file"]).name if locs else ""
 
 
-_KINDS = ("phase", "source")  # evidence keys that tell apart one rule's findings of different kinds
+_KINDS = ("phase", "source", "built")  # evidence keys that tell apart one rule's findings of different kinds
 
 
 def _kind(f: dict) -> tuple:
@@ -297,7 +268,8 @@ def _kind(f: dict) -> tuple:
 def same_finding(before: dict, after: list[dict]) -> dict | None:
     """The re-run's finding of the same rule in the same file (files differ in path: the re-run
     ran in the scratch copy), of the same kind: host-sync's syncs between steps (evidence `phase`)
-    are not its syncs in the steps, nor a trace's (`source`) a run's."""
+    are not its syncs in the steps, nor a trace's (`source`) a run's, nor host-built-tensor's random
+    draws (`built`) its constants."""
     return next((a for a in after if a["rule"] == before["rule"] and _file_of(a) == _file_of(before)
                  and _kind(a) == _kind(before)), None)
 
@@ -344,19 +316,6 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
 
     t0 = time.perf_counter()
     outcome = Outcome()
-    docs = [msgspec.to_builtins(f) for f in results.findings]
-    median = evidence.shown_median_ms()
-    median = round(median, 3) if median is not None else None
-    before_digest = evidence.weights.sha256 if evidence.weights is not None and evidence.weights.sha256 else None
-    index = {id(f): i for i, f in enumerate(results.findings)}
-    rehearsed = bool(evidence.environment.rehearsal)
-
-    timed = evidence.timed_steps() if hasattr(evidence, "timed_steps") else []
-    before_cpu = median_cpu_ms([{"cpu_ms": s.cpu_ms} for s in timed])
-
-    def judged(f: Finding, r: Rerun, what: str) -> Verified:
-        return judge(docs[index[id(f)]], median, r, what, rehearsed, before_cpu)
-
     plain = patchable(results.findings)
     numerics = numerics_patchable(results.findings)
     combined = PatchReport().render(evidence, results, out)
@@ -373,74 +332,125 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
         outcome.unverifiable.append(f"every fix: {runner.why_not}")
         runner.close()
         return outcome
+    v = Verifying.of(evidence, results, runner, outcome, progress, diff_edits)
     try:
         group = in_combined + env_only
-        grouped: Rerun | None = None  # the fixes.patch re-run, when every fix of it ran in it
-        if group:
-            env = {k: v for f in group for k, v in env_config(f.fix).items()}  # type: ignore[arg-type]
-            progress(f"fixes.patch ({len(group)} fix(es))")
-            r = runner.run([combined] if in_combined else [], env)
-            if not r.ok and len(group) > 1:  # which one broke it: each on its own
-                for f in group:
-                    progress(f"{f.rule} alone")
-                    one = runner.run(_own_patch(f, diff_edits), env_config(f.fix))  # type: ignore[arg-type]
-                    outcome.verified[index[id(f)]] = judged(f, one, "alone")
-                    outcome.units.append(Unit(held=[index[id(f)]], rerun=one, what="alone"))
-                    if one.ok and f in in_combined:
-                        _check_weights(one, before_digest, [f], runner, docs, index, median, outcome, progress,
-                                       diff_edits)
-            else:
-                grouped = r
-                for f in group:
-                    outcome.verified[index[id(f)]] = judged(f, r, "with fixes.patch")
-                outcome.units.append(Unit(held=[index[id(f)] for f in group], rerun=r, what="with fixes.patch"))
-                if r.ok and in_combined:
-                    _check_weights(r, before_digest, in_combined, runner, docs, index, median, outcome, progress,
-                                   diff_edits)
+        grouped = v.with_fixes_patch(group, in_combined, combined) if group else None
         for f in apart + numerics:
-            first = prerequisites(f, results.findings)
-            waits = [r for r in f.evidence.get("apply_after", []) if r not in {g.rule for g in first}]
-            if waits:  # (its fix works only after another's that has no edit to apply first)
-                outcome.unverifiable.append(f"{f.rule}: its fix works only after {', '.join(waits)}'s, which has no "
-                                            "code edit to apply first")
-                continue
-            progress(f"{f.rule} ({'numerics-fixes.patch' if f in numerics else 'its own edit'})")
-            r = runner.run([p for g in first for p in _own_patch(g, diff_edits)] + _own_patch(f, diff_edits),
-                           env_config(f.fix))  # type: ignore[arg-type]
-            what = "with its numerics-fixes.patch edit" if f in numerics else "with its own edit"
-            if first:
-                what += " after " + ", ".join(f"{g.rule}'s" for g in first)
-            outcome.verified[index[id(f)]] = judged(f, r, what)
-            outcome.units.append(Unit(held=[index[id(g)] for g in [*first, f]], rerun=r, what=what))
-            if r.ok and f not in numerics:  # (a numerics fix changes the weights by design)
-                _check_weights(r, before_digest, [f], runner, docs, index, median, outcome, progress, diff_edits)
-        outcome.before_ms, outcome.before_cpu_ms = median, before_cpu
-        fixed = [results.findings[i] for i, v in outcome.verified.items() if v.status == "improved"]
+            v.with_own_edit(f, f in numerics)
+        outcome.before_ms, outcome.before_cpu_ms = v.median, v.before_cpu
+        fixed = [results.findings[i] for i, verified in outcome.verified.items() if verified.status == "improved"]
         if len(fixed) > 1 and grouped is not None and all(f in group for f in fixed):
             outcome.together = grouped  # (they all ran together in fixes.patch's re-run: its row)
         elif len(fixed) > 1:  # every fix that held, together: what the headline predicted
-            progress(f"every fix together ({len(fixed)})")
-            # one diff of all their edits, a fix another depends on first; of two edits of one line
-            # (pageable-copy's pin_memory and dataloader-bound's workers on a DataLoader call) the
-            # numerics fix's, which carries both settings, is kept
-            ordered = sorted(fixed, key=lambda f: (len(prerequisites(f, results.findings)), not f.fix.changes_numerics))  # type: ignore[union-attr]
-            joined = diff_edits([e for f in ordered for e in f.fix.edits]).diff  # type: ignore[union-attr]
-            patches = [joined] if joined else []
-            outcome.together = runner.run(patches, {k: v for f in fixed for k, v in env_config(f.fix).items()})  # type: ignore[arg-type]
+            outcome.together = v.all_together(fixed)
     finally:
         runner.close()
 
     def priced(held: list[Finding]) -> list[Finding]:  # (in a rehearsal, this machine's time alone)
-        return [f for f in held if not (rehearsed and _gpu_estimate(f))]
+        return [f for f in held if not (v.rehearsed and _gpu_estimate(f))]
 
     for u in outcome.units:
         u.predicted_ms = _predicted_together(evidence, results, priced([results.findings[i] for i in u.held]))
     if outcome.together is not None:
         outcome.together_predicted_ms = _predicted_together(evidence, results, priced(fixed))
-    outcome.rehearsed = rehearsed
+    outcome.rehearsed = v.rehearsed
     outcome.reruns = runner.count
     outcome.seconds = time.perf_counter() - t0
     return outcome
+
+
+@dataclass
+class Verifying:
+    """One verification under way: the audited run's measures (its findings as findings.json has
+    them, `docs`, by index), the re-runner, and the outcome so far."""
+
+    results: RuleResults
+    runner: Runner
+    outcome: Outcome
+    progress: Callable[[str], None]
+    diff_edits: Callable
+    docs: list[dict]
+    index: dict[int, int]  # id(finding) -> its index
+    median: float | None
+    before_cpu: float | None
+    before_digest: str | None
+    rehearsed: bool
+
+    @classmethod
+    def of(cls, evidence: Any, results: RuleResults, runner: Runner, outcome: Outcome,
+           progress: Callable[[str], None], diff_edits: Callable) -> "Verifying":
+        median = evidence.shown_median_ms()
+        timed = evidence.timed_steps() if hasattr(evidence, "timed_steps") else []
+        return cls(results, runner, outcome, progress, diff_edits, [msgspec.to_builtins(f) for f in results.findings],
+                   {id(f): i for i, f in enumerate(results.findings)},
+                   round(median, 3) if median is not None else None,
+                   median_cpu_ms([{"cpu_ms": s.cpu_ms} for s in timed]),
+                   evidence.weights.sha256 if evidence.weights is not None and evidence.weights.sha256 else None,
+                   bool(evidence.environment.rehearsal))
+
+    def judged(self, held: list[Finding], r: Rerun, what: str) -> None:
+        """Each of `held` judged by the re-run `r` that held their edits (`what`: how it ran)."""
+        for f in held:
+            i = self.index[id(f)]
+            self.outcome.verified[i] = judge(self.docs[i], self.median, r, what, self.rehearsed, self.before_cpu)
+
+    def check_weights(self, r: Rerun, fixes: list[Finding]) -> None:
+        _check_weights(r, self.before_digest, fixes, self.runner, self.docs, self.index, self.median, self.outcome,
+                       self.progress, self.diff_edits)
+
+    def with_fixes_patch(self, group: list[Finding], in_combined: list[Finding], combined: str) -> Rerun | None:
+        """One re-run with fixes.patch (and the settings the group's fixes export); when it fails,
+        each fix on its own, to find the one that broke it. Returns the re-run when every fix of
+        the group was judged in it."""
+        env = {k: v for f in group for k, v in env_config(f.fix).items()}  # type: ignore[arg-type]
+        self.progress(f"fixes.patch ({len(group)} fix(es))")
+        r = self.runner.run([combined] if in_combined else [], env)
+        if not r.ok and len(group) > 1:  # which one broke it: each on its own
+            for f in group:
+                self.progress(f"{f.rule} alone")
+                one = self.runner.run(_own_patch(f, self.diff_edits), env_config(f.fix))  # type: ignore[arg-type]
+                self.judged([f], one, "alone")
+                self.outcome.units.append(Unit(held=[self.index[id(f)]], rerun=one, what="alone"))
+                if one.ok and f in in_combined:
+                    self.check_weights(one, [f])
+            return None
+        self.judged(group, r, "with fixes.patch")
+        self.outcome.units.append(Unit(held=[self.index[id(f)] for f in group], rerun=r, what="with fixes.patch"))
+        if r.ok and in_combined:
+            self.check_weights(r, in_combined)
+        return r
+
+    def with_own_edit(self, f: Finding, numerics: bool) -> None:
+        """A fix whose edits are in no combined patch (`numerics`: numerics-fixes.patch's), re-run
+        with its own edit, after those of the fixes it works only after."""
+        first = prerequisites(f, self.results.findings)
+        waits = [r for r in f.evidence.get("apply_after", []) if r not in {g.rule for g in first}]
+        if waits:  # (its fix works only after another's that has no edit to apply first)
+            self.outcome.unverifiable.append(f"{f.rule}: its fix works only after {', '.join(waits)}'s, which has "
+                                             "no code edit to apply first")
+            return
+        self.progress(f"{f.rule} ({'numerics-fixes.patch' if numerics else 'its own edit'})")
+        r = self.runner.run([p for g in first for p in _own_patch(g, self.diff_edits)] + _own_patch(f, self.diff_edits),
+                            env_config(f.fix))  # type: ignore[arg-type]
+        what = "with its numerics-fixes.patch edit" if numerics else "with its own edit"
+        if first:
+            what += " after " + ", ".join(f"{g.rule}'s" for g in first)
+        self.judged([f], r, what)
+        self.outcome.units.append(Unit(held=[self.index[id(g)] for g in [*first, f]], rerun=r, what=what))
+        if r.ok and not numerics:  # (a numerics fix changes the weights by design)
+            self.check_weights(r, [f])
+
+    def all_together(self, fixed: list[Finding]) -> Rerun:
+        """Every fix that held, in one re-run: one diff of all their edits, a fix another depends on
+        first; of two edits of one line (pageable-copy's pin_memory and dataloader-bound's workers on
+        a DataLoader call) the numerics fix's, which carries both settings, is kept."""
+        self.progress(f"every fix together ({len(fixed)})")
+        findings = self.results.findings
+        ordered = sorted(fixed, key=lambda f: (len(prerequisites(f, findings)), not f.fix.changes_numerics))  # type: ignore[union-attr]
+        joined = self.diff_edits([e for f in ordered for e in f.fix.edits]).diff  # type: ignore[union-attr]
+        patches = [joined] if joined else []
+        return self.runner.run(patches, {k: v for f in fixed for k, v in env_config(f.fix).items()})  # type: ignore[arg-type]
 
 
 def prerequisites(f: Finding, findings: list[Finding]) -> list[Finding]:

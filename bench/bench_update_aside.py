@@ -1,5 +1,5 @@
 """The sync probes' cost in torch's own optimizer update, with and without the flag that has them
-pass calls on there (auditor.capture.probes._aside), alternated in one process.
+pass calls on there (auditor.capture.probes.optimizer_updates._aside), alternated in one process.
 
     python bench/bench_update_aside.py [--blocks 40] [--steps 5] [--layers 40] [--width 32]
 
@@ -24,24 +24,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     add_arguments(ap)
     args = ap.parse_args()
-    from auditor.capture import probes
+    from auditor.capture.probes import optimizer_updates as updates
 
     proxy = Proxy(args.layers, args.width)
     rec, w = proxy.rec, args.width
-    torch_update = probes._torch_update
+    torch_update = updates._torch_update
     cpu: dict[bool, list[float]] = {True: [], False: []}
     update: dict[bool, list[float]] = {True: [], False: []}
     syncs: dict[bool, list] = {}
     for b in range(args.blocks):
         for aside in (True, False):
-            probes._torch_update = torch_update if aside else (lambda *a: probes._MINE)
+            updates._torch_update = torch_update if aside else (lambda *a: updates._MINE)
             c0, spent = time.process_time(), 0.0
             for _ in range(args.steps):
                 spent += proxy.step()
             cpu[aside].append((time.process_time() - c0) * 1e3 / args.steps)
             update[aside].append(spent * 1e3 / args.steps)
             syncs[aside] = [(t["what"], t["count"]) for t in rec.drain() if t["kind"] == "sync"]
-    probes._torch_update = torch_update
+    updates._torch_update = torch_update
     warm = min(3, args.blocks - 1)
     on, off = (statistics.median(cpu[k][warm:]) for k in (True, False))
     u_on, u_off = (statistics.median(update[k][warm:]) for k in (True, False))

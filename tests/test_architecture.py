@@ -23,16 +23,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "auditor"
 MAX_LINES = 900
 
 # What each part may import besides itself and the package's own `auditor/__init__.py` (its version
-# and the `auditor.step()` marker). The layers are capture -> evidence -> rules -> reports;
-# `findings` (what rules return), `fixes` (code edits) and `config` are shared below the rules and
-# reports; the application (`app`, `cli`, `launch`, `__main__`) may import anything.
+# and the `auditor.step()` marker, `step_marker`). The layers are capture -> evidence -> rules ->
+# reports; `findings` (what rules return), `fixes` (code edits) and `config` are shared below the
+# rules and reports; `command_options` (the commands' typed options) is read by the application and
+# by the audited child (capture); the application (`app`, `cli`, `launch`, `verify`, `__main__`) may
+# import anything.
 ALLOWED = {
+    "step_marker": set(),
     "evidence": set(),
     "findings": {"evidence"},
+    "command_options": {"findings", "evidence"},
     "cst_edits": set(),  # (libcst spans of a call's arguments: what fixes' minimal edits splice)
     "fixes": {"findings", "evidence", "cst_edits"},
     "config": {"findings", "evidence", "rules.registry"},
-    "capture": {"evidence", "findings", "config", "fixes"},
+    "capture": {"evidence", "findings", "config", "fixes", "command_options", "step_marker"},
     "rules": {"evidence", "findings", "config", "fixes"},
     "reports": {"evidence", "findings", "fixes", "config", "rules.registry"},
 }
@@ -90,14 +94,17 @@ def _imports(name: str, path: Path, type_checking: bool = False) -> set[str]:
 def _only_reexports(package: str) -> bool:
     """Whether the package's `__init__` holds nothing but imports, its docstring and `__all__`."""
     path = MODULES[package]
-    if path.name != "__init__.py":
-        return False
-    for node in ast.parse(path.read_text()).body:
+    return path.name == "__init__.py" and _reexports_only(path.read_text())
+
+
+def _reexports_only(source: str) -> bool:
+    """Whether `source` holds nothing but imports, its docstring, `__all__` and `__version__`."""
+    for node in ast.parse(source).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue
-        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] in (["__all__"], ["__version__"]):
             continue
         return False
     return True
@@ -122,6 +129,36 @@ def test_layers_import_downward_only():
                    if (part := _part(module)) in ALLOWED and _part(dep) not in ALLOWED[part] | {part, ""}
                    and not (part == "rules" and _part(dep) == "rules.registry"))
     assert wrong == []
+
+
+# The modules of auditor/rules/ that are no rule: the rules' base class, their registry and the
+# engine that runs them (its parts: judging in a forked process, findings' attribution to causes,
+# suppression comments, the primary rank's rules), and `_support`, the helpers rules share.
+RULES_INFRASTRUCTURE = {"auditor.rules", "auditor.rules.base", "auditor.rules.registry", "auditor.rules.engine",
+                        "auditor.rules.forked", "auditor.rules.attribution", "auditor.rules.suppression",
+                        "auditor.rules.primary"}
+
+
+def _rule_modules() -> set[str]:
+    """The built-in rules' modules: those the `auditor.rules` entry points of pyproject.toml name."""
+    try:
+        import tomllib
+    except ImportError:  # (Python 3.10)
+        import tomli as tomllib
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    return {spec.split(":")[0] for spec in project["entry-points"]["auditor.rules"].values()}
+
+
+def test_rules_import_no_rule():
+    """A rule is one module that reads evidence and returns findings: what several rules share is
+    in auditor.rules._support, never read from another rule. Every other module of auditor/rules/
+    is a rule or named infrastructure (a new helper goes to _support)."""
+    rules = _rule_modules()
+    support = {n for n in MODULES if n.startswith("auditor.rules._support")}
+    assert {"auditor.rules.nonfinite", "auditor.rules.launch_bound", "auditor.rules.gpu_idle"} <= rules
+    assert sorted(n for n in MODULES if n.startswith("auditor.rules") and n not in rules | support
+                  | RULES_INFRASTRUCTURE) == []
+    assert sorted(f"{n} imports {dep}" for n in rules | support for dep in GRAPH[n] if dep in rules) == []
 
 
 def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -165,13 +202,22 @@ def test_the_circle_check_finds_circles():
     code, are found; a package that only re-exports its modules is none."""
     assert import_circles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
     assert "auditor.evidence.model" in DEPENDS["auditor.rules.engine"]
-    assert _only_reexports("auditor.capture") and not _only_reexports("auditor.capture.probes")
+    assert _only_reexports("auditor.capture") and not _only_reexports("auditor.rules._support.places")
+    assert _reexports_only('"""doc"""\nfrom a import b\n__all__ = ["b"]\n') and not _reexports_only("def f(): pass\n")
 
 
 def test_the_checks_see_the_package():
     """The graph above is the package's: a check that read no module would pass on anything."""
     assert {"auditor.evidence.model", "auditor.rules.engine", "auditor.capture.child", "auditor.cli"} <= set(GRAPH)
     assert "auditor.evidence.model" in GRAPH["auditor.rules.engine"]
+
+
+def test_a_package_init_only_reexports():
+    """A package's `__init__` is its index: its docstring, imports of what it offers from its modules,
+    `__all__` (and the root's `__version__`); code lives in modules named for what they hold."""
+    packages = sorted(name for name, path in MODULES.items() if path.name == "__init__.py")
+    assert {"auditor", "auditor.capture.probes", "auditor.reports"} <= set(packages)
+    assert [p for p in packages if not _only_reexports(p)] == []
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -719,12 +719,19 @@ def test_a_ddp_program_runs_on_every_rank_and_stops_at_the_same_step(tmp_path, r
 
 
 def test_a_module_program_is_launched_with_its_dash_m():
+    """Each rank gets the launching `audit run`'s options whole, as one record: quiet, into the
+    launch's directory, launching nothing itself; the program's arguments after `--`."""
+    from auditor.command_options import RunOptions, decode
     from auditor.launch import launcher_command, rank_argv
 
-    cmd = launcher_command("-m pkg.train", 2, Path("out"), rank_argv(5, False, None, True, ("--lr", "1"), 2, False))
-    assert cmd[cmd.index("run"):] == ["run", "-m", "pkg.train", "--out", "out", "--steps", "5", "--quiet",
-                                      "--no-profile", "--numerics", "--skip", "2", "--", "--lr", "1"]
-    assert launcher_command("train.py", 2, Path("o"), [])[-4:] == ["run", "train.py", "--out", "o"]
+    options = RunOptions(steps=5, profile=False, skip=2, nproc_per_node=2, select=("host-sync",), device_memory=8.0)
+    cmd = launcher_command("-m pkg.train", 2, rank_argv(options, Path("out"), ("--lr", "1")))
+    assert cmd[cmd.index("run"):cmd.index("run") + 4] == ["run", "-m", "pkg.train", "--options-json"]
+    assert cmd[cmd.index("run") + 5:] == ["--", "--lr", "1"]
+    rank = decode(cmd[cmd.index("run") + 4], RunOptions)
+    assert rank == RunOptions(steps=5, profile=False, skip=2, select=("host-sync",), device_memory=8.0, quiet=True,
+                              out=Path("out"))
+    assert launcher_command("train.py", 2, ["--options-json", "{}"])[-4:] == ["run", "train.py", "--options-json", "{}"]
 
 
 def test_a_module_program_no_launch_would_find_is_a_usage_error(tmp_path):

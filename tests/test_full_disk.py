@@ -75,3 +75,34 @@ def test_run_on_a_full_disk_shows_its_findings_and_exits_2(small_fs: Path) -> No
     assert "not written (see the warnings above): records.jsonl, the profiler's trace (tb/host_sync-step/" in a.stdout
     assert "evidence.json, findings.json, report.html, findings.sarif, summary.txt" in a.stdout
     assert not [p for p in out.rglob("*") if p.is_file() and p.stat().st_size and p.name != "filler"]
+
+
+# The profiler's exporter on a disk that fills while it writes: Kineto writes `<path>.tmp`, then
+# renames it; on a full disk the rename never comes, and its `.tmp` stays where it was written.
+FILLING_EXPORT = '''
+import errno, torch.profiler.profiler as p
+
+
+def export_chrome_trace(self, path, *args, **kwargs):
+    with open(path + ".tmp", "wb") as f:
+        f.write(b"[" * 57000)
+    raise OSError(errno.ENOSPC, "No space left on device", path)
+
+
+p.profile.export_chrome_trace = export_chrome_trace
+'''
+
+
+def test_what_the_profilers_export_leaves_on_a_full_disk_is_removed(tmp_path: Path) -> None:
+    """The window's calibration export and the window's own: neither leaves its `.tmp` (57 KB each
+    here) in --out; the trace is named as not written."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(FILLING_EXPORT)
+    out = tmp_path / "out"
+    a = audit("run", "examples/host_sync.py:step", "--steps", "6", "--no-numerics", out=out,
+              env={"PYTHONPATH": str(inject)})
+    assert a.returncode == 2, a.stderr
+    assert [p.relative_to(out).as_posix() for p in out.rglob("*") if p.name.startswith(".")] == []
+    assert "the profiler's trace (tb/host_sync-step/)" in a.stdout
+    assert not (out / "tb" / "host_sync-step").exists() or not list((out / "tb" / "host_sync-step").iterdir())

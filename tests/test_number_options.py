@@ -32,7 +32,7 @@ def test_impossible_numbers_are_refused_naming_the_flag(args: list[str], flag: s
 
 
 def test_sizes_in_range_are_taken() -> None:
-    """1 MiB and 1 PiB are the ends of what --device-memory takes (what reaches the allocator
-    simulator: AUDITOR_DEVICE_MEMORY_GIB)."""
+    """1 MiB and 1 PiB are the ends of what --device-memory takes (what the allocator simulator
+    is given: auditor.command_options' bounds)."""
     for given in ("0.0009765625", "1048576", "80"):
         assert cli.Measure(cli.MIN_GIB, cli.MAX_GIB, "GiB").convert(given, None, None) == float(given)

@@ -54,3 +54,47 @@ def test_a_snapshot_dict_without_segments(tmp_path: Path, capsys) -> None:
     p.write_bytes(pickle.dumps({"device_traces": []}, protocol=4))
     assert error_of(["analyze", str(p)], capsys).endswith(
         "not a CUDA memory snapshot (expected a dict with a 'segments' list, got a dict without a 'segments' list)")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "0"])
+def test_a_trace_size_that_is_no_size(value: str, capsys) -> None:
+    """inf reached the child, which failed with an OverflowError blamed on the program (exit 3);
+    nan was taken silently."""
+    assert error_of(["run", "examples/clean.py:step", "--trace-size", value], capsys) == (
+        f"audit: error: Invalid value for '--trace-size': {value} is out of range: a number of MB, from 0.001 "
+        "to 1073741824 (1 PiB)")
+
+
+def _old_schema_trace(call_stack: bytes) -> bytes:
+    """Two operators of the old schema (whose `Call stack` argument is read), the first's stack given raw."""
+    import json
+
+    events = [{"ph": "X", "cat": "Operator", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1000, "dur": 50,
+               "args": {"Call stack": "STACK"}},
+              {"ph": "X", "cat": "Operator", "name": "aten::add", "pid": 1, "tid": 1, "ts": 1100, "dur": 50}]
+    return json.dumps({"traceEvents": events}).encode().replace(b"STACK", call_stack)
+
+
+def test_invalid_utf8_in_a_call_stack(tmp_path: Path, capsys) -> None:
+    p = tmp_path / "t.json"
+    p.write_bytes(_old_schema_trace(b"train.py(3): f\xff\xfe"))
+    assert error_of(["analyze", str(p), "--out", str(tmp_path / "out")], capsys) == (
+        f"audit: error: {p}: not a readable profiler trace (Invalid UTF-8 encoded string)")
+
+
+def test_a_header_nested_past_the_decoders_depth(tmp_path: Path, capsys) -> None:
+    depth = 100_000
+    p = tmp_path / "t.json"
+    p.write_bytes(b'{"schemaVersion": 1, "k": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b', "traceEvents": '
+                  + _old_schema_trace(b"f")[len(b'{"traceEvents": '):])
+    assert error_of(["analyze", str(p), "--out", str(tmp_path / "out")], capsys) == (
+        f"audit: error: {p}: not a readable profiler trace (nests objects or arrays too deeply)")
+
+
+def test_a_directory_holding_a_link_it_may_not_read(tmp_path: Path, capsys) -> None:
+    """A link to another process's /proc/PID/cwd: not searched (nor is any linked directory)."""
+    d = tmp_path / "logdir"
+    d.mkdir()
+    os.symlink("/proc/1/cwd", d / "link")
+    assert error_of(["analyze", str(d), "--out", str(tmp_path / "out")], capsys) == (
+        f"audit: error: {d}: not an audit run directory and holds no *.pt.trace.json[.gz] profiler traces")

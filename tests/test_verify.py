@@ -159,11 +159,12 @@ def _with_edit(results, rule, edit_of):
 
 def _verify(proj, out, ev, results, monkeypatch):
     from auditor import verify
+    from auditor.command_options import RunOptions
 
     monkeypatch.chdir(proj)
     # the weights compare bit for bit: the re-runs get the audited run's thread count (conftest.audit's)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    spec = verify.RunSpec("mixed.py:step", None, (), 4, profile=False, numerics=False)
+    spec = verify.RunSpec("mixed.py:step", None, (), RunOptions(steps=4, profile=False, numerics=False))
     outcome = verify.verify(ev, results, spec, str(proj / "mixed.py"), out, lambda what: None)
     return verify.amended(results, outcome), outcome
 
@@ -416,19 +417,21 @@ def test_verify_a_module_program_compares_its_weights(tmp_path):
 
 
 def test_a_target_outside_the_patch_root_is_not_verifiable(tmp_path, monkeypatch):
+    from auditor.command_options import RunOptions
     from auditor.verify import Runner, RunSpec
 
     (tmp_path / "here").mkdir()
     (tmp_path / "there").mkdir()
     (tmp_path / "there" / "train.py").write_text("")
     monkeypatch.chdir(tmp_path / "here")  # (no git repository: the patches apply at the current directory)
-    r = Runner(RunSpec(str(tmp_path / "there" / "train.py"), None, (), 3), str(tmp_path / "there" / "train.py"),
+    r = Runner(RunSpec(str(tmp_path / "there" / "train.py"), None, (), RunOptions(steps=3)), str(tmp_path / "there" / "train.py"),
                tmp_path / "out")
     try:
         assert r.why_not == f"the target is outside {(tmp_path / 'here').resolve()}, where the patches apply"
     finally:
         r.close()
-    inside = Runner(RunSpec("train.py", None, (), 3), str(tmp_path / "here" / "train.py"), tmp_path / "out")
+    inside = Runner(RunSpec("train.py", None, (), RunOptions(steps=3)), str(tmp_path / "here" / "train.py"),
+                    tmp_path / "out")
     inside.close()
     assert inside.why_not is None
 

@@ -56,11 +56,10 @@ PROGRAM_VARS = frozenset({"PARITY_OUT", "PARITY_DIR", "COUNTS_OUT", "MODE", "WHE
 # a profiler stops, on CUDA; pytest names the running test in PYTEST_CURRENT_TEST; inductor (not
 # imported by the child at its start) reads TORCHINDUCTOR_CACHE_DIR when it compiles, and sets
 # it in the process that first asks for its cache: a test that compiles in the worker leaves it
-# in the environment every later audit inherits. The auditor reads AUDITOR_DEVICE_MEMORY_GIB
-# (`--device-memory`) and AUDIT_EXIT_GRACE_S in the functions that use them
-# (capture.rehearsal.memory, capture.exit_bound), not at import.
+# in the environment every later audit inherits. The auditor reads AUDIT_EXIT_GRACE_S in the
+# function that uses it (capture.exit_bound), not at import.
 FREE_VARS = frozenset({"TEARDOWN_CUPTI", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR",
-                       "AUDITOR_DEVICE_MEMORY_GIB", "AUDIT_EXIT_GRACE_S"}) | PROGRAM_VARS
+                       "AUDIT_EXIT_GRACE_S"}) | PROGRAM_VARS
 SET_BY_IMPORTS: dict[str, str] = {}  # the variables the zygote's imports added to its environment
 
 
@@ -380,15 +379,17 @@ class Zygotes:
 
 
 def _target_text(cmd: list[str]) -> str:
-    """The text of the child's target (`--target FILE[:STEP]`, its path from the working directory)
+    """The text of the child's target (its request's `target`, FILE[:STEP], its path from the working directory)
     when it is a file, with that of the program's own modules it imports, as the rehearsal finds
     them (capture.rehearsal.intent.program_trees: examples/clean.py builds its optimizer in
     examples/_common.py); "" when it is no file."""
     from auditor.capture.rehearsal.intent import program_trees
+    from auditor.capture.wire import decode_request
 
-    if "--target" not in cmd:
+    try:
+        target = decode_request(cmd[3]).target  # ([python, -m, CHILD, REQUEST])
+    except (IndexError, ValueError):
         return ""
-    target = cmd[cmd.index("--target") + 1]
     for path in (target, target.rpartition(":")[0]):
         if path.endswith(".py") and os.path.isfile(path):
             texts = []

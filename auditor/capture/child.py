@@ -1,13 +1,12 @@
 """The child process: installs probes, imports the target, calls the step N times (or runs a whole
 program, auditor.capture.program), streams evidence.
 
-Run by the parent as `python -m auditor.capture.child --target T --steps N --fd FD --out DIR`.
+Run by the parent as `python -m auditor.capture.child REQUEST` (REQUEST: a wire.ChildRequest, JSON).
 Everything it learns goes to the parent at once over the pipe FD, so whatever ends this process
 (an exception, Ctrl-C, an OOM, a segfault, a kill) the parent still has every step seen so far.
 """
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import faulthandler
@@ -34,7 +33,7 @@ from auditor.capture.program import ChildParts, run_program
 from auditor.capture.session import StepSession, new_loaders
 from auditor.capture.stream import Writer
 from auditor.capture.target import Target, TargetError, import_target, parse_target, step_arity
-from auditor.capture.unseen import no_torch_function, warnings_name_the_user
+from auditor.capture.unseen import no_torch_function, programs_profiler, warnings_name_the_user
 from auditor.capture.user_traceback import print_users_traceback
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
@@ -143,27 +142,15 @@ def profile_plan(steps: int) -> tuple[int | None, list[int]]:
 
 
 def graph_scan_points(steps: int, window: Sequence[int] = ()) -> set[int]:
-    """Step boundaries at which the graph-leak scan runs (a full one costs 50-200 ms: it walks every
-    gc-tracked object; one between the first three and the last reads the named holders only when
-    those found everything under a name, graphs.ScanMemo): after step 1, the middle and the last
-    step, and after steps 4, 16, 64, 256, ... as well, so that a run killed early (the out-of-memory
-    kill a leak ends in, at step 37 of 200) has been scanned twice before it ends, not only after
-    step 1. A step that raises (an out-of-memory error) is scanned too (see `_failure_scan`). Powers
-    of 4, not of 2: a 50-step audit scans 5 times, not 8, and must end within 5 s of the plain
-    steps. A power of 4 in the run's middle third is its middle scan (graph-leak's trend is judged
-    over the first, the middle and the last: auditor.rules._support.scans.spread_scans), so the
-    steady state after the dense start pays for one scan there, not two (a 160-step audit scans
-    after 1, 4, 16, 64 and 159).
-    No scan runs while the profiler records (`window`: the profiled steps, warm-up first): a scan
-    after a window step but its last would land in the next ProfilerStep of the program's trace,
-    as the program's own host time (205 ms of a 127 ms step on a 2-rank CPU job; 44-76% of the
-    H100 recordings' windows). Such a point runs after the window's last step when a scan comes
-    before the window, else just before the window (the first scan is the baseline growth is
-    judged from, and a run that fails in the window still has it). A window that begins at step 0
-    (runs of 5-7 steps) begins with its warm-up step, the calibration: a throwaway recording,
-    stopped at that step's end, so such a point runs after it, before the kept recording starts
-    (a 5-step run scans after 0, 2 and 4). (A scan inside the kept window put ~90,000 Python calls
-    of the auditor's in the program's trace, and a 5 ms step at 1 s.)"""
+    """Step boundaries after which the graph-leak scan runs (a full one costs 50-200 ms): after steps
+    1, 4, 16, 64, ... (powers of 4: a run killed early is scanned twice before it ends, a 50-step
+    audit 5 times), the middle (a power of 4 in the run's middle third serves: graph-leak judges
+    its trend over the first, middle and last, _support.scans.spread_scans) and the last; a step
+    that raises is scanned too (_failure_scan). None while the profiler records (`window`, warm-up
+    first: a scan there would be the program's host time in its trace): such a point runs after
+    the window's last step when a scan comes before the window, else just before it; a window
+    that begins at step 0 begins with its calibration, after which the point runs (a 5-step run
+    scans after 0, 2 and 4)."""
     if steps <= 3:
         points = set(range(steps))
     else:
@@ -270,7 +257,16 @@ def _ending(exc: BaseException, step: int | None, devices: list[dict] | None = N
         message = f"the program exited with code {code} (sys.exit({exc.code!r}))"
     return wire.Ended(status=status, step=step, exception=type(exc).__name__, message=message,
                       traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
-                      where=_frame_of_exception(exc), cuda_devices=devices or [])
+                      where=_frame_of_exception(exc), cuda_devices=devices or [], audit_cause=_audit_cause(exc))
+
+
+def _audit_cause(exc: BaseException) -> str | None:
+    """Whether the audit's CUDA rehearsal, not the program, raised `exc` (rehearsal.blame)."""
+    if not probes.judged_as_gpu_code():  # (no rehearsal: nothing of its is imported, under whatever mode raised)
+        return None
+    from auditor.capture.rehearsal.blame import audit_cause
+
+    return audit_cause(exc)
 
 
 ADDED_ENV: dict[str, str] = {}  # the parent's variables for torch's logging, removed from os.environ (see main)
@@ -357,14 +353,19 @@ class Profiler:
     a watch reads between them too (auditor.capture.window_watch). A window whose first step does
     not fit its bounds keeps no trace."""
 
-    def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool) -> None:
+    def __init__(self, out_dir: str, run_name: str, steps: int, enabled: bool, memory_gib: float | None = None,
+                 trace_mb: float | None = None) -> None:
         self.steps = steps  # the steps asked for (0: a program audited to its end)
+        self.bounds = (memory_gib, trace_mb)  # --profile-memory, --trace-size (window_memory.Guard)
         self.warm, self.active = profile_plan(steps) if enabled and steps > 0 else (None, [])
         if bench_switches.WINDOW_AT and self.active:  # (bench_steady_parts.py --window-at only)
             at = bench_switches.WINDOW_AT
             self.warm, self.active = at - 1, [at + k for k in range(len(self.active))]
         self.start_at = self.warm if self.warm is not None else (self.active[0] if self.active else None)
-        self.logdir = os.path.join(out_dir, "tb", run_name)
+        self.out_dir, self.run_name = out_dir, run_name
+        self.written: list[str] = []  # the traces this window wrote (paths)
+        self.unwritten = ""  # where the trace it could not write was to go (why: top_ops)
+        self.notes: list[str] = []  # what the window did otherwise than asked, and why
         self.prof = None
         self.calibration = None  # the throwaway recording measuring an end (the warm-up step's)
         self.files: list[str] = []
@@ -460,8 +461,8 @@ class Profiler:
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         return profile(activities=acts, record_shapes="record_shapes" not in dropped,
-                       with_stack="with_stack" not in dropped, profile_memory=True,
-                       schedule=schedule, on_trace_ready=on_trace_ready)
+                       with_stack="with_stack" not in dropped and not programs_profiler(self.notes),
+                       profile_memory=True, schedule=schedule, on_trace_ready=on_trace_ready)
 
     @contextlib.contextmanager
     def _own(self) -> Iterator[None]:
@@ -482,7 +483,7 @@ class Profiler:
     def _before(self, i: int) -> None:
         self.step = i
         if i == self.start_at:
-            self.guard = window_memory.Guard()
+            self.guard = window_memory.Guard(*self.bounds)
             self._unhook = probes.on_backward_start(self._bound)
             self.history = cuda_memory.start_history()  # CUDA only: allocator history for the window
         if i == self.warm:
@@ -516,17 +517,12 @@ class Profiler:
             from auditor.capture.trace_file import write_trace
 
             worker = "".join(c if c.isalnum() or c in "-._" else "_" for c in socket.gethostname())
-            scratch = _trace_dir(self.logdir)  # (the export's own path is written into its JSON)
             try:
-                write_trace(prof, self.logdir, f"{worker}_{os.getpid()}", scratch_dir=scratch)
+                self.written.append(write_trace(prof, self.out_dir, self.run_name, f"{worker}_{os.getpid()}"))
             except Exception as e:  # (a full disk: the trace is lost, the program goes on as it would)
+                self.unwritten = f"tb/{self.run_name}/"
                 self.top_ops = [{"name": f"(profiler trace not written: {type(e).__name__}: {e})", "count": 0,
                                  "self_ms": 0.0, "total_ms": 0.0}]
-            finally:
-                if scratch != self.logdir:
-                    import shutil
-
-                    shutil.rmtree(scratch, ignore_errors=True)
 
     def _calibrated(self, whole: bool) -> None:
         """Stop the calibration and measure its end: the peak of stopping and exporting it over
@@ -543,7 +539,7 @@ class Profiler:
         try:
             calibration.stop()
             after_stop = rss_bytes() or 0
-            size = compressed_size(calibration, os.path.dirname(os.path.dirname(self.logdir)))
+            size = compressed_size(calibration, self.out_dir)
         except Exception:  # the profiler failing must not fail the audit: the defaults stay
             return
         end_peak = max(after_stop, rss_bytes() or 0)
@@ -577,7 +573,7 @@ class Profiler:
             self._unhook()
             self._unhook = None
         if getattr(self, "history", False):
-            snapshot = os.path.join(os.path.dirname(os.path.dirname(self.logdir)), "memory_snapshot.pickle")
+            snapshot = os.path.join(self.out_dir, "memory_snapshot.pickle")
             if cuda_memory.dump_snapshot(snapshot):
                 self.snapshots.append(os.path.basename(snapshot))
             cuda_memory.stop_history()
@@ -613,15 +609,14 @@ class Profiler:
         del prof
         window_memory.release_freed()
         self._release()
-        if os.path.isdir(self.logdir):
-            run_dir = os.path.dirname(os.path.dirname(self.logdir))
-            kept = [f for f in os.listdir(self.logdir) if f.endswith((".pt.trace.json", ".pt.trace.json.gz"))]
-            self.files = sorted(os.path.relpath(os.path.join(self.logdir, f), run_dir) for f in kept)
-            self.trace_bytes = sum(os.path.getsize(os.path.join(self.logdir, f)) for f in kept)
+        kept = [f for f in self.written if os.path.isfile(f)]  # (this window's own: never another file of logdir's)
+        if kept:
+            self.files = sorted(os.path.relpath(f, self.out_dir) for f in kept)
+            self.trace_bytes = sum(os.path.getsize(f) for f in kept)
             guard = self.guard
             if guard is not None and self.trace_bytes > guard.trace_bound:  # (predicted wrongly: none is kept)
                 for f in kept:
-                    os.unlink(os.path.join(self.logdir, f))
+                    os.unlink(f)
                 cut = self.cut or guard.cut(self.last if self.last is not None else -1)
                 self.cut = msgspec.structs.replace(cut, nothing=True, reason="trace-size",
                                                    dropped_trace_bytes=self.trace_bytes)
@@ -656,33 +651,54 @@ def catch_interrupts(catch_sigterm: bool) -> dict:
     return sigint
 
 
-def run(args: argparse.Namespace) -> int:
-    out = Writer(args.fd)
+def run(args: wire.ChildRequest) -> int:
+    """Set up the audit (_set_up), then call the step N times (or run the whole program), streaming
+    every record; returns the exit code (2: TARGET is wrong, 3: the program failed)."""
+    out = Writer(args.fd, args.parent_pid)
     faulthandler.enable(file=sys.stderr, all_threads=False)
     atexit.register(forget_codes)  # (registered first: it runs after the program's own atexit handlers)
-    # Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
-    # layer wraps the one before (a probe installed first would be replaced).
+    set_up = _set_up(args, out)
+    if set_up is None:
+        return 2
+    rec, collectors = set_up
+    if _is_program(args.target):  # a whole program, run as Python runs it: auditor.capture.program
+        return _run_program(args, out, rec, collectors)
+    step = _import_step(args, out, rec)
+    if isinstance(step, int):
+        return step
+    return _run_steps(args, out, rec, collectors, *step)
+
+
+def _set_up(args: wire.ChildRequest, out: Writer) -> tuple[probes.Recorder, list] | None:
+    """Rehearsal (CUDA code on a CPU machine) first, then the stand-ins, then the probes, so each
+    layer wraps the one before (a probe installed first would be replaced); then the collectors,
+    and the hello. None when this torch cannot be audited (the usage error is sent)."""
+    opts = args.options
     try:
-        rehearsal_info = rehearsal.install(args.rehearse, *_target_source(args.target), argv=args.script_args)
+        rehearsal_info = rehearsal.install(opts.rehearse_mode, *_target_source(args.target), argv=args.script_args)
     except torch_private.Unsupported as e:  # (before the target runs: one line, exit 2)
         out.send(wire.UsageError(message=str(e)))
-        return 2
+        return None
     standins = [] if rehearsal_info else cuda_standins.install(lambda: probes.REC)
     rec = probes.install()
     warnings_name_the_user()
     # (the weights digest only when asked: it copies the whole model to the host at the end)
-    collectors = load_collectors(skip=(*(() if args.numerics else ("numerics",)), *(() if args.digest else ("weights",))))
+    collectors = load_collectors(skip=(*(() if opts.numerics else ("numerics",)),
+                                       *(() if opts.records_digest else ("weights",))))
     for c in collectors:
         c.install()
     env = environment(standins)
     if rehearsal_info:
         env["rehearsal"] = True
         env["notes"].append(rehearsal_info.get("note", "CUDA rehearsal on the CPU"))
-        _watch_rehearsed_memory(args.out, env)
+        _watch_rehearsed_memory(args.out, env, opts.device_memory)
     out.send(wire.Hello(environment=env, pid=os.getpid()))
-    if _is_program(args.target):  # a whole program, run as Python runs it: auditor.capture.program
-        return _run_program(args, out, rec, collectors)
+    return rec, collectors
 
+
+def _import_step(args: wire.ChildRequest, out: Writer, rec: probes.Recorder) -> tuple[Any, Callable, Any, int] | int:
+    """The step target's module imported (its setup code run): (module, step function, its source,
+    its arity), the setup's record sent; else the exit code, its ending sent."""
     try:
         target = parse_target(args.target)
         # what the user's code finds in sys.argv: its own file (or module) and the arguments after
@@ -708,22 +724,51 @@ def run(args: argparse.Namespace) -> int:
         ending.cuda_devices = cuda_devices()
         out.send(ending)
         return 3
-
     out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
                         num_threads=torch.get_num_threads()))
+    return module, fn, source, arity
+
+
+def _run_steps(args: wire.ChildRequest, out: Writer, rec: probes.Recorder, collectors: list, module: Any,
+               fn: Callable, source: Any, arity: int) -> int:
+    """The step called N times, each in a StepSession; then the window, the collectors' data and
+    the ending sent."""
+    opts = args.options
     # CUDA only: an out-of-memory error dumps the allocator's state before the report is written.
     if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
         out.send(wire.Snapshot(path="oom_snapshot.pickle", when="oom"))
-    prof = Profiler(args.out, args.run_name, args.steps, args.profile)
+    prof = Profiler(args.out, args.run_name, opts.steps, opts.profile, opts.profile_memory, opts.trace_size)
     step_span = graphs.step_lines(fn, source)  # (a holder's growing line inside the step comes first)
-    session = StepSession(out, rec, prof, collectors, graph_scan_points(args.steps, prof.window()),
+    session = StepSession(out, rec, prof, collectors, graph_scan_points(opts.steps, prof.window()),
                           lambda: (module, source, step_span))
-    status = 0
-    ran_out: wire.Ended | None = None
     sigint = catch_interrupts(args.catch_sigterm)
+    status, ran_out = _call_steps(out, rec, session, prof, fn, arity, opts.steps, sigint,
+                                  lambda e, i: _failure_scan(out, e, i, module, source, step_span))
+    session.finish()
+    prof.stop()
+    if prof.window():
+        out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < opts.steps], trace_files=prof.files,
+                              top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut,
+                              trace_bytes=prof.trace_bytes, drop=prof.drop, unwritten=prof.unwritten,
+                              notes=prof.notes))
+    for c in collectors:
+        data = c.finish()
+        if data is not None:
+            out.send(wire.Collected(name=c.name, data=data))
+    if ran_out is not None:
+        out.send(ran_out)
+    elif status == 0:
+        out.send(wire.Ended(status="completed", backend_flags=backend_flags(), cuda_devices=cuda_devices()))
+    return status
+
+
+def _call_steps(out: Writer, rec: probes.Recorder, session: StepSession, prof: Profiler, fn: Callable, arity: int,
+                steps: int, sigint: dict, scan_failure: Callable[[BaseException, int], None]) -> tuple[int, wire.Ended | None]:
+    """Call the step `steps` times: (0, or 3 when it or the audit's work between steps raised (its
+    ending sent); the ending when its data ran out)."""
     i = 0
     try:
-        for i in range(args.steps):
+        for i in range(steps):
             session.begin(i)
             try:
                 fn(i) if arity else fn()
@@ -731,8 +776,7 @@ def run(args: argparse.Namespace) -> int:
                 session.drop(i)
                 rec.drain()
                 sigint["seen"] = sigint["n"]
-                ran_out = data_ran_out(e, i, args.steps)
-                break
+                return 0, data_ran_out(e, i, steps)
             except BaseException as e:
                 echo_exit_message(e)
                 print_users_traceback(e)  # (as a plain run prints it, before the audit's summary)
@@ -740,9 +784,8 @@ def run(args: argparse.Namespace) -> int:
                 sigint["seen"] = sigint["n"]
                 out.send(_ending(e, i, cuda_devices()))
                 if not isinstance(e, KeyboardInterrupt):
-                    _failure_scan(out, e, i, module, source, step_span)
-                status = 3
-                break
+                    scan_failure(e, i)
+                return 3, None
             session.end(i)
             if sigint["n"] > sigint["seen"]:  # delivered during this step, then swallowed on the way
                 raise Terminated("stopped by SIGTERM") if SIGNALS_SEEN[:1] == ["SIGTERM"] else KeyboardInterrupt
@@ -757,22 +800,8 @@ def run(args: argparse.Namespace) -> int:
             # the step it ended after is where, at its def line)
             ending.where = Frame(file=code.co_filename, line=code.co_firstlineno, function=code.co_name)
         out.send(ending)
-        status = 3
-    session.finish()
-    prof.stop()
-    if prof.window():
-        out.send(wire.Profile(steps=[s for s in prof.recorded_steps() if s < args.steps], trace_files=prof.files,
-                              top_ops=prof.top_ops, snapshots=prof.snapshots, cut=prof.cut,
-                              trace_bytes=prof.trace_bytes, drop=prof.drop))
-    for c in collectors:
-        data = c.finish()
-        if data is not None:
-            out.send(wire.Collected(name=c.name, data=data))
-    if ran_out is not None:
-        out.send(ran_out)
-    elif status == 0:
-        out.send(wire.Ended(status="completed", backend_flags=backend_flags(), cuda_devices=cuda_devices()))
-    return status
+        return 3, None
+    return 0, None
 
 
 def data_ran_out(exc: StopIteration, i: int, steps: int) -> wire.Ended:
@@ -792,7 +821,7 @@ def _is_program(spec: str) -> bool:
         return False
 
 
-def _run_program(args: argparse.Namespace, out: Writer, rec: probes.Recorder, collectors: list) -> int:
+def _run_program(args: wire.ChildRequest, out: Writer, rec: probes.Recorder, collectors: list) -> int:
     """`audit run file.py` / `audit run -m pkg.mod`: the program's steps are found as it runs."""
     def send_setup() -> None:
         out.send(wire.Setup(tallies=rec.drain(), backend_flags=backend_flags(), dataloaders=new_loaders(rec),
@@ -801,20 +830,21 @@ def _run_program(args: argparse.Namespace, out: Writer, rec: probes.Recorder, co
     if cuda_memory.attach_oom_observer(os.path.join(args.out, "oom_snapshot.pickle")):
         out.send(wire.Snapshot(path="oom_snapshot.pickle", when="oom"))
     catch_interrupts(args.catch_sigterm)
-    prof = Profiler(args.out, args.run_name, args.steps, args.profile)
-    parts = ChildParts(out, rec, collectors, prof, graph_scan_points(args.steps, prof.window()), send_setup, _ending,
+    opts = args.options
+    prof = Profiler(args.out, args.run_name, opts.steps, opts.profile, opts.profile_memory, opts.trace_size)
+    parts = ChildParts(out, rec, collectors, prof, graph_scan_points(opts.steps, prof.window()), send_setup, _ending,
                        backend_flags, cuda_devices)
     return run_program(parse_target(args.target), args, parts)
 
 
-def _watch_rehearsed_memory(out_dir: str, env: dict) -> None:
+def _watch_rehearsed_memory(out_dir: str, env: dict, device_gib: float | None) -> None:
     """With --device-memory, a rehearsal records its device's requests itself (as a GPU run has its
     allocator): each step's end states the device memory they hold, and the step that outgrows the
     device writes the snapshot a GPU would have (auditor.capture.rehearsal.memory.watch)."""
     from auditor.capture import session as step_session
     from auditor.capture.rehearsal import memory as rehearsed_memory
 
-    if rehearsed_memory.watch(out_dir):
+    if rehearsed_memory.watch(out_dir, device_gib):
         step_session.REHEARSED_MEMORY = rehearsed_memory.step_end
         env["notes"].append("device memory: the rehearsed device's requests were recorded; each step's device "
                             "allocated memory is the bytes they requested (a lower bound)")
@@ -843,29 +873,10 @@ def _target_source(spec: str) -> tuple[str | None, str | None]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    # everything after "--" is the user's script's own command line (its sys.argv[1:])
-    script_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    ap = argparse.ArgumentParser(prog="auditor.capture.child")
-    ap.add_argument("--target", required=True)
-    ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--fd", type=int, required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--run-name", default="run")
-    ap.add_argument("--no-profile", dest="profile", action="store_false")
-    ap.add_argument("--rehearse", choices=("auto", "on", "off"), default="auto")
-    ap.add_argument("--no-numerics", dest="numerics", action="store_false")
-    ap.add_argument("--parent-pid", type=int, default=None)
-    ap.add_argument("--catch-sigterm", action="store_true")
-    ap.add_argument("--skip", type=int, default=0)  # a whole program: steps run unaudited first
-    ap.add_argument("--to-end", action="store_true")  # a whole program: run it to its end
-    ap.add_argument("--digest", action="store_true")  # the trained weights' digest at the end (--verify)
-    ap.add_argument("--added-env", default="")  # variables the parent set for torch, not the user's
-    args = ap.parse_args(argv)
-    args.script_args = script_args
+    args = wire.decode_request(argv[0])  # (the parent's one argv value: auditor.capture.runner.run_child)
     # torch has read them (at import; the profiler reads them when it starts): the program sees
     # the environment the user gave `audit`
-    for name in filter(None, args.added_env.split(",")):
+    for name in args.added_env:
         ADDED_ENV[name] = os.environ.pop(name, "")
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)

@@ -58,19 +58,13 @@ def stop_history() -> bool:
 
 
 def _atomic(path: Path, write: Callable[[Any], Any]) -> None:
-    """Write atomically: a half-written file after a crash would be unreadable."""
+    """Write atomically, never through a link (auditor.evidence.whole_files): a half-written file
+    after a crash would be unreadable."""
+    from auditor.evidence.whole_files import WholeFile
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with WholeFile(path) as f:
+        write(f.file)
 
 
 def _write(torch: Any, path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 import sys
 import sysconfig
 from types import CodeType, FrameType
@@ -31,6 +32,7 @@ _TORCH_AND_AUDITOR = tuple(
 )
 _verdict: dict[str, bool] = {}
 _internal: dict[str, bool] = {}
+library_verdicts = _verdict  # is_library's answers by file name, for a caller that reads them inline
 
 
 def _generated(path: str) -> bool:
@@ -39,6 +41,44 @@ def _generated(path: str) -> bool:
     Its calls are torch's, not the user's."""
     d = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     return bool(d) and path.startswith(os.path.normcase(os.path.realpath(d)) + os.sep)
+
+
+_real_dirs: dict[str, str] = {}  # an absolute directory -> its real path (see _real)
+_normcase = os.path.normcase if os.name == "nt" else os.fspath  # (posix's normcase is fspath, in Python)
+
+
+def _real(filename: str) -> str:
+    """os.path.normcase(os.path.realpath(filename)), each absolute directory resolved once, from
+    its parent (one lstat a new directory): a realpath is dozens of Python calls, and one per new
+    file was thousands of calls for a trace function of the program's (sys.settrace) to see."""
+    head, _, tail = filename.rpartition(os.sep)
+    if not head or not filename.startswith(os.sep) or tail in ("", ".", ".."):
+        return _normcase(os.path.realpath(filename))
+    try:
+        if stat.S_ISLNK(os.lstat(filename).st_mode):  # (the file itself a link: resolved whole)
+            return _normcase(os.path.realpath(filename))
+    except OSError:
+        pass
+    d = _real_dir(head)
+    return _normcase(d + os.sep + tail if d != os.sep else d + tail)
+
+
+def _real_dir(head: str) -> str:
+    """os.path.realpath(head), for an absolute directory."""
+    d = _real_dirs.get(head)
+    if d is None:
+        parent, _, name = head.rpartition(os.sep)
+        if not parent or name in ("", ".", ".."):
+            d = os.path.realpath(head)
+        else:
+            base = _real_dir(parent)
+            try:
+                link = stat.S_ISLNK(os.lstat(head).st_mode)
+            except OSError:
+                link = False
+            d = os.path.realpath(head) if link else (base if base != os.sep else "") + os.sep + name
+        _real_dirs[head] = d
+    return d
 
 
 def is_library(filename: str) -> bool:
@@ -50,7 +90,7 @@ def is_library(filename: str) -> bool:
         if filename.startswith("<"):
             v = True
         else:
-            path = os.path.normcase(os.path.realpath(filename))
+            path = _real(filename)
             v = (path.startswith(_LIBRARY_DIRS) or "site-packages" in path or "dist-packages" in path
                  or _generated(path) or _from_install_dir(path))
         _verdict[filename] = v
@@ -62,9 +102,18 @@ def _from_install_dir(path: str) -> bool:
     holds installed distributions (source_access.holds_distributions), as pip's `--target DIR`
     makes one. The script's own directory is never taken for one: only a package below an entry
     counts."""
-    entries = [e for e in (os.path.normcase(os.path.realpath(p or ".")) for p in sys.path)
-               if path.startswith(e + os.sep) and os.path.dirname(path) != e]
+    entries = [e for e in _real_path_entries() if path.startswith(e + os.sep) and os.path.dirname(path) != e]
     return bool(entries) and holds_distributions(max(entries, key=len))
+
+
+_path_entries: list = [None, ()]  # [sys.path as last seen, its entries' real paths]
+
+
+def _real_path_entries() -> tuple[str, ...]:
+    """sys.path's entries as real paths, resolved again only when sys.path changes."""
+    if _path_entries[0] != sys.path:
+        _path_entries[:] = [list(sys.path), tuple(os.path.normcase(os.path.realpath(p or ".")) for p in sys.path)]
+    return _path_entries[1]
 
 
 def is_torch_internal(filename: str) -> bool:
@@ -72,7 +121,7 @@ def is_torch_internal(filename: str) -> bool:
     made there are not the user's calls."""
     v = _internal.get(filename)
     if v is None:
-        path = os.path.normcase(os.path.realpath(filename))
+        path = _real(filename)
         v = path.startswith(_TORCH_AND_AUDITOR) or _generated(path)
         _internal[filename] = v
     return v

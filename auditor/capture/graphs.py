@@ -28,10 +28,10 @@ from typing import Any, Optional
 
 import torch
 
-from auditor.capture.frames import is_library
+from auditor.capture.frames import is_library, library_verdicts
 from auditor.capture.growth_lines import attribute_line, mutation_keys, mutation_lines, parameter_update_lines
 from auditor.capture.saved_tensors import saved_of
-from auditor.capture.unseen import no_torch_function
+from auditor.capture.unseen import no_torch_function, untraced
 
 _CONTAINERS = (list, tuple, dict, set, deque)
 
@@ -96,13 +96,15 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
         if depth >= _DEPTH or id(v) in seen:
             continue
         seen.add(id(v))
+        # (each container copied in C before it is walked: the program's other threads, or its own
+        # trace function called by the walk, may change it meanwhile)
         if isinstance(v, dict):
-            items: Any = v.values()
+            items: Any = list(v.values())
         elif isinstance(v, _CONTAINERS):
-            items = v
+            items = list(v)
         elif depth and not isinstance(v, (torch.nn.Module, type, types.ModuleType, types.FunctionType)) \
                 and isinstance(getattr(v, "__dict__", None), dict):
-            items = vars(v).values()  # a row that is an object (a dataclass Transition)
+            items = list(vars(v).values())  # a row that is an object (a dataclass Transition)
         else:
             continue
         for x in items:
@@ -148,10 +150,10 @@ def _may_hold_tensors(v: Any) -> bool:
     if isinstance(v, torch.Tensor):
         return True
     if isinstance(v, dict):
-        v = v.values()
+        v = list(v.values())  # (a copy: see _tensors_in)
     elif not isinstance(v, _CONTAINERS):
         return False
-    return not all(type(x) in _PLAIN for x in v)
+    return not all(type(x) in _PLAIN for x in list(v))
 
 
 def _module_holders(name: str, root: torch.nn.Module, claimed: set[int]) -> list[Holder]:
@@ -175,7 +177,7 @@ def _module_holders(name: str, root: torch.nn.Module, claimed: set[int]) -> list
         for attr, buf in mod._buffers.items():
             if isinstance(buf, torch.Tensor) and not isinstance(buf, torch.nn.Parameter):
                 out.append((f"{prefix}.{attr}", type(buf).__name__, [buf], (cls, attr), buf))
-        for attr, v in vars(mod).items():
+        for attr, v in list(vars(mod).items()):
             if attr in _MODULE_INTERNALS or not _may_hold_tensors(v):
                 continue
             found = _tensors_in(v)
@@ -429,7 +431,7 @@ def row_parts(value: Any) -> dict[str, Any] | None:
     graph: set[Any] = set()
     nested, sizes, classes, fields = False, set(), set(), None
     for row in rows:
-        items = (enumerate(row) if kind == "tuple" else row.items() if kind == "dict" else vars(row).items())
+        items = list(enumerate(row) if kind == "tuple" else row.items() if kind == "dict" else vars(row).items())
         for key, x in items:
             if _has_graph(x):
                 graph.add(key)
@@ -515,8 +517,9 @@ def scan(module: types.ModuleType | None, source_file: str | None,
     scan saw it. Run with torch-function dispatch off: a mode on the stack (the user's, the default
     device's) would see every read of every live tensor. `memo`: the run's ScanMemo, which a full
     scan updates; `named_only`: the caller allows this scan to read the named holders only, which
-    it does when the memo says their count is the full one (see ScanMemo)."""
-    with no_torch_function():
+    it does when the memo says their count is the full one (see ScanMemo). The program's own trace
+    function is off meanwhile (unseen.untraced): the walk is thousands of calls of the auditor's."""
+    with no_torch_function(), untraced():
         return _scan(module, source_file, step, frames, memo,
                      named_only and memo is not None and memo.named_only())
 
@@ -538,8 +541,11 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
         function = types.FunctionType
         picked = [o for o in gc.get_objects() if type(o) in _PICKED]
         live = [t for t in picked if type(t) is not function and t.grad_fn is not None]
+        # (each file's verdict read from is_library's cache inline: a call per closure, tens of
+        # thousands a scan, is what a trace function of the program's (sys.settrace) would see)
+        known = library_verdicts
         closures = [f for f in picked if type(f) is function and f.__closure__
-                    and not is_library(f.__code__.co_filename)]
+                    and not (known[n] if (n := f.__code__.co_filename) in known else is_library(n))]
         del picked
     holders = []
     claimed: set[int] = set()

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from auditor.capture.frames import is_library
+from auditor.capture.unseen import untraced
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -258,11 +259,12 @@ def _mutations(source_file: str, name: str) -> _Mutations | None:
     key = (id(src[1]), name)  # (the trees are kept in _sources: an id is never reused)
     v = _visited.get(key)
     if v is None:
-        if id(src[1]) not in _walked:
-            walk = _Growths()
-            walk.visit(src[1])
-            _walked[id(src[1])] = walk.found
-        v = _visited[key] = _Mutations(name, _walked[id(src[1])])
+        with untraced():  # (a tree walk: thousands of calls, the auditor's own)
+            if id(src[1]) not in _walked:
+                walk = _Growths()
+                walk.visit(src[1])
+                _walked[id(src[1])] = walk.found
+            v = _visited[key] = _Mutations(name, _walked[id(src[1])])
     return v
 
 

@@ -88,7 +88,8 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
     session = StepSession(out, parts.rec, parts.prof, parts.collectors, parts.scans, scan_target)
     no_optimizer = makes_no_optimizer(target.file if target.kind == "script" else None,
                                       target.module if target.kind == "module" else None)
-    finder = StepFinder(session, parts.rec, out.send, args.steps, args.skip, args.to_end, parts.send_setup,
+    opts = args.options
+    finder = StepFinder(session, parts.rec, out.send, opts.steps, opts.skip, opts.to_end, parts.send_setup,
                         no_optimizer=no_optimizer)
     code: int | None = 0
     after_stop = ""  # what the program raised after it caught the audit's interrupt
@@ -143,20 +144,20 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         out.send(wire.Profile(steps=[s for s in parts.prof.recorded_steps() if s < finder.recorded],
                               trace_files=parts.prof.files, top_ops=parts.prof.top_ops, snapshots=parts.prof.snapshots,
                               cut=parts.prof.cut, trace_bytes=parts.prof.trace_bytes,
-                              drop=parts.prof.drop))
+                              drop=parts.prof.drop, unwritten=parts.prof.unwritten, notes=parts.prof.notes))
     for c in parts.collectors:
         data = c.finish()
         if data is not None:
             out.send(wire.Collected(name=c.name, data=data))
     steps_by, steps_found = finder.found()
     out.send(wire.ProgramRun(run=Program(form=target.kind, argv=argv, steps_by=steps_by, steps_found=steps_found,
-                                         skipped=min(args.skip, finder.begun), ended_by_audit=ended_by_audit,
+                                         skipped=min(opts.skip, finder.begun), ended_by_audit=ended_by_audit,
                                          exit_code=code, after_stop=after_stop)))
     if ending is not None:
         ending.cuda_devices = parts.cuda_devices()
         out.send(ending)
     else:
-        message = (f"the audit ended the program after {finder.recorded} step(s) (--steps {args.steps}), "
+        message = (f"the audit ended the program after {finder.recorded} step(s) (--steps {opts.steps}), "
                    f"at a step boundary, as a Ctrl-C does"
                    + (f"; the program caught that interrupt, went on and raised {after_stop} (as after a Ctrl-C "
                       "there)" if after_stop else "") if ended_by_audit else

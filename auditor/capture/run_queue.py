@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import threading
 
+from auditor.capture import own_fds
+
 _local = threading.local()
 _PATH = "/proc/thread-self/schedstat"
 _none = [False]  # the kernel keeps no run delays (no CONFIG_SCHED_INFO), or not Linux
@@ -22,11 +24,12 @@ class _File:
     def __init__(self) -> None:
         self.tid = threading.get_native_id()
         self.fd = os.open(_PATH, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.key = own_fds.identity(self.fd)
 
     def __del__(self) -> None:
-        try:
-            os.close(self.fd)
-        except Exception:  # (closed already; or at the interpreter's exit, `os` torn down)
+        try:  # (only while it is still ours: the program may have closed it and reused its number)
+            own_fds.close_own(self.fd, self.key)
+        except Exception:  # (at the interpreter's exit, `os` torn down)
             pass
 
 
@@ -36,7 +39,7 @@ def waited_ms() -> float | None:
         return None
     try:
         f = getattr(_local, "file", None)
-        if f is None or f.tid != threading.get_native_id():
+        if f is None or f.tid != threading.get_native_id() or not own_fds.still(f.fd, f.key):
             f = _local.file = _File()
         return int(os.pread(f.fd, 128, 0).split()[1]) / 1e6
     except (OSError, AttributeError, ValueError, IndexError):

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import msgspec
 
@@ -24,10 +24,12 @@ from auditor.capture import wire
 from auditor.capture.stream import read_chunks, read_records, split_lines, widen_pipe
 from auditor.capture.target import Target, TargetError
 from auditor.capture.window_memory import ChildMemory, cgroup_limit, out_of_memory_kill
+from auditor.command_options import RunOptions
 from auditor.evidence import model as m
 from auditor.evidence import source_access
 from auditor.evidence.frame import Frame, recorded_frame
 from auditor.evidence.step_clock import DEVICE_CLOCK_NOTE
+from auditor.evidence.whole_files import WholeFile, leftovers, remove_leftover
 
 STDERR_TAIL_LINES = 40
 STDERR_TAIL_LINE_BYTES = 4000  # the end of each (see pump_stderr)
@@ -51,10 +53,8 @@ start_child: Callable[..., subprocess.Popen] = subprocess.Popen
 @dataclass
 class RunRequest:
     target: Target
-    steps: int
     out_dir: Path
-    profile: bool = True
-    extra_args: tuple[str, ...] = ()
+    options: RunOptions = RunOptions()  # `audit run`'s, passed on whole to the child
     script_args: tuple[str, ...] = ()  # the user's script's own arguments (its sys.argv[1:])
     catch_sigterm: bool = True  # False under a launcher, whose SIGTERM stops the ranks (auditor.launch)
 
@@ -83,13 +83,14 @@ class EvidenceBuilder:
     """Turns stream records into Evidence as they arrive, so a dead child leaves complete state."""
 
     def __init__(self, request: RunRequest) -> None:
-        self.ev = m.Evidence(source="run", target=request.target.spec, requested_steps=request.steps)
+        self.ev = m.Evidence(source="run", target=request.target.spec, requested_steps=request.options.steps)
         self.usage_error: str | None = None
         self.ended = False
         self.pending_snapshots: list[str] = []
         self.out_dir = request.out_dir
         self.request = request
         self.set_up = False  # the module's setup code ran to its end (the steps began)
+        self.unwritten_trace = ""  # the profiler's trace the child could not write (wire.Profile)
 
     def feed(self, r: wire.Record) -> None:
         ev = self.ev
@@ -125,6 +126,8 @@ class EvidenceBuilder:
                                          trace_bytes=r.trace_bytes, drop=r.drop)
             ev.traces = list(r.trace_files)
             ev.snapshots.extend(r.snapshots)
+            self.unwritten_trace = r.unwritten
+            ev.environment.notes.extend(r.notes)
         elif isinstance(r, wire.DeviceTimes):  # the device's clock of steps already recorded
             by_index = {s.index: s for s in ev.steps}
             for i, ms in zip(r.steps, r.ms):
@@ -148,8 +151,9 @@ class EvidenceBuilder:
                 ev.environment.backend_flags = r.backend_flags
             if r.cuda_devices:
                 ev.environment.cuda_devices = r.cuda_devices
+            ev.environment.notes.extend(r.notes)
             ev.ending = m.Ending(status=r.status, step=r.step, exception=r.exception, message=r.message,
-                                 traceback=r.traceback, where=recorded_frame(r.where))
+                                 traceback=r.traceback, where=recorded_frame(r.where), audit_cause=r.audit_cause)
 
     def _loaders(self, loaders: list[m.DataLoaderInfo]) -> None:
         for d in loaders:
@@ -194,10 +198,10 @@ class EvidenceBuilder:
         of it: the kernel's out-of-memory killer when memory was all but gone (window_memory)."""
         why = out_of_memory_kill(memory.peak, memory.last, memory.available, memory.total, cgroup_limit())
         facts = [f"at {memory.peak / 1e9:.1f} GB resident"] if memory.peak else []
-        if in_step is not None and self.request.profile:
+        if in_step is not None and self.request.options.profile:
             from auditor.capture.child import profile_plan
 
-            warm, active = profile_plan(self.request.steps)
+            warm, active = profile_plan(self.request.options.steps)
             if in_step in ([warm] if warm is not None else []) + active:
                 facts.insert(0, "in the profiler window")
         if why:
@@ -289,21 +293,51 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
 
     Raises TargetError when the child reports a problem with TARGET itself."""
     request.out_dir.mkdir(parents=True, exist_ok=True)
-    # an earlier run into this DIR (of this target or another) left its traces where this run's go:
-    # TensorBoard would show both, and the report would link a trace this run did not record
-    for stale in (request.out_dir / "tb").glob("*/*.pt.trace.json*"):
-        stale.unlink(missing_ok=True)
+    # (an earlier run's traces in DIR/tb are removed once this run's evidence replaces the earlier
+    # one's, and only those it named: auditor.app.finish)
+    proc, read_fd, err_read = _start(request, forward_stderr)
+    pump = StderrPump(err_read, proc, forward_stderr)
+    interrupts = Interrupts(proc)
+    with interrupts.caught(request.catch_sigterm):
+        builder = EvidenceBuilder(request)
+        memory = ChildMemory(proc.pid)
+        raw = RawCopy(request.out_dir / "records.jsonl")
+        try:
+            for record, line in read_records(read_chunks(read_fd, proc)):
+                raw.write(line, begun=not isinstance(record, (wire.Hello, wire.UsageError)))
+                builder.feed(record)
+                if on_record is not None:
+                    on_record(record)
+            returncode = proc.wait()
+            pump.finish()
+        finally:
+            raw.close(keep=builder.usage_error is None)
+            memory.stop()
+            os.close(read_fd)
+            pump.close()
+    if builder.usage_error is not None:  # (nothing ran: no records.jsonl of this run's, see RawCopy)
+        raise TargetError(builder.usage_error)
+    killed_by_audit = interrupts.killed_by_audit()
+    interrupts.label_ending(builder, killed_by_audit and returncode < 0)
+    evidence = builder.finish(returncode, pump.text(), None if killed_by_audit else memory)
+    if evidence.profile is not None:  # (the window's bound is judged by what the kernel counted, not the child's word)
+        evidence.profile.peak_rss_bytes = memory.peak_bytes()
+    _note_unwritten(evidence, raw, request, builder, proc.pid)
+    return evidence
+
+
+def _start(request: RunRequest, forward_stderr: bool) -> tuple[subprocess.Popen, int, int]:
+    """The child, started with its request (wire.ChildRequest, its one argv value): (the process,
+    the read end of its record pipe, the descriptor its stderr is read from)."""
     read_fd, write_fd = os.pipe()
     widen_pipe(write_fd)
-    # (--out absolute: the user's code may change directory before the profiler writes there)
-    cmd = [sys.executable, "-m", "auditor.capture.child", "--target", request.target.spec,
-           "--steps", str(request.steps), "--fd", str(write_fd), "--out", str(request.out_dir.absolute()),
-           "--run-name", request.target.name, "--parent-pid", str(os.getpid()),
-           *(() if request.profile else ("--no-profile",)), *(("--catch-sigterm",) if request.catch_sigterm else ()),
-           *request.extra_args, "--", *request.script_args]
-    env, added = child_environment(os.environ, request.profile)
-    if added:
-        cmd[cmd.index("--"):cmd.index("--")] = ["--added-env", ",".join(added)]
+    env, added = child_environment(os.environ, request.options.profile)
+    # (out absolute: the user's code may change directory before the profiler writes there)
+    child = wire.ChildRequest(target=request.target.spec, out=str(request.out_dir.absolute()),
+                              run_name=request.target.name, fd=write_fd, parent_pid=os.getpid(),
+                              catch_sigterm=request.catch_sigterm, added_env=tuple(added),
+                              script_args=tuple(request.script_args), options=request.options)
+    cmd = [sys.executable, "-m", "auditor.capture.child", wire.encode_request(child)]
     err_write, err_read = _stderr_channel(forward_stderr)
     try:
         proc = start_child(cmd, pass_fds=(write_fd,), stderr=err_write, env=env)
@@ -313,105 +347,125 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
     finally:
         os.close(write_fd)
         os.close(err_write)
+    return proc, read_fd, err_read
 
-    tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
-    # whether the program's last line on stderr ends in no newline: the tail's last entry is a
-    # progress bar's redraw (see split_lines), and the audit's own lines must begin a line of their own
-    redraw = [False]
 
-    def pump_stderr() -> None:
-        # (redraws as they come: a bar shows live, and an endless one is never held whole)
-        for line in split_lines(read_chunks(err_read, proc, pause_s=0), redraws=True):
+class StderrPump:
+    """The child's stderr, forwarded to `audit`'s as it comes (redraws too: a bar shows live, and an
+    endless one is never held whole), the profiler's stage markers cut out, its last lines kept for
+    a crash's report."""
+
+    def __init__(self, fd: int, proc: subprocess.Popen, forward: bool) -> None:
+        self.fd, self.proc, self.forward = fd, proc, forward
+        self.tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        # whether the program's last line on stderr ends in no newline: the tail's last entry is a
+        # progress bar's redraw (see split_lines), and the audit's own lines must begin a line of their own
+        self.redraw = False
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        for line in split_lines(read_chunks(self.fd, self.proc, pause_s=0), redraws=True):
             if b".cpp:" in line:
                 line = PROFILER_NOISE.sub(b"", line)
                 if not line:
                     continue
-            if forward_stderr:
+            if self.forward:
                 sys.stderr.buffer.write(line)
                 sys.stderr.buffer.flush()
-            if redraw[0]:
-                tail.pop()
-            redraw[0] = not line.endswith(b"\n")
-            tail.append(line[-STDERR_TAIL_LINE_BYTES:].decode("utf-8", "replace"))
+            if self.redraw:
+                self.tail.pop()
+            self.redraw = not line.endswith(b"\n")
+            self.tail.append(line[-STDERR_TAIL_LINE_BYTES:].decode("utf-8", "replace"))
 
-    pump = threading.Thread(target=pump_stderr, daemon=True)
-    pump.start()
-
-    # the signals that reached `audit`, in order: the ending is labelled by the first (a SIGINT
-    # that a later SIGTERM cut short was still a SIGINT), and says when the audit killed the program
-    interrupts: dict = {"n": 0, "at": 0.0, "by": []}
-
-    def on_sigint(signum, frame) -> None:
-        interrupts["by"].append(signal.Signals(signum).name)
-        interrupts["n"] += 1
-        interrupts["at"] = time.monotonic()
-        if interrupts["n"] >= 2:
-            proc.kill()
-
-    def on_sigterm(signum, frame) -> None:  # stop the child as Ctrl-C does; the report is still written
-        if interrupts["n"] == 0 and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        on_sigint(signum, frame)
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
-    old_term = signal.signal(signal.SIGTERM, on_sigterm) if main_thread and request.catch_sigterm else None
-    builder = EvidenceBuilder(request)
-    watchdog_stop = threading.Event()
-
-    def watchdog() -> None:  # after one Ctrl-C, give the child a grace period, then stop it
-        while not watchdog_stop.wait(0.5):
-            if interrupts["n"] and time.monotonic() - interrupts["at"] > GRACE_AFTER_INTERRUPT_S:
-                proc.kill()
-                return
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    memory = ChildMemory(proc.pid)
-    raw = RawCopy(request.out_dir / "records.jsonl")
-    try:
-        for record, line in read_records(read_chunks(read_fd, proc)):
-            raw.write(line)
-            builder.feed(record)
-            if on_record is not None:
-                on_record(record)
-        returncode = proc.wait()
-        pump.join(timeout=5)
-        if forward_stderr and redraw[0] and not pump.is_alive():
+    def finish(self) -> None:
+        """The child has exited: the rest of its stderr, and a line's end after its last redraw."""
+        self.thread.join(timeout=5)
+        if self.forward and self.redraw and not self.thread.is_alive():
             with contextlib.suppress(OSError, ValueError):
                 sys.stderr.buffer.write(b"\n")
                 sys.stderr.buffer.flush()
-    finally:
-        raw.close()
-        memory.stop()
-        os.close(read_fd)
-        if not pump.is_alive():
-            os.close(err_read)
-        watchdog_stop.set()
-        if main_thread:
-            signal.signal(signal.SIGINT, old)
-            if old_term is not None:
-                signal.signal(signal.SIGTERM, old_term)
-    if builder.usage_error is not None:
-        # nothing ran: the stream (a usage error, its only record) would make the directory look
-        # like a run's to `audit analyze`
-        (request.out_dir / "records.jsonl").unlink(missing_ok=True)
-        raise TargetError(builder.usage_error)
-    killed_by_audit = interrupts["n"] >= 2 or (interrupts["n"] and time.monotonic() - interrupts["at"] > GRACE_AFTER_INTERRUPT_S)
-    if interrupts["n"] and not builder.ended:
-        builder.ended = True
-        last = builder.ev.steps[-1].index + 1 if builder.ev.steps else None
-        builder.ev.ending = m.Ending(status="interrupted", step=last, signal=interrupts["by"][0],
-                                     message=interrupted_message(interrupts["by"], killed_by_audit and returncode < 0))
-    elif interrupts["n"] and builder.ev.ending is not None and builder.ev.ending.status == "raised":
-        # the program raised as the signal stopped it (a DataLoader whose workers the same SIGTERM
-        # killed, a handler of its own that raises): the run was stopped, not failed by itself
-        e = builder.ev.ending
-        e.status, e.signal = "interrupted", interrupts["by"][0]
-        raised = f"{e.exception}: {(e.message or '').strip()}" if e.exception else (e.message or "").strip()
-        e.message = f"stopped by {interrupts['by'][0]} sent to the audit; as it stopped, the program raised {raised}"
-    evidence = builder.finish(returncode, "".join(tail), None if killed_by_audit else memory)
-    if evidence.profile is not None:  # (the window's bound is judged by what the kernel counted, not the child's word)
-        evidence.profile.peak_rss_bytes = memory.peak_bytes()
+
+    def close(self) -> None:
+        if not self.thread.is_alive():
+            os.close(self.fd)
+
+    def text(self) -> str:
+        return "".join(self.tail)
+
+
+class Interrupts:
+    """The signals that reached `audit` while the child ran, in order: the ending is labelled by the
+    first (a SIGINT that a later SIGTERM cut short was still a SIGINT), and says when the audit
+    killed the program. The child, in the same process group, gets a Ctrl-C too; a second one kills
+    it, and so does GRACE_AFTER_INTERRUPT_S passing after the first."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.by: list[str] = []
+        self.at = 0.0
+
+    def on_sigint(self, signum: int, frame: Any) -> None:
+        self.by.append(signal.Signals(signum).name)
+        self.at = time.monotonic()
+        if len(self.by) >= 2:
+            self.proc.kill()
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:  # stop the child as Ctrl-C does; the report is still written
+        if not self.by and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        self.on_sigint(signum, frame)
+
+    def _watchdog(self, stop: threading.Event) -> None:  # after one Ctrl-C, give the child a grace period, then stop it
+        while not stop.wait(0.5):
+            if self.by and time.monotonic() - self.at > GRACE_AFTER_INTERRUPT_S:
+                self.proc.kill()
+                return
+
+    @contextlib.contextmanager
+    def caught(self, catch_sigterm: bool) -> Iterator[None]:
+        """The handlers (on the main thread; SIGTERM's unless under a launcher) and the watchdog."""
+        main_thread = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGINT, self.on_sigint) if main_thread else None
+        old_term = signal.signal(signal.SIGTERM, self.on_sigterm) if main_thread and catch_sigterm else None
+        stop = threading.Event()
+        threading.Thread(target=self._watchdog, args=(stop,), daemon=True).start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if main_thread:
+                signal.signal(signal.SIGINT, old)
+                if old_term is not None:
+                    signal.signal(signal.SIGTERM, old_term)
+
+    def killed_by_audit(self) -> bool:
+        return len(self.by) >= 2 or bool(self.by and time.monotonic() - self.at > GRACE_AFTER_INTERRUPT_S)
+
+    def label_ending(self, builder: EvidenceBuilder, killed: bool) -> None:
+        """A run the signals stopped ended interrupted (`killed`: by the audit's kill), whether the
+        program reported its end or not."""
+        if not self.by:
+            return
+        ev = builder.ev
+        if not builder.ended:
+            builder.ended = True
+            last = ev.steps[-1].index + 1 if ev.steps else None
+            ev.ending = m.Ending(status="interrupted", step=last, signal=self.by[0],
+                                 message=interrupted_message(self.by, killed))
+        elif ev.ending is not None and ev.ending.status == "raised":
+            # the program raised as the signal stopped it (a DataLoader whose workers the same SIGTERM
+            # killed, a handler of its own that raises): the run was stopped, not failed by itself
+            e = ev.ending
+            e.status, e.signal = "interrupted", self.by[0]
+            raised = f"{e.exception}: {(e.message or '').strip()}" if e.exception else (e.message or "").strip()
+            e.message = f"stopped by {self.by[0]} sent to the audit; as it stopped, the program raised {raised}"
+
+
+def _note_unwritten(evidence: m.Evidence, raw: RawCopy, request: RunRequest, builder: EvidenceBuilder,
+                    pid: int) -> None:
+    """The run's own files that could not be written whole (a full disk): named on stderr, in the
+    evidence's notes and in its UNWRITTEN list, and removed."""
     lost = evidence.__dict__.setdefault(UNWRITTEN, [])
     if raw.error is not None:
         lost.append("records.jsonl")
@@ -419,19 +473,23 @@ def run_child(request: RunRequest, on_record: Callable[[wire.Record], None] | No
         evidence.environment.notes.append(
             f"records.jsonl (the raw record stream) could not be written whole ({raw.error}): it was "
             f"removed; the evidence read from the stream is whole")
-    # the profiler writes its trace to a temporary name, then renames it: one left behind was not
-    # written whole (a full disk), and would only take the room the outputs need
+    # the child writes each file to a temporary name of its own, then renames it: one left behind
+    # (the child killed meanwhile, a full disk) was not written whole, and would only take the room
+    # the outputs need. The trace's are named as lost; only this child's are removed.
+    if builder.unwritten_trace:  # (the child removed what it had written of it; why is in top_ops)
+        lost.append(f"the profiler's trace ({builder.unwritten_trace})")
+        why = evidence.profile.top_ops[0]["name"] if evidence.profile and evidence.profile.top_ops else ""
+        print(f"audit: warning: could not write the profiler's trace {why}".rstrip(), file=sys.stderr)
     logdir = request.out_dir / "tb" / request.target.name
-    for partial in sorted([*logdir.glob("*.tmp"), *logdir.glob("*.partial")]):
-        with contextlib.suppress(OSError):
-            partial.unlink()
+    for partial in [*leftovers(logdir, pid), *leftovers(request.out_dir, pid)]:
+        if partial.parent == logdir and not partial.is_dir():
             lost.append(f"the profiler's trace ({partial.relative_to(request.out_dir)})")
             print(f"audit: warning: could not write the profiler's trace {partial.name} whole: removed",
                   file=sys.stderr)
             evidence.environment.notes.append(
                 f"the profiler's trace could not be written whole (a full disk?): its partial file "
                 f"{partial.name} was removed, and the rules that read the trace were skipped")
-    return evidence
+        remove_leftover(partial)
 
 
 # Evidence.__dict__ key: the files of the run's own that could not be written (a full disk), for
@@ -440,35 +498,44 @@ UNWRITTEN = "unwritten"
 
 
 class RawCopy:
-    """records.jsonl, the stream's raw copy, written as it comes. A write that fails (a full disk)
-    ends the copy and removes it -- half a stream would read as a run that ended early -- while
-    the records go on being read into the evidence; `error` says why it was lost."""
+    """records.jsonl, the stream's raw copy, written as it comes: to a file of its own made beside it
+    (auditor.evidence.whole_files: never through a planted link), which becomes records.jsonl once
+    the run has begun (`begun`: a record after the child's hello), so that a usage error leaves an
+    earlier run's records.jsonl as it was. A write that fails (a full disk) ends the copy and
+    removes it -- half a stream would read as a run that ended early -- while the records go on
+    being read into the evidence; `error` says why it was lost."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.error: str | None = None
+        self._f: WholeFile | None = None
         try:
-            self._f = open(path, "wb")
+            self._f = WholeFile(path)
         except OSError as e:
-            self._f = None
             self.error = e.strerror or str(e)
 
-    def write(self, line: bytes) -> None:
+    def write(self, line: bytes, begun: bool = True) -> None:
         if self._f is None:
             return
         try:
             self._f.write(line)
+            if begun:
+                self._f.publish()
         except OSError as e:
             self.error = e.strerror or str(e)
-            self.close()
+            self._f.discard()
+            self._f = None
 
-    def close(self) -> None:
+    def close(self, keep: bool = True) -> None:
+        """Done: kept as records.jsonl when `keep` (the run began), else removed."""
         if self._f is None:
             return
         f, self._f = self._f, None
+        if not keep:
+            f.discard()
+            return
         try:
-            f.close()
+            f.commit(sync=False)
         except OSError as e:
             self.error = self.error or e.strerror or str(e)
-        if self.error is not None:
-            self.path.unlink(missing_ok=True)
+            f.discard()

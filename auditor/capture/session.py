@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from auditor.capture import graphs, lines, probes, run_queue, this_process, wire
+from auditor.capture import graphs, lines, own_fds, probes, run_queue, this_process, wire
 from auditor.capture.probes import graph_use
 from auditor.capture.bench_switches import OFF, TOGGLED, off
 from auditor.capture.device_clock import DeviceClock
@@ -194,16 +194,18 @@ def new_loaders(rec: probes.Recorder) -> list[dict]:
 
 
 _statm = "/proc/self/statm"
-_statm_fd: tuple[int, int] | None = None  # (pid, fd): /proc/self is resolved when opened
+_statm_fd: tuple[int, int, Any] | None = None  # (pid, fd, its identity): /proc/self is resolved when opened
 
 
 def rss_bytes() -> int | None:
     """Resident memory of this process, read at every step boundary: a `pread` on /proc/self/statm
-    kept open costs ~2 us; opening it at each read costs 15-100 us on a loaded VM."""
+    kept open costs ~2 us; opening it at each read costs 15-100 us on a loaded VM. Opened again
+    when the program closed it (own_fds)."""
     global _statm_fd
     try:
-        if _statm_fd is None or _statm_fd[0] != this_process.PID:
-            _statm_fd = (this_process.PID, os.open(_statm, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        if _statm_fd is None or _statm_fd[0] != this_process.PID or not own_fds.still(_statm_fd[1], _statm_fd[2]):
+            fd = os.open(_statm, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            _statm_fd = (this_process.PID, fd, own_fds.identity(fd))
         return int(os.pread(_statm_fd[1], 256, 0).split()[1]) * _PAGE
     except (OSError, AttributeError):
         try:

@@ -92,13 +92,13 @@ import torch
 import torch.utils.data.dataloader as dl
 from torch.nn.modules import module as nn_module
 
-import auditor
+from auditor import step_marker
 from auditor.capture import probes, step_loops, wire
 from auditor.capture.frames import user_frame
 from auditor.capture.one_call import OneCall
 from auditor.capture.probes.workers import GONE_LOADERS
 from auditor.capture.session import StepSession
-from auditor.capture.unseen import no_torch_function
+from auditor.capture.unseen import no_torch_function, quietly, threads_end_quietly
 from auditor.evidence import model as m
 
 _CALL_IMPL = nn_module.Module._call_impl.__code__
@@ -133,10 +133,7 @@ _compiling = torch.compiler.is_compiling
 # batch (a WGAN's five), far fewer than a batch trained on for epochs.
 REPEATS_TO_SPLIT = 16
 
-# A stretch between steps in which the probes saw nothing is sent from this long on: shorter ones
-# are the boundary's own (a fetch that begins the next step follows the last one's end at once)
-UNPROBED_STRETCH_MS = 1.0
-
+UNPROBED_STRETCH_MS = 1.0  # an unprobed stretch between steps this long is the program's (a sleep, a log)
 # Weight updates outside torch.optim seen before the finder stops checking each one (see
 # StepFinder._updated): past this many, with no micro-batch between them, the program's every
 # forward after a backward pass is an iteration's start.
@@ -266,7 +263,7 @@ class StepFinder:
         outermost: a boundary is crossed before a probe times the call that crossed it."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        h = register_optimizer_step_post_hook(lambda opt, args, kwargs: self.on_optimizer_step(opt))
+        h = register_optimizer_step_post_hook(lambda opt, args, kwargs: quietly(self.on_optimizer_step, opt))  # (untraced)
         self._undo.append(h.remove)
         self._begins_hook = register_optimizer_step_pre_hook(self._optimizer_begins)
         self._undo.append(self._drop_begins_hook)
@@ -283,8 +280,8 @@ class StepFinder:
             self._wrap(GradScaler, "step", self._scaler_probe)
         except ImportError:
             pass
-        auditor._step_hook = self.on_marker
-        self._undo.append(lambda: setattr(auditor, "_step_hook", None))
+        self._undo.append(step_marker.listen(self.on_marker))
+        self._undo.append(threads_end_quietly(StepsDone, lambda: self.stopped))  # (steps on a thread)
         self._update_forward_hook()
 
     def uninstall(self) -> None:
@@ -313,8 +310,12 @@ class StepFinder:
         self._undo.append(lambda: setattr(owner, name, orig))
 
     def _live(self) -> bool:
-        return (not self.done and not self.busy and self.rec.active and not _compiling()
-                and threading.get_ident() == self.main_thread)
+        """Whether step activity marks steps now: on the main thread, or the thread doing it before any step."""
+        if self.done or self.busy or not self.rec.active or _compiling():
+            return False
+        if not self.begun:
+            self.main_thread = threading.get_ident()
+        return threading.get_ident() == self.main_thread
 
     # -- activities ----------------------------------------------------------------------------
 
@@ -462,24 +463,27 @@ class StepFinder:
 
     def on_forward(self, module: Any, args: Any) -> None:
         if self._live() and not self.rec.in_data:
-            grad = torch.is_grad_enabled()
-            if (grad and self.iteration is not None and self.backward_in_step and not self.pending
-                    and self._watching_updates()):
-                probes.settle_traced_steps()  # (an optimizer step in compiled code is read first: it marks the step)
-                if not self.pending and self._watching_updates() and self._updated(module):
-                    self.mode = "update"
-                    self.pending = True  # (on_pass closes the step here and begins the next)
-            if not grad and self.pending and _nested_call(sys._getframe(1)):
-                return  # (a tail's module calls inside its outermost one: that one is the pass)
-            self.on_pass(tail=not grad)
-            if not grad and self.pending and self._fwd_on:  # (the calls inside it: not seen, see one_call)
-                # (back at its end unless the step's end took it off meanwhile)
-                self._tail_call.watch(module, None, ((nn_module._global_forward_pre_hooks, self._fwd_hook.id,
-                                                          self.on_forward),), lambda: self._fwd_on)
-            if (grad and self.iteration is not None and self.fingerprint is None and self._watching_updates()
-                    and not self._trusting_updates()):
-                self.fingerprint = self._fingerprint(module)
-                self._update_forward_hook()
+            quietly(self._on_forward, module, args, sys._getframe(1))  # (the audit's own work: unseen.untraced)
+
+    def _on_forward(self, module: Any, args: Any, caller: Any) -> None:
+        grad = torch.is_grad_enabled()
+        if (grad and self.iteration is not None and self.backward_in_step and not self.pending
+                and self._watching_updates()):
+            probes.settle_traced_steps()  # (an optimizer step in compiled code is read first: it marks the step)
+            if not self.pending and self._watching_updates() and self._updated(module):
+                self.mode = "update"
+                self.pending = True  # (on_pass closes the step here and begins the next)
+        if not grad and self.pending and _nested_call(caller):
+            return  # (a tail's module calls inside its outermost one: that one is the pass)
+        self.on_pass(tail=not grad)
+        if not grad and self.pending and self._fwd_on:  # (the calls inside it: not seen, see one_call)
+            # (back at its end unless the step's end took it off meanwhile)
+            self._tail_call.watch(module, None, ((nn_module._global_forward_pre_hooks, self._fwd_hook.id,
+                                                      self.on_forward),), lambda: self._fwd_on)
+        if (grad and self.iteration is not None and self.fingerprint is None and self._watching_updates()
+                and not self._trusting_updates()):
+            self.fingerprint = self._fingerprint(module)
+            self._update_forward_hook()
 
     # -- weight updates outside torch.optim ------------------------------------------------------
 
@@ -808,7 +812,6 @@ class StepFinder:
         # make a stretch between steps of a program that does nothing there)
         ms = (time.perf_counter() - self.outside_t0) * 1e3
         tallies = self.rec.drain(graphs=phase == "after")
-        # (a stretch with nothing probed in it is still the program's time: a sleep, a log written)
         if tallies or phase == "after" or ms >= UNPROBED_STRETCH_MS:
             self.send(wire.Outside(phase=phase, after_step=self.last_audited, ms=ms, tallies=tallies))
 

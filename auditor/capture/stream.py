@@ -17,16 +17,22 @@ from typing import Any, Iterable, Iterator
 
 import msgspec
 
-from auditor.capture import this_process, wire
+from auditor.capture import own_fds, this_process, wire
 
 READ_PAUSE_S = 0.05  # the reader's pause between reads (see read_chunks)
 
 
 class Writer:
-    def __init__(self, fd: int) -> None:
+    """The child's end of the evidence pipe. The program may close it (os.closerange) and reuse its
+    number: each record is written only while the descriptor is still the pipe (own_fds), and the
+    pipe is opened again through the parent's end of it (`parent`, its pid) when it is not."""
+
+    def __init__(self, fd: int, parent: int | None = None) -> None:
         self.fd = fd
         self.pid = os.getpid()
         self.lock = threading.Lock()
+        self.key = own_fds.identity(fd)
+        self.parent = parent
 
     def send(self, record: wire.Record) -> None:
         if this_process.PID != self.pid:  # a forked DataLoader worker inherited the pipe: stay silent
@@ -36,6 +42,8 @@ class Writer:
         except UnicodeEncodeError:  # a path that is not UTF-8 (undecodable bytes kept as surrogates)
             data = msgspec.json.encode(_utf8(msgspec.to_builtins(record))) + b"\n"
         with self.lock:
+            if not own_fds.still(self.fd, self.key) and not self._reopen():
+                return  # (no way back to the parent: the records are lost, the program goes on)
             view = memoryview(data)
             try:
                 while view:
@@ -43,6 +51,14 @@ class Writer:
                     view = view[n:]
             except BrokenPipeError:  # the parent is gone: nobody is left to report to
                 os._exit(3)
+
+    def _reopen(self) -> bool:
+        fd = own_fds.reopen_pipe(self.key, self.parent) if self.key is not None else None
+        if fd is None:
+            self.key = None  # (given up: never written to again)
+            return False
+        self.fd = fd
+        return True
 
 
 def _utf8(obj: Any) -> Any:

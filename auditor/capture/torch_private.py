@@ -285,21 +285,42 @@ _CYCLE_WARNING = re.compile(r"\s*Profiler clears events at the end of each cycle
 
 def profiler_warning_texts(pattern: re.Pattern[str] = _CYCLE_WARNING) -> list[str]:
     """The string literals of torch/profiler/profiler.py that `pattern` finds (searched anywhere in
-    each; implicit concatenations are one literal), as torch passes them to its `_warn_once`."""
-    import ast
-    import inspect
+    each; implicit concatenations are one literal), as torch passes them to its `_warn_once`. Read
+    from the compiled module's constants, each found once per process: the window's start runs on
+    the program's thread, where an ast walk of the file was 60,000 calls for a trace function of
+    the program's (sys.settrace) to see."""
+    key = pattern.pattern
+    if key not in _WARNING_TEXTS:
+        _WARNING_TEXTS[key] = _literals(pattern)
+    return list(_WARNING_TEXTS[key])
 
+
+_WARNING_TEXTS: dict[str, list[str]] = {}
+
+
+def _literals(pattern: re.Pattern[str]) -> list[str]:
     module = lookup("torch.profiler.profiler")
+    path = getattr(module, "__file__", None) if module is not None else None
     try:
-        source = inspect.getsource(module) if module is not None else ""
-    except (OSError, TypeError):
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        code = compile(source, path, "exec", dont_inherit=True)
+    except (OSError, TypeError, ValueError, SyntaxError):
         return []
     if "_warn_once" not in source:
         return []
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.search(node.value):
-            out.append(node.value)
+    out, todo = [], [code]
+    while todo:  # (a loop, not a recursion: no call a tracer would see per code object)
+        for const in todo.pop().co_consts:
+            if isinstance(const, str):
+                if pattern.search(const):
+                    out.append(const)
+            elif isinstance(const, (tuple, frozenset)):
+                for c in const:
+                    if isinstance(c, str) and pattern.search(c):
+                        out.append(c)
+            elif hasattr(const, "co_consts"):
+                todo.append(const)
     return out
 
 

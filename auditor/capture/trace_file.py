@@ -8,32 +8,68 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
+import re
 import time
-from typing import Any
+from typing import Any, BinaryIO
+
+from auditor.evidence.whole_files import WholeFile, make_dirs, scratch_dir
 
 GZIP_LEVEL = 3
 CHUNK = 1 << 20
 
 
-def write_trace(prof: Any, logdir: str, worker: str, scratch_dir: str | None = None) -> str:
-    """Export `prof`'s recording into `logdir` as a compressed trace; its path. The uncompressed
-    export goes to `scratch_dir` (default: `logdir`)."""
-    os.makedirs(logdir, exist_ok=True)
+def write_trace(prof: Any, out_dir: str, run_name: str, worker: str) -> str:
+    """Export `prof`'s recording into the run's logdir, `out_dir/tb/run_name` (made here: no link on
+    the way, auditor.evidence.whole_files), as a compressed trace written whole; its path. The
+    uncompressed export goes to a scratch directory of the audit's own (export_dir), removed after."""
+    logdir = str(make_dirs(out_dir, "tb", run_name))
     name = f"{worker}.{time.time_ns()}.pt.trace.json.gz"
     path = os.path.join(logdir, name)
-    scratch = os.path.join(scratch_dir or logdir, name[:-3] + ".partial")
-    try:
-        prof.export_chrome_trace(scratch)
-        with open(scratch, "rb") as src, open(path + ".partial", "wb") as raw:
-            with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=raw, mtime=0) as gz:
-                shutil.copyfileobj(src, gz, CHUNK)
-        os.replace(path + ".partial", path)
-    finally:
-        for leftover in (scratch, path + ".partial"):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
+    with scratch_dir(export_dir(logdir)) as scratch:
+        export = os.path.join(scratch, name[:-3])
+        prof.export_chrome_trace(export)
+        with open(export, "rb") as src, WholeFile(path) as kept:
+            with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=kept.file, mtime=0) as gz:
+                copy_escaped(src, gz)
     return path
+
+
+# Kineto writes names as they are (`"name": "<file>(<line>): <function>"` for a Python frame): a
+# quote or a backslash in a file's or a function's name (`my"train.py`) breaks the JSON. A name
+# line that is not a JSON string is escaped as it is copied; the others are copied untouched.
+_JSON_BODY = rb'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*'
+_NAME_LINE = re.compile(rb'^(\s*"name": ")(.*)(",?[ \t\r]*)$', re.M)
+# (a quick test for a block: a name holding a backslash, or a quote that does not end its line)
+_BAD_NAME = re.compile(rb'"name": "[^"\\\n]*(?:\\|"[^,\n\r])')
+_JSON_STRING = re.compile(_JSON_BODY)
+
+
+def _escaped_line(m: re.Match) -> bytes:
+    body = m.group(2)
+    if _JSON_STRING.fullmatch(body):
+        return m.group(0)
+    text = body.decode("utf-8", "surrogateescape")
+    quoted = "".join(c if c not in '"\\' and c >= " " else f"\\u{ord(c):04x}" for c in text)
+    return m.group(1) + quoted.encode("utf-8", "surrogateescape") + m.group(3)
+
+
+def copy_escaped(src: BinaryIO, dst: Any) -> None:
+    """Copy a Kineto export, each name that is not a valid JSON string escaped (_NAME_LINE): whole
+    lines at a time, a block without such a name passed on as it is."""
+    rest = b""
+    while True:
+        block = src.read(CHUNK)
+        data = rest + block
+        if not block:
+            dst.write(_escape_names(data))
+            return
+        cut = data.rfind(b"\n") + 1
+        rest = data[cut:]
+        dst.write(_escape_names(data[:cut]))
+
+
+def _escape_names(lines: bytes) -> bytes:
+    return _NAME_LINE.sub(_escaped_line, lines) if _BAD_NAME.search(lines) else lines
 
 
 class _Count:
@@ -50,19 +86,17 @@ class _Count:
         pass
 
 
-def compressed_size(prof: Any, scratch_dir: str) -> int:
-    """Bytes `prof`'s recording would take as a kept trace (exported and compressed, nothing kept)."""
-    os.makedirs(scratch_dir, exist_ok=True)
-    scratch = os.path.join(scratch_dir, f".calibration.{os.getpid()}.json")
+def compressed_size(prof: Any, run_dir: str) -> int:
+    """Bytes `prof`'s recording would take as a kept trace (exported and compressed, nothing kept:
+    the export goes to a scratch directory of the audit's own in `run_dir`, removed with whatever
+    the exporter left there, its own `.tmp` on a full disk included)."""
     count = _Count()
-    try:
-        prof.export_chrome_trace(scratch)
-        with open(scratch, "rb") as src, gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL,
-                                                       fileobj=count, mtime=0) as gz:
-            shutil.copyfileobj(src, gz, CHUNK)
-    finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
+    with scratch_dir(export_dir(run_dir)) as scratch:
+        export = os.path.join(scratch, "calibration.json")
+        prof.export_chrome_trace(export)
+        with open(export, "rb") as src, gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL,
+                                                      fileobj=count, mtime=0) as gz:
+            copy_escaped(src, gz)
     return count.n
 
 
@@ -73,12 +107,12 @@ def unsafe_for_trace(path: str) -> bool:
 
 
 def export_dir(logdir: str) -> str:
-    """Where the profiler exports its trace before it is compressed into `logdir`: `logdir`, or,
-    when its path is unsafe for the trace (unsafe_for_trace), a temporary directory of the audit's
-    own choosing (removed once the trace is kept)."""
+    """Where the profiler's export is made (in a scratch directory of its own, whole_files.scratch_dir)
+    before it is compressed into `logdir`: `logdir`, or, when its path is unsafe for the trace
+    (unsafe_for_trace), the system's temporary directory."""
     if not unsafe_for_trace(os.path.abspath(logdir)):
         return logdir
     import tempfile
 
     base = tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix="audit-trace-", dir=None if not unsafe_for_trace(base) else "/tmp")
+    return base if not unsafe_for_trace(base) else "/tmp"

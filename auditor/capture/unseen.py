@@ -24,6 +24,9 @@ auditor at work:
   Dynamo also traces through the torch-function modes on the stack, and guards on them: the
   numerics mode is taken off the stack for each call of compiled code (`compiled_calls_without`),
   and the CUDA rehearsal is told of each compiled call's result (`compiled_call_results`).
+* the program's own trace function (sys.settrace: a coverage tool's, a debugger's) sees every
+  Python call on its thread. The auditor's one-time work there (marking its code for dynamo,
+  walking a source file's tree) runs with it off (`untraced`); its hot paths make few calls.
 """
 from __future__ import annotations
 
@@ -172,6 +175,68 @@ class TracedCalls:
         return out
 
 
+class untraced:
+    """`with untraced():` the thread's trace function (sys.settrace) off inside, and back as it was
+    after: what the program traces is its own code, not the auditor's work. Only around work of
+    the auditor's own (a hook's body, a scan), never around a call of the program's. (A profile
+    function stays: the profiler window's stack tracer is one.) A class, not a generator: the
+    tracer sees one call of it (its __enter__), not four."""
+
+    __slots__ = ("trace",)
+
+    def __enter__(self) -> None:
+        self.trace = sys.gettrace()
+        if self.trace is not None:
+            sys.settrace(None)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.trace is not None:
+            sys.settrace(self.trace)
+
+
+def quietly(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) untraced, for a hook's body run on every call: straight through when the thread
+    has no trace function (one C call's test)."""
+    if sys.gettrace() is None:
+        return fn(*args)
+    with untraced():
+        return fn(*args)
+
+
+def programs_profiler(notes: list[str]) -> bool:
+    """Whether the program has a profile function of its own (sys.setprofile, threading.setprofile):
+    torch's stack tracer would replace it on every thread for the profiler window (and leave none
+    after), so the window records no Python stacks; `notes` gets why, once."""
+    import threading
+
+    if sys.getprofile() is None and getattr(threading, "_profile_hook", None) is None:
+        return False
+    if PROFILE_NOTE not in notes:
+        notes.append(PROFILE_NOTE)
+    return True
+
+
+PROFILE_NOTE = ("the program has a profile function of its own (sys.setprofile): the profiler window recorded "
+                "no Python stacks, whose tracer would have replaced it (the trace names no lines of the program's)")
+
+
+def threads_end_quietly(kind: type, ending: Callable[[], bool]) -> Callable[[], None]:
+    """A `kind` the audit raised to end the program (StepsDone), raised on a thread of the program's
+    while `ending()`, ends that thread without a word, as it ends the main thread: Python's
+    threading.excepthook would print it with its traceback. Any other exception reaches the hook as
+    before. Returns the undo (which leaves a hook the program set since alone)."""
+    import threading
+
+    before = threading.excepthook
+
+    def excepthook(args: Any) -> None:
+        if not (isinstance(args.exc_value, kind) and ending()):
+            before(args)
+
+    threading.excepthook = excepthook
+    return lambda: setattr(threading, "excepthook", before) if threading.excepthook is excepthook else None
+
+
 _DYNAMO_TOLD = [False]  # whether dynamo was told to leave our frames alone
 
 
@@ -193,10 +258,11 @@ def dynamo_skips_our_frames() -> None:
         from torch._dynamo.eval_frame import skip_code
     except ImportError:  # pragma: no cover - a torch without it
         return
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("auditor.capture.") and mod is not None:
-            for code in _codes_in(vars(mod).values()):
-                skip_code(code)
+    with untraced():
+        for name, mod in list(sys.modules.items()):
+            if name.startswith("auditor.capture.") and mod is not None:
+                for code in _codes_in(vars(mod).values()):
+                    skip_code(code)
 
 
 def _codes_in(values: Any) -> list[Any]:

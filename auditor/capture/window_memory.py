@@ -7,10 +7,9 @@ the kernel's out-of-memory killer). Ending the window costs more again: the prof
 recorded into its result and exports it (time_sequence_prediction: the process grew 5.27 GB while
 it recorded, 12.9 GB at the end's peak).
 
-The bound: the window may add at most AUDITOR_PROFILE_MEMORY_GIB (`audit run --profile-memory`),
+The bound: the window may add at most `audit run --profile-memory` GiB,
 by default half the memory the machine had available when the window started, to the resident
-memory the process had then, its end included; its trace, compressed, at most AUDITOR_TRACE_SIZE_MB
-(`--trace-size`). The end's cost is predicted from a step measured whole: the window's warm-up step
+memory the process had then, its end included; its trace, compressed, at most `--trace-size` MB. The end's cost is predicted from a step measured whole: the window's warm-up step
 is a throwaway recording, stopped and exported as the window's end is, which measures a step's
 recording and end (`step_cost`) and its trace (`step_trace`); the window records the steps that
 fit at that cost (times STEP_MARGIN), its memory read at its steps' ends. Where no whole step was
@@ -30,17 +29,15 @@ their recording to end, the rest of a recording 5). The calibration is watched t
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import psutil
 
+from auditor.command_options import MAX_TRACE_MB
 from auditor.evidence.model import WindowCut, WindowDrop
 
 GiB = 1 << 30
 MB = 10**6
-ENV = "AUDITOR_PROFILE_MEMORY_GIB"
-TRACE_ENV = "AUDITOR_TRACE_SIZE_MB"
 TRACE_SIZE_MB = 256.0  # the default bound of the kept trace, compressed
 # an end's peak growth over its recording's growth (the resident memory's, read at a step's end):
 # the largest measured, what a calibration's own recording is guarded by and a calibrated factor
@@ -69,22 +66,14 @@ STEP_MARGIN = 1.4
 DROP_ORDER = ("record_shapes", "with_stack")
 
 
-def allowed_growth(available: int) -> int:
-    """Bytes the window may add: the user's bound, else half of what was available."""
-    try:
-        gib = float(os.environ.get(ENV, ""))
-    except ValueError:
-        gib = 0.0
-    return int(gib * GiB) if gib > 0 else available // 2
+def allowed_growth(available: int, gib: float | None = None) -> int:
+    """Bytes the window may add: the user's bound (`gib`, --profile-memory), else half of what was available."""
+    return int(gib * GiB) if gib else available // 2
 
 
-def trace_limit() -> int:
-    """Bytes the kept (compressed) trace may take: the user's bound, else TRACE_SIZE_MB."""
-    try:
-        mb = float(os.environ.get(TRACE_ENV, ""))
-    except ValueError:
-        mb = 0.0
-    return int((mb if mb > 0 else TRACE_SIZE_MB) * MB)
+def trace_limit(mb: float | None = None) -> int:
+    """Bytes the kept (compressed) trace may take: the user's bound (`mb`, --trace-size), else TRACE_SIZE_MB."""
+    return int((mb if mb and 0 < mb <= MAX_TRACE_MB else TRACE_SIZE_MB) * MB)  # (inf, nan: the default)
 
 
 def release_freed() -> None:
@@ -107,13 +96,13 @@ class Guard:
     """The window's memory and trace bounds, read at each point the window may end (a backward pass
     starting, a step ending: ~2 us a read) while the window records."""
 
-    def __init__(self) -> None:
+    def __init__(self, memory_gib: float | None = None, trace_mb: float | None = None) -> None:
         from auditor.capture.session import rss_bytes  # (the child's: the parent imports no torch)
 
         self._rss = rss_bytes
         self.start_rss = rss_bytes() or 0
-        self.bound = allowed_growth(psutil.virtual_memory().available)
-        self.trace_bound = trace_limit()
+        self.bound = allowed_growth(psutil.virtual_memory().available, memory_gib)
+        self.trace_bound = trace_limit(trace_mb)
         self.factor = UNCALIBRATED_FACTOR
         self.trace_ratio = TRACE_RATIO
         self.calibrated_on: int | None = None  # the step whose whole recording and end were measured

@@ -11,6 +11,8 @@ and decode into it.
 
 A collector's data (auditor.capture.collectors) travels as the collector made it (`Any`): the
 parent converts it into the StepRecord/Evidence field named after the collector.
+
+The parent's one message the other way, `ChildRequest`, is the child's command line: one JSON value.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from typing import Any, Union
 
 import msgspec
 
+from auditor.capture import held_output
+from auditor.command_options import RunOptions, decode, encode as encode_json
 from auditor.evidence.model import DataLoaderInfo, Environment, Program, Tally, WindowCut, WindowDrop
 from auditor.evidence.frame import Frame
 
@@ -122,7 +126,9 @@ class Profile(Record, tag="profile"):
     snapshots: CUDA memory snapshots of the window, relative to the run directory.
     cut: the window ended early to bound its memory (auditor.capture.window_memory).
     drop: the window recorded without shapes or stacks to fit its bounds.
-    trace_bytes: the traces' size on disk (compressed)."""
+    trace_bytes: the traces' size on disk (compressed).
+    unwritten: where the trace it could not write (a full disk) was to go ("" when none).
+    notes: what the window did otherwise than asked, and why (for the evidence's notes)."""
 
     steps: list[int]
     trace_files: list[str] = []
@@ -131,6 +137,8 @@ class Profile(Record, tag="profile"):
     cut: WindowCut | None = None
     trace_bytes: int = 0
     drop: WindowDrop | None = None
+    unwritten: str = ""
+    notes: list[str] = []
 
 
 class DeviceTimes(Record, tag="device-times"):
@@ -170,7 +178,10 @@ class Ended(Record, tag="ended"):
 
     status, step, exception, message, traceback, where: as auditor.evidence.model.Ending.
     backend_flags: the backend settings at the end (a completed run only).
-    cuda_devices: every visible CUDA device, when the program initialised CUDA."""
+    cuda_devices: every visible CUDA device, when the program initialised CUDA.
+    audit_cause: as Ending's.
+    notes: for the environment's notes: what the audit kept out of the program's output
+    (auditor.capture.held_output, read wherever the child builds this record)."""
 
     status: str
     step: int | None = None
@@ -178,6 +189,8 @@ class Ended(Record, tag="ended"):
     message: str | None = None
     traceback: str | None = None
     where: Frame | None = None
+    audit_cause: str | None = None
+    notes: list[str] = msgspec.field(default_factory=held_output.notes)
     backend_flags: dict[str, Any] | None = None
     cuda_devices: list[dict[str, Any]] = []
 
@@ -212,3 +225,31 @@ _ENCODER = msgspec.json.Encoder()
 def encode(record: Record) -> bytes:
     """One line of the stream (the record and its newline)."""
     return _ENCODER.encode(record) + b"\n"
+
+
+class ChildRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """What the parent asks of the child (auditor.capture.runner.run_child), its one argv value.
+
+    target: TARGET's spec; out: the run directory (absolute: the program may change directory);
+    run_name: the profiler's logdir under out/tb; fd: the pipe the records go to; parent_pid: the
+    parent, whose death ends the child; catch_sigterm: stop on SIGTERM as on Ctrl-C (not under a
+    launcher); added_env: the variables the parent set for torch's logging, not the user's;
+    script_args: the program's own arguments; options: `audit run`'s, whole."""
+
+    target: str
+    out: str
+    run_name: str
+    fd: int
+    parent_pid: int | None = None
+    catch_sigterm: bool = False
+    added_env: tuple[str, ...] = ()
+    script_args: tuple[str, ...] = ()
+    options: RunOptions = RunOptions()
+
+
+def encode_request(request: ChildRequest) -> str:
+    return encode_json(request)
+
+
+def decode_request(text: str) -> ChildRequest:
+    return decode(text, ChildRequest)

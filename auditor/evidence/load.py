@@ -36,9 +36,14 @@ def _is_snapshot_file(path: Path) -> bool:
 
 
 def find_traces(directory: Path) -> list[Path]:
-    """Profiler traces under a TensorBoard logdir, in a stable order."""
-    found = [p for p in directory.rglob("*") if p.is_file()
-             and (p.name.endswith(".pt.trace.json") or p.name.endswith(".pt.trace.json.gz"))]
+    """Profiler traces under a TensorBoard logdir, in a stable order. A directory linked into it is
+    not searched (a link to another user's /proc/PID/cwd, or to `/`, would take the walk anywhere);
+    one that cannot be read is passed over."""
+    found = []
+    for root, _, files in os.walk(directory):
+        for name in files:
+            if name.endswith((".pt.trace.json", ".pt.trace.json.gz")) and os.path.isfile(os.path.join(root, name)):
+                found.append(Path(root, name))
     return sorted(found)
 
 

@@ -298,6 +298,8 @@ class Ending(msgspec.Struct):
     returncode: int | None = None
     signal: str | None = None
     stderr_tail: str | None = None
+    # a sentence when the audit, not the program, made it fail (its CUDA rehearsal: rehearsal.blame)
+    audit_cause: str | None = None
 
 
 def ended_well(ending: Ending) -> bool:

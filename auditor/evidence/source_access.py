@@ -87,6 +87,11 @@ def _under(real: str) -> bool:
     return any(real.startswith(r) for r in _roots or ())
 
 
+def under_roots(path: str | Path) -> bool:
+    """Whether the file at `path` (its real path) lies under the roots (any file, before `allow`)."""
+    return _roots is None or _under(os.path.realpath(path))
+
+
 def resolve(file: str) -> str | None:
     """The path to read `file` at, None when the audit may not read it (or it names nothing)."""
     if not file or file.startswith("<") or "\0" in file:

@@ -107,10 +107,16 @@ def changed(evidence: Evidence) -> dict[str, tuple[str | None, list[str]]]:
     return cached
 
 
+def stored_only(evidence: Evidence, file: str) -> bool:
+    """Whether `file` is quoted from what the evidence stored alone: recorded, and not to be read
+    now (outside the source roots: a run re-rendered from another directory, or a forged one)."""
+    return file in evidence.sources and not source_access.readable(file)
+
+
 def quoted_line(evidence: Evidence, file: str, line: int) -> str | None:
-    """The recorded text of `file:line` when the file changed since it was recorded (None: the file
-    is as recorded, was never recorded, or that line was not quoted)."""
-    if file not in changed(evidence):
+    """The recorded text of `file:line` when the file changed since it was recorded, or may not be
+    read now (None: the file is as recorded, was never recorded, or that line was not quoted)."""
+    if file not in changed(evidence) and not stored_only(evidence, file):
         return None
     return evidence.sources[file].lines.get(line)
 

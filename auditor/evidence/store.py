@@ -82,5 +82,22 @@ def load_run_dir(run_dir: Path) -> Evidence:
     evidence.snapshots = _loaded_paths(evidence.snapshots, run_dir)
     if evidence.profile is not None:
         evidence.profile.trace_files = _loaded_paths(evidence.profile.trace_files, run_dir)
+    _refuse_outside(evidence, run_dir)
     evidence.environment.notes = list(dict.fromkeys(evidence.environment.notes))
     return evidence
+
+
+def _refuse_outside(evidence: Evidence, run_dir: Path) -> None:
+    """A run's recordings are its own, in its directory: an evidence.json that names one outside
+    (a forged directory making the audit read another file of this machine) is refused. The
+    evidence of recordings (`audit analyze TRACE --out DIR`) names its inputs where they were: read
+    only under the source roots (the current directory, --source-root: auditor.evidence.source_access)."""
+    from auditor.evidence import source_access
+
+    base = run_dir.resolve()
+    for p in [*evidence.traces, *evidence.snapshots, *(evidence.profile.trace_files if evidence.profile else [])]:
+        real = Path(p).resolve()
+        if real.is_relative_to(base) or (evidence.source != "run" and source_access.under_roots(real)):
+            continue
+        raise InputError(f"{run_dir / EVIDENCE_FILE}: names a recording outside its directory ({p}); "
+                         "a run directory's recordings are its own: refused")

@@ -31,9 +31,13 @@ def error_line(r: AllocatorReport) -> str:
     return (f"allocator replay of cuda:{r.device} ({r.entries:,} trace entries, capacity "
             f"{r.capacity_bytes / GiB:.2f} GiB {r.capacity_source}): recorded reserved peak "
             f"{format_bytes(rec.reserved_peak_bytes)}, {rec.segment_allocs} segment allocs, {rec.segment_frees} frees; "
-            f"replayed {format_bytes(rep.reserved_peak_bytes)} ({err.reserved_peak_pct:+.2f}%), "
+            f"replayed {format_bytes(rep.reserved_peak_bytes)} ({_peak_error(err.reserved_peak_pct)}), "
             f"{rep.segment_allocs} allocs, {rep.segment_frees} frees; reserve over time off by at most "
             f"{format_bytes(err.reserved_max_diff_bytes)} (mean {format_bytes(err.reserved_mean_diff_bytes)})")
+
+
+def _peak_error(pct: float | None) -> str:
+    return f"{pct:+.2f}%" if pct is not None else "no recorded reserve to compare with"
 
 
 def what_if_line(r: AllocatorReport, w: Any) -> str:

@@ -53,16 +53,36 @@ def _verified_out_lines(findings: Iterable[Finding], numerics: bool) -> list[str
             and f.fix.changes_numerics == numerics]
 
 
+CONTEXT = 3  # the lines of context each hunk of a patch carries (fixes.unified_diff's default)
+
+
 def fixes_patch_edits(findings: Iterable[Finding]) -> tuple[list[Edit], list[Edit]]:
     """(the edits fixes.patch holds, those it leaves to numerics-fixes.patch). numerics-fixes.patch
     applies "after or instead of" fixes.patch: lines both would edit (a DataLoader call given
-    pin_memory here and workers there) stay out of fixes.patch."""
+    pin_memory here and workers there), or that a numerics hunk's context holds (a label made on
+    the device two lines above noise drawn there), stay out of fixes.patch; numerics-fixes.patch
+    carries the second kind itself (`NumericsPatchReport`), the first its own edit of those lines."""
     findings = list(findings)
     theirs = [e for f in numerics_patchable(findings) for e in f.fix.edits]  # type: ignore[union-attr]
-    edits, shared = [], []
-    for e in (e for f in patchable(findings) for e in f.fix.edits):  # type: ignore[union-attr]
-        (shared if any(_same_file(e, t) and _conflict(e, t) for t in theirs) else edits).append(e)
-    return edits, shared
+    edits = [e for f in patchable(findings) for e in f.fix.edits]  # type: ignore[union-attr]
+    shared = [e for e in edits if any(_same_file(e, t) and _conflict(e, t) for t in theirs)]
+    edits = [e for e in edits if e not in shared]
+    taken: list[Edit] = []  # (what fixes.patch takes: the first of two overlapping edits, as diff_edits)
+    for e in edits:
+        if not any(_same_file(e, t) and _conflict(e, t) for t in taken):
+            taken.append(e)
+    moved = True
+    while moved:  # (an edit numerics-fixes.patch takes on has a context of its own)
+        near = [e for e in taken if any(_same_file(e, t) and _near(e, t) for t in [*theirs, *shared])]
+        moved = bool(near)
+        shared += near
+        taken = [e for e in taken if e not in near]
+    return [e for e in edits if e not in shared], shared
+
+
+def _near(a: Edit, b: Edit) -> bool:
+    """Whether the edits touch the same lines, or one lies in the other's hunk context."""
+    return _conflict(a, b) or (a.start - CONTEXT <= b.end and b.start - CONTEXT <= a.end)
 
 
 def _preamble(head: list[str], findings: list[Finding], left_out: list[Finding],
@@ -105,8 +125,9 @@ class PatchReport(Reporter):
         left_out = numerics_patchable(results.findings)
         edits, shared = fixes_patch_edits(results.findings)
         result = diff_edits(edits, self.root)
-        result.skipped.extend((e, "numerics-fixes.patch edits the same lines (so that it applies after or "
-                                  "instead of this patch); the finding's own patch in findings.json has this edit") for e in shared)
+        result.skipped.extend((e, "numerics-fixes.patch edits these lines or the lines beside them (so that it "
+                                  "applies after or instead of this patch); the finding's own patch in findings.json "
+                                  "has this edit") for e in shared)
         if not result.diff:
             return ""
         head = ["auditor fixes.patch: code edits proposed by the audit; none changes what the training computes.",
@@ -136,14 +157,23 @@ class NumericsPatchReport(PatchReport):
 
     def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:
         findings = numerics_patchable(results.findings)
-        result = diff_edits([e for f in findings for e in f.fix.edits], self.root)  # type: ignore[union-attr]
+        # with the edits fixes.patch leaves out beside these (they change no result; those of the
+        # same lines are the numerics edit's own)
+        own = [e for f in findings for e in f.fix.edits]  # type: ignore[union-attr]
+        beside = [e for e in fixes_patch_edits(results.findings)[1]
+                  if not any(_same_file(e, t) and _conflict(e, t) for t in own)]
+        result = diff_edits([*own, *beside], self.root)
         if not result.diff:
             return ""
         head = ["auditor numerics-fixes.patch: code edits that change what the training computes",
                 "(clamps, gradient clipping, learning-rate warmup, fused optimizers; DataLoader workers, whose random",
                 "augmentations draw from each worker's own seed). Review each one before applying:",
-                _where_to_apply([e for f in findings for e in f.fix.edits], self.root,  # type: ignore[union-attr]
+                _where_to_apply(own, self.root,
                                 out_dir / self.filename, "git apply numerics-fixes.patch",
                                 "at the repository root, after or instead of fixes.patch", parenthesised=True),
                 *_verified_out_lines(results.findings, numerics=True)]
+        if beside:
+            rules = sorted({f.rule for f in patchable(results.findings) if any(e in beside for e in f.fix.edits)})  # type: ignore[union-attr]
+            head.append(f"With {len(beside)} edit(s) of {', '.join(rules)} that change no result, left out of fixes.patch "
+                        "for lying beside these edits (so that this patch applies after or instead of it)")
         return _preamble(head, findings, [], result.skipped) + result.diff

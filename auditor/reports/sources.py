@@ -29,12 +29,13 @@ def changed_note(file: str, now: str | None) -> str:
 
 
 def as_recorded(evidence: Evidence, results: RuleResults) -> RuleResults:
-    """`results` with each finding's quoted code as recorded where its file changed since the run,
-    and a note for each changed file (add_load_note: shown by this render, never saved)."""
+    """`results` with each finding's quoted code as recorded where its file changed since the run or
+    may not be read now (sources.stored_only), and a note for each changed file (add_load_note:
+    shown by this render, never saved)."""
     changed = sources.changed(evidence)
     for file, (now, _) in sorted(changed.items()):
         add_load_note(evidence, changed_note(file, now))
-    if not changed:
+    if not changed and not any(sources.stored_only(evidence, f) for f in evidence.sources):
         return results
     findings = []
     for f in results.findings:

@@ -508,6 +508,8 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         if named or e.message:
             end.append(f": {named}{': ' if named and e.message else ''}{e.message or ''}")
         lines.append(end)
+        if e.audit_cause:  # (the audit's rehearsal broke the run, not the program)
+            lines.append(Text(e.audit_cause, style="yellow"))
         if not evidence.environment.rehearsal and any(m in (e.message or "") for m in NO_GPU_ERRORS):
             lines.append(Text("the program asks for a GPU and this machine has none: `audit run --rehearse` runs it "
                               "as CUDA code on the CPU (what it computes unchanged) and judges it as on a GPU",

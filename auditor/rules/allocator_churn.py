@@ -12,7 +12,7 @@ from auditor.evidence.allocator.records import AllocatorReport
 from auditor.evidence.model import Evidence
 from auditor.evidence.oom_record import REHEARSAL_FORECAST
 from auditor.evidence.snapshot import Snapshot, format_bytes
-from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
+from auditor.rules._support.alloc_conf import ALLOC_CONF, merge_conf
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Finding, Fix, Location
 

@@ -1,35 +1,15 @@
 """allocator-fragmentation: reserved GPU memory that is free yet too scattered to serve a request."""
 from __future__ import annotations
 
-import re
 from typing import Iterable
 
 from auditor.evidence.allocator.analysis import helps, saving_text, simulate_conf
 from auditor.evidence.allocator.replay import recorded_figures
 from auditor.evidence.allocator.splits import max_split_mb
 from auditor.evidence.snapshot import GiB, MemoryFigures, Snapshot, Usage, format_bytes
+from auditor.rules._support.alloc_conf import ALLOC_CONF, merge_conf, split_conf
 from auditor.rules.base import Option, Options, SnapshotRule
 from auditor.findings import Finding, Fix
-
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-
-
-def split_conf(conf: str) -> dict[str, str]:
-    """PYTORCH_CUDA_ALLOC_CONF as ordered key -> value ("k:v,k:v"; values may be "[a:b,c:d]")."""
-    out: dict[str, str] = {}
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", conf or ""):
-        key, _, value = item.strip().partition(":")
-        if key:
-            out[key.strip()] = value.strip()
-    return out
-
-
-def merge_conf(existing: str, **settings: str) -> str:
-    """The user's PYTORCH_CUDA_ALLOC_CONF with `settings` added or replaced, other keys kept."""
-    conf = split_conf(existing)
-    conf.update(settings)
-    return ",".join(f"{k}:{v}" for k, v in conf.items())
-
 
 def _usage_dict(u: Usage) -> dict[str, int]:
     return {"segments": u.segments, "reserved": u.reserved, "allocated": u.allocated, "free": u.free,

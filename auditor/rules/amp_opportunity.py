@@ -1,6 +1,7 @@
 """amp-opportunity: fp32 matmul/convolution kernels on a GPU with tensor cores."""
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from typing import Any
@@ -14,6 +15,8 @@ from auditor.evidence.trace.efficiency import kernel_ops, op_shapes, op_work
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.evidence import model as m
+from auditor.rules._support.cli_flags import OwnFlag, own_flag
+from auditor.rules._support.frameworks import Trains, mixed_precision, trains_with
 from auditor.rules._support.places import by_place, locations, on_accelerator, typical_pairs
 from auditor.rules._support.text import line_ref, per_step
 from auditor.rules.base import Option, Options, TraceRule
@@ -66,6 +69,10 @@ class AmpOpportunity(TraceRule):
         Run forward and loss under `torch.autocast("cuda", dtype=torch.bfloat16)` (fp16 with a
         `torch.amp.GradScaler` on GPUs without bf16, compute capability < 8); on Ampere or newer, at
         least allow TF32 (`torch.backends.cuda.matmul.allow_tf32 = True`). This changes numerics.
+        A program that trains with Lightning is told its framework's switch: `Fabric(precision=
+        "bf16-mixed")`, `Trainer(precision="bf16-mixed")`, a LightningCLI's `--trainer.precision
+        bf16-mixed`; a script with a dtype option of its own that names bfloat16 (llm.c's `--dtype
+        float32|float16|bfloat16`) is told to run with it.
 
         In CUDA rehearsal (no GPU, no kernels) the program's own matmuls and convolutions of GPU
         tensors are counted instead: `F.linear`, `@`/`matmul`, `mm`, `bmm`, `conv1d/2d/3d`,
@@ -155,12 +162,15 @@ class AmpOpportunity(TraceRule):
                                  "gflop": round(of(p) / 1e9, 4)} for p in places]},
             cost=Cost(ms_per_step=None, share_of_step=None, measured=False,
                       note="counted, not timed: rehearsed on the CPU, where no tensor core runs"),
-            fix=Fix(summary="Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16) (float16 with "
-                            "a GradScaler on GPUs before Ampere); at least allow TF32 for matmuls "
-                            "(torch.backends.cuda.matmul.allow_tf32 = True). This changes numerics, so check the "
-                            "loss curve.",
-                    config={"torch.autocast": {"device_type": "cuda", "dtype": "bfloat16"}},
-                    changes_numerics=True),
+            fix=_framework_fix(trains_with([*(p.where.file for p in places if p.where), ev.target])) or
+            _flag_fix(own_flag([ev.target, *(p.where.file for p in places if p.where)], "dtype", "bfloat16"),
+                      ev.program.argv if ev.program else []) or
+            Fix(summary="Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16) (float16 with "
+                        "a GradScaler on GPUs before Ampere); at least allow TF32 for matmuls "
+                        "(torch.backends.cuda.matmul.allow_tf32 = True). This changes numerics, so check the "
+                        "loss curve.",
+                config={"torch.autocast": {"device_type": "cuda", "dtype": "bfloat16"}},
+                changes_numerics=True),
         )
 
     def check_trace(self, trace: Trace, options: Options, chosen: str = "") -> Finding | None:
@@ -222,7 +232,8 @@ class AmpOpportunity(TraceRule):
                       "ops_ms": {k: round(v, 3) for k, v in ops.most_common(5)}, **model},
             cost=Cost(ms_per_step=round(saving, 3), share_of_step=None,  # (TraceRule.check sets it)
                       measured=False, note=note),
-            fix=Fix(summary=("Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16)" if bf16 else
+            fix=_framework_fix(trains_with(f.file for f, _, _ in where), bf16) or
+            Fix(summary=("Run forward and loss under torch.autocast('cuda', dtype=torch.bfloat16)" if bf16 else
                              "Run forward and loss under torch.autocast('cuda', dtype=torch.float16) with a GradScaler")
                     + "; this changes numerics, so check the loss curve.",
                     config=config, changes_numerics=True),
@@ -275,6 +286,28 @@ def model_estimate(trace: Trace, rows: np.ndarray, device: DeviceSpec, target: s
             "note": f"estimate from the device model: {fp32_ms:.1f} ms/step of fp32 kernels would take "
                     f"{half_ms:.1f} ms in {target} ({basis})"
                     + (f"; {tf32_ms:.1f} ms with TF32" if tf32_ms is not None else "")}
+
+
+def _framework_fix(trains: Trains | None, bf16: bool | None = None) -> Fix | None:
+    """Mixed precision in the terms of the Lightning Fabric or Trainer the program trains with:
+    its `precision` setting, not an autocast of the user's own (frameworks.mixed_precision)."""
+    advice = mixed_precision(trains, bf16)
+    if advice is None:
+        return None
+    summary, config = advice
+    return Fix(summary=summary + "; at least allow TF32 for matmuls (`torch.set_float32_matmul_precision(\"high\")`). "
+               "This changes numerics, so check the loss curve.", config=config, changes_numerics=True)
+
+
+def _flag_fix(flag: OwnFlag | None, argv: list[str]) -> Fix | None:
+    """A script with its own option for the compute dtype (llm.c's `--dtype float32|float16|bfloat16`),
+    not given on its command line: run it with that option."""
+    if flag is None or any(a.split("=")[0] == flag.option for a in argv):
+        return None
+    return Fix(summary=f"Run it with its own `{flag.usage}` (its option at line {flag.line} of "
+               f"{os.path.basename(flag.file)}: the forward and loss under autocast in bfloat16). This changes "
+               "numerics, so check the loss curve.", config={flag.option: flag.usage.split(" ", 1)[1]},
+               changes_numerics=True)
 
 
 def _host_bound_note(ev: m.Evidence) -> str:

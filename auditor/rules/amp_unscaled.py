@@ -10,7 +10,7 @@ from auditor.findings import Finding, Fix
 from auditor.fixes import insert_before, replace_in_line
 from auditor.evidence.numerics import val
 from auditor.evidence.numerics_view import NumericsView
-from auditor.rules.nonfinite import NEEDS_NUMERICS, location, needs_numerics, short
+from auditor.rules._support.numerics_evidence import NEEDS_NUMERICS, location, needs_numerics, short
 
 
 class AmpUnscaled(Rule):

@@ -25,7 +25,7 @@ from auditor.rules.base import Option, Options, Rule
 from auditor.rules._support.cli_flags import flag_for
 from auditor.rules._support.confidence import share_confidence
 from auditor.rules._support.stalls import stall_ms, stall_phrase
-from auditor.rules._support.frameworks import loader_settings
+from auditor.rules._support.frameworks import framework_moves_batches, loader_settings, trains_with
 
 
 MAX_ADVISED_WORKERS = 8  # the most workers a predicted fix sets: past it, cheaper samples are the fix
@@ -151,7 +151,9 @@ class DataloaderBound(Rule):
 
     Fix:
         Add workers (num_workers ~ CPU cores available), persistent_workers=True, prefetch_factor,
-        pin_memory=True on GPU; only settings the loader does not have yet are suggested. When
+        pin_memory=True on GPU (under Lightning, whose Trainer or Fabric's `setup_dataloaders` copies
+        the batches without blocking itself, nothing more; elsewhere with `.to(device,
+        non_blocking=True)` in the step); only settings the loader does not have yet are suggested. When
         workers already load ahead and the step still waits, they cannot keep up: the dataset's
         `__getitem__`/`__iter__` makes samples more slowly than the step uses them, or the CPU is
         saturated. Then more workers help only where cores are free; otherwise move per-sample work
@@ -486,8 +488,10 @@ class DataloaderBound(Rule):
                         + ": " + ", ".join(f"run it with {flags[k]} {rec[k]!r}" if flags.get(k) else
                                            f"set {k}={rec[k]!r} there" for k in computed)
                         + "; the patch leaves " + ("it" if len(computed) == 1 else "them") + " alone.")
-        if "pin_memory" in rec:
-            summary += " Copy the pinned batches with .to(device, non_blocking=True), so the copy overlaps compute."
+        if "pin_memory" in rec:  # (under Lightning, it makes the copy: frameworks.framework_moves_batches)
+            fabric = framework_moves_batches(trains_with([loader.where.file if loader and loader.where else None, ev.target]))
+            summary += (f" {fabric[0].upper()}{fabric[1:]}." if fabric else
+                        " Copy the pinned batches with .to(device, non_blocking=True), so the copy overlaps compute.")
         summary += unpacked_note
         if per_step_iter:
             message += (f" A new DataLoader iterator is made in {iter_steps} of {len(steps)} steps"

@@ -198,6 +198,8 @@ class DataloaderOnDevice(TraceRule):
         for key in set(zip(pid[ranges].tolist(), tid[ranges].tolist())):
             group = ranges[(pid[ranges] == key[0]) & (tid[ranges] == key[1])]
             s, e = merge_intervals(ts[group], end[group])
+            if not len(s):  # (its ranges all last 0: nothing runs inside them)
+                continue
             on_thread = (pid[calls] == key[0]) & (tid[calls] == key[1])
             t = ts[calls]
             k = np.searchsorted(s, t, side="right") - 1

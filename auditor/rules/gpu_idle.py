@@ -14,7 +14,7 @@ from auditor.evidence.run_time import trace_base_ms
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, gpu_busy
 from auditor.rules.base import Option, Options, TraceRule
-from auditor.rules.launch_bound import LaunchBound
+from auditor.rules._support.short_kernels import short_kernels
 from auditor.findings import Cost, Finding, Fix, Location, step_basis_ms, with_share
 
 _CAUSES = {
@@ -172,7 +172,7 @@ class GpuIdle(TraceRule):
         claim_ms = sum(by_cause[c] for c in HOST_CAUSES)
         queued_ms, untraced_ms = by_cause["queued work"], by_cause["untraced"]
         biggest = gaps[0]["ms"] if gaps else 0.0
-        short = LaunchBound._short_kernels(trace)
+        short = short_kernels(trace)
         issuing_ms = sum(by_cause[c] for c in _ISSUING)
         host_bound = (short is not None and short["share"] >= options.host_bound_short_share
                       and short["n_short"] / steps >= options.host_bound_min_kernels_per_step

@@ -13,7 +13,7 @@ from auditor.rules._support.trends import quarter_medians, spearman
 from auditor.fixes import parse_file
 from auditor.evidence.numerics import OptStep, val
 from auditor.evidence.numerics_view import NumericsView
-from auditor.rules.nonfinite import NEEDS_NUMERICS, finite, needs_numerics, short, site_location
+from auditor.rules._support.numerics_evidence import NEEDS_NUMERICS, finite, needs_numerics, short, site_location
 
 
 class GradExplosion(Rule):

@@ -99,6 +99,18 @@ ADVICE = {
                               "fetched: it reads the metric with float(), so a device tensor is fetched at each call",
 }
 
+# A CPU-only program (no GPU, not rehearsed) has no device to wait for: its reads are counted, and
+# what it is told names no accelerator (the advice that does has a CPU wording)
+CPU_ONLY_NOTE = "counted, not timed: in a CPU-only program a read of a tensor's value waits for no queued work"
+CPU_ONLY_ADVICE = {
+    ADVICE["Tensor.item"]: "log every N steps, or accumulate as a tensor (`total += loss.detach()`) and call .item() once",
+    _SUMMARY_WRITER: "call SummaryWriter.add_* every N steps, accumulating as tensors in between",
+    ADVICE[RETURNED]: "the program needs the value on the host at once, at every call (returned by the function, or "
+                      "an action given to an environment's step): return the tensor and read it where the number is "
+                      "needed (at logging steps only, if it is logged), or batch the calls that need it (one read for "
+                      "many environments or items)",
+}
+
 
 _TRACE_ADVICE = {
     "aten::item": "Keep the value on the GPU (accumulate tensors) and call .item() once every N steps.",
@@ -264,8 +276,9 @@ class HostSync(Rule):
         A run (probes on the sync APIs), or a profiler trace with CUDA runtime events. On a CUDA
         run the cost is the median time the steps that sync spend blocked, times the share of steps
         that do, against the median step, with its confidence (the spread of those steps' times).
-        On a CPU-only run the same calls are reported as what would synchronise on an accelerator
-        (severity info; cost counted, not measured). In CUDA rehearsal (`--rehearse`), calls on
+        On a CPU-only program (no GPU, not rehearsed) the same calls are counted as reads of tensor
+        values on the host (severity info; cost counted, not measured), and nothing of accelerators
+        is said to it. In CUDA rehearsal (`--rehearse`), calls on
         tensors the program meant for the GPU are judged at full severity (counted, not timed)
         and calls on host tensors are not reported.
     """
@@ -351,11 +364,10 @@ class HostSync(Rule):
         elif as_gpu:
             cost = sync_cost(ev, rate)  # rehearsed: estimated from the device model
             sev, prefix = "warning", "On the GPU these synchronise: "
-        else:
-            cost = Cost(ms_per_step=None, share_of_step=None, measured=False,
-                        note="not measured: on this CPU-only run nothing waits for a device; on an "
-                             "accelerator each call waits for every queued kernel")
-            sev, prefix = "info", "On an accelerator these would synchronise: "
+        else:  # a CPU-only program: nothing of accelerators is said to it
+            cost = Cost(ms_per_step=None, share_of_step=None, measured=False, note=CPU_ONLY_NOTE)
+            sev, prefix = "info", ""
+            advice = sorted({CPU_ONLY_ADVICE.get(a, a) for a in advice})
         fix = _fix(advice, places, returned)
         fw_config, fw_advice = framework_fix(places)
         if fw_config:  # made inside a framework: its settings are the fix, never an edit of the user's call
@@ -363,7 +375,8 @@ class HostSync(Rule):
             fix = msgspec.structs.replace(fix, config={**fw_config, **config},
                                           summary="; ".join(fw_advice) + "." + (f" {fix.summary}" if fix.summary else ""))
         yield self.finding(
-            f"{prefix}{per_step(rate)} device->host syncs per step at {len(places)} place(s): "
+            f"{prefix}{per_step(rate)} {'device->host syncs' if as_gpu else 'tensor values read on the host'} "
+            f"per step at {len(places)} place(s): "
             + "; ".join(f"{s['what']} x{per_step(s['count'] / n)}/step at {line_ref(s['file'], s['line'], sites[0]['file'])}"
                         + (f" (inside {' and '.join(s['inside'])})" if s.get("inside") else "")
                         + (f" (before Event.elapsed_time at line {s['before_elapsed_time']})"
@@ -431,7 +444,8 @@ def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
         if phase == "between" and len(evaluating) == len(places):
             phrase = "between steps in an evaluation loop (under torch.no_grad())"
         yield rule.finding(
-            f"{sum(p.count for p in places)} device->host syncs {phrase}, outside the steps, at {len(places)} "
+            f"{sum(p.count for p in places)} {'device->host syncs' if as_gpu else 'tensor values read on the host'} "
+            f"{phrase}, outside the steps, at {len(places)} "
             f"place(s): " + "; ".join(f"{p.what} x{p.count} at {line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
                                      + (f" (inside {' and '.join(made_inside(p))})" if p.vias else "")
                                      for p in places[:5]),

@@ -10,13 +10,13 @@ from typing import Iterable
 import numpy as np
 
 from auditor.evidence import model as m
-from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.gaps import gap_table
 from auditor.evidence.trace.model import Trace
-from auditor.evidence.trace.names import COMM_KERNEL, GRAPH_LAUNCH
 from auditor.evidence.trace.queries import frame_location_parts, issuing_op, sites
 from auditor.rules._support.gpu_costs import estimate_device, kernel_us, launch_cost
 from auditor.rules._support.places import steps_run, typical_pairs
+from auditor.rules._support.cli_flags import own_flag
+from auditor.rules._support.short_kernels import short_kernels
 from auditor.rules._support.step_edits import loop_around
 from auditor.fixes import read_lines
 from auditor.rules._support.text import line_ref, per_step
@@ -49,13 +49,15 @@ _OPTIMIZER_OPS = ("Optimizer.step", "_foreach", "_fused_")
 
 
 def _fix(files_lines: list[tuple[str | None, int | None]], ops: Iterable[str] = (),
-         callers: Iterable[list[tuple[str, int]]] = ()) -> Fix:
+         callers: Iterable[list[tuple[str, int]]] = (), target: str = "", argv: Iterable[str] = ()) -> Fix:
     """The fix for the causes the named lines show: a loop over parameters (foreach ops, and the
     optimizer's foreach setting), another per-element loop (whole-tensor ops), a function called
     per element of a loop in its caller (`callers`: where the user's code called each line's
     function, from a rehearsal; batch the elements), or neither (elementwise ops run once per call:
     cache what depends on shapes alone, fuse the rest). A trace's lines that cannot be read get the
-    general advice, with the optimizer's setting only where its own ops launch the kernels."""
+    general advice, with the optimizer's setting only where its own ops launch the kernels. A
+    script with a `--compile` option of its own (argparse, in `target` or the lines' files) not
+    given on its command line (`argv`) is told to run with it, in place of torch.compile's."""
     callers = list(callers) or [[] for _ in files_lines]
     kinds, looped = [], []
     for (f, n), called in zip(files_lines, callers):
@@ -78,6 +80,13 @@ def _fix(files_lines: list[tuple[str | None, int | None]], ops: Iterable[str] = 
              f"loops around lines {', '.join(map(str, lines[:-1]))} and {lines[-1]}" if lines else "")
     advice = [_CALLER_LOOP.format(loops=loops, file=", ".join(dict.fromkeys(os.path.basename(f) for f, _ in looped)))
               if k == "caller" else _ADVICE[k] for k in kinds]
+    flag = own_flag([target, *(f for f, _ in files_lines)], "compile")
+    if flag is not None and not any(a.split("=")[0] == flag.option for a in argv):  # the script compiles its model itself when told: its own option is the switch
+        config.pop("torch.compile")
+        config[flag.option] = flag.usage.partition(" ")[2] or True
+        return Fix(summary=" ".join(advice).replace("torch.compile", f"its `{flag.option}`")
+                   + f" The script compiles its model with torch.compile itself when run with `{flag.usage}` (its "
+                   f"option at line {flag.line} of {os.path.basename(flag.file)}): run it so.", config=config)
     return Fix(summary=" ".join(advice) + _GRAPHS, config=config)
 
 
@@ -86,47 +95,23 @@ class LaunchBound(TraceRule):
     What it detects:
         Two signs that the GPU waits on the host's launches, in a profiler trace.
         Launch-starved idle: gaps of the device timeline shorter than `max-gap-us` that end with
-        an op whose launch had not returned when the GPU ran out of work (its launch began after
-        the gap began; auditor.evidence.trace.gaps), less what data loading and syncs explain:
-        the host's work before each launch call and the call itself. Reported when there are at
-        least `min-gaps-per-step` such gaps per step AND their idle is at least
-        `min-starved-share` of the median step, with that idle as the measured cost. On the A100
-        DDP recording (rank 0) 848 gaps a step, median 92 us, add up to 117.21 ms of a 222 ms step
-        (107.41 ms of host work before the launch calls, 9.80 ms in them), while only 38% of its
-        kernels run shorter than their launch.
-        Short kernels: kernels whose GPU duration is shorter than the `cudaLaunchKernel` /
-        `hipLaunchKernel` (or driver) call that launched them, matched through CUPTI correlation
-        ids, with their count per step, their share of all launched kernels, and the operators and
-        source lines that launch the most. Kernels replayed from a CUDA/HIP graph are left out (one
-        graph launch pays for all of them), and so are communication kernels (NCCL/RCCL: their
-        time is set by their peers). Reported when there are at least `min-kernels-per-step` such
-        kernels per step AND they are at least `min-share` of all launched kernels. The share is
-        the judgement: while most kernels outlast their launch, the work already queued keeps the
-        GPU fed through the short ones and their launch cost stays hidden. Counting alone would
-        flag the H100 OWLv2 recording (1,331 of 4,330 kernels in its one step run shorter than
-        their launch), but that is 31% of its kernels, their launches outlast them by 3.0 ms in all
-        in a 1.2 s step, its launch-starved gaps are 8.4 ms (0.7% of the step), and that step's
-        GPU idle time is spent waiting for data (gpu-idle, dataloader-bound): quiet.
-        In CUDA rehearsal (CUDA code run on the CPU, where no kernel runs), the step's kernel
-        launches are counted instead (auditor.capture.rehearsal.launches): each torch call of
-        GPU tensors that computes is one launch (views and metadata launch nothing; torch.optim's
-        own code is left out, as on a GPU it takes its foreach path), at the user's line, with the
-        bytes it moves and its FLOPs. Each is priced on the device model's row (`--device`, else
-        the default A100 SXM4 80GB): its bytes at the row's memory bandwidth, its FLOPs at its
-        peak; a launch is small when that is under the row's launch latency (5 us on NVIDIA rows,
-        7 us on AMD's). The backward pass, which autograd runs in C++ unseen, is counted as the step
-        clock counts it: BACKWARD_FACTOR - 1 = 2 more launches for each call autograd records
-        (evidence.step_clock.backward_factor). Reported when the step makes at least
-        `min-small-launches-per-step` small launches so counted AND the small ones are at least
-        `min-small-launch-share` of the launches seen, with the lines that make the most, and an
-        estimated cost: those launches per step x the row's launch latency. On
-        examples/gpu_small_launches.py (a character RNN's recurrence as a Python loop over 64 time
-        steps, four kernels each) 261 launches a step, all small: 256 at the loop's line, 781 with
-        the backward's, 3.905 ms/step on the A100 row, 5.467 ms/step on the MI300X's (a recording
-        of it on a GPU: 1,371 kernels a step shorter than their launch). pytorch/tutorials' seq2seq
-        translation, a sentence a step (30 steps): ~95 launches a step, 247 with the backward's in
-        the median step, 1.235 ms/step (it was silent when the count left the backward out, while
-        its step clock put the step at 1.24 ms, host-bound).
+        an op whose launch had not returned when the GPU ran out of work (evidence.trace.gaps),
+        less what data loading and syncs explain. Reported when there are at least
+        `min-gaps-per-step` such gaps per step AND their idle is at least `min-starved-share` of
+        the median step, with that idle as the measured cost.
+        Short kernels: kernels shorter than the call that launched them (those replayed from a
+        CUDA/HIP graph, and communication kernels, left out), with the operators and lines that
+        launch the most. Reported when there are at
+        least `min-kernels-per-step` per step AND they are at least `min-share` of all launched
+        kernels: while most kernels outlast their launch, the queued work keeps the GPU fed.
+        In CUDA rehearsal (no kernel runs), each torch call of GPU tensors that computes is one
+        launch at the user's line (capture.rehearsal.launches), priced on the device model's row
+        (`--device`, else the A100 SXM4 80GB): small when its bytes at the row's bandwidth and its
+        FLOPs at its peak take less than the row's launch latency. The backward pass adds
+        BACKWARD_FACTOR - 1 = 2 launches for each call autograd records, as the step clock counts
+        it. Reported when the step makes at least `min-small-launches-per-step` small launches
+        AND they are at least `min-small-launch-share` of those seen, at an estimated cost of
+        their count times the row's launch latency.
 
     Why it costs:
         When each kernel takes less time than its launch, the GPU finishes it and waits for the next:
@@ -138,20 +123,17 @@ class LaunchBound(TraceRule):
 
     Fix:
         As the named lines show the cause: a Python loop over parameters gets `torch._foreach_*` /
-        a `foreach=True` optimizer (and its setting); another per-element loop gets whole-tensor ops
-        (nn.RNN/nn.LSTM for a recurrence, one op over a stacked tensor); in a rehearsal, lines whose
-        function is called once per element of a loop in its caller (a decoder's forward called per
-        token) get that loop named, to batch its elements into one call (sites' `called_from`:
-        where the user's code called each line's function); elementwise ops run once
-        per call (a forward's position or rotary cos/sin math) get: compute what depends on shapes
-        alone once and reuse it, and let `torch.compile` fuse the rest. Each offers
-        `torch.compile(mode="reduce-overhead")` (CUDA graphs). A trace whose lines cannot be read
-        here gets the general advice, with the optimizer setting only where optimizer ops launch.
+        a `foreach=True` optimizer; another per-element loop gets whole-tensor ops (nn.RNN/nn.LSTM
+        for a recurrence, one op over a stacked tensor); a line whose function a loop in its caller
+        calls once per element (a decoder's forward per token) gets that loop named, to batch its
+        elements; elementwise ops run once per call (position or rotary math) get: compute what
+        depends on shapes alone once, and let `torch.compile` fuse the rest. Each offers
+        `torch.compile(mode="reduce-overhead")` (CUDA graphs). A script with its own `--compile`
+        option (argparse, as llm.c's train_gpt2.py has) is told to run with it instead.
 
     Evidence needed:
-        A profiler trace with CUDA or ROCm activity (kernels and the runtime calls that launched
-        them), or a CUDA rehearsal (`audit run` of CUDA code on a machine without a GPU, or
-        `--rehearse`: launches counted, their cost estimated for the device model's row).
+        A profiler trace with CUDA or ROCm activity (kernels and the calls that launched them), or
+        a CUDA rehearsal (`audit run` of CUDA code on a machine without a GPU, or `--rehearse`).
     """
 
     id = "launch-bound"
@@ -271,7 +253,8 @@ class LaunchBound(TraceRule):
             cost=cost,
             fix=_fix([(s["where"].file, s["where"].line) if s["where"] else (None, None) for s in named],
                      {op for s in named for op in s["ops"]},
-                     [[c for c, _ in s["callers"].most_common(3)] for s in named]),
+                     [[c for c, _ in s["callers"].most_common(3)] for s in named], ev.target,
+                     ev.program.argv if ev.program else ()),
         )
 
     def check_trace(self, trace: Trace, options: Options) -> Finding | None:
@@ -282,7 +265,7 @@ class LaunchBound(TraceRule):
         the report states) less the GPU's own work per step: launches faster than the device can
         give back the idle, never the device's work."""
         steps = trace.step_count()
-        short = self._short_kernels(trace)
+        short = short_kernels(trace)
         starved = self._starved(trace, options)
         short_fires = short is not None and (short["n_short"] / steps >= options.min_kernels_per_step
                                              and short["share"] >= options.min_share)
@@ -354,29 +337,6 @@ class LaunchBound(TraceRule):
             cost=cost,
             fix=_fix([(f.file, f.line) for f, _, _ in where], evidence.get("ops", {}) | evidence.get("starved_ops", {})),
         )
-
-    @staticmethod
-    def _short_kernels(trace: Trace) -> dict | None:
-        """Kernels launched one by one (not from a graph, not communication) against their launch calls."""
-        ev = trace.events
-        kernels = ev[(ev["cat"] == CAT["kernel"]) & (ev["link"] >= 0)]
-        if not len(kernels):
-            return None
-        launch = kernels["link"].to_numpy()
-        launch_names = ev["name"].to_numpy()[launch]
-        graph = np.isin(launch_names, trace.symbols.matching(GRAPH_LAUNCH))
-        # a collective's duration is set by its peers, not by its launch
-        comm = np.isin(kernels["name"].to_numpy(), trace.symbols.matching(COMM_KERNEL))
-        keep = ~graph & ~comm
-        kdur = kernels["dur"].to_numpy()[keep]
-        launch = launch[keep]
-        if not len(launch):
-            return None
-        ldur = ev["dur"].to_numpy()[launch]
-        short = kdur < ldur
-        return {"n_short": int(short.sum()), "share": float(short.sum()) / len(kdur), "kdur": kdur, "ldur": ldur,
-                "short": short, "launch": launch, "graph": int(graph.sum()), "comm": int(comm.sum()),
-                "under_5us": int((kernels["dur"].to_numpy() < 5.0).sum())}
 
     @staticmethod
     def _starved(trace: Trace, options: Options) -> dict | None:

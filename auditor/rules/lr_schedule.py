@@ -14,7 +14,7 @@ from auditor.findings import Edit, Finding, Fix, Location
 from auditor.fixes import parse_file
 from auditor.evidence.numerics import val
 from auditor.evidence.numerics_view import NumericsView
-from auditor.rules.nonfinite import finite, location, short
+from auditor.rules._support.numerics_evidence import finite, location, short
 
 # Closed forms of the built-in schedulers: lr at `last_epoch` e from the base lr b and the
 # scheduler's constructor arguments a (what `_get_closed_form_lr` computes in torch).

@@ -1,9 +1,5 @@
 """nonfinite: the first step where the loss, a gradient or a weight stops being finite, and where
-the first non-finite value was made. Also reads checkpoints (`audit checkpoint`).
-
-This module also holds the helpers the other numerics rules (grad-explosion, lr-schedule,
-amp-unscaled) share to read the collector's evidence (auditor.evidence.numerics_view.NumericsView).
-"""
+the first non-finite value was made. Also reads checkpoints (`audit checkpoint`)."""
 from __future__ import annotations
 
 import ast
@@ -14,31 +10,17 @@ import msgspec
 
 from auditor.evidence import model as m
 from auditor.evidence.checkpoint_summary import CheckpointSummary, TensorStats
-from auditor.evidence.frame import recorded_frame
-from auditor.evidence.numerics import Origin, Range, Site, Where, val
+from auditor.evidence.numerics import Origin, Range, Site, val
 from auditor.evidence.numerics_view import NumericsView
 from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Edit, Finding, Fix, Location
+from auditor.rules._support.numerics_evidence import (NEEDS_NUMERICS, finite, location, needs_numerics, short,
+                                                     site_location)
 from auditor.rules._support.text import file_name
 from auditor.fixes import parse_file, read_lines
 
 FP32_EXP_LIMIT = 88.72  # exp(x) overflows float32 above this
 FP16_MAX = 65504.0
-
-
-def finite(x: Any) -> bool:
-    v = val(x)
-    return v is not None and math.isfinite(v)
-
-
-def location(where: Where | dict | None) -> Location | None:
-    """The Location of a user's line: a site's `Where`, or an event's "where" dict."""
-    frame = recorded_frame(where)
-    return Location(file=frame.file, line=frame.line, code=frame.code) if frame is not None else None
-
-
-def site_location(view: NumericsView, site: int | None) -> Location | None:
-    return location(view.site(site).where) if site is not None else None
 
 
 def _names(params: list[str], shown: int = 4) -> str:
@@ -47,23 +29,91 @@ def _names(params: list[str], shown: int = 4) -> str:
     return ", ".join(f"`{p}`" for p in params[:shown]) + more
 
 
-def short(x: Any) -> str:
-    v = val(x)
-    if v is None:
-        return "?"
-    if not math.isfinite(v):
-        return str(x)
-    return f"{v:.3g}"
+def _origin_head(ev: m.Evidence, view: NumericsView, step: int, what: list[str]) -> tuple[str, int | None]:
+    """The message's first sentences: which value of which step became non-finite (and the step
+    the checks did not see where it was first, when there was one: returned too)."""
+    first = what[0] if what else "a value"
+    followed = f" ({' and '.join(w + 's' for w in what[1:])} followed)" if len(what) > 1 else ""
+    loss = next((v for i, v in view.loss_series() if i == step), None)
+    head = f"Step {step} of {len(ev.steps)}: the {first} became {short(loss) if first == 'loss' and loss is not None else 'non-finite'}{followed}."
+    # a step the checks did not see (timed or profiled: numerics.schedule) whose loss was read
+    # non-finite at its end turned them on: the values went wrong there, this step shows where
+    # they enter now
+    unseen = next((e["step"] for _, d in view.steps for e in d.events
+                   if e.get("event") == "unchecked-nonfinite-loss" and e.get("step", step) < step), None)
+    if unseen is not None:
+        head += (f" Its loss was first non-finite at step {unseen}, which the checks did not see (a timed or "
+                 f"profiled step: see the docs on checked steps); step {step} is the first checked after it.")
+    return head, unseen
 
 
-NEEDS_NUMERICS = "needs a run (`audit run`) with the numerics collector"  # (the rules' needs_text)
+def _made_by_a_call(view: NumericsView, step: int, o: Origin, head: str, kind: str, hazard: dict,
+                    loc: Location | None, evidence: dict[str, Any]) -> tuple[str, str]:
+    """(message, hazard kind) of a value a checked call made non-finite: in the forward pass, from
+    the input, or in a hand-written backward (torch.autograd.Function); adds to `evidence`."""
+    what = o.nonfinite or []
+    site = view.site(o.site)
+    mod = view.module_name(o.module)
+    where_mod = ("" if not mod else f" in module `{mod[0]}` ({mod[1]})" if mod[0]
+                 else f" in `{mod[1]}.forward`")
+    ranges = ", ".join(f"[{short(r.min)}, {short(r.max)}]" for r in (o.inputs or [])[:3]
+                       if r.min is not None)
+    text = HAZARD_TEXT.get(kind, kind)
+    series = view.hazard_series(o.site)
+    msg = f"{head} It started{where_mod} at {_at(loc)}: {_call_text(site, loc)} {text}"
+    if o.phase == "backward":  # (an op of a hand-written backward)
+        params = o.params or []
+        made = (f" made the gradients of {_names(params)} non-finite" if params
+                else " went non-finite")
+        lead = " The forward pass stayed finite; the backward pass" if "loss" not in what else " The backward pass"
+        msg = (f"{head}{lead}{made}. It started in `{o.function}`, a hand-written backward (torch.autograd.Function), "
+               f"at {_at(loc)}: {_call_text(site, loc)} {text}")
+        evidence.update({"function": o.function, "params": params})
+    if kind == "nonfinite-input":
+        msg += (f" (parameter `{hazard['param']}` was already non-finite)" if hazard.get("param")
+                else " (not made by any torch call in the step: the input data, a tensor kept from an earlier step, or a write through `.data`)")
+    elif ranges:
+        msg += f"; input ranges {ranges}"
+    msg += "."
+    # the site's series is of its own hazard (a pow's smallest input): not of a float16 overflow
+    if series and site.hazard and not (kind == "fp16-overflow" and site.hazard != "fp16"):
+        msg += f" {_series_text(site.hazard, series, step)}"
+    norm = _finite_grads(view, step) if what == ["loss"] and kind == "fp16-overflow" else None
+    if norm is not None:  # the loss's float16 value overflowed; what the backward made did not
+        kind = "loss-overflow"
+        msg += (f" Its gradients stayed finite (norm {short(norm)}): the loss's value overflowed "
+                "float16; the gradients and the update did not.")
+    if kind in ("overflow", "invalid", "fp16-overflow"):
+        msg += _growth_text(view.loss_series(), step)
+    evidence.update({"op": site.op, "module": mod[0] if mod else None,
+                     "module_type": mod[1] if mod else None, "root": mod[2] if mod else None,
+                     "inputs": msgspec.to_builtins(o.inputs), "outputs": msgspec.to_builtins(o.outputs),
+                     "hazard_series": [x for x in series if x[0] <= step][-12:]})
+    return msg, kind
 
 
-def needs_numerics(ev: m.Evidence) -> str | None:
-    """Why a run has no numerics evidence to judge (None: it has)."""
-    if not any(s.numerics is not None for s in ev.steps):
-        return "the run has no numerics evidence (`--no-numerics`, or no step ran)"
-    return None
+def _made_by_the_backward(view: NumericsView, step: int, o: Origin, head: str, kind: str, loc: Location | None,
+                          locs: list[Location], singular: list[tuple[int, float]], evidence: dict[str, Any]
+                          ) -> tuple[str, str, Location | None, list[Location], Origin]:
+    """(message, hazard kind, location, locations, origin) of gradients the backward pass made
+    non-finite: at the singular calls (an infinite derivative: the fix is the first one's), else
+    on the way back (how the numbers climbed before it); adds to `evidence`."""
+    params = o.params or []
+    # where the infinities came from (the singular calls), else where the backward pass started
+    locs = [x for x in (site_location(view, s) for s, _ in singular) if x] or locs
+    hint = "; ".join(_singular_text(view.site(s), v) for s, v in singular[:3])
+    started = f" (the backward pass started at {_at(loc)}: `{loc.code}`)" if loc and not singular else ""
+    msg = (f"{head} The forward pass stayed finite; the backward pass made the gradients of "
+           f"{_names(params)} non-finite{started}" + "."
+           + (f" The infinite derivative came from {hint}." if hint else ""))
+    evidence["params"] = params
+    evidence["singular_sites"] = [{"op": view.site(s).op, "hazard": view.site(s).hazard, "value": v}
+                                  for s, v in singular]
+    if not singular:  # an overflow on the way back: how the numbers climbed before it
+        return msg + _growth_text(view.loss_series(), step), kind, loc, locs, o
+    first_site = singular[0][0]  # the fix is the first singular call's: a log's input, a denominator
+    kind = {"log": "log-of-zero", "div": "division-by-zero"}.get(view.site(first_site).hazard, kind)
+    return msg, kind, site_location(view, first_site), locs, msgspec.structs.replace(o, site=first_site, inputs=[])
 
 
 # --- source edits -------------------------------------------------------------------------------
@@ -268,26 +318,13 @@ class Nonfinite(Rule):
         """The error for the origin `o` of the first non-finite step; `singular`: the calls whose
         derivative was infinite or overflowed there (singular_sites), for a backward-pass origin."""
         what = o.nonfinite or []
-        first = what[0] if what else "a value"
-        followed = f" ({' and '.join(w + 's' for w in what[1:])} followed)" if len(what) > 1 else ""
-        loss = next((v for i, v in view.loss_series() if i == step), None)
-        head = f"Step {step} of {len(ev.steps)}: the {first} became {short(loss) if first == 'loss' and loss is not None else 'non-finite'}{followed}."
-        # a step the checks did not see (timed or profiled: numerics.schedule) whose loss was read
-        # non-finite at its end turned them on: the values went wrong there, this step shows where
-        # they enter now
-        unseen = next((e["step"] for _, d in view.steps for e in d.events
-                       if e.get("event") == "unchecked-nonfinite-loss" and e.get("step", step) < step), None)
-        if unseen is not None:
-            head += (f" Its loss was first non-finite at step {unseen}, which the checks did not see (a timed or "
-                     f"profiled step: see the docs on checked steps); step {step} is the first checked after it.")
+        head, unseen = _origin_head(ev, view, step, what)
         hazard = o.hazard or {}
         kind = hazard.get("kind", "unknown")
         if kind == "nonfinite-input" and _masked_whole(o, hazard):
             kind = "masked-row"
             hazard = {**hazard, "kind": kind}
-        site = view.site(o.site)
         loc = site_location(view, o.site)
-        mod = view.module_name(o.module)
         locs = [loc] if loc else []
         evidence: dict[str, Any] = {
             "first_step": unseen if unseen is not None else step, "checked_step": step, "nonfinite": what, "phase": o.phase, "hazard": hazard,
@@ -297,62 +334,10 @@ class Nonfinite(Rule):
             "grad_norm_series": [x for x in view.grad_norm_series() if x[0] <= step + 1][-12:],
             "ops_checked_in_step": o.ops_checked,
         }
-        custom = o.phase == "backward" and o.function  # an op of a hand-written backward
-        if o.phase in ("forward", "input") or custom:
-            where_mod = ("" if not mod else f" in module `{mod[0]}` ({mod[1]})" if mod[0]
-                         else f" in `{mod[1]}.forward`")
-            ranges = ", ".join(f"[{short(r.min)}, {short(r.max)}]" for r in (o.inputs or [])[:3]
-                               if r.min is not None)
-            text = HAZARD_TEXT.get(kind, kind)
-            series = view.hazard_series(o.site)
-            msg = f"{head} It started{where_mod} at {_at(loc)}: {_call_text(site, loc)} {text}"
-            if custom:
-                params = o.params or []
-                made = (f" made the gradients of {_names(params)} non-finite" if params
-                        else " went non-finite")
-                lead = " The forward pass stayed finite; the backward pass" if "loss" not in what else " The backward pass"
-                msg = (f"{head}{lead}{made}. It started in `{o.function}`, a hand-written backward (torch.autograd.Function), "
-                       f"at {_at(loc)}: {_call_text(site, loc)} {text}")
-                evidence.update({"function": o.function, "params": params})
-            if kind == "nonfinite-input":
-                msg += (f" (parameter `{hazard['param']}` was already non-finite)" if hazard.get("param")
-                        else " (not made by any torch call in the step: the input data, a tensor kept from an earlier step, or a write through `.data`)")
-            elif ranges:
-                msg += f"; input ranges {ranges}"
-            msg += "."
-            # the site's series is of its own hazard (a pow's smallest input): not of a float16 overflow
-            if series and site.hazard and not (kind == "fp16-overflow" and site.hazard != "fp16"):
-                msg += f" {_series_text(site.hazard, series, step)}"
-            norm = _finite_grads(view, step) if what == ["loss"] and kind == "fp16-overflow" else None
-            if norm is not None:  # the loss's float16 value overflowed; what the backward made did not
-                kind = "loss-overflow"
-                msg += (f" Its gradients stayed finite (norm {short(norm)}): the loss's value overflowed "
-                        "float16; the gradients and the update did not.")
-            if kind in ("overflow", "invalid", "fp16-overflow"):
-                msg += _growth_text(view.loss_series(), step)
-            evidence.update({"op": site.op, "module": mod[0] if mod else None,
-                             "module_type": mod[1] if mod else None, "root": mod[2] if mod else None,
-                             "inputs": msgspec.to_builtins(o.inputs), "outputs": msgspec.to_builtins(o.outputs),
-                             "hazard_series": [x for x in series if x[0] <= step][-12:]})
+        if o.phase in ("forward", "input") or (o.phase == "backward" and o.function):
+            msg, kind = _made_by_a_call(view, step, o, head, kind, hazard, loc, evidence)
         elif o.phase == "backward":
-            params = o.params or []
-            # where the infinities came from (the singular calls), else where the backward pass started
-            locs = [x for x in (site_location(view, s) for s, _ in singular) if x] or locs
-            hint = "; ".join(_singular_text(view.site(s), v) for s, v in singular[:3])
-            started = f" (the backward pass started at {_at(loc)}: `{loc.code}`)" if loc and not singular else ""
-            msg = (f"{head} The forward pass stayed finite; the backward pass made the gradients of "
-                   f"{_names(params)} non-finite{started}" + "."
-                   + (f" The infinite derivative came from {hint}." if hint else ""))
-            evidence["params"] = params
-            evidence["singular_sites"] = [{"op": view.site(s).op, "hazard": view.site(s).hazard, "value": v}
-                                          for s, v in singular]
-            if not singular:  # an overflow on the way back: how the numbers climbed before it
-                msg += _growth_text(view.loss_series(), step)
-            if singular:  # the fix is the first singular call's: a log's input, a denominator
-                first_site = singular[0][0]
-                loc = site_location(view, first_site)
-                kind = {"log": "log-of-zero", "div": "division-by-zero"}.get(view.site(first_site).hazard, kind)
-                o = msgspec.structs.replace(o, site=first_site, inputs=[])
+            msg, kind, loc, locs, o = _made_by_the_backward(view, step, o, head, kind, loc, locs, singular, evidence)
         elif o.phase == "optimizer":
             params = o.params or []
             opt = view.optimizer_event(o.opt)

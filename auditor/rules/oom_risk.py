@@ -16,7 +16,7 @@ from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import (GiB, MemoryFigures, OomRecord, Owner, Snapshot, StackFrame,
                                        format_bytes, live_at, live_requested, owners, reserved_at)
 from auditor.rules._support.holders import holder_key, holder_location
-from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
+from auditor.rules._support.alloc_conf import ALLOC_CONF, merge_conf
 from auditor.rules.base import Option, Options, SnapshotRule
 from auditor.findings import Finding, Fix, Location
 from auditor.evidence import source_access
@@ -188,23 +188,16 @@ class OomRisk(SnapshotRule):
     """
     What it detects:
         GPU memory that reached, or came close to, the device's capacity in a CUDA memory snapshot:
-        the peak reserved bytes against the capacity, and the lines owning the memory at the peak.
-        With a recorded history the trace is replayed to find the peak moment, and the live
-        allocations then are grouped by the first Python frame outside torch and installed
-        packages (backward-pass allocations, which have no Python stack, by autograd node). When
-        the run ran out of memory, it gives a post-mortem instead: the request that failed, what
-        CUDA still had free, and what was live at that moment, by owning line. That comes from the
-        history's out-of-memory record, or, for an OOM outside the recorded steps, from what the
-        allocator told `audit run`'s OOM observer (saved beside the OOM snapshot) and the
-        snapshot's state at that moment. One OOM is reported once, however many snapshots hold it.
-        A post-mortem also names what keeps the live memory alive, from the run's graph and tensor
-        scans (the one after the failed step included): the holder (a global, a module's state, a
-        local of a running function, a variable a closure keeps), the line that fills it (the
-        finding's first location) and the bytes it holds; failing a holder, the line whose
-        allocations the history saw stay alive at every step's end. A CUDA rehearsal run with
-        `--device-memory` records the rehearsed device's requests and writes the snapshot a GPU
-        would have at the first step that outgrows it (`rehearsal_oom_snapshot.pickle`): the
-        finding is then a forecast, with the step it would fail in.
+        the peak reserved bytes against the capacity, and the lines owning the memory at the peak
+        (with a history: the live allocations at the replayed peak, by the first Python frame
+        outside torch and installed packages; the backward pass's, which have no Python stack, by
+        autograd node). A run that ran out of memory gets a post-mortem instead, once per OOM: the
+        request that failed, what CUDA still had free, what was live then by owning line (from the
+        history's OOM record, or from what `audit run`'s OOM observer saved beside the snapshot),
+        and what keeps it alive (the run's graph and tensor scans: a global, a module's state, a
+        local, a closure's variable, the line that fills it and its bytes; failing one, the line
+        whose allocations stay alive at every step's end). A CUDA rehearsal with `--device-memory`
+        forecasts it: the snapshot a GPU would have written at the first step that outgrows it.
 
     Why it costs:
         A step that hits the limit dies with "CUDA out of memory", often hours into a run, or is
@@ -224,25 +217,14 @@ class OomRisk(SnapshotRule):
         torch's own OOM message advises.
 
     Evidence needed:
-        A CUDA memory snapshot. The owners and the post-mortem need a history
-        (`torch.cuda.memory._record_memory_history()` before the step), or, for the post-mortem,
-        the OOM snapshot `audit run` writes with the observer's record beside it
-        (`oom_snapshot.pickle` and `oom_snapshot.json`). The capacity a peak is judged against
-        comes from, in order: the `device-capacity-gib` option; an OOM observer's record among the
-        inputs (the device total the allocator reported, or its per-process limit); the device's
-        properties, from `audit run`'s environment on CUDA (torch.cuda.get_device_properties) or
-        from a profiler trace given with the snapshot (`deviceProperties`, `totalGlobalMem`, by
-        device id); else it is assumed to be the smallest common device that holds the peak, at
-        the memory CUDA reports for that card (an "80 GB" A100 has 79.15 GiB, not 80), and such
-        findings are reported as info. The finding's `capacity_source` says which
-        ("device-capacity-gib", "oom-record", "device-properties", "assumed"), `capacity_from`
-        the file it was read from ("environment": the run's own), `assumed_device` the card
-        assumed. An OOM post-mortem states the
-        device total the observer was told, or, without one, reserved + what CUDA reported free
-        (a lower bound). Near capacity, reserved bytes are segment bytes, and allocated ones
-        (`peak_allocated`, `allocated_now` at the snapshot, the owners) are the bytes callers
-        requested (`allocated_basis`), the only basis a history records: the allocator's blocks,
-        rounded up, hold a little more (allocator-fragmentation's `allocated`).
+        A CUDA memory snapshot; the owners and the post-mortem need a history
+        (`torch.cuda.memory._record_memory_history()`) or the OOM snapshot `audit run` writes with
+        the observer's record. The capacity comes from (`capacity_source`): the
+        `device-capacity-gib` option; an OOM observer's record; the device's properties (the run's
+        environment, or a profiler trace given with the snapshot); else the smallest common device
+        that holds the peak, at the memory CUDA reports for it ("assumed": reported as info).
+        Allocated bytes are those callers requested (`allocated_basis`), the basis a history
+        records; the allocator's rounded blocks hold a little more.
     """
 
     id = "oom-risk"

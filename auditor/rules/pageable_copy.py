@@ -23,6 +23,8 @@ from auditor.rules.base import Option, Options, Rule
 from auditor.findings import Cost, Edit, Finding, Fix, Location, share_of_step, step_basis_ms
 from auditor.fixes import call_site, computed_kwargs, edit_call_kwargs, given_elsewhere
 from auditor.rules._support.copies import non_blocking_edits
+from auditor.rules._support.frameworks import framework_moves_batches, trains_with
+from auditor.rules._support.host_built import host_built
 from auditor.rules._support.places import place_key, steps_run
 from auditor.rules._support.gpu_costs import copy_cost
 from auditor.rules._support.text import line_ref, per_step, size_text
@@ -46,9 +48,17 @@ class _Site:
 
 
 def _sites(ev: m.Evidence) -> list[_Site]:
+    """The unpinned copies by place; those of a tensor the code just built on the host are
+    host-built-tensor's (made on the device, not pinned: rules._support.host_built)."""
     sites: dict[tuple, _Site] = {}
+    built: dict[tuple, bool] = {}
     for step, t in ev.tallies(m.H2D_COPY):
         if t.data.get("pinned"):
+            continue
+        at = (t.where.file, t.where.line) if t.where else (None, None)
+        if at not in built:
+            built[at] = host_built(*at) is not None
+        if built[at]:
             continue
         key = place_key(t)
         s = sites.setdefault(key, _Site(where=t.where, what=t.what))
@@ -88,9 +98,11 @@ def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> li
     edits, computed = _pin_edits(unpinned_loaders)
     # the step's copies of those batches, made non_blocking as the advice says (rules._support.copies)
     edits += non_blocking_edits(evidence, [d.id for d in unpinned_loaders])
+    fabric = framework_moves_batches(trains_with([*(d.where.file for d in loaders if d.where), evidence.target]))
     summary = ("Pin the batches: DataLoader(..., pin_memory=True)" if unpinned_loaders else
                "Pin the host tensors (tensor.pin_memory(), or build them in a DataLoader with "
-               "pin_memory=True)") + ", then copy with .to('cuda', non_blocking=True) so the copy overlaps compute."
+               "pin_memory=True)") + (f"; {fabric}." if fabric and unpinned_loaders else
+                                      ", then copy with .to('cuda', non_blocking=True) so the copy overlaps compute.")
     if computed:  # a patch hard-coding it would leave the user's config entry dead
         summary += (" The DataLoader at " + ", ".join(f"line {line} takes pin_memory from {src}"
                                                     for line, src in computed)

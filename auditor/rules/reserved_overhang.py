@@ -7,7 +7,7 @@ from auditor.evidence.allocator.analysis import simulate_conf
 from auditor.evidence.allocator.replay import recorded_figures
 from auditor.evidence.snapshot import ALLOC, FREE_COMPLETED, GiB, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, \
     SEGMENT_UNMAP, Snapshot, format_bytes
-from auditor.rules.allocator_fragmentation import ALLOC_CONF, merge_conf
+from auditor.rules._support.alloc_conf import ALLOC_CONF, merge_conf
 from auditor.rules.base import Option, Options, SnapshotRule
 from auditor.findings import Finding, Fix
 

@@ -30,21 +30,39 @@ def _dtype(recorded: str) -> str:
     return _DTYPES.get(recorded.lower(), "float32")
 
 
-def _parts(trace: Trace, chain: Chain) -> dict[str, float]:
-    """The chain's kernel time (us) by the operator that launched it: the scores' matmul, the
-    softmax, the values' matmul, and everything between (scale, mask, dropout, casts)."""
-    out = {"scores matmul": 0.0, "softmax": 0.0, "values matmul": 0.0, "scale, mask, dropout, casts": 0.0}
-    if not chain.kernels:
-        return out
+_PARTS = ("scores matmul", "softmax", "values matmul", "scale, mask, dropout, casts")
+
+
+def _parts(trace: Trace, chains: list[Chain]) -> list[dict[str, float]]:
+    """Each chain's kernel time (us) by the operator that launched it: the scores' matmul, the
+    softmax, the values' matmul, and everything between (scale, mask, dropout, casts). A kernel's
+    operator is the chain's last one that started by the kernel's launch and had not ended by then
+    (none: between); all chains at once."""
+    out = [dict.fromkeys(_PARTS, 0.0) for _ in chains]
     ts, end, dur, link = trace.col("ts"), trace.col("end"), trace.col("dur"), trace.col("link")
-    starts = np.asarray([ts[o] for o in chain.ops])
-    for k in chain.kernels:
-        launched = float(ts[int(link[k])])
-        i = int(np.searchsorted(starts, launched, side="right")) - 1
-        op = chain.ops[i] if i >= 0 and launched <= end[chain.ops[i]] else -1
-        key = ("scores matmul" if op == chain.scores else "softmax" if op == chain.softmax
-               else "values matmul" if op == chain.values else "scale, mask, dropout, casts")
-        out[key] += float(dur[k])
+    ops = np.asarray([o for c in chains for o in c.ops], dtype=np.int64)
+    kernels = np.asarray([k for c in chains for k in c.kernels], dtype=np.int64)
+    if not len(kernels):
+        return out
+    op_chain = np.repeat(np.arange(len(chains)), [len(c.ops) for c in chains])
+    k_chain = np.repeat(np.arange(len(chains)), [len(c.kernels) for c in chains])
+    launched = ts[link[kernels]]
+    # ops and kernels in one order (chain, time, an op before a kernel launched at its start): a
+    # kernel's candidate is the last op before it in that order, when that op is of its chain
+    chain_of = np.r_[op_chain, k_chain]
+    order = np.lexsort((np.r_[np.zeros(len(ops)), np.ones(len(kernels))], np.r_[ts[ops], launched], chain_of))
+    last = np.maximum.accumulate(np.where(order < len(ops), order, -1))
+    at_kernel = order >= len(ops)
+    kernel_pos, cand = order[at_kernel] - len(ops), last[at_kernel]
+    cand_of = np.full(len(kernels), -1, dtype=np.int64)
+    cand_of[kernel_pos] = cand
+    ok = (cand_of >= 0) & (chain_of[np.maximum(cand_of, 0)] == k_chain)
+    op = np.where(ok, ops[np.maximum(cand_of, 0)], -1)
+    op = np.where((op >= 0) & (launched <= end[np.maximum(op, 0)]), op, -1)
+    roles = np.asarray([(c.scores, c.softmax, c.values) for c in chains], dtype=np.int64)[k_chain]
+    part = np.where(op == roles[:, 0], 0, np.where(op == roles[:, 1], 1, np.where(op == roles[:, 2], 2, 3)))
+    for c, k, d in zip(k_chain.tolist(), part.tolist(), dur[kernels].tolist()):  # (summed in each chain's order)
+        out[c][_PARTS[k]] += d
     return out
 
 
@@ -124,11 +142,12 @@ class UnfusedAttention(TraceRule):
         kernels = np.flatnonzero(cat == CAT["kernel"])
         on_gpu = bool(len(kernels))
         steps = trace.step_count()
-        parts = {"scores matmul": 0.0, "softmax": 0.0, "values matmul": 0.0, "scale, mask, dropout, casts": 0.0}
+        parts = dict.fromkeys(_PARTS, 0.0)
         chain_us = []
-        for c in chains:
+        by_chain = _parts(trace, chains) if on_gpu else []
+        for n, c in enumerate(chains):
             if on_gpu:
-                got = _parts(trace, c)
+                got = by_chain[n]
                 for k, x in got.items():
                     parts[k] += x
                 chain_us.append(sum(got.values()))

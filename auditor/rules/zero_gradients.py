@@ -8,7 +8,7 @@ from auditor.evidence.numerics import OptStep, val
 from auditor.evidence.numerics_view import NumericsView
 from auditor.findings import Finding, Fix
 from auditor.rules.base import Option, Options, Rule
-from auditor.rules.nonfinite import NEEDS_NUMERICS, needs_numerics, site_location
+from auditor.rules._support.numerics_evidence import NEEDS_NUMERICS, needs_numerics, site_location
 
 # The loss functions whose site names the loss the gradients come from (torch.nn.functional's, as
 # the numerics collector records their calls, and nn's loss modules through them).

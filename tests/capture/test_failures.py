@@ -407,7 +407,7 @@ def test_a_step_whose_data_runs_out_ends_the_run_there(tmp_path):
     assert "the data ran out after 16 step(s)" in end["message"] and "data ran out after 16" in a.stdout
     assert a.findings_doc["steps"]["count"] == 16
     [sync] = a.rule("host-sync")
-    assert "1 device->host syncs per step" in sync["message"], sync["message"]
+    assert "1 tensor values read on the host per step" in sync["message"], sync["message"]
 
 
 def test_a_programs_ctrl_c_prints_its_traceback_as_a_plain_run_does(tmp_path):

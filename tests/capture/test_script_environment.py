@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from auditor.evidence.model import Evidence
+from auditor.evidence.store import save
 from conftest import audit
 
 TRAINER = '''
@@ -52,6 +54,8 @@ def test_script_argv_chdir_forked_helper_and_endless_stderr_line(tmp_path):
     stale = tmp_path / "out" / "tb" / "train-step" / "host_1.111.pt.trace.json"  # an earlier run's, same DIR
     stale.parent.mkdir(parents=True)
     stale.write_text("{}")
+    save(Evidence(source="run", target=f"{path}:step", traces=["tb/train-step/host_1.111.pt.trace.json"]),
+         tmp_path / "out")  # (its evidence.json names it: the audit's own, removed once this run's replaces it)
     t0 = time.monotonic()
     a = audit("run", f"{path}:step", "--steps", "8", "--quiet", "--", "--lr", "0.5", "--tag", "six", out=tmp_path / "out")
     took = time.monotonic() - t0

@@ -19,7 +19,7 @@ def test_unsafe_paths_get_a_directory_of_the_audits_choosing(tmp_path: Path, mon
         logdir = str(tmp_path / bad / "tb" / "run")
         chosen = _trace_dir(logdir)
         assert chosen != logdir and not _unsafe_for_trace(chosen)
-        assert Path(chosen).parent == tmp_path / "tmp"
+        assert Path(chosen) == tmp_path / "tmp"  # (the export's private scratch directory goes there)
     assert _trace_dir(str(tmp_path / "plain" / "tb" / "run")) == str(tmp_path / "plain" / "tb" / "run")
 
 
@@ -35,3 +35,23 @@ def test_a_quote_and_a_backslash_in_out_keep_the_trace_readable(tmp_path_factory
     # (the rules that read the trace ran: none is skipped for want of one)
     assert not [s for s in a.findings_doc["skipped_rules"] if "trace" in s["reason"] and "per-rank" not in s["reason"]]
     assert not list(out.parent.glob("audit-trace-*"))
+
+
+def test_a_quote_in_the_scripts_name_keeps_the_trace_readable(tmp_path) -> None:
+    """Kineto writes a Python frame's name (`my"train.py(9): step`) unescaped: the kept trace was
+    invalid JSON, and only the report said so. The audit escapes such a name as it keeps the trace."""
+    import gzip
+    import json
+    import shutil
+
+    from conftest import EXAMPLES, audit
+
+    script = tmp_path / 'my"train.py'
+    shutil.copy(EXAMPLES / "clean.py", script)
+    shutil.copy(EXAMPLES / "_common.py", tmp_path)
+    a = audit("run", f"{script}:step", "--steps", "6", "--no-numerics", "-q", out=tmp_path / "out")
+    assert a.returncode == 0, a.stderr
+    [trace] = (tmp_path / "out" / "tb").glob("*/*.pt.trace.json.gz")
+    doc = json.loads(gzip.decompress(trace.read_bytes()))  # (valid JSON: TensorBoard reads it too)
+    assert 'my"train.py(9): step' in {e.get("name") for e in doc["traceEvents"]}  # (torch names it by its base)
+    assert not any("profiler trace" in n for n in a.evidence["environment"]["notes"])

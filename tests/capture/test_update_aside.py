@@ -1,5 +1,5 @@
 """While an optimizer step of torch's own code runs (no hook of the user's around it), the Tensor
-methods' sync probes pass every call on at once (probes._aside): its per-parameter `step.item()`
+methods' sync probes pass every call on at once (probes.optimizer_updates._aside): its per-parameter `step.item()`
 calls are not looked at. Run for real in a process of its own (the probes are global): torch's
 AdamW step must have no probe look at its caller, and leave the probes looking after it; a sync
 the user makes inside a step (their own optimizer's code, their hook on torch's optimizer, the
@@ -19,6 +19,7 @@ import json, sys
 import torch
 from torch import nn
 from auditor.capture import probes
+from auditor.capture.probes import optimizer_updates
 from auditor.capture.collectors import load_collectors
 
 rec = probes.install()
@@ -68,7 +69,7 @@ adam.step()  # (the first step makes the state: counters from the second on)
 rec.drain()
 backward()
 out["torch_step"] = probed_calls(adam.step)
-out["after"] = probes._aside == [0, False]
+out["after"] = optimizer_updates._aside == [0, False]
 out["torch_step_syncs"] = [t for t in rec.drain() if t["kind"] == "sync"]
 
 h = adam.register_step_post_hook(lambda o, a, k: torch.tensor(1.0).item())  # HOOK LINE
@@ -94,7 +95,7 @@ def closure_a():  # (Lightning's way: every optimizer step is given its closure)
 
 out["closure_step"] = probed_calls(lambda: adam.step(closure_a))
 out["adam_closure_syncs"] = [(t["what"], t["where"]["line"]) for t in rec.drain() if t["kind"] == "sync"]
-out["closure_after"] = probes._aside == [0, False]
+out["closure_after"] = optimizer_updates._aside == [0, False]
 
 lbfgs = torch.optim.LBFGS(net.parameters(), max_iter=2)
 
@@ -117,9 +118,9 @@ try:
     bad.step()  # (AdamW does not take sparse gradients: raises inside the step)
 except RuntimeError:
     pass
-out["raised_aside"] = probes._aside[1]
+out["raised_aside"] = optimizer_updates._aside[1]
 rec.drain()  # (the step's end)
-out["drained_back"] = probes._aside == [0, False]
+out["drained_back"] = optimizer_updates._aside == [0, False]
 print(json.dumps(out))
 """
 

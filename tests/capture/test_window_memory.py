@@ -354,13 +354,11 @@ def test_a_killed_process_not_yet_reaped_keeps_its_last_sample():
         mem.stop()
 
 
-def test_a_calibrated_step_sets_how_many_steps_fit_the_bounds(monkeypatch):
+def test_a_calibrated_step_sets_how_many_steps_fit_the_bounds():
     from auditor.capture.window_memory import END_FACTOR, Guard
 
     MB = 10**6
-    monkeypatch.setenv("AUDITOR_PROFILE_MEMORY_GIB", "1")  # 1073.7 MB
-    monkeypatch.setenv("AUDITOR_TRACE_SIZE_MB", "10")
-    g = Guard()
+    g = Guard(memory_gib=1, trace_mb=10)  # 1073.7 MB
     g.start_rss = g.rec_start = 300 * MB
     # a whole step: recorded 20 MB, its end peaked 300 MB over its start (420 with STEP_MARGIN), 1 MB of trace
     g.calibrate(0, stop_rss=320 * MB, end_peak=600 * MB, trace_bytes=1 * MB)
@@ -373,7 +371,7 @@ def test_a_calibrated_step_sets_how_many_steps_fit_the_bounds(monkeypatch):
 
     # part of a step: its factor is its own mix of work's, not the step's: it never lowers the
     # uncalibrated factor, the largest measured (END_FACTOR); the reads decide
-    g = Guard()
+    g = Guard(memory_gib=1, trace_mb=10)
     g.start_rss = g.rec_start = g.last = 300 * MB
     g.calibrate(None, stop_rss=320 * MB, end_peak=350 * MB, trace_bytes=1 * MB)
     assert g.calibrated_on is None and g.factor == UNCALIBRATED_FACTOR == END_FACTOR and g.steps_allowed(3) == 3
@@ -381,8 +379,7 @@ def test_a_calibrated_step_sets_how_many_steps_fit_the_bounds(monkeypatch):
 
     # no step measured (a 2-step run): the reads decide, by UNCALIBRATED_FACTOR (a 100 MB trace
     # bound, at TRACE_RATIO, is reached later)
-    monkeypatch.setenv("AUDITOR_TRACE_SIZE_MB", "100")
-    g = Guard()
+    g = Guard(memory_gib=1, trace_mb=100)
     g.start_rss = g.rec_start = g.last = 300 * MB
     reads = iter([320 * MB, 340 * MB, 350 * MB])
     g._rss = lambda: next(reads)
@@ -395,16 +392,14 @@ def test_a_calibrated_step_sets_how_many_steps_fit_the_bounds(monkeypatch):
     assert g.watch_limit(calibrating=True) == 300 * MB + int(2**30 / END_FACTOR)
 
 
-def test_steps_that_do_not_fit_with_shapes_and_stacks_drop_them_before_steps_are_cut(monkeypatch):
+def test_steps_that_do_not_fit_with_shapes_and_stacks_drop_them_before_steps_are_cut():
     """What costs most is dropped first (DROP_ORDER: shapes, then stacks): where the planned steps do
     not all fit at the calibrated step's cost, shapes; where not one does, stacks as well. The
     window's reads then decide (the watch among them), at the factor measured with both."""
     from auditor.capture.window_memory import DROP_ORDER, Guard
 
     MB = 10**6
-    monkeypatch.setenv("AUDITOR_PROFILE_MEMORY_GIB", "1")  # 1073.7 MB
-    monkeypatch.setenv("AUDITOR_TRACE_SIZE_MB", "100")
-    g = Guard()
+    g = Guard(memory_gib=1, trace_mb=100)  # 1073.7 MB
     g.start_rss = g.rec_start = 300 * MB
     g.calibrate(1, stop_rss=320 * MB, end_peak=500 * MB, trace_bytes=1 * MB)  # 200 MB a step: 280 with STEP_MARGIN
     assert g.drops(3) is None and not g.reads_decide and g.dropped == ()  # 3 x 280 MB fit 1073.7 MB
@@ -416,8 +411,7 @@ def test_steps_that_do_not_fit_with_shapes_and_stacks_drop_them_before_steps_are
     g.calibrate(1, stop_rss=320 * MB, end_peak=1200 * MB, trace_bytes=1 * MB)  # 900 MB a step: not one fits
     drop = g.drops(3)
     assert drop.dropped == ["record_shapes", "with_stack"] and drop.fitted == 0
-    monkeypatch.setenv("AUDITOR_TRACE_SIZE_MB", "2")  # the trace's bound: 1.4 MB a step, 1 of 3 fits
-    g = Guard()
+    g = Guard(memory_gib=1, trace_mb=2)  # the trace's bound: 1.4 MB a step, 1 of 3 fits
     g.start_rss = g.rec_start = 300 * MB
     g.calibrate(1, stop_rss=320 * MB, end_peak=400 * MB, trace_bytes=1 * MB)
     drop = g.drops(3)

@@ -110,22 +110,32 @@ def test_each_workers_cpu_time_a_batch_is_measured(slow_samples):
 
 @pytest.mark.slow
 def test_a_rehearsed_step_that_its_workers_cannot_feed_on_the_gpu_waits_for_data(slow_samples):
+    """Judged by the workers' CPU time a batch, which another process's load on the cores cannot
+    move. The waits for batches measured here are wall time, which it stretches (the workers get less
+    of a core): where they are longer than the workers' time, they set the predicted step and the
+    step clock's floor (it failed on a loaded machine: `data_supply_ms` None)."""
     a, _ = slow_samples
     [f] = a.rule("dataloader-bound")
     ev = f["evidence"]
     # 8 ms of CPU a batch over 2 workers: a batch every 4 ms at least, for a step of a few launches
     assert ev["worker_cpu_ms_per_batch"] >= 8.0 and ev["workers_ms_per_step"] == pytest.approx(
         ev["worker_cpu_ms_per_batch"] / 2, rel=0.01)
-    assert ev["predicted_gpu_step_ms"] == pytest.approx(ev["workers_ms_per_step"], rel=0.05)
-    assert f["cost"]["measured"] is False and f["cost"]["ms_per_step"] >= 0.9 * ev["workers_ms_per_step"] - 0.5
+    supply = ev["workers_ms_per_step"]
+    assert ev["predicted_gpu_step_ms"] >= 0.95 * supply
+    assert f["cost"]["measured"] is False and f["cost"]["ms_per_step"] >= 0.9 * supply - 0.5
     assert f["message"].startswith("On the GPU this step would take ") and " of it waiting for data" in f["message"]
     assert "its 2 worker processes take" in f["message"] and "each on a core of its own" in f["fix"]["summary"]
     assert f["fix"]["config"]["DataLoader.num_workers"] == 8  # (dozens needed: the most it advises)
     assert f["locations"][0]["line"] == PROGRAM.splitlines().index(
         "loader = DataLoader(Samples(), batch_size=8, num_workers=2, persistent_workers=True)") + 1
     clock = a.findings_doc["steps"]["clock"]
-    assert clock["data_supply_ms"] == pytest.approx(ev["workers_ms_per_step"], rel=0.01)
-    assert "waiting for its batches: its DataLoader's workers take" in (a.out / "summary.txt").read_text()
+    assert clock["issue_floor_ms"] >= 0.999 * supply
+    if clock["issue_floor_ms"] <= supply / 0.999:  # (the waits measured here are not longer: an unloaded machine)
+        assert ev["predicted_gpu_step_ms"] == pytest.approx(supply, rel=0.05)
+        assert clock["data_supply_ms"] == pytest.approx(supply, rel=0.01)
+        assert "waiting for its batches: its DataLoader's workers take" in (a.out / "summary.txt").read_text()
+    else:
+        assert clock["data_supply_ms"] is None
 
 
 @pytest.mark.slow

@@ -179,3 +179,20 @@ def test_synthetic_control_does_not_churn(tmp_path):
     assert capacity_for(snap, 0)[1].startswith("assumed")
     report = analyze(snap, 0, capacity=2 * GiB)
     assert report.churn == [] and report.replayed == report.recorded
+
+
+def test_a_replay_of_a_snapshot_whose_segments_were_all_left_out_reads_sensibly(tmp_path):
+    """Its recorded reserve is 0: the replay's error against it read "+4080218931200.00%"."""
+    from auditor.reports.allocator_view import error_line
+
+    segment = {"device": 0, "address": 0, "total_size": 2 ** 70, "stream": 0, "segment_type": "large", "blocks": []}
+    allocs = [{"action": "alloc", "addr": 4096 * (i + 1), "size": 2 * GiB, "stream": 0} for i in range(19)]
+    p = tmp_path / "s.pickle"
+    p.write_bytes(pickle.dumps({"segments": [segment], "device_traces": [allocs]}, protocol=4))
+    snap = load_snapshot(p)
+    assert snap.dropped.startswith("1 entry with sizes no device has was left out")
+    report = analyze(snap, 0)
+    assert report.recorded.reserved_peak_bytes == 0 and report.replayed.reserved_peak_bytes == 38 * GiB
+    assert report.error.reserved_peak_pct is None
+    assert "recorded reserved peak 0 B, 0 segment allocs, 0 frees; replayed 38.0 GiB (no recorded reserve to " \
+           "compare with), 19 allocs" in error_line(report)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from conftest import ROOT, audit
@@ -71,3 +72,60 @@ def test_no_source_root_quotes_nothing(tmp_path: Path) -> None:
     assert a.returncode == 0, a.stderr
     assert "return y.sum().item()" not in outputs(a)
     assert {loc["code"] for f in a.rule("host-sync") for loc in f["locations"]} == {""}
+
+
+def forged_run(tmp_path: Path, example_audit) -> tuple[Path, Path]:
+    """(a copy of a real run directory whose evidence.json names a private file, outside the project
+    and the current directory, where it named the example, with no stored sources and `/` for its
+    roots, as recorded on this machine; that private file)."""
+    private = tmp_path / "home" / "private.py"
+    private.parent.mkdir()
+    private.write_text("\n".join(SECRET * 3) + "\n")
+    run = tmp_path / "forged"
+    shutil.copytree(example_audit("graph_leak").out, run)
+    doc = json.loads((run / "evidence.json").read_text())
+    example = str(ROOT / "examples" / "graph_leak.py")
+    doc = json.loads(json.dumps(doc).replace(json.dumps(example)[1:-1], json.dumps(str(private))[1:-1]))
+    doc["sources"], doc["source_roots"] = {}, ["/"]
+    (run / "evidence.json").write_text(json.dumps(doc))
+    return run, private
+
+
+def test_a_forged_run_directory_quotes_no_file_of_this_machine(tmp_path: Path, example_audit) -> None:
+    """Its recorded roots were trusted when its hostname was this machine's: the private file's lines
+    went into report.html and evidence.json. Only --source-root and the current directory are."""
+    run, private = forged_run(tmp_path, example_audit)
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    a = audit("analyze", str(run), out=tmp_path / "out", cwd=here, env=HERE)
+    assert a.returncode == 0, a.stderr
+    assert {loc["file"] for f in a.findings for loc in f["locations"]} >= {str(private)}
+    text = outputs(a)
+    for line in SECRET:
+        assert line not in text
+
+
+def test_a_run_directory_rendered_from_elsewhere_quotes_what_it_stored(tmp_path: Path, example_audit) -> None:
+    """A real run, its project not under the current directory: the lines quoted are the ones its
+    evidence.json stored when it was audited."""
+    run = tmp_path / "run"
+    shutil.copytree(example_audit("graph_leak").out, run)
+    want = {f["rule"]: f["locations"][0]["code"] for f in json.loads((run / "findings.json").read_text())["findings"]}
+    assert want["graph-leak"] == "running_loss += loss  # expect: graph-leak"
+    a = audit("analyze", str(run), out=tmp_path / "out", cwd=tmp_path, env=HERE)
+    assert a.returncode == 0, a.stderr
+    assert {f["rule"]: f["locations"][0]["code"] for f in a.findings}["graph-leak"] == want["graph-leak"]
+
+
+def test_a_run_directory_naming_a_trace_outside_it_is_refused(tmp_path: Path, example_audit) -> None:
+    run = tmp_path / "forged"
+    shutil.copytree(example_audit("graph_leak").out, run)
+    elsewhere = tmp_path / "private.pt.trace.json"
+    elsewhere.write_text('{"traceEvents": [{"ph": "X", "name": "SECRET_TRACE", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}')
+    doc = json.loads((run / "evidence.json").read_text())
+    doc["traces"] = [str(elsewhere)]
+    (run / "evidence.json").write_text(json.dumps(doc))
+    a = audit("analyze", str(run), out=tmp_path / "out", cwd=tmp_path, env=HERE)
+    assert a.returncode == 2, a.stderr
+    assert a.stderr == (f"audit: error: {run / 'evidence.json'}: names a recording outside its directory "
+                        f"({elsewhere}); a run directory's recordings are its own: refused\n")

@@ -97,3 +97,65 @@ def test_a_gpu_recording_of_a_module_level_loop_names_the_lines_of_its_syncs_and
     assert lines[:2] == at["DEVICE LINE"]
     next_line = next(i for i, t in enumerate(source.splitlines(), 1) if "next(batches)" in t)
     assert lines[2:] == [next_line]
+
+
+LAUNCHED = ROOT / "tests" / "data" / "launched_module_loop.py"
+
+
+def _marked(source: str, marker: str) -> list[int]:
+    return [i for i, t in enumerate(source.splitlines(), 1) if t.endswith(f"# {marker}")]
+
+
+@pytest.fixture(scope="module")
+def launched_trace(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("launched")
+    (root / "prog.py").write_text(LAUNCHED.read_text())
+    launcher = ROOT / "tests" / "data" / "plaintrace_launcher.py"
+    subprocess.run([sys.executable, str(launcher), "loop.json", "prog.py"], cwd=root, capture_output=True, text=True,
+                   timeout=120, check=True)
+    return root
+
+
+def test_a_module_loop_a_launcher_recorded_is_placed_at_its_lines_not_at_opt_step(launched_trace, monkeypatch):
+    """Issue #80 item 7. A whole-program recorder runs the program with `runpy.run_path` and steps the
+    profiler in an optimizer hook: the module's frame is named by `opt.step()`'s line, below the
+    launcher's and runpy's frames. Every op of the loop was placed at `opt.step()`: the frames
+    running when the profiler started were read only down to the first library frame (runpy). Now
+    each op is at the one line that can make it, never at a line the trace cannot tell."""
+    monkeypatch.chdir(launched_trace)
+    source = LAUNCHED.read_text()
+    trace = load_trace(launched_trace / "loop.json")
+    [step] = _marked(source, "STEP LINE")
+    assert {f.line for f in map(trace.user_frame, range(len(trace.events))) if f and f.file.endswith("prog.py")
+            and type(f).__name__ == "StartedFrame"} == {step}  # (the recorded line, said to be the profiler's)
+    assert frames_of(trace, "aten::is_nonzero") == {(*_marked(source, "BOOL LINE"), (), "Frame")}
+    assert frames_of(trace, "aten::index") == {(*_marked(source, "MASK LINE"), (), "Frame")}
+    assert frames_of(trace, "aten::gt") == {(*_marked(source, "MASK LINE"), (), "Frame")}
+    assert frames_of(trace, "<built-in method cpu of Tensor") == {(*_marked(source, "CPU LINE"), (), "Frame")}
+    # the forward goes through nn.Module.__call__, which no line names: the frame, said to be the
+    # profiler's line, not a precise wrong one
+    assert frames_of(trace, "aten::addmm") == {(step, (), "StartedFrame")}
+
+
+GPU_LAUNCHED = ROOT / "tests" / "data" / "plaintrace_module_loop.py"
+
+
+def test_a_gpu_recording_of_a_launched_module_loop_names_its_syncs_lines(tmp_path):
+    """The same shape on an H100 (derived from the real plain_demo recording: its syncs, copies and
+    kernels, the frames of tests/data/plaintrace_module_loop.py). Every finding was at `opt.step()`'s
+    line with no note."""
+    source = GPU_LAUNCHED.read_text()
+    (tmp_path / GPU_LAUNCHED.name).write_text(source)
+    a = audit("analyze", str(FIXTURES / "h100" / "derived" / "plaintrace_module_loop.json.gz"), "--source-root",
+              str(tmp_path), out=tmp_path / "out", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert a.returncode == 0, a.stderr[-3000:]
+    [step] = _marked(source, "STEP LINE")
+    syncs = {f["message"].split()[0]: [(loc["line"], loc["note"]) for loc in f["locations"]] for f in a.rule("host-sync")}
+    assert syncs == {"aten::to": [(*_marked(source, "TO LINE"), "")], "aten::item": [(*_marked(source, "ITEM LINE"), "")]}
+    [copies] = a.rule("pageable-copy")
+    assert [loc["line"] for loc in copies["locations"]] == _marked(source, "TO LINE")  # (not the model's .to() above)
+    [loader] = a.rule("dataloader-bound")
+    first, second = _marked(source, "NEXT LINE")
+    assert [(loc["line"], loc["code"], loc["note"]) for loc in loader["locations"]] == [
+        (first, "", f"one of lines {first}, {second}: the trace records <module>, not which of its lines")]
+    assert all(loc["line"] != step or loc["note"] for f in a.findings for loc in f["locations"])

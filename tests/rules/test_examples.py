@@ -286,7 +286,7 @@ def test_graph_leak(example_audit):
 def test_host_sync_counts_each_site_on_cpu_as_info(example_audit):
     a = example_audit("host_sync")
     f = the_finding(a, "host-sync")
-    assert f["severity"] == "info"  # CPU-only run: what would sync on an accelerator
+    assert f["severity"] == "info"  # a CPU-only program: reads counted, nothing said of accelerators
     assert f["cost"]["measured"] is False and f["cost"]["ms_per_step"] is None
     sites = {s["what"]: s for s in f["evidence"]["sites"]}
     assert sites["Tensor.item"]["count"] == STEPS and sites["int(Tensor)"]["count"] == STEPS
@@ -868,7 +868,7 @@ def test_host_sync_rates_are_rounded_alike_in_headline_and_sites(tmp_path):
     [f] = a.rule("host-sync")
     sites = {s["line"]: s["count"] for s in f["evidence"]["sites"]}
     assert sites == {10: 7, 9: 4}, sites
-    assert "1.57 device->host syncs per step at 2 place(s)" in f["message"], f["message"]
+    assert "1.57 tensor values read on the host per step at 2 place(s)" in f["message"], f["message"]
     assert "x1/step at line 10" in f["message"] and "x0.571/step at line 9" in f["message"], f["message"]
 
 

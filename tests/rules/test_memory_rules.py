@@ -20,7 +20,8 @@ from auditor.evidence.oom_record import OOM_RECORD_KIND, oom_record_path
 from auditor.evidence.load import load_paths
 from auditor.evidence.model import Evidence
 from auditor.evidence.snapshot import GiB, MiB, Snapshot, _SafeUnpickler, load_snapshot
-from auditor.rules.allocator_fragmentation import AllocatorFragmentation, merge_conf, split_conf
+from auditor.rules._support.alloc_conf import merge_conf, split_conf
+from auditor.rules.allocator_fragmentation import AllocatorFragmentation
 from auditor.rules.base import Options, Rule
 from auditor.rules.engine import skip_reason
 from auditor.findings import Finding

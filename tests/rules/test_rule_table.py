@@ -123,6 +123,7 @@ TABLE: dict[str, tuple[Input, Input]] = {
     "blocking-pinned-copy": (Input("rehearsal", "gpu_blocking_pinned_copy"), GPU_CLEAN),
     "worker-restarts": (program("epoch_restarts"), PROGRAM_CLEAN),
     "work-between-steps": (program("eval_and_save"), PROGRAM_CLEAN),
+    "host-built-tensor": (Input("rehearsal", "gpu_host_built"), GPU_CLEAN),
 }
 
 # shared distributed run -> (its directory, given the session's tmp_path_factory; its example)

@@ -62,7 +62,7 @@ from auditor.capture.numerics.tensors import (_HALF, _PLAIN_TYPES, _checkable, _
                                               _tensor_refs, _tensors_in, _version_of)
 from auditor.capture.numerics.values import _TB, Values, _finite
 from auditor.capture.unseen import (compiled_calls_without, dynamo_skips_our_frames, in_compiled_call,
-                                    no_torch_function as _no_torch_function)
+                                    no_torch_function as _no_torch_function, quietly)
 
 MAX_OPS_PER_STEP = 20000  # records kept per step; later calls are counted as dropped
 MAX_ERRORS = 20  # after this many failures of our own checking code, op checking switches off
@@ -403,9 +403,9 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
                     try:
                         if _profiling():  # (tested inline, as in _Mode: every library layer call)
                             with torch.autograd.profiler.record_function(CHECKS_RANGE):
-                                self._on_leaf(module, args, output)
-                        else:
-                            self._on_leaf(module, args, output)
+                                quietly(self._on_leaf, module, args, output)
+                        else:  # (untraced: unseen.untraced)
+                            quietly(self._on_leaf, module, args, output)
                     except Exception as e:  # our bug must never become the user's failure
                         self.failed(e)
                 _push_mode(self.mode)

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from auditor.capture.numerics.ops import _classify, _kinds, _mutates, ALIAS, BACKWARD, SETITEM, SKIP
 from auditor.capture.numerics.stack import CHECKS_RANGE, _checks_range, _compiling, _profiling, perf
-from auditor.capture.unseen import no_torch_function as _no_torch_function
+from auditor.capture.unseen import no_torch_function as _no_torch_function, quietly
 
 if TYPE_CHECKING:
     from auditor.capture.numerics.collector_api import Collector
@@ -113,9 +113,9 @@ class _Mode(TorchFunctionMode):
             try:
                 if _profiling():
                     with torch.autograd.profiler.record_function(CHECKS_RANGE):
-                        col.on_op(func, kind, args, kwargs, out)
-                else:
-                    col.on_op(func, kind, args, kwargs, out)
+                        quietly(col.on_op, func, kind, args, kwargs, out)
+                else:  # (the checks untraced: a trace function of the program's sees its own calls)
+                    quietly(col.on_op, func, kind, args, kwargs, out)
             except Exception as e:  # our bug must never become the user's failure
                 col.failed(e)
         col.check_s += perf() - t0

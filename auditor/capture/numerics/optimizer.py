@@ -25,7 +25,7 @@ from auditor.capture.frames import user_frame
 from auditor.capture.numerics.stack import _checks_range, _compiling, _pop_mode, _push_mode, _set_grad, _top_mode, perf
 from auditor.capture.numerics.tensors import _STRIDED, _checkable, _is_wrapped, _real, _stored
 from auditor.capture.numerics.values import _TB, _plain, _scalar
-from auditor.capture.unseen import no_torch_function as _no_torch_function
+from auditor.capture.unseen import no_torch_function as _no_torch_function, quietly
 
 if TYPE_CHECKING:
     from auditor.capture.numerics.collector_api import Collector
@@ -72,7 +72,7 @@ class OptimizerWatch:
         if _compiling():
             self._traced_opt_pre(opt)
             return None
-        changed = self._opt_begins(opt, args, kwargs)
+        changed = quietly(self._opt_begins, opt, args, kwargs)  # (the audit's own work: unseen.untraced)
         # (after the checks' own reads: they are probed as before)
         return probes.update_begins(opt, *(changed or (args, kwargs))) or changed
 
@@ -198,6 +198,9 @@ class OptimizerWatch:
         if _compiling():
             self._traced_opt_post()
             return
+        quietly(self._opt_ends, opt)  # (the audit's own work: unseen.untraced)
+
+    def _opt_ends(self, opt) -> None:
         probes.update_ends()
         if self.times_phases:
             probes.optimizer_done(opt, self.opt_t0, self._opt_user_line())

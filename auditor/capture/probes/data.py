@@ -65,7 +65,29 @@ def _passed(init: Callable, self: Any, args: tuple, kwargs: dict) -> list[str] |
 
 def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
     """Probe the DataLoader for the recorder `REC`, wrapping with the probes' `_wrap`."""
-    def make_init(orig):
+    import multiprocessing.process
+
+    _wrap(multiprocessing.process.BaseProcess, "start", _process_start(REC))
+    for fetcher in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
+        _wrap(fetcher, "fetch", _worker_fetch(REC))
+    _wrap(dl.DataLoader, "__init__", _loader_made(REC))
+    # iter(loader) starts a multiprocessing iterator's workers (a process each): in a step
+    # (`next(iter(loader))`) that is paid every step
+    _wrap(dl.DataLoader, "__iter__", _timed_in_data(
+        REC, m.DATA_ITER, "DataLoader.__iter__",
+        lambda loader: {"loader": loader_key(loader), "workers": getattr(loader, "num_workers", 0) or 0},
+        outermost_only=True))
+    _wrap(dl._BaseDataLoaderIter, "__init__", _iterator_made)
+    _wrap(dl._MultiProcessingDataLoaderIter, "__init__", _workers_started(REC))
+    _wrap(dl._BaseDataLoaderIter, "__next__", _timed_in_data(
+        REC, m.DATA_WAIT, "DataLoader.__next__", lambda it: {"loader": getattr(it, "_audit_loader_id", 0)},
+        outermost_only=False))
+    _wrap(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", _workers_shut_down(REC))
+
+
+def _loader_made(REC: Any) -> Callable[[Callable], Callable]:
+    """DataLoader(...): its settings, where it was made (and by which library code), what it was given."""
+    def make(orig):
         def probe(self, *args, **kwargs):
             orig(self, *args, **kwargs)
             rec = REC
@@ -85,14 +107,20 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                 rec.dataloaders.append({"id": key, "where": where, "settings": settings, "sent": False,
                                         "via": library_via(sys._getframe(1)), "passed": _passed(orig, self, args, kwargs)})
         return probe
+    return make
 
-    def make_iter_init(orig):
-        def probe(self, loader, *args, **kwargs):
-            self._audit_loader_id = loader_key(loader)
-            return orig(self, loader, *args, **kwargs)
-        return probe
 
-    def make_workers_init(orig):
+def _iterator_made(orig: Callable) -> Callable:
+    """An iterator of a DataLoader: it keeps its loader's key."""
+    def probe(self, loader, *args, **kwargs):
+        self._audit_loader_id = loader_key(loader)
+        return orig(self, loader, *args, **kwargs)
+    return probe
+
+
+def _workers_started(REC: Any) -> Callable[[Callable], Callable]:
+    """A multiprocessing iterator starting its workers: they time their batches into the loader's slot."""
+    def make(orig):
         def probe(self, loader, *args, **kwargs):
             if not REC.active:
                 return orig(self, loader, *args, **kwargs)
@@ -107,57 +135,50 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                 FORKING[0] = -1
                 STARTING[0] -= 1
         return probe
+    return make
 
-    def timed_in_data(kind: str, what: str, data_of: Callable[[Any], dict], outermost_only: bool):
-        # DataLoader work the step waits for, timed at the user's line; calls made inside it are
-        # the loader's own (in_data), not the step's. A call that ends in StopIteration (the epoch
-        # is over) returned no batch: its time is waited all the same, but it is tallied apart
-        # (exhausted=True), so a tally's count is of batches returned. The auditor's own work inside
-        # the call (own_time: the rehearsal's) is no wait of the program's and is taken out. In a
-        # call without it, so is the time the thread was ready while another process held the CPU
-        # (run_queue). A rehearsal's own time is clocked on the wall, call by call, so it holds its
-        # share of that load already: taking the run delay out as well would count the load out
-        # twice (a rehearsed fetch beside three busy processes on two cores read 0.00 ms that way
-        # in 2 runs of 2, 0.38-0.56 ms on a quiet machine).
-        def make(orig):
-            def probe(self):
-                rec = REC
-                if not rec.active or (outermost_only and rec.in_data):
-                    return orig(self)
-                f = sys._getframe(1)
-                rec.in_data += 1
-                t0, own0, queued0 = perf(), own_time.spent(), run_queue.waited_ms()
-                ended = {}
-                try:
-                    return orig(self)
-                except StopIteration:
-                    ended = {"exhausted": True}
-                    raise
-                finally:
-                    rec.in_data -= 1
-                    wall_ms, own_ms = (perf() - t0) * 1e3, (own_time.spent() - own0) * 1e3
-                    queued1 = run_queue.waited_ms()
-                    queued = queued1 - queued0 if queued0 is not None and queued1 is not None else 0.0
-                    ms = wall_ms - (own_ms if own_ms > 0 else queued)
-                    where = user_frame(f)
-                    rec.add(kind, what, where, max(ms, 0.0), **data_of(self), **ended)
-                    slot = getattr(self, "_audit_slot", None)
-                    if slot is not None:  # (a multiprocessing iterator's __next__)
-                        workers_since(rec, self, slot, where)
-            return probe
-        return make
 
-    make_next = timed_in_data(m.DATA_WAIT, "DataLoader.__next__",
-                              lambda it: {"loader": getattr(it, "_audit_loader_id", 0)}, outermost_only=False)
-    # iter(loader) starts a multiprocessing iterator's workers (a process each): in a step
-    # (`next(iter(loader))`) that is paid every step
-    make_loader_iter = timed_in_data(
-        m.DATA_ITER, "DataLoader.__iter__",
-        lambda loader: {"loader": loader_key(loader), "workers": getattr(loader, "num_workers", 0) or 0}, outermost_only=True)
+def _timed_in_data(REC: Any, kind: str, what: str, data_of: Callable[[Any], dict], outermost_only: bool):
+    """DataLoader work the step waits for, timed at the user's line; calls made inside it are the
+    loader's own (in_data), not the step's. A call that ends in StopIteration (the epoch is over)
+    returned no batch: its time is waited all the same, but it is tallied apart (exhausted=True),
+    so a tally's count is of batches returned. The auditor's own work inside the call (own_time:
+    the rehearsal's) is no wait of the program's and is taken out; in a call without it, so is the
+    time the thread was ready while another process held the CPU (run_queue). (A rehearsal's own
+    time is clocked on the wall, and holds its share of that load already.)"""
+    def make(orig):
+        def probe(self):
+            rec = REC
+            if not rec.active or (outermost_only and rec.in_data):
+                return orig(self)
+            f = sys._getframe(1)
+            rec.in_data += 1
+            t0, own0, queued0 = perf(), own_time.spent(), run_queue.waited_ms()
+            ended = {}
+            try:
+                return orig(self)
+            except StopIteration:
+                ended = {"exhausted": True}
+                raise
+            finally:
+                rec.in_data -= 1
+                wall_ms, own_ms = (perf() - t0) * 1e3, (own_time.spent() - own0) * 1e3
+                queued1 = run_queue.waited_ms()
+                queued = queued1 - queued0 if queued0 is not None and queued1 is not None else 0.0
+                ms = wall_ms - (own_ms if own_ms > 0 else queued)
+                where = user_frame(f)
+                rec.add(kind, what, where, max(ms, 0.0), **data_of(self), **ended)
+                slot = getattr(self, "_audit_slot", None)
+                if slot is not None:  # (a multiprocessing iterator's __next__)
+                    workers_since(rec, self, slot, where)
+        return probe
+    return make
 
-    def make_shutdown(orig):
-        # an iterator dropped before its end joins its workers (in __del__, at the user's line that
-        # dropped it); at an epoch's end this runs inside __next__, already timed there
+
+def _workers_shut_down(REC: Any) -> Callable[[Callable], Callable]:
+    """An iterator dropped before its end joins its workers (in __del__, at the user's line that
+    dropped it); at an epoch's end this runs inside __next__, already timed there."""
+    def make(orig):
         def probe(self, *args, **kwargs):
             rec = REC
             if not rec.active or rec.in_data or getattr(self, "_shutdown", True):
@@ -170,11 +191,14 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                         (perf() - t0) * 1e3, loader=getattr(self, "_audit_loader_id", 0),
                         workers=getattr(self, "_num_workers", 0) or 0)
         return probe
+    return make
 
-    def make_fetch(orig):
-        # in a worker (forked while FORKING named its loader's slot): the fetch's time, and its CPU
-        # time on the worker's own thread (the dataset's __getitem__/__iter__ and the collate_fn),
-        # into its cell (workers.add_batch)
+
+def _worker_fetch(REC: Any) -> Callable[[Callable], Callable]:
+    """In a worker (forked while FORKING named its loader's slot): the fetch's time, and its CPU
+    time on the worker's own thread (the dataset's __getitem__/__iter__ and the collate_fn), into
+    its cell (workers.add_batch)."""
+    def make(orig):
         def probe(self, possibly_batched_index):
             slot = FORKING[0]
             if slot < 0 or REC.active:  # (the audited process itself: num_workers=0, or not a worker)
@@ -187,11 +211,14 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
             add_batch(slot, info.id, thread_time() - t0, perf() - w0)
             return batch
         return probe
+    return make
 
-    def make_start(orig):
-        # a process the program starts itself (its own code's `Process(...).start()`, or
-        # torch.multiprocessing.spawn's): what it runs is outside the audit (the summary says so);
-        # not the processes libraries start for their own work (a Pool's, torch.compile's workers)
+
+def _process_start(REC: Any) -> Callable[[Callable], Callable]:
+    """A process the program starts itself (its own code's `Process(...).start()`, or
+    torch.multiprocessing.spawn's): what it runs is outside the audit (the summary says so); not
+    the processes libraries start for their own work (a Pool's, torch.compile's workers)."""
+    def make(orig):
         def probe(self, *args, **kwargs):
             rec = REC
             if rec.active and not rec.in_data:
@@ -202,18 +229,7 @@ def install_dataloader_probes(REC: Any, _wrap: Wrap) -> None:
                     process_started(rec, self, user_frame(f))
             return orig(self, *args, **kwargs)
         return probe
-
-    import multiprocessing.process
-
-    _wrap(multiprocessing.process.BaseProcess, "start", make_start)
-    for fetcher in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
-        _wrap(fetcher, "fetch", make_fetch)
-    _wrap(dl.DataLoader, "__init__", make_init)
-    _wrap(dl.DataLoader, "__iter__", make_loader_iter)
-    _wrap(dl._BaseDataLoaderIter, "__init__", make_iter_init)
-    _wrap(dl._MultiProcessingDataLoaderIter, "__init__", make_workers_init)
-    _wrap(dl._BaseDataLoaderIter, "__next__", make_next)
-    _wrap(dl._MultiProcessingDataLoaderIter, "_shutdown_workers", make_shutdown)
+    return make
 
 
 # --- DistributedSampler ----------------------------------------------------------------------

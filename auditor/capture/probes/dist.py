@@ -5,9 +5,8 @@ nn.DataParallel. A Collector (auditor.capture.collectors): its per-step data bec
 
 What it measures, and why this way:
 - Explicit collectives the user calls (`dist.all_reduce(loss)`, `dist.barrier()`): count, payload
-  bytes, the user's line and the wall time of each call. Each call's time is kept (not only the
-  sum) so that ranks can be compared call by call later: the rank that arrives last waits least,
-  so the fastest rank's time for a call is its transfer time and the rest is waiting.
+  bytes, the user's line and each call's wall time, kept call by call: across ranks the fastest
+  one's time for a call is its transfer, the rest is waiting.
 - DDP's gradient all-reduce happens in C++ during backward, out of Python's sight. A
   post-accumulate-grad hook on each parameter notes when the last local gradient is ready; an
   autograd-engine callback, queued behind DDP's own `finalize_backward`, notes when backward has

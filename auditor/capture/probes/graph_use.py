@@ -17,8 +17,7 @@ updates) and those in the steps the numerics checks or the line sampler look at 
 the step session): a timed step carries nothing of this. Its saved tensors are not measured.
 
 `graph_of` walks a graph's nodes, and measures its saved tensors where asked (never unpacking them:
-`saved_tensors`): retained-graph's reading of a graph kept with `retain_graph=True`
-(probes._watch_retained).
+`saved_tensors`): retained-graph's reading of a graph kept with `retain_graph=True` (backward.py).
 """
 from __future__ import annotations
 

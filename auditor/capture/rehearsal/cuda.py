@@ -28,6 +28,7 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -58,15 +59,27 @@ def _sync(what: str, frame: Any) -> None:
 _COMPILER_DIRS = tuple(os.path.join(os.path.dirname(torch.__file__), d) + os.sep for d in ("_dynamo", "_inductor"))
 
 
+# The device queries whose rehearsed answer (a GPU is there) sends a program down its GPU path
+QUERIES = frozenset({"is_available", "device_count", "current_accelerator"})
+# (what, file, line) of the first of them the program (or a library it calls) asked: a plain run
+# told "no GPU" there takes its CPU path (auditor.capture.rehearsal.blame)
+TOLD_GPU: list[tuple[str, str, int]] = []
+
+
 def _standin(what: str, impl: Callable[..., Any], real: Callable[..., Any] | None = None,
              orig: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Wrap `impl` so the user's calls are recorded; with `real`, torch's own calls get `real`.
     torch.compile's own calls get `orig` (the CPU build's function, which says there is no CUDA):
     the tensors it compiles for are on the CPU, so it must generate CPU code."""
+    query = what.rsplit(".", 1)[-1] in QUERIES
+
     def standin(*args: Any, **kwargs: Any) -> Any:
         frame = sys._getframe(1)
         if caller_is_user(frame):
             _record(what, frame)
+            if query and not TOLD_GPU:
+                site = call_site(frame)
+                TOLD_GPU.append((what, site[0], site[1]) if site else (what, "", 0))
             return impl(*args, **kwargs)
         if orig is not None and frame.f_code.co_filename.startswith(_COMPILER_DIRS):
             return orig(*args, **kwargs)
@@ -272,8 +285,15 @@ class RehearsalGenerator(_RealGenerator, metaclass=_GeneratorMeta):
 
 # --- mixed precision -----------------------------------------------------------------------------
 
+# CPU autocast refuses the other dtypes CUDA autocast takes (float32: a trainer's `--dtype float32`)
+_CPU_AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
+_CPU_REFUSAL = "In CPU autocast, but the target dtype is not supported"
+
+
 class RehearsalAutocast(torch.amp.autocast):
-    """`torch.autocast("cuda", dtype)`: CPU autocast with the dtype the GPU would use."""
+    """`torch.autocast("cuda", dtype)`: CPU autocast with the dtype the GPU would use. Where CPU
+    autocast refuses that dtype (float32), it is off, as CUDA autocast to float32 computes in
+    float32, without the warning CPU autocast gives: a GPU run does not print it."""
 
     def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
                  cache_enabled: bool | None = None) -> None:
@@ -283,6 +303,11 @@ class RehearsalAutocast(torch.amp.autocast):
             # (dtype is passed on as given, not judged as a bool: torch takes any object there)
             device_type = "cpu"
             dtype = torch.get_autocast_dtype("cuda") if dtype is None else dtype
+            if dtype not in _CPU_AUTOCAST_DTYPES:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=_CPU_REFUSAL)
+                    super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+                return
         super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 

@@ -18,7 +18,9 @@ from `torch.cuda` or `torch.accelerator`, or calling `set_default_device` with a
 non-CUDA string; a device by its index (`.to(0)`, `torch.device(0)`, `device=0` to a call, an
 integer assigned to a name of a device: `device = 0`, `self.gpu_id = 0`); a Lightning `Trainer` or
 `Fabric` (in a file that imports Lightning) whose accelerator is left to it ("auto", unset) or is
-"gpu"/"cuda": it takes the GPU when one is there. The memory-statistics family alone (`reset_peak_memory_stats`, `empty_cache`,
+"gpu"/"cuda": it takes the GPU when one is there; so does the Trainer a `LightningCLI(...)` (or a
+subclass of it) builds, unless its `trainer_defaults` or the command line (`--trainer.accelerator
+cpu`: start.py) name another accelerator. The memory-statistics family alone (`reset_peak_memory_stats`, `empty_cache`,
 `max_memory_allocated`, ...) does not count: such a program computes on the CPU, and those calls
 are answered by auditor.capture.cuda_standins. Nor do the seeding calls (`torch.cuda.manual_seed_all`,
 `manual_seed`, `seed`, `seed_all`: a seeding helper's lines, in CPU programs too, which torch queues
@@ -81,16 +83,40 @@ _DEVICE_NAME = re.compile(r"(?!n_|num_)(\w*_)?(device|gpu)(_id|_idx|_index)?", r
 # `accelerator="cpu"`
 _FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric")
 _PICKERS = frozenset({"Trainer", "Fabric"})
+_CLIS = frozenset({"LightningCLI"})  # builds the Trainer itself, from `trainer_defaults` and the command line
+CLI_PICKS = "(its Trainer picks a GPU when there is one)"
 
 
-def _picker(node: ast.Call) -> bool:
-    """`Trainer(...)` / `L.Fabric(...)` with accelerator left to them ("auto", "gpu", "cuda" or unset)."""
+def _picker(node: ast.Call, clis: frozenset[str] = _CLIS) -> bool:
+    """`Trainer(...)` / `L.Fabric(...)` with accelerator left to them ("auto", "gpu", "cuda" or
+    unset); `LightningCLI(...)` (or a subclass of it, among `clis`) whose `trainer_defaults`
+    leave it so."""
     f = node.func
     name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-    if name not in _PICKERS:
+    if name in clis:
+        defaults = next((k.value for k in node.keywords if k.arg == "trainer_defaults"), None)
+        if defaults is None:
+            return True
+        if not isinstance(defaults, ast.Dict):
+            return False  # (made elsewhere: not read)
+        acc = next((v for k, v in zip(defaults.keys, defaults.values)
+                    if isinstance(k, ast.Constant) and k.value == "accelerator"), None)
+    elif name in _PICKERS:
+        acc = next((k.value for k in node.keywords if k.arg == "accelerator"), None)
+    else:
         return False
-    acc = next((k.value for k in node.keywords if k.arg == "accelerator"), None)
     return acc is None or (isinstance(acc, ast.Constant) and acc.value in ("auto", "gpu", "cuda"))
+
+
+def _cli_classes(tree: ast.Module) -> frozenset[str]:
+    """LightningCLI and the file's own subclasses of it (`class MyLightningCLI(LightningCLI)`)."""
+    names = set(_CLIS)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(
+                (b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "") in _CLIS
+                for b in node.bases):
+            names.add(node.name)
+    return frozenset(names)
 
 
 def _imports_framework(tree: ast.Module) -> bool:
@@ -122,6 +148,7 @@ def _tested(tree: ast.Module) -> set[int]:
 def _reasons(tree: ast.Module) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
     framework = _imports_framework(tree)
+    clis = _cli_classes(tree) if framework else _CLIS
     tested = _tested(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.fullmatch(node.value):
@@ -133,8 +160,10 @@ def _reasons(tree: ast.Module) -> list[tuple[int, str]]:
             found.append((node.lineno, f"{ast.unparse(node.targets[0])} = {node.value.value}"))
         elif isinstance(node, ast.Call) and any(k.arg == "device" and _int(k.value) for k in node.keywords):
             found.append((node.lineno, "device=<index>"))
-        elif framework and isinstance(node, ast.Call) and _picker(node):
-            found.append((node.lineno, f"{ast.unparse(node.func)}() (picks a GPU when there is one)"))
+        elif framework and isinstance(node, ast.Call) and _picker(node, clis):
+            name = ast.unparse(node.func)
+            found.append((node.lineno, f"{name}() {CLI_PICKS}" if name.rsplit(".", 1)[-1] in clis
+                          else f"{name}() (picks a GPU when there is one)"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             name, line = node.func.attr, node.func.end_lineno or node.lineno
             if name == "cuda":
@@ -161,12 +190,31 @@ def _reasons(tree: ast.Module) -> list[tuple[int, str]]:
 
 
 _CUDA_ARGUMENT = re.compile(r"(--?[\w.-]+=)?cuda(:\d+)?")
+_CLI_ACCELERATOR = re.compile(r"--trainer\.accelerator(?:=(.*))?")
 
 
 def argument_reason(argv: list[str]) -> str | None:
     """The first argument of the program's command line that names a CUDA device (`cuda`,
-    `cuda:1`, `--device=cuda`), quoted; None when none does."""
-    return next((repr(a) for a in argv if _CUDA_ARGUMENT.fullmatch(a)), None)
+    `cuda:1`, `--device=cuda`, LightningCLI's `--trainer.accelerator gpu`), quoted; None when none does."""
+    for i, a in enumerate(argv):
+        if _CUDA_ARGUMENT.fullmatch(a):
+            return repr(a)
+        acc = cli_accelerator(argv[i:i + 2]) if a.startswith("--trainer.accelerator") else None
+        if acc in ("gpu", "cuda"):
+            return repr(" ".join(argv[i:i + 2]) if "=" not in a else a)
+    return None
+
+
+def cli_accelerator(argv: list[str]) -> str | None:
+    """The accelerator LightningCLI's command line sets (`--trainer.accelerator cpu`,
+    `--trainer.accelerator=gpu`), the last one given, unquoted; None when none is."""
+    found = None
+    for i, a in enumerate(argv):
+        m = _CLI_ACCELERATOR.fullmatch(a)
+        if m:
+            value = m.group(1) if m.group(1) is not None else (argv[i + 1] if i + 1 < len(argv) else "")
+            found = value.strip("'\"")
+    return found
 
 
 def _device_api(module: str | None) -> str | None:

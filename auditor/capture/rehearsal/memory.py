@@ -8,7 +8,7 @@ on that storage is collected (those alive when recording begins are allocations 
 trace, live blocks of the snapshot's segments); a marked leaf that requires grad has its gradient
 taken the same way when autograd accumulates it (a post-accumulate-grad hook). `_snapshot()` / `_dump_snapshot()` then return what a GPU's allocator
 would have recorded for those requests (auditor.evidence.allocator.synth runs them through the
-simulated allocator, under PYTORCH_CUDA_ALLOC_CONF, on a device of AUDITOR_DEVICE_MEMORY_GIB or the
+simulated allocator, under PYTORCH_CUDA_ALLOC_CONF, on a device of `--device-memory` GiB or the
 rehearsed device's memory), with each optimizer step's end as the profiler annotates it (so the
 replay's reserve is told per step), so the program's own snapshot code runs, and `audit analyze` of the dump
 forecasts the reserve and any OOM. Tensors only C++ sees (autograd's temporaries in the backward
@@ -223,22 +223,22 @@ def record_memory_history(enabled: Any = "all", *args: Any, max_entries: int = 1
 FORECAST_FILE = REHEARSAL_FORECAST
 
 
-def watch(out_dir: str) -> bool:
+def watch(out_dir: str, device_gib: float | None) -> bool:
     """Record the rehearsed device's requests from now on, as a GPU run records the allocator's
     history, when the device's memory is given (`--device-memory`): each step's end then states the
     requested bytes live (the device's allocated memory, a lower bound: autograd's temporaries are
     not requests), and the first step whose requests outgrow the device writes the snapshot a GPU
     would have written (FORECAST_FILE in `out_dir`), with the `oom` entry where the simulated
-    allocator ran out. Without `--device-memory` nothing is recorded (it costs a weakref per
-    tensor)."""
-    if not os.environ.get("AUDITOR_DEVICE_MEMORY_GIB"):
+    allocator ran out. Without `--device-memory` (`device_gib`) nothing is recorded (it costs a
+    weakref per tensor)."""
+    if not device_gib:
         return False
     _AUDIT_CALL[0] = True
     try:
         record_memory_history(True)
     finally:
         _AUDIT_CALL[0] = False
-    _STATE["watch"] = {"out": out_dir, "written": False}
+    _STATE["watch"] = {"out": out_dir, "written": False, "capacity": int(device_gib * GiB)}
     return True
 
 
@@ -269,14 +269,9 @@ def step_end() -> tuple[int | None, str | None, bool]:
 
 
 def capacity() -> int:
-    """AUDITOR_DEVICE_MEMORY_GIB (audit run --device-memory), else the rehearsed device's memory."""
-    gib = os.environ.get("AUDITOR_DEVICE_MEMORY_GIB")
-    try:
-        if gib and float(gib) > 0:
-            return int(float(gib) * GiB)
-    except ValueError:
-        pass
-    return torch.cuda.get_device_properties(0).total_memory
+    """The watched device's memory (`audit run --device-memory`), else the rehearsed device's."""
+    w = _STATE["watch"]
+    return w["capacity"] if w is not None else torch.cuda.get_device_properties(0).total_memory
 
 
 def _requests(program: bool) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from auditor.capture import probes, torch_private
-from auditor.capture.rehearsal.intent import argument_reason, program_reasons
+from auditor.capture.rehearsal.intent import CLI_PICKS, argument_reason, cli_accelerator, program_reasons
 
 NOTE = ("CUDA rehearsal: this program asks for CUDA ({reason}) and there is no CUDA device here, so it ran "
         "on the CPU with torch.cuda answering as one idle GPU would (is_available() is True). Tensors it "
@@ -29,6 +29,8 @@ def install(mode: str, source: str | None, module: str | None = None,
     if mode == "off" or torch.cuda.is_available():
         return None
     reasons = program_reasons(source, module) if source or module else []
+    if cli_accelerator(list(argv)) not in (None, "auto", "gpu", "cuda"):  # LightningCLI told to use the CPU
+        reasons = [r for r in reasons if not r[2].endswith(CLI_PICKS)]
     argument = None if reasons else argument_reason(list(argv))
     if mode == "auto" and not reasons and argument is None:
         return None
@@ -44,7 +46,9 @@ def install(mode: str, source: str | None, module: str | None = None,
     from auditor.capture.rehearsal import data as rehearsal_data
     from auditor.capture.rehearsal import cuda as rehearsal_cuda
     from auditor.capture.rehearsal import device as rehearsal_device
+    from auditor.capture.rehearsal import legacy_types as rehearsal_legacy_types
     from auditor.capture.rehearsal import ops as rehearsal_ops
+    from auditor.capture.rehearsal import output as rehearsal_output
     from auditor.capture.rehearsal import rnn as rehearsal_rnn
     from auditor.capture.rehearsal import serialization as rehearsal_files
 
@@ -54,9 +58,10 @@ def install(mode: str, source: str | None, module: str | None = None,
     rehearsal_rnn.install()
     rehearsal_data.install()
     replaced = rehearsal_cuda.install()
+    replaced += rehearsal_legacy_types.install()
     rehearsal_dist.install()
-    probes.DEVICE_OF = rehearsal_device.device_of
-    probes.JUDGE_AS_CUDA = True
+    rehearsal_output.install()
+    probes.judge_as_gpu_code(rehearsal_device.device_of)
     # said once for a distributed run: by rank 0 (every rank rehearses, and its evidence notes it)
     if os.environ.get("RANK", "0") in ("0", ""):
         print(f"audit: no CUDA device here: rehearsing this CUDA program on the CPU ({reason}); "

@@ -8,9 +8,9 @@ that holds the recorded reserve.
 """
 from __future__ import annotations
 
-import os
+import contextlib
 from bisect import bisect_left
-from typing import Any
+from typing import Any, Iterator
 
 import msgspec
 
@@ -27,13 +27,22 @@ _SPLIT_MB = (128, 512)
 GC_NOTE = "needs torch.cuda.set_per_process_memory_fraction (the allocator collects only under a fraction)"
 
 
+_GIVEN: list[int | None] = [None]  # the command's --device-memory, in bytes (given_device_memory)
+
+
 def given_capacity() -> int | None:
-    """AUDITOR_DEVICE_MEMORY_GIB (`--device-memory`), in bytes; None when unset or not a positive number."""
+    """`--device-memory` of the command running (given_device_memory), in bytes; None when not given."""
+    return _GIVEN[0]
+
+
+@contextlib.contextmanager
+def given_device_memory(gib: float | None) -> Iterator[None]:
+    """Replays in this block run on a device of `gib` GiB (`--device-memory`; None: as recorded)."""
+    before, _GIVEN[0] = _GIVEN[0], int(gib * GiB) if gib else None
     try:
-        gib = float(os.environ.get("AUDITOR_DEVICE_MEMORY_GIB", ""))
-    except ValueError:
-        return None
-    return int(gib * GiB) if gib > 0 and gib < 1e9 else None
+        yield
+    finally:
+        _GIVEN[0] = before
 
 
 def step_ends(snapshot: Snapshot) -> list[int]:

@@ -17,7 +17,7 @@ class Figures(msgspec.Struct):
 class ReplayError(msgspec.Struct):
     """How far the replay under the recorded settings lands from the recording."""
 
-    reserved_peak_pct: float  # (replayed - recorded) / recorded reserved peak, percent
+    reserved_peak_pct: float | None  # (replayed - recorded) / recorded reserved peak, percent; None: none recorded
     reserved_max_diff_bytes: int  # the largest |replayed - recorded| reserve after any trace entry
     reserved_mean_diff_bytes: int  # the mean of |replayed - recorded| over the trace entries
     segment_allocs_diff: int  # replayed - recorded

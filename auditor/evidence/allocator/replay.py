@@ -205,9 +205,9 @@ def replay_error(recorded: Figures, rec_series: array, replayed: Figures, series
     """Compared after each request (`requests[i]`: entry i is an alloc or free): the allocator
     writes a segment_alloc just before the alloc it serves, the replay reserves at the alloc."""
     diffs = [abs(x - y) for i, (x, y) in enumerate(zip(rec_series, series)) if requests is None or requests[i]]
-    peak = recorded.reserved_peak_bytes or 1
-    return ReplayError(
-        reserved_peak_pct=round(100.0 * (replayed.reserved_peak_bytes - recorded.reserved_peak_bytes) / peak, 3),
+    peak = recorded.reserved_peak_bytes
+    return ReplayError(  # (no reserve recorded, its segments left out: no share of it to give)
+        reserved_peak_pct=round(100.0 * (replayed.reserved_peak_bytes - peak) / peak, 3) if peak else None,
         reserved_max_diff_bytes=max(diffs, default=0),
         reserved_mean_diff_bytes=int(sum(diffs) / len(diffs)) if diffs else 0,
         segment_allocs_diff=replayed.segment_allocs - recorded.segment_allocs,

@@ -109,7 +109,11 @@ def called_ops(trace: Trace) -> np.ndarray:
 
 
 def attention_chains(trace: Trace) -> list[Chain]:
-    """Every hand-written attention chain in the trace (module docstring); cached per trace."""
+    """Every hand-written attention chain in the trace (module docstring); cached per trace.
+
+    Costs a few Python steps per softmax: an operator's shapes are read once per argument record, a
+    thread's called operators are one run of called_ops (a chain's window ends at its run's ends),
+    and the kernels of every chain are found at once (_kernels_of)."""
     cached = trace.__dict__.get("_attention_chains")
     if cached is not None:
         return cached
@@ -122,39 +126,100 @@ def attention_chains(trace: Trace) -> list[Chain]:
     if not soft_codes or not mm_codes:
         return out
     rows = called_ops(trace)
+    if not len(rows):
+        return out
     names, pid, tid = trace.col("name"), trace.col("pid"), trace.col("tid")
-    ts, end = trace.col("ts"), trace.col("end")
-    is_mm = np.isin(names[rows], mm_codes)
-    launches = _launches_by_thread(trace)
+    ts, end, records = trace.col("ts"), trace.col("end"), trace.col("args")
+    is_mm = np.isin(names[rows], mm_codes).tolist()
+    # rows are in (thread, start) order: each thread's called operators are one run [run_lo, run_hi)
+    new_run = np.r_[True, (pid[rows][1:] != pid[rows][:-1]) | (tid[rows][1:] != tid[rows][:-1])]
+    run_lo = np.maximum.accumulate(np.where(new_run, np.arange(len(rows)), 0))
+    run_hi = np.r_[np.flatnonzero(new_run)[1:], len(rows)][np.cumsum(new_run) - 1]
+    mats_of: dict[int, list[tuple[int, int, int]]] = {}  # argument record code -> its matrices
+
+    def mats(row: int) -> list[tuple[int, int, int]]:
+        code = int(records[row])
+        got = mats_of.get(code)
+        if got is None:
+            got = mats_of[code] = _mats(trace, row)
+        return got
+
+    found = []
     for i in np.flatnonzero(np.isin(names[rows], soft_codes)).tolist():
         r = int(rows[i])
         rec = trace.arg_record(r)
         s = _bmn(rec.dims[0]) if rec and rec.dims and rec.dims[0] else None
         if s is None or s[1] <= 1 or s[2] <= 1:
             continue
-        thread = (pid[r], tid[r])
-        lo, hi = max(0, i - CHAIN_OPS), min(len(rows), i + 1 + CHAIN_OPS)
-        same = (pid[rows[lo:hi]] == thread[0]) & (tid[rows[lo:hi]] == thread[1])
-        scores = values = None
-        e_qk = e_v = None
+        lo, hi = max(int(run_lo[i]), i - CHAIN_OPS), min(int(run_hi[i]), i + 1 + CHAIN_OPS)
+        scores = values = e_qk = e_v = None
         for j in range(i - 1, lo - 1, -1):
-            if same[j - lo] and is_mm[j] and (e_qk := _produces(_mats(trace, int(rows[j])), s)) is not None:
+            if is_mm[j] and (e_qk := _produces(mats(int(rows[j])), s)) is not None:
                 scores = j
                 break
         for j in range(i + 1, hi):
-            if same[j - lo] and is_mm[j] and (e_v := _consumes(_mats(trace, int(rows[j])), s)) is not None:
+            if is_mm[j] and (e_v := _consumes(mats(int(rows[j])), s)) is not None:
                 values = j
                 break
         if scores is None or values is None or e_qk is None or e_v is None:
             continue
-        ops = [int(x) for x in rows[scores:values + 1] if (pid[x], tid[x]) == thread]
-        t0, t1 = float(ts[ops[0]]), float(max(end[o] for o in ops))
-        kernels = _kernels_between(trace, launches.get((int(thread[0]), int(thread[1]))), t0, t1)
-        dtype = rec.types[0] if rec.types else ""
-        out.append(Chain(scores=ops[0], softmax=r, values=int(rows[values]), ops=ops,
-                         op_names=[trace.symbols[int(names[o])] for o in ops], kernels=kernels, start=t0, end=t1,
-                         heads=s[0], queries=s[1], keys=s[2], qk_dim=e_qk, v_dim=e_v, dtype=dtype))
+        ops = rows[scores:values + 1]  # (one thread's run: every row of it is the thread's)
+        found.append((r, s, rec, ops, e_qk, e_v, float(ts[ops[0]]), float(end[ops].max())))
+    kernels = _kernels_of(trace, [int(f[3][0]) for f in found], [f[6] for f in found], [f[7] for f in found])
+    for (r, s, rec, ops, e_qk, e_v, t0, t1), ks in zip(found, kernels):
+        out.append(Chain(scores=int(ops[0]), softmax=r, values=int(ops[-1]), ops=ops.tolist(),
+                         op_names=[trace.symbols[c] for c in names[ops].tolist()], kernels=ks, start=t0, end=t1,
+                         heads=s[0], queries=s[1], keys=s[2], qk_dim=e_qk, v_dim=e_v,
+                         dtype=rec.types[0] if rec.types else ""))
     return out
+
+
+def _kernels_of(trace: Trace, first: list[int], t0: list[float], t1: list[float]) -> list[list[int]]:
+    """For each chain (its first operator's row, its span [t0, t1]): the GPU rows (kernels, copies,
+    memsets) of the launches its thread started in [t0, t1), in launch order, each launch's rows by
+    row; all chains at once."""
+    out: list[list[int]] = [[] for _ in first]
+    if not first:
+        return out
+    launches = _launches_by_thread(trace)
+    owners, gpu = _gpu_by_launch(trace)
+    pid, tid = trace.col("pid"), trace.col("tid")
+    first_rows = np.asarray(first, dtype=np.int64)
+    t0s, t1s = np.asarray(t0, dtype=np.float64), np.asarray(t1, dtype=np.float64)
+    for key, chains in _by_key(pid[first_rows], tid[first_rows]).items():
+        thread = launches.get(key)
+        if thread is None or not len(thread[0]):
+            continue
+        rows, starts = thread
+        a = np.searchsorted(starts, t0s[chains], side="left")
+        b = np.searchsorted(starts, t1s[chains], side="left")
+        n = np.maximum(b - a, 0)
+        mine = rows[_ranges(a, n)]  # every chain's launches, chain after chain
+        lo, hi = np.searchsorted(owners, mine, side="left"), np.searchsorted(owners, mine, side="right")
+        per_launch = hi - lo
+        ks = gpu[_ranges(lo, per_launch)]
+        # each chain's kernels: those of its launches (the launches' counts summed chain by chain)
+        upto = np.r_[0, np.cumsum(per_launch)][np.cumsum(n)]
+        for c, got in zip(chains.tolist(), np.split(ks, upto[:-1])):
+            out[c] = got.tolist()
+    return out
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """starts[0] .. starts[0]+counts[0]-1, then starts[1] .., as one index array."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if not total:
+        return np.empty(0, dtype=np.int64)
+    return np.repeat(np.asarray(starts, dtype=np.int64) - np.cumsum(counts) + counts, counts) + np.arange(total)
+
+
+def _by_key(pid: np.ndarray, tid: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """Positions 0..n-1 grouped by (pid, tid), each group in order."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for k, key in enumerate(zip(pid.tolist(), tid.tolist())):
+        groups.setdefault(key, []).append(k)
+    return {key: np.asarray(v, dtype=np.int64) for key, v in groups.items()}
 
 
 def _launches_by_thread(trace: Trace) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
@@ -180,21 +245,3 @@ def _gpu_by_launch(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         order = np.argsort(link[gpu], kind="stable")
         cached = trace.__dict__["_gpu_by_launch"] = (link[gpu][order], gpu[order])
     return cached
-
-
-def _kernels_between(trace: Trace, thread: tuple[np.ndarray, np.ndarray] | None, t0: float, t1: float) -> list[int]:
-    """The GPU rows (kernels, copies, memsets) of the thread's launches that started in [t0, t1]."""
-    if thread is None or not len(thread[0]):
-        return []
-    launches, starts = thread
-    a, b = np.searchsorted(starts, [t0, t1], side="left")
-    mine = launches[a:b]
-    owners, gpu = _gpu_by_launch(trace)
-    lo, hi = np.searchsorted(owners, mine, side="left"), np.searchsorted(owners, mine, side="right")
-    counts = hi - lo
-    total = int(counts.sum())
-    if not total:
-        return []
-    # the rows lo[i]..hi[i]-1 of every launch, in order, without a Python loop
-    at = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(total)
-    return gpu[at].tolist()

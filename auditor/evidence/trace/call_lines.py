@@ -53,6 +53,9 @@ _MADE_BY: dict[str, tuple[str, ...]] = {
     "copy_": ("copy_", "to", "cuda", "cpu"),
 }
 MAX_CANDIDATES = 6  # more lines than this that could have made an op name none of them
+# an op a comparison operator reaches with no call of its own (`logits[y > 0.5]`: aten::gt)
+_COMPARED = {ast.Gt: "?gt", ast.Lt: "?lt", ast.GtE: "?ge", ast.LtE: "?le", ast.Eq: "?eq", ast.NotEq: "?ne"}
+_MADE_BY.update({op[1:]: (op,) for op in _COMPARED.values()})
 
 
 class CandidateFrame(Frame, frozen=True):
@@ -63,23 +66,29 @@ class CandidateFrame(Frame, frozen=True):
     lines: tuple[int, ...] = ()
 
 
-def _functions(file: str) -> tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]:
+Function = tuple[int, int, tuple[tuple[str, int], ...], tuple[tuple[int, int], ...]]
+
+
+def _functions(file: str) -> tuple[Function, ...]:
     """Each function of `file`: (def line, last line, ((what it makes, line), ...) of its own body,
-    nested functions' bodies left out); the module's own code as def line 0. Empty when the file
-    cannot be read or parsed here. (Cached by the source's text: a relative name is found from the
-    working directory and sys.path.)"""
+    ((first line, last line) of each loop in it), nested functions' bodies left out); the module's
+    own code as def line 0. Empty when the file cannot be read or parsed here. (Cached by the
+    source's text: a relative name is found from the working directory and sys.path.)"""
     return _parsed("".join(source_access.getlines(file)))
 
 
-def _makers(body: list[ast.stmt]) -> tuple[tuple[str, int], ...]:
+def _makers(body: list[ast.stmt]) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[int, int], ...]]:
     """(what, line) for each call by name and each place a tensor's value could be read (see
-    _MADE_BY) in `body`, nested functions and classes left out."""
+    _MADE_BY) in `body`, and the spans of its loops, nested functions and classes left out."""
     out: list[tuple[str, int]] = []
+    loops: list[tuple[int, int]] = []
     todo: list[ast.AST] = list(body)
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             continue
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            loops.append((node.lineno, node.end_lineno or node.lineno))
         if isinstance(node, ast.Call):
             f = node.func
             name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
@@ -94,37 +103,42 @@ def _makers(body: list[ast.stmt]) -> tuple[tuple[str, int], ...]:
         elif isinstance(node, ast.Subscript) and isinstance(
                 node.slice, (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.Call, ast.Name, ast.Attribute)):
             out.append(("?mask", node.lineno))
+        elif isinstance(node, ast.Compare):
+            out.extend((_COMPARED[type(op)], node.lineno) for op in node.ops if type(op) in _COMPARED)
         todo.extend(ast.iter_child_nodes(node))
-    return tuple(out)
+    return tuple(out), tuple(loops)
 
 
 @lru_cache(maxsize=256)
-def _parsed(text: str) -> tuple[tuple[int, int, tuple[tuple[str, int], ...]], ...]:
+def _parsed(text: str) -> tuple[Function, ...]:
     if not text:
         return ()
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return ()
-    out = [(0, len(text.splitlines()), _makers(tree.body))]
+    out = [(0, len(text.splitlines()), *_makers(tree.body))]
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out.append((fn.lineno, fn.end_lineno or fn.lineno, _makers(fn.body)))
+            out.append((fn.lineno, fn.end_lineno or fn.lineno, *_makers(fn.body)))
     return tuple(out)
 
 
-def candidate_lines(file: str, def_line: int, callee: str | None) -> list[int] | None:
+def candidate_lines(file: str, def_line: int, callee: str | None, after: int | None = None) -> list[int] | None:
     """The lines of the function defined at `def_line` (0: the module's own code) that can make
-    `callee`, in order; None when the source is not here or names no such function."""
+    `callee`, in order; None when the source is not here or names no such function. `after`: the
+    line the function was on when the profiler started, for its later work: only the lines it can
+    still reach from there (from the outermost loop holding it on, or from the line itself)."""
     if not callee or not file:
         return None
     # a Python-level call is made by calls of its name; an op seen with no call above it, also by
     # what reaches it without one (`if t:` reaches aten::is_nonzero)
     name = callee.removeprefix("::")
     kinds = {name, *(_MADE_BY.get(name, ()) if callee.startswith("::") else ())}
-    for start, _end, makers in _functions(file):
+    for start, _end, makers, loops in _functions(file):
         if start == def_line:
-            return sorted({line for what, line in makers if what in kinds})
+            first = 0 if after is None else min([after, *(a for a, b in loops if a <= after <= b)])
+            return sorted({line for what, line in makers if what in kinds and line >= first})
     return None
 
 
@@ -156,4 +170,4 @@ def started_call_line(frame: Frame, def_line: int | None, callee: str | None) ->
     own code) that can make `callee`, or the few that can; None when none can."""
     if def_line is None or not frame.file:
         return None
-    return placed(frame, candidate_lines(frame.file, def_line, callee))
+    return placed(frame, candidate_lines(frame.file, def_line, callee, after=frame.line))

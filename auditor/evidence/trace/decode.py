@@ -277,9 +277,17 @@ _WS = b" \t\r\n"
 _NON_WS = re.compile(rb"[^ \t\r\n]")
 
 
+# What a gzip trace may inflate to: at most MAX_INFLATION times the compressed bytes read so far,
+# once past INFLATION_FLOOR. Kineto's JSON compresses 7-30x (the fixtures: 30x a V100 ResNet-50
+# trace at gzip's default level); a file past 100x is no recording but a bomb (36 MB inflating to
+# 10 GB of events grew past 6 GB resident before), refused within its first INFLATION_FLOOR bytes.
+MAX_INFLATION = 100
+INFLATION_FLOOR = 64 << 20
+
+
 class _Reader:
-    """The file's bytes, gunzipped on the fly when it is gzip (detected by magic), read straight
-    into the caller's buffer; read errors become one-line InputErrors."""
+    """The file's bytes, gunzipped on the fly when it is gzip (detected by magic; bounded by
+    MAX_INFLATION), read straight into the caller's buffer; read errors become one-line InputErrors."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -289,7 +297,17 @@ class _Reader:
             self.raw.seek(0)
         except OSError as e:
             raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
-        self.stream = gzip.GzipFile(fileobj=self.raw) if magic == b"\x1f\x8b" else self.raw
+        self.gzip = magic == b"\x1f\x8b"
+        self.stream = gzip.GzipFile(fileobj=self.raw) if self.gzip else self.raw
+        self.inflated = 0
+
+    def _bound(self, got: int) -> None:
+        """InputError once the gzip has inflated past what a trace compresses to (MAX_INFLATION)."""
+        self.inflated += got
+        if self.gzip and self.inflated > INFLATION_FLOOR and self.inflated > MAX_INFLATION * self.raw.tell():
+            raise InputError(f"{self.path}: not a profiler trace: its first {self.raw.tell():,} compressed bytes "
+                             f"inflate to {self.inflated:,}, over {MAX_INFLATION} times as many (a profiler "
+                             f"trace compresses 7-30 times)")
 
     def readinto(self, target: memoryview) -> int:
         """Fill `target` (fewer bytes only at the end of the file); the count read."""
@@ -309,6 +327,7 @@ class _Reader:
             raise InputError(f"{self.path}: not a readable gzip trace ({e or 'compressed file ended early'})") from None
         except OSError as e:
             raise InputError(f"{self.path}: cannot read ({e.strerror or e})") from None
+        self._bound(got)
         return got
 
     def rest(self) -> bytes:
@@ -415,8 +434,10 @@ class _Stream:
             if len(self.buf) > 256 << 20 or not self._more():
                 raise self._fail("not a profiler trace: no traceEvents array found")
 
-    def chunks(self) -> Iterator[list[_Event]]:
-        """Decoded lists of events, chunk by chunk, until the closing `]` of the array.
+    def chunks(self, timed: bool = True) -> Iterator[list[_Event]]:
+        """Decoded lists of events, chunk by chunk, until the closing `]` of the array; those whose
+        times cannot be used left out (_timed), unless `timed` is False: then the caller leaves them
+        out (_Columns.add does, from the columns it reads anyway, calling _timed only when one is).
 
         The buffer is only ever sliced once per block read; chunks are addressed by offsets."""
         while True:
@@ -437,7 +458,7 @@ class _Stream:
             if self.buf[p:p + 1] != b"{":  # every event is an object: `[1, 2]` is JSON, not a trace
                 raise self._fail("not a profiler trace: traceEvents holds a non-object")
             self.pos = p
-            events, cut = self._decode_prefix(p)
+            events, cut = self._decode_prefix(p, timed)
             if events is None:  # no complete event in the buffer: an event larger than a block
                 if len(self.buf) - p > MAX_EVENT_BYTES:
                     raise self._fail(too_long(self.base + p))
@@ -466,9 +487,9 @@ class _Stream:
             return self._fail("not a profiler trace: traceEvents holds a non-object")
         return self._fail("malformed JSON in traceEvents")
 
-    def _decode_prefix(self, p: int) -> tuple[list[_Event] | None, int]:
-        """Decode the longest run of complete events in the buffer from `p`; return them and the
-        offset just past the last one.
+    def _decode_prefix(self, p: int, timed: bool = True) -> tuple[list[_Event] | None, int]:
+        """Decode the longest run of complete events in the buffer from `p`; return them (those with
+        usable times, when `timed`) and the offset just past the last one.
 
         A candidate cut is a `}` followed by `,{` or `]`. A cut inside a string or a nested object
         makes the wrapped chunk fail at its very end, and a cut past the end of the array leaves
@@ -494,7 +515,9 @@ class _Stream:
             buf[p - 1], buf[i + 1] = 0x5B, 0x5D
             piece = memoryview(buf)[p - 1:i + 2]
             try:
-                events = self._timed(_DECODER.decode(piece))
+                events = _DECODER.decode(piece)
+                if timed:
+                    events = self._timed(events)
             except RecursionError:  # (msgspec's limit: no profiler writes JSON that deep)
                 raise self._fail(f"not a profiler trace: an event near byte {self.base + p} nests "
                                  "objects or arrays too deeply") from None
@@ -633,6 +656,17 @@ class SymbolTable:
         return len(self.names)
 
 
+def _usable_times(ts: np.ndarray, dur: np.ndarray, complete: np.ndarray, flow_ts: np.ndarray) -> bool:
+    """Whether _Stream._timed would leave none of a chunk's rows out: every event row and flow has a
+    finite time, every complete event a duration in [0, MAX_DUR_US]."""
+    if not (np.isfinite(ts).all() and np.isfinite(flow_ts).all()):
+        return False
+    if ((dur >= 0) & (dur <= MAX_DUR_US)).all():
+        return True
+    lasting = dur[complete]
+    return bool(((lasting >= 0) & (lasting <= MAX_DUR_US)).all())
+
+
 def _int_column(values: list[Any]) -> np.ndarray:
     try:
         return np.fromiter(values, dtype=np.int64, count=len(values))
@@ -716,7 +750,12 @@ class _Columns:
             table = self._tables[key] = np.concatenate([table, np.asarray(extra, dtype=bool)])
         return table[np.maximum(codes, 0)] & (codes >= 0)
 
-    def add(self, events: list[_Event]) -> None:
+    def add(self, events: list[_Event], timed: Callable[[list[_Event]], list[_Event]] | None = None) -> None:
+        """Append a chunk's columns. `timed`: given for events whose times were not checked
+        (_Stream.chunks(timed=False)); when a row's time cannot be used (none, an infinite one, a
+        duration no event has), the chunk is added as `timed` leaves it (_Stream._timed, which
+        counts what it leaves out). The check reads the time columns made here anyway: a second
+        pass over every event's times cost ~5% of the parse."""
         # Fields are read with list comprehensions (the interpreter's specialised attribute loads
         # beat map(attrgetter)) and rows are picked with itertools.compress, never through numpy
         # object arrays, whose element-wise fill costs ~150 ns an event.
@@ -724,21 +763,27 @@ class _Columns:
                            count=len(events))
         is_body = (kind == 1) | (kind == 4)
         body: list[_Event] = events if is_body.all() else list(compress(events, is_body.tolist()))
+        flows = list(compress(events, (kind == 2).tolist())) if (kind == 2).any() else []
+        n = len(body)
+        ts = np.fromiter([e.ts for e in body], dtype=np.float64, count=n)
+        dur = np.fromiter([e.dur for e in body], dtype=np.float64, count=n)
+        flow_ts = np.fromiter([e.ts for e in flows], dtype=np.float64, count=len(flows))
+        if timed is not None and not _usable_times(ts, dur, kind[is_body] == 1, flow_ts):
+            self.add(timed(events))
+            return
         if (kind == 3).any():
             self.meta.extend(compress(events, (kind == 3).tolist()))
-        if (kind == 2).any():
-            flows = list(compress(events, (kind == 2).tolist()))
+        if flows:
             norm = self._norm_id
             ids = [-1 if e.id is None else (e.id if type(e.id) is int else norm(e.id)) for e in flows]
             self._put(self.flow_parts, "id", _int_column(ids))
             self._put(self.flow_parts, "start", np.fromiter([e.ph == "s" for e in flows], dtype=bool, count=len(flows)))
             self._put(self.flow_parts, "pid", self._id_column([e.pid for e in flows]))
             self._put(self.flow_parts, "tid", self._id_column([e.tid for e in flows]))
-            self._put(self.flow_parts, "ts", np.fromiter([e.ts for e in flows], dtype=np.float64, count=len(flows)))
+            self._put(self.flow_parts, "ts", flow_ts)
             self._put(self.flow_parts, "cat", self.symbols.intern_many([e.cat for e in flows]))
         if not body:
             return
-        n = len(body)
         raw_cat = self.symbols.intern_many([e.cat for e in body])
         cats = self._cat_codes(np.maximum(raw_cat, 0)) if len(self.symbols) else np.zeros(n, np.int8)
         cats[raw_cat < 0] = 0
@@ -754,8 +799,8 @@ class _Columns:
         self._put(put, "instant", instant)
         self._put(put, "pid", self._id_column([e.pid for e in body]))
         self._put(put, "tid", self._id_column([e.tid for e in body]))
-        self._put(put, "ts", np.fromiter([e.ts for e in body], dtype=np.float64, count=n))
-        self._put(put, "dur", np.fromiter([e.dur for e in body], dtype=np.float64, count=n))
+        self._put(put, "ts", ts)
+        self._put(put, "dur", dur)
         # Args are decoded only for the rows some column reads (launches, GPU work, memory events,
         # and the old schema's operators, for their call stacks), in one batch.
         launch_gpu = np.isin(cats, LAUNCH_SIDE + GPU_SIDE + (CAT["gpu_annotation"],))

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 
 from auditor.evidence.errors import InputError
@@ -227,10 +228,14 @@ def _parse(path: Path, chunk_bytes: int, workers: int) -> Trace:
         if workers > 1:
             parallel.parse(stream, cols, workers)
         else:
-            for events in stream.chunks():
-                cols.add(events)
+            for events in stream.chunks(timed=False):
+                cols.add(events, stream._timed)
         trace = _finish(path, stream, cols, symbols)
         trace.workers = workers if workers > 1 else 0
         return trace
+    except (msgspec.DecodeError, RecursionError) as e:  # (what the stream's own checks left: invalid
+        # UTF-8 in an argument decoded late, a header nested past the decoder's depth)
+        why = "nests objects or arrays too deeply" if isinstance(e, RecursionError) else str(e)
+        raise InputError(f"{path}: not a readable profiler trace ({why})") from None
     finally:
         stream.reader.close()

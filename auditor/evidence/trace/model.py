@@ -4,6 +4,7 @@ auditor's own ranges, the operator table, steps and windows, the enclosing calls
 of a row). auditor.evidence.trace.load builds it from a file."""
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,10 +221,13 @@ class Trace:
             timed[also_nested] = True
         nested = np.flatnonzero(timed & (parent >= 0))
         inner = np.bincount(parent[nested], weights=dur[nested], minlength=len(cat))
-        codes, which = np.unique(name[ops], return_inverse=True)
-        count = np.bincount(which)
-        self_us = np.bincount(which, weights=np.maximum(dur[ops] - inner[ops], 0.0))
-        total_us = np.bincount(which, weights=dur[ops])
+        # per name code (a few thousand, dense; -1 for none): counted in one pass, no sort of the operators
+        slot = name[ops].astype(np.int64) + 1
+        count = np.bincount(slot)
+        self_us = np.bincount(slot, weights=np.maximum(dur[ops] - inner[ops], 0.0))
+        total_us = np.bincount(slot, weights=dur[ops])
+        used = np.flatnonzero(count)  # (the names operators have, in code order, as np.unique gave them)
+        codes, count, self_us, total_us = used - 1, count[used], self_us[used], total_us[used]
         order = np.argsort(-self_us, kind="stable")[:limit]
         return [{"name": self.symbols[int(codes[i])], "count": int(count[i]), "self_ms": float(self_us[i]) / 1e3,
                  "total_ms": float(total_us[i]) / 1e3} for i in order]
@@ -380,8 +384,9 @@ class Trace:
         next batch, the next step) is recorded under the same name, so that line, the profiler's
         own, is not where it was done. The tracer records those frames first, all within
         microseconds of its start, on every thread: each thread's outermost early frame, then the
-        earliest call inside each, down to the first library frame below the user's code (the
-        profiler's own start on the thread that started it)."""
+        earliest call inside each, down to the profiler's own start on the thread that started
+        it: through library frames between the user's (a launcher's `runpy.run_path` above the
+        program's module code, an optimizer's step running the hook that called `prof.step()`)."""
         cached = self.__dict__.get("_startup_frames")
         if cached is not None:
             return cached
@@ -402,13 +407,8 @@ class Trace:
                 if int(parent[root]) in known or thread in threads:
                     continue
                 threads.add(thread)
-                r, seen_user = root, False
+                r = root
                 while r in first_child or r == root:
-                    f = parse_frame(self.symbols[int(names[r])])
-                    user = f is not None and not is_library_file(f.file)
-                    if seen_user and not user:
-                        break
-                    seen_user = seen_user or user
                     child = first_child.get(r)
                     if child is None:
                         break
@@ -447,8 +447,9 @@ class Trace:
         judged on time, not on the chain: a ProfilerStep range opens inside `prof.step()` and
         outlives it, so the rows of every step hang below the call that started the profiler.
         """
-        # row -> (the frame, its row when it ran before the profiler, the frame's row, the row below it)
-        cache: dict[int, tuple[Frame | None, int, int, int]] = self.__dict__.setdefault("_user_frames", {})
+        # row -> (the frame, its row when it ran before the profiler, the frame's row, the row below
+        # it, until when the answer holds: the end of the frame's call or of the call it was making)
+        cache: dict[int, tuple[Frame | None, int, int, int, float]] = self.__dict__.setdefault("_user_frames", {})
         cat = self.col("cat")
         link = self.col("link")
         if cat[row] in GPU_SIDE and link[row] >= 0:
@@ -458,14 +459,20 @@ class Trace:
         names = self.col("name")
         startup = self.startup_frames()
         path: list[int] = []
-        found: tuple[Frame | None, int, int, int] = (None, -1, -1, -1)
-        ends, begin = self.col("end"), self.col("ts")[row]
+        found: tuple[Frame | None, int, int, int, float] = (None, -1, -1, -1, math.inf)
+        ends = self.__dict__.get("_end_list")  # (Python floats: read per row of every walk)
+        if ends is None:
+            ends = self.__dict__["_end_list"] = self.col("end").tolist()
+        begin = float(self.col("ts")[row])
         r = row
         while r >= 0:
-            if r in cache:
-                found = cache[r]
+            hit = cache.get(r)
+            # (an answer whose frame, or the call it was making, had returned before this row began
+            # is not this row's: rows below a `prof.step()` in an optimizer's hook begin after it)
+            if hit is not None and hit[4] >= begin:
+                found = hit
                 if found[2] == r:  # the frame's own row: what it called is on the walk that came here
-                    found = (*found[:3], self._called([*path, r], begin))
+                    found = (*found[:3], self._called([*path, r], begin), found[4])
                 break
             path.append(r)
             # a Python call that returned before the row began is not running it: a ProfilerStep
@@ -474,27 +481,33 @@ class Trace:
             if cat[r] == CAT["python"] and ends[r] >= begin:
                 f = self._program_frame(int(names[r]))
                 if f is not None:
-                    found = (f, r if r in startup else -1, r, self._called(path, begin))
+                    found = (f, r if r in startup else -1, r, self._called(path, begin), math.inf)
                     break
             elif stack[r] >= 0:
                 for part in self.symbols[int(stack[r])].split(";"):
                     f = parse_frame(part)
                     if f is not None and not is_library_file(f.file):
-                        found = (f, -1, -1, -1)
+                        found = (f, -1, -1, -1, math.inf)
                         break
                 break
             r = int(parent[r])
             if len(path) > 10_000:  # a cycle cannot happen by construction; stay safe anyway
                 break
         # rows above what the frame was calling (a ProfilerStep range, the `prof.step()` it hangs
-        # under) are not cached: each row below them was calling something else of the frame's
-        upto = path.index(found[3]) if found[3] in path else len(path)
-        for i, p in enumerate(path):
-            if p == found[2]:
-                cache[p] = (*found[:3], -1)
-            elif i <= upto:
-                cache[p] = found
-        frame, early, _, below = found
+        # under) are not cached: each row below them was calling something else of the frame's; nor
+        # are rows that outlive the frame or that call (a ProfilerStep range a `prof.step()` in an
+        # optimizer's hook opened): rows below them after it returned are not that call's
+        if path:
+            upto = path.index(found[3]) if found[3] in path else len(path)
+            held = ends[found[2]] if found[2] >= 0 else math.inf
+            outlives = min(held, ends[found[3]] if found[3] >= 0 else math.inf)
+            answer = (*found[:4], outlives)
+            for i, p in enumerate(path):
+                if p == found[2]:
+                    cache[p] = (*found[:3], -1, held)
+                elif i <= upto and (outlives == math.inf or ends[p] <= outlives):
+                    cache[p] = answer
+        frame, early, _, below, _ = found
         if frame is not None and below >= 0:
             # a trace names a Python frame by its def line: the line calling what ran below it
             # (worked out once per frame and name below it: it reads the function's source)

@@ -43,8 +43,9 @@ def thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.
         at = np.flatnonzero(in_run)
         sub = order[at]
         order[at] = sub[np.lexsort((-dur[sub], ts[sub]))]
-    pcode, puniq = pd.factorize(pid)
     tcode, tuniq = pd.factorize(tid)
+    # (one process, the usual host trace, needs no hashing of its pids: a pass compares them)
+    pcode, puniq = pd.factorize(pid) if len(pid) and not (pid == pid[0]).all() else (None, pid[:1])
     if len(puniq) > 1:
         thread, uniq = pd.factorize(pcode.astype(np.int64) * max(len(tuniq), 1) + tcode)
         count = len(uniq)

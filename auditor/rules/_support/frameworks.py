@@ -2,11 +2,18 @@
 `trainer.fit()` line: a probed call's `via` (the library functions between the user's line and
 the call, innermost first, see capture.frames.library_via) names the framework code that made it,
 and this table the setting that makes that code run every step. The fix is that setting, as
-config: the user's line only calls into the framework, so no edit of it is the fix."""
+config: the user's line only calls into the framework, so no edit of it is the fix.
+
+Read from a program's source (`trains_with`): the Lightning Fabric, Trainer or LightningCLI its
+code trains with, whose settings are the fixes' terms there (mixed precision is its `precision`;
+Fabric copies the batches itself)."""
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
+
+from auditor.fixes import call_name, parse_file
 
 
 @dataclass(frozen=True)
@@ -106,3 +113,84 @@ def loader_settings(via: str) -> dict[str, str] | None:
         if any(where in entry for entry in chain):
             return names
     return None
+
+
+# --- the framework a program's own code trains with --------------------------------------------
+
+class Trains(NamedTuple):
+    """Where a program's code hands its training to Lightning: `kind` "fabric" (`Fabric(...)`),
+    "trainer" (`Trainer(...)`) or "cli" (`LightningCLI(...)`, whose Trainer the command line
+    sets); the call's file and line, and the `precision` it gives (None when left to the default);
+    for Fabric, the line of the first `.setup_dataloaders(...)` that moves batches to the device
+    itself (move_to_device left True)."""
+
+    kind: str
+    file: str
+    line: int
+    precision: str | None = None
+    moves_batches: int | None = None
+
+
+_LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
+_KINDS = {"Fabric": "fabric", "Trainer": "trainer", "LightningCLI": "cli"}
+
+
+def trains_with(files: Iterable[str | None]) -> Trains | None:
+    """The first Lightning Fabric, Trainer or LightningCLI made in `files` (each read once, in
+    order) that import Lightning; None when none does (see Trains)."""
+    for file in dict.fromkeys(f for f in files if f):
+        parsed = parse_file(file)
+        if parsed is None or not _imports_lightning(parsed[0]):
+            continue
+        calls = sorted((n for n in ast.walk(parsed[0]) if isinstance(n, ast.Call)), key=lambda n: n.lineno)
+        made = next((c for c in calls if call_name(c) in _KINDS), None)
+        if made is None:
+            continue
+        kind = _KINDS[call_name(made) or ""]
+        precision = next((k.value.value for k in made.keywords if k.arg == "precision"
+                          and isinstance(k.value, ast.Constant)), None)
+        moves = next((c.lineno for c in calls if call_name(c) == "setup_dataloaders" and not any(
+            k.arg == "move_to_device" and isinstance(k.value, ast.Constant) and k.value.value is False
+            for k in c.keywords)), None) if kind == "fabric" else None
+        return Trains(kind, file, made.lineno, None if precision is None else str(precision), moves)
+    return None
+
+
+def _imports_lightning(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(n.split(".")[0] in _LIGHTNING for n in names):
+            return True
+    return False
+
+
+def framework_moves_batches(trains: Trains | None) -> str | None:
+    """What to say of a pinned batch's copy where the framework makes it (Fabric's
+    `setup_dataloaders`, a Trainer's own batch transfer: `.to(device, non_blocking=True)` inside
+    Lightning): the user's step has no copy to change."""
+    if trains is None or (trains.kind == "fabric" and trains.moves_batches is None):
+        return None
+    if trains.kind == "fabric":
+        return (f"`fabric.setup_dataloaders` (line {trains.moves_batches}) moves the batches to the device itself, "
+                "without blocking from pinned memory: there is no copy in the step to change")
+    return ("Lightning's Trainer moves the batches to the device itself (its `transfer_batch_to_device`), without "
+            "blocking from pinned memory: there is no copy in the step to change")
+
+
+def mixed_precision(trains: Trains | None, bf16: bool | None = None) -> tuple[str, dict[str, Any]] | None:
+    """(advice, config) for mixed precision in the framework's own terms: its `precision` setting,
+    which runs the forward and loss under autocast (and, for "16-mixed", its own GradScaler).
+    `bf16`: whether the GPU runs bfloat16 (None: not known, bf16 advised with fp16 before Ampere)."""
+    if trains is None:
+        return None
+    value = "bf16-mixed" if bf16 is not False else "16-mixed"
+    name = {"fabric": "Fabric", "trainer": "Trainer", "cli": "Trainer"}[trains.kind]
+    older = (f" (\"16-mixed\", with {'Lightning' if trains.kind == 'cli' else name}'s own GradScaler, on GPUs "
+             "before Ampere)" if bf16 is None else "")
+    if trains.kind == "cli":
+        return (f"Run it in mixed precision through its LightningCLI (line {trains.line}): `--trainer.precision "
+                f"{value}` on the command line{older}", {"Trainer.precision": value})
+    given = f" (it gives precision={trains.precision!r})" if trains.precision else ""
+    return (f"Run it in mixed precision through {name}: `{name}(..., precision=\"{value}\")` at line {trains.line}"
+            f"{given}{older}; {name} then runs the forward and loss under autocast", {f"{name}.precision": value})
