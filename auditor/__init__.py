@@ -6,29 +6,24 @@ findings, fixes and config modules; reports import evidence, findings, fixes and
 (for the rules' docs).
 
 From Python (docs/python.md): `auditor.analyze`, `auditor.run` and `auditor.load` return an
-`auditor.Audit`, imported when first used (the audited program imports auditor: it stays light).
+`auditor.Audit`; errors raise `auditor.AuditError`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from auditor.errors import AuditError
 from auditor.step_marker import step
 
-if TYPE_CHECKING:
-    from auditor.api import analyze, compare, load, run
-    from auditor.audit import Audit
-
 __version__ = "0.1.0"
 __all__ = ["step", "analyze", "run", "load", "compare", "Audit", "AuditError", "__version__"]
 
-_LAZY = {"analyze": "auditor.api", "run": "auditor.api", "load": "auditor.api", "compare": "auditor.api",
-         "Audit": "auditor.audit"}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    """The Python API (auditor.api), imported on first use (PEP 562): pandas and the pipelines are
+    not imported with auditor, which the audited program imports."""
+    if name in ("analyze", "run", "load", "compare", "Audit"):
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(importlib.import_module("auditor.api"), name)
     raise AttributeError(f"module 'auditor' has no attribute {name!r}")

@@ -15,12 +15,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from auditor.audit import Audit, compare
 from auditor.errors import EXIT_USAGE, AuditError
 
 if TYPE_CHECKING:
-    from auditor.audit import Audit
     from auditor.command_options import OutputOptions
-    from auditor.evidence.compare import Comparison
+
+__all__ = ["analyze", "run", "load", "compare", "Audit", "AuditError"]
 
 PathLike = str | os.PathLike
 
@@ -54,27 +55,7 @@ def run(target: str, steps: int = 30, args: Sequence[str] = (), module: bool = F
 
 def load(out_dir: PathLike) -> Audit:
     """The audit an `audit` command (or `analyze` / `run`) wrote in `out_dir`."""
-    from auditor.audit import Audit
-
     return Audit.read(Path(out_dir))
-
-
-def compare(a: PathLike, b: PathLike) -> Comparison:
-    """B against A as `audit diff A B` compares them (auditor.diff.compare_paths): each an output
-    directory, a profiler trace or a TensorBoard logdir."""
-    from auditor import app
-    from auditor.diff import compare_paths
-    from auditor.evidence import source_access
-    from auditor.evidence.errors import InputError
-
-    a, b = Path(a), Path(b)
-    with source_access.kept():
-        app.allow_sources((), (a, b))
-        config = app.rule_config(Path.cwd(), (), ())
-        try:
-            return compare_paths(a, b, config)
-        except InputError as e:
-            raise AuditError(str(e)) from None
 
 
 def _options(kind: type[OutputOptions], given: dict[str, Any]) -> Any:
@@ -94,7 +75,6 @@ def _made(options: Any, name: str, pipeline: Callable[[Any], int]) -> Audit:
     import msgspec
 
     from auditor import app
-    from auditor.audit import Audit
     from auditor.evidence import source_access
 
     with source_access.kept():

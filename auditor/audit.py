@@ -177,13 +177,9 @@ class Audit:
     def diff(self, other: Audit | str | Path) -> Diff:
         """This audit (A) against `other` (B: an Audit, an output directory or a trace), as
         `audit diff A B` compares them."""
-        from auditor.api import compare
-
         return Diff(compare(self.out, other.out if isinstance(other, Audit) else Path(other)))
 
     def _repr_html_(self) -> str:
-        from auditor.audit_html import first_screen
-
         return first_screen(self)
 
 
@@ -231,3 +227,74 @@ def _recorded_steps(steps: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"step": n, "ms": ms, "host_ms": host[i] if i < len(host) else None,
              "device_ms": device[i] if i < len(device) else None, "role": "recorded"}
             for i, (n, ms) in enumerate(zip(numbers, times))]
+
+
+def compare(a: str | Path, b: str | Path) -> Comparison:
+    """B against A as `audit diff A B` compares them (auditor.diff.compare_paths): each an output
+    directory, a profiler trace or a TensorBoard logdir."""
+    from auditor import app
+    from auditor.diff import compare_paths
+    from auditor.evidence import source_access
+    from auditor.evidence.errors import InputError
+
+    a, b = Path(a), Path(b)
+    with source_access.kept():
+        app.allow_sources((), (a, b))
+        config = app.rule_config(Path.cwd(), (), ())
+        try:
+            return compare_paths(a, b, config)
+        except InputError as e:
+            raise AuditError(str(e)) from None
+
+
+SHOWN = 10  # the costliest findings listed (the rest are in Audit.findings)
+TITLES = {"checkpoint": "Checkpoint audit", "snapshot": "Memory snapshot audit"}
+
+TEMPLATE = """\
+<div class="auditor-audit" style="font-family: sans-serif; line-height: 1.4">
+<style>.auditor-audit th, .auditor-audit td { text-align: left; vertical-align: top }</style>
+<h3 style="margin: 0.2em 0">{{ title }} <code>{{ target }}</code></h3>
+{% if failed %}<p style="color: #b00020"><b>The run {{ ending.status }}</b>
+{%- if ending.exception %}: {{ ending.exception }}{% if ending.message %}: {{ ending.message }}{% endif %}{% endif %}</p>{% endif %}
+<table>
+{% if parts %}<tr><th>Run's time per step</th><td>{{ parts }}</td></tr>{% endif %}
+<tr><th>Median step</th><td>{{ median }}</td></tr>
+<tr><th>Findings</th><td>{{ counts or "none" }}</td></tr>
+</table>
+{% if shown %}<table>
+<tr><th>severity</th><th>rule</th><th>where</th><th>cost</th><th>message</th></tr>
+{% for f in shown %}<tr><td>{{ f.severity }}</td><td><code>{{ f.rule }}</code></td><td>{{ f.where }}</td>
+<td>{{ f.cost }}</td><td>{{ f.message }}</td></tr>
+{% endfor %}</table>{% if more %}<p>... and {{ more }} more (<code>.findings</code> lists them all)</p>{% endif %}{% endif %}
+<p>report: <a href="{{ report_uri }}" target="_blank">{{ report }}</a></p>
+</div>
+"""
+
+
+def first_screen(audit: Audit) -> str:
+    """The report's first screen, inline: its title, the run's ending when it failed, the run's time
+    per step and its parts, the median step, the findings by severity and the costliest SHOWN, a
+    link to report.html; in the report's words (auditor.reports), every value escaped (autoescape)."""
+    import jinja2
+
+    from auditor.reports.html import cost_text, fmt_ms
+    from auditor.reports.run_time_lines import parts_line
+    from auditor.reports.terminal import by_cost
+
+    doc = audit.document
+    ending = doc.get("ending") or {}
+    account = audit.run_time
+    findings = audit.finding_records
+    counts = ", ".join(f"{n} {s}" for s in ("error", "warning", "info")
+                       if (n := sum(f.severity == s for f in findings)))
+    shown = [{"severity": f.severity, "rule": f.rule, "cost": cost_text(f), "message": f.message,
+              "where": f"{f.locations[0].file}:{f.locations[0].line}" if f.locations else ""}
+             for f in by_cost(findings)[:SHOWN]]
+    env = jinja2.Environment(autoescape=True)
+    return env.from_string(TEMPLATE).render(
+        title=TITLES.get(audit.source, "Training-step audit"), target=audit.target,
+        failed=audit.source == "run" and ending.get("status", "completed") not in ("completed", "exited"),
+        ending=ending, parts=parts_line(account).removeprefix("run's time: ") if account is not None else "",
+        median=fmt_ms((doc.get("steps") or {}).get("median_ms")), counts=counts, shown=shown,
+        more=max(0, len(findings) - SHOWN), report=audit.report, report_uri=audit.report.as_uri())
+
