@@ -124,7 +124,10 @@ class Audit:
 
         from auditor.findings import Finding
 
-        return msgspec.convert(self.document["findings"], list[Finding])
+        try:
+            return msgspec.convert(self.document["findings"], list[Finding])
+        except msgspec.ValidationError as e:
+            raise AuditError(f"{self.out / FINDINGS_FILE}: not an auditor findings file ({e})") from None
 
     @cached_property
     def findings(self) -> pd.DataFrame:

@@ -1,4 +1,7 @@
-"""The exit codes of `audit` and `auditor.AuditError`, the one exception the Python API raises.
+"""The exit codes of `audit` and `auditor.AuditError`, the one exception the Python API raises:
+the pipelines' usage errors are UsageFailure, one of them, into which the commands turn the input's,
+the target's, the config's and the options' own errors (InputError, TargetError, ConfigError,
+OptionError).
 
 Exit codes (a contract, documented in the README):
   0  audit done, no finding at or above --fail-on (or --fail-on not given)
