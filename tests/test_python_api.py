@@ -159,7 +159,8 @@ def test_the_first_screen_escapes_what_the_audit_holds(tmp_path) -> None:
 
 def test_import_auditor_stays_light() -> None:
     """The audited program imports auditor (auditor.step()): the API's libraries wait for a call."""
-    code = "import sys, auditor; print(sorted(m for m in ('pandas', 'torch', 'numpy', 'click', 'auditor.api', 'msgspec') if m in sys.modules))"
+    code = ("import sys, auditor; print(sorted(m for m in ('pandas', 'torch', 'numpy', 'click', 'auditor.api', "
+            "'msgspec') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
