@@ -7,8 +7,8 @@ Each pipeline returns the exit code (a contract, documented in the README):
      output that could not be written (a full disk: named on the terminal)
   3  the target failed: its step or setup raised, was interrupted, ran out of memory or crashed
   4  internal error of the auditor itself (one line; AUDIT_DEBUG=1 shows the traceback)
-(auditor.errors). A usage error is raised as UsageFailure, an auditor.AuditError (auditor.cli prints
-it as one line and exits 2; the Python API, auditor.api, lets it reach the caller).
+The codes are auditor.errors'. A usage error is raised as UsageFailure, an auditor.AuditError
+(auditor.cli prints it as one line and exits 2; auditor.api lets it reach the caller).
 
 Every pipeline ends the same way (`finish`): save the evidence, then load -> rules -> reports, the
 path `audit analyze DIR` takes.
