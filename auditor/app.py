@@ -7,7 +7,8 @@ Each pipeline returns the exit code (a contract, documented in the README):
      output that could not be written (a full disk: named on the terminal)
   3  the target failed: its step or setup raised, was interrupted, ran out of memory or crashed
   4  internal error of the auditor itself (one line; AUDIT_DEBUG=1 shows the traceback)
-A usage error is raised as UsageFailure (auditor.cli prints it as one line and exits 2).
+The codes are auditor.errors'. A usage error is raised as UsageFailure, an auditor.AuditError
+(auditor.cli prints it as one line and exits 2; auditor.api lets it reach the caller).
 
 Every pipeline ends the same way (`finish`): save the evidence, then load -> rules -> reports, the
 path `audit analyze DIR` takes.
@@ -29,17 +30,12 @@ import click
 
 from auditor.command_options import AnalyzeOptions, CheckpointOptions, RunOptions
 from auditor.config import Config, ConfigError, load_config
+from auditor.errors import EXIT_FAIL_ON, EXIT_INTERNAL, EXIT_OK, EXIT_TARGET_FAILED, EXIT_USAGE, UsageFailure
 from auditor.evidence.errors import InputError
 from auditor.findings import severity_rank
 
 if TYPE_CHECKING:
     from auditor.capture.target import Target
-
-EXIT_OK, EXIT_FAIL_ON, EXIT_USAGE, EXIT_TARGET_FAILED, EXIT_INTERNAL = 0, 1, 2, 3, 4
-
-
-class UsageFailure(Exception):
-    """Printed as one line on stderr; exit 2."""
 
 
 # --- output directories --------------------------------------------------------------------------
@@ -168,6 +164,11 @@ def _release(out: Path) -> None:
         with contextlib.suppress(OSError):
             (out / LOCK_FILE).unlink()
         os.close(fd)
+
+
+def release(out: Path) -> None:
+    """`out`'s lock released now, not at exit: the Python API's audits end before its process does."""
+    _release(out)
 
 
 def _release_all() -> None:

@@ -98,9 +98,12 @@ def _only_reexports(package: str) -> bool:
 
 
 def _reexports_only(source: str) -> bool:
-    """Whether `source` holds nothing but imports, its docstring, `__all__` and `__version__`."""
+    """Whether `source` holds nothing but imports, its docstring, `__all__` and `__version__`, and a
+    module `__getattr__` (PEP 562: what it offers imported on first use)."""
     for node in ast.parse(source).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
             continue
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             continue
