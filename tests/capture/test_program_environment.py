@@ -27,7 +27,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.05)
 data = [torch.randn(4, 8) for _ in range(12)]
 seen = {"calls": 0, "auditor": 0, "per_step": []}
 WHAT = sys.argv[2]
-AUDITOR = sys.argv[3]  # (the audit's package directory: a checkout's venv may sit inside one named "auditor")
+AUDITOR = sys.argv[3] if len(sys.argv) > 3 else "<none>"  # (the audit's package directory: a checkout's venv may sit inside one named "auditor")
 
 
 def profile(frame, event, arg):
