@@ -1,28 +1,15 @@
-"""Internal switches for bench/bench_steady_parts.py, not a user option: `AUDITOR_BENCH_OFF` names,
-comma-separated, parts of the audit's per-step machinery to leave out, so that the bench can
-measure each part's share of the steady-state cost. A run with any of them off finds less than an
-audit does; nothing else reads them.
+"""Internal switches for bench/bench_steady_parts.py, not a user option. A run with any of them set
+finds less than an audit does; nothing else reads them.
 
-* probes: the probes' wrappers on torch calls (syncs, timed calls, anomaly mode, hook
-  registration); the backward, phase and data probes stay (the steps are found with them)
-* hooks: the numerics collector's global module hooks in the steps it does not check (taken
-  out of torch's dicts there, so the forward phase goes untimed)
-* light: the outermost module calls outside checked steps keep the module hooks on for the calls
-  inside them (torch's slow path for every module call, as before Numerics._light_call)
-* lines: the line sampler (as AUDITOR_LINE_SAMPLING=0)
-* scans: the graph scans at step boundaries
-* records: the step's record (times, tallies, collected data) is not sent
-* watch: the loss watch of unchecked steps
-* checks: the numerics checks after the dense start (one step in 32, fewer in a long run)
-
-`AUDITOR_BENCH_TOGGLE=BLOCK[:PART,...]` leaves the parts named (default: all of TOGGLED_PARTS) out
-in every other block of BLOCK steps (steps BLOCK..2*BLOCK-1, 3*BLOCK..., off), so that one audited
-process times its steps with and without them: an A/B free of the drift between two processes.
-`AUDITOR_BENCH_TOGGLE=BLOCK:rotate` leaves out one per-step part at a time instead (ROTATED):
-of each ROTATED+1 blocks, the first keeps every part, each next one leaves out the next part, so
-that one process times each part's cost against the blocks beside it.
-`AUDITOR_BENCH_WINDOW_AT=N` starts the profiler window at step N (its warm-up step first), so that
-the steps before and after it, in one process, show what the window leaves behind.
+`AUDITOR_BENCH_OFF` names, comma-separated, parts of the per-step machinery to leave out (PARTS):
+probes (the wrappers on torch calls; backward, phase and data probes stay), hooks (the numerics
+module hooks in unchecked steps), light (outermost module calls keep the hooks on inside), lines
+(the line sampler), scans (graph scans), records (the step's record is not sent), watch (the loss
+watch of unchecked steps), checks (the numerics checks after the dense start).
+`AUDITOR_BENCH_TOGGLE=BLOCK[:PART,...]` leaves the parts named (default: TOGGLED_PARTS) out in
+every other block of BLOCK steps, so one process times its steps with and without them;
+`BLOCK:rotate` leaves out one part of ROTATED at a time, block by block.
+`AUDITOR_BENCH_WINDOW_AT=N` starts the profiler window at step N.
 """
 from __future__ import annotations
 

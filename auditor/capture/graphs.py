@@ -530,7 +530,6 @@ _TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))  # (the exact types a f
 
 def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[int, int] | None,
           frames: list[types.FrameType] = (), memo: ScanMemo | None = None, named: bool = False) -> dict[str, Any]:
-    from auditor.capture.rehearsal.device import CUDA_MARK  # (here: that module imports the probes)
     live: list[torch.Tensor] = []
     if named:  # (the holders are walked below; the closures are those the last full scan found)
         closures = [f for f in (r() for r in memo.closures) if f is not None]
@@ -547,7 +546,6 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
         closures = [f for f in picked if type(f) is function and f.__closure__
                     and not (known[n] if (n := f.__code__.co_filename) in known else is_library(n))]
         del picked
-    holders = []
     claimed: set[int] = set()
     _BOUNDS.clear()
     found: list[tuple[Holder, types.FrameType | types.CodeType | None]] = [(h, None) for h in _holders(module, claimed)]
@@ -565,52 +563,59 @@ def _scan(module: types.ModuleType | None, source_file: str | None, step: tuple[
         memo.unnamed = memo.unnamed or any(id(t) not in held for t in live)
         memo.closures = [weakref.ref(f) for f in closures]
     del held
-    for (name, kind, tensors, owner, value), frame in found:
-        where, function, file, span, lines = None, "", source_file, step, []
-        closure = isinstance(frame, types.CodeType)  # a closure's variable: grown by the closure, as `name`
-        if frame is not None:  # a local: grown by its own function, as `name`
-            code = frame if closure else frame.f_code
-            function = getattr(code, "co_qualname", code.co_name)
-            file, span = code.co_filename, function_span(code)
-            if closure:  # (named by the function that defines it: `watch`, not `watch.<locals>.<lambda>`)
-                function = function.split(".<locals>")[0]
-        # a module's attribute is grown by its class's own methods, as `self.<attr>`; failing that
-        # (or for a global), by the script, as `name` (`model.cache.append(out)` in the step)
-        at = attribute_line(*owner) if owner is not None else None
-        if at:
-            where = {"file": at[0], "line": at[1], "function": ""}
-        elif file:
-            lines = mutation_lines(file, name, span)
-            if frame is not None:  # (only the function's own lines spell its local)
-                lines = [n for n in lines if span[0] <= n <= span[1]]
-            if not lines and kind == "Parameter":
-                lines = parameter_update_lines(file, name)
-            if lines:
-                where = {"file": file, "line": lines[0], "function": function}
-        with_graph = [t for t in tensors if t.grad_fn is not None]
-        # (only the step function's own lines, when it is known: other functions of the file that
-        # store into the same entry did not run in the step)
-        stores = (_graph_stores(value, file, name, [n for n in lines if span is None or span[0] <= n <= span[1]])
-                  if with_graph and file and not at and isinstance(value, dict) and len(lines) > 1 else [])
-        entry = {"name": name, "kind": kind, "tensors": len(tensors), "graph_tensors": len(with_graph),
-                 "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors), "where": where,
-                 # on the GPU (or meant for it, in CUDA rehearsal, where they live in process memory)
-                 "device_bytes": _nbytes([t for t in tensors if t.is_cuda or getattr(t, CUDA_MARK, False)])}
-        if with_graph:
-            # the activations its graphs saved (on the GPU when its own tensors are)
-            entry["graph_bytes"] = graph_bytes(with_graph)
-            _watch_backward(name, with_graph[:_ROW_SAMPLE])  # (the newest: the walk meets them first)
-            entry["rows"] = row_parts(value)
-        if frame is not None:
-            entry["function"] = function  # a local of this function (its qualified name)
-            if closure:
-                entry["closure"] = True  # kept by a closure the function made
-        if id(value) in _BOUNDS:
-            entry["bound_bytes"], entry["bound_why"] = _BOUNDS[id(value)]["bytes"], _BOUNDS[id(value)]["why"]
-        if len(stores) > 1:
-            entry["stores"] = stores
-            entry["where"] = {"file": file, "line": stores[0]["line"], "function": function}
-        if name in _backpropagated:
-            entry["backpropagated"] = True
-        holders.append(entry)
+    holders = [_holder_entry(h, frame, source_file, step) for h, frame in found]
     return {"tensors": len(live), "graph_nodes": _graph_size(live), "holders": holders}
+
+
+def _holder_entry(holder: Holder, frame: types.FrameType | types.CodeType | None, source_file: str | None,
+                  step: tuple[int, int] | None) -> dict[str, Any]:
+    """The scan's record of one holder of tensors: its size, its graphs, and the line that grows it."""
+    from auditor.capture.rehearsal.device import CUDA_MARK  # (here: that module imports the probes)
+    name, kind, tensors, owner, value = holder
+    where, function, file, span, lines = None, "", source_file, step, []
+    closure = isinstance(frame, types.CodeType)  # a closure's variable: grown by the closure, as `name`
+    if frame is not None:  # a local: grown by its own function, as `name`
+        code = frame if closure else frame.f_code
+        function = getattr(code, "co_qualname", code.co_name)
+        file, span = code.co_filename, function_span(code)
+        if closure:  # (named by the function that defines it: `watch`, not `watch.<locals>.<lambda>`)
+            function = function.split(".<locals>")[0]
+    # a module's attribute is grown by its class's own methods, as `self.<attr>`; failing that
+    # (or for a global), by the script, as `name` (`model.cache.append(out)` in the step)
+    at = attribute_line(*owner) if owner is not None else None
+    if at:
+        where = {"file": at[0], "line": at[1], "function": ""}
+    elif file:
+        lines = mutation_lines(file, name, span)
+        if frame is not None:  # (only the function's own lines spell its local)
+            lines = [n for n in lines if span[0] <= n <= span[1]]
+        if not lines and kind == "Parameter":
+            lines = parameter_update_lines(file, name)
+        if lines:
+            where = {"file": file, "line": lines[0], "function": function}
+    with_graph = [t for t in tensors if t.grad_fn is not None]
+    # (only the step function's own lines, when it is known: other functions of the file that
+    # store into the same entry did not run in the step)
+    stores = (_graph_stores(value, file, name, [n for n in lines if span is None or span[0] <= n <= span[1]])
+              if with_graph and file and not at and isinstance(value, dict) and len(lines) > 1 else [])
+    entry = {"name": name, "kind": kind, "tensors": len(tensors), "graph_tensors": len(with_graph),
+             "nodes": _graph_size(with_graph), "bytes": _nbytes(tensors), "where": where,
+             # on the GPU (or meant for it, in CUDA rehearsal, where they live in process memory)
+             "device_bytes": _nbytes([t for t in tensors if t.is_cuda or getattr(t, CUDA_MARK, False)])}
+    if with_graph:
+        # the activations its graphs saved (on the GPU when its own tensors are)
+        entry["graph_bytes"] = graph_bytes(with_graph)
+        _watch_backward(name, with_graph[:_ROW_SAMPLE])  # (the newest: the walk meets them first)
+        entry["rows"] = row_parts(value)
+    if frame is not None:
+        entry["function"] = function  # a local of this function (its qualified name)
+        if closure:
+            entry["closure"] = True  # kept by a closure the function made
+    if id(value) in _BOUNDS:
+        entry["bound_bytes"], entry["bound_why"] = _BOUNDS[id(value)]["bytes"], _BOUNDS[id(value)]["why"]
+    if len(stores) > 1:
+        entry["stores"] = stores
+        entry["where"] = {"file": file, "line": stores[0]["line"], "function": function}
+    if name in _backpropagated:
+        entry["backpropagated"] = True
+    return entry

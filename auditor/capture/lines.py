@@ -1,24 +1,16 @@
 """Where a step's time goes, line by line: a sampler of the user's frames while steps run.
 
-A daemon thread wakes every `INTERVAL_S` while a step runs, reads the stack of the thread running
-the step (`sys._current_frames`), and charges the time since its last look to the innermost line
-of the user's own code there (library frames below it are skipped: the line that called
-`torch.cat` is charged for the cat). At the step's end the per-line times are handed over as
-`line-time` tallies (count: samples, ms: time charged), beside the probes' tallies. A step that
-slows down because of a line outside the probed phases (re-concatenating an ever-growing list)
-shows its growth there: step-slowdown compares each line's time early and late in the run.
+A daemon thread wakes every `INTERVAL_S` while a step runs, reads the stack of the step's thread
+(`sys._current_frames`) and charges the time since its last look to the innermost line of the
+user's own code there (the line that called `torch.cat` is charged for the cat). At the step's end
+the per-line times are handed over as `line-time` tallies; step-slowdown compares each line's time
+early and late in the run. It reads frames only.
 
-It reads frames only; the program's threads and values are never touched.
-
-Which steps are sampled (`Schedule`): every step of the first DENSE_STEPS, then one step in EVERY
-(the first unchecked, unprofiled step from each EVERY-th on, so the numerics checks' time is not
-read as a line's) AT_EACH_RATE times, then half as often as many times, HALVINGS times
-(capture.cadence: one step in 64 for good from step ~1,580 on). A look costs the step's own thread
-~0.16 ms besides the sampler's ~80 us (the GIL handed over and back: a 13 ms-CPU step of the
-40-layer CPU proxy, looked at 12 times, took 2 ms more CPU on its own thread, +15%), so after the
-dense start the steady state pays for one sampled step in EVERY, and in a long run one in 64.
-Each step's record says whether it was sampled (`lines_sampled`), and step-slowdown reads a
-line's time over the sampled steps only.
+Sampled steps (`Schedule`): every step of the first DENSE_STEPS, then one in EVERY (the first
+unchecked, unprofiled step of each EVERY) AT_EACH_RATE times, then half as often, HALVINGS times
+(capture.cadence). Each step's record says whether it was sampled (`lines_sampled`), and
+step-slowdown reads lines over the sampled steps only.
+A look's cost, measured: bench/HISTORY.md, "auditor/capture/lines.py".
 """
 from __future__ import annotations
 

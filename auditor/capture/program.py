@@ -91,45 +91,8 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
     opts = args.options
     finder = StepFinder(session, parts.rec, out.send, opts.steps, opts.skip, opts.to_end, parts.send_setup,
                         no_optimizer=no_optimizer)
-    code: int | None = 0
-    after_stop = ""  # what the program raised after it caught the audit's interrupt
-    ending: wire.Ended | None = None
-    raised: BaseException | None = None  # the program's own error, which a graph scan follows
     finder.install()
-    try:
-        if target.kind == "script" and target.file.endswith(".py"):
-            run_script(target.file, sys.argv[0])
-        elif target.kind == "script":  # (a zip file or a .pyc: runpy knows them)
-            runpy.run_path(target.file, run_name="__main__")
-        else:
-            runpy.run_module(target.module, run_name="__main__", alter_sys=True)
-    except StepsDone:
-        code = None
-    except KeyboardInterrupt as e:
-        if finder.stopped:  # (the program caught StepsDone and ended with an interrupt of its own)
-            code = None
-        else:
-            print_users_traceback(e)  # (a Ctrl-C: as Python prints it)
-            ending = parts.ending(e, _open_step(finder))
-            code = 130
-    except SystemExit as e:
-        code = _exit_code(e)
-        if finder.stopped and _ends_interrupt(e):
-            code = None  # (a framework that turns the interrupt into an exit: Lightning's sys.exit(1))
-        elif code != 0:
-            ending = parts.ending(e, _open_step(finder))
-    except BaseException as e:  # the program's own error: printed as Python prints it
-        print_users_traceback(e)
-        if finder.stopped and isinstance(e, Exception):
-            # raised after the program caught the audit's interrupt and went on (word_language_model:
-            # "Exiting from training early", then a load of the checkpoint its first epoch had not
-            # saved yet): its Ctrl-C path, which a Ctrl-C there takes too; the audited steps are whole
-            after_stop = f"{type(e).__name__}: {e}"[:300] + _raised_at(e)
-            code = None
-        else:
-            raised = e
-            ending = parts.ending(e, _open_step(finder))
-            code = 1
+    code, after_stop, ending, raised = _run_target(target, finder, parts)
     ended_by_audit = finder.stopped
     failed_in_step = ending is not None and _open_step(finder) is not None
     failed_step = _open_step(finder) if failed_in_step else None
@@ -165,6 +128,51 @@ def run_program(target: Target, args: Any, parts: ChildParts) -> int:
         out.send(wire.Ended(status="completed", message=message, backend_flags=parts.backend_flags(),
                             cuda_devices=parts.cuda_devices()))
     return 0 if code is None else code
+
+
+def _run_target(target: Target, finder: StepFinder,
+                parts: ChildParts) -> tuple[int | None, str, wire.Ended | None, BaseException | None]:
+    """Run the program as Python runs it: its exit code (None: the audit ended it), what it raised
+    after it caught the audit's interrupt, the ending to send (a failure), and its own error."""
+    code: int | None = 0
+    after_stop = ""  # what the program raised after it caught the audit's interrupt
+    ending: wire.Ended | None = None
+    raised: BaseException | None = None  # the program's own error, which a graph scan follows
+    try:
+        if target.kind == "script" and target.file.endswith(".py"):
+            run_script(target.file, sys.argv[0])
+        elif target.kind == "script":  # (a zip file or a .pyc: runpy knows them)
+            runpy.run_path(target.file, run_name="__main__")
+        else:
+            runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+    except StepsDone:
+        code = None
+    except KeyboardInterrupt as e:
+        if finder.stopped:  # (the program caught StepsDone and ended with an interrupt of its own)
+            code = None
+        else:
+            print_users_traceback(e)  # (a Ctrl-C: as Python prints it)
+            ending = parts.ending(e, _open_step(finder))
+            code = 130
+    except SystemExit as e:
+        code = _exit_code(e)
+        if finder.stopped and _ends_interrupt(e):
+            code = None  # (a framework that turns the interrupt into an exit: Lightning's sys.exit(1))
+        elif code != 0:
+            ending = parts.ending(e, _open_step(finder))
+    except BaseException as e:  # the program's own error: printed as Python prints it
+        print_users_traceback(e)
+        if finder.stopped and isinstance(e, Exception):
+            # raised after the program caught the audit's interrupt and went on (word_language_model:
+            # "Exiting from training early", then a load of the checkpoint its first epoch had not
+            # saved yet): its Ctrl-C path, which a Ctrl-C there takes too; the audited steps are whole
+            after_stop = f"{type(e).__name__}: {e}"[:300] + _raised_at(e)
+            code = None
+        else:
+            raised = e
+            ending = parts.ending(e, _open_step(finder))
+            code = 1
+    return code, after_stop, ending, raised
 
 
 def run_script(path: str, argv0: str) -> None:

@@ -1,82 +1,21 @@
 """The steps of a whole program (`audit run file.py`), found without the user's help.
 
-A step is one iteration of the training loop, as a person counts it:
-- its optimizer steps (every torch.optim.Optimizer, through torch's global step hook, and
-  `GradScaler.step`, which skips the optimizer's step on inf gradients) mark its end; several
-  optimizers stepped in one iteration (a GAN's D and G) are one step, and gradient-accumulation
-  micro-batches belong to the step they accumulate into (a step closes only after an optimizer
-  step, once every optimizer seen stepping has stepped in it; one the program has let go of, its
-  `del optimizer` or its name rebound to the next stage's, is not waited for, nor is one stepped
-  in some iterations only: where an optimizer steps again in the open step, on a new backward
-  pass, and the innermost loop that holds its step holds the step of one that has not stepped
-  (TD3's actor every second iteration, a WGAN-GP generator every n-th batch), that one is left
-  out of the optimizers a step waits for; a WGAN critic's inner loop of updates holds no
-  generator step, and stays in its generator's step);
-- the step closes at the first activity after its last optimizer step that begins an iteration: the next fetch of the
-  training DataLoader (the loader fetched last before an optimizer step) through the loop's
-  iterator (another iterator of it, made while the loop's lives and has batches left, fetches as
-  another loader does: an evaluation that reads training batches mid-epoch), which then begins the
-  next step, timed from the fetch's start; where no training DataLoader is known, the next
-  outermost backward pass or module forward run with grad enabled. Forwards under no_grad after
-  the optimizer step (gat's evaluation of train and validation accuracy each epoch, an LBFGS
-  program's prediction, an agent's next action; each counted at its outermost module call) are the
-  iteration's own work and stay in its step: one always, and up to as many as the previous step's
-  tail held or the most any step of its loop held (the first step's tail is unbounded and not
-  counted, and so is a step that steps an optimizer first seen after the first step: a new loop,
-  whose tail is its own). One more (a final test after
-  the loop, an evaluation every k steps) closes the step and begins none, and what runs until
-  the next iteration is outside the steps ("between"). A fetch of another loader after an optimizer step
-  (an eval loop) closes the step too and begins none: what runs until the next training fetch is
-  outside the steps ("between"). With a training DataLoader, forwards and backwards never close a
-  step, which keeps a GAN's D and G in one;
-- a fetch of the training DataLoader that closes a step and finds the loader exhausted begins none;
-  where the loop then trains on a batch fetched before it (a wrapper that fetches one ahead: timm's
-  PrefetchLoader, accelerate's loader, whose last batch comes after the loader's end), the optimizer
-  step that ends that iteration (a backward pass ran since the last) begins its step at that fetch,
-  back in time: its forward and backward are the step's, not work between steps;
-- where no optimizer has stepped and no training DataLoader is known, a weight update outside
-  torch.optim (`p.data.add_(p.grad, alpha=-lr)` over the parameters: pytorch/examples'
-  word_language_model) marks steps: a forward with grad enabled after the step's backward pass
-  closes the step and begins the next when the module's weights changed since the step's first
-  forward (their version counters, which an in-place update under no_grad moves, or their norms,
-  which an update through `.data` changes: a fingerprint taken and compared while the finder is
-  telling updates apart, see StepFinder._updated). Where they did not change, the forward is a
-  gradient-accumulation micro-batch of the open step (an optimizer may step after several). Once
-  UPDATES_TO_TRUST updates have been seen and no micro-batch, every forward after a backward
-  pass closes its step, unchecked; a DataLoader's fetch then begins it. A program of plain
-  tensors, with no module forward to read (pytorch/tutorials' polynomial_autograd: `a -= lr *
-  a.grad` under no_grad), is read at its backward passes instead: one whose leaves (those the
-  pass before it reached) changed since that pass closes the step and begins the next; one whose
-  leaves did not (a second loss, a micro-batch) stays in it;
-- where no optimizer steps, the first DataLoader fetched marks steps: each of its fetches in a
-  step without a backward pass closes the step and begins the next, once the step has done
-  something besides fetching (a wrapper that fetches one batch ahead, as accelerate's loader in
-  a Hugging Face Trainer does, fetches twice before its first forward pass: one step; a sampler's
-  iteration, and the batch's copy to the device and elementwise ops on it in the function that
-  fetched it, as timm's PrefetchLoader normalises it, are fetching). A step
-  with a backward pass is closed by a fetch only in a program that never makes an optimizer
-  (`makes_no_optimizer`: a custom update, `w -= lr * w.grad`): elsewhere, before its first
-  optimizer step is seen, a gradient-accumulation micro-batch looks the same;
-- one optimizer updating REPEATS_TO_SPLIT times in one open step, each time on a backward pass of
-  its own, shows a boundary missed: a batch fetched once and trained on for epochs
-  (pytorch/examples mnist_forward_forward: `x, y = next(iter(loader))`, then a thousand updates
-  of each layer) makes no training DataLoader (its loader is not taken for one again), and the
-  optimizers that did not step meanwhile have stopped (that program's layers, each with an Adam
-  of its own, trained one after another): from there each update ends a step, and the next pass
-  begins the next. The step that showed it holds its REPEATS_TO_SPLIT + 1 updates;
-- a forward or backward pass before the first step, in a program that may make an optimizer and
-  has made a DataLoader and not fetched from it yet, is its setup (a style image's features, a sanity check's dummy batch):
-  it begins no step; the loop's first fetch does (where an optimizer steps first, the loop never
-  fetches: its first step holds those passes). So is a fetch under no_grad before the first step
-  in such a program, and the passes after it (an evaluation before training);
-- `auditor.step()` calls, once one is seen, are the only boundaries: each ends the open step and
-  begins the next;
-- the program's end closes an open step that has its ending (an optimizer step, or a DataLoader
-  iteration); one that does not (what follows the last marker or optimizer step) is dropped, its
-  work counted as what ran "after".
-Steps are counted from the program's first one; the first `skip` run unaudited (not recorded, no
-profiling), the next `steps` are audited, and then (unless `to_end`) `StepsDone` is raised at the
-boundary, which ends the program as a Ctrl-C does.
+A step is one iteration of the training loop, as a person counts it. Its end is marked, in order
+of precedence, by:
+- `auditor.step()` calls, once one is seen: the only boundaries;
+- optimizer steps (torch's global step hook, `GradScaler.step`): a step closes once every optimizer
+  seen stepping has stepped in it (one let go of, or stepped in some iterations only, is not
+  waited for), at the first activity after that begins an iteration: the next fetch of the
+  training DataLoader, else the next backward pass or forward with grad enabled. Forwards under
+  no_grad after the update are the iteration's own work, up to what earlier steps held;
+- without an optimizer: a weight update outside torch.optim (version counters or norms of the
+  module's weights changed since the step's first forward), else the first DataLoader's fetches;
+- an optimizer updating REPEATS_TO_SPLIT times in one step: each update then ends a step.
+Passes before the loop's first fetch are setup and begin no step. The program's end closes an open
+step that has its ending; one without is dropped (its work counted as "after").
+Steps count from the program's first; the first `skip` run unaudited, the next `steps` are audited,
+then (unless `to_end`) `StepsDone` ends the program at a boundary, as a Ctrl-C does.
+Each case, with the programs it came from: bench/HISTORY.md, "auditor/capture/steps.py".
 """
 from __future__ import annotations
 

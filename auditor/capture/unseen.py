@@ -2,31 +2,18 @@
 
 An audited program must behave as it does without the audit. Where it would otherwise see the
 auditor at work:
-
-* torch-function modes. A mode on torch's mode stack sees every torch call made from Python while
-  it is there, a tensor attribute read included: a `TorchFunctionMode` the user entered at import
-  (an op counter, a tracer, a mode that refuses ops it does not know) and the one
-  `torch.set_default_device` pushes would see, pay for, or refuse the auditor's reads of the
-  user's tensors. Those run with torch-function dispatch off (`no_torch_function`).
-* the warnings registry. Python shows a warning once per place by remembering where it has shown
-  it, and forgets all of that whenever the warnings filters change (`catch_warnings`,
-  `filterwarnings`): the user's own warnings would print again. Nothing the auditor does while the
-  program runs changes the filters; `recorded_warnings` catches a call's warnings without doing so.
-* where a warning comes from. A warning torch raises inside a call the auditor passes on (the
-  rehearsal's torch-function mode calling the user's op; a C++ TORCH_WARN names the innermost
-  Python frame) would name the auditor's line: it is shown at the user's line that made the call
-  (`warnings_name_the_user`).
-* torch.compile. Dynamo traces the hooks torch calls inside a compiled function (the optimizer's
-  step hooks) into the user's graph. A hook it cannot trace is a graph break: a warning to the user,
-  a graph split in two, and an error under `fullgraph=True`. Such a hook, traced, only notes that
-  it ran (`TracedCalls`), and the auditor reads what it needs after the compiled code has run.
-  The frames of ours that run after a graph break are not compiled (`dynamo_skips_our_frames`).
-  Dynamo also traces through the torch-function modes on the stack, and guards on them: the
-  numerics mode is taken off the stack for each call of compiled code (`compiled_calls_without`),
-  and the CUDA rehearsal is told of each compiled call's result (`compiled_call_results`).
-* the program's own trace function (sys.settrace: a coverage tool's, a debugger's) sees every
-  Python call on its thread. The auditor's one-time work there (marking its code for dynamo,
-  walking a source file's tree) runs with it off (`untraced`); its hot paths make few calls.
+* torch-function modes (the user's, `set_default_device`'s) would see, pay for or refuse the
+  auditor's reads of the user's tensors: those run with dispatch off (`no_torch_function`).
+* the warnings registry is forgotten whenever the filters change: nothing here changes them while
+  the program runs; `recorded_warnings` catches a call's warnings without doing so.
+* a warning torch raises inside a call the auditor passes on is shown at the user's line that made
+  the call (`warnings_name_the_user`).
+* torch.compile: a hook dynamo traces into the user's graph only notes that it ran (`TracedCalls`),
+  and is read after the compiled code has run; our frames after a graph break are not compiled
+  (`dynamo_skips_our_frames`); the numerics mode is off the stack for compiled calls
+  (`compiled_calls_without`) and the rehearsal is told of their results (`compiled_call_results`).
+* the program's own trace function (sys.settrace) does not see the auditor's one-time work there
+  (`untraced`); its hot paths make few calls.
 """
 from __future__ import annotations
 

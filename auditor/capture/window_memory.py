@@ -1,31 +1,20 @@
 """The profiler window's memory bound: what the audit adds to the process must not threaten the machine.
 
 torch.profiler with shapes, stacks and memory keeps every event of the window in the process until
-the window ends: a program that makes many small calls per step (LBFGS's 20 closure calls) can grow
-by gigabytes a step (time_sequence_prediction: 0.67 GB plainly, 24 GB in its profiled steps, then
-the kernel's out-of-memory killer). Ending the window costs more again: the profiler turns what it
-recorded into its result and exports it (time_sequence_prediction: the process grew 5.27 GB while
-it recorded, 12.9 GB at the end's peak).
+the window ends, and ending it (its result and export) costs more again: a program of many small
+calls a step can grow by gigabytes a step in its profiled steps.
 
-The bound: the window may add at most `audit run --profile-memory` GiB,
-by default half the memory the machine had available when the window started, to the resident
-memory the process had then, its end included; its trace, compressed, at most `--trace-size` MB. The end's cost is predicted from a step measured whole: the window's warm-up step
-is a throwaway recording, stopped and exported as the window's end is, which measures a step's
-recording and end (`step_cost`) and its trace (`step_trace`); the window records the steps that
-fit at that cost (times STEP_MARGIN), its memory read at its steps' ends. Where no whole step was
-measured, the process's resident memory is read at each backward pass's start and each step's end,
-and by a watch between them (auditor.capture.window_watch: the stretch after a step's last
-backward pass has no read of its own), and the recording ends where what it holds, plus the
-largest growth seen between two reads (`stride`), times UNCALIBRATED_FACTOR would no longer fit;
-what it recorded until then is kept, part of a step included. A bound that one calibrated step's recording does not fit
-records nothing. Either way the cut says what bound would record the step whole (`need`).
-
-What the window records is dropped before its steps are cut (`drops`): where the planned steps, at
-the calibrated step's cost, do not all fit, the window records without shapes (record_shapes: 45%
-of a step's recording and end, time_sequence_prediction at the tests' size), and where not one
-step fits, without stacks as well (with_stack: 13% more; both: 57%); its reads then decide how far
-it records, at the factor measured with both (an upper bound: shapes and stacks cost 12-16 times
-their recording to end, the rest of a recording 5). The calibration is watched too, by END_FACTOR.
+The bound: the window may add at most `--profile-memory` GiB (default: half the memory available
+when it starts) to the process's resident memory then, its end included; its compressed trace at
+most `--trace-size` MB. The window's warm-up step is a throwaway recording, stopped and exported as
+the end is, which measures a step's recording and end (`step_cost`) and its trace (`step_trace`);
+the window records the steps that fit at that cost (times STEP_MARGIN). Without a measured step,
+resident memory is read at each backward pass's start, each step's end and by a watch between them
+(auditor.capture.window_watch), and the recording ends where what it holds plus the largest growth
+between two reads (`stride`), times UNCALIBRATED_FACTOR, would no longer fit. Where the planned
+steps do not fit, the window records without shapes, and where not one fits, without stacks too
+(`drops`). The cut says what bound would record the step whole (`need`).
+The measurements behind these factors: bench/HISTORY.md, "auditor/capture/window_memory.py".
 """
 from __future__ import annotations
 

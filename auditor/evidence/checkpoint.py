@@ -1,46 +1,21 @@
 """`audit checkpoint FILE [--against CONFIG]`: safe checkpoint loading and the evidence it gives.
 
-Safety: the file is read with `torch.load(..., weights_only=True)` only. A checkpoint that needs
-more (it pickles a class of its own, a lambda, an argparse Namespace...) is refused with one line
-naming the global it asks for: unpickling it could run arbitrary code, and auditing a file must
-never do that. Nothing here calls `add_safe_globals`.
+Safety: files are read with `torch.load(..., weights_only=True)` only; a checkpoint that needs more
+(a pickled class, a lambda) is refused with one line naming the global it asks for. Nothing here
+calls `add_safe_globals`. `.safetensors` files are read by a reader of that format's own (no code,
+nothing unpickled); a directory is read as a Hugging Face Trainer checkpoint (weights, optimizer.pt,
+scheduler.pt, trainer_state.json; never training_args.bin or rng_state*.pth).
 
-Formats: torch.save files, and `.safetensors` files, read by a reader of that format's own (a JSON
-header, then raw tensor bytes, mapped from disk): it holds no code, so nothing is unpickled. A
-directory is read as a Hugging Face Trainer checkpoint (`checkpoint-500/`): its weights
-(`model.safetensors`, `pytorch_model.bin`, their sharded `*.index.json` forms, or a PEFT
-`adapter_model.*`), `optimizer.pt`, `scheduler.pt`, and `trainer_state.json`, whose logged
-history (loss, grad_norm, learning_rate per logging step) says when the numbers went bad;
-`training_args.bin` and `rng_state*.pth` are not read (the former pickles a class).
+Layouts: a plain state_dict; a bundle ({"model"|"state_dict"|..., "optimizer"|..., "scheduler"|...});
+Lightning's; an optimizer state_dict alone. Others are walked generically, every tensor checked.
 
-Layouts understood (others are walked generically, every tensor still checked):
-  * a plain `model.state_dict()`: {name: tensor};
-  * a bundle: {"model"|"model_state_dict"|"state_dict"|"net": ..., "optimizer"|"optimizer_state_dict"|
-    "optim": ..., "scheduler"|"lr_scheduler"|"scheduler_state_dict": ..., other scalars (epoch, step)};
-  * Lightning: {"state_dict", "optimizer_states": [...], "lr_schedulers": [...], "global_step", "epoch"};
-  * an optimizer state_dict alone ({"state", "param_groups"}).
-
-Evidence: `Evidence(source="checkpoint", checkpoint=CheckpointSummary(...))` (auditor.evidence.
-checkpoint_summary, where each field is described) with, per tensor, its section
-(model | optimizer | other), dtype, numel, NaN/+inf/-inf counts, largest finite |value| (None when
-it holds no finite value) and count of negative values; the optimizers' param groups (lr,
-initial_lr, betas, ...) and state coverage; the schedulers' scalar state (base_lrs, last_epoch,
-step_size, ...); and, with --against, the config's values under the accepted keys below. Which
-rule reads what:
-  * nonfinite — tensors holding NaN/inf (weights and optimizer state such as exp_avg, exp_avg_sq);
-  * lr-schedule — stored lr / initial_lr / scheduler base_lrs and settings against CONFIG, and
-    whether resuming reproduces it;
-  * checkpoint-health — extreme magnitudes, float16 tensors near their limit, impossible optimizer
-    state (negative exp_avg_sq), parameters with no optimizer state, and a Lightning callback's
-    record of a monitored metric that was NaN or inf (auditor.evidence.callback_scores: a score at
-    the value the callback starts from is no fault).
-
-CONFIG (JSON, TOML, or YAML, read with PyYAML's safe_load). Accepted keys, at the top level or under one of the
-sections optimizer / optim / training / train / trainer / hparams / hyperparameters / model:
-  lr (or learning_rate), weight_decay, momentum, eps, betas;
-and a scheduler section (scheduler / lr_scheduler) whose keys are compared with the stored
-scheduler state of the same name (step_size, gamma, milestones, T_max, eta_min, total_iters,
-start_factor, end_factor, factor, power, ...); `type` / `name` there are informational.
+Evidence: `Evidence(source="checkpoint", checkpoint=CheckpointSummary(...))`
+(auditor.evidence.checkpoint_summary describes each field): per tensor its section, dtype, NaN/inf
+counts and largest finite |value|; optimizer param groups and state coverage; schedulers' state;
+with --against, the CONFIG's values (JSON, TOML or YAML via safe_load; lr, weight_decay, momentum,
+eps, betas at the top level or under an optimizer/training section, and a scheduler section).
+Rules reading it: nonfinite, lr-schedule, checkpoint-health. Accepted keys and sections in full:
+bench/HISTORY.md, "auditor/evidence/checkpoint.py".
 """
 from __future__ import annotations
 

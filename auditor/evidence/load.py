@@ -89,6 +89,38 @@ def load_paths(paths: list[Path], engine: Any = None, on_rank: Any = None) -> Ev
         if merged.source != "run":
             _environment_from_traces(merged)
         return merged
+    evidence, listed, found, trace_paths, snapshot_paths = _sort_inputs(paths)
+    if evidence is None:
+        evidence = Evidence(source="trace" if trace_paths else "snapshot",
+                            target=" ".join(str(p) for p in paths))
+        evidence.traces = _absolute(trace_paths)
+        evidence.snapshots = _absolute(snapshot_paths)
+    else:
+        known_t = set(evidence.traces)
+        evidence.traces = evidence.traces + [p for p in _absolute(trace_paths) if p not in known_t]
+        known_s = set(evidence.snapshots)
+        evidence.snapshots = evidence.snapshots + [p for p in _absolute(snapshot_paths) if p not in known_s]
+    parsed = _parse_traces(evidence, trace_paths, listed, found, read)
+    unread = evidence.__dict__.get(UNREAD_TRACES, [])
+    if unread and not parsed and not snapshot_paths:
+        raise InputError(unread[0][1] if len(unread) == 1 else
+                         f"none of the {len(unread)} traces could be read (the first: {unread[0][1]})")
+    name_by_logdir(parsed, _logdirs([Path(p) for p in paths]))
+    note_traces(evidence, parsed)
+    snapshots = [load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
+    evidence.__dict__["trace_data"] = parsed
+    evidence.__dict__["snapshot_data"] = snapshots
+    for snap in snapshots:  # (sizes no device has, left out: auditor.evidence.snapshot.MAX_BYTES)
+        if getattr(snap, "dropped", ""):
+            add_load_note(evidence, f"{Path(snap.path).name}: {snap.dropped}")
+    if evidence.source != "run":
+        _environment_from_traces(evidence)
+    return evidence
+
+
+def _sort_inputs(paths: list[Path]) -> tuple[Evidence | None, set[Path], set[Path], list[Path], list[Path]]:
+    """The inputs by kind: the one run directory's evidence (or None), the traces it lists, those
+    found in directories given, and every trace and snapshot path. InputError for any other path."""
     evidence: Evidence | None = None
     listed: set[Path] = set()  # traces a run directory lists: a crashed run may not have written them
     found: set[Path] = set()  # traces found in a directory given: one unreadable is skipped, and named
@@ -121,16 +153,13 @@ def load_paths(paths: list[Path], engine: Any = None, on_rank: Any = None) -> Ev
         else:
             raise InputError(f"{path}: unsupported input (expected an audit run directory, a profiler "
                              f"trace .json/.json.gz, a TensorBoard logdir or a memory snapshot .pickle)")
-    if evidence is None:
-        evidence = Evidence(source="trace" if trace_paths else "snapshot",
-                            target=" ".join(str(p) for p in paths))
-        evidence.traces = _absolute(trace_paths)
-        evidence.snapshots = _absolute(snapshot_paths)
-    else:
-        known_t = set(evidence.traces)
-        evidence.traces = evidence.traces + [p for p in _absolute(trace_paths) if p not in known_t]
-        known_s = set(evidence.snapshots)
-        evidence.snapshots = evidence.snapshots + [p for p in _absolute(snapshot_paths) if p not in known_s]
+    return evidence, listed, found, trace_paths, snapshot_paths
+
+
+def _parse_traces(evidence: Evidence, trace_paths: list[Path], listed: set[Path], found: set[Path],
+                  read: dict[Path, Trace | InputError]) -> list[Trace]:
+    """Each trace parsed once; one a run lists but lost, or one of a directory's that cannot be read,
+    is noted in `evidence` and skipped."""
     seen: set[Path] = set()
     parsed = []
     for p in trace_paths:
@@ -158,21 +187,7 @@ def load_paths(paths: list[Path], engine: Any = None, on_rank: Any = None) -> Ev
             # a run's own trace, damaged (the disk filled, the run was killed while it was written):
             # the run's other evidence still holds, as it does when the trace is missing
             add_load_note(evidence, f"profiler trace not analysed: {e}")
-    unread = evidence.__dict__.get(UNREAD_TRACES, [])
-    if unread and not parsed and not snapshot_paths:
-        raise InputError(unread[0][1] if len(unread) == 1 else
-                         f"none of the {len(unread)} traces could be read (the first: {unread[0][1]})")
-    name_by_logdir(parsed, _logdirs([Path(p) for p in paths]))
-    note_traces(evidence, parsed)
-    snapshots = [load_snapshot(p) for p in dict.fromkeys(snapshot_paths)]
-    evidence.__dict__["trace_data"] = parsed
-    evidence.__dict__["snapshot_data"] = snapshots
-    for snap in snapshots:  # (sizes no device has, left out: auditor.evidence.snapshot.MAX_BYTES)
-        if getattr(snap, "dropped", ""):
-            add_load_note(evidence, f"{Path(snap.path).name}: {snap.dropped}")
-    if evidence.source != "run":
-        _environment_from_traces(evidence)
-    return evidence
+    return parsed
 
 
 # Evidence.__dict__ key: [(path, why)] of the traces found in a directory that could not be read

@@ -1,23 +1,18 @@
 """The run's time: one account of the steady span, from the first audited step's start to the last
 one's end, split into parts a user can act on. The parts add up to the span.
 
-* work: the steps' own work (their time less the parts below that happened inside them);
-* data: the steps' waits for their batches (DataLoader iteration), stalls in some steps included;
-* between: the stretches between the steps (a whole program's: evaluation, checkpoints, a new
-  epoch's workers, logging), split by what the probes timed there (`what`);
-* syncs: the steps' device->host syncs (the host waiting for the device);
-* rest: what no record covers (the probes' own step boundaries);
-* audit: the audit's own work, by its measured cost: the checked steps' and the profiled steps' time
-  over the timed steps' (their medians, times their number: a slow first step or a stall is the
-  run's, not the checks'), taken out of those steps' work (and, past it, their waits for data: the
-  checks slow a loader in the training process too), and the audit's work at the step boundaries
-  (records, profiler, graph scans).
+* work: the steps' own work (their time less the parts below inside them);
+* data: the steps' waits for their batches, stalls included;
+* between: the stretches between steps, split by what the probes timed there (`what`);
+* syncs: the steps' device->host syncs;
+* rest: what no record covers;
+* audit: the audit's own work: the checked and profiled steps' time over the timed steps' (medians
+  times their number), taken out of those steps' work (past it, their data waits), and the
+  audit's work at step boundaries.
 
-The run's time per step (`base_ms`) is the span less the audit's part, over the steps: what the
-program takes a step without the audit, and what every finding's cost is a share of
-(auditor.findings.step_basis_ms). A recording's account is its steps, each on its bound's clock (a
-device-bound step's device work runs past its host span), and the time between them: their waits
-for data and syncs inside them.
+`base_ms` is the span less the audit's part, over the steps: the program's time a step without
+the audit, and what every finding's cost is a share of (auditor.findings.step_basis_ms). A
+recording's account is its steps, each on its bound's clock, and the time between them.
 """
 from __future__ import annotations
 

@@ -1,28 +1,18 @@
 """Costs as what each fix saves, once all rules have judged: idle time counted once, by the finding
 that names its cause, and every time cost taken on the step's critical path.
 
-Two passes over the findings of one evidence (run_rules calls `attribute`):
-
-* Idle time belongs to its cause. gpu-idle splits the GPU's idle by what the host did meanwhile
-  (auditor.evidence.trace.gaps): waiting for data, a device sync, other host work, the launches.
-  Where another finding on the same steps names that cause and carries a time cost of its own
-  (EXPLAINED_BY: dataloader-bound for data waits, host-sync for syncs, launch-bound for host work
-  and launches; forced-cleanup's, anomaly mode's and peak-stat resets' host time out of "host work"), that finding
-  takes the idle up to its own cost (what its fix saves: a sync's wait, not the host work after it
-  that the step still does), gpu-idle's cost keeps only what no other finding explains, and the findings it held (Cost.within "gpu-idle")
-  count their own cost. What is left below gpu-idle's `min-idle-share` of the step makes it `info`.
+Two passes over one evidence's findings (run_rules calls `attribute`):
+* Idle time belongs to its cause. Where another finding on the same steps names a cause of
+  gpu-idle's idle (EXPLAINED_BY: dataloader-bound, host-sync, launch-bound, and forced-cleanup's,
+  anomaly mode's and peak-stat resets' host time) and has a time cost, it takes the idle up to its
+  own cost; gpu-idle keeps what no other finding explains (below its `min-idle-share`: `info`).
 * A cost is what its fix takes off the step on the step's bound (auditor.evidence.step_clock,
-  auditor.findings.saving_on_path): a host-side saving on a device-bound step saves only what the
-  host's time exceeds the device's, and on a host-bound step at most the step less the device's
-  own work; a device-side saving (Rule.saves_on "device") on a device-bound step at most what the
-  device's time exceeds the host's, and on a host-bound step at most the device's work the host
-  waits for in its syncs (StepClock.waited_ms, from a trace): the rest of the device's work runs
-  while the host issues, and faster kernels take nothing off the host's time there. A cost changed so says so at the end of its message, with its share of the
-  reported step.
-* A warning with no predicted saving says why in its message (its cost's note).
-* Fixes in the order they can be applied (ORDER): dataloader-bound's more workers after
-  dataloader-on-device's data built on the CPU; the later one says so, and auditor.verify applies
-  the earlier one's edits first.
+  auditor.findings.saving_on_path): a host-side saving counts on a device-bound step only past
+  the device's time, a device-side one (Rule.saves_on "device") only past the host's, or on a
+  host-bound step at most the device work the host waits for in syncs. A cost changed so says so.
+* A warning with no predicted saving says why (its cost's note).
+* Fixes in the order they can be applied (ORDER): dataloader-bound's workers after
+  dataloader-on-device's data built on the CPU; auditor.verify applies the earlier one first.
 """
 from __future__ import annotations
 

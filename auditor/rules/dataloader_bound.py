@@ -10,6 +10,7 @@ import os
 from statistics import fmean, median
 from typing import Any, Iterable
 
+import msgspec
 import numpy as np
 
 from auditor.evidence import model as m
@@ -116,6 +117,60 @@ def _workers_source(file: str, line: int, site: Any, passed: list[str] | None) -
         src = computed_kwargs(file, line, ("DataLoader",), ("num_workers",)).get("num_workers")
         return f"`{src}`" if src else None
     return given_elsewhere(site, ("num_workers",), passed).get("num_workers")
+
+
+class _Waits(msgspec.Struct):
+    """The timed steps' waits for data (a rehearsal's: on the GPU it models), as the rule judges them."""
+    steps: list[m.StepRecord]
+    waits: list[float]
+    shares: list[float]  # each step's wait over its own wall time
+    cpu_ratio: list[float]  # each step's CPU time over its wall time
+    most: float
+    loader_ids: dict[Any, Any]  # the loaders the steps waited on, to where
+    iter_ms: list[float]
+    iter_steps: int
+    iter_where: Any
+    wait_ms: float
+    step_ms: float
+    share: float
+    per_step_iter: bool
+    loader: m.DataLoaderInfo | None
+    settings: dict[str, Any]
+    workers: int
+    supply: Any
+    predicted: bool
+    gpu: list[tuple[float, float, float]] | None
+
+
+def _tally_waits(steps: list[m.StepRecord]) -> tuple[float, list[float], dict[Any, Any], list[float], int, Any,
+                                                      list[float], list[float]]:
+    """Each step's wait for data, the loaders waited on and the iterators made, from the steps' tallies."""
+
+    most, waits, loader_ids, iter_ms, iter_steps, iter_where = 0.0, [], {}, [], 0, None
+    shares, cpu_ratio = [], []  # each step's wait over its own wall time; its CPU time over its wall time
+    for s in steps:
+        wait = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER))
+        made = 0.0
+        for t in s.tallies:
+            if t.kind == m.DATA_WAIT:
+                loader_ids[t.data.get("loader")] = t.where
+            elif t.kind == m.DATA_ITER:
+                made += t.ms
+                if t.what == "DataLoader.__iter__":
+                    iter_where = iter_where or t.where
+                    loader_ids.setdefault(t.data.get("loader"), t.where)
+        iter_steps += any(t.kind == m.DATA_ITER and t.what == "DataLoader.__iter__" for t in s.tallies)
+        iter_ms.append(made)
+        # (each step's wait over its time less other processes' load, which the wait leaves out)
+        own = max(s.ms - (s.waited_ms or 0.0), wait)
+        most = max(most, wait / own if own else 0.0)
+        waits.append(wait)
+        if own:
+            shares.append(wait / own)
+            if s.cpu_ms is not None:
+                cpu_ratio.append(s.cpu_ms / s.ms)
+    return most, waits, loader_ids, iter_ms, iter_steps, iter_where, shares, cpu_ratio
+
 
 
 class DataloaderBound(Rule):
@@ -246,31 +301,46 @@ class DataloaderBound(Rule):
         # the steps the reported median step is of (Evidence.median_basis: the timed ones): a wait
         # read over other steps (checked, profiled, slowed by another load) can exceed that step
         steps = ev.median_basis()
-        if not steps:
+        w = self._measure(ev, steps, options) if steps else None
+        if w is None:
             return
-        most, waits, loader_ids, iter_ms, iter_steps, iter_where = 0.0, [], {}, [], 0, None
-        shares, cpu_ratio = [], []  # each step's wait over its own wall time; its CPU time over its wall time
-        for s in steps:
-            wait = sum(t.ms for t in s.tallies if t.kind in (m.DATA_WAIT, m.DATA_ITER))
-            made = 0.0
-            for t in s.tallies:
-                if t.kind == m.DATA_WAIT:
-                    loader_ids[t.data.get("loader")] = t.where
-                elif t.kind == m.DATA_ITER:
-                    made += t.ms
-                    if t.what == "DataLoader.__iter__":
-                        iter_where = iter_where or t.where
-                        loader_ids.setdefault(t.data.get("loader"), t.where)
-            iter_steps += any(t.kind == m.DATA_ITER and t.what == "DataLoader.__iter__" for t in s.tallies)
-            iter_ms.append(made)
-            # (each step's wait over its time less other processes' load, which the wait leaves out)
-            own = max(s.ms - (s.waited_ms or 0.0), wait)
-            most = max(most, wait / own if own else 0.0)
-            waits.append(wait)
-            if own:
-                shares.append(wait / own)
-                if s.cpu_ms is not None:
-                    cpu_ratio.append(s.cpu_ms / s.ms)
+        waits, shares, cpu_ratio, gpu, predicted = w.waits, w.shares, w.cpu_ratio, w.gpu, w.predicted
+        loader, settings, workers, supply = w.loader, w.settings, w.workers, w.supply
+        stalls = stall_phrase(waits)
+        confidence, confidence_text = share_confidence(shares, options.min_share, cpu_ratio)
+        cores, threads = available_cores(), ev.environment.num_threads
+        rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda" or ev.environment.rehearsal,
+                                   cores=cores, threads=threads)
+        needed = None
+        rest = median(r for _, _, r in gpu) if gpu is not None else 0.0
+        if gpu is not None and predicted:  # (predicted: the workers' supply is known)
+            # The workers' CPU time for a step's batches over the rest of the GPU step: how many keep
+            # up, each on a core of its own (the GPU machine's cores, which this one does not tell)
+            needed = math.ceil(supply.batches_per_step * supply.cpu_ms_per_batch / max(rest, 1e-3))
+            rec = {**rec, "num_workers": max(workers + 1, min(needed, MAX_ADVISED_WORKERS))}
+        # An IterableDataset that does not split its stream between workers: each worker would
+        # yield all of it (every sample num_workers times), so workers are advice with a condition,
+        # and the patch, which must leave results unchanged, does not add them.
+        unsharded = settings.get("iterable") and not settings.get("shards_by_worker") and "num_workers" in rec
+        held_back = ("num_workers", "persistent_workers", "prefetch_factor") if unsharded else ()
+        patched = {k: v for k, v in rec.items() if k not in held_back}
+        locs, edits, computed, unpacked_note, patched, framework = self._patch(ev, loader, rec, patched, unsharded)
+        it_where = w.loader_ids.get(loader.id if loader else None)
+        if w.per_step_iter and w.iter_where:
+            it_where = w.iter_where
+        if it_where:
+            locs.append(Location.of(it_where))
+        message, summary, note = self._advice(w, rec, needed, rest, cores, threads)
+        message, summary, config = self._addenda(ev, w, message, summary, rec, computed, unsharded, unpacked_note,
+                                                 framework, stalls)
+        message += " " + confidence_text
+        fix = Fix(summary=summary, config=config, edits=edits,
+                  changes_numerics=bool(edits) and bool({"num_workers", "persistent_workers"} & set(patched)))
+        yield self._finding(w, message, fix, note, locs, confidence, cores, threads, needed)
+
+    def _measure(self, ev: m.Evidence, steps: list[m.StepRecord], options: Options) -> _Waits | None:
+        """The timed steps' waits for data, where they pass the rule's gates (else None)."""
+        most, waits, loader_ids, iter_ms, iter_steps, iter_where, shares, cpu_ratio = _tally_waits(steps)
         # the steps' waits per step (their mean: a stall in one step of eight counts an eighth of it)
         # over the run's time per step: the cost, and the share every report prints for it
         wait_ms, step_ms = round(fmean(waits), 3), step_basis_ms(ev)
@@ -317,25 +387,15 @@ class DataloaderBound(Rule):
         first = min(s.index for s in ev.steps)
         later = [w for st, w in zip(steps, waits) if st.index != first] or waits
         if judged < options.min_share or fmean(later) < options.min_wait_ms:
-            return
-        stalls = stall_phrase(waits)
-        confidence, confidence_text = share_confidence(shares, options.min_share, cpu_ratio)
-        cores, threads = available_cores(), ev.environment.num_threads
-        rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda" or ev.environment.rehearsal,
-                                   cores=cores, threads=threads)
-        needed = None
-        rest = median(r for _, _, r in gpu) if gpu is not None else 0.0
-        if gpu is not None and predicted:  # (predicted: the workers' supply is known)
-            # The workers' CPU time for a step's batches over the rest of the GPU step: how many keep
-            # up, each on a core of its own (the GPU machine's cores, which this one does not tell)
-            needed = math.ceil(supply.batches_per_step * supply.cpu_ms_per_batch / max(rest, 1e-3))
-            rec = {**rec, "num_workers": max(workers + 1, min(needed, MAX_ADVISED_WORKERS))}
-        # An IterableDataset that does not split its stream between workers: each worker would
-        # yield all of it (every sample num_workers times), so workers are advice with a condition,
-        # and the patch, which must leave results unchanged, does not add them.
-        unsharded = settings.get("iterable") and not settings.get("shards_by_worker") and "num_workers" in rec
-        held_back = ("num_workers", "persistent_workers", "prefetch_factor") if unsharded else ()
-        patched = {k: v for k, v in rec.items() if k not in held_back}
+            return None
+        return _Waits(steps=steps, waits=waits, shares=shares, cpu_ratio=cpu_ratio, most=most, loader_ids=loader_ids,
+                      iter_ms=iter_ms, iter_steps=iter_steps, iter_where=iter_where, wait_ms=wait_ms,
+                      step_ms=step_ms, share=share, per_step_iter=per_step_iter, loader=loader,
+                      settings=settings, workers=workers, supply=supply, predicted=predicted, gpu=gpu)
+
+    def _patch(self, ev: m.Evidence, loader: m.DataLoaderInfo | None, rec: dict[str, Any], patched: dict[str, Any],
+               unsharded: bool) -> tuple[list[Location], list[Any], dict[str, str], str, dict[str, Any], Any]:
+        """The edits that set `patched` on the DataLoader call, where the patch may set them."""
         locs = []
         edits = []
         # settings the call takes from an expression (`cfg["num_workers"]`) or through `**mapping`
@@ -399,11 +459,13 @@ class DataloaderBound(Rule):
                                      + ", which gave none of the patch's keywords in this run: where it gives them "
                                      "(in another configuration), the patched call would get them twice.")
             patched = {**literal, **({k: patched[k] for k in mapped} if in_mapping else {})}
-        it_where = loader_ids.get(loader.id if loader else None)
-        if per_step_iter and iter_where:
-            it_where = iter_where
-        if it_where:
-            locs.append(Location.of(it_where))
+        return locs, edits, computed, unpacked_note, patched, framework
+
+    def _advice(self, w: _Waits, rec: dict[str, Any], needed: int | None, rest: float, cores: int,
+                threads: int | None) -> tuple[str, str, str]:
+        """The finding's message, fix summary and cost note: by who makes the batches and where."""
+        gpu, workers, settings, supply, wait_ms, share = w.gpu, w.workers, w.settings, w.supply, w.wait_ms, w.share
+        per_step_iter = w.per_step_iter
         rec_text = ", ".join(f"{k}={v!r}" for k, v in rec.items())
         # the training process's threads and the workers share the cores: past them, more workers take turns
         spare = max(0, cores - workers - (threads or 1))
@@ -471,6 +533,14 @@ class DataloaderBound(Rule):
                        f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
             summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
                        if not workers else f"Set {rec_text}." if rec else "")
+        return message, summary, note
+
+    def _addenda(self, ev: m.Evidence, w: _Waits, message: str, summary: str, rec: dict[str, Any],
+                 computed: dict[str, str], unsharded: bool, unpacked_note: str, framework: dict[str, str] | None,
+                 stalls: str | None) -> tuple[str, str, dict[str, Any]]:
+        """The message and summary with what the loader's kind, call and steps add to them; the config."""
+        loader, settings, workers, per_step_iter = w.loader, w.settings, w.workers, w.per_step_iter
+        iter_steps, iter_ms, iter_where, steps = w.iter_steps, w.iter_ms, w.iter_where, w.steps
         if unsharded:
             dataset = settings.get("dataset") or "the dataset"
             summary += (f" But `{dataset}` is an IterableDataset whose `__iter__` does not split the stream "
@@ -517,8 +587,16 @@ class DataloaderBound(Rule):
                             f"sample, or too few batches ready (prefetch_factor={settings.get('prefetch_factor')}, "
                             f"{workers} workers); find the slow samples (the stalled steps' indices) and make them "
                             "cheaper, or raise prefetch_factor so more batches wait ready.")
-        message += " " + confidence_text
-        yield self.finding(
+        return message, summary, config
+
+    def _finding(self, w: _Waits, message: str, fix: Fix, note: str, locs: list[Location], confidence: dict[str, Any],
+                 cores: int, threads: int | None, needed: int | None) -> Finding:
+        waits, wait_ms, share, step_ms, most, gpu, supply = w.waits, w.wait_ms, w.share, w.step_ms, w.most, w.gpu, w.supply
+        settings, workers, per_step_iter, iter_steps, iter_ms = w.settings, w.workers, w.per_step_iter, w.iter_steps, w.iter_ms
+        # the training process's threads and the workers share the cores: past them, more workers take turns
+        spare = max(0, cores - workers - (threads or 1))
+        gpu_step = median(h for _, h, _ in gpu) if gpu is not None else None
+        return self.finding(
             message,
             locations=list(dict.fromkeys(locs)),
             evidence={"wait_ms_per_step": round(wait_ms, 3), "median_wait_ms": round(median(waits), 3),
@@ -538,6 +616,5 @@ class DataloaderBound(Rule):
             # Workers change what a Dataset computes: each draws its random augmentations from its
             # own seed (and persistent workers keep theirs across epochs), and state a Dataset builds
             # in __getitem__ is per worker. So such an edit goes to numerics-fixes.patch.
-            fix=Fix(summary=summary, config=config, edits=edits,
-                    changes_numerics=bool(edits) and bool({"num_workers", "persistent_workers"} & set(patched))),
+            fix=fix,
         )

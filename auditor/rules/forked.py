@@ -1,24 +1,15 @@
 """Judge the rules in two processes when the evidence holds a large trace.
 
-Why: on a trace of millions of events the rules take about a third of `audit analyze`'s time, one
-rule after another on one core, while the other cores that parsed the trace are idle. The rules
-are independent of one another, so a forked copy of this process judges some of them.
-
-How: the rules come in units (a rule, or the rules that share derived evidence: `Rule.shares`, so
-it is made once). This process takes units from the front of the list and the forked one from its
-back, one at a time, until they meet (a two-ended queue in shared memory), so neither waits while
-the other has several left, whatever each costs. The fork sends its outcomes back through a pipe
-when it is done (a pickle from a copy of this process, never from elsewhere), and the caller
-applies every outcome in the rules' order, so the results are the ones one process gives. Other
-derived evidence (a trace's efficiency) may be made in both processes: what the fork made is lost
-with it. If the fork fails, dies or has not reported FORK_WAIT_S (or 4 times this process's own
-share's time, if longer) after this process finished its share, it is killed and this process judges
-whatever it did not report: a fork of a process that runs other threads (a test runner's) could
-wait forever on a lock one of them held.
-
-When: on Linux, with more than one usable core, no other Python thread (forking a process that runs
-other threads is unsafe) and traces of at least FORK_MIN_EVENTS events in all; smaller evidence is
-judged in milliseconds, less than a fork costs.
+The rules are independent, and on a trace of millions of events they take about a third of
+`audit analyze`'s time on one core. They come in units (a rule, or the rules sharing derived
+evidence: `Rule.shares`); this process takes units from the front of the list and a forked copy
+from its back, one at a time, until they meet (a two-ended queue in shared memory). The fork sends
+its outcomes back through a pipe (a pickle from a copy of this process, never from elsewhere), and
+the caller applies every outcome in the rules' order: the results are those of one process. A fork
+that fails, dies or has not reported FORK_WAIT_S (or 4 times this process's share's time) after
+this process finished is killed, and this process judges what it did not report.
+When: on Linux, with more than one usable core, no other Python thread, and traces of at least
+FORK_MIN_EVENTS events in all.
 """
 from __future__ import annotations
 

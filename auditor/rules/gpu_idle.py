@@ -8,7 +8,7 @@ import numpy as np
 import msgspec
 
 from auditor.evidence.trace.decode import CAT, GPU_WORK
-from auditor.evidence.trace.gaps import CAUSES, HOST_CAUSES, QUEUED_KINDS, Gaps, gap_table, summarize
+from auditor.evidence.trace.gaps import CAUSES, HOST_CAUSES, QUEUED_KINDS, Gaps, GapSummary, gap_table, summarize
 from auditor.evidence.trace.intervals import subtract, total_length
 from auditor.evidence.run_time import trace_base_ms
 from auditor.evidence.trace.model import Trace
@@ -47,6 +47,32 @@ _PHRASES = {"queued work": "waiting on work already queued",
             "host synchronisation": "behind host synchronisation (from a sync until the host's next launch)",
             "data loading": "data loading", "host work": "host work before the next launch",
             "launch": "kernel launches", "untraced": "not explained by the trace"}
+
+
+class _Idle(msgspec.Struct):
+    """A trace window's GPU idle time, by cause, calibrated to the run's step."""
+    steps: int
+    span: float  # the window, us
+    share: float  # of the window the GPU was idle
+    idle_us: float
+    summary: GapSummary
+    breakdown: dict[str, float]  # idle us in the window, by cause
+    cause: str
+    gaps: list[dict[str, Any]]
+    locations: list[Location]
+    window_ms: float  # idle per step in the window
+    busy_ms: float
+    scale: float
+    per_step_ms: float  # idle per step, calibrated
+    by_cause: dict[str, float]
+    claim_ms: float
+    queued_ms: float
+    untraced_ms: float
+    biggest: float
+    short: dict[str, Any] | None
+    issuing_ms: float
+    host_bound: bool
+
 
 
 class GpuIdle(TraceRule):
@@ -131,52 +157,13 @@ class GpuIdle(TraceRule):
         return self._judge(trace, options, trace_base_ms(trace))
 
     def _judge(self, trace: Trace, options: Options, step_ms: float | None) -> Finding | None:
-        if not np.isin(trace.col("cat"), GPU_WORK).any():
-            return None  # a CPU-only trace says nothing about GPU idleness
-        lo, hi = trace.window()
-        span = hi - lo
-        if span <= 0:
+        i = self._idle(trace, options, step_ms)
+        if i is None:
             return None
-        busy = gpu_busy(trace, lo, hi)
-        whole = (np.array([lo]), np.array([hi]))
-        idle = subtract(whole, busy)
-        idle_us = total_length(idle)
-        share = idle_us / span
-        if share < options.min_idle_share:
-            return None
-        steps = trace.step_count()
-        table = gap_table(trace)
-        summary = summarize(trace, table)
-        breakdown = dict(zip(CAUSES, table.us.sum(axis=0).tolist()))  # us in the window
-        cause = max(breakdown, key=lambda k: breakdown[k])
-
-        gaps = self._largest_gaps(trace, idle, lo, int(options.gaps))
-        _add_causes(trace, table, gaps, lo)
-        locations = []
-        for g in gaps:
-            if g.get("file") and not any(loc.file == g["file"] and loc.line == g["line"] for loc in locations):
-                locations.append(Location(g["file"], g["line"], g.pop("code", ""), g.get("note", "")))
-            g.pop("code", None)
-        window_ms = idle_us / 1000.0 / steps
-        busy_ms = total_length(busy) / 1000.0 / steps
-        # Calibration: the GPU's own work per step is what it is inside or outside the profiler, the
-        # host's is slowed there (the profiler, a run's checks), so the idle of a step is at most the
-        # step the costs are part of less the GPU's work; the window's idle, each cause alike, is
-        # scaled down to it when it exceeds that.
-        ceiling = max(0.0, step_ms - busy_ms) if step_ms else None
-        scale = min(1.0, ceiling / window_ms) if ceiling is not None and window_ms > 0 else 1.0
-        per_step_ms = window_ms * scale
-        if step_ms and per_step_ms / step_ms < options.min_idle_share:  # (of the run's time per step)
-            return None
-        by_cause = {c.cause: round(c.ms_per_step * scale, 3) for c in summary.causes}
-        claim_ms = sum(by_cause[c] for c in HOST_CAUSES)
-        queued_ms, untraced_ms = by_cause["queued work"], by_cause["untraced"]
-        biggest = gaps[0]["ms"] if gaps else 0.0
-        short = short_kernels(trace)
-        issuing_ms = sum(by_cause[c] for c in _ISSUING)
-        host_bound = (short is not None and short["share"] >= options.host_bound_short_share
-                      and short["n_short"] / steps >= options.host_bound_min_kernels_per_step
-                      and claim_ms > 0 and issuing_ms >= 0.5 * claim_ms)
+        steps, share, idle_us, summary, breakdown, cause = i.steps, i.share, i.idle_us, i.summary, i.breakdown, i.cause
+        gaps, locations, window_ms, busy_ms, scale, per_step_ms = i.gaps, i.locations, i.window_ms, i.busy_ms, i.scale, i.per_step_ms
+        by_cause, claim_ms, queued_ms, untraced_ms, biggest = i.by_cause, i.claim_ms, i.queued_ms, i.untraced_ms, i.biggest
+        short, issuing_ms, host_bound, span = i.short, i.issuing_ms, i.host_bound, i.span
         evidence = {"trace": str(trace.path), "steps": steps, "window_ms": round(span / 1000.0, 3),
                     "busy_share": round(1.0 - share, 4), "idle_share": round(share, 4),
                     "idle_ms_per_step": round(per_step_ms, 3), "window_idle_ms_per_step": round(window_ms, 3),
@@ -241,6 +228,60 @@ class GpuIdle(TraceRule):
                            "or that the trace does not explain is not counted"),
             fix=_CAUSES[cause],
         )
+
+    def _idle(self, trace: Trace, options: Options, step_ms: float | None) -> _Idle | None:
+        """The window's GPU idle by cause, where it passes the rule's shares (else None)."""
+        if not np.isin(trace.col("cat"), GPU_WORK).any():
+            return None  # a CPU-only trace says nothing about GPU idleness
+        lo, hi = trace.window()
+        span = hi - lo
+        if span <= 0:
+            return None
+        busy = gpu_busy(trace, lo, hi)
+        whole = (np.array([lo]), np.array([hi]))
+        idle = subtract(whole, busy)
+        idle_us = total_length(idle)
+        share = idle_us / span
+        if share < options.min_idle_share:
+            return None
+        steps = trace.step_count()
+        table = gap_table(trace)
+        summary = summarize(trace, table)
+        breakdown = dict(zip(CAUSES, table.us.sum(axis=0).tolist()))  # us in the window
+        cause = max(breakdown, key=lambda k: breakdown[k])
+
+        gaps = self._largest_gaps(trace, idle, lo, int(options.gaps))
+        _add_causes(trace, table, gaps, lo)
+        locations = []
+        for g in gaps:
+            if g.get("file") and not any(loc.file == g["file"] and loc.line == g["line"] for loc in locations):
+                locations.append(Location(g["file"], g["line"], g.pop("code", ""), g.get("note", "")))
+            g.pop("code", None)
+        window_ms = idle_us / 1000.0 / steps
+        busy_ms = total_length(busy) / 1000.0 / steps
+        # Calibration: the GPU's own work per step is what it is inside or outside the profiler, the
+        # host's is slowed there (the profiler, a run's checks), so the idle of a step is at most the
+        # step the costs are part of less the GPU's work; the window's idle, each cause alike, is
+        # scaled down to it when it exceeds that.
+        ceiling = max(0.0, step_ms - busy_ms) if step_ms else None
+        scale = min(1.0, ceiling / window_ms) if ceiling is not None and window_ms > 0 else 1.0
+        per_step_ms = window_ms * scale
+        if step_ms and per_step_ms / step_ms < options.min_idle_share:  # (of the run's time per step)
+            return None
+        by_cause = {c.cause: round(c.ms_per_step * scale, 3) for c in summary.causes}
+        claim_ms = sum(by_cause[c] for c in HOST_CAUSES)
+        queued_ms, untraced_ms = by_cause["queued work"], by_cause["untraced"]
+        biggest = gaps[0]["ms"] if gaps else 0.0
+        short = short_kernels(trace)
+        issuing_ms = sum(by_cause[c] for c in _ISSUING)
+        host_bound = (short is not None and short["share"] >= options.host_bound_short_share
+                      and short["n_short"] / steps >= options.host_bound_min_kernels_per_step
+                      and claim_ms > 0 and issuing_ms >= 0.5 * claim_ms)
+        return _Idle(steps=steps, span=span, share=share, idle_us=idle_us, summary=summary, breakdown=breakdown,
+                     cause=cause, gaps=gaps, locations=locations, window_ms=window_ms, busy_ms=busy_ms, scale=scale,
+                     per_step_ms=per_step_ms, by_cause=by_cause, claim_ms=claim_ms, queued_ms=queued_ms,
+                     untraced_ms=untraced_ms, biggest=biggest, short=short, issuing_ms=issuing_ms,
+                     host_bound=host_bound)
 
     @staticmethod
     def _largest_gaps(trace: Trace, idle: tuple[np.ndarray, np.ndarray], lo: float,

@@ -17,6 +17,36 @@ from auditor.evidence import source_access
 MiB = 2**20
 
 
+def _judged_steps(ev: m.Evidence, metric: str, options: Options) -> list[m.StepRecord]:
+    """The steps whose memory the trend is read on: after the profiler's window where enough are."""
+    # The profiler's buffers come and go around its window: judge the steps after it settles.
+    settle = max(ev.profile.steps) + 2 if ev.profile and ev.profile.steps else -1
+    steps = [s for s in ev.steps if s.index >= options.skip and getattr(s, metric) is not None]
+    after = [s for s in steps if s.index > settle]
+    if len(after) >= options.min_steps:
+        steps = after
+    elif metric == "rss_bytes" and settle >= 0:
+        # too few steps after the window: those before it. Process memory across the window holds
+        # what the profiler left in the heap (llm.c's train_gpt2, 12 steps: +300 MiB over the
+        # window, read as 47 MiB a step of growth where the plain run stays flat)
+        steps = [s for s in steps if s.index < min(ev.profile.steps)]
+    else:
+        steps = [s for s in steps if not s.profiled]
+    return steps
+
+
+def _growth_locations(ev: m.Evidence, holders: list[dict[str, Any]]) -> tuple[list[Location], str]:
+    """The growing holders' lines; without one, the line whose recorded allocations grew."""
+    locs = [Location(file=h["where"]["file"], line=h["where"]["line"], code=h["where"].get("code", ""))
+            for h in holders if h.get("where")]
+    # no holder's line: the line whose allocations the recorded allocator history saw grow
+    allocs, grown = ("", None) if locs else _growing_allocation(ev)
+    if grown is not None:
+        code = source_access.getline(grown.frame.filename, grown.frame.line).strip()
+        locs = [Location(file=grown.frame.filename, line=grown.frame.line, code=code)]
+    return locs, allocs
+
+
 class MemoryGrowth(Rule):
     """
     What it detects:
@@ -84,19 +114,7 @@ class MemoryGrowth(Rule):
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
         device = any(s.device_allocated is not None for s in ev.steps)
         metric = "device_allocated" if device else "rss_bytes"
-        # The profiler's buffers come and go around its window: judge the steps after it settles.
-        settle = max(ev.profile.steps) + 2 if ev.profile and ev.profile.steps else -1
-        steps = [s for s in ev.steps if s.index >= options.skip and getattr(s, metric) is not None]
-        after = [s for s in steps if s.index > settle]
-        if len(after) >= options.min_steps:
-            steps = after
-        elif metric == "rss_bytes" and settle >= 0:
-            # too few steps after the window: those before it. Process memory across the window holds
-            # what the profiler left in the heap (llm.c's train_gpt2, 12 steps: +300 MiB over the
-            # window, read as 47 MiB a step of growth where the plain run stays flat)
-            steps = [s for s in steps if s.index < min(ev.profile.steps)]
-        else:
-            steps = [s for s in steps if not s.profiled]
+        steps = _judged_steps(ev, metric, options)
         holders = self._growing_holders(ev)
         # A holder that a library caps (LBFGS's history) fills, then stays: its growth is no growth.
         # The trend it explains is none either: at most its cap in all.
@@ -119,13 +137,7 @@ class MemoryGrowth(Rule):
             trend = False
         if not trend and not held_enough:
             return
-        locs = [Location(file=h["where"]["file"], line=h["where"]["line"], code=h["where"].get("code", ""))
-                for h in holders if h.get("where")]
-        # no holder's line: the line whose allocations the recorded allocator history saw grow
-        allocs, grown = ("", None) if locs else _growing_allocation(ev)
-        if grown is not None:
-            code = source_access.getline(grown.frame.filename, grown.frame.line).strip()
-            locs = [Location(file=grown.frame.filename, line=grown.frame.line, code=code)]
+        locs, allocs = _growth_locations(ev, holders)
         caps = "; ".join(f"`{h['name']}` is capped ({h['bound_why']}: at most {h['bound_bytes'] / MiB:.0f} MiB, "
                          f"{h['bytes'] / MiB:.0f} MiB now), not counted" for h in capped)
         # In CUDA rehearsal the program's GPU tensors live in process memory: growth they make is

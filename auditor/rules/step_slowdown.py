@@ -4,6 +4,8 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, Iterable
 
+import msgspec
+
 from auditor.evidence import model as m
 from auditor.evidence.frame import Frame
 from auditor.evidence.loops import loops
@@ -35,6 +37,29 @@ def last_loop(steps: list[m.StepRecord]) -> tuple[list[m.StepRecord], int]:
     different work, and a rise across them is no slowdown."""
     parts = loops(steps)
     return parts[-1], len(parts) - 1
+
+class _Trend(msgspec.Struct):
+    """A rise the rule judged, and the numbers it was judged on."""
+    steps: list[m.StepRecord]
+    before: int  # training loops before the one judged
+    xs: list[float]
+    first: float
+    last: float
+    floor_first: float
+    floor_last: float
+    rho: float
+    w_trend: float
+    load: tuple[float, float] | None
+    load_rose: bool
+    need: float
+    judged: dict[str, Any]  # a CPU run's verdict, on its CPU time ({} on an accelerator)
+    slope: float
+    rise: float
+    per_cpu_ms: float | None
+    confidence: dict[str, Any]
+    confidence_text: str
+
+
 
 
 class StepSlowdown(Rule):
@@ -104,6 +129,66 @@ class StepSlowdown(Rule):
     )
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
+        t = self._trend(ev, options)
+        if t is None:
+            return
+        steps, xs, first, last, rise, judged, before = t.steps, t.xs, t.first, t.last, t.rise, t.judged, t.before
+        slope, rho, w_trend, load = t.slope, t.rho, t.w_trend, t.load
+        culprit = self._culprit(steps, xs)
+        locs, blame = self._blame(culprit, rise, steps)
+        head = self._head(t)
+        # What piles up, when the probes saw it: hooks added to the same tensors every step run in
+        # the backward pass, which is where the time grows, not at the line that adds them.
+        piles = piling_hooks(ev)
+        for p in piles[:2]:
+            if p.where is None:
+                continue
+            holders = "tensor" if p.what.startswith("Tensor.") else "module"
+            blame += (f" Hooks pile up at {file_name(p.where.file)}:{p.where.line}: {p.what} adds them to the same "
+                      f"{p.holders} {holders}{'' if p.holders == 1 else 's'} every step ({p.first[1]} each after step {p.first[0]}, "
+                      f"{p.last[1]} after step {p.last[0]}), and every {hook_phase(p.what)} pass runs them all "
+                      "(see hook-leak).")
+        hook_locs = [Location.of(p.where) for p in piles[:2] if p.where is not None]
+        locs = hook_locs + [x for x in locs if (x.file, x.line) not in {(h.file, h.line) for h in hook_locs}]
+        # The share is of the run's time per step, the basis of every other rule's share and of the
+        # headline's: a share of the (slower) last quarter read beside them as a different number
+        # for the same time. That comparison stays in the evidence, named as such.
+        median_ms = step_basis_ms(ev)
+        yield self.finding(
+            f"{head}{blame} {t.confidence_text}",
+            locations=locs,
+            evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
+                      "cost_step_ms": round(last, 3),  # (the growth is part of the last steps: capped at them)
+                      "ratio": round(last / first, 3), "trend_ratio": round(w_trend, 3),
+                      "first_quarter_fastest_ms": round(t.floor_first, 3),
+                      "last_quarter_fastest_ms": round(t.floor_last, 3),
+                      "slope_ms_per_step": round(slope, 4),
+                      "spearman": round(rho, 3), **judged, "steps_used": len(steps), **t.confidence,
+                      "loops_before": before, "first_step_judged": steps[0].index,
+                      "waited_share_first_quarter": round(load[0], 4) if load else None,
+                      "waited_share_last_quarter": round(load[1], 4) if load else None,
+                      "load_rose": t.load_rose, "ratio_needed": round(t.need, 3),
+                      "run_step_ms": round(median_ms, 3) if median_ms else None,
+                      "rise_share_of_last_quarter_step": round(min(1.0, rise / max(last, rise)), 4),
+                      "growing_phase": {**{k: v for k, v in culprit.items() if k != "where"},
+                                        "file": culprit["where"].file if culprit["where"] else None,
+                                        "line": culprit["where"].line if culprit["where"] else None}
+                      if culprit else None,
+                      "piling_hooks": [{"what": p.what, "line": p.where.line if p.where else None,
+                                        "holders": p.holders, "held_first": p.first[1], "held_last": p.last[1]}
+                                       for p in piles[:2]]},
+            cost=Cost(ms_per_step=rise, share_of_step=share_of_step(rise, median_ms),
+                      measured=True, note="extra time per step at the end of the run vs its start"
+                                          + (" (the rise of the process's CPU time, at the run's wall time "
+                                             "per CPU ms)" if judged else "") + ", as a share of the run's time per step"),
+            fix=Fix(summary=("Register the hooks once, at setup, or remove them (handle.remove()) when done; "
+                             if piles else "")
+                    + "Find what accumulates per step (see the growing phase and graph-leak / "
+                      "memory-growth findings) and stop keeping it."),
+        )
+
+    def _trend(self, ev: m.Evidence, options: Options) -> _Trend | None:
+        """The steps' rise where it passes every gate of the verdict (else None), and how sure it is."""
         steps = [s for s in ev.steps if not s.profiled and s.index >= options.skip]
         steps, before = last_loop(steps)
         steps = [steps[i] for i in without_spikes([s.ms for s in steps])]
@@ -176,7 +261,14 @@ class StepSlowdown(Rule):
         confidence, confidence_text = trend_confidence(
             basis, [b_icept + b_slope * x for x in xs], b_rise, options.min_ratio,
             b_last / b_first if b_first > 0 else 0.0, "CPU" if judged else "wall", cpu_over_wall(steps))
-        culprit = self._culprit(steps, xs)
+        return _Trend(steps=steps, before=before, xs=xs, first=first, last=last, floor_first=floor_first,
+                      floor_last=floor_last, rho=rho, w_trend=w_trend, load=load, load_rose=load_rose, need=need,
+                      judged=judged, slope=slope, rise=rise, per_cpu_ms=per_cpu_ms, confidence=confidence,
+                      confidence_text=confidence_text)
+
+    def _blame(self, culprit: dict[str, Any] | None, rise: float,
+               steps: list[m.StepRecord]) -> tuple[list[Location], str]:
+        """Where the message places the rise: the probed call or line that grew the most."""
         locs = [Location.of(culprit["where"])] if culprit and culprit["where"] else []
         if culprit:
             at = f" at {file_name(culprit['where'].file)}:{culprit['where'].line}" if culprit["where"] else ""
@@ -194,6 +286,12 @@ class StepSlowdown(Rule):
                         "growth is this line's own." if culprit["kind"] == m.LINE_TIME else ""))
         else:
             blame = ""
+        return locs, blame
+
+    def _head(self, t: _Trend) -> str:
+        """The message's opening: how the step time rose, over which steps."""
+        judged, first, last, slope, rho, w_trend, steps = t.judged, t.first, t.last, t.slope, t.rho, t.w_trend, t.steps
+        before, rise, per_cpu_ms = t.before, t.rise, t.per_cpu_ms
         if judged:
             head = (f"Step time rose x{w_trend:.2f} along its trend line (+{slope:.3g} ms with each step); the step's own "
                     f"CPU time rose from {judged['cpu_first_quarter_median_ms']:.1f} ms to "
@@ -207,55 +305,8 @@ class StepSlowdown(Rule):
         head += f": the last steps took {rise:.2f} ms more than the first"
         head += (f" ({judged['cpu_rise_ms']:.2f} ms more CPU time, at this run's {per_cpu_ms:.2f} ms of wall "
                  "time per ms of CPU time)." if judged else ".")
-        # What piles up, when the probes saw it: hooks added to the same tensors every step run in
-        # the backward pass, which is where the time grows, not at the line that adds them.
-        piles = piling_hooks(ev)
-        for p in piles[:2]:
-            if p.where is None:
-                continue
-            holders = "tensor" if p.what.startswith("Tensor.") else "module"
-            blame += (f" Hooks pile up at {file_name(p.where.file)}:{p.where.line}: {p.what} adds them to the same "
-                      f"{p.holders} {holders}{'' if p.holders == 1 else 's'} every step ({p.first[1]} each after step {p.first[0]}, "
-                      f"{p.last[1]} after step {p.last[0]}), and every {hook_phase(p.what)} pass runs them all "
-                      "(see hook-leak).")
-        hook_locs = [Location.of(p.where) for p in piles[:2] if p.where is not None]
-        locs = hook_locs + [x for x in locs if (x.file, x.line) not in {(h.file, h.line) for h in hook_locs}]
-        # The share is of the run's time per step, the basis of every other rule's share and of the
-        # headline's: a share of the (slower) last quarter read beside them as a different number
-        # for the same time. That comparison stays in the evidence, named as such.
-        median_ms = step_basis_ms(ev)
-        yield self.finding(
-            f"{head}{blame} {confidence_text}",
-            locations=locs,
-            evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
-                      "cost_step_ms": round(last, 3),  # (the growth is part of the last steps: capped at them)
-                      "ratio": round(last / first, 3), "trend_ratio": round(w_trend, 3),
-                      "first_quarter_fastest_ms": round(floor_first, 3),
-                      "last_quarter_fastest_ms": round(floor_last, 3),
-                      "slope_ms_per_step": round(slope, 4),
-                      "spearman": round(rho, 3), **judged, "steps_used": len(steps), **confidence,
-                      "loops_before": before, "first_step_judged": steps[0].index,
-                      "waited_share_first_quarter": round(load[0], 4) if load else None,
-                      "waited_share_last_quarter": round(load[1], 4) if load else None,
-                      "load_rose": load_rose, "ratio_needed": round(need, 3),
-                      "run_step_ms": round(median_ms, 3) if median_ms else None,
-                      "rise_share_of_last_quarter_step": round(min(1.0, rise / max(last, rise)), 4),
-                      "growing_phase": {**{k: v for k, v in culprit.items() if k != "where"},
-                                        "file": culprit["where"].file if culprit["where"] else None,
-                                        "line": culprit["where"].line if culprit["where"] else None}
-                      if culprit else None,
-                      "piling_hooks": [{"what": p.what, "line": p.where.line if p.where else None,
-                                        "holders": p.holders, "held_first": p.first[1], "held_last": p.last[1]}
-                                       for p in piles[:2]]},
-            cost=Cost(ms_per_step=rise, share_of_step=share_of_step(rise, median_ms),
-                      measured=True, note="extra time per step at the end of the run vs its start"
-                                          + (" (the rise of the process's CPU time, at the run's wall time "
-                                             "per CPU ms)" if judged else "") + ", as a share of the run's time per step"),
-            fix=Fix(summary=("Register the hooks once, at setup, or remove them (handle.remove()) when done; "
-                             if piles else "")
-                    + "Find what accumulates per step (see the growing phase and graph-leak / "
-                      "memory-growth findings) and stop keeping it."),
-        )
+        return head
+
 
     def _culprit(self, steps: list[m.StepRecord], xs: list[float]) -> dict[str, Any] | None:
         """The probed call site whose own per-step time grew the most, measured as the step's rise

@@ -85,6 +85,33 @@ def softmax_location(frame: Frame) -> Location:
     return Location(*frame_location_parts(frame))
 
 
+def _chain_times(trace: Trace, chains: list[Chain], on_gpu: bool) -> tuple[dict[str, float], list[float]]:
+    """Each chain's time (its kernels' on a GPU trace, its operators' span on a CPU one) and, on a GPU,
+    the kernels' time by part of the chain, in us."""
+    parts = dict.fromkeys(_PARTS, 0.0)
+    chain_us = []
+    by_chain = _parts(trace, chains) if on_gpu else []
+    for n, c in enumerate(chains):
+        if on_gpu:
+            got = by_chain[n]
+            for k, x in got.items():
+                parts[k] += x
+            chain_us.append(sum(got.values()))
+        else:  # a CPU trace: the operators run on the host, their span is their time
+            chain_us.append(c.end - c.start)
+    return parts, chain_us
+
+
+def _shape_counts(chains: list[Chain]) -> dict[str, int]:
+    """How many chains ran each shape, as the evidence names it."""
+    shape_counts: dict[str, int] = {}
+    for c in chains:
+        key = (f"{c.heads}x{c.queries}x{c.qk_dim} @ {c.heads}x{c.qk_dim}x{c.keys} -> softmax "
+               f"{c.heads}x{c.queries}x{c.keys} @ {c.heads}x{c.keys}x{c.v_dim}")
+        shape_counts[key] = shape_counts.get(key, 0) + 1
+    return shape_counts
+
+
 class UnfusedAttention(TraceRule):
     """
     What it detects:
@@ -142,17 +169,7 @@ class UnfusedAttention(TraceRule):
         kernels = np.flatnonzero(cat == CAT["kernel"])
         on_gpu = bool(len(kernels))
         steps = trace.step_count()
-        parts = dict.fromkeys(_PARTS, 0.0)
-        chain_us = []
-        by_chain = _parts(trace, chains) if on_gpu else []
-        for n, c in enumerate(chains):
-            if on_gpu:
-                got = by_chain[n]
-                for k, x in got.items():
-                    parts[k] += x
-                chain_us.append(sum(got.values()))
-            else:  # a CPU trace: the operators run on the host, their span is their time
-                chain_us.append(c.end - c.start)
+        parts, chain_us = _chain_times(trace, chains, on_gpu)
         attention_us = sum(chain_us)
         lo, hi = trace.window()
         # the share of what the device did: kernel time on a GPU, the steps' span on a CPU
@@ -162,11 +179,7 @@ class UnfusedAttention(TraceRule):
             return None
         flops = sum(c.flops() for c in chains)
         dtype = _dtype(chains[0].dtype)
-        shape_counts: dict[str, int] = {}
-        for c in chains:
-            key = (f"{c.heads}x{c.queries}x{c.qk_dim} @ {c.heads}x{c.qk_dim}x{c.keys} -> softmax "
-                   f"{c.heads}x{c.queries}x{c.keys} @ {c.heads}x{c.keys}x{c.v_dim}")
-            shape_counts[key] = shape_counts.get(key, 0) + 1
+        shape_counts = _shape_counts(chains)
         between = sorted({n for c in chains for n in c.op_names[1:-1] if n not in ("aten::softmax", "aten::_softmax")})
         achieved = flops / (attention_us / 1e6) / 1e12 if attention_us else 0.0
         where = sites(trace, [c.softmax for c in chains], weights=chain_us)

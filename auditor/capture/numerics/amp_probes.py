@@ -41,15 +41,20 @@ def _user_frame_object(frame: Any) -> Any:
 
 def install_amp_probes(col: Collector) -> None:
     """Record GradScaler use, autocast regions and clipping of scaled gradients."""
-    from torch.amp import autocast_mode, grad_scaler
-    import torch.nn.utils as nn_utils
-    import torch.nn.utils.clip_grad as clip_grad
-
     guard = guard_of(col)
     # The scale a GradScaler put in the gradients (scale(loss).backward()) is in them until
     # unscale_(opt), or step(opt), which unscales first: scaler -> ids of the optimizers it has
     # unscaled since its last scale(). Clipping before that clips scaled gradients.
     scaled: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
+    _autocast_probes(col, guard)
+    _unscaling_probes(col, scaled)
+    _scaler_probes(col, guard, scaled)
+    _clip_probes(col, guard, scaled)
+
+
+def _autocast_probes(col: Collector, guard: Any) -> None:
+    """Each autocast region entered: its site once, and how often the step used it."""
+    from torch.amp import autocast_mode
 
     @guard
     def after_enter(self, where) -> None:
@@ -78,6 +83,42 @@ def install_amp_probes(col: Collector) -> None:
             after_enter(self, where)
             return result
         return probe
+
+    _wrap(autocast_mode.autocast, "__enter__", make_enter)
+
+
+def _unscaling_probes(col: Collector, scaled: "weakref.WeakKeyDictionary[Any, set[int]]") -> None:
+    """GradScaler.unscale_ and step: the optimizers unscaled since the last scale(); the scaler's own
+    inf checks are not checked as the model's."""
+    from torch.amp import grad_scaler
+
+    def make_paused(orig):
+        def probe(self, *args, **kwargs):  # the scaler's own inf checks are not the model's
+            col.paused += 1
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                col.paused -= 1
+        return probe
+
+    def make_unscaling(orig):
+        paused = make_paused(orig)
+
+        def probe(self, optimizer, *args, **kwargs):
+            result = paused(self, optimizer, *args, **kwargs)
+            done = scaled.get(self)
+            if done is not None:
+                done.add(id(optimizer))
+            return result
+        return probe
+
+    _wrap(grad_scaler.GradScaler, "unscale_", make_unscaling)
+    _wrap(grad_scaler.GradScaler, "step", make_unscaling)
+
+
+def _scaler_probes(col: Collector, guard: Any, scaled: "weakref.WeakKeyDictionary[Any, set[int]]") -> None:
+    """Each GradScaler made, the unscaled loss it scales, and its scale before and after each update."""
+    from torch.amp import grad_scaler
 
     @guard
     def after_scaler_init(self, where) -> None:
@@ -144,25 +185,15 @@ def install_amp_probes(col: Collector) -> None:
             return result
         return probe
 
-    def make_paused(orig):
-        def probe(self, *args, **kwargs):  # the scaler's own inf checks are not the model's
-            col.paused += 1
-            try:
-                return orig(self, *args, **kwargs)
-            finally:
-                col.paused -= 1
-        return probe
+    _wrap(grad_scaler.GradScaler, "__init__", make_scaler_init)
+    _wrap(grad_scaler.GradScaler, "scale", make_scale)
+    _wrap(grad_scaler.GradScaler, "update", make_update)
 
-    def make_unscaling(orig):
-        paused = make_paused(orig)
 
-        def probe(self, optimizer, *args, **kwargs):
-            result = paused(self, optimizer, *args, **kwargs)
-            done = scaled.get(self)
-            if done is not None:
-                done.add(id(optimizer))
-            return result
-        return probe
+def _clip_probes(col: Collector, guard: Any, scaled: "weakref.WeakKeyDictionary[Any, set[int]]") -> None:
+    """clip_grad_norm_/clip_grad_value_: each optimizer's max_norm, and clipping of scaled gradients."""
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_grad
 
     @guard
     def after_clip(params: list, what: str, limit: Any, frame: Any) -> None:
@@ -212,12 +243,6 @@ def install_amp_probes(col: Collector) -> None:
             return orig(params, *args, **kwargs)
         return probe
 
-    _wrap(autocast_mode.autocast, "__enter__", make_enter)
-    _wrap(grad_scaler.GradScaler, "unscale_", make_unscaling)
-    _wrap(grad_scaler.GradScaler, "step", make_unscaling)
-    _wrap(grad_scaler.GradScaler, "__init__", make_scaler_init)
-    _wrap(grad_scaler.GradScaler, "scale", make_scale)
-    _wrap(grad_scaler.GradScaler, "update", make_update)
     for owner in (nn_utils, clip_grad):
         _wrap(owner, "clip_grad_norm_", lambda orig: make_clip(orig, "clip_grad_norm_", "max_norm"))
         _wrap(owner, "clip_grad_value_", lambda orig: make_clip(orig, "clip_grad_value_", "clip_value"))

@@ -1,31 +1,18 @@
 """The numerics collector: one per child process, told when each step begins and ends.
 
 * While a step runs it pushes the mode (mode.py), which hands each torch call to `on_op`.
-* Global module pre/post forward hooks keep the stack of running modules, by qualified name. A
-  library leaf module (nn.Linear, nn.ReLU, a loss: no submodules) is checked as one op by these
-  hooks instead: the pre-hook takes the mode off for its forward, the post-hook records its
-  arguments and own parameters in and its output out, at the user's line of the module call. Most
-  of a model's calls happen inside such modules, and the mode's dispatch (~10-20 us a call on a
-  busy step) is the largest fixed cost of checking one.
-* A call of code torch.compile compiled (`torch.compile(model)`, `@torch.compile`) runs with the
-  mode off the stack: dynamo traces the modes it finds into the user's graph and guards on them
-  (see unseen.compiled_calls_without). It is checked as one call, at the user's line
-  (`_compiled_call_ran`: a NaN made inside is named there, `torch.compile(Net)`; a deferred
-  output passed to it is reduced before, as it may write into it), and a backward pass it runs
-  has its loss checked by the backward probe instead of the mode (`_backward_in_compiled_call`).
-  What runs inside, eagerly or not, is not checked call by call.
-* The module and optimizer hooks also time the forward and optimizer phases for the probes, whose
-  own hooks at the same points are taken out (`probes.take_over_phase_timing`): each global hook
-  costs a Python call and torch's hook loop at every module call.
-
-The class is assembled from mixins, one per concern, all sharing this object's state: the
-tables of sites and modules (sites.py), deferral of CPU checks (deferral.py), the optimizer watch
-(optimizer.py), the step's record (record.py) and the origin of non-finite values (origin.py).
-The per-op path (`on_op`, `_record`, `_stat`, the module hooks) is here.
-
-Every check runs under `torch.no_grad()` on tensors the user already made, and only reads them:
-the user's computation, its RNG and its autograd graph are untouched. Checking code that fails is
-switched off (counted in `errors`), never allowed to fail the step.
+* Global module pre/post forward hooks keep the stack of running modules. A library leaf module
+  (nn.Linear, a loss) is checked as one op by these hooks, the mode off for its forward: most calls
+  happen inside such modules, and the mode's dispatch is the largest fixed cost of a check.
+* A call of code torch.compile compiled runs with the mode off the stack (unseen.compiled_calls_without)
+  and is checked as one call at the user's line (`_compiled_call_ran`); its backward's loss is
+  checked by the backward probe (`_backward_in_compiled_call`).
+* The module and optimizer hooks also time the forward and optimizer phases for the probes
+  (`probes.take_over_phase_timing`).
+The class is assembled from mixins sharing this object's state: sites.py, deferral.py,
+optimizer.py, record.py, origin.py; the per-op path (`on_op`, `_record`, `_stat`, the module
+hooks) is here. Every check runs under `torch.no_grad()` and only reads the user's tensors; a
+check that fails is switched off (counted in `errors`), never allowed to fail the step.
 """
 from __future__ import annotations
 

@@ -57,9 +57,48 @@ def guard_of(col: Collector) -> Callable[[Callable], Callable]:
 def install_config_probes(col: Collector) -> None:
     """Record what the configuration says: optimizer and scheduler construction and state loads.
     Each probe calls the original first and only reads."""
-    from torch.optim import Optimizer, lr_scheduler
-
     guard = guard_of(col)
+    _outside_mode_probes(col)
+    _optimizer_probes(col, guard)
+    _scheduler_probes(col, guard)
+
+
+def _outside_mode_probes(col: Collector) -> None:
+    """Batch loading and zero_grad, run with the collector's mode off."""
+    from torch.optim import Optimizer
+    import torch.utils.data.dataloader as dl
+
+    def make_outside_mode(orig):
+        # Batch loading (thousands of indexing calls, none the model's) and zero_grad (two
+        # attribute calls per parameter, which cannot make a non-finite value) run with the mode off.
+        def probe(self, *args, **kwargs):
+            if _compiling():  # (traced by torch.compile: the call as it is, see probes._compiling)
+                return orig(self, *args, **kwargs)
+            if col.in_step and _top_mode() is col.mode:
+                _pop_mode()  # (torch.overrides._pop_mode_temporarily, without its generator: every step)
+                try:
+                    return orig(self, *args, **kwargs)
+                finally:
+                    _push_mode(col.mode)
+            return orig(self, *args, **kwargs)
+        return probe
+
+    def make_zero_grad(orig):
+        outside = make_outside_mode(orig)
+
+        def probe(self, *args, **kwargs):
+            probes.settle_traced_steps()  # (a compiled step's gradients, read before they go)
+            return outside(self, *args, **kwargs)
+        return probe
+
+    _wrap(dl._BaseDataLoaderIter, "__next__", make_outside_mode)
+    _wrap(Optimizer, "zero_grad", make_zero_grad)
+    _wrap(torch.nn.Module, "zero_grad", make_zero_grad)
+
+
+def _optimizer_probes(col: Collector, guard: Callable[[Callable], Callable]) -> None:
+    """Each optimizer made, and its learning rates before and after a `load_state_dict`."""
+    from torch.optim import Optimizer
 
     @guard
     def after_opt_init(self, where) -> None:
@@ -91,6 +130,14 @@ def install_config_probes(col: Collector) -> None:
             after_opt_load(self, before, where)
             return result
         return probe
+
+    _wrap(Optimizer, "__init__", make_opt_init)
+    _wrap(Optimizer, "load_state_dict", make_opt_load)
+
+
+def _scheduler_probes(col: Collector, guard: Callable[[Callable], Callable]) -> None:
+    """Each LR scheduler made (its type and settings), its state loads, and its steps."""
+    from torch.optim import lr_scheduler
 
     @guard
     def after_sched_init(self, where) -> None:
@@ -138,29 +185,6 @@ def install_config_probes(col: Collector) -> None:
             return result
         return probe
 
-    def make_outside_mode(orig):
-        # Batch loading (thousands of indexing calls, none the model's) and zero_grad (two
-        # attribute calls per parameter, which cannot make a non-finite value) run with the mode off.
-        def probe(self, *args, **kwargs):
-            if _compiling():  # (traced by torch.compile: the call as it is, see probes._compiling)
-                return orig(self, *args, **kwargs)
-            if col.in_step and _top_mode() is col.mode:
-                _pop_mode()  # (torch.overrides._pop_mode_temporarily, without its generator: every step)
-                try:
-                    return orig(self, *args, **kwargs)
-                finally:
-                    _push_mode(col.mode)
-            return orig(self, *args, **kwargs)
-        return probe
-
-    def make_zero_grad(orig):
-        outside = make_outside_mode(orig)
-
-        def probe(self, *args, **kwargs):
-            probes.settle_traced_steps()  # (a compiled step's gradients, read before they go)
-            return outside(self, *args, **kwargs)
-        return probe
-
     def make_sched_step(orig):
         def probe(self, *args, **kwargs):
             if not _compiling():
@@ -168,13 +192,6 @@ def install_config_probes(col: Collector) -> None:
             return orig(self, *args, **kwargs)
         return probe
 
-    import torch.utils.data.dataloader as dl
-
-    _wrap(dl._BaseDataLoaderIter, "__next__", make_outside_mode)
-    _wrap(Optimizer, "zero_grad", make_zero_grad)
-    _wrap(torch.nn.Module, "zero_grad", make_zero_grad)
-    _wrap(Optimizer, "__init__", make_opt_init)
-    _wrap(Optimizer, "load_state_dict", make_opt_load)
     _wrap(lr_scheduler.LRScheduler, "__init__", make_sched_init)
     _wrap(lr_scheduler.LRScheduler, "step", make_sched_step)
     for wrapper in ("SequentialLR", "ChainedScheduler", "ReduceLROnPlateau"):  # no LRScheduler.__init__, .step

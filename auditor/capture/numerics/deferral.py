@@ -1,25 +1,16 @@
 """Deferred checks of CPU calls, settled by the loss a backward pass starts from.
 
-A CPU leaf call (one output tensor, not float16), and a plain call the mode sees (not one of the
-hazard kinds, whose statistic is wanted in healthy steps too, and not one that writes into its
-arguments), is deferred: its tensors are kept, not reduced, and its place in the step's op order
-is held (a call's site is found at once, while its frames exist). When a backward pass starts,
-the loss it starts from settles them: finite, and every deferred call is taken as checked and
-let go (a non-finite value made on the way would have reached the loss, NaN and Inf propagate;
-one masked off before it did is what eager checks call benign); not finite, and each is reduced
-then, before the backward pass or the update changes anything, so the origin is found as if
-they had been checked at once. (The one case this misjudges: a value made before a backward
-pass, used only by a later loss of the same step; a NaN in it is then traced to the first call
-that used it after that backward pass.) A call about to write into a deferred output
-(`out += x`, `x[i] = v`, an in-place leaf, a write into a deferred view's base) has that output
-reduced first; the optimizer pre-hook and the step's end reduce whatever is still deferred
-(steps with no backward pass, calls after the last one); and past DEFER_MAX_BYTES of kept
-outputs they are reduced at once, so the memory they hold stays bounded. The first LEARN_STEPS
-healthy steps and every LEARN_EVERY-th are reduced in full anyway: a site that makes non-finite
-values by design (an attention mask's -inf) is learned as benign there, as eager checks learn
-it. On a healthy step most reductions, and nearly all of their Python, never happen. Deferral
-is for the CPU only: on a GPU the kept outputs would be device memory, and there the checks are
-asynchronous kernels anyway.
+A CPU leaf call (one output, not float16) or a plain call the mode sees (not a hazard kind, not one
+that writes into its arguments) is deferred: its tensors are kept unreduced and its place in the
+step's op order held (its site found at once). When a backward pass starts, its loss settles them:
+finite, and every deferred call counts as checked and is let go (NaN and Inf propagate to the
+loss); not finite, and each is reduced then, before anything changes, so the origin is found as if
+checked at once. (Misjudged: a value made before a backward pass and used only by a later loss of
+the step.) A deferred output about to be written into is reduced first; the optimizer pre-hook and
+the step's end reduce what is left; past DEFER_MAX_BYTES kept, calls are reduced at once. The first
+LEARN_STEPS healthy steps and every LEARN_EVERY-th are reduced in full, where sites that make
+non-finite values by design (a mask's -inf) are learned as benign. CPU only: on a GPU the kept
+outputs would be device memory, and the checks are asynchronous kernels anyway.
 """
 from __future__ import annotations
 

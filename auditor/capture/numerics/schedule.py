@@ -1,39 +1,20 @@
 """Which steps the numerics checks run on: checked, timed and profiled steps are kept apart.
 
-* Profiled steps (the profiler window) carry no checks: the trace is the program's, with none of
-  the checks' kernels (`aminmax`) or ranges in it.
-* Checked steps: every step of the first DENSE_STEPS (warm-up and the first
-  learning-rate ramp, where most runs go wrong, and where the deferred checks learn the sites
-  that make non-finite values by design), then every CHECK_EVERY-th step AT_EACH_RATE times, then
-  at half that rate as many times, HALVINGS times: one step in 128 for good from step ~1,560 on
-  (capture.cadence). Where the checks nearly double a step (the H100's host-bound encoder: ~+75%;
-  a CPU step of 1,501 tiny calls: 2.4x), one step in 32 costs the steady state 2-4% and one in 128
-  under 1%, in a long run whose audit may cost 5% with the probes' share. The first 536 steps are
-  checked as closely as ever; a run that goes wrong later is caught by its loss (below).
-  A run of SHORT_RUN steps or more reports its step time from at least TIMED_AT_LEAST timed steps:
-  its dense start is cut to leave them (down to MIN_DENSE checked steps; dense_steps). A shorter
-  run with SHORT_TIMED_FROM steps or more outside the profiler's window times half of them, the
-  ones right after the window (timed_block: the program's steady state, past its first steps), and
-  checks the others, its last steps among them, where a short run's values go wrong (a run of 10:
-  steps 5-7 timed, 0, 8 and 9 checked; a run of 18: 7-13 timed). Shorter still, or without a
-  profiler window (--no-profile), it is checked whole: its median comes from checked steps, and
-  the reports say so.
-* Timed steps: the others. Nothing of the checks runs in them; their median is the step time
-  the audit reports, and comparing checked steps with them is the checks' measured cost.
-* A timed step the checks did not see is still watched for its loss: the first loss each backward
-  pass starts from is kept, and read once the step's time is taken (on a GPU, queued on the
-  device then and read when its event has completed, never a sync). A non-finite loss, or a
-  checked step whose values went wrong (Numerics._gone_wrong: not a mask's -inf by design), turns
-  the checks on for every later step (but the window's), so a run that goes wrong is followed
-  step by step from then on.
-* The checks' cost caps their rate: each checked step past the dense start is measured by the
-  program's clock (its interval, start to the next step's start, over the median of the last
-  unchecked steps'), and the next check waits until the checks' share of the steps' time stays
-  within CHECKS_BUDGET (Spacing). Where a checked step costs what the schedule allows (the CPU
-  proxy's: +0.35 of a step, at one in 32: 1.1%) nothing changes; where one costs ~3 steps (a
-  host-bound H100 step of tiny kernels, whose checks queue hundreds of launches) they run at
-  most one step in ~150, down to one in MAX_SPACING, so a long run still has readings in every
-  stretch.
+* Profiled steps (the profiler window) carry no checks: the trace is the program's alone.
+* Checked steps: every step of the first DENSE_STEPS, then every CHECK_EVERY-th step AT_EACH_RATE
+  times, then at half that rate as many times, HALVINGS times (capture.cadence). A run of
+  SHORT_RUN steps or more keeps at least TIMED_AT_LEAST timed steps (its dense start cut down to
+  MIN_DENSE: dense_steps); a shorter run with SHORT_TIMED_FROM steps outside the window times half
+  of them, right after the window (timed_block), and checks the others; shorter still, or without
+  a window, it is checked whole, and the reports say so.
+* Timed steps: the others. No check runs in them; their median is the reported step time, and
+  checked steps against them are the checks' measured cost.
+* A timed step's first loss is still read once its time is taken (on a GPU, through an event, never
+  a sync). A non-finite loss, or a checked step whose values went wrong (Numerics._gone_wrong),
+  turns the checks on for every later step but the window's.
+* The checks' measured cost caps their rate: the next check waits until their share of the steps'
+  time stays within CHECKS_BUDGET (Spacing), down to one step in MAX_SPACING.
+The measurements behind these numbers: bench/HISTORY.md, "auditor/capture/numerics/schedule.py".
 """
 from __future__ import annotations
 

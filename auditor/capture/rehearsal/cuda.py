@@ -1,26 +1,17 @@
 """CUDA rehearsal, the `torch.cuda` side: the CUDA API answered as a one-GPU machine would, on the CPU.
 
-Program code asks `torch.cuda` about the device (`is_available()`, `device_count()`,
-`get_device_properties()`), seeds it, makes streams and events, times with events, and switches
-on mixed precision with `autocast("cuda")` and `GradScaler("cuda")`. On a CPU-only torch most of
-these raise. Here each has a stand-in that behaves plausibly and is recorded (`cuda-standin`
-tallies at the user's line), so the program runs through and the rules see what it did:
-
-* device queries answer as a single device (`is_available()` is True, `device_count()` 1) -- but
-  only to the user's code (and third-party libraries): torch's own callers get the true answer, so
-  torch keeps its CPU code paths (foreach choices, pinning, autocast checks) and computes exactly
-  what the CPU version of the program computes;
-* `synchronize()` (torch.cuda, Stream, Event) is recorded as a device sync by the probes;
-* the memory-statistics family is answered as an idle device would (auditor.capture.cuda_standins),
-  so the probes still see `reset_peak_memory_stats()` and `empty_cache()`;
-* `autocast("cuda", dtype)` becomes CPU autocast with the same dtype (float16 by default, as on a
-  GPU), `GradScaler("cuda")` a CPU GradScaler: the same scaling arithmetic, on the CPU;
-* `manual_seed` and the RNG-state calls are recorded but do not touch the CPU generator: random
-  numbers the program draws "on the GPU" come from the CPU generator, as in its CPU version;
-* `torch.Generator(device="cuda")` is a CPU generator marked as the GPU's (its `.device` says
-  cuda), and a generator used with a tensor of the other device fails as it does on a GPU
-  (auditor.capture.rehearsal.device checks each call): a DataLoader that shuffles under
-  `torch.set_default_device("cuda")` without a CUDA generator crashes on a GPU, so it does here.
+Program code asks `torch.cuda` about the device, seeds it, makes streams and events and turns on
+mixed precision; on a CPU-only torch most of that raises. Each call has a stand-in that behaves
+plausibly and is recorded (`cuda-standin` tallies at the user's line):
+* device queries answer as a single device, to the user's code and third-party libraries only:
+  torch's own callers get the true answer, so torch keeps its CPU paths and computes what the
+  program's CPU version computes;
+* `synchronize()` (torch.cuda, Stream, Event) is recorded as a device sync;
+* the memory-statistics family answers as an idle device (auditor.capture.cuda_standins);
+* `autocast("cuda", dtype)` is CPU autocast with the same dtype, `GradScaler("cuda")` a CPU one;
+* `manual_seed` and the RNG-state calls are recorded, the CPU generator left alone;
+* `torch.Generator(device="cuda")` is a CPU generator marked as the GPU's, and using it with a
+  tensor of the other device fails as on a GPU (auditor.capture.rehearsal.device).
 """
 from __future__ import annotations
 

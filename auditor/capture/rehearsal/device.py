@@ -1,27 +1,19 @@
 """CUDA rehearsal, the tensor side: run every device request on the CPU, remember what was meant for the GPU.
 
-A `TorchFunctionMode` sees each torch call made from Python before it runs. It rewrites device requests for
-`cuda` (a `device=` argument, `.to(...)`, `.cuda()`, a factory under a default device of `cuda`) to the CPU,
-so the program computes exactly what its CPU version computes; and it marks the tensors the program meant for
-the GPU with a Python attribute, passing the mark on to the results of every call that has a marked input. The
-rules then judge the program as GPU code: `device_of(t)` answers "cuda" for a marked tensor (installed as
-`probes.DEVICE_OF`).
+A `TorchFunctionMode` rewrites device requests for `cuda` (a `device=` argument, `.to(...)`,
+`.cuda()`, a factory under a default device of `cuda`) to the CPU, so the program computes exactly
+what its CPU version computes, and marks the tensors meant for the GPU with a Python attribute that
+passes to the results of every call with a marked input. `device_of(t)` answers "cuda" for a marked
+tensor (installed as `probes.DEVICE_OF`). Marks, not fake device tensors: an attribute changes no
+kernel and no result, and it is kept out of pickles.
 
-Why marks instead of fake device tensors: a tensor subclass or a fake "cuda" tensor would change what kernels
-run and what the program computes; an attribute changes nothing. The attribute is kept out of pickles
-(`torch.save` of a state dict stays byte-for-byte what the CPU run writes).
-
-Along the way it records what only a GPU would pay for, as probe tallies:
-* `h2d-copy`: a host->device copy the program asked for (bytes, pinned or not, non_blocking);
-* `data-device-op`: a GPU tensor created while DataLoader iteration runs (e.g. `.cuda()` in
-  `__getitem__`, or a factory under `torch.set_default_device("cuda")`);
-* `device-batch` (recorded by `auditor.capture.rehearsal.data`): a batch came out of a DataLoader
-  already on the GPU.
-
-And it refuses, with the GPU's own error, what a GPU refuses though the CPU would run it: GPU and host tensors
-mixed in one of the user's calls or at a torch.nn layer (`_check_devices`, `_leaf_inputs_on_host`), `.numpy()`
-of a GPU tensor, a generator of the other device (`_check_generator`). The program then ends where it would
-end on the GPU."""
+Recorded as probe tallies: `h2d-copy` (a host->device copy: bytes, pinned, non_blocking),
+`data-device-op` (a GPU tensor made while DataLoader iteration runs) and `device-batch` (a batch
+already on the GPU, recorded by rehearsal.data).
+Refused with the GPU's own error, though the CPU would run it: GPU and host tensors mixed in one of
+the user's calls or at a torch.nn layer (`_check_devices`, `_leaf_inputs_on_host`), `.numpy()` of a
+GPU tensor, a generator of the other device (`_check_generator`).
+"""
 from __future__ import annotations
 
 import os

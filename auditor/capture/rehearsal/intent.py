@@ -1,34 +1,18 @@
 """Where a program asks for CUDA: read from its source, before any of it runs.
 
-`program_reasons(file, module)` reads the program's own code (`program_trees` walks it, for
-auditor.capture.steps too): the target file (for `-m
-pkg.mod` and `pkg.mod:step`, the module's file, found without importing anything) and, through
-its import statements, the user's modules it imports, transitively (at most MAX_FILES files).
-A module is the user's when its file is not a library's (torch, the auditor, the standard library,
-site-packages or dist-packages: auditor.capture.frames.is_library), as the rules place findings.
-Imports are resolved as Python would resolve them when the program starts (the script's directory
-first, for `-m` the current directory), without running any module: a package's `__init__.py`
-counts as imported with each of its submodules.
+`program_reasons(file, module)` reads the target file (for `-m pkg.mod`, the module's file, found
+without importing) and, through its imports, the user's modules it imports, transitively (at most
+MAX_FILES files; a module is the user's when auditor.capture.frames.is_library says its file is
+not a library's). Imports resolve as Python would at start-up, without running any module.
 
-What counts as asking for CUDA (`cuda_reasons`): calling `.cuda(...)`, naming the device
-`"cuda"` / `"cuda:N"` in a string, using `torch.cuda.<anything>` or `torch.accelerator.<anything>`
-other than the memory-statistics family (`torch.cuda.is_available()`, `torch.cuda.amp`,
-`torch.accelerator.current_accelerator()`, `torch.accelerator.is_available()`, ...), importing
-from `torch.cuda` or `torch.accelerator`, or calling `set_default_device` with anything but a
-non-CUDA string; a device by its index (`.to(0)`, `torch.device(0)`, `device=0` to a call, an
-integer assigned to a name of a device: `device = 0`, `self.gpu_id = 0`); a Lightning `Trainer` or
-`Fabric` (in a file that imports Lightning) whose accelerator is left to it ("auto", unset) or is
-"gpu"/"cuda": it takes the GPU when one is there; so does the Trainer a `LightningCLI(...)` (or a
-subclass of it) builds, unless its `trainer_defaults` or the command line (`--trainer.accelerator
-cpu`: start.py) name another accelerator. The memory-statistics family alone (`reset_peak_memory_stats`, `empty_cache`,
-`max_memory_allocated`, ...) does not count: such a program computes on the CPU, and those calls
-are answered by auditor.capture.cuda_standins. Nor do the seeding calls (`torch.cuda.manual_seed_all`,
-`manual_seed`, `seed`, `seed_all`: a seeding helper's lines, in CPU programs too, which torch queues
-on a machine without CUDA), nor a "cuda" string a device is tested against (`device == "cuda"`,
-`"cuda" in device`, `args.device.startswith("cuda")`: the test runs either way).
-
-Besides the source, `argument_reason(argv)`: an argument of the program's command line that names a
-CUDA device (`cuda`, `cuda:1`, `--device=cuda`), as a program whose device is a flag is run for the GPU.
+What asks for CUDA (`cuda_reasons`): `.cuda(...)`, a "cuda"/"cuda:N" device string, `torch.cuda.*`
+or `torch.accelerator.*` beyond the memory-statistics family and the seeding calls, imports from
+them, `set_default_device` with anything but a non-CUDA string, a device by its index (`.to(0)`,
+`device = 0`), and a Lightning Trainer, Fabric or LightningCLI whose accelerator is left to it or
+is "gpu"/"cuda". A "cuda" string a device is only tested against does not count, nor do the
+memory-statistics calls alone (auditor.capture.cuda_standins answers them on a CPU).
+`argument_reason(argv)`: a command-line argument that names a CUDA device (`--device=cuda`).
+Each case in full: bench/HISTORY.md, "auditor/capture/rehearsal/intent.py".
 """
 from __future__ import annotations
 

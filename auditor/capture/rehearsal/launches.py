@@ -1,23 +1,13 @@
 """CUDA rehearsal, the launch side: how many kernels the program's GPU calls would launch a step.
 
-`rehearsal.ops.observe` passes on each call of GPU tensors that launches a kernel on a GPU (the
-op's name from `launch_name`, resolved once per function); `count` adds it to the step's
-`device-launch` tally at the user's line (see evidence.model.DEVICE_LAUNCH), with the bytes it
-moves (its tensor inputs read, its outputs written) and its FLOPs where known (matmuls,
-convolutions), in size classes so that the rules can price each launch on any device row, and whether autograd
-recorded it (`grad`: the backward pass runs its derivative, which the device model counts).
-
-One call counts as one launch. That is a lower bound: a composite op (cross_entropy, an LSTM
-layer, multi-head attention) launches a few kernels on a GPU, and the backward pass, which
-autograd runs in C++, is not seen at all. Not counted:
-* views and metadata (view, reshape, size, detach, transpose, expand, basic indexing ...), which
-  launch nothing, and host reads (item, tolist: syncs and copies, counted by their own rules);
-* torch.optim's own code (`Optimizer.step`, `zero_grad`): torch's optimizers default to their
-  foreach implementation on CUDA, a few launches for all parameters, but a rehearsal runs them on
-  the CPU, where they take the per-parameter loop, ~10 launches per parameter that a GPU run does
-  not make. Counted, that loop would call every trainer launch-bound. An optimizer written in the
-  user's code (its own `step`) is counted as it runs, as is a hand-written update loop.
-
+`rehearsal.ops.observe` passes on each call of GPU tensors that launches a kernel (its name from
+`launch_name`); `count` adds it to the step's `device-launch` tally at the user's line
+(evidence.model.DEVICE_LAUNCH), with the bytes it moves, its FLOPs where known, in size classes the
+rules price on any device row, and whether autograd recorded it (`grad`).
+One call counts as one launch: a lower bound (composite ops launch several; the C++ backward is not
+seen). Not counted: views and metadata, host reads (their own rules count them), and torch.optim's
+own code, which a rehearsal runs per parameter on the CPU where a GPU run takes the foreach path.
+An optimizer or update loop written in the user's code is counted as it runs.
 Nothing here changes a call's arguments or results.
 """
 from __future__ import annotations

@@ -1,24 +1,15 @@
 """CUDA rehearsal, the compute side: what the program's GPU calls would run as on a GPU.
 
 The rehearsal's mode (`device.RehearsalMode`) hands every call with an input meant for the GPU to
-`observe(func, args, out, frame)` after it ran (one dict lookup per call finds what to do with it).
-Three things are recorded, as probe tallies:
-
-* `device-matmul`: a matrix multiply or convolution of GPU tensors (`F.linear`, `@`, `mm`, `bmm`,
-  `conv1d/2d/3d`, `conv_transpose1d/2d/3d`: a GAN's generator, a decoder's upsampling), and the attention functions whose matmuls run below the one call the mode sees
-  (`F.multi_head_attention_forward` of nn.MultiheadAttention: its projections and attention
-  matmuls; `F.scaled_dot_product_attention`; the recurrent layers and cells of nn.LSTM, nn.GRU,
-  nn.RNN and their Cell forms, `torch.lstm/gru/rnn_tanh/rnn_relu` and `*_cell`, whose input and
-  hidden projections run in C++ at every time step): its input's dtype, whether autocast was on, its input shape, its FLOPs, and the
-  cuDNN flags in force then (`torch.backends.cudnn.benchmark`, TF32). `amp-opportunity` reads the
-  fp32 ones, `cudnn-benchmark` the convolutions' shapes and flag.
-* `param-update`: an in-place update of a parameter that has a gradient, made by the user's code
-  outside `Optimizer.step` (`p.data.add_(p.grad, alpha=-lr)`, `p -= lr * p.grad` under `no_grad`):
-  a hand-written update loop, one kernel per parameter and operation where a foreach or fused
-  optimizer launches a few. `manual-update` reads them.
-* `device-launch` (auditor.capture.rehearsal.launches): every call that launches a kernel on a GPU,
-  counted at the user's line with the bytes it moves and its FLOPs. `launch-bound` reads them.
-
+`observe(func, args, out, frame)` after it ran (one dict lookup a call). Recorded as probe tallies:
+* `device-matmul`: a matrix multiply or convolution of GPU tensors, and the calls whose matmuls run
+  below the one call the mode sees (multi-head attention, scaled_dot_product_attention, the
+  recurrent layers and cells): input dtype and shape, autocast, FLOPs and the cuDNN flags then.
+  Read by amp-opportunity and cudnn-benchmark.
+* `param-update`: an in-place update of a parameter with a gradient made outside `Optimizer.step`
+  (`p.data.add_(p.grad, alpha=-lr)`). Read by manual-update.
+* `device-launch` (launches.py): every call that launches a kernel on a GPU, at the user's line,
+  with its bytes and FLOPs. Read by launch-bound.
 Nothing here changes a call's arguments or results.
 """
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """Replays a snapshot's recorded requests through the simulated allocator.
 
-The trace is a ring buffer: it may begin mid-run, with segments already reserved and tensors
-already live. The replay starts from the state at the trace's first entry, reconstructed so:
-- segments: every segment of the final state that the trace never cudaMallocs (no segment_alloc /
-  segment_map at its address), plus every segment the trace frees before allocating it;
-- live blocks: the allocations alive when recording began (auditor.evidence.snapshot.live_at at
-  -1: a free with no alloc before it, or a block live at the end that the trace never allocated),
-  placed at their recorded addresses; a block keeps its final size when the snapshot still holds
-  it, else its request rounded under the recorded settings, widened over a following gap of at most
-  1 MiB in the large pool (the allocator never leaves a free block that small there: it would not
-  have split it off). What is left of each segment is free, one block per gap.
-Segments of expandable snapshots are seeded as plain segments (noted).
-
-New segments take the addresses the recording gave its cudaMallocs of the same size, in order
-(when free), so the best-fit ties the allocator breaks by address break the same way.
-Requests are the trace's alloc / free_requested / free_completed, and the program's own releases
-of the cache: a burst of segment_free / segment_unmap made by `torch.cuda.empty_cache()` (see
-program_releases) is replayed as that call, at its place. The allocator's own decisions in the
-trace (the other segment_* entries) are what the replay is compared against, never inputs.
+The trace is a ring buffer that may begin mid-run, so the replay starts from the state at its first
+entry, reconstructed: the final state's segments the trace never allocates, plus those it frees
+before allocating; the allocations live when recording began (auditor.evidence.snapshot.live_at at
+-1) at their recorded addresses and sizes (rounded requests where the snapshot no longer holds
+them); the rest of each segment free. Expandable segments are seeded as plain ones (noted).
+New segments take the addresses the recording gave its cudaMallocs of the same size, in order, so
+ties broken by address break the same way. Requests are the trace's alloc / free_requested /
+free_completed and the program's own `empty_cache()` calls (program_releases); the allocator's own
+decisions in the trace are what the replay is compared against, never inputs.
 """
 from __future__ import annotations
 

@@ -1,26 +1,18 @@
 """A simulated CUDA caching allocator for one device, following DeviceCachingAllocator
 (c10/cuda/CUDACachingAllocator.cpp) decision for decision:
-
-- malloc: round the request (config.round_size), pick the pool (small: <= 1 MiB), take the best
-  fitting cached block of the same stream (smallest size, then lowest address: the pools are sets
-  ordered by (stream, size, address)), refusing an oversize block (>= max_split_size) for a smaller
-  request and an oversize block more than 20 MiB larger than an oversize request; otherwise run the
-  garbage collection (when a memory fraction and a threshold are set), cudaMalloc a segment
-  (config.allocation_size), then free oversize cached blocks and retry
-  (release_available_cached_blocks), then synchronise, free every unsplit cached block and retry
-  (release_cached_blocks); failing all, an OOM.
-- split: a found block is split when the rest is >= 512 B (small pool, or expandable segments) or,
-  in the large pool, when the request is under max_split_size and the rest exceeds 1 MiB.
-- free: a block returns to its pool when its free completes, merging with free neighbours; a block
-  freed while another stream may still use it ("free_requested" before "free_completed") stays out
-  of the pool until then, or until release_cached_blocks synchronises.
-- expandable segments: one growable segment per stream and pool, whose virtual range is mapped in
-  2 MiB (small) or 20 MiB (large) pages at the lowest address with room (segment_map); releasing the
-  cache unmaps the whole free pages (segment_unmap).
-
-The device holds `capacity` bytes for this process: a cudaMalloc or a page mapping that would take
-the reserve past it fails. Nothing here knows about snapshots; auditor.evidence.allocator.replay
-drives it with a snapshot's requests.
+- malloc: round the request, pick the pool (small: <= 1 MiB), take the best fitting cached block
+  of the same stream (smallest, then lowest address), with torch's limits on oversize blocks
+  (max_split_size); else garbage-collect (when configured), cudaMalloc a segment, free oversize
+  cached blocks and retry, then free every unsplit cached block and retry; failing all, an OOM.
+- split: the rest of a found block is split off when >= 512 B (small pool, expandable segments)
+  or, in the large pool, when the request is under max_split_size and the rest exceeds 1 MiB.
+- free: a block returns to its pool when its free completes, merging with free neighbours; one
+  still in use by another stream stays out until then.
+- expandable segments: one growable segment per stream and pool, mapped in 2 MiB (small) or
+  20 MiB (large) pages at the lowest address with room; releasing the cache unmaps free pages.
+The device holds `capacity` bytes for this process: a cudaMalloc or mapping past it fails.
+auditor.evidence.allocator.replay drives it with a snapshot's requests. Each step of malloc in
+torch's order: bench/HISTORY.md, "auditor/evidence/allocator/simulator.py".
 """
 from __future__ import annotations
 

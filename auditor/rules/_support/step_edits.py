@@ -210,13 +210,38 @@ def dataset_copy_out(file: str, line: int) -> list[Edit] | None:
     `random.choice(ds)`) is copied as `__getitem__` did. The values the program computes with are
     the same. None unless every use of the class, its datasets and their loaders is one of these
     (a collate_fn, a subclass, a loader passed elsewhere: no edit)."""
-    from auditor.fixes import edit_call_kwargs, parse_file
+    from auditor.fixes import parse_file
 
     parsed = parse_file(file)
     if parsed is None:
         return None
     tree, lines = parsed
     parents = _parents(tree)
+    found = _getitem_copy(tree, parents, line)
+    if found is None:
+        return None
+    ret, copy, cls = found
+    src = "\n".join(lines)
+    whole, base = ast.get_source_segment(src, copy) or "", ast.get_source_segment(src, copy.func.value) or ""
+    call_text = "." + whole[len(base):].lstrip(". \t")
+    pinned_text = call_text[:-1] + (", " if copy.args else "") + "non_blocking=True)"
+    # the class: only instantiated, each instance bound once
+    if any(isinstance(c, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id == cls.name for b in c.bases)
+           for c in ast.walk(tree)):
+        return None
+    uses = _dataset_uses(tree, parents, cls, call_text, pinned_text)
+    if uses is None:
+        return None
+    appends, inserts, loader_calls = uses
+    if not loader_calls and not appends:
+        return None
+    return _copy_edits(file, lines, ret, copy, base, appends, inserts, loader_calls)
+
+
+def _getitem_copy(tree: ast.Module, parents: dict[ast.AST, ast.AST],
+                  line: int) -> tuple[ast.Return, ast.Call, ast.ClassDef] | None:
+    """The `return x.cuda()` (or `.to(device)` with a device the module names) of a Dataset's
+    `__getitem__` on `line`, and its class."""
     ret = next((r for r in ast.walk(tree) if isinstance(r, ast.Return) and r.lineno == line), None)
     if ret is None or not isinstance(ret.value, ast.Call) or not isinstance(ret.value.func, ast.Attribute):
         return None
@@ -231,14 +256,13 @@ def dataset_copy_out(file: str, line: int) -> list[Edit] | None:
     if copy.keywords or any(not isinstance(a, ast.Constant) and not (isinstance(a, ast.Name) and a.id in known)
                             for a in copy.args):
         return None  # (a device read from `self` or the method's locals: not nameable outside it)
-    src = "\n".join(lines)
-    whole, base = ast.get_source_segment(src, copy) or "", ast.get_source_segment(src, copy.func.value) or ""
-    call_text = "." + whole[len(base):].lstrip(". \t")
-    pinned_text = call_text[:-1] + (", " if copy.args else "") + "non_blocking=True)"
-    # the class: only instantiated, each instance bound once
-    if any(isinstance(c, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id == cls.name for b in c.bases)
-           for c in ast.walk(tree)):
-        return None
+    return ret, copy, cls
+
+
+def _dataset_uses(tree: ast.Module, parents: dict[ast.AST, ast.AST], cls: ast.ClassDef, call_text: str,
+                  pinned_text: str) -> tuple[list[tuple[ast.expr, str]], list[tuple[ast.For, str]], list[ast.Call]] | None:
+    """Where the copy goes at each use of the class's datasets and their loaders: (after an expression,
+    first thing in a loop, the DataLoader calls to pin); None where a use is none of these."""
     appends: list[tuple[ast.expr, str]] = []  # (node, text to put after it)
     inserts: list[tuple[ast.For, str]] = []
     loader_calls: list[ast.Call] = []
@@ -291,9 +315,15 @@ def dataset_copy_out(file: str, line: int) -> list[Edit] | None:
                 if loop is None or not isinstance(target, ast.Name):
                     return None
                 inserts.append((loop, f"{target.id} = {target.id}{pinned_text}"))
-    if not loader_calls and not appends:
-        return None
-    # the text edits: the return loses its copy; each use gains one (line by line, from the right)
+    return appends, inserts, loader_calls
+
+
+def _copy_edits(file: str, lines: list[str], ret: ast.Return, copy: ast.Call, base: str,
+                appends: list[tuple[ast.expr, str]], inserts: list[tuple[ast.For, str]],
+                loader_calls: list[ast.Call]) -> list[Edit] | None:
+    """The text edits: the return loses its copy; each use gains one (line by line, from the right)."""
+    from auditor.fixes import edit_call_kwargs
+
     new_lines = list(lines)
     spans = [(ret.lineno, copy.col_offset, copy.end_col_offset, base)]
     spans += [(n.end_lineno, n.end_col_offset, n.end_col_offset, text) for n, text in appends]
