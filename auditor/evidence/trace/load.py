@@ -29,8 +29,9 @@ import numpy as np
 from auditor.evidence.errors import InputError
 from auditor.evidence.trace import parallel
 from auditor.evidence.trace.arg_records import records
+from auditor.evidence.trace.columns import Columns
 from auditor.evidence.trace.decode import (CPU_NESTING, DEFAULT_CHUNK_BYTES, GPU_SIDE, LAUNCH_SIDE, SymbolTable,
-                                           _Columns, _decode_args, _Stream)
+                                           _decode_args, _Stream)
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.nesting import nest
 from auditor.evidence.trace.steps import assign_steps, find_steps
@@ -40,7 +41,7 @@ if TYPE_CHECKING:  # (pandas is imported where a trace is read: an audit without
 
 
 # ---------------------------------------------------------------------------------------------
-def _frames(cols: _Columns) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _frames(cols: Columns) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The events and flows frames from the accumulated columns (each concatenated once)."""
     import pandas as pd
     def build(parts: dict[str, list[np.ndarray]]) -> pd.DataFrame:
@@ -126,7 +127,7 @@ def _release_freed_memory() -> None:
 _malloc_trim: Any = None
 
 
-def _finish(path: Path, stream: _Stream, cols: _Columns, symbols: SymbolTable) -> Trace:
+def _finish(path: Path, stream: _Stream, cols: Columns, symbols: SymbolTable) -> Trace:
     events, flows = _frames(cols)
     if not len(events) and stream.dropped:  # every event was of the wrong shape: nothing to judge
         raise InputError(f"{path}: not a usable profiler trace: {_dropped_text(stream)}, and no other timed "
@@ -221,7 +222,7 @@ def _small_pages() -> Iterator[None]:
 
 def _parse(path: Path, chunk_bytes: int, workers: int) -> Trace:
     symbols = SymbolTable()
-    cols = _Columns(symbols)
+    cols = Columns(symbols)
     stream = _Stream(path, chunk_bytes)
     try:
         stream.start()

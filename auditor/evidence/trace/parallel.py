@@ -35,7 +35,8 @@ import msgspec
 import numpy as np
 
 from auditor.evidence.errors import InputError
-from auditor.evidence.trace.decode import (_WS, DEFAULT_CHUNK_BYTES, MAX_EVENT_BYTES, SymbolTable, _Columns, _Event,
+from auditor.evidence.trace.columns import Columns
+from auditor.evidence.trace.decode import (_WS, DEFAULT_CHUNK_BYTES, MAX_EVENT_BYTES, SymbolTable, Vocabulary, _Event,
                                            _Stream, too_long)
 
 # Smaller files parse in a few seconds in one process: not worth the workers.
@@ -107,7 +108,7 @@ def cuts(path: Path, start: int) -> list[int]:
     return out
 
 
-def parse(stream: _Stream, cols: _Columns, workers: int) -> None:
+def parse(stream: _Stream, cols: Columns, workers: int) -> None:
     """Fill `cols` with every event after stream.start() (and stream.trailer with what follows the
     array), decoded by `workers` processes. At most two pieces per worker are in flight, so memory
     stays bounded whatever the file's size. Raises whatever a worker raised."""
@@ -258,7 +259,7 @@ class _Slots:
             pass
 
 
-def _merge(res: dict[str, Any], shared: _Slots, cols: _Columns, luts: dict[int, list[int]],
+def _merge(res: dict[str, Any], shared: _Slots, cols: Columns, luts: dict[int, list[int]],
            arg_luts: dict[int, list[int]], stream: _Stream, events: _Filling, flows: _Filling) -> None:
     """Append one piece's columns, its symbol and argument record codes mapped onto the main tables."""
     if res["trailer"] is not None:
@@ -287,7 +288,8 @@ def _merge(res: dict[str, Any], shared: _Slots, cols: _Columns, luts: dict[int, 
 # -------------------------------------------------------------------------------------------------
 # In the worker
 
-_worker_cols: _Columns | None = None
+_worker_cols: Columns | None = None
+_worker_vocabulary: Vocabulary | None = None  # (learnt over all of a worker's pieces)
 _slots: _Slots | None = None  # (set in the main process while its workers run: they inherit it)
 
 
@@ -296,9 +298,9 @@ def _decode_range(path: Path, start: int, end: int | None, slot: int) -> dict[st
     the array, when `end` is None), written into shared `slot` (`layout`) or, where they do not
     fit, returned (`parts`, `flows`). Symbol codes are this worker's; `names` are the symbols it
     learnt since its previous piece (the main process keeps the others)."""
-    global _worker_cols
-    if _worker_cols is None:
-        _worker_cols = _Columns(SymbolTable())
+    global _worker_cols, _worker_vocabulary
+    if _worker_cols is None or _worker_vocabulary is None:
+        _worker_cols, _worker_vocabulary = Columns(SymbolTable()), Vocabulary()
     cols = _worker_cols
     known, known_args = len(cols.symbols), len(cols.args)
     with open(path, "rb") as f:
@@ -323,6 +325,7 @@ def _decode_range(path: Path, start: int, end: int | None, slot: int) -> dict[st
         del buf[k + 2:]
         stream = _Stream(path, DEFAULT_CHUNK_BYTES, data=buf)
         stream.start()
+    stream.vocabulary = _worker_vocabulary
     for events in stream.chunks(timed=False):
         cols.add(events, stream._timed)
     assert _slots is not None
