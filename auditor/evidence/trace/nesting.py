@@ -7,11 +7,18 @@ when another ends is its sibling, not its child.
 """
 from __future__ import annotations
 
+import os
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from auditor.evidence.trace.decode import CPU_NESTING
+
+# The parents of a large trace's host events are settled in threads (enclosing's `parts`): on the
+# 506 MB tiling's 1.4 M events, 0.06 s on one core, 0.04 s in two threads.
+MAX_PARTS = 4
+PART_MIN_EVENTS = 1 << 17
 
 if TYPE_CHECKING:  # (pandas is imported where a trace is read: an audit without one never pays for it)
     import pandas as pd
@@ -61,11 +68,17 @@ def thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.
     return order, thread_start
 
 
-def enclosing(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+def enclosing(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray, parts: int = 1) -> np.ndarray:
     """For events given as arrays (host events, none instant): the index of each one's parent
     (-1: none). Found by pointer jumping in numpy (O(n log n), no Python loop over events): each
     event's candidate starts as the event before it and, while the candidate has ended by the
-    event's start, moves to the candidate's own candidate."""
+    event's start, moves to the candidate's own candidate.
+
+    With `parts` > 1, the events (in thread and time order) are cut into that many runs, each
+    settled in a thread of its own (numpy lets go of the interpreter while it moves arrays): an
+    event whose run holds no candidate left then starts again from the last event of the run
+    before it, whose candidates are final (_stitch). Every order of those moves ends at the one
+    parent the rule names."""
     n = len(ts)
     parent = np.full(n, -1, dtype=np.int64)
     if not n:
@@ -78,37 +91,93 @@ def enclosing(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray)
     # cur[i]: a candidate such that every event strictly between it and i has ended by start[i]
     cur = np.arange(-1, n - 1, dtype=it)
     cur[thread_start] = -1
-    # the first round needs no indirection: the candidate of each is the one just before it
-    active = np.flatnonzero((end[:-1] <= start[1:]) & ~thread_start[1:]).astype(it)
-    active += 1
-    k = len(active)
-    # every round works in these buffers (fresh memory costs more than the work on it)
-    bufs = (active, np.empty(k, dtype=it))
-    side = 0
-    cand, cand2 = np.empty(k, dtype=it), np.empty(k, dtype=it)
-    ends, starts = np.empty(k, dtype=np.float64), np.empty(k, dtype=np.float64)
-    mask = np.empty(k, dtype=bool)
-    first = True
-    while k:
-        if not first:  # keep the events whose candidate has ended by their start
-            c = np.take(cur, active, out=cand[:k], mode="clip")
-            m = np.less_equal(np.take(end, c, out=ends[:k], mode="clip"),
-                              np.take(start, active, out=starts[:k], mode="clip"), out=mask[:k])
-            k = int(np.count_nonzero(m))
-            side ^= 1
-            active = np.compress(m, active, out=bufs[side][:k])
-        first = False
-        # everything the candidate skipped ended by its own start <= start[i]: jump past it as well
-        c = np.take(cur, active, out=cand[:k], mode="clip")
-        c2 = np.take(cur, c, out=cand2[:k], mode="clip")
-        cur[active] = c2
-        m = np.greater_equal(c2, 0, out=mask[:k])
-        k = int(np.count_nonzero(m))
-        side ^= 1
-        active = np.compress(m, active, out=bufs[side][:k])
+    cuts = [n * k // max(parts, 1) for k in range(max(parts, 1) + 1)]
+    runs = list(zip(cuts[:-1], cuts[1:]))
+    cur[cuts[1:-1]] = -1
+    # (each run's arrays are made here: memory a thread allocates stays in its own malloc arena)
+    work = [_Settling(cur, start, end, _first_round(start, end, thread_start, lo, hi), first=True) for lo, hi in runs]
+    if len(work) == 1:
+        work[0].run()
+    else:
+        threads = [threading.Thread(target=w.run) for w in work]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for lo, hi in runs[1:]:  # (in order: each run's stitch reads the run before it as final)
+            _stitch(cur, start, end, thread_start, lo, hi)
     found = np.flatnonzero(cur >= 0)
     parent[order[found]] = order[cur[found]]
     return parent
+
+
+def _first_round(start: np.ndarray, end: np.ndarray, thread_start: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """The events of [lo, hi) whose candidate (the event before them in the run) ended by their start."""
+    it = np.int32 if len(start) < np.iinfo(np.int32).max else np.int64
+    active = np.flatnonzero((end[lo:hi - 1] <= start[lo + 1:hi]) & ~thread_start[lo + 1:hi]).astype(it)
+    active += lo + 1
+    return active
+
+
+def _stitch(cur: np.ndarray, start: np.ndarray, end: np.ndarray, thread_start: np.ndarray, lo: int, hi: int) -> None:
+    """Settle the events of the run [lo, hi) that found no candidate in it, on the thread of the
+    event before `lo` (whose candidates are final): every event between that one and them has
+    ended by their start."""
+    if thread_start[lo]:
+        return
+    later = np.flatnonzero(thread_start[lo:hi])
+    stop = lo + int(later[0]) if len(later) else hi
+    orphans = (np.flatnonzero(cur[lo:stop] < 0) + lo).astype(cur.dtype)
+    if len(orphans):
+        cur[orphans] = lo - 1
+        _Settling(cur, start, end, orphans, first=False).run()
+
+
+class _Settling:
+    """Moves the candidate of every `active` event (those whose candidate has ended by their start,
+    when `first`) until it is still open at the event's start or there is none (-1). `run` makes
+    no arrays: every round works in the buffers made with it (fresh memory costs more than the work
+    on it)."""
+
+    def __init__(self, cur: np.ndarray, start: np.ndarray, end: np.ndarray, active: np.ndarray, first: bool) -> None:
+        k, it = len(active), cur.dtype
+        self.cur, self.start, self.end, self.active, self.first = cur, start, end, active, first
+        self.bufs = (active, np.empty(k, dtype=it))
+        self.cand, self.cand2 = np.empty(k, dtype=it), np.empty(k, dtype=it)
+        self.ends, self.starts = np.empty(k, dtype=np.float64), np.empty(k, dtype=np.float64)
+        self.mask = np.empty(k, dtype=bool)
+
+    def run(self) -> None:
+        cur, start, end, active, first = self.cur, self.start, self.end, self.active, self.first
+        bufs, cand, cand2, ends, starts, mask = self.bufs, self.cand, self.cand2, self.ends, self.starts, self.mask
+        k, side = len(active), 0
+        while k:
+            if not first:  # keep the events whose candidate has ended by their start
+                c = np.take(cur, active, out=cand[:k], mode="clip")
+                m = np.less_equal(np.take(end, c, out=ends[:k], mode="clip"),
+                                  np.take(start, active, out=starts[:k], mode="clip"), out=mask[:k])
+                k = int(np.count_nonzero(m))
+                side ^= 1
+                active = np.compress(m, active, out=bufs[side][:k])
+            first = False
+            # everything the candidate skipped ended by its own start <= start[i]: jump past it as well
+            c = np.take(cur, active, out=cand[:k], mode="clip")
+            c2 = np.take(cur, c, out=cand2[:k], mode="clip")
+            cur[active] = c2
+            m = np.greater_equal(c2, 0, out=mask[:k])
+            k = int(np.count_nonzero(m))
+            side ^= 1
+            active = np.compress(m, active, out=bufs[side][:k])
+
+
+def _parts(n: int) -> int:
+    """How many threads settle the parents of n events: one per usable core (at most MAX_PARTS),
+    each with PART_MIN_EVENTS or more."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_PARTS, n // PART_MIN_EVENTS))
 
 
 def host_rows(cat: np.ndarray, instant: np.ndarray) -> np.ndarray:
@@ -122,7 +191,7 @@ def nest(cat: np.ndarray, instant: np.ndarray, pid: np.ndarray, tid: np.ndarray,
     parent = np.full(len(cat), -1, dtype=np.int64)
     cpu = host_rows(cat, instant)
     if len(cpu):
-        found = enclosing(pid[cpu], tid[cpu], ts[cpu], dur[cpu])
+        found = enclosing(pid[cpu], tid[cpu], ts[cpu], dur[cpu], parts=_parts(len(cpu)))
         hit = found >= 0
         parent[cpu[hit]] = cpu[found[hit]]
     return parent
