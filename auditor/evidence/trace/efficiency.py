@@ -485,6 +485,21 @@ def efficiency(trace: Trace, chosen: str = "") -> Efficiency:
     return cache[chosen]
 
 
+def reported_efficiency(evidence: Any) -> Efficiency | None:
+    """The efficiency the reports read (of gpu_trace(), for the run's device), made now (None
+    when no trace shows GPU work)."""
+    trace = gpu_trace(evidence)
+    return efficiency(trace, evidence.environment.device_model) if trace is not None else None
+
+
+def keep_reported_efficiency(evidence: Any, made: Efficiency | None) -> None:
+    """Keep `made`, reported_efficiency() as made in a fork of this process (None: nothing), as
+    that trace's efficiency here, unless this process made it itself."""
+    trace = gpu_trace(evidence) if isinstance(made, Efficiency) else None
+    if trace is not None:
+        trace.__dict__.setdefault("_efficiency", {}).setdefault(evidence.environment.device_model, made)
+
+
 def _gpu_device(trace: Trace) -> int | None:
     dev = trace.col("device")[trace.col("cat") == CAT["kernel"]]
     dev = dev[dev >= 0]
