@@ -25,6 +25,12 @@ from auditor.evidence.trace.op_names import RECORDED_OPS
 
 _INT64 = (-(1 << 63), 1 << 63)
 _UNINTERNED = -2  # a key's symbols not interned yet (its events were not added yet)
+# What of `args` an event row's columns read, by its key (_Keys.flags): a launch's or a GPU record's
+# ids, a GPU record's bytes, stream and device, a `[memory]` event's bytes and totals, the old
+# schema's Operator's call stack, a sync's kind, an operator's argument record (RECORDED_OPS).
+_ARG_LAUNCH, _ARG_GPU, _ARG_MEMORY, _ARG_OPERATOR, _ARG_SYNC, _ARG_RECORD = 1, 2, 4, 8, 16, 32
+_LAUNCH_CATS = frozenset(LAUNCH_SIDE)
+_GPU_CATS = frozenset(GPU_SIDE + (CAT["gpu_annotation"],))
 
 
 def _usable_times(ts: np.ndarray, dur: np.ndarray, complete: np.ndarray, flow_ts: np.ndarray) -> bool:
@@ -77,6 +83,7 @@ class _Keys:
         self.raw_cat = np.empty(0, dtype=np.int32)
         self.name = np.empty(0, dtype=np.int32)
         self.cat = np.empty(0, dtype=np.int8)
+        self.flags = np.empty(0, dtype=np.uint8)  # which `args` fields its rows read (_ARG_* bits)
 
     def lookup(self, keys: list[tuple], norm_id: Callable[[int | str], int]) -> np.ndarray:
         """The code of each key, learning new ones (the Python loop runs over unseen keys only)."""
@@ -95,12 +102,23 @@ class _Keys:
             self.raw_cat = np.concatenate([self.raw_cat, np.full(grow, _UNINTERNED, np.int32)])
             self.name = np.concatenate([self.name, np.full(grow, _UNINTERNED, np.int32)])
             self.cat = np.concatenate([self.cat, np.zeros(grow, np.int8)])
+            self.flags = np.concatenate([self.flags, np.zeros(grow, np.uint8)])
             codes[miss] = np.fromiter(map(self.codes.__getitem__, unseen), dtype=np.int32, count=len(miss))
         return codes
 
 
 def _in_int64(v: int) -> int:
     return v if _INT64[0] <= v < _INT64[1] else -1
+
+
+def _arg_flags(cat: int, key: tuple, instant: bool) -> int:
+    """The _ARG_* bits of an event row of category `cat` (the one vocabulary) and key (ph, cat, name, ...)."""
+    return ((_ARG_LAUNCH if cat in _LAUNCH_CATS else 0) | (_ARG_GPU if cat in _GPU_CATS else 0)
+            | (_ARG_MEMORY if cat == CAT["memory"] else 0)
+            # (the old schema's "Operator" events carry the Python stack as a `Call stack` argument)
+            | (_ARG_OPERATOR if key[1].lower() == "operator" else 0)
+            | (_ARG_SYNC if cat == CAT["sync"] else 0)
+            | (_ARG_RECORD if cat == CAT["cpu_op"] and not instant and key[2] in RECORDED_OPS else 0))
 
 
 def _first_seen(codes: np.ndarray) -> np.ndarray:
@@ -120,7 +138,6 @@ class Columns:
         self.meta: list[_Event] = []
         self._ids: dict[str, int] = {}  # non-numeric pid/tid strings -> negative ids
         self._keys = _Keys()
-        self._tables: dict[str, np.ndarray] = {}  # per symbol code, a bool for each of _per_symbol's tests
 
     def _norm_id(self, v: int | str) -> int:
         if type(v) is int:
@@ -138,15 +155,6 @@ class Columns:
                 got = -1000 - (zlib.crc32(s.encode()) & 0x3FFFFFFF)
             self._ids[v] = got  # type: ignore[index]
         return got
-
-    def _per_symbol(self, key: str, test: Callable[[str], bool], codes: np.ndarray) -> np.ndarray:
-        """Whether each symbol code's name passes `test`, from a table (kept under `key`) grown as
-        symbols are learnt; -1 (none) is False."""
-        table = self._tables.get(key, np.empty(0, dtype=bool))
-        if len(table) < len(self.symbols):
-            extra = [test(self.symbols[i]) for i in range(len(table), len(self.symbols))]
-            table = self._tables[key] = np.concatenate([table, np.asarray(extra, dtype=bool)])
-        return table[np.maximum(codes, 0)] & (codes >= 0)
 
     def _learn(self, codes: np.ndarray, names: bool) -> None:
         """Intern the category (and, for event rows, the name) of the keys among `codes` whose
@@ -169,6 +177,7 @@ class Columns:
         cats[instant & memory] = CAT["memory"]
         cats[instant & ~memory & (cats == 0)] = CAT["instant"]
         keys.cat[new] = cats
+        keys.flags[new] = [_arg_flags(c, k, i) for c, k, i in zip(cats.tolist(), rows, instant.tolist())]
 
     def add(self, events: list[_Event], timed: Callable[[list[_Event]], list[_Event]] | None = None) -> None:
         """Append a chunk's columns. `timed`: given for events whose times were not checked
@@ -230,63 +239,58 @@ class Columns:
         self._put(put, "tid", keys.tid[codes])
         self._put(put, "ts", ts)
         self._put(put, "dur", dur)
-        self._add_args(events, rows, cats, raw_cat, name_codes, instant)
+        self._add_args(events, rows, keys.flags[codes])
 
-    def _add_args(self, events: list[_Event], rows: np.ndarray | None, cats: np.ndarray, raw_cat: np.ndarray,
-                  name_codes: np.ndarray, instant: np.ndarray) -> None:
-        """The columns read from `args`, decoded only for the rows some column reads (launches, GPU
-        work, memory events, and the old schema's operators, for their call stacks), in one batch."""
-        n, put = len(cats), self.parts
+    def _add_args(self, events: list[_Event], rows: np.ndarray | None, flags: np.ndarray) -> None:
+        """The columns read from `args` (`flags`: each row's _ARG_* bits), decoded only for the rows
+        some column reads, in one batch; operators' argument records."""
+        n, put = len(flags), self.parts
+        need = np.flatnonzero(flags & (_ARG_LAUNCH | _ARG_GPU | _ARG_MEMORY | _ARG_OPERATOR))
+        at = need if rows is None else rows[need]
+        args = _decode_args([events[i].args for i in at.tolist()])
+        reads = flags[need]
 
-        def picked(at: np.ndarray) -> list[Any]:
-            return list(map(events.__getitem__, (at if rows is None else rows[at]).tolist()))
-
-        launch_gpu = np.isin(cats, LAUNCH_SIDE + GPU_SIDE + (CAT["gpu_annotation"],))
-        memory = cats == CAT["memory"]
-        # (the old schema's "Operator" events carry the Python stack as a `Call stack` argument)
-        ops = self._per_symbol("operator", lambda name: name.lower() == "operator", raw_cat)
-        need = np.flatnonzero(launch_gpu | memory | ops)
-        decoded = np.fromiter(_decode_args([e.args for e in picked(need)]), dtype=object, count=len(need))
-        pos = np.full(n, -1, dtype=np.int64)
-        pos[need] = np.arange(len(need))
-
-        def column(mask: np.ndarray, attr: str) -> np.ndarray:
-            out = np.full(n, -1, dtype=np.int64)
-            at = np.flatnonzero(mask)
-            if len(at):
-                out[at] = _arg_column(decoded[pos[at]], attr)
+        def column(bits: int, *attrs: str) -> list[np.ndarray]:
+            """The int64 columns of `attrs` (-1 where absent) on the rows with any of `bits`."""
+            out = [np.full(n, -1, dtype=np.int64) for _ in attrs]
+            pick = np.flatnonzero(reads & bits)
+            if len(pick):
+                sub = args if len(pick) == len(args) else [args[i] for i in pick.tolist()]
+                for col, attr in zip(out, attrs):
+                    col[need[pick]] = _arg_column(sub, attr)
             return out
 
-        gpu = np.isin(cats, GPU_SIDE + (CAT["gpu_annotation"],))
-        self._put(put, "external_id", np.maximum(column(launch_gpu, "external_id"),
-                                                 column(launch_gpu, "external_id_old")))
-        self._put(put, "correlation", column(launch_gpu, "correlation"))
+        ext, ext_old, correlation = column(_ARG_LAUNCH | _ARG_GPU, "external_id", "external_id_old", "correlation")
+        gpu_bytes, stream, device = column(_ARG_GPU, "bytes", "stream", "device")
+        mem_bytes, total, device_type = column(_ARG_MEMORY, "mem_bytes", "total_allocated", "device_type")
+        self._put(put, "external_id", np.maximum(ext, ext_old))
+        self._put(put, "correlation", correlation)
         # (a `[memory]` event's Bytes is negative for a free: not a maximum with the absent -1)
-        self._put(put, "bytes", np.where(memory, column(memory, "mem_bytes"), column(gpu, "bytes")))
-        self._put(put, "stream", column(gpu, "stream"))
-        self._put(put, "device", column(gpu, "device"))
-        self._put(put, "total_allocated", column(memory, "total_allocated"))
-        self._put(put, "device_type", column(memory, "device_type"))
-        self._put(put, "stack", self._subset_symbols(decoded, pos[np.flatnonzero(ops)], np.flatnonzero(ops),
-                                                     "call_stack", n))
-        sync = np.flatnonzero(cats == CAT["sync"])
-        self._put(put, "sync_kind", self._subset_symbols(decoded, pos[sync], sync, "sync_kind", n))
+        self._put(put, "bytes", np.where(flags & _ARG_MEMORY, mem_bytes, gpu_bytes))
+        self._put(put, "stream", stream)
+        self._put(put, "device", device)
+        self._put(put, "total_allocated", total)
+        self._put(put, "device_type", device_type)
+        self._put(put, "stack", self._subset_symbols(args, need, reads, _ARG_OPERATOR, "call_stack", n))
+        self._put(put, "sync_kind", self._subset_symbols(args, need, reads, _ARG_SYNC, "sync_kind", n))
         # The argument records (shapes, dtypes, strides, concrete inputs) of the operators rules and the
         # efficiency model read (RECORDED_OPS), read here once (auditor.evidence.trace.arg_records).
         records = np.full(n, -1, dtype=np.int32)
-        recorded = self._per_symbol("recorded", RECORDED_OPS.__contains__, name_codes)
-        op_rows = np.flatnonzero((cats == CAT["cpu_op"]) & ~instant & recorded)
+        op_rows = np.flatnonzero(flags & _ARG_RECORD)
         if len(op_rows):
-            records[op_rows] = self.args.intern_many(raw_keys([e.args for e in picked(op_rows)]))
+            at = op_rows if rows is None else rows[op_rows]
+            records[op_rows] = self.args.intern_many(raw_keys([events[i].args for i in at.tolist()]))
         self._put(put, "args", records)
 
-    def _subset_symbols(self, decoded: np.ndarray, at: np.ndarray, rows: np.ndarray, attr: str, n: int) -> np.ndarray:
-        """A string args field as symbol codes for `rows` (decoded args at positions `at`)."""
+    def _subset_symbols(self, args: list[Any], need: np.ndarray, reads: np.ndarray, bit: int, attr: str,
+                        n: int) -> np.ndarray:
+        """A string args field as symbol codes on the rows with `bit` (args decoded for rows `need`)."""
         out = np.full(n, -1, dtype=np.int32)
-        if len(rows):
-            values = list(map(operator.attrgetter(attr), decoded[at]))
+        pick = np.flatnonzero(reads & bit)
+        if len(pick):
+            values = [getattr(args[i], attr) for i in pick.tolist()]
             if any(v is not None for v in values):
-                out[rows] = self.symbols.intern_many(values)
+                out[need[pick]] = self.symbols.intern_many(values)
         return out
 
     @staticmethod
