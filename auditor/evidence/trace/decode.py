@@ -415,8 +415,9 @@ class _Stream:
     bytes carried over from the last one. A buffer is never written again once events were
     decoded from it: their raw `args` point into it.
 
-    Given `data` (a bytearray whose first byte is padding), the stream is that text, already in
-    memory, instead of the file (the workers of auditor.evidence.trace.parallel); it is still decoded chunk by chunk."""
+    Given `data` (a bytearray whose first byte is padding, or a private writable mapping of the file
+    with `pos` set past a padding byte), the stream is that text, already in memory, instead of the
+    file (the workers of auditor.evidence.trace.parallel); it is still decoded chunk by chunk."""
 
     def __init__(self, path: Path, chunk_bytes: int, data: bytearray | None = None):
         self.path = path

@@ -293,6 +293,37 @@ _worker_vocabulary: Vocabulary | None = None  # (learnt over all of a worker's p
 _slots: _Slots | None = None  # (set in the main process while its workers run: they inherit it)
 
 
+def _piece(path: Path, start: int, end: int | None) -> tuple[_Stream, int]:
+    """The stream of the events in bytes [start, end) of the file (to its end, with the trailer
+    after the array, when `end` is None), and their byte count. The bytes are read through a private
+    mapping of the file, not copied into a buffer: only the pages the stream writes its brackets
+    into are copied (the byte before the piece, the one after its last event). Allocating, zeroing
+    and filling a 16 MB buffer was ~5 ms of each ~65 ms piece."""
+    with open(path, "rb") as f:
+        stop = os.fstat(f.fileno()).st_size if end is None else end
+        base = (start - 1) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+        try:
+            text = mmap.mmap(f.fileno(), stop - base, flags=mmap.MAP_PRIVATE,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=base)
+        except ValueError:  # (shorter than the offsets cut from it)
+            raise InputError(f"{path}: changed while it was read") from None
+    first, stop = start - base, stop - base
+    stream = _Stream(path, DEFAULT_CHUNK_BYTES, data=text)  # type: ignore[arg-type]
+    if end is None:  # the last piece: inside the array, to its `]` and the trailer after it
+        stream.pos = first
+        return stream, stop - first
+    # whole events and the comma after the last: a bare array of its own
+    k = text.rfind(b"}", first, stop)
+    if k < 0 or text[k + 1:stop].strip(_WS + b",") or text[k + 1:stop].count(b",") != 1:
+        raise InputError(f"{path}: a piece does not end after an event")
+    text[first - 1] = 0x5B
+    text[k + 1] = 0x5D
+    text[k + 2:stop] = b" " * (stop - k - 2)
+    stream.pos = first - 1
+    stream.start()
+    return stream, stop - first
+
+
 def _decode_range(path: Path, start: int, end: int | None, slot: int) -> dict[str, Any]:
     """Columns of the events in bytes [start, end) of the file (to its end, with the trailer after
     the array, when `end` is None), written into shared `slot` (`layout`) or, where they do not
@@ -303,28 +334,7 @@ def _decode_range(path: Path, start: int, end: int | None, slot: int) -> dict[st
         _worker_cols, _worker_vocabulary = Columns(SymbolTable()), Vocabulary()
     cols = _worker_cols
     known, known_args = len(cols.symbols), len(cols.args)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        n = (size if end is None else end) - start
-        buf = bytearray(n + 3)  # padding, `[` (for a piece before the last), the text, `]`
-        f.seek(start)
-        with memoryview(buf) as view:
-            got = f.readinto(view[2:2 + n])
-    if got != n:
-        raise InputError(f"{path}: changed while it was read")
-    if end is None:  # the last piece: inside the array, to its `]` and the trailer after it
-        buf[1] = 0x20
-        del buf[2 + n:]
-        stream = _Stream(path, DEFAULT_CHUNK_BYTES, data=buf)
-    else:  # whole events and the comma after the last: a bare array of its own
-        k = buf.rfind(b"}", 2, 2 + n)
-        if k < 0 or buf[k + 1:2 + n].strip(_WS + b",") or buf[k + 1:2 + n].count(b",") != 1:
-            raise InputError(f"{path}: a piece does not end after an event")
-        buf[1] = 0x5B
-        buf[k + 1] = 0x5D
-        del buf[k + 2:]
-        stream = _Stream(path, DEFAULT_CHUNK_BYTES, data=buf)
-        stream.start()
+    stream, n = _piece(path, start, end)
     stream.vocabulary = _worker_vocabulary
     for events in stream.chunks(timed=False):
         cols.add(events, stream._timed)
