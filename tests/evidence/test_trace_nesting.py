@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from auditor.evidence.trace import nesting
 from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.nesting import nest
 
@@ -29,8 +30,12 @@ def _sweep(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray, ho
     return parent
 
 
+@pytest.mark.parametrize("parts", [1, 2, 7])
 @pytest.mark.parametrize("seed", range(6))
-def test_nest_is_the_nearest_earlier_event_still_open(seed: int) -> None:
+def test_nest_is_the_nearest_earlier_event_still_open(seed: int, parts: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In one run, or cut into runs settled in threads of their own and stitched (what a trace of
+    millions of host events gets, one run per core)."""
+    monkeypatch.setattr(nesting, "_parts", lambda n: parts)
     rng = np.random.default_rng(seed)
     n = 3000
     pid = rng.choice([7, 123456789012], size=n)

@@ -33,14 +33,23 @@ def _small_codes(codes: np.ndarray, count: int) -> np.ndarray:
     return codes
 
 
-def thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray,
+                      rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Indices sorted by (thread, start, longest first), as np.lexsort((-dur, ts, tid, pid)) would
     group them, but fast on traces already in time order: a stable sort by start (nearly sorted
     input), a re-sort of equal-start runs only, then a stable sort by a dense thread code. Also
-    returns, in that order, where each thread's run begins (a bool per index)."""
+    returns, in that order, where each thread's run begins (a bool per index). With `rows`, of the
+    events at those rows of the arrays (indices into `rows`)."""
     import pandas as pd
-    order = np.argsort(ts, kind="stable")
-    sorted_ts = ts[order]
+
+    def of(col: np.ndarray, at: np.ndarray | None = None) -> np.ndarray:
+        """`col` at indices `at` (all when None) of the events."""
+        picked = rows if at is None else at if rows is None else rows[at]
+        return col if picked is None else col[picked]
+
+    starts = of(ts)
+    order = np.argsort(starts, kind="stable")
+    sorted_ts = starts[order]
     tie = np.flatnonzero(sorted_ts[1:] == sorted_ts[:-1])
     del sorted_ts
     if len(tie):
@@ -49,10 +58,13 @@ def thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.
         in_run[tie + 1] = True
         at = np.flatnonzero(in_run)
         sub = order[at]
-        order[at] = sub[np.lexsort((-dur[sub], ts[sub]))]
-    tcode, tuniq = pd.factorize(tid)
+        order[at] = sub[np.lexsort((-of(dur, sub), starts[sub]))]
+    del starts
+    tcode, tuniq = pd.factorize(of(tid))
+    pid = of(pid)
     # (one process, the usual host trace, needs no hashing of its pids: a pass compares them)
     pcode, puniq = pd.factorize(pid) if len(pid) and not (pid == pid[0]).all() else (None, pid[:1])
+    del pid
     if len(puniq) > 1:
         thread, uniq = pd.factorize(pcode.astype(np.int64) * max(len(tuniq), 1) + tcode)
         count = len(uniq)
@@ -70,24 +82,37 @@ def thread_time_order(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.
 
 def enclosing(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray, parts: int = 1) -> np.ndarray:
     """For events given as arrays (host events, none instant): the index of each one's parent
-    (-1: none). Found by pointer jumping in numpy (O(n log n), no Python loop over events): each
-    event's candidate starts as the event before it and, while the candidate has ended by the
-    event's start, moves to the candidate's own candidate.
-
-    With `parts` > 1, the events (in thread and time order) are cut into that many runs, each
-    settled in a thread of its own (numpy lets go of the interpreter while it moves arrays): an
-    event whose run holds no candidate left then starts again from the last event of the run
-    before it, whose candidates are final (_stitch). Every order of those moves ends at the one
-    parent the rule names."""
+    (-1: none). See _settled."""
     n = len(ts)
     parent = np.full(n, -1, dtype=np.int64)
-    if not n:
-        return parent
-    order, thread_start = thread_time_order(pid, tid, ts, dur)
+    if n:
+        rows, cur = _settled(np.arange(n), pid, tid, ts, dur, parts)
+        found = np.flatnonzero(cur >= 0)
+        parent[rows[found]] = rows[cur[found]]
+    return parent
+
+
+def _settled(rows: np.ndarray, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray,
+             parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """`rows` (host events, none instant) in (thread, start, longest first) order, and for each the
+    position in that order of its parent (-1: none). Found by pointer jumping in numpy (O(n log n),
+    no Python loop over events): each event's candidate starts as the event before it and, while
+    the candidate has ended by the event's start, moves to the candidate's own candidate.
+
+    With `parts` > 1, the events (in that order) are cut into that many runs, each settled in a
+    thread of its own (numpy lets go of the interpreter while it moves arrays): an event whose run
+    holds no candidate left then starts again from the last event of the run before it, whose
+    candidates are final (_stitch). Every order of those moves ends at the one parent the rule
+    names. (Each column is read for `rows` only where it is used: a parse's arrays are made once
+    and touched once, and fresh memory costs more than the work on it.)"""
+    n = len(rows)
+    order, thread_start = thread_time_order(pid, tid, ts, dur, rows)
+    rows = rows[order]
+    del order
     it = np.int32 if n < np.iinfo(np.int32).max else np.int64  # half the bytes every round moves
-    order = order.astype(it, copy=False)
-    start = ts[order]
-    end = np.add(ts, dur)[order]
+    start = ts[rows]
+    end = dur[rows]
+    end += start
     # cur[i]: a candidate such that every event strictly between it and i has ended by start[i]
     cur = np.arange(-1, n - 1, dtype=it)
     cur[thread_start] = -1
@@ -106,9 +131,7 @@ def enclosing(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray,
             t.join()
         for lo, hi in runs[1:]:  # (in order: each run's stitch reads the run before it as final)
             _stitch(cur, start, end, thread_start, lo, hi)
-    found = np.flatnonzero(cur >= 0)
-    parent[order[found]] = order[cur[found]]
-    return parent
+    return rows, cur
 
 
 def _first_round(start: np.ndarray, end: np.ndarray, thread_start: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -191,7 +214,8 @@ def nest(cat: np.ndarray, instant: np.ndarray, pid: np.ndarray, tid: np.ndarray,
     parent = np.full(len(cat), -1, dtype=np.int64)
     cpu = host_rows(cat, instant)
     if len(cpu):
-        found = enclosing(pid[cpu], tid[cpu], ts[cpu], dur[cpu], parts=_parts(len(cpu)))
-        hit = found >= 0
-        parent[cpu[hit]] = cpu[found[hit]]
+        rows, cur = _settled(cpu, pid, tid, ts, dur, _parts(len(cpu)))
+        del cpu
+        found = np.flatnonzero(cur >= 0)
+        parent[rows[found]] = rows[cur[found]]
     return parent
