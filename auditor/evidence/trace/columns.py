@@ -140,18 +140,19 @@ class Columns:
         self._keys = _Keys()
 
     def _norm_id(self, v: int | str) -> int:
+        """A pid, tid or flow id as an int: an int as it is, a number spelt as text ("25738", "+5")
+        as int() reads it, "stream 7" as 7, a label ("Spans") as a stable negative id, the same
+        however the file was chunked."""
         if type(v) is int:
             return v
         got = self._ids.get(v)  # type: ignore[arg-type]
         if got is None:
             s = str(v).strip()
-            if len(s) > 20:  # (longer than any int64: a label, however it reads)
-                got = -1000 - (zlib.crc32(s.encode()) & 0x3FFFFFFF)
-            elif s.isdigit() or (s[:1] == "-" and s[1:].isdigit()):
-                got = int(s)
-            elif s.startswith("stream ") and s[7:].strip().isdigit():
-                got = int(s[7:])
-            else:  # a label like "Spans": a stable negative id, the same however the file was chunked
+            try:
+                got = int(s) if len(s) <= 20 else None  # (longer than any int64: a label, however it reads)
+            except ValueError:
+                got = int(s[7:]) if s.startswith("stream ") and s[7:].strip().isdigit() else None
+            if got is None:
                 got = -1000 - (zlib.crc32(s.encode()) & 0x3FFFFFFF)
             self._ids[v] = got  # type: ignore[index]
         return got

@@ -130,43 +130,51 @@ class Vocabulary:
     """The names and categories of the events decoded so far, and a decoder that reads those
     values as the very str objects seen first (a Literal of them), not as new strings: their hash
     is then computed once and a lookup compares them by identity, which on a trace's few thousand
-    names repeated millions of times saves ~150 ns of each event's columns (~15% of the parse).
+    names repeated millions of times saves ~100 ns of each event's columns (~10% of the parse).
 
-    A chunk holding a value not learnt yet (a new operator) fails that decoder and is decoded again
-    with the plain one (_DECODER), whose values are then learnt: a miss costs about a chunk's decode,
-    a hit saves about a third of one. A trace whose names keep changing (more than MAX_WORDS of
-    them, or misses in more than 1 of MISS_SHARE chunks once MIN_MISSES have missed) is decoded
-    with the plain decoder alone from then on."""
+    A chunk holding a value not learnt yet (a new operator) fails that decoder part way and is
+    decoded again with the plain one (_DECODER), whose values are then learnt: a miss costs about
+    half a chunk's decode, a hit saves about a sixth of one. So after a miss the next chunks are
+    decoded plainly and learnt from (1, then 2, 4... up to MAX_WAIT after misses in a row: a first
+    step brings new names in most of its chunks), and a trace of more than MAX_WORDS names is
+    decoded plainly from then on."""
 
     MAX_WORDS = 1 << 15
     STEPS_AHEAD = 256  # a ProfilerStep#N learnt: the names of the next steps as well
-    MIN_MISSES = 8
-    MISS_SHARE = 4
+    MAX_WAIT = 16
 
     def __init__(self) -> None:
         self.names: dict[str, None] = {}
         self.cats: dict[str, None] = {}
         self.decoder: msgspec.json.Decoder | None = None
+        self.stale = False  # words learnt since the decoder was made
+        self.wait = 0  # chunks to decode plainly before the next try
+        self.backoff = 1
         self.tries = self.misses = 0
         self.off = False
 
     def decode(self, piece: memoryview) -> list[_Event]:
         """The events of a JSON array of events; raises what _DECODER raises on them."""
-        if self.decoder is not None:
+        if self.wait:
+            self.wait -= 1
+        elif self.names and not self.off:
+            if self.stale:
+                self._make()
             self.tries += 1
             try:
-                return self.decoder.decode(piece)
+                events = self.decoder.decode(piece)  # type: ignore[union-attr]
+                self.backoff = 1
+                return events
             except msgspec.ValidationError:  # a value it was not given, or one of the wrong type
                 self.misses += 1
-                if self.misses >= self.MIN_MISSES and self.misses * self.MISS_SHARE > self.tries:
-                    self.off, self.decoder = True, None
+                self.wait, self.backoff = self.backoff, min(2 * self.backoff, self.MAX_WAIT)
         events = _DECODER.decode(piece)
         if not self.off:
             self._learn(events)
         return events
 
     def _learn(self, events: list[_Event]) -> None:
-        """Add the events' new names and categories, and make the decoder that knows them."""
+        """Add the events' new names and categories (the decoder that knows them is made when next tried)."""
         names = {e.name for e in events}.difference(self.names)
         cats = {e.cat for e in events}.difference(self.cats)
         if not names and not cats:
@@ -176,12 +184,15 @@ class Vocabulary:
             names.update(f"ProfilerStep#{k}" for k in range(number + 1, number + self.STEPS_AHEAD))
         self.names.update(dict.fromkeys(names))
         self.cats.update(dict.fromkeys(cats))
+        self.stale = True
         if len(self.names) > self.MAX_WORDS:
             self.off, self.decoder = True, None
-            return
+
+    def _make(self) -> None:
         known = {"name": Literal[tuple(self.names)], "cat": Literal[tuple(self.cats)]}  # type: ignore[valid-type]
         fields = [(f.name, known.get(f.name, f.type), f.default) for f in msgspec.structs.fields(_Event)]
         self.decoder = msgspec.json.Decoder(list[msgspec.defstruct("_KnownEvent", fields, gc=False)])  # type: ignore[misc]
+        self.stale = False
 
 
 def _to_int(v: Any) -> int | None:
