@@ -164,9 +164,10 @@ class Columns:
         category in the one vocabulary too (an instant `[memory]` event is `memory`, another
         instant of no known category `instant`)."""
         keys = self._keys
-        new = _first_seen(codes[keys.raw_cat[codes] == _UNINTERNED])
-        if not len(new):
+        pending = keys.raw_cat[codes] == _UNINTERNED
+        if not pending.any():  # (every chunk after a trace's first few)
             return
+        new = _first_seen(codes[pending])
         rows = [keys.keys[c] for c in new.tolist()]
         keys.raw_cat[new] = self.symbols.intern_many([k[1] for k in rows])
         if not names:
