@@ -47,20 +47,25 @@ class Cost(msgspec.Struct, frozen=True):
 
 
 def step_basis_ms(ev: Evidence, trace: Any = None) -> float | None:
-    """The median step a cost's share is of: the run's (findings.json's `steps.median_ms`, the
-    headline's median), also for a finding on the run's own profiler trace; for a recording
-    analysed on its own, its trace's median ProfilerStep (the first trace's is `steps.median_ms`)."""
-    if ev.steps or trace is None:
-        return ev.shown_median_ms()
-    return trace.median_step_ms()
+    """The run's time per step every cost's share is of (auditor.evidence.run_time: the span from
+    the first step's start to the last one's end, the audit's own work left out, over the steps;
+    findings.json's `run_time.base_ms`), also for a finding on the run's own profiler trace; for a
+    recording (analysed on its own, or given beside a run), its steps on their bound's clock and the
+    time between them, over their number (auditor.evidence.run_time.trace_base_ms)."""
+    from auditor.evidence.run_time import own_trace, run_time, trace_base_ms
+
+    if trace is None or (ev.steps and own_trace(ev, trace)):
+        account = run_time(ev)
+        return account.base_ms if account is not None else ev.shown_median_ms()
+    return trace_base_ms(trace)
 
 
 def share_of_step(ms_per_step: float | None, step_ms: float | None) -> float | None:
-    """A cost's share of the step: the one percentage every report prints for it (the finding's
-    message, the terminal line, report.html, findings.json, the headline's sum). Its ms per step,
-    as the cost stores it, over the median step as findings.json writes it (3 decimals), to 4
-    decimals: `ms_per_step / steps.median_ms` there gives it back. No report prints another share
-    beside it (a median of per-step shares can differ from ms/median by several points for one cost)."""
+    """A cost's share of the run's time: the one percentage every report prints for it (the
+    finding's message, the terminal line, report.html, findings.json, the headline's sum). Its ms
+    per step, as the cost stores it, over the run's time per step as findings.json writes it (3
+    decimals, step_basis_ms), to 4 decimals: `ms_per_step / run_time.base_ms` there gives it back.
+    A stall in one step in eight counts an eighth of it per step."""
     if ms_per_step is None or not step_ms:
         return None
     return round(ms_per_step / round(step_ms, 3), 4)
@@ -82,7 +87,8 @@ def saving_on_path(ms: float, side: str, bound: str | None, host_ms: float | Non
     only there, and not at all where it never waits), as measured where that is not known; on a
     device-bound step, a host-side saving counts only by what the host's time exceeds the device's
     (nothing while the device stays the longer), a device-side one up to the device's time less the
-    host's. No bound known (no device clock), or a whole-step cost: the saving as measured."""
+    host's, the host's time without its waits for the device (issue_ms: a step that issues, then
+    waits in a sync). No bound known (no device clock), or a whole-step cost: the saving as measured."""
     if bound is None or side == STEP or host_ms is None:
         return ms
     if bound == "host":
@@ -91,9 +97,19 @@ def saving_on_path(ms: float, side: str, bound: str | None, host_ms: float | Non
         return max(0.0, min(ms, host_ms - (device_busy_ms or 0.0)))
     if device_ms is None:
         return ms
+    issue = issue_ms(host_ms, device_ms, waited_ms)
     if side == HOST:
-        return max(0.0, min(ms, host_ms - device_ms))
-    return max(0.0, min(ms, device_ms - host_ms))
+        return max(0.0, min(ms, issue - device_ms))
+    return max(0.0, min(ms, device_ms - issue))
+
+
+def issue_ms(host_ms: float, device_ms: float | None, waited_ms: float | None) -> float:
+    """A device-bound step's host time without its waits for the device: the host's clock where the
+    device's exceeds it (the host ran ahead), else the host's clock less the device work it waited
+    for in its syncs (a step that issues, then waits for the device to finish)."""
+    if device_ms is None or waited_ms is None or device_ms > host_ms:
+        return host_ms
+    return max(0.0, host_ms - waited_ms)
 
 
 def together_ms(host_saving: float, device_saving: float, step_saving: float, step_ms: float | None,
@@ -111,13 +127,15 @@ def together_ms(host_saving: float, device_saving: float, step_saving: float, st
         return min(step_ms, host_saving + device_saving + step_saving)
     if bound == "host":
         waits = device_saving if waited_ms is None else min(device_saving, waited_ms)
-        host_after = max(host_ms - host_saving - waits, 0.0)
-        device_after = max((device_busy_ms or 0.0) - device_saving, 0.0)
+        host, device = host_ms, device_busy_ms or 0.0
+        host_after = max(host - host_saving - waits, 0.0)
     else:
-        host_after = max(host_ms - host_saving, 0.0)
-        device_after = max((device_ms or 0.0) - device_saving, 0.0)
-    after = max(host_after, device_after)
-    return max(0.0, min(step_ms, step_ms - after + step_saving))
+        host, device = issue_ms(host_ms, device_ms, waited_ms), device_ms or 0.0
+        host_after = max(host - host_saving, 0.0)
+    device_after = max(device - device_saving, 0.0)
+    # (the longer clock before, less the longer after: a step that waits for its device past the
+    # device's busy time saves nothing by that wait unless a fix shortens it)
+    return max(0.0, min(step_ms, max(host, device) - max(host_after, device_after) + step_saving))
 
 
 class Edit(msgspec.Struct, frozen=True):

@@ -99,7 +99,7 @@ class EvidenceBuilder:
                 index=r.index, start_s=r.start_s, ms=r.ms, cpu_ms=r.cpu_ms, waited_ms=r.waited_ms,
                 profiled=r.profiled, failed=r.failed,
                 rss_bytes=r.rss_bytes, device_allocated=r.device_allocated, device_reserved=r.device_reserved,
-                anomaly_enabled=r.anomaly_enabled, lines_sampled=r.lines_sampled,
+                anomaly_enabled=r.anomaly_enabled, lines_sampled=r.lines_sampled, own_before_ms=r.own_before_ms,
                 tallies=[_tally(t) for t in r.tallies])
             for name, data in r.collected.items():
                 _collector_field(step, name, data)

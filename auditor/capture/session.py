@@ -19,7 +19,7 @@ from auditor.capture import graphs, lines, own_fds, probes, run_queue, this_proc
 from auditor.capture.probes import graph_use
 from auditor.capture.bench_switches import OFF, TOGGLED, off
 from auditor.capture.device_clock import DeviceClock
-from auditor.capture.numerics.schedule import dense_steps
+from auditor.capture.numerics.schedule import dense_steps, timed_block
 from auditor.capture.unseen import dynamo_skips_our_frames
 
 
@@ -52,14 +52,19 @@ class StepSession:
         self.line_steps = lines.Schedule()  # which steps the sampler looks at
         self.sampling = False  # the open step is sampled
         self.device = DeviceClock()  # each step's time on the device's clock, when a GPU is in use
+        # the audit's own work since the last step's time was taken (its end's record, profiler
+        # step, graph scan; this step's profiler start): sent with the next step's record
+        self.own_before: float | None = None
         for c in collectors:  # the profiled steps carry no numerics checks (numerics.schedule)
             if hasattr(c, "window"):
                 c.window = frozenset(prof.window())
                 c.dense = dense_steps(getattr(prof, "steps", 0), c.window)
+                c.timed = timed_block(getattr(prof, "steps", 0), c.window)
 
     def begin(self, i: int, t0: float | None = None, c0: float | None = None) -> None:
         """Step i begins (now, or at the times `t0`/`c0` taken earlier by the caller: a step that
         begins with a DataLoader fetch is timed from the fetch's start)."""
+        b0 = time.perf_counter()
         self.index = i
         if TOGGLED:  # (bench_steady_parts.py --toggle only)
             probes.set_part_probes(not off("probes", i))
@@ -71,6 +76,8 @@ class StepSession:
         self.c0 = time.process_time() if c0 is None else c0
         self.w0 = run_queue.waited_ms() if self.w_end is None else self.w_end
         self.t0 = time.perf_counter() if t0 is None else t0
+        if t0 is None and self.own_before is not None:  # (a given t0 holds this work inside the step)
+            self.own_before += (self.t0 - b0) * 1e3
         if self.t_first is None:
             self.t_first = self.t0
         self.device.begin(i)
@@ -107,6 +114,7 @@ class StepSession:
                          rss_bytes=rss_bytes(), device_allocated=allocated, device_reserved=reserved,
                          waited_ms=None if w1 is None or self.w0 is None else w1 - self.w0,
                          anomaly_enabled=self.anomaly, lines_sampled=self.sampling,
+                         own_before_ms=self.own_before,
                          tallies=self.rec.drain() + (self.lines.take() if self.sampling else []),
                          collected=collected(self.collectors, i), dataloaders=new_loaders(self.rec))
         if not off("records", i):  # (bench_steady_parts.py only)
@@ -120,6 +128,7 @@ class StepSession:
             middle = i in self.scans and i != max(self.scans) and forecast is None and not near
             self.out.send(wire.GraphScan(after_step=i, **graphs.scan(*self.scan_target(), memo=self.scan_memo,
                                                                      named_only=middle)))
+        self.own_before = (time.perf_counter() - t1) * 1e3
 
 
     def finish(self) -> None:

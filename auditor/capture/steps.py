@@ -133,6 +133,7 @@ _compiling = torch.compiler.is_compiling
 # batch (a WGAN's five), far fewer than a batch trained on for epochs.
 REPEATS_TO_SPLIT = 16
 
+UNPROBED_STRETCH_MS = 1.0  # an unprobed stretch between steps this long is the program's (a sleep, a log)
 # Weight updates outside torch.optim seen before the finder stops checking each one (see
 # StepFinder._updated): past this many, with no micro-batch between them, the program's every
 # forward after a backward pass is an iteration's start.
@@ -809,9 +810,9 @@ class StepFinder:
     def _send_outside(self, phase: str) -> None:
         # (graphs freed between two steps are told with the next step's record: alone, they would
         # make a stretch between steps of a program that does nothing there)
-        tallies = self.rec.drain(graphs=phase == "after")
         ms = (time.perf_counter() - self.outside_t0) * 1e3
-        if tallies or phase == "after":
+        tallies = self.rec.drain(graphs=phase == "after")
+        if tallies or phase == "after" or ms >= UNPROBED_STRETCH_MS:
             self.send(wire.Outside(phase=phase, after_step=self.last_audited, ms=ms, tallies=tallies))
 
     def finish(self, failed: bool = False) -> None:

@@ -77,6 +77,9 @@ class Step(Record, tag="step"):
     device_allocated, device_reserved: the CUDA allocator's bytes at its end (a real device only).
     anomaly_enabled: anomaly detection was on when it started.
     lines_sampled: the line sampler looked at it (auditor.capture.lines: not every step is).
+    own_before_ms: the audit's own work at the boundary before it, after the last step's time was
+        taken (its record, the profiler's stepping and trace export, a graph scan) and before this
+        step's was (the profiler's start); None for the first step.
     tallies: what the probes saw in it.
     collected: each collector's data for this step, by collector name.
     dataloaders: DataLoaders first seen in this step."""
@@ -93,6 +96,7 @@ class Step(Record, tag="step"):
     device_reserved: int | None = None
     anomaly_enabled: bool = False
     lines_sampled: bool = True
+    own_before_ms: float | None = None
     tallies: list[Tally] = []
     collected: dict[str, Any] = {}
     dataloaders: list[DataLoaderInfo] = []

@@ -1,10 +1,9 @@
 """The time a whole program spent between its audited steps, and what its probes saw there.
 
-The step figures (the median, the per-step costs) leave out what runs outside the steps: an
-evaluation loop, a checkpoint save, a reinforcement learner's rollout between its updates (128
-actions under no_grad, each fetched to the host for the environment). Where that is a large part of
-the run, the reports say so, with the work the probes timed there, so that a step time is not read
-as the run's.
+The median step leaves out what runs outside the steps: an evaluation loop, a checkpoint save, a
+reinforcement learner's rollout between its updates (128 actions under no_grad, each fetched to the
+host for the environment). The run's time counts it (auditor.evidence.run_time), and where it is a
+large part of it, work-between-steps says so, with the work the probes timed there.
 """
 from __future__ import annotations
 
@@ -19,10 +18,8 @@ from auditor.evidence.frame import Frame
 # (a `.item()` inside a forward is also in the forward's time), with their words.
 _WORK = {m.FORWARD: "module forwards", m.BACKWARD: "backward passes", m.OPTIMIZER: "optimizer steps",
          m.SYNC: "device->host syncs", m.DATA_WAIT: "DataLoader fetches", m.DATA_ITER: "DataLoader fetches",
-         m.EMPTY_CACHE: "cache releases", m.GC_COLLECT: "gc.collect() calls"}
+         m.EMPTY_CACHE: "cache releases", m.GC_COLLECT: "gc.collect() calls", m.SAVE: "torch.save calls"}
 
-# The share of the span (the steps and the stretches between them) from which the reports say it
-SHOWN_SHARE = 0.25
 
 
 class Work(msgspec.Struct):

@@ -148,6 +148,11 @@ class StepRecord(msgspec.Struct):
     # dense start only one step in 16 is sampled, fewer in a long run (auditor.capture.lines).
     # Recordings made before that sampled every unprofiled step.
     lines_sampled: bool = True
+    # The audit's own work at the boundary before the step, timed: from the last step's end (its
+    # time taken) to this one's start, what the audit ran there (the last step's record, the
+    # profiler's stepping and trace export, a graph scan, the profiler's start). In the time between
+    # the steps, not in either step (auditor.evidence.run_time). None: the first step, or not timed.
+    own_before_ms: float | None = None
     tallies: list[Tally] = []
     numerics: NumericsStep | None = None  # the numerics collector's record of the step
     distributed: DistStep | None = None  # the distributed collector's record of the step (None: nothing distributed)

@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from auditor.evidence.model import Evidence
 
 DEVICE_MARGIN = 1.10  # device median over host median above which the steps are device-bound
+# A recording's step whose device is busy this share of its host span or more, while the host
+# waits for the device (its blocking calls hold device work) HOST_WAITS of the span or more, is
+# device-bound too: the host finishes issuing and then waits for the device's work to end
+DEVICE_BUSY = 0.8
+HOST_WAITS = 0.1
 
 
 class StepClock(msgspec.Struct, frozen=True):
@@ -74,15 +79,20 @@ def of_trace(trace: Any) -> StepClock:
     known = np.isfinite(device)
     host_ms = float(np.median(host))
     device_ms = float(np.median(device[known])) if known.any() else None
-    return StepClock(bound=bound_of(host_ms, device_ms), step_ms=trace.median_step_ms(), host_ms=host_ms,
-                     device_ms=device_ms, device_busy_ms=device_busy_ms(trace), waited_ms=waited_ms(trace),
+    waited = waited_ms(trace)
+    bound = bound_of(host_ms, device_ms)
+    if (bound == "host" and device_ms is not None and waited is not None and device_ms >= DEVICE_BUSY * host_ms
+            and waited >= HOST_WAITS * host_ms):
+        bound = "device"
+    return StepClock(bound=bound, step_ms=trace.median_step_ms(), host_ms=host_ms,
+                     device_ms=device_ms, device_busy_ms=device_busy_ms(trace), waited_ms=waited,
                      source="trace", steps=len(host))
 
 
 def waited_ms(trace: Any) -> float | None:
     """The device's work the host waited for, per step of a trace: the time inside the host's
-    blocking calls (syncs, copies to pageable memory: evidence.trace.queries.blocking_calls) during
-    which the device ran work the steps launched, over the steps. On a host-bound step that is all
+    blocking calls in the steps (syncs, copies to pageable memory: evidence.trace.queries.blocking_calls)
+    during which the device ran work (whoever launched it: a backlog the sync waits for too), over the steps. On a host-bound step that is all
     a faster kernel can take off the step: elsewhere the host is issuing, and the device's work
     runs beside it. None without steps."""
     from auditor.evidence.trace.intervals import intersect, merge_intervals, total_length
@@ -98,29 +108,27 @@ def waited_ms(trace: Any) -> float | None:
         ts, end = trace.col("ts")[rows], trace.col("end")[rows]
         ok = np.isfinite(ts) & np.isfinite(end) & (end > ts)
         waits = merge_intervals(np.clip(ts[ok], lo, hi), np.clip(end[ok], lo, hi))
-        _, kts, kend = trace.launched_work()
-        good = kend >= kts
+        from auditor.evidence.trace.decode import GPU_WORK
+
+        cat, kts, kend = trace.col("cat"), trace.col("ts"), trace.col("end")
+        good = np.isin(cat, GPU_WORK) & np.isfinite(kts) & np.isfinite(kend) & (kend >= kts)
         busy = merge_intervals(kts[good], kend[good])
         trace.__dict__["_waited_ms"] = total_length(intersect(waits, busy)) / 1000.0 / len(trace.steps)
     return trace.__dict__["_waited_ms"]
 
 
 def device_busy_ms(trace: Any) -> float | None:
-    """The device's busy time per step in a trace: the GPU work its steps' launches made (merged
-    across streams), over the steps; None without steps or GPU work. Not the work inside the
-    steps' host spans: a device-bound step's kernels run long after the host has moved on."""
-    from auditor.evidence.trace.intervals import merge_intervals
+    """The device's busy time per step in a trace: each step's (Trace.device_step_ms: its work inside
+    the step's host span, or, where more, the work its launches made, after the span), over the
+    steps; None without steps or GPU work."""
+    import numpy as np
 
     if not len(trace.steps):
         return None
-    if "_device_busy_ms" not in trace.__dict__:  # (each report asks: the merge is done once)
-        _, ts, end = trace.launched_work()
-        ok = end >= ts
-        busy = None
-        if ok.any():
-            lo, hi = merge_intervals(ts[ok], end[ok])
-            busy = float((hi - lo).sum()) / 1000.0 / len(trace.steps)
-        trace.__dict__["_device_busy_ms"] = busy
+    if "_device_busy_ms" not in trace.__dict__:  # (each report asks: it is read once)
+        per_step = trace.device_step_ms()
+        known = np.isfinite(per_step)
+        trace.__dict__["_device_busy_ms"] = float(per_step[known].sum()) / len(trace.steps) if known.any() else None
     return trace.__dict__["_device_busy_ms"]
 
 

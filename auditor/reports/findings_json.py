@@ -10,6 +10,7 @@ from auditor import __version__
 from auditor.evidence.model import Evidence
 from auditor.evidence.between import between
 from auditor.evidence.own_cost import own_cost
+from auditor.evidence.run_time import run_time
 from auditor.evidence.step_clock import step_clock
 from auditor.reports.allocator_view import document_section as allocator_section
 from auditor.evidence.trace.efficiency import steps_gpu
@@ -27,6 +28,8 @@ def document(evidence: Evidence, results: RuleResults) -> dict[str, Any]:
         "tool": {"name": "auditor", "version": __version__},
         "target": evidence.target,
         "source": evidence.source,
+        # the first figure: the run's time per step and its parts (auditor.evidence.run_time)
+        "run_time": msgspec.to_builtins(run_time(evidence)),
         "environment": msgspec.to_builtins(evidence.environment),
         "steps": {
             "count": len(per_step),

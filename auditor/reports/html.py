@@ -38,13 +38,14 @@ from auditor.reports.base import Reporter
 from auditor.reports.figure import Figure
 from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.processes_line import started_processes_phrase
-from auditor.reports.step_clock import clock_phrase, rehearsed_share
+from auditor.reports.step_clock import clock_phrase, gpu_line, rehearsed_share
 from auditor.evidence.step_clock import step_clock
 from auditor.reports.findings_json import document
 from auditor.reports.patch import fixes_patch_edits, numerics_patchable
 from auditor.reports.plots import MAX_LINE_POINTS, PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a finding's line: those recorded)
-from auditor.reports.between_line import between_phrase
+from auditor.evidence.run_time import run_time
+from auditor.reports.run_time_lines import parts_line, spread_text, too_few_line
 from auditor.reports.terminal import (PER_RULE_LINES, by_cost, checkpoint_overview, elsewhere_phrase, program_phrase,
                                       recoverable, snapshot_overview, steps_of)
 from auditor.findings import Finding
@@ -163,7 +164,7 @@ def cost_text(f: Finding) -> str:
     if c.ms_per_step is not None:
         parts.append(f"{fmt_ms(c.ms_per_step)}/step")
     if c.share_of_step is not None:
-        parts.append(f"{c.share_of_step:.0%} of the median step")
+        parts.append(f"{c.share_of_step:.0%} of the run's time")
     if not parts:
         if not c.note:
             return "counted only"
@@ -399,7 +400,7 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "median_ms": fmt_ms(ev.shown_median_ms()),
         "own_cost": own_cost_phrase(ev),
         "program": program_phrase(ev) if ev.program is not None else None,
-        "between": between_phrase(ev) if ev.program is not None else None,
+        "run": run_view(ev, rec),
         "clock": clock_phrase(ev),
         "processes": started_processes_phrase(ev),
         "bound": step_clock(ev).bound,
@@ -409,7 +410,6 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "profiled": [s.index for s in ev.steps if s.profiled],
         "recoverable_ms": fmt_ms(rec.ms) if rec.ms is not None else None,
         "recoverable_share": f"{rec.share:.0%}" if rec.share is not None else None,
-        "rehearsed_share": _rehearsed_share_text(ev, rec.ms, rec.launches_ms),
         "capped": rec.capped,
         "estimated": rec.estimated,
         "counted_only": rec.counted_only,
@@ -423,13 +423,16 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
     }
 
 
-def _rehearsed_share_text(ev: Evidence, recoverable_ms: float | None, launches_ms: float = 0.0) -> str | None:
-    """A rehearsal's recoverable time as a share of the host-bound step predicted on the GPU."""
-    gpu = rehearsed_share(ev, recoverable_ms, launches_ms) if recoverable_ms is not None else None
-    if gpu is None:
+def run_view(ev: Evidence, rec: Any) -> dict[str, Any] | None:
+    """The run's time (auditor.evidence.run_time) as the page shows it: its time per step, its
+    parts, the spread of its steps, too few timed steps, and a rehearsal's GPU prediction apart."""
+    account = run_time(ev)
+    if account is None:
         return None
-    predicted, saved, name = gpu
-    return f"{saved / predicted:.0%} of the {predicted:.2f} ms step predicted on an {name} (host-bound)"
+    gpu = rehearsed_share(ev, rec.total, rec.launches_ms) if rec.ms is not None else None
+    return {"base": fmt_ms(account.base_ms), "parts": parts_line(account).split("ms/step ", 1)[1],
+            "spread": spread_text(account), "too_few": too_few_line(account),
+            "gpu": gpu_line(*gpu) if gpu is not None else None}
 
 
 def recording_view(ev: Evidence) -> dict[str, Any]:

@@ -34,6 +34,10 @@ def clock_phrase(evidence: Evidence) -> str | None:
         return f"step clock: the host's{note}" if c.note else None
     where = "CUDA events at the step boundaries" if c.source == "events" else "its kernels' busy time in the trace"
     busy = (f"; the device's own work {c.device_busy_ms:.2f} ms of it" if c.device_busy_ms is not None else "")
+    if c.bound == "device" and c.device_ms <= c.host_ms and c.waited_ms is not None:
+        # (a recording whose host issues the step, then waits in its syncs for the device's work)
+        return (f"step clock: device-bound: the device worked {c.device_ms:.2f} ms of each {c.host_ms:.2f} ms step "
+                f"(median, {where}), the host waiting for it {c.waited_ms:.2f} ms in its syncs{note}")
     if c.bound == "device":
         return (f"step clock: device-bound: the device ran each step in {c.device_ms:.2f} ms (median, {where}); "
                 f"the host issued it in {c.host_ms:.2f} ms and waited for the rest{busy}{note}")
@@ -70,6 +74,15 @@ def rehearsed_share(evidence: Evidence, recoverable_ms: float,
     launches = statistics.median(host - wait for wait, host in per_step) if per_step else 0.0
     floor = max(c.device_ms, launches - launches_saved_ms)
     return predicted, max(0.0, min(recoverable_ms, predicted - floor)), name
+
+
+def gpu_line(predicted: float, saved: float, name: str) -> str:
+    """A rehearsal's prediction for the named GPU, on a line of its own: no share of the run
+    measured here is a share of it."""
+    what = (f"save up to {saved:.2f} ms" if saved >= 0.01 else f"save up to {saved:.3g} ms" if saved > 0
+            else "save nothing there")  # (a few us is not "0.00")
+    return (f"predicted on an {name} (rehearsal, not measured): {predicted:.2f} ms/step, host-bound; "
+            f"fixes {what}")
 
 
 def _gpu_name(evidence: Evidence) -> str:

@@ -20,13 +20,14 @@ from auditor.evidence.model import Evidence, WindowCut
 from auditor.evidence.loops import loops, medians
 from auditor.reports.allocator_view import lines as allocator_lines
 from auditor.reports.base import Reporter
-from auditor.reports.between_line import between_phrase
 from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.processes_line import started_processes_phrase
 from auditor.reports.rehearsal_line import no_gpu_work_phrase
-from auditor.reports.step_clock import LAUNCH_RULES, clock_phrase, rehearsed_share
+from auditor.reports.run_time_lines import parts_line, spread_line, too_few_line
+from auditor.reports.step_clock import LAUNCH_RULES, clock_phrase, gpu_line, rehearsed_share
 from auditor.evidence.step_clock import step_clock
-from auditor.findings import DEVICE, HOST, STEP, Finding, severity_rank, share_of_step, together_ms
+from auditor.evidence.run_time import run_time
+from auditor.findings import DEVICE, HOST, STEP, Finding, severity_rank, share_of_step, step_basis_ms, together_ms
 from auditor.findings import RuleResults
 from auditor.reports.window_drop import judged_without, traces_without, traces_without_phrase, window_drop_phrase
 
@@ -72,20 +73,22 @@ class Recoverable:
     """Time the warnings' fixes together would save per step: each warning's cost (what its fix
     saves, auditor.rules.attribution), each stretch of time once (a cost another finding's cost
     holds is left out), host-side savings taken off the host's clock and device-side ones off the
-    device's, the step after them the longer clock again (auditor.findings.together_ms): never more
-    than the step less the device's own work on a host-bound step. Info findings (a verdict, not a
+    device's, the step after them the longer clock again (auditor.findings.together_ms), on the
+    run's time per step (auditor.evidence.run_time: stalls and the time between steps in it): never
+    more than the run's time above its floor, the device's own work. Info findings (a verdict, not a
     fix to apply) are not added. Only the findings on the recording whose steps the headline shows
     are summed (headline_scope): a cost is per step of its own recording, and two recordings' steps
     are not one step."""
 
     ms: float | None  # None: no finding has a time cost
-    share: float | None  # of the median step, as a finding's share_of_step is (auditor.findings.share_of_step)
+    share: float | None  # of the run's time per step, as a finding's share_of_step is (auditor.findings.share_of_step)
     capped: bool  # the sum exceeded the step (findings overlap), so it was capped
     estimated: bool  # some summed costs are estimates, not measurements
     counted_only: int  # findings with no time cost (counted, or not measurable on this run)
     largest: float | None = None  # ms/step of the costliest finding alone (what a capped sum still says)
     elsewhere: int = 0  # other recordings (traces) whose timed findings are not in the sum
     launches_ms: float = 0.0  # of `ms`, what fixes that launch fewer kernels save (step_clock.LAUNCH_RULES)
+    total: float = 0.0  # the summed costs before they are taken together (what a rehearsal's GPU line starts from)
 
 
 def _trace_key(path: Any) -> str:
@@ -144,22 +147,42 @@ def recoverable(evidence: Evidence, results: RuleResults) -> Recoverable:
     sides = _sides()
     per_side = {HOST: 0.0, DEVICE: 0.0, STEP: 0.0}
     for f in summed:
-        per_side[sides.get(f.rule, HOST)] += f.cost.ms_per_step  # type: ignore[union-attr, operator]
+        ms = f.cost.ms_per_step  # type: ignore[union-attr]
+        # (a stall's part of a cost: while the step stalls both clocks wait, so its fix saves it whole)
+        stall = min(ms, float(f.evidence.get("stall_ms_per_step") or 0.0)) if isinstance(f.evidence, dict) else 0.0
+        per_side[sides.get(f.rule, HOST)] += ms - stall  # type: ignore[operator]
+        per_side[STEP] += stall
     total = sum(per_side.values())
+    ms = round(_together(evidence, per_side), 3)
+    capped = ms < total - 0.0005
+    # (the share as each finding's is taken: one finding alone prints the same percentage here)
+    return Recoverable(ms, share_of_step(ms, step_basis_ms(evidence)), capped,
+                       any(not f.cost.measured for f in summed),  # type: ignore[union-attr]
+                       counted_only, max(f.cost.ms_per_step for f in warned),  # type: ignore[union-attr, type-var]
+                       elsewhere, sum(f.cost.ms_per_step for f in summed if f.rule in LAUNCH_RULES),  # type: ignore[union-attr, misc]
+                       total=round(total, 3))
+
+
+def _together(evidence: Evidence, per_side: dict[str, float]) -> float:
+    """What the savings on each side save together of the run's time per step (findings.together_ms
+    on the run's clocks: the median step's, each with the time the run spends past that step, in
+    stalls and between the steps), never more than the run's time above its floor (the device's
+    own work per step, where known)."""
+    base = step_basis_ms(evidence)
     median = evidence.shown_median_ms()
     clock = step_clock(evidence, None if evidence.steps else evidence.shown_trace())
     # a recording with no device span but its device work known (busy time): the host is the bound
     bound = clock.bound or ("host" if clock.device_busy_ms and not evidence.steps else None)
-    ms = together_ms(per_side[HOST], per_side[DEVICE], per_side[STEP], median, bound,
-                     clock.host_ms if clock.host_ms is not None else median, clock.device_ms, clock.device_busy_ms,
-                     clock.waited_ms)
-    ms = round(ms, 3)
-    capped = ms < total - 0.0005
-    # (the share as each finding's is taken: one finding alone prints the same percentage here)
-    return Recoverable(ms, share_of_step(ms, median), capped,
-                       any(not f.cost.measured for f in summed),  # type: ignore[union-attr]
-                       counted_only, max(f.cost.ms_per_step for f in warned),  # type: ignore[union-attr, type-var]
-                       elsewhere, sum(f.cost.ms_per_step for f in summed if f.rule in LAUNCH_RULES))  # type: ignore[union-attr, misc]
+    step = clock.step_ms if clock.step_ms is not None else median
+    extra = (base or 0.0) - (step or 0.0)  # (the run's time past its median step: stalls, time between steps)
+    host = (clock.host_ms if clock.host_ms is not None else median)
+    ms = together_ms(per_side[HOST], per_side[DEVICE], per_side[STEP], base, bound,
+                     host + extra if host is not None else None,
+                     clock.device_ms + extra if clock.device_ms is not None else None,
+                     clock.device_busy_ms, clock.waited_ms)
+    account = run_time(evidence)
+    floor = account.floor_ms if account is not None and account.floor_ms is not None else 0.0
+    return max(0.0, min(ms, base - floor)) if base else ms
 
 
 def _sides() -> dict[str, str]:
@@ -438,6 +461,9 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
                     + "; ".join((f"{s['name']}: " if len(snaps) > 1 else "") + snapshot_phrase(s) for s in snaps))
     else:
         head = Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s){steps_of(evidence)}")
+    account = run_time(evidence) if ck is None and not snaps else None
+    if account is not None:
+        head.append(f", {account.base_ms:.2f} ms/step over the run")
     if median is not None:
         head.append(f", median {median:.2f} ms/step")
     rec = recoverable(evidence, results)
@@ -446,17 +472,21 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         if rec.share is not None:
             head.append(f" ({rec.share:.0%})")
         head.append(" by the warnings' fixes together")
-        if rec.capped:  # (their costs add up past what the step can lose)
-            head.append(" (less than the sum of their costs, which overlap in the step)")
+        if rec.capped:  # (their costs add up past what the run can lose)
+            head.append(" (less than the sum of their costs, which overlap)")
         if rec.estimated:
             head.append(", partly estimated")
-        if (gpu := rehearsed_share(evidence, rec.ms, rec.launches_ms)) is not None:
-            predicted, saved, name = gpu
-            head.append(f"; on an {name}, where this step is predicted at {predicted:.2f} ms (host-bound), "
-                        f"{saved / predicted:.0%} of it")
     if rec.elsewhere:
         head.append(f"; {elsewhere_phrase(rec.elsewhere)}")
     lines.append(head)
+    if account is not None:
+        lines.append(Text(parts_line(account), style="dim"))
+        if (spread := spread_line(account)) is not None:
+            lines.append(Text(spread, style="dim"))
+        if (few := too_few_line(account)) is not None:
+            lines.append(Text(few, style="yellow"))
+    if rec.ms is not None and (gpu := rehearsed_share(evidence, rec.total, rec.launches_ms)) is not None:
+        lines.append(Text(gpu_line(*gpu), style="dim"))
     if (clock := clock_phrase(evidence)) is not None:
         lines.append(Text(clock, style="dim"))
     if (longest := longest_step_phrase(evidence)) is not None:
@@ -465,8 +495,6 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
         lines.append(Text(cost, style="dim"))
     if evidence.program is not None:
         lines.append(Text(program_phrase(evidence), style="dim"))
-        if (gaps := between_phrase(evidence)) is not None:
-            lines.append(Text(gaps, style="yellow"))
     if (cpu_only := no_gpu_work_phrase(evidence)) is not None:
         lines.append(Text(cpu_only, style="yellow"))
     if (started := started_processes_phrase(evidence)) is not None:

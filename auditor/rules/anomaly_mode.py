@@ -92,7 +92,7 @@ class AnomalyMode(Rule):
         cost = predicted_saving(ev, on_steps)
         saving = "" if cost.ms_per_step is None else (
             f" Turning it off saves about {cost.ms_per_step:.2f} ms per step"
-            + (f" ({cost.share_of_step:.0%} of the median step)" if cost.share_of_step is not None else "")
+            + (f" ({cost.share_of_step:.0%} of the run's time)" if cost.share_of_step is not None else "")
             + f": {cost.note.removeprefix('estimate: ')}.")
         yield self.finding(
             f"Anomaly detection was on in {len(on_steps)} of {len(ev.steps)} steps{where}; it records a "

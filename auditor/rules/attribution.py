@@ -148,7 +148,7 @@ def _raised(g: Finding, ms: float, cause: str, step: float | None) -> Finding:
     share = share_of_step(ms, step)
     what = "waiting for data" if cause == "data loading" else "behind its syncs, until the host's next launch"
     message = (f"{g.message} The GPU idles {ms:.2f} ms per step {what} (gpu-idle's trace"
-               + (f", {share:.0%} of the median step" if share is not None else "")
+               + (f", {share:.0%} of the run's time" if share is not None else "")
                + "): its fix gives that back, so that is its cost"
                + (f" (its calls themselves took {before:.2f} ms)." if before is not None else "."))
     note = (f"the GPU's idle {what}, from the profiler trace: what the fix gives back"
@@ -187,7 +187,7 @@ def _on_path(ev: Evidence, f: Finding, side: str, clocks: dict) -> Finding:
         where += (f", which shortens a host-bound step only where the host waits for the device: "
                   f"{clock.waited_ms:.2f} ms per step of device work inside its syncs")
     message = (f"{f.message} Its fix takes {saved:.2f} ms per step off the step"
-               + (f" ({share:.0%} of the median step)" if share is not None else "")
+               + (f" ({share:.0%} of the run's time)" if share is not None else "")
                + f", not the {c.ms_per_step:.2f} ms measured: {_clock_phrase(clock)}, and it shortens {where}.")
     note = (f"what the fix saves on the step's critical path ({clock.bound}-bound): {saved:g} of the "
             f"{c.ms_per_step:g} ms/step measured" + (f"; {c.note}" if c.note else ""))

@@ -116,7 +116,7 @@ class CollectiveWait(Rule):
             f"Rank {worst}" + (f" (host {host})" if host != UNKNOWN_HOST else "") + f" spends {shares[worst]:.0%} "
             f"of each step waiting in collectives beyond the transfer "
             f"itself (median over {len(steps)} steps); the {len(shares)} ranks wait {ms:.1f} ms per step on "
-            f"average" + (f" ({share:.0%} of the median step)" if share is not None else "") + spread_text
+            f"average" + (f" ({share:.0%} of the run's time)" if share is not None else "") + spread_text
             + exposed_text + (f"; on rank {worst} per step: {kind_text}." if kind_text else "."),
             severity="warning" if mean_share >= options["warn-share"] else "info",
             locations=locs,
@@ -125,7 +125,7 @@ class CollectiveWait(Rule):
                                                               "share": round(shares[r], 4)} for r in most],
                       "exposed_comm_ms": exposed_ms,
                       "mean_share": round(mean_share, 4), "wait_ms_by_kind": {k: round(v, 3) for k, v in kinds},
-                      "median_step_ms": round(step_ms, 3), "steps_compared": sorted(steps), "source": rs.source},
+                      "run_step_ms": round(step_ms, 3), "steps_compared": sorted(steps), "source": rs.source},
             cost=Cost(ms_per_step=ms, share_of_step=share, measured=True,
                       note="waiting beyond the fastest rank's time, per rank"),
             fix=Fix(summary="Find what makes ranks arrive at different times (see rank-straggler) and remove "

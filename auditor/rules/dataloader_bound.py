@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from statistics import median
+from statistics import fmean, median
 from typing import Any, Iterable
 
 import numpy as np
@@ -24,6 +24,7 @@ from auditor.rules._support.copies import non_blocking_edits
 from auditor.rules.base import Option, Options, Rule
 from auditor.rules._support.cli_flags import flag_for
 from auditor.rules._support.confidence import share_confidence
+from auditor.rules._support.stalls import stall_ms, stall_phrase
 from auditor.rules._support.frameworks import framework_moves_batches, loader_settings, trains_with
 
 
@@ -124,13 +125,17 @@ class DataloaderBound(Rule):
         loading in the main process (num_workers=0), too little prefetch, a heavy `__getitem__`,
         or a new iterator made every step (`next(iter(loader))`), which starts the workers anew
         each time (the time to make iterators and stop their workers counts as waiting). The
-        share is the median wait over the median step, both read over the same steps (the timed
-        ones, which the reported median is of), so it never exceeds the step. A wait leaves out the
+        cost is the steps' waits per step (their mean over the timed steps: a stall in one step of
+        eight counts an eighth of it), its share of the run's time per step
+        (auditor.evidence.run_time); it is judged on the timed steps' waits over their own time
+        less what other processes' load took of it (stalls included); waits that hit some steps only (a slow sample, workers that fall behind)
+        are named as stalls, the steps that stalled and how long. A wait leaves out the
         time the thread was ready to run while another process held the CPU (Linux's run-queue
         delay, /proc/thread-self/schedstat): the machine's load, which workers do not take away;
         a wait blocked on a read, a queue or a sleep counts whole (a rehearsal's wait leaves out
         the rehearsal's own time instead). On a recorded trace: the time in
-        DataLoader `__next__` per ProfilerStep, over the median ProfilerStep. A CUDA program
+        DataLoader `__next__` in the steps over their number, against the recording's time per
+        step (its steps' span over their number). A CUDA program
         rehearsed on a CPU is judged on the step the GPU would run (predicted): there the kernels'
         work leaves the host, and the step waits for its batches wherever its workers take longer
         to make them (each worker's CPU time a batch, timed in the worker, over their number) than
@@ -175,12 +180,12 @@ class DataloaderBound(Rule):
     # an audit of a snapshot or a checkpoint runs it (finding nothing) rather than listing it among
     # findings.json's skipped_rules.
     options = (
-        Option("min-share", 0.25, "Share of the median step spent waiting in DataLoader iteration (the median "
-                                  "wait) to flag."),
-        Option("min-wait-ms", 2.0, "Median wait per step below which workers would not pay off (IPC costs ~1 ms)."),
+        Option("min-share", 0.25, "Share of the timed steps' time spent waiting in DataLoader iteration (their "
+                                  "waits, stalls included, over their time less other load's) to flag."),
+        Option("min-wait-ms", 2.0, "Wait per step below which workers would not pay off (IPC costs ~1 ms)."),
         Option("trace-min-share", 0.25,
-               "Trace: report when DataLoader __next__ takes at least this share of the median ProfilerStep "
-               "(its time per step over the median step)."),
+               "Trace: report when DataLoader __next__ takes at least this share of the run's time (its time in "
+               "the steps over their span)."),
     )
 
     def check(self, ev: m.Evidence, options: Options) -> Iterable[Finding]:
@@ -201,9 +206,9 @@ class DataloaderBound(Rule):
             n = len(per_step)
             loader_ms = sum(s["loader_ms"] for s in per_step)
             step_ms = step_basis_ms(evidence, trace)
-            # like with like: the median step's share is of the median wait (a mean that a few spikes
-            # raise, set against the median step, can read more than the whole step)
-            wait_ms = round(median(s["loader_ms"] for s in per_step), 3)
+            # the run's waits per step, stalls in some steps included: what loading ahead gives back
+            waits = [s["loader_ms"] for s in per_step]
+            wait_ms = round(loader_ms / n, 3)
             share = share_of_step(wait_ms, step_ms) or 0.0  # (the share every report prints for the cost)
             if share < threshold:
                 continue
@@ -211,13 +216,12 @@ class DataloaderBound(Rule):
             names = sorted(set(trace.names(loader)))
             single = any("_SingleProcessDataLoaderIter" in n for n in names)
             where = sites(trace, loader.index.to_numpy(), weights=loader["dur"].to_numpy())
-            mean_ms = loader_ms / n
-            spread = (f"; mean {mean_ms:.1f} ms, raised by steps that wait up to {max(x['loader_ms'] for x in per_step):.1f} ms"
-                      if abs(mean_ms - wait_ms) > 0.1 * max(wait_ms, 1e-9) else "")
-            message = (f"DataLoader __next__ took a median {wait_ms:.1f} ms per step in {trace.label} ({share:.0%} of the "
-                       f"median {step_ms:.1f} ms step; each step's share {min(shares):.0%}-{max(shares):.0%} "
-                       f"across {n} steps{spread})" + ("; batches are loaded in the training process (num_workers=0)."
-                                              if single else "; the worker processes cannot keep up."))
+            stalls = stall_phrase(waits)
+            message = (f"DataLoader __next__ took {wait_ms:.1f} ms per step in {trace.label} ({share:.0%} of the run's "
+                       f"{step_ms:.1f} ms a step; " + (stalls or f"each step's share {min(shares):.0%}-{max(shares):.0%} "
+                                                       f"across {n} steps") + ")"
+                       + ("; batches are loaded in the training process (num_workers=0)." if single else
+                          "; the worker processes cannot keep up."))
             fix = (Fix(summary="Load batches in worker processes: DataLoader(num_workers=4 or more, pin_memory=True, "
                                "persistent_workers=True).",
                        config={"num_workers": 4, "pin_memory": True, "persistent_workers": True})
@@ -229,10 +233,11 @@ class DataloaderBound(Rule):
                 message,
                 locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
                 evidence={"trace": str(trace.path), "source": "trace",
-                          "loader_ms_per_step": round(loader_ms / n, 3), "median_loader_ms": wait_ms,
-                          "median_step_ms": round(step_ms, 3), "iterator": names, "steps": per_step},
+                          "loader_ms_per_step": wait_ms, "median_loader_ms": round(median(waits), 3),
+                          "stall_ms_per_step": stall_ms(waits), "run_step_ms": round(step_ms, 3),
+                          "iterator": names, "steps": per_step},
                 cost=Cost(ms_per_step=wait_ms, share_of_step=share, measured=True,
-                          note="median time a step's training thread spent inside DataLoader __next__"),
+                          note="the steps' time inside DataLoader __next__, over the steps"),
                 fix=fix,
             ))
         return findings
@@ -258,20 +263,18 @@ class DataloaderBound(Rule):
                         loader_ids.setdefault(t.data.get("loader"), t.where)
             iter_steps += any(t.kind == m.DATA_ITER and t.what == "DataLoader.__iter__" for t in s.tallies)
             iter_ms.append(made)
-            most = max(most, wait / s.ms if s.ms else 0.0)
+            # (each step's wait over its time less other processes' load, which the wait leaves out)
+            own = max(s.ms - (s.waited_ms or 0.0), wait)
+            most = max(most, wait / own if own else 0.0)
             waits.append(wait)
-            if s.ms:
-                shares.append(wait / s.ms)
+            if own:
+                shares.append(wait / own)
                 if s.cpu_ms is not None:
                     cpu_ratio.append(s.cpu_ms / s.ms)
-        # the median wait over the median step: the share every report prints for this cost (a
-        # median of each step's share is another number, and read as a second one beside it)
-        wait_ms, step_ms = round(median(waits), 3), step_basis_ms(ev)
+        # the steps' waits per step (their mean: a stall in one step of eight counts an eighth of it)
+        # over the run's time per step: the cost, and the share every report prints for it
+        wait_ms, step_ms = round(fmean(waits), 3), step_basis_ms(ev)
         share = share_of_step(wait_ms, step_ms) or 0.0
-        # The verdict is taken on each step's wait over its own time, measured under the same load
-        # (another process taking the cores stretches the wait and the rest of that step alike:
-        # for a loader in the training process both are its CPU work), not on two medians taken
-        # over steps that load slowed differently; the cost stays the median wait (above).
         # a new iterator in most steps (`next(iter(loader))`): its workers start (and the last
         # one's stop) every step; the fix is to make the iterator once, outside the step
         per_step_iter = iter_steps >= 0.5 * len(steps) and median(iter_ms) > 0.0
@@ -298,11 +301,24 @@ class DataloaderBound(Rule):
             else:
                 waits, shares, cpu_ratio = g_waits, g_shares, []
                 most = max(shares, default=0.0)
-                wait_ms = round(median(waits), 3)
-                share = share_of_step(wait_ms, step_ms) or 0.0  # (of the reported step, as every cost's share)
-        step_share = median(shares) if shares else share
-        if step_share < options.min_share or wait_ms < options.min_wait_ms:
+                wait_ms = round(fmean(waits), 3)
+                share = share_of_step(wait_ms, step_ms) or 0.0  # (of the run's time, as every cost's share)
+        # The verdict: the steps' waits over their own time, both over the steps the cost is read
+        # from (a slow first step or the audit's checks, elsewhere in the run, do not dilute it;
+        # stalls in some of them count), their time less what other processes' load took of it
+        # (their run-queue delay, which the waits leave out too: like with like); a rehearsal's,
+        # the GPU step's own: its wait over the step predicted there. The cost's share printed is
+        # of the run's time (above).
+        own_ms = sum(max(s.ms - (s.waited_ms or 0.0), w) for s, w in zip(steps, waits))
+        judged = (median(shares) if gpu is not None and shares else
+                  sum(waits) / own_ms if own_ms > 0 else share)
+        # (the run's first fetch starts the loader, and its workers, once: not a wait a step that
+        # makes workers worth their hand-over, where the other steps wait less than it)
+        first = min(s.index for s in ev.steps)
+        later = [w for st, w in zip(steps, waits) if st.index != first] or waits
+        if judged < options.min_share or fmean(later) < options.min_wait_ms:
             return
+        stalls = stall_phrase(waits)
         confidence, confidence_text = share_confidence(shares, options.min_share, cpu_ratio)
         cores, threads = available_cores(), ev.environment.num_threads
         rec = recommended_settings(settings, on_gpu=ev.environment.device == "cuda" or ev.environment.rehearsal,
@@ -394,10 +410,12 @@ class DataloaderBound(Rule):
         saturated = workers > 0 and not spare
         note = "most of this overlaps with compute once workers load ahead"
         gpu_step = median(h for _, h, _ in gpu) if gpu is not None else None
+        # (the GPU's step and its wait, both of the median predicted step: the cost is the mean)
+        gpu_wait = median(w for w, _, _ in gpu) if gpu is not None else None
         if gpu is not None and (needed is not None or not workers):  # (else: workers the run saw fall behind)
             dataset = settings.get("dataset") or "the dataset"
             if needed is not None:  # (the workers' CPU time sets the wait)
-                message = (f"On the GPU this step would take {gpu_step:.2f} ms, {wait_ms:.2f} ms of it waiting for "
+                message = (f"On the GPU this step would take {gpu_step:.2f} ms, {gpu_wait:.2f} ms of it waiting for "
                            f"data (predicted by the CUDA rehearsal): its {workers} worker process"
                            f"{'es take' if workers > 1 else ' takes'} {supply.cpu_ms_per_batch:.2f} ms of CPU "
                            f"to make a batch in `{dataset}`'s `__getitem__`/`__iter__` and the collate, so "
@@ -413,9 +431,9 @@ class DataloaderBound(Rule):
                 if others:
                     summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
             else:
-                message = (f"The step waits {wait_ms:.1f} ms for data with num_workers={settings.get('num_workers')}, "
+                message = (f"The steps wait {wait_ms:.1f} ms a step for data with num_workers={settings.get('num_workers')}, "
                            f"pin_memory={settings.get('pin_memory')}: on the GPU, which takes the kernels' work off "
-                           f"the host but not the loading, that is {wait_ms:.2f} of the {gpu_step:.2f} ms it would "
+                           f"the host but not the loading, that is {gpu_wait:.2f} of the {gpu_step:.2f} ms it would "
                            f"take (predicted by the CUDA rehearsal).")
                 summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
                            if not workers else f"Set {rec_text}." if rec else "")
@@ -425,7 +443,7 @@ class DataloaderBound(Rule):
             # Workers exist, are kept and load ahead, and the step still waits: they cannot keep
             # up. Repeating their settings back ("persistent_workers=True") would say nothing.
             dataset = settings.get("dataset") or "the dataset"
-            message = (f"The step waits {wait_ms:.1f} ms for data ({share:.0%} of the median step) although "
+            message = (f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) although "
                        f"{workers} worker processes load ahead (prefetch_factor={settings.get('prefetch_factor')}, "
                        f"persistent_workers={settings.get('persistent_workers')}): the workers cannot keep up. "
                        f"Each makes its samples one at a time in `{dataset}`'s `__getitem__`/`__iter__`, more slowly "
@@ -449,7 +467,7 @@ class DataloaderBound(Rule):
                 summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
             note = "the step's wait for batches its workers have not finished yet"
         else:
-            message = (f"The step waits {wait_ms:.1f} ms for data ({share:.0%} of the median step) with "
+            message = (f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) with "
                        f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
             summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
                        if not workers else f"Set {rec_text}." if rec else "")
@@ -492,11 +510,19 @@ class DataloaderBound(Rule):
                            if named else "") + ".")
             if named:
                 summary += " Set them in the framework: " + ", ".join(named) + "."
+        if stalls:  # (waits that hit some steps: a slow sample, or workers that fall behind)
+            message += f" Most of it in stalls: {stalls}."
+            if workers and not per_step_iter:
+                summary += (f" The stalls are batches the workers had not finished when the step asked: a slow "
+                            f"sample, or too few batches ready (prefetch_factor={settings.get('prefetch_factor')}, "
+                            f"{workers} workers); find the slow samples (the stalled steps' indices) and make them "
+                            "cheaper, or raise prefetch_factor so more batches wait ready.")
         message += " " + confidence_text
         yield self.finding(
             message,
             locations=list(dict.fromkeys(locs)),
-            evidence={"median_wait_ms": round(wait_ms, 3), "median_step_ms": round(step_ms, 3) if step_ms else None,
+            evidence={"wait_ms_per_step": round(wait_ms, 3), "median_wait_ms": round(median(waits), 3),
+                      "stall_ms_per_step": stall_ms(waits), "run_step_ms": round(step_ms, 3) if step_ms else None,
                       **confidence,
                       "max_share": round(most, 4), "settings": settings,
                       "iterator_per_step": per_step_iter, "steps_making_an_iterator": iter_steps,

@@ -114,7 +114,7 @@ class DdpConfig(Rule):
                 ev, where,
                 f"All {grad / MB:.0f} MiB of gradients fit in one DDP bucket (cap {cap / MB:.0f} MiB), so the "
                 f"all-reduce starts only after the whole backward: {sync:.1f} ms per step after the last gradient "
-                f"({share_of_step(round(sync, 4), step):.0%} of the median step) instead of overlapping it.",
+                f"({share_of_step(round(sync, 4), step):.0%} of the run's time) instead of overlapping it.",
                 {"check": "bucket_size", "buckets": len(sizes), "grad_bytes": grad, "bucket_cap_bytes": cap,
                  "sync_after_backward_ms": round(sync, 3), "suggested_bucket_cap_mb": suggest},
                 sync, f"Set bucket_cap_mb={suggest} so about four buckets overlap the backward.",

@@ -78,7 +78,7 @@ class ForcedCleanup(Rule):
             mean = total / steps_over(ev, per_step)
             parts.append(f"{_what(timed)} ran {sum(p.count for p in timed)} times in {n} steps, costing "
                          f"{cost.ms_per_step:.2f} ms per step ({(cost.share_of_step or 0) * 100:.1f}% of the "
-                         "median step)"
+                         "run's time)"
                          + (f"; mean {mean:.2f} ms, raised by steps where it took up to {max(per_step.values()):.2f} ms"
                             if abs(mean - (cost.ms_per_step or 0.0)) > 0.1 * max(cost.ms_per_step or 0.0, 1e-9) else ""))
             # the verdict is a count (calls every few steps): only the cost is timed, and its

@@ -10,6 +10,7 @@ import msgspec
 from auditor.evidence.trace.decode import CAT, GPU_WORK
 from auditor.evidence.trace.gaps import CAUSES, HOST_CAUSES, QUEUED_KINDS, Gaps, gap_table, summarize
 from auditor.evidence.trace.intervals import subtract, total_length
+from auditor.evidence.run_time import trace_base_ms
 from auditor.evidence.trace.model import Trace
 from auditor.evidence.trace.queries import frame_location_parts, gpu_busy
 from auditor.rules.base import Option, Options, TraceRule
@@ -65,12 +66,14 @@ class GpuIdle(TraceRule):
         GPU idles 138.6 ms per step, 135.3 ms of it with its next work queued (the five ~64 ms gaps
         under `## sparse_data_dist ##` wait on graph-launched work queued ~66 ms before each gap
         began), so the finding claims 2.6 ms per step, not 138.6.
-        Calibration: each figure is per step of the step its cost is part of: a run's unprofiled
-        median step (the profiled steps run longer: the profiler and the audit's checks slow the
-        host, not the GPU's kernels), a recording's median ProfilerStep. The idle per step is at
-        most that step less the GPU's own work per step; a window that holds more is scaled down
-        to it, every cause alike (the H100 audit of examples/gpu_clean.py: 39.5 ms of idle per
-        profiled step against a 4.29 ms unprofiled step, now 4.04 ms: the step less the GPU's 0.25).
+        Calibration: each figure is per step of the run's time (auditor.evidence.run_time: a run's
+        span from its first step's start to its last one's end, the audit's own work left out, over
+        its steps; a recording's steps' span over their number), and the idle is judged as a share of
+        it: the profiled steps run longer (the profiler and the audit's checks slow the host, not the
+        GPU's kernels), so the idle per step is at most the run's time per step less the GPU's own
+        work per step; a window that holds more is scaled down to it, every cause alike (the H100
+        audit of examples/gpu_clean.py: 39.5 ms of idle per profiled step against a 4.29 ms step,
+        now 4.04 ms: the step less the GPU's 0.25).
         Host-bound: when the host's issuing of work (host work before launches, the launches) is
         most of the idle the host caused and at least `host-bound-short-share` of the launched
         kernels, `host-bound-min-kernels-per-step` or more a step, run shorter than their launch,
@@ -106,7 +109,8 @@ class GpuIdle(TraceRule):
     severity = "warning"
     shares = ("gap table",)  # auditor.evidence.trace.gaps.gap_table
     options = (
-        Option("min-idle-share", 0.3, "Report when the GPU is idle at least this share of the profiled steps."),
+        Option("min-idle-share", 0.3, "Report when the GPU is idle at least this share of the run's time (the "
+                                      "profiled steps', calibrated to the run's time per step)."),
         Option("gaps", 5, "How many of the largest idle gaps to describe."),
         Option("host-bound-short-share", 0.5,
                "Call the step host-bound when the host's issuing (host work, launches) is most of the idle the "
@@ -116,15 +120,15 @@ class GpuIdle(TraceRule):
     )
 
     def check(self, evidence: Any, options: Options) -> Any:
-        """Each trace judged against the step its costs are part of: a run's unprofiled median
-        step (the profiled window's steps run longer), a recording's own median step."""
+        """Each trace judged against the run's time per step its costs are part of (a run's, whose
+        profiled window's steps run longer; a recording's own)."""
         for trace in evidence.trace_data:
             finding = self._judge(trace, options, step_basis_ms(evidence, trace))
             if finding is not None:
                 yield with_share(finding, step_basis_ms(evidence, trace))
 
     def check_trace(self, trace: Trace, options: Options) -> Finding | None:
-        return self._judge(trace, options, trace.median_step_ms())
+        return self._judge(trace, options, trace_base_ms(trace))
 
     def _judge(self, trace: Trace, options: Options, step_ms: float | None) -> Finding | None:
         if not np.isin(trace.col("cat"), GPU_WORK).any():
@@ -162,6 +166,8 @@ class GpuIdle(TraceRule):
         ceiling = max(0.0, step_ms - busy_ms) if step_ms else None
         scale = min(1.0, ceiling / window_ms) if ceiling is not None and window_ms > 0 else 1.0
         per_step_ms = window_ms * scale
+        if step_ms and per_step_ms / step_ms < options.min_idle_share:  # (of the run's time per step)
+            return None
         by_cause = {c.cause: round(c.ms_per_step * scale, 3) for c in summary.causes}
         claim_ms = sum(by_cause[c] for c in HOST_CAUSES)
         queued_ms, untraced_ms = by_cause["queued work"], by_cause["untraced"]
@@ -185,7 +191,7 @@ class GpuIdle(TraceRule):
         scaled = ""
         if scale < 1.0:
             scaled = (f" (the profiled window held {window_ms:.1f} ms of idle per step, more than the "
-                      f"{step_ms:.2f} ms median step less the GPU's {busy_ms:.2f} ms of work: scaled to that step)")
+                      f"{step_ms:.2f} ms of the run's time per step less the GPU's {busy_ms:.2f} ms of work: scaled to it)")
         if host_bound:
             assert short is not None
             per_step_short = short["n_short"] / steps
@@ -213,7 +219,8 @@ class GpuIdle(TraceRule):
                 fix=_HOST_BOUND)
         # (its share of the step is the cost's, which TraceRule.check takes of the step the
         # report states; a share of this window printed here would be a second number for it)
-        message = (f"The GPU was idle {per_step_ms:.1f} ms per step in {trace.label}{scaled}; the largest gap "
+        of_run = f" ({per_step_ms / step_ms:.0%} of the run's time)" if step_ms else ""
+        message = (f"The GPU was idle {per_step_ms:.1f} ms per step in {trace.label}{of_run}{scaled}; the largest gap "
                    f"is {biggest:.1f} ms and most idle time is {_PHRASES[cause]} "
                    f"({breakdown[cause] / idle_us:.0%} of it).")
         if queued_ms >= 0.01:

@@ -181,7 +181,7 @@ def _one_trace(rule: Rule, trace: Trace, options: Options, step_ms: float | None
         times = "once" if n == 1 else f"{n} times"
         message = (f"{op} blocked the host on the GPU {times} in {trace.label} "
                    f"({per_step(n / steps)} per step), {blocked_step_ms:.2f} ms per step"
-                   + (f" ({share:.1%} of the median step)" if share is not None else "")
+                   + (f" ({share:.1%} of the run's time)" if share is not None else "")
                    + f" spent waiting in {', '.join(apis)}; the GPU sat idle {idle_ms:.2f} ms per step after them "
                    "until the host's next launch, and removing them saves about "
                    f"{saving_ms:.2f} ms per step on the step's critical path (per call, the smaller of the "
@@ -197,7 +197,7 @@ def _one_trace(rule: Rule, trace: Trace, options: Options, step_ms: float | None
             evidence={"trace": str(trace.path), "source": "trace", "op": op, "syncs": n,
                       "syncs_per_step": round(n / steps, 2), "blocked_ms": round(blocked_ms, 3),
                       "blocked_ms_per_step": round(blocked_step_ms, 3), "steps": steps,
-                      "median_step_ms": round(step_ms, 3) if step_ms else None,
+                      "run_step_ms": round(step_ms, 3) if step_ms else None,
                       "apis": dict(apis), "op_chains": dict(chains.most_common(3)),
                       "longest_ms": round(float(waited.max()) / 1000.0, 3),
                       "gpu_idle_ms_per_step": round(idle_ms, 3), "saving_ms_per_step": saving_ms,

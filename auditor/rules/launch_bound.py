@@ -149,7 +149,7 @@ class LaunchBound(TraceRule):
         Option("max-gap-us", 1000.0,
                "Launch-starved idle: gaps shorter than this (us) whose next op's launch began after the gap began."),
         Option("min-gaps-per-step", 100, "Report launch-starved idle when at least this many such gaps per step ..."),
-        Option("min-starved-share", 0.2, "... and their idle is at least this share of the median step."),
+        Option("min-starved-share", 0.2, "... and their idle is at least this share of the run's time per step."),
         Option("min-small-launches-per-step", 200,
                "CUDA rehearsal: report when the step's GPU calls launch at least this many kernels a step that "
                "would run shorter than their launch on the device model's row, their backward pass's counted as "
@@ -302,13 +302,13 @@ class LaunchBound(TraceRule):
             sentences.append(
                 (f"{lead} GPU waited on kernel launches {starved['ms_per_step']:.1f} ms per step "
                  if lead else f"The GPU waited on kernel launches {starved['ms_per_step']:.1f} ms per step ")
-                + f"({starved['share']:.0%} of the median step): {starved['per_step']:.0f} gaps per step, each "
+                + f"({starved['share']:.0%} of the run's time): {starved['per_step']:.0f} gaps per step, each "
                 f"under {options.max_gap_us / 1000:g} ms, where the GPU ran out of work before the next op was "
                 f"launched (median gap {starved['median_us']:.0f} us; {starved['host_ms']:.1f} ms per "
                 f"step of host work before the launch calls, {starved['launch_ms']:.1f} ms in them); most follow "
                 f"launches from {', '.join(n for n, _ in ops.most_common(3))}."
                 + (f" (The profiled window held {window_ms:.1f} ms of such idle per step, more than the "
-                   f"{step_ms:.2f} ms median step less the GPU's {busy:.2f} ms of work: counted as that.)"
+                   f"{step_ms:.2f} ms of the run's time per step less the GPU's {busy:.2f} ms of work: counted as that.)"
                    if window_ms > starved["ms_per_step"] + 0.0005 else ""))
             evidence.update({"starved_gaps": starved["gaps"], "starved_per_step": round(starved["per_step"], 1),
                              "starved_ms_per_step": round(starved["ms_per_step"], 3),

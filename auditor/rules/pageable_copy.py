@@ -235,7 +235,7 @@ class PageableCopy(Rule):
                           "copies_per_step": len(sel) / steps, "bytes": nbytes, "bytes_per_step": nbytes / steps,
                           "largest_copy_bytes": int(sel["bytes"].max()), "gpu_ms": round(gpu_ms, 3),
                           "host_ms": round(host_ms, 3), "steps": steps,
-                          "median_step_ms": round(step_ms, 3) if step_ms else None,
+                          "run_step_ms": round(step_ms, 3) if step_ms else None,
                           "ops": dict(ops.most_common(5)),
                           "sites": [{"file": f.file, "line": f.line, "copies": n, "bytes": int(b)}
                                     for f, n, b in where]},

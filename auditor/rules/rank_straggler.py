@@ -134,7 +134,7 @@ class RankStraggler(Rule):
                    f"{len(steps)} steps); the time is lost in {PHASE_LABELS[phase]} (+{phase_ms:.1f} ms per step vs "
                    f"the other ranks), and {waiters} {others_wait:.1f} ms per step for "
                    f"{'them' if len(slow) > 1 else 'it'} in collectives"
-                   + (f" ({share:.0%} of the median step)." if share is not None else "."))
+                   + (f" ({share:.0%} of the run's time)." if share is not None else "."))
         work = {r: median(row[r].work_ms for row in steps.values() if r in row)
                 for r in sorted({r for row in steps.values() for r in row})}
         return self.finding(

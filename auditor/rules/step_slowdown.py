@@ -220,7 +220,7 @@ class StepSlowdown(Rule):
                       "(see hook-leak).")
         hook_locs = [Location.of(p.where) for p in piles[:2] if p.where is not None]
         locs = hook_locs + [x for x in locs if (x.file, x.line) not in {(h.file, h.line) for h in hook_locs}]
-        # The share is of the run's median step, the basis of every other rule's share and of the
+        # The share is of the run's time per step, the basis of every other rule's share and of the
         # headline's: a share of the (slower) last quarter read beside them as a different number
         # for the same time. That comparison stays in the evidence, named as such.
         median_ms = step_basis_ms(ev)
@@ -238,7 +238,7 @@ class StepSlowdown(Rule):
                       "waited_share_first_quarter": round(load[0], 4) if load else None,
                       "waited_share_last_quarter": round(load[1], 4) if load else None,
                       "load_rose": load_rose, "ratio_needed": round(need, 3),
-                      "median_step_ms": round(median_ms, 3) if median_ms else None,
+                      "run_step_ms": round(median_ms, 3) if median_ms else None,
                       "rise_share_of_last_quarter_step": round(min(1.0, rise / max(last, rise)), 4),
                       "growing_phase": {**{k: v for k, v in culprit.items() if k != "where"},
                                         "file": culprit["where"].file if culprit["where"] else None,
@@ -250,7 +250,7 @@ class StepSlowdown(Rule):
             cost=Cost(ms_per_step=rise, share_of_step=share_of_step(rise, median_ms),
                       measured=True, note="extra time per step at the end of the run vs its start"
                                           + (" (the rise of the process's CPU time, at the run's wall time "
-                                             "per CPU ms)" if judged else "") + ", as a share of the run's median step"),
+                                             "per CPU ms)" if judged else "") + ", as a share of the run's time per step"),
             fix=Fix(summary=("Register the hooks once, at setup, or remove them (handle.remove()) when done; "
                              if piles else "")
                     + "Find what accumulates per step (see the growing phase and graph-leak / "

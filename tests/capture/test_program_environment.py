@@ -7,12 +7,14 @@ its steps found. Each trains the same weights audited as plain."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import auditor
 from conftest import audit
 
 TRAIN = '''
@@ -25,6 +27,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.05)
 data = [torch.randn(4, 8) for _ in range(12)]
 seen = {"calls": 0, "auditor": 0, "per_step": []}
 WHAT = sys.argv[2]
+AUDITOR = sys.argv[3]  # (the audit's package directory: a checkout's venv may sit inside one named "auditor")
 
 
 def profile(frame, event, arg):
@@ -35,7 +38,7 @@ def profile(frame, event, arg):
 def trace(frame, event, arg):
     if event == "call":
         seen["calls"] += 1
-        if "/auditor/" in frame.f_code.co_filename.replace(os.sep, "/"):
+        if frame.f_code.co_filename.startswith(AUDITOR):
             seen["auditor"] += 1
         names[frame.f_code.co_name] = names.get(frame.f_code.co_name, 0) + 1  # (a dict that grows)
 
@@ -76,10 +79,11 @@ with open(sys.argv[1], "w") as f:
 def plain_and_audited(tmp_path: Path, what: str, *flags: str):
     prog = tmp_path / "train.py"
     prog.write_text(TRAIN)
-    p = subprocess.run([sys.executable, str(prog), str(tmp_path / "plain.json"), what], capture_output=True, text=True)
+    package = str(Path(auditor.__file__).resolve().parent) + os.sep
+    p = subprocess.run([sys.executable, str(prog), str(tmp_path / "plain.json"), what, package], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     a = audit("run", str(prog), "--steps", "6", "--to-end", "-q", *flags, "--",
-              str(tmp_path / "audited.json"), what, out=tmp_path / "out", cwd=tmp_path)
+              str(tmp_path / "audited.json"), what, package, out=tmp_path / "out", cwd=tmp_path)
     plain = json.loads((tmp_path / "plain.json").read_text())
     audited = json.loads((tmp_path / "audited.json").read_text()) if (tmp_path / "audited.json").exists() else None
     return a, plain, audited

@@ -1,13 +1,15 @@
 """A run that spends much of its time between its steps says so, with what ran there: a PPO-style
 learner (CleanRL's ppo.py) rolls its policy out for 128 actions under no_grad between its updates,
 each action fetched to the host for the environment, and that rollout took more of the run than
-its 16 updates a rollout, which the median step and the costs leave out. A loop with a short
-evaluation every few steps says nothing in the summary (findings.json still has the record)."""
+its 16 updates a rollout, which the median step leaves out. The run's time counts it (its
+`between` part), and work-between-steps names it with its lines. A loop with a short evaluation
+every few steps gets no finding (findings.json still has the record)."""
 from __future__ import annotations
 
 import html
-import re
 from pathlib import Path
+
+import pytest
 
 from conftest import audit
 
@@ -82,23 +84,27 @@ def test_a_rollout_between_the_updates_is_said_with_its_work(tmp_path: Path) -> 
     assert forwards["lines"] == [_line(ROLLOUT, "ACT LINE")] and forwards["count"] == 31, forwards
     assert fetches["lines"] == [_line(ROLLOUT, "FETCH LINE")] and fetches["count"] == 31, fetches
     assert forwards["file"] == fetches["file"] == str(tmp_path / "prog.py")
-    [line] = [ln for ln in a.stdout.splitlines() if ln.startswith("between steps: ")]
-    m = re.match(r"between steps: (\d+)% of the time from the first step's start to the last one's end ran outside "
-                 r"the steps, which the step figures leave out: 3 stretches \(after steps 3, 7, 11, 4 steps apart\), "
-                 r"(\d+\.\d) ms each \(median\); in each: ", line)
-    assert m and int(m.group(1)) == round(100 * between["share"]), line
-    assert f"module forwards x31 at prog.py line {_line(ROLLOUT, 'ACT LINE')} (" in line, line
-    assert f"device->host syncs x31 at line {_line(ROLLOUT, 'FETCH LINE')} (" in line, line
-    assert "the rest (" in line  # (the environment's sleeps: no probe times them)
-    assert line in html.unescape((a.out / "report.html").read_text())  # (escaped there)
+    # the run's time holds them, and a finding names them at their lines
+    account = a.findings_doc["run_time"]
+    part = next(p for p in account["parts"] if p["name"] == "between")
+    assert part["ms"] == pytest.approx(between["ms"], abs=0.01)
+    (f,) = a.rule("work-between-steps")
+    assert abs(f["cost"]["ms_per_step"] - between["ms"] / account["steps"]) < 2e-3
+    assert f["cost"]["share_of_step"] >= 0.25 and f["severity"] == "warning"
+    assert "3 stretches (after steps 3, 7, 11, 4 steps apart)" in f["message"], f["message"]
+    assert f"module forwards x31 at prog.py line {_line(ROLLOUT, 'ACT LINE')} (" in f["message"]
+    assert f"device->host syncs x31 at prog.py line {_line(ROLLOUT, 'FETCH LINE')} (" in f["message"]
+    assert {(loc["file"], loc["line"]) for loc in f["locations"]} >= {(str(tmp_path / "prog.py"), _line(ROLLOUT, "ACT LINE"))}
+    [line] = [ln for ln in a.stdout.splitlines() if ln.startswith("warning work-between-steps ")]
+    assert f["message"] in line
+    assert html.escape(f["message"]).replace("&#x27;", "&#39;") in (a.out / "report.html").read_text()
 
 
 def test_a_short_evaluation_every_few_steps_is_not_said(tmp_path: Path) -> None:
     a = _run(tmp_path, EVALUATED)
     between = a.findings_doc["steps"]["between"]
     assert between["after_steps"] == [5, 11, 17] and between["share"] < 0.25, between
-    assert not [ln for ln in a.stdout.splitlines() if ln.startswith("between steps: ")]
-    assert "between steps: " not in (a.out / "report.html").read_text()
+    assert a.rule("work-between-steps") == []
 
 
 def test_a_loop_with_nothing_between_its_steps_has_no_record(tmp_path: Path) -> None:

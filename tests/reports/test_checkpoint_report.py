@@ -94,7 +94,8 @@ def test_run_reports_keep_their_step_summary(tmp_path):
     from auditor.reports.terminal import summary_lines
 
     case = make_case(tmp_path)
-    assert re.match(r"audit of .+: \d+ step\(s\), median ", summary_lines(case.evidence, case.results, None)[0].plain)
+    assert re.match(r"audit of .+: \d+ step\(s\), [\d.]+ ms/step over the run, median ",
+                    summary_lines(case.evidence, case.results, None)[0].plain)
     text = page_text(HtmlReport().render(case.evidence, case.results, case.out_dir))
     assert "Training-step audit" in text and "Median step" in text and "How the run ended" in text
 

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from auditor.evidence.model import Evidence
+from auditor.evidence.run_time import trace_base_ms
 from auditor.evidence.trace.load import load_trace
 from auditor.reports.terminal import recoverable
 from auditor.findings import RuleResults
@@ -47,8 +48,9 @@ def test_clean_twins_plain_h100_traces_are_host_bound_not_recoverable(name: str)
     assert f.rule == "gpu-idle" and f.severity == "info" and e["verdict"] == "host-bound"
     assert "host-bound" in f.message and "CUDA graphs" in f.message and "reduce-overhead" in f.fix.summary
     assert f.cost is not None and f.cost.ms_per_step is None and not f.cost.measured
-    # calibrated: the idle per step is at most the median step less the GPU's work
-    step = trace.median_step_ms()
+    # calibrated: the idle per step is at most the run's time per step (its steps' span over their
+    # number) less the GPU's work
+    step = trace_base_ms(trace)
     assert e["step_ms"] == pytest.approx(step, abs=1e-3)
     assert e["idle_ms_per_step"] <= round(step - e["busy_ms_per_step"], 3) + 1e-3
     assert e["busy_ms_per_step"] < 0.1 * step
@@ -61,58 +63,66 @@ def test_clean_twins_plain_h100_traces_are_host_bound_not_recoverable(name: str)
 
 def raw_window(path: Path) -> tuple[dict[str, float], list[float], float]:
     """From the trace's raw events (tests/raw_gaps.py, the standard library alone): the idle of the
-    window's gaps by cause in ms per step, the ProfilerSteps' times in ms, and the GPU's busy time
-    per step (the union of its ops inside the window)."""
+    window's gaps by cause in ms per step, the ProfilerSteps' times in ms (the last one the window's
+    span over its steps), and the GPU's busy time per step (the union of its ops inside the window)."""
     events = load_events(path)
     window = steps(events)
     lo, hi = window[0][0], window[-1][1]
     ops = [(max(e["ts"], lo), min(e["ts"] + e["dur"], hi), None) for e in events
            if e.get("ph") == "X" and e.get("cat") in GPU_CATS and e.get("dur", 0) > 0 and e["ts"] < hi and e["ts"] + e["dur"] > lo]
     busy = sum(b - a for a, b, _ in merged(ops)) / 1000 / len(window)
-    return per_step(str(path)), [(b - a) / 1000 for a, b in window], busy
+    return per_step(str(path)), [(b - a) / 1000 for a, b in window] + [(hi - lo) / 1000 / len(window)], busy
 
 
 def test_plain_gpu_clean_numbers() -> None:
-    """examples/gpu_clean.py on the H100, plain: window idle 3.5 ms/step over 3 steps whose median
-    is 3.25 ms; GPU busy 0.19 ms/step; scaled to 3.05 ms, 2.11 ms of it the host issuing work. Each
-    figure recomputed from the raw events: the idle is the median step less the GPU's work, the
-    issuing the window's host work and launches scaled by the same factor."""
+    """examples/gpu_clean.py on the H100, plain: window idle 3.48 ms/step over 3 steps (median 3.25
+    ms, the run's time 3.68 ms a step: their span over their number); GPU busy 0.19 ms/step. The
+    idle is judged against the run's time, which holds it whole: 3.48 ms, 2.41 ms of it the host
+    issuing work (it was scaled to the median step, 3.05 ms, which left out the slow first step's
+    idle). Each figure recomputed from the raw events."""
     path = H100 / "plain" / "plain_gpu_clean.json.gz"
     (f,) = _judge(_trace_evidence(path))
     e = f.evidence
     idle_by_cause, step_ms, busy = raw_window(path)
+    *step_ms, base = step_ms
     window_idle = sum(idle_by_cause.values())
     assert e["window_idle_ms_per_step"] == pytest.approx(window_idle, abs=1e-3)
-    assert e["step_ms"] == pytest.approx(median(step_ms), abs=1e-3)
+    assert e["step_ms"] == pytest.approx(base, abs=1e-3) and base > median(step_ms)
     assert e["busy_ms_per_step"] == pytest.approx(busy, abs=1e-3)
-    idle = median(step_ms) - busy
+    idle = min(window_idle, base - busy)
     assert e["idle_ms_per_step"] == pytest.approx(idle, abs=1e-3)
     issuing = (idle_by_cause["host work"] + idle_by_cause["launch"]) * idle / window_idle
     assert e["issuing_ms_per_step"] == pytest.approx(issuing, abs=1e-3)
-    assert (round(window_idle, 1), round(idle, 2), round(issuing, 2)) == (3.5, 3.05, 2.11)
-    assert "is idle 3.05 ms" in f.message and "at most 2.11 ms per step saved" in f.message
+    assert (round(window_idle, 2), round(idle, 2), round(issuing, 2)) == (3.48, 3.48, 2.41)
+    assert "is idle 3.48 ms" in f.message and "at most 2.41 ms per step saved" in f.message
 
 
-def test_audited_run_idle_read_against_the_unprofiled_step() -> None:
+def test_audited_run_idle_read_against_the_runs_time() -> None:
     """The audited gpu_clean run: its profiled steps held 39.5 ms of GPU idle each (the profiler
-    and the checks slowed the host), the unprofiled median step is 4.29 ms. The idle figure is
-    now at most that step less the GPU's work, where it was 39.5 ms (window and GPU work recomputed
-    from the window's raw events, the step from the run's step records)."""
+    and the checks slowed the host). The idle figure is at most the run's time per step less the
+    GPU's work: 13.42 ms (its 30 steps' span, 930 ms, less the audit's own work: the profiled
+    steps' excess and the step boundaries, its graph scans and the profiler's end, over the steps;
+    its first step, 253 ms of CUDA's start, is the run's), less 0.25 ms. Against the median step
+    (4.29 ms) it read 4.04. Window and GPU work recomputed from the window's raw events."""
+    from auditor.evidence.run_time import run_time
+
     run = H100 / "audited" / "audited_gpu_clean"
     ev = msgspec.json.decode((run / "evidence.json").read_bytes(), type=Evidence)
     (trace,) = (run / "tb").rglob("*.pt.trace.json.gz")
     ev.__dict__["trace_data"] = [load_trace(trace)]
-    median_ms = ev.shown_median_ms()
-    assert median_ms == pytest.approx(4.29, abs=0.01)
+    account = run_time(ev)
+    assert ev.shown_median_ms() == pytest.approx(4.29, abs=0.01) and account.base_ms == pytest.approx(13.42, abs=0.01)
+    own = account.part("audit")
+    assert account.base_ms == pytest.approx((account.span_ms - own.ms) / 30, abs=1e-3)
     (f,) = _judge(ev)
     e = f.evidence
     idle_by_cause, _, busy = raw_window(trace)
     assert e["window_idle_ms_per_step"] == pytest.approx(sum(idle_by_cause.values()), abs=1e-3)
     assert e["busy_ms_per_step"] == pytest.approx(busy, abs=1e-3)
-    assert e["idle_ms_per_step"] == pytest.approx(median_ms - busy, abs=1e-3)
+    assert e["idle_ms_per_step"] == pytest.approx(account.base_ms - busy, abs=1e-3)
     assert e["verdict"] == "host-bound" and f.cost.ms_per_step is None
-    assert (round(sum(idle_by_cause.values()), 1), round(median_ms - busy, 2), round(busy, 2)) == (39.5, 4.04, 0.25)
-    assert "39.5 ms of idle per step" in f.message and "is idle 4.04 ms" in f.message
+    assert (round(sum(idle_by_cause.values()), 1), round(account.base_ms - busy, 2), round(busy, 2)) == (39.5, 13.17, 0.25)
+    assert "39.5 ms of idle per step" in f.message and "is idle 13.17 ms" in f.message
 
 
 def test_data_loading_idle_keeps_its_measured_cost() -> None:

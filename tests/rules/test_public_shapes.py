@@ -225,14 +225,16 @@ def test_a_hand_written_sgd_loop_gets_a_foreach_patch_that_verify_proves_trains_
     assert "_foreach_add_" in (tmp_path / "out" / "fixes.patch").read_text()
     # the headline's share of the step predicted on the GPU (host-bound, its floor the launches'
     # time) counts the launches the foreach update takes off the host: it read "0% of it" before
-    head = (tmp_path / "out" / "summary.txt").read_text().splitlines()[0]
-    m = re.search(r"up to ([\d.]+) ms/step recoverable .*predicted at ([\d.]+) ms \(host-bound\), (\d+)% of it$", head)
-    assert m, head
-    recoverable, predicted, share = float(m[1]), float(m[2]), int(m[3])
+    lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    (m,) = [m for line in lines if (m := re.match(
+        r"predicted on an .+ \(rehearsal, not measured\): ([\d.]+) ms/step, host-bound; "
+        r"fixes save up to ([\d.]+) ms$", line))]
+    predicted, saved = float(m[1]), float(m[2])
     clock = a.findings_doc["steps"]["clock"]
     floor = max(clock["device_ms"], clock["issue_floor_ms"] - f["cost"]["ms_per_step"])
-    # (from figures rounded to 0.01 ms on a 0.2 ms step: within 3 points of the headline's share)
-    assert abs(share - 100 * min(recoverable, predicted - floor) / predicted) <= 3 and share >= 10, head
+    # (from figures rounded to 0.01 ms on a 0.2 ms step)
+    assert saved <= predicted - floor + 0.05 and saved >= min(f["cost"]["ms_per_step"], predicted - floor) - 0.05
+    assert saved / predicted >= 0.1, lines
 
 
 @pytest.mark.slow

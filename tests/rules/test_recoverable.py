@@ -47,6 +47,12 @@ def raw_sync_saving_per_step_ms(name: str) -> float:
     return raw_sync_cost(name, calls)[1] / 1000 / len(raw_steps(name))
 
 
+def raw_base_ms(name: str) -> float:
+    """The recording's time per step: its steps' span over their number (what every share is of)."""
+    steps = raw_steps(name)
+    return (max(b for _, b in steps) - min(a for a, _ in steps)) / 1000 / len(steps)
+
+
 def raw_busy_per_step_ms(name: str) -> float:
     window, idle_us, _ = raw_idle(raw(name))
     return (window - idle_us) / 1000 / len(raw_steps(name))
@@ -101,12 +107,13 @@ def test_idle_is_counted_once_by_the_finding_that_names_its_cause(name: str) -> 
         assert clock.bound == "host" and "device-bound" not in sync.message
         assert median == pytest.approx(clock.host_ms, abs=1e-6)
         assert rec.ms == pytest.approx(sum(f.cost.ms_per_step for f in warned), abs=1e-3)
-        assert rec.ms <= median - clock.device_busy_ms
-    assert rec.share == pytest.approx(rec.ms / median, abs=1e-4) and not rec.capped
+        assert rec.ms <= raw_base_ms(name) - clock.device_busy_ms
+    base = raw_base_ms(name)  # (the run's time per step: the share's basis)
+    assert rec.share == pytest.approx(rec.ms / base, abs=1e-4) and not rec.capped
     head = summary_lines(ev, results, None)[0].plain
-    assert f", up to {rec.ms:.2f} ms/step recoverable ({rec.ms / median:.0%}) by the warnings' fixes together" in head
+    assert f", up to {rec.ms:.2f} ms/step recoverable ({rec.ms / base:.0%}) by the warnings' fixes together" in head
     page = verdict(ev, results)
-    assert page["recoverable_share"] == f"{rec.ms / median:.0%}" and not page["capped"]
+    assert page["recoverable_share"] == f"{rec.ms / base:.0%}" and not page["capped"]
 
 
 def test_a_contained_cost_counts_when_its_container_is_absent_or_elsewhere() -> None:
@@ -169,10 +176,11 @@ def test_the_headline_adds_up_only_the_trace_whose_steps_it_shows(tmp_path) -> N
     total = sum(f.cost.ms_per_step for f in own)
     assert {f.rule for f in own} == {"launch-bound", "exposed-comm"}
     assert rec.ms == pytest.approx(total, abs=1e-3) and not rec.capped
-    assert rec.share == pytest.approx(total / median, abs=1e-4)
+    assert rec.share == pytest.approx(total / raw_base_ms(DDP), abs=1e-4)
     assert rec.elsewhere == 1
     head = summary_lines(ev, results, None)[0].plain
-    assert head.startswith(f"audit of {tmp_path / 'tb'}: 3 step(s) in run-a/{DDP}, median {median:.2f} ms/step")
+    assert head.startswith(f"audit of {tmp_path / 'tb'}: 3 step(s) in run-a/{DDP}, {raw_base_ms(DDP):.2f} ms/step over "
+                           f"the run, median {median:.2f} ms/step")
     assert (f", up to {rec.ms:.2f} ms/step recoverable ({rec.share:.0%}) by the warnings' fixes together; "
             "findings on 1 other trace not added in "
             f"(their costs are per step of their own trace)") in head
@@ -215,7 +223,10 @@ def test_a_trace_given_beside_a_run_is_not_added_to_the_run(example_audit, tmp_p
     results = run_rules(ev)
     rec = recoverable(ev, results)
     own = [f for f in results.findings if "trace" not in f.evidence and f.cost and f.cost.ms_per_step]
-    assert own and rec.ms == pytest.approx(min(sum(f.cost.ms_per_step for f in own), ev.shown_median_ms()), abs=1e-3)  # (to 3 decimals)
+    from auditor.evidence.run_time import run_time
+
+    # (to 3 decimals; never more than the run's time per step)
+    assert own and rec.ms == pytest.approx(min(sum(f.cost.ms_per_step for f in own), run_time(ev).base_ms), abs=1e-3)
     assert rec.elsewhere == 1
     assert any(f["rule"] == "gpu-idle" for f in both.findings) and not any(f["rule"] == "gpu-idle" for f in alone["findings"])
     head = both.stdout.splitlines()[0]
@@ -226,7 +237,7 @@ def test_the_fixes_together_save_at_most_the_step_less_the_devices_work(tmp_path
     """ResNet with num_workers=0: dataloader-bound, launch-bound, pageable-copy add up to 78.6 ms of
     host time on a 176 ms host-bound step whose GPU works 98 ms of it. The terminal said 'the largest
     alone is 76.89 ms/step (44%)', the page's card once 'up to 176.3 ms (100%)'. Now both give one
-    figure: the host's step less those savings, never under the GPU's own work."""
+    figure: the run's time per step less those savings, never under the GPU's own work (its floor)."""
     import re
 
     from auditor.reports.html import HtmlReport
@@ -235,38 +246,39 @@ def test_the_fixes_together_save_at_most_the_step_less_the_devices_work(tmp_path
     ev, results = analysed(W0)
     rec = recoverable(ev, results)
     median = statistics.median(b - a for a, b in raw_steps(W0)) / 1000
+    base = raw_base_ms(W0)
     from auditor.evidence.step_clock import step_clock
 
-    busy = step_clock(ev, ev.shown_trace()).device_busy_ms  # (the GPU's merged work per ProfilerStep)
+    busy = step_clock(ev, ev.shown_trace()).device_busy_ms  # (the GPU's work per ProfilerStep, in its host span)
     assert 90 < busy < 105
     warned = [f for f in results.findings if f.severity == "warning"]
     assert {f.rule for f in warned} == {"dataloader-bound", "launch-bound", "pageable-copy"}
     total = sum(f.cost.ms_per_step for f in warned)
-    assert total > median - busy  # (their sum would take the step below the GPU's work)
-    assert rec.capped and rec.ms == pytest.approx(median - busy, abs=0.01)
+    assert total > base - busy  # (their sum would take the run below the GPU's work)
+    assert rec.capped and rec.ms == pytest.approx(base - busy, abs=0.01)
     assert ev.shown_median_ms() == pytest.approx(median, abs=1e-3)
     head = summary_lines(ev, results, None)[0].plain
-    assert (f"up to {rec.ms:.2f} ms/step recoverable ({rec.ms / median:.0%}) by the warnings' fixes together "
-            "(less than the sum of their costs, which overlap in the step)") in head
+    assert (f"up to {rec.ms:.2f} ms/step recoverable ({rec.ms / base:.0%}) by the warnings' fixes together "
+            "(less than the sum of their costs, which overlap)") in head
     page = HtmlReport().render(ev, results, tmp_path)
     card = re.search(r'<div class="label">Recoverable per step</div>(.*?)</div>\s*</div>', page, re.S).group(1)
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", card)).strip()
-    assert text.startswith(f"up to {rec.ms:.1f} ms ({rec.ms / median:.0%}) what the warnings' fixes together save"), text
+    assert text.startswith(f"up to {rec.ms:.1f} ms ({rec.ms / base:.0%}) what the warnings' fixes together save"), text
     assert "100%" not in text and "largest" not in text
 
 
 def test_launch_bounds_text_and_cost_agree_and_leave_the_devices_work() -> None:
     """launch-bound said 'waited on kernel launches 21.2 ms per step (68% of the median step)' of a
     12.95 ms step, and '9.9 ms (51%)' beside a 66.8% cost. Its printed share is its cost over the
-    reported step, and its cost at most that step less the GPU's own work per step."""
+    run's time per step, and its cost at most that less the GPU's own work per step."""
     from conftest import printed_figures
 
     ev, results = analysed(DDP)
     f = next(f for f in results.findings if f.rule == "launch-bound")
-    median = ev.shown_median_ms()
-    ms, share = printed_figures(r"waited on kernel launches ([\d.]+) ms per step \((\d+)% of the median step\)",
+    base = raw_base_ms(DDP)
+    ms, share = printed_figures(r"waited on kernel launches ([\d.]+) ms per step \((\d+)% of the run's time\)",
                                 f.message)
-    assert ms == pytest.approx(f.cost.ms_per_step, abs=0.05) and share == round(100 * f.cost.ms_per_step / median)
-    assert f.cost.share_of_step == pytest.approx(f.cost.ms_per_step / median, abs=1e-4)
-    assert f.cost.ms_per_step <= median - f.evidence["busy_ms_per_step"]
+    assert ms == pytest.approx(f.cost.ms_per_step, abs=0.05) and share == round(100 * f.cost.ms_per_step / base)
+    assert f.cost.share_of_step == pytest.approx(f.cost.ms_per_step / base, abs=1e-4)
+    assert f.cost.ms_per_step <= base - f.evidence["busy_ms_per_step"]
     assert f.evidence["busy_ms_per_step"] == pytest.approx(raw_busy_per_step_ms(DDP), abs=0.01)

@@ -25,6 +25,7 @@ from conftest import (
     expected_lines,
     find_unused_run,
     metric_ddp_run,
+    shared_audit,
     straggler_ddp_run,
 )
 from test_rehearsal import rehearsed  # noqa: F401  (the session's rehearsed GPU examples)
@@ -59,6 +60,7 @@ class Input:
     kind: str
     name: str
     options: tuple[tuple[str, Any], ...] = ()
+    # (program: a whole program under tests/data/run_time, `audit run FILE --steps 40`)
 
     def __str__(self) -> str:
         return f"{self.kind}:{Path(self.name).name.split('.')[0]}"
@@ -71,6 +73,14 @@ def ex(name: str) -> Input:
 CLEAN = ex("clean")
 NUMERICS_CLEAN = Input("numerics", "numerics_clean")
 GPU_CLEAN = Input("rehearsal", "gpu_clean")
+RUN_TIME = DATA / "run_time"  # whole programs that stall, restart workers, work between steps
+
+
+def program(name: str) -> Input:
+    return Input("program", str(RUN_TIME / f"{name}.py"))
+
+
+PROGRAM_CLEAN = program("slow_samples")  # (persistent workers, nothing between its steps)
 BALANCED = Input("ddp", "balanced")
 
 # rule id -> (the input it fires on, its clean twin)
@@ -111,6 +121,8 @@ TABLE: dict[str, tuple[Input, Input]] = {
     "cudnn-benchmark": (Input("rehearsal", "gpu_convnet"), Input("rehearsal", "gpu_convnet_clean")),
     "manual-update": (Input("rehearsal", "gpu_manual_update"), GPU_CLEAN),
     "blocking-pinned-copy": (Input("rehearsal", "gpu_blocking_pinned_copy"), GPU_CLEAN),
+    "worker-restarts": (program("epoch_restarts"), PROGRAM_CLEAN),
+    "work-between-steps": (program("eval_and_save"), PROGRAM_CLEAN),
     "host-built-tensor": (Input("rehearsal", "gpu_host_built"), GPU_CLEAN),
 }
 
@@ -150,6 +162,11 @@ def findings(inp: Input, rule_id: str, request) -> tuple[list[dict], Path | None
     if inp.kind == "checkpoint":
         return _checkpoint_findings(inp.name, rule_id, request.getfixturevalue("tmp_path"),
                                     request.getfixturevalue("capsys")), None
+    if inp.kind == "program":
+        a = shared_audit(factory, f"program-{Path(inp.name).stem}", "run", inp.name, "--steps", "40", "--quiet",
+                         env={"OMP_NUM_THREADS": "1"})
+        assert a.returncode == 0, a.stderr[-4000:]
+        return a.rule(rule_id), Path(inp.name)
     if inp.kind == "example":
         a = request.getfixturevalue("example_audit")(inp.name)
     elif inp.kind == "numerics":

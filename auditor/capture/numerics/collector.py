@@ -126,6 +126,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.opt_where: Any = None  # the user's line of that call, once found
         self.window: frozenset[int] = frozenset()  # the profiler's steps: never checked (see schedule)
         self.dense = DENSE_STEPS  # the dense start's end (schedule.dense_steps; set with the window)
+        self.timed: frozenset[int] = frozenset()  # a short run's timed steps (schedule.timed_block; set with it)
         self.alarmed = False  # a non-finite value was seen: every later step is checked
         self.autocast_next: tuple[int, dict[int, int]] = (-1, {})  # (step, autocast site -> entries) carried to it
         self.spacing = Spacing()  # the checks' measured cost, and how far apart it puts them
@@ -176,7 +177,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         if sp.ended(index, now, self.window, self.dense) and sp.not_before - sp.last[0] > CHECK_EVERY:
             self.events.append({"event": "checks-spaced", "step": sp.last[0], "cost_steps": round(sp.cost_steps, 3),
                                 "not_before": sp.not_before, "budget": CHECKS_BUDGET})
-        self.step_checked = _scheduled(index, self.window, self.alarmed, self.dense, sp.not_before)
+        self.step_checked = _scheduled(index, self.window, self.alarmed, self.dense, sp.not_before, self.timed)
         if self.step_checked and index >= self.dense and not self.alarmed and off("checks", index):
             self.step_checked = False  # (bench_steady_parts.py only)
         sp.began(index, self.step_checked, now)

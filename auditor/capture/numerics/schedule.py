@@ -12,7 +12,12 @@
   checked as closely as ever; a run that goes wrong later is caught by its loss (below).
   A run of SHORT_RUN steps or more reports its step time from at least TIMED_AT_LEAST timed steps:
   its dense start is cut to leave them (down to MIN_DENSE checked steps; dense_steps). A shorter
-  run is checked first: its median comes from the few steps left.
+  run with SHORT_TIMED_FROM steps or more outside the profiler's window times half of them, the
+  ones right after the window (timed_block: the program's steady state, past its first steps), and
+  checks the others, its last steps among them, where a short run's values go wrong (a run of 10:
+  steps 5-7 timed, 0, 8 and 9 checked; a run of 18: 7-13 timed). Shorter still, or without a
+  profiler window (--no-profile), it is checked whole: its median comes from checked steps, and
+  the reports say so.
 * Timed steps: the others. Nothing of the checks runs in them; their median is the step time
   the audit reports, and comparing checked steps with them is the checks' measured cost.
 * A timed step the checks did not see is still watched for its loss: the first loss each backward
@@ -44,6 +49,7 @@ HALVINGS = 2
 SHORT_RUN = 30  # runs of at least this many steps keep TIMED_AT_LEAST of them timed
 TIMED_AT_LEAST = 15
 MIN_DENSE = 8  # checked steps the dense start keeps however many are to be timed
+SHORT_TIMED_FROM = 6  # a short run with this many steps outside the window times half of them
 CHECKS_BUDGET = 0.02  # the checks' share of a long run's step time past the dense start, at most
 MAX_SPACING = 1024  # steps between two checks past the dense start, at most, whatever they cost
 TIMED_KEPT = 31  # unchecked steps' intervals the checks' cost is measured against (their median)
@@ -64,13 +70,32 @@ def dense_steps(steps: int, window: frozenset[int] | set[int]) -> int:
     return end
 
 
+def timed_block(steps: int, window: frozenset[int] | set[int]) -> frozenset[int]:
+    """A short run's timed steps (see the module docstring): half of the steps outside the window,
+    the first ones after it; none for a run of SHORT_RUN steps or more, of unknown length, or
+    without a window (--no-profile: nothing marks where its first steps end, and its early steps,
+    where a short run's checks matter most, would be the ones timed)."""
+    if not 0 < steps < SHORT_RUN or not window:
+        return frozenset()
+    outside = [i for i in range(steps) if i not in window]
+    if len(outside) < SHORT_TIMED_FROM:
+        return frozenset()
+    after = [i for i in outside if i > max(window)]
+    return frozenset(after[: len(outside) // 2])
+
+
 def checked(step: int, window: frozenset[int] | set[int], alarmed: bool, dense: int = DENSE_STEPS,
-            not_before: int = 0) -> bool:
+            not_before: int = 0, timed: frozenset[int] = frozenset()) -> bool:
     """Whether the numerics checks run on `step` (see the module docstring); `dense`: dense_steps;
-    `not_before`: the first step past the dense start the checks' cost lets them run on (Spacing)."""
+    `not_before`: the first step past the dense start the checks' cost lets them run on (Spacing);
+    `timed`: a short run's timed steps (timed_block), which a run gone wrong checks too."""
     if step in window:
         return False
-    if alarmed or step < dense:
+    if alarmed:
+        return True
+    if step in timed:
+        return False
+    if step < dense:
         return True
     return step >= not_before and due(step - dense, CHECK_EVERY, AT_EACH_RATE, HALVINGS)
 

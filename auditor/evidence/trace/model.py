@@ -264,11 +264,13 @@ class Trace:
         return self.steps["dur"].to_numpy(dtype=np.float64) / 1000.0
 
     def device_step_ms(self) -> np.ndarray:
-        """Each step's time on the device, in ms: the kernels, copies and memsets its launches made,
-        merged across streams (NaN for a step that launched none). A step the host queues in 2 ms
-        can keep the device busy for 60. Their busy time, not their span: in a device-bound
-        recording a step's kernels run after the backlog queued before it, and a span from its
-        first kernel to its last can cover other steps' work."""
+        """Each step's time on the device, in ms: the kernels, copies and memsets merged across
+        streams inside the step's host span (its ProfilerStep on the CPU, not the GPU-side range,
+        which begins where the device reached the step's first work), or, where more, those its
+        launches made (a host that queues a GPU-bound step in 2 ms keeps the device busy for 60,
+        after the span). Their busy time, not their span: in a device-bound recording a step's
+        kernels run after the backlog queued before it, and a span from its first kernel to its
+        last can cover other steps' work. NaN for a step with neither."""
         cached = self.__dict__.get("_device_step_ms")
         if cached is not None:
             return cached
@@ -283,8 +285,29 @@ class Trace:
                     sel = step[rows] == n
                     lo, hi = merge_intervals(ts[sel], end[sel])
                     out[k] = float((hi - lo).sum()) / 1000.0
+            inside = self._busy_in_steps()
+            out = np.fmax(out, np.where(inside > 0, inside, np.nan))  # (the larger of the two; NaN: neither)
         self.__dict__["_device_step_ms"] = out
         return out
+
+    def _busy_in_steps(self) -> np.ndarray:
+        """Each step's device busy time inside its host span (ms): every kernel, copy and memset,
+        whoever launched it, merged across streams and clipped to the span."""
+        cat, ts, end = self.col("cat"), self.col("ts"), self.col("end")
+        gpu = np.isin(cat, GPU_WORK) & np.isfinite(ts) & np.isfinite(end)
+        lo, hi = merge_intervals(ts[gpu], end[gpu])
+        out = np.zeros(len(self.steps))
+        if not len(lo):
+            return out
+        covered = np.r_[0.0, np.cumsum(hi - lo)]  # busy time before each merged interval
+
+        def busy_until(t: np.ndarray) -> np.ndarray:
+            k = np.searchsorted(lo, t, side="right")  # intervals begun by t
+            partial = np.clip(t - lo[np.maximum(k - 1, 0)], 0.0, (hi - lo)[np.maximum(k - 1, 0)])
+            return covered[np.maximum(k - 1, 0)] + np.where(k > 0, partial, 0.0)
+
+        s_ts, s_end = self.steps["ts"].to_numpy(dtype=np.float64), self.steps["end"].to_numpy(dtype=np.float64)
+        return (busy_until(s_end) - busy_until(s_ts)) / 1000.0
 
     def launched_work(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, ts, end) of the kernels, copies and memsets the steps' launches made, with finite
