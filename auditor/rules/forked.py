@@ -11,11 +11,11 @@ the other has several left, whatever each costs. The fork sends its outcomes bac
 when it is done (a pickle from a copy of this process, never from elsewhere), and the caller
 applies every outcome in the rules' order, so the results are the ones one process gives. Other
 derived evidence may be made in both processes: what the fork made is lost with it, but for what
-the caller asks it to make once its share is judged (`then`: the fork usually ends 0.1 s before
-this process on the 506 MB tiling, and the reports read the trace's efficiency, 0.08 s). If the fork fails, dies or has not reported FORK_WAIT_S (or 4 times this process's own
-share's time, if longer) after this process finished its share, it is killed and this process judges
-whatever it did not report: a fork of a process that runs other threads (a test runner's) could
-wait forever on a lock one of them held.
+the caller asks it to make once its share is judged (`then`: the fork usually ends first, and the
+reports read the trace's efficiency). If the fork fails, dies or has not reported FORK_WAIT_S (or
+4 times this process's own share's time, if longer) after this process finished its share, it is
+killed and this process judges whatever it did not report: a fork of a process that runs other
+threads (a test runner's) could wait forever on a lock one of them held.
 
 When: on Linux, with more than one usable core, no other Python thread (forking a process that runs
 other threads is unsafe) and traces of at least FORK_MIN_EVENTS events in all; smaller evidence is

@@ -350,5 +350,6 @@ def _decode_range(path: Path, start: int, end: int | None, slot: int) -> dict[st
     cols.flow_parts.clear()
     cols.meta.clear()
     return {"pid": os.getpid(), "bytes": n, "names": cols.symbols.names[known:], "arg_keys": cols.args.keys[known_args:],
-            "layout": layout, "parts": parts, "flows": flows, "meta": meta, "trailer": stream.trailer if end is None else None, "dropped": stream.dropped,
+            "layout": layout, "parts": parts, "flows": flows, "meta": meta,
+            "trailer": stream.trailer if end is None else None, "dropped": stream.dropped,
             "dropped_why": stream.dropped_why}
