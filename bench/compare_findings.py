@@ -29,11 +29,14 @@ def inputs() -> list[Path]:
     return out
 
 
-def strip(o: object) -> object:
+def strip(o: object, out: str = "") -> object:
+    """`o` without timing fields, the output directory named `<out>` (each tree writes to its own)."""
     if isinstance(o, dict):
-        return {k: strip(v) for k, v in o.items() if not any(t in k.lower() for t in TIMING_KEYS)}
+        return {k: strip(v, out) for k, v in o.items() if not any(t in k.lower() for t in TIMING_KEYS)}
     if isinstance(o, list):
-        return [strip(v) for v in o]
+        return [strip(v, out) for v in o]
+    if isinstance(o, str) and out:
+        return o.replace(out, "<out>")
     return o
 
 
@@ -53,7 +56,7 @@ def analyze(tree: Path, path: Path, out: Path) -> dict[str, object]:
     got: dict[str, object] = {"exit": proc.returncode}
     for name in ("findings.json", "evidence.json"):
         f = out / name
-        got[name] = strip(json.loads(f.read_text())) if f.exists() else None
+        got[name] = strip(json.loads(f.read_text()), str(out)) if f.exists() else None
     return got
 
 

@@ -10,6 +10,7 @@ import msgspec
 
 from auditor.config import Config
 from auditor.evidence.model import Evidence
+from auditor.evidence.trace.efficiency import keep_reported_efficiency, reported_efficiency
 from auditor.findings import Finding, RuleResults, rank_key, share_of_step, step_basis_ms
 from auditor.fixes import make_patch, project_roots, refused_edit
 from auditor.rules.base import EVIDENCE_KINDS, Rule
@@ -195,7 +196,9 @@ def _run_each(evidence: Evidence, config: Config, timings: dict | None, out: Rul
 
     ids = list(rules)
     if worth_forking(evidence):
-        outcomes = judge_forked(units(ids, lambda i: rules[i].shares), judge)
+        outcomes, made = judge_forked(units(ids, lambda i: rules[i].shares), judge,
+                                      then=lambda: reported_efficiency(evidence))
+        keep_reported_efficiency(evidence, made)
     else:
         outcomes = {i: judge(i) for i in ids}
     for rule_id in ids:  # in the rules' order, however they were judged

@@ -5,9 +5,11 @@ The rules are independent, and on a trace of millions of events they take about 
 evidence: `Rule.shares`); this process takes units from the front of the list and a forked copy
 from its back, one at a time, until they meet (a two-ended queue in shared memory). The fork sends
 its outcomes back through a pipe (a pickle from a copy of this process, never from elsewhere), and
-the caller applies every outcome in the rules' order: the results are those of one process. A fork
-that fails, dies or has not reported FORK_WAIT_S (or 4 times this process's share's time) after
-this process finished is killed, and this process judges what it did not report.
+the caller applies every outcome in the rules' order: the results are those of one process. The
+fork also makes what the caller asks of it once its share is judged (`then`: the trace's efficiency
+the reports read). A fork that fails, dies or has not reported FORK_WAIT_S (or 4 times this
+process's share's time) after this process finished is killed, and this process judges what it
+did not report.
 When: on Linux, with more than one usable core, no other Python thread, and traces of at least
 FORK_MIN_EVENTS events in all.
 """
@@ -21,7 +23,7 @@ import select
 import signal
 import struct
 import time
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from auditor.evidence.model import Evidence
 from auditor.evidence.trace.parallel import forkable_cores
@@ -73,8 +75,12 @@ def units(ids: list[str], shares: Callable[[str], tuple[str, ...]]) -> list[list
     return out
 
 
-def judge_forked(groups: list[list[str]], judge: Callable[[str], T]) -> dict[str, T]:
-    """judge(id) for every id of every unit, in this process and a forked one (module docstring)."""
+def judge_forked(groups: list[list[str]], judge: Callable[[str], T],
+                 then: Callable[[], Any] | None = None) -> tuple[dict[str, T], Any]:
+    """judge(id) for every id of every unit, in this process and a forked one (module docstring),
+    and what `then()` returned in the fork once its share was judged (None when it did not report:
+    `then` is for evidence made while this process judges its last rules, which is then made here
+    when it is read)."""
     ids = [i for unit in groups for i in unit]
     queue = _Queue(len(groups))
     read_end, write_end = os.pipe()
@@ -83,7 +89,7 @@ def judge_forked(groups: list[list[str]], judge: Callable[[str], T]) -> dict[str
     except OSError:
         os.close(read_end)
         os.close(write_end)
-        return {i: judge(i) for i in ids}
+        return {i: judge(i) for i in ids}, None
     if pid == 0:  # the fork: judge from the back, send what it found, leave without any exit work
         status = 1
         try:
@@ -91,8 +97,9 @@ def judge_forked(groups: list[list[str]], judge: Callable[[str], T]) -> dict[str
             theirs = {}
             while (k := queue.take(from_back=True)) is not None:
                 theirs.update((i, judge(i)) for i in groups[k])
+            made = _made(then)
             with os.fdopen(write_end, "wb") as pipe:
-                pipe.write(pickle.dumps(theirs, protocol=pickle.HIGHEST_PROTOCOL))
+                pipe.write(pickle.dumps((theirs, made), protocol=pickle.HIGHEST_PROTOCOL))
             status = 0
         finally:
             os._exit(status)
@@ -104,15 +111,24 @@ def judge_forked(groups: list[list[str]], judge: Callable[[str], T]) -> dict[str
     sent = _read_until(read_end, pid, max(FORK_WAIT_S, 4 * (time.monotonic() - started)))
     _, status = os.waitpid(pid, 0)
     theirs: dict[str, T] = {}
+    made = None
     if status == 0 and sent:
         try:
-            theirs = pickle.loads(sent)
+            theirs, made = pickle.loads(sent)
         except Exception:  # (a cut-short pickle: judged here below)
-            theirs = {}
+            theirs, made = {}, None
     for i in ids:  # what the fork took and did not report
         if i not in mine and i not in theirs:
             mine[i] = judge(i)
-    return {i: mine[i] if i in mine else theirs[i] for i in ids}
+    return {i: mine[i] if i in mine else theirs[i] for i in ids}, made
+
+
+def _made(then: Callable[[], Any] | None) -> Any:
+    """then(), or None when there is none or it raised (it is then made where it is read)."""
+    try:
+        return None if then is None else then()
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _read_until(read_end: int, pid: int, wait_s: float) -> bytes:

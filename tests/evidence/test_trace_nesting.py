@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from auditor.evidence.trace import nesting
 from auditor.evidence.trace.decode import CAT
 from auditor.evidence.trace.nesting import nest
 
@@ -29,8 +30,15 @@ def _sweep(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray, ho
     return parent
 
 
+@pytest.mark.parametrize("parts,few_threads", [(1, 8), (2, 8), (7, 0)])
 @pytest.mark.parametrize("seed", range(6))
-def test_nest_is_the_nearest_earlier_event_still_open(seed: int) -> None:
+def test_nest_is_the_nearest_earlier_event_still_open(seed: int, parts: int, few_threads: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """In one run, or cut into runs settled in threads of their own and stitched (what a trace of
+    millions of host events gets, one run per core); its 6 threads grouped by a pass each, or by a
+    sort (as more than FEW_THREADS are)."""
+    monkeypatch.setattr(nesting, "_parts", lambda n: parts)
+    monkeypatch.setattr(nesting, "FEW_THREADS", few_threads)
     rng = np.random.default_rng(seed)
     n = 3000
     pid = rng.choice([7, 123456789012], size=n)

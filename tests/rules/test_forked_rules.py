@@ -41,9 +41,9 @@ def test_two_processes_give_what_one_gives(owlv2, monkeypatch):
     calls = []
     plain_fork = forked.judge_forked
 
-    def counted(groups, judge):
+    def counted(groups, judge, then=None):
         calls.append([i for g in groups for i in g])
-        return plain_fork(groups, judge)
+        return plain_fork(groups, judge, then)
 
     monkeypatch.setattr(engine, "judge_forked", counted)
     monkeypatch.setattr(engine, "worth_forking", lambda evidence: True)
@@ -124,3 +124,40 @@ def test_a_fork_that_dies_or_never_reports_leaves_nothing_unjudged(owlv2, monkey
     two = run_rules(ev)
     assert time.monotonic() - started < 60
     assert _plain(two) == _plain(one)
+
+
+def test_the_fork_makes_the_reports_efficiency_once_its_share_is_judged(owlv2, monkeypatch):
+    """The efficiency the reports read is made in the fork after its rules (it waits for this
+    process's) and kept here: the same tables one process makes, and not made again here."""
+    from auditor.evidence.trace import efficiency as eff_module
+
+    alone = eff_module.reported_efficiency(load_paths([OWLV2]))
+    assert alone is not None and alone.ops and alone.steps and not alone.failed
+    parent = os.getpid()
+    made_in: list[int] = []
+    plain = eff_module._efficiency
+
+    def counted(trace, chosen):
+        made_in.append(os.getpid())  # (the fork's own list dies with it: only this process's calls show)
+        return plain(trace, chosen)
+
+    monkeypatch.setattr(eff_module, "_efficiency", counted)
+    monkeypatch.setattr(engine, "worth_forking", lambda evidence: True)
+    run_rules(owlv2)
+    trace = eff_module.gpu_trace(owlv2)
+    assert made_in == []  # (no rule read it here: exposed-comm has no collectives to judge on this trace)
+    kept = trace.__dict__["_efficiency"][owlv2.environment.device_model]
+    assert msgspec.json.encode(kept) == msgspec.json.encode(alone)
+    assert eff_module.reported_efficiency(owlv2) is kept and made_in == []
+    assert parent == os.getpid()
+
+
+def test_what_the_fork_was_to_make_is_made_here_when_it_does_not_report(owlv2, monkeypatch):
+    monkeypatch.setattr(engine, "worth_forking", lambda evidence: True)
+    monkeypatch.setattr(forked, "_made", lambda then: os._exit(3))  # (the fork dies after its share)
+    results = run_rules(owlv2)
+    assert not results.errors
+    from auditor.evidence.trace import efficiency as eff_module
+    trace = eff_module.gpu_trace(owlv2)
+    assert owlv2.environment.device_model not in trace.__dict__.get("_efficiency", {})
+    assert eff_module.reported_efficiency(owlv2).ops  # (made here, when the reports read it)

@@ -1,29 +1,27 @@
-"""Stream a PyTorch profiler (Kineto) Chrome trace into numpy columns: the half of the parser that
-needs neither pandas nor the rules, so that worker processes can run it (see auditor.evidence.trace.parallel).
+"""Stream a PyTorch profiler (Kineto) Chrome trace into typed events: with the columns made of them
+(auditor.evidence.trace.columns), the half of the parser that needs neither pandas nor the rules, so
+that worker processes can run it (see auditor.evidence.trace.parallel).
 
 The `traceEvents` array is cut into chunks on top-level object boundaries, each chunk is decoded by
 msgspec into typed Structs naming only the fields the rules read (every other key, and most of
 `args`, is skipped in C), and turned at once into numpy columns, names interned as ints in a
-symbol table. auditor.evidence.trace builds the frames, derived columns and the Trace from them.
+symbol table. auditor.evidence.trace.load builds the frames, derived columns and the Trace from them.
 """
 from __future__ import annotations
 
 import gzip
 import math
-import operator
 import re
 import zlib
-from collections.abc import Callable, Iterator
-from itertools import compress, repeat
+from collections.abc import Iterator
+from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
 
 from auditor.evidence.errors import InputError
-from auditor.evidence.trace.arg_records import ArgTable, raw_keys
-from auditor.evidence.trace.op_names import RECORDED_OPS
 
 # ---------------------------------------------------------------------------------------------
 # The one category vocabulary rules use (the `cat` column holds the index into this tuple).
@@ -88,7 +86,7 @@ _EMPTY_RAW = msgspec.Raw(b"{}")
 class _Event(msgspec.Struct, gc=False):
     """One event. `args` stays raw JSON: most events' args (Python frames, operator shapes) are
     never read, so they are skipped at C speed and only the rows whose args a column needs are
-    decoded, in one batch per chunk (see _Columns.add)."""
+    decoded, in one batch per chunk (see auditor.evidence.trace.columns)."""
 
     ph: str = ""
     name: str = ""
@@ -118,6 +116,7 @@ class _LooseEvent(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(list[_Event])
+
 # phase -> 1 complete event row (X), 4 other event row (instants, B/E, counters...), 2 flow,
 # 3 metadata, 0 ignored
 _PHASE_KIND = {"X": 1, "i": 4, "I": 4, "B": 4, "E": 4, "b": 4, "e": 4, "n": 4, "C": 4,
@@ -125,6 +124,75 @@ _PHASE_KIND = {"X": 1, "i": 4, "I": 4, "B": 4, "E": 4, "b": 4, "e": 4, "n": 4, "
 _ARGS_DECODER = msgspec.json.Decoder(list[_Args])
 _LOOSE_DECODER = msgspec.json.Decoder(list[_LooseEvent])
 _ARG_FIELDS = {f.encode_name: f.name for f in msgspec.structs.fields(_Args)}
+
+
+class Vocabulary:
+    """The names and categories of the events decoded so far, and a decoder that reads those
+    values as the very str objects seen first (a Literal of them), not as new strings: their hash
+    is then computed once and a lookup compares them by identity, which on a trace's few thousand
+    names repeated millions of times saves ~100 ns of each event's columns (~10% of the parse).
+
+    A chunk holding a value not learnt yet (a new operator) fails that decoder part way and is
+    decoded again with the plain one (_DECODER), whose values are then learnt: a miss costs about
+    half a chunk's decode, a hit saves about a sixth of one. So after a miss the next chunks are
+    decoded plainly and learnt from (1, then 2, 4... up to MAX_WAIT after misses in a row: a first
+    step brings new names in most of its chunks), and a trace of more than MAX_WORDS names is
+    decoded plainly from then on."""
+
+    MAX_WORDS = 1 << 15
+    STEPS_AHEAD = 256  # a ProfilerStep#N learnt: the names of the next steps as well
+    MAX_WAIT = 16
+
+    def __init__(self) -> None:
+        self.names: dict[str, None] = {}
+        self.cats: dict[str, None] = {}
+        self.decoder: msgspec.json.Decoder | None = None
+        self.stale = False  # words learnt since the decoder was made
+        self.wait = 0  # chunks to decode plainly before the next try
+        self.backoff = 1
+        self.tries = self.misses = 0
+        self.off = False
+
+    def decode(self, piece: memoryview) -> list[_Event]:
+        """The events of a JSON array of events; raises what _DECODER raises on them."""
+        if self.wait:
+            self.wait -= 1
+        elif self.names and not self.off:
+            if self.stale:
+                self._make()
+            self.tries += 1
+            try:
+                events = self.decoder.decode(piece)  # type: ignore[union-attr]
+                self.backoff = 1
+                return events
+            except msgspec.ValidationError:  # a value it was not given, or one of the wrong type
+                self.misses += 1
+                self.wait, self.backoff = self.backoff, min(2 * self.backoff, self.MAX_WAIT)
+        events = _DECODER.decode(piece)
+        if not self.off:
+            self._learn(events)
+        return events
+
+    def _learn(self, events: list[_Event]) -> None:
+        """Add the events' new names and categories (the decoder that knows them is made when next tried)."""
+        names = {e.name for e in events}.difference(self.names)
+        cats = {e.cat for e in events}.difference(self.cats)
+        if not names and not cats:
+            return
+        for name in [n for n in names if STEP_NAME.match(n)]:  # steps are numbered up: the next ones too
+            number = int(name[13:])
+            names.update(f"ProfilerStep#{k}" for k in range(number + 1, number + self.STEPS_AHEAD))
+        self.names.update(dict.fromkeys(names))
+        self.cats.update(dict.fromkeys(cats))
+        self.stale = True
+        if len(self.names) > self.MAX_WORDS:
+            self.off, self.decoder = True, None
+
+    def _make(self) -> None:
+        known = {"name": Literal[tuple(self.names)], "cat": Literal[tuple(self.cats)]}  # type: ignore[valid-type]
+        fields = [(f.name, known.get(f.name, f.type), f.default) for f in msgspec.structs.fields(_Event)]
+        self.decoder = msgspec.json.Decoder(list[msgspec.defstruct("_KnownEvent", fields, gc=False)])  # type: ignore[misc]
+        self.stale = False
 
 
 def _to_int(v: Any) -> int | None:
@@ -358,8 +426,9 @@ class _Stream:
     bytes carried over from the last one. A buffer is never written again once events were
     decoded from it: their raw `args` point into it.
 
-    Given `data` (a bytearray whose first byte is padding), the stream is that text, already in
-    memory, instead of the file (the workers of auditor.evidence.trace.parallel); it is still decoded chunk by chunk."""
+    Given `data` (a bytearray whose first byte is padding, or a private writable mapping of the file
+    with `pos` set past a padding byte), the stream is that text, already in memory, instead of the
+    file (the workers of auditor.evidence.trace.parallel); it is still decoded chunk by chunk."""
 
     def __init__(self, path: Path, chunk_bytes: int, data: bytearray | None = None):
         self.path = path
@@ -371,6 +440,7 @@ class _Stream:
         self.trailer: dict[str, Any] = {}
         self.pos = 1  # where unread data starts in buf
         self.base = -1  # buf[j] is byte base + j of the (decompressed) stream
+        self.vocabulary = Vocabulary()  # (a worker gives each of its pieces' streams its own)
 
     def _more(self) -> bool:
         """Read the next block into a new buffer, after the unread rest of the current one."""
@@ -437,7 +507,7 @@ class _Stream:
     def chunks(self, timed: bool = True) -> Iterator[list[_Event]]:
         """Decoded lists of events, chunk by chunk, until the closing `]` of the array; those whose
         times cannot be used left out (_timed), unless `timed` is False: then the caller leaves them
-        out (_Columns.add does, from the columns it reads anyway, calling _timed only when one is).
+        out (Columns.add does, from the columns it reads anyway, calling _timed only when one is).
 
         The buffer is only ever sliced once per block read; chunks are addressed by offsets."""
         while True:
@@ -515,7 +585,7 @@ class _Stream:
             buf[p - 1], buf[i + 1] = 0x5B, 0x5D
             piece = memoryview(buf)[p - 1:i + 2]
             try:
-                events = _DECODER.decode(piece)
+                events = self.vocabulary.decode(piece)
                 if timed:
                     events = self._timed(events)
             except RecursionError:  # (msgspec's limit: no profiler writes JSON that deep)
@@ -654,203 +724,3 @@ class SymbolTable:
 
     def __len__(self) -> int:
         return len(self.names)
-
-
-def _usable_times(ts: np.ndarray, dur: np.ndarray, complete: np.ndarray, flow_ts: np.ndarray) -> bool:
-    """Whether _Stream._timed would leave none of a chunk's rows out: every event row and flow has a
-    finite time, every complete event a duration in [0, MAX_DUR_US]."""
-    if not (np.isfinite(ts).all() and np.isfinite(flow_ts).all()):
-        return False
-    if ((dur >= 0) & (dur <= MAX_DUR_US)).all():
-        return True
-    lasting = dur[complete]
-    return bool(((lasting >= 0) & (lasting <= MAX_DUR_US)).all())
-
-
-def _int_column(values: list[Any]) -> np.ndarray:
-    try:
-        return np.fromiter(values, dtype=np.int64, count=len(values))
-    except (TypeError, OverflowError):
-        out = np.array([v if isinstance(v, int) and -(1 << 62) < v < (1 << 62) else -1 for v in values],
-                       dtype=np.int64)
-        return out
-
-
-def _nullable_int(values: list[Any]) -> np.ndarray:
-    """Ints with None -> -1."""
-    return _int_column([-1 if v is None else v for v in values])
-
-
-def _arg_column(args: Any, attr: str) -> np.ndarray:
-    """One numeric args field as int64 (-1 when absent), straight from the Structs."""
-    getter = operator.attrgetter(attr)
-    try:
-        return np.fromiter(map(getter, args), dtype=np.int64, count=len(args))
-    except (TypeError, OverflowError):  # an explicit null, or a value beyond int64
-        return _nullable_int(list(map(getter, args)))
-
-
-class _Columns:
-    """Accumulates per-chunk numpy columns, concatenated once at the end."""
-
-
-    def __init__(self, symbols: SymbolTable, args: ArgTable | None = None):
-        self.symbols = symbols
-        self.args = ArgTable() if args is None else args  # operators' argument records (column `args`)
-        self.parts: dict[str, list[np.ndarray]] = {}
-        self.flow_parts: dict[str, list[np.ndarray]] = {}
-        self.meta: list[_Event] = []
-        self._ids: dict[str, int] = {}  # non-numeric pid/tid strings -> negative ids
-        self._cat_table = np.empty(0, dtype=np.int8)
-        self._tables: dict[str, np.ndarray] = {}  # per symbol code, a bool for each of _per_symbol's tests
-
-    def _norm_id(self, v: int | str) -> int:
-        if type(v) is int:
-            return v
-        got = self._ids.get(v)  # type: ignore[arg-type]
-        if got is None:
-            s = str(v).strip()
-            if len(s) > 20:  # (longer than any int64: a label, however it reads)
-                got = -1000 - (zlib.crc32(s.encode()) & 0x3FFFFFFF)
-            elif s.isdigit() or (s[:1] == "-" and s[1:].isdigit()):
-                got = int(s)
-            elif s.startswith("stream ") and s[7:].strip().isdigit():
-                got = int(s[7:])
-            else:  # a label like "Spans": a stable negative id, the same however the file was chunked
-                got = -1000 - (zlib.crc32(s.encode()) & 0x3FFFFFFF)
-            self._ids[v] = got  # type: ignore[index]
-        return got
-
-    def _id_column(self, values: list[int | str]) -> np.ndarray:
-        """pid/tid as int64: straight from ints; strings ("stream 7", "25738", "Spans") normalised."""
-        # ids.get(v, v): a string seen before -> its number, an int -> itself; one pass in C.
-        ids = self._ids
-        try:
-            return np.fromiter(map(ids.get, values, values), dtype=np.int64, count=len(values))
-        except (TypeError, ValueError, OverflowError):  # a string not seen before, or a huge int
-            for v in {v for v in values if type(v) is not int} - ids.keys():
-                self._norm_id(v)  # each distinct string normalised once
-            return _int_column([v if type(v) is int else ids[v] for v in values])
-
-    def _cat_codes(self, raw_codes: np.ndarray) -> np.ndarray:
-        """Normalised category per event from the raw category's symbol code (a table lookup)."""
-        table = self._cat_table
-        if len(table) < len(self.symbols):
-            extra = [CAT.get(_RAW_CATEGORY.get(self.symbols[i].lower(), "other"), 0)
-                     for i in range(len(table), len(self.symbols))]
-            table = self._cat_table = np.concatenate([table, np.asarray(extra, dtype=np.int8)])
-        return table[raw_codes].astype(np.int8)  # -1 (no cat) reads the last entry: fixed below
-
-    def _per_symbol(self, key: str, test: Callable[[str], bool], codes: np.ndarray) -> np.ndarray:
-        """Whether each symbol code's name passes `test`, from a table (kept under `key`) grown as
-        symbols are learnt; -1 (none) is False."""
-        table = self._tables.get(key, np.empty(0, dtype=bool))
-        if len(table) < len(self.symbols):
-            extra = [test(self.symbols[i]) for i in range(len(table), len(self.symbols))]
-            table = self._tables[key] = np.concatenate([table, np.asarray(extra, dtype=bool)])
-        return table[np.maximum(codes, 0)] & (codes >= 0)
-
-    def add(self, events: list[_Event], timed: Callable[[list[_Event]], list[_Event]] | None = None) -> None:
-        """Append a chunk's columns. `timed`: given for events whose times were not checked
-        (_Stream.chunks(timed=False)); when a row's time cannot be used (none, an infinite one, a
-        duration no event has), the chunk is added as `timed` leaves it (_Stream._timed, which
-        counts what it leaves out). The check reads the time columns made here anyway: a second
-        pass over every event's times cost ~5% of the parse."""
-        # Fields are read with list comprehensions (the interpreter's specialised attribute loads
-        # beat map(attrgetter)) and rows are picked with itertools.compress, never through numpy
-        # object arrays, whose element-wise fill costs ~150 ns an event.
-        kind = np.fromiter(map(_PHASE_KIND.get, [e.ph for e in events], repeat(0)), dtype=np.int8,
-                           count=len(events))
-        is_body = (kind == 1) | (kind == 4)
-        body: list[_Event] = events if is_body.all() else list(compress(events, is_body.tolist()))
-        flows = list(compress(events, (kind == 2).tolist())) if (kind == 2).any() else []
-        n = len(body)
-        ts = np.fromiter([e.ts for e in body], dtype=np.float64, count=n)
-        dur = np.fromiter([e.dur for e in body], dtype=np.float64, count=n)
-        flow_ts = np.fromiter([e.ts for e in flows], dtype=np.float64, count=len(flows))
-        if timed is not None and not _usable_times(ts, dur, kind[is_body] == 1, flow_ts):
-            self.add(timed(events))
-            return
-        if (kind == 3).any():
-            self.meta.extend(compress(events, (kind == 3).tolist()))
-        if flows:
-            norm = self._norm_id
-            ids = [-1 if e.id is None else (e.id if type(e.id) is int else norm(e.id)) for e in flows]
-            self._put(self.flow_parts, "id", _int_column(ids))
-            self._put(self.flow_parts, "start", np.fromiter([e.ph == "s" for e in flows], dtype=bool, count=len(flows)))
-            self._put(self.flow_parts, "pid", self._id_column([e.pid for e in flows]))
-            self._put(self.flow_parts, "tid", self._id_column([e.tid for e in flows]))
-            self._put(self.flow_parts, "ts", flow_ts)
-            self._put(self.flow_parts, "cat", self.symbols.intern_many([e.cat for e in flows]))
-        if not body:
-            return
-        raw_cat = self.symbols.intern_many([e.cat for e in body])
-        cats = self._cat_codes(np.maximum(raw_cat, 0)) if len(self.symbols) else np.zeros(n, np.int8)
-        cats[raw_cat < 0] = 0
-        name_codes = self.symbols.intern_many([e.name for e in body])
-        instant = kind[is_body] == 4
-        memory = name_codes == self.symbols.id("[memory]")
-        cats[instant & memory] = CAT["memory"]
-        cats[instant & ~memory & (cats == 0)] = CAT["instant"]
-        put = self.parts
-        self._put(put, "cat", cats)
-        self._put(put, "raw_cat", raw_cat)
-        self._put(put, "name", name_codes)
-        self._put(put, "instant", instant)
-        self._put(put, "pid", self._id_column([e.pid for e in body]))
-        self._put(put, "tid", self._id_column([e.tid for e in body]))
-        self._put(put, "ts", ts)
-        self._put(put, "dur", dur)
-        # Args are decoded only for the rows some column reads (launches, GPU work, memory events,
-        # and the old schema's operators, for their call stacks), in one batch.
-        launch_gpu = np.isin(cats, LAUNCH_SIDE + GPU_SIDE + (CAT["gpu_annotation"],))
-        memory = cats == CAT["memory"]
-        # (the old schema's "Operator" events carry the Python stack as a `Call stack` argument)
-        ops = self._per_symbol("operator", lambda name: name.lower() == "operator", raw_cat)
-        need = np.flatnonzero(launch_gpu | memory | ops)
-        decoded = np.fromiter(_decode_args([body[i].args for i in need.tolist()]), dtype=object, count=len(need))
-        pos = np.full(n, -1, dtype=np.int64)
-        pos[need] = np.arange(len(need))
-
-        def column(mask: np.ndarray, attr: str) -> np.ndarray:
-            out = np.full(n, -1, dtype=np.int64)
-            rows = np.flatnonzero(mask)
-            if len(rows):
-                out[rows] = _arg_column(decoded[pos[rows]], attr)
-            return out
-
-        gpu = np.isin(cats, GPU_SIDE + (CAT["gpu_annotation"],))
-        self._put(put, "external_id", np.maximum(column(launch_gpu, "external_id"),
-                                                 column(launch_gpu, "external_id_old")))
-        self._put(put, "correlation", column(launch_gpu, "correlation"))
-        # (a `[memory]` event's Bytes is negative for a free: not a maximum with the absent -1)
-        self._put(put, "bytes", np.where(memory, column(memory, "mem_bytes"), column(gpu, "bytes")))
-        self._put(put, "stream", column(gpu, "stream"))
-        self._put(put, "device", column(gpu, "device"))
-        self._put(put, "total_allocated", column(memory, "total_allocated"))
-        self._put(put, "device_type", column(memory, "device_type"))
-        self._put(put, "stack", self._subset_symbols(decoded, pos[np.flatnonzero(ops)], np.flatnonzero(ops),
-                                                     "call_stack", n))
-        sync = np.flatnonzero(cats == CAT["sync"])
-        self._put(put, "sync_kind", self._subset_symbols(decoded, pos[sync], sync, "sync_kind", n))
-        # The argument records (shapes, dtypes, strides, concrete inputs) of the operators rules and the
-        # efficiency model read (RECORDED_OPS), read here once (auditor.evidence.trace.arg_records).
-        records = np.full(n, -1, dtype=np.int32)
-        recorded = self._per_symbol("recorded", RECORDED_OPS.__contains__, name_codes)
-        op_rows = np.flatnonzero((cats == CAT["cpu_op"]) & ~instant & recorded)
-        if len(op_rows):
-            records[op_rows] = self.args.intern_many(raw_keys([body[i].args for i in op_rows.tolist()]))
-        self._put(put, "args", records)
-
-    def _subset_symbols(self, decoded: np.ndarray, at: np.ndarray, rows: np.ndarray, attr: str, n: int) -> np.ndarray:
-        """A string args field as symbol codes for `rows` (decoded args at positions `at`)."""
-        out = np.full(n, -1, dtype=np.int32)
-        if len(rows):
-            values = list(map(operator.attrgetter(attr), decoded[at]))
-            if any(v is not None for v in values):
-                out[rows] = self.symbols.intern_many(values)
-        return out
-
-    @staticmethod
-    def _put(store: dict[str, list[np.ndarray]], key: str, arr: np.ndarray) -> None:
-        store.setdefault(key, []).append(arr)

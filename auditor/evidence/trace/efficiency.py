@@ -1,25 +1,10 @@
-"""Kernel efficiency from a trace that records shapes: FLOPs and bytes per operator, achieved
-TFLOP/s and TB/s per operator and per kernel group, roofline position, and per step the GPU's busy,
-idle and communication time and the model FLOP utilisation (MFU), judged by the device model's row
-(auditor.evidence.devices).
-
-How: the profiler records each operator's input shapes and dtypes (`Input Dims`, `Input type`,
-with `record_shapes=True`); the parse keeps them once per distinct record (the trace's `args`
-column, auditor.evidence.trace.arg_records), and the model works out each distinct (operator,
-record) once. An operator whose record the formula cannot use (a stride of 0, a negative or huge
-dimension, a missing input) is left out and counted (Efficiency.unread_ops), never fatal. Each GPU kernel is charged
-to the innermost operator that launched it (kernel -> its launch call by correlation -> the
-enclosing operator); the operator's FLOPs over its kernels' time is what it achieved.
-
-Formulas (one multiply-add = 2 FLOPs; bytes = every input and the output read or written once):
-matmul (mm, addmm, bmm, baddbmm, linear) 2*M*N*K per batch; convolution 2*N*O*H'*W'*(C/g)*kh*kw (a
-transposed one 2*N*C*H*W*(O/g)*kh*kw: each input element into its outputs)
-(the output size from the stride in `Concrete Inputs` when recorded, else the input's), its
-backward twice that; attention (scaled_dot_product_*) 4*B*H*L*S*E forward, 2.5 times that
-backward; recurrent layers (cuDNN's _cudnn_rnn, MIOpen's miopen_rnn: every layer and direction's
-weights in their tensor list; oneDNN's mkldnn_rnn_layer: one layer's w_ih and w_hh) 2 FLOPs an
-element of each 2-D weight for every time step and sequence (the input's rows), the backward twice
-that; softmax, norms 5 FLOPs an element; elementwise ops 1 FLOP an output element.
+"""Kernel efficiency from a trace that records shapes (`record_shapes=True`): FLOPs and bytes per
+operator, achieved TFLOP/s and TB/s per operator and per kernel group, roofline position, and per
+step the GPU's busy, idle and communication time and the model FLOP utilisation (MFU), judged by the
+device model's row (auditor.evidence.devices). Each distinct (operator, shape record) is worked out
+once (the formulas: `_op_work` and the helpers it calls); one the formulas cannot read is left out and
+counted (Efficiency.unread_ops), never fatal. A GPU kernel is charged to the innermost operator that
+launched it (kernel -> its launch by correlation -> the enclosing operator).
 """
 from __future__ import annotations
 
@@ -303,7 +288,7 @@ _TRANSPOSABLE = frozenset(("aten::convolution", "aten::_convolution", "aten::con
 
 def op_work(name: str, dims: Any, types: Any, concrete: Any = None) -> tuple[float, float, str] | None:
     """(FLOPs, bytes, dtype) of one call of operator `name` with these recorded inputs, or None
-    when its shapes do not fit the formula (module docstring) or cannot be read (a stride of 0 or
+    when its shapes do not fit the formula (`_op_work`) or cannot be read (a stride of 0 or
     below, a dimension that is negative, huge or not a number, an input missing): the caller skips
     the call and counts it."""
     try:
@@ -316,6 +301,8 @@ def op_work(name: str, dims: Any, types: Any, concrete: Any = None) -> tuple[flo
 
 
 def _op_work(name: str, dims: Any, types: Any, concrete: Any) -> tuple[float, float, str] | None:
+    """One multiply-add is 2 FLOPs; the bytes are every input and the output read or written once.
+    Softmax and norms 5 FLOPs an element, elementwise ops 1 an output element; the rest by kind."""
     kind = op_kind(name)
     ts = _tensors(dims, types)
     if kind is None or not ts:
@@ -327,78 +314,11 @@ def _op_work(name: str, dims: Any, types: Any, concrete: Any) -> tuple[float, fl
     elt = _elt(dtype_raw)
     in_bytes = sum(_numel(d) * _elt(t) for d, t in ts)
     if kind == "matmul":
-        mats = [d for d, _ in ts if len(d) >= 2]
-        if name in ("aten::addmm", "aten::baddbmm", "aten::_addmm_activation"):
-            mats = mats[-2:] if len(mats) >= 2 else mats
-        if name == "aten::linear":
-            if len(mats) < 1 or len(ts[1][0]) != 2:
-                return None
-            x, w = ts[0][0], ts[1][0]
-            m, k, n = _numel(x[:-1]), x[-1], w[0]
-            batch = 1
-        else:
-            if len(mats) < 2:
-                return None
-            a, b = mats[0], mats[1]
-            if a[-1] != b[-2]:
-                return None
-            m, k, n = a[-2], a[-1], b[-1]
-            batch = max(_numel(a[:-2]) or 1, _numel(b[:-2]) or 1)
-        flops = 2.0 * batch * m * n * k
-        return flops, float(in_bytes + batch * m * n * elt), dtype
+        return _matmul_work(name, ts, in_bytes, elt, dtype)
     if kind == "conv":
-        backward = name.endswith("_backward")
-        # a transposed convolution (ConvTranspose: aten::convolution's `transposed`, its 7th
-        # argument, the 8th of its backward) multiplies every input element into the weight's
-        # Cout/groups x kernel outputs; its weight is (Cin, Cout/groups, kernel...)
-        flag = 7 if backward else 6
-        transposed = (name in _TRANSPOSABLE and concrete is not None and len(concrete) > flag
-                      and concrete[flag] == "True")
-        if backward:  # grad_output, input, weight
-            if len(ts) < 3:
-                return None
-            (go, _), (x, _), (w, _) = ts[0], ts[1], ts[2]
-            if len(go) < 3 or len(w) < 3:
-                return None
-            flops = 2.0 * 2.0 * (_numel(x) if transposed else go[0] * go[1] * _numel(go[2:])) * _numel(w[1:])
-            return flops, float(in_bytes + _numel(x) * elt + _numel(w) * elt), dtype
-        if len(ts) < 2:
-            return None
-        (x, _), (w, _) = ts[0], ts[1]
-        if len(x) < 3 or len(w) < 3:
-            return None
-        spatial = x[2:]
-        stride = _ints(concrete[3]) if concrete and len(concrete) > 3 else None
-        if stride:
-            if any(st <= 0 or st > MAX_DIM for st in stride):  # (no convolution has one: the record is unreadable)
-                return None
-            stride = (stride * len(spatial))[:len(spatial)] if len(stride) == 1 else stride
-        strided = stride is not None and len(stride) == len(spatial)
-        if transposed:  # the output: the input upsampled by the stride (padding left out)
-            groups = _ints(concrete[8]) if len(concrete) > 8 else None
-            up = _numel(stride) if strided else 1
-            out_elems = x[0] * w[1] * (groups[0] if groups else 1) * _numel(spatial) * up
-            return 2.0 * _numel(x) * _numel(w[1:]), float(in_bytes + out_elems * elt), dtype
-        if strided:
-            spatial = [max(1, s // st) for s, st in zip(spatial, stride)]
-        out_elems = x[0] * w[0] * _numel(spatial)
-        flops = 2.0 * out_elems * _numel(w[1:])
-        return flops, float(in_bytes + out_elems * elt), dtype
+        return _conv_work(name, ts, concrete, in_bytes, elt, dtype)
     if kind == "attention":
-        if len(ts) < 3:
-            return None
-        (q, _), (k, _), (v, _) = ts[0], ts[1], ts[2]
-        if name.endswith("_backward"):  # grad_out, q, k, v, ...
-            if len(ts) < 4:
-                return None
-            (q, _), (k, _), (v, _) = ts[1], ts[2], ts[3]
-        if len(q) < 3 or len(k) < 3:
-            return None
-        heads = _numel(q[:-2])
-        flops = 2.0 * heads * q[-2] * k[-2] * (q[-1] + v[-1])
-        if name.endswith("_backward"):
-            flops *= 2.5
-        return flops, float(in_bytes + _numel(q[:-1]) * v[-1] * elt), dtype
+        return _attention_work(name, ts, in_bytes, elt, dtype)
     if kind == "rnn":
         return _rnn_work(name, dims, ts, elt, dtype)
     numel = max(_numel(d) for d, _ in ts)
@@ -407,10 +327,98 @@ def _op_work(name: str, dims: Any, types: Any, concrete: Any) -> tuple[float, fl
     return float(numel), float(in_bytes + numel * elt), dtype
 
 
+def _matmul_work(name: str, ts: list, in_bytes: int, elt: int, dtype: str) -> tuple[float, float, str] | None:
+    """A matrix product's (FLOPs, bytes, dtype) (mm, addmm, bmm, baddbmm, linear): 2*M*N*K per batch."""
+    mats = [d for d, _ in ts if len(d) >= 2]
+    if name in ("aten::addmm", "aten::baddbmm", "aten::_addmm_activation"):
+        mats = mats[-2:] if len(mats) >= 2 else mats
+    if name == "aten::linear":
+        if len(mats) < 1 or len(ts[1][0]) != 2:
+            return None
+        x, w = ts[0][0], ts[1][0]
+        m, k, n = _numel(x[:-1]), x[-1], w[0]
+        batch = 1
+    else:
+        if len(mats) < 2:
+            return None
+        a, b = mats[0], mats[1]
+        if a[-1] != b[-2]:
+            return None
+        m, k, n = a[-2], a[-1], b[-1]
+        batch = max(_numel(a[:-2]) or 1, _numel(b[:-2]) or 1)
+    flops = 2.0 * batch * m * n * k
+    return flops, float(in_bytes + batch * m * n * elt), dtype
+
+
+def _conv_work(name: str, ts: list, concrete: Any, in_bytes: int, elt: int,
+               dtype: str) -> tuple[float, float, str] | None:
+    """A convolution's (FLOPs, bytes, dtype): 2*N*O*H'*W'*(C/g)*kh*kw, the output's size from the
+    stride in `Concrete Inputs` when recorded, else the input's; a transposed one 2*N*C*H*W*(O/g)*kh*kw
+    (each input element into its outputs); a backward twice its forward."""
+    backward = name.endswith("_backward")
+    # a transposed convolution (ConvTranspose: aten::convolution's `transposed`, its 7th
+    # argument, the 8th of its backward) multiplies every input element into the weight's
+    # Cout/groups x kernel outputs; its weight is (Cin, Cout/groups, kernel...)
+    flag = 7 if backward else 6
+    transposed = (name in _TRANSPOSABLE and concrete is not None and len(concrete) > flag
+                  and concrete[flag] == "True")
+    if backward:  # grad_output, input, weight
+        if len(ts) < 3:
+            return None
+        (go, _), (x, _), (w, _) = ts[0], ts[1], ts[2]
+        if len(go) < 3 or len(w) < 3:
+            return None
+        flops = 2.0 * 2.0 * (_numel(x) if transposed else go[0] * go[1] * _numel(go[2:])) * _numel(w[1:])
+        return flops, float(in_bytes + _numel(x) * elt + _numel(w) * elt), dtype
+    if len(ts) < 2:
+        return None
+    (x, _), (w, _) = ts[0], ts[1]
+    if len(x) < 3 or len(w) < 3:
+        return None
+    spatial = x[2:]
+    stride = _ints(concrete[3]) if concrete and len(concrete) > 3 else None
+    if stride:
+        if any(st <= 0 or st > MAX_DIM for st in stride):  # (no convolution has one: the record is unreadable)
+            return None
+        stride = (stride * len(spatial))[:len(spatial)] if len(stride) == 1 else stride
+    strided = stride is not None and len(stride) == len(spatial)
+    if transposed:  # the output: the input upsampled by the stride (padding left out)
+        groups = _ints(concrete[8]) if len(concrete) > 8 else None
+        up = _numel(stride) if strided else 1
+        out_elems = x[0] * w[1] * (groups[0] if groups else 1) * _numel(spatial) * up
+        return 2.0 * _numel(x) * _numel(w[1:]), float(in_bytes + out_elems * elt), dtype
+    if strided:
+        spatial = [max(1, s // st) for s, st in zip(spatial, stride)]
+    out_elems = x[0] * w[0] * _numel(spatial)
+    flops = 2.0 * out_elems * _numel(w[1:])
+    return flops, float(in_bytes + out_elems * elt), dtype
+
+
+def _attention_work(name: str, ts: list, in_bytes: int, elt: int, dtype: str) -> tuple[float, float, str] | None:
+    """Scaled dot-product attention's (FLOPs, bytes, dtype): 4*B*H*L*S*E forward (QK^T and PV),
+    2.5 times that backward."""
+    if len(ts) < 3:
+        return None
+    (q, _), (k, _), (v, _) = ts[0], ts[1], ts[2]
+    if name.endswith("_backward"):  # grad_out, q, k, v, ...
+        if len(ts) < 4:
+            return None
+        (q, _), (k, _), (v, _) = ts[1], ts[2], ts[3]
+    if len(q) < 3 or len(k) < 3:
+        return None
+    heads = _numel(q[:-2])
+    flops = 2.0 * heads * q[-2] * k[-2] * (q[-1] + v[-1])
+    if name.endswith("_backward"):
+        flops *= 2.5
+    return flops, float(in_bytes + _numel(q[:-1]) * v[-1] * elt), dtype
+
+
 def _rnn_work(name: str, dims: Any, ts: list, elt: int, dtype: str) -> tuple[float, float, str] | None:
     """A recurrent layer's (FLOPs, bytes, dtype): its 2-D weights each multiply every time step of
     every sequence (the input's rows, padded or packed); the bytes are the input and the weights
-    read and an output as large as the input written (the states and biases left out)."""
+    read and an output as large as the input written (the states and biases left out); a backward
+    twice its forward. cuDNN's _cudnn_rnn and MIOpen's miopen_rnn list every layer's weights, oneDNN's
+    mkldnn_rnn_layer one layer's."""
     x = ts[0][0]
     if "mkldnn" in name:  # (input, w_ih, w_hh, b_ih, b_hh, hx, cx, ...): one layer and direction
         weights = [d for d in dims[1:3] if _is_shape(d) and len(d) == 2]
@@ -483,6 +491,21 @@ def efficiency(trace: Trace, chosen: str = "") -> Efficiency:
             cache[chosen] = Efficiency(device=None, device_basis="", has_shapes=False, ops=[], groups=[], steps=[],
                                        gpu_ms=0.0, failed=f"{type(e).__name__}: {e}")
     return cache[chosen]
+
+
+def reported_efficiency(evidence: Any) -> Efficiency | None:
+    """The efficiency the reports read (of gpu_trace(), for the run's device), made now (None
+    when no trace shows GPU work)."""
+    trace = gpu_trace(evidence)
+    return efficiency(trace, evidence.environment.device_model) if trace is not None else None
+
+
+def keep_reported_efficiency(evidence: Any, made: Efficiency | None) -> None:
+    """Keep `made`, reported_efficiency() as made in a fork of this process (None: nothing), as
+    that trace's efficiency here, unless this process made it itself."""
+    trace = gpu_trace(evidence) if isinstance(made, Efficiency) else None
+    if trace is not None:
+        trace.__dict__.setdefault("_efficiency", {}).setdefault(evidence.environment.device_model, made)
 
 
 def _gpu_device(trace: Trace) -> int | None:

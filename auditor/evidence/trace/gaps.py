@@ -1,26 +1,16 @@
 """Why the GPU was idle: each gap of the device timeline (no kernel, copy or memset on any stream)
-attributed to its cause through the launch queue.
+charged to causes by the launch (CUPTI correlation) of the op that ends it:
 
-The gap ends when the next GPU op starts; the call that launched that op (by CUPTI correlation)
-says whether the device waited for the host or for something else:
+- launched before the gap began: `queued work` (the device waited on a dependency: another stream,
+  an event wait, a collective, a graph's order), as is a wait over LAUNCH_SLACK_US after the launch;
+- launched later: until the launch call began the host was late, `data loading` inside a
+  DataLoader's `__next__`, `host synchronisation` from a blocking call its thread made since its
+  previous launch, `host work` for the rest; from the call's start to the op's start, `launch`;
+- no launch recorded: `queued work` when later work on its stream was launched before the gap
+  began (a stream runs in order), else `untraced`, as is the window's idle tail.
 
-- the launch had returned before the gap began: the op was already queued, and the device waited
-  on a dependency (work on another stream, a cross-stream event wait, a collective, a CUDA/HIP
-  graph's own order), not on the host: `queued work`;
-- the launch came later: the host was late. The part of the gap until the launch call began is the
-  host's: `data loading` where the host was inside the DataLoader's `__next__`, `host
-  synchronisation` from a blocking call (a sync, a copy to pageable memory) on the launching thread
-  that the thread made since its previous launch, until the launch, and `host work` (Python,
-  operator dispatch) for the rest; from the launch call's start until the op starts is `launch`;
-  a wait after the call returned longer than LAUNCH_SLACK_US is `queued work` again;
-- no launch recorded for the op (launched before the profiler started, or its correlation lost):
-  `queued work` when work after it on its stream was launched before the gap began (a stream runs
-  in order), else `untraced`; so is the idle at the window's end with no GPU work after it.
-
-A sync is thereby charged only the idle it causes: from the sync until its thread's next launch,
-and never idle during which the next op was already queued. What removing it saves on the step's
-critical path is less again: the host's wait goes away, the host's work after it then overlaps the
-GPU's, so the step shortens by the smaller of the two (SyncCharge.saving_us).
+A sync is charged only the idle it causes; removing it saves the smaller of its wait and the host's
+work after it, which then overlaps the GPU's (SyncCharge.saving_us).
 """
 from __future__ import annotations
 
@@ -47,6 +37,7 @@ QUEUED_KINDS = ("collective", "graph launch", "event wait", "another stream", "s
 # Microseconds a launched op may take to start after its launch call returned and still count as
 # its launch (the driver's submission), not as a wait on a dependency.
 LAUNCH_SLACK_US = 50.0
+_COL = {c: i for i, c in enumerate(CAUSES)}
 
 
 class GapCause(msgspec.Struct, frozen=True):
@@ -113,8 +104,53 @@ def gap_table(trace: Trace) -> Gaps:
     rows = np.flatnonzero(np.isin(trace.col("cat"), CPU_NESTING) & ~trace.col("instant")
                           & np.isin(trace.col("name"), trace.symbols.matching(DATALOADER_NEXT)))
     loader = merge_intervals(trace.col("ts")[rows], trace.col("end")[rows])
+    ts, end, link = trace.col("ts"), trace.col("end"), trace.col("link")
+    gpu, s, e, nxt, prev = _idle_spans(trace)
+    n = len(s)
+    launch = np.where(nxt >= 0, link[np.maximum(nxt, 0)], -1).astype(np.int64)
+    us = np.zeros((n, len(CAUSES)))
+    sync_row = np.full(n, -1, dtype=np.int64)
+    queued_kind = np.full(n, -1, dtype=np.int64)
+    queued_from = e.copy()
+    threads = _ThreadIndex(trace, blocking)
+    queued_later = _queued_later(trace, gpu)
+    # a gap whose next op was launched before it began is all queued work (most gaps of a
+    # GPU-bound trace): set for all of them at once, the loop below judges the others
+    queued_before = (launch >= 0) & (end[np.maximum(launch, 0)] <= s)
+    us[queued_before, _COL["queued work"]] = (e - s)[queued_before]
+    queued_from[queued_before] = s[queued_before]
+    kinded: list[int] = np.flatnonzero(queued_before).tolist()  # the gaps with queued work (kinds found at the end)
+    for i in np.flatnonzero(~queued_before).tolist():
+        a, b, L = float(s[i]), float(e[i]), int(launch[i])
+        if L < 0:
+            # A stream runs its work in order: the op was queued already if work after it on its
+            # stream was launched before the gap began (a launch from before the profiler started).
+            if nxt[i] >= 0 and queued_later.get(int(nxt[i]), np.inf) <= a:
+                us[i, _COL["queued work"]] = b - a
+                queued_from[i] = a
+                kinded.append(i)
+            else:
+                us[i, _COL["untraced"]] = b - a
+            continue
+        waited, sync_row[i] = _charge_launched_later(us[i], a, b, L, float(ts[L]), float(end[L]), loader, threads)
+        if waited > 0:
+            queued_from[i] = b - waited
+            kinded.append(i)
+    if kinded:
+        at = np.sort(np.asarray(kinded, dtype=np.int64))
+        queued_kind[at] = _queued_kinds(trace, threads, launch[at], nxt[at], prev[at])
+    out = Gaps(start=s, end=e, next_row=nxt, launch_row=launch, us=us, sync_row=sync_row, queued_kind=queued_kind,
+               queued_from=queued_from)
+    trace.__dict__["_gap_table"] = out
+    return out
+
+
+def _idle_spans(trace: Trace) -> tuple[np.ndarray, ...]:
+    """(gpu, start, end, next, prev): the GPU work rows by start, then every gap of the window
+    (clipped to it, empty ones left out) with the rows of the op that ends it and of the op before
+    it (-1: none; the window's idle tail has no next op)."""
     lo, hi = trace.window()
-    cat, ts, end, link = trace.col("cat"), trace.col("ts"), trace.col("end"), trace.col("link")
+    cat, ts, end = trace.col("cat"), trace.col("ts"), trace.col("end")
     gpu = np.flatnonzero(np.isin(cat, GPU_WORK) & (end > ts))
     gpu = gpu[np.lexsort((end[gpu], ts[gpu]))]
     g_ts, g_end = ts[gpu].astype(np.float64), end[gpu].astype(np.float64)
@@ -130,65 +166,33 @@ def gap_table(trace: Trace) -> Gaps:
         nxt, prev = np.r_[nxt, -1], np.r_[prev, gpu[-1]]
     s, e = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
     keep = e > s
-    s, e, nxt, prev = s[keep], e[keep], nxt[keep].astype(np.int64), prev[keep].astype(np.int64)
-    n = len(s)
-    launch = np.where(nxt >= 0, link[np.maximum(nxt, 0)], -1).astype(np.int64)
-    us = np.zeros((n, len(CAUSES)))
-    sync_row = np.full(n, -1, dtype=np.int64)
-    queued_kind = np.full(n, -1, dtype=np.int64)
-    queued_from = e.copy()
-    col = {c: i for i, c in enumerate(CAUSES)}
-    threads = _ThreadIndex(trace, blocking)
-    queued_later = _queued_later(trace, gpu)
-    # a gap whose next op was launched before it began is all queued work (most gaps of a
-    # GPU-bound trace): set for all of them at once, the loop below judges the others
-    queued_before = (launch >= 0) & (end[np.maximum(launch, 0)] <= s)
-    us[queued_before, col["queued work"]] = (e - s)[queued_before]
-    queued_from[queued_before] = s[queued_before]
-    kinded: list[int] = np.flatnonzero(queued_before).tolist()  # the gaps with queued work (kinds found at the end)
-    for i in np.flatnonzero(~queued_before).tolist():
-        a, b, L = float(s[i]), float(e[i]), int(launch[i])
-        if L < 0:
-            # A stream runs its work in order: the op was queued already if work after it on its
-            # stream was launched before the gap began (a launch from before the profiler started).
-            if nxt[i] >= 0 and queued_later.get(int(nxt[i]), np.inf) <= a:
-                us[i, col["queued work"]] = b - a
-                queued_from[i] = a
-                kinded.append(i)
-            else:
-                us[i, col["untraced"]] = b - a
-            continue
-        ls, le = float(ts[L]), float(end[L])
-        p = min(max(ls, a), b)  # the host's part ends where the launch call starts
-        ready = min(max(le, p), b)  # the call returned: from then on the op was queued
-        waited = max(b - ready - LAUNCH_SLACK_US, 0.0)
-        us[i, col["queued work"]] = waited
-        us[i, col["launch"]] = (b - p) - waited
-        if waited > 0:
-            queued_from[i] = b - waited
-            kinded.append(i)
-        if p <= a:
-            continue
-        host = (np.array([a]), np.array([p]))
-        loading = _overlap(host, loader)
-        us[i, col["data loading"]] = loading
-        rest = (p - a) - loading
-        g, g_start = threads.sync_before(L, p)
-        if g >= 0:
-            lo_sync = max(a, g_start)
-            charged = (p - lo_sync) - _overlap((np.array([lo_sync]), np.array([p])), loader)
-            charged = min(max(charged, 0.0), rest)
-            us[i, col["host synchronisation"]] = charged
-            sync_row[i] = g
-            rest -= charged
-        us[i, col["host work"]] = max(rest, 0.0)
-    if kinded:
-        at = np.sort(np.asarray(kinded, dtype=np.int64))
-        queued_kind[at] = _queued_kinds(trace, threads, launch[at], nxt[at], prev[at])
-    out = Gaps(start=s, end=e, next_row=nxt, launch_row=launch, us=us, sync_row=sync_row, queued_kind=queued_kind,
-               queued_from=queued_from)
-    trace.__dict__["_gap_table"] = out
-    return out
+    return gpu, s[keep], e[keep], nxt[keep].astype(np.int64), prev[keep].astype(np.int64)
+
+
+def _charge_launched_later(us: np.ndarray, a: float, b: float, L: int, ls: float, le: float,
+                           loader: tuple[np.ndarray, np.ndarray], threads: _ThreadIndex) -> tuple[float, int]:
+    """Charge gap [a, b), whose op's launch call L ([ls, le]) ended after the gap began, in `us`
+    (its row of the table): (the queued wait after the call returned, the blocking call charged
+    with host synchronisation or -1)."""
+    p = min(max(ls, a), b)  # the host's part ends where the launch call starts
+    ready = min(max(le, p), b)  # the call returned: from then on the op was queued
+    waited = max(b - ready - LAUNCH_SLACK_US, 0.0)
+    us[_COL["queued work"]] = waited
+    us[_COL["launch"]] = (b - p) - waited
+    if p <= a:
+        return waited, -1
+    loading = _overlap((np.array([a]), np.array([p])), loader)
+    us[_COL["data loading"]] = loading
+    rest = (p - a) - loading
+    g, g_start = threads.sync_before(L, p)
+    if g >= 0:
+        lo_sync = max(a, g_start)
+        charged = (p - lo_sync) - _overlap((np.array([lo_sync]), np.array([p])), loader)
+        charged = min(max(charged, 0.0), rest)
+        us[_COL["host synchronisation"]] = charged
+        rest -= charged
+    us[_COL["host work"]] = max(rest, 0.0)
+    return waited, g
 
 
 def summarize(trace: Trace, gaps: Gaps) -> GapSummary:

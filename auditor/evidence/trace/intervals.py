@@ -10,16 +10,22 @@ def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, n
     starts = np.asarray(starts, dtype=np.float64)
     ends = np.asarray(ends, dtype=np.float64)
     keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    if not len(starts):
-        return starts, ends
+    if not keep.all():
+        starts, ends = starts[keep], ends[keep]
+    n = len(starts)
+    if n < 2:  # (new arrays, as below: the caller's are never handed back)
+        return starts.copy(), ends.copy()
+    # (called thousands of times on a few intervals each: few numpy calls, no np.r_)
     order = np.argsort(starts, kind="stable")
     s, e = starts[order], ends[order]
     run_end = np.maximum.accumulate(e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > run_end[:-1]
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.greater(s[1:], run_end[:-1], out=new[1:])
     first = np.flatnonzero(new)
-    last = np.r_[first[1:] - 1, len(s) - 1]
+    last = np.empty_like(first)
+    last[:-1] = first[1:] - 1
+    last[-1] = n - 1
     return s[first], run_end[last]
 
 

@@ -1,39 +1,17 @@
-"""Steps of a trace recorded without a profiler schedule (`with profile(): ...`), which writes no
-ProfilerStep ranges: one step per iteration of the training loop, as `prof.step()` would mark it.
+"""Steps of a trace: its ProfilerStep ranges (find_steps reads those first), else, for a recording
+without a profiler schedule, one step per iteration of the training loop, as `prof.step()` would
+mark it (why iterations, not optimizer steps: docs/schemas.md); assign_steps gives every event its
+step's number.
 
-Why iterations, and how they are found. Judged as one step, a recording of many iterations would
-have no per-step numbers, and its first iteration (the profiler's start, every first call: 100 ms
-beside 5 ms steps) would outweigh the rest. torch.optim's range around every optimizer step
-(`Optimizer.step#<class>.step`) is the one mark every training iteration leaves, but not one per
-iteration: a GAN steps two optimizers an iteration (both `Optimizer.step#Adam.step` when both are
-Adams), gradient accumulation one every k iterations. Cut at each optimizer step, a GAN's
-iterations would be two steps each (per-step times and counts halved), accumulation's k iterations
-one. So:
+- With DataLoader fetches on the thread that steps the optimizers, an iteration begins at a fetch
+  (fetches with no work between them begin one) and ends at the end of its last optimizer step, or
+  where the next fetch begins when it steps none (gradient accumulation).
+- Without them, the optimizer steps per iteration are the smallest period with which the steps'
+  descriptions (the range's name, its operators, the autograd nodes of the backward pass before it)
+  repeat over the recording's last two thirds; steps that cannot be told apart are a step each.
 
-* With the loop's DataLoader fetches on the thread that steps the optimizers (the usual
-  `for batch in loader:`), an iteration begins at a fetch: the loop fetches one batch per
-  iteration, however many optimizers it steps. Fetches with no work between them (two loaders
-  zipped) begin one iteration. An iteration ends at the end of its last optimizer step, or, when
-  it steps none (accumulation), where the next iteration's fetch begins. This holds for two
-  optimizers, for accumulation, and for a critic stepped more often than its generator.
-* Without fetches there, iterations are found from the optimizer steps' own pattern: each step is
-  described by its optimizer (its range's name and the operators it runs, which count its
-  parameters) and the backward pass before it (its autograd nodes: a discriminator's loss
-  backpropagates through other layers than a generator's). The smallest period with which those
-  descriptions repeat, over the last two thirds of the recording (the first steps initialise
-  optimizer state), is the number of optimizer steps per iteration. Only the optimizer and the
-  backward pass describe a step, not the rest of the loop, so a loop that logs every other
-  iteration does not look like two optimizers. Two optimizers that run the same operators after
-  identical backward passes cannot be told apart: each optimizer step is then a step.
-  Without fetches nothing marks an iteration that steps no optimizer, or one of several that step
-  the same one: gradient accumulation gives a step per optimizer step (its k batches), and a
-  critic stepped 3 times per generator step a step per repetition of that pattern (3 iterations).
-
-What comes before the first iteration's end is left out, as a schedule's warm-up would be. Fewer
-than two steps found: none (the whole recording is judged as one window).
-
-A trace recorded with a schedule has its steps in its ProfilerStep ranges (find_steps reads those
-first); assign_steps gives every event the number of the step it falls in.
+What comes before the first iteration's end is left out, as a schedule's warm-up would be; with
+fewer than two steps found there are none (the recording is judged as one window).
 """
 from __future__ import annotations
 
