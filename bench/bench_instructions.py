@@ -92,13 +92,16 @@ def window_events(out_dir: Path) -> dict[str, int]:
     return found[0]
 
 
-def run(cmd: list[str], out_dir: Path, env: dict, cwd: Path, cache: list[str]) -> dict[str, int]:
+def run(cmd: list[str], out_dir: Path, env: dict, cwd: Path, cache: list[str],
+        keep: Path | None = None) -> dict[str, int]:
     out_dir.mkdir()
     vg = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=yes", *cache,
           f"--callgrind-out-file={out_dir}/callgrind.%p"]
     p = subprocess.run(vg + cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed under valgrind: {p.stderr[-2000:]}")
+    if keep is not None:
+        shutil.copytree(out_dir, keep / out_dir.name, dirs_exist_ok=True)
     return window_events(out_dir)
 
 
@@ -125,6 +128,9 @@ def main() -> None:
                          "machine's) with a last level of BYTES (16-way, 64-byte lines; give one core's L2 "
                          "to see what the audit's work evicts of the program's there) and print the misses "
                          "per iteration: what instructions alone cannot show")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy the window's callgrind dumps to KEEP/VARIANT/ (callgrind_annotate reads them: "
+                         "which functions the audit's instructions went to)")
     args = ap.parse_args()
     cache = ["--cache-sim=yes", f"--LL={args.cache},16,64"] if args.cache else []
     for tool in ("valgrind", "cc"):
@@ -143,7 +149,7 @@ def main() -> None:
         prog = tmp_path / "proxy.py"
         prog.write_text(PROGRAM.format(setup=setup(args.program, args.width, args.layers, "cpu"), steps=args.steps,
                                        first=args.first, last=args.last))
-        plain_ev = run([sys.executable, str(prog), str(helper)], tmp_path / "plain", env, tmp_path, cache)
+        plain_ev = run([sys.executable, str(prog), str(helper)], tmp_path / "plain", env, tmp_path, cache, args.keep)
         plain = plain_ev["Ir"] / n
         print(f"plain              {plain / 1e6:8.3f} M instructions/iteration", flush=True)
         if cache:
@@ -154,7 +160,7 @@ def main() -> None:
             venv, flags = variant(v, env, PARTS)
             cmd = [sys.executable, "-m", "auditor", "run", str(prog), "--steps", str(args.steps), "--to-end", "-q",
                    "--out", str(tmp_path / f"audit-{v}"), *flags, "--", str(helper)]
-            ev = run(cmd, tmp_path / f"vg-{v}", venv, tmp_path, cache)
+            ev = run(cmd, tmp_path / f"vg-{v}", venv, tmp_path, cache, args.keep)
             counted[v] = ev["Ir"] / n
             line = f"{label(v):18s} {counted[v] / 1e6:8.3f} M instructions/iteration: {counted[v] / plain:.4f}x plain"
             if v in PARTS and "all" in counted and counted["all"] > plain:

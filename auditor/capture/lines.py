@@ -25,7 +25,7 @@ from operator import attrgetter, is_not, methodcaller
 from typing import Any
 
 from auditor.capture.cadence import due
-from auditor.capture.frames import library_code
+from auditor.capture.frames import library_code, on_forget
 from auditor.evidence import model as m
 
 INTERVAL_S = 0.002  # between looks at the step's stack: ~5 looks in a 10 ms step
@@ -118,8 +118,8 @@ class LineSampler:
         if at is None:
             self.last = now
             return
-        code, line = at
-        key = (code.co_filename, line, code.co_name)
+        code, lasti = at
+        key = (code.co_filename, _line_at(code, lasti), code.co_name)
         c = self.counts.get(key)
         if c is None:
             c = self.counts[key] = [0, 0.0]
@@ -129,7 +129,7 @@ class LineSampler:
 
 
 def _stack_codes(frames, ident: int | None, depth: int | None) -> list[tuple[Any, int]]:
-    """(code, line) of the innermost `depth` frames (None: all) of thread `ident`, innermost first,
+    """(code, f_lasti) of the innermost `depth` frames (None: all) of thread `ident`, innermost first,
     read in one statement whose frames live only inside C iterators consumed by one call, so this
     thread holds none of the program's frames once it could give the GIL to the program's thread.
     A frame held across such a switch could finish meanwhile: its locals outlive its return, and
@@ -138,8 +138,30 @@ def _stack_codes(frames, ident: int | None, depth: int | None) -> list[tuple[Any
     grad mode: freed here, it restored this thread's grad mode, not the program's, and dynamo
     raised "Global grad_mode state changed while dynamo tracing" in an audited compiled step (and
     a frame kept past its look keeps a loss and its graph alive for the step's memory checks)."""
-    return list(map(_CODE_LINE, islice(takewhile(_NOT_NONE, accumulate(
+    return list(map(_CODE_LASTI, islice(takewhile(_NOT_NONE, accumulate(
         chain(map(methodcaller("get", ident), map(_CALL, (frames,))), repeat("f_back")), getattr)), depth)))
+
+
+# (id(code), f_lasti) -> (code, its line): a frame's f_lineno decodes its code's line table from the
+# start at every read (~1-10 us in a long function: torch's optimizer and module code, a training
+# loop's), where its offset is one field; a look needs the line of one frame only (_line_at)
+_LINES: dict[tuple[int, int], tuple[Any, int | None]] = {}
+_LINES_AT_MOST = 10_000  # places kept (code made anew at run time would grow it without end)
+on_forget(_LINES.clear)
+
+
+def _line_at(code: Any, lasti: int) -> int | None:
+    """The line `code` is at when its frame's f_lasti is `lasti`: what the frame's f_lineno reads."""
+    key = (id(code), lasti)
+    hit = _LINES.get(key)
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    line = (next((n for start, end, n in code.co_lines() if start <= lasti < end), None) if lasti >= 0
+            else code.co_firstlineno)
+    if len(_LINES) >= _LINES_AT_MOST:
+        _LINES.clear()
+    _LINES[key] = (code, line)  # (the code kept with it: its id is not reused while it is here)
+    return line
 
 
 def _first_user(codes: list[tuple[Any, int]]) -> tuple[Any, int] | None:
@@ -148,4 +170,4 @@ def _first_user(codes: list[tuple[Any, int]]) -> tuple[Any, int] | None:
 
 _CALL = methodcaller("__call__")
 _NOT_NONE = partial(is_not, None)
-_CODE_LINE = attrgetter("f_code", "f_lineno")
+_CODE_LASTI = attrgetter("f_code", "f_lasti")

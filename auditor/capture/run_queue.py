@@ -6,14 +6,15 @@ thread's own work, sleeps and blocked waits (a queue, a disk) do not. The step r
 shared with other work the clock runs on while another process holds the CPU, and that is the
 machine's load, not the program's wait.
 
-The file names the thread that opened it: each thread (and a forked process's) opens its own,
-kept open (a `pread` costs ~2 us), closed when the thread's locals go."""
+The file names the thread that opened it: each thread opens its own (a thread-local, opened anew
+in a forked process: told by this_process.PID, no `gettid` call at each read), kept open (a
+`pread` costs ~2 us), closed when the thread's locals go."""
 from __future__ import annotations
 
 import os
 import threading
 
-from auditor.capture import own_fds
+from auditor.capture import own_fds, this_process
 
 _local = threading.local()
 _PATH = "/proc/thread-self/schedstat"
@@ -22,7 +23,7 @@ _none = [False]  # the kernel keeps no run delays (no CONFIG_SCHED_INFO), or not
 
 class _File:
     def __init__(self) -> None:
-        self.tid = threading.get_native_id()
+        self.pid = this_process.PID
         self.fd = os.open(_PATH, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self.key = own_fds.identity(self.fd)
 
@@ -39,7 +40,7 @@ def waited_ms() -> float | None:
         return None
     try:
         f = getattr(_local, "file", None)
-        if f is None or f.tid != threading.get_native_id() or not own_fds.still(f.fd, f.key):
+        if f is None or f.pid != this_process.PID or not own_fds.still(f.fd, f.key):
             f = _local.file = _File()
         return int(os.pread(f.fd, 128, 0).split()[1]) / 1e6
     except (OSError, AttributeError, ValueError, IndexError):

@@ -151,6 +151,11 @@ class TracedCalls:
     def note(self, value: Any) -> None:
         setattr(self.notes, _note_name(), value)
 
+    def noted(self) -> dict[str, Any]:
+        """The notes' own dict (kept, cleared by `take`): empty while nothing is noted. Read only
+        by code that cannot be running inside a trace (its truth would be a guard there)."""
+        return vars(self.notes)
+
     def take(self) -> list[tuple[Any, Any]]:
         """(value, the user's line of the compiled call) of each note since the last take, in the
         order they were made."""

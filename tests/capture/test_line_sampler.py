@@ -92,3 +92,44 @@ def test_a_long_run_is_sampled_half_as_often_after_each_32_samples_twice_then_on
     # a checked step owed its sample still hands it to the next unchecked one at the slower rates
     s = Schedule()
     assert [i for i in range(1570, 1700) if s.sampled(i, i == 1576)] == [1577, 1640]
+
+
+def test_a_look_charges_the_line_f_lineno_reads_in_a_long_function():
+    """A look reads each frame's instruction offset and the chosen frame's line from its code's line
+    table (f_lineno decodes that table from its start at every read: ~10 us at the end of a
+    600-line function). The line is the one the frame's f_lineno reads: in every frame of a real
+    stack, and the user's line at the end of a long function whose calls span several lines."""
+    from auditor.capture.lines import _line_at
+
+    def every_frame_agrees() -> int:
+        f, n = sys._getframe(), 0
+        while f is not None:
+            assert _line_at(f.f_code, f.f_lasti) == f.f_lineno, (f.f_code, f.f_lasti)
+            f, n = f.f_back, n + 1
+        return n
+
+    assert every_frame_agrees() > 3
+    seen = []
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    model.register_forward_hook(lambda *_: seen.append(every_frame_agrees()))
+    model(torch.randn(2, 4))
+    assert seen and seen[0] > 5  # (inside torch's module call, below this test's frames)
+
+    lines = [f"    x{i} = {i}" for i in range(600)]
+    source = ("def long(model, x, t0):\n" + "\n".join(lines) + "\n"
+              "    while time.perf_counter() - t0 < 0.3:\n"
+              "        y = model(\n"
+              "            x)\n")
+    scope = {"time": time}
+    exec(compile(source, "long_function.py", "exec"), scope)
+    model = nn.Linear(256, 256)
+    for _ in range(FIRST_LOOK):
+        model = nn.Sequential(nn.Sequential(model))
+    sampler = LineSampler()
+    sampler.resume()
+    scope["long"](model, torch.randn(256, 256), time.perf_counter())
+    sampler.pause()
+    times = [t for t in sampler.take() if t["where"]["file"] == "long_function.py"]
+    top = max(times, key=lambda t: t["ms"])
+    assert top["where"]["line"] in (603, 604), times  # (the call's line: where its CALL instruction is)
+    assert sum(t["ms"] for t in times if t["where"]["line"] in (603, 604)) >= 0.8 * sum(t["ms"] for t in times)

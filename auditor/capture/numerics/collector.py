@@ -121,7 +121,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         self.stepping = False  # a step runs, checked or not (its events are the step's)
         self.watching = False  # an unchecked step runs: its first loss is kept
         self.watch_off = False  # reading an unchecked step's loss failed once: no more watching
-        self.watched: Any = None  # an unchecked step's first loss, read at its end
+        self.watched: Any = None  # an unchecked step's first loss (a host loss's value), judged at its end
         # (step, host copy, event, whether the copy is the loss's value or its isfinite flag): a
         # GPU loss's read, once its event completes
         self.queued: list[tuple[int, Any, Any, bool]] = []
@@ -259,7 +259,10 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         loss, self.watched = self.watched, None
         try:
             with _no_torch_function():  # (no grad mode wanted: every read below makes a bool)
-                if loss is not None:
+                if isinstance(loss, float):  # (a one-element host loss, read as its backward began)
+                    if not (loss == loss and abs(loss) != math.inf):
+                        self._alarm(index)
+                elif loss is not None:
                     if loss.is_cpu:
                         # one element, as a loss is: its value read, one op (isfinite and all are
                         # several, each a cold path through torch at every step's end: ~70 us)
@@ -712,6 +715,21 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
         finally:
             _set_grad(grad_mode)
 
+    def _keep_watched(self, root: torch.Tensor) -> None:
+        """The loss an unchecked step's first backward pass starts from, kept for _read_watched: a
+        one-element host loss as its value, read now (no wait on the host, and nothing held: a
+        detached tensor and its read at the step's end cost ~3 us more, at every step); any other
+        detached (not the loss itself: its graph is not held to the step's end)."""
+        try:
+            with _no_torch_function():  # (the auditor's reads: the user's modes see the user's calls only)
+                if root.is_cpu and root.numel() == 1:
+                    self.watched = _TB.item(root)
+                    return
+            self.watched = root.detach()
+        except Exception as e:  # our bug must never become the user's failure: watching stops
+            self.watch_off = True
+            self.failed(e)
+
     def _backward_in_compiled_call(self, args: tuple, kwargs: dict) -> None:
         """(Also keeps an unchecked step's first loss: see _read_watched.) A backward pass the user's code starts inside a call of compiled code (a compiled
         function that calls `loss.backward()`, run as it is after dynamo's graph break there), where
@@ -721,7 +739,7 @@ class Numerics(Tables, Deferral, OptimizerWatch, StepRecordBuilder, Origins):
             if self.watched is None and not self.watch_off:
                 root = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
                 if isinstance(root, torch.Tensor) and root.is_floating_point():
-                    self.watched = root.detach()  # (not the loss itself: its graph is not held to the step's end)
+                    self._keep_watched(root)
             return
         if in_compiled_call() and self.in_step and self.checking and not self.paused and not self.in_backward:
             t0 = perf()

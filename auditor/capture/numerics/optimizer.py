@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from auditor.capture import probes
+from auditor.capture.probes.recorder import NOTED
 from auditor.capture.frames import user_frame
 from auditor.capture.numerics.stack import _checks_range, _compiling, _pop_mode, _push_mode, _set_grad, _top_mode, perf
 from auditor.capture.numerics.tensors import _STRIDED, _checkable, _is_wrapped, _real, _stored
@@ -77,7 +78,8 @@ class OptimizerWatch:
         return probes.update_begins(opt, *(changed or (args, kwargs))) or changed
 
     def _opt_begins(self, opt, args, kwargs) -> tuple | None:
-        probes.settle_traced_steps()  # (compiled steps before this one are read first)
+        if NOTED:  # (compiled steps before this one are read first: probes.settle_traced_steps)
+            probes.settle_traced_steps()
         self.opt_t0 = perf()
         self.opt_frame, self.opt_where = sys._getframe(1), None  # (see _opt_user_line)
         # The update's own ops (hundreds per step) are judged through the parameters afterwards:
@@ -207,7 +209,8 @@ class OptimizerWatch:
         self.opt_frame = None  # (a frame keeps its locals alive)
         t0 = perf()
         try:
-            self._check_update(opt)
+            if self.opt_steps:  # (an unchecked step recorded none: nothing to check)
+                self._check_update(opt)
         finally:
             self.paused = max(0, self.paused - 1)
             if self.mode_popped:
@@ -217,11 +220,11 @@ class OptimizerWatch:
 
     def _check_update(self, opt) -> None:
         """The weights after `opt`'s update (recorded by `_record_grads` before it) are checked."""
-        grad_mode = torch.is_grad_enabled()
         rec = self.opt_steps[-1] if self.opt_steps else None
         plan = rec.get("plan") if rec is not None else None
         if plan is None or plan.ref() is not opt:
             return
+        grad_mode = torch.is_grad_enabled()
         try:
             if self.in_step and self.checking:
                 _set_grad(False)

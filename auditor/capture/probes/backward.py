@@ -10,7 +10,7 @@ import torch
 
 from auditor.capture.frames import user_frame
 from auditor.capture.probes.graph_use import graph_of
-from auditor.capture.probes.recorder import REC, FrameKey, Recorder, settle_traced_steps
+from auditor.capture.probes.recorder import NOTED, REC, FrameKey, Recorder, settle_traced_steps
 from auditor.capture.probes.wrappers import _compiling, _user_call, _wrap, perf
 from auditor.evidence import model as m
 
@@ -85,7 +85,8 @@ def _backward_probe(what: str, tensors_of: Callable[..., Any]):
             if rec.active:
                 f = _user_call()
                 if f is not None:
-                    settle_traced_steps()  # (before this backward pass changes their gradients)
+                    if NOTED:  # (before this backward pass changes their gradients)
+                        settle_traced_steps()
                     for start in _BACKWARD_STARTS:
                         start(what, tensors_of(*args, **kwargs))
                     for read in _BACKWARD_READERS:

@@ -38,7 +38,7 @@ def _torch_update(opt: Any, args: tuple, kwargs: dict) -> Any:
         except (AttributeError, ValueError):  # (no step of its own to read, or wrappers in a cycle)
             code = None
         own = _TORCH_STEP[cls] = code is not None and is_torch_internal(code.co_filename)
-    if not own or len(args) > 2 or any(k != "closure" for k in kwargs):
+    if not own or len(args) > 2 or (kwargs and (len(kwargs) > 1 or "closure" not in kwargs)):
         return _MINE
     if getattr(opt, "_optimizer_step_pre_hooks", None) or getattr(opt, "_optimizer_step_post_hooks", None):
         return _MINE

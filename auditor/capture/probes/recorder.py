@@ -77,7 +77,8 @@ class Recorder:
         A graph unused in its own step is counted unused and watched one step more: if that step's
         backward runs into it, a tensor carried across steps holds it, and it is counted again as
         carried (the rule tells the two apart: dropping retain_graph there breaks the next step)."""
-        settle_traced_steps()
+        if NOTED:  # (settle_traced_steps, at a step boundary: never inside a trace)
+            settle_traced_steps()
         if _aside[0]:  # (an update that raised skipped its post-hooks: no probe stays aside past its step)
             _aside[:] = [0, False]
         if graphs:  # (False: the graphs freed so far are told at a later drain, a step's or the run's end)
@@ -124,6 +125,10 @@ REC = Recorder(active=False)
 
 # Optimizer steps that ran inside code torch.compile traced, noted by the traced step pre-hook
 _TRACED_STEPS = TracedCalls()
+# its notes (empty in a program that compiles no optimizer step): code that cannot be running
+# inside a trace tests it before settling, a dict's truth for the ~5 calls a step of two Python
+# calls (is_compiling) and the take (settle_noted)
+NOTED = _TRACED_STEPS.noted()
 _TRACED_STEP_READERS: list[Callable[[Any, FrameKey], None]] = []
 
 
@@ -151,7 +156,7 @@ def settle_traced_steps() -> None:
     step cannot run inside a graph), and handed to the readers. Called wherever the auditor runs
     next and the step's inputs may change: before the next optimizer step, zero_grad, a backward
     pass or a scheduler's step, and at the step's end."""
-    if _compiling():  # (read by the code that runs after the compiled code)
+    if _compiling() or not NOTED:  # (read by the code that runs after the compiled code)
         return
     for opt, where in _TRACED_STEPS.take():
         rec = REC

@@ -143,7 +143,11 @@ def _sync_method(what: str, applies: Callable[..., bool] | None = None, grad_war
         on_forget(torch_own.clear)  # (at the program's end: frames.forget_codes)
 
         def probe(self, *args, **kwargs):
-            if _compiling() or aside[1] or not isinstance(self, torch.Tensor):  # (not a tensor: torch's own TypeError)
+            # (the flag first: torch's own update makes most of these calls, `step.item()` once per
+            # parameter, and passed on without arguments to unpack each costs half as much)
+            if aside[1]:
+                return plain(self, *args, **kwargs) if args or kwargs else plain(self)
+            if _compiling() or not isinstance(self, torch.Tensor):  # (not a tensor: torch's own TypeError)
                 return plain(self, *args, **kwargs)
             rec = REC
             if rec.active and not rec.in_data:
