@@ -415,7 +415,8 @@ class DataloaderBound(Rule):
         if gpu is not None and (needed is not None or not workers):  # (else: workers the run saw fall behind)
             dataset = settings.get("dataset") or "the dataset"
             if needed is not None:  # (the workers' CPU time sets the wait)
-                message = (f"On the GPU this step would take {gpu_step:.2f} ms, {gpu_wait:.2f} ms of it waiting for "
+                message = ("On the GPU the steps would wait for data: add DataLoader workers. "
+                           f"On the GPU this step would take {gpu_step:.2f} ms, {gpu_wait:.2f} ms of it waiting for "
                            f"data (predicted by the CUDA rehearsal): its {workers} worker process"
                            f"{'es take' if workers > 1 else ' takes'} {supply.cpu_ms_per_batch:.2f} ms of CPU "
                            f"to make a batch in `{dataset}`'s `__getitem__`/`__iter__` and the collate, so "
@@ -431,7 +432,8 @@ class DataloaderBound(Rule):
                 if others:
                     summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
             else:
-                message = (f"The steps wait {wait_ms:.1f} ms a step for data with num_workers={settings.get('num_workers')}, "
+                message = ("Steps wait for data: load it in DataLoader workers. "
+                           f"The steps wait {wait_ms:.1f} ms a step for data with num_workers={settings.get('num_workers')}, "
                            f"pin_memory={settings.get('pin_memory')}: on the GPU, which takes the kernels' work off "
                            f"the host but not the loading, that is {gpu_wait:.2f} of the {gpu_step:.2f} ms it would "
                            f"take (predicted by the CUDA rehearsal).")
@@ -443,7 +445,8 @@ class DataloaderBound(Rule):
             # Workers exist, are kept and load ahead, and the step still waits: they cannot keep
             # up. Repeating their settings back ("persistent_workers=True") would say nothing.
             dataset = settings.get("dataset") or "the dataset"
-            message = (f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) although "
+            message = ("Steps wait for data its workers cannot make in time: make samples cheaper. "
+                       f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) although "
                        f"{workers} worker processes load ahead (prefetch_factor={settings.get('prefetch_factor')}, "
                        f"persistent_workers={settings.get('persistent_workers')}): the workers cannot keep up. "
                        f"Each makes its samples one at a time in `{dataset}`'s `__getitem__`/`__iter__`, more slowly "
@@ -467,7 +470,9 @@ class DataloaderBound(Rule):
                 summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
             note = "the step's wait for batches its workers have not finished yet"
         else:
-            message = (f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) with "
+            message = (("Steps wait for data: load it in DataLoader workers. " if not workers else
+                        "Steps wait for data: change the DataLoader's settings. ")
+                       + f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) with "
                        f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
             summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
                        if not workers else f"Set {rec_text}." if rec else "")

@@ -360,10 +360,10 @@ class HostSync(Rule):
             cost = median_cost_of(ev, per_step_ms)
             confidence, confidence_text = cost_confidence(list(per_step_ms.values()), cpu_over_wall(ev.steps),
                                                           "the syncs")
-            sev, prefix = "warning", ""
+            sev, prefix = "warning", "The host waits for the GPU: read values less often. "
         elif as_gpu:
             cost = sync_cost(ev, rate)  # rehearsed: estimated from the device model
-            sev, prefix = "warning", "On the GPU these synchronise: "
+            sev, prefix = "warning", "The host would wait for the GPU: read values less often. On the GPU these synchronise: "
         else:  # a CPU-only program: nothing of accelerators is said to it
             cost = Cost(ms_per_step=None, share_of_step=None, measured=False, note=CPU_ONLY_NOTE)
             sev, prefix = "info", ""
