@@ -168,7 +168,7 @@ def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | 
     gc.disable()
     try:
         _run_each(evidence, config, timings, out, roots)
-        out.findings = _attributed(evidence, config, out.findings)
+        out.findings = graded(_attributed(evidence, config, out.findings))
     finally:
         if collecting:
             gc.enable()
@@ -185,6 +185,29 @@ def _attributed(evidence: Evidence, config: Config, findings: list) -> list:
     rules = all_rules()
     sides = {rule_id: cls.saves_on for rule_id, cls in rules.items()}
     return attribute(evidence, findings, sides, float(config.options_for(GpuIdle).min_idle_share))
+
+
+# A performance warning saves at least this share of the run's time (what prints as 1%); one that
+# saves less is info: a warning is worth a person's time
+MIN_WARNING_SHARE = 0.005
+
+
+def graded(findings: list[Finding]) -> list[Finding]:
+    """Severity follows cost: a performance warning whose fix saves under MIN_WARNING_SHARE of the
+    run's time, or whose cost is not timed (counted only) where its rule gives no reason a user can
+    act on (Rule.warns_uncounted), is info. Errors, info and other categories are left as found."""
+    rules = all_rules()
+    out = []
+    for f in findings:
+        cls = rules.get(f.rule)
+        if f.severity == "warning" and cls is not None and cls.category == "performance" and f.cost is not None:
+            share = f.cost.share_of_step
+            small = f.cost.ms_per_step is not None and share is not None and share < MIN_WARNING_SHARE
+            uncounted = f.cost.ms_per_step is None and not cls.warns_uncounted
+            if small or uncounted:
+                f = msgspec.structs.replace(f, severity="info")
+        out.append(f)
+    return out
 
 
 def _run_each(evidence: Evidence, config: Config, timings: dict | None, out: RuleResults, roots: list[Path]) -> None:
