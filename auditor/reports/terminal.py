@@ -342,7 +342,7 @@ def finding_lines(evidence: Evidence, findings: list[Finding], brief: bool = Fal
     """A line per finding (most costly first); of several recordings, a rule's findings past
     PER_RULE_LINES in one line instead, at its costliest finding's place. `brief`: finding_brief's
     line, else finding_line's (the whole message)."""
-    one = finding_brief if brief else finding_line
+    one = finding_brief if brief else finding_line  # (finding_brief at WIDTH: brief_lines cuts at its own)
     traces = len(evidence.trace_data) + len(evidence.snapshot_data)
     counts: dict[str, int] = {}
     for f in findings:
@@ -476,7 +476,8 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     lines.extend(Text(f"rule {err['rule']} failed: {err['error']}", style="red") for err in results.errors)
     extras = []
     if results.skipped:
-        extras.append(f"{len(results.skipped)} rule(s) skipped")
+        wanting = all(s["reason"].startswith("needs ") for s in results.skipped)
+        extras.append(f"{len(results.skipped)} rule(s) skipped" + (", for want of the evidence they read" if wanting else ""))
     if results.suppressed:
         extras.append(f"{results.suppressed} finding(s) suppressed")
     if extras:
@@ -673,25 +674,31 @@ def _short_ms(ms: float) -> str:
     return f"{ms:.1f}" if ms >= 10 else small_ms(ms)
 
 
-def finding_brief(f: Finding) -> Text:
+def finding_brief(f: Finding, width: int = WIDTH) -> Text:
     """One finding in one line, ruff's shape: `severity rule file:line cost sentence` (the cost per
     step and its share, `~` where estimated), the sentence its message's first (the rest is in the
-    report, `--verbose` and findings.json)."""
+    report, `--verbose` and findings.json). A path that leaves the sentence under half the `width`
+    is shortened to its last two parts (`…/proj/train.py`)."""
     line = _finding_prefix(f)
+    if f.locations and len(line.plain) > width // 2:
+        line = _finding_prefix(f, short=True)
     if cost := _brief_cost(f):
         line.append(f" {cost}", style="bold" if f.cost and f.cost.ms_per_step is not None else "dim")
     line.append(" " + first_sentence(f.message))
     return line
 
 
-def _finding_prefix(f: Finding) -> Text:
+def _finding_prefix(f: Finding, short: bool = False) -> Text:
     line = Text()
     line.append(f"{f.severity:<7}", style=SEVERITY_STYLE.get(f.severity, ""))
     line.append(" ")
     line.append(f.rule, style="bold")
     if f.locations:
         loc = f.locations[0]
-        line.append(f" {_short_path(loc.file)}:{loc.line}", style="dim")
+        path = _short_path(loc.file)
+        if short and len(Path(path).parts) > 2:
+            path = "…/" + "/".join(Path(path).parts[-2:])
+        line.append(f" {path}:{loc.line}", style="dim")
     return line
 
 

@@ -180,13 +180,13 @@ def test_one_cost_shows_one_percentage_everywhere(tmp_path, example_audit):
     assert share == round(ms / doc["run_time"]["base_ms"], 4) and share > 0
     pct = f"{share:.0%}"
     # the terminal: the headline's recoverable share, the finding's line and its message
-    head = a.stdout.splitlines()[0]
+    head = (a.out / "summary.txt").read_text().splitlines()[0]
     m = re.search(r"median ([\d.]+) ms/step.*up to ([\d.]+) ms/step recoverable \((\d+%)\) by the warnings' fixes together$", head)
     assert m, head
     # (the headline prints the median to 2 decimals, findings.json keeps 3: 20.2851 is 20.29
     # there and 20.285 here, which rounds to 20.28 again)
     assert abs(float(m[1]) - median_ms) <= 0.0051 and (float(m[2]), m[3]) == (round(ms, 2), pct)
-    [line] = [ln for ln in a.stdout.splitlines() if ln.startswith("warning dataloader-bound ")]
+    [line] = [ln for ln in (a.out / "summary.txt").read_text().splitlines() if ln.startswith("warning dataloader-bound ")]
     assert line.endswith(f"({ms:.2f} ms/step, {pct})"), line
     assert f"({pct} of the run's time)" in f["message"] and f["message"] in line
     assert re.findall(r"\d+%", line) == [pct, pct], line  # no second percentage for this cost
