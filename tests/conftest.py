@@ -470,3 +470,12 @@ def growing_run(tmp_path_factory) -> Audit:
                      "--quiet", out=folder / "out")
 
     return shared(tmp_path_factory, "growing-18", make)
+
+
+def graded_severity(f: dict) -> str:
+    """A timed performance warning's severity as its cost sets it (auditor.rules.engine.graded):
+    info where its fix saves under MIN_WARNING_SHARE of the run's time."""
+    from auditor.rules.engine import MIN_WARNING_SHARE
+
+    share = (f.get("cost") or {}).get("share_of_step")
+    return "warning" if share is not None and share >= MIN_WARNING_SHARE else "info"

@@ -168,7 +168,9 @@ def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | 
     gc.disable()
     try:
         _run_each(evidence, config, timings, out, roots)
-        out.findings = graded(_attributed(evidence, config, out.findings))
+        # (graded on each rule's own cost, before attribution: it gives a warning the idle its cause
+        # leaves, an info finding no more than its own cost)
+        out.findings = _attributed(evidence, config, graded(out.findings))
     finally:
         if collecting:
             gc.enable()

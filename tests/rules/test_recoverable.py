@@ -141,11 +141,11 @@ def test_findings_json_keeps_the_measured_cost_beside_what_the_fix_saves() -> No
     doc = document(ev, results)
     sync = next(f for f in doc["findings"] if f["rule"] == "host-sync")
     assert set(sync["cost"]) == {"ms_per_step", "share_of_step", "measured", "note", "within"}
-    # (its waits took 0.44 ms; the idle they left until the host's next launch, 0.86, is what its fix
-    # saves on this host-bound step: its cost, with its own measure kept beside it)
-    assert sync["evidence"]["own_ms_per_step"] == pytest.approx(raw_sync_saving_per_step_ms(RANK0), abs=1e-3)
-    assert sync["cost"]["ms_per_step"] == pytest.approx(raw_causes(str(TRACES / RANK0))["host synchronisation"],
-                                                        abs=2e-3)
+    # (its waits took 0.44 ms a step, about 0.1% of the step: info (severity follows cost,
+    # auditor.rules.engine.graded), so its cost is its own waits, not the 0.86 ms of idle they left
+    # until the host's next launch, which only a warning's fix is given)
+    assert sync["severity"] == "info" and sync["cost"]["share_of_step"] < 0.005
+    assert sync["cost"]["ms_per_step"] == pytest.approx(raw_sync_saving_per_step_ms(RANK0), abs=1e-3)
 
 
 def two_run_logdir(root, a: str, b: str):
@@ -174,7 +174,7 @@ def test_the_headline_adds_up_only_the_trace_whose_steps_it_shows(tmp_path) -> N
     # unexplained rest is info)
     own = [f for f in results.findings if f.evidence["trace"].split("/")[-2] == "run-a" and f.severity == "warning"]
     total = sum(f.cost.ms_per_step for f in own)
-    assert {f.rule for f in own} == {"launch-bound", "exposed-comm"}
+    assert {f.rule for f in own} == {"launch-bound", "exposed-comm"}, [(f.rule, f.severity, f.cost) for f in results.findings]
     assert rec.ms == pytest.approx(total, abs=1e-3) and not rec.capped
     assert rec.share == pytest.approx(total / raw_base_ms(DDP), abs=1e-4)
     assert rec.elsewhere == 1
@@ -229,7 +229,7 @@ def test_a_trace_given_beside_a_run_is_not_added_to_the_run(example_audit, tmp_p
     assert own and rec.ms == pytest.approx(min(sum(f.cost.ms_per_step for f in own), run_time(ev).base_ms), abs=1e-3)
     assert rec.elsewhere == 1
     assert any(f["rule"] == "gpu-idle" for f in both.findings) and not any(f["rule"] == "gpu-idle" for f in alone["findings"])
-    head = both.stdout.splitlines()[0]
+    head = (both.out / "summary.txt").read_text().splitlines()[0]  # (the whole head: --verbose's)
     assert f"up to {rec.ms:.2f} ms/step recoverable" in head and "findings on 1 other trace not added in" in head
 
 
