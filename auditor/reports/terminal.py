@@ -342,7 +342,10 @@ def finding_lines(evidence: Evidence, findings: list[Finding], brief: bool = Fal
     """A line per finding (most costly first); of several recordings, a rule's findings past
     PER_RULE_LINES in one line instead, at its costliest finding's place. `brief`: finding_brief's
     line, else finding_line's (the whole message)."""
-    one = finding_brief if brief else finding_line  # (finding_brief at WIDTH: brief_lines cuts at its own)
+    one = finding_line
+    if brief:  # (finding_brief at WIDTH: brief_lines cuts at its own; one recording need not be named)
+        def one(f: Finding) -> Text:
+            return finding_brief(f, named=traces < 2)
     traces = len(evidence.trace_data) + len(evidence.snapshot_data)
     counts: dict[str, int] = {}
     for f in findings:
@@ -674,17 +677,23 @@ def _short_ms(ms: float) -> str:
     return f"{ms:.1f}" if ms >= 10 else small_ms(ms)
 
 
-def finding_brief(f: Finding, width: int = WIDTH) -> Text:
+def finding_brief(f: Finding, width: int = WIDTH, named: bool = False) -> Text:
     """One finding in one line, ruff's shape: `severity rule file:line cost sentence` (the cost per
     step and its share, `~` where estimated), the sentence its message's first (the rest is in the
     report, `--verbose` and findings.json). A path that leaves the sentence under half the `width`
-    is shortened to its last two parts (`…/proj/train.py`)."""
+    is shortened to its last two parts (`…/proj/train.py`). `named`: the audit read one recording,
+    which the sentence need not name ("in x.pt.trace.json.gz")."""
     line = _finding_prefix(f)
     if f.locations and len(line.plain) > width // 2:
         line = _finding_prefix(f, short=True)
     if cost := _brief_cost(f):
         line.append(f" {cost}", style="bold" if f.cost and f.cost.ms_per_step is not None else "dim")
-    line.append(" " + first_sentence(f.message))
+    sentence = first_sentence(f.message)
+    trace = f.evidence.get("trace") if named and isinstance(f.evidence, dict) else None
+    if isinstance(trace, str) and trace:
+        name = re.escape(Path(trace).name)
+        sentence = re.sub(rf"^In {name},? (\w)", lambda m: m[1].upper(), re.sub(rf" in {name}\b", "", sentence))
+    line.append(" " + sentence)
     return line
 
 

@@ -170,7 +170,9 @@ def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | 
         _run_each(evidence, config, timings, out, roots)
         # (graded on each rule's own cost, before attribution: it gives a warning the idle its cause
         # leaves, an info finding no more than its own cost)
-        out.findings = _attributed(evidence, config, graded(out.findings))
+        # and again after it, for a warning whose saving attribution took (the step's bound, an
+        # overlap) below the line
+        out.findings = graded(_attributed(evidence, config, graded(out.findings)))
     finally:
         if collecting:
             gc.enable()
