@@ -168,11 +168,9 @@ def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | 
     gc.disable()
     try:
         _run_each(evidence, config, timings, out, roots)
-        # (graded on each rule's own cost, before attribution: it gives a warning the idle its cause
-        # leaves, an info finding no more than its own cost)
-        # and again after it, for a warning whose saving attribution took (the step's bound, an
-        # overlap) below the line
-        out.findings = graded(_attributed(evidence, config, graded(out.findings)))
+        # (graded on what each fix saves once attribution has set it: a sync's fix is given the idle
+        # it leaves, a host-side fix on a device-bound step nothing)
+        out.findings = graded(_attributed(evidence, config, out.findings))
     finally:
         if collecting:
             gc.enable()
