@@ -1142,7 +1142,7 @@ def test_cuda_everywhere_syncs_and_pageable_copies(rehearsed):
 
     sync = located(a, "gpu_cuda_everywhere", "host-sync")
     assert sync["evidence"]["judged_as_gpu_code"] is True  # judged as GPU code, not "would sync on an accelerator"
-    assert sync["severity"] == graded_severity(sync)
+    assert sync["severity"] == graded_severity(sync, a.findings_doc)
     # estimated on the default device row (A100 SXM4 80GB): 3 syncs a step x 10 us round trip
     assert sync["cost"]["measured"] is False and sync["cost"]["ms_per_step"] == pytest.approx(0.03)
     assert "A100 SXM4 80GB (the default" in sync["cost"]["note"] and "10 us" in sync["cost"]["note"]
@@ -1285,7 +1285,7 @@ def test_reduce_lr_on_plateau_of_a_gpu_tensor_is_a_sync(plateau, mark, syncs):
         assert {t["what"] for t in counted} == {"ReduceLROnPlateau.step"} and len(counted) == 2  # steps 0 and 4
         assert all(s["line"] != line for s in f["evidence"]["sites"]), f["evidence"]["sites"]
         return
-    assert f["severity"] == graded_severity(f) and f["evidence"]["syncs_per_step"] == syncs
+    assert f["severity"] == graded_severity(f, a.findings_doc) and f["evidence"]["syncs_per_step"] == syncs
     [site] = f["evidence"]["sites"]
     assert (site["what"], site["file"], site["line"], site["per_step"]) == ("ReduceLROnPlateau.step", str(trainer),
                                                                              line, syncs)

@@ -48,7 +48,7 @@ def test_legacy_cuda_types_are_rehearsed_as_gpu_tensors(tmp_path):
                       ("torch.cuda.LongTensor(host data)", marked("LABELS LINE"))}
     # and the step is judged as GPU code: its two .item() a step are syncs
     [sync] = a.rule("host-sync")
-    assert sync["severity"] == graded_severity(sync) and sync["evidence"]["judged_as_gpu_code"] is True
+    assert sync["severity"] == graded_severity(sync, a.findings_doc) and sync["evidence"]["judged_as_gpu_code"] is True
 
 
 TOLD_A_GPU = """import torch
