@@ -214,7 +214,7 @@ def exit_code(evidence, results, fail_on: str | None) -> int:
 
 
 def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None,
-           baseline: tuple | None = None, amend=None) -> int:
+           baseline: tuple | None = None, amend=None, verbose: bool = False) -> int:
     """Save the evidence, then load -> rules -> reports: the same path `audit analyze DIR` takes.
     `baseline` (--baseline: its loaded Evidence and its path) adds the comparison with it to the
     reports, and its summary after the findings. `amend(evidence, results)`, when given, returns
@@ -257,9 +257,9 @@ def finish(evidence, config: Config, out: Path, quiet: bool, fail_on: str | None
         if unwritten:
             click.echo(f"audit: not written (see the warnings above): {', '.join(unwritten)}")
     elif not unwritten:
-        print_summary(evidence, results, out)
+        print_summary(evidence, results, out, verbose=verbose)
     else:  # the summary names the outputs found in `out`: an older one there is not this run's
-        print_summary(evidence, results, None)
+        print_summary(evidence, results, None, verbose=verbose)
         _echo_written(out, written, unwritten)
     if comparison is not None:
         from auditor.reports.diff_report import headline, print_diff
@@ -475,7 +475,7 @@ class RunAudit:
     def finish(self, evidence, out: Path, amend=None) -> int:
         o = self.options
         return finish(with_device(evidence, self.device_key), self.config, out, o.quiet, o.fail_on, self.baseline,
-                      amend)
+                      amend, verbose=o.verbose)
 
     def launch(self, session) -> int:
         """--nproc-per-node N: the ranks under torch.distributed.run, their merged evidence reported here."""
@@ -630,7 +630,7 @@ def analyze(paths: tuple[Path, ...], options: AnalyzeOptions) -> int:
     echo_unread(evidence)
     out = output_dir(o.out, "analyze")
     with given_device_memory(o.device_memory):
-        return finish(with_device(evidence, device_key), config, out, o.quiet, o.fail_on)
+        return finish(with_device(evidence, device_key), config, out, o.quiet, o.fail_on, verbose=o.verbose)
 
 
 def missing(p: Path) -> str:
@@ -721,7 +721,7 @@ def echo_unread(evidence) -> None:
 
 
 def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
-           source_roots: tuple[Path, ...] = ()) -> int:
+           source_roots: tuple[Path, ...] = (), verbose: bool = False) -> int:
     """`audit report`: a saved run directory's reports written again, into it. Its exit code is 0
     whatever the findings (no --fail-on), 2 when an output could not be written."""
     from auditor.evidence.load import load_paths
@@ -744,7 +744,7 @@ def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...],
     from auditor.verify import saved_amend
 
     # (a run verified with --verify keeps its fixes' verification: one taken out stays out)
-    code = finish(evidence, config, run_dir, quiet=False, fail_on=None, amend=saved_amend(run_dir))
+    code = finish(evidence, config, run_dir, quiet=False, fail_on=None, amend=saved_amend(run_dir), verbose=verbose)
     return EXIT_USAGE if code == EXIT_USAGE else EXIT_OK
 
 
@@ -764,7 +764,7 @@ def checkpoint(file: Path, options: CheckpointOptions) -> int:
     except InputError as e:
         raise UsageFailure(str(e)) from None
     out = output_dir(o.out, f"checkpoint-{file.stem}")
-    return finish(evidence, config, out, o.quiet, o.fail_on)
+    return finish(evidence, config, out, o.quiet, o.fail_on, verbose=o.verbose)
 
 
 # --- comparisons (auditor.diff) -------------------------------------------------------------------

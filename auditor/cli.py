@@ -64,6 +64,8 @@ _SHARED_OPTIONS: dict[str, Callable[..., Callable]] = {
     "ignore": lambda default, quiet_help: click.option(
         "--ignore", multiple=True, help="Skip these rule ids (comma-separated or repeated)."),
     "quiet": lambda default, quiet_help: click.option("--quiet", "-q", is_flag=True, help=quiet_help),
+    "verbose": lambda default, quiet_help: click.option(
+        "--verbose", "-v", is_flag=True, help="The summary in full: how each figure was measured, each finding's whole message."),
     "device": lambda default, quiet_help: click.option(
         "--device", "device", default=None, metavar="NAME",
         help="The GPU to judge kernel efficiency by when a trace does not name it, and to estimate a "
@@ -176,7 +178,7 @@ def _stray_with_module(module: str | None, target: str | None, script_args: tupl
 @click.option("--open", "open_report", is_flag=True, help="Open report.html in the browser when done.")
 @click.option("--tensorboard", is_flag=True,
               help="Start TensorBoard (torch-tb-profiler) on the run's traces, print its URL, serve until Ctrl-C.")
-@shared_options("quiet", quiet_help="No progress bar; only the one-line summary.")
+@shared_options("quiet", "verbose", quiet_help="No progress bar; only the one-line summary.")
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
               help="Launch this many ranks with torch.distributed.run (the target calls init_process_group).")
 @click.option("--verify", is_flag=True,
@@ -208,7 +210,7 @@ def run(target: str | None, script_args: tuple[str, ...], module: str | None, op
 
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@shared_options("out", "fail-on", "select", "ignore", "quiet", "device", "device-memory",
+@shared_options("out", "fail-on", "select", "ignore", "quiet", "verbose", "device", "device-memory",
                 out_default="audit-out/analyze-<timestamp>/")
 @click.option("--engine", type=click.Choice(["local", "ray", "dask"]), default=None,
               help="Where a job's per-rank traces are reduced: local (a process pool on this machine), ray or dask "
@@ -241,11 +243,12 @@ def diff_cmd(a: Path, b: Path, fail_on_regression: float | None, out: Path | Non
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
-@shared_options("select", "ignore")
+@shared_options("select", "ignore", "verbose")
 @_SOURCE_ROOT
-def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...], source_roots: tuple[Path, ...] = ()) -> None:
+def report(run_dir: Path, select: tuple[str, ...], ignore: tuple[str, ...], source_roots: tuple[Path, ...] = (),
+           verbose: bool = False) -> None:
     """Re-render the reports of a saved run directory (no code is re-run)."""
-    sys.exit(app.report(run_dir, select, ignore, source_roots))
+    sys.exit(app.report(run_dir, select, ignore, source_roots, verbose))
 
 
 @cli.command("rules")
@@ -278,7 +281,8 @@ def explain(rule_id: str) -> None:
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--against", "against", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A YAML/JSON/TOML config (lr, weight_decay, betas, a scheduler section) to compare with.")
-@shared_options("out", "fail-on", "select", "ignore", "quiet", out_default="audit-out/checkpoint-<name>-<timestamp>/")
+@shared_options("out", "fail-on", "select", "ignore", "quiet", "verbose",
+                out_default="audit-out/checkpoint-<name>-<timestamp>/")
 def checkpoint(file: Path, **given) -> None:
     """Audit a saved checkpoint: non-finite or extreme tensors, optimizer state health, and the
     stored learning rate against CONFIG. FILE is a torch.save file, a .safetensors file, or a

@@ -46,6 +46,7 @@ class OutputOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     quiet: bool = False
+    verbose: bool = False  # the summary in full (auditor.reports.terminal.summary_lines)
 
     @classmethod
     def checked(cls: type[T], **given: Any) -> T:

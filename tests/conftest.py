@@ -470,3 +470,18 @@ def growing_run(tmp_path_factory) -> Audit:
                      "--quiet", out=folder / "out")
 
     return shared(tmp_path_factory, "growing-18", make)
+
+
+def graded_severity(f: dict, doc: dict) -> str:
+    """A timed performance warning's severity as its cost sets it (auditor.rules.engine.graded):
+    info where its fix saves under MIN_WARNING_SHARE of the run's time; an estimated cost of a CUDA
+    rehearsal, of the step predicted on the GPU (findings.json `doc`'s steps.clock)."""
+    from auditor.rules.engine import MIN_WARNING_SHARE
+
+    cost = f.get("cost") or {}
+    share = cost.get("share_of_step")
+    clock = (doc.get("steps") or {}).get("clock") or {}
+    if (doc["environment"].get("rehearsal") and clock.get("source") == "estimate" and clock.get("issue_floor_ms")
+            and clock.get("device_ms") is not None and cost.get("ms_per_step") is not None and not cost.get("measured")):
+        share = cost["ms_per_step"] / max(clock["issue_floor_ms"], clock["device_ms"])
+    return "warning" if share is not None and share >= MIN_WARNING_SHARE else "info"

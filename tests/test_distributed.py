@@ -26,6 +26,7 @@ from conftest import (
     audit,
     balanced_ddp_run,
     data_parallel_run,
+    graded_severity,
     expected_lines,
     find_unused_run,
     metric_ddp_run,
@@ -592,7 +593,7 @@ def test_a_gpu_ddp_job_is_rehearsed_on_gloo(tmp_path):
     assert locations(wait) == {(str(trainer), line_of["    dist.all_reduce(mean)"])}
     doc = json.loads((out / "findings.json").read_text())
     [sync] = [f for f in doc["findings"] if f["rule"] == "host-sync"]
-    assert sync["severity"] == "warning" and sync["evidence"]["judged_as_gpu_code"] is True
+    assert sync["severity"] == graded_severity(sync, doc) and sync["evidence"]["judged_as_gpu_code"] is True
     assert [(s["what"], s["line"], s["per_step"]) for s in sync["evidence"]["sites"]] == [
         ("Tensor.item", line_of["    history.append(mean.item() / dist.get_world_size())"], 1.0)]
     # the same job for the CPU, on gloo, without the audit

@@ -106,7 +106,7 @@ def test_verify_proves_each_fix_and_leaves_the_users_tree_alone(verified_run, tm
     assert costs["peak-stats-reset"] is None and together["predicted_ms"] == costs["anomaly-mode"]
     v = fixes["anomaly-mode"]["verified"]
     assert together["measured_ms"] == pytest.approx(v["before"]["median_step_ms"] - v["after"]["median_step_ms"], abs=1e-3)
-    head = a.stdout.splitlines()[0]
+    head = (a.out / "summary.txt").read_text().splitlines()[0]  # (the whole head: --verbose's)
     assert f"up to {together['predicted_ms']:.2f} ms/step recoverable" in head
     assert "verify: predicted against measured saving per step" in a.stdout
     # `audit report DIR` renders the saved verification again; a fix it took out stays out

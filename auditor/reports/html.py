@@ -34,12 +34,13 @@ from markupsafe import Markup
 from auditor import __version__
 from auditor.evidence import source_access, sources
 from auditor.evidence.model import CUDA_STANDIN, Evidence
-from auditor.reports.base import Reporter
+from auditor.reports.base import Reporter, detail_of, first_sentence
 from auditor.reports.figure import Figure
 from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.processes_line import started_processes_phrase
 from auditor.reports.step_clock import clock_phrase, gpu_line, rehearsed_share
-from auditor.evidence.step_clock import step_clock
+from auditor.evidence.step_clock import rehearsed_device_ms, step_clock
+from auditor.reports.time_bar import time_bar
 from auditor.reports.findings_json import document
 from auditor.reports.patch import fixes_patch_edits, numerics_patchable
 from auditor.reports.plots import MAX_LINE_POINTS, PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
@@ -176,6 +177,20 @@ def cost_text(f: Finding) -> str:
     return f"{text}; {c.note}" if c.note else text
 
 
+def short_cost(f: Finding) -> str:
+    """The findings table's cost: numbers only ('15.4 ms/step, 44%', '0.32 ms/step, 1%, estimated',
+    'counted'); the finding's card says how it was measured."""
+    c = f.cost
+    if c is None:
+        return "-"
+    if c.ms_per_step is None:
+        return c.note if c.measured and c.note and len(c.note) <= 24 else "counted"
+    text = f"{fmt_ms(c.ms_per_step)}/step"
+    if c.share_of_step is not None:
+        text += f", {c.share_of_step:.0%}"
+    return text + ("" if c.measured else ", estimated")
+
+
 def source_context(file: str, line: int, context: int = CONTEXT_LINES,
                    evidence: Evidence | None = None) -> list[dict[str, Any]]:
     """The lines around `line` in the user's file ([] when it is gone): what the finding points at.
@@ -288,6 +303,9 @@ def finding_view(i: int, f: Finding, evidence: Evidence | None = None) -> dict[s
         "n": i + 1,
         "f": f,
         "cost": cost_text(f),
+        "cost_short": short_cost(f),
+        "short": first_sentence(f.message),
+        "detail": detail_of(f.message),
         "docs": doc_sections(rule.docs()) if rule else [],
         "evidence": _evidence_rows(f.evidence),
         "locations": [{"loc": loc, "context": source_context(loc.file, loc.line, evidence=evidence),
@@ -418,9 +436,18 @@ def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:
         "peak_rss": fmt_bytes(max(rss)) if rss else None,
         "peak_device": fmt_bytes(max(dev)) if dev else None,
         "device": ev.environment.device,
+        "predicted_on": _predicted_on(ev),
         "recording": recording_view(ev) if ev.source == "trace" else None,
         "severities": {s: sum(f.severity == s for f in results.findings) for s in ("error", "warning", "info")},
     }
+
+
+def _predicted_on(ev: Evidence) -> str | None:
+    """The GPU a CUDA rehearsal's GPU figures are predicted for (None: not a rehearsal)."""
+    if not ev.environment.rehearsal or not ev.steps:
+        return None
+    estimate = rehearsed_device_ms(ev)
+    return estimate[1] if estimate is not None else "the GPU the device model names"
 
 
 def run_view(ev: Evidence, rec: Any) -> dict[str, Any] | None:
@@ -732,6 +759,7 @@ class HtmlReport(Reporter):
         plots, plot_errors = build_plots(evidence, self.plot_builders)
         scripts = [plotly_js(), report_js()] if plots else [report_js()]
         findings = [finding_view(i, f, evidence) for i, f in enumerate(results.findings)]
+        bar = time_bar(evidence, results, {i: v["anchor"] for i, v in enumerate(findings)})
         payload = {"findings": embedded(document(evidence, results)), "plots": plots,
                    "plot_template": plot_template() if plots else None}
         return _jinja().get_template("report.html.j2").render(
@@ -742,6 +770,7 @@ class HtmlReport(Reporter):
                          if evidence.profile is not None and evidence.profile.drop is not None
                          else traces_without_phrase(without) if (without := traces_without(evidence)) else ""),
             verdict=verdict(evidence, results),
+            bar=bar,
             ckpt=checkpoint_verdict(evidence),
             snap=snapshot_verdict(evidence),
             allocator=allocator_views(evidence),

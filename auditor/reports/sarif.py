@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import urllib.parse
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,7 +20,7 @@ import msgspec
 
 from auditor import __version__
 from auditor.evidence.model import Evidence
-from auditor.reports.base import Reporter
+from auditor.reports.base import Reporter, detail_of, first_sentence
 from auditor.findings import Edit, Finding
 from auditor.findings import RuleResults
 from auditor.fixes import repo_root
@@ -108,14 +109,22 @@ def _fixes(f: Finding, uris: _Uris) -> list[dict[str, Any]]:
                                  for file, edits in by_file.items()]}]
 
 
-def _message(f: Finding) -> str:
-    text = f.message
+def _message(f: Finding) -> dict[str, str]:
+    """`text`: the message's first sentence, what a code-scanning list shows in a line; `markdown`:
+    the whole message, its cost and its fix (the result's properties hold `detail`, the rest)."""
+    text = _md(f.message)
     if f.cost and f.cost.ms_per_step is not None:
         kind = "measured" if f.cost.measured else "estimated"
         text += f" (cost: {f.cost.ms_per_step:.2f} ms/step, {kind})"
     if f.fix:
-        text += f" Fix: {f.fix.summary}"
-    return text
+        text += f"\n\n**Fix:** {_md(f.fix.summary)}"
+    return {"text": first_sentence(f.message), "markdown": text}
+
+
+def _md(text: str) -> str:
+    """`text` (it holds the user's names: ops, files) with Markdown's marks escaped, so that it
+    shows as written and makes no link, image or HTML."""
+    return re.sub(r"([\\`*_\[\]<>!|#~])", r"\\\1", text)
 
 
 def input_file(f: Finding, evidence: Evidence) -> str | None:
@@ -142,8 +151,8 @@ def result(f: Finding, rule_index: int, uris: _Uris, fallback: str | None = None
         "ruleId": f.rule,
         "ruleIndex": rule_index,
         "level": LEVELS.get(f.severity, "warning"),
-        "message": {"text": _message(f)},
-        "properties": {"title": f.title, "evidence": _plain(f.evidence)},
+        "message": _message(f),
+        "properties": {"title": f.title, "detail": detail_of(f.message), "evidence": _plain(f.evidence)},
     }
     locs = [{"physicalLocation": {"artifactLocation": uris.location(loc.file), "region": _region(loc.line, loc.code)},
              **({"message": {"text": loc.note}} if loc.note else {})}

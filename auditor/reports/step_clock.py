@@ -14,7 +14,7 @@ def clock_phrase(evidence: Evidence) -> str | None:
     if c.source == "estimate" and c.device_ms is not None and c.host_ms is not None:
         name = _gpu_name(evidence)
         kernels = f"about {c.device_ms:.2f} ms" if c.device_ms >= 0.01 else "under 0.01 ms"
-        model = f"the device model puts its kernels at {kernels} a step (the calls as rehearsed, those autograd records x3 for their backward)"
+        model = f"the device model puts its kernels at {kernels} a step (the rehearsed calls, tripled where autograd records a backward)"
         floor = c.issue_floor_ms or 0.0
         least = (f"the host would take at least {floor:.2f} ms a step to issue it (its waits for data and a "
                  "launch time per kernel)")

@@ -19,7 +19,7 @@ from rich.text import Text
 from auditor.evidence.model import Evidence, WindowCut
 from auditor.evidence.loops import loops, medians
 from auditor.reports.allocator_view import lines as allocator_lines
-from auditor.reports.base import Reporter
+from auditor.reports.base import Reporter, first_sentence
 from auditor.reports.own_cost import own_cost_phrase
 from auditor.reports.processes_line import started_processes_phrase
 from auditor.reports.rehearsal_line import no_gpu_work_phrase
@@ -338,9 +338,14 @@ def _cost(f: Finding) -> str:
 PER_RULE_LINES = 5
 
 
-def finding_lines(evidence: Evidence, findings: list[Finding]) -> list[Text]:
+def finding_lines(evidence: Evidence, findings: list[Finding], brief: bool = False) -> list[Text]:
     """A line per finding (most costly first); of several recordings, a rule's findings past
-    PER_RULE_LINES in one line instead, at its costliest finding's place."""
+    PER_RULE_LINES in one line instead, at its costliest finding's place. `brief`: finding_brief's
+    line, else finding_line's (the whole message)."""
+    one = finding_line
+    if brief:  # (finding_brief at WIDTH: brief_lines cuts at its own; one recording need not be named)
+        def one(f: Finding) -> Text:
+            return finding_brief(f, named=traces < 2)
     traces = len(evidence.trace_data) + len(evidence.snapshot_data)
     counts: dict[str, int] = {}
     for f in findings:
@@ -350,7 +355,7 @@ def finding_lines(evidence: Evidence, findings: list[Finding]) -> list[Text]:
     for f in findings:
         n = counts[f.rule]
         if traces < 2 or n <= PER_RULE_LINES:
-            out.append(finding_line(f))
+            out.append(one(f))
         elif f.rule not in said:  # (the first met is the costliest: `findings` is by cost)
             said.add(f.rule)
             line = Text()
@@ -359,7 +364,7 @@ def finding_lines(evidence: Evidence, findings: list[Finding]) -> list[Text]:
             line.append(f.rule, style="bold")
             line.append(f" {n:,} findings in {recordings_of(f.rule, findings, traces)} (each in findings.json); "
                         f"the costliest: ")
-            line.append_text(finding_line(f)[8 + len(f.rule) + 1:])
+            line.append_text(one(f)[8 + len(f.rule) + 1:])
             out.append(line)
     return out
 
@@ -375,13 +380,8 @@ def recordings_of(rule: str, findings: list[Finding], traces: int) -> str:
 
 
 def finding_line(f: Finding) -> Text:
-    line = Text()
-    line.append(f"{f.severity:<7}", style=SEVERITY_STYLE.get(f.severity, ""))
-    line.append(" ")
-    line.append(f.rule, style="bold")
-    if f.locations:
-        loc = f.locations[0]
-        line.append(f" {_short_path(loc.file)}:{loc.line}", style="dim")
+    """One finding with its whole message and cost (`--verbose`, summary.txt)."""
+    line = _finding_prefix(f)
     line.append(" ")
     line.append(f.message)
     cost = _cost(f)
@@ -450,23 +450,78 @@ def summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None
 
 
 def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None) -> list[Text]:
-    lines: list[Text] = []
-    median = evidence.shown_median_ms()
+    rec = recoverable(evidence, results)
+    account = _account(evidence)
+    lines = [_detailed_head(evidence, rec, account)]
+    if account is not None:
+        lines.append(Text(parts_line(account), style="dim"))
+        if (spread := spread_line(account)) is not None:
+            lines.append(Text(spread, style="dim"))
+    lines.extend(_alerts(evidence, account, at_start=True))
+    if rec.ms is not None and (gpu := rehearsed_share(evidence, rec.total, rec.launches_ms)) is not None:
+        lines.append(Text(gpu_line(*gpu), style="dim"))
+    if (clock := clock_phrase(evidence)) is not None:
+        lines.append(Text(clock, style="dim"))
+    if (longest := longest_step_phrase(evidence)) is not None:
+        lines.append(Text(longest, style="yellow"))
+    if (cost := own_cost_phrase(evidence)) is not None:
+        lines.append(Text(cost, style="dim"))
+    if evidence.program is not None:
+        lines.append(Text(program_phrase(evidence), style="dim"))
+    lines.extend(_alerts(evidence, account, at_start=False))
+    lines.extend(_ending_lines(evidence, results))
+    lines.extend(Text(a, style="dim") for a in allocator_lines(evidence))
+    lines.extend(Text(a, style="yellow") for a in left_out_lines(evidence))
+    if results.findings:
+        lines.extend(finding_lines(evidence, by_cost(results.findings)))
+    else:
+        lines.append(Text("no findings", style="green"))
+    lines.extend(Text(f"rule {err['rule']} failed: {err['error']}", style="red") for err in results.errors)
+    extras = []
+    if results.skipped:
+        wanting = all(s["reason"].startswith("needs ") for s in results.skipped)
+        extras.append(f"{len(results.skipped)} rule(s) skipped" + (", for want of the evidence they read" if wanting else ""))
+    if results.suppressed:
+        extras.append(f"{results.suppressed} finding(s) suppressed")
+    if extras:
+        lines.append(Text(", ".join(extras) + " (see the report)", style="dim"))
+    if out_dir is not None:
+        written = _written(out_dir)
+        report = out_dir / "report.html"
+        lines.append(Text(f"report: {report if report in written else out_dir}"))
+        others = [str(p) for p in written if p != report]
+        if others:
+            lines.append(Text("also: " + ", ".join(others), style="dim"))
+    return lines
+
+
+def _account(evidence: Evidence) -> Any:
+    """The run's time account (auditor.evidence.run_time), or None for a checkpoint, snapshots or
+    a run without one."""
+    if checkpoint_overview(evidence) is not None or snapshot_overview(evidence):
+        return None
+    return run_time(evidence)
+
+
+def _what_ran(evidence: Evidence) -> Text:
+    """The head line's start: what was audited (a checkpoint, snapshots, a run's steps)."""
     ck = checkpoint_overview(evidence)
     snaps = snapshot_overview(evidence)
     if ck is not None:
-        head = _checkpoint_head(evidence, ck)
-    elif snaps:
-        head = Text(f"audit of memory snapshot{'s' if len(snaps) > 1 else ''} {evidence.target}: "
+        return _checkpoint_head(evidence, ck)
+    if snaps:
+        return Text(f"audit of memory snapshot{'s' if len(snaps) > 1 else ''} {evidence.target}: "
                     + "; ".join((f"{s['name']}: " if len(snaps) > 1 else "") + snapshot_phrase(s) for s in snaps))
-    else:
-        head = Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s){steps_of(evidence)}")
-    account = run_time(evidence) if ck is None and not snaps else None
+    return Text(f"audit of {evidence.target or 'run'}: {len(evidence.shown_step_ms())} step(s){steps_of(evidence)}")
+
+
+def _detailed_head(evidence: Evidence, rec: Recoverable, account: Any) -> Text:
+    head = _what_ran(evidence)
+    median = evidence.shown_median_ms()
     if account is not None:
         head.append(f", {account.base_ms:.2f} ms/step over the run")
     if median is not None:
         head.append(f", median {median:.2f} ms/step")
-    rec = recoverable(evidence, results)
     if rec.ms is not None:
         head.append(f", up to {small_ms(rec.ms)} ms/step recoverable")
         if rec.share is not None:
@@ -478,27 +533,23 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
             head.append(", partly estimated")
     if rec.elsewhere:
         head.append(f"; {elsewhere_phrase(rec.elsewhere)}")
-    lines.append(head)
-    if account is not None:
-        lines.append(Text(parts_line(account), style="dim"))
-        if (spread := spread_line(account)) is not None:
-            lines.append(Text(spread, style="dim"))
-        if (few := too_few_line(account)) is not None:
-            lines.append(Text(few, style="yellow"))
-    if rec.ms is not None and (gpu := rehearsed_share(evidence, rec.total, rec.launches_ms)) is not None:
-        lines.append(Text(gpu_line(*gpu), style="dim"))
-    if (clock := clock_phrase(evidence)) is not None:
-        lines.append(Text(clock, style="dim"))
-    if (longest := longest_step_phrase(evidence)) is not None:
-        lines.append(Text(longest, style="yellow"))
-    if (cost := own_cost_phrase(evidence)) is not None:
-        lines.append(Text(cost, style="dim"))
-    if evidence.program is not None:
-        lines.append(Text(program_phrase(evidence), style="dim"))
-    if (cpu_only := no_gpu_work_phrase(evidence)) is not None:
-        lines.append(Text(cpu_only, style="yellow"))
-    if (started := started_processes_phrase(evidence)) is not None:
-        lines.append(Text(started, style="yellow"))
+    return head
+
+
+def _alerts(evidence: Evidence, account: Any, at_start: bool) -> list[Text]:
+    """The lines that say a run's figures are weak or its steps unlike a plain run's: too few
+    timed steps (`at_start`); no GPU work in a rehearsal, processes the program started (else)."""
+    if at_start:
+        few = too_few_line(account) if account is not None else None
+        return [Text(few, style="yellow")] if few is not None else []
+    said = [no_gpu_work_phrase(evidence), started_processes_phrase(evidence)]
+    return [Text(a, style="yellow") for a in said if a is not None]
+
+
+def _ending_lines(evidence: Evidence, results: RuleResults) -> list[Text]:
+    """How a run that did not complete ended and where it raised, and what the profiler window
+    lost (dropped, cut short)."""
+    lines: list[Text] = []
     e = evidence.ending
     if e.status != "completed":
         end = Text("run ended: ", style="bold red")
@@ -525,29 +576,151 @@ def _summary_lines(evidence: Evidence, results: RuleResults, out_dir: Path | Non
     cut = evidence.profile.cut if evidence.profile is not None else None
     if cut is not None:
         lines.append(Text(window_cut_phrase(cut, evidence.profile.peak_rss_bytes), style="yellow"))
-    lines.extend(Text(a, style="dim") for a in allocator_lines(evidence))
-    lines.extend(Text(a, style="yellow") for a in left_out_lines(evidence))
-    if results.findings:
-        lines.extend(finding_lines(evidence, by_cost(results.findings)))
-    else:
-        lines.append(Text("no findings", style="green"))
-    for err in results.errors:
-        lines.append(Text(f"rule {err['rule']} failed: {err['error']}", style="red"))
-    extras = []
-    if results.skipped:
-        extras.append(f"{len(results.skipped)} rule(s) skipped")
-    if results.suppressed:
-        extras.append(f"{results.suppressed} finding(s) suppressed")
-    if extras:
-        lines.append(Text(", ".join(extras) + " (see the report)", style="dim"))
-    if out_dir is not None:
-        written = [out_dir / n for n in OUTPUTS if (out_dir / n).is_file() and (out_dir / n).stat().st_size]
-        report = out_dir / "report.html"
-        lines.append(Text(f"report: {report if report in written else out_dir}"))
-        others = [str(p) for p in written if p != report]
-        if others:
-            lines.append(Text("also: " + ", ".join(others), style="dim"))
     return lines
+
+
+def _written(out_dir: Path) -> list[Path]:
+    """The outputs in `out_dir` that are there and not empty, in OUTPUTS' order."""
+    return [out_dir / n for n in OUTPUTS if (out_dir / n).is_file() and (out_dir / n).stat().st_size]
+
+
+# The widest line the default summary prints where the terminal's width is not known (a pipe, a CI
+# log): ruff's and py-spy's lines fit a terminal; a longer one is cut, never wrapped mid-finding.
+WIDTH = 120
+# The findings the default summary lists one a line; the others are counted (each is in the report).
+BRIEF_FINDINGS = 12
+
+
+def brief_lines(evidence: Evidence, results: RuleResults, out_dir: Path | None, width: int = WIDTH) -> list[Text]:
+    """The default summary: at most three lines on the run (what ran; its time per step and its
+    split; what the fixes give back), the lines that say it went wrong, then one line a finding
+    (finding_brief), each no wider than `width`. `--verbose` prints summary_lines instead."""
+    rec = recoverable(evidence, results)
+    account = _account(evidence)
+    lines = []
+    if account is not None:
+        lines.append(Text(parts_line(account), style="dim"))
+    if (gains := gains_line(evidence, rec)) is not None:
+        lines.append(Text(gains))
+    # (the head names the target: a path is not wrapped)
+    out = [printable_line(_brief_head(evidence))] + _fitted([printable_line(line) for line in lines], width)
+    # (what went wrong is printed whole, each a line: a cut would lose it, a wrap would split a grep)
+    alerts = _alerts(evidence, account, at_start=True)
+    if (longest := longest_step_phrase(evidence)) is not None:
+        alerts.append(Text(longest, style="yellow"))
+    alerts += _alerts(evidence, account, at_start=False) + _ending_lines(evidence, results)
+    alerts += [Text(a, style="yellow") for a in left_out_lines(evidence)]
+    out += [printable_line(line) for line in alerts]
+    findings = by_cost(results.findings)
+    shown = finding_lines(evidence, findings[:BRIEF_FINDINGS], brief=True)
+    out.extend(_cut(printable_line(line), width) for line in shown)
+    if len(findings) > BRIEF_FINDINGS:
+        out.append(Text(f"and {len(findings) - BRIEF_FINDINGS} more finding(s) in the report", style="dim"))
+    if not findings:
+        out.append(Text("no findings", style="green"))
+    tail = [Text(f"rule {err['rule']} failed: {err['error']}", style="red") for err in results.errors]
+    if results.suppressed:
+        tail.append(Text(f"{results.suppressed} finding(s) suppressed by the config", style="dim"))
+    if out_dir is not None:
+        written = _written(out_dir)
+        report = out_dir / "report.html"
+        tail.append(Text(f"report: {report if report in written else out_dir}"))
+        if others := [p.name for p in written if p != report]:
+            tail.append(Text("also there: " + ", ".join(others), style="dim"))
+    return out + [printable_line(line) for line in tail]
+
+
+def _cut(line: Text, width: int) -> Text:
+    """`line` cut to `width` with an ellipsis: a finding's line is one line (its message is whole
+    in the report)."""
+    line = line.copy()
+    line.truncate(width, overflow="ellipsis")
+    return line
+
+
+def _fitted(lines: list[Text], width: int) -> list[Text]:
+    """Each line wrapped at words to `width` (a summary line is not cut: what is past the width
+    would be lost)."""
+    console = Console(width=width, highlight=False, emoji=False)
+    out: list[Text] = []
+    for line in lines:
+        out.extend(line.wrap(console, width) if len(line.plain) > width else [line])
+    return out
+
+
+def _brief_head(evidence: Evidence) -> Text:
+    head = _what_ran(evidence)
+    if (median := evidence.shown_median_ms()) is not None:
+        head.append(f", median {median:.1f} ms/step" if median >= 10 else f", median {median:.2f} ms/step")
+    if evidence.environment.rehearsal and evidence.steps:
+        head.append(", CUDA rehearsed on the CPU")
+    return head
+
+
+def gains_line(evidence: Evidence, rec: Recoverable) -> str | None:
+    """What the warnings' fixes give back together, per step and as a share of the run's time, and
+    on a rehearsal the GPU step they were predicted on; None where no warning has a time cost."""
+    if rec.ms is None:
+        return None
+    share = f"{rec.share:.0%}" if rec.share is not None else ""
+    how = ", ".join(w for w in (share, "partly estimated" if rec.estimated else "") if w)
+    text = f"fixes give back up to {_short_ms(rec.ms)} ms/step" + (f" ({how})" if how else "")
+    if (gpu := rehearsed_share(evidence, rec.total, rec.launches_ms)) is not None:
+        predicted, saved, name = gpu
+        text += f"; on an {name.removeprefix('NVIDIA ')}: {_short_ms(saved)} of a predicted {_short_ms(predicted)} ms/step"
+    if rec.elsewhere:
+        text += f"; {elsewhere_phrase(rec.elsewhere)}"
+    return text
+
+
+def _short_ms(ms: float) -> str:
+    return f"{ms:.1f}" if ms >= 10 else small_ms(ms)
+
+
+def finding_brief(f: Finding, width: int = WIDTH, named: bool = False) -> Text:
+    """One finding in one line, ruff's shape: `severity rule file:line cost sentence` (the cost per
+    step and its share, `~` where estimated), the sentence its message's first (the rest is in the
+    report, `--verbose` and findings.json). A path that leaves the sentence under half the `width`
+    is shortened to its last two parts (`…/proj/train.py`). `named`: the audit read one recording,
+    which the sentence need not name ("in x.pt.trace.json.gz")."""
+    line = _finding_prefix(f)
+    if f.locations and len(line.plain) > width // 2:
+        line = _finding_prefix(f, short=True)
+    if cost := _brief_cost(f):
+        line.append(f" {cost}", style="bold" if f.cost and f.cost.ms_per_step is not None else "dim")
+    sentence = first_sentence(f.message)
+    trace = f.evidence.get("trace") if named and isinstance(f.evidence, dict) else None
+    if isinstance(trace, str) and trace:
+        name = re.escape(Path(trace).name)
+        sentence = re.sub(rf"^In {name},? (\w)", lambda m: m[1].upper(), re.sub(rf" in {name}\b", "", sentence))
+    line.append(" " + sentence)
+    return line
+
+
+def _finding_prefix(f: Finding, short: bool = False) -> Text:
+    line = Text()
+    line.append(f"{f.severity:<7}", style=SEVERITY_STYLE.get(f.severity, ""))
+    line.append(" ")
+    line.append(f.rule, style="bold")
+    if f.locations:
+        loc = f.locations[0]
+        path = _short_path(loc.file)
+        if short and len(Path(path).parts) > 2:
+            path = "…/" + "/".join(Path(path).parts[-2:])
+        line.append(f" {path}:{loc.line}", style="dim")
+    return line
+
+
+def _brief_cost(f: Finding) -> str:
+    """The cost in a few characters: '15.4 ms 44%' (per step, share of the run's time), '~0.32 ms
+    1%' (estimated), 'counted' (no time cost)."""
+    c = f.cost
+    if c is None:
+        return ""
+    if c.ms_per_step is None:
+        return c.note if c.measured and c.note and len(c.note) <= 24 else "counted"
+    text = ("" if c.measured else "~") + f"{_short_ms(c.ms_per_step)} ms"
+    return text + (f" {c.share_of_step:.0%}" if c.share_of_step is not None else "")
 
 
 # torch's errors for a GPU asked for on a machine without one (an integer device, `.cuda()`,
@@ -595,9 +768,15 @@ def default_console() -> Console:
 
 
 def print_summary(evidence: Evidence, results: RuleResults, out_dir: Path | None,
-                  console: Console | None = None) -> None:
+                  console: Console | None = None, verbose: bool = False) -> None:
+    """brief_lines fitted to the terminal's width (WIDTH where that is not known: a pipe, a file);
+    `verbose`: summary_lines, today's detail, each line whole."""
     console = console or default_console()
-    for line in summary_lines(evidence, results, out_dir):
+    if verbose:
+        lines = summary_lines(evidence, results, out_dir)
+    else:
+        lines = brief_lines(evidence, results, out_dir, console.width if console.is_terminal else WIDTH)
+    for line in lines:
         console.print(line)
 
 

@@ -143,6 +143,7 @@ class AmpOpportunity(TraceRule):
                     "none of them is recorded for a backward" if graded_share < 0.01 else
                     f"the backward adds about twice the {graded_share:.0%} of it autograd records")
         yield self.finding(
+            "fp32 matmuls outside autocast: try mixed precision. "
             f"On the GPU these matmuls/convolutions run in fp32 outside autocast: {per_step(calls / n)} calls per "
             f"step doing {fp32 / n / 1e9:.2f} GFLOP of forward work per step ({fp32 / total:.0%} of the GPU "
             f"matmul/conv FLOPs; {backward}), at "

@@ -71,6 +71,7 @@ class AnomalyMode(Rule):
     id = "anomaly-mode"
     title = "Autograd anomaly detection is on during training"
     severity = "warning"
+    warns_uncounted = "anomaly detection checks every op of every backward: one line turns it off"
     category = "performance"
     needs = frozenset({"run"})
 

@@ -113,6 +113,9 @@ class Rule:
     # "device" (the device's kernels), "step" (a cost that is already the step's own time)
     saves_on: ClassVar[str] = "host"
     category: ClassVar[str] = "performance"
+    # Why a performance warning of this rule stays a warning when its cost is not timed (counted
+    # only), in words a user can act on; empty: such a finding is info (auditor.rules.engine.graded)
+    warns_uncounted: ClassVar[str] = ""
     needs: ClassVar[frozenset[str]] = frozenset()
     needs_text: ClassVar[str | None] = None  # the skip reason when none of `needs` is present
     options: ClassVar[tuple[Option, ...]] = ()

@@ -184,6 +184,7 @@ class CudnnBenchmark(Rule):
         shapes = sorted({shape for *_, shape in common})
         first = places[0].where.file if places[0].where else None
         yield self.finding(
+            "Fixed input shapes: set cudnn.benchmark = True. "
             f"On the GPU these convolutions run with torch.backends.cudnn.benchmark off: {per_step(calls / n)} "
             f"convolutions per step at {len(places)} place(s) ("
             + "; ".join(f"{p.what} x{per_step(p.count / n)}/step at "

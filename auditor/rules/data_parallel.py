@@ -39,6 +39,7 @@ class DataParallel(Rule):
     id = "data-parallel"
     title = "nn.DataParallel where DistributedDataParallel applies"
     severity = "warning"
+    warns_uncounted = "DataParallel copies the model to every GPU each step; DistributedDataParallel does not"
     category = "performance"
     needs = frozenset({"run"})
     options = ()

@@ -178,23 +178,14 @@ class DataloaderBound(Rule):
     What it detects:
         Steps that spend a large share of their time waiting in DataLoader iteration (`__next__`):
         loading in the main process (num_workers=0), too little prefetch, a heavy `__getitem__`,
-        or a new iterator made every step (`next(iter(loader))`), which starts the workers anew
-        each time (the time to make iterators and stop their workers counts as waiting). The
-        cost is the steps' waits per step (their mean over the timed steps: a stall in one step of
-        eight counts an eighth of it), its share of the run's time per step
-        (auditor.evidence.run_time); it is judged on the timed steps' waits over their own time
-        less what other processes' load took of it (stalls included); waits that hit some steps only (a slow sample, workers that fall behind)
-        are named as stalls, the steps that stalled and how long. A wait leaves out the
-        time the thread was ready to run while another process held the CPU (Linux's run-queue
-        delay, /proc/thread-self/schedstat): the machine's load, which workers do not take away;
-        a wait blocked on a read, a queue or a sleep counts whole (a rehearsal's wait leaves out
-        the rehearsal's own time instead). On a recorded trace: the time in
-        DataLoader `__next__` in the steps over their number, against the recording's time per
-        step (its steps' span over their number). A CUDA program
-        rehearsed on a CPU is judged on the step the GPU would run (predicted): there the kernels'
-        work leaves the host, and the step waits for its batches wherever its workers take longer
-        to make them (each worker's CPU time a batch, timed in the worker, over their number) than
-        the host takes to issue the step; without workers, its in-step loading is the wait.
+        or a new iterator every step (`next(iter(loader))`), which starts the workers anew each
+        time. The cost is the steps' mean wait per step, as a share of the run's time per step;
+        waits that hit some steps only (a slow sample, workers that fall behind) are named as
+        stalls. Time the thread was ready to run while another process held the CPU is left out
+        (the machine's load, which workers do not take away). On a recorded trace: the time in
+        `__next__` over the steps. A CUDA program rehearsed on a CPU is judged on the step the GPU
+        would run: it waits wherever its workers take longer to make a step's batches than the
+        host takes to issue the step; without workers, its in-step loading is the wait.
 
     Why it costs:
         With num_workers=0 the model waits while every batch is read, decoded and collated.
@@ -205,26 +196,20 @@ class DataloaderBound(Rule):
         good:  DataLoader(ds, batch_size=64, num_workers=4, persistent_workers=True, pin_memory=True)
 
     Fix:
-        Add workers (num_workers ~ CPU cores available), persistent_workers=True, prefetch_factor,
-        pin_memory=True on GPU (under Lightning, whose Trainer or Fabric's `setup_dataloaders` copies
-        the batches without blocking itself, nothing more; elsewhere with `.to(device,
-        non_blocking=True)` in the step); only settings the loader does not have yet are suggested. When
-        workers already load ahead and the step still waits, they cannot keep up: the dataset's
-        `__getitem__`/`__iter__` makes samples more slowly than the step uses them, or the CPU is
-        saturated. Then more workers help only where cores are free; otherwise move per-sample work
-        to batched transforms on whole batches, and cache or pre-compute samples. Random
-        augmentations in workers draw from per-worker RNG streams: batches differ from a
-        num_workers=0 run unless you seed workers. An IterableDataset is yielded whole by every
-        worker unless its `__iter__` splits the stream (`get_worker_info()`): for one that does not
-        (and has no worker_init_fn), the advice says to shard it first, and the patch leaves the
-        worker settings out. A setting the call reads from the program's command line
-        (`num_workers=int(opt.workers)`, an argparse `--workers`) is left to that option: the fix
-        says to run the program with it (`--workers 8`).
+        Add workers (num_workers ~ free CPU cores), persistent_workers=True, pin_memory=True on a
+        GPU with `.to(device, non_blocking=True)` in the step (Lightning's Trainer and Fabric copy
+        without blocking themselves); only settings the loader lacks are suggested. When workers
+        already load ahead and the step still waits, they cannot keep up: make each sample cheaper
+        (batched transforms on whole batches, samples cached or pre-computed), more workers only
+        where cores are free. Random augmentations in workers draw from per-worker RNG streams, so
+        batches differ from a num_workers=0 run. An IterableDataset whose `__iter__` does not split
+        the stream between workers (`get_worker_info()`) must be sharded first; the patch then
+        leaves the worker settings out. A setting read from the command line (`--workers`) is left
+        to that option: the fix says to run the program with it.
 
     Evidence needed:
         A run (timed probe on DataLoader iteration, settings captured at DataLoader creation, the
-        workers' time a batch where they were forked) or a profiler trace with DataLoader
-        annotations.
+        workers' time a batch) or a profiler trace with DataLoader annotations.
     """
 
     id = "dataloader-bound"
@@ -477,7 +462,8 @@ class DataloaderBound(Rule):
         if gpu is not None and (needed is not None or not workers):  # (else: workers the run saw fall behind)
             dataset = settings.get("dataset") or "the dataset"
             if needed is not None:  # (the workers' CPU time sets the wait)
-                message = (f"On the GPU this step would take {gpu_step:.2f} ms, {gpu_wait:.2f} ms of it waiting for "
+                message = ("On the GPU the steps would wait for data: add DataLoader workers. "
+                           f"On the GPU this step would take {gpu_step:.2f} ms, {gpu_wait:.2f} ms of it waiting for "
                            f"data (predicted by the CUDA rehearsal): its {workers} worker process"
                            f"{'es take' if workers > 1 else ' takes'} {supply.cpu_ms_per_batch:.2f} ms of CPU "
                            f"to make a batch in `{dataset}`'s `__getitem__`/`__iter__` and the collate, so "
@@ -493,7 +479,8 @@ class DataloaderBound(Rule):
                 if others:
                     summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
             else:
-                message = (f"The steps wait {wait_ms:.1f} ms a step for data with num_workers={settings.get('num_workers')}, "
+                message = ("Steps wait for data: load it in DataLoader workers. "
+                           f"The steps wait {wait_ms:.1f} ms a step for data with num_workers={settings.get('num_workers')}, "
                            f"pin_memory={settings.get('pin_memory')}: on the GPU, which takes the kernels' work off "
                            f"the host but not the loading, that is {gpu_wait:.2f} of the {gpu_step:.2f} ms it would "
                            f"take (predicted by the CUDA rehearsal).")
@@ -505,7 +492,8 @@ class DataloaderBound(Rule):
             # Workers exist, are kept and load ahead, and the step still waits: they cannot keep
             # up. Repeating their settings back ("persistent_workers=True") would say nothing.
             dataset = settings.get("dataset") or "the dataset"
-            message = (f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) although "
+            message = ("Steps wait for data its workers cannot make in time: make samples cheaper. "
+                       f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) although "
                        f"{workers} worker processes load ahead (prefetch_factor={settings.get('prefetch_factor')}, "
                        f"persistent_workers={settings.get('persistent_workers')}): the workers cannot keep up. "
                        f"Each makes its samples one at a time in `{dataset}`'s `__getitem__`/`__iter__`, more slowly "
@@ -529,7 +517,9 @@ class DataloaderBound(Rule):
                 summary += " Also set " + ", ".join(f"{k}={v!r}" for k, v in others.items()) + "."
             note = "the step's wait for batches its workers have not finished yet"
         else:
-            message = (f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) with "
+            message = (("Steps wait for data: load it in DataLoader workers. " if not workers else
+                        "Steps wait for data: change the DataLoader's settings. ")
+                       + f"The steps wait {wait_ms:.1f} ms a step for data ({share:.0%} of the run's time) with "
                        f"num_workers={settings.get('num_workers')}, pin_memory={settings.get('pin_memory')}.")
             summary = ("Load batches in worker processes ahead of the step: " + rec_text + "."
                        if not workers else f"Set {rec_text}." if rec else "")

@@ -169,7 +169,9 @@ def run_rules(evidence: Evidence, config: Config | None = None, timings: dict | 
     gc.disable()
     try:
         _run_each(evidence, config, timings, out, roots)
-        out.findings = _attributed(evidence, config, out.findings)
+        # (graded on what each fix saves once attribution has set it: a sync's fix is given the idle
+        # it leaves, a host-side fix on a device-bound step nothing)
+        out.findings = graded(_attributed(evidence, config, out.findings), _gpu_step_ms(evidence))
     finally:
         if collecting:
             gc.enable()
@@ -186,6 +188,46 @@ def _attributed(evidence: Evidence, config: Config, findings: list) -> list:
     rules = all_rules()
     sides = {rule_id: cls.saves_on for rule_id, cls in rules.items()}
     return attribute(evidence, findings, sides, float(config.options_for(GpuIdle).min_idle_share))
+
+
+# A performance warning saves at least this share of the run's time (what prints as 1%); one that
+# saves less is info: a warning is worth a person's time
+MIN_WARNING_SHARE = 0.005
+
+
+def graded(findings: list[Finding], gpu_step_ms: float | None = None) -> list[Finding]:
+    """Severity follows cost: a performance warning whose fix saves under MIN_WARNING_SHARE of the
+    run's time, or whose cost is not timed (counted only) where its rule gives no reason a user can
+    act on (Rule.warns_uncounted), is info. An estimated cost of a CUDA rehearsal is a saving on
+    the GPU: its share is of `gpu_step_ms`, the step predicted there (_gpu_step_ms), not of the CPU
+    step measured here. Errors, info and other categories are left as found."""
+    rules = all_rules()
+    out = []
+    for f in findings:
+        cls = rules.get(f.rule)
+        if f.severity == "warning" and cls is not None and cls.category == "performance" and f.cost is not None:
+            share = f.cost.share_of_step
+            if gpu_step_ms and f.cost.ms_per_step is not None and not f.cost.measured:
+                share = f.cost.ms_per_step / gpu_step_ms
+            small = f.cost.ms_per_step is not None and share is not None and share < MIN_WARNING_SHARE
+            uncounted = f.cost.ms_per_step is None and not cls.warns_uncounted
+            if small or uncounted:
+                f = msgspec.structs.replace(f, severity="info")
+        out.append(f)
+    return out
+
+
+def _gpu_step_ms(evidence: Evidence) -> float | None:
+    """A CUDA rehearsal's step predicted on the GPU (the longer of the host's least issue time and
+    the device model's kernels, auditor.evidence.step_clock), or None."""
+    from auditor.evidence.step_clock import step_clock
+
+    if not evidence.environment.rehearsal or not evidence.steps:
+        return None
+    c = step_clock(evidence)
+    if c.source != "estimate" or not c.issue_floor_ms or c.device_ms is None:
+        return None
+    return max(c.issue_floor_ms, c.device_ms)
 
 
 def _run_each(evidence: Evidence, config: Config, timings: dict | None, out: RuleResults, roots: list[Path]) -> None:

@@ -52,6 +52,7 @@ class ForcedCleanup(Rule):
     id = "forced-cleanup"
     title = "Memory cleanup forced every few steps"
     severity = "warning"
+    warns_uncounted = "on a GPU each forced cleanup makes the next steps allocate their memory again"
     category = "performance"
     needs = frozenset({"run"})
     options = (Option("max-interval", 5, "Flag calls made at least once every this many steps.", low=1),)

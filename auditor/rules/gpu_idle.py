@@ -78,36 +78,20 @@ class _Idle(msgspec.Struct):
 class GpuIdle(TraceRule):
     """
     What it detects:
-        From a profiler trace: the union of kernel, copy and memset time on every stream, against the
-        wall time of the profiled steps. It reports the idle share, the largest gaps and why the GPU
-        waited in each, read from the launch queue (auditor.evidence.trace.gaps): the call that
-        launched the work ending a gap says whether that work was already queued when the gap began
-        (the GPU waited on a dependency: another stream, an event wait, a collective, a CUDA/HIP
-        graph) or was launched late (the GPU waited on the host). Late launches are split by what
-        the launching thread did first: data loading (`DataLoader.__next__`), a host
-        synchronisation (from the sync until the thread's next launch), other host work (Python,
-        operator dispatch), then the launch call itself. Idle the trace cannot explain (no launch
-        recorded, nothing after it) is `untraced`.
-        Its cost counts only the idle the host caused: on the A100 TorchRec recording (rank 0) the
-        GPU idles 138.6 ms per step, 135.3 ms of it with its next work queued (the five ~64 ms gaps
-        under `## sparse_data_dist ##` wait on graph-launched work queued ~66 ms before each gap
-        began), so the finding claims 2.6 ms per step, not 138.6.
-        Calibration: each figure is per step of the run's time (auditor.evidence.run_time: a run's
-        span from its first step's start to its last one's end, the audit's own work left out, over
-        its steps; a recording's steps' span over their number), and the idle is judged as a share of
-        it: the profiled steps run longer (the profiler and the audit's checks slow the host, not the
-        GPU's kernels), so the idle per step is at most the run's time per step less the GPU's own
-        work per step; a window that holds more is scaled down to it, every cause alike (the H100
-        audit of examples/gpu_clean.py: 39.5 ms of idle per profiled step against a 4.29 ms step,
-        now 4.04 ms: the step less the GPU's 0.25).
-        Host-bound: when the host's issuing of work (host work before launches, the launches) is
-        most of the idle the host caused and at least `host-bound-short-share` of the launched
-        kernels, `host-bound-min-kernels-per-step` or more a step, run shorter than their launch,
-        the step is host-bound: no edit of one line of the loop gives the idle back; CUDA graphs
-        (`torch.compile(mode="reduce-overhead")`), a larger batch or fewer small ops do. The
-        finding then says so, as info, with that issuing time as an estimate of the most they
-        save, and counts no time in the headline (the plain H100 traces of the clean twins: the
-        GPU runs ~0.2 ms of each 3-7 ms step, 24-53 kernels a step shorter than their launch).
+        From a profiler trace: the union of kernel, copy and memset time on every stream, against
+        the wall time of the profiled steps. It reports the idle share, the largest gaps and why
+        the GPU waited in each, read from the launch queue: work that was already queued when a
+        gap began means the GPU waited on a dependency (another stream, an event, a collective, a
+        graph); work launched late means it waited on the host, split by what the launching thread
+        did first: data loading, a host synchronisation, other host work, the launch itself. Idle
+        the trace cannot explain is `untraced`.
+        Its cost counts only the idle the host caused, per step of the run's time: the profiled
+        steps run longer (the profiler slows the host, not the kernels), so the idle per step is
+        at most the run's time per step less the GPU's own work.
+        Host-bound: when the host's issuing of work is most of that idle and at least
+        `host-bound-short-share` of the kernels (`host-bound-min-kernels-per-step` or more a
+        step) run shorter than their launch, no edit of one line gives the idle back; the finding
+        says so, as info, and counts no time in the headline.
 
     Why it costs:
         An idle GPU is paid for and does nothing. Any idle share is time a faster input pipeline,
@@ -121,9 +105,9 @@ class GpuIdle(TraceRule):
     Fix:
         Depends on the cause the finding names: more DataLoader workers and pinned memory for data
         loading; fewer syncs for synchronisation; torch.compile / CUDA graphs for host overhead and
-        launches; for queued work, overlap what the queued work waits for (no host-side change); for a
-        host-bound step, CUDA graphs (torch.compile(mode="reduce-overhead")), a larger batch, fewer
-        small ops.
+        launches; for queued work, overlap what the queued work waits for (no host-side change); for
+        a host-bound step, CUDA graphs (torch.compile(mode="reduce-overhead")), a larger batch,
+        fewer small ops.
 
     Evidence needed:
         A profiler trace with CUDA activity, ideally spanning whole ProfilerSteps.

@@ -220,30 +220,17 @@ def _one_trace(rule: Rule, trace: Trace, options: Options, step_ms: float | None
 class HostSync(Rule):
     """
     What it detects:
-        Calls inside the step that make the host wait for the device: `.item()`, `.cpu()`,
-        `.tolist()`, `.numpy()`, `float(t)`, `int(t)`, `bool(t)` / `if t`, `print(t)`, `nonzero`,
-        `masked_select`, selecting with a boolean mask (`logits[mask]`: the host reads how many
-        are True to size the result) or assigning a tensor through one (`v[mask] = values`:
-        index_put_ turns the mask into indices; `v[mask] = 0.0` fills it on the device), slicing with a device tensor's value (`data[i:i + T]` for `i`
-        in a GPU tensor: the host reads `i`), `.to("cpu")`, `torch.cuda.synchronize()`; counted per
-        step with their line.
-        Also the syncs torch makes on the user's behalf: `GradScaler.step(opt)` reads found_inf
-        with `.item()` every step unless the optimizer is fused, `ReduceLROnPlateau.step(loss)`
-        reads a tensor metric with `float()`, torch.utils.tensorboard's
-        `SummaryWriter.add_scalar(tag, tensor)` fetches the tensor at each call, and
-        torch.distributions checks a distribution's arguments when it is made and the value given
-        to its `log_prob` (`validate_args`, on by default), reading each check back to the host
-        (the fix: `torch.distributions.Distribution.set_default_validate_args(False)`, which
-        fixes.patch adds after the imports at the head of the file that makes them).
-        A sync a library makes inside the user's call (transformers' causal-mask code reads a
-        model's position ids back to test for packed sequences, every forward) is counted at that
-        call, with the library function that made it (`inside`): no edit of the call is advised,
-        and where a trainer framework's setting makes it, that setting is the fix.
-        On a recorded GPU trace: cudaStreamSynchronize / cudaDeviceSynchronize / synchronous DtoH
-        copies attributed to the op that issued them, counted once per call of it (a `.cpu()`
-        that copies to pageable memory, then syncs its stream, waited once). Only syncs inside a
-        ProfilerStep count: the profiler's own `cudaDeviceSynchronize` when it stops, after the
-        last step, is not the step's.
+        Calls inside the step that make the host wait for the device, counted per step with their
+        line: `.item()`, `.cpu()`, `.tolist()`, `.numpy()`, `float(t)`, `int(t)`, `bool(t)` /
+        `if t`, `print(t)`, `nonzero`, `masked_select`, boolean-mask indexing (`logits[mask]`,
+        `v[mask] = values`), slicing by a device tensor's value (`data[i:i + T]`), `.to("cpu")`,
+        `torch.cuda.synchronize()`.
+        Also the syncs torch makes for the user: `GradScaler.step(opt)` (unless the optimizer is
+        fused), `ReduceLROnPlateau.step(loss)`, `SummaryWriter.add_scalar(tag, tensor)`, and
+        torch.distributions' argument checks (`validate_args`). A sync a library makes inside the
+        user's call is counted at that call, with the function that made it (`inside`).
+        On a recorded GPU trace: stream and device synchronisations and synchronous DtoH copies
+        inside a ProfilerStep, each attributed to the op that issued it.
 
     Why it costs:
         CUDA runs asynchronously: the host queues kernels ahead of the device. A sync drains that
@@ -255,32 +242,21 @@ class HostSync(Rule):
         good:  if step % 50 == 0: print(loss.item())      # or accumulate on device
 
     Fix:
-        Fetch values every N steps, keep accumulators on the device, avoid data-dependent shapes.
-        A number the step computes with rather than logs (`advantage = R - value.item()`) stays on
-        the device as `value.detach()`; a tensor made from tensors (`torch.tensor([R])`) is made
-        from them there (`R.reshape(1)`, `torch.stack`): the sites carry `computed_with`, and no
-        logging interval is proposed for them, even inside a `return` whose value is a tensor
-        (`return x.mm(w) + b.item()`). A number a loop's stop test reads (`loss = out.item()`, then
-        `if loss < tol: break`) is tested every N steps instead, the loop then running up to N-1
-        steps past where it stops now, or the loop runs a set number of steps; a loop that goes
-        round several times a step on such a test (a decoder's `if tok.item() == EOS: break`) runs
-        its set number of rounds with the stop a mask on the device (`done = done | stop`, each
-        round's loss weighted by `~done`): those sites carry `stop_test`.
-        With a GradScaler: `torch.optim.AdamW(params, fused=True)` (also Adam, SGD); where the
-        optimizer `scaler.step(opt)` steps is made in the same file, numerics-fixes.patch adds it
-        (fused kernels round slightly differently).
-        A `synchronize()` that lets `start.elapsed_time(end)` read CUDA events (seen in rehearsal)
-        is not removed but made rare: sync and read the events at logging steps only.
+        Read values every N steps and keep accumulators on the device. A number the step computes
+        with stays on the device (`value.detach()`, `R.reshape(1)`: sites with `computed_with`); a
+        loop's stop test (`if loss < tol: break`) is read every N steps, or becomes a mask on the
+        device (sites with `stop_test`). With a GradScaler, a fused optimizer
+        (`torch.optim.AdamW(params, fused=True)`). For torch.distributions,
+        `torch.distributions.Distribution.set_default_validate_args(False)`. A `synchronize()`
+        before `start.elapsed_time(end)` is made rare, not removed. Where a trainer framework's
+        setting makes the sync, that setting is the fix.
 
     Evidence needed:
         A run (probes on the sync APIs), or a profiler trace with CUDA runtime events. On a CUDA
-        run the cost is the median time the steps that sync spend blocked, times the share of steps
-        that do, against the median step, with its confidence (the spread of those steps' times).
-        On a CPU-only program (no GPU, not rehearsed) the same calls are counted as reads of tensor
-        values on the host (severity info; cost counted, not measured), and nothing of accelerators
-        is said to it. In CUDA rehearsal (`--rehearse`), calls on
-        tensors the program meant for the GPU are judged at full severity (counted, not timed)
-        and calls on host tensors are not reported.
+        run the cost is the median time the syncing steps spend blocked, against the median step,
+        with its confidence. On a CPU-only program the calls are counted as reads of tensor values
+        on the host (info). In CUDA rehearsal (`--rehearse`), calls on tensors meant for the GPU
+        are judged as GPU syncs (counted, not timed); calls on host tensors are not reported.
     """
 
     id = "host-sync"
@@ -360,10 +336,10 @@ class HostSync(Rule):
             cost = median_cost_of(ev, per_step_ms)
             confidence, confidence_text = cost_confidence(list(per_step_ms.values()), cpu_over_wall(ev.steps),
                                                           "the syncs")
-            sev, prefix = "warning", ""
+            sev, prefix = "warning", "The host waits for the GPU: read values less often. "
         elif as_gpu:
             cost = sync_cost(ev, rate)  # rehearsed: estimated from the device model
-            sev, prefix = "warning", "On the GPU these synchronise: "
+            sev, prefix = "warning", "The host would wait for the GPU: read values less often. On the GPU these synchronise: "
         else:  # a CPU-only program: nothing of accelerators is said to it
             cost = Cost(ms_per_step=None, share_of_step=None, measured=False, note=CPU_ONLY_NOTE)
             sev, prefix = "info", ""

@@ -99,17 +99,16 @@ class LaunchBound(TraceRule):
         less what data loading and syncs explain. Reported when there are at least
         `min-gaps-per-step` such gaps per step AND their idle is at least `min-starved-share` of
         the median step, with that idle as the measured cost.
-        Short kernels: kernels shorter than the call that launched them (those replayed from a
-        CUDA/HIP graph, and communication kernels, left out), with the operators and lines that
+        Short kernels: kernels shorter than the call that launched them (graph-replayed and
+        communication kernels left out), with the operators and lines that
         launch the most. Reported when there are at
         least `min-kernels-per-step` per step AND they are at least `min-share` of all launched
         kernels: while most kernels outlast their launch, the queued work keeps the GPU fed.
         In CUDA rehearsal (no kernel runs), each torch call of GPU tensors that computes is one
         launch at the user's line (capture.rehearsal.launches), priced on the device model's row
         (`--device`, else the A100 SXM4 80GB): small when its bytes at the row's bandwidth and its
-        FLOPs at its peak take less than the row's launch latency. The backward pass adds
-        BACKWARD_FACTOR - 1 = 2 launches for each call autograd records, as the step clock counts
-        it. Reported when the step makes at least `min-small-launches-per-step` small launches
+        FLOPs at its peak take less than the row's launch latency; each call autograd records
+        adds 2 backward launches. Reported when the step makes at least `min-small-launches-per-step` small launches
         AND they are at least `min-small-launch-share` of those seen, at an estimated cost of
         their count times the row's launch latency.
 

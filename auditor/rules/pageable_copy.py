@@ -86,7 +86,8 @@ def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> li
     locs = [Location.of(s.where) for s in sites if s.where]
     locs += [Location.of(d.where) for d in loaders if d.where]
     ignored_nb = sum(s.non_blocking for s in sites)
-    message = (f"On the GPU these copies are staged through pageable memory: {per_step(copies / n)} host-to-device "
+    message = ("Copies to the GPU from unpinned memory: pin the batches. "
+               f"On the GPU these copies are staged through pageable memory: {per_step(copies / n)} host-to-device "
                f"copies per step of unpinned tensors move {size_text(total / n)} per step, at "
                + "; ".join(f"{s.what} x{per_step(s.copies / n)}/step ({size_text(s.bytes / n)}) at "
                            + line_ref(s.where.file if s.where else None, s.where.line if s.where else None,

@@ -45,6 +45,7 @@ class PeakStatsReset(Rule):
     id = "peak-stats-reset"
     title = "CUDA memory statistics are reset every step"
     severity = "warning"
+    warns_uncounted = "on a GPU each reset is host time in every step: one line takes it out"
     category = "performance"
     needs = frozenset({"run"})
     options = (Option("min-share-of-steps", 0.5, "Flag when resets happen in at least this share of steps."),)

@@ -67,25 +67,15 @@ class StepSlowdown(Rule):
     What it detects:
         Step time that keeps rising over the run: the last quarter of steps is much slower than the
         first, and the rise is a steady trend (rank correlation with the step index; on a CPU run,
-        of the process's own CPU time, which other processes' load scatters less), not a few
-        outliers: isolated spikes (a step above median + 6 MADs: a garbage collection, an epoch
-        boundary) are left out, and the robust Theil-Sen line through the rest must rise by the
-        same ratio. Warm-up steps and the profiled window are left out too. Load from other processes
-        comes in bursts that lift whole stretches of the run and then leave; it adds time to steps but
-        never makes the fastest step of a stretch slow, so the fastest step of the last quarter must
-        also be slower than the fastest of the first by the same ratio (of wall time and, on a CPU run,
-        of CPU time: with more than one intra-op thread, threads that wait for a descheduled peer
-        spin and bill CPU time, so under load CPU time wanders with wall time). It names the probed
-        call (backward, a sync, data loading...) whose own time grew the most, measured as the step's
-        rise is (its part of that rise), and, first, a line whose hooks pile up on the same tensors
-        or modules every step (see hook-leak): the time then grows in the pass that runs them.
-
-        Load that rises while the steps slow is told apart where the kernel measures it: when the
-        step's thread waited for a CPU that other processes held (Linux's run delay) for a share of
-        the last quarter's steps larger than of the first's by `max-load-rise`, the step's own time
-        must rise `load-slowdown` times more than `min-ratio` asks (such load slows the process's
-        own instructions too, on shared caches or an SMT sibling, so its CPU time rises with no
-        change in its work: x1.48 in a CI run's constant steps).
+        of the process's own CPU time), not a few outliers: spikes above median + 6 MADs (a garbage
+        collection, an epoch boundary), warm-up steps and the profiled window are left out, and the
+        Theil-Sen line through the rest must rise by the same ratio. Load from other processes
+        lifts whole stretches of the run but never makes the fastest step of a stretch slow, so the
+        fastest step of the last quarter must also be slower than the first quarter's. Where the
+        kernel measures that the step's thread waited for the CPU more in the last quarter (by
+        `max-load-rise`), the rise must be `load-slowdown` times larger. It names the probed call
+        (backward, a sync, data loading...) whose own time grew the most, and first a line whose
+        hooks pile up every step (see hook-leak).
 
     Why it costs:
         Something accumulates per step: a graph kept alive and backpropagated again, a growing
@@ -99,15 +89,13 @@ class StepSlowdown(Rule):
     Fix:
         Follow the growing phase named in the finding; see graph-leak and memory-growth findings.
         The finding states its confidence: the spread of the first and last quarters of the steps
-        (of CPU time on a CPU run) and the rise against the steps' scatter about the trend line.
+        and the rise against the steps' scatter about the trend line.
 
     Evidence needed:
-        Per-step wall times from a run (at least `min-steps` unprofiled steps once isolated spikes
-        are left out), of the loop the run ended in: a program that trains one model, then another
-        in a loop of its own (other forward, backward or optimizer calls), is judged on its last.
-        On a CPU run the step's CPU time must show the same trend, so load from other processes is
-        not mistaken for a slowdown, and the cost is that CPU time's rise, at the run's wall time
-        per CPU ms (load that comes in bursts scatters the wall time's own rise).
+        Per-step wall times from a run (at least `min-steps` unprofiled steps once spikes are left
+        out), of the loop the run ended in (a program that trains in several loops is judged on
+        its last). On a CPU run the step's CPU time must show the same trend, and the cost is that
+        CPU time's rise, at the run's wall time per CPU ms.
     """
 
     id = "step-slowdown"

@@ -80,6 +80,7 @@ class UnusedGraph(Rule):
     id = "unused-graph"
     title = "A forward pass records an autograd graph that no backward pass uses"
     severity = "warning"
+    warns_uncounted = "the unused graph holds its activations' memory until the next step"
     category = "performance"
     needs = frozenset({"run"})
     needs_text = "needs the forward passes' graphs watched in a run"

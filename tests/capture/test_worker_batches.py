@@ -123,7 +123,8 @@ def test_a_rehearsed_step_that_its_workers_cannot_feed_on_the_gpu_waits_for_data
     supply = ev["workers_ms_per_step"]
     assert ev["predicted_gpu_step_ms"] >= 0.95 * supply
     assert f["cost"]["measured"] is False and f["cost"]["ms_per_step"] >= 0.9 * supply - 0.5
-    assert f["message"].startswith("On the GPU this step would take ") and " of it waiting for data" in f["message"]
+    assert f["message"].startswith("On the GPU the steps would wait for data: add DataLoader workers. On the GPU this "
+                                    "step would take ") and " of it waiting for data" in f["message"]
     assert "its 2 worker processes take" in f["message"] and "each on a core of its own" in f["fix"]["summary"]
     assert f["fix"]["config"]["DataLoader.num_workers"] == 8  # (dozens needed: the most it advises)
     assert f["locations"][0]["line"] == PROGRAM.splitlines().index(

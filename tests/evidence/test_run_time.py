@@ -84,7 +84,7 @@ def test_stalls_in_some_steps_are_in_the_runs_time_and_in_the_cost(stalled) -> N
     assert "Most of it in stalls: " in f["message"] and " steps stalled " in f["message"]
     assert "prefetch_factor" in f["fix"]["summary"]
     # the headline counts the stalls, and is no more than the run's time
-    head = stalled.stdout.splitlines()[0]
+    head = (stalled.out / "summary.txt").read_text().splitlines()[0]  # (the whole head: --verbose's)
     assert f"{account['base_ms']:.2f} ms/step over the run, median " in head
     # (findings.json keeps the median to 3 places: the headline's 2 are of the unrounded figure)
     median = float(re.search(r"median ([\d.]+) ms/step", head).group(1))

@@ -26,7 +26,7 @@ def test_a_rehearsed_steps_gpu_prediction_is_a_line_of_its_own(tmp_path):
     doc = a.findings_doc
     clock = doc["steps"]["clock"]
     assert clock["source"] == "estimate" and clock["bound"] == "host"
-    lines = a.stdout.splitlines()
+    lines = (a.out / "summary.txt").read_text().splitlines()
     head = next(line for line in lines if line.startswith("audit of "))
     assert "predicted" not in head  # (the headline's share is of the run measured here)
     (m,) = [m for line in lines if (m := GPU_LINE.match(line))]

@@ -221,7 +221,7 @@ def test_terminal_summary_is_most_costly_first_and_plain(tmp_path: Path) -> None
     finding_lines = [ln for ln in lines if ln.split(" ", 1)[0] in ("error", "warning", "info")]
     assert [ln.split()[1] for ln in finding_lines] == ["dataloader-bound", "forced-cleanup", "anomaly-mode",
                                                         "host-sync"]
-    assert "(4.20 ms/step, 34%)" in finding_lines[0]
+    assert " 4.20 ms 34% " in finding_lines[0]
     assert "[red]x[/]" in out  # markup in user text is printed, not interpreted
     assert f"train.py:{LOADER_LINE}" in finding_lines[0]
     assert lines[-1] == f"report: {case.out_dir / 'report.html'}"

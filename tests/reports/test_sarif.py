@@ -107,3 +107,31 @@ def test_every_result_has_a_location_for_code_scanning(tmp_path: Path) -> None:
     for r in results:
         phys = r["locations"][0]["physicalLocation"]
         assert phys["artifactLocation"]["uri"].endswith("ckpt.pt") and phys["region"] == {"startLine": 1}
+
+
+def test_a_results_text_is_one_sentence_its_detail_in_markdown(tmp_path: Path) -> None:
+    """README command 1's kept run: each result's message.text is its message's first sentence (a
+    line in a code-scanning list); markdown holds the whole message, its cost and fix, escaped."""
+    import re
+    import shutil
+
+    from auditor.config import Config
+    from auditor.evidence.load import load_paths
+    from auditor.rules.engine import run_rules
+    from conftest import FIXTURES
+
+    run = tmp_path / "audited_train_script"
+    shutil.copytree(FIXTURES / "docs" / "audited_train_script", run)
+    results = run_rules(load_paths([run]), Config())
+    doc = sarif_log(load_paths([run]), results, base=ROOT)
+    _validate(doc)
+    by_rule = {r["ruleId"]: r for r in doc["runs"][0]["results"]}
+    loader = by_rule["dataloader-bound"]
+    assert loader["message"]["text"] == "Steps wait for data: load it in DataLoader workers."
+    f = next(f for f in results.findings if f.rule == "dataloader-bound")
+    assert loader["properties"]["detail"] == f.message[len(loader["message"]["text"]):].strip()
+    markdown = loader["message"]["markdown"]
+    assert "The steps wait 15.4 ms a step for data with num\\_workers=0" in markdown
+    assert "(cost: 15.44 ms/step, measured)" in markdown and "**Fix:** Load batches in worker processes" in markdown
+    for r in by_rule.values():
+        assert len(r["message"]["text"]) < 80 and not re.search(r"[.!?] [A-Z0-9(]", r["message"]["text"])

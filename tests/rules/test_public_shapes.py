@@ -74,7 +74,7 @@ def test_the_logging_item_and_the_getitem_copy_get_patches_verify_proves(enwik8,
     assert "verify: 2 fix(es) in 1 re-run(s)" in a.stdout
     # the patch file a user applies: git takes it, the numerics one (nothing in it) is not written
     assert not (a.out / "numerics-fixes.patch").exists()
-    assert "also: " in a.stdout and "numerics-fixes.patch" not in a.stdout
+    assert "also there: " in a.stdout and "numerics-fixes.patch" not in a.stdout
     work = _project(tmp_path / "apply", prog.name)
     subprocess.run(["git", "apply", str(a.out / "fixes.patch")], cwd=work.parent, check=True)
     after = work.read_text().splitlines()

@@ -9,8 +9,8 @@ from auditor.rules._support.confidence import share_confidence as _confidence
 def test_confidence_levels_follow_the_spread_of_the_steps_shares():
     high, text = _confidence([0.5] * 18 + [0.1, 0.2], 0.25, [1.0] * 20)
     assert high["confidence"] == "high" and high["steps_over_min_share"] == 18 and high["steps_timed"] == 20
-    assert text == ("Confidence: high (18 of 20 steps waited min-share=0.25 of their own time or more; the middle "
-                    "half of the steps waited 0.50-0.50 of theirs).")
+    assert text == ("Confidence: high (18 of 20 steps waited 0.25 of their time or more; the middle half of "
+                    "the steps, 0.50-0.50 of theirs).")
     # at the threshold: half the steps above it, half below
     low, _ = _confidence([0.2, 0.3] * 10, 0.25, [1.0] * 20)
     assert low["confidence"] == "low"

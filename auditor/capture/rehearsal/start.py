@@ -64,6 +64,6 @@ def install(mode: str, source: str | None, module: str | None = None,
     probes.judge_as_gpu_code(rehearsal_device.device_of)
     # said once for a distributed run: by rank 0 (every rank rehearses, and its evidence notes it)
     if os.environ.get("RANK", "0") in ("0", ""):
-        print(f"audit: no CUDA device here: rehearsing this CUDA program on the CPU ({reason}); "
-              "GPU-only costs are counted, timings are CPU timings.", file=sys.stderr, flush=True)
+        print(f"audit: no CUDA device here: rehearsing this CUDA program on the CPU ({reason}).",
+              file=sys.stderr, flush=True)
     return {"mode": mode, "reason": reason, "standins": replaced, "note": NOTE.format(reason=reason)}

@@ -64,8 +64,8 @@ def share_confidence(shares: Sequence[float], threshold: float, cpu_ratio: Seque
     level = ("low" if n < 4 or over < 0.6 * n or q2 < 1.1 * threshold else
              "high" if over >= 0.8 * n and q2 >= 1.25 * threshold else "medium")
     ratio = round(median(cpu_ratio), 3) if cpu_ratio else None
-    return stated(level, f"{over} of {n} steps waited min-share={threshold:g} of their own time or more; the "
-                         f"middle half of the steps waited {q1:.2f}-{q3:.2f} of theirs", ratio,
+    return stated(level, f"{over} of {n} steps waited {threshold:g} of their time or more; the middle half of "
+                         f"the steps, {q1:.2f}-{q3:.2f} of theirs", ratio,
                   step_share_quartiles=[round(q1, 4), round(q2, 4), round(q3, 4)],
                   steps_over_min_share=over, steps_timed=n)
 
