@@ -213,7 +213,8 @@ class AmpOpportunity(TraceRule):
             model = model_estimate(trace, fp32.index.to_numpy(), device, "bfloat16" if bf16 else "float16", steps)
             saving = model["saving_ms_per_step"]
             note = model.pop("note")
-        message = (f"fp32 matmul/convolution kernels took {fp32_ms / steps:.1f} ms per step ({share:.0%} of GPU "
+        message = ("fp32 matmuls on a GPU with tensor cores: try mixed precision. "
+                   f"The fp32 matmul/convolution kernels took {fp32_ms / steps:.1f} ms per step ({share:.0%} of GPU "
                    f"kernel time) in {trace.label} on a {props.get('name', 'GPU')} (compute capability "
                    f"{major}.{minor}) that has tensor cores; mixed precision could run them several times faster.")
         config: dict[str, Any] = {"torch.autocast": {"device_type": "cuda", "dtype": "bfloat16" if bf16 else "float16"}}

@@ -257,7 +257,9 @@ class DataloaderBound(Rule):
             single = any("_SingleProcessDataLoaderIter" in n for n in names)
             where = sites(trace, loader.index.to_numpy(), weights=loader["dur"].to_numpy())
             stalls = stall_phrase(waits)
-            message = (f"DataLoader __next__ took {wait_ms:.1f} ms per step in {trace.label} ({share:.0%} of the run's "
+            message = (("Steps wait for data: load it in DataLoader workers. " if single else
+                        "Steps wait for data: the DataLoader's workers do not keep up. ")
+                       + f"DataLoader __next__ took {wait_ms:.1f} ms per step in {trace.label} ({share:.0%} of the run's "
                        f"{step_ms:.1f} ms a step; " + (stalls or f"each step's share {min(shares):.0%}-{max(shares):.0%} "
                                                        f"across {n} steps") + ")"
                        + ("; batches are loaded in the training process (num_workers=0)." if single else

@@ -127,7 +127,8 @@ class ExposedComm(TraceRule):
         if device is not None and device.nvlink_gbs and top["bus_gbps"]:
             link = (f"; {biggest} reached {top['bus_gbps']:.1f} GB/s of bus bandwidth against the "
                     f"{device.name}'s {device.nvlink_gbs / 2:g} GB/s NVLink per direction")
-        message = (f"{exposed_ms:.1f} ms per step of communication in {trace.label} ran with no computation "
+        message = ("Communication runs with no computation beside it: overlap it with the backward pass. "
+                   f"{exposed_ms:.1f} ms per step of communication in {trace.label} ran with no computation "
                    f"beside it ({exposed_ms / comm_ms:.0%} of its {comm_ms:.1f} ms/step of communication kernels"
                    + (f", {exposed_ms / step_ms:.0%} of the step" if step_ms else "") + "): "
                    + ", ".join(f"{k} x{v['count']}" + (f" ({v['mb_per_step']:.1f} MB/step)" if v["mb_per_step"] else "")

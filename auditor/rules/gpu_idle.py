@@ -168,8 +168,9 @@ class GpuIdle(TraceRule):
             per_step_short = short["n_short"] / steps
             evidence.update({"short_kernels_per_step": round(per_step_short, 1),
                              "short_share": round(short["share"], 4), "issuing_ms_per_step": round(issuing_ms, 3)})
-            message = (f"The step is host-bound in {trace.label}: the GPU runs work {busy_ms:.2f} ms of each "
-                       f"{step_ms or per_step_ms + busy_ms:.2f} ms step and is idle {per_step_ms:.2f} ms{scaled}, "
+            message = (f"The step is host-bound: the GPU works {busy_ms:.2f} ms of each "
+                       f"{step_ms or per_step_ms + busy_ms:.2f} ms step. In {trace.label} it is idle "
+                       f"{per_step_ms:.2f} ms{scaled}, "
                        f"{issuing_ms:.2f} ms of it while the host issues the next work (Python, operator dispatch, "
                        f"launches); {per_step_short:.0f} kernels per step ({short['share']:.0%} of those launched) "
                        "run shorter than their launch. No edit of one line of the loop gives this back: capturing "
@@ -191,7 +192,8 @@ class GpuIdle(TraceRule):
         # (its share of the step is the cost's, which TraceRule.check takes of the step the
         # report states; a share of this window printed here would be a second number for it)
         of_run = f" ({per_step_ms / step_ms:.0%} of the run's time)" if step_ms else ""
-        message = (f"The GPU was idle {per_step_ms:.1f} ms per step in {trace.label}{of_run}{scaled}; the largest gap "
+        message = (f"The GPU is idle {per_step_ms:.1f} ms a step, most of it {_PHRASES[cause]}. "
+                   f"In {trace.label} the GPU was idle {per_step_ms:.1f} ms per step{of_run}{scaled}; the largest gap "
                    f"is {biggest:.1f} ms and most idle time is {_PHRASES[cause]} "
                    f"({breakdown[cause] / idle_us:.0%} of it).")
         if queued_ms >= 0.01:

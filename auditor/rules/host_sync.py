@@ -179,7 +179,8 @@ def _one_trace(rule: Rule, trace: Trace, options: Options, step_ms: float | None
         where = sites(trace, [m[0] for m in members], weights=waited)
         n = len(members)
         times = "once" if n == 1 else f"{n} times"
-        message = (f"{op} blocked the host on the GPU {times} in {trace.label} "
+        message = ("The host waits for the GPU: read values less often. "
+                   f"In {trace.label}, {op} blocked the host on the GPU {times} "
                    f"({per_step(n / steps)} per step), {blocked_step_ms:.2f} ms per step"
                    + (f" ({share:.1%} of the run's time)" if share is not None else "")
                    + f" spent waiting in {', '.join(apis)}; the GPU sat idle {idle_ms:.2f} ms per step after them "

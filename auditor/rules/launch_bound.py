@@ -330,7 +330,7 @@ class LaunchBound(TraceRule):
             cost = Cost(ms_per_step=round(excess_ms, 3), share_of_step=None,  # (TraceRule.check sets it)
                         measured=False, note="estimate: launch time the short kernels cannot hide")
         return self.finding(
-            " ".join(sentences),
+            " ".join(["The GPU waits on the host's kernel launches: capture the step in CUDA graphs.", *sentences]),
             locations=[Location(*frame_location_parts(f)) for f, _, _ in where],
             evidence=evidence,
             cost=cost,

@@ -225,7 +225,9 @@ class PageableCopy(Rule):
             where = sites(trace, rows, weights=np.clip(sel["bytes"].to_numpy(), 0, None))
             per_step_ms = round(gpu_ms / steps, 3)
             side = "to" if label.startswith("device-to-host") else "from"  # (pageable is the host end)
-            message = (f"{len(sel)} {label} copies {side} pageable memory moved {size_text(nbytes)} "
+            opening = ("Copies from the GPU into unpinned memory: copy into pinned buffers. " if side == "to" else
+                       "Copies to the GPU from unpinned memory: pin the batches. ")
+            message = (opening + f"{len(sel)} {label} copies {side} pageable memory moved {size_text(nbytes)} "
                        f"({size_text(nbytes / steps)} per step) in {trace.label}, taking "
                        f"{per_step_ms:.2f} ms of GPU copy time per step; the host waited "
                        f"{host_ms / steps:.2f} ms per step in the copy calls.")

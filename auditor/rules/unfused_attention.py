@@ -217,7 +217,8 @@ class UnfusedAttention(TraceRule):
         timed = "of GPU kernel time" if on_gpu else "of the steps' time on the CPU"
         rate = f" at {achieved:.2f} TFLOP/s" if on_gpu else ""  # (a CPU's rate says nothing of a GPU's)
         with_ops = f" with {', '.join(b.removeprefix('aten::') for b in between)} between" if between else ""
-        message = (f"{len(chains)} attention computations in {trace.label} run unfused (matmul, softmax, matmul"
+        message = ("Attention runs unfused: call scaled_dot_product_attention. "
+                   f"{len(chains)} attention computations in {trace.label} run unfused (matmul, softmax, matmul"
                    f"{with_ops}): {ms:.2f} ms per step, {share:.0%} {timed}{split}{rate}; "
                    f"shapes {top}. One fused scaled_dot_product_attention kernel never writes the score matrix.")
         locations = [softmax_location(f) for f, _, _ in where]

@@ -118,7 +118,7 @@ def test_ddp_launch_bound_by_the_gaps_cause() -> None:
     assert e["starved_launch_ms_per_step"] == pytest.approx(launch_us / 1000 / steps_, abs=1e-3)
     assert f.cost.share_of_step == pytest.approx(us / 1000 / steps_ / base_ms(DDP), abs=1e-4)
     assert f.cost.within == "gpu-idle"
-    assert f.message.startswith(f"In {DDP.name} the GPU waited on kernel launches 117.2 ms per step (53% of the "
+    assert f.message.startswith(f"The GPU waits on the host's kernel launches: capture the step in CUDA graphs. In {DDP.name} the GPU waited on kernel launches 117.2 ms per step (53% of the "
                                 "run's time): 848 gaps per step, each under 1 ms")
 
 
@@ -141,7 +141,7 @@ def test_control_resnet_with_workers() -> None:
     assert 0.1 < us / 1000 / 6 / base_ms(W4) < 0.2
     (f,) = findings(W4, LaunchBound)
     assert "starved_gaps" not in f.evidence and not f.cost.measured
-    assert f.message.startswith("942 kernels per step (64% of launched kernels)")
+    assert f.message.startswith("The GPU waits on the host's kernel launches: capture the step in CUDA graphs. 942 kernels per step (64% of launched kernels)")
 
 
 # ---------------------------------------- ROCm/HIP names

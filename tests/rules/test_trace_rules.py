@@ -676,7 +676,8 @@ def test_host_sync_counts_op_calls_not_the_runtime_rows_in_them(name: str, op: s
     f = found[op]
     steps = len(raw_steps(name))
     times = "once" if calls == 1 else f"{calls} times"
-    assert f.message.startswith(f"{op} blocked the host on the GPU {times} in {name} ({per_step(calls / steps)} per step)")
+    assert f.message.startswith(f"The host waits for the GPU: read values less often. In {name}, {op} blocked the host "
+                                f"on the GPU {times} ({per_step(calls / steps)} per step)")
     assert f.evidence["syncs"] == calls and f.evidence["syncs_per_step"] == round(calls / steps, 2)
     blocked = [_union_us(rows) for rows in groups[op]]
     assert f.evidence["blocked_ms"] == pytest.approx(sum(blocked) / 1000, abs=1e-3)

@@ -74,7 +74,7 @@ def test_hand_written_causal_attention_is_found_at_the_softmax(traces, monkeypat
     loc = f.locations[0]
     assert Path(loc.file).name == "gpu_attention.py" and loc.line == 35
     assert loc.code == "att = torch.softmax(att, dim=-1)"
-    assert f.message.startswith("4 attention computations in gpu_attention.pt.trace.json run unfused (matmul, "
+    assert f.message.startswith("Attention runs unfused: call scaled_dot_product_attention. 4 attention computations in gpu_attention.pt.trace.json run unfused (matmul, "
                                 "softmax, matmul with ")
 
 
