@@ -217,7 +217,8 @@ class DataloaderOnDevice(TraceRule):
         rows = found.index.to_numpy()
         ops = Counter(issuing_op(trace, int(r)) or trace.name(int(r)) for r in rows)
         where = sites(trace, rows)
-        message = (f"The input pipeline issued {len(found)} GPU calls ({len(found) / steps:.1f} per step: "
+        message = ("The DataLoader runs GPU work: build batches on the host, move them in the loop. "
+                   f"The input pipeline issued {len(found)} GPU calls ({len(found) / steps:.1f} per step: "
                    f"{int((cats == CAT['kernel']).sum())} kernels, {int((cats == CAT['memcpy']).sum())} copies) "
                    f"inside DataLoader iteration in {trace.label}, mostly from "
                    f"{', '.join(n for n, _ in ops.most_common(3))}.")
