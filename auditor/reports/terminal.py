@@ -343,9 +343,10 @@ def finding_lines(evidence: Evidence, findings: list[Finding], brief: bool = Fal
     PER_RULE_LINES in one line instead, at its costliest finding's place. `brief`: finding_brief's
     line, else finding_line's (the whole message)."""
     one = finding_line
+    labels = {str(t.path): t.label for t in evidence.trace_data}
     if brief:  # (finding_brief at WIDTH: brief_lines cuts at its own; one recording need not be named)
         def one(f: Finding) -> Text:
-            return finding_brief(f, named=traces < 2)
+            return finding_brief(f, named=traces < 2, labels=labels)
     traces = len(evidence.trace_data) + len(evidence.snapshot_data)
     counts: dict[str, int] = {}
     for f in findings:
@@ -677,12 +678,13 @@ def _short_ms(ms: float) -> str:
     return f"{ms:.1f}" if ms >= 10 else small_ms(ms)
 
 
-def finding_brief(f: Finding, width: int = WIDTH, named: bool = False) -> Text:
+def finding_brief(f: Finding, width: int = WIDTH, named: bool = False, labels: dict[str, str] | None = None) -> Text:
     """One finding in one line, ruff's shape: `severity rule file:line cost sentence` (the cost per
     step and its share, `~` where estimated), the sentence its message's first (the rest is in the
     report, `--verbose` and findings.json). A path that leaves the sentence under half the `width`
     is shortened to its last two parts (`…/proj/train.py`). `named`: the audit read one recording,
-    which the sentence need not name ("in x.pt.trace.json.gz")."""
+    which the sentence need not name ("in x.pt.trace.json.gz"); of several, a sentence that does not
+    name the finding's recording is led by its label (`labels`: trace path -> label)."""
     line = _finding_prefix(f)
     if f.locations and len(line.plain) > width // 2:
         line = _finding_prefix(f, short=True)
@@ -693,8 +695,21 @@ def finding_brief(f: Finding, width: int = WIDTH, named: bool = False) -> Text:
     if isinstance(trace, str) and trace:
         name = re.escape(Path(trace).name)
         sentence = re.sub(rf"^In {name},? (\w)", lambda m: m[1].upper(), re.sub(rf" in {name}\b", "", sentence))
+    trace = f.evidence.get("trace") if not named and isinstance(f.evidence, dict) else None
+    label = (labels or {}).get(trace) if isinstance(trace, str) else None
+    if label and label not in sentence:
+        sentence = f"{_short_label(label)}: {sentence}"
     line.append(" " + sentence)
     return line
+
+
+def _short_label(label: str, most: int = 40) -> str:
+    """A recording's label in at most about `most` characters: whole, or its last parts after `…/`."""
+    if len(label) <= most:
+        return label
+    parts = Path(label).parts
+    tail = "/".join(parts[-2:])
+    return "…/" + (tail if len(tail) <= most else parts[-1])
 
 
 def _finding_prefix(f: Finding, short: bool = False) -> Text:

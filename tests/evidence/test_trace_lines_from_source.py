@@ -5,6 +5,8 @@ that op, the few that can ("one of lines ..."), or none: the frame without a lin
 wrong line."""
 from __future__ import annotations
 
+import re
+
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +87,7 @@ def test_a_gpu_recording_of_a_module_level_loop_names_the_lines_of_its_syncs_and
     assert a.returncode == 0, a.stderr[-3000:]
     at = {marker: [i for i, t in enumerate(source.splitlines(), 1) if t.endswith(f"# {marker}")]
           for marker in ("BOOL LINE", "MASK LINE", "CPU LINE", "ITEM LINE", "DEVICE LINE")}
-    syncs = {f["evidence"]["op"] if "op" in f["evidence"] else f["message"].split()[0]: [loc["line"] for loc in f["locations"]]
+    syncs = {_sync_op(f): [loc["line"] for loc in f["locations"]]
              for f in a.rule("host-sync")}
     assert syncs["aten::is_nonzero"] == at["BOOL LINE"]
     assert syncs["aten::index"] == at["MASK LINE"]
@@ -150,7 +152,7 @@ def test_a_gpu_recording_of_a_launched_module_loop_names_its_syncs_lines(tmp_pat
               str(tmp_path), out=tmp_path / "out", cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
     assert a.returncode == 0, a.stderr[-3000:]
     [step] = _marked(source, "STEP LINE")
-    syncs = {f["message"].split()[0]: [(loc["line"], loc["note"]) for loc in f["locations"]] for f in a.rule("host-sync")}
+    syncs = {_sync_op(f): [(loc["line"], loc["note"]) for loc in f["locations"]] for f in a.rule("host-sync")}
     assert syncs == {"aten::to": [(*_marked(source, "TO LINE"), "")], "aten::item": [(*_marked(source, "ITEM LINE"), "")]}
     [copies] = a.rule("pageable-copy")
     assert [loc["line"] for loc in copies["locations"]] == _marked(source, "TO LINE")  # (not the model's .to() above)
@@ -159,3 +161,9 @@ def test_a_gpu_recording_of_a_launched_module_loop_names_its_syncs_lines(tmp_pat
     assert [(loc["line"], loc["code"], loc["note"]) for loc in loader["locations"]] == [
         (first, "", f"one of lines {first}, {second}: the trace records <module>, not which of its lines")]
     assert all(loc["line"] != step or loc["note"] for f in a.findings for loc in f["locations"])
+
+
+def _sync_op(f: dict) -> str:
+    """The operator a host-sync finding names: its evidence's, or its message's ("... aten::to blocked
+    the host on the GPU ...")."""
+    return f["evidence"].get("op") or re.search(r"(\S+) blocked the host", f["message"])[1]
