@@ -20,8 +20,9 @@ def test_a_fetch_beside_a_busy_process_waits_its_own_time_not_the_other_process_
     wall = statistics.median(s["ms"] for s in steps)
     cpu = statistics.median(s["cpu_ms"] for s in steps)
     wait = statistics.median(sum(t["ms"] for t in s["tallies"] if t["kind"] == "data-wait") for s in steps)
-    # the busy process took its turns on the one CPU: a step took about twice its CPU time
-    assert wall >= 1.5 * cpu, (wall, cpu)
+    # the busy process took its turns on the one CPU: a step took about twice its CPU time (at least
+    # 1.3x: the busy process is itself descheduled at times on a loaded machine)
+    assert wall >= 1.3 * cpu, (wall, cpu)
     # the fetch's 8 items at 0.5 ms of CPU each, not the ~8 ms the wall clock saw (the step's CPU
     # time holds the fetch's and the update's)
     assert 3.5 <= wait <= cpu, (wait, cpu, wall)
