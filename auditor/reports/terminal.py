@@ -691,13 +691,11 @@ def finding_brief(f: Finding, width: int = WIDTH, named: bool = False, labels: d
     if cost := _brief_cost(f):
         line.append(f" {cost}", style="bold" if f.cost and f.cost.ms_per_step is not None else "dim")
     sentence = first_sentence(f.message)
-    trace = f.evidence.get("trace") if named and isinstance(f.evidence, dict) else None
-    if isinstance(trace, str) and trace:
+    trace = f.evidence.get("trace") if isinstance(f.evidence, dict) else None
+    if named and isinstance(trace, str) and trace:
         name = re.escape(Path(trace).name)
         sentence = re.sub(rf"^In {name},? (\w)", lambda m: m[1].upper(), re.sub(rf" in {name}\b", "", sentence))
-    trace = f.evidence.get("trace") if not named and isinstance(f.evidence, dict) else None
-    label = (labels or {}).get(trace) if isinstance(trace, str) else None
-    if label and label not in sentence:
+    elif not named and isinstance(trace, str) and (label := (labels or {}).get(trace)) and label not in sentence:
         sentence = f"{_short_label(label)}: {sentence}"
     line.append(" " + sentence)
     return line
