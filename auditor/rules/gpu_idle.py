@@ -191,11 +191,10 @@ class GpuIdle(TraceRule):
                 fix=_HOST_BOUND)
         # (its share of the step is the cost's, which TraceRule.check takes of the step the
         # report states; a share of this window printed here would be a second number for it)
-        of_run = f" ({per_step_ms / step_ms:.0%} of the run's time)" if step_ms else ""
+        of_run = f", {per_step_ms / step_ms:.0%} of the run's time" if step_ms else ""
         message = (f"The GPU is idle {per_step_ms:.1f} ms a step, most of it {_PHRASES[cause]}. "
-                   f"In {trace.label} the GPU was idle {per_step_ms:.1f} ms per step{of_run}{scaled}; the largest gap "
-                   f"is {biggest:.1f} ms and most idle time is {_PHRASES[cause]} "
-                   f"({breakdown[cause] / idle_us:.0%} of it).")
+                   f"In {trace.label}{of_run}{scaled}: the largest gap is {biggest:.1f} ms and most idle time is "
+                   f"{_PHRASES[cause]} ({breakdown[cause] / idle_us:.0%} of it).")
         if queued_ms >= 0.01:
             kinds = sorted(((ms, k) for k, ms in summary.queued_by_ms_per_step.items() if ms >= 0.05), reverse=True)
             message += (f" For {queued_ms:.1f} ms per step the next GPU work was already queued (launched before "
