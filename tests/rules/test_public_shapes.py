@@ -6,7 +6,8 @@ x_transformers_enwik8.py (lucidrains/x-transformers train_enwik8.py's shape): th
 printed with `.item()` every step, `.cuda()` in `__getitem__`, rotary cos/sin recomputed by every
 attention layer. makemore.py (karpathy/makemore's): `torch.cuda.synchronize()` that lets
 `time.time()` time the step. regression.py (pytorch/examples regression's): a fetch inside a
-returned tensor expression, and the loss fetched for the loop's stop test. seq2seq_translation.py
+returned tensor expression, and the loss fetched for the loop's stop test. nanogpt_train.py
+(karpathy/nanoGPT's loop): a fetch computed with into a name only the log line reads. seq2seq_translation.py
 (pytorch/tutorials' seq2seq translation, a sentence a step): a decoder stopped by a fetch each token."""
 from __future__ import annotations
 
@@ -235,6 +236,23 @@ def test_a_hand_written_sgd_loop_gets_a_foreach_patch_that_verify_proves_trains_
     # (from figures rounded to 0.01 ms on a 0.2 ms step)
     assert saved <= predicted - floor + 0.05 and saved >= min(f["cost"]["ms_per_step"], predicted - floor) - 0.05
     assert saved / predicted >= 0.1, lines
+
+
+@pytest.mark.slow
+def test_a_number_named_for_the_log_line_is_logging_not_computed_with(tmp_path):
+    """nanogpt_train.py (karpathy/nanoGPT train.py's loop): `lossf = loss.item() *
+    gradient_accumulation_steps` is read only by the print's f-string further down. It was advised
+    as a number computed with (`loss.detach()` in its place), whose print would then fetch it just
+    the same; it is the logging case: log less often, or accumulate on the device."""
+    prog = _project(tmp_path / "proj", "nanogpt_train.py")
+    a = audit("run", prog.name, "--no-profile", out=tmp_path / "out", cwd=prog.parent)
+    assert a.returncode == 0, a.stderr[-3000:]
+    [f] = a.rule("host-sync")
+    [site] = f["evidence"]["sites"]
+    assert site["line"] == _line(prog, "        lossf = loss.item()"), site
+    assert not site.get("computed_with"), site
+    summary = f["fix"]["summary"]
+    assert "computes with the number fetched" not in summary and "log every N steps" in summary, summary
 
 
 @pytest.mark.slow

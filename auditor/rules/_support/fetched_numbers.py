@@ -4,8 +4,10 @@ the source line that made the fetch.
 * arithmetic on a fetched number (`advantage = R - value.item()`, PyTorch's actor-critic example):
   the number goes back into the step's tensors. `value.detach()` in place of `value.item()` keeps it
   on the device: the same value, with no gradient through it, as the number had none. A running
-  total (`total += loss.item() * n`) is the logging case, not this one, and a number set into an
-  object or a dict (`group["lr"] = 0.05 * float(scale)`) may be wanted as a number there.
+  total (`total += loss.item() * n`) is the logging case, not this one, and so is a number named
+  for the output further down (nanoGPT's `lossf = loss.item() * gradient_accumulation_steps`, read
+  only by `print(f"... {lossf:.4f}")`: a tensor there would be fetched by the print); a number set
+  into an object or a dict (`group["lr"] = 0.05 * float(scale)`) may be wanted as a number there.
 * a tensor made from tensors (`torch.tensor([R])` of a 0-d tensor `R`): torch reads each one back
   to the host to copy its value. Made from them on the device (`R.reshape(1)`, `torch.stack`), the
   values never leave it.
@@ -85,7 +87,7 @@ def computed(places: list[Any]) -> dict[int, str]:
     """{id(place): advice} for the places (host-sync's, by_place's) whose fetch the line computes
     with: a number in arithmetic, or tensors copied into a new tensor through the host."""
     out: dict[int, str] = {}
-    for p, _, stmt in _fetch_statements(places):
+    for p, tree, stmt in _fetch_statements(places):
         if isinstance(stmt, ast.AugAssign):  # (a running total: logging)
             continue
         calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
@@ -99,7 +101,8 @@ def computed(places: list[Any]) -> dict[int, str]:
                 break
             x = _fetched(c)
             parent = parents.get(c)
-            if x is not None and isinstance(parent, ast.BinOp) and not _written_out(c, parents) and not _set_on(stmt):
+            if (x is not None and isinstance(parent, ast.BinOp) and not _written_out(c, parents) and not _set_on(stmt)
+                    and not _only_written_out(tree, stmt)):
                 out[id(p)] = (f"`{ast.unparse(parent)}` at line {line} computes with the number fetched: keep it on "
                               f"the device, `{x}.detach()` in place of `{ast.unparse(c)}` (the same value, with no "
                               "gradient through it, as the number had none)")
@@ -112,6 +115,21 @@ def _set_on(stmt: ast.stmt) -> bool:
     reader may need as a host number (an optimizer's learning rate)."""
     targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
     return any(isinstance(t, (ast.Subscript, ast.Attribute)) for t in targets)
+
+
+def _only_written_out(tree: ast.Module, stmt: ast.stmt) -> bool:
+    """Whether `stmt` assigns one name that the code after it in its function (or module) reads,
+    and only to write it out (`_written_out`): the number is logged, not computed with."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        return False
+    name, end = stmt.targets[0].id, stmt.end_lineno or stmt.lineno
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+              and _spans(n, stmt.lineno)]
+    scope = max(scopes, key=lambda n: n.lineno) if scopes else tree  # the innermost
+    parents = {child: node for node in ast.walk(scope) for child in ast.iter_child_nodes(node)}
+    reads = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+             and n.lineno > end]
+    return bool(reads) and all(_written_out(n, parents) for n in reads)
 
 
 def _written_out(node: ast.AST, parents: dict) -> bool:
