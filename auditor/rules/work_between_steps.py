@@ -30,6 +30,8 @@ class WorkBetweenSteps(Rule):
         (auditor.evidence.run_time), the median step does not. The time a DataLoader's new epoch
         takes there (its workers' stop and start) is worker-restarts', not this rule's. The
         message names what the probes timed in the stretches, per stretch, at the user's lines.
+        One stretch in steps `--steps` cut short (an evaluation at iteration 0, then every 500) is
+        said as an info with its time: how often it recurs, and so its cost a step, is not seen.
 
     Why it costs:
         Every stretch between the steps is time the training does not advance: an evaluation of
@@ -75,7 +77,29 @@ class WorkBetweenSteps(Rule):
         share = share_of_step(ms, step_basis_ms(ev)) or 0.0
         if share < options.min_share:
             return
+        if stretches.stretches == 1 and stretches.after_steps and ev.program is not None and ev.program.ended_by_audit:
+            yield self._once(stretches, pieces, share, len(ev.steps))
+            return
         yield self._finding(account, stretches, pieces, ms, share)
+
+    def _once(self, b: Between, pieces: dict, share: float, steps: int) -> Finding:
+        """One stretch in steps that --steps cut short (nanoGPT's and minGPT's evaluation at
+        iteration 0): how often it comes back is not seen, so its time is not a cost per step."""
+        seconds = f"{b.ms / 1000:.2f} s"
+        after = b.after_steps[0]
+        message = (f"Work between steps {after} and {after + 1}, once in {steps} steps: how often it recurs is not "
+                   f"seen. It took {seconds} ({share:.0%} of the audited run's time): what it costs a step is that "
+                   "over the steps from one stretch to the next." + _in_each(b, "it"))
+        kinds = sorted(pieces.values(), key=lambda p: -p.ms)
+        advice = "; ".join(f"{p.name}: {ADVICE[p.name]}" for p in kinds if p.name in ADVICE and p.ms >= 0.1 * sum(
+            q.ms for q in kinds))
+        return self.finding(
+            message, severity="info", locations=_locations(b),
+            evidence={"once_ms": b.ms, "stretches": 1, "after_steps": b.after_steps, "audited_steps": steps,
+                      "by_kind_ms_per_step": {p.name: p.per_step_ms for p in kinds}},
+            cost=Cost(ms_per_step=None, share_of_step=None, measured=True, note=f"{seconds} once"),
+            fix=Fix(summary=f"Audit past its next stretch (a larger --steps) to measure its cost a step; where it "
+                            f"recurs often: {advice}."))
 
     def _finding(self, account: RunTime, b: Between, pieces: dict, ms: float, share: float) -> Finding:
         after = ", ".join(map(str, b.after_steps[:6])) + (", ..." if len(b.after_steps) > 6 else "")
@@ -85,19 +109,28 @@ class WorkBetweenSteps(Rule):
         message = (f"{ms:.2f} ms a step ({share:.0%} of the run's time) runs between the steps, in {b.stretches} "
                    f"stretch{'es' if b.stretches > 1 else ''} (after step{'s' if b.stretches > 1 else ''} {after}"
                    f"{apart}): {parts} ms a step.")
-        if b.work:
-            message += " In each: " + "; ".join(
-                f"{w.kind} x{w.count:g} at {os.path.basename(w.file) + ' ' if w.file else ''}"
-                + (f"line{'s' if len(w.lines) > 1 else ''} {', '.join(map(str, w.lines))}" if w.lines else "no known line")
-                + f" ({w.ms:.1f} ms)" for w in b.work[:3]) + "."
-        locations = [Location(w.file, w.lines[0]) for w in b.work if w.file and w.lines][:3]
+        message += _in_each(b, "each")
         advice = "; ".join(f"{p.name}: {ADVICE[p.name]}" for p in kinds if p.name in ADVICE and p.ms >= 0.1 * sum(
             q.ms for q in kinds))
         return self.finding(
-            message, locations=list(dict.fromkeys(locations)),
+            message, locations=_locations(b),
             evidence={"ms_per_step": ms, "stretches": b.stretches, "after_steps": b.after_steps,
                       "steps_per_stretch": b.steps_per_stretch, "median_stretch_ms": b.median_ms,
                       "by_kind_ms_per_step": {p.name: p.per_step_ms for p in kinds}},
             cost=Cost(ms_per_step=ms, share_of_step=share, measured=True,
                       note="the stretches between the steps, measured: what doing their work less often gives back, at most"),
             fix=Fix(summary=f"Do this work less often or beside the training: {advice}."))
+
+
+def _in_each(b: Between, each: str) -> str:
+    """What the probes timed in the stretches, at the user's lines (" In each: ...")."""
+    if not b.work:
+        return ""
+    return f" In {each}: " + "; ".join(
+        f"{w.kind} x{w.count:g} at {os.path.basename(w.file) + ' ' if w.file else ''}"
+        + (f"line{'s' if len(w.lines) > 1 else ''} {', '.join(map(str, w.lines))}" if w.lines else "no known line")
+        + f" ({w.ms:.1f} ms)" for w in b.work[:3]) + "."
+
+
+def _locations(b: Between) -> list[Location]:
+    return list(dict.fromkeys(Location(w.file, w.lines[0]) for w in b.work if w.file and w.lines))[:3]

@@ -110,3 +110,48 @@ def test_a_short_evaluation_every_few_steps_is_not_said(tmp_path: Path) -> None:
 def test_a_loop_with_nothing_between_its_steps_has_no_record(tmp_path: Path) -> None:
     a = _run(tmp_path, EVALUATED.replace("if i % 6 == 5:", "if i < 0:"))
     assert a.findings_doc["steps"]["between"] is None
+
+
+EVALUATED_AT_ZERO = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+train = DataLoader(TensorDataset(torch.randn(768, 16)), batch_size=64)
+val = DataLoader(TensorDataset(torch.randn(25600, 16)), batch_size=64)
+for i, (x,) in enumerate(train):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i % 500 == 0:  # an evaluation at iteration 0, then every 500 (minGPT's adder, nanoGPT's)
+        with torch.no_grad():
+            score = sum(model(v).mean() for (v,) in val)  # EVAL LINE
+'''
+
+
+def test_one_stretch_in_steps_cut_short_is_not_a_cost_a_step(tmp_path: Path) -> None:
+    """minGPT's adder evaluates at iteration 0, then every 500: `--steps 8` sees that evaluation
+    once, after step 0, which says nothing of how often it comes back. It was a warning costing its
+    time over the 8 steps (36% of minGPT's run, "evaluate less often" to a program that evaluates
+    every 500 iterations); it is said once, as a time, with no cost a step. Run to its end, the same
+    stretch is that run's own, its cost a step measured."""
+    (tmp_path / "prog.py").write_text(EVALUATED_AT_ZERO)
+    a = audit("run", str(tmp_path / "prog.py"), "--steps", "8", "--no-profile", out=tmp_path / "out",
+              env={"OMP_NUM_THREADS": "1"})
+    assert a.returncode == 0, a.stderr[-3000:]
+    between = a.findings_doc["steps"]["between"]
+    assert between["stretches"] == 1 and between["after_steps"] == [0], between
+    (f,) = a.rule("work-between-steps")
+    assert f["severity"] == "info" and f["cost"]["ms_per_step"] is None, f
+    assert f["cost"]["note"] == f"{between['ms'] / 1000:.2f} s once"
+    assert f["message"].startswith("Work between steps 0 and 1, once in 8 steps: how often it recurs is not seen.")
+    assert f"It took {between['ms'] / 1000:.2f} s (" in f["message"]
+    assert f"module forwards x400 at prog.py line {_line(EVALUATED_AT_ZERO, 'EVAL LINE')} (" in f["message"], f["message"]
+    assert "fixes give back" not in a.stdout
+    (tmp_path / "whole").mkdir()
+    whole = _run(tmp_path / "whole", EVALUATED_AT_ZERO)
+    (f,) = whole.rule("work-between-steps")
+    assert f["severity"] == "warning" and f["cost"]["ms_per_step"] > 0, f
