@@ -340,6 +340,23 @@ def test_a_rehearsal_that_saw_no_gpu_work_says_so(tmp_path):
                            if t["kind"] == m.H2D_COPY]
 
 
+def test_a_rehearsal_on_the_cpu_its_command_line_asks_for_names_that_setting(tmp_path):
+    """nanoGPT as its README runs it on a CPU (`--device=cpu`): its source asks for CUDA, so it is
+    rehearsed, and the run stays on the CPU. The line said to pass `--device cuda`, a form nanoGPT's
+    configurator takes for a config file's name; it names the program's own `--device=cpu` and
+    `--device=cuda` in its place."""
+    source = DEVICE_FLAG.replace("default=\"cpu\"", "default=\"cuda\"").replace(
+        "args = parser.parse_args()", "args = parser.parse_args([a for b in sys.argv[1:] for a in b.split('=', 1)])")
+    _write(tmp_path, {"main.py": "import sys\n" + source})
+    a = audit("run", str(tmp_path / "main.py"), "--steps", "3", "--no-profile", "--", "--device=cpu",
+              out=tmp_path / "out", cwd=tmp_path)
+    assert a.returncode == 0, a.stderr[-3000:]
+    assert a.findings_doc["environment"]["rehearsal"] is True
+    [line] = [ln for ln in (tmp_path / "out" / "summary.txt").read_text().splitlines()
+              if ln.startswith("CUDA rehearsal: this run put no tensor on the GPU")]
+    assert "as its `--device=cpu` asks" in line and "Run it with `--device=cuda` in its place" in line, line
+
+
 # PyTorch's own examples (mnist, word_language_model, ...) pick the device through torch.accelerator.
 ACCELERATOR_PROGRAM = """import argparse
 
