@@ -556,19 +556,21 @@ def allow_project_sources(target_file: str | None) -> list[str]:
 
 def allow_sources(given: tuple[Path, ...], paths: tuple[Path, ...] | list[Path]) -> None:
     """The source roots of a command that reads recordings: the `--source-root` directories, and,
-    where a saved run directory is among the inputs, the current directory (where one re-renders
-    a run of one's project). The roots a run directory recorded are never taken: a directory can
-    be forged to name any file of this machine; its quoted lines are those it stored (Evidence.sources).
+    where a saved run directory is among the inputs, the current directory's project (its git
+    toplevel, else the directory: where one re-renders a run of one's project, the root `audit run`
+    reads from there). The roots a run directory recorded are never taken: a directory can be
+    forged to name any file of this machine; its quoted lines are those it stored (Evidence.sources).
     None given: no source is read."""
     from auditor.evidence import source_access
     from auditor.evidence.store import is_run_dir
+    from auditor.fixes import repo_root
 
     roots = [str(r) for r in given]
     for r in given:
         if not r.is_dir():
             raise UsageFailure(f"--source-root {r}: no such directory")
     if any(is_run_dir(p) for p in paths):
-        roots.append(os.getcwd())
+        roots.append(str(repo_root(Path.cwd())))
     source_access.allow(roots)
 
 

@@ -92,7 +92,7 @@ _SOURCE_ROOT = click.option(
     "--source-root", "source_roots", multiple=True, type=click.Path(path_type=Path), metavar="DIR",
     help="A directory the recorded program's source is in (repeatable): the reports quote source lines "
          "from files under these only, never from elsewhere on this machine [default: none; with an `audit run` "
-         "directory: the current directory].")
+         "directory: the current directory's git checkout, else the directory].")
 
 
 def _record(kind: type[OutputOptions], given: dict) -> OutputOptions:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 from conftest import ROOT, audit
@@ -129,3 +130,70 @@ def test_a_run_directory_naming_a_trace_outside_it_is_refused(tmp_path: Path, ex
     assert a.returncode == 2, a.stderr
     assert a.stderr == (f"audit: error: {run / 'evidence.json'}: names a recording outside its directory "
                         f"({elsewhere}); a run directory's recordings are its own: refused\n")
+
+
+ATTENTION = '''import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.qkv, self.proj, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = F.softmax(att, dim=-1)
+        y = att @ v
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+'''
+
+ADDER = '''import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from pkg.model import Attention  # noqa: E402
+
+torch.manual_seed(0)
+model = Attention()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for i in range(12):
+    loss = model(torch.randn(8, 128, 32)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_a_run_re_rendered_where_it_ran_quotes_the_projects_files_as_the_run_did(tmp_path: Path) -> None:
+    """minGPT's shape: the script in projects/adder/ of a git checkout imports the model from the
+    checkout's top (its sys.path), and the trace names that file `../../pkg/model.py`. `audit run`
+    reads the checkout; `audit report` from the same directory read that directory alone, so
+    unfused-attention fell back from the softmax's line to the function's, unquoted. It reads the
+    current directory's checkout, as `audit run` does: the same line."""
+    proj = tmp_path / "proj"
+    (proj / "pkg").mkdir(parents=True)
+    (proj / "pkg" / "__init__.py").write_text("")
+    (proj / "pkg" / "model.py").write_text(ATTENTION)
+    run_dir = proj / "projects" / "adder"
+    run_dir.mkdir(parents=True)
+    (run_dir / "adder.py").write_text(ADDER)
+    subprocess.run(["git", "init", "-q"], cwd=proj, check=True)
+    a = audit("run", "adder.py", "--steps", "10", out=tmp_path / "out", cwd=run_dir)
+    assert a.returncode == 0, a.stderr[-3000:]
+    softmax = ATTENTION.splitlines().index("        att = F.softmax(att, dim=-1)") + 1
+    [f] = a.rule("unfused-attention")
+    assert [(loc["line"], loc["code"]) for loc in f["locations"]] == [(softmax, "att = F.softmax(att, dim=-1)")]
+    r = audit("report", str(tmp_path / "out"), out=tmp_path / "out", cwd=run_dir)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [g] = [g for g in json.loads((tmp_path / "out" / "findings.json").read_text())["findings"]
+           if g["rule"] == "unfused-attention"]
+    assert g["locations"] == f["locations"]
