@@ -87,9 +87,9 @@ class WorkBetweenSteps(Rule):
         iteration 0): how often it comes back is not seen, so its time is not a cost per step."""
         seconds = f"{b.ms / 1000:.2f} s"
         after = b.after_steps[0]
-        message = (f"Work between steps {after} and {after + 1}, once in {steps} steps: how often it recurs is not "
-                   f"seen. It took {seconds} ({share:.0%} of the audited run's time): what it costs a step is that "
-                   "over the steps from one stretch to the next." + _in_each(b, "it"))
+        message = (f"Work after step {after} of {steps}: how often it recurs is not seen. It ran once between the "
+                   f"audited steps and took {seconds} ({share:.0%} of the audited run's time): what it costs a step "
+                   "is that over the steps from one stretch to the next." + _in_each(b, "it"))
         kinds = sorted(pieces.values(), key=lambda p: -p.ms)
         advice = "; ".join(f"{p.name}: {ADVICE[p.name]}" for p in kinds if p.name in ADVICE and p.ms >= 0.1 * sum(
             q.ms for q in kinds))

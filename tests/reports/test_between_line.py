@@ -139,7 +139,7 @@ def test_one_stretch_in_steps_cut_short_is_not_a_cost_a_step(tmp_path: Path) -> 
     every 500 iterations); it is said once, as a time, with no cost a step. Run to its end, the same
     stretch is that run's own, its cost a step measured."""
     (tmp_path / "prog.py").write_text(EVALUATED_AT_ZERO)
-    a = audit("run", str(tmp_path / "prog.py"), "--steps", "8", "--no-profile", out=tmp_path / "out",
+    a = audit("run", "prog.py", "--steps", "8", "--no-profile", out=tmp_path / "out", cwd=tmp_path,
               env={"OMP_NUM_THREADS": "1"})
     assert a.returncode == 0, a.stderr[-3000:]
     between = a.findings_doc["steps"]["between"]
@@ -147,8 +147,10 @@ def test_one_stretch_in_steps_cut_short_is_not_a_cost_a_step(tmp_path: Path) -> 
     (f,) = a.rule("work-between-steps")
     assert f["severity"] == "info" and f["cost"]["ms_per_step"] is None, f
     assert f["cost"]["note"] == f"{between['ms'] / 1000:.2f} s once"
-    assert f["message"].startswith("Work between steps 0 and 1, once in 8 steps: how often it recurs is not seen.")
-    assert f"It took {between['ms'] / 1000:.2f} s (" in f["message"]
+    assert f["message"].startswith("Work after step 0 of 8: how often it recurs is not seen. It ran once between "
+                                   f"the audited steps and took {between['ms'] / 1000:.2f} s (")
+    [line] = [ln for ln in a.stdout.splitlines() if ln.startswith("info    work-between-steps")]
+    assert line.endswith(" s once Work after step 0 of 8: how often it recurs is not seen."), line
     assert f"module forwards x400 at prog.py line {_line(EVALUATED_AT_ZERO, 'EVAL LINE')} (" in f["message"], f["message"]
     assert "fixes give back" not in a.stdout
     (tmp_path / "whole").mkdir()
