@@ -55,8 +55,10 @@ def own_cost_phrase(evidence: Evidence) -> str | None:
         parts.append(f"every unprofiled step carried numerics checks ({c.checked_ms:.2f} ms median; "
                      "no step without them to compare)")
     if c.profiled_steps and c.unprofiled_ms:
+        base = (f"the {len(_in(c.timed_steps, c.profile_compared_in))} timed step(s)'" if c.profile_base == "timed"
+                else "the unprofiled steps'")
         parts.append(f"{len(_in(c.profiled_steps, c.profile_compared_in))} profiled step(s) {c.profiled_ms:.2f} ms median "
                      f"({_loop(c.profile_compared_in, c.loops)}"
-                     f"{_vs(c.profiled_ms, c.unprofiled_ms, 'the profiled steps', 'the unprofiled steps' + chr(39))}"
+                     f"{_vs(c.profiled_ms, c.unprofiled_ms, 'the profiled steps', base)}"
                      "; not in the median)")
     return "the audit's own cost, measured: " + "; ".join(parts) if parts else None
