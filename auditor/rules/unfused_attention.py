@@ -68,19 +68,22 @@ def _parts(trace: Trace, chains: list[Chain]) -> list[dict[str, float]]:
 
 def softmax_location(frame: Frame) -> Location:
     """Where the user wrote the chain: the line of the softmax call inside the function the trace
-    names (found in its source), else the place the trace records."""
+    names (found in its source, and named by the path it was read at: a trace names a module by
+    its path under its sys.path entry, `mingpt/model.py` for a script in projects/adder/), else the
+    place the trace records."""
     from auditor.rules._support.sdpa_patch import source_lines  # (libcst: imported when the rule fires)
 
     span = source_lines(frame)
     named = source_access.getline(frame.file, frame.line) if frame.file else ""
+    file = (source_access.resolve(frame.file) or frame.file) if span is not None else frame.file
     if span is not None and span[0] != frame.line and _SOFTMAX_CALL.search(named):  # the probes name the call
-        return Location(file=frame.file, line=frame.line, code=named.strip(),
+        return Location(file=file, line=frame.line, code=named.strip(),
                         note=f"the softmax call in {frame.function}")
     if span is not None:
         for n in range(span[0] + 1, span[1] + 1):
             code = source_access.getline(frame.file, n)
             if _SOFTMAX_CALL.search(code):
-                return Location(file=frame.file, line=n, code=code.strip(),
+                return Location(file=file, line=n, code=code.strip(),
                                 note=f"the softmax call in {frame.function}, which the trace records")
     return Location(*frame_location_parts(frame))
 

@@ -192,6 +192,8 @@ def test_a_run_re_rendered_where_it_ran_quotes_the_projects_files_as_the_run_did
     softmax = ATTENTION.splitlines().index("        att = F.softmax(att, dim=-1)") + 1
     [f] = a.rule("unfused-attention")
     assert [(loc["line"], loc["code"]) for loc in f["locations"]] == [(softmax, "att = F.softmax(att, dim=-1)")]
+    # (named by its path, not the trace's `../../pkg/model.py`, which reads from the run's directory alone)
+    assert f["locations"][0]["file"] == str((proj / "pkg" / "model.py").resolve())
     r = audit("report", str(tmp_path / "out"), out=tmp_path / "out", cwd=run_dir)
     assert r.returncode == 0, r.stderr[-3000:]
     [g] = [g for g in json.loads((tmp_path / "out" / "findings.json").read_text())["findings"]
