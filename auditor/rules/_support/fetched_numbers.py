@@ -129,7 +129,28 @@ def _only_written_out(tree: ast.Module, stmt: ast.stmt) -> bool:
     parents = {child: node for node in ast.walk(scope) for child in ast.iter_child_nodes(node)}
     reads = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
              and n.lineno > end]
-    return bool(reads) and all(_written_out(n, parents) for n in reads)
+    return bool(reads) and all(_given_out(n, parents) for n in reads)
+
+
+def _given_out(node: ast.AST, parents: dict) -> bool:
+    """Whether `node` is itself what an output call writes (`print(x)`, `log({"loss": x})`,
+    `f"{x:.4f}"`, `"%.4f" % x`), not an operand of arithmetic whose result is written
+    (`losses.append(-log_prob * advantage)` computes with `advantage`)."""
+    while node in parents:
+        parent = parents[node]
+        if isinstance(parent, (ast.FormattedValue, ast.JoinedStr)):
+            return True
+        if isinstance(parent, ast.Call):
+            f = parent.func
+            return node is not f and (f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name)
+                                      else None) in _OUTPUT
+        if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mod) and isinstance(parent.left, ast.Constant) \
+                and isinstance(parent.left.value, str):
+            return True  # ("%.4f" % x: a format)
+        if not isinstance(parent, (ast.Dict, ast.Tuple, ast.List, ast.keyword)):
+            return False
+        node = parent
+    return False
 
 
 def _written_out(node: ast.AST, parents: dict) -> bool:
