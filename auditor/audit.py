@@ -33,12 +33,11 @@ STEP_COLUMNS = ["step", "ms", "host_ms", "device_ms", "cpu_ms", "role", "data_wa
 class Fixes:
     """What the audit proposes, as text to apply: `config`, every finding's config change as the
     report's "Patched config" shows it (shell exports, keyword arguments, settings); `patch`,
-    fixes.patch (edits that leave results unchanged); `numerics_patch`, numerics-fixes.patch (edits
-    that change what the training computes). '' where there is none."""
+    fixes.patch (every code edit; those that change what the training computes are marked in its
+    first lines). '' where there is none."""
 
     config: str
     patch: str
-    numerics_patch: str
 
 
 @dataclass(frozen=True)
@@ -175,7 +174,7 @@ class Audit:
         from auditor.reports.html import patched_config
 
         config = "\n\n".join(f"# {g.title}\n{g.text}" for g in patched_config(self.finding_records))
-        return Fixes(config, _text(self.out / "fixes.patch"), _text(self.out / "numerics-fixes.patch"))
+        return Fixes(config, _text(self.out / "fixes.patch"))
 
     def diff(self, other: Audit | str | Path) -> Diff:
         """This audit (A) against `other` (B: an Audit, an output directory or a trace), as
