@@ -65,7 +65,7 @@ def test_load_reads_back_the_same_audit(here) -> None:
     assert again.out == a.out == here / "o"
     assert a.exit_code == 1 and again.exit_code == 0  # (--fail-on is the call's, not the directory's)
     assert a.fixes.config == '# Settings\ntorch.compile = {"mode": "reduce-overhead"}  # gpu-idle'
-    assert a.fixes.patch == a.fixes.numerics_patch == ""
+    assert a.fixes.patch == ""
     d = a.diff(again)
     assert d.step_pct == 0.0 and d.findings["status"].tolist() == ["kept"] * 3
 
