@@ -540,11 +540,13 @@ def test_a_fix_of_workers_started_every_epoch_is_measured_by_the_runs_time(tmp_p
     before, after = v["before"], v["after"]
     assert before["run_step_ms"] == a.findings_doc["run_time"]["base_ms"]
     assert before["median_step_ms"] == a.findings_doc["steps"]["median_ms"]
-    assert v["note"].startswith("with its numerics-fixes.patch edit: the finding is gone; run's time "
-                                f"{before['run_step_ms']:.1f} -> {after['run_step_ms']:.1f} ms/step (median step ")
+    assert (f"the finding is gone; run's time {before['run_step_ms']:.1f} -> {after['run_step_ms']:.1f} ms/step "
+            "(median step ") in v["note"]
     assert "(slower" not in v["note"]
-    (row,) = json.loads((tmp_path / "out" / "verify-table.json").read_text())
-    assert row["fixes"] == ["worker-restarts"] and row["predicted_ms"] == f["cost"]["ms_per_step"]
+    # (its own row: on a loaded machine dataloader-bound may be found too, and re-run apart)
+    rows = json.loads((tmp_path / "out" / "verify-table.json").read_text())
+    (row,) = [r for r in rows if r["fixes"] == ["worker-restarts"]]
+    assert row["predicted_ms"] == f["cost"]["ms_per_step"]
     assert row["measured_ms"] == pytest.approx(before["run_step_ms"] - after["run_step_ms"], abs=1e-3)
     assert row["measured_median_ms"] == pytest.approx(before["median_step_ms"] - after["median_step_ms"], abs=1e-3)
     # the epoch starts gone: most of what was predicted comes back, in the run's time, not the median's
