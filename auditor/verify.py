@@ -308,7 +308,8 @@ def _step_change(mb: float | None, ma: float | None, rb: float | None, ra: float
     figure (the run's time, else the median step) rose past SLOWER times itself."""
     median = f"median step {mb:.1f} -> {ma:.1f} ms" if mb and ma else ""
     if rb and ra:
-        text, slower = f"; run's time {rb:.1f} -> {ra:.1f} ms/step" + (f" ({median})" if median else ""), ra > SLOWER * rb
+        text = f"; run's time {rb:.1f} -> {ra:.1f} ms/step" + (f" ({median})" if median else "")
+        slower = ra > SLOWER * rb
     else:
         text, slower = (f"; {median}" if median else ""), bool(mb and ma and ma > SLOWER * mb)
     if slower:

@@ -397,8 +397,10 @@ def compare(a: Side, b: Side) -> Comparison:
         out.append(delta("run", RUN_TIME, "ms", a.run_ms, b.run_ms))
         # (a part's resolution is the whole's: a change under 1% of the run's time is none)
         floor = RESOLUTION * max(_value(a.run_ms) or 0.0, _value(b.run_ms) or 0.0)
-        out.extend(delta("run", words, "ms", a.run_parts.get(name), b.run_parts.get(name), floor)
-                   for name, words in RUN_PARTS.items() if _value(a.run_parts.get(name)) or _value(b.run_parts.get(name)))
+        for name, words in RUN_PARTS.items():
+            pa, pb = a.run_parts.get(name), b.run_parts.get(name)
+            if _value(pa) or _value(pb):
+                out.append(delta("run", words, "ms", pa, pb, floor))
     out.append(delta("step", MEDIAN_STEP, "ms", a.step_ms, b.step_ms))
     for group, da, db in (("phase", a.phases, b.phases),):
         for name in list(dict.fromkeys([*da, *db])):

@@ -21,8 +21,8 @@ from auditor.reports.terminal import printable
 
 VERDICT_STYLE = {BETTER: "green", WORSE: "red", NEW: "yellow", GONE: "cyan", WITHIN_NOISE: "dim"}
 TEMPLATES = Path(__file__).parent / "templates"  # (report.html's: the section and style are shared)
-GROUP_TITLE = {"run": "run's time", "step": "step", "phase": "phase", "syncs": "syncs", "copies": "copies", "memory": "memory",
-               "op": "CPU op (self)", "kernel": "GPU kernel"}
+GROUP_TITLE = {"run": "run's time", "step": "step", "phase": "phase", "syncs": "syncs", "copies": "copies",
+               "memory": "memory", "op": "CPU op (self)", "kernel": "GPU kernel"}
 
 
 def fmt(value: float | None, unit: str, signed: bool = False) -> str:
