@@ -43,10 +43,15 @@ class Fixes:
 @dataclass(frozen=True)
 class Diff:
     """Two audits compared as `audit diff A B` compares them (auditor.diff): `comparison` whole,
-    `step_pct` (how much slower (+) or faster (-) B's median step is, in %), and its numbers and
-    findings as DataFrames."""
+    `run_pct` (how much slower (+) or faster (-) B's run's time per step is, in %; None where a
+    side has none), `step_pct` (the same of the median step), and its numbers and findings as
+    DataFrames."""
 
     comparison: Comparison
+
+    @property
+    def run_pct(self) -> float | None:
+        return self.comparison.run_pct
 
     @property
     def step_pct(self) -> float | None:

@@ -156,7 +156,8 @@ class Verified(msgspec.Struct, frozen=True):
       differ from the unpatched run's, which a second unpatched run reproduces). Anything but
       "improved" keeps the fix out of fixes.patch.
     before, after: what the finding measured in the audited run and in the re-run: "finding"
-      (whether it was reported), "median_step_ms", "ms_per_step" (its cost), its evidence numbers
+      (whether it was reported), "median_step_ms", "run_step_ms" (the run's time per step),
+      "ms_per_step" (its cost), its evidence numbers
       (syncs_per_step, bytes_per_step, nodes_per_step, ...), "weights" (the digest, fixes that keep results).
     note: how it was run and what was seen, in words."""
 

@@ -77,6 +77,7 @@ class Rerun:
     median_ms: float | None = None
     digest: str | None = None
     cpu_ms: float | None = None  # the median timed step's process CPU time: steadier than wall time under load
+    run_ms: float | None = None  # the run's time per step (findings.json's run_time.base_ms): stalls included
 
 
 @dataclass
@@ -105,6 +106,7 @@ class Outcome:
     seconds: float = 0.0
     before_ms: float | None = None
     before_cpu_ms: float | None = None
+    before_run_ms: float | None = None
     together: Rerun | None = None
     together_predicted_ms: float | None = None
     units: list[Unit] = field(default_factory=list)
@@ -210,7 +212,8 @@ def read_rerun(out: Path, code: int, stderr: str) -> Rerun:
         return Rerun(ok=False, error=f"the patched program failed ({why or (last[-1] if last else f'exit {code}')})")
     weights = ev.get("weights") or {}
     return Rerun(ok=True, findings=doc["findings"], median_ms=doc["steps"]["median_ms"],
-                 digest=weights.get("sha256") or None, cpu_ms=median_cpu_ms(ev.get("steps") or []))
+                 digest=weights.get("sha256") or None, cpu_ms=median_cpu_ms(ev.get("steps") or []),
+                 run_ms=(doc.get("run_time") or {}).get("base_ms"))
 
 
 def median_cpu_ms(steps: list[dict]) -> float | None:
@@ -277,17 +280,16 @@ def same_finding(before: dict, after: list[dict]) -> dict | None:
 
 
 def judge(before: dict, before_median: float | None, rerun: Rerun, what: str, rehearsed: bool = False,
-          before_cpu: float | None = None) -> Verified:
-    """A fix's Verified from the re-run that had it applied."""
-    b = {**measures(before, before_median), "median_step_cpu_ms": before_cpu}
+          before_cpu: float | None = None, before_run: float | None = None) -> Verified:
+    """A fix's Verified from the re-run that had it applied. The step's time it states is the run's
+    time per step (stalls and the time between steps in it: what a fix of those gives back), the
+    median step beside it; the median step alone where a run has no run's time."""
+    b = {**measures(before, before_median), "median_step_cpu_ms": before_cpu, "run_step_ms": before_run}
     if not rerun.ok:
         return Verified(status="failed", before=b, after={}, note=f"{what}: {rerun.error}")
     match = same_finding(before, rerun.findings)
-    a = {**measures(match, rerun.median_ms), "median_step_cpu_ms": rerun.cpu_ms}
-    mb, ma = before_median, rerun.median_ms
-    step = f"; median step {mb:.1f} -> {ma:.1f} ms" if mb and ma else ""
-    if mb and ma and ma > SLOWER * mb:
-        step += " (slower: on this machine; a rehearsal's are CPU timings)" if rehearsed else " (slower)"
+    a = {**measures(match, rerun.median_ms), "median_step_cpu_ms": rerun.cpu_ms, "run_step_ms": rerun.run_ms}
+    step = _step_change(before_median, rerun.median_ms, before_run, rerun.run_ms, rehearsed)
     if match is None:
         return Verified(status="improved", before=b, after=a, note=f"{what}: the finding is gone{step}")
     cb, ca = b.get("ms_per_step"), a.get("ms_per_step")
@@ -301,6 +303,20 @@ def judge(before: dict, before_median: float | None, rerun: Rerun, what: str, re
                         note=f"{what}: the finding remains, its {k.replace('_', ' ')} fell from {x:g} to {y:g} "
                              f"(it has no cost to compare: counted, not timed){step}")
     return Verified(status="no-change", before=b, after=a, note=f"{what}: the finding is still there{step}")
+
+
+def _step_change(mb: float | None, ma: float | None, rb: float | None, ra: float | None, rehearsed: bool) -> str:
+    """'; run's time 17.3 -> 7.3 ms/step (median step 5.3 -> 5.6 ms)', '(slower)' where the judged
+    figure (the run's time, else the median step) rose past SLOWER times itself."""
+    median = f"median step {mb:.1f} -> {ma:.1f} ms" if mb and ma else ""
+    if rb and ra:
+        text = f"; run's time {rb:.1f} -> {ra:.1f} ms/step" + (f" ({median})" if median else "")
+        slower = ra > SLOWER * rb
+    else:
+        text, slower = (f"; {median}" if median else ""), bool(mb and ma and ma > SLOWER * mb)
+    if slower:
+        text += " (slower: on this machine; a rehearsal's are CPU timings)" if rehearsed else " (slower)"
+    return text
 
 
 # --- the whole verification ----------------------------------------------------------------------
@@ -340,7 +356,7 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
         grouped = v.with_results_kept(group, in_combined, combined) if group else None
         for f in apart + numerics:
             v.with_own_edit(f, f in numerics)
-        outcome.before_ms, outcome.before_cpu_ms = v.median, v.before_cpu
+        outcome.before_ms, outcome.before_cpu_ms, outcome.before_run_ms = v.median, v.before_cpu, v.before_run
         fixed = [results.findings[i] for i, verified in outcome.verified.items() if verified.status == "improved"]
         if len(fixed) > 1 and grouped is not None and all(f in group for f in fixed):
             outcome.together = grouped  # (they all ran together in that re-run: its row)
@@ -378,24 +394,29 @@ class Verifying:
     before_cpu: float | None
     before_digest: str | None
     rehearsed: bool
+    before_run: float | None = None  # the audited run's time per step (auditor.evidence.run_time)
 
     @classmethod
     def of(cls, evidence: Any, results: RuleResults, runner: Runner, outcome: Outcome,
            progress: Callable[[str], None], diff_edits: Callable) -> "Verifying":
+        from auditor.evidence.run_time import run_time
+
         median = evidence.shown_median_ms()
         timed = evidence.timed_steps() if hasattr(evidence, "timed_steps") else []
+        account = run_time(evidence)
         return cls(results, runner, outcome, progress, diff_edits, [msgspec.to_builtins(f) for f in results.findings],
                    {id(f): i for i, f in enumerate(results.findings)},
                    round(median, 3) if median is not None else None,
                    median_cpu_ms([{"cpu_ms": s.cpu_ms} for s in timed]),
                    evidence.weights.sha256 if evidence.weights is not None and evidence.weights.sha256 else None,
-                   bool(evidence.environment.rehearsal))
+                   bool(evidence.environment.rehearsal), account.base_ms if account is not None else None)
 
     def judged(self, held: list[Finding], r: Rerun, what: str) -> None:
         """Each of `held` judged by the re-run `r` that held their edits (`what`: how it ran)."""
         for f in held:
             i = self.index[id(f)]
-            self.outcome.verified[i] = judge(self.docs[i], self.median, r, what, self.rehearsed, self.before_cpu)
+            self.outcome.verified[i] = judge(self.docs[i], self.median, r, what, self.rehearsed, self.before_cpu,
+                                             self.before_run)
 
     def check_weights(self, r: Rerun, fixes: list[Finding]) -> None:
         _check_weights(r, self.before_digest, fixes, self.runner, self.docs, self.index, self.median, self.outcome,
@@ -551,7 +572,8 @@ def _brief(m: dict[str, Any]) -> str:
     if not m.get("finding"):
         return "gone"
     shown = [(k, v) for k, v in m.items()
-             if k not in ("finding", "weights", "median_step_ms", "median_step_cpu_ms") and v is not None][:3]
+             if k not in ("finding", "weights", "median_step_ms", "median_step_cpu_ms", "run_step_ms")
+             and v is not None][:3]
     return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown) or "reported"
 
 
@@ -574,8 +596,9 @@ def echo(results: RuleResults, outcome: Outcome) -> None:
     rows = table(results, outcome)
     if rows:
         click.echo("verify: predicted against measured saving per step, per re-run (ms; predicted: the saving "
-                   "of the fixes it held, together; measured: the median step before less the re-run's; cpu "
-                   "time: the same on the process's CPU clock, which other processes' load does not stretch)")
+                   "of the fixes it held, together; measured: the run's time per step before less the re-run's, "
+                   "stalls and the time between steps in it; cpu time: the median step's on the process's CPU "
+                   "clock, which other processes' load does not stretch)")
         click.echo(f"  {'predicted':>10}{'measured':>10}{'ratio':>8}{'cpu time':>10}  fixes the re-run held (together)"
                    "; run")
         for row in rows:
@@ -597,9 +620,11 @@ def table(results: RuleResults, outcome: Outcome) -> list[dict[str, Any]]:
     step the audit predicted for them together, as the headline adds fixes up (not the cost of one
     of them: one re-run measures all of its fixes at once), in a rehearsal of this
     machine's time alone; `unpredicted`, those of them with no predicted time saving here, and why
-    (no estimate; a rehearsal's GPU estimate, which a re-run on the CPU does not measure); `measured_ms`, the median step before less the
-    re-run's, and `measured_cpu_ms` the same on the process's CPU clock; their ratio; `run`, how the
-    re-run ran; `together`, whether it held every fix that improved."""
+    (no estimate; a rehearsal's GPU estimate, which a re-run on the CPU does not measure); `measured_ms`,
+    the run's time per step before less the re-run's (the median step's where a run has none),
+    `measured_median_ms` the median step's, and `measured_cpu_ms` the median step's on the process's
+    CPU clock; predicted over measured (`ratio`); `run`, how the re-run ran; `together`, whether it
+    held every fix that improved."""
     rows = []
     for u in outcome.units:
         held = [results.findings[i] for i in u.held]
@@ -617,8 +642,9 @@ def table(results: RuleResults, outcome: Outcome) -> list[dict[str, Any]]:
 
 def _row(name: str, held: list[Finding], status: str, pred: float | None, r: Rerun, outcome: Outcome, run: str,
          together: bool) -> dict[str, Any]:
-    b, cb = outcome.before_ms, outcome.before_cpu_ms
-    meas = round(b - r.median_ms, 3) if r.ok and b is not None and r.median_ms is not None else None
+    b, cb, rb = outcome.before_ms, outcome.before_cpu_ms, outcome.before_run_ms
+    median = round(b - r.median_ms, 3) if r.ok and b is not None and r.median_ms is not None else None
+    meas = round(rb - r.run_ms, 3) if r.ok and rb is not None and r.run_ms is not None else median
     cpu = round(cb - r.cpu_ms, 3) if r.ok and cb is not None and r.cpu_ms is not None else None
     unpredicted = [{"fix": f.rule, "why": _why_unpredicted(f)} for f in held
                    if f.cost is None or f.cost.ms_per_step is None]
@@ -626,7 +652,7 @@ def _row(name: str, held: list[Finding], status: str, pred: float | None, r: Rer
     unpredicted += [{"fix": f.rule, "why": f"a GPU's time ({f.cost.ms_per_step:g} ms/step {f.cost.note}), which "  # type: ignore[union-attr]
                      "this rehearsal's re-run on the CPU does not measure: not in the prediction"} for f in gpu]
     return {"fix": name, "fixes": [f.rule for f in held], "status": status, "predicted_ms": pred,
-            "measured_ms": meas, "measured_cpu_ms": cpu,
+            "measured_ms": meas, "measured_median_ms": median, "measured_cpu_ms": cpu,
             "ratio": round(pred / meas, 3) if pred is not None and meas else None,
             "unpredicted": unpredicted, "run": run, "together": together}
 

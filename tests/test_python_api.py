@@ -67,7 +67,7 @@ def test_load_reads_back_the_same_audit(here) -> None:
     assert a.fixes.config == '# Settings\ntorch.compile = {"mode": "reduce-overhead"}  # gpu-idle'
     assert a.fixes.patch == ""
     d = a.diff(again)
-    assert d.step_pct == 0.0 and d.findings["status"].tolist() == ["kept"] * 3
+    assert d.step_pct == d.run_pct == 0.0 and d.findings["status"].tolist() == ["kept"] * 3
 
 
 def test_the_commands_and_the_functions_call_the_same_pipelines(monkeypatch) -> None:
