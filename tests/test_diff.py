@@ -233,7 +233,7 @@ def test_diff_of_stalls_and_their_fixed_twin_judges_the_runs_time(tmp_path):
     run, median = doc["deltas"][0], delta(doc, "step", "median step")
     assert run["name"] == "run's time per step" and doc["judged_by"] == run["name"]
     assert (run["a"], run["b"]) == tuple(r.findings_doc["run_time"]["base_ms"] for r in runs.values())
-    assert run["verdict"] == verdict(run) == "better" and run["b"] < 0.5 * run["a"]
+    assert run["verdict"] == verdict(run) == "better" and run["b"] < 0.7 * run["a"]  # (by ~50 ms/step: loaded machines stretch the rest)
     assert abs(median["change"]) < 0.2 * abs(run["change"])  # (the median leaves the stalls out)
     waits = delta(doc, "run", "data waits")
     assert waits["a"] - waits["b"] > 0.7 * (run["a"] - run["b"])  # (what fell is the steps' waits for data)
