@@ -57,17 +57,19 @@ def patch_order(fixed: Iterable[Finding], findings: list[Finding]) -> list[Findi
 
 def _preamble(head: list[str], held: list[Finding], findings: list[Finding], skipped: list[tuple[Edit, str]]) -> str:
     """Comment lines before the first `diff --git`; git apply and patch ignore them: `head`, a line
-    for each fix of `held`, and the edits of `findings` left out and why."""
+    for each fix of `held` (at its first edit the patch holds), and the edits of `findings` left
+    out and why."""
     lines = list(head)
+    left = {id(e) for e, _ in skipped}
     for f in held:
-        first = f.fix.edits[0] if f.fix is not None and f.fix.edits else None
+        first = next((e for e in f.fix.edits if id(e) not in left), None) if f.fix is not None else None
         where = f"{Path(first.file).name}:{first.start}" if first is not None else ""
         mark = "[changes results: review it]" if f.fix is not None and f.fix.changes_numerics else ""
         lines.append("  " + " ".join(p for p in (f.rule, where, mark) if p))
     owner = {id(e): f.rule for f in findings for e in (f.fix.edits if f.fix is not None else [])}
     for e, why in skipped:
         of = f" ({owner[id(e)]})" if id(e) in owner else ""
-        lines.append(f"Left out{of}: {e.file}:{e.start}-{e.end}: {why}")
+        lines.append(f"Left out{of}: {Path(e.file).name}:{e.start}-{e.end}: {why}")
     return "".join("# " + ln.replace("\n", " ") + "\n" for ln in lines) + "\n"
 
 
@@ -113,7 +115,7 @@ class PatchReport(Reporter):
             return ""
         left = [id(e) for e, _ in result.skipped]
         held = [f for f in findings if any(id(e) not in left for e in f.fix.edits)]  # type: ignore[union-attr]
-        head = ["auditor fixes.patch: every code edit the audit proposes, one fix each line below.",
+        head = ["auditor fixes.patch: every code edit the audit proposes; the fixes it holds, one a line:",
                 _where_to_apply(edits, self.root, out_dir / self.filename),
                 *(f"Left out ({f.rule}): verification: {f.fix.verified.status}: {f.fix.verified.note}"  # type: ignore[union-attr]
                   for f in results.findings if verified_out(f) and f.fix is not None and f.fix.edits)]

@@ -135,7 +135,7 @@ def test_an_edit_that_changes_results_is_in_the_one_patch_and_marked(repo: Path)
     lines = patch.splitlines()
     assert lines[2:5] == ["#   nonfinite util.py:1 [changes results: review it]",
                           "#   dataloader-bound util.py:2 [changes results: review it]", "#   host-sync util.py:3"]
-    assert "pageable-copy" not in "\n".join(lines[2:5]) and f"# Left out (pageable-copy): {util}:2-2: " in patch
+    assert "pageable-copy" not in "\n".join(lines[2:5]) and "# Left out (pageable-copy): util.py:2-2: " in patch
     _apply(repo, patch)
     assert util.read_text() == "a = 0\nb = 'pinned, workers'\nc = 4"
 

@@ -248,8 +248,8 @@ def test_the_page_names_only_the_patch_files_that_hold_edits_and_a_card_only_its
     done = audit("report", str(run), "--source-root", str(ROOT), out=run)
     assert done.returncode == 0, done.stderr
     patch = patch_text(run / "fixes.patch")
-    assert "#   dataloader-bound train_script.py:56 [changes results: review it]\n#   pageable-copy train_script.py:56\n" \
-           "# Left out (pageable-copy): examples/train_script.py:56-56: lines 56-56 overlap another edit" in patch
+    assert "#   dataloader-bound train_script.py:56 [changes results: review it]\n#   pageable-copy train_script.py:65\n" \
+           "# Left out (pageable-copy): train_script.py:56-56: lines 56-56 overlap another edit" in patch
     assert "pin_memory=True)  # expect: dataloader-bound" in patch and not (run / "numerics-fixes.patch").exists()
     page = (run / "report.html").read_text()
     config = section(page, "config")
