@@ -774,7 +774,8 @@ def checkpoint(file: Path, options: CheckpointOptions) -> int:
 def diff(path_a: Path, path_b: Path, out_dir: Path | None, fail_on_regression: float | None, quiet: bool) -> int:
     """`audit diff A B`: both inputs loaded and audited, compared, the comparison printed and
     written to diff.json and diff.html. Exit 1 when --fail-on-regression PCT is given and B's
-    median step is slower than A's by more than PCT percent; 2 for an unreadable input."""
+    run's time per step (its median step where a side has none) is slower than A's by more than
+    PCT percent; 2 for an unreadable input."""
     from auditor.diff import compare_paths, regression
     from auditor.reports.diff_report import print_diff, write_diff
 

@@ -33,21 +33,25 @@ STEP_COLUMNS = ["step", "ms", "host_ms", "device_ms", "cpu_ms", "role", "data_wa
 class Fixes:
     """What the audit proposes, as text to apply: `config`, every finding's config change as the
     report's "Patched config" shows it (shell exports, keyword arguments, settings); `patch`,
-    fixes.patch (edits that leave results unchanged); `numerics_patch`, numerics-fixes.patch (edits
-    that change what the training computes). '' where there is none."""
+    fixes.patch (every code edit; those that change what the training computes are marked in its
+    first lines). '' where there is none."""
 
     config: str
     patch: str
-    numerics_patch: str
 
 
 @dataclass(frozen=True)
 class Diff:
     """Two audits compared as `audit diff A B` compares them (auditor.diff): `comparison` whole,
-    `step_pct` (how much slower (+) or faster (-) B's median step is, in %), and its numbers and
-    findings as DataFrames."""
+    `run_pct` (how much slower (+) or faster (-) B's run's time per step is, in %; None where a
+    side has none), `step_pct` (the same of the median step), and its numbers and findings as
+    DataFrames."""
 
     comparison: Comparison
+
+    @property
+    def run_pct(self) -> float | None:
+        return self.comparison.run_pct
 
     @property
     def step_pct(self) -> float | None:
@@ -175,7 +179,7 @@ class Audit:
         from auditor.reports.html import patched_config
 
         config = "\n\n".join(f"# {g.title}\n{g.text}" for g in patched_config(self.finding_records))
-        return Fixes(config, _text(self.out / "fixes.patch"), _text(self.out / "numerics-fixes.patch"))
+        return Fixes(config, _text(self.out / "fixes.patch"))
 
     def diff(self, other: Audit | str | Path) -> Diff:
         """This audit (A) against `other` (B: an Audit, an output directory or a trace), as

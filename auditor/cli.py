@@ -231,13 +231,14 @@ def analyze(paths: tuple[Path, ...], **given) -> None:
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
 @click.option("--fail-on-regression", type=Measure(0, MAX_PERCENT, "percent, from 0 to 1000000"), default=None, metavar="PCT",
-              help="Exit 1 when B's median step is slower than A's by more than PCT percent.")
+              help="Exit 1 when B's run's time per step (its median step where a side has none) is slower "
+                   "than A's by more than PCT percent.")
 @shared_options("out", "quiet", out_default="audit-out/diff-<timestamp>/", quiet_help="Only the closing lines.")
 def diff_cmd(a: Path, b: Path, fail_on_regression: float | None, out: Path | None, quiet: bool) -> None:
     """Compare two audits: A and B are each an `audit run` output directory, a profiler trace
-    (.json/.json.gz) or a TensorBoard logdir. Shows steps, per-phase, per-op (GPU kernels) time,
-    syncs, copies, memory and findings side by side, each change with its noise; writes diff.json
-    and diff.html."""
+    (.json/.json.gz) or a TensorBoard logdir. Shows the run's time per step and its parts, the
+    median step, per-phase, per-op (GPU kernels) time, syncs, copies, memory and findings side by
+    side, each change with its noise; writes diff.json and diff.html."""
     sys.exit(app.diff(a, b, out, fail_on_regression, quiet))
 
 

@@ -4,15 +4,16 @@ them, the rules run on each, and their numbers and findings compared (auditor.ev
 An input is an `audit run` output directory, a profiler trace (.json / .json.gz) or a TensorBoard
 logdir of traces. Findings are matched by rule, then by place (file name and line) within a rule,
 then in order: one that only A has is "gone", one only B has is "new", one in both is "kept", its
-cost change judged against the median step's noise.
+cost change judged against the noise of the run's time per step (the median step's where a side
+has no run's time).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from auditor.config import Config
-from auditor.evidence.compare import (BETTER, GONE, NEW, WITHIN_NOISE, WORSE, Comparison, FindingChange, compare,
-                                      step_noise, summarize)
+from auditor.evidence.compare import (BETTER, GONE, NEW, RUN_TIME, WITHIN_NOISE, WORSE, Comparison, FindingChange,
+                                      compare, judged, step_noise, summarize)
 from auditor.evidence.errors import InputError
 from auditor.evidence.model import Evidence
 from auditor.findings import Finding, RuleResults
@@ -109,11 +110,14 @@ def compare_findings(a: list[Finding], b: list[Finding], noise: float) -> list[F
 
 
 def regression(c: Comparison, pct: float) -> str | None:
-    """The one line `--fail-on-regression PCT` prints when B's median step is slower than A's by
-    more than PCT percent; None when it is not (or a side has no steps)."""
-    first = c.deltas[0] if c.deltas else None
+    """The one line `--fail-on-regression PCT` prints when B's run's time per step is slower than
+    A's by more than PCT percent (their median step where a side has no run's time: the line says
+    so); None when it is not (or a side has no steps)."""
+    first = judged(c)
     if first is None or first.pct is None or first.pct <= pct:
         return None
     noise = f", noise ±{first.noise:.2f} ms" if first.noise is not None else ""
-    return (f"audit: regression: median step {first.a:.2f} ms -> {first.b:.2f} ms ({first.pct:+.1f}%{noise}), "
+    what = "run's time" if c.judged_by == RUN_TIME else "median step (no run's time on both sides)"
+    unit = " ms/step" if c.judged_by == RUN_TIME else " ms"
+    return (f"audit: regression: {what} {first.a:.2f}{unit} -> {first.b:.2f}{unit} ({first.pct:+.1f}%{noise}), "
             f"more than --fail-on-regression {pct:g}%")

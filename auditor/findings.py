@@ -152,12 +152,13 @@ class Verified(msgspec.Struct, frozen=True):
 
     status: "improved" (its finding is gone, or its cost fell by a quarter or more), "no-change"
       (the finding is still there), "failed" (the patch did not apply or the patched program
-      failed), "changed-results" (fixes.patch only: the weights after the audited steps differ
-      from the unpatched run's, which a second unpatched run reproduces). Anything but "improved"
-      keeps the fix out of fixes.patch and numerics-fixes.patch.
+      failed), "changed-results" (a fix that keeps results: the weights after the audited steps
+      differ from the unpatched run's, which a second unpatched run reproduces). Anything but
+      "improved" keeps the fix out of fixes.patch.
     before, after: what the finding measured in the audited run and in the re-run: "finding"
-      (whether it was reported), "median_step_ms", "ms_per_step" (its cost), its evidence numbers
-      (syncs_per_step, bytes_per_step, nodes_per_step, ...), "weights" (the digest, fixes.patch only).
+      (whether it was reported), "median_step_ms", "run_step_ms" (the run's time per step),
+      "ms_per_step" (its cost), its evidence numbers
+      (syncs_per_step, bytes_per_step, nodes_per_step, ...), "weights" (the digest, fixes that keep results).
     note: how it was run and what was seen, in words."""
 
     status: str
@@ -171,7 +172,7 @@ class Fix(msgspec.Struct, frozen=True):
     config: dict[str, Any] = {}  # env vars, DataLoader/optimizer keywords, flags to turn off
     patch: str | None = None  # unified diff of `edits`, for `git apply`
     edits: list[Edit] = []
-    changes_numerics: bool = False  # such edits stay out of fixes.patch unless asked for
+    changes_numerics: bool = False  # marked for review in fixes.patch; --verify runs it apart
     verified: Verified | None = None  # what `audit run --verify` measured (None: not verified)
 
 

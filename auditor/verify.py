@@ -1,16 +1,17 @@
 """`audit run ... --verify`: each fix proven by re-running the program with it applied.
 
 The project (the git toplevel holding the target, else the current directory) is copied to a
-scratch directory, the fixes are applied there with `git apply`, as the user would apply the patch
-files, and the target is audited again in full with the same options (RunSpec). The re-runs: one
-with fixes.patch (the settings its fixes give as environment variables exported); one per numerics
-fix and per fix in neither patch file; each fix of fixes.patch alone when that re-run fails; when
-the weights differ, an unpatched re-run, then each fix alone; every improved fix together.
+scratch directory, the fixes are applied there with `git apply`, as the user would apply
+fixes.patch, and the target is audited again in full with the same options (RunSpec). The re-runs:
+one with every fix that keeps results (the settings its fixes give as environment variables
+exported); one per fix that changes results and per fix whose edit overlaps another's; each fix of
+the first alone when that re-run fails; when the weights differ, an unpatched re-run, then each fix
+alone; every improved fix together, as fixes.patch holds them.
 
 A fix is judged on its own finding (same rule, same file) in the re-run that held it (`judge`):
 improved (gone, or its cost or count per step down by a quarter), no-change, failed (the patch did
-not apply, or the program failed) or changed-results (fixes.patch only: the weights differ where
-two unpatched runs agree). One not improved is taken out of the patch files (reports.patch reads
+not apply, or the program failed) or changed-results (a fix that keeps results: the weights differ
+where two unpatched runs agree). One not improved is taken out of fixes.patch (reports.patch reads
 `fix.verified`), the reason said; a fix given only as settings is not verifiable here.
 
 Copied: every file under the project root but SKIP_DIRS and virtual environments; a file larger
@@ -38,6 +39,7 @@ from auditor.evidence.whole_files import write_whole
 from auditor.findings import Finding, Fix, RuleResults, Verified
 
 LINK_BYTES = 64 * 1024 * 1024
+KEPT = "with the fixes that keep results"  # (the re-run of every fix that leaves the weights the same)
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", "audit-out", ".tox", ".nox", ".mypy_cache",
              ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints"}
 IMPROVED_FRACTION = 0.75  # a finding still there is improved when its cost fell to this share or less
@@ -75,6 +77,7 @@ class Rerun:
     median_ms: float | None = None
     digest: str | None = None
     cpu_ms: float | None = None  # the median timed step's process CPU time: steadier than wall time under load
+    run_ms: float | None = None  # the run's time per step (findings.json's run_time.base_ms): stalls included
 
 
 @dataclass
@@ -103,6 +106,7 @@ class Outcome:
     seconds: float = 0.0
     before_ms: float | None = None
     before_cpu_ms: float | None = None
+    before_run_ms: float | None = None
     together: Rerun | None = None
     together_predicted_ms: float | None = None
     units: list[Unit] = field(default_factory=list)
@@ -208,7 +212,8 @@ def read_rerun(out: Path, code: int, stderr: str) -> Rerun:
         return Rerun(ok=False, error=f"the patched program failed ({why or (last[-1] if last else f'exit {code}')})")
     weights = ev.get("weights") or {}
     return Rerun(ok=True, findings=doc["findings"], median_ms=doc["steps"]["median_ms"],
-                 digest=weights.get("sha256") or None, cpu_ms=median_cpu_ms(ev.get("steps") or []))
+                 digest=weights.get("sha256") or None, cpu_ms=median_cpu_ms(ev.get("steps") or []),
+                 run_ms=(doc.get("run_time") or {}).get("base_ms"))
 
 
 def median_cpu_ms(steps: list[dict]) -> float | None:
@@ -275,17 +280,16 @@ def same_finding(before: dict, after: list[dict]) -> dict | None:
 
 
 def judge(before: dict, before_median: float | None, rerun: Rerun, what: str, rehearsed: bool = False,
-          before_cpu: float | None = None) -> Verified:
-    """A fix's Verified from the re-run that had it applied."""
-    b = {**measures(before, before_median), "median_step_cpu_ms": before_cpu}
+          before_cpu: float | None = None, before_run: float | None = None) -> Verified:
+    """A fix's Verified from the re-run that had it applied. The step's time it states is the run's
+    time per step (stalls and the time between steps in it: what a fix of those gives back), the
+    median step beside it; the median step alone where a run has no run's time."""
+    b = {**measures(before, before_median), "median_step_cpu_ms": before_cpu, "run_step_ms": before_run}
     if not rerun.ok:
         return Verified(status="failed", before=b, after={}, note=f"{what}: {rerun.error}")
     match = same_finding(before, rerun.findings)
-    a = {**measures(match, rerun.median_ms), "median_step_cpu_ms": rerun.cpu_ms}
-    mb, ma = before_median, rerun.median_ms
-    step = f"; median step {mb:.1f} -> {ma:.1f} ms" if mb and ma else ""
-    if mb and ma and ma > SLOWER * mb:
-        step += " (slower: on this machine; a rehearsal's are CPU timings)" if rehearsed else " (slower)"
+    a = {**measures(match, rerun.median_ms), "median_step_cpu_ms": rerun.cpu_ms, "run_step_ms": rerun.run_ms}
+    step = _step_change(before_median, rerun.median_ms, before_run, rerun.run_ms, rehearsed)
     if match is None:
         return Verified(status="improved", before=b, after=a, note=f"{what}: the finding is gone{step}")
     cb, ca = b.get("ms_per_step"), a.get("ms_per_step")
@@ -301,6 +305,20 @@ def judge(before: dict, before_median: float | None, rerun: Rerun, what: str, re
     return Verified(status="no-change", before=b, after=a, note=f"{what}: the finding is still there{step}")
 
 
+def _step_change(mb: float | None, ma: float | None, rb: float | None, ra: float | None, rehearsed: bool) -> str:
+    """'; run's time 17.3 -> 7.3 ms/step (median step 5.3 -> 5.6 ms)', '(slower)' where the judged
+    figure (the run's time, else the median step) rose past SLOWER times itself."""
+    median = f"median step {mb:.1f} -> {ma:.1f} ms" if mb and ma else ""
+    if rb and ra:
+        text = f"; run's time {rb:.1f} -> {ra:.1f} ms/step" + (f" ({median})" if median else "")
+        slower = ra > SLOWER * rb
+    else:
+        text, slower = (f"; {median}" if median else ""), bool(mb and ma and ma > SLOWER * mb)
+    if slower:
+        text += " (slower: on this machine; a rehearsal's are CPU timings)" if rehearsed else " (slower)"
+    return text
+
+
 # --- the whole verification ----------------------------------------------------------------------
 
 def env_config(fix: Fix) -> dict[str, str]:
@@ -312,13 +330,13 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
            progress: Callable[[str], None]) -> Outcome:
     """Verify every fix of `results` (see the module's docstring)."""
     from auditor.fixes import diff_edits
-    from auditor.reports.patch import PatchReport, numerics_patchable, patchable
+    from auditor.reports.patch import patchable, same_results
 
     t0 = time.perf_counter()
     outcome = Outcome()
-    plain = patchable(results.findings)
-    numerics = numerics_patchable(results.findings)
-    combined = PatchReport().render(evidence, results, out)
+    plain = same_results(results.findings)
+    numerics = [f for f in patchable(results.findings) if f not in plain]
+    combined = diff_edits([e for f in plain for e in f.fix.edits]).diff  # type: ignore[union-attr]
     in_combined = [f for f in plain if all(_edit_in(e, combined) for e in f.fix.edits)]  # type: ignore[union-attr]
     apart = [f for f in plain if f not in in_combined]
     env_only = [f for f in results.findings if f.fix is not None and not f.fix.edits and env_config(f.fix)]
@@ -335,13 +353,13 @@ def verify(evidence: Any, results: RuleResults, spec: RunSpec, target_file: str 
     v = Verifying.of(evidence, results, runner, outcome, progress, diff_edits)
     try:
         group = in_combined + env_only
-        grouped = v.with_fixes_patch(group, in_combined, combined) if group else None
+        grouped = v.with_results_kept(group, in_combined, combined) if group else None
         for f in apart + numerics:
             v.with_own_edit(f, f in numerics)
-        outcome.before_ms, outcome.before_cpu_ms = v.median, v.before_cpu
+        outcome.before_ms, outcome.before_cpu_ms, outcome.before_run_ms = v.median, v.before_cpu, v.before_run
         fixed = [results.findings[i] for i, verified in outcome.verified.items() if verified.status == "improved"]
         if len(fixed) > 1 and grouped is not None and all(f in group for f in fixed):
-            outcome.together = grouped  # (they all ran together in fixes.patch's re-run: its row)
+            outcome.together = grouped  # (they all ran together in that re-run: its row)
         elif len(fixed) > 1:  # every fix that held, together: what the headline predicted
             outcome.together = v.all_together(fixed)
     finally:
@@ -376,35 +394,40 @@ class Verifying:
     before_cpu: float | None
     before_digest: str | None
     rehearsed: bool
+    before_run: float | None = None  # the audited run's time per step (auditor.evidence.run_time)
 
     @classmethod
     def of(cls, evidence: Any, results: RuleResults, runner: Runner, outcome: Outcome,
            progress: Callable[[str], None], diff_edits: Callable) -> "Verifying":
+        from auditor.evidence.run_time import run_time
+
         median = evidence.shown_median_ms()
         timed = evidence.timed_steps() if hasattr(evidence, "timed_steps") else []
+        account = run_time(evidence)
         return cls(results, runner, outcome, progress, diff_edits, [msgspec.to_builtins(f) for f in results.findings],
                    {id(f): i for i, f in enumerate(results.findings)},
                    round(median, 3) if median is not None else None,
                    median_cpu_ms([{"cpu_ms": s.cpu_ms} for s in timed]),
                    evidence.weights.sha256 if evidence.weights is not None and evidence.weights.sha256 else None,
-                   bool(evidence.environment.rehearsal))
+                   bool(evidence.environment.rehearsal), account.base_ms if account is not None else None)
 
     def judged(self, held: list[Finding], r: Rerun, what: str) -> None:
         """Each of `held` judged by the re-run `r` that held their edits (`what`: how it ran)."""
         for f in held:
             i = self.index[id(f)]
-            self.outcome.verified[i] = judge(self.docs[i], self.median, r, what, self.rehearsed, self.before_cpu)
+            self.outcome.verified[i] = judge(self.docs[i], self.median, r, what, self.rehearsed, self.before_cpu,
+                                             self.before_run)
 
     def check_weights(self, r: Rerun, fixes: list[Finding]) -> None:
         _check_weights(r, self.before_digest, fixes, self.runner, self.docs, self.index, self.median, self.outcome,
                        self.progress, self.diff_edits)
 
-    def with_fixes_patch(self, group: list[Finding], in_combined: list[Finding], combined: str) -> Rerun | None:
-        """One re-run with fixes.patch (and the settings the group's fixes export); when it fails,
+    def with_results_kept(self, group: list[Finding], in_combined: list[Finding], combined: str) -> Rerun | None:
+        """One re-run with the fixes that keep results (and the settings they export); when it fails,
         each fix on its own, to find the one that broke it. Returns the re-run when every fix of
         the group was judged in it."""
         env = {k: v for f in group for k, v in env_config(f.fix).items()}  # type: ignore[arg-type]
-        self.progress(f"fixes.patch ({len(group)} fix(es))")
+        self.progress(f"{KEPT} ({len(group)} fix(es))")
         r = self.runner.run([combined] if in_combined else [], env)
         if not r.ok and len(group) > 1:  # which one broke it: each on its own
             for f in group:
@@ -415,14 +438,14 @@ class Verifying:
                 if one.ok and f in in_combined:
                     self.check_weights(one, [f])
             return None
-        self.judged(group, r, "with fixes.patch")
-        self.outcome.units.append(Unit(held=[self.index[id(f)] for f in group], rerun=r, what="with fixes.patch"))
+        self.judged(group, r, KEPT)
+        self.outcome.units.append(Unit(held=[self.index[id(f)] for f in group], rerun=r, what=KEPT))
         if r.ok and in_combined:
             self.check_weights(r, in_combined)
         return r
 
     def with_own_edit(self, f: Finding, numerics: bool) -> None:
-        """A fix whose edits are in no combined patch (`numerics`: numerics-fixes.patch's), re-run
+        """A fix re-run apart (`numerics`: it changes results; else its edit overlaps another's), re-run
         with its own edit, after those of the fixes it works only after."""
         first = prerequisites(f, self.results.findings)
         waits = [r for r in f.evidence.get("apply_after", []) if r not in {g.rule for g in first}]
@@ -430,10 +453,10 @@ class Verifying:
             self.outcome.unverifiable.append(f"{f.rule}: its fix works only after {', '.join(waits)}'s, which has "
                                              "no code edit to apply first")
             return
-        self.progress(f"{f.rule} ({'numerics-fixes.patch' if numerics else 'its own edit'})")
+        self.progress(f"{f.rule} (its own edit)")
         r = self.runner.run([p for g in first for p in _own_patch(g, self.diff_edits)] + _own_patch(f, self.diff_edits),
                             env_config(f.fix))  # type: ignore[arg-type]
-        what = "with its numerics-fixes.patch edit" if numerics else "with its own edit"
+        what = "with its own edit, which changes results" if numerics else "with its own edit"
         if first:
             what += " after " + ", ".join(f"{g.rule}'s" for g in first)
         self.judged([f], r, what)
@@ -446,8 +469,9 @@ class Verifying:
         first; of two edits of one line (pageable-copy's pin_memory and dataloader-bound's workers on
         a DataLoader call) the numerics fix's, which carries both settings, is kept."""
         self.progress(f"every fix together ({len(fixed)})")
-        findings = self.results.findings
-        ordered = sorted(fixed, key=lambda f: (len(prerequisites(f, findings)), not f.fix.changes_numerics))  # type: ignore[union-attr]
+        from auditor.reports.patch import patch_order
+
+        ordered = patch_order(fixed, self.results.findings)
         joined = self.diff_edits([e for f in ordered for e in f.fix.edits]).diff  # type: ignore[union-attr]
         patches = [joined] if joined else []
         return self.runner.run(patches, {k: v for f in fixed for k, v in env_config(f.fix).items()})  # type: ignore[arg-type]
@@ -489,8 +513,8 @@ def _own_patch(f: Finding, diff_edits: Callable) -> list[str]:
 def _check_weights(r: Rerun, before: str | None, fixes: list[Finding], runner: Runner, docs: list[dict],
                    index: dict[int, int], median: float | None, outcome: Outcome, progress: Callable[[str], None],
                    diff_edits: Callable) -> None:
-    """fixes.patch must leave the weights as they were: compare the digests; when they differ, an
-    unpatched re-run tells a nondeterministic program from a fix that changed the results."""
+    """The fixes that keep results must leave the weights as they were: compare the digests; when they
+    differ, an unpatched re-run tells a nondeterministic program from a fix that changed the results."""
     def note(f: Finding, text: str, status: str | None = None) -> None:
         v = outcome.verified[index[id(f)]]
         outcome.verified[index[id(f)]] = msgspec.structs.replace(
@@ -548,7 +572,8 @@ def _brief(m: dict[str, Any]) -> str:
     if not m.get("finding"):
         return "gone"
     shown = [(k, v) for k, v in m.items()
-             if k not in ("finding", "weights", "median_step_ms", "median_step_cpu_ms") and v is not None][:3]
+             if k not in ("finding", "weights", "median_step_ms", "median_step_cpu_ms", "run_step_ms")
+             and v is not None][:3]
     return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown) or "reported"
 
 
@@ -563,8 +588,7 @@ def echo(results: RuleResults, outcome: Outcome) -> None:
         f = results.findings[i]
         click.echo(f"  {v.status:<15} {f.rule}: {_brief(v.before)} -> {_brief(v.after)}")
         if v.status != "improved":
-            where = "numerics-fixes.patch" if f.fix and f.fix.changes_numerics else "fixes.patch"
-            click.echo(f"    taken out of {where}: {v.note}")
+            click.echo(f"    taken out of fixes.patch: {v.note}")
         else:
             click.echo(f"    {v.note}")
     for text in outcome.unverifiable:
@@ -572,8 +596,9 @@ def echo(results: RuleResults, outcome: Outcome) -> None:
     rows = table(results, outcome)
     if rows:
         click.echo("verify: predicted against measured saving per step, per re-run (ms; predicted: the saving "
-                   "of the fixes it held, together; measured: the median step before less the re-run's; cpu "
-                   "time: the same on the process's CPU clock, which other processes' load does not stretch)")
+                   "of the fixes it held, together; measured: the run's time per step before less the re-run's, "
+                   "stalls and the time between steps in it; cpu time: the median step's on the process's CPU "
+                   "clock, which other processes' load does not stretch)")
         click.echo(f"  {'predicted':>10}{'measured':>10}{'ratio':>8}{'cpu time':>10}  fixes the re-run held (together)"
                    "; run")
         for row in rows:
@@ -593,11 +618,13 @@ def table(results: RuleResults, outcome: Outcome) -> list[dict[str, Any]]:
     for the fixes it held, together: `fixes`, every fix whose edits the re-run held (a fix applied
     after another's holds that one's too), `fix` their names joined; `predicted_ms`, the saving per
     step the audit predicted for them together, as the headline adds fixes up (not the cost of one
-    of them: a re-run of fixes.patch measures all of its fixes at once), in a rehearsal of this
+    of them: one re-run measures all of its fixes at once), in a rehearsal of this
     machine's time alone; `unpredicted`, those of them with no predicted time saving here, and why
-    (no estimate; a rehearsal's GPU estimate, which a re-run on the CPU does not measure); `measured_ms`, the median step before less the
-    re-run's, and `measured_cpu_ms` the same on the process's CPU clock; their ratio; `run`, how the
-    re-run ran; `together`, whether it held every fix that improved."""
+    (no estimate; a rehearsal's GPU estimate, which a re-run on the CPU does not measure); `measured_ms`,
+    the run's time per step before less the re-run's (the median step's where a run has none),
+    `measured_median_ms` the median step's, and `measured_cpu_ms` the median step's on the process's
+    CPU clock; predicted over measured (`ratio`); `run`, how the re-run ran; `together`, whether it
+    held every fix that improved."""
     rows = []
     for u in outcome.units:
         held = [results.findings[i] for i in u.held]
@@ -615,8 +642,9 @@ def table(results: RuleResults, outcome: Outcome) -> list[dict[str, Any]]:
 
 def _row(name: str, held: list[Finding], status: str, pred: float | None, r: Rerun, outcome: Outcome, run: str,
          together: bool) -> dict[str, Any]:
-    b, cb = outcome.before_ms, outcome.before_cpu_ms
-    meas = round(b - r.median_ms, 3) if r.ok and b is not None and r.median_ms is not None else None
+    b, cb, rb = outcome.before_ms, outcome.before_cpu_ms, outcome.before_run_ms
+    median = round(b - r.median_ms, 3) if r.ok and b is not None and r.median_ms is not None else None
+    meas = round(rb - r.run_ms, 3) if r.ok and rb is not None and r.run_ms is not None else median
     cpu = round(cb - r.cpu_ms, 3) if r.ok and cb is not None and r.cpu_ms is not None else None
     unpredicted = [{"fix": f.rule, "why": _why_unpredicted(f)} for f in held
                    if f.cost is None or f.cost.ms_per_step is None]
@@ -624,7 +652,7 @@ def _row(name: str, held: list[Finding], status: str, pred: float | None, r: Rer
     unpredicted += [{"fix": f.rule, "why": f"a GPU's time ({f.cost.ms_per_step:g} ms/step {f.cost.note}), which "  # type: ignore[union-attr]
                      "this rehearsal's re-run on the CPU does not measure: not in the prediction"} for f in gpu]
     return {"fix": name, "fixes": [f.rule for f in held], "status": status, "predicted_ms": pred,
-            "measured_ms": meas, "measured_cpu_ms": cpu,
+            "measured_ms": meas, "measured_median_ms": median, "measured_cpu_ms": cpu,
             "ratio": round(pred / meas, 3) if pred is not None and meas else None,
             "unpredicted": unpredicted, "run": run, "together": together}
 

@@ -65,9 +65,9 @@ def test_load_reads_back_the_same_audit(here) -> None:
     assert again.out == a.out == here / "o"
     assert a.exit_code == 1 and again.exit_code == 0  # (--fail-on is the call's, not the directory's)
     assert a.fixes.config == '# Settings\ntorch.compile = {"mode": "reduce-overhead"}  # gpu-idle'
-    assert a.fixes.patch == a.fixes.numerics_patch == ""
+    assert a.fixes.patch == ""
     d = a.diff(again)
-    assert d.step_pct == 0.0 and d.findings["status"].tolist() == ["kept"] * 3
+    assert d.step_pct == d.run_pct == 0.0 and d.findings["status"].tolist() == ["kept"] * 3
 
 
 def test_the_commands_and_the_functions_call_the_same_pipelines(monkeypatch) -> None:

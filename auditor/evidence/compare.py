@@ -9,6 +9,13 @@ sides' spreads added in quadrature (and at least RESOLUTION of the larger value)
 one side alone already differ by that much.
 Lower is better for every number here (time, syncs, copies, bytes, memory).
 
+The run's time per step (auditor.evidence.run_time: the span over the steps, stalls and the time
+between steps in it) and its parts are means, not medians: each a `Mean` whose noise is how much
+its typical step differs from the others (the median absolute deviation of its per-step values:
+stalls that hit some steps are time the run spent, not noise). It is what a comparison judges
+(`judged`) where both sides have it; the median step where either has none (a recording without
+steps).
+
 Findings are compared by the pipeline that runs the rules (auditor.diff); their changes are
 carried here as `FindingChange`, plain data the reports render. Nothing here imports torch.
 """
@@ -35,6 +42,10 @@ BACKWARD = re.compile(r"^autograd::engine::evaluate_function: ")
 # still differ by this share from one recording to the next, and a 0.1% change is no change.
 RESOLUTION = 0.01
 WITHIN_NOISE, BETTER, WORSE, NEW, GONE, SAME = "within noise", "better", "worse", "new", "gone", "same"
+RUN_TIME, MEDIAN_STEP = "run's time per step", "median step"  # the rows a comparison is judged by
+# The run's time's parts, as the comparison names them (auditor.evidence.run_time.PARTS, less the
+# audit's own work, which the run's time per step leaves out)
+RUN_PARTS = {"work": "work", "data": "data waits", "between": "between steps", "syncs": "syncs", "rest": "rest"}
 
 
 class Stat(msgspec.Struct):
@@ -46,6 +57,17 @@ class Stat(msgspec.Struct):
     n: int = 0
 
 
+class Mean(msgspec.Struct):
+    """A per-step number of one side that is a mean over its steps: `value` (the run's time per
+    step, or one of its parts), `noise` (the median absolute deviation of the per-step values: as
+    much as a typical step differs from the others; steps that stall, fewer than half of them, are
+    not noise), `n` the steps the noise is taken over."""
+
+    value: float
+    noise: float = 0.0
+    n: int = 0
+
+
 class Side(msgspec.Struct):
     """What one input measured. kind: "run" (an `audit run` directory) or "trace" (profiler traces
     or a TensorBoard logdir); label: the path as given; steps: steps measured (a run's unprofiled
@@ -54,7 +76,9 @@ class Side(msgspec.Struct):
     data/backward/optimizer/gpu busy from a trace; ops: CPU operators' self time and kernels: GPU
     kernels grouped by name, from the trace). syncs: device->host synchronisations per step;
     copies / copy_bytes: host<->device copies per step and their bytes; memory: per-step peaks in
-    bytes by what was measured (None: not recorded)."""
+    bytes by what was measured (None: not recorded). run_ms: the run's time per step (RunTime.base_ms,
+    None: no account: a recording without steps), over `run_steps` steps; run_parts: its parts that
+    add up to it (work, data, between, syncs, rest) by name, ms per step."""
 
     label: str
     kind: str
@@ -69,11 +93,15 @@ class Side(msgspec.Struct):
     memory: dict[str, Stat] = {}
     device: str = ""
     notes: list[str] = []
+    run_ms: Mean | None = None
+    run_steps: int = 0
+    run_parts: dict[str, Mean] = {}
 
 
 class Delta(msgspec.Struct):
-    """One number of both sides. group: step | phase | op | kernel | syncs | copies | memory;
-    unit: ms | count | bytes; a, b: the medians (None: that side did not record it); change: b - a;
+    """One number of both sides. group: run | step | phase | op | kernel | syncs | copies | memory;
+    unit: ms | count | bytes; a, b: the medians, or the run's time's means (group run) (None: that
+    side did not record it); change: b - a;
     pct: change over a, in percent (None when a is 0 or absent); noise: the sides' spreads in
     quadrature, at least RESOLUTION of the larger median; verdict: better | worse | within noise | same (both 0) | new | gone."""
 
@@ -108,13 +136,17 @@ class FindingChange(msgspec.Struct):
 
 class Comparison(msgspec.Struct):
     """A against B: both sides, every compared number (deltas, in the order groups are shown), the
-    findings' changes, and step_pct: how much slower (+) or faster (-) B's median step is, in %."""
+    findings' changes, step_pct: how much slower (+) or faster (-) B's median step is, in %;
+    run_pct: the same of the run's time per step (None: a side has none); judged_by: what the
+    comparison is judged by (RUN_TIME where both sides have it, else MEDIAN_STEP)."""
 
     a: Side
     b: Side
     deltas: list[Delta] = []
     findings: list[FindingChange] = []
     step_pct: float | None = None
+    run_pct: float | None = None
+    judged_by: str = "median step"
 
 
 # --- one side -------------------------------------------------------------------------------------
@@ -149,7 +181,34 @@ def summarize(evidence: m.Evidence, label: str) -> Side:
         side.ops, side.kernels = _trace_ops(trace)
         if side.kind == "run":
             side.notes.append(f"operators and kernels from the run's profiled steps ({trace.label})")
+    _run_time(evidence, side)
     return side
+
+
+def _run_time(evidence: m.Evidence, side: Side) -> None:
+    """The side's run's time per step and its parts, each with the deviation of its per-step
+    values (auditor.evidence.run_time.per_step); nothing without an account."""
+    from auditor.evidence.run_time import per_step, run_time
+
+    account = run_time(evidence)
+    values = per_step(evidence) if account is not None else None
+    if account is None or values is None:
+        return
+    side.run_steps = account.steps
+    side.run_ms = Mean(account.base_ms, _deviation(values["run"]), len(values["run"]))
+    for part in account.parts:
+        if part.name in RUN_PARTS:
+            got = values.get(part.name) or []
+            side.run_parts[part.name] = Mean(part.per_step_ms, _deviation(got), len(got))
+
+
+def _deviation(values: list[float]) -> float:
+    """The median absolute deviation of per-step values (0 for fewer than two)."""
+    vals = [v for v in values if math.isfinite(v)]
+    if len(vals) < 2:
+        return 0.0
+    mid = statistics.median(vals)
+    return statistics.median(abs(v - mid) for v in vals)
 
 
 def _main_trace(evidence: m.Evidence) -> Any | None:
@@ -301,28 +360,48 @@ def _by_name(trace: Any, rows: np.ndarray, us: np.ndarray, step: np.ndarray, win
 
 # --- two sides ------------------------------------------------------------------------------------
 
-def delta(group: str, name: str, unit: str, a: Stat | None, b: Stat | None) -> Delta:
-    """B against A for one number (see Delta)."""
-    if a is None and b is None:
+def delta(group: str, name: str, unit: str, a: Stat | Mean | None, b: Stat | Mean | None,
+          floor: float = 0.0) -> Delta:
+    """B against A for one number (see Delta): a Stat's median, a Mean's value, each with its noise
+    (at least `floor`)."""
+    va, vb = _value(a), _value(b)
+    if va is None and vb is None:
         return Delta(group, name, unit, None, None, verdict=SAME)
-    if a is None or b is None:
-        return Delta(group, name, unit, a.median if a else None, b.median if b else None,
-                     verdict=NEW if a is None else GONE)
-    change = b.median - a.median
-    noise = max(math.hypot(a.spread, b.spread), RESOLUTION * max(abs(a.median), abs(b.median)))
-    pct = change / a.median * 100.0 if a.median else None
-    if a.median == 0 and b.median == 0:
+    if va is None or vb is None:
+        return Delta(group, name, unit, va, vb, verdict=NEW if va is None else GONE)
+    change = vb - va
+    noise = max(math.hypot(_noise(a), _noise(b)), RESOLUTION * max(abs(va), abs(vb)), floor)
+    pct = change / va * 100.0 if va else None
+    if va == 0 and vb == 0:
         verdict = SAME
     elif abs(change) <= noise:
         verdict = WITHIN_NOISE
     else:
         verdict = BETTER if change < 0 else WORSE
-    return Delta(group, name, unit, a.median, b.median, change, pct, noise, verdict)
+    return Delta(group, name, unit, va, vb, change, pct, noise, verdict)
+
+
+def _value(x: Stat | Mean | None) -> float | None:
+    return None if x is None else x.value if isinstance(x, Mean) else x.median
+
+
+def _noise(x: Stat | Mean | None) -> float:
+    return 0.0 if x is None else x.noise if isinstance(x, Mean) else x.spread
 
 
 def compare(a: Side, b: Side) -> Comparison:
-    """Every number either side recorded, B against A (see Comparison)."""
-    out: list[Delta] = [delta("step", "median step", "ms", a.step_ms, b.step_ms)]
+    """Every number either side recorded, B against A (see Comparison): the run's time per step
+    and its parts first (where either side has them), then the median step and the rest."""
+    out: list[Delta] = []
+    if a.run_ms is not None or b.run_ms is not None:
+        out.append(delta("run", RUN_TIME, "ms", a.run_ms, b.run_ms))
+        # (a part's resolution is the whole's: a change under 1% of the run's time is none)
+        floor = RESOLUTION * max(_value(a.run_ms) or 0.0, _value(b.run_ms) or 0.0)
+        for name, words in RUN_PARTS.items():
+            pa, pb = a.run_parts.get(name), b.run_parts.get(name)
+            if _value(pa) or _value(pb):
+                out.append(delta("run", words, "ms", pa, pb, floor))
+    out.append(delta("step", MEDIAN_STEP, "ms", a.step_ms, b.step_ms))
     for group, da, db in (("phase", a.phases, b.phases),):
         for name in list(dict.fromkeys([*da, *db])):
             out.append(delta(group, name, "ms", da.get(name), db.get(name)))
@@ -337,10 +416,27 @@ def compare(a: Side, b: Side) -> Comparison:
         names = sorted(set(da) | set(db), key=lambda n: -max(da[n].median if n in da else 0.0,
                                                             db[n].median if n in db else 0.0))[:TOP_OPS]
         out.extend(delta(group, n, "ms", da.get(n), db.get(n)) for n in names)
-    first = out[0]
-    return Comparison(a=a, b=b, deltas=out, step_pct=first.pct)
+    median = next(d for d in out if d.name == MEDIAN_STEP and d.group == "step")
+    run = next((d for d in out if d.name == RUN_TIME and d.group == "run"), None)
+    both = a.run_ms is not None and b.run_ms is not None
+    return Comparison(a=a, b=b, deltas=out, step_pct=median.pct, run_pct=run.pct if run is not None else None,
+                      judged_by=RUN_TIME if both else MEDIAN_STEP)
+
+
+def judged(c: Comparison) -> Delta | None:
+    """The row the comparison is judged by (Comparison.judged_by): the run's time per step where
+    both sides have it, else the median step."""
+    group = "run" if c.judged_by == RUN_TIME else "step"
+    return next((d for d in c.deltas if d.group == group and d.name == c.judged_by), None)
+
+
+def median_delta(c: Comparison) -> Delta | None:
+    """The median step's row."""
+    return next((d for d in c.deltas if d.group == "step" and d.name == MEDIAN_STEP), None)
 
 
 def step_noise(c: Comparison) -> float:
-    """The median step's noise (its sides' spreads in quadrature), 0 when either is unknown."""
-    return (c.deltas[0].noise or 0.0) if c.deltas else 0.0
+    """The judged row's noise (auditor.evidence.compare.judged: findings' costs are shares of the
+    run's time), 0 when either side is unknown."""
+    d = judged(c)
+    return (d.noise or 0.0) if d is not None else 0.0

@@ -326,9 +326,7 @@ def of_trace(trace: Trace) -> RunTime | None:
     busy time per step as its floor."""
     import numpy as np
 
-    from auditor.evidence.trace.decode import CAT
     from auditor.evidence.trace.intervals import intersect, merge_intervals, subtract, total_length
-    from auditor.evidence.trace.queries import DATALOADER_NEXT, blocking_calls
 
     steps = trace.steps
     if not len(steps):
@@ -336,12 +334,7 @@ def of_trace(trace: Trace) -> RunTime | None:
     n = len(steps)
     ts, end = steps["ts"].to_numpy(dtype=np.float64), steps["end"].to_numpy(dtype=np.float64)
     lo, hi = float(ts.min()), float(end.max())
-    inside = merge_intervals(ts, end)
-    loader = trace.matching(DATALOADER_NEXT)
-    loader = loader[loader["cat"].isin((CAT["cpu_op"], CAT["annotation"])) & ~loader["instant"]]
-    data_iv = intersect(merge_intervals(loader["ts"].to_numpy(), loader["end"].to_numpy()), inside)
-    rows = blocking_calls(trace)
-    sync_iv = subtract(intersect(merge_intervals(trace.col("ts")[rows], trace.col("end")[rows]), inside), data_iv)
+    inside, data_iv, sync_iv = _trace_waits(trace)
     ranges = trace.auditor_ranges()
     own_iv = subtract(subtract(intersect(merge_intervals(trace.col("ts")[ranges], trace.col("end")[ranges]), inside),
                                data_iv), sync_iv)
@@ -366,3 +359,82 @@ def of_trace(trace: Trace) -> RunTime | None:
                             for k in order],
                    floor_ms=_r(float(np.nanmean(device))) if np.isfinite(device).any() else None,
                    trace=trace.label)
+
+
+def _trace_waits(trace: Trace) -> tuple[Any, Any, Any]:
+    """A recording's steps' intervals (us): (inside the steps, their waits for data (DataLoader
+    `__next__`), their syncs (the calls in which the host waited for the device), not data)."""
+    from auditor.evidence.trace.decode import CAT
+    from auditor.evidence.trace.intervals import intersect, merge_intervals, subtract
+    from auditor.evidence.trace.queries import DATALOADER_NEXT, blocking_calls
+
+    steps = trace.steps
+    inside = merge_intervals(steps["ts"].to_numpy(dtype=float), steps["end"].to_numpy(dtype=float))
+    loader = trace.matching(DATALOADER_NEXT)
+    loader = loader[loader["cat"].isin((CAT["cpu_op"], CAT["annotation"])) & ~loader["instant"]]
+    data_iv = intersect(merge_intervals(loader["ts"].to_numpy(), loader["end"].to_numpy()), inside)
+    rows = blocking_calls(trace)
+    sync_iv = subtract(intersect(merge_intervals(trace.col("ts")[rows], trace.col("end")[rows]), inside), data_iv)
+    return inside, data_iv, sync_iv
+
+
+# ---------------------------------------------------------------------------------------------
+# the account step by step: how much its figures move from one step to the next
+
+def per_step(ev: m.Evidence) -> dict[str, list[float]] | None:
+    """The run's time of each step and its parts, in ms, for the noise of the account's figures
+    (auditor.evidence.compare): `run`, from the step's start to the next one's (the last step:
+    its own time), less the audit's work at that boundary; `work`, `data`, `syncs` in the step;
+    `between`, the stretch after it. A run's timed steps (the checked and profiled ones carry
+    the audit's own work; all of them where fewer than two are timed), a recording's every step
+    on its bound's clock. None where run_time is."""
+    if ev.steps:
+        return _per_run_step(ev)
+    trace = ev.shown_trace()
+    return _per_trace_step(trace) if trace is not None and len(trace.steps) else None
+
+
+def _per_run_step(ev: m.Evidence) -> dict[str, list[float]]:
+    steps = sorted(ev.steps, key=lambda s: s.start_s)
+    after: dict[int, float] = {}
+    for o in ev.outside:
+        if o.phase == "between" and o.after_step is not None:
+            after[o.after_step] = after.get(o.after_step, 0.0) + o.ms
+    timed = {s.index for s in ev.timed_steps()}
+    if len(timed) < 2:
+        timed = {s.index for s in steps}
+    out: dict[str, list[float]] = {k: [] for k in ("run", "work", "data", "syncs", "between")}
+    for k, s in enumerate(steps):
+        if s.index not in timed:
+            continue
+        nxt = steps[k + 1] if k + 1 < len(steps) else None
+        data, syncs = _waits(s)
+        between = after.get(s.index, 0.0) if nxt is not None else 0.0
+        run = ((nxt.start_s - s.start_s) * 1e3 - (nxt.own_before_ms or 0.0)) if nxt is not None else s.ms
+        for key, v in (("run", max(run, s.ms)), ("work", s.ms - data - syncs), ("data", data), ("syncs", syncs),
+                       ("between", between)):
+            out[key].append(v)
+    return out
+
+
+def _per_trace_step(trace: Trace) -> dict[str, list[float]]:
+    import numpy as np
+
+    from auditor.evidence.trace.intervals import intersect, total_length
+
+    steps = trace.steps
+    ts, end = steps["ts"].to_numpy(dtype=np.float64), steps["end"].to_numpy(dtype=np.float64)
+    order = np.argsort(ts, kind="stable")
+    times = trace.step_times_ms()
+    _, data_iv, sync_iv = _trace_waits(trace)
+    out: dict[str, list[float]] = {k: [] for k in ("run", "work", "data", "syncs", "between")}
+    for j, k in enumerate(order.tolist()):
+        window = (np.array([ts[k]]), np.array([end[k]]))
+        data = total_length(intersect(window, data_iv)) / 1000.0
+        syncs = total_length(intersect(window, sync_iv)) / 1000.0
+        gap = max(0.0, float(ts[order[j + 1]] - end[k]) / 1000.0) if j + 1 < len(order) else 0.0
+        step = float(times[k])
+        for key, v in (("run", step + gap), ("work", step - data - syncs), ("data", data), ("syncs", syncs),
+                       ("between", gap)):
+            out[key].append(v)
+    return out

@@ -14,14 +14,15 @@ from rich.table import Table
 from rich.text import Text
 
 from auditor import __version__
-from auditor.evidence.compare import BETTER, GONE, NEW, WITHIN_NOISE, WORSE, Comparison, Delta
+from auditor.evidence.compare import (BETTER, GONE, NEW, RUN_TIME, WITHIN_NOISE, WORSE, Comparison, Delta,
+                                      judged, median_delta)
 from auditor.evidence.whole_files import write_whole
 from auditor.reports.terminal import printable
 
 VERDICT_STYLE = {BETTER: "green", WORSE: "red", NEW: "yellow", GONE: "cyan", WITHIN_NOISE: "dim"}
 TEMPLATES = Path(__file__).parent / "templates"  # (report.html's: the section and style are shared)
-GROUP_TITLE = {"step": "step", "phase": "phase", "syncs": "syncs", "copies": "copies", "memory": "memory",
-               "op": "CPU op (self)", "kernel": "GPU kernel"}
+GROUP_TITLE = {"run": "run's time", "step": "step", "phase": "phase", "syncs": "syncs", "copies": "copies",
+               "memory": "memory", "op": "CPU op (self)", "kernel": "GPU kernel"}
 
 
 def fmt(value: float | None, unit: str, signed: bool = False) -> str:
@@ -48,13 +49,36 @@ def noise_text(d: Delta) -> str:
 
 
 def headline(c: Comparison) -> str:
-    """The one line that says what happened to the median step."""
-    d = c.deltas[0] if c.deltas else None
-    if d is None or d.a is None or d.b is None:
-        return "median step: not measured on both sides"
-    word = {BETTER: "faster", WORSE: "slower"}.get(d.verdict, d.verdict)
-    return (f"median step {fmt(d.a, 'ms')} ({c.a.steps} steps) -> {fmt(d.b, 'ms')} ({c.b.steps} steps): "
-            f"{change_text(d)}, noise {noise_text(d)}: {word}")
+    """The one line that says what happened to the run's time per step, the median step beside it
+    (the median step alone where a side has no run's time: judged_note says so)."""
+    m = median_delta(c)
+    if c.judged_by != RUN_TIME:
+        if m is None or m.a is None or m.b is None:
+            return "median step: not measured on both sides"
+        return (f"median step {fmt(m.a, 'ms')} ({c.a.steps} steps) -> {fmt(m.b, 'ms')} ({c.b.steps} steps): "
+                f"{change_text(m)}, noise {noise_text(m)}: {_word(m)}")
+    d = judged(c)
+    assert d is not None and d.a is not None and d.b is not None  # (both sides have the run's time)
+    median = ""
+    if m is not None and m.a is not None and m.b is not None:
+        pct = f" ({m.pct:+.1f}%)" if m.pct is not None else ""
+        median = f"; median step {fmt(m.a, 'ms')} -> {fmt(m.b, 'ms')}{pct}"
+    return (f"run's time {fmt(d.a, 'ms')}/step ({c.a.run_steps} steps) -> {fmt(d.b, 'ms')}/step ({c.b.run_steps} "
+            f"steps): {change_text(d)}, noise {noise_text(d)}: {_word(d)}{median}")
+
+
+def _word(d: Delta) -> str:
+    return {BETTER: "faster", WORSE: "slower"}.get(d.verdict, d.verdict)
+
+
+def judged_note(c: Comparison) -> str | None:
+    """The line that says a comparison is judged by the median step, and why (None when it is
+    judged by the run's time)."""
+    if c.judged_by == RUN_TIME:
+        return None
+    lacking = " and ".join(k for k, side in (("A", c.a), ("B", c.b)) if side.run_ms is None)
+    return (f"judged by the median step: {lacking} {'has' if len(lacking) == 1 else 'have'} no run's time "
+            "(a recording without steps)")
 
 
 def print_diff(c: Comparison, console: Console | None = None, title: str = "") -> None:
@@ -62,6 +86,8 @@ def print_diff(c: Comparison, console: Console | None = None, title: str = "") -
     console = console or Console(highlight=False, width=max(160, Console().width))  # (no wrapping: greps in CI logs)
     console.print(Text(printable(title or f"audit diff: A = {c.a.label}  B = {c.b.label}")))
     console.print(Text(headline(c), style="bold"))
+    if (note := judged_note(c)) is not None:
+        console.print(note)
     table = Table(box=None, pad_edge=False)
     for column in ("", "what", "A", "B", "change", "noise", "verdict"):
         table.add_column(column, no_wrap=True, justify="right" if column in ("A", "B", "change", "noise") else "left")
@@ -93,22 +119,29 @@ def document(c: Comparison) -> dict[str, Any]:
 
 
 def baseline_summary(c: Comparison) -> dict[str, Any]:
-    """findings.json's `baseline` key: the baseline's path, the median step of both and its change,
-    the findings gone, new and kept (by rule and place), and every other number that changed beyond
-    its noise."""
-    d = c.deltas[0] if c.deltas else None
+    """findings.json's `baseline` key: the baseline's path, the run's time per step of both and
+    its change, the median step's, which of the two is judged, the findings gone, new and kept (by
+    rule and place), and every other number that changed beyond its noise."""
+    run = next((d for d in c.deltas if d.group == "run" and d.name == RUN_TIME), None)
+    median = median_delta(c)
     return {
         "path": c.a.label,
-        "median_ms": {"baseline": _r(d.a if d else None), "this": _r(d.b if d else None),
-                      "change_ms": _r(d.change if d else None), "change_pct": _r(d.pct if d else None, 2),
-                      "noise_ms": _r(d.noise if d else None), "verdict": d.verdict if d else None},
+        "run_ms": _change(run),
+        "median_ms": _change(median),
+        "judged_by": c.judged_by,
         "findings": {status: [{"rule": f.rule, "where": f.where, "cost_ms_baseline": _r(f.cost_a),
                                "cost_ms_this": _r(f.cost_b)} for f in c.findings if f.status == status]
                      for status in ("gone", "new", "kept")},
         "changed": [{"group": x.group, "name": x.name, "unit": x.unit, "baseline": _r(x.a), "this": _r(x.b),
                      "change": _r(x.change), "noise": _r(x.noise), "verdict": x.verdict}
-                    for x in c.deltas[1:] if x.verdict in (BETTER, WORSE, NEW, GONE)],
+                    for x in c.deltas if x is not run and x is not median and x.verdict in (BETTER, WORSE, NEW, GONE)],
     }
+
+
+def _change(d: Delta | None) -> dict[str, Any]:
+    return {"baseline": _r(d.a if d else None), "this": _r(d.b if d else None),
+            "change_ms": _r(d.change if d else None), "change_pct": _r(d.pct if d else None, 2),
+            "noise_ms": _r(d.noise if d else None), "verdict": d.verdict if d else None}
 
 
 def _r(v: float | None, digits: int = 3) -> float | None:
@@ -125,7 +158,7 @@ def diff_view(c: Comparison) -> dict[str, Any]:
         "findings": [{"status": f.status, "rule": f.rule, "where": f.where, "title": f.title,
                       "a": fmt(f.cost_a, "ms"), "b": fmt(f.cost_b, "ms"), "verdict": f.verdict,
                       "message": f.message_b or f.message_a} for f in c.findings],
-        "notes": [f"A: {n}" for n in c.a.notes] + [f"B: {n}" for n in c.b.notes],
+        "notes": [n for n in [judged_note(c)] if n] + [f"A: {n}" for n in c.a.notes] + [f"B: {n}" for n in c.b.notes],
     }
 
 

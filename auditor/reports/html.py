@@ -42,7 +42,7 @@ from auditor.reports.step_clock import clock_phrase, gpu_line, rehearsed_share
 from auditor.evidence.step_clock import rehearsed_device_ms, step_clock
 from auditor.reports.time_bar import time_bar
 from auditor.reports.findings_json import document
-from auditor.reports.patch import fixes_patch_edits, numerics_patchable
+from auditor.reports.patch import patchable
 from auditor.reports.plots import MAX_LINE_POINTS, PLOT_BUILDERS, PLOT_TEMPLATE, PlotBuilder
 from auditor.reports.sources import CONTEXT_LINES  # (the lines shown around a finding's line: those recorded)
 from auditor.evidence.run_time import run_time
@@ -397,16 +397,15 @@ def patched_config(findings: list[Finding]) -> list[ConfigGroup]:
 
 
 def patch_files(findings: list[Finding]) -> list[dict[str, str]]:
-    """The patch files that hold code edits, split as the patch reporters split them: the Patched
-    config section names these, not a fixes.patch that may be empty while every edit went to
-    numerics-fixes.patch."""
-    files = []
-    if fixes_patch_edits(findings)[0]:
-        files.append({"name": "fixes.patch", "what": "edits that leave results unchanged", "how": ""})
-    if numerics_patchable(findings):
-        files.append({"name": "numerics-fixes.patch", "what": "edits that change what the training computes",
-                      "how": "review each, then "})
-    return files
+    """fixes.patch, when it holds code edits, for the Patched config section: what it holds and how
+    many of its edits change what the training computes."""
+    held = patchable(findings)
+    if not held:
+        return []
+    review = sum(1 for f in held if f.fix is not None and f.fix.changes_numerics)
+    what = "every code edit" + (f"; those marked in its first lines ({review}) change what the training computes"
+                                if review else "")
+    return [{"name": "fixes.patch", "what": what, "how": "review those, then " if review else ""}]
 
 
 def verdict(ev: Evidence, results: RuleResults) -> dict[str, Any]:

@@ -9,15 +9,14 @@ from auditor.evidence.model import Evidence
 from auditor.reports.base import Reporter
 from auditor.reports.findings_json import FindingsJson
 from auditor.reports.html import HtmlReport
-from auditor.reports.patch import NumericsPatchReport, PatchReport
+from auditor.reports.patch import PatchReport
 from auditor.reports.sarif import SarifReport
 from auditor.reports.terminal import TerminalSummary
 from auditor.findings import RuleResults
 
 
 def all_reporters() -> list[Reporter]:
-    return [FindingsJson(), HtmlReport(), SarifReport(), PatchReport(), NumericsPatchReport(),
-            TerminalSummary()]
+    return [FindingsJson(), HtmlReport(), SarifReport(), PatchReport(), TerminalSummary()]
 
 
 def write_reports(out_dir: Path, evidence: Evidence, results: RuleResults) -> dict[str, Path]:

@@ -95,7 +95,8 @@ def _replacement(e: Edit) -> dict[str, Any]:
 
 
 def _fixes(f: Finding, uris: _Uris) -> list[dict[str, Any]]:
-    """The fix as SARIF `fixes` when fixes.patch carries it (not one --verify took out)."""
+    """The fix as SARIF `fixes`, which editors may apply at a click: one that keeps results and
+    that --verify did not take out."""
     from auditor.reports.patch import verified_out
 
     if f.fix is None or not f.fix.edits or f.fix.changes_numerics or verified_out(f):

@@ -65,7 +65,7 @@ def printable_line(line: Text) -> Text:
 
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-OUTPUTS = ("report.html", "findings.json", "findings.sarif", "fixes.patch", "numerics-fixes.patch")
+OUTPUTS = ("report.html", "findings.json", "findings.sarif", "fixes.patch")
 
 
 @dataclass(frozen=True)

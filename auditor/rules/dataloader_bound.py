@@ -607,6 +607,6 @@ class DataloaderBound(Rule):
             cost=Cost(ms_per_step=round(wait_ms, 3), share_of_step=share, measured=gpu is None or needed is None, note=note),
             # Workers change what a Dataset computes: each draws its random augmentations from its
             # own seed (and persistent workers keep theirs across epochs), and state a Dataset builds
-            # in __getitem__ is per worker. So such an edit goes to numerics-fixes.patch.
+            # in __getitem__ is per worker. So such an edit is marked as one that changes results.
             fix=fix,
         )

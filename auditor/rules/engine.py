@@ -92,24 +92,22 @@ def _with_patch(f: Finding) -> Finding:
 
 def _capped(f: Finding, evidence: Evidence) -> Finding:
     """A time cost is part of the run's time it is measured in, so no more than that can be
-    recovered: a cost above its step (the step its finding names, else the run's time per step) is
-    capped at it, and its note says so and keeps what was measured."""
+    recovered: a cost above its step (the median step its finding names, and never more than the
+    run's time per step) is capped at it, and its note says so and keeps what was measured."""
     c = f.cost
     if c is None or c.ms_per_step is None:
         return f
-    # the step the cost is part of: a finding may name it (step-slowdown's growth is part of the
-    # run's last steps, `cost_step_ms`), else the median step it names, else the run's time per step
-    named = None
-    if isinstance(f.evidence, dict):
-        named = f.evidence.get("cost_step_ms", f.evidence.get("median_step_ms"))
-    step = named if isinstance(named, (int, float)) and named > 0 else step_basis_ms(evidence)
+    basis = step_basis_ms(evidence)
+    named = f.evidence.get("median_step_ms") if isinstance(f.evidence, dict) else None
+    named = named if isinstance(named, (int, float)) and named > 0 else None
+    step = min(x for x in (named, basis) if x) if (named or basis) else None
     if not step or c.ms_per_step <= step:
         return f
-    what = "the step it is part of" if named is not None and step == named else "the run's time per step"
+    what = "the step it is part of" if step == named else "the run's time per step"
     note = (f"capped at {what} ({step:.1f} ms): the {c.ms_per_step:.1f} ms/step measured exceeds it"
             + (f"; {c.note}" if c.note else ""))
     return msgspec.structs.replace(f, cost=msgspec.structs.replace(
-        c, ms_per_step=round(step, 3), share_of_step=min(1.0, share_of_step(round(step, 3), step_basis_ms(evidence)) or 1.0),
+        c, ms_per_step=round(step, 3), share_of_step=min(1.0, share_of_step(round(step, 3), basis) or 1.0),
         note=note))
 
 

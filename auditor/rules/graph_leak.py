@@ -140,7 +140,7 @@ def _placed_edit(h: dict, edit: Edit | None, changes: bool, used: list[str], edi
     """Keep the edit of one line that stores into holder `h` (whether it changes numerics), unless a
     later backward runs through what `h` keeps: its graphs are used, and a `.detach()` where they
     are stored is no fix that leaves results alone (cutting a recurrent state's history, which does
-    change them, still goes to numerics-fixes.patch)."""
+    change them, is still marked as one that changes results)."""
     if h.get("backpropagated") and not (edit and changes):
         if h["name"] not in used:
             used.append(h["name"])

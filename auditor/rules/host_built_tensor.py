@@ -50,8 +50,8 @@ class HostBuiltTensor(Rule):
         before the loop (a last, smaller batch changes the shape). The patch adds `device=` to the
         factory (the copy's own device expression), dropping the chained copy. A random draw made on
         the device comes from the device's generator, so its numbers differ from the host draw's:
-        that patch is in numerics-fixes.patch and says so; a constant keeps its values exactly
-        (fixes.patch).
+        that edit is marked in fixes.patch as one that changes results; a constant keeps its
+        values exactly.
 
     Evidence needed:
         A CUDA rehearsal (`audit run` of a CUDA program on a machine without a GPU): its copies to the
@@ -76,7 +76,7 @@ class HostBuiltTensor(Rule):
 
     def check(self, evidence: m.Evidence, options: Options) -> Iterator[Finding]:
         """One finding for the host-built constants, one for the host-built random draws (their
-        fix changes the numbers drawn: numerics-fixes.patch)."""
+        fix changes the numbers drawn: marked so in fixes.patch)."""
         if not evidence.steps or not evidence.environment.rehearsal:
             return
         n = steps_run(evidence)
@@ -105,7 +105,7 @@ class HostBuiltTensor(Rule):
             summary = ("Draw them on the device: `torch.randn(..., device=device)` (the factory given the copy's own "
                        "device), a legacy type's draw with its own method (`Tensor(n, d).normal_(0, 1)` for "
                        "`Tensor(np.random.normal(0, 1, (n, d)))`). " + RANDOM_NOTE.capitalize()
-                       + "numerics-fixes.patch holds it.")
+                       + "fixes.patch marks it for review.")
         else:
             summary = ("Make them on the device: `torch.ones(..., device=device)` (the factory given the copy's own "
                        "device), or, where the shape does not change, once before the loop (a last, smaller batch "

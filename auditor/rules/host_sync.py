@@ -534,17 +534,16 @@ LOG_EVERY = 50  # the steps between two fetches the logging patch and setting pr
 def _fix(advice: list[str], places: list, returned: set[int] = frozenset()) -> Fix:  # type: ignore[assignment]
     """The advice, with its patches: fused=True on the optimizer a GradScaler.step site steps,
     where its constructor is found (a fused optimizer rounds slightly differently from the foreach
-    one, so that edit goes to numerics-fixes.patch, and a fix's edits are in one patch file: the
-    logging is then advice); else the logging statements that fetch every step guarded to run every
+    one, so that edit changes results, and the logging is then advice); else the logging statements that fetch every step guarded to run every
     LOG_EVERY steps (rules._support.step_edits), when every site is one in a loop that counts steps."""
     fused = [e for p in places if p.what == "GradScaler.step" and p.where
              for e in [_fused_edit(p.where.file, p.where.line)] if e]
     edits = [e for e, _ in fused]
     summary = "; ".join(advice) + "." if advice else ""
     if edits:
-        summary += (" numerics-fixes.patch adds fused=True to the optimizer at line "
+        summary += (" fixes.patch adds fused=True to the optimizer at line "
                     + ", ".join(str(line) for _, line in fused)
-                    + " (the fused kernels round slightly differently from the unfused ones).")
+                    + " (it changes results: the fused kernels round slightly differently).")
         return Fix(summary=summary, config=_config(places, returned), edits=edits, changes_numerics=True)
     # Only when every site is guarded: the finding is the step's syncs together, and a patch that
     # leaves one of them syncing every step leaves the finding (--verify: no-change).

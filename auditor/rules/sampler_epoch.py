@@ -35,7 +35,7 @@ class SamplerEpoch(Rule):
 
     Fix:
         Call `sampler.set_epoch(epoch)` before each epoch's loop, with the epoch number. The patch
-        (in numerics-fixes.patch: the data order changes) inserts it before the line that started
+        (marked as changing results: the data order changes) inserts it before the line that started
         the repeated epochs, when the sampler's name is
         the `sampler=` argument of a DataLoader in the file and an epoch counter is in reach (the
         loop variable of an enclosing `for ... in range(...)`, or a variable named `epoch`).
@@ -102,7 +102,7 @@ class SamplerEpoch(Rule):
             cost=None,
             fix=Fix(summary="Call sampler.set_epoch(epoch) before each epoch's loop over the DataLoader, with the "
                             "epoch number, so that each epoch shuffles differently.", edits=edits,
-                    changes_numerics=True),  # (a new data order: numerics-fixes.patch)
+                    changes_numerics=True),  # (a new data order: it changes results)
         )
 
 

@@ -1,7 +1,7 @@
 """step-slowdown: step time grows over the run (a trend, not noise)."""
 from __future__ import annotations
 
-from statistics import median
+from statistics import fmean, median
 from typing import Any, Iterable
 
 import msgspec
@@ -55,11 +55,10 @@ class _Trend(msgspec.Struct):
     judged: dict[str, Any]  # a CPU run's verdict, on its CPU time ({} on an accelerator)
     slope: float
     rise: float
+    saved: float  # what a step of this run took above the first quarter's level, on average
     per_cpu_ms: float | None
     confidence: dict[str, Any]
     confidence_text: str
-
-
 
 
 class StepSlowdown(Rule):
@@ -146,7 +145,7 @@ class StepSlowdown(Rule):
             f"{head}{blame} {t.confidence_text}",
             locations=locs,
             evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
-                      "cost_step_ms": round(last, 3),  # (the growth is part of the last steps: capped at them)
+                      "rise_ms": rise,
                       "ratio": round(last / first, 3), "trend_ratio": round(w_trend, 3),
                       "first_quarter_fastest_ms": round(t.floor_first, 3),
                       "last_quarter_fastest_ms": round(t.floor_last, 3),
@@ -165,10 +164,11 @@ class StepSlowdown(Rule):
                       "piling_hooks": [{"what": p.what, "line": p.where.line if p.where else None,
                                         "holders": p.holders, "held_first": p.first[1], "held_last": p.last[1]}
                                        for p in piles[:2]]},
-            cost=Cost(ms_per_step=rise, share_of_step=share_of_step(rise, median_ms),
-                      measured=True, note="extra time per step at the end of the run vs its start"
-                                          + (" (the rise of the process's CPU time, at the run's wall time "
-                                             "per CPU ms)" if judged else "") + ", as a share of the run's time per step"),
+            cost=Cost(ms_per_step=t.saved, share_of_step=share_of_step(t.saved, median_ms),
+                      measured=True, note="what the run's steps took above its first quarter's, on average (its last "
+                                          f"steps {rise:.2f} ms more)"
+                                          + (" (the process's CPU time, at the run's wall time per CPU ms)"
+                                             if judged else "") + ", as a share of the run's time per step"),
             fix=Fix(summary=("Register the hooks once, at setup, or remove them (handle.remove()) when done; "
                              if piles else "")
                     + "Find what accumulates per step (see the growing phase and graph-leak / "
@@ -245,13 +245,16 @@ class StepSlowdown(Rule):
             judged.update(cpu_rise_ms=round(cpu_rise, 3), wall_per_cpu_ms=round(per_cpu_ms, 3),
                           wall_rise_ms=wall_rise)
             basis, b_slope, b_rise, b_first, b_last = cpu, theil_sen(xs, cpu), cpu_rise, c_first, c_last
+        # A fix saves every step's time above the first quarter's level: the run's mean excess,
+        # about half the end's rise for a steady one (never more than that rise).
+        saved = round(min(rise, max(0.0, fmean(basis) - b_first) * (per_cpu_ms or 1.0)), 3)
         b_icept = sorted(y - b_slope * x for x, y in zip(xs, basis))[len(basis) // 2]
         confidence, confidence_text = trend_confidence(
             basis, [b_icept + b_slope * x for x in xs], b_rise, options.min_ratio,
             b_last / b_first if b_first > 0 else 0.0, "CPU" if judged else "wall", cpu_over_wall(steps))
         return _Trend(steps=steps, before=before, xs=xs, first=first, last=last, floor_first=floor_first,
                       floor_last=floor_last, rho=rho, w_trend=w_trend, load=load, load_rose=load_rose, need=need,
-                      judged=judged, slope=slope, rise=rise, per_cpu_ms=per_cpu_ms, confidence=confidence,
+                      judged=judged, slope=slope, rise=rise, saved=saved, per_cpu_ms=per_cpu_ms, confidence=confidence,
                       confidence_text=confidence_text)
 
     def _blame(self, culprit: dict[str, Any] | None, rise: float,

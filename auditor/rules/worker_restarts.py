@@ -36,7 +36,7 @@ class WorkerRestarts(Rule):
 
     Fix:
         `persistent_workers=True`: the workers stay up from one epoch to the next, and begin the
-        next epoch's batches when its iterator is made. The patch (in numerics-fixes.patch: each
+        next epoch's batches when its iterator is made. The patch (marked as changing results: each
         worker's random stream then runs on across epochs, so augmentations differ from a run that
         reseeds them every epoch) adds it to the DataLoader call.
 

@@ -81,7 +81,7 @@ def test_no_patch_edits_the_framework_call(framework_audit):
     assert a.returncode == 0, a.stderr[-3000:]
     assert a.findings
     assert [f["rule"] for f in a.findings if f["fix"]["edits"] or f["fix"]["patch"]] == []
-    assert [p for p in ("fixes.patch", "numerics-fixes.patch") if (a.out / p).exists()] == []
+    assert not (a.out / "fixes.patch").exists()
 
 
 def test_edits_outside_the_project_or_removing_a_framework_call_are_refused(tmp_path):

@@ -115,8 +115,8 @@ def test_running_totals_in_a_dict_are_located_and_patched(tmp_path):
     """`stats["loss"] += loss` (a dict entry, global or an object's attribute) is the holder's
     growing line, and `x = x + loss` or `history["loss"].append(loss)` on such an entry too; each is patched `loss.detach()` in
     fixes.patch (a running total: its value is unchanged). Before, the `+=` on an entry was not seen
-    (no line, no patch, or another function's line), and `x = x + loss` went to numerics-fixes.patch
-    as if it cut a recurrent state. Where the file holds several such lines, the step's own comes
+    (no line, no patch, or another function's line), and `x = x + loss` was marked as changing
+    results as if it cut a recurrent state. Where the file holds several such lines, the step's own comes
     first, and a plain store (a reset) last: `t.stats` grows at SUM LINE in `step` and at ATTR
     LINE in `step_attr`, each audited (each holder of `step` at its own line, in one run)."""
     path = tmp_path / "totals.py"
@@ -245,7 +245,7 @@ def test_a_row_pushed_into_a_buffer_has_its_graph_item_detached(tmp_path):
     assert {h["name"] for h in twins} == {"twin_buf.items", "twin_log.items"}
     assert all(h["nodes"] == 0 for h in twins), twins
     patch = tmp_path / "before" / "fixes.patch"
-    assert "value.detach()" in patch.read_text() and "detach" not in patch_text(tmp_path / "before" / "numerics-fixes.patch")
+    assert "value.detach()" in patch.read_text() and "[changes results" not in patch.read_text()
     subprocess.run(["git", "apply", "--check", str(patch)], cwd=repo, check=True)
     subprocess.run(["git", "apply", str(patch)], cwd=repo, check=True)
     patched = path.read_text().splitlines()

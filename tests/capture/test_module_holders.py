@@ -139,7 +139,7 @@ def _edit_at(leak, line: int) -> dict:
 def test_a_buffer_updated_with_grad_is_named_at_its_line(bn_run):
     """The running mean assigned from the batch mean without no_grad: every step's graph hangs off
     `model.1.rm`. Named by module path, located at the assignment in MyBN.forward, and patched
-    there with `.detach()` (in numerics-fixes.patch: an assignment's detach can cut backprop).
+    there with `.detach()` (marked as changing results: an assignment's detach can cut backprop).
     Its twins in the same run stay unnamed (test_a_buffer_updated_under_no_grad_is_clean)."""
     from auditor.rules.graph_leak import _detach_edit
 
@@ -155,7 +155,8 @@ def test_a_buffer_updated_with_grad_is_named_at_its_line(bn_run):
     assert leak["fix"]["changes_numerics"] is True
     # (the fix is numerics-changing if any of its edits is: this edit's own judgement, on the audited file)
     assert _detach_edit(str(path), line)[1] is True
-    assert "self.rm = (0.9 * self.rm + 0.1 * m).detach()" in patch_text(a.out / "numerics-fixes.patch")
+    assert "self.rm = (0.9 * self.rm + 0.1 * m).detach()" in patch_text(a.out / "fixes.patch")
+    assert "graph-leak" in patch_text(a.out / "fixes.patch").split("[changes results: review it]")[0]
     # the parameter `w` and the Linear weights are leaves: never holders
     assert not any(n.endswith((".w", ".weight", ".bias")) for n in _holder_names(a))
 
@@ -305,7 +306,7 @@ def test_a_buffer_updated_in_place_with_grad_is_located_and_patched(bn_run):
                              "  # IN PLACE LINE: no torch.no_grad"]
     assert leak["fix"]["changes_numerics"] is True and _detach_edit(str(path), line)[1] is True
     assert edit["lines"][0].replace("IN PLACE LINE: no torch.no_grad", "PATCHED LINE") == IN_PLACE_PATCHED
-    assert "with torch.no_grad(): self.rm.mul_(0.9)" in patch_text(a.out / "numerics-fixes.patch")
+    assert "with torch.no_grad(): self.rm.mul_(0.9)" in patch_text(a.out / "fixes.patch")
 
 
 def test_the_no_grad_patch_needs_the_name_torch(tmp_path):

@@ -49,3 +49,26 @@ def test_a_trace_compared_with_itself_changes_nothing():
     c = compare(side, summarize(ev, "b"))
     assert c.step_pct == 0.0
     assert {d.verdict for d in c.deltas} <= {"within noise", "same"}
+    assert c.run_pct == 0.0 and c.judged_by == "run's time per step"
+
+
+def test_the_runs_time_of_a_recording_and_its_noise():
+    """A recording's run's time per step is its account's (auditor.evidence.run_time); its per-step
+    values (each step on its bound's clock and the gap after it) add up to it, its parts' too, and
+    its noise is their median absolute deviation: a step far off the others moves it little."""
+    import statistics
+
+    from auditor.evidence.load import load_paths
+    from auditor.evidence.run_time import per_step, run_time
+
+    ev = load_paths([WORKERS0])
+    account, values = run_time(ev), per_step(ev)
+    side = summarize(ev, "a")
+    assert side.run_ms.value == account.base_ms and side.run_steps == account.steps == len(values["run"]) == 6
+    assert sum(values["run"]) / 6 == pytest.approx(account.base_ms, abs=1e-3)
+    for name in ("work", "data", "between", "syncs"):
+        assert sum(values[name]) / 6 == pytest.approx(account.part(name).per_step_ms, abs=1e-3), name
+        assert side.run_parts[name].value == account.part(name).per_step_ms
+    mid = statistics.median(values["run"])
+    assert side.run_ms.noise == pytest.approx(statistics.median(abs(v - mid) for v in values["run"]))
+    assert side.run_ms.noise < statistics.pstdev(values["run"])

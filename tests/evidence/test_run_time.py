@@ -137,7 +137,7 @@ def test_workers_started_every_epoch_are_a_finding_with_a_patch(tmp_path) -> Non
     assert f["locations"][0]["line"] == line
     (edit,) = f["fix"]["edits"]
     assert "persistent_workers=True" in edit["lines"][0] and f["fix"]["changes_numerics"]
-    assert "persistent_workers=True" in (tmp_path / "out" / "numerics-fixes.patch").read_text()
+    assert "persistent_workers=True" in (tmp_path / "out" / "fixes.patch").read_text()
 
     # the clean twin: workers kept across epochs
     twin = tmp_path / "kept.py"

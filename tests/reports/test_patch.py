@@ -13,7 +13,7 @@ import pytest
 
 from auditor.evidence.model import Evidence
 from auditor.fixes import apply_edits, make_patch, patch_path, plan_edits
-from auditor.reports.patch import NumericsPatchReport, PatchReport
+from auditor.reports.patch import PatchReport
 from auditor.findings import Edit, Finding, Fix
 from auditor.findings import RuleResults
 
@@ -71,11 +71,13 @@ def test_report_joins_findings_into_one_patch_git_accepts(repo: Path) -> None:
     patch = PatchReport().render(Evidence(), results, repo)
     assert "diff --git a/src/train.py b/src/train.py" in patch
     assert "diff --git a/util.py b/util.py" in patch
-    assert "# Left out: " in patch and "overlap another edit" in patch
-    assert "# Left out (numerics): changes numerics, see numerics-fixes.patch" in patch
+    assert "# Left out (overlapping): " in patch and "overlap another edit" in patch
+    # every fix it holds, one a line, the one that changes results marked for review
+    assert ("#   numerics train.py:1 [changes results: review it]\n#   host-sync train.py:5\n#   forced-cleanup train.py:8\n"
+            "#   tail util.py:3\n") in patch
     _apply(repo, patch)
     assert train.read_text() == TRAIN.replace("    print(loss.item())", "    # print(loss.item())  # syncs every step") \
-        .replace("    torch.cuda.empty_cache()\n", "")
+        .replace("    torch.cuda.empty_cache()\n", "").replace("import torch", "import numpy")
     assert util.read_text() == "a = 1\nb = 2\nc = 4\nd = 5"
 
 
@@ -97,22 +99,20 @@ def test_make_patch_for_one_fix_applies(repo: Path) -> None:
 
 
 def test_no_patchable_edits_renders_empty(repo: Path) -> None:
-    results = RuleResults(findings=[
-        _finding("numerics", [Edit(str(repo / "util.py"), 1, 1, ["a = 0"])], numerics=True),
-        Finding(rule="x", severity="info", title="x", message="no fix"),
-    ])
+    results = RuleResults(findings=[Finding(rule="x", severity="info", title="x", message="no fix")])
     assert PatchReport().render(Evidence(), results, repo) == ""
 
 
 def test_a_patch_file_is_written_only_when_it_holds_a_patch(repo: Path, tmp_path: Path) -> None:
     """An empty fixes.patch makes `git apply` fail ("No valid patches in input"): with no edit for
-    it, the file is not written, and one an earlier audit left in the directory is removed."""
+    it, the file is not written, and one an earlier audit left in the directory is removed (and an
+    older audit's numerics-fixes.patch with it)."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "fixes.patch").write_text("stale")
+    (out / "numerics-fixes.patch").write_text("stale")
     only_plain = RuleResults(findings=[_finding("host-sync", [Edit(str(repo / "util.py"), 1, 1, ["a = 0"])])])
     PatchReport().write(Evidence(), only_plain, out)
-    NumericsPatchReport().write(Evidence(), only_plain, out)
     assert (out / "fixes.patch").read_text().startswith("# auditor fixes.patch")
     assert not (out / "numerics-fixes.patch").exists()
     none = RuleResults(findings=[Finding(rule="x", severity="info", title="x", message="no fix")])
@@ -120,25 +120,24 @@ def test_a_patch_file_is_written_only_when_it_holds_a_patch(repo: Path, tmp_path
     assert not (out / "fixes.patch").exists()
 
 
-def test_numerics_edits_get_their_own_patch(repo: Path) -> None:
-    """Edits that change results are kept out of fixes.patch but not lost: numerics-fixes.patch
-    holds them, and git applies it."""
+def test_an_edit_that_changes_results_is_in_the_one_patch_and_marked(repo: Path) -> None:
+    """Edits that change results are in fixes.patch with the others, marked for review in its
+    preamble; of two edits of one line, the one that changes results is taken (on a DataLoader call
+    it carries the other's setting too) and the other is named as left out."""
     util = repo / "util.py"
     results = RuleResults(findings=[
-        _finding("nonfinite", [Edit(str(util), 1, 1, ["a = 0"])], numerics=True),
         _finding("host-sync", [Edit(str(util), 3, 3, ["c = 4"])]),
+        _finding("pageable-copy", [Edit(str(util), 2, 2, ["b = 'pinned'"])]),
+        _finding("nonfinite", [Edit(str(util), 1, 1, ["a = 0"])], numerics=True),
+        _finding("dataloader-bound", [Edit(str(util), 2, 2, ["b = 'pinned, workers'"])], numerics=True),
     ])
-    patch = NumericsPatchReport().render(Evidence(), results, repo)
-    assert "change what the training computes" in patch and "Fixes from: nonfinite\n" in patch
-    assert "+a = 0" in patch
-    # host-sync's edit lies in this hunk's context: had fixes.patch made it, this patch would not
-    # apply after it ("patch failed"). It is carried here instead, and left out of fixes.patch.
-    assert "+c = 4" in patch and "# With 1 edit(s) of host-sync that change no result" in patch
-    assert PatchReport().render(Evidence(), results, repo) == ""
+    patch = PatchReport().render(Evidence(), results, repo)
+    lines = patch.splitlines()
+    assert lines[2:5] == ["#   nonfinite util.py:1 [changes results: review it]",
+                          "#   dataloader-bound util.py:2 [changes results: review it]", "#   host-sync util.py:3"]
+    assert "pageable-copy" not in "\n".join(lines[2:5]) and "# Left out (pageable-copy): util.py:2-2: " in patch
     _apply(repo, patch)
-    assert util.read_text() == "a = 0\nb = 2\nc = 4"
-    only_plain = RuleResults(findings=[results.findings[1]])
-    assert NumericsPatchReport().render(Evidence(), only_plain, repo) == ""
+    assert util.read_text() == "a = 0\nb = 'pinned, workers'\nc = 4"
 
 
 def test_crlf_file_keeps_its_line_endings(repo: Path) -> None:

@@ -150,7 +150,7 @@ def test_step_slowdown_share_is_of_the_runs_time(tmp_path):
     ev = f["evidence"]
     assert ev["run_step_ms"] == pytest.approx(base, abs=1e-3)
     assert ev["rise_share_of_last_quarter_step"] == pytest.approx(
-        min(1.0, cost["ms_per_step"] / max(ev["last_quarter_median_ms"], cost["ms_per_step"])), abs=2e-4)
+        min(1.0, ev["rise_ms"] / max(ev["last_quarter_median_ms"], ev["rise_ms"])), abs=2e-4)
     assert ev["first_quarter_median_ms"] < ev["last_quarter_median_ms"]
     assert "the run's time per step" in cost["note"]
 
@@ -204,8 +204,8 @@ def test_one_cost_shows_one_percentage_everywhere(tmp_path, example_audit):
 
 
 def test_patched_config_names_the_patch_that_holds_the_edits(tmp_path, numerics_audit):
-    """The clamp before log changes numerics: its edit is in numerics-fixes.patch, fixes.patch is
-    empty, and the report says so instead of sending the reader to fixes.patch."""
+    """The clamp before log changes numerics: its edit is in fixes.patch, marked, and the report
+    says that one of its fixes changes what the training computes."""
     # The session's audit of numerics_log_zero (14 steps, unprofiled), judged again by `audit analyze`
     # into a folder of its own: --select applies where the rules judge and the patches and report are
     # written, which is app.finish for `run` and `analyze` alike.
@@ -214,19 +214,18 @@ def test_patched_config_names_the_patch_that_holds_the_edits(tmp_path, numerics_
     assert run.returncode == 0, run.stderr
     a = audit("analyze", str(run.out), "--quiet", "--select", "nonfinite", out=tmp_path / "out")
     assert a.returncode == 0, a.stderr
-    assert not (a.out / "fixes.patch").exists() and patch_text(a.out / "numerics-fixes.patch")
+    assert "[changes results: review it]" in patch_text(a.out / "fixes.patch")
     config = section((a.out / "report.html").read_text(), "config")
-    assert "numerics-fixes.patch" in config
-    assert not re.search(r"<code>fixes\.patch</code>", config), config
+    assert "<code>fixes.patch</code> (every code edit; those marked in its first lines (1) change what the training computes" in config
 
 
-def test_patched_config_names_both_patches_when_both_hold_edits(tmp_path):
+def test_patched_config_names_the_patch_and_how_many_of_its_fixes_change_results(tmp_path):
     from auditor.reports.html import HtmlReport
     from test_reporters import make_case
 
     case = make_case(tmp_path)  # edits of both kinds: anomaly-mode's changes numerics
     config = section(HtmlReport().render(case.evidence, case.results, case.out_dir), "config")
-    assert "<code>fixes.patch</code>" in config and "<code>numerics-fixes.patch</code>" in config
+    assert "<code>fixes.patch</code> (every code edit; those marked in its first lines (1) change what the training computes" in config
     # and none at all: the section does not point at an empty file
     results = dataclasses.replace(case.results, findings=[
         msgspec.structs.replace(f, fix=msgspec.structs.replace(f.fix, edits=[], patch=None) if f.fix else None)
@@ -237,9 +236,9 @@ def test_patched_config_names_both_patches_when_both_hold_edits(tmp_path):
 
 def test_the_page_names_only_the_patch_files_that_hold_edits_and_a_card_only_its_own(tmp_path):
     """The docs' run (tests/fixtures/docs): pageable-copy's edits are the lines dataloader-bound's
-    numerics edit rewrites, so fixes.patch holds nothing and is not written; the Patched config names
-    numerics-fixes.patch alone. amp-opportunity changes numerics but has no edit: its card sends the
-    reader to no patch file. Copy is offered for the keyword arguments and the Python settings."""
+    edit rewrites, so fixes.patch holds the latter, marked as changing results, and names the former
+    as left out. amp-opportunity changes numerics but has no edit: its card sends the reader to no
+    patch file. Copy is offered for the keyword arguments and the Python settings."""
     import shutil
 
     from conftest import FIXTURES, ROOT
@@ -248,14 +247,17 @@ def test_the_page_names_only_the_patch_files_that_hold_edits_and_a_card_only_its
     shutil.copytree(FIXTURES / "docs" / "audited_train_script", run)
     done = audit("report", str(run), "--source-root", str(ROOT), out=run)
     assert done.returncode == 0, done.stderr
-    assert not (run / "fixes.patch").exists() and patch_text(run / "numerics-fixes.patch")
+    patch = patch_text(run / "fixes.patch")
+    assert "#   dataloader-bound train_script.py:56 [changes results: review it]\n#   pageable-copy train_script.py:65\n" \
+           "# Left out (pageable-copy): train_script.py:56-56: lines 56-56 overlap another edit" in patch
+    assert "pin_memory=True)  # expect: dataloader-bound" in patch and not (run / "numerics-fixes.patch").exists()
     page = (run / "report.html").read_text()
     config = section(page, "config")
-    assert "<code>numerics-fixes.patch</code>" in config and "<code>fixes.patch</code>" not in config
+    assert "<code>fixes.patch</code> (every code edit; those marked in its first lines (1) change" in config
     assert config.count('class="copy"') == 2
     amp = re.search(r'<article[^>]*>(?:(?!</article>).)*amp-opportunity(?:(?!</article>).)*</article>', page, re.S)
     assert amp and "This fix changes what the training computes" in amp.group(0)
-    assert "numerics-fixes.patch" not in amp.group(0)
+    assert "fixes.patch marks it" not in amp.group(0)
 
 
 # ---------------------------------------------------------------- operator table

@@ -22,7 +22,7 @@ from auditor.evidence.frame import Frame
 from auditor.reports.base import Reporter
 from auditor.reports.findings_json import FindingsJson
 from auditor.reports.html import HtmlReport
-from auditor.reports.patch import NumericsPatchReport, PatchReport
+from auditor.reports.patch import PatchReport
 from auditor.reports.sarif import SarifReport
 from auditor.reports.terminal import TerminalSummary
 from auditor.findings import Cost, Edit, Finding, Fix, Location
@@ -163,7 +163,7 @@ def make_case(tmp_path: Path, steps: int = 50, hostile: str = "") -> Case:
     return Case(evidence, results, out_dir, train)
 
 
-REPORTERS: list[type[Reporter]] = [FindingsJson, HtmlReport, SarifReport, PatchReport, NumericsPatchReport,
+REPORTERS: list[type[Reporter]] = [FindingsJson, HtmlReport, SarifReport, PatchReport,
                                    TerminalSummary]
 
 
@@ -179,13 +179,11 @@ def test_every_reporter_renders_the_shared_findings(reporter_cls: type[Reporter]
     assert path == case.out_dir / reporter.filename and path.stat().st_size > 0
     text = path.read_text(encoding="utf-8")
     assert text == _text(reporter.render(case.evidence, case.results, case.out_dir)), "output is not reproducible"
-    # Every finding reaches every output, except fixes.patch, which holds only edits safe to apply.
+    # Every finding reaches every output, except fixes.patch, which holds those with code edits.
     expected = {f.rule for f in case.results.findings}
     if reporter_cls is PatchReport:
-        expected = {f.rule for f in case.results.findings if f.fix and f.fix.edits and not f.fix.changes_numerics}
-        assert "anomaly-mode" in text  # named in the preamble as left out (changes numerics)
-    if reporter_cls is NumericsPatchReport:  # and only those go in numerics-fixes.patch
-        expected = {f.rule for f in case.results.findings if f.fix and f.fix.edits and f.fix.changes_numerics}
+        expected = {f.rule for f in case.results.findings if f.fix and f.fix.edits}
+        assert "#   anomaly-mode" in text and "[changes results: review it]" in text
     for rule in expected:
         assert rule in text, f"{reporter.name} output does not mention {rule}"
 
@@ -196,7 +194,7 @@ def test_every_reporter_handles_an_empty_audit(reporter_cls: type[Reporter], tmp
     ev = m.Evidence(target="t.py:step", ending=m.Ending(status="crashed", message="Segmentation fault",
                                                         returncode=-11, signal="SIGSEGV"))
     out = _text(reporter_cls().render(ev, RuleResults(), tmp_path))
-    if reporter_cls in (PatchReport, NumericsPatchReport):
+    if reporter_cls is PatchReport:
         assert out == ""
     else:
         assert out.strip()

@@ -72,7 +72,7 @@ def test_three_lines_on_the_run_then_one_a_finding(run, printed):
     dataloader = LINE.match(printed[3])
     assert dataloader["rule"] == "dataloader-bound" and dataloader["where"] == "examples/train_script.py:56"
     assert dataloader["sentence"] == "Steps wait for data: load it in DataLoader workers."
-    assert printed[-2].startswith("report: ") and printed[-1] == "also there: findings.json, findings.sarif, numerics-fixes.patch"
+    assert printed[-2].startswith("report: ") and printed[-1] == "also there: findings.json, findings.sarif, fixes.patch"
 
 
 def test_a_narrow_terminal_cuts_the_finding_lines_at_its_width(run):

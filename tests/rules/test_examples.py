@@ -105,7 +105,9 @@ def test_sampler_epoch(example_audit):
     assert f["evidence"]["epoch_values"] == [0] * 8
     assert "started 8 epochs and 7 of them repeated" in f["message"]
     assert [e["lines"] for e in f["fix"]["edits"]] == [["        sampler.set_epoch(epoch)"]]
-    assert "sampler.set_epoch(epoch)" in patch_text(a.out / "numerics-fixes.patch")
+    patch = patch_text(a.out / "fixes.patch")
+    assert "sampler.set_epoch(epoch)" in patch and "#   sampler-epoch sampler_epoch.py:" in patch
+    assert "[changes results: review it]" in patch.split("#   sampler-epoch ")[1].splitlines()[0]
 
 
 # Three trainers that retain graphs, each with its own model and its backward(retain_graph=True)
@@ -389,9 +391,9 @@ def test_grad_scaler_step_sync_is_the_users_unless_the_optimizer_is_fused(fused,
 
 
 @pytest.mark.parametrize("kwargs", ["", ", foreach=True"], ids=["plain", "foreach"])
-def test_grad_scaler_step_sync_gets_a_fused_patch_in_numerics_fixes(tmp_path, kwargs, request):
-    """The GradScaler.step sync's fix named fused=True but had no patch: now numerics-fixes.patch
-    (fused kernels round slightly differently) adds fused=True to the optimizer the step is given,
+def test_grad_scaler_step_sync_gets_a_fused_patch_marked_as_changing_results(tmp_path, kwargs, request):
+    """The GradScaler.step sync's fix named fused=True but had no patch: now fixes.patch (marked as
+    changing results: fused kernels round slightly differently) adds fused=True to the optimizer the step is given,
     and the patched trainer audits without the sync. An optimizer asking for foreach=True, which
     fused refuses, is left alone (beside a fused one, whose step does not sync)."""
     trainer, a = request.getfixturevalue("amp_fused_beside_foreach" if kwargs else "amp_unfused")
@@ -399,17 +401,18 @@ def test_grad_scaler_step_sync_gets_a_fused_patch_in_numerics_fixes(tmp_path, kw
     (f,) = a.rule("host-sync")
     assert [s["what"] for s in f["evidence"]["sites"]] == ["GradScaler.step"]
     opt_line = source.splitlines().index(f"opt = torch.optim.AdamW(model.parameters(), lr=1e-3{kwargs})") + 1
-    assert "amp_trainer.py" not in patch_text(a.out / "fixes.patch")
     if kwargs:
-        assert f["fix"]["edits"] == [] and "numerics-fixes.patch" not in f["fix"]["summary"]
+        assert "amp_trainer.py" not in patch_text(a.out / "fixes.patch")
+        assert f["fix"]["edits"] == [] and "fused=True to the optimizer at line" not in f["fix"]["summary"]
         return
     assert f["fix"]["changes_numerics"] and [e["start"] for e in f["fix"]["edits"]] == [opt_line]
-    assert f"numerics-fixes.patch adds fused=True to the optimizer at line {opt_line}" in f["fix"]["summary"]
+    assert f"fixes.patch adds fused=True to the optimizer at line {opt_line}" in f["fix"]["summary"]
+    assert f"#   host-sync amp_trainer.py:{opt_line} [changes results: review it]" in patch_text(a.out / "fixes.patch")
     # applied to a copy of the trainer (the shared audit's folder is read, never written)
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     trainer = tmp_path / "amp_trainer.py"
     trainer.write_text(source)
-    subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=tmp_path, check=True)
+    subprocess.run(["git", "apply", str(a.out / "fixes.patch")], cwd=tmp_path, check=True)
     assert (trainer.read_text().splitlines()[opt_line - 1]
             == "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)")
     after = audit("run", f"{trainer}:step", "--steps", "6", "--no-profile", "--quiet", out=tmp_path / "after")
@@ -603,8 +606,9 @@ def test_dataloader_bound_share_and_fix(example_audit):
     assert "num_workers=" in "\n".join(f["fix"]["edits"][0]["lines"])
     # workers draw random augmentations from their own seeds: not a fix that leaves results alone
     assert f["fix"]["changes_numerics"] is True
-    assert "num_workers=" in patch_text(a.out / "numerics-fixes.patch")
-    assert "num_workers=" not in patch_text(a.out / "fixes.patch")
+    patch = patch_text(a.out / "fixes.patch")
+    assert "num_workers=" in patch and "#   dataloader-bound " in patch
+    assert "[changes results: review it]" in patch.split("#   dataloader-bound ")[1].splitlines()[0]
 
 
 def test_step_slowdown(example_audit):
@@ -917,4 +921,4 @@ def test_a_dataloader_setting_read_from_config_is_not_hard_coded(tmp_path):
     assert f'The call takes num_workers from `cfg["num_workers"]`: set num_workers={n} there' in f["fix"]["summary"]
     assert ('persistent_workers needs num_workers > 0, which the call takes from `cfg["num_workers"]`'
             in f["fix"]["summary"]), f["fix"]["summary"]
-    assert f["fix"]["edits"] == [] and "persistent_workers" not in patch_text(a.out / "numerics-fixes.patch")
+    assert f["fix"]["edits"] == [] and "persistent_workers" not in patch_text(a.out / "fixes.patch")

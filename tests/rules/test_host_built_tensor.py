@@ -3,7 +3,7 @@
 gan_tutorial.py has the shape of yunjey/pytorch-tutorial's GAN (`torch.ones(batch_size, 1).to(device)`,
 `torch.randn(batch_size, latent_size).to(device)` in the loop); legacy_gan.py that of PyTorch-GAN
 (`Tensor(np.random.normal(0, 1, (n, d)))`). The constants' patch keeps the weights bit for bit; the
-draws' patch says the numbers change (the device's generator) and is numerics-fixes.patch's."""
+draws' patch says the numbers change (the device's generator) and is marked so in fixes.patch."""
 from __future__ import annotations
 
 import os
@@ -74,15 +74,14 @@ def test_labels_and_noise_built_on_the_host_are_made_on_the_device(tmp_path):
     assert draws["fix"]["verified"]["status"] == "improved", draws["fix"]["verified"]
     # neither copy is pageable-copy's to pin: the fix is not to copy at all
     assert not a.rule("pageable-copy")
-    # the labels lie within the noise's hunk: numerics-fixes.patch carries them too (so that it
-    # applies after or instead of fixes.patch, which leaves them out), and says so
-    assert not (a.out / "fixes.patch").exists()
-    numerics = (a.out / "numerics-fixes.patch").read_text()
-    assert "# With 2 edit(s) of host-built-tensor that change no result, left out of fixes.patch" in numerics
-    # each finding's own patch (findings.json) applies alone, and so does numerics-fixes.patch: the
+    # one patch with both, the draws marked as changing results
+    whole = (a.out / "fixes.patch").read_text()
+    held = [ln for ln in whole.splitlines() if ln.startswith("#   host-built-tensor ")]
+    assert len(held) == 2 and sum("[changes results: review it]" in ln for ln in held) == 1, whole
+    # each finding's own patch (findings.json) applies alone, and so does fixes.patch: the
     # program still runs
     original = prog.read_text()
-    for patch in (constants["fix"]["patch"], draws["fix"]["patch"], (a.out / "numerics-fixes.patch").read_text()):
+    for patch in (constants["fix"]["patch"], draws["fix"]["patch"], whole):
         prog.write_text(original)
         subprocess.run(["git", "apply", "-"], input=patch, text=True, cwd=prog.parent, check=True)
         _runs_plainly(prog)
@@ -108,7 +107,7 @@ def test_a_numpy_draw_into_a_legacy_cuda_type_is_drawn_by_the_type(tmp_path):
         ["        gen_labels = Variable(LongTensor(imgs.shape[0]).random_(0, 4))  # LABELS LINE"]]
     # the labels made from sizes and filled on the device (`Tensor(n, 1).fill_(1.0)`) are not host-built
     assert marked(prog, "VALID LINE") not in {loc["line"] for loc in draws["locations"]}
-    subprocess.run(["git", "apply", str(a.out / "numerics-fixes.patch")], cwd=prog.parent, check=True)
+    subprocess.run(["git", "apply", str(a.out / "fixes.patch")], cwd=prog.parent, check=True)
     _runs_plainly(prog)
 
 

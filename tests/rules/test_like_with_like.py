@@ -21,9 +21,14 @@ def test_a_cost_above_its_step_is_capped_and_says_so():
     ev = load_paths([W0])
     f = Finding(rule="x", severity="warning", title="t", message="m", evidence={"median_step_ms": 175.8},
                 cost=Cost(ms_per_step=216.1, share_of_step=1.23, note="loader time"))
+    # the median step it names (175.8 ms) is above the run's time per step (174.9 ms): capped at that
     c = _capped(f, ev).cost
-    assert c.ms_per_step == 175.8 and c.share_of_step <= 1.0
-    assert c.note == "capped at the step it is part of (175.8 ms): the 216.1 ms/step measured exceeds it; loader time"
+    assert c.ms_per_step == 174.886 and c.share_of_step == 1.0
+    assert c.note == "capped at the run's time per step (174.9 ms): the 216.1 ms/step measured exceeds it; loader time"
+    named = msgspec.structs.replace(f, evidence={"median_step_ms": 150.0})
+    c = _capped(named, ev).cost
+    assert c.ms_per_step == 150.0 and c.share_of_step == pytest.approx(150.0 / 174.886, abs=1e-4)
+    assert c.note == "capped at the step it is part of (150.0 ms): the 216.1 ms/step measured exceeds it; loader time"
     small = msgspec.structs.replace(f, cost=Cost(ms_per_step=10.0, share_of_step=0.06))
     assert _capped(small, ev) is small
 

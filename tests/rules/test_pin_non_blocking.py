@@ -31,8 +31,8 @@ def verified(tmp_path_factory):
     """The example audited with --verify (4 steps): the audit, and its one pageable-copy finding."""
     tmp = tmp_path_factory.mktemp("pin")
     trainer = _project(tmp / "proj")
-    # (on a loaded machine dataloader-bound may flag the loader too; its edit of the same lines goes
-    # to numerics-fixes.patch and keeps these out of fixes.patch: the tests are of pageable-copy alone)
+    # (on a loaded machine dataloader-bound may flag the loader too; its edit of the same line would
+    # be taken in fixes.patch instead: the tests are of pageable-copy alone)
     a = audit("run", f"{trainer.name}:step", "--steps", "4", "--no-profile", "--verify", "--ignore", "dataloader-bound",
               out=tmp / "out", cwd=trainer.parent, env=QUIET_ENV)
     assert a.returncode == 0, a.stderr
@@ -55,9 +55,9 @@ def test_the_pin_memory_patch_makes_the_step_copies_non_blocking(verified, tmp_p
     assert after[loader_line - 1] == source[loader_line - 1].replace("drop_last=True)", "drop_last=True, pin_memory=True)")
     assert after[copy_line - 1] == "    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)  # expect: pageable-copy"
     assert [i for i, (p, q) in enumerate(zip(source, after), 1) if p != q] == [loader_line, copy_line]
-    # the patched program, audited again (--verify's re-run with fixes.patch applied): no pageable-copy
+    # the patched program, audited again (--verify's re-run of the fixes that keep results): no pageable-copy
     v = f["fix"]["verified"]
-    assert v["note"].startswith("with fixes.patch: the finding is gone") and v["after"]["finding"] is False, v
+    assert v["note"].startswith("with the fixes that keep results: the finding is gone") and v["after"]["finding"] is False, v
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ def test_the_growing_line_outside_the_phases_is_named(example_audit):
     assert phase["kind"] == "line-time" and phase["line"] == line
     # the line's growth, measured as the step's rise is, is part of that rise (sampled every 2 ms:
     # noisy on steps of a few ms); the probed phases (forward, backward, optimizer) grew less
-    rise = f["cost"]["ms_per_step"]
+    rise = f["evidence"]["rise_ms"]
     assert 0 < phase["growth_ms"] and phase.get("phase_growth_ms", 0.0) < phase["growth_ms"]
     assert rise > 0
     assert f"The time spent at line {line} of step_slowdown_metric.py (`drift = torch.cat(history)" in f["message"]
