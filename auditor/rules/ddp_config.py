@@ -194,7 +194,7 @@ class DdpConfig(Rule):
         backward = next((t.where for _, t in ev.tallies(m.BACKWARD) if t.where), None)
         f = self._finding(
             ev, where,
-            "Every micro-batch syncs gradients: use no_sync() for all but the last. "
+            "Every micro-batch syncs gradients: use no_sync() until the last. "
             f"Gradient accumulation without no_sync(): {per:g} backward passes per optimizer step each all-reduce "
             f"the gradients; only the last needs to ({cost:.1f} ms per step in the extra syncs).",
             {"check": "no_sync", "backwards_per_optimizer_step": per, "steps": hits, "extra_sync_ms": round(cost, 3)},

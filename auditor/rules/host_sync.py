@@ -343,7 +343,7 @@ class HostSync(Rule):
             sev, prefix = "warning", "The host would wait for the GPU: read values less often. On the GPU these synchronise: "
         else:  # a CPU-only program: nothing of accelerators is said to it
             cost = Cost(ms_per_step=None, share_of_step=None, measured=False, note=CPU_ONLY_NOTE)
-            sev, prefix = "info", "Tensor values are read on the host each step: read them less often. "
+            sev, prefix = "info", "Tensor values are read in the loop: read them less often. "
             advice = sorted({CPU_ONLY_ADVICE.get(a, a) for a in advice})
         fix = _fix(advice, places, returned)
         fw_config, fw_advice = framework_fix(places)

@@ -321,7 +321,7 @@ class LrSchedule(Rule):
         shown = "; ".join(f"{x['where']} = {x['stored']} (config {x['key']} = {x['config']})" for x in mismatches[:4])
         current = [g.get("lr") for o in ck.optimizers for g in o.param_groups]
         yield self.finding(
-            "The checkpoint does not match the config: set the values after loading. "
+            "The checkpoint does not match the config: set them after loading. "
             f"Resuming from {ck.file} does not reproduce {ck.config_file}: {shown}"
             f"{' …' if len(mismatches) > 4 else ''}. optimizer.load_state_dict / scheduler.load_state_dict would "
             "silently keep the stored values.",

@@ -41,7 +41,7 @@ def test_a_rehearsed_leak_forecasts_its_oom_step_and_names_the_holder(tmp_path):
     steps = a.evidence["steps"]
     assert [b["device_allocated"] - s["device_allocated"] for s, b in zip(steps, steps[1:])] == [16 * MiB] * 7
     [growth] = a.rule("memory-growth")
-    assert growth["message"].startswith("Memory grows with each step: stop keeping old tensors. "
+    assert growth["message"].startswith("Memory grows over the steps: stop keeping old tensors. "
                                         "GPU memory (the requests this CUDA rehearsal recorded"), growth["message"]
     assert growth["evidence"]["mib_per_step"] == 16.0
     assert [(loc["file"], loc["line"]) for loc in growth["locations"]] == [(str(LEAK), fill)]
