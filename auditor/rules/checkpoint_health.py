@@ -85,7 +85,7 @@ class CheckpointHealth(Rule):
         bad_moments = [t for t in tensors if t.section == "optimizer" and t.name.endswith("exp_avg_sq") and t.negative]
         if bad_moments:
             yield self.finding(
-                "The optimizer state is impossible: do not load it. "
+                "The optimizer state holds impossible values: do not load it. "
                 f"{len(bad_moments)} exp_avg_sq tensors in {ck.file} hold negative values "
                 f"({', '.join(t.name + ': ' + str(t.negative) for t in bad_moments[:4])}): Adam's second moment "
                 "cannot be negative, so this state is corrupted or belongs to other parameters.",

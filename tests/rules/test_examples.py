@@ -533,7 +533,8 @@ def test_forced_cleanup_cost_is_the_measured_time(example_audit):
         assert f["cost"]["note"].startswith("capped at the run's time per step")
     # (the rule takes the median of the unrounded timings, the evidence holds each rounded: the
     # printed cost is this one to within its last digit)
-    [printed] = printed_figures(rf"^Forced cleanup runs in the step: remove it or run it rarely\. In this run gc\.collect\(\) ran {STEPS} times in {STEPS} steps, costing ([\d.]+) ms per step",
+    [printed] = printed_figures(rf"^Forced cleanup runs in the step: remove it or run it rarely\. "
+                                rf"In this run gc\.collect\(\) ran {STEPS} times in {STEPS} steps, costing ([\d.]+) ms per step",
                                 f["message"])
     assert printed == pytest.approx(cost, abs=0.006), f["message"]
     assert f"torch.cuda.empty_cache() ran {STEPS} times in {STEPS} steps: on a GPU each call waits" in f["message"]
