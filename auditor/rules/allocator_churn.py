@@ -149,8 +149,8 @@ class AllocatorChurn(Rule):
                                "the device; lower the peak (activation checkpointing, a smaller batch, bf16 autocast, "
                                "sharded optimizer state)."))
         locs = [Location(file=f, line=ln) for (f, ln, _), _ in top if ln > 0 and not f.startswith("<")]
-        lead = ("GPU memory runs full and the allocator retries: change its settings. " if removes else
-                "GPU memory runs full and the allocator retries: lower the peak. ")
+        lead = ("The allocator runs out and retries: change its settings. " if removes else
+                "The allocator runs out and retries: lower the peak. ")
         return self.finding(
             lead + text, locations=locs, fix=fix,
             evidence={"snapshot": snap.path, "device": r.device, "retries": len(churn),

@@ -131,7 +131,7 @@ class AmpUnscaled(Rule):
         adam = any(k.startswith("Adam") for k in kinds)
         n = sum(v[0] for v in per_opt.values())
         yield self.finding(
-            "float16 weights train without loss scaling: keep them in float32. "
+            "float16 weights without loss scaling: keep them in float32. "
             f"{n} parameters are float16 and {', '.join(kinds)} updated them from float16 gradients in "
             f"{len(steps)} of {len(view.steps)} steps, with no float32 master weights and no loss scale: gradients "
             "below ~6e-8 flush to zero, updates smaller than a weight's float16 resolution are lost"
@@ -178,7 +178,7 @@ class AmpUnscaled(Rule):
         device = "cuda" if rehearsal else next(iter(fp16[s].get("device") for s in used), "cuda")
         edits = [e for e in (self._bf16_edit(fp16[s].get("where")) for s in sorted(used)) if e]
         yield self.finding(
-            "float16 autocast without loss scaling: use a GradScaler or bfloat16. "
+            "float16 without loss scaling: use a GradScaler or bfloat16. "
             f"The float16 autocast ran in {len(steps)} of {len(view.steps)} steps with a backward pass "
             f"({backward} backward calls) and {why}: gradients below ~6e-8 flush to zero in float16.",
             locations=locs,
@@ -222,7 +222,7 @@ class AmpUnscaled(Rule):
             how = ("in every update, never settling" if never_settled else
                    f"in {sum(later)} of the {len(later)} updates after its first {lead} calibration steps")
             yield self.finding(
-                "The GradScaler keeps skipping steps: find where inf/NaN comes from. "
+                "The GradScaler skips steps: find where inf/NaN comes from. "
                 f"The GradScaler lowered its scale {how} (from {short(first)} to {short(last)}): the scaled gradients "
                 f"held inf/NaN and {len(skipped)} of {len(ups)} optimizer steps were skipped.",
                 locations=[loc] if loc else [],

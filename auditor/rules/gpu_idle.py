@@ -45,7 +45,7 @@ _HOST_BOUND = Fix(summary="The host cannot issue the step's work as fast as the 
 # The message's opening sentence by the cause most of the idle has: what, and what to do.
 _LEADS = {"data loading": "The GPU waits for data: load it in DataLoader workers.",
           "host synchronisation": "The GPU waits behind host syncs: read values less often.",
-          "host work": "The GPU waits on the host's work: capture the step in CUDA graphs.",
+          "host work": "The GPU waits on the host's work: use CUDA graphs.",
           "launch": "The GPU waits on kernel launches: fuse ops or use CUDA graphs.",
           "queued work": "The GPU waits on queued work: overlap what that work waits for.",
           "untraced": "The GPU idles for reasons the trace does not show: profile longer."}
@@ -175,7 +175,7 @@ class GpuIdle(TraceRule):
             per_step_short = short["n_short"] / steps
             evidence.update({"short_kernels_per_step": round(per_step_short, 1),
                              "short_share": round(short["share"], 4), "issuing_ms_per_step": round(issuing_ms, 3)})
-            message = ("The host cannot keep the GPU busy: capture the step in CUDA graphs. "
+            message = ("The host cannot keep the GPU busy: use CUDA graphs. "
                        f"The step is host-bound: the GPU works {busy_ms:.2f} ms of each "
                        f"{step_ms or per_step_ms + busy_ms:.2f} ms step. In {trace.label} it is idle "
                        f"{per_step_ms:.2f} ms{scaled}, "

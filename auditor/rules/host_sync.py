@@ -421,7 +421,7 @@ def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
         if phase == "between" and len(evaluating) == len(places):
             phrase = "between steps in an evaluation loop (under torch.no_grad())"
         yield rule.finding(
-            ("The host waits for the GPU outside the steps: fetch values less often. " if as_gpu else
+            ("Outside the steps the host waits for the GPU: fetch less often. " if as_gpu else
              "Tensor values are read outside the steps: read them less often. ")
             + f"{sum(p.count for p in places)} {'device->host syncs' if as_gpu else 'tensor values read on the host'} "
             f"{phrase}, outside the steps, at {len(places)} "

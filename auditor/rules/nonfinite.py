@@ -475,7 +475,7 @@ class Nonfinite(Rule):
         training_log = msgspec.to_builtins(ck.training_log)
         if not bad:
             yield self.finding(
-                "Training went non-finite before this save: resume from an earlier one. "
+                "Training went NaN/inf before this save: use an earlier one. "
                 f"Every tensor in {ck.file} is finite, but training had gone non-finite before it was saved."
                 + history,
                 severity="warning", evidence={"file": ck.file, "training_log": training_log,
