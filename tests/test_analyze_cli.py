@@ -243,7 +243,8 @@ def test_fragmented_snapshot_is_flagged_with_its_figure(analyzed) -> None:
     assert e["allocated"] == sum(b["size"] for s in segs for b in s["blocks"] if b["state"] == "active_allocated")
     assert e["segments"] == len(segs) and e["empty_segments"] == len(empty)
     assert e["free_share"] == pytest.approx(sum(free) / reserved, abs=1e-4)
-    assert f["message"].startswith(f"{sum(free) / GiB:.1f} GiB of the {reserved / GiB:.1f} GiB reserved")
+    assert f["message"].startswith("GPU memory is fragmented: change the allocator's settings. "
+                                   f"{sum(free) / GiB:.1f} GiB of the {reserved / GiB:.1f} GiB reserved")
     assert f["fix"]["config"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert f["cost"] is None  # a state snapshot carries no timing
 

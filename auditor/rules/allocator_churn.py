@@ -88,7 +88,8 @@ class AllocatorChurn(Rule):
                           for (f, ln, _), n in sites.most_common(3))
         freed = sum(x.segments_freed for x in rel)
         regrown = sum(x.segments_regrown for x in rel)
-        text = (f"On cuda:{r.device} the program's torch.cuda.empty_cache() "
+        text = ("The GPU cache is emptied, then filled again: drop empty_cache(). "
+                f"On cuda:{r.device} the program's torch.cuda.empty_cache() "
                 + (f"at {where} " if where else "") + f"returned {freed} cached segment(s), "
                 f"{format_bytes(sum(x.bytes_freed for x in rel))}, to CUDA ({len(rel)} call(s), recorded), and the "
                 f"requests after it cudaMalloc'd {regrown} segment(s), {format_bytes(sum(x.bytes_regrown for x in rel))}, "
@@ -148,8 +149,10 @@ class AllocatorChurn(Rule):
                                "the device; lower the peak (activation checkpointing, a smaller batch, bf16 autocast, "
                                "sharded optimizer state)."))
         locs = [Location(file=f, line=ln) for (f, ln, _), _ in top if ln > 0 and not f.startswith("<")]
+        lead = ("The allocator runs out and retries: change its settings. " if removes else
+                "The allocator runs out and retries: lower the peak. ")
         return self.finding(
-            text, locations=locs, fix=fix,
+            lead + text, locations=locs, fix=fix,
             evidence={"snapshot": snap.path, "device": r.device, "retries": len(churn),
                       "capacity": r.capacity_bytes, "capacity_source": r.capacity_source,
                       "per_step": {str(k): v for k, v in sorted(per_step.items())},

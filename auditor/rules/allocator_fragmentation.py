@@ -113,7 +113,8 @@ class AllocatorFragmentation(SnapshotRule):
         fix, alternatives = self._fix(snap, device, fig, options)
         settings = snap.allocator_settings
         return self.finding(
-            message,
+            ("GPU memory is fragmented: change the allocator's settings. " if fix.config else
+             "GPU memory is fragmented: use fewer tensor shapes. ") + message,
             evidence={
                 "snapshot": snap.path, "device": device, "reserved": fig.reserved, "allocated": fig.allocated,
                 "active": fig.active, "free": fig.free, "free_share": round(free_share, 4),

@@ -98,7 +98,8 @@ class AmpUnscaled(Rule):
             made_at = location((made.get(e.get("scaler")) or {}).get("where"))
             edit = insert_before(file, line, f"{scaler_name}.unscale_({opt_name})") if file and line else None
             yield self.finding(
-                f"{fn}({what}={short(limit)}) ran on gradients still multiplied by the GradScaler's scale "
+                "Gradients are clipped while still scaled: unscale them first. "
+                f"The call {fn}({what}={short(limit)}) ran on gradients still multiplied by the GradScaler's scale "
                 f"({_factor(scale)} at step {steps[0]}) in {len(steps)} of {len(view.steps)} steps: no "
                 f"{scaler_name}.unscale_({opt_name}) came before it, so it measured gradients {_factor(scale)} "
                 f"times too large{effect}.",
@@ -130,6 +131,7 @@ class AmpUnscaled(Rule):
         adam = any(k.startswith("Adam") for k in kinds)
         n = sum(v[0] for v in per_opt.values())
         yield self.finding(
+            "float16 weights without loss scaling: keep them in float32. "
             f"{n} parameters are float16 and {', '.join(kinds)} updated them from float16 gradients in "
             f"{len(steps)} of {len(view.steps)} steps, with no float32 master weights and no loss scale: gradients "
             "below ~6e-8 flush to zero, updates smaller than a weight's float16 resolution are lost"
@@ -176,7 +178,8 @@ class AmpUnscaled(Rule):
         device = "cuda" if rehearsal else next(iter(fp16[s].get("device") for s in used), "cuda")
         edits = [e for e in (self._bf16_edit(fp16[s].get("where")) for s in sorted(used)) if e]
         yield self.finding(
-            f"float16 autocast ran in {len(steps)} of {len(view.steps)} steps with a backward pass "
+            "float16 without loss scaling: use a GradScaler or bfloat16. "
+            f"The float16 autocast ran in {len(steps)} of {len(view.steps)} steps with a backward pass "
             f"({backward} backward calls) and {why}: gradients below ~6e-8 flush to zero in float16.",
             locations=locs,
             evidence={"steps": len(steps), "steps_run": len(view.steps), "backward_calls": backward,
@@ -219,6 +222,7 @@ class AmpUnscaled(Rule):
             how = ("in every update, never settling" if never_settled else
                    f"in {sum(later)} of the {len(later)} updates after its first {lead} calibration steps")
             yield self.finding(
+                "The GradScaler skips steps: find where inf/NaN comes from. "
                 f"The GradScaler lowered its scale {how} (from {short(first)} to {short(last)}): the scaled gradients "
                 f"held inf/NaN and {len(skipped)} of {len(ups)} optimizer steps were skipped.",
                 locations=[loc] if loc else [],

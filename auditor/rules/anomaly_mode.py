@@ -96,6 +96,7 @@ class AnomalyMode(Rule):
             + (f" ({cost.share_of_step:.0%} of the run's time)" if cost.share_of_step is not None else "")
             + f": {cost.note.removeprefix('estimate: ')}.")
         yield self.finding(
+            "Anomaly detection is on in training: turn it off. "
             f"Anomaly detection was on in {len(on_steps)} of {len(ev.steps)} steps{where}; it records a "
             "traceback per forward op and checks every backward result, slowing each step." + saving,
             locations=locs,

@@ -117,6 +117,7 @@ class BlockingPinnedCopy(Rule):
         ops = Counter(issuing_op(trace, L) or "(no operator)" for L in launches)
         at = sites_text(where, steps, sizes=True)
         return self.finding(
+            "Pinned copies still block the host: pass non_blocking=True. "
             f"{per_step(len(found) / steps)} host-to-device copies per step from pinned memory "
             f"({size_text(total / steps)} per step) waited for the GPU in {trace.label}: the operator of each "
             f"({', '.join(ops)}) synchronised the stream after launching it, as a copy without non_blocking=True "
@@ -164,6 +165,7 @@ class BlockingPinnedCopy(Rule):
                 if edit and edit not in edits:
                     edits.append(edit)
         yield self.finding(
+            "Pinned copies would block the host: pass non_blocking=True. "
             f"On the GPU these copies block the host although their source is pinned: {per_step(copies / n)} "
             f"host-to-device copies per step of pinned tensors ({size_text(total / n)} per step) without "
             "non_blocking=True, at "

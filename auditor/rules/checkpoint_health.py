@@ -73,6 +73,7 @@ class CheckpointHealth(Rule):
             worst = sorted(extreme + [t for t in near16 if t not in extreme], key=lambda t: -t.max_abs)
             shown = ", ".join(f"{t.name} (max |w| {t.max_abs:.3g})" for t in worst[:5])
             yield self.finding(
+                "The checkpoint holds extreme values: resume from an earlier one. "
                 f"{len(worst)} tensor{'s' if len(worst) > 1 else ''} in {ck.file} hold{'' if len(worst) > 1 else 's'} extreme values: {shown}"
                 f"{' …' if len(worst) > 5 else ''}"
                 + (f"; {len(near16)} float16 tensors are above {options['fp16-margin']:.0%} of float16's range" if near16 else "")
@@ -84,6 +85,7 @@ class CheckpointHealth(Rule):
         bad_moments = [t for t in tensors if t.section == "optimizer" and t.name.endswith("exp_avg_sq") and t.negative]
         if bad_moments:
             yield self.finding(
+                "The optimizer state holds impossible values: do not load it. "
                 f"{len(bad_moments)} exp_avg_sq tensors in {ck.file} hold negative values "
                 f"({', '.join(t.name + ': ' + str(t.negative) for t in bad_moments[:4])}): Adam's second moment "
                 "cannot be negative, so this state is corrupted or belongs to other parameters.",
@@ -95,6 +97,7 @@ class CheckpointHealth(Rule):
             missing = o.params - o.params_with_state
             if o.params_with_state and missing > 0:
                 yield self.finding(
+                    "Some parameters have no optimizer state: check they are trained. "
                     f"{missing} of {o.params} parameters in {o.name} have no optimizer state in {ck.file}: "
                     "they never received a gradient (frozen or unused), or the state is another model's.",
                     severity="info", title="Parameters without optimizer state",
@@ -120,6 +123,7 @@ class CheckpointHealth(Rule):
                 named.append(f"{len(kept)} of best_k_models")
             values = sorted({"+inf" if t.posinf else "-inf" if t.neginf else "nan" for _, t in scores})
             yield self.finding(
+                "A monitored metric was NaN or inf: find where it broke. "
                 f"{key.partition('{')[0]} for {monitor} in {ck.file} kept {'/'.join(values)} as {', '.join(named)}: "
                 f"{monitor} was NaN or inf when it was checked (Lightning keeps a NaN score as the mode's worst "
                 "value); the weights saved with it may be what made it so.",

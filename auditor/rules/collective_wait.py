@@ -113,6 +113,7 @@ class CollectiveWait(Rule):
         exposed_text = (f"; communication no compute hides: {exposed_ms:.1f} ms per step (median rank)"
                         if exposed_ms is not None else "")
         return self.finding(
+            "Ranks wait for each other in collectives: find the slow rank. "
             f"Rank {worst}" + (f" (host {host})" if host != UNKNOWN_HOST else "") + f" spends {shares[worst]:.0%} "
             f"of each step waiting in collectives beyond the transfer "
             f"itself (median over {len(steps)} steps); the {len(shares)} ranks wait {ms:.1f} ms per step on "
@@ -154,7 +155,9 @@ class CollectiveWait(Rule):
             what = "barrier" if is_barrier else f"{st.op} of {per_call:.0f} bytes"
             host_only = backend.lower() == "nccl"
             yield self.finding(
-                f"dist.{st.op} at {st.where.file.rsplit('/', 1)[-1]}:{st.where.line} ({what}) runs in "
+                ("A barrier in every step makes ranks wait: remove it. " if is_barrier else
+                 "A collective in every step makes ranks wait: run it when logging. ")
+                + f"The call dist.{st.op} at {st.where.file.rsplit('/', 1)[-1]}:{st.where.line} ({what}) runs in "
                 f"{st.steps} of {n_steps} steps, {st.calls / st.steps:.1f} call(s) per step: "
                 f"{ms_per_step:.2f} ms per step on rank {primary.rank}{wait_text}; every call makes each rank "
                 f"wait for the slowest one" + (", and is followed by a sync to read it on the host"

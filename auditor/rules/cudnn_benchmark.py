@@ -146,6 +146,7 @@ class CudnnBenchmark(Rule):
         where = sites(trace, rows)
         at = sites_text(where, steps)
         return self.finding(
+            "Fixed input shapes: set cudnn.benchmark = True. "
             f"The GPU ran {per_step(len(rows) / steps)} cuDNN convolutions per step in {trace.label} with "
             f"torch.backends.cudnn.benchmark off (as the run recorded it), with the same {len(inputs)} input "
             f"shape(s) in {seen} of {len(per)} profiled steps; their kernels took {kernel_ms / steps:.2f} ms per "

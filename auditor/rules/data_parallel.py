@@ -59,7 +59,8 @@ class DataParallel(Rule):
             here = (f"over {devices} GPUs" if devices > 1 else
                     "on one device here (on a multi-GPU machine it replicates the model every forward)")
             yield self.finding(
-                f"nn.DataParallel wraps the {dp.module or 'model'} {here}, called {n_calls} times in "
+                "nn.DataParallel drives GPUs from one process: use DDP instead. "
+                f"In this run nn.DataParallel wraps the {dp.module or 'model'} {here}, called {n_calls} times in "
                 f"{len(ev.steps)} steps{' of training' if training else ''}: a single process driving the GPUs from "
                 f"threads. DistributedDataParallel (one process per GPU) is faster"
                 + (", and the step trains, so it applies." if training else "."),

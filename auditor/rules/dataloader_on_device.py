@@ -81,6 +81,7 @@ def rehearsal_findings(rule: Rule, evidence: m.Evidence, options: Options) -> li
         parts.append(f"the default device is CUDA (set at line {defaults[0].line}), so the data is "
                      "allocated on the GPU")
     return [rule.finding(
+        "Batches are made on the GPU: build them on the CPU instead. "
         "On the GPU the input pipeline runs on the device: " + "; ".join(parts) + ".",
         locations=locs,
         evidence={"steps": n, "steps_with_device_data": len(steps_with), "device_batches": device_batches,

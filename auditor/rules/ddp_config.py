@@ -91,6 +91,7 @@ class DdpConfig(Rule):
         search = _median_step(rows, ddp.index, "post_forward_ms")
         return self._finding(
             ev, where,
+            "DDP looks for unused parameters and finds none: set it False. "
             f"DistributedDataParallel(find_unused_parameters=True) while all {ddp.params} trainable parameters "
             f"received a gradient in each of the {len(used)} steps: DDP searches the autograd graph for unused "
             f"parameters after every forward ({search:.2f} ms per step here) and cannot overlap as well.",
@@ -112,6 +113,7 @@ class DdpConfig(Rule):
             suggest = max(1, round(grad / MB / 4))
             return self._finding(
                 ev, where,
+                "Gradients sync only after the backward: use smaller DDP buckets. "
                 f"All {grad / MB:.0f} MiB of gradients fit in one DDP bucket (cap {cap / MB:.0f} MiB), so the "
                 f"all-reduce starts only after the whole backward: {sync:.1f} ms per step after the last gradient "
                 f"({share_of_step(round(sync, 4), step):.0%} of the run's time) instead of overlapping it.",
@@ -122,6 +124,7 @@ class DdpConfig(Rule):
         if len(sizes) > options["max-buckets"] and cap < 25 * MB:
             return self._finding(
                 ev, where,
+                "DDP buckets are too small: use the default 25 MiB or larger. "
                 f"{len(sizes)} DDP buckets of {median(sizes) / MB:.2f} MiB (median) for {grad / MB:.0f} MiB of "
                 f"gradients: bucket_cap_mb={cap / MB:g} pays the all-reduce's latency {len(sizes)} times per step.",
                 {"check": "bucket_size", "buckets": len(sizes), "grad_bytes": grad, "bucket_cap_bytes": cap,
@@ -143,6 +146,7 @@ class DdpConfig(Rule):
         drop = ("broadcast_buffers",) if kw != "broadcast_buffers" else ()
         return self._finding(
             ev, where,
+            "DDP broadcasts buffers that never change: set broadcast_buffers=False. "
             f"DDP broadcasts the module's {ddp.buffers} buffer(s) ({ddp.buffer_bytes / 1024:.1f} KiB) "
             f"from rank 0 "
             f"before every forward, but no buffer changed in any of the {len(seen)} steps: a collective per forward "
@@ -159,7 +163,8 @@ class DdpConfig(Rule):
             return None
         return self._finding(
             ev, where,
-            f"gradient_as_bucket_view=False: each of the {grad / MB:.0f} MiB of gradients is kept twice, once in "
+            "Gradients are kept twice: set gradient_as_bucket_view=True. "
+            f"DDP has gradient_as_bucket_view=False: each of the {grad / MB:.0f} MiB of gradients is kept twice, once in "
             f"the parameter's .grad and once in DDP's communication bucket.",
             {"check": "gradient_as_bucket_view", "grad_bytes": grad}, None,
             "Set gradient_as_bucket_view=True (gradients become views into the buckets; do not replace .grad "
@@ -189,6 +194,7 @@ class DdpConfig(Rule):
         backward = next((t.where for _, t in ev.tallies(m.BACKWARD) if t.where), None)
         f = self._finding(
             ev, where,
+            "Every micro-batch syncs gradients: use no_sync() until the last. "
             f"Gradient accumulation without no_sync(): {per:g} backward passes per optimizer step each all-reduce "
             f"the gradients; only the last needs to ({cost:.1f} ms per step in the extra syncs).",
             {"check": "no_sync", "backwards_per_optimizer_step": per, "steps": hits, "extra_sync_ms": round(cost, 3)},

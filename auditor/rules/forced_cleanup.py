@@ -100,7 +100,8 @@ class ForcedCleanup(Rule):
         edits = [e for loc in locs if (e := remove_statement(loc.file, loc.line, "audit: forced cleanup removed"))]
         fw_config, fw_advice = framework_fix(places)
         yield self.finding(
-            "; ".join(parts) + "." + (f" {confidence_text}" if confidence_text else ""),
+            "Forced cleanup runs in the step: remove it or run it rarely. In this run "
+            + "; ".join(parts) + "." + (f" {confidence_text}" if confidence_text else ""),
             locations=locs,
             evidence={"calls": [{"what": p.what, "count": p.count, "steps": len(p.steps), "ms": round(p.ms, 3),
                                  "line": p.where.line if p.where else None, "timed": p in timed} for p in places],

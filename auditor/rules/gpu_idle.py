@@ -42,6 +42,13 @@ _HOST_BOUND = Fix(summary="The host cannot issue the step's work as fast as the 
                           "torch.cuda.graphs), give each launch more work (a larger batch), or launch fewer small ops "
                           "(fused ops, foreach/fused optimizers).",
                   config={"torch.compile": {"mode": "reduce-overhead"}})
+# The message's opening sentence by the cause most of the idle has: what, and what to do.
+_LEADS = {"data loading": "The GPU waits for data: load it in DataLoader workers.",
+          "host synchronisation": "The GPU waits behind host syncs: read values less often.",
+          "host work": "The GPU waits on the host's work: use CUDA graphs.",
+          "launch": "The GPU waits on kernel launches: fuse ops or use CUDA graphs.",
+          "queued work": "The GPU waits on queued work: overlap what that work waits for.",
+          "untraced": "The GPU idles for reasons the trace does not show: profile longer."}
 _ISSUING = ("host work", "launch")  # the host issuing the step's work: what a host-bound step waits on
 _PHRASES = {"queued work": "waiting on work already queued",
             "host synchronisation": "behind host synchronisation (from a sync until the host's next launch)",
@@ -168,7 +175,8 @@ class GpuIdle(TraceRule):
             per_step_short = short["n_short"] / steps
             evidence.update({"short_kernels_per_step": round(per_step_short, 1),
                              "short_share": round(short["share"], 4), "issuing_ms_per_step": round(issuing_ms, 3)})
-            message = (f"The step is host-bound: the GPU works {busy_ms:.2f} ms of each "
+            message = ("The host cannot keep the GPU busy: use CUDA graphs. "
+                       f"The step is host-bound: the GPU works {busy_ms:.2f} ms of each "
                        f"{step_ms or per_step_ms + busy_ms:.2f} ms step. In {trace.label} it is idle "
                        f"{per_step_ms:.2f} ms{scaled}, "
                        f"{issuing_ms:.2f} ms of it while the host issues the next work (Python, operator dispatch, "
@@ -192,7 +200,7 @@ class GpuIdle(TraceRule):
         # (its share of the step is the cost's, which TraceRule.check takes of the step the
         # report states; a share of this window printed here would be a second number for it)
         of_run = f", {per_step_ms / step_ms:.0%} of the run's time" if step_ms else ""
-        message = (f"The GPU is idle {per_step_ms:.1f} ms a step, most of it {_PHRASES[cause]}. "
+        message = (f"{_LEADS[cause]} The GPU is idle {per_step_ms:.1f} ms a step, most of it {_PHRASES[cause]}. "
                    f"In {trace.label}{of_run}{scaled}: the largest gap is {biggest:.1f} ms and most idle time is "
                    f"{_PHRASES[cause]} ({breakdown[cause] / idle_us:.0%} of it).")
         if queued_ms >= 0.01:

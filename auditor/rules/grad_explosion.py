@@ -141,7 +141,9 @@ class GradExplosion(Rule):
             what += f", then turned non-finite at step {series[healthy_end][0]}"
         layers = rec.top_layers or []
         dom = ", ".join(f"`{name}` ({share:.0%})" for name, _, share in layers[:3] if share is not None)
-        msg = what + (f"; {dom} of it." if dom else ".")
+        msg = (("The gradient norm spiked: clip it or lower the learning rate. " if spike else
+                "The gradient norm keeps growing: lower the learning rate. ")
+               + what + (f"; {dom} of it." if dom else "."))
         loc = site_location(view, rec.site)
         lr = val((rec.lrs or [None])[0])
         edit = clip_edit(loc.file, loc.line, max_norm) if loc and max_norm else None

@@ -277,6 +277,7 @@ class GraphLeak(Rule):
                         f"each once the backward that uses it has run (clear the buffer after it), or keep a "
                         f"bounded window.")
         yield self.finding(
+            "Steps keep old autograd graphs alive: detach what you store. "
             f"Autograd graphs kept alive across steps grew from {nodes[0]} to {nodes[-1]} nodes between steps "
             f"{scans[0].after_step} and {scans[-1].after_step} ({rate:.1f} nodes per step), held by {names}.",
             locations=locs,
@@ -308,6 +309,7 @@ class GraphLeak(Rule):
                 locs.append(Location(file=w["file"], line=w["line"], code=w.get("code", "")))
         names = _holder_names(holders)
         return self.finding(
+            "A tensor carried to the next step keeps its graph: detach it. "
             f"Step {scan.after_step}'s backward ran into a graph an earlier backward had already freed (\"Trying to "
             f"backward through the graph a second time\"): {names} carr{'ies' if len(holders) == 1 else 'y'} a "
             "tensor with autograd history from one step into the next.",

@@ -58,6 +58,7 @@ class HookLeak(Rule):
             (s0, h0), (s1, h1) = p.first, p.last
             calls = per_step(p.per_step)
             yield self.finding(
+                "Hooks pile up over the steps: register them once. "
                 f"{p.what} at {at} runs in {p.steps} steps ({_n(calls, 'call')} a step, on "
                 f"{_n(str(p.holders), holders)}) and the hooks pile up: a {holders} held {_n(str(h0), 'hook')} "
                 f"after step {s0} and {h1} after step {s1} (+{per_step(p.growth)} a step), and every "

@@ -94,7 +94,9 @@ class HostBuiltTensor(Rule):
         blocking = sum(p.count for p in places if not p.data.get("non_blocking"))
         nbytes = sum(p.count * int(p.data.get("bytes") or 0) for p in places)
         kind = "random draws" if random else "constants"
-        message = (f"{per_step(copies / n)} {kind} per step built on the host and copied to the GPU: "
+        message = (("Random draws are made on the CPU: draw them on the GPU. " if random else
+                    "Constants are built on the CPU: make them on the GPU. ")
+                   + f"{per_step(copies / n)} {kind} per step built on the host and copied to the GPU: "
                    + ", ".join(f"{made[id(p)].made} at {line_ref(p.where.file if p.where else None, made[id(p)].line, first)}"
                                for p in places[:4]) + ".")
         edits = []

@@ -343,7 +343,7 @@ class HostSync(Rule):
             sev, prefix = "warning", "The host would wait for the GPU: read values less often. On the GPU these synchronise: "
         else:  # a CPU-only program: nothing of accelerators is said to it
             cost = Cost(ms_per_step=None, share_of_step=None, measured=False, note=CPU_ONLY_NOTE)
-            sev, prefix = "info", ""
+            sev, prefix = "info", "Tensor values are read in the loop: read them less often. "
             advice = sorted({CPU_ONLY_ADVICE.get(a, a) for a in advice})
         fix = _fix(advice, places, returned)
         fw_config, fw_advice = framework_fix(places)
@@ -421,7 +421,9 @@ def _outside_steps_findings(rule: Any, ev: m.Evidence) -> Iterable[Finding]:
         if phase == "between" and len(evaluating) == len(places):
             phrase = "between steps in an evaluation loop (under torch.no_grad())"
         yield rule.finding(
-            f"{sum(p.count for p in places)} {'device->host syncs' if as_gpu else 'tensor values read on the host'} "
+            ("Outside the steps the host waits for the GPU: fetch less often. " if as_gpu else
+             "Tensor values are read outside the steps: read them less often. ")
+            + f"{sum(p.count for p in places)} {'device->host syncs' if as_gpu else 'tensor values read on the host'} "
             f"{phrase}, outside the steps, at {len(places)} "
             f"place(s): " + "; ".join(f"{p.what} x{p.count} at {line_ref(p.where.file if p.where else None, p.where.line if p.where else None, first)}"
                                      + (f" (inside {' and '.join(made_inside(p))})" if p.vias else "")

@@ -223,6 +223,7 @@ class LaunchBound(TraceRule):
                            "launches for each call autograd records, as the step clock counts them (a GPU's "
                            "composite ops launch more)")
         message = (
+            "Kernel launches would hold the GPU back: use CUDA graphs. "
             f"On an {device.name}, {per_step(small / n)} of the step's {per_step(launches / n)} kernel launches "
             f"({share:.0%}) would run shorter than their launch ({device.launch_us:g} us): each moves at most "
             f"{largest_small / 1e3:.0f} KB, under {device.launch_us:g} us at {device.mem_bw_gbs:g} GB/s, so the GPU "

@@ -129,7 +129,8 @@ class LrSchedule(Rule):
             i, b, a = changed[0]
             first = _first_observed(obs, i)
             loc, made = location(e.get("where")), location(created.get("where")) if created else None
-            msg = (f"optimizer.load_state_dict at {_at(loc)} replaced the learning rate the code configured "
+            msg = ("Loaded optimizer state replaced the learning rate: set it again. "
+                   f"The call optimizer.load_state_dict at {_at(loc)} replaced the learning rate the code configured "
                    f"({short(configured if configured is not None else b)}"
                    f"{' at ' + _at(made) if made else ''}) with {short(a)} from the loaded state"
                    + (f"; the run trained at {short(first[1])} from step {first[0]}" if first else "") + ".")
@@ -150,7 +151,8 @@ class LrSchedule(Rule):
                 continue
             loc = location(e.get("where"))
             yield self.finding(
-                f"{e.get('type', 'scheduler')}.load_state_dict at {_at(loc)} replaced its base learning rates "
+                "Loaded scheduler state replaced its learning rates: rebuild it. "
+                f"The call {e.get('type', 'scheduler')}.load_state_dict at {_at(loc)} replaced its base learning rates "
                 f"{[short(x) for x in before]} (from the optimizer's configured lr) with {[short(x) for x in after]} "
                 f"and last_epoch {e.get('last_epoch_before')} with {e.get('last_epoch_after')}.",
                 locations=[loc] if loc else [],
@@ -182,6 +184,7 @@ class LrSchedule(Rule):
                 loc = location(sched.get("where"))
                 args = ", ".join(f"{k}={v}" for k, v in (sched.get("attrs") or {}).items() if k in _ARGS)
                 return [self.finding(
+                    "Something else changes the learning rate: let one scheduler own it. "
                     f"At step {step} the optimizer's lr was {short(got)}, but {sched['type']}({args}) at {_at(loc)} "
                     f"implies {short(want)} at its epoch {e} (base lr {short(b)}): something else changes the lr "
                     "(code writing param_groups, or a second scheduler).",
@@ -232,7 +235,8 @@ class LrSchedule(Rule):
                 count = "Two" if len(same) == 2 else str(len(same))
                 at = " and ".join([", ".join(_at(x) for x in locs[:-1]), _at(locs[-1])] if len(locs) > 1
                                   else [_at(x) for x in locs])
-                msg = (f"{count} {kind}({args}) schedulers{', at ' + at + ',' if at else ''} drive one optimizer"
+                msg = ("One optimizer has copies of one scheduler: keep one. "
+                       f"{count} {kind}({args}) schedulers{', at ' + at + ',' if at else ''} drive one optimizer"
                        + (f" (the {created.get('type', 'optimizer')} at {_at(made)})" if created else "")
                        + f": its lr takes {'both' if len(same) == 2 else 'all their'} factors, so at step {step} it "
                        f"was {short(got)} where one {kind} gives {short(one)}.")
@@ -275,6 +279,7 @@ class LrSchedule(Rule):
         edit = _cap_lambda_edit(loc) if owner and owner.get("type") in ("LambdaLR", "MultiplicativeLR") and loc else None
         what = f"{owner['type']} at {_at(loc)}" if owner else f"code changing param_groups['lr'] (optimizer at {_at(loc)})"
         return [self.finding(
+            "The learning rate keeps rising past its setting: cap it. "
             f"The learning rate ran away: {short(values[0])} at step {lrs[0][0]} to {short(last)} at step {lrs[-1][0]}, "
             f"{top / peak:.1f}x the configured {short(peak)}, and still rising when the audit ended ({what}).",
             locations=[loc] if loc else [],
@@ -316,6 +321,7 @@ class LrSchedule(Rule):
         shown = "; ".join(f"{x['where']} = {x['stored']} (config {x['key']} = {x['config']})" for x in mismatches[:4])
         current = [g.get("lr") for o in ck.optimizers for g in o.param_groups]
         yield self.finding(
+            "The checkpoint does not match the config: set them after loading. "
             f"Resuming from {ck.file} does not reproduce {ck.config_file}: {shown}"
             f"{' …' if len(mismatches) > 4 else ''}. optimizer.load_state_dict / scheduler.load_state_dict would "
             "silently keep the stored values.",

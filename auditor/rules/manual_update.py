@@ -154,6 +154,7 @@ class ManualUpdate(Rule):
         at = sites_text(where, steps)
         locs = [Location(*frame_location_parts(f)) for f, _, _ in where]
         return self.finding(
+            "Parameters are updated one by one: use torch.optim. "
             f"{per_step(len(rows) / steps)} in-place updates of parameter-shaped tensors per step outside an "
             f"optimizer in {trace.label} ({', '.join(f'{k} x{per_step(v / steps)}' for k, v in ops.most_common())}), "
             f"covering {len(updated)} of the {len(shapes)} parameter shapes the layers take, one kernel launch each: "
@@ -184,6 +185,7 @@ class ManualUpdate(Rule):
             return
         first = places[0].where.file if places[0].where else None
         yield self.finding(
+            "Parameters are updated one by one: use torch.optim. "
             f"On the GPU each of these is a kernel launch per parameter: {per_step(count / n)} in-place parameter "
             "updates per step outside an optimizer, at "
             + "; ".join(f"{p.what} x{per_step(p.count / n)}/step at "

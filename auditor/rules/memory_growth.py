@@ -164,8 +164,11 @@ class MemoryGrowth(Rule):
         else:
             by = "module state" if not any(h.get("function") for h in holders) else "the program"
             head = f"Tensors kept by {by} grew by {growth:.0f} MiB ({slope:.2f} MiB per step, at every scan)"
+        lead = ("Memory grew over a few steps: audit more steps to tell why. " if unsure else
+                "Memory grows over the steps: stop keeping old tensors. " if held else
+                "Memory grows over the steps: find what keeps it. ")
         yield self.finding(
-            f"{head}; at this rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB"
+            f"{lead}{head}; at this rate another 1,000 steps add {slope * 1000 / 1024:.1f} GiB"
             + (" of GPU memory." if rehearsed_gpu else ".")
             + (f" Read on {len(steps)} steps only, where a process's memory may still be settling (its heap, a "
                f"DataLoader's batches in flight) and no holder of the program's was seen growing: audit more steps "

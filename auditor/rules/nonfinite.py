@@ -452,7 +452,8 @@ class Nonfinite(Rule):
             steps_near = sum(1 for i, d in view.steps for t, v, *_ in d.hazards
                              if t == s and val(v) is not None and _near(kind, val(v), options))
             yield self.finding(
-                f"{site.op} at {_at(loc)} came close to a non-finite value: {_HZ_STAT.get(kind, 'value')} "
+                "Values come close to NaN/inf: guard this call's input. "
+                f"The call {site.op} at {_at(loc)} came close to a non-finite value: {_HZ_STAT.get(kind, 'value')} "
                 f"{short(x)} at step {step} ({steps_near} of {len(view.steps)} steps near the limit).",
                 severity="warning", title="Values come close to NaN/inf",
                 locations=[loc] if loc else [],
@@ -474,6 +475,7 @@ class Nonfinite(Rule):
         training_log = msgspec.to_builtins(ck.training_log)
         if not bad:
             yield self.finding(
+                "Training went NaN/inf before this save: use an earlier one. "
                 f"Every tensor in {ck.file} is finite, but training had gone non-finite before it was saved."
                 + history,
                 severity="warning", evidence={"file": ck.file, "training_log": training_log,
@@ -484,6 +486,7 @@ class Nonfinite(Rule):
         sections = sorted({t.section for t in bad})
         names = ", ".join(f"{t.name} ({_counts(t)})" for t in bad[:5])
         yield self.finding(
+            "The checkpoint holds NaN/inf: resume from an earlier one. "
             f"{len(bad)} of {len(ck.tensors)} tensors in {ck.file} hold non-finite values "
             f"({', '.join(sections)}): {names}{' …' if len(bad) > 5 else ''}." + history,
             evidence={"file": ck.file, "tensors": msgspec.to_builtins(bad[:50]), "nonfinite_tensors": len(bad),

@@ -76,6 +76,15 @@ def _cause(requested: int, cached: int, total: int | None) -> str:
     return "The device was really full: the live tensors alone left no room."
 
 
+def _oom_lead(requested: int, cached: int, total: int | None, would: bool = False) -> str:
+    """The OOM message's opening sentence: what failed, and what to do, by the cause _cause names."""
+    fragmented = not (total and requested > total) and cached >= requested
+    todo = ("shrink a request bigger than the device" if total and requested > total else
+            "lower the peak" if fragmented else "lower the peak it holds")
+    return (f"The GPU {'would run' if would else 'ran'} out of memory{' in a fragmented cache' if fragmented else ''}: "
+            f"{todo}. ")
+
+
 def _config_fix(snap: Snapshot, cached: int, what: str, owners_known: bool) -> Fix:
     """expandable_segments recovers memory the cache holds but cannot hand out; the rest must shrink."""
     reduce = (("reduce what the owning lines hold" if owners_known else "reduce the peak")
@@ -306,7 +315,9 @@ class OomRisk(SnapshotRule):
             "(record a history with torch.cuda.memory._record_memory_history()).")
         cached = peak.reserved_then - peak.allocated
         yield self.finding(
-            f"Peak reserved GPU memory on cuda:{device} was {format_bytes(peak_reserved)}, {share:.0%} of "
+            ("GPU memory peaks near an assumed device's limit: lower the peak. " if assumed else
+             "GPU memory peaks near the device's limit: lower the peak. ")
+            + f"Peak reserved GPU memory on cuda:{device} was {format_bytes(peak_reserved)}, {share:.0%} of "
             f"{cap_text}; {peak.text}.{caveat}{owners_text}",
             severity="info" if assumed else None,
             locations=_locations(x.frame for x in shown),
@@ -374,7 +385,8 @@ class OomRisk(SnapshotRule):
         holds = (f"of the device's {format_bytes(total)}" if total else
                  f"so the device holds at least {format_bytes(at_least)}")
         message = (
-            f"CUDA out of memory on cuda:{device}: a request for {format_bytes(requested)}{asked_at} failed "
+            _oom_lead(requested, cached, total)
+            + f"CUDA out of memory on cuda:{device}: a request for {format_bytes(requested)}{asked_at} failed "
             f"with {format_bytes(device_free)} free on the device. At that moment {format_bytes(allocated)} was "
             f"allocated in {len(live):,} {counted} and {format_bytes(reserved)} reserved, {holds}. "
             f"{_cause(requested, cached, total)}"
@@ -448,8 +460,10 @@ def _with_holder(f: Finding, evidence: Evidence, snap: Snapshot, device: int, fo
     extra: dict[str, Any] = {}
     if forecast:
         when = f" in step {step}" if step is not None else ""
-        message = (f"Forecast by the CUDA rehearsal (--device-memory): the program would run out of GPU memory{when}. "
-                   + message)
+        lead = (e.get("requested") or 0, e.get("reserved_unallocated") or 0, e.get("device_total"))
+        message = (_oom_lead(*lead, would=True)
+                   + f"Forecast by the CUDA rehearsal (--device-memory): the program would run out of GPU memory{when}. "
+                   + message.removeprefix(_oom_lead(*lead)))
         title = "CUDA out of memory (forecast by the rehearsal)"
         extra["forecast_step"] = step
     if keepers:

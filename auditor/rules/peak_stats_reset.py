@@ -71,7 +71,8 @@ class PeakStatsReset(Rule):
         locs = locations(places)
         edits = [e for loc in locs if (e := remove_statement(loc.file, loc.line, "audit: per-step stat reset removed"))]
         yield self.finding(
-            f"{places[0].what}() ran {count} times in {len(steps_with)} of {n} steps: a debugging aid left in the "
+            "Peak memory stats are reset in the loop: do it rarely. "
+            f"The call {places[0].what}() ran {count} times in {len(steps_with)} of {n} steps: a debugging aid left in the "
             "loop, which leaves the peaks the program reads covering one step. Each call resets the allocator's "
             "counters on the host and does not synchronise the device; its cost is the calls' host time.",
             locations=locs,

@@ -129,7 +129,9 @@ class RankStraggler(Rule):
         fast = sorted({r for row in steps.values() for r in row} - set(slow))
         waiters = (f"rank {fast[0]} waits" if len(fast) == 1 else
                    f"ranks {', '.join(map(str, fast))} wait" if len(fast) <= 4 else f"the other {len(fast)} ranks wait")
-        message = (f"Rank{'s' if len(slow) > 1 else ''} {names} {'are' if len(slow) > 1 else 'is'} slower than the "
+        message = (("Some ranks are slower and the others wait: look at their " if len(slow) > 1 else
+                    "One rank is slower and the others wait: look at its ") + f"{PHASE_LABELS[phase]}. "
+                   + f"Rank{'s' if len(slow) > 1 else ''} {names} {'are' if len(slow) > 1 else 'is'} slower than the "
                    f"others in most steps (+{median(excess[lead]):.1f} ms of its own work per step, median over "
                    f"{len(steps)} steps); the time is lost in {PHASE_LABELS[phase]} (+{phase_ms:.1f} ms per step vs "
                    f"the other ranks), and {waiters} {others_wait:.1f} ms per step for "

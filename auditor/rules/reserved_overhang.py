@@ -120,6 +120,8 @@ class ReservedOverhang(SnapshotRule):
             else:
                 fix = Fix(summary=("This is the cache serving the next steps: leave it; do not call empty_cache per step "
                                    "(each call synchronises the device and the next step cudaMallocs again)."))
-        yield self.finding(message, fix=fix, evidence={
+        lead = ("GPU memory stays reserved after its last use: free it once then. " if to_end else
+                "GPU memory stays reserved between uses: do not free it per step. ")
+        yield self.finding(lead + message, fix=fix, evidence={
             "snapshot": snap.path, "device": device, "overhang_bytes": low, "seconds": round(secs, 3),
             "share": round(share, 4), "first_index": first, "last_index": last, "to_end": to_end})

@@ -97,7 +97,9 @@ class RetainedGraph(Rule):
                        f"{calls} calls here), e.g. retain_graph=(micro < accum_steps - 1), or detach the state "
                        "carried between them; removing it outright would make those later backwards fail.")
             yield self.finding(
-                f"{p.what}(retain_graph=True) kept {p.count} graphs alive that no later backward used "
+                ("retain_graph=True keeps graphs no backward uses: remove it. " if not reused else
+                 "retain_graph=True keeps graphs no backward uses: keep it only where needed. ")
+                + f"The call {p.what}(retain_graph=True) kept {p.count} graphs alive that no later backward used "
                 f"({per_step:.1f} per step in {len(p.steps)} steps, ~{p.data.get('graph_nodes', 0)} autograd "
                 f"nodes and {least}{saved_mb:.2f} MiB of saved tensors each"
                 + ("; values packed by saved-tensor hooks, activation checkpointing's, not counted" if least else "")
@@ -121,7 +123,8 @@ class RetainedGraph(Rule):
         graphs = (f"{carried} of the {total} graphs" if carried < total
                   else "the graph" if total == 1 else f"all {total} graphs")
         return self.finding(
-            f"{p.what}(retain_graph=True) kept graphs that the next step's backward ran into ({graphs} retained "
+            "A state carried between steps holds its graph: detach it. "
+            f"The call {p.what}(retain_graph=True) kept graphs that the next step's backward ran into ({graphs} retained "
             "here): a tensor the step carries over to the next (a recurrent state, a running value) still holds "
             "the graph it was made in, so each backward goes back through earlier steps, costing more time and "
             "memory every step, and fails once the optimizer has changed weights those steps saved "

@@ -91,6 +91,7 @@ class SamplerEpoch(Rule):
             if name and counter and (e := insert_before_header(at.file, at.line, f"{name}.set_epoch({counter})")):
                 edits.append(e)
         return self.finding(
+            "Each epoch repeats the same shuffle: call sampler.set_epoch(epoch). "
             f"The shuffling {kind} {made} started {len(starts)} epochs and {len(repeats)} of them repeated "
             f"the order of an earlier one: it shuffles with seed + epoch, and {how}. Every epoch from "
             f"{started} visits its samples in the same order, on every rank.",

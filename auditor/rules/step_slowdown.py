@@ -142,7 +142,7 @@ class StepSlowdown(Rule):
         # for the same time. That comparison stays in the evidence, named as such.
         median_ms = step_basis_ms(ev)
         yield self.finding(
-            f"{head}{blame} {t.confidence_text}",
+            f"Steps get slower as the run goes on: find what builds up. {head}{blame} {t.confidence_text}",
             locations=locs,
             evidence={"first_quarter_median_ms": round(first, 3), "last_quarter_median_ms": round(last, 3),
                       "rise_ms": rise,

@@ -112,6 +112,7 @@ class UnusedGraph(Rule):
             if parsed is not None and binds_torch(parsed[1]):
                 edit = wrap_statement(line.where.file, line.where.line, "with torch.no_grad():")
             yield self.finding(
+                "A forward records a graph nothing uses: run it under no_grad. "
                 f"The forward at line {line.where.line}{f' ({line.what})' if line.what else ''} records an "
                 f"autograd graph that no backward pass uses: all {line.unused} of its graphs the audit watched "
                 f"were freed unused ({', '.join(calls) or 'its calls'}). Each kept the activations its backward would "

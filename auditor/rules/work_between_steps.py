@@ -106,7 +106,8 @@ class WorkBetweenSteps(Rule):
         apart = f", {b.steps_per_stretch:g} steps apart" if b.steps_per_stretch else ""
         kinds = sorted(pieces.values(), key=lambda p: -p.ms)
         parts = ", ".join(f"{p.name} {p.per_step_ms:.2f}" for p in kinds)
-        message = (f"{ms:.2f} ms a step ({share:.0%} of the run's time) runs between the steps, in {b.stretches} "
+        message = ("Work between the steps takes time: do it less often. "
+                   f"{ms:.2f} ms a step ({share:.0%} of the run's time) runs between the steps, in {b.stretches} "
                    f"stretch{'es' if b.stretches > 1 else ''} (after step{'s' if b.stretches > 1 else ''} {after}"
                    f"{apart}): {parts} ms a step.")
         message += _in_each(b, "each")

@@ -86,7 +86,8 @@ class WorkerRestarts(Rule):
         workers = loader.settings.get("num_workers")
         each = (between + first_waits) / len(starts)
         after = ", ".join(str(o.after_step) for o in starts[:6]) + (", ..." if len(starts) > 6 else "")
-        message = (f"Its {workers} workers stop and start again at each of {len(starts)} epoch starts (after steps "
+        message = ("DataLoader workers restart each epoch: set persistent_workers=True. "
+                   f"Its {workers} workers stop and start again at each of {len(starts)} epoch starts (after steps "
                    f"{after}), {each:.1f} ms each: {ms:.2f} ms a step ({share:.0%} of the run's time).")
         iter_at = next((t.where for o in starts for t in o.tallies
                         if t.kind == m.DATA_ITER and t.what == "DataLoader.__iter__" and t.where), None)

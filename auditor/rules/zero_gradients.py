@@ -90,6 +90,7 @@ class ZeroGradients(Rule):
         loc = site_location(view, recs[0][1].site)
         steps = [s for s, _ in recs]
         return self.finding(
+            "No gradients reach the optimizer: check zero_grad() and the model. "
             f"None of the parameters {name} updates had a gradient at any of the {len(recs)} optimizer steps "
             f"measured (steps {steps[0]}-{steps[-1]}), though each step ran a backward pass: every update skips "
             "every parameter. The gradients were set to None between backward() and step() (zero_grad(), whose "
@@ -131,7 +132,9 @@ class ZeroGradients(Rule):
                      "update: cleared between backward() and step() (zero_grad(set_to_none=False) there), or "
                      "never reaching these parameters (a detach, .data or no_grad in the forward, with the "
                      "gradients zeroed at the step's start).")
-        msg = (f"The gradients {name} was given were exactly zero at every one of the {len(recs)} optimizer steps "
+        msg = (("Every gradient is zero: check where zero_grad() runs. " if moved else
+                "Every gradient is zero: make the loss depend on the output. ")
+               + f"The gradients {name} was given were exactly zero at every one of the {len(recs)} optimizer steps "
                f"measured (steps {steps[0]}-{steps[-1]}): its updates change nothing the data could teach."
                + said_loss + cause)
         return self.finding(

@@ -26,8 +26,9 @@ def test_a_rehearsed_leak_forecasts_its_oom_step_and_names_the_holder(tmp_path):
     fill = _line("FILL LINE")
     [oom] = a.rule("oom-risk")
     assert oom["title"] == "CUDA out of memory (forecast by the rehearsal)"
-    assert oom["message"].startswith("Forecast by the CUDA rehearsal (--device-memory): the program would run out "
-                                     "of GPU memory in step 3."), oom["message"]
+    assert oom["message"].startswith("The GPU would run out of memory"), oom["message"]
+    assert (". Forecast by the CUDA rehearsal (--device-memory): the program would run out of GPU memory in step 3. "
+            "CUDA out of memory on cuda:0: ") in oom["message"], oom["message"]
     # 16 MiB of output a step (1024 x 4096 float32), kept by `preds`: four after step 3 (scanned
     # because it came near the device's memory)
     assert (f"What keeps the live memory alive: `preds` (list, filled at preds_leak_cuda.py:{fill}) holds 64.0 MiB in 4 "
@@ -40,7 +41,8 @@ def test_a_rehearsed_leak_forecasts_its_oom_step_and_names_the_holder(tmp_path):
     steps = a.evidence["steps"]
     assert [b["device_allocated"] - s["device_allocated"] for s, b in zip(steps, steps[1:])] == [16 * MiB] * 7
     [growth] = a.rule("memory-growth")
-    assert growth["message"].startswith("GPU memory (the requests this CUDA rehearsal recorded"), growth["message"]
+    assert growth["message"].startswith("Memory grows over the steps: stop keeping old tensors. "
+                                        "GPU memory (the requests this CUDA rehearsal recorded"), growth["message"]
     assert growth["evidence"]["mib_per_step"] == 16.0
     assert [(loc["file"], loc["line"]) for loc in growth["locations"]] == [(str(LEAK), fill)]
     assert not a.rule("allocator-churn")  # (the forecast's OOMs are oom-risk's; no retry was forecast)

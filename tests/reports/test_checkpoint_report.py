@@ -255,6 +255,7 @@ def test_lightning_monitored_scores_are_judged_as_lightning_means_them(tmp_path,
     assert a.returncode == 0, a.stdout + a.stderr  # a warning
     [f] = json.loads((a.out / "findings.json").read_text())["findings"]
     assert (f["rule"], f["severity"]) == ("checkpoint-health", "warning")
-    assert f["message"].startswith("ModelCheckpoint for val_loss in ") and \
+    assert f["message"].startswith("A monitored metric was NaN or inf: find where it broke. "
+                                   "ModelCheckpoint for val_loss in ") and \
         "kept +inf as current_score, 1 of best_k_models: val_loss was NaN or inf when it was checked" in f["message"]
     assert f["evidence"]["scores"] == ["current_score", f"best_k_models.{tmp_path / 'gone' / 'epoch=1-step=4.ckpt'}"]

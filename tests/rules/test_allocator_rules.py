@@ -136,6 +136,7 @@ def test_a_recorded_empty_cache_is_replayed_and_its_churn_named(tmp_path):
     assert f.severity == "info" and [(loc.file.rsplit("/", 1)[-1], loc.line) for loc in f.locations] == \
         [("benchmark.py", 424)]
     assert f.message.startswith(
+        "The GPU cache is emptied, then filled again: drop empty_cache(). "
         "On cuda:0 the program's torch.cuda.empty_cache() at benchmark.py:424 returned 742 cached segment(s), "
         "19.5 GiB, to CUDA (1 call(s), recorded), and the requests after it cudaMalloc'd 178 segment(s), 3.7 GiB, "
         "again"), f.message

@@ -49,7 +49,8 @@ def test_a_cpu_only_program_is_told_nothing_of_accelerators(tmp_path):
     [sync] = a.rule("host-sync")
     assert sync["severity"] == "info" and sync["evidence"]["judged_as_gpu_code"] is False
     assert [loc["line"] for loc in sync["locations"]] == [_line("ITEM LINE"), _line("CORRECT LINE")]
-    assert sync["message"].startswith("2 tensor values read on the host per step at 2 place(s): Tensor.item x1/step")
+    assert sync["message"].startswith("Tensor values are read in the loop: read them less often. "
+                                      "2 tensor values read on the host per step at 2 place(s): Tensor.item x1/step")
     assert "accumulate as a tensor" in sync["fix"]["summary"]
     for f in a.findings:
         for text in (f["message"], (f["fix"] or {}).get("summary") or "", (f["cost"] or {}).get("note") or ""):

@@ -533,7 +533,8 @@ def test_forced_cleanup_cost_is_the_measured_time(example_audit):
         assert f["cost"]["note"].startswith("capped at the run's time per step")
     # (the rule takes the median of the unrounded timings, the evidence holds each rounded: the
     # printed cost is this one to within its last digit)
-    [printed] = printed_figures(rf"^gc\.collect\(\) ran {STEPS} times in {STEPS} steps, costing ([\d.]+) ms per step",
+    [printed] = printed_figures(rf"^Forced cleanup runs in the step: remove it or run it rarely\. "
+                                rf"In this run gc\.collect\(\) ran {STEPS} times in {STEPS} steps, costing ([\d.]+) ms per step",
                                 f["message"])
     assert printed == pytest.approx(cost, abs=0.006), f["message"]
     assert f"torch.cuda.empty_cache() ran {STEPS} times in {STEPS} steps: on a GPU each call waits" in f["message"]
@@ -579,7 +580,8 @@ def test_empty_cache_without_a_device_is_estimated_not_timed(tmp_path):
     # default A100 row's 10 us sync, shown as such (never "0.00 ms")
     assert f["cost"]["ms_per_step"] == 0.002 and f["cost"]["measured"] is False
     assert "A100 SXM4 80GB (the default" in f["cost"]["note"]
-    assert f["message"].startswith("torch.cuda.empty_cache() ran 2 times in 10 steps: on a GPU each call waits")
+    assert f["message"].startswith("Forced cleanup runs in the step: remove it or run it rarely. In this run "
+                                   "torch.cuda.empty_cache() ran 2 times in 10 steps: on a GPU each call waits")
     summary = (a.out / "summary.txt").read_text()  # (the whole lines: --verbose's)
     # (0.2 calls a step x 10 us, graded on the step predicted on the GPU)
     assert f["severity"] == graded_severity(f, a.findings_doc)

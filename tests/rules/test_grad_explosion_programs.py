@@ -92,7 +92,8 @@ def test_a_norm_at_the_programs_clip_at_a_curriculum_step_is_not_an_explosion(tm
     assert not list(GradExplosion().check(ev, GradExplosion.default_options()))
     monkeypatch.setattr(grad_explosion, "_clip_limit", lambda *args: None)
     [old] = GradExplosion().check(ev, GradExplosion.default_options())
-    assert old.message.startswith(f"The gradient norm jumped to 0.5 at step {change}")
+    assert old.message.startswith("The gradient norm spiked: clip it or lower the learning rate. "
+                                  f"The gradient norm jumped to 0.5 at step {change}")
     monkeypatch.undo()
 
     free = _audit(tmp_path, "unclipped", CURRICULUM.replace("    torch.nn.utils.clip_grad_norm_", "    # "), 29,
@@ -116,6 +117,7 @@ def test_norms_that_grow_until_they_are_non_finite_are_reported_as_that_growth(t
     [g] = a.rule("grad-explosion")
     assert g["evidence"]["spike"] is None and g["evidence"]["growth"]["rising"]
     assert g["message"].startswith(
+        "The gradient norm keeps growing: lower the learning rate. "
         f"The gradient norm grew at every step seen, from {fin[0][1]:.3g} at step {fin[0][0]} to "
         f"{fin[-1][1]:.3g} at step {fin[-1][0]} (x{fin[-1][1] / fin[0][1]:.3g} over {len(fin)} steps measured), "
         f"then turned non-finite at step {norms[bad][0]}"), g["message"]

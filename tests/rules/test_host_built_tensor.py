@@ -50,9 +50,11 @@ def test_labels_and_noise_built_on_the_host_are_made_on_the_device(tmp_path):
     assert a.returncode == 0, a.stdout[-3000:]
     constants, draws = a.rule("host-built-tensor")
     ones, zeros, noise, split = (marked(prog, m) for m in ("ONES LINE", "ZEROS LINE", "NOISE LINE", "SPLIT LINE"))
-    assert constants["message"] == (f"2 constants per step built on the host and copied to the GPU: torch.ones at "
+    assert constants["message"] == ("Constants are built on the CPU: make them on the GPU. "
+                                    f"2 constants per step built on the host and copied to the GPU: torch.ones at "
                                     f"line {ones}, torch.zeros at line {zeros}.")
-    assert draws["message"] == (f"2 random draws per step built on the host and copied to the GPU: torch.randn at "
+    assert draws["message"] == ("Random draws are made on the CPU: draw them on the GPU. "
+                                f"2 random draws per step built on the host and copied to the GPU: torch.randn at "
                                 f"line {noise}, torch.randn at line {split}.")
     # the split draw is copied a line later, and named there and where it is made
     assert [(s["line"], s["made_at"]) for s in draws["evidence"]["sites"]] == [(noise, noise), (split + 1, split)]

@@ -74,5 +74,6 @@ def test_a_variable_a_hooks_closure_keeps_is_named_with_its_function_and_line(tm
     [growth] = a.rule("memory-growth")
     assert [(loc["file"], loc["line"]) for loc in growth["locations"]] == [(str(script), line)]
     assert growth["evidence"]["holders"][0]["name"] == "seen"
-    assert growth["message"].startswith("Tensors kept by the program grew by 16 MiB (2.00 MiB per step, at every "
+    assert growth["message"].startswith("Memory grows over the steps: stop keeping old tensors. "
+                                        "Tensors kept by the program grew by 16 MiB (2.00 MiB per step, at every "
                                         "scan)"), growth["message"]

@@ -125,7 +125,8 @@ def test_fragmented_fixture_is_flagged_with_its_figures() -> None:
     assert e["by_pool"]["large"]["free"] + e["by_pool"]["small"]["free"] == e["free"]
     assert e["by_stream"]["0"]["free"] == e["free"]
     # One figure up front, then the breakdown.
-    assert f.message.startswith("19.4 GiB of the 70.7 GiB reserved on cuda:0 (27%)")
+    assert f.message.startswith("GPU memory is fragmented: change the allocator's settings. "
+                                "19.4 GiB of the 70.7 GiB reserved on cuda:0 (27%)")
     assert "314.0 MiB" in f.message and "561 wholly empty segments" in f.message
     # Not expandable yet, free bytes mostly in empty segments: expandable first, GC as the fallback.
     assert f.fix.config == {CONF: "expandable_segments:True"}
