@@ -447,6 +447,8 @@ class Verifying:
     def with_own_edit(self, f: Finding, numerics: bool) -> None:
         """A fix re-run apart (`numerics`: it changes results; else its edit overlaps another's), re-run
         with its own edit, after those of the fixes it works only after."""
+        from auditor.reports.patch import prerequisites
+
         first = prerequisites(f, self.results.findings)
         waits = [r for r in f.evidence.get("apply_after", []) if r not in {g.rule for g in first}]
         if waits:  # (its fix works only after another's that has no edit to apply first)
@@ -475,13 +477,6 @@ class Verifying:
         joined = self.diff_edits([e for f in ordered for e in f.fix.edits]).diff  # type: ignore[union-attr]
         patches = [joined] if joined else []
         return self.runner.run(patches, {k: v for f in fixed for k, v in env_config(f.fix).items()})  # type: ignore[arg-type]
-
-
-def prerequisites(f: Finding, findings: list[Finding]) -> list[Finding]:
-    """The findings whose fixes `f`'s works only after (evidence `apply_after`, auditor.rules.
-    attribution.ORDER), with edits to apply first."""
-    names = f.evidence.get("apply_after") if isinstance(f.evidence, dict) else None
-    return [g for g in findings if names and g.rule in names and g.fix is not None and g.fix.edits]
 
 
 def _gpu_estimate(f: Finding) -> bool:

@@ -24,7 +24,7 @@ from auditor.findings import Edit, Finding
 from auditor.findings import RuleResults
 from auditor.fixes import diff_edits
 
-__all__ = ["PatchReport", "patchable", "patch_order", "same_results"]
+__all__ = ["PatchReport", "patchable", "patch_order", "prerequisites", "same_results"]
 
 
 def verified_out(f: Finding) -> bool:
@@ -44,28 +44,32 @@ def same_results(findings: Iterable[Finding]) -> list[Finding]:
     return [f for f in patchable(findings) if not f.fix.changes_numerics]  # type: ignore[union-attr]
 
 
+def prerequisites(f: Finding, findings: list[Finding]) -> list[Finding]:
+    """The findings whose fixes `f`'s works only after (evidence `apply_after`, auditor.rules.
+    attribution.ORDER), with edits to apply first."""
+    names = f.evidence.get("apply_after") if isinstance(f.evidence, dict) else None
+    return [g for g in findings if names and g.rule in names and g.fix is not None and g.fix.edits]
+
+
 def patch_order(fixed: Iterable[Finding], findings: list[Finding]) -> list[Finding]:
     """The order edits are taken in, the first of two overlapping edits winning: a fix that others
     work only after first; then one that changes results (on a DataLoader line its edit carries the
     other's setting too)."""
-    def after(f: Finding) -> int:
-        names = f.evidence.get("apply_after") if isinstance(f.evidence, dict) else None
-        return sum(1 for g in findings if names and g.rule in names and g.fix is not None and g.fix.edits)
-
-    return sorted(fixed, key=lambda f: (after(f), not f.fix.changes_numerics))  # type: ignore[union-attr]
+    return sorted(fixed, key=lambda f: (len(prerequisites(f, findings)), not f.fix.changes_numerics))  # type: ignore[union-attr]
 
 
-def _preamble(head: list[str], held: list[Finding], findings: list[Finding], skipped: list[tuple[Edit, str]]) -> str:
+def _preamble(head: list[str], findings: list[Finding], skipped: list[tuple[Edit, str]]) -> str:
     """Comment lines before the first `diff --git`; git apply and patch ignore them: `head`, a line
-    for each fix of `held` (at its first edit the patch holds), and the edits of `findings` left
-    out and why."""
+    for each fix of `findings` the patch holds an edit of (at the first such edit), and the edits
+    left out and why."""
     lines = list(head)
     left = {id(e) for e, _ in skipped}
-    for f in held:
-        first = next((e for e in f.fix.edits if id(e) not in left), None) if f.fix is not None else None
-        where = f"{Path(first.file).name}:{first.start}" if first is not None else ""
-        mark = "[changes results: review it]" if f.fix is not None and f.fix.changes_numerics else ""
-        lines.append("  " + " ".join(p for p in (f.rule, where, mark) if p))
+    for f in findings:
+        first = next((e for e in f.fix.edits if id(e) not in left), None)  # type: ignore[union-attr]
+        if first is None:
+            continue
+        mark = " [changes results: review it]" if f.fix.changes_numerics else ""  # type: ignore[union-attr]
+        lines.append(f"  {f.rule} {Path(first.file).name}:{first.start}{mark}")
     owner = {id(e): f.rule for f in findings for e in (f.fix.edits if f.fix is not None else [])}
     for e, why in skipped:
         of = f" ({owner[id(e)]})" if id(e) in owner else ""
@@ -113,10 +117,8 @@ class PatchReport(Reporter):
         result = diff_edits(edits, self.root)
         if not result.diff:
             return ""
-        left = [id(e) for e, _ in result.skipped]
-        held = [f for f in findings if any(id(e) not in left for e in f.fix.edits)]  # type: ignore[union-attr]
         head = ["auditor fixes.patch: every code edit the audit proposes; the fixes it holds, one a line:",
                 _where_to_apply(edits, self.root, out_dir / self.filename),
                 *(f"Left out ({f.rule}): verification: {f.fix.verified.status}: {f.fix.verified.note}"  # type: ignore[union-attr]
                   for f in results.findings if verified_out(f) and f.fix is not None and f.fix.edits)]
-        return _preamble(head, held, findings, result.skipped) + result.diff
+        return _preamble(head, findings, result.skipped) + result.diff

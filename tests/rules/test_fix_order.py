@@ -61,7 +61,7 @@ def test_workers_after_the_data_leaves_the_device(tmp_path, place) -> None:
 
 def test_verify_applies_the_fix_it_depends_on_first() -> None:
     from auditor.findings import Edit
-    from auditor.verify import prerequisites
+    from auditor.reports.patch import prerequisites
 
     first = Finding(rule="dataloader-on-device", severity="warning", title="", message="",
                     fix=Fix(summary="", edits=[Edit(file="prog.py", start=13, end=13, lines=["x"])]))
