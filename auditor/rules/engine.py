@@ -100,7 +100,7 @@ def _capped(f: Finding, evidence: Evidence) -> Finding:
     basis = step_basis_ms(evidence)
     named = f.evidence.get("median_step_ms") if isinstance(f.evidence, dict) else None
     named = named if isinstance(named, (int, float)) and named > 0 else None
-    step = min(x for x in (named, basis) if x) if (named or basis) else None
+    step = min(filter(None, (named, basis)), default=None)
     if not step or c.ms_per_step <= step:
         return f
     what = "the step it is part of" if step == named else "the run's time per step"
