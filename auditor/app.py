@@ -1,13 +1,7 @@
 """The `audit` pipelines behind the command line: run, analyze, report and checkpoint, and their exit codes.
 
-Each pipeline returns the exit code (a contract, documented in the README):
-  0  audit done, no finding at or above --fail-on (or --fail-on not given)
-  1  a finding at or above --fail-on
-  2  usage error: bad TARGET, missing file, no such callable, bad option or input file; or an
-     output that could not be written (a full disk: named on the terminal)
-  3  the target failed: its step or setup raised, was interrupted, ran out of memory or crashed
-  4  internal error of the auditor itself (one line; AUDIT_DEBUG=1 shows the traceback)
-The codes are auditor.errors'. A usage error is raised as UsageFailure, an auditor.AuditError
+Each pipeline returns the exit code, a contract documented in the README and in auditor.errors,
+which defines the codes. A usage error is raised as UsageFailure, an auditor.AuditError
 (auditor.cli prints it as one line and exits 2; auditor.api lets it reach the caller).
 
 Every pipeline ends the same way (`finish`): save the evidence, then load -> rules -> reports, the
