@@ -21,21 +21,23 @@ def _check(findings: list[dict]) -> None:
         assert rest and rest[0] in "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789(", (f["rule"], f["message"])
 
 
-def test_run_rules_open_with_what_and_what_to_do(example_audit):
+def _findings_of(audit_of, names: tuple[str, ...]) -> list[dict]:
+    """Every finding of the session's audits of the examples `names`, each run asserted to succeed."""
     found = []
-    for name in ("peak_stats_reset", "graph_leak", "dataloader_bound"):
-        a = example_audit(name)
+    for name in names:
+        a = audit_of(name)
         assert a.returncode == 0, a.stderr[-2000:]
         found += a.findings
+    return found
+
+
+def test_run_rules_open_with_what_and_what_to_do(example_audit):
+    found = _findings_of(example_audit, ("peak_stats_reset", "graph_leak", "dataloader_bound"))
     assert {"peak-stats-reset", "graph-leak", "dataloader-bound"} <= {f["rule"] for f in found}
     _check(found)
 
 
 def test_numerics_rules_open_with_what_and_what_to_do(numerics_audit):
-    found = []
-    for name in ("numerics_lr_resume", "numerics_amp_unscaled", "numerics_zero_grad"):
-        a = numerics_audit(name)
-        assert a.returncode == 0, a.stderr[-2000:]
-        found += a.findings
+    found = _findings_of(numerics_audit, ("numerics_lr_resume", "numerics_amp_unscaled", "numerics_zero_grad"))
     assert {"lr-schedule", "amp-unscaled", "zero-gradients"} <= {f["rule"] for f in found}
     _check(found)
