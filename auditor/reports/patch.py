@@ -14,6 +14,7 @@ also uses to fill each finding's `Fix.patch`.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Iterable
 
@@ -90,6 +91,22 @@ def _where_to_apply(edits: list, root: Path | None, path: Path) -> str:
     return "Apply at the repository root (or where the audit ran): git apply fixes.patch"
 
 
+OLDER_NUMERICS_PATCH = "numerics-fixes.patch"  # (older versions wrote result-changing edits there)
+
+
+def _drop_older_numerics_patch(out_dir: Path) -> None:
+    """An older audit's numerics-fixes.patch, whose edits fixes.patch now holds, is removed: a plain
+    file that audit wrote (its first line says so), never a link or a user's own file of that name."""
+    old = out_dir / OLDER_NUMERICS_PATCH
+    with contextlib.suppress(OSError):
+        if old.is_symlink() or not old.is_file():
+            return
+        with old.open("rb") as fh:
+            made_by_an_audit = fh.read(64).startswith(b"# auditor numerics-fixes.patch")
+        if made_by_an_audit:
+            old.unlink()
+
+
 class PatchReport(Reporter):
     """fixes.patch; not written when no finding has an edit that can go in it."""
 
@@ -108,7 +125,7 @@ class PatchReport(Reporter):
             write_whole(path, text)
         else:
             path.unlink(missing_ok=True)
-        (out_dir / "numerics-fixes.patch").unlink(missing_ok=True)  # (an older audit's second patch file)
+        _drop_older_numerics_patch(out_dir)
         return path
 
     def render(self, evidence: Evidence, results: RuleResults, out_dir: Path) -> str:

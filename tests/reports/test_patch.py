@@ -106,11 +106,11 @@ def test_no_patchable_edits_renders_empty(repo: Path) -> None:
 def test_a_patch_file_is_written_only_when_it_holds_a_patch(repo: Path, tmp_path: Path) -> None:
     """An empty fixes.patch makes `git apply` fail ("No valid patches in input"): with no edit for
     it, the file is not written, and one an earlier audit left in the directory is removed (and an
-    older audit's numerics-fixes.patch with it)."""
+    older audit's numerics-fixes.patch with it, known by its first line)."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "fixes.patch").write_text("stale")
-    (out / "numerics-fixes.patch").write_text("stale")
+    (out / "numerics-fixes.patch").write_text("# auditor numerics-fixes.patch: code edits that change ...\n")
     only_plain = RuleResults(findings=[_finding("host-sync", [Edit(str(repo / "util.py"), 1, 1, ["a = 0"])])])
     PatchReport().write(Evidence(), only_plain, out)
     assert (out / "fixes.patch").read_text().startswith("# auditor fixes.patch")
@@ -118,6 +118,24 @@ def test_a_patch_file_is_written_only_when_it_holds_a_patch(repo: Path, tmp_path
     none = RuleResults(findings=[Finding(rule="x", severity="info", title="x", message="no fix")])
     PatchReport().write(Evidence(), none, out)
     assert not (out / "fixes.patch").exists()
+
+
+def test_a_users_own_file_named_like_the_older_patch_is_left_alone(repo: Path, tmp_path: Path) -> None:
+    """The audit deletes only what an audit made: a numerics-fixes.patch of the user's own (another
+    first line), or a link of that name, stays as it was."""
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = "my notes on numerics\n"
+    (out / "numerics-fixes.patch").write_text(mine)
+    target = tmp_path / "elsewhere.patch"
+    target.write_text("# auditor numerics-fixes.patch: planted\n")
+    results = RuleResults(findings=[_finding("host-sync", [Edit(str(repo / "util.py"), 1, 1, ["a = 0"])])])
+    PatchReport().write(Evidence(), results, out)
+    assert (out / "numerics-fixes.patch").read_text() == mine
+    (out / "numerics-fixes.patch").unlink()
+    (out / "numerics-fixes.patch").symlink_to(target)
+    PatchReport().write(Evidence(), results, out)
+    assert (out / "numerics-fixes.patch").is_symlink() and target.read_text().startswith("# auditor numerics")
 
 
 def test_an_edit_that_changes_results_is_in_the_one_patch_and_marked(repo: Path) -> None:
